@@ -1,0 +1,174 @@
+"""From a config to a loaded kernel: the one place where a config becomes CUDA source.
+
+Rendering: ``render_source(family)`` reads ``kernels_cu/<family>.cu`` and inlines its local
+``#include "*.cuh"`` headers, each behind a ``#line`` marker so compiler errors point at
+the right file and line. The config itself enters only as the template arguments of the
+name expression (``FwdConfig.kernel_name()``), which NVRTC instantiates through
+``cupy.RawModule(name_expressions=...)``; the source text is the same for every config.
+
+Caching: CuPy keeps compiled modules on disk (``CUPY_CACHE_DIR``), keyed by the rendered
+source and options; on top of that loaded kernels are kept in process, keyed by (config,
+device, source hash).
+
+Switches:
+  CUFLASH_DUMP_SOURCE=DIR  write each rendered source to DIR/<family>.<hash>.cu
+  CUFLASH_LINEINFO=1       compile with -lineinfo (ncu source view, compute-sanitizer lines)
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels_cu"
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+
+
+def kernel_dir() -> Path:
+    if KERNEL_DIR.is_dir():
+        return KERNEL_DIR
+    import kernels_cu  # installed as a data package next to cuflash
+
+    return Path(kernels_cu.__file__).resolve().parent
+
+
+@functools.lru_cache(maxsize=None)
+def render_source(family: str) -> str:
+    """The full, self-contained source of one kernel family (headers inlined once each)."""
+    root = kernel_dir()
+    seen: set[str] = set()
+
+    def inline(name: str) -> list[str]:
+        path = root / name
+        if name in seen:
+            return []
+        seen.add(name)
+        out = [f'#line 1 "{name}"']
+        for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+            m = _INCLUDE.match(line)
+            if m:
+                out += inline(m.group(1))
+                out.append(f'#line {lineno + 1} "{name}"')
+            elif line.strip() == "#pragma once":
+                out.append("")
+            else:
+                out.append(line)
+        return out
+
+    return "\n".join(inline(f"{family}.cu")) + "\n"
+
+
+def source_hash(family: str) -> str:
+    return hashlib.sha256(render_source(family).encode()).hexdigest()[:16]
+
+
+def _options() -> tuple[str, ...]:
+    opts = ("-std=c++17",)
+    if os.environ.get("CUFLASH_LINEINFO", "") not in ("", "0"):
+        opts += ("-lineinfo",)
+    return opts
+
+
+_loaded: dict = {}
+
+
+def get_kernel(config, device_id: int):
+    """The compiled, loaded ``cupy.RawKernel`` for ``config`` on device ``device_id``."""
+    import cupy
+
+    key = (config, device_id, source_hash(config.family), _options())
+    kernel = _loaded.get(key)
+    if kernel is not None:
+        return kernel
+    source = render_source(config.family)
+    dump = os.environ.get("CUFLASH_DUMP_SOURCE")
+    if dump:
+        Path(dump).mkdir(parents=True, exist_ok=True)
+        (Path(dump) / f"{config.family}.{source_hash(config.family)}.cu").write_text(source)
+    name = config.kernel_name()
+    with cupy.cuda.Device(device_id):
+        module = cupy.RawModule(code=source, options=_options(), name_expressions=[name])
+        kernel = module.get_function(name)
+        # Above 48 KB, dynamic shared memory must be opted into per kernel.
+        kernel.max_dynamic_shared_size_bytes = config.smem_bytes
+    _loaded[key] = kernel
+    return kernel
+
+
+# ---------------------------------------------------------------------------------------
+# Ahead-of-time check with nvcc (no GPU needed): compile instantiations, read ptxas -v.
+
+@dataclass(frozen=True)
+class PtxasReport:
+    arch: str
+    kernel: str           # mangled name
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+
+
+_ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(\S+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas(log: str) -> list[PtxasReport]:
+    """Per-kernel registers and spills from `nvcc -Xptxas -v` output."""
+    reports, current, frame = [], None, (0, 0, 0)
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            current, frame = (m.group(1), m.group(2)), (0, 0, 0)
+        elif (m := _FRAME.search(line)) and current:
+            frame = tuple(int(x) for x in m.groups())
+        elif (m := _REGS.search(line)) and current:
+            reports.append(PtxasReport(current[1], current[0], int(m.group(1)),
+                                       frame[1], frame[2], frame[0]))
+            current = None
+    return reports
+
+
+def nvcc_compile(configs: Iterable, arch: str, nvcc: Optional[str] = None) -> list[PtxasReport]:
+    """Compile `configs` (one family) into one cubin for `arch` (e.g. "sm_90a") with nvcc.
+
+    Returns one report per instantiation, in the order given. Raises RuntimeError with the
+    compiler's output if compilation fails.
+    """
+    configs = list(configs)
+    family = configs[0].family
+    nvcc = nvcc or os.environ.get("NVCC", "nvcc")
+    lines = [render_source(family), '#line 1 "instantiations"']
+    params = {"flash_fwd": "cuflash::FwdParams"}[family]
+    lines += [f"template __global__ void {c.kernel_name()}(const {params});" for c in configs]
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / f"{family}.cu"
+        src.write_text("\n".join(lines) + "\n")
+        cmd = [nvcc, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v",
+               "-o", str(Path(tmp) / "out.cubin"), str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"nvcc failed for {arch}:\n{proc.stderr}\n{proc.stdout}")
+    reports = parse_ptxas(proc.stderr + proc.stdout)
+    if len(reports) != len(configs):
+        raise RuntimeError(f"expected {len(configs)} ptxas reports, got {len(reports)}:\n{proc.stderr}")
+    # ptxas reports kernels in its own order; match them to configs by their template args.
+    by_args = {_mangled_args(r.kernel): r for r in reports}
+    return [by_args[_config_args(c)] for c in configs]
+
+
+def _mangled_args(mangled: str) -> tuple:
+    ints = tuple(int(x) for x in re.findall(r"Li(\d+)E", mangled))
+    dtype = "bf16" if "bf16" in mangled else "fp16"
+    causal = bool(int(re.findall(r"Lb([01])E", mangled)[-1]))
+    return ints + (dtype, causal)
+
+
+def _config_args(config) -> tuple:
+    return (config.Br, config.Bc, config.warps, config.stages, config.head_dim,
+            config.dtype, config.causal)

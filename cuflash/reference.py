@@ -1,0 +1,377 @@
+"""NumPy float64 reference implementations of exact attention (the test oracle).
+
+Every GPU kernel in cuflash is checked against the functions in this module.
+
+Conventions (shared with the kernels):
+
+* Layout: ``q`` is ``(batch, seqlen_q, nheads, headdim)``; ``k`` and ``v`` are
+  ``(batch, seqlen_k, nheads_kv, headdim)``. The output ``O`` has ``q``'s shape.
+* GQA / MQA: ``nheads % nheads_kv == 0`` and query head ``h`` reads kv head
+  ``h // (nheads // nheads_kv)``.
+* ``softmax_scale`` defaults to ``1 / sqrt(headdim)``.
+* LSE has shape ``(batch, nheads, seqlen_q)``, is float64 and uses the natural
+  log: ``lse[b, h, i] = log(sum_j exp(scale * q[b, i, h] . k[b, j, h_kv]))``
+  over the keys row ``i`` may attend.
+* Causal masking is aligned to the bottom-right corner of the score matrix
+  (the flash-attn >= 2.1 convention): query row ``i`` may attend key ``j`` iff
+  ``j <= i + (seqlen_k - seqlen_q)``. With ``seqlen_q > seqlen_k`` the first
+  rows can have no key at all.
+* A fully masked row (no key allowed) yields an output row of zeros and
+  ``lse = +inf``, so that a backward pass recomputing ``exp(S - lse)`` gets 0.
+  No NaN is produced and no floating point warning is raised on the way.
+"""
+
+import functools
+import math
+
+import numpy as np
+
+__all__ = [
+    "causal_mask",
+    "attention_naive",
+    "attention_tiled",
+    "lowp_attention",
+]
+
+
+# ---------------------------------------------------------------------------
+# Input handling
+# ---------------------------------------------------------------------------
+
+def _ignore_underflow(func):
+    """Run ``func`` with numpy underflow ignored.
+
+    Underflow (exp of very negative scores, tiny probabilities rounded to
+    float16/bfloat16) is expected and harmless here; the caller's other
+    floating point error settings are left alone.
+    """
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        with np.errstate(under="ignore"):
+            return func(*args, **kwargs)
+    return wrapper
+
+
+def _check_shapes(q, k, v):
+    """Validate the shapes of q, k, v (arrays); return (B, Sq, Sk, H, Hkv, D)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 4:
+            what = ("(batch, seqlen_q, nheads, headdim)" if name == "q"
+                    else "(batch, seqlen_k, nheads_kv, headdim)")
+            raise ValueError(
+                f"{name} must be a 4-D array {what}, got ndim={x.ndim} "
+                f"(shape {x.shape})")
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape, got k {k.shape} and v {v.shape}")
+    batch, seqlen_q, nheads, headdim = q.shape
+    batch_k, seqlen_k, nheads_kv, headdim_k = k.shape
+    if batch_k != batch:
+        raise ValueError(
+            f"batch size of k/v ({batch_k}) does not match batch size of q "
+            f"({batch})")
+    if headdim_k != headdim:
+        raise ValueError(
+            f"headdim of k/v ({headdim_k}) does not match headdim of q "
+            f"({headdim})")
+    if headdim < 1:
+        raise ValueError(f"headdim of q must be >= 1, got {headdim}")
+    if nheads_kv < 1 or nheads % nheads_kv != 0:
+        raise ValueError(
+            f"nheads of q ({nheads}) must be a positive multiple of nheads_kv "
+            f"of k/v ({nheads_kv})")
+    return batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim
+
+
+def _as_float64(q, k, v):
+    q = np.asarray(q)
+    k = np.asarray(k)
+    v = np.asarray(v)
+    dims = _check_shapes(q, k, v)
+    return (np.asarray(q, dtype=np.float64), np.asarray(k, dtype=np.float64),
+            np.asarray(v, dtype=np.float64), dims)
+
+
+def _resolve_scale(softmax_scale, headdim):
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(headdim)
+    scale = float(softmax_scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale!r}")
+    return scale
+
+
+def _to_bhsd(x, nheads):
+    """(B, S, Hx, D) -> (B, nheads, S, D), repeating kv heads for GQA/MQA.
+
+    np.repeat along the head axis places kv head g at query heads
+    g*group ... g*group + group - 1, i.e. query head h reads kv head h // group.
+    """
+    x = np.moveaxis(x, 2, 1)
+    group = nheads // x.shape[1]
+    if group > 1:
+        x = np.repeat(x, group, axis=1)
+    return x
+
+
+def causal_mask(seqlen_q, seqlen_k):
+    """Bottom-right aligned causal mask.
+
+    Returns a bool array of shape ``(seqlen_q, seqlen_k)`` where ``True`` means
+    "keep": entry ``(i, j)`` is True iff ``j <= i + (seqlen_k - seqlen_q)``.
+    """
+    seqlen_q = int(seqlen_q)
+    seqlen_k = int(seqlen_k)
+    if seqlen_q < 0 or seqlen_k < 0:
+        raise ValueError(
+            f"seqlen_q and seqlen_k must be >= 0, got {seqlen_q}, {seqlen_k}")
+    rows = np.arange(seqlen_q)[:, None]
+    cols = np.arange(seqlen_k)[None, :]
+    return cols <= rows + (seqlen_k - seqlen_q)
+
+
+def _masked_softmax_parts(s, keep):
+    """Safe softmax pieces for scores ``s`` (..., M, N).
+
+    ``keep`` is a bool array broadcastable to ``s`` or None. Returns
+    ``(p, m, l)``: unnormalized probabilities ``exp(s - m)`` (0 where masked),
+    the row max ``m`` (-inf for fully masked rows) and the row sum ``l``
+    (0 for fully masked rows). -inf - (-inf) is never evaluated.
+    """
+    if keep is not None:
+        s = np.where(keep, s, -np.inf)
+    m = np.max(s, axis=-1, initial=-np.inf)
+    m_safe = np.where(np.isneginf(m), 0.0, m)
+    p = np.exp(s - m_safe[..., None])
+    l = np.sum(p, axis=-1)
+    return p, m, l
+
+
+def _finish(acc, m, l):
+    """Normalize the accumulator and form the LSE, handling empty rows.
+
+    acc: (..., M, D), m and l: (..., M). Rows with l == 0 get O = 0 and
+    LSE = +inf.
+    """
+    has_keys = l > 0
+    out = np.zeros_like(acc)
+    np.divide(acc, l[..., None], out=out, where=has_keys[..., None])
+    log_l = np.zeros_like(l)
+    np.log(l, out=log_l, where=has_keys)
+    lse = np.where(has_keys, m + log_l, np.inf)
+    return out, lse
+
+
+# ---------------------------------------------------------------------------
+# Naive attention
+# ---------------------------------------------------------------------------
+
+@_ignore_underflow
+def attention_naive(q, k, v, softmax_scale=None, causal=False,
+                    return_lse=False):
+    """Exact attention computed directly in float64.
+
+    Parameters
+    ----------
+    q : array, shape (batch, seqlen_q, nheads, headdim)
+    k, v : arrays, shape (batch, seqlen_k, nheads_kv, headdim)
+        Any float dtype castable to float64 (float16, float32, float64,
+        ml_dtypes.bfloat16). ``nheads`` must be a multiple of ``nheads_kv``.
+    softmax_scale : float, optional
+        Scale applied to ``q k^T``; defaults to ``1 / sqrt(headdim)``.
+    causal : bool
+        Apply the bottom-right aligned causal mask (see :func:`causal_mask`).
+    return_lse : bool
+        Also return the log-sum-exp of the scaled scores.
+
+    Returns
+    -------
+    out : float64 array, shape (batch, seqlen_q, nheads, headdim)
+    lse : float64 array, shape (batch, nheads, seqlen_q)
+        Only if ``return_lse``. ``+inf`` for fully masked rows (whose ``out``
+        row is 0).
+    """
+    q, k, v, dims = _as_float64(q, k, v)
+    _, seqlen_q, seqlen_k, nheads, _, headdim = dims
+    scale = _resolve_scale(softmax_scale, headdim)
+
+    qh = np.moveaxis(q, 2, 1)             # (B, H, Sq, D)
+    kh = _to_bhsd(k, nheads)              # (B, H, Sk, D)
+    vh = _to_bhsd(v, nheads)
+
+    s = np.matmul(qh, np.swapaxes(kh, -1, -2)) * scale   # (B, H, Sq, Sk)
+    keep = causal_mask(seqlen_q, seqlen_k) if causal else None
+    p, m, l = _masked_softmax_parts(s, keep)
+    acc = np.matmul(p, vh)                                # (B, H, Sq, D)
+    out, lse = _finish(acc, m, l)
+    out = np.ascontiguousarray(np.moveaxis(out, 1, 2))
+    if return_lse:
+        return out, lse
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Tiled (FlashAttention-2 forward) attention
+# ---------------------------------------------------------------------------
+
+@_ignore_underflow
+def attention_tiled(q, k, v, softmax_scale=None, causal=False, block_m=64,
+                    block_n=64):
+    """FlashAttention-2 forward pass, written block by block in float64.
+
+    For each block of ``block_m`` query rows, the K/V blocks of ``block_n``
+    rows are visited in order while a running row max ``m``, running row sum
+    ``l`` and an unnormalized accumulator ``acc`` are kept (online softmax):
+
+        S     = Q_i K_j^T * scale
+        m_new = max(m, rowmax(S))
+        P     = exp(S - m_new)
+        alpha = exp(m - m_new)
+        l     = alpha * l + rowsum(P)
+        acc   = alpha * acc + P V_j
+
+    and at the end ``O_i = acc / l`` and ``LSE_i = m + log(l)``. With
+    ``causal=True`` the K/V blocks that are masked for every row of the Q
+    block are skipped, as in the kernel. Batch and heads are vectorized.
+
+    Parameters
+    ----------
+    q : array, shape (batch, seqlen_q, nheads, headdim)
+    k, v : arrays, shape (batch, seqlen_k, nheads_kv, headdim)
+    softmax_scale : float, optional
+        Defaults to ``1 / sqrt(headdim)``.
+    causal : bool
+        Bottom-right aligned causal mask.
+    block_m, block_n : int
+        Tile sizes along seqlen_q and seqlen_k (any positive integers).
+
+    Returns
+    -------
+    out : float64 array, shape (batch, seqlen_q, nheads, headdim)
+    lse : float64 array, shape (batch, nheads, seqlen_q)
+        ``+inf`` for fully masked rows (whose ``out`` row is 0).
+    """
+    for name, val in (("block_m", block_m), ("block_n", block_n)):
+        if isinstance(val, bool) or int(val) != val or val < 1:
+            raise ValueError(f"{name} must be a positive integer, got {val!r}")
+    block_m = int(block_m)
+    block_n = int(block_n)
+
+    q, k, v, dims = _as_float64(q, k, v)
+    batch, seqlen_q, seqlen_k, nheads, _, headdim = dims
+    scale = _resolve_scale(softmax_scale, headdim)
+
+    qh = np.moveaxis(q, 2, 1)             # (B, H, Sq, D)
+    kt = np.swapaxes(_to_bhsd(k, nheads), -1, -2)   # (B, H, D, Sk)
+    vh = _to_bhsd(v, nheads)              # (B, H, Sk, D)
+    offset = seqlen_k - seqlen_q          # row i keeps keys j <= i + offset
+
+    out = np.zeros((batch, nheads, seqlen_q, headdim))
+    lse = np.full((batch, nheads, seqlen_q), np.inf)
+
+    for i0 in range(0, seqlen_q, block_m):
+        i1 = min(i0 + block_m, seqlen_q)
+        q_blk = qh[:, :, i0:i1, :]
+        rows = np.arange(i0, i1)
+
+        m = np.full((batch, nheads, i1 - i0), -np.inf)
+        l = np.zeros((batch, nheads, i1 - i0))
+        acc = np.zeros((batch, nheads, i1 - i0, headdim))
+
+        # Keys beyond the last row's diagonal are masked for the whole block.
+        n_end = min(seqlen_k, i1 + offset) if causal else seqlen_k
+        for j0 in range(0, max(n_end, 0), block_n):
+            j1 = min(j0 + block_n, seqlen_k)
+            s = np.matmul(q_blk, kt[:, :, :, j0:j1]) * scale
+            # Only blocks crossing the diagonal need the element-wise mask.
+            if causal and j1 - 1 > i0 + offset:
+                keep = np.arange(j0, j1)[None, :] <= rows[:, None] + offset
+                s = np.where(keep, s, -np.inf)
+
+            m_new = np.maximum(m, np.max(s, axis=-1))
+            # Rows that have seen no key yet keep m_new = -inf; shift by 0
+            # there (their scores are all -inf, so P = 0 and alpha = 0).
+            m_shift = np.where(np.isneginf(m_new), 0.0, m_new)
+            p = np.exp(s - m_shift[..., None])
+            alpha = np.exp(m - m_shift)
+            l = alpha * l + np.sum(p, axis=-1)
+            acc = alpha[..., None] * acc + np.matmul(p, vh[:, :, j0:j1, :])
+            m = m_new
+
+        out[:, :, i0:i1, :], lse[:, :, i0:i1] = _finish(acc, m, l)
+
+    return np.ascontiguousarray(np.moveaxis(out, 1, 2)), lse
+
+
+# ---------------------------------------------------------------------------
+# Low precision baseline
+# ---------------------------------------------------------------------------
+
+def _resolve_lowp_dtype(dtype):
+    if isinstance(dtype, str) and dtype.lower() in ("bfloat16", "bf16"):
+        import ml_dtypes  # optional dependency, only needed for bf16
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise ValueError(
+            f"dtype must be np.float16 or ml_dtypes.bfloat16, got {dtype!r}"
+        ) from exc
+    if dt == np.float16 or dt.name == "bfloat16":
+        return dt
+    raise ValueError(
+        f"dtype must be np.float16 or ml_dtypes.bfloat16, got {dtype!r}")
+
+
+@_ignore_underflow
+def lowp_attention(q, k, v, softmax_scale=None, causal=False,
+                   dtype=np.float16):
+    """Plain (non-tiled) attention computed in the same low precision.
+
+    This is the error baseline of the FlashAttention test rule: a kernel's
+    error against the float64 oracle should be comparable to this function's.
+
+    Steps: round q, k, v to ``dtype``; ``S = (q k^T) * scale`` accumulated in
+    float32 and rounded to ``dtype``; softmax in float32 (masked as in
+    :func:`attention_naive`) with ``P`` rounded to ``dtype``; ``O = P v``
+    accumulated in float32 and rounded to ``dtype``.
+
+    Parameters
+    ----------
+    q : array, shape (batch, seqlen_q, nheads, headdim)
+    k, v : arrays, shape (batch, seqlen_k, nheads_kv, headdim)
+    softmax_scale : float, optional
+        Defaults to ``1 / sqrt(headdim)``.
+    causal : bool
+        Bottom-right aligned causal mask.
+    dtype : np.float16 or ml_dtypes.bfloat16 (or the string "bfloat16")
+        ml_dtypes is imported only when bfloat16 is requested by name.
+
+    Returns
+    -------
+    out : float64 array, shape (batch, seqlen_q, nheads, headdim)
+        The low precision result converted to float64 (fully masked rows 0).
+    """
+    lowp = _resolve_lowp_dtype(dtype)
+    q = np.asarray(q)
+    k = np.asarray(k)
+    v = np.asarray(v)
+    _, seqlen_q, seqlen_k, nheads, _, headdim = _check_shapes(q, k, v)
+    scale = _resolve_scale(softmax_scale, headdim)
+
+    def rounded(x):
+        return x.astype(lowp).astype(np.float32)
+
+    qh = np.moveaxis(rounded(q), 2, 1)
+    kh = _to_bhsd(rounded(k), nheads)
+    vh = _to_bhsd(rounded(v), nheads)
+
+    s = np.matmul(qh, np.swapaxes(kh, -1, -2)) * np.float32(scale)
+    s = rounded(s)
+    keep = causal_mask(seqlen_q, seqlen_k) if causal else None
+    p, _, l = _masked_softmax_parts(s, keep)
+    probs = np.zeros_like(p)
+    np.divide(p, l[..., None], out=probs, where=(l > 0)[..., None])
+    probs = rounded(probs)
+    o = rounded(np.matmul(probs, vh))
+    return np.ascontiguousarray(np.moveaxis(o, 1, 2)).astype(np.float64)

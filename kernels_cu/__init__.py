@@ -1,0 +1,1 @@
+"""CUDA C++ sources of the cuflash kernels (data files, compiled at run time)."""

@@ -1,0 +1,347 @@
+// flash_fwd.cu: FlashAttention-2 forward, exact attention on tensor cores (sm_80 and newer).
+//
+//   O = softmax(Q Kᵀ · scale, causal mask) V,   LSE = log Σ_j exp(S_ij)   (per query row)
+//
+// One CTA computes one Q block Q_i (Br query rows) of one (head, batch): Q_i stays in shared
+// memory, the K_j / V_j blocks (Bc keys each) stream through a `kStages`-deep cp.async ring,
+// and each warp keeps its own 16·kMTiles rows of S, P and O in registers. The softmax is
+// online (running row max m and row sum l) and the division by l is delayed to the end.
+//
+// Layouts: see FwdParams in params.cuh. Shared memory rows are padded by 8 elements
+// (16 bytes) so that the 8 row addresses of every ldmatrix fall into different banks.
+//
+// Template parameters (cuflash/config.py FwdConfig is the host-side mirror; it validates
+// the same rules before compiling):
+//   kBr       rows of the Q block: a multiple of 16·kWarps (64, 128)
+//   kBc       keys of a K/V block: a multiple of 16 (32, 64, 128)
+//   kWarps    warps per CTA (4, 8); each warp owns kBr / kWarps whole query rows
+//   kStages   K/V blocks in flight in shared memory, >= 2 (2, 3)
+//   kHeadDim  head dim the kernel is built for: a multiple of 16, <= 256; the real head dim
+//             (params.head_dim) may be smaller, the extra columns are zero-filled
+//   Elem      bf16 or fp16 (tags from ptx.cuh); accumulation is always fp32
+//   kCausal   bottom-right aligned causal mask: query i sees key j iff j <= i + seqlen_k - seqlen_q
+#include "ptx.cuh"
+#include "params.cuh"
+
+namespace cuflash {
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u); }
+
+struct alignas(16) u32x4 { u32 x, y, z, w; };
+
+template <int kBr, int kBc, int kWarps, int kStages, int kHeadDim>
+struct FwdShape {
+    static constexpr int kThreads = kWarps * 32;
+    static constexpr int kMTiles = kBr / (16 * kWarps);  // 16-row mma tiles per warp
+    static constexpr int kNTilesS = kBc / 8;             // 8-column tiles of S (and P) per row
+    static constexpr int kNTilesO = kHeadDim / 8;        // 8-column tiles of O per row
+    static constexpr int kPitch = kHeadDim + 8;          // shared-memory row pitch, elements
+    static constexpr int kQTile = kBr * kPitch;          // elements of one Q tile in smem
+    static constexpr int kKVTile = kBc * kPitch;         // elements of one K (or V) tile
+
+    static_assert(kWarps >= 1 && kWarps <= 16, "warps must be in 1..16");
+    static_assert(kBr % (16 * kWarps) == 0,
+                  "Br must be a multiple of 16 * warps: each warp owns whole 16-row mma tiles");
+    static_assert(kBc % 16 == 0, "Bc must be a multiple of 16 (P is the A operand of k16 mma)");
+    static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256,
+                  "kHeadDim must be a multiple of 16, at most 256");
+    static_assert(kStages >= 2, "stages must be >= 2: one K/V block computed while the next loads");
+};
+
+// Copy a (kRows x kHeadDim) tile from global memory (row pitch `row_stride` elements) into
+// shared memory (row pitch kPitch) with 16-byte cp.async. Rows >= rows_valid and columns
+// >= head_dim are zero-filled, so padding never injects garbage into the mma.
+// Thread layout: kLanesPerRow consecutive threads cover one row (one 16-byte chunk each),
+// so a thread keeps one column and walks rows in steps of kRowsPerPass: its addresses are
+// one base plus compile-time offsets, which keeps address registers out of the main loop.
+template <int kRows, int kHeadDim, int kPitch, int kThreads>
+__device__ __forceinline__ void load_tile_g2s(u16* tile_smem, const u16* tile_gmem, i64 row_stride,
+                                              int rows_valid, int head_dim, int tid) {
+    constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+    constexpr int kLanesPerRow = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+    constexpr int kRowsPerPass = kThreads / kLanesPerRow;
+    static_assert(kThreads % kLanesPerRow == 0, "a CTA must cover whole rows per pass");
+    const int row = tid / kLanesPerRow, col = (tid % kLanesPerRow) * 8;
+    if (col >= kHeadDim) return;  // lanes past the last chunk of a non-power-of-2 head dim
+    const bool col_valid = col < head_dim;
+    const u16* src = tile_gmem + row * row_stride + col;
+    const u32 dst = smem_u32(tile_smem + row * kPitch + col);
+#pragma unroll
+    for (int pass = 0; pass * kRowsPerPass < kRows; ++pass) {
+        const int r = row + pass * kRowsPerPass;
+        if (kRows % kRowsPerPass == 0 || r < kRows) {
+            const bool valid = col_valid && r < rows_valid;
+            cp_async_16(dst + pass * kRowsPerPass * kPitch * 2,
+                        valid ? src + pass * kRowsPerPass * row_stride : tile_gmem, valid);
+        }
+    }
+}
+
+template <int kBr, int kBc, int kWarps, int kStages, int kHeadDim, class Elem, bool kCausal>
+__global__ void __launch_bounds__(kWarps * 32)
+flash_fwd(const FwdParams p) {
+    using Shape = FwdShape<kBr, kBc, kWarps, kStages, kHeadDim>;
+    constexpr int kThreads = Shape::kThreads, kMTiles = Shape::kMTiles;
+    constexpr int kNTilesS = Shape::kNTilesS, kNTilesO = Shape::kNTilesO;
+    constexpr int kPitch = Shape::kPitch;
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    u16* q_smem = reinterpret_cast<u16*>(smem_raw);        // [Br][kPitch]
+    u16* k_smem = q_smem + Shape::kQTile;                   // [kStages][Bc][kPitch]
+    u16* v_smem = k_smem + kStages * Shape::kKVTile;        // [kStages][Bc][kPitch]
+
+    // Heaviest Q blocks (the last ones, under a causal mask) are scheduled first.
+    const int m_block = gridDim.x - 1 - blockIdx.x;
+    const int head = blockIdx.y, batch = blockIdx.z;
+    const int head_kv = head / (p.nheads / p.nheads_kv);   // GQA / MQA: heads share K/V
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;                   // mma fragment coordinates
+    const int row0 = m_block * kBr;                         // first query row of Q_i
+    const int warp_row0 = warp * kMTiles * 16;              // this warp's rows within Q_i
+
+    const u16* q_gmem = static_cast<const u16*>(p.q) + batch * p.q_batch_stride
+                        + head * p.q_head_stride + row0 * p.q_row_stride;
+    const u16* k_gmem = static_cast<const u16*>(p.k) + batch * p.k_batch_stride
+                        + head_kv * p.k_head_stride;
+    const u16* v_gmem = static_cast<const u16*>(p.v) + batch * p.v_batch_stride
+                        + head_kv * p.v_head_stride;
+    u16* o_gmem = static_cast<u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride
+                  + row0 * p.o_row_stride;
+    float* lse_gmem = p.lse + (static_cast<i64>(batch) * p.nheads + head) * p.seqlen_q + row0;
+    const int rows_valid = min(kBr, p.seqlen_q - row0);
+
+    // K/V blocks this Q block needs. Causal: the last row of Q_i sees keys up to
+    // row0 + kBr - 1 + causal_offset; later blocks are skipped entirely.
+    const int causal_offset = p.seqlen_k - p.seqlen_q;
+    int n_blocks = (p.seqlen_k + kBc - 1) / kBc;
+    if (kCausal) {
+        const int last_key = row0 + kBr - 1 + causal_offset;
+        n_blocks = last_key < 0 ? 0 : min(n_blocks, last_key / kBc + 1);
+    }
+    if (n_blocks == 0) {
+        // Every row of Q_i is fully masked (seqlen_q > seqlen_k under the causal mask):
+        // O = 0 and LSE = +inf, flash-attn's convention (the backward then recomputes P = 0).
+        for (int c = tid; c < rows_valid * (kHeadDim / 8); c += kThreads) {
+            const int r = c / (kHeadDim / 8), col = (c % (kHeadDim / 8)) * 8;
+            if (col < p.head_dim)
+                *reinterpret_cast<u32x4*>(o_gmem + r * p.o_row_stride + col) = u32x4{0, 0, 0, 0};
+        }
+        for (int r = tid; r < rows_valid; r += kThreads) lse_gmem[r] = pos_inf();
+        return;
+    }
+
+    // K_j / V_j of the i-th iteration: blocks run from the last to the first, so the few
+    // blocks that need a mask (the ragged end, the causal diagonal) come first and the
+    // unmasked bulk follows.
+    auto load_kv = [&](int iter) {
+        const int n_block = n_blocks - 1 - iter, slot = iter % kStages;
+        const i64 key0 = static_cast<i64>(n_block) * kBc;
+        load_tile_g2s<kBc, kHeadDim, kPitch, kThreads>(
+            k_smem + slot * Shape::kKVTile, k_gmem + key0 * p.k_row_stride, p.k_row_stride,
+            p.seqlen_k - n_block * kBc, p.head_dim, tid);
+        load_tile_g2s<kBc, kHeadDim, kPitch, kThreads>(
+            v_smem + slot * Shape::kKVTile, v_gmem + key0 * p.v_row_stride, p.v_row_stride,
+            p.seqlen_k - n_block * kBc, p.head_dim, tid);
+    };
+
+    // Prologue: Q_i, then the first kStages - 1 K/V blocks, one commit group each.
+    load_tile_g2s<kBr, kHeadDim, kPitch, kThreads>(q_smem, q_gmem, p.q_row_stride, rows_valid,
+                                                  p.head_dim, tid);
+    cp_async_commit();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < n_blocks) load_kv(s);
+        cp_async_commit();  // committed even when empty, so group counting stays uniform
+    }
+
+    // Per-thread state. Thread (g, t) of a warp holds rows g and g + 8 of each mma tile:
+    // index [mt][half] means row warp_row0 + 16·mt + g + 8·half.
+    float o_acc[kMTiles][kNTilesO][4];
+    float m_run[kMTiles][2];  // running row max of raw scores S (not yet scaled)
+    float l_run[kMTiles][2];  // running row sum of exp, this thread's columns only
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kNTilesO; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
+        m_run[mt][0] = m_run[mt][1] = neg_inf();
+        l_run[mt][0] = l_run[mt][1] = 0.f;
+    }
+
+    // Each lane's ldmatrix.x4 address inside a 16x16 block of 16-bit elements, as a byte
+    // offset from the tile's start (one register each; the loops add compile-time offsets).
+    // Lane l points at row (l % 8) of 8x8 matrix (l / 8); register i receives matrix i.
+    constexpr int kRowBytes = kPitch * 2;
+    // A operand (Q): matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15)
+    const u32 q_lane = smem_u32(q_smem) + (warp_row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes
+                       + (lane >> 4) * 16;
+    // B operand of S = Q Kᵀ (K rows are keys): (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7), ...
+    const u32 k_lane = smem_u32(k_smem) + ((lane & 7) + (lane >> 4) * 8) * kRowBytes + ((lane >> 3) & 1) * 16;
+    // B operand of O = P V, transposed (V rows are keys): (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), ...
+    const u32 v_lane = smem_u32(v_smem) + ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes + (lane >> 4) * 16;
+
+    for (int iter = 0; iter < n_blocks; ++iter) {
+        const int n_block = n_blocks - 1 - iter, slot = iter % kStages;
+
+        // K_j, V_j (and Q_i at iter 0) have landed once at most kStages - 2 newer groups are
+        // in flight. The barrier also tells every warp that all warps are done with the slot
+        // of iteration iter - 1, which the prefetch (further down) overwrites.
+        cp_async_wait<kStages - 2>();
+        __syncthreads();
+
+        // ---- S = Q_i K_jᵀ  (kMTiles·16 x Bc per warp, fp32) ----
+        float s_acc[kMTiles][kNTilesS][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kNTilesS; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s_acc[mt][nt][e] = 0.f;
+
+        const u32 k_slot = k_lane + slot * Shape::kKVTile * 2;
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            u32 q_frag[kMTiles][4];
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt)
+                ldmatrix_x4(q_frag[mt], q_lane + mt * 16 * kRowBytes + kk * 32);
+#pragma unroll
+            for (int np = 0; np < kNTilesS / 2; ++np) {
+                u32 k_frag[4];  // [0..1]: keys 16np..16np+7, [2..3]: keys 16np+8..16np+15
+                ldmatrix_x4(k_frag, k_slot + np * 16 * kRowBytes + kk * 32);
+#pragma unroll
+                for (int mt = 0; mt < kMTiles; ++mt) {
+                    mma_16816<Elem>(s_acc[mt][2 * np], q_frag[mt], k_frag[0], k_frag[1]);
+                    mma_16816<Elem>(s_acc[mt][2 * np + 1], q_frag[mt], k_frag[2], k_frag[3]);
+                }
+            }
+        }
+
+        // ---- mask: only the ragged last block and the causal diagonal blocks ----
+        const bool ragged = (n_block + 1) * kBc > p.seqlen_k;
+        const bool diagonal = kCausal && (n_block + 1) * kBc - 1 > row0 + causal_offset;
+        if (ragged || diagonal) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int row = row0 + warp_row0 + mt * 16 + g + 8 * half;
+                    // keys [0, key_end) are visible to this row
+                    const int key_end = kCausal ? min(p.seqlen_k, row + causal_offset + 1) : p.seqlen_k;
+#pragma unroll
+                    for (int nt = 0; nt < kNTilesS; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int key = n_block * kBc + nt * 8 + 2 * t + e;
+                            if (key >= key_end) s_acc[mt][nt][2 * half + e] = neg_inf();
+                        }
+                }
+        }
+
+        // ---- online softmax: m_new = max(m, rowmax S); P = exp(S - m_new); rescale l, O ----
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                float m_new = m_run[mt][half];
+#pragma unroll
+                for (int nt = 0; nt < kNTilesS; ++nt)
+                    m_new = fmaxf(m_new, fmaxf(s_acc[mt][nt][2 * half], s_acc[mt][nt][2 * half + 1]));
+                // the four threads of a quad (same g) hold one row between them
+                m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 1));
+                m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 2));
+                // A row masked so far has m_new = -inf: use 0 as the exponent's offset so
+                // that -inf - (-inf) = NaN never happens; its P and alpha are then exp2(-inf) = 0.
+                const float m_scaled = m_new == neg_inf() ? 0.f : m_new * p.scale_log2;
+                const float alpha = exp2_approx(m_run[mt][half] * p.scale_log2 - m_scaled);
+                m_run[mt][half] = m_new;
+                float row_sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < kNTilesS; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        // exp(scale·(s - m)) as one FFMA and one EX2: exp2(s·scale·log2e - m_scaled)
+                        float& s = s_acc[mt][nt][2 * half + e];
+                        s = exp2_approx(fmaf(s, p.scale_log2, -m_scaled));
+                        row_sum += s;
+                    }
+                l_run[mt][half] = l_run[mt][half] * alpha + row_sum;
+#pragma unroll
+                for (int nt = 0; nt < kNTilesO; ++nt) {
+                    o_acc[mt][nt][2 * half] *= alpha;
+                    o_acc[mt][nt][2 * half + 1] *= alpha;
+                }
+            }
+
+        // ---- O += P V_j: P goes from the S accumulators straight into A fragments ----
+        // The C layout of two adjacent n8 tiles of S equals the A layout of one k16 step,
+        // so P is only rounded to 16 bits and packed: p_frag[mt][kk] is the A operand of
+        // keys 16kk..16kk+15. Packing all of it first frees the fp32 S registers.
+        u32 p_frag[kMTiles][kBc / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int kk = 0; kk < kBc / 16; ++kk) {
+                p_frag[mt][kk][0] = pack2<Elem>(s_acc[mt][2 * kk][0], s_acc[mt][2 * kk][1]);
+                p_frag[mt][kk][1] = pack2<Elem>(s_acc[mt][2 * kk][2], s_acc[mt][2 * kk][3]);
+                p_frag[mt][kk][2] = pack2<Elem>(s_acc[mt][2 * kk + 1][0], s_acc[mt][2 * kk + 1][1]);
+                p_frag[mt][kk][3] = pack2<Elem>(s_acc[mt][2 * kk + 1][2], s_acc[mt][2 * kk + 1][3]);
+            }
+        // Prefetch K/V for iteration iter + kStages - 1 into the slot freed by iter - 1. It is
+        // issued here, once the fp32 S registers are dead, because its address arithmetic
+        // would otherwise push the O + S accumulators into spills (ptxas -v, head dim 128).
+        if (iter + kStages - 1 < n_blocks) load_kv(iter + kStages - 1);
+        cp_async_commit();
+
+        const u32 v_slot = v_lane + slot * Shape::kKVTile * 2;
+#pragma unroll
+        for (int kk = 0; kk < kBc / 16; ++kk) {
+#pragma unroll
+            for (int dp = 0; dp < kNTilesO / 2; ++dp) {
+                u32 v_frag[4];  // [0..1]: dims 16dp..16dp+7, [2..3]: dims 16dp+8..16dp+15
+                ldmatrix_x4_trans(v_frag, v_slot + kk * 16 * kRowBytes + dp * 32);
+#pragma unroll
+                for (int mt = 0; mt < kMTiles; ++mt) {
+                    mma_16816<Elem>(o_acc[mt][2 * dp], p_frag[mt][kk], v_frag[0], v_frag[1]);
+                    mma_16816<Elem>(o_acc[mt][2 * dp + 1], p_frag[mt][kk], v_frag[2], v_frag[3]);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();  // only empty groups remain; leave none in flight at exit
+
+    // ---- epilogue: O = acc / l (delayed normalization), LSE = m·scale + log l ----
+    // Each warp stages its own rows of O through its own rows of q_smem (no other warp reads
+    // them), then writes 16-byte chunks to global memory: only warp-level sync is needed.
+    __syncwarp();
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float l = l_run[mt][half];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            // l = 0: every key of this row is masked; O = 0 and LSE = +inf (see above).
+            const float inv_l = l > 0.f ? 1.f / l : 0.f;
+            const int r = warp_row0 + mt * 16 + g + 8 * half;
+#pragma unroll
+            for (int nt = 0; nt < kNTilesO; ++nt)
+                *reinterpret_cast<u32*>(q_smem + r * kPitch + nt * 8 + 2 * t) =
+                    pack2<Elem>(o_acc[mt][nt][2 * half] * inv_l, o_acc[mt][nt][2 * half + 1] * inv_l);
+            if (t == 0 && r < rows_valid)
+                lse_gmem[r] = l > 0.f ? m_run[mt][half] * p.softmax_scale + logf(l) : pos_inf();
+        }
+    __syncwarp();
+    constexpr int kChunks = kHeadDim / 8;
+#pragma unroll
+    for (int c = lane; c < kMTiles * 16 * kChunks; c += 32) {
+        const int r = warp_row0 + c / kChunks, col = (c % kChunks) * 8;
+        if (r < rows_valid && col < p.head_dim)
+            *reinterpret_cast<u32x4*>(o_gmem + r * p.o_row_stride + col) =
+                *reinterpret_cast<const u32x4*>(q_smem + r * kPitch + col);
+    }
+}
+
+}  // namespace cuflash

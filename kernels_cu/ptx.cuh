@@ -1,0 +1,109 @@
+// ptx.cuh: the only file in cuflash with inline PTX. One small function per instruction.
+//
+// cuflash kernels include no system header, so they compile the same way under NVRTC
+// (CuPy RawModule, at run time) and nvcc (the CPU test that compiles every instantiation).
+// Elements are carried as raw 16-bit storage; the element type is a tag (bf16 / fp16)
+// that picks the conversion and the mma variant.
+#pragma once
+
+namespace cuflash {
+
+using u16 = unsigned short;
+using u32 = unsigned int;
+using u64 = unsigned long long;
+using i64 = long long;
+
+// Element type tags: they pick the mma.sync and cvt variants below.
+struct bf16 { using storage = u16; };
+struct fp16 { using storage = u16; };
+
+// ---- addresses -------------------------------------------------------------------------
+// 32-bit shared-memory address of a generic pointer into shared memory (what ldmatrix and
+// cp.async take).
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 addr;
+    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }"
+                 : "=r"(addr) : "l"(p));
+    return addr;
+}
+
+// ---- cp.async: global -> shared without passing through registers -------------------------
+// Copies 16 bytes; when `valid` is false nothing is read and the 16 bytes are zero-filled
+// (src-size 0). Zero fill is how out-of-range rows and padded head-dim columns stay finite.
+__device__ __forceinline__ void cp_async_16(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// Wait until at most `N` committed groups are still in flight (groups complete in order).
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+
+// ---- ldmatrix: four 8x8 16-bit matrices from shared memory into mma fragments -------------
+// Lane l gives the address of row (l % 8) of matrix (l / 8); register r[i] gets matrix i.
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+// Same, each 8x8 matrix transposed (used for V, stored [key][dim] but needed as [dim][key]).
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// ---- mma.sync m16n8k16: D(16x8, fp32) += A(16x16) * B(16x8), 16-bit inputs ------------------
+// Fragment ownership (g = lane / 4, t = lane % 4):
+//   A: a0 (row g, k 2t..2t+1), a1 (row g+8, k 2t..), a2 (row g, k 2t+8..), a3 (row g+8, k 2t+8..)
+//   B: b0 (k 2t..2t+1, col g), b1 (k 2t+8..2t+9, col g)
+//   C/D: d0,d1 (row g, cols 2t, 2t+1), d2,d3 (row g+8, cols 2t, 2t+1)
+template <class Elem>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1);
+
+template <>
+__device__ __forceinline__ void mma_16816<bf16>(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16816<fp16>(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- conversions -------------------------------------------------------------------------
+// Two fp32 -> one register of two 16-bit values, `lo` in the low half (the lower column).
+template <class Elem>
+__device__ __forceinline__ u32 pack2(float lo, float hi);
+
+template <>
+__device__ __forceinline__ u32 pack2<bf16>(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+template <>
+__device__ __forceinline__ u32 pack2<fp16>(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// ---- math ----------------------------------------------------------------------------------
+// 2^x on the special-function unit; exp2(-inf) = 0.
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+}  // namespace cuflash

@@ -1,0 +1,19 @@
+"""Edge shapes for compute-sanitizer (memcheck, racecheck): run under it, not under pytest.
+
+    compute-sanitizer --tool memcheck python tests/gpu_sanitize.py
+"""
+import torch
+
+import cuflash
+
+SHAPES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_kv, hdim, causal)
+    (1, 1, 1, 2, 2, 64, False), (1, 17, 113, 4, 1, 40, True), (2, 203, 113, 4, 2, 128, True),
+    (1, 113, 203, 2, 2, 256, False), (1, 130, 130, 2, 1, 96, True), (1, 1, 300, 2, 2, 128, True),
+]
+for b, sq, sk, h, hkv, d, causal in SHAPES:
+    for dtype in (torch.bfloat16, torch.float16):
+        q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+        k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
+        out = cuflash.flash_attn_func(q, k, v, causal=causal)
+torch.cuda.synchronize()
+print("sanitize shapes done")
