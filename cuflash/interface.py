@@ -13,15 +13,16 @@ that dtype (CuPy with ml_dtypes installed) or ``torch.bfloat16`` tensors.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
 from . import _gpu
-from .config import MAX_HEAD_DIM, FwdConfig, default_fwd_config, kernel_head_dim
+from .config import MAX_HEAD_DIM, FwdConfig, default_fwd_config
 from .kernels import get_kernel
 from .params import pack
 
@@ -145,6 +146,8 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
         raise ValueError(f"v: shape must equal k's {tk.shape}, got {tv.shape}")
     if head_dim % 8 or not 0 < head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"q: headdim must be a multiple of 8 in 8..{MAX_HEAD_DIM}, got {head_dim}")
+    if batch > 65535 or nheads > 65535:
+        raise ValueError(f"q: batch ({batch}) and nheads ({nheads}) must be <= 65535 (CUDA grid limit)")
     if nheads_kv == 0 or nheads % nheads_kv:
         raise ValueError(f"k: nheads_kv={nheads_kv} must divide q's nheads={nheads} (GQA/MQA)")
     if tq.kind != "numpy" and not tq.device == tk.device == tv.device:
@@ -175,17 +178,22 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
 
 # ---------------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
 def config_for(head_dim: int, dtype: str, causal: bool, device: int = 0) -> FwdConfig:
     """The forward config used for this problem class on `device` (heuristic for now)."""
     return default_fwd_config(head_dim, dtype, causal, _gpu.arch(device), _gpu.max_smem(device))
 
 
-def _launch_fwd(config: FwdConfig, device: int, stream_ptr: Optional[int], *, q, k, v, o, lse,
+def _launch_fwd(config: FwdConfig, device: int, stream_ptr: int, *, q, k, v, o, lse,
                 batch, nheads, nheads_kv, seqlen_q, seqlen_k, head_dim, softmax_scale) -> None:
-    """Launch one forward kernel. q, k, v, o are _Tensor (pointer + strides); lse a pointer."""
-    import cupy
+    """Launch one forward kernel on `stream_ptr` (raw cudaStream_t; 0 is the legacy default).
 
-    config.validate(_gpu.max_smem(device))
+    q, k, v, o are _Tensor (pointer + strides), lse a pointer. The hot path is a driver
+    launch with the params struct by value: no DLPack, no CuPy array, no synchronization.
+    """
+    import cupy
+    from cupy_backends.cuda.api import driver
+
     kernel = get_kernel(config, device)
     params = pack(
         "FwdParams", q=q.ptr, k=k.ptr, v=v.ptr, o=o.ptr, lse=lse,
@@ -195,13 +203,15 @@ def _launch_fwd(config: FwdConfig, device: int, stream_ptr: Optional[int], *, q,
         o_batch_stride=o.strides[0], o_row_stride=o.strides[1], o_head_stride=o.strides[2],
         batch=batch, nheads=nheads, nheads_kv=nheads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         head_dim=head_dim, softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E)
+    argv = np.array([params.ctypes.data], dtype=np.uint64)  # kernelParams: one pointer per argument
     grid = (-(-seqlen_q // config.Br), nheads, batch)
-    with cupy.cuda.Device(device):
-        if stream_ptr is None:
-            kernel(grid, (config.threads,), (params,), shared_mem=config.smem_bytes)
-        else:
-            with cupy.cuda.ExternalStream(stream_ptr, device):
-                kernel(grid, (config.threads,), (params,), shared_mem=config.smem_bytes)
+    if cupy.cuda.runtime.getDevice() != device:
+        with cupy.cuda.Device(device):
+            driver.launchKernel(kernel.kernel.ptr, *grid, config.threads, 1, 1, config.smem_bytes,
+                                stream_ptr, argv.ctypes.data, 0)
+    else:
+        driver.launchKernel(kernel.kernel.ptr, *grid, config.threads, 1, 1, config.smem_bytes,
+                            stream_ptr, argv.ctypes.data, 0)
 
 
 def _forward_on_device(tq, tk, tv, out_t: _Tensor, lse_ptr, softmax_scale, causal,
@@ -210,6 +220,8 @@ def _forward_on_device(tq, tk, tv, out_t: _Tensor, lse_ptr, softmax_scale, causa
     _, seqlen_k, nheads_kv, _ = tk.shape
     if config is None:
         config = config_for(head_dim, tq.dtype, causal, device)
+    else:  # a research override: check it against this device's shared memory too
+        config.validate(_gpu.max_smem(device))
     _launch_fwd(config, device, stream_ptr, q=tq, k=tk, v=tv, o=out_t, lse=lse_ptr,
                 batch=batch, nheads=nheads, nheads_kv=nheads_kv, seqlen_q=seqlen_q,
                 seqlen_k=seqlen_k, head_dim=head_dim, softmax_scale=softmax_scale)
@@ -237,7 +249,7 @@ def _run_cupy(q, k, v, tq, tk, tv, softmax_scale, causal, config, empty):
             lse.fill(np.nan)
         out_t = _describe("out", out)
         _forward_on_device(tq, tk, tv, out_t, lse.data.ptr, softmax_scale, causal,
-                           config, tq.device, None)
+                           config, tq.device, cupy.cuda.get_current_stream().ptr)
     return out, lse
 
 
@@ -262,7 +274,8 @@ def _run_numpy(q, k, v, tq, tk, tv, softmax_scale, causal, config, empty):
             as_t = lambda x: _Tensor("cupy", tq.dtype, tuple(x.shape),  # noqa: E731
                                      tuple(s // 2 for s in x.strides), x.data.ptr, x.device.id)
             _forward_on_device(as_t(dq), as_t(dk), as_t(dv), as_t(out), lse.data.ptr,
-                               softmax_scale, causal, config, dq.device.id, None)
+                               softmax_scale, causal, config, dq.device.id,
+                               cupy.cuda.get_current_stream().ptr)
         return cupy.asnumpy(out).view(q.dtype), cupy.asnumpy(lse)
 
 

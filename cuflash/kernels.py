@@ -64,6 +64,7 @@ def render_source(family: str) -> str:
     return "\n".join(inline(f"{family}.cu")) + "\n"
 
 
+@functools.lru_cache(maxsize=None)
 def source_hash(family: str) -> str:
     return hashlib.sha256(render_source(family).encode()).hexdigest()[:16]
 

@@ -44,7 +44,4 @@ def pack(name: str, **values) -> np.ndarray:
     extra = set(values) - set(dtype.names)
     if missing or extra:
         raise TypeError(f"struct {name}: missing fields {sorted(missing)}, unknown {sorted(extra)}")
-    rec = np.zeros(1, dtype=dtype)
-    for key, value in values.items():
-        rec[key] = value
-    return rec
+    return np.array([tuple(values[name] for name in dtype.names)], dtype=dtype)

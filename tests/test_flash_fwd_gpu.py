@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import cuflash
-from cuflash import interface, reference
+from cuflash import _gpu, interface, reference
 
 pytestmark = pytest.mark.gpu
 
@@ -129,16 +129,19 @@ def test_every_config_of_the_space_is_correct():
     """Each valid point of the tuning space (hdim 64 and 128) computes the same function."""
     import torch
 
+    failures = []
     for hdim in (64, 128):
         for causal in (False, True):
             q, k, v = (rand((1, 333, 2, hdim), torch.bfloat16) for _ in range(3))
             ref, _ = torch_attention(q, k, v, causal, hdim ** -0.5, upcast=True)
             low, _ = torch_attention(q, k, v, causal, hdim ** -0.5, upcast=False)
             base = (low.double() - ref).abs().max().item()
-            for cfg in cuflash.config.valid_fwd_configs(hdim, "bf16", causal):
+            for cfg in cuflash.config.valid_fwd_configs(hdim, "bf16", causal, _gpu.max_smem()):
                 out = cuflash.flash_attn_func(q, k, v, causal=causal, config=cfg)
                 err = (out.double() - ref).abs().max().item()
-                assert err <= 2 * base + 1e-5, cfg.name
+                if not err <= 2 * base + 1e-5:
+                    failures.append(f"{cfg.name}: err {err:.3g} vs plain bf16 {base:.3g}")
+    assert not failures, "\n".join(failures)
 
 
 def test_empty_and_keyless_inputs():
