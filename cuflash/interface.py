@@ -169,6 +169,9 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
         config.validate()
 
     empty = batch == 0 or seqlen_q == 0 or nheads == 0
+    if tq.kind == "numpy" and not empty and seqlen_k == 0:
+        # attention over zero keys: every row fully masked, O = 0 and LSE = +inf; no GPU needed
+        return _keyless_numpy(q, tq, return_attn_probs)
     if tq.kind != "torch" and not empty:
         _gpu.require("flash_attn_func")
     runner = {"cupy": _run_cupy, "numpy": _run_numpy, "torch": _run_torch}[tq.kind]
@@ -225,6 +228,13 @@ def _forward_on_device(tq, tk, tv, out_t: _Tensor, lse_ptr, softmax_scale, causa
     _launch_fwd(config, device, stream_ptr, q=tq, k=tk, v=tv, o=out_t, lse=lse_ptr,
                 batch=batch, nheads=nheads, nheads_kv=nheads_kv, seqlen_q=seqlen_q,
                 seqlen_k=seqlen_k, head_dim=head_dim, softmax_scale=softmax_scale)
+
+
+def _keyless_numpy(q, tq, return_attn_probs):
+    batch, seqlen_q, nheads, _ = tq.shape
+    out = np.zeros(q.shape, q.dtype)
+    lse = np.full((batch, nheads, seqlen_q), np.inf, np.float32)
+    return (out, lse, None) if return_attn_probs else out
 
 
 def _no_keys(tq, tk) -> bool:

@@ -142,6 +142,8 @@ def nvcc_compile(configs: Iterable, arch: str, nvcc: Optional[str] = None) -> li
     compiler's output if compilation fails.
     """
     configs = list(configs)
+    if not configs:
+        raise ValueError("configs: nvcc_compile needs at least one config")
     family = configs[0].family
     nvcc = nvcc or os.environ.get("NVCC", "nvcc")
     lines = [render_source(family), '#line 1 "instantiations"']

@@ -271,3 +271,18 @@ def test_public_names():
                  "default_fwd_config", "config_for"):
         assert hasattr(cuflash, name), name
     assert issubclass(NoGPUError, RuntimeError)
+
+
+def test_numpy_keyless_input_needs_no_gpu():
+    """seqlen_k == 0: every row is fully masked; the answer (O = 0, LSE = +inf) needs no GPU."""
+    q = np.random.default_rng().standard_normal((1, 3, 2, 64)).astype(np.float16)
+    k = np.zeros((1, 0, 2, 64), np.float16)
+    out, lse, _ = cuflash.flash_attn_func(q, k, k, return_attn_probs=True)
+    assert out.shape == q.shape and out.dtype == q.dtype and not out.any()
+    assert np.isinf(lse).all() and (lse > 0).all()
+
+
+def test_grid_limits_are_checked():
+    q = np.ones((70000, 1, 1, 8), np.float16)
+    with pytest.raises(ValueError, match="batch"):
+        cuflash.flash_attn_func(q, q, q)
