@@ -27,8 +27,13 @@ MAX_SMEM_BY_ARCH = {(8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 7): 163 * 1024,
 # ptxas spills (read off `nvcc -Xptxas -v` for sm_80 / sm_90a; tests/test_compile.py).
 MAX_ACCUM_REGS = 192
 
-# The forward tuning space, as data: tunable parameter -> candidate values.
+# The tuning spaces, as data: tunable parameter -> candidate values.
 FWD_SPACE = {"Br": (64, 128), "Bc": (32, 64, 128), "warps": (4, 8), "stages": (2, 3)}
+BWD_SPACE = {"Br": (32, 64, 128), "Bc": (64, 128), "warps": (4, 8), "stages": (2, 3),
+             "dsplit": (1, 2)}
+
+# The backward's fp32 workspace pads query rows to a multiple of this (every Br divides it).
+BWD_ROW_PAD = 128
 
 
 class ConfigError(ValueError):
@@ -93,6 +98,12 @@ class FwdConfig:
         """The C++ name expression that instantiates this config's kernel."""
         return (f"cuflash::flash_fwd<{self.Br}, {self.Bc}, {self.warps}, {self.stages}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {'true' if self.causal else 'false'}>")
+
+    def kernel_names(self) -> dict:
+        return {"main": self.kernel_name()}
+
+    def template_args(self) -> tuple:
+        return (self.Br, self.Bc, self.warps, self.stages, self.head_dim, self.dtype, self.causal)
 
     def problems(self, max_smem: Optional[int] = None) -> list[str]:
         """Every rule this config breaks (empty when valid)."""
@@ -173,3 +184,165 @@ def fwd_space(head_dim: int, dtype: str, causal: bool,
 def valid_fwd_configs(head_dim: int, dtype: str, causal: bool,
                       max_smem: Optional[int] = None) -> list[FwdConfig]:
     return [cfg for cfg, problems in fwd_space(head_dim, dtype, causal, max_smem) if not problems]
+
+
+# ---------------------------------------------------------------------------------------
+# backward
+
+@dataclasses.dataclass(frozen=True, order=True)
+class BwdConfig:
+    """One backward kernel (kernels_cu/flash_bwd.cu): a CTA owns the K/V block K_j, V_j.
+
+    Br:            query rows of each Q block Q_i the CTA loops over (multiple of 16, <= 128)
+    Bc:            keys of the CTA's K/V block; each warp owns Bc / warps of them
+    warps:         warps per CTA
+    stages:        Q/dO blocks resident in shared memory (>= 2)
+    dsplit:        head-dim slices: `dsplit` CTAs share a K/V block, each accumulating
+                   head_dim / dsplit columns of dK, dV, dQ (Sᵀ and dPᵀ are recomputed by each)
+    head_dim:      the compile-time head dim (multiple of 16, <= 256)
+    dtype:         "bf16" or "fp16"
+    causal:        bottom-right aligned causal mask, a compile-time flag
+    deterministic: dQ contributions added in a fixed order (bitwise reproducible, slower)
+    """
+
+    Br: int
+    Bc: int
+    warps: int
+    stages: int
+    dsplit: int
+    head_dim: int
+    dtype: str
+    causal: bool
+    deterministic: bool = False
+
+    family = "flash_bwd"
+
+    @property
+    def name(self) -> str:
+        mask = "causal" if self.causal else "full"
+        det = "_det" if self.deterministic else ""
+        return (f"bwd_{self.dtype}_d{self.head_dim}_{mask}_"
+                f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}_x{self.dsplit}{det}")
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def smem_bytes(self) -> int:
+        """K_j, V_j; `stages` (Q_i, dO_i) pairs; the dSᵀ tile; `stages` (LSE_i, D_i) rows."""
+        pitch = self.head_dim + 8
+        elems = (2 * self.Bc + 2 * self.stages * self.Br) * pitch + self.Bc * (self.Br + 8)
+        return 2 * elems + 8 * self.stages * self.Br
+
+    @property
+    def accum_regs(self) -> int:
+        """fp32 accumulators per thread: dK, dV (keys x head_dim / dsplit), Sᵀ/P, dPᵀ (keys x Br)."""
+        m_tiles = self.Bc // (16 * self.warps)
+        return m_tiles * (self.head_dim // max(self.dsplit, 1) + self.Br)
+
+    def kernel_name(self) -> str:
+        b = lambda x: "true" if x else "false"  # noqa: E731
+        return (f"cuflash::flash_bwd<{self.Br}, {self.Bc}, {self.warps}, {self.stages}, {self.dsplit}, "
+                f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}>")
+
+    def kernel_names(self) -> dict:
+        """Every kernel one backward launches, by role (compiled into one module)."""
+        return {"main": self.kernel_name(),
+                "preprocess": f"cuflash::flash_bwd_preprocess<cuflash::{self.dtype}>",
+                "convert_dq": f"cuflash::flash_bwd_convert_dq<cuflash::{self.dtype}>",
+                "reduce_dkv": f"cuflash::flash_bwd_reduce_dkv<cuflash::{self.dtype}>"}
+
+    def template_args(self) -> tuple:
+        return (self.Br, self.Bc, self.warps, self.stages, self.dsplit, self.head_dim, self.dtype,
+                self.causal, self.deterministic)
+
+    def problems(self, max_smem: Optional[int] = None) -> list[str]:
+        out = []
+        if self.dtype not in DTYPES:
+            out.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.head_dim % 16 or not 16 <= self.head_dim <= MAX_HEAD_DIM:
+            out.append(f"head_dim must be a multiple of 16 in 16..{MAX_HEAD_DIM}, got {self.head_dim}")
+        if not 1 <= self.warps <= 16:
+            out.append(f"warps must be in 1..16, got {self.warps}")
+        elif self.Bc <= 0 or self.Bc % (16 * self.warps):
+            out.append(f"Bc={self.Bc} must be a positive multiple of 16*warps={16 * self.warps} "
+                       "(each warp owns whole 16-key mma tiles)")
+        if self.Br <= 0 or self.Br % 16 or BWD_ROW_PAD % self.Br:
+            out.append(f"Br must be a multiple of 16 dividing {BWD_ROW_PAD}, got {self.Br}")
+        elif self.Br // 2 > 32 * self.warps:
+            out.append(f"Br={self.Br} needs {self.Br // 2} threads to load LSE_i and D_i, "
+                       f"the CTA has {32 * self.warps}")
+        if self.stages < 2:
+            out.append(f"stages must be >= 2, got {self.stages}")
+        if self.dsplit < 1 or (self.head_dim // 16) % self.dsplit:
+            out.append(f"dsplit={self.dsplit} must divide head_dim/16={self.head_dim // 16} "
+                       "(each slice is whole 16-column tiles)")
+        if not out and self.accum_regs > MAX_ACCUM_REGS:
+            out.append(f"{self.accum_regs} fp32 accumulator registers per thread "
+                       f"(dK, dV, S, dP) exceed the budget of {MAX_ACCUM_REGS}: it would spill")
+        if max_smem is not None and self.smem_bytes > max_smem:
+            out.append(f"needs {self.smem_bytes} bytes of shared memory, the device allows {max_smem}")
+        return out
+
+    def validate(self, max_smem: Optional[int] = None) -> "BwdConfig":
+        problems = self.problems(max_smem)
+        if problems:
+            raise ConfigError(f"invalid backward config {self.name}: " + "; ".join(problems))
+        return self
+
+    def replace(self, **changes) -> "BwdConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def bwd_kernel_head_dim(head_dim: int) -> int:
+    """Head dim the backward is compiled for: up to 128 as the forward's (a multiple of 16),
+    above 128 a multiple of 32, so that two head-dim slices (dsplit=2) are whole tiles."""
+    return kernel_head_dim(head_dim) if head_dim <= 128 else -(-head_dim // 32) * 32
+
+
+def default_bwd_config(head_dim: int, dtype: str, causal: bool,
+                       arch: tuple[int, int] = (9, 0), max_smem: Optional[int] = None,
+                       deterministic: bool = False) -> BwdConfig:
+    """The backward's fallback heuristic (used when no tuned entry exists for this GPU).
+
+    A warp owns 16·m keys (Bc = 16·m·warps): its rows of dK_j and dV_j cost m·head_dim fp32
+    registers, Sᵀ and dPᵀ another m·Br. Large K/V blocks matter most: every Q block a CTA
+    visits ends in Br x head_dim fp32 atomics into dQ, so Bc = 128 halves them against 64.
+    Measured on the H100 (results/NVIDIA_H100_80GB_HBM3/bwd_sweep.json, s = 4096):
+    head dim 64 -> Br 32, Bc 128, 4 warps (m = 2); 128 -> Br 64, Bc 128, 8 warps (m = 1),
+    both at the 192-register budget (ptxas spills a few bytes on sm_90a, none on sm_80).
+    Above 128, two CTAs share each K/V block, one per half of the head dim (dsplit = 2;
+    Sᵀ and dPᵀ are computed twice), with Br = 32.
+    """
+    d = bwd_kernel_head_dim(head_dim)
+    if max_smem is None:
+        max_smem = MAX_SMEM_BY_ARCH.get(tuple(arch), 99 * 1024)
+    if d <= 64:
+        cfg = BwdConfig(32, 128, 4, 2, 1, d, dtype, causal, deterministic)
+    elif d <= 128:
+        cfg = BwdConfig(64, 128, 8, 2, 1, d, dtype, causal, deterministic)
+    else:
+        cfg = BwdConfig(32, 64, 4, 2, 2, d, dtype, causal, deterministic)
+    # Small-shared-memory parts: shrink the Q blocks, then the K/V block.
+    for shrink in ({}, {"Br": 32}, {"Br": 32, "Bc": 64, "warps": 4}, {"Br": 16, "Bc": 64, "warps": 4},
+                   {"Br": 16, "Bc": 32, "warps": 2}):
+        candidate = cfg.replace(**shrink)
+        if not candidate.problems(max_smem):
+            return candidate
+    return cfg.validate(max_smem)
+
+
+def bwd_space(head_dim: int, dtype: str, causal: bool,
+              max_smem: Optional[int] = None) -> Iterator[tuple[BwdConfig, list[str]]]:
+    """Every point of BWD_SPACE for one problem class, with the rules it breaks (if any)."""
+    d = bwd_kernel_head_dim(head_dim)
+    keys = list(BWD_SPACE)
+    for values in itertools.product(*(BWD_SPACE[k] for k in keys)):
+        cfg = BwdConfig(head_dim=d, dtype=dtype, causal=causal, **dict(zip(keys, values)))
+        yield cfg, cfg.problems(max_smem)
+
+
+def valid_bwd_configs(head_dim: int, dtype: str, causal: bool,
+                      max_smem: Optional[int] = None) -> list[BwdConfig]:
+    return [cfg for cfg, problems in bwd_space(head_dim, dtype, causal, max_smem) if not problems]

@@ -5,8 +5,10 @@ argument and says what was expected. Three kinds of input:
 
 * CuPy arrays: run on the current CuPy stream, return a CuPy array.
 * NumPy arrays: copied to the current GPU, result copied back (a convenience, not fast).
-* torch CUDA tensors (forward only for now): raw pointers on torch's current stream,
-  outputs from torch's caching allocator, no device synchronization.
+* torch tensors: CUDA tensors run through the ``cuflash::fwd`` / ``cuflash::bwd`` custom ops
+  (cuflash/torch_ops.py): autograd, torch.compile and CUDA graphs work; kernels launch by
+  raw pointer on torch's current stream into torch-allocated outputs. CPU tensors (any float
+  dtype) run the float64 NumPy reference, so the autograd plumbing is testable without a GPU.
 
 bf16 has no NumPy dtype of its own: pass ``ml_dtypes.bfloat16`` NumPy arrays, CuPy arrays of
 that dtype (CuPy with ml_dtypes installed) or ``torch.bfloat16`` tensors.
@@ -22,8 +24,9 @@ from typing import Optional
 import numpy as np
 
 from . import _gpu
-from .config import MAX_HEAD_DIM, FwdConfig, default_fwd_config
-from .kernels import get_kernel
+from .config import (BWD_ROW_PAD, MAX_HEAD_DIM, BwdConfig, FwdConfig, default_bwd_config,
+                     default_fwd_config)
+from .kernels import get_kernels
 from .params import pack
 
 LOG2E = 1.4426950408889634
@@ -48,7 +51,10 @@ def _dtype_name(kind: str, x) -> Optional[str]:
     if kind == "torch":
         import torch
 
-        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype)
+        names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+        if x.device.type == "cpu":  # the reference path computes in float64 anyway
+            names.update({torch.float32: "fp32", torch.float64: "fp64"})
+        return names.get(x.dtype)
     name = np.dtype(x.dtype).name
     return {"bfloat16": "bf16", "float16": "fp16"}.get(name)
 
@@ -77,11 +83,17 @@ def _describe(name: str, x) -> _Tensor:
         raise TypeError(f"{name}: dtype must be float16 or bfloat16, got {x.dtype} "
                         "(fp32 inputs are not supported yet; cast explicitly)")
     if kind == "torch":
-        if x.device.type != "cuda":
-            raise NotImplementedError(
-                f"{name}: torch CPU tensors are not supported yet; use "
-                "cuflash.reference.attention_naive for a CPU result")
-        strides, ptr, device = tuple(x.stride()), x.data_ptr(), x.device.index
+        import torch
+
+        if x.device.type not in ("cuda", "cpu"):
+            raise ValueError(f"{name}: torch tensors must be on a CUDA device or the CPU, "
+                             f"got {x.device}")
+        on_gpu = x.device.type == "cuda"
+        # torch.compile traces this validation with fake tensors: no address to read then
+        # (the custom op reads the real one, and copies a misaligned tensor).
+        traced = torch.compiler.is_compiling()
+        strides, ptr = tuple(x.stride()), x.data_ptr() if on_gpu and not traced else 0
+        device = x.device.index if on_gpu else None
     elif kind == "cupy":
         item = x.dtype.itemsize
         strides, ptr, device = tuple(s // item for s in x.strides), x.data.ptr, x.device.id
@@ -93,8 +105,8 @@ def _describe(name: str, x) -> _Tensor:
 
 def _check_layout(name: str, t: _Tensor) -> None:
     """GPU inputs: contiguous last dim, 16-byte aligned rows (cp.async moves 16 bytes)."""
-    if t.kind == "numpy":
-        return  # copied into a fresh contiguous device array
+    if t.kind == "numpy" or t.device is None:
+        return  # copied into a fresh array (NumPy to the GPU, torch CPU to the reference)
     if t.shape[3] > 1 and t.strides[3] != 1:
         raise ValueError(f"{name}: the last dimension (headdim) must be contiguous "
                          f"(stride 1), got strides {t.strides}")
@@ -108,7 +120,8 @@ def _check_layout(name: str, t: _Tensor) -> None:
 def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                     causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
                     alibi_slopes=None, deterministic: bool = False,
-                    return_attn_probs: bool = False, *, config: Optional[FwdConfig] = None):
+                    return_attn_probs: bool = False, *, config: Optional[FwdConfig] = None,
+                    bwd_config: Optional[BwdConfig] = None):
     """Exact attention, FlashAttention-2 algorithm; same signature as flash_attn's.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim),
@@ -116,7 +129,10 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     causal: bottom-right aligned mask (query i sees key j iff j <= i + seqlen_k - seqlen_q);
     fully masked rows give 0 (and LSE = +inf).
     softmax_scale: default 1/sqrt(headdim); must be finite and > 0.
-    config: an explicit FwdConfig (tiles, warps, stages) instead of the tuned/heuristic one.
+    deterministic: the backward (torch autograd) adds dQ contributions in a fixed order, so
+    gradients are bitwise reproducible (slower); the forward is always deterministic.
+    config / bwd_config: an explicit FwdConfig / BwdConfig (tiles, warps, stages) instead of
+    the tuned or heuristic one; bwd_config applies to torch autograd's backward.
 
     Returns out (like q), or (out, lse, None) when return_attn_probs: lse is fp32
     (batch, nheads, seqlen_q), natural log; the third slot (attention probabilities) stays
@@ -131,6 +147,71 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     if alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes: ALiBi is not implemented yet (pass None)")
 
+    tq, tk, tv, softmax_scale, causal = _check_qkv(q, k, v, softmax_scale, causal)
+    _check_config("config", config, FwdConfig, tq.dtype, causal, tq.shape[3])
+    _check_config("bwd_config", bwd_config, BwdConfig, tq.dtype, causal, tq.shape[3])
+    if tq.kind == "torch":
+        from . import torch_ops
+
+        out, lse = torch_ops.attention(q, k, v, softmax_scale, causal, bool(deterministic),
+                                       config, bwd_config)
+        return (out, lse, None) if return_attn_probs else out
+
+    batch, seqlen_q, nheads, _ = tq.shape
+    empty = batch == 0 or seqlen_q == 0 or nheads == 0
+    if tq.kind == "numpy" and not empty and tk.shape[1] == 0:
+        # attention over zero keys: every row fully masked, O = 0 and LSE = +inf; no GPU needed
+        return _keyless_numpy(q, tq, return_attn_probs)
+    if not empty:
+        _gpu.require("flash_attn_func")
+    runner = {"cupy": _run_cupy, "numpy": _run_numpy}[tq.kind]
+    out, lse = runner(q, k, v, tq, tk, tv, softmax_scale, causal, config, empty)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] = None,
+                        causal: bool = False, deterministic: bool = False, *,
+                        config: Optional[BwdConfig] = None):
+    """Gradients (dq, dk, dv) of flash_attn_func's output, given dout = dL/dout.
+
+    out and lse are what ``flash_attn_func(q, k, v, ..., return_attn_probs=True)`` returned
+    for the same q, k, v, softmax_scale and causal. CuPy arrays (current stream) or torch
+    tensors (torch's current stream; no autograd: this is what autograd calls). dk, dv have
+    k's shape: under GQA / MQA they are summed over the query heads sharing a K/V head.
+    deterministic=True adds the dQ contributions in a fixed order (bitwise reproducible).
+    """
+    tq, tk, tv, softmax_scale, causal = _check_qkv(q, k, v, softmax_scale, causal)
+    tdo, to = _describe("dout", dout), _describe("out", out)
+    for name, t in (("dout", tdo), ("out", to)):
+        if t.kind != tq.kind or t.dtype != tq.dtype or t.shape != tq.shape:
+            raise ValueError(f"{name}: expected a {tq.kind} array of q's shape {tq.shape} and dtype "
+                             f"{tq.dtype}, got a {t.kind} {t.dtype} array of shape {t.shape}")
+        if tq.kind != "numpy" and t.device != tq.device:
+            raise ValueError(f"{name}: must be on q's device {tq.device}, got {t.device}")
+    batch, seqlen_q, nheads, _ = tq.shape
+    lse_shape = tuple(int(n) for n in lse.shape)
+    if lse_shape != (batch, nheads, seqlen_q) or _float_name(lse) != "float32":
+        raise ValueError(f"lse: expected float32 of shape {(batch, nheads, seqlen_q)} (as returned "
+                         f"with return_attn_probs=True), got {_float_name(lse)} {lse_shape}")
+    _check_config("config", config, BwdConfig, tq.dtype, causal, tq.shape[3])
+    if tq.kind == "torch":
+        from . import torch_ops
+
+        return torch_ops.backward(dout, q, k, v, out, lse, softmax_scale, causal,
+                                  bool(deterministic), config)
+    if tq.kind == "numpy":
+        raise TypeError("flash_attn_backward takes CuPy arrays or torch tensors; for NumPy "
+                        "use cuflash.reference.attention_backward_naive")
+    return _backward_cupy(dout, q, k, v, out, lse, tdo, tq, tk, tv, to, softmax_scale, causal,
+                          bool(deterministic), config)
+
+
+def _float_name(x) -> str:
+    return str(x.dtype).replace("torch.", "")
+
+
+def _check_qkv(q, k, v, softmax_scale, causal):
+    """Validate q, k, v and the scale; every error names the argument. No launch, no GPU."""
     tq, tk, tv = _describe("q", q), _describe("k", k), _describe("v", v)
     if not tq.kind == tk.kind == tv.kind:
         raise TypeError(f"q, k, v must be the same kind of array, got {tq.kind}, {tk.kind}, {tv.kind}")
@@ -159,27 +240,22 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     softmax_scale = float(softmax_scale)
     if not math.isfinite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale}")
-    causal = bool(causal)
-    if config is not None:
-        if not isinstance(config, FwdConfig):
-            raise TypeError(f"config: expected a cuflash.FwdConfig, got {type(config).__name__}")
-        if config.dtype != tq.dtype or config.causal != causal or config.head_dim < head_dim:
-            raise ValueError(f"config: {config.name} does not fit this call "
-                             f"(dtype {tq.dtype}, causal={causal}, headdim {head_dim})")
-        config.validate()
+    return tq, tk, tv, softmax_scale, bool(causal)
 
-    empty = batch == 0 or seqlen_q == 0 or nheads == 0
-    if tq.kind == "numpy" and not empty and seqlen_k == 0:
-        # attention over zero keys: every row fully masked, O = 0 and LSE = +inf; no GPU needed
-        return _keyless_numpy(q, tq, return_attn_probs)
-    if tq.kind != "torch" and not empty:
-        _gpu.require("flash_attn_func")
-    runner = {"cupy": _run_cupy, "numpy": _run_numpy, "torch": _run_torch}[tq.kind]
-    out, lse = runner(q, k, v, tq, tk, tv, softmax_scale, causal, config, empty)
-    return (out, lse, None) if return_attn_probs else out
+
+def _check_config(name, config, cls, dtype, causal, head_dim) -> None:
+    if config is None:
+        return
+    if not isinstance(config, cls):
+        raise TypeError(f"{name}: expected a cuflash.{cls.__name__}, got {type(config).__name__}")
+    if config.dtype != dtype or config.causal != causal or config.head_dim < head_dim:
+        raise ValueError(f"{name}: {config.name} does not fit this call "
+                         f"(dtype {dtype}, causal={causal}, headdim {head_dim})")
+    config.validate()
 
 
 # ---------------------------------------------------------------------------------------
+# configs
 
 @functools.lru_cache(maxsize=None)
 def config_for(head_dim: int, dtype: str, causal: bool, device: int = 0) -> FwdConfig:
@@ -187,58 +263,128 @@ def config_for(head_dim: int, dtype: str, causal: bool, device: int = 0) -> FwdC
     return default_fwd_config(head_dim, dtype, causal, _gpu.arch(device), _gpu.max_smem(device))
 
 
-def _launch_fwd(config: FwdConfig, device: int, stream_ptr: int, *, q, k, v, o, lse,
-                batch, nheads, nheads_kv, seqlen_q, seqlen_k, head_dim, softmax_scale) -> None:
-    """Launch one forward kernel on `stream_ptr` (raw cudaStream_t; 0 is the legacy default).
+@functools.lru_cache(maxsize=None)
+def bwd_config_for(head_dim: int, dtype: str, causal: bool, deterministic: bool = False,
+                   device: int = 0) -> BwdConfig:
+    """The backward config used for this problem class on `device` (heuristic for now)."""
+    return default_bwd_config(head_dim, dtype, causal, _gpu.arch(device), _gpu.max_smem(device),
+                              deterministic)
 
-    q, k, v, o are _Tensor (pointer + strides), lse a pointer. The hot path is a driver
-    launch with the params struct by value: no DLPack, no CuPy array, no synchronization.
-    """
+
+# ---------------------------------------------------------------------------------------
+# launches: raw driver calls with the params struct by value, on a raw stream
+
+def _on_device(device: int):
+    """Make `device` current for the launches (a no-op, and no cost, when it already is)."""
+    import contextlib
+
     import cupy
+
+    if cupy.cuda.runtime.getDevice() == device:
+        return contextlib.nullcontext()
+    return cupy.cuda.Device(device)
+
+
+def _launch(kernel, grid, threads: int, smem: int, stream_ptr: int, params: np.ndarray) -> None:
     from cupy_backends.cuda.api import driver
 
-    kernel = get_kernel(config, device)
-    params = pack(
-        "FwdParams", q=q.ptr, k=k.ptr, v=v.ptr, o=o.ptr, lse=lse,
-        q_batch_stride=q.strides[0], q_row_stride=q.strides[1], q_head_stride=q.strides[2],
-        k_batch_stride=k.strides[0], k_row_stride=k.strides[1], k_head_stride=k.strides[2],
-        v_batch_stride=v.strides[0], v_row_stride=v.strides[1], v_head_stride=v.strides[2],
-        o_batch_stride=o.strides[0], o_row_stride=o.strides[1], o_head_stride=o.strides[2],
-        batch=batch, nheads=nheads, nheads_kv=nheads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-        head_dim=head_dim, softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E)
     argv = np.array([params.ctypes.data], dtype=np.uint64)  # kernelParams: one pointer per argument
-    grid = (-(-seqlen_q // config.Br), nheads, batch)
-    if cupy.cuda.runtime.getDevice() != device:
-        with cupy.cuda.Device(device):
-            driver.launchKernel(kernel.kernel.ptr, *grid, config.threads, 1, 1, config.smem_bytes,
-                                stream_ptr, argv.ctypes.data, 0)
-    else:
-        driver.launchKernel(kernel.kernel.ptr, *grid, config.threads, 1, 1, config.smem_bytes,
-                            stream_ptr, argv.ctypes.data, 0)
+    driver.launchKernel(kernel.kernel.ptr, *grid, threads, 1, 1, smem, stream_ptr, argv.ctypes.data, 0)
+
+
+def _strides(prefix: str, t: _Tensor) -> dict:
+    return {f"{prefix}_batch_stride": t.strides[0], f"{prefix}_row_stride": t.strides[1],
+            f"{prefix}_head_stride": t.strides[2]}
 
 
 def _forward_on_device(tq, tk, tv, out_t: _Tensor, lse_ptr, softmax_scale, causal,
                        config, device, stream_ptr):
+    """Launch the forward on `stream_ptr` (raw cudaStream_t): O into out_t, LSE at lse_ptr."""
     batch, seqlen_q, nheads, head_dim = tq.shape
     _, seqlen_k, nheads_kv, _ = tk.shape
     if config is None:
         config = config_for(head_dim, tq.dtype, causal, device)
     else:  # a research override: check it against this device's shared memory too
         config.validate(_gpu.max_smem(device))
-    _launch_fwd(config, device, stream_ptr, q=tq, k=tk, v=tv, o=out_t, lse=lse_ptr,
-                batch=batch, nheads=nheads, nheads_kv=nheads_kv, seqlen_q=seqlen_q,
-                seqlen_k=seqlen_k, head_dim=head_dim, softmax_scale=softmax_scale)
+    kernel = get_kernels(config, device)["main"]
+    params = pack(
+        "FwdParams", q=tq.ptr, k=tk.ptr, v=tv.ptr, o=out_t.ptr, lse=lse_ptr,
+        **_strides("q", tq), **_strides("k", tk), **_strides("v", tv), **_strides("o", out_t),
+        batch=batch, nheads=nheads, nheads_kv=nheads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+        head_dim=head_dim, softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E)
+    grid = (-(-seqlen_q // config.Br), nheads, batch)
+    with _on_device(device):
+        _launch(kernel, grid, config.threads, config.smem_bytes, stream_ptr, params)
 
+
+def bwd_workspace(batch, nheads, seqlen_q, seqlen_k, grouped: bool, config: BwdConfig) -> dict:
+    """Byte offsets of the backward's fp32 workspace pieces (params.cuh BwdParams), and 'total'."""
+    rows = -(-seqlen_q // BWD_ROW_PAD) * BWD_ROW_PAD
+    sizes = {"lse_log2": batch * nheads * rows * 4, "dsum": batch * nheads * rows * 4,
+             "dq_accum": batch * nheads * rows * config.head_dim * 4}
+    if grouped:
+        sizes["dk_accum"] = sizes["dv_accum"] = batch * nheads * seqlen_k * config.head_dim * 4
+    if config.deterministic:
+        sizes["dq_semaphore"] = batch * nheads * (rows // 16) * 4
+    offsets, total = {}, 0
+    for name, size in sizes.items():
+        offsets[name] = total
+        total += -(-size // 256) * 256
+    offsets["total"] = total
+    offsets["rows"] = rows
+    return offsets
+
+
+def _backward_on_device(tdo, tq, tk, tv, to, lse_ptr, tdq, tdk, tdv, workspace_ptr,
+                        softmax_scale, causal, config, device, stream_ptr) -> None:
+    """Launch the backward (preprocess, main, dQ epilogue, GQA reduction) on `stream_ptr`.
+
+    All of dq, dk, dv are written; `workspace_ptr` holds bwd_workspace(...)['total'] bytes.
+    The caller handles the empty cases (no query rows, no keys).
+    """
+    batch, seqlen_q, nheads, head_dim = tq.shape
+    _, seqlen_k, nheads_kv, _ = tk.shape
+    grouped = nheads != nheads_kv
+    ws = bwd_workspace(batch, nheads, seqlen_q, seqlen_k, grouped, config)
+    at = lambda name: workspace_ptr + ws[name] if name in ws else 0  # noqa: E731
+    kernels = get_kernels(config, device)
+    params = pack(
+        "BwdParams", q=tq.ptr, k=tk.ptr, v=tv.ptr, o=to.ptr, dout=tdo.ptr, lse=lse_ptr,
+        dq=tdq.ptr, dk=tdk.ptr, dv=tdv.ptr, lse_log2=at("lse_log2"), dsum=at("dsum"),
+        dq_accum=at("dq_accum"), dk_accum=at("dk_accum"), dv_accum=at("dv_accum"),
+        dq_semaphore=at("dq_semaphore"),
+        **_strides("q", tq), **_strides("k", tk), **_strides("v", tv), **_strides("o", to),
+        **_strides("do", tdo), **_strides("dq", tdq), **_strides("dk", tdk), **_strides("dv", tdv),
+        batch=batch, nheads=nheads, nheads_kv=nheads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+        seqlen_q_rounded=ws["rows"], head_dim=head_dim, head_dim_rounded=config.head_dim,
+        softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E)
+    per_row = head_dim // 8  # epilogue threads per row
+    with _on_device(device):
+        _launch(kernels["preprocess"], (ws["rows"] // 4, nheads, batch), 128, 0, stream_ptr, params)
+        _launch(kernels["main"], (-(-seqlen_k // config.Bc) * config.dsplit, nheads, batch),
+                config.threads, config.smem_bytes, stream_ptr, params)
+        _launch(kernels["convert_dq"], (-(-seqlen_q * per_row // 256), nheads, batch), 256, 0,
+                stream_ptr, params)
+        if grouped:
+            _launch(kernels["reduce_dkv"], (-(-seqlen_k * per_row // 256), nheads_kv, batch), 256, 0,
+                    stream_ptr, params)
+
+
+def resolve_bwd_config(config, head_dim, dtype, causal, deterministic, device) -> BwdConfig:
+    if config is None:
+        return bwd_config_for(head_dim, dtype, causal, deterministic, device)
+    config = config.replace(deterministic=deterministic) if deterministic else config
+    return config.validate(_gpu.max_smem(device))
+
+
+# ---------------------------------------------------------------------------------------
+# CuPy and NumPy inputs
 
 def _keyless_numpy(q, tq, return_attn_probs):
     batch, seqlen_q, nheads, _ = tq.shape
     out = np.zeros(q.shape, q.dtype)
     lse = np.full((batch, nheads, seqlen_q), np.inf, np.float32)
     return (out, lse, None) if return_attn_probs else out
-
-
-def _no_keys(tq, tk) -> bool:
-    return tk.shape[1] == 0
 
 
 def _run_cupy(q, k, v, tq, tk, tv, softmax_scale, causal, config, empty):
@@ -250,7 +396,7 @@ def _run_cupy(q, k, v, tq, tk, tv, softmax_scale, causal, config, empty):
         lse = cupy.empty((batch, nheads, seqlen_q), dtype=cupy.float32)
         if empty:
             return out, lse
-        if _no_keys(tq, tk):  # attention over zero keys: every row fully masked
+        if tk.shape[1] == 0:  # attention over zero keys: every row fully masked
             out.view(cupy.uint16).fill(0)
             lse.fill(np.inf)
             return out, lse
@@ -286,26 +432,35 @@ def _run_numpy(q, k, v, tq, tk, tv, softmax_scale, causal, config, empty):
         return cupy.asnumpy(out).view(q.dtype), cupy.asnumpy(lse)
 
 
-def _run_torch(q, k, v, tq, tk, tv, softmax_scale, causal, config, empty):
-    import torch
+def _backward_cupy(dout, q, k, v, out, lse, tdo, tq, tk, tv, to, softmax_scale, causal,
+                   deterministic, config):
+    import cupy
 
-    if q.requires_grad or k.requires_grad or v.requires_grad:
-        raise NotImplementedError("q, k, v: autograd (requires_grad) through cuflash is not "
-                                  "implemented yet; call under torch.no_grad() or detach()")
     batch, seqlen_q, nheads, head_dim = tq.shape
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
-    if empty:
-        return out, lse
-    if _no_keys(tq, tk):
-        out.zero_()
-        lse.fill_(math.inf)
-        return out, lse
-    _gpu.require("flash_attn_func")
-    if POISON_OUTPUTS:
-        out.fill_(math.nan)
-        lse.fill_(math.nan)
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    _forward_on_device(tq, tk, tv, _describe("out", out), lse.data_ptr(), softmax_scale,
-                       causal, config, tq.device, stream)
-    return out, lse
+    _, seqlen_k, nheads_kv, _ = tk.shape
+    with cupy.cuda.Device(tq.device):
+        dq = cupy.empty(q.shape, q.dtype)
+        dk = cupy.empty(k.shape, k.dtype)
+        dv = cupy.empty(v.shape, v.dtype)
+        if batch == 0 or nheads == 0:
+            return dq, dk, dv
+        if seqlen_q == 0 or seqlen_k == 0:  # no query rows or no keys: every gradient is zero
+            for x in (dq, dk, dv):
+                x.view(cupy.uint16).fill(0)
+            return dq, dk, dv
+        _gpu.require("flash_attn_backward")
+        if not tdo.strides[3] == 1 or any(s % 8 for s in tdo.strides[:3]):
+            dout = cupy.ascontiguousarray(dout)
+            tdo = _describe("dout", dout)
+        _check_layout("out", to)
+        config = resolve_bwd_config(config, head_dim, tq.dtype, causal, deterministic, tq.device)
+        if POISON_OUTPUTS:
+            for x in (dq, dk, dv):
+                x.view(cupy.uint16).fill(0x7FFF)
+        ws = bwd_workspace(batch, nheads, seqlen_q, seqlen_k, nheads != nheads_kv, config)
+        workspace = cupy.empty(ws["total"], dtype=cupy.uint8)
+        _backward_on_device(tdo, tq, tk, tv, to, lse.data.ptr, _describe("dq", dq),
+                            _describe("dk", dk), _describe("dv", dv), workspace.data.ptr,
+                            softmax_scale, causal, config, tq.device,
+                            cupy.cuda.get_current_stream().ptr)
+    return dq, dk, dv

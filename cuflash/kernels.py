@@ -79,27 +79,65 @@ def _options() -> tuple[str, ...]:
 _loaded: dict = {}
 
 
-def get_kernel(config, device_id: int):
-    """The compiled, loaded ``cupy.RawKernel`` for ``config`` on device ``device_id``."""
+def get_kernel(config, device_id: int, role: str = "main"):
+    """The compiled, loaded ``cupy.RawKernel`` for ``config`` on device ``device_id``.
+
+    A family may launch several kernels (the backward: preprocess, main, epilogues);
+    ``config.kernel_names()`` lists them by role and they are compiled into one module.
+    """
+    return get_kernels(config, device_id)[role]
+
+
+def get_kernels(config, device_id: int) -> dict:
+    """{role: cupy.RawKernel} for every kernel of ``config``, compiled once per process."""
     import cupy
 
     key = (config, device_id, source_hash(config.family), _options())
-    kernel = _loaded.get(key)
-    if kernel is not None:
-        return kernel
+    kernels = _loaded.get(key)
+    if kernels is not None:
+        return kernels
     source = render_source(config.family)
     dump = os.environ.get("CUFLASH_DUMP_SOURCE")
     if dump:
         Path(dump).mkdir(parents=True, exist_ok=True)
         (Path(dump) / f"{config.family}.{source_hash(config.family)}.cu").write_text(source)
-    name = config.kernel_name()
+    names = config.kernel_names()
     with cupy.cuda.Device(device_id):
-        module = cupy.RawModule(code=source, options=_options(), name_expressions=[name])
-        kernel = module.get_function(name)
+        module = cupy.RawModule(code=source, options=_options(), name_expressions=list(names.values()))
+        kernels = {role: module.get_function(name) for role, name in names.items()}
         # Above 48 KB, dynamic shared memory must be opted into per kernel.
-        kernel.max_dynamic_shared_size_bytes = config.smem_bytes
-    _loaded[key] = kernel
-    return kernel
+        kernels["main"].max_dynamic_shared_size_bytes = config.smem_bytes
+    _loaded[key] = kernels
+    return kernels
+
+
+def _compile_one(job):
+    import time
+
+    config, device_id = job
+    start = time.perf_counter()
+    try:
+        get_kernels(config, device_id)
+        return config, time.perf_counter() - start, ""
+    except Exception as exc:  # noqa: BLE001 - reported to the caller, per config
+        return config, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"
+
+
+def precompile(configs, device_id: int = 0, processes: Optional[int] = None) -> list:
+    """Compile `configs` in parallel worker processes, filling CuPy's on-disk cache, so that
+    this process (and later ones) load them without compiling. NVRTC compiles one module at
+    a time per process; a cold tuning space or test grid takes minutes serially.
+
+    Returns [(config, seconds, error or "")] in the order given.
+    """
+    import multiprocessing
+
+    configs = list(dict.fromkeys(configs))
+    if not configs:
+        return []
+    processes = processes or min(len(configs), os.cpu_count() or 1)
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        return pool.map(_compile_one, [(c, device_id) for c in configs])
 
 
 # ---------------------------------------------------------------------------------------
@@ -147,7 +185,7 @@ def nvcc_compile(configs: Iterable, arch: str, nvcc: Optional[str] = None) -> li
     family = configs[0].family
     nvcc = nvcc or os.environ.get("NVCC", "nvcc")
     lines = [render_source(family), '#line 1 "instantiations"']
-    params = {"flash_fwd": "cuflash::FwdParams"}[family]
+    params = {"flash_fwd": "cuflash::FwdParams", "flash_bwd": "cuflash::BwdParams"}[family]
     lines += [f"template __global__ void {c.kernel_name()}(const {params});" for c in configs]
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / f"{family}.cu"
@@ -166,12 +204,12 @@ def nvcc_compile(configs: Iterable, arch: str, nvcc: Optional[str] = None) -> li
 
 
 def _mangled_args(mangled: str) -> tuple:
+    """(ints..., dtype, bools...) from a mangled template instantiation, in declaration order."""
     ints = tuple(int(x) for x in re.findall(r"Li(\d+)E", mangled))
     dtype = "bf16" if "bf16" in mangled else "fp16"
-    causal = bool(int(re.findall(r"Lb([01])E", mangled)[-1]))
-    return ints + (dtype, causal)
+    bools = tuple(bool(int(x)) for x in re.findall(r"Lb([01])E", mangled))
+    return ints + (dtype,) + bools
 
 
 def _config_args(config) -> tuple:
-    return (config.Br, config.Bc, config.warps, config.stages, config.head_dim,
-            config.dtype, config.causal)
+    return config.template_args()

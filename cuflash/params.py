@@ -13,9 +13,10 @@ import numpy as np
 
 from .kernels import kernel_dir
 
-_CTYPES = {"const void*": np.uint64, "void*": np.uint64, "float*": np.uint64,
+_CTYPES = {"const void*": np.uint64, "void*": np.uint64, "const float*": np.uint64,
+           "float*": np.uint64, "int*": np.uint64,
            "i64": np.int64, "int": np.int32, "float": np.float32}
-_FIELD = re.compile(r"^\s*(const void\*|void\*|float\*|i64|int|float)\s+(\w+);")
+_FIELD = re.compile(r"^\s*(const void\*|void\*|const float\*|float\*|int\*|i64|int|float)\s+(\w+);")
 
 
 @functools.lru_cache(maxsize=None)

@@ -19,6 +19,9 @@ Conventions (shared with the kernels):
 * A fully masked row (no key allowed) yields an output row of zeros and
   ``lse = +inf``, so that a backward pass recomputing ``exp(S - lse)`` gets 0.
   No NaN is produced and no floating point warning is raised on the way.
+* Backward: ``dq`` has ``q``'s shape, ``dk`` and ``dv`` have ``k``'s shape.
+  With GQA / MQA the gradient of a kv head is the sum over the query heads
+  that read it. Fully masked rows contribute nothing to any gradient.
 """
 
 import functools
@@ -31,6 +34,9 @@ __all__ = [
     "attention_naive",
     "attention_tiled",
     "lowp_attention",
+    "attention_backward_naive",
+    "attention_backward_tiled",
+    "attention_grad_lowp",
 ]
 
 
@@ -101,6 +107,22 @@ def _resolve_scale(softmax_scale, headdim):
     return scale
 
 
+def _check_block_size(name, val):
+    """Return ``val`` as an int, or raise ValueError if it is not >= 1."""
+    if isinstance(val, bool) or int(val) != val or val < 1:
+        raise ValueError(f"{name} must be a positive integer, got {val!r}")
+    return int(val)
+
+
+def _as_float64_shaped(name, x, shape, what):
+    """``x`` as a float64 array of exactly ``shape`` (ValueError otherwise)."""
+    x = np.asarray(x)
+    if x.shape != tuple(shape):
+        raise ValueError(
+            f"{name} must have shape {tuple(shape)} {what}, got {x.shape}")
+    return np.asarray(x, dtype=np.float64)
+
+
 def _to_bhsd(x, nheads):
     """(B, S, Hx, D) -> (B, nheads, S, D), repeating kv heads for GQA/MQA.
 
@@ -112,6 +134,17 @@ def _to_bhsd(x, nheads):
     if group > 1:
         x = np.repeat(x, group, axis=1)
     return x
+
+
+def _sum_kv_groups(x, nheads_kv):
+    """(B, nheads, S, D) -> (B, S, nheads_kv, D), summing each kv head's group.
+
+    The adjoint of :func:`_to_bhsd`: query heads g*group ... g*group + group - 1
+    all read kv head g, so their gradients add up into kv head g.
+    """
+    batch, nheads, seqlen, headdim = x.shape
+    x = x.reshape(batch, nheads_kv, nheads // nheads_kv, seqlen, headdim)
+    return np.ascontiguousarray(np.moveaxis(x.sum(axis=2), 1, 2))
 
 
 def causal_mask(seqlen_q, seqlen_k):
@@ -251,11 +284,8 @@ def attention_tiled(q, k, v, softmax_scale=None, causal=False, block_m=64,
     lse : float64 array, shape (batch, nheads, seqlen_q)
         ``+inf`` for fully masked rows (whose ``out`` row is 0).
     """
-    for name, val in (("block_m", block_m), ("block_n", block_n)):
-        if isinstance(val, bool) or int(val) != val or val < 1:
-            raise ValueError(f"{name} must be a positive integer, got {val!r}")
-    block_m = int(block_m)
-    block_n = int(block_n)
+    block_m = _check_block_size("block_m", block_m)
+    block_n = _check_block_size("block_n", block_n)
 
     q, k, v, dims = _as_float64(q, k, v)
     batch, seqlen_q, seqlen_k, nheads, _, headdim = dims
@@ -301,6 +331,204 @@ def attention_tiled(q, k, v, softmax_scale=None, causal=False, block_m=64,
         out[:, :, i0:i1, :], lse[:, :, i0:i1] = _finish(acc, m, l)
 
     return np.ascontiguousarray(np.moveaxis(out, 1, 2)), lse
+
+
+# ---------------------------------------------------------------------------
+# Naive attention backward
+# ---------------------------------------------------------------------------
+
+@_ignore_underflow
+def attention_backward_naive(dout, q, k, v, softmax_scale=None,
+                             causal=False):
+    """Gradient of :func:`attention_naive`'s output, in closed form (float64).
+
+    With ``S = scale * Q K^T``, ``P = softmax(S)`` (row-wise, masked) and
+    ``O = P V``, the gradients of ``sum(dout * O)`` are
+
+        dV = P^T dO
+        dP = dO V^T
+        D  = rowsum(dO * O)            (equals rowsum(P * dP))
+        dS = P * (dP - D)
+        dQ = scale * dS K
+        dK = scale * dS^T Q
+
+    computed on whole (seqlen_q, seqlen_k) matrices, batch and heads
+    vectorized. With GQA / MQA, ``dK`` and ``dV`` of a kv head are summed over
+    the query heads that share it. Masked entries and fully masked rows have
+    ``P = 0`` and so contribute nothing.
+
+    Parameters
+    ----------
+    dout : array, shape (batch, seqlen_q, nheads, headdim)
+        Gradient of the loss with respect to the attention output.
+    q : array, shape (batch, seqlen_q, nheads, headdim)
+    k, v : arrays, shape (batch, seqlen_k, nheads_kv, headdim)
+        Any float dtype castable to float64 (float16, float32, float64,
+        ml_dtypes.bfloat16), as for :func:`attention_naive`.
+    softmax_scale : float, optional
+        Defaults to ``1 / sqrt(headdim)``.
+    causal : bool
+        Bottom-right aligned causal mask (see :func:`causal_mask`).
+
+    Returns
+    -------
+    dq : float64 array, shape (batch, seqlen_q, nheads, headdim)
+    dk, dv : float64 arrays, shape (batch, seqlen_k, nheads_kv, headdim)
+    """
+    q, k, v, dims = _as_float64(q, k, v)
+    _, seqlen_q, seqlen_k, nheads, nheads_kv, headdim = dims
+    dout = _as_float64_shaped("dout", dout, q.shape, "(q's shape)")
+    scale = _resolve_scale(softmax_scale, headdim)
+
+    qh = np.moveaxis(q, 2, 1)             # (B, H, Sq, D)
+    kh = _to_bhsd(k, nheads)              # (B, H, Sk, D)
+    vh = _to_bhsd(v, nheads)
+    do = np.moveaxis(dout, 2, 1)          # (B, H, Sq, D)
+
+    # Forward: P normalized, 0 on masked entries and on fully masked rows.
+    s = np.matmul(qh, np.swapaxes(kh, -1, -2)) * scale   # (B, H, Sq, Sk)
+    keep = causal_mask(seqlen_q, seqlen_k) if causal else None
+    p, _, l = _masked_softmax_parts(s, keep)
+    probs = np.zeros_like(p)
+    np.divide(p, l[..., None], out=probs, where=(l > 0)[..., None])
+    out = np.matmul(probs, vh)                            # (B, H, Sq, D)
+
+    # Backward.
+    dv = np.matmul(np.swapaxes(probs, -1, -2), do)        # (B, H, Sk, D)
+    dp = np.matmul(do, np.swapaxes(vh, -1, -2))           # (B, H, Sq, Sk)
+    delta = np.sum(do * out, axis=-1)                     # (B, H, Sq)
+    ds = probs * (dp - delta[..., None])                  # (B, H, Sq, Sk)
+    dq = np.matmul(ds, kh) * scale                        # (B, H, Sq, D)
+    dk = np.matmul(np.swapaxes(ds, -1, -2), qh) * scale   # (B, H, Sk, D)
+
+    return (np.ascontiguousarray(np.moveaxis(dq, 1, 2)),
+            _sum_kv_groups(dk, nheads_kv), _sum_kv_groups(dv, nheads_kv))
+
+
+# ---------------------------------------------------------------------------
+# Tiled (FlashAttention-2 backward) attention
+# ---------------------------------------------------------------------------
+
+@_ignore_underflow
+def attention_backward_tiled(dout, q, k, v, out, lse, softmax_scale=None,
+                             causal=False, block_q=64, block_k=64):
+    """FlashAttention-2 backward pass, written block by block in float64.
+
+    The algorithm of the FlashAttention-2 paper (Algorithm 2, backward; FA1
+    Algorithm 4 without dropout). Nothing of size seqlen_q x seqlen_k is
+    stored: ``P`` is recomputed per block from the LSE saved by the forward.
+
+        preprocess:  D = rowsum(dO * O)                      (B, H, Sq)
+        for each K/V block j (block_k rows):                 outer loop
+            dK_j = 0, dV_j = 0
+            for each Q block i (block_q rows):               inner loop
+                S_ij  = scale * Q_i K_j^T
+                P_ij  = exp(S_ij - LSE_i)
+                dV_j += P_ij^T dO_i
+                dP_ij = dO_i V_j^T
+                dS_ij = P_ij * (dP_ij - D_i)
+                dQ_i += scale * dS_ij K_j
+                dK_j += scale * dS_ij^T Q_i
+            write dK_j, dV_j
+
+    In the kernel the outer loop is the thread-block grid (each block owns
+    ``dK_j`` and ``dV_j`` in registers) and ``dQ_i`` is accumulated across
+    K/V blocks in global memory; here the loops simply run in order.
+
+    With ``causal=True`` the Q blocks that see no key of K/V block ``j`` are
+    skipped, and only the blocks crossing the diagonal are masked element by
+    element. Rows with ``LSE = +inf`` (no visible key) get ``P = 0`` and add
+    nothing. With GQA / MQA each query head is processed on its own and
+    ``dK``, ``dV`` are summed over the query heads of a kv head at the end.
+    Batch and heads are vectorized.
+
+    Parameters
+    ----------
+    dout : array, shape (batch, seqlen_q, nheads, headdim)
+        Gradient of the loss with respect to the attention output.
+    q : array, shape (batch, seqlen_q, nheads, headdim)
+    k, v : arrays, shape (batch, seqlen_k, nheads_kv, headdim)
+    out : array, shape (batch, seqlen_q, nheads, headdim)
+        The forward output, as returned by :func:`attention_tiled`,
+        :func:`attention_naive` or a GPU kernel (any float dtype).
+    lse : array, shape (batch, nheads, seqlen_q)
+        The forward log-sum-exp (natural log, ``+inf`` for fully masked
+        rows), float64 from this module or float32 from a GPU kernel.
+    softmax_scale : float, optional
+        Defaults to ``1 / sqrt(headdim)``. Must be the forward's scale.
+    causal : bool
+        Bottom-right aligned causal mask. Must be the forward's setting.
+    block_q, block_k : int
+        Tile sizes along seqlen_q and seqlen_k (any positive integers).
+
+    Returns
+    -------
+    dq : float64 array, shape (batch, seqlen_q, nheads, headdim)
+    dk, dv : float64 arrays, shape (batch, seqlen_k, nheads_kv, headdim)
+    """
+    block_q = _check_block_size("block_q", block_q)
+    block_k = _check_block_size("block_k", block_k)
+
+    q, k, v, dims = _as_float64(q, k, v)
+    batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim = dims
+    dout = _as_float64_shaped("dout", dout, q.shape, "(q's shape)")
+    out = _as_float64_shaped("out", out, q.shape, "(q's shape)")
+    lse = _as_float64_shaped("lse", lse, (batch, nheads, seqlen_q),
+                             "(batch, nheads, seqlen_q)")
+    scale = _resolve_scale(softmax_scale, headdim)
+
+    qh = np.moveaxis(q, 2, 1)             # (B, H, Sq, D)
+    kh = _to_bhsd(k, nheads)              # (B, H, Sk, D)
+    vh = _to_bhsd(v, nheads)
+    do = np.moveaxis(dout, 2, 1)          # (B, H, Sq, D)
+    offset = seqlen_k - seqlen_q          # row i keeps keys j <= i + offset
+
+    # Preprocess: D_i = rowsum(dO_i * O_i).
+    delta = np.sum(do * np.moveaxis(out, 2, 1), axis=-1)   # (B, H, Sq)
+
+    dq = np.zeros((batch, nheads, seqlen_q, headdim))
+    dk = np.zeros((batch, nheads, seqlen_k, headdim))      # per query head
+    dv = np.zeros((batch, nheads, seqlen_k, headdim))
+
+    for j0 in range(0, seqlen_k, block_k):
+        j1 = min(j0 + block_k, seqlen_k)
+        k_blk = kh[:, :, j0:j1, :]
+        v_blk = vh[:, :, j0:j1, :]
+        cols = np.arange(j0, j1)
+        dk_blk = np.zeros((batch, nheads, j1 - j0, headdim))
+        dv_blk = np.zeros((batch, nheads, j1 - j0, headdim))
+
+        # Row i sees key j0 iff i >= j0 - offset: earlier Q blocks see none
+        # of this K/V block. If no row at all sees key j0, neither does any
+        # row see a later key, so this and all later K/V blocks get zero.
+        first_row = max(0, j0 - offset) if causal else 0
+        if first_row >= seqlen_q:
+            break
+        for i0 in range(first_row - first_row % block_q, seqlen_q, block_q):
+            i1 = min(i0 + block_q, seqlen_q)
+            q_blk = qh[:, :, i0:i1, :]
+            do_blk = do[:, :, i0:i1, :]
+
+            s = np.matmul(q_blk, np.swapaxes(k_blk, -1, -2)) * scale
+            # Only blocks crossing the diagonal need the element-wise mask.
+            if causal and j1 - 1 > i0 + offset:
+                keep = cols[None, :] <= np.arange(i0, i1)[:, None] + offset
+                s = np.where(keep, s, -np.inf)
+            # exp(-inf) = 0 for masked entries; LSE = +inf rows give
+            # S - LSE = -inf (never inf - inf, since S < +inf), so P = 0.
+            p = np.exp(s - lse[:, :, i0:i1, None])
+
+            dv_blk += np.matmul(np.swapaxes(p, -1, -2), do_blk)
+            dp = np.matmul(do_blk, np.swapaxes(v_blk, -1, -2))
+            ds = p * (dp - delta[:, :, i0:i1, None])
+            dq[:, :, i0:i1, :] += np.matmul(ds, k_blk) * scale
+            dk_blk += np.matmul(np.swapaxes(ds, -1, -2), q_blk) * scale
+
+        dk[:, :, j0:j1, :] = dk_blk
+        dv[:, :, j0:j1, :] = dv_blk
+
+    return (np.ascontiguousarray(np.moveaxis(dq, 1, 2)),
+            _sum_kv_groups(dk, nheads_kv), _sum_kv_groups(dv, nheads_kv))
 
 
 # ---------------------------------------------------------------------------
@@ -375,3 +603,87 @@ def lowp_attention(q, k, v, softmax_scale=None, causal=False,
     probs = rounded(probs)
     o = rounded(np.matmul(probs, vh))
     return np.ascontiguousarray(np.moveaxis(o, 1, 2)).astype(np.float64)
+
+
+@_ignore_underflow
+def attention_grad_lowp(dout, q, k, v, softmax_scale=None, causal=False,
+                        dtype=np.float16):
+    """Gradients of plain (non-tiled) attention computed in low precision.
+
+    The backward counterpart of :func:`lowp_attention`, and the error baseline
+    of the FlashAttention test rule for gradients: a kernel's gradient error
+    against :func:`attention_backward_naive` should be within a small factor
+    of this function's. It follows what autograd does for plain attention
+    in ``dtype``: every matmul takes operands in ``dtype``, accumulates in
+    float32 and rounds its result to ``dtype``; the softmax and its backward
+    run in float32 on ``dtype`` operands and round their result.
+
+    Rounded to ``dtype`` (each then used as a float32 value):
+
+    * the inputs ``q``, ``k``, ``v``, ``dout``;
+    * forward, exactly as :func:`lowp_attention`: ``S = (q k^T) * scale``
+      and ``P = softmax(S)`` (masked; fully masked rows give ``P = 0``);
+      ``O`` is not needed;
+    * ``dP = dout v^T``;
+    * ``dS = P * (dP - rowsum(P * dP))``, evaluated in float32 (the softmax
+      backward written with ``rowsum(P * dP)``, which is what autograd uses;
+      it equals ``rowsum(dO * O)`` in exact arithmetic);
+    * the outputs ``dv = P^T dout``, ``dq = (dS k) * scale`` and
+      ``dk = (dS^T q) * scale``, each rounded once; the scale is applied to
+      the float32 accumulator, and with GQA / MQA the sum over a kv head's
+      query heads is part of the same float32 accumulation.
+
+    Parameters
+    ----------
+    dout : array, shape (batch, seqlen_q, nheads, headdim)
+    q : array, shape (batch, seqlen_q, nheads, headdim)
+    k, v : arrays, shape (batch, seqlen_k, nheads_kv, headdim)
+    softmax_scale : float, optional
+        Defaults to ``1 / sqrt(headdim)``.
+    causal : bool
+        Bottom-right aligned causal mask.
+    dtype : np.float16 or ml_dtypes.bfloat16 (or the string "bfloat16")
+
+    Returns
+    -------
+    dq : float64 array, shape (batch, seqlen_q, nheads, headdim)
+    dk, dv : float64 arrays, shape (batch, seqlen_k, nheads_kv, headdim)
+        The low precision results converted to float64.
+    """
+    lowp = _resolve_lowp_dtype(dtype)
+    q = np.asarray(q)
+    k = np.asarray(k)
+    v = np.asarray(v)
+    dout = np.asarray(dout)
+    _, seqlen_q, seqlen_k, nheads, nheads_kv, headdim = _check_shapes(q, k, v)
+    if dout.shape != q.shape:
+        raise ValueError(
+            f"dout must have shape {q.shape} (q's shape), got {dout.shape}")
+    scale = np.float32(_resolve_scale(softmax_scale, headdim))
+
+    def rounded(x):
+        return x.astype(lowp).astype(np.float32)
+
+    qh = np.moveaxis(rounded(q), 2, 1)    # (B, H, Sq, D)
+    kh = _to_bhsd(rounded(k), nheads)     # (B, H, Sk, D)
+    vh = _to_bhsd(rounded(v), nheads)
+    do = np.moveaxis(rounded(dout), 2, 1)
+
+    # Forward, as lowp_attention.
+    s = rounded(np.matmul(qh, np.swapaxes(kh, -1, -2)) * scale)
+    keep = causal_mask(seqlen_q, seqlen_k) if causal else None
+    p, _, l = _masked_softmax_parts(s, keep)
+    probs = np.zeros_like(p)
+    np.divide(p, l[..., None], out=probs, where=(l > 0)[..., None])
+    probs = rounded(probs)
+
+    # Backward.
+    dp = rounded(np.matmul(do, np.swapaxes(vh, -1, -2)))
+    ds = rounded(probs * (dp - np.sum(probs * dp, axis=-1, keepdims=True)))
+    dq = rounded(np.matmul(ds, kh) * scale)
+    dk = rounded(_sum_kv_groups(
+        np.matmul(np.swapaxes(ds, -1, -2), qh) * scale, nheads_kv))
+    dv = rounded(_sum_kv_groups(
+        np.matmul(np.swapaxes(probs, -1, -2), do), nheads_kv))
+    return (np.moveaxis(dq, 1, 2).astype(np.float64), dk.astype(np.float64),
+            dv.astype(np.float64))

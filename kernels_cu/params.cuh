@@ -3,7 +3,7 @@
 // The Python side reads the field list of each struct straight from this file
 // (cuflash/params.py) to build a matching NumPy record, so a field added here reaches the
 // host with no second definition. Keep to these field types: pointers (`const void*`,
-// `void*`, `float*`), `i64`, `int`, `float`; one field per line.
+// `void*`, `const float*`, `float*`, `int*`), `i64`, `int`, `float`; one field per line.
 #pragma once
 #include "ptx.cuh"
 
@@ -39,6 +39,69 @@ struct FwdParams {
     int head_dim;          // the real head dim (a multiple of 8, <= the kernel's kHeadDim)
     float softmax_scale;   // natural-log scale, for the LSE
     float scale_log2;      // softmax_scale * log2(e): scores go through exp2, computed on the host
+};
+
+// Backward attention (three kernels share it: preprocess, main, and the dQ / dK dV epilogues).
+// Inputs, layouts as in FwdParams (elements; last dimension contiguous):
+//   q, o, dout, dq : (batch, seqlen_q, nheads,    head_dim)
+//   k, v, dk, dv   : (batch, seqlen_k, nheads_kv, head_dim)
+//   lse            : (batch, nheads, seqlen_q), fp32, natural log (the forward's output)
+// fp32 workspace, contiguous, rows padded to seqlen_q_rounded (a multiple of every Br) and
+// columns to head_dim_rounded (the kernel's compile-time head dim):
+//   lse_log2, dsum : (batch, nheads, seqlen_q_rounded)   LSE·log2(e) (+inf on padding), rowsum(dO∘O)
+//   dq_accum       : (batch, nheads, seqlen_q_rounded, head_dim_rounded), unscaled dQ sums
+//   dk_accum, dv_accum : (batch, nheads, seqlen_k, head_dim_rounded), per query head; GQA only
+//   dq_semaphore   : (batch, nheads, seqlen_q_rounded / 16) ints; deterministic mode only
+struct BwdParams {
+    const void* q;
+    const void* k;
+    const void* v;
+    const void* o;
+    const void* dout;
+    const float* lse;
+    void* dq;
+    void* dk;
+    void* dv;
+    float* lse_log2;
+    float* dsum;
+    float* dq_accum;
+    float* dk_accum;
+    float* dv_accum;
+    int* dq_semaphore;
+    i64 q_batch_stride;
+    i64 q_row_stride;
+    i64 q_head_stride;
+    i64 k_batch_stride;
+    i64 k_row_stride;
+    i64 k_head_stride;
+    i64 v_batch_stride;
+    i64 v_row_stride;
+    i64 v_head_stride;
+    i64 o_batch_stride;
+    i64 o_row_stride;
+    i64 o_head_stride;
+    i64 do_batch_stride;
+    i64 do_row_stride;
+    i64 do_head_stride;
+    i64 dq_batch_stride;
+    i64 dq_row_stride;
+    i64 dq_head_stride;
+    i64 dk_batch_stride;
+    i64 dk_row_stride;
+    i64 dk_head_stride;
+    i64 dv_batch_stride;
+    i64 dv_row_stride;
+    i64 dv_head_stride;
+    int batch;
+    int nheads;
+    int nheads_kv;
+    int seqlen_q;
+    int seqlen_k;
+    int seqlen_q_rounded;
+    int head_dim;
+    int head_dim_rounded;
+    float softmax_scale;
+    float scale_log2;
 };
 
 }  // namespace cuflash

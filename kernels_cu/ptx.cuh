@@ -98,12 +98,60 @@ __device__ __forceinline__ u32 pack2<fp16>(float lo, float hi) {
     return r;
 }
 
+// 16-bit element -> fp32 (exact for both formats).
+template <class Elem>
+__device__ __forceinline__ float to_float(u16 x);
+
+template <>
+__device__ __forceinline__ float to_float<bf16>(u16 x) { return __uint_as_float(u32(x) << 16); }
+template <>
+__device__ __forceinline__ float to_float<fp16>(u16 x) {
+    float y;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(y) : "h"(x));
+    return y;
+}
+
 // ---- math ----------------------------------------------------------------------------------
 // 2^x on the special-function unit; exp2(-inf) = 0.
 __device__ __forceinline__ float exp2_approx(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
+}
+
+// ---- global atomics and ordering ---------------------------------------------------------
+// *addr += x in L2, no return value (dQ accumulation across CTAs).
+__device__ __forceinline__ void red_add_f32(float* addr, float x) {
+    asm volatile("red.global.add.f32 [%0], %1;" :: "l"(addr), "f"(x) : "memory");
+}
+// addr[0] += x, addr[1] += y (8-byte aligned): one vector reduction on sm_90 and newer.
+__device__ __forceinline__ void red_add_f32x2(float* addr, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" :: "l"(addr), "f"(x), "f"(y) : "memory");
+#else
+    red_add_f32(addr, x);
+    red_add_f32(addr + 1, y);
+#endif
+}
+// addr[0..3] += v[0..3] (16-byte aligned): one vector reduction on sm_90 and newer.
+__device__ __forceinline__ void red_add_f32x4(float* addr, const float (&v)[4]) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(addr), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]) : "memory");
+#else
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red_add_f32(addr + i, v[i]);
+#endif
+}
+// Load with acquire semantics at GPU scope: later reads see what the releasing CTA wrote.
+__device__ __forceinline__ int ld_acquire_gpu(const int* addr) {
+    int x;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(x) : "l"(addr) : "memory");
+    return x;
+}
+// *addr += x with release semantics at GPU scope: earlier writes are visible first.
+__device__ __forceinline__ void red_release_add_gpu(int* addr, int x) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" :: "l"(addr), "r"(x) : "memory");
 }
 
 }  // namespace cuflash

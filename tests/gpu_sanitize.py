@@ -1,6 +1,9 @@
 """Edge shapes for compute-sanitizer (memcheck, racecheck): run under it, not under pytest.
 
     compute-sanitizer --tool memcheck python tests/gpu_sanitize.py
+
+Every kernel family runs: the forward, and the backward (preprocess, main kernel, dQ
+epilogue, GQA reduction) through torch autograd, plus the deterministic backward.
 """
 import torch
 
@@ -12,8 +15,11 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_kv, hdim, causal)
 ]
 for b, sq, sk, h, hkv, d, causal in SHAPES:
     for dtype in (torch.bfloat16, torch.float16):
-        q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
-        k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
+        q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
         out = cuflash.flash_attn_func(q, k, v, causal=causal)
+        out.backward(torch.randn_like(out))
+q = torch.randn(1, 150, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+cuflash.flash_attn_func(q, q, q, causal=True, deterministic=True).sum().backward()
 torch.cuda.synchronize()
 print("sanitize shapes done")

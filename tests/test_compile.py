@@ -20,7 +20,8 @@ if shutil.which("nvcc") is None:
                 "(no GPU needed)", allow_module_level=True)
 
 from cuflash import kernels  # noqa: E402
-from cuflash.config import (DTYPES, MAX_SMEM_BY_ARCH, FwdConfig, default_fwd_config,  # noqa: E402
+from cuflash.config import (DTYPES, MAX_SMEM_BY_ARCH, FwdConfig, bwd_kernel_head_dim,  # noqa: E402
+                            default_bwd_config, default_fwd_config, valid_bwd_configs,
                             valid_fwd_configs)
 from cuflash.kernels import PtxasReport, nvcc_compile, parse_ptxas, render_source, source_hash  # noqa: E402
 
@@ -54,9 +55,8 @@ def _check_report_matches(cfg, rep, arch):
     assert isinstance(rep, PtxasReport)
     assert rep.arch == arch, cfg.name
     # the mangled name carries the template arguments in declaration order
-    ints = "".join(f"Li{x}E" for x in (cfg.Br, cfg.Bc, cfg.warps, cfg.stages, cfg.head_dim))
-    assert ints in rep.kernel, (cfg.name, rep.kernel)
-    assert f"{cfg.dtype}ELb{int(cfg.causal)}E" in rep.kernel, (cfg.name, rep.kernel)
+    assert kernels._mangled_args(rep.kernel) == cfg.template_args(), (cfg.name, rep.kernel)
+    assert cfg.family in rep.kernel, (cfg.name, rep.kernel)
     assert 0 < rep.registers <= 255, (cfg.name, rep.registers)
 
 
@@ -159,10 +159,10 @@ def test_render_source_line_markers_point_at_the_right_lines():
             expected = ""
         assert line == expected, f"{name}:{lineno}: rendered {line!r}, file has {expected!r}"
         where[1] += 1
-    # flash_fwd.cu (once at the top, once after each of its 2 includes), ptx.cuh,
-    # params.cuh (once at the top, once after its include of ptx.cuh)
-    assert markers >= 6
-    assert set(files) == {"flash_fwd.cu", "ptx.cuh", "params.cuh"}
+    # flash_fwd.cu (once at the top, once after each of its 3 includes), ptx.cuh,
+    # params.cuh and tile.cuh (once at the top, once after their include of ptx.cuh)
+    assert markers >= 8
+    assert set(files) == {"flash_fwd.cu", "ptx.cuh", "params.cuh", "tile.cuh"}
 
 
 def test_source_hash_stable():
@@ -224,14 +224,15 @@ def test_parse_ptxas_older_format_and_noise():
 # ---------------------------------------------------------------------------------------
 # the struct layout NumPy builds (cuflash/params.py) is the one the compiler uses
 
-def test_fwd_params_layout_matches_nvcc(tmp_path):
+@pytest.mark.parametrize("struct", ["FwdParams", "BwdParams"])
+def test_params_layout_matches_nvcc(tmp_path, struct):
     from cuflash.params import struct_dtype
 
-    dt = struct_dtype("FwdParams")
-    checks = [f"static_assert(sizeof(cuflash::FwdParams) == {dt.itemsize}, \"sizeof\");"]
-    checks += [f"static_assert(__builtin_offsetof(cuflash::FwdParams, {name}) == {dt.fields[name][1]}, "
+    dt = struct_dtype(struct)
+    checks = [f"static_assert(sizeof(cuflash::{struct}) == {dt.itemsize}, \"sizeof\");"]
+    checks += [f"static_assert(__builtin_offsetof(cuflash::{struct}, {name}) == {dt.fields[name][1]}, "
                f"\"offset of {name}\");" for name in dt.names]
-    checks += [f"static_assert(sizeof(cuflash::FwdParams::{name}) == {dt.fields[name][0].itemsize}, "
+    checks += [f"static_assert(sizeof(cuflash::{struct}::{name}) == {dt.fields[name][0].itemsize}, "
                f"\"size of {name}\");" for name in dt.names]
     src = tmp_path / "layout.cu"
     src.write_text('#include "params.cuh"\n' + "\n".join(checks) + "\n")
@@ -249,3 +250,60 @@ def test_nvcc_compile_reports_in_config_order():
         reports = nvcc_compile(order, "sm_80")
         for cfg, rep in zip(order, reports):
             _check_report_matches(cfg, rep, "sm_80")
+
+
+# ---------------------------------------------------------------------------------------
+# backward: the heuristic's configs for every head dim, and the tuning space (sm_90a)
+
+BWD_HEAD_DIMS = sorted({bwd_kernel_head_dim(d) for d in range(8, 257, 8)})
+
+
+@pytest.fixture(scope="module")
+def bwd_builds():
+    jobs = {}
+    for arch, ccs in ARCHS.items():
+        configs = [default_bwd_config(d, dtype, causal, cc)
+                   for cc in ccs for d in BWD_HEAD_DIMS for dtype in DTYPES for causal in (False, True)]
+        configs.append(default_bwd_config(128, "bf16", True, ccs[0], deterministic=True))
+        if arch == "sm_90a":
+            configs += [cfg for d, causal in itertools.product((64, 128), (False, True))
+                        for cfg in valid_bwd_configs(d, "bf16", causal, MAX_SMEM_BY_ARCH[ccs[0]])]
+        jobs[arch] = list(dict.fromkeys(configs))
+    return jobs, _compile_all(jobs)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_backward_configs_compile(bwd_builds, arch):
+    """Every default backward (all head dims) and, on sm_90a, every point of the bf16 d64 /
+    d128 tuning space compiles. Spills are recorded, not forbidden: see BwdConfig's notes."""
+    jobs, built = bwd_builds
+    configs, (reports, seconds) = jobs[arch], built[arch]
+    _print_table(f"backward configs, {arch}", configs, reports, seconds)
+    assert len(reports) == len(configs)
+    for cfg, rep in zip(configs, reports):
+        _check_report_matches(cfg, rep, arch)
+
+
+def test_backward_helper_kernels_compile(tmp_path):
+    """The preprocess and epilogue kernels that every backward module also instantiates."""
+    src = [render_source("flash_bwd")]
+    for dtype in DTYPES:
+        for name in ("preprocess", "convert_dq", "reduce_dkv"):
+            src.append(f"template __global__ void cuflash::flash_bwd_{name}<cuflash::{dtype}>"
+                       "(const cuflash::BwdParams);")
+    path = tmp_path / "helpers.cu"
+    path.write_text("\n".join(src) + "\n")
+    proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_80", "-std=c++17", "-Xptxas", "-v",
+                           "-o", str(tmp_path / "helpers.cubin"), str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    reports = parse_ptxas(proc.stderr)
+    assert len(reports) == 6 and all(r.spill_stores == 0 for r in reports), proc.stderr
+
+
+def test_backward_kernel_names_match_the_source():
+    cfg = default_bwd_config(128, "fp16", True)
+    names = cfg.kernel_names()
+    assert set(names) == {"main", "preprocess", "convert_dq", "reduce_dkv"}
+    src = render_source("flash_bwd")
+    for name in names.values():
+        assert name.split("<")[0].split("::")[1] in src

@@ -1,0 +1,437 @@
+// flash_bwd.cu: FlashAttention-2 backward, exact gradients on tensor cores (sm_80 and newer).
+//
+// Given dO and the forward's O and LSE, with P = exp(S·scale - LSE) recomputed from Q, K:
+//   D   = rowsum(dO ∘ O)                  (flash_bwd_preprocess)
+//   dV  = Pᵀ dO
+//   dP  = dO Vᵀ,   dS = P ∘ (dP - D)
+//   dK  = scale · dSᵀ Q,   dQ = scale · dS K
+//
+// Three launches per backward:
+//   1. flash_bwd_preprocess  D, LSE·log2(e) into padded fp32 workspace; zero dQ accumulators
+//   2. flash_bwd             one CTA per K/V block K_j, V_j of one (head, batch); loops over the
+//                            Q blocks Q_i that see it, keeps dK_j, dV_j in registers, adds each
+//                            dQ_i contribution to an fp32 accumulator in global memory
+//   3. flash_bwd_convert_dq  dQ = scale · accumulator, in the input dtype
+//      flash_bwd_reduce_dkv  (GQA / MQA only) dK, dV summed over the query heads of a K/V head
+//
+// Warp layout of flash_bwd: every warp owns kMTiles·16 whole keys of the block (rows of K_j,
+// V_j, dK_j, dV_j), so the transposed products come straight out of the mma accumulators:
+//   Sᵀ  = K_j Q_iᵀ     (keys x queries)   A = K_j rows,  B = Q_i
+//   Pᵀ  = exp2(Sᵀ·scale·log2e - LSE_i·log2e)
+//   dV_j += Pᵀ dO_i                        A = Pᵀ straight from the accumulators, B = dO_i (.trans)
+//   dPᵀ = V_j dO_iᵀ                        A = V_j rows,  B = dO_i
+//   dSᵀ = Pᵀ ∘ (dPᵀ - D_i)
+//   dK_j += dSᵀ Q_i                        A = dSᵀ from the accumulators, B = Q_i (.trans)
+//   dQ_i += dS K_j                         the sum runs over all keys, i.e. over all warps: dSᵀ
+//                                          goes through shared memory once, then every warp
+//                                          takes whole 16x16 tiles of dQ_i
+//
+// Template parameters (cuflash/config.py BwdConfig mirrors and validates them):
+//   kBr       query rows of a Q block: a multiple of 16 (32, 64, 128)
+//   kBc       keys of the K/V block of one CTA: a multiple of 16·kWarps (64, 128)
+//   kWarps    warps per CTA (4, 8); each owns kBc / kWarps keys
+//   kStages   Q/dO blocks in flight in shared memory, >= 2
+//   kDSplit   head-dim slices: kDSplit CTAs share a K/V block, each accumulating kHeadDim /
+//             kDSplit columns of dK, dV, dQ (and recomputing Sᵀ, dPᵀ); 2 fits head dim 256
+//             into registers, 1 otherwise
+//   kHeadDim  compile-time head dim (multiple of 16, <= 256); params.head_dim may be smaller
+//   Elem      bf16 or fp16; all accumulation in fp32
+//   kCausal   bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q)
+//   kDeterministic  dQ contributions are added in key-block order (a per-Q-block turn
+//             counter), so dQ is bitwise reproducible; costs waiting
+#include "ptx.cuh"
+#include "params.cuh"
+#include "tile.cuh"
+#include "gemm.cuh"
+
+namespace cuflash {
+
+// ---------------------------------------------------------------------------------------
+// 1. preprocess: one warp per query row (padded rows included).
+//    dsum[i] = Σ_d dO[i,d]·O[i,d]; lse_log2[i] = LSE[i]·log2(e) (+inf past seqlen_q, so P = 0
+//    there); dq_accum[i, :] = 0. CTA (0, h, b) also clears the dQ turn counters of (h, b).
+constexpr int kPrepWarps = 4;
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <class Elem>
+__global__ void __launch_bounds__(kPrepWarps * 32)
+flash_bwd_preprocess(const BwdParams p) {
+    const int head = blockIdx.y, batch = blockIdx.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row = blockIdx.x * kPrepWarps + warp;
+    const i64 bh = static_cast<i64>(batch) * p.nheads + head;
+    if (p.dq_semaphore != nullptr && blockIdx.x == 0) {
+        for (int i = threadIdx.x; i < p.seqlen_q_rounded / 16; i += blockDim.x)
+            p.dq_semaphore[bh * (p.seqlen_q_rounded / 16) + i] = 0;
+    }
+    if (row >= p.seqlen_q_rounded) return;
+    float* dq_row = p.dq_accum + (bh * p.seqlen_q_rounded + row) * p.head_dim_rounded;
+    for (int c = lane; c < p.head_dim_rounded; c += 32) dq_row[c] = 0.f;
+    float dot = 0.f;
+    if (row < p.seqlen_q) {
+        const u16* o = static_cast<const u16*>(p.o) + batch * p.o_batch_stride
+                       + row * p.o_row_stride + head * p.o_head_stride;
+        const u16* d_o = static_cast<const u16*>(p.dout) + batch * p.do_batch_stride
+                         + row * p.do_row_stride + head * p.do_head_stride;
+        for (int c = lane; c < p.head_dim; c += 32) dot += to_float<Elem>(o[c]) * to_float<Elem>(d_o[c]);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+    if (lane == 0) {
+        p.dsum[bh * p.seqlen_q_rounded + row] = dot;
+        p.lse_log2[bh * p.seqlen_q_rounded + row] =
+            row < p.seqlen_q ? p.lse[bh * p.seqlen_q + row] * kLog2e : pos_inf();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. main kernel
+
+template <int kBr, int kBc, int kWarps, int kStages, int kDSplit, int kHeadDim>
+struct BwdShape {
+    static constexpr int kThreads = kWarps * 32;
+    static constexpr int kMTiles = kBc / (16 * kWarps);  // 16-key mma tiles per warp
+    static constexpr int kNTilesS = kBr / 8;             // 8-query tiles of Sᵀ, dPᵀ per key row
+    static constexpr int kDCols = kHeadDim / kDSplit;    // head-dim columns of dK, dV, dQ per CTA
+    static constexpr int kNTilesD = kDCols / 8;          // 8-column tiles of dK, dV per key row
+    static constexpr int kPitch = kHeadDim + 8;          // row pitch of Q, K, V, dO tiles, elements
+    static constexpr int kDsPitch = kBr + 8;             // row pitch of the dSᵀ tile, elements
+    static constexpr int kKVTile = kBc * kPitch;
+    static constexpr int kQTile = kBr * kPitch;
+    // dQ_i = dS K_j split into 16x16 output tiles, dealt round-robin to the warps
+    static constexpr int kDqTiles = (kBr / 16) * (kDCols / 16);
+    static constexpr int kDqTilesPerWarp = (kDqTiles + kWarps - 1) / kWarps;
+
+    static_assert(kWarps >= 1 && kWarps <= 16, "warps must be in 1..16");
+    static_assert(kBc % (16 * kWarps) == 0,
+                  "Bc must be a multiple of 16 * warps: each warp owns whole 16-key mma tiles");
+    static_assert(kBr % 16 == 0 && kBr <= 128,
+                  "Br must be a multiple of 16, at most 128 (the workspace row padding)");
+    static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256,
+                  "kHeadDim must be a multiple of 16, at most 256");
+    static_assert(kStages >= 2, "stages must be >= 2: one Q/dO block computed while the next loads");
+    static_assert(kDSplit >= 1 && (kHeadDim / 16) % kDSplit == 0,
+                  "dsplit must divide kHeadDim / 16: every slice is whole 16-column tiles");
+};
+
+template <int kBr, int kBc, int kWarps, int kStages, int kDSplit, int kHeadDim, class Elem,
+          bool kCausal, bool kDeterministic>
+__global__ void __launch_bounds__(kWarps * 32)
+flash_bwd(const BwdParams p) {
+    using Shape = BwdShape<kBr, kBc, kWarps, kStages, kDSplit, kHeadDim>;
+    constexpr int kThreads = Shape::kThreads, kMTiles = Shape::kMTiles;
+    constexpr int kNTilesS = Shape::kNTilesS, kNTilesD = Shape::kNTilesD;
+    constexpr int kPitch = Shape::kPitch, kRowBytes = kPitch * 2, kDsRowBytes = Shape::kDsPitch * 2;
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    u16* k_smem = reinterpret_cast<u16*>(smem_raw);                 // [Bc][kPitch]
+    u16* v_smem = k_smem + Shape::kKVTile;                           // [Bc][kPitch]
+    u16* q_smem = v_smem + Shape::kKVTile;                           // [kStages][Br][kPitch]
+    u16* do_smem = q_smem + kStages * Shape::kQTile;                 // [kStages][Br][kPitch]
+    u16* ds_smem = do_smem + kStages * Shape::kQTile;                // [Bc][kDsPitch]  dSᵀ
+    float* lse_smem = reinterpret_cast<float*>(ds_smem + kBc * Shape::kDsPitch);  // [kStages][Br]
+    float* dsum_smem = lse_smem + kStages * kBr;                     // [kStages][Br]
+
+    // blockIdx.x = n_block·kDSplit + slice: the slices of one K/V block are neighbours
+    const int n_block = blockIdx.x / kDSplit, col0 = (blockIdx.x % kDSplit) * Shape::kDCols;
+    const int head = blockIdx.y, batch = blockIdx.z;
+    const int head_kv = head / (p.nheads / p.nheads_kv);
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int key0 = n_block * kBc;                       // first key of K_j
+    const int warp_key0 = warp * kMTiles * 16;            // this warp's keys within K_j
+    const i64 bh = static_cast<i64>(batch) * p.nheads + head;
+
+    const u16* q_gmem = static_cast<const u16*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
+    const u16* do_gmem = static_cast<const u16*>(p.dout) + batch * p.do_batch_stride
+                         + head * p.do_head_stride;
+    const float* lse_gmem = p.lse_log2 + bh * p.seqlen_q_rounded;
+    const float* dsum_gmem = p.dsum + bh * p.seqlen_q_rounded;
+    float* dq_accum = p.dq_accum + bh * p.seqlen_q_rounded * p.head_dim_rounded;
+
+    // Q blocks that see K_j: all of them, or under the causal mask those from the first row
+    // i with key0 <= i + causal_offset on.
+    const int causal_offset = p.seqlen_k - p.seqlen_q;
+    const int m_blocks = (p.seqlen_q + kBr - 1) / kBr;
+    const int m_block_min = kCausal ? max(0, (key0 - causal_offset) / kBr) : 0;
+    const int n_iters = max(0, m_blocks - m_block_min);
+
+    // Q_i, dO_i, LSE_i, D_i of the it-th iteration (Q blocks in increasing order).
+    auto load_q_do = [&](int it) {
+        const int m_block = m_block_min + it, slot = it % kStages;
+        const i64 row0 = static_cast<i64>(m_block) * kBr;
+        const int rows_valid = p.seqlen_q - m_block * kBr;
+        load_tile_g2s<kBr, kHeadDim, kPitch, kThreads>(q_smem + slot * Shape::kQTile,
+                                                      q_gmem + row0 * p.q_row_stride,
+                                                      p.q_row_stride, rows_valid, p.head_dim, tid);
+        load_tile_g2s<kBr, kHeadDim, kPitch, kThreads>(do_smem + slot * Shape::kQTile,
+                                                      do_gmem + row0 * p.do_row_stride,
+                                                      p.do_row_stride, rows_valid, p.head_dim, tid);
+        // the workspace rows are padded to seqlen_q_rounded: whole 16-byte chunks, all valid
+        if (tid < kBr / 4)
+            cp_async_16(smem_u32(lse_smem + slot * kBr + 4 * tid), lse_gmem + row0 + 4 * tid, true);
+        else if (tid < kBr / 2)
+            cp_async_16(smem_u32(dsum_smem + slot * kBr + 4 * (tid - kBr / 4)),
+                        dsum_gmem + row0 + 4 * (tid - kBr / 4), true);
+    };
+    static_assert(kBr / 2 <= kThreads, "one thread per 16-byte chunk of LSE_i and D_i");
+
+    // Prologue: K_j, V_j and the first Q/dO block in group 0, then kStages - 2 more blocks.
+    {
+        const int keys_valid = p.seqlen_k - key0;
+        load_tile_g2s<kBc, kHeadDim, kPitch, kThreads>(
+            k_smem, static_cast<const u16*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride
+                        + key0 * p.k_row_stride, p.k_row_stride, keys_valid, p.head_dim, tid);
+        load_tile_g2s<kBc, kHeadDim, kPitch, kThreads>(
+            v_smem, static_cast<const u16*>(p.v) + batch * p.v_batch_stride + head_kv * p.v_head_stride
+                        + key0 * p.v_row_stride, p.v_row_stride, keys_valid, p.head_dim, tid);
+    }
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < n_iters) load_q_do(s);
+        cp_async_commit();
+    }
+
+    // Thread (g, t) holds keys warp_key0 + 16·mt + g + 8·half ([mt][..][2·half + e]) and, of
+    // Sᵀ / dPᵀ, query columns 8·nt + 2t + e; of dK / dV, head-dim columns 8·nt + 2t + e.
+    float dk_acc[kMTiles][kNTilesD][4];
+    float dv_acc[kMTiles][kNTilesD][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNTilesD; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dk_acc[mt][nt][e] = dv_acc[mt][nt][e] = 0.f;
+
+    // ldmatrix lane addresses (byte offsets in shared memory), as in flash_fwd.cu:
+    // A operand, rows of K_j / V_j (keys x head dim)
+    const u32 a_lane = ((warp_key0 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes) + (lane >> 4) * 16;
+    const u32 k_a = smem_u32(k_smem) + a_lane, v_a = smem_u32(v_smem) + a_lane;
+    // B operand with n = queries, k = head dim: Q_i / dO_i rows as they are (Sᵀ, dPᵀ)
+    const u32 b_lane = ((lane & 7) + (lane >> 4) * 8) * kRowBytes + ((lane >> 3) & 1) * 16;
+    // B operand with k = queries (or keys), n = this slice's head-dim columns: Q_i / dO_i /
+    // K_j transposed (dK, dV, dQ)
+    const u32 bt_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes + (lane >> 4) * 16 + col0 * 2;
+    // A operand with m = queries, k = keys: dSᵀ transposed back into dS (dQ)
+    const u32 ds_a = smem_u32(ds_smem) + ((lane & 7) + (lane >> 4) * 8) * kDsRowBytes + ((lane >> 3) & 1) * 16;
+
+    for (int it = 0; it < n_iters; ++it) {
+        const int m_block = m_block_min + it, slot = it % kStages;
+        const int row0 = m_block * kBr;
+
+        // Q_i, dO_i, LSE_i, D_i have landed; every warp is done with iteration it - 1 (its
+        // slot, and its reads of dSᵀ in the dQ step), so both may be overwritten below.
+        cp_async_wait<kStages - 2>();
+        __syncthreads();
+        if (it + kStages - 1 < n_iters) load_q_do(it + kStages - 1);
+        cp_async_commit();
+
+        const u32 q_b = smem_u32(q_smem + slot * Shape::kQTile) + b_lane;
+        const u32 do_b = smem_u32(do_smem + slot * Shape::kQTile) + b_lane;
+        const u32 q_bt = smem_u32(q_smem + slot * Shape::kQTile) + bt_lane;
+        const u32 do_bt = smem_u32(do_smem + slot * Shape::kQTile) + bt_lane;
+        const float* lse_i = lse_smem + slot * kBr;
+        const float* dsum_i = dsum_smem + slot * kBr;
+
+        // ---- Sᵀ = K_j Q_iᵀ (this warp's keys x Br queries) ----
+        float s_acc[kMTiles][kNTilesS][4];
+        gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(s_acc, k_a, q_b);
+
+        // ---- Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e); padded queries have LSE = +inf -> 0 ----
+        const bool ragged = key0 + kBc > p.seqlen_k;
+        const bool diagonal = kCausal && key0 + kBc - 1 > row0 + causal_offset;
+#pragma unroll
+        for (int nt = 0; nt < kNTilesS; ++nt) {
+            const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float lse_e = e % 2 ? lse.y : lse.x;
+                    float& s = s_acc[mt][nt][e];
+                    s = exp2_approx(fmaf(s, p.scale_log2, -lse_e));
+                    if (ragged || diagonal) {  // only the ragged and the causal diagonal blocks
+                        const int key = key0 + warp_key0 + mt * 16 + g + 8 * (e / 2);
+                        const int query = row0 + nt * 8 + 2 * t + e % 2;
+                        if (key >= p.seqlen_k || (kCausal && key > query + causal_offset)) s = 0.f;
+                    }
+                }
+        }
+
+        // ---- dV_j += Pᵀ dO_i ----
+        {
+            u32 p_frag[kMTiles][kBr / 16][4];
+            pack_a_frags<kMTiles, kBr / 16, Elem>(p_frag, s_acc);
+            gemm_frags_x_rows_t<kMTiles, kNTilesD, kBr / 16, kRowBytes, Elem>(dv_acc, p_frag, do_bt);
+        }
+
+        // ---- dPᵀ = V_j dO_iᵀ;  dSᵀ = Pᵀ ∘ (dPᵀ - D_i) ----
+        float dp_acc[kMTiles][kNTilesS][4];
+        gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(dp_acc, v_a, do_b);
+#pragma unroll
+        for (int nt = 0; nt < kNTilesS; ++nt) {
+            const float2 dsum = *reinterpret_cast<const float2*>(dsum_i + nt * 8 + 2 * t);
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    dp_acc[mt][nt][e] = s_acc[mt][nt][e] * (dp_acc[mt][nt][e] - (e % 2 ? dsum.y : dsum.x));
+        }
+
+        // ---- dK_j += dSᵀ Q_i (scaled once, in the epilogue); dSᵀ to shared memory for dQ ----
+        {
+            u32 ds_frag[kMTiles][kBr / 16][4];
+            pack_a_frags<kMTiles, kBr / 16, Elem>(ds_frag, dp_acc);
+            gemm_frags_x_rows_t<kMTiles, kNTilesD, kBr / 16, kRowBytes, Elem>(dk_acc, ds_frag, q_bt);
+            // A fragment register r of (mt, kk) holds keys g + 8·(r % 2), queries 16kk + 2t + 8·(r / 2)
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int kk = 0; kk < kBr / 16; ++kk)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        const int key = warp_key0 + mt * 16 + g + 8 * (r % 2);
+                        const int query = kk * 16 + 2 * t + 8 * (r / 2);
+                        *reinterpret_cast<u32*>(ds_smem + key * Shape::kDsPitch + query) = ds_frag[mt][kk][r];
+                    }
+        }
+        __syncthreads();  // all of dSᵀ is in shared memory
+
+        // ---- dQ_i += dS K_j: 16x16 tiles of dQ_i, summed over the Bc keys of K_j ----
+        if (kDeterministic) {  // wait for this CTA's turn at this Q block: CTAs in blockIdx order
+            int* turn = p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block;
+            if (tid == 0) while (ld_acquire_gpu(turn) != static_cast<int>(blockIdx.x)) {}
+            __syncthreads();
+        }
+        const u32 k_bt = smem_u32(k_smem) + bt_lane;
+#pragma unroll
+        for (int i = 0; i < Shape::kDqTilesPerWarp; ++i) {
+            const int tile = warp + i * kWarps;
+            if (Shape::kDqTiles % kWarps != 0 && tile >= Shape::kDqTiles) break;
+            const int mq = tile / (Shape::kDCols / 16), dq16 = tile % (Shape::kDCols / 16);
+            float dq_acc[2][4] = {};
+#pragma unroll
+            for (int kk = 0; kk < kBc / 16; ++kk) {
+                u32 a[4], b[4];
+                ldmatrix_x4_trans(a, ds_a + kk * 16 * kDsRowBytes + mq * 32);
+                ldmatrix_x4_trans(b, k_bt + kk * 16 * kRowBytes + dq16 * 32);
+                mma_16816<Elem>(dq_acc[0], a, b[0], b[1]);
+                mma_16816<Elem>(dq_acc[1], a, b[2], b[3]);
+            }
+            // Atomics are the cost here: make them 16 bytes wide. A thread holds columns 2t, 2t+1
+            // of both 8-column halves; lanes t and t^1 swap halves, so that even t owns
+            // columns 2t..2t+3 of the first half and odd t columns 2t+6..2t+9 of the second.
+            const bool even = (t & 1) == 0;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {  // rows g and g + 8
+                const float give0 = even ? dq_acc[1][2 * half] : dq_acc[0][2 * half];
+                const float give1 = even ? dq_acc[1][2 * half + 1] : dq_acc[0][2 * half + 1];
+                const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+                const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+                float v[4];
+                if (even) {
+                    v[0] = dq_acc[0][2 * half], v[1] = dq_acc[0][2 * half + 1], v[2] = got0, v[3] = got1;
+                } else {
+                    v[0] = got0, v[1] = got1, v[2] = dq_acc[1][2 * half], v[3] = dq_acc[1][2 * half + 1];
+                }
+                const int row = row0 + mq * 16 + g + 8 * half;
+                const int col = col0 + dq16 * 16 + (even ? 2 * t : 8 + 2 * (t - 1));
+                red_add_f32x4(dq_accum + static_cast<i64>(row) * p.head_dim_rounded + col, v);
+            }
+        }
+        if (kDeterministic) {  // pass the turn on once every thread's additions are visible
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) red_release_add_gpu(p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block, 1);
+        }
+    }
+    cp_async_wait<0>();
+
+    // ---- epilogue: dK_j = scale · Σ dSᵀ Q, dV_j = Σ Pᵀ dO ----
+    // MHA: straight into dk, dv. GQA / MQA: fp32 per query head, summed by flash_bwd_reduce_dkv.
+    const bool grouped = p.nheads != p.nheads_kv;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int key = key0 + warp_key0 + mt * 16 + g + 8 * half;
+            if (key >= p.seqlen_k) continue;
+#pragma unroll
+            for (int nt = 0; nt < kNTilesD; ++nt) {
+                const int col = col0 + nt * 8 + 2 * t;
+                const float dk0 = dk_acc[mt][nt][2 * half] * p.softmax_scale;
+                const float dk1 = dk_acc[mt][nt][2 * half + 1] * p.softmax_scale;
+                const float dv0 = dv_acc[mt][nt][2 * half], dv1 = dv_acc[mt][nt][2 * half + 1];
+                if (grouped) {
+                    const i64 off = (bh * p.seqlen_k + key) * p.head_dim_rounded + col;
+                    *reinterpret_cast<float2*>(p.dk_accum + off) = make_float2(dk0, dk1);
+                    *reinterpret_cast<float2*>(p.dv_accum + off) = make_float2(dv0, dv1);
+                } else if (col < p.head_dim) {
+                    u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_row_stride
+                              + head * p.dk_head_stride + col;
+                    u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_row_stride
+                              + head * p.dv_head_stride + col;
+                    *reinterpret_cast<u32*>(dk) = pack2<Elem>(dk0, dk1);
+                    *reinterpret_cast<u32*>(dv) = pack2<Elem>(dv0, dv1);
+                }
+            }
+        }
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. epilogue kernels: one thread per 8 consecutive head-dim columns of one row.
+constexpr int kEpilogueThreads = 256;
+
+// dQ[b, i, h, :] = scale · dq_accum[b, h, i, :]
+template <class Elem>
+__global__ void __launch_bounds__(kEpilogueThreads)
+flash_bwd_convert_dq(const BwdParams p) {
+    const int head = blockIdx.y, batch = blockIdx.z;
+    const int chunks = p.head_dim / 8;
+    const int idx = blockIdx.x * kEpilogueThreads + threadIdx.x;
+    const int row = idx / chunks, col = (idx % chunks) * 8;
+    if (row >= p.seqlen_q) return;
+    const i64 bh = static_cast<i64>(batch) * p.nheads + head;
+    const float* acc = p.dq_accum + (bh * p.seqlen_q_rounded + row) * p.head_dim_rounded + col;
+    u32x4 out;
+    u32* words = &out.x;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        words[i] = pack2<Elem>(acc[2 * i] * p.softmax_scale, acc[2 * i + 1] * p.softmax_scale);
+    *reinterpret_cast<u32x4*>(static_cast<u16*>(p.dq) + batch * p.dq_batch_stride
+                              + row * p.dq_row_stride + head * p.dq_head_stride + col) = out;
+}
+
+// GQA / MQA: dK[b, j, h_kv, :] = Σ over the query heads h of h_kv of dk_accum[b, h, j, :]
+// (dK already scaled), the same for dV; summed in head order, so the result is reproducible.
+template <class Elem>
+__global__ void __launch_bounds__(kEpilogueThreads)
+flash_bwd_reduce_dkv(const BwdParams p) {
+    const int head_kv = blockIdx.y, batch = blockIdx.z;
+    const int group = p.nheads / p.nheads_kv;
+    const int chunks = p.head_dim / 8;
+    const int idx = blockIdx.x * kEpilogueThreads + threadIdx.x;
+    const int key = idx / chunks, col = (idx % chunks) * 8;
+    if (key >= p.seqlen_k) return;
+    float dk[8] = {}, dv[8] = {};
+    for (int h = head_kv * group; h < (head_kv + 1) * group; ++h) {
+        const i64 off = ((static_cast<i64>(batch) * p.nheads + h) * p.seqlen_k + key) * p.head_dim_rounded + col;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            dk[i] += p.dk_accum[off + i];
+            dv[i] += p.dv_accum[off + i];
+        }
+    }
+    u32x4 dk_out, dv_out;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        (&dk_out.x)[i] = pack2<Elem>(dk[2 * i], dk[2 * i + 1]);
+        (&dv_out.x)[i] = pack2<Elem>(dv[2 * i], dv[2 * i + 1]);
+    }
+    *reinterpret_cast<u32x4*>(static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_row_stride
+                              + head_kv * p.dk_head_stride + col) = dk_out;
+    *reinterpret_cast<u32x4*>(static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_row_stride
+                              + head_kv * p.dv_head_stride + col) = dv_out;
+}
+
+}  // namespace cuflash

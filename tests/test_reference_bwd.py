@@ -1,0 +1,481 @@
+"""CPU tests for the backward pass of cuflash.reference (the gradient oracle).
+
+attention_backward_naive is checked against central finite differences of
+attention_naive (and against torch autograd in float64 when torch is
+installed); attention_backward_tiled is checked against
+attention_backward_naive; attention_grad_lowp is checked for sane errors.
+"""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from cuflash.reference import (
+    attention_backward_naive,
+    attention_backward_tiled,
+    attention_grad_lowp,
+    attention_naive,
+    attention_tiled,
+    causal_mask,
+)
+
+
+def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
+                dtype=np.float64):
+    """Fresh random (dout, q, k, v) and the seed that made them."""
+    seed = int(np.random.SeedSequence().entropy % 2**63)
+    rng = np.random.default_rng(seed)
+    shape_q = (batch, seqlen_q, nheads, headdim)
+    shape_k = (batch, seqlen_k, nheads_kv, headdim)
+    dout, q = rng.standard_normal(shape_q), rng.standard_normal(shape_q)
+    k, v = rng.standard_normal(shape_k), rng.standard_normal(shape_k)
+    return tuple(x.astype(dtype) for x in (dout, q, k, v)), seed
+
+
+class strict_fp:
+    """Turn numpy floating point errors and any warning into exceptions."""
+
+    def __enter__(self):
+        self._err = np.errstate(all="raise")
+        self._err.__enter__()
+        self._warn = warnings.catch_warnings()
+        self._warn.__enter__()
+        warnings.simplefilter("error")
+        return self
+
+    def __exit__(self, *exc):
+        self._warn.__exit__(*exc)
+        return self._err.__exit__(*exc)
+
+
+def assert_grads_close(grads, refs, seed, rtol=1e-10, atol=1e-10):
+    """Compare (dq, dk, dv) to references; atol scales with the gradient."""
+    for name, g, r in zip(("dq", "dk", "dv"), grads, refs):
+        assert g.shape == r.shape, f"{name} shape {g.shape} != {r.shape}"
+        assert g.dtype == np.float64, f"{name} dtype {g.dtype}"
+        assert np.isfinite(g).all(), f"{name} not finite (seed {seed})"
+        tol = atol * max(1.0, float(np.abs(r).max(initial=0.0)))
+        np.testing.assert_allclose(g, r, rtol=rtol, atol=tol,
+                                   err_msg=f"{name} (seed {seed})")
+
+
+def check_tiled_vs_naive(batch, seqlen_q, seqlen_k, nheads, nheads_kv,
+                         headdim, causal, block_q, block_k,
+                         softmax_scale=None):
+    (dout, q, k, v), seed = make_inputs(batch, seqlen_q, seqlen_k, nheads,
+                                        nheads_kv, headdim)
+    with strict_fp():
+        ref = attention_backward_naive(dout, q, k, v,
+                                       softmax_scale=softmax_scale,
+                                       causal=causal)
+        out, lse = attention_tiled(q, k, v, softmax_scale=softmax_scale,
+                                   causal=causal)
+        grads = attention_backward_tiled(dout, q, k, v, out, lse,
+                                         softmax_scale=softmax_scale,
+                                         causal=causal, block_q=block_q,
+                                         block_k=block_k)
+    assert grads[0].shape == q.shape and grads[1].shape == k.shape
+    assert grads[2].shape == v.shape
+    assert_grads_close(grads, ref, seed)
+
+
+# ---------------------------------------------------------------------------
+# tiled vs naive
+# ---------------------------------------------------------------------------
+
+SEQLENS = [(1, 1), (1, 17), (17, 1), (17, 17), (113, 203), (203, 113),
+           (203, 203)]
+# (headdim, nheads, nheads_kv, block_q, block_k, softmax_scale)
+CONFIGS = [
+    pytest.param(32, 4, 4, 64, 64, None, id="d32-mha"),
+    pytest.param(40, 4, 2, 16, 48, None, id="d40-gqa-16x48"),
+    pytest.param(64, 4, 1, 37, 29, 0.37, id="d64-mqa-37x29-scale0.37"),
+    pytest.param(128, 2, 2, 64, 32, None, id="d128-mha-64x32"),
+    pytest.param(256, 3, 1, 32, 64, 0.05, id="d256-mqa-32x64-scale0.05"),
+]
+
+
+@pytest.mark.parametrize(
+    "headdim,nheads,nheads_kv,block_q,block_k,softmax_scale", CONFIGS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
+def test_tiled_matches_naive(seqlen_q, seqlen_k, causal, headdim, nheads,
+                             nheads_kv, block_q, block_k, softmax_scale):
+    check_tiled_vs_naive(2, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
+                         causal, block_q, block_k, softmax_scale)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k",
+                         [(1023, 1023), (1023, 17), (17, 1023)])
+def test_tiled_matches_naive_long(seqlen_q, seqlen_k, causal):
+    check_tiled_vs_naive(1, seqlen_q, seqlen_k, 2, 1, 32, causal, 128, 48)
+
+
+@pytest.mark.parametrize("block_q,block_k", [(1, 1), (7, 5), (64, 16),
+                                             (300, 300)])
+def test_tiled_odd_blocks(block_q, block_k):
+    # Blocks that do not divide the sequence lengths, and larger than them.
+    for causal in (False, True):
+        check_tiled_vs_naive(1, 37, 53, 4, 2, 32, causal, block_q, block_k)
+        check_tiled_vs_naive(1, 53, 37, 4, 2, 32, causal, block_q, block_k)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tiled_accepts_naive_lse_and_default_blocks(causal):
+    # out/lse from attention_naive(return_lse=True) work as well as the
+    # tiled forward's; the default block sizes and scale are the documented
+    # ones.
+    (dout, q, k, v), seed = make_inputs(2, 150, 70, 4, 2, 64)
+    ref = attention_backward_naive(dout, q, k, v, causal=causal)
+    out, lse = attention_naive(q, k, v, causal=causal, return_lse=True)
+    grads = attention_backward_tiled(dout, q, k, v, out, lse, causal=causal)
+    assert_grads_close(grads, ref, seed)
+    explicit = attention_backward_tiled(dout, q, k, v, out, lse,
+                                        softmax_scale=1 / 8, causal=causal,
+                                        block_q=64, block_k=64)
+    for g, e in zip(grads, explicit):
+        np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tiled_with_gpu_like_forward_outputs(causal):
+    # A GPU kernel returns out in the input dtype and a float32 LSE; the
+    # backward then matches the exact gradient to about that precision.
+    (dout, q, k, v), seed = make_inputs(1, 97, 61, 4, 1, 64, np.float16)
+    ref = attention_backward_naive(dout, q, k, v, causal=causal)
+    out, lse = attention_naive(q, k, v, causal=causal, return_lse=True)
+    out16, lse32 = out.astype(np.float16), lse.astype(np.float32)
+    with strict_fp():
+        grads = attention_backward_tiled(dout, q, k, v, out16, lse32,
+                                         causal=causal, block_q=32,
+                                         block_k=16)
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
+        assert g.dtype == np.float64 and np.isfinite(g).all()
+        err = np.abs(g - r).max() / np.abs(r).max()
+        assert err < 5e-3, f"{name} relative error {err:.3g} (seed {seed})"
+    if causal:  # seqlen_q > seqlen_k: the first 36 rows see no key
+        assert np.isposinf(lse32[:, :, :36]).all()
+        assert (grads[0][:, :36] == 0).all()
+
+
+# ---------------------------------------------------------------------------
+# naive backward vs finite differences (and torch autograd)
+# ---------------------------------------------------------------------------
+
+def loss(dout, q, k, v, softmax_scale, causal):
+    return float(np.sum(dout * attention_naive(q, k, v, softmax_scale,
+                                               causal)))
+
+
+FD_SHAPES = [(1, 1), (1, 5), (5, 1), (3, 5), (5, 3), (4, 4)]
+
+
+@pytest.mark.parametrize("softmax_scale", [None, 0.7])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", FD_SHAPES)
+def test_naive_matches_finite_differences(seqlen_q, seqlen_k, causal,
+                                          softmax_scale):
+    # The directional derivative of L = sum(dout * O) along a random
+    # direction u of one input equals <grad, u>; central differences give
+    # it to O(eps^2).
+    (dout, q, k, v), seed = make_inputs(1, seqlen_q, seqlen_k, 2, 1, 8)
+    rng = np.random.default_rng(seed + 1)
+    grads = attention_backward_naive(dout, q, k, v, softmax_scale, causal)
+    inputs = {"q": q, "k": k, "v": v}
+    eps = 1e-5
+    for (name, x), g in zip(inputs.items(), grads):
+        for _ in range(3):
+            u = rng.standard_normal(x.shape)
+            plus = dict(inputs, **{name: x + eps * u})
+            minus = dict(inputs, **{name: x - eps * u})
+            fd = (loss(dout, **plus, softmax_scale=softmax_scale,
+                       causal=causal)
+                  - loss(dout, **minus, softmax_scale=softmax_scale,
+                         causal=causal)) / (2 * eps)
+            exact = float(np.sum(g * u))
+            assert abs(fd - exact) <= 1e-6 * (1 + abs(exact)), (
+                f"d{name}: finite differences {fd!r} vs {exact!r} "
+                f"(seed {seed})")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_naive_matches_elementwise_finite_differences(causal):
+    # Every entry of dq, dk, dv, with fully masked rows when causal.
+    (dout, q, k, v), seed = make_inputs(1, 5, 3, 2, 1, 8)
+    grads = attention_backward_naive(dout, q, k, v, causal=causal)
+    inputs = {"q": q, "k": k, "v": v}
+    eps = 1e-5
+    for (name, x), g in zip(inputs.items(), grads):
+        fd = np.zeros_like(x)
+        for idx in np.ndindex(x.shape):
+            step = np.zeros_like(x)
+            step[idx] = eps
+            fd[idx] = (loss(dout, **dict(inputs, **{name: x + step}),
+                            softmax_scale=None, causal=causal)
+                       - loss(dout, **dict(inputs, **{name: x - step}),
+                              softmax_scale=None, causal=causal)) / (2 * eps)
+        np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-8,
+                                   err_msg=f"d{name} (seed {seed})")
+    if causal:
+        assert (grads[0][:, :2] == 0).all()
+
+
+def torch_attention_grads(dout, q, k, v, softmax_scale, causal, dtype):
+    """Plain attention in torch (repeated kv heads), autograd gradients."""
+    import torch
+
+    group = q.shape[2] // k.shape[2]
+    tq, tk, tv = (torch.tensor(x, dtype=dtype, requires_grad=True)
+                  for x in (q, k, v))
+    kk = tk.repeat_interleave(group, dim=2)
+    vv = tv.repeat_interleave(group, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", tq, kk) * softmax_scale
+    if causal:
+        keep = torch.from_numpy(causal_mask(q.shape[1], k.shape[1]))
+        s = s.masked_fill(~keep, -math.inf)
+    out = torch.einsum("bhij,bjhd->bihd", torch.softmax(s, dim=-1), vv)
+    out.backward(torch.tensor(dout, dtype=dtype))
+    return [x.grad.double().numpy() for x in (tq, tk, tv)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 1), (19, 19), (13, 40),
+                                               (40, 40)])
+def test_naive_matches_torch_autograd_float64(seqlen_q, seqlen_k, causal):
+    # torch's softmax gives NaN on fully masked rows, so seqlen_q <= seqlen_k.
+    torch = pytest.importorskip("torch")
+    (dout, q, k, v), seed = make_inputs(2, seqlen_q, seqlen_k, 6, 2, 32)
+    ref = torch_attention_grads(dout, q, k, v, 0.3, causal, torch.float64)
+    grads = attention_backward_naive(dout, q, k, v, 0.3, causal)
+    assert_grads_close(grads, ref, seed)
+
+
+# ---------------------------------------------------------------------------
+# fully masked rows, empty inputs
+# ---------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("fn", ["naive", "tiled"])
+def test_fully_masked_rows_contribute_nothing(fn):
+    # seqlen_q > seqlen_k with causal: rows i < seqlen_q - seqlen_k see no
+    # key. Their dq is 0, and dk, dv equal the gradients of the visible rows
+    # alone.
+    seqlen_q, seqlen_k = 20, 6
+    n_empty = seqlen_q - seqlen_k
+    (dout, q, k, v), seed = make_inputs(2, seqlen_q, seqlen_k, 4, 2, 32)
+    with strict_fp():
+        if fn == "naive":
+            dq, dk, dv = attention_backward_naive(dout, q, k, v, causal=True)
+        else:
+            out, lse = attention_tiled(q, k, v, causal=True)
+            dq, dk, dv = attention_backward_tiled(dout, q, k, v, out, lse,
+                                                  causal=True, block_q=8,
+                                                  block_k=4)
+        dq_vis, dk_vis, dv_vis = attention_backward_naive(
+            dout[:, n_empty:], q[:, n_empty:], k, v, causal=True)
+    for g in (dq, dk, dv):
+        assert np.isfinite(g).all()
+    assert (dq[:, :n_empty] == 0).all()
+    # (Row n_empty sees one key only: its softmax is constant, dq ~ 0.)
+    assert (np.abs(dq[:, n_empty + 1:]).sum(-1) > 1e-3).all()
+    assert_grads_close((dq[:, n_empty:], dk, dv), (dq_vis, dk_vis, dv_vis),
+                       seed)
+
+
+@pytest.mark.filterwarnings("error")
+def test_entire_q_blocks_masked_in_tiled():
+    # Whole Q blocks without keys, and block pairs the causal loop skips.
+    (dout, q, k, v), seed = make_inputs(1, 200, 30, 2, 1, 64)
+    with strict_fp():
+        out, lse = attention_tiled(q, k, v, causal=True)
+        grads = attention_backward_tiled(dout, q, k, v, out, lse,
+                                         causal=True)
+        ref = attention_backward_naive(dout, q, k, v, causal=True)
+    assert (grads[0][:, :170] == 0).all()
+    assert_grads_close(grads, ref, seed)
+
+
+@pytest.mark.filterwarnings("error")
+def test_lse_inf_rows_ignore_out_and_dout():
+    # A row with LSE = +inf gives P = 0 whatever out and dout hold there.
+    (dout, q, k, v), seed = make_inputs(1, 12, 4, 2, 2, 16)
+    out, lse = attention_tiled(q, k, v, causal=True)
+    out[:, :8] = 1e3
+    with strict_fp():
+        grads = attention_backward_tiled(dout, q, k, v, out, lse,
+                                         causal=True, block_q=5, block_k=3)
+    ref = attention_backward_naive(dout, q, k, v, causal=True)
+    assert_grads_close(grads, ref, seed)
+
+
+@pytest.mark.filterwarnings("error")
+def test_empty_kv_gives_zero_gradients():
+    (dout, q, k, v), _ = make_inputs(1, 5, 0, 2, 1, 8)
+    with strict_fp():
+        out, lse = attention_tiled(q, k, v)
+        for grads in (attention_backward_naive(dout, q, k, v),
+                      attention_backward_tiled(dout, q, k, v, out, lse)):
+            assert grads[0].shape == q.shape and (grads[0] == 0).all()
+            assert grads[1].shape == k.shape and grads[2].shape == v.shape
+
+
+# ---------------------------------------------------------------------------
+# GQA and input dtypes
+# ---------------------------------------------------------------------------
+
+def test_gqa_gradients_sum_over_query_heads():
+    # dk, dv of kv head g are the sums of the per-query-head gradients with
+    # k, v repeated (query head h reads kv head h // group).
+    (dout, q, k, v), seed = make_inputs(1, 11, 13, 6, 2, 16)
+    dq, dk, dv = attention_backward_naive(dout, q, k, v, causal=True)
+    k_rep, v_rep = np.repeat(k, 3, axis=2), np.repeat(v, 3, axis=2)
+    dq_r, dk_r, dv_r = attention_backward_naive(dout, q, k_rep, v_rep,
+                                                causal=True)
+    assert_grads_close(
+        (dq, dk, dv),
+        (dq_r, dk_r.reshape(1, 13, 2, 3, 16).sum(3),
+         dv_r.reshape(1, 13, 2, 3, 16).sum(3)), seed)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "bfloat16"])
+def test_low_precision_inputs_are_upcast(dtype):
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    (dout, q, k, v), seed = make_inputs(1, 13, 21, 4, 2, 64, dtype)
+    up = [x.astype(np.float64) for x in (dout, q, k, v)]
+    ref = attention_backward_naive(*up, causal=True)
+    np.testing.assert_array_equal(
+        attention_backward_naive(dout, q, k, v, causal=True)[0], ref[0])
+    out, lse = attention_tiled(q, k, v, causal=True)
+    grads = attention_backward_tiled(dout, q, k, v, out.astype(dtype),
+                                     lse.astype(np.float32), causal=True)
+    assert all(g.dtype == np.float64 for g in grads)
+    out64, lse64 = attention_tiled(*up[1:], causal=True)
+    assert_grads_close(
+        attention_backward_tiled(dout, q, k, v, out64, lse64, causal=True),
+        ref, seed)
+
+
+# ---------------------------------------------------------------------------
+# attention_grad_lowp
+# ---------------------------------------------------------------------------
+
+def rel_err(a, b):
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(64, 64), (113, 203),
+                                               (203, 113)])
+def test_lowp_grad_error_small(seqlen_q, seqlen_k, causal):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    (dout, q, k, v), seed = make_inputs(2, seqlen_q, seqlen_k, 4, 2, 64)
+    with strict_fp():
+        ref = attention_backward_naive(dout, q, k, v, causal=causal)
+        out, lse = attention_tiled(q, k, v, causal=causal)
+        exact = attention_backward_tiled(dout, q, k, v, out, lse,
+                                         causal=causal)
+        fp16 = attention_grad_lowp(dout, q, k, v, causal=causal)
+        bf16 = attention_grad_lowp(dout, q, k, v, causal=causal,
+                                   dtype=ml_dtypes.bfloat16)
+    for name, r, e, lo16, lob in zip(("dq", "dk", "dv"), ref, exact, fp16,
+                                     bf16):
+        assert lo16.dtype == np.float64 and lo16.shape == r.shape
+        np.testing.assert_array_equal(lo16, lo16.astype(np.float16))
+        np.testing.assert_array_equal(lob, lob.astype(ml_dtypes.bfloat16))
+        err64, err16, errb = rel_err(e, r), rel_err(lo16, r), rel_err(lob, r)
+        msg = (f"{name}: float64 {err64:.3g}, fp16 {err16:.3g}, "
+               f"bf16 {errb:.3g} (seed {seed})")
+        # bf16 has 3 fewer mantissa bits than fp16.
+        assert err64 < 1e-12 < err16 < 5e-3 and err16 < errb < 3e-2, msg
+    if causal and seqlen_q > seqlen_k:
+        assert (fp16[0][:, :seqlen_q - seqlen_k] == 0).all()
+
+
+def test_lowp_grad_bfloat16_by_name_and_scale():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    (dout, q, k, v), seed = make_inputs(1, 31, 31, 2, 1, 64)
+    by_type = attention_grad_lowp(dout, q, k, v, softmax_scale=0.05,
+                                  dtype=ml_dtypes.bfloat16)
+    by_name = attention_grad_lowp(dout, q, k, v, softmax_scale=0.05,
+                                  dtype="bfloat16")
+    ref = attention_backward_naive(dout, q, k, v, softmax_scale=0.05)
+    for a, b, r in zip(by_type, by_name, ref):
+        np.testing.assert_array_equal(a, b)
+        assert 0 < rel_err(a, r) < 3e-2, f"seed {seed}"
+
+
+@pytest.mark.filterwarnings("error")
+def test_lowp_grad_fully_masked_rows():
+    (dout, q, k, v), _ = make_inputs(1, 10, 4, 2, 1, 32)
+    with strict_fp():
+        dq, dk, dv = attention_grad_lowp(dout, q, k, v, causal=True)
+    assert (dq[:, :6] == 0).all()
+    assert all(np.isfinite(g).all() for g in (dq, dk, dv))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_lowp_grad_error_like_torch_autograd(dtype, causal):
+    # The baseline stands for "plain attention in low precision under
+    # autograd": its error is the same size as torch's.
+    torch = pytest.importorskip("torch")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    np_dtype = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
+    (dout, q, k, v), seed = make_inputs(2, 113, 203, 4, 2, 64)
+    ref = attention_backward_naive(dout, q, k, v, causal=causal)
+    ours = attention_grad_lowp(dout, q, k, v, causal=causal, dtype=np_dtype)
+    theirs = torch_attention_grads(dout, q, k, v, 1 / 8, causal,
+                                   getattr(torch, dtype))
+    for name, a, b, r in zip(("dq", "dk", "dv"), ours, theirs, ref):
+        ratio = rel_err(a, r) / rel_err(b, r)
+        assert 0.67 < ratio < 1.5, f"{name}: ratio {ratio:.3g} (seed {seed})"
+
+
+# ---------------------------------------------------------------------------
+# input validation
+# ---------------------------------------------------------------------------
+
+def test_bad_shapes_raise():
+    (dout, q, k, v), _ = make_inputs(1, 8, 6, 4, 2, 16)
+    out, lse = attention_tiled(q, k, v)
+    with pytest.raises(ValueError, match="dout"):
+        attention_backward_naive(dout[:, :7], q, k, v)
+    with pytest.raises(ValueError, match="dout"):
+        attention_grad_lowp(dout[..., :8], q, k, v)
+    with pytest.raises(ValueError, match="dout"):
+        attention_backward_tiled(dout[:, :, :2], q, k, v, out, lse)
+    with pytest.raises(ValueError, match="out"):
+        attention_backward_tiled(dout, q, k, v, out[:, :7], lse)
+    with pytest.raises(ValueError, match="lse"):
+        attention_backward_tiled(dout, q, k, v, out,
+                                 np.moveaxis(lse, 1, 2))
+    k3 = np.concatenate([k, k[:, :, :1]], axis=2)
+    with pytest.raises(ValueError, match="nheads_kv"):
+        attention_backward_naive(dout, q, k3, k3)
+    with pytest.raises(ValueError, match=r"\bk\b.*\bv\b"):
+        attention_backward_tiled(dout, q, k, v[:, :5], out, lse)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    ({"block_q": 0}, "block_q"),
+    ({"block_k": -4}, "block_k"),
+    ({"block_q": 2.5}, "block_q"),
+    ({"block_k": True}, "block_k"),
+])
+def test_bad_block_sizes(kwargs, name):
+    (dout, q, k, v), _ = make_inputs(1, 8, 8, 2, 2, 16)
+    out, lse = attention_tiled(q, k, v)
+    with pytest.raises(ValueError, match=name):
+        attention_backward_tiled(dout, q, k, v, out, lse, **kwargs)
+
+
+def test_bad_softmax_scale_and_dtype():
+    (dout, q, k, v), _ = make_inputs(1, 4, 4, 1, 1, 8)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        attention_backward_naive(dout, q, k, v, softmax_scale=math.inf)
+    with pytest.raises(ValueError, match="dtype"):
+        attention_grad_lowp(dout, q, k, v, dtype=np.float32)
