@@ -1,4 +1,4 @@
-"""python -m cuflash {demo,bench,info}"""
+"""python -m cuflash {demo,bench,info,tune}"""
 from __future__ import annotations
 
 import argparse
@@ -51,7 +51,7 @@ def demo(argv=None) -> int:
         ref = reference.attention_naive(q, k, v, causal=causal)
         low = reference.lowp_attention(q, k, v, causal=causal, dtype=ml_dtypes.bfloat16)
         err, base = np.abs(out.astype(np.float64) - ref).max(), np.abs(low - ref).max()
-        print(f"  bf16 {q.shape} causal={causal}: config {config_for(d, 'bf16', causal).name}, "
+        print(f"  bf16 {q.shape} causal={causal}: config {config_for(d, 'bf16', causal, seqlen=s).name}, "
               f"first call {dt:.2f} s (compile+run); max err {err:.2e} vs plain bf16 {base:.2e} "
               f"-> {'OK' if err <= 2 * base + 1e-5 else 'FAIL'}")
     try:
@@ -77,36 +77,31 @@ def demo(argv=None) -> int:
 
 
 def info(argv=None) -> int:
-    from . import __version__, _gpu
-    from .interface import config_for
-    from .kernels import source_hash
+    """The GPU, the tuned tables found, and the config in force with where it came from."""
+    from tuning.cli import info_lines
 
-    print(f"cuflash {__version__}, kernel source flash_fwd {source_hash('flash_fwd')}")
-    reason = _gpu.why_unavailable()
-    if reason:
-        print(f"GPU: none ({reason})")
-        return 0
-    print(f"GPU: {_gpu.name()}, sm_{''.join(map(str, _gpu.arch()))}, "
-          f"{_gpu.max_smem()} B shared memory per block")
-    for dtype in ("bf16", "fp16"):
-        for d in (64, 128, 256):
-            for causal in (False, True):
-                print(f"  fwd {dtype} d={d:3} causal={causal!s:5}: {config_for(d, dtype, causal).name}"
-                      "  (heuristic)")
+    print("\n".join(info_lines()))
     return 0
+
+
+def tune(argv=None) -> int:
+    """python -m cuflash tune [...]: see tuning/cli.py (exit 2 where tuning is impossible)."""
+    from tuning.cli import tune_main
+
+    return tune_main(argv)
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m cuflash")
-    parser.add_argument("command", choices=["demo", "bench", "info"])
-    args, rest = parser.parse_known_args(argv)
+    parser.add_argument("command", choices=["demo", "bench", "info", "tune"])
+    args, rest = parser.parse_args(argv[:1]), argv[1:]  # the rest (--help too) is the command's
     if args.command == "bench":
         from .bench import main as bench_main
 
         bench_main(rest)
         return 0
-    return {"demo": demo, "info": info}[args.command](rest)
+    return {"demo": demo, "info": info, "tune": tune}[args.command](rest)
 
 
 if __name__ == "__main__":

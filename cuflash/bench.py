@@ -148,7 +148,7 @@ def run(hdims=(64, 128), seqlens=SEQLENS, dtypes=("bf16",),
                     base = dict(dtype=dtype, hdim=hdim, causal=causal, batch=batch, seqlen=seqlen,
                                 nheads=nheads)
                     impls = {"cuflash": (lambda: flash_attn_func(q, k, v, causal=causal),
-                                         config_for(hdim, dtype, causal).name)}
+                                         config_for(hdim, dtype, causal, seqlen=seqlen).name)}
                     if sweep:
                         for cfg in valid_fwd_configs(hdim, dtype, causal, _gpu.max_smem()):
                             impls[f"cuflash[{cfg.name}]"] = (
@@ -213,8 +213,10 @@ def _fwdbwd_fns(impl, q, k, v, dout, causal):
         dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype]
         names = {}
         try:  # the names are informative only (and need a GPU)
-            names["config"] = interface.config_for(q.shape[3], dtype, causal).name
-            names["bwd_config"] = interface.bwd_config_for(q.shape[3], dtype, causal, deterministic).name
+            seqlen = max(q.shape[1], k.shape[1])
+            names["config"] = interface.config_for(q.shape[3], dtype, causal, seqlen=seqlen).name
+            names["bwd_config"] = interface.bwd_config_for(q.shape[3], dtype, causal, deterministic,
+                                                           seqlen=seqlen).name
         except Exception:  # noqa: BLE001
             pass
         out, lse, _ = interface.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)

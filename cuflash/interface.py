@@ -24,8 +24,7 @@ from typing import Optional
 import numpy as np
 
 from . import _gpu
-from .config import (BWD_ROW_PAD, MAX_HEAD_DIM, BwdConfig, FwdConfig, default_bwd_config,
-                     default_fwd_config)
+from .config import BWD_ROW_PAD, MAX_HEAD_DIM, BwdConfig, FwdConfig
 from .kernels import get_kernels
 from .params import pack
 
@@ -258,17 +257,36 @@ def _check_config(name, config, cls, dtype, causal, head_dim) -> None:
 # configs
 
 @functools.lru_cache(maxsize=None)
-def config_for(head_dim: int, dtype: str, causal: bool, device: int = 0) -> FwdConfig:
-    """The forward config used for this problem class on `device` (heuristic for now)."""
-    return default_fwd_config(head_dim, dtype, causal, _gpu.arch(device), _gpu.max_smem(device))
+def _choose(kernel: str, head_dim: int, dtype: str, causal: bool, bucket, deterministic: bool,
+            device: int):
+    """(config, where it came from): a tuned entry for this GPU (tuning/), else the heuristic."""
+    import tuning
+
+    return tuning.choose(kernel, head_dim, dtype, causal, bucket, gpu_name=_gpu.name(device),
+                         cc=_gpu.arch(device), max_smem=_gpu.max_smem(device),
+                         deterministic=deterministic)
 
 
-@functools.lru_cache(maxsize=None)
+def _bucket(seqlen: Optional[int]):
+    import tuning
+
+    return None if seqlen is None else tuning.seqlen_bucket(seqlen)
+
+
+def config_for(head_dim: int, dtype: str, causal: bool, device: int = 0,
+               seqlen: Optional[int] = None, *, with_source: bool = False):
+    """The forward config used for this problem class on `device`: the tuned entry for this
+    GPU and seqlen bucket (exact, then nearest bucket), else the heuristic default.
+    with_source=True returns (config, source), source naming the YAML file or the heuristic."""
+    config, source = _choose("fwd", head_dim, dtype, causal, _bucket(seqlen), False, device)
+    return (config, source) if with_source else config
+
+
 def bwd_config_for(head_dim: int, dtype: str, causal: bool, deterministic: bool = False,
-                   device: int = 0) -> BwdConfig:
-    """The backward config used for this problem class on `device` (heuristic for now)."""
-    return default_bwd_config(head_dim, dtype, causal, _gpu.arch(device), _gpu.max_smem(device),
-                              deterministic)
+                   device: int = 0, seqlen: Optional[int] = None, *, with_source: bool = False):
+    """The backward config used for this problem class on `device` (as config_for)."""
+    config, source = _choose("bwd", head_dim, dtype, causal, _bucket(seqlen), deterministic, device)
+    return (config, source) if with_source else config
 
 
 # ---------------------------------------------------------------------------------------
@@ -303,7 +321,7 @@ def _forward_on_device(tq, tk, tv, out_t: _Tensor, lse_ptr, softmax_scale, causa
     batch, seqlen_q, nheads, head_dim = tq.shape
     _, seqlen_k, nheads_kv, _ = tk.shape
     if config is None:
-        config = config_for(head_dim, tq.dtype, causal, device)
+        config = config_for(head_dim, tq.dtype, causal, device, max(seqlen_q, seqlen_k))
     else:  # a research override: check it against this device's shared memory too
         config.validate(_gpu.max_smem(device))
     kernel = get_kernels(config, device)["main"]
@@ -370,9 +388,10 @@ def _backward_on_device(tdo, tq, tk, tv, to, lse_ptr, tdq, tdk, tdv, workspace_p
                     stream_ptr, params)
 
 
-def resolve_bwd_config(config, head_dim, dtype, causal, deterministic, device) -> BwdConfig:
+def resolve_bwd_config(config, head_dim, dtype, causal, deterministic, device,
+                       seqlen: Optional[int] = None) -> BwdConfig:
     if config is None:
-        return bwd_config_for(head_dim, dtype, causal, deterministic, device)
+        return bwd_config_for(head_dim, dtype, causal, deterministic, device, seqlen)
     config = config.replace(deterministic=deterministic) if deterministic else config
     return config.validate(_gpu.max_smem(device))
 
@@ -453,7 +472,8 @@ def _backward_cupy(dout, q, k, v, out, lse, tdo, tq, tk, tv, to, softmax_scale, 
             dout = cupy.ascontiguousarray(dout)
             tdo = _describe("dout", dout)
         _check_layout("out", to)
-        config = resolve_bwd_config(config, head_dim, tq.dtype, causal, deterministic, tq.device)
+        config = resolve_bwd_config(config, head_dim, tq.dtype, causal, deterministic, tq.device,
+                                    max(seqlen_q, seqlen_k))
         if POISON_OUTPUTS:
             for x in (dq, dk, dv):
                 x.view(cupy.uint16).fill(0x7FFF)

@@ -129,7 +129,8 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     config = None
     if bwd_tiles:
         config = BwdConfig(*bwd_tiles, _dtype_name(q), causal)
-    config = _itf.resolve_bwd_config(config, head_dim, _dtype_name(q), causal, deterministic, device)
+    config = _itf.resolve_bwd_config(config, head_dim, _dtype_name(q), causal, deterministic, device,
+                                     max(seqlen_q, seqlen_k))
     if _itf.POISON_OUTPUTS:
         for x in (dq, dk, dv):
             x.fill_(math.nan)

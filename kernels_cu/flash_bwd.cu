@@ -87,6 +87,43 @@ flash_bwd_preprocess(const BwdParams p) {
 // ---------------------------------------------------------------------------------------
 // 2. main kernel
 
+// dQ_i (rows x cols 16x16 tiles) is split over the warps as a grid of wm x (warps / wm)
+// equal blocks: the wm (a power of 2) that loads the fewest fragments, rows/wm + cols/wn,
+// per 16 keys. 0 when no grid divides the tiles evenly.
+__host__ __device__ constexpr int dq_warp_rows(int warps, int rows, int cols) {
+    int best = 0, best_loads = 1 << 30;
+    for (int wm = 1; wm <= warps; wm *= 2) {
+        const int wn = warps / wm;
+        if (warps % wm || rows % wm || cols % wn) continue;
+        if (rows / wm + cols / wn < best_loads) best = wm, best_loads = rows / wm + cols / wn;
+    }
+    return best;
+}
+
+// dst[g + 8h][c] += one 16x16 mma result (two n8 halves, C layout) in fp32 at `row_stride`
+// floats per row. Atomics are the cost of dQ: make them 16 bytes wide. A thread holds columns
+// 2t, 2t+1 of both 8-column halves; lanes t and t^1 swap halves, so that even t owns
+// columns 2t..2t+3 of the first half and odd t columns 2t+6..2t+9 of the second.
+__device__ __forceinline__ void red_add_tile_16x16(float* dst, int row_stride, const float (&acc)[2][4],
+                                                   int g, int t) {
+    const bool even = (t & 1) == 0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // rows g and g + 8
+        const float give0 = even ? acc[1][2 * half] : acc[0][2 * half];
+        const float give1 = even ? acc[1][2 * half + 1] : acc[0][2 * half + 1];
+        const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+        const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+        float v[4];
+        if (even) {
+            v[0] = acc[0][2 * half], v[1] = acc[0][2 * half + 1], v[2] = got0, v[3] = got1;
+        } else {
+            v[0] = got0, v[1] = got1, v[2] = acc[1][2 * half], v[3] = acc[1][2 * half + 1];
+        }
+        const int col = even ? 2 * t : 8 + 2 * (t - 1);
+        red_add_f32x4(dst + static_cast<i64>(g + 8 * half) * row_stride + col, v);
+    }
+}
+
 template <int kBr, int kBc, int kWarps, int kStages, int kDSplit, int kHeadDim>
 struct BwdShape {
     static constexpr int kThreads = kWarps * 32;
@@ -99,8 +136,11 @@ struct BwdShape {
     static constexpr int kKVTile = kBc * kPitch;
     static constexpr int kQTile = kBr * kPitch;
     // dQ_i = dS K_j split into 16x16 output tiles, dealt round-robin to the warps
-    static constexpr int kDqTiles = (kBr / 16) * (kDCols / 16);
+    static constexpr int kDqRowTiles = kBr / 16, kDqColTiles = kDCols / 16;
+    static constexpr int kDqTiles = kDqRowTiles * kDqColTiles;
     static constexpr int kDqTilesPerWarp = (kDqTiles + kWarps - 1) / kWarps;
+    static constexpr int kDqWarpsM = dq_warp_rows(kWarps, kDqRowTiles, kDqColTiles);  // 0: none fits
+    static constexpr int kDqWarpsN = kDqWarpsM > 0 ? kWarps / kDqWarpsM : 0;
 
     static_assert(kWarps >= 1 && kWarps <= 16, "warps must be in 1..16");
     static_assert(kBc % (16 * kWarps) == 0,
@@ -304,39 +344,56 @@ flash_bwd(const BwdParams p) {
             __syncthreads();
         }
         const u32 k_bt = smem_u32(k_smem) + bt_lane;
-#pragma unroll
-        for (int i = 0; i < Shape::kDqTilesPerWarp; ++i) {
-            const int tile = warp + i * kWarps;
-            if (Shape::kDqTiles % kWarps != 0 && tile >= Shape::kDqTiles) break;
-            const int mq = tile / (Shape::kDCols / 16), dq16 = tile % (Shape::kDCols / 16);
-            float dq_acc[2][4] = {};
+        float* dq_rows = dq_accum + static_cast<i64>(row0) * p.head_dim_rounded + col0;
+        if constexpr (Shape::kDqWarpsM > 0) {
+            // The warps tile dQ_i as a kDqWarpsM x kDqWarpsN grid of kTM x kTN blocks of 16x16
+            // tiles: per 16 keys a warp loads kTM dS fragments and kTN K fragments for
+            // 2·kTM·kTN mma, instead of one of each per 2 mma.
+            constexpr int kTM = Shape::kDqRowTiles / Shape::kDqWarpsM;
+            constexpr int kTN = Shape::kDqColTiles / Shape::kDqWarpsN;
+            const int tm0 = (warp % Shape::kDqWarpsM) * kTM, tn0 = (warp / Shape::kDqWarpsM) * kTN;
+            float dq_acc[kTM][kTN][2][4] = {};
 #pragma unroll
             for (int kk = 0; kk < kBc / 16; ++kk) {
-                u32 a[4], b[4];
-                ldmatrix_x4_trans(a, ds_a + kk * 16 * kDsRowBytes + mq * 32);
-                ldmatrix_x4_trans(b, k_bt + kk * 16 * kRowBytes + dq16 * 32);
-                mma_16816<Elem>(dq_acc[0], a, b[0], b[1]);
-                mma_16816<Elem>(dq_acc[1], a, b[2], b[3]);
-            }
-            // Atomics are the cost here: make them 16 bytes wide. A thread holds columns 2t, 2t+1
-            // of both 8-column halves; lanes t and t^1 swap halves, so that even t owns
-            // columns 2t..2t+3 of the first half and odd t columns 2t+6..2t+9 of the second.
-            const bool even = (t & 1) == 0;
+                u32 a[kTM][4];
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {  // rows g and g + 8
-                const float give0 = even ? dq_acc[1][2 * half] : dq_acc[0][2 * half];
-                const float give1 = even ? dq_acc[1][2 * half + 1] : dq_acc[0][2 * half + 1];
-                const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
-                const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
-                float v[4];
-                if (even) {
-                    v[0] = dq_acc[0][2 * half], v[1] = dq_acc[0][2 * half + 1], v[2] = got0, v[3] = got1;
-                } else {
-                    v[0] = got0, v[1] = got1, v[2] = dq_acc[1][2 * half], v[3] = dq_acc[1][2 * half + 1];
+                for (int i = 0; i < kTM; ++i) ldmatrix_x4_trans(a[i], ds_a + kk * 16 * kDsRowBytes + (tm0 + i) * 32);
+#pragma unroll
+                for (int j = 0; j < kTN; ++j) {
+                    u32 b[4];
+                    ldmatrix_x4_trans(b, k_bt + kk * 16 * kRowBytes + (tn0 + j) * 32);
+#pragma unroll
+                    for (int i = 0; i < kTM; ++i) {
+                        mma_16816<Elem>(dq_acc[i][j][0], a[i], b[0], b[1]);
+                        mma_16816<Elem>(dq_acc[i][j][1], a[i], b[2], b[3]);
+                    }
                 }
-                const int row = row0 + mq * 16 + g + 8 * half;
-                const int col = col0 + dq16 * 16 + (even ? 2 * t : 8 + 2 * (t - 1));
-                red_add_f32x4(dq_accum + static_cast<i64>(row) * p.head_dim_rounded + col, v);
+            }
+#pragma unroll
+            for (int i = 0; i < kTM; ++i)
+#pragma unroll
+                for (int j = 0; j < kTN; ++j)
+                    red_add_tile_16x16(dq_rows + (tm0 + i) * 16 * p.head_dim_rounded + (tn0 + j) * 16,
+                                       p.head_dim_rounded, dq_acc[i][j], g, t);
+        } else {
+            // Tile counts that no warp grid divides (e.g. 3 column tiles): deal the 16x16 tiles
+            // round-robin, one dS and one K fragment per 2 mma.
+#pragma unroll
+            for (int i = 0; i < Shape::kDqTilesPerWarp; ++i) {
+                const int tile = warp + i * kWarps;
+                if (Shape::kDqTiles % kWarps != 0 && tile >= Shape::kDqTiles) break;
+                const int mq = tile / Shape::kDqColTiles, dq16 = tile % Shape::kDqColTiles;
+                float dq_acc[2][4] = {};
+#pragma unroll
+                for (int kk = 0; kk < kBc / 16; ++kk) {
+                    u32 a[4], b[4];
+                    ldmatrix_x4_trans(a, ds_a + kk * 16 * kDsRowBytes + mq * 32);
+                    ldmatrix_x4_trans(b, k_bt + kk * 16 * kRowBytes + dq16 * 32);
+                    mma_16816<Elem>(dq_acc[0], a, b[0], b[1]);
+                    mma_16816<Elem>(dq_acc[1], a, b[2], b[3]);
+                }
+                red_add_tile_16x16(dq_rows + mq * 16 * p.head_dim_rounded + dq16 * 16,
+                                   p.head_dim_rounded, dq_acc, g, t);
             }
         }
         if (kDeterministic) {  // pass the turn on once every thread's additions are visible

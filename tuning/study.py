@@ -1,0 +1,329 @@
+"""One optuna study per problem class: sampler, resumable storage, bookkeeping, summary.
+
+    outcome = run_study(family, problem, measure, max_smem=..., storage="tune.journal")
+    print(outcome.summary())
+    save_entries([outcome.entry(env)], gpu_name, cc)
+
+* Sampler: TPE (seedable) by default; "random"; "brute" enqueues every valid point.
+  The heuristic default is always the first trial, so the tuned result is never worse
+  than what cuflash runs without tuning (on the tuning shape).
+* Storage: optuna's JournalStorage on a JournalFileBackend file. The study name carries
+  the problem, the GPU and the kernel source hash, so re-running the same command
+  resumes: finished trials are kept (and not re-measured), a trial that was RUNNING when
+  the process died is marked FAIL and its point queued again, queued points stay queued.
+  One tuner process per study at a time.
+* The study stops when the trial budget is spent, the time is up, every valid point has
+  been measured, or the measurement reports the GPU unusable (``measure.fatal``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional
+
+from .objective import Objective, TrialResult
+from .space import Family, Problem
+
+SAMPLERS = ("tpe", "random", "brute")
+RUNNERS_UP = 3
+
+
+def open_storage(path):
+    """Journal-file storage at ``path`` (created with its folder), or in-memory for None."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    if path is None:
+        return optuna.storages.InMemoryStorage()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+def make_sampler(kind: str = "tpe", seed: Optional[int] = None, n_valid: Optional[int] = None):
+    """TPE with a short random start (the spaces are small), random, or brute force.
+
+    Brute force is done by enqueueing every valid point (see ``run_study``); its sampler
+    only matters past that, so it is a random one.
+    """
+    import optuna
+
+    if kind == "tpe":
+        startup = 10 if n_valid is None else max(2, min(10, n_valid // 4))
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup)
+    if kind in ("random", "brute"):
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"sampler must be one of {SAMPLERS}, got {kind!r}")
+
+
+def study_name_for(problem: Problem, gpu_name: str = "", source_hash: str = "") -> str:
+    gpu = "".join(c if c.isalnum() else "_" for c in gpu_name).strip("_")
+    return "_".join(p for p in (problem.name, gpu, source_hash[:8]) if p)
+
+
+@dataclasses.dataclass
+class StudyOutcome:
+    """What a study found. ranked: (config, TrialResult) of every measured config, best first."""
+
+    problem: Problem
+    family: Family
+    study_name: str
+    ranked: list
+    default_config: Any
+    default_result: Optional[TrialResult]
+    n_valid: int
+    counts: dict            # trial status -> number of trials
+    n_trials: int
+    wall_s: float
+    flops: float
+    stopped_because: str = ""
+    study: Any = dataclasses.field(default=None, repr=False)   # the optuna study
+
+    @property
+    def ok(self) -> list:
+        return [(c, r) for c, r in self.ranked if r.ok]
+
+    @property
+    def best(self):
+        return self.ok[0][0] if self.ok else None
+
+    @property
+    def best_ms(self) -> Optional[float]:
+        return self.ok[0][1].median_ms if self.ok else None
+
+    def tflops(self, ms: Optional[float]) -> Optional[float]:
+        return self.flops / ms / 1e9 if ms else None
+
+    def entry(self, env: dict):
+        """The tuned-table record (best config, runners-up, env); None if nothing ran."""
+        from .table import Entry
+
+        if not self.ok:
+            return None
+        p, fam = self.problem, self.family
+        runners = [{"config": fam.params(c), "median_ms": r.median_ms,
+                    "tflops": self.tflops(r.median_ms)} for c, r in self.ok[1:1 + RUNNERS_UP]]
+        return Entry(kernel=p.kernel, dtype=p.dtype, head_dim=p.head_dim, causal=p.causal,
+                     seqlen=p.seqlen, config=fam.params(self.best), median_ms=self.best_ms,
+                     tflops=self.tflops(self.best_ms), runners_up=runners, env=dict(env))
+
+    def summary(self, top: int = 8) -> str:
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(self.counts.items()))
+        lines = [f"{self.study_name}: {self.n_trials} trials ({counts}); "
+                 f"{len(self.ranked)} of {self.n_valid} valid configs measured in {self.wall_s:.0f} s"
+                 + (f"; stopped: {self.stopped_because}" if self.stopped_because else "")]
+        base = self.default_result.median_ms if self.default_result and self.default_result.ok else None
+        lines.append(f"  {'#':>3}  {'config':<44} {'median ms':>10} {'TFLOPs/s':>9} {'vs heuristic':>12}")
+        for i, (cfg, res) in enumerate(self.ranked[:top], start=1):
+            if res.ok:
+                gain = f"{(base / res.median_ms - 1) * 100:+.1f}%" if base else ""
+                mark = " (heuristic)" if cfg == self.default_config else ""
+                lines.append(f"  {i:>3}  {cfg.name:<44} {res.median_ms:>10.4f} "
+                             f"{self.tflops(res.median_ms):>9.1f} {gain:>12}{mark}")
+            else:
+                lines.append(f"  {i:>3}  {cfg.name:<44} {res.status:>10}  {res.reason[:60]}")
+        if len(self.ranked) > top:
+            lines.append(f"  ... {len(self.ranked) - top} more")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+
+def _point(trial, keys) -> Optional[tuple]:
+    params = trial.params or trial.system_attrs.get("fixed_params") or {}
+    if set(params) != set(keys):
+        return None
+    return tuple(params[k] for k in keys)
+
+
+def _recover(study, storage, keys) -> int:
+    """After a killed run: RUNNING trials -> FAIL (marked interrupted), their points queued
+    again unless measured or queued already. Returns the number of points queued again."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    settled = {_point(t, keys) for t in trials
+               if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING)}
+    requeued = 0
+    study_id = storage.get_study_id_from_name(study.study_name)
+    for t in trials:
+        if t.state != TrialState.RUNNING:
+            continue
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+        storage.set_trial_user_attr(trial_id, "interrupted", True)
+        storage.set_trial_state_values(trial_id, TrialState.FAIL)
+        p = _point(t, keys)
+        if p is not None and p not in settled:
+            study.enqueue_trial(dict(zip(keys, p)), user_attrs={"requeued_from": t.number})
+            settled.add(p)
+            requeued += 1
+    # Points of trials that failed outright (e.g. Ctrl-C) are not lost either.
+    for t in trials:
+        p = _point(t, keys)
+        if t.state == TrialState.FAIL and p is not None and p not in settled:
+            study.enqueue_trial(dict(zip(keys, p)), user_attrs={"requeued_from": t.number})
+            settled.add(p)
+            requeued += 1
+    return requeued
+
+
+def run_study(family: Family, problem: Problem, measure, *, max_smem: Optional[int] = None,
+              arch=(9, 0), sampler: str = "tpe", n_trials: Optional[int] = None,
+              timeout: Optional[float] = None, seed: Optional[int] = None, storage=None,
+              study_name: Optional[str] = None, progress: bool = False,
+              restrictions: tuple = (), log=print) -> StudyOutcome:
+    """Tune one problem class. ``measure(config) -> TrialResult`` does the timing.
+
+    sampler: "tpe" (default), "random" or "brute" (every valid point, heuristic first).
+    n_trials: the study's total trial budget, counting trials of earlier runs of the same
+    study (default: twice the number of valid points); ignored for "brute".
+    timeout: seconds for this call. storage: a journal file path (resumable) or None
+    (in memory). study_name: default from the problem (give it the GPU and source hash
+    through ``study_name_for`` to keep studies of different code apart).
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    t0 = time.perf_counter()
+    store = open_storage(storage) if storage is None or isinstance(storage, (str, Path)) else storage
+    space = family.enumerate(problem.head_dim, problem.dtype, problem.causal, max_smem)
+    objective = Objective(family, problem, measure, max_smem, restrictions)
+    valid = [cfg for cfg, _ in space if not objective.check(family.params(cfg))[1]]
+    valid_points = {family.point(c) for c in valid}
+    default = family.heuristic(problem.head_dim, problem.dtype, problem.causal, arch, max_smem)
+    name = study_name or study_name_for(problem)
+    study = optuna.create_study(storage=store, study_name=name, direction="minimize",
+                                sampler=make_sampler(sampler, seed, len(valid)),
+                                load_if_exists=True)
+    keys = family.keys
+    requeued = _recover(study, store, keys)
+    resumed = objective.seed(study.get_trials(deepcopy=False))
+    if resumed or requeued:
+        log(f"{name}: resuming ({resumed} configs already measured, {requeued} queued again)")
+
+    present = {_point(t, keys) for t in study.get_trials(deepcopy=False)
+               if t.state != TrialState.FAIL}
+    queue = [default] + (valid if sampler == "brute" else [])
+    for cfg in queue:
+        p = family.point(cfg)
+        if p not in present and p in valid_points:
+            study.enqueue_trial(family.params(cfg), user_attrs={"heuristic": cfg == default})
+            present.add(p)
+
+    trials = study.get_trials(deepcopy=False)
+    waiting = sum(t.state == TrialState.WAITING for t in trials)
+    finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    if sampler == "brute":
+        remaining = waiting
+    else:
+        budget = n_trials if n_trials is not None else 2 * max(1, len(valid))
+        remaining = max(0, budget - finished)
+
+    stopped = {"why": ""}
+
+    def stop_when_done(study, trial):
+        fatal = getattr(measure, "fatal", "")
+        if fatal:
+            stopped["why"] = f"GPU unusable: {fatal}"
+            study.stop()
+        elif valid_points <= set(objective.memo):
+            stopped["why"] = "every valid config measured"
+            study.stop()
+
+    if remaining and not valid_points <= set(objective.memo):
+        study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(Exception,),
+                       callbacks=[stop_when_done], show_progress_bar=progress)
+    elif valid_points <= set(objective.memo):
+        stopped["why"] = "every valid config measured"
+
+    trials = study.get_trials(deepcopy=False)
+    counts = Counter("memo" if "memo_of" in t.user_attrs
+                     else t.user_attrs.get("status", t.state.name.lower())
+                     for t in trials if t.state != TrialState.WAITING)
+    default_hit = objective.memo.get(family.point(default))
+    return StudyOutcome(problem, family, name, objective.measured(), default,
+                        default_hit[1] if default_hit else None, len(valid), dict(counts),
+                        sum(t.state != TrialState.WAITING for t in trials),
+                        time.perf_counter() - t0, objective.flops, stopped["why"], study)
+
+
+# ---------------------------------------------------------------------------------------
+# records on disk: the replayable trial table and the plots
+
+def trial_records(study, family: Family) -> list[dict]:
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        params = t.params or t.system_attrs.get("fixed_params") or {}
+        out.append({"number": t.number, "state": t.state.name, "params": dict(params),
+                    "config": a.get("config"), "status": a.get("status"),
+                    "median_ms": a.get("median_ms"), "tflops": a.get("tflops"),
+                    "reason": a.get("reason", ""), "compile_s": a.get("compile_s"),
+                    "memo_of": a.get("memo_of"), "heuristic": bool(a.get("heuristic")),
+                    "extra": a.get("extra", {})})
+    return out
+
+
+def write_trials(path, outcome: StudyOutcome, *, sampler: str, max_smem: Optional[int],
+                 gpu: Optional[dict] = None, env: Optional[dict] = None) -> Path:
+    """The study as JSON, replayable by ``tuning.replay`` without a GPU."""
+    p, fam = outcome.problem, outcome.family
+    doc = {"format": 1, "study": outcome.study_name, "sampler": sampler,
+           "problem": dataclasses.asdict(p), "gpu": gpu or {}, "max_smem": max_smem,
+           "space": {k: list(v) for k, v in fam.space.items()},
+           "default": fam.params(outcome.default_config), "n_valid": outcome.n_valid,
+           "flops": outcome.flops, "wall_s": outcome.wall_s, "env": env or {},
+           "trials": trial_records(outcome.study, fam)}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=_jsonable))
+    return path
+
+
+def _jsonable(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return str(x)
+
+
+def write_plots(study, out_dir, stem: str, log=print) -> list[Path]:
+    """Optimization history and parameter importances (optuna's matplotlib plots), when
+    matplotlib is installed and the study has enough finished trials; else nothing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from optuna.visualization import matplotlib as ovm
+    except ImportError:
+        return []
+    import warnings
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for what, plot in (("history", ovm.plot_optimization_history),
+                       ("importances", ovm.plot_param_importances)):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # optuna marks these plots experimental
+                ax = plot(study)
+            fig = ax.figure if hasattr(ax, "figure") else plt.gcf()
+            fig.set_size_inches(7, 4)
+            fig.tight_layout()
+            path = out_dir / f"{stem}_{what}.png"
+            fig.savefig(path, dpi=100)
+            plt.close(fig)
+            written.append(path)
+        except Exception as exc:  # noqa: BLE001 - e.g. importances need >= 2 complete trials
+            log(f"  (no {what} plot for {stem}: {exc.__class__.__name__}: {str(exc)[:100]})")
+            plt.close("all")
+    return written
+
+
+__all__ = ["run_study", "StudyOutcome", "open_storage", "make_sampler", "study_name_for",
+           "write_trials", "write_plots", "trial_records", "SAMPLERS"]
