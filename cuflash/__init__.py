@@ -6,9 +6,10 @@
 """
 from . import reference
 from ._gpu import NoGPUError
-from .config import ConfigError, FwdConfig, default_fwd_config
-from .interface import config_for, flash_attn_func
+from .config import BwdConfig, ConfigError, FwdConfig, default_bwd_config, default_fwd_config
+from .interface import bwd_config_for, config_for, flash_attn_backward, flash_attn_func
 
 __version__ = "0.1.0"
-__all__ = ["flash_attn_func", "config_for", "FwdConfig", "ConfigError", "default_fwd_config",
-           "NoGPUError", "reference", "__version__"]
+__all__ = ["flash_attn_func", "flash_attn_backward", "config_for", "bwd_config_for", "FwdConfig",
+           "BwdConfig", "ConfigError", "default_fwd_config", "default_bwd_config", "NoGPUError",
+           "reference", "__version__"]

@@ -268,7 +268,8 @@ def test_empty_problem_still_validated(no_gpu_allowed):
 
 def test_public_names():
     for name in ("flash_attn_func", "FwdConfig", "ConfigError", "NoGPUError", "reference",
-                 "default_fwd_config", "config_for"):
+                 "default_fwd_config", "config_for", "flash_attn_backward", "BwdConfig",
+                 "bwd_config_for", "default_bwd_config"):
         assert hasattr(cuflash, name), name
     assert issubclass(NoGPUError, RuntimeError)
 

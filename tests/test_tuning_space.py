@@ -115,3 +115,21 @@ def test_backward_family_plugs_in():
         assert fam.heuristic(d, "bf16", False, (9, 0), H100_SMEM) in expected
     p = Problem.fa_convention("bwd", "bf16", 64, True, 2048)
     assert p.flops() == 2.5 * 4 * 8 * 32 * 2048 * 2048 * 64 / 2
+
+
+def test_neighbours_are_one_step_in_one_parameter():
+    from tuning.space import get_family
+
+    fam = get_family("fwd")
+    cfg = fam.make({"Br": 128, "Bc": 64, "warps": 4, "stages": 2}, 128, "bf16", False)
+    got = fam.neighbours(cfg)
+    base = fam.params(cfg)
+    assert {"Br": 64, "Bc": 64, "warps": 4, "stages": 2} in got
+    assert {"Br": 128, "Bc": 128, "warps": 4, "stages": 2} in got
+    assert {"Br": 128, "Bc": 32, "warps": 4, "stages": 2} in got
+    for point in got:
+        changed = [k for k in base if point[k] != base[k]]
+        assert len(changed) == 1
+        values = fam.space[changed[0]]
+        assert abs(values.index(point[changed[0]]) - values.index(base[changed[0]])) == 1
+    assert len(got) == len({tuple(sorted(p.items())) for p in got})

@@ -58,7 +58,8 @@ class Recorded:
 
 
 def replay(table: Recorded, sampler: str = "tpe", seed: int = 0, tol: float = 0.02,
-           max_trials: Optional[int] = None, enqueue_default: bool = True) -> dict:
+           max_trials: Optional[int] = None, enqueue_default: bool = True,
+           neighbours: bool = True) -> dict:
     """One replayed search. Returns measured (distinct configs timed, the GPU's cost),
     trials (optuna trials, invalid and repeated suggestions included) and found_ms at the
     moment the best so far came within ``tol`` of the table's best; None if it never did
@@ -75,7 +76,11 @@ def replay(table: Recorded, sampler: str = "tpe", seed: int = 0, tol: float = 0.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="minimize", sampler=make_sampler(sampler, seed, n_valid))
     if enqueue_default and table.doc.get("default"):
-        study.enqueue_trial(dict(table.doc["default"]))
+        default = dict(table.doc["default"])
+        study.enqueue_trial(default)
+        if neighbours:  # as run_study does: the heuristic's one-step neighbours next
+            for point in fam.neighbours(fam.make(default, p.head_dim, p.dtype, p.causal)):
+                study.enqueue_trial(point)
     hit: dict = {}
 
     def reached(study, trial):
@@ -93,7 +98,8 @@ def replay(table: Recorded, sampler: str = "tpe", seed: int = 0, tol: float = 0.
 
 
 def search_efficiency(table_path, sampler: str = "tpe", seeds: int = 5, tol: float = 0.02,
-                      bar: float = 0.20, enqueue_default: bool = True) -> dict:
+                      bar: float = 0.20, enqueue_default: bool = True,
+                      neighbours: bool = True) -> dict:
     """Average replay cost over ``seeds`` seeds (0 .. seeds-1).
 
     enqueue_default=False leaves out the heuristic's head start (the sampler alone).
@@ -104,7 +110,7 @@ def search_efficiency(table_path, sampler: str = "tpe", seeds: int = 5, tol: flo
     table = Recorded.load(table_path)
     if not math.isfinite(table.best_ms):
         raise ValueError(f"{table_path}: no successful measurement to replay against")
-    runs = [replay(table, sampler, seed, tol, enqueue_default=enqueue_default)
+    runs = [replay(table, sampler, seed, tol, enqueue_default=enqueue_default, neighbours=neighbours)
             for seed in range(seeds)]
     n_valid = runs[0]["n_valid"]
     measured = [r["measured"] if r["measured"] is not None else len(table.results) for r in runs]
@@ -114,7 +120,8 @@ def search_efficiency(table_path, sampler: str = "tpe", seeds: int = 5, tol: flo
             "n_valid": n_valid, "recorded": len(table.results), "best_ms": table.best_ms,
             "runs": runs, "mean_measured": statistics.mean(measured),
             "mean_trials": statistics.mean(trials) if trials else None,
-            "mean_fraction": frac, "meets_bar": frac <= bar, "heuristic_first": enqueue_default}
+            "mean_fraction": frac, "meets_bar": frac <= bar, "heuristic_first": enqueue_default,
+            "neighbours": enqueue_default and neighbours}
 
 
 def format_efficiency(res: dict) -> str:
@@ -136,6 +143,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tol", type=float, default=0.02)
     ap.add_argument("--no-heuristic", action="store_true",
                     help="do not start from the heuristic default (measure the sampler alone)")
+    ap.add_argument("--no-neighbours", action="store_true",
+                    help="do not measure the heuristic's one-step neighbours before sampling")
     ap.add_argument("--json", help="also write the results to this file")
     a = ap.parse_args(argv)
     results = []
@@ -143,7 +152,8 @@ def main(argv=None) -> int:
         for sampler in a.sampler.split(","):
             try:
                 res = search_efficiency(path, sampler.strip(), a.seeds, a.tol,
-                                        enqueue_default=not a.no_heuristic)
+                                        enqueue_default=not a.no_heuristic,
+                                        neighbours=not a.no_neighbours)
             except (OSError, ValueError, KeyError) as exc:
                 print(f"{path}: {exc}")
                 return 2

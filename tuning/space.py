@@ -73,6 +73,19 @@ class Family:
         """The tunable part of a config as a tuple in space order (a memo key)."""
         return tuple(getattr(config, k) for k in self.space)
 
+    def neighbours(self, config) -> list[dict[str, Any]]:
+        """The points one step away from `config` in one parameter (its value list's next or
+        previous entry), in space order: the local search around a good start point."""
+        out = []
+        for key, values in self.space.items():
+            i = values.index(getattr(config, key)) if getattr(config, key) in values else None
+            if i is None:
+                continue
+            for j in (i + 1, i - 1):
+                if 0 <= j < len(values):
+                    out.append({**self.params(config), key: values[j]})
+        return out
+
     def heuristic(self, head_dim: int, dtype: str, causal: bool,
                   arch=(9, 0), max_smem: Optional[int] = None):
         return self.default_config(head_dim, dtype, causal, tuple(arch), max_smem)

@@ -175,12 +175,13 @@ def run_study(family: Family, problem: Problem, measure, *, max_smem: Optional[i
               arch=(9, 0), sampler: str = "tpe", n_trials: Optional[int] = None,
               timeout: Optional[float] = None, seed: Optional[int] = None, storage=None,
               study_name: Optional[str] = None, progress: bool = False,
-              restrictions: tuple = (), log=print) -> StudyOutcome:
+              restrictions: tuple = (), neighbours: bool = True, log=print) -> StudyOutcome:
     """Tune one problem class. ``measure(config) -> TrialResult`` does the timing.
 
     sampler: "tpe" (default), "random" or "brute" (every valid point, heuristic first).
     n_trials: the study's total trial budget, counting trials of earlier runs of the same
     study (default: twice the number of valid points); ignored for "brute".
+    neighbours: after the heuristic, measure its one-step neighbours before sampling.
     timeout: seconds for this call. storage: a journal file path (resumable) or None
     (in memory). study_name: default from the problem (give it the GPU and source hash
     through ``study_name_for`` to keep studies of different code apart).
@@ -207,7 +208,15 @@ def run_study(family: Family, problem: Problem, measure, *, max_smem: Optional[i
 
     present = {_point(t, keys) for t in study.get_trials(deepcopy=False)
                if t.state != TrialState.FAIL}
-    queue = [default] + (valid if sampler == "brute" else [])
+    # The heuristic first, then (unless brute force) its one-step neighbours: a good default
+    # is usually one parameter away from the best, and the sampler takes over from there.
+    if sampler == "brute":
+        queue = [default] + valid
+    elif neighbours:
+        queue = [default] + [family.make(p, problem.head_dim, problem.dtype, problem.causal)
+                             for p in family.neighbours(default)]
+    else:
+        queue = [default]
     for cfg in queue:
         p = family.point(cfg)
         if p not in present and p in valid_points:
