@@ -49,8 +49,68 @@ def kernel_head_dim(head_dim: int) -> int:
     return -(-head_dim // 16) * 16
 
 
+class _KernelConfig:
+    """What every kernel family's config shares: threads, the common rules, validate, replace.
+
+    Subclasses are frozen dataclasses with at least Br, Bc, warps, stages, head_dim, dtype,
+    causal, and define ``name``, ``smem_bytes``, ``accum_regs`` and ``_tile_problems()``.
+    """
+
+    _what = "kernel"          # in error messages: "invalid <what> config ..."
+    _accum_names = ""         # the accumulators counted by accum_regs, for the message
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def problems(self, max_smem: Optional[int] = None) -> list[str]:
+        """Every rule this config breaks (empty when valid)."""
+        out = []
+        if self.dtype not in DTYPES:
+            out.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.head_dim % 16 or not 16 <= self.head_dim <= MAX_HEAD_DIM:
+            out.append(f"head_dim must be a multiple of 16 in 16..{MAX_HEAD_DIM}, got {self.head_dim}")
+        if not 1 <= self.warps <= 16:
+            out.append(f"warps must be in 1..16, got {self.warps}")
+        out += self._tile_problems()
+        if self.stages < 2:
+            out.append(f"stages must be >= 2, got {self.stages}")
+        if not out and self.accum_regs > MAX_ACCUM_REGS:
+            out.append(f"{self.accum_regs} fp32 accumulator registers per thread "
+                       f"({self._accum_names}) exceed the budget of {MAX_ACCUM_REGS}: it would spill")
+        if max_smem is not None and self.smem_bytes > max_smem:
+            out.append(f"needs {self.smem_bytes} bytes of shared memory, the device allows {max_smem}")
+        return out
+
+    def validate(self, max_smem: Optional[int] = None):
+        problems = self.problems(max_smem)
+        if problems:
+            raise ConfigError(f"invalid {self._what} config {self.name}: " + "; ".join(problems))
+        return self
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+
+def _first_fitting(config, shrinks, max_smem: int):
+    """`config`, or the first of its shrunken variants that fits the device; else raise."""
+    for shrink in ({},) + tuple(shrinks):
+        candidate = config.replace(**shrink)
+        if not candidate.problems(max_smem):
+            return candidate
+    return config.validate(max_smem)
+
+
+def _space(cls, space: dict, head_dim: int, dtype: str, causal: bool, max_smem: Optional[int]):
+    """Every point of `space` as a `cls` config, with the rules it breaks."""
+    keys = list(space)
+    for values in itertools.product(*(space[k] for k in keys)):
+        cfg = cls(head_dim=head_dim, dtype=dtype, causal=causal, **dict(zip(keys, values)))
+        yield cfg, cfg.problems(max_smem)
+
+
 @dataclasses.dataclass(frozen=True, order=True)
-class FwdConfig:
+class FwdConfig(_KernelConfig):
     """One forward kernel: tiles (Br x Bc), warps, cp.async stages, and what it is built for.
 
     Br:        query rows per CTA (the Q block Q_i)
@@ -71,16 +131,13 @@ class FwdConfig:
     causal: bool
 
     family = "flash_fwd"
+    _what, _accum_names = "forward", "O and S"
 
     @property
     def name(self) -> str:
         mask = "causal" if self.causal else "full"
         return (f"fwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}")
-
-    @property
-    def threads(self) -> int:
-        return 32 * self.warps
 
     @property
     def smem_bytes(self) -> int:
@@ -105,37 +162,14 @@ class FwdConfig:
     def template_args(self) -> tuple:
         return (self.Br, self.Bc, self.warps, self.stages, self.head_dim, self.dtype, self.causal)
 
-    def problems(self, max_smem: Optional[int] = None) -> list[str]:
-        """Every rule this config breaks (empty when valid)."""
+    def _tile_problems(self) -> list[str]:
         out = []
-        if self.dtype not in DTYPES:
-            out.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.head_dim % 16 or not 16 <= self.head_dim <= MAX_HEAD_DIM:
-            out.append(f"head_dim must be a multiple of 16 in 16..{MAX_HEAD_DIM}, got {self.head_dim}")
-        if not 1 <= self.warps <= 16:
-            out.append(f"warps must be in 1..16, got {self.warps}")
-        elif self.Br <= 0 or self.Br % (16 * self.warps):
+        if 1 <= self.warps <= 16 and (self.Br <= 0 or self.Br % (16 * self.warps)):
             out.append(f"Br={self.Br} must be a positive multiple of 16*warps={16 * self.warps} "
                        "(each warp owns whole 16-row mma tiles)")
         if self.Bc % 16 or self.Bc <= 0:
             out.append(f"Bc must be a positive multiple of 16, got {self.Bc}")
-        if self.stages < 2:
-            out.append(f"stages must be >= 2, got {self.stages}")
-        if not out and self.accum_regs > MAX_ACCUM_REGS:
-            out.append(f"{self.accum_regs} fp32 accumulator registers per thread "
-                       f"(O and S) exceed the budget of {MAX_ACCUM_REGS}: it would spill")
-        if max_smem is not None and self.smem_bytes > max_smem:
-            out.append(f"needs {self.smem_bytes} bytes of shared memory, the device allows {max_smem}")
         return out
-
-    def validate(self, max_smem: Optional[int] = None) -> "FwdConfig":
-        problems = self.problems(max_smem)
-        if problems:
-            raise ConfigError(f"invalid forward config {self.name}: " + "; ".join(problems))
-        return self
-
-    def replace(self, **changes) -> "FwdConfig":
-        return dataclasses.replace(self, **changes)
 
 
 def default_fwd_config(head_dim: int, dtype: str, causal: bool,
@@ -164,21 +198,13 @@ def default_fwd_config(head_dim: int, dtype: str, causal: bool,
     else:
         cfg = FwdConfig(128, 64, 8, 2, d, dtype, causal)
     # Small-shared-memory parts (sm_86/89 have ~99 KB): shrink the K/V blocks, then Q.
-    for shrink in ({}, {"Bc": 32}, {"Br": 64, "Bc": 32, "warps": 4}):
-        candidate = cfg.replace(**shrink)
-        if not candidate.problems(max_smem):
-            return candidate
-    return cfg.validate(max_smem)
+    return _first_fitting(cfg, ({"Bc": 32}, {"Br": 64, "Bc": 32, "warps": 4}), max_smem)
 
 
 def fwd_space(head_dim: int, dtype: str, causal: bool,
               max_smem: Optional[int] = None) -> Iterator[tuple[FwdConfig, list[str]]]:
     """Every point of FWD_SPACE for one problem class, with the rules it breaks (if any)."""
-    d = kernel_head_dim(head_dim)
-    keys = list(FWD_SPACE)
-    for values in itertools.product(*(FWD_SPACE[k] for k in keys)):
-        cfg = FwdConfig(head_dim=d, dtype=dtype, causal=causal, **dict(zip(keys, values)))
-        yield cfg, cfg.problems(max_smem)
+    return _space(FwdConfig, FWD_SPACE, kernel_head_dim(head_dim), dtype, causal, max_smem)
 
 
 def valid_fwd_configs(head_dim: int, dtype: str, causal: bool,
@@ -190,7 +216,7 @@ def valid_fwd_configs(head_dim: int, dtype: str, causal: bool,
 # backward
 
 @dataclasses.dataclass(frozen=True, order=True)
-class BwdConfig:
+class BwdConfig(_KernelConfig):
     """One backward kernel (kernels_cu/flash_bwd.cu): a CTA owns the K/V block K_j, V_j.
 
     Br:            query rows of each Q block Q_i the CTA loops over (multiple of 16, <= 128)
@@ -216,6 +242,7 @@ class BwdConfig:
     deterministic: bool = False
 
     family = "flash_bwd"
+    _what, _accum_names = "backward", "dK, dV, S, dP"
 
     @property
     def name(self) -> str:
@@ -223,10 +250,6 @@ class BwdConfig:
         det = "_det" if self.deterministic else ""
         return (f"bwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}_x{self.dsplit}{det}")
-
-    @property
-    def threads(self) -> int:
-        return 32 * self.warps
 
     @property
     def smem_bytes(self) -> int:
@@ -257,15 +280,9 @@ class BwdConfig:
         return (self.Br, self.Bc, self.warps, self.stages, self.dsplit, self.head_dim, self.dtype,
                 self.causal, self.deterministic)
 
-    def problems(self, max_smem: Optional[int] = None) -> list[str]:
+    def _tile_problems(self) -> list[str]:
         out = []
-        if self.dtype not in DTYPES:
-            out.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.head_dim % 16 or not 16 <= self.head_dim <= MAX_HEAD_DIM:
-            out.append(f"head_dim must be a multiple of 16 in 16..{MAX_HEAD_DIM}, got {self.head_dim}")
-        if not 1 <= self.warps <= 16:
-            out.append(f"warps must be in 1..16, got {self.warps}")
-        elif self.Bc <= 0 or self.Bc % (16 * self.warps):
+        if 1 <= self.warps <= 16 and (self.Bc <= 0 or self.Bc % (16 * self.warps)):
             out.append(f"Bc={self.Bc} must be a positive multiple of 16*warps={16 * self.warps} "
                        "(each warp owns whole 16-key mma tiles)")
         if self.Br <= 0 or self.Br % 16 or BWD_ROW_PAD % self.Br:
@@ -273,26 +290,10 @@ class BwdConfig:
         elif self.Br // 2 > 32 * self.warps:
             out.append(f"Br={self.Br} needs {self.Br // 2} threads to load LSE_i and D_i, "
                        f"the CTA has {32 * self.warps}")
-        if self.stages < 2:
-            out.append(f"stages must be >= 2, got {self.stages}")
         if self.dsplit < 1 or (self.head_dim // 16) % self.dsplit:
             out.append(f"dsplit={self.dsplit} must divide head_dim/16={self.head_dim // 16} "
                        "(each slice is whole 16-column tiles)")
-        if not out and self.accum_regs > MAX_ACCUM_REGS:
-            out.append(f"{self.accum_regs} fp32 accumulator registers per thread "
-                       f"(dK, dV, S, dP) exceed the budget of {MAX_ACCUM_REGS}: it would spill")
-        if max_smem is not None and self.smem_bytes > max_smem:
-            out.append(f"needs {self.smem_bytes} bytes of shared memory, the device allows {max_smem}")
         return out
-
-    def validate(self, max_smem: Optional[int] = None) -> "BwdConfig":
-        problems = self.problems(max_smem)
-        if problems:
-            raise ConfigError(f"invalid backward config {self.name}: " + "; ".join(problems))
-        return self
-
-    def replace(self, **changes) -> "BwdConfig":
-        return dataclasses.replace(self, **changes)
 
 
 def bwd_kernel_head_dim(head_dim: int) -> int:
@@ -325,22 +326,15 @@ def default_bwd_config(head_dim: int, dtype: str, causal: bool,
     else:
         cfg = BwdConfig(32, 64, 4, 2, 2, d, dtype, causal, deterministic)
     # Small-shared-memory parts: shrink the Q blocks, then the K/V block.
-    for shrink in ({}, {"Br": 32}, {"Br": 32, "Bc": 64, "warps": 4}, {"Br": 16, "Bc": 64, "warps": 4},
-                   {"Br": 16, "Bc": 32, "warps": 2}):
-        candidate = cfg.replace(**shrink)
-        if not candidate.problems(max_smem):
-            return candidate
-    return cfg.validate(max_smem)
+    return _first_fitting(cfg, ({"Br": 32}, {"Br": 32, "Bc": 64, "warps": 4},
+                                {"Br": 16, "Bc": 64, "warps": 4}, {"Br": 16, "Bc": 32, "warps": 2}),
+                          max_smem)
 
 
 def bwd_space(head_dim: int, dtype: str, causal: bool,
               max_smem: Optional[int] = None) -> Iterator[tuple[BwdConfig, list[str]]]:
     """Every point of BWD_SPACE for one problem class, with the rules it breaks (if any)."""
-    d = bwd_kernel_head_dim(head_dim)
-    keys = list(BWD_SPACE)
-    for values in itertools.product(*(BWD_SPACE[k] for k in keys)):
-        cfg = BwdConfig(head_dim=d, dtype=dtype, causal=causal, **dict(zip(keys, values)))
-        yield cfg, cfg.problems(max_smem)
+    return _space(BwdConfig, BWD_SPACE, bwd_kernel_head_dim(head_dim), dtype, causal, max_smem)
 
 
 def valid_bwd_configs(head_dim: int, dtype: str, causal: bool,

@@ -353,17 +353,17 @@ def bwd_workspace(batch, nheads, seqlen_q, seqlen_k, grouped: bool, config: BwdC
     return offsets
 
 
-def _backward_on_device(tdo, tq, tk, tv, to, lse_ptr, tdq, tdk, tdv, workspace_ptr,
+def _backward_on_device(tdo, tq, tk, tv, to, lse_ptr, tdq, tdk, tdv, workspace_ptr, ws: dict,
                         softmax_scale, causal, config, device, stream_ptr) -> None:
     """Launch the backward (preprocess, main, dQ epilogue, GQA reduction) on `stream_ptr`.
 
-    All of dq, dk, dv are written; `workspace_ptr` holds bwd_workspace(...)['total'] bytes.
+    All of dq, dk, dv are written; `workspace_ptr` holds ws['total'] bytes laid out as
+    ws = bwd_workspace(...) (the caller sized its allocation with it).
     The caller handles the empty cases (no query rows, no keys).
     """
     batch, seqlen_q, nheads, head_dim = tq.shape
     _, seqlen_k, nheads_kv, _ = tk.shape
     grouped = nheads != nheads_kv
-    ws = bwd_workspace(batch, nheads, seqlen_q, seqlen_k, grouped, config)
     at = lambda name: workspace_ptr + ws[name] if name in ws else 0  # noqa: E731
     kernels = get_kernels(config, device)
     params = pack(
@@ -392,8 +392,8 @@ def resolve_bwd_config(config, head_dim, dtype, causal, deterministic, device,
                        seqlen: Optional[int] = None) -> BwdConfig:
     if config is None:
         return bwd_config_for(head_dim, dtype, causal, deterministic, device, seqlen)
-    config = config.replace(deterministic=deterministic) if deterministic else config
-    return config.validate(_gpu.max_smem(device))
+    # the call's flag decides, as on the torch path (whose configs cross the op as tiles)
+    return config.replace(deterministic=deterministic).validate(_gpu.max_smem(device))
 
 
 # ---------------------------------------------------------------------------------------
@@ -480,7 +480,7 @@ def _backward_cupy(dout, q, k, v, out, lse, tdo, tq, tk, tv, to, softmax_scale, 
         ws = bwd_workspace(batch, nheads, seqlen_q, seqlen_k, nheads != nheads_kv, config)
         workspace = cupy.empty(ws["total"], dtype=cupy.uint8)
         _backward_on_device(tdo, tq, tk, tv, to, lse.data.ptr, _describe("dq", dq),
-                            _describe("dk", dk), _describe("dv", dv), workspace.data.ptr,
+                            _describe("dk", dk), _describe("dv", dv), workspace.data.ptr, ws,
                             softmax_scale, causal, config, tq.device,
                             cupy.cuda.get_current_stream().ptr)
     return dq, dk, dv

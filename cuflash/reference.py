@@ -581,28 +581,33 @@ def lowp_attention(q, k, v, softmax_scale=None, causal=False,
         The low precision result converted to float64 (fully masked rows 0).
     """
     lowp = _resolve_lowp_dtype(dtype)
-    q = np.asarray(q)
-    k = np.asarray(k)
-    v = np.asarray(v)
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    _, _, vh, probs, rounded = _lowp_forward(q, k, v, softmax_scale, causal, lowp)
+    o = rounded(np.matmul(probs, vh))
+    return np.ascontiguousarray(np.moveaxis(o, 1, 2)).astype(np.float64)
+
+
+def _lowp_forward(q, k, v, softmax_scale, causal, lowp):
+    """The forward of plain attention in low precision, up to P (see lowp_attention).
+
+    Returns (qh, kh, vh, probs, rounded): the rounded inputs as (B, H, S, D) float32, the
+    rounded probabilities P, and the rounding function (to ``lowp``, back to float32).
+    """
     _, seqlen_q, seqlen_k, nheads, _, headdim = _check_shapes(q, k, v)
-    scale = _resolve_scale(softmax_scale, headdim)
+    scale = np.float32(_resolve_scale(softmax_scale, headdim))
 
     def rounded(x):
         return x.astype(lowp).astype(np.float32)
 
-    qh = np.moveaxis(rounded(q), 2, 1)
-    kh = _to_bhsd(rounded(k), nheads)
+    qh = np.moveaxis(rounded(q), 2, 1)    # (B, H, Sq, D)
+    kh = _to_bhsd(rounded(k), nheads)     # (B, H, Sk, D)
     vh = _to_bhsd(rounded(v), nheads)
-
-    s = np.matmul(qh, np.swapaxes(kh, -1, -2)) * np.float32(scale)
-    s = rounded(s)
+    s = rounded(np.matmul(qh, np.swapaxes(kh, -1, -2)) * scale)
     keep = causal_mask(seqlen_q, seqlen_k) if causal else None
     p, _, l = _masked_softmax_parts(s, keep)
     probs = np.zeros_like(p)
     np.divide(p, l[..., None], out=probs, where=(l > 0)[..., None])
-    probs = rounded(probs)
-    o = rounded(np.matmul(probs, vh))
-    return np.ascontiguousarray(np.moveaxis(o, 1, 2)).astype(np.float64)
+    return qh, kh, vh, rounded(probs), rounded
 
 
 @_ignore_underflow
@@ -651,31 +656,15 @@ def attention_grad_lowp(dout, q, k, v, softmax_scale=None, causal=False,
         The low precision results converted to float64.
     """
     lowp = _resolve_lowp_dtype(dtype)
-    q = np.asarray(q)
-    k = np.asarray(k)
-    v = np.asarray(v)
-    dout = np.asarray(dout)
-    _, seqlen_q, seqlen_k, nheads, nheads_kv, headdim = _check_shapes(q, k, v)
+    q, k, v, dout = np.asarray(q), np.asarray(k), np.asarray(v), np.asarray(dout)
+    _, _, _, _, nheads_kv, headdim = _check_shapes(q, k, v)
     if dout.shape != q.shape:
         raise ValueError(
             f"dout must have shape {q.shape} (q's shape), got {dout.shape}")
     scale = np.float32(_resolve_scale(softmax_scale, headdim))
-
-    def rounded(x):
-        return x.astype(lowp).astype(np.float32)
-
-    qh = np.moveaxis(rounded(q), 2, 1)    # (B, H, Sq, D)
-    kh = _to_bhsd(rounded(k), nheads)     # (B, H, Sk, D)
-    vh = _to_bhsd(rounded(v), nheads)
-    do = np.moveaxis(rounded(dout), 2, 1)
-
     # Forward, as lowp_attention.
-    s = rounded(np.matmul(qh, np.swapaxes(kh, -1, -2)) * scale)
-    keep = causal_mask(seqlen_q, seqlen_k) if causal else None
-    p, _, l = _masked_softmax_parts(s, keep)
-    probs = np.zeros_like(p)
-    np.divide(p, l[..., None], out=probs, where=(l > 0)[..., None])
-    probs = rounded(probs)
+    qh, kh, vh, probs, rounded = _lowp_forward(q, k, v, softmax_scale, causal, lowp)
+    do = np.moveaxis(rounded(dout), 2, 1)
 
     # Backward.
     dp = rounded(np.matmul(do, np.swapaxes(vh, -1, -2)))

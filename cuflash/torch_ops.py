@@ -47,7 +47,7 @@ def _dtype_name(x: Tensor) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}[x.dtype]
 
 
-def _gpu_layout(name: str, x: Tensor) -> Tensor:
+def _gpu_layout(x: Tensor) -> Tensor:
     """x itself if the kernels can read it (contiguous last dim, 16-byte aligned rows), else a
     contiguous copy: gradients in particular may arrive expanded (stride 0) or transposed."""
     strides = x.stride()
@@ -79,7 +79,7 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool,
         return out, lse
     if k.shape[1] == 0:  # attention over zero keys: every row fully masked
         return out.zero_(), lse.fill_(math.inf)
-    q, k, v = (_gpu_layout(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
+    q, k, v = (_gpu_layout(x) for x in (q, k, v))
     if _itf.POISON_OUTPUTS:
         out.fill_(math.nan)
         lse.fill_(math.nan)
@@ -122,8 +122,7 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         return dq, dk, dv
     if seqlen_q == 0 or seqlen_k == 0:  # no query rows or no keys: every gradient is zero
         return dq.zero_(), dk.zero_(), dv.zero_()
-    dout, q, k, v, out = (_gpu_layout(n, x) for n, x in
-                          (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)))
+    dout, q, k, v, out = (_gpu_layout(x) for x in (dout, q, k, v, out))
     lse = lse.contiguous()
     device = q.device.index
     config = None
@@ -138,7 +137,8 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     workspace = torch.empty(ws["total"], dtype=torch.uint8, device=q.device)
     _itf._backward_on_device(_t("dout", dout), _t("q", q), _t("k", k), _t("v", v), _t("out", out),
                              lse.data_ptr(), _t("dq", dq), _t("dk", dk), _t("dv", dv),
-                             workspace.data_ptr(), softmax_scale, causal, config, device, _stream(q))
+                             workspace.data_ptr(), ws, softmax_scale, causal, config, device,
+                             _stream(q))
     return dq, dk, dv
 
 

@@ -1,7 +1,6 @@
 """CPU tests for cuflash.reference (the float64 attention oracle)."""
 
 import math
-import warnings
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from cuflash.reference import (
     causal_mask,
     lowp_attention,
 )
+from conftest import strict_fp
 
 
 def make_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
@@ -21,22 +21,6 @@ def make_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
     k = rng.standard_normal((batch, seqlen_k, nheads_kv, headdim))
     v = rng.standard_normal((batch, seqlen_k, nheads_kv, headdim))
     return q.astype(dtype), k.astype(dtype), v.astype(dtype)
-
-
-class strict_fp:
-    """Turn numpy floating point errors and any warning into exceptions."""
-
-    def __enter__(self):
-        self._err = np.errstate(all="raise")
-        self._err.__enter__()
-        self._warn = warnings.catch_warnings()
-        self._warn.__enter__()
-        warnings.simplefilter("error")
-        return self
-
-    def __exit__(self, *exc):
-        self._warn.__exit__(*exc)
-        return self._err.__exit__(*exc)
 
 
 def loop_reference(q, k, v, softmax_scale=None, causal=False):

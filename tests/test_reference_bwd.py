@@ -7,7 +7,6 @@ attention_backward_naive; attention_grad_lowp is checked for sane errors.
 """
 
 import math
-import warnings
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from cuflash.reference import (
     attention_tiled,
     causal_mask,
 )
+from conftest import strict_fp
 
 
 def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
@@ -32,22 +32,6 @@ def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
     dout, q = rng.standard_normal(shape_q), rng.standard_normal(shape_q)
     k, v = rng.standard_normal(shape_k), rng.standard_normal(shape_k)
     return tuple(x.astype(dtype) for x in (dout, q, k, v)), seed
-
-
-class strict_fp:
-    """Turn numpy floating point errors and any warning into exceptions."""
-
-    def __enter__(self):
-        self._err = np.errstate(all="raise")
-        self._err.__enter__()
-        self._warn = warnings.catch_warnings()
-        self._warn.__enter__()
-        warnings.simplefilter("error")
-        return self
-
-    def __exit__(self, *exc):
-        self._warn.__exit__(*exc)
-        return self._err.__exit__(*exc)
 
 
 def assert_grads_close(grads, refs, seed, rtol=1e-10, atol=1e-10):

@@ -110,3 +110,29 @@ def test_unimplemented_features_raise_for_torch():
     with pytest.raises(NotImplementedError, match="dropout"):
         flash_attn_func(q, k, v, dropout_p=0.1)
     assert math.isfinite(flash_attn_func(q, k, v).sum().item())
+
+
+def test_backward_bad_input_names_the_argument():
+    q, k, v = qkv(1, 5, 6, 2, 2, 8, grad=False)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+    dout = torch.randn_like(out)
+    bwd = cuflash.flash_attn_backward
+    with pytest.raises(ValueError, match="^dout: expected a torch array of q's shape"):
+        bwd(dout[:, :4], q, k, v, out, lse)
+    with pytest.raises(ValueError, match="^out: expected a torch array of q's shape"):
+        bwd(dout, q, k, v, out.float(), lse)
+    with pytest.raises(ValueError, match=r"^lse: expected float32 of shape \(1, 2, 5\)"):
+        bwd(dout, q, k, v, out, lse[:, :, :3])
+    with pytest.raises(ValueError, match="^lse: expected float32"):
+        bwd(dout, q, k, v, out, lse.double())
+    with pytest.raises(ValueError, match="^k, v: headdim must match"):
+        bwd(dout, q, k[..., :4], v, out, lse)
+
+
+def test_backward_numpy_input_points_to_the_reference():
+    import numpy as np
+
+    q, k, v = (x.detach().to(torch.float16).numpy() for x in qkv(1, 3, 3, 2, 2, 8, grad=False))
+    lse = np.zeros((1, 2, 3), np.float32)
+    with pytest.raises(TypeError, match="attention_backward_naive"):
+        cuflash.flash_attn_backward(q, q, k, v, q, lse)
