@@ -5,9 +5,10 @@ halved under a causal mask; backward FLOPs = 2.5x forward. Each implementation i
 this process on the same inputs with CUDA events: warm-up, then the median of `reps`
 samples of 10 back-to-back calls.
 
-    python -m cuflash bench [--mode fwd|fwdbwd|memory|all ...] [--hdims 64 128]
+    python -m cuflash bench [--mode fwd|fwdbwd|memory|tuned|all ...] [--hdims 64 128]
                             [--seqlens 512 ... 16384] [--dtypes bf16 fp16] [--causal both]
-                            [--sweep] [--deterministic] [--reps N] [--out results]
+                            [--kernels fwd bwd] [--sweep] [--deterministic] [--reps N]
+                            [--out results]
 
 Modes (several may be given, e.g. --mode fwdbwd memory; the default is fwd):
   fwd     forward only: results/<gpu>/bench_fwd.{json,csv,png}; --sweep also times every
@@ -28,7 +29,22 @@ Modes (several may be given, e.g. --mode fwdbwd memory; the default is fwd):
           allocated before it (q, k, v, dout), so it counts out, lse, saved tensors,
           workspaces and dq, dk, dv; inputs_bytes and peak_total_bytes are recorded too.
           torch.OutOfMemoryError gives a record with "oom": true.
-  all     fwd, fwdbwd and memory.
+  tuned   the tuned configs against the heuristic defaults and SDPA, per kernel (--kernels,
+          default fwd bwd), dtype (default here bf16 and fp16), hdim, causal and seqlen:
+          cuflash_tuned (the config in force: config_for / bwd_config_for with the seqlen;
+          its name and source recorded), cuflash_heuristic (default_fwd_config /
+          default_bwd_config for this GPU's arch and shared memory, as the tuned-table
+          lookup falls back to), sdpa_flash and sdpa_cudnn. fwd times the forward alone,
+          bwd the backward alone as fwdbwd does (cuflash: flash_attn_backward with the
+          explicit config; SDPA: torch.autograd.grad). Where the two cuflash configs are
+          the same kernel it is timed once and both records carry that time with
+          same_config true; where they differ their samples are interleaved (A B, B A, ...)
+          and each gets its median. results/<gpu>/bench_tuned.{json,csv,png}; records:
+          impl, kernel, dtype, hdim, causal, batch, seqlen, nheads, ms, tflops, config,
+          source, same_config (an "error" field where a backend refused). Prints a table of
+          tuned/heuristic and tuned/sdpa_flash per cell and the verdict line
+          "tuned >= heuristic in N/M cells (min ratio X)".
+  all     fwd, fwdbwd and memory (not tuned).
 """
 from __future__ import annotations
 
@@ -49,8 +65,12 @@ MODEL_DIM = 2048
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 MEM_SEQLENS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 FWDBWD_IMPLS = ("cuflash", "sdpa_flash", "sdpa_cudnn")
+TUNED_KERNELS = ("fwd", "bwd")
+TUNED_SDPA = ("sdpa_flash", "sdpa_cudnn")
+TUNED_IMPLS = ("cuflash_tuned", "cuflash_heuristic") + TUNED_SDPA
 MEMORY_IMPLS = ("cuflash", "sdpa_flash", "sdpa_cudnn", "sdpa_math")
-PLOT_IMPLS = ("cuflash", "cuflash[det]", "sdpa_flash", "sdpa_cudnn", "sdpa_math")
+PLOT_IMPLS = ("cuflash", "cuflash[det]", "cuflash_tuned", "cuflash_heuristic", "sdpa_flash",
+              "sdpa_cudnn", "sdpa_math")
 # The issue's bar (H100, bf16, seqlen >= 2k): backward >= 0.9x SDPA flash, memory <= 1.1x.
 BAR_MIN_SEQLEN, BAR_BWD_RATIO, BAR_MEM_RATIO = 2048, 0.9, 1.1
 
@@ -414,6 +434,326 @@ def bar_summary(records, impl="cuflash", ref="sdpa_flash", min_seqlen=BAR_MIN_SE
 
 
 # ---------------------------------------------------------------------------------------
+# tuned configs against the heuristic defaults (and SDPA)
+
+def tuned_configs(kernel, hdim, dtype, causal, seqlen, device=0):
+    """(tuned config, its source, heuristic config, its source) for one benchmark cell.
+
+    tuned: the config cuflash runs for this problem, config_for / bwd_config_for at this
+    seqlen (a tuned-table entry, or the heuristic where there is none). heuristic: the
+    default a tuned entry overrides, made as the lookup's fallback makes it
+    (tuning.table.choose): default_fwd_config / default_bwd_config for this GPU's arch and
+    opt-in shared memory; the backward non-deterministic, as the tuner tunes it."""
+    from .config import default_bwd_config, default_fwd_config
+    from .interface import bwd_config_for, config_for
+
+    arch, smem = _gpu.arch(device), _gpu.max_smem(device)
+    if kernel == "fwd":
+        tuned, source = config_for(hdim, dtype, causal, device=device, seqlen=seqlen,
+                                   with_source=True)
+        heur = default_fwd_config(hdim, dtype, causal, arch=arch, max_smem=smem)
+    elif kernel == "bwd":
+        tuned, source = bwd_config_for(hdim, dtype, causal, False, device=device, seqlen=seqlen,
+                                       with_source=True)
+        heur = default_bwd_config(hdim, dtype, causal, arch=arch, max_smem=smem)
+    else:
+        raise ValueError(f"kernel must be one of {TUNED_KERNELS}, got {kernel!r}")
+    return (tuned, source, heur,
+            f"heuristic (default_{kernel}_config, sm_{arch[0]}{arch[1]}, {smem} B shared memory)")
+
+
+def time_interleaved(fns, warmup=3, reps=20, inner=10):
+    """Median ms per call of each of `fns`, their samples taken in alternating rounds
+    (A B, B A, A B, ...) so that clock, thermal and neighbour drift hit all alike. A
+    sample is time_ms of `inner` back-to-back calls, as time_ms's own samples are."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    samples = [[] for _ in fns]
+    order = list(range(len(fns)))
+    for r in range(reps):
+        for i in (order if r % 2 == 0 else order[::-1]):
+            samples[i].append(time_ms(fns[i], warmup=0, reps=1, inner=inner))
+    return [statistics.median(s) for s in samples]
+
+
+def _cuflash_kernel(kernel, q, k, v, dout, causal):
+    """config -> callable running one cuflash kernel with that explicit config on these
+    inputs: the forward, or the backward alone on one forward's out and lse (as run_fwdbwd
+    times bwd_ms: interface.flash_attn_backward on the torch tensors, no autograd)."""
+    from . import interface
+
+    if kernel == "fwd":
+        return lambda cfg: (lambda: interface.flash_attn_func(q, k, v, causal=causal, config=cfg))
+    out, lse, _ = interface.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    return lambda cfg: (lambda: interface.flash_attn_backward(
+        dout, q, k, v, out, lse, causal=causal, deterministic=False, config=cfg))
+
+
+def _sdpa_kernel(kernel, impl, q, k, v, dout, causal):
+    """SDPA's forward alone (as run times it, no autograd) or backward alone (as
+    run_fwdbwd: torch.autograd.grad on one forward's graph)."""
+    if kernel == "bwd":
+        return _fwdbwd_fns(impl, q, k, v, dout, causal)[1]
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    backend = _sdpa_backend(impl)
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+    def fwd():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    return fwd
+
+
+def measure_tuned_cell(kernel, q, k, v, dout, causal, base, kernel_flops, reps=20,
+                       sdpa=TUNED_SDPA, log=print):
+    """The records of one cell: cuflash_tuned, cuflash_heuristic, then the SDPA impls.
+
+    Identical configs are one kernel: timed once, both records get the time. Different
+    ones run once each first (compile; a config that fails gets an "error" record), then
+    are timed interleaved (time_interleaved)."""
+    recs = []
+
+    def new(impl, **kw):
+        rec = dict(impl=impl, **base, config="", source="", same_config=None)
+        rec.update(kw)
+        recs.append(rec)
+        return rec
+
+    def timed(rec, ms):
+        rec.update(ms=ms, tflops=kernel_flops / ms / 1e9)
+
+    def failed(rec, exc):
+        rec["error"] = _short(exc)
+        log(f"  {rec['impl']}: failed ({rec['error']})")
+
+    try:
+        tuned, source, heur, heur_source = tuned_configs(base["kernel"], base["hdim"],
+                                                         base["dtype"], causal, base["seqlen"])
+        same = tuned == heur
+        t = new("cuflash_tuned", config=tuned.name, source=source, same_config=same)
+        h = new("cuflash_heuristic", config=heur.name, source=heur_source, same_config=same)
+    except Exception as exc:  # noqa: BLE001 - no config, no cuflash numbers
+        for impl in ("cuflash_tuned", "cuflash_heuristic"):
+            failed(new(impl), exc)
+    else:
+        try:
+            make = _cuflash_kernel(kernel, q, k, v, dout, causal)
+            if same:
+                ms = time_ms(make(tuned), reps=reps)
+                timed(t, ms)
+                timed(h, ms)
+            else:
+                live = []
+                for rec, cfg in ((t, tuned), (h, heur)):
+                    try:
+                        fn = make(cfg)
+                        fn()  # compile and run once: a failing config is not timed
+                        live.append((rec, fn))
+                    except Exception as exc:  # noqa: BLE001
+                        failed(rec, exc)
+                if len(live) == 2:
+                    for (rec, _), ms in zip(live, time_interleaved([fn for _, fn in live], reps=reps)):
+                        timed(rec, ms)
+                        rec["interleaved"] = True
+                elif live:
+                    timed(live[0][0], time_ms(live[0][1], reps=reps))
+        except Exception as exc:  # noqa: BLE001
+            for rec in (t, h):
+                if "ms" not in rec and "error" not in rec:
+                    failed(rec, exc)
+    for impl in sdpa:
+        rec = new(impl)
+        try:
+            timed(rec, time_ms(_sdpa_kernel(kernel, impl, q, k, v, dout, causal), reps=reps))
+        except Exception as exc:  # noqa: BLE001 - a backend may refuse a shape
+            failed(rec, exc)
+    return recs
+
+
+def run_tuned(hdims=(64, 128), seqlens=SEQLENS, dtypes=("bf16", "fp16"), causals=(False, True),
+              kernels=TUNED_KERNELS, out_dir="results", reps=20, sdpa=TUNED_SDPA, log=print,
+              device="cuda", total_tokens=TOTAL_TOKENS):
+    """Tuned vs heuristic vs SDPA; writes results/<gpu>/bench_tuned.{json,csv,png}, logs the
+    ratio table and the verdict. device and total_tokens exist for the CPU test."""
+    import torch
+
+    if device == "cuda":
+        _gpu.require("the benchmark")
+    records = []
+    for kernel in kernels:
+        for dtype in dtypes:
+            tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+            for hdim in hdims:
+                for causal in causals:
+                    for shp in shapes((hdim,), seqlens, total_tokens):
+                        seqlen, batch, nheads = shp["seqlen"], shp["batch"], shp["nheads"]
+                        torch.manual_seed(0)
+                        q, k, v, *rest = (torch.randn(batch, seqlen, nheads, hdim,
+                                                      device=device, dtype=tdtype)
+                                          for _ in range(4 if kernel == "bwd" else 3))
+                        dout = rest[0] if rest else None
+                        f = flops(batch, nheads, seqlen, seqlen, hdim, causal, kernel)
+                        base = dict(kernel=kernel, dtype=dtype, hdim=hdim, causal=causal,
+                                    batch=batch, seqlen=seqlen, nheads=nheads)
+                        recs = measure_tuned_cell(kernel, q, k, v, dout, causal, base, f, reps,
+                                                  sdpa, log)
+                        records += recs
+                        log(tuned_line(recs))
+                        del q, k, v, dout, rest, recs
+                        gc.collect()
+    out = Path(out_dir) / (gpu_dir_name() if device == "cuda" else device)
+    write(records, out, "bench_tuned", "tflops", log, plotter=plot_tuned)
+    log("")
+    log(tuned_table(records))
+    log("")
+    log(tuned_verdict(records))
+    return records
+
+
+def _cell_key(r) -> tuple:
+    return (r["kernel"], r["dtype"], r["hdim"], r["causal"], r["seqlen"])
+
+
+def _kernel_order(kernel) -> int:
+    return TUNED_KERNELS.index(kernel) if kernel in TUNED_KERNELS else len(TUNED_KERNELS)
+
+
+def tuned_cells(records) -> dict:
+    """{(kernel, dtype, hdim, causal, seqlen): {impl: record}}, in benchmark order."""
+    cells = {}
+    for r in records:
+        cells.setdefault(_cell_key(r), {})[r["impl"]] = r
+    return dict(sorted(cells.items(), key=lambda kv: (_kernel_order(kv[0][0]), kv[0][1:])))
+
+
+def _ratio(cell: dict, impl: str, ref: str) -> float:
+    """TFLOPs of impl / ref in one cell (= ref's ms / impl's ms); nan without both."""
+    a, b = cell.get(impl, {}).get("tflops"), cell.get(ref, {}).get("tflops")
+    return a / b if a and b else math.nan
+
+
+def _fmt_ratio(x: float, digits: int) -> str:
+    return "-" if math.isnan(x) else f"{x:.{digits}f}"
+
+
+def tuned_line(recs) -> str:
+    """One log line per cell: TFLOPs per impl, tuned/heuristic, tuned/sdpa_flash, config."""
+    if not recs:
+        return ""
+    r0 = recs[0]
+    cell = {r["impl"]: r for r in recs}
+    parts = [f"{r['impl']}={r['tflops']:6.1f}" if "tflops" in r else f"{r['impl']}=error"
+             for r in recs]
+    t = cell.get("cuflash_tuned", {})
+    same = " (same config)" if t.get("same_config") else ""
+    return (f"{r0['kernel']} {r0['dtype']} d={r0['hdim']} causal={r0['causal']!s:5} "
+            f"s={r0['seqlen']:5} b={r0['batch']:2} TFLOPs: " + "  ".join(parts)
+            + f"  tuned/heuristic={_fmt_ratio(_ratio(cell, 'cuflash_tuned', 'cuflash_heuristic'), 3)}"
+            + same + f"  tuned/flash={_fmt_ratio(_ratio(cell, 'cuflash_tuned', 'sdpa_flash'), 2)}"
+            + (f"  [{t['config']}]" if t.get("config") else ""))
+
+
+def tuned_table(records, ref="sdpa_flash") -> str:
+    """Markdown table: one row per (kernel, dtype, hdim, causal), one column per seqlen;
+    cells 'tuned/heuristic / tuned/ref' (TFLOPs ratios), '=' marking the cells where the
+    tuned config is the heuristic's (one kernel, timed once), '-' a missing number."""
+    cells = tuned_cells(records)
+    seqlens = sorted({key[4] for key in cells})
+    rows = list(dict.fromkeys(key[:4] for key in cells))
+    lines = [f"tuned/heuristic / tuned/{ref} (TFLOPs ratios; '=': the tuned config is the "
+             "heuristic's, timed once; '-': no number)", "",
+             "| kernel | dtype | d | causal | " + " | ".join(_fmt_seqlen(s) for s in seqlens) + " |",
+             "| --- | --- | --- | --- | " + " | ".join("---" for _ in seqlens) + " |"]
+    for row in rows:
+        out = []
+        for s in seqlens:
+            cell = cells.get(row + (s,))
+            if cell is None:
+                out.append("")
+                continue
+            same = "=" if cell.get("cuflash_tuned", {}).get("same_config") else ""
+            out.append(f"{_fmt_ratio(_ratio(cell, 'cuflash_tuned', 'cuflash_heuristic'), 3)}{same}"
+                       f" / {_fmt_ratio(_ratio(cell, 'cuflash_tuned', ref), 2)}")
+        lines.append(f"| {row[0]} | {row[1]} | {row[2]} | {'yes' if row[3] else 'no'} | "
+                     + " | ".join(out) + " |")
+    return "\n".join(lines)
+
+
+def tuned_verdict(records, noise=0.01) -> str:
+    """The issue's bar, one line: "tuned >= heuristic in N/M cells (min ratio X)", M the
+    cells with a cuflash record (a cell without both numbers does not meet it), then the
+    worst cell, how many cells run the heuristic's own config, how many of the misses
+    are within `noise`, and PASS (N == M) or FAIL."""
+    cells = [(key, c) for key, c in tuned_cells(records).items()
+             if "cuflash_tuned" in c or "cuflash_heuristic" in c]
+    ratios = [(_ratio(c, "cuflash_tuned", "cuflash_heuristic"), key) for key, c in cells]
+    ratios = [(x, key) for x, key in ratios if not math.isnan(x)]
+    m = len(cells)
+    if not ratios:
+        return f"tuned >= heuristic in 0/{m} cells (no tuned/heuristic pairs) -> FAIL"
+    n = sum(x >= 1.0 for x, _ in ratios)
+    worst, (kernel, dtype, hdim, causal, seqlen) = min(ratios)
+    same = sum(bool(c.get("cuflash_tuned", {}).get("same_config")) for _, c in cells)
+    near = sum(1.0 - noise <= x < 1.0 for x, _ in ratios)
+    txt = (f"tuned >= heuristic in {n}/{m} cells (min ratio {worst:.3f}); worst: {kernel} "
+           f"{dtype} d={hdim} {'causal' if causal else 'full'} s={seqlen}; {same} cells run "
+           "the heuristic's own config")
+    if near:
+        txt += f"; {near} of the misses within {noise * 100:g}% (timing noise)"
+    if m - len(ratios):
+        txt += f"; {m - len(ratios)} cells without both numbers (errors)"
+    return txt + (" -> PASS" if n == m else " -> FAIL")
+
+
+def plot_tuned(records, path: Path, metric="tflops", title=None):
+    """TFLOPs vs seqlen, one line per impl; one row of panels per (kernel, dtype), one
+    column per (hdim, causal)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = sorted({(r["kernel"], r["dtype"]) for r in records},
+                  key=lambda x: (_kernel_order(x[0]), x[1]))
+    cols = sorted({(r["hdim"], r["causal"]) for r in records})
+    if not rows or not cols:
+        return
+    fig, axes = plt.subplots(len(rows), len(cols), figsize=(4.3 * len(cols), 3.5 * len(rows)),
+                             squeeze=False)
+    impls = [i for i in TUNED_IMPLS if any(r["impl"] == i for r in records)]
+    impls += sorted({r["impl"] for r in records} - set(impls))
+    for ax_row, (kernel, dtype) in zip(axes, rows):
+        for ax, (hdim, causal) in zip(ax_row, cols):
+            sel = [r for r in records if (r["kernel"], r["dtype"], r["hdim"], r["causal"])
+                   == (kernel, dtype, hdim, causal)]
+            for impl in impls:
+                pts = sorted((r["seqlen"], r[metric]) for r in sel if r["impl"] == impl and metric in r)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], label=impl,
+                            **STYLES.get(impl, dict(marker="o")))
+            same = sorted(r["seqlen"] for r in sel
+                          if r["impl"] == "cuflash_tuned" and r.get("same_config"))
+            _seqlen_axis(ax, sorted({r["seqlen"] for r in sel}))
+            ax.set_title(f"{kernel} {dtype} d={hdim} {'causal' if causal else 'full'}"
+                         + (f" ({len(same)}/{len({r['seqlen'] for r in sel})} heuristic)"
+                            if same else ""), fontsize=9)
+            ax.set_ylabel(f"{kernel} TFLOPs/s")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.suptitle(title or f"tuned vs heuristic configs vs SDPA on {gpu_label()} "
+                          "('(n/m heuristic)': seqlens where the tuned config is the heuristic's)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------
 # memory
 
 def _memory_step(impl, q, k, v, dout, causal):
@@ -541,7 +881,8 @@ def memory_bar_summary(records, impl="cuflash", ref="sdpa_flash", bar=BAR_MEM_RA
 
 STYLES = {"cuflash": dict(marker="o", lw=2.2), "cuflash[det]": dict(marker="s", ls="-."),
           "sdpa_flash": dict(marker="s", ls="--"), "sdpa_cudnn": dict(marker="^", ls=":"),
-          "sdpa_math": dict(marker="D")}
+          "sdpa_math": dict(marker="D"), "cuflash_tuned": dict(marker="o", lw=2.2),
+          "cuflash_heuristic": dict(marker="o", ls="-.", mfc="none", ms=9)}
 
 
 def _seqlen_axis(ax, seqlens):
@@ -606,7 +947,9 @@ def plot_memory(records, path: Path, total_bytes=None, title=None, ref="sdpa_fla
 # ---------------------------------------------------------------------------------------
 # output
 
-def write(records, out: Path, stem: str, metric, log=print, title=None):
+def write(records, out: Path, stem: str, metric, log=print, title=None, plotter=None):
+    """stem.json, stem.csv (one column per key of any record) and stem.png, drawn by
+    plotter(records, path, metric, title=title) (default: plot)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(records, indent=1))
     keys = sorted({k for r in records for k in r})
@@ -614,7 +957,7 @@ def write(records, out: Path, stem: str, metric, log=print, title=None):
         w = csv.DictWriter(fh, fieldnames=keys)
         w.writeheader()
         w.writerows(records)
-    plot(records, out / f"{stem}.png", metric, title=title)
+    (plotter or plot)(records, out / f"{stem}.png", metric, title=title)
     log(f"wrote {out / stem}.json, .csv, .png")
 
 
@@ -655,11 +998,15 @@ def plot(records, path: Path, metric, title=None):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m cuflash bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", nargs="+", default=["fwd"], choices=["fwd", "fwdbwd", "memory", "all"])
+    ap.add_argument("--mode", nargs="+", default=["fwd"],
+                    choices=["fwd", "fwdbwd", "memory", "tuned", "all"])
     ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--seqlens", type=int, nargs="+", default=list(SEQLENS))
-    ap.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
+    ap.add_argument("--dtypes", nargs="+", default=None, choices=["bf16", "fp16"],
+                    help="default bf16 (tuned mode: bf16 fp16)")
     ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    ap.add_argument("--kernels", nargs="+", default=list(TUNED_KERNELS), choices=list(TUNED_KERNELS),
+                    help="tuned: the kernels to compare (default fwd bwd)")
     ap.add_argument("--sweep", action="store_true", help="fwd: also time every valid config")
     ap.add_argument("--deterministic", action="store_true",
                     help="fwdbwd: also time cuflash's deterministic backward (impl cuflash[det])")
@@ -669,21 +1016,26 @@ def main(argv=None):
                     help=f"fwdbwd impls (default {' '.join(FWDBWD_IMPLS)}); memory impls "
                          f"(default {' '.join(MEMORY_IMPLS)})")
     ap.add_argument("--mem-seqlens", type=int, nargs="+", default=list(MEM_SEQLENS))
-    ap.add_argument("--reps", type=int, default=None, help="samples per timing (fwd 20, fwdbwd 10)")
+    ap.add_argument("--reps", type=int, default=None,
+                    help="samples per timing (fwd 20, fwdbwd 10, tuned 20: interleaved rounds)")
     ap.add_argument("--out", default="results")
     a = ap.parse_args(argv)
     modes = {"fwd", "fwdbwd", "memory"} if "all" in a.mode else set(a.mode)
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[a.causal]
+    dtypes = a.dtypes or ["bf16"]
     out = {}
-    for mode in ("fwd", "fwdbwd", "memory"):
+    for mode in ("fwd", "fwdbwd", "memory", "tuned"):
         if mode not in modes:
             continue
         t0 = time.perf_counter()
         if mode == "fwd":
-            out[mode] = run(a.hdims, a.seqlens, a.dtypes, causals, a.sweep, a.out, a.reps or 20)
+            out[mode] = run(a.hdims, a.seqlens, dtypes, causals, a.sweep, a.out, a.reps or 20)
         elif mode == "fwdbwd":
-            out[mode] = run_fwdbwd(a.hdims, a.seqlens, a.dtypes, causals, a.impls or FWDBWD_IMPLS,
+            out[mode] = run_fwdbwd(a.hdims, a.seqlens, dtypes, causals, a.impls or FWDBWD_IMPLS,
                                    a.out, a.reps or 10, a.deterministic, not a.no_autograd)
+        elif mode == "tuned":
+            out[mode] = run_tuned(a.hdims, a.seqlens, a.dtypes or ["bf16", "fp16"], causals,
+                                  a.kernels, a.out, a.reps or 20)
         else:
             out[mode] = run_memory(a.mem_seqlens, a.impls or MEMORY_IMPLS, a.out)
         print(f"bench {mode}: {time.perf_counter() - t0:.0f} s")

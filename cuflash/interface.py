@@ -376,10 +376,15 @@ def _backward_on_device(tdo, tq, tk, tv, to, lse_ptr, tdq, tdk, tdv, workspace_p
         batch=batch, nheads=nheads, nheads_kv=nheads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         seqlen_q_rounded=ws["rows"], head_dim=head_dim, head_dim_rounded=config.head_dim,
         softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E)
+    kv_ctas = -(-seqlen_k // config.Bc) * config.dsplit
+    if kv_ctas > 65535:  # gridDim.y
+        raise ValueError(f"seqlen_k: the backward with {config.name} handles at most "
+                         f"{65535 // config.dsplit * config.Bc} keys, got {seqlen_k}")
     per_row = head_dim // 8  # epilogue threads per row
     with _on_device(device):
         _launch(kernels["preprocess"], (ws["rows"] // 4, nheads, batch), 128, 0, stream_ptr, params)
-        _launch(kernels["main"], (-(-seqlen_k // config.Bc) * config.dsplit, nheads, batch),
+        # (batch·heads, K/V blocks): every head's first K/V block first (flash_bwd.cu)
+        _launch(kernels["main"], (batch * nheads, kv_ctas, 1),
                 config.threads, config.smem_bytes, stream_ptr, params)
         _launch(kernels["convert_dq"], (-(-seqlen_q * per_row // 256), nheads, batch), 256, 0,
                 stream_ptr, params)

@@ -13,7 +13,7 @@ makes CUDA-graph capture legal (../shared/FACTS.md).
 * ``cuflash::bwd(dout, q, k, v, out, lse, scale, causal, deterministic, bwd_tiles) -> (dq, dk, dv)``.
 * Configs cross the op boundary as int lists (empty: the tuned / heuristic default):
   fwd_tiles = [Br, Bc, warps, stages, head_dim], bwd_tiles = [Br, Bc, warps, stages, dsplit,
-  head_dim]; the call's ``deterministic`` flag overrides the config's.
+  qsplit, head_dim]; the call's ``deterministic`` flag overrides the config's.
 * CPU tensors (any float dtype) run the float64 NumPy reference, forward and backward, so
   ``torch.autograd.gradcheck`` exercises the whole plumbing without a GPU.
 """
@@ -40,7 +40,8 @@ def _fwd_tiles(config: Optional[FwdConfig]) -> list[int]:
 def _bwd_tiles(config: Optional[BwdConfig]) -> list[int]:
     if config is None:
         return []
-    return [config.Br, config.Bc, config.warps, config.stages, config.dsplit, config.head_dim]
+    return [config.Br, config.Bc, config.warps, config.stages, config.dsplit, config.qsplit,
+            config.head_dim]
 
 
 def _dtype_name(x: Tensor) -> str:
@@ -127,7 +128,9 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     device = q.device.index
     config = None
     if bwd_tiles:
-        config = BwdConfig(*bwd_tiles, _dtype_name(q), causal)
+        br, bc, warps, stages, dsplit, qsplit, head_dim = bwd_tiles
+        config = BwdConfig(br, bc, warps, stages, dsplit, head_dim, _dtype_name(q), causal,
+                           qsplit=qsplit)
     config = _itf.resolve_bwd_config(config, head_dim, _dtype_name(q), causal, deterministic, device,
                                      max(seqlen_q, seqlen_k))
     if _itf.POISON_OUTPUTS:

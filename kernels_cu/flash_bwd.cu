@@ -14,8 +14,9 @@
 //   3. flash_bwd_convert_dq  dQ = scale · accumulator, in the input dtype
 //      flash_bwd_reduce_dkv  (GQA / MQA only) dK, dV summed over the query heads of a K/V head
 //
-// Warp layout of flash_bwd: every warp owns kMTiles·16 whole keys of the block (rows of K_j,
-// V_j, dK_j, dV_j), so the transposed products come straight out of the mma accumulators:
+// Warp layout of flash_bwd: the warps form kWarps / kQSplit key groups; a group owns kMTiles·16
+// whole keys of the block (rows of K_j, V_j, dK_j, dV_j), so the transposed products come straight
+// out of the mma accumulators. With kQSplit = 1 a warp is a whole group:
 //   Sᵀ  = K_j Q_iᵀ     (keys x queries)   A = K_j rows,  B = Q_i
 //   Pᵀ  = exp2(Sᵀ·scale·log2e - LSE_i·log2e)
 //   dV_j += Pᵀ dO_i                        A = Pᵀ straight from the accumulators, B = dO_i (.trans)
@@ -25,15 +26,21 @@
 //   dQ_i += dS K_j                         the sum runs over all keys, i.e. over all warps: dSᵀ
 //                                          goes through shared memory once, then every warp
 //                                          takes whole 16x16 tiles of dQ_i
+// With kQSplit = 2 the two warps of a group split the queries of Sᵀ, dPᵀ (half the Q_i, dO_i
+// fragments each) and the head-dim columns of dK_j, dV_j; Pᵀ joins dSᵀ in shared memory, and
+// dV_j, dK_j read their A operands (this group's keys x all Br queries) from there. Fewer
+// ldmatrix per mma (the product per warp is squarer) for one more tile written to shared memory.
 //
 // Template parameters (cuflash/config.py BwdConfig mirrors and validates them):
 //   kBr       query rows of a Q block: a multiple of 16 (32, 64, 128)
 //   kBc       keys of the K/V block of one CTA: a multiple of 16·kWarps (64, 128)
-//   kWarps    warps per CTA (4, 8); each owns kBc / kWarps keys
+//   kWarps    warps per CTA (4, 8); each group of kQSplit warps owns kBc·kQSplit / kWarps keys
 //   kStages   Q/dO blocks in flight in shared memory, >= 2
 //   kDSplit   head-dim slices: kDSplit CTAs share a K/V block, each accumulating kHeadDim /
 //             kDSplit columns of dK, dV, dQ (and recomputing Sᵀ, dPᵀ); 2 fits head dim 256
 //             into registers, 1 otherwise
+//   kQSplit   warps per key group (1, 2): they split the queries of Sᵀ, dPᵀ and the columns of
+//             dK, dV (see above)
 //   kHeadDim  compile-time head dim (multiple of 16, <= 256); params.head_dim may be smaller
 //   Elem      bf16 or fp16; all accumulation in fp32
 //   kCausal   bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q)
@@ -124,13 +131,16 @@ __device__ __forceinline__ void red_add_tile_16x16(float* dst, int row_stride, c
     }
 }
 
-template <int kBr, int kBc, int kWarps, int kStages, int kDSplit, int kHeadDim>
+template <int kBr, int kBc, int kWarps, int kStages, int kDSplit, int kQSplit, int kHeadDim>
 struct BwdShape {
     static constexpr int kThreads = kWarps * 32;
-    static constexpr int kMTiles = kBc / (16 * kWarps);  // 16-key mma tiles per warp
-    static constexpr int kNTilesS = kBr / 8;             // 8-query tiles of Sᵀ, dPᵀ per key row
-    static constexpr int kDCols = kHeadDim / kDSplit;    // head-dim columns of dK, dV, dQ per CTA
-    static constexpr int kNTilesD = kDCols / 8;          // 8-column tiles of dK, dV per key row
+    static constexpr int kKeyGroups = kWarps / kQSplit;
+    static constexpr int kMTiles = kBc / (16 * kKeyGroups);  // 16-key mma tiles per warp
+    static constexpr int kWarpQueries = kBr / kQSplit;      // queries of Sᵀ, dPᵀ per warp
+    static constexpr int kNTilesS = kWarpQueries / 8;       // 8-query tiles of Sᵀ, dPᵀ per key row
+    static constexpr int kDCols = kHeadDim / kDSplit;       // head-dim columns of dK, dV, dQ per CTA
+    static constexpr int kWarpDCols = kDCols / kQSplit;     // head-dim columns of dK, dV per warp
+    static constexpr int kNTilesD = kWarpDCols / 8;         // 8-column tiles of dK, dV per key row
     static constexpr int kPitch = kHeadDim + 8;          // row pitch of Q, K, V, dO tiles, elements
     static constexpr int kDsPitch = kBr + 8;             // row pitch of the dSᵀ tile, elements
     static constexpr int kKVTile = kBc * kPitch;
@@ -143,8 +153,11 @@ struct BwdShape {
     static constexpr int kDqWarpsN = kDqWarpsM > 0 ? kWarps / kDqWarpsM : 0;
 
     static_assert(kWarps >= 1 && kWarps <= 16, "warps must be in 1..16");
-    static_assert(kBc % (16 * kWarps) == 0,
-                  "Bc must be a multiple of 16 * warps: each warp owns whole 16-key mma tiles");
+    static_assert(kQSplit >= 1 && kWarps % kQSplit == 0, "qsplit must divide warps");
+    static_assert(kBc % (16 * kKeyGroups) == 0,
+                  "Bc must be a multiple of 16 * warps / qsplit: each key group owns whole 16-key mma tiles");
+    static_assert(kWarpQueries % 16 == 0 && (kDCols / 16) % kQSplit == 0,
+                  "qsplit must split Br and the head-dim slice into whole 16-wide tiles");
     static_assert(kBr % 16 == 0 && kBr <= 128,
                   "Br must be a multiple of 16, at most 128 (the workspace row padding)");
     static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256,
@@ -154,11 +167,11 @@ struct BwdShape {
                   "dsplit must divide kHeadDim / 16: every slice is whole 16-column tiles");
 };
 
-template <int kBr, int kBc, int kWarps, int kStages, int kDSplit, int kHeadDim, class Elem,
+template <int kBr, int kBc, int kWarps, int kStages, int kDSplit, int kQSplit, int kHeadDim, class Elem,
           bool kCausal, bool kDeterministic>
 __global__ void __launch_bounds__(kWarps * 32)
 flash_bwd(const BwdParams p) {
-    using Shape = BwdShape<kBr, kBc, kWarps, kStages, kDSplit, kHeadDim>;
+    using Shape = BwdShape<kBr, kBc, kWarps, kStages, kDSplit, kQSplit, kHeadDim>;
     constexpr int kThreads = Shape::kThreads, kMTiles = Shape::kMTiles;
     constexpr int kNTilesS = Shape::kNTilesS, kNTilesD = Shape::kNTilesD;
     constexpr int kPitch = Shape::kPitch, kRowBytes = kPitch * 2, kDsRowBytes = Shape::kDsPitch * 2;
@@ -169,17 +182,25 @@ flash_bwd(const BwdParams p) {
     u16* q_smem = v_smem + Shape::kKVTile;                           // [kStages][Br][kPitch]
     u16* do_smem = q_smem + kStages * Shape::kQTile;                 // [kStages][Br][kPitch]
     u16* ds_smem = do_smem + kStages * Shape::kQTile;                // [Bc][kDsPitch]  dSᵀ
-    float* lse_smem = reinterpret_cast<float*>(ds_smem + kBc * Shape::kDsPitch);  // [kStages][Br]
+    u16* p_smem = ds_smem + kBc * Shape::kDsPitch;                   // [Bc][kDsPitch]  Pᵀ (kQSplit > 1)
+    constexpr int kPTiles = kQSplit > 1 ? 1 : 0;
+    float* lse_smem = reinterpret_cast<float*>(p_smem + kPTiles * kBc * Shape::kDsPitch);  // [kStages][Br]
     float* dsum_smem = lse_smem + kStages * kBr;                     // [kStages][Br]
 
-    // blockIdx.x = n_block·kDSplit + slice: the slices of one K/V block are neighbours
-    const int n_block = blockIdx.x / kDSplit, col0 = (blockIdx.x % kDSplit) * Shape::kDCols;
-    const int head = blockIdx.y, batch = blockIdx.z;
+    // blockIdx.x = batch·nheads + head, blockIdx.y = n_block·kDSplit + slice. Blocks are launched
+    // x fastest: the first K/V block of every head before the second of any. Under the causal
+    // mask the first K/V blocks are the longest (every Q block sees them): longest first, so
+    // that the short ones fill the tail of the grid.
+    const int kv_index = blockIdx.y;
+    const int n_block = kv_index / kDSplit, col0 = (kv_index % kDSplit) * Shape::kDCols;
+    const int head = blockIdx.x % p.nheads, batch = blockIdx.x / p.nheads;
     const int head_kv = head / (p.nheads / p.nheads_kv);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
-    const int key0 = n_block * kBc;                       // first key of K_j
-    const int warp_key0 = warp * kMTiles * 16;            // this warp's keys within K_j
+    const int key0 = n_block * kBc;                                   // first key of K_j
+    const int warp_key0 = (warp / kQSplit) * kMTiles * 16;            // this warp's keys within K_j
+    const int warp_q0 = (warp % kQSplit) * Shape::kWarpQueries;       // its queries of Sᵀ, dPᵀ in Q_i
+    const int warp_c0 = col0 + (warp % kQSplit) * Shape::kWarpDCols;  // its first column of dK, dV
     const i64 bh = static_cast<i64>(batch) * p.nheads + head;
 
     const u16* q_gmem = static_cast<const u16*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
@@ -233,7 +254,8 @@ flash_bwd(const BwdParams p) {
     }
 
     // Thread (g, t) holds keys warp_key0 + 16·mt + g + 8·half ([mt][..][2·half + e]) and, of
-    // Sᵀ / dPᵀ, query columns 8·nt + 2t + e; of dK / dV, head-dim columns 8·nt + 2t + e.
+    // Sᵀ / dPᵀ, query columns warp_q0 + 8·nt + 2t + e; of dK / dV, head-dim columns
+    // warp_c0 + 8·nt + 2t + e.
     float dk_acc[kMTiles][kNTilesD][4];
     float dv_acc[kMTiles][kNTilesD][4];
 #pragma unroll
@@ -245,13 +267,33 @@ flash_bwd(const BwdParams p) {
 
     // ldmatrix lane addresses (byte offsets in shared memory), as in flash_fwd.cu:
     // A operand, rows of K_j / V_j (keys x head dim)
-    const u32 a_lane = ((warp_key0 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes) + (lane >> 4) * 16;
-    const u32 k_a = smem_u32(k_smem) + a_lane, v_a = smem_u32(v_smem) + a_lane;
-    // B operand with n = queries, k = head dim: Q_i / dO_i rows as they are (Sᵀ, dPᵀ)
-    const u32 b_lane = ((lane & 7) + (lane >> 4) * 8) * kRowBytes + ((lane >> 3) & 1) * 16;
-    // B operand with k = queries (or keys), n = this slice's head-dim columns: Q_i / dO_i /
-    // K_j transposed (dK, dV, dQ)
+    const int a_row = warp_key0 + (lane & 7) + ((lane >> 3) & 1) * 8, a_col_bytes = (lane >> 4) * 16;
+    const u32 k_a = smem_u32(k_smem) + a_row * kRowBytes + a_col_bytes;
+    const u32 v_a = smem_u32(v_smem) + a_row * kRowBytes + a_col_bytes;
+    // A operand, rows of Pᵀ / dSᵀ (keys x queries; kQSplit > 1)
+    const u32 p_a = smem_u32(p_smem) + a_row * kDsRowBytes + a_col_bytes;
+    const u32 ds_at = smem_u32(ds_smem) + a_row * kDsRowBytes + a_col_bytes;
+    // B operand with n = queries, k = head dim: this warp's rows of Q_i / dO_i as they are (Sᵀ, dPᵀ)
+    const u32 b_lane = (warp_q0 + (lane & 7) + (lane >> 4) * 8) * kRowBytes + ((lane >> 3) & 1) * 16;
+    // B operand with k = queries (or keys), n = head-dim columns: Q_i / dO_i / K_j transposed;
+    // from this CTA's first column (dQ) or this warp's (dK, dV)
     const u32 bt_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes + (lane >> 4) * 16 + col0 * 2;
+    const u32 bt_warp_lane = bt_lane + (warp_c0 - col0) * 2;
+
+    // Packed A fragments (keys x this warp's queries) of Pᵀ or dSᵀ into a [Bc][kDsPitch] tile.
+    // Register r of fragment (mt, kk) holds keys g + 8·(r % 2), queries 16kk + 2t + 8·(r / 2).
+    auto store_t = [&](u16* tile, const u32 (&frag)[kMTiles][kNTilesS / 2][4]) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int kk = 0; kk < kNTilesS / 2; ++kk)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int key = warp_key0 + mt * 16 + g + 8 * (r % 2);
+                    const int query = warp_q0 + kk * 16 + 2 * t + 8 * (r / 2);
+                    *reinterpret_cast<u32*>(tile + key * Shape::kDsPitch + query) = frag[mt][kk][r];
+                }
+    };
     // A operand with m = queries, k = keys: dSᵀ transposed back into dS (dQ)
     const u32 ds_a = smem_u32(ds_smem) + ((lane & 7) + (lane >> 4) * 8) * kDsRowBytes + ((lane >> 3) & 1) * 16;
 
@@ -268,10 +310,10 @@ flash_bwd(const BwdParams p) {
 
         const u32 q_b = smem_u32(q_smem + slot * Shape::kQTile) + b_lane;
         const u32 do_b = smem_u32(do_smem + slot * Shape::kQTile) + b_lane;
-        const u32 q_bt = smem_u32(q_smem + slot * Shape::kQTile) + bt_lane;
-        const u32 do_bt = smem_u32(do_smem + slot * Shape::kQTile) + bt_lane;
-        const float* lse_i = lse_smem + slot * kBr;
-        const float* dsum_i = dsum_smem + slot * kBr;
+        const u32 q_bt = smem_u32(q_smem + slot * Shape::kQTile) + bt_warp_lane;
+        const u32 do_bt = smem_u32(do_smem + slot * Shape::kQTile) + bt_warp_lane;
+        const float* lse_i = lse_smem + slot * kBr + warp_q0;
+        const float* dsum_i = dsum_smem + slot * kBr + warp_q0;
 
         // ---- Sᵀ = K_j Q_iᵀ (this warp's keys x Br queries) ----
         float s_acc[kMTiles][kNTilesS][4];
@@ -292,17 +334,20 @@ flash_bwd(const BwdParams p) {
                     s = exp2_approx(fmaf(s, p.scale_log2, -lse_e));
                     if (ragged || diagonal) {  // only the ragged and the causal diagonal blocks
                         const int key = key0 + warp_key0 + mt * 16 + g + 8 * (e / 2);
-                        const int query = row0 + nt * 8 + 2 * t + e % 2;
+                        const int query = row0 + warp_q0 + nt * 8 + 2 * t + e % 2;
                         if (key >= p.seqlen_k || (kCausal && key > query + causal_offset)) s = 0.f;
                     }
                 }
         }
 
-        // ---- dV_j += Pᵀ dO_i ----
+        // ---- dV_j += Pᵀ dO_i (kQSplit > 1: after the barrier, Pᵀ from shared memory) ----
         {
-            u32 p_frag[kMTiles][kBr / 16][4];
-            pack_a_frags<kMTiles, kBr / 16, Elem>(p_frag, s_acc);
-            gemm_frags_x_rows_t<kMTiles, kNTilesD, kBr / 16, kRowBytes, Elem>(dv_acc, p_frag, do_bt);
+            u32 p_frag[kMTiles][kNTilesS / 2][4];
+            pack_a_frags<kMTiles, kNTilesS / 2, Elem>(p_frag, s_acc);
+            if constexpr (kQSplit == 1)
+                gemm_frags_x_rows_t<kMTiles, kNTilesD, kBr / 16, kRowBytes, Elem>(dv_acc, p_frag, do_bt);
+            else
+                store_t(p_smem, p_frag);
         }
 
         // ---- dPᵀ = V_j dO_iᵀ;  dSᵀ = Pᵀ ∘ (dPᵀ - D_i) ----
@@ -320,27 +365,24 @@ flash_bwd(const BwdParams p) {
 
         // ---- dK_j += dSᵀ Q_i (scaled once, in the epilogue); dSᵀ to shared memory for dQ ----
         {
-            u32 ds_frag[kMTiles][kBr / 16][4];
-            pack_a_frags<kMTiles, kBr / 16, Elem>(ds_frag, dp_acc);
-            gemm_frags_x_rows_t<kMTiles, kNTilesD, kBr / 16, kRowBytes, Elem>(dk_acc, ds_frag, q_bt);
-            // A fragment register r of (mt, kk) holds keys g + 8·(r % 2), queries 16kk + 2t + 8·(r / 2)
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-                for (int kk = 0; kk < kBr / 16; ++kk)
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) {
-                        const int key = warp_key0 + mt * 16 + g + 8 * (r % 2);
-                        const int query = kk * 16 + 2 * t + 8 * (r / 2);
-                        *reinterpret_cast<u32*>(ds_smem + key * Shape::kDsPitch + query) = ds_frag[mt][kk][r];
-                    }
+            u32 ds_frag[kMTiles][kNTilesS / 2][4];
+            pack_a_frags<kMTiles, kNTilesS / 2, Elem>(ds_frag, dp_acc);
+            if constexpr (kQSplit == 1)
+                gemm_frags_x_rows_t<kMTiles, kNTilesD, kBr / 16, kRowBytes, Elem>(dk_acc, ds_frag, q_bt);
+            store_t(ds_smem, ds_frag);
         }
-        __syncthreads();  // all of dSᵀ is in shared memory
+        __syncthreads();  // all of dSᵀ (and Pᵀ) is in shared memory
+
+        if constexpr (kQSplit > 1) {  // this group's keys x all Br queries, this warp's columns
+            gemm_rows_x_rows_t<kMTiles, kNTilesD, kBr / 16, kDsRowBytes, kRowBytes, Elem>(dv_acc, p_a, do_bt);
+            gemm_rows_x_rows_t<kMTiles, kNTilesD, kBr / 16, kDsRowBytes, kRowBytes, Elem>(dk_acc, ds_at, q_bt);
+        }
 
         // ---- dQ_i += dS K_j: 16x16 tiles of dQ_i, summed over the Bc keys of K_j ----
-        if (kDeterministic) {  // wait for this CTA's turn at this Q block: CTAs in blockIdx order
+        if (kDeterministic) {  // wait for this CTA's turn at this Q block: K/V blocks in order
+            // (a lower kv_index has a lower linear block index, so it is resident or done)
             int* turn = p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block;
-            if (tid == 0) while (ld_acquire_gpu(turn) != static_cast<int>(blockIdx.x)) {}
+            if (tid == 0) while (ld_acquire_gpu(turn) != kv_index) {}
             __syncthreads();
         }
         const u32 k_bt = smem_u32(k_smem) + bt_lane;
@@ -415,7 +457,7 @@ flash_bwd(const BwdParams p) {
             if (key >= p.seqlen_k) continue;
 #pragma unroll
             for (int nt = 0; nt < kNTilesD; ++nt) {
-                const int col = col0 + nt * 8 + 2 * t;
+                const int col = warp_c0 + nt * 8 + 2 * t;
                 const float dk0 = dk_acc[mt][nt][2 * half] * p.softmax_scale;
                 const float dk1 = dk_acc[mt][nt][2 * half + 1] * p.softmax_scale;
                 const float dv0 = dv_acc[mt][nt][2 * half], dv1 = dv_acc[mt][nt][2 * half + 1];

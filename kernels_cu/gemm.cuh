@@ -75,4 +75,28 @@ __device__ __forceinline__ void gemm_frags_x_rows_t(float (&acc)[kMT][kNT][4], c
         }
 }
 
+// acc += A B where A (kMT·16 rows, k along the row, kARowBytes apart) and B (k down its rows,
+// kBRowBytes apart, read with ldmatrix.trans) are both in shared memory: e.g. dV += Pᵀ dO with
+// Pᵀ stored keys x queries.
+template <int kMT, int kNT, int kK16, int kARowBytes, int kBRowBytes, class Elem>
+__device__ __forceinline__ void gemm_rows_x_rows_t(float (&acc)[kMT][kNT][4], u32 a_lane, u32 bt_lane) {
+    static_assert(kNT % 2 == 0, "B columns come 16 at a time (one ldmatrix.x4.trans)");
+#pragma unroll
+    for (int kk = 0; kk < kK16; ++kk) {
+        u32 a[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) ldmatrix_x4(a[mt], a_lane + mt * 16 * kARowBytes + kk * 32);
+#pragma unroll
+        for (int dp = 0; dp < kNT / 2; ++dp) {
+            u32 b[4];  // [0..1]: columns 16dp..16dp+7, [2..3]: columns 16dp+8..16dp+15
+            ldmatrix_x4_trans(b, bt_lane + kk * 16 * kBRowBytes + dp * 32);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                mma_16816<Elem>(acc[mt][2 * dp], a[mt], b[0], b[1]);
+                mma_16816<Elem>(acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
 }  // namespace cuflash

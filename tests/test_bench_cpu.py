@@ -203,6 +203,202 @@ def test_main_parses_modes_without_gpu():
 
 
 # ---------------------------------------------------------------------------------------
+# --mode tuned: tuned configs vs the heuristic defaults vs SDPA
+
+def fake_tuned_records():
+    """fwd and bwd, d 64 and 128, causal both, s 1k..4k. Tuned is the heuristic's config
+    at d=64, 5 % faster at d=128, but 0.5 % slower at bwd d=128 causal s=4096; sdpa_cudnn
+    refuses fwd d=128 full s=2048."""
+    recs = []
+    for kernel in ("fwd", "bwd"):
+        for hdim in (64, 128):
+            for causal in (False, True):
+                for shp in bench.shapes((hdim,), (1024, 2048, 4096)):
+                    s = shp["seqlen"]
+                    f = bench.flops(shp["batch"], shp["nheads"], s, s, hdim, causal, kernel)
+                    base = dict(kernel=kernel, dtype="bf16", hdim=hdim, causal=causal,
+                                batch=shp["batch"], seqlen=s, nheads=shp["nheads"])
+                    same = hdim == 64
+                    heur_ms = 1.0
+                    tuned_ms = heur_ms if same else heur_ms / 1.05
+                    if kernel == "bwd" and hdim == 128 and causal and s == 4096:
+                        tuned_ms = heur_ms * 1.005
+                    for impl, ms, cfg in (("cuflash_tuned", tuned_ms, "T" if not same else "H"),
+                                          ("cuflash_heuristic", heur_ms, "H"),
+                                          ("sdpa_flash", 0.9, ""), ("sdpa_cudnn", 0.8, "")):
+                        rec = dict(impl=impl, **base, config=cfg,
+                                   source="tuned x.yaml" if cfg == "T" else ("heuristic" if cfg else ""),
+                                   same_config=same if cfg else None, ms=ms, tflops=f / ms / 1e9)
+                        if impl == "sdpa_cudnn" and kernel == "fwd" and hdim == 128 and not causal \
+                                and s == 2048:
+                            rec = {k: v for k, v in rec.items() if k not in ("ms", "tflops")}
+                            rec["error"] = "RuntimeError: No available kernel"
+                        recs.append(rec)
+    return recs
+
+
+def test_tuned_table_and_verdict():
+    recs = fake_tuned_records()
+    lines = bench.tuned_table(recs).splitlines()
+    assert lines[2] == "| kernel | dtype | d | causal | 1k | 2k | 4k |"
+    assert len(lines) == 4 + 8                       # 2 kernels x 2 hdims x 2 causal rows
+    assert lines[4] == "| fwd | bf16 | 64 | no | 1.000= / 0.90 | 1.000= / 0.90 | 1.000= / 0.90 |"
+    assert lines[6].startswith("| fwd | bf16 | 128 | no | 1.050 / 0.95 |")
+    assert lines[-1].endswith("| 0.995 / 0.90 |")     # bwd d=128 causal s=4096
+    assert lines[-1].startswith("| bwd | bf16 | 128 | yes |")
+    txt = bench.tuned_verdict(recs)
+    assert txt.startswith("tuned >= heuristic in 23/24 cells (min ratio 0.995); "
+                          "worst: bwd bf16 d=128 causal s=4096; 12 cells run the heuristic's own config")
+    assert "1 of the misses within 1% (timing noise)" in txt and txt.endswith("-> FAIL")
+    ok = [dict(r, ms=r["ms"] / 1.01, tflops=r["tflops"] * 1.01)     # now 0.5 % faster
+          if r["impl"] == "cuflash_tuned" and r["kernel"] == "bwd" and r["hdim"] == 128
+          and r["causal"] and r["seqlen"] == 4096 else r for r in recs]
+    txt = bench.tuned_verdict(ok)
+    assert txt.startswith("tuned >= heuristic in 24/24 cells (min ratio 1.000)") and txt.endswith("PASS")
+
+
+def test_tuned_verdict_counts_missing_numbers():
+    recs = [r for r in fake_tuned_records()
+            if not (r["impl"] == "cuflash_heuristic" and r["kernel"] == "fwd" and r["hdim"] == 128
+                    and r["seqlen"] == 1024 and not r["causal"])]
+    for r in recs:
+        if r["impl"] == "cuflash_tuned" and r["kernel"] == "fwd" and r["hdim"] == 64 and r["seqlen"] == 1024:
+            r.pop("tflops")
+            r["error"] = "CUDAError"
+    txt = bench.tuned_verdict(recs)
+    assert txt.startswith("tuned >= heuristic in 20/24 cells (min ratio 0.995)")
+    assert "3 cells without both numbers (errors)" in txt and txt.endswith("FAIL")
+    assert bench.tuned_verdict([r for r in recs if r["impl"].startswith("sdpa")]) == \
+        "tuned >= heuristic in 0/0 cells (no tuned/heuristic pairs) -> FAIL"
+    assert "| - / " in bench.tuned_table(recs)
+
+
+def test_tuned_line():
+    recs = fake_tuned_records()
+    key = lambda r: (r["kernel"], r["hdim"], r["causal"], r["seqlen"])  # noqa: E731
+    line = bench.tuned_line([r for r in recs if key(r) == ("fwd", 128, False, 2048)])
+    assert line.startswith("fwd bf16 d=128 causal=False s= 2048 b= 8 TFLOPs: cuflash_tuned=")
+    assert "sdpa_cudnn=error" in line and "tuned/heuristic=1.050  tuned/flash=0.95  [T]" in line
+    same = [r for r in recs if key(r) == ("bwd", 64, True, 1024)]
+    assert "tuned/heuristic=1.000 (same config)" in bench.tuned_line(same)
+
+
+def test_tuned_write_json_csv_png(tmp_path):
+    recs = fake_tuned_records()
+    bench.write(recs, tmp_path, "bench_tuned", "tflops", log=lambda *_: None,
+                plotter=bench.plot_tuned)
+    assert json.loads((tmp_path / "bench_tuned.json").read_text()) == recs
+    with open(tmp_path / "bench_tuned.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == len(recs)
+    for key in ("impl", "kernel", "dtype", "hdim", "causal", "batch", "seqlen", "ms", "tflops",
+                "config", "source", "same_config", "error"):
+        assert key in rows[0]
+    err = [r for r in rows if r["error"]]
+    assert len(err) == 1 and err[0]["impl"] == "sdpa_cudnn" and err[0]["ms"] == ""
+    tuned = [r for r in rows if r["impl"] == "cuflash_tuned"]
+    assert {r["same_config"] for r in tuned} == {"True", "False"}
+    assert {r["same_config"] for r in rows if r["impl"] == "sdpa_flash"} == {""}
+    if HAS_MPL:
+        assert (tmp_path / "bench_tuned.png").stat().st_size > 1000
+
+
+def test_time_interleaved_alternates(monkeypatch):
+    order = []
+
+    def fake_time_ms(fn, warmup=3, reps=20, inner=10):
+        assert (warmup, reps) == (0, 1)
+        order.append(fn.__name__)
+        return {"a": 1.0, "b": 2.0}[fn.__name__] + len(order) * 1e-3   # drift
+
+    def a():
+        pass
+
+    def b():
+        pass
+
+    monkeypatch.setattr(bench, "time_ms", fake_time_ms)
+    ms = bench.time_interleaved([a, b], warmup=1, reps=5)
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]
+    # medians of samples 1, 4, 5, 8, 9 (a) and 2, 3, 6, 7, 10 (b): drift hits both alike
+    assert ms == pytest.approx([1.005, 2.006])
+
+
+def _fake_tuned_configs(kernel, hdim, dtype, causal, seqlen, device=0):
+    """Configs without a GPU: the heuristic is the tuned config at s=32; at s=64 the fwd's
+    tuned config differs (another Bc), the bwd's is the heuristic's."""
+    from cuflash.config import default_bwd_config, default_fwd_config
+
+    if kernel == "fwd":
+        heur = default_fwd_config(hdim, dtype, causal)
+        tuned = heur if seqlen < 64 else heur.replace(Bc=32 if heur.Bc != 32 else 64)
+    else:
+        heur = default_bwd_config(hdim, dtype, causal)
+        tuned = heur
+    return tuned, ("tuned fake.yaml" if tuned != heur else "heuristic (fake)"), heur, "heuristic"
+
+
+def test_tuned_loop_on_cpu(tmp_path, monkeypatch):
+    """run_tuned's loop on CPU tensors (cuflash's reference path; the configs and the
+    CUDA-event timer faked): same configs timed once, different ones interleaved."""
+    timed = []
+
+    def fake_time_ms(fn, warmup=3, reps=20, inner=10):
+        fn()
+        timed.append((fn, reps))
+        # interleaved samples: a linear drift (1, 2, 3, ...) that A B B A rounds cancel
+        return 2.0 if reps > 1 else float(sum(r == 1 for _, r in timed))
+
+    monkeypatch.setattr(bench, "time_ms", fake_time_ms)
+    monkeypatch.setattr(bench, "tuned_configs", _fake_tuned_configs)
+    log = []
+    recs = bench.run_tuned(hdims=(64,), seqlens=(32, 64), dtypes=("bf16",), causals=(True,),
+                           reps=4, out_dir=tmp_path, log=log.append, device="cpu", total_tokens=64)
+    cells = bench.tuned_cells(recs)
+    assert list(cells) == [("fwd", "bf16", 64, True, 32), ("fwd", "bf16", 64, True, 64),
+                           ("bwd", "bf16", 64, True, 32), ("bwd", "bf16", 64, True, 64)]
+    for key, cell in cells.items():
+        assert list(cell) == list(bench.TUNED_IMPLS)
+        assert "error" in cell["sdpa_cudnn"]                  # no cuDNN attention on the CPU
+        t, h = cell["cuflash_tuned"], cell["cuflash_heuristic"]
+        assert "error" not in t and "error" not in h, (t, h)
+        assert t["source"] != "" and h["source"] == "heuristic"
+        f = bench.flops(t["batch"], t["nheads"], key[4], key[4], 64, True, key[0])
+        assert t["tflops"] == pytest.approx(f / t["ms"] / 1e9)
+        if key == ("fwd", "bf16", 64, True, 64):
+            assert t["same_config"] is False and t["config"] != h["config"]
+            assert t["interleaved"] and h["interleaved"]
+            assert t["ms"] == h["ms"] == 4.5      # medians of samples 1 4 5 8 and 2 3 6 7
+            assert t["source"] == "tuned fake.yaml"
+        else:
+            assert t["same_config"] is True and t["config"] == h["config"]
+            assert t["ms"] == h["ms"] == 2.0 and "interleaved" not in t
+    # one time_ms call per same-config cell and per sdpa_flash cell (sdpa_cudnn raises
+    # before it is counted); the differing cell: 4 rounds x 2 single samples
+    assert sum(reps == 4 for _, reps in timed) == 3 + 4
+    assert sum(reps == 1 for _, reps in timed) == 8
+    assert json.loads((tmp_path / "cpu" / "bench_tuned.json").read_text()) == recs
+    assert any(line.startswith("tuned >= heuristic in ") for line in log)
+    assert "\n| kernel | dtype | d | causal | 32 | 64 |\n" in "\n".join(log)
+    if HAS_MPL:
+        assert (tmp_path / "cpu" / "bench_tuned.png").exists()
+
+
+def test_tuned_mode_cli(capsys):
+    from cuflash import _gpu
+    from cuflash.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = capsys.readouterr().out
+    assert "tuned" in out and "--kernels" in out and "tuned >= heuristic in N/M cells" in out
+    if _gpu.available():
+        return
+    with pytest.raises(_gpu.NoGPUError):
+        bench.main(["--mode", "tuned", "--hdims", "64", "--seqlens", "512"])
+
+
+# ---------------------------------------------------------------------------------------
 # train_check: task data and the comparison
 
 def test_batches_are_deterministic_and_periodic():

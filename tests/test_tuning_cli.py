@@ -28,6 +28,9 @@ def test_parser_reads_lists():
                                       "512,3000", "--causal", "true", "--brute-force"])
     assert (a.dtype, a.hdim, a.seqlen, a.causal, a.brute_force) == \
         (["bf16"], [64, 128], [512, 3000], "true", True)
+    assert a.min_gain == 1.0                                   # percent
+    assert cli.tune_parser().parse_args(["--min-gain", "2.5"]).min_gain == 2.5
+    assert "--min-gain" in cli.tune_parser().format_help()
 
 
 @needs_no_gpu
@@ -85,7 +88,7 @@ def test_tune_loop_with_a_fake_gpu(monkeypatch, tmp_path):
         table.current_stamp(fam.kernel), gpu="Fake GPU", cc="9.0"))
     lines = []
     args = ["--kernel", "fwd", "--dtype", "bf16", "--hdim", "128", "--seqlen", "512,16384",
-            "--causal", "false", "--trials", "8", "--seed", "0", "--no-progress", "--no-plots",
+            "--causal", "false", "--trials", "8", "--seed", "0", "--no-progress", "--no-plots", "--no-precompile",
             "--out", str(tmp_path / "res"), "--table-dir", str(tmp_path / "ship")]
     assert cli.tune_main(args, log=lines.append) == 0
     text = "\n".join(lines)
@@ -111,3 +114,37 @@ def test_tune_refuses_bad_input(monkeypatch):
     lines = []
     assert cli.tune_main(["--dtype", "fp32"], log=lines.append) == 2
     assert lines == ["cuflash tune: --dtype must be bf16 and/or fp16, got ['fp32']"]
+
+
+def test_tune_min_gain_keeps_the_heuristic(monkeypatch, tmp_path):
+    """The fake's best is ~5% faster than the heuristic: --min-gain 1 (default) writes the
+    best, --min-gain 20 keeps the heuristic and says so; the best still shows in the log."""
+    pytest.importorskip("optuna")
+    from tuning import fake, measure
+
+    fake_gpu(monkeypatch)
+    monkeypatch.setattr(measure, "GpuMeasure", lambda fam, p, device, **kw: fake.FakeMeasure())
+    monkeypatch.setattr(measure, "env_record", lambda fam, device=0: dict(
+        table.current_stamp(fam.kernel), gpu="Fake GPU", cc="9.0"))
+    heuristic = cc.default_fwd_config(128, "bf16", False, (9, 0), cc.MAX_SMEM_BY_ARCH[(9, 0)])
+    common = ["--kernel", "fwd", "--dtype", "bf16", "--hdim", "128", "--seqlen", "4096",
+              "--causal", "false", "--brute-force", "--no-progress", "--no-plots", "--no-precompile"]
+    entries = {}
+    for gain in ("1", "20"):
+        lines = []
+        args = common + ["--min-gain", gain, "--out", str(tmp_path / f"res{gain}"),
+                         "--table-dir", str(tmp_path / f"t{gain}")]
+        assert cli.tune_main(args, log=lines.append) == 0
+        (e,) = table.read_file(tmp_path / f"t{gain}" / "Fake_GPU_sm90.yaml").entries
+        entries[gain] = (e, "\n".join(lines))
+    best, text = entries["1"]
+    assert best.config != {k: getattr(heuristic, k) for k in best.config} and best.note == ""
+    kept, text = entries["20"]
+    assert kept.config == {k: getattr(heuristic, k) for k in kept.config}
+    assert kept.note.startswith("heuristic kept: best ") and "< min gain 20.0%" in kept.note
+    assert kept.runners_up[0]["config"] == best.config            # the real best, first
+    assert f"heuristic {heuristic.name.split('_', 4)[-1]} (gain < min 20.0%)" in text
+    assert "table entry: " + heuristic.name + "; heuristic kept" in text
+    lines = []
+    assert cli.tune_main(common + ["--min-gain", "-1"], log=lines.append) == 2
+    assert lines == ["cuflash tune: --min-gain must be a percentage in [0, 100), got -1"]

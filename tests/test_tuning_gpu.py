@@ -51,7 +51,7 @@ def test_short_forward_study_writes_and_uses_a_tuned_entry(tmp_path, tuned_dir):
     assert path.parent == tuned_dir
     cfg, source = table.lookup("fwd", _gpu.name(), _gpu.arch(), "bf16", 64, False, 600,
                                _gpu.max_smem())
-    assert cfg == outcome.best and str(path) in source
+    assert cfg == outcome.chosen and str(path) in source   # the best, or the heuristic by margin
     cfg2, source2 = table.choose("fwd", 64, "bf16", False, 512, gpu_name=_gpu.name(),
                                  cc=_gpu.arch(), max_smem=_gpu.max_smem())
     assert cfg2 == cfg and source2.startswith("tuned")

@@ -1,6 +1,7 @@
 """The optuna side of the tuner against a deterministic fake measurement (tuning/fake.py):
 pruning and memoisation, full TPE and brute-force studies, resuming a killed run from
 the journal file, the trial records. CPU only; needs optuna."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -231,3 +232,84 @@ def test_trial_result_attrs_round_trip():
     r = TrialResult("ok", 1.5, "", 0.25, {"registers": 168})
     assert TrialResult.from_attrs(r.attrs()) == r and r.ok
     assert not TrialResult("ok", float("nan")).ok and not TrialResult("wrong", 1.0).ok
+
+
+# ---------------------------------------------------------------------------------------
+# the margin rule: the heuristic stays unless the best beats it by min_gain
+
+def scripted(times: dict, default_ms=1.0, fail: dict = None):
+    """A measurement: the heuristic at default_ms, configs named in `times` at their time,
+    every other config 1.5x slower; names in `fail` fail with that status."""
+    fail = fail or {}
+
+    def measure(cfg):
+        if cfg.name in fail:
+            return TrialResult(fail[cfg.name], reason=f"scripted {fail[cfg.name]}")
+        if cfg == DEFAULT:
+            return TrialResult("ok", default_ms)
+        return TrialResult("ok", times.get(cfg.name, 1.5 * default_ms))
+    return measure
+
+
+OTHER = next(c for c in VALID if c != DEFAULT)
+
+
+def test_best_faster_than_the_margin_is_kept():
+    outcome, _ = study(sampler="brute", measure=scripted({OTHER.name: 1.0 / 1.05}))   # +5%
+    assert outcome.min_gain == 0.01 and outcome.best == OTHER and outcome.chosen == OTHER
+    e = outcome.entry({})
+    assert e.config == FAM.params(OTHER) and e.median_ms == pytest.approx(1 / 1.05) and e.note == ""
+    assert e.runners_up[0]["config"] == FAM.params(DEFAULT)
+    assert "table entry: " + OTHER.name + " (+5.0% vs heuristic)" in outcome.summary()
+    # the fake model's best is ~5% faster than the heuristic too
+    outcome, _ = study(n_trials=60)
+    assert outcome.chosen == BEST and outcome.entry({}).config == FAM.params(BEST)
+    # a margin of 0 keeps any best, a caller's margin overrides the outcome's
+    assert outcome.entry({}, min_gain=0.0).config == FAM.params(BEST)
+    assert outcome.entry({}, min_gain=0.2).config == FAM.params(DEFAULT)
+
+
+@pytest.mark.parametrize("best_ms", [1.0 / 1.005, 1.0, 0.99999])
+def test_best_within_the_margin_keeps_the_heuristic(best_ms):
+    outcome, _ = study(sampler="brute", measure=scripted({OTHER.name: best_ms}))
+    assert outcome.best in (OTHER, DEFAULT) and outcome.chosen == DEFAULT
+    e = outcome.entry({"source_hash": "h"})
+    assert e.config == FAM.params(DEFAULT) and e.median_ms == pytest.approx(1.0)
+    assert e.tflops == pytest.approx(PROBLEM.flops() / 1.0 / 1e9)
+    if outcome.best == OTHER:
+        # the real best still heads the runners-up, and the note says why it is not the entry
+        assert e.runners_up[0]["config"] == FAM.params(OTHER)
+        assert e.runners_up[0]["median_ms"] == pytest.approx(best_ms)
+        assert e.note.startswith("heuristic kept: best " + OTHER.name.split("_", 4)[-1])
+        assert "< min gain 1.0%" in e.note
+        text = outcome.summary()
+        assert OTHER.name in text.splitlines()[2]                 # ranked first
+        assert "table entry: " + DEFAULT.name + "; heuristic kept" in text
+    assert FAM.params(DEFAULT) not in [r["config"] for r in e.runners_up]
+    # the note survives the YAML table
+    from tuning import table
+    assert table.Entry.from_dict(e.to_dict()) == e
+
+
+@pytest.mark.parametrize("status", ["wrong", "compile_error"])
+def test_failed_heuristic_keeps_the_best(status):
+    outcome, _ = study(sampler="brute", min_gain=0.5,
+                       measure=scripted({OTHER.name: 0.999}, fail={DEFAULT.name: status}))
+    assert outcome.default_result.status == status and outcome.heuristic_ms is None
+    assert outcome.chosen == outcome.best == OTHER
+    e = outcome.entry({})
+    assert e.config == FAM.params(OTHER) and e.note == f"best kept (heuristic {status}: scripted {status})"
+    assert "table entry: " + OTHER.name + "; best kept (heuristic " in outcome.summary()
+
+
+def test_unmeasured_heuristic_keeps_the_best():
+    outcome, _ = study(n_trials=3)
+    hacked = dataclasses.replace(outcome, default_result=None)
+    assert hacked.chosen == hacked.best and hacked.entry({}).note == "best kept (heuristic not measured)"
+
+
+def test_heuristic_as_best_has_no_note():
+    outcome, _ = study(sampler="brute", measure=scripted({}, default_ms=0.5))
+    assert outcome.best == outcome.chosen == DEFAULT
+    e = outcome.entry({})
+    assert e.note == "" and "note" not in e.to_dict()

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from .space import KERNELS, SEQLEN_BUCKETS, Problem, families
+from .study import MIN_GAIN
 
 TUNE_HELP = """Tune kernel configs for this GPU and store the winners in the tuned table.
 
@@ -13,6 +14,7 @@ One optuna study per (kernel, dtype, head dim, causal, seqlen bucket), timed on 
 FlashAttention benchmark shape (heads = 2048/d, batch x seqlen = 16k). Studies are kept
 in a journal file: re-running the same command resumes. Each study's trials go to
 results/<gpu>/tuning/<study>.json (replayable: python -m tuning.replay), plots next to them.
+The table keeps the heuristic unless the best config beats it by --min-gain percent.
 """
 
 
@@ -43,10 +45,18 @@ def tune_parser() -> argparse.ArgumentParser:
                     help="where the tuned YAML goes (default $CUFLASH_TUNED_DIR or "
                          "~/.cache/cuflash/tuned; tuning/configs to ship it)")
     ap.add_argument("--out", default="results", help="results root (trials JSON, plots)")
+    ap.add_argument("--min-gain", type=float, default=100 * MIN_GAIN, metavar="PERCENT",
+                    help="the best config replaces the heuristic in the tuned table only when it "
+                         "is at least this many percent faster than the heuristic's measured "
+                         f"median (default {100 * MIN_GAIN:g}); below that the heuristic is kept "
+                         "(timing noise never swaps it for an equal-speed config)")
     ap.add_argument("--reps", type=int, default=20, help="timed samples per config")
     ap.add_argument("--trial-timeout", type=float, default=60.0, help="seconds per config")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--no-precompile", action="store_true",
+                    help="skip compiling every valid config in parallel before the studies "
+                         "(one process per CPU core; afterwards trials load kernels from cache)")
     return ap
 
 
@@ -77,6 +87,8 @@ def tune_main(argv=None, log=print) -> int:
     bad = [d for d in a.dtype if d not in ("bf16", "fp16")]
     if bad:
         return refuse(f"--dtype must be bf16 and/or fp16, got {bad}")
+    if not 0 <= a.min_gain < 100:
+        return refuse(f"--min-gain must be a percentage in [0, 100), got {a.min_gain:g}")
 
     from . import measure as m
     from .study import run_study, study_name_for, write_plots, write_trials
@@ -98,6 +110,16 @@ def tune_main(argv=None, log=print) -> int:
     todo = [Problem.fa_convention(k, dt, d, c, s) for k in kernels for dt in a.dtype
             for d in a.hdim for c in causals for s in seqlens]
     gpu = {"name": gpu_name, "cc": "%d.%d" % arch}
+    if not a.no_precompile:
+        from cuflash.kernels import precompile
+
+        t0 = time.perf_counter()
+        configs = [cfg for p in todo
+                   for cfg in fams[p.kernel].valid(p.head_dim, p.dtype, p.causal, max_smem)]
+        results = precompile(configs, device)
+        failed = sum(1 for _, _, err in results if err)
+        log(f"precompiled {len(results)} configs in {time.perf_counter() - t0:.0f} s"
+            + (f" ({failed} failed: their trials record the error)" if failed else ""))
     for i, p in enumerate(todo):
         left = None if deadline is None else deadline - time.perf_counter()
         if left is not None and left <= 0:
@@ -109,7 +131,8 @@ def tune_main(argv=None, log=print) -> int:
         log(f"[{i + 1}/{len(todo)}] {name}")
         outcome = run_study(fam, p, measure, max_smem=max_smem, arch=arch, sampler=sampler,
                             n_trials=a.trials, timeout=left, seed=a.seed, storage=storage,
-                            study_name=name, progress=not a.no_progress, log=log)
+                            study_name=name, progress=not a.no_progress,
+                            min_gain=a.min_gain / 100, log=log)
         log(outcome.summary())
         write_trials(out_dir / f"{name}.json", outcome, sampler=sampler, max_smem=max_smem,
                      gpu=gpu, env=env)
@@ -129,17 +152,23 @@ def tune_main(argv=None, log=print) -> int:
 
 
 def format_table(outcomes) -> str:
-    """One line per study: the winner, its time and its gain over the heuristic."""
-    lines = [f"{'problem':<28} {'best config':<34} {'ms':>8} {'TFLOPs/s':>8} {'vs heuristic':>12}"]
+    """One line per study: the best config found, its time and its gain over the heuristic,
+    and what the tuned table got ("best", or "heuristic" when the margin rule kept it)."""
+    lines = [f"{'problem':<28} {'best config':<34} {'ms':>8} {'TFLOPs/s':>8} {'vs heuristic':>12}"
+             f"  table entry"]
     for o in outcomes:
         if o.best is None:
             lines.append(f"{o.problem.name:<28} (no config ran: {o.counts})")
             continue
-        base = o.default_result.median_ms if o.default_result and o.default_result.ok else None
-        gain = f"{(base / o.best_ms - 1) * 100:+.1f}%" if base else "n/a"
-        short = o.best.name.split("_", 4)[-1]
-        lines.append(f"{o.problem.name:<28} {short:<34} {o.best_ms:>8.4f} "
-                     f"{o.tflops(o.best_ms):>8.1f} {gain:>12}")
+        g = o.gain(o.best_ms)
+        gain = f"{g * 100:+.1f}%" if g is not None else "n/a"
+        chosen, _, note = o.choice()
+        if chosen == o.best:
+            what = note or ("best (is the heuristic)" if chosen == o.default_config else "best")
+        else:
+            what = f"heuristic {o.short(chosen)} (gain < min {o.min_gain * 100:.1f}%)"
+        lines.append(f"{o.problem.name:<28} {o.short(o.best):<34} {o.best_ms:>8.4f} "
+                     f"{o.tflops(o.best_ms):>8.1f} {gain:>12}  {what}")
     return "\n".join(lines)
 
 

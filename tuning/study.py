@@ -7,6 +7,10 @@
 * Sampler: TPE (seedable) by default; "random"; "brute" enqueues every valid point.
   The heuristic default is always the first trial, so the tuned result is never worse
   than what cuflash runs without tuning (on the tuning shape).
+* Margin: the table entry keeps the heuristic unless the best config beats the
+  heuristic's measured median by at least ``min_gain`` (default 1%), so timing noise never
+  swaps the heuristic for an equal-speed config. The runners-up and the summary still show
+  the real best; the entry's ``note`` says that the heuristic was kept and why.
 * Storage: optuna's JournalStorage on a JournalFileBackend file. The study name carries
   the problem, the GPU and the kernel source hash, so re-running the same command
   resumes: finished trials are kept (and not re-measured), a trial that was RUNNING when
@@ -30,6 +34,9 @@ from .space import Family, Problem
 
 SAMPLERS = ("tpe", "random", "brute")
 RUNNERS_UP = 3
+# The best config replaces the heuristic in the tuned table only when it is at least this
+# much faster (fraction of the heuristic's time: heuristic_ms / best_ms - 1 >= MIN_GAIN).
+MIN_GAIN = 0.01
 
 
 def open_storage(path):
@@ -82,6 +89,7 @@ class StudyOutcome:
     flops: float
     stopped_because: str = ""
     study: Any = dataclasses.field(default=None, repr=False)   # the optuna study
+    min_gain: float = MIN_GAIN   # see choice()
 
     @property
     def ok(self) -> list:
@@ -89,45 +97,110 @@ class StudyOutcome:
 
     @property
     def best(self):
+        """The fastest measured config (what the search found; see ``chosen``)."""
         return self.ok[0][0] if self.ok else None
 
     @property
     def best_ms(self) -> Optional[float]:
         return self.ok[0][1].median_ms if self.ok else None
 
+    @property
+    def heuristic_ms(self) -> Optional[float]:
+        """The heuristic's measured median, None when it was not measured or failed."""
+        r = self.default_result
+        return r.median_ms if r is not None and r.ok else None
+
+    def gain(self, ms: Optional[float]) -> Optional[float]:
+        """How much faster ``ms`` is than the heuristic (0.05: 5%); None without both."""
+        base = self.heuristic_ms
+        return base / ms - 1 if base and ms else None
+
     def tflops(self, ms: Optional[float]) -> Optional[float]:
         return self.flops / ms / 1e9 if ms else None
 
-    def entry(self, env: dict):
-        """The tuned-table record (best config, runners-up, env); None if nothing ran."""
-        from .table import Entry
+    def choice(self, min_gain: Optional[float] = None):
+        """What the tuned table gets: ``(config, median_ms, note)``, or None if nothing ran.
 
+        The best config, unless the heuristic was measured and the best beats it by less
+        than ``min_gain`` (a fraction; default the outcome's ``min_gain``): then the
+        heuristic, with a note saying why. The note is also set when the best is kept
+        although the heuristic has no time (it failed or was not measured)."""
         if not self.ok:
             return None
+        min_gain = self.min_gain if min_gain is None else min_gain
+        best, best_ms = self.best, self.best_ms
+        if best == self.default_config:
+            return best, best_ms, ""
+        base = self.heuristic_ms
+        if base is None:
+            r = self.default_result
+            why = (f"heuristic {r.status}" + (f": {r.reason[:80]}" if r.reason else "")
+                   if r is not None else "heuristic not measured")
+            return best, best_ms, f"best kept ({why})"
+        gain = base / best_ms - 1
+        if gain >= min_gain:
+            return best, best_ms, ""
+        return (self.default_config, base,
+                f"heuristic kept: best {self.short(best)} is {gain * 100:+.1f}% vs heuristic "
+                f"(< min gain {min_gain * 100:.1f}%)")
+
+    @property
+    def chosen(self):
+        """The config the tuned table gets (``choice()``'s), None if nothing ran."""
+        c = self.choice()
+        return c[0] if c else None
+
+    @staticmethod
+    def short(config) -> str:
+        """A config's name without the problem part, e.g. Br128_Bc64_w4_s2."""
+        return config.name.split("_", 4)[-1]
+
+    def entry(self, env: dict, min_gain: Optional[float] = None):
+        """The tuned-table record (chosen config, runners-up, env); None if nothing ran.
+
+        The chosen config is the best one unless the margin rule keeps the heuristic
+        (``choice``); the runners-up are the fastest other configs, so with the heuristic
+        kept the real best comes first among them, and ``note`` says why."""
+        from .table import Entry
+
+        c = self.choice(min_gain)
+        if c is None:
+            return None
+        chosen, chosen_ms, note = c
         p, fam = self.problem, self.family
-        runners = [{"config": fam.params(c), "median_ms": r.median_ms,
-                    "tflops": self.tflops(r.median_ms)} for c, r in self.ok[1:1 + RUNNERS_UP]]
+        runners = [{"config": fam.params(cfg), "median_ms": r.median_ms,
+                    "tflops": self.tflops(r.median_ms)}
+                   for cfg, r in self.ok if cfg != chosen][:RUNNERS_UP]
         return Entry(kernel=p.kernel, dtype=p.dtype, head_dim=p.head_dim, causal=p.causal,
-                     seqlen=p.seqlen, config=fam.params(self.best), median_ms=self.best_ms,
-                     tflops=self.tflops(self.best_ms), runners_up=runners, env=dict(env))
+                     seqlen=p.seqlen, config=fam.params(chosen), median_ms=chosen_ms,
+                     tflops=self.tflops(chosen_ms), runners_up=runners, env=dict(env), note=note)
 
     def summary(self, top: int = 8) -> str:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(self.counts.items()))
         lines = [f"{self.study_name}: {self.n_trials} trials ({counts}); "
                  f"{len(self.ranked)} of {self.n_valid} valid configs measured in {self.wall_s:.0f} s"
                  + (f"; stopped: {self.stopped_because}" if self.stopped_because else "")]
-        base = self.default_result.median_ms if self.default_result and self.default_result.ok else None
         lines.append(f"  {'#':>3}  {'config':<44} {'median ms':>10} {'TFLOPs/s':>9} {'vs heuristic':>12}")
+        chosen = self.chosen
         for i, (cfg, res) in enumerate(self.ranked[:top], start=1):
             if res.ok:
-                gain = f"{(base / res.median_ms - 1) * 100:+.1f}%" if base else ""
+                g = self.gain(res.median_ms)
+                gain = f"{g * 100:+.1f}%" if g is not None else ""
                 mark = " (heuristic)" if cfg == self.default_config else ""
+                mark += " <- table" if cfg == chosen else ""
                 lines.append(f"  {i:>3}  {cfg.name:<44} {res.median_ms:>10.4f} "
                              f"{self.tflops(res.median_ms):>9.1f} {gain:>12}{mark}")
             else:
                 lines.append(f"  {i:>3}  {cfg.name:<44} {res.status:>10}  {res.reason[:60]}")
         if len(self.ranked) > top:
             lines.append(f"  ... {len(self.ranked) - top} more")
+        c = self.choice()
+        if c is not None:
+            config, ms, note = c
+            g = self.gain(ms) if config != self.default_config else None
+            lines.append(f"  table entry: {config.name}"
+                         + (f" ({g * 100:+.1f}% vs heuristic)" if g is not None else "")
+                         + (f"; {note}" if note else ""))
         return "\n".join(lines)
 
 
@@ -175,13 +248,16 @@ def run_study(family: Family, problem: Problem, measure, *, max_smem: Optional[i
               arch=(9, 0), sampler: str = "tpe", n_trials: Optional[int] = None,
               timeout: Optional[float] = None, seed: Optional[int] = None, storage=None,
               study_name: Optional[str] = None, progress: bool = False,
-              restrictions: tuple = (), neighbours: bool = True, log=print) -> StudyOutcome:
+              restrictions: tuple = (), neighbours: bool = True, min_gain: float = MIN_GAIN,
+              log=print) -> StudyOutcome:
     """Tune one problem class. ``measure(config) -> TrialResult`` does the timing.
 
     sampler: "tpe" (default), "random" or "brute" (every valid point, heuristic first).
     n_trials: the study's total trial budget, counting trials of earlier runs of the same
     study (default: twice the number of valid points); ignored for "brute".
     neighbours: after the heuristic, measure its one-step neighbours before sampling.
+    min_gain: the margin (fraction) by which the best must beat the heuristic to replace it
+    in the tuned table (``StudyOutcome.choice``).
     timeout: seconds for this call. storage: a journal file path (resumable) or None
     (in memory). study_name: default from the problem (give it the GPU and source hash
     through ``study_name_for`` to keep studies of different code apart).
@@ -257,7 +333,8 @@ def run_study(family: Family, problem: Problem, measure, *, max_smem: Optional[i
     return StudyOutcome(problem, family, name, objective.measured(), default,
                         default_hit[1] if default_hit else None, len(valid), dict(counts),
                         sum(t.state != TrialState.WAITING for t in trials),
-                        time.perf_counter() - t0, objective.flops, stopped["why"], study)
+                        time.perf_counter() - t0, objective.flops, stopped["why"], study,
+                        min_gain)
 
 
 # ---------------------------------------------------------------------------------------
@@ -334,5 +411,5 @@ def write_plots(study, out_dir, stem: str, log=print) -> list[Path]:
     return written
 
 
-__all__ = ["run_study", "StudyOutcome", "open_storage", "make_sampler", "study_name_for",
+__all__ = ["run_study", "StudyOutcome", "MIN_GAIN", "open_storage", "make_sampler", "study_name_for",
            "write_trials", "write_plots", "trial_records", "SAMPLERS"]

@@ -10,8 +10,13 @@ One file per GPU, found by its contents (``gpu: {name, cc}``), not its file name
       median_ms: 0.95
       tflops: 290.1
       runners_up: [{config: {...}, median_ms: 0.97, tflops: 283.4}, ...]
+      note: 'heuristic kept: best Br128_Bc128_w4_s2 is +0.4% vs heuristic (< min gain 1.0%)'
       env: {gpu: ..., cc: ..., driver: ..., cuda_runtime: ..., cupy: ..., cuflash: 0.1.0,
             source_hash: 3f2a..., ...}
+
+``note`` (optional, absent when empty) says why the config is not simply the fastest one
+measured: the tuner keeps the heuristic unless the best beats it by a margin
+(tuning.study.MIN_GAIN), and then the real best is the first runner-up.
 
 Files live in two places, searched in this order: the user's cache directory
 (``$CUFLASH_TUNED_DIR``, default ``~/.cache/cuflash/tuned``), where ``python -m cuflash tune``
@@ -64,16 +69,20 @@ class Entry:
     tflops: Optional[float] = None
     runners_up: list = dataclasses.field(default_factory=list)
     env: dict = dataclasses.field(default_factory=dict)
+    note: str = ""           # why the config is not the fastest measured ('' when it is)
 
     @property
     def key(self) -> tuple:
         return (self.kernel, self.dtype, self.head_dim, self.causal, self.seqlen)
 
     def to_dict(self) -> dict:
-        return {"key": {"kernel": self.kernel, "dtype": self.dtype, "head_dim": self.head_dim,
-                        "causal": self.causal, "seqlen": self.seqlen},
-                "config": dict(self.config), "median_ms": self.median_ms, "tflops": self.tflops,
-                "runners_up": list(self.runners_up), "env": dict(self.env)}
+        d = {"key": {"kernel": self.kernel, "dtype": self.dtype, "head_dim": self.head_dim,
+                     "causal": self.causal, "seqlen": self.seqlen},
+             "config": dict(self.config), "median_ms": self.median_ms, "tflops": self.tflops,
+             "runners_up": list(self.runners_up), "env": dict(self.env)}
+        if self.note:
+            d["note"] = self.note
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Entry":
@@ -89,7 +98,8 @@ class Entry:
                    config=dict(d["config"]),
                    median_ms=None if d.get("median_ms") is None else float(d["median_ms"]),
                    tflops=None if d.get("tflops") is None else float(d["tflops"]),
-                   runners_up=list(d.get("runners_up") or []), env=dict(d.get("env") or {}))
+                   runners_up=list(d.get("runners_up") or []), env=dict(d.get("env") or {}),
+                   note=str(d.get("note") or ""))
 
 
 @dataclasses.dataclass
