@@ -53,6 +53,13 @@ def max_smem(device: int = 0) -> int:
 
 
 @functools.lru_cache(maxsize=None)
+def sm_count(device: int = 0) -> int:
+    import cupy
+
+    return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+
+
+@functools.lru_cache(maxsize=None)
 def name(device: int = 0) -> str:
     import cupy
 

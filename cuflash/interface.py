@@ -353,6 +353,16 @@ def bwd_workspace(batch, nheads, seqlen_q, seqlen_k, grouped: bool, config: BwdC
     return offsets
 
 
+def bwd_head_group(pairs: int, kv_ctas: int, sms: int) -> int:
+    """(batch, head) pairs whose K/V blocks flash_bwd interleaves: enough for two waves of
+    CTAs (the causal tail is then short blocks), at most all of them. CUFLASH_BWD_HEAD_GROUP=n
+    fixes it (1: one head after another; a large n: block 0 of every head first)."""
+    fixed = os.environ.get("CUFLASH_BWD_HEAD_GROUP")
+    if fixed:
+        return max(1, min(pairs, int(fixed)))
+    return max(1, min(pairs, -(-2 * sms // kv_ctas)))
+
+
 def _backward_on_device(tdo, tq, tk, tv, to, lse_ptr, tdq, tdk, tdv, workspace_ptr, ws: dict,
                         softmax_scale, causal, config, device, stream_ptr) -> None:
     """Launch the backward (preprocess, main, dQ epilogue, GQA reduction) on `stream_ptr`.
@@ -375,16 +385,18 @@ def _backward_on_device(tdo, tq, tk, tv, to, lse_ptr, tdq, tdk, tdv, workspace_p
         **_strides("do", tdo), **_strides("dq", tdq), **_strides("dk", tdk), **_strides("dv", tdv),
         batch=batch, nheads=nheads, nheads_kv=nheads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         seqlen_q_rounded=ws["rows"], head_dim=head_dim, head_dim_rounded=config.head_dim,
+        head_group=bwd_head_group(pairs, kv_ctas, _gpu.sm_count(device)),
         softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E)
     kv_ctas = -(-seqlen_k // config.Bc) * config.dsplit
-    if kv_ctas > 65535:  # gridDim.y
-        raise ValueError(f"seqlen_k: the backward with {config.name} handles at most "
-                         f"{65535 // config.dsplit * config.Bc} keys, got {seqlen_k}")
+    pairs = batch * nheads
+    if pairs * kv_ctas >= 2 ** 31:  # gridDim.x
+        raise ValueError(f"batch * nheads * seqlen_k: too many K/V blocks for one launch "
+                         f"({pairs} x {kv_ctas})")
     per_row = head_dim // 8  # epilogue threads per row
     with _on_device(device):
         _launch(kernels["preprocess"], (ws["rows"] // 4, nheads, batch), 128, 0, stream_ptr, params)
         # (batch·heads, K/V blocks): every head's first K/V block first (flash_bwd.cu)
-        _launch(kernels["main"], (batch * nheads, kv_ctas, 1),
+        _launch(kernels["main"], (pairs * kv_ctas, 1, 1),
                 config.threads, config.smem_bytes, stream_ptr, params)
         _launch(kernels["convert_dq"], (-(-seqlen_q * per_row // 256), nheads, batch), 256, 0,
                 stream_ptr, params)

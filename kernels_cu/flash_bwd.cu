@@ -187,13 +187,20 @@ flash_bwd(const BwdParams p) {
     float* lse_smem = reinterpret_cast<float*>(p_smem + kPTiles * kBc * Shape::kDsPitch);  // [kStages][Br]
     float* dsum_smem = lse_smem + kStages * kBr;                     // [kStages][Br]
 
-    // blockIdx.x = batch·nheads + head, blockIdx.y = n_block·kDSplit + slice. Blocks are launched
-    // x fastest: the first K/V block of every head before the second of any. Under the causal
-    // mask the first K/V blocks are the longest (every Q block sees them): longest first, so
-    // that the short ones fill the tail of the grid.
-    const int kv_index = blockIdx.y;
+    // Launch order (a 1-D grid of batch·nheads·kv_ctas blocks, kv_ctas = K/V blocks x kDSplit):
+    // the (batch, head) pairs in groups of p.head_group; within a group, K/V block 0 of every
+    // pair, then block 1, ... Under the causal mask the first K/V blocks are the longest (every
+    // Q block sees them), so each group runs longest first and its short blocks fill the tail;
+    // the host sizes groups to a few waves of CTAs, few enough pairs that their Q, dO and dQ
+    // stay in L2, and enough that the dQ atomics of concurrent CTAs spread over several heads.
+    const int pairs = p.batch * p.nheads, kv_ctas = gridDim.x / pairs;
+    const int group = blockIdx.x / (p.head_group * kv_ctas);
+    const int group_pairs = min(p.head_group, pairs - group * p.head_group);
+    const int in_group = blockIdx.x - group * p.head_group * kv_ctas;
+    const int kv_index = in_group / group_pairs;              // n_block·kDSplit + slice
+    const int pair = group * p.head_group + in_group % group_pairs;
     const int n_block = kv_index / kDSplit, col0 = (kv_index % kDSplit) * Shape::kDCols;
-    const int head = blockIdx.x % p.nheads, batch = blockIdx.x / p.nheads;
+    const int head = pair % p.nheads, batch = pair / p.nheads;
     const int head_kv = head / (p.nheads / p.nheads_kv);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
@@ -380,7 +387,7 @@ flash_bwd(const BwdParams p) {
 
         // ---- dQ_i += dS K_j: 16x16 tiles of dQ_i, summed over the Bc keys of K_j ----
         if (kDeterministic) {  // wait for this CTA's turn at this Q block: K/V blocks in order
-            // (a lower kv_index has a lower linear block index, so it is resident or done)
+            // (a lower kv_index of the same pair has a lower block index: resident or done)
             int* turn = p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block;
             if (tid == 0) while (ld_acquire_gpu(turn) != kv_index) {}
             __syncthreads();

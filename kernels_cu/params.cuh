@@ -100,6 +100,7 @@ struct BwdParams {
     int seqlen_q_rounded;
     int head_dim;
     int head_dim_rounded;
+    int head_group;        // flash_bwd launch order: K/V blocks of head_group (batch, head) pairs interleaved
     float softmax_scale;
     float scale_log2;
 };
