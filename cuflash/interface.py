@@ -374,6 +374,11 @@ def _backward_on_device(tdo, tq, tk, tv, to, lse_ptr, tdq, tdk, tdv, workspace_p
     batch, seqlen_q, nheads, head_dim = tq.shape
     _, seqlen_k, nheads_kv, _ = tk.shape
     grouped = nheads != nheads_kv
+    kv_ctas = -(-seqlen_k // config.Bc) * config.dsplit
+    pairs = batch * nheads
+    if pairs * kv_ctas >= 2 ** 31:  # gridDim.x
+        raise ValueError(f"batch * nheads * seqlen_k: too many K/V blocks for one launch "
+                         f"({pairs} x {kv_ctas})")
     at = lambda name: workspace_ptr + ws[name] if name in ws else 0  # noqa: E731
     kernels = get_kernels(config, device)
     params = pack(
@@ -387,15 +392,10 @@ def _backward_on_device(tdo, tq, tk, tv, to, lse_ptr, tdq, tdk, tdv, workspace_p
         seqlen_q_rounded=ws["rows"], head_dim=head_dim, head_dim_rounded=config.head_dim,
         head_group=bwd_head_group(pairs, kv_ctas, _gpu.sm_count(device)),
         softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E)
-    kv_ctas = -(-seqlen_k // config.Bc) * config.dsplit
-    pairs = batch * nheads
-    if pairs * kv_ctas >= 2 ** 31:  # gridDim.x
-        raise ValueError(f"batch * nheads * seqlen_k: too many K/V blocks for one launch "
-                         f"({pairs} x {kv_ctas})")
     per_row = head_dim // 8  # epilogue threads per row
     with _on_device(device):
         _launch(kernels["preprocess"], (ws["rows"] // 4, nheads, batch), 128, 0, stream_ptr, params)
-        # (batch·heads, K/V blocks): every head's first K/V block first (flash_bwd.cu)
+        # one block per (pair, K/V block), in the order of bwd_head_group (flash_bwd.cu)
         _launch(kernels["main"], (pairs * kv_ctas, 1, 1),
                 config.threads, config.smem_bytes, stream_ptr, params)
         _launch(kernels["convert_dq"], (-(-seqlen_q * per_row // 256), nheads, batch), 256, 0,

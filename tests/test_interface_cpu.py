@@ -287,3 +287,42 @@ def test_grid_limits_are_checked():
     q = np.ones((70000, 1, 1, 8), np.float16)
     with pytest.raises(ValueError, match="batch"):
         cuflash.flash_attn_func(q, q, q)
+
+
+def test_backward_launch_plumbing_without_a_gpu(monkeypatch):
+    """_backward_on_device up to the launches: grids, the head group, every BwdParams field."""
+    import contextlib
+
+    import numpy as np
+
+    from cuflash import _gpu, interface as itf
+    from cuflash.config import default_bwd_config
+
+    launches = []
+    monkeypatch.setattr(itf, "get_kernels", lambda c, d: {r: r for r in c.kernel_names()})
+    monkeypatch.setattr(itf, "_launch", lambda k, grid, threads, smem, stream, params:
+                        launches.append((k, grid, int(params["head_group"][0]))))
+    monkeypatch.setattr(itf, "_on_device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
+
+    def tensor(shape):
+        strides = tuple(int(np.prod(shape[i + 1:])) for i in range(4))
+        return itf._Tensor(kind="torch", dtype="bf16", shape=shape, strides=strides, ptr=256, device=0)
+
+    q, k = tensor((2, 300, 8, 128)), tensor((2, 300, 2, 128))
+    cfg = default_bwd_config(128, "bf16", False)
+    ws = itf.bwd_workspace(2, 8, 300, 300, True, cfg)
+    itf._backward_on_device(q, q, k, k, q, 0, q, k, k, 1024, ws, 0.1, False, cfg, 0, 0)
+    kv_ctas = -(-300 // cfg.Bc) * cfg.dsplit
+    assert [name for name, _, _ in launches] == ["preprocess", "main", "convert_dq", "reduce_dkv"]
+    assert launches[1][1] == (16 * kv_ctas, 1, 1)
+    assert launches[1][2] == itf.bwd_head_group(16, kv_ctas, 132) == 16
+
+
+def test_bwd_head_group():
+    from cuflash.interface import bwd_head_group
+
+    assert bwd_head_group(pairs=16, kv_ctas=128, sms=132) == 3     # 16k: three heads, 384 CTAs
+    assert bwd_head_group(pairs=128, kv_ctas=16, sms=132) == 17    # 2k
+    assert bwd_head_group(pairs=4, kv_ctas=16, sms=132) == 4       # never more than there are
+    assert bwd_head_group(pairs=8, kv_ctas=10 ** 6, sms=132) == 1
