@@ -148,8 +148,6 @@ def _short(exc: BaseException, n: int = 200) -> str:
 def run(hdims=(64, 128), seqlens=SEQLENS, dtypes=("bf16",),
         causals=(False, True), sweep=False, out_dir="results", reps=20, log=print):
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from .interface import config_for, flash_attn_func
 
@@ -174,13 +172,8 @@ def run(hdims=(64, 128), seqlens=SEQLENS, dtypes=("bf16",),
                             impls[f"cuflash[{cfg.name}]"] = (
                                 lambda cfg=cfg: flash_attn_func(q, k, v, causal=causal, config=cfg),
                                 cfg.name)
-                    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-                    for name, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION),
-                                          ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
-                        def sdpa(backend=backend):
-                            with sdpa_kernel(backend):
-                                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                        impls[name] = (sdpa, "")
+                    for name in ("sdpa_flash", "sdpa_cudnn"):
+                        impls[name] = (_sdpa_kernel("fwd", name, q, k, v, None, causal), "")
                     row = {}
                     for impl, (fn, cfg_name) in impls.items():
                         try:
@@ -227,9 +220,6 @@ def _fwdbwd_fns(impl, q, k, v, dout, causal):
         from . import interface
 
         deterministic = impl == "cuflash[det]"
-        bwd_fn = getattr(interface, "flash_attn_backward", None)
-        if bwd_fn is None:
-            raise NotImplementedError("cuflash.interface.flash_attn_backward does not exist yet")
         dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype]
         names = {}
         try:  # the names are informative only (and need a GPU)
@@ -245,7 +235,8 @@ def _fwdbwd_fns(impl, q, k, v, dout, causal):
             return interface.flash_attn_func(q, k, v, causal=causal)
 
         def bwd():
-            return bwd_fn(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic)
+            return interface.flash_attn_backward(dout, q, k, v, out, lse, causal=causal,
+                                                 deterministic=deterministic)
         return fwd, bwd, names
 
     backend = _sdpa_backend(impl)
