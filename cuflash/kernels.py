@@ -13,6 +13,9 @@ device, source hash).
 Switches:
   CUFLASH_DUMP_SOURCE=DIR  write each rendered source to DIR/<family>.<hash>.cu
   CUFLASH_LINEINFO=1       compile with -lineinfo (ncu source view, compute-sanitizer lines)
+  CUFLASH_KERNEL_DIR=DIR   read the kernel sources from DIR instead of kernels_cu/ (an edited
+                           copy: time a variant next to the original, tune it); its source
+                           hash differs, so tuned-table entries of the original don't apply
 """
 from __future__ import annotations
 
@@ -31,6 +34,13 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 
 
 def kernel_dir() -> Path:
+    override = os.environ.get("CUFLASH_KERNEL_DIR")
+    if override:
+        path = Path(override).resolve()
+        if not (path / "flash_fwd.cu").is_file():
+            raise FileNotFoundError(f"CUFLASH_KERNEL_DIR={override!r}: expected a directory with the "
+                                    f"kernel sources (flash_fwd.cu, flash_bwd.cu, headers)")
+        return path
     if KERNEL_DIR.is_dir():
         return KERNEL_DIR
     import kernels_cu  # installed as a data package next to cuflash
@@ -38,10 +48,13 @@ def kernel_dir() -> Path:
     return Path(kernels_cu.__file__).resolve().parent
 
 
-@functools.lru_cache(maxsize=None)
 def render_source(family: str) -> str:
     """The full, self-contained source of one kernel family (headers inlined once each)."""
-    root = kernel_dir()
+    return _render(family, kernel_dir())
+
+
+@functools.lru_cache(maxsize=None)
+def _render(family: str, root: Path) -> str:
     seen: set[str] = set()
 
     def inline(name: str) -> list[str]:
@@ -64,9 +77,13 @@ def render_source(family: str) -> str:
     return "\n".join(inline(f"{family}.cu")) + "\n"
 
 
-@functools.lru_cache(maxsize=None)
 def source_hash(family: str) -> str:
-    return hashlib.sha256(render_source(family).encode()).hexdigest()[:16]
+    return _hash(render_source(family))
+
+
+@functools.lru_cache(maxsize=None)
+def _hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 def _options() -> tuple[str, ...]:

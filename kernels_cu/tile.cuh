@@ -12,7 +12,8 @@ struct alignas(16) u32x4 { u32 x, y, z, w; };
 
 // Copy a (kRows x kHeadDim) tile from global memory (row pitch `row_stride` elements) into
 // shared memory (row pitch kPitch) with 16-byte cp.async. Rows >= rows_valid and columns
-// >= head_dim are zero-filled, so padding never injects garbage into the mma.
+// >= head_dim are zero-filled, so padding never injects garbage into the mma; a tile with
+// neither (every tile but the last of a ragged sequence) takes the plain copy.
 // Thread layout: kLanesPerRow consecutive threads cover one row (one 16-byte chunk each),
 // so a thread keeps one column and walks rows in steps of kRowsPerPass: its addresses are
 // one base plus compile-time offsets, which keeps address registers out of the main loop.
@@ -28,6 +29,13 @@ __device__ __forceinline__ void load_tile_g2s(u16* tile_smem, const u16* tile_gm
     const bool col_valid = col < head_dim;
     const u16* src = tile_gmem + row * row_stride + col;
     const u32 dst = smem_u32(tile_smem + row * kPitch + col);
+    if (rows_valid >= kRows && head_dim >= kHeadDim) {  // the common case: nothing to zero-fill
+#pragma unroll
+        for (int pass = 0; pass * kRowsPerPass < kRows; ++pass)
+            if (kRows % kRowsPerPass == 0 || row + pass * kRowsPerPass < kRows)
+                cp_async_16(dst + pass * kRowsPerPass * kPitch * 2, src + pass * kRowsPerPass * row_stride);
+        return;
+    }
 #pragma unroll
     for (int pass = 0; pass * kRowsPerPass < kRows; ++pass) {
         const int r = row + pass * kRowsPerPass;

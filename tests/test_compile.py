@@ -170,7 +170,7 @@ def test_source_hash_stable():
     assert re.fullmatch(r"[0-9a-f]{16}", h)
     assert source_hash("flash_fwd") == h
     assert h == hashlib.sha256(render_source("flash_fwd").encode()).hexdigest()[:16]
-    render_source.cache_clear()                              # re-read from disk
+    kernels._render.cache_clear()                            # re-read from disk
     assert source_hash("flash_fwd") == h
 
 
@@ -307,3 +307,27 @@ def test_backward_kernel_names_match_the_source():
     src = render_source("flash_bwd")
     for name in names.values():
         assert name.split("<")[0].split("::")[1] in src
+
+
+def test_kernel_dir_override_renders_an_edited_copy(tmp_path, monkeypatch):
+    """CUFLASH_KERNEL_DIR points the renderer at an edited copy of kernels_cu/: its source and
+    hash are the copy's (so tuned entries of the original don't apply), and unsetting it
+    brings the original back."""
+
+    original_src, original_hash = render_source("flash_bwd"), source_hash("flash_bwd")
+    copy = tmp_path / "kernels"
+    shutil.copytree(kernels.kernel_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    tile = copy / "tile.cuh"
+    tile.write_text(tile.read_text() + "\n// an edit\n")
+    monkeypatch.setenv("CUFLASH_KERNEL_DIR", str(copy))
+    assert kernels.kernel_dir() == copy.resolve()
+    assert "// an edit" in render_source("flash_bwd")
+    assert source_hash("flash_bwd") != original_hash
+    monkeypatch.delenv("CUFLASH_KERNEL_DIR")
+    assert render_source("flash_bwd") == original_src and source_hash("flash_bwd") == original_hash
+
+
+def test_kernel_dir_override_must_hold_the_sources(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUFLASH_KERNEL_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="CUFLASH_KERNEL_DIR"):
+        render_source("flash_fwd")
