@@ -34,7 +34,13 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 
 
 def kernel_dir() -> Path:
-    override = os.environ.get("CUFLASH_KERNEL_DIR")
+    """Where the kernel sources are read from: CUFLASH_KERNEL_DIR if set, else kernels_cu/.
+    Looked up on every launch (through source_hash), so resolved once per value."""
+    return _kernel_dir(os.environ.get("CUFLASH_KERNEL_DIR", ""))
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_dir(override: str) -> Path:
     if override:
         path = Path(override).resolve()
         if not (path / "flash_fwd.cu").is_file():
@@ -78,12 +84,14 @@ def _render(family: str, root: Path) -> str:
 
 
 def source_hash(family: str) -> str:
-    return _hash(render_source(family))
+    """First 16 hex digits of the rendered source's SHA-256 (the key of compiled kernels and of
+    tuned-table entries)."""
+    return _hash(family, kernel_dir())
 
 
 @functools.lru_cache(maxsize=None)
-def _hash(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
+def _hash(family: str, root: Path) -> str:
+    return hashlib.sha256(_render(family, root).encode()).hexdigest()[:16]
 
 
 def _options() -> tuple[str, ...]:

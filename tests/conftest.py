@@ -1,3 +1,4 @@
+import math
 import warnings
 
 import numpy as np
@@ -31,3 +32,67 @@ class strict_fp:
     def __exit__(self, *exc):
         self._warn.__exit__(*exc)
         return self._err.__exit__(*exc)
+
+
+def random_attention_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype=np.float64):
+    """Fresh random NumPy (q, k, v, dout) in `dtype` and the seed that made them (the reference
+    tests: printed on failure, so a failing draw can be replayed)."""
+    seed = int(np.random.SeedSequence().entropy % 2**63)
+    rng = np.random.default_rng(seed)
+    shape_q, shape_k = (batch, seqlen_q, nheads, headdim), (batch, seqlen_k, nheads_kv, headdim)
+    q, k, v = rng.standard_normal(shape_q), rng.standard_normal(shape_k), rng.standard_normal(shape_k)
+    dout = rng.standard_normal(shape_q)
+    return tuple(x.astype(dtype) for x in (q, k, v, dout)), seed
+
+
+# ---- shared by the GPU test files (test_flash_fwd_gpu.py, test_flash_bwd_gpu.py) ----------
+# The grid both kernels are checked on: ragged, unequal and edge seqlens, head dims 32..256,
+# MHA / GQA / MQA.
+GPU_SEQLENS = [(1, 1), (1, 4096), (113, 203), (128, 217), (256, 512), (512, 256),
+               (1023, 1024), (1024, 1023), (2049, 2049)]
+GPU_HDIMS = [32, 64, 96, 128, 160, 256]
+GPU_HEADS = {"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)}
+
+
+@pytest.fixture
+def poison_outputs(monkeypatch):
+    """cuflash NaN-fills its outputs before each launch, so unwritten elements show."""
+    from cuflash import interface
+
+    monkeypatch.setattr(interface, "POISON_OUTPUTS", True)
+
+
+def torch_dtype(name):
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def cuda_randn(shape, dtype):
+    import torch
+
+    return torch.randn(shape, device="cuda", dtype=dtype)
+
+
+def torch_attention(q, k, v, causal, scale, dtype):
+    """Plain attention in torch ops, (out, lse), in `dtype`: float64 is the reference; a 16-bit
+    dtype is plain low precision as an unfused model runs it (matmuls in that dtype, softmax
+    in fp32). Bottom-right aligned causal mask; fully masked rows give out 0, lse +inf.
+    Differentiable (the backward tests take its gradients)."""
+    import torch
+
+    q, k, v = (x.to(dtype).transpose(1, 2) for x in (q, k, v))  # (b, h, s, d)
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = (q @ k.transpose(-1, -2)).to(torch.float64 if dtype == torch.float64 else torch.float32) * scale
+    sq, sk = q.shape[2], k.shape[2]
+    if causal:
+        keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+        s = s.masked_fill(~keep, -math.inf)
+    m = s.amax(-1, keepdim=True).detach()
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = torch.exp(s - m)
+    l = p.sum(-1, keepdim=True)
+    lse = torch.where(l[..., 0] > 0, (m + torch.log(l))[..., 0], torch.full_like(l[..., 0], math.inf))
+    p = p / torch.where(l > 0, l, torch.ones_like(l))
+    return (p.to(dtype) @ v).transpose(1, 2), lse

@@ -171,6 +171,7 @@ def test_source_hash_stable():
     assert source_hash("flash_fwd") == h
     assert h == hashlib.sha256(render_source("flash_fwd").encode()).hexdigest()[:16]
     kernels._render.cache_clear()                            # re-read from disk
+    kernels._hash.cache_clear()
     assert source_hash("flash_fwd") == h
 
 

@@ -15,39 +15,15 @@ import pytest
 import cuflash
 from cuflash import _gpu, interface, reference
 
-pytestmark = pytest.mark.gpu
+from conftest import GPU_HDIMS as HDIMS, GPU_HEADS as HEADS, GPU_SEQLENS as SEQLENS  # noqa: E402
+from conftest import cuda_randn as rand, torch_attention, torch_dtype  # noqa: E402
 
-SEQLENS = [(1, 1), (1, 4096), (113, 203), (128, 217), (256, 512), (512, 256),
-           (1023, 1024), (1024, 1023), (2049, 2049)]
-HDIMS = [32, 64, 96, 128, 160, 256]
-HEADS = {"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)}
-TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
-
-
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    monkeypatch.setattr(interface, "POISON_OUTPUTS", True)
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
 
 def plain_attention(q, k, v, causal, scale, dtype):
-    """Attention in torch ops in `dtype` (float64: the reference; else plain low precision:
-    matmuls in the inputs' dtype, softmax in fp32, as an unfused model would run it)."""
-    import torch
-
-    q, k, v = (x.to(dtype).transpose(1, 2) for x in (q, k, v))  # (b, h, s, d)
-    rep = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    s = (q @ k.transpose(-1, -2)).to(torch.float64 if dtype == torch.float64 else torch.float32) * scale
-    sq, sk = q.shape[2], k.shape[2]
-    if causal:
-        keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
-        s = s.masked_fill(~keep, -math.inf)
-    m = s.amax(-1, keepdim=True).detach()
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    p = torch.exp(s - m)
-    l = p.sum(-1, keepdim=True)
-    p = p / torch.where(l > 0, l, torch.ones_like(l))
-    return (p.to(dtype) @ v).transpose(1, 2)
+    """Plain attention's output in `dtype` (conftest.torch_attention without the LSE)."""
+    return torch_attention(q, k, v, causal, scale, dtype)[0]
 
 
 def grads(fn, q, k, v, dout):
@@ -74,16 +50,8 @@ def check_grads(ours, ref, low, what=""):
     assert not failures, "\n".join(failures)
 
 
-def rand(shape, dtype):
-    import torch
-
-    return torch.randn(shape, device="cuda", dtype=dtype)
-
-
 def problem(dtype, sq, sk, h, hkv, hdim, batch=2):
-    import torch
-
-    tdtype = getattr(torch, TORCH_DTYPES[dtype])
+    tdtype = torch_dtype(dtype)
     q = rand((batch, sq, h, hdim), tdtype)
     k, v = rand((batch, sk, hkv, hdim), tdtype), rand((batch, sk, hkv, hdim), tdtype)
     dout = rand((batch, sq, h, hdim), tdtype)
@@ -219,8 +187,6 @@ def test_torch_compile_fullgraph_and_cuda_graphs_match_eager():
 
 
 def test_empty_and_keyless_backward():
-    import torch
-
     q, k, v, dout = problem("fp16", 4, 0, 2, 2, 64)
     _, (dq, dk, dv) = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v), q, k, v, dout)
     assert (dq == 0).all() and dk.shape == k.shape

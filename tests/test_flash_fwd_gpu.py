@@ -11,48 +11,12 @@ import numpy as np
 import pytest
 
 import cuflash
-from cuflash import _gpu, interface, reference
+from cuflash import _gpu, reference
 
-pytestmark = pytest.mark.gpu
+from conftest import GPU_HDIMS as HDIMS, GPU_HEADS as HEADS, GPU_SEQLENS as SEQLENS  # noqa: E402
+from conftest import cuda_randn as rand, torch_attention, torch_dtype  # noqa: E402
 
-SEQLENS = [(1, 1), (1, 4096), (113, 203), (128, 217), (256, 512), (512, 256),
-           (1023, 1024), (1024, 1023), (2049, 2049)]
-HDIMS = [32, 64, 96, 128, 160, 256]
-HEADS = {"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)}
-
-
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    monkeypatch.setattr(interface, "POISON_OUTPUTS", True)
-
-
-def torch_attention(q, k, v, causal, scale, upcast):
-    """Plain attention in torch. upcast: float64 reference; else the inputs' low precision."""
-    import torch
-
-    dtype = torch.float64 if upcast else q.dtype
-    q, k, v = (x.to(dtype).transpose(1, 2) for x in (q, k, v))  # (b, h, s, d)
-    rep = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    s = (q @ k.transpose(-1, -2)).float() * scale if not upcast else (q @ k.transpose(-1, -2)) * scale
-    sq, sk = q.shape[2], k.shape[2]
-    if causal:
-        keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
-        s = s.masked_fill(~keep, -math.inf)
-    m = s.amax(-1, keepdim=True)
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    p = torch.exp(s - m)
-    l = p.sum(-1, keepdim=True)
-    lse = torch.where(l[..., 0] > 0, (m + torch.log(l))[..., 0], torch.full_like(l[..., 0], math.inf))
-    p = p / torch.where(l > 0, l, torch.ones_like(l))
-    o = p.to(dtype) @ v
-    return o.transpose(1, 2), lse
-
-
-def rand(shape, dtype):
-    import torch
-
-    return torch.randn(shape, device="cuda", dtype=dtype)
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
 
 @pytest.mark.parametrize("heads", list(HEADS))
@@ -63,15 +27,15 @@ def rand(shape, dtype):
 def test_forward_matches_reference(dtype, causal, hdim, seqlens, heads):
     import torch
 
-    tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    tdtype = torch_dtype(dtype)
     sq, sk = seqlens
     h, hkv = HEADS[heads]
     batch = 2
     q, k, v = rand((batch, sq, h, hdim), tdtype), rand((batch, sk, hkv, hdim), tdtype), rand((batch, sk, hkv, hdim), tdtype)
     scale = 1 / math.sqrt(hdim)
     out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
-    ref, ref_lse = torch_attention(q, k, v, causal, scale, upcast=True)
-    low, _ = torch_attention(q, k, v, causal, scale, upcast=False)
+    ref, ref_lse = torch_attention(q, k, v, causal, scale, torch.float64)
+    low, _ = torch_attention(q, k, v, causal, scale, q.dtype)
     assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) output elements"
     err = (out.double() - ref).abs().max().item()
     base = (low.double() - ref).abs().max().item()
@@ -120,8 +84,8 @@ def test_strided_views_and_explicit_config():
     q, k, v = qkv.unbind(2)
     cfg = cuflash.FwdConfig(64, 32, 4, 3, 64, "bf16", True)
     out = cuflash.flash_attn_func(q, k, v, causal=True, config=cfg)
-    ref, _ = torch_attention(q, k, v, True, 1 / 8, upcast=True)
-    low, _ = torch_attention(q, k, v, True, 1 / 8, upcast=False)
+    ref, _ = torch_attention(q, k, v, True, 1 / 8, torch.float64)
+    low, _ = torch_attention(q, k, v, True, 1 / 8, q.dtype)
     assert (out.double() - ref).abs().max() <= 2 * (low.double() - ref).abs().max() + 1e-5
 
 
@@ -133,8 +97,8 @@ def test_every_config_of_the_space_is_correct():
     for hdim in (64, 128):
         for causal in (False, True):
             q, k, v = (rand((1, 333, 2, hdim), torch.bfloat16) for _ in range(3))
-            ref, _ = torch_attention(q, k, v, causal, hdim ** -0.5, upcast=True)
-            low, _ = torch_attention(q, k, v, causal, hdim ** -0.5, upcast=False)
+            ref, _ = torch_attention(q, k, v, causal, hdim ** -0.5, torch.float64)
+            low, _ = torch_attention(q, k, v, causal, hdim ** -0.5, q.dtype)
             base = (low.double() - ref).abs().max().item()
             for cfg in cuflash.config.valid_fwd_configs(hdim, "bf16", causal, _gpu.max_smem()):
                 out = cuflash.flash_attn_func(q, k, v, causal=causal, config=cfg)

@@ -11,16 +11,13 @@ from cuflash.reference import (
     causal_mask,
     lowp_attention,
 )
-from conftest import strict_fp
+from conftest import random_attention_inputs, strict_fp
 
 
 def make_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
              dtype=np.float64):
-    rng = np.random.default_rng()
-    q = rng.standard_normal((batch, seqlen_q, nheads, headdim))
-    k = rng.standard_normal((batch, seqlen_k, nheads_kv, headdim))
-    v = rng.standard_normal((batch, seqlen_k, nheads_kv, headdim))
-    return q.astype(dtype), k.astype(dtype), v.astype(dtype)
+    (q, k, v, _), _ = random_attention_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype)
+    return q, k, v
 
 
 def loop_reference(q, k, v, softmax_scale=None, causal=False):

@@ -19,19 +19,15 @@ from cuflash.reference import (
     attention_tiled,
     causal_mask,
 )
-from conftest import strict_fp
+from conftest import random_attention_inputs, strict_fp
 
 
 def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
                 dtype=np.float64):
     """Fresh random (dout, q, k, v) and the seed that made them."""
-    seed = int(np.random.SeedSequence().entropy % 2**63)
-    rng = np.random.default_rng(seed)
-    shape_q = (batch, seqlen_q, nheads, headdim)
-    shape_k = (batch, seqlen_k, nheads_kv, headdim)
-    dout, q = rng.standard_normal(shape_q), rng.standard_normal(shape_q)
-    k, v = rng.standard_normal(shape_k), rng.standard_normal(shape_k)
-    return tuple(x.astype(dtype) for x in (dout, q, k, v)), seed
+    (q, k, v, dout), seed = random_attention_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_kv,
+                                                    headdim, dtype)
+    return (dout, q, k, v), seed
 
 
 def assert_grads_close(grads, refs, seed, rtol=1e-10, atol=1e-10):

@@ -64,12 +64,18 @@ def test_search_efficiency_averages_over_seeds(brute_table, tmp_path, capsys):
     assert capsys.readouterr().out.count("seeds reaches within 2%") == 2
 
 
-def test_heuristic_that_is_already_best_costs_one_measurement(brute_table, tmp_path):
+def table_with_best_as_heuristic(brute_table, tmp_path):
+    """A copy of the recorded study whose heuristic (the first trial) is its best config."""
     doc = json.loads(brute_table.read_text())
     best = min((t for t in doc["trials"] if t["status"] == "ok"), key=lambda t: t["median_ms"])
     doc["default"] = best["params"]
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc))
+    return path
+
+
+def test_heuristic_that_is_already_best_costs_one_measurement(brute_table, tmp_path):
+    path = table_with_best_as_heuristic(brute_table, tmp_path)
     res = search_efficiency(path, "tpe", seeds=2)
     assert [r["measured"] for r in res["runs"]] == [1, 1] and res["meets_bar"]
 
@@ -85,11 +91,7 @@ def test_table_without_a_success_is_refused(brute_table, tmp_path):
 
 
 def test_sampler_alone_without_the_heuristic_head_start(brute_table, tmp_path):
-    doc = json.loads(brute_table.read_text())
-    best = min((t for t in doc["trials"] if t["status"] == "ok"), key=lambda t: t["median_ms"])
-    doc["default"] = best["params"]
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(doc))
+    path = table_with_best_as_heuristic(brute_table, tmp_path)
     res = search_efficiency(path, "random", seeds=3, enqueue_default=False)
     assert not res["heuristic_first"] and "(no heuristic first)" in format_efficiency(res)
     assert any(r["measured"] > 1 for r in res["runs"])
