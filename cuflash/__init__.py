@@ -3,13 +3,27 @@
     import cuflash
     out = cuflash.flash_attn_func(q, k, v, causal=True)       # CuPy / NumPy / torch
     ref = cuflash.reference.attention_naive(q, k, v, causal=True)   # float64 oracle
-"""
-from . import reference
-from ._gpu import NoGPUError
-from .config import BwdConfig, ConfigError, FwdConfig, default_bwd_config, default_fwd_config
-from .interface import bwd_config_for, config_for, flash_attn_backward, flash_attn_func
 
-__version__ = "0.1.0"
+Importing cuflash imports neither CuPy nor torch; both load on first use.
+"""
+import os as _os
+
+# In a source checkout kernels_cu/ and tuning/ sit beside cuflash/; installed, they are
+# inside it (setup.cfg maps them to cuflash.kernels_cu and cuflash.tuning). Either way they
+# import as cuflash.kernels_cu and cuflash.tuning.
+_here = _os.path.dirname(_os.path.abspath(__file__))
+if not _os.path.isdir(_os.path.join(_here, "kernels_cu")):
+    __path__.append(_os.path.dirname(_here))  # noqa: F821 - the package's own __path__
+
+from . import reference  # noqa: E402
+from ._gpu import NoGPUError  # noqa: E402
+from .api import bwd_config_for, config_for, flash_attn_backward, flash_attn_func  # noqa: E402
+from .families.base import ConfigError  # noqa: E402
+from .families.fa2_bwd import BwdConfig  # noqa: E402
+from .families.fa2_fwd import FwdConfig  # noqa: E402
+from .problem import Problem  # noqa: E402
+
+__version__ = "0.2.0.dev0"
 __all__ = ["flash_attn_func", "flash_attn_backward", "config_for", "bwd_config_for", "FwdConfig",
-           "BwdConfig", "ConfigError", "default_fwd_config", "default_bwd_config", "NoGPUError",
-           "reference", "__version__"]
+           "BwdConfig", "ConfigError", "NoGPUError", "Problem", "reference",
+           "__version__"]

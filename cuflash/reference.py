@@ -22,6 +22,53 @@ Conventions (shared with the kernels):
 * Backward: ``dq`` has ``q``'s shape, ``dk`` and ``dv`` have ``k``'s shape.
   With GQA / MQA the gradient of a kv head is the sum over the query heads
   that read it. Fully masked rows contribute nothing to any gradient.
+
+Non-finite inputs ("NaN in gives NaN out, in the affected rows"):
+
+A NaN or +-inf anywhere in an input row that an output row actually reads
+makes that whole output row NaN; every other row is exactly what it would be
+with the non-finite values replaced by finite ones. Query row ``i`` (of one
+batch and query head) reads its ``q`` row and the ``k`` / ``v`` rows of the
+keys it may attend (its *visible* keys, see the causal rule above); a key row
+it may not attend is not read. Row by row:
+
+* ``lse[i]`` reads ``q[i]`` and the visible ``k`` rows (not ``v``);
+  ``out[i]`` reads those and the visible ``v`` rows.
+* Backward (``dout``, and for :func:`attention_backward_tiled` the given
+  ``out`` and ``lse``, are read row by row too; an ``lse`` of NaN or -inf
+  counts as non-finite, +inf is the fully masked value): row ``i`` is
+  *affected* if its ``out[i]`` is, or ``dout[i]`` (or the given ``out[i]`` /
+  ``lse[i]``) is non-finite. Then ``dq[i]`` is NaN for affected rows;
+  ``dk[j]`` is NaN if some affected row sees key ``j``; ``dv[j]`` is NaN if
+  some row that sees key ``j`` has a NaN ``lse`` (so a NaN P row) or a
+  non-finite ``dout`` row (``dv = P^T dO`` reads neither ``v`` nor ``out``,
+  so a non-finite ``v`` leaves ``dv`` finite).
+  With GQA / MQA a kv head's gradient row is NaN if it is for any of the
+  query heads that read it.
+* Fully masked rows (no visible key) read nothing: they stay ``out = 0``,
+  ``lse = +inf`` and contribute nothing to any gradient, whatever their
+  ``q`` / ``dout`` rows hold.
+* The low precision baselines (:func:`lowp_attention`,
+  :func:`attention_grad_lowp`) apply the rule to the inputs rounded to their
+  dtype (a finite value that rounds to +-inf counts as non-finite).
+
+This follows torch's ``scaled_dot_product_attention`` (math path, CPU):
+the rows that hold a non-finite value are the same, and the other rows agree.
+The deliberate differences all come from "NaN in gives NaN out":
+
+* torch can give +-inf, or NaN in one column only, where we give a whole NaN
+  row (an inf in ``v`` gives +-inf in that column of ``out``; an inf or NaN
+  in ``dout`` does the same in ``dv``);
+* a +-inf in ``k`` gives torch a finite row wherever that key's score is
+  -inf (it then has weight 0); we give NaN;
+* torch's masked entries leak NaN (``0 * NaN``, ``NaN - inf``) into rows
+  and keys that never see the non-finite value (with ``is_causal``, and in
+  its causal backward); we do not.
+
+Non-finite inputs raise no floating point warning: they are replaced by
+zeros before the arithmetic, and the affected rows are set to NaN afterwards.
+Overflow of finite inputs (scores beyond the float range) is not covered by
+the rule; it propagates as IEEE arithmetic does.
 """
 
 import functools
@@ -163,6 +210,103 @@ def causal_mask(seqlen_q, seqlen_k):
     return cols <= rows + (seqlen_k - seqlen_q)
 
 
+# ---------------------------------------------------------------------------
+# Non-finite inputs (see "Non-finite inputs" in the module docstring)
+# ---------------------------------------------------------------------------
+
+def _nonfinite_rows(x, nheads):
+    """(B, S, Hx, D) -> (B, nheads, S) bool: rows holding a NaN or +-inf.
+
+    kv heads are repeated for GQA / MQA as in :func:`_to_bhsd`.
+    """
+    bad = np.moveaxis(~np.isfinite(x).all(axis=-1), 2, 1)   # (B, Hx, S)
+    group = nheads // bad.shape[1]
+    if group > 1:
+        bad = np.repeat(bad, group, axis=1)
+    return bad
+
+
+def _finite_or_zero(x):
+    """``x`` with every NaN / +-inf replaced by 0 (``x`` itself if finite).
+
+    The arithmetic then runs on finite numbers only, so no floating point
+    warning is raised and rows that do not read the replaced values are
+    computed exactly as before; the rows that do are set to NaN afterwards.
+    """
+    finite = np.isfinite(x)
+    if finite.all():
+        return x
+    return np.where(finite, x, np.zeros((), dtype=x.dtype))
+
+
+def _rows_with_keys(seqlen_q, seqlen_k, causal):
+    """(seqlen_q,) bool: query rows that may attend at least one key."""
+    rows = np.arange(seqlen_q)
+    if causal:
+        return (rows + (seqlen_k - seqlen_q) >= 0) & (seqlen_k > 0)
+    return np.full(seqlen_q, seqlen_k > 0)
+
+
+def _rows_seeing(bad_keys, seqlen_q, causal):
+    """(..., Sk) bool over keys -> (..., Sq): rows that see a marked key."""
+    seqlen_k = bad_keys.shape[-1]
+    any_bad = bad_keys.any(axis=-1)
+    if not causal:
+        return np.repeat(any_bad[..., None], seqlen_q, axis=-1)
+    # Row i sees key j iff j <= i + offset: it sees a marked key iff it sees
+    # the first one.
+    first = np.where(any_bad, bad_keys.argmax(axis=-1), seqlen_k)
+    return first[..., None] <= np.arange(seqlen_q) + (seqlen_k - seqlen_q)
+
+
+def _keys_seen_by(bad_rows, seqlen_k, causal):
+    """(..., Sq) bool over query rows -> (..., Sk): keys a marked row sees."""
+    seqlen_q = bad_rows.shape[-1]
+    any_bad = bad_rows.any(axis=-1)
+    if not causal:
+        return np.repeat(any_bad[..., None], seqlen_k, axis=-1)
+    # Key j is seen by row i iff i >= j - offset: a marked row sees key j
+    # iff the last marked row does.
+    last = seqlen_q - 1 - bad_rows[..., ::-1].argmax(axis=-1)
+    return any_bad[..., None] & (
+        np.arange(seqlen_k) <= last[..., None] + (seqlen_k - seqlen_q))
+
+
+def _forward_nan_rows(q_bad, k_bad, v_bad, seqlen_k, causal):
+    """Rows of ``lse`` and of ``out`` that are NaN, each (B, H, Sq) bool.
+
+    ``q_bad`` (B, H, Sq), ``k_bad`` and ``v_bad`` (B, H, Sk): the non-finite
+    input rows (kv heads repeated per query head).
+    """
+    seqlen_q = q_bad.shape[-1]
+    has_keys = _rows_with_keys(seqlen_q, seqlen_k, causal)
+    lse_nan = has_keys & (q_bad | _rows_seeing(k_bad, seqlen_q, causal))
+    out_nan = lse_nan | _rows_seeing(v_bad, seqlen_q, causal)
+    return lse_nan, out_nan
+
+
+def _backward_nan_rows(lse_nan, out_nan, do_bad, seqlen_k, causal):
+    """Rows of ``dq`` (B, H, Sq) and of ``dk``, ``dv`` (B, H, Sk) that are NaN.
+
+    ``lse_nan``: rows whose P row is NaN; ``out_nan``: rows whose output (so
+    whose ``D = rowsum(dO * O)``) is NaN; ``do_bad``: non-finite ``dout``
+    rows. ``dk`` and ``dv`` are per query head, before the GQA sum.
+    """
+    has_keys = _rows_with_keys(lse_nan.shape[-1], seqlen_k, causal)
+    do_bad = do_bad & has_keys
+    dq_nan = lse_nan | out_nan | do_bad          # the whole dS row is NaN
+    dk_nan = _keys_seen_by(dq_nan, seqlen_k, causal)
+    dv_nan = _keys_seen_by(lse_nan | do_bad, seqlen_k, causal)   # P^T dO
+    return dq_nan, dk_nan, dv_nan
+
+
+def _set_nan_rows(x, rows):
+    """Set ``x[..., r, :]`` to NaN where ``rows[..., r]`` (in place)."""
+    if rows.any():
+        x[rows] = np.nan
+    return x
+
+
 def _masked_softmax_parts(s, keep):
     """Safe softmax pieces for scores ``s`` (..., M, N).
 
@@ -180,19 +324,29 @@ def _masked_softmax_parts(s, keep):
     return p, m, l
 
 
-def _finish(acc, m, l):
+def _finish(acc, m, l, has_keys):
     """Normalize the accumulator and form the LSE, handling empty rows.
 
-    acc: (..., M, D), m and l: (..., M). Rows with l == 0 get O = 0 and
-    LSE = +inf.
+    acc: (..., M, D), m and l: (..., M), has_keys: bool broadcastable to
+    (..., M), the rows that may attend at least one key (decided by the mask,
+    not by the values, so that a NaN never turns into an empty row). Rows
+    without keys get O = 0 and LSE = +inf.
     """
-    has_keys = l > 0
+    has_keys = np.broadcast_to(has_keys, l.shape)
     out = np.zeros_like(acc)
     np.divide(acc, l[..., None], out=out, where=has_keys[..., None])
     log_l = np.zeros_like(l)
     np.log(l, out=log_l, where=has_keys)
     lse = np.where(has_keys, m + log_l, np.inf)
     return out, lse
+
+
+def _normalized(p, l, has_keys):
+    """``p / l`` on the rows with keys, 0 on the rows without (see _finish)."""
+    probs = np.zeros_like(p)
+    np.divide(p, l[..., None], out=probs,
+              where=np.broadcast_to(has_keys, l.shape)[..., None])
+    return probs
 
 
 # ---------------------------------------------------------------------------
@@ -223,20 +377,29 @@ def attention_naive(q, k, v, softmax_scale=None, causal=False,
     lse : float64 array, shape (batch, nheads, seqlen_q)
         Only if ``return_lse``. ``+inf`` for fully masked rows (whose ``out``
         row is 0).
+
+    Rows that read a NaN or +-inf input are NaN (module docstring,
+    "Non-finite inputs").
     """
     q, k, v, dims = _as_float64(q, k, v)
     _, seqlen_q, seqlen_k, nheads, _, headdim = dims
     scale = _resolve_scale(softmax_scale, headdim)
+    lse_nan, out_nan = _forward_nan_rows(
+        _nonfinite_rows(q, nheads), _nonfinite_rows(k, nheads),
+        _nonfinite_rows(v, nheads), seqlen_k, causal)
 
-    qh = np.moveaxis(q, 2, 1)             # (B, H, Sq, D)
-    kh = _to_bhsd(k, nheads)              # (B, H, Sk, D)
-    vh = _to_bhsd(v, nheads)
+    qh = np.moveaxis(_finite_or_zero(q), 2, 1)    # (B, H, Sq, D)
+    kh = _to_bhsd(_finite_or_zero(k), nheads)     # (B, H, Sk, D)
+    vh = _to_bhsd(_finite_or_zero(v), nheads)
 
     s = np.matmul(qh, np.swapaxes(kh, -1, -2)) * scale   # (B, H, Sq, Sk)
     keep = causal_mask(seqlen_q, seqlen_k) if causal else None
     p, m, l = _masked_softmax_parts(s, keep)
     acc = np.matmul(p, vh)                                # (B, H, Sq, D)
-    out, lse = _finish(acc, m, l)
+    out, lse = _finish(acc, m, l,
+                       _rows_with_keys(seqlen_q, seqlen_k, causal))
+    _set_nan_rows(out, out_nan)
+    _set_nan_rows(lse, lse_nan)
     out = np.ascontiguousarray(np.moveaxis(out, 1, 2))
     if return_lse:
         return out, lse
@@ -283,6 +446,9 @@ def attention_tiled(q, k, v, softmax_scale=None, causal=False, block_m=64,
     out : float64 array, shape (batch, seqlen_q, nheads, headdim)
     lse : float64 array, shape (batch, nheads, seqlen_q)
         ``+inf`` for fully masked rows (whose ``out`` row is 0).
+
+    Rows that read a NaN or +-inf input are NaN, as in
+    :func:`attention_naive` (module docstring, "Non-finite inputs").
     """
     block_m = _check_block_size("block_m", block_m)
     block_n = _check_block_size("block_n", block_n)
@@ -290,10 +456,14 @@ def attention_tiled(q, k, v, softmax_scale=None, causal=False, block_m=64,
     q, k, v, dims = _as_float64(q, k, v)
     batch, seqlen_q, seqlen_k, nheads, _, headdim = dims
     scale = _resolve_scale(softmax_scale, headdim)
+    lse_nan, out_nan = _forward_nan_rows(
+        _nonfinite_rows(q, nheads), _nonfinite_rows(k, nheads),
+        _nonfinite_rows(v, nheads), seqlen_k, causal)
+    has_keys = _rows_with_keys(seqlen_q, seqlen_k, causal)
 
-    qh = np.moveaxis(q, 2, 1)             # (B, H, Sq, D)
-    kt = np.swapaxes(_to_bhsd(k, nheads), -1, -2)   # (B, H, D, Sk)
-    vh = _to_bhsd(v, nheads)              # (B, H, Sk, D)
+    qh = np.moveaxis(_finite_or_zero(q), 2, 1)    # (B, H, Sq, D)
+    kt = np.swapaxes(_to_bhsd(_finite_or_zero(k), nheads), -1, -2)  # (B,H,D,Sk)
+    vh = _to_bhsd(_finite_or_zero(v), nheads)     # (B, H, Sk, D)
     offset = seqlen_k - seqlen_q          # row i keeps keys j <= i + offset
 
     out = np.zeros((batch, nheads, seqlen_q, headdim))
@@ -328,8 +498,11 @@ def attention_tiled(q, k, v, softmax_scale=None, causal=False, block_m=64,
             acc = alpha[..., None] * acc + np.matmul(p, vh[:, :, j0:j1, :])
             m = m_new
 
-        out[:, :, i0:i1, :], lse[:, :, i0:i1] = _finish(acc, m, l)
+        out[:, :, i0:i1, :], lse[:, :, i0:i1] = _finish(acc, m, l,
+                                                        has_keys[i0:i1])
 
+    _set_nan_rows(out, out_nan)
+    _set_nan_rows(lse, lse_nan)
     return np.ascontiguousarray(np.moveaxis(out, 1, 2)), lse
 
 
@@ -374,23 +547,29 @@ def attention_backward_naive(dout, q, k, v, softmax_scale=None,
     -------
     dq : float64 array, shape (batch, seqlen_q, nheads, headdim)
     dk, dv : float64 arrays, shape (batch, seqlen_k, nheads_kv, headdim)
+        Gradient rows that depend on a NaN or +-inf input are NaN (module
+        docstring, "Non-finite inputs").
     """
     q, k, v, dims = _as_float64(q, k, v)
     _, seqlen_q, seqlen_k, nheads, nheads_kv, headdim = dims
     dout = _as_float64_shaped("dout", dout, q.shape, "(q's shape)")
     scale = _resolve_scale(softmax_scale, headdim)
+    dq_nan, dk_nan, dv_nan = _backward_nan_rows(
+        *_forward_nan_rows(_nonfinite_rows(q, nheads),
+                           _nonfinite_rows(k, nheads),
+                           _nonfinite_rows(v, nheads), seqlen_k, causal),
+        _nonfinite_rows(dout, nheads), seqlen_k, causal)
 
-    qh = np.moveaxis(q, 2, 1)             # (B, H, Sq, D)
-    kh = _to_bhsd(k, nheads)              # (B, H, Sk, D)
-    vh = _to_bhsd(v, nheads)
-    do = np.moveaxis(dout, 2, 1)          # (B, H, Sq, D)
+    qh = np.moveaxis(_finite_or_zero(q), 2, 1)    # (B, H, Sq, D)
+    kh = _to_bhsd(_finite_or_zero(k), nheads)     # (B, H, Sk, D)
+    vh = _to_bhsd(_finite_or_zero(v), nheads)
+    do = np.moveaxis(_finite_or_zero(dout), 2, 1)  # (B, H, Sq, D)
 
     # Forward: P normalized, 0 on masked entries and on fully masked rows.
     s = np.matmul(qh, np.swapaxes(kh, -1, -2)) * scale   # (B, H, Sq, Sk)
     keep = causal_mask(seqlen_q, seqlen_k) if causal else None
     p, _, l = _masked_softmax_parts(s, keep)
-    probs = np.zeros_like(p)
-    np.divide(p, l[..., None], out=probs, where=(l > 0)[..., None])
+    probs = _normalized(p, l, _rows_with_keys(seqlen_q, seqlen_k, causal))
     out = np.matmul(probs, vh)                            # (B, H, Sq, D)
 
     # Backward.
@@ -400,6 +579,9 @@ def attention_backward_naive(dout, q, k, v, softmax_scale=None,
     ds = probs * (dp - delta[..., None])                  # (B, H, Sq, Sk)
     dq = np.matmul(ds, kh) * scale                        # (B, H, Sq, D)
     dk = np.matmul(np.swapaxes(ds, -1, -2), qh) * scale   # (B, H, Sk, D)
+    _set_nan_rows(dq, dq_nan)
+    _set_nan_rows(dk, dk_nan)
+    _set_nan_rows(dv, dv_nan)
 
     return (np.ascontiguousarray(np.moveaxis(dq, 1, 2)),
             _sum_kv_groups(dk, nheads_kv), _sum_kv_groups(dv, nheads_kv))
@@ -465,6 +647,9 @@ def attention_backward_tiled(dout, q, k, v, out, lse, softmax_scale=None,
     -------
     dq : float64 array, shape (batch, seqlen_q, nheads, headdim)
     dk, dv : float64 arrays, shape (batch, seqlen_k, nheads_kv, headdim)
+        Gradient rows that depend on a NaN or +-inf input (``out`` and
+        ``lse`` included; an ``lse`` of NaN or -inf counts) are NaN, as in
+        :func:`attention_backward_naive`.
     """
     block_q = _check_block_size("block_q", block_q)
     block_k = _check_block_size("block_k", block_k)
@@ -476,11 +661,25 @@ def attention_backward_tiled(dout, q, k, v, out, lse, softmax_scale=None,
     lse = _as_float64_shaped("lse", lse, (batch, nheads, seqlen_q),
                              "(batch, nheads, seqlen_q)")
     scale = _resolve_scale(softmax_scale, headdim)
+    # The given out and lse are read row by row as well: a NaN or -inf LSE
+    # (+inf is the fully masked value) makes the row's P NaN, a non-finite
+    # out row its D = rowsum(dO * O).
+    lse_bad = np.isnan(lse) | np.isneginf(lse)
+    lse_nan, out_nan = _forward_nan_rows(
+        _nonfinite_rows(q, nheads) | lse_bad, _nonfinite_rows(k, nheads),
+        _nonfinite_rows(v, nheads), seqlen_k, causal)
+    out_nan |= _nonfinite_rows(out, nheads) & _rows_with_keys(
+        seqlen_q, seqlen_k, causal)
+    dq_nan, dk_nan, dv_nan = _backward_nan_rows(
+        lse_nan, out_nan, _nonfinite_rows(dout, nheads), seqlen_k, causal)
+    # Affected rows are computed on zeros (and P = 0) and set to NaN below.
+    lse = np.where(lse_bad, np.inf, lse)
+    out = _finite_or_zero(out)
 
-    qh = np.moveaxis(q, 2, 1)             # (B, H, Sq, D)
-    kh = _to_bhsd(k, nheads)              # (B, H, Sk, D)
-    vh = _to_bhsd(v, nheads)
-    do = np.moveaxis(dout, 2, 1)          # (B, H, Sq, D)
+    qh = np.moveaxis(_finite_or_zero(q), 2, 1)    # (B, H, Sq, D)
+    kh = _to_bhsd(_finite_or_zero(k), nheads)     # (B, H, Sk, D)
+    vh = _to_bhsd(_finite_or_zero(v), nheads)
+    do = np.moveaxis(_finite_or_zero(dout), 2, 1)  # (B, H, Sq, D)
     offset = seqlen_k - seqlen_q          # row i keeps keys j <= i + offset
 
     # Preprocess: D_i = rowsum(dO_i * O_i).
@@ -527,6 +726,9 @@ def attention_backward_tiled(dout, q, k, v, out, lse, softmax_scale=None,
         dk[:, :, j0:j1, :] = dk_blk
         dv[:, :, j0:j1, :] = dv_blk
 
+    _set_nan_rows(dq, dq_nan)
+    _set_nan_rows(dk, dk_nan)
+    _set_nan_rows(dv, dv_nan)
     return (np.ascontiguousarray(np.moveaxis(dq, 1, 2)),
             _sum_kv_groups(dk, nheads_kv), _sum_kv_groups(dv, nheads_kv))
 
@@ -578,20 +780,25 @@ def lowp_attention(q, k, v, softmax_scale=None, causal=False,
     Returns
     -------
     out : float64 array, shape (batch, seqlen_q, nheads, headdim)
-        The low precision result converted to float64 (fully masked rows 0).
+        The low precision result converted to float64 (fully masked rows 0;
+        rows that read a NaN or +-inf input after rounding to ``dtype`` are
+        NaN).
     """
     lowp = _resolve_lowp_dtype(dtype)
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    _, _, vh, probs, rounded = _lowp_forward(q, k, v, softmax_scale, causal, lowp)
-    o = rounded(np.matmul(probs, vh))
+    _, _, vh, probs, rounded, (_, out_nan) = _lowp_forward(
+        q, k, v, softmax_scale, causal, lowp)
+    o = _set_nan_rows(rounded(np.matmul(probs, vh)), out_nan)
     return np.ascontiguousarray(np.moveaxis(o, 1, 2)).astype(np.float64)
 
 
 def _lowp_forward(q, k, v, softmax_scale, causal, lowp):
     """The forward of plain attention in low precision, up to P (see lowp_attention).
 
-    Returns (qh, kh, vh, probs, rounded): the rounded inputs as (B, H, S, D) float32, the
-    rounded probabilities P, and the rounding function (to ``lowp``, back to float32).
+    Returns (qh, kh, vh, probs, rounded, (lse_nan, out_nan)): the rounded inputs as
+    (B, H, S, D) float32 (non-finite values replaced by 0), the rounded probabilities P,
+    the rounding function (to ``lowp``, back to float32) and the (B, H, Sq) rows whose
+    P and whose output read a non-finite rounded input (see _forward_nan_rows).
     """
     _, seqlen_q, seqlen_k, nheads, _, headdim = _check_shapes(q, k, v)
     scale = np.float32(_resolve_scale(softmax_scale, headdim))
@@ -599,15 +806,24 @@ def _lowp_forward(q, k, v, softmax_scale, causal, lowp):
     def rounded(x):
         return x.astype(lowp).astype(np.float32)
 
-    qh = np.moveaxis(rounded(q), 2, 1)    # (B, H, Sq, D)
-    kh = _to_bhsd(rounded(k), nheads)     # (B, H, Sk, D)
-    vh = _to_bhsd(rounded(v), nheads)
+    def rounded_input(x):
+        # Saturating to +-inf is the low precision input's value (a
+        # non-finite input for the NaN rule), not an error of the baseline.
+        with np.errstate(over="ignore"):
+            return rounded(x)
+
+    q, k, v = rounded_input(q), rounded_input(k), rounded_input(v)
+    nan_rows = _forward_nan_rows(
+        _nonfinite_rows(q, nheads), _nonfinite_rows(k, nheads),
+        _nonfinite_rows(v, nheads), seqlen_k, causal)
+    qh = np.moveaxis(_finite_or_zero(q), 2, 1)    # (B, H, Sq, D)
+    kh = _to_bhsd(_finite_or_zero(k), nheads)     # (B, H, Sk, D)
+    vh = _to_bhsd(_finite_or_zero(v), nheads)
     s = rounded(np.matmul(qh, np.swapaxes(kh, -1, -2)) * scale)
     keep = causal_mask(seqlen_q, seqlen_k) if causal else None
     p, _, l = _masked_softmax_parts(s, keep)
-    probs = np.zeros_like(p)
-    np.divide(p, l[..., None], out=probs, where=(l > 0)[..., None])
-    return qh, kh, vh, rounded(probs), rounded
+    probs = _normalized(p, l, _rows_with_keys(seqlen_q, seqlen_k, causal))
+    return qh, kh, vh, rounded(probs), rounded, nan_rows
 
 
 @_ignore_underflow
@@ -653,26 +869,33 @@ def attention_grad_lowp(dout, q, k, v, softmax_scale=None, causal=False,
     -------
     dq : float64 array, shape (batch, seqlen_q, nheads, headdim)
     dk, dv : float64 arrays, shape (batch, seqlen_k, nheads_kv, headdim)
-        The low precision results converted to float64.
+        The low precision results converted to float64 (NaN rows as in
+        :func:`attention_backward_naive`, for the inputs rounded to
+        ``dtype``).
     """
     lowp = _resolve_lowp_dtype(dtype)
     q, k, v, dout = np.asarray(q), np.asarray(k), np.asarray(v), np.asarray(dout)
-    _, _, _, _, nheads_kv, headdim = _check_shapes(q, k, v)
+    _, _, seqlen_k, nheads, nheads_kv, headdim = _check_shapes(q, k, v)
     if dout.shape != q.shape:
         raise ValueError(
             f"dout must have shape {q.shape} (q's shape), got {dout.shape}")
     scale = np.float32(_resolve_scale(softmax_scale, headdim))
     # Forward, as lowp_attention.
-    qh, kh, vh, probs, rounded = _lowp_forward(q, k, v, softmax_scale, causal, lowp)
-    do = np.moveaxis(rounded(dout), 2, 1)
+    qh, kh, vh, probs, rounded, nan_rows = _lowp_forward(
+        q, k, v, softmax_scale, causal, lowp)
+    with np.errstate(over="ignore"):   # as the inputs in _lowp_forward
+        dout = rounded(dout)
+    dq_nan, dk_nan, dv_nan = _backward_nan_rows(
+        *nan_rows, _nonfinite_rows(dout, nheads), seqlen_k, causal)
+    do = np.moveaxis(_finite_or_zero(dout), 2, 1)
 
     # Backward.
     dp = rounded(np.matmul(do, np.swapaxes(vh, -1, -2)))
     ds = rounded(probs * (dp - np.sum(probs * dp, axis=-1, keepdims=True)))
-    dq = rounded(np.matmul(ds, kh) * scale)
-    dk = rounded(_sum_kv_groups(
-        np.matmul(np.swapaxes(ds, -1, -2), qh) * scale, nheads_kv))
-    dv = rounded(_sum_kv_groups(
-        np.matmul(np.swapaxes(probs, -1, -2), do), nheads_kv))
+    dq = _set_nan_rows(rounded(np.matmul(ds, kh) * scale), dq_nan)
+    dk = rounded(_sum_kv_groups(_set_nan_rows(
+        np.matmul(np.swapaxes(ds, -1, -2), qh) * scale, dk_nan), nheads_kv))
+    dv = rounded(_sum_kv_groups(_set_nan_rows(
+        np.matmul(np.swapaxes(probs, -1, -2), do), dv_nan), nheads_kv))
     return (np.moveaxis(dq, 1, 2).astype(np.float64), dk.astype(np.float64),
             dv.astype(np.float64))

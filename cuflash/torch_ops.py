@@ -1,153 +1,207 @@
-"""The torch bridge: ``cuflash::fwd`` and ``cuflash::bwd`` as torch custom ops.
+"""The torch bridge: autograd, torch.compile and CUDA graphs for cuflash's kernels.
 
-``flash_attn_func`` routes torch tensors here. The ops own no kernel logic: they allocate
-outputs with torch's caching allocator and launch the kernels by raw pointer on torch's
-current stream (interface._forward_on_device / _backward_on_device). No DLPack, no CuPy
-array and no device synchronization on the way, which keeps the per-call cost low and
-makes CUDA-graph capture legal (../shared/FACTS.md).
+Two torch ops, one per cuflash op, defined with ``torch.library.define`` + ``impl`` +
+``register_fake`` (no kernel logic in them):
 
-* ``cuflash::fwd(q, k, v, scale, causal, fwd_tiles, deterministic, bwd_tiles) -> (out, lse)``
-  has a fake (meta) implementation and registered autograd, so ``torch.compile(fullgraph=True)``
-  traces through it and ``loss.backward()`` calls ``cuflash::bwd``. The last two arguments
-  only ride along for the backward.
-* ``cuflash::bwd(dout, q, k, v, out, lse, scale, causal, deterministic, bwd_tiles) -> (dq, dk, dv)``.
-* Configs cross the op boundary as int lists (empty: the tuned / heuristic default):
-  fwd_tiles = [Br, Bc, warps, stages, head_dim], bwd_tiles = [Br, Bc, warps, stages, dsplit,
-  qsplit, head_dim]; the call's ``deterministic`` flag overrides the config's.
-* CPU tensors (any float dtype) run the float64 NumPy reference, forward and backward, so
-  ``torch.autograd.gradcheck`` exercises the whole plumbing without a GPU.
+* ``cuflash::fwd(q, k, v, softmax_scale, causal, config) -> (out, lse)``
+* ``cuflash::bwd(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config) -> (dq, dk, dv)``
+
+``config`` is a family's encoded config string (``Family.encode``), '' for the tuned or
+heuristic choice. Autograd is an ``autograd.Function`` around them (``FlashAttnFn``), not
+registered on the op: that costs ~25 µs less per forward + backward (../shared/FACTS.md).
+
+Eager calls skip the dispatcher: ``attention`` looks the call's plan up by one tuple key
+(shapes, strides, dtypes, devices, flags), allocates the outputs with torch's caching
+allocator and launches by raw pointer on torch's current stream — no DLPack, no CuPy
+array, no device synchronization, so CUDA-graph capture is legal. Under torch.compile
+the same work goes through the ops, which dynamo traces.
+
+CPU tensors (any float dtype) run the float64 NumPy reference, forward and backward, so
+``torch.autograd.gradcheck`` exercises the whole plumbing without a GPU.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
-from . import interface as _itf
-from . import reference
-from .config import BwdConfig, FwdConfig
+from . import api, reference
+from . import compile as compile_mod
+from .problem import Problem
+from .registry import family_of, get as get_family
 
 Tensor = torch.Tensor
 
-
-def _fwd_tiles(config: Optional[FwdConfig]) -> list[int]:
-    if config is None:
-        return []
-    return [config.Br, config.Bc, config.warps, config.stages, config.head_dim]
-
-
-def _bwd_tiles(config: Optional[BwdConfig]) -> list[int]:
-    if config is None:
-        return []
-    return [config.Br, config.Bc, config.warps, config.stages, config.dsplit, config.qsplit,
-            config.head_dim]
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+try:
+    _raw_stream = torch._C._cuda_getCurrentRawStream  # (device index) -> cudaStream_t, ~0.1 µs
+except AttributeError:  # pragma: no cover - older torch
+    def _raw_stream(index):
+        return torch.cuda.current_stream(index).cuda_stream
 
 
-def _dtype_name(x: Tensor) -> str:
-    return {torch.bfloat16: "bf16", torch.float16: "fp16"}[x.dtype]
+def _scale(softmax_scale, head_dim: int) -> float:
+    return api.check_scale(softmax_scale, head_dim)
 
 
-def _gpu_layout(x: Tensor) -> Tensor:
-    """x itself if the kernels can read it (contiguous last dim, 16-byte aligned rows), else a
-    contiguous copy: gradients in particular may arrive expanded (stride 0) or transposed."""
-    strides = x.stride()
-    ok = (x.shape[-1] <= 1 or strides[-1] == 1) and x.data_ptr() % 16 == 0 and all(
-        s % 8 == 0 for s, n in zip(strides[:-1], x.shape[:-1]) if n > 1)
-    return x if ok else x.contiguous()
+def _encode(config) -> str:
+    return "" if config is None else family_of(config).encode(config)
 
 
-def _t(name: str, x: Tensor):
-    return _itf._describe(name, x)
+def _decode(text: str, dtype, causal: bool):
+    if not text:
+        return None
+    return get_family(text.split(":", 1)[0]).decode(text, _DTYPES.get(dtype, "bf16"), causal)
 
 
-def _stream(x: Tensor) -> int:
-    return torch.cuda.current_stream(x.device).cuda_stream
+def _aligned(x: Tensor) -> Tensor:
+    """x itself if the kernels can read it in place, else a contiguous copy (gradients in
+    particular may arrive expanded, stride 0, or transposed)."""
+    if api.layout_problem(api._Tensor("torch", None, tuple(x.shape), tuple(x.stride()),
+                                      x.data_ptr(), None)):
+        return x.contiguous()
+    return x
 
 
 # ---------------------------------------------------------------------------------------
 # forward
 
-@torch.library.custom_op("cuflash::fwd", mutates_args=())
-def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool,
-        fwd_tiles: list[int], deterministic: bool, bwd_tiles: list[int]) -> tuple[Tensor, Tensor]:
-    if q.device.type == "cpu":
-        return _fwd_reference(q, k, v, softmax_scale, causal)
-    batch, seqlen_q, nheads, head_dim = q.shape
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
-    if out.numel() == 0:
+class _FwdEntry:
+    """The cached part of a forward call shape."""
+    __slots__ = ("plan", "out_shape", "lse_shape", "copy", "keyless")
+
+    def __init__(self, plan, out_shape, lse_shape, copy=False, keyless=False):
+        self.plan, self.out_shape, self.lse_shape = plan, out_shape, lse_shape
+        self.copy, self.keyless = copy, keyless
+
+
+_fwd_plans: dict = {}
+_bwd_plans: dict = {}
+
+
+def _drop_plans() -> None:
+    _fwd_plans.clear()
+    _bwd_plans.clear()
+
+
+compile_mod.on_change(_drop_plans)
+
+
+def _fwd_entry(q, k, v, softmax_scale, causal, config, bwd_config) -> _FwdEntry:
+    """First call of a forward shape: validate everything, choose, build the plan."""
+    tq, tk, tv, scale, problem = api.check_qkv(q, k, v, softmax_scale, causal)
+    api.check_config("config", config, problem)
+    api.check_config("bwd_config", bwd_config, problem.replace(op="bwd"))
+    b, sq, h, _ = tq.shape
+    lse_shape = (b, h, sq)
+    if tq.device is None:
+        return _FwdEntry(None, tq.shape, lse_shape)
+    if b == 0 or sq == 0 or h == 0 or tk.shape[1] == 0:
+        return _FwdEntry(None, tq.shape, lse_shape, keyless=tk.shape[1] == 0)
+    strides = {"q": tq.strides, "k": tk.strides, "v": tv.strides, "o": api.out_strides(tq.shape)}
+    return _FwdEntry(api.make_plan(problem, strides, scale, tq.device, config), tq.shape, lse_shape)
+
+
+def forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale, causal: bool, config=None,
+            bwd_config=None) -> tuple[Tensor, Tensor]:
+    """(out, lse) by the kernels (CUDA) or the reference (CPU); no autograd."""
+    if softmax_scale is not None and softmax_scale.__class__ is not float:
+        # a str or list must raise naming softmax_scale (not 'unhashable'); a 0-d tensor or
+        # NumPy scalar must not key a new plan per call
+        softmax_scale = _scale(softmax_scale, q.shape[-1])
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
+           v.dtype, q.device, k.device, v.device, softmax_scale, causal, config, bwd_config)
+    try:
+        entry = _fwd_plans.get(key)
+    except TypeError:  # an unhashable config: validation names it
+        _fwd_entry(q, k, v, softmax_scale, causal, config, bwd_config)
+        raise
+    if entry is None:
+        entry = _fwd_plans[key] = _fwd_entry(q, k, v, softmax_scale, causal, config, bwd_config)
+    plan = entry.plan
+    if plan is None:
+        if q.device.type == "cpu":
+            return _fwd_reference(q, k, v, _scale(softmax_scale, q.shape[-1]), causal)
+        out = torch.empty(entry.out_shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(entry.lse_shape, dtype=torch.float32, device=q.device)
+        if entry.keyless:  # attention over zero keys: every row fully masked
+            out.zero_()
+            lse.fill_(math.inf)
         return out, lse
-    if k.shape[1] == 0:  # attention over zero keys: every row fully masked
-        return out.zero_(), lse.fill_(math.inf)
-    q, k, v = (_gpu_layout(x) for x in (q, k, v))
-    if _itf.POISON_OUTPUTS:
+    qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    if (qp | kp | vp) & 15:  # misaligned views: read contiguous copies
+        q, k, v = (x.contiguous() for x in (q, k, v))
+        return forward(q, k, v, softmax_scale, causal, config, bwd_config)
+    out = torch.empty(entry.out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(entry.lse_shape, dtype=torch.float32, device=q.device)
+    if api.POISON_OUTPUTS:
         out.fill_(math.nan)
         lse.fill_(math.nan)
-    config = None
-    if fwd_tiles:
-        config = FwdConfig(*fwd_tiles, _dtype_name(q), causal)
-    _itf._forward_on_device(_t("q", q), _t("k", k), _t("v", v), _t("out", out), lse.data_ptr(),
-                            softmax_scale, causal, config, q.device.index, _stream(q))
+    plan.run((qp, kp, vp, out.data_ptr(), lse.data_ptr()), 0, _raw_stream(plan.device))
     return out, lse
-
-
-@fwd.register_fake
-def _(q, k, v, softmax_scale, causal, fwd_tiles, deterministic, bwd_tiles):
-    batch, seqlen_q, nheads, _ = q.shape
-    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
-            q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32))
 
 
 def _fwd_reference(q, k, v, softmax_scale, causal):
     as64 = lambda x: x.detach().to(torch.float64).numpy()  # noqa: E731
     out, lse = reference.attention_naive(as64(q), as64(k), as64(v), softmax_scale=softmax_scale,
                                          causal=causal, return_lse=True)
-    return (torch.from_numpy(out).to(q.dtype),
-            torch.from_numpy(lse).to(torch.float32))
+    return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).to(torch.float32)
 
 
 # ---------------------------------------------------------------------------------------
 # backward
 
-@torch.library.custom_op("cuflash::bwd", mutates_args=())
-def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-        softmax_scale: float, causal: bool, deterministic: bool,
-        bwd_tiles: list[int]) -> tuple[Tensor, Tensor, Tensor]:
-    if q.device.type == "cpu":
+def _bwd_entry(dout, q, k, v, out, lse, scale, causal, deterministic, config):
+    tq, tk, tv, scale, problem = api.check_qkv(q, k, v, scale, causal, "bwd", deterministic)
+    tdo, to = api.check_bwd_tensors(tq, dout, out, lse)  # the raw op is called unchecked too
+    api.check_config("config", config, problem)
+    if tq.device is None:
+        return "reference"
+    if problem.batch == 0 or problem.nheads == 0 or problem.seqlen_q == 0 or problem.seqlen_k == 0:
+        return "empty"
+    if api.layout_problem(tdo) or api.layout_problem(to) or not lse.is_contiguous():
+        return "copy"
+    strides = {"dout": tdo.strides, "q": tq.strides, "k": tk.strides, "v": tv.strides,
+               "o": to.strides, "dq": api.out_strides(tq.shape),
+               "dk": api.out_strides(tk.shape), "dv": api.out_strides(tk.shape)}
+    return api.make_plan(problem, strides, scale, tq.device, config)
+
+
+def backward_impl(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
+                  deterministic: bool, config=None) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) by the kernels (CUDA) or the reference (CPU); no autograd."""
+    # everything the first call validated: a later call with this key is valid too (v, out
+    # and lse shapes and every dtype included: a mismatch there would read out of bounds)
+    key = (dout.shape, dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+           out.shape, out.stride(), lse.shape, lse.stride(), q.dtype, k.dtype, v.dtype, dout.dtype,
+           out.dtype, lse.dtype, q.device, softmax_scale, causal, deterministic, config)
+    plan = _bwd_plans.get(key)
+    if plan is None:
+        plan = _bwd_plans[key] = _bwd_entry(dout, q, k, v, out, lse, softmax_scale, causal,
+                                            deterministic, config)
+    if plan == "reference":
         return _bwd_reference(dout, q, k, v, softmax_scale, causal)
-    batch, seqlen_q, nheads, head_dim = q.shape
-    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
-    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
-    if batch == 0 or nheads == 0:
+    if plan == "empty" or plan == "copy":
+        if plan == "copy":
+            dout, out, lse = _aligned(dout), _aligned(out), lse.contiguous()
+            return backward_impl(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
+        dq, dk, dv = (torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
         return dq, dk, dv
-    if seqlen_q == 0 or seqlen_k == 0:  # no query rows or no keys: every gradient is zero
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    dout, q, k, v, out = (_gpu_layout(x) for x in (dout, q, k, v, out))
-    lse = lse.contiguous()
-    device = q.device.index
-    config = None
-    if bwd_tiles:
-        br, bc, warps, stages, dsplit, qsplit, head_dim = bwd_tiles
-        config = BwdConfig(br, bc, warps, stages, dsplit, head_dim, _dtype_name(q), causal,
-                           qsplit=qsplit)
-    config = _itf.resolve_bwd_config(config, head_dim, _dtype_name(q), causal, deterministic, device,
-                                     max(seqlen_q, seqlen_k))
-    if _itf.POISON_OUTPUTS:
+    ptrs = (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())
+    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
+        dout, q, k, v, out = (x.contiguous() for x in (dout, q, k, v, out))
+        return backward_impl(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
+    device = q.device
+    dq = torch.empty(q.shape, dtype=q.dtype, device=device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=device)
+    ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=device)
+    if api.POISON_OUTPUTS:
         for x in (dq, dk, dv):
             x.fill_(math.nan)
-    ws = _itf.bwd_workspace(batch, nheads, seqlen_q, seqlen_k, nheads != nheads_kv, config)
-    workspace = torch.empty(ws["total"], dtype=torch.uint8, device=q.device)
-    _itf._backward_on_device(_t("dout", dout), _t("q", q), _t("k", k), _t("v", v), _t("out", out),
-                             lse.data_ptr(), _t("dq", dq), _t("dk", dk), _t("dv", dv),
-                             workspace.data_ptr(), ws, softmax_scale, causal, config, device,
-                             _stream(q))
+    plan.run(ptrs + (dq.data_ptr(), dk.data_ptr(), dv.data_ptr()), ws.data_ptr(),
+             _raw_stream(plan.device))
     return dq, dk, dv
-
-
-@bwd.register_fake
-def _(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, bwd_tiles):
-    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
 
 
 def _bwd_reference(dout, q, k, v, softmax_scale, causal):
@@ -158,38 +212,107 @@ def _bwd_reference(dout, q, k, v, softmax_scale, causal):
 
 
 # ---------------------------------------------------------------------------------------
-# autograd: save q, k, v, out, lse; the backward is cuflash::bwd
+# the torch ops (what torch.compile traces)
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, _, deterministic, bwd_tiles = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.softmax_scale, ctx.causal = softmax_scale, causal
-    ctx.deterministic, ctx.bwd_tiles = deterministic, bwd_tiles
-    ctx.mark_non_differentiable(lse)
+torch.library.define("cuflash::fwd", "(Tensor q, Tensor k, Tensor v, float softmax_scale, "
+                     "bool causal, str config) -> (Tensor, Tensor)")
+torch.library.define("cuflash::bwd", "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
+                     "Tensor lse, float softmax_scale, bool causal, bool deterministic, str config) "
+                     "-> (Tensor, Tensor, Tensor)")
 
 
-def _backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    if dout is None:
-        dout = torch.zeros_like(out)
-    dq, dk, dv = bwd(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
-                     ctx.deterministic, ctx.bwd_tiles)
-    return dq, dk, dv, None, None, None, None, None
+def _fwd_op(q, k, v, softmax_scale, causal, config):
+    return forward(q, k, v, softmax_scale, causal, _decode(config, q.dtype, causal))
 
 
-fwd.register_autograd(_backward, setup_context=_setup_context)
+def _bwd_op(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config):
+    return backward_impl(dout, q, k, v, out, lse, softmax_scale, causal, deterministic,
+                         _decode(config, q.dtype, causal))
+
+
+for _key in ("CUDA", "CPU"):
+    torch.library.impl("cuflash::fwd", _key)(_fwd_op)
+    torch.library.impl("cuflash::bwd", _key)(_bwd_op)
+
+
+@torch.library.register_fake("cuflash::fwd")
+def _(q, k, v, softmax_scale, causal, config):
+    batch, seqlen_q, nheads, _ = q.shape
+    return (q.new_empty(q.shape, memory_format=torch.contiguous_format),
+            q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32))
+
+
+@torch.library.register_fake("cuflash::bwd")
+def _(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config):
+    return tuple(x.new_empty(x.shape, memory_format=torch.contiguous_format) for x in (q, k, v))
 
 
 # ---------------------------------------------------------------------------------------
-# entry points used by cuflash.interface (inputs already validated there)
+# autograd
 
-def attention(q, k, v, softmax_scale: float, causal: bool, deterministic: bool,
-              config: Optional[FwdConfig], bwd_config: Optional[BwdConfig]):
-    return fwd(q, k, v, softmax_scale, causal, _fwd_tiles(config), deterministic,
-               _bwd_tiles(bwd_config))
+class _NoDoubleBackward(torch.autograd.Function):
+    """Passes the gradients (dq, dk, dv) through; differentiating them again raises. The
+    tensors after them (q, k, v, dout) are inputs only so that the gradients require grad
+    (the kernels' outputs have no history of their own), which routes a second-order
+    gradient here instead of failing with 'does not require grad'."""
+
+    @staticmethod
+    def forward(ctx, dq, dk, dv, *anchors):
+        return dq.view_as(dq), dk.view_as(dk), dv.view_as(dv)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError("cuflash: double backward through flash_attn_func (a gradient "
+                                  "of its gradients) is not implemented")
+
+
+class FlashAttnFn(torch.autograd.Function):
+    """out, lse = attention(q, k, v); the backward runs cuflash's backward kernels."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, deterministic, config, bwd_config):
+        scale = _scale(softmax_scale, q.shape[-1])
+        if torch.compiler.is_compiling():
+            api.check_qkv(q, k, v, scale, causal)
+            out, lse = torch.ops.cuflash.fwd(q, k, v, scale, causal, _encode(config))
+        else:
+            out, lse = forward(q, k, v, softmax_scale, causal, config, bwd_config)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale, ctx.causal, ctx.deterministic, ctx.bwd_config = scale, causal, deterministic, bwd_config
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        if torch.compiler.is_compiling():
+            dq, dk, dv = torch.ops.cuflash.bwd(dout, q, k, v, out, lse, ctx.scale, ctx.causal,
+                                               ctx.deterministic, _encode(ctx.bwd_config))
+        else:
+            dq, dk, dv = backward_impl(dout, q, k, v, out, lse, ctx.scale, ctx.causal,
+                                       ctx.deterministic, ctx.bwd_config)
+        if torch.is_grad_enabled():  # create_graph=True: allow first order, refuse second
+            dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, dout)
+        return dq, dk, dv, None, None, None, None, None
+
+
+# ---------------------------------------------------------------------------------------
+# entry points used by cuflash.api
+
+def attention(q, k, v, softmax_scale, causal: bool, deterministic: bool, config, bwd_config):
+    causal, deterministic = bool(causal), bool(deterministic)
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad)):
+        return FlashAttnFn.apply(q, k, v, softmax_scale, causal, deterministic, config, bwd_config)
+    return forward(q, k, v, softmax_scale, causal, config, bwd_config)
 
 
 def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, deterministic: bool,
-             config: Optional[BwdConfig]):
-    return bwd(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, _bwd_tiles(config))
+             config=None):
+    if torch.compiler.is_compiling():
+        return torch.ops.cuflash.bwd(dout, q, k, v, out, lse, softmax_scale, causal,
+                                     deterministic, _encode(config))
+    return backward_impl(dout, q, k, v, out, lse, softmax_scale, bool(causal), bool(deterministic),
+                         config)

@@ -44,6 +44,8 @@ tens of times the measured bf16 spread; subtle per-element errors are the unit t
 
 Writes <out>/<gpu>/train_check.{json,png} (<gpu> is "cpu" for --device cpu). On the CPU,
 --size defaults to tiny and cuflash runs through its NumPy reference (slow: a few steps).
+--device cuda without a usable GPU raises cuflash.NoGPUError (the script: one line, exit 2).
+Exit status: 0 when the comparison passes, 1 when it does not.
 """
 from __future__ import annotations
 
@@ -58,6 +60,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from . import _gpu
 
 ATTN_IMPLS = ("cuflash", "sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math")
 
@@ -129,7 +133,7 @@ def loss_floor(mc: ModelConfig, tc: TrainConfig) -> float:
 def attention(impl: str, q, k, v):
     """Causal attention on (b, s, h, d) tensors, returns (b, s, h, d)."""
     if impl == "cuflash":
-        from .interface import flash_attn_func
+        from .api import flash_attn_func
 
         return flash_attn_func(q, k, v, causal=True)
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
@@ -387,7 +391,7 @@ def device_dir(device) -> str:
     if torch.device(device).type != "cuda":
         return "cpu"
     try:
-        from .bench import gpu_dir_name
+        from .bench.common import gpu_dir_name
 
         return gpu_dir_name(torch.device(device).index or 0)
     except Exception:  # noqa: BLE001 - CuPy's view of the GPU is not essential here
@@ -396,6 +400,8 @@ def device_dir(device) -> str:
 
 def run_check(attn=("cuflash", "sdpa_flash", "sdpa_efficient"), size="small", steps=None,
               device="cuda", out="results", window=None, log=print) -> dict:
+    if torch.device(device).type == "cuda":
+        _gpu.require("train_check on cuda (use --device cpu for the CPU reference path)")
     mc, tc = SIZES[size]
     if steps is not None:
         tc = TrainConfig(**{**asdict(tc), "steps": steps})
@@ -461,5 +467,13 @@ def main(argv=None) -> int:
     return 0 if res["comparison"]["pass"] else 1
 
 
+def _script() -> int:
+    try:
+        return main()
+    except _gpu.NoGPUError as exc:
+        print(f"cuflash.train_check: {exc}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_script())

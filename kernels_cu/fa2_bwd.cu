@@ -1,20 +1,22 @@
-// flash_bwd.cu: FlashAttention-2 backward, exact gradients on tensor cores (sm_80 and newer).
+// fa2_bwd.cu: FlashAttention-2 backward, exact gradients on tensor cores (sm_80 and newer).
 //
 // Given dO and the forward's O and LSE, with P = exp(S·scale - LSE) recomputed from Q, K:
-//   D   = rowsum(dO ∘ O)                  (flash_bwd_preprocess)
+//   D   = rowsum(dO ∘ O)                  (fa2_bwd_preprocess)
 //   dV  = Pᵀ dO
 //   dP  = dO Vᵀ,   dS = P ∘ (dP - D)
 //   dK  = scale · dSᵀ Q,   dQ = scale · dS K
 //
 // Three launches per backward:
-//   1. flash_bwd_preprocess  D, LSE·log2(e) into padded fp32 workspace; zero dQ accumulators
-//   2. flash_bwd             one CTA per K/V block K_j, V_j of one (head, batch); loops over the
-//                            Q blocks Q_i that see it, keeps dK_j, dV_j in registers, adds each
-//                            dQ_i contribution to an fp32 accumulator in global memory
-//   3. flash_bwd_convert_dq  dQ = scale · accumulator, in the input dtype
-//      flash_bwd_reduce_dkv  (GQA / MQA only) dK, dV summed over the query heads of a K/V head
+//   1. fa2_bwd_preprocess  D, LSE·log2(e) into padded fp32 workspace; zero dQ accumulators
+//   2. fa2_bwd             one CTA per K/V block K_j, V_j of one (head, batch); loops over the
+//                          Q blocks Q_i that see it, keeps dK_j, dV_j in registers, adds each
+//                          dQ_i contribution to an fp32 accumulator in global memory
+//   3. fa2_bwd_convert_dq  dQ = scale · accumulator, in the input dtype
+//      fa2_bwd_reduce_dkv  (GQA / MQA only) dK, dV summed over the query heads of a K/V head
 //
-// Warp layout of flash_bwd: the warps form kWarps / kQSplit key groups; a group owns kMTiles·16
+// The mask is mask.cuh's, P's exp2 is softmax.cuh's, the products are gemm.cuh's.
+//
+// Warp layout of fa2_bwd: the warps form kWarps / kQSplit key groups; a group owns kMTiles·16
 // whole keys of the block (rows of K_j, V_j, dK_j, dV_j), so the transposed products come straight
 // out of the mma accumulators. With kQSplit = 1 a warp is a whole group:
 //   Sᵀ  = K_j Q_iᵀ     (keys x queries)   A = K_j rows,  B = Q_i
@@ -50,19 +52,21 @@
 #include "params.cuh"
 #include "tile.cuh"
 #include "gemm.cuh"
+#include "mask.cuh"
+#include "softmax.cuh"
 
 namespace cuflash {
 
 // ---------------------------------------------------------------------------------------
 // 1. preprocess: one warp per query row (padded rows included).
-//    dsum[i] = Σ_d dO[i,d]·O[i,d]; lse_log2[i] = LSE[i]·log2(e) (+inf past seqlen_q, so P = 0
+//    D[i] = Σ_d dO[i,d]·O[i,d]; lse_log2[i] = LSE[i]·log2(e) (+inf past seqlen_q, so P = 0
 //    there); dq_accum[i, :] = 0. CTA (0, h, b) also clears the dQ turn counters of (h, b).
 constexpr int kPrepWarps = 4;
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <class Elem>
 __global__ void __launch_bounds__(kPrepWarps * 32)
-flash_bwd_preprocess(const BwdParams p) {
+fa2_bwd_preprocess(const BwdParams p) {
     const int head = blockIdx.y, batch = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row = blockIdx.x * kPrepWarps + warp;
@@ -74,18 +78,18 @@ flash_bwd_preprocess(const BwdParams p) {
     if (row >= p.seqlen_q_rounded) return;
     float* dq_row = p.dq_accum + (bh * p.seqlen_q_rounded + row) * p.head_dim_rounded;
     for (int c = lane; c < p.head_dim_rounded; c += 32) dq_row[c] = 0.f;
-    float dot = 0.f;
+    float D = 0.f;
     if (row < p.seqlen_q) {
         const u16* o = static_cast<const u16*>(p.o) + batch * p.o_batch_stride
                        + row * p.o_row_stride + head * p.o_head_stride;
         const u16* d_o = static_cast<const u16*>(p.dout) + batch * p.do_batch_stride
                          + row * p.do_row_stride + head * p.do_head_stride;
-        for (int c = lane; c < p.head_dim; c += 32) dot += to_float<Elem>(o[c]) * to_float<Elem>(d_o[c]);
+        for (int c = lane; c < p.head_dim; c += 32) D += to_float<Elem>(o[c]) * to_float<Elem>(d_o[c]);
     }
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+    for (int offset = 16; offset > 0; offset /= 2) D += __shfl_xor_sync(0xffffffffu, D, offset);
     if (lane == 0) {
-        p.dsum[bh * p.seqlen_q_rounded + row] = dot;
+        p.D[bh * p.seqlen_q_rounded + row] = D;
         p.lse_log2[bh * p.seqlen_q_rounded + row] =
             row < p.seqlen_q ? p.lse[bh * p.seqlen_q + row] * kLog2e : pos_inf();
     }
@@ -170,8 +174,9 @@ struct BwdShape {
 template <int kBr, int kBc, int kWarps, int kStages, int kDSplit, int kQSplit, int kHeadDim, class Elem,
           bool kCausal, bool kDeterministic>
 __global__ void __launch_bounds__(kWarps * 32)
-flash_bwd(const BwdParams p) {
+fa2_bwd(const BwdParams p) {
     using Shape = BwdShape<kBr, kBc, kWarps, kStages, kDSplit, kQSplit, kHeadDim>;
+    using Mask = CausalMask<kCausal>;  // the mask kind (mask.cuh)
     constexpr int kThreads = Shape::kThreads, kMTiles = Shape::kMTiles;
     constexpr int kNTilesS = Shape::kNTilesS, kNTilesD = Shape::kNTilesD;
     constexpr int kPitch = Shape::kPitch, kRowBytes = kPitch * 2, kDsRowBytes = Shape::kDsPitch * 2;
@@ -185,7 +190,7 @@ flash_bwd(const BwdParams p) {
     u16* p_smem = ds_smem + kBc * Shape::kDsPitch;                   // [Bc][kDsPitch]  Pᵀ (kQSplit > 1)
     constexpr int kPTiles = kQSplit > 1 ? 1 : 0;
     float* lse_smem = reinterpret_cast<float*>(p_smem + kPTiles * kBc * Shape::kDsPitch);  // [kStages][Br]
-    float* dsum_smem = lse_smem + kStages * kBr;                     // [kStages][Br]
+    float* D_smem = lse_smem + kStages * kBr;                        // [kStages][Br]
 
     // Launch order (a 1-D grid of batch·nheads·kv_ctas blocks, kv_ctas = K/V blocks x kDSplit):
     // the (batch, head) pairs in groups of p.head_group; within a group, K/V block 0 of every
@@ -214,14 +219,14 @@ flash_bwd(const BwdParams p) {
     const u16* do_gmem = static_cast<const u16*>(p.dout) + batch * p.do_batch_stride
                          + head * p.do_head_stride;
     const float* lse_gmem = p.lse_log2 + bh * p.seqlen_q_rounded;
-    const float* dsum_gmem = p.dsum + bh * p.seqlen_q_rounded;
+    const float* D_gmem = p.D + bh * p.seqlen_q_rounded;
     float* dq_accum = p.dq_accum + bh * p.seqlen_q_rounded * p.head_dim_rounded;
 
     // Q blocks that see K_j: all of them, or under the causal mask those from the first row
-    // i with key0 <= i + causal_offset on.
-    const int causal_offset = p.seqlen_k - p.seqlen_q;
+    // i with key0 <= i + seqlen_k - seqlen_q on.
+    const Mask mask(p.seqlen_q, p.seqlen_k);
     const int m_blocks = (p.seqlen_q + kBr - 1) / kBr;
-    const int m_block_min = kCausal ? max(0, (key0 - causal_offset) / kBr) : 0;
+    const int m_block_min = mask.template q_block_begin<kBr>(key0);
     const int n_iters = max(0, m_blocks - m_block_min);
 
     // Q_i, dO_i, LSE_i, D_i of the it-th iteration (Q blocks in increasing order).
@@ -239,8 +244,8 @@ flash_bwd(const BwdParams p) {
         if (tid < kBr / 4)
             cp_async_16(smem_u32(lse_smem + slot * kBr + 4 * tid), lse_gmem + row0 + 4 * tid, true);
         else if (tid < kBr / 2)
-            cp_async_16(smem_u32(dsum_smem + slot * kBr + 4 * (tid - kBr / 4)),
-                        dsum_gmem + row0 + 4 * (tid - kBr / 4), true);
+            cp_async_16(smem_u32(D_smem + slot * kBr + 4 * (tid - kBr / 4)),
+                        D_gmem + row0 + 4 * (tid - kBr / 4), true);
     };
     static_assert(kBr / 2 <= kThreads, "one thread per 16-byte chunk of LSE_i and D_i");
 
@@ -272,7 +277,7 @@ flash_bwd(const BwdParams p) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) dk_acc[mt][nt][e] = dv_acc[mt][nt][e] = 0.f;
 
-    // ldmatrix lane addresses (byte offsets in shared memory), as in flash_fwd.cu:
+    // ldmatrix lane addresses (byte offsets in shared memory), as in fa2_fwd.cu:
     // A operand, rows of K_j / V_j (keys x head dim)
     const int a_row = warp_key0 + (lane & 7) + ((lane >> 3) & 1) * 8, a_col_bytes = (lane >> 4) * 16;
     const u32 k_a = smem_u32(k_smem) + a_row * kRowBytes + a_col_bytes;
@@ -320,32 +325,25 @@ flash_bwd(const BwdParams p) {
         const u32 q_bt = smem_u32(q_smem + slot * Shape::kQTile) + bt_warp_lane;
         const u32 do_bt = smem_u32(do_smem + slot * Shape::kQTile) + bt_warp_lane;
         const float* lse_i = lse_smem + slot * kBr + warp_q0;
-        const float* dsum_i = dsum_smem + slot * kBr + warp_q0;
+        const float* D_i = D_smem + slot * kBr + warp_q0;
 
         // ---- Sᵀ = K_j Q_iᵀ (this warp's keys x Br queries) ----
         float s_acc[kMTiles][kNTilesS][4];
         gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(s_acc, k_a, q_b);
 
         // ---- Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e); padded queries have LSE = +inf -> 0 ----
-        const bool ragged = key0 + kBc > p.seqlen_k;
-        const bool diagonal = kCausal && key0 + kBc - 1 > row0 + causal_offset;
 #pragma unroll
         for (int nt = 0; nt < kNTilesS; ++nt) {
             const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float lse_e = e % 2 ? lse.y : lse.x;
-                    float& s = s_acc[mt][nt][e];
-                    s = exp2_approx(fmaf(s, p.scale_log2, -lse_e));
-                    if (ragged || diagonal) {  // only the ragged and the causal diagonal blocks
-                        const int key = key0 + warp_key0 + mt * 16 + g + 8 * (e / 2);
-                        const int query = row0 + warp_q0 + nt * 8 + 2 * t + e % 2;
-                        if (key >= p.seqlen_k || (kCausal && key > query + causal_offset)) s = 0.f;
-                    }
-                }
+                for (int e = 0; e < 4; ++e)
+                    s_acc[mt][nt][e] = exp2_scaled(s_acc[mt][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
         }
+        // ---- mask: only the ragged last block and the causal diagonal blocks (Pᵀ = 0) ----
+        if (mask.template needs_mask<kBc>(row0, n_block))
+            mask.template apply<true>(s_acc, key0 + warp_key0, row0 + warp_q0, g, t, 0.f);
 
         // ---- dV_j += Pᵀ dO_i (kQSplit > 1: after the barrier, Pᵀ from shared memory) ----
         {
@@ -362,12 +360,12 @@ flash_bwd(const BwdParams p) {
         gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(dp_acc, v_a, do_b);
 #pragma unroll
         for (int nt = 0; nt < kNTilesS; ++nt) {
-            const float2 dsum = *reinterpret_cast<const float2*>(dsum_i + nt * 8 + 2 * t);
+            const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    dp_acc[mt][nt][e] = s_acc[mt][nt][e] * (dp_acc[mt][nt][e] - (e % 2 ? dsum.y : dsum.x));
+                    dp_acc[mt][nt][e] = s_acc[mt][nt][e] * (dp_acc[mt][nt][e] - (e % 2 ? D.y : D.x));
         }
 
         // ---- dK_j += dSᵀ Q_i (scaled once, in the epilogue); dSᵀ to shared memory for dQ ----
@@ -454,7 +452,7 @@ flash_bwd(const BwdParams p) {
     cp_async_wait<0>();
 
     // ---- epilogue: dK_j = scale · Σ dSᵀ Q, dV_j = Σ Pᵀ dO ----
-    // MHA: straight into dk, dv. GQA / MQA: fp32 per query head, summed by flash_bwd_reduce_dkv.
+    // MHA: straight into dk, dv. GQA / MQA: fp32 per query head, summed by fa2_bwd_reduce_dkv.
     const bool grouped = p.nheads != p.nheads_kv;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
@@ -491,7 +489,7 @@ constexpr int kEpilogueThreads = 256;
 // dQ[b, i, h, :] = scale · dq_accum[b, h, i, :]
 template <class Elem>
 __global__ void __launch_bounds__(kEpilogueThreads)
-flash_bwd_convert_dq(const BwdParams p) {
+fa2_bwd_convert_dq(const BwdParams p) {
     const int head = blockIdx.y, batch = blockIdx.z;
     const int chunks = p.head_dim / 8;
     const int idx = blockIdx.x * kEpilogueThreads + threadIdx.x;
@@ -512,7 +510,7 @@ flash_bwd_convert_dq(const BwdParams p) {
 // (dK already scaled), the same for dV; summed in head order, so the result is reproducible.
 template <class Elem>
 __global__ void __launch_bounds__(kEpilogueThreads)
-flash_bwd_reduce_dkv(const BwdParams p) {
+fa2_bwd_reduce_dkv(const BwdParams p) {
     const int head_kv = blockIdx.y, batch = blockIdx.z;
     const int group = p.nheads / p.nheads_kv;
     const int chunks = p.head_dim / 8;

@@ -1,11 +1,12 @@
-// flash_fwd.cu: FlashAttention-2 forward, exact attention on tensor cores (sm_80 and newer).
+// fa2_fwd.cu: FlashAttention-2 forward, exact attention on tensor cores (sm_80 and newer).
 //
 //   O = softmax(Q Kᵀ · scale, causal mask) V,   LSE = log Σ_j exp(S_ij)   (per query row)
 //
 // One CTA computes one Q block Q_i (Br query rows) of one (head, batch): Q_i stays in shared
 // memory, the K_j / V_j blocks (Bc keys each) stream through a `kStages`-deep cp.async ring,
 // and each warp keeps its own 16·kMTiles rows of S, P and O in registers. The softmax is
-// online (running row max m and row sum l) and the division by l is delayed to the end.
+// online (running row max m and row sum l, softmax.cuh) and the division by l is delayed to
+// the end. The products are gemm.cuh's warp-level tiles, the mask is mask.cuh's.
 //
 // Layouts: see FwdParams in params.cuh. Shared memory rows are padded by 8 elements
 // (16 bytes) so that the 8 row addresses of every ldmatrix fall into different banks.
@@ -23,6 +24,9 @@
 #include "ptx.cuh"
 #include "params.cuh"
 #include "tile.cuh"
+#include "gemm.cuh"
+#include "mask.cuh"
+#include "softmax.cuh"
 
 namespace cuflash {
 
@@ -47,8 +51,9 @@ struct FwdShape {
 
 template <int kBr, int kBc, int kWarps, int kStages, int kHeadDim, class Elem, bool kCausal>
 __global__ void __launch_bounds__(kWarps * 32)
-flash_fwd(const FwdParams p) {
+fa2_fwd(const FwdParams p) {
     using Shape = FwdShape<kBr, kBc, kWarps, kStages, kHeadDim>;
+    using Mask = CausalMask<kCausal>;  // the mask kind (mask.cuh)
     constexpr int kThreads = Shape::kThreads, kMTiles = Shape::kMTiles;
     constexpr int kNTilesS = Shape::kNTilesS, kNTilesO = Shape::kNTilesO;
     constexpr int kPitch = Shape::kPitch;
@@ -78,14 +83,10 @@ flash_fwd(const FwdParams p) {
     float* lse_gmem = p.lse + (static_cast<i64>(batch) * p.nheads + head) * p.seqlen_q + row0;
     const int rows_valid = min(kBr, p.seqlen_q - row0);
 
-    // K/V blocks this Q block needs. Causal: the last row of Q_i sees keys up to
-    // row0 + kBr - 1 + causal_offset; later blocks are skipped entirely.
-    const int causal_offset = p.seqlen_k - p.seqlen_q;
-    int n_blocks = (p.seqlen_k + kBc - 1) / kBc;
-    if (kCausal) {
-        const int last_key = row0 + kBr - 1 + causal_offset;
-        n_blocks = last_key < 0 ? 0 : min(n_blocks, last_key / kBc + 1);
-    }
+    // K/V blocks this Q block needs, [0, n_blocks): causal, the last row of Q_i sees keys up to
+    // row0 + kBr - 1 + seqlen_k - seqlen_q; later blocks are skipped entirely.
+    const Mask mask(p.seqlen_q, p.seqlen_k);
+    const int n_blocks = mask.template kv_block_end<kBr, kBc>(row0);
     if (n_blocks == 0) {
         // Every row of Q_i is fully masked (seqlen_q > seqlen_k under the causal mask):
         // O = 0 and LSE = +inf, flash-attn's convention (the backward then recomputes P = 0).
@@ -123,19 +124,18 @@ flash_fwd(const FwdParams p) {
     }
 
     // Per-thread state. Thread (g, t) of a warp holds rows g and g + 8 of each mma tile:
-    // index [mt][half] means row warp_row0 + 16·mt + g + 8·half.
+    // index [mt][half] means row warp_row0 + 16·mt + g + 8·half (o_acc: [mt][nt][2·half + e],
+    // columns 8·nt + 2t + e).
     float o_acc[kMTiles][kNTilesO][4];
-    float m_run[kMTiles][2];  // running row max of raw scores S (not yet scaled)
-    float l_run[kMTiles][2];  // running row sum of exp, this thread's columns only
+    float m[kMTiles][2];  // running row max of the raw scores S (not yet scaled)
+    float l[kMTiles][2];  // running row sum of P, this thread's columns only
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int nt = 0; nt < kNTilesO; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
-        m_run[mt][0] = m_run[mt][1] = neg_inf();
-        l_run[mt][0] = l_run[mt][1] = 0.f;
-    }
+    softmax_init(m, l);
 
     // Each lane's ldmatrix.x4 address inside a 16x16 block of 16-bit elements, as a byte
     // offset from the tile's start (one register each; the loops add compile-time offsets).
@@ -160,122 +160,29 @@ flash_fwd(const FwdParams p) {
 
         // ---- S = Q_i K_jᵀ  (kMTiles·16 x Bc per warp, fp32) ----
         float s_acc[kMTiles][kNTilesS][4];
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < kNTilesS; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s_acc[mt][nt][e] = 0.f;
-
-        const u32 k_slot = k_lane + slot * Shape::kKVTile * 2;
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-            u32 q_frag[kMTiles][4];
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt)
-                ldmatrix_x4(q_frag[mt], q_lane + mt * 16 * kRowBytes + kk * 32);
-#pragma unroll
-            for (int np = 0; np < kNTilesS / 2; ++np) {
-                u32 k_frag[4];  // [0..1]: keys 16np..16np+7, [2..3]: keys 16np+8..16np+15
-                ldmatrix_x4(k_frag, k_slot + np * 16 * kRowBytes + kk * 32);
-#pragma unroll
-                for (int mt = 0; mt < kMTiles; ++mt) {
-                    mma_16816<Elem>(s_acc[mt][2 * np], q_frag[mt], k_frag[0], k_frag[1]);
-                    mma_16816<Elem>(s_acc[mt][2 * np + 1], q_frag[mt], k_frag[2], k_frag[3]);
-                }
-            }
-        }
+        gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(
+            s_acc, q_lane, k_lane + slot * Shape::kKVTile * 2);
 
         // ---- mask: only the ragged last block and the causal diagonal blocks ----
-        const bool ragged = (n_block + 1) * kBc > p.seqlen_k;
-        const bool diagonal = kCausal && (n_block + 1) * kBc - 1 > row0 + causal_offset;
-        if (ragged || diagonal) {
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int row = row0 + warp_row0 + mt * 16 + g + 8 * half;
-                    // keys [0, key_end) are visible to this row
-                    const int key_end = kCausal ? min(p.seqlen_k, row + causal_offset + 1) : p.seqlen_k;
-#pragma unroll
-                    for (int nt = 0; nt < kNTilesS; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int key = n_block * kBc + nt * 8 + 2 * t + e;
-                            if (key >= key_end) s_acc[mt][nt][2 * half + e] = neg_inf();
-                        }
-                }
-        }
+        if (mask.template needs_mask<kBc>(row0, n_block))
+            mask.template apply<false>(s_acc, row0 + warp_row0, n_block * kBc, g, t, neg_inf());
 
         // ---- online softmax: m_new = max(m, rowmax S); P = exp(S - m_new); rescale l, O ----
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                float m_new = m_run[mt][half];
-#pragma unroll
-                for (int nt = 0; nt < kNTilesS; ++nt)
-                    m_new = fmaxf(m_new, fmaxf(s_acc[mt][nt][2 * half], s_acc[mt][nt][2 * half + 1]));
-                // the four threads of a quad (same g) hold one row between them
-                m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 1));
-                m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 2));
-                // A row masked so far has m_new = -inf: use 0 as the exponent's offset so
-                // that -inf - (-inf) = NaN never happens; its P and alpha are then exp2(-inf) = 0.
-                const float m_scaled = m_new == neg_inf() ? 0.f : m_new * p.scale_log2;
-                const float alpha = exp2_approx(m_run[mt][half] * p.scale_log2 - m_scaled);
-                m_run[mt][half] = m_new;
-                float row_sum = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < kNTilesS; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        // exp(scale·(s - m)) as one FFMA and one EX2: exp2(s·scale·log2e - m_scaled)
-                        float& s = s_acc[mt][nt][2 * half + e];
-                        s = exp2_approx(fmaf(s, p.scale_log2, -m_scaled));
-                        row_sum += s;
-                    }
-                l_run[mt][half] = l_run[mt][half] * alpha + row_sum;
-#pragma unroll
-                for (int nt = 0; nt < kNTilesO; ++nt) {
-                    o_acc[mt][nt][2 * half] *= alpha;
-                    o_acc[mt][nt][2 * half + 1] *= alpha;
-                }
-            }
+        softmax_update(s_acc, o_acc, m, l, p.scale_log2);
 
         // ---- O += P V_j: P goes from the S accumulators straight into A fragments ----
-        // The C layout of two adjacent n8 tiles of S equals the A layout of one k16 step,
-        // so P is only rounded to 16 bits and packed: p_frag[mt][kk] is the A operand of
-        // keys 16kk..16kk+15. Packing all of it first frees the fp32 S registers.
+        // p_frag[mt][kk] is the A operand of keys 16kk..16kk+15 (gemm.cuh: pack_a_frags).
+        // Packing all of it first frees the fp32 S registers.
         u32 p_frag[kMTiles][kBc / 16][4];
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-            for (int kk = 0; kk < kBc / 16; ++kk) {
-                p_frag[mt][kk][0] = pack2<Elem>(s_acc[mt][2 * kk][0], s_acc[mt][2 * kk][1]);
-                p_frag[mt][kk][1] = pack2<Elem>(s_acc[mt][2 * kk][2], s_acc[mt][2 * kk][3]);
-                p_frag[mt][kk][2] = pack2<Elem>(s_acc[mt][2 * kk + 1][0], s_acc[mt][2 * kk + 1][1]);
-                p_frag[mt][kk][3] = pack2<Elem>(s_acc[mt][2 * kk + 1][2], s_acc[mt][2 * kk + 1][3]);
-            }
+        pack_a_frags<kMTiles, kBc / 16, Elem>(p_frag, s_acc);
         // Prefetch K/V for iteration iter + kStages - 1 into the slot freed by iter - 1. It is
         // issued here, once the fp32 S registers are dead, because its address arithmetic
         // would otherwise push the O + S accumulators into spills (ptxas -v, head dim 128).
         if (iter + kStages - 1 < n_blocks) load_kv(iter + kStages - 1);
         cp_async_commit();
 
-        const u32 v_slot = v_lane + slot * Shape::kKVTile * 2;
-#pragma unroll
-        for (int kk = 0; kk < kBc / 16; ++kk) {
-#pragma unroll
-            for (int dp = 0; dp < kNTilesO / 2; ++dp) {
-                u32 v_frag[4];  // [0..1]: dims 16dp..16dp+7, [2..3]: dims 16dp+8..16dp+15
-                ldmatrix_x4_trans(v_frag, v_slot + kk * 16 * kRowBytes + dp * 32);
-#pragma unroll
-                for (int mt = 0; mt < kMTiles; ++mt) {
-                    mma_16816<Elem>(o_acc[mt][2 * dp], p_frag[mt][kk], v_frag[0], v_frag[1]);
-                    mma_16816<Elem>(o_acc[mt][2 * dp + 1], p_frag[mt][kk], v_frag[2], v_frag[3]);
-                }
-            }
-        }
+        gemm_frags_x_rows_t<kMTiles, kNTilesO, kBc / 16, kRowBytes, Elem>(
+            o_acc, p_frag, v_lane + slot * Shape::kKVTile * 2);
     }
     cp_async_wait<0>();  // only empty groups remain; leave none in flight at exit
 
@@ -287,18 +194,16 @@ flash_fwd(const FwdParams p) {
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            float l = l_run[mt][half];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
             // l = 0: every key of this row is masked; O = 0 and LSE = +inf (see above).
-            const float inv_l = l > 0.f ? 1.f / l : 0.f;
+            const float l_row = quad_sum(l[mt][half]);
+            const float inv_l = softmax_inv_l(l_row);
             const int r = warp_row0 + mt * 16 + g + 8 * half;
 #pragma unroll
             for (int nt = 0; nt < kNTilesO; ++nt)
                 *reinterpret_cast<u32*>(q_smem + r * kPitch + nt * 8 + 2 * t) =
                     pack2<Elem>(o_acc[mt][nt][2 * half] * inv_l, o_acc[mt][nt][2 * half + 1] * inv_l);
             if (t == 0 && r < rows_valid)
-                lse_gmem[r] = l > 0.f ? m_run[mt][half] * p.softmax_scale + logf(l) : pos_inf();
+                lse_gmem[r] = softmax_lse(m[mt][half], l_row, p.softmax_scale);
         }
     __syncwarp();
     constexpr int kChunks = kHeadDim / 8;

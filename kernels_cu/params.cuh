@@ -43,27 +43,27 @@ struct FwdParams {
 
 // Backward attention (three kernels share it: preprocess, main, and the dQ / dK dV epilogues).
 // Inputs, layouts as in FwdParams (elements; last dimension contiguous):
-//   q, o, dout, dq : (batch, seqlen_q, nheads,    head_dim)
+//   dout, q, o, dq : (batch, seqlen_q, nheads,    head_dim)
 //   k, v, dk, dv   : (batch, seqlen_k, nheads_kv, head_dim)
 //   lse            : (batch, nheads, seqlen_q), fp32, natural log (the forward's output)
 // fp32 workspace, contiguous, rows padded to seqlen_q_rounded (a multiple of every Br) and
 // columns to head_dim_rounded (the kernel's compile-time head dim):
-//   lse_log2, dsum : (batch, nheads, seqlen_q_rounded)   LSE·log2(e) (+inf on padding), rowsum(dO∘O)
+//   lse_log2, D    : (batch, nheads, seqlen_q_rounded)   LSE·log2(e) (+inf on padding), D = rowsum(dO∘O)
 //   dq_accum       : (batch, nheads, seqlen_q_rounded, head_dim_rounded), unscaled dQ sums
 //   dk_accum, dv_accum : (batch, nheads, seqlen_k, head_dim_rounded), per query head; GQA only
 //   dq_semaphore   : (batch, nheads, seqlen_q_rounded / 16) ints; deterministic mode only
 struct BwdParams {
+    const void* dout;
     const void* q;
     const void* k;
     const void* v;
     const void* o;
-    const void* dout;
     const float* lse;
     void* dq;
     void* dk;
     void* dv;
     float* lse_log2;
-    float* dsum;
+    float* D;
     float* dq_accum;
     float* dk_accum;
     float* dv_accum;
@@ -100,7 +100,7 @@ struct BwdParams {
     int seqlen_q_rounded;
     int head_dim;
     int head_dim_rounded;
-    int head_group;        // flash_bwd launch order: K/V blocks of head_group (batch, head) pairs interleaved
+    int head_group;        // fa2_bwd launch order: K/V blocks of head_group (batch, head) pairs interleaved
     float softmax_scale;
     float scale_log2;
 };

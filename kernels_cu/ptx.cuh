@@ -18,8 +18,9 @@ struct bf16 { using storage = u16; };
 struct fp16 { using storage = u16; };
 
 // ---- addresses -------------------------------------------------------------------------
-// 32-bit shared-memory address of a generic pointer into shared memory (what ldmatrix and
-// cp.async take).
+// 32-bit shared-memory address of a generic pointer into shared memory. ldmatrix and cp.async
+// take a shared-window address; converting once lets the loops add compile-time offsets to one
+// 32-bit register instead of carrying 64-bit generic pointers.
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     u32 addr;
     asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }"
@@ -40,28 +41,37 @@ __device__ __forceinline__ void cp_async_16(u32 dst, const void* src, bool valid
 __device__ __forceinline__ void cp_async_16(u32 dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
 }
+// Close the cp.async copies issued so far into one group: groups are the unit that
+// cp_async_wait counts, so each pipeline stage (a tile or a few) commits its own.
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
-// Wait until at most `N` committed groups are still in flight (groups complete in order).
+// Wait until at most `N` committed groups are still in flight (groups complete in order):
+// waiting for all but the newest N lets the next stages keep loading while this one is used.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
 // ---- ldmatrix: four 8x8 16-bit matrices from shared memory into mma fragments -------------
+// One instruction fills a whole A fragment (or two B fragments) in the mma layout, where
+// per-thread loads would need four 32-bit loads and fragment shuffling.
 // Lane l gives the address of row (l % 8) of matrix (l / 8); register r[i] gets matrix i.
 __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-// Same, each 8x8 matrix transposed (used for V, stored [key][dim] but needed as [dim][key]).
+// Same, each 8x8 matrix transposed: the B operand of a product whose reduction dimension runs
+// down the stored rows (V in O += P V, stored [key][dim] but needed as [dim][key]), with no
+// transposed copy in shared memory.
 __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
 // ---- mma.sync m16n8k16: D(16x8, fp32) += A(16x16) * B(16x8), 16-bit inputs ------------------
+// The warp-level tensor-core product of sm_80 and newer (sm_90's wgmma would need warpgroup-wide
+// shared-memory operands); the widest mma.sync shape for 16-bit inputs, accumulating in fp32.
 // Fragment ownership (g = lane / 4, t = lane % 4):
 //   A: a0 (row g, k 2t..2t+1), a1 (row g+8, k 2t..), a2 (row g, k 2t+8..), a3 (row g+8, k 2t+8..)
 //   B: b0 (k 2t..2t+1, col g), b1 (k 2t+8..2t+9, col g)
@@ -87,7 +97,9 @@ __device__ __forceinline__ void mma_16816<fp16>(float (&d)[4], const u32 (&a)[4]
 }
 
 // ---- conversions -------------------------------------------------------------------------
-// Two fp32 -> one register of two 16-bit values, `lo` in the low half (the lower column).
+// Two fp32 -> one register of two 16-bit values, `lo` in the low half (the lower column):
+// one cvt rounds and packs both, which is the A fragment register layout (P, dS) and the
+// 4-byte store of two output columns. No system header, so no __floats2bfloat162_rn.
 template <class Elem>
 __device__ __forceinline__ u32 pack2(float lo, float hi);
 
@@ -104,7 +116,8 @@ __device__ __forceinline__ u32 pack2<fp16>(float lo, float hi) {
     return r;
 }
 
-// 16-bit element -> fp32 (exact for both formats).
+// 16-bit element -> fp32 (exact for both formats), on raw storage since cuflash includes no
+// cuda_fp16.h / cuda_bf16.h: bf16 is the high half of an fp32, fp16 needs the cvt.
 template <class Elem>
 __device__ __forceinline__ float to_float(u16 x);
 
@@ -118,7 +131,8 @@ __device__ __forceinline__ float to_float<fp16>(u16 x) {
 }
 
 // ---- math ----------------------------------------------------------------------------------
-// 2^x on the special-function unit; exp2(-inf) = 0.
+// 2^x on the special-function unit, one MUFU.EX2 (exp2f wraps it in a fix-up for denormal results); the
+// softmax's exponents are pre-scaled by log2(e) so every exp is this one. exp2(-inf) = 0.
 __device__ __forceinline__ float exp2_approx(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -126,11 +140,13 @@ __device__ __forceinline__ float exp2_approx(float x) {
 }
 
 // ---- global atomics and ordering ---------------------------------------------------------
-// *addr += x in L2, no return value (dQ accumulation across CTAs).
+// *addr += x in L2 (dQ accumulation across CTAs). red, not atom: no return value, so the
+// thread does not wait for the L2 round trip.
 __device__ __forceinline__ void red_add_f32(float* addr, float x) {
     asm volatile("red.global.add.f32 [%0], %1;" :: "l"(addr), "f"(x) : "memory");
 }
-// addr[0] += x, addr[1] += y (8-byte aligned): one vector reduction on sm_90 and newer.
+// addr[0] += x, addr[1] += y (8-byte aligned): one vector reduction on sm_90 and newer, half
+// the L2 atomic requests of two scalar ones.
 __device__ __forceinline__ void red_add_f32x2(float* addr, float x, float y) {
 #if __CUDA_ARCH__ >= 900
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" :: "l"(addr), "f"(x), "f"(y) : "memory");
@@ -139,7 +155,8 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float x, float y) {
     red_add_f32(addr + 1, y);
 #endif
 }
-// addr[0..3] += v[0..3] (16-byte aligned): one vector reduction on sm_90 and newer.
+// addr[0..3] += v[0..3] (16-byte aligned): one vector reduction on sm_90 and newer, a quarter
+// of the L2 atomic requests (the dQ atomics are the backward's bottleneck).
 __device__ __forceinline__ void red_add_f32x4(float* addr, const float (&v)[4]) {
 #if __CUDA_ARCH__ >= 900
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
@@ -149,13 +166,15 @@ __device__ __forceinline__ void red_add_f32x4(float* addr, const float (&v)[4]) 
     for (int i = 0; i < 4; ++i) red_add_f32(addr + i, v[i]);
 #endif
 }
-// Load with acquire semantics at GPU scope: later reads see what the releasing CTA wrote.
+// Load with acquire semantics at GPU scope: later reads see what the releasing CTA wrote
+// (the deterministic dQ turn counter; a volatile load orders nothing).
 __device__ __forceinline__ int ld_acquire_gpu(const int* addr) {
     int x;
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(x) : "l"(addr) : "memory");
     return x;
 }
-// *addr += x with release semantics at GPU scope: earlier writes are visible first.
+// *addr += x with release semantics at GPU scope: earlier writes are visible first (passes
+// the dQ turn on; one instruction instead of a fence followed by an atomic).
 __device__ __forceinline__ void red_release_add_gpu(int* addr, int x) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;" :: "l"(addr), "r"(x) : "memory");
 }

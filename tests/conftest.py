@@ -1,10 +1,26 @@
 import math
+import os
 import warnings
 
 import numpy as np
 import pytest
 
 from cuflash import _gpu
+
+NVCC_ALL_ENV = "CUFLASH_TEST_NVCC_ALL"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--nvcc-all", action="store_true", default=False,
+                     help="tests/test_compile.py: build every valid point of every kernel "
+                          "family's space for every head dim with nvcc (slow: many minutes), "
+                          f"not the default sample; also {NVCC_ALL_ENV}=1")
+
+
+def nvcc_all(config) -> bool:
+    """Whether the full nvcc matrix was asked for (--nvcc-all or CUFLASH_TEST_NVCC_ALL=1)."""
+    return bool(config.getoption("--nvcc-all")) or \
+        os.environ.get(NVCC_ALL_ENV, "") not in ("", "0")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -46,20 +62,25 @@ def random_attention_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdi
 
 
 # ---- shared by the GPU test files (test_flash_fwd_gpu.py, test_flash_bwd_gpu.py) ----------
-# The grid both kernels are checked on: ragged, unequal and edge seqlens, head dims 32..256,
-# MHA / GQA / MQA.
-GPU_SEQLENS = [(1, 1), (1, 4096), (113, 203), (128, 217), (256, 512), (512, 256),
+# The grid every family's heuristic is checked on: ragged, unequal and edge seqlens (a single
+# query, one row past a block, s_q != s_k both ways), head dims 32..256 including odd
+# multiples of 8 (40, 72: zero-padded up to the next compiled head dim), MHA / GQA / MQA.
+GPU_SEQLENS = [(1, 1), (1, 4096), (17, 17), (113, 203), (128, 217), (256, 512), (512, 256),
                (1023, 1024), (1024, 1023), (2049, 2049)]
-GPU_HDIMS = [32, 64, 96, 128, 160, 256]
+GPU_HDIMS = [32, 40, 64, 72, 96, 128, 160, 256]
 GPU_HEADS = {"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)}
+GPU_DTYPES = ["bf16", "fp16"]
+# The small shape every point of a family's space is checked on (ragged in both seqlens, GQA).
+SPACE_SHAPE = dict(batch=1, seqlen_q=333, seqlen_k=301, nheads=2, nheads_kv=1)
+SPACE_HDIMS = (64, 128)
 
 
 @pytest.fixture
 def poison_outputs(monkeypatch):
     """cuflash NaN-fills its outputs before each launch, so unwritten elements show."""
-    from cuflash import interface
+    from cuflash import api
 
-    monkeypatch.setattr(interface, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(api, "POISON_OUTPUTS", True)
 
 
 def torch_dtype(name):

@@ -402,3 +402,210 @@ def test_bad_softmax_scale():
     q, k, v = make_qkv(1, 8, 8, 2, 2, 16)
     with pytest.raises(ValueError, match="softmax_scale"):
         attention_naive(q, k, v, softmax_scale=float("nan"))
+
+
+# ---------------------------------------------------------------------------
+# non-finite inputs: "NaN in gives NaN out, in the affected rows"
+# ---------------------------------------------------------------------------
+
+NONFINITE = [pytest.param(np.nan, id="nan"), pytest.param(np.inf, id="inf"),
+             pytest.param(-np.inf, id="-inf")]
+# (seqlen_q, seqlen_k): equal, more keys, and more queries (the first
+# seqlen_q - seqlen_k rows fully masked when causal).
+NF_SEQLENS = [(12, 12), (9, 17), (19, 11)]
+
+
+def forward(fn, q, k, v, causal):
+    """(out, lse or None) of one of the forward functions, under strict_fp."""
+    with strict_fp():
+        if fn == "naive":
+            return attention_naive(q, k, v, causal=causal, return_lse=True)
+        if fn == "tiled":
+            return attention_tiled(q, k, v, causal=causal, block_m=4,
+                                   block_n=3)
+        return lowp_attention(q, k, v, causal=causal), None
+
+
+def visible(seqlen_q, seqlen_k, causal):
+    return (causal_mask(seqlen_q, seqlen_k) if causal
+            else np.ones((seqlen_q, seqlen_k), dtype=bool))
+
+
+def assert_rows(got, clean, nan_rows, what):
+    """``got`` is NaN on every element of the marked rows and equals ``clean``
+    exactly elsewhere. got/clean: (..., D) arrays or (...) for the LSE;
+    nan_rows: bool array of got.shape without the trailing D (if any)."""
+    rows_nan = np.isnan(got) if got.ndim == nan_rows.ndim else np.isnan(got).all(-1)
+    some_nan = np.isnan(got) if got.ndim == nan_rows.ndim else np.isnan(got).any(-1)
+    np.testing.assert_array_equal(rows_nan, nan_rows, err_msg=f"{what}: NaN rows")
+    np.testing.assert_array_equal(some_nan, nan_rows, err_msg=f"{what}: partial NaN rows")
+    np.testing.assert_array_equal(got[~nan_rows], clean[~nan_rows], err_msg=what)
+
+
+@pytest.mark.parametrize("fn", ["naive", "tiled", "lowp"])
+@pytest.mark.parametrize("value", NONFINITE)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", NF_SEQLENS)
+def test_nonfinite_q_row(seqlen_q, seqlen_k, causal, value, fn):
+    # One element of q row (b=1, i, h=2): that row of out and lse is NaN,
+    # every other row is exactly the clean result.
+    q, k, v = make_qkv(2, seqlen_q, seqlen_k, 4, 2, 16)
+    out0, lse0 = forward(fn, q, k, v, causal)
+    i = seqlen_q - 3                      # sees keys in every case here
+    q[1, i, 2, 5] = value
+    out, lse = forward(fn, q, k, v, causal)
+    nan_out = np.zeros(out.shape[:-1], dtype=bool)     # (B, Sq, H)
+    nan_out[1, i, 2] = True
+    assert_rows(out, out0, nan_out, "out")
+    if lse is not None:
+        assert_rows(lse, lse0, np.moveaxis(nan_out, 1, 2), "lse")
+
+
+@pytest.mark.parametrize("fn", ["naive", "tiled", "lowp"])
+@pytest.mark.parametrize("value", NONFINITE)
+@pytest.mark.parametrize("which", ["k", "v"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", NF_SEQLENS)
+def test_nonfinite_kv_row(seqlen_q, seqlen_k, causal, which, value, fn):
+    # One element of key/value row j of kv head 1 (GQA: query heads 2, 3
+    # read it). Every query row of those heads that sees key j is NaN in out
+    # (and in lse for k: the LSE does not read v); rows that do not see it
+    # (causal: rows before it), other heads and the other batch are exact.
+    q, k, v = make_qkv(2, seqlen_q, seqlen_k, 4, 2, 16)
+    out0, lse0 = forward(fn, q, k, v, causal)
+    j = seqlen_k - 3                      # causal: the last 3 rows see it
+    {"k": k, "v": v}[which][0, j, 1, 7] = value
+    out, lse = forward(fn, q, k, v, causal)
+
+    sees_j = visible(seqlen_q, seqlen_k, causal)[:, j]     # (Sq,)
+    if causal:
+        assert not sees_j.all() and sees_j.any()
+    nan_out = np.zeros(out.shape[:-1], dtype=bool)         # (B, Sq, H)
+    nan_out[0, :, 2] = nan_out[0, :, 3] = sees_j
+    assert_rows(out, out0, nan_out, "out")
+    if lse is not None:
+        nan_lse = np.moveaxis(nan_out, 1, 2) & (which == "k")
+        assert_rows(lse, lse0, nan_lse, "lse")
+
+
+@pytest.mark.parametrize("fn", ["naive", "tiled", "lowp"])
+@pytest.mark.parametrize("value", NONFINITE)
+def test_nonfinite_in_fully_masked_rows(fn, value):
+    # A fully masked row reads nothing: a NaN / inf in its q row leaves it
+    # out = 0, lse = +inf, with no warning (strict_fp in forward()). (Every
+    # key is seen by the last row, so only q rows can be left unread.)
+    seqlen_q, seqlen_k = 20, 6            # causal: rows 0..13 see no key
+    q, k, v = make_qkv(2, seqlen_q, seqlen_k, 4, 2, 32)
+    out0, lse0 = forward(fn, q, k, v, True)
+    q[:, :14:3] = value
+    out, lse = forward(fn, q, k, v, True)
+    np.testing.assert_array_equal(out, out0)
+    assert (out[:, :14] == 0).all()
+    if lse is not None:
+        np.testing.assert_array_equal(lse, lse0)
+        assert np.isposinf(lse[:, :, :14]).all()
+
+
+@pytest.mark.parametrize("fn", ["naive", "tiled", "lowp"])
+def test_nonfinite_everywhere(fn):
+    # Many non-finite values at once (random positions): the NaN rows are
+    # those the rule gives, the rest exact; no warning on the way.
+    rng = np.random.default_rng(7)
+    q, k, v = make_qkv(2, 23, 19, 6, 2, 8)
+    out0, lse0 = forward(fn, q, k, v, True)
+    for x in (q, k, v):
+        idx = tuple(rng.integers(0, n, 3) for n in x.shape)
+        x[idx] = rng.choice([np.nan, np.inf, -np.inf], 3)
+    out, lse = forward(fn, q, k, v, True)
+    vis = visible(23, 19, True)
+    group = 3
+
+    def bad(x):                           # (B, S, Hx) -> (B, H, S)
+        return np.repeat(np.moveaxis(~np.isfinite(x).all(-1), 2, 1), group, 1)
+
+    has = vis.any(1)
+    lse_nan = has & (np.moveaxis(~np.isfinite(q).all(-1), 2, 1)
+                     | (bad(k).astype(int) @ vis.T.astype(int) > 0))
+    out_nan = lse_nan | (bad(v).astype(int) @ vis.T.astype(int) > 0)
+    assert out_nan.any() and not out_nan.all()
+    assert_rows(out, out0, np.moveaxis(out_nan, 1, 2), "out")
+    if lse is not None:
+        assert_rows(lse, lse0, lse_nan, "lse")
+
+
+def test_lowp_input_overflowing_to_inf_is_nonfinite():
+    # 1e6 is finite in float64 but +inf in float16: the fp16 baseline reads
+    # an inf there (its row is NaN), the float64 oracle does not.
+    q, k, v = make_qkv(1, 8, 8, 2, 2, 16)
+    base = lowp_attention(q, k, v)
+    q[0, 3, 1, 0] = 1e6
+    with strict_fp():
+        low = lowp_attention(q, k, v)
+        ref = attention_naive(q, k, v)
+    assert np.isfinite(ref).all()
+    nan_rows = np.zeros((1, 8, 2), dtype=bool)
+    nan_rows[0, 3, 1] = True
+    assert_rows(low, base, nan_rows, "lowp out")
+
+
+# ---- against torch's scaled_dot_product_attention (math path, CPU) ----------
+
+def torch_sdpa(q, k, v, causal):
+    """torch math SDPA in float64 on (B, S, H, D) NumPy arrays, GQA by
+    repeated kv heads; returns (out (B, Sq, H, D), lse (B, H, Sq)) with the
+    LSE as the math path forms it (logsumexp of the scaled, masked scores)."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    group = q.shape[2] // k.shape[2]
+    tq, tk, tv = (torch.from_numpy(np.moveaxis(x, 2, 1).copy())
+                  for x in (q, k, v))
+    tk = tk.repeat_interleave(group, dim=1)
+    tv = tv.repeat_interleave(group, dim=1)
+    with sdpa_kernel(SDPBackend.MATH):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            tq, tk, tv, is_causal=causal)
+    s = tq @ tk.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    return np.moveaxis(out.numpy(), 1, 2), lse.numpy()
+
+
+def nonfinite_rows(x):
+    return ~np.isfinite(x).all(-1) if x.ndim == 4 else ~np.isfinite(x)
+
+
+@pytest.mark.parametrize("value", NONFINITE)
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("nheads,nheads_kv", [(4, 4), (4, 2), (4, 1)])
+def test_nonfinite_matches_torch_sdpa(nheads, nheads_kv, causal, which,
+                                      value):
+    # Row by row, torch's math SDPA has a non-finite value in the same rows
+    # as the reference's NaN rows, and equal values elsewhere. The
+    # documented differences: torch gives +-inf or a NaN column where we give
+    # a NaN row (same rows); a +-inf in k gives torch a finite row wherever
+    # that key's score is -inf (we are NaN there: its rows are a subset of
+    # ours); and with is_causal torch's masked entries leak a NaN key or
+    # value (0 * NaN, NaN - inf) into the rows that do not see it, so the
+    # causal cases use a key / value row seen by every query row (row 0).
+    pytest.importorskip("torch")
+    q, k, v = make_qkv(2, 16, 16, nheads, nheads_kv, 32)
+    row = 0 if (causal and which != "q") else 5
+    {"q": q, "k": k, "v": v}[which][1, row, 0, 3] = value
+    with strict_fp():
+        out, lse = attention_naive(q, k, v, causal=causal, return_lse=True)
+    t_out, t_lse = torch_sdpa(q, k, v, causal)
+    for name, ours, theirs in (("out", out, t_out), ("lse", lse, t_lse)):
+        ours_nan = nonfinite_rows(ours)
+        # Our non-finite rows are whole NaN rows.
+        assert np.isnan(ours[ours_nan]).all(), name
+        assert ours_nan.any() == (name == "out" or which != "v"), name
+        theirs_bad = nonfinite_rows(theirs)
+        if which == "k" and np.isinf(value):
+            assert (theirs_bad <= ours_nan).all(), name
+        else:
+            np.testing.assert_array_equal(ours_nan, theirs_bad, err_msg=name)
+        np.testing.assert_allclose(ours[~ours_nan], theirs[~ours_nan],
+                                   rtol=1e-10, atol=1e-10, err_msg=name)

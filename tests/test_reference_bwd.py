@@ -459,3 +459,241 @@ def test_bad_softmax_scale_and_dtype():
         attention_backward_naive(dout, q, k, v, softmax_scale=math.inf)
     with pytest.raises(ValueError, match="dtype"):
         attention_grad_lowp(dout, q, k, v, dtype=np.float32)
+
+
+# ---------------------------------------------------------------------------
+# non-finite inputs: "NaN in gives NaN out, in the affected rows"
+# ---------------------------------------------------------------------------
+
+NONFINITE = [pytest.param(np.nan, id="nan"), pytest.param(np.inf, id="inf"),
+             pytest.param(-np.inf, id="-inf")]
+NF_SEQLENS = [(12, 12), (9, 17), (19, 11)]
+
+
+def backward(fn, dout, q, k, v, causal):
+    """(dq, dk, dv) of one of the backward functions, under strict_fp (the
+    tiled one from attention_tiled's out and lse)."""
+    with strict_fp():
+        if fn == "naive":
+            return attention_backward_naive(dout, q, k, v, causal=causal)
+        if fn == "tiled":
+            out, lse = attention_tiled(q, k, v, causal=causal, block_m=5,
+                                       block_n=4)
+            return attention_backward_tiled(dout, q, k, v, out, lse,
+                                            causal=causal, block_q=4,
+                                            block_k=3)
+        return attention_grad_lowp(dout, q, k, v, causal=causal)
+
+
+def expected_nan_rows(dout, q, k, v, causal):
+    """The rule of the reference's module docstring, written densely: the
+    NaN rows of (dq (B, Sq, H), dk, dv (B, Sk, Hkv))."""
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    group = q.shape[2] // k.shape[2]
+    vis = (causal_mask(seqlen_q, seqlen_k) if causal
+           else np.ones((seqlen_q, seqlen_k), dtype=bool)).astype(int)
+    has = vis.any(1)
+
+    def bad(x):                           # (B, S, Hx) -> (B, H, S) as int
+        b = np.moveaxis(~np.isfinite(x).all(-1), 2, 1)
+        return np.repeat(b, q.shape[2] // x.shape[2], 1).astype(int)
+
+    lse_nan = has & ((bad(q) + bad(k) @ vis.T) > 0)       # (B, H, Sq)
+    out_nan = lse_nan | (bad(v) @ vis.T > 0)
+    do_nan = has & (bad(dout) > 0)
+    dq_nan = out_nan | do_nan
+    dk_nan = dq_nan.astype(int) @ vis > 0                  # (B, H, Sk)
+    dv_nan = (lse_nan | do_nan).astype(int) @ vis > 0
+
+    def kv(x):                            # (B, H, Sk) -> (B, Sk, Hkv)
+        b, h, s = x.shape
+        return np.moveaxis(x.reshape(b, h // group, group, s).any(2), 1, 2)
+
+    return np.moveaxis(dq_nan, 1, 2), kv(dk_nan), kv(dv_nan)
+
+
+def assert_grad_rows(grads, clean, nan_rows):
+    """Each gradient is NaN on every element of its marked rows, has no NaN
+    elsewhere and equals the clean gradient exactly there."""
+    for name, g, c, rows in zip(("dq", "dk", "dv"), grads, clean, nan_rows):
+        np.testing.assert_array_equal(np.isnan(g).all(-1), rows,
+                                      err_msg=f"{name}: NaN rows")
+        np.testing.assert_array_equal(~np.isfinite(g).all(-1), rows,
+                                      err_msg=f"{name}: non-finite rows")
+        np.testing.assert_array_equal(g[~rows], c[~rows], err_msg=name)
+
+
+@pytest.mark.parametrize("fn", ["naive", "tiled", "lowp"])
+@pytest.mark.parametrize("value", NONFINITE)
+@pytest.mark.parametrize("which", ["q", "dout"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", NF_SEQLENS)
+def test_nonfinite_query_side_row(seqlen_q, seqlen_k, causal, which, value,
+                                  fn):
+    # One element of the q or dout row (b=1, i, h=2) of a GQA layout (query
+    # heads 2, 3 read kv head 1): dq of that row is NaN; dk of every key the
+    # row sees (kv head 1 of batch 1) is NaN; dv of those keys too (a NaN q
+    # row makes its P row NaN; dv = P^T dO reads dout). Everything else is
+    # exactly the clean gradient.
+    (dout, q, k, v), seed = make_inputs(2, seqlen_q, seqlen_k, 4, 2, 16)
+    clean = backward(fn, dout, q, k, v, causal)
+    i = seqlen_q - 4                      # causal: sees all but the last 3 keys
+    {"q": q, "dout": dout}[which][1, i, 2, 5] = value
+    grads = backward(fn, dout, q, k, v, causal)
+
+    sees = (causal_mask(seqlen_q, seqlen_k)[i] if causal
+            else np.ones(seqlen_k, dtype=bool))
+    dq_nan = np.zeros(q.shape[:3], dtype=bool)
+    dq_nan[1, i, 2] = True
+    dk_nan = np.zeros(k.shape[:3], dtype=bool)
+    dk_nan[1, :, 1] = sees
+    if causal:
+        assert 0 < sees.sum() < seqlen_k
+    nan_rows = (dq_nan, dk_nan, dk_nan)
+    for a, b in zip(nan_rows, expected_nan_rows(dout, q, k, v, causal)):
+        np.testing.assert_array_equal(a, b)
+    assert_grad_rows(grads, clean, nan_rows)
+
+
+@pytest.mark.parametrize("fn", ["naive", "tiled", "lowp"])
+@pytest.mark.parametrize("value", NONFINITE)
+@pytest.mark.parametrize("which", ["k", "v"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", NF_SEQLENS)
+def test_nonfinite_key_side_row(seqlen_q, seqlen_k, causal, which, value,
+                                fn):
+    # One element of the k or v row (b=0, j, kv head 1): the query rows of
+    # heads 2, 3 that see key j are affected, so their dq is NaN, and dk of
+    # every key such a row sees; dv of those keys too for k (the rows' P is
+    # NaN) but not for v (dv = P^T dO does not read v). Rows that do not see
+    # key j (causal: the rows before it) and the other batch are exact.
+    (dout, q, k, v), seed = make_inputs(2, seqlen_q, seqlen_k, 4, 2, 16)
+    clean = backward(fn, dout, q, k, v, causal)
+    j = seqlen_k - 3
+    {"k": k, "v": v}[which][0, j, 1, 7] = value
+    grads = backward(fn, dout, q, k, v, causal)
+
+    vis = (causal_mask(seqlen_q, seqlen_k) if causal
+           else np.ones((seqlen_q, seqlen_k), dtype=bool))
+    rows = vis[:, j]                      # query rows that see key j
+    keys = vis[rows].any(0)               # keys those rows see
+    if causal:
+        assert 0 < rows.sum() < seqlen_q
+    dq_nan = np.zeros(q.shape[:3], dtype=bool)
+    dq_nan[0, :, 2] = dq_nan[0, :, 3] = rows
+    dk_nan = np.zeros(k.shape[:3], dtype=bool)
+    dk_nan[0, :, 1] = keys
+    dv_nan = dk_nan if which == "k" else np.zeros_like(dk_nan)
+    nan_rows = (dq_nan, dk_nan, dv_nan)
+    for a, b in zip(nan_rows, expected_nan_rows(dout, q, k, v, causal)):
+        np.testing.assert_array_equal(a, b)
+    assert_grad_rows(grads, clean, nan_rows)
+
+
+@pytest.mark.parametrize("fn", ["naive", "tiled", "lowp"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_nonfinite_everywhere(fn, causal):
+    # Several non-finite values in every input at once (MQA and GQA): the
+    # NaN rows are the rule's, the rest exact, no warning.
+    rng = np.random.default_rng(11)
+    for nheads_kv in (1, 2):
+        (dout, q, k, v), seed = make_inputs(2, 21, 15, 4, nheads_kv, 8)
+        clean = backward(fn, dout, q, k, v, causal)
+        for x in (dout, q, k, v):
+            idx = tuple(rng.integers(0, n, 2) for n in x.shape)
+            x[idx] = rng.choice([np.nan, np.inf, -np.inf], 2)
+        grads = backward(fn, dout, q, k, v, causal)
+        assert_grad_rows(grads, clean,
+                         expected_nan_rows(dout, q, k, v, causal))
+
+
+@pytest.mark.parametrize("fn", ["naive", "tiled", "lowp"])
+def test_nonfinite_in_fully_masked_rows_contribute_nothing(fn):
+    # q and dout rows that see no key are not read: NaN / inf there changes
+    # nothing (dq stays 0 there) and raises no warning.
+    seqlen_q, seqlen_k = 20, 6            # causal: rows 0..13 see no key
+    (dout, q, k, v), seed = make_inputs(2, seqlen_q, seqlen_k, 4, 2, 32)
+    clean = backward(fn, dout, q, k, v, True)
+    q[:, 0:14:2] = np.nan
+    dout[:, 1:14:2] = np.inf
+    dout[:, 2:14:5, :, 0] = np.nan
+    grads = backward(fn, dout, q, k, v, True)
+    for g, c in zip(grads, clean):
+        np.testing.assert_array_equal(g, c)
+    assert (grads[0][:, :14] == 0).all()
+
+
+@pytest.mark.parametrize("what", ["out-nan", "out-inf", "lse-nan",
+                                  "lse-neginf", "lse-posinf"])
+def test_tiled_reads_out_and_lse_rows(what):
+    # The tiled backward also reads the given out and lse row by row: a
+    # non-finite out row makes its D row NaN (so dq of the row and dk of the
+    # keys it sees, not dv); a NaN or -inf lse makes its P row NaN (dv as
+    # well). +inf is the fully masked LSE: the row contributes nothing.
+    (dout, q, k, v), seed = make_inputs(1, 10, 10, 2, 1, 16)
+    out, lse = attention_tiled(q, k, v, causal=True)
+    with strict_fp():
+        clean = attention_backward_tiled(dout, q, k, v, out, lse, causal=True,
+                                         block_q=3, block_k=4)
+    i = 6                                 # sees keys 0..6
+    name, val = what.split("-")
+    val = {"nan": np.nan, "inf": np.inf, "neginf": -np.inf,
+           "posinf": np.inf}[val]
+    if name == "out":
+        out[0, i, 1, 2] = val
+    else:
+        lse[0, 1, i] = val
+    with strict_fp():
+        grads = attention_backward_tiled(dout, q, k, v, out, lse, causal=True,
+                                         block_q=3, block_k=4)
+    dq_nan = np.zeros(q.shape[:3], dtype=bool)
+    dk_nan = np.zeros(k.shape[:3], dtype=bool)
+    if what == "lse-posinf":
+        # Row i is dropped (P = 0): dq of the row is 0, nothing is NaN.
+        assert all(np.isfinite(g).all() for g in grads)
+        assert (grads[0][0, i, 1] == 0).all()
+        return
+    dq_nan[0, i, 1] = True
+    dk_nan[0, :i + 1, 0] = True
+    dv_nan = dk_nan if name == "lse" else np.zeros_like(dk_nan)
+    assert_grad_rows(grads, clean, (dq_nan, dk_nan, dv_nan))
+
+
+@pytest.mark.parametrize("value", NONFINITE)
+@pytest.mark.parametrize("which", ["q", "k", "v", "dout"])
+@pytest.mark.parametrize("nheads,nheads_kv", [(4, 4), (4, 2), (4, 1)])
+def test_nonfinite_grads_match_torch_sdpa(nheads, nheads_kv, which, value):
+    # torch's math SDPA under autograd (float64, CPU): the same gradient rows
+    # hold a non-finite value and the others agree. Documented differences:
+    # torch gives +-inf or a NaN column where we give a NaN row (same rows);
+    # a +-inf in k leaves torch finite where that key's score is -inf (its
+    # rows are then a subset of ours). Non-causal: with is_causal, torch's
+    # masked entries leak NaN into the gradients of rows and keys that never
+    # see the non-finite value (0 * NaN), which the reference does not copy.
+    torch = pytest.importorskip("torch")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    (dout, q, k, v), seed = make_inputs(2, 14, 18, nheads, nheads_kv, 32)
+    {"q": q, "k": k, "v": v, "dout": dout}[which][1, 5, 0, 3] = value
+    with strict_fp():
+        grads = attention_backward_naive(dout, q, k, v)
+    group = nheads // nheads_kv
+    tq, tk, tv = (torch.from_numpy(np.moveaxis(x, 2, 1).copy()).requires_grad_()
+                  for x in (q, k, v))
+    with sdpa_kernel(SDPBackend.MATH):
+        t_out = torch.nn.functional.scaled_dot_product_attention(
+            tq, tk.repeat_interleave(group, 1), tv.repeat_interleave(group, 1))
+    t_out.backward(torch.from_numpy(np.moveaxis(dout, 2, 1).copy()))
+    theirs = [np.moveaxis(t.grad.numpy(), 1, 2) for t in (tq, tk, tv)]
+    for name, g, t in zip(("dq", "dk", "dv"), grads, theirs):
+        ours_nan = np.isnan(g).all(-1)
+        assert np.isfinite(g[~ours_nan]).all(), name
+        theirs_bad = ~np.isfinite(t).all(-1)
+        if which == "k" and np.isinf(value):
+            assert (theirs_bad <= ours_nan).all(), name
+        else:
+            np.testing.assert_array_equal(ours_nan, theirs_bad, err_msg=name)
+        tol = 1e-10 * max(1.0, float(np.abs(t[~ours_nan]).max(initial=0.0)))
+        np.testing.assert_allclose(g[~ours_nan], t[~ours_nan], rtol=1e-10,
+                                   atol=tol, err_msg=f"{name} (seed {seed})")
+    assert np.isnan(grads[1]).any()

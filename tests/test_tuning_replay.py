@@ -5,24 +5,26 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
-import cuflash.config as cc  # noqa: E402
-from tuning.fake import FakeMeasure, model_ms  # noqa: E402
-from tuning.replay import Recorded, format_efficiency, main, replay, search_efficiency  # noqa: E402
-from tuning.space import Problem, get_family  # noqa: E402
-from tuning.study import run_study, write_trials  # noqa: E402
+from cuflash import registry  # noqa: E402
+from cuflash.families.base import MAX_SMEM_BY_ARCH  # noqa: E402
+from cuflash.tuning.fake import FakeMeasure, model_ms  # noqa: E402
+from cuflash.tuning.replay import (Recorded, format_efficiency, main, replay,  # noqa: E402
+                                   search_efficiency)
+from cuflash.tuning.space import bench_problem  # noqa: E402
+from cuflash.tuning.study import run_study, write_trials  # noqa: E402
 
-SMEM = cc.MAX_SMEM_BY_ARCH[(9, 0)]
-FAM = get_family("fwd")
+SMEM = MAX_SMEM_BY_ARCH[(9, 0)]
+FAM = registry.get("fa2_fwd")
+PROBLEM = bench_problem(FAM, "bf16", 128, False, 16384)
+VALID = FAM.valid(PROBLEM, SMEM)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 @pytest.fixture(scope="module")
 def brute_table(tmp_path_factory):
-    p = Problem.fa_convention("fwd", "bf16", 128, False, 16384)
-    valid = FAM.valid(128, "bf16", False, SMEM)
-    fail = {valid[1].name: "wrong", valid[2].name: "compile_error"}
-    outcome = run_study(FAM, p, FakeMeasure(fail=fail), max_smem=SMEM, sampler="brute",
+    fail = {VALID[1].name: "wrong", VALID[2].name: "compile_error"}
+    outcome = run_study(FAM, PROBLEM, FakeMeasure(fail=fail), max_smem=SMEM, sampler="brute",
                         log=lambda *a: None)
     return write_trials(tmp_path_factory.mktemp("rec") / "brute.json", outcome, sampler="brute",
                         max_smem=SMEM)
@@ -30,12 +32,13 @@ def brute_table(tmp_path_factory):
 
 def test_recorded_table_answers_like_the_gpu_did(brute_table):
     rec = Recorded.load(brute_table)
-    valid = FAM.valid(128, "bf16", False, SMEM)
+    valid = VALID
+    assert rec.family is FAM and rec.problem == PROBLEM
     assert len(rec.results) == len(valid)
     assert rec(valid[1]).status == "wrong" and rec(valid[2]).status == "compile_error"
     best = min((c for c in valid[3:] + valid[:1]), key=model_ms)
     assert rec.best_ms == pytest.approx(model_ms(best))
-    other = FAM.make(FAM.params(valid[0]), 64, "bf16", False)     # a different problem
+    other = FAM.make(FAM.point(valid[0]), PROBLEM.replace(head_dim=64))   # a different problem
     assert rec(other).status == "ok"                                # looked up by point
     assert rec.calls == 3
 
@@ -95,3 +98,30 @@ def test_sampler_alone_without_the_heuristic_head_start(brute_table, tmp_path):
     res = search_efficiency(path, "random", seeds=3, enqueue_default=False)
     assert not res["heuristic_first"] and "(no heuristic first)" in format_efficiency(res)
     assert any(r["measured"] > 1 for r in res["runs"])
+
+
+def test_format_1_recording_replays(brute_table, tmp_path):
+    """A study recorded before the family registry (trial format 1: problem.kernel) still
+    replays, as the FA2 family of that op."""
+    doc = json.loads(brute_table.read_text())
+    p = doc["problem"]
+    doc.update(format=1, problem={"kernel": "fwd", "dtype": p["dtype"], "head_dim": p["head_dim"],
+                                  "causal": p["causal"], "seqlen": p["seqlen_q"],
+                                  "batch": p["batch"], "nheads": p["nheads"]})
+    for k in ("family", "family_version", "key"):
+        doc.pop(k)
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(doc))
+    rec = Recorded.load(path)
+    assert rec.family is FAM and rec.problem == PROBLEM
+    assert rec.best_ms == Recorded.load(brute_table).best_ms
+    assert replay(rec, "tpe", seed=1) == replay(Recorded.load(brute_table), "tpe", seed=1)
+
+
+def test_a_recording_of_another_space_is_refused(brute_table, tmp_path):
+    doc = json.loads(brute_table.read_text())
+    doc["space"]["Bx"] = [1]
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="not the current fa2_fwd space"):
+        Recorded.load(path)

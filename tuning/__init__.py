@@ -1,17 +1,21 @@
-"""The cuflash autotuner: optuna search over kernel configs, tuned tables per GPU.
+"""The cuflash autotuner (``cuflash.tuning``): optuna search over the configs of every
+registered kernel family, tuned tables per GPU. It consumes the library (the family
+registry, selection's table format, compilation, timing); the library never imports it.
 
-    space.py      kernel families (search space as data, restrictions = config rules)
+    space.py      the studies: registry families x problem classes, benchmark shapes
     objective.py  the optuna objective: prune invalid points, memoise, record failures
-    measure.py    compile, verify against cuflash.reference, time with CUDA events (GPU)
-    study.py      one study per problem: TPE / brute force, journal storage, summary
-    table.py      tuned YAML tables and the lookup cuflash.config_for uses
-    replay.py     replay samplers against a recorded brute-force table (no GPU)
+    measure.py    compile, verify against cuflash.reference, time (one runner per op; GPU)
+    study.py      one study per (op, family, dtype, d, causal, features, bucket): TPE / brute
+                  force, journal storage, summary, trial records, plots
+    table.py      writing tuned YAML tables (reading and lookup: cuflash.select); upgrade_v1
+    replay.py     replay samplers against a recorded brute-force study (no GPU)
+    fake.py       a deterministic stand-in measurement (CPU tests)
     cli.py        python -m cuflash tune / info
 
 Importing this package imports neither optuna nor CuPy.
 """
-from .space import SEQLEN_BUCKETS, Family, Problem, families, get_family, seqlen_bucket
-from .table import TunedTableWarning, choose, clear_cache, lookup, save_entries
+from .space import SEQLEN_BUCKETS, bench_problem, problem_name, seqlen_bucket, study_key
+from .table import save_entries, upgrade_v1
 
-__all__ = ["lookup", "choose", "seqlen_bucket", "SEQLEN_BUCKETS", "save_entries", "clear_cache",
-           "TunedTableWarning", "families", "get_family", "Family", "Problem"]
+__all__ = ["save_entries", "upgrade_v1", "bench_problem", "problem_name", "study_key",
+           "seqlen_bucket", "SEQLEN_BUCKETS"]

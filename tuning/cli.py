@@ -1,31 +1,42 @@
-"""``python -m cuflash tune`` and ``python -m cuflash info`` (wired in cuflash/__main__.py)."""
+"""``python -m cuflash tune`` and ``python -m cuflash info [--families]`` (wired in
+cuflash/__main__.py): ``tune_main(argv) -> int``, ``info_lines()``, ``info_families_lines()``."""
 from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 from pathlib import Path
 
-from .space import KERNELS, SEQLEN_BUCKETS, Problem, families
+from cuflash.problem import DTYPES, SEQLEN_BUCKETS
+
+from .space import OP_NAMES, families_for, problem_name, space_size, tasks
 from .study import MIN_GAIN
 
 TUNE_HELP = """Tune kernel configs for this GPU and store the winners in the tuned table.
 
-One optuna study per (kernel, dtype, head dim, causal, seqlen bucket), timed on the
-FlashAttention benchmark shape (heads = 2048/d, batch x seqlen = 16k). Studies are kept
-in a journal file: re-running the same command resumes. Each study's trials go to
-results/<gpu>/tuning/<study>.json (replayable: python -m tuning.replay), plots next to them.
-The table keeps the heuristic unless the best config beats it by --min-gain percent.
+Every registered kernel family of the requested ops that supports the problem on this GPU
+is tuned (or only those named by --family). One optuna study per (op, family, dtype, head
+dim, causal, features, seqlen bucket), timed on the FlashAttention benchmark shape (heads =
+2048/d, batch x seqlen = 16k), single calls after an L2 flush. Studies are kept in a
+journal file: re-running the same command resumes. Each study's trials go to
+results/<gpu>/tuning/<study>.json (replayable: python -m cuflash.tuning.replay), plots
+next to them. The table keeps the heuristic unless the best config beats it by
+--min-gain percent.
 """
 
 
 def _csv(kind):
-    return lambda s: [kind(x) for x in s.split(",") if x.strip()]
+    return lambda s: [kind(x.strip()) for x in s.split(",") if x.strip()]
 
 
 def tune_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m cuflash tune", description=TUNE_HELP,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kernel", choices=["fwd", "bwd", "all"], default="all")
+    ap.add_argument("--op", type=_csv(str), default=["all"],
+                    help=f"ops to tune: {','.join(OP_NAMES)} or all (default all)")
+    ap.add_argument("--family", type=_csv(str), default=None,
+                    help="only these kernel families (default: every family of the ops that "
+                         "supports the problem here; python -m cuflash info --families lists them)")
     ap.add_argument("--dtype", type=_csv(str), default=["bf16", "fp16"], help="e.g. bf16,fp16")
     ap.add_argument("--hdim", type=_csv(int), default=[64, 128], help="e.g. 64,128")
     ap.add_argument("--causal", choices=["both", "true", "false"], default="both")
@@ -60,6 +71,30 @@ def tune_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def gpu_dir_name(device: int = 0) -> str:
+    """results/<this>/: the GPU's name with spaces as underscores (as the benchmarks name it)."""
+    from cuflash import _gpu
+
+    return _gpu.name(device).replace(" ", "_")
+
+
+def _select_families(a):
+    """(families, '') or (None, why) from --op and --family."""
+    ops = list(OP_NAMES) if "all" in a.op else list(dict.fromkeys(a.op))
+    bad = [op for op in ops if op not in OP_NAMES]
+    if bad:
+        return None, f"--op must be {', '.join(OP_NAMES)} or all, got {bad[0]!r}"
+    try:
+        fams = families_for(ops, a.family)
+    except LookupError as exc:
+        return None, f"--family: {exc.args[0]}"
+    except ValueError as exc:
+        return None, f"--family: {exc} (asked for --op {','.join(ops)})"
+    if not fams:
+        return None, f"no kernel family is registered for op {', '.join(ops)}"
+    return fams, ""
+
+
 def tune_main(argv=None, log=print) -> int:
     """Returns the exit code: 0 done, 2 cannot tune here (the reason on one line)."""
     a = tune_parser().parse_args(argv)
@@ -72,23 +107,21 @@ def tune_main(argv=None, log=print) -> int:
         import optuna
     except ImportError:
         return refuse("optuna is not installed (pip install 'cuflash[tune]')")
+    fams, why = _select_families(a)
+    if fams is None:
+        return refuse(why)
+    bad = [d for d in a.dtype if d not in DTYPES]
+    if bad:
+        return refuse(f"--dtype must be {' and/or '.join(DTYPES)}, got {bad}")
+    if not 0 <= a.min_gain < 100:
+        return refuse(f"--min-gain must be a percentage in [0, 100), got {a.min_gain:g}")
     from cuflash import _gpu
-    from cuflash.bench import gpu_dir_name
 
     reason = _gpu.why_unavailable()
     if reason:
         return refuse(f"no GPU here ({reason})")
-    fams = families()
-    kernels = list(KERNELS) if a.kernel == "all" else [a.kernel]
-    missing = [k for k in kernels if k not in fams]
-    if a.kernel != "all" and missing:
-        return refuse(f"the {missing[0]} kernel is not in this cuflash yet")
-    kernels = [k for k in kernels if k in fams]
-    bad = [d for d in a.dtype if d not in ("bf16", "fp16")]
-    if bad:
-        return refuse(f"--dtype must be bf16 and/or fp16, got {bad}")
-    if not 0 <= a.min_gain < 100:
-        return refuse(f"--min-gain must be a percentage in [0, 100), got {a.min_gain:g}")
+
+    from cuflash.select import file_name
 
     from . import measure as m
     from .study import run_study, study_name_for, write_plots, write_trials
@@ -96,38 +129,35 @@ def tune_main(argv=None, log=print) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = 0
-    gpu_name, arch, max_smem = _gpu.name(device), _gpu.arch(device), _gpu.max_smem(device)
+    gpu_name, arch, max_smem = _gpu.name(device), tuple(_gpu.arch(device)), _gpu.max_smem(device)
+    causals = {"both": (False, True), "true": (True,), "false": (False,)}[a.causal]
+    todo, skipped = tasks(fams, a.dtype, a.hdim, causals, a.seqlen, arch)
+    for (fam, why), n in Counter((f, w) for f, _, w in skipped).items():
+        log(f"skipped {n} {fam.name} studies: {why}")
+    if not todo:
+        return refuse("nothing to tune: no requested family supports the requested problems "
+                      f"on {gpu_name} (sm_{arch[0]}{arch[1]})")
     out_dir = Path(a.out) / gpu_dir_name(device) / "tuning"
     storage = a.storage or str(out_dir / "studies.journal")
-    causals = {"both": (False, True), "true": (True,), "false": (False,)}[a.causal]
-    seqlens = sorted({Problem.fa_convention("fwd", "bf16", 64, False, s).seqlen for s in a.seqlen})
     sampler = "brute" if a.brute_force else a.sampler
-    log(f"cuflash tune on {gpu_name} (sm_{arch[0]}{arch[1]}), {sampler}, journal {storage}")
+    used = list(dict.fromkeys(f for f, _ in todo))
+    log(f"cuflash tune on {gpu_name} (sm_{arch[0]}{arch[1]}): {len(todo)} studies of "
+        f"{', '.join(f.name for f in used)}; {sampler}; journal {storage}")
     deadline = time.perf_counter() + a.timeout if a.timeout else None
     t_start = time.perf_counter()
-    rows, written = [], set()
-    envs = {k: m.env_record(fams[k], device) for k in kernels}
-    todo = [Problem.fa_convention(k, dt, d, c, s) for k in kernels for dt in a.dtype
-            for d in a.hdim for c in causals for s in seqlens]
+    envs = {f.name: m.env_record(f, device) for f in used}
     gpu = {"name": gpu_name, "cc": "%d.%d" % arch}
     if not a.no_precompile:
-        from cuflash.kernels import precompile
-
-        t0 = time.perf_counter()
-        configs = [cfg for p in todo
-                   for cfg in fams[p.kernel].valid(p.head_dim, p.dtype, p.causal, max_smem)]
-        results = precompile(configs, device)
-        failed = sum(1 for _, _, err in results if err)
-        log(f"precompiled {len(results)} configs in {time.perf_counter() - t0:.0f} s"
-            + (f" ({failed} failed: their trials record the error)" if failed else ""))
-    for i, p in enumerate(todo):
+        _precompile(todo, max_smem, device, log, progress=not a.no_progress)
+    rows, written = [], set()
+    for i, (fam, p) in enumerate(todo):
         left = None if deadline is None else deadline - time.perf_counter()
         if left is not None and left <= 0:
             log(f"time is up: {len(todo) - i} studies not run")
             break
-        fam, env = fams[p.kernel], envs[p.kernel]
+        env = envs[fam.name]
         measure = m.GpuMeasure(fam, p, device, reps=a.reps, timeout_s=a.trial_timeout, seed=a.seed)
-        name = study_name_for(p, gpu_name, env["source_hash"])
+        name = study_name_for(fam, p, gpu_name, env["code_hash"])
         log(f"[{i + 1}/{len(todo)}] {name}")
         outcome = run_study(fam, p, measure, max_smem=max_smem, arch=arch, sampler=sampler,
                             n_trials=a.trials, timeout=left, seed=a.seed, storage=storage,
@@ -145,20 +175,40 @@ def tune_main(argv=None, log=print) -> int:
         if measure.fatal:
             log(format_table(rows))
             return refuse(f"stopped: {measure.fatal}")
+    table = ", ".join(map(str, sorted(written))) or f"(nothing written; would be {file_name(gpu_name, arch)})"
     log(f"\n{len(rows)} studies in {time.perf_counter() - t_start:.0f} s; "
-        f"trials in {out_dir}; tuned table {', '.join(map(str, sorted(written))) or '(nothing)'}")
+        f"trials in {out_dir}; tuned table {table}")
     log(format_table(rows))
     return 0
+
+
+def _precompile(todo, max_smem, device, log, progress: bool = True) -> None:
+    """Compile every valid config of every study in parallel (fills CuPy's disk cache)."""
+    from cuflash.compile import precompile
+
+    t0 = time.perf_counter()
+    configs = list(dict.fromkeys(cfg for fam, p in todo for cfg in fam.valid(p, max_smem)))
+    step = max(1, len(configs) // 10)
+
+    def report(done, total, res):
+        if progress and (done % step == 0 or done == total):
+            log(f"  precompiled {done}/{total} ({time.perf_counter() - t0:.0f} s)")
+
+    results = precompile(configs, device, progress=report)
+    failed = sum(1 for _, _, err in results if err)
+    log(f"precompiled {len(results)} configs in {time.perf_counter() - t0:.0f} s"
+        + (f" ({failed} failed: their trials record the error)" if failed else ""))
 
 
 def format_table(outcomes) -> str:
     """One line per study: the best config found, its time and its gain over the heuristic,
     and what the tuned table got ("best", or "heuristic" when the margin rule kept it)."""
-    lines = [f"{'problem':<28} {'best config':<34} {'ms':>8} {'TFLOPs/s':>8} {'vs heuristic':>12}"
+    lines = [f"{'study':<36} {'best config':<34} {'ms':>8} {'TFLOPs/s':>8} {'vs heuristic':>12}"
              f"  table entry"]
     for o in outcomes:
+        name = problem_name(o.family, o.problem)
         if o.best is None:
-            lines.append(f"{o.problem.name:<28} (no config ran: {o.counts})")
+            lines.append(f"{name:<36} (no config ran: {o.counts})")
             continue
         g = o.gain(o.best_ms)
         gain = f"{g * 100:+.1f}%" if g is not None else "n/a"
@@ -167,60 +217,125 @@ def format_table(outcomes) -> str:
             what = note or ("best (is the heuristic)" if chosen == o.default_config else "best")
         else:
             what = f"heuristic {o.short(chosen)} (gain < min {o.min_gain * 100:.1f}%)"
-        lines.append(f"{o.problem.name:<28} {o.short(o.best):<34} {o.best_ms:>8.4f} "
+        lines.append(f"{name:<36} {o.short(o.best):<34} {o.best_ms:>8.4f} "
                      f"{o.tflops(o.best_ms):>8.1f} {gain:>12}  {what}")
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------
+# python -m cuflash info
+
+INFO_HEAD_DIMS = (64, 128, 256)
+
+
+def _stamps() -> dict:
+    """{family name: current stamp} of every registered family (no GPU needed)."""
+    from cuflash.registry import families
+    from cuflash.select import current_stamp
+
+    return {f.name: current_stamp(f) for f in families()}
+
+
+def _table_line(tf, stamps: dict, this_gpu: str = "", this_cc: str = "") -> str:
+    from cuflash.select import stale_reasons
+
+    if tf.error:
+        return f"    {tf.path.name}: unusable, it {tf.error}"
+    fams = sorted({e.family for e in tf.entries})
+    stale = sum(1 for e in tf.entries
+                if e.family not in stamps or stale_reasons(e, stamps[e.family]))
+    mine = " <- this GPU" if (tf.gpu_name, tf.cc) == (this_gpu, this_cc) else ""
+    return (f"    {tf.path.name}: {tf.gpu_name} sm_{tf.cc.replace('.', '')}, "
+            f"{len(tf.entries)} entries ({', '.join(fams) or 'none'})"
+            + (f", {stale} stale (other code: ignored until re-tuned)" if stale else "")
+            + (f", {len(tf.bad_entries)} malformed" if tf.bad_entries else "") + mine)
+
 
 def info_lines() -> list[str]:
-    """The GPU, the tuned tables found, and the config in force per problem class."""
+    """The GPU, the tuned tables found (this GPU's marked), and the config in force with its
+    source per (op, family, dtype, head dim, causal[, seqlen bucket])."""
     import cuflash
     from cuflash import _gpu
-    from cuflash.kernels import source_hash
+    from cuflash.select import cc_str, read_file, table_dirs
 
-    from .table import choose, table_dirs, table_files
-
-    fams = families()
-    hashes = []
-    for k, fam in fams.items():
-        try:
-            hashes.append(f"{fam.source} {source_hash(fam.source)}")
-        except OSError:
-            hashes.append(f"{fam.source} (source missing)")
-    lines = [f"cuflash {cuflash.__version__}, kernel source {', '.join(hashes)}"]
-    lines.append("tuned tables (searched in this order):")
-    for d in table_dirs():
-        files = table_files([d])
-        lines.append(f"  {d}{'' if d.is_dir() else ' (absent)'}")
-        for tf in files:
-            if tf.error:
-                lines.append(f"    {tf.path.name}: unusable, it {tf.error}")
-            else:
-                kinds = sorted({e.kernel for e in tf.entries})
-                lines.append(f"    {tf.path.name}: {tf.gpu_name} sm_{tf.cc.replace('.', '')}, "
-                             f"{len(tf.entries)} entries ({', '.join(kinds) or 'none'})"
-                             + (f", {len(tf.bad_entries)} malformed" if tf.bad_entries else ""))
+    stamps = _stamps()
+    lines = [f"cuflash {cuflash.__version__}; kernel families "
+             + ", ".join(f"{n} v{s['version']} code {s['code_hash']}" for n, s in stamps.items())]
     reason = _gpu.why_unavailable()
+    name = arch = smem = None
+    if not reason:
+        name, arch, smem = _gpu.name(), tuple(_gpu.arch()), _gpu.max_smem()
+    lines.append("tuned tables (searched in this order; only this GPU's file is read):")
+    for d in table_dirs():
+        lines.append(f"  {d}{'' if d.is_dir() else ' (absent)'}")
+        if d.is_dir():
+            for path in sorted(d.glob("*.yaml")):
+                lines.append(_table_line(read_file(path), stamps, name or "",
+                                         cc_str(arch) if arch else ""))
     if reason:
         lines.append(f"GPU: none ({reason}); the config in force depends on the GPU")
         return lines
-    name, arch, smem = _gpu.name(), _gpu.arch(), _gpu.max_smem()
     lines.append(f"GPU: {name}, sm_{arch[0]}{arch[1]}, {smem} B shared memory per block")
-    lines.append("config in force (kernel dtype d causal [seqlen]: config  <- source):")
-    for kernel in fams:
-        for dtype in ("bf16", "fp16"):
-            for d in (64, 128, 256):
+    lines.append("config in force (op family dtype d causal [seqlen]: config  <- source):")
+    lines += config_in_force_lines(name, arch, smem)
+    return lines
+
+
+def config_in_force_lines(gpu_name: str, arch, max_smem, dirs=None, dtypes=DTYPES,
+                          head_dims=INFO_HEAD_DIMS) -> list[str]:
+    """What ``cuflash.select.choose`` runs per (op, dtype, head dim, causal): one line when
+    every seqlen bucket gets the heuristic, else one line per bucket."""
+    from cuflash.problem import Problem
+    from cuflash.select import UnsupportedProblem, choose
+
+    lines = []
+    for op in OP_NAMES:
+        for dtype in dtypes:
+            for d in head_dims:
                 for causal in (False, True):
-                    head = f"  {kernel} {dtype} d={d:<3} causal={causal!s:<5}"
-                    per_bucket = [(s, *choose(kernel, d, dtype, causal, s, gpu_name=name, cc=arch,
-                                              max_smem=smem)) for s in SEQLEN_BUCKETS]
-                    if all(src.startswith("heuristic") for _, _, src in per_bucket):
-                        cfg, src = per_bucket[-1][1], per_bucket[-1][2]
-                        lines.append(f"{head}: {cfg.name}  <- "
+                    head = f"  {op} {{fam}} {dtype} d={d:<3} causal={causal!s:<5}"
+                    per_bucket = []
+                    try:
+                        for s in SEQLEN_BUCKETS:
+                            p = Problem(op, dtype, 1, s, s, 1, 1, d, causal)
+                            per_bucket.append((s, *choose(p, arch, gpu_name, max_smem, dirs=dirs)))
+                    except UnsupportedProblem as exc:
+                        lines.append(head.format(fam="-") + f": unsupported here ({exc})")
+                        continue
+                    if all(src.startswith("heuristic") for *_, src in per_bucket):
+                        _, fam, cfg, src = per_bucket[-1]
+                        lines.append(head.format(fam=fam.name) + f": {cfg.name}  <- "
                                      + (src if "skipped" in src else "heuristic"))
                         continue
-                    for s, cfg, src in per_bucket:
-                        lines.append(f"{head} s={s:<5}: {cfg.name}  <- {src}")
+                    for s, fam, cfg, src in per_bucket:
+                        lines.append(head.format(fam=fam.name) + f" s={s:<5}: {cfg.name}  <- {src}")
     return lines
+
+
+def info_families_lines() -> list[str]:
+    """Every registered kernel family: op, archs, version, code hash, space size and what it
+    is. Needs no GPU and makes no CUDA call."""
+    from cuflash.compile import code_hash
+    from cuflash.registry import OPS, families
+
+    lines = ["registered kernel families (per op, highest priority first):"]
+    for op in OPS:
+        fams = families(op)
+        lines.append(f"  op {op}: {OPS[op].doc}" + ("" if fams else " (no family)"))
+        for fam in fams:
+            try:
+                h = code_hash(fam.name)
+            except OSError as exc:
+                h = f"unavailable ({exc.__class__.__name__})"
+            major, minor = fam.min_arch
+            archs = f"sm_{major}{minor}+" + (f" (built as sm_XX{fam.arch_suffix})" if fam.arch_suffix else "")
+            dims = " x ".join(f"{k} {len(v)}" for k, v in fam.space.items())
+            lines.append(f"    {fam.name}: op {fam.op}, {archs}, version {fam.version}, "
+                         f"code {h}, priority {fam.priority}, space {space_size(fam)} points ({dims})")
+            if fam.description:
+                lines.append(f"      {fam.description}")
+    return lines
+
+
+__all__ = ["tune_main", "tune_parser", "info_lines", "info_families_lines", "format_table",
+           "config_in_force_lines", "gpu_dir_name"]

@@ -1,15 +1,20 @@
 """Measuring one config on the GPU: compile, verify, time. The ``measure`` the tuner uses.
 
-For each config, in this order (a failed step ends the trial, recorded and pruned):
+One runner per *op* (``RUNNERS``), not per family: a runner calls the public API with an
+explicit ``config=`` (``flash_attn_func`` / ``flash_attn_backward`` on CuPy arrays), so any
+registered family of that op is measured the same way, through the same launch path users
+get. For each config, in this order (a failed step ends the trial, recorded and pruned):
 
-1. compile: ``cuflash.kernels.get_kernel`` (seconds, registers and spill bytes kept);
+1. compile: ``cuflash.compile.get_kernels`` (every role of the family's module; seconds,
+   and the main kernel's registers and local memory kept);
 2. verify: run it on fresh random inputs of an odd size and compare with the float64
-   ``cuflash.reference`` answer; the error must be within a small multiple of the error
-   of plain attention in the same low precision (the FlashAttention test rule). Steps 1-2
+   ``cuflash.reference`` answer; the error must be within 2x the error of plain attention
+   in the same low precision (3x for gradients: the FlashAttention test rule). Steps 1-2
    are done once per config and process, whatever the problem size;
-3. time: on the problem's benchmark shape, with CUDA events: warm-up, then ``reps``
-   samples of one call each, every sample preceded by a write of a buffer twice the L2
-   size (so no sample starts with the inputs in L2); the median is the result.
+3. time: on the problem's benchmark shape with ``cuflash.timing.time_ms(fn,
+   flush_l2=True)``: warm-up, then ``reps`` samples of one call each, every sample preceded
+   by a write of twice the L2 size (so no sample starts with the inputs in L2: a config
+   that only wins from a warm cache does not win); the median is the result.
 
 Timeouts are soft: a config whose estimated timing run exceeds ``timeout_s`` is stopped
 and recorded (a kernel that never returns cannot be interrupted from Python). After a
@@ -19,7 +24,6 @@ launch failure the CUDA context is checked; if it is unusable (a sticky error),
 from __future__ import annotations
 
 import datetime
-import statistics
 import time
 from typing import Optional
 
@@ -27,11 +31,12 @@ import numpy as np
 
 from .objective import (COMPILE_ERROR, ERROR, LAUNCH_ERROR, OK, SKIPPED, TIMEOUT, WRONG,
                         TrialResult)
-from .space import Family, Problem
 
 # Verification shape: odd lengths so every tile has a ragged edge, seqlen_q != seqlen_k
 # (bottom-right causal alignment), GQA (dK, dV summed over a K/V head's query heads).
 VERIFY_SHAPE = dict(batch=2, seqlen_q=257, seqlen_k=301, nheads=4, nheads_kv=2)
+FWD_FACTOR = 2.0      # FlashAttention rule: error <= 2x plain low precision (forward)
+GRAD_FACTOR = 3.0     # ... 3x for gradients
 
 
 def np_dtype(dtype: str):
@@ -47,28 +52,38 @@ def _is_cuda_error(exc: BaseException) -> bool:
     return "CUDA" in name or "Driver" in name or "cuda" in type(exc).__module__
 
 
+def _qkv_shapes(problem, head_dim: Optional[int] = None, verify: bool = False):
+    d = problem.head_dim if head_dim is None else head_dim
+    if verify:
+        s = VERIFY_SHAPE
+        return ((s["batch"], s["seqlen_q"], s["nheads"], d), (s["batch"], s["seqlen_k"], s["nheads_kv"], d))
+    p = problem
+    return (p.batch, p.seqlen_q, p.nheads, d), (p.batch, p.seqlen_k, p.nheads_kv, d)
+
+
 # ---------------------------------------------------------------------------------------
-# runners: what "run this config" means for each kernel family
+# runners: what "run this config" means for each op (any family of it)
 
 class FwdRunner:
-    """flash_attn_func(q, k, v, causal=..., config=cfg) on CuPy arrays."""
+    """op fwd: ``flash_attn_func(q, k, v, causal=..., config=cfg)`` on CuPy arrays."""
 
-    def verify(self, config, rng) -> tuple[bool, str, dict]:
+    op = "fwd"
+
+    def verify(self, config, problem, rng) -> tuple[bool, str, dict]:
         import cupy
 
         from cuflash import flash_attn_func, reference
 
-        dt = np_dtype(config.dtype)
-        s = VERIFY_SHAPE
-        d = config.head_dim
-        q = rng.standard_normal((s["batch"], s["seqlen_q"], s["nheads"], d)).astype(dt)
-        k, v = (rng.standard_normal((s["batch"], s["seqlen_k"], s["nheads_kv"], d)).astype(dt)
-                for _ in range(2))
-        out, lse, _ = flash_attn_func(*(cupy.asarray(x) for x in (q, k, v)), causal=config.causal,
+        dt = np_dtype(problem.dtype)
+        causal = problem.causal
+        shape_q, shape_k = _qkv_shapes(problem, config.head_dim, verify=True)
+        q = rng.standard_normal(shape_q).astype(dt)
+        k, v = (rng.standard_normal(shape_k).astype(dt) for _ in range(2))
+        out, lse, _ = flash_attn_func(*(cupy.asarray(x) for x in (q, k, v)), causal=causal,
                                       config=config, return_attn_probs=True)
         out, lse = cupy.asnumpy(out).astype(np.float64), cupy.asnumpy(lse)
-        ref, ref_lse = reference.attention_naive(q, k, v, causal=config.causal, return_lse=True)
-        low = reference.lowp_attention(q, k, v, causal=config.causal, dtype=dt)
+        ref, ref_lse = reference.attention_naive(q, k, v, causal=causal, return_lse=True)
+        low = reference.lowp_attention(q, k, v, causal=causal, dtype=dt)
         err, base = float(np.nanmax(np.abs(out - ref))), float(np.abs(low - ref).max())
         if np.isnan(out).any():
             err = float("inf")
@@ -76,21 +91,22 @@ class FwdRunner:
         lse_ok = np.array_equal(np.isfinite(lse), finite) and (
             not finite.any() or np.abs(lse[finite] - ref_lse[finite]).max() < 1e-3)
         facts = {"max_err": err, "lowp_err": base}
-        ok = err <= 2 * base + 1e-5 and lse_ok
-        detail = f"max|O - ref| {err:.3g} vs plain {config.dtype} {base:.3g}" + ("" if lse_ok else ", LSE wrong")
+        ok = err <= FWD_FACTOR * base + 1e-5 and lse_ok
+        detail = (f"max|O - ref| {err:.3g} vs plain {problem.dtype} {base:.3g}"
+                  + ("" if lse_ok else ", LSE wrong"))
         return ok, detail, facts
 
-    def prepare(self, problem: Problem, rng_seed: int) -> dict:
+    def prepare(self, problem, rng_seed: int) -> dict:
         import cupy
 
         dt = np_dtype(problem.dtype)
         rs = cupy.random.RandomState(rng_seed)
-        shape = (problem.batch, problem.seqlen, problem.nheads, problem.head_dim)
-        return {"q": rs.standard_normal(shape, dtype=cupy.float32).astype(dt),
-                "k": rs.standard_normal(shape, dtype=cupy.float32).astype(dt),
-                "v": rs.standard_normal(shape, dtype=cupy.float32).astype(dt)}
+        shape_q, shape_k = _qkv_shapes(problem)
+        return {"q": rs.standard_normal(shape_q, dtype=cupy.float32).astype(dt),
+                "k": rs.standard_normal(shape_k, dtype=cupy.float32).astype(dt),
+                "v": rs.standard_normal(shape_k, dtype=cupy.float32).astype(dt)}
 
-    def call(self, config, problem: Problem, inputs: dict):
+    def call(self, config, problem, inputs: dict):
         from cuflash import flash_attn_func
 
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
@@ -98,45 +114,39 @@ class FwdRunner:
 
 
 class BwdRunner:
-    """cuflash.interface.flash_attn_backward(dout, q, k, v, out, lse, causal=..., config=cfg)."""
+    """op bwd: ``flash_attn_backward(dout, q, k, v, out, lse, causal=..., config=cfg)``; out
+    and lse from the forward in force (tuned or heuristic)."""
 
-    @staticmethod
-    def _backward():
-        from cuflash import interface
+    op = "bwd"
 
-        fn = getattr(interface, "flash_attn_backward", None)
-        if fn is None:
-            raise RuntimeError("cuflash.interface has no flash_attn_backward yet")
-        return fn
-
-    def verify(self, config, rng) -> tuple[bool, str, dict]:
+    def verify(self, config, problem, rng) -> tuple[bool, str, dict]:
         import cupy
 
-        from cuflash import flash_attn_func, reference
+        from cuflash import flash_attn_backward, flash_attn_func, reference
 
-        dt = np_dtype(config.dtype)
-        s, d = VERIFY_SHAPE, config.head_dim
-        q, dout = (rng.standard_normal((s["batch"], s["seqlen_q"], s["nheads"], d)).astype(dt)
-                   for _ in range(2))
-        k, v = (rng.standard_normal((s["batch"], s["seqlen_k"], s["nheads_kv"], d)).astype(dt)
-                for _ in range(2))
+        dt = np_dtype(problem.dtype)
+        causal = problem.causal
+        shape_q, shape_k = _qkv_shapes(problem, config.head_dim, verify=True)
+        q, dout = (rng.standard_normal(shape_q).astype(dt) for _ in range(2))
+        k, v = (rng.standard_normal(shape_k).astype(dt) for _ in range(2))
         gq, gk, gv, gdo = (cupy.asarray(x) for x in (q, k, v, dout))
-        out, lse, _ = flash_attn_func(gq, gk, gv, causal=config.causal, return_attn_probs=True)
-        grads = self._backward()(gdo, gq, gk, gv, out, lse, causal=config.causal, config=config)
+        out, lse, _ = flash_attn_func(gq, gk, gv, causal=causal, return_attn_probs=True)
+        grads = flash_attn_backward(gdo, gq, gk, gv, out, lse, causal=causal,
+                                    deterministic=problem.deterministic, config=config)
         got = [cupy.asnumpy(g).astype(np.float64) for g in grads]
-        ref = reference.attention_backward_naive(dout, q, k, v, causal=config.causal)
-        low = reference.attention_grad_lowp(dout, q, k, v, causal=config.causal, dtype=dt)
+        ref = reference.attention_backward_naive(dout, q, k, v, causal=causal)
+        low = reference.attention_grad_lowp(dout, q, k, v, causal=causal, dtype=dt)
         facts, bad = {}, []
         for name, g, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
             err = float("inf") if np.isnan(g).any() else float(np.abs(g - r).max())
             base = float(np.abs(lo - r).max())
             facts[f"{name}_err"], facts[f"{name}_lowp_err"] = err, base
-            if not err <= 3 * base + 1e-4:
+            if not err <= GRAD_FACTOR * base + 1e-4:
                 bad.append(f"{name} {err:.3g} vs plain {base:.3g}")
         detail = "; ".join(bad) or "dq, dk, dv within 3x plain low-precision error"
         return not bad, detail, facts
 
-    def prepare(self, problem: Problem, rng_seed: int) -> dict:
+    def prepare(self, problem, rng_seed: int) -> dict:
         import cupy
 
         from cuflash import flash_attn_func
@@ -148,81 +158,59 @@ class BwdRunner:
                                                           causal=problem.causal, return_attn_probs=True)
         return inputs
 
-    def call(self, config, problem: Problem, inputs: dict):
-        bwd = self._backward()
+    def call(self, config, problem, inputs: dict):
+        from cuflash import flash_attn_backward
+
         i = inputs
-        return lambda: bwd(i["dout"], i["q"], i["k"], i["v"], i["out"], i["lse"],
-                           causal=problem.causal, config=config)
+        return lambda: flash_attn_backward(i["dout"], i["q"], i["k"], i["v"], i["out"], i["lse"],
+                                           causal=problem.causal,
+                                           deterministic=problem.deterministic, config=config)
 
 
 RUNNERS = {"fwd": FwdRunner, "bwd": BwdRunner}
 
 
+def runner_for(op: str):
+    try:
+        return RUNNERS[op]()
+    except KeyError:
+        raise LookupError(f"the tuner has no runner for op {op!r} (tuning/measure.py RUNNERS: "
+                          f"{sorted(RUNNERS)})") from None
+
+
 # ---------------------------------------------------------------------------------------
 
-def time_ms(fn, *, flush=None, warmup: int = 3, reps: int = 20,
-            timeout_s: Optional[float] = None) -> tuple[float, list[float]]:
-    """Median ms of ``fn()`` by CUDA events, ``flush()`` run before each sample.
-
-    All samples are queued before the one synchronization, so the GPU is never waiting
-    for the host between the start and end events. Raises TimeoutError when one warm-up
-    call says the samples would take longer than ``timeout_s``.
-    """
-    import cupy
-
-    for _ in range(warmup):
-        fn()
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    one_ms = cupy.cuda.get_elapsed_time(start, end)
-    if timeout_s is not None and one_ms / 1e3 * reps > timeout_s:
-        raise TimeoutError(f"one call takes {one_ms:.1f} ms: {reps} samples would exceed {timeout_s} s")
-    events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(reps)]
-    for a, b in events:
-        if flush is not None:
-            flush()
-        a.record()
-        fn()
-        b.record()
-    events[-1][1].synchronize()
-    samples = [cupy.cuda.get_elapsed_time(a, b) for a, b in events]
-    return statistics.median(samples), samples
-
-
 class GpuMeasure:
-    """``measure(config) -> TrialResult`` on one GPU for one problem (see the module doc).
+    """``measure(config) -> TrialResult`` on one GPU for one family and benchmark problem
+    (see the module doc).
 
     Compile and verification results are shared by every GpuMeasure of the process
     (they do not depend on the problem size).
     """
 
-    _checked: dict = {}   # (config, device) -> TrialResult of compile + verify (no time)
+    _checked: dict = {}   # (config, device, kernel dir) -> TrialResult of compile + verify
 
-    def __init__(self, family: Family, problem: Problem, device: int = 0, *, reps: int = 20,
+    def __init__(self, family, problem, device: int = 0, *, reps: int = 20,
                  warmup: int = 3, timeout_s: float = 60.0, verify: bool = True,
                  seed: Optional[int] = None):
         self.family, self.problem, self.device = family, problem, device
         self.reps, self.warmup, self.timeout_s, self.verify = reps, warmup, timeout_s, verify
         self.seed = int(np.random.SeedSequence(seed).generate_state(1)[0]) if seed is None else seed
-        self.runner = RUNNERS[family.kernel]()
+        self.runner = runner_for(family.op)
         self.fatal = ""
         self._inputs = None
-        self._flush_buf = None
 
     # -- steps -------------------------------------------------------------------------
     def _compile_and_verify(self, config) -> TrialResult:
-        from cuflash import kernels
+        from cuflash.compile import get_kernels, kernel_dir
 
-        key = (config, self.device)
+        key = (config, self.device, str(kernel_dir()))
         if key in self._checked:
             hit = self._checked[key]
             return TrialResult(hit.status, None, hit.reason, None, dict(hit.extra, compiled_before=True))
         t0 = time.perf_counter()
         try:
-            kernel = kernels.get_kernel(config, self.device)  # the whole module: every role
+            kernels = get_kernels(config, self.device)  # the whole module: every role
         except Exception as exc:  # noqa: BLE001 - NVRTC errors come in several classes
             res = TrialResult(COMPILE_ERROR, reason=f"{exc.__class__.__name__}: {exc}"[:4000],
                               compile_s=time.perf_counter() - t0)
@@ -231,14 +219,15 @@ class GpuMeasure:
         compile_s = time.perf_counter() - t0
         extra = {}
         try:
-            attrs = kernel.attributes
+            attrs = kernels["main"].attributes
             extra = {"registers": int(attrs["num_regs"]), "local_bytes": int(attrs["local_size_bytes"])}
         except Exception:  # noqa: BLE001 - attributes are informative only
             pass
         res = TrialResult(OK, compile_s=compile_s, extra=extra)
         if self.verify:
             try:
-                ok, detail, facts = self.runner.verify(config, np.random.default_rng(self.seed))
+                ok, detail, facts = self.runner.verify(config, self.problem,
+                                                       np.random.default_rng(self.seed))
             except Exception as exc:  # noqa: BLE001
                 return self._failed(config, exc, "verification", compile_s, extra)
             res.extra.update(facts)
@@ -265,17 +254,11 @@ class GpuMeasure:
             self.fatal = (f"the CUDA context is unusable after {exc.__class__.__name__}: {exc} "
                           f"({again.__class__.__name__}); restart the tune command to go on")
 
-    def _flush(self):
-        import cupy
-
-        if self._flush_buf is None:
-            l2 = int(cupy.cuda.Device(self.device).attributes.get("L2CacheSize", 50 << 20))
-            self._flush_buf = cupy.empty(max(2 * l2, 8 << 20) // 4, dtype=cupy.int32)
-        self._flush_buf.fill(0)
-
     # -- the measure -------------------------------------------------------------------
     def __call__(self, config) -> TrialResult:
         import cupy
+
+        from cuflash.timing import time_ms
 
         if self.fatal:
             return TrialResult(SKIPPED, reason=self.fatal)
@@ -287,24 +270,28 @@ class GpuMeasure:
                 if self._inputs is None:
                     self._inputs = self.runner.prepare(self.problem, self.seed)
                 fn = self.runner.call(config, self.problem, self._inputs)
-                median, samples = time_ms(fn, flush=self._flush, warmup=self.warmup,
-                                          reps=self.reps, timeout_s=self.timeout_s)
+                timing = time_ms(fn, warmup=self.warmup, reps=self.reps, flush_l2=True,
+                                 timeout_s=self.timeout_s, device=self.device)
             except TimeoutError as exc:
                 return TrialResult(TIMEOUT, reason=str(exc), compile_s=res.compile_s, extra=res.extra)
             except Exception as exc:  # noqa: BLE001
                 return self._failed(config, exc, "timing", res.compile_s, res.extra)
+        samples = timing.samples
         extra = dict(res.extra, reps=len(samples), min_ms=min(samples), max_ms=max(samples))
-        return TrialResult(OK, median, compile_s=res.compile_s, extra=extra)
+        return TrialResult(OK, timing.median_ms, compile_s=res.compile_s, extra=extra)
 
 
-def env_record(family: Family, device: int = 0) -> dict:
-    """Where and with what a result was measured (Kernel Tuner's ``env``)."""
+def env_record(family, device: int = 0) -> dict:
+    """Where and with what a result was measured (Kernel Tuner's ``env``): the device, its
+    compute capability, driver, CUDA, NVRTC, CuPy, optuna and cuflash versions, the family,
+    its version and its kernel code hash (the stamp of the tuned entry)."""
     import cuflash
     from cuflash import _gpu
-    from cuflash.kernels import source_hash
+    from cuflash.select import current_stamp
 
-    env = {"kernel": family.kernel, "cuflash": cuflash.__version__,
-           "source_hash": source_hash(family.source),
+    stamp = current_stamp(family)
+    env = {"op": family.op, "family": family.name, "family_version": stamp["version"],
+           "code_hash": stamp["code_hash"], "cuflash": cuflash.__version__, "device": device,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     probes = {
         "gpu": lambda: _gpu.name(device),
@@ -339,4 +326,5 @@ def _cuda_version(v: int) -> str:
     return f"{v // 1000}.{v % 1000 // 10}"
 
 
-__all__ = ["GpuMeasure", "FwdRunner", "BwdRunner", "time_ms", "env_record"]
+__all__ = ["GpuMeasure", "FwdRunner", "BwdRunner", "RUNNERS", "runner_for", "env_record",
+           "VERIFY_SHAPE"]

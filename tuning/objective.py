@@ -20,7 +20,7 @@ import math
 import traceback
 from typing import Any, Callable, Optional
 
-from .space import Family, Problem, problems
+from .space import point_key, problems
 
 # Statuses a measurement can end in. "ok" is the only one with a time.
 OK = "ok"
@@ -72,24 +72,23 @@ Measure = Callable[[Any], TrialResult]
 
 
 class Objective:
-    """``objective(trial) -> median ms`` for one family and problem.
+    """``objective(trial) -> median ms`` for one registered family and its benchmark problem.
 
     memo maps a point (tuple in space order) to (trial number, TrialResult) of the trial
     that measured it; ``seed(trials)`` refills it from a stored study when resuming.
     restrictions: extra ``config -> reason or None`` predicates beyond ``config.problems``.
     """
 
-    def __init__(self, family: Family, problem: Problem, measure: Measure,
+    def __init__(self, family, problem, measure: Measure,
                  max_smem: Optional[int] = None, restrictions: tuple = ()):
         self.family, self.problem, self.measure = family, problem, measure
         self.max_smem, self.restrictions = max_smem, tuple(restrictions)
         self.memo: dict[tuple, tuple[int, TrialResult]] = {}
-        self.flops = problem.flops(family.flops_mode)
+        self.flops = family.flops(problem)
 
     # -- the point -> config step, shared with the study's bookkeeping --------------------
     def config(self, params: dict):
-        return self.family.make(params, self.problem.head_dim, self.problem.dtype,
-                                self.problem.causal)
+        return self.family.make(params, self.problem)
 
     def check(self, params: dict):
         """(config, reasons): reasons is empty when the point may be measured."""
@@ -134,7 +133,7 @@ class Objective:
             trial.set_user_attr("reason", "; ".join(why))
             raise optuna.TrialPruned(f"invalid: {'; '.join(why)}")
         trial.set_user_attr("config", cfg.name)
-        key = self.family.point(cfg)
+        key = point_key(self.family, cfg)
         if key in self.memo:
             number, result = self.memo[key]
             trial.set_user_attr("memo_of", number)

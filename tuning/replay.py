@@ -6,7 +6,12 @@ fresh optuna study whose measurements are looked up in that table, through the s
 objective as a real run (invalid points pruned, repeats memoised, the heuristic first),
 and counts how many configs it had to measure to come within ``tol`` of the best.
 
-    python -m tuning.replay results/<gpu>/tuning/<study>.json --sampler tpe --seeds 5
+    python -m cuflash.tuning.replay results/<gpu>/tuning/<study>.json --sampler tpe --seeds 5
+
+Recorded studies of both trial formats are read: format 2 names the registered family
+(``family``) and the ``cuflash.problem.Problem`` timed; format 1 (before the registry)
+had ``problem: {kernel: fwd|bwd, dtype, head_dim, causal, seqlen, batch, nheads}``, read as
+the FA2 family of that op.
 """
 from __future__ import annotations
 
@@ -18,7 +23,26 @@ from pathlib import Path
 from typing import Optional
 
 from .objective import SKIPPED, Objective, TrialResult
-from .space import Problem, get_family
+from cuflash.problem import Problem
+from cuflash.registry import get
+
+from .space import point_key
+
+V1_FAMILIES = {"fwd": "fa2_fwd", "bwd": "fa2_bwd", "flash_fwd": "fa2_fwd", "flash_bwd": "fa2_bwd"}
+
+
+def recorded_problem(doc: dict):
+    """(family, Problem) of a recorded study, trial format 1 or 2."""
+    p = dict(doc["problem"])
+    if "kernel" in p:  # format 1
+        family = get(V1_FAMILIES.get(p["kernel"], p["kernel"]))
+        s, h = int(p["seqlen"]), int(p["nheads"])
+        return family, Problem(family.op, p["dtype"], int(p["batch"]), s, s, h, h,
+                               int(p["head_dim"]), bool(p["causal"]))
+    family = get(doc.get("family") or p.pop("family"))
+    p["features"] = tuple(p.get("features") or ())
+    p.pop("family", None)
+    return family, Problem(**p)
 
 
 class Recorded:
@@ -28,12 +52,11 @@ class Recorded:
         if not isinstance(doc, dict) or not {"problem", "space", "trials"} <= set(doc):
             raise ValueError("not a recorded study (expected the JSON that tuning.study.write_trials writes)")
         self.doc = doc
-        self.family = get_family(doc["problem"]["kernel"])
-        self.problem = Problem(**doc["problem"])
-        self.keys = self.family.keys
+        self.family, self.problem = recorded_problem(doc)
+        self.keys = tuple(self.family.space)
         if list(doc["space"]) != list(self.keys):
             raise ValueError(f"recorded space {list(doc['space'])} is not the current "
-                             f"{self.family.kernel} space {list(self.keys)}")
+                             f"{self.family.name} space {list(self.keys)}")
         self.results: dict[tuple, TrialResult] = {}
         for t in doc["trials"]:
             params, status = t.get("params") or {}, t.get("status")
@@ -53,7 +76,7 @@ class Recorded:
 
     def __call__(self, config) -> TrialResult:
         self.calls += 1
-        res = self.results.get(self.family.point(config))
+        res = self.results.get(point_key(self.family, config))
         return res if res is not None else TrialResult(SKIPPED, reason="not in the recorded table")
 
 
@@ -71,7 +94,7 @@ def replay(table: Recorded, sampler: str = "tpe", seed: int = 0, tol: float = 0.
     fam, p = table.family, table.problem
     max_smem = table.doc.get("max_smem")
     objective = Objective(fam, p, table, max_smem)
-    n_valid = sum(1 for cfg, why in fam.enumerate(p.head_dim, p.dtype, p.causal, max_smem) if not why)
+    n_valid = sum(1 for cfg, why in fam.enumerate(p, max_smem) if not why)
     target = table.best_ms * (1 + tol)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="minimize", sampler=make_sampler(sampler, seed, n_valid))
@@ -79,7 +102,7 @@ def replay(table: Recorded, sampler: str = "tpe", seed: int = 0, tol: float = 0.
         default = dict(table.doc["default"])
         study.enqueue_trial(default)
         if neighbours:  # as run_study does: the heuristic's one-step neighbours next
-            for point in fam.neighbours(fam.make(default, p.head_dim, p.dtype, p.causal)):
+            for point in fam.neighbours(fam.make(default, p)):
                 study.enqueue_trial(point)
     hit: dict = {}
 
@@ -135,7 +158,7 @@ def format_efficiency(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tuning.replay", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m cuflash.tuning.replay", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("tables", nargs="+", help="recorded study JSON (results/<gpu>/tuning/*.json)")
     ap.add_argument("--sampler", default="tpe,random", help="comma list of tpe, random")

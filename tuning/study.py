@@ -1,5 +1,7 @@
 """One optuna study per problem class: sampler, resumable storage, bookkeeping, summary.
 
+    family = cuflash.registry.get("fa2_fwd")
+    problem = tuning.space.bench_problem(family, "bf16", 128, True, 4096)
     outcome = run_study(family, problem, measure, max_smem=..., storage="tune.journal")
     print(outcome.summary())
     save_entries([outcome.entry(env)], gpu_name, cc)
@@ -12,7 +14,8 @@
   swaps the heuristic for an equal-speed config. The runners-up and the summary still show
   the real best; the entry's ``note`` says that the heuristic was kept and why.
 * Storage: optuna's JournalStorage on a JournalFileBackend file. The study name carries
-  the problem, the GPU and the kernel source hash, so re-running the same command
+  the study key (op, family, dtype, head dim, causal, features, bucket), the GPU, the
+  family's version and its kernel code hash, so re-running the same command
   resumes: finished trials are kept (and not re-measured), a trial that was RUNNING when
   the process died is marked FAIL and its point queued again, queued points stay queued.
   One tuner process per study at a time.
@@ -30,7 +33,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .objective import Objective, TrialResult
-from .space import Family, Problem
+from .space import point_key, problem_name, study_key
 
 SAMPLERS = ("tpe", "random", "brute")
 RUNNERS_UP = 3
@@ -67,17 +70,20 @@ def make_sampler(kind: str = "tpe", seed: Optional[int] = None, n_valid: Optiona
     raise ValueError(f"sampler must be one of {SAMPLERS}, got {kind!r}")
 
 
-def study_name_for(problem: Problem, gpu_name: str = "", source_hash: str = "") -> str:
+def study_name_for(family, problem, gpu_name: str = "", code_hash: str = "") -> str:
+    """E.g. fwd_fa2_fwd_bf16_d128_causal_s4096_NVIDIA_H100_80GB_HBM3_v1_78d8ed59: a study of
+    other code (family version or kernel code hash) is another study."""
     gpu = "".join(c if c.isalnum() else "_" for c in gpu_name).strip("_")
-    return "_".join(p for p in (problem.name, gpu, source_hash[:8]) if p)
+    version = f"v{family.version}" if code_hash else ""
+    return "_".join(p for p in (problem_name(family, problem), gpu, version, code_hash[:8]) if p)
 
 
 @dataclasses.dataclass
 class StudyOutcome:
     """What a study found. ranked: (config, TrialResult) of every measured config, best first."""
 
-    problem: Problem
-    family: Family
+    problem: Any            # cuflash.problem.Problem: the benchmark shape
+    family: Any             # the registered cuflash family
     study_name: str
     ranked: list
     default_config: Any
@@ -150,30 +156,43 @@ class StudyOutcome:
         c = self.choice()
         return c[0] if c else None
 
+    @property
+    def key(self) -> tuple:
+        """(op, family, dtype, head_dim, causal, features, seqlen bucket): the table key."""
+        return study_key(self.family, self.problem)
+
     @staticmethod
     def short(config) -> str:
         """A config's name without the problem part, e.g. Br128_Bc64_w4_s2."""
         return config.name.split("_", 4)[-1]
 
-    def entry(self, env: dict, min_gain: Optional[float] = None):
-        """The tuned-table record (chosen config, runners-up, env); None if nothing ran.
+    def entry(self, env: dict, min_gain: Optional[float] = None, stamp: Optional[dict] = None):
+        """The tuned-table record (a ``cuflash.select.Entry``: chosen config, runners-up,
+        stamp, env); None if nothing ran.
 
         The chosen config is the best one unless the margin rule keeps the heuristic
         (``choice``); the runners-up are the fastest other configs, so with the heuristic
-        kept the real best comes first among them, and ``note`` says why."""
-        from .table import Entry
+        kept the real best comes first among them, and ``note`` says why. The stamp is the
+        code the study measured: ``stamp``, else the env record's family_version and
+        code_hash, else ``cuflash.select.current_stamp(family)``."""
+        from cuflash.select import Entry, current_stamp
 
         c = self.choice(min_gain)
         if c is None:
             return None
         chosen, chosen_ms, note = c
-        p, fam = self.problem, self.family
-        runners = [{"config": fam.params(cfg), "median_ms": r.median_ms,
+        fam = self.family
+        if stamp is None:
+            stamp = ({"version": env.get("family_version", fam.version), "code_hash": env["code_hash"]}
+                     if env.get("code_hash") else current_stamp(fam))
+        runners = [{"config": fam.point(cfg), "median_ms": r.median_ms,
                     "tflops": self.tflops(r.median_ms)}
                    for cfg, r in self.ok if cfg != chosen][:RUNNERS_UP]
-        return Entry(kernel=p.kernel, dtype=p.dtype, head_dim=p.head_dim, causal=p.causal,
-                     seqlen=p.seqlen, config=fam.params(chosen), median_ms=chosen_ms,
-                     tflops=self.tflops(chosen_ms), runners_up=runners, env=dict(env), note=note)
+        op, family, dtype, head_dim, causal, features, seqlen = self.key
+        return Entry(op=op, family=family, dtype=dtype, head_dim=head_dim, causal=causal,
+                     seqlen=seqlen, features=features, config=fam.point(chosen),
+                     stamp=dict(stamp), median_ms=chosen_ms, tflops=self.tflops(chosen_ms),
+                     runners_up=runners, env=dict(env), note=note)
 
     def summary(self, top: int = 8) -> str:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(self.counts.items()))
@@ -244,13 +263,14 @@ def _recover(study, storage, keys) -> int:
     return requeued
 
 
-def run_study(family: Family, problem: Problem, measure, *, max_smem: Optional[int] = None,
+def run_study(family, problem, measure, *, max_smem: Optional[int] = None,
               arch=(9, 0), sampler: str = "tpe", n_trials: Optional[int] = None,
               timeout: Optional[float] = None, seed: Optional[int] = None, storage=None,
               study_name: Optional[str] = None, progress: bool = False,
               restrictions: tuple = (), neighbours: bool = True, min_gain: float = MIN_GAIN,
               log=print) -> StudyOutcome:
-    """Tune one problem class. ``measure(config) -> TrialResult`` does the timing.
+    """Tune one registered ``family`` on ``problem`` (its benchmark shape, e.g. from
+    ``tuning.space.bench_problem``). ``measure(config) -> TrialResult`` does the timing.
 
     sampler: "tpe" (default), "random" or "brute" (every valid point, heuristic first).
     n_trials: the study's total trial budget, counting trials of earlier runs of the same
@@ -259,7 +279,7 @@ def run_study(family: Family, problem: Problem, measure, *, max_smem: Optional[i
     min_gain: the margin (fraction) by which the best must beat the heuristic to replace it
     in the tuned table (``StudyOutcome.choice``).
     timeout: seconds for this call. storage: a journal file path (resumable) or None
-    (in memory). study_name: default from the problem (give it the GPU and source hash
+    (in memory). study_name: default from the study key (give it the GPU and code hash
     through ``study_name_for`` to keep studies of different code apart).
     """
     import optuna
@@ -267,16 +287,16 @@ def run_study(family: Family, problem: Problem, measure, *, max_smem: Optional[i
 
     t0 = time.perf_counter()
     store = open_storage(storage) if storage is None or isinstance(storage, (str, Path)) else storage
-    space = family.enumerate(problem.head_dim, problem.dtype, problem.causal, max_smem)
+    space = list(family.enumerate(problem, max_smem))
     objective = Objective(family, problem, measure, max_smem, restrictions)
-    valid = [cfg for cfg, _ in space if not objective.check(family.params(cfg))[1]]
-    valid_points = {family.point(c) for c in valid}
-    default = family.heuristic(problem.head_dim, problem.dtype, problem.causal, arch, max_smem)
-    name = study_name or study_name_for(problem)
+    valid = [cfg for cfg, _ in space if not objective.check(family.point(cfg))[1]]
+    valid_points = {point_key(family, c) for c in valid}
+    default = family.heuristic(problem, tuple(arch), max_smem)
+    name = study_name or study_name_for(family, problem)
     study = optuna.create_study(storage=store, study_name=name, direction="minimize",
                                 sampler=make_sampler(sampler, seed, len(valid)),
                                 load_if_exists=True)
-    keys = family.keys
+    keys = tuple(family.space)
     requeued = _recover(study, store, keys)
     resumed = objective.seed(study.get_trials(deepcopy=False))
     if resumed or requeued:
@@ -289,14 +309,13 @@ def run_study(family: Family, problem: Problem, measure, *, max_smem: Optional[i
     if sampler == "brute":
         queue = [default] + valid
     elif neighbours:
-        queue = [default] + [family.make(p, problem.head_dim, problem.dtype, problem.causal)
-                             for p in family.neighbours(default)]
+        queue = [default] + [family.make(p, problem) for p in family.neighbours(default)]
     else:
         queue = [default]
     for cfg in queue:
-        p = family.point(cfg)
+        p = point_key(family, cfg)
         if p not in present and p in valid_points:
-            study.enqueue_trial(family.params(cfg), user_attrs={"heuristic": cfg == default})
+            study.enqueue_trial(family.point(cfg), user_attrs={"heuristic": cfg == default})
             present.add(p)
 
     trials = study.get_trials(deepcopy=False)
@@ -329,7 +348,7 @@ def run_study(family: Family, problem: Problem, measure, *, max_smem: Optional[i
     counts = Counter("memo" if "memo_of" in t.user_attrs
                      else t.user_attrs.get("status", t.state.name.lower())
                      for t in trials if t.state != TrialState.WAITING)
-    default_hit = objective.memo.get(family.point(default))
+    default_hit = objective.memo.get(point_key(family, default))
     return StudyOutcome(problem, family, name, objective.measured(), default,
                         default_hit[1] if default_hit else None, len(valid), dict(counts),
                         sum(t.state != TrialState.WAITING for t in trials),
@@ -340,7 +359,7 @@ def run_study(family: Family, problem: Problem, measure, *, max_smem: Optional[i
 # ---------------------------------------------------------------------------------------
 # records on disk: the replayable trial table and the plots
 
-def trial_records(study, family: Family) -> list[dict]:
+def trial_records(study, family=None) -> list[dict]:
     out = []
     for t in study.get_trials(deepcopy=False):
         a = t.user_attrs
@@ -354,14 +373,24 @@ def trial_records(study, family: Family) -> list[dict]:
     return out
 
 
+TRIALS_FORMAT = 2
+
+
 def write_trials(path, outcome: StudyOutcome, *, sampler: str, max_smem: Optional[int],
                  gpu: Optional[dict] = None, env: Optional[dict] = None) -> Path:
-    """The study as JSON, replayable by ``tuning.replay`` without a GPU."""
+    """The study as JSON, replayable by ``tuning.replay`` without a GPU.
+
+    Format 2: ``family`` and ``family_version`` name the registered family; ``problem`` is
+    the ``cuflash.problem.Problem`` it was timed on (format 1, before the registry, had
+    ``problem.kernel`` instead; replay reads both)."""
     p, fam = outcome.problem, outcome.family
-    doc = {"format": 1, "study": outcome.study_name, "sampler": sampler,
-           "problem": dataclasses.asdict(p), "gpu": gpu or {}, "max_smem": max_smem,
+    problem = dataclasses.asdict(p)
+    problem["features"] = list(p.features)
+    doc = {"format": TRIALS_FORMAT, "study": outcome.study_name, "sampler": sampler,
+           "family": fam.name, "family_version": fam.version, "key": list(outcome.key),
+           "problem": problem, "gpu": gpu or {}, "max_smem": max_smem,
            "space": {k: list(v) for k, v in fam.space.items()},
-           "default": fam.params(outcome.default_config), "n_valid": outcome.n_valid,
+           "default": fam.point(outcome.default_config), "n_valid": outcome.n_valid,
            "flops": outcome.flops, "wall_s": outcome.wall_s, "env": env or {},
            "trials": trial_records(outcome.study, fam)}
     path = Path(path)

@@ -1,6 +1,7 @@
-"""flash_attn_func's host-side behaviour on a machine without a GPU: argument validation
-(every error names the argument), the NoGPUError that points at cuflash.reference, and
-empty problems that need no GPU at all."""
+"""cuflash.api's host-side behaviour on a machine without a GPU: argument validation (every
+error names the argument, and comes before any work), the NoGPUError that points at
+cuflash.reference, empty problems that need no GPU at all, and the launch plan's packing
+(cuflash.launch.Plan) with the driver calls recorded instead of made."""
 import importlib.util
 import math
 import sys
@@ -9,7 +10,9 @@ import numpy as np
 import pytest
 
 import cuflash
-from cuflash import ConfigError, FwdConfig, NoGPUError, _gpu, flash_attn_func
+from cuflash import BwdConfig, ConfigError, FwdConfig, NoGPUError, _gpu, api, flash_attn_func
+from cuflash.problem import Problem
+from cuflash.select import UnsupportedProblem
 
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
 needs_no_gpu = pytest.mark.skipif(_gpu.available(), reason="a CUDA GPU is usable here: "
@@ -65,7 +68,10 @@ def test_k_v_shape_mismatch():
 @pytest.mark.parametrize("headdim", [60, 4, 12, 264, 512])
 def test_bad_headdim(headdim):
     q, k, v = qkv(headdim=headdim)
-    with pytest.raises(ValueError, match=rf"headdim must be a multiple of 8 in 8\.\.256, got {headdim}"):
+    with pytest.raises(ValueError, match=rf"^q: headdim must be a multiple of 8 in 8\.\.256, got {headdim}$"):
+        flash_attn_func(q, k, v)
+    # no registered family supports it: the selection error, a ValueError
+    with pytest.raises(UnsupportedProblem):
         flash_attn_func(q, k, v)
 
 
@@ -74,6 +80,12 @@ def test_nheads_not_multiple_of_nheads_kv(nheads, nheads_kv):
     q, k, v = qkv(nheads=nheads, nheads_kv=nheads_kv)
     with pytest.raises(ValueError, match=rf"nheads_kv={nheads_kv} must divide q's nheads={nheads}"):
         flash_attn_func(q, k, v)
+
+
+def test_grid_limits_are_checked():
+    q = np.ones((70000, 1, 1, 8), np.float16)
+    with pytest.raises(ValueError, match=r"^q: batch \(70000\) and nheads"):
+        cuflash.flash_attn_func(q, q, q)
 
 
 # ---------------------------------------------------------------------------------------
@@ -105,14 +117,36 @@ def test_mixed_kinds():
         flash_attn_func(tuple(q.tolist()), k, v)
 
 
+def test_mixed_numpy_and_torch():
+    torch = pytest.importorskip("torch")
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"^q, k, v must be the same kind of array, got numpy, torch, numpy"):
+        flash_attn_func(q, torch.from_numpy(k), v)
+
+
 # ---------------------------------------------------------------------------------------
 # scalar arguments
 
 @pytest.mark.parametrize("scale", [math.nan, 0, 0.0, -0.125, -math.inf, math.inf])
 def test_bad_softmax_scale(scale):
     q, k, v = qkv()
-    with pytest.raises(ValueError, match=r"softmax_scale must be a finite number > 0"):
+    with pytest.raises(ValueError, match=r"^softmax_scale must be a finite number > 0"):
         flash_attn_func(q, k, v, softmax_scale=scale)
+
+
+@pytest.mark.parametrize("scale", ["abc", [1.0], (0.5,), {"s": 1}, True, None.__class__],
+                         ids=["str", "list", "tuple", "dict", "bool", "type"])
+def test_non_numeric_softmax_scale(scale):
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"^softmax_scale must be a real number or None"):
+        flash_attn_func(q, k, v, softmax_scale=scale)
+
+
+def test_check_scale():
+    assert api.check_scale(None, 64) == 0.125
+    assert api.check_scale(2, 64) == 2.0 and isinstance(api.check_scale(2, 64), float)
+    assert api.check_scale(np.float32(0.5), 64) == 0.5
+    assert api.check_scale(np.array(0.25), 64) == 0.25        # a 0-d array holds a number
 
 
 @pytest.mark.parametrize("kwargs,pattern", [
@@ -129,18 +163,30 @@ def test_unimplemented_features(kwargs, pattern):
 
 
 # ---------------------------------------------------------------------------------------
-# config=
+# config= and bwd_config=
 
 def _config(**changes):
     base = FwdConfig(Br=64, Bc=32, warps=4, stages=2, head_dim=64, dtype="fp16", causal=False)
     return base.replace(**changes)
 
 
-@pytest.mark.parametrize("bad", [{"Br": 64}, "fwd_fp16_d64_full_Br64_Bc32_w4_s2", (64, 32, 4, 2)])
+@pytest.mark.parametrize("bad", [{"Br": 64}, "fwd_fp16_d64_full_Br64_Bc32_w4_s2", (64, 32, 4, 2)],
+                         ids=["dict", "str", "tuple"])
 def test_config_wrong_type(bad):
     q, k, v = qkv()
-    with pytest.raises(TypeError, match=r"^config: expected a cuflash\.FwdConfig"):
+    with pytest.raises(TypeError, match=r"^config: expected a cuflash kernel config \(e\.g\. cuflash\.FwdConfig\)"):
         flash_attn_func(q, k, v, config=bad)
+    with pytest.raises(TypeError, match=r"^bwd_config: expected a cuflash kernel config"):
+        flash_attn_func(q, k, v, bwd_config=bad)
+
+
+def test_config_of_the_wrong_op():
+    q, k, v = qkv()
+    bwd = BwdConfig(32, 128, 4, 2, 1, 64, "fp16", False)
+    with pytest.raises(TypeError, match=rf"^config: expected a fwd config, got {bwd.name} \(fa2_bwd, op bwd\)"):
+        flash_attn_func(q, k, v, config=bwd)
+    with pytest.raises(TypeError, match=r"^bwd_config: expected a bwd config, got fwd_"):
+        flash_attn_func(q, k, v, bwd_config=_config())
 
 
 @pytest.mark.parametrize("changes,causal", [
@@ -156,10 +202,19 @@ def test_config_does_not_fit(changes, causal):
         flash_attn_func(q, k, v, causal=causal, config=cfg)
 
 
+def test_bwd_config_does_not_fit():
+    q, k, v = qkv()
+    cfg = BwdConfig(32, 128, 4, 2, 1, 48, "fp16", False)
+    with pytest.raises(ValueError, match=rf"^bwd_config: {cfg.name} does not fit this call"):
+        flash_attn_func(q, k, v, bwd_config=cfg)
+
+
 def test_invalid_config_rejected_before_launch():
     q, k, v = qkv()
     with pytest.raises(ConfigError, match=r"stages must be >= 2"):
         flash_attn_func(q, k, v, config=_config(stages=1))
+    with pytest.raises(ConfigError, match=r"dsplit=3 must divide"):
+        flash_attn_func(q, k, v, bwd_config=BwdConfig(32, 128, 4, 2, 3, 64, "fp16", False))
 
 
 # ---------------------------------------------------------------------------------------
@@ -201,6 +256,18 @@ def test_bf16_numpy_passes_validation():
 
 
 @needs_no_gpu
+def test_no_gpu_error_from_every_api_entry():
+    """Every path that needs the GPU says so with NoGPUError, not an import or driver error."""
+    with pytest.raises(NoGPUError, match=r"^config_for needs a CUDA GPU"):
+        cuflash.config_for(64, "bf16", True)
+    with pytest.raises(NoGPUError, match=r"^bwd_config_for needs a CUDA GPU"):
+        cuflash.bwd_config_for(64, "bf16", True, deterministic=True)
+    for op in ("fwd", "bwd"):
+        with pytest.raises(NoGPUError, match=rf"flash_attn \({op}\) needs a CUDA GPU"):
+            api.make_plan(Problem(op, "bf16", 1, 8, 8, 1, 1, 64), {}, 0.125, 0)
+
+
+@needs_no_gpu
 @needs_cupy
 def test_no_gpu_error_gives_cupys_reason():
     # CuPy imports, but the driver / device check fails: the message says which.
@@ -211,6 +278,33 @@ def test_no_gpu_error_gives_cupys_reason():
     with pytest.raises(NoGPUError) as info:
         flash_attn_func(q, k, v)
     assert reason in str(info.value)
+
+
+def test_backward_numpy_input_points_to_the_reference():
+    q, k, v = qkv(1, 3, 3, 2, 2, 8)
+    lse = np.zeros((1, 2, 3), np.float32)
+    with pytest.raises(TypeError, match="attention_backward_naive"):
+        cuflash.flash_attn_backward(q, q, k, v, q, lse)
+
+
+def test_backward_bad_input_names_the_argument_numpy():
+    q, k, v = qkv(1, 5, 6, 2, 2, 8)
+    lse = np.zeros((1, 2, 5), np.float32)
+    bwd = cuflash.flash_attn_backward
+    with pytest.raises(ValueError, match=r"^dout: expected a numpy array of q's shape"):
+        bwd(q[:, :4], q, k, v, q, lse)
+    with pytest.raises(ValueError, match=r"^out: expected a numpy array of q's shape"):
+        bwd(q, q, k, v, q[..., :4], lse)
+    with pytest.raises(ValueError, match=r"^lse: expected a numpy float32 array of shape \(1, 2, 5\)"):
+        bwd(q, q, k, v, q, lse[..., :3])
+    with pytest.raises(ValueError, match=r"^lse: expected a numpy float32"):
+        bwd(q, q, k, v, q, lse.astype(np.float64))
+    with pytest.raises(ValueError, match=r"^lse: expected a numpy float32"):
+        bwd(q, q, k, v, q, lse.tolist())
+    with pytest.raises(TypeError, match=r"^softmax_scale must be a real number"):
+        bwd(q, q, k, v, q, lse, softmax_scale="abc")
+    with pytest.raises(TypeError, match=r"^config: expected a bwd config"):
+        bwd(q, q, k, v, q, lse, config=_config(head_dim=16))
 
 
 # ---------------------------------------------------------------------------------------
@@ -264,17 +358,11 @@ def test_empty_problem_still_validated(no_gpu_allowed):
         flash_attn_func(q, k[..., :32], v[..., :32])
     with pytest.raises(NotImplementedError, match=r"dropout_p"):
         flash_attn_func(q, k, v, dropout_p=0.5)
+    with pytest.raises(ValueError, match=r"^q: headdim must be a multiple of 8"):
+        flash_attn_func(*qkv(batch=0, headdim=12))
 
 
-def test_public_names():
-    for name in ("flash_attn_func", "FwdConfig", "ConfigError", "NoGPUError", "reference",
-                 "default_fwd_config", "config_for", "flash_attn_backward", "BwdConfig",
-                 "bwd_config_for", "default_bwd_config"):
-        assert hasattr(cuflash, name), name
-    assert issubclass(NoGPUError, RuntimeError)
-
-
-def test_numpy_keyless_input_needs_no_gpu():
+def test_numpy_keyless_input_needs_no_gpu(no_gpu_allowed):
     """seqlen_k == 0: every row is fully masked; the answer (O = 0, LSE = +inf) needs no GPU."""
     q = np.random.default_rng().standard_normal((1, 3, 2, 64)).astype(np.float16)
     k = np.zeros((1, 0, 2, 64), np.float16)
@@ -283,46 +371,35 @@ def test_numpy_keyless_input_needs_no_gpu():
     assert np.isinf(lse).all() and (lse > 0).all()
 
 
-def test_grid_limits_are_checked():
-    q = np.ones((70000, 1, 1, 8), np.float16)
-    with pytest.raises(ValueError, match="batch"):
-        cuflash.flash_attn_func(q, q, q)
+def test_public_names():
+    for name in ("flash_attn_func", "flash_attn_backward", "FwdConfig", "BwdConfig", "ConfigError",
+                 "NoGPUError", "Problem", "reference", "config_for", "bwd_config_for"):
+        assert hasattr(cuflash, name), name
+    assert issubclass(NoGPUError, RuntimeError)
+    assert issubclass(UnsupportedProblem, ValueError)
+    assert cuflash.FwdConfig is cuflash.registry.get("fa2_fwd").config_cls
+    assert cuflash.BwdConfig is cuflash.registry.get("fa2_bwd").config_cls
 
 
-def test_backward_launch_plumbing_without_a_gpu(monkeypatch):
-    """_backward_on_device up to the launches: grids, the head group, every BwdParams field."""
-    import contextlib
+def test_importing_cuflash_imports_neither_cupy_nor_torch():
+    import subprocess
 
-    import numpy as np
-
-    from cuflash import _gpu, interface as itf
-    from cuflash.config import default_bwd_config
-
-    launches = []
-    monkeypatch.setattr(itf, "get_kernels", lambda c, d: {r: r for r in c.kernel_names()})
-    monkeypatch.setattr(itf, "_launch", lambda k, grid, threads, smem, stream, params:
-                        launches.append((k, grid, int(params["head_group"][0]))))
-    monkeypatch.setattr(itf, "_on_device", lambda d: contextlib.nullcontext())
-    monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
-
-    def tensor(shape):
-        strides = tuple(int(np.prod(shape[i + 1:])) for i in range(4))
-        return itf._Tensor(kind="torch", dtype="bf16", shape=shape, strides=strides, ptr=256, device=0)
-
-    q, k = tensor((2, 300, 8, 128)), tensor((2, 300, 2, 128))
-    cfg = default_bwd_config(128, "bf16", False)
-    ws = itf.bwd_workspace(2, 8, 300, 300, True, cfg)
-    itf._backward_on_device(q, q, k, k, q, 0, q, k, k, 1024, ws, 0.1, False, cfg, 0, 0)
-    kv_ctas = -(-300 // cfg.Bc) * cfg.dsplit
-    assert [name for name, _, _ in launches] == ["preprocess", "main", "convert_dq", "reduce_dkv"]
-    assert launches[1][1] == (16 * kv_ctas, 1, 1)
-    assert launches[1][2] == itf.bwd_head_group(16, kv_ctas, 132) == 16
+    code = ("import sys, cuflash, cuflash.api, cuflash.select, cuflash.registry; "
+            "cuflash.registry.families(); "
+            "print('cupy' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
 
 
-def test_bwd_head_group():
-    from cuflash.interface import bwd_head_group
+# ---------------------------------------------------------------------------------------
+# layout checks (what the kernels can read in place)
 
-    assert bwd_head_group(pairs=16, kv_ctas=128, sms=132) == 3     # 16k: three heads, 384 CTAs
-    assert bwd_head_group(pairs=128, kv_ctas=16, sms=132) == 17    # 2k
-    assert bwd_head_group(pairs=4, kv_ctas=16, sms=132) == 4       # never more than there are
-    assert bwd_head_group(pairs=8, kv_ctas=10 ** 6, sms=132) == 1
+def test_layout_problem():
+    t = lambda shape, strides, ptr=0: api._Tensor("cupy", "bf16", shape, strides, ptr, 0)  # noqa: E731
+    assert api.layout_problem(t((2, 8, 4, 64), (2048, 256, 64, 1))) == ""
+    assert "contiguous" in api.layout_problem(t((2, 8, 4, 64), (2048, 256, 1, 4)))
+    assert "multiples of 8" in api.layout_problem(t((2, 8, 4, 64), (2048, 260, 65, 1)))
+    assert "aligned" in api.layout_problem(t((2, 8, 4, 64), (2048, 256, 64, 1), ptr=0x1008))
+    # a dimension of size 1 may have any stride
+    assert api.layout_problem(t((1, 8, 4, 64), (3, 256, 64, 1))) == ""
+    assert api.out_strides((2, 3, 4, 5)) == (60, 20, 5, 1)

@@ -1,0 +1,113 @@
+"""Benchmarks against torch SDPA, one module per mode; numbers and ratio tables, no verdicts.
+
+    python -m cuflash bench --mode MODE [MODE ...] [options]
+
+Modes (results in results/<gpu name>/):
+  fwd       forward of every registered fwd family vs SDPA flash and cuDNN (TFLOPs):
+            bench_fwd.{json,csv,png}
+  fwdbwd    backward alone and forward + backward of every bwd family vs SDPA flash and
+            cuDNN: bench_fwdbwd.{json,csv,png}
+  memory    peak memory of forward + backward vs SDPA flash, cuDNN and math (batch 1, 16
+            heads, d 128, causal, seqlen 1k..64k): memory.{json,csv,png}
+  tuned     each family's tuned configs vs its heuristic vs SDPA, interleaved:
+            bench_tuned.{json,csv,png}
+  overhead  host µs per call on a tiny problem (torch fwd, torch fwd+bwd, CuPy fwd) and one
+            eager call's wall time, vs SDPA flash and cuDNN: overhead.json
+  startup   first call in fresh processes (CuPy kernel cache warm and cold) vs SDPA's first
+            call: startup.json
+  io        the FlashAttention paper's IO table (GFLOPs, HBM bytes by ncu, runtime) for
+            standard attention, SDPA flash and cuflash: io_table.{json,md}
+  all       fwd, fwdbwd, memory, overhead, startup (not tuned, not io)
+
+Shapes follow the FlashAttention convention (heads = 2048 / head dim, batch · seqlen = 16k),
+FLOPs cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward); all timing is
+cuflash.timing (CUDA events; samples of 10 back-to-back calls unless --flush-l2), the
+implementations' samples interleaved in one process on the same inputs. Every mode raises
+cuflash.NoGPUError without a GPU. Each mode module documents its records.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+
+from .common import SEQLENS, HDIMS, gpu_dir_name  # noqa: F401 - gpu_dir_name: tuning/cli.py
+
+MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io")
+ALL = ("fwd", "fwdbwd", "memory", "overhead", "startup")
+
+
+def parser() -> argparse.ArgumentParser:
+    from ..registry import OPS
+
+    ap = argparse.ArgumentParser(prog="python -m cuflash bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", nargs="+", default=["fwd"], choices=list(MODES) + ["all"])
+    ap.add_argument("--hdims", type=int, nargs="+", default=list(HDIMS),
+                    help="fwd, fwdbwd, tuned (default 64 128 256)")
+    ap.add_argument("--seqlens", type=int, nargs="+", default=list(SEQLENS),
+                    help="fwd, fwdbwd, tuned (default 512 .. 16384)")
+    ap.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"],
+                    help="fwd, fwdbwd, tuned (default bf16)")
+    ap.add_argument("--causal", choices=["both", "yes", "no"], default="both",
+                    help="fwd, fwdbwd, tuned (default both)")
+    ap.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS),
+                    help="tuned: the ops to compare (default all)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="fwdbwd: also time each family's deterministic backward")
+    ap.add_argument("--reps", type=int, default=None,
+                    help="samples per timing (fwd, tuned 20; fwdbwd, io 10; overhead's eager calls 20)")
+    ap.add_argument("--flush-l2", action="store_true",
+                    help="fwd, fwdbwd, tuned: single-call samples after an L2 flush instead of "
+                         "10 back-to-back calls")
+    ap.add_argument("--mem-seqlens", type=int, nargs="+", default=None,
+                    help="memory (default 1024 .. 65536)")
+    ap.add_argument("--calls", type=int, default=2000, help="overhead: calls per host timing")
+    ap.add_argument("--repeats", type=int, default=3, help="startup: children per case")
+    ap.add_argument("--io-seqlens", type=int, nargs="+", default=None,
+                    help="io: seqlens of the growth table (default 1024 .. 16384)")
+    ap.add_argument("--io-causal", action="store_true", help="io: causal mask (default none)")
+    ap.add_argument("--no-ncu", action="store_true", help="io: skip the HBM bytes (ncu)")
+    ap.add_argument("--out", default="results", help="results root (default results)")
+    return ap
+
+
+def modes_of(selected) -> list:
+    """The modes to run, in MODES order ('all' expands to ALL)."""
+    want = set(selected)
+    if "all" in want:
+        want |= set(ALL)
+    return [m for m in MODES if m in want]
+
+
+def run_mode(mode: str, a) -> object:
+    mod = importlib.import_module(f"{__name__}.{mode}")
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[a.causal]
+    common = dict(hdims=a.hdims, seqlens=a.seqlens, dtypes=a.dtypes, causals=causals, out=a.out,
+                  flush_l2=a.flush_l2)
+    if mode == "fwd":
+        return mod.run(reps=a.reps or 20, **common)
+    if mode == "fwdbwd":
+        return mod.run(reps=a.reps or 10, deterministic=a.deterministic, **common)
+    if mode == "tuned":
+        return mod.run(reps=a.reps or 20, ops=a.ops, **common)
+    if mode == "memory":
+        return mod.run(seqlens=a.mem_seqlens or mod.SEQLENS, out=a.out)
+    if mode == "overhead":
+        return mod.run(calls=a.calls, eager_reps=a.reps or 20, out=a.out)
+    if mode == "startup":
+        return mod.run(repeats=a.repeats, out=a.out)
+    if mode == "io":
+        return mod.run(growth_seqlens=a.io_seqlens or mod.GROWTH_SEQLENS, causal=a.io_causal,
+                       use_ncu=not a.no_ncu, reps=a.reps or 10, out=a.out)
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def main(argv=None) -> int:
+    """Run the selected modes; 0 when done. cuflash.NoGPUError propagates (no GPU)."""
+    a = parser().parse_args(argv)
+    for mode in modes_of(a.mode):
+        t0 = time.perf_counter()
+        run_mode(mode, a)
+        print(f"bench {mode}: {time.perf_counter() - t0:.0f} s", flush=True)
+    return 0

@@ -1,0 +1,172 @@
+"""--mode overhead: what a call costs the host, and what one eager call delivers.
+
+Host cost per call (cuflash.timing.host_us: CPU clock over --calls calls, default 2000,
+best of 5) on a tiny problem where the GPU work is negligible: batch 1, seqlen 128, 4
+heads, d 64, causal, bf16. Paths:
+
+* torch_fwd:    out = f(q, k, v), inputs without grad;
+* torch_fwdbwd: inputs requiring grad, ``out = f(q, k, v); out.sum().backward()``;
+* cupy_fwd:     CuPy arrays, fp16 (cuflash only: SDPA has no CuPy path; CuPy has no
+                bf16 type of its own).
+
+cuflash is ``flash_attn_func(q, k, v, causal=True)`` on (b, s, h, d) tensors; SDPA is
+``scaled_dot_product_attention(q, k, v, is_causal=True)`` on (b, h, s, d) tensors, its
+backend pinned once around the measurement (sdpa_kernel), so neither pays a layout change
+or the pinning per call.
+
+One eager call (paths eager_fwd, eager_fwdbwd): wall time of one call plus a synchronize,
+after warm-up, median of --eager-reps calls, at batch 8, seqlen 2k, 16 heads, d 128,
+causal, bf16: the TFLOPs a single call delivers, host time included (tflops), beside the
+kernels' own back-to-back figure (kernel_ms, kernel_tflops).
+
+Writes results/<gpu>/overhead.json; records: impl, path, us_per_call (+ problem fields;
+eager: wall_ms, tflops, kernel_ms, kernel_tflops); prints µs per call with the ratio to
+SDPA flash.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+from .. import _gpu
+from ..problem import Problem
+from ..registry import op_flops
+from .common import REF, fields, median, results_dir, sdpa_backend, short, torch_dtype, write_json
+
+TINY = Problem("fwd", "bf16", 1, 128, 128, 4, 4, 64, True)
+EAGER = Problem("fwd", "bf16", 8, 2048, 2048, 16, 16, 128, True)
+IMPLS = ("cuflash", "sdpa_flash", "sdpa_cudnn")
+HOST_PATHS = ("torch_fwd", "torch_fwdbwd", "cupy_fwd")
+EAGER_PATHS = ("eager_fwd", "eager_fwdbwd")
+
+
+def call(impl: str, path: str, p: Problem):
+    """(fn, sync, context) for one impl and path: fn() is one call, sync() drains the GPU,
+    context is entered around the measurement (SDPA's backend pin)."""
+    import torch
+
+    fwdbwd = path.endswith("fwdbwd")
+    if path == "cupy_fwd":
+        if impl != "cuflash":
+            raise NotImplementedError(f"{impl} has no CuPy path")
+        import cupy
+
+        from ..api import flash_attn_func
+
+        q, k, v = (cupy.random.standard_normal((p.batch, p.seqlen_q, p.nheads, p.head_dim),
+                                               dtype=cupy.float32).astype(cupy.float16)
+                   for _ in range(3))  # fp16: CuPy has no bf16 of its own; the host cost is the same
+        return (lambda: flash_attn_func(q, k, v, causal=p.causal),
+                cupy.cuda.Device().synchronize, contextlib.nullcontext())
+    if impl == "cuflash":
+        from ..api import flash_attn_func
+
+        shape = (p.batch, p.seqlen_q, p.nheads, p.head_dim)
+        f, context = (lambda q, k, v: flash_attn_func(q, k, v, causal=p.causal)), contextlib.nullcontext()
+    else:
+        import torch.nn.functional as F
+        from torch.nn.attention import sdpa_kernel
+
+        shape = (p.batch, p.nheads, p.seqlen_q, p.head_dim)
+        f = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=p.causal)  # noqa: E731
+        context = sdpa_kernel(sdpa_backend(impl))
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch_dtype(p.dtype), requires_grad=fwdbwd)
+               for _ in range(3))
+    if fwdbwd:
+        def fn():
+            out = f(q, k, v)
+            out.sum().backward()
+    else:
+        def fn():
+            return f(q, k, v)
+    return fn, torch.cuda.synchronize, context
+
+
+def host_record(impl: str, path: str, p: Problem = TINY, calls: int = 2000) -> dict:
+    from ..timing import host_us
+
+    if path == "cupy_fwd":
+        p = p.replace(dtype="fp16")
+    rec = dict(impl=impl, path=path, **_problem_fields(p), calls=calls)
+    try:
+        fn, sync, context = call(impl, path, p)
+        with context:
+            rec["us_per_call"] = host_us(fn, calls=calls, sync=sync)
+    except Exception as exc:  # noqa: BLE001
+        rec["error"] = short(exc)
+    return rec
+
+
+def eager_record(impl: str, path: str, p: Problem = EAGER, reps: int = 20) -> dict:
+    """Wall time of one call + synchronize (median of reps, after warm-up), and the kernels'
+    back-to-back time for contrast."""
+    from ..timing import time_ms
+
+    flops = op_flops(p) + (op_flops(p.replace(op="bwd")) if path.endswith("fwdbwd") else 0.0)
+    rec = dict(impl=impl, path=path, **_problem_fields(p))
+    try:
+        fn, sync, context = call(impl, path.replace("eager", "torch"), p)
+        with context:
+            for _ in range(3):
+                fn()
+            walls = []
+            for _ in range(reps):
+                sync()
+                t0 = time.perf_counter()
+                fn()
+                sync()
+                walls.append(time.perf_counter() - t0)
+            kernel_ms = time_ms(fn, reps=reps).median_ms
+        wall_ms = median(walls) * 1e3
+        rec.update(us_per_call=wall_ms * 1e3, wall_ms=wall_ms, tflops=flops / wall_ms / 1e9,
+                   kernel_ms=kernel_ms, kernel_tflops=flops / kernel_ms / 1e9)
+    except Exception as exc:  # noqa: BLE001
+        rec["error"] = short(exc)
+    return rec
+
+
+def _problem_fields(p: Problem) -> dict:
+    return {k: v for k, v in fields(p).items() if k != "op"}
+
+
+def table(records: list, ref: str = REF) -> str:
+    """Markdown: a row per path, µs per call of each impl, cuflash / ref."""
+    impls = list(dict.fromkeys(r["impl"] for r in records))
+    paths = list(dict.fromkeys(r["path"] for r in records))
+    us = {(r["impl"], r["path"]): r.get("us_per_call") for r in records}
+    lines = ["| path | " + " | ".join(f"{i} µs" for i in impls) + f" | cuflash / {ref} |",
+             "| --- | " + " | ".join("---" for _ in impls) + " | --- |"]
+    for path in paths:
+        cells = [f"{us[(i, path)]:.1f}" if us.get((i, path)) is not None else "-" for i in impls]
+        a, b = us.get(("cuflash", path)), us.get((ref, path))
+        lines.append(f"| {path} | " + " | ".join(cells) + f" | {a / b:.2f} |" if a and b
+                     else f"| {path} | " + " | ".join(cells) + " | - |")
+    return "\n".join(lines)
+
+
+def run(calls: int = 2000, eager_reps: int = 20, out="results", log=print) -> list:
+    _gpu.require("bench --mode overhead")
+    records = []
+    for path in HOST_PATHS:
+        for impl in IMPLS:
+            if path == "cupy_fwd" and impl != "cuflash":
+                continue
+            records.append(host_record(impl, path, TINY, calls))
+    for path in EAGER_PATHS:
+        for impl in IMPLS:
+            records.append(eager_record(impl, path, EAGER, eager_reps))
+    for r in records:
+        if "error" in r:
+            log(f"  {r['impl']} {r['path']}: {r['error']}")
+    path = results_dir(out) / "overhead.json"
+    write_json(path, records, tiny=_problem_fields(TINY), eager=_problem_fields(EAGER))
+    log(f"host µs per call (tiny: b={TINY.batch} s={TINY.seqlen_q} h={TINY.nheads} d={TINY.head_dim} "
+        f"causal bf16; eager_*: wall µs of one call + synchronize at b={EAGER.batch} "
+        f"s={EAGER.seqlen_q} h={EAGER.nheads} d={EAGER.head_dim})")
+    log(table(records))
+    for r in records:
+        if r["path"] in EAGER_PATHS and "tflops" in r:
+            log(f"  {r['path']} {r['impl']}: {r['tflops']:.0f} TFLOPs/s per single eager call "
+                f"({r['wall_ms']:.3f} ms), kernels back-to-back {r['kernel_tflops']:.0f}")
+    log(f"wrote {path}")
+    return records

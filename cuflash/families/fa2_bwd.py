@@ -1,0 +1,249 @@
+"""fa2_bwd: the FlashAttention-2 backward on mma.sync (kernels_cu/fa2_bwd.cu), sm_80 and newer.
+
+Four kernels by role: ``preprocess`` (D = rowsum(dO∘O), LSE·log2e, zeroed dQ accumulators),
+``main`` (one CTA per K/V block: dK_j, dV_j in registers, dQ by fp32 atomics or in a fixed
+order), ``convert_dq`` (dQ = scale · accumulator) and, under GQA/MQA, ``reduce_dkv``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+from ..problem import Problem
+from ..registry import register
+from .base import Family, KernelConfig, LaunchSpec, default_max_smem
+from .fa2_fwd import LOG2E, MAX_ACCUM_REGS, MAX_HEAD_DIM, check_head_dim, first_fitting, strides3
+
+# The fp32 workspace pads query rows to a multiple of this (every Br divides it).
+ROW_PAD = 128
+PREP_WARPS = 4           # kPrepWarps in fa2_bwd.cu: query rows per preprocess CTA
+EPILOGUE_THREADS = 256   # kEpilogueThreads in fa2_bwd.cu
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class BwdConfig(KernelConfig):
+    """One fa2_bwd kernel: a CTA owns the K/V block K_j, V_j.
+
+    Br:            query rows of each Q block Q_i the CTA loops over (multiple of 16, <= 128)
+    Bc:            keys of the CTA's K/V block; each key group (qsplit warps) owns
+                   Bc * qsplit / warps of them
+    warps:         warps per CTA
+    stages:        Q/dO blocks resident in shared memory (>= 2)
+    dsplit:        head-dim slices: `dsplit` CTAs share a K/V block, each accumulating
+                   head_dim / dsplit columns of dK, dV, dQ (Sᵀ and dPᵀ are recomputed by each)
+    head_dim:      the compile-time head dim (multiple of 16, <= 256)
+    dtype:         "bf16" or "fp16"
+    causal:        bottom-right aligned causal mask, a compile-time flag
+    deterministic: dQ contributions added in a fixed order (bitwise reproducible, slower)
+    qsplit:        warps per key group: 2 splits the group's Sᵀ, dPᵀ by queries and its dK, dV
+                   by head-dim columns, with Pᵀ and dSᵀ shared through shared memory
+    """
+
+    Br: int
+    Bc: int
+    warps: int
+    stages: int
+    dsplit: int
+    head_dim: int
+    dtype: str
+    causal: bool
+    deterministic: bool = False
+    qsplit: int = 1
+
+    family = "fa2_bwd"
+    _what = "backward"
+
+    @property
+    def name(self) -> str:
+        mask = "causal" if self.causal else "full"
+        det = "_det" if self.deterministic else ""
+        return (f"bwd_{self.dtype}_d{self.head_dim}_{mask}_"
+                f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}_x{self.dsplit}_q{self.qsplit}{det}")
+
+    @property
+    def smem_bytes(self) -> int:
+        """K_j, V_j; `stages` (Q_i, dO_i) pairs; the dSᵀ tile (and Pᵀ's when qsplit > 1);
+        `stages` (LSE_i, D_i) rows."""
+        pitch = self.head_dim + 8
+        key_query_tiles = 1 if self.qsplit == 1 else 2
+        elems = ((2 * self.Bc + 2 * self.stages * self.Br) * pitch
+                 + key_query_tiles * self.Bc * (self.Br + 8))
+        return 2 * elems + 8 * self.stages * self.Br
+
+    @property
+    def accum_regs(self) -> int:
+        """fp32 accumulators per thread: dK, dV (keys x head_dim / dsplit / qsplit), Sᵀ/P, dPᵀ
+        (keys x Br / qsplit)."""
+        q = max(self.qsplit, 1)
+        m_tiles = self.Bc * q // (16 * self.warps)
+        return m_tiles * (self.head_dim // max(self.dsplit, 1) + self.Br) // q
+
+    def kernel_name(self) -> str:
+        b = lambda x: "true" if x else "false"  # noqa: E731
+        return (f"cuflash::fa2_bwd<{self.Br}, {self.Bc}, {self.warps}, {self.stages}, {self.dsplit}, "
+                f"{self.qsplit}, {self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, "
+                f"{b(self.deterministic)}>")
+
+    def template_args(self) -> tuple:
+        return (self.Br, self.Bc, self.warps, self.stages, self.dsplit, self.qsplit, self.head_dim,
+                self.dtype, self.causal, self.deterministic)
+
+    def _problems(self) -> list[str]:
+        out = []
+        if self.head_dim % 16 or not 16 <= self.head_dim <= MAX_HEAD_DIM:
+            out.append(f"head_dim must be a multiple of 16 in 16..{MAX_HEAD_DIM}, got {self.head_dim}")
+        if not 1 <= self.warps <= 16:
+            out.append(f"warps must be in 1..16, got {self.warps}")
+            return out
+        if self.qsplit not in (1, 2) or self.warps % self.qsplit:
+            out.append(f"qsplit must be 1 or 2 and divide warps={self.warps}, got {self.qsplit}")
+            return out
+        groups = self.warps // self.qsplit
+        if self.Bc <= 0 or self.Bc % (16 * groups):
+            out.append(f"Bc={self.Bc} must be a positive multiple of 16*warps/qsplit={16 * groups} "
+                       "(each key group owns whole 16-key mma tiles)")
+        if self.qsplit > 1 and (self.Br % (16 * self.qsplit)
+                                or (self.head_dim // max(self.dsplit, 1)) % (16 * self.qsplit)):
+            out.append(f"qsplit={self.qsplit} must split Br={self.Br} and the head-dim slice "
+                       f"{self.head_dim // max(self.dsplit, 1)} into whole 16-wide tiles")
+        if self.Br <= 0 or self.Br % 16 or ROW_PAD % self.Br:
+            out.append(f"Br must be a multiple of 16 dividing {ROW_PAD}, got {self.Br}")
+        elif self.Br // 2 > 32 * self.warps:
+            out.append(f"Br={self.Br} needs {self.Br // 2} threads to load LSE_i and D_i, "
+                       f"the CTA has {32 * self.warps}")
+        if self.dsplit < 1 or (self.head_dim // 16) % self.dsplit:
+            out.append(f"dsplit={self.dsplit} must divide head_dim/16={self.head_dim // 16} "
+                       "(each slice is whole 16-column tiles)")
+        if self.stages < 2:
+            out.append(f"stages must be >= 2, got {self.stages}")
+        if not out and self.accum_regs > MAX_ACCUM_REGS:
+            out.append(f"{self.accum_regs} fp32 accumulator registers per thread (dK, dV, S, dP) "
+                       f"exceed the budget of {MAX_ACCUM_REGS}: it would spill")
+        return out
+
+
+def head_group(pairs: int, kv_ctas: int, sms: int) -> int:
+    """(batch, head) pairs whose K/V blocks fa2_bwd interleaves: enough for two waves of
+    CTAs (the causal tail is then short blocks), at most all of them. CUFLASH_BWD_HEAD_GROUP=n
+    fixes it (1: one head after another; a large n: block 0 of every head first)."""
+    fixed = os.environ.get("CUFLASH_BWD_HEAD_GROUP")
+    if fixed:
+        return max(1, min(pairs, int(fixed)))
+    return max(1, min(pairs, -(-2 * sms // kv_ctas)))
+
+
+class FA2Backward(Family):
+    name = "fa2_bwd"
+    op = "bwd"
+    version = 1
+    config_cls = BwdConfig
+    space = {"Br": (32, 64, 128), "Bc": (64, 128), "warps": (4, 8), "stages": (2, 3),
+             "dsplit": (1, 2), "qsplit": (1, 2)}
+    fixed = {"deterministic": False}
+    params_struct = "BwdParams"
+    pointer_fields = ("dout", "q", "k", "v", "o", "lse", "dq", "dk", "dv",
+                      "lse_log2", "D", "dq_accum", "dk_accum", "dv_accum", "dq_semaphore")
+    min_arch = (8, 0)
+    description = ("FlashAttention-2 backward: K/V-block CTAs, dQ by fp32 atomics "
+                   "(or ordered), preprocess / dQ convert / GQA reduction kernels")
+
+    def supports(self, arch, problem: Problem) -> str:
+        return super().supports(arch, problem) or check_head_dim(problem) or (
+            f"{self.name} has no feature {problem.features[0]!r}" if problem.features else "")
+
+    def head_dim_of(self, head_dim: int) -> int:
+        """Up to 128 the forward's (a multiple of 16); above, a multiple of 32, so that two
+        head-dim slices (dsplit=2) are whole tiles."""
+        return -(-head_dim // 16) * 16 if head_dim <= 128 else -(-head_dim // 32) * 32
+
+    def for_problem(self, config, problem: Problem):
+        # the call's flag decides (tuned tables and the torch op's configs carry none)
+        if config.deterministic != problem.deterministic:
+            return config.replace(deterministic=problem.deterministic)
+        return config
+
+    def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> BwdConfig:
+        """A warp owns 16·m keys (Bc = 16·m·warps): its rows of dK_j and dV_j cost m·head_dim
+        fp32 registers, Sᵀ and dPᵀ another m·Br. Large K/V blocks matter most: every Q block a
+        CTA visits ends in Br x head_dim fp32 atomics into dQ, so Bc = 128 halves them against
+        64. Measured on the H100 (s = 4096 and 16k): head dim 64 -> Br 32, Bc 128, 4 warps
+        (m = 2); 128 -> Br 64, Bc 128, 8 warps as 4 key groups of 2 (qsplit = 2: 3-4% faster
+        than 8 warps of 16 keys, fewer ldmatrix per mma), both at the 192-register budget.
+        Above 128, two CTAs share each K/V block, one per half of the head dim (dsplit = 2;
+        Sᵀ and dPᵀ are computed twice), with Br = 32.
+        """
+        d = self.head_dim_of(problem.head_dim)
+        max_smem = default_max_smem(arch) if max_smem is None else max_smem
+        dtype, causal, det = problem.dtype, problem.causal, problem.deterministic
+        if d <= 64:
+            cfg = BwdConfig(32, 128, 4, 2, 1, d, dtype, causal, det)
+        elif d <= 128:
+            cfg = BwdConfig(64, 128, 8, 2, 1, d, dtype, causal, det, qsplit=2)
+            if cfg.problems():  # head dims of an odd number of 16-column tiles (80, 112)
+                cfg = cfg.replace(qsplit=1)
+        else:
+            cfg = BwdConfig(32, 64, 4, 2, 2, d, dtype, causal, det)
+        # Small-shared-memory parts: shrink the Q blocks, then the K/V block.
+        return first_fitting(cfg, ({"Br": 32}, {"Br": 32, "Bc": 64, "warps": 4},
+                                   {"Br": 16, "Bc": 64, "warps": 4}, {"Br": 16, "Bc": 32, "warps": 2}),
+                             max_smem)
+
+    def kernel_names(self, config) -> dict:
+        return {"main": config.kernel_name(),
+                "preprocess": f"cuflash::fa2_bwd_preprocess<cuflash::{config.dtype}>",
+                "convert_dq": f"cuflash::fa2_bwd_convert_dq<cuflash::{config.dtype}>",
+                "reduce_dkv": f"cuflash::fa2_bwd_reduce_dkv<cuflash::{config.dtype}>"}
+
+    def workspace(self, config, problem: Problem) -> dict:
+        """Byte offsets of the fp32 workspace pieces (params.cuh BwdParams), and 'total'."""
+        rows = -(-problem.seqlen_q // ROW_PAD) * ROW_PAD
+        bh = problem.batch * problem.nheads
+        sizes = {"lse_log2": bh * rows * 4, "D": bh * rows * 4,
+                 "dq_accum": bh * rows * config.head_dim * 4}
+        if problem.nheads != problem.nheads_kv:
+            sizes["dk_accum"] = sizes["dv_accum"] = bh * problem.seqlen_k * config.head_dim * 4
+        if config.deterministic:
+            sizes["dq_semaphore"] = bh * (rows // 16) * 4
+        offsets, total = {}, 0
+        for name, size in sizes.items():
+            offsets[name] = total
+            total += -(-size // 256) * 256
+        offsets["total"] = total
+        return offsets
+
+    def _kv_ctas(self, config, problem: Problem) -> int:
+        return -(-problem.seqlen_k // config.Bc) * config.dsplit
+
+    def launches(self, config, problem: Problem, sm_count: int) -> list:
+        p = problem
+        pairs, kv_ctas = p.batch * p.nheads, self._kv_ctas(config, p)
+        if pairs * kv_ctas >= 2 ** 31:  # gridDim.x
+            raise ValueError(f"batch * nheads * seqlen_k: too many K/V blocks for one launch "
+                             f"({pairs} x {kv_ctas})")
+        rows = -(-p.seqlen_q // ROW_PAD) * ROW_PAD
+        per_row = p.head_dim // 8  # epilogue threads per row
+        out = [LaunchSpec("preprocess", (rows // PREP_WARPS, p.nheads, p.batch), 32 * PREP_WARPS),
+               # one CTA per (pair, K/V block), in the order of head_group (fa2_bwd.cu)
+               LaunchSpec("main", (pairs * kv_ctas, 1, 1), config.threads, config.smem_bytes),
+               LaunchSpec("convert_dq", (-(-p.seqlen_q * per_row // EPILOGUE_THREADS), p.nheads, p.batch),
+                          EPILOGUE_THREADS)]
+        if p.nheads != p.nheads_kv:
+            out.append(LaunchSpec("reduce_dkv", (-(-p.seqlen_k * per_row // EPILOGUE_THREADS),
+                                                 p.nheads_kv, p.batch), EPILOGUE_THREADS))
+        return out
+
+    def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
+        p = problem
+        fields = {}
+        for name in ("q", "k", "v", "o", "dout", "dq", "dk", "dv"):
+            fields.update(strides3("do" if name == "dout" else name, strides[name]))
+        return dict(fields, batch=p.batch, nheads=p.nheads, nheads_kv=p.nheads_kv,
+                    seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
+                    seqlen_q_rounded=-(-p.seqlen_q // ROW_PAD) * ROW_PAD, head_dim=p.head_dim,
+                    head_dim_rounded=config.head_dim,
+                    head_group=head_group(p.batch * p.nheads, self._kv_ctas(config, p), sm_count),
+                    softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E)
+
+
+FAMILY = register(FA2Backward())

@@ -1,0 +1,165 @@
+"""fa2_fwd: the FlashAttention-2 forward on mma.sync (kernels_cu/fa2_fwd.cu), sm_80 and newer.
+
+One CTA per (Q block, head, batch); K/V blocks stream through a cp.async ring; online
+softmax with delayed normalization; O and LSE written once.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from ..problem import Problem
+from ..registry import register
+from .base import Family, KernelConfig, LaunchSpec, default_max_smem
+
+MAX_HEAD_DIM = 256
+
+# Registers: mma accumulators a thread keeps live (O and S in fp32). Above this budget
+# ptxas spills (read off `nvcc -Xptxas -v` for sm_80 / sm_90a; tests/test_compile.py).
+MAX_ACCUM_REGS = 192
+
+LOG2E = 1.4426950408889634
+
+
+def check_head_dim(problem: Problem, max_head_dim: int = MAX_HEAD_DIM) -> str:
+    if problem.head_dim % 8 or not 0 < problem.head_dim <= max_head_dim:
+        return f"q: headdim must be a multiple of 8 in 8..{max_head_dim}, got {problem.head_dim}"
+    return ""
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class FwdConfig(KernelConfig):
+    """One fa2_fwd kernel: tiles (Br x Bc), warps, cp.async stages, and what it is built for.
+
+    Br:        query rows per CTA (the Q block Q_i)
+    Bc:        keys per K/V block (K_j, V_j)
+    warps:     warps per CTA; each owns Br / warps whole rows of Q_i
+    stages:    K/V blocks resident in shared memory (>= 2: compute one, load the next)
+    head_dim:  the compile-time head dim (multiple of 16, <= 256)
+    dtype:     "bf16" or "fp16"
+    causal:    bottom-right aligned causal mask, a compile-time flag
+    """
+
+    Br: int
+    Bc: int
+    warps: int
+    stages: int
+    head_dim: int
+    dtype: str
+    causal: bool
+
+    family = "fa2_fwd"
+    _what = "forward"
+
+    @property
+    def name(self) -> str:
+        mask = "causal" if self.causal else "full"
+        return (f"fwd_{self.dtype}_d{self.head_dim}_{mask}_"
+                f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}")
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory: Q_i plus `stages` (K_j, V_j) pairs, rows padded by 8."""
+        return (self.Br + 2 * self.stages * self.Bc) * (self.head_dim + 8) * 2
+
+    @property
+    def accum_regs(self) -> int:
+        """fp32 accumulator registers per thread: O (rows x head_dim) and S (rows x Bc)."""
+        m_tiles = self.Br // (16 * self.warps)
+        return m_tiles * (self.head_dim + self.Bc) // 2
+
+    def kernel_name(self) -> str:
+        return (f"cuflash::fa2_fwd<{self.Br}, {self.Bc}, {self.warps}, {self.stages}, "
+                f"{self.head_dim}, cuflash::{self.dtype}, {'true' if self.causal else 'false'}>")
+
+    def template_args(self) -> tuple:
+        return (self.Br, self.Bc, self.warps, self.stages, self.head_dim, self.dtype, self.causal)
+
+    def _problems(self) -> list[str]:
+        out = []
+        if self.head_dim % 16 or not 16 <= self.head_dim <= MAX_HEAD_DIM:
+            out.append(f"head_dim must be a multiple of 16 in 16..{MAX_HEAD_DIM}, got {self.head_dim}")
+        if not 1 <= self.warps <= 16:
+            out.append(f"warps must be in 1..16, got {self.warps}")
+        elif self.Br <= 0 or self.Br % (16 * self.warps):
+            out.append(f"Br={self.Br} must be a positive multiple of 16*warps={16 * self.warps} "
+                       "(each warp owns whole 16-row mma tiles)")
+        if self.Bc % 16 or self.Bc <= 0:
+            out.append(f"Bc must be a positive multiple of 16, got {self.Bc}")
+        if self.stages < 2:
+            out.append(f"stages must be >= 2, got {self.stages}")
+        if not out and self.accum_regs > MAX_ACCUM_REGS:
+            out.append(f"{self.accum_regs} fp32 accumulator registers per thread (O and S) "
+                       f"exceed the budget of {MAX_ACCUM_REGS}: it would spill")
+        return out
+
+
+def first_fitting(config, shrinks, max_smem: int):
+    """`config`, or the first of its shrunken variants that fits the device; else raise."""
+    for shrink in ({},) + tuple(shrinks):
+        candidate = config.replace(**shrink)
+        if not candidate.problems(max_smem):
+            return candidate
+    return config.validate(max_smem)
+
+
+def strides3(prefix: str, strides) -> dict:
+    return {f"{prefix}_batch_stride": strides[0], f"{prefix}_row_stride": strides[1],
+            f"{prefix}_head_stride": strides[2]}
+
+
+class FA2Forward(Family):
+    name = "fa2_fwd"
+    op = "fwd"
+    version = 1
+    config_cls = FwdConfig
+    space = {"Br": (64, 128), "Bc": (32, 64, 128), "warps": (4, 8), "stages": (2, 3)}
+    params_struct = "FwdParams"
+    pointer_fields = ("q", "k", "v", "o", "lse")
+    min_arch = (8, 0)
+    description = "FlashAttention-2 forward: mma.sync m16n8k16, ldmatrix, cp.async ring"
+
+    def supports(self, arch, problem: Problem) -> str:
+        return super().supports(arch, problem) or check_head_dim(problem) or (
+            f"{self.name} has no feature {problem.features[0]!r}" if problem.features else "")
+
+    def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> FwdConfig:
+        """Each warp should own two 16-row tiles of Q (Br = 128 with 4 warps): every K or V
+        fragment read from shared memory then feeds two mma instructions, which keeps
+        shared-memory bandwidth under the tensor cores' appetite. That fits the register file
+        up to head dim 128; above it the O accumulator alone is 128 registers per tile, so the
+        CTA goes to 8 warps of one tile each. Bc trades S registers against loop overhead.
+
+        The heuristic stays at <= 160 accumulator registers, where ptxas (nvcc 13.0, sm_80 and
+        sm_90a) spills nothing; tests/test_compile.py holds it to that. The 192-register
+        points (Br=128, 4 warps, Bc=128 at d=64 / Bc=64 at d=128) measured 2-10% faster on the
+        H100 although ptxas spills a few bytes for them: choosing those is the tuner's job.
+        """
+        d = self.head_dim_of(problem.head_dim)
+        max_smem = default_max_smem(arch) if max_smem is None else max_smem
+        dtype, causal = problem.dtype, problem.causal
+        if d <= 64:
+            cfg = FwdConfig(128, 64, 4, 2, d, dtype, causal)
+        elif d <= 128:
+            cfg = FwdConfig(128, 32, 4, 2, d, dtype, causal)
+        else:
+            cfg = FwdConfig(128, 64, 8, 2, d, dtype, causal)
+        # Small-shared-memory parts (sm_86/89 have ~99 KB): shrink the K/V blocks, then Q.
+        return first_fitting(cfg, ({"Bc": 32}, {"Br": 64, "Bc": 32, "warps": 4}), max_smem)
+
+    def kernel_names(self, config) -> dict:
+        return {"main": config.kernel_name()}
+
+    def launches(self, config, problem: Problem, sm_count: int) -> list:
+        grid = (-(-problem.seqlen_q // config.Br), problem.nheads, problem.batch)
+        return [LaunchSpec("main", grid, config.threads, config.smem_bytes)]
+
+    def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
+        return dict(**strides3("q", strides["q"]), **strides3("k", strides["k"]),
+                    **strides3("v", strides["v"]), **strides3("o", strides["o"]),
+                    batch=problem.batch, nheads=problem.nheads, nheads_kv=problem.nheads_kv,
+                    seqlen_q=problem.seqlen_q, seqlen_k=problem.seqlen_k, head_dim=problem.head_dim,
+                    softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E)
+
+
+FAMILY = register(FA2Forward())

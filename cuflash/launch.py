@@ -1,0 +1,110 @@
+"""Launch plans: everything a repeat call needs, computed once per call shape.
+
+A ``Plan`` is made for one (family, config, shapes, strides, dtype, device, flags, scale):
+the loaded kernels, the grid of every launch, and the params struct with every field but
+the per-call pointers already packed. A repeat call only writes the pointers (one
+``struct.pack_into``) and launches by raw driver call on a raw stream — no dataclass, no
+string, no file, no allocation on the host side.
+
+The struct layouts are read from ``kernels_cu/params.cuh`` itself (``struct_dtype``), so
+each struct has a single definition.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import struct
+import threading
+
+import numpy as np
+
+from . import _gpu
+from .compile import get_kernels, kernel_dir
+from .registry import OPS
+
+_CTYPES = {"const void*": np.uint64, "void*": np.uint64, "const float*": np.uint64,
+           "float*": np.uint64, "int*": np.uint64,
+           "i64": np.int64, "int": np.int32, "float": np.float32}
+_FIELD = re.compile(r"^\s*(const void\*|void\*|const float\*|float\*|int\*|i64|int|float)\s+(\w+);")
+
+
+def struct_dtype(name: str) -> np.dtype:
+    """NumPy dtype laid out like `struct <name>` in params.cuh (C alignment rules)."""
+    return _struct_dtype(name, kernel_dir())
+
+
+@functools.lru_cache(maxsize=None)
+def _struct_dtype(name: str, root) -> np.dtype:
+    text = (root / "params.cuh").read_text()
+    m = re.search(r"struct\s+" + name + r"\s*\{(.*?)\};", text, re.S)
+    if not m:
+        raise KeyError(f"struct {name} not found in params.cuh")
+    fields = []
+    for line in m.group(1).splitlines():
+        line = line.split("//")[0]
+        if not line.strip():
+            continue
+        fm = _FIELD.match(line)
+        if not fm:
+            raise ValueError(f"params.cuh: cannot mirror field line {line.strip()!r} of {name}")
+        fields.append((fm.group(2), _CTYPES[fm.group(1)]))
+    return np.dtype(fields, align=True)
+
+
+def pack(name: str, **values) -> np.ndarray:
+    """A one-element record array of struct `name`, every field given exactly once."""
+    dtype = struct_dtype(name)
+    missing, extra = set(dtype.names) - set(values), set(values) - set(dtype.names)
+    if missing or extra:
+        raise TypeError(f"struct {name}: missing fields {sorted(missing)}, unknown {sorted(extra)}")
+    return np.array([tuple(values[n] for n in dtype.names)], dtype=dtype)
+
+
+def _driver_launch():
+    from cupy_backends.cuda.api import driver
+
+    return driver.launchKernel
+
+
+class Plan:
+    """One call shape of one config, ready to launch (see the module docstring).
+
+    run(ptrs, workspace_ptr, stream): ``ptrs`` are the op's tensors' addresses in the op's
+    order (inputs, then outputs; ``cuflash.registry.OPS``), ``workspace_ptr`` the start of
+    ``workspace_bytes`` of scratch (0 when none is needed), ``stream`` a raw cudaStream_t.
+    """
+
+    def __init__(self, family, config, problem, strides: dict, softmax_scale: float, device: int):
+        self.family, self.config, self.problem, self.device = family, config, problem, device
+        kernels = get_kernels(config, device)
+        sms = _gpu.sm_count(device)
+        ws = family.workspace(config, problem)
+        self.workspace_bytes = ws["total"]
+        static = family.static_params(config, problem, strides, ws, softmax_scale, sms)
+        dtype = struct_dtype(family.params_struct)
+        n_ptr = len(family.pointer_fields)
+        if dtype.names[:n_ptr] != tuple(family.pointer_fields):
+            raise RuntimeError(f"{family.params_struct} must begin with the pointer fields "
+                               f"{family.pointer_fields}, got {dtype.names[:n_ptr]}")
+        self._record = pack(family.params_struct, **dict.fromkeys(family.pointer_fields, 0), **static)
+        self._bytes = self._record.view(np.uint8)
+        self._argv = np.array([self._bytes.ctypes.data], dtype=np.uint64)  # one pointer per kernel argument
+        self._argv_ptr = int(self._argv.ctypes.data)
+        op = OPS[family.op]
+        n_tensors = len(op.inputs) + len(op.outputs)
+        self._ws_offsets = tuple(ws.get(name, -1) for name in family.pointer_fields[n_tensors:])
+        self._pack = struct.Struct(f"<{n_ptr}Q").pack_into
+        self.launches = family.launches(config, problem, sms)
+        self._calls = tuple((kernels[spec.role].kernel.ptr, *(tuple(spec.grid) + (1, 1))[:3], spec.threads,
+                             spec.smem) for spec in self.launches)
+        self._launch = _driver_launch()
+        self._lock = threading.Lock()
+
+    def run(self, ptrs: tuple, workspace_ptr: int, stream: int) -> None:
+        if self._ws_offsets:
+            ptrs = ptrs + tuple(workspace_ptr + off if off >= 0 else 0 for off in self._ws_offsets)
+        launch, argv = self._launch, self._argv_ptr
+        with self._lock:  # the packed struct is shared; the driver copies it at each launch
+            self._pack(self._bytes, 0, *ptrs)
+            for fn, gx, gy, gz, threads, smem in self._calls:
+                launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)

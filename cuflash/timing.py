@@ -1,0 +1,133 @@
+"""One way to time a GPU callable: CUDA events, warm-up, median. Used by the benchmarks
+and the tuner alike, so their numbers mean the same thing.
+
+Two regimes, chosen explicitly:
+
+* ``back_to_back=N`` (default 10): each sample times N consecutive calls and divides; the GPU
+  runs from a full queue, so the number is the kernels' time, not the host's per-call cost
+  (``host_us`` measures that separately). Inputs may stay in L2 between calls.
+* ``flush_l2=True``: each sample is a single call preceded by a write of a buffer twice
+  the L2 size, so no sample starts with its inputs in L2 (the tuner's regime: a kernel
+  that only wins from a warm cache does not win).
+
+Events are recorded on the current CUDA stream (CuPy's and torch's default streams are the
+same legacy stream unless either has been told otherwise).
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Callable, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    samples: tuple          # ms per call, one per sample
+    back_to_back: int
+    flush_l2: bool
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the samples."""
+        return (max(self.samples) - min(self.samples)) / self.median_ms if self.median_ms else 0.0
+
+
+_flush_buffers: dict = {}
+
+
+def l2_flusher(device: int = 0) -> Callable[[], None]:
+    """A callable that overwrites twice the L2 of ``device`` (one kernel, on the current stream)."""
+    import cupy
+
+    buf = _flush_buffers.get(device)
+    if buf is None:
+        with cupy.cuda.Device(device):
+            l2 = int(cupy.cuda.Device(device).attributes.get("L2CacheSize", 50 << 20))
+            buf = _flush_buffers[device] = cupy.empty(2 * l2, dtype=cupy.uint8)
+    return lambda: buf.fill(1)
+
+
+def time_ms(fn: Callable[[], object], *, warmup: int = 3, reps: int = 20, back_to_back: int = 10,
+            flush_l2: bool = False, timeout_s: Optional[float] = None, device: int = 0) -> Timing:
+    """Median milliseconds per call of ``fn()`` by CUDA events (see the module docstring).
+
+    ``flush_l2=True`` forces single-call samples. All samples are queued before one
+    synchronization at the end, so the GPU never waits for the host between the events of a
+    sample. Raises TimeoutError when one warm call says ``reps`` samples would take longer
+    than ``timeout_s`` seconds.
+    """
+    import cupy
+
+    inner = 1 if flush_l2 else max(1, int(back_to_back))
+    flush = l2_flusher(device) if flush_l2 else None
+    for _ in range(max(1, warmup)):
+        fn()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    one_ms = cupy.cuda.get_elapsed_time(start, end)
+    if timeout_s is not None and one_ms / 1e3 * reps * inner > timeout_s:
+        raise TimeoutError(f"one call takes {one_ms:.1f} ms: {reps} samples would exceed {timeout_s} s")
+    events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(reps)]
+    for a, b in events:
+        if flush is not None:
+            flush()
+        a.record()
+        for _ in range(inner):
+            fn()
+        b.record()
+    events[-1][1].synchronize()
+    samples = tuple(cupy.cuda.get_elapsed_time(a, b) / inner for a, b in events)
+    return Timing(statistics.median(samples), samples, inner, bool(flush_l2))
+
+
+def time_interleaved(fns: dict, *, warmup: int = 3, reps: int = 20, back_to_back: int = 10,
+                     flush_l2: bool = False, device: int = 0) -> dict:
+    """``time_ms`` for several callables with their samples interleaved (A B C A B C ...), so
+    that clock and thermal drift hit all of them alike. Returns {name: Timing}."""
+    import cupy
+
+    inner = 1 if flush_l2 else max(1, int(back_to_back))
+    flush = l2_flusher(device) if flush_l2 else None
+    for fn in fns.values():
+        for _ in range(max(1, warmup)):
+            fn()
+    events = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            a, b = cupy.cuda.Event(), cupy.cuda.Event()
+            if flush is not None:
+                flush()
+            a.record()
+            for _ in range(inner):
+                fn()
+            b.record()
+            events[name].append((a, b))
+    cupy.cuda.get_current_stream().synchronize()
+    out = {}
+    for name, evs in events.items():
+        samples = tuple(cupy.cuda.get_elapsed_time(a, b) / inner for a, b in evs)
+        out[name] = Timing(statistics.median(samples), samples, inner, bool(flush_l2))
+    return out
+
+
+def host_us(fn: Callable[[], object], calls: int = 2000, sync: Optional[Callable[[], None]] = None,
+            repeats: int = 5) -> float:
+    """Host microseconds per call: CPU clock over ``calls`` calls, best of ``repeats`` (what a
+    caller pays before the GPU sees the launch). ``sync`` drains the GPU between repeats."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        if sync is not None:
+            sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    if sync is not None:
+        sync()
+    return best

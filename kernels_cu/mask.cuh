@@ -1,0 +1,93 @@
+// mask.cuh: which keys each query sees, as compile-time mask kinds, applied to S (or Sᵀ) in
+// the mma accumulator layout.
+//
+// A mask kind is a small struct built once per CTA from the problem sizes. It answers three
+// questions, coarse to fine, so that a kernel pays for per-element work only where needed:
+//   1. block range   which K/V blocks a Q block visits (forward: kv_block_end) and which Q
+//                    blocks visit a K/V block (backward: q_block_begin); blocks outside the
+//                    range are skipped entirely
+//   2. needs_mask    whether a (Q block, K/V block) pair hides any element: the KV loop runs
+//                    the element-wise mask on those few blocks only, the bulk runs without it
+//   3. apply         per element: sets the hidden elements of an S (or Sᵀ) accumulator tile
+// A kernel names its kind once (`using Mask = CausalMask<kCausal>;`). Further kinds (sliding
+// window, block-sparse, an arbitrary mask read from memory) are further structs with the same
+// members: the kernels only call these.
+#pragma once
+#include "ptx.cuh"
+
+namespace cuflash {
+
+// Bottom-right-aligned causal mask (kCausal) and the ragged key end (always): query i sees
+// key j iff j < seqlen_k and, if kCausal, j <= i + seqlen_k - seqlen_q. With seqlen_q >
+// seqlen_k the first seqlen_q - seqlen_k queries see no key at all (O = 0, LSE = +inf).
+template <bool kCausal>
+struct CausalMask {
+    int seqlen_k;
+    int causal_offset;  // seqlen_k - seqlen_q: query i's last visible key is i + causal_offset
+
+    __device__ __forceinline__ CausalMask(int seqlen_q, int seqlen_k_)
+        : seqlen_k(seqlen_k_), causal_offset(seqlen_k_ - seqlen_q) {}
+
+    // K/V blocks of kBc keys seen by the queries [row0, row0 + kBr): blocks [0, result). Under
+    // the causal mask the last query's last visible key ends the range; 0 when it is < 0.
+    template <int kBr, int kBc>
+    __device__ __forceinline__ int kv_block_end(int row0) const {
+        int n_blocks = (seqlen_k + kBc - 1) / kBc;
+        if (kCausal) {
+            const int last_key = row0 + kBr - 1 + causal_offset;
+            n_blocks = last_key < 0 ? 0 : min(n_blocks, last_key / kBc + 1);
+        }
+        return n_blocks;
+    }
+
+    // First Q block of kBr queries that sees any of the keys from key0 on; every later Q block
+    // does too. Under the causal mask: the block of the first query i with key0 <= i + causal_offset.
+    template <int kBr>
+    __device__ __forceinline__ int q_block_begin(int key0) const {
+        return kCausal ? max(0, (key0 - causal_offset) / kBr) : 0;
+    }
+
+    // Whether the block of queries from row0 on and the K/V block n_block (keys n_block·kBc
+    // up to (n_block + 1)·kBc - 1) hides any element: keys past seqlen_k (the ragged last
+    // block), or a last key beyond the first query's diagonal (the causal diagonal blocks).
+    // Every other block is the unmasked bulk.
+    template <int kBc>
+    __device__ __forceinline__ bool needs_mask(int row0, int n_block) const {
+        const bool ragged = (n_block + 1) * kBc > seqlen_k;
+        const bool diagonal = kCausal && (n_block + 1) * kBc - 1 > row0 + causal_offset;
+        return ragged || diagonal;
+    }
+
+    // The keys visible to `query` are [0, key_end(query)).
+    __device__ __forceinline__ int key_end(int query) const {
+        return kCausal ? min(seqlen_k, query + causal_offset + 1) : seqlen_k;
+    }
+    __device__ __forceinline__ bool masked(int query, int key) const {
+        return key >= seqlen_k || (kCausal && key > query + causal_offset);
+    }
+
+    // acc[mt][nt][e] = fill where hidden. acc is an mma C-layout tile (ptx.cuh): element e of
+    // tile (mt, nt) is row row0 + 16·mt + g + 8·(e / 2), column col0 + 8·nt + 2t + e % 2.
+    // kKeyRows: rows are keys and columns queries (Sᵀ, the backward); else rows are queries (S,
+    // the forward), whose visible keys end at one key_end per row: one compare per element.
+    template <bool kKeyRows, int kMT, int kNT>
+    __device__ __forceinline__ void apply(float (&acc)[kMT][kNT][4], int row0, int col0, int g, int t,
+                                          float fill) const {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = row0 + mt * 16 + g + 8 * half;
+                const int row_key_end = kKeyRows ? 0 : key_end(row);
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int col = col0 + nt * 8 + 2 * t + e;
+                        if (kKeyRows ? masked(col, row) : col >= row_key_end) acc[mt][nt][2 * half + e] = fill;
+                    }
+            }
+    }
+};
+
+}  // namespace cuflash
