@@ -122,8 +122,10 @@ def _check_layout(name: str, t: _Tensor) -> None:
 def check_scale(softmax_scale, head_dim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, Real):
-        try:  # 0-d arrays and tensors hold a number too
+    if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, Real):
+        try:  # 0-d arrays and tensors hold a number too; a bool is not a scale
+            if isinstance(softmax_scale, (bool, np.bool_)):
+                raise TypeError
             softmax_scale = float(softmax_scale)
         except (TypeError, ValueError):
             raise TypeError(f"softmax_scale must be a real number or None, got "

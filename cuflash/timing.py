@@ -49,6 +49,22 @@ def l2_flusher(device: int = 0) -> Callable[[], None]:
     return lambda: buf.fill(1)
 
 
+def warm_up(fn: Callable[[], object], calls: int = 3, min_s: float = 0.05) -> None:
+    """At least ``calls`` calls and ``min_s`` seconds of GPU work: an idle GPU starts at low
+    clocks, and a count of calls alone can leave the first samples of a short kernel slow."""
+    import cupy
+
+    stream = cupy.cuda.get_current_stream()
+    t0, done = time.perf_counter(), 0
+    while done < max(1, calls) or time.perf_counter() - t0 < min_s:
+        fn()
+        done += 1
+        if done >= calls:
+            stream.synchronize()
+        if done > 10000:
+            break
+
+
 def time_ms(fn: Callable[[], object], *, warmup: int = 3, reps: int = 20, back_to_back: int = 10,
             flush_l2: bool = False, timeout_s: Optional[float] = None, device: int = 0) -> Timing:
     """Median milliseconds per call of ``fn()`` by CUDA events (see the module docstring).
@@ -62,8 +78,7 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 3, reps: int = 20, back_t
 
     inner = 1 if flush_l2 else max(1, int(back_to_back))
     flush = l2_flusher(device) if flush_l2 else None
-    for _ in range(max(1, warmup)):
-        fn()
+    warm_up(fn, warmup)
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     start.record()
     fn()
@@ -94,8 +109,7 @@ def time_interleaved(fns: dict, *, warmup: int = 3, reps: int = 20, back_to_back
     inner = 1 if flush_l2 else max(1, int(back_to_back))
     flush = l2_flusher(device) if flush_l2 else None
     for fn in fns.values():
-        for _ in range(max(1, warmup)):
-            fn()
+        warm_up(fn, warmup)
     events = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():

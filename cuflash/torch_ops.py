@@ -56,11 +56,19 @@ def _decode(text: str, dtype, causal: bool):
 
 def _aligned(x: Tensor) -> Tensor:
     """x itself if the kernels can read it in place, else a contiguous copy (gradients in
-    particular may arrive expanded, stride 0, or transposed)."""
+    particular may arrive expanded, stride 0, or transposed). A copy, not x.contiguous():
+    that returns x itself for a contiguous view whose data is not 16-byte aligned."""
     if api.layout_problem(api._Tensor("torch", None, tuple(x.shape), tuple(x.stride()),
                                       x.data_ptr(), None)):
-        return x.contiguous()
+        return x.clone(memory_format=torch.contiguous_format)
     return x
+
+
+def _realign(*xs: Tensor) -> tuple:
+    """Fresh (16-byte aligned, contiguous) copies of the tensors whose data is misaligned,
+    e.g. a view starting a few elements into its storage."""
+    return tuple(x.clone(memory_format=torch.contiguous_format) if x.data_ptr() & 15 else x
+                 for x in xs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -117,6 +125,9 @@ def forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale, causal: bool, config
         _fwd_entry(q, k, v, softmax_scale, causal, config, bwd_config)
         raise
     if entry is None:
+        if q.is_cuda and (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+            # misaligned views: read aligned copies (as a cached plan does below)
+            return forward(*_realign(q, k, v), softmax_scale, causal, config, bwd_config)
         entry = _fwd_plans[key] = _fwd_entry(q, k, v, softmax_scale, causal, config, bwd_config)
     plan = entry.plan
     if plan is None:
@@ -129,8 +140,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale, causal: bool, config
             lse.fill_(math.inf)
         return out, lse
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
-    if (qp | kp | vp) & 15:  # misaligned views: read contiguous copies
-        q, k, v = (x.contiguous() for x in (q, k, v))
+    if (qp | kp | vp) & 15:  # misaligned views: read aligned copies
+        q, k, v = _realign(q, k, v)
         return forward(q, k, v, softmax_scale, causal, config, bwd_config)
     out = torch.empty(entry.out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(entry.lse_shape, dtype=torch.float32, device=q.device)
@@ -177,6 +188,10 @@ def backward_impl(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
            out.dtype, lse.dtype, q.device, softmax_scale, causal, deterministic, config)
     plan = _bwd_plans.get(key)
     if plan is None:
+        if q.is_cuda and (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+            q, k, v = _realign(q, k, v)  # misaligned views (the forward read copies too)
+            return backward_impl(dout, q, k, v, out, lse, softmax_scale, causal, deterministic,
+                                 config)
         plan = _bwd_plans[key] = _bwd_entry(dout, q, k, v, out, lse, softmax_scale, causal,
                                             deterministic, config)
     if plan == "reference":
@@ -189,7 +204,7 @@ def backward_impl(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
         return dq, dk, dv
     ptrs = (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())
     if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
-        dout, q, k, v, out = (x.contiguous() for x in (dout, q, k, v, out))
+        dout, q, k, v, out = _realign(dout, q, k, v, out)
         return backward_impl(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
     device = q.device
     dq = torch.empty(q.shape, dtype=q.dtype, device=device)
@@ -238,13 +253,14 @@ for _key in ("CUDA", "CPU"):
 @torch.library.register_fake("cuflash::fwd")
 def _(q, k, v, softmax_scale, causal, config):
     batch, seqlen_q, nheads, _ = q.shape
-    return (q.new_empty(q.shape, memory_format=torch.contiguous_format),
-            q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32))
+    # contiguous, like the real outputs (new_empty takes no memory_format)
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device))
 
 
 @torch.library.register_fake("cuflash::bwd")
 def _(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config):
-    return tuple(x.new_empty(x.shape, memory_format=torch.contiguous_format) for x in (q, k, v))
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
 
 
 # ---------------------------------------------------------------------------------------

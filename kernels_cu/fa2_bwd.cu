@@ -33,7 +33,7 @@
 // dV_j, dK_j read their A operands (this group's keys x all Br queries) from there. Fewer
 // ldmatrix per mma (the product per warp is squarer) for one more tile written to shared memory.
 //
-// Template parameters (cuflash/config.py BwdConfig mirrors and validates them):
+// Template parameters (cuflash/families/fa2_bwd.py BwdConfig mirrors and validates them):
 //   kBr       query rows of a Q block: a multiple of 16 (32, 64, 128)
 //   kBc       keys of the K/V block of one CTA: a multiple of 16·kWarps (64, 128)
 //   kWarps    warps per CTA (4, 8); each group of kQSplit warps owns kBc·kQSplit / kWarps keys
@@ -332,18 +332,24 @@ fa2_bwd(const BwdParams p) {
         gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(s_acc, k_a, q_b);
 
         // ---- Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e); padded queries have LSE = +inf -> 0 ----
+        // Hidden elements get P = 0, only in the ragged and the causal diagonal blocks.
+        const bool needs_mask = mask.template needs_mask<kBc>(row0, n_block);
 #pragma unroll
         for (int nt = 0; nt < kNTilesS; ++nt) {
             const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    s_acc[mt][nt][e] = exp2_scaled(s_acc[mt][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
+                for (int e = 0; e < 4; ++e) {
+                    float& s = s_acc[mt][nt][e];
+                    s = exp2_scaled(s, p.scale_log2, e % 2 ? lse.y : lse.x);
+                    if (needs_mask) {
+                        const int key = key0 + warp_key0 + mt * 16 + g + 8 * (e / 2);
+                        const int query = row0 + warp_q0 + nt * 8 + 2 * t + e % 2;
+                        mask.apply(s, query, key, 0.f);
+                    }
+                }
         }
-        // ---- mask: only the ragged last block and the causal diagonal blocks (Pᵀ = 0) ----
-        if (mask.template needs_mask<kBc>(row0, n_block))
-            mask.template apply<true>(s_acc, key0 + warp_key0, row0 + warp_q0, g, t, 0.f);
 
         // ---- dV_j += Pᵀ dO_i (kQSplit > 1: after the barrier, Pᵀ from shared memory) ----
         {

@@ -11,8 +11,8 @@
 // Layouts: see FwdParams in params.cuh. Shared memory rows are padded by 8 elements
 // (16 bytes) so that the 8 row addresses of every ldmatrix fall into different banks.
 //
-// Template parameters (cuflash/config.py FwdConfig is the host-side mirror; it validates
-// the same rules before compiling):
+// Template parameters (cuflash/families/fa2_fwd.py FwdConfig is the host-side mirror; it
+// validates the same rules before compiling):
 //   kBr       rows of the Q block: a multiple of 16·kWarps (64, 128)
 //   kBc       keys of a K/V block: a multiple of 16 (32, 64, 128)
 //   kWarps    warps per CTA (4, 8); each warp owns kBr / kWarps whole query rows
@@ -105,12 +105,13 @@ fa2_fwd(const FwdParams p) {
     auto load_kv = [&](int iter) {
         const int n_block = n_blocks - 1 - iter, slot = iter % kStages;
         const i64 key0 = static_cast<i64>(n_block) * kBc;
+        const int keys_valid = p.seqlen_k - n_block * kBc;  // one bound for both tiles
         load_tile_g2s<kBc, kHeadDim, kPitch, kThreads>(
             k_smem + slot * Shape::kKVTile, k_gmem + key0 * p.k_row_stride, p.k_row_stride,
-            p.seqlen_k - n_block * kBc, p.head_dim, tid);
+            keys_valid, p.head_dim, tid);
         load_tile_g2s<kBc, kHeadDim, kPitch, kThreads>(
             v_smem + slot * Shape::kKVTile, v_gmem + key0 * p.v_row_stride, p.v_row_stride,
-            p.seqlen_k - n_block * kBc, p.head_dim, tid);
+            keys_valid, p.head_dim, tid);
     };
 
     // Prologue: Q_i, then the first kStages - 1 K/V blocks, one commit group each.
@@ -160,12 +161,13 @@ fa2_fwd(const FwdParams p) {
 
         // ---- S = Q_i K_jᵀ  (kMTiles·16 x Bc per warp, fp32) ----
         float s_acc[kMTiles][kNTilesS][4];
+        // A = this warp's rows of Q_i, B = the rows (keys) of K_j, reduced over the head dim
         gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(
             s_acc, q_lane, k_lane + slot * Shape::kKVTile * 2);
 
         // ---- mask: only the ragged last block and the causal diagonal blocks ----
         if (mask.template needs_mask<kBc>(row0, n_block))
-            mask.template apply<false>(s_acc, row0 + warp_row0, n_block * kBc, g, t, neg_inf());
+            mask.apply(s_acc, row0 + warp_row0, n_block * kBc, g, t, neg_inf());
 
         // ---- online softmax: m_new = max(m, rowmax S); P = exp(S - m_new); rescale l, O ----
         softmax_update(s_acc, o_acc, m, l, p.scale_log2);
@@ -181,6 +183,7 @@ fa2_fwd(const FwdParams p) {
         if (iter + kStages - 1 < n_blocks) load_kv(iter + kStages - 1);
         cp_async_commit();
 
+        // B = V_j read transposed (its rows are keys, the reduction dimension of P V)
         gemm_frags_x_rows_t<kMTiles, kNTilesO, kBc / 16, kRowBytes, Elem>(
             o_acc, p_frag, v_lane + slot * Shape::kKVTile * 2);
     }

@@ -3,7 +3,9 @@
 // A warp owns kMT 16-row tiles of the output; the accumulator layout is the mma C layout
 // (ptx.cuh): acc[mt][nt][e] is row 16·mt + g + 8·(e / 2), column 8·nt + 2t + e % 2.
 // Addresses are per-lane byte addresses in shared memory prepared by the caller (see the
-// lane formulas in flash_fwd.cu / flash_bwd.cu); these loops only add compile-time offsets.
+// lane formulas in fa2_fwd.cu / fa2_bwd.cu); these loops only add compile-time offsets.
+// Both kernels' products go through these: S = Q Kᵀ and O += P V in the forward; Sᵀ, dPᵀ,
+// dV and dK in the backward.
 #pragma once
 #include "ptx.cuh"
 

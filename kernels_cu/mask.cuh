@@ -8,7 +8,8 @@
 //                    range are skipped entirely
 //   2. needs_mask    whether a (Q block, K/V block) pair hides any element: the KV loop runs
 //                    the element-wise mask on those few blocks only, the bulk runs without it
-//   3. apply         per element: sets the hidden elements of an S (or Sᵀ) accumulator tile
+//   3. apply         per element: sets the hidden elements of an S tile (or one element) to a
+//                    fill value (-inf before the softmax, 0 for a recomputed P)
 // A kernel names its kind once (`using Mask = CausalMask<kCausal>;`). Further kinds (sliding
 // window, block-sparse, an arbitrary mask read from memory) are further structs with the same
 // members: the kernels only call these.
@@ -41,7 +42,8 @@ struct CausalMask {
     }
 
     // First Q block of kBr queries that sees any of the keys from key0 on; every later Q block
-    // does too. Under the causal mask: the block of the first query i with key0 <= i + causal_offset.
+    // does too. Under the causal mask: the block of the first query i with
+    // key0 <= i + causal_offset.
     template <int kBr>
     __device__ __forceinline__ int q_block_begin(int key0) const {
         return kCausal ? max(0, (key0 - causal_offset) / kBr) : 0;
@@ -58,34 +60,30 @@ struct CausalMask {
         return ragged || diagonal;
     }
 
-    // The keys visible to `query` are [0, key_end(query)).
-    __device__ __forceinline__ int key_end(int query) const {
-        return kCausal ? min(seqlen_k, query + causal_offset + 1) : seqlen_k;
-    }
-    __device__ __forceinline__ bool masked(int query, int key) const {
-        return key >= seqlen_k || (kCausal && key > query + causal_offset);
+    // One element: x = fill if `key` is hidden from `query`. Sᵀ in the backward (rows are keys)
+    // is masked this way, element by element as P is recomputed.
+    __device__ __forceinline__ void apply(float& x, int query, int key, float fill) const {
+        if (key >= seqlen_k || (kCausal && key > query + causal_offset)) x = fill;
     }
 
-    // acc[mt][nt][e] = fill where hidden. acc is an mma C-layout tile (ptx.cuh): element e of
-    // tile (mt, nt) is row row0 + 16·mt + g + 8·(e / 2), column col0 + 8·nt + 2t + e % 2.
-    // kKeyRows: rows are keys and columns queries (Sᵀ, the backward); else rows are queries (S,
-    // the forward), whose visible keys end at one key_end per row: one compare per element.
-    template <bool kKeyRows, int kMT, int kNT>
-    __device__ __forceinline__ void apply(float (&acc)[kMT][kNT][4], int row0, int col0, int g, int t,
+    // A tile of S (rows are queries, columns keys) in the mma C layout (ptx.cuh): element e of
+    // tile (mt, nt) is query query0 + 16·mt + g + 8·(e / 2), key key0 + 8·nt + 2t + e % 2.
+    // The same rule as above, as one end per row: the keys visible to query i are
+    // [0, min(seqlen_k, i + causal_offset + 1)), so each element costs one compare.
+    template <int kMT, int kNT>
+    __device__ __forceinline__ void apply(float (&acc)[kMT][kNT][4], int query0, int key0, int g, int t,
                                           float fill) const {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-                const int row = row0 + mt * 16 + g + 8 * half;
-                const int row_key_end = kKeyRows ? 0 : key_end(row);
+                const int query = query0 + mt * 16 + g + 8 * half;
+                const int key_end = kCausal ? min(seqlen_k, query + causal_offset + 1) : seqlen_k;
 #pragma unroll
                 for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int col = col0 + nt * 8 + 2 * t + e;
-                        if (kKeyRows ? masked(col, row) : col >= row_key_end) acc[mt][nt][2 * half + e] = fill;
-                    }
+                    for (int e = 0; e < 2; ++e)
+                        if (key0 + nt * 8 + 2 * t + e >= key_end) acc[mt][nt][2 * half + e] = fill;
             }
     }
 };

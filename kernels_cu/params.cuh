@@ -1,9 +1,10 @@
 // params.cuh: the plain argument structs that the host fills and the kernels read.
 //
 // The Python side reads the field list of each struct straight from this file
-// (cuflash/params.py) to build a matching NumPy record, so a field added here reaches the
-// host with no second definition. Keep to these field types: pointers (`const void*`,
-// `void*`, `const float*`, `float*`, `int*`), `i64`, `int`, `float`; one field per line.
+// (cuflash/launch.py, struct_dtype) to build a matching NumPy record, so a field added here
+// reaches the host with no second definition. Keep to these field types: pointers
+// (`const void*`, `void*`, `const float*`, `float*`, `int*`), `i64`, `int`, `float`; one
+// field per line.
 #pragma once
 #include "ptx.cuh"
 

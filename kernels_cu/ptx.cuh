@@ -131,8 +131,9 @@ __device__ __forceinline__ float to_float<fp16>(u16 x) {
 }
 
 // ---- math ----------------------------------------------------------------------------------
-// 2^x on the special-function unit, one MUFU.EX2 (exp2f wraps it in a fix-up for denormal results); the
-// softmax's exponents are pre-scaled by log2(e) so every exp is this one. exp2(-inf) = 0.
+// 2^x on the special-function unit, one MUFU.EX2 (exp2f wraps it in a fix-up for denormal
+// results); the softmax's exponents are pre-scaled by log2(e) so every exp is this one.
+// exp2(-inf) = 0.
 __device__ __forceinline__ float exp2_approx(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

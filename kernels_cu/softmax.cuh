@@ -29,8 +29,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 // g + 8 of each; index [mt][half] is row 16·mt + g + 8·half of the warp's rows.
 //   m[kMT][2]  running row max of the raw scores S (not yet scaled); -inf: all masked so far
 //   l[kMT][2]  running row sum of P, this thread's columns only (quad_sum at the end)
-// m and l are the kernel's own arrays, not members of a state struct: the struct version
-// changed ptxas's register assignment of the forward (see the kernel check in README.md).
+// m and l are the kernel's own arrays, not members of a state struct: with a struct, ptxas
+// assigned the forward's registers differently (compared in SASS, kernels_cu/README.md).
 template <int kMT>
 __device__ __forceinline__ void softmax_init(float (&m)[kMT][2], float (&l)[kMT][2]) {
 #pragma unroll

@@ -73,6 +73,80 @@ GPU_DTYPES = ["bf16", "fp16"]
 # The small shape every point of a family's space is checked on (ragged in both seqlens, GQA).
 SPACE_SHAPE = dict(batch=1, seqlen_q=333, seqlen_k=301, nheads=2, nheads_kv=1)
 SPACE_HDIMS = (64, 128)
+SPACE_DTYPE = "bf16"
+
+
+def grid_problem(op, dtype, causal, hdim, seqlens, heads, batch=2, deterministic=False):
+    from cuflash.problem import Problem
+
+    (sq, sk), (h, hkv) = seqlens, GPU_HEADS[heads]
+    return Problem(op, dtype, batch, sq, sk, h, hkv, hdim, causal, deterministic)
+
+
+def grid_params(op):
+    """pytest params (family, dtype, causal, hdim, seqlens, heads) of the GPU grid, for every
+    registered family of ``op``; ids spell them out."""
+    from cuflash import registry
+
+    out = []
+    for fam in registry.families(op):
+        for dtype in GPU_DTYPES:
+            for causal in (False, True):
+                for hdim in GPU_HDIMS:
+                    for seqlens in GPU_SEQLENS:
+                        for heads in GPU_HEADS:
+                            out.append(pytest.param(
+                                fam, dtype, causal, hdim, seqlens, heads,
+                                id=f"{fam.name}-{dtype}-{'causal' if causal else 'full'}-d{hdim}-"
+                                   f"{seqlens[0]}x{seqlens[1]}-{heads}"))
+    return out
+
+
+def space_configs(op):
+    """[(family, config)] of every point of every ``op`` family's space that its own rules
+    allow, at SPACE_HDIMS, both masks, SPACE_DTYPE (the device's shared memory is checked in
+    the test: it is not known at collection)."""
+    from cuflash import registry
+    from cuflash.problem import Problem
+
+    out = []
+    for fam in registry.families(op):
+        for hdim in SPACE_HDIMS:
+            for causal in (False, True):
+                p = Problem(op, SPACE_DTYPE, SPACE_SHAPE["batch"], SPACE_SHAPE["seqlen_q"],
+                            SPACE_SHAPE["seqlen_k"], SPACE_SHAPE["nheads"], SPACE_SHAPE["nheads_kv"],
+                            hdim, causal)
+                out += [(fam, cfg) for cfg, why in fam.enumerate(p) if not why]
+    return out
+
+
+def space_params(op):
+    """space_configs(op) as pytest params, each with its config's name as id (the family's
+    name in front when two families would give one name)."""
+    configs = space_configs(op)
+    names = [cfg.name for _, cfg in configs]
+    return [pytest.param(fam, cfg, id=cfg.name if names.count(cfg.name) == 1 else f"{fam.name}-{cfg.name}")
+            for fam, cfg in configs]
+
+
+def device_heuristic(family, problem, device=0):
+    """The family's heuristic for ``problem`` on this GPU, with the call's flags applied; or
+    pytest.skip when the family does not support the problem here."""
+    from cuflash import _gpu
+
+    arch = _gpu.arch(device)
+    why = family.supports(arch, problem)
+    if why:
+        pytest.skip(f"{family.name}: {why}")
+    return family.for_problem(family.heuristic(problem, arch, _gpu.max_smem(device)), problem)
+
+
+def require_fits_device(config, device=0):
+    from cuflash import _gpu
+
+    why = config.problems(_gpu.max_smem(device))
+    if why:
+        pytest.skip(f"{config.name} does not fit this GPU: {'; '.join(why)}")
 
 
 @pytest.fixture

@@ -2,38 +2,89 @@
 
     compute-sanitizer --tool memcheck python tests/gpu_sanitize.py
 
-Every kernel family runs: the forward, and the backward (preprocess, main kernel, dQ
-epilogue, GQA reduction) through torch autograd, in both key-group layouts (qsplit 1
-and 2), plus the deterministic backward.
+Every registered kernel family runs, forced with config= / bwd_config=: each forward
+family's heuristic, and each backward family's heuristic (preprocess, main kernel, dQ
+epilogue, GQA reduction, through torch autograd) in every key-group layout its space offers
+(fa2_bwd: qsplit 1 and 2) and in deterministic mode.
 """
-import torch
+import os
+import sys
 
-import cuflash
-from cuflash import _gpu
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+
+import torch  # noqa: E402
+
+import cuflash  # noqa: E402
+from cuflash import _gpu, registry  # noqa: E402
+from cuflash.problem import Problem  # noqa: E402
 
 SHAPES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_kv, hdim, causal)
     (1, 1, 1, 2, 2, 64, False), (1, 17, 113, 4, 1, 40, True), (2, 203, 113, 4, 2, 128, True),
     (1, 113, 203, 2, 2, 256, False), (1, 130, 130, 2, 1, 96, True), (1, 1, 300, 2, 2, 128, True),
+    (1, 300, 1, 2, 2, 72, True), (1, 129, 65, 2, 1, 160, False),
 ]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def bwd_variants(d, dtype, causal):
-    """The heuristic backward and its other key-group layout (qsplit 1 <-> 2), when valid."""
-    base = cuflash.bwd_config_for(d, dtype, causal)
-    other = base.replace(qsplit=3 - base.qsplit, warps=8 if base.qsplit == 1 else base.warps)
-    return [base] + ([other] if not other.problems(_gpu.max_smem()) else [])
+def heuristic(family, problem):
+    """The family's heuristic for the problem on this GPU, or None where unsupported."""
+    arch = _gpu.arch()
+    if family.supports(arch, problem):
+        return None
+    return family.for_problem(family.heuristic(problem, arch, _gpu.max_smem()), problem)
 
 
-for b, sq, sk, h, hkv, d, causal in SHAPES:
-    for dtype in (torch.bfloat16, torch.float16):
-        name = "bf16" if dtype == torch.bfloat16 else "fp16"
-        for bwd_config in bwd_variants(d, name, causal):
-            q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
-            k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
-                    for _ in range(2))
-            out = cuflash.flash_attn_func(q, k, v, causal=causal, bwd_config=bwd_config)
-            out.backward(torch.randn_like(out))
-q = torch.randn(1, 150, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-cuflash.flash_attn_func(q, q, q, causal=True, deterministic=True).sum().backward()
-torch.cuda.synchronize()
-print("sanitize shapes done")
+def layouts(family, config):
+    """config and, for each other value of a layout parameter of the space (qsplit), the
+    first variant with that value (warps adjusted if needed) that is valid on this GPU."""
+    out = [config]
+    smem = _gpu.max_smem()
+    for key in ("qsplit",):
+        if key not in family.space:
+            continue
+        for value in family.space[key]:
+            if value == getattr(config, key):
+                continue
+            candidates = [config.replace(**{key: value})] + [
+                config.replace(**{key: value, "warps": w}) for w in family.space.get("warps", ())]
+            out += [c for c in candidates if not c.problems(smem)][:1]
+    return out
+
+
+def main():
+    runs = 0
+    for b, sq, sk, h, hkv, d, causal in SHAPES:
+        for name, dtype in DTYPES.items():
+            for fwd in registry.families("fwd"):
+                cfg = heuristic(fwd, Problem("fwd", name, b, sq, sk, h, hkv, d, causal))
+                if cfg is None:
+                    continue
+                q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+                k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
+                cuflash.flash_attn_func(q, k, v, causal=causal, config=cfg)
+                runs += 1
+            for bwd in registry.families("bwd"):
+                for det in (False, True):
+                    base = heuristic(bwd, Problem("bwd", name, b, sq, sk, h, hkv, d, causal, det))
+                    if base is None:
+                        continue
+                    for bwd_config in layouts(bwd, base) if not det else [base]:
+                        q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+                        k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
+                                for _ in range(2))
+                        out = cuflash.flash_attn_func(q, k, v, causal=causal, deterministic=det,
+                                                      bwd_config=bwd_config)
+                        out.backward(torch.randn_like(out))
+                        runs += 1
+    # the default selection too (tuned table for this GPU, if any), GQA, deterministic
+    q = torch.randn(1, 150, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(1, 150, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(2))
+    cuflash.flash_attn_func(q, k, v, causal=True, deterministic=True).sum().backward()
+    torch.cuda.synchronize()
+    print(f"sanitize shapes done: {runs + 1} runs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

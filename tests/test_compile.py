@@ -10,7 +10,8 @@ What is built, by default (a few minutes of nvcc at most, cached):
     tunable parameter at least once.
 With ``--nvcc-all`` (or CUFLASH_TEST_NVCC_ALL=1): the full matrix instead — every valid
 point of every family's space for every head dim, dtype and mask, and every heuristic
-(dtype, causal, deterministic) combination. That takes hours on a small machine.
+(dtype, causal, deterministic) combination: about 4000 instantiations, half an hour of
+nvcc on 2 cores.
 
 Builds run as parallel nvcc processes (one source file, many explicit instantiations per
 call). ptxas results are cached in pytest's cache directory (.pytest_cache), keyed by the
@@ -28,6 +29,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -94,13 +96,19 @@ def heuristic_configs(family, ccs, full):
     return list(dict.fromkeys(out))
 
 
-def space_sample(family, max_smem):
-    """A few valid points of the space that together use every value of every parameter
-    (greedy cover, deterministic), over head dims 64 / 128, both dtypes and masks."""
+def sample_candidates(family, max_smem):
+    """The valid points the sample is drawn from: head dims 64 / 128, both dtypes and masks."""
     candidates = []
     for d, dtype, causal in ((64, "bf16", False), (128, "fp16", True), (64, "fp16", True),
                              (128, "bf16", False)):
         candidates += family.valid(cls_problem(family, d, dtype, causal), max_smem)
+    return candidates
+
+
+def space_sample(family, max_smem):
+    """A few valid points of the space that together use every value of every parameter
+    that some candidate uses (greedy cover, deterministic)."""
+    candidates = sample_candidates(family, max_smem)
     values = lambda cfg: {(k, getattr(cfg, k)) for k in family.space}  # noqa: E731
     need = set().union(*(values(c) for c in candidates)) if candidates else set()
     chosen = []
@@ -304,11 +312,9 @@ def test_space_compiles(builds, request, family, arch):
     what = "every valid point" if nvcc_all(request.config) else "a sample"
     _print_table(f"{family.name} space ({what}), {arch}", configs, reports)
     if not nvcc_all(request.config):  # the sample uses every value of every parameter
-        for key, values in family.space.items():
-            used = {getattr(c, key) for c in configs}
-            assert used == {v for v in values if any(getattr(c, key) == v for c in family.valid(
-                cls_problem(family, 64), default_max_smem(ARCHS[arch][0])) + family.valid(
-                cls_problem(family, 128), default_max_smem(ARCHS[arch][0])))}, key
+        candidates = sample_candidates(family, default_max_smem(ARCHS[arch][0]))
+        for key in family.space:
+            assert {getattr(c, key) for c in configs} == {getattr(c, key) for c in candidates}, key
     spilling = [c.name for c, r in zip(configs, reports) if r.spill_stores or r.spill_loads]
     print(f"  {len(spilling)} of {len(configs)} spill")
     for cfg, rep in zip(configs, reports):
@@ -472,12 +478,19 @@ def test_strip_code():
     assert strip_code("#define N(a) \\\n  (a + 1)\nfoo();") == "#define N(a)\\(a+1)\nfoo();"
 
 
-def _copy(tmp_path, monkeypatch):
-    """An editable copy of kernels_cu/, made current through CUFLASH_KERNEL_DIR."""
+@pytest.fixture
+def kernel_copy(tmp_path):
+    """An editable copy of the kernel sources, made current with set_kernel_dir; yields
+    (copy, back) where back() returns to the sources in force before (also at teardown)."""
+    previous = cc._override or None
     copy = tmp_path / "kernels"
     shutil.copytree(kernel_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setenv("CUFLASH_KERNEL_DIR", str(copy))
-    return copy
+    cc.set_kernel_dir(copy)
+    back = lambda: cc.set_kernel_dir(previous)  # noqa: E731
+    try:
+        yield copy, back
+    finally:
+        back()
 
 
 def _edit(path, old, new, count=1):
@@ -487,11 +500,11 @@ def _edit(path, old, new, count=1):
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
-def test_code_hash_ignores_comments_and_whitespace(monkeypatch, tmp_path, family):
+def test_code_hash_ignores_comments_and_whitespace(request, family):
     """Editing comments, blank lines or indentation changes source_hash but not code_hash,
     so a tuned table survives a comment fix."""
     original_src, original_code = source_hash(family.name), code_hash(family.name)
-    copy = _copy(tmp_path, monkeypatch)
+    copy, back = request.getfixturevalue("kernel_copy")
     main = copy / f"{family.name}.cu"
     text = main.read_text()
     # a new comment, a reworded one, blank lines, re-indented code and a line reflowed
@@ -502,15 +515,15 @@ def test_code_hash_ignores_comments_and_whitespace(monkeypatch, tmp_path, family
     _edit(copy / "params.cuh", "struct FwdParams {", "struct FwdParams {  // edited comment")
     assert source_hash(family.name) != original_src
     assert code_hash(family.name) == original_code
-    monkeypatch.delenv("CUFLASH_KERNEL_DIR")
+    back()
     assert source_hash(family.name) == original_src and code_hash(family.name) == original_code
 
 
 @pytest.mark.parametrize("edit", ["constant", "header", "operator"])
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
-def test_code_hash_changes_with_the_code(monkeypatch, tmp_path, family, edit):
+def test_code_hash_changes_with_the_code(request, family, edit):
     original = code_hash(family.name)
-    copy = _copy(tmp_path, monkeypatch)
+    copy, back = request.getfixturevalue("kernel_copy")
     if edit == "constant":
         _edit(copy / f"{family.name}.cu", "namespace cuflash {",
               "namespace cuflash {\nconstexpr int kUnused = 1;")
@@ -521,7 +534,7 @@ def test_code_hash_changes_with_the_code(monkeypatch, tmp_path, family, edit):
         i = text.index("smem_u32(")
         (copy / "ptx.cuh").write_text(text[:i] + "smem_u33(" + text[i + len("smem_u32("):])
     assert code_hash(family.name) != original
-    monkeypatch.delenv("CUFLASH_KERNEL_DIR")
+    back()
     assert code_hash(family.name) == original
 
 
@@ -603,26 +616,46 @@ def test_params_layout_matches_nvcc(tmp_path, family):
 # ---------------------------------------------------------------------------------------
 # CUFLASH_KERNEL_DIR
 
-def test_kernel_dir_override_renders_an_edited_copy(tmp_path, monkeypatch):
-    """CUFLASH_KERNEL_DIR points the renderer at an edited copy of kernels_cu/: its source and
-    hashes are the copy's (so tuned entries of the original don't apply), and unsetting it
-    brings the original back."""
+def test_kernel_dir_override_renders_an_edited_copy(request):
+    """set_kernel_dir points the renderer at an edited copy of kernels_cu/: its source and
+    hashes are the copy's (so tuned entries of the original don't apply), caches keyed on the
+    sources are dropped, and going back brings the original back."""
     name = "fa2_bwd"
+    original_dir = kernel_dir()
     original_src, original_hash = render_source(name), source_hash(name)
     original_code = code_hash(name)
-    copy = _copy(tmp_path, monkeypatch)
-    tile = copy / "tile.cuh"
-    tile.write_text(tile.read_text() + "\n// an edit\nconstexpr int kEdit = 1;\n")
-    assert kernel_dir() == copy.resolve()
-    assert "// an edit" in render_source(name)
-    assert source_hash(name) != original_hash and code_hash(name) != original_code
-    assert select.current_stamp(registry.get(name))["code_hash"] == code_hash(name)
-    monkeypatch.delenv("CUFLASH_KERNEL_DIR")
-    assert render_source(name) == original_src and source_hash(name) == original_hash
-    assert code_hash(name) == original_code
+    dropped = []
+    cc.on_change(lambda: dropped.append(True))
+    try:
+        copy, back = request.getfixturevalue("kernel_copy")
+        tile = copy / "tile.cuh"
+        tile.write_text(tile.read_text() + "\n// an edit\nconstexpr int kEdit = 1;\n")
+        assert kernel_dir() == copy.resolve() and dropped
+        assert "// an edit" in render_source(name)
+        assert source_hash(name) != original_hash and code_hash(name) != original_code
+        assert select.current_stamp(registry.get(name))["code_hash"] == code_hash(name)
+        back()
+        assert kernel_dir() == original_dir
+        assert render_source(name) == original_src and source_hash(name) == original_hash
+        assert code_hash(name) == original_code
+    finally:
+        cc._on_change.pop()
 
 
-def test_kernel_dir_override_must_hold_the_sources(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUFLASH_KERNEL_DIR", str(tmp_path))
+def test_kernel_dir_override_must_hold_the_sources(tmp_path):
+    before = kernel_dir()
     with pytest.raises(FileNotFoundError, match="CUFLASH_KERNEL_DIR"):
-        render_source("fa2_fwd")
+        cc.set_kernel_dir(tmp_path)
+    assert kernel_dir() == before          # a bad directory leaves the sources in force
+    assert render_source("fa2_fwd")
+
+
+def test_kernel_dir_env_is_read_at_import(tmp_path):
+    """CUFLASH_KERNEL_DIR=DIR in the environment: a fresh process compiles from DIR."""
+    copy = tmp_path / "kernels"
+    shutil.copytree(kernel_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    code = "from cuflash import compile as c; print(c.kernel_dir()); print(c.source_hash('fa2_fwd'))"
+    env = dict(os.environ, CUFLASH_KERNEL_DIR=str(copy))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(copy.resolve()), source_hash("fa2_fwd")]

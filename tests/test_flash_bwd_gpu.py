@@ -1,11 +1,14 @@
-"""Backward kernels and the torch bridge on the GPU, the FlashAttention way.
+"""Backward kernels and the torch bridge on the GPU, the FlashAttention way, for every
+registered family of op bwd.
 
 dQ, dK, dV of cuflash against a float64 reference (torch autograd on the GPU) must each be
 within 3x the error of plain attention's gradients computed in the same low precision, on
 fresh random inputs, with gradients poisoned (NaN) before each launch. The gradients flow
-through torch autograd (cuflash::fwd / cuflash::bwd custom ops), so the bridge is tested
-with them; CuPy's flash_attn_backward, deterministic mode, torch.compile and CUDA graphs
-have their own tests.
+through torch autograd (FlashAttnFn around the cuflash::fwd / cuflash::bwd kernels), so the
+bridge is tested with them; each backward family is forced with bwd_config=: its heuristic on
+the full grid and every valid point of its space (test ids = config names). CuPy's
+flash_attn_backward, deterministic mode, torch.compile, CUDA graphs and the plan cache have
+their own tests.
 """
 import math
 
@@ -13,10 +16,10 @@ import numpy as np
 import pytest
 
 import cuflash
-from cuflash import _gpu, interface, reference
+from cuflash import api, launch, reference, registry, torch_ops
 
-from conftest import GPU_HDIMS as HDIMS, GPU_HEADS as HEADS, GPU_SEQLENS as SEQLENS  # noqa: E402
-from conftest import cuda_randn as rand, torch_attention, torch_dtype  # noqa: E402
+from conftest import SPACE_SHAPE, cuda_randn as rand, device_heuristic, grid_params, grid_problem  # noqa: E402
+from conftest import require_fits_device, space_params, torch_attention, torch_dtype  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
@@ -50,11 +53,13 @@ def check_grads(ours, ref, low, what=""):
     assert not failures, "\n".join(failures)
 
 
-def problem(dtype, sq, sk, h, hkv, hdim, batch=2):
-    tdtype = torch_dtype(dtype)
-    q = rand((batch, sq, h, hdim), tdtype)
-    k, v = rand((batch, sk, hkv, hdim), tdtype), rand((batch, sk, hkv, hdim), tdtype)
-    dout = rand((batch, sq, h, hdim), tdtype)
+def inputs(problem):
+    p = problem
+    tdtype = torch_dtype(p.dtype)
+    q = rand((p.batch, p.seqlen_q, p.nheads, p.head_dim), tdtype)
+    k = rand((p.batch, p.seqlen_k, p.nheads_kv, p.head_dim), tdtype)
+    v = rand((p.batch, p.seqlen_k, p.nheads_kv, p.head_dim), tdtype)
+    dout = rand((p.batch, p.seqlen_q, p.nheads, p.head_dim), tdtype)
     return q, k, v, dout
 
 
@@ -66,25 +71,53 @@ def reference_grads(q, k, v, dout, causal, scale):
     return ref, low
 
 
-@pytest.mark.parametrize("heads", list(HEADS))
-@pytest.mark.parametrize("seqlens", SEQLENS, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("hdim", HDIMS)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-def test_backward_matches_reference(dtype, causal, hdim, seqlens, heads):
-    sq, sk = seqlens
-    h, hkv = HEADS[heads]
-    q, k, v, dout = problem(dtype, sq, sk, h, hkv, hdim)
-    scale = 1 / math.sqrt(hdim)
-    _, ours = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal), q, k, v, dout)
-    ref, low = reference_grads(q, k, v, dout, causal, scale)
+# ---------------------------------------------------------------------------------------
+# every family: its heuristic on the full grid, every point of its space
+
+@pytest.mark.parametrize("family,dtype,causal,hdim,seqlens,heads", grid_params("bwd"))
+def test_heuristic_on_the_grid(family, dtype, causal, hdim, seqlens, heads):
+    problem = grid_problem("bwd", dtype, causal, hdim, seqlens, heads)
+    cfg = device_heuristic(family, problem)
+    q, k, v, dout = inputs(problem)
+    _, ours = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal, bwd_config=cfg),
+                    q, k, v, dout)
+    ref, low = reference_grads(q, k, v, dout, causal, 1 / math.sqrt(hdim))
     check_grads(ours, ref, low)
 
 
+@pytest.mark.parametrize("family,config", space_params("bwd"))
+def test_every_point_of_the_space(family, config):
+    require_fits_device(config)
+    s = SPACE_SHAPE
+    problem = grid_problem("bwd", config.dtype, config.causal, config.head_dim,
+                           (s["seqlen_q"], s["seqlen_k"]), "mha", batch=s["batch"])
+    q, k, v, dout = inputs(problem.replace(nheads=s["nheads"], nheads_kv=s["nheads_kv"]))
+    _, ours = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=config.causal,
+                                                            bwd_config=config), q, k, v, dout)
+    ref, low = reference_grads(q, k, v, dout, config.causal, config.head_dim ** -0.5)
+    check_grads(ours, ref, low, what=f"{config.name} ")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_default_selection(dtype, causal):
+    """No bwd_config: the tuned entry for this GPU or the heuristic of the chosen family."""
+    problem = grid_problem("bwd", dtype, causal, 128, (1000, 1100), "gqa")
+    q, k, v, dout = inputs(problem)
+    _, ours = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal), q, k, v, dout)
+    ref, low = reference_grads(q, k, v, dout, causal, 128 ** -0.5)
+    check_grads(ours, ref, low)
+
+
+# ---------------------------------------------------------------------------------------
+# CuPy, deterministic mode, layouts
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_cupy_backward_against_numpy_reference(causal):
-    """flash_attn_backward on CuPy arrays, checked against cuflash.reference (float64 NumPy)."""
+    """flash_attn_backward on CuPy arrays, checked against cuflash.reference (float64 NumPy),
+    and equal to the torch path's gradients bit for bit (deterministic mode)."""
     import cupy
+    import torch
 
     rng = np.random.default_rng()
     shapes = [(2, 203, 4, 72), (2, 113, 2, 72), (2, 113, 2, 72), (2, 203, 4, 72)]
@@ -92,22 +125,33 @@ def test_cupy_backward_against_numpy_reference(causal):
     dq_ref, dk_ref, dv_ref = reference.attention_backward_naive(dout, q, k, v, causal=causal)
     gq, gk, gv, gdo = (cupy.asarray(x) for x in (q, k, v, dout))
     out, lse, _ = cuflash.flash_attn_func(gq, gk, gv, causal=causal, return_attn_probs=True)
-    dq, dk, dv = interface.flash_attn_backward(gdo, gq, gk, gv, out, lse, causal=causal)
+    dq, dk, dv = cuflash.flash_attn_backward(gdo, gq, gk, gv, out, lse, causal=causal,
+                                             deterministic=True)
     assert all(isinstance(x, cupy.ndarray) and x.dtype == np.float16 for x in (dq, dk, dv))
     for name, ours, ref in (("dq", dq, dq_ref), ("dk", dk, dk_ref), ("dv", dv, dv_ref)):
         err = np.abs(cupy.asnumpy(ours).astype(np.float64) - ref).max()
         assert err <= 2e-2 * max(1.0, np.abs(ref).max()), f"{name}: error {err:.3g}"
+    tq, tk, tv, tdo = (torch.from_numpy(x).cuda() for x in (q, k, v, dout))
+    _, tgrads = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal, deterministic=True),
+                      tq, tk, tv, tdo)
+    for ours, theirs in zip((dq, dk, dv), tgrads):
+        np.testing.assert_array_equal(cupy.asnumpy(ours), theirs.cpu().numpy())
 
 
-def test_deterministic_is_bitwise_reproducible():
+@pytest.mark.parametrize("family", registry.families("bwd"), ids=lambda f: f.name)
+def test_deterministic_is_bitwise_reproducible(family):
     """deterministic=True: 20 runs give identical dQ, dK, dV bits (GQA, many K/V blocks)."""
     import torch
 
-    q, k, v, dout = problem("bf16", 1000, 1100, 8, 2, 128, batch=2)
+    problem = grid_problem("bwd", "bf16", True, 128, (1000, 1100), "gqa", deterministic=True)
+    problem = problem.replace(nheads=8)
+    cfg = device_heuristic(family, problem)
+    assert getattr(cfg, "deterministic", True)
+    q, k, v, dout = inputs(problem)
     first = None
     for _ in range(20):
-        _, g = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=True, deterministic=True),
-                     q, k, v, dout)
+        _, g = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=True, deterministic=True,
+                                                             bwd_config=cfg), q, k, v, dout)
         if first is None:
             first = g
             ref, low = reference_grads(q, k, v, dout, True, 128 ** -0.5)
@@ -115,23 +159,6 @@ def test_deterministic_is_bitwise_reproducible():
         else:
             for a, b in zip(first, g):
                 assert torch.equal(a, b), "deterministic backward differs between runs"
-
-
-def test_every_config_of_the_space_is_correct():
-    """Each valid point of the backward tuning space (hdim 64 and 128) computes the gradients."""
-    failures = []
-    for hdim in (64, 128):
-        for causal in (False, True):
-            q, k, v, dout = problem("bf16", 333, 301, 2, 1, hdim, batch=1)
-            ref, low = reference_grads(q, k, v, dout, causal, hdim ** -0.5)
-            for cfg in cuflash.config.valid_bwd_configs(hdim, "bf16", causal, _gpu.max_smem()):
-                _, ours = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal,
-                                                                        bwd_config=cfg), q, k, v, dout)
-                try:
-                    check_grads(ours, ref, low, what=f"{cfg.name} ")
-                except AssertionError as exc:
-                    failures.append(str(exc))
-    assert not failures, "\n".join(failures)
 
 
 def test_noncontiguous_and_broadcast_grads():
@@ -147,13 +174,43 @@ def test_noncontiguous_and_broadcast_grads():
     check_grads(ours, ref, low)
 
 
+def test_flash_attn_backward_torch_with_config():
+    """flash_attn_backward on torch tensors (no autograd) with an explicit config equals the
+    autograd path with that bwd_config."""
+    import torch
+
+    problem = grid_problem("bwd", "fp16", False, 64, (257, 300), "gqa")
+    q, k, v, dout = inputs(problem)
+    cfg = device_heuristic(registry.families("bwd")[0], problem.replace(deterministic=True))
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, return_attn_probs=True)
+    direct = cuflash.flash_attn_backward(dout, q, k, v, out, lse, deterministic=True, config=cfg)
+    _, auto = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, deterministic=True, bwd_config=cfg),
+                    q, k, v, dout)
+    for a, b in zip(direct, auto):
+        assert torch.equal(a, b)
+
+
+def test_double_backward_is_not_implemented():
+    import torch
+
+    q, k, v, _ = inputs(grid_problem("bwd", "bf16", True, 64, (64, 64), "mha", batch=1))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    out = cuflash.flash_attn_func(q, k, v, causal=True)
+    dq, dk, dv = torch.autograd.grad(out.float().square().sum(), (q, k, v), create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        torch.autograd.grad(dq.float().sum(), (q, k, v))
+
+
+# ---------------------------------------------------------------------------------------
+# torch.compile, CUDA graphs, the hot path
+
 def test_torch_compile_fullgraph_and_cuda_graphs_match_eager():
     """torch.compile(fullgraph=True) traces the custom ops (forward and backward) with no graph
     break, and a CUDA graph captures a whole training step; both give eager's gradients bit
     for bit (deterministic=True, so dQ's order of additions is fixed)."""
     import torch
 
-    q, k, v, dout = problem("bf16", 512, 512, 4, 2, 64)
+    q, k, v, dout = inputs(grid_problem("bwd", "bf16", True, 64, (512, 512), "gqa"))
 
     def loss(q, k, v):
         out = cuflash.flash_attn_func(q, k, v, causal=True, deterministic=True)
@@ -186,10 +243,38 @@ def test_torch_compile_fullgraph_and_cuda_graphs_match_eager():
         assert torch.equal(x.grad, e), "CUDA graph replay gradients differ from eager"
 
 
+def test_second_backward_reuses_the_plan(monkeypatch):
+    """A training step repeated on one shape validates and builds its forward and backward
+    plans once; the cached plans compute later steps correctly."""
+    validated, built = [], []
+    real_check, real_plan = api.check_qkv, launch.Plan
+
+    def check(*a, **kw):
+        validated.append(a[5] if len(a) > 5 else kw.get("op", "fwd"))
+        return real_check(*a, **kw)
+
+    class CountingPlan(real_plan):
+        def __init__(self, *a, **kw):
+            built.append(a[0].op)
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(api, "check_qkv", check)
+    monkeypatch.setattr(launch, "Plan", CountingPlan)
+    monkeypatch.setattr(torch_ops, "_fwd_plans", {})
+    monkeypatch.setattr(torch_ops, "_bwd_plans", {})
+    problem = grid_problem("bwd", "bf16", False, 96, (300, 333), "gqa")
+    for _ in range(3):
+        q, k, v, dout = inputs(problem)
+        _, ours = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v), q, k, v, dout)
+    assert sorted(validated) == ["bwd", "fwd"] and sorted(built) == ["bwd", "fwd"]
+    ref, low = reference_grads(q, k, v, dout, False, 96 ** -0.5)
+    check_grads(ours, ref, low)
+
+
 def test_empty_and_keyless_backward():
-    q, k, v, dout = problem("fp16", 4, 0, 2, 2, 64)
+    q, k, v, dout = inputs(grid_problem("bwd", "fp16", False, 64, (4, 0), "mha"))
     _, (dq, dk, dv) = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v), q, k, v, dout)
     assert (dq == 0).all() and dk.shape == k.shape
-    q, k, v, dout = problem("fp16", 0, 5, 2, 2, 64)
+    q, k, v, dout = inputs(grid_problem("bwd", "fp16", False, 64, (0, 5), "mha"))
     _, (dq, dk, dv) = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v), q, k, v, dout)
     assert (dk == 0).all() and (dv == 0).all() and dq.shape == q.shape

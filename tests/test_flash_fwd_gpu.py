@@ -1,9 +1,14 @@
-"""Forward kernel on the GPU, the FlashAttention way.
+"""Forward kernels on the GPU, the FlashAttention way, for every registered family of op fwd.
 
 Error of cuflash against a float64 reference must be at most twice the error of plain
 attention computed in the same low precision (torch, no fusion), on fresh random inputs,
 with outputs poisoned (NaN) before each launch. The float64 reference runs on the GPU
 (torch) for speed; a subset is also checked against cuflash.reference (NumPy).
+
+Each family is forced with config=: its heuristic on the full grid (conftest's GPU_SEQLENS x
+GPU_HDIMS x GPU_HEADS x dtypes x masks), and every valid point of its space on a small
+ragged shape (test ids = config names). Run tests/gpu_precompile.py first to fill CuPy's
+kernel cache in parallel.
 """
 import math
 
@@ -11,69 +16,121 @@ import numpy as np
 import pytest
 
 import cuflash
-from cuflash import _gpu, reference
+from cuflash import api, launch, reference, registry, torch_ops
 
-from conftest import GPU_HDIMS as HDIMS, GPU_HEADS as HEADS, GPU_SEQLENS as SEQLENS  # noqa: E402
-from conftest import cuda_randn as rand, torch_attention, torch_dtype  # noqa: E402
+from conftest import SPACE_SHAPE, cuda_randn as rand, device_heuristic, grid_params, grid_problem  # noqa: E402
+from conftest import require_fits_device, space_params, torch_attention, torch_dtype  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
 
-@pytest.mark.parametrize("heads", list(HEADS))
-@pytest.mark.parametrize("seqlens", SEQLENS, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("hdim", HDIMS)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-def test_forward_matches_reference(dtype, causal, hdim, seqlens, heads):
+def check_forward(out, lse, q, k, v, causal, scale, what=""):
+    """The FlashAttention rule for out, exact +inf LSE for fully masked rows, LSE to 1e-3."""
     import torch
 
-    tdtype = torch_dtype(dtype)
-    sq, sk = seqlens
-    h, hkv = HEADS[heads]
-    batch = 2
-    q, k, v = rand((batch, sq, h, hdim), tdtype), rand((batch, sk, hkv, hdim), tdtype), rand((batch, sk, hkv, hdim), tdtype)
-    scale = 1 / math.sqrt(hdim)
-    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
     ref, ref_lse = torch_attention(q, k, v, causal, scale, torch.float64)
     low, _ = torch_attention(q, k, v, causal, scale, q.dtype)
-    assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) output elements"
+    assert not torch.isnan(out).any(), f"{what}unwritten (NaN-poisoned) output elements"
     err = (out.double() - ref).abs().max().item()
     base = (low.double() - ref).abs().max().item()
-    assert err <= 2 * base + 1e-5, f"cuflash error {err:.3g} > 2 x plain {dtype} attention error {base:.3g}"
-    assert not torch.isnan(lse).any(), "unwritten LSE"
+    assert err <= 2 * base + 1e-5, \
+        f"{what}cuflash error {err:.3g} > 2 x plain {q.dtype} attention error {base:.3g}"
+    assert not torch.isnan(lse).any(), f"{what}unwritten LSE"
     finite = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), finite), "fully masked rows must have LSE = +inf"
+    assert torch.equal(torch.isfinite(lse), finite), f"{what}fully masked rows must have LSE = +inf"
     assert (lse[~finite] == math.inf).all()
     lse_err = (lse.double() - ref_lse)[finite].abs().max().item() if finite.any() else 0.0
-    assert lse_err < 1e-3, f"LSE error {lse_err:.3g}"
+    assert lse_err < 1e-3, f"{what}LSE error {lse_err:.3g}"
 
+
+def inputs(problem):
+    tdtype = torch_dtype(problem.dtype)
+    p = problem
+    return (rand((p.batch, p.seqlen_q, p.nheads, p.head_dim), tdtype),
+            rand((p.batch, p.seqlen_k, p.nheads_kv, p.head_dim), tdtype),
+            rand((p.batch, p.seqlen_k, p.nheads_kv, p.head_dim), tdtype))
+
+
+# ---------------------------------------------------------------------------------------
+# every family: its heuristic on the full grid, every point of its space
+
+@pytest.mark.parametrize("family,dtype,causal,hdim,seqlens,heads", grid_params("fwd"))
+def test_heuristic_on_the_grid(family, dtype, causal, hdim, seqlens, heads):
+    problem = grid_problem("fwd", dtype, causal, hdim, seqlens, heads)
+    cfg = device_heuristic(family, problem)
+    q, k, v = inputs(problem)
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, config=cfg)
+    check_forward(out, lse, q, k, v, causal, 1 / math.sqrt(hdim))
+
+
+@pytest.mark.parametrize("family,config", space_params("fwd"))
+def test_every_point_of_the_space(family, config):
+    require_fits_device(config)
+    import torch
+
+    s = SPACE_SHAPE
+    q = rand((s["batch"], s["seqlen_q"], s["nheads"], config.head_dim), torch_dtype(config.dtype))
+    k, v = (rand((s["batch"], s["seqlen_k"], s["nheads_kv"], config.head_dim), q.dtype) for _ in range(2))
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=config.causal, return_attn_probs=True,
+                                          config=config)
+    check_forward(out, lse, q, k, v, config.causal, config.head_dim ** -0.5, f"{config.name}: ")
+    assert torch.equal(out, cuflash.flash_attn_func(q, k, v, causal=config.causal, config=config)), \
+        "the forward is deterministic"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_default_selection(dtype, causal):
+    """No config: the tuned entry for this GPU or the heuristic of the chosen family."""
+    problem = grid_problem("fwd", dtype, causal, 128, (1000, 1100), "gqa")
+    q, k, v = inputs(problem)
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    check_forward(out, lse, q, k, v, causal, 128 ** -0.5)
+    cfg, source = cuflash.config_for(128, dtype, causal, seqlen=1100, with_source=True)
+    assert source
+
+
+# ---------------------------------------------------------------------------------------
+# the three kinds of input
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-def test_numpy_and_cupy_inputs_against_numpy_reference(dtype, causal):
-    """The NumPy and CuPy entry points, checked against cuflash.reference (float64 NumPy)."""
+def test_numpy_cupy_and_torch_give_the_same_results(dtype, causal):
+    """One problem through the NumPy, CuPy and torch entry points: bit-identical outputs and
+    LSE (one config, one deterministic kernel), and within the rule of cuflash.reference."""
     import cupy
     import ml_dtypes
+    import torch
 
     npdtype = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16}[dtype]
     rng = np.random.default_rng()
     q = rng.standard_normal((2, 203, 4, 72)).astype(npdtype)
     k = rng.standard_normal((2, 113, 2, 72)).astype(npdtype)
     v = rng.standard_normal((2, 113, 2, 72)).astype(npdtype)
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    assert isinstance(out, np.ndarray) and out.dtype == q.dtype and lse.dtype == np.float32
+
     ref, ref_lse = reference.attention_naive(q, k, v, causal=causal, return_lse=True)
     low = reference.lowp_attention(q, k, v, causal=causal, dtype=npdtype)
     base = np.abs(low - ref).max()
-    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
-    assert isinstance(out, np.ndarray) and out.dtype == q.dtype
     assert np.abs(out.astype(np.float64) - ref).max() <= 2 * base + 1e-5
     finite = np.isfinite(ref_lse)
     assert np.array_equal(np.isfinite(lse), finite)
     assert np.abs(lse[finite] - ref_lse[finite]).max() < 1e-3
+
+    tdtype = torch_dtype(dtype)
+    tq, tk, tv = (torch.from_numpy(x.view(np.int16)).view(tdtype).cuda() for x in (q, k, v))
+    tout, tlse, _ = cuflash.flash_attn_func(tq, tk, tv, causal=causal, return_attn_probs=True)
+    assert tout.dtype == tdtype and tout.is_cuda
+    np.testing.assert_array_equal(tout.cpu().view(torch.int16).numpy(), out.view(np.int16))
+    np.testing.assert_array_equal(tlse.cpu().numpy(), lse)
+
     if dtype == "fp16":  # CuPy has fp16 natively; bf16 CuPy arrays need ml_dtypes support
-        dq, dk, dv = (cupy.asarray(x) for x in (q, k, v))
-        dout = cuflash.flash_attn_func(dq, dk, dv, causal=causal)
-        assert isinstance(dout, cupy.ndarray)
-        np.testing.assert_array_equal(cupy.asnumpy(dout), out)
+        cq, ck, cv = (cupy.asarray(x) for x in (q, k, v))
+        cout, clse, _ = cuflash.flash_attn_func(cq, ck, cv, causal=causal, return_attn_probs=True)
+        assert isinstance(cout, cupy.ndarray) and cout.dtype == np.float16
+        np.testing.assert_array_equal(cupy.asnumpy(cout), out)
+        np.testing.assert_array_equal(cupy.asnumpy(clse), lse)
 
 
 def test_strided_views_and_explicit_config():
@@ -83,29 +140,31 @@ def test_strided_views_and_explicit_config():
     qkv = rand((2, 300, 3, 4, 64), torch.bfloat16)
     q, k, v = qkv.unbind(2)
     cfg = cuflash.FwdConfig(64, 32, 4, 3, 64, "bf16", True)
-    out = cuflash.flash_attn_func(q, k, v, causal=True, config=cfg)
-    ref, _ = torch_attention(q, k, v, True, 1 / 8, torch.float64)
-    low, _ = torch_attention(q, k, v, True, 1 / 8, q.dtype)
-    assert (out.double() - ref).abs().max() <= 2 * (low.double() - ref).abs().max() + 1e-5
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, config=cfg, return_attn_probs=True)
+    check_forward(out, lse, q, k, v, True, 1 / 8)
 
 
-def test_every_config_of_the_space_is_correct():
-    """Each valid point of the tuning space (hdim 64 and 128) computes the same function."""
+def test_misaligned_views_are_copied():
+    """Views starting 8 bytes into their storage (contiguous, but not 16-byte aligned) are
+    read through aligned copies, on the first call of a shape and on a cached plan alike,
+    forward and backward (q and dout misaligned)."""
     import torch
 
-    failures = []
-    for hdim in (64, 128):
-        for causal in (False, True):
-            q, k, v = (rand((1, 333, 2, hdim), torch.bfloat16) for _ in range(3))
-            ref, _ = torch_attention(q, k, v, causal, hdim ** -0.5, torch.float64)
-            low, _ = torch_attention(q, k, v, causal, hdim ** -0.5, q.dtype)
-            base = (low.double() - ref).abs().max().item()
-            for cfg in cuflash.config.valid_fwd_configs(hdim, "bf16", causal, _gpu.max_smem()):
-                out = cuflash.flash_attn_func(q, k, v, causal=causal, config=cfg)
-                err = (out.double() - ref).abs().max().item()
-                if not err <= 2 * base + 1e-5:
-                    failures.append(f"{cfg.name}: err {err:.3g} vs plain bf16 {base:.3g}")
-    assert not failures, "\n".join(failures)
+    from test_flash_bwd_gpu import check_grads, reference_grads
+
+    n = 200 * 4 * 64
+    for _ in range(2):
+        base = rand((4 + n,), torch.float16).requires_grad_()
+        q = base[4:].view(1, 200, 4, 64)          # 8 bytes past a 16-byte boundary
+        assert q.data_ptr() % 16 == 8 and q.is_contiguous()
+        k, v = (rand((1, 150, 4, 64), torch.float16).requires_grad_() for _ in range(2))
+        out, lse, _ = cuflash.flash_attn_func(q, k, v, return_attn_probs=True)
+        check_forward(out.detach(), lse, q.detach(), k.detach(), v.detach(), False, 1 / 8)
+        dbase = rand((4 + n,), torch.float16)
+        dout = dbase[4:].view(1, 200, 4, 64)
+        out.backward(dout)
+        ref, low = reference_grads(q.detach(), k.detach(), v.detach(), dout, False, 1 / 8)
+        check_grads((base.grad[4:].view(1, 200, 4, 64), k.grad, v.grad), ref, low)
 
 
 def test_empty_and_keyless_inputs():
@@ -116,3 +175,68 @@ def test_empty_and_keyless_inputs():
     q, k = rand((1, 4, 2, 64), torch.float16), rand((1, 0, 2, 64), torch.float16)
     out, lse, _ = cuflash.flash_attn_func(q, k, k, return_attn_probs=True)
     assert (out == 0).all() and (lse == math.inf).all()
+
+
+# ---------------------------------------------------------------------------------------
+# torch.compile, CUDA graphs, the hot path
+
+def test_torch_compile_fullgraph_and_cuda_graph_forward():
+    """The forward under torch.compile(fullgraph=True) (the cuflash::fwd op) and replayed from
+    a CUDA graph gives eager's output bit for bit."""
+    import torch
+
+    q, k, v = inputs(grid_problem("fwd", "bf16", True, 64, (512, 640), "gqa"))
+    eager = cuflash.flash_attn_func(q, k, v, causal=True)
+    compiled = torch.compile(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=True),
+                             fullgraph=True)(q, k, v)
+    assert torch.equal(eager, compiled)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture: compiles and loads the kernels
+        cuflash.flash_attn_func(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = cuflash.flash_attn_func(q, k, v, causal=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+
+
+def test_second_call_reuses_the_plan(monkeypatch):
+    """The second call of a shape neither validates nor builds a plan; new data of the same
+    shape is computed correctly by the cached plan."""
+    import cupy
+
+    validated, built = [], []
+    real_check, real_plan = api.check_qkv, launch.Plan
+
+    def check(*a, **kw):
+        validated.append(a[5] if len(a) > 5 else "fwd")
+        return real_check(*a, **kw)
+
+    class CountingPlan(real_plan):
+        def __init__(self, *a, **kw):
+            built.append(a[1].name)
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(api, "check_qkv", check)
+    monkeypatch.setattr(launch, "Plan", CountingPlan)
+    monkeypatch.setattr(torch_ops, "_fwd_plans", {})
+    monkeypatch.setattr(api, "_cupy_plans", {})
+    problem = grid_problem("fwd", "fp16", True, 64, (300, 257), "mqa")
+    q, k, v = inputs(problem)
+    cuflash.flash_attn_func(q, k, v, causal=True)
+    assert (len(validated), len(built)) == (1, 1)
+    for _ in range(3):
+        q, k, v = inputs(problem)
+        out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert (len(validated), len(built)) == (1, 1)
+    check_forward(out, lse, q, k, v, True, 1 / 8)
+    # CuPy arrays: their own plan cache, the same rule
+    cq, ck, cv = (cupy.asarray(x.cpu().numpy()) for x in (q, k, v))
+    first = cuflash.flash_attn_func(cq, ck, cv, causal=True)
+    n = (len(validated), len(built))
+    again = cuflash.flash_attn_func(cq, ck, cv, causal=True)
+    assert (len(validated), len(built)) == n
+    assert bool((first == again).all())

@@ -1,6 +1,6 @@
 """The torch bridge without a GPU: torch CPU tensors run the float64 NumPy reference through
-the same custom ops (cuflash::fwd, cuflash::bwd) and autograd registration that CUDA tensors
-use, so gradcheck, opcheck and torch.compile test the plumbing in CI."""
+the same custom ops (cuflash::fwd, cuflash::bwd), autograd Function and plan caches that CUDA
+tensors use, so gradcheck, opcheck and torch.compile test the plumbing in CI."""
 import math
 
 import pytest
@@ -8,8 +8,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cuflash  # noqa: E402
-from cuflash import flash_attn_func, reference  # noqa: E402
-from cuflash import torch_ops  # noqa: E402,F401  (registers the ops)
+from cuflash import api, flash_attn_func, reference, registry  # noqa: E402
+from cuflash import torch_ops  # noqa: E402  (registers the ops)
+from cuflash.families.fa2_bwd import BwdConfig  # noqa: E402
+from cuflash.families.fa2_fwd import FwdConfig  # noqa: E402
 
 
 def qkv(b=1, sq=5, sk=3, h=4, hkv=2, d=8, dtype=torch.float64, grad=True):
@@ -62,8 +64,8 @@ def test_backward_function_matches_autograd():
     out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     dout = torch.randn_like(out)
     auto = torch.autograd.grad(out, (q, k, v), dout)
-    direct = cuflash.interface.flash_attn_backward(dout, q.detach(), k.detach(), v.detach(),
-                                                   out.detach(), lse, causal=True)
+    direct = cuflash.flash_attn_backward(dout, q.detach(), k.detach(), v.detach(),
+                                         out.detach(), lse, causal=True)
     for a, b in zip(auto, direct):
         torch.testing.assert_close(a, b)
 
@@ -74,13 +76,54 @@ def test_broadcast_grad_with_zero_strides():
     assert torch.isfinite(q.grad).all()
 
 
+# ---------------------------------------------------------------------------------------
+# the torch ops
+
 def test_opcheck_forward_and_backward():
     q, k, v = (x.detach() for x in qkv(1, 5, 6, 2, 2, 8, dtype=torch.float32))
-    args = (q, k, v, 0.3, True, [], False, [])
+    args = (q, k, v, 0.3, True, "")
     torch.library.opcheck(torch.ops.cuflash.fwd.default, args)
     out, lse = torch.ops.cuflash.fwd(*args)
     torch.library.opcheck(torch.ops.cuflash.bwd.default,
-                          (torch.randn_like(out), q, k, v, out, lse, 0.3, True, False, []))
+                          (torch.randn_like(out), q, k, v, out, lse, 0.3, True, False, ""))
+
+
+def test_ops_take_an_encoded_config():
+    """The config crosses the op boundary as Family.encode's string; the op decodes and
+    validates it like flash_attn_func's config=."""
+    q, k, v = (x.detach() for x in qkv(1, 5, 6, 2, 2, 8, dtype=torch.bfloat16))
+    fwd = FwdConfig(64, 32, 4, 2, 16, "bf16", True)
+    text = registry.get("fa2_fwd").encode(fwd)
+    assert text.startswith("fa2_fwd:")
+    out, lse = torch.ops.cuflash.fwd(q, k, v, 0.3, True, text)
+    ref, _ = torch.ops.cuflash.fwd(q, k, v, 0.3, True, "")
+    torch.testing.assert_close(out, ref)
+    bwd = BwdConfig(32, 64, 4, 2, 1, 16, "bf16", True, True)
+    grads = torch.ops.cuflash.bwd(torch.randn_like(out), q, k, v, out, lse, 0.3, True, True,
+                                  registry.get("fa2_bwd").encode(bwd))
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    small = registry.get("fa2_fwd").encode(fwd.replace(head_dim=0))
+    with pytest.raises(ValueError, match=r"^config: .* does not fit this call"):
+        torch.ops.cuflash.fwd(q, k, v, 0.3, True, small)
+    with pytest.raises(TypeError, match=r"^config: expected a fwd config"):
+        torch.ops.cuflash.fwd(q, k, v, 0.3, True, registry.get("fa2_bwd").encode(bwd))
+
+
+def test_bwd_op_validates_dout_out_and_lse():
+    """The raw op is callable without flash_attn_backward's checks: it makes its own."""
+    q, k, v = (x.detach() for x in qkv(1, 5, 6, 2, 2, 8, dtype=torch.float32))
+    out, lse = torch.ops.cuflash.fwd(q, k, v, 0.3, False, "")
+    dout = torch.randn_like(out)
+    with pytest.raises(ValueError, match=r"^dout: expected a torch array of q's shape"):
+        torch.ops.cuflash.bwd(dout[:, :4], q, k, v, out, lse, 0.3, False, False, "")
+    with pytest.raises(ValueError, match=r"^out: expected a torch array of q's shape"):
+        torch.ops.cuflash.bwd(dout, q, k, v, out[:, :4], lse, 0.3, False, False, "")
+    with pytest.raises(ValueError, match=r"^lse: expected a torch float32 array"):
+        torch.ops.cuflash.bwd(dout, q, k, v, out, lse[:, :1], 0.3, False, False, "")
+    # valid once, then a call differing only in lse's shape is checked again (not a cache hit)
+    torch.ops.cuflash.bwd(dout, q, k, v, out, lse, 0.3, False, False, "")
+    with pytest.raises(ValueError, match=r"^lse: expected"):
+        torch.ops.cuflash.bwd(dout, q, k, v, out, lse.double(), 0.3, False, False, "")
 
 
 def test_torch_compile_fullgraph_matches_eager():
@@ -95,7 +138,15 @@ def test_torch_compile_fullgraph_matches_eager():
         torch.testing.assert_close(a, b)
 
 
-def test_bad_torch_input_is_rejected_before_any_work():
+# ---------------------------------------------------------------------------------------
+# errors: bad input before any work; what is not implemented
+
+def test_bad_torch_input_is_rejected_before_any_work(monkeypatch):
+    def no_work(*args, **kwargs):
+        raise AssertionError("the reference ran on invalid input")
+
+    monkeypatch.setattr(torch_ops, "_fwd_reference", no_work)
+    monkeypatch.setattr(torch_ops, "_bwd_reference", no_work)
     q, k, v = qkv(grad=False)
     with pytest.raises(TypeError, match="^q, k, v must share one dtype"):
         flash_attn_func(q, k.float(), v)
@@ -103,13 +154,61 @@ def test_bad_torch_input_is_rejected_before_any_work():
         flash_attn_func(q[0], k, v)
     with pytest.raises(TypeError, match="^q: dtype must be"):
         flash_attn_func(q.to(torch.int32), k, v)
+    with pytest.raises(ValueError, match="^q: headdim must be a multiple of 8"):
+        flash_attn_func(q[..., :6], k[..., :6], v[..., :6])
+    with pytest.raises(ValueError, match="^k: nheads_kv=3 must divide"):
+        flash_attn_func(q, torch.cat([k, k[:, :, :1]], 2), torch.cat([v, v[:, :, :1]], 2))
+    with pytest.raises(TypeError, match=r"^config: expected a cuflash kernel config"):
+        flash_attn_func(q, k, v, config={"Br": 64})
+    with pytest.raises(TypeError, match=r"^bwd_config: expected a cuflash kernel config"):
+        flash_attn_func(q, k, v, bwd_config=[64])
+    qg, kg, vg = qkv()  # with autograd too
+    with pytest.raises(TypeError, match="^q, k, v must share one dtype"):
+        flash_attn_func(qg, kg.float(), vg)
+
+
+@pytest.mark.parametrize("scale", ["abc", [1.0], (2.0,), True], ids=["str", "list", "tuple", "bool"])
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "autograd"])
+def test_non_numeric_softmax_scale_names_it(scale, grad):
+    q, k, v = qkv(grad=grad)
+    with pytest.raises(TypeError, match=r"^softmax_scale must be a real number or None"):
+        flash_attn_func(q, k, v, softmax_scale=scale)
+
+
+def test_tensor_softmax_scale_is_a_number():
+    q, k, v = qkv(grad=False)
+    a = flash_attn_func(q, k, v, softmax_scale=torch.tensor(0.3))
+    b = flash_attn_func(q, k, v, softmax_scale=0.3)
+    torch.testing.assert_close(a, b)
+    before = len(torch_ops._fwd_plans)
+    for _ in range(3):  # a fresh 0-d tensor each call must not key a new plan each call
+        flash_attn_func(q, k, v, softmax_scale=torch.tensor(0.3))
+    assert len(torch_ops._fwd_plans) == before
 
 
 def test_unimplemented_features_raise_for_torch():
     q, k, v = qkv(grad=False)
     with pytest.raises(NotImplementedError, match="dropout"):
         flash_attn_func(q, k, v, dropout_p=0.1)
+    with pytest.raises(NotImplementedError, match="window_size"):
+        flash_attn_func(q, k, v, window_size=(8, 0))
+    with pytest.raises(NotImplementedError, match="softcap"):
+        flash_attn_func(q, k, v, softcap=30.0)
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):
+        flash_attn_func(q, k, v, alibi_slopes=torch.ones(4))
     assert math.isfinite(flash_attn_func(q, k, v).sum().item())
+
+
+def test_double_backward_is_not_implemented():
+    q, k, v = qkv(1, 5, 6, 2, 2, 8)
+    out = flash_attn_func(q, k, v, causal=True)
+    dq, dk, dv = torch.autograd.grad(out.square().sum(), (q, k, v), create_graph=True)
+    assert dq.requires_grad  # first order with create_graph=True works ...
+    ref = torch.autograd.grad(flash_attn_func(q, k, v, causal=True).square().sum(), (q, k, v))
+    for a, b in zip((dq, dk, dv), ref):
+        torch.testing.assert_close(a.detach(), b)
+    with pytest.raises(NotImplementedError, match=r"double backward through flash_attn_func"):
+        torch.autograd.grad((dq.square().sum() + dk.sum()), (q, k, v))   # ... the second does not
 
 
 def test_backward_bad_input_names_the_argument():
@@ -121,18 +220,77 @@ def test_backward_bad_input_names_the_argument():
         bwd(dout[:, :4], q, k, v, out, lse)
     with pytest.raises(ValueError, match="^out: expected a torch array of q's shape"):
         bwd(dout, q, k, v, out.float(), lse)
-    with pytest.raises(ValueError, match=r"^lse: expected float32 of shape \(1, 2, 5\)"):
+    with pytest.raises(ValueError, match=r"^lse: expected a torch float32 array of shape \(1, 2, 5\)"):
         bwd(dout, q, k, v, out, lse[:, :, :3])
-    with pytest.raises(ValueError, match="^lse: expected float32"):
+    with pytest.raises(ValueError, match="^lse: expected a torch float32"):
         bwd(dout, q, k, v, out, lse.double())
     with pytest.raises(ValueError, match="^k, v: headdim must match"):
         bwd(dout, q, k[..., :4], v, out, lse)
+    with pytest.raises(TypeError, match="^softmax_scale must be a real number"):
+        bwd(dout, q, k, v, out, lse, softmax_scale=[0.1])
 
 
-def test_backward_numpy_input_points_to_the_reference():
-    import numpy as np
+# ---------------------------------------------------------------------------------------
+# the hot path: a repeat call of one shape finds its plan without validating again
 
-    q, k, v = (x.detach().to(torch.float16).numpy() for x in qkv(1, 3, 3, 2, 2, 8, grad=False))
-    lse = np.zeros((1, 2, 3), np.float32)
-    with pytest.raises(TypeError, match="attention_backward_naive"):
-        cuflash.flash_attn_backward(q, q, k, v, q, lse)
+@pytest.fixture
+def count_validation(monkeypatch):
+    """Counts api.check_qkv calls (the first-call validation of a shape); fresh plan caches."""
+    monkeypatch.setattr(torch_ops, "_fwd_plans", {})
+    monkeypatch.setattr(torch_ops, "_bwd_plans", {})
+    calls = []
+    real = api.check_qkv
+
+    def counting(*args, **kwargs):
+        calls.append(args[5] if len(args) > 5 else kwargs.get("op", "fwd"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "check_qkv", counting)
+    return calls
+
+
+def test_repeat_forward_call_is_not_validated_again(count_validation):
+    q, k, v = qkv(1, 5, 6, 2, 2, 8, grad=False)
+    first = flash_attn_func(q, k, v, causal=True)
+    assert count_validation == ["fwd"]
+    for _ in range(3):
+        again = flash_attn_func(q, k, v, causal=True)
+    assert count_validation == ["fwd"]
+    torch.testing.assert_close(first, again)
+    # new data of the same shape, strides and dtype: still the cached plan
+    flash_attn_func(*qkv(1, 5, 6, 2, 2, 8, grad=False), causal=True)
+    assert count_validation == ["fwd"]
+
+
+@pytest.mark.parametrize("change", ["stride", "dtype", "shape", "causal", "scale", "config"])
+def test_a_different_call_is_validated(count_validation, change):
+    q, k, v = qkv(1, 8, 6, 2, 2, 16, grad=False)
+    flash_attn_func(q, k, v)
+    assert len(count_validation) == 1
+    if change == "stride":    # the same values, laid out (b, h, s, d) and viewed back
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+        args, kw = (q, k, v), {}
+    elif change == "dtype":
+        args, kw = (q.float(), k.float(), v.float()), {}
+    elif change == "shape":
+        args, kw = (q[:, :7], k, v), {}
+    elif change == "causal":
+        args, kw = (q, k, v), {"causal": True}
+    elif change == "scale":
+        args, kw = (q, k, v), {"softmax_scale": 0.5}
+    else:
+        args, kw = (q, k, v), {"config": FwdConfig(64, 32, 4, 2, 16, "bf16", False)}
+    flash_attn_func(*args, **kw)
+    assert len(count_validation) == 2
+    flash_attn_func(*args, **kw)
+    assert len(count_validation) == 2
+
+
+def test_repeat_backward_is_not_validated_again(count_validation):
+    q, k, v = qkv(1, 5, 6, 2, 2, 8)
+    for i in range(3):
+        flash_attn_func(q, k, v, causal=True).sum().backward()
+        assert count_validation == ["fwd", "bwd"], i
+    # a different dout layout (stride 0 from .sum() vs a dense one) is a new backward shape
+    flash_attn_func(q, k, v, causal=True).backward(torch.randn(1, 5, 2, 8, dtype=torch.float64))
+    assert count_validation == ["fwd", "bwd", "bwd"]

@@ -31,7 +31,7 @@ import argparse
 import importlib
 import time
 
-from .common import SEQLENS, HDIMS, gpu_dir_name  # noqa: F401 - gpu_dir_name: tuning/cli.py
+from .common import HDIMS, SEQLENS, gpu_dir_name  # noqa: F401 - gpu_dir_name: tuning/cli.py
 
 MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io")
 ALL = ("fwd", "fwdbwd", "memory", "overhead", "startup")

@@ -148,7 +148,7 @@ def torch_dtype(name: str):
 DEVICE = "cuda"   # where inputs() puts tensors (the CPU tests set "cpu")
 
 
-def inputs(problem: Problem, n: int = 3, device=None, seed: int = 0, requires_grad=False):
+def inputs(problem: Problem, n: int = 3, device=None, seed: int = 0):
     """n random tensors in cuflash's layout: q (and dout, the 4th) (b, s_q, h, d), k and v
     (b, s_k, h_kv, d); on DEVICE unless device is given."""
     import torch
@@ -160,8 +160,7 @@ def inputs(problem: Problem, n: int = 3, device=None, seed: int = 0, requires_gr
               (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim),
               (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim),
               (p.batch, p.seqlen_q, p.nheads, p.head_dim)][:n]
-    return [torch.randn(s, device=device, dtype=torch_dtype(p.dtype), requires_grad=requires_grad)
-            for s in shapes]
+    return [torch.randn(s, device=device, dtype=torch_dtype(p.dtype)) for s in shapes]
 
 
 def sdpa_backend(impl: str):
@@ -171,26 +170,20 @@ def sdpa_backend(impl: str):
             "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION, "sdpa_math": SDPBackend.MATH}[impl]
 
 
-def sdpa(impl: str, causal: bool, pinned: bool = True) -> Callable:
-    """f(q, k, v) -> out in cuflash's (b, s, h, d) layout, by SDPA on (b, h, s, d) views;
-    pinned=True enters the backend's sdpa_kernel context on every call (the caller enters
-    it once otherwise: ``sdpa_kernel(sdpa_backend(impl))``)."""
+def sdpa(impl: str, causal: bool) -> Callable:
+    """f(q, k, v) -> out in cuflash's (b, s, h, d) layout, by SDPA pinned to impl's backend
+    (sdpa_kernel entered on every call) on (b, h, s, d) views."""
     import torch.nn.functional as F
     from torch.nn.attention import sdpa_kernel
 
     backend = sdpa_backend(impl)
 
     def f(q, k, v):
-        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
-
-    if not pinned:
-        return f
-
-    def pinned_f(q, k, v):
         with sdpa_kernel(backend):
-            return f(q, k, v)
-    return pinned_f
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                 v.transpose(1, 2), is_causal=causal)
+        return out.transpose(1, 2)
+    return f
 
 
 def cuflash(causal: bool, config=None, bwd_config=None, deterministic=False) -> Callable:
@@ -262,7 +255,11 @@ def measure(fns: dict, reps: int = 20, flush_l2: bool = False, log=print) -> dic
             out[name] = short(exc)
             log(f"  {name}: {out[name]}")
     if live:
-        out.update(time_interleaved(live, reps=reps, flush_l2=flush_l2))
+        try:
+            out.update(time_interleaved(live, reps=reps, flush_l2=flush_l2))
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory with all of them live
+            out.update({name: short(exc) for name in live})
+            log(f"  {', '.join(live)}: {short(exc)}")
     return {name: out[name] for name in fns}
 
 

@@ -35,7 +35,6 @@ def measure_peak(impl: str, p: Problem, **cuflash_kw) -> dict:
 
     rec = dict(impl=impl, **{k: v for k, v in fields(p).items() if k != "op"}, **{
         k: getattr(v, "name", v) for k, v in cuflash_kw.items()}, oom=False)
-    tensors = step = None
     try:
         q, k, v, dout = tensors = inputs(p, 4)
         rec["inputs_bytes"] = sum(x.numel() * x.element_size() for x in tensors)

@@ -45,40 +45,38 @@ def call(impl: str, path: str, p: Problem):
     context is entered around the measurement (SDPA's backend pin)."""
     import torch
 
-    fwdbwd = path.endswith("fwdbwd")
+    from ..api import flash_attn_func
+
     if path == "cupy_fwd":
         if impl != "cuflash":
             raise NotImplementedError(f"{impl} has no CuPy path")
         import cupy
 
-        from ..api import flash_attn_func
-
-        q, k, v = (cupy.random.standard_normal((p.batch, p.seqlen_q, p.nheads, p.head_dim),
-                                               dtype=cupy.float32).astype(cupy.float16)
+        shape = (p.batch, p.seqlen_q, p.nheads, p.head_dim)
+        q, k, v = (cupy.random.standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
                    for _ in range(3))  # fp16: CuPy has no bf16 of its own; the host cost is the same
         return (lambda: flash_attn_func(q, k, v, causal=p.causal),
                 cupy.cuda.Device().synchronize, contextlib.nullcontext())
     if impl == "cuflash":
-        from ..api import flash_attn_func
-
         shape = (p.batch, p.seqlen_q, p.nheads, p.head_dim)
-        f, context = (lambda q, k, v: flash_attn_func(q, k, v, causal=p.causal)), contextlib.nullcontext()
+        f, context = flash_attn_func, contextlib.nullcontext()
     else:
         import torch.nn.functional as F
         from torch.nn.attention import sdpa_kernel
 
         shape = (p.batch, p.nheads, p.seqlen_q, p.head_dim)
-        f = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=p.causal)  # noqa: E731
-        context = sdpa_kernel(sdpa_backend(impl))
+        f, context = F.scaled_dot_product_attention, sdpa_kernel(sdpa_backend(impl))
+    kw = {"causal": p.causal} if impl == "cuflash" else {"is_causal": p.causal}
+    fwdbwd = path.endswith("fwdbwd")
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch_dtype(p.dtype), requires_grad=fwdbwd)
                for _ in range(3))
     if fwdbwd:
         def fn():
-            out = f(q, k, v)
+            out = f(q, k, v, **kw)
             out.sum().backward()
     else:
         def fn():
-            return f(q, k, v)
+            return f(q, k, v, **kw)
     return fn, torch.cuda.synchronize, context
 
 
