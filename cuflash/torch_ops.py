@@ -170,7 +170,10 @@ def _bwd_entry(dout, q, k, v, out, lse, scale, causal, deterministic, config):
         return "reference"
     if problem.batch == 0 or problem.nheads == 0 or problem.seqlen_q == 0 or problem.seqlen_k == 0:
         return "empty"
-    if api.layout_problem(tdo) or api.layout_problem(to) or not lse.is_contiguous():
+    # strides only: the verdict is cached under a key without the data's alignment (a
+    # misaligned pointer is copied per call, in backward_impl)
+    unaligned = lambda t: api._Tensor(t.kind, t.dtype, t.shape, t.strides, 0, t.device)  # noqa: E731
+    if api.layout_problem(unaligned(tdo)) or api.layout_problem(unaligned(to)) or not lse.is_contiguous():
         return "copy"
     strides = {"dout": tdo.strides, "q": tq.strides, "k": tk.strides, "v": tv.strides,
                "o": to.strides, "dq": api.out_strides(tq.shape),

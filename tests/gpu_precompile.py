@@ -22,7 +22,7 @@ from cuflash import _gpu, registry, select  # noqa: E402
 from cuflash.compile import precompile  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 
-from conftest import GPU_DTYPES, GPU_HDIMS, GPU_HEADS, GPU_SEQLENS, SPACE_HDIMS, space_configs  # noqa: E402
+from conftest import GPU_DTYPES, GPU_HDIMS, GPU_HEADS, GPU_SEQLENS, space_configs  # noqa: E402
 
 EXTRA_HDIMS = (72, 96, 128, 256, 160, 40, 64)  # gpu_sanitize.py, the CuPy/NumPy tests
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import cuflash
-from cuflash import api, launch, reference, registry, torch_ops
+from cuflash import api, launch, reference, torch_ops
 
 from conftest import SPACE_SHAPE, cuda_randn as rand, device_heuristic, grid_params, grid_problem  # noqa: E402
 from conftest import require_fits_device, space_params, torch_attention, torch_dtype  # noqa: E402
