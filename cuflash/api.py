@@ -263,14 +263,17 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
 
         out, lse = torch_ops.attention(q, k, v, softmax_scale, causal, deterministic, config, bwd_config)
         return (out, lse, None) if return_attn_probs else out
-    if type(q).__module__.startswith("cupy") and type(k) is type(q) and type(v) is type(q) \
-            and config is None and bwd_config is None and _plain_scale(softmax_scale):
+    if type(q) is _CUPY_NDARRAY and type(k) is _CUPY_NDARRAY and type(v) is _CUPY_NDARRAY \
+            and bwd_config is None and _plain_scale(softmax_scale):
+        qd, kd, vd = q.data, k.data, v.data
         plan = _cupy_plans.get((q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype,
-                                k.dtype, v.dtype, q.data.device_id, k.data.device_id,
-                                v.data.device_id, softmax_scale, causal))
-        if plan is not None and not (q.data.ptr | k.data.ptr | v.data.ptr) & 15:
-            out, lse = plan.forward(q, k, v)
-            return (out, lse, None) if return_attn_probs else out
+                                k.dtype, v.dtype, qd.device_id, kd.device_id, vd.device_id,
+                                softmax_scale, causal, config))
+        if plan is not None:
+            qp, kp, vp = qd.ptr, kd.ptr, vd.ptr
+            if not (qp | kp | vp) & 15:
+                out, lse = plan.forward_ptrs(qp, kp, vp)
+                return (out, lse, None) if return_attn_probs else out
     out, lse = _forward_slow(q, k, v, softmax_scale, causal, deterministic, config, bwd_config)
     return (out, lse, None) if return_attn_probs else out
 
@@ -305,6 +308,18 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
 _cupy_plans: dict = {}
 
 
+class _NotCupy:
+    """Stands in for cupy.ndarray until CuPy is imported (nothing is an instance of it)."""
+
+
+def _cupy_ndarray_class():
+    cupy = sys.modules.get("cupy")
+    return cupy.ndarray if cupy is not None else _NotCupy
+
+
+_CUPY_NDARRAY = _NotCupy
+
+
 def _plain_scale(softmax_scale) -> bool:
     """A scale that can key a cached plan: None or a Python number (a list is unhashable, a
     0-d array hashes by identity and would key a new plan per call)."""
@@ -336,19 +351,29 @@ class _CupyForward:
         self.device = device
 
     def forward(self, q, k, v):
-        import cupy
+        return self.forward_ptrs(q.data.ptr, k.data.ptr, v.data.ptr)
 
+    def forward_ptrs(self, qp: int, kp: int, vp: int):
+        cupy = _cupy()
         if cupy.cuda.runtime.getDevice() != self.device:
             with cupy.cuda.Device(self.device):
-                return self.forward(q, k, v)
+                return self.forward_ptrs(qp, kp, vp)
         out = cupy.empty(self.q_shape, self.q_dtype)
-        lse = cupy.empty(self.lse_shape, cupy.float32)
+        lse = cupy.empty(self.lse_shape, _F32)
         if POISON_OUTPUTS:
             out.view(cupy.uint16).fill(0x7FFF)  # a NaN in bf16 and fp16 alike
             lse.fill(np.nan)
-        self.plan.run((q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr), 0,
-                      cupy.cuda.get_current_stream().ptr)
+        self.plan.run((qp, kp, vp, out.data.ptr, lse.data.ptr), 0, cupy.cuda.get_current_stream().ptr)
         return out, lse
+
+
+_F32 = np.dtype(np.float32)
+
+
+def _cupy():
+    import cupy
+
+    return cupy
 
 
 def out_strides(shape) -> tuple:
@@ -362,10 +387,12 @@ def out_strides(shape) -> tuple:
 
 def _forward_slow(q, k, v, softmax_scale, causal, deterministic, config, bwd_config):
     """First call of a shape (or an explicit config, or NumPy input): validate, then run."""
+    global _CUPY_NDARRAY
     tq, tk, tv, scale, problem = check_qkv(q, k, v, softmax_scale, causal)
     check_config("config", config, problem)
     check_config("bwd_config", bwd_config, problem.replace(op="bwd"))
     batch, seqlen_q, nheads, _ = tq.shape
+    _CUPY_NDARRAY = _cupy_ndarray_class()
     empty = batch == 0 or seqlen_q == 0 or nheads == 0
     if tq.kind == "numpy":
         if not empty and tk.shape[1] == 0:
@@ -388,9 +415,9 @@ def _forward_slow(q, k, v, softmax_scale, causal, deterministic, config, bwd_con
     strides = {"q": tq.strides, "k": tk.strides, "v": tv.strides, "o": out_strides(tq.shape)}
     plan = _CupyForward(make_plan(problem, strides, scale, tq.device, config), tq.shape, q.dtype,
                         (batch, nheads, seqlen_q), tq.device)
-    if config is None and _plain_scale(softmax_scale):
+    if _plain_scale(softmax_scale):  # explicit configs too (the tuner times them)
         _cupy_plans[(q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype, k.dtype,
-                     v.dtype, tq.device, tk.device, tv.device, softmax_scale, causal)] = plan
+                     v.dtype, tq.device, tk.device, tv.device, softmax_scale, causal, config)] = plan
     return plan.forward(q, k, v)
 
 
