@@ -58,6 +58,8 @@ def _aligned(x: Tensor) -> Tensor:
     """x itself if the kernels can read it in place, else a contiguous copy (gradients in
     particular may arrive expanded, stride 0, or transposed). A copy, not x.contiguous():
     that returns x itself for a contiguous view whose data is not 16-byte aligned."""
+    if x.is_contiguous() and not x.data_ptr() & 15:  # the common case, one C++ check
+        return x
     if api.layout_problem(api._Tensor("torch", None, tuple(x.shape), tuple(x.stride()),
                                       x.data_ptr(), None)):
         return x.clone(memory_format=torch.contiguous_format)
