@@ -87,29 +87,25 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 3, reps: int = 20, back_t
     one_ms = cupy.cuda.get_elapsed_time(start, end)
     if timeout_s is not None and one_ms / 1e3 * reps * inner > timeout_s:
         raise TimeoutError(f"one call takes {one_ms:.1f} ms: {reps} samples would exceed {timeout_s} s")
-    events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(reps)]
-    for a, b in events:
-        if flush is not None:
-            flush()
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-    events[-1][1].synchronize()
-    samples = tuple(cupy.cuda.get_elapsed_time(a, b) / inner for a, b in events)
-    return Timing(statistics.median(samples), samples, inner, bool(flush_l2))
+    return _sample({"fn": fn}, reps, inner, flush)["fn"]
 
 
 def time_interleaved(fns: dict, *, warmup: int = 3, reps: int = 20, back_to_back: int = 10,
                      flush_l2: bool = False, device: int = 0) -> dict:
     """``time_ms`` for several callables with their samples interleaved (A B C A B C ...), so
     that clock and thermal drift hit all of them alike. Returns {name: Timing}."""
-    import cupy
-
     inner = 1 if flush_l2 else max(1, int(back_to_back))
     flush = l2_flusher(device) if flush_l2 else None
     for fn in fns.values():
         warm_up(fn, warmup)
+    return _sample(fns, reps, inner, flush)
+
+
+def _sample(fns: dict, reps: int, inner: int, flush) -> dict:
+    """{name: Timing}: ``reps`` samples of ``inner`` calls each, interleaved across ``fns``,
+    all queued before one synchronization."""
+    import cupy
+
     events = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
@@ -125,7 +121,7 @@ def time_interleaved(fns: dict, *, warmup: int = 3, reps: int = 20, back_to_back
     out = {}
     for name, evs in events.items():
         samples = tuple(cupy.cuda.get_elapsed_time(a, b) / inner for a, b in evs)
-        out[name] = Timing(statistics.median(samples), samples, inner, bool(flush_l2))
+        out[name] = Timing(statistics.median(samples), samples, inner, flush is not None)
     return out
 
 

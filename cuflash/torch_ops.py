@@ -55,15 +55,12 @@ def _decode(text: str, dtype, causal: bool):
 
 
 def _aligned(x: Tensor) -> Tensor:
-    """x itself if the kernels can read it in place, else a contiguous copy (gradients in
-    particular may arrive expanded, stride 0, or transposed). A copy, not x.contiguous():
-    that returns x itself for a contiguous view whose data is not 16-byte aligned."""
+    """x itself if it is contiguous and 16-byte aligned, else a contiguous copy (gradients in
+    particular arrive expanded, stride 0, from ``out.sum().backward()``). A copy, not
+    x.contiguous(): that returns x itself for a contiguous view whose data is misaligned."""
     if x.is_contiguous() and not x.data_ptr() & 15:  # the common case, one C++ check
         return x
-    if api.layout_problem(api._Tensor("torch", None, tuple(x.shape), tuple(x.stride()),
-                                      x.data_ptr(), None)):
-        return x.clone(memory_format=torch.contiguous_format)
-    return x
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 def _realign(*xs: Tensor) -> tuple:
@@ -145,8 +142,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale, causal: bool, config
     if (qp | kp | vp) & 15:  # misaligned views: read aligned copies
         q, k, v = _realign(q, k, v)
         return forward(q, k, v, softmax_scale, causal, config, bwd_config)
-    out = torch.empty(entry.out_shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(entry.lse_shape, dtype=torch.float32, device=q.device)
+    out = q.new_empty(entry.out_shape)  # new_empty: fewer arguments to parse than torch.empty
+    lse = q.new_empty(entry.lse_shape, dtype=torch.float32)
     if api.POISON_OUTPUTS:
         out.fill_(math.nan)
         lse.fill_(math.nan)
@@ -211,11 +208,8 @@ def backward_impl(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
     if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
         dout, q, k, v, out = _realign(dout, q, k, v, out)
         return backward_impl(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
-    device = q.device
-    dq = torch.empty(q.shape, dtype=q.dtype, device=device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=device)
-    ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=device)
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    ws = q.new_empty(plan.workspace_bytes, dtype=torch.uint8)
     if api.POISON_OUTPUTS:
         for x in (dq, dk, dv):
             x.fill_(math.nan)

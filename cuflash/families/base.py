@@ -58,6 +58,18 @@ class KernelConfig:
     def _problems(self) -> list[str]:
         raise NotImplementedError
 
+    def _common_problems(self, max_head_dim: int) -> list[str]:
+        """The rules every mma-tiled family shares: head dim in whole 16-column tiles, 1..16 warps,
+        at least two pipeline stages."""
+        out = []
+        if self.head_dim % 16 or not 16 <= self.head_dim <= max_head_dim:
+            out.append(f"head_dim must be a multiple of 16 in 16..{max_head_dim}, got {self.head_dim}")
+        if not 1 <= self.warps <= 16:
+            out.append(f"warps must be in 1..16, got {self.warps}")
+        if self.stages < 2:
+            out.append(f"stages must be >= 2, got {self.stages}")
+        return out
+
     def problems(self, max_smem: Optional[int] = None) -> list[str]:
         """Every rule this config breaks (empty when valid), the device's shared memory too."""
         out = []

@@ -90,11 +90,8 @@ class BwdConfig(KernelConfig):
                 self.dtype, self.causal, self.deterministic)
 
     def _problems(self) -> list[str]:
-        out = []
-        if self.head_dim % 16 or not 16 <= self.head_dim <= MAX_HEAD_DIM:
-            out.append(f"head_dim must be a multiple of 16 in 16..{MAX_HEAD_DIM}, got {self.head_dim}")
+        out = self._common_problems(MAX_HEAD_DIM)
         if not 1 <= self.warps <= 16:
-            out.append(f"warps must be in 1..16, got {self.warps}")
             return out
         if self.qsplit not in (1, 2) or self.warps % self.qsplit:
             out.append(f"qsplit must be 1 or 2 and divide warps={self.warps}, got {self.qsplit}")
@@ -115,8 +112,6 @@ class BwdConfig(KernelConfig):
         if self.dsplit < 1 or (self.head_dim // 16) % self.dsplit:
             out.append(f"dsplit={self.dsplit} must divide head_dim/16={self.head_dim // 16} "
                        "(each slice is whole 16-column tiles)")
-        if self.stages < 2:
-            out.append(f"stages must be >= 2, got {self.stages}")
         if not out and self.accum_regs > MAX_ACCUM_REGS:
             out.append(f"{self.accum_regs} fp32 accumulator registers per thread (dK, dV, S, dP) "
                        f"exceed the budget of {MAX_ACCUM_REGS}: it would spill")

@@ -76,18 +76,12 @@ class FwdConfig(KernelConfig):
         return (self.Br, self.Bc, self.warps, self.stages, self.head_dim, self.dtype, self.causal)
 
     def _problems(self) -> list[str]:
-        out = []
-        if self.head_dim % 16 or not 16 <= self.head_dim <= MAX_HEAD_DIM:
-            out.append(f"head_dim must be a multiple of 16 in 16..{MAX_HEAD_DIM}, got {self.head_dim}")
-        if not 1 <= self.warps <= 16:
-            out.append(f"warps must be in 1..16, got {self.warps}")
-        elif self.Br <= 0 or self.Br % (16 * self.warps):
+        out = self._common_problems(MAX_HEAD_DIM)
+        if 1 <= self.warps <= 16 and (self.Br <= 0 or self.Br % (16 * self.warps)):
             out.append(f"Br={self.Br} must be a positive multiple of 16*warps={16 * self.warps} "
                        "(each warp owns whole 16-row mma tiles)")
         if self.Bc % 16 or self.Bc <= 0:
             out.append(f"Bc must be a positive multiple of 16, got {self.Bc}")
-        if self.stages < 2:
-            out.append(f"stages must be >= 2, got {self.stages}")
         if not out and self.accum_regs > MAX_ACCUM_REGS:
             out.append(f"{self.accum_regs} fp32 accumulator registers per thread (O and S) "
                        f"exceed the budget of {MAX_ACCUM_REGS}: it would spill")
