@@ -23,14 +23,52 @@ Conventions (shared with the kernels):
   With GQA / MQA the gradient of a kv head is the sum over the query heads
   that read it. Fully masked rows contribute nothing to any gradient.
 
+Features (flash-attn 2.8's definitions; keyword-only arguments of every
+function, forward and backward; float64 throughout):
+
+* ``window_size=(left, right)``, -1 = unbounded (default ``(-1, -1)``):
+  local attention, bottom-right aligned. Query row ``i`` may attend key
+  ``j`` iff ``i + Sk - Sq - left <= j <= i + Sk - Sq + right`` (a bound of
+  -1 drops that side; see :func:`window_mask`). ``causal=True`` is
+  ``right = 0`` and combines with ``left``. Rows with no key in their
+  window are fully masked (``O = 0``, ``LSE = +inf``, zero gradients).
+  (flash-attn's C++ entry also turns a bound ``>= seqlen_k`` into -1; that
+  changes the mask only for ``right >= Sk``, on rows ``i < Sq - 1 - right``;
+  callers mimicking it normalize ``window_size`` first.)
+* ``softcap > 0``: the scaled score ``s = scale * q . k`` becomes
+  ``softcap * tanh(s / softcap)`` (before ALiBi and masking); the backward
+  multiplies ``dS`` by ``1 - tanh^2``. ``softcap = 0`` turns it off.
+* ``alibi_slopes``: shape ``(nheads,)`` or ``(batch, nheads)`` (fp32 in
+  flash-attn; any real dtype here): ``-slope * |i + Sk - Sq - j|`` is added
+  to the (scaled, softcapped) score before the softmax, and so is part of
+  the LSE. (flash-attn's causal kernel adds ``slope * j`` instead, which
+  differs by a per-row constant: same ``O``, a different LSE.)
+* Dropout: ``dropout_p`` in [0, 1) and ``dropout_mask``, bool
+  ``(batch, nheads, Sq, Sk)``, True = kept (the reference draws no random
+  numbers, so ``dropout_p > 0`` needs the mask; with ``dropout_p = 0`` a
+  given mask must keep everything). ``O = (P * mask / (1 - p)) V``; the LSE
+  is that of the undropped softmax (flash-attn's). The backward uses the
+  same mask: ``dV = (P * Z)^T dO``, ``dP = (dO V^T) * Z`` with
+  ``Z = mask / (1 - p)``, ``dS = P * (dP - rowsum(dO * O))``.
+* Variable lengths: :func:`attention_varlen_naive` and
+  :func:`attention_backward_varlen_naive` take flash-attn's packed layout
+  (``q`` ``(total_q, nheads, d)``, ``k`` / ``v`` ``(total_k, nheads_kv,
+  d)``, ``cu_seqlens_q`` / ``cu_seqlens_k`` prefix sums ``(batch + 1,)``)
+  and return ``lse`` as ``(nheads, total_q)``. Each sequence is an
+  independent problem (masks aligned with its own lengths; empty sequences
+  allowed; the dropout mask is a list of per-sequence
+  ``(nheads, Sq_b, Sk_b)`` arrays).
+
 Non-finite inputs ("NaN in gives NaN out, in the affected rows"):
 
 A NaN or +-inf anywhere in an input row that an output row actually reads
 makes that whole output row NaN; every other row is exactly what it would be
 with the non-finite values replaced by finite ones. Query row ``i`` (of one
 batch and query head) reads its ``q`` row and the ``k`` / ``v`` rows of the
-keys it may attend (its *visible* keys, see the causal rule above); a key row
-it may not attend is not read. Row by row:
+keys it may attend (its *visible* keys, see the causal rule and
+``window_size`` above); a key row it may not attend is not read. Softcap,
+ALiBi and dropout do not change which keys are visible (a dropped key still
+counts as read). Row by row:
 
 * ``lse[i]`` reads ``q[i]`` and the visible ``k`` rows (not ``v``);
   ``out[i]`` reads those and the visible ``v`` rows.
@@ -78,7 +116,10 @@ import numpy as np
 
 __all__ = [
     "causal_mask",
+    "window_mask",
     "attention_naive",
+    "attention_varlen_naive",
+    "attention_backward_varlen_naive",
     "attention_tiled",
     "lowp_attention",
     "attention_backward_naive",
@@ -239,65 +280,280 @@ def _finite_or_zero(x):
     return np.where(finite, x, np.zeros((), dtype=x.dtype))
 
 
-def _rows_with_keys(seqlen_q, seqlen_k, causal):
-    """(seqlen_q,) bool: query rows that may attend at least one key."""
-    rows = np.arange(seqlen_q)
+def _resolve_window(window_size, causal):
+    """Validate ``window_size`` and fold ``causal`` in: return ``(left, right)``.
+
+    ``-1`` means unbounded; ``causal=True`` sets ``right = 0`` (flash-attn).
+    """
+    try:
+        pair = tuple(window_size)
+    except TypeError:
+        pair = None
+    if pair is None or len(pair) != 2 or not all(
+            isinstance(w, (int, np.integer)) and not isinstance(w, (bool, np.bool_))
+            and w >= -1 for w in pair):
+        raise ValueError(
+            f"window_size must be a pair (left, right) of ints >= -1 "
+            f"(-1 = unbounded), got {window_size!r}")
+    left, right = int(pair[0]), int(pair[1])
     if causal:
-        return (rows + (seqlen_k - seqlen_q) >= 0) & (seqlen_k > 0)
-    return np.full(seqlen_q, seqlen_k > 0)
+        right = 0
+    return left, right
 
 
-def _rows_seeing(bad_keys, seqlen_q, causal):
+def _key_ranges(seqlen_q, seqlen_k, window):
+    """Per query row ``i`` the visible keys ``lo[i] <= j <= hi[i]`` (int arrays).
+
+    Clipped to ``[0, seqlen_k - 1]``; ``lo > hi`` means no visible key.
+    """
+    left, right = window
+    rows = np.arange(seqlen_q, dtype=np.int64)
+    diag = rows + (seqlen_k - seqlen_q)
+    lo = np.maximum(diag - left, 0) if left >= 0 else np.zeros_like(rows)
+    hi = (np.minimum(diag + right, seqlen_k - 1) if right >= 0
+          else np.full_like(rows, seqlen_k - 1))
+    return lo, hi
+
+
+def _row_ranges(seqlen_q, seqlen_k, window):
+    """Per key ``j`` the query rows ``lo[j] <= i <= hi[j]`` that see it."""
+    left, right = window
+    cols = np.arange(seqlen_k, dtype=np.int64)
+    diag = cols - (seqlen_k - seqlen_q)       # row i with i + offset == j
+    lo = np.maximum(diag - right, 0) if right >= 0 else np.zeros_like(cols)
+    hi = (np.minimum(diag + left, seqlen_q - 1) if left >= 0
+          else np.full_like(cols, seqlen_q - 1))
+    return lo, hi
+
+
+def window_mask(seqlen_q, seqlen_k, window_size=(-1, -1), causal=False):
+    """Bottom-right aligned local (sliding window) mask, flash-attn's definition.
+
+    Returns a bool array ``(seqlen_q, seqlen_k)``, True = "keep": entry
+    ``(i, j)`` is True iff
+    ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right``
+    with ``(left, right) = window_size``; a bound of -1 drops that side, and
+    ``causal=True`` sets ``right = 0``.
+    """
+    window = _resolve_window(window_size, causal)
+    seqlen_q = int(seqlen_q)
+    seqlen_k = int(seqlen_k)
+    if seqlen_q < 0 or seqlen_k < 0:
+        raise ValueError(
+            f"seqlen_q and seqlen_k must be >= 0, got {seqlen_q}, {seqlen_k}")
+    lo, hi = _key_ranges(seqlen_q, seqlen_k, window)
+    cols = np.arange(seqlen_k)[None, :]
+    return (cols >= lo[:, None]) & (cols <= hi[:, None])
+
+
+def _keep_mask(seqlen_q, seqlen_k, window):
+    """The (Sq, Sk) keep mask of ``window``, or None when nothing is masked."""
+    if window == (-1, -1):
+        return None
+    lo, hi = _key_ranges(seqlen_q, seqlen_k, window)
+    cols = np.arange(seqlen_k)[None, :]
+    return (cols >= lo[:, None]) & (cols <= hi[:, None])
+
+
+def _any_in_ranges(bad, lo, hi):
+    """``bad`` (..., N) bool; ``lo``, ``hi`` (M,) inclusive ranges -> (..., M):
+    whether ``bad`` holds a True in ``[lo[m], hi[m]]`` (False if empty)."""
+    n = bad.shape[-1]
+    counts = np.concatenate(
+        [np.zeros(bad.shape[:-1] + (1,), dtype=np.int64),
+         np.cumsum(bad, axis=-1, dtype=np.int64)], axis=-1)
+    start = np.clip(lo, 0, n)
+    stop = np.clip(hi + 1, 0, n)
+    stop = np.maximum(stop, start)
+    return (counts[..., stop] - counts[..., start]) > 0
+
+
+def _rows_with_keys(seqlen_q, seqlen_k, window):
+    """(seqlen_q,) bool: query rows that may attend at least one key."""
+    lo, hi = _key_ranges(seqlen_q, seqlen_k, window)
+    return lo <= hi
+
+
+def _rows_seeing(bad_keys, seqlen_q, window):
     """(..., Sk) bool over keys -> (..., Sq): rows that see a marked key."""
-    seqlen_k = bad_keys.shape[-1]
-    any_bad = bad_keys.any(axis=-1)
-    if not causal:
-        return np.repeat(any_bad[..., None], seqlen_q, axis=-1)
-    # Row i sees key j iff j <= i + offset: it sees a marked key iff it sees
-    # the first one.
-    first = np.where(any_bad, bad_keys.argmax(axis=-1), seqlen_k)
-    return first[..., None] <= np.arange(seqlen_q) + (seqlen_k - seqlen_q)
+    lo, hi = _key_ranges(seqlen_q, bad_keys.shape[-1], window)
+    return _any_in_ranges(bad_keys, lo, hi)
 
 
-def _keys_seen_by(bad_rows, seqlen_k, causal):
+def _keys_seen_by(bad_rows, seqlen_k, window):
     """(..., Sq) bool over query rows -> (..., Sk): keys a marked row sees."""
-    seqlen_q = bad_rows.shape[-1]
-    any_bad = bad_rows.any(axis=-1)
-    if not causal:
-        return np.repeat(any_bad[..., None], seqlen_k, axis=-1)
-    # Key j is seen by row i iff i >= j - offset: a marked row sees key j
-    # iff the last marked row does.
-    last = seqlen_q - 1 - bad_rows[..., ::-1].argmax(axis=-1)
-    return any_bad[..., None] & (
-        np.arange(seqlen_k) <= last[..., None] + (seqlen_k - seqlen_q))
+    lo, hi = _row_ranges(bad_rows.shape[-1], seqlen_k, window)
+    return _any_in_ranges(bad_rows, lo, hi)
 
 
-def _forward_nan_rows(q_bad, k_bad, v_bad, seqlen_k, causal):
+def _forward_nan_rows(q_bad, k_bad, v_bad, seqlen_k, window):
     """Rows of ``lse`` and of ``out`` that are NaN, each (B, H, Sq) bool.
 
     ``q_bad`` (B, H, Sq), ``k_bad`` and ``v_bad`` (B, H, Sk): the non-finite
-    input rows (kv heads repeated per query head).
+    input rows (kv heads repeated per query head). ``window``: the resolved
+    ``(left, right)`` of :func:`_resolve_window`.
     """
     seqlen_q = q_bad.shape[-1]
-    has_keys = _rows_with_keys(seqlen_q, seqlen_k, causal)
-    lse_nan = has_keys & (q_bad | _rows_seeing(k_bad, seqlen_q, causal))
-    out_nan = lse_nan | _rows_seeing(v_bad, seqlen_q, causal)
+    has_keys = _rows_with_keys(seqlen_q, seqlen_k, window)
+    lse_nan = has_keys & (q_bad | _rows_seeing(k_bad, seqlen_q, window))
+    out_nan = lse_nan | _rows_seeing(v_bad, seqlen_q, window)
     return lse_nan, out_nan
 
 
-def _backward_nan_rows(lse_nan, out_nan, do_bad, seqlen_k, causal):
+def _backward_nan_rows(lse_nan, out_nan, do_bad, seqlen_k, window):
     """Rows of ``dq`` (B, H, Sq) and of ``dk``, ``dv`` (B, H, Sk) that are NaN.
 
     ``lse_nan``: rows whose P row is NaN; ``out_nan``: rows whose output (so
     whose ``D = rowsum(dO * O)``) is NaN; ``do_bad``: non-finite ``dout``
     rows. ``dk`` and ``dv`` are per query head, before the GQA sum.
     """
-    has_keys = _rows_with_keys(lse_nan.shape[-1], seqlen_k, causal)
+    has_keys = _rows_with_keys(lse_nan.shape[-1], seqlen_k, window)
     do_bad = do_bad & has_keys
     dq_nan = lse_nan | out_nan | do_bad          # the whole dS row is NaN
-    dk_nan = _keys_seen_by(dq_nan, seqlen_k, causal)
-    dv_nan = _keys_seen_by(lse_nan | do_bad, seqlen_k, causal)   # P^T dO
+    dk_nan = _keys_seen_by(dq_nan, seqlen_k, window)
+    dv_nan = _keys_seen_by(lse_nan | do_bad, seqlen_k, window)   # P^T dO
     return dq_nan, dk_nan, dv_nan
+
+
+# ---------------------------------------------------------------------------
+# Features: ALiBi, softcap, dropout (validation and score pipeline)
+# ---------------------------------------------------------------------------
+
+class _Features:
+    """The validated feature keywords of one call (see the module docstring).
+
+    ``window``: resolved ``(left, right)``; ``slopes``: (B, H) float64 or
+    None; ``softcap``: float (0 = off); ``dropout_p``: float;
+    ``drop_keep``: (B, H, Sq, Sk) bool or None (None when nothing is dropped);
+    ``drop_scale``: ``1 / (1 - dropout_p)``.
+    """
+
+    def __init__(self, dims, causal, window_size, alibi_slopes, softcap,
+                 dropout_p, dropout_mask):
+        batch, seqlen_q, seqlen_k, nheads = dims[0], dims[1], dims[2], dims[3]
+        self.window = _resolve_window(window_size, causal)
+        self.softcap = _check_softcap(softcap)
+        self.slopes = _check_alibi(alibi_slopes, batch, nheads)
+        self.dropout_p = _check_dropout_p(dropout_p)
+        self.drop_scale = 1.0 / (1.0 - self.dropout_p)
+        self.drop_keep = _check_dropout_mask(
+            dropout_mask, self.dropout_p,
+            (batch, nheads, seqlen_q, seqlen_k),
+            "(batch, nheads, seqlen_q, seqlen_k)")
+        self.seqlen_q, self.seqlen_k = seqlen_q, seqlen_k
+
+    def keep(self):
+        return _keep_mask(self.seqlen_q, self.seqlen_k, self.window)
+
+    def has_keys(self):
+        return _rows_with_keys(self.seqlen_q, self.seqlen_k, self.window)
+
+    def scores(self, s, i0=0, i1=None, j0=0, j1=None, rounded=None):
+        """Softcap and ALiBi applied to the scaled scores ``s`` (..., m, n) of
+        rows ``i0:i1`` and keys ``j0:j1``; returns ``(s, t)`` with ``t`` the
+        softcap's tanh (None without softcap). ``rounded``: round each
+        intermediate (the low precision baseline)."""
+        rnd = rounded if rounded is not None else (lambda x: x)
+        t = None
+        if self.softcap > 0:
+            cap = s.dtype.type(self.softcap)
+            t = rnd(np.tanh(rnd(s / cap)))
+            s = rnd(cap * t)
+        if self.slopes is not None:
+            i1 = self.seqlen_q if i1 is None else i1
+            j1 = self.seqlen_k if j1 is None else j1
+            s = rnd(s + _alibi_bias(self.slopes, self.seqlen_q, self.seqlen_k,
+                                    i0, i1, j0, j1).astype(s.dtype))
+        return s, t
+
+    def drop_factor(self, i0=0, i1=None, j0=0, j1=None):
+        """``keep / (1 - p)`` for rows i0:i1, keys j0:j1, or None (no dropout)."""
+        if self.drop_keep is None:
+            return None
+        i1 = self.seqlen_q if i1 is None else i1
+        j1 = self.seqlen_k if j1 is None else j1
+        return self.drop_keep[:, :, i0:i1, j0:j1] * self.drop_scale
+
+
+def _check_softcap(softcap):
+    try:
+        cap = float(softcap)
+    except (TypeError, ValueError):
+        cap = None
+    if cap is None or isinstance(softcap, (bool, np.bool_)) or \
+            not math.isfinite(cap) or cap < 0:
+        raise ValueError(
+            f"softcap must be a finite float >= 0 (0 = off), got {softcap!r}")
+    return cap
+
+
+def _check_alibi(alibi_slopes, batch, nheads):
+    """``alibi_slopes`` as a (batch, nheads) float64 array, or None."""
+    if alibi_slopes is None:
+        return None
+    slopes = np.asarray(alibi_slopes)
+    if slopes.dtype.kind not in "fiu":
+        raise ValueError(
+            f"alibi_slopes must be a real (float32) array, got dtype "
+            f"{slopes.dtype}")
+    if slopes.shape not in ((nheads,), (batch, nheads)):
+        raise ValueError(
+            f"alibi_slopes must have shape (nheads,) = ({nheads},) or "
+            f"(batch, nheads) = ({batch}, {nheads}), got {slopes.shape}")
+    slopes = slopes.astype(np.float64)
+    if not np.isfinite(slopes).all():
+        raise ValueError("alibi_slopes must be finite")
+    return np.ascontiguousarray(np.broadcast_to(slopes, (batch, nheads)))
+
+
+def _alibi_bias(slopes, seqlen_q, seqlen_k, i0, i1, j0, j1):
+    """``-slope * |i + seqlen_k - seqlen_q - j|`` for rows i0:i1, keys j0:j1:
+    (B, H, i1 - i0, j1 - j0) float64."""
+    dist = np.abs(np.arange(i0, i1)[:, None] + (seqlen_k - seqlen_q)
+                  - np.arange(j0, j1)[None, :]).astype(np.float64)
+    return -slopes[:, :, None, None] * dist
+
+
+def _check_dropout_p(dropout_p):
+    try:
+        p = float(dropout_p)
+    except (TypeError, ValueError):
+        p = None
+    if p is None or isinstance(dropout_p, (bool, np.bool_)) or \
+            not (0.0 <= p < 1.0):
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+    return p
+
+
+def _check_dropout_mask(dropout_mask, dropout_p, shape, what):
+    """The validated dropout keep mask (bool, ``shape``) or None.
+
+    ``dropout_p > 0`` needs the mask; with ``dropout_p == 0`` a given mask
+    must keep everything (nothing is dropped), and None is returned.
+    """
+    if dropout_mask is None:
+        if dropout_p > 0:
+            raise ValueError(
+                f"dropout_p={dropout_p} needs dropout_mask (a bool array "
+                f"{what}, True = kept): the reference does not draw random "
+                f"numbers")
+        return None
+    mask = np.asarray(dropout_mask)
+    if mask.dtype != np.bool_:
+        raise ValueError(
+            f"dropout_mask must be a bool array (True = kept), got dtype "
+            f"{mask.dtype}")
+    if mask.shape != tuple(shape):
+        raise ValueError(
+            f"dropout_mask must have shape {tuple(shape)} {what}, got "
+            f"{mask.shape}")
+    if dropout_p == 0:
+        if not mask.all():
+            raise ValueError(
+                "dropout_mask drops entries but dropout_p is 0 (with "
+                "dropout_p = 0 nothing is dropped)")
+        return None
+    return mask
 
 
 def _set_nan_rows(x, rows):
@@ -355,7 +611,9 @@ def _normalized(p, l, has_keys):
 
 @_ignore_underflow
 def attention_naive(q, k, v, softmax_scale=None, causal=False,
-                    return_lse=False):
+                    return_lse=False, *, window_size=(-1, -1),
+                    alibi_slopes=None, softcap=0.0, dropout_p=0.0,
+                    dropout_mask=None):
     """Exact attention computed directly in float64.
 
     Parameters
@@ -370,6 +628,19 @@ def attention_naive(q, k, v, softmax_scale=None, causal=False,
         Apply the bottom-right aligned causal mask (see :func:`causal_mask`).
     return_lse : bool
         Also return the log-sum-exp of the scaled scores.
+    window_size : (int, int), keyword-only
+        ``(left, right)`` local attention window, -1 = unbounded (module
+        docstring, "Features"); ``causal=True`` sets ``right = 0``.
+    alibi_slopes : array (nheads,) or (batch, nheads), optional, keyword-only
+        ALiBi slopes: ``-slope * |i + seqlen_k - seqlen_q - j|`` is added
+        to the (scaled, softcapped) score.
+    softcap : float, keyword-only
+        ``> 0``: the scaled score ``s`` becomes ``softcap * tanh(s /
+        softcap)``; 0 (default) turns it off.
+    dropout_p : float in [0, 1), keyword-only
+    dropout_mask : bool array (batch, nheads, seqlen_q, seqlen_k), keyword-only
+        True = kept; required when ``dropout_p > 0``. Kept probabilities are
+        scaled by ``1 / (1 - dropout_p)``; the LSE is the undropped one.
 
     Returns
     -------
@@ -384,20 +655,24 @@ def attention_naive(q, k, v, softmax_scale=None, causal=False,
     q, k, v, dims = _as_float64(q, k, v)
     _, seqlen_q, seqlen_k, nheads, _, headdim = dims
     scale = _resolve_scale(softmax_scale, headdim)
+    feat = _Features(dims, causal, window_size, alibi_slopes, softcap,
+                     dropout_p, dropout_mask)
     lse_nan, out_nan = _forward_nan_rows(
         _nonfinite_rows(q, nheads), _nonfinite_rows(k, nheads),
-        _nonfinite_rows(v, nheads), seqlen_k, causal)
+        _nonfinite_rows(v, nheads), seqlen_k, feat.window)
 
     qh = np.moveaxis(_finite_or_zero(q), 2, 1)    # (B, H, Sq, D)
     kh = _to_bhsd(_finite_or_zero(k), nheads)     # (B, H, Sk, D)
     vh = _to_bhsd(_finite_or_zero(v), nheads)
 
     s = np.matmul(qh, np.swapaxes(kh, -1, -2)) * scale   # (B, H, Sq, Sk)
-    keep = causal_mask(seqlen_q, seqlen_k) if causal else None
-    p, m, l = _masked_softmax_parts(s, keep)
+    s, _ = feat.scores(s)
+    p, m, l = _masked_softmax_parts(s, feat.keep())
+    drop = feat.drop_factor()
+    if drop is not None:
+        p = p * drop             # the LSE below uses the undropped sum l
     acc = np.matmul(p, vh)                                # (B, H, Sq, D)
-    out, lse = _finish(acc, m, l,
-                       _rows_with_keys(seqlen_q, seqlen_k, causal))
+    out, lse = _finish(acc, m, l, feat.has_keys())
     _set_nan_rows(out, out_nan)
     _set_nan_rows(lse, lse_nan)
     out = np.ascontiguousarray(np.moveaxis(out, 1, 2))
@@ -412,7 +687,8 @@ def attention_naive(q, k, v, softmax_scale=None, causal=False,
 
 @_ignore_underflow
 def attention_tiled(q, k, v, softmax_scale=None, causal=False, block_m=64,
-                    block_n=64):
+                    block_n=64, *, window_size=(-1, -1), alibi_slopes=None,
+                    softcap=0.0, dropout_p=0.0, dropout_mask=None):
     """FlashAttention-2 forward pass, written block by block in float64.
 
     For each block of ``block_m`` query rows, the K/V blocks of ``block_n``
@@ -427,8 +703,12 @@ def attention_tiled(q, k, v, softmax_scale=None, causal=False, block_m=64,
         acc   = alpha * acc + P V_j
 
     and at the end ``O_i = acc / l`` and ``LSE_i = m + log(l)``. With
-    ``causal=True`` the K/V blocks that are masked for every row of the Q
-    block are skipped, as in the kernel. Batch and heads are vectorized.
+    ``causal=True`` or a window the K/V blocks that are masked for every row
+    of the Q block are skipped, as in the kernel, and only the blocks
+    crossing a band edge are masked element by element. Softcap and ALiBi
+    are applied to ``S`` per block; with dropout ``acc`` accumulates
+    ``(P * Z) V_j`` (``Z = mask / (1 - p)``) while ``l`` sums the undropped
+    ``P``. Batch and heads are vectorized.
 
     Parameters
     ----------
@@ -440,6 +720,8 @@ def attention_tiled(q, k, v, softmax_scale=None, causal=False, block_m=64,
         Bottom-right aligned causal mask.
     block_m, block_n : int
         Tile sizes along seqlen_q and seqlen_k (any positive integers).
+    window_size, alibi_slopes, softcap, dropout_p, dropout_mask : keyword-only
+        As for :func:`attention_naive`.
 
     Returns
     -------
@@ -456,15 +738,19 @@ def attention_tiled(q, k, v, softmax_scale=None, causal=False, block_m=64,
     q, k, v, dims = _as_float64(q, k, v)
     batch, seqlen_q, seqlen_k, nheads, _, headdim = dims
     scale = _resolve_scale(softmax_scale, headdim)
+    feat = _Features(dims, causal, window_size, alibi_slopes, softcap,
+                     dropout_p, dropout_mask)
+    left, right = feat.window
     lse_nan, out_nan = _forward_nan_rows(
         _nonfinite_rows(q, nheads), _nonfinite_rows(k, nheads),
-        _nonfinite_rows(v, nheads), seqlen_k, causal)
-    has_keys = _rows_with_keys(seqlen_q, seqlen_k, causal)
+        _nonfinite_rows(v, nheads), seqlen_k, feat.window)
+    has_keys = feat.has_keys()
 
     qh = np.moveaxis(_finite_or_zero(q), 2, 1)    # (B, H, Sq, D)
     kt = np.swapaxes(_to_bhsd(_finite_or_zero(k), nheads), -1, -2)  # (B,H,D,Sk)
     vh = _to_bhsd(_finite_or_zero(v), nheads)     # (B, H, Sk, D)
-    offset = seqlen_k - seqlen_q          # row i keeps keys j <= i + offset
+    # Row i keeps keys i + offset - left <= j <= i + offset + right.
+    offset = seqlen_k - seqlen_q
 
     out = np.zeros((batch, nheads, seqlen_q, headdim))
     lse = np.full((batch, nheads, seqlen_q), np.inf)
@@ -478,14 +764,22 @@ def attention_tiled(q, k, v, softmax_scale=None, causal=False, block_m=64,
         l = np.zeros((batch, nheads, i1 - i0))
         acc = np.zeros((batch, nheads, i1 - i0, headdim))
 
-        # Keys beyond the last row's diagonal are masked for the whole block.
-        n_end = min(seqlen_k, i1 + offset) if causal else seqlen_k
-        for j0 in range(0, max(n_end, 0), block_n):
+        # Keys beyond the last row's right edge, or before the first row's
+        # left edge, are masked for the whole block.
+        n_end = min(seqlen_k, i1 + offset + right) if right >= 0 else seqlen_k
+        n_start = max(0, i0 + offset - left) if left >= 0 else 0
+        for j0 in range(n_start - n_start % block_n, max(n_end, 0), block_n):
             j1 = min(j0 + block_n, seqlen_k)
             s = np.matmul(q_blk, kt[:, :, :, j0:j1]) * scale
-            # Only blocks crossing the diagonal need the element-wise mask.
-            if causal and j1 - 1 > i0 + offset:
-                keep = np.arange(j0, j1)[None, :] <= rows[:, None] + offset
+            s, _ = feat.scores(s, i0, i1, j0, j1)
+            # Only blocks crossing a band edge need the element-wise mask.
+            if ((right >= 0 and j1 - 1 > i0 + offset + right)
+                    or (left >= 0 and j0 < i1 - 1 + offset - left)):
+                cols = np.arange(j0, j1)[None, :]
+                keep = cols <= rows[:, None] + offset + right if right >= 0 \
+                    else np.ones((1, j1 - j0), dtype=bool)
+                if left >= 0:
+                    keep = keep & (cols >= rows[:, None] + offset - left)
                 s = np.where(keep, s, -np.inf)
 
             m_new = np.maximum(m, np.max(s, axis=-1))
@@ -495,6 +789,9 @@ def attention_tiled(q, k, v, softmax_scale=None, causal=False, block_m=64,
             p = np.exp(s - m_shift[..., None])
             alpha = np.exp(m - m_shift)
             l = alpha * l + np.sum(p, axis=-1)
+            drop = feat.drop_factor(i0, i1, j0, j1)
+            if drop is not None:
+                p = p * drop
             acc = alpha[..., None] * acc + np.matmul(p, vh[:, :, j0:j1, :])
             m = m_new
 
@@ -512,7 +809,9 @@ def attention_tiled(q, k, v, softmax_scale=None, causal=False, block_m=64,
 
 @_ignore_underflow
 def attention_backward_naive(dout, q, k, v, softmax_scale=None,
-                             causal=False):
+                             causal=False, *, window_size=(-1, -1),
+                             alibi_slopes=None, softcap=0.0, dropout_p=0.0,
+                             dropout_mask=None):
     """Gradient of :func:`attention_naive`'s output, in closed form (float64).
 
     With ``S = scale * Q K^T``, ``P = softmax(S)`` (row-wise, masked) and
@@ -542,6 +841,11 @@ def attention_backward_naive(dout, q, k, v, softmax_scale=None,
         Defaults to ``1 / sqrt(headdim)``.
     causal : bool
         Bottom-right aligned causal mask (see :func:`causal_mask`).
+    window_size, alibi_slopes, softcap, dropout_p, dropout_mask : keyword-only
+        As for :func:`attention_naive` (the same dropout mask as the
+        forward's). With softcap, ``dS`` is multiplied by ``1 - tanh^2``
+        before ``dQ`` and ``dK``; with dropout, ``dV = (P * Z)^T dO`` and
+        ``dP = (dO V^T) * Z`` with ``Z = mask / (1 - dropout_p)``.
 
     Returns
     -------
@@ -554,11 +858,13 @@ def attention_backward_naive(dout, q, k, v, softmax_scale=None,
     _, seqlen_q, seqlen_k, nheads, nheads_kv, headdim = dims
     dout = _as_float64_shaped("dout", dout, q.shape, "(q's shape)")
     scale = _resolve_scale(softmax_scale, headdim)
+    feat = _Features(dims, causal, window_size, alibi_slopes, softcap,
+                     dropout_p, dropout_mask)
     dq_nan, dk_nan, dv_nan = _backward_nan_rows(
         *_forward_nan_rows(_nonfinite_rows(q, nheads),
                            _nonfinite_rows(k, nheads),
-                           _nonfinite_rows(v, nheads), seqlen_k, causal),
-        _nonfinite_rows(dout, nheads), seqlen_k, causal)
+                           _nonfinite_rows(v, nheads), seqlen_k, feat.window),
+        _nonfinite_rows(dout, nheads), seqlen_k, feat.window)
 
     qh = np.moveaxis(_finite_or_zero(q), 2, 1)    # (B, H, Sq, D)
     kh = _to_bhsd(_finite_or_zero(k), nheads)     # (B, H, Sk, D)
@@ -567,16 +873,22 @@ def attention_backward_naive(dout, q, k, v, softmax_scale=None,
 
     # Forward: P normalized, 0 on masked entries and on fully masked rows.
     s = np.matmul(qh, np.swapaxes(kh, -1, -2)) * scale   # (B, H, Sq, Sk)
-    keep = causal_mask(seqlen_q, seqlen_k) if causal else None
-    p, _, l = _masked_softmax_parts(s, keep)
-    probs = _normalized(p, l, _rows_with_keys(seqlen_q, seqlen_k, causal))
-    out = np.matmul(probs, vh)                            # (B, H, Sq, D)
+    s, tanh = feat.scores(s)
+    p, _, l = _masked_softmax_parts(s, feat.keep())
+    probs = _normalized(p, l, feat.has_keys())
+    drop = feat.drop_factor()
+    probs_dropped = probs if drop is None else probs * drop
+    out = np.matmul(probs_dropped, vh)                    # (B, H, Sq, D)
 
     # Backward.
-    dv = np.matmul(np.swapaxes(probs, -1, -2), do)        # (B, H, Sk, D)
+    dv = np.matmul(np.swapaxes(probs_dropped, -1, -2), do)  # (B, H, Sk, D)
     dp = np.matmul(do, np.swapaxes(vh, -1, -2))           # (B, H, Sq, Sk)
+    if drop is not None:
+        dp = dp * drop
     delta = np.sum(do * out, axis=-1)                     # (B, H, Sq)
     ds = probs * (dp - delta[..., None])                  # (B, H, Sq, Sk)
+    if tanh is not None:
+        ds = ds * (1.0 - tanh * tanh)     # d(softcap * tanh(s / softcap))
     dq = np.matmul(ds, kh) * scale                        # (B, H, Sq, D)
     dk = np.matmul(np.swapaxes(ds, -1, -2), qh) * scale   # (B, H, Sk, D)
     _set_nan_rows(dq, dq_nan)
@@ -593,7 +905,9 @@ def attention_backward_naive(dout, q, k, v, softmax_scale=None,
 
 @_ignore_underflow
 def attention_backward_tiled(dout, q, k, v, out, lse, softmax_scale=None,
-                             causal=False, block_q=64, block_k=64):
+                             causal=False, block_q=64, block_k=64, *,
+                             window_size=(-1, -1), alibi_slopes=None,
+                             softcap=0.0, dropout_p=0.0, dropout_mask=None):
     """FlashAttention-2 backward pass, written block by block in float64.
 
     The algorithm of the FlashAttention-2 paper (Algorithm 2, backward; FA1
@@ -617,9 +931,11 @@ def attention_backward_tiled(dout, q, k, v, out, lse, softmax_scale=None,
     ``dK_j`` and ``dV_j`` in registers) and ``dQ_i`` is accumulated across
     K/V blocks in global memory; here the loops simply run in order.
 
-    With ``causal=True`` the Q blocks that see no key of K/V block ``j`` are
-    skipped, and only the blocks crossing the diagonal are masked element by
-    element. Rows with ``LSE = +inf`` (no visible key) get ``P = 0`` and add
+    With ``causal=True`` or a window the Q blocks that see no key of K/V
+    block ``j`` are skipped, and only the blocks crossing a band edge are
+    masked element by element. Softcap and ALiBi are applied to ``S_ij``
+    (and ``dS_ij`` is multiplied by ``1 - tanh^2``); with dropout
+    ``dV_j += (P_ij * Z_ij)^T dO_i`` and ``dP_ij = (dO_i V_j^T) * Z_ij``. Rows with ``LSE = +inf`` (no visible key) get ``P = 0`` and add
     nothing. With GQA / MQA each query head is processed on its own and
     ``dK``, ``dV`` are summed over the query heads of a kv head at the end.
     Batch and heads are vectorized.
@@ -642,6 +958,8 @@ def attention_backward_tiled(dout, q, k, v, out, lse, softmax_scale=None,
         Bottom-right aligned causal mask. Must be the forward's setting.
     block_q, block_k : int
         Tile sizes along seqlen_q and seqlen_k (any positive integers).
+    window_size, alibi_slopes, softcap, dropout_p, dropout_mask : keyword-only
+        As for :func:`attention_naive`; must be the forward's.
 
     Returns
     -------
@@ -661,17 +979,21 @@ def attention_backward_tiled(dout, q, k, v, out, lse, softmax_scale=None,
     lse = _as_float64_shaped("lse", lse, (batch, nheads, seqlen_q),
                              "(batch, nheads, seqlen_q)")
     scale = _resolve_scale(softmax_scale, headdim)
+    feat = _Features(dims, causal, window_size, alibi_slopes, softcap,
+                     dropout_p, dropout_mask)
+    window = feat.window
+    left, right = window
     # The given out and lse are read row by row as well: a NaN or -inf LSE
     # (+inf is the fully masked value) makes the row's P NaN, a non-finite
     # out row its D = rowsum(dO * O).
     lse_bad = np.isnan(lse) | np.isneginf(lse)
     lse_nan, out_nan = _forward_nan_rows(
         _nonfinite_rows(q, nheads) | lse_bad, _nonfinite_rows(k, nheads),
-        _nonfinite_rows(v, nheads), seqlen_k, causal)
+        _nonfinite_rows(v, nheads), seqlen_k, window)
     out_nan |= _nonfinite_rows(out, nheads) & _rows_with_keys(
-        seqlen_q, seqlen_k, causal)
+        seqlen_q, seqlen_k, window)
     dq_nan, dk_nan, dv_nan = _backward_nan_rows(
-        lse_nan, out_nan, _nonfinite_rows(dout, nheads), seqlen_k, causal)
+        lse_nan, out_nan, _nonfinite_rows(dout, nheads), seqlen_k, window)
     # Affected rows are computed on zeros (and P = 0) and set to NaN below.
     lse = np.where(lse_bad, np.inf, lse)
     out = _finite_or_zero(out)
@@ -680,7 +1002,8 @@ def attention_backward_tiled(dout, q, k, v, out, lse, softmax_scale=None,
     kh = _to_bhsd(_finite_or_zero(k), nheads)     # (B, H, Sk, D)
     vh = _to_bhsd(_finite_or_zero(v), nheads)
     do = np.moveaxis(_finite_or_zero(dout), 2, 1)  # (B, H, Sq, D)
-    offset = seqlen_k - seqlen_q          # row i keeps keys j <= i + offset
+    # Row i keeps keys i + offset - left <= j <= i + offset + right.
+    offset = seqlen_k - seqlen_q
 
     # Preprocess: D_i = rowsum(dO_i * O_i).
     delta = np.sum(do * np.moveaxis(out, 2, 1), axis=-1)   # (B, H, Sq)
@@ -697,29 +1020,42 @@ def attention_backward_tiled(dout, q, k, v, out, lse, softmax_scale=None,
         dk_blk = np.zeros((batch, nheads, j1 - j0, headdim))
         dv_blk = np.zeros((batch, nheads, j1 - j0, headdim))
 
-        # Row i sees key j0 iff i >= j0 - offset: earlier Q blocks see none
-        # of this K/V block. If no row at all sees key j0, neither does any
-        # row see a later key, so this and all later K/V blocks get zero.
-        first_row = max(0, j0 - offset) if causal else 0
-        if first_row >= seqlen_q:
-            break
-        for i0 in range(first_row - first_row % block_q, seqlen_q, block_q):
+        # Row i sees key j0 only if i >= j0 - offset - right, and key j1 - 1
+        # only if i <= j1 - 1 - offset + left: Q blocks outside these rows
+        # see none of this K/V block and are skipped.
+        first_row = max(0, j0 - offset - right) if right >= 0 else 0
+        last_row = (min(seqlen_q - 1, j1 - 1 - offset + left) if left >= 0
+                    else seqlen_q - 1)
+        for i0 in range(first_row - first_row % block_q, last_row + 1,
+                        block_q):
             i1 = min(i0 + block_q, seqlen_q)
             q_blk = qh[:, :, i0:i1, :]
             do_blk = do[:, :, i0:i1, :]
 
             s = np.matmul(q_blk, np.swapaxes(k_blk, -1, -2)) * scale
-            # Only blocks crossing the diagonal need the element-wise mask.
-            if causal and j1 - 1 > i0 + offset:
-                keep = cols[None, :] <= np.arange(i0, i1)[:, None] + offset
+            s, tanh = feat.scores(s, i0, i1, j0, j1)
+            # Only blocks crossing a band edge need the element-wise mask.
+            if ((right >= 0 and j1 - 1 > i0 + offset + right)
+                    or (left >= 0 and j0 < i1 - 1 + offset - left)):
+                rows = np.arange(i0, i1)[:, None]
+                keep = cols[None, :] <= rows + offset + right if right >= 0 \
+                    else np.ones((1, j1 - j0), dtype=bool)
+                if left >= 0:
+                    keep = keep & (cols[None, :] >= rows + offset - left)
                 s = np.where(keep, s, -np.inf)
             # exp(-inf) = 0 for masked entries; LSE = +inf rows give
             # S - LSE = -inf (never inf - inf, since S < +inf), so P = 0.
             p = np.exp(s - lse[:, :, i0:i1, None])
 
-            dv_blk += np.matmul(np.swapaxes(p, -1, -2), do_blk)
+            drop = feat.drop_factor(i0, i1, j0, j1)
+            p_dropped = p if drop is None else p * drop
+            dv_blk += np.matmul(np.swapaxes(p_dropped, -1, -2), do_blk)
             dp = np.matmul(do_blk, np.swapaxes(v_blk, -1, -2))
+            if drop is not None:
+                dp = dp * drop
             ds = p * (dp - delta[:, :, i0:i1, None])
+            if tanh is not None:
+                ds = ds * (1.0 - tanh * tanh)
             dq[:, :, i0:i1, :] += np.matmul(ds, k_blk) * scale
             dk_blk += np.matmul(np.swapaxes(ds, -1, -2), q_blk) * scale
 
@@ -755,7 +1091,8 @@ def _resolve_lowp_dtype(dtype):
 
 @_ignore_underflow
 def lowp_attention(q, k, v, softmax_scale=None, causal=False,
-                   dtype=np.float16):
+                   dtype=np.float16, *, window_size=(-1, -1), alibi_slopes=None,
+                   softcap=0.0, dropout_p=0.0, dropout_mask=None):
     """Plain (non-tiled) attention computed in the same low precision.
 
     This is the error baseline of the FlashAttention test rule: a kernel's
@@ -765,6 +1102,12 @@ def lowp_attention(q, k, v, softmax_scale=None, causal=False,
     float32 and rounded to ``dtype``; softmax in float32 (masked as in
     :func:`attention_naive`) with ``P`` rounded to ``dtype``; ``O = P v``
     accumulated in float32 and rounded to ``dtype``.
+
+    The features round every intermediate to ``dtype`` too: softcap
+    ``t = tanh(S / softcap)`` (the quotient and ``t`` rounded) and
+    ``S = softcap * t`` (rounded); ALiBi ``S = S + bias`` (bias in float32,
+    the sum rounded); dropout ``P * mask / (1 - p)`` (rounded) replaces
+    ``P`` in ``O = P v``.
 
     Parameters
     ----------
@@ -776,6 +1119,8 @@ def lowp_attention(q, k, v, softmax_scale=None, causal=False,
         Bottom-right aligned causal mask.
     dtype : np.float16 or ml_dtypes.bfloat16 (or the string "bfloat16")
         ml_dtypes is imported only when bfloat16 is requested by name.
+    window_size, alibi_slopes, softcap, dropout_p, dropout_mask : keyword-only
+        As for :func:`attention_naive`.
 
     Returns
     -------
@@ -786,19 +1131,23 @@ def lowp_attention(q, k, v, softmax_scale=None, causal=False,
     """
     lowp = _resolve_lowp_dtype(dtype)
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    _, _, vh, probs, rounded, (_, out_nan) = _lowp_forward(
-        q, k, v, softmax_scale, causal, lowp)
-    o = _set_nan_rows(rounded(np.matmul(probs, vh)), out_nan)
+    feat = _Features(_check_shapes(q, k, v), causal, window_size,
+                     alibi_slopes, softcap, dropout_p, dropout_mask)
+    _, _, vh, _, probs_dropped, _, rounded, (_, out_nan) = _lowp_forward(
+        q, k, v, softmax_scale, feat, lowp)
+    o = _set_nan_rows(rounded(np.matmul(probs_dropped, vh)), out_nan)
     return np.ascontiguousarray(np.moveaxis(o, 1, 2)).astype(np.float64)
 
 
-def _lowp_forward(q, k, v, softmax_scale, causal, lowp):
+def _lowp_forward(q, k, v, softmax_scale, feat, lowp):
     """The forward of plain attention in low precision, up to P (see lowp_attention).
 
-    Returns (qh, kh, vh, probs, rounded, (lse_nan, out_nan)): the rounded inputs as
-    (B, H, S, D) float32 (non-finite values replaced by 0), the rounded probabilities P,
-    the rounding function (to ``lowp``, back to float32) and the (B, H, Sq) rows whose
-    P and whose output read a non-finite rounded input (see _forward_nan_rows).
+    Returns (qh, kh, vh, probs, probs_dropped, tanh, rounded, (lse_nan, out_nan)):
+    the rounded inputs as (B, H, S, D) float32 (non-finite values replaced by 0), the
+    rounded probabilities P, the rounded dropped ``P * mask / (1 - p)`` (P itself without
+    dropout), the rounded softcap tanh (None without softcap), the rounding function (to
+    ``lowp``, back to float32) and the (B, H, Sq) rows whose P and whose output read a
+    non-finite rounded input (see _forward_nan_rows). ``feat``: a _Features.
     """
     _, seqlen_q, seqlen_k, nheads, _, headdim = _check_shapes(q, k, v)
     scale = np.float32(_resolve_scale(softmax_scale, headdim))
@@ -815,20 +1164,25 @@ def _lowp_forward(q, k, v, softmax_scale, causal, lowp):
     q, k, v = rounded_input(q), rounded_input(k), rounded_input(v)
     nan_rows = _forward_nan_rows(
         _nonfinite_rows(q, nheads), _nonfinite_rows(k, nheads),
-        _nonfinite_rows(v, nheads), seqlen_k, causal)
+        _nonfinite_rows(v, nheads), seqlen_k, feat.window)
     qh = np.moveaxis(_finite_or_zero(q), 2, 1)    # (B, H, Sq, D)
     kh = _to_bhsd(_finite_or_zero(k), nheads)     # (B, H, Sk, D)
     vh = _to_bhsd(_finite_or_zero(v), nheads)
     s = rounded(np.matmul(qh, np.swapaxes(kh, -1, -2)) * scale)
-    keep = causal_mask(seqlen_q, seqlen_k) if causal else None
-    p, _, l = _masked_softmax_parts(s, keep)
-    probs = _normalized(p, l, _rows_with_keys(seqlen_q, seqlen_k, causal))
-    return qh, kh, vh, rounded(probs), rounded, nan_rows
+    s, tanh = feat.scores(s, rounded=rounded)
+    p, _, l = _masked_softmax_parts(s, feat.keep())
+    probs = rounded(_normalized(p, l, feat.has_keys()))
+    drop = feat.drop_factor()
+    probs_dropped = probs if drop is None else rounded(
+        probs * drop.astype(np.float32))
+    return qh, kh, vh, probs, probs_dropped, tanh, rounded, nan_rows
 
 
 @_ignore_underflow
 def attention_grad_lowp(dout, q, k, v, softmax_scale=None, causal=False,
-                        dtype=np.float16):
+                        dtype=np.float16, *, window_size=(-1, -1),
+                        alibi_slopes=None, softcap=0.0, dropout_p=0.0,
+                        dropout_mask=None):
     """Gradients of plain (non-tiled) attention computed in low precision.
 
     The backward counterpart of :func:`lowp_attention`, and the error baseline
@@ -854,6 +1208,12 @@ def attention_grad_lowp(dout, q, k, v, softmax_scale=None, causal=False,
       the float32 accumulator, and with GQA / MQA the sum over a kv head's
       query heads is part of the same float32 accumulation.
 
+    Features (as :func:`lowp_attention` in the forward): with dropout
+    ``dP = (dout v^T) * mask / (1 - p)`` is rounded again, ``P`` in
+    ``rowsum(P * dP)`` and ``dS`` is the undropped one and ``dv`` uses the
+    dropped ``P``; with softcap ``dS`` is multiplied by ``1 - t^2`` (``t``
+    the forward's rounded tanh, evaluated in float32) and rounded again.
+
     Parameters
     ----------
     dout : array, shape (batch, seqlen_q, nheads, headdim)
@@ -864,6 +1224,8 @@ def attention_grad_lowp(dout, q, k, v, softmax_scale=None, causal=False,
     causal : bool
         Bottom-right aligned causal mask.
     dtype : np.float16 or ml_dtypes.bfloat16 (or the string "bfloat16")
+    window_size, alibi_slopes, softcap, dropout_p, dropout_mask : keyword-only
+        As for :func:`attention_naive`.
 
     Returns
     -------
@@ -875,27 +1237,197 @@ def attention_grad_lowp(dout, q, k, v, softmax_scale=None, causal=False,
     """
     lowp = _resolve_lowp_dtype(dtype)
     q, k, v, dout = np.asarray(q), np.asarray(k), np.asarray(v), np.asarray(dout)
-    _, _, seqlen_k, nheads, nheads_kv, headdim = _check_shapes(q, k, v)
+    dims = _check_shapes(q, k, v)
+    _, _, seqlen_k, nheads, nheads_kv, headdim = dims
     if dout.shape != q.shape:
         raise ValueError(
             f"dout must have shape {q.shape} (q's shape), got {dout.shape}")
     scale = np.float32(_resolve_scale(softmax_scale, headdim))
+    feat = _Features(dims, causal, window_size, alibi_slopes, softcap,
+                     dropout_p, dropout_mask)
     # Forward, as lowp_attention.
-    qh, kh, vh, probs, rounded, nan_rows = _lowp_forward(
-        q, k, v, softmax_scale, causal, lowp)
+    qh, kh, vh, probs, probs_dropped, tanh, rounded, nan_rows = _lowp_forward(
+        q, k, v, softmax_scale, feat, lowp)
     with np.errstate(over="ignore"):   # as the inputs in _lowp_forward
         dout = rounded(dout)
     dq_nan, dk_nan, dv_nan = _backward_nan_rows(
-        *nan_rows, _nonfinite_rows(dout, nheads), seqlen_k, causal)
+        *nan_rows, _nonfinite_rows(dout, nheads), seqlen_k, feat.window)
     do = np.moveaxis(_finite_or_zero(dout), 2, 1)
 
     # Backward.
     dp = rounded(np.matmul(do, np.swapaxes(vh, -1, -2)))
+    drop = feat.drop_factor()
+    if drop is not None:
+        dp = rounded(dp * drop.astype(np.float32))
     ds = rounded(probs * (dp - np.sum(probs * dp, axis=-1, keepdims=True)))
+    if tanh is not None:
+        ds = rounded(ds * (np.float32(1) - tanh * tanh))
     dq = _set_nan_rows(rounded(np.matmul(ds, kh) * scale), dq_nan)
     dk = rounded(_sum_kv_groups(_set_nan_rows(
         np.matmul(np.swapaxes(ds, -1, -2), qh) * scale, dk_nan), nheads_kv))
     dv = rounded(_sum_kv_groups(_set_nan_rows(
-        np.matmul(np.swapaxes(probs, -1, -2), do), dv_nan), nheads_kv))
+        np.matmul(np.swapaxes(probs_dropped, -1, -2), do), dv_nan), nheads_kv))
     return (np.moveaxis(dq, 1, 2).astype(np.float64), dk.astype(np.float64),
             dv.astype(np.float64))
+
+
+# ---------------------------------------------------------------------------
+# Variable length (packed) sequences
+# ---------------------------------------------------------------------------
+
+def _check_cu_seqlens(name, cu_seqlens, total):
+    """``cu_seqlens`` as an int64 array, validated against ``total`` rows."""
+    cu = np.asarray(cu_seqlens)
+    if cu.ndim != 1 or cu.size < 1 or cu.dtype.kind not in "iu":
+        raise ValueError(
+            f"{name} must be a 1-D integer array (batch + 1,) of prefix sums, "
+            f"got dtype {cu.dtype} and shape {cu.shape}")
+    cu = cu.astype(np.int64)
+    if cu[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {cu[0]}")
+    if np.any(np.diff(cu) < 0):
+        raise ValueError(f"{name} must be non-decreasing, got {cu.tolist()}")
+    if cu[-1] != total:
+        raise ValueError(
+            f"{name} must end at the total number of rows ({total}), got "
+            f"{cu[-1]}")
+    return cu
+
+
+def _varlen_setup(q, k, v, cu_seqlens_q, cu_seqlens_k, window_size, softcap,
+                  alibi_slopes, dropout_p, dropout_mask):
+    """Validate the packed layout; return (q, k, v, cu_q, cu_k, per-seq getters)."""
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 3:
+            what = ("(total_q, nheads, headdim)" if name == "q"
+                    else "(total_k, nheads_kv, headdim)")
+            raise ValueError(
+                f"{name} must be a 3-D array {what} (varlen packed layout), "
+                f"got shape {x.shape}")
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape, got k {k.shape} and v {v.shape}")
+    _check_shapes(q[None], k[None], v[None])
+    cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
+    cu_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0])
+    if cu_q.size != cu_k.size:
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must have the same length "
+            f"(batch + 1), got {cu_q.size} and {cu_k.size}")
+    batch, nheads = cu_q.size - 1, q.shape[1]
+    _resolve_window(window_size, False)
+    _check_softcap(softcap)
+    if alibi_slopes is not None:
+        # Validated here against the whole batch; passed per sequence.
+        slopes = _check_alibi(alibi_slopes, batch, nheads)
+    dropout_p = _check_dropout_p(dropout_p)
+    if dropout_mask is not None:
+        if isinstance(dropout_mask, np.ndarray) or \
+                len(dropout_mask) != batch:
+            raise ValueError(
+                f"dropout_mask must be a list of {batch} per-sequence bool "
+                f"arrays (nheads, seqlen_q_b, seqlen_k_b) for varlen")
+    elif dropout_p > 0:
+        raise ValueError(
+            f"dropout_p={dropout_p} needs dropout_mask (a list of per-sequence "
+            f"bool arrays (nheads, seqlen_q_b, seqlen_k_b), True = kept)")
+
+    def seq(b):
+        sq = slice(cu_q[b], cu_q[b + 1])
+        sk = slice(cu_k[b], cu_k[b + 1])
+        kw = {"alibi_slopes": None if alibi_slopes is None else slopes[b],
+              "dropout_p": dropout_p, "dropout_mask": None}
+        if dropout_mask is not None:
+            mask = np.asarray(dropout_mask[b])
+            shape = (nheads, cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b])
+            if mask.shape != shape:
+                raise ValueError(
+                    f"dropout_mask[{b}] must have shape {shape} (nheads, "
+                    f"seqlen_q_b, seqlen_k_b), got {mask.shape}")
+            kw["dropout_mask"] = mask[None]
+        return sq, sk, kw
+
+    return q, k, v, cu_q, cu_k, seq
+
+
+def attention_varlen_naive(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                           softmax_scale=None, causal=False, return_lse=False,
+                           *, window_size=(-1, -1), alibi_slopes=None,
+                           softcap=0.0, dropout_p=0.0, dropout_mask=None):
+    """:func:`attention_naive` on flash-attn's packed variable-length layout.
+
+    Parameters
+    ----------
+    q : array, shape (total_q, nheads, headdim)
+    k, v : arrays, shape (total_k, nheads_kv, headdim)
+    cu_seqlens_q, cu_seqlens_k : int arrays, shape (batch + 1,)
+        Prefix sums of the sequence lengths (int32 in flash-attn): sequence
+        ``b`` is rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of ``q`` and
+        ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]`` of ``k`` / ``v``. They
+        start at 0, do not decrease and end at ``total_q`` / ``total_k``;
+        empty sequences are allowed.
+    softmax_scale, causal, return_lse, window_size, softcap, dropout_p :
+        As for :func:`attention_naive`; causal and window are bottom-right
+        aligned per sequence (with that sequence's own lengths).
+    alibi_slopes : array (nheads,) or (batch, nheads), optional
+    dropout_mask : list of ``batch`` bool arrays (nheads, seqlen_q_b, seqlen_k_b)
+        Required when ``dropout_p > 0``; True = kept.
+
+    Returns
+    -------
+    out : float64 array, shape (total_q, nheads, headdim)
+    lse : float64 array, shape (nheads, total_q)
+        Only if ``return_lse`` (flash-attn 2.x varlen layout).
+
+    Each sequence is an independent problem, computed by
+    :func:`attention_naive` with batch 1.
+    """
+    q, k, v, cu_q, cu_k, seq = _varlen_setup(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, window_size, softcap,
+        alibi_slopes, dropout_p, dropout_mask)
+    out = np.zeros(q.shape, dtype=np.float64)
+    lse = np.full((q.shape[1], q.shape[0]), np.inf)
+    for b in range(cu_q.size - 1):
+        sq, sk, kw = seq(b)
+        o, l = attention_naive(
+            q[None, sq], k[None, sk], v[None, sk], softmax_scale, causal,
+            True, window_size=window_size, softcap=softcap, **kw)
+        out[sq] = o[0]
+        lse[:, sq] = l[0]
+    if return_lse:
+        return out, lse
+    return out
+
+
+def attention_backward_varlen_naive(dout, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                    softmax_scale=None, causal=False, *,
+                                    window_size=(-1, -1), alibi_slopes=None,
+                                    softcap=0.0, dropout_p=0.0,
+                                    dropout_mask=None):
+    """:func:`attention_backward_naive` on the packed varlen layout.
+
+    Arguments as for :func:`attention_varlen_naive`, plus ``dout`` of
+    ``q``'s shape (total_q, nheads, headdim). Returns ``dq`` (total_q,
+    nheads, headdim) and ``dk``, ``dv`` (total_k, nheads_kv, headdim), all
+    float64; each sequence is computed by :func:`attention_backward_naive`
+    with batch 1.
+    """
+    q, k, v, cu_q, cu_k, seq = _varlen_setup(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, window_size, softcap,
+        alibi_slopes, dropout_p, dropout_mask)
+    dout = np.asarray(dout)
+    if dout.shape != q.shape:
+        raise ValueError(
+            f"dout must have shape {q.shape} (q's shape), got {dout.shape}")
+    dq = np.zeros(q.shape, dtype=np.float64)
+    dk = np.zeros(k.shape, dtype=np.float64)
+    dv = np.zeros(v.shape, dtype=np.float64)
+    for b in range(cu_q.size - 1):
+        sq, sk, kw = seq(b)
+        g = attention_backward_naive(
+            dout[None, sq], q[None, sq], k[None, sk], v[None, sk],
+            softmax_scale, causal, window_size=window_size, softcap=softcap,
+            **kw)
+        dq[sq], dk[sk], dv[sk] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
