@@ -17,13 +17,31 @@ if not _os.path.isdir(_os.path.join(_here, "kernels_cu")):
 
 from . import reference  # noqa: E402
 from ._gpu import NoGPUError  # noqa: E402
-from .api import bwd_config_for, config_for, flash_attn_backward, flash_attn_func  # noqa: E402
+from .api import (UnsupportedFeature, bwd_config_for, config_for, flash_attn_backward,  # noqa: E402
+                  flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+                  flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
+                  flash_attn_varlen_qkvpacked_func)
 from .families.base import ConfigError  # noqa: E402
 from .families.fa2_bwd import BwdConfig  # noqa: E402
 from .families.fa2_fwd import FwdConfig  # noqa: E402
 from .problem import Problem  # noqa: E402
 
 __version__ = "0.2.0.dev0"
-__all__ = ["flash_attn_func", "flash_attn_backward", "config_for", "bwd_config_for", "FwdConfig",
-           "BwdConfig", "ConfigError", "NoGPUError", "Problem", "reference",
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
+           "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
+           "flash_attn_varlen_kvpacked_func", "flash_attn_backward", "config_for", "bwd_config_for",
+           "FwdConfig", "BwdConfig", "ConfigError", "NoGPUError", "UnsupportedFeature", "Problem",
+           "reference", "index_first_axis", "index_put_first_axis", "unpad_input", "pad_input",
            "__version__"]
+
+_PADDING = ("index_first_axis", "index_put_first_axis", "unpad_input", "pad_input")
+
+
+def __getattr__(name):
+    """The bert_padding helpers (cuflash.padding) load torch: import them on first use, so
+    that importing cuflash imports neither CuPy nor torch."""
+    if name in _PADDING:
+        from . import padding
+
+        return getattr(padding, name)
+    raise AttributeError(f"module 'cuflash' has no attribute {name!r}")

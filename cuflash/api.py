@@ -19,10 +19,11 @@ plan by one tuple key; validation, selection and packing ran on the first call.
 from __future__ import annotations
 
 import math
+import operator
 import os
 import sys
 from dataclasses import dataclass
-from numbers import Real
+from numbers import Integral, Real
 from typing import Optional
 
 import numpy as np
@@ -31,12 +32,28 @@ from . import _gpu
 from . import compile as compile_mod
 from .problem import Problem
 from .registry import families
+from .select import UnsupportedProblem
 
 # Test hook: fill outputs with NaN (LSE with NaN) before each launch, so that an element the
 # kernel fails to write shows up. Set from CUFLASH_POISON_OUTPUTS=1 or by tests.
 POISON_OUTPUTS = os.environ.get("CUFLASH_POISON_OUTPUTS", "") not in ("", "0")
 
 GRID_LIMIT = 65535  # gridDim.y / gridDim.z: heads and batch
+MAX_HEAD_DIM = 256  # flash-attn's limit; head dims that are not a multiple of 8 are zero-padded
+
+
+class UnsupportedFeature(UnsupportedProblem, NotImplementedError):
+    """A feature (window, softcap, ALiBi, dropout, varlen) that no registered kernel family
+    implements yet; the message names the argument. Both a ValueError (UnsupportedProblem,
+    as selection raises) and a NotImplementedError."""
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The head dim the kernels run for a real one: the next multiple of 8 (the inputs are
+    copied with zero columns appended; q.k and P.V are unchanged, the output is sliced), as
+    long as that is at most MAX_HEAD_DIM; otherwise the head dim itself (and its error)."""
+    padded = -(-head_dim // 8) * 8
+    return padded if 0 < head_dim and padded <= MAX_HEAD_DIM else head_dim
 
 
 @dataclass
@@ -136,15 +153,136 @@ def check_scale(softmax_scale, head_dim: int) -> float:
     return softmax_scale
 
 
-def check_features(dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None) -> None:
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"dropout_p={dropout_p}: dropout is not implemented yet (use 0.0)")
-    if tuple(window_size) != (-1, -1):
-        raise NotImplementedError(f"window_size={window_size}: sliding window is not implemented yet")
-    if softcap != 0.0:
-        raise NotImplementedError(f"softcap={softcap}: softcapping is not implemented yet")
+FEATURES = {  # Problem.features name -> (argument, what it is)
+    "alibi": ("alibi_slopes", "ALiBi"),
+    "dropout": ("dropout_p", "dropout"),
+    "softcap": ("softcap", "softcapping"),
+    "varlen": ("cu_seqlens_q/cu_seqlens_k", "variable-length sequences (varlen)"),
+    "window": ("window_size", "sliding window"),
+}
+
+
+@dataclass
+class FeatureArgs:
+    """The validated feature arguments of one call. ``features``: the sorted Problem.features
+    names (empty: the call is a plain one, e.g. window_size=(-1, 0) is causal=True);
+    ``causal`` and ``window_size`` normalized as flash-attn does (causal sets right = 0)."""
+    causal: bool
+    window_size: tuple = (-1, -1)
+    softcap: float = 0.0
+    alibi_slopes: object = None
+    dropout_p: float = 0.0
+    features: tuple = ()
+    given: dict = None  # feature name -> the argument as the caller wrote it (for messages)
+
+
+def _real(name: str, value, what: str) -> float:
+    """A real number (0-d arrays and tensors too, a bool not), else TypeError naming it."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be {what}, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}") from None
+
+
+def check_window(window_size) -> tuple:
+    """window_size as (left, right) ints >= -1 (-1: unbounded), else an error naming it."""
+    try:
+        pair = tuple(window_size)
+    except TypeError:
+        pair = None
+    if pair is None or len(pair) != 2 or not all(
+            isinstance(w, Integral) and not isinstance(w, (bool, np.bool_)) for w in pair):
+        raise TypeError(f"window_size must be a pair (left, right) of ints, -1 for unbounded, "
+                        f"got {window_size!r}")
+    left, right = int(pair[0]), int(pair[1])
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size must be >= -1 on both sides (-1: unbounded), got {window_size!r}")
+    return left, right
+
+
+def _device_of(x, kind: str):
+    if kind == "torch":
+        return x.device.index if x.device.type == "cuda" else None
+    return x.device.id if kind == "cupy" else None
+
+
+def check_alibi(alibi_slopes, tq: _Tensor, batch: int, nheads: int):
+    """alibi_slopes: fp32 (nheads,) or (batch, nheads), q's kind of array on q's device."""
+    kind = _kind(alibi_slopes)
+    if kind != tq.kind:
+        raise TypeError(f"alibi_slopes: expected a {tq.kind} array like q, got "
+                        f"{type(alibi_slopes).__name__}")
+    dtype = str(alibi_slopes.dtype).replace("torch.", "")
+    if dtype != "float32":
+        raise TypeError(f"alibi_slopes: dtype must be float32, got {dtype}")
+    shape = tuple(int(n) for n in alibi_slopes.shape)
+    if shape not in ((nheads,), (batch, nheads)):
+        raise ValueError(f"alibi_slopes: expected shape (nheads,) = ({nheads},) or (batch, nheads) = "
+                         f"({batch}, {nheads}), got {shape}")
+    device = _device_of(alibi_slopes, kind)
+    if kind != "numpy" and device != tq.device:
+        raise ValueError(f"alibi_slopes: must be on q's device {tq.device}, got {alibi_slopes.device}")
+    return alibi_slopes
+
+
+def check_features(tq: _Tensor, dropout_p=0.0, window_size=(-1, -1), softcap=0.0,
+                   alibi_slopes=None, causal=False, batch: int = 0, nheads: int = 0,
+                   seqlens=None) -> FeatureArgs:
+    """Validate the feature arguments (every error names one) and normalize them.
+    ``seqlens``: (seqlen_q, seqlen_k) of a fixed-length call, where a window bound that
+    reaches past every key is dropped (exactly: left >= seqlen_k - 1, right >= seqlen_q - 1);
+    None for varlen."""
+    p = _real("dropout_p", dropout_p, "a number in [0, 1)")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+    cap = _real("softcap", softcap, "a finite number >= 0 (0: off)")
+    if not math.isfinite(cap) or cap < 0:
+        raise ValueError(f"softcap must be a finite number >= 0 (0: off), got {softcap!r}")
+    left, right = check_window(window_size)
     if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes: ALiBi is not implemented yet (pass None)")
+        check_alibi(alibi_slopes, tq, batch, nheads)
+    causal = bool(causal)
+    if causal:
+        right = 0
+    if seqlens is not None:
+        seqlen_q, seqlen_k = seqlens
+        if left >= max(seqlen_k - 1, 0):
+            left = -1
+        if right >= max(seqlen_q - 1, 0) and not causal:
+            right = -1
+    if (left, right) == (-1, 0):
+        causal = True  # flash-attn: causal is the window (-1, 0)
+    window = (left, right) if (left, right) not in ((-1, -1), (-1, 0)) else (-1, -1)
+    given = {}
+    if p:
+        given["dropout"] = f"dropout_p={dropout_p!r}"
+    if cap:
+        given["softcap"] = f"softcap={softcap!r}"
+    if alibi_slopes is not None:
+        given["alibi"] = "alibi_slopes"
+    if window != (-1, -1):
+        given["window"] = f"window_size={tuple(window_size)!r}"
+    return FeatureArgs(causal, window, cap, alibi_slopes, p, tuple(sorted(given)), given)
+
+
+def raise_unsupported(problem: Problem, given: dict) -> None:
+    """GPU input with features: raise UnsupportedFeature naming the arguments unless some
+    registered family supports the problem (none does yet: then the launch is not wired)."""
+    reasons = [f.supports((99, 9), problem) for f in families(problem.op)]
+    names = [f for f in problem.features]
+    args = ", ".join(given.get(f, FEATURES[f][0]) for f in names)
+    whats = [FEATURES[f][1] for f in names]
+    what = whats[0] if len(whats) == 1 else ", ".join(whats[:-1]) + " and " + whats[-1]
+    verb = "is" if len(whats) == 1 else "are"
+    if not reasons or all(reasons):
+        raise UnsupportedFeature(
+            f"{args}: {what} {verb} not implemented by any registered kernel family yet "
+            f"({'; '.join(dict.fromkeys(reasons)) or 'no family for op ' + problem.op}); "
+            "torch CPU tensors run it on the float64 reference (cuflash.reference)")
+    raise UnsupportedFeature(f"{args}: {what} {verb} supported by a kernel family, but cuflash.api "
+                             "does not pass it to the kernels yet")
 
 
 def check_supported(problem: Problem) -> None:
@@ -185,7 +323,8 @@ def check_qkv(q, k, v, softmax_scale, causal, op: str = "fwd", deterministic: bo
     dtype = tq.dtype if tq.dtype in ("bf16", "fp16") else "bf16"  # torch CPU: any float
     problem = Problem(op, dtype, batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim,
                       bool(causal), bool(deterministic))
-    check_supported(problem)
+    padded = padded_head_dim(head_dim)  # the kernels run zero-padded copies (api/torch_ops)
+    check_supported(problem if padded == head_dim else problem.replace(head_dim=padded))
     return tq, tk, tv, softmax_scale, problem
 
 
@@ -242,21 +381,31 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     """Exact attention, FlashAttention-2 algorithm; same signature as flash_attn's.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim),
-    nheads % nheads_kv == 0 (GQA / MQA). headdim a multiple of 8, at most 256.
+    nheads % nheads_kv == 0 (GQA / MQA). headdim at most 256 (the kernels run a multiple of
+    8: other head dims are zero-padded copies, the output sliced back).
     causal: bottom-right aligned mask (query i sees key j iff j <= i + seqlen_k - seqlen_q);
     fully masked rows give 0 (and LSE = +inf).
     softmax_scale: default 1/sqrt(headdim); must be finite and > 0.
+    window_size=(left, right): query i sees keys i + seqlen_k - seqlen_q - left .. + right
+    (-1: unbounded; causal sets right = 0). softcap > 0: scores -> softcap·tanh(scores/softcap).
+    alibi_slopes: fp32 (nheads,) or (batch, nheads); adds -slope·|i + seqlen_k - seqlen_q - j|.
+    dropout_p: probability of dropping an attention weight (kept ones scaled by 1/(1-p)).
+    These four run on torch CPU tensors (float64 reference, autograd); no kernel family has
+    them yet, so GPU inputs raise cuflash.api.UnsupportedFeature (a ValueError and a
+    NotImplementedError) naming the argument, before any launch.
     deterministic: the backward (torch autograd) adds dQ contributions in a fixed order, so
     gradients are bitwise reproducible (slower); the forward is always deterministic.
     config / bwd_config: an explicit kernel config (e.g. cuflash.FwdConfig / BwdConfig) instead
     of the tuned or heuristic one; bwd_config applies to torch autograd's backward.
 
-    Returns out (like q), or (out, lse, None) when return_attn_probs: lse is fp32
-    (batch, nheads, seqlen_q), natural log; the third slot (attention probabilities) stays
-    None, as in flash_attn without dropout.
+    Returns out (like q), or (out, softmax_lse, S_dmask) when return_attn_probs: softmax_lse
+    is fp32 (batch, nheads, seqlen_q), natural log; S_dmask is None without dropout (flash-attn
+    returns an empty tensor there) and with dropout (torch CPU) the keep mask, bool
+    (batch, nheads, seqlen_q, seqlen_k), True = kept (flash-attn encodes it in the sign of P).
     """
     if dropout_p or softcap or alibi_slopes is not None or window_size != (-1, -1):
-        check_features(dropout_p, window_size, softcap, alibi_slopes)
+        return _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                              alibi_slopes, deterministic, return_attn_probs, config, bwd_config)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(q, torch.Tensor):
         from . import torch_ops
@@ -276,6 +425,191 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
                 return (out, lse, None) if return_attn_probs else out
     out, lse = _forward_slow(q, k, v, softmax_scale, causal, deterministic, config, bwd_config)
     return (out, lse, None) if return_attn_probs else out
+
+
+def _is_torch_cpu(t: _Tensor) -> bool:
+    return t.kind == "torch" and t.device is None
+
+
+def _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                   deterministic, return_attn_probs, config, bwd_config):
+    """flash_attn_func with a non-default feature argument: validate them all, then run the
+    torch CPU reference, or raise UnsupportedFeature for GPU inputs (before any launch)."""
+    tq, tk, tv, scale, problem = check_qkv(q, k, v, softmax_scale, causal)
+    batch, seqlen_q, nheads, _ = tq.shape
+    feats = check_features(tq, dropout_p, window_size, softcap, alibi_slopes, causal, batch, nheads,
+                           (seqlen_q, tk.shape[1]))
+    if not feats.features:  # e.g. window_size=(-1, 0), or one reaching past every key
+        return flash_attn_func(q, k, v, 0.0, softmax_scale, feats.causal, (-1, -1), 0.0, None,
+                               deterministic, return_attn_probs, config=config, bwd_config=bwd_config)
+    problem = problem.replace(causal=feats.causal, features=feats.features)
+    check_config("config", config, problem.replace(features=()))
+    check_config("bwd_config", bwd_config, problem.replace(op="bwd", features=()))
+    if not _is_torch_cpu(tq):
+        raise_unsupported(problem, feats.given)
+    from . import torch_ops
+
+    out, lse, mask = torch_ops.attention_reference(q, k, v, scale, feats)
+    return (out, lse, mask) if return_attn_probs else out
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                              causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
+                              alibi_slopes=None, deterministic: bool = False,
+                              return_attn_probs: bool = False, *, config=None, bwd_config=None):
+    """flash_attn_func with q, k, v packed: qkv (batch, seqlen, 3, nheads, headdim). The same
+    as flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], ...) (strided views, no copy;
+    torch autograd gives one gradient for qkv)."""
+    if getattr(qkv, "ndim", None) != 5 or qkv.shape[2] != 3:
+        raise ValueError(f"qkv: expected shape (batch, seqlen, 3, nheads, headdim), got "
+                         f"{tuple(getattr(qkv, 'shape', ())) or type(qkv).__name__}")
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale,
+                           causal, window_size, softcap, alibi_slopes, deterministic,
+                           return_attn_probs, config=config, bwd_config=bwd_config)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                             causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
+                             alibi_slopes=None, deterministic: bool = False,
+                             return_attn_probs: bool = False, *, config=None, bwd_config=None):
+    """flash_attn_func with k, v packed: kv (batch, seqlen_k, 2, nheads_kv, headdim)."""
+    if getattr(kv, "ndim", None) != 5 or kv.shape[2] != 2:
+        raise ValueError(f"kv: expected shape (batch, seqlen_k, 2, nheads_kv, headdim), got "
+                         f"{tuple(getattr(kv, 'shape', ())) or type(kv).__name__}")
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal,
+                           window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                           config=config, bwd_config=bwd_config)
+
+
+def _check_varlen_tensor(name: str, x) -> None:
+    kind = _kind(x)
+    if kind not in ("cupy", "numpy", "torch"):
+        raise TypeError(f"{name}: expected a CuPy array, NumPy array or torch tensor, "
+                        f"got {type(x).__name__}")
+    if x.ndim != 3:
+        raise ValueError(f"{name}: expected 3 dimensions (total_tokens, nheads, headdim) for the "
+                         f"varlen functions, got shape {tuple(x.shape)}")
+
+
+def _host_ints(x, kind: str) -> np.ndarray:
+    if kind == "torch":
+        return x.detach().cpu().numpy()
+    if kind == "cupy":
+        return x.get()
+    return np.asarray(x)
+
+
+def check_cu_seqlens(name: str, cu, tq: _Tensor, total: int, nseq: Optional[int] = None) -> np.ndarray:
+    """cu_seqlens: int32, 1-D, (batch + 1), 0 first, non-decreasing, ``total`` last; q's kind of
+    array on q's device. Returns the values (host int64). Reads them back from the GPU (a sync)."""
+    kind = _kind(cu)
+    if kind != tq.kind:
+        raise TypeError(f"{name}: expected a {tq.kind} array like q, got {type(cu).__name__}")
+    dtype = str(cu.dtype).replace("torch.", "")
+    if dtype != "int32":
+        raise TypeError(f"{name}: dtype must be int32, got {dtype}")
+    if cu.ndim != 1 or cu.shape[0] < 1:
+        raise ValueError(f"{name}: expected a 1-D array of batch + 1 offsets, got shape {tuple(cu.shape)}")
+    if nseq is not None and cu.shape[0] != nseq + 1:
+        raise ValueError(f"{name}: expected batch + 1 = {nseq + 1} offsets (as cu_seqlens_q), "
+                         f"got {cu.shape[0]}")
+    if kind != "numpy" and _device_of(cu, kind) != tq.device:
+        raise ValueError(f"{name}: must be on q's device {tq.device}, got {cu.device}")
+    values = _host_ints(cu, kind).astype(np.int64)
+    if values[0] != 0 or (np.diff(values) < 0).any() or values[-1] != total:
+        raise ValueError(f"{name}: must start at 0, never decrease and end at the total number of "
+                         f"tokens {total}, got {values.tolist()}")
+    return values
+
+
+def check_max_seqlen(name: str, value, cu: np.ndarray) -> int:
+    """max_seqlen: an int >= the longest sequence of ``cu``."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+    longest = int(np.diff(cu).max()) if len(cu) > 1 else 0
+    if n < longest:
+        raise ValueError(f"{name}={n} is less than the longest sequence ({longest} tokens)")
+    return int(n)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                           causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
+                           alibi_slopes=None, deterministic: bool = False,
+                           return_attn_probs: bool = False, block_table=None):
+    """Attention over a batch of sequences of different lengths, packed without padding.
+
+    q: (total_q, nheads, headdim); k, v: (total_k, nheads_kv, headdim); sequence i is rows
+    cu_seqlens_q[i]:cu_seqlens_q[i+1] of q and cu_seqlens_k[i]:cu_seqlens_k[i+1] of k, v
+    (int32, batch + 1). max_seqlen_q/k: ints >= the longest. causal, window_size and ALiBi are
+    bottom-right aligned per sequence. Other arguments as flash_attn_func.
+
+    Returns out (total_q, nheads, headdim), or (out, softmax_lse, S_dmask): softmax_lse fp32
+    (nheads, total_q); S_dmask None without dropout, else the keep mask (bool,
+    (batch, nheads, max_seqlen_q, max_seqlen_k), sequence i in its top-left corner).
+
+    torch CPU tensors run the float64 reference (autograd). No kernel family implements varlen
+    yet: GPU inputs raise cuflash.api.UnsupportedFeature after validation (pad the batch with
+    cuflash.pad_input / unpad_input and call flash_attn_func instead). block_table (paged KV)
+    is not implemented.
+    """
+    if block_table is not None:
+        raise NotImplementedError("block_table: a paged KV cache is not implemented (pass None)")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_varlen_tensor(name, x)
+    tq, tk, tv, scale, problem = check_qkv(q[None], k[None], v[None], softmax_scale, causal)
+    _, total_q, nheads, _ = tq.shape
+    total_k = tk.shape[1]
+    cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq, total_q)
+    nseq = len(cu_q) - 1
+    cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, tq, total_k, nseq)
+    max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q)
+    max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k)
+    feats = check_features(tq, dropout_p, window_size, softcap, alibi_slopes, causal, nseq, nheads)
+    feats.features = tuple(sorted(feats.features + ("varlen",)))
+    problem = problem.replace(batch=nseq, seqlen_q=max_q, seqlen_k=max_k, causal=feats.causal,
+                              features=feats.features)
+    if nseq > GRID_LIMIT:
+        raise ValueError(f"cu_seqlens_q: batch ({nseq}) must be <= {GRID_LIMIT} (CUDA grid limit)")
+    if not _is_torch_cpu(tq):
+        raise_unsupported(problem, feats.given)
+    from . import torch_ops
+
+    out, lse, mask = torch_ops.attention_reference(q, k, v, scale, feats, (cu_q, cu_k, max_q, max_k))
+    return (out, lse, mask) if return_attn_probs else out
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p: float = 0.0,
+                                     softmax_scale: Optional[float] = None, causal: bool = False,
+                                     window_size=(-1, -1), softcap: float = 0.0,
+                                     alibi_slopes=None, deterministic: bool = False,
+                                     return_attn_probs: bool = False):
+    """flash_attn_varlen_func with qkv (total, 3, nheads, headdim) and one cu_seqlens / max_seqlen."""
+    if getattr(qkv, "ndim", None) != 4 or qkv.shape[1] != 3:
+        raise ValueError(f"qkv: expected shape (total_tokens, 3, nheads, headdim), got "
+                         f"{tuple(getattr(qkv, 'shape', ())) or type(qkv).__name__}")
+    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens,
+                                  max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
+                                  window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                                    causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
+                                    alibi_slopes=None, deterministic: bool = False,
+                                    return_attn_probs: bool = False):
+    """flash_attn_varlen_func with kv (total_k, 2, nheads_kv, headdim)."""
+    if getattr(kv, "ndim", None) != 4 or kv.shape[1] != 2:
+        raise ValueError(f"kv: expected shape (total_tokens_k, 2, nheads_kv, headdim), got "
+                         f"{tuple(getattr(kv, 'shape', ())) or type(kv).__name__}")
+    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes, deterministic, return_attn_probs)
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] = None,
@@ -299,6 +633,12 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
     if tq.kind == "numpy":
         raise TypeError("flash_attn_backward takes CuPy arrays or torch tensors; for NumPy "
                         "use cuflash.reference.attention_backward_naive")
+    head_dim = tq.shape[3]
+    padded = padded_head_dim(head_dim)
+    if padded != head_dim:  # zero-padded copies; the gradients sliced back
+        grads = flash_attn_backward(*(pad_head_dim(x, padded) for x in (dout, q, k, v, out)), lse,
+                                    softmax_scale, causal, deterministic, config=config)
+        return tuple(slice_head_dim(g, head_dim) for g in grads)
     return _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem, softmax_scale, config)
 
 
@@ -391,9 +731,15 @@ def _forward_slow(q, k, v, softmax_scale, causal, deterministic, config, bwd_con
     tq, tk, tv, scale, problem = check_qkv(q, k, v, softmax_scale, causal)
     check_config("config", config, problem)
     check_config("bwd_config", bwd_config, problem.replace(op="bwd"))
-    batch, seqlen_q, nheads, _ = tq.shape
+    batch, seqlen_q, nheads, head_dim = tq.shape
     _CUPY_NDARRAY = _cupy_ndarray_class()
     empty = batch == 0 or seqlen_q == 0 or nheads == 0
+    padded = padded_head_dim(head_dim)
+    if padded != head_dim and not empty and tk.shape[1] and (tq.kind != "numpy" or _gpu.available()):
+        # zero-padded copies of q, k, v (the caller's arrays are only read), output sliced back
+        out, lse = _forward_slow(*(pad_head_dim(x, padded) for x in (q, k, v)), scale, causal,
+                                 deterministic, config, bwd_config)
+        return slice_head_dim(out, head_dim), lse
     if tq.kind == "numpy":
         if not empty and tk.shape[1] == 0:
             # attention over zero keys: every row fully masked, O = 0 and LSE = +inf; no GPU needed
@@ -419,6 +765,21 @@ def _forward_slow(q, k, v, softmax_scale, causal, deterministic, config, bwd_con
         _cupy_plans[(q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype, k.dtype,
                      v.dtype, tq.device, tk.device, tv.device, softmax_scale, causal, config)] = plan
     return plan.forward(q, k, v)
+
+
+def pad_head_dim(x, padded: int):
+    """A fresh contiguous NumPy/CuPy array of x with zero columns appended to the head dim
+    (copied as raw 16-bit words, so any 16-bit dtype works)."""
+    xp = _cupy() if _kind(x) == "cupy" else np
+    out = xp.zeros(x.shape[:-1] + (padded,), dtype=np.uint16)
+    out[..., :x.shape[-1]] = x.view(np.uint16)
+    return out.view(x.dtype)
+
+
+def slice_head_dim(x, head_dim: int):
+    """A contiguous copy of x[..., :head_dim]."""
+    xp = _cupy() if _kind(x) == "cupy" else np
+    return xp.ascontiguousarray(x.view(np.uint16)[..., :head_dim]).view(x.dtype)
 
 
 def _run_numpy(q, k, v, problem: Problem, scale: float, config):

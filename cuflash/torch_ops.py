@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from . import api, reference
@@ -70,16 +71,22 @@ def _realign(*xs: Tensor) -> tuple:
                  for x in xs)
 
 
+def _pad(x: Tensor, padded: int) -> Tensor:
+    """A fresh contiguous copy of x with zero columns appended to the head dim."""
+    return torch.nn.functional.pad(x, (0, padded - x.shape[-1]))
+
+
 # ---------------------------------------------------------------------------------------
 # forward
 
 class _FwdEntry:
     """The cached part of a forward call shape."""
-    __slots__ = ("plan", "out_shape", "lse_shape", "copy", "keyless")
+    __slots__ = ("plan", "out_shape", "lse_shape", "copy", "keyless", "pad")
 
-    def __init__(self, plan, out_shape, lse_shape, copy=False, keyless=False):
+    def __init__(self, plan, out_shape, lse_shape, copy=False, keyless=False, pad=0):
         self.plan, self.out_shape, self.lse_shape = plan, out_shape, lse_shape
         self.copy, self.keyless = copy, keyless
+        self.pad = pad  # head dim to zero-pad to (not a multiple of 8), 0: none
 
 
 _fwd_plans: dict = {}
@@ -105,6 +112,9 @@ def _fwd_entry(q, k, v, softmax_scale, causal, config, bwd_config) -> _FwdEntry:
         return _FwdEntry(None, tq.shape, lse_shape)
     if b == 0 or sq == 0 or h == 0 or tk.shape[1] == 0:
         return _FwdEntry(None, tq.shape, lse_shape, keyless=tk.shape[1] == 0)
+    padded = api.padded_head_dim(tq.shape[3])
+    if padded != tq.shape[3]:
+        return _FwdEntry(None, tq.shape, lse_shape, pad=padded)
     strides = {"q": tq.strides, "k": tk.strides, "v": tv.strides, "o": api.out_strides(tq.shape)}
     return _FwdEntry(api.make_plan(problem, strides, scale, tq.device, config), tq.shape, lse_shape)
 
@@ -132,6 +142,11 @@ def forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale, causal: bool, config
     if plan is None:
         if q.device.type == "cpu":
             return _fwd_reference(q, k, v, _scale(softmax_scale, q.shape[-1]), causal)
+        if entry.pad:  # zero-padded copies (the scale stays 1/sqrt(the real head dim))
+            d = q.shape[-1]
+            out, lse = forward(*(_pad(x, entry.pad) for x in (q, k, v)), _scale(softmax_scale, d),
+                               causal, config, bwd_config)
+            return out[..., :d].contiguous(), lse
         out = torch.empty(entry.out_shape, dtype=q.dtype, device=q.device)
         lse = torch.empty(entry.lse_shape, dtype=torch.float32, device=q.device)
         if entry.keyless:  # attention over zero keys: every row fully masked
@@ -169,6 +184,8 @@ def _bwd_entry(dout, q, k, v, out, lse, scale, causal, deterministic, config):
         return "reference"
     if problem.batch == 0 or problem.nheads == 0 or problem.seqlen_q == 0 or problem.seqlen_k == 0:
         return "empty"
+    if api.padded_head_dim(problem.head_dim) != problem.head_dim:
+        return "pad"
     # strides only: the verdict is cached under a key without the data's alignment (a
     # misaligned pointer is copied per call, in backward_impl)
     unaligned = lambda t: api._Tensor(t.kind, t.dtype, t.shape, t.strides, 0, t.device)  # noqa: E731
@@ -196,9 +213,15 @@ def backward_impl(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
                                  config)
         plan = _bwd_plans[key] = _bwd_entry(dout, q, k, v, out, lse, softmax_scale, causal,
                                             deterministic, config)
-    if plan == "reference":
-        return _bwd_reference(dout, q, k, v, softmax_scale, causal)
-    if plan == "empty" or plan == "copy":
+    if plan.__class__ is str:  # one check on the hot path for every verdict that is not a plan
+        if plan == "reference":
+            return _bwd_reference(dout, q, k, v, softmax_scale, causal)
+        if plan == "pad":  # zero-padded copies, the gradients sliced back
+            d = q.shape[-1]
+            padded = api.padded_head_dim(d)
+            grads = backward_impl(*(_pad(x, padded) for x in (dout, q, k, v, out)), lse,
+                                  softmax_scale, causal, deterministic, config)
+            return tuple(g[..., :d].contiguous() for g in grads)
         if plan == "copy":
             dout, out, lse = _aligned(dout), _aligned(out), lse.contiguous()
             return backward_impl(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
@@ -331,3 +354,106 @@ def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, determ
                                      deterministic, _encode(config))
     return backward_impl(dout, q, k, v, out, lse, softmax_scale, bool(causal), bool(deterministic),
                          config)
+
+
+# ---------------------------------------------------------------------------------------
+# features on the CPU: window, softcap, ALiBi, dropout, varlen through the float64 reference
+
+class _RefSpec:
+    """What the reference needs besides q, k, v: the scale, causal and the feature keywords
+    (NumPy), and for varlen (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
+    __slots__ = ("scale", "causal", "kw", "varlen")
+
+    def __init__(self, scale, causal, kw, varlen):
+        self.scale, self.causal, self.kw, self.varlen = scale, causal, kw, varlen
+
+
+def _as64(x):
+    return x.detach().to(torch.float64).numpy()
+
+
+def _ref_forward(spec: _RefSpec, q, k, v):
+    if spec.varlen is None:
+        out, lse = reference.attention_naive(_as64(q), _as64(k), _as64(v), softmax_scale=spec.scale,
+                                             causal=spec.causal, return_lse=True, **spec.kw)
+    else:
+        cu_q, cu_k = spec.varlen[:2]
+        out, lse = reference.attention_varlen_naive(_as64(q), _as64(k), _as64(v), cu_q, cu_k,
+                                                    softmax_scale=spec.scale, causal=spec.causal,
+                                                    return_lse=True, **spec.kw)
+    return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).to(torch.float32)
+
+
+def _ref_backward(spec: _RefSpec, dout, q, k, v):
+    if spec.varlen is None:
+        grads = reference.attention_backward_naive(_as64(dout), _as64(q), _as64(k), _as64(v),
+                                                   softmax_scale=spec.scale, causal=spec.causal,
+                                                   **spec.kw)
+    else:
+        cu_q, cu_k = spec.varlen[:2]
+        grads = reference.attention_backward_varlen_naive(
+            _as64(dout), _as64(q), _as64(k), _as64(v), cu_q, cu_k, softmax_scale=spec.scale,
+            causal=spec.causal, **spec.kw)
+    return tuple(torch.from_numpy(g).to(x.dtype) for g, x in zip(grads, (q, k, v)))
+
+
+class ReferenceAttnFn(torch.autograd.Function):
+    """out, lse = reference attention with features (CPU); the backward is the reference's."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, spec):
+        out, lse = _ref_forward(spec, q, k, v)
+        ctx.save_for_backward(q, k, v)
+        ctx.spec = spec
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros(q.shape, dtype=q.dtype)
+        dq, dk, dv = _ref_backward(ctx.spec, dout, q, k, v)
+        if torch.is_grad_enabled():  # create_graph=True: allow first order, refuse second
+            dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, dout)
+        return dq, dk, dv, None
+
+
+def dropout_keep_mask(shape, dropout_p: float) -> Tensor:
+    """The dropout keep mask (bool, True = kept with probability 1 - dropout_p), drawn from
+    torch's default CPU generator (reproducible under torch.manual_seed)."""
+    return torch.rand(shape, dtype=torch.float32) >= dropout_p
+
+
+def attention_reference(q, k, v, softmax_scale: float, feats, varlen=None):
+    """(out, lse, S_dmask) of a torch CPU call with features (``cuflash.api.FeatureArgs``),
+    validated by the caller. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    with the offsets as host int64 arrays; q, k, v then (total, nheads, headdim)."""
+    kw = {}
+    if feats.window_size != (-1, -1):
+        kw["window_size"] = feats.window_size
+    if feats.softcap:
+        kw["softcap"] = feats.softcap
+    if feats.alibi_slopes is not None:
+        kw["alibi_slopes"] = feats.alibi_slopes.detach().to(torch.float64).numpy()
+    mask = None
+    if feats.dropout_p:
+        if varlen is None:
+            b, sq, h, _ = q.shape
+            shape = (b, h, sq, k.shape[1])
+        else:
+            shape = (len(varlen[0]) - 1, q.shape[1], varlen[2], varlen[3])
+        mask = dropout_keep_mask(shape, feats.dropout_p)
+        kw["dropout_p"] = feats.dropout_p
+        if varlen is None:
+            kw["dropout_mask"] = mask.numpy()
+        else:  # the reference takes sequence i's corner (nheads, seqlen_q_i, seqlen_k_i)
+            lens_q, lens_k = np.diff(varlen[0]), np.diff(varlen[1])
+            kw["dropout_mask"] = [mask[i, :, :lq, :lk].numpy()
+                                  for i, (lq, lk) in enumerate(zip(lens_q, lens_k))]
+    spec = _RefSpec(float(softmax_scale), bool(feats.causal), kw, varlen)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = ReferenceAttnFn.apply(q, k, v, spec)
+    else:
+        out, lse = _ref_forward(spec, q, k, v)
+    return out, lse, mask

@@ -155,7 +155,8 @@ def test_bad_torch_input_is_rejected_before_any_work(monkeypatch):
     with pytest.raises(TypeError, match="^q: dtype must be"):
         flash_attn_func(q.to(torch.int32), k, v)
     with pytest.raises(ValueError, match="^q: headdim must be a multiple of 8"):
-        flash_attn_func(q[..., :6], k[..., :6], v[..., :6])
+        big = lambda x: torch.cat([x] * 33, -1)  # noqa: E731 - head dim 264 > 256
+        flash_attn_func(big(q), big(k), big(v))
     with pytest.raises(ValueError, match="^k: nheads_kv=3 must divide"):
         flash_attn_func(q, torch.cat([k, k[:, :, :1]], 2), torch.cat([v, v[:, :, :1]], 2))
     with pytest.raises(TypeError, match=r"^config: expected a cuflash kernel config"):
@@ -186,16 +187,20 @@ def test_tensor_softmax_scale_is_a_number():
     assert len(torch_ops._fwd_plans) == before
 
 
-def test_unimplemented_features_raise_for_torch():
+def test_features_run_on_torch_cpu():
+    """dropout, window, softcap and ALiBi run on CPU tensors (the reference); GPU-kind inputs
+    raise (tests/test_api_features_cpu.py); a bad value still names its argument."""
     q, k, v = qkv(grad=False)
-    with pytest.raises(NotImplementedError, match="dropout"):
-        flash_attn_func(q, k, v, dropout_p=0.1)
-    with pytest.raises(NotImplementedError, match="window_size"):
-        flash_attn_func(q, k, v, window_size=(8, 0))
-    with pytest.raises(NotImplementedError, match="softcap"):
-        flash_attn_func(q, k, v, softcap=30.0)
-    with pytest.raises(NotImplementedError, match="alibi_slopes"):
-        flash_attn_func(q, k, v, alibi_slopes=torch.ones(4))
+    plain = flash_attn_func(q, k, v)
+    for kw in (dict(dropout_p=0.1), dict(window_size=(1, 0)), dict(softcap=0.5),
+               dict(alibi_slopes=torch.ones(q.shape[2]))):
+        out = flash_attn_func(q, k, v, **kw)
+        assert out.shape == q.shape and math.isfinite(out.sum().item())
+        assert not torch.equal(out, plain), kw
+    with pytest.raises(ValueError, match="^dropout_p must be in"):
+        flash_attn_func(q, k, v, dropout_p=1.0)
+    with pytest.raises(TypeError, match="^alibi_slopes: dtype must be float32"):
+        flash_attn_func(q, k, v, alibi_slopes=torch.ones(q.shape[2], dtype=torch.float64))
     assert math.isfinite(flash_attn_func(q, k, v).sum().item())
 
 
