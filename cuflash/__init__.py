@@ -20,7 +20,7 @@ from ._gpu import NoGPUError  # noqa: E402
 from .api import (UnsupportedFeature, bwd_config_for, config_for, flash_attn_backward,  # noqa: E402
                   flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                   flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
-                  flash_attn_varlen_qkvpacked_func)
+                  flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
 from .families.base import ConfigError  # noqa: E402
 from .families.fa2_bwd import BwdConfig  # noqa: E402
 from .families.fa2_fwd import FwdConfig  # noqa: E402
@@ -29,7 +29,8 @@ from .problem import Problem  # noqa: E402
 __version__ = "0.2.0.dev0"
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
            "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
-           "flash_attn_varlen_kvpacked_func", "flash_attn_backward", "config_for", "bwd_config_for",
+           "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache", "flash_attn_backward",
+           "config_for", "bwd_config_for",
            "FwdConfig", "BwdConfig", "ConfigError", "NoGPUError", "UnsupportedFeature", "Problem",
            "reference", "index_first_axis", "index_put_first_axis", "unpad_input", "pad_input",
            "__version__"]

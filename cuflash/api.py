@@ -850,3 +850,9 @@ def bwd_config_for(head_dim: int, dtype: str, causal: bool, deterministic: bool 
     _gpu.require("bwd_config_for")
     return _config_for("bwd", head_dim, dtype, causal, device, seqlen, deterministic,
                        with_source=with_source)
+
+
+# ---------------------------------------------------------------------------------------
+# decoding (flash_attn_with_kvcache): cuflash.decode
+
+from .decode import flash_attn_with_kvcache  # noqa: E402,F401  (decode imports this module)

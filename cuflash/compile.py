@@ -271,6 +271,14 @@ def parse_ptxas(log: str) -> list[PtxasReport]:
     return reports
 
 
+def kernel_param_decl(family) -> str:
+    """The kernels' one parameter as their template declares it, for explicit instantiation:
+    ``const cuflash::<params_struct>``, or the family's ``kernel_param_decl`` where it differs
+    (sm_90a families take ``const __grid_constant__ ...`` so TMA can read tensor maps in
+    place; an instantiation must repeat that annotation)."""
+    return getattr(family, "kernel_param_decl", "") or f"const cuflash::{family.params_struct}"
+
+
 def nvcc_compile(configs: Iterable, arch: str, nvcc: Optional[str] = None) -> list[PtxasReport]:
     """Compile `configs` (one family) into one cubin for `arch` (e.g. "sm_90a") with nvcc.
 
@@ -286,7 +294,7 @@ def nvcc_compile(configs: Iterable, arch: str, nvcc: Optional[str] = None) -> li
     nvcc = nvcc or os.environ.get("NVCC", "nvcc")
     lines = [render_source(family.name), '#line 1 "instantiations"']
     exprs = dict.fromkeys(e for c in configs for e in family.kernel_names(c).values())
-    lines += [f"template __global__ void {e}(const cuflash::{family.params_struct});" for e in exprs]
+    lines += [f"template __global__ void {e}({kernel_param_decl(family)});" for e in exprs]
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / f"{family.name}.cu"
         src.write_text("\n".join(lines) + "\n")

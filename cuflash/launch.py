@@ -25,7 +25,11 @@ from .registry import OPS
 _CTYPES = {"const void*": np.uint64, "void*": np.uint64, "const float*": np.uint64,
            "float*": np.uint64, "int*": np.uint64,
            "i64": np.int64, "int": np.int32, "float": np.float32}
-_FIELD = re.compile(r"^\s*(const void\*|void\*|const float\*|float\*|int\*|i64|int|float)\s+(\w+);")
+_FIELD = re.compile(r"^\s*(const void\*|void\*|const float\*|float\*|int\*|i64|int|float|TmaDesc)\s+(\w+);")
+# TmaDesc (params_sm90.cuh): a TMA tensor map, 128 opaque bytes, 64-byte aligned in C. NumPy
+# cannot express that alignment, so a struct with one gets explicit C offsets.
+_TMA_DESC = np.dtype((np.uint64, 16))
+_TMA_ALIGN = 64
 
 
 def struct_dtype(name: str) -> np.dtype:
@@ -35,10 +39,13 @@ def struct_dtype(name: str) -> np.dtype:
 
 @functools.lru_cache(maxsize=None)
 def _struct_dtype(name: str, root) -> np.dtype:
-    text = (root / "params.cuh").read_text()
-    m = re.search(r"struct\s+" + name + r"\s*\{(.*?)\};", text, re.S)
-    if not m:
-        raise KeyError(f"struct {name} not found in params.cuh")
+    # params.cuh, then the arch-specific params_*.cuh (params_sm90.cuh)
+    for path in [root / "params.cuh", *sorted(root.glob("params_*.cuh"))]:
+        m = re.search(r"struct\s+" + name + r"\s*\{(.*?)\};", path.read_text(), re.S)
+        if m:
+            break
+    else:
+        raise KeyError(f"struct {name} not found in params.cuh or params_*.cuh")
     fields = []
     for line in m.group(1).splitlines():
         line = line.split("//")[0]
@@ -47,8 +54,17 @@ def _struct_dtype(name: str, root) -> np.dtype:
         fm = _FIELD.match(line)
         if not fm:
             raise ValueError(f"params.cuh: cannot mirror field line {line.strip()!r} of {name}")
-        fields.append((fm.group(2), _CTYPES[fm.group(1)]))
-    return np.dtype(fields, align=True)
+        fields.append((fm.group(2), _TMA_DESC if fm.group(1) == "TmaDesc" else np.dtype(_CTYPES[fm.group(1)])))
+    if all(dt is not _TMA_DESC for _, dt in fields):
+        return np.dtype(fields, align=True)
+    offsets, end, align = [], 0, 1
+    for _, dt in fields:  # C rules: each field at its alignment, the size a multiple of the largest
+        a = _TMA_ALIGN if dt is _TMA_DESC else dt.itemsize
+        end = -(-end // a) * a
+        offsets.append(end)
+        end, align = end + dt.itemsize, max(align, a)
+    return np.dtype({"names": [n for n, _ in fields], "formats": [dt for _, dt in fields],
+                     "offsets": offsets, "itemsize": -(-end // align) * align})
 
 
 def pack(name: str, **values) -> np.ndarray:
@@ -99,6 +115,12 @@ class Plan:
                              spec.smem) for spec in self.launches)
         self._launch = _driver_launch()
         self._lock = threading.Lock()
+        # A family whose params carry per-call data besides the pointers (sm90_fwd: TMA tensor
+        # maps, which embed the tensors' addresses) gives a writer; the others keep run().
+        writer = getattr(family, "call_writer", None)
+        self._write_call = writer(config, problem, strides, dtype) if writer is not None else None
+        if self._write_call is not None:
+            self.run = self._run_with_writer
 
     def run(self, ptrs: tuple, workspace_ptr: int, stream: int) -> None:
         if self._ws_offsets:
@@ -106,5 +128,16 @@ class Plan:
         launch, argv = self._launch, self._argv_ptr
         with self._lock:  # the packed struct is shared; the driver copies it at each launch
             self._pack(self._bytes, 0, *ptrs)
+            for fn, gx, gy, gz, threads, smem in self._calls:
+                launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
+
+    def _run_with_writer(self, ptrs: tuple, workspace_ptr: int, stream: int) -> None:
+        """run(), plus the family's per-call writer after the pointers (see __init__)."""
+        if self._ws_offsets:
+            ptrs = ptrs + tuple(workspace_ptr + off if off >= 0 else 0 for off in self._ws_offsets)
+        launch, argv = self._launch, self._argv_ptr
+        with self._lock:
+            self._pack(self._bytes, 0, *ptrs)
+            self._write_call(self._bytes, ptrs)
             for fn, gx, gy, gz, threads, smem in self._calls:
                 launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)

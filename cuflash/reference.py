@@ -1431,3 +1431,511 @@ def attention_backward_varlen_naive(dout, q, k, v, cu_seqlens_q, cu_seqlens_k,
             **kw)
         dq[sq], dk[sk], dv[sk] = g[0][0], g[1][0], g[2][0]
     return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------
+# Split-KV (flash-decoding) partials and their LSE combine
+# ---------------------------------------------------------------------------
+
+__all__ += ["attention_splitkv_partials", "combine_splits", "apply_rotary",
+            "attention_kvcache"]
+
+
+def _split_bounds(seqlen_k, num_splits, block_n=1):
+    """The key ranges ``[(j0, j1)]`` of the ``num_splits`` splits (contiguous, in order).
+
+    The keys are cut into ``ceil(seqlen_k / block_n)`` blocks of ``block_n``;
+    split ``s`` takes blocks ``s * c .. (s + 1) * c - 1`` with
+    ``c = ceil(n_blocks / num_splits)`` (flash-attn's ``n_blocks_per_split``),
+    so trailing splits can be empty (``j0 == j1``) when there are more splits
+    than blocks.
+    """
+    n_blocks = -(-seqlen_k // block_n)
+    per_split = -(-n_blocks // num_splits) if n_blocks else 0
+    bounds = []
+    for s in range(num_splits):
+        j0 = min(s * per_split * block_n, seqlen_k)
+        j1 = min((s + 1) * per_split * block_n, seqlen_k)
+        bounds.append((j0, j1))
+    return bounds
+
+
+@_ignore_underflow
+def attention_splitkv_partials(q, k, v, num_splits, softmax_scale=None,
+                               causal=False, *, block_n=1, window_size=(-1, -1),
+                               alibi_slopes=None, softcap=0.0, dropout_p=0.0,
+                               dropout_mask=None):
+    """The per-split partial results of split-KV (flash-decoding) attention, float64.
+
+    The keys are cut into ``num_splits`` contiguous chunks (``block_n = 1``:
+    ``ceil(seqlen_k / num_splits)`` keys each, the last ones shorter or empty;
+    ``block_n > 1``: whole blocks of ``block_n`` keys, ``ceil(n_blocks /
+    num_splits)`` blocks a split, as flash-attn's split kernel cuts them).
+    Split ``s`` is exact attention of every query row over its chunk only,
+    with the masks (causal, window), softcap, ALiBi and dropout of the whole
+    problem (positions are those of the full key range, bottom-right aligned
+    with the full ``seqlen_k``).
+
+    Convention (flash-attn's split kernel; it makes :func:`combine_splits`
+    exact): a row with no visible key *in that split* gets ``O = 0`` and
+    ``LSE = -inf`` (weight ``exp(-inf) = 0`` in the combine), not the ``+inf``
+    of a fully masked row of the whole problem. Rows that read a non-finite
+    input inside the split are NaN (the module's rule, per split).
+
+    Parameters
+    ----------
+    q : array, shape (batch, seqlen_q, nheads, headdim)
+    k, v : arrays, shape (batch, seqlen_k, nheads_kv, headdim)
+    num_splits : int >= 1
+        May exceed the number of keys (the extra splits are empty).
+    softmax_scale, causal, window_size, alibi_slopes, softcap, dropout_p,
+    dropout_mask : as for :func:`attention_naive`.
+    block_n : int >= 1, keyword-only
+        Split granularity in keys.
+
+    Returns
+    -------
+    out_partial : float64 array (num_splits, batch, seqlen_q, nheads, headdim)
+        Each split's normalized output ``P_s V_s / l_s`` (dropout applied).
+    lse_partial : float64 array (num_splits, batch, nheads, seqlen_q)
+        Each split's (undropped) log-sum-exp; ``-inf`` where the split has no
+        visible key for the row.
+    """
+    num_splits = _check_block_size("num_splits", num_splits)
+    block_n = _check_block_size("block_n", block_n)
+    q, k, v, dims = _as_float64(q, k, v)
+    batch, seqlen_q, seqlen_k, nheads, _, headdim = dims
+    scale = _resolve_scale(softmax_scale, headdim)
+    feat = _Features(dims, causal, window_size, alibi_slopes, softcap,
+                     dropout_p, dropout_mask)
+    q_bad = _nonfinite_rows(q, nheads)            # (B, H, Sq)
+    k_bad = _nonfinite_rows(k, nheads)            # (B, H, Sk)
+    v_bad = _nonfinite_rows(v, nheads)
+    qh = np.moveaxis(_finite_or_zero(q), 2, 1)    # (B, H, Sq, D)
+    kh = _to_bhsd(_finite_or_zero(k), nheads)     # (B, H, Sk, D)
+    vh = _to_bhsd(_finite_or_zero(v), nheads)
+    s_all = np.matmul(qh, np.swapaxes(kh, -1, -2)) * scale
+    s_all, _ = feat.scores(s_all)
+    keep_all = feat.keep()
+    if keep_all is None:
+        keep_all = np.ones((seqlen_q, seqlen_k), dtype=bool)
+    drop = feat.drop_factor()
+
+    out_p = np.zeros((num_splits, batch, seqlen_q, nheads, headdim))
+    lse_p = np.full((num_splits, batch, nheads, seqlen_q), -np.inf)
+    for split, (j0, j1) in enumerate(_split_bounds(seqlen_k, num_splits, block_n)):
+        keep = keep_all[:, j0:j1]                 # (Sq, n)
+        has_keys = keep.any(axis=-1)              # (Sq,)
+        if not has_keys.any():
+            continue
+        p, m, l = _masked_softmax_parts(s_all[..., j0:j1], keep)
+        if drop is not None:
+            p = p * drop[..., j0:j1]
+        acc = np.matmul(p, vh[:, :, j0:j1])
+        out, lse = _finish(acc, m, l, has_keys)
+        lse = np.where(has_keys, lse, -np.inf)
+        lse_nan = has_keys & (q_bad | (k_bad[:, :, None, j0:j1] & keep).any(-1))
+        out_nan = lse_nan | (v_bad[:, :, None, j0:j1] & keep).any(-1)
+        _set_nan_rows(out, out_nan)
+        _set_nan_rows(lse, lse_nan)
+        out_p[split] = np.moveaxis(out, 1, 2)
+        lse_p[split] = lse
+    return out_p, lse_p
+
+
+@_ignore_underflow
+def combine_splits(out_partial, lse_partial):
+    """Merge split-KV partials into the full result: flash-decoding's LSE combine.
+
+    With ``L = log(sum_s exp(lse_s))`` (computed as ``M + log(sum_s exp(lse_s
+    - M))``, ``M = max_s lse_s``), ``lse = L`` and ``out = sum_s exp(lse_s -
+    L) * out_s``. This is exact: on :func:`attention_splitkv_partials`'s
+    output it equals :func:`attention_naive` (to float64 rounding) for any
+    number of splits.
+
+    Conventions: a split with ``lse_s = -inf`` has no key for the row and
+    weight 0 (its ``out_s`` is not read); a row whose every split is ``-inf``
+    is fully masked: ``out = 0``, ``lse = +inf`` (as everywhere in cuflash).
+    A NaN ``lse_s`` makes the row's ``lse`` and ``out`` NaN; a non-finite
+    ``out_s`` of a split with a finite ``lse_s`` makes the row's ``out`` NaN.
+    ``+inf`` in ``lse_partial`` is rejected (partials mark an empty split with
+    ``-inf``, not with the fully masked ``+inf``).
+
+    Parameters
+    ----------
+    out_partial : array (num_splits, batch, seqlen_q, nheads, headdim)
+    lse_partial : array (num_splits, batch, nheads, seqlen_q)
+
+    Returns
+    -------
+    out : float64 array (batch, seqlen_q, nheads, headdim)
+    lse : float64 array (batch, nheads, seqlen_q)
+    """
+    out_p = np.asarray(out_partial)
+    lse_p = np.asarray(lse_partial)
+    if out_p.ndim != 5:
+        raise ValueError(
+            f"out_partial must be a 5-D array (num_splits, batch, seqlen_q, "
+            f"nheads, headdim), got shape {out_p.shape}")
+    splits, batch, seqlen_q, nheads, _ = out_p.shape
+    if splits < 1:
+        raise ValueError("out_partial must hold at least one split (num_splits >= 1)")
+    if lse_p.shape != (splits, batch, nheads, seqlen_q):
+        raise ValueError(
+            f"lse_partial must have shape (num_splits, batch, nheads, seqlen_q) "
+            f"= {(splits, batch, nheads, seqlen_q)}, got {lse_p.shape}")
+    out_p = out_p.astype(np.float64)
+    lse_p = lse_p.astype(np.float64)
+    if np.isposinf(lse_p).any():
+        raise ValueError(
+            "lse_partial holds +inf: a split without keys must have lse = -inf "
+            "(the +inf convention is for fully masked rows of a whole result)")
+    lse_nan = np.isnan(lse_p)
+    live = ~lse_nan & ~np.isneginf(lse_p)                 # (S, B, H, Sq)
+    safe = np.where(live, lse_p, -np.inf)
+    m = np.max(safe, axis=0)                              # (B, H, Sq)
+    m_safe = np.where(np.isneginf(m), 0.0, m)
+    total = np.sum(np.exp(safe - m_safe), axis=0)         # exp(-inf) = 0
+    has = total > 0
+    log_total = np.zeros_like(total)
+    np.log(total, out=log_total, where=has)
+    lse = np.where(has, m_safe + log_total, np.inf)
+    lse_fin = np.where(has, lse, 0.0)
+    weight = np.where(live, np.exp(safe - lse_fin), 0.0)  # (S, B, H, Sq)
+    weight = np.moveaxis(weight, 2, 3)[..., None]         # (S, B, Sq, H, 1)
+    live_o = np.moveaxis(live, 2, 3)[..., None]
+    bad_o = live_o & ~np.isfinite(out_p)
+    contrib = np.where(live_o & ~bad_o, out_p, 0.0) * weight
+    out = np.sum(contrib, axis=0)
+    row_nan = lse_nan.any(axis=0)                         # (B, H, Sq)
+    out_nan = np.moveaxis(row_nan, 1, 2) | bad_o.any(axis=(0, 4))   # (B, Sq, H)
+    out[out_nan] = np.nan
+    lse[row_nan] = np.nan
+    return out, lse
+
+
+# ---------------------------------------------------------------------------
+# KV cache (flash_attn_with_kvcache): rotary, append, paged KV, per-row lengths
+# ---------------------------------------------------------------------------
+
+def apply_rotary(x, cos, sin, positions, interleaved=True):
+    """Rotary embedding of ``x`` at the given positions (flash-attn's definition), float64.
+
+    ``x``: (batch, seqlen, nheads, headdim); ``cos``, ``sin``: (seqlen_ro,
+    rotary_dim / 2); ``positions``: int (batch, seqlen), the row of cos / sin
+    each token takes. The first ``rotary_dim`` features rotate, the rest pass
+    through. ``interleaved=True`` (GPT-J): pairs ``(x[2i], x[2i + 1])``;
+    ``False`` (GPT-NeoX): pairs ``(x[i], x[i + rotary_dim / 2])``. Each pair
+    ``(a, b)`` becomes ``(a cos - b sin, a sin + b cos)`` with angle row
+    ``positions[b, t]`` and frequency ``i``.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    cos = np.asarray(cos, dtype=np.float64)
+    sin = np.asarray(sin, dtype=np.float64)
+    positions = np.asarray(positions)
+    if x.ndim != 4:
+        raise ValueError(f"x must be a 4-D array (batch, seqlen, nheads, headdim), got shape {x.shape}")
+    if cos.ndim != 2 or sin.shape != cos.shape:
+        raise ValueError(
+            f"rotary_cos and rotary_sin must be 2-D arrays of one shape (seqlen_ro, "
+            f"rotary_dim / 2), got {cos.shape} and {sin.shape}")
+    half = cos.shape[1]
+    rot = 2 * half
+    if rot > x.shape[-1]:
+        raise ValueError(
+            f"rotary_dim = 2 * rotary_cos.shape[1] = {rot} must be <= headdim {x.shape[-1]}")
+    if positions.shape != x.shape[:2] or positions.dtype.kind not in "iu":
+        raise ValueError(
+            f"positions must be an int array of shape (batch, seqlen) = {x.shape[:2]}, "
+            f"got {positions.dtype} {positions.shape}")
+    if positions.size and (positions.min() < 0 or positions.max() >= cos.shape[0]):
+        raise ValueError(
+            f"rotary positions must lie in [0, seqlen_ro = {cos.shape[0]}), got "
+            f"{positions.min()} .. {positions.max()}: rotary_cos / rotary_sin are too short")
+    c = cos[positions][:, :, None, :]            # (B, S, 1, half)
+    s = sin[positions][:, :, None, :]
+    out = x.copy()
+    if interleaved:
+        a, b = x[..., 0:rot:2], x[..., 1:rot:2]
+        out[..., 0:rot:2] = a * c - b * s
+        out[..., 1:rot:2] = a * s + b * c
+    else:
+        a, b = x[..., :half], x[..., half:rot]
+        out[..., :half] = a * c - b * s
+        out[..., half:rot] = a * s + b * c
+    return out
+
+
+def _int_vector(name, x, length, what):
+    """``x`` as an int64 (length,) array, else ValueError naming it."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "iu" or arr.shape != (length,):
+        raise ValueError(
+            f"{name} must be an int array of shape ({length},) {what}, got "
+            f"dtype {arr.dtype} and shape {arr.shape}")
+    return arr.astype(np.int64)
+
+
+class _CacheLayout:
+    """Where logical key ``p`` of batch row ``b`` lives in a (possibly paged) cache.
+
+    Contiguous: row ``cache_batch_idx[b]`` (default ``b``), index ``p``.
+    Paged: block ``block_table[b, p // page]``, offset ``p % page``. ``capacity``:
+    the logical length of a row (``seqlen_cache`` or ``max_blocks * page``).
+    """
+
+    def __init__(self, k_cache, batch, cache_batch_idx, block_table):
+        self.paged = block_table is not None
+        if self.paged:
+            if cache_batch_idx is not None:
+                raise ValueError(
+                    "cache_batch_idx and block_table can't be used together (a paged KV "
+                    "cache addresses each batch row through block_table)")
+            table = np.asarray(block_table)
+            if table.dtype.kind not in "iu" or table.ndim != 2 or table.shape[0] != batch:
+                raise ValueError(
+                    f"block_table must be an int array (batch, max_num_blocks_per_seq) with "
+                    f"batch = {batch}, got dtype {table.dtype} and shape {table.shape}")
+            self.table = table.astype(np.int64)
+            self.page = k_cache.shape[1]
+            self.num_blocks = k_cache.shape[0]
+            self.capacity = self.table.shape[1] * self.page
+        else:
+            self.capacity = k_cache.shape[1]
+            if cache_batch_idx is None:
+                if k_cache.shape[0] < batch:
+                    raise ValueError(
+                        f"k_cache holds {k_cache.shape[0]} batch rows, fewer than q's batch "
+                        f"{batch} (pass cache_batch_idx to pick rows)")
+                self.rows = np.arange(batch, dtype=np.int64)
+            else:
+                self.rows = _int_vector("cache_batch_idx", cache_batch_idx, batch, "(batch,)")
+                if self.rows.size and (self.rows.min() < 0 or self.rows.max() >= k_cache.shape[0]):
+                    raise ValueError(
+                        f"cache_batch_idx must index k_cache's {k_cache.shape[0]} rows, got "
+                        f"{self.rows.tolist()}")
+
+    def index(self, b, p):
+        """(first-axis indices, second-axis indices) of logical keys ``p`` of row ``b``."""
+        p = np.asarray(p, dtype=np.int64)
+        if not self.paged:
+            return np.full(p.shape, self.rows[b]), p
+        blocks = self.table[b, p // self.page]
+        if blocks.size and (blocks.min() < 0 or blocks.max() >= self.num_blocks):
+            raise ValueError(
+                f"block_table[{b}] must index the {self.num_blocks} blocks of k_cache for the "
+                f"positions it uses, got blocks {np.unique(blocks).tolist()}")
+        return blocks, p % self.page
+
+
+def _normalize_kvcache_window(window_size, causal, seqlen_q, capacity, alibi):
+    """flash-attn's mha_fwd_kvcache rules: (causal, (left, right))."""
+    left, right = _resolve_window(window_size, False)
+    causal = bool(causal)
+    if seqlen_q == 1 and not alibi:
+        causal = False          # one query row: causal is no mask at all
+    if causal:
+        right = 0
+    if left >= capacity:
+        left = -1
+    if right >= capacity:
+        right = -1
+    return causal, (left, right)
+
+
+@_ignore_underflow
+def attention_kvcache(q, k_cache, v_cache, cache_seqlens=None, k=None, v=None, *,
+                      rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
+                      cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                      softmax_scale=None, causal=False, window_size=(-1, -1),
+                      softcap=0.0, alibi_slopes=None, num_splits=1, rounding=None):
+    """The math of flash-attn's ``flash_attn_with_kvcache``, float64.
+
+    Steps, per batch row ``b`` (flash-attn 2.8's kernel):
+
+    1. Lengths: ``start = cache_leftpad[b]`` (default 0), ``end =
+       cache_seqlens[b]`` (default: the capacity, below). The row's cache is
+       logical keys ``start .. end - 1``.
+    2. Append (``k``, ``v`` given): new token ``t`` is written at logical
+       position ``end + t`` (``k`` rotated first when ``rotary_cos`` is
+       given); the caches returned are updated copies (the inputs are not
+       changed). The row's keys are then ``start .. end + seqlen_new - 1``.
+    3. Rotary (needs ``k``): ``k[b, t]`` uses cos / sin row ``end + t``;
+       ``q[b, i]`` uses row ``end + i`` if the call is causal or local
+       (after the normalization below), else row ``end`` for every ``i``.
+       Positions are absolute cache indices (``cache_leftpad`` is not
+       subtracted), as in flash-attn.
+    4. Attention of ``q[b]`` over the row's ``Sk_b = end + seqlen_new -
+       start`` keys, key ``j`` being logical position ``start + j``: causal,
+       window, softcap and ALiBi exactly as :func:`attention_naive` with
+       ``seqlen_k = Sk_b`` (bottom-right aligned per row). ``Sk_b = 0`` gives
+       ``O = 0`` and ``LSE = +inf``. With ``num_splits > 1`` it is computed
+       by :func:`attention_splitkv_partials` + :func:`combine_splits` over
+       the row's keys (the same result to float64 rounding).
+
+    Window normalization (flash-attn's C++ entry): with ``seqlen_q == 1``
+    and no ALiBi, causal is dropped (no mask with one query row);
+    ``causal`` sets ``right = 0``; a bound ``>= capacity`` becomes -1.
+
+    Layouts: contiguous ``k_cache``, ``v_cache`` (batch_cache, seqlen_cache,
+    nheads_kv, headdim): row ``b`` reads cache row ``cache_batch_idx[b]``
+    (default ``b``), capacity ``seqlen_cache``. Paged (``block_table`` int
+    (batch, max_num_blocks_per_seq)): caches (num_blocks, page_block_size,
+    nheads_kv, headdim), logical position ``p`` of row ``b`` is block
+    ``block_table[b, p // page_block_size]``, offset ``p % page_block_size``;
+    capacity ``max_num_blocks_per_seq * page_block_size``; only the table
+    entries of positions in use are read (others may hold anything).
+    ``cache_batch_idx`` and ``block_table`` exclude each other. Pages (or cache
+    rows) may be shared between batch rows for reading; a slot that one row
+    appends to and another row writes or reads raises ValueError (a kernel
+    appending and reading in one pass leaves it undefined).
+
+    Parameters
+    ----------
+    q : array (batch, seqlen_q, nheads, headdim)
+    k_cache, v_cache : arrays, layouts above
+    cache_seqlens : int or int array (batch,), optional
+    k, v : arrays (batch, seqlen_new, nheads_kv, headdim), optional (both or neither)
+    rotary_cos, rotary_sin : arrays (seqlen_ro, rotary_dim / 2), optional
+        ``rotary_dim`` even and ``<= headdim``; need ``k``.
+    rotary_interleaved : bool
+    cache_batch_idx, cache_leftpad : int arrays (batch,), optional
+        ``0 <= cache_leftpad[b] <= cache_seqlens[b]``.
+    block_table : int array (batch, max_num_blocks_per_seq), optional
+    softmax_scale, causal, window_size, softcap, alibi_slopes :
+        As for :func:`attention_naive` (per row, see 4).
+    num_splits : int >= 0 (0 and 1: no split)
+    rounding : callable, optional
+        Applied (float64 array -> float64 array) to the rotated ``q`` and the
+        rotated ``k`` before they are used and written: a kernel working in
+        fp16 / bf16 stores the rotated ``k`` in the cache's dtype and attends
+        to the rotated ``q`` in ``q``'s dtype (``cuflash.decode`` passes the
+        rounding to the inputs' dtype). Without rotary it is not called.
+
+    Returns
+    -------
+    out : float64 (batch, seqlen_q, nheads, headdim)
+    lse : float64 (batch, nheads, seqlen_q) (``+inf`` for rows without keys)
+    k_cache_new, v_cache_new : float64 copies of the caches, ``k`` (rotated)
+        and ``v`` written in (the inputs themselves when nothing is appended,
+        as float64 copies)
+    """
+    q = np.asarray(q)
+    k_cache = np.asarray(k_cache)
+    v_cache = np.asarray(v_cache)
+    if q.ndim != 4:
+        raise ValueError(f"q must be a 4-D array (batch, seqlen_q, nheads, headdim), got shape {q.shape}")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.ndim != 4:
+            raise ValueError(
+                f"{name} must be a 4-D array (batch_cache, seqlen_cache, nheads_kv, headdim) "
+                f"or (num_blocks, page_block_size, nheads_kv, headdim), got shape {x.shape}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {k_cache.shape}, got {v_cache.shape}")
+    batch, seqlen_q, nheads, headdim = q.shape
+    nheads_kv = k_cache.shape[2]
+    if k_cache.shape[3] != headdim:
+        raise ValueError(f"k_cache's headdim ({k_cache.shape[3]}) must equal q's ({headdim})")
+    if nheads_kv < 1 or nheads % nheads_kv:
+        raise ValueError(
+            f"nheads of q ({nheads}) must be a positive multiple of nheads_kv of k_cache ({nheads_kv})")
+    if isinstance(num_splits, (bool, np.bool_)) or int(num_splits) != num_splits or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0, got {num_splits!r}")
+    num_splits = max(int(num_splits), 1)
+    layout = _CacheLayout(k_cache, batch, cache_batch_idx, block_table)
+    capacity = layout.capacity
+
+    if cache_seqlens is None:
+        ends = np.full(batch, capacity, dtype=np.int64)
+    elif np.ndim(cache_seqlens) == 0:
+        if isinstance(cache_seqlens, (bool, np.bool_)) or np.asarray(cache_seqlens).dtype.kind not in "iu":
+            raise ValueError(f"cache_seqlens must be an int or an int array (batch,), got {cache_seqlens!r}")
+        ends = np.full(batch, int(cache_seqlens), dtype=np.int64)
+    else:
+        ends = _int_vector("cache_seqlens", cache_seqlens, batch, "(batch,)")
+    starts = (np.zeros(batch, dtype=np.int64) if cache_leftpad is None
+              else _int_vector("cache_leftpad", cache_leftpad, batch, "(batch,)"))
+
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together (new keys and values to append) or both be None")
+    seqlen_new = 0
+    if k is not None:
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens must be given with k and v (where to append them)")
+        k = np.asarray(k, dtype=np.float64)
+        v = np.asarray(v, dtype=np.float64)
+        if k.ndim != 4 or k.shape[0] != batch or k.shape[2:] != (nheads_kv, headdim):
+            raise ValueError(
+                f"k must have shape (batch, seqlen_new, nheads_kv, headdim) = ({batch}, "
+                f"seqlen_new, {nheads_kv}, {headdim}), got {k.shape}")
+        if v.shape != k.shape:
+            raise ValueError(f"v must have k's shape {k.shape}, got {v.shape}")
+        seqlen_new = k.shape[1]
+    if (ends < 0).any() or (ends + seqlen_new > capacity).any():
+        raise ValueError(
+            f"cache_seqlens must lie in [0, capacity - seqlen_new] = [0, {capacity - seqlen_new}] "
+            f"(capacity {capacity}, {seqlen_new} new tokens), got {ends.tolist()}")
+    if (starts < 0).any() or (starts > ends).any():
+        raise ValueError(
+            f"cache_leftpad must lie in [0, cache_seqlens[b]] per row, got {starts.tolist()} "
+            f"for cache_seqlens {ends.tolist()}")
+    slopes = _check_alibi(alibi_slopes, batch, nheads)
+    softcap = _check_softcap(softcap)
+    causal, window = _normalize_kvcache_window(window_size, causal, seqlen_q, capacity,
+                                               slopes is not None)
+    local = window != (-1, -1) and not causal
+
+    rotary = rotary_cos is not None or rotary_sin is not None
+    if rotary:
+        if rotary_cos is None or rotary_sin is None:
+            raise ValueError("rotary_cos and rotary_sin must be given together")
+        if k is None:
+            raise ValueError("rotary_cos / rotary_sin need k and v (rotary applies to the new keys)")
+        cos = np.asarray(rotary_cos, dtype=np.float64)
+        sin = np.asarray(rotary_sin, dtype=np.float64)
+        k = apply_rotary(k, cos, sin, ends[:, None] + np.arange(seqlen_new)[None, :],
+                         rotary_interleaved)
+        qpos = ends[:, None] + (np.arange(seqlen_q)[None, :] if causal or local
+                                else np.zeros((1, seqlen_q), dtype=np.int64))
+        q = apply_rotary(q, cos, sin, qpos, rotary_interleaved)
+        if rounding is not None:
+            q, k = rounding(q), rounding(k)
+    q = np.asarray(q, dtype=np.float64)
+
+    k_new = np.array(k_cache, dtype=np.float64)
+    v_new = np.array(v_cache, dtype=np.float64)
+    if seqlen_new:
+        # A kernel appends and reads in one pass: a slot that one batch row writes and another
+        # row writes or reads (duplicate cache_batch_idx, shared pages) has no defined value.
+        writer = {}
+        for b in range(batch):
+            i0, i1 = layout.index(b, ends[b] + np.arange(seqlen_new))
+            for slot in zip(i0.tolist(), i1.tolist()):
+                if writer.setdefault(slot, b) != b:
+                    raise ValueError(
+                        f"cache_batch_idx / block_table make batch rows {writer[slot]} and {b} "
+                        "append to the same cache slot; the result would be ambiguous")
+            k_new[i0, i1] = k[b]
+            v_new[i0, i1] = v[b]
+        for b in range(batch):
+            i0, i1 = layout.index(b, np.arange(starts[b], ends[b] + seqlen_new))
+            for slot in zip(i0.tolist(), i1.tolist()):
+                if writer.get(slot, b) != b:
+                    raise ValueError(
+                        f"cache_batch_idx / block_table make batch row {b} read a cache slot that "
+                        f"row {writer[slot]} appends to; the result would be ambiguous")
+
+    out = np.zeros((batch, seqlen_q, nheads, headdim))
+    lse = np.full((batch, nheads, seqlen_q), np.inf)
+    for b in range(batch):
+        i0, i1 = layout.index(b, np.arange(starts[b], ends[b] + seqlen_new))
+        kb, vb = k_new[i0, i1][None], v_new[i0, i1][None]
+        kw = dict(window_size=window, softcap=softcap,
+                  alibi_slopes=None if slopes is None else slopes[b])
+        if num_splits > 1:
+            o, l = combine_splits(*attention_splitkv_partials(
+                q[b:b + 1], kb, vb, num_splits, softmax_scale, causal, **kw))
+        else:
+            o, l = attention_naive(q[b:b + 1], kb, vb, softmax_scale, causal, True, **kw)
+        out[b], lse[b] = o[0], l[0]
+    return out, lse, k_new, v_new

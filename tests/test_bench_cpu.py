@@ -213,7 +213,8 @@ def fake_gpu(monkeypatch):
     return calls
 
 
-def test_fwd_loop_on_cpu(tmp_path, fake_gpu):
+def test_fwd_loop_on_cpu(tmp_path, fake_gpu, monkeypatch):
+    monkeypatch.setattr(_gpu, "arch", lambda device=0: (8, 0))  # the FA2 families only
     recs = fwd.run(hdims=(64,), seqlens=(32,), causals=(True,), out=tmp_path, reps=2, **QUIET)
     by = {r["impl"]: r for r in recs}
     assert list(by) == ["cuflash:fa2_fwd", "sdpa_flash", "sdpa_cudnn"]
@@ -249,6 +250,7 @@ def test_fwdbwd_loop_on_cpu(tmp_path, fake_gpu):
 
 
 def test_tuned_loop_on_cpu(tmp_path, fake_gpu, monkeypatch):
+    monkeypatch.setattr(_gpu, "arch", lambda device=0: (8, 0))  # the FA2 families only
     real = common.heuristic_config
 
     def heuristic(fam, p, device=0):      # the forward's heuristic differs from its "tuned" config

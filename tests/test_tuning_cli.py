@@ -153,8 +153,8 @@ def test_tune_loop_with_a_fake_gpu(monkeypatch, tmp_path):
     pytest.importorskip("optuna")
     made = fake_tuning(monkeypatch)
     lines = []
-    args = ["--op", "fwd", "--dtype", "bf16", "--hdim", "128", "--seqlen", "512,16384",
-            "--causal", "false", "--trials", "8", "--seed", "0", "--no-progress", "--no-plots",
+    args = ["--op", "fwd", "--family", "fa2_fwd", "--dtype", "bf16", "--hdim", "128",
+            "--seqlen", "512,16384", "--causal", "false", "--trials", "8", "--seed", "0", "--no-progress", "--no-plots",
             "--no-precompile", "--out", str(tmp_path / "res"), "--table-dir", str(tmp_path / "ship")]
     assert cli.tune_main(args, log=lines.append) == 0
     text = "\n".join(lines)
@@ -187,8 +187,10 @@ def test_tune_every_family_of_every_op_by_default(monkeypatch, tmp_path):
     assert cli.tune_main(args, log=lines.append) == 0
     assert [f for f, _ in made] == registry.families("fwd") + registry.families("bwd")
     tf = select.read_file(tmp_path / "t" / "Fake_GPU_sm90.yaml")
-    assert sorted(e.key for e in tf.entries) == [("bwd", "fa2_bwd", "fp16", 64, True, (), 1024),
-                                                 ("fwd", "fa2_fwd", "fp16", 64, True, (), 1024)]
+    want = sorted((f.op, f.name, "fp16", 64, True, (), 1024) for f in registry.families()
+                  if not f.supports((9, 0), Problem.fa_convention(f.op, "fp16", 64, True, 1024)))
+    assert "fa2_fwd" in {k[1] for k in want} and "fa2_bwd" in {k[1] for k in want}
+    assert sorted(e.key for e in tf.entries) == want
     text = "\n".join(lines)
     assert "skipped 1 fa2_fwd studies: q: headdim must be a multiple of 8" in text
     assert "skipped 1 fa2_bwd studies" in text
@@ -223,7 +225,7 @@ def test_tune_min_gain_keeps_the_heuristic(monkeypatch, tmp_path):
     fake_tuning(monkeypatch)
     p = Problem.fa_convention("fwd", "bf16", 128, False, 4096)
     heuristic = FWD.heuristic(p, (9, 0), H100_SMEM)
-    common = ["--op", "fwd", "--dtype", "bf16", "--hdim", "128", "--seqlen", "4096",
+    common = ["--op", "fwd", "--family", "fa2_fwd", "--dtype", "bf16", "--hdim", "128", "--seqlen", "4096",
               "--causal", "false", "--brute-force", "--no-progress", "--no-plots", "--no-precompile"]
     entries = {}
     for gain in ("1", "20"):
@@ -262,8 +264,8 @@ def test_precompile_covers_every_valid_config_of_every_study(monkeypatch, tmp_pa
 
     monkeypatch.setattr(cucompile, "precompile", fake_precompile)
     lines = []
-    args = ["--dtype", "bf16", "--hdim", "64", "--seqlen", "512,4096", "--causal", "false",
-            "--trials", "2", "--no-plots", "--out", str(tmp_path / "r"), "--table-dir", str(tmp_path / "t")]
+    args = ["--family", "fa2_fwd,fa2_bwd", "--dtype", "bf16", "--hdim", "64", "--seqlen",
+            "512,4096", "--causal", "false", "--trials", "2", "--no-plots", "--out", str(tmp_path / "r"), "--table-dir", str(tmp_path / "t")]
     assert cli.tune_main(args, log=lines.append) == 0
     want = {c for fam in (FWD, BWD)
             for c in fam.valid(Problem.fa_convention(fam.op, "bf16", 64, False, 512), H100_SMEM)}

@@ -1,0 +1,406 @@
+"""``flash_attn_with_kvcache``: flash-attn 2.8's decoding entry point (KV cache, split-KV).
+
+Same signature, argument order, defaults and return values as flash-attn 2.8's
+``flash_attn.flash_attn_with_kvcache``. Every argument is validated, with errors naming it,
+before anything runs.
+
+* torch CPU tensors (any float dtype) run the float64 reference
+  (``cuflash.reference.attention_kvcache``): when ``k`` / ``v`` are given, ``k_cache`` and
+  ``v_cache`` are updated **in place** (the new keys rotated when ``rotary_cos`` /
+  ``rotary_sin`` are given), as flash-attn does; ``num_splits > 1`` computes the result
+  through the split-KV partials and their LSE combine (the same values).
+* GPU inputs (torch CUDA tensors, CuPy arrays, and NumPy arrays, which the API would copy to
+  the GPU) raise ``cuflash.UnsupportedFeature`` after validation: no kernel family implements
+  the op ``decode`` yet. Nothing is launched and no cache is written.
+
+Where cuflash differs from flash-attn 2.8 (all on the accepting side, none changes a result
+flash-attn gives): any ``page_block_size`` and any even ``rotary_dim`` are accepted (flash-attn's
+kernels need multiples of 256 and 16; a decode kernel family declares its own limits in
+``supports()``), ``cache_leftpad`` works with ``block_table``, an int ``cache_seqlens`` is
+broadcast to q's batch (flash-attn uses ``k_cache.shape[0]``), ``batch = 0`` gives empty results,
+and the values of ``cache_seqlens``, ``cache_leftpad``, ``cache_batch_idx`` and the used
+``block_table`` entries are checked (flash-attn reads out of bounds). Rejected where flash-attn
+is silent: a negative ``num_splits`` (flash-attn treats it as 0), and appends from two batch
+rows to one cache slot, or to a slot another row reads (duplicate ``cache_batch_idx`` while
+appending; shared pages that are appended to).
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from numbers import Integral
+from typing import Optional
+
+import numpy as np
+
+from . import api
+from .problem import Problem
+
+MAX_SPLITS = 128  # flash-attn's limit on num_splits
+
+
+@dataclass
+class KVCacheCall:
+    """One validated ``flash_attn_with_kvcache`` call (what a decode family will read)."""
+    tq: api._Tensor
+    batch: int
+    seqlen_q: int
+    nheads: int
+    nheads_kv: int
+    head_dim: int
+    capacity: int          # logical length of a cache row (seqlen_cache or blocks * page)
+    seqlen_new: int        # rows of k / v to append (0: none)
+    paged: bool
+    rotary_dim: int        # 0: no rotary
+    softmax_scale: float
+    causal: bool
+    window_size: tuple
+    softcap: float
+    num_splits: int
+    features: tuple        # sorted names: alibi, append, cache_batch_idx, leftpad, paged_kv,
+                           # rotary, softcap, window
+
+    def problem(self, dtype: str) -> Problem:
+        """The call as a ``Problem`` of op ``decode`` (seqlen_k: the cache capacity)."""
+        return Problem("decode", dtype, self.batch, self.seqlen_q, self.capacity, self.nheads,
+                       self.nheads_kv, self.head_dim, self.causal, False, self.features)
+
+
+def _device_of(x, kind: str):
+    return api._device_of(x, kind)
+
+
+def _same_place(name: str, x, tq: api._Tensor) -> str:
+    """x's kind (q's) and device (q's), else TypeError / ValueError naming it."""
+    kind = api._kind(x)
+    if kind != tq.kind:
+        raise TypeError(f"{name}: expected a {tq.kind} array like q, got {type(x).__name__}")
+    if kind == "torch" and x.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"{name}: torch tensors must be on a CUDA device or the CPU, got {x.device}")
+    if kind != "numpy" and _device_of(x, kind) != tq.device:
+        raise ValueError(f"{name}: must be on q's device {tq.device}, got {x.device}")
+    return kind
+
+
+def _int32_arg(name: str, x, tq: api._Tensor, shape: tuple, what: str):
+    """An int32 array of ``shape`` (None entries: any size), q's kind, on q's device."""
+    _same_place(name, x, tq)
+    dtype = str(x.dtype).replace("torch.", "")
+    if dtype != "int32":
+        raise TypeError(f"{name}: dtype must be int32, got {dtype}")
+    got = tuple(int(n) for n in x.shape)
+    if len(got) != len(shape) or any(s is not None and s != g for s, g in zip(shape, got)):
+        raise ValueError(f"{name}: expected shape {what}, got {got}")
+    return x
+
+
+def _host_ints(x, tq: api._Tensor) -> Optional[np.ndarray]:
+    """The values of an int argument on the host (int64), for CPU inputs; None for GPU ones
+    (a decode kernel reads them on the device: no synchronization at validation)."""
+    if tq.kind == "torch" and tq.device is None:
+        return x.detach().numpy().astype(np.int64)
+    return None
+
+
+def _flag(name: str, value) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    try:
+        if getattr(value, "ndim", 0) == 0 and value in (0, 1):
+            return bool(value)
+    except (TypeError, ValueError):
+        pass
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+
+
+def check_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                  cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                  softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                  rotary_interleaved=True, alibi_slopes=None, num_splits=0):
+    """Validate a flash_attn_with_kvcache call; every error names the argument. No launch, no
+    GPU. Returns a KVCacheCall."""
+    tq = api.describe("q", q)
+    tkc, tvc = api.describe("k_cache", k_cache), api.describe("v_cache", v_cache)
+    for name, t, x in (("k_cache", tkc, k_cache), ("v_cache", tvc, v_cache)):
+        _same_place(name, x, tq)
+        if t.dtype != tq.dtype:
+            raise TypeError(f"{name}: dtype must be q's {q.dtype}, got {x.dtype}")
+    batch, seqlen_q, nheads, head_dim = tq.shape
+    if not 1 <= head_dim <= api.MAX_HEAD_DIM:
+        raise ValueError(f"q: headdim must be in [1, {api.MAX_HEAD_DIM}], got {head_dim}")
+    nheads_kv = tkc.shape[2]
+    if tkc.shape[3] != head_dim:
+        raise ValueError(f"k_cache: headdim must match q's {head_dim}, got {tkc.shape[3]}")
+    if tvc.shape != tkc.shape:
+        raise ValueError(f"v_cache: shape must equal k_cache's {tkc.shape}, got {tvc.shape}")
+    if nheads_kv == 0 or nheads % nheads_kv:
+        raise ValueError(f"k_cache: nheads_kv={nheads_kv} must divide q's nheads={nheads} (GQA/MQA)")
+    if batch > api.GRID_LIMIT or nheads > api.GRID_LIMIT:
+        raise ValueError(f"q: batch ({batch}) and nheads ({nheads}) must be <= {api.GRID_LIMIT} "
+                         "(CUDA grid limit)")
+    on_gpu = tq.kind != "torch" or tq.device is not None
+    if on_gpu:
+        for name, t in (("k_cache", tkc), ("v_cache", tvc)):
+            if head_dim > 1 and t.strides[3] != 1:
+                raise ValueError(f"{name}: the last dimension (headdim) must be contiguous "
+                                 f"(stride 1), got strides {t.strides}")
+    features = set()
+
+    # paged KV / cache rows
+    paged = block_table is not None
+    if paged:
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx: can't be used with block_table (a paged KV cache "
+                             "addresses each batch row through block_table)")
+        _int32_arg("block_table", block_table, tq, (batch, None),
+                   f"(batch, max_num_blocks_per_seq) = ({batch}, max_num_blocks_per_seq)")
+        page = tkc.shape[1]
+        if page < 1:
+            raise ValueError(f"k_cache: page_block_size (k_cache.shape[1]) must be >= 1, got {page}")
+        capacity = int(block_table.shape[1]) * page
+        features.add("paged_kv")
+    else:
+        capacity = tkc.shape[1]
+        if cache_batch_idx is None:
+            if tkc.shape[0] < batch:
+                raise ValueError(f"k_cache: holds {tkc.shape[0]} batch rows, fewer than q's batch "
+                                 f"{batch} (pass cache_batch_idx to pick rows)")
+        else:
+            _int32_arg("cache_batch_idx", cache_batch_idx, tq, (batch,), f"(batch,) = ({batch},)")
+            features.add("cache_batch_idx")
+
+    # new keys and values
+    if (k is None) != (v is None):
+        raise ValueError(f"{'v' if k is not None else 'k'}: k and v must be given together "
+                         "(the new keys and values to append) or both be None")
+    seqlen_new = 0
+    if k is not None:
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens: must be given with k and v (where to append them)")
+        tk, tv = api.describe("k", k), api.describe("v", v)
+        for name, t, x in (("k", tk, k), ("v", tv, v)):
+            _same_place(name, x, tq)
+            if t.dtype != tq.dtype:
+                raise TypeError(f"{name}: dtype must be q's {q.dtype}, got {x.dtype}")
+        seqlen_new = tk.shape[1]
+        want = (batch, seqlen_new, nheads_kv, head_dim)
+        if tk.shape != want:
+            raise ValueError(f"k: expected shape (batch, seqlen_new, nheads_kv, headdim) = {want}, "
+                             f"got {tk.shape}")
+        if tv.shape != tk.shape:
+            raise ValueError(f"v: shape must equal k's {tk.shape}, got {tv.shape}")
+        if seqlen_new > capacity:
+            raise ValueError(f"k: seqlen_new={seqlen_new} new tokens do not fit the KV cache's "
+                             f"{capacity} positions")
+        if seqlen_new:
+            features.add("append")
+
+    # lengths
+    ends = None
+    if cache_seqlens is not None:
+        if isinstance(cache_seqlens, Integral) and not isinstance(cache_seqlens, (bool, np.bool_)):
+            ends = np.full(batch, int(cache_seqlens), np.int64)
+        elif api._kind(cache_seqlens) in ("torch", "numpy", "cupy"):
+            _int32_arg("cache_seqlens", cache_seqlens, tq, (batch,), f"(batch,) = ({batch},)")
+            ends = _host_ints(cache_seqlens, tq)
+        else:
+            raise TypeError(f"cache_seqlens must be an int or an int32 array (batch,), got "
+                            f"{type(cache_seqlens).__name__} {cache_seqlens!r}")
+        if ends is not None and ((ends < 0).any() or (ends + seqlen_new > capacity).any()):
+            raise ValueError(f"cache_seqlens: must lie in [0, {capacity - seqlen_new}] (cache "
+                             f"capacity {capacity}, {seqlen_new} new tokens), got {ends.tolist()}")
+    if cache_leftpad is not None:
+        _int32_arg("cache_leftpad", cache_leftpad, tq, (batch,), f"(batch,) = ({batch},)")
+        starts = _host_ints(cache_leftpad, tq)
+        if starts is not None:
+            top = ends if ends is not None else np.full(batch, capacity, np.int64)
+            if (starts < 0).any() or (starts > top).any():
+                raise ValueError(f"cache_leftpad: must lie in [0, cache_seqlens[b]] per row, got "
+                                 f"{starts.tolist()} for cache_seqlens {top.tolist()}")
+        features.add("leftpad")
+    if cache_batch_idx is not None:
+        rows = _host_ints(cache_batch_idx, tq)
+        if rows is not None:
+            if rows.size and (rows.min() < 0 or rows.max() >= tkc.shape[0]):
+                raise ValueError(f"cache_batch_idx: must index k_cache's {tkc.shape[0]} rows, got "
+                                 f"{rows.tolist()}")
+            if seqlen_new and len(set(rows.tolist())) != rows.size:
+                raise ValueError(f"cache_batch_idx: repeats a cache row while k and v are appended "
+                                 f"(ambiguous writes), got {rows.tolist()}")
+    if paged:
+        table = _host_ints(block_table, tq)
+        if table is not None and batch:
+            top = ends + seqlen_new if ends is not None else np.full(batch, capacity, np.int64)
+            used = np.arange(table.shape[1])[None, :] * tkc.shape[1] < top[:, None]
+            vals = table[used]
+            if vals.size and (vals.min() < 0 or vals.max() >= tkc.shape[0]):
+                raise ValueError(f"block_table: the entries in use must index k_cache's "
+                                 f"{tkc.shape[0]} blocks, got {np.unique(vals).tolist()}")
+
+    # rotary
+    rotary_dim = 0
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError(f"{'rotary_sin' if rotary_cos is not None else 'rotary_cos'}: rotary_cos "
+                         "and rotary_sin must be given together")
+    if rotary_cos is not None:
+        if k is None:
+            raise ValueError("rotary_cos: rotary embedding needs the new k and v to append "
+                             "(flash-attn applies it to them and to q)")
+        for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            _same_place(name, x, tq)
+            if api.dtype_name(x) != tq.dtype:
+                raise TypeError(f"{name}: dtype must be q's {q.dtype}, got {x.dtype}")
+            if x.ndim != 2:
+                raise ValueError(f"{name}: expected shape (seqlen_ro, rotary_dim / 2), got "
+                                 f"{tuple(x.shape)}")
+        if tuple(rotary_sin.shape) != tuple(rotary_cos.shape):
+            raise ValueError(f"rotary_sin: shape must equal rotary_cos's {tuple(rotary_cos.shape)}, "
+                             f"got {tuple(rotary_sin.shape)}")
+        seqlen_ro, half = (int(n) for n in rotary_cos.shape)
+        rotary_dim = 2 * half
+        if not 2 <= rotary_dim <= head_dim:
+            raise ValueError(f"rotary_cos: rotary_dim = 2 * rotary_cos.shape[1] = {rotary_dim} must "
+                             f"be in [2, headdim = {head_dim}]")
+        if seqlen_ro < capacity:
+            raise ValueError(f"rotary_cos: seqlen_ro = {seqlen_ro} rows must cover the KV cache's "
+                             f"{capacity} positions")
+        _flag("rotary_interleaved", rotary_interleaved)
+        features.add("rotary")
+    else:
+        _flag("rotary_interleaved", rotary_interleaved)
+
+    # scalars and the features of fwd
+    scale = api.check_scale(softmax_scale, head_dim)
+    causal = _flag("causal", causal)
+    left, right = api.check_window(window_size)
+    cap = api._real("softcap", softcap, "a finite number >= 0 (0: off)")
+    if not np.isfinite(cap) or cap < 0:
+        raise ValueError(f"softcap must be a finite number >= 0 (0: off), got {softcap!r}")
+    if alibi_slopes is not None:
+        api.check_alibi(alibi_slopes, tq, batch, nheads)
+        features.add("alibi")
+    if isinstance(num_splits, (bool, np.bool_)):
+        raise TypeError(f"num_splits must be an int, got {num_splits!r}")
+    try:
+        num_splits = operator.index(num_splits)
+    except TypeError:
+        raise TypeError(f"num_splits must be an int, got {type(num_splits).__name__} "
+                        f"{num_splits!r}") from None
+    if not 0 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [0, {MAX_SPLITS}] (0: heuristic, 1: no split), "
+                         f"got {num_splits}")
+    # flash-attn's mha_fwd_kvcache normalization
+    if seqlen_q == 1 and alibi_slopes is None:
+        causal = False
+    if causal:
+        right = 0
+    if left >= capacity:
+        left = -1
+    if right >= capacity:
+        right = -1
+    if (left, right) != (-1, -1) and not (causal and left == -1):
+        features.add("window")
+    if cap:
+        features.add("softcap")
+    return KVCacheCall(tq, batch, seqlen_q, nheads, nheads_kv, head_dim, capacity, seqlen_new,
+                       paged, rotary_dim, scale, causal, (left, right), cap, num_splits,
+                       tuple(sorted(features)))
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
+                            block_table=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                            alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Attention of q over a KV cache, optionally appending k, v to it first (decoding).
+
+    flash-attn 2.8's signature and semantics (``cuflash.reference.attention_kvcache`` states
+    the math):
+
+    q: (batch, seqlen_q, nheads, headdim). k_cache, v_cache: (batch_cache, seqlen_cache,
+    nheads_kv, headdim), or with block_table (num_blocks, page_block_size, nheads_kv, headdim).
+    k, v (optional, together): (batch, seqlen_new, nheads_kv, headdim), written into the cache
+    *in place* at positions cache_seqlens[b] .. + seqlen_new - 1 (k rotated first with
+    rotary), then attended to. rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2), q's dtype,
+    need k; positions cache_seqlens[b] + t for k, cache_seqlens[b] + i for q when causal or
+    local, else cache_seqlens[b]; rotary_interleaved: GPT-J pairs (True) or GPT-NeoX halves.
+    cache_seqlens: int or int32 (batch,), the cache length per row (default: all of it).
+    cache_batch_idx: int32 (batch,), the cache row of each batch row. cache_leftpad: int32
+    (batch,), where each row's cache starts. block_table: int32 (batch,
+    max_num_blocks_per_seq), the pages of each row (paged KV). causal, window_size, softcap,
+    alibi_slopes as flash_attn_func, bottom-right aligned per row with its own key count
+    cache_seqlens[b] + seqlen_new - cache_leftpad[b]. num_splits: 0 heuristic, 1 no split,
+    n split-KV (flash-decoding); the result does not depend on it.
+
+    Returns out (q's shape and dtype), or (out, softmax_lse) with return_softmax_lse:
+    fp32 (batch, nheads, seqlen_q), +inf for rows without keys (whose out is 0).
+
+    torch CPU tensors run the float64 reference. No kernel family implements the op
+    ``decode`` yet: GPU inputs (torch CUDA, CuPy, NumPy) raise cuflash.UnsupportedFeature
+    after validation, before any launch and without touching the cache.
+    """
+    call = check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                         cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                         window_size, softcap, rotary_interleaved, alibi_slopes, num_splits)
+    if not (call.tq.kind == "torch" and call.tq.device is None):
+        _raise_unsupported(call)
+    out, lse = _reference_torch(call, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                window_size, causal, bool(rotary_interleaved), alibi_slopes)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _raise_unsupported(call: KVCacheCall) -> None:
+    from .registry import families
+
+    dtype = call.tq.dtype if call.tq.dtype in ("bf16", "fp16") else "bf16"
+    problem = call.problem(dtype)
+    fams = families("decode")
+    reasons = [f.supports((99, 9), problem) for f in fams]
+    if not fams or all(reasons):
+        why = "; ".join(dict.fromkeys(reasons)) or "no family is registered for op 'decode'"
+        raise api.UnsupportedFeature(
+            f"q, k_cache, v_cache: decoding with a KV cache (flash_attn_with_kvcache: split-KV, "
+            f"cache append, rotary, paged KV) is not implemented by any registered kernel family "
+            f"yet ({why}); torch CPU tensors run it on the float64 reference "
+            "(cuflash.reference.attention_kvcache)")
+    raise api.UnsupportedFeature("q, k_cache, v_cache: a decode kernel family supports this call, "
+                                 "but cuflash.decode does not launch it yet")
+
+
+def _reference_torch(call, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                     cache_batch_idx, cache_leftpad, block_table, window_size, causal,
+                     rotary_interleaved, alibi_slopes):
+    """The torch CPU path: the float64 reference, the caches updated in place."""
+    import torch
+
+    from . import reference
+
+    def as64(x):
+        return None if x is None else x.detach().to(torch.float64).numpy()
+
+    def ints(x):
+        return None if x is None or isinstance(x, Integral) else x.detach().numpy().astype(np.int64)
+
+    dtype = q.dtype
+
+    def rounding(x):  # the rotated q and k, as a kernel in the inputs' dtype holds them
+        return torch.from_numpy(x).to(dtype).to(torch.float64).numpy()
+
+    out, lse, k_new, v_new = reference.attention_kvcache(
+        as64(q), as64(k_cache), as64(v_cache),
+        cache_seqlens if isinstance(cache_seqlens, Integral) else ints(cache_seqlens),
+        as64(k), as64(v), rotary_cos=as64(rotary_cos), rotary_sin=as64(rotary_sin),
+        rotary_interleaved=rotary_interleaved, cache_batch_idx=ints(cache_batch_idx),
+        cache_leftpad=ints(cache_leftpad), block_table=ints(block_table),
+        softmax_scale=call.softmax_scale, causal=bool(causal), window_size=tuple(window_size),
+        softcap=call.softcap, alibi_slopes=as64(alibi_slopes), num_splits=call.num_splits,
+        rounding=rounding)
+    if call.seqlen_new:
+        with torch.no_grad():
+            k_cache.copy_(torch.from_numpy(k_new))
+            v_cache.copy_(torch.from_numpy(v_new))
+    return torch.from_numpy(out).to(dtype), torch.from_numpy(lse).to(torch.float32)
+
+
+__all__ = ["flash_attn_with_kvcache", "check_kvcache", "KVCacheCall"]

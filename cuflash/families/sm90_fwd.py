@@ -1,0 +1,261 @@
+"""sm90_fwd: the FlashAttention forward for Hopper (kernels_cu/sm90_fwd.cu), sm_90a only.
+
+FA3's structure: a producer warpgroup loads Q once and K/V blocks by TMA into a ring of
+shared-memory slots (full / empty mbarriers); 1-2 consumer warpgroups of 64 query rows each
+compute S = Q Kᵀ by wgmma (SS), the online softmax in exp2, and O += P V by wgmma with P
+from registers (RS); setmaxnreg moves registers from the producer to the consumers.
+
+STATUS: a first draft, compile-clean (nvcc/ptxas for sm_90a: no spills, no "wgmma
+serialized" warnings) but NOT yet run on a GPU. It is registered with ``priority = -1``,
+below fa2_fwd, so selection never picks it by default until it has been validated and
+measured on the H100; ``config=`` forces it, and the registry-driven tests, benchmarks and
+tuner run it. Not yet done: intra-warpgroup overlap of softmax with the next S, pingpong
+between consumer warpgroups, TMA store of O, 3 consumer warpgroups, clusters.
+
+Host side: the kernel reads Q, K, V through TMA tensor maps (``cuTensorMapEncodeTiled``,
+called through ctypes on libcuda.so.1, loaded lazily: without a driver the family still
+imports and compile-checks). A map embeds the tensor's address, so it is written into the
+packed params on every call (``call_writer``), from a cache keyed by (pointer, shape,
+strides, box).
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+from typing import Optional
+
+import numpy as np
+
+from ..problem import Problem
+from ..registry import register
+from .base import Family, KernelConfig, LaunchSpec, default_max_smem
+from .fa2_fwd import LOG2E, check_head_dim, first_fitting, strides3
+
+HEAD_DIMS = (64, 128, 256)
+MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
+# fp32 accumulator registers a consumer thread keeps live (O: head_dim / 2, S: BN / 2), by
+# consumer warpgroups (setmaxnreg budget 256 / 240 minus addresses, m, l, P fragments).
+# ptxas (nvcc 13.0, sm_90a) spills nothing up to these; tests/test_sm90_cpu.py holds it to that.
+MAX_ACCUM_REGS = {1: 192, 2: 176}
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Sm90FwdConfig(KernelConfig):
+    """One sm90_fwd kernel.
+
+    BM:        query rows per CTA: 64 per consumer warpgroup
+    BN:        keys per K/V block (the N of S = Q Kᵀ): a multiple of 16 in 64..192
+    stages:    K/V ring slots in shared memory (>= 2)
+    consumers: consumer warpgroups (1 or 2); the CTA has 128 · (consumers + 1) threads
+    head_dim:  64, 128 or 256 (the compile-time head dim; smaller real ones are zero-filled)
+    dtype:     "bf16" or "fp16"
+    causal:    bottom-right aligned causal mask, a compile-time flag
+    """
+
+    BM: int
+    BN: int
+    stages: int
+    consumers: int
+    head_dim: int
+    dtype: str
+    causal: bool
+
+    family = "sm90_fwd"
+    _what = "sm90 forward"
+
+    @property
+    def warps(self) -> int:
+        return 4 * (self.consumers + 1)
+
+    @property
+    def name(self) -> str:
+        mask = "causal" if self.causal else "full"
+        return (f"sm90fwd_{self.dtype}_d{self.head_dim}_{mask}_"
+                f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}")
+
+    @property
+    def smem_bytes(self) -> int:
+        """Q, stages x (K, V), the mbarriers, and 1024 bytes to align the base (as the kernel's
+        Sm90FwdShape::kSmemBytes)."""
+        return (self.BM + 2 * self.stages * self.BN) * self.head_dim * 2 + 8 * (1 + 3 * self.stages) + 1024
+
+    @property
+    def accum_regs(self) -> int:
+        """fp32 accumulator registers per consumer thread: O (64 x head_dim) and S (64 x BN)."""
+        return (self.head_dim + self.BN) // 2
+
+    def kernel_name(self) -> str:
+        return (f"cuflash::sm90_fwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
+                f"{self.head_dim}, cuflash::{self.dtype}, {'true' if self.causal else 'false'}>")
+
+    def template_args(self) -> tuple:
+        return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype, self.causal)
+
+    def _problems(self) -> list[str]:
+        out = []
+        if self.head_dim not in HEAD_DIMS:
+            out.append(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+        if self.consumers not in (1, 2):
+            out.append(f"consumers must be 1 or 2, got {self.consumers}")
+        elif self.BM != 64 * self.consumers:
+            out.append(f"BM={self.BM} must be 64 * consumers = {64 * self.consumers} "
+                       "(each consumer warpgroup owns 64 query rows)")
+        if self.BN % 16 or not 64 <= self.BN <= 192:
+            out.append(f"BN must be a multiple of 16 in 64..192 (wgmma n; P's k16 steps), got {self.BN}")
+        if self.stages < 2:
+            out.append(f"stages must be >= 2, got {self.stages}")
+        if not out and self.smem_bytes > MAX_SMEM:
+            out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
+                       f"{MAX_SMEM} an sm_90 CTA can have")
+        if not out and self.accum_regs > MAX_ACCUM_REGS[self.consumers]:
+            out.append(f"{self.accum_regs} fp32 accumulator registers per consumer thread (O and S) "
+                       f"exceed the budget of {MAX_ACCUM_REGS[self.consumers]} with "
+                       f"{self.consumers} consumer warpgroup(s): it would spill")
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# TMA tensor maps (cuTensorMapEncodeTiled through ctypes)
+
+CU_TENSOR_MAP_DATA_TYPE = {"fp16": 6, "bf16": 9}
+SWIZZLE_128B = 3
+L2_PROMOTION_128B = 2
+OOB_FILL_ZEROS = 0
+BOX_COLS = 64                  # 128 bytes of 16-bit elements: the 128B swizzle's span
+
+
+@functools.lru_cache(maxsize=1)
+def _cu_encode():
+    """cuTensorMapEncodeTiled from the driver (loaded on first use, not at import)."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuTensorMapEncodeTiled
+    u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p,
+                   u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def encode_tiled(dtype_code: int, ptr: int, dims, strides_bytes, box, swizzle, l2, oob) -> bytes:
+    """One CUtensorMap (128 bytes). dims innermost first; strides_bytes of dims 1.. (rank - 1)."""
+    rank = len(dims)
+    holder = ctypes.create_string_buffer(128 + 64)           # the map must be 64-byte aligned
+    addr = (ctypes.addressof(holder) + 63) & ~63
+    res = _cu_encode()(addr, dtype_code, rank, ptr, (ctypes.c_uint64 * rank)(*dims),
+                       (ctypes.c_uint64 * (rank - 1))(*strides_bytes), (ctypes.c_uint32 * rank)(*box),
+                       (ctypes.c_uint32 * rank)(*([1] * rank)), 0, swizzle, l2, oob)
+    if res != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {res}): dims {dims}, "
+                           f"strides {strides_bytes} bytes, box {box}, address {ptr:#x}")
+    return ctypes.string_at(addr, 128)
+
+
+_encoder = encode_tiled        # tests swap in a fake (no driver needed)
+
+
+def tensor_map_args(dtype: str, ptr: int, shape, strides, rows: int) -> tuple:
+    """The cuTensorMapEncodeTiled arguments of one (batch, seqlen, heads, head_dim) tensor:
+    rank 4, innermost first (head_dim, seqlen, heads, batch), the caller's strides in bytes,
+    box BOX_COLS x rows x 1 x 1, 128B swizzle, out-of-bounds zero fill. A dimension of extent 1
+    may have any stride (the API accepts it): it gets 16 bytes, which TMA accepts and never
+    multiplies by a non-zero coordinate."""
+    batch, seqlen, heads, head_dim = shape
+    dims = (head_dim, seqlen, heads, batch)
+    strides_bytes = tuple(2 * s if n > 1 else 16 for s, n in
+                          ((strides[1], seqlen), (strides[2], heads), (strides[0], batch)))
+    return (CU_TENSOR_MAP_DATA_TYPE[dtype], ptr, dims, strides_bytes, (BOX_COLS, rows, 1, 1),
+            SWIZZLE_128B, L2_PROMOTION_128B, OOB_FILL_ZEROS)
+
+
+_MAP_CACHE: dict = {}
+_MAP_CACHE_MAX = 4096
+
+
+def tensor_map(dtype: str, ptr: int, shape, strides, rows: int) -> bytes:
+    """The encoded map, cached per (dtype, pointer, shape, strides, box rows)."""
+    key = (dtype, ptr, tuple(shape), tuple(strides), rows)
+    blob = _MAP_CACHE.get(key)
+    if blob is None:
+        if len(_MAP_CACHE) >= _MAP_CACHE_MAX:
+            _MAP_CACHE.clear()
+        blob = _MAP_CACHE[key] = _encoder(*tensor_map_args(dtype, ptr, shape, strides, rows))
+    return blob
+
+
+class Sm90Forward(Family):
+    name = "sm90_fwd"
+    op = "fwd"
+    version = 1
+    config_cls = Sm90FwdConfig
+    space = {"BM": (64, 128), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
+             "stages": (2, 3), "consumers": (1, 2)}
+    params_struct = "Sm90FwdParams"
+    kernel_param_decl = "const __grid_constant__ cuflash::Sm90FwdParams"
+    pointer_fields = ("q", "k", "v", "o", "lse")
+    min_arch = (9, 0)
+    arch_suffix = "a"
+    priority = -1      # below fa2_fwd until validated and measured on the H100 (docstring)
+    description = "Hopper forward: TMA ring, wgmma SS/RS, producer/consumer warpgroups (draft)"
+
+    def supports(self, arch, problem: Problem) -> str:
+        # the problem's reasons first: they match fa2_fwd's, so the API's message stays one
+        why = (f"{self.name} implements op {self.op!r}, not {problem.op!r}" if problem.op != self.op
+               else check_head_dim(problem) or (
+                   f"{self.name} has no feature {problem.features[0]!r}" if problem.features else ""))
+        if why:
+            return why
+        if tuple(arch)[0] != 9:
+            return (f"{self.name} needs sm_90 exactly (sm_90a code: wgmma, TMA, setmaxnreg), "
+                    f"got sm_{arch[0]}{arch[1]}")
+        return ""
+
+    def head_dim_of(self, head_dim: int) -> int:
+        """64, 128 or 256: the first compiled head dim >= the real one."""
+        return next((d for d in HEAD_DIMS if d >= head_dim), HEAD_DIMS[-1])
+
+    def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90FwdConfig:
+        """FA3's forward tiles, within two consumer warpgroups (BM = 128): d64 and d128
+        128 x 128 (FA3: d64 192 x 192 with 3 consumers, d128 128 x 176 non-causal), d256 128 x 80,
+        two stages. Unmeasured: the tuner's job once the kernel runs."""
+        d = self.head_dim_of(problem.head_dim)
+        max_smem = default_max_smem(arch) if max_smem is None else max_smem
+        bn = 80 if d == 256 else 128
+        cfg = Sm90FwdConfig(128, bn, 2, 2, d, problem.dtype, bool(problem.causal))
+        return first_fitting(cfg, ({"BN": 64}, {"BM": 64, "BN": 64, "consumers": 1}), max_smem)
+
+    def kernel_names(self, config) -> dict:
+        return {"main": config.kernel_name()}
+
+    def launches(self, config, problem: Problem, sm_count: int) -> list:
+        grid = (-(-problem.seqlen_q // config.BM), problem.nheads, problem.batch)
+        return [LaunchSpec("main", grid, config.threads, config.smem_bytes)]
+
+    def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
+        # the tensor maps are written per call (call_writer); zeros until then
+        return dict(tma_q=0, tma_k=0, tma_v=0, **strides3("o", strides["o"]),
+                    batch=problem.batch, nheads=problem.nheads, nheads_kv=problem.nheads_kv,
+                    seqlen_q=problem.seqlen_q, seqlen_k=problem.seqlen_k, head_dim=problem.head_dim,
+                    softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E)
+
+    def call_writer(self, config, problem: Problem, strides: dict, struct):
+        """What cuflash.launch.Plan runs on every call after writing the pointers: the tensor
+        maps of q, k, v (ptrs[0..2]) into the packed params ``buf`` (uint8), at their fields'
+        offsets in ``struct`` (the params' NumPy dtype)."""
+        p = problem
+        shapes = {"q": (p.batch, p.seqlen_q, p.nheads, p.head_dim),
+                  "k": (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim),
+                  "v": (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim)}
+        rows = {"q": config.BM, "k": config.BN, "v": config.BN}
+        jobs = tuple((i, struct.fields[f"tma_{t}"][1], shapes[t], tuple(strides[t]), rows[t])
+                     for i, t in enumerate(("q", "k", "v")))
+        dtype = p.dtype
+
+        def write(buf, ptrs):
+            for i, offset, shape, st, r in jobs:
+                buf[offset:offset + 128] = np.frombuffer(tensor_map(dtype, ptrs[i], shape, st, r), np.uint8)
+
+        return write
+
+
+FAMILY = register(Sm90Forward())

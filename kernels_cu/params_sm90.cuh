@@ -1,0 +1,51 @@
+// params_sm90.cuh: the argument structs of the Hopper (sm_90a) families, same rules as
+// params.cuh (cuflash/launch.py mirrors both files: one field per line, the field types of
+// params.cuh) plus one more field type, `TmaDesc`: a TMA tensor map (CUtensorMap), 128 bytes,
+// 64-byte aligned, built on the host by cuTensorMapEncodeTiled and written into the packed
+// params per call (it embeds the tensor's global address). The struct is passed as a
+// `const __grid_constant__` kernel parameter, so the kernel hands TMA the address of the map
+// in parameter space, with no copy to global memory.
+//
+// A separate file from params.cuh so that the sm_80 families' rendered source (and with it
+// their code hash, which stamps the tuned tables) does not change when a Hopper struct does.
+#pragma once
+#include "ptx.cuh"
+#include "params.cuh"
+
+namespace cuflash {
+
+struct alignas(64) TmaDesc {
+    u64 opaque[16];
+};
+
+// Forward attention on sm_90a (sm90_fwd). Layouts as FwdParams (elements; last dimension
+// contiguous):
+//   q, o : (batch, seqlen_q, nheads,    head_dim)
+//   k, v : (batch, seqlen_k, nheads_kv, head_dim)
+//   lse  : (batch, nheads, seqlen_q), fp32, contiguous, natural log
+// q, k, v are read only through their tensor maps (rank 4, innermost first: head_dim, seqlen,
+// heads, batch; box 64 columns x BM or BN rows, 128-byte swizzle, out-of-bounds zero fill);
+// the pointers stay for the pointer-first rule of every params struct.
+struct Sm90FwdParams {
+    const void* q;
+    const void* k;
+    const void* v;
+    void* o;
+    float* lse;
+    TmaDesc tma_q;         // box 64 x BM
+    TmaDesc tma_k;         // box 64 x BN
+    TmaDesc tma_v;         // box 64 x BN
+    i64 o_batch_stride;
+    i64 o_row_stride;
+    i64 o_head_stride;
+    int batch;
+    int nheads;
+    int nheads_kv;
+    int seqlen_q;
+    int seqlen_k;
+    int head_dim;          // the real head dim (a multiple of 8, <= the kernel's kHeadDim)
+    float softmax_scale;   // natural-log scale, for the LSE
+    float scale_log2;      // softmax_scale * log2(e), computed on the host
+};
+
+}  // namespace cuflash

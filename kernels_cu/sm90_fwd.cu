@@ -1,0 +1,246 @@
+// sm90_fwd.cu: FlashAttention forward for Hopper (sm_90a only), FA3's structure: TMA loads,
+// wgmma, warp specialization.
+//
+//   O = softmax(Q Kᵀ · scale, causal mask) V,   LSE = log Σ_j exp(S_ij)   (per query row)
+//
+// One CTA computes one Q block Q_i (BM query rows) of one (head, batch), with 1 + kConsumers
+// warpgroups:
+//   producer  (warpgroup 0, one elected thread): loads Q_i once, then K_j and V_j by TMA into
+//             a kStages-deep ring of shared-memory slots; each slot has a "K full" and a
+//             "V full" mbarrier (completed by TMA's transaction bytes) and an "empty" mbarrier
+//             (completed when every consumer thread has released the slot).
+//   consumers (warpgroups 1..kConsumers, 64 query rows each): per K/V block,
+//             S = Q Kᵀ by wgmma with both operands in shared memory (SS), the mask on the few
+//             blocks that need it (mask.cuh), the online softmax in exp2 (softmax.cuh), P
+//             converted from the fp32 S accumulators to 16-bit A fragments in registers, and
+//             O += P V by wgmma with A from registers (RS). O / l and LSE are stored at the end.
+// setmaxnreg moves registers from the producer to the consumers. K/V blocks run from the last
+// to the first, as in fa2_fwd: the masked blocks (ragged end, causal diagonal) come first.
+// This first version runs the two GEMMs of a block back to back (no intra-warpgroup overlap
+// of softmax with the next S, no pingpong between consumer warpgroups): see the family's
+// docstring for what is still to be done and measured.
+//
+// Shared memory (1024-byte aligned; every tile is stored as head_dim / 64 column chunks of
+// rows x 64 elements, 128 bytes a row, 128-byte swizzled as TMA writes it and wgmma reads it):
+//   q_smem [kChunks][BM][64], k_smem / v_smem [kStages][kChunks][BN][64], then the mbarriers.
+// Layouts of the tensors: Sm90FwdParams in params_sm90.cuh.
+//
+// Template parameters (cuflash/families/sm90_fwd.py Sm90FwdConfig is the host-side mirror):
+//   kBM        query rows of the Q block: 64 · kConsumers
+//   kBN        keys of a K/V block: a multiple of 16 in 64..192 (wgmma n; P's k16 steps)
+//   kStages    K/V ring slots, >= 2
+//   kConsumers consumer warpgroups, 1 or 2
+//   kHeadDim   64, 128 or 256 (the real head dim, params.head_dim, may be smaller: TMA fills
+//              the columns past it with zeros and the store skips them)
+//   Elem       bf16 or fp16; accumulation in fp32
+//   kCausal    bottom-right aligned causal mask
+#include "ptx.cuh"
+#include "ptx_sm90.cuh"
+#include "params_sm90.cuh"
+#include "tile.cuh"
+#include "gemm.cuh"
+#include "mask.cuh"
+#include "softmax.cuh"
+
+namespace cuflash {
+
+template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim>
+struct Sm90FwdShape {
+    static constexpr int kThreads = (kConsumers + 1) * 128;
+    static constexpr int kChunks = kHeadDim / 64;           // 64-column (128-byte) swizzle atoms
+    static constexpr int kQChunkBytes = kBM * 128;          // one column chunk of Q_i
+    static constexpr int kKVChunkBytes = kBN * 128;         // one column chunk of K_j (or V_j)
+    static constexpr int kQBytes = kBM * kHeadDim * 2;
+    static constexpr int kKVBytes = kBN * kHeadDim * 2;     // one K_j (or V_j) tile
+    static constexpr int kKOffset = kQBytes;
+    static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
+    static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
+    static constexpr int kBarriers = 1 + 3 * kStages;       // Q full; K full, V full, empty per slot
+    // + 1024: the dynamic shared memory base is aligned up to 1024 bytes at run time
+    static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + 1024;
+    // Register budgets after setmaxnreg (FA3's splits): the producer only issues TMA.
+    static constexpr int kProducerRegs = kConsumers == 1 ? 56 : 24;
+    static constexpr int kConsumerRegs = kConsumers == 1 ? 256 : 240;
+
+    static_assert(kConsumers == 1 || kConsumers == 2, "consumers must be 1 or 2");
+    static_assert(kBM == 64 * kConsumers, "BM must be 64 * consumers: each consumer warpgroup owns 64 rows");
+    static_assert(kBN % 16 == 0 && kBN >= 64 && kBN <= 192,
+                  "BN must be a multiple of 16 in 64..192 (wgmma n, and P's k16 steps)");
+    static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim must be 64, 128 or 256");
+    static_assert(kStages >= 2, "stages must be >= 2: the producer fills one slot while another is read");
+    static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the H100's 227 KB");
+    static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
+                  "the register split exceeds the register file");
+};
+
+template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal>
+__global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
+sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
+    using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim>;
+    using Mask = CausalMask<kCausal>;
+    constexpr int kChunks = Shape::kChunks;
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 smem = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const u32 q_smem = smem;
+    const u32 k_smem = smem + Shape::kKOffset;
+    const u32 v_smem = smem + Shape::kVOffset;
+    const u32 bars = smem + Shape::kBarOffset;
+    const u32 q_full = bars;
+    auto k_full = [&](int slot) { return bars + 8u * (1 + slot); };
+    auto v_full = [&](int slot) { return bars + 8u * (1 + kStages + slot); };
+    auto empty = [&](int slot) { return bars + 8u * (1 + 2 * kStages + slot); };
+
+    // Heaviest Q blocks (the last ones, under a causal mask) are scheduled first.
+    const int m_block = gridDim.x - 1 - blockIdx.x;
+    const int head = blockIdx.y, batch = blockIdx.z;
+    const int head_kv = head / (p.nheads / p.nheads_kv);   // GQA / MQA: heads share K/V
+    const int row0 = m_block * kBM;
+    const int tid = threadIdx.x, warpgroup = tid / 128;
+
+    // K/V blocks [0, n_blocks) of this Q block (causal: later blocks are skipped entirely).
+    const Mask mask(p.seqlen_q, p.seqlen_k);
+    const int n_blocks = mask.template kv_block_end<kBM, kBN>(row0);
+
+    if (tid == 0) {
+        prefetch_tensormap(&p.tma_q);
+        prefetch_tensormap(&p.tma_k);
+        prefetch_tensormap(&p.tma_v);
+        mbarrier_init(q_full, 1);                           // the producer's expect_tx arrival
+        for (int s = 0; s < kStages; ++s) {
+            mbarrier_init(k_full(s), 1);
+            mbarrier_init(v_full(s), 1);
+            mbarrier_init(empty(s), kConsumers * 128);      // every consumer thread releases
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer ----
+        setmaxnreg_dec<Shape::kProducerRegs>();
+        if (tid == 0 && n_blocks > 0) {
+            mbarrier_arrive_expect_tx(q_full, Shape::kQBytes);
+#pragma unroll
+            for (int c = 0; c < kChunks; ++c)
+                tma_load_4d(q_smem + c * Shape::kQChunkBytes, &p.tma_q, q_full, c * 64, row0, head, batch);
+            for (int iter = 0; iter < n_blocks; ++iter) {
+                const int slot = iter % kStages;
+                // Slot reuse: wait until the consumers released the block that used it
+                // kStages iterations ago (its (iter / kStages - 1)-th phase).
+                if (iter >= kStages) mbarrier_wait(empty(slot), (iter / kStages - 1) & 1);
+                const int key0 = (n_blocks - 1 - iter) * kBN;
+                mbarrier_arrive_expect_tx(k_full(slot), Shape::kKVBytes);
+#pragma unroll
+                for (int c = 0; c < kChunks; ++c)
+                    tma_load_4d(k_smem + slot * Shape::kKVBytes + c * Shape::kKVChunkBytes, &p.tma_k,
+                                k_full(slot), c * 64, key0, head_kv, batch);
+                mbarrier_arrive_expect_tx(v_full(slot), Shape::kKVBytes);
+#pragma unroll
+                for (int c = 0; c < kChunks; ++c)
+                    tma_load_4d(v_smem + slot * Shape::kKVBytes + c * Shape::kKVChunkBytes, &p.tma_v,
+                                v_full(slot), c * 64, key0, head_kv, batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers ----
+    setmaxnreg_inc<Shape::kConsumerRegs>();
+    const int wg = warpgroup - 1;                           // consumer index: rows 64·wg..64·wg+63
+    const int warp = (tid / 32) % 4, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;                   // accumulator fragment coordinates
+    const int wg_row0 = row0 + wg * 64;
+    const int warp_row0 = wg_row0 + warp * 16;              // this warp's 16 rows of S and O
+
+    // Thread (g, t) of a warp holds rows warp_row0 + g + 8·half; [0][nt][2·half + e] is
+    // column 8·nt + 2t + e (the wgmma accumulator layout is mma.sync's, 16 rows per warp).
+    float o_acc[1][kHeadDim / 8][4];
+    float m[1][2];  // running row max of the raw scores S (not yet scaled)
+    float l[1][2];  // running row sum of P, this thread's columns only
+#pragma unroll
+    for (int nt = 0; nt < kHeadDim / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o_acc[0][nt][e] = 0.f;
+    softmax_init(m, l);
+    float (&o_flat)[kHeadDim / 2] = reinterpret_cast<float (&)[kHeadDim / 2]>(o_acc);
+
+    if (n_blocks > 0) {
+        // Descriptors of this warpgroup's 64 rows of Q_i (K-major) and of slot 0's K_j
+        // (K-major) and V_j (MN-major: the head dim, wgmma's N, is contiguous).
+        const u64 q_desc = smem_desc_sw128(q_smem + wg * 64 * 128, 16, 1024);
+        const u64 k_desc = smem_desc_sw128(k_smem, 16, 1024);
+        const u64 v_desc = smem_desc_sw128(v_smem, Shape::kKVChunkBytes, 1024);
+        mbarrier_wait(q_full, 0);
+
+        for (int iter = 0; iter < n_blocks; ++iter) {
+            const int n_block = n_blocks - 1 - iter, slot = iter % kStages;
+            const u32 phase = (iter / kStages) & 1;
+            const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;  // descriptor address units
+
+            // ---- S = Q_i K_jᵀ (64 x BN per warpgroup, fp32), both operands in smem ----
+            float s_acc[1][kBN / 8][4];
+            float (&s_flat)[kBN / 2] = reinterpret_cast<float (&)[kBN / 2]>(s_acc);
+            mbarrier_wait(k_full(slot), phase);
+            reg_fence(s_flat);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+                // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
+                const u64 q_off = u64((kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32) >> 4;
+                const u64 k_off = u64((kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32) >> 4;
+                Wgmma<kBN, Elem>::template ss<0>(s_flat, q_desc + q_off, k_desc + slot_off + k_off, kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            reg_fence(s_flat);
+
+            // ---- mask: only the ragged last block and the causal diagonal blocks ----
+            if (mask.template needs_mask<kBN>(wg_row0, n_block))
+                mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
+
+            // ---- online softmax: m_new = max(m, rowmax S); P = exp(S - m_new); rescale l, O ----
+            softmax_update(s_acc, o_acc, m, l, p.scale_log2);
+
+            // ---- O += P V_j: P from the S accumulators straight into A fragments ----
+            u32 p_frag[1][kBN / 16][4];
+            pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
+            mbarrier_wait(v_full(slot), phase);
+            reg_fence(o_flat);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kBN / 16; ++kk)  // keys 16kk..16kk+15: 16 rows of 128 bytes
+                Wgmma<kHeadDim, Elem>::template rs<1>(o_flat, p_frag[0][kk],
+                                                     v_desc + slot_off + (u64(kk * 16 * 128) >> 4), 1);
+            wgmma_commit();
+            wgmma_wait<0>();
+            reg_fence(o_flat);
+            mbarrier_arrive(empty(slot));  // this thread is done with K_j and V_j
+        }
+    }
+
+    // ---- epilogue: O = acc / l (delayed normalization), LSE = m·scale + log l ----
+    // Plain 4-byte stores of two columns (a first version; a TMA store through smem is the
+    // candidate). A Q block with no visible key (n_blocks = 0) stores O = 0 and LSE = +inf.
+    u16* o_gmem = static_cast<u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+    float* lse_gmem = p.lse + (static_cast<i64>(batch) * p.nheads + head) * p.seqlen_q;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const float l_row = quad_sum(l[0][half]);
+        const float inv_l = softmax_inv_l(l_row);
+        const int r = warp_row0 + g + 8 * half;
+        if (r < p.seqlen_q) {
+            u16* o_row = o_gmem + r * p.o_row_stride;
+#pragma unroll
+            for (int nt = 0; nt < kHeadDim / 8; ++nt) {
+                const int col = nt * 8 + 2 * t;
+                if (col < p.head_dim)
+                    *reinterpret_cast<u32*>(o_row + col) =
+                        pack2<Elem>(o_acc[0][nt][2 * half] * inv_l, o_acc[0][nt][2 * half + 1] * inv_l);
+            }
+            if (t == 0) lse_gmem[r] = softmax_lse(m[0][half], l_row, p.softmax_scale);
+        }
+    }
+}
+
+}  // namespace cuflash

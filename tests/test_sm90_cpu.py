@@ -1,0 +1,363 @@
+"""CPU checks of the Hopper forward family sm90_fwd (cuflash/families/sm90_fwd.py,
+kernels_cu/sm90_fwd.cu, kernels_cu/ptx_sm90.cuh): config rules and space, supports(), the
+params struct with its tensor maps (layout against nvcc, packing with a fake encoder), the
+generated wgmma wrappers, and the nvcc/ptxas build of the space (no spills, no "wgmma ...
+serialized" warnings). No GPU is needed.
+
+`python tests/test_sm90_cpu.py --write` regenerates the wgmma block of ptx_sm90.cuh.
+"""
+import ctypes
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# ---------------------------------------------------------------------------------------
+# the generated wgmma wrappers of ptx_sm90.cuh
+
+# Tile widths N of the m64nNk16 wrappers: every Sm90FwdConfig BN and every head dim.
+WGMMA_N = (64, 80, 96, 112, 128, 144, 160, 176, 192, 256)
+_TYPES = (("bf16", "bf16"), ("fp16", "f16"))
+BEGIN = "// ---- generated wgmma wrappers: begin ----\n"
+END = "// ---- generated wgmma wrappers: end ----\n"
+
+
+def wgmma_wrappers() -> str:
+    """The Wgmma<N, Elem> specializations (ss and rs forms) for every N of WGMMA_N."""
+    out = []
+    for n in WGMMA_N:
+        r = n // 2
+        regs = ", ".join(f"%{i}" for i in range(r))
+        ops = ",\n".join("          " + ", ".join(f'"+f"(d[{i}])' for i in range(j, min(j + 8, r)))
+                         for j in range(0, r, 8))
+        for tag, ptx in _TYPES:
+            shape = f"m64n{n}k16.f32.{ptx}.{ptx}"
+            out += [
+                f"template <> struct Wgmma<{n}, {tag}> {{",
+                "    template <int kTransB>",
+                f"    static __device__ __forceinline__ void ss(float (&d)[{r}], u64 desc_a, u64 desc_b, int scale_d) {{",
+                f'        asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"',
+                f'            "wgmma.mma_async.sync.aligned.{shape} {{{regs}}}, "',
+                f'            "%{r}, %{r + 1}, p, 1, 1, 0, %{r + 3};\\n}}\\n"',
+                f"          :\n{ops}",
+                '          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));',
+                "    }",
+                "    template <int kTransB>",
+                f"    static __device__ __forceinline__ void rs(float (&d)[{r}], const u32 (&a)[4], u64 desc_b, int scale_d) {{",
+                f'        asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 5}, 0;\\n"',
+                f'            "wgmma.mma_async.sync.aligned.{shape} {{{regs}}}, "',
+                f'            "{{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}, p, 1, 1, %{r + 6};\\n}}\\n"',
+                f"          :\n{ops}",
+                '          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));',
+                "    }",
+                "};",
+            ]
+    return "\n".join(out) + "\n"
+
+
+def _header_path():
+    return ROOT / "kernels_cu" / "ptx_sm90.cuh"
+
+
+def write_wrappers():
+    path = _header_path()
+    text = path.read_text()
+    head, rest = text.split(BEGIN)
+    _, tail = rest.split(END)
+    path.write_text(head + BEGIN + wgmma_wrappers() + END + tail)
+
+
+
+from conftest import nvcc_all  # noqa: E402
+from cuflash import _gpu, launch, registry  # noqa: E402
+from cuflash.compile import PtxasReport, nvcc_compile, parse_ptxas  # noqa: E402
+from cuflash.families import sm90_fwd  # noqa: E402
+from cuflash.families.base import ConfigError  # noqa: E402
+from cuflash.families.sm90_fwd import HEAD_DIMS, Sm90FwdConfig  # noqa: E402
+from cuflash.problem import DTYPES, Problem  # noqa: E402
+from cuflash.select import choose  # noqa: E402
+
+FAM = registry.get("sm90_fwd")
+NVCC = os.environ.get("NVCC", "nvcc")
+needs_nvcc = pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not on PATH")
+GOOD = Sm90FwdConfig(BM=128, BN=128, stages=2, consumers=2, head_dim=128, dtype="bf16", causal=False)
+
+
+def problem(head_dim=64, dtype="bf16", causal=False, **kw):
+    shape = dict(batch=2, seqlen_q=300, seqlen_k=200, nheads=8, nheads_kv=2)
+    shape.update(kw)
+    return Problem("fwd", dtype, shape["batch"], shape["seqlen_q"], shape["seqlen_k"],
+                   shape["nheads"], shape["nheads_kv"], head_dim, causal)
+
+
+def test_wgmma_block_is_generated():
+    text = _header_path().read_text()
+    assert text.split(BEGIN)[1].split(END)[0] == wgmma_wrappers(), \
+        "ptx_sm90.cuh's wgmma block is stale: python tests/test_sm90_cpu.py --write"
+    # every S width (BN) and every O width (head dim) the family can instantiate has a wrapper
+    assert set(FAM.space["BN"]) | set(HEAD_DIMS) <= set(WGMMA_N)
+
+
+# ---------------------------------------------------------------------------------------
+# the config and its rules
+
+def test_registered_below_fa2_fwd():
+    assert FAM.priority < registry.get("fa2_fwd").priority
+    assert registry.families("fwd")[0].name == "fa2_fwd"
+    assert FAM.min_arch == (9, 0) and FAM.arch_suffix == "a"
+    assert "priority = -1" in sm90_fwd.__doc__ and "NOT yet run on a GPU" in sm90_fwd.__doc__
+    p = problem(128)
+    assert choose(p, (9, 0))[0].name == "fa2_fwd"                      # never by default
+    fam, cfg, source = choose(p, (9, 0), config=GOOD)                   # config= forces it
+    assert (fam, cfg, source) == (FAM, GOOD, "given")
+
+
+def test_good_config_and_name():
+    assert GOOD.validate(227 * 1024) is GOOD
+    assert GOOD.name == "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2"
+    assert GOOD.warps == 12 and GOOD.threads == 384
+    assert GOOD.kernel_name() == "cuflash::sm90_fwd<128, 128, 2, 2, 128, cuflash::bf16, false>"
+    assert GOOD.smem_bytes == (128 + 4 * 128) * 128 * 2 + 8 * 7 + 1024
+    assert FAM.encode(GOOD) == "sm90_fwd:BM=128,BN=128,stages=2,consumers=2,head_dim=128"
+    assert FAM.decode(FAM.encode(GOOD), "bf16", False) == GOOD
+
+
+@pytest.mark.parametrize("change,pattern", [
+    ({"head_dim": 96}, r"head_dim must be one of \(64, 128, 256\), got 96"),
+    ({"consumers": 3, "BM": 192}, r"consumers must be 1 or 2, got 3"),
+    ({"BM": 64}, r"BM=64 must be 64 \* consumers = 128"),
+    ({"BN": 72}, r"BN must be a multiple of 16 in 64\.\.192"),
+    ({"BN": 48}, r"BN must be a multiple of 16 in 64\.\.192"),
+    ({"BN": 208}, r"BN must be a multiple of 16 in 64\.\.192"),
+    ({"stages": 1}, r"stages must be >= 2, got 1"),
+    ({"head_dim": 256, "stages": 3}, r"bytes of shared memory, more than the 232448"),
+    ({"dtype": "fp32"}, r"dtype must be one of"),
+])
+def test_each_rule(change, pattern):
+    cfg = GOOD.replace(**change)
+    problems = cfg.problems()
+    assert len(problems) == 1, problems
+    assert re.search(pattern, problems[0]), problems[0]
+    with pytest.raises(ConfigError, match="invalid sm90 forward config"):
+        cfg.validate()
+
+
+def test_register_rule(monkeypatch):
+    # in today's space shared memory binds first (d256: BN <= 80); the rule guards new points
+    monkeypatch.setitem(sm90_fwd.MAX_ACCUM_REGS, 2, 120)
+    (why,) = GOOD.problems()
+    assert re.search(r"128 fp32 accumulator registers per consumer thread .* budget of 120 with 2", why)
+
+
+def test_space():
+    assert FAM.space == {"BM": (64, 128), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
+                         "stages": (2, 3), "consumers": (1, 2)}
+    counts = {}
+    for d in HEAD_DIMS:
+        valid = FAM.valid(problem(d), 227 * 1024)
+        counts[d] = len(valid)
+        assert all(c.BM == 64 * c.consumers and c.head_dim == d for c in valid)
+    # d64: every BN, both stages, both consumer counts; d256 is held by smem and registers
+    assert counts[64] == 9 * 2 * 2
+    assert counts[256] > 0 and counts[256] < counts[128] <= counts[64]
+
+
+def test_head_dim_of_and_heuristic():
+    assert [FAM.head_dim_of(d) for d in (8, 64, 72, 128, 136, 256)] == [64, 64, 128, 128, 256, 256]
+    for d, dtype, causal in itertools.product(range(8, 257, 8), DTYPES, (False, True)):
+        p = problem(d, dtype, causal)
+        cfg = FAM.heuristic(p, (9, 0))
+        assert cfg.problems(227 * 1024) == [], cfg.name
+        assert cfg.head_dim == FAM.head_dim_of(d) and FAM.fits(cfg, p) == ""
+        assert FAM.point(cfg) in [FAM.point(c) for c in FAM.valid(p, 227 * 1024)]
+    assert FAM.heuristic(problem(256)).BN == 80
+    assert FAM.heuristic(problem(128)) == GOOD
+    # a smaller shared memory shrinks the tile
+    assert FAM.heuristic(problem(128), max_smem=100 * 1024) == GOOD.replace(BN=64)
+
+
+# ---------------------------------------------------------------------------------------
+# supports()
+
+def test_supports():
+    assert FAM.supports((9, 0), problem(64)) == ""
+    assert FAM.supports((9, 0), problem(72, "fp16", True, nheads_kv=8)) == ""
+    for arch in ((7, 5), (8, 0), (8, 6), (8, 9), (10, 0), (12, 0)):
+        why = FAM.supports(arch, problem(64))
+        assert why.startswith(f"sm90_fwd needs sm_90 exactly") and f"sm_{arch[0]}{arch[1]}" in why
+    assert "'window'" in FAM.supports((9, 0), problem(64).replace(features=("window",)))
+    assert FAM.supports((9, 0), problem(60)).startswith("q: headdim must be a multiple of 8")
+    assert "implements op 'fwd', not 'bwd'" in FAM.supports((9, 0), problem(64).replace(op="bwd"))
+
+
+# ---------------------------------------------------------------------------------------
+# the params struct and its tensor maps
+
+def test_params_struct_mirror():
+    dt = launch.struct_dtype("Sm90FwdParams")
+    assert dt.names[:5] == FAM.pointer_fields
+    assert [dt.fields[n][1] for n in ("tma_q", "tma_k", "tma_v")] == [64, 192, 320]
+    assert all(dt.fields[n][0].itemsize == 128 for n in ("tma_q", "tma_k", "tma_v"))
+    assert dt.fields["o_batch_stride"][1] == 448 and dt.itemsize == 512
+    # the structs without a tensor map keep NumPy's aligned layout
+    assert launch.struct_dtype("FwdParams").isalignedstruct
+
+
+def test_tensor_map_args():
+    shape, strides = (2, 300, 8, 72), (300 * 8 * 72, 8 * 72, 72, 1)   # contiguous (b, s, h, d)
+    args = sm90_fwd.tensor_map_args("bf16", 0x1000, shape, strides, 128)
+    assert args == (9, 0x1000, (72, 300, 8, 2), (2 * 8 * 72, 2 * 72, 2 * 300 * 8 * 72),
+                    (64, 128, 1, 1), 3, 2, 0)
+    # fp16; a packed qkv view (strides of the caller, not of a fresh array); extent-1 dims
+    args = sm90_fwd.tensor_map_args("fp16", 0x2000, (1, 50, 1, 64), (7 * 64, 3 * 64, 999, 1), 80)
+    assert args[0] == 6 and args[2] == (64, 50, 1, 1) and args[3] == (2 * 3 * 64, 16, 16)
+    assert args[4] == (64, 80, 1, 1)
+
+
+@pytest.fixture
+def fake_encoder(monkeypatch):
+    calls = []
+
+    def encode(*args):
+        calls.append(args)
+        return bytes((len(calls) + i) % 256 for i in range(128))
+
+    monkeypatch.setattr(sm90_fwd, "_encoder", encode)
+    monkeypatch.setattr(sm90_fwd, "_MAP_CACHE", {})
+    return calls
+
+
+def test_plan_writes_tensor_maps_per_call(monkeypatch, fake_encoder):
+    launches = []
+
+    def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        ptr = ctypes.c_uint64.from_address(argv).value
+        launches.append(dict(grid=(gx, gy, gz), block=bx, smem=smem,
+                             raw=ctypes.string_at(ptr, launch.struct_dtype("Sm90FwdParams").itemsize)))
+
+    monkeypatch.setattr(launch, "get_kernels", lambda config, device: {"main": SimpleNamespace(
+        kernel=SimpleNamespace(ptr=1000))})
+    monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
+    monkeypatch.setattr(launch, "_driver_launch", lambda: record)
+    p = problem(72, "fp16", True)
+    cfg = FAM.heuristic(p)
+    q_st, k_st = (300 * 8 * 72, 8 * 72, 72, 1), (200 * 2 * 72, 2 * 72, 72, 1)
+    plan = launch.Plan(FAM, cfg, p, {"q": q_st, "k": k_st, "v": k_st, "o": q_st}, 0.125, 0)
+    dt = launch.struct_dtype("Sm90FwdParams")
+
+    ptrs = (0x10000, 0x20000, 0x30000, 0x40000, 0x50000)
+    plan.run(ptrs, 0, stream=7)
+    (call,) = launches
+    assert call["grid"] == (-(-300 // cfg.BM), 8, 2) and call["block"] == cfg.threads
+    assert call["smem"] == cfg.smem_bytes
+    rec = np.frombuffer(call["raw"], dt)[0]
+    assert tuple(int(rec[n]) for n in FAM.pointer_fields) == ptrs
+    assert [a[1] for a in fake_encoder] == list(ptrs[:3])               # q, k, v maps, in order
+    assert [a[2] for a in fake_encoder] == [(72, 300, 8, 2), (72, 200, 2, 2), (72, 200, 2, 2)]
+    assert [a[4][1] for a in fake_encoder] == [cfg.BM, cfg.BN, cfg.BN]
+    for i, field in enumerate(("tma_q", "tma_k", "tma_v")):
+        off = dt.fields[field][1]
+        assert call["raw"][off:off + 128] == bytes((i + 1 + j) % 256 for j in range(128)), field
+    assert rec["head_dim"] == 72 and rec["seqlen_k"] == 200 and rec["o_row_stride"] == 8 * 72
+    assert rec["scale_log2"] == np.float32(0.125 * sm90_fwd.LOG2E)
+
+    plan.run(ptrs, 0, stream=7)                     # same pointers: the cached maps
+    assert len(fake_encoder) == 3 and launches[1]["raw"] == call["raw"]
+    plan.run((0x90000,) + ptrs[1:], 0, stream=7)    # a new q: one new map
+    assert len(fake_encoder) == 4 and fake_encoder[-1][1] == 0x90000
+    off = dt.fields["tma_q"][1]
+    assert launches[2]["raw"][off:off + 128] == bytes((4 + j) % 256 for j in range(128))
+
+
+def test_families_without_a_writer_keep_the_fast_path(monkeypatch):
+    monkeypatch.setattr(launch, "get_kernels", lambda config, device: {"main": SimpleNamespace(
+        kernel=SimpleNamespace(ptr=1000))})
+    monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
+    monkeypatch.setattr(launch, "_driver_launch", lambda: None)
+    fa2 = registry.get("fa2_fwd")
+    p = problem(64)
+    st = (300 * 8 * 64, 8 * 64, 64, 1)
+    plan = launch.Plan(fa2, fa2.heuristic(p), p, {"q": st, "k": st, "v": st, "o": st}, 0.1, 0)
+    assert plan._write_call is None and "run" not in vars(plan)
+
+
+def test_family_imports_without_a_driver():
+    code = ("import sys, cuflash.registry as r; f = r.get('sm90_fwd'); "
+            "print('cupy' in sys.modules, f.heuristic(f.config_cls and __import__('cuflash.problem', "
+            "fromlist=['Problem']).Problem('fwd', 'bf16', 1, 64, 64, 1, 1, 64)).name)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "sm90fwd_bf16_d64_full_BM128_BN128_s2_c2"]
+
+
+# ---------------------------------------------------------------------------------------
+# ptxas: registers, spills and the "wgmma ... serialized" warnings
+
+WGMMA_WARNING_LOG = """\
+ptxas info    : Compiling entry function '_ZN7cuflash8sm90_fwdILi128ELi128ELi2ELi2ELi128ENS_4bf16ELb0EEEvNS_13Sm90FwdParamsE' for 'sm_90a'
+ptxas info    : Function properties for _ZN7cuflash8sm90_fwdILi128ELi128ELi2ELi2ELi128ENS_4bf16ELb0EEEvNS_13Sm90FwdParamsE
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas warning : (C7510) Potential Performance Loss: wgmma.mma_async instructions are serialized due to the presence of Extern calls in the function '_ZN7cuflash8sm90_fwdILi128ELi128ELi2ELi2ELi128ENS_4bf16ELb0EEEvNS_13Sm90FwdParamsE'
+ptxas info    : Used 168 registers, used 1 barriers
+ptxas info    : Compiling entry function '_ZN7cuflash8sm90_fwdILi64ELi64ELi2ELi1ELi64ENS_4fp16ELb1EEEvNS_13Sm90FwdParamsE' for 'sm_90a'
+ptxas info    : Used 255 registers, used 1 barriers
+"""
+
+
+def test_parse_ptxas_surfaces_wgmma_serialization():
+    a, b = parse_ptxas(WGMMA_WARNING_LOG)
+    assert a.registers == 168 and len(a.warnings) == 1 and "C7510" in a.warnings[0]
+    assert b.warnings == () and b.registers == 255
+    assert serialized(a) and not serialized(b)
+
+
+def serialized(report: PtxasReport) -> list:
+    """The report's ptxas warnings about wgmma serialization (C7510..C7515)."""
+    return [w for w in report.warnings if re.search(r"C75(1[0-5])\b", w) or "serialized" in w]
+
+
+def build_configs(full: bool) -> list:
+    """The heuristic for every head dim x dtype x mask, plus (full) every valid point."""
+    out = []
+    for d, dtype, causal in itertools.product(HEAD_DIMS, DTYPES, (False, True)):
+        p = problem(d, dtype, causal)
+        out.append(FAM.heuristic(p))
+        if full:
+            out += FAM.valid(p, 227 * 1024)
+    return list(dict.fromkeys(out))
+
+
+@needs_nvcc
+def test_ptxas_no_spills_no_serialized_wgmma(request):
+    """sm_90a builds: no spills, no stack, no wgmma serialization warnings. By default the
+    heuristics; with --nvcc-all every valid point of the space (280 instantiations, ~3 minutes
+    on 2 cores)."""
+    configs = build_configs(nvcc_all(request.config))
+    chunks = [configs[i:i + 12] for i in range(0, len(configs), 12)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        reports = [r for rs in pool.map(lambda c: nvcc_compile(c, "sm_90a", NVCC), chunks) for r in rs]
+    bad = []
+    print(f"\n  {'config':<48} {'regs':>4} {'spill st':>8} {'spill ld':>8} warnings")
+    for cfg, rep in zip(configs, reports):
+        print(f"  {cfg.name:<48} {rep.registers:>4} {rep.spill_stores:>8} {rep.spill_loads:>8} "
+              f"{len(rep.warnings)}")
+        if rep.spill_stores or rep.spill_loads or rep.stack_bytes or serialized(rep):
+            bad.append(f"{cfg.name}: {rep}")
+    assert not bad, "\n".join(bad)
+
+
+if __name__ == "__main__" and "--write" in sys.argv:
+    write_wrappers()
+    sys.exit(0)
