@@ -328,7 +328,9 @@ def info_families_lines() -> list[str]:
             except OSError as exc:
                 h = f"unavailable ({exc.__class__.__name__})"
             major, minor = fam.min_arch
-            archs = f"sm_{major}{minor}+" + (f" (built as sm_XX{fam.arch_suffix})" if fam.arch_suffix else "")
+            # arch-specific code (e.g. sm_90a) runs on that one architecture only
+            archs = (f"sm_{major}{minor}{fam.arch_suffix} only" if fam.arch_suffix
+                     else f"sm_{major}{minor}+")
             dims = " x ".join(f"{k} {len(v)}" for k, v in fam.space.items())
             lines.append(f"    {fam.name}: op {fam.op}, {archs}, version {fam.version}, "
                          f"code {h}, priority {fam.priority}, space {space_size(fam)} points ({dims})")
