@@ -33,7 +33,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import api
+from . import api, reference
 from .problem import Problem
 
 MAX_SPLITS = 128  # flash-attn's limit on num_splits
@@ -289,15 +289,9 @@ def check_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_s
     if not 0 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be in [0, {MAX_SPLITS}] (0: heuristic, 1: no split), "
                          f"got {num_splits}")
-    # flash-attn's mha_fwd_kvcache normalization
-    if seqlen_q == 1 and alibi_slopes is None:
-        causal = False
-    if causal:
-        right = 0
-    if left >= capacity:
-        left = -1
-    if right >= capacity:
-        right = -1
+    # flash-attn's mha_fwd_kvcache normalization (the reference's rule, one definition)
+    causal, (left, right) = reference._normalize_kvcache_window(
+        (left, right), causal, seqlen_q, capacity, alibi_slopes is not None)
     if (left, right) != (-1, -1) and not (causal and left == -1):
         features.add("window")
     if cap:
