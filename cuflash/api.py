@@ -415,9 +415,12 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     if type(q) is _CUPY_NDARRAY and type(k) is _CUPY_NDARRAY and type(v) is _CUPY_NDARRAY \
             and bwd_config is None and _plain_scale(softmax_scale):
         qd, kd, vd = q.data, k.data, v.data
-        plan = _cupy_plans.get((q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype,
-                                k.dtype, v.dtype, qd.device_id, kd.device_id, vd.device_id,
-                                softmax_scale, causal, config))
+        try:
+            plan = _cupy_plans.get((q.shape, q.strides, k.shape, k.strides, v.shape, v.strides,
+                                    q.dtype, k.dtype, v.dtype, qd.device_id, kd.device_id,
+                                    vd.device_id, softmax_scale, causal, config))
+        except TypeError:  # an unhashable config or causal: validation names it
+            plan = None
         if plan is not None:
             qp, kp, vp = qd.ptr, kd.ptr, vd.ptr
             if not (qp | kp | vp) & 15:
@@ -761,7 +764,7 @@ def _forward_slow(q, k, v, softmax_scale, causal, deterministic, config, bwd_con
     strides = {"q": tq.strides, "k": tk.strides, "v": tv.strides, "o": out_strides(tq.shape)}
     plan = _CupyForward(make_plan(problem, strides, scale, tq.device, config), tq.shape, q.dtype,
                         (batch, nheads, seqlen_q), tq.device)
-    if _plain_scale(softmax_scale):  # explicit configs too (the tuner times them)
+    if _plain_scale(softmax_scale) and causal.__class__ in (bool, int):  # explicit configs too
         _cupy_plans[(q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.dtype, k.dtype,
                      v.dtype, tq.device, tk.device, tv.device, softmax_scale, causal, config)] = plan
     return plan.forward(q, k, v)
@@ -769,17 +772,25 @@ def _forward_slow(q, k, v, softmax_scale, causal, deterministic, config, bwd_con
 
 def pad_head_dim(x, padded: int):
     """A fresh contiguous NumPy/CuPy array of x with zero columns appended to the head dim
-    (copied as raw 16-bit words, so any 16-bit dtype works)."""
-    xp = _cupy() if _kind(x) == "cupy" else np
+    (copied as raw 16-bit words, so any 16-bit dtype works), on x's device."""
+    if _kind(x) == "cupy":
+        with x.device:  # CuPy allocates on the current device, not x's
+            return _pad_head_dim(_cupy(), x, padded)
+    return _pad_head_dim(np, x, padded)
+
+
+def _pad_head_dim(xp, x, padded: int):
     out = xp.zeros(x.shape[:-1] + (padded,), dtype=np.uint16)
     out[..., :x.shape[-1]] = x.view(np.uint16)
     return out.view(x.dtype)
 
 
 def slice_head_dim(x, head_dim: int):
-    """A contiguous copy of x[..., :head_dim]."""
-    xp = _cupy() if _kind(x) == "cupy" else np
-    return xp.ascontiguousarray(x.view(np.uint16)[..., :head_dim]).view(x.dtype)
+    """A contiguous copy of x[..., :head_dim], on x's device."""
+    if _kind(x) == "cupy":
+        with x.device:
+            return _cupy().ascontiguousarray(x.view(np.uint16)[..., :head_dim]).view(x.dtype)
+    return np.ascontiguousarray(x.view(np.uint16)[..., :head_dim]).view(x.dtype)
 
 
 def _run_numpy(q, k, v, problem: Problem, scale: float, config):
@@ -802,15 +813,16 @@ def _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem: Problem, scale: fl
     p = problem
     with cupy.cuda.Device(describe("q", q).device):
         dq, dk, dv = (cupy.empty(x.shape, x.dtype) for x in (q, k, v))
-        if p.batch == 0 or p.nheads == 0:
-            return dq, dk, dv
-        if p.seqlen_q == 0 or p.seqlen_k == 0:  # no query rows or no keys: every gradient is zero
+        if p.batch == 0 or p.nheads == 0 or p.seqlen_q == 0 or p.seqlen_k == 0:
+            # no query heads, rows or keys: every gradient is zero (nheads == 0 leaves k, v
+            # with elements: dk, dv must not be left uninitialized)
             for x in (dq, dk, dv):
                 x.view(cupy.uint16).fill(0)
             return dq, dk, dv
         _gpu.require("flash_attn_backward")
         if layout_problem(tdo):
-            dout = cupy.ascontiguousarray(dout)
+            # a copy, not ascontiguousarray: that returns a contiguous but misaligned dout itself
+            dout = dout.copy(order="C")
             tdo = describe("dout", dout)
         _check_layout("out", to)
         lse = cupy.ascontiguousarray(lse)

@@ -82,6 +82,15 @@ def _driver_launch():
     return driver.launchKernel
 
 
+def _device_fns():
+    """(getDevice, setDevice) of the CUDA runtime: a plan loads its kernels and launches them
+    with its own device current (a CuPy RawKernel resolves ``.kernel`` per current device, and
+    torch tensors on cuda:1 may arrive while device 0 is current)."""
+    from cupy_backends.cuda.api import runtime
+
+    return runtime.getDevice, runtime.setDevice
+
+
 class Plan:
     """One call shape of one config, ready to launch (see the module docstring).
 
@@ -111,18 +120,37 @@ class Plan:
         self._ws_offsets = tuple(ws.get(name, -1) for name in family.pointer_fields[n_tensors:])
         self._pack = struct.Struct(f"<{n_ptr}Q").pack_into
         self.launches = family.launches(config, problem, sms)
-        self._calls = tuple((kernels[spec.role].kernel.ptr, *(tuple(spec.grid) + (1, 1))[:3], spec.threads,
-                             spec.smem) for spec in self.launches)
+        self._get_device, self._set_device = _device_fns()
+        current = self._get_device()
+        if current != device:  # RawKernel.kernel loads the module on the *current* device
+            self._set_device(device)
+        try:
+            self._calls = tuple((kernels[spec.role].kernel.ptr, *(tuple(spec.grid) + (1, 1))[:3],
+                                 spec.threads, spec.smem) for spec in self.launches)
+        finally:
+            if current != device:
+                self._set_device(current)
         self._launch = _driver_launch()
         self._lock = threading.Lock()
         # A family whose params carry per-call data besides the pointers (sm90_fwd: TMA tensor
-        # maps, which embed the tensors' addresses) gives a writer; the others keep run().
+        # maps, which embed the tensors' addresses) gives a writer; the others run _run_plain.
         writer = getattr(family, "call_writer", None)
         self._write_call = writer(config, problem, strides, dtype) if writer is not None else None
-        if self._write_call is not None:
-            self.run = self._run_with_writer
+        self._run = self._run_with_writer if self._write_call is not None else self._run_plain
 
     def run(self, ptrs: tuple, workspace_ptr: int, stream: int) -> None:
+        """Launch on ``stream`` with the plan's device current (switched for the launch and
+        back when another one is; cudaSetDevice is legal during CUDA-graph capture)."""
+        current = self._get_device()
+        if current == self.device:
+            return self._run(ptrs, workspace_ptr, stream)
+        self._set_device(self.device)
+        try:
+            return self._run(ptrs, workspace_ptr, stream)
+        finally:
+            self._set_device(current)
+
+    def _run_plain(self, ptrs: tuple, workspace_ptr: int, stream: int) -> None:
         if self._ws_offsets:
             ptrs = ptrs + tuple(workspace_ptr + off if off >= 0 else 0 for off in self._ws_offsets)
         launch, argv = self._launch, self._argv_ptr

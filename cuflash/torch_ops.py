@@ -204,7 +204,8 @@ def backward_impl(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
     # and lse shapes and every dtype included: a mismatch there would read out of bounds)
     key = (dout.shape, dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
            out.shape, out.stride(), lse.shape, lse.stride(), q.dtype, k.dtype, v.dtype, dout.dtype,
-           out.dtype, lse.dtype, q.device, softmax_scale, causal, deterministic, config)
+           out.dtype, lse.dtype, q.device, k.device, v.device, dout.device, out.device, lse.device,
+           softmax_scale, causal, deterministic, config)
     plan = _bwd_plans.get(key)
     if plan is None:
         if q.is_cuda and (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:

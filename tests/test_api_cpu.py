@@ -406,3 +406,125 @@ def test_layout_problem():
     # a dimension of size 1 may have any stride
     assert api.layout_problem(t((1, 8, 4, 64), (3, 256, 64, 1))) == ""
     assert api.out_strides((2, 3, 4, 5)) == (60, 20, 5, 1)
+
+
+# ---------------------------------------------------------------------------------------
+# the CuPy paths with a fake CuPy (NumPy arrays that say which device they are on)
+
+class _FakeCupy:
+    """Just enough of cupy for api's CuPy helpers: arrays on numbered devices, a current
+    device that ``with array.device:`` / ``cupy.cuda.Device(i)`` switch, allocation on it."""
+
+    uint8, uint16, float32 = np.uint8, np.uint16, np.float32
+
+    def __init__(self):
+        fake = self
+        self.current = 0
+
+        class Device:
+            def __init__(self, id):
+                self.id = id
+
+            def __enter__(self):
+                self._saved, fake.current = fake.current, self.id
+
+            def __exit__(self, *exc):
+                fake.current = self._saved
+
+        class ndarray:
+            def __init__(self, a, device):
+                self.a, self._device = a, device
+
+            ndim = property(lambda self: self.a.ndim)
+            shape = property(lambda self: self.a.shape)
+            dtype = property(lambda self: self.a.dtype)
+            strides = property(lambda self: self.a.strides if self.a.size else tuple(  # as CuPy's
+                s * self.a.itemsize for s in api.out_strides(self.a.shape)))
+            device = property(lambda self: Device(self._device))
+            data = property(lambda self: type("MemPtr", (), {"ptr": self.a.ctypes.data,
+                                                             "device_id": self._device})())
+
+            def view(self, dtype):
+                return ndarray(self.a.view(dtype), self._device)
+
+            def fill(self, value):
+                self.a.fill(value)
+
+            def copy(self, order="C"):
+                return ndarray(np.array(self.a, order=order), fake.current)
+
+            def __getitem__(self, idx):
+                return ndarray(self.a[idx], self._device)
+
+            def __setitem__(self, idx, value):
+                assert value._device == self._device == fake.current, "cross-device copy"
+                self.a[idx] = value.a
+
+        ndarray.__module__ = "cupy._core.core"
+        self.ndarray = ndarray
+        self.cuda = type("cuda", (), {"Device": Device, "get_current_stream": staticmethod(
+            lambda: type("Stream", (), {"ptr": 7})())})
+
+    def empty(self, shape, dtype):
+        a = np.empty(shape, dtype)
+        a.view(np.uint8).fill(0xAB)  # uninitialized memory
+        return self.ndarray(a, self.current)
+
+    def zeros(self, shape, dtype):
+        return self.ndarray(np.zeros(shape, dtype), self.current)
+
+    def ascontiguousarray(self, x):
+        return x if x.a.flags.c_contiguous else self.ndarray(np.ascontiguousarray(x.a), self.current)
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    fake = _FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(_gpu, "require", lambda what: None)
+    return fake
+
+
+def test_head_dim_padding_stays_on_the_arrays_device(fake_cupy):
+    x = fake_cupy.ndarray(np.ones((1, 2, 1, 36), np.float16), device=1)   # current device: 0
+    padded = api.pad_head_dim(x, 40)
+    assert padded.data.device_id == 1 and padded.shape == (1, 2, 1, 40)
+    assert (padded.a[..., 36:] == 0).all() and (padded.a[..., :36] == 1).all()
+    back = api.slice_head_dim(padded, 36)
+    assert back.data.device_id == 1 and back.shape == (1, 2, 1, 36)
+    assert fake_cupy.current == 0
+
+
+def test_cupy_backward_zero_heads_gives_zero_dk_dv(fake_cupy):
+    """nheads = 0: q has no elements but k, v (nheads_kv = 1) do; dk, dv are zeros."""
+    g = lambda *s: fake_cupy.ndarray(np.ones(s, np.float16), 0)  # noqa: E731
+    q, k, v = g(1, 4, 0, 64), g(1, 6, 1, 64), g(1, 6, 1, 64)
+    lse = fake_cupy.ndarray(np.zeros((1, 0, 4), np.float32), 0)
+    dq, dk, dv = cuflash.flash_attn_backward(q, q, k, v, q, lse)
+    assert dk.shape == (1, 6, 1, 64) and not dk.a.any() and not dv.a.any()
+
+
+def test_cupy_backward_copies_a_misaligned_contiguous_dout(fake_cupy, monkeypatch):
+    """A C-contiguous dout whose data starts 2 bytes into its buffer: ascontiguousarray
+    would hand the kernel the misaligned array itself; the backward must launch on a copy."""
+    launched = []
+
+    class FakePlan:
+        workspace_bytes = 256
+
+        def run(self, ptrs, workspace_ptr, stream):
+            launched.append(ptrs)
+
+    monkeypatch.setattr(api, "make_plan", lambda *a, **kw: FakePlan())
+    rng = np.random.default_rng(0)
+    base = np.zeros(2 * 4 * 2 * 64 + 64, np.float16)
+    start = next(i for i in range(1, 64) if (base.ctypes.data + 2 * i) % 16)
+    dout_np = base[start:start + 2 * 4 * 2 * 64].reshape(2, 4, 2, 64)
+    assert dout_np.flags.c_contiguous and dout_np.ctypes.data % 16
+    g = lambda a: fake_cupy.ndarray(a, 0)  # noqa: E731
+    q, k, v, out = (g(np.array(rng.standard_normal((2, 4, 2, 64)), np.float16)) for _ in range(4))
+    assert all(x.a.ctypes.data % 16 == 0 for x in (q, k, v, out))
+    lse = g(np.zeros((2, 2, 4), np.float32))
+    api.flash_attn_backward(g(dout_np), q, k, v, out, lse)
+    (ptrs,) = launched
+    assert ptrs[0] % 16 == 0 and ptrs[0] != dout_np.ctypes.data

@@ -364,6 +364,7 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(launch, "get_kernels", get_kernels)
     monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
     monkeypatch.setattr(launch, "_driver_launch", driver_launch)
+    monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
 
     def make(family, config, p, strides, scale=0.125):
         recorders["current"] = Recorder(family.params_struct)
@@ -402,6 +403,40 @@ def test_forward_plan_launch(fake_device):
     assert int(again["q"]) == 0x9000 and int(again["lse"]) == 0x9000
     for name in launch.struct_dtype("FwdParams").names[5:]:
         assert again[name] == params[name], name
+
+
+def test_plan_loads_and_launches_on_its_own_device(monkeypatch):
+    """A plan for device 1 built and run while device 0 is current (CuPy arrays on device 1,
+    torch tensors on cuda:1): a cupy.RawKernel resolves ``.kernel`` on the current device, so
+    the plan takes its kernel handles and launches with device 1 current, then restores 0."""
+    state, sets, launches = {"current": 0}, [], []
+
+    def set_device(device):
+        sets.append(device)
+        state["current"] = device
+
+    class PerDeviceKernel:  # like cupy.RawKernel: one CUfunction per device
+        @property
+        def kernel(self):
+            return SimpleNamespace(ptr=1000 + state["current"])
+
+    def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        launches.append((fn, state["current"], stream))
+
+    monkeypatch.setattr(launch, "get_kernels", lambda config, device: {"main": PerDeviceKernel()})
+    monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
+    monkeypatch.setattr(launch, "_driver_launch", lambda: record)
+    monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: state["current"], set_device))
+    fam = registry.get("fa2_fwd")
+    p = problem("fwd")
+    plan = launch.Plan(fam, fam.heuristic(p), p, _strides(p), 0.125, 1)
+    assert state["current"] == 0 and sets == [1, 0]
+    plan.run((0x1000,) * 5, 0, stream=3)
+    assert launches == [(1001, 1, 3)] and state["current"] == 0      # device 1's kernel, on device 1
+    sets.clear()
+    state["current"] = 1
+    plan.run((0x1000,) * 5, 0, stream=4)                               # already current: no switch
+    assert launches[-1] == (1001, 1, 4) and sets == []
 
 
 @pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])

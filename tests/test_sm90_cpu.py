@@ -249,6 +249,7 @@ def test_plan_writes_tensor_maps_per_call(monkeypatch, fake_encoder):
         kernel=SimpleNamespace(ptr=1000))})
     monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
     monkeypatch.setattr(launch, "_driver_launch", lambda: record)
+    monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
     p = problem(72, "fp16", True)
     cfg = FAM.heuristic(p)
     q_st, k_st = (300 * 8 * 72, 8 * 72, 72, 1), (200 * 2 * 72, 2 * 72, 72, 1)
@@ -284,11 +285,12 @@ def test_families_without_a_writer_keep_the_fast_path(monkeypatch):
         kernel=SimpleNamespace(ptr=1000))})
     monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
     monkeypatch.setattr(launch, "_driver_launch", lambda: None)
+    monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
     fa2 = registry.get("fa2_fwd")
     p = problem(64)
     st = (300 * 8 * 64, 8 * 64, 64, 1)
     plan = launch.Plan(fa2, fa2.heuristic(p), p, {"q": st, "k": st, "v": st, "o": st}, 0.1, 0)
-    assert plan._write_call is None and "run" not in vars(plan)
+    assert plan._write_call is None and plan._run == plan._run_plain
 
 
 def test_family_imports_without_a_driver():

@@ -299,3 +299,22 @@ def test_repeat_backward_is_not_validated_again(count_validation):
     # a different dout layout (stride 0 from .sum() vs a dense one) is a new backward shape
     flash_attn_func(q, k, v, causal=True).backward(torch.randn(1, 5, 2, 8, dtype=torch.float64))
     assert count_validation == ["fwd", "bwd", "bwd"]
+
+
+@pytest.mark.parametrize("which", ["k", "v", "dout", "out"])
+def test_backward_key_holds_every_tensors_device(count_validation, which):
+    """The backward plan cache (behind the op cuflash::bwd, called unchecked) skips
+    validation on a hit, so its key must hold what was validated: every tensor's device (q's alone let k on
+    another device reach a plan made for q's, e.g. a launch reading cuda:1 memory on cuda:0).
+    The meta device stands in for a second GPU."""
+    q, k, v = qkv(1, 5, 6, 2, 2, 8, dtype=torch.bfloat16, grad=False)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+    args = dict(dout=torch.randn_like(out), q=q, k=k, v=v, out=out, lse=lse)
+    bwd = lambda a: torch_ops.backward_impl(a["dout"], a["q"], a["k"], a["v"], a["out"],  # noqa: E731
+                                            a["lse"], 0.25, False, False)
+    bwd(args)
+    assert count_validation == ["fwd", "bwd"]
+    args[which] = args[which].to("meta")
+    with pytest.raises(ValueError, match=f"^{which}: .*(must be on|CUDA device or the CPU)"):
+        bwd(args)
+    assert count_validation == ["fwd", "bwd", "bwd"]
