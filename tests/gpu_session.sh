@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The whole GPU validation of a checkout, time-boxed step by step (for a lent GPU machine
+# whose commands are capped at 10 minutes: run it in two halves, `gpu_session.sh check` and
+# `gpu_session.sh measure`). Logs go to $OUT (default results/<gpu>/logs); results to results/<gpu>/.
+#
+#   check:   precompile (parallel), GPU tests (fwd, bwd, tuning), compute-sanitizer memcheck and
+#            racecheck on every family (tests/gpu_sanitize.py, kernels already in the cache)
+#   measure: overhead, startup, fwd, fwd+bwd benchmarks, IO table
+#   tune:    re-tune this GPU's table (bf16 and fp16, d 64 and 128, all buckets) into tuning/configs
+#            (needs optuna: pip install -e '.[tune]', or carried wheels on a machine without a network)
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export CUPY_CACHE_DIR="${CUPY_CACHE_DIR:-/tmp/cuflash_cupy_cache}"
+GPU=$(python3 -c "from cuflash import _gpu; print(_gpu.name().replace(' ', '_'))") || exit 2
+OUT="${OUT:-results/$GPU/logs}"; mkdir -p "$OUT"
+START=$(date +%s); BUDGET=${BUDGET:-570}
+step() {  # name seconds command...: skipped when the budget is spent
+  local name=$1 t=$2; shift 2
+  local left=$(( BUDGET - ($(date +%s) - START) ))
+  if [ "$left" -lt 15 ]; then echo "SKIP $name" | tee -a "$OUT/steps.log"; return; fi
+  [ "$t" -gt "$left" ] && t=$left
+  local t0=$(date +%s); timeout "$t" "$@" > "$OUT/$name.log" 2>&1
+  echo "$name rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUT/steps.log"
+}
+case "${1:-check}" in
+  check)
+    step precompile 120 python3 tests/gpu_precompile.py --processes "$(nproc)"
+    step pytest_gpu 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/
+    step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu_sanitize.py
+    step racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu_sanitize.py
+    ;;
+  measure)
+    step overhead 60 python3 -m cuflash bench --mode overhead
+    step startup 100 python3 -m cuflash bench --mode startup --repeats 3
+    step fwdbwd 120 python3 -m cuflash bench --mode fwdbwd --hdims 64 128 --seqlens 2048 4096 8192 16384
+    step fwd 90 python3 -m cuflash bench --mode fwd --hdims 64 128 256
+    step io 150 python3 -m cuflash bench --mode io
+    ;;
+  tune)
+    step tune_fwd 240 python3 -m cuflash tune --op fwd --brute-force --dtype bf16,fp16 --hdim 64,128 --causal both --table-dir tuning/configs --no-progress
+    step tune_bwd 300 python3 -m cuflash tune --op bwd --trials 12 --dtype bf16,fp16 --hdim 64,128 --causal both --table-dir tuning/configs --no-progress
+    ;;
+  *) echo "usage: tests/gpu_session.sh [check|measure|tune]"; exit 2 ;;
+esac
