@@ -86,14 +86,19 @@ def dtype_name(x) -> Optional[str]:
     return names.get(name)
 
 
-def describe(name: str, x) -> _Tensor:
+def _check_array(name: str, x, ndim: int, dims: str) -> str:
+    """The array's kind ("cupy", "numpy", "torch"), after checking it is one with ``ndim`` dims."""
     kind = _kind(x)
     if kind not in ("cupy", "numpy", "torch"):
         raise TypeError(f"{name}: expected a CuPy array, NumPy array or torch tensor, "
                         f"got {type(x).__name__}")
-    if x.ndim != 4:
-        raise ValueError(f"{name}: expected 4 dimensions (batch, seqlen, nheads, headdim), "
-                         f"got shape {tuple(x.shape)}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions ({dims}), got shape {tuple(x.shape)}")
+    return kind
+
+
+def describe(name: str, x) -> _Tensor:
+    kind = _check_array(name, x, 4, "batch, seqlen, nheads, headdim")
     dtype = dtype_name(x)
     if dtype is None:
         raise TypeError(f"{name}: dtype must be float16 or bfloat16, got {x.dtype} "
@@ -485,13 +490,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p: float = 0.0, softmax_scale: Optio
 
 
 def _check_varlen_tensor(name: str, x) -> None:
-    kind = _kind(x)
-    if kind not in ("cupy", "numpy", "torch"):
-        raise TypeError(f"{name}: expected a CuPy array, NumPy array or torch tensor, "
-                        f"got {type(x).__name__}")
-    if x.ndim != 3:
-        raise ValueError(f"{name}: expected 3 dimensions (total_tokens, nheads, headdim) for the "
-                         f"varlen functions, got shape {tuple(x.shape)}")
+    _check_array(name, x, 3, "total_tokens, nheads, headdim: the varlen layout")
 
 
 def _host_ints(x, kind: str) -> np.ndarray:
