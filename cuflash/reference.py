@@ -1305,10 +1305,7 @@ def _varlen_setup(q, k, v, cu_seqlens_q, cu_seqlens_k, window_size, softcap,
             raise ValueError(
                 f"{name} must be a 3-D array {what} (varlen packed layout), "
                 f"got shape {x.shape}")
-    if k.shape != v.shape:
-        raise ValueError(
-            f"k and v must have the same shape, got k {k.shape} and v {v.shape}")
-    _check_shapes(q[None], k[None], v[None])
+    _check_shapes(q[None], k[None], v[None])  # the dense rules, batch 1 (k and v shapes too)
     cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
     cu_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0])
     if cu_q.size != cu_k.size:

@@ -81,7 +81,7 @@ def write_wrappers():
 from conftest import nvcc_all  # noqa: E402
 from cuflash import _gpu, launch, registry  # noqa: E402
 from cuflash.compile import PtxasReport, nvcc_compile, parse_ptxas  # noqa: E402
-from cuflash.families import sm90_fwd  # noqa: E402
+from cuflash.families import fa2_fwd, sm90_fwd  # noqa: E402
 from cuflash.families.base import ConfigError  # noqa: E402
 from cuflash.families.sm90_fwd import HEAD_DIMS, Sm90FwdConfig  # noqa: E402
 from cuflash.problem import DTYPES, Problem  # noqa: E402
@@ -270,7 +270,7 @@ def test_plan_writes_tensor_maps_per_call(monkeypatch, fake_encoder):
         off = dt.fields[field][1]
         assert call["raw"][off:off + 128] == bytes((i + 1 + j) % 256 for j in range(128)), field
     assert rec["head_dim"] == 72 and rec["seqlen_k"] == 200 and rec["o_row_stride"] == 8 * 72
-    assert rec["scale_log2"] == np.float32(0.125 * sm90_fwd.LOG2E)
+    assert rec["scale_log2"] == np.float32(0.125 * fa2_fwd.LOG2E)
 
     plan.run(ptrs, 0, stream=7)                     # same pointers: the cached maps
     assert len(fake_encoder) == 3 and launches[1]["raw"] == call["raw"]

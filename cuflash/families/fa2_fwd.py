@@ -97,6 +97,14 @@ def first_fitting(config, shrinks, max_smem: int):
     return config.validate(max_smem)
 
 
+def forward_sizes(problem: Problem, softmax_scale: float) -> dict:
+    """The size and scale fields every forward params struct shares (FwdParams, Sm90FwdParams)."""
+    p = problem
+    return dict(batch=p.batch, nheads=p.nheads, nheads_kv=p.nheads_kv, seqlen_q=p.seqlen_q,
+                seqlen_k=p.seqlen_k, head_dim=p.head_dim, softmax_scale=softmax_scale,
+                scale_log2=softmax_scale * LOG2E)
+
+
 def strides3(prefix: str, strides) -> dict:
     return {f"{prefix}_batch_stride": strides[0], f"{prefix}_row_stride": strides[1],
             f"{prefix}_head_stride": strides[2]}
@@ -151,9 +159,7 @@ class FA2Forward(Family):
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
         return dict(**strides3("q", strides["q"]), **strides3("k", strides["k"]),
                     **strides3("v", strides["v"]), **strides3("o", strides["o"]),
-                    batch=problem.batch, nheads=problem.nheads, nheads_kv=problem.nheads_kv,
-                    seqlen_q=problem.seqlen_q, seqlen_k=problem.seqlen_k, head_dim=problem.head_dim,
-                    softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E)
+                    **forward_sizes(problem, softmax_scale))
 
 
 FAMILY = register(FA2Forward())

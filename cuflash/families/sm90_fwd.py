@@ -30,7 +30,7 @@ import numpy as np
 from ..problem import Problem
 from ..registry import register
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
-from .fa2_fwd import LOG2E, check_head_dim, first_fitting, strides3
+from .fa2_fwd import check_head_dim, first_fitting, forward_sizes, strides3
 
 HEAD_DIMS = (64, 128, 256)
 MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
@@ -234,9 +234,7 @@ class Sm90Forward(Family):
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
         # the tensor maps are written per call (call_writer); zeros until then
         return dict(tma_q=0, tma_k=0, tma_v=0, **strides3("o", strides["o"]),
-                    batch=problem.batch, nheads=problem.nheads, nheads_kv=problem.nheads_kv,
-                    seqlen_q=problem.seqlen_q, seqlen_k=problem.seqlen_k, head_dim=problem.head_dim,
-                    softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E)
+                    **forward_sizes(problem, softmax_scale))
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
         """What cuflash.launch.Plan runs on every call after writing the pointers: the tensor
