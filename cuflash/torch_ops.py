@@ -80,13 +80,17 @@ def _pad(x: Tensor, padded: int) -> Tensor:
 # forward
 
 class _FwdEntry:
-    """The cached part of a forward call shape."""
-    __slots__ = ("plan", "out_shape", "lse_shape", "copy", "keyless", "pad")
+    """The cached part of a forward call shape. ``bwd`` caches the backward of the same call
+    shape: (dout strides, dout dtype, deterministic) -> (copy dout first?, backward plan), so
+    that autograd's backward finds its plan without rebuilding the backward's long key (q, k,
+    v, out and lse are the forward's own, validated with this entry)."""
+    __slots__ = ("plan", "out_shape", "lse_shape", "copy", "keyless", "pad", "bwd")
 
     def __init__(self, plan, out_shape, lse_shape, copy=False, keyless=False, pad=0):
         self.plan, self.out_shape, self.lse_shape = plan, out_shape, lse_shape
         self.copy, self.keyless = copy, keyless
         self.pad = pad  # head dim to zero-pad to (not a multiple of 8), 0: none
+        self.bwd = {}
 
 
 _fwd_plans: dict = {}
@@ -122,6 +126,12 @@ def _fwd_entry(q, k, v, softmax_scale, causal, config, bwd_config) -> _FwdEntry:
 def forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale, causal: bool, config=None,
             bwd_config=None) -> tuple[Tensor, Tensor]:
     """(out, lse) by the kernels (CUDA) or the reference (CPU); no autograd."""
+    return _forward(q, k, v, softmax_scale, causal, config, bwd_config)[:2]
+
+
+def _forward(q, k, v, softmax_scale, causal, config, bwd_config) -> tuple:
+    """(out, lse, entry): entry is the call shape's _FwdEntry when its plan ran on q, k, v
+    as given (the backward's fast path, FlashAttnFn), else None."""
     if softmax_scale is not None and softmax_scale.__class__ is not float:
         # a str or list must raise naming softmax_scale (not 'unhashable'); a 0-d tensor or
         # NumPy scalar must not key a new plan per call
@@ -136,34 +146,34 @@ def forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale, causal: bool, config
     if entry is None:
         if q.is_cuda and (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
             # misaligned views: read aligned copies (as a cached plan does below)
-            return forward(*_realign(q, k, v), softmax_scale, causal, config, bwd_config)
+            return (*forward(*_realign(q, k, v), softmax_scale, causal, config, bwd_config), None)
         entry = _fwd_plans[key] = _fwd_entry(q, k, v, softmax_scale, causal, config, bwd_config)
     plan = entry.plan
     if plan is None:
         if q.device.type == "cpu":
-            return _fwd_reference(q, k, v, _scale(softmax_scale, q.shape[-1]), causal)
+            return (*_fwd_reference(q, k, v, _scale(softmax_scale, q.shape[-1]), causal), None)
         if entry.pad:  # zero-padded copies (the scale stays 1/sqrt(the real head dim))
             d = q.shape[-1]
             out, lse = forward(*(_pad(x, entry.pad) for x in (q, k, v)), _scale(softmax_scale, d),
                                causal, config, bwd_config)
-            return out[..., :d].contiguous(), lse
+            return out[..., :d].contiguous(), lse, None
         out = torch.empty(entry.out_shape, dtype=q.dtype, device=q.device)
         lse = torch.empty(entry.lse_shape, dtype=torch.float32, device=q.device)
         if entry.keyless:  # attention over zero keys: every row fully masked
             out.zero_()
             lse.fill_(math.inf)
-        return out, lse
+        return out, lse, None
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     if (qp | kp | vp) & 15:  # misaligned views: read aligned copies
         q, k, v = _realign(q, k, v)
-        return forward(q, k, v, softmax_scale, causal, config, bwd_config)
+        return (*forward(q, k, v, softmax_scale, causal, config, bwd_config), None)
     out = q.new_empty(entry.out_shape)  # new_empty: fewer arguments to parse than torch.empty
     lse = q.new_empty(entry.lse_shape, dtype=torch.float32)
     if api.POISON_OUTPUTS:
         out.fill_(math.nan)
         lse.fill_(math.nan)
     plan.run((qp, kp, vp, out.data_ptr(), lse.data_ptr()), 0, _raw_stream(plan.device))
-    return out, lse
+    return out, lse, entry
 
 
 def _fwd_reference(q, k, v, softmax_scale, causal):
@@ -197,23 +207,37 @@ def _bwd_entry(dout, q, k, v, out, lse, scale, causal, deterministic, config):
     return api.make_plan(problem, strides, scale, tq.device, config)
 
 
+def _bwd_key(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config) -> tuple:
+    # everything the first call validated: a later call with this key is valid too (v, out
+    # and lse shapes and every dtype included: a mismatch there would read out of bounds)
+    return (dout.shape, dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape,
+            v.stride(), out.shape, out.stride(), lse.shape, lse.stride(), q.dtype, k.dtype,
+            v.dtype, dout.dtype, out.dtype, lse.dtype, q.device, k.device, v.device, dout.device,
+            out.device, lse.device, softmax_scale, causal, deterministic, config)
+
+
+def _bwd_verdict(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config):
+    """The cached verdict of a backward call shape: a Plan, or "reference", "pad", "copy",
+    "empty" (validated on first sight; raises naming the argument)."""
+    key = _bwd_key(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
+    plan = _bwd_plans.get(key)
+    if plan is None:
+        plan = _bwd_plans[key] = _bwd_entry(dout, q, k, v, out, lse, softmax_scale, causal,
+                                            deterministic, config)
+    return plan
+
+
 def backward_impl(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
                   deterministic: bool, config=None) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) by the kernels (CUDA) or the reference (CPU); no autograd."""
-    # everything the first call validated: a later call with this key is valid too (v, out
-    # and lse shapes and every dtype included: a mismatch there would read out of bounds)
-    key = (dout.shape, dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-           out.shape, out.stride(), lse.shape, lse.stride(), q.dtype, k.dtype, v.dtype, dout.dtype,
-           out.dtype, lse.dtype, q.device, k.device, v.device, dout.device, out.device, lse.device,
-           softmax_scale, causal, deterministic, config)
-    plan = _bwd_plans.get(key)
+    plan = _bwd_plans.get(_bwd_key(dout, q, k, v, out, lse, softmax_scale, causal, deterministic,
+                                   config))
     if plan is None:
         if q.is_cuda and (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
             q, k, v = _realign(q, k, v)  # misaligned views (the forward read copies too)
             return backward_impl(dout, q, k, v, out, lse, softmax_scale, causal, deterministic,
                                  config)
-        plan = _bwd_plans[key] = _bwd_entry(dout, q, k, v, out, lse, softmax_scale, causal,
-                                            deterministic, config)
+        plan = _bwd_verdict(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
     if plan.__class__ is str:  # one check on the hot path for every verdict that is not a plan
         if plan == "reference":
             return _bwd_reference(dout, q, k, v, softmax_scale, causal)
@@ -232,6 +256,28 @@ def backward_impl(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
     if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
         dout, q, k, v, out = _realign(dout, q, k, v, out)
         return backward_impl(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
+    return _bwd_run(plan, ptrs, q, k, v)
+
+
+def _bwd_plan(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config):
+    """(copy, plan) for autograd's fast path (FlashAttnFn.backward): the plan backward_impl
+    would run for these tensors, after a contiguous copy of dout when copy is True; None
+    where it runs no single plan (reference, padding, empty problems) or validation fails
+    (backward_impl then raises)."""
+    try:
+        plan = _bwd_verdict(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
+        copy = plan == "copy"
+        if copy and out.is_contiguous() and lse.is_contiguous():  # only dout is copied
+            dout = torch.empty(dout.shape, dtype=dout.dtype, device=dout.device)
+            plan = _bwd_verdict(dout, q, k, v, out, lse, softmax_scale, causal, deterministic,
+                                config)
+    except Exception:  # noqa: BLE001 - backward_impl raises it again, for the caller
+        return None
+    return (copy, plan) if plan.__class__ is not str else None
+
+
+def _bwd_run(plan, ptrs: tuple, q, k, v) -> tuple:
+    """Allocate dq, dk, dv and the workspace and launch a backward plan on aligned pointers."""
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     ws = q.new_empty(plan.workspace_bytes, dtype=torch.uint8)
     if api.POISON_OUTPUTS:
@@ -314,8 +360,10 @@ class FlashAttnFn(torch.autograd.Function):
         if torch.compiler.is_compiling():
             api.check_qkv(q, k, v, scale, causal)
             out, lse = torch.ops.cuflash.fwd(q, k, v, scale, causal, _encode(config))
+            entry = None
         else:
-            out, lse = forward(q, k, v, softmax_scale, causal, config, bwd_config)
+            out, lse, entry = _forward(q, k, v, softmax_scale, causal, config, bwd_config)
+        ctx.entry = entry
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.scale, ctx.causal, ctx.deterministic, ctx.bwd_config = scale, causal, deterministic, bwd_config
         ctx.mark_non_differentiable(lse)
@@ -326,6 +374,24 @@ class FlashAttnFn(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
+        entry = ctx.entry
+        if entry is not None and not torch.compiler.is_compiling():  # the forward ran its plan: look the backward up on its entry
+            key = (dout.stride(), dout.dtype, ctx.deterministic)
+            hit = entry.bwd.get(key)
+            if hit is None:
+                hit = entry.bwd[key] = _bwd_plan(dout, q, k, v, out, lse, ctx.scale, ctx.causal,
+                                                 ctx.deterministic, ctx.bwd_config) or False
+            if hit:
+                copy, plan = hit
+                if copy:
+                    dout = dout.clone(memory_format=torch.contiguous_format)
+                ptrs = (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                        lse.data_ptr())
+                if not ptrs[0] & 15:  # q, k, v and out: aligned in the forward (entry)
+                    dq, dk, dv = _bwd_run(plan, ptrs, q, k, v)
+                    if torch.is_grad_enabled():
+                        dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, dout)
+                    return dq, dk, dv, None, None, None, None, None
         if torch.compiler.is_compiling():
             dq, dk, dv = torch.ops.cuflash.bwd(dout, q, k, v, out, lse, ctx.scale, ctx.causal,
                                                ctx.deterministic, _encode(ctx.bwd_config))

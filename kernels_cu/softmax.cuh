@@ -82,9 +82,10 @@ __device__ __forceinline__ void softmax_update(float (&s)[kMT][kNTS][4], float (
 // 1 / l for the delayed normalization O / l; 0 for a row that saw no key (l = 0, O = 0).
 __device__ __forceinline__ float softmax_inv_l(float l_row) { return l_row > 0.f ? 1.f / l_row : 0.f; }
 // LSE = m·scale + log l (natural log); +inf for a row that saw no key, flash-attn's convention
-// (the backward then recomputes P = exp2(S·scale·log2e - inf) = 0).
+// (the backward then recomputes P = exp2(S·scale·log2e - inf) = 0). A row whose scores hold a
+// NaN has l = NaN and gets LSE = NaN (the test is l == 0, which NaN fails), as SDPA does.
 __device__ __forceinline__ float softmax_lse(float m_row, float l_row, float softmax_scale) {
-    return l_row > 0.f ? m_row * softmax_scale + logf(l_row) : pos_inf();
+    return l_row == 0.f ? pos_inf() : m_row * softmax_scale + logf(l_row);
 }
 
 }  // namespace cuflash

@@ -1,6 +1,9 @@
 """Edge shapes for compute-sanitizer (memcheck, racecheck): run under it, not under pytest.
 
-    compute-sanitizer --tool memcheck python tests/gpu_sanitize.py
+    compute-sanitizer --tool memcheck python tests/gpu_sanitize.py [--families fa2_fwd sm90_fwd ...]
+
+--families: only these kernel families (default: every registered one; the default-selection
+run at the end happens only without the option).
 
 Every registered kernel family runs, forced with config= / bwd_config=: each forward
 family's heuristic, and each backward family's heuristic (preprocess, main kernel, dQ
@@ -52,10 +55,12 @@ def layouts(family, config):
 
 
 def main():
+    only = set(sys.argv[sys.argv.index("--families") + 1:]) if "--families" in sys.argv else None
+    picked = lambda fam: only is None or fam.name in only  # noqa: E731
     runs = 0
     for b, sq, sk, h, hkv, d, causal in SHAPES:
         for name, dtype in DTYPES.items():
-            for fwd in registry.families("fwd"):
+            for fwd in filter(picked, registry.families("fwd")):
                 cfg = heuristic(fwd, Problem("fwd", name, b, sq, sk, h, hkv, d, causal))
                 if cfg is None:
                     continue
@@ -63,7 +68,7 @@ def main():
                 k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
                 cuflash.flash_attn_func(q, k, v, causal=causal, config=cfg)
                 runs += 1
-            for bwd in registry.families("bwd"):
+            for bwd in filter(picked, registry.families("bwd")):
                 for det in (False, True):
                     base = heuristic(bwd, Problem("bwd", name, b, sq, sk, h, hkv, d, causal, det))
                     if base is None:
@@ -76,6 +81,10 @@ def main():
                                                       bwd_config=bwd_config)
                         out.backward(torch.randn_like(out))
                         runs += 1
+    if only is not None:
+        torch.cuda.synchronize()
+        print(f"sanitize shapes done: {runs} runs ({', '.join(sorted(only))})")
+        return 0
     # the default selection too (tuned table for this GPU, if any), GQA, deterministic
     q = torch.randn(1, 150, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(1, 150, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
