@@ -313,8 +313,7 @@ def nvcc_compile(configs: Iterable, arch: str, nvcc: Optional[str] = None) -> li
 
 
 def _mangled_args(mangled: str) -> tuple:
-    """(ints..., dtype, bools...) from a mangled template instantiation, in declaration order."""
-    ints = tuple(int(x) for x in re.findall(r"Li(\d+)E", mangled))
-    dtype = "bf16" if "bf16" in mangled else "fp16"
-    bools = tuple(bool(int(x)) for x in re.findall(r"Lb([01])E", mangled))
-    return ints + (dtype,) + bools
+    """The template arguments (ints, bools, the element type's name) of a mangled instantiation,
+    in declaration order."""
+    return tuple(int(i) if i else bool(int(b)) if b else dt
+                 for i, b, dt in re.findall(r"Li(\d+)E|Lb([01])E|(bf16|fp16)", mangled))

@@ -6,19 +6,23 @@
 // One CTA computes one Q block Q_i (BM query rows) of one (head, batch), with 1 + kConsumers
 // warpgroups:
 //   producer  (warpgroup 0, one elected thread): loads Q_i once, then K_j and V_j by TMA into
-//             a kStages-deep ring of shared-memory slots; each slot has a "K full" and a
-//             "V full" mbarrier (completed by TMA's transaction bytes) and an "empty" mbarrier
-//             (completed when every consumer thread has released the slot).
-//   consumers (warpgroups 1..kConsumers, 64 query rows each): per K/V block,
-//             S = Q Kᵀ by wgmma with both operands in shared memory (SS), the mask on the few
-//             blocks that need it (mask.cuh), the online softmax in exp2 (softmax.cuh), P
-//             converted from the fp32 S accumulators to 16-bit A fragments in registers, and
-//             O += P V by wgmma with A from registers (RS). O / l and LSE are stored at the end.
+//             a kStages-deep ring of shared-memory slots. Each slot has "full" mbarriers for K
+//             and V (completed by TMA's transaction bytes) and "empty" mbarriers for K and V
+//             (completed when every consumer thread has released that tile): K_j is released
+//             as soon as S_j is computed, V_j after P_j V_j, so the next K load starts early.
+//   consumers (warpgroups 1..kConsumers, 64 query rows each), FA3's software pipeline: per
+//             K/V block j,
+//               issue S_j = Q K_jᵀ        (wgmma, both operands in shared memory: SS)
+//               issue O += P_{j-1} V_{j-1} (wgmma, P from registers: RS)
+//               wait for S_j; mask the few blocks that need it (mask.cuh); online softmax of
+//               S_j in exp2 (softmax.cuh) -> P_j, m, l and the rescale alpha_j, all while the
+//               tensor cores run P_{j-1} V_{j-1}
+//               wait for P_{j-1} V_{j-1}; O *= alpha_j; P_j to 16-bit A fragments
+//             and a last O += P V after the loop. O / l and LSE are stored at the end.
+//   kPingpong (2 consumers): the consumer warpgroups take turns issuing their GEMMs (named
+//             barriers), so one warpgroup's softmax runs under the other's GEMMs.
 // setmaxnreg moves registers from the producer to the consumers. K/V blocks run from the last
 // to the first, as in fa2_fwd: the masked blocks (ragged end, causal diagonal) come first.
-// This first version runs the two GEMMs of a block back to back (no intra-warpgroup overlap
-// of softmax with the next S, no pingpong between consumer warpgroups): see the family's
-// docstring for what is still to be done and measured.
 //
 // Shared memory (1024-byte aligned; every tile is stored as head_dim / 64 column chunks of
 // rows x 64 elements, 128 bytes a row, 128-byte swizzled as TMA writes it and wgmma reads it):
@@ -30,6 +34,7 @@
 //   kBN        keys of a K/V block: a multiple of 16 in 64..192 (wgmma n; P's k16 steps)
 //   kStages    K/V ring slots, >= 2
 //   kConsumers consumer warpgroups, 1 or 2
+//   kPingpong  consumer warpgroups alternate their GEMMs (needs 2 consumers)
 //   kHeadDim   64, 128 or 256 (the real head dim, params.head_dim, may be smaller: TMA fills
 //              the columns past it with zeros and the store skips them)
 //   Elem       bf16 or fp16; accumulation in fp32
@@ -55,7 +60,7 @@ struct Sm90FwdShape {
     static constexpr int kKOffset = kQBytes;
     static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
     static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
-    static constexpr int kBarriers = 1 + 3 * kStages;       // Q full; K full, V full, empty per slot
+    static constexpr int kBarriers = 1 + 4 * kStages;       // Q full; K/V full, K/V empty per slot
     // + 1024: the dynamic shared memory base is aligned up to 1024 bytes at run time
     static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + 1024;
     // Register budgets after setmaxnreg (FA3's splits): the producer only issues TMA.
@@ -73,7 +78,22 @@ struct Sm90FwdShape {
                   "the register split exceeds the register file");
 };
 
-template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal>
+// Pingpong between the two consumer warpgroups: warpgroup w issues its GEMMs between
+// begin() (wait for its turn: named barrier 1 + w) and end() (give the turn to the other one).
+// Warpgroup 1 hands warpgroup 0 the first turn and skips its own last hand-over, so that each
+// barrier sees as many arrivals as waits. Without kOn, every member is a no-op.
+template <bool kOn>
+struct Pingpong {
+    int wg;
+    __device__ __forceinline__ explicit Pingpong(int wg_) : wg(wg_) {}
+    __device__ __forceinline__ void start() const { if (kOn && wg == 1) named_barrier_arrive(1, 256); }
+    __device__ __forceinline__ void begin() const { if (kOn) named_barrier_sync(1 + wg, 256); }
+    __device__ __forceinline__ void end(bool last = false) const {
+        if (kOn && !(last && wg == 1)) named_barrier_arrive(2 - wg, 256);
+    }
+};
+
+template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, int kHeadDim, class Elem, bool kCausal>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim>;
@@ -89,7 +109,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     const u32 q_full = bars;
     auto k_full = [&](int slot) { return bars + 8u * (1 + slot); };
     auto v_full = [&](int slot) { return bars + 8u * (1 + kStages + slot); };
-    auto empty = [&](int slot) { return bars + 8u * (1 + 2 * kStages + slot); };
+    auto k_empty = [&](int slot) { return bars + 8u * (1 + 2 * kStages + slot); };
+    auto v_empty = [&](int slot) { return bars + 8u * (1 + 3 * kStages + slot); };
+    static_assert(!kPingpong || kConsumers == 2, "pingpong needs two consumer warpgroups");
 
     // Heaviest Q blocks (the last ones, under a causal mask) are scheduled first.
     const int m_block = gridDim.x - 1 - blockIdx.x;
@@ -110,7 +132,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         for (int s = 0; s < kStages; ++s) {
             mbarrier_init(k_full(s), 1);
             mbarrier_init(v_full(s), 1);
-            mbarrier_init(empty(s), kConsumers * 128);      // every consumer thread releases
+            mbarrier_init(k_empty(s), kConsumers * 128);    // every consumer thread releases
+            mbarrier_init(v_empty(s), kConsumers * 128);
         }
         fence_mbarrier_init();
     }
@@ -126,15 +149,17 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 tma_load_4d(q_smem + c * Shape::kQChunkBytes, &p.tma_q, q_full, c * 64, row0, head, batch);
             for (int iter = 0; iter < n_blocks; ++iter) {
                 const int slot = iter % kStages;
-                // Slot reuse: wait until the consumers released the block that used it
-                // kStages iterations ago (its (iter / kStages - 1)-th phase).
-                if (iter >= kStages) mbarrier_wait(empty(slot), (iter / kStages - 1) & 1);
+                // Slot reuse: wait until the consumers released the tile that used it kStages
+                // iterations ago (its (iter / kStages - 1)-th phase), K and V separately.
+                const u32 reuse_phase = (iter / kStages - 1) & 1;
                 const int key0 = (n_blocks - 1 - iter) * kBN;
+                if (iter >= kStages) mbarrier_wait(k_empty(slot), reuse_phase);
                 mbarrier_arrive_expect_tx(k_full(slot), Shape::kKVBytes);
 #pragma unroll
                 for (int c = 0; c < kChunks; ++c)
                     tma_load_4d(k_smem + slot * Shape::kKVBytes + c * Shape::kKVChunkBytes, &p.tma_k,
                                 k_full(slot), c * 64, key0, head_kv, batch);
+                if (iter >= kStages) mbarrier_wait(v_empty(slot), reuse_phase);
                 mbarrier_arrive_expect_tx(v_full(slot), Shape::kKVBytes);
 #pragma unroll
                 for (int c = 0; c < kChunks; ++c)
@@ -171,19 +196,15 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         const u64 q_desc = smem_desc_sw128(q_smem + wg * 64 * 128, 16, 1024);
         const u64 k_desc = smem_desc_sw128(k_smem, 16, 1024);
         const u64 v_desc = smem_desc_sw128(v_smem, Shape::kKVChunkBytes, 1024);
-        mbarrier_wait(q_full, 0);
+        const Pingpong<kPingpong> turn(wg);
+        float s_acc[1][kBN / 8][4];                        // S_j, then P_j in place (fp32)
+        float (&s_flat)[kBN / 2] = reinterpret_cast<float (&)[kBN / 2]>(s_acc);
+        u32 p_frag[1][kBN / 16][4];                        // P_{j-1} as 16-bit A fragments
+        float alpha[1][2];                                 // O's rescale for block j
 
-        for (int iter = 0; iter < n_blocks; ++iter) {
-            const int n_block = n_blocks - 1 - iter, slot = iter % kStages;
-            const u32 phase = (iter / kStages) & 1;
+        // S_j = Q_i K_jᵀ (64 x BN per warpgroup, fp32): issued, not waited for.
+        auto issue_s = [&](int slot) {
             const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;  // descriptor address units
-
-            // ---- S = Q_i K_jᵀ (64 x BN per warpgroup, fp32), both operands in smem ----
-            float s_acc[1][kBN / 8][4];
-            float (&s_flat)[kBN / 2] = reinterpret_cast<float (&)[kBN / 2]>(s_acc);
-            mbarrier_wait(k_full(slot), phase);
-            reg_fence(s_flat);
-            wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kHeadDim / 16; ++kk) {
                 // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
@@ -192,31 +213,69 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 Wgmma<kBN, Elem>::template ss<0>(s_flat, q_desc + q_off, k_desc + slot_off + k_off, kk > 0);
             }
             wgmma_commit();
-            wgmma_wait<0>();
-            reg_fence(s_flat);
-
-            // ---- mask: only the ragged last block and the causal diagonal blocks ----
-            if (mask.template needs_mask<kBN>(wg_row0, n_block))
-                mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
-
-            // ---- online softmax: m_new = max(m, rowmax S); P = exp(S - m_new); rescale l, O ----
-            softmax_update(s_acc, o_acc, m, l, p.scale_log2);
-
-            // ---- O += P V_j: P from the S accumulators straight into A fragments ----
-            u32 p_frag[1][kBN / 16][4];
-            pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
-            mbarrier_wait(v_full(slot), phase);
-            reg_fence(o_flat);
-            wgmma_fence();
+        };
+        // O += P_{j-1} V_{j-1}: issued, not waited for (keys 16kk..16kk+15: 16 rows of 128 B).
+        auto issue_pv = [&](int slot) {
+            const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;
 #pragma unroll
-            for (int kk = 0; kk < kBN / 16; ++kk)  // keys 16kk..16kk+15: 16 rows of 128 bytes
+            for (int kk = 0; kk < kBN / 16; ++kk)
                 Wgmma<kHeadDim, Elem>::template rs<1>(o_flat, p_frag[0][kk],
                                                      v_desc + slot_off + (u64(kk * 16 * 128) >> 4), 1);
             wgmma_commit();
-            wgmma_wait<0>();
+        };
+        // S_j landed: release K_j, mask (only the ragged last block and the causal diagonal
+        // blocks), online softmax -> P_j (in s_acc), m, l, alpha.
+        auto softmax_s = [&](int slot, int n_block) {
+            reg_fence(s_flat);
+            mbarrier_arrive(k_empty(slot));
+            if (mask.template needs_mask<kBN>(wg_row0, n_block))
+                mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
+            softmax_step(s_acc, m, l, p.scale_log2, alpha);
+        };
+
+        mbarrier_wait(q_full, 0);
+        turn.start();
+        // block 0 of the loop order (the last K/V block): S, softmax; O is still zero
+        turn.begin();
+        mbarrier_wait(k_full(0), 0);
+        reg_fence(s_flat);
+        wgmma_fence();
+        issue_s(0);
+        turn.end();
+        wgmma_wait<0>();
+        softmax_s(0, n_blocks - 1);
+        pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
+
+        for (int iter = 1; iter < n_blocks; ++iter) {
+            const int slot = iter % kStages, prev = (iter - 1) % kStages;
+            turn.begin();
+            mbarrier_wait(k_full(slot), (iter / kStages) & 1);
+            reg_fence(s_flat);
             reg_fence(o_flat);
-            mbarrier_arrive(empty(slot));  // this thread is done with K_j and V_j
+            wgmma_fence();
+            issue_s(slot);
+            mbarrier_wait(v_full(prev), ((iter - 1) / kStages) & 1);
+            issue_pv(prev);
+            turn.end();
+            wgmma_wait<1>();                   // S_j is ready; P_{j-1} V_{j-1} may still run
+            softmax_s(slot, n_blocks - 1 - iter);
+            wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
+            reg_fence(o_flat);
+            mbarrier_arrive(v_empty(prev));
+            softmax_rescale(o_acc, alpha);
+            pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
         }
+        // the last block's O += P V
+        const int last = (n_blocks - 1) % kStages;
+        turn.begin();
+        mbarrier_wait(v_full(last), ((n_blocks - 1) / kStages) & 1);
+        reg_fence(o_flat);
+        wgmma_fence();
+        issue_pv(last);
+        turn.end(true);
+        wgmma_wait<0>();
+        reg_fence(o_flat);
+        mbarrier_arrive(v_empty(last));
     }
 
     // ---- epilogue: O = acc / l (delayed normalization), LSE = m·scale + log l ----

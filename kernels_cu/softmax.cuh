@@ -40,12 +40,14 @@ __device__ __forceinline__ void softmax_init(float (&m)[kMT][2], float (&l)[kMT]
     }
 }
 
-// One K/V block: m_new = max(m, rowmax S); S becomes P = exp(scale·(S - m_new)) in place;
-// l and O are rescaled by alpha = exp(scale·(m - m_new)) and l gains rowsum P.
-//   s: (kMT·16 x kNTS·8) raw scores of this warp, o: (kMT·16 x kNTO·8) output accumulator
-template <int kMT, int kNTS, int kNTO>
-__device__ __forceinline__ void softmax_update(float (&s)[kMT][kNTS][4], float (&o)[kMT][kNTO][4],
-                                               float (&m)[kMT][2], float (&l)[kMT][2], float scale_log2) {
+// One K/V block without touching O: m_new = max(m, rowmax S); S becomes P = exp(scale·(S -
+// m_new)) in place; l is rescaled by alpha = exp(scale·(m - m_new)) and gains rowsum P; alpha
+// is returned for softmax_rescale to apply to O (at once in softmax_update; later in sm90_fwd,
+// whose O accumulator is still being written by an asynchronous P·V GEMM meanwhile).
+//   s: (kMT·16 x kNTS·8) raw scores of this warp
+template <int kMT, int kNTS>
+__device__ __forceinline__ void softmax_step(float (&s)[kMT][kNTS][4], float (&m)[kMT][2],
+                                             float (&l)[kMT][2], float scale_log2, float (&alpha)[kMT][2]) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -58,7 +60,7 @@ __device__ __forceinline__ void softmax_update(float (&s)[kMT][kNTS][4], float (
             // A row masked so far has m_new = -inf: use 0 as the exponent's offset so that
             // -inf - (-inf) = NaN never happens; its P and alpha are then exp2(-inf) = 0.
             const float m_scaled = m_new == neg_inf() ? 0.f : m_new * scale_log2;
-            const float alpha = exp2_approx(m[mt][half] * scale_log2 - m_scaled);
+            alpha[mt][half] = exp2_approx(m[mt][half] * scale_log2 - m_scaled);
             m[mt][half] = m_new;
             float row_sum = 0.f;
 #pragma unroll
@@ -69,13 +71,32 @@ __device__ __forceinline__ void softmax_update(float (&s)[kMT][kNTS][4], float (
                     x = exp2_scaled(x, scale_log2, m_scaled);
                     row_sum += x;
                 }
-            l[mt][half] = l[mt][half] * alpha + row_sum;
-#pragma unroll
-            for (int nt = 0; nt < kNTO; ++nt) {
-                o[mt][nt][2 * half] *= alpha;
-                o[mt][nt][2 * half + 1] *= alpha;
-            }
+            l[mt][half] = l[mt][half] * alpha[mt][half] + row_sum;
         }
+}
+
+// O *= alpha, row by row (the delayed rescale of the output accumulator).
+//   o: (kMT·16 x kNTO·8) output accumulator of this warp
+template <int kMT, int kNTO>
+__device__ __forceinline__ void softmax_rescale(float (&o)[kMT][kNTO][4], const float (&alpha)[kMT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNTO; ++nt) {
+            o[mt][nt][0] *= alpha[mt][0];
+            o[mt][nt][1] *= alpha[mt][0];
+            o[mt][nt][2] *= alpha[mt][1];
+            o[mt][nt][3] *= alpha[mt][1];
+        }
+}
+
+// One K/V block, O rescaled at once: softmax_step then softmax_rescale.
+template <int kMT, int kNTS, int kNTO>
+__device__ __forceinline__ void softmax_update(float (&s)[kMT][kNTS][4], float (&o)[kMT][kNTO][4],
+                                               float (&m)[kMT][2], float (&l)[kMT][2], float scale_log2) {
+    float alpha[kMT][2];
+    softmax_step(s, m, l, scale_log2, alpha);
+    softmax_rescale(o, alpha);
 }
 
 // Finish, per row, after the last K/V block, with l_row = quad_sum(l) the row's whole sum:

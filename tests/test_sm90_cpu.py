@@ -90,7 +90,7 @@ from cuflash.select import choose  # noqa: E402
 FAM = registry.get("sm90_fwd")
 NVCC = os.environ.get("NVCC", "nvcc")
 needs_nvcc = pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not on PATH")
-GOOD = Sm90FwdConfig(BM=128, BN=128, stages=2, consumers=2, head_dim=128, dtype="bf16", causal=False)
+GOOD = Sm90FwdConfig(BM=128, BN=128, stages=2, consumers=2, pingpong=True, head_dim=128, dtype="bf16", causal=False)
 
 
 def problem(head_dim=64, dtype="bf16", causal=False, **kw):
@@ -124,11 +124,11 @@ def test_registered_below_fa2_fwd():
 
 def test_good_config_and_name():
     assert GOOD.validate(227 * 1024) is GOOD
-    assert GOOD.name == "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2"
+    assert GOOD.name == "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2_pp"
     assert GOOD.warps == 12 and GOOD.threads == 384
-    assert GOOD.kernel_name() == "cuflash::sm90_fwd<128, 128, 2, 2, 128, cuflash::bf16, false>"
-    assert GOOD.smem_bytes == (128 + 4 * 128) * 128 * 2 + 8 * 7 + 1024
-    assert FAM.encode(GOOD) == "sm90_fwd:BM=128,BN=128,stages=2,consumers=2,head_dim=128"
+    assert GOOD.kernel_name() == "cuflash::sm90_fwd<128, 128, 2, 2, true, 128, cuflash::bf16, false>"
+    assert GOOD.smem_bytes == (128 + 4 * 128) * 128 * 2 + 8 * 9 + 1024
+    assert FAM.encode(GOOD) == "sm90_fwd:BM=128,BN=128,stages=2,consumers=2,pingpong=1,head_dim=128"
     assert FAM.decode(FAM.encode(GOOD), "bf16", False) == GOOD
 
 
@@ -161,14 +161,15 @@ def test_register_rule(monkeypatch):
 
 def test_space():
     assert FAM.space == {"BM": (64, 128), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
-                         "stages": (2, 3), "consumers": (1, 2)}
+                         "stages": (2, 3), "consumers": (1, 2), "pingpong": (False, True)}
     counts = {}
     for d in HEAD_DIMS:
         valid = FAM.valid(problem(d), 227 * 1024)
         counts[d] = len(valid)
         assert all(c.BM == 64 * c.consumers and c.head_dim == d for c in valid)
-    # d64: every BN, both stages, both consumer counts; d256 is held by smem and registers
-    assert counts[64] == 9 * 2 * 2
+    # d64: every BN, both stages, 1 consumer or 2 with and without pingpong; d256 is held by
+    # smem and registers
+    assert counts[64] == 9 * 2 * 3
     assert counts[256] > 0 and counts[256] < counts[128] <= counts[64]
 
 
@@ -299,7 +300,7 @@ def test_family_imports_without_a_driver():
             "fromlist=['Problem']).Problem('fwd', 'bf16', 1, 64, 64, 1, 1, 64)).name)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "sm90fwd_bf16_d64_full_BM128_BN128_s2_c2"]
+    assert out.stdout.split() == ["False", "sm90fwd_bf16_d64_full_BM128_BN128_s2_c2_pp"]
 
 
 # ---------------------------------------------------------------------------------------

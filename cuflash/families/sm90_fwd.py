@@ -48,6 +48,7 @@ class Sm90FwdConfig(KernelConfig):
     BN:        keys per K/V block (the N of S = Q Kᵀ): a multiple of 16 in 64..192
     stages:    K/V ring slots in shared memory (>= 2)
     consumers: consumer warpgroups (1 or 2); the CTA has 128 · (consumers + 1) threads
+    pingpong:  the two consumer warpgroups take turns issuing their GEMMs (needs consumers 2)
     head_dim:  64, 128 or 256 (the compile-time head dim; smaller real ones are zero-filled)
     dtype:     "bf16" or "fp16"
     causal:    bottom-right aligned causal mask, a compile-time flag
@@ -57,6 +58,7 @@ class Sm90FwdConfig(KernelConfig):
     BN: int
     stages: int
     consumers: int
+    pingpong: bool
     head_dim: int
     dtype: str
     causal: bool
@@ -72,13 +74,13 @@ class Sm90FwdConfig(KernelConfig):
     def name(self) -> str:
         mask = "causal" if self.causal else "full"
         return (f"sm90fwd_{self.dtype}_d{self.head_dim}_{mask}_"
-                f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}")
+                f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{'_pp' if self.pingpong else ''}")
 
     @property
     def smem_bytes(self) -> int:
-        """Q, stages x (K, V), the mbarriers, and 1024 bytes to align the base (as the kernel's
-        Sm90FwdShape::kSmemBytes)."""
-        return (self.BM + 2 * self.stages * self.BN) * self.head_dim * 2 + 8 * (1 + 3 * self.stages) + 1024
+        """Q, stages x (K, V), the mbarriers (Q full; K/V full and empty per slot), and 1024
+        bytes to align the base (as the kernel's Sm90FwdShape::kSmemBytes)."""
+        return (self.BM + 2 * self.stages * self.BN) * self.head_dim * 2 + 8 * (1 + 4 * self.stages) + 1024
 
     @property
     def accum_regs(self) -> int:
@@ -87,10 +89,12 @@ class Sm90FwdConfig(KernelConfig):
 
     def kernel_name(self) -> str:
         return (f"cuflash::sm90_fwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
-                f"{self.head_dim}, cuflash::{self.dtype}, {'true' if self.causal else 'false'}>")
+                f"{'true' if self.pingpong else 'false'}, {self.head_dim}, cuflash::{self.dtype}, "
+                f"{'true' if self.causal else 'false'}>")
 
     def template_args(self) -> tuple:
-        return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype, self.causal)
+        return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.head_dim,
+                self.dtype, self.causal)
 
     def _problems(self) -> list[str]:
         out = []
@@ -103,6 +107,8 @@ class Sm90FwdConfig(KernelConfig):
                        "(each consumer warpgroup owns 64 query rows)")
         if self.BN % 16 or not 64 <= self.BN <= 192:
             out.append(f"BN must be a multiple of 16 in 64..192 (wgmma n; P's k16 steps), got {self.BN}")
+        if self.pingpong and self.consumers == 1:
+            out.append(f"pingpong needs 2 consumer warpgroups, got {self.consumers}")
         if self.stages < 2:
             out.append(f"stages must be >= 2, got {self.stages}")
         if not out and self.smem_bytes > MAX_SMEM:
@@ -186,10 +192,10 @@ def tensor_map(dtype: str, ptr: int, shape, strides, rows: int) -> bytes:
 class Sm90Forward(Family):
     name = "sm90_fwd"
     op = "fwd"
-    version = 1
+    version = 2
     config_cls = Sm90FwdConfig
     space = {"BM": (64, 128), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
-             "stages": (2, 3), "consumers": (1, 2)}
+             "stages": (2, 3), "consumers": (1, 2), "pingpong": (False, True)}
     params_struct = "Sm90FwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90FwdParams"
     pointer_fields = ("q", "k", "v", "o", "lse")
@@ -221,8 +227,9 @@ class Sm90Forward(Family):
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         bn = 80 if d == 256 else 128
-        cfg = Sm90FwdConfig(128, bn, 2, 2, d, problem.dtype, bool(problem.causal))
-        return first_fitting(cfg, ({"BN": 64}, {"BM": 64, "BN": 64, "consumers": 1}), max_smem)
+        cfg = Sm90FwdConfig(128, bn, 2, 2, True, d, problem.dtype, bool(problem.causal))
+        return first_fitting(cfg, ({"BN": 64}, {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False}),
+                             max_smem)
 
     def kernel_names(self, config) -> dict:
         return {"main": config.kernel_name()}

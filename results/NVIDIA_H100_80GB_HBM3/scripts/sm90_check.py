@@ -24,7 +24,7 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_kv)
 ]
 
 
-def child(dtype: str, hdim: int, causal: bool, do_time: bool, configs: str) -> None:
+def child(dtype: str, hdim: int, causal: bool, do_time: bool, configs: str, variants: bool) -> None:
     import numpy as np
     import torch
 
@@ -96,14 +96,45 @@ def child(dtype: str, hdim: int, causal: bool, do_time: bool, configs: str) -> N
             tensors = common.inputs(p, 3)
             for r in common.compare_op(p, tensors, reps=20):
                 print("RESULT " + json.dumps(dict(timing=True, **{k: v for k, v in r.items()})), flush=True)
+            if seqlen == 16384 and variants:
+                variant_timings(fam, p, tensors)
             del tensors
             common.release()
+
+
+VARIANTS = {64: [(128, 2, True), (128, 2, False), (160, 2, True), (192, 2, True), (192, 2, False),
+                 (128, 3, True), (96, 3, True)],
+            128: [(128, 2, True), (128, 2, False), (112, 2, True), (144, 2, True), (176, 2, True),
+                  (176, 2, False), (128, 3, True), (96, 3, True)],
+            256: [(80, 2, True), (80, 2, False), (64, 2, True), (64, 2, False)]}
+
+
+def variant_timings(fam, p, tensors):
+    """sm90_fwd configs around the heuristic (BN, stages, pingpong), timed interleaved."""
+    from cuflash.api import flash_attn_func
+    from cuflash.bench import common
+
+    fns = {}
+    for bn, stages, pp in VARIANTS.get(p.head_dim, []):
+        cfg = fam.heuristic(p).replace(BN=bn, stages=stages, pingpong=pp, BM=128, consumers=2)
+        if cfg.problems(227 * 1024):
+            continue
+        q, k, v = tensors
+        fns[cfg.name] = (lambda c: lambda: flash_attn_func(q, k, v, causal=p.causal, config=c))(cfg)
+    for name, t in common.measure(fns, reps=20).items():
+        rec = dict(variant=True, config=name, hdim=p.head_dim, causal=p.causal, seqlen=p.seqlen_q)
+        if isinstance(t, str):
+            rec["error"] = t
+        else:
+            rec.update(ms=t.median_ms, tflops=common.tflops(p, t.median_ms))
+        print("RESULT " + json.dumps(rec), flush=True)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", nargs=3)
     ap.add_argument("--time", action="store_true")
+    ap.add_argument("--variants", action="store_true", help="with --time: sm90 configs around the heuristic at 16k")
     ap.add_argument("--configs", default="heuristic")
     ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128, 256])
     ap.add_argument("--dtypes", nargs="+", default=["bf16"])
@@ -112,14 +143,15 @@ def main():
     a = ap.parse_args()
     if a.child:
         dtype, hdim, causal = a.child
-        child(dtype, int(hdim), causal == "1", a.time, a.configs)
+        child(dtype, int(hdim), causal == "1", a.time, a.configs, a.variants)
         return
     causals = {"both": (0, 1), "yes": (1,), "no": (0,)}[a.causal]
     for dtype in a.dtypes:
         for hdim in a.hdims:
             for causal in causals:
                 cmd = [sys.executable, __file__, "--child", dtype, str(hdim), str(causal),
-                       "--configs", a.configs] + (["--time"] if a.time else [])
+                       "--configs", a.configs] + (["--time"] if a.time else []) \
+                    + (["--variants"] if a.variants else [])
                 t0 = time.time()
                 try:
                     r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
