@@ -322,8 +322,9 @@ def check_qkv(q, k, v, softmax_scale, causal, op: str = "fwd", deterministic: bo
         raise ValueError(f"k: nheads_kv={nheads_kv} must divide q's nheads={nheads} (GQA/MQA)")
     if tq.kind != "numpy" and not tq.device == tk.device == tv.device:
         raise ValueError(f"q, k, v must be on one device, got devices {tq.device}, {tk.device}, {tv.device}")
-    for name, t in (("q", tq), ("k", tk), ("v", tv)):
-        _check_layout(name, t)
+    if padded_head_dim(head_dim) == head_dim:  # else the kernels read zero-padded copies
+        for name, t in (("q", tq), ("k", tk), ("v", tv)):
+            _check_layout(name, t)
     softmax_scale = check_scale(softmax_scale, head_dim)
     dtype = tq.dtype if tq.dtype in ("bf16", "fp16") else "bf16"  # torch CPU: any float
     problem = Problem(op, dtype, batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim,

@@ -238,7 +238,7 @@ def test_fwdbwd_loop_on_cpu(tmp_path, fake_gpu):
     assert list(by) == ["cuflash:fa2_bwd", "cuflash:fa2_bwd[det]", "sdpa_flash", "sdpa_cudnn"]
     c, det = by["cuflash:fa2_bwd"], by["cuflash:fa2_bwd[det]"]
     assert det["config"].endswith("_det") and not c["config"].endswith("_det")
-    assert c["fwd_config"].startswith("fwd_bf16_d64_causal")
+    assert "bf16_d64_causal" in c["fwd_config"]  # the forward family chosen for this GPU
     pb = Problem.fa_convention("bwd", "bf16", 64, True, 32)
     assert c["bwd_tflops"] == pytest.approx(op_flops(pb) / c["bwd_ms"] / 1e9)
     assert c["fwdbwd_ms"] == c["fwd_ms"] + c["bwd_ms"]

@@ -111,15 +111,15 @@ def test_wgmma_block_is_generated():
 # ---------------------------------------------------------------------------------------
 # the config and its rules
 
-def test_registered_below_fa2_fwd():
-    assert FAM.priority < registry.get("fa2_fwd").priority
-    assert registry.families("fwd")[0].name == "fa2_fwd"
+def test_registered_above_fa2_fwd():
+    assert FAM.priority > registry.get("fa2_fwd").priority
+    assert registry.families("fwd")[0].name == "sm90_fwd"
     assert FAM.min_arch == (9, 0) and FAM.arch_suffix == "a"
-    assert "priority = -1" in sm90_fwd.__doc__ and "NOT yet run on a GPU" in sm90_fwd.__doc__
     p = problem(128)
-    assert choose(p, (9, 0))[0].name == "fa2_fwd"                      # never by default
-    fam, cfg, source = choose(p, (9, 0), config=GOOD)                   # config= forces it
-    assert (fam, cfg, source) == (FAM, GOOD, "given")
+    assert choose(p, (9, 0))[0].name == "sm90_fwd"                     # the default on sm_90
+    assert choose(p, (8, 0))[0].name == "fa2_fwd"                      # and fa2_fwd elsewhere
+    fa2 = registry.get("fa2_fwd").heuristic(p, (9, 0))
+    assert choose(p, (9, 0), config=fa2)[0].name == "fa2_fwd"          # config= forces either
 
 
 def test_good_config_and_name():
@@ -182,7 +182,8 @@ def test_head_dim_of_and_heuristic():
         assert cfg.head_dim == FAM.head_dim_of(d) and FAM.fits(cfg, p) == ""
         assert FAM.point(cfg) in [FAM.point(c) for c in FAM.valid(p, 227 * 1024)]
     assert FAM.heuristic(problem(256)).BN == 80
-    assert FAM.heuristic(problem(128)) == GOOD
+    assert FAM.heuristic(problem(128)) == GOOD.replace(BN=176)
+    assert FAM.heuristic(problem(64)).BN == 192
     # a smaller shared memory shrinks the tile
     assert FAM.heuristic(problem(128), max_smem=100 * 1024) == GOOD.replace(BN=64)
 
@@ -300,7 +301,7 @@ def test_family_imports_without_a_driver():
             "fromlist=['Problem']).Problem('fwd', 'bf16', 1, 64, 64, 1, 1, 64)).name)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "sm90fwd_bf16_d64_full_BM128_BN128_s2_c2_pp"]
+    assert out.stdout.split() == ["False", "sm90fwd_bf16_d64_full_BM128_BN192_s2_c2_pp"]
 
 
 # ---------------------------------------------------------------------------------------

@@ -5,12 +5,17 @@ shared-memory slots (full / empty mbarriers); 1-2 consumer warpgroups of 64 quer
 compute S = Q Kᵀ by wgmma (SS), the online softmax in exp2, and O += P V by wgmma with P
 from registers (RS); setmaxnreg moves registers from the producer to the consumers.
 
-STATUS: a first draft, compile-clean (nvcc/ptxas for sm_90a: no spills, no "wgmma
-serialized" warnings) but NOT yet run on a GPU. It is registered with ``priority = -1``,
-below fa2_fwd, so selection never picks it by default until it has been validated and
-measured on the H100; ``config=`` forces it, and the registry-driven tests, benchmarks and
-tuner run it. Not yet done: intra-warpgroup overlap of softmax with the next S, pingpong
-between consumer warpgroups, TMA store of O, 3 consumer warpgroups, clusters.
+The consumer loop is FA3's software pipeline: S_j = Q K_jᵀ is issued together with
+O += P_{j-1} V_{j-1}, and the softmax of S_j runs while the tensor cores compute P_{j-1} V_{j-1};
+with ``pingpong`` the two consumer warpgroups also take turns issuing their GEMMs (named
+barriers), so one warpgroup's softmax hides under the other's GEMMs. K and V have separate
+empty barriers, so the next K load starts as soon as S_j is done.
+
+Selection: ``priority = 1``, above fa2_fwd, so on sm_90 this family runs every forward it
+supports (every head dim up to 256: the kernels are compiled for 64, 128 and 256 and smaller
+head dims zero-fill the missing columns by TMA); elsewhere fa2_fwd. Not yet done: a TMA
+store of O, 3 consumer warpgroups (FA3's d64 tile 192 x 192), clusters, FP8, and exact
+head dims 96 / 192.
 
 Host side: the kernel reads Q, K, V through TMA tensor maps (``cuTensorMapEncodeTiled``,
 called through ctypes on libcuda.so.1, loaded lazily: without a driver the family still
@@ -201,8 +206,8 @@ class Sm90Forward(Family):
     pointer_fields = ("q", "k", "v", "o", "lse")
     min_arch = (9, 0)
     arch_suffix = "a"
-    priority = -1      # below fa2_fwd until validated and measured on the H100 (docstring)
-    description = "Hopper forward: TMA ring, wgmma SS/RS, producer/consumer warpgroups (draft)"
+    priority = 1       # above fa2_fwd: on sm_90 every forward it supports runs here
+    description = "Hopper forward: TMA ring, wgmma SS/RS, producer/consumer warpgroups, pingpong"
 
     def supports(self, arch, problem: Problem) -> str:
         # the problem's reasons first: they match fa2_fwd's, so the API's message stays one
@@ -221,12 +226,12 @@ class Sm90Forward(Family):
         return next((d for d in HEAD_DIMS if d >= head_dim), HEAD_DIMS[-1])
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90FwdConfig:
-        """FA3's forward tiles, within two consumer warpgroups (BM = 128): d64 and d128
-        128 x 128 (FA3: d64 192 x 192 with 3 consumers, d128 128 x 176 non-causal), d256 128 x 80,
-        two stages. Unmeasured: the tuner's job once the kernel runs."""
+        """Two consumer warpgroups (BM = 128) with pingpong, two stages, and the BN that
+        measured best at 16k on the H100 (results/NVIDIA_H100_80GB_HBM3/logs, sm90_check):
+        d64 192, d128 176 (FA3's d128 tile too), d256 80."""
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
-        bn = 80 if d == 256 else 128
+        bn = {64: 192, 128: 176}.get(d, 80)
         cfg = Sm90FwdConfig(128, bn, 2, 2, True, d, problem.dtype, bool(problem.causal))
         return first_fitting(cfg, ({"BN": 64}, {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False}),
                              max_smem)
