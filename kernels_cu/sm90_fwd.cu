@@ -19,8 +19,9 @@
 //               tensor cores run P_{j-1} V_{j-1}
 //               wait for P_{j-1} V_{j-1}; O *= alpha_j; P_j to 16-bit A fragments
 //             and a last O += P V after the loop. O / l and LSE are stored at the end.
-//   kPingpong (2 consumers): the consumer warpgroups take turns issuing their GEMMs (named
-//             barriers), so one warpgroup's softmax runs under the other's GEMMs.
+//   kPingpong (2 or 3 consumers): the consumer warpgroups take turns issuing their GEMMs
+//             (named barriers, round robin), so one warpgroup's softmax runs under the
+//             others' GEMMs.
 // setmaxnreg moves registers from the producer to the consumers. K/V blocks run from the last
 // to the first, as in fa2_fwd: the masked blocks (ragged end, causal diagonal) come first.
 //
@@ -33,8 +34,8 @@
 //   kBM        query rows of the Q block: 64 · kConsumers
 //   kBN        keys of a K/V block: a multiple of 16 in 64..192 (wgmma n; P's k16 steps)
 //   kStages    K/V ring slots, >= 2
-//   kConsumers consumer warpgroups, 1 or 2
-//   kPingpong  consumer warpgroups alternate their GEMMs (needs 2 consumers)
+//   kConsumers consumer warpgroups, 1, 2 or 3
+//   kPingpong  consumer warpgroups take turns with their GEMMs (needs 2 or 3 consumers)
 //   kHeadDim   64, 128 or 256 (the real head dim, params.head_dim, may be smaller: TMA fills
 //              the columns past it with zeros and the store skips them)
 //   Elem       bf16 or fp16; accumulation in fp32
@@ -64,10 +65,10 @@ struct Sm90FwdShape {
     // + 1024: the dynamic shared memory base is aligned up to 1024 bytes at run time
     static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + 1024;
     // Register budgets after setmaxnreg (FA3's splits): the producer only issues TMA.
-    static constexpr int kProducerRegs = kConsumers == 1 ? 56 : 24;
-    static constexpr int kConsumerRegs = kConsumers == 1 ? 256 : 240;
+    static constexpr int kProducerRegs = kConsumers == 1 ? 56 : kConsumers == 2 ? 24 : 32;
+    static constexpr int kConsumerRegs = kConsumers == 1 ? 256 : kConsumers == 2 ? 240 : 160;
 
-    static_assert(kConsumers == 1 || kConsumers == 2, "consumers must be 1 or 2");
+    static_assert(kConsumers >= 1 && kConsumers <= 3, "consumers must be 1, 2 or 3");
     static_assert(kBM == 64 * kConsumers, "BM must be 64 * consumers: each consumer warpgroup owns 64 rows");
     static_assert(kBN % 16 == 0 && kBN >= 64 && kBN <= 192,
                   "BN must be a multiple of 16 in 64..192 (wgmma n, and P's k16 steps)");
@@ -78,18 +79,21 @@ struct Sm90FwdShape {
                   "the register split exceeds the register file");
 };
 
-// Pingpong between the two consumer warpgroups: warpgroup w issues its GEMMs between
-// begin() (wait for its turn: named barrier 1 + w) and end() (give the turn to the other one).
-// Warpgroup 1 hands warpgroup 0 the first turn and skips its own last hand-over, so that each
-// barrier sees as many arrivals as waits. Without kOn, every member is a no-op.
-template <bool kOn>
+// Turns between the consumer warpgroups (FA3's pingpong; round robin with three): warpgroup w
+// issues its GEMMs between begin() (wait for its turn: named barrier 1 + w, which counts w's
+// 128 threads and the previous warpgroup's 128) and end() (hand the turn to the next one).
+// The last warpgroup hands warpgroup 0 the first turn and skips its own last hand-over, so
+// that each barrier sees as many arrivals as waits. Without kOn, every member is a no-op.
+template <bool kOn, int kConsumers>
 struct Pingpong {
     int wg;
     __device__ __forceinline__ explicit Pingpong(int wg_) : wg(wg_) {}
-    __device__ __forceinline__ void start() const { if (kOn && wg == 1) named_barrier_arrive(1, 256); }
+    __device__ __forceinline__ void start() const {
+        if (kOn && wg == kConsumers - 1) named_barrier_arrive(1, 256);
+    }
     __device__ __forceinline__ void begin() const { if (kOn) named_barrier_sync(1 + wg, 256); }
     __device__ __forceinline__ void end(bool last = false) const {
-        if (kOn && !(last && wg == 1)) named_barrier_arrive(2 - wg, 256);
+        if (kOn && !(last && wg == kConsumers - 1)) named_barrier_arrive(1 + (wg + 1) % kConsumers, 256);
     }
 };
 
@@ -111,7 +115,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     auto v_full = [&](int slot) { return bars + 8u * (1 + kStages + slot); };
     auto k_empty = [&](int slot) { return bars + 8u * (1 + 2 * kStages + slot); };
     auto v_empty = [&](int slot) { return bars + 8u * (1 + 3 * kStages + slot); };
-    static_assert(!kPingpong || kConsumers == 2, "pingpong needs two consumer warpgroups");
+    static_assert(!kPingpong || kConsumers >= 2, "pingpong needs two or three consumer warpgroups");
 
     // Heaviest Q blocks (the last ones, under a causal mask) are scheduled first.
     const int m_block = gridDim.x - 1 - blockIdx.x;
@@ -196,7 +200,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         const u64 q_desc = smem_desc_sw128(q_smem + wg * 64 * 128, 16, 1024);
         const u64 k_desc = smem_desc_sw128(k_smem, 16, 1024);
         const u64 v_desc = smem_desc_sw128(v_smem, Shape::kKVChunkBytes, 1024);
-        const Pingpong<kPingpong> turn(wg);
+        const Pingpong<kPingpong, kConsumers> turn(wg);
         float s_acc[1][kBN / 8][4];                        // S_j, then P_j in place (fp32)
         float (&s_flat)[kBN / 2] = reinterpret_cast<float (&)[kBN / 2]>(s_acc);
         u32 p_frag[1][kBN / 16][4];                        // P_{j-1} as 16-bit A fragments

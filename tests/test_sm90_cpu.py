@@ -134,7 +134,7 @@ def test_good_config_and_name():
 
 @pytest.mark.parametrize("change,pattern", [
     ({"head_dim": 96}, r"head_dim must be one of \(64, 128, 256\), got 96"),
-    ({"consumers": 3, "BM": 192}, r"consumers must be 1 or 2, got 3"),
+    ({"consumers": 4, "BM": 256}, r"consumers must be 1, 2 or 3, got 4"),
     ({"BM": 64}, r"BM=64 must be 64 \* consumers = 128"),
     ({"BN": 72}, r"BN must be a multiple of 16 in 64\.\.192"),
     ({"BN": 48}, r"BN must be a multiple of 16 in 64\.\.192"),
@@ -160,16 +160,16 @@ def test_register_rule(monkeypatch):
 
 
 def test_space():
-    assert FAM.space == {"BM": (64, 128), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
-                         "stages": (2, 3), "consumers": (1, 2), "pingpong": (False, True)}
+    assert FAM.space == {"BM": (64, 128, 192), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
+                         "stages": (2, 3), "consumers": (1, 2, 3), "pingpong": (False, True)}
     counts = {}
     for d in HEAD_DIMS:
         valid = FAM.valid(problem(d), 227 * 1024)
         counts[d] = len(valid)
         assert all(c.BM == 64 * c.consumers and c.head_dim == d for c in valid)
-    # d64: every BN, both stages, 1 consumer or 2 with and without pingpong; d256 is held by
-    # smem and registers
-    assert counts[64] == 9 * 2 * 3
+    # d64: every BN, both stages, 1 consumer or 2 with and without pingpong, and 3 (with and
+    # without pingpong) for BN <= 128 (registers); d256 is held by smem and registers
+    assert counts[64] == 9 * 2 * 3 + 5 * 2 * 2
     assert counts[256] > 0 and counts[256] < counts[128] <= counts[64]
 
 

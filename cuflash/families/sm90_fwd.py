@@ -42,7 +42,7 @@ MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
 # fp32 accumulator registers a consumer thread keeps live (O: head_dim / 2, S: BN / 2), by
 # consumer warpgroups (setmaxnreg budget 256 / 240 minus addresses, m, l, P fragments).
 # ptxas (nvcc 13.0, sm_90a) spills nothing up to these; tests/test_sm90_cpu.py holds it to that.
-MAX_ACCUM_REGS = {1: 192, 2: 176}
+MAX_ACCUM_REGS = {1: 192, 2: 176, 3: 96}
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -52,8 +52,8 @@ class Sm90FwdConfig(KernelConfig):
     BM:        query rows per CTA: 64 per consumer warpgroup
     BN:        keys per K/V block (the N of S = Q Kᵀ): a multiple of 16 in 64..192
     stages:    K/V ring slots in shared memory (>= 2)
-    consumers: consumer warpgroups (1 or 2); the CTA has 128 · (consumers + 1) threads
-    pingpong:  the two consumer warpgroups take turns issuing their GEMMs (needs consumers 2)
+    consumers: consumer warpgroups (1, 2 or 3); the CTA has 128 · (consumers + 1) threads
+    pingpong:  the consumer warpgroups take turns issuing their GEMMs (needs consumers >= 2)
     head_dim:  64, 128 or 256 (the compile-time head dim; smaller real ones are zero-filled)
     dtype:     "bf16" or "fp16"
     causal:    bottom-right aligned causal mask, a compile-time flag
@@ -105,15 +105,15 @@ class Sm90FwdConfig(KernelConfig):
         out = []
         if self.head_dim not in HEAD_DIMS:
             out.append(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
-        if self.consumers not in (1, 2):
-            out.append(f"consumers must be 1 or 2, got {self.consumers}")
+        if self.consumers not in (1, 2, 3):
+            out.append(f"consumers must be 1, 2 or 3, got {self.consumers}")
         elif self.BM != 64 * self.consumers:
             out.append(f"BM={self.BM} must be 64 * consumers = {64 * self.consumers} "
                        "(each consumer warpgroup owns 64 query rows)")
         if self.BN % 16 or not 64 <= self.BN <= 192:
             out.append(f"BN must be a multiple of 16 in 64..192 (wgmma n; P's k16 steps), got {self.BN}")
         if self.pingpong and self.consumers == 1:
-            out.append(f"pingpong needs 2 consumer warpgroups, got {self.consumers}")
+            out.append(f"pingpong needs 2 or 3 consumer warpgroups, got {self.consumers}")
         if self.stages < 2:
             out.append(f"stages must be >= 2, got {self.stages}")
         if not out and self.smem_bytes > MAX_SMEM:
@@ -199,8 +199,8 @@ class Sm90Forward(Family):
     op = "fwd"
     version = 2
     config_cls = Sm90FwdConfig
-    space = {"BM": (64, 128), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
-             "stages": (2, 3), "consumers": (1, 2), "pingpong": (False, True)}
+    space = {"BM": (64, 128, 192), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
+             "stages": (2, 3), "consumers": (1, 2, 3), "pingpong": (False, True)}
     params_struct = "Sm90FwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90FwdParams"
     pointer_fields = ("q", "k", "v", "o", "lse")
