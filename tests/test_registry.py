@@ -15,6 +15,7 @@ from cuflash.families.base import (MAX_SMEM_BY_ARCH, ConfigError, Family, Kernel
                                    LaunchSpec)
 from cuflash.families.fa2_bwd import ROW_PAD, BwdConfig, head_group
 from cuflash.families.fa2_fwd import FwdConfig
+from cuflash.families.sm90_fwd import Sm90FwdConfig
 from cuflash.problem import DTYPES, Problem
 from cuflash.select import UnsupportedProblem, choose
 
@@ -291,9 +292,12 @@ def test_fake_family_is_chosen_for_what_it_supports(fake_family):
     fam, cfg, source = choose(problem("fwd", 64), (9, 0))
     assert fam is fake_family and cfg == FakeConfig(64, 4, 64, "bf16", False)
     assert source.startswith("heuristic")
-    for d in (32, 72, 128, 256):                               # fa2_fwd for everything else
+    for d in (32, 72, 128, 256):       # everything else: sm90_fwd on sm_90, fa2_fwd on sm_80
         fam, cfg, _ = choose(problem("fwd", d), (9, 0))
+        assert fam.name == "sm90_fwd" and isinstance(cfg, Sm90FwdConfig)
+        fam, cfg, _ = choose(problem("fwd", d), (8, 0))
         assert fam.name == "fa2_fwd" and isinstance(cfg, FwdConfig)
+    assert choose(problem("fwd", 64), (8, 0))[0] is fake_family
     # its config can be given explicitly, and fa2's for a problem it would win
     fam, cfg, source = choose(problem("fwd", 64), (9, 0), config=FakeConfig(32, 4, 64, "bf16", False))
     assert fam is fake_family and source == "given"
@@ -321,7 +325,8 @@ def test_fake_family_extends_what_the_api_accepts(fake_family):
 def test_fake_family_with_a_lower_priority_is_not_chosen(fake_family, monkeypatch):
     monkeypatch.setattr(FakeForward, "priority", -1)
     assert registry.families("fwd")[-1] is fake_family
-    assert choose(problem("fwd", 64), (9, 0))[0].name == "fa2_fwd"
+    assert choose(problem("fwd", 64), (9, 0))[0].name == "sm90_fwd"
+    assert choose(problem("fwd", 64), (8, 0))[0].name == "fa2_fwd"
     assert choose(problem("fwd", 512), (9, 0))[0] is fake_family
 
 

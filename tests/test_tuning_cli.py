@@ -15,6 +15,7 @@ from cuflash.tuning.table import save_entries
 
 REPO = Path(__file__).resolve().parent.parent
 H100_SMEM = MAX_SMEM_BY_ARCH[(9, 0)]
+A100_SMEM = MAX_SMEM_BY_ARCH[(8, 0)]
 FWD, BWD = registry.get("fa2_fwd"), registry.get("fa2_bwd")
 needs_no_gpu = pytest.mark.skipif(_gpu.available(), reason="a GPU is usable here")
 
@@ -92,11 +93,13 @@ def fresh(family, head_dim=128, causal=True, seqlen=4096, dtype="bf16", **cfg):
                  stamp=select.current_stamp(family), median_ms=1.0, tflops=300.0)
 
 
-def fake_gpu(monkeypatch):
+def fake_gpu(monkeypatch, arch=(9, 0)):
+    """A GPU named "Fake GPU" of compute capability ``arch``, with that arch's shared memory.
+    On sm_90 the forward is sm90_fwd's; tests of fa2_fwd's tables take an sm_80 one."""
     monkeypatch.setattr(_gpu, "why_unavailable", lambda: "")
     monkeypatch.setattr(_gpu, "name", lambda device=0: "Fake GPU")
-    monkeypatch.setattr(_gpu, "arch", lambda device=0: (9, 0))
-    monkeypatch.setattr(_gpu, "max_smem", lambda device=0: H100_SMEM)
+    monkeypatch.setattr(_gpu, "arch", lambda device=0: tuple(arch))
+    monkeypatch.setattr(_gpu, "max_smem", lambda device=0: MAX_SMEM_BY_ARCH[tuple(arch)])
 
 
 def test_info_lists_tables_and_the_config_in_force(monkeypatch, dirs):
@@ -105,21 +108,21 @@ def test_info_lists_tables_and_the_config_in_force(monkeypatch, dirs):
     stale = Entry("bwd", "fa2_bwd", "bf16", 64, False, 512,
                   {"Br": 32, "Bc": 128, "warps": 4, "stages": 2, "dsplit": 1, "qsplit": 1},
                   stamp={"version": 1, "code_hash": "retired-x"})
-    path = save_entries([e, stale], "Fake GPU", (9, 0))
+    path = save_entries([e, stale], "Fake GPU", (8, 0))
     save_entries([e], "Other GPU", (8, 0))
     shipped.mkdir()
-    (shipped / select.file_name("Fake GPU", (9, 0))).write_text("[[[")
-    fake_gpu(monkeypatch)
+    (shipped / select.file_name("Fake GPU", (8, 0))).write_text("[[[")
+    fake_gpu(monkeypatch, (8, 0))
     with pytest.warns(TunedTableWarning) as w:
         lines = cli.info_lines()
     messages = " | ".join(str(x.message) for x in w)
     assert "ignoring tuned table" in messages and "has stale entries" in messages
     text = "\n".join(lines)
-    assert "GPU: Fake GPU, sm_90" in text
-    assert (f"{path.name}: Fake GPU sm_90, 2 entries (fa2_bwd, fa2_fwd), 1 stale (other code: "
+    assert "GPU: Fake GPU, sm_80" in text
+    assert (f"{path.name}: Fake GPU sm_80, 2 entries (fa2_bwd, fa2_fwd), 1 stale (other code: "
             "ignored until re-tuned) <- this GPU") in text
     assert "Other_GPU_sm80.yaml: Other GPU sm_80, 1 entries (fa2_fwd)\n" in text + "\n"
-    assert "Fake_GPU_sm90.yaml: unusable" in text
+    assert "Fake_GPU_sm80.yaml: unusable" in text
     tuned = [ln for ln in lines if "fwd fa2_fwd bf16 d=128 causal=True " in ln]
     assert len(tuned) == 6 and all("Br128_Bc64_w4_s3" in ln and "tuned" in ln for ln in tuned)
     assert any("fwd fa2_fwd fp16 d=64" in ln and "<- heuristic" in ln for ln in lines)
@@ -127,15 +130,26 @@ def test_info_lists_tables_and_the_config_in_force(monkeypatch, dirs):
     assert "<- heuristic (" in bwd64 and "stale skipped" in bwd64
 
 
+def test_config_in_force_on_sm90_is_sm90_fwd_and_fa2_bwd(dirs):
+    user, _ = dirs
+    save_entries([fresh(FWD, Br=128, Bc=64, warps=4, stages=3)], "Fake GPU", (9, 0))
+    lines = cli.config_in_force_lines("Fake GPU", (9, 0), H100_SMEM, dirs=[user], head_dims=(64, 128))
+    fwd = [ln for ln in lines if ln.startswith("  fwd ")]
+    bwd = [ln for ln in lines if ln.startswith("  bwd ")]
+    assert len(fwd) == len(bwd) == 8            # 2 dtypes x 2 head dims x causal or not
+    assert all(ln.startswith("  fwd sm90_fwd ") and "<- heuristic" in ln for ln in fwd), fwd
+    assert all(ln.startswith("  bwd fa2_bwd ") and "<- heuristic" in ln for ln in bwd), bwd
+
+
 def test_config_in_force_says_unsupported(monkeypatch):
     lines = cli.config_in_force_lines("Fake GPU", (7, 5), 64 * 1024, head_dims=(64,))
     assert lines and all("unsupported here" in ln and "needs sm_80" in ln for ln in lines)
 
 
-def fake_tuning(monkeypatch):
+def fake_tuning(monkeypatch, arch=(9, 0)):
     from cuflash.tuning import fake, measure
 
-    fake_gpu(monkeypatch)
+    fake_gpu(monkeypatch, arch)
     made = []
 
     def fake_measure(fam, p, device, **kw):
@@ -145,13 +159,14 @@ def fake_tuning(monkeypatch):
     monkeypatch.setattr(measure, "GpuMeasure", fake_measure)
     monkeypatch.setattr(measure, "env_record", lambda fam, device=0: {
         "family": fam.name, "family_version": fam.version,
-        "code_hash": select.current_stamp(fam)["code_hash"], "gpu": "Fake GPU", "cc": "9.0"})
+        "code_hash": select.current_stamp(fam)["code_hash"], "gpu": "Fake GPU",
+        "cc": select.cc_str(arch)})
     return made
 
 
 def test_tune_loop_with_a_fake_gpu(monkeypatch, tmp_path):
     pytest.importorskip("optuna")
-    made = fake_tuning(monkeypatch)
+    made = fake_tuning(monkeypatch, (8, 0))       # sm_80: fa2_fwd is the forward chosen there
     lines = []
     args = ["--op", "fwd", "--family", "fa2_fwd", "--dtype", "bf16", "--hdim", "128",
             "--seqlen", "512,16384", "--causal", "false", "--trials", "8", "--seed", "0", "--no-progress", "--no-plots",
@@ -161,20 +176,20 @@ def test_tune_loop_with_a_fake_gpu(monkeypatch, tmp_path):
     assert "[2/2] fwd_fa2_fwd_bf16_d128_full_s16384_Fake_GPU_v1_" in text and "vs heuristic" in text
     assert [(f, p) for f, p in made] == [(FWD, Problem.fa_convention("fwd", "bf16", 128, False, s))
                                          for s in (512, 16384)]
-    tf = select.read_file(tmp_path / "ship" / "Fake_GPU_sm90.yaml")
+    tf = select.read_file(tmp_path / "ship" / "Fake_GPU_sm80.yaml")
     assert sorted(e.seqlen for e in tf.entries) == [512, 16384]
     assert all(e.stamp == select.current_stamp(FWD) and e.family == "fa2_fwd" for e in tf.entries)
     assert len(list((tmp_path / "res" / "Fake_GPU" / "tuning").glob("*.json"))) == 2
     assert (tmp_path / "res" / "Fake_GPU" / "tuning" / "studies.journal").exists()
     fam, cfg, source = select.choose(Problem("fwd", "bf16", 1, 16384, 16384, 1, 1, 128, False),
-                                     (9, 0), "Fake GPU", H100_SMEM, dirs=[tmp_path / "ship"])
+                                     (8, 0), "Fake GPU", A100_SMEM, dirs=[tmp_path / "ship"])
     assert fam is FWD and source.startswith("tuned") and cfg.Br == 128
     # re-running resumes: nothing new is measured, the same table comes out
     lines.clear()
     assert cli.tune_main(args, log=lines.append) == 0
     text = "\n".join(lines)
     assert text.count("configs already measured, 0 queued again)") == 2
-    assert select.read_file(tmp_path / "ship" / "Fake_GPU_sm90.yaml").entries == tf.entries
+    assert select.read_file(tmp_path / "ship" / "Fake_GPU_sm80.yaml").entries == tf.entries
 
 
 def test_tune_every_family_of_every_op_by_default(monkeypatch, tmp_path):

@@ -58,8 +58,14 @@ def test_short_forward_study_writes_and_uses_a_tuned_entry(tmp_path, tuned_dir):
     cfg, source = select.lookup(fam, Problem("fwd", "bf16", 1, 600, 600, 1, 1, 64, False),
                                 _gpu.name(), _gpu.arch(), _gpu.max_smem())
     assert cfg == outcome.chosen and str(path) in source   # the best, or the heuristic by margin
-    cfg2, source2 = cuflash.config_for(64, "bf16", False, seqlen=512, with_source=True)
+    # selection finds it: choose() kept to the family on any GPU, and cuflash.config_for where
+    # fa2_fwd is the forward chosen (not on sm_90, where sm90_fwd outranks it)
+    p512 = Problem("fwd", "bf16", 1, 512, 512, 1, 1, 64, False)
+    _, cfg2, source2 = select.choose(p512, _gpu.arch(), _gpu.name(), _gpu.max_smem(), family=fam)
     assert cfg2 == cfg and source2.startswith("tuned")
+    if select.choose(p512, _gpu.arch())[0] is fam:
+        cfg3, source3 = cuflash.config_for(64, "bf16", False, seqlen=512, with_source=True)
+        assert cfg3 == cfg and source3.startswith("tuned")
 
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal((1, 333, 2, 64)).astype(ml_dtypes.bfloat16) for _ in range(3))
@@ -118,8 +124,12 @@ def test_tune_command_end_to_end(tmp_path, tuned_dir):
     files = list(tuned_dir.glob("*.yaml"))
     assert len(files) == 1 and files[0].name == select.file_name(_gpu.name(), _gpu.arch())
     tf = select.read_file(files[0])
-    assert sorted(e.key for e in tf.entries) == [("bwd", "fa2_bwd", "fp16", 64, True, (), 1024),
-                                                 ("fwd", "fa2_fwd", "fp16", 64, True, (), 1024)]
+    # every family that runs the problem on this GPU (sm90_fwd too on sm_90)
+    arch = tuple(_gpu.arch())
+    want = sorted((f.op, f.name, "fp16", 64, True, (), 1024) for f in registry.families()
+                  if not f.supports(arch, Problem.fa_convention(f.op, "fp16", 64, True, 1000)))
+    assert {"fa2_fwd", "fa2_bwd"} <= {k[1] for k in want}
+    assert sorted(e.key for e in tf.entries) == want
     assert list((tmp_path / "results").rglob("fwd_fa2_fwd_fp16_d64_causal_s1024_*.json"))
     assert list((tmp_path / "results").rglob("bwd_fa2_bwd_fp16_d64_causal_s1024_*.json"))
     for op in ("fwd", "bwd"):

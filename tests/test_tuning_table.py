@@ -21,7 +21,10 @@ from cuflash.select import Entry, TunedTableWarning, choose, lookup, read_file
 from cuflash.tuning import table
 from cuflash.tuning.table import save_entries, upgrade_v1
 
-GPU, CC = "NVIDIA Test GPU 80GB", (9, 0)
+# The tests' GPU is an sm_80 one: there fa2_fwd and fa2_bwd are what choose() picks, so the
+# fa2 tables written here are the ones it reads (on sm_90, sm90_fwd outranks fa2_fwd).
+GPU, CC = "NVIDIA Test GPU 80GB", (8, 0)
+SMEM = MAX_SMEM_BY_ARCH[CC]
 H100_SMEM = MAX_SMEM_BY_ARCH[(9, 0)]
 FWD, BWD = registry.get("fa2_fwd"), registry.get("fa2_bwd")
 REPO = Path(__file__).resolve().parent.parent
@@ -46,20 +49,20 @@ def entry(seqlen=4096, head_dim=128, causal=True, dtype="bf16", family=FWD, stam
                  stamp=dict(select.current_stamp(family) if stamp is None else stamp),
                  median_ms=1.25, tflops=300.0,
                  runners_up=[{"config": dict(params, stages=3), "median_ms": 1.3, "tflops": 290.0}],
-                 env={"gpu": GPU, "cc": "9.0"})
+                 env={"gpu": GPU, "cc": "8.0"})
 
 
 def problem(op="fwd", head_dim=128, causal=True, dtype="bf16", seqlen=4096, **kw):
     return Problem(op, dtype, 1, seqlen, seqlen, 1, 1, head_dim, causal, **kw)
 
 
-def find(family=FWD, gpu_name=GPU, cc=CC, max_smem=H100_SMEM, dirs=None, **kw):
+def find(family=FWD, gpu_name=GPU, cc=CC, max_smem=SMEM, dirs=None, **kw):
     return lookup(family, problem(family.op, **kw), gpu_name, cc, max_smem, dirs)
 
 
-def pick(gpu_name=GPU, arch=CC, max_smem=H100_SMEM, dirs=None, **kw):
+def pick(gpu_name=GPU, arch=CC, max_smem=SMEM, dirs=None, family=None, **kw):
     """select.choose: (config, source)."""
-    fam, cfg, source = choose(problem(**kw), arch, gpu_name, max_smem, dirs=dirs)
+    fam, cfg, source = choose(problem(**kw), arch, gpu_name, max_smem, dirs=dirs, family=family)
     return cfg, source
 
 
@@ -74,10 +77,10 @@ def test_yaml_round_trip_and_merge(dirs):
     user, _ = dirs
     e1, e2 = entry(4096), entry(8192, Bc=32)
     path = save_entries([e1, e2], GPU, CC)
-    assert path.parent == user and path.name == "NVIDIA_Test_GPU_80GB_sm90.yaml"
+    assert path.parent == user and path.name == "NVIDIA_Test_GPU_80GB_sm80.yaml"
     assert path.name == select.file_name(GPU, CC)
     tf = read_file(path)
-    assert (tf.gpu_name, tf.cc, tf.error, tf.bad_entries) == (GPU, "9.0", "", [])
+    assert (tf.gpu_name, tf.cc, tf.error, tf.bad_entries) == (GPU, "8.0", "", [])
     assert [e.to_dict() for e in tf.entries] == [e1.to_dict(), e2.to_dict()]
     assert tf.entries == [e1, e2]
     doc = yaml.safe_load(path.read_text())
@@ -161,7 +164,7 @@ def test_head_dim_is_rounded_like_the_kernel(dirs):
     assert cfg is not None and cfg.head_dim == 80
 
 
-@pytest.mark.parametrize("change", [dict(gpu_name="Other GPU"), dict(cc=(8, 0)),
+@pytest.mark.parametrize("change", [dict(gpu_name="Other GPU"), dict(cc=(9, 0)),
                                     dict(dtype="fp16"), dict(causal=False), dict(head_dim=64),
                                     dict(family=BWD)])
 def test_no_entry_for_other_keys(dirs, change):
@@ -224,7 +227,7 @@ def test_stale_entry_warns_once_and_the_heuristic_is_used(dirs, tmp_path, field,
         cfg, source = pick(dirs=[tdir])
     assert len(w) == 1 and issubclass(w[0].category, TunedTableWarning)
     assert str(path) in str(w[0].message) and str(value) in str(w[0].message)
-    assert cfg == FWD.heuristic(problem(), CC, H100_SMEM)
+    assert cfg == FWD.heuristic(problem(), CC, SMEM)
     assert source.startswith("heuristic (") and "stale" in source
 
 
@@ -292,21 +295,34 @@ def test_changed_file_is_reloaded(dirs):
 
 def test_choose_returns_tuned_or_heuristic(dirs):
     save_entries([entry(Bc=32, stages=3)], GPU, CC)
-    cfg, source = pick(arch=(9, 0))
+    cfg, source = pick()
     assert (cfg.Bc, cfg.stages) == (32, 3) and source.startswith("tuned ")
     cfg, source = pick(head_dim=64, dtype="fp16", causal=False)
-    assert cfg == FWD.heuristic(problem(head_dim=64, dtype="fp16", causal=False), CC, H100_SMEM)
+    assert cfg == FWD.heuristic(problem(head_dim=64, dtype="fp16", causal=False), CC, SMEM)
     assert source.startswith("heuristic (no usable tuned entry")
+
+
+def test_choose_on_sm90_prefers_sm90_fwd_over_a_tuned_fa2_fwd_entry(dirs):
+    """On sm_90 the forward is sm90_fwd's (priority 1), a fa2_fwd entry notwithstanding;
+    family="fa2_fwd" still reads it. The backward stays fa2_bwd's."""
+    sm90 = registry.get("sm90_fwd")
+    save_entries([entry(Bc=32, stages=3)], GPU, (9, 0))
+    fam, cfg, source = choose(problem(), (9, 0), GPU, H100_SMEM)
+    assert fam is sm90 and source.startswith("heuristic (no usable tuned entry for sm90_fwd")
+    assert cfg == sm90.heuristic(problem(), (9, 0), H100_SMEM)
+    cfg, source = pick(arch=(9, 0), max_smem=H100_SMEM, family="fa2_fwd")
+    assert (cfg.Bc, cfg.stages) == (32, 3) and source.startswith("tuned ")
+    assert choose(problem("bwd"), (9, 0), GPU, H100_SMEM)[0] is BWD
 
 
 def test_backward_entries_and_deterministic_variant(dirs):
     p = problem("bwd")
-    heur = BWD.heuristic(p, CC, H100_SMEM)
+    heur = BWD.heuristic(p, CC, SMEM)
     save_entries([Entry("bwd", "fa2_bwd", "bf16", 128, True, 4096, BWD.point(heur),
                         stamp=select.current_stamp(BWD))], GPU, CC)
-    fam, cfg, source = choose(p, CC, GPU, H100_SMEM)
+    fam, cfg, source = choose(p, CC, GPU, SMEM)
     assert fam is BWD and cfg == heur and source.startswith("tuned")
-    fam, cfg, source = choose(problem("bwd", deterministic=True), CC, GPU, H100_SMEM)
+    fam, cfg, source = choose(problem("bwd", deterministic=True), CC, GPU, SMEM)
     assert cfg == heur.replace(deterministic=True) and source.startswith("tuned")
     # the forward table is separate
     assert find()[0] is None
@@ -384,7 +400,7 @@ def test_code_hash_ignores_comments_and_whitespace_not_code(tmp_path, monkeypatc
 
 V1 = """# cuflash tuned configs; written by python -m cuflash tune. Lookup: tuning.table.lookup
 format: 1
-gpu: {name: NVIDIA Test GPU 80GB, cc: '9.0'}
+gpu: {name: NVIDIA Test GPU 80GB, cc: '8.0'}
 entries:
 - key: {kernel: bwd, dtype: bf16, head_dim: 64, causal: false, seqlen: 512}
   config: {Br: 32, Bc: 128, warps: 4, stages: 2, dsplit: 1, qsplit: 1}
@@ -412,7 +428,7 @@ def test_format_1_table_upgraded_loads_stale(dirs, tmp_path):
     assert "format 1" in read_file(path).error          # the library reads format 2 only
     assert upgrade_v1(path) == path
     tf = read_file(path)
-    assert (tf.error, tf.bad_entries, tf.gpu_name, tf.cc) == ("", [], GPU, "9.0")
+    assert (tf.error, tf.bad_entries, tf.gpu_name, tf.cc) == ("", [], GPU, "8.0")
     bwd, fwd = tf.entries
     assert bwd.key == ("bwd", "fa2_bwd", "bf16", 64, False, (), 512)
     assert fwd.key == ("fwd", "fa2_fwd", "fp16", 128, True, (), 4096)
@@ -444,8 +460,9 @@ def test_format_1_upgrade_refuses_junk(tmp_path):
 
 
 def test_shipped_tables_load_and_make_valid_configs(monkeypatch):
-    """The shipped H100 table (upgraded from format 1: stale until re-tuned on the GPU)
-    loads without errors; every entry names a registered family and a valid config."""
+    """The shipped H100 table loads without errors, whatever families its entries are of
+    (sm90_fwd and fa2_bwd since the re-tune); every entry names a registered family and
+    a valid config."""
     monkeypatch.undo()
     shipped = list(Path(select.shipped_dir()).glob("*.yaml"))
     assert SHIPPED_H100 in shipped
