@@ -414,9 +414,8 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
                               alibi_slopes, deterministic, return_attn_probs, config, bwd_config)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(q, torch.Tensor):
-        from . import torch_ops
-
-        out, lse = torch_ops.attention(q, k, v, softmax_scale, causal, deterministic, config, bwd_config)
+        out, lse = (_torch_ops or _load_torch_ops()).attention(
+            q, k, v, softmax_scale, causal, deterministic, config, bwd_config, return_attn_probs)
         return (out, lse, None) if return_attn_probs else out
     if type(q) is _CUPY_NDARRAY and type(k) is _CUPY_NDARRAY and type(v) is _CUPY_NDARRAY \
             and bwd_config is None and _plain_scale(softmax_scale):
@@ -434,6 +433,17 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
                 return (out, lse, None) if return_attn_probs else out
     out, lse = _forward_slow(q, k, v, softmax_scale, causal, deterministic, config, bwd_config)
     return (out, lse, None) if return_attn_probs else out
+
+
+_torch_ops = None  # cuflash.torch_ops once loaded (an import statement per call: ~0.4 µs)
+
+
+def _load_torch_ops():
+    global _torch_ops
+    from . import torch_ops
+
+    _torch_ops = torch_ops
+    return torch_ops
 
 
 def _is_torch_cpu(t: _Tensor) -> bool:

@@ -84,13 +84,17 @@ class _FwdEntry:
     shape: (dout strides, dout dtype, deterministic) -> (copy dout first?, backward plan), so
     that autograd's backward finds its plan without rebuilding the backward's long key (q, k,
     v, out and lse are the forward's own, validated with this entry)."""
-    __slots__ = ("plan", "out_shape", "lse_shape", "copy", "keyless", "pad", "bwd")
+    __slots__ = ("plan", "out_shape", "lse_shape", "copy", "keyless", "pad", "bwd", "kv_shape")
 
     def __init__(self, plan, out_shape, lse_shape, copy=False, keyless=False, pad=0):
-        self.plan, self.out_shape, self.lse_shape = plan, out_shape, lse_shape
+        # plain tuples of ints, passed unpacked (new_empty(*shape)): torch parses separate
+        # ints faster than one sequence, and a torch.Size slowest (~1 µs per allocation)
+        self.plan = plan
+        self.out_shape, self.lse_shape = tuple(map(int, out_shape)), tuple(map(int, lse_shape))
         self.copy, self.keyless = copy, keyless
         self.pad = pad  # head dim to zero-pad to (not a multiple of 8), 0: none
         self.bwd = {}
+        self.kv_shape = None  # k's (= v's) shape, a tuple, set by the first backward
 
 
 _fwd_plans: dict = {}
@@ -167,8 +171,8 @@ def _forward(q, k, v, softmax_scale, causal, config, bwd_config) -> tuple:
     if (qp | kp | vp) & 15:  # misaligned views: read aligned copies
         q, k, v = _realign(q, k, v)
         return (*forward(q, k, v, softmax_scale, causal, config, bwd_config), None)
-    out = q.new_empty(entry.out_shape)  # new_empty: fewer arguments to parse than torch.empty
-    lse = q.new_empty(entry.lse_shape, dtype=torch.float32)
+    out = q.new_empty(*entry.out_shape)  # new_empty(*ints): the fewest arguments to parse
+    lse = q.new_empty(*entry.lse_shape, dtype=torch.float32)
     if api.POISON_OUTPUTS:
         out.fill_(math.nan)
         lse.fill_(math.nan)
@@ -276,9 +280,12 @@ def _bwd_plan(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, con
     return (copy, plan) if plan.__class__ is not str else None
 
 
-def _bwd_run(plan, ptrs: tuple, q, k, v) -> tuple:
-    """Allocate dq, dk, dv and the workspace and launch a backward plan on aligned pointers."""
-    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _bwd_run(plan, ptrs: tuple, q, k, v, q_shape=None, kv_shape=None) -> tuple:
+    """Allocate dq, dk, dv and the workspace and launch a backward plan on aligned pointers.
+    q_shape, kv_shape: q's and k's (= v's) shapes as tuples, when the caller has them."""
+    if q_shape is None:
+        q_shape, kv_shape = q.shape, k.shape
+    dq, dk, dv = q.new_empty(*q_shape), k.new_empty(*kv_shape), v.new_empty(*kv_shape)
     ws = q.new_empty(plan.workspace_bytes, dtype=torch.uint8)
     if api.POISON_OUTPUTS:
         for x in (dq, dk, dv):
@@ -352,10 +359,15 @@ class _NoDoubleBackward(torch.autograd.Function):
 
 
 class FlashAttnFn(torch.autograd.Function):
-    """out, lse = attention(q, k, v); the backward runs cuflash's backward kernels."""
+    """out, lse = attention(q, k, v), or out alone when args[5] (with_lse) is False (lse is
+    then saved for the backward but not an output: one output less for autograd); the
+    backward runs cuflash's backward kernels. args = (softmax_scale, causal, deterministic,
+    config, bwd_config, with_lse): one argument for the non-tensors (fewer to unpack in
+    apply, fewer None gradients to return)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, deterministic, config, bwd_config):
+    def forward(ctx, q, k, v, args):
+        softmax_scale, causal, deterministic, config, bwd_config, with_lse = args
         scale = _scale(softmax_scale, q.shape[-1])
         if torch.compiler.is_compiling():
             api.check_qkv(q, k, v, scale, causal)
@@ -363,54 +375,85 @@ class FlashAttnFn(torch.autograd.Function):
             entry = None
         else:
             out, lse, entry = _forward(q, k, v, softmax_scale, causal, config, bwd_config)
-        ctx.entry = entry
+            # lse's gradient (always zero) is not materialized: no zeros tensor per backward.
+            # Eager only (dynamo does not trace this call); the backward takes either.
+            ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale, ctx.causal, ctx.deterministic, ctx.bwd_config = scale, causal, deterministic, bwd_config
+        ctx.state = (entry, scale, causal, deterministic, bwd_config)  # one attribute store
+        if not with_lse:
+            return out
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, dlse):
+    def backward(ctx, dout, dlse=None):
         q, k, v, out, lse = ctx.saved_tensors
+        entry, scale, causal, deterministic, bwd_config = ctx.state
         if dout is None:
             dout = torch.zeros_like(out)
-        entry = ctx.entry
         if entry is not None and not torch.compiler.is_compiling():  # the forward ran its plan: look the backward up on its entry
-            key = (dout.stride(), dout.dtype, ctx.deterministic)
+            key = (dout.stride(), dout.dtype, deterministic)
             hit = entry.bwd.get(key)
             if hit is None:
-                hit = entry.bwd[key] = _bwd_plan(dout, q, k, v, out, lse, ctx.scale, ctx.causal,
-                                                 ctx.deterministic, ctx.bwd_config) or False
+                hit = entry.bwd[key] = _bwd_plan(dout, q, k, v, out, lse, scale, causal,
+                                                 deterministic, bwd_config) or False
             if hit:
                 copy, plan = hit
                 if copy:
                     dout = dout.clone(memory_format=torch.contiguous_format)
-                ptrs = (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                        lse.data_ptr())
-                if not ptrs[0] & 15:  # q, k, v and out: aligned in the forward (entry)
-                    dq, dk, dv = _bwd_run(plan, ptrs, q, k, v)
+                dp = dout.data_ptr()
+                if not dp & 15:  # q, k, v and out: aligned in the forward (entry)
+                    kv_shape = entry.kv_shape
+                    if kv_shape is None:  # k's shape is part of the entry's key
+                        kv_shape = entry.kv_shape = tuple(k.shape)
+                    dq, dk, dv = _bwd_run(plan, (dp, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                                 out.data_ptr(), lse.data_ptr()), q, k, v,
+                                          entry.out_shape, kv_shape)
                     if torch.is_grad_enabled():
                         dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, dout)
-                    return dq, dk, dv, None, None, None, None, None
+                    return dq, dk, dv, None
         if torch.compiler.is_compiling():
-            dq, dk, dv = torch.ops.cuflash.bwd(dout, q, k, v, out, lse, ctx.scale, ctx.causal,
-                                               ctx.deterministic, _encode(ctx.bwd_config))
+            dq, dk, dv = torch.ops.cuflash.bwd(dout, q, k, v, out, lse, scale, causal,
+                                               deterministic, _encode(bwd_config))
         else:
-            dq, dk, dv = backward_impl(dout, q, k, v, out, lse, ctx.scale, ctx.causal,
-                                       ctx.deterministic, ctx.bwd_config)
+            dq, dk, dv = backward_impl(dout, q, k, v, out, lse, scale, causal, deterministic,
+                                       bwd_config)
         if torch.is_grad_enabled():  # create_graph=True: allow first order, refuse second
             dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, dout)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None
+
+
+# FlashAttnFn.apply without its Python wrapper (autograd.Function.apply: ~3 µs per call),
+# for eager calls outside functorch transforms, where that wrapper only unwraps dead
+# functorch wrappers (_unwrap_dead below) before calling this; torch.compile and
+# functorch transforms (vmap, grad, ...) go through FlashAttnFn.apply.
+try:
+    _fn_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, FlashAttnFn)
+    _functorch_active = torch._C._are_functorch_transforms_active
+    _unwrap_dead = torch._C._functorch.unwrap_if_dead
+except (AttributeError, KeyError):  # pragma: no cover - another torch: the public route
+    _fn_apply = None
 
 
 # ---------------------------------------------------------------------------------------
 # entry points used by cuflash.api
 
-def attention(q, k, v, softmax_scale, causal: bool, deterministic: bool, config, bwd_config):
+def attention(q, k, v, softmax_scale, causal: bool, deterministic: bool, config, bwd_config,
+              with_lse: bool = True):
+    """(out, lse); with_lse=False: the caller has no use for lse, which may then be None
+    (autograd's Function then has out as its only output)."""
     causal, deterministic = bool(causal), bool(deterministic)
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (
-            q.requires_grad or k.requires_grad or v.requires_grad)):
-        return FlashAttnFn.apply(q, k, v, softmax_scale, causal, deterministic, config, bwd_config)
+    if torch.compiler.is_compiling():
+        return FlashAttnFn.apply(q, k, v, (softmax_scale, causal, deterministic, config,
+                                           bwd_config, True))
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        args = (softmax_scale, causal, deterministic, config, bwd_config, with_lse)
+        if _fn_apply is not None and isinstance(k, Tensor) and isinstance(v, Tensor) \
+                and not _functorch_active():  # (k or v no tensor: the public route's error)
+            res = _fn_apply(_unwrap_dead(q), _unwrap_dead(k), _unwrap_dead(v), args)
+        else:
+            res = FlashAttnFn.apply(q, k, v, args)
+        return res if with_lse else (res, None)
     return forward(q, k, v, softmax_scale, causal, config, bwd_config)
 
 

@@ -318,3 +318,80 @@ def test_backward_key_holds_every_tensors_device(count_validation, which):
     with pytest.raises(ValueError, match=f"^{which}: .*(must be on|CUDA device or the CPU)"):
         bwd(args)
     assert count_validation == ["fwd", "bwd", "bwd"]
+
+
+# ---------------------------------------------------------------------------------------
+# the autograd fast path (CUDA only) run on the CPU: plans that read and write raw pointers
+
+class _PointerPlan:
+    """Stands in for a launch.Plan of a float32 call shape: run() computes the reference on
+    the memory its pointers address (contiguous layouts) and records the call."""
+    device, workspace_bytes = 0, 256
+
+    def __init__(self, op, q_shape, kv_shape, scale, causal, calls):
+        self.op, self.q_shape, self.kv_shape = op, q_shape, kv_shape
+        self.scale, self.causal, self.calls = scale, causal, calls
+
+    def run(self, ptrs, workspace_ptr, stream):
+        import ctypes
+
+        import numpy as np
+
+        self.calls.append((self.op, ptrs, workspace_ptr, stream))
+        b, sq, h, _ = self.q_shape
+        shapes = {"fwd": [self.q_shape, self.kv_shape, self.kv_shape, self.q_shape, (b, h, sq)],
+                  "bwd": [self.q_shape, self.q_shape, self.kv_shape, self.kv_shape, self.q_shape,
+                          (b, h, sq), self.q_shape, self.kv_shape, self.kv_shape]}[self.op]
+        a = [np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(ctypes.c_float)), s)
+             for p, s in zip(ptrs, shapes)]
+        kw = dict(softmax_scale=self.scale, causal=self.causal)
+        if self.op == "fwd":
+            a[3][...], a[4][...] = reference.attention_naive(*a[:3], return_lse=True, **kw)
+        else:
+            assert workspace_ptr and all(p % 16 == 0 for p in ptrs[:5] + ptrs[6:])
+            for x, g in zip(a[6:], reference.attention_backward_naive(*a[:4], **kw)):
+                x[...] = g
+
+
+def test_autograd_fast_path_on_pointer_plans(monkeypatch):
+    """FlashAttnFn's path for a cached CUDA plan (forward entry, backward looked up on it),
+    driven on float32 CPU tensors by pointer-level stand-ins: gradients through a copied
+    (stride 0) and a dense dout, GQA shapes, lse only an output with return_attn_probs,
+    no zero gradient materialized for lse, create_graph refusing the second order."""
+    monkeypatch.setattr(torch_ops, "_fwd_plans", {})
+    monkeypatch.setattr(torch_ops, "_raw_stream", lambda device: 7)
+    calls = []
+    q, k, v = qkv(2, 7, 9, 4, 2, 8, dtype=torch.float32)
+    scale = 8 ** -0.5
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
+           v.dtype, q.device, k.device, v.device, None, True, None, None)
+    plan = lambda op: _PointerPlan(op, tuple(q.shape), tuple(k.shape), scale, True, calls)  # noqa: E731
+    entry = torch_ops._fwd_plans[key] = torch_ops._FwdEntry(plan("fwd"), q.shape, (2, 4, 7))
+    entry.bwd[((0, 0, 0, 0), torch.float32, False)] = (True, plan("bwd"))
+    entry.bwd[(q.stride(), torch.float32, False)] = (False, plan("bwd"))
+
+    def expected(dout):
+        ref = reference.attention_backward_naive(*(x.detach().double().numpy() for x in (dout, q, k, v)),
+                                                 softmax_scale=scale, causal=True)
+        return [torch.from_numpy(g).float() for g in ref]
+
+    out = flash_attn_func(q, k, v, causal=True)
+    assert out.grad_fn is not None and len(out.grad_fn.next_functions) == 3
+    out.sum().backward()  # dout expanded (stride 0): a contiguous copy reaches the plan
+    assert [c[0] for c in calls] == ["fwd", "bwd"] and calls[1][3] == 7
+    for x, want in zip((q, k, v), expected(torch.ones(out.shape))):
+        torch.testing.assert_close(x.grad, want)
+
+    calls.clear()
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert not lse.requires_grad
+    dout = torch.randn(out.shape)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert calls[1][1][6:] == tuple(g.data_ptr() for g in grads)  # the plan's outputs
+    for g, want in zip(grads, expected(dout)):
+        torch.testing.assert_close(g, want)
+
+    dq, _, _ = torch.autograd.grad(flash_attn_func(q, k, v, causal=True), (q, k, v), dout,
+                                   create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        torch.autograd.grad(dq.sum(), q)
