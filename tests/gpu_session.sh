@@ -4,9 +4,11 @@
 # `gpu_session.sh measure`). Logs go to $OUT (default results/<gpu>/logs); results to results/<gpu>/.
 #
 #   check:   precompile (parallel), GPU tests (fwd, bwd, tuning), compute-sanitizer memcheck and
-#            racecheck on every family (tests/gpu_sanitize.py, kernels already in the cache)
+#            racecheck on every family and synccheck on the sm_90 one (tests/gpu_sanitize.py,
+#            kernels already in the cache)
 #   measure: overhead, startup, fwd, fwd+bwd benchmarks, IO table
-#   tune:    re-tune this GPU's table (bf16 and fp16, d 64 and 128, all buckets) into tuning/configs
+#   tune:    re-tune this GPU's table (bf16 and fp16; forward d 64/128/256, backward d 64/128;
+#            buckets 2k-16k) into tuning/configs
 #            (needs optuna: pip install -e '.[tune]', or carried wheels on a machine without a network)
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -28,6 +30,7 @@ case "${1:-check}" in
     step pytest_gpu 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/
     step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu_sanitize.py
     step racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu_sanitize.py
+    step synccheck 60 compute-sanitizer --tool synccheck --error-exitcode 1 python3 tests/gpu_sanitize.py --families sm90_fwd
     ;;
   measure)
     step overhead 60 python3 -m cuflash bench --mode overhead
@@ -37,8 +40,8 @@ case "${1:-check}" in
     step io 150 python3 -m cuflash bench --mode io
     ;;
   tune)
-    step tune_fwd 240 python3 -m cuflash tune --op fwd --brute-force --dtype bf16,fp16 --hdim 64,128 --causal both --table-dir tuning/configs --no-progress
-    step tune_bwd 300 python3 -m cuflash tune --op bwd --trials 12 --dtype bf16,fp16 --hdim 64,128 --causal both --table-dir tuning/configs --no-progress
+    step tune_fwd 240 python3 -m cuflash tune --op fwd --trials 10 --dtype bf16,fp16 --hdim 64,128,256 --causal both --seqlen 2048,4096,8192,16384 --table-dir tuning/configs --no-progress --no-plots
+    step tune_bwd 300 python3 -m cuflash tune --op bwd --trials 8 --dtype bf16,fp16 --hdim 64,128 --causal both --seqlen 2048,4096,8192,16384 --table-dir tuning/configs --no-progress --no-plots
     ;;
   *) echo "usage: tests/gpu_session.sh [check|measure|tune]"; exit 2 ;;
 esac
