@@ -14,6 +14,7 @@
 
 namespace cuflash {
 
+// A CUtensorMap, opaque to the kernel: 128 bytes, 64-byte aligned as TMA requires.
 struct alignas(64) TmaDesc {
     u64 opaque[16];
 };
@@ -24,8 +25,9 @@ struct alignas(64) TmaDesc {
 //   k, v : (batch, seqlen_k, nheads_kv, head_dim)
 //   lse  : (batch, nheads, seqlen_q), fp32, contiguous, natural log
 // q, k, v are read only through their tensor maps (rank 4, innermost first: head_dim, seqlen,
-// heads, batch; box 64 columns x BM or BN rows, 128-byte swizzle, out-of-bounds zero fill);
-// the pointers stay for the pointer-first rule of every params struct.
+// heads, batch; box 64 columns x BM or BN rows, 128-byte swizzle, out-of-bounds zero fill).
+// Their pointers stay because every params struct starts with its per-call pointers: the launch
+// plan writes them, and the family's call_writer encodes the maps from them.
 struct Sm90FwdParams {
     const void* q;
     const void* k;

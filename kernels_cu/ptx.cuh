@@ -1,4 +1,5 @@
-// ptx.cuh: the only file in cuflash with inline PTX. One small function per instruction.
+// ptx.cuh: inline PTX, one small function per instruction. With ptx_sm90.cuh (the Hopper-only
+// instructions) it holds all of cuflash's inline asm.
 //
 // cuflash kernels include no system header, so they compile the same way under NVRTC
 // (CuPy RawModule, at run time) and nvcc (the CPU test that compiles every instantiation).

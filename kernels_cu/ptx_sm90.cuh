@@ -1,6 +1,7 @@
-// ptx_sm90.cuh: the Hopper (sm_90a) PTX that the sm90_fwd family needs, one small function per
-// instruction, each with the reason it exists (ptx.cuh's rules: the only other file with
-// inline asm). Everything here needs -arch=sm_90a: wgmma and setmaxnreg are arch-specific.
+// ptx_sm90.cuh: the Hopper PTX that the sm90_fwd family needs, one small function per
+// instruction, each with the reason it exists (ptx.cuh's rules; the two files hold all of
+// cuflash's inline asm). TMA and mbarrier transaction counts need sm_90; wgmma and setmaxnreg
+// are arch-specific and need -arch=sm_90a (the family's arch_suffix = "a").
 //
 // Shared memory is addressed by 32-bit shared-window addresses (smem_u32 of ptx.cuh), as
 // TMA, mbarrier and the wgmma descriptors take them.
@@ -30,8 +31,9 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(u32 bar, u32 bytes) {
 __device__ __forceinline__ void mbarrier_arrive(u32 bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
 }
-// Block until the phase with parity `phase` has completed. try_wait suspends the thread for a
-// while in hardware (unlike test_wait), so the loop does not hammer the barrier.
+// Block until the phase with parity `phase` has completed (a K/V tile has landed, or a slot
+// has been released). try_wait suspends the thread for a while in hardware (unlike
+// test_wait), so the loop does not hammer the barrier.
 __device__ __forceinline__ void mbarrier_wait(u32 bar, u32 phase) {
     u32 done;
     do {
@@ -51,8 +53,11 @@ __device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
     asm volatile("prefetch.tensormap [%0];" :: "l"(tmap) : "memory");
 }
 // One box of a rank-4 tensor at coordinates (c0 innermost .. c3), into shared memory at `dst`,
-// completing `bytes` of transactions on mbarrier `bar`. Out-of-bounds elements (the ragged
-// seqlen end, head-dim columns past the real head dim) arrive as zeros.
+// swizzled as the map says, completing the box's bytes as transactions on mbarrier `bar`: the
+// copy engine moves the tile while the issuing thread goes on, and no register holds the data.
+// Out-of-bounds elements (the ragged seqlen end, head-dim columns past the real head dim)
+// arrive as zeros. The .shared::cluster destination (the one PTX 8.0 offers) takes this
+// CTA's own shared address, so no cluster launch is needed.
 __device__ __forceinline__ void tma_load_4d(u32 dst, const void* tmap, u32 bar, int c0, int c1, int c2, int c3) {
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                  " [%0], [%1, {%2, %3, %4, %5}], [%6];"
@@ -61,28 +66,35 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const void* tmap, u32 bar, 
 
 // ---- fences and barriers ---------------------------------------------------------------------
 // Generic-proxy writes to shared memory (st.shared) become visible to the async proxy (wgmma
-// operands, TMA stores) only after this fence: needed once O is staged in smem for a TMA store.
+// operands, TMA stores) only after this fence. sm90_fwd does not use it (O goes straight from
+// registers to global memory); a TMA store of O staged in shared memory would need it.
 __device__ __forceinline__ void fence_proxy_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
-// Named barrier `id` over `threads` threads (a multiple of 32): syncs a subset of the CTA (the
-// consumer warpgroups) without stalling the producer, which __syncthreads (barrier 0) would.
+// Wait on named barrier `id` until `threads` threads (a multiple of 32) have arrived, its own
+// included: syncs a subset of the CTA without the producer, which __syncthreads (barrier 0)
+// would stall. The waiting half of a pingpong turn (sm90_fwd: 128 waiting + 128 arriving).
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
 }
-// Arrive on named barrier `id` without waiting: the signalling half of warpgroup pingpong.
+// Arrive on named barrier `id` without waiting: the hand-over half of a pingpong turn, so the
+// handing warpgroup goes on to its softmax at once.
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(threads) : "memory");
 }
 
 // ---- register split between producer and consumers -------------------------------------------
-// The producer warpgroup needs few registers, the consumers (accumulators of S and O) many: each
-// warpgroup resizes its per-thread register budget after the launch (all 128 threads together).
+// The producer warpgroup needs few registers, the consumers (accumulators of S and O) many, but
+// a launch gives every thread the same count: each warpgroup resizes its per-thread budget
+// afterwards (all 128 threads together, hence .sync.aligned).
+
+// Shrink this warpgroup's budget to kRegs per thread, returning the rest to the CTA's pool.
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
     static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg: 24..256, a multiple of 8");
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(kRegs));
 }
+// Grow this warpgroup's budget to kRegs per thread from that pool (waits until it has enough).
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {
     static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg: 24..256, a multiple of 8");
@@ -90,19 +102,24 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 }
 
 // ---- wgmma: warpgroup matrix multiply-accumulate, asynchronous -------------------------------
-// Order: wgmma_fence (register operands written before are ready) -> wgmma ... ->
-// wgmma_commit (close a group) -> wgmma_wait<N> (at most N groups still in flight).
+// The Hopper tensor-core instruction: one warpgroup (4 warps, all 128 threads executing it
+// together: .sync.aligned) issues a 64 x N x 16 product and goes on while it runs, which is
+// what lets the softmax overlap the GEMMs. Order: wgmma_fence (register operands written
+// before are ready) -> wgmma ... -> wgmma_commit (close a group) -> wgmma_wait<N> (at most N
+// groups still in flight; groups complete in commit order).
 
 // Orders this thread's earlier register writes (accumulators, A fragments) before the wgmma
 // that reads them; required before the first wgmma of a group that touches such registers.
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
-// Close the group of wgmma issued since the last commit.
+// Close the group of wgmma issued since the last commit, so that it can be waited for alone
+// (sm90_fwd: one group for S_j, one for P_{j-1} V_{j-1}).
 __device__ __forceinline__ void wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
-// Wait until at most kPending committed groups are in flight: their accumulators are readable.
+// Wait until at most kPending committed groups are still in flight: the accumulators of every
+// earlier group may then be read (sm90_fwd: <1> for S_j while P_{j-1} V_{j-1} runs, <0> for O).
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(kPending) : "memory");
@@ -116,10 +133,11 @@ __device__ __forceinline__ void reg_fence(float (&r)[N]) {
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i]) :: "memory");
 }
 
-// Shared-memory matrix descriptor of a wgmma operand stored with the 128-byte swizzle (the
-// layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B): bits 0-13 start address >> 4, 16-29
-// leading byte offset >> 4, 32-45 stride byte offset >> 4, 49-51 base offset (0: every
-// operand tile starts 1024-byte aligned), 62-63 swizzle mode (1 = 128B).
+// wgmma reads a shared-memory operand through one 64-bit descriptor (address, strides,
+// swizzle) instead of per-thread addresses. This builds it for a tile stored with the
+// 128-byte swizzle (the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B): bits 0-13 start
+// address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4, 49-51 base
+// offset (0: every operand tile starts 1024-byte aligned), 62-63 swizzle mode (1 = 128B).
 //   K-major (Q, K: the reduction dim contiguous): SBO = 1024 (8 rows of 128 B), LBO unused;
 //     a k16 step moves the start 32 B inside the 64-element atom.
 //   MN-major (V for P·V, transpose bit set): LBO = bytes between 64-column atoms along N,

@@ -1,36 +1,64 @@
-// sm90_fwd.cu: FlashAttention forward for Hopper (sm_90a only), FA3's structure: TMA loads,
-// wgmma, warp specialization.
+// sm90_fwd.cu: FlashAttention forward for Hopper (sm_90a only), built the FlashAttention-3
+// way: TMA loads, asynchronous wgmma, a producer warpgroup and consumer warpgroups, and a
+// software pipeline that runs the softmax while the tensor cores compute.
 //
 //   O = softmax(Q Kᵀ · scale, causal mask) V,   LSE = log Σ_j exp(S_ij)   (per query row)
 //
-// One CTA computes one Q block Q_i (BM query rows) of one (head, batch), with 1 + kConsumers
-// warpgroups:
-//   producer  (warpgroup 0, one elected thread): loads Q_i once, then K_j and V_j by TMA into
-//             a kStages-deep ring of shared-memory slots. Each slot has "full" mbarriers for K
-//             and V (completed by TMA's transaction bytes) and "empty" mbarriers for K and V
-//             (completed when every consumer thread has released that tile): K_j is released
-//             as soon as S_j is computed, V_j after P_j V_j, so the next K load starts early.
-//   consumers (warpgroups 1..kConsumers, 64 query rows each), FA3's software pipeline: per
-//             K/V block j,
-//               issue S_j = Q K_jᵀ        (wgmma, both operands in shared memory: SS)
-//               issue O += P_{j-1} V_{j-1} (wgmma, P from registers: RS)
-//               wait for S_j; mask the few blocks that need it (mask.cuh); online softmax of
-//               S_j in exp2 (softmax.cuh) -> P_j, m, l and the rescale alpha_j, all while the
-//               tensor cores run P_{j-1} V_{j-1}
-//               wait for P_{j-1} V_{j-1}; O *= alpha_j; P_j to 16-bit A fragments
-//             and a last O += P V after the loop. O / l and LSE are stored at the end.
-//   kPingpong (2 or 3 consumers): the consumer warpgroups take turns issuing their GEMMs
-//             (named barriers, round robin), so one warpgroup's softmax runs under the
-//             others' GEMMs.
-// setmaxnreg moves registers from the producer to the consumers. K/V blocks run from the last
-// to the first, as in fa2_fwd: the masked blocks (ragged end, causal diagonal) come first.
+// One CTA computes one Q block Q_i (kBM = 64 · kConsumers query rows) of one (head, batch)
+// with 1 + kConsumers warpgroups of 128 threads. The K/V blocks are visited from the last to
+// the first, as in fa2_fwd, so the few masked ones (ragged end, causal diagonal) come first.
 //
-// Shared memory (1024-byte aligned; every tile is stored as head_dim / 64 column chunks of
-// rows x 64 elements, 128 bytes a row, 128-byte swizzled as TMA writes it and wgmma reads it):
-//   q_smem [kChunks][BM][64], k_smem / v_smem [kStages][kChunks][BN][64], then the mbarriers.
+// Producer (warpgroup 0): thread 0 issues every copy, the other 127 threads exit. It loads Q_i
+// once, then K_j and V_j by TMA into a ring of kStages shared-memory slots.
+//
+// mbarriers, the producer / consumer handshake: Q full, and per slot K full, V full, K empty,
+// V empty (separate for K and V, so a slot's next K tile can load while its V_j is still read).
+//   full   one arrival (the producer's expect_tx with the tile's bytes) and the bytes
+//          themselves (TMA's complete_tx): the phase completes when the tile has landed
+//   empty  kConsumers · 128 arrivals, one per consumer thread after its last read of the tile:
+//          K_j as soon as S_j = Q K_jᵀ has completed, V_j after O += P_j V_j has
+//   phases the n-th fill of a slot (n = iter / kStages) is waited for with parity n & 1; before
+//          refilling it the producer waits for release n - 1, parity (n - 1) & 1
+//
+// Consumers (warpgroups 1..kConsumers; consumer wg owns query rows 64·wg..64·wg+63, 16 per
+// warp). S_j and O are fp32 wgmma accumulators in registers. FA3's pipeline, with j counting
+// K/V blocks in loop order and n = n_blocks:
+//   j = 0       issue S_0 = Q K_0ᵀ, wait, softmax -> P_0 (O is still zero: nothing to rescale)
+//   j = 1..n-1  issue S_j = Q K_jᵀ            (wgmma SS: both operands in shared memory)
+//               issue O += P_{j-1} V_{j-1}     (wgmma RS: P from registers, V in shared memory)
+//               wait for S_j (wgmma groups complete in order: P_{j-1} V_{j-1} may still run)
+//               mask S_j if the block needs it (mask.cuh); softmax_step (softmax.cuh, exp2):
+//               P_j, m, l and alpha_j = exp(scale · (m_{j-1} - m_j)), all while the tensor
+//               cores run P_{j-1} V_{j-1}
+//               wait for P_{j-1} V_{j-1}; O *= alpha_j (softmax_rescale: only now, because the
+//               GEMM was writing O); P_j to 16-bit A fragments
+//   end         O += P_{n-1} V_{n-1}, wait; O / l and LSE stored from registers
+//
+// Pingpong (kPingpong, 2 or 3 consumers): the consumer warpgroups also take turns, round robin,
+// to issue their GEMMs (one turn per step of the schedule above: j = 0, each j, end), so that
+// one warpgroup's softmax runs under the others' GEMMs. Turns are passed on named barriers
+// 1..kConsumers (0 is __syncthreads'): barrier 1 + w, over 256 threads, is where warpgroup w
+// waits (bar.sync, its 128 threads) for its predecessor (w - 1 mod kConsumers) to hand over
+// (bar.arrive, 128 threads). Why arrivals equal waits: all consumer warpgroups share the CTA's
+// n_blocks, so each takes T = n_blocks + 1 turns and waits T times. Warpgroup w > 0 receives
+// its predecessor's T hand-overs. Warpgroup 0 receives the last warpgroup's start() arrival
+// (which gives it the first turn) plus that warpgroup's first T - 1 hand-overs: its last one,
+// end(true), is skipped. So no barrier is left half arrived. The turns rotate strictly, so a
+// barrier never holds more than one pending hand-over.
+//
+// Registers: setmaxnreg moves them from the producer, which only issues TMA, to the consumers,
+// which hold S and O. FA3's splits, producer / consumer per thread: 56 / 256 with 1 consumer,
+// 24 / 240 with 2, 32 / 160 with 3.
+//
+// Shared memory (base aligned to 1024 bytes, the period of the 128-byte swizzle; every tile is
+// stored as head_dim / 64 column chunks of rows x 64 elements, 128 bytes a row, swizzled as TMA
+// writes it and wgmma reads it):
+//   q_smem [kChunks][BM][64], k_smem / v_smem [kStages][kChunks][BN][64], then the mbarriers
+//   (Q full; K full, V full, K empty, V empty, kStages each).
 // Layouts of the tensors: Sm90FwdParams in params_sm90.cuh.
 //
-// Template parameters (cuflash/families/sm90_fwd.py Sm90FwdConfig is the host-side mirror):
+// Template parameters (cuflash/families/sm90_fwd.py Sm90FwdConfig is the host-side mirror; it
+// validates the same rules before compiling):
 //   kBM        query rows of the Q block: 64 · kConsumers
 //   kBN        keys of a K/V block: a multiple of 16 in 64..192 (wgmma n; P's k16 steps)
 //   kStages    K/V ring slots, >= 2
@@ -64,7 +92,7 @@ struct Sm90FwdShape {
     static constexpr int kBarriers = 1 + 4 * kStages;       // Q full; K/V full, K/V empty per slot
     // + 1024: the dynamic shared memory base is aligned up to 1024 bytes at run time
     static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + 1024;
-    // Register budgets after setmaxnreg (FA3's splits): the producer only issues TMA.
+    // Registers per thread after setmaxnreg (FA3's splits): the producer only issues TMA.
     static constexpr int kProducerRegs = kConsumers == 1 ? 56 : kConsumers == 2 ? 24 : 32;
     static constexpr int kConsumerRegs = kConsumers == 1 ? 256 : kConsumers == 2 ? 240 : 160;
 
@@ -79,11 +107,11 @@ struct Sm90FwdShape {
                   "the register split exceeds the register file");
 };
 
-// Turns between the consumer warpgroups (FA3's pingpong; round robin with three): warpgroup w
-// issues its GEMMs between begin() (wait for its turn: named barrier 1 + w, which counts w's
-// 128 threads and the previous warpgroup's 128) and end() (hand the turn to the next one).
-// The last warpgroup hands warpgroup 0 the first turn and skips its own last hand-over, so
-// that each barrier sees as many arrivals as waits. Without kOn, every member is a no-op.
+// Pingpong turns of consumer warpgroup wg (header: why arrivals equal waits). A turn is the
+// code between begin() (wait on named barrier 1 + wg for the hand-over) and end() (hand over to
+// the next warpgroup, round robin). start(): the last warpgroup gives warpgroup 0 the first
+// turn; end(true) marks the final turn, whose hand-over the last warpgroup skips. Without kOn
+// every member is a no-op.
 template <bool kOn, int kConsumers>
 struct Pingpong {
     int wg;
@@ -117,7 +145,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     auto v_empty = [&](int slot) { return bars + 8u * (1 + 3 * kStages + slot); };
     static_assert(!kPingpong || kConsumers >= 2, "pingpong needs two or three consumer warpgroups");
 
-    // Heaviest Q blocks (the last ones, under a causal mask) are scheduled first.
+    // Heaviest Q blocks first: under a causal mask the last Q blocks see the most keys.
     const int m_block = gridDim.x - 1 - blockIdx.x;
     const int head = blockIdx.y, batch = blockIdx.z;
     const int head_kv = head / (p.nheads / p.nheads_kv);   // GQA / MQA: heads share K/V
@@ -139,12 +167,12 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             mbarrier_init(k_empty(s), kConsumers * 128);    // every consumer thread releases
             mbarrier_init(v_empty(s), kConsumers * 128);
         }
-        fence_mbarrier_init();
+        fence_mbarrier_init();                              // visible to TMA's complete_tx
     }
-    __syncthreads();
+    __syncthreads();                                        // and to every thread
 
     if (warpgroup == 0) {
-        // ---- producer ----
+        // ---- producer: one thread issues every TMA copy ----
         setmaxnreg_dec<Shape::kProducerRegs>();
         if (tid == 0 && n_blocks > 0) {
             mbarrier_arrive_expect_tx(q_full, Shape::kQBytes);
@@ -153,8 +181,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 tma_load_4d(q_smem + c * Shape::kQChunkBytes, &p.tma_q, q_full, c * 64, row0, head, batch);
             for (int iter = 0; iter < n_blocks; ++iter) {
                 const int slot = iter % kStages;
-                // Slot reuse: wait until the consumers released the tile that used it kStages
-                // iterations ago (its (iter / kStages - 1)-th phase), K and V separately.
+                // Slot reuse: wait until the consumers released the tiles of iteration
+                // iter - kStages (the slot's release iter / kStages - 1), K and V separately.
                 const u32 reuse_phase = (iter / kStages - 1) & 1;
                 const int key0 = (n_blocks - 1 - iter) * kBN;
                 if (iter >= kStages) mbarrier_wait(k_empty(slot), reuse_phase);
@@ -182,8 +210,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     const int wg_row0 = row0 + wg * 64;
     const int warp_row0 = wg_row0 + warp * 16;              // this warp's 16 rows of S and O
 
-    // Thread (g, t) of a warp holds rows warp_row0 + g + 8·half; [0][nt][2·half + e] is
-    // column 8·nt + 2t + e (the wgmma accumulator layout is mma.sync's, 16 rows per warp).
+    // O: 64 x head_dim per warpgroup, 16 rows per warp, fp32. Thread (g, t) of a warp holds
+    // rows warp_row0 + g + 8·half; [0][nt][2·half + e] is column 8·nt + 2t + e (per warp the
+    // wgmma accumulator layout is mma.sync's, so softmax.cuh and mask.cuh apply unchanged).
     float o_acc[1][kHeadDim / 8][4];
     float m[1][2];  // running row max of the raw scores S (not yet scaled)
     float l[1][2];  // running row sum of P, this thread's columns only
@@ -201,10 +230,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         const u64 k_desc = smem_desc_sw128(k_smem, 16, 1024);
         const u64 v_desc = smem_desc_sw128(v_smem, Shape::kKVChunkBytes, 1024);
         const Pingpong<kPingpong, kConsumers> turn(wg);
-        float s_acc[1][kBN / 8][4];                        // S_j, then P_j in place (fp32)
+        float s_acc[1][kBN / 8][4];                        // S_j (64 x BN), then P_j (fp32)
         float (&s_flat)[kBN / 2] = reinterpret_cast<float (&)[kBN / 2]>(s_acc);
         u32 p_frag[1][kBN / 16][4];                        // P_{j-1} as 16-bit A fragments
-        float alpha[1][2];                                 // O's rescale for block j
+        float alpha[1][2];                                 // O's rescale for block j, per row
 
         // S_j = Q_i K_jᵀ (64 x BN per warpgroup, fp32): issued, not waited for.
         auto issue_s = [&](int slot) {
@@ -227,8 +256,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                                                      v_desc + slot_off + (u64(kk * 16 * 128) >> 4), 1);
             wgmma_commit();
         };
-        // S_j landed: release K_j, mask (only the ragged last block and the causal diagonal
-        // blocks), online softmax -> P_j (in s_acc), m, l, alpha.
+        // S_j has landed: release K_j (the S GEMM was its only reader), mask (only the ragged
+        // last block and the causal diagonal blocks), online softmax -> P_j (in s_acc), m, l,
+        // alpha. reg_fence: no read of S may move above the wgmma wait.
         auto softmax_s = [&](int slot, int n_block) {
             reg_fence(s_flat);
             mbarrier_arrive(k_empty(slot));
@@ -239,7 +269,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
 
         mbarrier_wait(q_full, 0);
         turn.start();
-        // block 0 of the loop order (the last K/V block): S, softmax; O is still zero
+        // j = 0 (the last K/V block): S, softmax; O is still zero, so no P V and no rescale
         turn.begin();
         mbarrier_wait(k_full(0), 0);
         reg_fence(s_flat);
@@ -254,6 +284,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             const int slot = iter % kStages, prev = (iter - 1) % kStages;
             turn.begin();
             mbarrier_wait(k_full(slot), (iter / kStages) & 1);
+            // reg_fence keeps the reads of the old S (packed into P_{j-1}) and the rescale of
+            // O above the wgmma; wgmma_fence orders those register writes before its reads.
             reg_fence(s_flat);
             reg_fence(o_flat);
             wgmma_fence();
@@ -265,11 +297,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             softmax_s(slot, n_blocks - 1 - iter);
             wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
             reg_fence(o_flat);
-            mbarrier_arrive(v_empty(prev));
-            softmax_rescale(o_acc, alpha);
+            mbarrier_arrive(v_empty(prev));    // V_{j-1}'s slot may be refilled
+            softmax_rescale(o_acc, alpha);     // O *= alpha_j: O now relative to m_j
             pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
         }
-        // the last block's O += P V
+        // end: the last block's O += P V (the final turn)
         const int last = (n_blocks - 1) % kStages;
         turn.begin();
         mbarrier_wait(v_full(last), ((n_blocks - 1) / kStages) & 1);
@@ -283,8 +315,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     }
 
     // ---- epilogue: O = acc / l (delayed normalization), LSE = m·scale + log l ----
-    // Plain 4-byte stores of two columns (a first version; a TMA store through smem is the
-    // candidate). A Q block with no visible key (n_blocks = 0) stores O = 0 and LSE = +inf.
+    // Each thread stores its O fragment straight from registers, two columns (4 bytes) per
+    // store, skipping rows past seqlen_q and columns past head_dim. A Q block with no visible
+    // key (n_blocks = 0) stores O = 0 and LSE = +inf.
     u16* o_gmem = static_cast<u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
     float* lse_gmem = p.lse + (static_cast<i64>(batch) * p.nheads + head) * p.seqlen_q;
 #pragma unroll

@@ -1,6 +1,7 @@
 // softmax.cuh: FlashAttention's online softmax (running row max m, row sum l, rescale alpha)
-// and its finish (O / l, LSE), on S tiles in the mma accumulator layout; and the scaled exp2
-// that the backward shares to recompute P from LSE.
+// and its finish (O / l, LSE), on S tiles in the mma.sync accumulator layout (per warp also
+// wgmma's, so sm90_fwd shares it); and the scaled exp2 that the backward shares to recompute P
+// from LSE.
 //
 // Every exp goes through exp2: exp(scale·s - x) = exp2(s·scale·log2(e) - x·log2(e)), one FFMA
 // and one MUFU.EX2, with scale·log2(e) computed once on the host (params.scale_log2).
@@ -41,10 +42,11 @@ __device__ __forceinline__ void softmax_init(float (&m)[kMT][2], float (&l)[kMT]
 }
 
 // One K/V block without touching O: m_new = max(m, rowmax S); S becomes P = exp(scale·(S -
-// m_new)) in place; l is rescaled by alpha = exp(scale·(m - m_new)) and gains rowsum P; alpha
-// is returned for softmax_rescale to apply to O (at once in softmax_update; later in sm90_fwd,
-// whose O accumulator is still being written by an asynchronous P·V GEMM meanwhile).
-//   s: (kMT·16 x kNTS·8) raw scores of this warp
+// m_new)) in place (fp32); l is rescaled by alpha = exp(scale·(m - m_new)) and gains rowsum P.
+// alpha goes out for softmax_rescale to apply to O: at once in softmax_update (fa2_fwd);
+// later in sm90_fwd, whose O is still being written by the previous block's asynchronous P V.
+//   s:     (kMT·16 x kNTS·8) raw scores of this warp, P on return
+//   alpha: [mt][half] the rescale of row 16·mt + g + 8·half
 template <int kMT, int kNTS>
 __device__ __forceinline__ void softmax_step(float (&s)[kMT][kNTS][4], float (&m)[kMT][2],
                                              float (&l)[kMT][2], float scale_log2, float (&alpha)[kMT][2]) {
@@ -75,7 +77,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[kMT][kNTS][4], float (&m
         }
 }
 
-// O *= alpha, row by row (the delayed rescale of the output accumulator).
+// O *= alpha, row by row: brings O = Σ P V of the earlier blocks to the new running max.
 //   o: (kMT·16 x kNTO·8) output accumulator of this warp
 template <int kMT, int kNTO>
 __device__ __forceinline__ void softmax_rescale(float (&o)[kMT][kNTO][4], const float (&alpha)[kMT][2]) {

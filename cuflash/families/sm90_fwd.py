@@ -1,27 +1,30 @@
 """sm90_fwd: the FlashAttention forward for Hopper (kernels_cu/sm90_fwd.cu), sm_90a only.
 
 FA3's structure: a producer warpgroup loads Q once and K/V blocks by TMA into a ring of
-shared-memory slots (full / empty mbarriers); 1-2 consumer warpgroups of 64 query rows each
-compute S = Q Kᵀ by wgmma (SS), the online softmax in exp2, and O += P V by wgmma with P
-from registers (RS); setmaxnreg moves registers from the producer to the consumers.
+shared-memory slots (K and V each with full / empty mbarriers); 1, 2 or 3 consumer
+warpgroups of 64 query rows each compute S = Q Kᵀ by wgmma (SS), the online softmax in exp2,
+and O += P V by wgmma with P from registers (RS); setmaxnreg moves registers from the
+producer to the consumers (FA3's splits, producer / consumer: 56 / 256, 24 / 240, 32 / 160).
 
 The consumer loop is FA3's software pipeline: S_j = Q K_jᵀ is issued together with
-O += P_{j-1} V_{j-1}, and the softmax of S_j runs while the tensor cores compute P_{j-1} V_{j-1};
-with ``pingpong`` the two consumer warpgroups also take turns issuing their GEMMs (named
-barriers), so one warpgroup's softmax hides under the other's GEMMs. K and V have separate
-empty barriers, so the next K load starts as soon as S_j is done.
+O += P_{j-1} V_{j-1}, the softmax of S_j runs while the tensor cores compute P_{j-1} V_{j-1},
+and O is rescaled once that GEMM is done. With ``pingpong`` the 2 or 3 consumer warpgroups
+also take turns, round robin on named barriers, to issue their GEMMs, so one warpgroup's
+softmax hides under the others' GEMMs. K and V have separate empty barriers, so the next K
+load starts as soon as S_j is done.
 
 Selection: ``priority = 1``, above fa2_fwd, so on sm_90 this family runs every forward it
 supports (every head dim up to 256: the kernels are compiled for 64, 128 and 256 and smaller
-head dims zero-fill the missing columns by TMA); elsewhere fa2_fwd. Not yet done: a TMA
-store of O, 3 consumer warpgroups (FA3's d64 tile 192 x 192), clusters, FP8, and exact
-head dims 96 / 192.
+head dims zero-fill the missing columns by TMA); elsewhere fa2_fwd. Not implemented: a TMA
+store of O, FA3's d64 tile 192 x 192 (with 3 consumers the register budget caps BN at 128),
+clusters, FP8, and exact head dims 96 / 192.
 
 Host side: the kernel reads Q, K, V through TMA tensor maps (``cuTensorMapEncodeTiled``,
 called through ctypes on libcuda.so.1, loaded lazily: without a driver the family still
-imports and compile-checks). A map embeds the tensor's address, so it is written into the
-packed params on every call (``call_writer``), from a cache keyed by (pointer, shape,
-strides, box).
+imports and compile-checks). A map embeds the tensor's address, so the maps are written into
+the packed params on every call (``call_writer``): each plan keeps the three maps of an
+address triple as one block, encoded from a module cache keyed by (pointer, shape, strides,
+box).
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ from .fa2_fwd import check_head_dim, first_fitting, forward_sizes, strides3
 HEAD_DIMS = (64, 128, 256)
 MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
 # fp32 accumulator registers a consumer thread keeps live (O: head_dim / 2, S: BN / 2), by
-# consumer warpgroups (setmaxnreg budget 256 / 240 minus addresses, m, l, P fragments).
+# consumer warpgroups (setmaxnreg budget 256 / 240 / 160 minus addresses, m, l, P fragments).
 # ptxas (nvcc 13.0, sm_90a) spills nothing up to these; tests/test_sm90_cpu.py holds it to that.
 MAX_ACCUM_REGS = {1: 192, 2: 176, 3: 96}
 
