@@ -146,15 +146,20 @@ def _ignore_underflow(func):
     return wrapper
 
 
+def _check_ndim(q, k, v, ndim: int, q_what: str, kv_what: str, got) -> None:
+    """ValueError naming the first of q, k, v without ``ndim`` dimensions; ``got(x)`` ends
+    the message."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != ndim:
+            what = q_what if name == "q" else kv_what
+            raise ValueError(f"{name} must be a {ndim}-D array {what}{got(x)}")
+
+
 def _check_shapes(q, k, v):
     """Validate the shapes of q, k, v (arrays); return (B, Sq, Sk, H, Hkv, D)."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.ndim != 4:
-            what = ("(batch, seqlen_q, nheads, headdim)" if name == "q"
-                    else "(batch, seqlen_k, nheads_kv, headdim)")
-            raise ValueError(
-                f"{name} must be a 4-D array {what}, got ndim={x.ndim} "
-                f"(shape {x.shape})")
+    _check_ndim(q, k, v, 4, "(batch, seqlen_q, nheads, headdim)",
+                "(batch, seqlen_k, nheads_kv, headdim)",
+                lambda x: f", got ndim={x.ndim} (shape {x.shape})")
     if k.shape != v.shape:
         raise ValueError(
             f"k and v must have the same shape, got k {k.shape} and v {v.shape}")
@@ -1298,13 +1303,8 @@ def _varlen_setup(q, k, v, cu_seqlens_q, cu_seqlens_k, window_size, softcap,
                   alibi_slopes, dropout_p, dropout_mask):
     """Validate the packed layout; return (q, k, v, cu_q, cu_k, per-seq getters)."""
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.ndim != 3:
-            what = ("(total_q, nheads, headdim)" if name == "q"
-                    else "(total_k, nheads_kv, headdim)")
-            raise ValueError(
-                f"{name} must be a 3-D array {what} (varlen packed layout), "
-                f"got shape {x.shape}")
+    _check_ndim(q, k, v, 3, "(total_q, nheads, headdim)", "(total_k, nheads_kv, headdim)",
+                lambda x: f" (varlen packed layout), got shape {x.shape}")
     _check_shapes(q[None], k[None], v[None])  # the dense rules, batch 1 (k and v shapes too)
     cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
     cu_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0])
