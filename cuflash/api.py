@@ -697,26 +697,35 @@ def make_plan(problem: Problem, strides: dict, softmax_scale: float, device: int
 
 
 class _CupyForward:
-    """A forward plan for CuPy arrays of one shape: allocate out and LSE, launch."""
+    """A forward plan for CuPy arrays of one shape: allocate out and LSE, launch.
+
+    out and LSE share one pool allocation (LSE after out, 256-byte aligned): one pool call
+    and two array headers per call instead of two ``cupy.empty``."""
 
     def __init__(self, plan, q_shape, q_dtype, lse_shape, device):
+        cupy = _cupy()
         self.plan, self.q_shape, self.q_dtype, self.lse_shape = plan, q_shape, q_dtype, lse_shape
         self.device = device
+        out_bytes = int(np.prod(q_shape)) * np.dtype(q_dtype).itemsize
+        self._lse_offset = -(-out_bytes // 256) * 256
+        self._bytes = self._lse_offset + int(np.prod(lse_shape)) * 4
+        self._alloc, self._ndarray, self._stream = cupy.cuda.alloc, cupy.ndarray, cupy.cuda.get_current_stream
+        self._get_device = cupy.cuda.runtime.getDevice
 
     def forward(self, q, k, v):
         return self.forward_ptrs(q.data.ptr, k.data.ptr, v.data.ptr)
 
     def forward_ptrs(self, qp: int, kp: int, vp: int):
-        cupy = _cupy()
-        if cupy.cuda.runtime.getDevice() != self.device:
-            with cupy.cuda.Device(self.device):
+        if self._get_device() != self.device:
+            with _cupy().cuda.Device(self.device):
                 return self.forward_ptrs(qp, kp, vp)
-        out = cupy.empty(self.q_shape, self.q_dtype)
-        lse = cupy.empty(self.lse_shape, _F32)
+        mem = self._alloc(self._bytes)
+        out = self._ndarray(self.q_shape, self.q_dtype, mem)
+        lse = self._ndarray(self.lse_shape, _F32, mem + self._lse_offset)
         if POISON_OUTPUTS:
-            out.view(cupy.uint16).fill(0x7FFF)  # a NaN in bf16 and fp16 alike
+            out.view(_cupy().uint16).fill(0x7FFF)  # a NaN in bf16 and fp16 alike
             lse.fill(np.nan)
-        self.plan.run((qp, kp, vp, out.data.ptr, lse.data.ptr), 0, cupy.cuda.get_current_stream().ptr)
+        self.plan.run_current((qp, kp, vp, mem.ptr, mem.ptr + self._lse_offset), 0, self._stream().ptr)
         return out, lse
 
 
