@@ -64,7 +64,7 @@
 //   kStages    K/V ring slots, >= 2
 //   kConsumers consumer warpgroups, 1, 2 or 3
 //   kPingpong  consumer warpgroups take turns with their GEMMs (needs 2 or 3 consumers)
-//   kHeadDim   64, 128 or 256 (the real head dim, params.head_dim, may be smaller: TMA fills
+//   kHeadDim   64, 128, 192 or 256 (the real head dim, params.head_dim, may be smaller: TMA fills
 //              the columns past it with zeros and the store skips them)
 //   Elem       bf16 or fp16; accumulation in fp32
 //   kCausal    bottom-right aligned causal mask
@@ -100,7 +100,7 @@ struct Sm90FwdShape {
     static_assert(kBM == 64 * kConsumers, "BM must be 64 * consumers: each consumer warpgroup owns 64 rows");
     static_assert(kBN % 16 == 0 && kBN >= 64 && kBN <= 192,
                   "BN must be a multiple of 16 in 64..192 (wgmma n, and P's k16 steps)");
-    static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim must be 64, 128 or 256");
+    static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "head dim must be 64, 128, 192 or 256 (whole 64-column swizzle chunks)");
     static_assert(kStages >= 2, "stages must be >= 2: the producer fills one slot while another is read");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the H100's 227 KB");
     static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,

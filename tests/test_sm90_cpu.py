@@ -133,7 +133,7 @@ def test_good_config_and_name():
 
 
 @pytest.mark.parametrize("change,pattern", [
-    ({"head_dim": 96}, r"head_dim must be one of \(64, 128, 256\), got 96"),
+    ({"head_dim": 96}, r"head_dim must be one of \(64, 128, 192, 256\), got 96"),
     ({"consumers": 4, "BM": 256}, r"consumers must be 1, 2 or 3, got 4"),
     ({"BM": 64}, r"BM=64 must be 64 \* consumers = 128"),
     ({"BN": 72}, r"BN must be a multiple of 16 in 64\.\.192"),
@@ -174,7 +174,7 @@ def test_space():
 
 
 def test_head_dim_of_and_heuristic():
-    assert [FAM.head_dim_of(d) for d in (8, 64, 72, 128, 136, 256)] == [64, 64, 128, 128, 256, 256]
+    assert [FAM.head_dim_of(d) for d in (8, 64, 72, 128, 136, 192, 200, 256)] == [64, 64, 128, 128, 192, 192, 256, 256]
     for d, dtype, causal in itertools.product(range(8, 257, 8), DTYPES, (False, True)):
         p = problem(d, dtype, causal)
         cfg = FAM.heuristic(p, (9, 0))
@@ -184,6 +184,7 @@ def test_head_dim_of_and_heuristic():
     assert FAM.heuristic(problem(256)).BN == 80
     assert FAM.heuristic(problem(128)) == GOOD.replace(BN=176)
     assert FAM.heuristic(problem(64)).BN == 192
+    assert FAM.heuristic(problem(192)).BN == 112
     # a smaller shared memory shrinks the tile
     assert FAM.heuristic(problem(128), max_smem=100 * 1024) == GOOD.replace(BN=64)
 

@@ -14,10 +14,10 @@ softmax hides under the others' GEMMs. K and V have separate empty barriers, so 
 load starts as soon as S_j is done.
 
 Selection: ``priority = 1``, above fa2_fwd, so on sm_90 this family runs every forward it
-supports (every head dim up to 256: the kernels are compiled for 64, 128 and 256 and smaller
+supports (every head dim up to 256: the kernels are compiled for 64, 128, 192 and 256 and smaller
 head dims zero-fill the missing columns by TMA); elsewhere fa2_fwd. Not implemented: a TMA
 store of O, FA3's d64 tile 192 x 192 (with 3 consumers the register budget caps BN at 128),
-clusters, FP8, and exact head dims 96 / 192.
+clusters, FP8, and an exact head dim 96.
 
 Host side: the kernel reads Q, K, V through TMA tensor maps (``cuTensorMapEncodeTiled``,
 called through ctypes on libcuda.so.1, loaded lazily: without a driver the family still
@@ -40,7 +40,7 @@ from ..registry import register
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
 from .fa2_fwd import check_head_dim, first_fitting, forward_sizes, strides3
 
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 128, 192, 256)
 MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
 # fp32 accumulator registers a consumer thread keeps live (O: head_dim / 2, S: BN / 2), by
 # consumer warpgroups (setmaxnreg budget 256 / 240 / 160 minus addresses, m, l, P fragments).
@@ -57,7 +57,7 @@ class Sm90FwdConfig(KernelConfig):
     stages:    K/V ring slots in shared memory (>= 2)
     consumers: consumer warpgroups (1, 2 or 3); the CTA has 128 · (consumers + 1) threads
     pingpong:  the consumer warpgroups take turns issuing their GEMMs (needs consumers >= 2)
-    head_dim:  64, 128 or 256 (the compile-time head dim; smaller real ones are zero-filled)
+    head_dim:  64, 128, 192 or 256 (the compile-time head dim; smaller real ones are zero-filled)
     dtype:     "bf16" or "fp16"
     causal:    bottom-right aligned causal mask, a compile-time flag
     """
@@ -225,16 +225,17 @@ class Sm90Forward(Family):
         return ""
 
     def head_dim_of(self, head_dim: int) -> int:
-        """64, 128 or 256: the first compiled head dim >= the real one."""
+        """64, 128, 192 or 256: the first compiled head dim >= the real one."""
         return next((d for d in HEAD_DIMS if d >= head_dim), HEAD_DIMS[-1])
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90FwdConfig:
         """Two consumer warpgroups (BM = 128) with pingpong, two stages, and the BN that
         measured best at 16k on the H100 (results/NVIDIA_H100_80GB_HBM3/logs, sm90_check):
-        d64 192, d128 176 (FA3's d128 tile too), d256 80."""
+        d64 192, d128 176 (FA3's d128 tile too), d256 80; d192 112 (FA3's d192 tile, not yet
+        measured here)."""
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
-        bn = {64: 192, 128: 176}.get(d, 80)
+        bn = {64: 192, 128: 176, 192: 112}.get(d, 80)
         cfg = Sm90FwdConfig(128, bn, 2, 2, True, d, problem.dtype, bool(problem.causal))
         return first_fitting(cfg, ({"BN": 64}, {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False}),
                              max_smem)

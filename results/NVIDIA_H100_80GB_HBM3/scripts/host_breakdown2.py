@@ -47,29 +47,42 @@ def nop_fwd(): Nop5.apply(q, k, v, (None, True))
 def cf_fwd(): cuflash.flash_attn_func(q, k, v, causal=True)
 
 rows = []
-for rep in range(3):
+for rep in range(2):
     for name, f in (("sdpa_flash fwdbwd", None), ("cuflash fwdbwd", cf), ("nop5 fwdbwd", nop),
                     ("cuflash fwd (grad)", cf_fwd), ("nop5 fwd (grad)", nop_fwd)):
         if f is None:
-            with sdpa_ctx:
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 us = per_call(sd_pinned)
         else:
             us = per_call(f)
         rows.append({"rep": rep, "what": name, "us": us}); print(f"{rep} {name:24s} {us:8.2f}", flush=True)
 
 # time inside forward / backward
-acc = {"fwd": 0.0, "bwd": 0.0, "n": 0}
+acc = {"fwd": 0.0, "bwd": 0.0, "run": 0.0, "n": 0}
 F0, B0 = torch_ops.FlashAttnFn.forward, torch_ops.FlashAttnFn.backward
 def fwd(ctx, *a):
     t = time.perf_counter(); r = F0(ctx, *a); acc["fwd"] += time.perf_counter() - t; return r
 def bwd(ctx, *a):
     t = time.perf_counter(); r = B0(ctx, *a); acc["bwd"] += time.perf_counter() - t; acc["n"] += 1; return r
 torch_ops.FlashAttnFn.forward, torch_ops.FlashAttnFn.backward = staticmethod(fwd), staticmethod(bwd)
+R0 = torch_ops._bwd_run
+def run(*a):
+    t = time.perf_counter(); r = R0(*a); acc["run"] += time.perf_counter() - t; return r
+torch_ops._bwd_run = run
 for _ in range(200): cf()
-acc.update(fwd=0.0, bwd=0.0, n=0)
+acc.update(fwd=0.0, bwd=0.0, run=0.0, n=0)
 t = time.perf_counter()
 for _ in range(2000): cf()
 total = (time.perf_counter() - t) / 2000 * 1e6
-inside = {"step_us": total, "in_forward_us": acc["fwd"] / 2000 * 1e6, "in_backward_us": acc["bwd"] / acc["n"] * 1e6}
+inside = {"step_us": total, "in_forward_us": acc["fwd"] / 2000 * 1e6, "in_backward_us": acc["bwd"] / acc["n"] * 1e6, "in_bwd_run_us": acc["run"] / acc["n"] * 1e6}
 print(inside)
 json.dump({"rows": rows, "inside": inside}, open(os.path.join(os.environ.get("OUT", "."), "host_breakdown2.json"), "w"), indent=1)
+
+# the CuPy path alone, then with gc off (the overhead bench measured it slower than here)
+import cupy, gc
+from cuflash.timing import host_us
+qc, kc, vc = (cupy.random.standard_normal(shape, dtype=cupy.float32).astype(cupy.float16) for _ in range(3))
+f = lambda: cuflash.flash_attn_func(qc, kc, vc, causal=True)
+print("cupy host_us", host_us(f, calls=2000, sync=cupy.cuda.Device().synchronize))
+print("cupy per_call", per_call(f))
+gc.disable(); print("cupy host_us gc off", host_us(f, calls=2000, sync=cupy.cuda.Device().synchronize)); gc.enable()
