@@ -103,7 +103,7 @@ class Plan:
         self.family, self.config, self.problem, self.device = family, config, problem, device
         kernels = get_kernels(config, device)
         sms = _gpu.sm_count(device)
-        ws = family.workspace(config, problem)
+        ws = family.workspace(config, problem, strides)
         self.workspace_bytes = ws["total"]
         static = family.static_params(config, problem, strides, ws, softmax_scale, sms)
         dtype = struct_dtype(family.params_struct)

@@ -203,12 +203,18 @@ def _bwd_entry(dout, q, k, v, out, lse, scale, causal, deterministic, config):
     # strides only: the verdict is cached under a key without the data's alignment (a
     # misaligned pointer is copied per call, in backward_impl)
     unaligned = lambda t: api._Tensor(t.kind, t.dtype, t.shape, t.strides, 0, t.device)  # noqa: E731
-    if api.layout_problem(unaligned(tdo)) or api.layout_problem(unaligned(to)) or not lse.is_contiguous():
+    if api.layout_problem(unaligned(to)) or not lse.is_contiguous():
         return "copy"
     strides = {"dout": tdo.strides, "q": tq.strides, "k": tk.strides, "v": tv.strides,
                "o": to.strides, "dq": api.out_strides(tq.shape),
                "dk": api.out_strides(tk.shape), "dv": api.out_strides(tk.shape)}
-    return api.make_plan(problem, strides, scale, tq.device, config)
+    plan = api.make_plan(problem, strides, scale, tq.device, config)
+    # a family with dout_any_strides reads dout through any strides (fa2_bwd: its preprocess
+    # copies it when the main kernel cannot read it in place), e.g. the stride-0 broadcast of
+    # out.sum().backward(), with no separate copy; otherwise a contiguous copy is made first
+    if api.layout_problem(unaligned(tdo)) and not getattr(plan.family, "dout_any_strides", False):
+        return "copy"
+    return plan
 
 
 def _bwd_key(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config) -> tuple:

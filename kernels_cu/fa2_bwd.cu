@@ -61,6 +61,10 @@ namespace cuflash {
 // 1. preprocess: one warp per query row (padded rows included).
 //    D[i] = Σ_d dO[i,d]·O[i,d]; lse_log2[i] = LSE[i]·log2(e) (+inf past seqlen_q, so P = 0
 //    there); dq_accum[i, :] = 0. CTA (0, h, b) also clears the dQ turn counters of (h, b).
+//    dO is read through the caller's strides (do_src_*: any, e.g. the stride-0 broadcast that
+//    out.sum().backward() gives); when the main kernel cannot read it in place (the head dim
+//    not contiguous, or strides not whole 16-byte chunks) the preprocess also writes it to
+//    dout_copy, contiguous, which the main kernel reads instead (no separate copy launch).
 constexpr int kPrepWarps = 4;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -82,9 +86,16 @@ fa2_bwd_preprocess(const BwdParams p) {
     if (row < p.seqlen_q) {
         const u16* o = static_cast<const u16*>(p.o) + batch * p.o_batch_stride
                        + row * p.o_row_stride + head * p.o_head_stride;
-        const u16* d_o = static_cast<const u16*>(p.dout) + batch * p.do_batch_stride
-                         + row * p.do_row_stride + head * p.do_head_stride;
-        for (int c = lane; c < p.head_dim; c += 32) D += to_float<Elem>(o[c]) * to_float<Elem>(d_o[c]);
+        const u16* d_o = static_cast<const u16*>(p.dout) + batch * p.do_src_batch_stride
+                         + row * p.do_src_row_stride + head * p.do_src_head_stride;
+        u16* copy = p.dout_copy == nullptr ? nullptr
+                    : static_cast<u16*>(p.dout_copy) + batch * p.do_batch_stride
+                      + row * p.do_row_stride + head * p.do_head_stride;
+        for (int c = lane; c < p.head_dim; c += 32) {
+            const u16 d_o_c = d_o[c * p.do_src_col_stride];
+            if (copy != nullptr) copy[c] = d_o_c;
+            D += to_float<Elem>(o[c]) * to_float<Elem>(d_o_c);
+        }
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) D += __shfl_xor_sync(0xffffffffu, D, offset);
@@ -216,7 +227,8 @@ fa2_bwd(const BwdParams p) {
     const i64 bh = static_cast<i64>(batch) * p.nheads + head;
 
     const u16* q_gmem = static_cast<const u16*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
-    const u16* do_gmem = static_cast<const u16*>(p.dout) + batch * p.do_batch_stride
+    const void* dout = p.dout_copy != nullptr ? p.dout_copy : p.dout;  // preprocess: why
+    const u16* do_gmem = static_cast<const u16*>(dout) + batch * p.do_batch_stride
                          + head * p.do_head_stride;
     const float* lse_gmem = p.lse_log2 + bh * p.seqlen_q_rounded;
     const float* D_gmem = p.D + bh * p.seqlen_q_rounded;

@@ -69,6 +69,7 @@ struct BwdParams {
     float* dk_accum;
     float* dv_accum;
     int* dq_semaphore;
+    void* dout_copy;        // workspace: dO made contiguous by the preprocess (null: read dout)
     i64 q_batch_stride;
     i64 q_row_stride;
     i64 q_head_stride;
@@ -84,6 +85,10 @@ struct BwdParams {
     i64 do_batch_stride;
     i64 do_row_stride;
     i64 do_head_stride;
+    i64 do_src_batch_stride;  // dout as the caller passed it (any strides, the head dim's too):
+    i64 do_src_row_stride;    // what the preprocess reads; do_* above are what the main
+    i64 do_src_head_stride;   // kernel reads (dout itself, or dout_copy)
+    i64 do_src_col_stride;
     i64 dq_batch_stride;
     i64 dq_row_stride;
     i64 dq_head_stride;

@@ -187,6 +187,30 @@ def test_noncontiguous_and_broadcast_grads():
     check_grads(ours, ref, low)
 
 
+@pytest.mark.parametrize("layout", ["head_dim_strided", "odd_strides", "broadcast_row"])
+@pytest.mark.parametrize("det", [False, True], ids=["atomic", "deterministic"])
+def test_dout_layouts_read_in_place(layout, det):
+    """dout that the main kernel cannot read in place (head dim not contiguous, strides not
+    whole 16-byte chunks, a broadcast row): the preprocess reads it through its strides and
+    copies it (fa2_bwd.cu); gradients within the rule, GQA included."""
+    import torch
+
+    b, s, h, hk, d = 2, 113, 4, 2, 64
+    q = rand((b, s, h, d), torch.bfloat16).requires_grad_()
+    k, v = (rand((b, 97, hk, d), torch.bfloat16).requires_grad_() for _ in range(2))
+    if layout == "head_dim_strided":
+        dout = rand((b, s, h, 2 * d), torch.bfloat16)[..., ::2]
+    elif layout == "odd_strides":
+        dout = rand((b, s, h, d + 3), torch.bfloat16)[..., :d]
+    else:
+        dout = rand((b, 1, h, d), torch.bfloat16).expand(b, s, h, d)
+    out = cuflash.flash_attn_func(q, k, v, causal=True, deterministic=det)
+    out.backward(dout)
+    ours = (q.grad, k.grad, v.grad)
+    ref, low = reference_grads(q.detach(), k.detach(), v.detach(), dout.contiguous(), True, d ** -0.5)
+    check_grads(ours, ref, low)
+
+
 def test_flash_attn_backward_torch_with_config():
     """flash_attn_backward on torch tensors (no autograd) with an explicit config equals the
     autograd path with that bwd_config."""

@@ -490,6 +490,37 @@ def test_backward_plan_launch_and_workspace(fake_device, gqa, det):
         assert rec.calls[3]["grid"][1:] == (2, 2)               # reduce_dkv: per K/V head
 
 
+@pytest.mark.parametrize("dout_strides,copy", [
+    ((0, 0, 0, 0), True),                         # out.sum().backward(): a broadcast scalar
+    ((300 * 8 * 256, 8 * 256, 256, 2), True),     # head dim not contiguous
+    ((300 * 8 * 131, 8 * 131, 131, 1), True),     # rows not whole 16-byte chunks
+    ((300 * 8 * 128, 8 * 128, 128, 1), False),    # contiguous: read in place
+    ((8 * 128, 2 * 8 * 128, 128, 1), False),      # seqlen-major view, whole chunks: in place
+])
+def test_backward_reads_dout_through_any_strides(fake_device, dout_strides, copy):
+    fam = registry.get("fa2_bwd")
+    p = problem("bwd", 128, "bf16", False, False)
+    cfg = fam.heuristic(p)
+    strides = dict(_strides(p), dout=dout_strides)
+    ws = fam.workspace(cfg, p, strides)
+    assert ("dout_copy" in ws) == copy
+    plan, rec = fake_device(fam, cfg, p, strides)
+    assert plan.workspace_bytes == ws["total"]
+    plan.run(tuple(0x10000 * (i + 1) for i in range(9)), workspace_ptr=0x7700000, stream=5)
+    params = rec.calls[0]["params"]
+    # the preprocess reads dout through the caller's strides, the head dim's too
+    assert tuple(int(params[f"do_src_{n}_stride"]) for n in ("batch", "row", "head", "col")) == dout_strides
+    main = rec.calls[1]["params"]
+    if copy:   # the main kernel reads the contiguous copy in the workspace
+        assert int(main["dout_copy"]) == 0x7700000 + ws["dout_copy"]
+        assert ws["total"] - ws["dout_copy"] >= 2 * 300 * 8 * 128 * 2
+        assert tuple(int(main[f"do_{n}_stride"]) for n in ("batch", "row", "head")) == \
+            (300 * 8 * 128, 8 * 128, 128)
+    else:
+        assert int(main["dout_copy"]) == 0
+        assert tuple(int(main[f"do_{n}_stride"]) for n in ("batch", "row", "head")) == dout_strides[:3]
+
+
 def test_plan_refuses_a_struct_whose_pointers_do_not_lead(fake_device, monkeypatch):
     fam = registry.get("fa2_fwd")
     monkeypatch.setattr(type(fam), "pointer_fields", ("k", "q", "v", "o", "lse"))

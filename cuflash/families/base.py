@@ -212,8 +212,10 @@ class Family:
     def launches(self, config, problem: Problem, sm_count: int) -> list[LaunchSpec]:
         raise NotImplementedError
 
-    def workspace(self, config, problem: Problem) -> dict:
-        """{pointer field: byte offset} of the scratch pieces, plus 'total' bytes. None: none."""
+    def workspace(self, config, problem: Problem, strides: Optional[dict] = None) -> dict:
+        """{pointer field: byte offset} of the scratch pieces, plus 'total' bytes. ``strides``:
+        the call's (as static_params gets them), for pieces that depend on the layout; None
+        asks for the layout-independent pieces (the common, contiguous case)."""
         return {"total": 0}
 
     def static_params(self, config, problem: Problem, strides: dict, workspace: dict,

@@ -128,6 +128,21 @@ def head_group(pairs: int, kv_ctas: int, sms: int) -> int:
     return max(1, min(pairs, -(-2 * sms // kv_ctas)))
 
 
+def contiguous_strides(p: Problem) -> tuple:
+    """Element strides of a contiguous (batch, seqlen_q, nheads, head_dim) tensor."""
+    return (p.seqlen_q * p.nheads * p.head_dim, p.nheads * p.head_dim, p.head_dim, 1)
+
+
+def dout_needs_copy(p: Problem, strides) -> bool:
+    """Whether the main kernel cannot read dout in place (16-byte row chunks need a contiguous
+    head dim and batch / row / head strides in whole 8-element chunks; dims of size 1 aside):
+    the preprocess then copies it (fa2_bwd.cu)."""
+    shape = (p.batch, p.seqlen_q, p.nheads, p.head_dim)
+    if len(strides) > 3 and shape[3] > 1 and strides[3] != 1:
+        return True
+    return any(s % 8 for s, n in zip(strides[:3], shape[:3]) if n > 1)
+
+
 class FA2Backward(Family):
     name = "fa2_bwd"
     op = "bwd"
@@ -138,8 +153,9 @@ class FA2Backward(Family):
     fixed = {"deterministic": False}
     params_struct = "BwdParams"
     pointer_fields = ("dout", "q", "k", "v", "o", "lse", "dq", "dk", "dv",
-                      "lse_log2", "D", "dq_accum", "dk_accum", "dv_accum", "dq_semaphore")
+                      "lse_log2", "D", "dq_accum", "dk_accum", "dv_accum", "dq_semaphore", "dout_copy")
     min_arch = (8, 0)
+    dout_any_strides = True  # the preprocess reads dout through any strides (copies it if need be)
     description = ("FlashAttention-2 backward: K/V-block CTAs, dQ by fp32 atomics "
                    "(or ordered), preprocess / dQ convert / GQA reduction kernels")
 
@@ -190,12 +206,16 @@ class FA2Backward(Family):
                 "convert_dq": f"cuflash::fa2_bwd_convert_dq<cuflash::{config.dtype}>",
                 "reduce_dkv": f"cuflash::fa2_bwd_reduce_dkv<cuflash::{config.dtype}>"}
 
-    def workspace(self, config, problem: Problem) -> dict:
-        """Byte offsets of the fp32 workspace pieces (params.cuh BwdParams), and 'total'."""
+    def workspace(self, config, problem: Problem, strides: Optional[dict] = None) -> dict:
+        """Byte offsets of the workspace pieces (params.cuh BwdParams), and 'total': fp32
+        lse_log2, D, dQ accumulators (and dK/dV ones under GQA, dQ turn counters when
+        deterministic), and dout_copy when the main kernel cannot read dout in place."""
         rows = -(-problem.seqlen_q // ROW_PAD) * ROW_PAD
         bh = problem.batch * problem.nheads
         sizes = {"lse_log2": bh * rows * 4, "D": bh * rows * 4,
                  "dq_accum": bh * rows * config.head_dim * 4}
+        if strides is not None and dout_needs_copy(problem, strides["dout"]):
+            sizes["dout_copy"] = bh * problem.seqlen_q * problem.head_dim * 2
         if problem.nheads != problem.nheads_kv:
             sizes["dk_accum"] = sizes["dv_accum"] = bh * problem.seqlen_k * config.head_dim * 4
         if config.deterministic:
@@ -231,8 +251,12 @@ class FA2Backward(Family):
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
         p = problem
         fields = {}
-        for name in ("q", "k", "v", "o", "dout", "dq", "dk", "dv"):
-            fields.update(strides3("do" if name == "dout" else name, strides[name]))
+        for name in ("q", "k", "v", "o", "dq", "dk", "dv"):
+            fields.update(strides3(name, strides[name]))
+        src = tuple(strides["dout"]) + (1,) * (4 - len(strides["dout"]))
+        fields.update(strides3("do_src", src), do_src_col_stride=src[3])
+        # the main kernel reads dout in place, or the preprocess's contiguous copy
+        fields.update(strides3("do", contiguous_strides(p) if "dout_copy" in workspace else src))
         return dict(fields, batch=p.batch, nheads=p.nheads, nheads_kv=p.nheads_kv,
                     seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
                     seqlen_q_rounded=-(-p.seqlen_q // ROW_PAD) * ROW_PAD, head_dim=p.head_dim,
