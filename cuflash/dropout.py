@@ -1,0 +1,62 @@
+"""Dropout's keep mask, the NumPy mirror of ``kernels_cu/philox.cuh``.
+
+The kernels draw the mask from Philox4x32-10, keyed by the call's (seed, offset) and counted
+by (batch·nheads + head, query row, key column / 16): the forward and the backward regenerate
+the same mask without storing it, whatever their tiling. This module computes the same mask
+on the host, bit for bit, for the tests and for ``return_attn_probs`` (S_dmask).
+
+The definition (philox.cuh's header says it once more, next to the code):
+
+* key ``(seed_lo, seed_hi ^ offset_hi)``; counter ``(col // 16, row, bh, offset_lo)``;
+* byte ``b`` of output word ``w`` belongs to column ``16 * (col // 16) + 2w + (b & 1) + 8 (b >> 1)``;
+* keep iff that byte ``>= round(p * 256)``: p is rounded to 1/256; kept values are scaled by
+  ``1 / (1 - p)`` with the caller's p, as flash-attn does.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85
+_LO = np.uint64(0xFFFFFFFF)
+
+
+def philox4x32_10(c0, c1, c2, c3, k0: int, k1: int) -> tuple:
+    """Philox4x32-10 on arrays of 32-bit counters (any broadcastable shapes), key (k0, k1)."""
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) & _LO for c in np.broadcast_arrays(c0, c1, c2, c3))
+    k0, k1 = int(k0) & 0xFFFFFFFF, int(k1) & 0xFFFFFFFF
+    for _ in range(10):
+        p0, p1 = _M0 * c0, _M1 * c2                      # exact: < 2^64
+        hi0, lo0, hi1, lo1 = p0 >> np.uint64(32), p0 & _LO, p1 >> np.uint64(32), p1 & _LO
+        c0, c1, c2, c3 = hi1 ^ c1 ^ np.uint64(k0), lo1, hi0 ^ c3 ^ np.uint64(k1), lo0
+        k0, k1 = (k0 + _W0) & 0xFFFFFFFF, (k1 + _W1) & 0xFFFFFFFF
+    return tuple(c.astype(np.uint32) for c in (c0, c1, c2, c3))
+
+
+def drop_threshold(p: float) -> int:
+    """Bytes below this are dropped: round(p · 256), as the kernels compute it in fp32."""
+    return int(np.float32(p) * np.float32(256.0) + np.float32(0.5))
+
+
+# byte position (0..15) within a 16-column block's 16 bytes (word w, byte b -> 4w + b) of
+# each column 0..15: column 2w + (b & 1) + 8 (b >> 1)
+_COL_BYTE = np.empty(16, np.int64)
+for _w in range(4):
+    for _b in range(4):
+        _COL_BYTE[2 * _w + (_b & 1) + 8 * (_b >> 1)] = 4 * _w + _b
+
+
+def keep_mask(seed: int, offset: int, p: float, batch: int, nheads: int, seqlen_q: int,
+              seqlen_k: int) -> np.ndarray:
+    """The kernels' keep mask, bool (batch, nheads, seqlen_q, seqlen_k), True = kept."""
+    seed, offset = int(seed) & (2 ** 64 - 1), int(offset) & (2 ** 64 - 1)
+    k0, k1 = seed & 0xFFFFFFFF, (seed >> 32) ^ (offset >> 32)
+    blocks = -(-seqlen_k // 16)
+    bh = np.arange(batch * nheads, dtype=np.uint64)[:, None, None]
+    rows = np.arange(seqlen_q, dtype=np.uint64)[None, :, None]
+    cols = np.arange(blocks, dtype=np.uint64)[None, None, :]
+    words = philox4x32_10(cols, rows, bh, np.uint64(offset & 0xFFFFFFFF), k0, k1)
+    # (bh, rows, blocks, 16 bytes) in word-major byte order, then columns in order
+    raw = np.stack(words, axis=-1).astype("<u4").view(np.uint8).reshape(*words[0].shape, 16)
+    cols16 = raw[..., _COL_BYTE].reshape(batch * nheads, seqlen_q, blocks * 16)[..., :seqlen_k]
+    return (cols16 >= drop_threshold(p)).reshape(batch, nheads, seqlen_q, seqlen_k)
