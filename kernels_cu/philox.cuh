@@ -77,6 +77,65 @@ struct Dropout {
     __host__ __device__ __forceinline__ float factor(u32 word, int b) const {
         return ((word >> (8 * b)) & 0xFFu) >= threshold ? scale : 0.f;
     }
+
+#ifdef __CUDACC__
+    // P ∘ Z / (1 - p) on a warp's P tile in the mma accumulator layout (also wgmma's, per
+    // warp): kMT tiles of 16 query rows from query0 (rows g and g + 8 of each), columns from
+    // key0 (a multiple of 16) in kNT / 2 blocks of 16; acc[mt][nt][2·half + e] is row
+    // 16·mt + g + 8·half, column 8·nt + 2t + e. The four threads of a quad need words 0..3 of
+    // the same two calls (rows g and g + 8) per block: each computes one call of every four
+    // and a 4 x 4 transpose by shuffles hands each thread its word t.
+    template <int kMT, int kNT>
+    __device__ __forceinline__ void apply(float (&acc)[kMT][kNT][4], int bh, int query0, int key0,
+                                          int g, int t) const {
+        static_assert(kNT % 2 == 0, "dropout works on whole 16-column blocks");
+        constexpr int kCalls = kMT * 2 * (kNT / 2);     // (mt, half, block) per quad
+        const int lane = threadIdx.x % 32, quad0 = lane & ~3;
+#pragma unroll
+        for (int c0 = 0; c0 < kCalls; c0 += 4) {
+            // call c = c0 + t (this thread's): its coordinates
+            u32 mine[4] = {0u, 0u, 0u, 0u};
+            {
+                const int c = c0 + t;
+                if (c < kCalls) {
+                    const int mt = c / (2 * (kNT / 2)), half = (c / (kNT / 2)) % 2, blk = c % (kNT / 2);
+                    const PhiloxWords w = bytes(bh, query0 + 16 * mt + g + 8 * half, key0 / 16 + blk);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) mine[i] = w.w[i];
+                }
+            }
+            // round r: thread t receives word t of call c0 + (t + r) % 4 from quad lane
+            // (t + r) % 4, which sends its word (t - r) % 4 (a 4 x 4 transpose in 3 shuffles)
+            u32 recv[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const u32 out = pick4(mine, (t - r) & 3);
+                recv[r] = r == 0 ? out : __shfl_sync(0xffffffffu, out, quad0 + ((t + r) & 3));
+            }
+            // call c0 + j arrived in round (j - t) % 4; j is compile-time, so acc's indices are
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                constexpr int kBlocks = kNT / 2;
+                const int c = c0 + j;
+                if (c < kCalls) {
+                    const int mt = c / (2 * kBlocks), half = (c / kBlocks) % 2, blk = c % kBlocks;
+                    const u32 word = pick4(recv, (j - t) & 3);
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        acc[mt][2 * blk][2 * half + e] *= factor(word, e);          // column 2t + e
+                        acc[mt][2 * blk + 1][2 * half + e] *= factor(word, 2 + e);  // column 8 + 2t + e
+                    }
+                }
+            }
+        }
+    }
+
+    // x[i] for a run-time i in 0..3, by selects (a run-time index into a register array would
+    // put the array in local memory)
+    __device__ __forceinline__ static u32 pick4(const u32 (&x)[4], int i) {
+        return i == 0 ? x[0] : i == 1 ? x[1] : i == 2 ? x[2] : x[3];
+    }
+#endif
 };
 
 }  // namespace cuflash

@@ -70,3 +70,34 @@ int main() {{
     assert lines[:4] == ["d16cfe09", "94fdcceb", "5001e420", "24126ea1"]
     got = np.array([[c == "1" for c in line] for line in lines[4:]]).reshape(1, bh, sq, sk)
     assert np.array_equal(got, dropout.keep_mask(seed, offset, p, 1, bh, sq, sk))
+
+
+@pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_dropout_apply_compiles_to_registers(tmp_path, arch):
+    """Dropout.apply on accumulator tiles of the shapes the kernels use (fa2_fwd's 2 x 16 tiles,
+    sm90_fwd's 1 x 22: an odd number of 16-column blocks) keeps everything in registers: no
+    stack frame, no spills (a run-time index into a register array would put it in memory)."""
+    src = tmp_path / "k.cu"
+    src.write_text('''#include "philox.cuh"
+using namespace cuflash;
+template <int kMT, int kNT>
+__global__ void k(float* out, Dropout d) {
+    float acc[kMT][kNT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)\n#pragma unroll\n for (int nt = 0; nt < kNT; ++nt)\n#pragma unroll\n for (int e = 0; e < 4; ++e)\n   
+        acc[mt][nt][e] = out[threadIdx.x + 32 * (e + 4 * (nt + kNT * mt))];
+    d.apply(acc, blockIdx.y, 64 * blockIdx.x, 16 * blockIdx.z, threadIdx.x % 32 / 4, threadIdx.x % 4);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)\n#pragma unroll\n for (int nt = 0; nt < kNT; ++nt)\n#pragma unroll\n for (int e = 0; e < 4; ++e)\n   
+        out[threadIdx.x + 32 * (e + 4 * (nt + kNT * mt))] = acc[mt][nt][e];
+}
+template __global__ void k<2, 16>(float*, Dropout);
+template __global__ void k<1, 22>(float*, Dropout);
+''')
+    res = subprocess.run([NVCC, "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-I", str(kernel_dir()),
+                          "-o", str(tmp_path / "k.cubin"), str(src)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    frames = [line for line in res.stderr.splitlines() if "stack frame" in line]
+    assert len(frames) == 2 and all("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
+                                    in line for line in frames), res.stderr
