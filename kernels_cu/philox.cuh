@@ -130,6 +130,56 @@ struct Dropout {
         }
     }
 
+    // The same on a transposed tile, as the backward holds Pᵀ and dPᵀ: acc[mt][nt][2·half + e]
+    // is key key0 + 16·mt + g + 8·half (rows) and query query0 + 8·nt + 2t + e (columns); key0
+    // and query0 multiples of 16. A 16 x 16 region needs 16 calls (one per query row), and
+    // thread (g, t) needs word g / 2 (keys g and g + 8: bytes g % 2 and 2 + g % 2) of the calls
+    // of its four queries 2t, 2t + 1, 8 + 2t, 9 + 2t (position j = 0..3). The 32 lanes compute
+    // the 32 calls of two regions; in round r thread (g, t) reads its query j = (r + g/2) % 4
+    // from the lane that computed it, which sends word (j - r) % 4 of its own j: every reader
+    // of a lane in a round wants the same word, so one shuffle serves them all.
+    template <int kMT, int kNT>
+    __device__ __forceinline__ void apply_transposed(float (&acc)[kMT][kNT][4], int bh, int key0,
+                                                     int query0, int g, int t) const {
+        static_assert(kNT % 2 == 0, "dropout works on whole 16-column blocks");
+        constexpr int kBlocks = kNT / 2, kRegions = kMT * kBlocks;
+        const int lane = threadIdx.x % 32;
+        const int q_src = lane % 16, j_src = (q_src & 1) + 2 * (q_src >> 3);
+#pragma unroll
+        for (int a0 = 0; a0 < kRegions; a0 += 2) {
+            u32 mine[4] = {0u, 0u, 0u, 0u};
+            {
+                const int a = a0 + lane / 16;
+                if (a < kRegions) {
+                    const int mt = a / kBlocks, blk = a % kBlocks;
+                    const PhiloxWords w = bytes(bh, query0 + 16 * blk + q_src, key0 / 16 + mt);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) mine[i] = w.w[i];
+                }
+            }
+#pragma unroll
+            for (int da = 0; da < 2; ++da) {
+                const int a = a0 + da;         // compile-time
+                if (a >= kRegions) break;
+                const int mt = a / kBlocks, blk = a % kBlocks;
+                u32 recv[4];
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int j = (r + g / 2) & 3;
+                    const int src = 16 * da + 2 * t + (j & 1) + 8 * (j >> 1);
+                    recv[r] = __shfl_sync(0xffffffffu, pick4(mine, (j_src - r) & 3), src);
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {   // query 2t + (j & 1) + 8 (j >> 1) of the region
+                    const u32 word = pick4(recv, (j - g / 2) & 3);
+#pragma unroll
+                    for (int half = 0; half < 2; ++half)
+                        acc[mt][2 * blk + (j >> 1)][2 * half + (j & 1)] *= factor(word, 2 * half + g % 2);
+                }
+            }
+        }
+    }
+
     // x[i] for a run-time i in 0..3, by selects (a run-time index into a register array would
     // put the array in local memory)
     __device__ __forceinline__ static u32 pick4(const u32 (&x)[4], int i) {

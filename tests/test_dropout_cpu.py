@@ -75,29 +75,35 @@ int main() {{
 @pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not on PATH")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_dropout_apply_compiles_to_registers(tmp_path, arch):
-    """Dropout.apply on accumulator tiles of the shapes the kernels use (fa2_fwd's 2 x 16 tiles,
-    sm90_fwd's 1 x 22: an odd number of 16-column blocks) keeps everything in registers: no
+    """Dropout.apply / apply_transposed on accumulator tiles of the shapes the kernels use
+    (sm90_fwd's 1 x 22: an odd number of 16-column blocks) keep everything in registers: no
     stack frame, no spills (a run-time index into a register array would put it in memory)."""
     src = tmp_path / "k.cu"
     src.write_text('''#include "philox.cuh"
 using namespace cuflash;
-template <int kMT, int kNT>
+template <int kMT, int kNT, bool kT>
 __global__ void k(float* out, Dropout d) {
     float acc[kMT][kNT][4];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)\n#pragma unroll\n for (int nt = 0; nt < kNT; ++nt)\n#pragma unroll\n for (int e = 0; e < 4; ++e)\n   
         acc[mt][nt][e] = out[threadIdx.x + 32 * (e + 4 * (nt + kNT * mt))];
-    d.apply(acc, blockIdx.y, 64 * blockIdx.x, 16 * blockIdx.z, threadIdx.x % 32 / 4, threadIdx.x % 4);
+    if (kT)
+        d.apply_transposed(acc, blockIdx.y, 64 * blockIdx.x, 16 * blockIdx.z, threadIdx.x % 32 / 4, threadIdx.x % 4);
+    else
+        d.apply(acc, blockIdx.y, 64 * blockIdx.x, 16 * blockIdx.z, threadIdx.x % 32 / 4, threadIdx.x % 4);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)\n#pragma unroll\n for (int nt = 0; nt < kNT; ++nt)\n#pragma unroll\n for (int e = 0; e < 4; ++e)\n   
         out[threadIdx.x + 32 * (e + 4 * (nt + kNT * mt))] = acc[mt][nt][e];
 }
-template __global__ void k<2, 16>(float*, Dropout);
-template __global__ void k<1, 22>(float*, Dropout);
+template __global__ void k<1, 16, false>(float*, Dropout);   // fa2_fwd Br 128, 8 warps, Bc 128
+template __global__ void k<2, 8, false>(float*, Dropout);    // fa2_fwd Br 128, 4 warps, Bc 64
+template __global__ void k<1, 22, false>(float*, Dropout);   // sm90_fwd BN 176
+template __global__ void k<2, 8, true>(float*, Dropout);     // fa2_bwd: 32 keys x 64 queries a warp
+template __global__ void k<1, 4, true>(float*, Dropout);     // fa2_bwd: 16 keys x 32 queries
 ''')
     res = subprocess.run([NVCC, "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-I", str(kernel_dir()),
                           "-o", str(tmp_path / "k.cubin"), str(src)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     frames = [line for line in res.stderr.splitlines() if "stack frame" in line]
-    assert len(frames) == 2 and all("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
+    assert len(frames) == 5 and all("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
                                     in line for line in frames), res.stderr
