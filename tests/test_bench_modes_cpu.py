@@ -40,14 +40,16 @@ def test_overhead_table():
 
 def test_overhead_record_shapes_without_gpu():
     # no CUDA here: each record says why instead of raising
-    rec = overhead.host_record("cuflash", "torch_fwd", overhead.TINY, calls=10)
+    recs = overhead.host_records("torch_fwd", overhead.TINY, calls=10, rounds=2)
+    assert [r["impl"] for r in recs] == ["cuflash", "sdpa_flash", "sdpa_cudnn"]
+    rec = recs[0]
     assert (rec["impl"], rec["path"], rec["batch"], rec["seqlen"], rec["nheads"], rec["hdim"]) == \
         ("cuflash", "torch_fwd", 1, 128, 4, 64)
-    assert rec["causal"] and rec["dtype"] == "bf16" and rec["calls"] == 10
+    assert rec["causal"] and rec["dtype"] == "bf16" and rec["calls"] == 10 and rec["rounds"] == 2
     if "us_per_call" not in rec:
         assert rec["error"]
-    assert overhead.host_record("sdpa_flash", "cupy_fwd")["error"].startswith("NotImplementedError")
-    assert overhead.host_record("cuflash", "cupy_fwd", calls=1)["dtype"] == "fp16"
+    cupy_recs = overhead.host_records("cupy_fwd", calls=5, rounds=1)   # SDPA has no CuPy path
+    assert [r["impl"] for r in cupy_recs] == ["cuflash"] and cupy_recs[0]["dtype"] == "fp16"
     rec = overhead.eager_record("cuflash", "eager_fwd", reps=1)
     assert (rec["batch"], rec["seqlen"], rec["nheads"], rec["hdim"]) == (8, 2048, 16, 128)
     assert overhead.TINY.causal and overhead.EAGER.causal
@@ -216,3 +218,23 @@ def test_ncu_detection(monkeypatch):
     assert not iomode.under_profiler()
     found = iomode.ncu_path()
     assert found is None or found.endswith("ncu")
+
+
+def test_host_us_interleaved_rounds_and_contexts():
+    import contextlib
+
+    from cuflash.timing import host_us_interleaved
+
+    order, entered = [], []
+
+    @contextlib.contextmanager
+    def pin():                      # single use, like sdpa_kernel: a fresh one per timing
+        entered.append(1)
+        yield
+
+    fns = {"a": (lambda: order.append("a"), pin), "b": (lambda: order.append("b"), contextlib.nullcontext)}
+    out = host_us_interleaved(fns, calls=3, rounds=4, sync=lambda: order.append("sync"))
+    assert set(out) == {"a", "b"} and all(best <= med for best, med in out.values())
+    timed = [x for x in order if x != "sync"][2:]          # after one warm-up call each
+    assert timed == (["a"] * 3 + ["b"] * 3) * 4             # interleaved, round by round
+    assert len(entered) == 1 + 4                            # warm-up, then every round

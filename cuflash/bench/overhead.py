@@ -1,7 +1,8 @@
 """--mode overhead: what a call costs the host, and what one eager call delivers.
 
-Host cost per call (cuflash.timing.host_us: CPU clock over --calls calls, default 2000,
-best of 5) on a tiny problem where the GPU work is negligible: batch 1, seqlen 128, 4
+Host cost per call (cuflash.timing.host_us_interleaved: CPU clock, the implementations
+interleaved in 15 rounds of --calls / 5 calls each, default 2000; the best round, and the
+median round as us_median) on a tiny problem where the GPU work is negligible: batch 1, seqlen 128, 4
 heads, d 64, causal, bf16. Paths:
 
 * torch_fwd:    out = f(q, k, v), inputs without grad;
@@ -42,7 +43,8 @@ EAGER_PATHS = ("eager_fwd", "eager_fwdbwd")
 
 def call(impl: str, path: str, p: Problem):
     """(fn, sync, context) for one impl and path: fn() is one call, sync() drains the GPU,
-    context is entered around the measurement (SDPA's backend pin)."""
+    context() gives the context manager entered around each measurement (SDPA's backend pin;
+    a fresh one each time: sdpa_kernel's can be entered once)."""
     import torch
 
     from ..api import flash_attn_func
@@ -56,16 +58,16 @@ def call(impl: str, path: str, p: Problem):
         q, k, v = (cupy.random.standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
                    for _ in range(3))  # fp16: CuPy has no bf16 of its own; the host cost is the same
         return (lambda: flash_attn_func(q, k, v, causal=p.causal),
-                cupy.cuda.Device().synchronize, contextlib.nullcontext())
+                cupy.cuda.Device().synchronize, contextlib.nullcontext)
     if impl == "cuflash":
         shape = (p.batch, p.seqlen_q, p.nheads, p.head_dim)
-        f, context = flash_attn_func, contextlib.nullcontext()
+        f, context = flash_attn_func, contextlib.nullcontext
     else:
         import torch.nn.functional as F
         from torch.nn.attention import sdpa_kernel
 
         shape = (p.batch, p.nheads, p.seqlen_q, p.head_dim)
-        f, context = F.scaled_dot_product_attention, sdpa_kernel(sdpa_backend(impl))
+        f, context = F.scaled_dot_product_attention, lambda: sdpa_kernel(sdpa_backend(impl))
     kw = {"causal": p.causal} if impl == "cuflash" else {"is_causal": p.causal}
     fwdbwd = path.endswith("fwdbwd")
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch_dtype(p.dtype), requires_grad=fwdbwd)
@@ -80,19 +82,29 @@ def call(impl: str, path: str, p: Problem):
     return fn, torch.cuda.synchronize, context
 
 
-def host_record(impl: str, path: str, p: Problem = TINY, calls: int = 2000) -> dict:
-    from ..timing import host_us
+def host_records(path: str, p: Problem = TINY, calls: int = 2000, rounds: int = 15) -> list:
+    """The host cost of every impl on one path, the impls interleaved in ``rounds`` rounds of
+    ``calls // 5`` calls (cuflash.timing.host_us_interleaved): us_per_call is the best round,
+    us_median the median round."""
+    from ..timing import host_us_interleaved
 
     if path == "cupy_fwd":
         p = p.replace(dtype="fp16")
-    rec = dict(impl=impl, path=path, **_problem_fields(p), calls=calls)
-    try:
-        fn, sync, context = call(impl, path, p)
-        with context:
-            rec["us_per_call"] = host_us(fn, calls=calls, sync=sync)
-    except Exception as exc:  # noqa: BLE001
-        rec["error"] = short(exc)
-    return rec
+    impls = [i for i in IMPLS if path != "cupy_fwd" or i == "cuflash"]
+    recs, fns, sync = {}, {}, None
+    for impl in impls:
+        recs[impl] = dict(impl=impl, path=path, **_problem_fields(p), calls=calls,
+                          rounds=rounds)
+        try:
+            fn, sync_i, context = call(impl, path, p)
+            fn()
+            fns[impl], sync = (fn, context), sync_i
+        except Exception as exc:  # noqa: BLE001
+            recs[impl]["error"] = short(exc)
+    if fns:
+        for impl, (best, med) in host_us_interleaved(fns, max(1, calls // 5), rounds, sync).items():
+            recs[impl].update(us_per_call=best, us_median=med)
+    return [recs[i] for i in impls]
 
 
 def eager_record(impl: str, path: str, p: Problem = EAGER, reps: int = 20) -> dict:
@@ -104,7 +116,7 @@ def eager_record(impl: str, path: str, p: Problem = EAGER, reps: int = 20) -> di
     rec = dict(impl=impl, path=path, **_problem_fields(p))
     try:
         fn, sync, context = call(impl, path.replace("eager", "torch"), p)
-        with context:
+        with context():
             for _ in range(3):
                 fn()
             walls = []
@@ -146,10 +158,7 @@ def run(calls: int = 2000, eager_reps: int = 20, out="results", log=print) -> li
     _gpu.require("bench --mode overhead")
     records = []
     for path in HOST_PATHS:
-        for impl in IMPLS:
-            if path == "cupy_fwd" and impl != "cuflash":
-                continue
-            records.append(host_record(impl, path, TINY, calls))
+        records += host_records(path, TINY, calls)
     for path in EAGER_PATHS:
         for impl in IMPLS:
             records.append(eager_record(impl, path, EAGER, eager_reps))
