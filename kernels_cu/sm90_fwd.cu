@@ -4,15 +4,24 @@
 //
 //   O = softmax(Q Kᵀ · scale, causal mask) V,   LSE = log Σ_j exp(S_ij)   (per query row)
 //
-// One CTA computes one Q block Q_i (kBM = 64 · kConsumers query rows) of one (head, batch)
-// with 1 + kConsumers warpgroups of 128 threads. The K/V blocks are visited from the last to
-// the first, as in fa2_fwd, so the few masked ones (ragged end, causal diagonal) come first.
+// A tile is one Q block Q_i (kBM = 64 · kConsumers query rows) of one (head, batch); a CTA of
+// 1 + kConsumers warpgroups of 128 threads computes tiles blockIdx.x, + gridDim.x, ...: one
+// tile when the grid has a CTA per tile, or, persistent (kPersistent: a CTA per SM), a
+// strided share of them, with the producer loading the next tile's Q and K/V while the
+// consumers finish the last one (its last P V and its epilogue). Tiles are numbered Q block
+// fastest, from the last Q block (under a causal mask, the heaviest) to the first, then by
+// head and batch: the CTAs working at the same time share a head's K/V in L2. The K/V
+// blocks are visited from the last to the first, as in fa2_fwd, so the few masked ones
+// (ragged end, causal diagonal) come first.
 //
 // Producer (warpgroup 0): thread 0 issues every copy, the other 127 threads exit. It loads Q_i
 // once, then K_j and V_j by TMA into a ring of kStages shared-memory slots.
 //
-// mbarriers, the producer / consumer handshake: Q full, and per slot K full, V full, K empty,
-// V empty (separate for K and V, so a slot's next K tile can load while its V_j is still read).
+// mbarriers, the producer / consumer handshake: Q full, Q empty, and per slot K full, V full,
+// K empty, V empty (separate for K and V, so a slot's next K tile can load while its V_j is
+// still read). Q empty: every consumer thread arrives once its last S = Q K_jᵀ of the tile
+// has completed, so that the next tile's Q may load. Phases count across the CTA's tiles:
+// the q-th tile with keys uses Q's phase q & 1, and the ring's iteration counter runs on.
 //   full   one arrival (the producer's expect_tx with the tile's bytes) and the bytes
 //          themselves (TMA's complete_tx): the phase completes when the tile has landed
 //   empty  kConsumers · 128 arrivals, one per consumer thread after its last read of the tile:
@@ -44,7 +53,8 @@
 // its predecessor's T hand-overs. Warpgroup 0 receives the last warpgroup's start() arrival
 // (which gives it the first turn) plus that warpgroup's first T - 1 hand-overs: its last one,
 // end(true), is skipped. So no barrier is left half arrived. The turns rotate strictly, so a
-// barrier never holds more than one pending hand-over.
+// barrier never holds more than one pending hand-over. With several tiles T sums over the
+// CTA's tiles with keys, and end(true) marks the last turn of the last one.
 //
 // Registers: setmaxnreg moves them from the producer, which only issues TMA, to the consumers,
 // which hold S and O. FA3's splits, producer / consumer per thread: 56 / 256 with 1 consumer,
@@ -54,7 +64,7 @@
 // stored as head_dim / 64 column chunks of rows x 64 elements, 128 bytes a row, swizzled as TMA
 // writes it and wgmma reads it):
 //   q_smem [kChunks][BM][64], k_smem / v_smem [kStages][kChunks][BN][64], then the mbarriers
-//   (Q full; K full, V full, K empty, V empty, kStages each).
+//   (Q full, Q empty; K full, V full, K empty, V empty, kStages each).
 // Layouts of the tensors: Sm90FwdParams in params_sm90.cuh.
 //
 // Template parameters (cuflash/families/sm90_fwd.py Sm90FwdConfig is the host-side mirror; it
@@ -64,6 +74,8 @@
 //   kStages    K/V ring slots, >= 2
 //   kConsumers consumer warpgroups, 1, 2 or 3
 //   kPingpong  consumer warpgroups take turns with their GEMMs (needs 2 or 3 consumers)
+//   kPersistent the grid has one CTA per SM (the host sizes it); the code is the same for a
+//              CTA per tile, the flag only names the kernel for the host's launch
 //   kHeadDim   64, 128, 192 or 256 (the real head dim, params.head_dim, may be smaller: TMA fills
 //              the columns past it with zeros and the store skips them)
 //   Elem       bf16 or fp16; accumulation in fp32
@@ -89,7 +101,7 @@ struct Sm90FwdShape {
     static constexpr int kKOffset = kQBytes;
     static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
     static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
-    static constexpr int kBarriers = 1 + 4 * kStages;       // Q full; K/V full, K/V empty per slot
+    static constexpr int kBarriers = 2 + 4 * kStages;       // Q full, Q empty; K/V full, K/V empty per slot
     // + 1024: the dynamic shared memory base is aligned up to 1024 bytes at run time
     static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + 1024;
     // Registers per thread after setmaxnreg (FA3's splits): the producer only issues TMA.
@@ -125,7 +137,19 @@ struct Pingpong {
     }
 };
 
-template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, int kHeadDim, class Elem, bool kCausal>
+// Tile `tile` of the grid's numbering (header): its Q block, head and batch.
+struct Sm90Tile {
+    int m_block, head, batch;
+    __device__ __forceinline__ Sm90Tile(int tile, int m_blocks, int nheads) {
+        m_block = m_blocks - 1 - tile % m_blocks;
+        const int hb = tile / m_blocks;
+        head = hb % nheads;
+        batch = hb / nheads;
+    }
+};
+
+template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
+          class Elem, bool kCausal>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim>;
@@ -138,29 +162,28 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     const u32 k_smem = smem + Shape::kKOffset;
     const u32 v_smem = smem + Shape::kVOffset;
     const u32 bars = smem + Shape::kBarOffset;
-    const u32 q_full = bars;
-    auto k_full = [&](int slot) { return bars + 8u * (1 + slot); };
-    auto v_full = [&](int slot) { return bars + 8u * (1 + kStages + slot); };
-    auto k_empty = [&](int slot) { return bars + 8u * (1 + 2 * kStages + slot); };
-    auto v_empty = [&](int slot) { return bars + 8u * (1 + 3 * kStages + slot); };
+    const u32 q_full = bars, q_empty = bars + 8u;
+    auto k_full = [&](int slot) { return bars + 8u * (2 + slot); };
+    auto v_full = [&](int slot) { return bars + 8u * (2 + kStages + slot); };
+    auto k_empty = [&](int slot) { return bars + 8u * (2 + 2 * kStages + slot); };
+    auto v_empty = [&](int slot) { return bars + 8u * (2 + 3 * kStages + slot); };
     static_assert(!kPingpong || kConsumers >= 2, "pingpong needs two or three consumer warpgroups");
 
-    // Heaviest Q blocks first: under a causal mask the last Q blocks see the most keys.
-    const int m_block = gridDim.x - 1 - blockIdx.x;
-    const int head = blockIdx.y, batch = blockIdx.z;
-    const int head_kv = head / (p.nheads / p.nheads_kv);   // GQA / MQA: heads share K/V
-    const int row0 = m_block * kBM;
     const int tid = threadIdx.x, warpgroup = tid / 128;
-
-    // K/V blocks [0, n_blocks) of this Q block (causal: later blocks are skipped entirely).
+    const int m_blocks = (p.seqlen_q + kBM - 1) / kBM;
+    const int n_tiles = m_blocks * p.nheads * p.batch;
+    // K/V blocks [0, n_blocks) of a Q block (causal: later blocks are skipped entirely).
     const Mask mask(p.seqlen_q, p.seqlen_k);
-    const int n_blocks = mask.template kv_block_end<kBM, kBN>(row0);
+    auto kv_blocks = [&](int tile) {
+        return mask.template kv_block_end<kBM, kBN>(Sm90Tile(tile, m_blocks, p.nheads).m_block * kBM);
+    };
 
     if (tid == 0) {
         prefetch_tensormap(&p.tma_q);
         prefetch_tensormap(&p.tma_k);
         prefetch_tensormap(&p.tma_v);
         mbarrier_init(q_full, 1);                           // the producer's expect_tx arrival
+        mbarrier_init(q_empty, kConsumers * 128);           // every consumer thread releases Q
         for (int s = 0; s < kStages; ++s) {
             mbarrier_init(k_full(s), 1);
             mbarrier_init(v_full(s), 1);
@@ -174,29 +197,40 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     if (warpgroup == 0) {
         // ---- producer: one thread issues every TMA copy ----
         setmaxnreg_dec<Shape::kProducerRegs>();
-        if (tid == 0 && n_blocks > 0) {
-            mbarrier_arrive_expect_tx(q_full, Shape::kQBytes);
-#pragma unroll
-            for (int c = 0; c < kChunks; ++c)
-                tma_load_4d(q_smem + c * Shape::kQChunkBytes, &p.tma_q, q_full, c * 64, row0, head, batch);
-            for (int iter = 0; iter < n_blocks; ++iter) {
-                const int slot = iter % kStages;
-                // Slot reuse: wait until the consumers released the tiles of iteration
-                // iter - kStages (the slot's release iter / kStages - 1), K and V separately.
-                const u32 reuse_phase = (iter / kStages - 1) & 1;
-                const int key0 = (n_blocks - 1 - iter) * kBN;
-                if (iter >= kStages) mbarrier_wait(k_empty(slot), reuse_phase);
-                mbarrier_arrive_expect_tx(k_full(slot), Shape::kKVBytes);
+        if (tid == 0) {
+            int kv_iter = 0, q_iter = 0;   // the CTA's K/V iterations and tiles with keys so far
+            for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+                const Sm90Tile at(tile, m_blocks, p.nheads);
+                const int head_kv = at.head / (p.nheads / p.nheads_kv);   // GQA / MQA
+                const int n_blocks = kv_blocks(tile);
+                if (n_blocks == 0) continue;                 // nothing to load: O = 0
+                // Q's buffer is free once the consumers' last S GEMM of the previous tile is done
+                if (q_iter > 0) mbarrier_wait(q_empty, (q_iter - 1) & 1);
+                mbarrier_arrive_expect_tx(q_full, Shape::kQBytes);
 #pragma unroll
                 for (int c = 0; c < kChunks; ++c)
-                    tma_load_4d(k_smem + slot * Shape::kKVBytes + c * Shape::kKVChunkBytes, &p.tma_k,
-                                k_full(slot), c * 64, key0, head_kv, batch);
-                if (iter >= kStages) mbarrier_wait(v_empty(slot), reuse_phase);
-                mbarrier_arrive_expect_tx(v_full(slot), Shape::kKVBytes);
+                    tma_load_4d(q_smem + c * Shape::kQChunkBytes, &p.tma_q, q_full, c * 64,
+                                at.m_block * kBM, at.head, at.batch);
+                ++q_iter;
+                for (int j = 0; j < n_blocks; ++j, ++kv_iter) {
+                    const int slot = kv_iter % kStages;
+                    // Slot reuse: wait until the consumers released the tiles of iteration
+                    // kv_iter - kStages (the slot's release kv_iter / kStages - 1), K and V apart.
+                    const u32 reuse_phase = (kv_iter / kStages - 1) & 1;
+                    const int key0 = (n_blocks - 1 - j) * kBN;
+                    if (kv_iter >= kStages) mbarrier_wait(k_empty(slot), reuse_phase);
+                    mbarrier_arrive_expect_tx(k_full(slot), Shape::kKVBytes);
 #pragma unroll
-                for (int c = 0; c < kChunks; ++c)
-                    tma_load_4d(v_smem + slot * Shape::kKVBytes + c * Shape::kKVChunkBytes, &p.tma_v,
-                                v_full(slot), c * 64, key0, head_kv, batch);
+                    for (int c = 0; c < kChunks; ++c)
+                        tma_load_4d(k_smem + slot * Shape::kKVBytes + c * Shape::kKVChunkBytes, &p.tma_k,
+                                    k_full(slot), c * 64, key0, head_kv, at.batch);
+                    if (kv_iter >= kStages) mbarrier_wait(v_empty(slot), reuse_phase);
+                    mbarrier_arrive_expect_tx(v_full(slot), Shape::kKVBytes);
+#pragma unroll
+                    for (int c = 0; c < kChunks; ++c)
+                        tma_load_4d(v_smem + slot * Shape::kKVBytes + c * Shape::kKVChunkBytes, &p.tma_v,
+                                    v_full(slot), c * 64, key0, head_kv, at.batch);
+                }
             }
         }
         return;
@@ -207,8 +241,13 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     const int wg = warpgroup - 1;                           // consumer index: rows 64·wg..64·wg+63
     const int warp = (tid / 32) % 4, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;                   // accumulator fragment coordinates
-    const int wg_row0 = row0 + wg * 64;
-    const int warp_row0 = wg_row0 + warp * 16;              // this warp's 16 rows of S and O
+
+    // Descriptors of this warpgroup's 64 rows of Q_i (K-major) and of slot 0's K_j (K-major)
+    // and V_j (MN-major: the head dim, wgmma's N, is contiguous).
+    const u64 q_desc = smem_desc_sw128(q_smem + wg * 64 * 128, 16, 1024);
+    const u64 k_desc = smem_desc_sw128(k_smem, 16, 1024);
+    const u64 v_desc = smem_desc_sw128(v_smem, Shape::kKVChunkBytes, 1024);
+    const Pingpong<kPingpong, kConsumers> turn(wg);
 
     // O: 64 x head_dim per warpgroup, 16 rows per warp, fp32. Thread (g, t) of a warp holds
     // rows warp_row0 + g + 8·half; [0][nt][2·half + e] is column 8·nt + 2t + e (per warp the
@@ -216,125 +255,139 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     float o_acc[1][kHeadDim / 8][4];
     float m[1][2];  // running row max of the raw scores S (not yet scaled)
     float l[1][2];  // running row sum of P, this thread's columns only
-#pragma unroll
-    for (int nt = 0; nt < kHeadDim / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o_acc[0][nt][e] = 0.f;
-    softmax_init(m, l);
     float (&o_flat)[kHeadDim / 2] = reinterpret_cast<float (&)[kHeadDim / 2]>(o_acc);
+    float s_acc[1][kBN / 8][4];                            // S_j (64 x BN), then P_j (fp32)
+    float (&s_flat)[kBN / 2] = reinterpret_cast<float (&)[kBN / 2]>(s_acc);
+    u32 p_frag[1][kBN / 16][4];                            // P_{j-1} as 16-bit A fragments
+    float alpha[1][2];                                     // O's rescale for block j, per row
 
-    if (n_blocks > 0) {
-        // Descriptors of this warpgroup's 64 rows of Q_i (K-major) and of slot 0's K_j
-        // (K-major) and V_j (MN-major: the head dim, wgmma's N, is contiguous).
-        const u64 q_desc = smem_desc_sw128(q_smem + wg * 64 * 128, 16, 1024);
-        const u64 k_desc = smem_desc_sw128(k_smem, 16, 1024);
-        const u64 v_desc = smem_desc_sw128(v_smem, Shape::kKVChunkBytes, 1024);
-        const Pingpong<kPingpong, kConsumers> turn(wg);
-        float s_acc[1][kBN / 8][4];                        // S_j (64 x BN), then P_j (fp32)
-        float (&s_flat)[kBN / 2] = reinterpret_cast<float (&)[kBN / 2]>(s_acc);
-        u32 p_frag[1][kBN / 16][4];                        // P_{j-1} as 16-bit A fragments
-        float alpha[1][2];                                 // O's rescale for block j, per row
-
-        // S_j = Q_i K_jᵀ (64 x BN per warpgroup, fp32): issued, not waited for.
-        auto issue_s = [&](int slot) {
-            const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;  // descriptor address units
+    // S_j = Q_i K_jᵀ (64 x BN per warpgroup, fp32): issued, not waited for.
+    auto issue_s = [&](int slot) {
+        const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;  // descriptor address units
 #pragma unroll
-            for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-                // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
-                const u64 q_off = u64((kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32) >> 4;
-                const u64 k_off = u64((kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32) >> 4;
-                Wgmma<kBN, Elem>::template ss<0>(s_flat, q_desc + q_off, k_desc + slot_off + k_off, kk > 0);
-            }
-            wgmma_commit();
-        };
-        // O += P_{j-1} V_{j-1}: issued, not waited for (keys 16kk..16kk+15: 16 rows of 128 B).
-        auto issue_pv = [&](int slot) {
-            const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
+            const u64 q_off = u64((kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32) >> 4;
+            const u64 k_off = u64((kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32) >> 4;
+            Wgmma<kBN, Elem>::template ss<0>(s_flat, q_desc + q_off, k_desc + slot_off + k_off, kk > 0);
+        }
+        wgmma_commit();
+    };
+    // O += P_{j-1} V_{j-1}: issued, not waited for (keys 16kk..16kk+15: 16 rows of 128 B).
+    auto issue_pv = [&](int slot) {
+        const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;
 #pragma unroll
-            for (int kk = 0; kk < kBN / 16; ++kk)
-                Wgmma<kHeadDim, Elem>::template rs<1>(o_flat, p_frag[0][kk],
-                                                     v_desc + slot_off + (u64(kk * 16 * 128) >> 4), 1);
-            wgmma_commit();
-        };
-        // S_j has landed: release K_j (the S GEMM was its only reader), mask (only the ragged
-        // last block and the causal diagonal blocks), online softmax -> P_j (in s_acc), m, l,
-        // alpha. reg_fence: no read of S may move above the wgmma wait.
-        auto softmax_s = [&](int slot, int n_block) {
-            reg_fence(s_flat);
-            mbarrier_arrive(k_empty(slot));
-            if (mask.template needs_mask<kBN>(wg_row0, n_block))
-                mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
-            softmax_step(s_acc, m, l, p.scale_log2, alpha);
-        };
+        for (int kk = 0; kk < kBN / 16; ++kk)
+            Wgmma<kHeadDim, Elem>::template rs<1>(o_flat, p_frag[0][kk],
+                                                 v_desc + slot_off + (u64(kk * 16 * 128) >> 4), 1);
+        wgmma_commit();
+    };
 
-        mbarrier_wait(q_full, 0);
-        turn.start();
-        // j = 0 (the last K/V block): S, softmax; O is still zero, so no P V and no rescale
-        turn.begin();
-        mbarrier_wait(k_full(0), 0);
-        reg_fence(s_flat);
-        wgmma_fence();
-        issue_s(0);
-        turn.end();
-        wgmma_wait<0>();
-        softmax_s(0, n_blocks - 1);
-        pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
+    int kv_iter = 0, q_iter = 0;    // as the producer counts them: ring slots and Q's phases
+    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+        const Sm90Tile at(tile, m_blocks, p.nheads);
+        const int wg_row0 = at.m_block * kBM + wg * 64;
+        const int warp_row0 = wg_row0 + warp * 16;         // this warp's 16 rows of S and O
+        const int n_blocks = kv_blocks(tile);
+#pragma unroll
+        for (int nt = 0; nt < kHeadDim / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o_acc[0][nt][e] = 0.f;
+        softmax_init(m, l);
 
-        for (int iter = 1; iter < n_blocks; ++iter) {
-            const int slot = iter % kStages, prev = (iter - 1) % kStages;
+        if (n_blocks > 0) {
+            // the CTA's last turn: the last tile with keys ends it (Pingpong: end(true))
+            bool last_tile = true;
+            for (int next = tile + gridDim.x; next < n_tiles && last_tile; next += gridDim.x)
+                last_tile = kv_blocks(next) == 0;
+            // S_j has landed: release K_j (the S GEMM was its only reader) and, after the
+            // tile's last S, Q; mask (only the ragged last block and the causal diagonal
+            // blocks), online softmax -> P_j (in s_acc), m, l, alpha. reg_fence: no read of S
+            // may move above the wgmma wait.
+            auto softmax_s = [&](int slot, int j) {
+                const int n_block = n_blocks - 1 - j;
+                reg_fence(s_flat);
+                mbarrier_arrive(k_empty(slot));
+                if (j == n_blocks - 1) mbarrier_arrive(q_empty);
+                if (mask.template needs_mask<kBN>(wg_row0, n_block))
+                    mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
+                softmax_step(s_acc, m, l, p.scale_log2, alpha);
+            };
+            auto phase = [&](int j) { return u32((kv_iter + j) / kStages) & 1; };
+            auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
+
+            if (q_iter == 0) turn.start();  // the CTA's first tile with keys
+            mbarrier_wait(q_full, q_iter & 1);
+            // j = 0 (the last K/V block): S, softmax; O is still zero, so no P V and no rescale
             turn.begin();
-            mbarrier_wait(k_full(slot), (iter / kStages) & 1);
-            // reg_fence keeps the reads of the old S (packed into P_{j-1}) and the rescale of
-            // O above the wgmma; wgmma_fence orders those register writes before its reads.
+            mbarrier_wait(k_full(slot_of(0)), phase(0));
             reg_fence(s_flat);
             reg_fence(o_flat);
             wgmma_fence();
-            issue_s(slot);
-            mbarrier_wait(v_full(prev), ((iter - 1) / kStages) & 1);
-            issue_pv(prev);
+            issue_s(slot_of(0));
             turn.end();
-            wgmma_wait<1>();                   // S_j is ready; P_{j-1} V_{j-1} may still run
-            softmax_s(slot, n_blocks - 1 - iter);
-            wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
-            reg_fence(o_flat);
-            mbarrier_arrive(v_empty(prev));    // V_{j-1}'s slot may be refilled
-            softmax_rescale(o_acc, alpha);     // O *= alpha_j: O now relative to m_j
+            wgmma_wait<0>();
+            softmax_s(slot_of(0), 0);
             pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
-        }
-        // end: the last block's O += P V (the final turn)
-        const int last = (n_blocks - 1) % kStages;
-        turn.begin();
-        mbarrier_wait(v_full(last), ((n_blocks - 1) / kStages) & 1);
-        reg_fence(o_flat);
-        wgmma_fence();
-        issue_pv(last);
-        turn.end(true);
-        wgmma_wait<0>();
-        reg_fence(o_flat);
-        mbarrier_arrive(v_empty(last));
-    }
 
-    // ---- epilogue: O = acc / l (delayed normalization), LSE = m·scale + log l ----
-    // Each thread stores its O fragment straight from registers, two columns (4 bytes) per
-    // store, skipping rows past seqlen_q and columns past head_dim. A Q block with no visible
-    // key (n_blocks = 0) stores O = 0 and LSE = +inf.
-    u16* o_gmem = static_cast<u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-    float* lse_gmem = p.lse + (static_cast<i64>(batch) * p.nheads + head) * p.seqlen_q;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const float l_row = quad_sum(l[0][half]);
-        const float inv_l = softmax_inv_l(l_row);
-        const int r = warp_row0 + g + 8 * half;
-        if (r < p.seqlen_q) {
-            u16* o_row = o_gmem + r * p.o_row_stride;
-#pragma unroll
-            for (int nt = 0; nt < kHeadDim / 8; ++nt) {
-                const int col = nt * 8 + 2 * t;
-                if (col < p.head_dim)
-                    *reinterpret_cast<u32*>(o_row + col) =
-                        pack2<Elem>(o_acc[0][nt][2 * half] * inv_l, o_acc[0][nt][2 * half + 1] * inv_l);
+            for (int j = 1; j < n_blocks; ++j) {
+                const int slot = slot_of(j), prev = slot_of(j - 1);
+                turn.begin();
+                mbarrier_wait(k_full(slot), phase(j));
+                // reg_fence keeps the reads of the old S (packed into P_{j-1}) and the rescale
+                // of O above the wgmma; wgmma_fence orders those register writes before its reads.
+                reg_fence(s_flat);
+                reg_fence(o_flat);
+                wgmma_fence();
+                issue_s(slot);
+                mbarrier_wait(v_full(prev), phase(j - 1));
+                issue_pv(prev);
+                turn.end();
+                wgmma_wait<1>();                   // S_j is ready; P_{j-1} V_{j-1} may still run
+                softmax_s(slot, j);
+                wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
+                reg_fence(o_flat);
+                mbarrier_arrive(v_empty(prev));    // V_{j-1}'s slot may be refilled
+                softmax_rescale(o_acc, alpha);     // O *= alpha_j: O now relative to m_j
+                pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
             }
-            if (t == 0) lse_gmem[r] = softmax_lse(m[0][half], l_row, p.softmax_scale);
+            // end: the last block's O += P V (the tile's final turn)
+            const int last = slot_of(n_blocks - 1);
+            turn.begin();
+            mbarrier_wait(v_full(last), phase(n_blocks - 1));
+            reg_fence(o_flat);
+            wgmma_fence();
+            issue_pv(last);
+            turn.end(last_tile);
+            wgmma_wait<0>();
+            reg_fence(o_flat);
+            mbarrier_arrive(v_empty(last));
+            kv_iter += n_blocks;
+            ++q_iter;
+        }
+
+        // ---- epilogue: O = acc / l (delayed normalization), LSE = m·scale + log l ----
+        // Each thread stores its O fragment straight from registers, two columns (4 bytes) per
+        // store, skipping rows past seqlen_q and columns past head_dim. A Q block with no
+        // visible key (n_blocks = 0) stores O = 0 and LSE = +inf.
+        u16* o_gmem = static_cast<u16*>(p.o) + at.batch * p.o_batch_stride + at.head * p.o_head_stride;
+        float* lse_gmem = p.lse + (static_cast<i64>(at.batch) * p.nheads + at.head) * p.seqlen_q;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const float l_row = quad_sum(l[0][half]);
+            const float inv_l = softmax_inv_l(l_row);
+            const int r = warp_row0 + g + 8 * half;
+            if (r < p.seqlen_q) {
+                u16* o_row = o_gmem + r * p.o_row_stride;
+#pragma unroll
+                for (int nt = 0; nt < kHeadDim / 8; ++nt) {
+                    const int col = nt * 8 + 2 * t;
+                    if (col < p.head_dim)
+                        *reinterpret_cast<u32*>(o_row + col) =
+                            pack2<Elem>(o_acc[0][nt][2 * half] * inv_l, o_acc[0][nt][2 * half + 1] * inv_l);
+                }
+                if (t == 0) lse_gmem[r] = softmax_lse(m[0][half], l_row, p.softmax_scale);
+            }
         }
     }
 }

@@ -8,7 +8,7 @@ run at the end happens only without the option).
 Every registered kernel family runs, forced with config= / bwd_config=: each forward
 family's heuristic, and each backward family's heuristic (preprocess, main kernel, dQ
 epilogue, GQA reduction, through torch autograd) in every key-group layout its space offers
-(fa2_bwd: qsplit 1 and 2) and in deterministic mode.
+(fa2_bwd: qsplit 1 and 2; sm90_fwd: persistent off and on) and in deterministic mode.
 """
 import os
 import sys
@@ -25,6 +25,7 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_kv, hdim, causal)
     (1, 1, 1, 2, 2, 64, False), (1, 17, 113, 4, 1, 40, True), (2, 203, 113, 4, 2, 128, True),
     (1, 113, 203, 2, 2, 256, False), (1, 130, 130, 2, 1, 96, True), (1, 1, 300, 2, 2, 128, True),
     (1, 300, 1, 2, 2, 72, True), (1, 129, 65, 2, 1, 160, False),
+    (1, 1100, 900, 16, 4, 64, True),   # more tiles than SMs: a persistent CTA takes several
 ]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -38,11 +39,11 @@ def heuristic(family, problem):
 
 
 def layouts(family, config):
-    """config and, for each other value of a layout parameter of the space (qsplit), the
+    """config and, for each other value of a layout parameter of the space (qsplit, persistent), the
     first variant with that value (warps adjusted if needed) that is valid on this GPU."""
     out = [config]
     smem = _gpu.max_smem()
-    for key in ("qsplit",):
+    for key in ("qsplit", "persistent"):
         if key not in family.space:
             continue
         for value in family.space[key]:
@@ -66,8 +67,9 @@ def main():
                     continue
                 q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
                 k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
-                cuflash.flash_attn_func(q, k, v, causal=causal, config=cfg)
-                runs += 1
+                for config in layouts(fwd, cfg):
+                    cuflash.flash_attn_func(q, k, v, causal=causal, config=config)
+                    runs += 1
             for bwd in filter(picked, registry.families("bwd")):
                 for det in (False, True):
                     base = heuristic(bwd, Problem("bwd", name, b, sq, sk, h, hkv, d, causal, det))

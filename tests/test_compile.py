@@ -145,6 +145,11 @@ def tuned_configs():
             except LookupError as exc:
                 skipped.append(f"{path.name}: {exc}")
                 continue
+            if str(e.stamp.get("version")) != str(family.version):
+                # a config of an older meaning of the family's parameters: selection ignores it
+                skipped.append(f"{path.name} {e.key}: family version {e.stamp.get('version')} "
+                               f"!= {family.version} (stale; re-tune)")
+                continue
             cfg = family.make(e.config, cls_problem(family, e.head_dim, e.dtype, e.causal))
             out.setdefault((family.name, arch), []).append((cfg, f"{path.name} {e.key}", tf.cc))
     return out, skipped

@@ -17,6 +17,7 @@ import pytest
 
 import cuflash
 from cuflash import api, launch, reference, torch_ops
+from cuflash.problem import Problem
 
 from conftest import SPACE_SHAPE, cuda_randn as rand, device_heuristic, grid_params, grid_problem  # noqa: E402
 from conftest import require_fits_device, space_params, torch_attention, torch_dtype  # noqa: E402
@@ -76,6 +77,31 @@ def test_every_point_of_the_space(family, config):
     check_forward(out, lse, q, k, v, config.causal, config.head_dim ** -0.5, f"{config.name}: ")
     assert torch.equal(out, cuflash.flash_attn_func(q, k, v, causal=config.causal, config=config)), \
         "the forward is deterministic"
+
+
+@pytest.mark.parametrize("shape", [(3, 1023, 1023, 16, 16), (2, 2049, 700, 8, 2), (4, 300, 517, 12, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("hdim", [64, 128])
+def test_persistent_tiles(hdim, causal, shape):
+    """The layout parameters that change how tiles map to CTAs (sm90_fwd's persistent: a CTA
+    per SM, several tiles each, Q and ring phases carried from tile to tile), on shapes with
+    more tiles than SMs, tiles without keys (causal, seqlen_q > seqlen_k) and GQA / MQA."""
+    from cuflash import registry
+
+    for family in registry.families("fwd"):
+        if "persistent" not in family.space:
+            continue
+        b, sq, sk, h, hk = shape
+        problem = Problem("fwd", "bf16", b, sq, sk, h, hk, hdim, causal)
+        cfg = device_heuristic(family, problem)
+        if cfg is None:
+            continue
+        q, k, v = inputs(problem)
+        for persistent in (False, True):
+            c = cfg.replace(persistent=persistent)
+            out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, config=c)
+            check_forward(out, lse, q, k, v, causal, hdim ** -0.5, f"{c.name}: ")
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -90,7 +90,8 @@ from cuflash.select import choose  # noqa: E402
 FAM = registry.get("sm90_fwd")
 NVCC = os.environ.get("NVCC", "nvcc")
 needs_nvcc = pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not on PATH")
-GOOD = Sm90FwdConfig(BM=128, BN=128, stages=2, consumers=2, pingpong=True, head_dim=128, dtype="bf16", causal=False)
+GOOD = Sm90FwdConfig(BM=128, BN=128, stages=2, consumers=2, pingpong=True, persistent=False, head_dim=128,
+                      dtype="bf16", causal=False)
 
 
 def problem(head_dim=64, dtype="bf16", causal=False, **kw):
@@ -126,9 +127,10 @@ def test_good_config_and_name():
     assert GOOD.validate(227 * 1024) is GOOD
     assert GOOD.name == "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2_pp"
     assert GOOD.warps == 12 and GOOD.threads == 384
-    assert GOOD.kernel_name() == "cuflash::sm90_fwd<128, 128, 2, 2, true, 128, cuflash::bf16, false>"
-    assert GOOD.smem_bytes == (128 + 4 * 128) * 128 * 2 + 8 * 9 + 1024
-    assert FAM.encode(GOOD) == "sm90_fwd:BM=128,BN=128,stages=2,consumers=2,pingpong=1,head_dim=128"
+    assert GOOD.kernel_name() == "cuflash::sm90_fwd<128, 128, 2, 2, true, false, 128, cuflash::bf16, false>"
+    assert GOOD.replace(persistent=True).name == "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2_pp_persist"
+    assert GOOD.smem_bytes == (128 + 4 * 128) * 128 * 2 + 8 * 10 + 1024
+    assert FAM.encode(GOOD) == "sm90_fwd:BM=128,BN=128,stages=2,consumers=2,pingpong=1,persistent=0,head_dim=128"
     assert FAM.decode(FAM.encode(GOOD), "bf16", False) == GOOD
 
 
@@ -161,7 +163,8 @@ def test_register_rule(monkeypatch):
 
 def test_space():
     assert FAM.space == {"BM": (64, 128, 192), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
-                         "stages": (2, 3), "consumers": (1, 2, 3), "pingpong": (False, True)}
+                         "stages": (2, 3), "consumers": (1, 2, 3), "pingpong": (False, True),
+                         "persistent": (False, True)}
     counts = {}
     for d in HEAD_DIMS:
         valid = FAM.valid(problem(d), 227 * 1024)
@@ -169,7 +172,7 @@ def test_space():
         assert all(c.BM == 64 * c.consumers and c.head_dim == d for c in valid)
     # d64: every BN, both stages, 1 consumer or 2 with and without pingpong, and 3 (with and
     # without pingpong) for BN <= 128 (registers); d256 is held by smem and registers
-    assert counts[64] == 9 * 2 * 3 + 5 * 2 * 2
+    assert counts[64] == (9 * 2 * 3 + 5 * 2 * 2) * 2      # x persistent on / off
     assert counts[256] > 0 and counts[256] < counts[128] <= counts[64]
 
 
@@ -262,13 +265,16 @@ def test_plan_writes_tensor_maps_per_call(monkeypatch, fake_encoder):
     ptrs = (0x10000, 0x20000, 0x30000, 0x40000, 0x50000)
     plan.run(ptrs, 0, stream=7)
     (call,) = launches
-    assert call["grid"] == (-(-300 // cfg.BM), 8, 2) and call["block"] == cfg.threads
+    assert call["grid"] == (-(-300 // cfg.BM) * 8 * 2, 1, 1) and call["block"] == cfg.threads  # a CTA per tile
     assert call["smem"] == cfg.smem_bytes
     rec = np.frombuffer(call["raw"], dt)[0]
     assert tuple(int(rec[n]) for n in FAM.pointer_fields) == ptrs
     assert [a[1] for a in fake_encoder] == list(ptrs[:3])               # q, k, v maps, in order
     assert [a[2] for a in fake_encoder] == [(72, 300, 8, 2), (72, 200, 2, 2), (72, 200, 2, 2)]
     assert [a[4][1] for a in fake_encoder] == [cfg.BM, cfg.BN, cfg.BN]
+    persistent = cfg.replace(persistent=True)
+    assert FAM.launches(persistent, p, 132)[0].grid == (3 * 8 * 2, 1, 1)         # 48 tiles < 132 SMs
+    assert FAM.launches(persistent, p.replace(batch=20), 132)[0].grid == (132, 1, 1)
     for i, field in enumerate(("tma_q", "tma_k", "tma_v")):
         off = dt.fields[field][1]
         assert call["raw"][off:off + 128] == bytes((i + 1 + j) % 256 for j in range(128)), field

@@ -473,6 +473,8 @@ def test_shipped_tables_load_and_make_valid_configs(monkeypatch):
         for e in tf.entries:
             fam = registry.get(e.family)
             assert fam.op == e.op and set(e.stamp) == {"version", "code_hash"}
+            if str(e.stamp["version"]) != str(fam.version):
+                continue  # an older meaning of the family's parameters: selection ignores it
             cfg = fam.make(e.config, Problem(e.op, e.dtype, 1, e.seqlen, e.seqlen, 1, 1,
                                              e.head_dim, e.causal))
             assert not cfg.problems(H100_SMEM), (path.name, e.key)

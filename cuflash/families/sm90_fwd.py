@@ -57,6 +57,8 @@ class Sm90FwdConfig(KernelConfig):
     stages:    K/V ring slots in shared memory (>= 2)
     consumers: consumer warpgroups (1, 2 or 3); the CTA has 128 · (consumers + 1) threads
     pingpong:  the consumer warpgroups take turns issuing their GEMMs (needs consumers >= 2)
+    persistent: one CTA per SM, each computing a strided share of the tiles (the producer loads
+               the next tile while the consumers finish one); else one CTA per tile
     head_dim:  64, 128, 192 or 256 (the compile-time head dim; smaller real ones are zero-filled)
     dtype:     "bf16" or "fp16"
     causal:    bottom-right aligned causal mask, a compile-time flag
@@ -67,6 +69,7 @@ class Sm90FwdConfig(KernelConfig):
     stages: int
     consumers: int
     pingpong: bool
+    persistent: bool
     head_dim: int
     dtype: str
     causal: bool
@@ -82,13 +85,14 @@ class Sm90FwdConfig(KernelConfig):
     def name(self) -> str:
         mask = "causal" if self.causal else "full"
         return (f"sm90fwd_{self.dtype}_d{self.head_dim}_{mask}_"
-                f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{'_pp' if self.pingpong else ''}")
+                f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{'_pp' if self.pingpong else ''}"
+                f"{'_persist' if self.persistent else ''}")
 
     @property
     def smem_bytes(self) -> int:
-        """Q, stages x (K, V), the mbarriers (Q full; K/V full and empty per slot), and 1024
-        bytes to align the base (as the kernel's Sm90FwdShape::kSmemBytes)."""
-        return (self.BM + 2 * self.stages * self.BN) * self.head_dim * 2 + 8 * (1 + 4 * self.stages) + 1024
+        """Q, stages x (K, V), the mbarriers (Q full and empty; K/V full and empty per slot),
+        and 1024 bytes to align the base (as the kernel's Sm90FwdShape::kSmemBytes)."""
+        return (self.BM + 2 * self.stages * self.BN) * self.head_dim * 2 + 8 * (2 + 4 * self.stages) + 1024
 
     @property
     def accum_regs(self) -> int:
@@ -97,12 +101,13 @@ class Sm90FwdConfig(KernelConfig):
 
     def kernel_name(self) -> str:
         return (f"cuflash::sm90_fwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
-                f"{'true' if self.pingpong else 'false'}, {self.head_dim}, cuflash::{self.dtype}, "
+                f"{'true' if self.pingpong else 'false'}, {'true' if self.persistent else 'false'}, "
+                f"{self.head_dim}, cuflash::{self.dtype}, "
                 f"{'true' if self.causal else 'false'}>")
 
     def template_args(self) -> tuple:
-        return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.head_dim,
-                self.dtype, self.causal)
+        return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
+                self.head_dim, self.dtype, self.causal)
 
     def _problems(self) -> list[str]:
         out = []
@@ -200,10 +205,11 @@ def tensor_map(dtype: str, ptr: int, shape, strides, rows: int) -> bytes:
 class Sm90Forward(Family):
     name = "sm90_fwd"
     op = "fwd"
-    version = 2
+    version = 3
     config_cls = Sm90FwdConfig
     space = {"BM": (64, 128, 192), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
-             "stages": (2, 3), "consumers": (1, 2, 3), "pingpong": (False, True)}
+             "stages": (2, 3), "consumers": (1, 2, 3), "pingpong": (False, True),
+             "persistent": (False, True)}
     params_struct = "Sm90FwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90FwdParams"
     pointer_fields = ("q", "k", "v", "o", "lse")
@@ -236,7 +242,7 @@ class Sm90Forward(Family):
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         bn = {64: 192, 128: 176, 192: 112}.get(d, 80)
-        cfg = Sm90FwdConfig(128, bn, 2, 2, True, d, problem.dtype, bool(problem.causal))
+        cfg = Sm90FwdConfig(128, bn, 2, 2, True, False, d, problem.dtype, bool(problem.causal))
         return first_fitting(cfg, ({"BN": 64}, {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False}),
                              max_smem)
 
@@ -244,7 +250,11 @@ class Sm90Forward(Family):
         return {"main": config.kernel_name()}
 
     def launches(self, config, problem: Problem, sm_count: int) -> list:
-        grid = (-(-problem.seqlen_q // config.BM), problem.nheads, problem.batch)
+        # one CTA per tile (Q block, head, batch), or per SM (persistent; one CTA fits an SM)
+        tiles = -(-problem.seqlen_q // config.BM) * problem.nheads * problem.batch
+        if tiles >= 2 ** 31:
+            raise ValueError(f"batch * nheads * seqlen_q: too many Q blocks for one launch ({tiles})")
+        grid = (min(tiles, sm_count) if config.persistent else tiles, 1, 1)
         return [LaunchSpec("main", grid, config.threads, config.smem_bytes)]
 
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
