@@ -275,7 +275,7 @@ def check_features(tq: _Tensor, dropout_p=0.0, window_size=(-1, -1), softcap=0.0
 def raise_unsupported(problem: Problem, given: dict) -> None:
     """GPU input with features: raise UnsupportedFeature naming the arguments unless some
     registered family supports the problem (none does yet: then the launch is not wired)."""
-    reasons = [f.supports((99, 9), problem) for f in families(problem.op)]
+    reasons = [f.supports((99, 9), problem) for f in families(problem.op, problem.dtype)]
     names = [f for f in problem.features]
     args = ", ".join(given.get(f, FEATURES[f][0]) for f in names)
     whats = [FEATURES[f][1] for f in names]
@@ -295,7 +295,7 @@ def check_supported(problem: Problem) -> None:
     GPU. Needs no GPU; the device's own check comes with selection."""
     from .select import UnsupportedProblem
 
-    reasons = [f.supports((99, 9), problem) for f in families(problem.op)]
+    reasons = [f.supports((99, 9), problem) for f in families(problem.op, problem.dtype)]
     if reasons and all(reasons):
         raise UnsupportedProblem("; ".join(dict.fromkeys(reasons)))
 

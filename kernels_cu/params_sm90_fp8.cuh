@@ -7,12 +7,14 @@
 namespace cuflash {
 
 // FP8 (e4m3) forward on sm_90a (sm90_fwd_fp8). q, k, o, lse as Sm90FwdParams (q, k e4m3, one
-// byte per element; o bf16); v is not the caller's V but its transposed copy Vᵀ (the host
-// writes it, cuflash/families/sm90_fwd_fp8.py): (batch, nheads_kv, head_dim, seqlen_k_pad),
+// byte per element; o bf16); v is the caller's V, which the kernel does not read: it reads
+// vt, a transposed copy Vᵀ that the host writes (cuflash/fp8.py): (batch, nheads_kv, head_dim, seqlen_k_pad),
 // keys contiguous and reordered inside each group of 16 (the P fragment order, the family's
 // module says why), seqlen_k_pad = seqlen_k rounded up to 16, padding zeros.
 // q_descale, k_descale, v_descale: fp32, (batch, nheads_kv), contiguous (the host expands a
-// per-tensor factor): the real tensors are descale · the stored e4m3 values.
+// per-tensor factor): the real tensors are descale · the stored e4m3 values. The three and vt
+// are pieces of the launch's workspace, filled by the host before the launch; v (the
+// caller's V) is not read by the kernel.
 struct Sm90FwdFp8Params {
     const void* q;
     const void* k;
@@ -22,6 +24,7 @@ struct Sm90FwdFp8Params {
     const float* q_descale;
     const float* k_descale;
     const float* v_descale;
+    const void* vt;        // Vᵀ (read through tma_v only; the host encodes the map from it)
     TmaDesc tma_q;         // box 128 x BM (128 bytes: the 128B swizzle span)
     TmaDesc tma_k;         // box 128 x BN
     TmaDesc tma_v;         // Vᵀ: box BN keys x kHeadDim rows
