@@ -383,7 +383,8 @@ def check_config(name: str, config, problem: Problem) -> None:
 def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                     causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
                     alibi_slopes=None, deterministic: bool = False,
-                    return_attn_probs: bool = False, *, config=None, bwd_config=None):
+                    return_attn_probs: bool = False, *, config=None, bwd_config=None,
+                    q_descale=None, k_descale=None, v_descale=None):
     """Exact attention, FlashAttention-2 algorithm; same signature as flash_attn's.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim),
@@ -403,12 +404,19 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     gradients are bitwise reproducible (slower); the forward is always deterministic.
     config / bwd_config: an explicit kernel config (e.g. cuflash.FwdConfig / BwdConfig) instead
     of the tuned or heuristic one; bwd_config applies to torch autograd's backward.
+    q_descale, k_descale, v_descale: FP8 inputs (torch.float8_e4m3fn; CuPy uint8 e4m3 bytes with
+    a descale given) run the FP8 forward (cuflash.fp8: sm_90, forward only, bf16 output): fp32
+    descale factors, (1,) or (batch, nheads_kv), flash-attn 3's arguments.
 
     Returns out (like q), or (out, softmax_lse, S_dmask) when return_attn_probs: softmax_lse
     is fp32 (batch, nheads, seqlen_q), natural log; S_dmask is None without dropout (flash-attn
     returns an empty tensor there) and with dropout (torch CPU) the keep mask, bool
     (batch, nheads, seqlen_q, seqlen_k), True = kept (flash-attn encodes it in the sign of P).
     """
+    if q_descale is not None or k_descale is not None or v_descale is not None or _is_fp8(q):
+        return _fp8_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                         deterministic, return_attn_probs, config, bwd_config, q_descale, k_descale,
+                         v_descale)
     if dropout_p or softcap or alibi_slopes is not None or window_size != (-1, -1):
         return _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                               alibi_slopes, deterministic, return_attn_probs, config, bwd_config)
@@ -433,6 +441,24 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
                 return (out, lse, None) if return_attn_probs else out
     out, lse = _forward_slow(q, k, v, softmax_scale, causal, deterministic, config, bwd_config)
     return (out, lse, None) if return_attn_probs else out
+
+
+def _is_fp8(x) -> bool:
+    return str(getattr(x, "dtype", "")).endswith("float8_e4m3fn")
+
+
+def _fp8_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+              deterministic, return_attn_probs, config, bwd_config, q_descale, k_descale, v_descale):
+    """FP8 inputs: cuflash.fp8 (forward only, none of the features yet)."""
+    from . import fp8
+
+    given = {"dropout_p": dropout_p, "softcap": softcap, "alibi_slopes": alibi_slopes is not None,
+             "window_size": window_size != (-1, -1), "bwd_config": bwd_config is not None}
+    unsupported = [name for name, on in given.items() if on]
+    if unsupported:
+        raise UnsupportedFeature(f"{unsupported[0]}: not implemented for FP8 (e4m3) inputs yet")
+    return fp8.flash_attn_fp8_func(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale,
+                                   return_attn_probs, config)
 
 
 _torch_ops = None  # cuflash.torch_ops once loaded (an import statement per call: ~0.4 µs)

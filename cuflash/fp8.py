@@ -177,12 +177,13 @@ def check_fp8_qkv(q, k, v, softmax_scale, causal):
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check(name, x, kind)
         if kind == "torch":
-            if x.device.type != "cuda":
-                raise ValueError(f"{name}: fp8 torch tensors must be on a CUDA device, got {x.device}")
             if not is_fp8(x):
                 raise TypeError(f"{name}: dtype must be torch.float8_e4m3fn like q, got {x.dtype}")
         elif x.dtype.itemsize != 1 or str(x.dtype) not in ("uint8", "float8_e4m3fn"):
             raise TypeError(f"{name}: CuPy fp8 arrays must be uint8 (e4m3 bytes), got {x.dtype}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if kind == "torch" and x.device.type != "cuda":
+            raise ValueError(f"{name}: fp8 torch tensors must be on a CUDA device, got {x.device}")
     (b, sq, h, d), (bk, sk, hk, dk), vshape = q.shape, k.shape, tuple(v.shape)
     if bk != b or dk != d or vshape != tuple(k.shape):
         raise ValueError(f"k, v: expected shape ({b}, seqlen_k, nheads_kv, {d}) each, got "
@@ -239,7 +240,8 @@ def _perm(kind: str, device):
         if kind == "torch":
             import torch
 
-            idx = torch.tensor(PERM16, dtype=torch.long, device=f"cuda:{device}")
+            idx = torch.tensor(PERM16, dtype=torch.long,
+                               device="cpu" if device is None else f"cuda:{device}")
         else:
             import cupy
 
