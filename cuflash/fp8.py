@@ -364,7 +364,6 @@ def flash_attn_fp8_func(q, k, v, softmax_scale: Optional[float] = None, causal: 
             lse.fill(np.nan)
     optr = out.data_ptr() if kind == "torch" else out.data.ptr
     lptr = lse.data_ptr() if kind == "torch" else lse.data.ptr
+    # ws is freed on return: safe, the kernel runs on the stream its allocator serves
     plan.run((qp, kp, vp, optr, lptr), ws_ptr, stream)
-    if kind == "torch":
-        ws.record_stream(torch.cuda.current_stream(q.device))
     return (out, lse, None) if return_attn_probs else out
