@@ -296,6 +296,15 @@ def test_api_checks_name_the_argument():
         fp8.check_fp8_qkv(q, torch.zeros((1, 16, 2, 64), dtype=torch.bfloat16), q, None, False)
 
 
+def test_bench_fwd_fp8_flag():
+    from cuflash import bench
+    from cuflash.bench import fwd
+
+    a = bench.parser().parse_args(["--mode", "fwd", "--fp8"])
+    assert a.fp8 and not bench.parser().parse_args(["--mode", "fwd"]).fp8
+    assert "fp8" in fwd.run.__code__.co_varnames and callable(fwd.fp8_callables)
+
+
 # ---------------------------------------------------------------------------------------
 # nvcc / ptxas
 

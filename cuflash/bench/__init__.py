@@ -68,6 +68,8 @@ def parser() -> argparse.ArgumentParser:
                     help="io: seqlens of the growth table (default 1024 .. 16384)")
     ap.add_argument("--io-causal", action="store_true", help="io: causal mask (default none)")
     ap.add_argument("--no-ncu", action="store_true", help="io: skip the HBM bytes (ncu)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="fwd: also the FP8 (e4m3) families on the same problems (next to cuDNN bf16)")
     ap.add_argument("--out", default="results", help="results root (default results)")
     return ap
 
@@ -86,7 +88,7 @@ def run_mode(mode: str, a) -> object:
     common = dict(hdims=a.hdims, seqlens=a.seqlens, dtypes=a.dtypes, causals=causals, out=a.out,
                   flush_l2=a.flush_l2)
     if mode == "fwd":
-        return mod.run(reps=a.reps or 20, **common)
+        return mod.run(reps=a.reps or 20, fp8=a.fp8, **common)
     if mode == "fwdbwd":
         return mod.run(reps=a.reps or 10, deterministic=a.deterministic, **common)
     if mode == "tuned":
