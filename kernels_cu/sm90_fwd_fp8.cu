@@ -15,9 +15,10 @@
 //   * dv multiplies O once, in the epilogue, with 1 / l.
 //   * FP8 wgmma reads both shared-memory operands K-major only: for P V the reduction dim is
 //     the key, so V is read as Vᵀ (head_dim rows x keys, keys contiguous). cuflash writes Vᵀ
-//     with one copy on the host side before the launch (sm90_fwd_fp8.py: a strided copy of one
-//     byte per element, 1/(2·seqlen_q·... ) of the kernel's work at long sequences), instead of
-//     FA3's in-kernel transpose by the producer (ldmatrix.trans + byte permutes + stmatrix).
+//     with one copy before the launch (cuflash/fp8.py prepare_workspace: a memory-bound pass
+//     over V's bytes, small next to the kernel's seqlen_q x seqlen_k work at long sequences),
+//     instead of FA3's in-kernel transpose by the producer (ldmatrix.trans + byte permutes +
+//     stmatrix).
 //   * The S accumulator layout is not the fp8 A-fragment layout: per k32 step a thread holds
 //     keys {2t, 2t+1, 8+2t, 9+2t} (+16) of its rows, while the A fragment wants k = 4t..4t+3
 //     (+16). FA3 permutes bytes between threads; here the copy that transposes V also reorders

@@ -14,10 +14,10 @@ head) (flash-attn 3's ``q_descale``, ``k_descale``, ``v_descale``), bf16 output 
   keys, in the order ``PERM16``: position 4t + i holds key {2t, 2t+1, 8+2t, 9+2t}[i]. With that
   order the S accumulators a thread holds are, in order, its e4m3 A fragment for P V (FA3
   shuffles P's bytes between threads instead), so P goes to registers with cvts only.
-  Choice: one strided byte copy of V per call (memory bound, ~1/(4·seqlen_q·...) of the
-  kernel's bytes-to-FLOPs at long sequences; the bench times it with the kernel) in place of
-  FA3's in-kernel producer transpose (ldmatrix.trans / stmatrix); measure-ready: the copy and
-  the kernel are separate launches, so a profile shows each.
+  Choice: one strided byte copy of V per call (a memory-bound pass over V, small next to the
+  kernel's seqlen_q x seqlen_k work at long sequences; the bench times it with the kernel) in
+  place of FA3's in-kernel producer transpose (ldmatrix.trans / stmatrix); measure-ready: the
+  copy and the kernel are separate launches, so a profile (nsys / ncu) shows each.
 
 Workspace (``workspace()``): the three descales expanded to (batch, nheads_kv) fp32, then Vᵀ,
 256-byte aligned; the host fills it (``cuflash.fp8``), the plan launches the kernel only.
