@@ -24,7 +24,7 @@
 //     (+16). FA3 permutes bytes between threads; here the copy that transposes V also reorders
 //     the keys inside each group of 16 (position 4t + i holds key PERM16[4t + i] =
 //     {2t, 2t+1, 8+2t, 9+2t}[i]), so that the thread's own accumulators, in order, are its A
-//     fragment: P goes to registers with four cvts per register and no shuffle. The reduction
+//     fragment: P goes to registers with two cvts per register and no shuffle. The reduction
 //     over keys is the same sum in another order.
 //
 // Shared memory (base aligned to 1024 bytes): every tile in 128-byte swizzled rows as TMA
