@@ -16,6 +16,8 @@ reference (``reference_fp8``: the e4m3 inputs decoded exactly, times their desca
 most 2x the largest error of ``lowp_fp8_attention`` (plain attention from the same decoded
 inputs: S in fp32, P = exp(S - rowmax) in fp32, P rounded to e4m3 as the kernel does, O = P V
 accumulated in fp32 over the fp32 row sum, rounded to bf16) plus 1e-3 x max |reference|.
+P is rounded as the kernel rounds it: e4m3(256 · P) / 256 (the kernel's use of e4m3's range,
+FA3's exp2 offset of 8; P_SCALE).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import numpy as np
 from .problem import Problem
 
 LOG2E = math.log2(math.e)
+P_SCALE = 256.0   # the kernel rounds 256 · P to e4m3 (kPScale in sm90_fwd_fp8.cu)
 
 
 # ---------------------------------------------------------------------------------------
@@ -113,7 +116,8 @@ def reference_fp8(q8, k8, v8, q_descale=1.0, k_descale=1.0, v_descale=1.0, softm
 
 def lowp_fp8_attention(q8, k8, v8, q_descale=1.0, k_descale=1.0, v_descale=1.0,
                        softmax_scale=None, causal=False) -> np.ndarray:
-    """The error baseline (module docstring): fp32 S, e4m3 P, fp32 P V, bf16 output."""
+    """The error baseline (module docstring): fp32 S, e4m3 P (as e4m3(256 P) / 256), fp32 P V,
+    bf16 output."""
     from .reference import causal_mask
 
     q, k, v = (x.astype(np.float32) for x in decode_inputs(q8, k8, v8, q_descale, k_descale, v_descale))
@@ -131,7 +135,8 @@ def lowp_fp8_attention(q8, k8, v8, q_descale=1.0, k_descale=1.0, v_descale=1.0,
     m = np.where(np.isfinite(m), m, 0)
     p = np.exp(s - m).astype(np.float32)
     l = p.sum(axis=-1, keepdims=True)
-    o = (round_e4m3(p).astype(np.float32) @ vh) / np.where(l > 0, l, 1)
+    p8 = (round_e4m3(p * P_SCALE) / P_SCALE).astype(np.float32)
+    o = (p8 @ vh) / np.where(l > 0, l, 1)
     return round_bf16(o.transpose(0, 2, 1, 3))
 
 

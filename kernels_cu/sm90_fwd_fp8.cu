@@ -10,9 +10,13 @@
 //   * S = Q Kᵀ by wgmma e4m3 (k = 32 per instruction), accumulated in fp32. The descales of Q
 //     and K multiply every score, so they fold into the exp2 scale (scale_log2 · dq · dk) and
 //     into the LSE's scale: no pass over S.
-//   * P (fp32 in [0, 1]) is rounded to e4m3 for O += P V (wgmma e4m3, A from registers). The
-//     row sum l adds the fp32 P, as the bf16 kernel does.
-//   * dv multiplies O once, in the epilogue, with 1 / l.
+//   * P (fp32 in [0, 1]) is rounded to e4m3 for O += P V (wgmma e4m3, A from registers) as
+//     256 · P (FA3's offset of 8 in exp2): e4m3's smallest subnormal is 2^-9, so unscaled
+//     weights below ~2^-10 would round to zero; scaled, only those below 2^-18 do, and 256 · P
+//     <= 256 stays under e4m3's 448. The row sum l adds the unscaled fp32 P, as the bf16
+//     kernel does.
+//   * dv / 256 multiplies O once, in the epilogue, with 1 / l (exact: powers of two aside from
+//     dv).
 //   * FP8 wgmma reads both shared-memory operands K-major only: for P V the reduction dim is
 //     the key, so V is read as Vᵀ (head_dim rows x keys, keys contiguous). cuflash writes Vᵀ
 //     with one copy before the launch (cuflash/fp8.py prepare_workspace: a memory-bound pass
@@ -201,6 +205,8 @@ sm90_fwd_fp8(const __grid_constant__ Sm90FwdFp8Params p) {
     // P (fp32, S accumulator layout) -> e4m3 A fragments. k32 step kk covers the accumulator
     // column tiles 4kk..4kk+3; with Vᵀ's keys reordered (header), register r of the fragment is
     // row g (r even) or g + 8 (r odd) of tiles 4kk + 2·(r / 2) and 4kk + 2·(r / 2) + 1, in order.
+    // P is packed as kPScale · P (header: e4m3's range); the epilogue divides it out.
+    constexpr float kPScale = 256.f;
     auto pack_p = [&]() {
 #pragma unroll
         for (int kk = 0; kk < kBN / 32; ++kk)
@@ -209,7 +215,8 @@ sm90_fwd_fp8(const __grid_constant__ Sm90FwdFp8Params p) {
                 const float (&a)[4] = s_acc[0][4 * kk + 2 * (r / 2)];
                 const float (&b)[4] = s_acc[0][4 * kk + 2 * (r / 2) + 1];
                 const int h = 2 * (r % 2);
-                p_frag[kk][r] = pack4_e4m3(a[h], a[h + 1], b[h], b[h + 1]);
+                p_frag[kk][r] = pack4_e4m3(kPScale * a[h], kPScale * a[h + 1], kPScale * b[h],
+                                           kPScale * b[h + 1]);
             }
     };
 
@@ -291,8 +298,8 @@ sm90_fwd_fp8(const __grid_constant__ Sm90FwdFp8Params p) {
             ++q_iter;
         }
 
-        // ---- epilogue: O = acc · dv / l, LSE = m · scale · dq · dk + log l ----
-        const float v_descale = p.v_descale[dsc];
+        // ---- epilogue: O = acc · dv / (256 · l), LSE = m · scale · dq · dk + log l ----
+        const float v_descale = p.v_descale[dsc] * (1.f / kPScale);
         u16* o_gmem = static_cast<u16*>(p.o) + at.batch * p.o_batch_stride + at.head * p.o_head_stride;
         float* lse_gmem = p.lse + (static_cast<i64>(at.batch) * p.nheads + at.head) * p.seqlen_q;
 #pragma unroll

@@ -2,7 +2,8 @@
 
 Error rule (cuflash/fp8.py): the kernel's largest error against the float64 reference (the
 e4m3 inputs decoded exactly, times their descales) is at most 2x the largest error of plain
-attention from the same decoded inputs with P rounded to e4m3 (fp32 S and P V, bf16 output)
+attention from the same decoded inputs with P rounded to e4m3 as the kernel does (e4m3(256 P) /
+256; fp32 S and P V, bf16 output)
 plus 1e-3 x max |reference|. Outputs are NaN-poisoned before each launch; LSE to 1e-3.
 
 Run the layout tests first (`-k one_hot`): one-hot Q and K make each query pick exactly one
@@ -66,7 +67,8 @@ def reference(q8, k8, v8, qd, kd, vd, scale, causal):
     m32 = m.float()
     p32 = torch.exp(s32 - m32)
     l32 = p32.sum(-1, keepdim=True)
-    base = torch.einsum("bhqk,bkhd->bqhd", e4m3(p32).float() / torch.where(l32 > 0, l32, torch.ones_like(l32)),
+    p8 = e4m3(p32 * fp8.P_SCALE).float() / fp8.P_SCALE          # as the kernel rounds P
+    base = torch.einsum("bhqk,bkhd->bqhd", p8 / torch.where(l32 > 0, l32, torch.ones_like(l32)),
                         v32).to(torch.bfloat16)
     return out, lse, base
 
@@ -102,8 +104,8 @@ def run_and_check(b, sq, sk, h, hkv, d, causal, per_head_descale, what=""):
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("random_v", [False, True], ids=["identity_v", "random_v"])
 def test_one_hot_layouts(d, random_v):
-    """Query i sees exactly key target(i) (scores 64 vs 0: the others' weight e^-64 ~ 0), so
-    O[i] = V[target(i)] bit-exact in bf16 and LSE = 64. identity_v: V[key] = one-hot(key) (a
+    """Query i sees exactly key target(i) (scores 64 vs 0: the others' weight e^-64 rounds to
+    0 even as 256 P), so O[i] = V[target(i)] bit-exact in bf16 and LSE = 64. identity_v: V[key] = one-hot(key) (a
     wrong key order shows as the wrong column); random_v: V random e4m3 (a wrong head-dim
     order shows as permuted columns)."""
     require_sm90()

@@ -6,8 +6,9 @@ head) (flash-attn 3's ``q_descale``, ``k_descale``, ``v_descale``), bf16 output 
 
 * S = Q Kᵀ by wgmma e4m3 (k32), fp32 accumulators; softmax_scale · q_descale · k_descale is the
   exp2 scale (and the LSE's scale), so the descales cost nothing per score.
-* P is rounded to e4m3 for O += P V (wgmma e4m3 with A from registers); v_descale multiplies O
-  in the epilogue with 1 / l.
+* P is rounded to e4m3 for O += P V (wgmma e4m3 with A from registers) as 256 · P (FA3's
+  exp2 offset of 8: small weights keep e4m3 precision instead of flushing to zero); v_descale /
+  256 multiplies O in the epilogue with 1 / l.
 * FP8 wgmma reads shared-memory operands K-major only, so the kernel reads Vᵀ. The host writes
   Vᵀ into the launch's workspace before the launch (``cuflash.fp8.prepare_v``): (batch,
   nheads_kv, head_dim, seqlen_k rounded up to 16), keys contiguous and, inside each group of 16
