@@ -75,7 +75,7 @@ class FwdConfig(KernelConfig):
     def kernel_name(self) -> str:
         return (f"cuflash::fa2_fwd<{self.Br}, {self.Bc}, {self.warps}, {self.stages}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {'true' if self.causal else 'false'}"
-                + (", true>" if self.varlen else ">"))
+                f", {'true' if self.varlen else 'false'}>")
 
     def template_args(self) -> tuple:
         return (self.Br, self.Bc, self.warps, self.stages, self.head_dim, self.dtype, self.causal,
