@@ -147,11 +147,11 @@ def _(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, determin
 
 class VarlenFn(torch.autograd.Function):
     """out, lse = varlen attention(q, k, v); the backward runs the varlen backward kernels.
-    args = (cu_q, cu_k, max_q, max_k, scale, causal, deterministic, config, bwd_config)."""
+    args = (max_q, max_k, scale, causal, deterministic, config, bwd_config)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, args):
-        cu_q, cu_k, max_q, max_k, scale, causal, deterministic, config, bwd_config = args
+    def forward(ctx, q, k, v, cu_q, cu_k, args):
+        max_q, max_k, scale, causal, deterministic, config, bwd_config = args
         out, lse = torch.ops.cuflash.varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal,
                                                 _encode(config))
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
@@ -167,14 +167,14 @@ class VarlenFn(torch.autograd.Function):
             dout = torch.zeros_like(out)
         dq, dk, dv = torch.ops.cuflash.varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k,
                                                   scale, causal, deterministic, _encode(bwd_config))
-        return dq, dk, dv, None
+        return dq, dk, dv, None, None, None
 
 
 def attention(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool,
               deterministic: bool, config=None, bwd_config=None):
     """(out, lse) of a validated torch CUDA varlen call, with autograd when q, k or v need it."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return VarlenFn.apply(q, k, v, (cu_q, cu_k, int(max_q), int(max_k), float(scale),
-                                        bool(causal), bool(deterministic), config, bwd_config))
+        return VarlenFn.apply(q, k, v, cu_q, cu_k, (int(max_q), int(max_k), float(scale), bool(causal),
+                                                    bool(deterministic), config, bwd_config))
     return torch.ops.cuflash.varlen_fwd(q, k, v, cu_q, cu_k, int(max_q), int(max_k), float(scale),
                                         bool(causal), _encode(config))
