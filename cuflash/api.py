@@ -537,11 +537,22 @@ def check_cu_seqlens(name: str, cu, tq: _Tensor, total: int, nseq: Optional[int]
     return values
 
 
+# Whether flash_attn_varlen_func reads GPU cu_seqlens back to check their values (a device-to-host
+# copy and a sync per call). CUFLASH_VARLEN_CHECK=0 (or setting this False) trusts them, as
+# flash-attn does: wrong offsets then read and write out of bounds. Never read while
+# torch.compile traces or a CUDA graph is captured.
+CHECK_CU_SEQLENS = os.environ.get("CUFLASH_VARLEN_CHECK", "1") not in ("0", "")
+
+
 def _values_unreadable(cu, kind: str) -> bool:
-    """Whether a torch CUDA cu_seqlens cannot be read back now: while torch.compile traces
-    (fake tensors) or a CUDA graph is being captured (a sync would break the capture). The
-    values are then the caller's responsibility, as in flash-attn."""
-    if kind != "torch" or cu.device.type != "cuda":
+    """Whether GPU cu_seqlens are not read back now: CHECK_CU_SEQLENS off, or a torch tensor
+    while torch.compile traces (fake tensors) or a CUDA graph is being captured (a sync would
+    break the capture). The values are then the caller's responsibility, as in flash-attn."""
+    if kind == "numpy" or (kind == "torch" and cu.device.type != "cuda"):
+        return False  # host values (the CPU reference needs them)
+    if not CHECK_CU_SEQLENS:
+        return True
+    if kind != "torch":
         return False
     import torch
 

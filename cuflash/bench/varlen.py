@@ -7,7 +7,8 @@ lengths (a fixed, seeded draw), ``tokens`` real tokens in all, timed as
   dense call does for the same tokens; its outputs on the padding are thrown away);
 * "sdpa:nested": torch SDPA on a nested (jagged) tensor of the same sequences, where this torch
   supports it (error recorded otherwise).
-Forward alone and forward + backward (``torch.autograd.grad`` of the output). FLOPs count the
+Forward alone and forward + backward (``torch.autograd.grad`` of the output). cu_seqlens are not read back
+while timing (api.CHECK_CU_SEQLENS off: no sync per call). FLOPs count the
 real tokens only, Σ_b 4·s_b²·h·d (÷2 causal; backward 2.5x), so TFLOPs compare the useful work.
 
 Run: ``python -m cuflash.bench.varlen [--out results] [--hdims 64 128] [--reps 20]``; writes
@@ -85,9 +86,15 @@ def run_one(mix: str, dtype: str, head_dim: int, causal: bool, tokens: int = 163
         return lambda: torch.autograd.grad(f(), ins, dout)
 
     records = []
-    with torch.no_grad():
-        fwd_t = time_interleaved({n: f for n, (f, _, _) in fns.items()}, reps=reps)
-    both_t = time_interleaved({n: fwdbwd(*fn) for n, fn in fns.items()}, reps=reps)
+    from .. import api
+
+    check, api.CHECK_CU_SEQLENS = api.CHECK_CU_SEQLENS, False  # time the kernels, not a D2H sync
+    try:
+        with torch.no_grad():
+            fwd_t = time_interleaved({n: f for n, (f, _, _) in fns.items()}, reps=reps)
+        both_t = time_interleaved({n: fwdbwd(*fn) for n, fn in fns.items()}, reps=reps)
+    finally:
+        api.CHECK_CU_SEQLENS = check
     for name in fns:
         fm, bm = fwd_t[name].median_ms, both_t[name].median_ms
         records.append(dict(impl=name, mix=mix, dtype=dtype, hdim=head_dim, causal=causal,
