@@ -314,8 +314,8 @@ def _acc_dtype(dtype):
 def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: bool = True):
     """(out, lse) of the local q over the whole sequence's K/V (no autograd). out: q's
     dtype; lse: fp32 (batch, nheads, seqlen_local), +inf for rows with no key.
-    comm=False: no transfers (every step reuses the local block; wrong results, for timing
-    the computation alone)."""
+    comm=False: no transfers (every step computes the real step's chunk pairs on the local
+    block: wrong results, the same work; for timing the computation alone)."""
     ring = _Ring(group, q.device)
     world, rank = ring.world, ring.rank
     q_chunks = chunk_ids(rank, world, layout)
@@ -328,7 +328,7 @@ def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: 
         pending = None
         if comm and step + 1 < world:
             nxt, pending = ring.start(kv)
-        src = (rank - step) % world if comm else rank
+        src = (rank - step) % world  # the block's owner (comm=False: its pattern, local data)
         k_cur, v_cur = kv
         for call in step_calls(q_chunks, chunk_ids(src, world, layout), causal):
             qs, ks = _slices(call, q_len, q_len)
@@ -358,7 +358,7 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
         if comm and step > 0:
             sends += list(dkv)  # the previous block's accumulator goes on with that block
         recv, pending = ring.start(sends) if sends else ([], None)
-        src = (rank - step) % world if comm else rank
+        src = (rank - step) % world  # the block's owner (comm=False: its pattern, local data)
         k_cur, v_cur = kv
         dk_part = torch.zeros(k.shape, dtype=acc, device=k.device)
         dv_part = torch.zeros(v.shape, dtype=acc, device=v.device)

@@ -223,3 +223,37 @@ def test_ring_args_are_checked_before_any_transfer():
         cfd.ring_flash_attn_func(q, q, q)
     with pytest.raises(TypeError, match="q"):
         cfd.ring_flash_attn_func(q.numpy(), q, q)
+
+
+# ---------------------------------------------------------------------------------------
+# bench --mode ring (the run itself needs GPUs)
+
+def test_bench_ring_cli():
+    from cuflash import bench
+
+    a = bench.parser().parse_args(["--mode", "ring", "--ring-seqlens", "1024", "2048",
+                                   "--ring-procs", "2", "--no-torch-cp"])
+    assert bench.modes_of(a.mode) == ["ring"] and a.ring_seqlens == [1024, 2048]
+    assert a.ring_procs == 2 and a.no_torch_cp and a.ring_budget_s == 270.0
+    assert "ring" not in bench.modes_of(["all"])
+
+
+def test_bench_ring_without_gpu_raises_no_gpu_error(tmp_path):
+    from cuflash import _gpu, bench
+
+    if not _gpu.why_unavailable():
+        pytest.skip("a GPU is usable: the mode would run")
+    with pytest.raises(_gpu.NoGPUError):
+        bench.main(["--mode", "ring", "--out", str(tmp_path)])
+    assert not any(tmp_path.iterdir())
+
+
+def test_bench_ring_flops():
+    from cuflash.bench import ring
+    from cuflash.problem import Problem
+    from cuflash.registry import op_flops
+
+    for causal in (False, True):
+        for op in ("fwd", "bwd"):
+            p = Problem(op, "bf16", 1, 4096, 4096, 8, 8, 128, causal)
+            assert ring.flops(1, 8, 4096, 128, causal, op) == op_flops(p)
