@@ -317,6 +317,9 @@ def _full(rank, seqlen, causal, opts, base, log) -> list:
     return [rec] if rank == 0 else []
 
 
+_meshes: dict = {}
+
+
 def _torch_cp(rank, world, seqlen, causal, opts, base, log) -> dict:
     """torch's context parallel around SDPA (flash backend) on the same problem."""
     import torch
@@ -329,7 +332,9 @@ def _torch_cp(rank, world, seqlen, causal, opts, base, log) -> dict:
         from torch.distributed.tensor.experimental import context_parallel
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        mesh = init_device_mesh("cuda", (world,))
+        mesh = _meshes.get(world)
+        if mesh is None:  # one mesh for the run (each is a collective setup)
+            mesh = _meshes[world] = init_device_mesh("cuda", (world,))
         g = torch.Generator(device="cuda").manual_seed(99)
         # full (b, h, s, d) buffers on every rank: the context shards them in place
         q, k, v, dout = (torch.randn(b, h, seqlen, d, device="cuda", dtype=torch.bfloat16,
