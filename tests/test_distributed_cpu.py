@@ -8,14 +8,12 @@ fails mp.spawn. Plus pure functions (shard round trip, pair classification, the 
 from __future__ import annotations
 
 import math
-import os
 import socket
 
 import numpy as np
 import pytest
 import torch
 
-import cuflash
 from cuflash import distributed as cfd
 from cuflash import reference
 

@@ -14,6 +14,7 @@ TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1) as the device README
 """
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import socket
@@ -93,7 +94,9 @@ def _worker(rank, world, port, cases, errors):
     os.environ.update(NO_MULTICAST)
     torch.cuda.set_device(rank)
     api.POISON_OUTPUTS = True
-    kw = dict(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    # a rank that fails leaves the others in a collective: they time out instead of hanging
+    kw = dict(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+              timeout=datetime.timedelta(seconds=180))
     try:
         dist.init_process_group("nccl", device_id=torch.device("cuda", rank), **kw)
     except TypeError:  # an older torch: no device_id

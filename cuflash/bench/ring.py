@@ -29,6 +29,7 @@ cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
 """
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import socket
@@ -83,7 +84,9 @@ def _init(rank, world, port):
 
     os.environ.update(NO_MULTICAST)
     torch.cuda.set_device(rank)
-    kw = dict(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    # a rank that fails leaves the others in a collective: they time out instead of hanging
+    kw = dict(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+              timeout=datetime.timedelta(seconds=600))
     try:
         dist.init_process_group("nccl", device_id=torch.device("cuda", rank), **kw)
     except TypeError:  # an older torch: no device_id
