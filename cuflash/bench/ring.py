@@ -285,7 +285,7 @@ def _full(rank, seqlen, causal, opts, base, log) -> list:
 
     from ..api import flash_attn_func
 
-    rec = dict(impl="cuflash_1gpu", **base, P=1)
+    rec = dict(base, impl="cuflash_1gpu", P=1)
     if rank == 0:
         b, h, d = 1, opts["nheads"], opts["d"]
         try:
