@@ -48,12 +48,16 @@
 //   kCausal   bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q)
 //   kDeterministic  dQ contributions are added in key-block order (a per-Q-block turn
 //             counter), so dQ is bitwise reproducible; costs waiting
+//   kDropout  attention dropout (Algorithm 4): the forward's keep mask Z is regenerated
+//             (philox.cuh), dV_j += (P ∘ Z / (1 - p))ᵀ dO_i and
+//             dS = P ∘ (dP ∘ Z / (1 - p) - D); D = rowsum(dO ∘ O) is unchanged
 #include "ptx.cuh"
 #include "params.cuh"
 #include "tile.cuh"
 #include "gemm.cuh"
 #include "mask.cuh"
 #include "softmax.cuh"
+#include "philox.cuh"
 
 namespace cuflash {
 
@@ -183,7 +187,7 @@ struct BwdShape {
 };
 
 template <int kBr, int kBc, int kWarps, int kStages, int kDSplit, int kQSplit, int kHeadDim, class Elem,
-          bool kCausal, bool kDeterministic>
+          bool kCausal, bool kDeterministic, bool kDropout = false>
 __global__ void __launch_bounds__(kWarps * 32)
 fa2_bwd(const BwdParams p) {
     using Shape = BwdShape<kBr, kBc, kWarps, kStages, kDSplit, kQSplit, kHeadDim>;
@@ -232,6 +236,9 @@ fa2_bwd(const BwdParams p) {
                          + head * p.do_head_stride;
     const float* lse_gmem = p.lse_log2 + bh * p.seqlen_q_rounded;
     const float* D_gmem = p.D + bh * p.seqlen_q_rounded;
+    Dropout dropout{};  // kDropout: the forward's keep mask and scale
+    if constexpr (kDropout)
+        dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
     float* dq_accum = p.dq_accum + bh * p.seqlen_q_rounded * p.head_dim_rounded;
 
     // Q blocks that see K_j: all of them, or under the causal mask those from the first row
@@ -363,10 +370,27 @@ fa2_bwd(const BwdParams p) {
                 }
         }
 
+        // ---- dropout: the dropped elements of Pᵀ negated (Pᵀ >= 0, so the sign is ¬Z) ----
+        if constexpr (kDropout)
+            dropout.negate_dropped_transposed(s_acc, static_cast<int>(bh), key0 + warp_key0,
+                                              row0 + warp_q0, g, t);
+
         // ---- dV_j += Pᵀ dO_i (kQSplit > 1: after the barrier, Pᵀ from shared memory) ----
+        // (dropout: (Pᵀ ∘ Z) / (1 - p), the positive part of the signed Pᵀ, scaled)
         {
             u32 p_frag[kMTiles][kNTilesS / 2][4];
-            pack_a_frags<kMTiles, kNTilesS / 2, Elem>(p_frag, s_acc);
+            if constexpr (kDropout) {
+                float pz[kMTiles][kNTilesS][4];
+#pragma unroll
+                for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < kNTilesS; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) pz[mt][nt][e] = fmaxf(s_acc[mt][nt][e], 0.f) * dropout.scale;
+                pack_a_frags<kMTiles, kNTilesS / 2, Elem>(p_frag, pz);
+            } else {
+                pack_a_frags<kMTiles, kNTilesS / 2, Elem>(p_frag, s_acc);
+            }
             if constexpr (kQSplit == 1)
                 gemm_frags_x_rows_t<kMTiles, kNTilesD, kBr / 16, kRowBytes, Elem>(dv_acc, p_frag, do_bt);
             else
@@ -382,8 +406,16 @@ fa2_bwd(const BwdParams p) {
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    dp_acc[mt][nt][e] = s_acc[mt][nt][e] * (dp_acc[mt][nt][e] - (e % 2 ? D.y : D.x));
+                for (int e = 0; e < 4; ++e) {
+                    const float d_row = e % 2 ? D.y : D.x;
+                    if constexpr (kDropout) {  // dS = P ∘ (Z ∘ dP / (1 - p) - D), P = |signed Pᵀ|
+                        const float s = s_acc[mt][nt][e];
+                        const float z = s > 0.f ? dropout.scale : 0.f;
+                        dp_acc[mt][nt][e] = fabsf(s) * (dp_acc[mt][nt][e] * z - d_row);
+                    } else {
+                        dp_acc[mt][nt][e] = s_acc[mt][nt][e] * (dp_acc[mt][nt][e] - d_row);
+                    }
+                }
         }
 
         // ---- dK_j += dSᵀ Q_i (scaled once, in the epilogue); dSᵀ to shared memory for dQ ----

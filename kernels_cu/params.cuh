@@ -40,6 +40,9 @@ struct FwdParams {
     int head_dim;          // the real head dim (a multiple of 8, <= the kernel's kHeadDim)
     float softmax_scale;   // natural-log scale, for the LSE
     float scale_log2;      // softmax_scale * log2(e): scores go through exp2, computed on the host
+    const void* rng_state;   // dropout (kDropout): int64[2] (seed, offset) in device memory; else null
+    int dropout_threshold;   // dropout: drop iff the element's Philox byte < round(p·256) (philox.cuh)
+    float dropout_scale;     // dropout: 1 / (1 - p), applied to the kept elements
 };
 
 // Backward attention (three kernels share it: preprocess, main, and the dQ / dK dV epilogues).
@@ -109,6 +112,9 @@ struct BwdParams {
     int head_group;        // fa2_bwd launch order: K/V blocks of head_group (batch, head) pairs interleaved
     float softmax_scale;
     float scale_log2;
+    const void* rng_state;   // dropout (kDropout): int64[2] (seed, offset), the forward's; else null
+    int dropout_threshold;   // dropout: as FwdParams
+    float dropout_scale;     // dropout: 1 / (1 - p)
 };
 
 }  // namespace cuflash

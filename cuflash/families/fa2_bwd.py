@@ -13,7 +13,8 @@ from typing import Optional
 from ..problem import Problem
 from ..registry import register
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
-from .fa2_fwd import LOG2E, MAX_ACCUM_REGS, MAX_HEAD_DIM, check_head_dim, first_fitting, strides3
+from .fa2_fwd import (LOG2E, MAX_ACCUM_REGS, MAX_HEAD_DIM, check_head_dim, dropout_params,
+                      first_fitting, strides3, unsupported_feature)
 
 # The fp32 workspace pads query rows to a multiple of this (every Br divides it).
 ROW_PAD = 128
@@ -38,6 +39,7 @@ class BwdConfig(KernelConfig):
     deterministic: dQ contributions added in a fixed order (bitwise reproducible, slower)
     qsplit:        warps per key group: 2 splits the group's Sᵀ, dPᵀ by queries and its dK, dV
                    by head-dim columns, with Pᵀ and dSᵀ shared through shared memory
+    dropout:       attention dropout: the forward's keep mask regenerated (compile-time flag)
     """
 
     Br: int
@@ -50,6 +52,7 @@ class BwdConfig(KernelConfig):
     causal: bool
     deterministic: bool = False
     qsplit: int = 1
+    dropout: bool = False
 
     family = "fa2_bwd"
     _what = "backward"
@@ -59,7 +62,8 @@ class BwdConfig(KernelConfig):
         mask = "causal" if self.causal else "full"
         det = "_det" if self.deterministic else ""
         return (f"bwd_{self.dtype}_d{self.head_dim}_{mask}_"
-                f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}_x{self.dsplit}_q{self.qsplit}{det}")
+                f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}_x{self.dsplit}_q{self.qsplit}{det}"
+                f"{'_drop' if self.dropout else ''}")
 
     @property
     def smem_bytes(self) -> int:
@@ -83,11 +87,11 @@ class BwdConfig(KernelConfig):
         b = lambda x: "true" if x else "false"  # noqa: E731
         return (f"cuflash::fa2_bwd<{self.Br}, {self.Bc}, {self.warps}, {self.stages}, {self.dsplit}, "
                 f"{self.qsplit}, {self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, "
-                f"{b(self.deterministic)}>")
+                f"{b(self.deterministic)}{', true' if self.dropout else ''}>")  # kDropout: false
 
     def template_args(self) -> tuple:
         return (self.Br, self.Bc, self.warps, self.stages, self.dsplit, self.qsplit, self.head_dim,
-                self.dtype, self.causal, self.deterministic)
+                self.dtype, self.causal, self.deterministic, self.dropout)
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -160,8 +164,8 @@ class FA2Backward(Family):
                    "(or ordered), preprocess / dQ convert / GQA reduction kernels")
 
     def supports(self, arch, problem: Problem) -> str:
-        return super().supports(arch, problem) or check_head_dim(problem) or (
-            f"{self.name} has no feature {problem.features[0]!r}" if problem.features else "")
+        return super().supports(arch, problem) or check_head_dim(problem) or \
+            unsupported_feature(self.name, problem)
 
     def head_dim_of(self, head_dim: int) -> int:
         """Up to 128 the forward's (a multiple of 16); above, a multiple of 32, so that two
@@ -169,9 +173,10 @@ class FA2Backward(Family):
         return -(-head_dim // 16) * 16 if head_dim <= 128 else -(-head_dim // 32) * 32
 
     def for_problem(self, config, problem: Problem):
-        # the call's flag decides (tuned tables and the torch op's configs carry none)
-        if config.deterministic != problem.deterministic:
-            return config.replace(deterministic=problem.deterministic)
+        # the call's flags decide (tuned tables and the torch op's configs carry none)
+        dropout = "dropout" in problem.features
+        if config.deterministic != problem.deterministic or config.dropout != dropout:
+            return config.replace(deterministic=problem.deterministic, dropout=dropout)
         return config
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> BwdConfig:
@@ -262,7 +267,8 @@ class FA2Backward(Family):
                     seqlen_q_rounded=-(-p.seqlen_q // ROW_PAD) * ROW_PAD, head_dim=p.head_dim,
                     head_dim_rounded=config.head_dim,
                     head_group=head_group(p.batch * p.nheads, self._kv_ctas(config, p), sm_count),
-                    softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E)
+                    softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E,
+                    **dropout_params(p))
 
 
 FAMILY = register(FA2Backward())

@@ -38,6 +38,8 @@ class FwdConfig(KernelConfig):
     head_dim:  the compile-time head dim (multiple of 16, <= 256)
     dtype:     "bf16" or "fp16"
     causal:    bottom-right aligned causal mask, a compile-time flag
+    dropout:   attention dropout (Philox keep mask, philox.cuh), a compile-time flag; the
+               probability and the RNG state are run-time params
     """
 
     Br: int
@@ -47,6 +49,7 @@ class FwdConfig(KernelConfig):
     head_dim: int
     dtype: str
     causal: bool
+    dropout: bool = False
 
     family = "fa2_fwd"
     _what = "forward"
@@ -55,7 +58,8 @@ class FwdConfig(KernelConfig):
     def name(self) -> str:
         mask = "causal" if self.causal else "full"
         return (f"fwd_{self.dtype}_d{self.head_dim}_{mask}_"
-                f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}")
+                f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}"
+                f"{'_drop' if self.dropout else ''}")
 
     @property
     def smem_bytes(self) -> int:
@@ -70,10 +74,12 @@ class FwdConfig(KernelConfig):
 
     def kernel_name(self) -> str:
         return (f"cuflash::fa2_fwd<{self.Br}, {self.Bc}, {self.warps}, {self.stages}, "
-                f"{self.head_dim}, cuflash::{self.dtype}, {'true' if self.causal else 'false'}>")
+                f"{self.head_dim}, cuflash::{self.dtype}, {'true' if self.causal else 'false'}"
+                f"{', true' if self.dropout else ''}>")  # kDropout defaults to false
 
     def template_args(self) -> tuple:
-        return (self.Br, self.Bc, self.warps, self.stages, self.head_dim, self.dtype, self.causal)
+        return (self.Br, self.Bc, self.warps, self.stages, self.head_dim, self.dtype, self.causal,
+                self.dropout)
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -105,6 +111,29 @@ def forward_sizes(problem: Problem, softmax_scale: float) -> dict:
                 scale_log2=softmax_scale * LOG2E)
 
 
+# The features fa2_fwd / fa2_bwd implement (compile-time flags of their configs).
+FA2_FEATURES = ("dropout",)
+
+
+def unsupported_feature(name: str, problem: Problem) -> str:
+    """'' when every feature of ``problem`` is one of FA2_FEATURES, else the family's refusal."""
+    missing = [f for f in problem.features if f not in FA2_FEATURES]
+    return f"{name} has no feature {missing[0]!r}" if missing else ""
+
+
+def dropout_params(problem: Problem) -> dict:
+    """The dropout fields of FwdParams / BwdParams: the drop threshold round(p·256) and the
+    scale 1 / (1 - p), both as the kernels' fp32 arithmetic gives them (cuflash/dropout.py);
+    rng_state is a per-call pointer (Plan.run_with)."""
+    import numpy as np
+
+    from ..dropout import drop_threshold
+
+    p = float(getattr(problem, "dropout_p", 0.0)) if "dropout" in problem.features else 0.0
+    scale = float(np.float32(1.0) / (np.float32(1.0) - np.float32(p)))
+    return dict(rng_state=0, dropout_threshold=drop_threshold(p) if p else 0, dropout_scale=scale)
+
+
 def strides3(prefix: str, strides) -> dict:
     return {f"{prefix}_batch_stride": strides[0], f"{prefix}_row_stride": strides[1],
             f"{prefix}_head_stride": strides[2]}
@@ -122,8 +151,13 @@ class FA2Forward(Family):
     description = "FlashAttention-2 forward: mma.sync m16n8k16, ldmatrix, cp.async ring"
 
     def supports(self, arch, problem: Problem) -> str:
-        return super().supports(arch, problem) or check_head_dim(problem) or (
-            f"{self.name} has no feature {problem.features[0]!r}" if problem.features else "")
+        return super().supports(arch, problem) or check_head_dim(problem) or \
+            unsupported_feature(self.name, problem)
+
+    def for_problem(self, config, problem: Problem):
+        # the call's features decide (tuned tables and the torch op's configs carry none)
+        dropout = "dropout" in problem.features
+        return config if config.dropout == dropout else config.replace(dropout=dropout)
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> FwdConfig:
         """Each warp should own two 16-row tiles of Q (Br = 128 with 4 warps): every K or V
@@ -159,7 +193,7 @@ class FA2Forward(Family):
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
         return dict(**strides3("q", strides["q"]), **strides3("k", strides["k"]),
                     **strides3("v", strides["v"]), **strides3("o", strides["o"]),
-                    **forward_sizes(problem, softmax_scale))
+                    **forward_sizes(problem, softmax_scale), **dropout_params(problem))
 
 
 FAMILY = register(FA2Forward())
