@@ -666,25 +666,23 @@ def dropout_backward(dout, q, k, v, out, lse, problem, scale: float, rng: Tensor
 
 
 class DropoutAttnFn(torch.autograd.Function):
-    """out, lse, rng = attention with dropout (CUDA); the backward regenerates the forward's
-    mask from rng (saved, never read on the host). args = (problem, scale, rng or None (draw
-    one), config, bwd_config)."""
+    """out, lse = attention with dropout (CUDA); the backward regenerates the forward's mask
+    from the RNG state (kept on ctx, never read on the host). args = (problem, scale, rng
+    (int64[2] state tensor), config, bwd_config)."""
 
     @staticmethod
     def forward(ctx, q, k, v, args):
         problem, scale, rng, config, bwd_config = args
-        if rng is None:
-            rng = draw_rng_state(q.device)
         out, lse = dropout_forward(q, k, v, problem, scale, rng, config)
-        ctx.save_for_backward(q, k, v, out, lse, rng)
-        ctx.state = (problem, scale, bwd_config)
-        ctx.mark_non_differentiable(lse, rng)
-        return out, lse, rng
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.state = (problem, scale, rng, bwd_config)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
 
     @staticmethod
-    def backward(ctx, dout, dlse=None, drng=None):
-        q, k, v, out, lse, rng = ctx.saved_tensors
-        problem, scale, bwd_config = ctx.state
+    def backward(ctx, dout, dlse=None):
+        q, k, v, out, lse = ctx.saved_tensors
+        problem, scale, rng, bwd_config = ctx.state
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv = dropout_backward(dout, q, k, v, out, lse, problem, scale, rng, bwd_config)
@@ -707,11 +705,10 @@ def dropout_attention(q, k, v, problem, scale: float, rng=None, config=None, bwd
     if padded != d:
         q, k, v = (_pad(x, padded) for x in (q, k, v))
         problem = problem.replace(head_dim=padded)
-    args = (problem, scale, rng, config, bwd_config)
+    rng = draw_rng_state(q.device) if rng is None else rng
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse, rng = DropoutAttnFn.apply(q, k, v, args)
+        out, lse = DropoutAttnFn.apply(q, k, v, (problem, scale, rng, config, bwd_config))
     else:
-        rng = draw_rng_state(q.device) if rng is None else rng
         out, lse = dropout_forward(q, k, v, problem, scale, rng, config)
     if padded != d:
         out = out[..., :d]

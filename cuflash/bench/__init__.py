@@ -17,6 +17,8 @@ Modes (results in results/<gpu name>/):
             call: startup.json
   io        the FlashAttention paper's IO table (GFLOPs, HBM bytes by ncu, runtime) for
             standard attention, SDPA flash and cuflash: io_table.{json,md}
+  dropout   dropout_p 0.1 vs the same call without, cuflash and SDPA flash, fwd and fwd+bwd
+            at seqlen 8k (--seqlens to change), d 64 and 128: bench_dropout.{json,csv}
   all       fwd, fwdbwd, memory, overhead, startup (not tuned, not io)
 
 Shapes follow the FlashAttention convention (heads = 2048 / head dim, batch · seqlen = 16k),
@@ -33,7 +35,7 @@ import time
 
 from .common import HDIMS, SEQLENS, gpu_dir_name  # noqa: F401 - gpu_dir_name: tuning/cli.py
 
-MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io")
+MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io", "dropout")
 ALL = ("fwd", "fwdbwd", "memory", "overhead", "startup")
 
 
@@ -100,6 +102,11 @@ def run_mode(mode: str, a) -> object:
     if mode == "io":
         return mod.run(growth_seqlens=a.io_seqlens or mod.GROWTH_SEQLENS, causal=a.io_causal,
                        use_ncu=not a.no_ncu, reps=a.reps or 10, out=a.out)
+    if mode == "dropout":
+        seqlens = a.seqlens if a.seqlens != list(SEQLENS) else (8192,)
+        hdims = a.hdims if a.hdims != list(HDIMS) else (64, 128)
+        return mod.run(hdims=hdims, seqlens=seqlens, dtypes=a.dtypes, causals=causals, out=a.out,
+                       reps=a.reps or 10, flush_l2=a.flush_l2)
     raise ValueError(f"unknown mode {mode!r}")
 
 

@@ -87,7 +87,7 @@ class BwdConfig(KernelConfig):
         b = lambda x: "true" if x else "false"  # noqa: E731
         return (f"cuflash::fa2_bwd<{self.Br}, {self.Bc}, {self.warps}, {self.stages}, {self.dsplit}, "
                 f"{self.qsplit}, {self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, "
-                f"{b(self.deterministic)}{', true' if self.dropout else ''}>")  # kDropout: false
+                f"{b(self.deterministic)}, {b(self.dropout)}>")
 
     def template_args(self) -> tuple:
         return (self.Br, self.Bc, self.warps, self.stages, self.dsplit, self.qsplit, self.head_dim,
