@@ -591,8 +591,9 @@ def _dropout_cupy(q, k, v, tq: _Tensor, problem: Problem, scale: float, seed: in
                                  seed, offset, config)
         return cupy.asnumpy(out).view(q.dtype), cupy.asnumpy(lse)
     with cupy.cuda.Device(tq.device):
-        strides = {"q": tq.strides, "k": describe("k", k).strides, "v": describe("v", v).strides,
-                   "o": out_strides(tq.shape)}
+        item = q.dtype.itemsize  # k, v may be raw 16-bit words here (NumPy inputs)
+        strides = {"q": tq.strides, "k": tuple(n // item for n in k.strides),
+                   "v": tuple(n // item for n in v.strides), "o": out_strides(tq.shape)}
         plan = make_plan(problem, strides, scale, tq.device, config)
         rng = cupy.asarray(np.array([seed, offset], dtype=np.uint64))
         out = cupy.empty(q.shape, q.dtype)
