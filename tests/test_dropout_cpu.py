@@ -210,3 +210,86 @@ def test_dropout_instantiations_compile(arch):
             assert cfg.dropout
             if op == "fwd":
                 assert rep.spill_stores == 0 and rep.spill_loads == 0, (cfg.name, rep)
+
+
+def test_plan_run_with_writes_the_rng_pointer_for_the_launch_only():
+    """Plan.run_with packs the per-call rng_state pointer where params.cuh puts it, for the
+    launches only (a plain run afterwards sees 0); the struct bytes are what the driver gets."""
+    import struct
+    import threading
+
+    from cuflash.launch import Plan, pack, struct_dtype
+
+    dtype = struct_dtype("FwdParams")
+    plan = object.__new__(Plan)
+    fields = {n: 0 for n in dtype.names}
+    plan._record = pack("FwdParams", **fields)
+    plan._bytes = plan._record.view(np.uint8)
+    plan._argv_ptr = 0
+    plan._ws_offsets = ()
+    plan._pack = struct.Struct("<5Q").pack_into
+    plan._field_offsets = {n: dtype.fields[n][1] for n in dtype.names[5:] if dtype.fields[n][0] == np.uint64}
+    plan._write_call = None
+    plan._lock = threading.Lock()
+    plan._calls = ((111, 1, 1, 1, 128, 0),)
+    plan.device = 0
+    plan._get_device, plan._set_device = (lambda: 0), (lambda d: None)
+    seen = []
+    plan._launch = lambda *a: seen.append(bytes(plan._bytes))
+    plan.family = registry.get("fa2_fwd")
+    plan.run_with((1, 2, 3, 4, 5), 0, 0, (("rng_state", 0xABCDEF0),))
+    rec = np.frombuffer(seen[0], dtype=dtype)[0]
+    assert rec["rng_state"] == 0xABCDEF0 and rec["q"] == 1 and rec["lse"] == 5
+    assert plan._record["rng_state"][0] == 0
+    with pytest.raises(KeyError, match="rng"):
+        plan.run_with((1, 2, 3, 4, 5), 0, 0, (("rng", 1),))
+
+
+def test_torch_dropout_autograd_plumbing_with_reference_kernels(monkeypatch):
+    """torch_ops.dropout_attention's autograd path (state drawn once, kept for the backward,
+    head dim padding) on CPU, the launches replaced by the float64 reference with the mirror's
+    mask of the same state: the gradients must be the masked reference's."""
+    torch = pytest.importorskip("torch")
+    from cuflash import reference, torch_ops
+
+    def mask_of(rng, p, b, h, sq, sk):
+        seed, offset = (int(x) & (2 ** 64 - 1) for x in rng.tolist())
+        return dropout.keep_mask(seed, offset, p, b, h, sq, sk)
+
+    def fake_forward(q, k, v, problem, scale, rng, config=None):
+        b, sq, h, _ = q.shape
+        keep = mask_of(rng, problem.dropout_p, b, h, sq, k.shape[1])
+        out, lse = reference.attention_naive(*(x.detach().double().numpy() for x in (q, k, v)),
+                                             softmax_scale=scale, causal=problem.causal, return_lse=True,
+                                             dropout_p=problem.dropout_p, dropout_mask=keep)
+        return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).float()
+
+    def fake_backward(dout, q, k, v, out, lse, problem, scale, rng, config=None):
+        b, sq, h, _ = q.shape
+        keep = mask_of(rng, problem.dropout_p, b, h, sq, k.shape[1])
+        grads = reference.attention_backward_naive(
+            *(x.detach().double().numpy() for x in (dout, q, k, v)), softmax_scale=scale,
+            causal=problem.causal, dropout_p=problem.dropout_p, dropout_mask=keep)
+        return tuple(torch.from_numpy(g).to(x.dtype) for g, x in zip(grads, (q, k, v)))
+
+    monkeypatch.setattr(torch_ops, "dropout_forward", fake_forward)
+    monkeypatch.setattr(torch_ops, "dropout_backward", fake_backward)
+    torch.manual_seed(0)
+    b, sq, sk, h, h_kv, d = 1, 9, 13, 4, 2, 12          # d 12: padded to 16
+    q = torch.randn(b, sq, h, d, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(b, sk, h_kv, d, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(b, sk, h_kv, d, dtype=torch.float64, requires_grad=True)
+    problem = Problem("fwd", "bf16", b, sq, sk, h, h_kv, d, True, features=("dropout",), dropout_p=0.3)
+    out, lse, rng = torch_ops.dropout_attention(q, k, v, problem, 0.3)
+    assert out.shape == q.shape and rng.dtype == torch.int64 and rng.shape == (2,)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    keep = mask_of(rng, 0.3, b, h, sq, sk)
+    want_out = reference.attention_naive(*(x.detach().numpy() for x in (q, k, v)), softmax_scale=0.3,
+                                         causal=True, dropout_p=0.3, dropout_mask=keep)
+    want = reference.attention_backward_naive(*(x.detach().numpy() for x in (dout, q, k, v)),
+                                              softmax_scale=0.3, causal=True, dropout_p=0.3,
+                                              dropout_mask=keep)
+    np.testing.assert_allclose(out.detach().numpy(), want_out, atol=1e-12)
+    for g, w in zip(grads, want):
+        np.testing.assert_allclose(g.numpy(), w, atol=1e-12)
