@@ -343,7 +343,7 @@ def test_kernel_name_example():
     vbwd = bwd.replace(varlen=True)
     assert vbwd.name.endswith("_varlen")
     assert BWD.kernel_names(vbwd) == {
-        "main": "cuflash::fa2_bwd<64, 128, 8, 2, 1, 2, 128, cuflash::fp16, true, true, true>",
+        "main": "cuflash::fa2_bwd<64, 128, 8, 2, 1, 2, 128, cuflash::fp16, true, true, true, false>",
         "preprocess": "cuflash::fa2_bwd_preprocess<cuflash::fp16, true>",
         "convert_dq": "cuflash::fa2_bwd_convert_dq<cuflash::fp16, true>",
         "reduce_dkv": "cuflash::fa2_bwd_reduce_dkv<cuflash::fp16, true>"}

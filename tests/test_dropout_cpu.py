@@ -127,13 +127,13 @@ def test_families_support_dropout_and_configs_carry_the_flag():
     assert "dropout" in sm90.supports((9, 0), drop_problem())   # selection falls back to fa2_fwd
     assert "window" in fwd.supports((9, 0), drop_problem().replace(features=("dropout", "window")))
     cfg = fwd.for_problem(fwd.heuristic(drop_problem()), drop_problem())
-    assert cfg.dropout and cfg.name.endswith("_drop") and cfg.kernel_name().endswith("bf16, false, true>")
+    assert cfg.dropout and cfg.name.endswith("_drop") and cfg.kernel_name().endswith("bf16, false, false, true>")
     assert cfg.template_args()[-1] is True
     plain = fwd.heuristic(drop_problem().replace(features=()))
-    assert not plain.dropout and plain.kernel_name().endswith("bf16, false, false>")
+    assert not plain.dropout and plain.kernel_name().endswith("bf16, false, false, false>")
     assert fwd.decode(fwd.encode(cfg), "bf16", False) == cfg
     bcfg = bwd.for_problem(bwd.heuristic(drop_problem("bwd")), drop_problem("bwd", deterministic=True))
-    assert bcfg.dropout and bcfg.deterministic and bcfg.kernel_name().endswith("bf16, false, true, true>")
+    assert bcfg.dropout and bcfg.deterministic and bcfg.kernel_name().endswith("bf16, false, true, false, true>")
     assert not bwd.for_problem(bcfg, drop_problem("bwd").replace(features=())).dropout
 
 
