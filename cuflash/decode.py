@@ -27,6 +27,7 @@ appending; shared pages that are appended to).
 from __future__ import annotations
 
 import operator
+import sys
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Optional
@@ -333,6 +334,27 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     ``decode`` yet: GPU inputs (torch CUDA, CuPy, NumPy) raise cuflash.UnsupportedFeature
     after validation, before any launch and without touching the cache.
     """
+    torch = sys.modules.get("torch")  # not imported: q is no torch tensor (cuflash imports none)
+    if torch is not None and isinstance(q, torch.Tensor) and torch.compiler.is_compiling():
+        # traced by torch.compile (fake tensors, no addresses): through the cuflash::kvcache op
+        out, lse = api._load_torch_ops().kvcache_traced(
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+            rotary_interleaved, alibi_slopes, num_splits)
+        return (out, lse) if return_softmax_lse else out
+    if torch is not None and q.__class__ is torch.Tensor and q.is_cuda:  # the hot path
+        args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                cache_leftpad, block_table, alibi_slopes)
+        key = _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+                       num_splits)
+        entry = _gpu_plans.get(key) if key is not None else None
+        if entry is None:
+            entry = _gpu_entry(args, softmax_scale, causal, window_size, softcap,
+                               rotary_interleaved, num_splits)
+            if key is not None:
+                _gpu_plans[key] = entry
+        out, lse = entry.run(args)
+        return (out, lse) if return_softmax_lse else out
     call = check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                          window_size, softcap, rotary_interleaved, alibi_slopes, num_splits)
@@ -345,6 +367,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
 
 def _raise_unsupported(call: KVCacheCall) -> None:
+    """GPU-kind inputs other than torch CUDA tensors (NumPy, CuPy): no launch."""
     from .registry import families
 
     dtype = call.tq.dtype if call.tq.dtype in ("bf16", "fp16") else "bf16"
@@ -356,10 +379,160 @@ def _raise_unsupported(call: KVCacheCall) -> None:
         raise api.UnsupportedFeature(
             f"q, k_cache, v_cache: decoding with a KV cache (flash_attn_with_kvcache: split-KV, "
             f"cache append, rotary, paged KV) is not implemented by any registered kernel family "
-            f"yet ({why}); torch CPU tensors run it on the float64 reference "
+            f"for this call ({why}); torch CPU tensors run it on the float64 reference "
             "(cuflash.reference.attention_kvcache)")
-    raise api.UnsupportedFeature("q, k_cache, v_cache: a decode kernel family supports this call, "
-                                 "but cuflash.decode does not launch it yet")
+    raise api.UnsupportedFeature(
+        f"q, k_cache, v_cache: flash_attn_with_kvcache runs its GPU kernels on torch CUDA tensors "
+        f"only, got {call.tq.kind} arrays (the cache is updated in place, so cuflash does not copy "
+        "it); torch CPU tensors run the float64 reference (cuflash.reference.attention_kvcache)")
+
+
+# ---------------------------------------------------------------------------------------
+# the GPU path (torch CUDA tensors): validated once per call shape, then one dict lookup
+
+_gpu_plans: dict = {}
+
+
+def _tensor_class():
+    return sys.modules["torch"].Tensor
+
+
+def _drop_gpu_plans() -> None:
+    _gpu_plans.clear()
+
+
+def _register_drop() -> None:
+    from . import compile as compile_mod
+
+    compile_mod.on_change(_drop_gpu_plans)
+
+
+_register_drop()
+
+
+def _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits):
+    """Everything validation reads of a call, as one hashable tuple (None: do not cache, e.g.
+    an unhashable argument, which validation then names). Values of device tensors are never
+    read: they are the kernel's to clamp."""
+    key = []
+    for x in args:
+        if x is None:
+            key.append(None)
+        elif x.__class__ is _tensor_class():
+            key.append((x.shape, x.stride(), x.dtype, x.device))
+        else:  # an int cache_seqlens, or something validation rejects
+            key.append((type(x), x))
+    key += [softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits]
+    key = tuple(key)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _GpuEntry:
+    """One validated call shape: its plan, output shapes and how to read the call's tensors."""
+    __slots__ = ("plan", "out_shape", "lse_shape", "ws_bytes", "contiguous", "empty", "device",
+                 "raw_stream")
+
+    def run(self, args):
+        torch = sys.modules["torch"]
+        tensor = torch.Tensor
+        q = args[0]
+        out = q.new_empty(*self.out_shape)
+        lse = q.new_empty(*self.lse_shape, dtype=torch.float32)
+        if self.empty:
+            out.zero_()
+            lse.fill_(float("inf"))
+            return out, lse
+        args = list(args)
+        for i in self.contiguous:  # small index / table / rotary tensors the kernels read densely
+            if args[i] is not None and args[i].__class__ is tensor:
+                args[i] = args[i].contiguous()
+        ptrs = []
+        for i, x in enumerate(args):
+            if x is None or x.__class__ is not tensor:
+                ptrs.append(0)
+                continue
+            ptr = x.data_ptr()
+            if i < 5 and ptr & 15:
+                raise ValueError(f"{_ARG_NAMES[i]}: the decode kernels read 16-byte chunks; its data "
+                                 f"must start on a 16-byte boundary (got address {ptr:#x})")
+            ptrs.append(ptr)
+        if api.POISON_OUTPUTS:
+            out.fill_(float("nan"))
+            lse.fill_(float("nan"))
+        ws = q.new_empty(self.ws_bytes, dtype=torch.uint8) if self.ws_bytes else None
+        self.plan.run((*ptrs, out.data_ptr(), lse.data_ptr()), 0 if ws is None else ws.data_ptr(),
+                      self.raw_stream(self.device))
+        return out, lse
+
+
+_ARG_NAMES = ("q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens",
+              "cache_batch_idx", "cache_leftpad", "block_table", "alibi_slopes")
+
+
+def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits):
+    """First call of a GPU call shape: validate everything (errors name the argument), choose
+    the family and config, fix the split count, build the plan."""
+    from . import _gpu
+    from .launch import Plan
+    from .select import choose
+
+    (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+     cache_leftpad, block_table, alibi_slopes) = args
+    call = check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                         cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                         window_size, softcap, rotary_interleaved, alibi_slopes, num_splits)
+    entry = _GpuEntry()
+    b, sq, h, d = call.tq.shape
+    entry.out_shape, entry.lse_shape = (b, sq, h, d), (b, h, sq)
+    entry.device = call.tq.device
+    entry.empty = b == 0 or h == 0 or (sq == 0 and not call.seqlen_new)
+    entry.contiguous, entry.ws_bytes, entry.plan = (), 0, None
+    torch = sys.modules["torch"]
+    try:
+        entry.raw_stream = torch._C._cuda_getCurrentRawStream
+    except AttributeError:  # pragma: no cover - older torch
+        entry.raw_stream = lambda index: torch.cuda.current_stream(index).cuda_stream
+    if entry.empty:
+        return entry
+    _gpu.require("flash_attn_with_kvcache")
+    problem = call.problem(call.tq.dtype)
+    dev = call.tq.device
+    family, cfg, _ = choose(problem, _gpu.arch(dev), _gpu.name(dev), _gpu.max_smem(dev))
+    # 16-byte rows: every stride but the head dim's in whole 8-element (16-byte) chunks
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if x is not None and any(s % 8 for s, n in zip(x.stride()[:3], x.shape) if n > 1):
+            raise ValueError(f"{name}: the decode kernels read 16-byte chunks; strides (elements) "
+                             f"must be multiples of 8 but the head dim's, got {tuple(x.stride())}")
+    contiguous = [i for i, x in ((5, rotary_cos), (6, rotary_sin), (7, cache_seqlens),
+                                 (8, cache_batch_idx), (9, cache_leftpad), (10, block_table),
+                                 (11, alibi_slopes))
+                  if x is not None and x.__class__ is torch.Tensor and not x.is_contiguous()]
+    entry.contiguous = tuple(contiguous)
+    splits = call.num_splits or family.split_count(cfg, problem, _gpu.sm_count(dev))
+    if sq == 0:
+        splits = 1
+    cfg = cfg.replace(splits=splits).validate(_gpu.max_smem(dev))
+    stride3 = lambda x: tuple(x.stride()[:3]) if x is not None else (0, 0, 0)  # noqa: E731
+    fixed = cache_seqlens if isinstance(cache_seqlens, Integral) else call.capacity
+    strides = {
+        "q": stride3(q), "k_cache": stride3(k_cache), "v_cache": stride3(v_cache),
+        "k_new": stride3(k), "v_new": stride3(v), "o": api.out_strides(entry.out_shape)[:3],
+        "call": dict(
+            seqlen_new=call.seqlen_new, page_size=int(k_cache.shape[1]) if call.paged else 0,
+            num_pages=int(k_cache.shape[0]), cache_seqlen_fixed=int(fixed),
+            rotary_dim=call.rotary_dim, rotary_interleaved=bool(rotary_interleaved),
+            rotary_q_per_row=call.causal or call.window_size != (-1, -1),
+            rotary_row_stride=call.rotary_dim // 2 if call.rotary_dim else 0,
+            block_table_stride=int(block_table.shape[1]) if block_table is not None else 0,
+            alibi_batch_stride=h if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0,
+            window=call.window_size, softcap=call.softcap)}
+    entry.plan = Plan(family, cfg, problem, strides, call.softmax_scale, dev)
+    entry.ws_bytes = entry.plan.workspace_bytes
+    return entry
 
 
 def _reference_torch(call, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,

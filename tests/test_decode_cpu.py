@@ -514,10 +514,10 @@ def test_gpu_kind_inputs_raise_before_any_launch(changes, monkeypatch):
     monkeypatch.setattr(_gpu, "require", lambda what: pytest.fail("reached the GPU"))
     args = _numpy_call(**changes)
     kc0 = args["k_cache"].copy()
-    with pytest.raises(UnsupportedFeature, match=r"^q, k_cache, v_cache: decoding with a KV cache "
-                                                 r"\(flash_attn_with_kvcache.*not implemented by any "
-                                                 r"registered kernel family yet .*op 'decode'.*"
-                                                 r"torch CPU tensors run it") as info:
+    with pytest.raises(UnsupportedFeature, match=r"^q, k_cache, v_cache: flash_attn_with_kvcache "
+                                                 r"runs its GPU kernels on torch CUDA tensors only, "
+                                                 r"got numpy arrays .*torch CPU tensors run the "
+                                                 r"float64 reference") as info:
         flash_attn_with_kvcache(**args)
     assert isinstance(info.value, ValueError) and isinstance(info.value, NotImplementedError)
     np.testing.assert_array_equal(args["k_cache"], kc0)

@@ -207,6 +207,10 @@ class DecodeSplitKV(Family):
             out.append(LaunchSpec("combine", (-(-rows // COMBINE_ROWS),), 32 * COMBINE_ROWS, 0))
         return out
 
+    def split_count(self, config, problem: Problem, sm_count: int) -> int:
+        """The splits num_splits=0 launches (shapes only; see num_splits_for)."""
+        return num_splits_for(config, problem, sm_count)
+
     def workspace(self, config, problem: Problem, strides: Optional[dict] = None) -> dict:
         p = problem
         splits = _splits(config, p)
