@@ -563,3 +563,81 @@ def test_reference_exported():
     for name in ("attention_splitkv_partials", "combine_splits", "apply_rotary",
                  "attention_kvcache"):
         assert name in reference.__all__ and callable(getattr(reference, name))
+
+
+# ---------------------------------------------------------------------------------------
+# the decode_splitkv family without a GPU: configs, split rule, launch plan and params
+
+def test_decode_family_registered_and_configs():
+    from cuflash import registry
+    from cuflash.families.decode_splitkv import DecodeConfig, num_splits_for
+    from cuflash.problem import Problem
+
+    fam = registry.get("decode_splitkv")
+    assert fam.op == "decode" and fam in registry.families("decode")
+    p = Problem("decode", "bf16", 1, 1, 131072, 32, 8, 128)
+    cfg = fam.heuristic(p)
+    assert not cfg.problems(227 * 1024) and cfg.m_tiles == 1
+    assert cfg.kernel_name().startswith("cuflash::decode_splitkv<")
+    # splits from shapes only: batch 1 x 8 KV heads on 132 SMs -> 2 waves of CTAs
+    assert num_splits_for(cfg, p, 132) == -(-2 * 132 // 8)
+    assert num_splits_for(cfg, p.replace(batch=64), 132) == 1
+    assert num_splits_for(cfg, p.replace(seqlen_k=64), 132) == 1      # one block: no split
+    assert 1 <= num_splits_for(cfg, p.replace(seqlen_k=1), 132) <= 128
+    # speculative decoding: 4 query rows x group 4 = 16 rows fit one tile, 32 need two
+    assert fam.heuristic(p.replace(seqlen_q=8)).m_tiles == 2
+    bad = DecodeConfig(4, 24, 1, 3, 0, 128, "bf16", False, 300)
+    why = " ".join(bad.problems())
+    for rule in ("warp_n", "stages", "m_tiles", "waves", "splits"):
+        assert rule in why
+    assert fam.decode(fam.encode(cfg), "bf16", False) == cfg
+
+
+def test_decode_plan_launches_and_params(monkeypatch):
+    """A paged, appending, rotary, GQA call through launch.Plan with fake kernels: the grid of
+    each role, the workspace pieces and every params field the kernels read."""
+    from types import SimpleNamespace
+
+    from cuflash import launch, registry
+    from cuflash.problem import Problem
+
+    calls = []
+
+    def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        calls.append(dict(fn=fn, grid=(gx, gy, gz), threads=bx, smem=smem))
+
+    fam = registry.get("decode_splitkv")
+    monkeypatch.setattr(launch, "get_kernels", lambda config, device: {
+        role: SimpleNamespace(kernel=SimpleNamespace(ptr=1000 + i))
+        for i, role in enumerate(fam.kernel_names(config))})
+    monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
+    monkeypatch.setattr(launch, "_driver_launch", lambda: record)
+    monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
+    p = Problem("decode", "bf16", 2, 3, 4096, 16, 4, 128, True, False,
+                ("append", "paged_kv", "rotary"))
+    cfg = fam.heuristic(p).replace(splits=5)
+    strides = {"q": (3 * 16 * 128, 16 * 128, 128), "k_cache": (256 * 4 * 128, 4 * 128, 128),
+               "v_cache": (256 * 4 * 128, 4 * 128, 128), "k_new": (3 * 4 * 128, 4 * 128, 128),
+               "v_new": (3 * 4 * 128, 4 * 128, 128), "o": (3 * 16 * 128, 16 * 128, 128),
+               "call": dict(seqlen_new=3, page_size=256, num_pages=40, rotary_dim=64,
+                            rotary_row_stride=32, rotary_q_per_row=True, block_table_stride=16,
+                            window=(-1, 0), cache_seqlen_fixed=4096)}
+    plan = launch.Plan(fam, cfg, p, strides, 0.125, 0)
+    ws = fam.workspace(cfg, p)
+    rows = 2 * 16 * 3
+    assert ws["o_partial"] == 0 and ws["lse_partial"] >= 5 * rows * 128 * 4
+    assert ws["q_rot"] >= ws["lse_partial"] + 5 * rows * 4 and plan.workspace_bytes == ws["total"]
+    names = list(fam.kernel_names(cfg))
+    plan.run(tuple(range(0x1000, 0x1000 + 14 * 0x100, 0x100)), 0x900000, 0)
+    assert [c["fn"] - 1000 for c in calls] == [names.index(r) for r in ("append", "main", "combine")]
+    assert calls[0]["grid"] == (32, 2, 1)
+    assert calls[1]["grid"] == (5, 4 * 1, 2) and calls[1]["smem"] == cfg.smem_bytes  # 12 rows: 1 tile
+    assert calls[2]["grid"] == (-(-rows // 4), 1, 1)
+    rec = plan._record[0]
+    assert (rec["num_splits"], rec["group"], rec["row_blocks"], rec["page_size"]) == (5, 4, 1, 256)
+    assert (rec["window_left"], rec["window_right"], rec["seqlen_new"]) == (-1, 0, 3)
+    assert (rec["capacity"], rec["num_pages"], rec["head_dim_rounded"]) == (4096, 40, 128)
+    assert int(rec["o_partial"]) == 0x900000 and int(rec["q_rot"]) == 0x900000 + ws["q_rot"]
+    # no split: no combine, no partials
+    one = launch.Plan(fam, cfg.replace(splits=1), p.replace(features=()), strides, 0.125, 0)
+    assert [s.role for s in one.launches] == ["main"] and one.workspace_bytes == 0

@@ -33,7 +33,7 @@ import time
 
 from .common import HDIMS, SEQLENS, gpu_dir_name  # noqa: F401 - gpu_dir_name: tuning/cli.py
 
-MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io")
+MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io", "decode")
 ALL = ("fwd", "fwdbwd", "memory", "overhead", "startup")
 
 
@@ -68,6 +68,10 @@ def parser() -> argparse.ArgumentParser:
                     help="io: seqlens of the growth table (default 1024 .. 16384)")
     ap.add_argument("--io-causal", action="store_true", help="io: causal mask (default none)")
     ap.add_argument("--no-ncu", action="store_true", help="io: skip the HBM bytes (ncu)")
+    ap.add_argument("--decode-batches", type=int, nargs="+", default=None,
+                    help="decode (default 1 8 32 64)")
+    ap.add_argument("--decode-ctxs", type=int, nargs="+", default=None,
+                    help="decode (default 8192 32768 65536 131072)")
     ap.add_argument("--out", default="results", help="results root (default results)")
     return ap
 
@@ -100,6 +104,9 @@ def run_mode(mode: str, a) -> object:
     if mode == "io":
         return mod.run(growth_seqlens=a.io_seqlens or mod.GROWTH_SEQLENS, causal=a.io_causal,
                        use_ncu=not a.no_ncu, reps=a.reps or 10, out=a.out)
+    if mode == "decode":
+        return mod.run(batches=a.decode_batches or mod.BATCHES, ctxs=a.decode_ctxs or mod.CTXS,
+                       reps=a.reps or 10, out=a.out)
     raise ValueError(f"unknown mode {mode!r}")
 
 
