@@ -473,9 +473,32 @@ _ARG_NAMES = ("q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "
               "cache_batch_idx", "cache_leftpad", "block_table", "alibi_slopes")
 
 
-def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits):
+def kvcache_with_config(config, q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                        rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                        cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
+                        window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                        alibi_slopes=None, num_splits=0):
+    """flash_attn_with_kvcache on torch CUDA tensors with a given decode config (the tuner's
+    trial point, a test's forced config): (out, lse). ``config.splits`` (when not 0) wins over
+    num_splits; its split rule (waves) serves num_splits=0."""
+    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table, alibi_slopes)
+    key = _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+                   num_splits)
+    key = None if key is None else key + (config,)
+    entry = _gpu_plans.get(key) if key is not None else None
+    if entry is None:
+        entry = _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+                           num_splits, config)
+        if key is not None:
+            _gpu_plans[key] = entry
+    return entry.run(args)
+
+
+def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
+               config=None):
     """First call of a GPU call shape: validate everything (errors name the argument), choose
-    the family and config, fix the split count, build the plan."""
+    the family and config (or check the given one), fix the split count, build the plan."""
     from . import _gpu
     from .launch import Plan
     from .select import choose
@@ -501,7 +524,7 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
     _gpu.require("flash_attn_with_kvcache")
     problem = call.problem(call.tq.dtype)
     dev = call.tq.device
-    family, cfg, _ = choose(problem, _gpu.arch(dev), _gpu.name(dev), _gpu.max_smem(dev))
+    family, cfg, _ = choose(problem, _gpu.arch(dev), _gpu.name(dev), _gpu.max_smem(dev), config)
     # 16-byte rows: every stride but the head dim's in whole 8-element (16-byte) chunks
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
         if x is not None and any(s % 8 for s, n in zip(x.stride()[:3], x.shape) if n > 1):
@@ -512,7 +535,8 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
                                  (11, alibi_slopes))
                   if x is not None and x.__class__ is torch.Tensor and not x.is_contiguous()]
     entry.contiguous = tuple(contiguous)
-    splits = call.num_splits or family.split_count(cfg, problem, _gpu.sm_count(dev))
+    splits = (getattr(cfg, "splits", 0) or call.num_splits
+              or family.split_count(cfg, problem, _gpu.sm_count(dev)))
     if sq == 0:
         splits = 1
     cfg = cfg.replace(splits=splits).validate(_gpu.max_smem(dev))
@@ -570,4 +594,4 @@ def _reference_torch(call, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
     return torch.from_numpy(out).to(dtype), torch.from_numpy(lse).to(torch.float32)
 
 
-__all__ = ["flash_attn_with_kvcache", "check_kvcache", "KVCacheCall"]
+__all__ = ["flash_attn_with_kvcache", "check_kvcache", "KVCacheCall", "kvcache_with_config"]

@@ -230,6 +230,10 @@ decode_splitkv(const DecodeParams p) {
     const int ld_row = tid / kLanesPerRow, ld_col = (tid % kLanesPerRow) * 8;
     const u16* k_cache = static_cast<const u16*>(p.k_cache) + hkv * p.k_head_stride + ld_col;
     const u16* v_cache = static_cast<const u16*>(p.v_cache) + hkv * p.v_head_stride + ld_col;
+    // Contiguous caches: the row's base once (cp.async's memory clobber would reload
+    // cache_batch_idx[b] per key row otherwise); paged ones look the page up per key row.
+    i64 k_row0 = 0, v_row0 = 0;
+    if (!p.block_table) cache_offsets(p, b, 0, k_row0, v_row0);
     auto load_kv = [&](int n, int slot) {
         if (ld_col >= kHeadDim) return;
         const int key0 = n * kBlockN;
@@ -243,7 +247,14 @@ decode_splitkv(const DecodeParams p) {
             const int j = key0 + row;
             const bool valid = whole || (j < keys && ld_col < p.head_dim);
             i64 k_off = 0, v_off = 0;
-            if (valid) cache_offsets(p, b, rk.start + j, k_off, v_off);
+            if (valid) {
+                if (p.block_table) {
+                    cache_offsets(p, b, rk.start + j, k_off, v_off);
+                } else {
+                    k_off = k_row0 + static_cast<i64>(rk.start + j) * p.k_row_stride;
+                    v_off = v_row0 + static_cast<i64>(rk.start + j) * p.v_row_stride;
+                }
+            }
             const u32 off = pass * kRowsPerPass * kRowBytes;
             if (whole) {
                 cp_async_16(k_dst + off, k_cache + k_off);

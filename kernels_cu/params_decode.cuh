@@ -3,6 +3,7 @@
 // families' code hash stays; cuflash/launch.py (struct_dtype) reads the fields from here.
 #pragma once
 #include "ptx.cuh"
+#include "params.cuh"
 
 namespace cuflash {
 

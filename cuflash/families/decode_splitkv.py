@@ -146,6 +146,10 @@ class DecodeSplitKV(Family):
                       "cache_seqlens", "cache_batch_idx", "cache_leftpad", "block_table",
                       "alibi_slopes", "o", "lse", "o_partial", "lse_partial", "q_rot")
     min_arch = (8, 0)
+    # the Problem.features it runs (all of flash_attn_with_kvcache's; masks, softcap and ALiBi
+    # are run-time parameters of one kernel)
+    features = ("alibi", "append", "cache_batch_idx", "leftpad", "paged_kv", "rotary", "softcap",
+                "window")
     description = ("split-KV decode (flash-decoding): GQA-packed query rows, cp.async K/V ring, "
                    "mma.sync, LSE combine; paged KV, append + rotary")
 
@@ -157,14 +161,8 @@ class DecodeSplitKV(Family):
             return f"q: headdim must be a multiple of 8 in 8..{MAX_HEAD_DIM}, got {problem.head_dim}"
         if problem.nheads_kv < 1 or problem.nheads % problem.nheads_kv:
             return "k_cache: nheads_kv must divide nheads"
-        return ""
-
-    def fits(self, config, problem: Problem) -> str:
-        # masks are run-time parameters: any causal flag fits
-        if config.dtype != problem.dtype or config.head_dim < problem.head_dim:
-            return (f"{config.name} does not fit this call (dtype {problem.dtype}, "
-                    f"headdim {problem.head_dim})")
-        return ""
+        other = [f for f in problem.features if f not in self.features]
+        return f"{self.name} has no feature {other[0]!r}" if other else ""
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> DecodeConfig:
         """Bandwidth first: 4 warps of 16 keys (64-key K/V blocks, one 16-key mma tile per warp,
@@ -255,6 +253,14 @@ class DecodeSplitKV(Family):
             row_blocks=row_blocks(config, p), softmax_scale=softmax_scale,
             scale_log2=softmax_scale * LOG2E, softcap=call.get("softcap", 0.0))
         return out
+
+    def bench_problem(self, dtype: str, head_dim: int, causal: bool, seqlen: int,
+                      features: tuple = ()) -> Problem:
+        """The tuner's shape for a seqlen bucket: one query row, 32 query heads on 8 KV heads
+        (the issue's serving shape), 128k cached keys in all (batch 131072 / seqlen): the
+        split rule matters most at small batch, the tiles at large."""
+        return Problem("decode", dtype, max(1, 131072 // seqlen), 1, seqlen, 32, 8, head_dim,
+                       causal, False, tuple(features))
 
     def flops(self, problem: Problem) -> float:
         p = problem
