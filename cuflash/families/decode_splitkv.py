@@ -168,12 +168,14 @@ class DecodeSplitKV(Family):
         """Bandwidth first: 4 warps of 16 keys (64-key K/V blocks, one 16-key mma tile per warp,
         so the O accumulator is all a thread keeps) and a deep ring (4 stages at d <= 128: 140 KB
         in flight at d 128 on the H100); shallower where shared memory is small. Two row tiles
-        when the packed rows (group · seqlen_q) exceed 16 and the head dim leaves registers for
-        them. waves = 2: num_splits=0 aims at two CTAs per SM."""
+        when the packed rows (group · seqlen_q) exceed 16 at head dims 64..128: above, the two
+        O accumulators crowd the register file; at d 48 ptxas (nvcc 13.0, sm_90a) spills 4 bytes
+        (d 16 and 32 would not, but decode models do not use them). waves = 2: num_splits=0
+        aims at two CTAs per SM."""
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         group = problem.nheads // max(problem.nheads_kv, 1)
-        m_tiles = 2 if group * problem.seqlen_q > 16 and d <= 128 else 1
+        m_tiles = 2 if group * problem.seqlen_q > 16 and 64 <= d <= 128 else 1
         stages = 4 if d <= 128 else 2
         cfg = DecodeConfig(4, 16, stages, m_tiles, 2, d, problem.dtype, bool(problem.causal))
         for shrink in ({}, {"stages": 3}, {"stages": 2}, {"warps": 2, "stages": 2},
