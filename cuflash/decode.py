@@ -9,9 +9,16 @@ before anything runs.
   ``v_cache`` are updated **in place** (the new keys rotated when ``rotary_cos`` /
   ``rotary_sin`` are given), as flash-attn does; ``num_splits > 1`` computes the result
   through the split-KV partials and their LSE combine (the same values).
-* GPU inputs (torch CUDA tensors, CuPy arrays, and NumPy arrays, which the API would copy to
-  the GPU) raise ``cuflash.UnsupportedFeature`` after validation: no kernel family implements
-  the op ``decode`` yet. Nothing is launched and no cache is written.
+* torch CUDA tensors run the ``decode_splitkv`` kernel family (op ``decode``; selected through
+  the registry like every op): append (+ rotary) into the cache in place, split-KV attention
+  with GQA packing, LSE combine. Each new call shape (shapes, strides, dtypes, device, flags,
+  scalars) is validated once and gets a launch plan; a repeat call is one tuple key, the output
+  allocations and the launches on torch's current stream (CUDA-graph capture is legal; the
+  split count depends on shapes only, the per-row lengths are read on the device, where values
+  out of range are clamped, never read out of bounds). Under torch.compile the call goes
+  through the ``cuflash::kvcache`` torch op.
+* CuPy and NumPy arrays raise ``cuflash.UnsupportedFeature`` after validation (the cache is
+  updated in place: cuflash does not copy it to or from the GPU). Nothing is launched.
 
 Where cuflash differs from flash-attn 2.8 (all on the accepting side, none changes a result
 flash-attn gives): any ``page_block_size`` and any even ``rotary_dim`` are accepted (flash-attn's
@@ -330,9 +337,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Returns out (q's shape and dtype), or (out, softmax_lse) with return_softmax_lse:
     fp32 (batch, nheads, seqlen_q), +inf for rows without keys (whose out is 0).
 
-    torch CPU tensors run the float64 reference. No kernel family implements the op
-    ``decode`` yet: GPU inputs (torch CUDA, CuPy, NumPy) raise cuflash.UnsupportedFeature
-    after validation, before any launch and without touching the cache.
+    torch CPU tensors run the float64 reference, torch CUDA tensors the decode_splitkv kernels
+    (head dims that are multiples of 8, up to 256; 16-byte aligned tensors whose strides but the
+    head dim's are multiples of 8 elements). CuPy and NumPy arrays raise
+    cuflash.UnsupportedFeature after validation, before any launch and without touching the
+    cache.
     """
     torch = sys.modules.get("torch")  # not imported: q is no torch tensor (cuflash imports none)
     if torch is not None and isinstance(q, torch.Tensor) and torch.compiler.is_compiling():
@@ -422,7 +431,10 @@ def _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleav
             key.append((x.shape, x.stride(), x.dtype, x.device))
         else:  # an int cache_seqlens, or something validation rejects
             key.append((type(x), x))
-    key += [softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits]
+    scalars = (softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits)
+    if any(x is not None and x.__class__ not in (int, float, bool, tuple) for x in scalars):
+        return None  # e.g. a 0-d tensor scale: hashable by identity, it would key a plan per call
+    key += scalars
     key = tuple(key)
     try:
         hash(key)

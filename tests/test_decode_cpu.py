@@ -641,3 +641,25 @@ def test_decode_plan_launches_and_params(monkeypatch):
     # no split: no combine, no partials
     one = launch.Plan(fam, cfg.replace(splits=1), p.replace(features=()), strides, 0.125, 0)
     assert [s.role for s in one.launches] == ["main"] and one.workspace_bytes == 0
+
+
+def test_kvcache_torch_op_on_cpu_mutates_the_cache():
+    """cuflash::kvcache (what torch.compile traces) equals the eager call and appends in place."""
+    th = _torch()
+    from cuflash import flash_attn_with_kvcache, torch_ops  # noqa: F401 - defines the op
+
+    q, kc, vc, kn, vn = t_problem(th.float32)
+    lens = th.tensor([0, 3, 10], dtype=th.int32)
+    kc2, vc2 = kc.clone(), vc.clone()
+    out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True,
+                                       return_softmax_lse=True)
+    out2, lse2 = th.ops.cuflash.kvcache(q, kc2, vc2, kn, vn, None, None, lens, None, None, None,
+                                        None, -1, 1 / math.sqrt(q.shape[-1]), True, -1, -1, 0.0,
+                                        True, 0)
+    assert th.equal(out, out2) and th.equal(lse, lse2)
+    assert th.equal(kc, kc2) and th.equal(vc, vc2) and not th.equal(kc2, t_problem(th.float32)[1])
+    # an int cache_seqlens goes through the op's int argument
+    out3 = torch_ops.kvcache_traced(q, kc2.clone(), vc2.clone(), None, None, None, None, 4, None,
+                                    None, None, None, False, (-1, -1), 0.0, True, None, 0)[0]
+    want = flash_attn_with_kvcache(q, kc2.clone(), vc2.clone(), cache_seqlens=4)
+    assert th.equal(out3, want)
