@@ -47,6 +47,7 @@
 namespace cuflash {
 
 struct alignas(8) u32x2 { u32 x, y; };
+struct alignas(16) f32x4 { float x, y, z, w; };  // no vector_types.h: cuflash includes no system header
 
 template <class Elem>
 __device__ __forceinline__ u16 to_elem(float x) { return static_cast<u16>(pack2<Elem>(x, 0.f) & 0xffffu); }
@@ -402,7 +403,7 @@ decode_splitkv(const DecodeParams p) {
         for (int w = 0; w < kWarps; ++w) {
             const float wt = exp2_approx(m_merge[w * kRows + r] * p.scale_log2 - m_scaled);
             l_row += wt * l_merge[w * kRows + r];
-            const float4 x = *reinterpret_cast<const float4*>(o_merge + (w * kRows + r) * kHeadDim + col);
+            const f32x4 x = *reinterpret_cast<const f32x4*>(o_merge + (w * kRows + r) * kHeadDim + col);
             o4[0] += wt * x.x; o4[1] += wt * x.y; o4[2] += wt * x.z; o4[3] += wt * x.w;
         }
         const float inv_l = softmax_inv_l(l_row);
@@ -415,7 +416,7 @@ decode_splitkv(const DecodeParams p) {
             if (col == 0) p.lse[row_id] = softmax_lse(m_row, l_row, p.softmax_scale);
         } else {
             float* o = p.o_partial + (static_cast<i64>(split) * rows_all + row_id) * p.head_dim_rounded + col;
-            *reinterpret_cast<float4*>(o) = make_float4(o4[0] * inv_l, o4[1] * inv_l, o4[2] * inv_l, o4[3] * inv_l);
+            *reinterpret_cast<f32x4*>(o) = f32x4{o4[0] * inv_l, o4[1] * inv_l, o4[2] * inv_l, o4[3] * inv_l};
             if (col == 0)
                 p.lse_partial[static_cast<i64>(split) * rows_all + row_id] =
                     l_row == 0.f ? neg_inf() : m_row * p.softmax_scale + logf(l_row);
@@ -461,7 +462,7 @@ decode_combine(const DecodeParams p) {
                 const float ls = lse_s[static_cast<i64>(s) * rows_all];
                 if (ls == neg_inf()) continue;
                 const float wt = expf(ls - lse);
-                const float4 x = *reinterpret_cast<const float4*>(
+                const f32x4 x = *reinterpret_cast<const f32x4*>(
                     p.o_partial + (static_cast<i64>(s) * rows_all + row_id) * p.head_dim_rounded + col);
                 acc[0] += wt * x.x; acc[1] += wt * x.y; acc[2] += wt * x.z; acc[3] += wt * x.w;
             }

@@ -663,3 +663,36 @@ def test_kvcache_torch_op_on_cpu_mutates_the_cache():
                                     None, None, None, False, (-1, -1), 0.0, True, None, 0)[0]
     want = flash_attn_with_kvcache(q, kc2.clone(), vc2.clone(), cache_seqlens=4)
     assert th.equal(out3, want)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_kernel_index_math_mirror_equals_reference(seed):
+    """decode_splitkv.cu's splits, ranges, masks, warp merge and combine (tests/decode_mirror.py,
+    a line-by-line NumPy mirror) give the reference's answer on random calls."""
+    from decode_mirror import kernel_mirror
+
+    rng = np.random.default_rng(seed)
+    batch, sq = int(rng.integers(1, 4)), int(rng.integers(1, 6))
+    hk, group = int(rng.integers(1, 3)), int(rng.choice([1, 2, 4, 8]))
+    h, d, new = hk * group, 8, int(rng.integers(0, 3))
+    cap = max(int(rng.integers(1, 300)), new)
+    ends = rng.integers(0, cap - new + 1, batch)
+    starts = (np.array([rng.integers(0, e + 1) for e in ends]) if rng.integers(2)
+              else np.zeros(batch, np.int64))
+    q = rand(rng, batch, sq, h, d)
+    kc, vc = rand(rng, batch, cap, hk, d), rand(rng, batch, cap, hk, d)
+    kn, vn = (rand(rng, batch, new, hk, d), rand(rng, batch, new, hk, d)) if new else (None, None)
+    causal = bool(rng.integers(2))
+    window = (int(rng.integers(-1, 20)), int(rng.integers(-1, 5))) if rng.integers(2) else (-1, -1)
+    softcap = float(rng.uniform(0.5, 3)) if rng.integers(2) else 0.0
+    slopes = rng.uniform(0, 1, (batch, h)) if rng.integers(2) else None
+    splits = int(rng.integers(1, 6))
+    warps, warp_n, m_tiles = int(rng.choice([1, 2, 4])), int(rng.choice([16, 32])), int(rng.choice([1, 2]))
+    out_ref, lse_ref, k_new, v_new = attention_kvcache(
+        q, kc, vc, ends, kn, vn, cache_leftpad=starts, causal=causal, window_size=window,
+        softcap=softcap, alibi_slopes=slopes)
+    _, win = reference._normalize_kvcache_window(window, causal, sq, cap, slopes is not None)
+    out, lse = kernel_mirror(q, k_new, v_new, ends, starts, new, 1 / math.sqrt(d), win, softcap,
+                             slopes, splits, warps, warp_n, m_tiles)
+    np.testing.assert_allclose(out, out_ref, rtol=0, atol=1e-9)
+    assert_same_lse(lse, lse_ref)
