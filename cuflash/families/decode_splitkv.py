@@ -166,8 +166,10 @@ class DecodeSplitKV(Family):
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> DecodeConfig:
         """Bandwidth first: 4 warps of 16 keys (64-key K/V blocks, one 16-key mma tile per warp,
-        so the O accumulator is all a thread keeps) and a deep ring (4 stages at d <= 128: 140 KB
-        in flight at d 128 on the H100); shallower where shared memory is small. Two row tiles
+        so the O accumulator is all a thread keeps) and a 3-stage ring at d <= 128 (108 KB at
+        d 128: two CTAs per H100 SM, 209 KB of K/V in flight per SM, and one CTA's prologue and
+        merge hide under the other's stream); 2 stages above; shallower where shared memory is
+        small. Two row tiles
         when the packed rows (group · seqlen_q) exceed 16 at head dims 64..128: above, the two
         O accumulators crowd the register file; at d 48 ptxas (nvcc 13.0, sm_90a) spills 4 bytes
         (d 16 and 32 would not, but decode models do not use them). waves = 2: num_splits=0
@@ -176,9 +178,9 @@ class DecodeSplitKV(Family):
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         group = problem.nheads // max(problem.nheads_kv, 1)
         m_tiles = 2 if group * problem.seqlen_q > 16 and 64 <= d <= 128 else 1
-        stages = 4 if d <= 128 else 2
+        stages = 3 if d <= 128 else 2
         cfg = DecodeConfig(4, 16, stages, m_tiles, 2, d, problem.dtype, bool(problem.causal))
-        for shrink in ({}, {"stages": 3}, {"stages": 2}, {"warps": 2, "stages": 2},
+        for shrink in ({}, {"stages": 2}, {"warps": 2, "stages": 2},
                        {"warps": 2, "stages": 2, "m_tiles": 1}):
             candidate = cfg.replace(**shrink)
             if not candidate.problems(max_smem):
