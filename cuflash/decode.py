@@ -9,9 +9,16 @@ before anything runs.
   ``v_cache`` are updated **in place** (the new keys rotated when ``rotary_cos`` /
   ``rotary_sin`` are given), as flash-attn does; ``num_splits > 1`` computes the result
   through the split-KV partials and their LSE combine (the same values).
-* GPU inputs (torch CUDA tensors, CuPy arrays, and NumPy arrays, which the API would copy to
-  the GPU) raise ``cuflash.UnsupportedFeature`` after validation: no kernel family implements
-  the op ``decode`` yet. Nothing is launched and no cache is written.
+* torch CUDA tensors run the ``decode_splitkv`` kernel family (op ``decode``; selected through
+  the registry like every op): append (+ rotary) into the cache in place, split-KV attention
+  with GQA packing, LSE combine. Each new call shape (shapes, strides, dtypes, device, flags,
+  scalars) is validated once and gets a launch plan; a repeat call is one tuple key, the output
+  allocations and the launches on torch's current stream (CUDA-graph capture is legal; the
+  split count depends on shapes only, the per-row lengths are read on the device, where values
+  out of range are clamped, never read out of bounds). Under torch.compile the call goes
+  through the ``cuflash::kvcache`` torch op.
+* CuPy and NumPy arrays raise ``cuflash.UnsupportedFeature`` after validation (the cache is
+  updated in place: cuflash does not copy it to or from the GPU). Nothing is launched.
 
 Where cuflash differs from flash-attn 2.8 (all on the accepting side, none changes a result
 flash-attn gives): any ``page_block_size`` and any even ``rotary_dim`` are accepted (flash-attn's
@@ -27,6 +34,7 @@ appending; shared pages that are appended to).
 from __future__ import annotations
 
 import operator
+import sys
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Optional
@@ -329,10 +337,33 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Returns out (q's shape and dtype), or (out, softmax_lse) with return_softmax_lse:
     fp32 (batch, nheads, seqlen_q), +inf for rows without keys (whose out is 0).
 
-    torch CPU tensors run the float64 reference. No kernel family implements the op
-    ``decode`` yet: GPU inputs (torch CUDA, CuPy, NumPy) raise cuflash.UnsupportedFeature
-    after validation, before any launch and without touching the cache.
+    torch CPU tensors run the float64 reference, torch CUDA tensors the decode_splitkv kernels
+    (head dims that are multiples of 8, up to 256; 16-byte aligned tensors whose strides but the
+    head dim's are multiples of 8 elements). CuPy and NumPy arrays raise
+    cuflash.UnsupportedFeature after validation, before any launch and without touching the
+    cache.
     """
+    torch = sys.modules.get("torch")  # not imported: q is no torch tensor (cuflash imports none)
+    if torch is not None and isinstance(q, torch.Tensor) and torch.compiler.is_compiling():
+        # traced by torch.compile (fake tensors, no addresses): through the cuflash::kvcache op
+        out, lse = api._load_torch_ops().kvcache_traced(
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+            rotary_interleaved, alibi_slopes, num_splits)
+        return (out, lse) if return_softmax_lse else out
+    if torch is not None and q.__class__ is torch.Tensor and q.is_cuda:  # the hot path
+        args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                cache_leftpad, block_table, alibi_slopes)
+        key = _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+                       num_splits)
+        entry = _gpu_plans.get(key) if key is not None else None
+        if entry is None:
+            entry = _gpu_entry(args, softmax_scale, causal, window_size, softcap,
+                               rotary_interleaved, num_splits)
+            if key is not None:
+                _gpu_plans[key] = entry
+        out, lse = entry.run(args)
+        return (out, lse) if return_softmax_lse else out
     call = check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                          window_size, softcap, rotary_interleaved, alibi_slopes, num_splits)
@@ -345,6 +376,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
 
 def _raise_unsupported(call: KVCacheCall) -> None:
+    """GPU-kind inputs other than torch CUDA tensors (NumPy, CuPy): no launch."""
     from .registry import families
 
     dtype = call.tq.dtype if call.tq.dtype in ("bf16", "fp16") else "bf16"
@@ -356,10 +388,187 @@ def _raise_unsupported(call: KVCacheCall) -> None:
         raise api.UnsupportedFeature(
             f"q, k_cache, v_cache: decoding with a KV cache (flash_attn_with_kvcache: split-KV, "
             f"cache append, rotary, paged KV) is not implemented by any registered kernel family "
-            f"yet ({why}); torch CPU tensors run it on the float64 reference "
+            f"for this call ({why}); torch CPU tensors run it on the float64 reference "
             "(cuflash.reference.attention_kvcache)")
-    raise api.UnsupportedFeature("q, k_cache, v_cache: a decode kernel family supports this call, "
-                                 "but cuflash.decode does not launch it yet")
+    raise api.UnsupportedFeature(
+        f"q, k_cache, v_cache: flash_attn_with_kvcache runs its GPU kernels on torch CUDA tensors "
+        f"only, got {call.tq.kind} arrays (the cache is updated in place, so cuflash does not copy "
+        "it); torch CPU tensors run the float64 reference (cuflash.reference.attention_kvcache)")
+
+
+# ---------------------------------------------------------------------------------------
+# the GPU path (torch CUDA tensors): validated once per call shape, then one dict lookup
+
+_gpu_plans: dict = {}
+
+
+def _tensor_class():
+    return sys.modules["torch"].Tensor
+
+
+def _drop_gpu_plans() -> None:
+    _gpu_plans.clear()
+
+
+def _register_drop() -> None:
+    from . import compile as compile_mod
+
+    compile_mod.on_change(_drop_gpu_plans)
+
+
+_register_drop()
+
+
+def _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits):
+    """Everything validation reads of a call, as one hashable tuple (None: do not cache, e.g.
+    an unhashable argument, which validation then names). Values of device tensors are never
+    read: they are the kernel's to clamp."""
+    key = []
+    for x in args:
+        if x is None:
+            key.append(None)
+        elif x.__class__ is _tensor_class():
+            key.append((x.shape, x.stride(), x.dtype, x.device))
+        else:  # an int cache_seqlens, or something validation rejects
+            key.append((type(x), x))
+    scalars = (softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits)
+    if any(x is not None and x.__class__ not in (int, float, bool, tuple) for x in scalars):
+        return None  # e.g. a 0-d tensor scale: hashable by identity, it would key a plan per call
+    key += scalars
+    key = tuple(key)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _GpuEntry:
+    """One validated call shape: its plan, output shapes and how to read the call's tensors."""
+    __slots__ = ("plan", "out_shape", "lse_shape", "ws_bytes", "contiguous", "empty", "device",
+                 "raw_stream")
+
+    def run(self, args):
+        torch = sys.modules["torch"]
+        tensor = torch.Tensor
+        q = args[0]
+        out = q.new_empty(*self.out_shape)
+        lse = q.new_empty(*self.lse_shape, dtype=torch.float32)
+        if self.empty:
+            out.zero_()
+            lse.fill_(float("inf"))
+            return out, lse
+        args = list(args)
+        for i in self.contiguous:  # small index / table / rotary tensors the kernels read densely
+            if args[i] is not None and args[i].__class__ is tensor:
+                args[i] = args[i].contiguous()
+        ptrs = []
+        for i, x in enumerate(args):
+            if x is None or x.__class__ is not tensor:
+                ptrs.append(0)
+                continue
+            ptr = x.data_ptr()
+            if i < 5 and ptr & 15:
+                raise ValueError(f"{_ARG_NAMES[i]}: the decode kernels read 16-byte chunks; its data "
+                                 f"must start on a 16-byte boundary (got address {ptr:#x})")
+            ptrs.append(ptr)
+        if api.POISON_OUTPUTS:
+            out.fill_(float("nan"))
+            lse.fill_(float("nan"))
+        ws = q.new_empty(self.ws_bytes, dtype=torch.uint8) if self.ws_bytes else None
+        self.plan.run((*ptrs, out.data_ptr(), lse.data_ptr()), 0 if ws is None else ws.data_ptr(),
+                      self.raw_stream(self.device))
+        return out, lse
+
+
+_ARG_NAMES = ("q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens",
+              "cache_batch_idx", "cache_leftpad", "block_table", "alibi_slopes")
+
+
+def kvcache_with_config(config, q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                        rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                        cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
+                        window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                        alibi_slopes=None, num_splits=0):
+    """flash_attn_with_kvcache on torch CUDA tensors with a given decode config (the tuner's
+    trial point, a test's forced config): (out, lse). ``config.splits`` (when not 0) wins over
+    num_splits; its split rule (waves) serves num_splits=0."""
+    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table, alibi_slopes)
+    key = _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+                   num_splits)
+    key = None if key is None else key + (config,)
+    entry = _gpu_plans.get(key) if key is not None else None
+    if entry is None:
+        entry = _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+                           num_splits, config)
+        if key is not None:
+            _gpu_plans[key] = entry
+    return entry.run(args)
+
+
+def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
+               config=None):
+    """First call of a GPU call shape: validate everything (errors name the argument), choose
+    the family and config (or check the given one), fix the split count, build the plan."""
+    from . import _gpu
+    from .launch import Plan
+    from .select import choose
+
+    (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+     cache_leftpad, block_table, alibi_slopes) = args
+    call = check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                         cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                         window_size, softcap, rotary_interleaved, alibi_slopes, num_splits)
+    entry = _GpuEntry()
+    b, sq, h, d = call.tq.shape
+    entry.out_shape, entry.lse_shape = (b, sq, h, d), (b, h, sq)
+    entry.device = call.tq.device
+    entry.empty = b == 0 or h == 0 or (sq == 0 and not call.seqlen_new)
+    entry.contiguous, entry.ws_bytes, entry.plan = (), 0, None
+    torch = sys.modules["torch"]
+    try:
+        entry.raw_stream = torch._C._cuda_getCurrentRawStream
+    except AttributeError:  # pragma: no cover - older torch
+        entry.raw_stream = lambda index: torch.cuda.current_stream(index).cuda_stream
+    if entry.empty:
+        return entry
+    _gpu.require("flash_attn_with_kvcache")
+    problem = call.problem(call.tq.dtype)
+    dev = call.tq.device
+    family, cfg, _ = choose(problem, _gpu.arch(dev), _gpu.name(dev), _gpu.max_smem(dev), config)
+    # 16-byte rows: every stride but the head dim's in whole 8-element (16-byte) chunks
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if x is not None and any(s % 8 for s, n in zip(x.stride()[:3], x.shape) if n > 1):
+            raise ValueError(f"{name}: the decode kernels read 16-byte chunks; strides (elements) "
+                             f"must be multiples of 8 but the head dim's, got {tuple(x.stride())}")
+    contiguous = [i for i, x in ((5, rotary_cos), (6, rotary_sin), (7, cache_seqlens),
+                                 (8, cache_batch_idx), (9, cache_leftpad), (10, block_table),
+                                 (11, alibi_slopes))
+                  if x is not None and x.__class__ is torch.Tensor and not x.is_contiguous()]
+    entry.contiguous = tuple(contiguous)
+    splits = (getattr(cfg, "splits", 0) or call.num_splits
+              or family.split_count(cfg, problem, _gpu.sm_count(dev)))
+    if sq == 0:
+        splits = 1
+    cfg = cfg.replace(splits=splits).validate(_gpu.max_smem(dev))
+    stride3 = lambda x: tuple(x.stride()[:3]) if x is not None else (0, 0, 0)  # noqa: E731
+    fixed = cache_seqlens if isinstance(cache_seqlens, Integral) else call.capacity
+    strides = {
+        "q": stride3(q), "k_cache": stride3(k_cache), "v_cache": stride3(v_cache),
+        "k_new": stride3(k), "v_new": stride3(v), "o": api.out_strides(entry.out_shape)[:3],
+        "call": dict(
+            seqlen_new=call.seqlen_new, page_size=int(k_cache.shape[1]) if call.paged else 0,
+            num_pages=int(k_cache.shape[0]), cache_seqlen_fixed=int(fixed),
+            rotary_dim=call.rotary_dim, rotary_interleaved=bool(rotary_interleaved),
+            rotary_q_per_row=call.causal or call.window_size != (-1, -1),
+            rotary_row_stride=call.rotary_dim // 2 if call.rotary_dim else 0,
+            block_table_stride=int(block_table.shape[1]) if block_table is not None else 0,
+            alibi_batch_stride=h if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0,
+            window=call.window_size, softcap=call.softcap)}
+    entry.plan = Plan(family, cfg, problem, strides, call.softmax_scale, dev)
+    entry.ws_bytes = entry.plan.workspace_bytes
+    return entry
 
 
 def _reference_torch(call, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
@@ -397,4 +606,4 @@ def _reference_torch(call, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
     return torch.from_numpy(out).to(dtype), torch.from_numpy(lse).to(torch.float32)
 
 
-__all__ = ["flash_attn_with_kvcache", "check_kvcache", "KVCacheCall"]
+__all__ = ["flash_attn_with_kvcache", "check_kvcache", "KVCacheCall", "kvcache_with_config"]

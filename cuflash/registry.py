@@ -31,6 +31,11 @@ OPS = {
               "O = softmax(Q Kᵀ · scale [+ mask]) V and LSE"),
     "bwd": Op("bwd", ("dout", "q", "k", "v", "out", "lse"), ("dq", "dk", "dv"), 2.5,
               "dQ, dK, dV from dO and the forward's O, LSE (P recomputed)"),
+    "decode": Op("decode", ("q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos", "rotary_sin",
+                            "cache_seqlens", "cache_batch_idx", "cache_leftpad", "block_table",
+                            "alibi_slopes"), ("out", "lse"), 1.0,
+                 "flash_attn_with_kvcache: append k_new, v_new (rotary) into the cache, then "
+                 "O, LSE of q over it (split-KV partials merged by their LSE)"),
 }
 
 _FAMILIES: dict = {}      # name -> Family, in registration order

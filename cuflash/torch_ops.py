@@ -576,6 +576,63 @@ def attention_reference(q, k, v, softmax_scale: float, feats, varlen=None):
 
 
 # ---------------------------------------------------------------------------------------
+# decode: flash_attn_with_kvcache. Its eager path is cuflash.decode's own plan cache (no
+# dispatcher); this op is what torch.compile traces. k_cache and v_cache are appended to in
+# place (the schema's mutation marks). cache_seqlen: an int cache_seqlens (-1: a tensor or none).
+
+torch.library.define(
+    "cuflash::kvcache",
+    "(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? rotary_cos, "
+    "Tensor? rotary_sin, Tensor? cache_seqlens, Tensor? cache_batch_idx, Tensor? cache_leftpad, "
+    "Tensor? block_table, Tensor? alibi_slopes, int cache_seqlen, float softmax_scale, bool causal, "
+    "int window_left, int window_right, float softcap, bool rotary_interleaved, int num_splits) "
+    "-> (Tensor, Tensor)")
+
+
+def _kvcache_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                cache_leftpad, block_table, alibi_slopes, cache_seqlen, softmax_scale, causal,
+                window_left, window_right, softcap, rotary_interleaved, num_splits):
+    from .decode import flash_attn_with_kvcache
+
+    if cache_seqlens is None and cache_seqlen >= 0:
+        cache_seqlens = cache_seqlen
+    out, lse = flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, block_table, softmax_scale, causal, (window_left, window_right), softcap,
+        rotary_interleaved, alibi_slopes, num_splits, True)
+    return out, lse
+
+
+for _key in ("CUDA", "CPU"):
+    torch.library.impl("cuflash::kvcache", _key)(_kvcache_op)
+
+
+@torch.library.register_fake("cuflash::kvcache")
+def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+      cache_leftpad, block_table, alibi_slopes, cache_seqlen, softmax_scale, causal, window_left,
+      window_right, softcap, rotary_interleaved, num_splits):
+    batch, seqlen_q, nheads, _ = q.shape
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device))
+
+
+def kvcache_traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                   cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size,
+                   softcap, rotary_interleaved, alibi_slopes, num_splits):
+    """flash_attn_with_kvcache under torch.compile: through the cuflash::kvcache op."""
+    from numbers import Integral
+
+    scale = _scale(softmax_scale, q.shape[-1])
+    as_int = isinstance(cache_seqlens, Integral)
+    left, right = (int(w) for w in window_size)
+    return torch.ops.cuflash.kvcache(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, None if as_int else cache_seqlens,
+        cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
+        int(cache_seqlens) if as_int else -1, scale, bool(causal), left, right, float(softcap),
+        bool(rotary_interleaved), int(num_splits))
+
+
+# ---------------------------------------------------------------------------------------
 # dropout on the GPU: fa2_fwd / fa2_bwd with their dropout flag
 
 _drop_fwd_plans: dict = {}

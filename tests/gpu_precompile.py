@@ -57,6 +57,14 @@ def configs_for_suite(space=True):
                                 configs.append(cfg)
                             except ValueError:
                                 pass
+    # op decode (tests/test_decode_gpu.py): the heuristic for one and for many packed query rows
+    for fam in registry.families("decode"):
+        for dtype in GPU_DTYPES:
+            for d in (64, 96, 128, 256):
+                for sq in (1, 16):
+                    p = Problem("decode", dtype, 1, sq, 4096, 32, 8, d, sq > 1)
+                    if not fam.supports(arch, p):
+                        configs.append(fam.heuristic(p, arch, smem))
     if space:
         configs += [cfg for _, cfg in space_configs("fwd") + space_configs("bwd")
                     if not cfg.problems(smem)]

@@ -8,7 +8,8 @@ run at the end happens only without the option).
 Every registered kernel family runs, forced with config= / bwd_config=: each forward
 family's heuristic, and each backward family's heuristic (preprocess, main kernel, dQ
 epilogue, GQA reduction, through torch autograd) in every key-group layout its space offers
-(fa2_bwd: qsplit 1 and 2; sm90_fwd: persistent off and on) and in deterministic mode.
+(fa2_bwd: qsplit 1 and 2; sm90_fwd: persistent off and on) and in deterministic mode. Each
+decode family (op decode: flash_attn_with_kvcache) runs DECODE_SHAPES with num_splits 1, 3, 0.
 """
 import os
 import sys
@@ -56,6 +57,49 @@ def layouts(family, config):
     return out
 
 
+DECODE_SHAPES = [  # (batch, seqlen_q, cache_seqlens, nheads, nheads_kv, hdim, page, seqlen_new, rotary_dim, leftpad)
+    (1, 1, [0], 4, 4, 64, None, 0, 0, False), (2, 1, [1, 17], 8, 2, 128, None, 1, 64, False),
+    (3, 4, [113, 0, 1023], 8, 1, 128, 16, 2, 128, False), (2, 16, [2049, 300], 16, 4, 96, 48, 0, 0, True),
+    (1, 3, [5000], 32, 8, 256, 256, 3, 32, True),
+]
+
+
+def sanitize_decode(family):
+    """flash_attn_with_kvcache on edge shapes (empty rows, paged with odd page sizes, append +
+    rotary, leftpad), num_splits 1, 3 and 0, for the decode family (the API selects it)."""
+    runs = 0
+    for b, sq, lens, h, hkv, d, page, new, rot, leftpad in DECODE_SHAPES:
+        for name, dtype in DTYPES.items():
+            p = Problem("decode", name, b, sq, max(lens) + new, h, hkv, d)
+            if heuristic(family, p) is None:
+                continue
+            for splits in (1, 3, 0):
+                cap = max(lens) + new
+                if page:
+                    blocks = -(-cap // page)
+                    kc = torch.randn(b * blocks, page, hkv, d, device="cuda", dtype=dtype)
+                    table = torch.randperm(b * blocks, device="cuda").view(b, blocks).to(torch.int32)
+                else:
+                    kc, table = torch.randn(b, cap, hkv, d, device="cuda", dtype=dtype), None
+                vc = torch.randn_like(kc)
+                kw = dict(cache_seqlens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
+                          block_table=table, num_splits=splits, causal=sq > 1)
+                if new:
+                    kw["k"] = torch.randn(b, new, hkv, d, device="cuda", dtype=dtype)
+                    kw["v"] = torch.randn_like(kw["k"])
+                if rot:
+                    kw["rotary_cos"] = torch.randn(cap if not page else blocks * page, rot // 2,
+                                                   device="cuda", dtype=dtype)
+                    kw["rotary_sin"] = torch.randn_like(kw["rotary_cos"])
+                if leftpad:
+                    kw["cache_leftpad"] = torch.tensor([n // 3 for n in lens], dtype=torch.int32,
+                                                       device="cuda")
+                q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+                cuflash.flash_attn_with_kvcache(q, kc, vc, **kw)
+                runs += 1
+    return runs
+
+
 def main():
     only = set(sys.argv[sys.argv.index("--families") + 1:]) if "--families" in sys.argv else None
     picked = lambda fam: only is None or fam.name in only  # noqa: E731
@@ -97,6 +141,8 @@ def main():
                                                       bwd_config=bwd_config)
                         out.backward(torch.randn_like(out))
                         runs += 1
+    for fam in filter(picked, registry.families("decode")):
+        runs += sanitize_decode(fam)
     if only is not None:
         torch.cuda.synchronize()
         print(f"sanitize shapes done: {runs} runs ({', '.join(sorted(only))})")

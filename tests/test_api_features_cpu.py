@@ -519,4 +519,5 @@ def test_feature_problem_is_rejected_by_the_families():
 
     p = cuflash.Problem("fwd", "bf16", 1, 128, 128, 4, 4, 64, features=("softcap", "window"))
     for fam in families():
-        assert "softcap" in fam.supports((9, 0), p.replace(op=fam.op))
+        if "softcap" not in getattr(fam, "features", ()):  # decode_splitkv runs them
+            assert "softcap" in fam.supports((9, 0), p.replace(op=fam.op))

@@ -514,10 +514,10 @@ def test_gpu_kind_inputs_raise_before_any_launch(changes, monkeypatch):
     monkeypatch.setattr(_gpu, "require", lambda what: pytest.fail("reached the GPU"))
     args = _numpy_call(**changes)
     kc0 = args["k_cache"].copy()
-    with pytest.raises(UnsupportedFeature, match=r"^q, k_cache, v_cache: decoding with a KV cache "
-                                                 r"\(flash_attn_with_kvcache.*not implemented by any "
-                                                 r"registered kernel family yet .*op 'decode'.*"
-                                                 r"torch CPU tensors run it") as info:
+    with pytest.raises(UnsupportedFeature, match=r"^q, k_cache, v_cache: flash_attn_with_kvcache "
+                                                 r"runs its GPU kernels on torch CUDA tensors only, "
+                                                 r"got numpy arrays .*torch CPU tensors run the "
+                                                 r"float64 reference") as info:
         flash_attn_with_kvcache(**args)
     assert isinstance(info.value, ValueError) and isinstance(info.value, NotImplementedError)
     np.testing.assert_array_equal(args["k_cache"], kc0)
@@ -563,3 +563,136 @@ def test_reference_exported():
     for name in ("attention_splitkv_partials", "combine_splits", "apply_rotary",
                  "attention_kvcache"):
         assert name in reference.__all__ and callable(getattr(reference, name))
+
+
+# ---------------------------------------------------------------------------------------
+# the decode_splitkv family without a GPU: configs, split rule, launch plan and params
+
+def test_decode_family_registered_and_configs():
+    from cuflash import registry
+    from cuflash.families.decode_splitkv import DecodeConfig, num_splits_for
+    from cuflash.problem import Problem
+
+    fam = registry.get("decode_splitkv")
+    assert fam.op == "decode" and fam in registry.families("decode")
+    p = Problem("decode", "bf16", 1, 1, 131072, 32, 8, 128)
+    cfg = fam.heuristic(p)
+    assert not cfg.problems(227 * 1024) and cfg.m_tiles == 1
+    assert cfg.kernel_name().startswith("cuflash::decode_splitkv<")
+    # splits from shapes only: batch 1 x 8 KV heads on 132 SMs -> 2 waves of CTAs
+    assert num_splits_for(cfg, p, 132) == -(-2 * 132 // 8)
+    assert num_splits_for(cfg, p.replace(batch=64), 132) == 1
+    assert num_splits_for(cfg, p.replace(seqlen_k=64), 132) == 1      # one block: no split
+    assert 1 <= num_splits_for(cfg, p.replace(seqlen_k=1), 132) <= 128
+    # speculative decoding: 4 query rows x group 4 = 16 rows fit one tile, 32 need two
+    assert fam.heuristic(p.replace(seqlen_q=8)).m_tiles == 2
+    bad = DecodeConfig(4, 24, 1, 3, 0, 128, "bf16", False, 300)
+    why = " ".join(bad.problems())
+    for rule in ("warp_n", "stages", "m_tiles", "waves", "splits"):
+        assert rule in why
+    assert fam.decode(fam.encode(cfg), "bf16", False) == cfg
+
+
+def test_decode_plan_launches_and_params(monkeypatch):
+    """A paged, appending, rotary, GQA call through launch.Plan with fake kernels: the grid of
+    each role, the workspace pieces and every params field the kernels read."""
+    from types import SimpleNamespace
+
+    from cuflash import launch, registry
+    from cuflash.problem import Problem
+
+    calls = []
+
+    def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        calls.append(dict(fn=fn, grid=(gx, gy, gz), threads=bx, smem=smem))
+
+    fam = registry.get("decode_splitkv")
+    monkeypatch.setattr(launch, "get_kernels", lambda config, device: {
+        role: SimpleNamespace(kernel=SimpleNamespace(ptr=1000 + i))
+        for i, role in enumerate(fam.kernel_names(config))})
+    monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
+    monkeypatch.setattr(launch, "_driver_launch", lambda: record)
+    monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
+    p = Problem("decode", "bf16", 2, 3, 4096, 16, 4, 128, True, False,
+                ("append", "paged_kv", "rotary"))
+    cfg = fam.heuristic(p).replace(splits=5)
+    strides = {"q": (3 * 16 * 128, 16 * 128, 128), "k_cache": (256 * 4 * 128, 4 * 128, 128),
+               "v_cache": (256 * 4 * 128, 4 * 128, 128), "k_new": (3 * 4 * 128, 4 * 128, 128),
+               "v_new": (3 * 4 * 128, 4 * 128, 128), "o": (3 * 16 * 128, 16 * 128, 128),
+               "call": dict(seqlen_new=3, page_size=256, num_pages=40, rotary_dim=64,
+                            rotary_row_stride=32, rotary_q_per_row=True, block_table_stride=16,
+                            window=(-1, 0), cache_seqlen_fixed=4096)}
+    plan = launch.Plan(fam, cfg, p, strides, 0.125, 0)
+    ws = fam.workspace(cfg, p)
+    rows = 2 * 16 * 3
+    assert ws["o_partial"] == 0 and ws["lse_partial"] >= 5 * rows * 128 * 4
+    assert ws["q_rot"] >= ws["lse_partial"] + 5 * rows * 4 and plan.workspace_bytes == ws["total"]
+    names = list(fam.kernel_names(cfg))
+    plan.run(tuple(range(0x1000, 0x1000 + 14 * 0x100, 0x100)), 0x900000, 0)
+    assert [c["fn"] - 1000 for c in calls] == [names.index(r) for r in ("append", "main", "combine")]
+    assert calls[0]["grid"] == (32, 2, 1)
+    assert calls[1]["grid"] == (5, 4 * 1, 2) and calls[1]["smem"] == cfg.smem_bytes  # 12 rows: 1 tile
+    assert calls[2]["grid"] == (-(-rows // 4), 1, 1)
+    rec = plan._record[0]
+    assert (rec["num_splits"], rec["group"], rec["row_blocks"], rec["page_size"]) == (5, 4, 1, 256)
+    assert (rec["window_left"], rec["window_right"], rec["seqlen_new"]) == (-1, 0, 3)
+    assert (rec["capacity"], rec["num_pages"], rec["head_dim_rounded"]) == (4096, 40, 128)
+    assert int(rec["o_partial"]) == 0x900000 and int(rec["q_rot"]) == 0x900000 + ws["q_rot"]
+    # no split: no combine, no partials
+    one = launch.Plan(fam, cfg.replace(splits=1), p.replace(features=()), strides, 0.125, 0)
+    assert [s.role for s in one.launches] == ["main"] and one.workspace_bytes == 0
+
+
+def test_kvcache_torch_op_on_cpu_mutates_the_cache():
+    """cuflash::kvcache (what torch.compile traces) equals the eager call and appends in place."""
+    th = _torch()
+    from cuflash import flash_attn_with_kvcache, torch_ops  # noqa: F401 - defines the op
+
+    q, kc, vc, kn, vn = t_problem(th.float32)
+    lens = th.tensor([0, 3, 10], dtype=th.int32)
+    kc2, vc2 = kc.clone(), vc.clone()
+    out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True,
+                                       return_softmax_lse=True)
+    out2, lse2 = th.ops.cuflash.kvcache(q, kc2, vc2, kn, vn, None, None, lens, None, None, None,
+                                        None, -1, 1 / math.sqrt(q.shape[-1]), True, -1, -1, 0.0,
+                                        True, 0)
+    assert th.equal(out, out2) and th.equal(lse, lse2)
+    assert th.equal(kc, kc2) and th.equal(vc, vc2) and not th.equal(kc2, t_problem(th.float32)[1])
+    # an int cache_seqlens goes through the op's int argument
+    out3 = torch_ops.kvcache_traced(q, kc2.clone(), vc2.clone(), None, None, None, None, 4, None,
+                                    None, None, None, False, (-1, -1), 0.0, True, None, 0)[0]
+    want = flash_attn_with_kvcache(q, kc2.clone(), vc2.clone(), cache_seqlens=4)
+    assert th.equal(out3, want)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_kernel_index_math_mirror_equals_reference(seed):
+    """decode_splitkv.cu's splits, ranges, masks, warp merge and combine (tests/decode_mirror.py,
+    a line-by-line NumPy mirror) give the reference's answer on random calls."""
+    from decode_mirror import kernel_mirror
+
+    rng = np.random.default_rng(seed)
+    batch, sq = int(rng.integers(1, 4)), int(rng.integers(1, 6))
+    hk, group = int(rng.integers(1, 3)), int(rng.choice([1, 2, 4, 8]))
+    h, d, new = hk * group, 8, int(rng.integers(0, 3))
+    cap = max(int(rng.integers(1, 300)), new)
+    ends = rng.integers(0, cap - new + 1, batch)
+    starts = (np.array([rng.integers(0, e + 1) for e in ends]) if rng.integers(2)
+              else np.zeros(batch, np.int64))
+    q = rand(rng, batch, sq, h, d)
+    kc, vc = rand(rng, batch, cap, hk, d), rand(rng, batch, cap, hk, d)
+    kn, vn = (rand(rng, batch, new, hk, d), rand(rng, batch, new, hk, d)) if new else (None, None)
+    causal = bool(rng.integers(2))
+    window = (int(rng.integers(-1, 20)), int(rng.integers(-1, 5))) if rng.integers(2) else (-1, -1)
+    softcap = float(rng.uniform(0.5, 3)) if rng.integers(2) else 0.0
+    slopes = rng.uniform(0, 1, (batch, h)) if rng.integers(2) else None
+    splits = int(rng.integers(1, 6))
+    warps, warp_n, m_tiles = int(rng.choice([1, 2, 4])), int(rng.choice([16, 32])), int(rng.choice([1, 2]))
+    out_ref, lse_ref, k_new, v_new = attention_kvcache(
+        q, kc, vc, ends, kn, vn, cache_leftpad=starts, causal=causal, window_size=window,
+        softcap=softcap, alibi_slopes=slopes)
+    _, win = reference._normalize_kvcache_window(window, causal, sq, cap, slopes is not None)
+    out, lse = kernel_mirror(q, k_new, v_new, ends, starts, new, 1 / math.sqrt(d), win, softcap,
+                             slopes, splits, warps, warp_n, m_tiles)
+    np.testing.assert_allclose(out, out_ref, rtol=0, atol=1e-9)
+    assert_same_lse(lse, lse_ref)

@@ -200,7 +200,8 @@ def test_tune_every_family_of_every_op_by_default(monkeypatch, tmp_path):
             "--trials", "3", "--seed", "0", "--no-progress", "--no-plots", "--no-precompile",
             "--out", str(tmp_path / "res"), "--table-dir", str(tmp_path / "t")]
     assert cli.tune_main(args, log=lines.append) == 0
-    assert [f for f, _ in made] == registry.families("fwd", "fp16") + registry.families("bwd", "fp16")
+    assert [f for f, _ in made] == registry.families("fwd", "fp16") + registry.families("bwd", "fp16") \
+        + registry.families("decode", "fp16")
     tf = select.read_file(tmp_path / "t" / "Fake_GPU_sm90.yaml")
     want = sorted((f.op, f.name, "fp16", 64, True, (), 1024) for f in registry.families()
                   if not f.supports((9, 0), Problem.fa_convention(f.op, "fp16", 64, True, 1024)))
@@ -220,7 +221,7 @@ def test_tune_refuses_bad_input(monkeypatch):
     fake_gpu(monkeypatch)
     for argv, why in (
             (["--dtype", "fp32"], "--dtype must be bf16 and/or fp16, got ['fp32']"),
-            (["--op", "sideways"], "--op must be fwd, bwd or all, got 'sideways'"),
+            (["--op", "sideways"], f"--op must be {', '.join(registry.OPS)} or all, got 'sideways'"),
             (["--family", "nope"], "--family: unknown kernel family 'nope'; registered: "
                                    f"{sorted(f.name for f in registry.families())}"),
             (["--op", "fwd", "--family", "fa2_bwd"],

@@ -167,7 +167,60 @@ class BwdRunner:
                                            deterministic=problem.deterministic, config=config)
 
 
-RUNNERS = {"fwd": FwdRunner, "bwd": BwdRunner}
+class DecodeRunner:
+    """op decode: ``cuflash.decode.kvcache_with_config(cfg, q, k_cache, v_cache, cache_seqlens=...)``
+    on torch CUDA tensors (the decode path takes torch only): the cache full to seqlen_k keys
+    per row, num_splits=0 (the config's split rule)."""
+
+    op = "decode"
+
+    def verify(self, config, problem, rng) -> tuple[bool, str, dict]:
+        import torch
+
+        from cuflash import reference
+        from cuflash.decode import kvcache_with_config
+
+        dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[problem.dtype]
+        d = problem.head_dim
+        lens = np.array([777, 1, 2049], np.int32)
+        q = torch.from_numpy(rng.standard_normal((3, 2, 8, d))).to("cuda", dt)
+        kc = torch.from_numpy(rng.standard_normal((3, 2100, 2, d))).to("cuda", dt)
+        vc = torch.from_numpy(rng.standard_normal((3, 2100, 2, d))).to("cuda", dt)
+        seqlens = torch.from_numpy(lens).cuda()
+        out, lse = kvcache_with_config(config, q, kc, vc, cache_seqlens=seqlens,
+                                       causal=problem.causal)
+        as64 = lambda x: x.double().cpu().numpy()  # noqa: E731
+        ref, ref_lse, _, _ = reference.attention_kvcache(as64(q), as64(kc), as64(vc), lens,
+                                                         causal=problem.causal)
+        err = float("inf") if torch.isnan(out).any() else float(np.abs(as64(out) - ref).max())
+        fin = np.isfinite(ref_lse)
+        lse_err = float(np.abs(lse.cpu().numpy()[fin] - ref_lse[fin]).max()) if fin.any() else 0.0
+        ok = err < (2e-2 if problem.dtype == "bf16" else 4e-3) and lse_err < 1e-2
+        return ok, f"max|O - ref| {err:.3g}, max|LSE - ref| {lse_err:.3g}", {"max_err": err,
+                                                                            "lse_err": lse_err}
+
+    def prepare(self, problem, rng_seed: int) -> dict:
+        import torch
+
+        dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[problem.dtype]
+        g = torch.Generator(device="cuda").manual_seed(rng_seed)
+        p = problem
+        shape_k = (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim)
+        return {"q": torch.randn(p.batch, p.seqlen_q, p.nheads, p.head_dim, device="cuda",
+                                 dtype=dt, generator=g),
+                "k_cache": torch.randn(*shape_k, device="cuda", dtype=dt, generator=g),
+                "v_cache": torch.randn(*shape_k, device="cuda", dtype=dt, generator=g),
+                "cache_seqlens": torch.full((p.batch,), p.seqlen_k, dtype=torch.int32, device="cuda")}
+
+    def call(self, config, problem, inputs: dict):
+        from cuflash.decode import kvcache_with_config
+
+        i = inputs
+        return lambda: kvcache_with_config(config, i["q"], i["k_cache"], i["v_cache"],
+                                           cache_seqlens=i["cache_seqlens"], causal=problem.causal)
+
+
+RUNNERS = {"fwd": FwdRunner, "bwd": BwdRunner, "decode": DecodeRunner}
 
 
 def runner_for(op: str):

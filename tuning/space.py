@@ -26,7 +26,13 @@ OP_NAMES = tuple(OPS)
 def bench_problem(family, dtype: str, head_dim: int, causal: bool, seqlen: int,
                   features: tuple = ()) -> Problem:
     """The problem one study of ``family`` is timed on: the FlashAttention convention for
-    the family's compiled head dim (``head_dim_of``) and the seqlen's bucket."""
+    the family's compiled head dim (``head_dim_of``) and the seqlen's bucket; a family with
+    its own benchmark shape (``family.bench_problem``, e.g. decode: one query row over a cache)
+    gives it."""
+    own = getattr(family, "bench_problem", None)
+    if own is not None:
+        return own(dtype, family.head_dim_of(head_dim), bool(causal), seqlen_bucket(seqlen),
+                   tuple(sorted(features)))
     return Problem.fa_convention(family.op, dtype, family.head_dim_of(head_dim), bool(causal),
                                  seqlen_bucket(seqlen), features=tuple(sorted(features)))
 

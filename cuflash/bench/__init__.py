@@ -38,7 +38,8 @@ import time
 
 from .common import HDIMS, SEQLENS, gpu_dir_name  # noqa: F401 - gpu_dir_name: tuning/cli.py
 
-MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io", "ring", "dropout")
+MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io", "ring", "dropout",
+         "decode")
 ALL = ("fwd", "fwdbwd", "memory", "overhead", "startup")
 
 
@@ -75,6 +76,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-ncu", action="store_true", help="io: skip the HBM bytes (ncu)")
     ap.add_argument("--fp8", action="store_true",
                     help="fwd: also the FP8 (e4m3) families on the same problems (next to cuDNN bf16)")
+    ap.add_argument("--decode-batches", type=int, nargs="+", default=None,
+                    help="decode (default 1 8 32 64)")
+    ap.add_argument("--decode-ctxs", type=int, nargs="+", default=None,
+                    help="decode (default 8192 32768 65536 131072)")
     ap.add_argument("--out", default="results", help="results root (default results)")
     ap.add_argument("--ring-seqlens", type=int, nargs="+", default=None,
                     help="ring: total seqlens (default 131072 262144 524288 1048576)")
@@ -123,6 +128,9 @@ def run_mode(mode: str, a) -> object:
                        causals=tuple(sorted(causals, reverse=True)), procs=a.ring_procs,
                        nheads=a.ring_heads, reps=a.reps or 3, budget_s=a.ring_budget_s,
                        torch_cp=not a.no_torch_cp, full_max=a.ring_full_max, out=a.out)
+    if mode == "decode":
+        return mod.run(batches=a.decode_batches or mod.BATCHES, ctxs=a.decode_ctxs or mod.CTXS,
+                       reps=a.reps or 10, out=a.out)
     if mode == "dropout":
         seqlens = a.seqlens if a.seqlens != list(SEQLENS) else (8192,)
         hdims = a.hdims if a.hdims != list(HDIMS) else (64, 128)

@@ -1,0 +1,274 @@
+"""decode_splitkv: flash-decoding for flash_attn_with_kvcache (kernels_cu/decode_splitkv.cu), sm_80+.
+
+Op ``decode``: a few query rows per sequence over a long KV cache, bound by memory bandwidth.
+Three kernels by role: ``append`` (new k, v into the cache, rotary on q and k), ``main`` (one
+CTA per (split, KV head · row block, batch): the query heads of a KV head packed as rows of one
+Q tile, the split's K/V blocks through a cp.async ring, mma.sync, fp32 partials) and
+``combine`` (the LSE merge of the splits). One split writes the output directly and skips the
+combine.
+
+The number of splits is the config's ``splits`` (1..128), fixed before a plan is made:
+``cuflash.decode`` puts the call's ``num_splits`` there, or the heuristic's choice
+(``num_splits_for``) for ``num_splits=0``. It depends on shapes only (batch, heads, the
+cache capacity, the SM count), never on tensor values: the per-row split boundaries are
+computed on the device from ``cache_seqlens``, so a captured CUDA graph stays valid when the
+lengths change.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from ..problem import Problem
+from ..registry import register
+from .base import Family, KernelConfig, LaunchSpec, default_max_smem
+
+MAX_HEAD_DIM = 256
+MAX_SPLITS = 128          # flash-attn's limit on num_splits
+MAX_ACCUM_REGS = 192      # fp32 accumulators per thread (O and S) before ptxas spills
+MIN_SPLIT_BLOCKS = 2      # the heuristic gives each split at least this many K/V blocks
+LOG2E = 1.4426950408889634
+ALIGN = 256               # workspace pieces start on 256-byte boundaries
+COMBINE_ROWS = 4          # decode_combine: one warp per row, 4 warps per CTA
+APPEND_THREADS = 128
+APPEND_CTAS = 32         # decode_append: CTAs per batch row, striding over the new tokens
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class DecodeConfig(KernelConfig):
+    """One decode_splitkv kernel set and its split rule.
+
+    warps:    warps per CTA; the CTA's K/V block is warps · warp_n keys
+    warp_n:   keys per warp per block (multiple of 16): each warp runs S = Q K_wᵀ, O += P V_w
+    stages:   K/V blocks resident in shared memory (>= 2)
+    m_tiles:  16-row tiles of packed query rows (nheads / nheads_kv · seqlen_q) per CTA (1, 2)
+    waves:    split rule: num_splits=0 aims at waves · SMs CTAs (not a kernel parameter)
+    splits:   the number of splits a plan launches (0: the heuristic's, num_splits_for)
+    head_dim: compile-time head dim (multiple of 16, <= 256)
+    dtype:    "bf16" or "fp16"
+    causal:   the call's flag (masks are run-time parameters of the kernel: not a template one)
+    """
+
+    warps: int
+    warp_n: int
+    stages: int
+    m_tiles: int
+    waves: int
+    head_dim: int
+    dtype: str
+    causal: bool
+    splits: int = 0
+
+    family = "decode_splitkv"
+    _what = "decode"
+
+    @property
+    def block_n(self) -> int:
+        return self.warps * self.warp_n
+
+    @property
+    def rows(self) -> int:
+        return 16 * self.m_tiles
+
+    @property
+    def name(self) -> str:
+        split = f"_x{self.splits}" if self.splits else ""
+        return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
+                f"_m{self.m_tiles}_v{self.waves}{split}")
+
+    @property
+    def smem_bytes(self) -> int:
+        """Q tile plus `stages` (K, V) blocks, rows padded by 8 elements."""
+        return (self.rows + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
+
+    @property
+    def accum_regs(self) -> int:
+        return self.m_tiles * (self.head_dim + self.warp_n) // 2
+
+    def kernel_name(self) -> str:
+        return (f"cuflash::decode_splitkv<{self.warps}, {self.warp_n}, {self.stages}, {self.m_tiles}, "
+                f"{self.head_dim}, cuflash::{self.dtype}>")
+
+    def template_args(self) -> tuple:
+        return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype)
+
+    def _problems(self) -> list[str]:
+        out = self._common_problems(MAX_HEAD_DIM)
+        if self.warp_n <= 0 or self.warp_n % 16:
+            out.append(f"warp_n must be a positive multiple of 16, got {self.warp_n}")
+        if self.m_tiles not in (1, 2):
+            out.append(f"m_tiles must be 1 or 2, got {self.m_tiles}")
+        if self.waves < 1:
+            out.append(f"waves must be >= 1, got {self.waves}")
+        if not 0 <= self.splits <= MAX_SPLITS:
+            out.append(f"splits must be in 0..{MAX_SPLITS} (0: heuristic), got {self.splits}")
+        if not out and self.accum_regs > MAX_ACCUM_REGS:
+            out.append(f"{self.accum_regs} fp32 accumulator registers per thread (O and S) "
+                       f"exceed the budget of {MAX_ACCUM_REGS}: it would spill")
+        chunks = self.head_dim // 8
+        lanes = 4 if chunks <= 4 else 8 if chunks <= 8 else 16 if chunks <= 16 else 32
+        if not out and self.threads % lanes:
+            out.append(f"{self.threads} threads do not cover whole {self.head_dim}-column rows")
+        return out
+
+
+def row_blocks(config, problem: Problem) -> int:
+    """CTAs over the (nheads / nheads_kv) · seqlen_q packed query rows of one KV head."""
+    group = problem.nheads // max(problem.nheads_kv, 1)
+    return max(1, -(-group * problem.seqlen_q // config.rows))
+
+
+def num_splits_for(config, problem: Problem, sm_count: int) -> int:
+    """The split count for num_splits=0, from shapes only: enough CTAs for `waves` CTAs per SM
+    over the cache's capacity, each split at least MIN_SPLIT_BLOCKS K/V blocks, at most 128."""
+    ctas = problem.batch * problem.nheads_kv * row_blocks(config, problem)
+    if ctas == 0:
+        return 1
+    target = -(-config.waves * sm_count // ctas)
+    blocks = -(-problem.seqlen_k // config.block_n)
+    return max(1, min(target, blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS))
+
+
+def _splits(config, problem: Problem, sm_count: int = 132) -> int:
+    return config.splits or num_splits_for(config, problem, sm_count)
+
+
+class DecodeSplitKV(Family):
+    name = "decode_splitkv"
+    op = "decode"
+    version = 1
+    config_cls = DecodeConfig
+    space = {"warps": (2, 4, 8), "warp_n": (16, 32), "stages": (2, 3, 4, 6), "m_tiles": (1, 2),
+             "waves": (1, 2, 4)}
+    fixed = {"splits": 0}
+    params_struct = "DecodeParams"
+    pointer_fields = ("q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos", "rotary_sin",
+                      "cache_seqlens", "cache_batch_idx", "cache_leftpad", "block_table",
+                      "alibi_slopes", "o", "lse", "o_partial", "lse_partial", "q_rot")
+    min_arch = (8, 0)
+    # the Problem.features it runs (all of flash_attn_with_kvcache's; masks, softcap and ALiBi
+    # are run-time parameters of one kernel)
+    features = ("alibi", "append", "cache_batch_idx", "leftpad", "paged_kv", "rotary", "softcap",
+                "window")
+    description = ("split-KV decode (flash-decoding): GQA-packed query rows, cp.async K/V ring, "
+                   "mma.sync, LSE combine; paged KV, append + rotary")
+
+    def supports(self, arch, problem: Problem) -> str:
+        why = super().supports(arch, problem)
+        if why:
+            return why
+        if problem.head_dim % 8 or not 0 < problem.head_dim <= MAX_HEAD_DIM:
+            return f"q: headdim must be a multiple of 8 in 8..{MAX_HEAD_DIM}, got {problem.head_dim}"
+        if problem.nheads_kv < 1 or problem.nheads % problem.nheads_kv:
+            return "k_cache: nheads_kv must divide nheads"
+        other = [f for f in problem.features if f not in self.features]
+        return f"{self.name} has no feature {other[0]!r}" if other else ""
+
+    def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> DecodeConfig:
+        """Bandwidth first: 4 warps of 16 keys (64-key K/V blocks, one 16-key mma tile per warp,
+        so the O accumulator is all a thread keeps) and a 3-stage ring at d <= 128 (108 KB at
+        d 128: two CTAs per H100 SM, 209 KB of K/V in flight per SM, and one CTA's prologue and
+        merge hide under the other's stream); 2 stages above; shallower where shared memory is
+        small. Two row tiles
+        when the packed rows (group · seqlen_q) exceed 16 at head dims 64..128: above, the two
+        O accumulators crowd the register file; at d 48 ptxas (nvcc 13.0, sm_90a) spills 4 bytes
+        (d 16 and 32 would not, but decode models do not use them). waves = 2: num_splits=0
+        aims at two CTAs per SM."""
+        d = self.head_dim_of(problem.head_dim)
+        max_smem = default_max_smem(arch) if max_smem is None else max_smem
+        group = problem.nheads // max(problem.nheads_kv, 1)
+        m_tiles = 2 if group * problem.seqlen_q > 16 and 64 <= d <= 128 else 1
+        stages = 3 if d <= 128 else 2
+        cfg = DecodeConfig(4, 16, stages, m_tiles, 2, d, problem.dtype, bool(problem.causal))
+        for shrink in ({}, {"stages": 2}, {"warps": 2, "stages": 2},
+                       {"warps": 2, "stages": 2, "m_tiles": 1}):
+            candidate = cfg.replace(**shrink)
+            if not candidate.problems(max_smem):
+                return candidate
+        return cfg.validate(max_smem)
+
+    def kernel_names(self, config) -> dict:
+        d, dt = config.head_dim, config.dtype
+        return {"main": config.kernel_name(),
+                "append": f"cuflash::decode_append<{d}, cuflash::{dt}>",
+                "combine": f"cuflash::decode_combine<{d}, cuflash::{dt}>"}
+
+    def smem_roles(self, config) -> dict:
+        return {"main": config.smem_bytes}
+
+    def launches(self, config, problem: Problem, sm_count: int) -> list:
+        p = problem
+        splits = _splits(config, p, sm_count)
+        out = []
+        if "append" in p.features:  # first: the main kernel reads what it writes
+            out.append(LaunchSpec("append", (APPEND_CTAS, p.batch), APPEND_THREADS, 0))
+        out.append(LaunchSpec("main", (splits, p.nheads_kv * row_blocks(config, p), p.batch),
+                              config.threads, config.smem_bytes))
+        if splits > 1:
+            rows = p.batch * p.nheads * p.seqlen_q
+            out.append(LaunchSpec("combine", (-(-rows // COMBINE_ROWS),), 32 * COMBINE_ROWS, 0))
+        return out
+
+    def split_count(self, config, problem: Problem, sm_count: int) -> int:
+        """The splits num_splits=0 launches (shapes only; see num_splits_for)."""
+        return num_splits_for(config, problem, sm_count)
+
+    def workspace(self, config, problem: Problem, strides: Optional[dict] = None) -> dict:
+        p = problem
+        splits = _splits(config, p)
+        out, end = {}, 0
+        rows = p.batch * p.nheads * p.seqlen_q
+        if splits > 1:
+            out["o_partial"] = end
+            end = -(-(end + splits * rows * config.head_dim * 4) // ALIGN) * ALIGN
+            out["lse_partial"] = end
+            end = -(-(end + splits * rows * 4) // ALIGN) * ALIGN
+        if "rotary" in p.features:
+            out["q_rot"] = end
+            end = -(-(end + rows * p.head_dim * 2) // ALIGN) * ALIGN
+        out["total"] = end
+        return out
+
+    def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
+        p = problem
+        call = dict(strides.get("call", {}))
+        out = {}
+        for prefix, key in (("q", "q"), ("k", "k_cache"), ("v", "v_cache"), ("kn", "k_new"),
+                            ("vn", "v_new"), ("o", "o")):
+            fallback = {"k_cache": "k", "v_cache": "v"}.get(key, key)
+            st = strides.get(key, strides.get(fallback, (0, 0, 0)))
+            out.update({f"{prefix}_batch_stride": st[0], f"{prefix}_row_stride": st[1],
+                        f"{prefix}_head_stride": st[2]})
+        window = call.get("window", (-1, 0) if p.causal else (-1, -1))
+        out.update(
+            rotary_row_stride=call.get("rotary_row_stride", 0),
+            block_table_stride=call.get("block_table_stride", 0),
+            alibi_batch_stride=call.get("alibi_batch_stride", 0),
+            batch=p.batch, nheads=p.nheads, nheads_kv=p.nheads_kv, seqlen_q=p.seqlen_q,
+            head_dim=p.head_dim, head_dim_rounded=config.head_dim,
+            seqlen_new=call.get("seqlen_new", 0), capacity=p.seqlen_k,
+            page_size=call.get("page_size", 0), num_pages=call.get("num_pages", p.batch),
+            cache_seqlen_fixed=call.get("cache_seqlen_fixed", p.seqlen_k),
+            rotary_dim=call.get("rotary_dim", 0),
+            rotary_interleaved=int(call.get("rotary_interleaved", True)),
+            rotary_q_per_row=int(call.get("rotary_q_per_row", False)),
+            window_left=window[0], window_right=window[1],
+            num_splits=_splits(config, p, sm_count), group=p.nheads // max(p.nheads_kv, 1),
+            row_blocks=row_blocks(config, p), softmax_scale=softmax_scale,
+            scale_log2=softmax_scale * LOG2E, softcap=call.get("softcap", 0.0))
+        return out
+
+    def bench_problem(self, dtype: str, head_dim: int, causal: bool, seqlen: int,
+                      features: tuple = ()) -> Problem:
+        """The tuner's shape for a seqlen bucket: one query row, 32 query heads on 8 KV heads
+        (the issue's serving shape), 128k cached keys in all (batch 131072 / seqlen): the
+        split rule matters most at small batch, the tiles at large."""
+        return Problem("decode", dtype, max(1, 131072 // seqlen), 1, seqlen, 32, 8, head_dim,
+                       causal, False, tuple(features))
+
+    def flops(self, problem: Problem) -> float:
+        p = problem
+        return 4.0 * p.batch * p.nheads * p.seqlen_q * p.seqlen_k * p.head_dim
+
+
+FAMILY = register(DecodeSplitKV())

@@ -1,0 +1,473 @@
+// decode_splitkv.cu: flash-decoding for flash_attn_with_kvcache (sm_80 and newer): a few query
+// rows attend to a long KV cache, which is read once, as fast as memory allows.
+//
+//   O = softmax(Q Kᵀ · scale [softcap, ALiBi, causal / window mask]) V,  LSE = log Σ_j exp(S_ij)
+//
+// Three kernels, launched in this order on one stream (cuflash/families/decode_splitkv.py):
+//   decode_append   (only when k, v are given) writes the new keys and values into the cache at
+//                   cache_seqlens[b] (k rotated when rotary is on) and the rotated q into q_rot.
+//   decode_splitkv  one CTA per (split, KV head · row block, batch). The query heads that share
+//                   a KV head are packed as the rows of one Q tile (GQA packing: row r of the
+//                   group·seqlen_q packed rows is query i = r / group of head hkv·group + r % group),
+//                   so each K/V byte is read by one CTA only. The CTA's share of the row's keys
+//                   (a split) streams through a kStages-deep cp.async ring of K/V blocks of kBlockN
+//                   keys; each warp takes kWarpN keys of every block (S = Q K_wᵀ and O += P V_w on
+//                   mma.sync m16n8k16, its own online softmax), and the warps merge their (m, l, O)
+//                   through shared memory at the end. With one split it writes O and LSE; with
+//                   more it writes fp32 O / l and LSE of its split into the workspace.
+//   decode_combine  (num_splits > 1) flash-decoding's LSE merge: per row, the splits' partial
+//                   outputs weighted by exp(lse_s - lse), and the row's LSE.
+//
+// Keys: row b's cache holds logical keys j = 0 .. keys_b - 1 at cache positions start_b + j, with
+// start_b = cache_leftpad[b] (0), keys_b = cache_seqlens[b] + seqlen_new - start_b; masks are
+// bottom-right aligned per row (query i's diagonal key is i + keys_b - seqlen_q). Paged caches
+// map position pos to page block_table[b][pos / page_size], row pos % page_size: the address is
+// computed per key row, so any page size works (a multiple of 16 keeps a 16-key mma tile in one
+// page when leftpad is 0, which the host requires for nothing). Values read on the device
+// (lengths, block ids, cache rows) are clamped into range: a bad value gives a wrong answer,
+// never an out-of-bounds read.
+//
+// Layouts: DecodeParams in params_decode.cuh. Shared-memory rows are padded by 8 elements so
+// the 8 row addresses of an ldmatrix fall into different banks.
+//
+// Template parameters (cuflash/families/decode_splitkv.py DecodeConfig mirrors and validates them):
+//   kWarps    warps per CTA (2, 4, 8); the CTA's K/V block is kBlockN = kWarps · kWarpN keys
+//   kWarpN    keys per warp per block: a multiple of 16 (16, 32)
+//   kStages   K/V blocks in flight in shared memory, >= 2
+//   kMTiles   16-row mma tiles of packed query rows per CTA (1, 2): group · seqlen_q rows need
+//             ceil(rows / (16 · kMTiles)) row blocks, each reading the K/V again
+//   kHeadDim  compile-time head dim, a multiple of 16 <= 256 (the real one may be smaller)
+//   Elem      bf16 or fp16; accumulation in fp32
+#include "ptx.cuh"
+#include "params_decode.cuh"
+#include "tile.cuh"
+#include "gemm.cuh"
+#include "softmax.cuh"
+
+namespace cuflash {
+
+struct alignas(8) u32x2 { u32 x, y; };
+struct alignas(16) f32x4 { float x, y, z, w; };  // no vector_types.h: cuflash includes no system header
+
+template <class Elem>
+__device__ __forceinline__ u16 to_elem(float x) { return static_cast<u16>(pack2<Elem>(x, 0.f) & 0xffffu); }
+
+template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim>
+struct DecodeShape {
+    static constexpr int kThreads = kWarps * 32;
+    static constexpr int kBlockN = kWarps * kWarpN;      // keys per K/V block (the ring's unit)
+    static constexpr int kRows = 16 * kMTiles;           // packed query rows per CTA
+    static constexpr int kNTilesS = kWarpN / 8;          // 8-key tiles of a warp's S
+    static constexpr int kNTilesO = kHeadDim / 8;        // 8-column tiles of O
+    static constexpr int kPitch = kHeadDim + 8;          // shared-memory row pitch, elements
+    static constexpr int kQTile = kRows * kPitch;        // elements
+    static constexpr int kKVTile = kBlockN * kPitch;     // elements of one K (or V) block
+    static constexpr int kSmemRing = 2 * kStages * kKVTile * 2;                 // bytes
+    static constexpr int kSmemMerge = kWarps * kRows * (kHeadDim + 2) * 4;      // O, m, l per warp
+    static constexpr int kSmemBytes = kQTile * 2 + kSmemRing;
+
+    static_assert(kWarps >= 1 && kWarps <= 16, "warps must be in 1..16");
+    static_assert(kWarpN % 16 == 0 && kWarpN > 0, "keys per warp must be a multiple of 16 (P is a k16 A operand)");
+    static_assert(kMTiles >= 1 && kMTiles <= 2, "1 or 2 row tiles of 16 packed query rows");
+    static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "kHeadDim must be a multiple of 16, at most 256");
+    static_assert(kStages >= 2, "stages must be >= 2: one K/V block computed while the next loads");
+    static_assert(kSmemMerge <= kSmemRing, "the warps' merge area overlays the K/V ring");
+};
+
+// Where a row's lengths come from: device arrays (may be null), clamped so that no later
+// address leaves the cache: 0 <= start <= end <= capacity - seqlen_new.
+struct RowKeys {
+    int start, end, keys;  // keys = end + seqlen_new - start
+    __device__ __forceinline__ RowKeys(const DecodeParams& p, int b) {
+        end = p.cache_seqlens ? p.cache_seqlens[b] : p.cache_seqlen_fixed;
+        end = min(max(end, 0), p.capacity - p.seqlen_new);
+        start = p.cache_leftpad ? min(max(p.cache_leftpad[b], 0), end) : 0;
+        keys = end + p.seqlen_new - start;
+    }
+};
+
+// Element offsets of cache position `pos` of batch row b in k_cache and v_cache (head 0).
+// Paged: the page id from block_table, clamped to the cache's pages; else the cache row
+// cache_batch_idx[b] (default b), clamped to the cache's rows.
+__device__ __forceinline__ void cache_offsets(const DecodeParams& p, int b, int pos, i64& k_off, i64& v_off) {
+    if (p.block_table) {
+        int page = p.block_table[b * p.block_table_stride + pos / p.page_size];
+        page = min(max(page, 0), p.num_pages - 1);
+        const int row = pos % p.page_size;
+        k_off = page * p.k_batch_stride + row * p.k_row_stride;
+        v_off = page * p.v_batch_stride + row * p.v_row_stride;
+    } else {
+        int row_b = p.cache_batch_idx ? p.cache_batch_idx[b] : b;
+        row_b = min(max(row_b, 0), p.num_pages - 1);
+        k_off = row_b * p.k_batch_stride + static_cast<i64>(pos) * p.k_row_stride;
+        v_off = row_b * p.v_batch_stride + static_cast<i64>(pos) * p.v_row_stride;
+    }
+}
+
+// ---- decode_append: k, v into the cache (k rotated), q rotated into q_rot ----------------------
+// grid (CTAs, batch), 128 threads; the CTAs stride over the tokens. Token t of row b goes to cache
+// position end_b + t; query i rotates at position end_b + i (causal / local) or end_b.
+// Rotary pairs: interleaved (2c, 2c + 1), else (c, c + rotary_dim / 2), frequency c; columns
+// from rotary_dim on pass through. Rotation in fp32, rounded once to Elem.
+template <class Elem>
+__device__ __forceinline__ void rotate_row(u16* dst, const u16* src, const u16* cos_row, const u16* sin_row,
+                                           int head_dim, int rotary_dim, bool interleaved, int tid, int threads) {
+    const int half = rotary_dim / 2;
+    for (int c = tid; c < half + head_dim - rotary_dim; c += threads) {
+        if (c < half) {
+            const int i0 = interleaved ? 2 * c : c, i1 = interleaved ? 2 * c + 1 : c + half;
+            const float a = to_float<Elem>(src[i0]), b = to_float<Elem>(src[i1]);
+            const float cs = to_float<Elem>(cos_row[c]), sn = to_float<Elem>(sin_row[c]);
+            dst[i0] = to_elem<Elem>(a * cs - b * sn);
+            dst[i1] = to_elem<Elem>(a * sn + b * cs);
+        } else {
+            const int i = rotary_dim + (c - half);
+            dst[i] = src[i];
+        }
+    }
+}
+
+template <int kHeadDim, class Elem>
+__global__ void __launch_bounds__(128)
+decode_append(const DecodeParams p) {
+    const int b = blockIdx.y, tid = threadIdx.x;
+    const RowKeys rk(p, b);
+    const int tokens = max(p.seqlen_new, p.rotary_dim ? p.seqlen_q : 0);
+    for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
+        const u16* cos_base = static_cast<const u16*>(p.rotary_cos);
+        const u16* sin_base = static_cast<const u16*>(p.rotary_sin);
+        if (t < p.seqlen_new) {
+            const int pos = rk.end + t;
+            i64 k_off, v_off;
+            cache_offsets(p, b, pos, k_off, v_off);
+            const u16* kn = static_cast<const u16*>(p.k_new) + b * p.kn_batch_stride + t * p.kn_row_stride;
+            const u16* vn = static_cast<const u16*>(p.v_new) + b * p.vn_batch_stride + t * p.vn_row_stride;
+            u16* kc = static_cast<u16*>(p.k_cache) + k_off;
+            u16* vc = static_cast<u16*>(p.v_cache) + v_off;
+            for (int h = 0; h < p.nheads_kv; ++h) {
+                if (p.rotary_dim)
+                    rotate_row<Elem>(kc + h * p.k_head_stride, kn + h * p.kn_head_stride,
+                                     cos_base + pos * p.rotary_row_stride, sin_base + pos * p.rotary_row_stride,
+                                     p.head_dim, p.rotary_dim, p.rotary_interleaved, tid, 128);
+                else
+                    for (int c = tid; c < p.head_dim; c += 128) kc[h * p.k_head_stride + c] = kn[h * p.kn_head_stride + c];
+                for (int c = tid; c < p.head_dim; c += 128) vc[h * p.v_head_stride + c] = vn[h * p.vn_head_stride + c];
+            }
+        }
+        if (p.rotary_dim && t < p.seqlen_q) {
+            const int pos = min(rk.end + (p.rotary_q_per_row ? t : 0), p.capacity - 1);  // cos / sin hold capacity rows
+            const u16* q = static_cast<const u16*>(p.q) + b * p.q_batch_stride + t * p.q_row_stride;
+            u16* qr = static_cast<u16*>(p.q_rot) + (static_cast<i64>(b) * p.seqlen_q + t) * p.nheads * p.head_dim;
+            for (int h = 0; h < p.nheads; ++h)
+                rotate_row<Elem>(qr + h * p.head_dim, q + h * p.q_head_stride, cos_base + pos * p.rotary_row_stride,
+                                 sin_base + pos * p.rotary_row_stride, p.head_dim, p.rotary_dim,
+                                 p.rotary_interleaved, tid, 128);
+        }
+    }
+}
+
+// ---- decode_splitkv: one split of one KV head's packed query rows -----------------------------
+template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem>
+__global__ void __launch_bounds__(kWarps * 32)
+decode_splitkv(const DecodeParams p) {
+    using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
+    constexpr int kThreads = Shape::kThreads, kBlockN = Shape::kBlockN, kRows = Shape::kRows;
+    constexpr int kNTilesS = Shape::kNTilesS, kNTilesO = Shape::kNTilesO, kPitch = Shape::kPitch;
+    constexpr int kRowBytes = kPitch * 2;
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    u16* q_smem = reinterpret_cast<u16*>(smem_raw);       // [kRows][kPitch]
+    u16* k_smem = q_smem + Shape::kQTile;                  // [kStages][kBlockN][kPitch]
+    u16* v_smem = k_smem + kStages * Shape::kKVTile;       // [kStages][kBlockN][kPitch]
+
+    const int split = blockIdx.x, b = blockIdx.z;
+    const int hkv = blockIdx.y / p.row_blocks, r0 = (blockIdx.y % p.row_blocks) * kRows;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int rows_valid = min(kRows, p.group * p.seqlen_q - r0);
+    const RowKeys rk(p, b);
+    const int keys = rk.keys, offset = keys - p.seqlen_q;  // query i's diagonal key: i + offset
+
+    // Keys that some row of this CTA sees, [key_lo, key_hi), and that every row sees,
+    // [full_lo, full_hi): the blocks inside the latter skip the element-wise mask.
+    const int qi_lo = r0 / p.group, qi_hi = (r0 + rows_valid - 1) / p.group;
+    int key_lo = 0, key_hi = keys, full_lo = 0, full_hi = keys;
+    if (p.window_left >= 0) {
+        key_lo = max(0, qi_lo + offset - p.window_left);
+        full_lo = max(0, qi_hi + offset - p.window_left);
+    }
+    if (p.window_right >= 0) {
+        key_hi = min(keys, qi_hi + offset + p.window_right + 1);
+        full_hi = min(keys, qi_lo + offset + p.window_right + 1);
+    }
+    // This split's K/V blocks: the row's blocks in num_splits equal runs (per row, on the
+    // device: the grid depends on shapes only), narrowed to the visible keys.
+    const int n_blocks_row = (keys + kBlockN - 1) / kBlockN;
+    const int per_split = (n_blocks_row + p.num_splits - 1) / p.num_splits;
+    const int n_begin = max(split * per_split, key_lo / kBlockN);
+    const int n_end = min(min(n_blocks_row, (split + 1) * per_split),
+                          key_hi <= 0 ? 0 : (key_hi + kBlockN - 1) / kBlockN);
+    const int n_iters = max(n_end - n_begin, 0);
+
+    // Q tile: packed row r is query i = (r0 + r) / group of head hkv·group + (r0 + r) % group.
+    const u16* q_base = static_cast<const u16*>(p.q_rot ? p.q_rot : p.q);
+    const i64 qh_stride = p.q_rot ? p.head_dim : p.q_head_stride;
+    const i64 qr_stride = p.q_rot ? static_cast<i64>(p.nheads) * p.head_dim : p.q_row_stride;
+    const i64 qb_stride = p.q_rot ? qr_stride * p.seqlen_q : p.q_batch_stride;
+    constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+    for (int c = tid; c < kRows * kChunks; c += kThreads) {
+        const int r = c / kChunks, col = (c % kChunks) * 8;
+        const bool valid = r < rows_valid && col < p.head_dim;
+        const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
+        const u16* src = valid ? q_base + b * qb_stride + qi * qr_stride + h * qh_stride + col : q_base;
+        cp_async_16(smem_u32(q_smem + r * kPitch + col), src, valid);
+    }
+    cp_async_commit();
+
+    // K/V block n into ring slot `slot`: kLanesPerRow threads per key row, one 16-byte chunk
+    // each; the row's cache address is computed per row (paged: one block_table read).
+    constexpr int kLanesPerRow = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+    constexpr int kRowsPerPass = kThreads / kLanesPerRow;
+    static_assert(kThreads % kLanesPerRow == 0, "a CTA must cover whole rows per pass");
+    const int ld_row = tid / kLanesPerRow, ld_col = (tid % kLanesPerRow) * 8;
+    const u16* k_cache = static_cast<const u16*>(p.k_cache) + hkv * p.k_head_stride + ld_col;
+    const u16* v_cache = static_cast<const u16*>(p.v_cache) + hkv * p.v_head_stride + ld_col;
+    // Contiguous caches: the row's base once (cp.async's memory clobber would reload
+    // cache_batch_idx[b] per key row otherwise); paged ones look the page up per key row.
+    i64 k_row0 = 0, v_row0 = 0;
+    if (!p.block_table) cache_offsets(p, b, 0, k_row0, v_row0);
+    auto load_kv = [&](int n, int slot) {
+        if (ld_col >= kHeadDim) return;
+        const int key0 = n * kBlockN;
+        const bool whole = key0 + kBlockN <= keys && p.head_dim >= kHeadDim;
+        const u32 k_dst = smem_u32(k_smem + slot * Shape::kKVTile + ld_row * kPitch + ld_col);
+        const u32 v_dst = smem_u32(v_smem + slot * Shape::kKVTile + ld_row * kPitch + ld_col);
+#pragma unroll
+        for (int pass = 0; pass * kRowsPerPass < kBlockN; ++pass) {
+            const int row = ld_row + pass * kRowsPerPass;
+            if (kBlockN % kRowsPerPass != 0 && row >= kBlockN) break;
+            const int j = key0 + row;
+            const bool valid = whole || (j < keys && ld_col < p.head_dim);
+            i64 k_off = 0, v_off = 0;
+            if (valid) {
+                if (p.block_table) {
+                    cache_offsets(p, b, rk.start + j, k_off, v_off);
+                } else {
+                    k_off = k_row0 + static_cast<i64>(rk.start + j) * p.k_row_stride;
+                    v_off = v_row0 + static_cast<i64>(rk.start + j) * p.v_row_stride;
+                }
+            }
+            const u32 off = pass * kRowsPerPass * kRowBytes;
+            if (whole) {
+                cp_async_16(k_dst + off, k_cache + k_off);
+                cp_async_16(v_dst + off, v_cache + v_off);
+            } else {
+                cp_async_16(k_dst + off, k_cache + k_off, valid);
+                cp_async_16(v_dst + off, v_cache + v_off, valid);
+            }
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < n_iters) load_kv(n_end - 1 - s, s);
+        cp_async_commit();  // committed even when empty, so group counting stays uniform
+    }
+
+    // Per-thread rows: index [mt][half] is packed row 16·mt + g + 8·half of the CTA; its query
+    // position, visible key range and ALiBi slope (scaled into the raw-score units).
+    int row_lo[kMTiles][2], row_hi[kMTiles][2];
+    float row_slope[kMTiles][2];
+    const float inv_scale = 1.f / p.softmax_scale;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int pr = r0 + mt * 16 + g + 8 * half, qi = pr / p.group;
+            row_lo[mt][half] = p.window_left >= 0 ? qi + offset - p.window_left : 0;
+            row_hi[mt][half] = p.window_right >= 0 ? min(keys, qi + offset + p.window_right + 1) : keys;
+            const int h = min(hkv * p.group + pr % p.group, p.nheads - 1);
+            row_slope[mt][half] = p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * inv_scale : 0.f;
+        }
+    const bool scores_transform = p.softcap > 0.f || p.alibi_slopes != nullptr;
+
+    float o_acc[kMTiles][kNTilesO][4];
+    float m[kMTiles][2], l[kMTiles][2];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNTilesO; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
+    softmax_init(m, l);
+
+    // ldmatrix lane addresses (as fa2_fwd.cu): Q as the A operand, this warp's kWarpN rows of K_j
+    // as the B operand of S = Q Kᵀ, and of V_j read transposed for O += P V.
+    const u32 q_lane = smem_u32(q_smem) + ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes + (lane >> 4) * 16;
+    const u32 k_lane = smem_u32(k_smem) + (warp * kWarpN + (lane & 7) + (lane >> 4) * 8) * kRowBytes
+                       + ((lane >> 3) & 1) * 16;
+    const u32 v_lane = smem_u32(v_smem) + (warp * kWarpN + (lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes
+                       + (lane >> 4) * 16;
+
+    for (int iter = 0; iter < n_iters; ++iter) {
+        const int n = n_end - 1 - iter, slot = iter % kStages;
+        // Block n (and Q at iter 0) landed once at most kStages - 2 newer groups are in flight;
+        // the barrier also frees the slot of iteration iter - 1 for the prefetch below.
+        cp_async_wait<kStages - 2>();
+        __syncthreads();
+
+        // ---- S = Q K_wᵀ (kRows x kWarpN per warp) ----
+        float s_acc[kMTiles][kNTilesS][4];
+        gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(
+            s_acc, q_lane, k_lane + slot * Shape::kKVTile * 2);
+
+        const int key0 = n * kBlockN + warp * kWarpN;  // this warp's first key
+        // ---- softcap, ALiBi (in raw-score units: the softmax multiplies by scale later) ----
+        if (scores_transform) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNTilesS; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        float x = s_acc[mt][nt][e] * p.softmax_scale;
+                        if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
+                        const int half = e / 2;
+                        const int qi = (r0 + mt * 16 + g + 8 * half) / p.group;
+                        const int key = key0 + nt * 8 + 2 * t + (e & 1);
+                        s_acc[mt][nt][e] = x * inv_scale
+                                           - row_slope[mt][half] * fabsf(float(qi + offset - key));
+                    }
+        }
+        // ---- mask: the ragged end, causal / window edges; the bulk skips it ----
+        if (n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNTilesS; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = key0 + nt * 8 + 2 * t + (e & 1);
+                        if (key < row_lo[mt][e / 2] || key >= row_hi[mt][e / 2]) s_acc[mt][nt][e] = neg_inf();
+                    }
+        }
+
+        // ---- online softmax, then O += P V_w ----
+        softmax_update(s_acc, o_acc, m, l, p.scale_log2);
+        u32 p_frag[kMTiles][kWarpN / 16][4];
+        pack_a_frags<kMTiles, kWarpN / 16, Elem>(p_frag, s_acc);
+        // Prefetch into the slot freed by iteration iter - 1 (every warp passed the barrier).
+        if (iter + kStages - 1 < n_iters) load_kv(n - (kStages - 1), (iter + kStages - 1) % kStages);
+        cp_async_commit();
+        gemm_frags_x_rows_t<kMTiles, kNTilesO, kWarpN / 16, kRowBytes, Elem>(
+            o_acc, p_frag, v_lane + slot * Shape::kKVTile * 2);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the ring: the merge area overlays it
+
+    // ---- merge the warps: each saw other keys of the same rows ----
+    // o_merge [kWarps][kRows][kHeadDim] unnormalized O, m_merge / l_merge [kWarps][kRows].
+    float* o_merge = reinterpret_cast<float*>(k_smem);
+    float* m_merge = o_merge + kWarps * kRows * kHeadDim;
+    float* l_merge = m_merge + kWarps * kRows;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = mt * 16 + g + 8 * half;
+            const float l_row = quad_sum(l[mt][half]);
+            if (t == 0) {
+                m_merge[warp * kRows + r] = m[mt][half];  // m is uniform across the quad
+                l_merge[warp * kRows + r] = l_row;
+            }
+            float* o_row = o_merge + (warp * kRows + r) * kHeadDim;
+#pragma unroll
+            for (int nt = 0; nt < kNTilesO; ++nt) {
+                o_row[nt * 8 + 2 * t] = o_acc[mt][nt][2 * half];
+                o_row[nt * 8 + 2 * t + 1] = o_acc[mt][nt][2 * half + 1];
+            }
+        }
+    __syncthreads();
+
+    const bool direct = p.num_splits == 1;
+    const int rows_all = p.batch * p.nheads * p.seqlen_q;
+    constexpr int kQuads = kHeadDim / 4;  // 4 columns per thread per step
+    for (int c = tid; c < kRows * kQuads; c += kThreads) {
+        const int r = c / kQuads, col = (c % kQuads) * 4;
+        if (r >= rows_valid || col >= p.head_dim) continue;
+        // row max over the warps, then each warp's weight exp(scale·(m_w - M)); -inf: no keys
+        float m_row = neg_inf();
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) m_row = fmaxf(m_row, m_merge[w * kRows + r]);
+        const float m_scaled = m_row == neg_inf() ? 0.f : m_row * p.scale_log2;
+        float l_row = 0.f, o4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            const float wt = exp2_approx(m_merge[w * kRows + r] * p.scale_log2 - m_scaled);
+            l_row += wt * l_merge[w * kRows + r];
+            const f32x4 x = *reinterpret_cast<const f32x4*>(o_merge + (w * kRows + r) * kHeadDim + col);
+            o4[0] += wt * x.x; o4[1] += wt * x.y; o4[2] += wt * x.z; o4[3] += wt * x.w;
+        }
+        const float inv_l = softmax_inv_l(l_row);
+        const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
+        const int row_id = (b * p.nheads + h) * p.seqlen_q + qi;
+        if (direct) {
+            u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride + col;
+            *reinterpret_cast<u32x2*>(o) = u32x2{pack2<Elem>(o4[0] * inv_l, o4[1] * inv_l),
+                                                 pack2<Elem>(o4[2] * inv_l, o4[3] * inv_l)};
+            if (col == 0) p.lse[row_id] = softmax_lse(m_row, l_row, p.softmax_scale);
+        } else {
+            float* o = p.o_partial + (static_cast<i64>(split) * rows_all + row_id) * p.head_dim_rounded + col;
+            *reinterpret_cast<f32x4*>(o) = f32x4{o4[0] * inv_l, o4[1] * inv_l, o4[2] * inv_l, o4[3] * inv_l};
+            if (col == 0)
+                p.lse_partial[static_cast<i64>(split) * rows_all + row_id] =
+                    l_row == 0.f ? neg_inf() : m_row * p.softmax_scale + logf(l_row);
+        }
+    }
+}
+
+// ---- decode_combine: merge the splits of each row (flash-decoding) -------------------------
+// One warp per row R = (b·nheads + h)·seqlen_q + i, 4 warps per CTA:
+//   lse = log Σ_s exp(lse_s),  O = Σ_s exp(lse_s - lse) · O_s.
+// Splits without keys have lse_s = -inf and are skipped (their O_s is never read, nor written).
+// A row without any key gets O = 0 and LSE = +inf, flash-attn's convention.
+template <int kHeadDim, class Elem>
+__global__ void __launch_bounds__(128)
+decode_combine(const DecodeParams p) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int rows_all = p.batch * p.nheads * p.seqlen_q;
+    const int row_id = blockIdx.x * 4 + warp;
+    if (row_id >= rows_all) return;
+    const int qi = row_id % p.seqlen_q, h = (row_id / p.seqlen_q) % p.nheads, b = row_id / (p.seqlen_q * p.nheads);
+    const float* lse_s = p.lse_partial + row_id;
+    float lse_max = neg_inf();
+    for (int s = lane; s < p.num_splits; s += 32) lse_max = fmaxf(lse_max, lse_s[static_cast<i64>(s) * rows_all]);
+#pragma unroll
+    for (int d = 16; d >= 1; d /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, d));
+    float sum = 0.f;
+    if (lse_max != neg_inf())
+        for (int s = lane; s < p.num_splits; s += 32) sum += expf(lse_s[static_cast<i64>(s) * rows_all] - lse_max);
+#pragma unroll
+    for (int d = 16; d >= 1; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    const float lse = sum > 0.f ? lse_max + logf(sum) : pos_inf();
+    if (lane == 0) p.lse[row_id] = lse;
+
+    u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride;
+    constexpr int kQuads = kHeadDim / 4;
+#pragma unroll
+    for (int q4 = lane; q4 < kQuads; q4 += 32) {
+        const int col = q4 * 4;
+        if (col >= p.head_dim) break;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (sum > 0.f)
+            for (int s = 0; s < p.num_splits; ++s) {
+                const float ls = lse_s[static_cast<i64>(s) * rows_all];
+                if (ls == neg_inf()) continue;
+                const float wt = expf(ls - lse);
+                const f32x4 x = *reinterpret_cast<const f32x4*>(
+                    p.o_partial + (static_cast<i64>(s) * rows_all + row_id) * p.head_dim_rounded + col);
+                acc[0] += wt * x.x; acc[1] += wt * x.y; acc[2] += wt * x.z; acc[3] += wt * x.w;
+            }
+        *reinterpret_cast<u32x2*>(o + col) = u32x2{pack2<Elem>(acc[0], acc[1]), pack2<Elem>(acc[2], acc[3])};
+    }
+}
+
+}  // namespace cuflash
