@@ -279,17 +279,28 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         // ---- Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e); padded queries have LSE = +inf -> 0 ----
         const float* lse_i = lse_smem_f + slot * kBM;
         const float* D_i = D_smem_f + slot * kBM;
-        const bool needs_mask = mask.template needs_mask<kBN>(row0, n_block);
+        // Masked elements (only in the ragged and the causal diagonal blocks): mask.cuh's rule per
+        // row of Sᵀ, i.e. per key: key k is seen by the queries from first_query(k) on, none past
+        // seqlen_k. The column offset of this thread's queries is 2t (+ 8nt + e % 2).
+        if (mask.template needs_mask<kBN>(row0, n_block)) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int key = key0 + warp_key + g + 8 * half;
+                const int first = key >= p.seqlen_k ? kBM + row0 : key - mask.causal_offset;
+                const int first_col = kCausal || key >= p.seqlen_k ? first - row0 - 2 * t : -1;
+#pragma unroll
+                for (int nt = 0; nt < kBM / 8; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        if (nt * 8 + e < first_col) s_acc[0][nt][2 * half + e] = neg_inf();
+            }
+        }
 #pragma unroll
         for (int nt = 0; nt < kBM / 8; ++nt) {
             const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float& s = s_acc[0][nt][e];
-                s = exp2_scaled(s, p.scale_log2, e % 2 ? lse.y : lse.x);
-                if (needs_mask)
-                    mask.apply(s, row0 + nt * 8 + 2 * t + e % 2, key0 + warp_key + g + 8 * (e / 2), 0.f);
-            }
+            for (int e = 0; e < 4; ++e)
+                s_acc[0][nt][e] = exp2_scaled(s_acc[0][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
         }
 
         // ---- dV_j += Pᵀ dO_i (RS; dO_i MN-major, queries 16kk..16kk+15 per step) ----
