@@ -64,15 +64,6 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const void* tmap, u32 bar, 
                  :: "r"(dst), "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
 }
 
-// A plain (non-tensor) bulk copy of `bytes` contiguous bytes global -> shared, completing as
-// transactions on mbarrier `bar` like tma_load_4d: sm90_bwd's producer loads a Q block's rows of
-// LSE·log2(e) and D this way, into the same ring slot and barrier as its Q and dO tiles.
-// Source and destination 16-byte aligned, bytes a multiple of 16.
-__device__ __forceinline__ void bulk_load_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-
 // ---- fences and barriers ---------------------------------------------------------------------
 // Generic-proxy writes to shared memory (st.shared) become visible to the async proxy (wgmma
 // operands, TMA stores) only after this fence. sm90_fwd does not use it (O goes straight from

@@ -19,12 +19,14 @@
 // blocks, so the longest CTAs start first; the deterministic mode needs that order too (the CTA
 // of K/V block n waits for block n - 1's dQ additions, which was launched before it).
 //
-// Producer (warpgroup 0): thread 0 issues every copy, the other 127 threads exit. It loads K_j
-// and V_j once (one barrier, kv_full), then for each Q block Q_i, dO_i (TMA) and the block's rows
-// of LSE·log2e and D (plain bulk copies) into one slot of a ring of kStages slots.
+// Producer (warp 0 of warpgroup 0; the other 3 warps exit): lane 0 issues the TMA copies, K_j
+// and V_j once (one barrier, kv_full), then per Q block Q_i and dO_i into one slot of a ring of
+// kStages slots; the 32 lanes copy the block's rows of LSE·log2e and D (kBM / 2 chunks of 16
+// bytes) by cp.async into the same slot, wait for them, and arrive on the slot's q_full.
 //
-// mbarriers: kv_full (one arrival with the K and V bytes), and per slot q_full (one arrival with
-// the slot's bytes) and q_empty (kConsumers · 128 arrivals, each consumer thread once it has
+// mbarriers: kv_full (one arrival with the K and V bytes), and per slot q_full (33 arrivals:
+// lane 0's with the Q and dO bytes, then each lane's once its LSE / D chunks have landed;
+// the arrival's release makes those generic-proxy writes visible to the consumers) and q_empty (kConsumers · 128 arrivals, each consumer thread once it has
 // waited for the iteration's last GEMM that reads Q_i or dO_i). Phases: the n-th fill of a slot
 // (n = it / kStages) is waited for with parity n & 1; before refilling it the producer waits
 // for release n - 1, parity (n - 1) & 1.
@@ -33,12 +35,14 @@
 // warp). Per Q block, all by wgmma (per warpgroup: M = its 64 keys):
 //   Sᵀ  = K_j Q_iᵀ                 SS, N = BM queries                     (group 1)
 //   dPᵀ = V_j dO_iᵀ                SS, N = BM                             (group 2)
-//   Pᵀ  = exp2(Sᵀ·scale·log2e - LSE_i·log2e), masked (ragged end, causal diagonal) -> 0
-//   dV_j += Pᵀ dO_i                RS: Pᵀ from registers, dO_i MN-major   (group 3)
-//   dSᵀ = Pᵀ ∘ (dPᵀ - D_i)
-//   dK_j += dSᵀ Q_i                RS: dSᵀ from registers, Q_i MN-major   (group 4)
-//   dS to shared memory (transposed by the stores: ds_smem holds dS, queries x keys, K-major)
-//   dQ_i part = dS K_j              SS: dS (A, K-major), K_j (B, MN-major)  (group 5)
+//   Pᵀ  = exp2(Sᵀ·scale·log2e - LSE_i·log2e), masked (ragged end, causal diagonal) -> 0,
+//         while dPᵀ runs
+//   dSᵀ = Pᵀ ∘ (dPᵀ - D_i); Pᵀ and dSᵀ packed to 16-bit A fragments
+//   dV_j += Pᵀ dO_i                RS: Pᵀ from registers, dO_i MN-major   (group 3, with dK)
+//   dK_j += dSᵀ Q_i                RS: dSᵀ from registers, Q_i MN-major
+//   dS to shared memory (transposed by the stores: ds_smem holds dS, queries x keys, K-major),
+//         while dV and dK run
+//   dQ_i part = dS K_j              SS: dS (A, K-major), K_j (B, MN-major)  (group 4)
 //     the BM x head_dim tile is split over the consumer warpgroups: by 64-row groups when
 //     BM = 64 · kConsumers, else by head-dim column groups (kDqN columns each)
 //   dQ accumulator += dQ_i part     red.global.add.v4.f32 (16 bytes per thread per 16x16 tile)
@@ -76,7 +80,7 @@
 //   kDeterministic  ordered dQ additions (above)
 #include "fa2_bwd.cu"
 #include "ptx_sm90.cuh"
-#include "params_sm90.cuh"
+#include "params_sm90_bwd.cuh"
 
 namespace cuflash {
 
@@ -110,7 +114,7 @@ struct Sm90BwdShape {
     static constexpr int kBarOffset = kDOffset + kStages * kBM * 4;
     static constexpr int kBarriers = 1 + 2 * kStages;       // kv_full; q_full, q_empty per slot
     static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + 1024;  // + 1024: base alignment
-    static constexpr int kSlotBytes = 2 * kQBytes + 2 * kBM * 4;  // Q_i, dO_i, LSE_i, D_i
+    static constexpr int kSlotBytes = 2 * kQBytes;          // Q_i, dO_i: the TMA bytes of a slot
     // dQ_i split over the consumers: kDqRowGroups x kDqColGroups warpgroups of 64 x kDqN
     static constexpr int kDqRowGroups = kBM / 64;
     static constexpr int kDqColGroups = kConsumers / kDqRowGroups;
@@ -182,7 +186,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         prefetch_tensormap(&p.tma_do);
         mbarrier_init(kv_full, 1);
         for (int s = 0; s < kStages; ++s) {
-            mbarrier_init(q_full(s), 1);                        // the producer's expect_tx arrival
+            mbarrier_init(q_full(s), 1 + 32);                   // lane 0's expect_tx, the 32 lanes' LSE / D
             mbarrier_init(q_empty(s), kConsumerThreads);        // every consumer thread releases
         }
         fence_mbarrier_init();                                  // visible to TMA's complete_tx
@@ -190,30 +194,43 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     __syncthreads();
 
     if (warpgroup == 0) {
-        // ---- producer: one thread issues every copy ----
+        // ---- producer: warp 0; lane 0 issues the TMA copies ----
         setmaxnreg_dec<Shape::kProducerRegs>();
-        if (tid == 0 && n_iters > 0) {
-            mbarrier_arrive_expect_tx(kv_full, 2 * Shape::kKVBytes);
+        if (tid < 32 && n_iters > 0) {
+            const int lane = tid;
+            if (lane == 0) {
+                mbarrier_arrive_expect_tx(kv_full, 2 * Shape::kKVBytes);
 #pragma unroll
-            for (int c = 0; c < kChunks; ++c) {
-                tma_load_4d(k_smem + c * Shape::kKVChunkBytes, &p.tma_k, kv_full, c * 64, key0, head_kv, batch);
-                tma_load_4d(v_smem + c * Shape::kKVChunkBytes, &p.tma_v, kv_full, c * 64, key0, head_kv, batch);
+                for (int c = 0; c < kChunks; ++c) {
+                    tma_load_4d(k_smem + c * Shape::kKVChunkBytes, &p.tma_k, kv_full, c * 64, key0, head_kv, batch);
+                    tma_load_4d(v_smem + c * Shape::kKVChunkBytes, &p.tma_v, kv_full, c * 64, key0, head_kv, batch);
+                }
             }
             const float* lse_rows = p.lse_log2 + bh * p.seqlen_q_rounded;
             const float* D_rows = p.D + bh * p.seqlen_q_rounded;
             for (int it = 0; it < n_iters; ++it) {
                 const int slot = it % kStages, row0 = (m_block_min + it) * kBM;
                 if (it >= kStages) mbarrier_wait(q_empty(slot), u32(it / kStages - 1) & 1);
-                mbarrier_arrive_expect_tx(q_full(slot), Shape::kSlotBytes);
+                if (lane == 0) {
+                    mbarrier_arrive_expect_tx(q_full(slot), Shape::kSlotBytes);
 #pragma unroll
-                for (int c = 0; c < kChunks; ++c) {
-                    const int off = slot * Shape::kQBytes + c * Shape::kQChunkBytes;
-                    tma_load_4d(q_smem + off, &p.tma_q, q_full(slot), c * 64, row0, head, batch);
-                    tma_load_4d(do_smem + off, &p.tma_do, q_full(slot), c * 64, row0, head, batch);
+                    for (int c = 0; c < kChunks; ++c) {
+                        const int off = slot * Shape::kQBytes + c * Shape::kQChunkBytes;
+                        tma_load_4d(q_smem + off, &p.tma_q, q_full(slot), c * 64, row0, head, batch);
+                        tma_load_4d(do_smem + off, &p.tma_do, q_full(slot), c * 64, row0, head, batch);
+                    }
                 }
-                // the workspace rows are padded to seqlen_q_rounded (a multiple of BM): all valid
-                bulk_load_g2s(lse_smem + slot * kBM * 4, lse_rows + row0, kBM * 4, q_full(slot));
-                bulk_load_g2s(D_smem + slot * kBM * 4, D_rows + row0, kBM * 4, q_full(slot));
+                // LSE_i then D_i, 4 floats a chunk; the workspace rows are padded to
+                // seqlen_q_rounded (a multiple of BM), so every chunk is valid
+                for (int c = lane; c < kBM / 2; c += 32) {
+                    const bool is_D = c >= kBM / 4;
+                    const int chunk = is_D ? c - kBM / 4 : c;
+                    cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
+                                (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                }
+                cp_async_commit();
+                cp_async_wait<0>();
+                mbarrier_arrive(q_full(slot));
             }
         }
         return;
@@ -276,7 +293,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             Wgmma<kBM, Elem>::template ss<0>(dp_flat, v_rows_desc + a_off, do_desc + b_off, kk > 0);
         }
         wgmma_commit();
-        wgmma_wait<1>();                                        // Sᵀ is ready (dPᵀ may run)
+        wgmma_wait<1>();                                        // Sᵀ is ready (dPᵀ may still run)
         reg_fence(s_flat);
 
         // ---- Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e); padded queries have LSE = +inf -> 0 ----
@@ -306,19 +323,12 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 s_acc[0][nt][e] = exp2_scaled(s_acc[0][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
         }
 
-        // ---- dV_j += Pᵀ dO_i (RS; dO_i MN-major, queries 16kk..16kk+15 per step) ----
-        pack_a_frags<1, kBM / 16, Elem>(p_frag, s_acc);
-        reg_fence(dv_acc);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBM / 16; ++kk)
-            Wgmma<kHeadDim, Elem>::template rs<1>(dv_acc, p_frag[0][kk],
-                                                 do_t_desc + q_off + (u64(kk * 16 * 128) >> 4), 1);
-        wgmma_commit();
-        wgmma_wait<1>();                                        // dPᵀ is ready (dV may run)
+        wgmma_wait<0>();                                        // dPᵀ is ready
         reg_fence(dp_flat);
 
-        // ---- dSᵀ = Pᵀ ∘ (dPᵀ - D_i) ----
+        // ---- dSᵀ = Pᵀ ∘ (dPᵀ - D_i); Pᵀ, dSᵀ to 16-bit A fragments ----
+        // (both before the dV GEMM is issued: Pᵀ, dPᵀ and the fragments are never live at once
+        // with dV's operands in flight, which keeps d128 under the register budget)
 #pragma unroll
         for (int nt = 0; nt < kBM / 8; ++nt) {
             const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
@@ -326,11 +336,18 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             for (int e = 0; e < 4; ++e)
                 dp_acc[0][nt][e] = s_acc[0][nt][e] * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
         }
+        pack_a_frags<1, kBM / 16, Elem>(p_frag, s_acc);
         pack_a_frags<1, kBM / 16, Elem>(ds_frag, dp_acc);
 
-        // ---- dK_j += dSᵀ Q_i (RS; scaled once, in the epilogue) ----
+        // ---- dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i (RS; dO_i, Q_i MN-major, queries 16kk..16kk+15
+        // per step; dK scaled once, in the epilogue) ----
+        reg_fence(dv_acc);
         reg_fence(dk_acc);
         wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBM / 16; ++kk)
+            Wgmma<kHeadDim, Elem>::template rs<1>(dv_acc, p_frag[0][kk],
+                                                 do_t_desc + q_off + (u64(kk * 16 * 128) >> 4), 1);
 #pragma unroll
         for (int kk = 0; kk < kBM / 16; ++kk)
             Wgmma<kHeadDim, Elem>::template rs<1>(dk_acc, ds_frag[0][kk],

@@ -192,3 +192,14 @@ def test_ptxas_every_valid_config_no_spills_no_serialized_wgmma():
     bad = [f"{c.name}: {r}" for c, r in zip(configs, reports)
            if r.spill_stores or r.spill_loads or r.stack_bytes or serialized(r)]
     assert not bad, "\n".join(bad)
+
+
+def test_other_families_sources_unchanged_by_this_one():
+    """sm90_bwd's struct lives in params_sm90_bwd.cuh, which only sm90_bwd.cu includes: the other
+    families' rendered source (and the code hash stamping their tuned entries) stays."""
+    from cuflash.compile import render_source
+
+    assert "params_sm90_bwd.cuh" in render_source("sm90_bwd")
+    for fam in registry.families():
+        if fam.name != "sm90_bwd":
+            assert "Sm90BwdParams" not in render_source(fam.name), fam.name

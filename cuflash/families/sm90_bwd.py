@@ -1,7 +1,7 @@
 """sm90_bwd: the FlashAttention backward for Hopper (kernels_cu/sm90_bwd.cu), sm_90a only.
 
 FA3's structure: one CTA per K/V block; a producer warpgroup loads K_j, V_j once and, per Q
-block, Q_i and dO_i by TMA plus the block's LSE·log2e and D rows by bulk copies into an
+block, Q_i and dO_i by TMA plus the block's LSE·log2e and D rows by cp.async into an
 mbarrier ring; 1 or 2 consumer warpgroups of 64 keys each compute, all by wgmma,
 Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (SS), dV += Pᵀ dO and dK += dSᵀ Q (RS, Pᵀ and dSᵀ straight from
 registers), and the dQ part dS K (SS, dS stored to shared memory), which they add to an fp32
