@@ -154,6 +154,7 @@ class Sm90Backward(Family):
     min_arch = (9, 0)
     arch_suffix = "a"
     priority = -1      # below fa2_bwd until measured faster on the H100
+    max_head_dim = HEAD_DIMS[-1]   # supports() refuses larger head dims: selection falls back
     dout_any_strides = True  # the preprocess reads dout through any strides (copies it if need be)
     description = ("Hopper backward: K/V-block CTAs, TMA ring of Q/dO, wgmma SS/RS, dQ by fp32 "
                    "red.add (or ordered); fa2_bwd's preprocess / convert / GQA kernels")
