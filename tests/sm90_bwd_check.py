@@ -12,14 +12,17 @@ and sm90_bwd forced by bwd_config; gradients are NaN-poisoned before the launch.
 """
 import argparse
 import math
+import os
 import sys
 import time
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
-import cuflash
-from cuflash import api, registry
-from cuflash.problem import Problem
+import torch  # noqa: E402
+
+import cuflash  # noqa: E402
+from cuflash import api, registry  # noqa: E402
+from cuflash.problem import Problem  # noqa: E402
 
 FAM = registry.get("sm90_bwd")
 
