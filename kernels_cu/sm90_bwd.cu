@@ -33,16 +33,16 @@
 //
 // Consumers (warpgroups 1..kConsumers; consumer wg owns keys 64·wg..64·wg+63 of K_j, 16 per
 // warp). Per Q block, all by wgmma (per warpgroup: M = its 64 keys):
-//   Sᵀ  = K_j Q_iᵀ                 SS, N = BM queries                     (group 1)
+//   Sᵀ  = K_j Q_iᵀ                 SS, N = BM queries                     (group 1, waited)
+//   Pᵀ  = exp2(Sᵀ·scale·log2e - LSE_i·log2e), masked (ragged end, causal diagonal) -> 0;
+//         packed to 16-bit A fragments (the fp32 Pᵀ dies before dPᵀ's accumulators are born)
 //   dPᵀ = V_j dO_iᵀ                SS, N = BM                             (group 2)
-//   Pᵀ  = exp2(Sᵀ·scale·log2e - LSE_i·log2e), masked (ragged end, causal diagonal) -> 0,
-//         while dPᵀ runs
-//   dSᵀ = Pᵀ ∘ (dPᵀ - D_i); Pᵀ and dSᵀ packed to 16-bit A fragments
-//   dV_j += Pᵀ dO_i                RS: Pᵀ from registers, dO_i MN-major   (group 3, with dK)
-//   dK_j += dSᵀ Q_i                RS: dSᵀ from registers, Q_i MN-major
+//   dV_j += Pᵀ dO_i                RS: Pᵀ from registers, dO_i MN-major   (group 3)
+//   dSᵀ = Pᵀ ∘ (dPᵀ - D_i)         once dPᵀ is done, while dV runs (Pᵀ as rounded to 16 bits)
+//   dK_j += dSᵀ Q_i                RS: dSᵀ from registers, Q_i MN-major   (group 4)
 //   dS to shared memory (transposed by the stores: ds_smem holds dS, queries x keys, K-major),
-//         while dV and dK run
-//   dQ_i part = dS K_j              SS: dS (A, K-major), K_j (B, MN-major)  (group 4)
+//         while dV and dK run; then wait for them (their fragments die)
+//   dQ_i part = dS K_j              SS: dS (A, K-major), K_j (B, MN-major)  (group 5)
 //     the BM x head_dim tile is split over the consumer warpgroups: by 64-row groups when
 //     BM = 64 · kConsumers, else by head-dim column groups (kDqN columns each)
 //   dQ accumulator += dQ_i part     red.global.add.v4.f32 (16 bytes per thread per 16x16 tile)
@@ -59,8 +59,11 @@
 // causal mask too), adds, and passes the turn on. Bitwise reproducible.
 //
 // Registers: setmaxnreg, FA3's splits: producer / consumer 56 / 256 (1 consumer), 24 / 240 (2).
-// Live per consumer thread: dK_j, dV_j (head_dim / 2 fp32 each), Sᵀ, dPᵀ (BM / 2 each), the
-// 16-bit fragments of Pᵀ and dSᵀ (BM / 4 each), the dQ part (kDqN / 2).
+// Live per consumer thread: dK_j, dV_j (head_dim / 2 fp32 each) throughout; then Sᵀ (BM / 2), or
+// the 16-bit Pᵀ fragments (BM / 4) with dPᵀ (BM / 2) and the dSᵀ fragments (BM / 4), or the dQ
+// part (kDqN / 2). The order above keeps that peak low: at d128 ptxas (nvcc and NVRTC 13.0)
+// spills otherwise. Loop-invariant addresses are kept few for the same reason (DescLo, the dS
+// store offsets, the ring position counted along).
 //
 // Shared memory (base aligned to 1024 bytes; every 16-bit tile as head_dim / 64 (or BN / 64 for
 // dS) column chunks of rows x 64 elements, 128 bytes a row, 128-byte swizzle, as TMA writes it
@@ -140,6 +143,18 @@ __device__ __forceinline__ u32 swizzled_offset(int row, int col, int rows) {
     const int chunk = col / 64, byte = (col % 64) * 2;
     return chunk * rows * 128 + row * 128 + ((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15));
 }
+
+// A wgmma shared-memory descriptor (ptx_sm90.cuh smem_desc_sw128) kept as its low 32 bits: the
+// high word (SBO = 1024, 128-byte swizzle) is the same constant for every operand here, and the
+// k-steps only advance the start address, so the offsets are 32-bit adds (NVRTC otherwise builds
+// 64-bit descriptor arithmetic whose extra registers spill the d128 kernel).
+struct DescLo {
+    static constexpr u32 kHi = (1024u >> 4) | (1u << 30);  // bits 32-45: SBO >> 4; bit 62: 128B swizzle
+    u32 lo;
+    __device__ __forceinline__ DescLo(u32 addr, u32 lbo_bytes) : lo(((addr & 0x3FFFFu) >> 4) | ((lbo_bytes >> 4) << 16)) {}
+    // the descriptor of the operand `bytes` further on
+    __device__ __forceinline__ u64 at(u32 bytes) const { return (u64(kHi) << 32) | (lo + (bytes >> 4)); }
+};
 
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic>
@@ -247,17 +262,25 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     // Descriptors: this warpgroup's 64 rows of K_j, V_j (A, K-major); Q_i, dO_i as B of Sᵀ, dPᵀ
     // (K-major: the head dim is the reduction) and of dK, dV (MN-major: the head dim is wgmma's
     // N, contiguous); K_j as B of dQ (MN-major); dS as A of dQ (K-major, this warpgroup's rows).
-    const u64 k_rows_desc = smem_desc_sw128(k_smem + wg * 64 * 128, 16, 1024);
-    const u64 v_rows_desc = smem_desc_sw128(v_smem + wg * 64 * 128, 16, 1024);
-    const u64 q_desc = smem_desc_sw128(q_smem, 16, 1024);
-    const u64 do_desc = smem_desc_sw128(do_smem, 16, 1024);
-    const u64 q_t_desc = smem_desc_sw128(q_smem, Shape::kQChunkBytes, 1024);
-    const u64 do_t_desc = smem_desc_sw128(do_smem, Shape::kQChunkBytes, 1024);
+    const DescLo k_rows_desc(k_smem + wg * 64 * 128, 16);
+    const DescLo v_rows_desc(v_smem + wg * 64 * 128, 16);
+    const DescLo q_desc(q_smem, 16);
+    const DescLo do_desc(do_smem, 16);
+    const DescLo q_t_desc(q_smem, Shape::kQChunkBytes);
+    const DescLo do_t_desc(do_smem, Shape::kQChunkBytes);
     const int dq_row_group = wg % Shape::kDqRowGroups, dq_col_group = wg / Shape::kDqRowGroups;
     const int dq_col0 = dq_col_group * Shape::kDqN;
-    const u64 k_t_desc = smem_desc_sw128(k_smem + (dq_col0 / 64) * Shape::kKVChunkBytes,
-                                         Shape::kKVChunkBytes, 1024);
-    const u64 ds_desc = smem_desc_sw128(ds_smem + dq_row_group * 64 * 128, 16, 1024);
+    const DescLo k_t_desc(k_smem + (dq_col0 / 64) * Shape::kKVChunkBytes, Shape::kKVChunkBytes);
+    const DescLo ds_desc(ds_smem + dq_row_group * 64 * 128, 16);
+
+    // Byte offsets in ds_smem of this thread's dS stores (query 2t + e of a group of 8 rows, key
+    // warp_key + g + 8·rk): swizzled_offset with the row's multiple of 8 taken out.
+    u32 ds_store_off[2][2];
+#pragma unroll
+    for (int rk = 0; rk < 2; ++rk)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            ds_store_off[rk][e] = swizzled_offset(2 * t + e, warp_key + g + 8 * rk, kBM);
 
     // Accumulators (per warpgroup, 64 rows; wgmma layout above):
     float dk_acc[kHeadDim / 2], dv_acc[kHeadDim / 2];          // 64 keys x head_dim
@@ -270,30 +293,27 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     for (int i = 0; i < kHeadDim / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
 
     if (n_iters > 0) mbarrier_wait(kv_full, 0);
-    for (int it = 0; it < n_iters; ++it) {
-        const int slot = it % kStages, m_block = m_block_min + it, row0 = m_block * kBM;
-        const u64 q_off = u64(slot * Shape::kQBytes) >> 4;     // descriptor address units
-        mbarrier_wait(q_full(slot), u32(it / kStages) & 1);
+    // the ring position, counted along (it % kStages and the fill's parity (it / kStages) & 1,
+    // without a division per iteration)
+    int slot = 0;
+    u32 phase = 0;
+    for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
+        const int m_block = m_block_min + it, row0 = m_block * kBM;
+        const u32 q_off = slot * Shape::kQBytes;               // this slot's Q_i, dO_i (bytes)
+        mbarrier_wait(q_full(slot), phase);
 
-        // ---- Sᵀ = K_j Q_iᵀ, dPᵀ = V_j dO_iᵀ (issued together) ----
+        // ---- Sᵀ = K_j Q_iᵀ ----
         reg_fence(s_flat);
-        reg_fence(dp_flat);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-            const u64 a_off = u64((kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32) >> 4;
-            const u64 b_off = q_off + (u64((kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32) >> 4);
-            Wgmma<kBM, Elem>::template ss<0>(s_flat, k_rows_desc + a_off, q_desc + b_off, kk > 0);
+            // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
+            const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+            const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+            Wgmma<kBM, Elem>::template ss<0>(s_flat, k_rows_desc.at(a_off), q_desc.at(b_off), kk > 0);
         }
         wgmma_commit();
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-            const u64 a_off = u64((kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32) >> 4;
-            const u64 b_off = q_off + (u64((kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32) >> 4);
-            Wgmma<kBM, Elem>::template ss<0>(dp_flat, v_rows_desc + a_off, do_desc + b_off, kk > 0);
-        }
-        wgmma_commit();
-        wgmma_wait<1>();                                        // Sᵀ is ready (dPᵀ may still run)
+        wgmma_wait<0>();
         reg_fence(s_flat);
 
         // ---- Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e); padded queries have LSE = +inf -> 0 ----
@@ -322,36 +342,50 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             for (int e = 0; e < 4; ++e)
                 s_acc[0][nt][e] = exp2_scaled(s_acc[0][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
         }
+        // Pᵀ as 16-bit A fragments: the fp32 Pᵀ dies here, before dPᵀ's accumulators are born
+        // (with dK, dV in registers the d128 kernel has no room for both), so dS below uses
+        // Pᵀ rounded to 16 bits, as the dV product does (and as attention in 16 bits would).
+        pack_a_frags<1, kBM / 16, Elem>(p_frag, s_acc);
 
-        wgmma_wait<0>();                                        // dPᵀ is ready
+        // ---- dPᵀ = V_j dO_iᵀ (SS), then dV_j += Pᵀ dO_i (RS; dO_i MN-major, queries
+        // 16kk..16kk+15 per step) ----
+        reg_fence(dp_flat);
+        reg_fence(dv_acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+            const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+            Wgmma<kBM, Elem>::template ss<0>(dp_flat, v_rows_desc.at(a_off), do_desc.at(b_off), kk > 0);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < kBM / 16; ++kk)
+            Wgmma<kHeadDim, Elem>::template rs<1>(dv_acc, p_frag[0][kk], do_t_desc.at(q_off + kk * 16 * 128), 1);
+        wgmma_commit();
+        wgmma_wait<1>();                                        // dPᵀ is ready (dV may still run)
         reg_fence(dp_flat);
 
-        // ---- dSᵀ = Pᵀ ∘ (dPᵀ - D_i); Pᵀ, dSᵀ to 16-bit A fragments ----
-        // (both before the dV GEMM is issued: Pᵀ, dPᵀ and the fragments are never live at once
-        // with dV's operands in flight, which keeps d128 under the register budget)
+        // ---- dSᵀ = Pᵀ ∘ (dPᵀ - D_i), to 16-bit A fragments ----
+        // p_frag[kk][r] holds Pᵀ elements (nt, e) = (2kk + r / 2, 2·(r % 2) + lo/hi) (gemm.cuh)
 #pragma unroll
         for (int nt = 0; nt < kBM / 8; ++nt) {
             const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                dp_acc[0][nt][e] = s_acc[0][nt][e] * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
+            for (int e = 0; e < 4; ++e) {
+                const u32 pair = p_frag[0][nt / 2][2 * (nt % 2) + e / 2];
+                const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
+                dp_acc[0][nt][e] = P * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
+            }
         }
-        pack_a_frags<1, kBM / 16, Elem>(p_frag, s_acc);
         pack_a_frags<1, kBM / 16, Elem>(ds_frag, dp_acc);
 
-        // ---- dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i (RS; dO_i, Q_i MN-major, queries 16kk..16kk+15
-        // per step; dK scaled once, in the epilogue) ----
-        reg_fence(dv_acc);
+        // ---- dK_j += dSᵀ Q_i (RS; Q_i MN-major; scaled once, in the epilogue) ----
         reg_fence(dk_acc);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBM / 16; ++kk)
-            Wgmma<kHeadDim, Elem>::template rs<1>(dv_acc, p_frag[0][kk],
-                                                 do_t_desc + q_off + (u64(kk * 16 * 128) >> 4), 1);
-#pragma unroll
-        for (int kk = 0; kk < kBM / 16; ++kk)
-            Wgmma<kHeadDim, Elem>::template rs<1>(dk_acc, ds_frag[0][kk],
-                                                 q_t_desc + q_off + (u64(kk * 16 * 128) >> 4), 1);
+            Wgmma<kHeadDim, Elem>::template rs<1>(dk_acc, ds_frag[0][kk], q_t_desc.at(q_off + kk * 16 * 128), 1);
         wgmma_commit();
 
         // ---- dS to shared memory: every warpgroup's previous dQ GEMM is done (it waited for it
@@ -363,12 +397,18 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         for (int kk = 0; kk < kBM / 16; ++kk)
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-                const int key = warp_key + g + 8 * (r % 2);
-                const int query = kk * 16 + 2 * t + 8 * (r / 2);
+                // query 16kk + 8·(r / 2) + 2t (+1): the multiple of 8 is a whole swizzle period
+                // of rows, so the per-thread part ds_store_off[r % 2][lo/hi] carries the XOR
                 const u32 v = ds_frag[0][kk][r];
-                *reinterpret_cast<u16*>(ds_smem_ptr + swizzled_offset(query, key, kBM)) = u16(v & 0xFFFFu);
-                *reinterpret_cast<u16*>(ds_smem_ptr + swizzled_offset(query + 1, key, kBM)) = u16(v >> 16);
+                const u32 rows = (kk * 16 + 8 * (r / 2)) * 128;
+                *reinterpret_cast<u16*>(ds_smem_ptr + rows + ds_store_off[r % 2][0]) = u16(v & 0xFFFFu);
+                *reinterpret_cast<u16*>(ds_smem_ptr + rows + ds_store_off[r % 2][1]) = u16(v >> 16);
             }
+        // dV and dK done: their operands (the Pᵀ, dSᵀ fragments) are never live together with the
+        // dQ part's accumulators, which keeps d128 under the register budget
+        wgmma_wait<0>();
+        reg_fence(dk_acc);
+        reg_fence(dv_acc);
         fence_proxy_async_smem();                               // generic stores -> wgmma's reads
         named_barrier_sync(1, kConsumerThreads);                // all of dS is written
 
@@ -377,15 +417,12 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBN / 16; ++kk) {
-            const u64 a_off = u64((kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32) >> 4;
-            Wgmma<Shape::kDqN, Elem>::template ss<1>(dq_acc, ds_desc + a_off,
-                                                    k_t_desc + (u64(kk * 16 * 128) >> 4), kk > 0);
+            const u32 a_off = (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+            Wgmma<Shape::kDqN, Elem>::template ss<1>(dq_acc, ds_desc.at(a_off), k_t_desc.at(kk * 16 * 128), kk > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();                                        // dV, dK, dQ part: Q_i, dO_i read
+        wgmma_wait<0>();                                        // the dQ part: Q_i, dO_i all read
         reg_fence(dq_acc);
-        reg_fence(dk_acc);
-        reg_fence(dv_acc);
         mbarrier_arrive(q_empty(slot));                         // the slot may be refilled
 
         // ---- dQ accumulator += dQ part (fp32 in global memory) ----
