@@ -72,6 +72,18 @@ struct Sm90BwdParams {
     int head_group;        // fa2_bwd launch order: K/V blocks of head_group (batch, head) pairs interleaved
     float softmax_scale;
     float scale_log2;
+    // Variable-length batches (kernels built with kVarlen; varlen.cuh): the layouts of FwdParams
+    // (q, o, dout, dq: (total_q, nheads, ·); k, v, dk, dv: (total_k, nheads_kv, ·); lse
+    // (nheads, total_q)); seqlen_q / seqlen_k are the longest sequences and seqlen_q_rounded
+    // rounds seqlen_q (the dQ turn counters keep their (batch, nheads, ·) layout). The fp32
+    // workspace is indexed by tokens instead: lse_log2, D (nheads, ws_rows), dq_accum
+    // (nheads, ws_rows, head_dim_rounded), sequence b from row varlen_ws_row0 (varlen.cuh) on;
+    // dk_accum, dv_accum (nheads, total_k, head_dim_rounded). Null and 0 in fixed-length launches.
+    int* cu_seqlens_q;
+    int* cu_seqlens_k;
+    int total_q;
+    int total_k;
+    int ws_rows;           // workspace rows per head: total_q + kVarlenRowPad·batch, rounded up to 8
     TmaDesc tma_q;         // box 64 x BM
     TmaDesc tma_k;         // box 64 x BN
     TmaDesc tma_v;         // box 64 x BN
