@@ -28,8 +28,7 @@ import numpy as np
 from ..problem import Problem
 from ..registry import register
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
-from .fa2_bwd import (EPILOGUE_THREADS, PREP_WARPS, ROW_PAD, FA2Backward, contiguous_strides,
-                      dout_needs_copy)
+from .fa2_bwd import EPILOGUE_THREADS, PREP_WARPS, ROW_PAD, FA2Backward, contiguous_strides
 from .fa2_fwd import LOG2E, check_head_dim, first_fitting, strides3
 from .sm90_fwd import tensor_map
 
