@@ -17,7 +17,10 @@ Modes (results in results/<gpu name>/):
             call: startup.json
   io        the FlashAttention paper's IO table (GFLOPs, HBM bytes by ncu, runtime) for
             standard attention, SDPA flash and cuflash: io_table.{json,md}
-  all       fwd, fwdbwd, memory, overhead, startup (not tuned, not io)
+  ring      context parallelism: cuflash.distributed ring attention, one process per GPU
+            (NCCL), vs single-GPU cuflash on the same shard and torch's context parallel,
+            seqlen 128k .. 1M: results/<gpu name>x<P>/ring.{json,csv}
+  all       fwd, fwdbwd, memory, overhead, startup (not tuned, not io, not ring)
 
 Shapes follow the FlashAttention convention (heads = 2048 / head dim, batch · seqlen = 16k),
 FLOPs cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward); all timing is
@@ -33,7 +36,7 @@ import time
 
 from .common import HDIMS, SEQLENS, gpu_dir_name  # noqa: F401 - gpu_dir_name: tuning/cli.py
 
-MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io")
+MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io", "ring")
 ALL = ("fwd", "fwdbwd", "memory", "overhead", "startup")
 
 
@@ -69,6 +72,17 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--io-causal", action="store_true", help="io: causal mask (default none)")
     ap.add_argument("--no-ncu", action="store_true", help="io: skip the HBM bytes (ncu)")
     ap.add_argument("--out", default="results", help="results root (default results)")
+    ap.add_argument("--ring-seqlens", type=int, nargs="+", default=None,
+                    help="ring: total seqlens (default 131072 262144 524288 1048576)")
+    ap.add_argument("--ring-procs", type=int, default=None,
+                    help="ring: processes = GPUs (default every visible GPU)")
+    ap.add_argument("--ring-heads", type=int, default=8, help="ring: heads (default 8, d 128)")
+    ap.add_argument("--ring-budget-s", type=float, default=270.0,
+                    help="ring: skip problems that would end the run past this (default 270 s)")
+    ap.add_argument("--ring-full-max", type=int, default=262144,
+                    help="ring: largest seqlen also run whole on one GPU (default 262144)")
+    ap.add_argument("--no-torch-cp", action="store_true",
+                    help="ring: skip torch's context_parallel")
     return ap
 
 
@@ -100,6 +114,11 @@ def run_mode(mode: str, a) -> object:
     if mode == "io":
         return mod.run(growth_seqlens=a.io_seqlens or mod.GROWTH_SEQLENS, causal=a.io_causal,
                        use_ncu=not a.no_ncu, reps=a.reps or 10, out=a.out)
+    if mode == "ring":
+        return mod.run(seqlens=a.ring_seqlens or mod.SEQLENS,
+                       causals=tuple(sorted(causals, reverse=True)), procs=a.ring_procs,
+                       nheads=a.ring_heads, reps=a.reps or 3, budget_s=a.ring_budget_s,
+                       torch_cp=not a.no_torch_cp, full_max=a.ring_full_max, out=a.out)
     raise ValueError(f"unknown mode {mode!r}")
 
 
