@@ -46,7 +46,9 @@ class Problem:
     q is (batch, seqlen_q, nheads, head_dim); k, v are (batch, seqlen_k, nheads_kv, head_dim)
     causal:     bottom-right aligned causal mask
     deterministic: backward only: dQ added in a fixed order
-    features:   sorted names of further feature flags (none exist yet)
+    features:   sorted names of further feature flags ("dropout", ...)
+    dropout_p:  the dropout probability when "dropout" is a feature (a run-time value: not part
+                of the class key; the launch plan's params carry it)
     """
 
     op: str
@@ -60,6 +62,7 @@ class Problem:
     causal: bool = False
     deterministic: bool = False
     features: tuple = ()
+    dropout_p: float = 0.0
 
     @classmethod
     def fa_convention(cls, op: str, dtype: str, head_dim: int, causal: bool, seqlen: int,

@@ -478,7 +478,8 @@ def np_qkv(**kw):
     (dict(window_size=(2, 1)), r"^window_size=\(2, 1\): sliding window is not implemented by any "
                                r"registered kernel family yet \(.*fa2_fwd has no feature 'window'[;)]"),
     (dict(softcap=0.5), r"^softcap=0\.5: softcapping is not implemented"),
-    (dict(dropout_p=0.1), r"^dropout_p=0\.1: dropout is not implemented"),
+    (dict(dropout_p=0.1, window_size=(2, 1)), r"^dropout_p=0\.1, window_size=\(2, 1\): dropout and "
+                                              r"sliding window are not implemented"),
     (dict(alibi_slopes=np.ones(4, np.float32)), r"^alibi_slopes: ALiBi is not implemented"),
     (dict(window_size=(2, 1), softcap=0.5), r"^softcap=0\.5, window_size=\(2, 1\): softcapping and "
                                             r"sliding window are not implemented"),

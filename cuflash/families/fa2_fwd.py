@@ -40,6 +40,8 @@ class FwdConfig(KernelConfig):
     causal:    bottom-right aligned causal mask, a compile-time flag
     varlen:    variable-length batches (cu_seqlens), a compile-time flag set from the call
                (``for_problem``), never tuned
+    dropout:   attention dropout (Philox keep mask, philox.cuh), a compile-time flag; the
+               probability and the RNG state are run-time params
     """
 
     Br: int
@@ -50,6 +52,7 @@ class FwdConfig(KernelConfig):
     dtype: str
     causal: bool
     varlen: bool = False
+    dropout: bool = False
 
     family = "fa2_fwd"
     _what = "forward"
@@ -59,7 +62,7 @@ class FwdConfig(KernelConfig):
         mask = "causal" if self.causal else "full"
         return (f"fwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}"
-                + ("_varlen" if self.varlen else ""))
+                + ("_varlen" if self.varlen else "") + ("_drop" if self.dropout else ""))
 
     @property
     def smem_bytes(self) -> int:
@@ -75,11 +78,11 @@ class FwdConfig(KernelConfig):
     def kernel_name(self) -> str:
         return (f"cuflash::fa2_fwd<{self.Br}, {self.Bc}, {self.warps}, {self.stages}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {'true' if self.causal else 'false'}"
-                f", {'true' if self.varlen else 'false'}>")
+                f", {'true' if self.varlen else 'false'}, {'true' if self.dropout else 'false'}>")
 
     def template_args(self) -> tuple:
         return (self.Br, self.Bc, self.warps, self.stages, self.head_dim, self.dtype, self.causal,
-                self.varlen)
+                self.varlen, self.dropout)
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -109,6 +112,39 @@ def forward_sizes(problem: Problem, softmax_scale: float) -> dict:
     return dict(batch=p.batch, nheads=p.nheads, nheads_kv=p.nheads_kv, seqlen_q=p.seqlen_q,
                 seqlen_k=p.seqlen_k, head_dim=p.head_dim, softmax_scale=softmax_scale,
                 scale_log2=softmax_scale * LOG2E)
+
+
+# The features fa2_fwd / fa2_bwd implement (compile-time flags of their configs).
+FA2_FEATURES = ("dropout",)
+
+
+def unsupported_feature(name: str, problem: Problem) -> str:
+    """'' when the fa2 families implement every feature of ``problem``, else their refusal."""
+    missing = unsupported_features(problem)
+    return f"{name} has no feature {missing[0]!r}" if missing else ""
+
+
+def unsupported_features(problem: Problem) -> tuple:
+    """The features of ``problem`` that the fa2 families do not implement: other_features
+    (those besides varlen) less dropout; dropout with varlen is not wired yet (the kernels'
+    mask would be per sequence, batch = sequence index, rows within it; the API is not)."""
+    others = tuple(f for f in other_features(problem) if f not in FA2_FEATURES)
+    if not others and is_varlen(problem) and "dropout" in problem.features:
+        return ("dropout",)
+    return others
+
+
+def dropout_params(problem: Problem) -> dict:
+    """The dropout fields of FwdParams / BwdParams: the drop threshold round(p·256) and the
+    scale 1 / (1 - p), both as the kernels' fp32 arithmetic gives them (cuflash/dropout.py);
+    rng_state is a per-call pointer (Plan.run_with)."""
+    import numpy as np
+
+    from ..dropout import drop_threshold
+
+    p = float(getattr(problem, "dropout_p", 0.0)) if "dropout" in problem.features else 0.0
+    scale = float(np.float32(1.0) / (np.float32(1.0) - np.float32(p)))
+    return dict(rng_state=0, dropout_threshold=drop_threshold(p) if p else 0, dropout_scale=scale)
 
 
 def strides3(prefix: str, strides) -> dict:
@@ -155,14 +191,16 @@ class FA2Forward(Family):
     description = "FlashAttention-2 forward: mma.sync m16n8k16, ldmatrix, cp.async ring"
 
     def supports(self, arch, problem: Problem) -> str:
-        others = other_features(problem)
+        others = unsupported_features(problem)
         return super().supports(arch, problem) or check_head_dim(problem) or (
             f"{self.name} has no feature {others[0]!r}" if others else "")
 
     def for_problem(self, config, problem: Problem):
-        # varlen is the call's (tuned tables and heuristics carry none)
-        varlen = is_varlen(problem)
-        return config if config.varlen == varlen else config.replace(varlen=varlen)
+        # varlen and dropout are the call's (tuned tables and heuristics carry none)
+        varlen, dropout = is_varlen(problem), "dropout" in problem.features
+        if config.varlen == varlen and config.dropout == dropout:
+            return config
+        return config.replace(varlen=varlen, dropout=dropout)
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> FwdConfig:
         """Each warp should own two 16-row tiles of Q (Br = 128 with 4 warps): every K or V
@@ -179,7 +217,10 @@ class FA2Forward(Family):
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         dtype, causal = problem.dtype, problem.causal
-        if d <= 64:
+        if d <= 64 and "dropout" in problem.features:
+            # the Philox rounds need registers: Bc = 64 spills on sm_80 (nvcc 13.0)
+            cfg = FwdConfig(128, 32, 4, 2, d, dtype, causal)
+        elif d <= 64:
             cfg = FwdConfig(128, 64, 4, 2, d, dtype, causal)
         elif d <= 128:
             cfg = FwdConfig(128, 32, 4, 2, d, dtype, causal)
@@ -199,7 +240,7 @@ class FA2Forward(Family):
         fields = dict(**strides3("q", strides["q"]), **strides3("k", strides["k"]),
                       **strides3("v", strides["v"]), **strides3("o", strides["o"]),
                       **forward_sizes(problem, softmax_scale), cu_seqlens_q=0, cu_seqlens_k=0,
-                      total_q=0)
+                      total_q=0, **dropout_params(problem))
         fields.update(varlen_fields(problem, strides, ("q", "k", "v", "o")))
         return fields
 
