@@ -84,6 +84,9 @@ struct Sm90BwdParams {
     int total_q;
     int total_k;
     int ws_rows;           // workspace rows per head: total_q + kVarlenRowPad·batch, rounded up to 8
+    const void* rng_state;   // dropout (kDropout): int64[2] (seed, offset), the forward's; else null
+    int dropout_threshold;   // dropout: as FwdParams
+    float dropout_scale;     // dropout: 1 / (1 - p)
     TmaDesc tma_q;         // box 64 x BM
     TmaDesc tma_k;         // box 64 x BN
     TmaDesc tma_v;         // box 64 x BN
