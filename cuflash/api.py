@@ -275,7 +275,7 @@ def check_features(tq: _Tensor, dropout_p=0.0, window_size=(-1, -1), softcap=0.0
 def raise_unsupported(problem: Problem, given: dict) -> None:
     """GPU input with features: raise UnsupportedFeature naming the arguments unless some
     registered family supports the problem (none does yet: then the launch is not wired)."""
-    reasons = [f.supports((99, 9), problem) for f in families(problem.op)]
+    reasons = [f.supports((99, 9), problem) for f in families(problem.op, problem.dtype)]
     names = [f for f in problem.features]
     args = ", ".join(given.get(f, FEATURES[f][0]) for f in names)
     whats = [FEATURES[f][1] for f in names]
@@ -295,7 +295,7 @@ def check_supported(problem: Problem) -> None:
     GPU. Needs no GPU; the device's own check comes with selection."""
     from .select import UnsupportedProblem
 
-    reasons = [f.supports((99, 9), problem) for f in families(problem.op)]
+    reasons = [f.supports((99, 9), problem) for f in families(problem.op, problem.dtype)]
     if reasons and all(reasons):
         raise UnsupportedProblem("; ".join(dict.fromkeys(reasons)))
 
@@ -384,7 +384,7 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
                     causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
                     alibi_slopes=None, deterministic: bool = False,
                     return_attn_probs: bool = False, *, config=None, bwd_config=None,
-                    dropout_seed=None):
+                    dropout_seed=None, q_descale=None, k_descale=None, v_descale=None):
     """Exact attention, FlashAttention-2 algorithm; same signature as flash_attn's.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim),
@@ -413,6 +413,9 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     gradients are bitwise reproducible (slower); the forward is always deterministic.
     config / bwd_config: an explicit kernel config (e.g. cuflash.FwdConfig / BwdConfig) instead
     of the tuned or heuristic one; bwd_config applies to torch autograd's backward.
+    q_descale, k_descale, v_descale: FP8 inputs (torch.float8_e4m3fn; CuPy uint8 e4m3 bytes with
+    a descale given) run the FP8 forward (cuflash.fp8: sm_90, forward only, bf16 output): fp32
+    descale factors, (1,) or (batch, nheads_kv), flash-attn 3's arguments.
 
     Returns out (like q), or (out, softmax_lse, S_dmask) when return_attn_probs: softmax_lse
     is fp32 (batch, nheads, seqlen_q), natural log; S_dmask is None without dropout (flash-attn
@@ -422,6 +425,10 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     computed on the side from the kernels' LSE and the NumPy mirror of their mask (for
     testing: O(seqlen_q·seqlen_k) memory and a host synchronization).
     """
+    if q_descale is not None or k_descale is not None or v_descale is not None or _is_fp8(q):
+        return _fp8_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                         deterministic, return_attn_probs, config, bwd_config, q_descale, k_descale,
+                         v_descale)
     if dropout_p or softcap or alibi_slopes is not None or window_size != (-1, -1):
         return _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                               alibi_slopes, deterministic, return_attn_probs, config, bwd_config,
@@ -449,6 +456,24 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
                 return (out, lse, None) if return_attn_probs else out
     out, lse = _forward_slow(q, k, v, softmax_scale, causal, deterministic, config, bwd_config)
     return (out, lse, None) if return_attn_probs else out
+
+
+def _is_fp8(x) -> bool:
+    return str(getattr(x, "dtype", "")).endswith("float8_e4m3fn")
+
+
+def _fp8_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+              deterministic, return_attn_probs, config, bwd_config, q_descale, k_descale, v_descale):
+    """FP8 inputs: cuflash.fp8 (forward only, none of the features yet)."""
+    from . import fp8
+
+    given = {"dropout_p": dropout_p, "softcap": softcap, "alibi_slopes": alibi_slopes is not None,
+             "window_size": window_size != (-1, -1), "bwd_config": bwd_config is not None}
+    unsupported = [name for name, on in given.items() if on]
+    if unsupported:
+        raise UnsupportedFeature(f"{unsupported[0]}: not implemented for FP8 (e4m3) inputs yet")
+    return fp8.flash_attn_fp8_func(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale,
+                                   return_attn_probs, config)
 
 
 _torch_ops = None  # cuflash.torch_ops once loaded (an import statement per call: ~0.4 µs)

@@ -60,10 +60,12 @@ def _load() -> None:
             importlib.import_module(f"{pkg.__name__}.{info.name}")
 
 
-def families(op: str | None = None) -> list:
-    """Registered families (of one op), highest priority first, then registration order."""
+def families(op: str | None = None, dtype: str | None = None) -> list:
+    """Registered families (of one op; taking one input dtype: ``Family.dtypes``), highest
+    priority first, then registration order."""
     _load()
-    fams = [f for f in _FAMILIES.values() if op is None or f.op == op]
+    fams = [f for f in _FAMILIES.values() if (op is None or f.op == op)
+            and (dtype is None or dtype in getattr(f, "dtypes", ("bf16", "fp16")))]
     return sorted(fams, key=lambda f: -f.priority)
 
 

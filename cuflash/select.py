@@ -330,6 +330,14 @@ def lookup(family, problem: Problem, gpu_name: str, cc, max_smem: Optional[int] 
 # ---------------------------------------------------------------------------------------
 # choice
 
+def dtype_refusal(family, problem: Problem) -> str:
+    """Why ``family`` does not take ``problem``'s dtype ('' when it does): ``Family.dtypes``."""
+    dtypes = getattr(family, "dtypes", ("bf16", "fp16"))
+    if problem.dtype not in dtypes:
+        return f"{family.name} runs dtypes {', '.join(dtypes)}, not {problem.dtype}"
+    return ""
+
+
 def choose(problem: Problem, arch, gpu_name: str = "", max_smem: Optional[int] = None,
            config=None, dirs: Optional[list] = None, family=None):
     """``(family, config, source)`` for ``problem`` on a GPU of compute capability ``arch``.
@@ -344,14 +352,19 @@ def choose(problem: Problem, arch, gpu_name: str = "", max_smem: Optional[int] =
         fam = family_of(config)
         if fam.op != problem.op:
             raise ValueError(f"config: {config.name} is a {fam.op} config, this call needs {problem.op}")
-        why = fam.supports(arch, problem) or fam.fits(config, problem)
+        why = dtype_refusal(fam, problem) or fam.supports(arch, problem) or fam.fits(config, problem)
         if why:
             raise ValueError(f"config: {why}")
         return fam, fam.for_problem(config, problem).validate(max_smem), "given"
     reasons = []
     candidates = families(problem.op) if family is None else \
         [get(family) if isinstance(family, str) else family]
+    refused = []      # families that do not take the dtype: named only when none does
     for fam in candidates:
+        why = dtype_refusal(fam, problem)
+        if why:
+            refused.append(why)
+            continue
         why = fam.supports(arch, problem)
         if why:
             reasons.append(why)
@@ -366,6 +379,7 @@ def choose(problem: Problem, arch, gpu_name: str = "", max_smem: Optional[int] =
             cfg, source = fam.for_problem(fam.heuristic(problem, arch, max_smem), problem), \
                 f"heuristic ({source})"
         return fam, cfg, source
+    reasons = reasons or refused
     if not reasons:
         raise UnsupportedProblem(f"no kernel family implements op {problem.op!r}")
     raise UnsupportedProblem("; ".join(dict.fromkeys(reasons)))

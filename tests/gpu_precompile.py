@@ -1,7 +1,7 @@
 """Fill CuPy's kernel cache for everything the GPU tests compile, in parallel worker
 processes (not a test; run it first, then pytest finds every kernel on disk).
 
-    CUPY_CACHE_DIR=... python tests/gpu_precompile.py [--no-space] [--processes N]
+    CUPY_CACHE_DIR=... python tests/gpu_precompile.py [--no-space] [--fp8-only] [--processes N]
 
 What the GPU suite uses, read from the registry and conftest's grids:
   * every family's heuristic for each (dtype, mask, head dim) of the grid, plain and
@@ -63,12 +63,36 @@ def configs_for_suite(space=True):
     return list(dict.fromkeys(configs))
 
 
+def fp8_configs():
+    """The FP8 (e4m3) families' kernels of tests/test_fp8_gpu.py and gpu_sanitize.py: the
+    heuristic per head dim and mask, and the layout variants of test_layout_variants."""
+    arch, smem = _gpu.arch(), _gpu.max_smem()
+    out = []
+    for fam in registry.families("fwd", "e4m3"):
+        for d in (64, 128, 256):
+            for causal in (False, True):
+                p = Problem("fwd", "e4m3", 1, 1024, 1024, 4, 2, d, causal)
+                if fam.supports(arch, p):
+                    continue
+                cfg = fam.heuristic(p, arch, smem)
+                out.append(cfg)
+                if causal and d in (64, 256):
+                    for change in ({"persistent": True}, {"BM": 64, "consumers": 1, "pingpong": False},
+                                   {"stages": 3}, {"pingpong": False}):
+                        alt = cfg.replace(**change)
+                        if not alt.problems(smem):
+                            out.append(alt)
+    return out
+
+
 def main():
     _gpu.require("tests/gpu_precompile.py")
     processes = None
     if "--processes" in sys.argv:
         processes = int(sys.argv[sys.argv.index("--processes") + 1])
-    configs = configs_for_suite(space="--no-space" not in sys.argv)
+    # --fp8-only: just the FP8 families' kernels (tests/test_fp8_gpu.py)
+    configs = [] if "--fp8-only" in sys.argv else configs_for_suite(space="--no-space" not in sys.argv)
+    configs = list(dict.fromkeys(configs + fp8_configs()))
     print(f"precompiling {len(configs)} configs ({len(GPU_HEADS)} head layouts share them)", flush=True)
     start = time.perf_counter()
 

@@ -26,6 +26,7 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_kv, hdim, causal)
     (1, 113, 203, 2, 2, 256, False), (1, 130, 130, 2, 1, 96, True), (1, 1, 300, 2, 2, 128, True),
     (1, 300, 1, 2, 2, 72, True), (1, 129, 65, 2, 1, 160, False),
     (1, 1100, 900, 16, 4, 64, True),   # more tiles than SMs: a persistent CTA takes several
+    (1, 203, 113, 4, 2, 256, True),    # FP8 (head dims multiples of 16 only): d256, ragged, GQA
 ]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -70,6 +71,19 @@ def main():
                 for config in layouts(fwd, cfg):
                     cuflash.flash_attn_func(q, k, v, causal=causal, config=config)
                     runs += 1
+            if name == "bf16":   # FP8 forward families (Family.dtypes "e4m3"), once per shape
+                for fwd in filter(picked, registry.families("fwd", "e4m3")):
+                    cfg = heuristic(fwd, Problem("fwd", "e4m3", b, sq, sk, h, hkv, d, causal))
+                    if cfg is None:
+                        continue
+                    f8 = torch.float8_e4m3fn
+                    q = torch.randn(b, sq, h, d, device="cuda").to(f8)
+                    k, v = (torch.randn(b, sk, hkv, d, device="cuda").to(f8) for _ in range(2))
+                    qd = torch.rand(b, hkv, device="cuda") + 0.5
+                    for config in layouts(fwd, cfg):
+                        cuflash.flash_attn_func(q, k, v, causal=causal, config=config, q_descale=qd,
+                                                k_descale=qd, v_descale=qd)
+                        runs += 1
             for bwd in filter(picked, registry.families("bwd")):
                 for det in (False, True):
                     base = heuristic(bwd, Problem("bwd", name, b, sq, sk, h, hkv, d, causal, det))

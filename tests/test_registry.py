@@ -4,6 +4,7 @@ family's declarations turn into (cuflash/launch.py: Plan), on the CPU: no GPU, n
 import ctypes
 import dataclasses
 import itertools
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -33,6 +34,15 @@ def problem(op="fwd", head_dim=64, dtype="bf16", causal=False, deterministic=Fal
 
 def family_ids(f):
     return f.name
+
+
+def dtypes_of(family) -> tuple:
+    """The input dtypes a family takes (Family.dtypes: fp8 families "e4m3" only)."""
+    return tuple(getattr(family, "dtypes", DTYPES))
+
+
+def dtype_for(family, want: str = "bf16") -> str:
+    return want if want in dtypes_of(family) else dtypes_of(family)[0]
 
 
 # ---------------------------------------------------------------------------------------
@@ -105,10 +115,12 @@ def test_register_checks_the_family():
 @pytest.mark.parametrize("arch", ARCHS, ids=lambda a: f"sm{a[0]}{a[1]}")
 @pytest.mark.parametrize("family", FAMILIES, ids=family_ids)
 def test_heuristic_supported_and_valid_for_every_head_dim(family, arch):
-    if family.supports(arch, problem(family.op)):  # an arch-specific family (sm90_fwd: sm_90 only)
-        pytest.skip(family.supports(arch, problem(family.op)))
+    if family.supports(arch, problem(family.op, dtype=dtype_for(family))):  # arch-specific (sm90_fwd: sm_90 only)
+        pytest.skip(family.supports(arch, problem(family.op, dtype=dtype_for(family))))
     max_smem = MAX_SMEM_BY_ARCH[arch]
-    for d, dtype, causal, det in itertools.product(HEAD_DIMS, DTYPES, (False, True), (False, True)):
+    # every head dim the family takes (fp8: multiples of 16)
+    head_dims = [d for d in HEAD_DIMS if not family.supports(arch, problem(family.op, d, dtype_for(family)))]
+    for d, dtype, causal, det in itertools.product(head_dims, dtypes_of(family), (False, True), (False, True)):
         p = problem(family.op, d, dtype, causal, det)
         if d > getattr(family, "max_head_dim", HEAD_DIMS[-1]):   # a family that stops short (sm90_bwd)
             assert "headdim" in family.supports(arch, p), (family.name, d)
@@ -125,7 +137,7 @@ def test_heuristic_supported_and_valid_for_every_head_dim(family, arch):
 
 @pytest.mark.parametrize("family", FAMILIES, ids=family_ids)
 def test_space_enumeration(family):
-    p = problem(family.op, 128, "fp16", True)
+    p = problem(family.op, 128, dtype_for(family, "fp16"), True)
     size = int(np.prod([len(v) for v in family.space.values()]))
     points = list(family.enumerate(p))
     assert len(points) == size
@@ -140,24 +152,24 @@ def test_space_enumeration(family):
 
 @pytest.mark.parametrize("family", FAMILIES, ids=family_ids)
 def test_supports_reasons_name_the_argument(family):
-    op = family.op
-    assert family.supports((9, 0), problem(op)) == ""
+    op, dt = family.op, dtype_for(family)
+    assert family.supports((9, 0), problem(op, dtype=dt)) == ""
     for d in (4, 12, 60, 264, 512):
-        why = family.supports((9, 0), problem(op, d))
-        assert why.startswith("q: headdim must be a multiple of 8"), why
+        why = family.supports((9, 0), problem(op, d, dt))
+        assert re.match(r"q: headdim must be a multiple of (8|16)", why), why
         assert str(d) in why
     other = "bwd" if op == "fwd" else "fwd"
-    assert f"implements op {op!r}, not {other!r}" in family.supports((9, 0), problem(other))
-    assert f"needs sm_{family.min_arch[0]}{family.min_arch[1]}" in family.supports((7, 5), problem(op))
-    assert "'window'" in family.supports((9, 0), problem(op).replace(features=("window",)))
+    assert f"implements op {op!r}, not {other!r}" in family.supports((9, 0), problem(other, dtype=dt))
+    assert f"needs sm_{family.min_arch[0]}{family.min_arch[1]}" in family.supports((7, 5), problem(op, dtype=dt))
+    assert "'window'" in family.supports((9, 0), problem(op, dtype=dt).replace(features=("window",)))
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=family_ids)
 def test_fits(family):
-    p = problem(family.op, 72, "fp16", True)
+    p = problem(family.op, 80, dtype_for(family, "fp16"), True)
     cfg = family.heuristic(p)
     assert family.fits(cfg, p) == ""
-    for bad in (p.replace(dtype="bf16"), p.replace(causal=False), p.replace(head_dim=cfg.head_dim + 8)):
+    for bad in (p.replace(dtype="bf16" if p.dtype != "bf16" else "fp16"), p.replace(causal=False), p.replace(head_dim=cfg.head_dim + 8)):
         why = family.fits(cfg, bad)
         assert why.startswith(f"{cfg.name} does not fit this call"), why
 
@@ -170,7 +182,7 @@ def test_encode_decode_round_trip_every_valid_config(family):
     n = 0
     seen = set()
     head_dims = sorted({family.head_dim_of(d) for d in HEAD_DIMS})
-    for d, dtype, causal in itertools.product(head_dims, DTYPES, (False, True)):
+    for d, dtype, causal in itertools.product(head_dims, dtypes_of(family), (False, True)):
         for cfg in family.valid(problem(family.op, d, dtype, causal)):
             variants = [cfg]
             if "deterministic" in {f.name for f in dataclasses.fields(cfg)}:
@@ -183,7 +195,7 @@ def test_encode_decode_round_trip_every_valid_config(family):
                 n += 1
     assert n > 0
     # dtype and causal come from the call, not the string: one string per class of configs
-    assert len(seen) == n // (len(DTYPES) * 2)
+    assert len(seen) == n // (len(dtypes_of(family)) * 2)
 
 
 def test_encode_example():

@@ -73,6 +73,8 @@ def parser() -> argparse.ArgumentParser:
                     help="io: seqlens of the growth table (default 1024 .. 16384)")
     ap.add_argument("--io-causal", action="store_true", help="io: causal mask (default none)")
     ap.add_argument("--no-ncu", action="store_true", help="io: skip the HBM bytes (ncu)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="fwd: also the FP8 (e4m3) families on the same problems (next to cuDNN bf16)")
     ap.add_argument("--out", default="results", help="results root (default results)")
     ap.add_argument("--ring-seqlens", type=int, nargs="+", default=None,
                     help="ring: total seqlens (default 131072 262144 524288 1048576)")
@@ -102,7 +104,7 @@ def run_mode(mode: str, a) -> object:
     common = dict(hdims=a.hdims, seqlens=a.seqlens, dtypes=a.dtypes, causals=causals, out=a.out,
                   flush_l2=a.flush_l2)
     if mode == "fwd":
-        return mod.run(reps=a.reps or 20, **common)
+        return mod.run(reps=a.reps or 20, fp8=a.fp8, **common)
     if mode == "fwdbwd":
         return mod.run(reps=a.reps or 10, deterministic=a.deterministic, **common)
     if mode == "tuned":

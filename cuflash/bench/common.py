@@ -309,11 +309,13 @@ def timed_record(problem: Problem, impl: str, timing, **kw) -> dict:
 
 
 def compare_op(problem: Problem, tensors, reps: int = 20, flush_l2: bool = False, log=print,
-               sdpa_impls=SDPA_IMPLS, suffix: str = "", callables: Optional[dict] = None) -> list:
+               sdpa_impls=SDPA_IMPLS, suffix: str = "", callables: Optional[dict] = None,
+               extra: Optional[dict] = None) -> list:
     """Records of problem's op by every registered family that runs it here
     (impl "cuflash:<family><suffix>", with family, config and source) and by the SDPA
     impls, timed interleaved on the same tensors. ``callables`` (a dict) receives the
-    timed callables by impl."""
+    timed callables by impl. ``extra``: {impl: (callable, record fields)} timed with them
+    (bench --mode fwd --fp8: the e4m3 families on the same problem)."""
     fns, meta, errors = {}, {}, {}
     for fam, cfg, source in family_choices(problem):
         name = f"cuflash:{fam.name}{suffix}"
@@ -328,6 +330,8 @@ def compare_op(problem: Problem, tensors, reps: int = 20, flush_l2: bool = False
             fns[impl] = op_callable(impl, problem, tensors)
         except Exception as exc:  # noqa: BLE001 - a backend may refuse a shape
             errors[impl] = short(exc)
+    for name, (fn, kw) in (extra or {}).items():
+        fns[name], meta[name] = fn, kw
     timings = {**measure(fns, reps, flush_l2, log), **errors}
     if callables is not None:
         callables.update(fns)

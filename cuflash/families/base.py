@@ -50,6 +50,7 @@ class KernelConfig:
 
     family: ClassVar[str] = ""
     _what: ClassVar[str] = "kernel"
+    dtypes: ClassVar[tuple] = DTYPES     # the input dtypes its kernels take (fp8 families: "e4m3")
 
     @property
     def threads(self) -> int:
@@ -73,8 +74,8 @@ class KernelConfig:
     def problems(self, max_smem: Optional[int] = None) -> list[str]:
         """Every rule this config breaks (empty when valid), the device's shared memory too."""
         out = []
-        if self.dtype not in DTYPES:
-            out.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.dtype not in self.dtypes:
+            out.append(f"dtype must be one of {self.dtypes}, got {self.dtype!r}")
         out += self._problems()
         smem = getattr(self, "smem_bytes", 0)
         if not out and max_smem is not None and smem > max_smem:
@@ -119,6 +120,10 @@ class Family:
     min_arch: ClassVar[tuple] = (8, 0)
     arch_suffix: ClassVar[str] = ""      # "a" for arch-specific code (sm_90a)
     description: ClassVar[str] = ""
+    # The input dtypes it runs. Selection offers a problem only to the families that list its
+    # dtype, so a dtype that one family claims (fp8 "e4m3": sm90_fwd_fp8) never reaches the
+    # others, whose supports() need not know of it.
+    dtypes: ClassVar[tuple] = DTYPES
 
     # ---- what it can run ----
     def supports(self, arch, problem: Problem) -> str:

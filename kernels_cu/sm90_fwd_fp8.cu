@@ -1,0 +1,325 @@
+// sm90_fwd_fp8.cu: FlashAttention forward for Hopper (sm_90a) with FP8 (e4m3) Q, K, V: sm90_fwd's
+// algorithm and schedule (read its header first: producer warpgroup and TMA ring, consumer
+// warpgroups with setmaxnreg, FA3's intra-warpgroup pipeline, pingpong, persistent tiles; the
+// same mbarriers, phases and turns), with the FP8 differences of FA3's paper, section 3.3:
+//
+//   O = softmax(Q Kᵀ · scale · dq · dk) V · dv,   LSE = log Σ_j exp(S_ij · scale · dq · dk)
+//
+// where Q, K, V are the stored e4m3 values and dq, dk, dv their fp32 descale factors
+// (params.q_descale ..., one per (batch, kv head)).
+//   * S = Q Kᵀ by wgmma e4m3 (k = 32 per instruction), accumulated in fp32. The descales of Q
+//     and K multiply every score, so they fold into the exp2 scale (scale_log2 · dq · dk) and
+//     into the LSE's scale: no pass over S.
+//   * P (fp32 in [0, 1]) is rounded to e4m3 for O += P V (wgmma e4m3, A from registers) as
+//     256 · P (FA3's offset of 8 in exp2): e4m3's smallest subnormal is 2^-9, so unscaled
+//     weights below ~2^-10 would round to zero; scaled, only those below 2^-18 do, and 256 · P
+//     <= 256 stays under e4m3's 448. The row sum l adds the unscaled fp32 P, as the bf16
+//     kernel does.
+//   * dv / 256 multiplies O once, in the epilogue, with 1 / l (exact: powers of two aside from
+//     dv).
+//   * FP8 wgmma reads both shared-memory operands K-major only: for P V the reduction dim is
+//     the key, so V is read as Vᵀ (head_dim rows x keys, keys contiguous). cuflash writes Vᵀ
+//     with one copy before the launch (cuflash/fp8.py prepare_workspace: a memory-bound pass
+//     over V's bytes, small next to the kernel's seqlen_q x seqlen_k work at long sequences),
+//     instead of FA3's in-kernel transpose by the producer (ldmatrix.trans + byte permutes +
+//     stmatrix).
+//   * The S accumulator layout is not the fp8 A-fragment layout: per k32 step a thread holds
+//     keys {2t, 2t+1, 8+2t, 9+2t} (+16) of its rows, while the A fragment wants k = 4t..4t+3
+//     (+16). FA3 permutes bytes between threads; here the copy that transposes V also reorders
+//     the keys inside each group of 16 (position 4t + i holds key PERM16[4t + i] =
+//     {2t, 2t+1, 8+2t, 9+2t}[i]), so that the thread's own accumulators, in order, are its A
+//     fragment: P goes to registers with two cvts per register and no shuffle. The reduction
+//     over keys is the same sum in another order.
+//
+// Shared memory (base aligned to 1024 bytes): every tile in 128-byte swizzled rows as TMA
+// writes them (TMA box inner extent 128 bytes = 128 e4m3):
+//   q_smem [kChunks][BM][128 B], k_smem [kStages][kChunks][BN][128 B] (kChunks = head_dim / 128
+//   rounded up; head dim 64 uses half of each row, TMA zero-fills the rest),
+//   v_smem [kStages][kHeadDim][BN = 128 B] (Vᵀ), then the mbarriers as in sm90_fwd.
+//
+// Template parameters (cuflash/families/sm90_fwd_fp8.py Sm90FwdFp8Config is the host mirror):
+//   kBM        64 · kConsumers query rows
+//   kBN        keys of a K/V block: 128 (one 128-byte row of Vᵀ; S's wgmma n)
+//   kStages, kConsumers, kPingpong, kPersistent, kCausal: as sm90_fwd
+//   kHeadDim   64, 128 or 256 (the real head dim may be smaller: zero-filled columns / rows)
+//   Out        bf16 output (fp32 LSE)
+#include "ptx.cuh"
+#include "ptx_sm90.cuh"
+#include "ptx_sm90_fp8.cuh"
+#include "params_sm90_fp8.cuh"
+#include "mask.cuh"
+#include "softmax.cuh"
+// sm90_fwd.cu for its Pingpong (consumer turns) and Sm90Tile (tile numbering), shared as they are
+#include "sm90_fwd.cu"
+
+namespace cuflash {
+
+template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim>
+struct Sm90FwdFp8Shape {
+    static constexpr int kThreads = (kConsumers + 1) * 128;
+    static constexpr int kChunks = (kHeadDim + 127) / 128;  // 128-byte swizzle atoms per Q / K row
+    static constexpr int kQChunkBytes = kBM * 128;
+    static constexpr int kKChunkBytes = kBN * 128;
+    static constexpr int kQBytes = kChunks * kQChunkBytes;   // TMA's byte count: zero fill included
+    static constexpr int kKBytes = kChunks * kKChunkBytes;
+    static constexpr int kVBytes = kHeadDim * kBN;           // Vᵀ_j: kHeadDim rows of kBN bytes
+    static constexpr int kKOffset = kQBytes;
+    static constexpr int kVOffset = kKOffset + kStages * kKBytes;
+    static constexpr int kBarOffset = kVOffset + kStages * kVBytes;
+    static constexpr int kBarriers = 2 + 4 * kStages;
+    static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + 1024;
+    static constexpr int kProducerRegs = kConsumers == 1 ? 56 : kConsumers == 2 ? 24 : 32;
+    static constexpr int kConsumerRegs = kConsumers == 1 ? 256 : kConsumers == 2 ? 240 : 160;
+
+    static_assert(kConsumers >= 1 && kConsumers <= 3, "consumers must be 1, 2 or 3");
+    static_assert(kBM == 64 * kConsumers, "BM must be 64 * consumers: each consumer warpgroup owns 64 rows");
+    static_assert(kBN == 128, "BN must be 128: one 128-byte swizzled row of V transposed (keys)");
+    static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim must be 64, 128 or 256");
+    static_assert(kStages >= 2, "stages must be >= 2");
+    static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the H100's 227 KB");
+};
+
+template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
+          class Out, bool kCausal>
+__global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
+sm90_fwd_fp8(const __grid_constant__ Sm90FwdFp8Params p) {
+    using Shape = Sm90FwdFp8Shape<kBM, kBN, kStages, kConsumers, kHeadDim>;
+    using Mask = CausalMask<kCausal>;
+    constexpr int kChunks = Shape::kChunks;
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 smem = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const u32 q_smem = smem;
+    const u32 k_smem = smem + Shape::kKOffset;
+    const u32 v_smem = smem + Shape::kVOffset;
+    const u32 bars = smem + Shape::kBarOffset;
+    const u32 q_full = bars, q_empty = bars + 8u;
+    auto k_full = [&](int slot) { return bars + 8u * (2 + slot); };
+    auto v_full = [&](int slot) { return bars + 8u * (2 + kStages + slot); };
+    auto k_empty = [&](int slot) { return bars + 8u * (2 + 2 * kStages + slot); };
+    auto v_empty = [&](int slot) { return bars + 8u * (2 + 3 * kStages + slot); };
+    static_assert(!kPingpong || kConsumers >= 2, "pingpong needs two or three consumer warpgroups");
+
+    const int tid = threadIdx.x, warpgroup = tid / 128;
+    const int m_blocks = (p.seqlen_q + kBM - 1) / kBM;
+    const int n_tiles = m_blocks * p.nheads * p.batch;
+    const Mask mask(p.seqlen_q, p.seqlen_k);
+    auto kv_blocks = [&](int tile) {
+        return mask.template kv_block_end<kBM, kBN>(Sm90Tile(tile, m_blocks, p.nheads).m_block * kBM);
+    };
+
+    if (tid == 0) {
+        prefetch_tensormap(&p.tma_q);
+        prefetch_tensormap(&p.tma_k);
+        prefetch_tensormap(&p.tma_v);
+        mbarrier_init(q_full, 1);
+        mbarrier_init(q_empty, kConsumers * 128);
+        for (int s = 0; s < kStages; ++s) {
+            mbarrier_init(k_full(s), 1);
+            mbarrier_init(v_full(s), 1);
+            mbarrier_init(k_empty(s), kConsumers * 128);
+            mbarrier_init(v_empty(s), kConsumers * 128);
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: sm90_fwd's, with Vᵀ tiles (rank 4: keys, head dim, kv head, batch) ----
+        setmaxnreg_dec<Shape::kProducerRegs>();
+        if (tid == 0) {
+            int kv_iter = 0, q_iter = 0;
+            for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+                const Sm90Tile at(tile, m_blocks, p.nheads);
+                const int head_kv = at.head / (p.nheads / p.nheads_kv);
+                const int n_blocks = kv_blocks(tile);
+                if (n_blocks == 0) continue;
+                if (q_iter > 0) mbarrier_wait(q_empty, (q_iter - 1) & 1);
+                mbarrier_arrive_expect_tx(q_full, Shape::kQBytes);
+#pragma unroll
+                for (int c = 0; c < kChunks; ++c)
+                    tma_load_4d(q_smem + c * Shape::kQChunkBytes, &p.tma_q, q_full, c * 128,
+                                at.m_block * kBM, at.head, at.batch);
+                ++q_iter;
+                for (int j = 0; j < n_blocks; ++j, ++kv_iter) {
+                    const int slot = kv_iter % kStages;
+                    const u32 reuse_phase = (kv_iter / kStages - 1) & 1;
+                    const int key0 = (n_blocks - 1 - j) * kBN;
+                    if (kv_iter >= kStages) mbarrier_wait(k_empty(slot), reuse_phase);
+                    mbarrier_arrive_expect_tx(k_full(slot), Shape::kKBytes);
+#pragma unroll
+                    for (int c = 0; c < kChunks; ++c)
+                        tma_load_4d(k_smem + slot * Shape::kKBytes + c * Shape::kKChunkBytes, &p.tma_k,
+                                    k_full(slot), c * 128, key0, head_kv, at.batch);
+                    if (kv_iter >= kStages) mbarrier_wait(v_empty(slot), reuse_phase);
+                    mbarrier_arrive_expect_tx(v_full(slot), Shape::kVBytes);
+                    tma_load_4d(v_smem + slot * Shape::kVBytes, &p.tma_v, v_full(slot), key0, 0,
+                                head_kv, at.batch);
+                }
+            }
+        }
+        return;
+    }
+
+    // ---- consumers ----
+    setmaxnreg_inc<Shape::kConsumerRegs>();
+    const int wg = warpgroup - 1;
+    const int warp = (tid / 32) % 4, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+
+    // Descriptors, all K-major with the 128-byte swizzle: this warpgroup's 64 rows of Q_i, slot
+    // 0's K_j, and slot 0's Vᵀ_j (kHeadDim rows of 128 keys: wgmma's N x K).
+    const u64 q_desc = smem_desc_sw128(q_smem + wg * 64 * 128, 16, 1024);
+    const u64 k_desc = smem_desc_sw128(k_smem, 16, 1024);
+    const u64 v_desc = smem_desc_sw128(v_smem, 16, 1024);
+    const Pingpong<kPingpong, kConsumers> turn(wg);
+
+    float o_acc[1][kHeadDim / 8][4];
+    float m[1][2];
+    float l[1][2];
+    float (&o_flat)[kHeadDim / 2] = reinterpret_cast<float (&)[kHeadDim / 2]>(o_acc);
+    float s_acc[1][kBN / 8][4];
+    float (&s_flat)[kBN / 2] = reinterpret_cast<float (&)[kBN / 2]>(s_acc);
+    u32 p_frag[kBN / 32][4];                               // P_{j-1} as e4m3 A fragments (k32 steps)
+    float alpha[1][2];
+
+    // S_j = Q_i K_jᵀ: k32 steps of 32 bytes inside a 128-byte chunk, only the kHeadDim columns.
+    auto issue_s = [&](int slot) {
+        const u64 slot_off = u64(slot * Shape::kKBytes) >> 4;
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 32; ++kk) {
+            const u64 q_off = u64((kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32) >> 4;
+            const u64 k_off = u64((kk / 4) * Shape::kKChunkBytes + (kk % 4) * 32) >> 4;
+            WgmmaE4m3<kBN>::ss(s_flat, q_desc + q_off, k_desc + slot_off + k_off, kk > 0);
+        }
+        wgmma_commit();
+    };
+    // O += P_{j-1} V_{j-1}: keys 32kk..32kk+31 are bytes 32kk.. of every Vᵀ row.
+    auto issue_pv = [&](int slot) {
+        const u64 slot_off = u64(slot * Shape::kVBytes) >> 4;
+#pragma unroll
+        for (int kk = 0; kk < kBN / 32; ++kk)
+            WgmmaE4m3<kHeadDim>::rs(o_flat, p_frag[kk], v_desc + slot_off + (u64(kk * 32) >> 4), 1);
+        wgmma_commit();
+    };
+    // P (fp32, S accumulator layout) -> e4m3 A fragments. k32 step kk covers the accumulator
+    // column tiles 4kk..4kk+3; with Vᵀ's keys reordered (header), register r of the fragment is
+    // row g (r even) or g + 8 (r odd) of tiles 4kk + 2·(r / 2) and 4kk + 2·(r / 2) + 1, in order.
+    // P is packed as kPScale · P (header: e4m3's range); the epilogue divides it out.
+    constexpr float kPScale = 256.f;
+    auto pack_p = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < kBN / 32; ++kk)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const float (&a)[4] = s_acc[0][4 * kk + 2 * (r / 2)];
+                const float (&b)[4] = s_acc[0][4 * kk + 2 * (r / 2) + 1];
+                const int h = 2 * (r % 2);
+                p_frag[kk][r] = pack4_e4m3(kPScale * a[h], kPScale * a[h + 1], kPScale * b[h],
+                                           kPScale * b[h + 1]);
+            }
+    };
+
+    int kv_iter = 0, q_iter = 0;
+    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+        const Sm90Tile at(tile, m_blocks, p.nheads);
+        const int wg_row0 = at.m_block * kBM + wg * 64;
+        const int warp_row0 = wg_row0 + warp * 16;
+        const int n_blocks = kv_blocks(tile);
+        // the tile's descales: one per (batch, kv head)
+        const int dsc = at.batch * p.nheads_kv + at.head / (p.nheads / p.nheads_kv);
+        const float qk_descale = p.q_descale[dsc] * p.k_descale[dsc];
+        const float scale_log2 = p.scale_log2 * qk_descale;
+#pragma unroll
+        for (int nt = 0; nt < kHeadDim / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o_acc[0][nt][e] = 0.f;
+        softmax_init(m, l);
+
+        if (n_blocks > 0) {
+            bool last_tile = true;
+            for (int next = tile + gridDim.x; next < n_tiles && last_tile; next += gridDim.x)
+                last_tile = kv_blocks(next) == 0;
+            auto softmax_s = [&](int slot, int j) {
+                const int n_block = n_blocks - 1 - j;
+                reg_fence(s_flat);
+                mbarrier_arrive(k_empty(slot));
+                if (j == n_blocks - 1) mbarrier_arrive(q_empty);
+                if (mask.template needs_mask<kBN>(wg_row0, n_block))
+                    mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
+                softmax_step(s_acc, m, l, scale_log2, alpha);
+            };
+            auto phase = [&](int j) { return u32((kv_iter + j) / kStages) & 1; };
+            auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
+
+            if (q_iter == 0) turn.start();
+            mbarrier_wait(q_full, q_iter & 1);
+            turn.begin();
+            mbarrier_wait(k_full(slot_of(0)), phase(0));
+            reg_fence(s_flat);
+            reg_fence(o_flat);
+            wgmma_fence();
+            issue_s(slot_of(0));
+            turn.end();
+            wgmma_wait<0>();
+            softmax_s(slot_of(0), 0);
+            pack_p();
+
+            for (int j = 1; j < n_blocks; ++j) {
+                const int slot = slot_of(j), prev = slot_of(j - 1);
+                turn.begin();
+                mbarrier_wait(k_full(slot), phase(j));
+                reg_fence(s_flat);
+                reg_fence(o_flat);
+                wgmma_fence();
+                issue_s(slot);
+                mbarrier_wait(v_full(prev), phase(j - 1));
+                issue_pv(prev);
+                turn.end();
+                wgmma_wait<1>();
+                softmax_s(slot, j);
+                wgmma_wait<0>();
+                reg_fence(o_flat);
+                mbarrier_arrive(v_empty(prev));
+                softmax_rescale(o_acc, alpha);
+                pack_p();
+            }
+            const int last = slot_of(n_blocks - 1);
+            turn.begin();
+            mbarrier_wait(v_full(last), phase(n_blocks - 1));
+            reg_fence(o_flat);
+            wgmma_fence();
+            issue_pv(last);
+            turn.end(last_tile);
+            wgmma_wait<0>();
+            reg_fence(o_flat);
+            mbarrier_arrive(v_empty(last));
+            kv_iter += n_blocks;
+            ++q_iter;
+        }
+
+        // ---- epilogue: O = acc · dv / (256 · l), LSE = m · scale · dq · dk + log l ----
+        const float v_descale = p.v_descale[dsc] * (1.f / kPScale);
+        u16* o_gmem = static_cast<u16*>(p.o) + at.batch * p.o_batch_stride + at.head * p.o_head_stride;
+        float* lse_gmem = p.lse + (static_cast<i64>(at.batch) * p.nheads + at.head) * p.seqlen_q;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const float l_row = quad_sum(l[0][half]);
+            const float o_scale = softmax_inv_l(l_row) * v_descale;
+            const int r = warp_row0 + g + 8 * half;
+            if (r < p.seqlen_q) {
+                u16* o_row = o_gmem + r * p.o_row_stride;
+#pragma unroll
+                for (int nt = 0; nt < kHeadDim / 8; ++nt) {
+                    const int col = nt * 8 + 2 * t;
+                    if (col < p.head_dim)
+                        *reinterpret_cast<u32*>(o_row + col) =
+                            pack2<Out>(o_acc[0][nt][2 * half] * o_scale, o_acc[0][nt][2 * half + 1] * o_scale);
+                }
+                if (t == 0) lse_gmem[r] = softmax_lse(m[0][half], l_row, p.softmax_scale * qk_descale);
+            }
+        }
+    }
+}
+
+}  // namespace cuflash
