@@ -271,12 +271,16 @@ def parse_ptxas(log: str) -> list[PtxasReport]:
     return reports
 
 
-def kernel_param_decl(family) -> str:
+def kernel_param_decl(family, role: str = "main") -> str:
     """The kernels' one parameter as their template declares it, for explicit instantiation:
     ``const cuflash::<params_struct>``, or the family's ``kernel_param_decl`` where it differs
     (sm_90a families take ``const __grid_constant__ ...`` so TMA can read tensor maps in
-    place; an instantiation must repeat that annotation)."""
-    return getattr(family, "kernel_param_decl", "") or f"const cuflash::{family.params_struct}"
+    place; an instantiation must repeat that annotation). A family whose roles differ (sm90_bwd
+    reuses fa2_bwd's kernels, which take ``const BwdParams``, a prefix of its own struct) names
+    them in ``kernel_param_decls`` ({role: declaration})."""
+    by_role = getattr(family, "kernel_param_decls", None) or {}
+    return (by_role.get(role) or getattr(family, "kernel_param_decl", "")
+            or f"const cuflash::{family.params_struct}")
 
 
 def nvcc_compile(configs: Iterable, arch: str, nvcc: Optional[str] = None) -> list[PtxasReport]:
@@ -293,8 +297,8 @@ def nvcc_compile(configs: Iterable, arch: str, nvcc: Optional[str] = None) -> li
     family = family_of(configs[0])
     nvcc = nvcc or os.environ.get("NVCC", "nvcc")
     lines = [render_source(family.name), '#line 1 "instantiations"']
-    exprs = dict.fromkeys(e for c in configs for e in family.kernel_names(c).values())
-    lines += [f"template __global__ void {e}({kernel_param_decl(family)});" for e in exprs]
+    exprs = {e: role for c in configs for role, e in family.kernel_names(c).items()}
+    lines += [f"template __global__ void {e}({kernel_param_decl(family, role)});" for e, role in exprs.items()]
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / f"{family.name}.cu"
         src.write_text("\n".join(lines) + "\n")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cuflash import _gpu, problem, timing
+from cuflash import _gpu, problem, registry, timing
 from cuflash.bench import common, fwd, fwdbwd, memory, tuned
 from cuflash.problem import Problem
 from cuflash.registry import op_flops
@@ -235,7 +235,11 @@ def test_fwdbwd_loop_on_cpu(tmp_path, fake_gpu):
     recs = fwdbwd.run(hdims=(64,), seqlens=(32,), causals=(True,), out=tmp_path, reps=2,
                       deterministic=True, **QUIET)
     by = {r["impl"]: r for r in recs}
-    assert list(by) == ["cuflash:fa2_bwd", "cuflash:fa2_bwd[det]", "sdpa_flash", "sdpa_cudnn"]
+    # every backward family that supports the (fake, sm_90) GPU is timed, with its [det] twin
+    bwd_families = [f"cuflash:{f.name}" for f in registry.families("bwd")
+                    if not f.supports((9, 0), Problem.fa_convention("bwd", "bf16", 64, True, 32))]
+    assert list(by) == (bwd_families + [n + "[det]" for n in bwd_families] + ["sdpa_flash", "sdpa_cudnn"])
+    assert bwd_families[0] == "cuflash:fa2_bwd"
     c, det = by["cuflash:fa2_bwd"], by["cuflash:fa2_bwd[det]"]
     assert det["config"].endswith("_det") and not c["config"].endswith("_det")
     assert "bf16_d64_causal" in c["fwd_config"]  # the forward family chosen for this GPU

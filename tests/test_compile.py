@@ -385,7 +385,7 @@ def test_helper_kernels_compile_without_spills(tmp_path, family):
     if not exprs:
         pytest.skip(f"{family.name} has a main kernel only")
     src = [render_source(family.name)]
-    src += [f"template __global__ void {e}(const cuflash::{family.params_struct});" for e in exprs]
+    src += [f"template __global__ void {e}({cc.kernel_param_decl(family, role)});" for e, role in exprs.items()]
     path = tmp_path / "helpers.cu"
     path.write_text("\n".join(src) + "\n")
     proc = subprocess.run([NVCC, "-cubin", "-arch=sm_80", "-std=c++17", "-Xptxas", "-v",

@@ -1,0 +1,284 @@
+"""sm90_bwd: the FlashAttention backward for Hopper (kernels_cu/sm90_bwd.cu), sm_90a only.
+
+FA3's structure: one CTA per K/V block; a producer warpgroup loads K_j, V_j once and, per Q
+block, Q_i and dO_i by TMA plus the block's LSE·log2e and D rows by cp.async into an
+mbarrier ring; 1 or 2 consumer warpgroups of 64 keys each compute, all by wgmma,
+Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (SS), dV += Pᵀ dO and dK += dSᵀ Q (RS, Pᵀ and dSᵀ straight from
+registers), and the dQ part dS K (SS, dS stored to shared memory), which they add to an fp32
+accumulator in global memory with red.global.add (in K/V block order when deterministic).
+
+The preprocess (D = rowsum(dO∘O), LSE·log2e, zeroed accumulators; it also reads dout through
+any strides and copies it when TMA cannot read it in place), the dQ convert and the GQA/MQA
+dK/dV reduction are fa2_bwd's kernels: sm90_bwd.cu includes fa2_bwd.cu, and Sm90BwdParams
+starts with BwdParams field for field (the workspace layout is fa2_bwd's too).
+
+Selection: ``priority = -1`` (below fa2_bwd) until it is measured faster on the H100; force it
+with ``config=`` / ``bwd_config=``. Head dims up to 128 (kernels for 64 and 128); no features
+(window, softcap, ALiBi, dropout, varlen): supports() refuses them and selection falls back to
+fa2_bwd. Not implemented yet: head dims 96/192/256, TMA bulk reduce-add for dQ, swap-AB, a
+BM = 128 tile at head dim 64 (ptxas spills it under the 240-register budget).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+
+from ..problem import Problem
+from ..registry import register
+from .base import Family, KernelConfig, LaunchSpec, default_max_smem
+from .fa2_bwd import EPILOGUE_THREADS, PREP_WARPS, ROW_PAD, FA2Backward, contiguous_strides
+from .fa2_fwd import LOG2E, check_head_dim, first_fitting, strides3
+from .sm90_fwd import tensor_map
+
+HEAD_DIMS = (64, 128)
+MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
+# 32-bit registers of accumulators and fragments a consumer thread keeps live (see
+# Sm90BwdConfig.accum_regs). ptxas (nvcc 13.0, sm_90a) spills nothing up to this under the
+# 240 (2 consumers) / 256 (1 consumer) register budget; above it (d64 BM128, d128 with one
+# consumer) it spills. tests/test_sm90_bwd_cpu.py holds it to that.
+MAX_ACCUM_REGS = 256
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Sm90BwdConfig(KernelConfig):
+    """One sm90_bwd kernel: a CTA owns the K/V block K_j, V_j.
+
+    BM:            queries of each Q block the CTA loops over: 64 or 128
+    BN:            keys of the CTA's K/V block: 64 per consumer warpgroup
+    stages:        Q/dO ring slots in shared memory (>= 2)
+    consumers:     consumer warpgroups (1 or 2); the CTA has 128 · (consumers + 1) threads
+    head_dim:      64 or 128 (compile-time; smaller real head dims are zero-filled by TMA)
+    dtype:         "bf16" or "fp16"
+    causal:        bottom-right aligned causal mask, a compile-time flag
+    deterministic: dQ additions in K/V block order (bitwise reproducible, slower)
+    """
+
+    BM: int
+    BN: int
+    stages: int
+    consumers: int
+    head_dim: int
+    dtype: str
+    causal: bool
+    deterministic: bool = False
+
+    family = "sm90_bwd"
+    _what = "sm90 backward"
+
+    @property
+    def warps(self) -> int:
+        return 4 * (self.consumers + 1)
+
+    @property
+    def name(self) -> str:
+        mask = "causal" if self.causal else "full"
+        det = "_det" if self.deterministic else ""
+        return (f"sm90bwd_{self.dtype}_d{self.head_dim}_{mask}_"
+                f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{det}")
+
+    @property
+    def dq_cols(self) -> int:
+        """Head-dim columns of dQ_i per consumer warpgroup (kDqN): the BM x head_dim tile is
+        split into BM / 64 row groups x (consumers / (BM / 64)) column groups."""
+        row_groups = max(self.BM // 64, 1)
+        col_groups = max(self.consumers // row_groups, 1)
+        return self.head_dim // col_groups
+
+    @property
+    def smem_bytes(self) -> int:
+        """K_j, V_j; stages x (Q_i, dO_i, LSE_i, D_i); dS; the mbarriers (kv_full, q_full and
+        q_empty per slot); 1024 bytes to align the base (as Sm90BwdShape::kSmemBytes)."""
+        tiles = 2 * self.BN * self.head_dim * 2 + 2 * self.stages * self.BM * self.head_dim * 2
+        return tiles + self.BM * self.BN * 2 + 2 * self.stages * self.BM * 4 + 8 * (1 + 2 * self.stages) + 1024
+
+    @property
+    def accum_regs(self) -> int:
+        """32-bit registers per consumer thread: dK, dV (head_dim / 2 each), Sᵀ and dPᵀ (BM / 2
+        each), the 16-bit fragments of Pᵀ and dSᵀ (BM / 4 each), the dQ part (dq_cols / 2)."""
+        return self.head_dim + self.BM + self.BM // 2 + self.dq_cols // 2
+
+    def kernel_name(self) -> str:
+        b = lambda x: "true" if x else "false"  # noqa: E731
+        return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
+                f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}>")
+
+    def template_args(self) -> tuple:
+        return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
+                self.causal, self.deterministic)
+
+    def _problems(self) -> list[str]:
+        out = []
+        if self.head_dim not in HEAD_DIMS:
+            out.append(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+        if self.consumers not in (1, 2):
+            out.append(f"consumers must be 1 or 2, got {self.consumers}")
+        elif self.BN != 64 * self.consumers:
+            out.append(f"BN={self.BN} must be 64 * consumers = {64 * self.consumers} "
+                       "(each consumer warpgroup owns 64 keys)")
+        if self.BM not in (64, 128):
+            out.append(f"BM must be 64 or 128 (the wgmma N of S and dP), got {self.BM}")
+        elif self.consumers in (1, 2) and (self.BM // 64 > self.consumers or self.consumers % (self.BM // 64)):
+            out.append(f"BM={self.BM}: BM / 64 must divide consumers={self.consumers} "
+                       "(each warpgroup computes 64 rows of dQ_i)")
+        elif self.head_dim in HEAD_DIMS and self.consumers in (1, 2) and self.dq_cols % 64:
+            out.append(f"BM={self.BM}, consumers={self.consumers}: each warpgroup's dQ columns "
+                       f"({self.dq_cols}) must be whole 64-column chunks")
+        if self.stages < 2:
+            out.append(f"stages must be >= 2, got {self.stages}")
+        if not out and self.smem_bytes > MAX_SMEM:
+            out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
+                       f"{MAX_SMEM} an sm_90 CTA can have")
+        if not out and self.accum_regs > MAX_ACCUM_REGS:
+            out.append(f"{self.accum_regs} registers of accumulators and fragments per consumer "
+                       f"thread (dK, dV, S, dP, P, dS, dQ) exceed the budget of {MAX_ACCUM_REGS}: "
+                       "it would spill")
+        return out
+
+
+class Sm90Backward(Family):
+    name = "sm90_bwd"
+    op = "bwd"
+    version = 1
+    config_cls = Sm90BwdConfig
+    space = {"BM": (64, 128), "BN": (64, 128), "stages": (2, 3), "consumers": (1, 2)}
+    fixed = {"deterministic": False}
+    params_struct = "Sm90BwdParams"
+    kernel_param_decl = "const __grid_constant__ cuflash::Sm90BwdParams"
+    # fa2_bwd's kernels (reused) take the BwdParams prefix of the same buffer
+    kernel_param_decls = {"preprocess": "const cuflash::BwdParams", "convert_dq": "const cuflash::BwdParams",
+                          "reduce_dkv": "const cuflash::BwdParams"}
+    pointer_fields = FA2Backward.pointer_fields
+    min_arch = (9, 0)
+    arch_suffix = "a"
+    priority = -1      # below fa2_bwd until measured faster on the H100
+    max_head_dim = HEAD_DIMS[-1]   # supports() refuses larger head dims: selection falls back
+    dout_any_strides = True  # the preprocess reads dout through any strides (copies it if need be)
+    description = ("Hopper backward: K/V-block CTAs, TMA ring of Q/dO, wgmma SS/RS, dQ by fp32 "
+                   "red.add (or ordered); fa2_bwd's preprocess / convert / GQA kernels")
+
+    def supports(self, arch, problem: Problem) -> str:
+        why = (f"{self.name} implements op {self.op!r}, not {problem.op!r}" if problem.op != self.op
+               else check_head_dim(problem) or (
+                   f"{self.name} has no feature {problem.features[0]!r}" if problem.features else ""))
+        if why:
+            return why
+        if problem.head_dim > HEAD_DIMS[-1]:
+            return (f"{self.name} supports headdim up to {HEAD_DIMS[-1]} (kernels for {HEAD_DIMS}), "
+                    f"got headdim={problem.head_dim}")
+        if tuple(arch)[0] != 9:
+            return (f"{self.name} needs sm_90 exactly (sm_90a code: wgmma, TMA, setmaxnreg), "
+                    f"got sm_{arch[0]}{arch[1]}")
+        return ""
+
+    def head_dim_of(self, head_dim: int) -> int:
+        """64 or 128: the first compiled head dim >= the real one."""
+        return next((d for d in HEAD_DIMS if d >= head_dim), HEAD_DIMS[-1])
+
+    def for_problem(self, config, problem: Problem):
+        # the call's flag decides (tuned tables and the torch op's configs carry none)
+        if config.deterministic != problem.deterministic:
+            return config.replace(deterministic=problem.deterministic)
+        return config
+
+    def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90BwdConfig:
+        """Not yet measured. Head dim 128: FA3's shape with 2 consumer warpgroups (BN = 128 keys)
+        and Q blocks of 64 (dQ_i split by head-dim halves); head dim 64: one consumer warpgroup,
+        64 x 64 (BM = 128 with 2 consumers spills under the register budget)."""
+        d = self.head_dim_of(problem.head_dim)
+        max_smem = default_max_smem(arch) if max_smem is None else max_smem
+        dtype, causal, det = problem.dtype, bool(problem.causal), problem.deterministic
+        if d == 128:
+            cfg = Sm90BwdConfig(64, 128, 2, 2, d, dtype, causal, det)
+        else:
+            cfg = Sm90BwdConfig(64, 64, 2, 1, d, dtype, causal, det)
+        return first_fitting(cfg, ({"stages": 2},), max_smem)
+
+    def kernel_names(self, config) -> dict:
+        return {"main": config.kernel_name(),
+                "preprocess": f"cuflash::fa2_bwd_preprocess<cuflash::{config.dtype}>",
+                "convert_dq": f"cuflash::fa2_bwd_convert_dq<cuflash::{config.dtype}>",
+                "reduce_dkv": f"cuflash::fa2_bwd_reduce_dkv<cuflash::{config.dtype}>"}
+
+    def workspace(self, config, problem: Problem, strides: Optional[dict] = None) -> dict:
+        """fa2_bwd's workspace (the shared kernels read it): fp32 lse_log2, D, dQ accumulators
+        (head_dim_rounded = the kernel's head dim), dK/dV ones under GQA, dQ turn counters when
+        deterministic, and dout_copy when TMA cannot read dout in place."""
+        return FA2Backward.workspace(self, config, problem, strides)
+
+    def launches(self, config, problem: Problem, sm_count: int) -> list:
+        p = problem
+        n_kv = -(-p.seqlen_k // config.BN)
+        if p.batch * p.nheads * n_kv >= 2 ** 31:  # gridDim.x
+            raise ValueError(f"batch * nheads * seqlen_k: too many K/V blocks for one launch "
+                             f"({p.batch * p.nheads} x {n_kv})")
+        rows = -(-p.seqlen_q // ROW_PAD) * ROW_PAD
+        per_row = p.head_dim // 8  # epilogue threads per row
+        out = [LaunchSpec("preprocess", (rows // PREP_WARPS, p.nheads, p.batch), 32 * PREP_WARPS),
+               # one CTA per (K/V block, head, batch), K/V blocks fastest (sm90_bwd.cu)
+               LaunchSpec("main", (p.batch * p.nheads * n_kv, 1, 1), config.threads, config.smem_bytes),
+               LaunchSpec("convert_dq", (-(-p.seqlen_q * per_row // EPILOGUE_THREADS), p.nheads, p.batch),
+                          EPILOGUE_THREADS)]
+        if p.nheads != p.nheads_kv:
+            out.append(LaunchSpec("reduce_dkv", (-(-p.seqlen_k * per_row // EPILOGUE_THREADS),
+                                                 p.nheads_kv, p.batch), EPILOGUE_THREADS))
+        return out
+
+    def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
+        p = problem
+        fields = {}
+        for name in ("q", "k", "v", "o", "dq", "dk", "dv"):
+            fields.update(strides3(name, strides[name]))
+        src = tuple(strides["dout"]) + (1,) * (4 - len(strides["dout"]))
+        fields.update(strides3("do_src", src), do_src_col_stride=src[3])
+        fields.update(strides3("do", contiguous_strides(p) if "dout_copy" in workspace else src))
+        fields.update(cu_seqlens_q=0, cu_seqlens_k=0, total_q=0, total_k=0, ws_rows=0)  # no varlen
+        fields.update(rng_state=0, dropout_threshold=0, dropout_scale=1.0)              # no dropout
+        # the tensor maps are written per call (call_writer); zeros until then
+        return dict(fields, batch=p.batch, nheads=p.nheads, nheads_kv=p.nheads_kv,
+                    seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
+                    seqlen_q_rounded=-(-p.seqlen_q // ROW_PAD) * ROW_PAD, head_dim=p.head_dim,
+                    head_dim_rounded=config.head_dim, head_group=1,
+                    softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E,
+                    tma_q=0, tma_k=0, tma_v=0, tma_do=0)
+
+    def call_writer(self, config, problem: Problem, strides: dict, struct):
+        """Per call, after the pointers: the tensor maps of q, k, v and dO into the packed params
+        ``buf`` (uint8). ``ptrs`` are the pointer fields' values (the op's tensors, then the
+        workspace pieces): dO's map is built on dout itself, or on the preprocess's contiguous
+        dout_copy when the workspace has that piece (TMA needs 16-byte strides and a contiguous
+        head dim)."""
+        p = problem
+        names = self.pointer_fields
+        copy = "dout_copy" in self.workspace(config, problem, strides)
+        do_index = names.index("dout_copy") if copy else names.index("dout")
+        do_strides = contiguous_strides(p) if copy else tuple(strides["dout"])
+        qshape = (p.batch, p.seqlen_q, p.nheads, p.head_dim)
+        kshape = (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim)
+        jobs = ((names.index("q"), "tma_q", qshape, tuple(strides["q"]), config.BM),
+                (names.index("k"), "tma_k", kshape, tuple(strides["k"]), config.BN),
+                (names.index("v"), "tma_v", kshape, tuple(strides["v"]), config.BN),
+                (do_index, "tma_do", qshape, do_strides, config.BM))
+        offsets = [struct.fields[f][1] for _, f, *_ in jobs]
+        if offsets != list(range(offsets[0], offsets[0] + 4 * 128, 128)):
+            raise RuntimeError(f"{self.params_struct}: tma_q, tma_k, tma_v, tma_do must be adjacent")
+        start, end = offsets[0], offsets[0] + 4 * 128
+        dtype = p.dtype
+        index = tuple(i for i, *_ in jobs)
+        blobs: dict = {}
+
+        def write(buf, ptrs):
+            key = tuple(ptrs[i] for i in index)
+            blob = blobs.get(key)
+            if blob is None:
+                if len(blobs) >= 64:
+                    blobs.clear()
+                blob = blobs[key] = np.frombuffer(b"".join(
+                    tensor_map(dtype, ptrs[i], shape, st, r) for i, _, shape, st, r in jobs), np.uint8)
+            buf[start:end] = blob
+
+        return write
+
+
+FAMILY = register(Sm90Backward())

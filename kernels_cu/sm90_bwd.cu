@@ -1,0 +1,478 @@
+// sm90_bwd.cu: FlashAttention backward for Hopper (sm_90a only), built the FlashAttention-3
+// way: TMA loads into an mbarrier ring, a producer warpgroup and consumer warpgroups, every
+// product by wgmma.
+//
+// Given dO and the forward's O and LSE, with P = exp(S·scale - LSE) recomputed from Q, K:
+//   D = rowsum(dO ∘ O),  dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP - D),
+//   dK = scale · dSᵀ Q,  dQ = scale · dS K
+//
+// Three launches per backward, as fa2_bwd (whose preprocess, dQ convert and GQA reduction
+// kernels this file reuses: it includes fa2_bwd.cu, and Sm90BwdParams starts with BwdParams):
+//   1. fa2_bwd_preprocess   D, LSE·log2(e) into padded fp32 workspace; zeroed dQ accumulators
+//   2. sm90_bwd             one CTA per K/V block K_j, V_j of one (head, batch); loops over the
+//                           Q blocks Q_i that see it, keeps dK_j, dV_j in registers, adds each
+//                           dQ_i contribution to the fp32 accumulator in global memory
+//   3. fa2_bwd_convert_dq   dQ = scale · accumulator; fa2_bwd_reduce_dkv under GQA / MQA
+//
+// Grid: blockIdx.x = (pair · n_kv_blocks + n_block), pair = batch · nheads + head: the K/V blocks
+// of a (head, batch) in increasing order. Under the causal mask block 0 is seen by the most Q
+// blocks, so the longest CTAs start first; the deterministic mode needs that order too (the CTA
+// of K/V block n waits for block n - 1's dQ additions, which was launched before it).
+//
+// Producer (warp 0 of warpgroup 0; the other 3 warps exit): lane 0 issues the TMA copies, K_j
+// and V_j once (one barrier, kv_full), then per Q block Q_i and dO_i into one slot of a ring of
+// kStages slots; the 32 lanes copy the block's rows of LSE·log2e and D (kBM / 2 chunks of 16
+// bytes) by cp.async into the same slot, wait for them, and arrive on the slot's q_full.
+//
+// mbarriers: kv_full (one arrival with the K and V bytes), and per slot q_full (33 arrivals:
+// lane 0's with the Q and dO bytes, then each lane's once its LSE / D chunks have landed;
+// the arrival's release makes those generic-proxy writes visible to the consumers) and q_empty (kConsumers · 128 arrivals, each consumer thread once it has
+// waited for the iteration's last GEMM that reads Q_i or dO_i). Phases: the n-th fill of a slot
+// (n = it / kStages) is waited for with parity n & 1; before refilling it the producer waits
+// for release n - 1, parity (n - 1) & 1.
+//
+// Consumers (warpgroups 1..kConsumers; consumer wg owns keys 64·wg..64·wg+63 of K_j, 16 per
+// warp). Per Q block, all by wgmma (per warpgroup: M = its 64 keys):
+//   Sᵀ  = K_j Q_iᵀ                 SS, N = BM queries                     (group 1, waited)
+//   Pᵀ  = exp2(Sᵀ·scale·log2e - LSE_i·log2e), masked (ragged end, causal diagonal) -> 0;
+//         packed to 16-bit A fragments (the fp32 Pᵀ dies before dPᵀ's accumulators are born)
+//   dPᵀ = V_j dO_iᵀ                SS, N = BM                             (group 2)
+//   dV_j += Pᵀ dO_i                RS: Pᵀ from registers, dO_i MN-major   (group 3)
+//   dSᵀ = Pᵀ ∘ (dPᵀ - D_i)         once dPᵀ is done, while dV runs (Pᵀ as rounded to 16 bits)
+//   dK_j += dSᵀ Q_i                RS: dSᵀ from registers, Q_i MN-major   (group 4)
+//   dS to shared memory (transposed by the stores: ds_smem holds dS, queries x keys, K-major),
+//         while dV and dK run; then wait for them (their fragments die)
+//   dQ_i part = dS K_j              SS: dS (A, K-major), K_j (B, MN-major)  (group 5)
+//     the BM x head_dim tile is split over the consumer warpgroups: by 64-row groups when
+//     BM = 64 · kConsumers, else by head-dim column groups (kDqN columns each)
+//   dQ accumulator += dQ_i part     red.global.add.v4.f32 (16 bytes per thread per 16x16 tile)
+// The accumulator layout per warp is mma.sync's C layout (ptx_sm90.cuh Wgmma): thread (g, t)
+// holds rows g, g + 8 of the warp's 16 and columns 8i + 2t + e; for Sᵀ, dPᵀ rows are keys and
+// columns queries, so LSE and D are read per column, and the mask goes element by element.
+// ds_smem is reused every Q block: named barrier 1 (the consumer threads) before the dS stores
+// (every warpgroup's last dQ GEMM has completed) and after them (all of dS is written; with
+// fence.proxy.async first, so that wgmma's async proxy sees the generic-proxy stores).
+//
+// Deterministic (kDeterministic): dQ_i's additions go in K/V block order, as fa2_bwd: the
+// turn counter of (head, batch, Q block) counts the K/V blocks that have added; the CTA of
+// K/V block n waits for turn n (the K/V blocks that see a Q block are 0..n_max, under the
+// causal mask too), adds, and passes the turn on. Bitwise reproducible.
+//
+// Registers: setmaxnreg, FA3's splits: producer / consumer 56 / 256 (1 consumer), 24 / 240 (2).
+// Live per consumer thread: dK_j, dV_j (head_dim / 2 fp32 each) throughout; then Sᵀ (BM / 2), or
+// the 16-bit Pᵀ fragments (BM / 4) with dPᵀ (BM / 2) and the dSᵀ fragments (BM / 4), or the dQ
+// part (kDqN / 2). The order above keeps that peak low: at d128 ptxas (nvcc and NVRTC 13.0)
+// spills otherwise. Loop-invariant addresses are kept few for the same reason (DescLo, the dS
+// store offsets, the ring position counted along).
+//
+// Shared memory (base aligned to 1024 bytes; every 16-bit tile as head_dim / 64 (or BN / 64 for
+// dS) column chunks of rows x 64 elements, 128 bytes a row, 128-byte swizzle, as TMA writes it
+// and wgmma reads it):
+//   k_smem, v_smem [kChunks][BN][64]; q_smem, do_smem [kStages][kChunks][BM][64];
+//   ds_smem [BN / 64][BM][64]; lse_smem, D_smem [kStages][BM] fp32; then the mbarriers.
+//
+// Template parameters (cuflash/families/sm90_bwd.py Sm90BwdConfig mirrors and validates them):
+//   kBM        queries of a Q block: 64 or 128 (the N of Sᵀ, dPᵀ; the K of dV, dK)
+//   kBN        keys of the CTA's K/V block: 64 · kConsumers
+//   kStages    Q/dO ring slots, >= 2
+//   kConsumers consumer warpgroups, 1 or 2
+//   kHeadDim   64 or 128 (the real head dim, params.head_dim, may be smaller: TMA fills the
+//              columns past it with zeros and the stores skip them)
+//   Elem       bf16 or fp16; all accumulation in fp32
+//   kCausal    bottom-right aligned causal mask
+//   kDeterministic  ordered dQ additions (above)
+#include "fa2_bwd.cu"
+#include "ptx_sm90.cuh"
+#include "params_sm90_bwd.cuh"
+
+namespace cuflash {
+
+// Sm90BwdParams must start with BwdParams exactly: fa2_bwd's kernels read that prefix. Checked
+// by nvcc (the CPU compile tests); NVRTC has no __builtin_offsetof, and builds the same layout.
+#ifndef __CUDACC_RTC__
+static_assert(__builtin_offsetof(Sm90BwdParams, dout_copy) == __builtin_offsetof(BwdParams, dout_copy), "BwdParams prefix");
+static_assert(__builtin_offsetof(Sm90BwdParams, do_src_col_stride) == __builtin_offsetof(BwdParams, do_src_col_stride),
+              "BwdParams prefix");
+static_assert(__builtin_offsetof(Sm90BwdParams, batch) == __builtin_offsetof(BwdParams, batch), "BwdParams prefix");
+static_assert(__builtin_offsetof(Sm90BwdParams, head_group) == __builtin_offsetof(BwdParams, head_group), "BwdParams prefix");
+static_assert(__builtin_offsetof(Sm90BwdParams, scale_log2) == __builtin_offsetof(BwdParams, scale_log2), "BwdParams prefix");
+static_assert(__builtin_offsetof(Sm90BwdParams, ws_rows) == __builtin_offsetof(BwdParams, ws_rows), "BwdParams prefix");
+static_assert(__builtin_offsetof(Sm90BwdParams, dropout_scale) == __builtin_offsetof(BwdParams, dropout_scale), "BwdParams prefix");
+static_assert(__builtin_offsetof(Sm90BwdParams, tma_q) >= sizeof(BwdParams), "BwdParams prefix");
+#endif
+
+template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim>
+struct Sm90BwdShape {
+    static constexpr int kThreads = (kConsumers + 1) * 128;
+    static constexpr int kChunks = kHeadDim / 64;           // 64-column (128-byte) swizzle atoms
+    static constexpr int kQChunkBytes = kBM * 128;          // one column chunk of Q_i (or dO_i, dS)
+    static constexpr int kKVChunkBytes = kBN * 128;         // one column chunk of K_j (or V_j)
+    static constexpr int kQBytes = kBM * kHeadDim * 2;
+    static constexpr int kKVBytes = kBN * kHeadDim * 2;
+    static constexpr int kDsBytes = kBM * kBN * 2;
+    static constexpr int kVOffset = kKVBytes;
+    static constexpr int kQOffset = 2 * kKVBytes;
+    static constexpr int kDoOffset = kQOffset + kStages * kQBytes;
+    static constexpr int kDsOffset = kDoOffset + kStages * kQBytes;
+    static constexpr int kLseOffset = kDsOffset + kDsBytes;
+    static constexpr int kDOffset = kLseOffset + kStages * kBM * 4;
+    static constexpr int kBarOffset = kDOffset + kStages * kBM * 4;
+    static constexpr int kBarriers = 1 + 2 * kStages;       // kv_full; q_full, q_empty per slot
+    static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + 1024;  // + 1024: base alignment
+    static constexpr int kSlotBytes = 2 * kQBytes;          // Q_i, dO_i: the TMA bytes of a slot
+    // dQ_i split over the consumers: kDqRowGroups x kDqColGroups warpgroups of 64 x kDqN
+    static constexpr int kDqRowGroups = kBM / 64;
+    static constexpr int kDqColGroups = kConsumers / kDqRowGroups;
+    static constexpr int kDqN = kHeadDim / kDqColGroups;
+    static constexpr int kProducerRegs = kConsumers == 1 ? 56 : 24;
+    static constexpr int kConsumerRegs = kConsumers == 1 ? 256 : 240;
+
+    static_assert(kConsumers == 1 || kConsumers == 2, "consumers must be 1 or 2");
+    static_assert(kBN == 64 * kConsumers, "BN must be 64 * consumers: each consumer warpgroup owns 64 keys");
+    static_assert(kBM == 64 || kBM == 128, "BM must be 64 or 128 (the wgmma N of S and dP)");
+    static_assert(kDqRowGroups <= kConsumers && kConsumers % kDqRowGroups == 0,
+                  "BM / 64 must divide consumers: each warpgroup computes 64 rows of dQ_i");
+    static_assert(kDqN % 64 == 0, "each warpgroup's dQ columns must be whole 64-column chunks");
+    static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim must be 64 or 128");
+    static_assert(kStages >= 2, "stages must be >= 2: the producer fills one slot while another is read");
+    static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the H100's 227 KB");
+};
+
+// Byte offset of element (row, col) of a 16-bit tile stored as 64-column chunks of `rows` rows
+// with the 128-byte swizzle (16-byte unit u of row r sits at unit u ^ (r % 8)); the tile's base
+// is 1024-byte aligned.
+__device__ __forceinline__ u32 swizzled_offset(int row, int col, int rows) {
+    const int chunk = col / 64, byte = (col % 64) * 2;
+    return chunk * rows * 128 + row * 128 + ((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15));
+}
+
+// A wgmma shared-memory descriptor (ptx_sm90.cuh smem_desc_sw128) kept as its low 32 bits: the
+// high word (SBO = 1024, 128-byte swizzle) is the same constant for every operand here, and the
+// k-steps only advance the start address, so the offsets are 32-bit adds (NVRTC otherwise builds
+// 64-bit descriptor arithmetic whose extra registers spill the d128 kernel).
+struct DescLo {
+    static constexpr u32 kHi = (1024u >> 4) | (1u << 30);  // bits 32-45: SBO >> 4; bit 62: 128B swizzle
+    u32 lo;
+    __device__ __forceinline__ DescLo(u32 addr, u32 lbo_bytes) : lo(((addr & 0x3FFFFu) >> 4) | ((lbo_bytes >> 4) << 16)) {}
+    // the descriptor of the operand `bytes` further on
+    __device__ __forceinline__ u64 at(u32 bytes) const { return (u64(kHi) << 32) | (lo + (bytes >> 4)); }
+};
+
+template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
+          bool kDeterministic>
+__global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
+sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
+    using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim>;
+    using Mask = CausalMask<kCausal>;
+    constexpr int kChunks = Shape::kChunks;
+    constexpr int kConsumerThreads = kConsumers * 128;
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 smem = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    unsigned char* smem_ptr = smem_raw + (smem - smem_u32(smem_raw));
+    const u32 k_smem = smem, v_smem = smem + Shape::kVOffset;
+    const u32 q_smem = smem + Shape::kQOffset, do_smem = smem + Shape::kDoOffset;
+    const u32 ds_smem = smem + Shape::kDsOffset;
+    const u32 lse_smem = smem + Shape::kLseOffset, D_smem = smem + Shape::kDOffset;
+    const float* lse_smem_f = reinterpret_cast<const float*>(smem_ptr + Shape::kLseOffset);
+    const float* D_smem_f = reinterpret_cast<const float*>(smem_ptr + Shape::kDOffset);
+    unsigned char* ds_smem_ptr = smem_ptr + Shape::kDsOffset;
+    const u32 bars = smem + Shape::kBarOffset;
+    const u32 kv_full = bars;
+    auto q_full = [&](int slot) { return bars + 8u * (1 + slot); };
+    auto q_empty = [&](int slot) { return bars + 8u * (1 + kStages + slot); };
+
+    const int tid = threadIdx.x, warpgroup = tid / 128;
+    const int n_kv = (p.seqlen_k + kBN - 1) / kBN;
+    const int n_block = blockIdx.x % n_kv, pair = blockIdx.x / n_kv;
+    const int head = pair % p.nheads, batch = pair / p.nheads;
+    const int head_kv = head / (p.nheads / p.nheads_kv);     // GQA / MQA
+    const i64 bh = static_cast<i64>(batch) * p.nheads + head;
+    const int key0 = n_block * kBN;
+
+    // Q blocks that see K_j: all, or under the causal mask those from q_block_begin on.
+    const Mask mask(p.seqlen_q, p.seqlen_k);
+    const int m_blocks = (p.seqlen_q + kBM - 1) / kBM;
+    const int m_block_min = mask.template q_block_begin<kBM>(key0);
+    const int n_iters = max(0, m_blocks - m_block_min);
+
+    if (tid == 0) {
+        prefetch_tensormap(&p.tma_q);
+        prefetch_tensormap(&p.tma_k);
+        prefetch_tensormap(&p.tma_v);
+        prefetch_tensormap(&p.tma_do);
+        mbarrier_init(kv_full, 1);
+        for (int s = 0; s < kStages; ++s) {
+            mbarrier_init(q_full(s), 1 + 32);                   // lane 0's expect_tx, the 32 lanes' LSE / D
+            mbarrier_init(q_empty(s), kConsumerThreads);        // every consumer thread releases
+        }
+        fence_mbarrier_init();                                  // visible to TMA's complete_tx
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: warp 0; lane 0 issues the TMA copies ----
+        setmaxnreg_dec<Shape::kProducerRegs>();
+        if (tid < 32 && n_iters > 0) {
+            const int lane = tid;
+            if (lane == 0) {
+                mbarrier_arrive_expect_tx(kv_full, 2 * Shape::kKVBytes);
+#pragma unroll
+                for (int c = 0; c < kChunks; ++c) {
+                    tma_load_4d(k_smem + c * Shape::kKVChunkBytes, &p.tma_k, kv_full, c * 64, key0, head_kv, batch);
+                    tma_load_4d(v_smem + c * Shape::kKVChunkBytes, &p.tma_v, kv_full, c * 64, key0, head_kv, batch);
+                }
+            }
+            const float* lse_rows = p.lse_log2 + bh * p.seqlen_q_rounded;
+            const float* D_rows = p.D + bh * p.seqlen_q_rounded;
+            for (int it = 0; it < n_iters; ++it) {
+                const int slot = it % kStages, row0 = (m_block_min + it) * kBM;
+                if (it >= kStages) mbarrier_wait(q_empty(slot), u32(it / kStages - 1) & 1);
+                if (lane == 0) {
+                    mbarrier_arrive_expect_tx(q_full(slot), Shape::kSlotBytes);
+#pragma unroll
+                    for (int c = 0; c < kChunks; ++c) {
+                        const int off = slot * Shape::kQBytes + c * Shape::kQChunkBytes;
+                        tma_load_4d(q_smem + off, &p.tma_q, q_full(slot), c * 64, row0, head, batch);
+                        tma_load_4d(do_smem + off, &p.tma_do, q_full(slot), c * 64, row0, head, batch);
+                    }
+                }
+                // LSE_i then D_i, 4 floats a chunk; the workspace rows are padded to
+                // seqlen_q_rounded (a multiple of BM), so every chunk is valid
+                for (int c = lane; c < kBM / 2; c += 32) {
+                    const bool is_D = c >= kBM / 4;
+                    const int chunk = is_D ? c - kBM / 4 : c;
+                    cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
+                                (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                }
+                cp_async_commit();
+                cp_async_wait<0>();
+                mbarrier_arrive(q_full(slot));
+            }
+        }
+        return;
+    }
+
+    // ---- consumers ----
+    setmaxnreg_inc<Shape::kConsumerRegs>();
+    const int wg = warpgroup - 1;                               // keys 64·wg..64·wg+63 of K_j
+    const int ctid = tid - 128;                                 // 0..kConsumerThreads-1
+    const int warp = (tid / 32) % 4, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int warp_key = wg * 64 + warp * 16;                   // this warp's first key in K_j
+
+    // Descriptors: this warpgroup's 64 rows of K_j, V_j (A, K-major); Q_i, dO_i as B of Sᵀ, dPᵀ
+    // (K-major: the head dim is the reduction) and of dK, dV (MN-major: the head dim is wgmma's
+    // N, contiguous); K_j as B of dQ (MN-major); dS as A of dQ (K-major, this warpgroup's rows).
+    const DescLo k_rows_desc(k_smem + wg * 64 * 128, 16);
+    const DescLo v_rows_desc(v_smem + wg * 64 * 128, 16);
+    const DescLo q_desc(q_smem, 16);
+    const DescLo do_desc(do_smem, 16);
+    const DescLo q_t_desc(q_smem, Shape::kQChunkBytes);
+    const DescLo do_t_desc(do_smem, Shape::kQChunkBytes);
+    const int dq_row_group = wg % Shape::kDqRowGroups, dq_col_group = wg / Shape::kDqRowGroups;
+    const int dq_col0 = dq_col_group * Shape::kDqN;
+    const DescLo k_t_desc(k_smem + (dq_col0 / 64) * Shape::kKVChunkBytes, Shape::kKVChunkBytes);
+    const DescLo ds_desc(ds_smem + dq_row_group * 64 * 128, 16);
+
+    // Byte offsets in ds_smem of this thread's dS stores (query 2t + e of a group of 8 rows, key
+    // warp_key + g + 8·rk): swizzled_offset with the row's multiple of 8 taken out.
+    u32 ds_store_off[2][2];
+#pragma unroll
+    for (int rk = 0; rk < 2; ++rk)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            ds_store_off[rk][e] = swizzled_offset(2 * t + e, warp_key + g + 8 * rk, kBM);
+
+    // Accumulators (per warpgroup, 64 rows; wgmma layout above):
+    float dk_acc[kHeadDim / 2], dv_acc[kHeadDim / 2];          // 64 keys x head_dim
+    float s_acc[1][kBM / 8][4], dp_acc[1][kBM / 8][4];         // Sᵀ / Pᵀ, dPᵀ / dSᵀ: 64 keys x BM
+    float dq_acc[Shape::kDqN / 2];                             // 64 queries x kDqN
+    float (&s_flat)[kBM / 2] = reinterpret_cast<float (&)[kBM / 2]>(s_acc);
+    float (&dp_flat)[kBM / 2] = reinterpret_cast<float (&)[kBM / 2]>(dp_acc);
+    u32 p_frag[1][kBM / 16][4], ds_frag[1][kBM / 16][4];
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
+
+    if (n_iters > 0) mbarrier_wait(kv_full, 0);
+    // the ring position, counted along (it % kStages and the fill's parity (it / kStages) & 1,
+    // without a division per iteration)
+    int slot = 0;
+    u32 phase = 0;
+    for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
+        const int m_block = m_block_min + it, row0 = m_block * kBM;
+        const u32 q_off = slot * Shape::kQBytes;               // this slot's Q_i, dO_i (bytes)
+        mbarrier_wait(q_full(slot), phase);
+
+        // ---- Sᵀ = K_j Q_iᵀ ----
+        reg_fence(s_flat);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
+            const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+            const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+            Wgmma<kBM, Elem>::template ss<0>(s_flat, k_rows_desc.at(a_off), q_desc.at(b_off), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(s_flat);
+
+        // ---- Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e); padded queries have LSE = +inf -> 0 ----
+        const float* lse_i = lse_smem_f + slot * kBM;
+        const float* D_i = D_smem_f + slot * kBM;
+        // Masked elements (only in the ragged and the causal diagonal blocks): mask.cuh's rule per
+        // row of Sᵀ, i.e. per key: key k is seen by the queries from first_query(k) on, none past
+        // seqlen_k. The column offset of this thread's queries is 2t (+ 8nt + e % 2).
+        if (mask.template needs_mask<kBN>(row0, n_block)) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int key = key0 + warp_key + g + 8 * half;
+                const int first = key >= p.seqlen_k ? kBM + row0 : key - mask.causal_offset;
+                const int first_col = kCausal || key >= p.seqlen_k ? first - row0 - 2 * t : -1;
+#pragma unroll
+                for (int nt = 0; nt < kBM / 8; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        if (nt * 8 + e < first_col) s_acc[0][nt][2 * half + e] = neg_inf();
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < kBM / 8; ++nt) {
+            const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                s_acc[0][nt][e] = exp2_scaled(s_acc[0][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
+        }
+        // Pᵀ as 16-bit A fragments: the fp32 Pᵀ dies here, before dPᵀ's accumulators are born
+        // (with dK, dV in registers the d128 kernel has no room for both), so dS below uses
+        // Pᵀ rounded to 16 bits, as the dV product does (and as attention in 16 bits would).
+        pack_a_frags<1, kBM / 16, Elem>(p_frag, s_acc);
+
+        // ---- dPᵀ = V_j dO_iᵀ (SS), then dV_j += Pᵀ dO_i (RS; dO_i MN-major, queries
+        // 16kk..16kk+15 per step) ----
+        reg_fence(dp_flat);
+        reg_fence(dv_acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+            const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+            Wgmma<kBM, Elem>::template ss<0>(dp_flat, v_rows_desc.at(a_off), do_desc.at(b_off), kk > 0);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < kBM / 16; ++kk)
+            Wgmma<kHeadDim, Elem>::template rs<1>(dv_acc, p_frag[0][kk], do_t_desc.at(q_off + kk * 16 * 128), 1);
+        wgmma_commit();
+        wgmma_wait<1>();                                        // dPᵀ is ready (dV may still run)
+        reg_fence(dp_flat);
+
+        // ---- dSᵀ = Pᵀ ∘ (dPᵀ - D_i), to 16-bit A fragments ----
+        // p_frag[kk][r] holds Pᵀ elements (nt, e) = (2kk + r / 2, 2·(r % 2) + lo/hi) (gemm.cuh)
+#pragma unroll
+        for (int nt = 0; nt < kBM / 8; ++nt) {
+            const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const u32 pair = p_frag[0][nt / 2][2 * (nt % 2) + e / 2];
+                const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
+                dp_acc[0][nt][e] = P * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
+            }
+        }
+        pack_a_frags<1, kBM / 16, Elem>(ds_frag, dp_acc);
+
+        // ---- dK_j += dSᵀ Q_i (RS; Q_i MN-major; scaled once, in the epilogue) ----
+        reg_fence(dk_acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBM / 16; ++kk)
+            Wgmma<kHeadDim, Elem>::template rs<1>(dk_acc, ds_frag[0][kk], q_t_desc.at(q_off + kk * 16 * 128), 1);
+        wgmma_commit();
+
+        // ---- dS to shared memory: every warpgroup's previous dQ GEMM is done (it waited for it
+        // before the barrier), so ds_smem is free. ds_frag register r of step kk holds keys
+        // g + 8·(r % 2), queries 16kk + 2t + 8·(r / 2) (two adjacent queries per register);
+        // stored transposed: dS[query][key], 16 bits each.
+        named_barrier_sync(1, kConsumerThreads);
+#pragma unroll
+        for (int kk = 0; kk < kBM / 16; ++kk)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                // query 16kk + 8·(r / 2) + 2t (+1): the multiple of 8 is a whole swizzle period
+                // of rows, so the per-thread part ds_store_off[r % 2][lo/hi] carries the XOR
+                const u32 v = ds_frag[0][kk][r];
+                const u32 rows = (kk * 16 + 8 * (r / 2)) * 128;
+                *reinterpret_cast<u16*>(ds_smem_ptr + rows + ds_store_off[r % 2][0]) = u16(v & 0xFFFFu);
+                *reinterpret_cast<u16*>(ds_smem_ptr + rows + ds_store_off[r % 2][1]) = u16(v >> 16);
+            }
+        // dV and dK done: their operands (the Pᵀ, dSᵀ fragments) are never live together with the
+        // dQ part's accumulators, which keeps d128 under the register budget
+        wgmma_wait<0>();
+        reg_fence(dk_acc);
+        reg_fence(dv_acc);
+        fence_proxy_async_smem();                               // generic stores -> wgmma's reads
+        named_barrier_sync(1, kConsumerThreads);                // all of dS is written
+
+        // ---- dQ_i part = dS K_j: this warpgroup's 64 rows x kDqN columns ----
+        reg_fence(dq_acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk) {
+            const u32 a_off = (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+            Wgmma<Shape::kDqN, Elem>::template ss<1>(dq_acc, ds_desc.at(a_off), k_t_desc.at(kk * 16 * 128), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();                                        // the dQ part: Q_i, dO_i all read
+        reg_fence(dq_acc);
+        mbarrier_arrive(q_empty(slot));                         // the slot may be refilled
+
+        // ---- dQ accumulator += dQ part (fp32 in global memory) ----
+        int* turn = kDeterministic ? p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block : nullptr;
+        if (kDeterministic) {  // wait for this CTA's turn at this Q block: K/V blocks in order
+            if (ctid == 0) while (ld_acquire_gpu(turn) != n_block) {}
+            named_barrier_sync(1, kConsumerThreads);
+        }
+        float* dq_rows = p.dq_accum + (bh * p.seqlen_q_rounded + row0 + dq_row_group * 64 + warp * 16)
+                                          * p.head_dim_rounded + dq_col0;
+#pragma unroll
+        for (int j = 0; j < Shape::kDqN / 16; ++j)
+            red_add_tile_16x16(dq_rows + j * 16, p.head_dim_rounded,
+                               reinterpret_cast<const float (&)[2][4]>(dq_acc[8 * j]), g, t);
+        if (kDeterministic) {  // pass the turn on once every thread's additions are visible
+            __threadfence();
+            named_barrier_sync(1, kConsumerThreads);
+            if (ctid == 0) red_release_add_gpu(turn, 1);
+        }
+    }
+
+    // ---- epilogue: dK_j = scale · Σ dSᵀ Q, dV_j = Σ Pᵀ dO ----
+    // MHA: straight into dk, dv. GQA / MQA: fp32 per query head, summed by fa2_bwd_reduce_dkv.
+    const bool grouped = p.nheads != p.nheads_kv;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int key = key0 + warp_key + g + 8 * half;
+        if (key >= p.seqlen_k) continue;
+#pragma unroll
+        for (int nt = 0; nt < kHeadDim / 8; ++nt) {
+            const int col = nt * 8 + 2 * t;
+            const float dk0 = dk_acc[4 * nt + 2 * half] * p.softmax_scale;
+            const float dk1 = dk_acc[4 * nt + 2 * half + 1] * p.softmax_scale;
+            const float dv0 = dv_acc[4 * nt + 2 * half], dv1 = dv_acc[4 * nt + 2 * half + 1];
+            if (grouped) {
+                const i64 off = (bh * p.seqlen_k + key) * p.head_dim_rounded + col;
+                *reinterpret_cast<float2*>(p.dk_accum + off) = make_float2(dk0, dk1);
+                *reinterpret_cast<float2*>(p.dv_accum + off) = make_float2(dv0, dv1);
+            } else if (col < p.head_dim) {
+                u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_row_stride
+                          + head * p.dk_head_stride + col;
+                u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_row_stride
+                          + head * p.dv_head_stride + col;
+                *reinterpret_cast<u32*>(dk) = pack2<Elem>(dk0, dk1);
+                *reinterpret_cast<u32*>(dv) = pack2<Elem>(dv0, dv1);
+            }
+        }
+    }
+}
+
+}  // namespace cuflash

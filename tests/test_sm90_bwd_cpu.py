@@ -1,0 +1,205 @@
+"""CPU checks of the Hopper backward family sm90_bwd (cuflash/families/sm90_bwd.py,
+kernels_cu/sm90_bwd.cu): config rules and space, supports() and selection (below fa2_bwd,
+forced by config), the params struct (BwdParams as an exact prefix, then four tensor maps),
+the launch plan with its per-call tensor maps (fake encoder), and the nvcc/ptxas build of
+every valid point of the space (no spills, no "wgmma ... serialized" warnings). No GPU needed.
+"""
+import ctypes
+import itertools
+import os
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from cuflash import _gpu, launch, registry
+from cuflash.compile import kernel_param_decl, nvcc_compile
+from cuflash.families import fa2_fwd, sm90_fwd
+from cuflash.families.base import ConfigError
+from cuflash.families.sm90_bwd import HEAD_DIMS, Sm90BwdConfig
+from cuflash.problem import DTYPES, Problem
+from cuflash.select import choose
+
+from test_sm90_cpu import serialized  # noqa: E402
+
+NVCC = os.environ.get("NVCC", "nvcc")
+needs_nvcc = pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not on PATH")
+FAM = registry.get("sm90_bwd")
+
+
+def problem(head_dim=64, dtype="bf16", causal=False, deterministic=False, **kw):
+    shape = dict(batch=2, seqlen_q=300, seqlen_k=200, nheads=8, nheads_kv=2)
+    shape.update(kw)
+    return Problem("bwd", dtype, shape["batch"], shape["seqlen_q"], shape["seqlen_k"],
+                   shape["nheads"], shape["nheads_kv"], head_dim, causal, deterministic)
+
+
+# ---------------------------------------------------------------------------------------
+# config rules, space, heuristic, selection
+
+def test_good_configs_and_names():
+    cfg = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True)
+    assert cfg.problems() == [] and cfg.warps == 12 and cfg.threads == 384
+    assert cfg.name == "sm90bwd_bf16_d128_causal_BM64_BN128_s2_c2"
+    assert cfg.replace(deterministic=True).name.endswith("_det")
+    assert cfg.dq_cols == 64 and cfg.accum_regs == 256
+    assert cfg.kernel_name() == "cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, true, false>"
+    # K, V 32 KB each; 2 x (Q, dO) 16 KB each; dS 16 KB; LSE, D; barriers; alignment
+    assert cfg.smem_bytes == 2 * 32768 + 4 * 16384 + 16384 + 4 * 256 + 8 * 5 + 1024
+    assert Sm90BwdConfig(64, 64, 2, 1, 64, "fp16", False).problems() == []
+
+
+@pytest.mark.parametrize("change,pattern", [
+    (dict(head_dim=96), "head_dim must be one of"),
+    (dict(consumers=3, BN=192), "consumers must be 1 or 2"),
+    (dict(BN=64), "BN=64 must be 64 \\* consumers"),
+    (dict(BM=96), "BM must be 64 or 128"),
+    (dict(BM=128, BN=64, consumers=1), "BM / 64 must divide consumers"),
+    (dict(BM=64, head_dim=64), "whole 64-column chunks"),
+    (dict(stages=1), "stages must be >= 2"),
+    (dict(BM=128), "more than the 232448"),
+    (dict(BM=128, head_dim=64), "exceed the budget"),
+    (dict(BN=64, consumers=1), "exceed the budget"),
+])
+def test_each_rule(change, pattern):
+    cfg = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False).replace(**change)
+    with pytest.raises(ConfigError, match=pattern):
+        cfg.validate()
+
+
+def test_space_and_heuristic():
+    assert FAM.priority < registry.get("fa2_bwd").priority
+    valid = {d: sorted((c.BM, c.BN, c.stages, c.consumers) for c in FAM.valid(problem(d), 227 * 1024))
+             for d in HEAD_DIMS}
+    assert valid == {64: [(64, 64, 2, 1), (64, 64, 3, 1)], 128: [(64, 128, 2, 2), (64, 128, 3, 2)]}
+    for d in range(8, 129, 8):
+        for dtype, causal, det in itertools.product(DTYPES, (False, True), (False, True)):
+            p = problem(d, dtype, causal, det)
+            assert FAM.supports((9, 0), p) == ""
+            cfg = FAM.for_problem(FAM.heuristic(p), p)
+            assert cfg.problems(227 * 1024) == [] and cfg.head_dim == FAM.head_dim_of(d) >= d
+            assert cfg.deterministic == det and FAM.fits(cfg, p) == ""
+
+
+def test_supports_and_selection():
+    assert "headdim up to 128" in FAM.supports((9, 0), problem(136))
+    assert "'window'" in FAM.supports((9, 0), problem(64).replace(features=("window",)))
+    assert FAM.supports((8, 0), problem(64)).startswith("sm90_bwd needs sm_90")
+    assert FAM.supports((10, 0), problem(64)).startswith("sm90_bwd needs sm_90 exactly")
+    assert "implements op 'bwd', not 'fwd'" in FAM.supports((9, 0), problem(64).replace(op="fwd"))
+    p = problem(128)
+    assert choose(p, (9, 0))[0].name == "fa2_bwd"                      # not the default yet
+    forced = FAM.heuristic(p)
+    fam, cfg, _ = choose(p, (9, 0), config=forced)
+    assert fam is FAM and cfg == forced                                 # config= forces it
+    assert choose(problem(192), (9, 0))[0].name == "fa2_bwd"
+    assert FAM.decode(FAM.encode(forced), "bf16", False) == forced
+
+
+# ---------------------------------------------------------------------------------------
+# the params struct and the plan
+
+def test_params_struct_has_bwdparams_as_prefix():
+    ours, theirs = launch.struct_dtype("Sm90BwdParams"), launch.struct_dtype("BwdParams")
+    assert ours.names[:len(theirs.names)] == theirs.names
+    assert all(ours.fields[n][1] == theirs.fields[n][1] and ours.fields[n][0] == theirs.fields[n][0]
+               for n in theirs.names)
+    offs = [ours.fields[f"tma_{t}"][1] for t in ("q", "k", "v", "do")]
+    assert offs[0] >= theirs.itemsize and offs[0] % 64 == 0
+    assert offs == [offs[0] + 128 * i for i in range(4)] and ours.itemsize == offs[0] + 512
+    assert ours.names[:len(FAM.pointer_fields)] == FAM.pointer_fields
+    assert kernel_param_decl(FAM) == "const __grid_constant__ cuflash::Sm90BwdParams"
+    assert kernel_param_decl(FAM, "preprocess") == "const cuflash::BwdParams"
+    assert kernel_param_decl(registry.get("fa2_bwd"), "main") == "const cuflash::BwdParams"
+
+
+@pytest.fixture
+def fake_encoder(monkeypatch):
+    calls = []
+
+    def encode(*args):
+        calls.append(args)
+        return bytes((len(calls) + j) % 256 for j in range(128))
+
+    monkeypatch.setattr(sm90_fwd, "_encoder", encode)
+    monkeypatch.setattr(sm90_fwd, "_MAP_CACHE", {})
+    return calls
+
+
+@pytest.mark.parametrize("copy", [False, True], ids=["dout_in_place", "dout_copy"])
+def test_plan_launches_and_writes_tensor_maps(monkeypatch, fake_encoder, copy):
+    launches = []
+    dt = launch.struct_dtype("Sm90BwdParams")
+
+    def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        ptr = ctypes.c_uint64.from_address(argv).value
+        launches.append(dict(fn=fn, grid=(gx, gy, gz), block=bx, smem=smem, raw=ctypes.string_at(ptr, dt.itemsize)))
+
+    roles = ("main", "preprocess", "convert_dq", "reduce_dkv")
+    monkeypatch.setattr(launch, "get_kernels", lambda config, device: {
+        r: SimpleNamespace(kernel=SimpleNamespace(ptr=1000 + i)) for i, r in enumerate(roles)})
+    monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
+    monkeypatch.setattr(launch, "_driver_launch", lambda: record)
+    monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
+    p = problem(72, "fp16", True)
+    cfg = FAM.heuristic(p)
+    q_st, k_st = (300 * 8 * 72, 8 * 72, 72, 1), (200 * 2 * 72, 2 * 72, 72, 1)
+    do_st = (0, 8 * 72 * 2, 72 * 2, 2) if copy else q_st
+    strides = {"dout": do_st, "q": q_st, "k": k_st, "v": k_st, "o": q_st, "dq": q_st, "dk": k_st, "dv": k_st}
+    plan = launch.Plan(FAM, cfg, p, strides, 0.125, 0)
+    ws = FAM.workspace(cfg, p, strides)
+    assert ("dout_copy" in ws) == copy and "dk_accum" in ws
+    ptrs = tuple(0x10000 * (i + 1) for i in range(9))
+    plan.run(ptrs, 0x1000000, stream=7)
+    assert [c["fn"] for c in launches] == [1001, 1000, 1002, 1003]     # preprocess, main, convert, reduce
+    main = launches[1]
+    n_kv = -(-200 // cfg.BN)
+    assert main["grid"] == (2 * 8 * n_kv, 1, 1) and main["block"] == cfg.threads and main["smem"] == cfg.smem_bytes
+    rec = np.frombuffer(main["raw"], dt)[0]
+    assert tuple(int(rec[n]) for n in FAM.pointer_fields[:9]) == ptrs
+    assert int(rec["dout_copy"]) == (0x1000000 + ws["dout_copy"] if copy else 0)
+    do_ptr = 0x1000000 + ws["dout_copy"] if copy else ptrs[0]
+    assert [a[1] for a in fake_encoder] == [ptrs[1], ptrs[2], ptrs[3], do_ptr]     # q, k, v, dO
+    assert [a[2] for a in fake_encoder] == [(72, 300, 8, 2), (72, 200, 2, 2), (72, 200, 2, 2), (72, 300, 8, 2)]
+    assert [a[4][1] for a in fake_encoder] == [cfg.BM, cfg.BN, cfg.BN, cfg.BM]
+    assert fake_encoder[3][3] == (2 * 8 * 72, 2 * 72, 2 * 300 * 8 * 72)            # contiguous dO (copy too)
+    for i, field in enumerate(("tma_q", "tma_k", "tma_v", "tma_do")):
+        off = dt.fields[field][1]
+        assert main["raw"][off:off + 128] == bytes((i + 1 + j) % 256 for j in range(128)), field
+    assert rec["head_dim_rounded"] == cfg.head_dim == 128 and rec["seqlen_q_rounded"] == 384
+    assert rec["scale_log2"] == np.float32(0.125 * fa2_fwd.LOG2E)
+    plan.run(ptrs, 0x1000000, stream=7)                                # the same pointers: cached maps
+    assert len(fake_encoder) == 4
+
+
+# ---------------------------------------------------------------------------------------
+# ptxas
+
+@needs_nvcc
+def test_ptxas_every_valid_config_no_spills_no_serialized_wgmma():
+    """Every valid point of the space x dtype x mask x deterministic: no spills, no stack, no
+    "wgmma ... serialized" warnings (32 instantiations, about a minute on 2 cores)."""
+    configs = []
+    for d, dtype, causal, det in itertools.product(HEAD_DIMS, DTYPES, (False, True), (False, True)):
+        p = problem(d, dtype, causal, det)
+        configs += [FAM.for_problem(c, p) for c in FAM.valid(p, 227 * 1024)]
+    chunks = [configs[i:i + 8] for i in range(0, len(configs), 8)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        reports = [r for rs in pool.map(lambda c: nvcc_compile(c, "sm_90a", NVCC), chunks) for r in rs]
+    bad = [f"{c.name}: {r}" for c, r in zip(configs, reports)
+           if r.spill_stores or r.spill_loads or r.stack_bytes or serialized(r)]
+    assert not bad, "\n".join(bad)
+
+
+def test_other_families_sources_unchanged_by_this_one():
+    """sm90_bwd's struct lives in params_sm90_bwd.cuh, which only sm90_bwd.cu includes: the other
+    families' rendered source (and the code hash stamping their tuned entries) stays."""
+    from cuflash.compile import render_source
+
+    assert "params_sm90_bwd.cuh" in render_source("sm90_bwd")
+    for fam in registry.families():
+        if fam.name != "sm90_bwd":
+            assert "Sm90BwdParams" not in render_source(fam.name), fam.name
