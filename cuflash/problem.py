@@ -46,7 +46,11 @@ class Problem:
     q is (batch, seqlen_q, nheads, head_dim); k, v are (batch, seqlen_k, nheads_kv, head_dim)
     causal:     bottom-right aligned causal mask
     deterministic: backward only: dQ added in a fixed order
-    features:   sorted names of further feature flags (none exist yet)
+    features:   sorted names of further feature flags ("alibi", "softcap", "window", ...)
+    window:     (left, right) of the "window" feature, -1 unbounded (a run-time value)
+    softcap:    the "softcap" feature's cap, > 0 (a run-time value)
+    alibi_batched: the "alibi" feature's slopes are (batch, nheads), not (nheads,)
+    The feature values are not part of the class key: kernels take them as run-time params.
     """
 
     op: str
@@ -60,6 +64,9 @@ class Problem:
     causal: bool = False
     deterministic: bool = False
     features: tuple = ()
+    window: tuple = (-1, -1)
+    softcap: float = 0.0
+    alibi_batched: bool = False
 
     @classmethod
     def fa_convention(cls, op: str, dtype: str, head_dim: int, causal: bool, seqlen: int,

@@ -146,7 +146,11 @@ def test_supports_reasons_name_the_argument(family):
     other = "bwd" if op == "fwd" else "fwd"
     assert f"implements op {op!r}, not {other!r}" in family.supports((9, 0), problem(other))
     assert f"needs sm_{family.min_arch[0]}{family.min_arch[1]}" in family.supports((7, 5), problem(op))
-    assert "'window'" in family.supports((9, 0), problem(op).replace(features=("window",)))
+    for feature in ("window", "dropout", "varlen"):
+        why = family.supports((9, 0), problem(op).replace(features=(feature,)))
+        assert (why == "") == (feature in family.features), (feature, why)
+        if why:
+            assert f"{family.name} has no feature {feature!r}" == why
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=family_ids)

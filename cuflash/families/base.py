@@ -119,6 +119,9 @@ class Family:
     min_arch: ClassVar[tuple] = (8, 0)
     arch_suffix: ClassVar[str] = ""      # "a" for arch-specific code (sm_90a)
     description: ClassVar[str] = ""
+    # Problem.features names the family implements: compile-time flags, bool fields of its
+    # config of the same names (cuflash.features); supports() refuses any other feature.
+    features: ClassVar[tuple] = ()
 
     # ---- what it can run ----
     def supports(self, arch, problem: Problem) -> str:
@@ -128,7 +131,24 @@ class Family:
             return f"{self.name} needs sm_{self.min_arch[0]}{self.min_arch[1]} or newer"
         if problem.op != self.op:
             return f"{self.name} implements op {self.op!r}, not {problem.op!r}"
-        return ""
+        return self.feature_problem(problem)
+
+    def feature_problem(self, problem: Problem) -> str:
+        """'' when the family implements every feature of ``problem``, else which it lacks."""
+        missing = [f for f in problem.features if f not in self.features]
+        return f"{self.name} has no feature {missing[0]!r}" if missing else ""
+
+    def with_features(self, config, problem: Problem):
+        """``config`` with the feature flags of ``problem`` (tuned tables, heuristics and
+        explicit configs carry none)."""
+        if not self.features:
+            return config
+        from ..features import flags_of
+
+        want = {f: v for f, v in flags_of(problem).items() if f in self.features}
+        if all(getattr(config, f) == v for f, v in want.items()):
+            return config
+        return config.replace(**want)
 
     def head_dim_of(self, head_dim: int) -> int:
         """The compile-time head dim that serves a real one (rounded up)."""
@@ -143,8 +163,9 @@ class Family:
         return ""
 
     def for_problem(self, config, problem: Problem):
-        """``config`` with the call's own run-time flags applied (e.g. deterministic)."""
-        return config
+        """``config`` with the call's own run-time flags applied (e.g. deterministic) and
+        its feature flags."""
+        return self.with_features(config, problem)
 
     # ---- configs ----
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None):
@@ -200,8 +221,9 @@ class Family:
         return self.config_cls(dtype=dtype, causal=bool(causal), **kw)
 
     def _fields(self, config):
+        # feature flags are not encoded: the call's features set them (for_problem)
         for f in dataclasses.fields(config):
-            if f.name not in ("dtype", "causal"):
+            if f.name not in ("dtype", "causal") and f.name not in self.features:
                 yield f.name, getattr(config, f.name)
 
     # ---- kernels and launches ----

@@ -12,6 +12,7 @@ from typing import Optional
 
 from ..problem import Problem
 from ..registry import register
+from ..features import feature_params, name_suffix, template_suffix
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
 from .fa2_fwd import LOG2E, MAX_ACCUM_REGS, MAX_HEAD_DIM, check_head_dim, first_fitting, strides3
 
@@ -38,6 +39,7 @@ class BwdConfig(KernelConfig):
     deterministic: dQ contributions added in a fixed order (bitwise reproducible, slower)
     qsplit:        warps per key group: 2 splits the group's Sᵀ, dPᵀ by queries and its dK, dV
                    by head-dim columns, with Pᵀ and dSᵀ shared through shared memory
+    window, softcap, alibi: the feature flags (as FwdConfig's)
     """
 
     Br: int
@@ -50,6 +52,9 @@ class BwdConfig(KernelConfig):
     causal: bool
     deterministic: bool = False
     qsplit: int = 1
+    window: bool = False
+    softcap: bool = False
+    alibi: bool = False
 
     family = "fa2_bwd"
     _what = "backward"
@@ -59,7 +64,7 @@ class BwdConfig(KernelConfig):
         mask = "causal" if self.causal else "full"
         det = "_det" if self.deterministic else ""
         return (f"bwd_{self.dtype}_d{self.head_dim}_{mask}_"
-                f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}_x{self.dsplit}_q{self.qsplit}{det}")
+                f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}_x{self.dsplit}_q{self.qsplit}{det}{name_suffix(self)}")
 
     @property
     def smem_bytes(self) -> int:
@@ -83,11 +88,11 @@ class BwdConfig(KernelConfig):
         b = lambda x: "true" if x else "false"  # noqa: E731
         return (f"cuflash::fa2_bwd<{self.Br}, {self.Bc}, {self.warps}, {self.stages}, {self.dsplit}, "
                 f"{self.qsplit}, {self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, "
-                f"{b(self.deterministic)}>")
+                f"{b(self.deterministic)}{template_suffix(self)}>")
 
     def template_args(self) -> tuple:
         return (self.Br, self.Bc, self.warps, self.stages, self.dsplit, self.qsplit, self.head_dim,
-                self.dtype, self.causal, self.deterministic)
+                self.dtype, self.causal, self.deterministic, self.window, self.softcap, self.alibi)
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -159,9 +164,10 @@ class FA2Backward(Family):
     description = ("FlashAttention-2 backward: K/V-block CTAs, dQ by fp32 atomics "
                    "(or ordered), preprocess / dQ convert / GQA reduction kernels")
 
+    features = ("alibi", "softcap", "window")
+
     def supports(self, arch, problem: Problem) -> str:
-        return super().supports(arch, problem) or check_head_dim(problem) or (
-            f"{self.name} has no feature {problem.features[0]!r}" if problem.features else "")
+        return super().supports(arch, problem) or check_head_dim(problem)
 
     def head_dim_of(self, head_dim: int) -> int:
         """Up to 128 the forward's (a multiple of 16); above, a multiple of 32, so that two
@@ -171,8 +177,8 @@ class FA2Backward(Family):
     def for_problem(self, config, problem: Problem):
         # the call's flag decides (tuned tables and the torch op's configs carry none)
         if config.deterministic != problem.deterministic:
-            return config.replace(deterministic=problem.deterministic)
-        return config
+            config = config.replace(deterministic=problem.deterministic)
+        return self.with_features(config, problem)
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> BwdConfig:
         """A warp owns 16·m keys (Bc = 16·m·warps): its rows of dK_j and dV_j cost m·head_dim
@@ -262,7 +268,8 @@ class FA2Backward(Family):
                     seqlen_q_rounded=-(-p.seqlen_q // ROW_PAD) * ROW_PAD, head_dim=p.head_dim,
                     head_dim_rounded=config.head_dim,
                     head_group=head_group(p.batch * p.nheads, self._kv_ctas(config, p), sm_count),
-                    softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E)
+                    softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E,
+                    **feature_params(p, softmax_scale))
 
 
 FAMILY = register(FA2Backward())

@@ -10,6 +10,7 @@ from typing import Optional
 
 from ..problem import Problem
 from ..registry import register
+from ..features import feature_params, name_suffix, template_suffix
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
 
 MAX_HEAD_DIM = 256
@@ -38,6 +39,9 @@ class FwdConfig(KernelConfig):
     head_dim:  the compile-time head dim (multiple of 16, <= 256)
     dtype:     "bf16" or "fp16"
     causal:    bottom-right aligned causal mask, a compile-time flag
+    window:    sliding window (kWindow; the bounds are run-time params)
+    softcap:   softcapping (kSoftcap; the cap is a run-time param)
+    alibi:     ALiBi (kAlibi; the slopes are a run-time pointer)
     """
 
     Br: int
@@ -47,6 +51,9 @@ class FwdConfig(KernelConfig):
     head_dim: int
     dtype: str
     causal: bool
+    window: bool = False
+    softcap: bool = False
+    alibi: bool = False
 
     family = "fa2_fwd"
     _what = "forward"
@@ -55,7 +62,7 @@ class FwdConfig(KernelConfig):
     def name(self) -> str:
         mask = "causal" if self.causal else "full"
         return (f"fwd_{self.dtype}_d{self.head_dim}_{mask}_"
-                f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}")
+                f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}{name_suffix(self)}")
 
     @property
     def smem_bytes(self) -> int:
@@ -70,10 +77,12 @@ class FwdConfig(KernelConfig):
 
     def kernel_name(self) -> str:
         return (f"cuflash::fa2_fwd<{self.Br}, {self.Bc}, {self.warps}, {self.stages}, "
-                f"{self.head_dim}, cuflash::{self.dtype}, {'true' if self.causal else 'false'}>")
+                f"{self.head_dim}, cuflash::{self.dtype}, {'true' if self.causal else 'false'}"
+                f"{template_suffix(self)}>")
 
     def template_args(self) -> tuple:
-        return (self.Br, self.Bc, self.warps, self.stages, self.head_dim, self.dtype, self.causal)
+        return (self.Br, self.Bc, self.warps, self.stages, self.head_dim, self.dtype, self.causal,
+                self.window, self.softcap, self.alibi)
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -120,10 +129,10 @@ class FA2Forward(Family):
     pointer_fields = ("q", "k", "v", "o", "lse")
     min_arch = (8, 0)
     description = "FlashAttention-2 forward: mma.sync m16n8k16, ldmatrix, cp.async ring"
+    features = ("alibi", "softcap", "window")
 
     def supports(self, arch, problem: Problem) -> str:
-        return super().supports(arch, problem) or check_head_dim(problem) or (
-            f"{self.name} has no feature {problem.features[0]!r}" if problem.features else "")
+        return super().supports(arch, problem) or check_head_dim(problem)
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> FwdConfig:
         """Each warp should own two 16-row tiles of Q (Br = 128 with 4 warps): every K or V
@@ -159,7 +168,7 @@ class FA2Forward(Family):
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
         return dict(**strides3("q", strides["q"]), **strides3("k", strides["k"]),
                     **strides3("v", strides["v"]), **strides3("o", strides["o"]),
-                    **forward_sizes(problem, softmax_scale))
+                    **forward_sizes(problem, softmax_scale), **feature_params(problem, softmax_scale))
 
 
 FAMILY = register(FA2Forward())
