@@ -163,3 +163,46 @@ def test_feature_params():
     assert f["alibi_batch_stride"] == 8 and f["alibi_slopes"] == 0
     f = feature_params(problem(), 0.125)
     assert (f["window_left"], f["window_right"], f["softcap_in"], f["alibi_batch_stride"]) == (-1, -1, 0, 0)
+
+
+# ---------------------------------------------------------------------------------------
+# nvcc: every feature instantiation the heuristics pick compiles (sm_80 for the fa2 families,
+# sm_90a for sm90_fwd), with zero spills where tests/test_compile.py demands it
+
+COMBOS = [("window",), ("softcap",), ("alibi",), ("alibi", "window"), ("alibi", "softcap", "window")]
+ARCH = {"fa2_fwd": ("sm_80", (8, 0)), "fa2_bwd": ("sm_80", (8, 0)), "sm90_fwd": ("sm_90a", (9, 0))}
+SPILLS_ALLOWED = {"fa2_bwd"}  # as tests/test_compile.py: its heuristic sits at the register budget
+
+
+def feature_configs(name):
+    fam = registry.get(name)
+    out = []
+    for d in (64, 128):
+        for feats in COMBOS:
+            for causal in (False, True):
+                p = problem(fam.op, d, feats, causal)
+                out.append(fam.for_problem(fam.heuristic(p, ARCH[name][1]), p))
+    return list(dict.fromkeys(out))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (no GPU needed)")
+@pytest.mark.parametrize("name", sorted(ARCH))
+def test_feature_instantiations_compile(name, request):
+    import hashlib
+    import json
+
+    from cuflash.compile import nvcc_compile, source_hash
+
+    arch = ARCH[name][0]
+    configs = feature_configs(name)
+    key = hashlib.sha256(json.dumps([source_hash(name), arch] + [c.kernel_name() for c in configs])
+                         .encode()).hexdigest()[:24]
+    cached = request.config.cache.get(f"cuflash/features/{key}", None)
+    if cached is None:
+        reports = nvcc_compile(configs, arch)
+        cached = [[c.name, r.spill_stores, r.spill_loads] for c, r in zip(configs, reports)]
+        request.config.cache.set(f"cuflash/features/{key}", cached)
+    assert len(cached) == len(configs)
+    if name not in SPILLS_ALLOWED:
+        spills = [row for row in cached if row[1] or row[2]]
+        assert not spills, spills
