@@ -206,3 +206,51 @@ def test_feature_instantiations_compile(name, request):
     if name not in SPILLS_ALLOWED:
         spills = [row for row in cached if row[1] or row[2]]
         assert not spills, spills
+
+
+# ---------------------------------------------------------------------------------------
+# the torch GPU path's plumbing, up to the launch (a fake plan records what it is given)
+
+def test_torch_feature_path_plumbing(monkeypatch):
+    import torch
+
+    from cuflash import api, torch_ops
+
+    calls = []
+
+    class FakePlan:
+        device, workspace_bytes = 0, 256
+
+        def __init__(self, problem, strides, scale):
+            self.problem, self.strides, self.scale = problem, strides, scale
+
+        def run_fields(self, fields, ptrs, ws, stream):
+            calls.append((self, fields, ptrs, ws))
+
+    monkeypatch.setattr(api, "make_plan", lambda problem, strides, scale, device, config=None:
+                        FakePlan(problem, strides, scale))
+    monkeypatch.setattr(torch_ops, "_raw_stream", lambda device: 0)
+    api._feature_plans.clear()
+    q = torch.randn(2, 100, 4, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 80, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    slopes = torch.rand(2, 4)
+    out, lse = torch_ops.forward_features(q, k, v, slopes, 0.125, True, (30, 5), 7.0)
+    plan, fields, ptrs, _ = calls[-1]
+    p = plan.problem
+    assert p.op == "fwd" and p.features == ("alibi", "softcap", "window") and p.causal
+    assert p.window == (30, 0) and p.softcap == 7.0 and p.alibi_batched   # causal: right = 0
+    assert fields == {"alibi_slopes": slopes.data_ptr()} and len(ptrs) == 5
+    assert out.shape == q.shape and lse.shape == (2, 4, 100) and plan.scale == 0.125
+    # the same call shape and values reuse the plan
+    torch_ops.forward_features(q, k, v, slopes, 0.125, True, (30, 5), 7.0)
+    assert calls[-1][0] is plan
+    dq, dk, dv = torch_ops.backward_features_impl(torch.randn_like(q), q, k, v, out, lse, slopes,
+                                                  0.125, True, False, (30, 5), 7.0)
+    plan, fields, ptrs, ws = calls[-1]
+    assert plan.problem.op == "bwd" and plan.problem.window == (30, 0) and len(ptrs) == 9
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    # a window reaching past every key and no other feature: the plain kernels (not here)
+    calls.clear()
+    monkeypatch.setattr(torch_ops, "forward", lambda *a, **kw: ("plain", None))
+    assert torch_ops.forward_features(q, k, v, None, 0.125, False, (500, 500), 0.0) == ("plain", None)
+    assert not calls
