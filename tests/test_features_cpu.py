@@ -254,3 +254,46 @@ def test_torch_feature_path_plumbing(monkeypatch):
     monkeypatch.setattr(torch_ops, "forward", lambda *a, **kw: ("plain", None))
     assert torch_ops.forward_features(q, k, v, None, 0.125, False, (500, 500), 0.0) == ("plain", None)
     assert not calls
+
+
+# ---------------------------------------------------------------------------------------
+# bench --mode features (the pieces that need no GPU)
+
+def test_bench_features_sdpa_mask_matches_the_reference():
+    import numpy as np
+    import torch
+
+    from cuflash import reference
+    from cuflash.bench import features
+
+    for sq, sk, causal, window in ((7, 11, False, (2, 1)), (11, 7, True, (3, -1)), (5, 5, False, (-1, 0))):
+        keep = features.sdpa_mask(sq, sk, causal, window).numpy()
+        want = reference.window_mask(sq, sk, window, causal)
+        assert np.array_equal(keep, want), (sq, sk, causal, window)
+    slopes = features.alibi_slopes(4)
+    bias = features.sdpa_mask(6, 9, True, slopes=slopes)
+    assert bias.shape == (1, 4, 6, 9)
+    assert bias[0, 1, 0, 3].item() == pytest.approx(0.0) and bias[0, 1, 0, 4].item() == -np.inf
+    assert bias[0, 2, 5, 0].item() == pytest.approx(-slopes[2].item() * 8)
+    assert features.sdpa_mask(4, 4, False) is None
+
+
+def test_bench_features_mode_is_registered():
+    from cuflash import bench
+
+    assert "features" in bench.MODES and "features" not in bench.ALL
+    a = bench.parser().parse_args(["--mode", "features", "--feature-cases", "alibi"])
+    assert a.feature_seqlens == [8192] and a.feature_hdims == [128] and a.feature_cases == ["alibi"]
+
+
+def test_bench_features_table():
+    from cuflash.bench.features import table
+
+    recs = [dict(impl="cuflash", case="alibi", op="fwd", dtype="bf16", hdim=128, seqlen=8192, ms=1.0,
+                 x_plain=1.1),
+            dict(impl="cuflash_plain", case="alibi", op="fwd", dtype="bf16", hdim=128, seqlen=8192,
+                 ms=0.9, x_plain=1.0),
+            dict(impl="sdpa_math", case="alibi", op="fwd", dtype="bf16", hdim=128, seqlen=8192,
+                 error="x")]
+    text = table(recs)
+    assert "| alibi | fwd | bf16 | 128 | 8192 | 1.000 | 0.900 | - | 1.1 |" in text

@@ -17,7 +17,10 @@ Modes (results in results/<gpu name>/):
             call: startup.json
   io        the FlashAttention paper's IO table (GFLOPs, HBM bytes by ncu, runtime) for
             standard attention, SDPA flash and cuflash: io_table.{json,md}
-  all       fwd, fwdbwd, memory, overhead, startup (not tuned, not io)
+  features  sliding window 1024 at 8k, softcap, ALiBi vs the same call without the feature and
+            vs SDPA (math / efficient / cuDNN with an explicit mask, flash without):
+            bench_features.{json,csv}
+  all       fwd, fwdbwd, memory, overhead, startup (not tuned, not io, not features)
 
 Shapes follow the FlashAttention convention (heads = 2048 / head dim, batch · seqlen = 16k),
 FLOPs cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward); all timing is
@@ -33,7 +36,7 @@ import time
 
 from .common import HDIMS, SEQLENS, gpu_dir_name  # noqa: F401 - gpu_dir_name: tuning/cli.py
 
-MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io")
+MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io", "features")
 ALL = ("fwd", "fwdbwd", "memory", "overhead", "startup")
 
 
@@ -68,6 +71,13 @@ def parser() -> argparse.ArgumentParser:
                     help="io: seqlens of the growth table (default 1024 .. 16384)")
     ap.add_argument("--io-causal", action="store_true", help="io: causal mask (default none)")
     ap.add_argument("--no-ncu", action="store_true", help="io: skip the HBM bytes (ncu)")
+    ap.add_argument("--feature-hdims", type=int, nargs="+", default=[128],
+                    help="features: head dims (default 128)")
+    ap.add_argument("--feature-seqlens", type=int, nargs="+", default=[8192],
+                    help="features: seqlens (default 8192)")
+    ap.add_argument("--feature-cases", nargs="+", default=None,
+                    help="features: cases (default all: window1024_causal window1024 softcap30 "
+                         "softcap30_causal alibi alibi_causal)")
     ap.add_argument("--out", default="results", help="results root (default results)")
     return ap
 
@@ -100,6 +110,10 @@ def run_mode(mode: str, a) -> object:
     if mode == "io":
         return mod.run(growth_seqlens=a.io_seqlens or mod.GROWTH_SEQLENS, causal=a.io_causal,
                        use_ncu=not a.no_ncu, reps=a.reps or 10, out=a.out)
+    if mode == "features":
+        return mod.run(hdims=a.feature_hdims, seqlens=a.feature_seqlens, dtypes=a.dtypes,
+                       cases=tuple(a.feature_cases or mod.CASES), out=a.out, reps=a.reps or 10,
+                       flush_l2=a.flush_l2)
     raise ValueError(f"unknown mode {mode!r}")
 
 
