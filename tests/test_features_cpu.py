@@ -297,3 +297,12 @@ def test_bench_features_table():
                  error="x")]
     text = table(recs)
     assert "| alibi | fwd | bf16 | 128 | 8192 | 1.000 | 0.900 | - | 1.1 |" in text
+
+
+def test_tuner_points_carry_the_features():
+    """Family.make (the tuner's and the tuned tables' constructor) sets the problem's flags."""
+    for name in ("fa2_fwd", "fa2_bwd", "sm90_fwd"):
+        fam = registry.get(name)
+        p = problem(fam.op, 128, ("alibi", "window"))
+        for cfg, _ in list(fam.enumerate(p))[:5]:
+            assert cfg.window and cfg.alibi and not cfg.softcap

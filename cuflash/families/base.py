@@ -177,9 +177,10 @@ class Family:
         if unknown or missing:
             raise ValueError(f"{self.name} parameters must be exactly {sorted(self.space)}; "
                              f"unknown {sorted(unknown)}, missing {sorted(missing)}")
-        return self.config_cls(head_dim=self.head_dim_of(problem.head_dim), dtype=problem.dtype,
-                               causal=bool(problem.causal), **self.fixed,
-                               **{k: point[k] for k in self.space})
+        return self.with_features(
+            self.config_cls(head_dim=self.head_dim_of(problem.head_dim), dtype=problem.dtype,
+                            causal=bool(problem.causal), **self.fixed,
+                            **{k: point[k] for k in self.space}), problem)
 
     def point(self, config) -> dict:
         """The tunable part of a config (what optuna and the YAML tables store)."""
