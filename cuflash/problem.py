@@ -68,6 +68,10 @@ class Problem:
     softcap: float = 0.0
     alibi_batched: bool = False
 
+    def __post_init__(self):
+        if self.window.__class__ is not tuple:  # e.g. a list read back from JSON
+            object.__setattr__(self, "window", tuple(self.window))
+
     @classmethod
     def fa_convention(cls, op: str, dtype: str, head_dim: int, causal: bool, seqlen: int,
                       **kw) -> "Problem":
