@@ -425,9 +425,10 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     (-1: unbounded; causal sets right = 0). softcap > 0: scores -> softcap·tanh(scores/softcap).
     alibi_slopes: fp32 (nheads,) or (batch, nheads); adds -slope·|i + seqlen_k - seqlen_q - j|.
     dropout_p: probability of dropping an attention weight (kept ones scaled by 1/(1-p)).
-    These four run on torch CPU tensors (float64 reference, autograd); no kernel family has
-    them yet, so GPU inputs raise cuflash.api.UnsupportedFeature (a ValueError and a
-    NotImplementedError) naming the argument, before any launch.
+    Window, softcap and ALiBi run on the GPU kernels (forward and backward; fa2_fwd, sm90_fwd,
+    fa2_bwd); dropout runs on torch CPU tensors only (float64 reference, autograd): GPU inputs
+    with it raise cuflash.api.UnsupportedFeature (a ValueError and a NotImplementedError)
+    naming the argument, before any launch.
     deterministic: the backward (torch autograd) adds dQ contributions in a fixed order, so
     gradients are bitwise reproducible (slower); the forward is always deterministic.
     config / bwd_config: an explicit kernel config (e.g. cuflash.FwdConfig / BwdConfig) instead
