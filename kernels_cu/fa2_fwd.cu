@@ -99,7 +99,7 @@ fa2_fwd(const FwdParams p) {
     const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes,
                                            p.alibi_batch_stride, batch, head, p.softmax_scale,
                                            p.seqlen_q, p.seqlen_k);
-    if (n_iters <= 0) {
+    if (kWindow ? n_iters <= 0 : n_blocks == 0) {  // a window's band may miss every key
         // Every row of Q_i is fully masked (seqlen_q > seqlen_k under the causal mask):
         // O = 0 and LSE = +inf, flash-attn's convention (the backward then recomputes P = 0).
         for (int c = tid; c < rows_valid * (kHeadDim / 8); c += kThreads) {

@@ -178,7 +178,7 @@ struct BandMask {
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const int key = key0 + nt * 8 + 2 * t + e;
-                        if (key >= key_end || key < key_begin) acc[mt][nt][2 * half + e] = fill;
+                        if (key >= key_end || (has_left() && key < key_begin)) acc[mt][nt][2 * half + e] = fill;
                     }
             }
     }

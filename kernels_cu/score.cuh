@@ -31,7 +31,7 @@ struct ScoreMod {
     __device__ __forceinline__ ScoreMod(float softcap_in_, float softcap_out_, const float* slopes,
                                         i64 slopes_batch_stride, int batch, int head,
                                         float softmax_scale, int seqlen_q, int seqlen_k)
-        : softcap_in(softcap_in_), softcap_out(softcap_out_), slope(0.f), offset(seqlen_k - seqlen_q) {
+        : softcap_in(softcap_in_), softcap_out(softcap_out_), slope(0.f), offset(kAlibi ? seqlen_k - seqlen_q : 0) {
         if (kAlibi) slope = slopes[batch * slopes_batch_stride + head] / softmax_scale;
     }
 
