@@ -618,6 +618,8 @@ def check_cu_seqlens(name: str, cu, tq: _Tensor, total: int, nseq: Optional[int]
                          f"got {cu.shape[0]}")
     if kind != "numpy" and _device_of(cu, kind) != tq.device:
         raise ValueError(f"{name}: must be on q's device {tq.device}, got {cu.device}")
+    if _values_unreadable(cu, kind):
+        return None  # torch.compile tracing or CUDA-graph capture: no device-to-host read
     values = _host_ints(cu, kind).astype(np.int64)
     if values[0] != 0 or (np.diff(values) < 0).any() or values[-1] != total:
         raise ValueError(f"{name}: must start at 0, never decrease and end at the total number of "
@@ -625,15 +627,39 @@ def check_cu_seqlens(name: str, cu, tq: _Tensor, total: int, nseq: Optional[int]
     return values
 
 
-def check_max_seqlen(name: str, value, cu: np.ndarray) -> int:
-    """max_seqlen: an int >= the longest sequence of ``cu``."""
+# Whether flash_attn_varlen_func reads GPU cu_seqlens back to check their values (a device-to-host
+# copy and a sync per call). CUFLASH_VARLEN_CHECK=0 (or setting this False) trusts them, as
+# flash-attn does: wrong offsets then read and write out of bounds. Never read while
+# torch.compile traces or a CUDA graph is captured.
+CHECK_CU_SEQLENS = os.environ.get("CUFLASH_VARLEN_CHECK", "1") not in ("0", "")
+
+
+def _values_unreadable(cu, kind: str) -> bool:
+    """Whether GPU cu_seqlens are not read back now: CHECK_CU_SEQLENS off, or a torch tensor
+    while torch.compile traces (fake tensors) or a CUDA graph is being captured (a sync would
+    break the capture). The values are then the caller's responsibility, as in flash-attn."""
+    if kind == "numpy" or (kind == "torch" and cu.device.type != "cuda"):
+        return False  # host values (the CPU reference needs them)
+    if not CHECK_CU_SEQLENS:
+        return True
+    if kind != "torch":
+        return False
+    import torch
+
+    return torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()
+
+
+def check_max_seqlen(name: str, value, cu: Optional[np.ndarray]) -> int:
+    """max_seqlen: an int >= the longest sequence of ``cu`` (None: values unknown, >= 0)."""
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be an int, got {value!r}")
     try:
         n = operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
-    longest = int(np.diff(cu).max()) if len(cu) > 1 else 0
+    longest = 0 if cu is None else int(np.diff(cu).max()) if len(cu) > 1 else 0
+    if n < 0:
+        raise ValueError(f"{name}={n} must be >= 0")
     if n < longest:
         raise ValueError(f"{name}={n} is less than the longest sequence ({longest} tokens)")
     return int(n)
@@ -655,10 +681,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     (nheads, total_q); S_dmask None without dropout, else the keep mask (bool,
     (batch, nheads, max_seqlen_q, max_seqlen_k), sequence i in its top-left corner).
 
-    torch CPU tensors run the float64 reference (autograd). No kernel family implements varlen
-    yet: GPU inputs raise cuflash.api.UnsupportedFeature after validation (pad the batch with
-    cuflash.pad_input / unpad_input and call flash_attn_func instead). block_table (paged KV)
-    is not implemented.
+    torch CPU tensors run the float64 reference (autograd). GPU inputs run the varlen kernels
+    (fa2_fwd / fa2_bwd built with varlen; torch: autograd, torch.compile, CUDA graphs; CuPy on
+    the current stream; NumPy copied to the GPU); window, softcap, ALiBi and dropout with varlen
+    raise cuflash.api.UnsupportedFeature on the GPU. cu_seqlens values are checked (a
+    device-to-host read) except while torch.compile traces or a CUDA graph is captured.
+    block_table (paged KV) is not implemented.
     """
     if block_table is not None:
         raise NotImplementedError("block_table: a paged KV cache is not implemented (pass None)")
@@ -668,7 +696,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _, total_q, nheads, _ = tq.shape
     total_k = tk.shape[1]
     cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq, total_q)
-    nseq = len(cu_q) - 1
+    nseq = int(cu_seqlens_q.shape[0]) - 1
     cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, tq, total_k, nseq)
     max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q)
     max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k)
@@ -679,11 +707,93 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if nseq > GRID_LIMIT:
         raise ValueError(f"cu_seqlens_q: batch ({nseq}) must be <= {GRID_LIMIT} (CUDA grid limit)")
     if not _is_torch_cpu(tq):
-        raise_unsupported(problem, feats.given)
+        if feats.features != ("varlen",):  # window, softcap, ALiBi, dropout: not in the kernels
+            raise_unsupported(problem, feats.given)
+        out, lse = _varlen_gpu(q, k, v, tq, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale,
+                               feats.causal, deterministic)
+        return (out, lse, None) if return_attn_probs else out
     from . import torch_ops
 
     out, lse, mask = torch_ops.attention_reference(q, k, v, scale, feats, (cu_q, cu_k, max_q, max_k))
     return (out, lse, mask) if return_attn_probs else out
+
+
+def _varlen_gpu(q, k, v, tq: _Tensor, cu_seqlens_q, cu_seqlens_k, max_q: int, max_k: int,
+                scale: float, causal: bool, deterministic: bool):
+    """(out, lse) of a validated varlen call by the varlen kernels (cuflash.varlen): torch
+    (autograd, torch.compile, CUDA graphs), CuPy (current stream) or NumPy (copied)."""
+    from . import varlen
+
+    if tq.kind == "torch":
+        from . import varlen_torch
+
+        return varlen_torch.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale,
+                                      causal, deterministic)
+    d = tq.shape[3]
+    padded = padded_head_dim(d)
+    if tq.kind == "numpy":
+        total_q, nheads = tq.shape[1], tq.shape[2]
+        if total_q == 0 or nheads == 0 or max_q == 0 or k.shape[0] == 0 or max_k == 0:
+            lse = np.full((nheads, total_q), np.inf, np.float32)
+            return np.zeros(q.shape, q.dtype), lse
+        _gpu.require("flash_attn_varlen_func")
+        if padded != d:
+            out, lse = varlen.forward_numpy(*(pad_head_dim(x, padded) for x in (q, k, v)),
+                                            cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, causal)
+            return np.ascontiguousarray(out[..., :d]), lse
+        return varlen.forward_numpy(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, causal)
+    if padded != d:
+        out, lse = varlen.forward_cupy(*(pad_head_dim(x, padded) for x in (q, k, v)), cu_seqlens_q,
+                                       cu_seqlens_k, max_q, max_k, scale, causal)
+        return slice_head_dim(out, d), lse
+    return varlen.forward_cupy(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, causal)
+
+
+def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
+                               max_seqlen_q, max_seqlen_k, softmax_scale: Optional[float] = None,
+                               causal: bool = False, deterministic: bool = False):
+    """Gradients (dq, dk, dv) of flash_attn_varlen_func's output (CuPy arrays or torch CUDA
+    tensors; torch autograd calls the same kernels). out and softmax_lse ((nheads, total_q)
+    fp32) are what flash_attn_varlen_func(..., return_attn_probs=True) returned."""
+    for name, x in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)):
+        _check_varlen_tensor(name, x)
+    tq, tk, tv, scale, _ = check_qkv(q[None], k[None], v[None], softmax_scale, causal)
+    total_q, nheads, total_k = tq.shape[1], tq.shape[2], tk.shape[1]
+    tdo, to = check_bwd_tensors(tq, dout[None], out[None], _lse_as_batched(softmax_lse, tq))
+    cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq, total_q)
+    nseq = int(cu_seqlens_q.shape[0]) - 1
+    cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, tq, total_k, nseq)
+    max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q)
+    max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k)
+    if tq.kind == "numpy" or _is_torch_cpu(tq):
+        raise TypeError("flash_attn_varlen_backward takes CuPy arrays or torch CUDA tensors; for "
+                        "NumPy use cuflash.reference.attention_backward_varlen_naive")
+    d = tq.shape[3]
+    padded = padded_head_dim(d)
+    if tq.kind == "torch":
+        from . import varlen_torch
+
+        return varlen_torch.backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
+                                     max_q, max_k, scale, bool(causal), bool(deterministic))
+    from . import varlen
+
+    if padded != d:
+        grads = varlen.backward_cupy(*(pad_head_dim(x, padded) for x in (dout, q, k, v, out)),
+                                     softmax_lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale,
+                                     causal, deterministic)
+        return tuple(slice_head_dim(g, d) for g in grads)
+    return varlen.backward_cupy(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_q,
+                                max_k, scale, causal, deterministic)
+
+
+def _lse_as_batched(lse, tq: _Tensor):
+    """A varlen softmax_lse (nheads, total_q) as check_bwd_tensors' (1, nheads, total_q),
+    after checking its shape (the error names softmax_lse)."""
+    shape = tuple(int(n) for n in getattr(lse, "shape", ()))
+    if shape != (tq.shape[2], tq.shape[1]):
+        raise ValueError(f"softmax_lse: expected shape (nheads, total_q) = {(tq.shape[2], tq.shape[1])}, "
+                         f"got {shape}")
+    return lse[None]
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p: float = 0.0,

@@ -182,3 +182,33 @@ class Plan:
             self._write_call(self._bytes, ptrs)
             for fn, gx, gy, gz, threads, smem in self._calls:
                 launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
+
+    # ---- variable-length batches ----
+    def run_varlen(self, ptrs: tuple, workspace_ptr: int, stream: int, cu_seqlens_q: int,
+                   cu_seqlens_k: int) -> None:
+        """run(), for a family built with varlen (kernels_cu/varlen.cuh): the params'
+        cu_seqlens_q / cu_seqlens_k fields (device addresses of int32 offsets) are per call
+        like the tensors' pointers, written under the same lock before the launches."""
+        offsets = self.__dict__.get("_cu_offsets")
+        if offsets is None:
+            fields = self._record.dtype.fields
+            if "cu_seqlens_q" not in fields or "cu_seqlens_k" not in fields:
+                raise TypeError(f"{self.family.params_struct} has no cu_seqlens fields: "
+                                f"{self.family.name} cannot run variable-length batches")
+            offsets = self._cu_offsets = (fields["cu_seqlens_q"][1], fields["cu_seqlens_k"][1])
+        if self._ws_offsets:
+            ptrs = ptrs + tuple(workspace_ptr + off if off >= 0 else 0 for off in self._ws_offsets)
+        current = self._get_device()
+        if current != self.device:
+            self._set_device(self.device)
+        try:
+            launch, argv = self._launch, self._argv_ptr
+            with self._lock:
+                self._pack(self._bytes, 0, *ptrs)
+                struct.pack_into("<Q", self._bytes, offsets[0], cu_seqlens_q)
+                struct.pack_into("<Q", self._bytes, offsets[1], cu_seqlens_k)
+                for fn, gx, gy, gz, threads, smem in self._calls:
+                    launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
+        finally:
+            if current != self.device:
+                self._set_device(current)

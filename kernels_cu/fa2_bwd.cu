@@ -48,6 +48,9 @@
 //   kCausal   bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q)
 //   kDeterministic  dQ contributions are added in key-block order (a per-Q-block turn
 //             counter), so dQ is bitwise reproducible; costs waiting
+//   kVarlen   variable-length batch (varlen.cuh), in all four kernels: the batch index is a
+//             sequence of cu_seqlens_q/k, grids are sized for the longest sequence and blocks
+//             past a sequence's end exit at once; the fp32 workspace is indexed by tokens
 //   kWindow, kSoftcap, kAlibi  as in fa2_fwd.cu: the band mask (mask.cuh BandMask) skips the Q
 //             blocks outside a K/V block's band; P is recomputed through the same score
 //             modifiers (score.cuh), and dS gains softcap's factor 1 - tanh²
@@ -58,6 +61,7 @@
 #include "mask.cuh"
 #include "score.cuh"
 #include "softmax.cuh"
+#include "varlen.cuh"
 
 namespace cuflash {
 
@@ -72,7 +76,7 @@ namespace cuflash {
 constexpr int kPrepWarps = 4;
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <class Elem>
+template <class Elem, bool kVarlen = false>
 __global__ void __launch_bounds__(kPrepWarps * 32)
 fa2_bwd_preprocess(const BwdParams p) {
     const int head = blockIdx.y, batch = blockIdx.z;
@@ -83,18 +87,25 @@ fa2_bwd_preprocess(const BwdParams p) {
         for (int i = threadIdx.x; i < p.seqlen_q_rounded / 16; i += blockDim.x)
             p.dq_semaphore[bh * (p.seqlen_q_rounded / 16) + i] = 0;
     }
-    if (row >= p.seqlen_q_rounded) return;
-    float* dq_row = p.dq_accum + (bh * p.seqlen_q_rounded + row) * p.head_dim_rounded;
+    // This sequence's rows (varlen.cuh); varlen: only its own workspace rows, its length
+    // rounded up to 128 (every Br), of the grid's seqlen_q_rounded.
+    const SeqSpan seq = seq_span<kVarlen>(p, batch);
+    const int seqlen_q = seq.seqlen_q;
+    const int rows_end = kVarlen ? min(p.seqlen_q_rounded, (seqlen_q + 127) / 128 * 128) : p.seqlen_q_rounded;
+    if (row >= rows_end) return;
+    const i64 ws0 = ws_row_offset<kVarlen>(p, batch, head, seq);
+    float* dq_row = p.dq_accum + (ws0 + row) * p.head_dim_rounded;
     for (int c = lane; c < p.head_dim_rounded; c += 32) dq_row[c] = 0.f;
     float D = 0.f;
-    if (row < p.seqlen_q) {
+    if (row < seqlen_q) {
+        const int tok = seq.q_start + row;
         const u16* o = static_cast<const u16*>(p.o) + batch * p.o_batch_stride
-                       + row * p.o_row_stride + head * p.o_head_stride;
+                       + tok * p.o_row_stride + head * p.o_head_stride;
         const u16* d_o = static_cast<const u16*>(p.dout) + batch * p.do_src_batch_stride
-                         + row * p.do_src_row_stride + head * p.do_src_head_stride;
+                         + tok * p.do_src_row_stride + head * p.do_src_head_stride;
         u16* copy = p.dout_copy == nullptr ? nullptr
                     : static_cast<u16*>(p.dout_copy) + batch * p.do_batch_stride
-                      + row * p.do_row_stride + head * p.do_head_stride;
+                      + tok * p.do_row_stride + head * p.do_head_stride;
         for (int c = lane; c < p.head_dim; c += 32) {
             const u16 d_o_c = d_o[c * p.do_src_col_stride];
             if (copy != nullptr) copy[c] = d_o_c;
@@ -104,9 +115,9 @@ fa2_bwd_preprocess(const BwdParams p) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) D += __shfl_xor_sync(0xffffffffu, D, offset);
     if (lane == 0) {
-        p.D[bh * p.seqlen_q_rounded + row] = D;
-        p.lse_log2[bh * p.seqlen_q_rounded + row] =
-            row < p.seqlen_q ? p.lse[bh * p.seqlen_q + row] * kLog2e : pos_inf();
+        p.D[ws0 + row] = D;
+        p.lse_log2[ws0 + row] =
+            row < seqlen_q ? p.lse[lse_offset<kVarlen>(p, batch, head, seq) + row] * kLog2e : pos_inf();
     }
 }
 
@@ -187,7 +198,8 @@ struct BwdShape {
 };
 
 template <int kBr, int kBc, int kWarps, int kStages, int kDSplit, int kQSplit, int kHeadDim, class Elem,
-          bool kCausal, bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false>
+          bool kCausal, bool kDeterministic, bool kVarlen = false, bool kWindow = false, bool kSoftcap = false,
+          bool kAlibi = false>
 __global__ void __launch_bounds__(kWarps * 32)
 fa2_bwd(const BwdParams p) {
     using Shape = BwdShape<kBr, kBc, kWarps, kStages, kDSplit, kQSplit, kHeadDim>;
@@ -230,31 +242,38 @@ fa2_bwd(const BwdParams p) {
     const int warp_c0 = col0 + (warp % kQSplit) * Shape::kWarpDCols;  // its first column of dK, dV
     const i64 bh = static_cast<i64>(batch) * p.nheads + head;
 
-    const u16* q_gmem = static_cast<const u16*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
+    // This sequence's rows and lengths (varlen.cuh; fixed lengths: 0, 0, seqlen_q, seqlen_k).
+    const SeqSpan seq = seq_span<kVarlen>(p, batch);
+    if (kVarlen && key0 >= seq.seqlen_k) return;  // a K/V block past this sequence's end
+    const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
+    const i64 ws0 = ws_row_offset<kVarlen>(p, batch, head, seq);
+
+    const u16* q_gmem = static_cast<const u16*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride
+                        + seq.q_start * p.q_row_stride;
     const void* dout = p.dout_copy != nullptr ? p.dout_copy : p.dout;  // preprocess: why
     const u16* do_gmem = static_cast<const u16*>(dout) + batch * p.do_batch_stride
-                         + head * p.do_head_stride;
-    const float* lse_gmem = p.lse_log2 + bh * p.seqlen_q_rounded;
-    const float* D_gmem = p.D + bh * p.seqlen_q_rounded;
-    float* dq_accum = p.dq_accum + bh * p.seqlen_q_rounded * p.head_dim_rounded;
+                         + head * p.do_head_stride + seq.q_start * p.do_row_stride;
+    const float* lse_gmem = p.lse_log2 + ws0;
+    const float* D_gmem = p.D + ws0;
+    float* dq_accum = p.dq_accum + ws0 * p.head_dim_rounded;
 
     // Q blocks that see K_j: all of them, or under the causal mask those from the first row
     // i with key0 <= i + seqlen_k - seqlen_q on; under a window also only those up to the last
     // row whose band reaches K_j.
-    const Mask mask(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
-    const int m_blocks = (p.seqlen_q + kBr - 1) / kBr;
+    const Mask mask(seqlen_q, seqlen_k, p.window_left, p.window_right);
+    const int m_blocks = (seqlen_q + kBr - 1) / kBr;
     const int m_block_min = mask.template q_block_begin<kBr>(key0);
     const int m_block_max = mask.template q_block_end<kBr, kBc>(key0, m_blocks);
     const int n_iters = max(0, m_block_max - m_block_min);
     const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes,
                                            p.alibi_batch_stride, batch, head, p.softmax_scale,
-                                           p.seqlen_q, p.seqlen_k);
+                                           seqlen_q, seqlen_k);
 
     // Q_i, dO_i, LSE_i, D_i of the it-th iteration (Q blocks in increasing order).
     auto load_q_do = [&](int it) {
         const int m_block = m_block_min + it, slot = it % kStages;
         const i64 row0 = static_cast<i64>(m_block) * kBr;
-        const int rows_valid = p.seqlen_q - m_block * kBr;
+        const int rows_valid = seqlen_q - m_block * kBr;
         load_tile_g2s<kBr, kHeadDim, kPitch, kThreads>(q_smem + slot * Shape::kQTile,
                                                       q_gmem + row0 * p.q_row_stride,
                                                       p.q_row_stride, rows_valid, p.head_dim, tid);
@@ -272,13 +291,13 @@ fa2_bwd(const BwdParams p) {
 
     // Prologue: K_j, V_j and the first Q/dO block in group 0, then kStages - 2 more blocks.
     {
-        const int keys_valid = p.seqlen_k - key0;
+        const int keys_valid = seqlen_k - key0;
         load_tile_g2s<kBc, kHeadDim, kPitch, kThreads>(
             k_smem, static_cast<const u16*>(p.k) + batch * p.k_batch_stride + head_kv * p.k_head_stride
-                        + key0 * p.k_row_stride, p.k_row_stride, keys_valid, p.head_dim, tid);
+                        + (seq.k_start + key0) * p.k_row_stride, p.k_row_stride, keys_valid, p.head_dim, tid);
         load_tile_g2s<kBc, kHeadDim, kPitch, kThreads>(
             v_smem, static_cast<const u16*>(p.v) + batch * p.v_batch_stride + head_kv * p.v_head_stride
-                        + key0 * p.v_row_stride, p.v_row_stride, keys_valid, p.head_dim, tid);
+                        + (seq.k_start + key0) * p.v_row_stride, p.v_row_stride, keys_valid, p.head_dim, tid);
     }
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
@@ -496,7 +515,7 @@ fa2_bwd(const BwdParams p) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int key = key0 + warp_key0 + mt * 16 + g + 8 * half;
-            if (key >= p.seqlen_k) continue;
+            if (key >= seqlen_k) continue;
 #pragma unroll
             for (int nt = 0; nt < kNTilesD; ++nt) {
                 const int col = warp_c0 + nt * 8 + 2 * t;
@@ -504,13 +523,14 @@ fa2_bwd(const BwdParams p) {
                 const float dk1 = dk_acc[mt][nt][2 * half + 1] * p.softmax_scale;
                 const float dv0 = dv_acc[mt][nt][2 * half], dv1 = dv_acc[mt][nt][2 * half + 1];
                 if (grouped) {
-                    const i64 off = (bh * p.seqlen_k + key) * p.head_dim_rounded + col;
+                    const i64 off = (dkv_row_offset<kVarlen>(p, batch, head, seq) + key) * p.head_dim_rounded + col;
                     *reinterpret_cast<float2*>(p.dk_accum + off) = make_float2(dk0, dk1);
                     *reinterpret_cast<float2*>(p.dv_accum + off) = make_float2(dv0, dv1);
                 } else if (col < p.head_dim) {
-                    u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_row_stride
+                    const int tok = seq.k_start + key;
+                    u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + tok * p.dk_row_stride
                               + head * p.dk_head_stride + col;
-                    u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_row_stride
+                    u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + tok * p.dv_row_stride
                               + head * p.dv_head_stride + col;
                     *reinterpret_cast<u32*>(dk) = pack2<Elem>(dk0, dk1);
                     *reinterpret_cast<u32*>(dv) = pack2<Elem>(dv0, dv1);
@@ -524,28 +544,28 @@ fa2_bwd(const BwdParams p) {
 constexpr int kEpilogueThreads = 256;
 
 // dQ[b, i, h, :] = scale · dq_accum[b, h, i, :]
-template <class Elem>
+template <class Elem, bool kVarlen = false>
 __global__ void __launch_bounds__(kEpilogueThreads)
 fa2_bwd_convert_dq(const BwdParams p) {
     const int head = blockIdx.y, batch = blockIdx.z;
     const int chunks = p.head_dim / 8;
     const int idx = blockIdx.x * kEpilogueThreads + threadIdx.x;
     const int row = idx / chunks, col = (idx % chunks) * 8;
-    if (row >= p.seqlen_q) return;
-    const i64 bh = static_cast<i64>(batch) * p.nheads + head;
-    const float* acc = p.dq_accum + (bh * p.seqlen_q_rounded + row) * p.head_dim_rounded + col;
+    const SeqSpan seq = seq_span<kVarlen>(p, batch);
+    if (row >= seq.seqlen_q) return;
+    const float* acc = p.dq_accum + (ws_row_offset<kVarlen>(p, batch, head, seq) + row) * p.head_dim_rounded + col;
     u32x4 out;
     u32* words = &out.x;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
         words[i] = pack2<Elem>(acc[2 * i] * p.softmax_scale, acc[2 * i + 1] * p.softmax_scale);
     *reinterpret_cast<u32x4*>(static_cast<u16*>(p.dq) + batch * p.dq_batch_stride
-                              + row * p.dq_row_stride + head * p.dq_head_stride + col) = out;
+                              + (seq.q_start + row) * p.dq_row_stride + head * p.dq_head_stride + col) = out;
 }
 
 // GQA / MQA: dK[b, j, h_kv, :] = Σ over the query heads h of h_kv of dk_accum[b, h, j, :]
 // (dK already scaled), the same for dV; summed in head order, so the result is reproducible.
-template <class Elem>
+template <class Elem, bool kVarlen = false>
 __global__ void __launch_bounds__(kEpilogueThreads)
 fa2_bwd_reduce_dkv(const BwdParams p) {
     const int head_kv = blockIdx.y, batch = blockIdx.z;
@@ -553,10 +573,11 @@ fa2_bwd_reduce_dkv(const BwdParams p) {
     const int chunks = p.head_dim / 8;
     const int idx = blockIdx.x * kEpilogueThreads + threadIdx.x;
     const int key = idx / chunks, col = (idx % chunks) * 8;
-    if (key >= p.seqlen_k) return;
+    const SeqSpan seq = seq_span<kVarlen>(p, batch);
+    if (key >= seq.seqlen_k) return;
     float dk[8] = {}, dv[8] = {};
     for (int h = head_kv * group; h < (head_kv + 1) * group; ++h) {
-        const i64 off = ((static_cast<i64>(batch) * p.nheads + h) * p.seqlen_k + key) * p.head_dim_rounded + col;
+        const i64 off = (dkv_row_offset<kVarlen>(p, batch, h, seq) + key) * p.head_dim_rounded + col;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             dk[i] += p.dk_accum[off + i];
@@ -569,9 +590,10 @@ fa2_bwd_reduce_dkv(const BwdParams p) {
         (&dk_out.x)[i] = pack2<Elem>(dk[2 * i], dk[2 * i + 1]);
         (&dv_out.x)[i] = pack2<Elem>(dv[2 * i], dv[2 * i + 1]);
     }
-    *reinterpret_cast<u32x4*>(static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_row_stride
+    const int tok = seq.k_start + key;
+    *reinterpret_cast<u32x4*>(static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + tok * p.dk_row_stride
                               + head_kv * p.dk_head_stride + col) = dk_out;
-    *reinterpret_cast<u32x4*>(static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_row_stride
+    *reinterpret_cast<u32x4*>(static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + tok * p.dv_row_stride
                               + head_kv * p.dv_head_stride + col) = dv_out;
 }
 

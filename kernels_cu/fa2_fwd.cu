@@ -21,6 +21,8 @@
 //             (params.head_dim) may be smaller, the extra columns are zero-filled
 //   Elem      bf16 or fp16 (tags from ptx.cuh); accumulation is always fp32
 //   kCausal   bottom-right aligned causal mask: query i sees key j iff j <= i + seqlen_k - seqlen_q
+//   kVarlen   variable-length batch (varlen.cuh): blockIdx.z is a sequence of cu_seqlens_q/k,
+//             the grid is sized for the longest; Q blocks past a sequence's end exit at once
 //   kWindow   sliding window (params.window_left / window_right, -1 unbounded; mask.cuh BandMask):
 //             K/V blocks outside the band are skipped on both sides
 //   kSoftcap  scores capped: softcap·tanh(scale·S / softcap) (score.cuh)
@@ -32,6 +34,7 @@
 #include "mask.cuh"
 #include "score.cuh"
 #include "softmax.cuh"
+#include "varlen.cuh"
 
 namespace cuflash {
 
@@ -55,7 +58,7 @@ struct FwdShape {
 };
 
 template <int kBr, int kBc, int kWarps, int kStages, int kHeadDim, class Elem, bool kCausal,
-          bool kWindow = false, bool kSoftcap = false, bool kAlibi = false>
+          bool kVarlen = false, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false>
 __global__ void __launch_bounds__(kWarps * 32)
 fa2_fwd(const FwdParams p) {
     using Shape = FwdShape<kBr, kBc, kWarps, kStages, kHeadDim>;
@@ -78,27 +81,31 @@ fa2_fwd(const FwdParams p) {
     const int row0 = m_block * kBr;                         // first query row of Q_i
     const int warp_row0 = warp * kMTiles * 16;              // this warp's rows within Q_i
 
+    // This sequence's rows and lengths (varlen.cuh; fixed lengths: 0, 0, seqlen_q, seqlen_k).
+    const SeqSpan seq = seq_span<kVarlen>(p, batch);
+    if (kVarlen && row0 >= seq.seqlen_q) return;  // a Q block past this sequence's end
+    const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
     const u16* q_gmem = static_cast<const u16*>(p.q) + batch * p.q_batch_stride
-                        + head * p.q_head_stride + row0 * p.q_row_stride;
+                        + head * p.q_head_stride + (seq.q_start + row0) * p.q_row_stride;
     const u16* k_gmem = static_cast<const u16*>(p.k) + batch * p.k_batch_stride
-                        + head_kv * p.k_head_stride;
+                        + head_kv * p.k_head_stride + seq.k_start * p.k_row_stride;
     const u16* v_gmem = static_cast<const u16*>(p.v) + batch * p.v_batch_stride
-                        + head_kv * p.v_head_stride;
+                        + head_kv * p.v_head_stride + seq.k_start * p.v_row_stride;
     u16* o_gmem = static_cast<u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride
-                  + row0 * p.o_row_stride;
-    float* lse_gmem = p.lse + (static_cast<i64>(batch) * p.nheads + head) * p.seqlen_q + row0;
-    const int rows_valid = min(kBr, p.seqlen_q - row0);
+                  + (seq.q_start + row0) * p.o_row_stride;
+    float* lse_gmem = p.lse + lse_offset<kVarlen>(p, batch, head, seq) + row0;
+    const int rows_valid = min(kBr, seqlen_q - row0);
 
     // K/V blocks this Q block needs, [n_block_min, n_blocks): causal, the last row of Q_i sees
     // keys up to row0 + kBr - 1 + seqlen_k - seqlen_q; under a window the first row sees none
     // before row0 + seqlen_k - seqlen_q - left; blocks outside are skipped entirely.
-    const Mask mask(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
+    const Mask mask(seqlen_q, seqlen_k, p.window_left, p.window_right);
     const int n_blocks = mask.template kv_block_end<kBr, kBc>(row0);
     const int n_block_min = mask.template kv_block_begin<kBr, kBc>(row0);
     const int n_iters = n_blocks - n_block_min;
     const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes,
                                            p.alibi_batch_stride, batch, head, p.softmax_scale,
-                                           p.seqlen_q, p.seqlen_k);
+                                           seqlen_q, seqlen_k);
     if (kWindow ? n_iters <= 0 : n_blocks == 0) {  // a window's band may miss every key
         // Every row of Q_i is fully masked (seqlen_q > seqlen_k under the causal mask):
         // O = 0 and LSE = +inf, flash-attn's convention (the backward then recomputes P = 0).
@@ -117,7 +124,7 @@ fa2_fwd(const FwdParams p) {
     auto load_kv = [&](int iter) {
         const int n_block = n_blocks - 1 - iter, slot = iter % kStages;
         const i64 key0 = static_cast<i64>(n_block) * kBc;
-        const int keys_valid = p.seqlen_k - n_block * kBc;  // one bound for both tiles
+        const int keys_valid = seqlen_k - n_block * kBc;  // one bound for both tiles
         load_tile_g2s<kBc, kHeadDim, kPitch, kThreads>(
             k_smem + slot * Shape::kKVTile, k_gmem + key0 * p.k_row_stride, p.k_row_stride,
             keys_valid, p.head_dim, tid);

@@ -40,6 +40,14 @@ struct FwdParams {
     int head_dim;          // the real head dim (a multiple of 8, <= the kernel's kHeadDim)
     float softmax_scale;   // natural-log scale, for the LSE
     float scale_log2;      // softmax_scale * log2(e): scores go through exp2, computed on the host
+    // Variable-length batches (kernels built with kVarlen; varlen.cuh): q, o are
+    // (total_q, nheads, head_dim) and k, v (total_k, nheads_kv, head_dim), batch strides 0;
+    // sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q (k: cu_seqlens_k);
+    // seqlen_q / seqlen_k are the longest sequences (max_seqlen_q/k, the grid's extent);
+    // lse is (nheads, total_q). Null and 0 in fixed-length launches.
+    int* cu_seqlens_q;     // (batch + 1) int32 offsets
+    int* cu_seqlens_k;     // (batch + 1) int32 offsets
+    int total_q;
     // features (appended; unused by a kernel built without them):
     int window_left;       // kWindow: keys before the diagonal a query sees, -1 unbounded
     int window_right;      // kWindow: keys after the diagonal, -1 unbounded
@@ -116,6 +124,18 @@ struct BwdParams {
     int head_group;        // fa2_bwd launch order: K/V blocks of head_group (batch, head) pairs interleaved
     float softmax_scale;
     float scale_log2;
+    // Variable-length batches (kernels built with kVarlen; varlen.cuh): the layouts of FwdParams
+    // (q, o, dout, dq: (total_q, nheads, ·); k, v, dk, dv: (total_k, nheads_kv, ·); lse
+    // (nheads, total_q)); seqlen_q / seqlen_k are the longest sequences and seqlen_q_rounded
+    // rounds seqlen_q (the dQ turn counters keep their (batch, nheads, ·) layout). The fp32
+    // workspace is indexed by tokens instead: lse_log2, D (nheads, ws_rows), dq_accum
+    // (nheads, ws_rows, head_dim_rounded), sequence b from row varlen_ws_row0 (varlen.cuh) on;
+    // dk_accum, dv_accum (nheads, total_k, head_dim_rounded). Null and 0 in fixed-length launches.
+    int* cu_seqlens_q;
+    int* cu_seqlens_k;
+    int total_q;
+    int total_k;
+    int ws_rows;           // workspace rows per head: total_q + kVarlenRowPad·batch, rounded up to 8
     // features (appended; unused by a kernel built without them):
     int window_left;       // kWindow: keys before the diagonal a query sees, -1 unbounded
     int window_right;      // kWindow: keys after the diagonal, -1 unbounded

@@ -336,7 +336,21 @@ def info_families_lines() -> list[str]:
                          f"code {h}, priority {fam.priority}, space {space_size(fam)} points ({dims})")
             if fam.description:
                 lines.append(f"      {fam.description}")
+            lines.append(f"      features: {', '.join(supported_features(fam)) or 'none'} (a call "
+                         "with another one falls back to a family that has it)")
     return lines
+
+
+def supported_features(fam) -> list:
+    """The Problem.features names (cuflash.api.FEATURES) that ``fam`` runs, each alone, on its
+    minimum arch (e.g. varlen: fa2_fwd and fa2_bwd; sm90_fwd none, so varlen calls fall back to
+    fa2_fwd on the H100)."""
+    from cuflash.api import FEATURES
+    from cuflash.problem import Problem
+
+    return [f for f in sorted(FEATURES)
+            if not fam.supports(fam.min_arch, Problem(fam.op, "bf16", 1, 128, 128, 1, 1, 64,
+                                                      features=(f,)))]
 
 
 __all__ = ["tune_main", "tune_parser", "info_lines", "info_families_lines", "format_table",

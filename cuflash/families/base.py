@@ -222,9 +222,11 @@ class Family:
         return self.config_cls(dtype=dtype, causal=bool(causal), **kw)
 
     def _fields(self, config):
-        # feature flags are not encoded: the call's features set them (for_problem)
+        # window / softcap / ALiBi flags are not encoded: the call's features set them (for_problem)
+        from ..features import KERNEL_FLAGS
+
         for f in dataclasses.fields(config):
-            if f.name not in ("dtype", "causal") and f.name not in self.features:
+            if f.name not in ("dtype", "causal") and f.name not in KERNEL_FLAGS:
                 yield f.name, getattr(config, f.name)
 
     # ---- kernels and launches ----

@@ -14,11 +14,13 @@ from ..problem import Problem
 from ..registry import register
 from ..features import feature_params, name_suffix, template_suffix
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
-from .fa2_fwd import LOG2E, MAX_ACCUM_REGS, MAX_HEAD_DIM, check_head_dim, first_fitting, strides3
+from .fa2_fwd import (LOG2E, MAX_ACCUM_REGS, MAX_HEAD_DIM, check_head_dim, first_fitting, is_varlen,
+                      other_features, strides3, varlen_fields, varlen_mix)
 
 # The fp32 workspace pads query rows to a multiple of this (every Br divides it).
 ROW_PAD = 128
 PREP_WARPS = 4           # kPrepWarps in fa2_bwd.cu: query rows per preprocess CTA
+VARLEN_ROW_PAD = 136     # kVarlenRowPad in varlen.cuh: workspace rows per sequence beyond its length
 EPILOGUE_THREADS = 256   # kEpilogueThreads in fa2_bwd.cu
 
 
@@ -52,6 +54,7 @@ class BwdConfig(KernelConfig):
     causal: bool
     deterministic: bool = False
     qsplit: int = 1
+    varlen: bool = False
     window: bool = False
     softcap: bool = False
     alibi: bool = False
@@ -64,7 +67,8 @@ class BwdConfig(KernelConfig):
         mask = "causal" if self.causal else "full"
         det = "_det" if self.deterministic else ""
         return (f"bwd_{self.dtype}_d{self.head_dim}_{mask}_"
-                f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}_x{self.dsplit}_q{self.qsplit}{det}{name_suffix(self)}")
+                f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}_x{self.dsplit}_q{self.qsplit}{det}"
+                + ("_varlen" if self.varlen else "") + name_suffix(self))
 
     @property
     def smem_bytes(self) -> int:
@@ -88,11 +92,12 @@ class BwdConfig(KernelConfig):
         b = lambda x: "true" if x else "false"  # noqa: E731
         return (f"cuflash::fa2_bwd<{self.Br}, {self.Bc}, {self.warps}, {self.stages}, {self.dsplit}, "
                 f"{self.qsplit}, {self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, "
-                f"{b(self.deterministic)}{template_suffix(self)}>")
+                f"{b(self.deterministic)}, {b(self.varlen)}{template_suffix(self)}>")
 
     def template_args(self) -> tuple:
         return (self.Br, self.Bc, self.warps, self.stages, self.dsplit, self.qsplit, self.head_dim,
-                self.dtype, self.causal, self.deterministic, self.window, self.softcap, self.alibi)
+                self.dtype, self.causal, self.deterministic, self.varlen, self.window, self.softcap,
+                self.alibi)
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -121,6 +126,12 @@ class BwdConfig(KernelConfig):
             out.append(f"{self.accum_regs} fp32 accumulator registers per thread (dK, dV, S, dP) "
                        f"exceed the budget of {MAX_ACCUM_REGS}: it would spill")
         return out
+
+
+def varlen_ws_rows(total_q: int, nseq: int) -> int:
+    """Workspace rows per head of a varlen backward (varlen.cuh ws_row_offset): every sequence
+    gets its tokens plus VARLEN_ROW_PAD rows, rounded up to 8."""
+    return -(-(int(total_q) + VARLEN_ROW_PAD * int(nseq)) // 8) * 8
 
 
 def head_group(pairs: int, kv_ctas: int, sms: int) -> int:
@@ -164,10 +175,10 @@ class FA2Backward(Family):
     description = ("FlashAttention-2 backward: K/V-block CTAs, dQ by fp32 atomics "
                    "(or ordered), preprocess / dQ convert / GQA reduction kernels")
 
-    features = ("alibi", "softcap", "window")
+    features = ("alibi", "softcap", "varlen", "window")
 
     def supports(self, arch, problem: Problem) -> str:
-        return super().supports(arch, problem) or check_head_dim(problem)
+        return super().supports(arch, problem) or check_head_dim(problem) or varlen_mix(self, problem)
 
     def head_dim_of(self, head_dim: int) -> int:
         """Up to 128 the forward's (a multiple of 16); above, a multiple of 32, so that two
@@ -176,9 +187,12 @@ class FA2Backward(Family):
 
     def for_problem(self, config, problem: Problem):
         # the call's flag decides (tuned tables and the torch op's configs carry none)
+        changes = {}
         if config.deterministic != problem.deterministic:
-            config = config.replace(deterministic=problem.deterministic)
-        return self.with_features(config, problem)
+            changes["deterministic"] = problem.deterministic
+        if config.varlen != is_varlen(problem):
+            changes["varlen"] = is_varlen(problem)
+        return self.with_features(config.replace(**changes) if changes else config, problem)
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> BwdConfig:
         """A warp owns 16·m keys (Bc = 16·m·warps): its rows of dK_j and dV_j cost m·head_dim
@@ -207,10 +221,11 @@ class FA2Backward(Family):
                              max_smem)
 
     def kernel_names(self, config) -> dict:
+        targs = f"cuflash::{config.dtype}" + (", true" if config.varlen else "")
         return {"main": config.kernel_name(),
-                "preprocess": f"cuflash::fa2_bwd_preprocess<cuflash::{config.dtype}>",
-                "convert_dq": f"cuflash::fa2_bwd_convert_dq<cuflash::{config.dtype}>",
-                "reduce_dkv": f"cuflash::fa2_bwd_reduce_dkv<cuflash::{config.dtype}>"}
+                "preprocess": f"cuflash::fa2_bwd_preprocess<{targs}>",
+                "convert_dq": f"cuflash::fa2_bwd_convert_dq<{targs}>",
+                "reduce_dkv": f"cuflash::fa2_bwd_reduce_dkv<{targs}>"}
 
     def workspace(self, config, problem: Problem, strides: Optional[dict] = None) -> dict:
         """Byte offsets of the workspace pieces (params.cuh BwdParams), and 'total': fp32
@@ -224,6 +239,17 @@ class FA2Backward(Family):
             sizes["dout_copy"] = bh * problem.seqlen_q * problem.head_dim * 2
         if problem.nheads != problem.nheads_kv:
             sizes["dk_accum"] = sizes["dv_accum"] = bh * problem.seqlen_k * config.head_dim * 4
+        if is_varlen(problem):  # indexed by tokens (varlen.cuh); needs the call's totals
+            if strides is None or "totals" not in strides:
+                raise ValueError("fa2_bwd: a varlen workspace needs strides['totals'] = (total_q, total_k)")
+            total_q, total_k = strides["totals"]
+            ws_rows = varlen_ws_rows(total_q, problem.batch)
+            sizes.update(lse_log2=problem.nheads * ws_rows * 4, D=problem.nheads * ws_rows * 4,
+                         dq_accum=problem.nheads * ws_rows * config.head_dim * 4)
+            if "dout_copy" in sizes:
+                sizes["dout_copy"] = total_q * problem.nheads * problem.head_dim * 2
+            if problem.nheads != problem.nheads_kv:
+                sizes["dk_accum"] = sizes["dv_accum"] = problem.nheads * total_k * config.head_dim * 4
         if config.deterministic:
             sizes["dq_semaphore"] = bh * (rows // 16) * 4
         offsets, total = {}, 0
@@ -263,6 +289,12 @@ class FA2Backward(Family):
         fields.update(strides3("do_src", src), do_src_col_stride=src[3])
         # the main kernel reads dout in place, or the preprocess's contiguous copy
         fields.update(strides3("do", contiguous_strides(p) if "dout_copy" in workspace else src))
+        fields.update(cu_seqlens_q=0, cu_seqlens_k=0, total_q=0, total_k=0, ws_rows=0)
+        if is_varlen(p):
+            fields.update(varlen_fields(p, strides, ("q", "k", "v", "o", "dq", "dk", "dv", "do",
+                                                     "do_src")))
+            total_q, total_k = strides["totals"]
+            fields.update(total_k=int(total_k), ws_rows=varlen_ws_rows(total_q, p.batch))
         return dict(fields, batch=p.batch, nheads=p.nheads, nheads_kv=p.nheads_kv,
                     seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
                     seqlen_q_rounded=-(-p.seqlen_q // ROW_PAD) * ROW_PAD, head_dim=p.head_dim,

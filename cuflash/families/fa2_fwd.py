@@ -39,6 +39,8 @@ class FwdConfig(KernelConfig):
     head_dim:  the compile-time head dim (multiple of 16, <= 256)
     dtype:     "bf16" or "fp16"
     causal:    bottom-right aligned causal mask, a compile-time flag
+    varlen:    variable-length batches (cu_seqlens), a compile-time flag set from the call
+               (``for_problem``), never tuned
     window:    sliding window (kWindow; the bounds are run-time params)
     softcap:   softcapping (kSoftcap; the cap is a run-time param)
     alibi:     ALiBi (kAlibi; the slopes are a run-time pointer)
@@ -51,6 +53,7 @@ class FwdConfig(KernelConfig):
     head_dim: int
     dtype: str
     causal: bool
+    varlen: bool = False
     window: bool = False
     softcap: bool = False
     alibi: bool = False
@@ -62,7 +65,8 @@ class FwdConfig(KernelConfig):
     def name(self) -> str:
         mask = "causal" if self.causal else "full"
         return (f"fwd_{self.dtype}_d{self.head_dim}_{mask}_"
-                f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}{name_suffix(self)}")
+                f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}"
+                + ("_varlen" if self.varlen else "") + name_suffix(self))
 
     @property
     def smem_bytes(self) -> int:
@@ -78,11 +82,11 @@ class FwdConfig(KernelConfig):
     def kernel_name(self) -> str:
         return (f"cuflash::fa2_fwd<{self.Br}, {self.Bc}, {self.warps}, {self.stages}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {'true' if self.causal else 'false'}"
-                f"{template_suffix(self)}>")
+                f", {'true' if self.varlen else 'false'}{template_suffix(self)}>")
 
     def template_args(self) -> tuple:
         return (self.Br, self.Bc, self.warps, self.stages, self.head_dim, self.dtype, self.causal,
-                self.window, self.softcap, self.alibi)
+                self.varlen, self.window, self.softcap, self.alibi)
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -119,6 +123,40 @@ def strides3(prefix: str, strides) -> dict:
             f"{prefix}_head_stride": strides[2]}
 
 
+# ---- variable-length batches (kernels_cu/varlen.cuh) ----
+# A varlen Problem has "varlen" in its features, batch = the number of sequences and
+# seqlen_q / seqlen_k = the longest (max_seqlen_q/k). The API passes the packed tensors as
+# (1, total, nheads, head_dim) views and the token totals as strides["totals"] =
+# (total_q, total_k); the cu_seqlens pointers are per call (launch.Plan.run_varlen).
+VARLEN = "varlen"
+
+
+def is_varlen(problem: Problem) -> bool:
+    return VARLEN in problem.features
+
+
+def other_features(problem: Problem) -> tuple:
+    """The features of ``problem`` that the fa2 families do not implement."""
+    return tuple(f for f in problem.features if f != VARLEN)
+
+
+def varlen_mix(family, problem: Problem) -> str:
+    """'' unless ``problem`` mixes varlen with window / softcap / ALiBi: the kernels have both
+    flags, but no call path passes the features' values with varlen yet."""
+    mixed = [f for f in other_features(problem) if f in family.features] if is_varlen(problem) else []
+    return f"{family.name} has no feature {mixed[0]!r} with varlen" if mixed else ""
+
+
+def varlen_fields(problem: Problem, strides: dict, prefixes) -> dict:
+    """Params fields of a varlen call (zeros for a fixed-length one): batch strides 0 (the
+    sequence offsets come from cu_seqlens), the totals, null cu_seqlens (written per call)."""
+    if not is_varlen(problem):
+        return {}
+    out = {f"{name}_batch_stride": 0 for name in prefixes}
+    out.update(total_q=int(strides["totals"][0]))
+    return out
+
+
 class FA2Forward(Family):
     name = "fa2_fwd"
     op = "fwd"
@@ -129,10 +167,16 @@ class FA2Forward(Family):
     pointer_fields = ("q", "k", "v", "o", "lse")
     min_arch = (8, 0)
     description = "FlashAttention-2 forward: mma.sync m16n8k16, ldmatrix, cp.async ring"
-    features = ("alibi", "softcap", "window")
+    features = ("alibi", "softcap", "varlen", "window")
 
     def supports(self, arch, problem: Problem) -> str:
-        return super().supports(arch, problem) or check_head_dim(problem)
+        return super().supports(arch, problem) or check_head_dim(problem) or varlen_mix(self, problem)
+
+    def for_problem(self, config, problem: Problem):
+        # varlen is the call's (tuned tables and heuristics carry none); so are the features
+        varlen = is_varlen(problem)
+        config = config if config.varlen == varlen else config.replace(varlen=varlen)
+        return self.with_features(config, problem)
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> FwdConfig:
         """Each warp should own two 16-row tiles of Q (Br = 128 with 4 warps): every K or V
@@ -166,9 +210,12 @@ class FA2Forward(Family):
         return [LaunchSpec("main", grid, config.threads, config.smem_bytes)]
 
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
-        return dict(**strides3("q", strides["q"]), **strides3("k", strides["k"]),
-                    **strides3("v", strides["v"]), **strides3("o", strides["o"]),
-                    **forward_sizes(problem, softmax_scale), **feature_params(problem, softmax_scale))
+        fields = dict(**strides3("q", strides["q"]), **strides3("k", strides["k"]),
+                      **strides3("v", strides["v"]), **strides3("o", strides["o"]),
+                      **forward_sizes(problem, softmax_scale), cu_seqlens_q=0, cu_seqlens_k=0,
+                      total_q=0, **feature_params(problem, softmax_scale))
+        fields.update(varlen_fields(problem, strides, ("q", "k", "v", "o")))
+        return fields
 
 
 FAMILY = register(FA2Forward())

@@ -1,0 +1,161 @@
+"""Variable-length batches on the GPU: launch plans for the varlen kernels (fa2_fwd / fa2_bwd
+built with ``varlen``, kernels_cu/varlen.cuh), for CuPy arrays, NumPy arrays and torch tensors.
+
+``cuflash.api.flash_attn_varlen_func`` validates a call and comes here for GPU inputs; torch
+tensors go through ``cuflash.varlen_torch`` (autograd, torch.library ops for torch.compile and
+CUDA graphs), which launches the same plans. Layouts are flash-attn's: q, out (total_q, nheads,
+head_dim); k, v (total_k, nheads_kv, head_dim); cu_seqlens int32 (batch + 1) on the device;
+softmax_lse fp32 (nheads, total_q).
+
+A varlen call is a ``Problem`` with "varlen" in its features, batch = number of sequences and
+seqlen_q / seqlen_k = max_seqlen_q / max_seqlen_k (the grids' extent); selection and the
+families handle it as any other problem (sm90_fwd refuses it, so fa2_fwd runs on the H100).
+The token totals travel to the family as ``strides["totals"]`` (the fp32 workspace of the
+backward is indexed by tokens), the cu_seqlens pointers per call (``Plan.run_varlen``).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .problem import Problem
+
+VARLEN = ("varlen",)
+_plans: dict = {}
+
+
+def _drop_plans() -> None:
+    _plans.clear()
+
+
+def _on_change():
+    from . import compile as compile_mod
+
+    compile_mod.on_change(_drop_plans)
+
+
+_on_change()
+
+
+def strides4(strides3) -> tuple:
+    """A (total, nheads, head_dim) array's element strides as the kernels' 4-D (batch stride 0)."""
+    return (0,) + tuple(int(s) for s in strides3[:2]) + (int(strides3[2]) if len(strides3) > 2 else 1,)
+
+
+def problem_of(op: str, dtype: str, nseq: int, max_q: int, max_k: int, nheads: int, nheads_kv: int,
+               head_dim: int, causal: bool, deterministic: bool = False) -> Problem:
+    return Problem(op, dtype, nseq, max_q, max_k, nheads, nheads_kv, head_dim, bool(causal),
+                   bool(deterministic), VARLEN)
+
+
+def get_plan(op: str, dtype: str, nseq: int, max_q: int, max_k: int, totals: tuple, q_shape: tuple,
+             k_shape: tuple, strides: dict, scale: float, causal: bool, deterministic: bool,
+             device: int, config=None):
+    """The cached launch plan of one varlen call shape (``strides``: per tensor, 3-D)."""
+    key = (op, dtype, nseq, max_q, max_k, totals, q_shape, k_shape,
+           tuple(sorted((n, tuple(s)) for n, s in strides.items())), scale, causal, deterministic,
+           device, config)
+    plan = _plans.get(key)
+    if plan is None:
+        from .api import make_plan
+
+        problem = problem_of(op, dtype, nseq, max_q, max_k, q_shape[1], k_shape[1], q_shape[2],
+                             causal, deterministic)
+        full = {n: strides4(s) for n, s in strides.items()}
+        full["totals"] = tuple(int(t) for t in totals)
+        plan = _plans[key] = make_plan(problem, full, scale, device, config)
+    return plan
+
+
+def contiguous3(shape) -> tuple:
+    return (shape[1] * shape[2], shape[2], 1)
+
+
+# ---------------------------------------------------------------------------------------
+# CuPy (and NumPy through CuPy)
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+def _strides3(x) -> tuple:
+    item = x.dtype.itemsize
+    return tuple(s // item for s in x.strides)
+
+
+def forward_cupy(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool,
+                 config=None, dtype=None):
+    """(out, lse) of validated CuPy arrays, on the current stream; head dim a multiple of 8.
+    dtype: "bf16" / "fp16" for arrays of raw 16-bit words (NumPy inputs), else q's."""
+    cupy = _cupy()
+    total_q, nheads, d = q.shape
+    total_k = k.shape[0]
+    nseq = cu_q.shape[0] - 1
+    with cupy.cuda.Device(q.device.id):
+        out = cupy.empty(q.shape, q.dtype)
+        lse = cupy.empty((nheads, total_q), cupy.float32)
+        if total_q == 0 or nheads == 0 or max_q == 0:
+            return out, lse
+        if total_k == 0 or max_k == 0:  # no keys anywhere: every row fully masked
+            out.view(cupy.uint16).fill(0)
+            lse.fill(math.inf)
+            return out, lse
+        from . import api
+
+        if api.POISON_OUTPUTS:
+            out.view(cupy.uint16).fill(0x7FFF)
+            lse.fill(np.nan)
+        strides = {"q": _strides3(q), "k": _strides3(k), "v": _strides3(v), "o": contiguous3(q.shape)}
+        plan = get_plan("fwd", dtype or api.dtype_name(q), nseq, int(max_q), int(max_k), (total_q, total_k),
+                        q.shape, k.shape, strides, scale, bool(causal), False, q.device.id, config)
+        plan.run_varlen((q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr), 0,
+                        cupy.cuda.get_current_stream().ptr, cu_q.data.ptr, cu_k.data.ptr)
+    return out, lse
+
+
+def backward_cupy(dout, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, scale: float,
+                  causal: bool, deterministic: bool = False, config=None):
+    """(dq, dk, dv) of validated CuPy arrays, on the current stream; head dim a multiple of 8."""
+    cupy = _cupy()
+    total_q, nheads, d = q.shape
+    total_k = k.shape[0]
+    nseq = cu_q.shape[0] - 1
+    with cupy.cuda.Device(q.device.id):
+        dq, dk, dv = (cupy.empty(x.shape, x.dtype) for x in (q, k, v))
+        if total_q == 0 or total_k == 0 or nheads == 0 or max_q == 0 or max_k == 0:
+            for x in (dq, dk, dv):
+                x.view(cupy.uint16).fill(0)
+            return dq, dk, dv
+        from . import api
+
+        dout = cupy.ascontiguousarray(dout)
+        if dout.data.ptr & 15:
+            dout = dout.copy()
+        lse = cupy.ascontiguousarray(lse)
+        strides = {"dout": _strides3(dout), "q": _strides3(q), "k": _strides3(k), "v": _strides3(v),
+                   "o": _strides3(out), "dq": contiguous3(q.shape), "dk": contiguous3(k.shape),
+                   "dv": contiguous3(k.shape)}
+        plan = get_plan("bwd", api.dtype_name(q), nseq, int(max_q), int(max_k), (total_q, total_k),
+                        q.shape, k.shape, strides, scale, bool(causal), bool(deterministic),
+                        q.device.id, config)
+        if api.POISON_OUTPUTS:
+            for x in (dq, dk, dv):
+                x.view(cupy.uint16).fill(0x7FFF)
+        ws = cupy.empty(max(plan.workspace_bytes, 1), cupy.uint8)
+        plan.run_varlen((dout.data.ptr, q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr,
+                         lse.data.ptr, dq.data.ptr, dk.data.ptr, dv.data.ptr), ws.data.ptr,
+                        cupy.cuda.get_current_stream().ptr, cu_q.data.ptr, cu_k.data.ptr)
+    return dq, dk, dv
+
+
+def forward_numpy(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, config=None):
+    """NumPy inputs: copied to the current GPU as raw 16-bit words, results copied back."""
+    cupy = _cupy()
+    dq, dk, dv = (cupy.asarray(np.ascontiguousarray(x).view(np.uint16)) for x in (q, k, v))
+    cq, ck = cupy.asarray(np.asarray(cu_q, np.int32)), cupy.asarray(np.asarray(cu_k, np.int32))
+    out, lse = forward_cupy(dq, dk, dv, cq, ck, max_q, max_k, scale, causal, config,
+                            "bf16" if str(q.dtype) == "bfloat16" else "fp16")
+    return cupy.asnumpy(out).view(q.dtype), cupy.asnumpy(lse)

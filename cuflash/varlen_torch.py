@@ -1,0 +1,180 @@
+"""torch bridge of the varlen kernels (cuflash.varlen): autograd, torch.compile, CUDA graphs.
+
+Two ops (``torch.library.define`` + ``impl`` + ``register_fake``, as cuflash.torch_ops):
+
+* ``cuflash::varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+  softmax_scale, causal, config) -> (out, lse)``
+* ``cuflash::varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+  max_seqlen_k, softmax_scale, causal, deterministic, config) -> (dq, dk, dv)``
+
+They launch by raw pointer on torch's current stream into torch-allocated outputs and never
+read cu_seqlens back to the host, so CUDA-graph capture is legal (the API's value checks of
+cu_seqlens, a device-to-host copy, are skipped while capturing or compiling).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import api, varlen
+from .torch_ops import _decode, _encode, _raw_stream
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _strides3(x) -> tuple:
+    return tuple(int(s) for s in x.stride())
+
+
+def _ready(x):
+    """x, or a contiguous 16-byte aligned copy when the kernels cannot read it in place."""
+    if x.stride(-1) == 1 and not x.data_ptr() & 15 and all(
+            s % 8 == 0 for s, n in zip(x.stride()[:2], x.shape[:2]) if n > 1):
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def _pad(x, padded: int):
+    return torch.nn.functional.pad(x, (0, padded - x.shape[-1]))
+
+
+def forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool, config=None):
+    """(out, lse) by the varlen kernels; no autograd. Inputs validated by the API."""
+    d = q.shape[-1]
+    padded = api.padded_head_dim(d)
+    if padded != d:  # zero-padded copies, the output sliced back
+        out, lse = forward(*(_pad(x, padded) for x in (q, k, v)), cu_q, cu_k, max_q, max_k, scale,
+                           causal, config)
+        return out[..., :d].contiguous(), lse
+    total_q, nheads, _ = q.shape
+    total_k = k.shape[0]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q.device)
+    if total_q == 0 or nheads == 0 or max_q == 0:
+        return out, lse
+    if total_k == 0 or max_k == 0:
+        out.zero_()
+        lse.fill_(math.inf)
+        return out, lse
+    q, k, v = _ready(q), _ready(k), _ready(v)
+    cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
+    strides = {"q": _strides3(q), "k": _strides3(k), "v": _strides3(v),
+               "o": varlen.contiguous3(q.shape)}
+    plan = varlen.get_plan("fwd", _DTYPES[q.dtype], cu_q.shape[0] - 1, int(max_q), int(max_k),
+                           (total_q, total_k), tuple(q.shape), tuple(k.shape), strides, float(scale),
+                           bool(causal), False, q.device.index, config)
+    if api.POISON_OUTPUTS:
+        out.fill_(math.nan)
+        lse.fill_(math.nan)
+    plan.run_varlen((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()), 0,
+                    _raw_stream(plan.device), cu_q.data_ptr(), cu_k.data_ptr())
+    return out, lse
+
+
+def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, scale: float,
+             causal: bool, deterministic: bool, config=None):
+    """(dq, dk, dv) by the varlen kernels; no autograd."""
+    d = q.shape[-1]
+    padded = api.padded_head_dim(d)
+    if padded != d:
+        grads = backward(*(_pad(x, padded) for x in (dout, q, k, v, out)), lse, cu_q, cu_k, max_q,
+                         max_k, scale, causal, deterministic, config)
+        return tuple(g[..., :d].contiguous() for g in grads)
+    total_q, nheads, _ = q.shape
+    total_k = k.shape[0]
+    if total_q == 0 or total_k == 0 or nheads == 0 or max_q == 0 or max_k == 0:
+        return tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    dout = dout.clone(memory_format=torch.contiguous_format) if (
+        not dout.is_contiguous() or dout.data_ptr() & 15) else dout
+    q, k, v, out = _ready(q), _ready(k), _ready(v), _ready(out)
+    lse, cu_q, cu_k = lse.contiguous(), cu_q.contiguous(), cu_k.contiguous()
+    strides = {"dout": _strides3(dout), "q": _strides3(q), "k": _strides3(k), "v": _strides3(v),
+               "o": _strides3(out), "dq": varlen.contiguous3(q.shape),
+               "dk": varlen.contiguous3(k.shape), "dv": varlen.contiguous3(k.shape)}
+    plan = varlen.get_plan("bwd", _DTYPES[q.dtype], cu_q.shape[0] - 1, int(max_q), int(max_k),
+                           (total_q, total_k), tuple(q.shape), tuple(k.shape), strides, float(scale),
+                           bool(causal), bool(deterministic), q.device.index, config)
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    ws = torch.empty(max(plan.workspace_bytes, 1), dtype=torch.uint8, device=q.device)
+    if api.POISON_OUTPUTS:
+        for x in (dq, dk, dv):
+            x.fill_(math.nan)
+    plan.run_varlen((dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                     lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()), ws.data_ptr(),
+                    _raw_stream(plan.device), cu_q.data_ptr(), cu_k.data_ptr())
+    return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------------------
+# the torch ops (what torch.compile traces)
+
+torch.library.define("cuflash::varlen_fwd",
+                     "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+                     "int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
+                     "str config) -> (Tensor, Tensor)")
+torch.library.define("cuflash::varlen_bwd",
+                     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                     "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
+                     "float softmax_scale, bool causal, bool deterministic, str config) "
+                     "-> (Tensor, Tensor, Tensor)")
+
+
+@torch.library.impl("cuflash::varlen_fwd", "CUDA")
+def _fwd_op(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, config):
+    return forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, _decode(config, q.dtype, causal))
+
+
+@torch.library.impl("cuflash::varlen_bwd", "CUDA")
+def _bwd_op(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, deterministic, config):
+    return backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, deterministic,
+                    _decode(config, q.dtype, causal))
+
+
+@torch.library.register_fake("cuflash::varlen_fwd")
+def _(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, config):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device))
+
+
+@torch.library.register_fake("cuflash::varlen_bwd")
+def _(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, deterministic, config):
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+
+
+# ---------------------------------------------------------------------------------------
+# autograd
+
+class VarlenFn(torch.autograd.Function):
+    """out, lse = varlen attention(q, k, v); the backward runs the varlen backward kernels.
+    args = (max_q, max_k, scale, causal, deterministic, config, bwd_config)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, args):
+        max_q, max_k, scale, causal, deterministic, config, bwd_config = args
+        out, lse = torch.ops.cuflash.varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal,
+                                                _encode(config))
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.state = (max_q, max_k, scale, causal, deterministic, bwd_config)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse=None):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        max_q, max_k, scale, causal, deterministic, bwd_config = ctx.state
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = torch.ops.cuflash.varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k,
+                                                  scale, causal, deterministic, _encode(bwd_config))
+        return dq, dk, dv, None, None, None
+
+
+def attention(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool,
+              deterministic: bool, config=None, bwd_config=None):
+    """(out, lse) of a validated torch CUDA varlen call, with autograd when q, k or v need it."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return VarlenFn.apply(q, k, v, cu_q, cu_k, (int(max_q), int(max_k), float(scale), bool(causal),
+                                                    bool(deterministic), config, bwd_config))
+    return torch.ops.cuflash.varlen_fwd(q, k, v, cu_q, cu_k, int(max_q), int(max_k), float(scale),
+                                        bool(causal), _encode(config))
