@@ -20,7 +20,10 @@ Modes (results in results/<gpu name>/):
   features  sliding window 1024 at 8k, softcap, ALiBi vs the same call without the feature and
             vs SDPA (math / efficient / cuDNN with an explicit mask, flash without):
             bench_features.{json,csv}
-  all       fwd, fwdbwd, memory, overhead, startup (not tuned, not io, not features)
+  ring      context parallelism: cuflash.distributed ring attention, one process per GPU
+            (NCCL), vs single-GPU cuflash on the same shard and torch's context parallel,
+            seqlen 128k .. 1M: results/<gpu name>x<P>/ring.{json,csv}
+  all       fwd, fwdbwd, memory, overhead, startup (not tuned, not io, not features, not ring)
 
 Shapes follow the FlashAttention convention (heads = 2048 / head dim, batch · seqlen = 16k),
 FLOPs cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward); all timing is
@@ -36,7 +39,7 @@ import time
 
 from .common import HDIMS, SEQLENS, gpu_dir_name  # noqa: F401 - gpu_dir_name: tuning/cli.py
 
-MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io", "features")
+MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io", "features", "ring")
 ALL = ("fwd", "fwdbwd", "memory", "overhead", "startup")
 
 
@@ -79,6 +82,17 @@ def parser() -> argparse.ArgumentParser:
                     help="features: cases (default all: window1024_causal window1024 softcap30 "
                          "softcap30_causal alibi alibi_causal)")
     ap.add_argument("--out", default="results", help="results root (default results)")
+    ap.add_argument("--ring-seqlens", type=int, nargs="+", default=None,
+                    help="ring: total seqlens (default 131072 262144 524288 1048576)")
+    ap.add_argument("--ring-procs", type=int, default=None,
+                    help="ring: processes = GPUs (default every visible GPU)")
+    ap.add_argument("--ring-heads", type=int, default=8, help="ring: heads (default 8, d 128)")
+    ap.add_argument("--ring-budget-s", type=float, default=270.0,
+                    help="ring: skip problems that would end the run past this (default 270 s)")
+    ap.add_argument("--ring-full-max", type=int, default=262144,
+                    help="ring: largest seqlen also run whole on one GPU (default 262144)")
+    ap.add_argument("--no-torch-cp", action="store_true",
+                    help="ring: skip torch's context_parallel")
     return ap
 
 
@@ -114,6 +128,11 @@ def run_mode(mode: str, a) -> object:
         return mod.run(hdims=a.feature_hdims, seqlens=a.feature_seqlens, dtypes=a.dtypes,
                        cases=tuple(a.feature_cases or mod.CASES), out=a.out, reps=a.reps or 10,
                        flush_l2=a.flush_l2)
+    if mode == "ring":
+        return mod.run(seqlens=a.ring_seqlens or mod.SEQLENS,
+                       causals=tuple(sorted(causals, reverse=True)), procs=a.ring_procs,
+                       nheads=a.ring_heads, reps=a.reps or 3, budget_s=a.ring_budget_s,
+                       torch_cp=not a.no_torch_cp, full_max=a.ring_full_max, out=a.out)
     raise ValueError(f"unknown mode {mode!r}")
 
 

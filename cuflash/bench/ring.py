@@ -1,0 +1,370 @@
+"""--mode ring: context parallelism, cuflash ring attention over P GPUs (NCCL), against
+single-GPU cuflash on the same per-GPU shard and torch's own context parallel.
+
+One process per GPU (``torch.multiprocessing.spawn``, NCCL, NVLink multicast off:
+NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1). Problems:
+batch 1, d 128, bf16, --ring-heads heads (default 8), total seqlen --ring-seqlens (default
+128k, 256k, 512k, 1M), causal (zigzag layout) at every seqlen first, then non-causal
+(--causal); each rank holds seqlen / P positions. A problem is skipped, with a record saying
+so, when the run's estimated time would pass --ring-budget-s (default 270 s; the estimate:
+the last problem of that mask scaled by seqlen²).
+
+Records (results/<gpu>x<P>/ring.{json,csv}), impl:
+  ring           fwd_ms, bwd_ms (ring_forward / ring_backward, no autograd), tflops_per_gpu
+                 (fwd + bwd FLOPs of the whole problem / P / (fwd_ms + bwd_ms)), fwd_tflops_per_gpu,
+                 bwd_tflops_per_gpu, peak_bytes_per_gpu (max over ranks of the peak allocated
+                 during one autograd forward + backward, above the inputs), comm_exposed_ms
+                 (fwd + bwd time minus the same steps' computation without transfers),
+                 efficiency (tflops_per_gpu / single-GPU cuflash's on the shard), P, seqlen,
+                 causal, d, nheads, batch
+  cuflash_shard  single-GPU cuflash (flash_attn_func) forward and backward on one rank's
+                 shard as its own sequence (seqlen / P, the same causal): fwd_ms, bwd_ms,
+                 tflops
+  cuflash_1gpu   single-GPU cuflash on the whole sequence (rank 0), for seqlen <= 256k
+                 (--ring-full-max): fwd_ms, bwd_ms, tflops
+  torch_cp       torch.distributed.tensor.experimental.context_parallel around SDPA (flash
+                 backend): fwd_ms, bwd_ms, tflops_per_gpu; or error: why it did not run
+Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
+cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import socket
+import time
+
+STEM = "ring"
+SEQLENS = (131072, 262144, 524288, 1048576)
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def flops(batch, nheads, seqlen, d, causal, op="fwd") -> float:
+    f = 4.0 * batch * nheads * seqlen * seqlen * d / (2 if causal else 1)
+    return f * (2.5 if op == "bwd" else 1.0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(seqlens=SEQLENS, causals=(True, False), procs=None, nheads=8, d=128, reps=3,
+        budget_s=270.0, torch_cp=True, full_max=262144, out="results"):
+    """Spawn one process per GPU and run the mode; rank 0 writes the records."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from .. import _gpu
+
+    reason = _gpu.why_unavailable()
+    if reason:
+        raise _gpu.NoGPUError(reason)
+    n = torch.cuda.device_count()
+    procs = procs or n
+    if procs < 2 or procs > n:
+        raise _gpu.NoGPUError(f"bench ring needs 2 <= P <= {n} GPUs here, asked for P = {procs}")
+    os.environ.update(NO_MULTICAST)  # inherited by the children before NCCL starts
+    opts = dict(seqlens=tuple(seqlens), causals=tuple(causals), nheads=nheads, d=d, reps=reps,
+                budget_s=budget_s, torch_cp=torch_cp, full_max=full_max, out=out)
+    print(f"bench ring: P = {procs} processes, seqlens {list(seqlens)}, causal {list(causals)}, "
+          f"budget {budget_s:.0f} s", flush=True)
+    mp.spawn(_worker, args=(procs, _free_port(), opts), nprocs=procs, join=True)
+
+
+# ---------------------------------------------------------------------------------------
+# in each process
+
+def _init(rank, world, port):
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(NO_MULTICAST)
+    torch.cuda.set_device(rank)
+    # a rank that fails leaves the others in a collective: they time out instead of hanging
+    kw = dict(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+              timeout=datetime.timedelta(seconds=600))
+    try:
+        dist.init_process_group("nccl", device_id=torch.device("cuda", rank), **kw)
+    except TypeError:  # an older torch: no device_id
+        dist.init_process_group("nccl", **kw)
+
+
+def _timed(fn, reps: int) -> float:
+    """Median over reps of the max over ranks of one call's CUDA-event time (ms)."""
+    import torch
+    import torch.distributed as dist
+
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        t = torch.tensor([start.elapsed_time(end)], device="cuda")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        times.append(t.item())
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _agree(value: bool) -> bool:
+    """Rank 0's decision, on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([1 if value else 0], device="cuda")
+    dist.broadcast(t, 0)
+    return bool(t.item())
+
+
+def _max_over_ranks(x: float) -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(x)], device="cuda", dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _short(exc) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{exc.__class__.__name__}: {text}"[:300]
+
+
+def _worker(rank, world, port, opts):
+    import torch
+    import torch.distributed as dist
+
+    _init(rank, world, port)
+    log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+    records, t_start = [], time.perf_counter()
+    last = {}  # causal -> (seqlen, seconds) of the last problem measured
+    try:
+        # causal first (long-context training), then the next mask; seqlens ascending
+        for causal in opts["causals"]:
+            for seqlen in opts["seqlens"]:
+                spent = time.perf_counter() - t_start
+                prev = last.get(causal)
+                est = None if prev is None else prev[1] * (seqlen / prev[0]) ** 2
+                go = _agree(est is None or spent + est <= opts["budget_s"])
+                base = dict(P=world, seqlen=seqlen, causal=causal, d=opts["d"],
+                            nheads=opts["nheads"], batch=1)
+                if not go:
+                    records.append(dict(impl="ring", **base, skipped=(
+                        f"estimated {est:.0f} s would pass the {opts['budget_s']:.0f} s budget "
+                        f"({spent:.0f} s spent)")))
+                    log(f"ring s={seqlen} causal={causal}: skipped (estimated {est:.0f} s, "
+                        f"{spent:.0f} s spent of {opts['budget_s']:.0f})")
+                    continue
+                t0 = time.perf_counter()
+                records += _measure(rank, world, seqlen, causal, opts, log, base)
+                if seqlen <= opts["full_max"]:
+                    records += _full(rank, seqlen, causal, opts, base, log)
+                last[causal] = (seqlen, _max_over_ranks(time.perf_counter() - t0))
+                torch.cuda.empty_cache()
+        if rank == 0:
+            _write(records, world, opts["out"], log)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _write(records, world, out, log):
+    from pathlib import Path
+
+    from .common import gpu_dir_name, write
+
+    write(records, Path(out) / f"{gpu_dir_name(0)}x{world}", STEM, log=log, P=world)
+
+
+def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
+    import torch
+
+    from .. import distributed as cfd
+    from ..api import flash_attn_func
+
+    b, h, d, reps = 1, opts["nheads"], opts["d"], opts["reps"]
+    s_local = seqlen // world
+    scale = 1 / math.sqrt(d)
+    dt = torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(1234 + rank)
+    q, k, v, dout = (torch.randn(b, s_local, h, d, device="cuda", dtype=dt, generator=g)
+                     for _ in range(4))
+    f_fwd, f_bwd = flops(b, h, seqlen, d, causal), flops(b, h, seqlen, d, causal, "bwd")
+    recs = []
+
+    # the ring, no autograd: forward, backward, and both without transfers
+    rec = dict(impl="ring", **base)
+    try:
+        fwd = lambda comm=True: cfd.ring_forward(q, k, v, scale, causal, None, "zigzag", comm)  # noqa: E731
+        out, lse = fwd()  # warm-up: compiles
+        bwd = lambda comm=True: cfd.ring_backward(dout, q, k, v, out, lse, scale, causal, None,  # noqa: E731
+                                                  "zigzag", False, comm)
+        bwd()
+        rec["fwd_ms"] = fwd_ms = _timed(fwd, reps)
+        rec["bwd_ms"] = bwd_ms = _timed(bwd, reps)
+        compute_ms = _timed(lambda: fwd(False), reps) + _timed(lambda: bwd(False), reps)
+        rec["compute_only_ms"] = compute_ms
+        rec["comm_exposed_ms"] = max(0.0, fwd_ms + bwd_ms - compute_ms)
+        rec["fwd_tflops_per_gpu"] = f_fwd / world / fwd_ms / 1e9
+        rec["bwd_tflops_per_gpu"] = f_bwd / world / bwd_ms / 1e9
+        rec["tflops_per_gpu"] = (f_fwd + f_bwd) / world / (fwd_ms + bwd_ms) / 1e9
+        del out, lse
+        # peak memory of one autograd forward + backward
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        o = cfd.ring_flash_attn_func(*leaves, causal=causal)
+        torch.autograd.grad(o, leaves, dout)
+        torch.cuda.synchronize()
+        del o, leaves
+        rec["peak_bytes_per_gpu"] = int(_max_over_ranks(torch.cuda.max_memory_allocated() - before))
+        rec["inputs_bytes_per_gpu"] = 4 * q.numel() * q.element_size()
+    except Exception as exc:  # noqa: BLE001 - a record says why
+        rec["error"] = _short(exc)
+    torch.cuda.empty_cache()
+
+    # single-GPU cuflash on the same per-GPU shard (every rank at once, on its own GPU)
+    shard = dict(impl="cuflash_shard", **base, shard_seqlen=s_local)
+    try:
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        holder = {}
+
+        def sfwd():
+            holder["o"] = flash_attn_func(*leaves, causal=causal)
+
+        def sbwd():
+            torch.autograd.grad(holder["o"], leaves, dout, retain_graph=True)
+
+        sfwd()
+        sbwd()
+        shard["fwd_ms"] = _timed(sfwd, reps)
+        shard["bwd_ms"] = _timed(sbwd, reps)
+        sf, sb = flops(b, h, s_local, d, causal), flops(b, h, s_local, d, causal, "bwd")
+        shard["tflops"] = (sf + sb) / (shard["fwd_ms"] + shard["bwd_ms"]) / 1e9
+        shard["fwd_tflops"] = sf / shard["fwd_ms"] / 1e9
+        holder.clear()
+        del leaves
+        if "tflops_per_gpu" in rec:
+            rec["efficiency"] = rec["tflops_per_gpu"] / shard["tflops"]
+            rec["fwd_efficiency"] = rec["fwd_tflops_per_gpu"] / shard["fwd_tflops"]
+    except Exception as exc:  # noqa: BLE001
+        shard["error"] = _short(exc)
+    torch.cuda.empty_cache()
+    recs += [rec, shard]
+    log(_line(rec, shard))
+
+    if opts["torch_cp"]:
+        recs.append(_torch_cp(rank, world, seqlen, causal, opts, base, log))
+    return recs
+
+
+def _line(rec, shard) -> str:
+    if "error" in rec:
+        return f"ring s={rec['seqlen']} causal={rec['causal']}: error {rec['error']}"
+    eff = rec.get("efficiency")
+    return (f"ring P={rec['P']} s={rec['seqlen']} causal={rec['causal']}: fwd {rec['fwd_ms']:.1f} ms "
+            f"bwd {rec['bwd_ms']:.1f} ms, {rec['tflops_per_gpu']:.0f} TFLOPs/GPU, comm exposed "
+            f"{rec['comm_exposed_ms']:.1f} ms, peak {rec.get('peak_bytes_per_gpu', 0) / 2**30:.2f} GiB/GPU; "
+            f"1-GPU shard {shard.get('tflops', float('nan')):.0f} TFLOPs -> efficiency "
+            f"{eff if eff is not None else float('nan'):.3f}")
+
+
+def _full(rank, seqlen, causal, opts, base, log) -> list:
+    """Single-GPU cuflash on the whole sequence, on rank 0 (the others wait)."""
+    import torch
+    import torch.distributed as dist
+
+    from ..api import flash_attn_func
+
+    rec = dict(base, impl="cuflash_1gpu", P=1)
+    if rank == 0:
+        b, h, d = 1, opts["nheads"], opts["d"]
+        try:
+            g = torch.Generator(device="cuda").manual_seed(7)
+            q, k, v, dout = (torch.randn(b, seqlen, h, d, device="cuda", dtype=torch.bfloat16,
+                                         generator=g) for _ in range(4))
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            times = {"fwd_ms": [], "bwd_ms": []}
+            for i in range(1 + opts["reps"]):
+                ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+                ev[0].record()
+                o = flash_attn_func(*leaves, causal=causal)
+                ev[1].record()
+                torch.autograd.grad(o, leaves, dout)
+                ev[2].record()
+                torch.cuda.synchronize()
+                if i:  # the first: warm-up
+                    times["fwd_ms"].append(ev[0].elapsed_time(ev[1]))
+                    times["bwd_ms"].append(ev[1].elapsed_time(ev[2]))
+            for key, ts in times.items():
+                rec[key] = sorted(ts)[len(ts) // 2]
+            f = flops(b, h, seqlen, d, causal) + flops(b, h, seqlen, d, causal, "bwd")
+            rec["tflops"] = f / (rec["fwd_ms"] + rec["bwd_ms"]) / 1e9
+            log(f"cuflash 1 GPU s={seqlen} causal={causal}: fwd {rec['fwd_ms']:.1f} ms bwd "
+                f"{rec['bwd_ms']:.1f} ms, {rec['tflops']:.0f} TFLOPs")
+            del q, k, v, dout, leaves, o
+        except Exception as exc:  # noqa: BLE001
+            rec["error"] = _short(exc)
+            log(f"cuflash 1 GPU s={seqlen} causal={causal}: {rec['error']}")
+        torch.cuda.empty_cache()
+    dist.barrier()
+    return [rec] if rank == 0 else []
+
+
+_meshes: dict = {}
+
+
+def _torch_cp(rank, world, seqlen, causal, opts, base, log) -> dict:
+    """torch's context parallel around SDPA (flash backend) on the same problem."""
+    import torch
+    import torch.nn.functional as F
+
+    rec = dict(impl="torch_cp", **base)
+    b, h, d, reps = 1, opts["nheads"], opts["d"], opts["reps"]
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.experimental import context_parallel
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        mesh = _meshes.get(world)
+        if mesh is None:  # one mesh for the run (each is a collective setup)
+            mesh = _meshes[world] = init_device_mesh("cuda", (world,))
+        g = torch.Generator(device="cuda").manual_seed(99)
+        # full (b, h, s, d) buffers on every rank: the context shards them in place
+        q, k, v, dout = (torch.randn(b, h, seqlen, d, device="cuda", dtype=torch.bfloat16,
+                                     generator=g) for _ in range(4))
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION), \
+                context_parallel(mesh, buffers=[q, k, v, dout], buffer_seq_dims=[2, 2, 2, 2],
+                                 no_restore_buffers={q, k, v, dout}):
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            holder = {}
+
+            def fwd():
+                holder["o"] = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+
+            def bwd():
+                torch.autograd.grad(holder["o"], leaves, dout, retain_graph=True)
+
+            fwd()
+            bwd()
+            rec["fwd_ms"] = _timed(fwd, reps)
+            rec["bwd_ms"] = _timed(bwd, reps)
+            holder.clear()
+        f = flops(b, h, seqlen, d, causal) + flops(b, h, seqlen, d, causal, "bwd")
+        rec["tflops_per_gpu"] = f / world / (rec["fwd_ms"] + rec["bwd_ms"]) / 1e9
+        log(f"torch_cp P={world} s={seqlen} causal={causal}: fwd {rec['fwd_ms']:.1f} ms bwd "
+            f"{rec['bwd_ms']:.1f} ms, {rec['tflops_per_gpu']:.0f} TFLOPs/GPU")
+    except Exception as exc:  # noqa: BLE001 - record why it did not run
+        rec["error"] = _short(exc)
+        log(f"torch_cp P={world} s={seqlen} causal={causal}: did not run ({rec['error']})")
+    torch.cuda.empty_cache()
+    return rec

@@ -1,0 +1,463 @@
+"""Context parallelism: ring attention over torch.distributed (issue 15).
+
+    import cuflash.distributed as cfd
+    q_local = cfd.zigzag_shard(q, rank, world)              # (b, s/P, h, d), likewise k, v
+    out_local = cfd.ring_flash_attn_func(q_local, k_local, v_local, causal=True)
+    out = cfd.zigzag_unshard([out_0, ..., out_P-1])         # (b, s, h, d)
+
+Each of the P ranks of a process group holds a shard of the sequence: q, k, v of shape
+(batch, seqlen_local, nheads / nheads_kv, headdim), the same layout and semantics as
+``cuflash.flash_attn_func`` on the whole sequence (GQA / MQA, softmax_scale, causal).
+
+Forward (P steps). Step s: rank r holds the K/V block of rank (r - s) mod P; it runs
+cuflash's forward (``torch_ops.forward``: the kernels on CUDA tensors, the float64
+reference on CPU tensors) on its local Q and that block, giving a partial (O_s, lse_s),
+and merges it into its running (O, lse) by log-sum-exp (``merge_partial``: flash-decoding's
+combine, in fp32). Meanwhile the block travels to rank r + 1 with
+``torch.distributed.batch_isend_irecv``, issued on a side CUDA stream so that it overlaps
+the step's computation (gloo on CPU: the same calls, no streams).
+
+Backward (the same ring). dQ stays local (fp32 accumulator). The K/V blocks rotate as in the
+forward; the dK/dV accumulator (fp32) of the block in hand travels with it one step behind
+and, after the last step, one more hop returns it to the block's owner. Each step calls
+cuflash's backward (``torch_ops.backward_impl``) with the GLOBAL merged out and lse: with
+P = exp(S - lse_global) and D = rowsum(dO * O_global), every block's dS = P * (dP - D) is
+exactly its share of the full gradient (the ring-attention identity), so no rescaling is
+needed.
+
+Causal: the sequence is cut into 2P chunks of equal length; the zigzag layout (the
+default) gives rank i the chunks i and 2P-1-i, so that every rank has the same amount of
+unmasked work (``zigzag_shard`` / ``zigzag_unshard``); ``layout="contiguous"`` gives rank i
+chunk i alone (rank P-1 then does P times the work of rank 0). Each step classifies every
+(q chunk, k chunk) pair as full, diagonal (the usual causal mask: cuflash's causal is
+bottom-right aligned, the same for equal lengths) or masked (skipped) and runs one cuflash
+call per rectangle of pairs (``step_calls``). Without causal the layout does not matter
+(all pairs are full; any sharding of the sequence gives the same result).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from . import api, torch_ops
+
+Tensor = torch.Tensor
+
+LAYOUTS = ("zigzag", "contiguous")
+FULL, DIAG, MASKED = "full", "diag", "masked"
+
+
+# ---------------------------------------------------------------------------------------
+# sharding helpers
+
+def _check_dim(name: str, x: Tensor, dim: int) -> int:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
+    if not -x.ndim <= dim < x.ndim:
+        raise ValueError(f"dim: {dim} is out of range for {name} of shape {tuple(x.shape)}")
+    return dim % x.ndim
+
+
+def _check_rank(rank, world) -> None:
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        raise ValueError(f"world: expected an int >= 1, got {world!r}")
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world:
+        raise ValueError(f"rank: expected an int in [0, {world}), got {rank!r}")
+
+
+def zigzag_shard(x: Tensor, rank: int, world: int, dim: int = 1) -> Tensor:
+    """Rank ``rank``'s shard of a full sequence in the zigzag layout: x cut into 2·world
+    equal chunks along ``dim``, chunks rank and 2·world-1-rank concatenated (a new tensor)."""
+    dim = _check_dim("x", x, dim)
+    _check_rank(rank, world)
+    n = x.shape[dim]
+    if n % (2 * world):
+        raise ValueError(f"x: the length along dim {dim} ({n}) must be a multiple of "
+                         f"2 * world = {2 * world} (zigzag: 2 chunks per rank)")
+    chunks = x.chunk(2 * world, dim=dim)
+    return torch.cat([chunks[rank], chunks[2 * world - 1 - rank]], dim=dim)
+
+
+def zigzag_unshard(shards: Sequence[Tensor], dim: int = 1) -> Tensor:
+    """The full sequence from every rank's zigzag shard (shards[i]: rank i's)."""
+    shards = list(shards)
+    if not shards:
+        raise ValueError("shards: expected one tensor per rank, got none")
+    dim = _check_dim("shards[0]", shards[0], dim)
+    world = len(shards)
+    n = shards[0].shape[dim]
+    for i, s in enumerate(shards):
+        _check_dim(f"shards[{i}]", s, dim)
+        if s.shape != shards[0].shape:
+            raise ValueError(f"shards[{i}]: shape {tuple(s.shape)} differs from shards[0]'s "
+                             f"{tuple(shards[0].shape)}")
+    if n % 2:
+        raise ValueError(f"shards: the length along dim {dim} ({n}) must be even (zigzag: "
+                         "2 chunks per rank)")
+    chunks = [None] * (2 * world)
+    for i, s in enumerate(shards):
+        chunks[i], chunks[2 * world - 1 - i] = s.chunk(2, dim=dim)
+    return torch.cat(chunks, dim=dim)
+
+
+def contiguous_shard(x: Tensor, rank: int, world: int, dim: int = 1) -> Tensor:
+    """Rank ``rank``'s shard in the contiguous layout: chunk ``rank`` of ``world``."""
+    dim = _check_dim("x", x, dim)
+    _check_rank(rank, world)
+    if x.shape[dim] % world:
+        raise ValueError(f"x: the length along dim {dim} ({x.shape[dim]}) must be a multiple "
+                         f"of world = {world}")
+    return x.chunk(world, dim=dim)[rank].clone()
+
+
+def contiguous_unshard(shards: Sequence[Tensor], dim: int = 1) -> Tensor:
+    return torch.cat(list(shards), dim=dim)
+
+
+def chunk_ids(rank: int, world: int, layout: str) -> tuple:
+    """The global chunk indices a rank holds, in its local order (zigzag: 2·world chunks in
+    all, contiguous: world)."""
+    return (rank, 2 * world - 1 - rank) if layout == "zigzag" else (rank,)
+
+
+# ---------------------------------------------------------------------------------------
+# which pairs of chunks each step computes
+
+def pair_kind(q_chunk: int, k_chunk: int, causal: bool) -> str:
+    """A (q chunk, k chunk) pair of equal-length chunks of one sequence: FULL (every key
+    visible), DIAG (the usual causal triangle) or MASKED (no key visible: skipped)."""
+    if not causal or k_chunk < q_chunk:
+        return FULL
+    return DIAG if k_chunk == q_chunk else MASKED
+
+
+@dataclass(frozen=True)
+class Call:
+    """One cuflash call of a step: local q chunks [q0, q1) against the block's k chunks
+    [k0, k1) (chunk units of the local order), causal or not."""
+    q0: int
+    q1: int
+    k0: int
+    k1: int
+    causal: bool
+
+
+def step_calls(q_chunks: tuple, k_chunks: tuple, causal: bool) -> list:
+    """The cuflash calls that cover a step's unmasked (q chunk, k chunk) pairs, as few as
+    the pair pattern allows: one causal call when the block is the rank's own (the local
+    causal mask is then the global one, chunks being in ascending order), one full call
+    when the unmasked pairs form one rectangle of FULL pairs, else one call per pair."""
+    kinds = [[pair_kind(qc, kc, causal) for kc in k_chunks] for qc in q_chunks]
+    nq, nk = len(q_chunks), len(k_chunks)
+    if all(kind == MASKED for row in kinds for kind in row):
+        return []
+    if causal and tuple(q_chunks) == tuple(k_chunks) and list(q_chunks) == sorted(q_chunks):
+        return [Call(0, nq, 0, nk, True)]
+    live = [(i, j) for i in range(nq) for j in range(nk) if kinds[i][j] != MASKED]
+    rows = sorted({i for i, _ in live})
+    cols = sorted({j for _, j in live})
+    rect = (len(live) == len(rows) * len(cols) and rows == list(range(rows[0], rows[-1] + 1))
+            and cols == list(range(cols[0], cols[-1] + 1)))
+    if rect and all(kinds[i][j] == FULL for i, j in live):
+        return [Call(rows[0], rows[-1] + 1, cols[0], cols[-1] + 1, False)]
+    return [Call(i, i + 1, j, j + 1, kinds[i][j] == DIAG) for i, j in live]
+
+
+# ---------------------------------------------------------------------------------------
+# the merge: flash-decoding's combine of partial results
+
+def merge_partial(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor) -> None:
+    """Fold one partial attention result into the running one, in place.
+
+    out (batch, seqlen, nheads, headdim) and lse (batch, nheads, seqlen): the running
+    result, fp32 (or float64), lse = -inf where no key has been seen yet. block_out, block_lse:
+    the same rows' attention over another set of keys (block_lse = +inf: the block had no
+    key for the row, cuflash's fully-masked convention). With L = log(exp(lse) + exp(lse_b)):
+    out = exp(lse - L)·out + exp(lse_b - L)·out_b, lse = L. Computed around m = max(lse,
+    lse_b), so no exp overflows, and with m = 0 where both are -inf (never -inf - -inf)."""
+    block_lse = block_lse.to(lse.dtype).masked_fill(torch.isposinf(block_lse), -math.inf)
+    m = torch.maximum(lse, block_lse)
+    m = m.masked_fill(torch.isneginf(m), 0.0)
+    w_old, w_new = torch.exp(lse - m), torch.exp(block_lse - m)
+    total = w_old + w_new
+    seen = total > 0
+    inv = torch.where(seen, 1.0 / torch.where(seen, total, 1.0), 0.0)
+    lse.copy_(torch.where(seen, m + torch.log(torch.where(seen, total, 1.0)), -math.inf))
+    # (b, h, s) weights -> (b, s, h, 1) to scale the rows of out
+    a = (w_old * inv).transpose(1, 2).unsqueeze(-1)
+    c = (w_new * inv).transpose(1, 2).unsqueeze(-1)
+    out.mul_(a).add_(block_out.to(out.dtype) * c)
+
+
+# ---------------------------------------------------------------------------------------
+# one block: cuflash's forward and backward (CUDA: kernels; CPU: the float64 reference)
+
+def block_forward(q, k, v, scale: float, causal: bool):
+    """(out, lse) of q against one K/V block: cuflash's torch forward (no autograd)."""
+    return torch_ops.forward(q, k, v, scale, causal)
+
+
+def block_backward(dout, q, k, v, out, lse, scale: float, causal: bool, deterministic: bool):
+    """(dq, dk, dv) of one block given the GLOBAL out and lse. CUDA: cuflash's backward
+    kernels (they read out and lse as given). CPU: ``reference_block_backward`` (the torch
+    CPU path of cuflash's backward recomputes the block's own softmax, which is the wrong
+    normalization for a block of a ring)."""
+    if q.is_cuda:
+        return torch_ops.backward_impl(dout, q.contiguous(), k.contiguous(), v.contiguous(),
+                                       out.contiguous(), lse.contiguous(), scale, causal,
+                                       deterministic)
+    return reference_block_backward(dout, q, k, v, out, lse, scale, causal)
+
+
+def reference_block_backward(dout, q, k, v, out, lse, scale: float, causal: bool):
+    """Float64 (dq, dk, dv) of attention of q on one K/V block given the GLOBAL out and lse
+    (q's rows normalized over all keys): P = exp(scale·QKᵀ - lse), D = rowsum(dO∘O),
+    dV = PᵀdO, dS = P∘(dO Vᵀ - D), dQ = scale·dS K, dK = scale·dSᵀQ (GQA: summed over the
+    query heads of a K/V head). causal: bottom-right aligned, as cuflash's. Rows with
+    lse = +inf (no key anywhere) contribute nothing."""
+    f64 = torch.float64
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    g = h // hk
+    qh = q.to(f64).permute(0, 2, 1, 3)                                   # (b, h, sq, d)
+    kh = k.to(f64).permute(0, 2, 1, 3).repeat_interleave(g, dim=1)       # (b, h, sk, d)
+    vh = v.to(f64).permute(0, 2, 1, 3).repeat_interleave(g, dim=1)
+    do = dout.to(f64).permute(0, 2, 1, 3)
+    o = out.to(f64).permute(0, 2, 1, 3)
+    s = scale * qh @ kh.transpose(-1, -2)                                # (b, h, sq, sk)
+    lse64 = lse.to(f64).unsqueeze(-1)
+    p = torch.exp(s - lse64.masked_fill(torch.isposinf(lse64), math.inf))
+    if causal:
+        i = torch.arange(sq).unsqueeze(1)
+        j = torch.arange(sk).unsqueeze(0)
+        p = p.masked_fill(j > i + (sk - sq), 0.0)
+    p = torch.nan_to_num(p, nan=0.0)
+    dv = p.transpose(-1, -2) @ do
+    dp = do @ vh.transpose(-1, -2)
+    delta = (do * o).sum(-1, keepdim=True)
+    ds = p * (dp - delta)
+    dq = scale * ds @ kh
+    dk = scale * ds.transpose(-1, -2) @ qh
+    dk = dk.reshape(b, hk, g, sk, d).sum(2)
+    dv = dv.reshape(b, hk, g, sk, d).sum(2)
+    back = lambda x, like: x.permute(0, 2, 1, 3).to(like.dtype).contiguous()  # noqa: E731
+    return back(dq, q), back(dk, k), back(dv, v)
+
+
+# ---------------------------------------------------------------------------------------
+# the ring: send the block in hand to rank + 1, receive the next from rank - 1
+
+class _Ring:
+    """Point-to-point exchange with the ring neighbours of a group, on a side CUDA stream
+    (CUDA tensors) so that the transfer overlaps the current stream's computation."""
+
+    def __init__(self, group, device: torch.device):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        to_global = (lambda r: r) if group is None or group is dist.group.WORLD else \
+            (lambda r: dist.get_global_rank(group, r))
+        self.next = to_global((self.rank + 1) % self.world)
+        self.prev = to_global((self.rank - 1) % self.world)
+        self.stream = None
+        if device.type == "cuda":
+            self.stream = _side_streams.get(device)
+            if self.stream is None:
+                self.stream = _side_streams[device] = torch.cuda.Stream(device)
+
+    def start(self, tensors: Sequence[Tensor]) -> tuple:
+        """Send each tensor to the next rank and receive one like it from the previous;
+        returns (received tensors, pending requests). The received tensors may be read only
+        after ``finish``."""
+        recv = [torch.empty_like(t) for t in tensors]
+        ops = []
+        for t, r in zip(tensors, recv):
+            ops.append(dist.P2POp(dist.isend, t, self.next, self.group))
+            ops.append(dist.P2POp(dist.irecv, r, self.prev, self.group))
+        if self.stream is None:
+            return recv, dist.batch_isend_irecv(ops)
+        # the side stream starts after what the current stream has queued (the tensors sent
+        # are ready); NCCL then runs on its own streams after the side stream
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        with torch.cuda.stream(self.stream):
+            reqs = dist.batch_isend_irecv(ops)
+        for t in list(tensors) + recv:  # used by the side stream: not reused before it is done
+            t.record_stream(self.stream)
+        return recv, reqs
+
+    def finish(self, reqs) -> None:
+        """Wait for the transfers: on CUDA the current stream waits (not the host)."""
+        for req in reqs:
+            req.wait()
+        if self.stream is not None:
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+
+
+_side_streams: dict = {}
+
+
+# ---------------------------------------------------------------------------------------
+# forward and backward
+
+def _slices(call: Call, q_len: int, k_len: int) -> tuple:
+    return slice(call.q0 * q_len, call.q1 * q_len), slice(call.k0 * k_len, call.k1 * k_len)
+
+
+def _acc_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: bool = True):
+    """(out, lse) of the local q over the whole sequence's K/V (no autograd). out: q's
+    dtype; lse: fp32 (batch, nheads, seqlen_local), +inf for rows with no key.
+    comm=False: no transfers (every step computes the real step's chunk pairs on the local
+    block: wrong results, the same work; for timing the computation alone)."""
+    ring = _Ring(group, q.device)
+    world, rank = ring.world, ring.rank
+    q_chunks = chunk_ids(rank, world, layout)
+    q_len = q.shape[1] // len(q_chunks)
+    acc = _acc_dtype(q.dtype)
+    out = torch.zeros(q.shape, dtype=acc, device=q.device)
+    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), -math.inf, dtype=acc, device=q.device)
+    kv = (k, v)
+    for step in range(world):
+        pending = None
+        if comm and step + 1 < world:
+            nxt, pending = ring.start(kv)
+        src = (rank - step) % world  # the block's owner (comm=False: its pattern, local data)
+        k_cur, v_cur = kv
+        for call in step_calls(q_chunks, chunk_ids(src, world, layout), causal):
+            qs, ks = _slices(call, q_len, q_len)
+            o_b, lse_b = block_forward(q[:, qs], k_cur[:, ks], v_cur[:, ks], scale, call.causal)
+            merge_partial(out[:, qs], lse[:, :, qs], o_b, lse_b)
+        if pending is not None:
+            ring.finish(pending)
+            kv = tuple(nxt)
+    lse = lse.float().masked_fill(torch.isneginf(lse), math.inf)
+    return out.to(q.dtype), lse
+
+
+def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, layout: str,
+                  deterministic: bool = False, comm: bool = True):
+    """(dq, dk, dv) of the local shards, out and lse: ring_forward's (global) results."""
+    ring = _Ring(group, q.device)
+    world, rank = ring.world, ring.rank
+    q_chunks = chunk_ids(rank, world, layout)
+    q_len = q.shape[1] // len(q_chunks)
+    acc = _acc_dtype(q.dtype)
+    dout, out, lse = dout.contiguous(), out.contiguous(), lse.contiguous()
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    kv = (k, v)
+    dkv = None  # the dK/dV accumulator of the block in hand (fp32), after this rank's share
+    for step in range(world):
+        sends = list(kv) if comm and step + 1 < world else []
+        if comm and step > 0:
+            sends += list(dkv)  # the previous block's accumulator goes on with that block
+        recv, pending = ring.start(sends) if sends else ([], None)
+        src = (rank - step) % world  # the block's owner (comm=False: its pattern, local data)
+        k_cur, v_cur = kv
+        dk_part = torch.zeros(k.shape, dtype=acc, device=k.device)
+        dv_part = torch.zeros(v.shape, dtype=acc, device=v.device)
+        for call in step_calls(q_chunks, chunk_ids(src, world, layout), causal):
+            qs, ks = _slices(call, q_len, q_len)
+            dq_b, dk_b, dv_b = block_backward(dout[:, qs], q[:, qs], k_cur[:, ks], v_cur[:, ks],
+                                              out[:, qs], lse[:, :, qs], scale, call.causal,
+                                              deterministic)
+            dq[:, qs] += dq_b
+            dk_part[:, ks] += dk_b
+            dv_part[:, ks] += dv_b
+        if pending is not None:
+            ring.finish(pending)
+        if comm and step + 1 < world:
+            kv = tuple(recv[:2])
+        if comm and step > 0:  # the block's accumulator as it left the previous rank
+            dk_part += recv[-2]
+            dv_part += recv[-1]
+        dkv = (dk_part, dv_part)
+    if comm and world > 1:  # one more hop: the block in hand is rank + 1's
+        (dk, dv), pending = ring.start(dkv)
+        ring.finish(pending)
+    else:
+        dk, dv = dkv
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class RingFlashAttnFn(torch.autograd.Function):
+    """out, lse = ring attention of the local shards; the backward is the ring backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, args):
+        scale, causal, group, layout, deterministic = args
+        out, lse = ring_forward(q, k, v, scale, causal, group, layout)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = args
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        scale, causal, group, layout, deterministic = ctx.args
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = ring_backward(dout, q, k, v, out, lse, scale, causal, group, layout,
+                                   deterministic)
+        return dq, dk, dv, None
+
+
+def check_ring_args(q, k, v, softmax_scale, causal, group, layout) -> tuple:
+    """Validate a ring call before any launch or transfer; every error names the argument.
+    Returns (softmax_scale, world)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("group: torch.distributed is not initialized "
+                           "(call torch.distributed.init_process_group first)")
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group: expected a torch.distributed ProcessGroup or None, got "
+                        f"{type(group).__name__}")
+    _, _, _, scale, problem = api.check_qkv(q, k, v, softmax_scale, causal)
+    if problem.seqlen_q != problem.seqlen_k:
+        raise ValueError(f"k: seqlen_local must equal q's ({problem.seqlen_q}): each rank holds "
+                         f"the same positions of q, k and v, got {problem.seqlen_k}")
+    world = dist.get_world_size(group)
+    if dist.get_rank(group) < 0:
+        raise ValueError("group: this process is not a member of the group")
+    if causal and layout == "zigzag" and problem.seqlen_q % 2:
+        raise ValueError(f"q: causal zigzag needs an even seqlen_local (two chunks per rank), "
+                         f"got {problem.seqlen_q}")
+    return scale, world
+
+
+def ring_flash_attn_func(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
+                         group=None, layout: str = "zigzag", deterministic: bool = False,
+                         return_attn_probs: bool = False):
+    """Exact attention of a sequence sharded over the ranks of ``group`` (default: the world).
+
+    q: (batch, seqlen_local, nheads, headdim), k, v: (batch, seqlen_local, nheads_kv,
+    headdim): this rank's shard of the sequence in ``layout`` ("zigzag": chunks rank and
+    2P-1-rank of 2P, see zigzag_shard; "contiguous": chunk rank of P), the same shapes on
+    every rank. Semantics are flash_attn_func's on the unsharded tensors (causal: position i
+    sees positions <= i; GQA / MQA; softmax_scale default 1/sqrt(headdim)); returns this
+    rank's shard of the output, and with return_attn_probs (out, lse, None), lse fp32
+    (batch, nheads, seqlen_local). Autograd: the backward is the ring backward (every rank
+    must call backward). CUDA tensors (NCCL group) run cuflash's kernels, CPU tensors (gloo)
+    the float64 reference."""
+    scale, world = check_ring_args(q, k, v, softmax_scale, causal, group, layout)
+    args = (scale, bool(causal), group, layout, bool(deterministic))
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = RingFlashAttnFn.apply(q, k, v, args)
+    else:
+        out, lse = ring_forward(q, k, v, scale, bool(causal), group, layout)
+    return (out, lse, None) if return_attn_probs else out
+
+
+# flash-attn's ring-attention packages name it so
+zigzag_ring_flash_attn_func = ring_flash_attn_func

@@ -1,0 +1,257 @@
+"""cuflash.distributed without GPUs: ring attention over gloo, P = 2, 3, 4 processes, CPU
+tensors (cuflash's float64 reference path), against single-process attention.
+
+One spawn per P; each process runs every case and checks its own shard of the output and of
+the gradients (q, k, v) against the unsharded reference; a failure raises in the worker and
+fails mp.spawn. Plus pure functions (shard round trip, pair classification, the merge).
+"""
+from __future__ import annotations
+
+import math
+import socket
+
+import numpy as np
+import pytest
+import torch
+
+from cuflash import distributed as cfd
+from cuflash import reference
+
+# (batch, seqlen per chunk, nheads, nheads_kv, headdim, causal, layout, dtype)
+CASES = [
+    (1, 3, 2, 2, 8, False, "zigzag", torch.float64),
+    (2, 4, 2, 2, 16, True, "zigzag", torch.float64),
+    (1, 5, 4, 2, 8, True, "zigzag", torch.float64),      # GQA
+    (1, 3, 3, 1, 8, True, "contiguous", torch.float64),  # MQA, contiguous layout
+    (1, 4, 2, 1, 8, False, "contiguous", torch.float32),
+    (1, 2, 2, 2, 8, True, "zigzag", torch.float32),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _full_inputs(case, world, seed):
+    b, n, h, hk, d, causal, layout, dtype = case
+    chunks = 2 * world if layout == "zigzag" else world
+    s = n * chunks
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, s, h, d, generator=g, dtype=torch.float64)
+    k = torch.randn(b, s, hk, d, generator=g, dtype=torch.float64)
+    v = torch.randn(b, s, hk, d, generator=g, dtype=torch.float64)
+    dout = torch.randn(b, s, h, d, generator=g, dtype=torch.float64)
+    return q, k, v, dout
+
+
+def _shard(x, rank, world, layout, dim=1):
+    if layout == "zigzag":
+        return cfd.zigzag_shard(x, rank, world, dim)
+    return cfd.contiguous_shard(x, rank, world, dim)
+
+
+def _worker(rank, world, port, cases):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        for i, case in enumerate(cases):
+            _check_case(rank, world, case, seed=1000 + i)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _check_case(rank, world, case, seed):
+    b, n, h, hk, d, causal, layout, dtype = case
+    q, k, v, dout = _full_inputs(case, world, seed)
+    # the unsharded reference: float64 NumPy
+    ref_out, ref_lse = reference.attention_naive(q.numpy(), k.numpy(), v.numpy(), causal=causal,
+                                                 return_lse=True)
+    ref_grads = reference.attention_backward_naive(dout.numpy(), q.numpy(), k.numpy(),
+                                                   v.numpy(), causal=causal)
+    local = [_shard(x, rank, world, layout).to(dtype) for x in (q, k, v)]
+    ql, kl, vl = (x.clone().requires_grad_() for x in local)
+    out, lse, _ = cfd.ring_flash_attn_func(ql, kl, vl, causal=causal, layout=layout,
+                                           return_attn_probs=True)
+    out.backward(_shard(dout, rank, world, layout).to(dtype))
+    # cuflash returns lse in fp32 (also from its float64 CPU path): the merge weights carry
+    # fp32 rounding, hence 1e-6 for float64 inputs
+    tol = 2e-6 if dtype == torch.float64 else 2e-5
+    expect = {"out": ref_out, "dq": ref_grads[0], "dk": ref_grads[1], "dv": ref_grads[2]}
+    got = {"out": out, "dq": ql.grad, "dk": kl.grad, "dv": vl.grad}
+    for name, want in expect.items():
+        want = _shard(torch.from_numpy(want), rank, world, layout)
+        err = (got[name].double() - want).abs().max().item()
+        assert got[name].dtype == dtype, (name, got[name].dtype)
+        assert err <= tol * max(1.0, want.abs().max().item()), \
+            f"rank {rank}/{world} case {case}: {name} max error {err:.3e}"
+    want_lse = _shard(torch.from_numpy(ref_lse), rank, world, layout, dim=2)
+    assert lse.dtype == torch.float32
+    assert (lse.double() - want_lse).abs().max().item() <= 1e-5 * (1 + want_lse.abs().max().item())
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_ring_matches_single_process(world):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_worker, args=(world, _free_port(), CASES), nprocs=world, join=True)
+
+
+# ---------------------------------------------------------------------------------------
+# pure functions
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_zigzag_round_trip(world):
+    x = torch.arange(2 * 12 * world * 3).reshape(2, 12 * world, 3)
+    shards = [cfd.zigzag_shard(x, r, world) for r in range(world)]
+    assert all(s.shape == (2, 12, 3) for s in shards)
+    assert torch.equal(cfd.zigzag_unshard(shards), x)
+    n = 6  # rank r holds chunks r and 2P-1-r
+    for r, s in enumerate(shards):
+        assert torch.equal(s[:, :n], x[:, r * n:(r + 1) * n])
+        assert torch.equal(s[:, n:], x[:, (2 * world - 1 - r) * n:(2 * world - r) * n])
+    c = [cfd.contiguous_shard(x, r, world) for r in range(world)]
+    assert torch.equal(cfd.contiguous_unshard(c), x)
+
+
+def test_zigzag_errors_name_the_argument():
+    x = torch.zeros(1, 6, 2)
+    with pytest.raises(ValueError, match="x: the length"):
+        cfd.zigzag_shard(x, 0, 2)
+    with pytest.raises(ValueError, match="rank"):
+        cfd.zigzag_shard(x, 3, 3)
+    with pytest.raises(ValueError, match="world"):
+        cfd.zigzag_shard(x, 0, 0)
+    with pytest.raises(ValueError, match="shards\\[1\\]"):
+        cfd.zigzag_unshard([torch.zeros(1, 4), torch.zeros(1, 6)])
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_step_calls_cover_exactly_the_visible_pairs(world, layout, causal):
+    """Over the P steps, each rank's calls cover every visible (q position, k position) pair
+    exactly once, with the right mask (chunks of 3 positions)."""
+    n = 3
+    nchunks = 2 * world if layout == "zigzag" else world
+    s = n * nchunks
+    visible = np.tril(np.ones((s, s), bool)) if causal else np.ones((s, s), bool)
+    covered = np.zeros((s, s), int)
+    work = []
+    for rank in range(world):
+        qc = cfd.chunk_ids(rank, world, layout)
+        pos_q = np.concatenate([np.arange(c * n, (c + 1) * n) for c in qc])
+        done = 0
+        for step in range(world):
+            src = (rank - step) % world
+            kc = cfd.chunk_ids(src, world, layout)
+            pos_k = np.concatenate([np.arange(c * n, (c + 1) * n) for c in kc])
+            for call in cfd.step_calls(qc, kc, causal):
+                rows = pos_q[call.q0 * n:call.q1 * n]
+                cols = pos_k[call.k0 * n:call.k1 * n]
+                lq, lk = len(rows), len(cols)
+                mask = np.tril(np.ones((lq, lk), bool), lk - lq) if call.causal \
+                    else np.ones((lq, lk), bool)
+                covered[np.ix_(rows, cols)] += mask
+                done += mask.sum()
+        work.append(done)
+    assert np.array_equal(covered, visible.astype(int))
+    if causal and layout == "zigzag":
+        assert len(set(work)) == 1  # the zigzag layout balances the causal work
+
+
+def test_step_calls_zigzag_shapes():
+    # P = 4, rank 1 holds chunks (1, 6)
+    assert cfd.step_calls((1, 6), (1, 6), True) == [cfd.Call(0, 2, 0, 2, True)]
+    assert cfd.step_calls((1, 6), (0, 7), True) == [cfd.Call(0, 2, 0, 1, False)]  # src < rank
+    assert cfd.step_calls((1, 6), (2, 5), True) == [cfd.Call(1, 2, 0, 2, False)]  # src > rank
+    assert cfd.step_calls((1, 6), (2, 5), False) == [cfd.Call(0, 2, 0, 2, False)]
+    assert cfd.step_calls((0,), (1,), True) == []  # contiguous, a later block: skipped
+
+
+def test_merge_partial_is_flash_decoding_combine():
+    g = torch.Generator().manual_seed(0)
+    b, s, h, d, splits = 2, 5, 3, 4, 3
+    outs = torch.randn(splits, b, s, h, d, generator=g, dtype=torch.float64)
+    lses = torch.randn(splits, b, h, s, generator=g, dtype=torch.float64)
+    lses[1, 0, 0, 0] = -math.inf    # an empty split for one row
+    lses[:, 1, 1, 1] = -math.inf    # a row with no key anywhere
+    want_out, want_lse = reference.combine_splits(outs.numpy(), lses.numpy())
+    out = torch.zeros(b, s, h, d, dtype=torch.float64)
+    lse = torch.full((b, h, s), -math.inf, dtype=torch.float64)
+    for i in range(splits):
+        blse = lses[i].clone()
+        blse[torch.isneginf(blse)] = math.inf  # cuflash's "no key" convention for a block
+        cfd.merge_partial(out, lse, outs[i], blse)
+    assert torch.isneginf(lse[1, 1, 1])
+    lse[torch.isneginf(lse)] = math.inf
+    np.testing.assert_allclose(out.numpy(), want_out, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-12, atol=1e-12)
+
+
+def test_reference_block_backward_is_attention_backward():
+    """One block holding all keys: the global out/lse are the block's own, so the block
+    backward is plain attention's backward (GQA, causal with s_q != s_k)."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 5, 4, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 7, 2, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 7, 2, 8, generator=g, dtype=torch.float64)
+    do = torch.randn(2, 5, 4, 8, generator=g, dtype=torch.float64)
+    for causal in (False, True):
+        out, lse = reference.attention_naive(q.numpy(), k.numpy(), v.numpy(), causal=causal,
+                                             return_lse=True)
+        got = cfd.reference_block_backward(do, q, k, v, torch.from_numpy(out),
+                                           torch.from_numpy(lse), 0.3535533905932738, causal)
+        want = reference.attention_backward_naive(do.numpy(), q.numpy(), k.numpy(), v.numpy(),
+                                                  causal=causal)
+        for a, w in zip(got, want):
+            np.testing.assert_allclose(a.numpy(), w, rtol=1e-10, atol=1e-10)
+
+
+def test_ring_args_are_checked_before_any_transfer():
+    q = torch.zeros(1, 4, 2, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match="layout"):
+        cfd.ring_flash_attn_func(q, q, q, layout="striped")
+    with pytest.raises(RuntimeError, match="group"):
+        cfd.ring_flash_attn_func(q, q, q)
+    with pytest.raises(TypeError, match="q"):
+        cfd.ring_flash_attn_func(q.numpy(), q, q)
+
+
+# ---------------------------------------------------------------------------------------
+# bench --mode ring (the run itself needs GPUs)
+
+def test_bench_ring_cli():
+    from cuflash import bench
+
+    a = bench.parser().parse_args(["--mode", "ring", "--ring-seqlens", "1024", "2048",
+                                   "--ring-procs", "2", "--no-torch-cp"])
+    assert bench.modes_of(a.mode) == ["ring"] and a.ring_seqlens == [1024, 2048]
+    assert a.ring_procs == 2 and a.no_torch_cp and a.ring_budget_s == 270.0
+    assert "ring" not in bench.modes_of(["all"])
+
+
+def test_bench_ring_without_gpu_raises_no_gpu_error(tmp_path):
+    from cuflash import _gpu, bench
+
+    if not _gpu.why_unavailable():
+        pytest.skip("a GPU is usable: the mode would run")
+    with pytest.raises(_gpu.NoGPUError):
+        bench.main(["--mode", "ring", "--out", str(tmp_path)])
+    assert not any(tmp_path.iterdir())
+
+
+def test_bench_ring_flops():
+    from cuflash.bench import ring
+    from cuflash.problem import Problem
+    from cuflash.registry import op_flops
+
+    for causal in (False, True):
+        for op in ("fwd", "bwd"):
+            p = Problem(op, "bf16", 1, 4096, 4096, 8, 8, 128, causal)
+            assert ring.flops(1, 8, 4096, 128, causal, op) == op_flops(p)

@@ -1,0 +1,155 @@
+"""cuflash.distributed on GPUs: ring attention over NCCL, one process per GPU (P = 2, and
+P = 4 where there are 4), against single-GPU cuflash and the float64 reference.
+
+Each process runs every case on the full sequence's inputs (same seed on every rank): the
+float64 reference and plain low-precision attention (torch ops on its GPU), single-GPU
+cuflash (flash_attn_func with autograd), and the ring on its shard. The ring's output and
+gradients (q, k, v) must be within 2x (3x for gradients) the error of plain attention in the
+same low precision (plus one ulp of the largest value), like every kernel test, and the
+single-GPU cuflash error is printed next to it. cuflash's outputs are NaN-poisoned before each
+launch. NVLink SHARP / multicast stay off (NCCL_NVLS_ENABLE=0,
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1) as the device README requires.
+
+    CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q -s tests/test_distributed_gpu.py
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import socket
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1"}
+
+# (batch, chunk length, nheads, nheads_kv, headdim, causal, layout, dtype); the sequence is
+# 2P chunks (zigzag) or P chunks (contiguous)
+CASES = [
+    (2, 256, 8, 8, 128, True, "zigzag", "bf16"),
+    (1, 113, 4, 1, 64, True, "zigzag", "fp16"),       # MQA, odd chunks
+    (1, 17, 6, 2, 128, False, "zigzag", "bf16"),      # GQA, non-causal
+    (1, 300, 4, 2, 128, True, "contiguous", "bf16"),
+    (1, 1, 2, 2, 64, True, "zigzag", "bf16"),         # one position per chunk
+]
+
+
+def _gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _plain(q, k, v, causal, scale, dtype):
+    """Plain attention in torch ops, in `dtype` (float64: the reference), differentiable."""
+    import torch
+
+    q, k, v = (x.to(dtype).transpose(1, 2) for x in (q, k, v))
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    s = (q @ k.transpose(-1, -2)).to(acc) * scale
+    if causal:
+        sq, sk = s.shape[-2:]
+        keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+        s = s.masked_fill(~keep, -math.inf)
+    p = torch.softmax(s, -1)
+    return (p.to(dtype) @ v).transpose(1, 2)
+
+
+def _grads(fn, q, k, v, dout):
+    import torch
+
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    out = fn(q, k, v)
+    return (out.detach(), *torch.autograd.grad(out, (q, k, v), dout))
+
+
+def _ulp(value, dtype):
+    import torch
+
+    return torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(max(value, 2.0 ** -14)))
+
+
+def _worker(rank, world, port, cases, errors):
+    import torch
+    import torch.distributed as dist
+
+    import cuflash
+    from cuflash import api
+    from cuflash import distributed as cfd
+
+    os.environ.update(NO_MULTICAST)
+    torch.cuda.set_device(rank)
+    api.POISON_OUTPUTS = True
+    # a rank that fails leaves the others in a collective: they time out instead of hanging
+    kw = dict(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+              timeout=datetime.timedelta(seconds=180))
+    try:
+        dist.init_process_group("nccl", device_id=torch.device("cuda", rank), **kw)
+    except TypeError:  # an older torch: no device_id
+        dist.init_process_group("nccl", **kw)
+    failures = []
+    try:
+        for i, (b, n, h, hk, d, causal, layout, dt) in enumerate(cases):
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+            s = n * (2 * world if layout == "zigzag" else world)
+            g = torch.Generator(device="cuda").manual_seed(100 + i)
+            q, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
+                       for _ in range(2))
+            k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=dtype, generator=g)
+                    for _ in range(2))
+            scale = 1 / math.sqrt(d)
+            ref = _grads(lambda q, k, v: _plain(q, k, v, causal, scale, torch.float64),
+                         q, k, v, dout.double())
+            low = _grads(lambda q, k, v: _plain(q, k, v, causal, scale, dtype), q, k, v, dout)
+            single = _grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal),
+                            q, k, v, dout)
+            shard = (lambda x: cfd.zigzag_shard(x, rank, world)) if layout == "zigzag" else \
+                (lambda x: cfd.contiguous_shard(x, rank, world))
+            ring = _grads(lambda q, k, v: cfd.ring_flash_attn_func(q, k, v, causal=causal,
+                                                                  layout=layout),
+                          shard(q), shard(k), shard(v), shard(dout))
+            torch.cuda.synchronize()
+            for j, name in enumerate(("out", "dq", "dk", "dv")):
+                r, lo, one, got = shard(ref[j]), shard(low[j]), shard(single[j]), ring[j]
+                top = r.abs().max().item()
+                floor = max(_ulp(top, dtype), 1e-5 * max(1.0, top))
+                err = (got.double() - r).abs().max().item()
+                base = (lo.double() - r).abs().max().item()
+                err_single = (one.double() - r).abs().max().item()
+                factor = 2 if name == "out" else 3
+                ok = bool(not got.isnan().any()) and err <= factor * base + floor
+                line = (f"rank {rank}/{world} case {i} {(b, s, h, hk, d, causal, layout, dt)} "
+                        f"{name}: ring err {err:.3g}, single-GPU cuflash {err_single:.3g}, "
+                        f"plain {dt} {base:.3g} -> {'ok' if ok else 'FAIL'}")
+                print(line, flush=True)
+                if not ok:
+                    failures.append(line)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    if failures:
+        raise AssertionError("\n".join(failures))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_matches_single_gpu(world):
+    if _gpus() < world:
+        pytest.skip(f"needs {world} GPUs, found {_gpus()}")
+    import torch.multiprocessing as mp
+
+    os.environ.update(NO_MULTICAST)  # the children inherit them (set before NCCL starts)
+    mp.spawn(_worker, args=(world, _free_port(), CASES, None), nprocs=world, join=True)
