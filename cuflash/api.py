@@ -412,7 +412,8 @@ def check_config(name: str, config, problem: Problem) -> None:
 def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                     causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
                     alibi_slopes=None, deterministic: bool = False,
-                    return_attn_probs: bool = False, *, config=None, bwd_config=None):
+                    return_attn_probs: bool = False, *, config=None, bwd_config=None,
+                    dropout_seed=None):
     """Exact attention, FlashAttention-2 algorithm; same signature as flash_attn's.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim),
@@ -426,9 +427,18 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     alibi_slopes: fp32 (nheads,) or (batch, nheads); adds -slope·|i + seqlen_k - seqlen_q - j|.
     dropout_p: probability of dropping an attention weight (kept ones scaled by 1/(1-p)).
     Window, softcap and ALiBi run on the GPU kernels (forward and backward; fa2_fwd, sm90_fwd,
-    fa2_bwd); dropout runs on torch CPU tensors only (float64 reference, autograd): GPU inputs
-    with it raise cuflash.api.UnsupportedFeature (a ValueError and a NotImplementedError)
-    naming the argument, before any launch.
+    fa2_bwd), and so does dropout alone (fa2_fwd / fa2_bwd, Philox keep mask:
+    cuflash/dropout.py). Dropout combined with window, softcap or ALiBi runs on torch CPU
+    tensors only (float64 reference, autograd): GPU inputs with it raise
+    cuflash.api.UnsupportedFeature (a ValueError and a NotImplementedError) naming the
+    arguments, before any launch. Dropout's RNG state is (seed, offset), 64 bits each:
+      * torch CUDA tensors: drawn per call from torch's CUDA generator into a device tensor
+        (torch.manual_seed reproduces it; CUDA-graph replays draw anew), saved for autograd's
+        backward; or dropout_seed;
+      * CuPy / NumPy arrays: dropout_seed is required: an int (offset 0) or a pair
+        (seed, offset) of ints; pass the same to flash_attn_backward. A call with the same
+        seed drops the same elements: vary the seed (or offset) between steps.
+    dropout_seed: for torch also an int64 tensor (2,) on q's device (read by the kernels).
     deterministic: the backward (torch autograd) adds dQ contributions in a fixed order, so
     gradients are bitwise reproducible (slower); the forward is always deterministic.
     config / bwd_config: an explicit kernel config (e.g. cuflash.FwdConfig / BwdConfig) instead
@@ -436,12 +446,18 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
 
     Returns out (like q), or (out, softmax_lse, S_dmask) when return_attn_probs: softmax_lse
     is fp32 (batch, nheads, seqlen_q), natural log; S_dmask is None without dropout (flash-attn
-    returns an empty tensor there) and with dropout (torch CPU) the keep mask, bool
-    (batch, nheads, seqlen_q, seqlen_k), True = kept (flash-attn encodes it in the sign of P).
+    returns an empty tensor there); with dropout on torch CPU the keep mask, bool
+    (batch, nheads, seqlen_q, seqlen_k), True = kept; with dropout on the GPU, as flash-attn:
+    the probabilities P, fp32 (batch, nheads, seqlen_q, seqlen_k), dropped entries negated,
+    computed on the side from the kernels' LSE and the NumPy mirror of their mask (for
+    testing: O(seqlen_q·seqlen_k) memory and a host synchronization).
     """
     if dropout_p or softcap or alibi_slopes is not None or window_size != (-1, -1):
         return _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                              alibi_slopes, deterministic, return_attn_probs, config, bwd_config)
+                              alibi_slopes, deterministic, return_attn_probs, config, bwd_config,
+                              dropout_seed)
+    if dropout_seed is not None:
+        check_dropout_seed(dropout_seed, q)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(q, torch.Tensor):
         out, lse = (_torch_ops or _load_torch_ops()).attention(
@@ -481,7 +497,7 @@ def _is_torch_cpu(t: _Tensor) -> bool:
 
 
 def _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                   deterministic, return_attn_probs, config, bwd_config):
+                   deterministic, return_attn_probs, config, bwd_config, dropout_seed=None):
     """flash_attn_func with a non-default feature argument: validate them all, then run the
     torch CPU reference, or raise UnsupportedFeature for GPU inputs (before any launch)."""
     tq, tk, tv, scale, problem = check_qkv(q, k, v, softmax_scale, causal)
@@ -494,8 +510,14 @@ def _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softc
     problem = feature_problem(problem, feats)
     check_config("config", config, problem.replace(features=()))
     check_config("bwd_config", bwd_config, problem.replace(op="bwd", features=()))
+    if dropout_seed is not None:
+        check_dropout_seed(dropout_seed, q)
     if not _is_torch_cpu(tq):
-        if not gpu_supported(problem):
+        if feats.features == ("dropout",):
+            problem = problem.replace(dropout_p=feats.dropout_p, deterministic=bool(deterministic))
+            return _dropout_func(q, k, v, tq, tk, problem, scale, dropout_seed, return_attn_probs,
+                                 config, bwd_config)
+        if not gpu_supported(problem):  # e.g. dropout with window / softcap / ALiBi
             raise_unsupported(problem, feats.given)
         if tq.kind == "torch":
             from . import torch_ops
@@ -562,10 +584,123 @@ def describe_raw(x) -> _Tensor:
                    tuple(int(st) // item for st in x.strides), x.data.ptr, x.device.id)
 
 
+def check_dropout_seed(dropout_seed, q=None) -> tuple:
+    """dropout_seed as (seed, offset), ints in [0, 2**64): an int (offset 0) or a pair of ints;
+    for torch q also an int64 tensor (2,) on q's device (then (None, None): its values stay on
+    the device). Else an error naming dropout_seed."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(dropout_seed, torch.Tensor):
+        if q is None or _kind(q) != "torch" or q.device.type != "cuda":
+            raise TypeError("dropout_seed: a tensor state is for torch CUDA inputs; pass an int "
+                            "or a pair (seed, offset) of ints")
+        if dropout_seed.dtype != torch.int64 or tuple(dropout_seed.shape) != (2,) \
+                or dropout_seed.device != q.device:
+            raise ValueError(f"dropout_seed: expected an int64 tensor of shape (2,) (seed, offset) "
+                             f"on {q.device}, got {dropout_seed.dtype} {tuple(dropout_seed.shape)} "
+                             f"on {dropout_seed.device}")
+        return None, None
+    pair = (dropout_seed, 0) if isinstance(dropout_seed, Integral) else dropout_seed
+    try:
+        seed, offset = pair
+    except (TypeError, ValueError):
+        seed = offset = None
+    if not all(isinstance(x, Integral) and not isinstance(x, (bool, np.bool_)) for x in (seed, offset)):
+        raise TypeError(f"dropout_seed must be an int or a pair (seed, offset) of ints, got "
+                        f"{dropout_seed!r}")
+    if not (0 <= int(seed) < 2 ** 64 and 0 <= int(offset) < 2 ** 64):
+        raise ValueError(f"dropout_seed: seed and offset must be in [0, 2**64), got {dropout_seed!r}")
+    return int(seed), int(offset)
+
+
+def _dropout_func(q, k, v, tq: _Tensor, tk: _Tensor, problem: Problem, scale: float, dropout_seed,
+                  return_attn_probs: bool, config, bwd_config):
+    """flash_attn_func with dropout alone, on GPU inputs (validated): torch through
+    cuflash.torch_ops (autograd), CuPy / NumPy with an explicit dropout_seed."""
+    b, sq, h, _ = tq.shape
+    sk = tk.shape[1]
+    if tq.kind == "torch":
+        from . import torch_ops
+
+        import torch
+
+        if b == 0 or sq == 0 or h == 0 or sk == 0:  # no attention weight to drop
+            out, lse, _ = flash_attn_func(q, k, v, 0.0, scale, problem.causal,
+                                          deterministic=problem.deterministic,
+                                          return_attn_probs=True, config=config,
+                                          bwd_config=bwd_config)
+            probs = torch.zeros((b, h, sq, sk), dtype=torch.float32, device=q.device)
+            return (out, lse, probs) if return_attn_probs else out
+        rng = None if dropout_seed is None else torch_ops.rng_state_of(dropout_seed, q.device)
+        out, lse, rng = torch_ops.dropout_attention(q, k, v, problem, scale, rng, config, bwd_config)
+        if not return_attn_probs:
+            return out
+        return out, lse, torch_ops.dropout_probs(q, k, v, lse, scale, problem.causal,
+                                                 problem.dropout_p, rng)
+    if dropout_seed is None:
+        raise ValueError(f"dropout_seed: {tq.kind} inputs with dropout_p > 0 need an explicit "
+                         "dropout_seed (an int, or a pair (seed, offset) of ints), the same one "
+                         "for flash_attn_backward")
+    seed, offset = check_dropout_seed(dropout_seed)
+    out, lse = _dropout_cupy(q, k, v, tq, problem, scale, seed, offset, config)
+    if not return_attn_probs:
+        return out
+    from .dropout import dropout_probs_host
+
+    xp = np if tq.kind == "numpy" else _cupy()
+    probs = dropout_probs_host(_host16(q), _host16(k), _host_f32(lse), problem.dtype, scale,
+                               problem.causal, problem.dropout_p, seed, offset)
+    return out, lse, (probs if xp is np else xp.asarray(probs))
+
+
+def _host16(x) -> np.ndarray:
+    """x's 16-bit words on the host (NumPy or CuPy; any 16-bit float dtype)."""
+    return (x.view(np.uint16) if isinstance(x, np.ndarray) else x.view(np.uint16).get())
+
+
+def _host_f32(x) -> np.ndarray:
+    return x if isinstance(x, np.ndarray) else x.get()
+
+
+def _dropout_cupy(q, k, v, tq: _Tensor, problem: Problem, scale: float, seed: int, offset: int,
+                  config):
+    """(out, lse) with dropout for CuPy arrays (current stream) or NumPy arrays (through the
+    GPU), the RNG state (seed, offset) given."""
+    b, sq, h, d = tq.shape
+    if b == 0 or sq == 0 or h == 0 or k.shape[1] == 0:  # no attention weight to drop
+        return _forward_slow(q, k, v, scale, problem.causal, False, config, None)
+    padded = padded_head_dim(d)
+    if padded != d:
+        out, lse = _dropout_cupy(*(pad_head_dim(x, padded) for x in (q, k, v)), tq, problem.replace(
+            head_dim=padded), scale, seed, offset, config)
+        return slice_head_dim(out, d), lse
+    _gpu.require("flash_attn_func (dropout)")
+    cupy = _cupy()
+    if tq.kind == "numpy":
+        dq, dk, dv = (cupy.asarray(np.ascontiguousarray(x).view(np.uint16)) for x in (q, k, v))
+        out, lse = _dropout_cupy(dq, dk, dv, describe("q", dq.view(cupy.float16)), problem, scale,
+                                 seed, offset, config)
+        return cupy.asnumpy(out).view(q.dtype), cupy.asnumpy(lse)
+    with cupy.cuda.Device(tq.device):
+        item = q.dtype.itemsize  # k, v may be raw 16-bit words here (NumPy inputs)
+        strides = {"q": tq.strides, "k": tuple(n // item for n in k.strides),
+                   "v": tuple(n // item for n in v.strides), "o": out_strides(tq.shape)}
+        plan = make_plan(problem, strides, scale, tq.device, config)
+        rng = cupy.asarray(np.array([seed, offset], dtype=np.uint64))
+        out = cupy.empty(q.shape, q.dtype)
+        lse = cupy.empty((b, h, sq), cupy.float32)
+        if POISON_OUTPUTS:
+            out.view(cupy.uint16).fill(0x7FFF)
+            lse.fill(np.nan)
+        plan.run_with((q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr), 0,
+                      cupy.cuda.get_current_stream().ptr, (("rng_state", rng.data.ptr),))
+    return out, lse
+
+
 def flash_attn_qkvpacked_func(qkv, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                               causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
                               alibi_slopes=None, deterministic: bool = False,
-                              return_attn_probs: bool = False, *, config=None, bwd_config=None):
+                              return_attn_probs: bool = False, *, config=None, bwd_config=None,
+                              dropout_seed=None):
     """flash_attn_func with q, k, v packed: qkv (batch, seqlen, 3, nheads, headdim). The same
     as flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], ...) (strided views, no copy;
     torch autograd gives one gradient for qkv)."""
@@ -574,20 +709,22 @@ def flash_attn_qkvpacked_func(qkv, dropout_p: float = 0.0, softmax_scale: Option
                          f"{tuple(getattr(qkv, 'shape', ())) or type(qkv).__name__}")
     return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale,
                            causal, window_size, softcap, alibi_slopes, deterministic,
-                           return_attn_probs, config=config, bwd_config=bwd_config)
+                           return_attn_probs, config=config, bwd_config=bwd_config,
+                           dropout_seed=dropout_seed)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                              causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
                              alibi_slopes=None, deterministic: bool = False,
-                             return_attn_probs: bool = False, *, config=None, bwd_config=None):
+                             return_attn_probs: bool = False, *, config=None, bwd_config=None,
+                             dropout_seed=None):
     """flash_attn_func with k, v packed: kv (batch, seqlen_k, 2, nheads_kv, headdim)."""
     if getattr(kv, "ndim", None) != 5 or kv.shape[2] != 2:
         raise ValueError(f"kv: expected shape (batch, seqlen_k, 2, nheads_kv, headdim), got "
                          f"{tuple(getattr(kv, 'shape', ())) or type(kv).__name__}")
     return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal,
                            window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
-                           config=config, bwd_config=bwd_config)
+                           config=config, bwd_config=bwd_config, dropout_seed=dropout_seed)
 
 
 def _check_varlen_tensor(name: str, x) -> None:
@@ -827,7 +964,8 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] = None,
                         causal: bool = False, deterministic: bool = False, *, config=None,
-                        window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None):
+                        window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                        dropout_p: float = 0.0, dropout_seed=None):
     """Gradients (dq, dk, dv) of flash_attn_func's output, given dout = dL/dout.
 
     out and lse are what ``flash_attn_func(q, k, v, ..., return_attn_probs=True)`` returned
@@ -836,6 +974,10 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
     k's shape: under GQA / MQA they are summed over the query heads sharing a K/V head.
     deterministic=True adds the dQ contributions in a fixed order (bitwise reproducible).
     window_size, softcap, alibi_slopes: the forward's (as flash_attn_func takes them).
+    dropout_p, dropout_seed: the forward's (dropout_seed required with dropout_p > 0: an int,
+    a pair (seed, offset), or for torch an int64 (2,) state tensor on q's device); the
+    kernels regenerate the forward's keep mask from them. Dropout with window, softcap or
+    ALiBi raises UnsupportedFeature naming the arguments (as flash_attn_func on GPU inputs).
     """
     tq, tk, tv, softmax_scale, problem = check_qkv(q, k, v, softmax_scale, causal, "bwd", deterministic)
     tdo, to = check_bwd_tensors(tq, dout, out, lse)
@@ -868,6 +1010,15 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
         causal = feats.causal
         problem = problem.replace(causal=causal)
     check_config("config", config, problem)
+    feats = check_features(tq, dropout_p)
+    if feats.dropout_p:
+        if dropout_seed is None:
+            raise ValueError("dropout_seed: flash_attn_backward with dropout_p > 0 needs the "
+                             "forward's dropout_seed")
+        seed, offset = check_dropout_seed(dropout_seed, q)
+        problem = problem.replace(features=("dropout",), dropout_p=feats.dropout_p)
+        return _dropout_backward(dout, q, k, v, out, lse, tq, tdo, to, problem, softmax_scale,
+                                 dropout_seed, seed, offset, config)
     if tq.kind == "torch":
         from . import torch_ops
 
@@ -883,6 +1034,42 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
                                     softmax_scale, causal, deterministic, config=config)
         return tuple(slice_head_dim(g, head_dim) for g in grads)
     return _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem, softmax_scale, config)
+
+
+def _dropout_backward(dout, q, k, v, out, lse, tq, tdo, to, problem, scale, dropout_seed, seed,
+                      offset, config):
+    """flash_attn_backward with dropout (validated): torch (no autograd) or CuPy."""
+    if tq.kind == "numpy":
+        raise TypeError("flash_attn_backward takes CuPy arrays or torch tensors; for NumPy "
+                        "use cuflash.reference.attention_backward_naive")
+    p = problem
+    empty = p.batch == 0 or p.nheads == 0 or p.seqlen_q == 0 or p.seqlen_k == 0
+    if empty:  # no attention weight: the plain backward's zeros
+        return flash_attn_backward(dout, q, k, v, out, lse, scale, p.causal, p.deterministic,
+                                   config=config)
+    d = tq.shape[3]
+    padded = padded_head_dim(d)
+    if tq.kind == "torch":
+        from . import torch_ops
+
+        rng = torch_ops.rng_state_of(dropout_seed, q.device)
+        if padded != d:
+            args = [torch_ops._pad(x, padded) for x in (dout, q, k, v, out)]
+            grads = torch_ops.dropout_backward(*args[:5], lse, p.replace(head_dim=padded), scale,
+                                               rng, config)
+            return tuple(g[..., :d].contiguous() for g in grads)
+        return torch_ops.dropout_backward(dout, q, k, v, out, lse, p, scale, rng, config)
+    if padded != d:
+        grads = _dropout_backward(*(pad_head_dim(x, padded) for x in (dout, q, k, v, out)), lse,
+                                  describe("q", pad_head_dim(q, padded)), None, None,
+                                  p.replace(head_dim=padded), scale, dropout_seed, seed, offset,
+                                  config)
+        return tuple(slice_head_dim(g, d) for g in grads)
+    cupy = _cupy()
+    with cupy.cuda.Device(tq.device):
+        rng = cupy.asarray(np.array([seed, offset], dtype=np.uint64))
+        return _backward_cupy(dout, q, k, v, out, lse, describe("dout", dout), describe("out", out),
+                              p, scale, config, rng=rng)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1058,7 +1245,7 @@ def _run_numpy(q, k, v, problem: Problem, scale: float, config):
 
 
 def _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem: Problem, scale: float, config,
-                   slopes=None):
+                   slopes=None, rng=None):
     import cupy
 
     p = problem
@@ -1080,20 +1267,23 @@ def _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem: Problem, scale: fl
         strides = {"dout": tdo.strides, "q": describe("q", q).strides, "k": describe("k", k).strides,
                    "v": describe("v", v).strides, "o": to.strides, "dq": out_strides(dq.shape),
                    "dk": out_strides(dk.shape), "dv": out_strides(dv.shape)}
-        plan = feature_plan(p, strides, scale, dq.device.id, config) if p.features else \
-            make_plan(p, strides, scale, dq.device.id, config)
+        plan = feature_plan(p, strides, scale, dq.device.id, config) if p.features and rng is None \
+            else make_plan(p, strides, scale, dq.device.id, config)
         if POISON_OUTPUTS:
             for x in (dq, dk, dv):
                 x.view(cupy.uint16).fill(0x7FFF)
         workspace = cupy.empty(max(plan.workspace_bytes, 1), dtype=cupy.uint8)
         ptrs = (dout.data.ptr, q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr,
                 dq.data.ptr, dk.data.ptr, dv.data.ptr)
-        if p.features:
+        if p.features and rng is None:
             slopes = None if slopes is None else cupy.ascontiguousarray(slopes)
             plan.run_fields({"alibi_slopes": 0 if slopes is None else slopes.data.ptr}, ptrs,
                             workspace.data.ptr, cupy.cuda.get_current_stream().ptr)
-        else:
+        elif rng is None:
             plan.run(ptrs, workspace.data.ptr, cupy.cuda.get_current_stream().ptr)
+        else:  # dropout: the forward's (seed, offset), int64[2] in device memory
+            plan.run_with(ptrs, workspace.data.ptr, cupy.cuda.get_current_stream().ptr,
+                          (("rng_state", rng.data.ptr),))
     return dq, dk, dv
 
 

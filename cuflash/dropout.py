@@ -60,3 +60,34 @@ def keep_mask(seed: int, offset: int, p: float, batch: int, nheads: int, seqlen_
     raw = np.stack(words, axis=-1).astype("<u4").view(np.uint8).reshape(*words[0].shape, 16)
     cols16 = raw[..., _COL_BYTE].reshape(batch * nheads, seqlen_q, blocks * 16)[..., :seqlen_k]
     return (cols16 >= drop_threshold(p)).reshape(batch, nheads, seqlen_q, seqlen_k)
+
+
+def _words_to_f32(words: np.ndarray, dtype: str) -> np.ndarray:
+    """16-bit words of bf16 or fp16 values as float32 (exact)."""
+    words = np.ascontiguousarray(words).view(np.uint16)
+    if dtype == "bf16":
+        return (words.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return words.view(np.float16).astype(np.float32)
+
+
+def dropout_probs_host(q_words, k_words, lse, dtype: str, softmax_scale: float, causal: bool,
+                       p: float, seed: int, offset: int) -> np.ndarray:
+    """S_dmask as flash-attn returns it (for testing): the attention probabilities
+    P = exp(scale·q·kᵀ - lse), float32 (batch, nheads, seqlen_q, seqlen_k), with the entries
+    that the kernels' keep mask (keep_mask) drops negated; causal-hidden entries and rows that
+    see no key (lse = +inf) are 0. q_words, k_words: the (batch, seqlen, heads, headdim)
+    inputs as their 16-bit words; lse: the forward's (batch, nheads, seqlen_q)."""
+    q = _words_to_f32(q_words, dtype).astype(np.float64)
+    k = _words_to_f32(k_words, dtype).astype(np.float64)
+    b, sq, h, _ = q.shape
+    sk, h_kv = k.shape[1], k.shape[2]
+    k = np.repeat(k, h // h_kv, axis=2)
+    s = np.einsum("bihd,bjhd->bhij", q, k) * softmax_scale
+    if causal:
+        hidden = np.arange(sk)[None, :] > np.arange(sq)[:, None] + sk - sq
+        s = np.where(hidden, -np.inf, s)
+    lse = np.asarray(lse, np.float64)[..., None]
+    with np.errstate(invalid="ignore", over="ignore"):
+        probs = np.nan_to_num(np.exp(s - lse), nan=0.0).astype(np.float32)
+    keep = keep_mask(seed, offset, p, b, h, sq, sk)
+    return np.where(keep, probs, -probs)

@@ -141,6 +141,9 @@ class Plan:
         # run() for a caller that has checked that the plan's device is current (one
         # runtime call less on its hot path)
         self.run_current = self._run
+        # byte offsets of the params' other pointer fields (e.g. rng_state), for run_with
+        self._field_offsets = {name: dtype.fields[name][1] for name in dtype.names[n_ptr:]
+                               if dtype.fields[name][0] == np.uint64}
 
     def run(self, ptrs: tuple, workspace_ptr: int, stream: int) -> None:
         """Launch on ``stream`` with the plan's device current (switched for the launch and
@@ -212,3 +215,37 @@ class Plan:
         finally:
             if current != self.device:
                 self._set_device(current)
+
+    # ---- per-call pointer fields (dropout's RNG state) ----
+    def run_with(self, ptrs: tuple, workspace_ptr: int, stream: int, extra: tuple) -> None:
+        """run(), with per-call pointers besides the leading ones: ``extra`` is ((field, address),
+        ...), e.g. (("rng_state", p),) for dropout, whose (seed, offset) the kernels read from
+        device memory. The fields go back to 0 after the launch (a later plain run sees none)."""
+        for name, _ in extra:
+            if name not in self._field_offsets:
+                raise KeyError(f"{self.family.params_struct} has no per-call pointer field {name!r}")
+        current = self._get_device()
+        if current != self.device:
+            self._set_device(self.device)
+        try:
+            if self._ws_offsets:
+                ptrs = ptrs + tuple(workspace_ptr + off if off >= 0 else 0 for off in self._ws_offsets)
+            launch, argv, u64 = self._launch, self._argv_ptr, _U64.pack_into
+            with self._lock:
+                self._pack(self._bytes, 0, *ptrs)
+                for name, value in extra:
+                    u64(self._bytes, self._field_offsets[name], value)
+                if self._write_call is not None:
+                    self._write_call(self._bytes, ptrs)
+                try:
+                    for fn, gx, gy, gz, threads, smem in self._calls:
+                        launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
+                finally:
+                    for name, _ in extra:
+                        u64(self._bytes, self._field_offsets[name], 0)
+        finally:
+            if current != self.device:
+                self._set_device(current)
+
+
+_U64 = struct.Struct("<Q")

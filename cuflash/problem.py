@@ -46,11 +46,13 @@ class Problem:
     q is (batch, seqlen_q, nheads, head_dim); k, v are (batch, seqlen_k, nheads_kv, head_dim)
     causal:     bottom-right aligned causal mask
     deterministic: backward only: dQ added in a fixed order
-    features:   sorted names of further feature flags ("alibi", "softcap", "window", ...)
+    features:   sorted names of further feature flags ("alibi", "dropout", "softcap", "window", ...)
+    dropout_p:  the dropout probability when "dropout" is a feature
     window:     (left, right) of the "window" feature, -1 unbounded (a run-time value)
     softcap:    the "softcap" feature's cap, > 0 (a run-time value)
     alibi_batched: the "alibi" feature's slopes are (batch, nheads), not (nheads,)
-    The feature values are not part of the class key: kernels take them as run-time params.
+    The feature values are not part of the class key: kernels take them as run-time params
+    (the launch plan's params carry them).
     """
 
     op: str
@@ -64,6 +66,7 @@ class Problem:
     causal: bool = False
     deterministic: bool = False
     features: tuple = ()
+    dropout_p: float = 0.0
     window: tuple = (-1, -1)
     softcap: float = 0.0
     alibi_batched: bool = False

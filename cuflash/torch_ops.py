@@ -773,3 +773,166 @@ def backward_features(dout, q, k, v, out, lse, softmax_scale: float, feats, dete
                                               float(feats.softcap), _encode(config))
     return backward_features_impl(dout, q, k, v, out, lse, feats.alibi_slopes, softmax_scale,
                                   feats.causal, deterministic, window, feats.softcap, config)
+
+
+# ---------------------------------------------------------------------------------------
+# dropout on the GPU: fa2_fwd / fa2_bwd with their dropout flag
+
+_drop_fwd_plans: dict = {}
+_drop_bwd_plans: dict = {}
+compile_mod.on_change(_drop_fwd_plans.clear)
+compile_mod.on_change(_drop_bwd_plans.clear)
+
+
+def draw_rng_state(device) -> Tensor:
+    """A fresh dropout RNG state, int64[2] (seed, offset) on ``device``, drawn from torch's
+    CUDA generator: ``torch.manual_seed`` reproduces it, and inside a CUDA-graph capture the
+    draw is recorded with the generator's graph-safe state, so every replay draws anew (the
+    kernels read the state through a pointer, never on the host)."""
+    return torch.empty(2, dtype=torch.int64, device=device).random_()
+
+
+def rng_state_of(seed, device) -> Tensor:
+    """The RNG state tensor of an explicit ``dropout_seed``: an int (offset 0) or a pair
+    (seed, offset) of ints, or already an int64[2] tensor on ``device``."""
+    if isinstance(seed, Tensor):
+        if seed.dtype != torch.int64 or tuple(seed.shape) != (2,) or seed.device != torch.device(device):
+            raise ValueError(f"dropout_seed: expected an int64 tensor of shape (2,) (seed, offset) on "
+                             f"{device}, got {seed.dtype} {tuple(seed.shape)} on {seed.device}")
+        return seed
+    seed, offset = api.check_dropout_seed(seed)
+    as_signed = lambda x: x - 2 ** 64 if x >= 2 ** 63 else x  # noqa: E731  (int64 bits)
+    return torch.tensor([as_signed(seed), as_signed(offset)], dtype=torch.int64, device=device)
+
+
+def _drop_fwd_plan(q, k, v, problem, scale, config):
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
+           scale, problem.causal, problem.dropout_p, config)
+    plan = _drop_fwd_plans.get(key)
+    if plan is None:
+        strides = {"q": tuple(q.stride()), "k": tuple(k.stride()), "v": tuple(v.stride()),
+                   "o": api.out_strides(tuple(q.shape))}
+        plan = _drop_fwd_plans[key] = api.make_plan(problem, strides, scale, q.device.index, config)
+    return plan
+
+
+def _drop_bwd_plan(dout, q, k, v, out, problem, scale, config):
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), dout.stride(),
+           out.stride(), q.dtype, q.device, scale, problem.causal, problem.deterministic,
+           problem.dropout_p, config)
+    plan = _drop_bwd_plans.get(key)
+    if plan is None:
+        strides = {"dout": tuple(dout.stride()), "q": tuple(q.stride()), "k": tuple(k.stride()),
+                   "v": tuple(v.stride()), "o": tuple(out.stride()),
+                   "dq": api.out_strides(tuple(q.shape)), "dk": api.out_strides(tuple(k.shape)),
+                   "dv": api.out_strides(tuple(k.shape))}
+        plan = _drop_bwd_plans[key] = api.make_plan(problem, strides, scale, q.device.index, config)
+    return plan
+
+
+def dropout_forward(q, k, v, problem, scale: float, rng: Tensor, config=None):
+    """(out, lse) of attention with dropout on CUDA tensors (aligned, head dim a multiple of
+    8, keys present); ``rng``: the int64[2] (seed, offset) state; no autograd."""
+    q, k, v = _realign(q, k, v)
+    plan = _drop_fwd_plan(q, k, v, problem, scale, config)
+    b, sq, h, _ = q.shape
+    out = q.new_empty(*q.shape)
+    lse = q.new_empty(b, h, sq, dtype=torch.float32)
+    if api.POISON_OUTPUTS:
+        out.fill_(math.nan)
+        lse.fill_(math.nan)
+    plan.run_with((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()), 0,
+                  _raw_stream(plan.device), (("rng_state", rng.data_ptr()),))
+    return out, lse
+
+
+def dropout_backward(dout, q, k, v, out, lse, problem, scale: float, rng: Tensor, config=None):
+    """(dq, dk, dv) of attention with dropout, the forward's ``rng`` state regenerating its
+    mask; CUDA tensors as dropout_forward's; no autograd."""
+    dout, out = _aligned(dout), _aligned(out)
+    q, k, v = _realign(q, k, v)
+    lse = lse.contiguous()
+    problem = problem.replace(op="bwd")
+    plan = _drop_bwd_plan(dout, q, k, v, out, problem, scale, config)
+    dq, dk, dv = q.new_empty(*q.shape), k.new_empty(*k.shape), v.new_empty(*v.shape)
+    ws = q.new_empty(max(plan.workspace_bytes, 1), dtype=torch.uint8)
+    if api.POISON_OUTPUTS:
+        for x in (dq, dk, dv):
+            x.fill_(math.nan)
+    plan.run_with((dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                   lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()), ws.data_ptr(),
+                  _raw_stream(plan.device), (("rng_state", rng.data_ptr()),))
+    return dq, dk, dv
+
+
+class DropoutAttnFn(torch.autograd.Function):
+    """out, lse = attention with dropout (CUDA); the backward regenerates the forward's mask
+    from the RNG state (kept on ctx, never read on the host). args = (problem, scale, rng
+    (int64[2] state tensor), config, bwd_config)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, args):
+        problem, scale, rng, config, bwd_config = args
+        out, lse = dropout_forward(q, k, v, problem, scale, rng, config)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.state = (problem, scale, rng, bwd_config)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse=None):
+        q, k, v, out, lse = ctx.saved_tensors
+        problem, scale, rng, bwd_config = ctx.state
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = dropout_backward(dout, q, k, v, out, lse, problem, scale, rng, bwd_config)
+        if torch.is_grad_enabled():  # create_graph=True: allow first order, refuse second
+            dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, dout)
+        return dq, dk, dv, None
+
+
+def dropout_attention(q, k, v, problem, scale: float, rng=None, config=None, bwd_config=None):
+    """(out, lse, rng) of attention with dropout on CUDA tensors, with autograd when q, k or
+    v require grad. problem: the validated call (features ("dropout",), dropout_p,
+    deterministic); rng: None (drawn from torch's generator) or an int64[2] state tensor.
+    Head dims that are not a multiple of 8 run zero-padded copies (torch's pad: autograd
+    slices the gradients back)."""
+    if torch.compiler.is_compiling():
+        raise NotImplementedError("dropout_p: attention dropout on the GPU is not supported under "
+                                  "torch.compile yet (eager and CUDA graphs are)")
+    d = q.shape[-1]
+    padded = api.padded_head_dim(d)
+    if padded != d:
+        q, k, v = (_pad(x, padded) for x in (q, k, v))
+        problem = problem.replace(head_dim=padded)
+    rng = draw_rng_state(q.device) if rng is None else rng
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = DropoutAttnFn.apply(q, k, v, (problem, scale, rng, config, bwd_config))
+    else:
+        out, lse = dropout_forward(q, k, v, problem, scale, rng, config)
+    if padded != d:
+        out = out[..., :d]
+    return out, lse, rng
+
+
+def dropout_probs(q, k, v, lse, scale: float, causal: bool, dropout_p: float, rng) -> Tensor:
+    """S_dmask for return_attn_probs, as flash-attn gives it (for testing): the probabilities
+    P = exp(scale·q·kᵀ - lse), fp32 (batch, nheads, seqlen_q, seqlen_k), with the dropped
+    entries negated; the mask is cuflash.dropout's mirror of the kernels' (reads rng on the
+    host: a synchronization). Hidden (causal) entries are 0."""
+    from . import dropout as dropout_mod
+
+    b, sq, h, _ = q.shape
+    sk, h_kv = k.shape[1], k.shape[2]
+    seed, offset = (int(x) & (2 ** 64 - 1) for x in rng.tolist())
+    qf = q.detach().float().transpose(1, 2)
+    kf = k.detach().float().repeat_interleave(h // h_kv, dim=2).transpose(1, 2)
+    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + sk - sq, -math.inf)
+    p = torch.exp(s - lse[..., None])
+    p = torch.nan_to_num(p, nan=0.0)  # rows that see no key (lse = +inf)
+    keep = torch.from_numpy(dropout_mod.keep_mask(seed, offset, dropout_p, b, h, sq, sk)).to(q.device)
+    return torch.where(keep, p, -p)

@@ -51,6 +51,9 @@
 //   kVarlen   variable-length batch (varlen.cuh), in all four kernels: the batch index is a
 //             sequence of cu_seqlens_q/k, grids are sized for the longest sequence and blocks
 //             past a sequence's end exit at once; the fp32 workspace is indexed by tokens
+//   kDropout  attention dropout (Algorithm 4): the forward's keep mask Z is regenerated
+//             (philox.cuh), dV_j += (P ∘ Z / (1 - p))ᵀ dO_i and
+//             dS = P ∘ (dP ∘ Z / (1 - p) - D); D = rowsum(dO ∘ O) is unchanged
 //   kWindow, kSoftcap, kAlibi  as in fa2_fwd.cu: the band mask (mask.cuh BandMask) skips the Q
 //             blocks outside a K/V block's band; P is recomputed through the same score
 //             modifiers (score.cuh), and dS gains softcap's factor 1 - tanh²
@@ -62,6 +65,7 @@
 #include "score.cuh"
 #include "softmax.cuh"
 #include "varlen.cuh"
+#include "philox.cuh"
 
 namespace cuflash {
 
@@ -198,8 +202,8 @@ struct BwdShape {
 };
 
 template <int kBr, int kBc, int kWarps, int kStages, int kDSplit, int kQSplit, int kHeadDim, class Elem,
-          bool kCausal, bool kDeterministic, bool kVarlen = false, bool kWindow = false, bool kSoftcap = false,
-          bool kAlibi = false>
+          bool kCausal, bool kDeterministic, bool kVarlen = false, bool kDropout = false, bool kWindow = false,
+          bool kSoftcap = false, bool kAlibi = false>
 __global__ void __launch_bounds__(kWarps * 32)
 fa2_bwd(const BwdParams p) {
     using Shape = BwdShape<kBr, kBc, kWarps, kStages, kDSplit, kQSplit, kHeadDim>;
@@ -256,6 +260,9 @@ fa2_bwd(const BwdParams p) {
     const float* lse_gmem = p.lse_log2 + ws0;
     const float* D_gmem = p.D + ws0;
     float* dq_accum = p.dq_accum + ws0 * p.head_dim_rounded;
+    Dropout dropout{};  // kDropout: the forward's keep mask and scale
+    if constexpr (kDropout)
+        dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
 
     // Q blocks that see K_j: all of them, or under the causal mask those from the first row
     // i with key0 <= i + seqlen_k - seqlen_q on; under a window also only those up to the last
@@ -393,10 +400,27 @@ fa2_bwd(const BwdParams p) {
                 }
         }
 
+        // ---- dropout: the dropped elements of Pᵀ negated (Pᵀ >= 0, so the sign is ¬Z) ----
+        if constexpr (kDropout)
+            dropout.negate_dropped_transposed(s_acc, static_cast<int>(bh), key0 + warp_key0,
+                                              row0 + warp_q0, g, t);
+
         // ---- dV_j += Pᵀ dO_i (kQSplit > 1: after the barrier, Pᵀ from shared memory) ----
+        // (dropout: (Pᵀ ∘ Z) / (1 - p), the positive part of the signed Pᵀ, scaled)
         {
             u32 p_frag[kMTiles][kNTilesS / 2][4];
-            pack_a_frags<kMTiles, kNTilesS / 2, Elem>(p_frag, s_acc);
+            if constexpr (kDropout) {
+                float pz[kMTiles][kNTilesS][4];
+#pragma unroll
+                for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < kNTilesS; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) pz[mt][nt][e] = fmaxf(s_acc[mt][nt][e], 0.f) * dropout.scale;
+                pack_a_frags<kMTiles, kNTilesS / 2, Elem>(p_frag, pz);
+            } else {
+                pack_a_frags<kMTiles, kNTilesS / 2, Elem>(p_frag, s_acc);
+            }
             if constexpr (kQSplit == 1)
                 gemm_frags_x_rows_t<kMTiles, kNTilesD, kBr / 16, kRowBytes, Elem>(dv_acc, p_frag, do_bt);
             else
@@ -413,7 +437,14 @@ fa2_bwd(const BwdParams p) {
             for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    dp_acc[mt][nt][e] = s_acc[mt][nt][e] * (dp_acc[mt][nt][e] - (e % 2 ? D.y : D.x));
+                    const float d_row = e % 2 ? D.y : D.x;
+                    if constexpr (kDropout) {  // dS = P ∘ (Z ∘ dP / (1 - p) - D), P = |signed Pᵀ|
+                        const float s = s_acc[mt][nt][e];
+                        const float z = s > 0.f ? dropout.scale : 0.f;
+                        dp_acc[mt][nt][e] = fabsf(s) * (dp_acc[mt][nt][e] * z - d_row);
+                    } else {
+                        dp_acc[mt][nt][e] = s_acc[mt][nt][e] * (dp_acc[mt][nt][e] - d_row);
+                    }
                     if (kSoftcap) {  // d(softcap·tanh(x / softcap))/dx = 1 - tanh²
                         const float th = tanh_s[kSoftcap ? mt : 0][kSoftcap ? nt : 0][e];
                         dp_acc[mt][nt][e] *= 1.f - th * th;

@@ -23,6 +23,8 @@
 //   kCausal   bottom-right aligned causal mask: query i sees key j iff j <= i + seqlen_k - seqlen_q
 //   kVarlen   variable-length batch (varlen.cuh): blockIdx.z is a sequence of cu_seqlens_q/k,
 //             the grid is sized for the longest; Q blocks past a sequence's end exit at once
+//   kDropout  attention dropout (philox.cuh): O accumulates P ∘ Z / (1 - p), with Z the keep mask
+//             of (params.rng_state, batch·nheads + head, row, column); l and LSE stay undropped
 //   kWindow   sliding window (params.window_left / window_right, -1 unbounded; mask.cuh BandMask):
 //             K/V blocks outside the band are skipped on both sides
 //   kSoftcap  scores capped: softcap·tanh(scale·S / softcap) (score.cuh)
@@ -35,6 +37,7 @@
 #include "score.cuh"
 #include "softmax.cuh"
 #include "varlen.cuh"
+#include "philox.cuh"
 
 namespace cuflash {
 
@@ -58,7 +61,8 @@ struct FwdShape {
 };
 
 template <int kBr, int kBc, int kWarps, int kStages, int kHeadDim, class Elem, bool kCausal,
-          bool kVarlen = false, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false>
+          bool kVarlen = false, bool kDropout = false, bool kWindow = false, bool kSoftcap = false,
+          bool kAlibi = false>
 __global__ void __launch_bounds__(kWarps * 32)
 fa2_fwd(const FwdParams p) {
     using Shape = FwdShape<kBr, kBc, kWarps, kStages, kHeadDim>;
@@ -156,6 +160,9 @@ fa2_fwd(const FwdParams p) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
     softmax_init(m, l);
+    Dropout dropout{};  // kDropout: this launch's keep mask and scale
+    if constexpr (kDropout)
+        dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
 
     // Each lane's ldmatrix.x4 address inside a 16x16 block of 16-bit elements, as a byte
     // offset from the tile's start (one register each; the loops add compile-time offsets).
@@ -192,6 +199,11 @@ fa2_fwd(const FwdParams p) {
 
         // ---- online softmax: m_new = max(m, rowmax S); P = exp(S - m_new); rescale l, O ----
         softmax_update(s_acc, o_acc, m, l, p.scale_log2);
+
+        // ---- dropout (Algorithm 2): P ∘ Z / (1 - p) feeds O, while l summed the undropped P
+        // above, so LSE is plain attention's and the backward recomputes the same P ----
+        if constexpr (kDropout)
+            dropout.apply(s_acc, batch * p.nheads + head, row0 + warp_row0, n_block * kBc, g, t);
 
         // ---- O += P V_j: P goes from the S accumulators straight into A fragments ----
         // p_frag[mt][kk] is the A operand of keys 16kk..16kk+15 (gemm.cuh: pack_a_frags).

@@ -48,6 +48,9 @@ struct FwdParams {
     int* cu_seqlens_q;     // (batch + 1) int32 offsets
     int* cu_seqlens_k;     // (batch + 1) int32 offsets
     int total_q;
+    const void* rng_state;   // dropout (kDropout): int64[2] (seed, offset) in device memory; else null
+    int dropout_threshold;   // dropout: drop iff the element's Philox byte < round(p·256) (philox.cuh)
+    float dropout_scale;     // dropout: 1 / (1 - p), applied to the kept elements
     // features (appended; unused by a kernel built without them):
     int window_left;       // kWindow: keys before the diagonal a query sees, -1 unbounded
     int window_right;      // kWindow: keys after the diagonal, -1 unbounded
@@ -136,6 +139,9 @@ struct BwdParams {
     int total_q;
     int total_k;
     int ws_rows;           // workspace rows per head: total_q + kVarlenRowPad·batch, rounded up to 8
+    const void* rng_state;   // dropout (kDropout): int64[2] (seed, offset), the forward's; else null
+    int dropout_threshold;   // dropout: as FwdParams
+    float dropout_scale;     // dropout: 1 / (1 - p)
     // features (appended; unused by a kernel built without them):
     int window_left;       // kWindow: keys before the diagonal a query sees, -1 unbounded
     int window_right;      // kWindow: keys after the diagonal, -1 unbounded

@@ -68,6 +68,16 @@ struct Dropout {
         d.scale = 1.f / (1.f - p);
         return d;
     }
+    // The state of one kernel launch: (seed, offset) read from device memory (rng_state:
+    // int64[2], drawn per call by torch's generator, so CUDA-graph replays get fresh values
+    // without re-recording), threshold and scale computed on the host (params.cuh).
+    __device__ static Dropout load(const void* rng_state, int drop_threshold, float keep_scale) {
+        const u64* state = static_cast<const u64*>(rng_state);
+        Dropout d = make(state[0], state[1], 0.f);
+        d.threshold = static_cast<u32>(drop_threshold);
+        d.scale = keep_scale;
+        return d;
+    }
     // The 16 keep bytes of query `row`, columns 16·block .. 16·block + 15, of head bh.
     __host__ __device__ __forceinline__ PhiloxWords bytes(int bh, int row, int block) const {
         return philox4x32_10(static_cast<u32>(block), static_cast<u32>(row), static_cast<u32>(bh),
@@ -141,6 +151,26 @@ struct Dropout {
     template <int kMT, int kNT>
     __device__ __forceinline__ void apply_transposed(float (&acc)[kMT][kNT][4], int bh, int key0,
                                                      int query0, int g, int t) const {
+        visit_transposed(acc, bh, key0, query0, g, t,
+                         [this](float& x, u32 word, int b) { x *= factor(word, b); });
+    }
+
+    // The backward's form of the mask on Pᵀ: dropped elements negated, kept ones unchanged
+    // (flash-attn's sign encoding). Pᵀ >= 0, so the sign then carries Z: dV takes the positive
+    // part times 1 / (1 - p), dS = |Pᵀ| ∘ (Z ∘ dPᵀ - D) still needs the undropped P.
+    template <int kMT, int kNT>
+    __device__ __forceinline__ void negate_dropped_transposed(float (&acc)[kMT][kNT][4], int bh,
+                                                              int key0, int query0, int g, int t) const {
+        visit_transposed(acc, bh, key0, query0, g, t, [this](float& x, u32 word, int b) {
+            if (((word >> (8 * b)) & 0xFFu) < threshold) x = -x;
+        });
+    }
+
+    // apply_transposed's walk, with op(x, word, byte) applied to every element and its keep
+    // byte (byte `byte` of `word`): the layout logic lives once for the scale and the sign.
+    template <int kMT, int kNT, class Op>
+    __device__ __forceinline__ void visit_transposed(float (&acc)[kMT][kNT][4], int bh, int key0,
+                                                     int query0, int g, int t, Op op) const {
         static_assert(kNT % 2 == 0, "dropout works on whole 16-column blocks");
         constexpr int kBlocks = kNT / 2, kRegions = kMT * kBlocks;
         const int lane = threadIdx.x % 32;
@@ -174,7 +204,7 @@ struct Dropout {
                     const u32 word = pick4(recv, (j - g / 2) & 3);
 #pragma unroll
                     for (int half = 0; half < 2; ++half)
-                        acc[mt][2 * blk + (j >> 1)][2 * half + (j & 1)] *= factor(word, 2 * half + g % 2);
+                        op(acc[mt][2 * blk + (j >> 1)][2 * half + (j & 1)], word, 2 * half + g % 2);
                 }
             }
         }

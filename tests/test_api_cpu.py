@@ -150,12 +150,16 @@ def test_check_scale():
 
 
 @pytest.mark.parametrize("kwargs,pattern", [
-    ({"dropout_p": 0.1}, r"dropout_p=0\.1: dropout is not implemented"),
     ({"dropout_p": 0.1, "softcap": 1.0}, r"dropout_p=0\.1, softcap=1\.0: dropout and softcapping"),
-], ids=["dropout_p", "dropout_p_softcap"])
+    ({"dropout_p": 0.1, "window_size": (4, 4)},
+     r"dropout_p=0\.1, window_size=\(4, 4\): dropout and sliding window"),
+    ({"dropout_p": 0.1, "alibi_slopes": np.ones(4, np.float32)},
+     r"alibi_slopes, dropout_p=0\.1: ALiBi and dropout"),
+], ids=["dropout_p_softcap", "dropout_p_window", "dropout_p_alibi"])
 def test_unimplemented_features(kwargs, pattern):
-    """No kernel family has these yet: GPU-kind input (NumPy here) raises before any launch,
-    both UnsupportedProblem (selection's error) and NotImplementedError."""
+    """No call path combines these yet (dropout with window / softcap / ALiBi): GPU-kind input
+    (NumPy here) raises before any launch, both UnsupportedProblem (selection's error) and
+    NotImplementedError."""
     q, k, v = qkv()
     with pytest.raises(NotImplementedError, match=pattern) as info:
         flash_attn_func(q, k, v, **kwargs)
@@ -367,7 +371,7 @@ def test_empty_problem_still_validated(no_gpu_allowed):
     q, k, v = qkv(batch=0)
     with pytest.raises(ValueError, match=r"headdim must match"):
         flash_attn_func(q, k[..., :32], v[..., :32])
-    with pytest.raises(NotImplementedError, match=r"dropout_p"):
+    with pytest.raises(ValueError, match=r"^dropout_seed: numpy inputs with dropout_p > 0 need"):
         flash_attn_func(q, k, v, dropout_p=0.5)
     with pytest.raises(ValueError, match=r"^q: headdim must be a multiple of 8"):
         flash_attn_func(*qkv(batch=0, headdim=264))

@@ -475,9 +475,12 @@ def np_qkv(**kw):
 
 
 @pytest.mark.parametrize("kw,pattern", [
-    (dict(dropout_p=0.1), r"^dropout_p=0\.1: dropout is not implemented"),
     (dict(dropout_p=0.1, window_size=(2, 1)), r"^dropout_p=0\.1, window_size=\(2, 1\): dropout and "
                                               r"sliding window are not implemented"),
+    (dict(dropout_p=0.1, softcap=0.5), r"^dropout_p=0\.1, softcap=0\.5: dropout and softcapping are not "
+                                       r"implemented .*fa2_fwd has no feature 'softcap' with dropout"),
+    (dict(dropout_p=0.1, alibi_slopes=np.ones(4, np.float32)),
+     r"^alibi_slopes, dropout_p=0\.1: ALiBi and dropout are not implemented"),
 ])
 def test_numpy_with_feature_names_it(kw, pattern, monkeypatch):
     monkeypatch.setattr(_gpu, "require", lambda what: pytest.fail("reached the GPU"))

@@ -107,3 +107,189 @@ template __global__ void k<1, 4, true>(float*, Dropout);     // fa2_bwd: 16 keys
     frames = [line for line in res.stderr.splitlines() if "stack frame" in line]
     assert len(frames) == 5 and all("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
                                     in line for line in frames), res.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# dropout wired into fa2_fwd / fa2_bwd and the API (no GPU needed)
+
+from cuflash import NoGPUError, api, flash_attn_func, registry  # noqa: E402
+from cuflash.problem import Problem  # noqa: E402
+
+
+def drop_problem(op="fwd", d=64, causal=False, p=0.1, **kw):
+    return Problem(op, "bf16", 2, 300, 300, 4, 4, d, causal, features=("dropout",), dropout_p=p, **kw)
+
+
+def test_families_support_dropout_and_configs_carry_the_flag():
+    fwd, bwd, sm90 = (registry.get(n) for n in ("fa2_fwd", "fa2_bwd", "sm90_fwd"))
+    assert fwd.supports((9, 0), drop_problem()) == ""
+    assert bwd.supports((8, 0), drop_problem("bwd")) == ""
+    assert "dropout" in sm90.supports((9, 0), drop_problem())   # selection falls back to fa2_fwd
+    assert "window" in fwd.supports((9, 0), drop_problem().replace(features=("dropout", "window")))
+    cfg = fwd.for_problem(fwd.heuristic(drop_problem()), drop_problem())
+    assert cfg.dropout and cfg.name.endswith("_drop") and cfg.kernel_name().endswith("bf16, false, false, true, false, false, false>")
+    assert cfg.template_args()[-4] is True   # kDropout, then kWindow, kSoftcap, kAlibi
+    plain = fwd.heuristic(drop_problem().replace(features=()))
+    assert not plain.dropout and plain.kernel_name().endswith("bf16, false, false, false, false, false, false>")
+    assert fwd.decode(fwd.encode(cfg), "bf16", False) == cfg
+    bcfg = bwd.for_problem(bwd.heuristic(drop_problem("bwd")), drop_problem("bwd", deterministic=True))
+    assert bcfg.dropout and bcfg.deterministic and bcfg.kernel_name().endswith("bf16, false, true, false, true, false, false, false>")
+    assert not bwd.for_problem(bcfg, drop_problem("bwd").replace(features=())).dropout
+
+
+def test_params_carry_threshold_scale_and_an_rng_pointer():
+    from cuflash.launch import struct_dtype
+
+    for fam_name in ("fa2_fwd", "fa2_bwd"):
+        fam = registry.get(fam_name)
+        names = struct_dtype(fam.params_struct).names
+        assert names[-9:-6] == ("rng_state", "dropout_threshold", "dropout_scale")   # then features
+        problem = drop_problem(fam.op, p=0.17)
+        cfg = fam.for_problem(fam.heuristic(problem), problem)
+        strides = {n: (300 * 4 * 64, 4 * 64, 64, 1) for n in ("q", "k", "v", "o", "dout", "dq", "dk", "dv")}
+        static = fam.static_params(cfg, problem, strides, fam.workspace(cfg, problem, strides), 0.125, 132)
+        assert static["dropout_threshold"] == 44 == dropout.drop_threshold(0.17)   # round(0.17 * 256)
+        assert static["dropout_scale"] == float(np.float32(1) / (np.float32(1) - np.float32(0.17)))
+        assert static["rng_state"] == 0   # a per-call pointer (Plan.run_with)
+
+
+def test_numpy_dropout_needs_a_seed_before_any_gpu(monkeypatch):
+    from cuflash import _gpu
+
+    q = np.zeros((1, 8, 2, 64), np.float16)
+    with pytest.raises(ValueError, match=r"^dropout_seed: numpy inputs with dropout_p > 0 need"):
+        flash_attn_func(q, q, q, 0.1)
+    for bad, err in ((1.5, TypeError), ((1, 2, 3), TypeError), (True, TypeError), (-1, ValueError),
+                     ((0, 2 ** 64), ValueError)):
+        with pytest.raises(err, match=r"^dropout_seed"):
+            flash_attn_func(q, q, q, 0.1, dropout_seed=bad)
+    assert api.check_dropout_seed(7) == (7, 0) and api.check_dropout_seed((7, 9)) == (7, 9)
+    monkeypatch.setattr(_gpu, "why_unavailable", lambda: "no GPU in this test")
+    with pytest.raises(NoGPUError):
+        flash_attn_func(q, q, q, 0.1, dropout_seed=3)
+    with pytest.raises(ValueError, match=r"^dropout_seed: flash_attn_backward with dropout_p > 0"):
+        api.flash_attn_backward(q, q, q, q, q, np.zeros((1, 2, 8), np.float32), dropout_p=0.1)
+
+
+def test_dropout_probs_host_matches_the_reference_and_the_mask():
+    from cuflash import reference
+
+    rng = np.random.default_rng(0)
+    q, k = (rng.standard_normal((1, 21, 4, 16)).astype(np.float16) for _ in range(2))
+    k = k[:, :, :2]   # GQA: 4 query heads, 2 K/V heads
+    v = np.zeros_like(k)
+    _, lse = reference.attention_naive(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                                       causal=True, return_lse=True)
+    probs = dropout.dropout_probs_host(q.view(np.uint16), k.view(np.uint16), lse, "fp16", 0.25,
+                                       True, 0.3, 11, 5)
+    keep = dropout.keep_mask(11, 5, 0.3, 1, 4, 21, 21)
+    visible = np.tril(np.ones((21, 21), bool))
+    assert (probs[..., ~visible] == 0).all()
+    assert ((probs > 0) == keep)[..., visible].all()
+    np.testing.assert_allclose(np.abs(probs).sum(-1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.skipif(shutil.which(NVCC) is None, reason="needs nvcc (no GPU)")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_dropout_instantiations_compile(arch):
+    """The dropout heuristics of fa2_fwd (zero spills, as the plain ones) and fa2_bwd (compiles;
+    its heuristic may spill a few bytes, as tests/test_compile.py allows for fa2_bwd), head dims
+    64 / 128 / 256, both masks, both dtypes across them."""
+    from cuflash.compile import nvcc_compile
+
+    archcc = (9, 0) if arch == "sm_90a" else (8, 0)
+    for op in ("fwd", "bwd"):
+        fam = registry.get(f"fa2_{op}")
+        cfgs = []
+        for i, (d, causal) in enumerate([(64, False), (64, True), (128, False), (128, True),
+                                         (256, True)]):
+            problem = drop_problem(op, d, causal).replace(dtype=("bf16", "fp16")[i % 2])
+            cfgs.append(fam.for_problem(fam.heuristic(problem, archcc), problem))
+        reports = nvcc_compile(cfgs, arch)
+        for cfg, rep in zip(cfgs, reports):
+            assert cfg.dropout
+            if op == "fwd":
+                assert rep.spill_stores == 0 and rep.spill_loads == 0, (cfg.name, rep)
+
+
+def test_plan_run_with_writes_the_rng_pointer_for_the_launch_only():
+    """Plan.run_with packs the per-call rng_state pointer where params.cuh puts it, for the
+    launches only (a plain run afterwards sees 0); the struct bytes are what the driver gets."""
+    import struct
+    import threading
+
+    from cuflash.launch import Plan, pack, struct_dtype
+
+    dtype = struct_dtype("FwdParams")
+    plan = object.__new__(Plan)
+    fields = {n: 0 for n in dtype.names}
+    plan._record = pack("FwdParams", **fields)
+    plan._bytes = plan._record.view(np.uint8)
+    plan._argv_ptr = 0
+    plan._ws_offsets = ()
+    plan._pack = struct.Struct("<5Q").pack_into
+    plan._field_offsets = {n: dtype.fields[n][1] for n in dtype.names[5:] if dtype.fields[n][0] == np.uint64}
+    plan._write_call = None
+    plan._lock = threading.Lock()
+    plan._calls = ((111, 1, 1, 1, 128, 0),)
+    plan.device = 0
+    plan._get_device, plan._set_device = (lambda: 0), (lambda d: None)
+    seen = []
+    plan._launch = lambda *a: seen.append(bytes(plan._bytes))
+    plan.family = registry.get("fa2_fwd")
+    plan.run_with((1, 2, 3, 4, 5), 0, 0, (("rng_state", 0xABCDEF0),))
+    rec = np.frombuffer(seen[0], dtype=dtype)[0]
+    assert rec["rng_state"] == 0xABCDEF0 and rec["q"] == 1 and rec["lse"] == 5
+    assert plan._record["rng_state"][0] == 0
+    with pytest.raises(KeyError, match="rng"):
+        plan.run_with((1, 2, 3, 4, 5), 0, 0, (("rng", 1),))
+
+
+def test_torch_dropout_autograd_plumbing_with_reference_kernels(monkeypatch):
+    """torch_ops.dropout_attention's autograd path (state drawn once, kept for the backward,
+    head dim padding) on CPU, the launches replaced by the float64 reference with the mirror's
+    mask of the same state: the gradients must be the masked reference's."""
+    torch = pytest.importorskip("torch")
+    from cuflash import reference, torch_ops
+
+    def mask_of(rng, p, b, h, sq, sk):
+        seed, offset = (int(x) & (2 ** 64 - 1) for x in rng.tolist())
+        return dropout.keep_mask(seed, offset, p, b, h, sq, sk)
+
+    def fake_forward(q, k, v, problem, scale, rng, config=None):
+        b, sq, h, _ = q.shape
+        keep = mask_of(rng, problem.dropout_p, b, h, sq, k.shape[1])
+        out, lse = reference.attention_naive(*(x.detach().double().numpy() for x in (q, k, v)),
+                                             softmax_scale=scale, causal=problem.causal, return_lse=True,
+                                             dropout_p=problem.dropout_p, dropout_mask=keep)
+        return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).float()
+
+    def fake_backward(dout, q, k, v, out, lse, problem, scale, rng, config=None):
+        b, sq, h, _ = q.shape
+        keep = mask_of(rng, problem.dropout_p, b, h, sq, k.shape[1])
+        grads = reference.attention_backward_naive(
+            *(x.detach().double().numpy() for x in (dout, q, k, v)), softmax_scale=scale,
+            causal=problem.causal, dropout_p=problem.dropout_p, dropout_mask=keep)
+        return tuple(torch.from_numpy(g).to(x.dtype) for g, x in zip(grads, (q, k, v)))
+
+    monkeypatch.setattr(torch_ops, "dropout_forward", fake_forward)
+    monkeypatch.setattr(torch_ops, "dropout_backward", fake_backward)
+    torch.manual_seed(0)
+    b, sq, sk, h, h_kv, d = 1, 9, 13, 4, 2, 12          # d 12: padded to 16
+    q = torch.randn(b, sq, h, d, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(b, sk, h_kv, d, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(b, sk, h_kv, d, dtype=torch.float64, requires_grad=True)
+    problem = Problem("fwd", "bf16", b, sq, sk, h, h_kv, d, True, features=("dropout",), dropout_p=0.3)
+    out, lse, rng = torch_ops.dropout_attention(q, k, v, problem, 0.3)
+    assert out.shape == q.shape and rng.dtype == torch.int64 and rng.shape == (2,)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    keep = mask_of(rng, 0.3, b, h, sq, sk)
+    want_out = reference.attention_naive(*(x.detach().numpy() for x in (q, k, v)), softmax_scale=0.3,
+                                         causal=True, dropout_p=0.3, dropout_mask=keep)
+    want = reference.attention_backward_naive(*(x.detach().numpy() for x in (dout, q, k, v)),
+                                              softmax_scale=0.3, causal=True, dropout_p=0.3,
+                                              dropout_mask=keep)
+    np.testing.assert_allclose(out.detach().numpy(), want_out, atol=1e-12)
+    for g, w in zip(grads, want):
+        np.testing.assert_allclose(g.numpy(), w, atol=1e-12)

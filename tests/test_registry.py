@@ -190,12 +190,12 @@ def test_encode_decode_round_trip_every_valid_config(family):
 def test_encode_example():
     fwd = registry.get("fa2_fwd")
     cfg = FwdConfig(128, 64, 4, 2, 96, "fp16", True)
-    assert fwd.encode(cfg) == "fa2_fwd:Br=128,Bc=64,warps=4,stages=2,head_dim=96,varlen=0"
+    assert fwd.encode(cfg) == "fa2_fwd:Br=128,Bc=64,warps=4,stages=2,head_dim=96,varlen=0,dropout=0"
     assert fwd.decode(fwd.encode(cfg.replace(varlen=True)), "fp16", True) == cfg.replace(varlen=True)
     bwd = registry.get("fa2_bwd")
     cfg = BwdConfig(64, 128, 8, 2, 1, 128, "bf16", False, True, 2)
     assert bwd.encode(cfg) == ("fa2_bwd:Br=64,Bc=128,warps=8,stages=2,dsplit=1,head_dim=128,"
-                               "deterministic=1,qsplit=2,varlen=0")
+                               "deterministic=1,qsplit=2,varlen=0,dropout=0")
     assert bwd.decode(bwd.encode(cfg), "bf16", False) == cfg
 
 

@@ -20,10 +20,12 @@ Modes (results in results/<gpu name>/):
   features  sliding window 1024 at 8k, softcap, ALiBi vs the same call without the feature and
             vs SDPA (math / efficient / cuDNN with an explicit mask, flash without):
             bench_features.{json,csv}
+  dropout   dropout_p 0.1 vs the same call without, cuflash and SDPA flash, fwd and fwd+bwd
+            at seqlen 8k (--seqlens to change), d 64 and 128: bench_dropout.{json,csv}
   ring      context parallelism: cuflash.distributed ring attention, one process per GPU
             (NCCL), vs single-GPU cuflash on the same shard and torch's context parallel,
             seqlen 128k .. 1M: results/<gpu name>x<P>/ring.{json,csv}
-  all       fwd, fwdbwd, memory, overhead, startup (not tuned, not io, not features, not ring)
+  all       fwd, fwdbwd, memory, overhead, startup (not tuned, io, features, ring, dropout)
 
 Shapes follow the FlashAttention convention (heads = 2048 / head dim, batch · seqlen = 16k),
 FLOPs cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward); all timing is
@@ -39,7 +41,8 @@ import time
 
 from .common import HDIMS, SEQLENS, gpu_dir_name  # noqa: F401 - gpu_dir_name: tuning/cli.py
 
-MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io", "features", "ring")
+MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io", "features", "ring",
+         "dropout")
 ALL = ("fwd", "fwdbwd", "memory", "overhead", "startup")
 
 
@@ -133,6 +136,11 @@ def run_mode(mode: str, a) -> object:
                        causals=tuple(sorted(causals, reverse=True)), procs=a.ring_procs,
                        nheads=a.ring_heads, reps=a.reps or 3, budget_s=a.ring_budget_s,
                        torch_cp=not a.no_torch_cp, full_max=a.ring_full_max, out=a.out)
+    if mode == "dropout":
+        seqlens = a.seqlens if a.seqlens != list(SEQLENS) else (8192,)
+        hdims = a.hdims if a.hdims != list(HDIMS) else (64, 128)
+        return mod.run(hdims=hdims, seqlens=seqlens, dtypes=a.dtypes, causals=causals, out=a.out,
+                       reps=a.reps or 10, flush_l2=a.flush_l2)
     raise ValueError(f"unknown mode {mode!r}")
 
 

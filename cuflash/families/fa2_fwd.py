@@ -41,6 +41,8 @@ class FwdConfig(KernelConfig):
     causal:    bottom-right aligned causal mask, a compile-time flag
     varlen:    variable-length batches (cu_seqlens), a compile-time flag set from the call
                (``for_problem``), never tuned
+    dropout:   attention dropout (Philox keep mask, philox.cuh), a compile-time flag; the
+               probability and the RNG state are run-time params
     window:    sliding window (kWindow; the bounds are run-time params)
     softcap:   softcapping (kSoftcap; the cap is a run-time param)
     alibi:     ALiBi (kAlibi; the slopes are a run-time pointer)
@@ -54,6 +56,7 @@ class FwdConfig(KernelConfig):
     dtype: str
     causal: bool
     varlen: bool = False
+    dropout: bool = False
     window: bool = False
     softcap: bool = False
     alibi: bool = False
@@ -66,7 +69,8 @@ class FwdConfig(KernelConfig):
         mask = "causal" if self.causal else "full"
         return (f"fwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}"
-                + ("_varlen" if self.varlen else "") + name_suffix(self))
+                + ("_varlen" if self.varlen else "") + ("_drop" if self.dropout else "")
+                + name_suffix(self))
 
     @property
     def smem_bytes(self) -> int:
@@ -82,11 +86,12 @@ class FwdConfig(KernelConfig):
     def kernel_name(self) -> str:
         return (f"cuflash::fa2_fwd<{self.Br}, {self.Bc}, {self.warps}, {self.stages}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {'true' if self.causal else 'false'}"
-                f", {'true' if self.varlen else 'false'}{template_suffix(self)}>")
+                f", {'true' if self.varlen else 'false'}, {'true' if self.dropout else 'false'}"
+                f"{template_suffix(self)}>")
 
     def template_args(self) -> tuple:
         return (self.Br, self.Bc, self.warps, self.stages, self.head_dim, self.dtype, self.causal,
-                self.varlen, self.window, self.softcap, self.alibi)
+                self.varlen, self.dropout, self.window, self.softcap, self.alibi)
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -118,6 +123,19 @@ def forward_sizes(problem: Problem, softmax_scale: float) -> dict:
                 scale_log2=softmax_scale * LOG2E)
 
 
+def dropout_params(problem: Problem) -> dict:
+    """The dropout fields of FwdParams / BwdParams: the drop threshold round(p·256) and the
+    scale 1 / (1 - p), both as the kernels' fp32 arithmetic gives them (cuflash/dropout.py);
+    rng_state is a per-call pointer (Plan.run_with)."""
+    import numpy as np
+
+    from ..dropout import drop_threshold
+
+    p = float(getattr(problem, "dropout_p", 0.0)) if "dropout" in problem.features else 0.0
+    scale = float(np.float32(1.0) / (np.float32(1.0) - np.float32(p)))
+    return dict(rng_state=0, dropout_threshold=drop_threshold(p) if p else 0, dropout_scale=scale)
+
+
 def strides3(prefix: str, strides) -> dict:
     return {f"{prefix}_batch_stride": strides[0], f"{prefix}_row_stride": strides[1],
             f"{prefix}_head_stride": strides[2]}
@@ -136,15 +154,28 @@ def is_varlen(problem: Problem) -> bool:
 
 
 def other_features(problem: Problem) -> tuple:
-    """The features of ``problem`` that the fa2 families do not implement."""
+    """The features of ``problem`` besides varlen."""
     return tuple(f for f in problem.features if f != VARLEN)
 
 
-def varlen_mix(family, problem: Problem) -> str:
-    """'' unless ``problem`` mixes varlen with window / softcap / ALiBi: the kernels have both
-    flags, but no call path passes the features' values with varlen yet."""
-    mixed = [f for f in other_features(problem) if f in family.features] if is_varlen(problem) else []
-    return f"{family.name} has no feature {mixed[0]!r} with varlen" if mixed else ""
+# window / softcap / ALiBi: the features path of the API (cuflash.features)
+BAND_SCORE = ("alibi", "softcap", "window")
+
+
+def feature_mix(family, problem: Problem) -> str:
+    """'' unless ``problem`` mixes features that no call path passes together yet (the kernels
+    have every flag): varlen with any other feature of the family (window / softcap / ALiBi /
+    dropout), or dropout with window / softcap / ALiBi (the dropout and the features paths of
+    the API are separate)."""
+    if is_varlen(problem):
+        mixed = [f for f in other_features(problem) if f in family.features]
+        if mixed:
+            return f"{family.name} has no feature {mixed[0]!r} with varlen"
+    if "dropout" in problem.features:
+        mixed = [f for f in problem.features if f in BAND_SCORE and f in family.features]
+        if mixed:
+            return f"{family.name} has no feature {mixed[0]!r} with dropout"
+    return ""
 
 
 def varlen_fields(problem: Problem, strides: dict, prefixes) -> dict:
@@ -167,15 +198,17 @@ class FA2Forward(Family):
     pointer_fields = ("q", "k", "v", "o", "lse")
     min_arch = (8, 0)
     description = "FlashAttention-2 forward: mma.sync m16n8k16, ldmatrix, cp.async ring"
-    features = ("alibi", "softcap", "varlen", "window")
+    features = ("alibi", "dropout", "softcap", "varlen", "window")
 
     def supports(self, arch, problem: Problem) -> str:
-        return super().supports(arch, problem) or check_head_dim(problem) or varlen_mix(self, problem)
+        return super().supports(arch, problem) or check_head_dim(problem) or feature_mix(self, problem)
 
     def for_problem(self, config, problem: Problem):
-        # varlen is the call's (tuned tables and heuristics carry none); so are the features
-        varlen = is_varlen(problem)
-        config = config if config.varlen == varlen else config.replace(varlen=varlen)
+        # varlen and dropout are the call's (tuned tables and heuristics carry none); so are
+        # the features
+        varlen, dropout = is_varlen(problem), "dropout" in problem.features
+        if config.varlen != varlen or config.dropout != dropout:
+            config = config.replace(varlen=varlen, dropout=dropout)
         return self.with_features(config, problem)
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> FwdConfig:
@@ -193,7 +226,10 @@ class FA2Forward(Family):
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         dtype, causal = problem.dtype, problem.causal
-        if d <= 64:
+        if d <= 64 and "dropout" in problem.features:
+            # the Philox rounds need registers: Bc = 64 spills on sm_80 (nvcc 13.0)
+            cfg = FwdConfig(128, 32, 4, 2, d, dtype, causal)
+        elif d <= 64:
             cfg = FwdConfig(128, 64, 4, 2, d, dtype, causal)
         elif d <= 128:
             cfg = FwdConfig(128, 32, 4, 2, d, dtype, causal)
@@ -213,7 +249,7 @@ class FA2Forward(Family):
         fields = dict(**strides3("q", strides["q"]), **strides3("k", strides["k"]),
                       **strides3("v", strides["v"]), **strides3("o", strides["o"]),
                       **forward_sizes(problem, softmax_scale), cu_seqlens_q=0, cu_seqlens_k=0,
-                      total_q=0, **feature_params(problem, softmax_scale))
+                      total_q=0, **dropout_params(problem), **feature_params(problem, softmax_scale))
         fields.update(varlen_fields(problem, strides, ("q", "k", "v", "o")))
         return fields
 
