@@ -290,6 +290,35 @@ def raise_unsupported(problem: Problem, given: dict) -> None:
                              "does not pass it to the kernels yet")
 
 
+def gpu_supported(problem: Problem) -> bool:
+    """Whether some registered family runs ``problem`` (features included) on some GPU."""
+    return any(not f.supports((99, 9), problem) for f in families(problem.op))
+
+
+def feature_problem(problem: Problem, feats: "FeatureArgs") -> Problem:
+    """``problem`` with the call's normalized feature flags and run-time values."""
+    slopes = feats.alibi_slopes
+    return problem.replace(causal=feats.causal, features=feats.features,
+                           window=tuple(int(w) for w in feats.window_size),
+                           softcap=float(feats.softcap),
+                           alibi_batched=slopes is not None and len(slopes.shape) == 2)
+
+
+_feature_plans: dict = {}
+
+
+def feature_plan(problem: Problem, strides: dict, softmax_scale: float, device: int, config=None):
+    """The launch plan of a problem with features (window, softcap, ALiBi), cached per
+    (problem with its feature values, strides, scale, device, config). Run it with
+    ``Plan.run_fields({"alibi_slopes": address}, ...)``."""
+    key = (problem, tuple((name, tuple(st)) for name, st in strides.items()), softmax_scale,
+           device, config)
+    plan = _feature_plans.get(key)
+    if plan is None:
+        plan = _feature_plans[key] = make_plan(problem, strides, softmax_scale, device, config)
+    return plan
+
+
 def check_supported(problem: Problem) -> None:
     """Raise (naming the argument) unless some registered family can run ``problem`` on some
     GPU. Needs no GPU; the device's own check comes with selection."""
@@ -397,11 +426,12 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     (-1: unbounded; causal sets right = 0). softcap > 0: scores -> softcap·tanh(scores/softcap).
     alibi_slopes: fp32 (nheads,) or (batch, nheads); adds -slope·|i + seqlen_k - seqlen_q - j|.
     dropout_p: probability of dropping an attention weight (kept ones scaled by 1/(1-p)).
-    Window, softcap and ALiBi run on torch CPU tensors (float64 reference, autograd); no
-    kernel family has them yet, so GPU inputs raise cuflash.api.UnsupportedFeature (a
-    ValueError and a NotImplementedError) naming the argument, before any launch.
-    Dropout runs on the GPU (fa2_fwd / fa2_bwd, Philox keep mask: cuflash/dropout.py) alone,
-    not combined with those yet. Its RNG state is (seed, offset), 64 bits each:
+    Window, softcap and ALiBi run on the GPU kernels (forward and backward; fa2_fwd, sm90_fwd,
+    fa2_bwd), and so does dropout alone (fa2_fwd / fa2_bwd, Philox keep mask:
+    cuflash/dropout.py). Dropout combined with window, softcap or ALiBi runs on torch CPU
+    tensors only (float64 reference, autograd): GPU inputs with it raise
+    cuflash.api.UnsupportedFeature (a ValueError and a NotImplementedError) naming the
+    arguments, before any launch. Dropout's RNG state is (seed, offset), 64 bits each:
       * torch CUDA tensors: drawn per call from torch's CUDA generator into a device tensor
         (torch.manual_seed reproduces it; CUDA-graph replays draw anew), saved for autograd's
         backward; or dropout_seed;
@@ -502,7 +532,7 @@ def _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softc
     if not feats.features:  # e.g. window_size=(-1, 0), or one reaching past every key
         return flash_attn_func(q, k, v, 0.0, softmax_scale, feats.causal, (-1, -1), 0.0, None,
                                deterministic, return_attn_probs, config=config, bwd_config=bwd_config)
-    problem = problem.replace(causal=feats.causal, features=feats.features)
+    problem = feature_problem(problem, feats)
     check_config("config", config, problem.replace(features=()))
     check_config("bwd_config", bwd_config, problem.replace(op="bwd", features=()))
     if dropout_seed is not None:
@@ -512,11 +542,71 @@ def _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softc
             problem = problem.replace(dropout_p=feats.dropout_p, deterministic=bool(deterministic))
             return _dropout_func(q, k, v, tq, tk, problem, scale, dropout_seed, return_attn_probs,
                                  config, bwd_config)
-        raise_unsupported(problem, feats.given)
+        if not gpu_supported(problem):  # e.g. dropout with window / softcap / ALiBi
+            raise_unsupported(problem, feats.given)
+        if tq.kind == "torch":
+            from . import torch_ops
+
+            out, lse = torch_ops.attention_features(q, k, v, scale, feats, deterministic, config,
+                                                    bwd_config)
+        else:
+            out, lse = _features_forward(q, k, v, tq, tk, problem, scale, feats.alibi_slopes, config)
+        return (out, lse, None) if return_attn_probs else out
     from . import torch_ops
 
     out, lse, mask = torch_ops.attention_reference(q, k, v, scale, feats)
     return (out, lse, mask) if return_attn_probs else out
+
+
+def _features_forward(q, k, v, tq, tk, problem: Problem, scale: float, slopes, config):
+    """(out, lse) of a call with features (window, softcap, ALiBi) on CuPy or NumPy arrays."""
+    import cupy
+
+    p = problem
+    if tq.kind == "numpy":
+        _gpu.require("flash_attn_func")
+        dq, dk, dv = (cupy.asarray(np.ascontiguousarray(x).view(np.uint16)) for x in (q, k, v))
+        ds = None if slopes is None else cupy.asarray(np.ascontiguousarray(slopes))
+        out, lse = _features_forward(dq, dk, dv, describe_raw(dq), describe_raw(dk), p, scale, ds,
+                                     config)
+        return cupy.asnumpy(out).view(q.dtype), cupy.asnumpy(lse)
+    padded = padded_head_dim(p.head_dim)
+    if padded != p.head_dim and p.batch and p.seqlen_q and p.nheads and p.seqlen_k:
+        qp, kp, vp = (pad_head_dim(x, padded) for x in (q, k, v))
+        out, lse = _features_forward(qp, kp, vp, describe_raw(qp), describe_raw(kp),
+                                     p.replace(head_dim=padded), scale, slopes, config)
+        return slice_head_dim(out, p.head_dim), lse
+    with cupy.cuda.Device(q.device.id):
+        out = cupy.empty(q.shape, dtype=q.dtype)
+        lse = cupy.empty((p.batch, p.nheads, p.seqlen_q), dtype=cupy.float32)
+        if p.batch == 0 or p.nheads == 0 or p.seqlen_q == 0:
+            return out, lse
+        if p.seqlen_k == 0:  # attention over zero keys: every row fully masked
+            out.view(cupy.uint16).fill(0)
+            lse.fill(np.inf)
+            return out, lse
+        strides = {"q": tq.strides, "k": tk.strides, "v": describe_raw(v).strides,
+                   "o": out_strides(tq.shape)}
+        plan = feature_plan(p, strides, scale, q.device.id, config)
+        slopes_ptr = 0
+        if slopes is not None:
+            slopes = cupy.ascontiguousarray(slopes)
+            slopes_ptr = slopes.data.ptr
+        if POISON_OUTPUTS:
+            out.view(cupy.uint16).fill(0x7FFF)
+            lse.fill(np.nan)
+        plan.run_fields({"alibi_slopes": slopes_ptr},
+                        (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr), 0,
+                        cupy.cuda.get_current_stream().ptr)
+    return out, lse
+
+
+def describe_raw(x) -> _Tensor:
+    """Shape, element strides and address of a CuPy array of any 16-bit dtype (raw uint16
+    copies of NumPy input included): what a launch needs, no dtype check."""
+    item = x.dtype.itemsize
+    return _Tensor("cupy", None, tuple(int(n) for n in x.shape),
+                   tuple(int(st) // item for st in x.strides), x.data.ptr, x.device.id)
 
 
 def check_dropout_seed(dropout_seed, q=None) -> tuple:
@@ -899,6 +989,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] = None,
                         causal: bool = False, deterministic: bool = False, *, config=None,
+                        window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
                         dropout_p: float = 0.0, dropout_seed=None):
     """Gradients (dq, dk, dv) of flash_attn_func's output, given dout = dL/dout.
 
@@ -907,12 +998,42 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
     tensors (torch's current stream; no autograd: this is what autograd calls). dk, dv have
     k's shape: under GQA / MQA they are summed over the query heads sharing a K/V head.
     deterministic=True adds the dQ contributions in a fixed order (bitwise reproducible).
+    window_size, softcap, alibi_slopes: the forward's (as flash_attn_func takes them).
     dropout_p, dropout_seed: the forward's (dropout_seed required with dropout_p > 0: an int,
     a pair (seed, offset), or for torch an int64 (2,) state tensor on q's device); the
-    kernels regenerate the forward's keep mask from them.
+    kernels regenerate the forward's keep mask from them. Dropout with window, softcap or
+    ALiBi raises UnsupportedFeature naming the arguments (as flash_attn_func on GPU inputs).
     """
     tq, tk, tv, softmax_scale, problem = check_qkv(q, k, v, softmax_scale, causal, "bwd", deterministic)
     tdo, to = check_bwd_tensors(tq, dout, out, lse)
+    if softcap or alibi_slopes is not None or tuple(window_size) != (-1, -1):
+        feats = check_features(tq, 0.0, window_size, softcap, alibi_slopes, causal, tq.shape[0],
+                               tq.shape[2], (tq.shape[1], tk.shape[1]))
+        if feats.features:
+            problem = feature_problem(problem, feats)
+            check_config("config", config, problem.replace(features=()))
+            if not _is_torch_cpu(tq) and not gpu_supported(problem):
+                raise_unsupported(problem, feats.given)
+            if tq.kind == "torch":
+                from . import torch_ops
+
+                return torch_ops.backward_features(dout, q, k, v, out, lse, softmax_scale, feats,
+                                                   bool(deterministic), config)
+            if tq.kind == "numpy":
+                raise TypeError("flash_attn_backward takes CuPy arrays or torch tensors; for NumPy "
+                                "use cuflash.reference.attention_backward_naive")
+            head_dim = tq.shape[3]
+            padded = padded_head_dim(head_dim)
+            if padded != head_dim:
+                grads = flash_attn_backward(*(pad_head_dim(x, padded) for x in (dout, q, k, v, out)),
+                                            lse, softmax_scale, feats.causal, deterministic,
+                                            config=config, window_size=feats.window_size,
+                                            softcap=feats.softcap, alibi_slopes=alibi_slopes)
+                return tuple(slice_head_dim(g, head_dim) for g in grads)
+            return _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem, softmax_scale, config,
+                                  alibi_slopes)
+        causal = feats.causal
+        problem = problem.replace(causal=causal)
     check_config("config", config, problem)
     feats = check_features(tq, dropout_p)
     if feats.dropout_p:
@@ -1002,6 +1123,7 @@ def _plain_scale(softmax_scale) -> bool:
 
 def _drop_plans() -> None:
     _cupy_plans.clear()
+    _feature_plans.clear()
 
 
 compile_mod.on_change(_drop_plans)
@@ -1148,7 +1270,7 @@ def _run_numpy(q, k, v, problem: Problem, scale: float, config):
 
 
 def _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem: Problem, scale: float, config,
-                   rng=None):
+                   slopes=None, rng=None):
     import cupy
 
     p = problem
@@ -1170,14 +1292,19 @@ def _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem: Problem, scale: fl
         strides = {"dout": tdo.strides, "q": describe("q", q).strides, "k": describe("k", k).strides,
                    "v": describe("v", v).strides, "o": to.strides, "dq": out_strides(dq.shape),
                    "dk": out_strides(dk.shape), "dv": out_strides(dv.shape)}
-        plan = make_plan(p, strides, scale, dq.device.id, config)
+        plan = feature_plan(p, strides, scale, dq.device.id, config) if p.features and rng is None \
+            else make_plan(p, strides, scale, dq.device.id, config)
         if POISON_OUTPUTS:
             for x in (dq, dk, dv):
                 x.view(cupy.uint16).fill(0x7FFF)
         workspace = cupy.empty(max(plan.workspace_bytes, 1), dtype=cupy.uint8)
         ptrs = (dout.data.ptr, q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr,
                 dq.data.ptr, dk.data.ptr, dv.data.ptr)
-        if rng is None:
+        if p.features and rng is None:
+            slopes = None if slopes is None else cupy.ascontiguousarray(slopes)
+            plan.run_fields({"alibi_slopes": 0 if slopes is None else slopes.data.ptr}, ptrs,
+                            workspace.data.ptr, cupy.cuda.get_current_stream().ptr)
+        elif rng is None:
             plan.run(ptrs, workspace.data.ptr, cupy.cuda.get_current_stream().ptr)
         else:  # dropout: the forward's (seed, offset), int64[2] in device memory
             plan.run_with(ptrs, workspace.data.ptr, cupy.cuda.get_current_stream().ptr,

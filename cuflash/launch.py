@@ -132,6 +132,7 @@ class Plan:
                 self._set_device(current)
         self._launch = _driver_launch()
         self._lock = threading.Lock()
+        self._fields_lock = threading.Lock()  # run_fields: its fields and its launch together
         # A family whose params carry per-call data besides the pointers (sm90_fwd: TMA tensor
         # maps, which embed the tensors' addresses) gives a writer; the others run _run_plain.
         writer = getattr(family, "call_writer", None)
@@ -155,6 +156,15 @@ class Plan:
             return self._run(ptrs, workspace_ptr, stream)
         finally:
             self._set_device(current)
+
+    def run_fields(self, fields: dict, ptrs: tuple, workspace_ptr: int, stream: int) -> None:
+        """run(), with further per-call fields of the params struct written first (e.g. a
+        feature's ``alibi_slopes`` address). The fields stay in the packed record until the next
+        run_fields; a plan whose problem has such fields is only ever run through here."""
+        with self._fields_lock:
+            for name, value in fields.items():
+                self._record[name] = value
+            self.run(ptrs, workspace_ptr, stream)
 
     def _run_plain(self, ptrs: tuple, workspace_ptr: int, stream: int) -> None:
         if self._ws_offsets:

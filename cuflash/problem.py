@@ -46,9 +46,13 @@ class Problem:
     q is (batch, seqlen_q, nheads, head_dim); k, v are (batch, seqlen_k, nheads_kv, head_dim)
     causal:     bottom-right aligned causal mask
     deterministic: backward only: dQ added in a fixed order
-    features:   sorted names of further feature flags ("dropout", ...)
-    dropout_p:  the dropout probability when "dropout" is a feature (a run-time value: not part
-                of the class key; the launch plan's params carry it)
+    features:   sorted names of further feature flags ("alibi", "dropout", "softcap", "window", ...)
+    dropout_p:  the dropout probability when "dropout" is a feature
+    window:     (left, right) of the "window" feature, -1 unbounded (a run-time value)
+    softcap:    the "softcap" feature's cap, > 0 (a run-time value)
+    alibi_batched: the "alibi" feature's slopes are (batch, nheads), not (nheads,)
+    The feature values are not part of the class key: kernels take them as run-time params
+    (the launch plan's params carry them).
     """
 
     op: str
@@ -63,6 +67,13 @@ class Problem:
     deterministic: bool = False
     features: tuple = ()
     dropout_p: float = 0.0
+    window: tuple = (-1, -1)
+    softcap: float = 0.0
+    alibi_batched: bool = False
+
+    def __post_init__(self):
+        if self.window.__class__ is not tuple:  # e.g. a list read back from JSON
+            object.__setattr__(self, "window", tuple(self.window))
 
     @classmethod
     def fa_convention(cls, op: str, dtype: str, head_dim: int, causal: bool, seqlen: int,

@@ -633,6 +633,206 @@ def kvcache_traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
 
 
 # ---------------------------------------------------------------------------------------
+# features on the GPU: sliding window, softcap, ALiBi (the kernels' compile-time flags)
+#
+# Two more ops, the plain ones' signatures plus the feature arguments (the window bounds,
+# the cap, the optional slopes tensor), so torch.compile and CUDA graphs work as for the
+# plain ops; an autograd.Function around them (FeatureAttnFn) passes the same features to
+# the backward. Plans are cached per call shape and feature values (cuflash.api.feature_plan).
+
+torch.library.define("cuflash::fwd_features",
+                     "(Tensor q, Tensor k, Tensor v, Tensor? alibi_slopes, float softmax_scale, "
+                     "bool causal, int window_left, int window_right, float softcap, str config) "
+                     "-> (Tensor, Tensor)")
+torch.library.define("cuflash::bwd_features",
+                     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                     "Tensor? alibi_slopes, float softmax_scale, bool causal, bool deterministic, "
+                     "int window_left, int window_right, float softcap, str config) "
+                     "-> (Tensor, Tensor, Tensor)")
+
+
+def _feats(q, k, slopes, causal, window, softcap):
+    """cuflash.api.FeatureArgs of a GPU call (validated, normalized), and q's description."""
+    tq = api.describe("q", q)
+    b, sq, h, _ = tq.shape
+    return api.check_features(tq, 0.0, window, softcap, slopes, causal, b, h, (sq, k.shape[1])), tq
+
+
+def forward_features(q, k, v, slopes, softmax_scale: float, causal: bool, window, softcap: float,
+                     config=None) -> tuple:
+    """(out, lse) of a GPU call with features; no autograd."""
+    tq, tk, tv, scale, problem = api.check_qkv(q, k, v, softmax_scale, causal)
+    feats, _ = _feats(q, k, slopes, causal, window, softcap)
+    if not feats.features:  # e.g. a window reaching past every key: the plain kernels
+        return forward(q, k, v, scale, feats.causal, config)
+    problem = api.feature_problem(problem, feats)
+    b, sq, h, d = tq.shape
+    if b == 0 or sq == 0 or h == 0 or tk.shape[1] == 0:
+        out = torch.empty(tq.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+        if tk.shape[1] == 0:
+            out.zero_()
+            lse.fill_(math.inf)
+        return out, lse
+    padded = api.padded_head_dim(d)
+    if padded != d:  # zero-padded copies (the scale stays the real head dim's)
+        out, lse = forward_features(*(_pad(x, padded) for x in (q, k, v)), slopes, scale, causal,
+                                    window, softcap, config)
+        return out[..., :d].contiguous(), lse
+    if (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+        return forward_features(*_realign(q, k, v), slopes, scale, causal, window, softcap, config)
+    strides = {"q": tq.strides, "k": tk.strides, "v": tv.strides, "o": api.out_strides(tq.shape)}
+    plan = api.feature_plan(problem, strides, scale, tq.device, config)
+    out = q.new_empty(*tq.shape)
+    lse = q.new_empty(b, h, sq, dtype=torch.float32)
+    if api.POISON_OUTPUTS:
+        out.fill_(math.nan)
+        lse.fill_(math.nan)
+    slopes = None if slopes is None else slopes.contiguous()
+    plan.run_fields({"alibi_slopes": 0 if slopes is None else slopes.data_ptr()},
+                    (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()), 0,
+                    _raw_stream(plan.device))
+    return out, lse
+
+
+def backward_features_impl(dout, q, k, v, out, lse, slopes, softmax_scale: float, causal: bool,
+                           deterministic: bool, window, softcap: float, config=None) -> tuple:
+    """(dq, dk, dv) of a GPU call with features; no autograd."""
+    tq, tk, tv, scale, problem = api.check_qkv(q, k, v, softmax_scale, causal, "bwd", deterministic)
+    api.check_bwd_tensors(tq, dout, out, lse)
+    feats, _ = _feats(q, k, slopes, causal, window, softcap)
+    if not feats.features:
+        return backward_impl(dout, q, k, v, out, lse, scale, feats.causal, deterministic, config)
+    problem = api.feature_problem(problem, feats)
+    if problem.batch == 0 or problem.nheads == 0 or problem.seqlen_q == 0 or problem.seqlen_k == 0:
+        return tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    d = problem.head_dim
+    padded = api.padded_head_dim(d)
+    if padded != d:
+        grads = backward_features_impl(*(_pad(x, padded) for x in (dout, q, k, v, out)), lse, slopes,
+                                       scale, causal, deterministic, window, softcap, config)
+        return tuple(g[..., :d].contiguous() for g in grads)
+    q, k, v = _realign(q, k, v)
+    dout, out, lse = _aligned(dout), _aligned(out), lse.contiguous()
+    strides = {"dout": tuple(dout.stride()), "q": tuple(q.stride()), "k": tuple(k.stride()),
+               "v": tuple(v.stride()), "o": tuple(out.stride()), "dq": api.out_strides(q.shape),
+               "dk": api.out_strides(k.shape), "dv": api.out_strides(k.shape)}
+    plan = api.feature_plan(problem, strides, scale, tq.device, config)
+    dq, dk, dv = q.new_empty(*q.shape), k.new_empty(*k.shape), v.new_empty(*v.shape)
+    ws = q.new_empty(plan.workspace_bytes, dtype=torch.uint8)
+    if api.POISON_OUTPUTS:
+        for x in (dq, dk, dv):
+            x.fill_(math.nan)
+    slopes = None if slopes is None else slopes.contiguous()
+    plan.run_fields({"alibi_slopes": 0 if slopes is None else slopes.data_ptr()},
+                    (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                     lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()), ws.data_ptr(),
+                    _raw_stream(plan.device))
+    return dq, dk, dv
+
+
+def _fwd_features_op(q, k, v, alibi_slopes, softmax_scale, causal, window_left, window_right,
+                     softcap, config):
+    return forward_features(q, k, v, alibi_slopes, softmax_scale, causal,
+                            (window_left, window_right), softcap, _decode(config, q.dtype, causal))
+
+
+def _bwd_features_op(dout, q, k, v, out, lse, alibi_slopes, softmax_scale, causal, deterministic,
+                     window_left, window_right, softcap, config):
+    return backward_features_impl(dout, q, k, v, out, lse, alibi_slopes, softmax_scale, causal,
+                                  deterministic, (window_left, window_right), softcap,
+                                  _decode(config, q.dtype, causal))
+
+
+torch.library.impl("cuflash::fwd_features", "CUDA")(_fwd_features_op)
+torch.library.impl("cuflash::bwd_features", "CUDA")(_bwd_features_op)
+
+
+@torch.library.register_fake("cuflash::fwd_features")
+def _(q, k, v, alibi_slopes, softmax_scale, causal, window_left, window_right, softcap, config):
+    batch, seqlen_q, nheads, _ = q.shape
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device))
+
+
+@torch.library.register_fake("cuflash::bwd_features")
+def _(dout, q, k, v, out, lse, alibi_slopes, softmax_scale, causal, deterministic, window_left,
+      window_right, softcap, config):
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+
+
+class FeatureAttnFn(torch.autograd.Function):
+    """out, lse = attention with features (GPU); the backward runs the backward kernels with the
+    same features. args = (softmax_scale, causal, window, softcap, deterministic, config,
+    bwd_config); slopes: the ALiBi slopes tensor or None (no gradient)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, slopes, args):
+        scale, causal, window, softcap, deterministic, config, bwd_config = args
+        if torch.compiler.is_compiling():
+            out, lse = torch.ops.cuflash.fwd_features(q, k, v, slopes, scale, causal, window[0],
+                                                      window[1], softcap, _encode(config))
+        else:
+            out, lse = forward_features(q, k, v, slopes, scale, causal, window, softcap, config)
+        ctx.save_for_backward(q, k, v, out, lse, slopes)
+        ctx.args = args
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, slopes = ctx.saved_tensors
+        scale, causal, window, softcap, deterministic, config, bwd_config = ctx.args
+        if dout is None:
+            dout = torch.zeros_like(out)
+        if torch.compiler.is_compiling():
+            dq, dk, dv = torch.ops.cuflash.bwd_features(dout, q, k, v, out, lse, slopes, scale,
+                                                        causal, deterministic, window[0], window[1],
+                                                        softcap, _encode(bwd_config))
+        else:
+            dq, dk, dv = backward_features_impl(dout, q, k, v, out, lse, slopes, scale, causal,
+                                                deterministic, window, softcap, bwd_config)
+        if torch.is_grad_enabled():
+            dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, dout)
+        return dq, dk, dv, None, None
+
+
+def attention_features(q, k, v, softmax_scale: float, feats, deterministic: bool, config,
+                       bwd_config) -> tuple:
+    """(out, lse) of a GPU call with features (``cuflash.api.FeatureArgs``, validated), with
+    autograd when q, k or v require grad."""
+    args = (float(softmax_scale), bool(feats.causal), tuple(int(w) for w in feats.window_size),
+            float(feats.softcap), bool(deterministic), config, bwd_config)
+    slopes = feats.alibi_slopes
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return FeatureAttnFn.apply(q, k, v, None if slopes is None else slopes.detach(), args)
+    return forward_features(q, k, v, slopes, *args[:4], config)
+
+
+def backward_features(dout, q, k, v, out, lse, softmax_scale: float, feats, deterministic: bool,
+                      config=None) -> tuple:
+    """(dq, dk, dv) for cuflash.api.flash_attn_backward with features (torch GPU tensors, or CPU
+    tensors through the float64 reference)."""
+    if q.device.type == "cpu":
+        kw = {}
+        if feats.window_size != (-1, -1):
+            kw["window_size"] = feats.window_size
+        if feats.softcap:
+            kw["softcap"] = feats.softcap
+        if feats.alibi_slopes is not None:
+            kw["alibi_slopes"] = feats.alibi_slopes.detach().to(torch.float64).numpy()
+        return _ref_backward(_RefSpec(float(softmax_scale), bool(feats.causal), kw, None), dout, q, k, v)
+    window = tuple(int(w) for w in feats.window_size)
+    if torch.compiler.is_compiling():
+        return torch.ops.cuflash.bwd_features(dout, q, k, v, out, lse, feats.alibi_slopes,
+                                              float(softmax_scale), bool(feats.causal),
+                                              bool(deterministic), window[0], window[1],
+                                              float(feats.softcap), _encode(config))
+    return backward_features_impl(dout, q, k, v, out, lse, feats.alibi_slopes, softmax_scale,
+                                  feats.causal, deterministic, window, feats.softcap, config)
+
+
+# ---------------------------------------------------------------------------------------
 # dropout on the GPU: fa2_fwd / fa2_bwd with their dropout flag
 
 _drop_fwd_plans: dict = {}

@@ -54,11 +54,15 @@
 //   kDropout  attention dropout (Algorithm 4): the forward's keep mask Z is regenerated
 //             (philox.cuh), dV_j += (P ∘ Z / (1 - p))ᵀ dO_i and
 //             dS = P ∘ (dP ∘ Z / (1 - p) - D); D = rowsum(dO ∘ O) is unchanged
+//   kWindow, kSoftcap, kAlibi  as in fa2_fwd.cu: the band mask (mask.cuh BandMask) skips the Q
+//             blocks outside a K/V block's band; P is recomputed through the same score
+//             modifiers (score.cuh), and dS gains softcap's factor 1 - tanh²
 #include "ptx.cuh"
 #include "params.cuh"
 #include "tile.cuh"
 #include "gemm.cuh"
 #include "mask.cuh"
+#include "score.cuh"
 #include "softmax.cuh"
 #include "varlen.cuh"
 #include "philox.cuh"
@@ -198,11 +202,12 @@ struct BwdShape {
 };
 
 template <int kBr, int kBc, int kWarps, int kStages, int kDSplit, int kQSplit, int kHeadDim, class Elem,
-          bool kCausal, bool kDeterministic, bool kVarlen = false, bool kDropout = false>
+          bool kCausal, bool kDeterministic, bool kVarlen = false, bool kDropout = false, bool kWindow = false,
+          bool kSoftcap = false, bool kAlibi = false>
 __global__ void __launch_bounds__(kWarps * 32)
 fa2_bwd(const BwdParams p) {
     using Shape = BwdShape<kBr, kBc, kWarps, kStages, kDSplit, kQSplit, kHeadDim>;
-    using Mask = CausalMask<kCausal>;  // the mask kind (mask.cuh)
+    using Mask = BandMask<kCausal, kWindow>;  // the mask kind (mask.cuh)
     constexpr int kThreads = Shape::kThreads, kMTiles = Shape::kMTiles;
     constexpr int kNTilesS = Shape::kNTilesS, kNTilesD = Shape::kNTilesD;
     constexpr int kPitch = Shape::kPitch, kRowBytes = kPitch * 2, kDsRowBytes = Shape::kDsPitch * 2;
@@ -260,11 +265,16 @@ fa2_bwd(const BwdParams p) {
         dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
 
     // Q blocks that see K_j: all of them, or under the causal mask those from the first row
-    // i with key0 <= i + seqlen_k - seqlen_q on.
-    const Mask mask(seqlen_q, seqlen_k);
+    // i with key0 <= i + seqlen_k - seqlen_q on; under a window also only those up to the last
+    // row whose band reaches K_j.
+    const Mask mask(seqlen_q, seqlen_k, p.window_left, p.window_right);
     const int m_blocks = (seqlen_q + kBr - 1) / kBr;
     const int m_block_min = mask.template q_block_begin<kBr>(key0);
-    const int n_iters = max(0, m_blocks - m_block_min);
+    const int m_block_max = mask.template q_block_end<kBr, kBc>(key0, m_blocks);
+    const int n_iters = max(0, m_block_max - m_block_min);
+    const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes,
+                                           p.alibi_batch_stride, batch, head, p.softmax_scale,
+                                           seqlen_q, seqlen_k);
 
     // Q_i, dO_i, LSE_i, D_i of the it-th iteration (Q blocks in increasing order).
     auto load_q_do = [&](int it) {
@@ -368,9 +378,11 @@ fa2_bwd(const BwdParams p) {
         float s_acc[kMTiles][kNTilesS][4];
         gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(s_acc, k_a, q_b);
 
-        // ---- Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e); padded queries have LSE = +inf -> 0 ----
-        // Hidden elements get P = 0, only in the ragged and the causal diagonal blocks.
-        const bool needs_mask = mask.template needs_mask<kBc>(row0, n_block);
+        // ---- Pᵀ = exp2(S'ᵀ·scale·log2e - LSE·log2e), S' = Sᵀ through the score modifiers
+        // (softcap keeps its tanh t per element for dS); padded queries have LSE = +inf -> 0 ----
+        // Hidden elements get P = 0, only in the ragged blocks and those on the band's edges.
+        const bool needs_mask = mask.template needs_mask<kBc, kBr>(row0, n_block);
+        float tanh_s[kSoftcap ? kMTiles : 1][kSoftcap ? kNTilesS : 1][4];
 #pragma unroll
         for (int nt = 0; nt < kNTilesS; ++nt) {
             const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
@@ -379,12 +391,12 @@ fa2_bwd(const BwdParams p) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     float& s = s_acc[mt][nt][e];
+                    const int key = key0 + warp_key0 + mt * 16 + g + 8 * (e / 2);
+                    const int query = row0 + warp_q0 + nt * 8 + 2 * t + e % 2;
+                    if (ScoreMod<kSoftcap, kAlibi>::kOn)
+                        s = score.apply(s, query, key, tanh_s[kSoftcap ? mt : 0][kSoftcap ? nt : 0][e]);
                     s = exp2_scaled(s, p.scale_log2, e % 2 ? lse.y : lse.x);
-                    if (needs_mask) {
-                        const int key = key0 + warp_key0 + mt * 16 + g + 8 * (e / 2);
-                        const int query = row0 + warp_q0 + nt * 8 + 2 * t + e % 2;
-                        mask.apply(s, query, key, 0.f);
-                    }
+                    if (needs_mask) mask.apply(s, query, key, 0.f);
                 }
         }
 
@@ -433,6 +445,10 @@ fa2_bwd(const BwdParams p) {
                     } else {
                         dp_acc[mt][nt][e] = s_acc[mt][nt][e] * (dp_acc[mt][nt][e] - d_row);
                     }
+                    if (kSoftcap) {  // d(softcap·tanh(x / softcap))/dx = 1 - tanh²
+                        const float th = tanh_s[kSoftcap ? mt : 0][kSoftcap ? nt : 0][e];
+                        dp_acc[mt][nt][e] *= 1.f - th * th;
+                    }
                 }
         }
 
@@ -453,9 +469,12 @@ fa2_bwd(const BwdParams p) {
 
         // ---- dQ_i += dS K_j: 16x16 tiles of dQ_i, summed over the Bc keys of K_j ----
         if (kDeterministic) {  // wait for this CTA's turn at this Q block: K/V blocks in order
-            // (a lower kv_index of the same pair has a lower block index: resident or done)
+            // (a lower kv_index of the same pair has a lower block index: resident or done).
+            // The K/V blocks that visit this Q block are [kv_block_begin, ...): turns count
+            // from the first of them (0 but under a window's left bound).
             int* turn = p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block;
-            if (tid == 0) while (ld_acquire_gpu(turn) != kv_index) {}
+            const int first = mask.template kv_block_begin<kBr, kBc>(row0) * kDSplit;
+            if (tid == 0) while (ld_acquire_gpu(turn) != kv_index - first) {}
             __syncthreads();
         }
         const u32 k_bt = smem_u32(k_smem) + bt_lane;

@@ -25,11 +25,16 @@
 //             the grid is sized for the longest; Q blocks past a sequence's end exit at once
 //   kDropout  attention dropout (philox.cuh): O accumulates P ∘ Z / (1 - p), with Z the keep mask
 //             of (params.rng_state, batch·nheads + head, row, column); l and LSE stay undropped
+//   kWindow   sliding window (params.window_left / window_right, -1 unbounded; mask.cuh BandMask):
+//             K/V blocks outside the band are skipped on both sides
+//   kSoftcap  scores capped: softcap·tanh(scale·S / softcap) (score.cuh)
+//   kAlibi    ALiBi bias -slope·|i + seqlen_k - seqlen_q - j| (params.alibi_slopes; score.cuh)
 #include "ptx.cuh"
 #include "params.cuh"
 #include "tile.cuh"
 #include "gemm.cuh"
 #include "mask.cuh"
+#include "score.cuh"
 #include "softmax.cuh"
 #include "varlen.cuh"
 #include "philox.cuh"
@@ -56,11 +61,12 @@ struct FwdShape {
 };
 
 template <int kBr, int kBc, int kWarps, int kStages, int kHeadDim, class Elem, bool kCausal,
-          bool kVarlen = false, bool kDropout = false>
+          bool kVarlen = false, bool kDropout = false, bool kWindow = false, bool kSoftcap = false,
+          bool kAlibi = false>
 __global__ void __launch_bounds__(kWarps * 32)
 fa2_fwd(const FwdParams p) {
     using Shape = FwdShape<kBr, kBc, kWarps, kStages, kHeadDim>;
-    using Mask = CausalMask<kCausal>;  // the mask kind (mask.cuh)
+    using Mask = BandMask<kCausal, kWindow>;  // the mask kind (mask.cuh)
     constexpr int kThreads = Shape::kThreads, kMTiles = Shape::kMTiles;
     constexpr int kNTilesS = Shape::kNTilesS, kNTilesO = Shape::kNTilesO;
     constexpr int kPitch = Shape::kPitch;
@@ -94,11 +100,17 @@ fa2_fwd(const FwdParams p) {
     float* lse_gmem = p.lse + lse_offset<kVarlen>(p, batch, head, seq) + row0;
     const int rows_valid = min(kBr, seqlen_q - row0);
 
-    // K/V blocks this Q block needs, [0, n_blocks): causal, the last row of Q_i sees keys up to
-    // row0 + kBr - 1 + seqlen_k - seqlen_q; later blocks are skipped entirely.
-    const Mask mask(seqlen_q, seqlen_k);
+    // K/V blocks this Q block needs, [n_block_min, n_blocks): causal, the last row of Q_i sees
+    // keys up to row0 + kBr - 1 + seqlen_k - seqlen_q; under a window the first row sees none
+    // before row0 + seqlen_k - seqlen_q - left; blocks outside are skipped entirely.
+    const Mask mask(seqlen_q, seqlen_k, p.window_left, p.window_right);
     const int n_blocks = mask.template kv_block_end<kBr, kBc>(row0);
-    if (n_blocks == 0) {
+    const int n_block_min = mask.template kv_block_begin<kBr, kBc>(row0);
+    const int n_iters = n_blocks - n_block_min;
+    const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes,
+                                           p.alibi_batch_stride, batch, head, p.softmax_scale,
+                                           seqlen_q, seqlen_k);
+    if (kWindow ? n_iters <= 0 : n_blocks == 0) {  // a window's band may miss every key
         // Every row of Q_i is fully masked (seqlen_q > seqlen_k under the causal mask):
         // O = 0 and LSE = +inf, flash-attn's convention (the backward then recomputes P = 0).
         for (int c = tid; c < rows_valid * (kHeadDim / 8); c += kThreads) {
@@ -131,7 +143,7 @@ fa2_fwd(const FwdParams p) {
     cp_async_commit();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-        if (s < n_blocks) load_kv(s);
+        if (s < n_iters) load_kv(s);
         cp_async_commit();  // committed even when empty, so group counting stays uniform
     }
 
@@ -164,7 +176,7 @@ fa2_fwd(const FwdParams p) {
     // B operand of O = P V, transposed (V rows are keys): (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), ...
     const u32 v_lane = smem_u32(v_smem) + ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes + (lane >> 4) * 16;
 
-    for (int iter = 0; iter < n_blocks; ++iter) {
+    for (int iter = 0; iter < n_iters; ++iter) {
         const int n_block = n_blocks - 1 - iter, slot = iter % kStages;
 
         // K_j, V_j (and Q_i at iter 0) have landed once at most kStages - 2 newer groups are
@@ -179,8 +191,10 @@ fa2_fwd(const FwdParams p) {
         gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(
             s_acc, q_lane, k_lane + slot * Shape::kKVTile * 2);
 
-        // ---- mask: only the ragged last block and the causal diagonal blocks ----
-        if (mask.template needs_mask<kBc>(row0, n_block))
+        // ---- score modifiers (softcap, ALiBi), then the mask: only the ragged last block and
+        // the blocks on the band's edges ----
+        score.apply(s_acc, row0 + warp_row0, n_block * kBc, g, t);
+        if (mask.template needs_mask<kBc, kBr>(row0, n_block))
             mask.apply(s_acc, row0 + warp_row0, n_block * kBc, g, t, neg_inf());
 
         // ---- online softmax: m_new = max(m, rowmax S); P = exp(S - m_new); rescale l, O ----
@@ -199,7 +213,7 @@ fa2_fwd(const FwdParams p) {
         // Prefetch K/V for iteration iter + kStages - 1 into the slot freed by iter - 1. It is
         // issued here, once the fp32 S registers are dead, because its address arithmetic
         // would otherwise push the O + S accumulators into spills (ptxas -v, head dim 128).
-        if (iter + kStages - 1 < n_blocks) load_kv(iter + kStages - 1);
+        if (iter + kStages - 1 < n_iters) load_kv(iter + kStages - 1);
         cp_async_commit();
 
         // B = V_j read transposed (its rows are keys, the reduction dimension of P V)

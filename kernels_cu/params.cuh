@@ -51,6 +51,13 @@ struct FwdParams {
     const void* rng_state;   // dropout (kDropout): int64[2] (seed, offset) in device memory; else null
     int dropout_threshold;   // dropout: drop iff the element's Philox byte < round(p·256) (philox.cuh)
     float dropout_scale;     // dropout: 1 / (1 - p), applied to the kept elements
+    // features (appended; unused by a kernel built without them):
+    int window_left;       // kWindow: keys before the diagonal a query sees, -1 unbounded
+    int window_right;      // kWindow: keys after the diagonal, -1 unbounded
+    float softcap_in;      // kSoftcap: scale / softcap (score.cuh)
+    float softcap_out;     // kSoftcap: softcap / scale
+    const float* alibi_slopes;  // kAlibi: fp32 (nheads) or (batch, nheads); written per call
+    i64 alibi_batch_stride;     // kAlibi: 0 for (nheads), nheads for (batch, nheads)
 };
 
 // Backward attention (three kernels share it: preprocess, main, and the dQ / dK dV epilogues).
@@ -135,6 +142,13 @@ struct BwdParams {
     const void* rng_state;   // dropout (kDropout): int64[2] (seed, offset), the forward's; else null
     int dropout_threshold;   // dropout: as FwdParams
     float dropout_scale;     // dropout: 1 / (1 - p)
+    // features (appended; unused by a kernel built without them):
+    int window_left;       // kWindow: keys before the diagonal a query sees, -1 unbounded
+    int window_right;      // kWindow: keys after the diagonal, -1 unbounded
+    float softcap_in;      // kSoftcap: scale / softcap (score.cuh)
+    float softcap_out;     // kSoftcap: softcap / scale
+    const float* alibi_slopes;  // kAlibi: fp32 (nheads) or (batch, nheads); written per call
+    i64 alibi_batch_stride;     // kAlibi: 0 for (nheads), nheads for (batch, nheads)
 };
 
 }  // namespace cuflash

@@ -48,6 +48,13 @@ struct Sm90FwdParams {
     int head_dim;          // the real head dim (a multiple of 8, <= the kernel's kHeadDim)
     float softmax_scale;   // natural-log scale, for the LSE
     float scale_log2;      // softmax_scale * log2(e), computed on the host
+    // features (appended; unused by a kernel built without them):
+    int window_left;       // kWindow: keys before the diagonal a query sees, -1 unbounded
+    int window_right;      // kWindow: keys after the diagonal, -1 unbounded
+    float softcap_in;      // kSoftcap: scale / softcap (score.cuh)
+    float softcap_out;     // kSoftcap: softcap / scale
+    const float* alibi_slopes;  // kAlibi: fp32 (nheads) or (batch, nheads); written per call
+    i64 alibi_batch_stride;     // kAlibi: 0 for (nheads), nheads for (batch, nheads)
 };
 
 }  // namespace cuflash

@@ -87,6 +87,13 @@ struct Sm90BwdParams {
     const void* rng_state;   // dropout (kDropout): int64[2] (seed, offset), the forward's; else null
     int dropout_threshold;   // dropout: as FwdParams
     float dropout_scale;     // dropout: 1 / (1 - p)
+    // features (as BwdParams; unused: sm90_bwd refuses every feature)
+    int window_left;
+    int window_right;
+    float softcap_in;
+    float softcap_out;
+    const float* alibi_slopes;
+    i64 alibi_batch_stride;
     TmaDesc tma_q;         // box 64 x BM
     TmaDesc tma_k;         // box 64 x BN
     TmaDesc tma_v;         // box 64 x BN

@@ -140,6 +140,13 @@ __device__ __forceinline__ float exp2_approx(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+// tanh(x) on the special-function unit, one MUFU.TANH (sm_75+), max relative error ~2^-11:
+// softcapping's tanh; tanhf is a dozen FMAs and a division. tanh(±inf) = ±1.
+__device__ __forceinline__ float tanh_approx(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 // ---- global atomics and ordering ---------------------------------------------------------
 // *addr += x in L2 (dQ accumulation across CTAs). red, not atom: no return value, so the

@@ -98,6 +98,7 @@ static_assert(__builtin_offsetof(Sm90BwdParams, head_group) == __builtin_offseto
 static_assert(__builtin_offsetof(Sm90BwdParams, scale_log2) == __builtin_offsetof(BwdParams, scale_log2), "BwdParams prefix");
 static_assert(__builtin_offsetof(Sm90BwdParams, ws_rows) == __builtin_offsetof(BwdParams, ws_rows), "BwdParams prefix");
 static_assert(__builtin_offsetof(Sm90BwdParams, dropout_scale) == __builtin_offsetof(BwdParams, dropout_scale), "BwdParams prefix");
+static_assert(__builtin_offsetof(Sm90BwdParams, alibi_batch_stride) == __builtin_offsetof(BwdParams, alibi_batch_stride), "BwdParams prefix");
 static_assert(__builtin_offsetof(Sm90BwdParams, tma_q) >= sizeof(BwdParams), "BwdParams prefix");
 #endif
 

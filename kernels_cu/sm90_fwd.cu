@@ -80,12 +80,15 @@
 //              the columns past it with zeros and the store skips them)
 //   Elem       bf16 or fp16; accumulation in fp32
 //   kCausal    bottom-right aligned causal mask
+//   kWindow, kSoftcap, kAlibi  as in fa2_fwd.cu: sliding window (mask.cuh BandMask; K/V blocks
+//              outside the band are neither loaded nor computed), softcap and ALiBi (score.cuh)
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
 #include "tile.cuh"
 #include "gemm.cuh"
 #include "mask.cuh"
+#include "score.cuh"
 #include "softmax.cuh"
 
 namespace cuflash {
@@ -149,11 +152,11 @@ struct Sm90Tile {
 };
 
 template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
-          class Elem, bool kCausal>
+          class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim>;
-    using Mask = CausalMask<kCausal>;
+    using Mask = BandMask<kCausal, kWindow>;
     constexpr int kChunks = Shape::kChunks;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -172,10 +175,15 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     const int tid = threadIdx.x, warpgroup = tid / 128;
     const int m_blocks = (p.seqlen_q + kBM - 1) / kBM;
     const int n_tiles = m_blocks * p.nheads * p.batch;
-    // K/V blocks [0, n_blocks) of a Q block (causal: later blocks are skipped entirely).
-    const Mask mask(p.seqlen_q, p.seqlen_k);
-    auto kv_blocks = [&](int tile) {
+    // K/V blocks [kv_end - kv_blocks, kv_end) of a Q block, visited from the last to the
+    // first (causal: later blocks are skipped entirely; a window skips earlier ones too).
+    const Mask mask(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
+    auto kv_end = [&](int tile) {
         return mask.template kv_block_end<kBM, kBN>(Sm90Tile(tile, m_blocks, p.nheads).m_block * kBM);
+    };
+    auto kv_blocks = [&](int tile) {
+        const int row0 = Sm90Tile(tile, m_blocks, p.nheads).m_block * kBM;
+        return max(0, mask.template kv_block_end<kBM, kBN>(row0) - mask.template kv_block_begin<kBM, kBN>(row0));
     };
 
     if (tid == 0) {
@@ -202,7 +210,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
                 const Sm90Tile at(tile, m_blocks, p.nheads);
                 const int head_kv = at.head / (p.nheads / p.nheads_kv);   // GQA / MQA
-                const int n_blocks = kv_blocks(tile);
+                const int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
                 if (n_blocks == 0) continue;                 // nothing to load: O = 0
                 // Q's buffer is free once the consumers' last S GEMM of the previous tile is done
                 if (q_iter > 0) mbarrier_wait(q_empty, (q_iter - 1) & 1);
@@ -217,7 +225,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                     // Slot reuse: wait until the consumers released the tiles of iteration
                     // kv_iter - kStages (the slot's release kv_iter / kStages - 1), K and V apart.
                     const u32 reuse_phase = (kv_iter / kStages - 1) & 1;
-                    const int key0 = (n_blocks - 1 - j) * kBN;
+                    const int key0 = (n_end - 1 - j) * kBN;
                     if (kv_iter >= kStages) mbarrier_wait(k_empty(slot), reuse_phase);
                     mbarrier_arrive_expect_tx(k_full(slot), Shape::kKVBytes);
 #pragma unroll
@@ -288,7 +296,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         const Sm90Tile at(tile, m_blocks, p.nheads);
         const int wg_row0 = at.m_block * kBM + wg * 64;
         const int warp_row0 = wg_row0 + warp * 16;         // this warp's 16 rows of S and O
-        const int n_blocks = kv_blocks(tile);
+        const int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
+        const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes,
+                                               p.alibi_batch_stride, at.batch, at.head,
+                                               p.softmax_scale, p.seqlen_q, p.seqlen_k);
 #pragma unroll
         for (int nt = 0; nt < kHeadDim / 8; ++nt)
 #pragma unroll
@@ -305,11 +316,12 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             // blocks), online softmax -> P_j (in s_acc), m, l, alpha. reg_fence: no read of S
             // may move above the wgmma wait.
             auto softmax_s = [&](int slot, int j) {
-                const int n_block = n_blocks - 1 - j;
+                const int n_block = n_end - 1 - j;
                 reg_fence(s_flat);
                 mbarrier_arrive(k_empty(slot));
                 if (j == n_blocks - 1) mbarrier_arrive(q_empty);
-                if (mask.template needs_mask<kBN>(wg_row0, n_block))
+                score.apply(s_acc, warp_row0, n_block * kBN, g, t);
+                if (mask.template needs_mask<kBN, 64>(wg_row0, n_block))
                     mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
                 softmax_step(s_acc, m, l, p.scale_log2, alpha);
             };

@@ -150,18 +150,31 @@ def test_check_scale():
 
 
 @pytest.mark.parametrize("kwargs,pattern", [
-    ({"window_size": (4, 4)}, r"window_size=\(4, 4\): sliding window is not implemented"),
-    ({"window_size": (3, -1)}, r"window_size="),
-    ({"softcap": 1.0}, r"softcap=1\.0: softcapping is not implemented"),
-    ({"alibi_slopes": np.ones(4, np.float32)}, r"alibi_slopes: ALiBi is not implemented"),
-], ids=["window_size", "window_size_half", "softcap", "alibi_slopes"])
+    ({"dropout_p": 0.1, "softcap": 1.0}, r"dropout_p=0\.1, softcap=1\.0: dropout and softcapping"),
+    ({"dropout_p": 0.1, "window_size": (4, 4)},
+     r"dropout_p=0\.1, window_size=\(4, 4\): dropout and sliding window"),
+    ({"dropout_p": 0.1, "alibi_slopes": np.ones(4, np.float32)},
+     r"alibi_slopes, dropout_p=0\.1: ALiBi and dropout"),
+], ids=["dropout_p_softcap", "dropout_p_window", "dropout_p_alibi"])
 def test_unimplemented_features(kwargs, pattern):
-    """No kernel family has these yet: GPU-kind input (NumPy here) raises before any launch,
-    both UnsupportedProblem (selection's error) and NotImplementedError."""
+    """No call path combines these yet (dropout with window / softcap / ALiBi): GPU-kind input
+    (NumPy here) raises before any launch, both UnsupportedProblem (selection's error) and
+    NotImplementedError."""
     q, k, v = qkv()
     with pytest.raises(NotImplementedError, match=pattern) as info:
         flash_attn_func(q, k, v, **kwargs)
     assert isinstance(info.value, UnsupportedProblem)
+
+
+@pytest.mark.parametrize("kwargs", [{"window_size": (4, 4)}, {"window_size": (3, -1)},
+                                    {"softcap": 1.0}, {"alibi_slopes": np.ones(4, np.float32)}],
+                         ids=["window_size", "window_size_half", "softcap", "alibi_slopes"])
+def test_gpu_features_need_a_gpu(kwargs):
+    """Window, softcap and ALiBi are kernel features now: NumPy input is validated, then needs
+    the GPU (NoGPUError on this machine)."""
+    q, k, v = qkv()
+    with pytest.raises(cuflash.NoGPUError, match="flash_attn_func"):
+        flash_attn_func(q, k, v, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------

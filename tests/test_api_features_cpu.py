@@ -475,14 +475,12 @@ def np_qkv(**kw):
 
 
 @pytest.mark.parametrize("kw,pattern", [
-    (dict(window_size=(2, 1)), r"^window_size=\(2, 1\): sliding window is not implemented by any "
-                               r"registered kernel family yet \(.*fa2_fwd has no feature 'window'[;)]"),
-    (dict(softcap=0.5), r"^softcap=0\.5: softcapping is not implemented"),
     (dict(dropout_p=0.1, window_size=(2, 1)), r"^dropout_p=0\.1, window_size=\(2, 1\): dropout and "
                                               r"sliding window are not implemented"),
-    (dict(alibi_slopes=np.ones(4, np.float32)), r"^alibi_slopes: ALiBi is not implemented"),
-    (dict(window_size=(2, 1), softcap=0.5), r"^softcap=0\.5, window_size=\(2, 1\): softcapping and "
-                                            r"sliding window are not implemented"),
+    (dict(dropout_p=0.1, softcap=0.5), r"^dropout_p=0\.1, softcap=0\.5: dropout and softcapping are not "
+                                       r"implemented .*fa2_fwd has no feature 'softcap' with dropout"),
+    (dict(dropout_p=0.1, alibi_slopes=np.ones(4, np.float32)),
+     r"^alibi_slopes, dropout_p=0\.1: ALiBi and dropout are not implemented"),
 ])
 def test_numpy_with_feature_names_it(kw, pattern, monkeypatch):
     monkeypatch.setattr(_gpu, "require", lambda what: pytest.fail("reached the GPU"))
@@ -495,6 +493,19 @@ def test_numpy_with_feature_names_it(kw, pattern, monkeypatch):
     packed = np.stack([q, q, q], 2)
     with pytest.raises(UnsupportedFeature, match=pattern):
         flash_attn_qkvpacked_func(packed, **kw)
+
+
+@pytest.mark.parametrize("kw", [dict(window_size=(2, 1)), dict(softcap=0.5),
+                                dict(alibi_slopes=np.ones(4, np.float32)),
+                                dict(window_size=(2, 1), softcap=0.5, causal=True)])
+def test_numpy_window_softcap_alibi_reach_the_gpu(kw, monkeypatch):
+    """Window, softcap and ALiBi run on the GPU kernels: NumPy input validates, then needs a GPU."""
+    def require(what):
+        raise NoGPUError(f"{what}: no GPU")
+    monkeypatch.setattr(_gpu, "require", require)
+    q, k, v = np_qkv()
+    with pytest.raises(NoGPUError, match="flash_attn_func"):
+        flash_attn_func(q, k, v, **kw)
 
 
 def test_numpy_varlen_names_it(monkeypatch):
@@ -517,7 +528,6 @@ def test_feature_problem_is_rejected_by_the_families():
     """The features enter Problem.features; the registered families refuse them by name."""
     from cuflash.registry import families
 
-    p = cuflash.Problem("fwd", "bf16", 1, 128, 128, 4, 4, 64, features=("softcap", "window"))
+    p = cuflash.Problem("fwd", "bf16", 1, 128, 128, 4, 4, 64, features=("dropout", "window"))
     for fam in families():
-        if "softcap" not in getattr(fam, "features", ()):  # decode_splitkv runs them
-            assert "softcap" in fam.supports((9, 0), p.replace(op=fam.op))
+        assert "dropout" in fam.supports((9, 0), p.replace(op=fam.op))

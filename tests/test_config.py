@@ -329,13 +329,19 @@ def test_neighbours_are_one_step_away():
 
 def test_kernel_name_example():
     cfg = FwdConfig(Br=128, Bc=64, warps=4, stages=2, head_dim=128, dtype="bf16", causal=True)
-    assert cfg.kernel_name() == "cuflash::fa2_fwd<128, 64, 4, 2, 128, cuflash::bf16, true, false, false>"
+    assert cfg.kernel_name() == ("cuflash::fa2_fwd<128, 64, 4, 2, 128, cuflash::bf16, true, false, false, "
+                                 "false, false, false>")
     assert (cfg.replace(dtype="fp16", causal=False).kernel_name()
-            == "cuflash::fa2_fwd<128, 64, 4, 2, 128, cuflash::fp16, false, false, false>")
+            == "cuflash::fa2_fwd<128, 64, 4, 2, 128, cuflash::fp16, false, false, false, false, false, false>")
     assert (cfg.replace(varlen=True).kernel_name()
-            == "cuflash::fa2_fwd<128, 64, 4, 2, 128, cuflash::bf16, true, true, false>")
+            == "cuflash::fa2_fwd<128, 64, 4, 2, 128, cuflash::bf16, true, true, false, false, false, false>")
+    assert (cfg.replace(dropout=True).kernel_name()
+            == "cuflash::fa2_fwd<128, 64, 4, 2, 128, cuflash::bf16, true, false, true, false, false, false>")
+    assert (cfg.replace(window=True, alibi=True).kernel_name()
+            == "cuflash::fa2_fwd<128, 64, 4, 2, 128, cuflash::bf16, true, false, false, true, false, true>")
     bwd = BwdConfig(64, 128, 8, 2, 1, 128, "fp16", True, True, qsplit=2)
-    assert bwd.kernel_name() == "cuflash::fa2_bwd<64, 128, 8, 2, 1, 2, 128, cuflash::fp16, true, true, false, false>"
+    assert bwd.kernel_name() == ("cuflash::fa2_bwd<64, 128, 8, 2, 1, 2, 128, cuflash::fp16, true, true, "
+                                 "false, false, false, false, false>")
     assert BWD.kernel_names(bwd) == {
         "main": bwd.kernel_name(), "preprocess": "cuflash::fa2_bwd_preprocess<cuflash::fp16>",
         "convert_dq": "cuflash::fa2_bwd_convert_dq<cuflash::fp16>",
@@ -343,7 +349,8 @@ def test_kernel_name_example():
     vbwd = bwd.replace(varlen=True)
     assert vbwd.name.endswith("_varlen")
     assert BWD.kernel_names(vbwd) == {
-        "main": "cuflash::fa2_bwd<64, 128, 8, 2, 1, 2, 128, cuflash::fp16, true, true, true, false>",
+        "main": "cuflash::fa2_bwd<64, 128, 8, 2, 1, 2, 128, cuflash::fp16, true, true, true, false, false, false, "
+                "false>",
         "preprocess": "cuflash::fa2_bwd_preprocess<cuflash::fp16, true>",
         "convert_dq": "cuflash::fa2_bwd_convert_dq<cuflash::fp16, true>",
         "reduce_dkv": "cuflash::fa2_bwd_reduce_dkv<cuflash::fp16, true>"}
@@ -410,7 +417,7 @@ def test_struct_dtype_field_names_follow_header(family):
     assert dt.names[:len(family.pointer_fields)] == tuple(family.pointer_fields)
 
 
-@pytest.mark.parametrize("struct,size", [("FwdParams", 208), ("BwdParams", 448)])
+@pytest.mark.parametrize("struct,size", [("FwdParams", 240), ("BwdParams", 480)])
 def test_struct_dtype_layout_follows_c_rules(struct, size):
     dt = launch.struct_dtype(struct)
     assert dt.itemsize == size
@@ -449,7 +456,7 @@ def test_pack_round_trip():
                   q_row_stride=2**40)
     rec = launch.pack("FwdParams", **values)
     assert rec.shape == (1,) and rec.dtype == launch.struct_dtype("FwdParams")
-    assert len(rec.tobytes()) == 208
+    assert len(rec.tobytes()) == 240
     for name, value in values.items():
         assert rec[name][0] == pytest.approx(value), name
 

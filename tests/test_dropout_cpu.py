@@ -127,13 +127,13 @@ def test_families_support_dropout_and_configs_carry_the_flag():
     assert "dropout" in sm90.supports((9, 0), drop_problem())   # selection falls back to fa2_fwd
     assert "window" in fwd.supports((9, 0), drop_problem().replace(features=("dropout", "window")))
     cfg = fwd.for_problem(fwd.heuristic(drop_problem()), drop_problem())
-    assert cfg.dropout and cfg.name.endswith("_drop") and cfg.kernel_name().endswith("bf16, false, false, true>")
-    assert cfg.template_args()[-1] is True
+    assert cfg.dropout and cfg.name.endswith("_drop") and cfg.kernel_name().endswith("bf16, false, false, true, false, false, false>")
+    assert cfg.template_args()[-4] is True   # kDropout, then kWindow, kSoftcap, kAlibi
     plain = fwd.heuristic(drop_problem().replace(features=()))
-    assert not plain.dropout and plain.kernel_name().endswith("bf16, false, false, false>")
+    assert not plain.dropout and plain.kernel_name().endswith("bf16, false, false, false, false, false, false>")
     assert fwd.decode(fwd.encode(cfg), "bf16", False) == cfg
     bcfg = bwd.for_problem(bwd.heuristic(drop_problem("bwd")), drop_problem("bwd", deterministic=True))
-    assert bcfg.dropout and bcfg.deterministic and bcfg.kernel_name().endswith("bf16, false, true, false, true>")
+    assert bcfg.dropout and bcfg.deterministic and bcfg.kernel_name().endswith("bf16, false, true, false, true, false, false, false>")
     assert not bwd.for_problem(bcfg, drop_problem("bwd").replace(features=())).dropout
 
 
@@ -143,7 +143,7 @@ def test_params_carry_threshold_scale_and_an_rng_pointer():
     for fam_name in ("fa2_fwd", "fa2_bwd"):
         fam = registry.get(fam_name)
         names = struct_dtype(fam.params_struct).names
-        assert names[-3:] == ("rng_state", "dropout_threshold", "dropout_scale")
+        assert names[-9:-6] == ("rng_state", "dropout_threshold", "dropout_scale")   # then features
         problem = drop_problem(fam.op, p=0.17)
         cfg = fam.for_problem(fam.heuristic(problem), problem)
         strides = {n: (300 * 4 * 64, 4 * 64, 64, 1) for n in ("q", "k", "v", "o", "dout", "dq", "dk", "dv")}

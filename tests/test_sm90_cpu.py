@@ -127,7 +127,7 @@ def test_good_config_and_name():
     assert GOOD.validate(227 * 1024) is GOOD
     assert GOOD.name == "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2_pp"
     assert GOOD.warps == 12 and GOOD.threads == 384
-    assert GOOD.kernel_name() == "cuflash::sm90_fwd<128, 128, 2, 2, true, false, 128, cuflash::bf16, false>"
+    assert GOOD.kernel_name() == "cuflash::sm90_fwd<128, 128, 2, 2, true, false, 128, cuflash::bf16, false, false, false, false>"
     assert GOOD.replace(persistent=True).name == "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2_pp_persist"
     assert GOOD.smem_bytes == (128 + 4 * 128) * 128 * 2 + 8 * 10 + 1024
     assert FAM.encode(GOOD) == "sm90_fwd:BM=128,BN=128,stages=2,consumers=2,pingpong=1,persistent=0,head_dim=128"
@@ -201,7 +201,8 @@ def test_supports():
     for arch in ((7, 5), (8, 0), (8, 6), (8, 9), (10, 0), (12, 0)):
         why = FAM.supports(arch, problem(64))
         assert why.startswith(f"sm90_fwd needs sm_90 exactly") and f"sm_{arch[0]}{arch[1]}" in why
-    assert "'window'" in FAM.supports((9, 0), problem(64).replace(features=("window",)))
+    assert FAM.supports((9, 0), problem(64).replace(features=("alibi", "softcap", "window"))) == ""
+    assert "'dropout'" in FAM.supports((9, 0), problem(64).replace(features=("dropout", "window")))
     assert FAM.supports((9, 0), problem(60)).startswith("q: headdim must be a multiple of 8")
     assert "implements op 'fwd', not 'bwd'" in FAM.supports((9, 0), problem(64).replace(op="bwd"))
 
@@ -214,7 +215,7 @@ def test_params_struct_mirror():
     assert dt.names[:5] == FAM.pointer_fields
     assert [dt.fields[n][1] for n in ("tma_q", "tma_k", "tma_v")] == [64, 192, 320]
     assert all(dt.fields[n][0].itemsize == 128 for n in ("tma_q", "tma_k", "tma_v"))
-    assert dt.fields["o_batch_stride"][1] == 448 and dt.itemsize == 512
+    assert dt.fields["o_batch_stride"][1] == 448 and dt.itemsize == 576
     # the structs without a tensor map keep NumPy's aligned layout
     assert launch.struct_dtype("FwdParams").isalignedstruct
 

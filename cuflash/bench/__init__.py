@@ -17,12 +17,15 @@ Modes (results in results/<gpu name>/):
             call: startup.json
   io        the FlashAttention paper's IO table (GFLOPs, HBM bytes by ncu, runtime) for
             standard attention, SDPA flash and cuflash: io_table.{json,md}
+  features  sliding window 1024 at 8k, softcap, ALiBi vs the same call without the feature and
+            vs SDPA (math / efficient / cuDNN with an explicit mask, flash without):
+            bench_features.{json,csv}
   dropout   dropout_p 0.1 vs the same call without, cuflash and SDPA flash, fwd and fwd+bwd
             at seqlen 8k (--seqlens to change), d 64 and 128: bench_dropout.{json,csv}
   ring      context parallelism: cuflash.distributed ring attention, one process per GPU
             (NCCL), vs single-GPU cuflash on the same shard and torch's context parallel,
             seqlen 128k .. 1M: results/<gpu name>x<P>/ring.{json,csv}
-  all       fwd, fwdbwd, memory, overhead, startup (not tuned, io, ring, dropout)
+  all       fwd, fwdbwd, memory, overhead, startup (not tuned, io, features, ring, dropout)
 
 Shapes follow the FlashAttention convention (heads = 2048 / head dim, batch · seqlen = 16k),
 FLOPs cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward); all timing is
@@ -38,8 +41,8 @@ import time
 
 from .common import HDIMS, SEQLENS, gpu_dir_name  # noqa: F401 - gpu_dir_name: tuning/cli.py
 
-MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io", "ring", "dropout",
-         "decode")
+MODES = ("fwd", "fwdbwd", "memory", "tuned", "overhead", "startup", "io", "features", "ring",
+         "dropout", "decode")
 ALL = ("fwd", "fwdbwd", "memory", "overhead", "startup")
 
 
@@ -80,6 +83,13 @@ def parser() -> argparse.ArgumentParser:
                     help="decode (default 1 8 32 64)")
     ap.add_argument("--decode-ctxs", type=int, nargs="+", default=None,
                     help="decode (default 8192 32768 65536 131072)")
+    ap.add_argument("--feature-hdims", type=int, nargs="+", default=[128],
+                    help="features: head dims (default 128)")
+    ap.add_argument("--feature-seqlens", type=int, nargs="+", default=[8192],
+                    help="features: seqlens (default 8192)")
+    ap.add_argument("--feature-cases", nargs="+", default=None,
+                    help="features: cases (default all: window1024_causal window1024 softcap30 "
+                         "softcap30_causal alibi alibi_causal)")
     ap.add_argument("--out", default="results", help="results root (default results)")
     ap.add_argument("--ring-seqlens", type=int, nargs="+", default=None,
                     help="ring: total seqlens (default 131072 262144 524288 1048576)")
@@ -123,6 +133,10 @@ def run_mode(mode: str, a) -> object:
     if mode == "io":
         return mod.run(growth_seqlens=a.io_seqlens or mod.GROWTH_SEQLENS, causal=a.io_causal,
                        use_ncu=not a.no_ncu, reps=a.reps or 10, out=a.out)
+    if mode == "features":
+        return mod.run(hdims=a.feature_hdims, seqlens=a.feature_seqlens, dtypes=a.dtypes,
+                       cases=tuple(a.feature_cases or mod.CASES), out=a.out, reps=a.reps or 10,
+                       flush_l2=a.flush_l2)
     if mode == "ring":
         return mod.run(seqlens=a.ring_seqlens or mod.SEQLENS,
                        causals=tuple(sorted(causals, reverse=True)), procs=a.ring_procs,

@@ -124,6 +124,9 @@ class Family:
     # dtype, so a dtype that one family claims (fp8 "e4m3": sm90_fwd_fp8) never reaches the
     # others, whose supports() need not know of it.
     dtypes: ClassVar[tuple] = DTYPES
+    # Problem.features names the family implements: compile-time flags, bool fields of its
+    # config of the same names (cuflash.features); supports() refuses any other feature.
+    features: ClassVar[tuple] = ()
 
     # ---- what it can run ----
     def supports(self, arch, problem: Problem) -> str:
@@ -133,7 +136,26 @@ class Family:
             return f"{self.name} needs sm_{self.min_arch[0]}{self.min_arch[1]} or newer"
         if problem.op != self.op:
             return f"{self.name} implements op {self.op!r}, not {problem.op!r}"
-        return ""
+        return self.feature_problem(problem)
+
+    def feature_problem(self, problem: Problem) -> str:
+        """'' when the family implements every feature of ``problem``, else which it lacks."""
+        missing = [f for f in problem.features if f not in self.features]
+        return f"{self.name} has no feature {missing[0]!r}" if missing else ""
+
+    def with_features(self, config, problem: Problem):
+        """``config`` with the feature flags of ``problem`` (tuned tables, heuristics and
+        explicit configs carry none)."""
+        if not self.features:
+            return config
+        from ..features import flags_of
+
+        # only the features that are compile-time flags of the config (decode's are run-time)
+        fields = {f.name for f in dataclasses.fields(config)}
+        want = {f: v for f, v in flags_of(problem).items() if f in self.features and f in fields}
+        if all(getattr(config, f) == v for f, v in want.items()):
+            return config
+        return config.replace(**want)
 
     def head_dim_of(self, head_dim: int) -> int:
         """The compile-time head dim that serves a real one (rounded up)."""
@@ -148,8 +170,9 @@ class Family:
         return ""
 
     def for_problem(self, config, problem: Problem):
-        """``config`` with the call's own run-time flags applied (e.g. deterministic)."""
-        return config
+        """``config`` with the call's own run-time flags applied (e.g. deterministic) and
+        its feature flags."""
+        return self.with_features(config, problem)
 
     # ---- configs ----
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None):
@@ -161,9 +184,10 @@ class Family:
         if unknown or missing:
             raise ValueError(f"{self.name} parameters must be exactly {sorted(self.space)}; "
                              f"unknown {sorted(unknown)}, missing {sorted(missing)}")
-        return self.config_cls(head_dim=self.head_dim_of(problem.head_dim), dtype=problem.dtype,
-                               causal=bool(problem.causal), **self.fixed,
-                               **{k: point[k] for k in self.space})
+        return self.with_features(
+            self.config_cls(head_dim=self.head_dim_of(problem.head_dim), dtype=problem.dtype,
+                            causal=bool(problem.causal), **self.fixed,
+                            **{k: point[k] for k in self.space}), problem)
 
     def point(self, config) -> dict:
         """The tunable part of a config (what optuna and the YAML tables store)."""
@@ -205,8 +229,11 @@ class Family:
         return self.config_cls(dtype=dtype, causal=bool(causal), **kw)
 
     def _fields(self, config):
+        # window / softcap / ALiBi flags are not encoded: the call's features set them (for_problem)
+        from ..features import KERNEL_FLAGS
+
         for f in dataclasses.fields(config):
-            if f.name not in ("dtype", "causal"):
+            if f.name not in ("dtype", "causal") and f.name not in KERNEL_FLAGS:
                 yield f.name, getattr(config, f.name)
 
     # ---- kernels and launches ----

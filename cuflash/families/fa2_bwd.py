@@ -12,10 +12,10 @@ from typing import Optional
 
 from ..problem import Problem
 from ..registry import register
+from ..features import feature_params, name_suffix, template_suffix
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
 from .fa2_fwd import (LOG2E, MAX_ACCUM_REGS, MAX_HEAD_DIM, check_head_dim, dropout_params,
-                      first_fitting, is_varlen, strides3, unsupported_feature,
-                      varlen_fields)
+                      feature_mix, first_fitting, is_varlen, strides3, varlen_fields)
 
 # The fp32 workspace pads query rows to a multiple of this (every Br divides it).
 ROW_PAD = 128
@@ -42,6 +42,7 @@ class BwdConfig(KernelConfig):
     qsplit:        warps per key group: 2 splits the group's Sᵀ, dPᵀ by queries and its dK, dV
                    by head-dim columns, with Pᵀ and dSᵀ shared through shared memory
     dropout:       attention dropout: the forward's keep mask regenerated (compile-time flag)
+    window, softcap, alibi: the feature flags (as FwdConfig's)
     """
 
     Br: int
@@ -56,6 +57,9 @@ class BwdConfig(KernelConfig):
     qsplit: int = 1
     varlen: bool = False
     dropout: bool = False
+    window: bool = False
+    softcap: bool = False
+    alibi: bool = False
 
     family = "fa2_bwd"
     _what = "backward"
@@ -66,7 +70,8 @@ class BwdConfig(KernelConfig):
         det = "_det" if self.deterministic else ""
         return (f"bwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}_x{self.dsplit}_q{self.qsplit}{det}"
-                + ("_varlen" if self.varlen else "") + ("_drop" if self.dropout else ""))
+                + ("_varlen" if self.varlen else "") + ("_drop" if self.dropout else "")
+                + name_suffix(self))
 
     @property
     def smem_bytes(self) -> int:
@@ -90,11 +95,12 @@ class BwdConfig(KernelConfig):
         b = lambda x: "true" if x else "false"  # noqa: E731
         return (f"cuflash::fa2_bwd<{self.Br}, {self.Bc}, {self.warps}, {self.stages}, {self.dsplit}, "
                 f"{self.qsplit}, {self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, "
-                f"{b(self.deterministic)}, {b(self.varlen)}, {b(self.dropout)}>")
+                f"{b(self.deterministic)}, {b(self.varlen)}, {b(self.dropout)}{template_suffix(self)}>")
 
     def template_args(self) -> tuple:
         return (self.Br, self.Bc, self.warps, self.stages, self.dsplit, self.qsplit, self.head_dim,
-                self.dtype, self.causal, self.deterministic, self.varlen, self.dropout)
+                self.dtype, self.causal, self.deterministic, self.varlen, self.dropout, self.window,
+                self.softcap, self.alibi)
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -172,9 +178,10 @@ class FA2Backward(Family):
     description = ("FlashAttention-2 backward: K/V-block CTAs, dQ by fp32 atomics "
                    "(or ordered), preprocess / dQ convert / GQA reduction kernels")
 
+    features = ("alibi", "dropout", "softcap", "varlen", "window")
+
     def supports(self, arch, problem: Problem) -> str:
-        return super().supports(arch, problem) or check_head_dim(problem) or \
-            unsupported_feature(self.name, problem)
+        return super().supports(arch, problem) or check_head_dim(problem) or feature_mix(self, problem)
 
     def head_dim_of(self, head_dim: int) -> int:
         """Up to 128 the forward's (a multiple of 16); above, a multiple of 32, so that two
@@ -190,7 +197,7 @@ class FA2Backward(Family):
             changes["varlen"] = is_varlen(problem)
         if config.dropout != ("dropout" in problem.features):
             changes["dropout"] = "dropout" in problem.features
-        return config.replace(**changes) if changes else config
+        return self.with_features(config.replace(**changes) if changes else config, problem)
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> BwdConfig:
         """A warp owns 16·m keys (Bc = 16·m·warps): its rows of dK_j and dV_j cost m·head_dim
@@ -299,7 +306,7 @@ class FA2Backward(Family):
                     head_dim_rounded=config.head_dim,
                     head_group=head_group(p.batch * p.nheads, self._kv_ctas(config, p), sm_count),
                     softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E,
-                    **dropout_params(p))
+                    **dropout_params(p), **feature_params(p, softmax_scale))
 
 
 FAMILY = register(FA2Backward())

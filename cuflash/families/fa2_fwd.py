@@ -10,6 +10,7 @@ from typing import Optional
 
 from ..problem import Problem
 from ..registry import register
+from ..features import feature_params, name_suffix, template_suffix
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
 
 MAX_HEAD_DIM = 256
@@ -42,6 +43,9 @@ class FwdConfig(KernelConfig):
                (``for_problem``), never tuned
     dropout:   attention dropout (Philox keep mask, philox.cuh), a compile-time flag; the
                probability and the RNG state are run-time params
+    window:    sliding window (kWindow; the bounds are run-time params)
+    softcap:   softcapping (kSoftcap; the cap is a run-time param)
+    alibi:     ALiBi (kAlibi; the slopes are a run-time pointer)
     """
 
     Br: int
@@ -53,6 +57,9 @@ class FwdConfig(KernelConfig):
     causal: bool
     varlen: bool = False
     dropout: bool = False
+    window: bool = False
+    softcap: bool = False
+    alibi: bool = False
 
     family = "fa2_fwd"
     _what = "forward"
@@ -62,7 +69,8 @@ class FwdConfig(KernelConfig):
         mask = "causal" if self.causal else "full"
         return (f"fwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"Br{self.Br}_Bc{self.Bc}_w{self.warps}_s{self.stages}"
-                + ("_varlen" if self.varlen else "") + ("_drop" if self.dropout else ""))
+                + ("_varlen" if self.varlen else "") + ("_drop" if self.dropout else "")
+                + name_suffix(self))
 
     @property
     def smem_bytes(self) -> int:
@@ -78,11 +86,12 @@ class FwdConfig(KernelConfig):
     def kernel_name(self) -> str:
         return (f"cuflash::fa2_fwd<{self.Br}, {self.Bc}, {self.warps}, {self.stages}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {'true' if self.causal else 'false'}"
-                f", {'true' if self.varlen else 'false'}, {'true' if self.dropout else 'false'}>")
+                f", {'true' if self.varlen else 'false'}, {'true' if self.dropout else 'false'}"
+                f"{template_suffix(self)}>")
 
     def template_args(self) -> tuple:
         return (self.Br, self.Bc, self.warps, self.stages, self.head_dim, self.dtype, self.causal,
-                self.varlen, self.dropout)
+                self.varlen, self.dropout, self.window, self.softcap, self.alibi)
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -112,26 +121,6 @@ def forward_sizes(problem: Problem, softmax_scale: float) -> dict:
     return dict(batch=p.batch, nheads=p.nheads, nheads_kv=p.nheads_kv, seqlen_q=p.seqlen_q,
                 seqlen_k=p.seqlen_k, head_dim=p.head_dim, softmax_scale=softmax_scale,
                 scale_log2=softmax_scale * LOG2E)
-
-
-# The features fa2_fwd / fa2_bwd implement (compile-time flags of their configs).
-FA2_FEATURES = ("dropout",)
-
-
-def unsupported_feature(name: str, problem: Problem) -> str:
-    """'' when the fa2 families implement every feature of ``problem``, else their refusal."""
-    missing = unsupported_features(problem)
-    return f"{name} has no feature {missing[0]!r}" if missing else ""
-
-
-def unsupported_features(problem: Problem) -> tuple:
-    """The features of ``problem`` that the fa2 families do not implement: other_features
-    (those besides varlen) less dropout; dropout with varlen is not wired yet (the kernels'
-    mask would be per sequence, batch = sequence index, rows within it; the API is not)."""
-    others = tuple(f for f in other_features(problem) if f not in FA2_FEATURES)
-    if not others and is_varlen(problem) and "dropout" in problem.features:
-        return ("dropout",)
-    return others
 
 
 def dropout_params(problem: Problem) -> dict:
@@ -165,8 +154,28 @@ def is_varlen(problem: Problem) -> bool:
 
 
 def other_features(problem: Problem) -> tuple:
-    """The features of ``problem`` that the fa2 families do not implement."""
+    """The features of ``problem`` besides varlen."""
     return tuple(f for f in problem.features if f != VARLEN)
+
+
+# window / softcap / ALiBi: the features path of the API (cuflash.features)
+BAND_SCORE = ("alibi", "softcap", "window")
+
+
+def feature_mix(family, problem: Problem) -> str:
+    """'' unless ``problem`` mixes features that no call path passes together yet (the kernels
+    have every flag): varlen with any other feature of the family (window / softcap / ALiBi /
+    dropout), or dropout with window / softcap / ALiBi (the dropout and the features paths of
+    the API are separate)."""
+    if is_varlen(problem):
+        mixed = [f for f in other_features(problem) if f in family.features]
+        if mixed:
+            return f"{family.name} has no feature {mixed[0]!r} with varlen"
+    if "dropout" in problem.features:
+        mixed = [f for f in problem.features if f in BAND_SCORE and f in family.features]
+        if mixed:
+            return f"{family.name} has no feature {mixed[0]!r} with dropout"
+    return ""
 
 
 def varlen_fields(problem: Problem, strides: dict, prefixes) -> dict:
@@ -189,18 +198,18 @@ class FA2Forward(Family):
     pointer_fields = ("q", "k", "v", "o", "lse")
     min_arch = (8, 0)
     description = "FlashAttention-2 forward: mma.sync m16n8k16, ldmatrix, cp.async ring"
+    features = ("alibi", "dropout", "softcap", "varlen", "window")
 
     def supports(self, arch, problem: Problem) -> str:
-        others = unsupported_features(problem)
-        return super().supports(arch, problem) or check_head_dim(problem) or (
-            f"{self.name} has no feature {others[0]!r}" if others else "")
+        return super().supports(arch, problem) or check_head_dim(problem) or feature_mix(self, problem)
 
     def for_problem(self, config, problem: Problem):
-        # varlen and dropout are the call's (tuned tables and heuristics carry none)
+        # varlen and dropout are the call's (tuned tables and heuristics carry none); so are
+        # the features
         varlen, dropout = is_varlen(problem), "dropout" in problem.features
-        if config.varlen == varlen and config.dropout == dropout:
-            return config
-        return config.replace(varlen=varlen, dropout=dropout)
+        if config.varlen != varlen or config.dropout != dropout:
+            config = config.replace(varlen=varlen, dropout=dropout)
+        return self.with_features(config, problem)
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> FwdConfig:
         """Each warp should own two 16-row tiles of Q (Br = 128 with 4 warps): every K or V
@@ -240,7 +249,7 @@ class FA2Forward(Family):
         fields = dict(**strides3("q", strides["q"]), **strides3("k", strides["k"]),
                       **strides3("v", strides["v"]), **strides3("o", strides["o"]),
                       **forward_sizes(problem, softmax_scale), cu_seqlens_q=0, cu_seqlens_k=0,
-                      total_q=0, **dropout_params(problem))
+                      total_q=0, **dropout_params(problem), **feature_params(problem, softmax_scale))
         fields.update(varlen_fields(problem, strides, ("q", "k", "v", "o")))
         return fields
 

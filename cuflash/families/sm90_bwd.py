@@ -235,6 +235,8 @@ class Sm90Backward(Family):
         fields.update(strides3("do", contiguous_strides(p) if "dout_copy" in workspace else src))
         fields.update(cu_seqlens_q=0, cu_seqlens_k=0, total_q=0, total_k=0, ws_rows=0)  # no varlen
         fields.update(rng_state=0, dropout_threshold=0, dropout_scale=1.0)              # no dropout
+        fields.update(window_left=-1, window_right=-1, softcap_in=0.0, softcap_out=0.0,   # no features
+                      alibi_slopes=0, alibi_batch_stride=0)
         # the tensor maps are written per call (call_writer); zeros until then
         return dict(fields, batch=p.batch, nheads=p.nheads, nheads_kv=p.nheads_kv,
                     seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
