@@ -306,25 +306,3 @@ def test_torch_compile_and_cuda_graph_match_eager():
     torch.cuda.synchronize()
     for a, b in zip(eager, [x.grad for x in leaves]):
         assert torch.equal(a, b), "CUDA graph gradients differ from eager"
-
-
-def test_window_skips_blocks():
-    """A window of 256 at 8k costs a small fraction of the full forward (blocks outside the band
-    are skipped, not masked)."""
-    import torch
-
-    q, k, v, _ = inputs(1, 8192, 8192, "mha", 128, "bf16")
-
-    def ms(**kw):
-        cuflash.flash_attn_func(q, k, v, **kw)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(10):
-            cuflash.flash_attn_func(q, k, v, **kw)
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 10
-
-    full, band = ms(), ms(window_size=(256, 256))
-    assert band < 0.25 * full, f"window 256 at 8k took {band:.3f} ms vs full {full:.3f} ms"
