@@ -6,6 +6,10 @@ constant-bank offsets masked. Used to decide which stale entries may be re-stamp
     PYTHONPATH=/tmp/old_tree python restamp_check.py compile TABLE OUT_old.json
     PYTHONPATH=$PWD          python restamp_check.py compile TABLE OUT_new.json
     python restamp_check.py compare OUT_old.json OUT_new.json > compare.json
+    PYTHONPATH=$PWD python restamp_check.py decide OUT_old.json OUT_new.json TABLE NEW_TABLE ROWS.json
+
+(cuobjdump and nvdisasm must be on PATH; the criterion applied by `decide` is criterion()'s
+relaxed one, on the main kernel: see results/NVIDIA_H100_80GB_HBM3/tuning/restamp.md.)
 
 Each kernel of a config (every role the family launches) is compiled in its own nvcc call;
 results are keyed by (family, dtype, head_dim, causal, config point), so old and new line up
