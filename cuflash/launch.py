@@ -41,13 +41,14 @@ def struct_dtype(name: str) -> np.dtype:
 def _struct_dtype(name: str, root) -> np.dtype:
     # params.cuh, then the arch-specific params_*.cuh (params_sm90.cuh)
     for path in [root / "params.cuh", *sorted(root.glob("params_*.cuh"))]:
-        m = re.search(r"struct\s+" + name + r"\s*\{(.*?)\};", path.read_text(), re.S)
+        m = re.search(r"struct\s+" + name + r"\s*(?::\s*(\w+)\s*)?\{(.*?)\};", path.read_text(), re.S)
         if m:
             break
     else:
         raise KeyError(f"struct {name} not found in params.cuh or params_*.cuh")
+    base = _struct_dtype(m.group(1), root) if m.group(1) else None  # `struct X : Base {`
     fields = []
-    for line in m.group(1).splitlines():
+    for line in m.group(2).splitlines():
         line = line.split("//")[0]
         if not line.strip():
             continue
@@ -55,10 +56,16 @@ def _struct_dtype(name: str, root) -> np.dtype:
         if not fm:
             raise ValueError(f"params.cuh: cannot mirror field line {line.strip()!r} of {name}")
         fields.append((fm.group(2), _TMA_DESC if fm.group(1) == "TmaDesc" else np.dtype(_CTYPES[fm.group(1)])))
-    if all(dt is not _TMA_DESC for _, dt in fields):
+    if base is None and all(dt is not _TMA_DESC for _, dt in fields):
         return np.dtype(fields, align=True)
+    # explicit offsets: a base's fields where the base has them, the struct's own fields from
+    # sizeof(base) on (its tail padding is not reused: the bases are plain C structs)
     offsets, end, align = [], 0, 1
-    for _, dt in fields:  # C rules: each field at its alignment, the size a multiple of the largest
+    if base is not None:
+        fields = [(n, base.fields[n][0]) for n in base.names] + fields
+        offsets = [base.fields[n][1] for n in base.names]
+        end, align = base.itemsize, max(base.fields[n][0].alignment for n in base.names)
+    for _, dt in fields[len(offsets):]:  # C rules: each field at its alignment, the size a multiple of the largest
         a = _TMA_ALIGN if dt is _TMA_DESC else dt.itemsize
         end = -(-end // a) * a
         offsets.append(end)

@@ -4,9 +4,11 @@
 # `gpu_session.sh measure`). Logs go to $OUT (default results/<gpu>/logs); results to results/<gpu>/.
 #
 #   check:   precompile (parallel), GPU tests (fwd, bwd, tuning), compute-sanitizer memcheck and
-#            racecheck on every family and synccheck on the sm_90 one (tests/gpu_sanitize.py,
+#            racecheck on every family and synccheck on the sm_90 ones (tests/gpu_sanitize.py,
 #            kernels already in the cache)
+#   features: GPU tests of window/softcap/ALiBi, varlen, dropout, decode, FP8 and sm90_bwd
 #   measure: overhead, startup, fwd, fwd+bwd benchmarks, IO table
+#   measure2: FP8 forward, features, dropout, varlen and decode benchmarks
 #   tune:    re-tune this GPU's table (bf16 and fp16; forward d 64/128/256, backward d 64/128;
 #            buckets 2k-16k) into tuning/configs
 #            (needs optuna: pip install -e '.[tune]', or carried wheels on a machine without a network)
@@ -27,10 +29,19 @@ step() {  # name seconds command...: skipped when the budget is spent
 case "${1:-check}" in
   check)
     step precompile 120 python3 tests/gpu_precompile.py --processes "$(nproc)"
-    step pytest_gpu 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/
-    step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu_sanitize.py
-    step racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu_sanitize.py
-    step synccheck 60 compute-sanitizer --tool synccheck --error-exitcode 1 python3 tests/gpu_sanitize.py --families sm90_fwd
+    step pytest_core 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_flash_fwd_gpu.py tests/test_flash_bwd_gpu.py tests/test_tuning_gpu.py
+    step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu_sanitize.py
+    step racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu_sanitize.py
+    step synccheck 120 compute-sanitizer --tool synccheck --error-exitcode 1 python3 tests/gpu_sanitize.py --families sm90_fwd sm90_fwd_fp8 sm90_bwd
+    ;;
+  features)  # the flash_attn API's features and the newer families, one step each
+    step precompile 120 python3 tests/gpu_precompile.py --processes "$(nproc)"
+    step features 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_features_gpu.py
+    step varlen 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_varlen_gpu.py
+    step dropout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_dropout_gpu.py
+    step decode 180 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_decode_gpu.py
+    step fp8 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fp8_gpu.py
+    step sm90_bwd 180 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_sm90_bwd_gpu.py
     ;;
   measure)
     step overhead 60 python3 -m cuflash bench --mode overhead
@@ -39,9 +50,16 @@ case "${1:-check}" in
     step fwd 90 python3 -m cuflash bench --mode fwd --hdims 64 128 256
     step io 150 python3 -m cuflash bench --mode io
     ;;
+  measure2)  # the newer benchmarks
+    step fp8 60 python3 -m cuflash bench --mode fwd --fp8 --hdims 64 128 256 --seqlens 4096 16384
+    step features 240 python3 -m cuflash bench --mode features
+    step dropout 120 python3 -m cuflash bench --mode dropout
+    step varlen 120 python3 -m cuflash.bench.varlen --hdims 128
+    step decode 240 python3 -m cuflash bench --mode decode
+    ;;
   tune)
     step tune_fwd 240 python3 -m cuflash tune --op fwd --trials 10 --dtype bf16,fp16 --hdim 64,128,256 --causal both --seqlen 2048,4096,8192,16384 --table-dir tuning/configs --no-progress --no-plots
     step tune_bwd 300 python3 -m cuflash tune --op bwd --trials 8 --dtype bf16,fp16 --hdim 64,128 --causal both --seqlen 2048,4096,8192,16384 --table-dir tuning/configs --no-progress --no-plots
     ;;
-  *) echo "usage: tests/gpu_session.sh [check|measure|tune]"; exit 2 ;;
+  *) echo "usage: tests/gpu_session.sh [check|features|measure|measure2|tune]"; exit 2 ;;
 esac

@@ -8,13 +8,14 @@ import ctypes
 import itertools
 import os
 import shutil
+import subprocess
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from cuflash import _gpu, launch, registry
-from cuflash.compile import kernel_param_decl, nvcc_compile
+from cuflash.compile import kernel_dir, kernel_param_decl, nvcc_compile
 from cuflash.families import fa2_fwd, sm90_fwd
 from cuflash.families.base import ConfigError
 from cuflash.families.sm90_bwd import HEAD_DIMS, Sm90BwdConfig
@@ -203,3 +204,22 @@ def test_other_families_sources_unchanged_by_this_one():
     for fam in registry.families():
         if fam.name != "sm90_bwd":
             assert "Sm90BwdParams" not in render_source(fam.name), fam.name
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_params_layout_matches_nvcc(tmp_path):
+    """The packed Sm90BwdParams (BwdParams' fields, then the tensor maps from sizeof(BwdParams)
+    on) is where nvcc puts the derived struct's fields."""
+    names = ("dout", "alibi_batch_stride", "tma_q", "tma_k", "tma_v", "tma_do")
+    src = tmp_path / "layout.cu"
+    src.write_text('#include "params_sm90_bwd.cuh"\n#include <cstdio>\nint main() {\n'
+                   '  cuflash::Sm90BwdParams p; const char* b = (const char*)&p;\n'
+                   '  std::printf("%zu' + " %td" * len(names) + '\\n", sizeof(p)'
+                   + "".join(f", (const char*)&p.{n} - b" for n in names) + ");\n}\n")
+    exe = tmp_path / "layout"
+    subprocess.run(["nvcc", "-std=c++17", "-I", str(kernel_dir()), "-o", str(exe), str(src)],
+                   check=True, capture_output=True)
+    got = [int(x) for x in subprocess.run([str(exe)], check=True, capture_output=True,
+                                          text=True).stdout.split()]
+    dt = launch.struct_dtype("Sm90BwdParams")
+    assert got == [dt.itemsize] + [dt.fields[n][1] for n in names]
