@@ -21,7 +21,8 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  shard as its own sequence (seqlen / P, the same causal): fwd_ms, bwd_ms,
                  tflops
   cuflash_1gpu   single-GPU cuflash on the whole sequence (rank 0), for seqlen <= 256k
-                 (--ring-full-max): fwd_ms, bwd_ms, tflops
+                 (--ring-full-max): fwd_ms, bwd_ms, tflops, peak_bytes (as peak_bytes_per_gpu),
+                 inputs_bytes
   torch_cp       torch.distributed.tensor.experimental.context_parallel around SDPA (flash
                  backend): fwd_ms, bwd_ms, tflops_per_gpu; or error: why it did not run
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
@@ -309,8 +310,19 @@ def _full(rank, seqlen, causal, opts, base, log) -> list:
                 rec[key] = sorted(ts)[len(ts) // 2]
             f = flops(b, h, seqlen, d, causal) + flops(b, h, seqlen, d, causal, "bwd")
             rec["tflops"] = f / (rec["fwd_ms"] + rec["bwd_ms"]) / 1e9
+            # peak memory of one autograd forward + backward, counted as the ring's is (above
+            # what the inputs and dout already hold), so per-GPU memory compares with 1/P
+            del o
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            o = flash_attn_func(*leaves, causal=causal)
+            torch.autograd.grad(o, leaves, dout)
+            torch.cuda.synchronize()
+            rec["peak_bytes"] = int(torch.cuda.max_memory_allocated() - before)
+            rec["inputs_bytes"] = 4 * q.numel() * q.element_size()
             log(f"cuflash 1 GPU s={seqlen} causal={causal}: fwd {rec['fwd_ms']:.1f} ms bwd "
-                f"{rec['bwd_ms']:.1f} ms, {rec['tflops']:.0f} TFLOPs")
+                f"{rec['bwd_ms']:.1f} ms, {rec['tflops']:.0f} TFLOPs, peak {rec['peak_bytes'] / 2**30:.2f} GiB")
             del q, k, v, dout, leaves, o
         except Exception as exc:  # noqa: BLE001
             rec["error"] = _short(exc)
