@@ -694,8 +694,10 @@ def _dropout_cupy(q, k, v, tq: _Tensor, problem: Problem, scale: float, seed: in
     if b == 0 or sq == 0 or h == 0 or k.shape[1] == 0:  # no attention weight to drop
         return _forward_slow(q, k, v, scale, problem.causal, False, config, None)
     padded = padded_head_dim(d)
-    if padded != d:
-        out, lse = _dropout_cupy(*(pad_head_dim(x, padded) for x in (q, k, v)), tq, problem.replace(
+    if padded != d:  # the padded copies are fresh and contiguous: describe them, not q
+        shape = (b, sq, h, padded)
+        tp = _Tensor(tq.kind, tq.dtype, shape, out_strides(shape), 0, tq.device)
+        out, lse = _dropout_cupy(*(pad_head_dim(x, padded) for x in (q, k, v)), tp, problem.replace(
             head_dim=padded), scale, seed, offset, config)
         return slice_head_dim(out, d), lse
     _gpu.require("flash_attn_func (dropout)")
@@ -1007,9 +1009,12 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
     tq, tk, tv, softmax_scale, problem = check_qkv(q, k, v, softmax_scale, causal, "bwd", deterministic)
     tdo, to = check_bwd_tensors(tq, dout, out, lse)
     if softcap or alibi_slopes is not None or tuple(window_size) != (-1, -1):
-        feats = check_features(tq, 0.0, window_size, softcap, alibi_slopes, causal, tq.shape[0],
-                               tq.shape[2], (tq.shape[1], tk.shape[1]))
-        if feats.features:
+        feats = check_features(tq, dropout_p, window_size, softcap, alibi_slopes, causal,
+                               tq.shape[0], tq.shape[2], (tq.shape[1], tk.shape[1]))
+        if "dropout" in feats.features and len(feats.features) > 1:
+            # dropout with window / softcap / ALiBi: no backward (never drop dropout_p silently)
+            raise_unsupported(feature_problem(problem, feats), feats.given)
+        if feats.features and feats.features != ("dropout",):
             problem = feature_problem(problem, feats)
             check_config("config", config, problem.replace(features=()))
             if not _is_torch_cpu(tq) and not gpu_supported(problem):

@@ -293,3 +293,24 @@ def test_torch_dropout_autograd_plumbing_with_reference_kernels(monkeypatch):
     np.testing.assert_allclose(out.detach().numpy(), want_out, atol=1e-12)
     for g, w in zip(grads, want):
         np.testing.assert_allclose(g.numpy(), w, atol=1e-12)
+
+
+def test_numpy_dropout_with_a_padded_head_dim_reaches_the_gpu_check(monkeypatch):
+    """head dim 60 is run zero-padded to 64: the padded call must describe the padded copies
+    (it recursed forever on the caller's unpadded description)."""
+    from cuflash import _gpu
+
+    monkeypatch.setattr(_gpu, "why_unavailable", lambda: "no GPU in this test")
+    q = np.zeros((1, 8, 2, 60), np.float16)
+    with pytest.raises(NoGPUError):
+        flash_attn_func(q, q, q, 0.1, dropout_seed=3)
+
+
+def test_backward_with_dropout_and_a_window_raises_instead_of_dropping_dropout_p():
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 8, 2, 16, generator=g, dtype=torch.float64)
+    lse = torch.zeros(1, 2, 8, dtype=torch.float32)
+    for kw in ({"window_size": (2, 2)}, {"softcap": 5.0}):
+        with pytest.raises(api.UnsupportedFeature, match=r"dropout_p=0\.1"):
+            api.flash_attn_backward(q, q, q, q, q, lse, dropout_p=0.1, dropout_seed=1, **kw)
