@@ -108,6 +108,7 @@ def forward_cupy(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, caus
         if api.POISON_OUTPUTS:
             out.view(cupy.uint16).fill(0x7FFF)
             lse.fill(np.nan)
+        cu_q, cu_k = cupy.ascontiguousarray(cu_q), cupy.ascontiguousarray(cu_k)  # read as int32[]
         strides = {"q": _strides3(q), "k": _strides3(k), "v": _strides3(v), "o": contiguous3(q.shape)}
         plan = get_plan("fwd", dtype or api.dtype_name(q), nseq, int(max_q), int(max_k), (total_q, total_k),
                         q.shape, k.shape, strides, scale, bool(causal), False, q.device.id, config)
@@ -134,7 +135,11 @@ def backward_cupy(dout, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, s
         dout = cupy.ascontiguousarray(dout)
         if dout.data.ptr & 15:
             dout = dout.copy()
+        if out.strides[-1] != out.dtype.itemsize or out.data.ptr & 15 or any(
+                (st // out.dtype.itemsize) % 8 for st, n in zip(out.strides[:2], out.shape[:2]) if n > 1):
+            out = out.copy()  # a contiguous, aligned copy the kernels can read (as dout's)
         lse = cupy.ascontiguousarray(lse)
+        cu_q, cu_k = cupy.ascontiguousarray(cu_q), cupy.ascontiguousarray(cu_k)  # read as int32[]
         strides = {"dout": _strides3(dout), "q": _strides3(q), "k": _strides3(k), "v": _strides3(v),
                    "o": _strides3(out), "dq": contiguous3(q.shape), "dk": contiguous3(k.shape),
                    "dv": contiguous3(k.shape)}

@@ -77,3 +77,58 @@ def test_other_features_with_varlen_are_refused():
     assert "window" in registry.get("fa2_bwd").supports((9, 0), p.replace(op="bwd", features=("varlen", "window")))
     assert registry.get("fa2_fwd").supports((9, 0), p) == ""
     assert "varlen" in registry.get("sm90_fwd").supports((9, 0), p)
+
+
+class _FakeDev(np.ndarray):
+    """A NumPy array posing as a CuPy one (device.id, data.ptr) for host-side tests."""
+
+    @property
+    def device(self):
+        import types
+        return types.SimpleNamespace(id=0)
+
+    @property
+    def data(self):
+        import types
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
+
+def _fake_cupy():
+    import contextlib
+    import types
+
+    wrap = lambda a: np.asarray(a).view(_FakeDev)  # noqa: E731
+    cuda = types.SimpleNamespace(Device=lambda i: contextlib.nullcontext(),
+                                 get_current_stream=lambda: types.SimpleNamespace(ptr=0))
+    return types.SimpleNamespace(cuda=cuda, uint16=np.uint16, uint8=np.uint8, float32=np.float32,
+                                 empty=lambda s, d: wrap(np.empty(s, d)),
+                                 ascontiguousarray=lambda a: wrap(np.ascontiguousarray(a)))
+
+
+def test_cupy_varlen_launches_read_strided_cu_seqlens_as_their_values(monkeypatch):
+    """The kernels read cu_seqlens as a dense int32 array: a strided CuPy view must be
+    copied, not passed by its address (which would hand the kernels other offsets)."""
+    import ctypes
+
+    from cuflash import varlen
+
+    seen = []
+
+    class Plan:
+        workspace_bytes = 0
+
+        def run_varlen(self, ptrs, ws, stream, cu_q, cu_k):
+            seen.append([list((ctypes.c_int32 * 3).from_address(p)) for p in (cu_q, cu_k)])
+
+    monkeypatch.setattr(varlen, "_cupy", _fake_cupy)
+    strides = []
+    monkeypatch.setattr(varlen, "get_plan", lambda *a, **k: strides.append(a[8]) or Plan())
+    full = np.array([0, 99, 5, 99, 9, 99], np.int32).view(_FakeDev)
+    cu = full[::2]                                   # (0, 5, 9), strided
+    q = np.zeros((9, 2, 64), np.float16).view(_FakeDev)
+    varlen.forward_cupy(q, q, q, cu, cu, 5, 5, 0.125, False)
+    o = np.zeros((9, 2, 65), np.float16).view(_FakeDev)[..., :64]   # out: strides not the kernels'
+    varlen.backward_cupy(q, q, q, q, o, np.zeros((2, 9), np.float32).view(_FakeDev), cu, cu, 5, 5,
+                         0.125, False)
+    assert seen == [[[0, 5, 9], [0, 5, 9]]] * 2
+    assert strides[1]["o"] == (128, 64, 1)           # out copied, not launched at strides 130, 65
