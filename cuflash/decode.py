@@ -351,7 +351,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
             rotary_interleaved, alibi_slopes, num_splits)
         return (out, lse) if return_softmax_lse else out
-    if torch is not None and q.__class__ is torch.Tensor and q.is_cuda:  # the hot path
+    if torch is not None and isinstance(q, torch.Tensor) and q.is_cuda:  # the hot path
         args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                 cache_leftpad, block_table, alibi_slopes)
         key = _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved,
@@ -427,7 +427,7 @@ def _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleav
     for x in args:
         if x is None:
             key.append(None)
-        elif x.__class__ is _tensor_class():
+        elif isinstance(x, _tensor_class()):  # subclasses (nn.Parameter) too: by layout
             key.append((x.shape, x.stride(), x.dtype, x.device))
         else:  # an int cache_seqlens, or something validation rejects
             key.append((type(x), x))
@@ -460,11 +460,11 @@ class _GpuEntry:
             return out, lse
         args = list(args)
         for i in self.contiguous:  # small index / table / rotary tensors the kernels read densely
-            if args[i] is not None and args[i].__class__ is tensor:
+            if isinstance(args[i], tensor):
                 args[i] = args[i].contiguous()
         ptrs = []
         for i, x in enumerate(args):
-            if x is None or x.__class__ is not tensor:
+            if not isinstance(x, tensor):  # None, an int cache_seqlens (a subclass is a tensor)
                 ptrs.append(0)
                 continue
             ptr = x.data_ptr()
@@ -545,7 +545,7 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
     contiguous = [i for i, x in ((5, rotary_cos), (6, rotary_sin), (7, cache_seqlens),
                                  (8, cache_batch_idx), (9, cache_leftpad), (10, block_table),
                                  (11, alibi_slopes))
-                  if x is not None and x.__class__ is torch.Tensor and not x.is_contiguous()]
+                  if isinstance(x, torch.Tensor) and not x.is_contiguous()]
     entry.contiguous = tuple(contiguous)
     splits = (getattr(cfg, "splits", 0) or call.num_splits
               or family.split_count(cfg, problem, _gpu.sm_count(dev)))

@@ -696,3 +696,33 @@ def test_kernel_index_math_mirror_equals_reference(seed):
                              slopes, splits, warps, warp_n, m_tiles)
     np.testing.assert_allclose(out, out_ref, rtol=0, atol=1e-9)
     assert_same_lse(lse, lse_ref)
+
+
+def test_gpu_entry_passes_tensor_subclasses_by_address(monkeypatch):
+    """An nn.Parameter (a torch.Tensor subclass) is a tensor: the launch gets its address (not
+    0) and a dense copy when it is strided, and it keys the plan cache by layout, not identity."""
+    torch = pytest.importorskip("torch")
+    from cuflash import decode
+
+    launched = []
+
+    class Plan:
+        def run(self, ptrs, ws, stream):
+            launched.append(ptrs)
+
+    entry = decode._GpuEntry()
+    entry.plan, entry.out_shape, entry.lse_shape = Plan(), (1, 1, 2, 8), (1, 2, 1)
+    entry.ws_bytes, entry.empty, entry.device, entry.contiguous = 0, False, None, (5,)
+    entry.raw_stream = lambda device: 0
+    q = torch.zeros(1, 1, 2, 8, dtype=torch.float16)
+    cos = torch.nn.Parameter(torch.zeros(8, 4).t(), requires_grad=False)   # strided
+    seqlens = torch.nn.Parameter(torch.zeros(1, dtype=torch.int32), requires_grad=False)
+    args = (q, q, q, None, None, cos, None, seqlens, None, None, None, None)
+    entry.run(args)
+    ptrs = launched[0]
+    assert ptrs[7] == seqlens.data_ptr() and ptrs[5] not in (0, cos.data_ptr())
+    key = decode._gpu_key(args, None, False, (-1, -1), 0.0, True, 0)
+    seqlens2 = torch.nn.Parameter(torch.ones(1, dtype=torch.int32), requires_grad=False)
+    cos2 = torch.nn.Parameter(torch.ones(8, 4).t(), requires_grad=False)
+    assert key == decode._gpu_key(args[:5] + (cos2, None, seqlens2) + args[8:], None, False,
+                                  (-1, -1), 0.0, True, 0)
