@@ -430,8 +430,8 @@ def check_ring_args(q, k, v, softmax_scale, causal, group, layout) -> tuple:
     world = dist.get_world_size(group)
     if dist.get_rank(group) < 0:
         raise ValueError("group: this process is not a member of the group")
-    if causal and layout == "zigzag" and problem.seqlen_q % 2:
-        raise ValueError(f"q: causal zigzag needs an even seqlen_local (two chunks per rank), "
+    if layout == "zigzag" and problem.seqlen_q % 2:  # causal or not: two equal chunks per rank
+        raise ValueError(f"q: zigzag needs an even seqlen_local (two chunks per rank), "
                          f"got {problem.seqlen_q}")
     return scale, world
 

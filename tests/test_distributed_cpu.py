@@ -255,3 +255,23 @@ def test_bench_ring_flops():
         for op in ("fwd", "bwd"):
             p = Problem(op, "bf16", 1, 4096, 4096, 8, 8, 128, causal)
             assert ring.flops(1, 8, 4096, 128, causal, op) == op_flops(p)
+
+
+def test_zigzag_odd_seqlen_local_is_refused_causal_or_not():
+    """An odd shard cannot be two equal zigzag chunks: the last row and key were dropped
+    (out row 0) without causal; now an error naming q, before any transfer."""
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        q = torch.randn(1, 5, 2, 8, dtype=torch.float64)
+        for causal in (False, True):
+            with pytest.raises(ValueError, match=r"^q: zigzag needs an even seqlen_local"):
+                cfd.ring_flash_attn_func(q, q, q, causal=causal)
+        out = cfd.ring_flash_attn_func(q, q, q, layout="contiguous")   # one chunk: any length
+        assert out.shape == q.shape and bool(out[:, -1].abs().sum() > 0)
+    finally:
+        dist.destroy_process_group()
