@@ -531,7 +531,8 @@ def _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softc
                            (seqlen_q, tk.shape[1]))
     if not feats.features:  # e.g. window_size=(-1, 0), or one reaching past every key
         return flash_attn_func(q, k, v, 0.0, softmax_scale, feats.causal, (-1, -1), 0.0, None,
-                               deterministic, return_attn_probs, config=config, bwd_config=bwd_config)
+                               deterministic, return_attn_probs, config=config, bwd_config=bwd_config,
+                               dropout_seed=dropout_seed)
     problem = feature_problem(problem, feats)
     check_config("config", config, problem.replace(features=()))
     check_config("bwd_config", bwd_config, problem.replace(op="bwd", features=()))
@@ -656,6 +657,8 @@ def _dropout_func(q, k, v, tq: _Tensor, tk: _Tensor, problem: Problem, scale: fl
             probs = torch.zeros((b, h, sq, sk), dtype=torch.float32, device=q.device)
             return (out, lse, probs) if return_attn_probs else out
         rng = None if dropout_seed is None else torch_ops.rng_state_of(dropout_seed, q.device)
+        if rng is dropout_seed:  # the caller's state tensor: autograd's backward regenerates the
+            rng = rng.clone()    # forward's mask from it, so a later in-place update must not reach it
         out, lse, rng = torch_ops.dropout_attention(q, k, v, problem, scale, rng, config, bwd_config)
         if not return_attn_probs:
             return out

@@ -314,3 +314,25 @@ def test_backward_with_dropout_and_a_window_raises_instead_of_dropping_dropout_p
     for kw in ({"window_size": (2, 2)}, {"softcap": 5.0}):
         with pytest.raises(api.UnsupportedFeature, match=r"dropout_p=0\.1"):
             api.flash_attn_backward(q, q, q, q, q, lse, dropout_p=0.1, dropout_seed=1, **kw)
+
+
+def test_a_callers_rng_state_tensor_is_copied_for_the_backward(monkeypatch):
+    """dropout_seed given as a state tensor: autograd's backward must regenerate the forward's
+    mask even when the caller updates that tensor in place before backward (e.g. the next
+    micro-batch's offset)."""
+    torch = pytest.importorskip("torch")
+    from cuflash import torch_ops
+
+    seen = []
+    monkeypatch.setattr(torch_ops, "dropout_attention",
+                        lambda q, k, v, problem, scale, rng, config, bwd_config:
+                        seen.append(rng) or (q, None, rng))
+    q = torch.zeros(1, 8, 2, 16, dtype=torch.float16)
+    state = torch.tensor([5, 7], dtype=torch.int64)
+    tq, tk = api.describe("q", q), api.describe("k", q)
+    problem = Problem("fwd", "fp16", 1, 8, 8, 2, 2, 16, False, False, ("dropout",), dropout_p=0.1)
+    api._dropout_func(q, q, q, tq, tk, problem, 0.25, state, False, None, None)
+    state[1] += 1
+    assert seen[0] is not state and seen[0].tolist() == [5, 7]
+    with pytest.raises(TypeError, match=r"^dropout_seed"):   # validated on the plain path too
+        flash_attn_func(q.float(), q.float(), q.float(), window_size=(-1, 0), dropout_seed=1.5)
