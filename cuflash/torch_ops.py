@@ -622,9 +622,18 @@ def kvcache_traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
     """flash_attn_with_kvcache under torch.compile: through the cuflash::kvcache op."""
     from numbers import Integral
 
+    from .decode import _flag
+
     scale = _scale(softmax_scale, q.shape[-1])
-    as_int = isinstance(cache_seqlens, Integral)
-    left, right = (int(w) for w in window_size)
+    as_int = isinstance(cache_seqlens, Integral) and not isinstance(cache_seqlens, bool)
+    if as_int and int(cache_seqlens) < 0:  # -1 is the op's "no int": it must not stand for all
+        raise ValueError(f"cache_seqlens: must be >= 0, got {cache_seqlens}")
+    # the scalars as eager validation takes them (int() / bool() would truncate or coerce)
+    left, right = api.check_window(window_size)
+    causal, rotary_interleaved = _flag("causal", causal), _flag("rotary_interleaved", rotary_interleaved)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, Integral):
+        raise TypeError(f"num_splits must be an int, got {type(num_splits).__name__} {num_splits!r}")
+    softcap = api._real("softcap", softcap, "a finite number >= 0 (0: off)")
     return torch.ops.cuflash.kvcache(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, None if as_int else cache_seqlens,
         cache_batch_idx, cache_leftpad, block_table, alibi_slopes,

@@ -726,3 +726,27 @@ def test_gpu_entry_passes_tensor_subclasses_by_address(monkeypatch):
     cos2 = torch.nn.Parameter(torch.ones(8, 4).t(), requires_grad=False)
     assert key == decode._gpu_key(args[:5] + (cos2, None, seqlens2) + args[8:], None, False,
                                   (-1, -1), 0.0, True, 0)
+
+
+def test_kvcache_traced_checks_its_scalars_as_eager_does():
+    """The torch.compile route must not coerce what eager validation rejects: a negative int
+    cache_seqlens became the op's -1 ("no int": the whole cache), int() truncated a float
+    window, bool() took any causal."""
+    th = _torch()
+    from cuflash import torch_ops
+
+    q, kc, vc, _, _ = t_problem(th.float32)
+
+    def call(cache_seqlens=4, causal=False, window=(-1, -1), softcap=0.0, num_splits=0):
+        return torch_ops.kvcache_traced(q, kc.clone(), vc.clone(), None, None, None, None,
+                                        cache_seqlens, None, None, None, None, causal, window,
+                                        softcap, True, None, num_splits)
+
+    call()
+    for kw, exc, pattern in (({"cache_seqlens": -1}, ValueError, r"^cache_seqlens"),
+                             ({"window": (2.5, 0)}, TypeError, r"^window_size"),
+                             ({"causal": "yes"}, TypeError, r"^causal"),
+                             ({"num_splits": 2.0}, TypeError, r"^num_splits"),
+                             ({"softcap": "big"}, TypeError, r"^softcap")):
+        with pytest.raises(exc, match=pattern):
+            call(**kw)
