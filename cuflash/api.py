@@ -1075,6 +1075,10 @@ def _dropout_backward(dout, q, k, v, out, lse, tq, tdo, to, problem, scale, drop
     if tq.kind == "numpy":
         raise TypeError("flash_attn_backward takes CuPy arrays or torch tensors; for NumPy "
                         "use cuflash.reference.attention_backward_naive")
+    if _is_torch_cpu(tq):  # (the GPU plans below would be handed CPU addresses)
+        raise UnsupportedFeature("dropout_p: flash_attn_backward with dropout on torch CPU tensors "
+                                 "is not implemented (the CPU forward draws its keep mask from "
+                                 "torch's RNG, not from dropout_seed); use autograd (backward())")
     p = problem
     empty = p.batch == 0 or p.nheads == 0 or p.seqlen_q == 0 or p.seqlen_k == 0
     if empty:  # no attention weight: the plain backward's zeros

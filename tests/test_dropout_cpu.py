@@ -336,3 +336,14 @@ def test_a_callers_rng_state_tensor_is_copied_for_the_backward(monkeypatch):
     assert seen[0] is not state and seen[0].tolist() == [5, 7]
     with pytest.raises(TypeError, match=r"^dropout_seed"):   # validated on the plain path too
         flash_attn_func(q.float(), q.float(), q.float(), window_size=(-1, 0), dropout_seed=1.5)
+
+
+def test_backward_with_dropout_on_torch_cpu_raises_before_any_plan(monkeypatch):
+    """torch CPU tensors: no GPU plan may be built for them (a GPU machine would launch on
+    CPU addresses); the error names dropout_p."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(api, "make_plan", lambda *a, **k: pytest.fail("a GPU plan for CPU tensors"))
+    q = torch.zeros(1, 8, 2, 16, dtype=torch.float16)
+    lse = torch.zeros(1, 2, 8, dtype=torch.float32)
+    with pytest.raises(api.UnsupportedFeature, match=r"^dropout_p: flash_attn_backward"):
+        api.flash_attn_backward(q, q, q, q, q, lse, dropout_p=0.1, dropout_seed=1)
