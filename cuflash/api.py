@@ -497,8 +497,12 @@ def _fp8_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, a
     """FP8 inputs: cuflash.fp8 (forward only, none of the features yet)."""
     from . import fp8
 
+    try:
+        windowed = [int(w) for w in window_size] != [-1, -1]
+    except (TypeError, ValueError):
+        raise TypeError(f"window_size: must be a pair of ints, got {window_size!r}") from None
     given = {"dropout_p": dropout_p, "softcap": softcap, "alibi_slopes": alibi_slopes is not None,
-             "window_size": window_size != (-1, -1), "bwd_config": bwd_config is not None}
+             "window_size": windowed, "bwd_config": bwd_config is not None}
     unsupported = [name for name, on in given.items() if on]
     if unsupported:
         raise UnsupportedFeature(f"{unsupported[0]}: not implemented for FP8 (e4m3) inputs yet")
