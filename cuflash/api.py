@@ -459,7 +459,9 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
         return _fp8_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                          deterministic, return_attn_probs, config, bwd_config, q_descale, k_descale,
                          v_descale)
-    if dropout_p or softcap or alibi_slopes is not None or window_size != (-1, -1):
+    windowed = (window_size != (-1, -1) if type(window_size) is tuple   # the common case, cheap
+                else check_window(window_size) != (-1, -1))                  # lists, arrays: validated
+    if dropout_p or softcap or alibi_slopes is not None or windowed:
         return _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                               alibi_slopes, deterministic, return_attn_probs, config, bwd_config,
                               dropout_seed)
@@ -497,10 +499,7 @@ def _fp8_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, a
     """FP8 inputs: cuflash.fp8 (forward only, none of the features yet)."""
     from . import fp8
 
-    try:
-        windowed = [int(w) for w in window_size] != [-1, -1]
-    except (TypeError, ValueError):
-        raise TypeError(f"window_size: must be a pair of ints, got {window_size!r}") from None
+    windowed = check_window(window_size) != (-1, -1)
     given = {"dropout_p": dropout_p, "softcap": softcap, "alibi_slopes": alibi_slopes is not None,
              "window_size": windowed, "bwd_config": bwd_config is not None}
     unsupported = [name for name, on in given.items() if on]

@@ -531,3 +531,14 @@ def test_feature_problem_is_rejected_by_the_families():
     p = cuflash.Problem("fwd", "bf16", 1, 128, 128, 4, 4, 64, features=("dropout", "window"))
     for fam in families():
         assert "dropout" in fam.supports((9, 0), p.replace(op=fam.op))
+
+
+def test_window_size_as_an_array_or_list_is_read_as_a_pair():
+    """A NumPy array or a list window_size is validated like a tuple (no ambiguous truth value);
+    the default given as a list is no window."""
+    torch = pytest.importorskip("torch")
+    q = torch.randn(1, 8, 2, 16, dtype=torch.float64)
+    out = flash_attn_func(q, q, q, window_size=[-1, -1])        # torch CPU: the reference
+    assert torch.allclose(out, flash_attn_func(q, q, q))
+    with pytest.raises(TypeError, match=r"^window_size must be a pair"):
+        flash_attn_func(q, q, q, window_size=np.array([1.5, 2.0]))
