@@ -286,27 +286,36 @@ class FA2Backward(Family):
         return out
 
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
-        p = problem
-        fields = {}
-        for name in ("q", "k", "v", "o", "dq", "dk", "dv"):
-            fields.update(strides3(name, strides[name]))
-        src = tuple(strides["dout"]) + (1,) * (4 - len(strides["dout"]))
-        fields.update(strides3("do_src", src), do_src_col_stride=src[3])
-        # the main kernel reads dout in place, or the preprocess's contiguous copy
-        fields.update(strides3("do", contiguous_strides(p) if "dout_copy" in workspace else src))
-        fields.update(cu_seqlens_q=0, cu_seqlens_k=0, total_q=0, total_k=0, ws_rows=0)
-        if is_varlen(p):
-            fields.update(varlen_fields(p, strides, ("q", "k", "v", "o", "dq", "dk", "dv", "do",
-                                                     "do_src")))
-            total_q, total_k = strides["totals"]
-            fields.update(total_k=int(total_k), ws_rows=varlen_ws_rows(total_q, p.batch))
-        return dict(fields, batch=p.batch, nheads=p.nheads, nheads_kv=p.nheads_kv,
-                    seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
-                    seqlen_q_rounded=-(-p.seqlen_q // ROW_PAD) * ROW_PAD, head_dim=p.head_dim,
-                    head_dim_rounded=config.head_dim,
-                    head_group=head_group(p.batch * p.nheads, self._kv_ctas(config, p), sm_count),
-                    softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E,
-                    **dropout_params(p), **feature_params(p, softmax_scale))
+        return bwd_params(config, problem, strides, workspace, softmax_scale,
+                          head_group(problem.batch * problem.nheads, self._kv_ctas(config, problem),
+                                     sm_count))
+
+
+def bwd_params(config, problem, strides, workspace, softmax_scale, group) -> dict:
+    """The BwdParams fields of one call shape (its pointers aside): strides, shapes, scale,
+    varlen, dropout and feature fields. sm90_bwd's Sm90BwdParams derives from BwdParams and
+    takes these too. ``group``: the head_group of the main kernel's CTA order."""
+    p = problem
+    fields = {}
+    for name in ("q", "k", "v", "o", "dq", "dk", "dv"):
+        fields.update(strides3(name, strides[name]))
+    src = tuple(strides["dout"]) + (1,) * (4 - len(strides["dout"]))
+    fields.update(strides3("do_src", src), do_src_col_stride=src[3])
+    # the main kernel reads dout in place, or the preprocess's contiguous copy
+    fields.update(strides3("do", contiguous_strides(p) if "dout_copy" in workspace else src))
+    fields.update(cu_seqlens_q=0, cu_seqlens_k=0, total_q=0, total_k=0, ws_rows=0)
+    if is_varlen(p):
+        fields.update(varlen_fields(p, strides, ("q", "k", "v", "o", "dq", "dk", "dv", "do",
+                                                 "do_src")))
+        total_q, total_k = strides["totals"]
+        fields.update(total_k=int(total_k), ws_rows=varlen_ws_rows(total_q, p.batch))
+    return dict(fields, batch=p.batch, nheads=p.nheads, nheads_kv=p.nheads_kv,
+                seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
+                seqlen_q_rounded=-(-p.seqlen_q // ROW_PAD) * ROW_PAD, head_dim=p.head_dim,
+                head_dim_rounded=config.head_dim,
+                head_group=group,
+                softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E,
+                **dropout_params(p), **feature_params(p, softmax_scale))
 
 
 FAMILY = register(FA2Backward())

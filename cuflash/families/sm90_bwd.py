@@ -28,8 +28,9 @@ import numpy as np
 from ..problem import Problem
 from ..registry import register
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
-from .fa2_bwd import EPILOGUE_THREADS, PREP_WARPS, ROW_PAD, FA2Backward, contiguous_strides
-from .fa2_fwd import LOG2E, check_head_dim, first_fitting, strides3
+from .fa2_bwd import (EPILOGUE_THREADS, PREP_WARPS, ROW_PAD, FA2Backward, bwd_params,
+                      contiguous_strides)
+from .fa2_fwd import check_head_dim, first_fitting
 from .sm90_fwd import tensor_map
 
 HEAD_DIMS = (64, 128)
@@ -226,23 +227,10 @@ class Sm90Backward(Family):
         return out
 
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
-        p = problem
-        fields = {}
-        for name in ("q", "k", "v", "o", "dq", "dk", "dv"):
-            fields.update(strides3(name, strides[name]))
-        src = tuple(strides["dout"]) + (1,) * (4 - len(strides["dout"]))
-        fields.update(strides3("do_src", src), do_src_col_stride=src[3])
-        fields.update(strides3("do", contiguous_strides(p) if "dout_copy" in workspace else src))
-        fields.update(cu_seqlens_q=0, cu_seqlens_k=0, total_q=0, total_k=0, ws_rows=0)  # no varlen
-        fields.update(rng_state=0, dropout_threshold=0, dropout_scale=1.0)              # no dropout
-        fields.update(window_left=-1, window_right=-1, softcap_in=0.0, softcap_out=0.0,   # no features
-                      alibi_slopes=0, alibi_batch_stride=0)
-        # the tensor maps are written per call (call_writer); zeros until then
-        return dict(fields, batch=p.batch, nheads=p.nheads, nheads_kv=p.nheads_kv,
-                    seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
-                    seqlen_q_rounded=-(-p.seqlen_q // ROW_PAD) * ROW_PAD, head_dim=p.head_dim,
-                    head_dim_rounded=config.head_dim, head_group=1,
-                    softmax_scale=softmax_scale, scale_log2=softmax_scale * LOG2E,
+        # BwdParams' fields as fa2_bwd packs them (its reused kernels read them; this family
+        # refuses varlen, dropout and the features, so those come out as zeros), K/V blocks in
+        # plain order (head_group 1); the tensor maps are written per call (call_writer)
+        return dict(bwd_params(config, problem, strides, workspace, softmax_scale, 1),
                     tma_q=0, tma_k=0, tma_v=0, tma_do=0)
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
