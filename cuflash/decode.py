@@ -356,7 +356,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                 cache_leftpad, block_table, alibi_slopes)
         key = _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved,
                        num_splits)
-        entry = _gpu_plans.get(key) if key is not None else None
+        try:
+            entry = _gpu_plans.get(key) if key is not None else None
+        except TypeError:  # an unhashable argument: validation below names it
+            entry = key = None
         if entry is None:
             entry = _gpu_entry(args, softmax_scale, causal, window_size, softcap,
                                rotary_interleaved, num_splits)
@@ -419,63 +422,54 @@ def _register_drop() -> None:
 _register_drop()
 
 
+_SCALAR_TYPES = (int, float, bool, tuple)
+
+
 def _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits):
-    """Everything validation reads of a call, as one hashable tuple (None: do not cache, e.g.
-    an unhashable argument, which validation then names). Values of device tensors are never
-    read: they are the kernel's to clamp."""
-    key = []
-    for x in args:
-        if x is None:
-            key.append(None)
-        elif isinstance(x, _tensor_class()):  # subclasses (nn.Parameter) too: by layout
-            key.append((x.shape, x.stride(), x.dtype, x.device))
-        else:  # an int cache_seqlens, or something validation rejects
-            key.append((type(x), x))
+    """Everything validation reads of a call, as one tuple (None: do not cache, e.g. a 0-d
+    tensor scale, hashable by identity, which would key a plan per call). An unhashable
+    argument makes the lookup raise TypeError: the caller validates, which names it. Values
+    of device tensors are never read: they are the kernel's to clamp."""
     scalars = (softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits)
-    if any(x is not None and x.__class__ not in (int, float, bool, tuple) for x in scalars):
-        return None  # e.g. a 0-d tensor scale: hashable by identity, it would key a plan per call
-    key += scalars
-    key = tuple(key)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    for x in scalars:
+        if x is not None and x.__class__ not in _SCALAR_TYPES:
+            return None
+    tensor = _tensor_class()
+    # subclasses (nn.Parameter) too, by layout; an int cache_seqlens by value
+    return (*[None if x is None else (x.shape, x.stride(), x.dtype, x.device)
+              if isinstance(x, tensor) else (x.__class__, x) for x in args], *scalars)
 
 
 class _GpuEntry:
-    """One validated call shape: its plan, output shapes and how to read the call's tensors."""
+    """One validated call shape: its plan, output shapes and how to read the call's tensors.
+    slots: the positions of ``args`` that hold tensors (fixed by the call shape's key);
+    contiguous: those the kernels read densely that arrive strided (copied per call)."""
     __slots__ = ("plan", "out_shape", "lse_shape", "ws_bytes", "contiguous", "empty", "device",
-                 "raw_stream")
+                 "raw_stream", "slots", "f32", "u8")
 
     def run(self, args):
-        torch = sys.modules["torch"]
-        tensor = torch.Tensor
         q = args[0]
         out = q.new_empty(*self.out_shape)
-        lse = q.new_empty(*self.lse_shape, dtype=torch.float32)
+        lse = q.new_empty(*self.lse_shape, dtype=self.f32)
         if self.empty:
             out.zero_()
             lse.fill_(float("inf"))
             return out, lse
-        args = list(args)
-        for i in self.contiguous:  # small index / table / rotary tensors the kernels read densely
-            if isinstance(args[i], tensor):
+        if self.contiguous:  # small index / table / rotary tensors the kernels read densely
+            args = list(args)
+            for i in self.contiguous:
                 args[i] = args[i].contiguous()
-        ptrs = []
-        for i, x in enumerate(args):
-            if not isinstance(x, tensor):  # None, an int cache_seqlens (a subclass is a tensor)
-                ptrs.append(0)
-                continue
-            ptr = x.data_ptr()
-            if i < 5 and ptr & 15:
-                raise ValueError(f"{_ARG_NAMES[i]}: the decode kernels read 16-byte chunks; its data "
-                                 f"must start on a 16-byte boundary (got address {ptr:#x})")
-            ptrs.append(ptr)
+        ptrs = [0] * len(args)  # 0 for None and an int cache_seqlens
+        for i in self.slots:
+            ptrs[i] = args[i].data_ptr()
+        if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
+            i = next(i for i in range(5) if ptrs[i] & 15)
+            raise ValueError(f"{_ARG_NAMES[i]}: the decode kernels read 16-byte chunks; its data "
+                             f"must start on a 16-byte boundary (got address {ptrs[i]:#x})")
         if api.POISON_OUTPUTS:
             out.fill_(float("nan"))
             lse.fill_(float("nan"))
-        ws = q.new_empty(self.ws_bytes, dtype=torch.uint8) if self.ws_bytes else None
+        ws = q.new_empty(self.ws_bytes, dtype=self.u8) if self.ws_bytes else None
         self.plan.run((*ptrs, out.data_ptr(), lse.data_ptr()), 0 if ws is None else ws.data_ptr(),
                       self.raw_stream(self.device))
         return out, lse
@@ -492,13 +486,16 @@ def kvcache_with_config(config, q, k_cache, v_cache, k=None, v=None, rotary_cos=
                         alibi_slopes=None, num_splits=0):
     """flash_attn_with_kvcache on torch CUDA tensors with a given decode config (the tuner's
     trial point, a test's forced config): (out, lse). ``config.splits`` (when not 0) wins over
-    num_splits; its split rule (waves) serves num_splits=0."""
+    num_splits; its split rule (split_cost) serves num_splits=0."""
     args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, alibi_slopes)
     key = _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved,
                    num_splits)
     key = None if key is None else key + (config,)
-    entry = _gpu_plans.get(key) if key is not None else None
+    try:
+        entry = _gpu_plans.get(key) if key is not None else None
+    except TypeError:  # an unhashable argument: validation below names it
+        entry = key = None
     if entry is None:
         entry = _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interleaved,
                            num_splits, config)
@@ -527,6 +524,8 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
     entry.empty = b == 0 or h == 0 or (sq == 0 and not call.seqlen_new)
     entry.contiguous, entry.ws_bytes, entry.plan = (), 0, None
     torch = sys.modules["torch"]
+    entry.slots = tuple(i for i, x in enumerate(args) if isinstance(x, torch.Tensor))
+    entry.f32, entry.u8 = torch.float32, torch.uint8
     try:
         entry.raw_stream = torch._C._cuda_getCurrentRawStream
     except AttributeError:  # pragma: no cover - older torch
@@ -548,7 +547,7 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
                   if isinstance(x, torch.Tensor) and not x.is_contiguous()]
     entry.contiguous = tuple(contiguous)
     splits = (getattr(cfg, "splits", 0) or call.num_splits
-              or family.split_count(cfg, problem, _gpu.sm_count(dev)))
+              or family.split_count(cfg, problem, _gpu.sm_count(dev), _gpu.max_smem(dev)))
     if sq == 0:
         splits = 1
     cfg = cfg.replace(splits=splits).validate(_gpu.max_smem(dev))

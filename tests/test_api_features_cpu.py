@@ -542,3 +542,15 @@ def test_window_size_as_an_array_or_list_is_read_as_a_pair():
     assert torch.allclose(out, flash_attn_func(q, q, q))
     with pytest.raises(TypeError, match=r"^window_size must be a pair"):
         flash_attn_func(q, q, q, window_size=np.array([1.5, 2.0]))
+
+
+def test_gpu_supported_pads_odd_head_dims():
+    """An odd head dim with features runs on the GPU zero-padded (as the torch paths do), so the
+    gate must not refuse it before padding."""
+    from cuflash.api import gpu_supported
+    from cuflash.problem import Problem
+
+    p = Problem("fwd", "bf16", 2, 113, 300, 6, 2, 59, False, features=("softcap", "window"),
+                window=(40, 10), softcap=15.0)
+    assert gpu_supported(p)
+    assert gpu_supported(p.replace(op="bwd"))

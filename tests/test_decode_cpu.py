@@ -570,7 +570,7 @@ def test_reference_exported():
 
 def test_decode_family_registered_and_configs():
     from cuflash import registry
-    from cuflash.families.decode_splitkv import DecodeConfig, num_splits_for
+    from cuflash.families.decode_splitkv import DecodeConfig, ctas_per_sm, num_splits_for
     from cuflash.problem import Problem
 
     fam = registry.get("decode_splitkv")
@@ -579,16 +579,22 @@ def test_decode_family_registered_and_configs():
     cfg = fam.heuristic(p)
     assert not cfg.problems(227 * 1024) and cfg.m_tiles == 1
     assert cfg.kernel_name().startswith("cuflash::decode_splitkv<")
-    # splits from shapes only: batch 1 x 8 KV heads on 132 SMs -> 2 waves of CTAs
-    assert num_splits_for(cfg, p, 132) == -(-2 * 132 // 8)
+    # splits from shapes only (the H100's 132 SMs, 227 KB): one whole wave of CTAs, never a
+    # partial one (batch 8 x 8 KV heads: 2 splits, not 3)
+    assert cfg.warps == 8 and cfg.stages == 3 and ctas_per_sm(cfg, 227 * 1024) == 1
+    assert num_splits_for(cfg, p, 132) == 16
+    assert num_splits_for(cfg, p.replace(batch=8, seqlen_k=32768), 132) == 2
+    assert num_splits_for(cfg, p.replace(batch=32, seqlen_k=8192), 132) == 1
     assert num_splits_for(cfg, p.replace(batch=64), 132) == 1
+    small = cfg.replace(warps=4)  # two CTAs per SM: twice the slots
+    assert ctas_per_sm(small, 227 * 1024) == 2 and num_splits_for(small, p, 132) == 33
     assert num_splits_for(cfg, p.replace(seqlen_k=64), 132) == 1      # one block: no split
     assert 1 <= num_splits_for(cfg, p.replace(seqlen_k=1), 132) <= 128
     # speculative decoding: 4 query rows x group 4 = 16 rows fit one tile, 32 need two
     assert fam.heuristic(p.replace(seqlen_q=8)).m_tiles == 2
-    bad = DecodeConfig(4, 24, 1, 3, 0, 128, "bf16", False, 300)
+    bad = DecodeConfig(4, 24, 1, 3, -1, 128, "bf16", False, 300)
     why = " ".join(bad.problems())
-    for rule in ("warp_n", "stages", "m_tiles", "waves", "splits"):
+    for rule in ("warp_n", "stages", "m_tiles", "split_cost", "splits"):
         assert rule in why
     assert fam.decode(fam.encode(cfg), "bf16", False) == cfg
 
@@ -714,10 +720,12 @@ def test_gpu_entry_passes_tensor_subclasses_by_address(monkeypatch):
     entry.plan, entry.out_shape, entry.lse_shape = Plan(), (1, 1, 2, 8), (1, 2, 1)
     entry.ws_bytes, entry.empty, entry.device, entry.contiguous = 0, False, None, (5,)
     entry.raw_stream = lambda device: 0
+    entry.f32, entry.u8 = torch.float32, torch.uint8
     q = torch.zeros(1, 1, 2, 8, dtype=torch.float16)
     cos = torch.nn.Parameter(torch.zeros(8, 4).t(), requires_grad=False)   # strided
     seqlens = torch.nn.Parameter(torch.zeros(1, dtype=torch.int32), requires_grad=False)
     args = (q, q, q, None, None, cos, None, seqlens, None, None, None, None)
+    entry.slots = tuple(i for i, x in enumerate(args) if isinstance(x, torch.Tensor))
     entry.run(args)
     ptrs = launched[0]
     assert ptrs[7] == seqlens.data_ptr() and ptrs[5] not in (0, cos.data_ptr())

@@ -353,7 +353,7 @@ def test_decode_space_points(point):
     from cuflash.families.decode_splitkv import DecodeConfig
 
     warps, warp_n, stages, m_tiles = point
-    cfg = DecodeConfig(warps, warp_n, stages, m_tiles, 2, 128, "bf16", True)
+    cfg = DecodeConfig(warps, warp_n, stages, m_tiles, 4, 128, "bf16", True)
     why = cfg.problems(_gpu.max_smem())
     if why:
         pytest.skip("; ".join(why))

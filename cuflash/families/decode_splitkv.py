@@ -28,6 +28,8 @@ MAX_SPLITS = 128          # flash-attn's limit on num_splits
 MAX_ACCUM_REGS = 192      # fp32 accumulators per thread (O and S) before ptxas spills
 MIN_SPLIT_BLOCKS = 2      # the heuristic gives each split at least this many K/V blocks
 LOG2E = 1.4426950408889634
+SMEM_RESERVED = 1024      # shared memory the system reserves per CTA
+MAX_THREADS_PER_SM = 2048
 ALIGN = 256               # workspace pieces start on 256-byte boundaries
 COMBINE_ROWS = 4          # decode_combine: one warp per row, 4 warps per CTA
 APPEND_THREADS = 128
@@ -42,7 +44,9 @@ class DecodeConfig(KernelConfig):
     warp_n:   keys per warp per block (multiple of 16): each warp runs S = Q K_wᵀ, O += P V_w
     stages:   K/V blocks resident in shared memory (>= 2)
     m_tiles:  16-row tiles of packed query rows (nheads / nheads_kv · seqlen_q) per CTA (1, 2)
-    waves:    split rule: num_splits=0 aims at waves · SMs CTAs (not a kernel parameter)
+    split_cost: split rule (not a kernel parameter): the fixed cost of one split (its prologue,
+              its partial's write, its share of the combine) in K/V blocks, which
+              num_splits=0 weighs against wave quantization (``num_splits_for``)
     splits:   the number of splits a plan launches (0: the heuristic's, num_splits_for)
     head_dim: compile-time head dim (multiple of 16, <= 256)
     dtype:    "bf16" or "fp16"
@@ -53,7 +57,7 @@ class DecodeConfig(KernelConfig):
     warp_n: int
     stages: int
     m_tiles: int
-    waves: int
+    split_cost: int
     head_dim: int
     dtype: str
     causal: bool
@@ -74,7 +78,7 @@ class DecodeConfig(KernelConfig):
     def name(self) -> str:
         split = f"_x{self.splits}" if self.splits else ""
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
-                f"_m{self.m_tiles}_v{self.waves}{split}")
+                f"_m{self.m_tiles}_c{self.split_cost}{split}")
 
     @property
     def smem_bytes(self) -> int:
@@ -98,8 +102,8 @@ class DecodeConfig(KernelConfig):
             out.append(f"warp_n must be a positive multiple of 16, got {self.warp_n}")
         if self.m_tiles not in (1, 2):
             out.append(f"m_tiles must be 1 or 2, got {self.m_tiles}")
-        if self.waves < 1:
-            out.append(f"waves must be >= 1, got {self.waves}")
+        if self.split_cost < 0:
+            out.append(f"split_cost must be >= 0, got {self.split_cost}")
         if not 0 <= self.splits <= MAX_SPLITS:
             out.append(f"splits must be in 0..{MAX_SPLITS} (0: heuristic), got {self.splits}")
         if not out and self.accum_regs > MAX_ACCUM_REGS:
@@ -118,15 +122,34 @@ def row_blocks(config, problem: Problem) -> int:
     return max(1, -(-group * problem.seqlen_q // config.rows))
 
 
-def num_splits_for(config, problem: Problem, sm_count: int) -> int:
-    """The split count for num_splits=0, from shapes only: enough CTAs for `waves` CTAs per SM
-    over the cache's capacity, each split at least MIN_SPLIT_BLOCKS K/V blocks, at most 128."""
-    ctas = problem.batch * problem.nheads_kv * row_blocks(config, problem)
-    if ctas == 0:
+def ctas_per_sm(config, max_smem: int) -> int:
+    """Resident CTAs of ``config`` per SM: shared memory (each CTA also takes 1 KB the system
+    reserves; an SM has the per-block opt-in maximum plus that KB) and threads."""
+    by_smem = (max_smem + SMEM_RESERVED) // (config.smem_bytes + SMEM_RESERVED)
+    return max(1, min(by_smem, MAX_THREADS_PER_SM // config.threads))
+
+
+def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[int] = None) -> int:
+    """The split count for num_splits=0, from shapes only (never tensor values).
+
+    Time is modelled in K/V blocks of one CTA: with s splits the (batch, KV head, row block)
+    groups make groups·s CTAs, which run in ceil(groups·s / slots) waves (slots: SMs times
+    resident CTAs per SM), each wave as long as one split's blocks, ceil(blocks / s), plus the
+    split's fixed cost (``config.split_cost``). The s in 1..128 (each split at least
+    MIN_SPLIT_BLOCKS blocks) with the least time wins; ties go to fewer splits. Measured on
+    the H100 (decode sweep, results/<gpu>/decode_splits.json), a wave that is not whole costs
+    like a whole one: at batch 8 x 8 KV heads, 3 splits is 20% slower than 2 or 4."""
+    groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
+    if groups == 0:
         return 1
-    target = -(-config.waves * sm_count // ctas)
     blocks = -(-problem.seqlen_k // config.block_n)
-    return max(1, min(target, blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS))
+    slots = sm_count * ctas_per_sm(config, default_max_smem((9, 0)) if max_smem is None else max_smem)
+    best, best_time = 1, None
+    for s in range(1, max(1, min(blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS)) + 1):
+        time = -(-groups * s // slots) * (-(-blocks // s) + config.split_cost)
+        if best_time is None or time < best_time:
+            best, best_time = s, time
+    return best
 
 
 def _splits(config, problem: Problem, sm_count: int = 132) -> int:
@@ -136,10 +159,10 @@ def _splits(config, problem: Problem, sm_count: int = 132) -> int:
 class DecodeSplitKV(Family):
     name = "decode_splitkv"
     op = "decode"
-    version = 1
+    version = 2
     config_cls = DecodeConfig
     space = {"warps": (2, 4, 8), "warp_n": (16, 32), "stages": (2, 3, 4, 6), "m_tiles": (1, 2),
-             "waves": (1, 2, 4)}
+             "split_cost": (2, 4, 8)}
     fixed = {"splits": 0}
     params_struct = "DecodeParams"
     pointer_fields = ("q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos", "rotary_sin",
@@ -165,22 +188,24 @@ class DecodeSplitKV(Family):
         return f"{self.name} has no feature {other[0]!r}" if other else ""
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> DecodeConfig:
-        """Bandwidth first: 4 warps of 16 keys (64-key K/V blocks, one 16-key mma tile per warp,
-        so the O accumulator is all a thread keeps) and a 3-stage ring at d <= 128 (108 KB at
-        d 128: two CTAs per H100 SM, 209 KB of K/V in flight per SM, and one CTA's prologue and
-        merge hide under the other's stream); 2 stages above; shallower where shared memory is
-        small. Two row tiles
-        when the packed rows (group · seqlen_q) exceed 16 at head dims 64..128: above, the two
-        O accumulators crowd the register file; at d 48 ptxas (nvcc 13.0, sm_90a) spills 4 bytes
-        (d 16 and 32 would not, but decode models do not use them). waves = 2: num_splits=0
-        aims at two CTAs per SM."""
+        """Bandwidth first: 8 warps of 16 keys (128-key K/V blocks, one 16-key mma tile per warp,
+        so the O accumulator is all a thread keeps) and a 3-stage ring at d <= 128 (217 KB at
+        d 128: 209 KB of K/V in flight on each H100 SM); 2 stages above; fewer warps and stages
+        where shared memory is small. On the H100 (bf16, d 128, 32:8 heads) this set, with its
+        best split count, was the fastest or within 2% of it in every batch x context cell of
+        the decode sweep (results/<gpu>/decode_splits.json), against 4 warps with 3 or 4 stages,
+        2 warps, and 32-key warps. Two row tiles when the packed rows (group · seqlen_q) exceed
+        16 at head dims 64..128: above, the two O accumulators crowd the register file; at d 48
+        ptxas (nvcc 13.0, sm_90a) spills 4 bytes (d 16 and 32 would not, but decode models do
+        not use them). split_cost 4: the split rule's fixed cost per split, fitted to the same
+        sweep."""
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         group = problem.nheads // max(problem.nheads_kv, 1)
         m_tiles = 2 if group * problem.seqlen_q > 16 and 64 <= d <= 128 else 1
         stages = 3 if d <= 128 else 2
-        cfg = DecodeConfig(4, 16, stages, m_tiles, 2, d, problem.dtype, bool(problem.causal))
-        for shrink in ({}, {"stages": 2}, {"warps": 2, "stages": 2},
+        cfg = DecodeConfig(8, 16, stages, m_tiles, 4, d, problem.dtype, bool(problem.causal))
+        for shrink in ({}, {"stages": 2}, {"warps": 4, "stages": 2}, {"warps": 2, "stages": 2},
                        {"warps": 2, "stages": 2, "m_tiles": 1}):
             candidate = cfg.replace(**shrink)
             if not candidate.problems(max_smem):
@@ -209,9 +234,10 @@ class DecodeSplitKV(Family):
             out.append(LaunchSpec("combine", (-(-rows // COMBINE_ROWS),), 32 * COMBINE_ROWS, 0))
         return out
 
-    def split_count(self, config, problem: Problem, sm_count: int) -> int:
+    def split_count(self, config, problem: Problem, sm_count: int,
+                    max_smem: Optional[int] = None) -> int:
         """The splits num_splits=0 launches (shapes only; see num_splits_for)."""
-        return num_splits_for(config, problem, sm_count)
+        return num_splits_for(config, problem, sm_count, max_smem)
 
     def workspace(self, config, problem: Problem, strides: Optional[dict] = None) -> dict:
         p = problem
