@@ -61,10 +61,23 @@
 // 24 / 240 with 2, 32 / 160 with 3.
 //
 // Shared memory (base aligned to 1024 bytes, the period of the 128-byte swizzle; every tile is
-// stored as head_dim / 64 column chunks of rows x 64 elements, 128 bytes a row, swizzled as TMA
-// writes it and wgmma reads it):
+// stored as kChunks = ceil(head_dim / 64) column chunks of rows x 64 elements, 128 bytes a row,
+// swizzled as TMA writes it and wgmma reads it):
 //   q_smem [kChunks][BM][64], k_smem / v_smem [kStages][kChunks][BN][64], then the mbarriers
 //   (Q full, Q empty; K full, V full, K empty, V empty, kStages each).
+//
+// Head dim 96 (exact, not d128 with zeros): the shared-memory layout is d128's, two 64-column
+// chunks, the second one half used: TMA loads a full 64-column box into it and fills columns
+// 96..127 with zeros (past the tensor map's head dim; the box bytes, zeros included, are what
+// expect_tx counts). Only the compute shrinks: S = Q Kᵀ takes 96 / 16 = 6 k16 steps (chunk 0's
+// four, chunk 1's first two; no step reads the zero columns), O += P V is one wgmma with N = 96
+// (m64n96k16) whose B operand, V_j MN-major, spans chunk 0 and the first half of chunk 1: the
+// descriptor is d128's (LBO = one chunk, SBO = 8 rows), the instruction just stops at column 95.
+// O holds 96 columns of accumulators (48 registers per thread instead of 64), and the epilogue
+// stores only the real columns. Why not a 64-byte swizzle with three 32-column chunks (an exact
+// 192-byte row): it needs other tensor maps, descriptors and alignment than every other head
+// dim; d128's layout keeps one layout for the family at the cost of 64 bytes of shared memory
+// per row that hold zeros (d96 tiles are sized by the d128 shared-memory rule).
 // Layouts of the tensors: Sm90FwdParams in params_sm90.cuh.
 //
 // Template parameters (cuflash/families/sm90_fwd.py Sm90FwdConfig is the host-side mirror; it
@@ -76,8 +89,8 @@
 //   kPingpong  consumer warpgroups take turns with their GEMMs (needs 2 or 3 consumers)
 //   kPersistent the grid has one CTA per SM (the host sizes it); the code is the same for a
 //              CTA per tile, the flag only names the kernel for the host's launch
-//   kHeadDim   64, 128, 192 or 256 (the real head dim, params.head_dim, may be smaller: TMA fills
-//              the columns past it with zeros and the store skips them)
+//   kHeadDim   64, 96, 128, 192 or 256 (the real head dim, params.head_dim, may be smaller: TMA
+//              fills the columns past it with zeros and the store skips them)
 //   Elem       bf16 or fp16; accumulation in fp32
 //   kCausal    bottom-right aligned causal mask
 //   kWindow, kSoftcap, kAlibi  as in fa2_fwd.cu: sliding window (mask.cuh BandMask; K/V blocks
@@ -96,11 +109,12 @@ namespace cuflash {
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim>
 struct Sm90FwdShape {
     static constexpr int kThreads = (kConsumers + 1) * 128;
-    static constexpr int kChunks = kHeadDim / 64;           // 64-column (128-byte) swizzle atoms
+    // 64-column (128-byte) swizzle atoms; d96: two, the second half used (header)
+    static constexpr int kChunks = (kHeadDim + 63) / 64;
     static constexpr int kQChunkBytes = kBM * 128;          // one column chunk of Q_i
     static constexpr int kKVChunkBytes = kBN * 128;         // one column chunk of K_j (or V_j)
-    static constexpr int kQBytes = kBM * kHeadDim * 2;
-    static constexpr int kKVBytes = kBN * kHeadDim * 2;     // one K_j (or V_j) tile
+    static constexpr int kQBytes = kChunks * kQChunkBytes;  // Q_i as TMA delivers it, zeros included
+    static constexpr int kKVBytes = kChunks * kKVChunkBytes;  // one K_j (or V_j) tile
     static constexpr int kKOffset = kQBytes;
     static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
     static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
@@ -115,7 +129,8 @@ struct Sm90FwdShape {
     static_assert(kBM == 64 * kConsumers, "BM must be 64 * consumers: each consumer warpgroup owns 64 rows");
     static_assert(kBN % 16 == 0 && kBN >= 64 && kBN <= 192,
                   "BN must be a multiple of 16 in 64..192 (wgmma n, and P's k16 steps)");
-    static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "head dim must be 64, 128, 192 or 256 (whole 64-column swizzle chunks)");
+    static_assert((kHeadDim % 64 == 0 || kHeadDim == 96) && kHeadDim <= 256,
+                  "head dim must be 64, 96, 128, 192 or 256 (64-column swizzle chunks; d96 uses one and a half)");
     static_assert(kStages >= 2, "stages must be >= 2: the producer fills one slot while another is read");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the H100's 227 KB");
     static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
@@ -269,7 +284,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     u32 p_frag[1][kBN / 16][4];                            // P_{j-1} as 16-bit A fragments
     float alpha[1][2];                                     // O's rescale for block j, per row
 
-    // S_j = Q_i K_jᵀ (64 x BN per warpgroup, fp32): issued, not waited for.
+    // S_j = Q_i K_jᵀ (64 x BN per warpgroup, fp32): issued, not waited for. kHeadDim / 16 steps:
+    // d96 stops after chunk 1's second step, before its zero columns.
     auto issue_s = [&](int slot) {
         const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;  // descriptor address units
 #pragma unroll
@@ -281,7 +297,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         }
         wgmma_commit();
     };
-    // O += P_{j-1} V_{j-1}: issued, not waited for (keys 16kk..16kk+15: 16 rows of 128 B).
+    // O += P_{j-1} V_{j-1}: issued, not waited for (keys 16kk..16kk+15: 16 rows of 128 B). One
+    // wgmma with N = kHeadDim per k16 step; d96's reads chunk 0 and half of chunk 1 (header).
     auto issue_pv = [&](int slot) {
         const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;
 #pragma unroll

@@ -135,7 +135,7 @@ def test_good_config_and_name():
 
 
 @pytest.mark.parametrize("change,pattern", [
-    ({"head_dim": 96}, r"head_dim must be one of \(64, 128, 192, 256\), got 96"),
+    ({"head_dim": 80}, r"head_dim must be one of \(64, 96, 128, 192, 256\), got 80"),
     ({"consumers": 4, "BM": 256}, r"consumers must be 1, 2 or 3, got 4"),
     ({"BM": 64}, r"BM=64 must be 64 \* consumers = 128"),
     ({"BN": 72}, r"BN must be a multiple of 16 in 64\.\.192"),
@@ -174,10 +174,46 @@ def test_space():
     # without pingpong) for BN <= 128 (registers); d256 is held by smem and registers
     assert counts[64] == (9 * 2 * 3 + 5 * 2 * 2) * 2      # x persistent on / off
     assert counts[256] > 0 and counts[256] < counts[128] <= counts[64]
+    # d96 takes d128's shared memory but fewer registers (O: 48 per thread, not 64)
+    assert counts[128] < counts[96] < counts[64]
+
+
+def test_d96_is_exact_in_registers_and_d128_in_shared_memory():
+    d96 = GOOD.replace(head_dim=96)
+    assert d96.validate(227 * 1024) is d96
+    assert d96.name == "sm90fwd_bf16_d96_full_BM128_BN128_s2_c2_pp"
+    assert d96.kernel_name() == GOOD.kernel_name().replace(", 128, cuflash::bf16", ", 96, cuflash::bf16")
+    assert d96.smem_cols == 128 and GOOD.smem_cols == 128 and GOOD.replace(head_dim=64).smem_cols == 64
+    assert d96.smem_bytes == GOOD.smem_bytes                  # two 64-column chunks, as d128
+    assert d96.accum_regs == 48 + 64 and GOOD.accum_regs == 64 + 64
+    # the tile the d128 budget refuses with 3 consumers at BN 96 fits at d96 (48 + 48 = 96)
+    c3 = Sm90FwdConfig(192, 96, 2, 3, True, False, 96, "fp16", True)
+    assert c3.problems(227 * 1024) == [] and c3.replace(head_dim=128).problems(227 * 1024)
+    (why,) = c3.replace(BN=112).problems(227 * 1024)
+    assert "104 fp32 accumulator registers" in why
+    # the shared-memory rule is d128's: BN 192 with 3 stages fits neither
+    assert c3.replace(BM=128, consumers=2, BN=192, stages=3).problems(227 * 1024)
+    # every real head dim 65..96 runs on the d96 kernel, zero-filling the columns past it
+    for d in range(72, 97, 8):
+        p = problem(d)
+        cfg = FAM.heuristic(p, (9, 0))
+        assert cfg.head_dim == 96 and FAM.fits(cfg, p) == "" and choose(p, (9, 0))[0].name == "sm90_fwd"
+
+
+def test_d96_kernel_source():
+    """The kernel's rules admit head dim 96 (and only the compiled ones) and size d96's tiles by
+    whole 64-column chunks, so the TMA byte count (expect_tx) covers the zero-filled columns."""
+    src = (ROOT / "kernels_cu" / "sm90_fwd.cu").read_text()
+    assert "kChunks = (kHeadDim + 63) / 64" in src
+    assert "kQBytes = kChunks * kQChunkBytes" in src and "kKVBytes = kChunks * kKVChunkBytes" in src
+    assert "(kHeadDim % 64 == 0 || kHeadDim == 96)" in src
+    assert "Wgmma<kHeadDim, Elem>::template rs<1>" in src      # P V: one m64n96k16 per k16 step
 
 
 def test_head_dim_of_and_heuristic():
-    assert [FAM.head_dim_of(d) for d in (8, 64, 72, 128, 136, 192, 200, 256)] == [64, 64, 128, 128, 192, 192, 256, 256]
+    assert [FAM.head_dim_of(d) for d in (8, 64, 72, 96, 104, 128, 136, 192, 200, 256)] == \
+        [64, 64, 96, 96, 128, 128, 192, 192, 256, 256]
+    assert {FAM.head_dim_of(d) for d in range(65, 97)} == {96}
     for d, dtype, causal in itertools.product(range(8, 257, 8), DTYPES, (False, True)):
         p = problem(d, dtype, causal)
         cfg = FAM.heuristic(p, (9, 0))
@@ -188,6 +224,8 @@ def test_head_dim_of_and_heuristic():
     assert FAM.heuristic(problem(128)) == GOOD.replace(BN=176)
     assert FAM.heuristic(problem(64)).BN == 192
     assert FAM.heuristic(problem(192)).BN == 112
+    assert FAM.heuristic(problem(96)) == GOOD.replace(head_dim=96, BN=176)
+    assert FAM.heuristic(problem(80).replace(features=("window", "alibi"))).BN == 160
     # a smaller shared memory shrinks the tile
     assert FAM.heuristic(problem(128), max_smem=100 * 1024) == GOOD.replace(BN=64)
 
@@ -338,12 +376,19 @@ def serialized(report: PtxasReport) -> list:
     return [w for w in report.warnings if re.search(r"C75(1[0-5])\b", w) or "serialized" in w]
 
 
+FEATURE_SETS = (("window", "alibi"), ("softcap",), ("alibi", "softcap", "window"))
+
+
 def build_configs(full: bool) -> list:
-    """The heuristic for every head dim x dtype x mask, plus (full) every valid point."""
+    """The heuristic for every head dim x dtype x mask, d96's also with features (its window +
+    ALiBi BN is held to what does not spill), plus (full) every valid point."""
     out = []
     for d, dtype, causal in itertools.product(HEAD_DIMS, DTYPES, (False, True)):
         p = problem(d, dtype, causal)
         out.append(FAM.heuristic(p))
+        if d == 96:
+            out += [FAM.for_problem(FAM.heuristic(p.replace(features=f)), p.replace(features=f))
+                    for f in FEATURE_SETS]
         if full:
             out += FAM.valid(p, 227 * 1024)
     return list(dict.fromkeys(out))

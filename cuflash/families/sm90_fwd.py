@@ -14,10 +14,12 @@ softmax hides under the others' GEMMs. K and V have separate empty barriers, so 
 load starts as soon as S_j is done.
 
 Selection: ``priority = 1``, above fa2_fwd, so on sm_90 this family runs every forward it
-supports (every head dim up to 256: the kernels are compiled for 64, 128, 192 and 256 and smaller
-head dims zero-fill the missing columns by TMA); elsewhere fa2_fwd. Not implemented: a TMA
-store of O, FA3's d64 tile 192 x 192 (with 3 consumers the register budget caps BN at 128),
-clusters, FP8, and an exact head dim 96.
+supports (every head dim up to 256: the kernels are compiled for 64, 96, 128, 192 and 256 and
+smaller head dims zero-fill the missing columns by TMA); elsewhere fa2_fwd. Head dim 96 is exact
+in compute (6 k16 steps for S, an N = 96 wgmma for P V, 96 columns of O accumulators) and keeps
+d128's shared-memory layout (two 128-byte-swizzled chunks, the second half zeros): its tiles
+take d128's shared memory. Not implemented: a TMA store of O, FA3's d64 tile 192 x 192 (with
+3 consumers the register budget caps BN at 128), clusters, FP8.
 
 Host side: the kernel reads Q, K, V through TMA tensor maps (``cuTensorMapEncodeTiled``,
 called through ctypes on libcuda.so.1, loaded lazily: without a driver the family still
@@ -41,7 +43,7 @@ from ..features import feature_params, name_suffix, template_suffix
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
 from .fa2_fwd import check_head_dim, first_fitting, forward_sizes, strides3
 
-HEAD_DIMS = (64, 128, 192, 256)
+HEAD_DIMS = (64, 96, 128, 192, 256)
 MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
 # fp32 accumulator registers a consumer thread keeps live (O: head_dim / 2, S: BN / 2), by
 # consumer warpgroups (setmaxnreg budget 256 / 240 / 160 minus addresses, m, l, P fragments).
@@ -60,7 +62,7 @@ class Sm90FwdConfig(KernelConfig):
     pingpong:  the consumer warpgroups take turns issuing their GEMMs (needs consumers >= 2)
     persistent: one CTA per SM, each computing a strided share of the tiles (the producer loads
                the next tile while the consumers finish one); else one CTA per tile
-    head_dim:  64, 128, 192 or 256 (the compile-time head dim; smaller real ones are zero-filled)
+    head_dim:  64, 96, 128, 192 or 256 (the compile-time head dim; smaller real ones are zero-filled)
     dtype:     "bf16" or "fp16"
     causal:    bottom-right aligned causal mask, a compile-time flag
     window:    sliding window (kWindow; the bounds are run-time params)
@@ -96,14 +98,21 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_persist' if self.persistent else ''}{name_suffix(self)}")
 
     @property
+    def smem_cols(self) -> int:
+        """Columns a shared-memory tile row holds: whole 64-column swizzle chunks (d96: 128,
+        the last 32 zeros; the kernel's kChunks * 64)."""
+        return -(-self.head_dim // 64) * 64
+
+    @property
     def smem_bytes(self) -> int:
         """Q, stages x (K, V), the mbarriers (Q full and empty; K/V full and empty per slot),
         and 1024 bytes to align the base (as the kernel's Sm90FwdShape::kSmemBytes)."""
-        return (self.BM + 2 * self.stages * self.BN) * self.head_dim * 2 + 8 * (2 + 4 * self.stages) + 1024
+        return (self.BM + 2 * self.stages * self.BN) * self.smem_cols * 2 + 8 * (2 + 4 * self.stages) + 1024
 
     @property
     def accum_regs(self) -> int:
-        """fp32 accumulator registers per consumer thread: O (64 x head_dim) and S (64 x BN)."""
+        """fp32 accumulator registers per consumer thread: O (64 x head_dim) and S (64 x BN);
+        d96 holds 96 columns of O (48 registers), not d128's 128."""
         return (self.head_dim + self.BN) // 2
 
     def kernel_name(self) -> str:
@@ -238,21 +247,22 @@ class Sm90Forward(Family):
         return ""
 
     def head_dim_of(self, head_dim: int) -> int:
-        """64, 128, 192 or 256: the first compiled head dim >= the real one."""
+        """64, 96, 128, 192 or 256: the first compiled head dim >= the real one (65..96 -> 96)."""
         return next((d for d in HEAD_DIMS if d >= head_dim), HEAD_DIMS[-1])
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90FwdConfig:
         """Two consumer warpgroups (BM = 128) with pingpong, two stages, and the BN that
         measured best at 16k on the H100 (results/NVIDIA_H100_80GB_HBM3/logs, sm90_check):
         d64 192, d128 176 (FA3's d128 tile too), d256 80; d192 112 (FA3's d192 tile, not yet
-        measured here)."""
+        measured here); d96 176, as d128 (not yet measured: FA3's d96 tile, 192 x 144 with three
+        consumer warpgroups, exceeds the 3-consumer register budget here)."""
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
-        bn = {64: 192, 128: 176, 192: 112}.get(d, 80)
+        bn = {64: 192, 96: 176, 128: 176, 192: 112}.get(d, 80)
         if "window" in problem.features and "alibi" in problem.features:
             # both band bounds and the ALiBi distance per element: ptxas (nvcc 13.0) spills at
-            # BN 192 (d64) and 176 (d128), not at 160 / 144 (not measured for speed yet)
-            bn = {64: 160, 128: 144}.get(d, bn)
+            # BN 192 (d64), 176 (d96, d128), not at 160 / 160 / 144 (not measured for speed yet)
+            bn = {64: 160, 96: 160, 128: 144}.get(d, bn)
         cfg = Sm90FwdConfig(128, bn, 2, 2, True, False, d, problem.dtype, bool(problem.causal))
         return first_fitting(cfg, ({"BN": 64}, {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False}),
                              max_smem)
