@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 
 import cuflash
-from cuflash import api, launch, reference, torch_ops
+from cuflash import api, launch, reference, registry, torch_ops
 from cuflash.problem import Problem
 
 from conftest import SPACE_SHAPE, cuda_randn as rand, device_heuristic, grid_params, grid_problem  # noqa: E402
 from conftest import require_fits_device, space_params, torch_attention, torch_dtype  # noqa: E402
+from conftest import GPU_HEADS  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
@@ -317,3 +318,112 @@ def test_odd_head_dims_forward_and_backward(hdim):
         assert got.shape == want.shape
         err = (got.double() - want).abs().max().item()
         assert err < 0.05 * max(1.0, want.abs().max().item()), f"hdim {hdim} {name}: error {err:.3g}"
+
+
+# ---------------------------------------------------------------------------------------
+# sm90_fwd's exact head dim 96: real head dims 65..96 run on the d96 kernel (6 k16 steps for
+# S, one m64n96k16 per k16 step for P V, O of 96 columns; shared memory laid out as d128's).
+# `pytest -m gpu -k "sm90 and (d96 or d80)"` runs these with the grid's d96 tests.
+
+D96_SEQLENS = [(1, 1), (17, 17), (113, 203), (1023, 1024), (2049, 700), (300, 1), (1, 300)]
+# each id's real head dims: d96 itself, d80 for the zero-filled ones below it
+D96_REAL = {96: (96,), 80: (72, 80, 88)}
+# a few points of the d96 space (BM, BN, stages, consumers, pingpong, persistent): every
+# consumer count, pingpong on and off, 3 stages, persistent, BN from 64 to 192
+D96_POINTS = [(64, 128, 2, 1, False, False), (128, 192, 2, 2, True, False), (128, 64, 3, 2, False, True),
+              (128, 144, 2, 2, True, True), (192, 96, 2, 3, True, False), (192, 80, 3, 3, False, True)]
+
+
+def d96_params():
+    return [pytest.param(d, dtype, causal, id=f"sm90_fwd-d{d}-{dtype}-{'causal' if causal else 'full'}")
+            for d in D96_REAL for dtype in ("bf16", "fp16") for causal in (False, True)]
+
+
+def column_errors(out, q, k, v, causal, scale):
+    """Max error against float64 per column block (0..63, 64..): a wrong P V descriptor for
+    the half-used second chunk shows in the second block only, a wrong S in both (and LSE)."""
+    import torch
+
+    ref, _ = torch_attention(q, k, v, causal, scale, torch.float64)
+    err = (out.double() - ref).abs()
+    return {f"cols {lo}..{min(lo + 64, out.shape[-1]) - 1}": err[..., lo:lo + 64].max().item()
+            for lo in range(0, out.shape[-1], 64)}
+
+
+def check_d96(out, lse, q, k, v, causal, scale, what):
+    try:
+        check_forward(out, lse, q, k, v, causal, scale, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; per column block: {column_errors(out, q, k, v, causal, scale)}") from None
+
+
+@pytest.mark.parametrize("hdim,dtype,causal", d96_params())
+def test_sm90_d96_kernel(hdim, dtype, causal):
+    """sm90_fwd forced (its heuristic: the d96 kernel) on odd seqlens, s_q != s_k, MHA / GQA /
+    MQA; one kernel per dtype and mask. The same call on the d128 kernel (TMA zero fill) gives
+    the same bits: the d96 kernel only skips products with zero columns."""
+    import torch
+
+    fam = registry.get("sm90_fwd")
+    heads = list(GPU_HEADS)
+    for d in D96_REAL[hdim]:
+        for i, seqlens in enumerate(D96_SEQLENS):
+            problem = grid_problem("fwd", dtype, causal, d, seqlens, heads[i % len(heads)])
+            cfg = device_heuristic(fam, problem)
+            assert cfg.head_dim == 96, cfg.name
+            q, k, v = inputs(problem)
+            out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, config=cfg)
+            what = f"{cfg.name} d{d} {seqlens} {heads[i % len(heads)]}: "
+            check_d96(out, lse, q, k, v, causal, d ** -0.5, what)
+            if i in (2, 4):
+                d128 = cfg.replace(head_dim=128)
+                out128, lse128, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True,
+                                                            config=d128)
+                check_forward(out128, lse128, q, k, v, causal, d ** -0.5, f"{d128.name}: ")
+                assert torch.equal(lse, lse128), f"{what}LSE differs from the d128 kernel's"
+                assert torch.equal(out, out128), \
+                    f"{what}O differs from the d128 kernel's: {column_errors(out, q, k, v, causal, d ** -0.5)}"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("point", D96_POINTS, ids=lambda p: "BM{}_BN{}_s{}_c{}{}{}".format(
+    *p[:4], "_pp" if p[4] else "", "_persist" if p[5] else ""))
+def test_sm90_d96_space_points(point, causal):
+    """Points of the d96 space on the space test's ragged GQA shape (sm90_fwd-d96 in the id)."""
+    from cuflash.families.sm90_fwd import Sm90FwdConfig
+
+    cfg = Sm90FwdConfig(*point, head_dim=96, dtype="bf16", causal=causal)
+    require_fits_device(cfg)
+    s = SPACE_SHAPE
+    problem = Problem("fwd", "bf16", 2, s["seqlen_q"], s["seqlen_k"], s["nheads"], s["nheads_kv"], 96, causal)
+    q, k, v = inputs(problem)
+    out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, config=cfg)
+    check_d96(out, lse, q, k, v, causal, 96 ** -0.5, f"sm90_fwd-d96 {cfg.name}: ")
+
+
+@pytest.mark.parametrize("case", ["window", "causal_window", "softcap30", "alibi_bh_causal", "all"])
+def test_sm90_d96_features(case):
+    """Window, softcap and ALiBi on the d96 kernel (the checks of test_features_gpu.py)."""
+    import torch
+
+    from test_features_gpu import CASES, check_close, feature_attention, problem_of, slopes_for
+    from test_features_gpu import inputs as feature_inputs
+
+    fam = registry.get("sm90_fwd")
+    c = next(c for c in CASES if c[0] == case)
+    _, causal, window, softcap, alibi = c
+    for (sq, sk), heads in (((113, 1023), "gqa"), ((1023, 113), "mqa"), ((2049, 1023), "mha")):
+        q, k, v, _ = feature_inputs(2, sq, sk, heads, 96, "bf16")
+        slopes = slopes_for(alibi, 2, q.shape[2])
+        cfg = device_heuristic(fam, problem_of("fwd", q, k, c))
+        assert cfg.head_dim == 96, cfg.name
+        out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                              alibi_slopes=slopes, config=cfg, return_attn_probs=True)
+        ref, ref_lse = feature_attention(q, k, v, 96 ** -0.5, causal, window, softcap, slopes, torch.float64)
+        low, _ = feature_attention(q, k, v, 96 ** -0.5, causal, window, softcap, slopes, q.dtype)
+        what = f"sm90_fwd-d96 {cfg.name} {sq}x{sk} {heads}"
+        check_close(out, ref, low, 2, what)
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse), finite), f"{what}: LSE = +inf rows differ"
+        if finite.any():
+            assert (lse[finite].double() - ref_lse[finite]).abs().max().item() < 1e-2, f"{what}: LSE"
