@@ -78,6 +78,7 @@
 // 192-byte row): it needs other tensor maps, descriptors and alignment than every other head
 // dim; d128's layout keeps one layout for the family at the cost of 64 bytes of shared memory
 // per row that hold zeros (d96 tiles are sized by the d128 shared-memory rule).
+//
 // Layouts of the tensors: Sm90FwdParams in params_sm90.cuh.
 //
 // Template parameters (cuflash/families/sm90_fwd.py Sm90FwdConfig is the host-side mirror; it
