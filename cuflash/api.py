@@ -676,7 +676,7 @@ def _dropout_func(q, k, v, tq: _Tensor, tk: _Tensor, problem: Problem, scale: fl
             probs = torch.zeros((b, h, sq, sk), dtype=torch.float32, device=q.device)
             return (out, lse, probs) if return_attn_probs else out
         rng = None if dropout_seed is None else torch_ops.rng_state_of(dropout_seed, q.device)
-        if rng is dropout_seed:  # the caller's state tensor: autograd's backward regenerates the
+        if rng is not None and rng is dropout_seed:  # the caller's state tensor: autograd's backward regenerates the
             rng = rng.clone()    # forward's mask from it, so a later in-place update must not reach it
         out, lse, rng = torch_ops.dropout_attention(q, k, v, problem, scale, rng, config, bwd_config)
         if not return_attn_probs:
