@@ -89,22 +89,13 @@ struct RowKeys {
 // Element offsets of cache position `pos` of batch row b in k_cache and v_cache (head 0).
 // Paged: the page id from block_table, clamped to the cache's pages; else the cache row
 // cache_batch_idx[b] (default b), clamped to the cache's rows.
-// The page holding cache position `pos` of batch row b: block_table's id, clamped to the pages.
-__device__ __forceinline__ int page_of(const DecodeParams& p, int b, int pos) {
-    const int page = p.block_table[b * p.block_table_stride + pos / p.page_size];
-    return min(max(page, 0), p.num_pages - 1);
-}
-
-// Element offsets of position `pos` (held by `page`) in k_cache and v_cache (head 0).
-__device__ __forceinline__ void paged_offsets(const DecodeParams& p, int page, int pos, i64& k_off, i64& v_off) {
-    const int row = pos % p.page_size;
-    k_off = page * p.k_batch_stride + row * p.k_row_stride;
-    v_off = page * p.v_batch_stride + row * p.v_row_stride;
-}
-
 __device__ __forceinline__ void cache_offsets(const DecodeParams& p, int b, int pos, i64& k_off, i64& v_off) {
     if (p.block_table) {
-        paged_offsets(p, page_of(p, b, pos), pos, k_off, v_off);
+        int page = p.block_table[b * p.block_table_stride + pos / p.page_size];
+        page = min(max(page, 0), p.num_pages - 1);
+        const int row = pos % p.page_size;
+        k_off = page * p.k_batch_stride + row * p.k_row_stride;
+        v_off = page * p.v_batch_stride + row * p.v_row_stride;
     } else {
         int row_b = p.cache_batch_idx ? p.cache_batch_idx[b] : b;
         row_b = min(max(row_b, 0), p.num_pages - 1);
@@ -250,18 +241,6 @@ decode_splitkv(const DecodeParams p) {
         const bool whole = key0 + kBlockN <= keys && p.head_dim >= kHeadDim;
         const u32 k_dst = smem_u32(k_smem + slot * Shape::kKVTile + ld_row * kPitch + ld_col);
         const u32 v_dst = smem_u32(v_smem + slot * Shape::kKVTile + ld_row * kPitch + ld_col);
-        // Paged: every pass's page id first, then the copies. cp.async's memory clobber orders
-        // each later load after it, so a block_table read between two copies would wait out
-        // a memory round trip before the next copy issued (page 16: 8 such waits per block).
-        constexpr int kPasses = (kBlockN + kRowsPerPass - 1) / kRowsPerPass;
-        int page[kPasses];
-        if (p.block_table) {
-#pragma unroll
-            for (int pass = 0; pass < kPasses; ++pass) {
-                const int j = key0 + ld_row + pass * kRowsPerPass;
-                page[pass] = (whole || j < keys) ? page_of(p, b, rk.start + j) : 0;
-            }
-        }
 #pragma unroll
         for (int pass = 0; pass * kRowsPerPass < kBlockN; ++pass) {
             const int row = ld_row + pass * kRowsPerPass;
@@ -271,7 +250,7 @@ decode_splitkv(const DecodeParams p) {
             i64 k_off = 0, v_off = 0;
             if (valid) {
                 if (p.block_table) {
-                    paged_offsets(p, page[pass], rk.start + j, k_off, v_off);
+                    cache_offsets(p, b, rk.start + j, k_off, v_off);
                 } else {
                     k_off = k_row0 + static_cast<i64>(rk.start + j) * p.k_row_stride;
                     v_off = v_row0 + static_cast<i64>(rk.start + j) * p.v_row_stride;
