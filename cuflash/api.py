@@ -494,11 +494,13 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     return (out, lse, None) if return_attn_probs else out
 
 
-_FP8_OF: dict = {}  # dtype -> is it e4m3 (str() of a NumPy dtype costs ~2 µs per call)
+_FP8_OF: dict = {}  # NumPy dtype -> is it e4m3 (str() of a NumPy dtype costs ~2 µs per call)
 
 
 def _is_fp8(x) -> bool:
     dtype = getattr(x, "dtype", "")
+    if not isinstance(dtype, np.dtype):  # torch dtypes (str is cheap; torch.compile traces it)
+        return str(dtype).endswith("float8_e4m3fn")
     try:
         return _FP8_OF[dtype]
     except (KeyError, TypeError):  # a first sight, or an unhashable dtype attribute
