@@ -116,6 +116,11 @@ struct Sm90FwdShape {
     static constexpr int kKVChunkBytes = kBN * 128;         // one column chunk of K_j (or V_j)
     static constexpr int kQBytes = kChunks * kQChunkBytes;  // Q_i as TMA delivers it, zeros included
     static constexpr int kKVBytes = kChunks * kKVChunkBytes;  // one K_j (or V_j) tile
+    // O's columns: the N of the P V wgmma and of the accumulators. The head dim (d96: 96, V's
+    // B operand reading one and a half swizzle atoms; kChunks * 64 would run d96's P V as d128's,
+    // S still exact, should the N = 96 read of V ever prove wrong on a GPU; the host's
+    // accum_regs would then count 64 O registers).
+    static constexpr int kOCols = kHeadDim;
     static constexpr int kKOffset = kQBytes;
     static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
     static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
@@ -131,7 +136,7 @@ struct Sm90FwdShape {
     static_assert(kBN % 16 == 0 && kBN >= 64 && kBN <= 192,
                   "BN must be a multiple of 16 in 64..192 (wgmma n, and P's k16 steps)");
     static_assert((kHeadDim % 64 == 0 || kHeadDim == 96) && kHeadDim <= 256,
-                  "head dim must be 64, 96, 128, 192 or 256 (64-column swizzle chunks; d96 uses one and a half)");
+                  "head dim must be 64, 96, 128, 192 or 256 (64-column swizzle chunks; d96: one and a half)");
     static_assert(kStages >= 2, "stages must be >= 2: the producer fills one slot while another is read");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the H100's 227 KB");
     static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
@@ -273,13 +278,15 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     const u64 v_desc = smem_desc_sw128(v_smem, Shape::kKVChunkBytes, 1024);
     const Pingpong<kPingpong, kConsumers> turn(wg);
 
-    // O: 64 x head_dim per warpgroup, 16 rows per warp, fp32. Thread (g, t) of a warp holds
-    // rows warp_row0 + g + 8·half; [0][nt][2·half + e] is column 8·nt + 2t + e (per warp the
-    // wgmma accumulator layout is mma.sync's, so softmax.cuh and mask.cuh apply unchanged).
-    float o_acc[1][kHeadDim / 8][4];
+    // O: 64 x kOCols (the head dim) per warpgroup, 16 rows per warp, fp32. Thread (g, t) of a
+    // warp holds rows warp_row0 + g + 8·half; [0][nt][2·half + e] is column 8·nt + 2t + e (per
+    // warp the wgmma accumulator layout is mma.sync's, so softmax.cuh and mask.cuh apply
+    // unchanged).
+    constexpr int kOCols = Shape::kOCols;
+    float o_acc[1][kOCols / 8][4];
     float m[1][2];  // running row max of the raw scores S (not yet scaled)
     float l[1][2];  // running row sum of P, this thread's columns only
-    float (&o_flat)[kHeadDim / 2] = reinterpret_cast<float (&)[kHeadDim / 2]>(o_acc);
+    float (&o_flat)[kOCols / 2] = reinterpret_cast<float (&)[kOCols / 2]>(o_acc);
     float s_acc[1][kBN / 8][4];                            // S_j (64 x BN), then P_j (fp32)
     float (&s_flat)[kBN / 2] = reinterpret_cast<float (&)[kBN / 2]>(s_acc);
     u32 p_frag[1][kBN / 16][4];                            // P_{j-1} as 16-bit A fragments
@@ -299,13 +306,13 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         wgmma_commit();
     };
     // O += P_{j-1} V_{j-1}: issued, not waited for (keys 16kk..16kk+15: 16 rows of 128 B). One
-    // wgmma with N = kHeadDim per k16 step; d96's reads chunk 0 and half of chunk 1 (header).
+    // wgmma with N = kOCols per k16 step; d96's reads chunk 0 and half of chunk 1 (header).
     auto issue_pv = [&](int slot) {
         const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;
 #pragma unroll
         for (int kk = 0; kk < kBN / 16; ++kk)
-            Wgmma<kHeadDim, Elem>::template rs<1>(o_flat, p_frag[0][kk],
-                                                 v_desc + slot_off + (u64(kk * 16 * 128) >> 4), 1);
+            Wgmma<kOCols, Elem>::template rs<1>(o_flat, p_frag[0][kk],
+                                               v_desc + slot_off + (u64(kk * 16 * 128) >> 4), 1);
         wgmma_commit();
     };
 
@@ -319,7 +326,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                                                p.alibi_batch_stride, at.batch, at.head,
                                                p.softmax_scale, p.seqlen_q, p.seqlen_k);
 #pragma unroll
-        for (int nt = 0; nt < kHeadDim / 8; ++nt)
+        for (int nt = 0; nt < kOCols / 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) o_acc[0][nt][e] = 0.f;
         softmax_init(m, l);
@@ -410,7 +417,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             if (r < p.seqlen_q) {
                 u16* o_row = o_gmem + r * p.o_row_stride;
 #pragma unroll
-                for (int nt = 0; nt < kHeadDim / 8; ++nt) {
+                for (int nt = 0; nt < kOCols / 8; ++nt) {
                     const int col = nt * 8 + 2 * t;
                     if (col < p.head_dim)
                         *reinterpret_cast<u32*>(o_row + col) =

@@ -207,7 +207,8 @@ def test_d96_kernel_source():
     assert "kChunks = (kHeadDim + 63) / 64" in src
     assert "kQBytes = kChunks * kQChunkBytes" in src and "kKVBytes = kChunks * kKVChunkBytes" in src
     assert "(kHeadDim % 64 == 0 || kHeadDim == 96)" in src
-    assert "Wgmma<kHeadDim, Elem>::template rs<1>" in src      # P V: one m64n96k16 per k16 step
+    assert "static constexpr int kOCols = kHeadDim;" in src     # O's columns: exactly the head dim
+    assert "Wgmma<kOCols, Elem>::template rs<1>" in src        # P V: one m64n96k16 per k16 step
 
 
 def test_head_dim_of_and_heuristic():
