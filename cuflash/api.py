@@ -855,7 +855,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                            causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
                            alibi_slopes=None, deterministic: bool = False,
-                           return_attn_probs: bool = False, block_table=None):
+                           return_attn_probs: bool = False, block_table=None, *,
+                           dropout_seed=None):
     """Attention over a batch of sequences of different lengths, packed without padding.
 
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_kv, headdim); sequence i is rows
@@ -864,14 +865,20 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     bottom-right aligned per sequence. Other arguments as flash_attn_func.
 
     Returns out (total_q, nheads, headdim), or (out, softmax_lse, S_dmask): softmax_lse fp32
-    (nheads, total_q); S_dmask None without dropout, else the keep mask (bool,
-    (batch, nheads, max_seqlen_q, max_seqlen_k), sequence i in its top-left corner).
+    (nheads, total_q); S_dmask None without dropout, else on torch CPU the keep mask (bool,
+    (batch, nheads, max_seqlen_q, max_seqlen_k), sequence i in its top-left corner), on the
+    GPU flash-attn's probabilities with the dropped entries negated, fp32, same shape and
+    corners (computed on the side for testing, as flash_attn_func's).
 
     torch CPU tensors run the float64 reference (autograd). GPU inputs run the varlen kernels
     (fa2_fwd / fa2_bwd built with varlen; torch: autograd, torch.compile, CUDA graphs; CuPy on
-    the current stream; NumPy copied to the GPU); window, softcap, ALiBi and dropout with varlen
-    raise cuflash.api.UnsupportedFeature on the GPU. cu_seqlens values are checked (a
-    device-to-host read) except while torch.compile traces or a CUDA graph is captured.
+    the current stream; NumPy copied to the GPU), with window, softcap, ALiBi (slopes (nheads,)
+    or (batch, nheads), row i of the sequence's index) or dropout too. Dropout's keep mask of
+    sequence i is that of the dense call of it alone at batch index i (cuflash/dropout.py);
+    its RNG state as flash_attn_func's (dropout_seed: required for CuPy / NumPy, optional for
+    torch). Dropout with window / softcap / ALiBi raises cuflash.api.UnsupportedFeature on the
+    GPU (as flash_attn_func). cu_seqlens values are checked (a device-to-host read) except
+    while torch.compile traces or a CUDA graph is captured.
     block_table (paged KV) is not implemented.
     """
     if block_table is not None:
@@ -892,9 +899,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                               features=feats.features)
     if nseq > GRID_LIMIT:
         raise ValueError(f"cu_seqlens_q: batch ({nseq}) must be <= {GRID_LIMIT} (CUDA grid limit)")
+    if dropout_seed is not None:
+        check_dropout_seed(dropout_seed, q)
     if not _is_torch_cpu(tq):
-        if feats.features != ("varlen",):  # window, softcap, ALiBi, dropout: not in the kernels
-            raise_unsupported(problem, feats.given)
+        if feats.features != ("varlen",):  # window, softcap, ALiBi, dropout
+            return _varlen_features_gpu(q, k, v, tq, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale,
+                                        feats, problem, deterministic, return_attn_probs,
+                                        dropout_seed)
         out, lse = _varlen_gpu(q, k, v, tq, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale,
                                feats.causal, deterministic)
         return (out, lse, None) if return_attn_probs else out
@@ -937,13 +948,18 @@ def _varlen_gpu(q, k, v, tq: _Tensor, cu_seqlens_q, cu_seqlens_k, max_q: int, ma
 
 def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
                                max_seqlen_q, max_seqlen_k, softmax_scale: Optional[float] = None,
-                               causal: bool = False, deterministic: bool = False):
+                               causal: bool = False, deterministic: bool = False, *,
+                               window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                               dropout_p: float = 0.0, dropout_seed=None):
     """Gradients (dq, dk, dv) of flash_attn_varlen_func's output (CuPy arrays or torch CUDA
     tensors; torch autograd calls the same kernels). out and softmax_lse ((nheads, total_q)
-    fp32) are what flash_attn_varlen_func(..., return_attn_probs=True) returned."""
+    fp32) are what flash_attn_varlen_func(..., return_attn_probs=True) returned.
+    window_size, softcap, alibi_slopes, dropout_p: the forward's; dropout_seed (required with
+    dropout_p > 0): the forward's, an int, a pair (seed, offset), or for torch an int64 (2,)
+    state tensor on q's device."""
     for name, x in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)):
         _check_varlen_tensor(name, x)
-    tq, tk, tv, scale, _ = check_qkv(q[None], k[None], v[None], softmax_scale, causal)
+    tq, tk, tv, scale, problem = check_qkv(q[None], k[None], v[None], softmax_scale, causal)
     total_q, nheads, total_k = tq.shape[1], tq.shape[2], tk.shape[1]
     tdo, to = check_bwd_tensors(tq, dout[None], out[None], _lse_as_batched(softmax_lse, tq))
     cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq, total_q)
@@ -951,6 +967,19 @@ def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu
     cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, tq, total_k, nseq)
     max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q)
     max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k)
+    if dropout_p or softcap or alibi_slopes is not None or check_window(window_size) != (-1, -1):
+        feats = check_features(tq, dropout_p, window_size, softcap, alibi_slopes, causal, nseq, nheads)
+        causal = feats.causal
+        if feats.features:
+            if tq.kind == "numpy" or _is_torch_cpu(tq):
+                raise TypeError("flash_attn_varlen_backward takes CuPy arrays or torch CUDA tensors; "
+                                "for NumPy use cuflash.reference.attention_backward_varlen_naive")
+            feats.features = tuple(sorted(feats.features + ("varlen",)))
+            problem = feature_problem(problem.replace(op="bwd", batch=nseq, seqlen_q=max_q,
+                                                      seqlen_k=max_k, deterministic=bool(deterministic)),
+                                      feats).replace(dropout_p=feats.dropout_p)
+            return _varlen_features_backward(dout, q, k, v, out, softmax_lse, tq, cu_seqlens_q,
+                                             cu_seqlens_k, problem, scale, feats, dropout_seed)
     if tq.kind == "numpy" or _is_torch_cpu(tq):
         raise TypeError("flash_attn_varlen_backward takes CuPy arrays or torch CUDA tensors; for "
                         "NumPy use cuflash.reference.attention_backward_varlen_naive")
@@ -970,6 +999,100 @@ def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu
         return tuple(slice_head_dim(g, d) for g in grads)
     return varlen.backward_cupy(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_q,
                                 max_k, scale, causal, deterministic)
+
+
+def _varlen_features_gpu(q, k, v, tq: _Tensor, cu_seqlens_q, cu_seqlens_k, max_q: int, max_k: int,
+                         scale: float, feats: FeatureArgs, problem: Problem, deterministic: bool,
+                         return_attn_probs: bool, dropout_seed):
+    """flash_attn_varlen_func with window / softcap / ALiBi / dropout on GPU inputs (validated):
+    the varlen kernels with the feature flags (cuflash.varlen, cuflash.varlen_torch)."""
+    from . import varlen
+
+    problem = feature_problem(problem, feats).replace(dropout_p=feats.dropout_p)
+    if not gpu_supported(problem):  # e.g. dropout with window / softcap / ALiBi
+        raise_unsupported(problem, feats.given)
+    if tq.kind == "torch":
+        from . import varlen_torch
+
+        out, lse, rng = varlen_torch.attention_features(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q,
+                                                        max_k, scale, feats, deterministic,
+                                                        dropout_seed)
+        if not return_attn_probs:
+            return out
+        probs = None if rng is None else varlen_torch.dropout_probs(
+            q, k, lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, feats.causal,
+            feats.dropout_p, rng)
+        return out, lse, probs
+    seed_offset = None
+    if feats.dropout_p:
+        if dropout_seed is None:
+            raise ValueError(f"dropout_seed: {tq.kind} inputs with dropout_p > 0 need an explicit "
+                             "dropout_seed (an int, or a pair (seed, offset) of ints), the same one "
+                             "for flash_attn_varlen_backward")
+        seed_offset = check_dropout_seed(dropout_seed)
+    d = tq.shape[3]
+    padded = padded_head_dim(d)
+    xs = (q, k, v) if padded == d else tuple(pad_head_dim(x, padded) for x in (q, k, v))
+    run = problem.replace(head_dim=padded)
+    total_q, nheads = tq.shape[1], tq.shape[2]
+    if tq.kind == "numpy":
+        if total_q == 0 or nheads == 0 or max_q == 0 or k.shape[0] == 0 or max_k == 0:
+            out, lse = np.zeros(q.shape, q.dtype), np.full((nheads, total_q), np.inf, np.float32)
+        else:
+            _gpu.require("flash_attn_varlen_func")
+            out, lse = varlen.forward_numpy_features(*xs, cu_seqlens_q, cu_seqlens_k, run, scale,
+                                                     feats.alibi_slopes, seed_offset)
+            out = out if padded == d else np.ascontiguousarray(out[..., :d])
+    else:
+        out, lse = varlen.forward_cupy_features(*xs, cu_seqlens_q, cu_seqlens_k, run, scale,
+                                                feats.alibi_slopes, seed_offset)
+        out = out if padded == d else slice_head_dim(out, d)
+    if not return_attn_probs:
+        return out
+    probs = None
+    if seed_offset is not None:
+        from .dropout import varlen_dropout_probs_host
+
+        probs = varlen_dropout_probs_host(_host16(q), _host16(k), _host_f32(lse),
+                                          _host_ints(cu_seqlens_q, tq.kind),
+                                          _host_ints(cu_seqlens_k, tq.kind), max_q, max_k,
+                                          problem.dtype, scale, feats.causal, feats.dropout_p,
+                                          *seed_offset)
+        probs = probs if tq.kind == "numpy" else _cupy().asarray(probs)
+    return out, lse, probs
+
+
+def _varlen_features_backward(dout, q, k, v, out, lse, tq: _Tensor, cu_seqlens_q, cu_seqlens_k,
+                              problem: Problem, scale: float, feats: FeatureArgs, dropout_seed):
+    """flash_attn_varlen_backward with features (validated; GPU inputs)."""
+    if not gpu_supported(problem):
+        raise_unsupported(problem, feats.given)
+    seed_offset = rng = None
+    if feats.dropout_p:
+        if dropout_seed is None:
+            raise ValueError("dropout_seed: flash_attn_varlen_backward with dropout_p > 0 needs the "
+                             "forward's dropout_seed")
+        seed_offset = check_dropout_seed(dropout_seed, q)
+    window = tuple(int(w) for w in feats.window_size)
+    if tq.kind == "torch":
+        from . import torch_ops, varlen_torch
+
+        if feats.dropout_p:
+            rng = torch_ops.rng_state_of(dropout_seed, q.device)
+        return varlen_torch.backward_features(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                              problem.seqlen_q, problem.seqlen_k, scale, feats.causal,
+                                              problem.deterministic, feats.alibi_slopes, window,
+                                              feats.softcap, feats.dropout_p, rng)
+    from . import varlen
+
+    d = tq.shape[3]
+    padded = padded_head_dim(d)
+    xs = (dout, q, k, v, out) if padded == d else tuple(pad_head_dim(x, padded)
+                                                          for x in (dout, q, k, v, out))
+    grads = varlen.backward_cupy_features(*xs, lse, cu_seqlens_q, cu_seqlens_k,
+                                          problem.replace(head_dim=padded), scale, feats.alibi_slopes,
+                                          seed_offset)
+    return grads if padded == d else tuple(slice_head_dim(g, d) for g in grads)
 
 
 def _lse_as_batched(lse, tq: _Tensor):
