@@ -189,7 +189,8 @@ _on_change_features()
 
 def features_problem(op: str, dtype: str, nseq: int, max_q: int, max_k: int, nheads: int,
                      nheads_kv: int, head_dim: int, causal: bool, window=(-1, -1), softcap: float = 0.0,
-                     alibi_batched=None, dropout_p: float = 0.0, deterministic: bool = False) -> Problem:
+                     alibi_batched=None, dropout_p: float = 0.0, deterministic: bool = False,
+                     paged: bool = False) -> Problem:
     """The Problem of a varlen call with features, from normalized values (cuflash.api's
     check_features): window (left, right) with -1 unbounded ((-1, -1): none), softcap 0: none,
     alibi_batched None: no ALiBi, else whether the slopes are (batch, nheads); dropout_p 0: none."""
@@ -203,6 +204,8 @@ def features_problem(op: str, dtype: str, nseq: int, max_q: int, max_k: int, nhe
         feats.append("alibi")
     if dropout_p:
         feats.append("dropout")
+    if paged:  # block_table: a paged K/V cache (fa2_fwd_paged)
+        feats.append("paged")
     return Problem(op, dtype, int(nseq), int(max_q), int(max_k), int(nheads), int(nheads_kv),
                    int(head_dim), bool(causal), bool(deterministic), tuple(sorted(feats)),
                    float(dropout_p), window, float(softcap), bool(alibi_batched))
@@ -225,14 +228,17 @@ def feature_plan(problem: Problem, totals: tuple, strides: dict, scale: float, d
 
 
 def run_features(plan, ptrs: tuple, workspace_ptr: int, stream: int, cu_q: int, cu_k: int,
-                 slopes: int = 0, rng: int = 0) -> None:
+                 slopes: int = 0, rng: int = 0, block_table: int = 0) -> None:
     """Launch a feature plan: the tensors' addresses, then the per-call fields (cu_seqlens,
-    the ALiBi slopes, dropout's (seed, offset) state), reset after the launch."""
+    the ALiBi slopes, dropout's (seed, offset) state, a paged cache's block table), reset
+    after the launch."""
     extra = (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k))
     if slopes:
         extra += (("alibi_slopes", slopes),)
     if rng:
         extra += (("rng_state", rng),)
+    if block_table:
+        extra += (("block_table", block_table),)
     plan.run_with(ptrs, workspace_ptr, stream, extra)
 
 
@@ -323,3 +329,83 @@ def forward_numpy_features(q, k, v, cu_q, cu_k, problem: Problem, scale: float, 
     ds = None if slopes is None else cupy.asarray(np.ascontiguousarray(slopes, np.float32))
     out, lse = forward_cupy_features(dq, dk, dv, cq, ck, problem, scale, ds, seed_offset, config)
     return cupy.asnumpy(out).view(q.dtype), cupy.asnumpy(lse)
+
+
+# ---------------------------------------------------------------------------------------
+# paged K/V cache (flash_attn_varlen_func with block_table; fa2_fwd_paged, forward only):
+# k, v (num_pages, page_block_size, nheads_kv, head_dim), block_table int32 (batch, max_pages),
+# cu_seqlens_k the cumulative numbers of keys of the sequences.
+
+def paged_plan(problem: Problem, total_q: int, q_strides: tuple, k_strides: tuple, v_strides: tuple,
+               paged: tuple, scale: float, device: int, config=None):
+    """The cached launch plan of a paged call: q (and out) 3-D strides, k / v 4-D cache strides,
+    paged = (page_block_size, num_pages, block table columns, block table row stride)."""
+    key = ("paged", problem, int(total_q), tuple(q_strides), tuple(k_strides), tuple(v_strides),
+           tuple(paged), scale, device, config)
+    plan = _feature_plans.get(key)
+    if plan is None:
+        from .api import make_plan
+
+        strides = {"q": strides4(q_strides), "o": strides4(q_strides), "k": tuple(int(x) for x in k_strides),
+                   "v": tuple(int(x) for x in v_strides), "totals": (int(total_q), 0),
+                   "paged": tuple(int(x) for x in paged)}
+        plan = _feature_plans[key] = make_plan(problem, strides, scale, device, config)
+    return plan
+
+
+def _cache_strides(x) -> tuple:
+    item = x.dtype.itemsize
+    return tuple(int(s) // item for s in x.strides)
+
+
+def forward_cupy_paged(q, k, v, cu_q, cu_k, block_table, problem: Problem, scale: float,
+                       slopes=None, config=None):
+    """(out, lse) of a validated paged call on CuPy arrays (any 16-bit dtype), current stream;
+    head dim a multiple of 8 (problem.head_dim); q contiguous (a copy is made otherwise)."""
+    cupy = _cupy()
+    total_q, nheads, _ = q.shape
+    with cupy.cuda.Device(q.device.id):
+        out = cupy.empty(q.shape, q.dtype)
+        lse = cupy.empty((nheads, total_q), cupy.float32)
+        if total_q == 0 or nheads == 0 or problem.seqlen_q == 0:
+            return out, lse
+        if problem.seqlen_k == 0:
+            out.view(cupy.uint16).fill(0)
+            lse.fill(math.inf)
+            return out, lse
+        from . import api
+
+        q = cupy.ascontiguousarray(q)
+        cu_q, cu_k = cupy.ascontiguousarray(cu_q), cupy.ascontiguousarray(cu_k)
+        table = cupy.ascontiguousarray(block_table)
+        paged = (k.shape[1], k.shape[0], table.shape[1], table.shape[1])
+        plan = paged_plan(problem, total_q, contiguous3(q.shape), _cache_strides(k), _cache_strides(v),
+                          paged, scale, q.device.id, config)
+        slopes = None if slopes is None else cupy.ascontiguousarray(slopes)
+        if api.POISON_OUTPUTS:
+            out.view(cupy.uint16).fill(0x7FFF)
+            lse.fill(np.nan)
+        run_features(plan, (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr), 0,
+                     cupy.cuda.get_current_stream().ptr, cu_q.data.ptr, cu_k.data.ptr,
+                     0 if slopes is None else slopes.data.ptr, 0, table.data.ptr)
+    return out, lse
+
+
+def gather_paged(cache, block_table, lens_k, xp=np):
+    """The packed (total_k, nheads_kv, head_dim) keys (or values) of a paged cache: sequence b's
+    lens_k[b] rows, key j from row j % page_block_size of page block_table[b, j //
+    page_block_size] (the kernels' addressing; the reference and the CPU path use it).
+    ``xp``: numpy or torch (host arrays / tensors, indexed alike)."""
+    page = int(cache.shape[1])
+    rows = []
+    for b, n in enumerate(int(x) for x in lens_k):
+        j = np.arange(n)
+        pages = np.asarray(block_table[b])[j // page] if n else np.zeros(0, np.int64)
+        rows.append((np.asarray(pages, np.int64), j % page))
+    pages = np.concatenate([r[0] for r in rows]) if rows else np.zeros(0, np.int64)
+    within = np.concatenate([r[1] for r in rows]) if rows else np.zeros(0, np.int64)
+    if xp is np:
+        return cache[pages, within]
+    import torch
+
+    return cache[torch.as_tensor(pages), torch.as_tensor(within)]

@@ -399,3 +399,87 @@ def dropout_probs(q, k, lse, cu_q, cu_k, max_q: int, max_k: int, scale: float, c
                                       cu_q.cpu().numpy(), cu_k.cpu().numpy(), int(max_q), int(max_k),
                                       _DTYPES[q.dtype], scale, causal, dropout_p, seed, offset)
     return torch.from_numpy(probs).to(q.device)
+
+
+# ---------------------------------------------------------------------------------------
+# paged K/V cache (block_table): forward only, eager (and CUDA graphs: launches by address on
+# the current stream); a backward through it raises NotImplementedError naming block_table
+
+def _ready_cache(x):
+    """A (num_pages, page_block_size, nheads_kv, head_dim) cache, or a contiguous aligned copy
+    when the kernels cannot read it in place."""
+    if x.stride(-1) == 1 and not x.data_ptr() & 15 and all(
+            s % 8 == 0 for s, n in zip(x.stride()[:3], x.shape[:3]) if n > 1):
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def forward_paged(q, k, v, cu_q, cu_k, block_table, max_q: int, max_k: int, scale: float,
+                  causal: bool, slopes, window, softcap: float, config=None):
+    """(out, lse) of a validated paged call (cuflash.varlen.paged_plan); no autograd."""
+    d = q.shape[-1]
+    padded = api.padded_head_dim(d)
+    if padded != d:
+        out, lse = forward_paged(*(_pad(x, padded) for x in (q, k, v)), cu_q, cu_k, block_table, max_q,
+                                 max_k, scale, causal, slopes, window, softcap, config)
+        return out[..., :d].contiguous(), lse
+    total_q, nheads, _ = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q.device)
+    if total_q == 0 or nheads == 0 or max_q == 0:
+        return out, lse
+    if max_k == 0:
+        out.zero_()
+        lse.fill_(math.inf)
+        return out, lse
+    q = q.contiguous() if not q.is_contiguous() or q.data_ptr() & 15 else q
+    k, v = _ready_cache(k), _ready_cache(v)
+    cu_q, cu_k, table = cu_q.contiguous(), cu_k.contiguous(), block_table.contiguous()
+    slopes = None if slopes is None else slopes.contiguous()
+    problem = varlen.features_problem("fwd", _DTYPES[q.dtype], cu_q.shape[0] - 1, max_q, max_k, nheads,
+                                      k.shape[2], q.shape[2], causal, window, softcap,
+                                      None if slopes is None else slopes.dim() == 2, paged=True)
+    paged = (k.shape[1], k.shape[0], table.shape[1], table.shape[1])
+    plan = varlen.paged_plan(problem, total_q, _strides3(q), tuple(k.stride()), tuple(v.stride()), paged,
+                             float(scale), q.device.index, config)
+    if api.POISON_OUTPUTS:
+        out.fill_(math.nan)
+        lse.fill_(math.nan)
+    varlen.run_features(plan, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()),
+                        0, _raw_stream(plan.device), cu_q.data_ptr(), cu_k.data_ptr(), _ptr(slopes), 0,
+                        table.data_ptr())
+    return out, lse
+
+
+class PagedNoBackwardFn(torch.autograd.Function):
+    """out, lse of a paged call for inputs that require grad: the backward raises (flash-attn
+    has no backward through a paged cache either)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, run):
+        out, lse = run()
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse=None):
+        raise NotImplementedError("block_table: the backward through a paged K/V cache is not "
+                                  "implemented (use packed k, v without block_table for training)")
+
+
+def attention_paged(q, k, v, cu_q, cu_k, block_table, max_q: int, max_k: int, scale: float, feats,
+                    config=None):
+    """(out, lse) of a validated torch CUDA paged call (``cuflash.api.FeatureArgs``)."""
+    if torch.compiler.is_compiling():
+        raise NotImplementedError("block_table: a paged K/V cache is not supported under "
+                                  "torch.compile yet (eager and CUDA graphs are)")
+    slopes = None if feats.alibi_slopes is None else feats.alibi_slopes.detach()
+
+    def run():
+        return forward_paged(q.detach(), k.detach(), v.detach(), cu_q, cu_k, block_table, int(max_q),
+                             int(max_k), float(scale), bool(feats.causal), slopes,
+                             tuple(int(w) for w in feats.window_size), float(feats.softcap), config)
+
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return PagedNoBackwardFn.apply(q, k, v, run)
+    return run()

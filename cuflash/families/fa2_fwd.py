@@ -165,7 +165,7 @@ BAND_SCORE = ("alibi", "softcap", "window")
 # features that the varlen call paths pass with varlen (cuflash.varlen, cuflash.varlen_torch):
 # the kernels build every mask, score modifier and dropout counter from the sequence's own
 # lengths and its batch index (kernels_cu/varlen.cuh)
-VARLEN_MIX = ("alibi", "dropout", "softcap", "window")
+VARLEN_MIX = ("alibi", "dropout", "paged", "softcap", "window")
 
 
 def feature_mix(family, problem: Problem) -> str:
