@@ -1029,6 +1029,9 @@ def check_block_table(block_table, tq: _Tensor, nseq: int, num_pages: int, page:
     if block_table.ndim != 2 or block_table.shape[0] != nseq:
         raise ValueError(f"block_table: expected shape (batch, max_num_blocks) with batch = {nseq}, "
                          f"got {tuple(block_table.shape)}")
+    if block_table.shape[1] < 1:
+        raise ValueError(f"block_table: needs at least one column (page id) per sequence, got shape "
+                         f"{tuple(block_table.shape)}")
     if kind != "numpy" and _device_of(block_table, kind) != tq.device:
         raise ValueError(f"block_table: must be on q's device {tq.device}, got {block_table.device}")
     if lens_k is None or _values_unreadable(block_table, kind):

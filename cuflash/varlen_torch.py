@@ -432,7 +432,8 @@ def forward_paged(q, k, v, cu_q, cu_k, block_table, max_q: int, max_k: int, scal
         out.zero_()
         lse.fill_(math.inf)
         return out, lse
-    q = q.contiguous() if not q.is_contiguous() or q.data_ptr() & 15 else q
+    if not q.is_contiguous() or q.data_ptr() & 15:
+        q = q.clone(memory_format=torch.contiguous_format)
     k, v = _ready_cache(k), _ready_cache(v)
     cu_q, cu_k, table = cu_q.contiguous(), cu_k.contiguous(), block_table.contiguous()
     slopes = None if slopes is None else slopes.contiguous()

@@ -442,7 +442,7 @@ def test_bad_feature_arguments(no_reference, kw, error, pattern):
     (dict(q=torch.zeros(1, 5, 4, 8, dtype=torch.float64)), ValueError, r"^q: expected 3 dimensions \(total_tokens"),
     (dict(k=torch.zeros(6, 2, 4, dtype=torch.float64)), ValueError, r"^k, v: headdim must match"),
     (dict(alibi_slopes=torch.ones(3, 4)), ValueError, r"^alibi_slopes: expected shape .* \(batch, nheads\) = \(2, 4\)"),
-    (dict(block_table=torch.zeros(2, 1, dtype=torch.int32)), NotImplementedError, r"^block_table"),
+    (dict(block_table=torch.zeros(2, 1, dtype=torch.int32)), ValueError, r"^k: expected 4 dimensions \(num_blocks"),
 ])
 def test_bad_varlen_arguments(no_reference, change, error, pattern):
     args = dict(q=torch.zeros(5, 4, 8, dtype=torch.float64), k=torch.zeros(6, 2, 8, dtype=torch.float64),

@@ -75,6 +75,8 @@ def test_paged_validation_names_the_argument():
         call(block_table=bad)
     with pytest.raises(ValueError, match="^block_table: sequence 3 has 19 keys, 5 pages of 4"):
         call(block_table=table[:, :4])
+    with pytest.raises(ValueError, match="^block_table: needs at least one column"):
+        call(block_table=table[:, :0])
     with pytest.raises(ValueError, match=r"^k: expected 4 dimensions \(num_blocks, page_block_size"):
         call(k=kc.reshape(-1, HKV, D))
     with pytest.raises(ValueError, match="^v: shape must equal k's"):
