@@ -57,6 +57,8 @@ class FA2ForwardPaged(FA2Forward):
     params_struct = "FwdPagedParams"
     description = "FlashAttention-2 forward over a paged K/V cache (block_table), varlen batches"
     features = ("alibi", "paged", "softcap", "varlen", "window")
+    # features every problem it runs has (the others are optional); a plain problem is refused
+    requires = ("paged", "varlen")
 
     def supports(self, arch, problem: Problem) -> str:
         why = super().supports(arch, problem)
