@@ -5,8 +5,9 @@
 // header first); only where K_j and V_j come from differs. Sequence b's keys live in pages of
 // page_block_size rows: key j is row j % page_block_size of page block_table[b, j /
 // page_block_size] of k and v, (num_pages, page_block_size, nheads_kv, head_dim) (params_paged.cuh).
-// Each key row of a K/V tile looks up its own page, so a page size need not be a multiple of Bc
-// (nor of anything): a tile may straddle pages. Page ids and table entries are clamped, so a
+// A page size that is a multiple of Bc (flash-attn's 256, say) costs one look-up per K/V tile;
+// any other size works too, each key row of a tile looking up its own page (a tile may straddle
+// pages). Page ids and table entries are clamped, so a
 // bad block table reads a wrong page of the cache, never memory outside it.
 // Its own family (cuflash/families/fa2_fwd_paged.py) with its own params struct, so fa2_fwd's
 // code, its tuned entries and its fast paths are untouched.
@@ -20,7 +21,8 @@
 namespace cuflash {
 
 // K_j and V_j (kRows keys from key0 on) of one sequence into shared memory: row r of both
-// tiles is key key0 + r, read from its page (k_head, v_head: the cache at this K/V head);
+// tiles is key key0 + r, read from its page (k_head, v_head: the cache at this K/V head; one
+// page for the whole tile when page_block_size is a multiple of kRows, as key0 is of kRows);
 // rows >= keys_valid and columns >= head_dim are zero-filled (tile.cuh's thread layout: a
 // thread keeps one 16-byte column chunk and walks rows in steps of kRowsPerPass).
 template <int kRows, int kHeadDim, int kPitch, int kThreads>
@@ -28,6 +30,19 @@ __device__ __forceinline__ void load_paged_kv_g2s(u16* k_tile, u16* v_tile, cons
                                                   const u16* v_head, const int* pages,
                                                   const FwdPagedParams& p, int key0, int keys_valid,
                                                   int tid) {
+    if (p.page_block_size % kRows == 0) {  // pages of whole tiles (flash-attn's sizes): one look-up
+        const int entry = min(key0 / p.page_block_size, p.block_table_cols - 1);
+        const i64 page = min(max(pages[entry], 0), p.num_pages - 1);
+        const i64 in_page = key0 - (key0 / p.page_block_size) * p.page_block_size;
+        load_tile_g2s<kRows, kHeadDim, kPitch, kThreads>(
+            k_tile, k_head + page * p.k_batch_stride + in_page * p.k_row_stride, p.k_row_stride,
+            keys_valid, p.head_dim, tid);
+        load_tile_g2s<kRows, kHeadDim, kPitch, kThreads>(
+            v_tile, v_head + page * p.v_batch_stride + in_page * p.v_row_stride, p.v_row_stride,
+            keys_valid, p.head_dim, tid);
+        return;
+    }
+    // any other page size: each row looks its page up
     constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
     constexpr int kLanesPerRow = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
     constexpr int kRowsPerPass = kThreads / kLanesPerRow;
