@@ -1236,7 +1236,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p: flo
                                      softmax_scale: Optional[float] = None, causal: bool = False,
                                      window_size=(-1, -1), softcap: float = 0.0,
                                      alibi_slopes=None, deterministic: bool = False,
-                                     return_attn_probs: bool = False):
+                                     return_attn_probs: bool = False, *, dropout_seed=None):
     """flash_attn_varlen_func with qkv (total, 3, nheads, headdim) and one cu_seqlens / max_seqlen."""
     if getattr(qkv, "ndim", None) != 4 or qkv.shape[1] != 3:
         raise ValueError(f"qkv: expected shape (total_tokens, 3, nheads, headdim), got "
@@ -1244,21 +1244,22 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p: flo
     return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens,
                                   max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
                                   window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs)
+                                  return_attn_probs, dropout_seed=dropout_seed)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                                     causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
                                     alibi_slopes=None, deterministic: bool = False,
-                                    return_attn_probs: bool = False):
+                                    return_attn_probs: bool = False, *, dropout_seed=None):
     """flash_attn_varlen_func with kv (total_k, 2, nheads_kv, headdim)."""
     if getattr(kv, "ndim", None) != 4 or kv.shape[1] != 2:
         raise ValueError(f"kv: expected shape (total_tokens_k, 2, nheads_kv, headdim), got "
                          f"{tuple(getattr(kv, 'shape', ())) or type(kv).__name__}")
     return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
-                                  softcap, alibi_slopes, deterministic, return_attn_probs)
+                                  softcap, alibi_slopes, deterministic, return_attn_probs,
+                                  dropout_seed=dropout_seed)
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] = None,
