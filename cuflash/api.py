@@ -983,7 +983,9 @@ def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu
     cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, tq, total_k, nseq)
     max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q)
     max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k)
-    if dropout_p or softcap or alibi_slopes is not None or check_window(window_size) != (-1, -1):
+    windowed = (window_size != (-1, -1) if type(window_size) is tuple   # the common case, cheap
+                else check_window(window_size) != (-1, -1))
+    if dropout_p or softcap or alibi_slopes is not None or windowed:
         feats = check_features(tq, dropout_p, window_size, softcap, alibi_slopes, causal, nseq, nheads)
         causal = feats.causal
         if feats.features:
