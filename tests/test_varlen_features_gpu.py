@@ -292,3 +292,32 @@ def test_varlen_dropout_with_a_window_is_refused_before_any_launch():
     with pytest.raises(api.UnsupportedFeature, match="dropout_p"):
         cuflash.flash_attn_varlen_func(q, k, v, cu_seqlens(LENS[0]), cu_seqlens(LENS[1]), max(LENS[0]),
                                        max(LENS[1]), P_DROP, window_size=(8, 8))
+
+
+def test_varlen_features_torch_compile_and_cuda_graph():
+    """The feature ops (cuflash::varlen_fwd_features / varlen_bwd_features) under torch.compile
+    and CUDA-graph capture (the causal-window kernels of CASES[0])."""
+    import torch
+
+    lens_q, lens_k = LENS
+    q, k, v, dout = packed_inputs(lens_q, lens_k, 6, 2, 64, torch.bfloat16)
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
+    mq, mk = max(lens_q), max(lens_k)
+
+    def f(q, k, v):
+        return cuflash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=True,
+                                              window_size=(37, -1))
+
+    want = f(q, k, v)
+    compiled = torch.compile(f)
+    assert torch.equal(compiled(q, k, v), want)
+    qg = q.clone().requires_grad_()
+    compiled(qg, k, v).float().sum().backward()
+    assert qg.grad is not None and not qg.grad.isnan().any()
+    f(q, k, v)  # warm: plans built outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = f(q, k, v)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, want)
