@@ -161,6 +161,7 @@ def check_scale(softmax_scale, head_dim: int) -> float:
 FEATURES = {  # Problem.features name -> (argument, what it is)
     "alibi": ("alibi_slopes", "ALiBi"),
     "dropout": ("dropout_p", "dropout"),
+    "paged": ("block_table", "a paged K/V cache (block_table)"),
     "softcap": ("softcap", "softcapping"),
     "varlen": ("cu_seqlens_q/cu_seqlens_k", "variable-length sequences (varlen)"),
     "window": ("window_size", "sliding window"),
@@ -809,6 +810,10 @@ def check_cu_seqlens(name: str, cu, tq: _Tensor, total: int, nseq: Optional[int]
     if _values_unreadable(cu, kind):
         return None  # torch.compile tracing or CUDA-graph capture: no device-to-host read
     values = _host_ints(cu, kind).astype(np.int64)
+    if total is None:  # a paged cache's cu_seqlens_k: the differences are the lengths
+        if values[0] != 0 or (np.diff(values) < 0).any():
+            raise ValueError(f"{name}: must start at 0 and never decrease, got {values.tolist()}")
+        return values
     if values[0] != 0 or (np.diff(values) < 0).any() or values[-1] != total:
         raise ValueError(f"{name}: must start at 0, never decrease and end at the total number of "
                          f"tokens {total}, got {values.tolist()}")
@@ -857,7 +862,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                            causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
                            alibi_slopes=None, deterministic: bool = False,
-                           return_attn_probs: bool = False, block_table=None):
+                           return_attn_probs: bool = False, block_table=None, *,
+                           dropout_seed=None):
     """Attention over a batch of sequences of different lengths, packed without padding.
 
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_kv, headdim); sequence i is rows
@@ -866,18 +872,33 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     bottom-right aligned per sequence. Other arguments as flash_attn_func.
 
     Returns out (total_q, nheads, headdim), or (out, softmax_lse, S_dmask): softmax_lse fp32
-    (nheads, total_q); S_dmask None without dropout, else the keep mask (bool,
-    (batch, nheads, max_seqlen_q, max_seqlen_k), sequence i in its top-left corner).
+    (nheads, total_q); S_dmask None without dropout, else on torch CPU the keep mask (bool,
+    (batch, nheads, max_seqlen_q, max_seqlen_k), sequence i in its top-left corner), on the
+    GPU flash-attn's probabilities with the dropped entries negated, fp32, same shape and
+    corners (computed on the side for testing, as flash_attn_func's).
 
     torch CPU tensors run the float64 reference (autograd). GPU inputs run the varlen kernels
     (fa2_fwd / fa2_bwd built with varlen; torch: autograd, torch.compile, CUDA graphs; CuPy on
-    the current stream; NumPy copied to the GPU); window, softcap, ALiBi and dropout with varlen
-    raise cuflash.api.UnsupportedFeature on the GPU. cu_seqlens values are checked (a
-    device-to-host read) except while torch.compile traces or a CUDA graph is captured.
-    block_table (paged KV) is not implemented.
+    the current stream; NumPy copied to the GPU), with window, softcap, ALiBi (slopes (nheads,)
+    or (batch, nheads), row i of the sequence's index) or dropout too. Dropout's keep mask of
+    sequence i is that of the dense call of it alone at batch index i (cuflash/dropout.py);
+    its RNG state as flash_attn_func's (dropout_seed: required for CuPy / NumPy, optional for
+    torch). Dropout with window / softcap / ALiBi raises cuflash.api.UnsupportedFeature on the
+    GPU (as flash_attn_func). cu_seqlens values are checked (a device-to-host read) except
+    while torch.compile traces or a CUDA graph is captured.
+    block_table: int32 (batch, max_num_blocks) page ids of a paged K/V cache (forward only):
+    k, v are then (num_blocks, page_block_size, nheads_kv, headdim), key j of sequence i is row
+    j % page_block_size of page block_table[i, j // page_block_size], and cu_seqlens_k gives
+    the sequences' numbers of keys (its differences; its last value need not be anything).
+    Any page_block_size >= 1 (flash-attn requires a multiple of 256). Page ids are checked
+    (0 <= id < num_blocks, enough columns for each sequence) where cu_seqlens are; the kernels
+    clamp them besides, so no id reads outside k, v. Window, softcap and ALiBi apply; dropout
+    does not; a backward through it raises NotImplementedError naming block_table.
     """
     if block_table is not None:
-        raise NotImplementedError("block_table: a paged KV cache is not implemented (pass None)")
+        return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                             return_attn_probs, block_table)
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_varlen_tensor(name, x)
     tq, tk, tv, scale, problem = check_qkv(q[None], k[None], v[None], softmax_scale, causal)
@@ -894,9 +915,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                               features=feats.features)
     if nseq > GRID_LIMIT:
         raise ValueError(f"cu_seqlens_q: batch ({nseq}) must be <= {GRID_LIMIT} (CUDA grid limit)")
+    if dropout_seed is not None:
+        check_dropout_seed(dropout_seed, q)
     if not _is_torch_cpu(tq):
-        if feats.features != ("varlen",):  # window, softcap, ALiBi, dropout: not in the kernels
-            raise_unsupported(problem, feats.given)
+        if feats.features != ("varlen",):  # window, softcap, ALiBi, dropout
+            return _varlen_features_gpu(q, k, v, tq, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale,
+                                        feats, problem, deterministic, return_attn_probs,
+                                        dropout_seed)
         out, lse = _varlen_gpu(q, k, v, tq, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale,
                                feats.causal, deterministic)
         return (out, lse, None) if return_attn_probs else out
@@ -939,13 +964,18 @@ def _varlen_gpu(q, k, v, tq: _Tensor, cu_seqlens_q, cu_seqlens_k, max_q: int, ma
 
 def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
                                max_seqlen_q, max_seqlen_k, softmax_scale: Optional[float] = None,
-                               causal: bool = False, deterministic: bool = False):
+                               causal: bool = False, deterministic: bool = False, *,
+                               window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                               dropout_p: float = 0.0, dropout_seed=None):
     """Gradients (dq, dk, dv) of flash_attn_varlen_func's output (CuPy arrays or torch CUDA
     tensors; torch autograd calls the same kernels). out and softmax_lse ((nheads, total_q)
-    fp32) are what flash_attn_varlen_func(..., return_attn_probs=True) returned."""
+    fp32) are what flash_attn_varlen_func(..., return_attn_probs=True) returned.
+    window_size, softcap, alibi_slopes, dropout_p: the forward's; dropout_seed (required with
+    dropout_p > 0): the forward's, an int, a pair (seed, offset), or for torch an int64 (2,)
+    state tensor on q's device."""
     for name, x in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out)):
         _check_varlen_tensor(name, x)
-    tq, tk, tv, scale, _ = check_qkv(q[None], k[None], v[None], softmax_scale, causal)
+    tq, tk, tv, scale, problem = check_qkv(q[None], k[None], v[None], softmax_scale, causal)
     total_q, nheads, total_k = tq.shape[1], tq.shape[2], tk.shape[1]
     tdo, to = check_bwd_tensors(tq, dout[None], out[None], _lse_as_batched(softmax_lse, tq))
     cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq, total_q)
@@ -953,6 +983,21 @@ def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu
     cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, tq, total_k, nseq)
     max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q)
     max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k)
+    windowed = (window_size != (-1, -1) if type(window_size) is tuple   # the common case, cheap
+                else check_window(window_size) != (-1, -1))
+    if dropout_p or softcap or alibi_slopes is not None or windowed:
+        feats = check_features(tq, dropout_p, window_size, softcap, alibi_slopes, causal, nseq, nheads)
+        causal = feats.causal
+        if feats.features:
+            if tq.kind == "numpy" or _is_torch_cpu(tq):
+                raise TypeError("flash_attn_varlen_backward takes CuPy arrays or torch CUDA tensors; "
+                                "for NumPy use cuflash.reference.attention_backward_varlen_naive")
+            feats.features = tuple(sorted(feats.features + ("varlen",)))
+            problem = feature_problem(problem.replace(op="bwd", batch=nseq, seqlen_q=max_q,
+                                                      seqlen_k=max_k, deterministic=bool(deterministic)),
+                                      feats).replace(dropout_p=feats.dropout_p)
+            return _varlen_features_backward(dout, q, k, v, out, softmax_lse, tq, cu_seqlens_q,
+                                             cu_seqlens_k, problem, scale, feats, dropout_seed)
     if tq.kind == "numpy" or _is_torch_cpu(tq):
         raise TypeError("flash_attn_varlen_backward takes CuPy arrays or torch CUDA tensors; for "
                         "NumPy use cuflash.reference.attention_backward_varlen_naive")
@@ -974,6 +1019,211 @@ def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu
                                 max_k, scale, causal, deterministic)
 
 
+def check_block_table(block_table, tq: _Tensor, nseq: int, num_pages: int, page: int,
+                      lens_k) -> None:
+    """block_table: int32 (batch, max_num_blocks), q's kind on q's device; where the lengths
+    are known (lens_k, host ints) every sequence's pages fit its row and every id it uses is in
+    [0, num_pages) (a device-to-host read, as cu_seqlens')."""
+    kind = _kind(block_table)
+    if kind != tq.kind:
+        raise TypeError(f"block_table: expected a {tq.kind} array like q, got {type(block_table).__name__}")
+    dtype = str(block_table.dtype).replace("torch.", "")
+    if dtype != "int32":
+        raise TypeError(f"block_table: dtype must be int32, got {dtype}")
+    if block_table.ndim != 2 or block_table.shape[0] != nseq:
+        raise ValueError(f"block_table: expected shape (batch, max_num_blocks) with batch = {nseq}, "
+                         f"got {tuple(block_table.shape)}")
+    if block_table.shape[1] < 1:
+        raise ValueError(f"block_table: needs at least one column (page id) per sequence, got shape "
+                         f"{tuple(block_table.shape)}")
+    if kind != "numpy" and _device_of(block_table, kind) != tq.device:
+        raise ValueError(f"block_table: must be on q's device {tq.device}, got {block_table.device}")
+    if lens_k is None or _values_unreadable(block_table, kind):
+        return
+    cols = int(block_table.shape[1])
+    need = [-(-int(n) // page) for n in lens_k]
+    if max(need, default=0) > cols:
+        b = int(np.argmax(need))
+        raise ValueError(f"block_table: sequence {b} has {int(lens_k[b])} keys, {need[b]} pages of "
+                         f"{page}, but block_table has {cols} columns")
+    ids = _host_ints(block_table, kind)
+    for b, n in enumerate(need):
+        used = ids[b, :n]
+        if n and (used.min() < 0 or used.max() >= num_pages):
+            raise ValueError(f"block_table: sequence {b} uses page ids {used.tolist()}, outside "
+                             f"[0, {num_pages}) (k has {num_pages} pages)")
+
+
+def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                  softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                  block_table):
+    """flash_attn_varlen_func with block_table: validated (every error names its argument),
+    then fa2_fwd_paged (GPU) or the float64 reference on the gathered keys (torch CPU)."""
+    _check_varlen_tensor("q", q)
+    for name, x in (("k", k), ("v", v)):
+        _check_array(name, x, 4, "num_blocks, page_block_size, nheads_k, headdim: a paged cache "
+                     "with block_table")
+    if k.shape[0] < 1 or k.shape[1] < 1:
+        raise ValueError(f"k: a paged cache needs at least one block of at least one key, got shape "
+                         f"{tuple(k.shape)}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v: shape must equal k's {tuple(k.shape)}, got {tuple(v.shape)}")
+    tq, tk1, tv1, scale, problem = check_qkv(q[None], k[:1], v[:1], softmax_scale, causal)
+    tk, tv = describe("k", k), describe("v", v)
+    if padded_head_dim(tq.shape[3]) == tq.shape[3]:
+        _check_layout("k", tk)
+        _check_layout("v", tv)
+    num_pages, page = int(k.shape[0]), int(k.shape[1])
+    _, total_q, nheads, _ = tq.shape
+    cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq, total_q)
+    nseq = int(cu_seqlens_q.shape[0]) - 1
+    cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, tq, None, nseq)
+    max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q)
+    max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k)
+    check_block_table(block_table, tq, nseq, num_pages, page, None if cu_k is None else np.diff(cu_k))
+    feats = check_features(tq, dropout_p, window_size, softcap, alibi_slopes, causal, nseq, nheads)
+    feats.features = tuple(sorted(feats.features + ("paged", "varlen")))
+    if nseq > GRID_LIMIT:
+        raise ValueError(f"cu_seqlens_q: batch ({nseq}) must be <= {GRID_LIMIT} (CUDA grid limit)")
+    problem = feature_problem(problem.replace(batch=nseq, seqlen_q=max_q, seqlen_k=max_k), feats)
+    if "dropout" in feats.features:  # no paged kernel has it
+        raise UnsupportedFeature(f"dropout_p={dropout_p!r}, block_table: dropout with a paged K/V "
+                                 "cache is not implemented (flash-attn's paged path is inference)")
+    if _is_torch_cpu(tq):  # the reference on the keys gathered from their pages
+        from . import torch_ops, varlen
+
+        kp, vp = (varlen.gather_paged(x, block_table, np.diff(cu_k), xp="torch") for x in (k, v))
+        out, lse, _ = torch_ops.attention_reference(q, kp, vp, scale, feats, (cu_q, cu_k, max_q, max_k))
+        return (out, lse, None) if return_attn_probs else out
+    if not gpu_supported(problem):
+        raise_unsupported(problem, feats.given)
+    if tq.kind == "torch":
+        from . import varlen_torch
+
+        out, lse = varlen_torch.attention_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table,
+                                                max_q, max_k, scale, feats)
+        return (out, lse, None) if return_attn_probs else out
+    from . import varlen
+
+    d = tq.shape[3]
+    padded = padded_head_dim(d)
+    run = problem.replace(head_dim=padded)
+    if tq.kind == "numpy":
+        if total_q == 0 or nheads == 0 or max_q == 0 or max_k == 0:
+            out, lse = np.zeros(q.shape, q.dtype), np.full((nheads, total_q), np.inf, np.float32)
+            return (out, lse, None) if return_attn_probs else out
+        _gpu.require("flash_attn_varlen_func (block_table)")
+        cupy = _cupy()
+        xs = [cupy.asarray(np.ascontiguousarray(x).view(np.uint16)) for x in (q, k, v)]
+        xs = xs if padded == d else [pad_head_dim(x, padded) for x in xs]
+        ds = None if feats.alibi_slopes is None else cupy.asarray(np.ascontiguousarray(feats.alibi_slopes))
+        out, lse = varlen.forward_cupy_paged(*xs, cupy.asarray(np.asarray(cu_seqlens_q, np.int32)),
+                                             cupy.asarray(np.asarray(cu_seqlens_k, np.int32)),
+                                             cupy.asarray(np.asarray(block_table, np.int32)), run, scale, ds)
+        out = cupy.asnumpy(out).view(q.dtype)
+        out, lse = (out if padded == d else np.ascontiguousarray(out[..., :d])), cupy.asnumpy(lse)
+        return (out, lse, None) if return_attn_probs else out
+    xs = (q, k, v) if padded == d else tuple(pad_head_dim(x, padded) for x in (q, k, v))
+    out, lse = varlen.forward_cupy_paged(*xs, cu_seqlens_q, cu_seqlens_k, block_table, run, scale,
+                                         feats.alibi_slopes)
+    out = out if padded == d else slice_head_dim(out, d)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _varlen_features_gpu(q, k, v, tq: _Tensor, cu_seqlens_q, cu_seqlens_k, max_q: int, max_k: int,
+                         scale: float, feats: FeatureArgs, problem: Problem, deterministic: bool,
+                         return_attn_probs: bool, dropout_seed):
+    """flash_attn_varlen_func with window / softcap / ALiBi / dropout on GPU inputs (validated):
+    the varlen kernels with the feature flags (cuflash.varlen, cuflash.varlen_torch)."""
+    from . import varlen
+
+    problem = feature_problem(problem, feats).replace(dropout_p=feats.dropout_p)
+    if not gpu_supported(problem):  # e.g. dropout with window / softcap / ALiBi
+        raise_unsupported(problem, feats.given)
+    if tq.kind == "torch":
+        from . import varlen_torch
+
+        out, lse, rng = varlen_torch.attention_features(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q,
+                                                        max_k, scale, feats, deterministic,
+                                                        dropout_seed)
+        if not return_attn_probs:
+            return out
+        probs = None if rng is None else varlen_torch.dropout_probs(
+            q, k, lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, feats.causal,
+            feats.dropout_p, rng)
+        return out, lse, probs
+    seed_offset = None
+    if feats.dropout_p:
+        if dropout_seed is None:
+            raise ValueError(f"dropout_seed: {tq.kind} inputs with dropout_p > 0 need an explicit "
+                             "dropout_seed (an int, or a pair (seed, offset) of ints), the same one "
+                             "for flash_attn_varlen_backward")
+        seed_offset = check_dropout_seed(dropout_seed)
+    d = tq.shape[3]
+    padded = padded_head_dim(d)
+    xs = (q, k, v) if padded == d else tuple(pad_head_dim(x, padded) for x in (q, k, v))
+    run = problem.replace(head_dim=padded)
+    total_q, nheads = tq.shape[1], tq.shape[2]
+    if tq.kind == "numpy":
+        if total_q == 0 or nheads == 0 or max_q == 0 or k.shape[0] == 0 or max_k == 0:
+            out, lse = np.zeros(q.shape, q.dtype), np.full((nheads, total_q), np.inf, np.float32)
+        else:
+            _gpu.require("flash_attn_varlen_func")
+            out, lse = varlen.forward_numpy_features(*xs, cu_seqlens_q, cu_seqlens_k, run, scale,
+                                                     feats.alibi_slopes, seed_offset)
+            out = out if padded == d else np.ascontiguousarray(out[..., :d])
+    else:
+        out, lse = varlen.forward_cupy_features(*xs, cu_seqlens_q, cu_seqlens_k, run, scale,
+                                                feats.alibi_slopes, seed_offset)
+        out = out if padded == d else slice_head_dim(out, d)
+    if not return_attn_probs:
+        return out
+    probs = None
+    if seed_offset is not None:
+        from .dropout import varlen_dropout_probs_host
+
+        probs = varlen_dropout_probs_host(_host16(q), _host16(k), _host_f32(lse),
+                                          _host_ints(cu_seqlens_q, tq.kind),
+                                          _host_ints(cu_seqlens_k, tq.kind), max_q, max_k,
+                                          problem.dtype, scale, feats.causal, feats.dropout_p,
+                                          *seed_offset)
+        probs = probs if tq.kind == "numpy" else _cupy().asarray(probs)
+    return out, lse, probs
+
+
+def _varlen_features_backward(dout, q, k, v, out, lse, tq: _Tensor, cu_seqlens_q, cu_seqlens_k,
+                              problem: Problem, scale: float, feats: FeatureArgs, dropout_seed):
+    """flash_attn_varlen_backward with features (validated; GPU inputs)."""
+    if not gpu_supported(problem):
+        raise_unsupported(problem, feats.given)
+    seed_offset = rng = None
+    if feats.dropout_p:
+        if dropout_seed is None:
+            raise ValueError("dropout_seed: flash_attn_varlen_backward with dropout_p > 0 needs the "
+                             "forward's dropout_seed")
+        seed_offset = check_dropout_seed(dropout_seed, q)
+    window = tuple(int(w) for w in feats.window_size)
+    if tq.kind == "torch":
+        from . import torch_ops, varlen_torch
+
+        if feats.dropout_p:
+            rng = torch_ops.rng_state_of(dropout_seed, q.device)
+        return varlen_torch.backward_features(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                              problem.seqlen_q, problem.seqlen_k, scale, feats.causal,
+                                              problem.deterministic, feats.alibi_slopes, window,
+                                              feats.softcap, feats.dropout_p, rng)
+    from . import varlen
+
+    d = tq.shape[3]
+    padded = padded_head_dim(d)
+    xs = (dout, q, k, v, out) if padded == d else tuple(pad_head_dim(x, padded)
+                                                          for x in (dout, q, k, v, out))
+    grads = varlen.backward_cupy_features(*xs, lse, cu_seqlens_q, cu_seqlens_k,
+                                          problem.replace(head_dim=padded), scale, feats.alibi_slopes,
+                                          seed_offset)
+    return grads if padded == d else tuple(slice_head_dim(g, d) for g in grads)
+
+
 def _lse_as_batched(lse, tq: _Tensor):
     """A varlen softmax_lse (nheads, total_q) as check_bwd_tensors' (1, nheads, total_q),
     after checking its shape (the error names softmax_lse)."""
@@ -988,7 +1238,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p: flo
                                      softmax_scale: Optional[float] = None, causal: bool = False,
                                      window_size=(-1, -1), softcap: float = 0.0,
                                      alibi_slopes=None, deterministic: bool = False,
-                                     return_attn_probs: bool = False):
+                                     return_attn_probs: bool = False, *, dropout_seed=None):
     """flash_attn_varlen_func with qkv (total, 3, nheads, headdim) and one cu_seqlens / max_seqlen."""
     if getattr(qkv, "ndim", None) != 4 or qkv.shape[1] != 3:
         raise ValueError(f"qkv: expected shape (total_tokens, 3, nheads, headdim), got "
@@ -996,21 +1246,22 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p: flo
     return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens,
                                   max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
                                   window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs)
+                                  return_attn_probs, dropout_seed=dropout_seed)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                                     causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
                                     alibi_slopes=None, deterministic: bool = False,
-                                    return_attn_probs: bool = False):
+                                    return_attn_probs: bool = False, *, dropout_seed=None):
     """flash_attn_varlen_func with kv (total_k, 2, nheads_kv, headdim)."""
     if getattr(kv, "ndim", None) != 4 or kv.shape[1] != 2:
         raise ValueError(f"kv: expected shape (total_tokens_k, 2, nheads_kv, headdim), got "
                          f"{tuple(getattr(kv, 'shape', ())) or type(kv).__name__}")
     return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
-                                  softcap, alibi_slopes, deterministic, return_attn_probs)
+                                  softcap, alibi_slopes, deterministic, return_attn_probs,
+                                  dropout_seed=dropout_seed)
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] = None,

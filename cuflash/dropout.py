@@ -47,12 +47,15 @@ for _w in range(4):
 
 
 def keep_mask(seed: int, offset: int, p: float, batch: int, nheads: int, seqlen_q: int,
-              seqlen_k: int) -> np.ndarray:
-    """The kernels' keep mask, bool (batch, nheads, seqlen_q, seqlen_k), True = kept."""
+              seqlen_k: int, first_batch: int = 0) -> np.ndarray:
+    """The kernels' keep mask, bool (batch, nheads, seqlen_q, seqlen_k), True = kept.
+    first_batch: the batch index of the first batch entry (a varlen sequence b alone is
+    batch=1, first_batch=b: its mask is that of batch index b, rows and columns counted from
+    the sequence's start)."""
     seed, offset = int(seed) & (2 ** 64 - 1), int(offset) & (2 ** 64 - 1)
     k0, k1 = seed & 0xFFFFFFFF, (seed >> 32) ^ (offset >> 32)
     blocks = -(-seqlen_k // 16)
-    bh = np.arange(batch * nheads, dtype=np.uint64)[:, None, None]
+    bh = np.arange(first_batch * nheads, (first_batch + batch) * nheads, dtype=np.uint64)[:, None, None]
     rows = np.arange(seqlen_q, dtype=np.uint64)[None, :, None]
     cols = np.arange(blocks, dtype=np.uint64)[None, None, :]
     words = philox4x32_10(cols, rows, bh, np.uint64(offset & 0xFFFFFFFF), k0, k1)
@@ -71,7 +74,7 @@ def _words_to_f32(words: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def dropout_probs_host(q_words, k_words, lse, dtype: str, softmax_scale: float, causal: bool,
-                       p: float, seed: int, offset: int) -> np.ndarray:
+                       p: float, seed: int, offset: int, first_batch: int = 0) -> np.ndarray:
     """S_dmask as flash-attn returns it (for testing): the attention probabilities
     P = exp(scale·q·kᵀ - lse), float32 (batch, nheads, seqlen_q, seqlen_k), with the entries
     that the kernels' keep mask (keep_mask) drops negated; causal-hidden entries and rows that
@@ -89,5 +92,26 @@ def dropout_probs_host(q_words, k_words, lse, dtype: str, softmax_scale: float, 
     lse = np.asarray(lse, np.float64)[..., None]
     with np.errstate(invalid="ignore", over="ignore"):
         probs = np.nan_to_num(np.exp(s - lse), nan=0.0).astype(np.float32)
-    keep = keep_mask(seed, offset, p, b, h, sq, sk)
+    keep = keep_mask(seed, offset, p, b, h, sq, sk, first_batch)
     return np.where(keep, probs, -probs)
+
+
+def varlen_dropout_probs_host(q_words, k_words, lse, cu_q, cu_k, max_q: int, max_k: int, dtype: str,
+                              softmax_scale: float, causal: bool, p: float, seed: int,
+                              offset: int) -> np.ndarray:
+    """S_dmask of a varlen call with dropout (for testing): float32 (batch, nheads, max_q, max_k),
+    sequence b's dropout_probs_host (as the dense call of it alone at batch index b) in the
+    top-left corner of entry b, zeros elsewhere. q_words (total_q, nheads, headdim), k_words
+    (total_k, nheads_kv, headdim) 16-bit words; lse (nheads, total_q); cu_q, cu_k host ints."""
+    cu_q, cu_k = np.asarray(cu_q, np.int64), np.asarray(cu_k, np.int64)
+    nseq, h = len(cu_q) - 1, q_words.shape[1]
+    out = np.zeros((nseq, h, max_q, max_k), np.float32)
+    lse = np.asarray(lse, np.float32)
+    for b in range(nseq):
+        q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+        if q1 == q0 or k1 == k0:
+            continue
+        out[b, :, :q1 - q0, :k1 - k0] = dropout_probs_host(
+            q_words[None, q0:q1], k_words[None, k0:k1], lse[None, :, q0:q1], dtype, softmax_scale,
+            causal, p, seed, offset, first_batch=b)[0]
+    return out

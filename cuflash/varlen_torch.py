@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from . import api, varlen
@@ -178,3 +179,308 @@ def attention(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal:
                                                     bool(deterministic), config, bwd_config))
     return torch.ops.cuflash.varlen_fwd(q, k, v, cu_q, cu_k, int(max_q), int(max_k), float(scale),
                                         bool(causal), _encode(config))
+
+
+# ---------------------------------------------------------------------------------------
+# varlen with features (window, softcap, ALiBi, dropout): cuflash.varlen's feature plans.
+# Two more ops, so that the plain ones above keep their schema and their hot path:
+#   cuflash::varlen_fwd_features(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+#       max_seqlen_k, softmax_scale, causal, alibi_slopes?, window_left, window_right, softcap,
+#       dropout_p, rng_state?, config) -> (out, lse)
+#   cuflash::varlen_bwd_features(dout, q, k, v, out, lse, ..., deterministic, ...) -> (dq, dk, dv)
+# rng_state: dropout's int64[2] (seed, offset) on the device (read by the kernels, never on
+# the host); alibi_slopes fp32 (nheads,) or (batch, nheads).
+
+def _problem(op, q, k, cu_q, max_q, max_k, causal, slopes, window, softcap, dropout_p,
+             deterministic=False):
+    return varlen.features_problem(op, _DTYPES[q.dtype], cu_q.shape[0] - 1, max_q, max_k, q.shape[1],
+                                   k.shape[1], q.shape[2], causal, window, softcap,
+                                   None if slopes is None else slopes.dim() == 2, dropout_p,
+                                   deterministic)
+
+
+def _ptr(x) -> int:
+    return 0 if x is None else x.data_ptr()
+
+
+def forward_features(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool,
+                     slopes, window, softcap: float, dropout_p: float, rng, config=None):
+    """(out, lse) of a varlen call with features; no autograd. Inputs validated by the API."""
+    d = q.shape[-1]
+    padded = api.padded_head_dim(d)
+    if padded != d:
+        out, lse = forward_features(*(_pad(x, padded) for x in (q, k, v)), cu_q, cu_k, max_q, max_k,
+                                    scale, causal, slopes, window, softcap, dropout_p, rng, config)
+        return out[..., :d].contiguous(), lse
+    total_q, nheads, _ = q.shape
+    total_k = k.shape[0]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q.device)
+    if total_q == 0 or nheads == 0 or max_q == 0:
+        return out, lse
+    if total_k == 0 or max_k == 0:
+        out.zero_()
+        lse.fill_(math.inf)
+        return out, lse
+    q, k, v = _ready(q), _ready(k), _ready(v)
+    cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
+    slopes = None if slopes is None else slopes.contiguous()
+    strides = {"q": _strides3(q), "k": _strides3(k), "v": _strides3(v),
+               "o": varlen.contiguous3(q.shape)}
+    problem = _problem("fwd", q, k, cu_q, max_q, max_k, causal, slopes, window, softcap, dropout_p)
+    plan = varlen.feature_plan(problem, (total_q, total_k), strides, float(scale), q.device.index,
+                               config)
+    if api.POISON_OUTPUTS:
+        out.fill_(math.nan)
+        lse.fill_(math.nan)
+    varlen.run_features(plan, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()),
+                        0, _raw_stream(plan.device), cu_q.data_ptr(), cu_k.data_ptr(), _ptr(slopes),
+                        _ptr(rng) if dropout_p else 0)
+    return out, lse
+
+
+def backward_features(dout, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, scale: float,
+                      causal: bool, deterministic: bool, slopes, window, softcap: float,
+                      dropout_p: float, rng, config=None):
+    """(dq, dk, dv) of a varlen call with features; no autograd."""
+    d = q.shape[-1]
+    padded = api.padded_head_dim(d)
+    if padded != d:
+        grads = backward_features(*(_pad(x, padded) for x in (dout, q, k, v, out)), lse, cu_q, cu_k,
+                                  max_q, max_k, scale, causal, deterministic, slopes, window, softcap,
+                                  dropout_p, rng, config)
+        return tuple(g[..., :d].contiguous() for g in grads)
+    total_q, nheads, _ = q.shape
+    total_k = k.shape[0]
+    if total_q == 0 or total_k == 0 or nheads == 0 or max_q == 0 or max_k == 0:
+        return tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    dout = dout.clone(memory_format=torch.contiguous_format) if (
+        not dout.is_contiguous() or dout.data_ptr() & 15) else dout
+    q, k, v, out = _ready(q), _ready(k), _ready(v), _ready(out)
+    lse, cu_q, cu_k = lse.contiguous(), cu_q.contiguous(), cu_k.contiguous()
+    slopes = None if slopes is None else slopes.contiguous()
+    strides = {"dout": _strides3(dout), "q": _strides3(q), "k": _strides3(k), "v": _strides3(v),
+               "o": _strides3(out), "dq": varlen.contiguous3(q.shape),
+               "dk": varlen.contiguous3(k.shape), "dv": varlen.contiguous3(k.shape)}
+    problem = _problem("bwd", q, k, cu_q, max_q, max_k, causal, slopes, window, softcap, dropout_p,
+                       deterministic)
+    plan = varlen.feature_plan(problem, (total_q, total_k), strides, float(scale), q.device.index,
+                               config)
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    ws = torch.empty(max(plan.workspace_bytes, 1), dtype=torch.uint8, device=q.device)
+    if api.POISON_OUTPUTS:
+        for x in (dq, dk, dv):
+            x.fill_(math.nan)
+    varlen.run_features(plan, (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                               out.data_ptr(), lse.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+                               dv.data_ptr()), ws.data_ptr(), _raw_stream(plan.device),
+                        cu_q.data_ptr(), cu_k.data_ptr(), _ptr(slopes), _ptr(rng) if dropout_p else 0)
+    return dq, dk, dv
+
+
+torch.library.define("cuflash::varlen_fwd_features",
+                     "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+                     "int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool causal, "
+                     "Tensor? alibi_slopes, int window_left, int window_right, float softcap, "
+                     "float dropout_p, Tensor? rng_state, str config) -> (Tensor, Tensor)")
+torch.library.define("cuflash::varlen_bwd_features",
+                     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                     "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
+                     "float softmax_scale, bool causal, bool deterministic, Tensor? alibi_slopes, "
+                     "int window_left, int window_right, float softcap, float dropout_p, "
+                     "Tensor? rng_state, str config) -> (Tensor, Tensor, Tensor)")
+
+
+@torch.library.impl("cuflash::varlen_fwd_features", "CUDA")
+def _fwd_features_op(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, slopes, left, right, softcap,
+                     dropout_p, rng, config):
+    return forward_features(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, slopes, (left, right),
+                            softcap, dropout_p, rng, _decode(config, q.dtype, causal))
+
+
+@torch.library.impl("cuflash::varlen_bwd_features", "CUDA")
+def _bwd_features_op(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, deterministic,
+                     slopes, left, right, softcap, dropout_p, rng, config):
+    return backward_features(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal,
+                             deterministic, slopes, (left, right), softcap, dropout_p, rng,
+                             _decode(config, q.dtype, causal))
+
+
+@torch.library.register_fake("cuflash::varlen_fwd_features")
+def _(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, slopes, left, right, softcap, dropout_p, rng,
+      config):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device))
+
+
+@torch.library.register_fake("cuflash::varlen_bwd_features")
+def _(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, deterministic, slopes, left,
+      right, softcap, dropout_p, rng, config):
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+
+
+class VarlenFeatureFn(torch.autograd.Function):
+    """out, lse = varlen attention with features; the backward runs the varlen backward kernels
+    with the same features (dropout: the forward's RNG state regenerates its mask).
+    args = (max_q, max_k, scale, causal, deterministic, window, softcap, dropout_p, config,
+    bwd_config); slopes, rng: tensors or None (no gradient)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, slopes, rng, args):
+        max_q, max_k, scale, causal, deterministic, window, softcap, dropout_p, config, bwd_config = args
+        out, lse = torch.ops.cuflash.varlen_fwd_features(q, k, v, cu_q, cu_k, max_q, max_k, scale,
+                                                         causal, slopes, window[0], window[1], softcap,
+                                                         dropout_p, rng, _encode(config))
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, slopes, rng)
+        ctx.args = args
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse=None):
+        q, k, v, out, lse, cu_q, cu_k, slopes, rng = ctx.saved_tensors
+        max_q, max_k, scale, causal, deterministic, window, softcap, dropout_p, _, bwd_config = ctx.args
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = torch.ops.cuflash.varlen_bwd_features(dout, q, k, v, out, lse, cu_q, cu_k, max_q,
+                                                           max_k, scale, causal, deterministic, slopes,
+                                                           window[0], window[1], softcap, dropout_p,
+                                                           rng, _encode(bwd_config))
+        return dq, dk, dv, None, None, None, None, None
+
+
+def rng_state(dropout_p: float, dropout_seed, device):
+    """Dropout's int64[2] state of a call: None without dropout; drawn from torch's CUDA
+    generator, or the caller's dropout_seed (a state tensor is cloned: autograd's backward
+    regenerates the mask from it, an in-place update of the caller's must not reach it)."""
+    if not dropout_p:
+        return None
+    from . import torch_ops
+
+    if dropout_seed is None:
+        return torch_ops.draw_rng_state(device)
+    rng = torch_ops.rng_state_of(dropout_seed, device)
+    return rng.clone() if rng is dropout_seed else rng
+
+
+def attention_features(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, feats,
+                       deterministic: bool, dropout_seed=None, config=None, bwd_config=None):
+    """(out, lse, rng) of a validated torch CUDA varlen call with features
+    (``cuflash.api.FeatureArgs``), with autograd when q, k or v need it; rng: the dropout
+    state used (None without dropout)."""
+    if feats.dropout_p and torch.compiler.is_compiling():
+        raise NotImplementedError("dropout_p: attention dropout on the GPU is not supported under "
+                                  "torch.compile yet (eager and CUDA graphs are)")
+    rng = rng_state(feats.dropout_p, dropout_seed, q.device)
+    slopes = None if feats.alibi_slopes is None else feats.alibi_slopes.detach()
+    window = tuple(int(w) for w in feats.window_size)
+    args = (int(max_q), int(max_k), float(scale), bool(feats.causal), bool(deterministic), window,
+            float(feats.softcap), float(feats.dropout_p), config, bwd_config)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = VarlenFeatureFn.apply(q, k, v, cu_q, cu_k, slopes, rng, args)
+    else:
+        out, lse = torch.ops.cuflash.varlen_fwd_features(q, k, v, cu_q, cu_k, *args[:4], slopes,
+                                                         window[0], window[1], args[6], args[7], rng,
+                                                         _encode(config))
+    return out, lse, rng
+
+
+def dropout_probs(q, k, lse, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool,
+                  dropout_p: float, rng):
+    """S_dmask of a varlen call with dropout (for testing; reads q, k, lse, cu_seqlens and the
+    RNG state back to the host): cuflash.dropout.varlen_dropout_probs_host on q's device."""
+    from .dropout import varlen_dropout_probs_host
+
+    def words(x):
+        return x.detach().contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
+
+    seed, offset = (int(x) & (2 ** 64 - 1) for x in rng.tolist())
+    probs = varlen_dropout_probs_host(words(q), words(k), lse.detach().cpu().numpy(),
+                                      cu_q.cpu().numpy(), cu_k.cpu().numpy(), int(max_q), int(max_k),
+                                      _DTYPES[q.dtype], scale, causal, dropout_p, seed, offset)
+    return torch.from_numpy(probs).to(q.device)
+
+
+# ---------------------------------------------------------------------------------------
+# paged K/V cache (block_table): forward only, eager (and CUDA graphs: launches by address on
+# the current stream); a backward through it raises NotImplementedError naming block_table
+
+def _ready_cache(x):
+    """A (num_pages, page_block_size, nheads_kv, head_dim) cache, or a contiguous aligned copy
+    when the kernels cannot read it in place."""
+    if x.stride(-1) == 1 and not x.data_ptr() & 15 and all(
+            s % 8 == 0 for s, n in zip(x.stride()[:3], x.shape[:3]) if n > 1):
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def forward_paged(q, k, v, cu_q, cu_k, block_table, max_q: int, max_k: int, scale: float,
+                  causal: bool, slopes, window, softcap: float, config=None):
+    """(out, lse) of a validated paged call (cuflash.varlen.paged_plan); no autograd."""
+    d = q.shape[-1]
+    padded = api.padded_head_dim(d)
+    if padded != d:
+        out, lse = forward_paged(*(_pad(x, padded) for x in (q, k, v)), cu_q, cu_k, block_table, max_q,
+                                 max_k, scale, causal, slopes, window, softcap, config)
+        return out[..., :d].contiguous(), lse
+    total_q, nheads, _ = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q.device)
+    if total_q == 0 or nheads == 0 or max_q == 0:
+        return out, lse
+    if max_k == 0:
+        out.zero_()
+        lse.fill_(math.inf)
+        return out, lse
+    if not q.is_contiguous() or q.data_ptr() & 15:
+        q = q.clone(memory_format=torch.contiguous_format)
+    k, v = _ready_cache(k), _ready_cache(v)
+    cu_q, cu_k, table = cu_q.contiguous(), cu_k.contiguous(), block_table.contiguous()
+    slopes = None if slopes is None else slopes.contiguous()
+    problem = varlen.features_problem("fwd", _DTYPES[q.dtype], cu_q.shape[0] - 1, max_q, max_k, nheads,
+                                      k.shape[2], q.shape[2], causal, window, softcap,
+                                      None if slopes is None else slopes.dim() == 2, paged=True)
+    paged = (k.shape[1], k.shape[0], table.shape[1], table.shape[1])
+    plan = varlen.paged_plan(problem, total_q, _strides3(q), tuple(k.stride()), tuple(v.stride()), paged,
+                             float(scale), q.device.index, config)
+    if api.POISON_OUTPUTS:
+        out.fill_(math.nan)
+        lse.fill_(math.nan)
+    varlen.run_features(plan, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()),
+                        0, _raw_stream(plan.device), cu_q.data_ptr(), cu_k.data_ptr(), _ptr(slopes), 0,
+                        table.data_ptr())
+    return out, lse
+
+
+class PagedNoBackwardFn(torch.autograd.Function):
+    """out, lse of a paged call for inputs that require grad: the backward raises (flash-attn
+    has no backward through a paged cache either)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, run):
+        out, lse = run()
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse=None):
+        raise NotImplementedError("block_table: the backward through a paged K/V cache is not "
+                                  "implemented (use packed k, v without block_table for training)")
+
+
+def attention_paged(q, k, v, cu_q, cu_k, block_table, max_q: int, max_k: int, scale: float, feats,
+                    config=None):
+    """(out, lse) of a validated torch CUDA paged call (``cuflash.api.FeatureArgs``)."""
+    if torch.compiler.is_compiling():
+        raise NotImplementedError("block_table: a paged K/V cache is not supported under "
+                                  "torch.compile yet (eager and CUDA graphs are)")
+    slopes = None if feats.alibi_slopes is None else feats.alibi_slopes.detach()
+
+    def run():
+        return forward_paged(q.detach(), k.detach(), v.detach(), cu_q, cu_k, block_table, int(max_q),
+                             int(max_k), float(scale), bool(feats.causal), slopes,
+                             tuple(int(w) for w in feats.window_size), float(feats.softcap), config)
+
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return PagedNoBackwardFn.apply(q, k, v, run)
+    return run()

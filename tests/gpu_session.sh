@@ -7,6 +7,7 @@
 #   sanitize: compute-sanitizer memcheck on every family and the API features, racecheck per
 #            family and on the features, synccheck on the sm_90 families (tests/gpu_sanitize.py)
 #   features: GPU tests of window/softcap/ALiBi, varlen, dropout, decode, FP8 and sm90_bwd
+#   varlenfeat: GPU tests of varlen with window/softcap/ALiBi/dropout and of block_table (paged)
 #   measure: overhead, startup, fwd, fwd+bwd benchmarks, IO table
 #   measure2: FP8 forward, features, dropout, varlen and decode benchmarks
 #   tune:    re-tune this GPU's table (bf16 and fp16; forward d 64/128/256, backward d 64/128;
@@ -52,6 +53,10 @@ case "${1:-check}" in
     step decode 180 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_decode_gpu.py
     step fp8 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fp8_gpu.py
     step sm90_bwd 180 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_sm90_bwd_gpu.py
+    ;;
+  varlenfeat)  # varlen with window/softcap/ALiBi/dropout, and block_table (fa2_fwd_paged)
+    step varlen_features 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_varlen_features_gpu.py
+    step varlen_paged 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_varlen_paged_gpu.py
     ;;
   measure)
     step overhead 60 python3 -m cuflash bench --mode overhead

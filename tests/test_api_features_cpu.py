@@ -442,7 +442,7 @@ def test_bad_feature_arguments(no_reference, kw, error, pattern):
     (dict(q=torch.zeros(1, 5, 4, 8, dtype=torch.float64)), ValueError, r"^q: expected 3 dimensions \(total_tokens"),
     (dict(k=torch.zeros(6, 2, 4, dtype=torch.float64)), ValueError, r"^k, v: headdim must match"),
     (dict(alibi_slopes=torch.ones(3, 4)), ValueError, r"^alibi_slopes: expected shape .* \(batch, nheads\) = \(2, 4\)"),
-    (dict(block_table=torch.zeros(2, 1, dtype=torch.int32)), NotImplementedError, r"^block_table"),
+    (dict(block_table=torch.zeros(2, 1, dtype=torch.int32)), ValueError, r"^k: expected 4 dimensions \(num_blocks"),
 ])
 def test_bad_varlen_arguments(no_reference, change, error, pattern):
     args = dict(q=torch.zeros(5, 4, 8, dtype=torch.float64), k=torch.zeros(6, 2, 8, dtype=torch.float64),
@@ -515,9 +515,14 @@ def test_numpy_varlen_names_it(monkeypatch):
     # varlen alone runs the varlen kernels: validated, then the GPU is asked for
     with pytest.raises(pytest.fail.Exception, match="reached the GPU"):
         flash_attn_varlen_func(q, k, v, cu, cu, 3, 3)
-    # with window, softcap, ALiBi or dropout it is refused by name, before the GPU
-    with pytest.raises(UnsupportedFeature, match=r"^cu_seqlens_q/cu_seqlens_k, window_size=\(1, 1\)"):
+    # with window, softcap or ALiBi it runs the varlen kernels too; dropout with a window is
+    # refused by name, before the GPU
+    with pytest.raises(pytest.fail.Exception, match="reached the GPU"):
         flash_attn_varlen_func(q, k, v, cu, cu, 3, 3, window_size=(1, 1))
+    with pytest.raises(UnsupportedFeature, match=r"^dropout_p=0.5, cu_seqlens_q/cu_seqlens_k, "
+                                                 r"window_size=\(1, 1\)"):
+        flash_attn_varlen_func(q, k, v, cu, cu, 3, 3, dropout_p=0.5, window_size=(1, 1),
+                               dropout_seed=1)
     with pytest.raises(ValueError, match=r"^cu_seqlens_k: must start at 0"):  # validated first
         flash_attn_varlen_func(q, k, v, cu, cu[::-1].copy(), 3, 3)
     with pytest.raises(TypeError, match=r"^alibi_slopes: dtype must be float32"):

@@ -162,13 +162,18 @@ def other_features(problem: Problem) -> tuple:
 BAND_SCORE = ("alibi", "softcap", "window")
 
 
+# features that the varlen call paths pass with varlen (cuflash.varlen, cuflash.varlen_torch):
+# the kernels build every mask, score modifier and dropout counter from the sequence's own
+# lengths and its batch index (kernels_cu/varlen.cuh)
+VARLEN_MIX = ("alibi", "dropout", "paged", "softcap", "window")
+
+
 def feature_mix(family, problem: Problem) -> str:
     """'' unless ``problem`` mixes features that no call path passes together yet (the kernels
-    have every flag): varlen with any other feature of the family (window / softcap / ALiBi /
-    dropout), or dropout with window / softcap / ALiBi (the dropout and the features paths of
-    the API are separate)."""
+    have every flag): varlen with a feature of the family outside VARLEN_MIX, or dropout with
+    window / softcap / ALiBi (the dropout and the features paths of the API are separate)."""
     if is_varlen(problem):
-        mixed = [f for f in other_features(problem) if f in family.features]
+        mixed = [f for f in other_features(problem) if f in family.features and f not in VARLEN_MIX]
         if mixed:
             return f"{family.name} has no feature {mixed[0]!r} with varlen"
     if "dropout" in problem.features:
@@ -231,6 +236,10 @@ class FA2Forward(Family):
             cfg = FwdConfig(128, 32, 4, 2, d, dtype, causal)
         elif d <= 64:
             cfg = FwdConfig(128, 64, 4, 2, d, dtype, causal)
+        elif d <= 128 and "dropout" in problem.features and is_varlen(problem):
+            # the sequence offsets on top of the Philox rounds: 4 warps of 2 row tiles spill
+            # on sm_80 (nvcc 13.0, 76 bytes at d 128); 8 warps of one tile each spill nothing
+            cfg = FwdConfig(128, 32, 8, 2, d, dtype, causal)
         elif d <= 128:
             cfg = FwdConfig(128, 32, 4, 2, d, dtype, causal)
         else:
