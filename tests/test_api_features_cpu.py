@@ -582,3 +582,17 @@ def test_gpu_sanitize_forces_the_heuristic_of_the_calls_features():
     assert drop.features == ("dropout",) and sm90.supports((9, 0), drop)
     assert fa2.heuristic(drop, (8, 0)).Bc == 32
     assert not any("dropout_p" in keys for keys, _, _ in by_spec["sm90_fwd"])
+
+
+def test_unsupported_features_name_the_features_not_an_odd_head_dim():
+    """An odd head dim is padded on the GPU paths: when the features themselves are what no
+    family runs (dropout with a window), the error gives the families' reasons for them, not
+    'headdim must be a multiple of 8'."""
+    from cuflash.api import UnsupportedFeature, raise_unsupported
+    from cuflash.problem import Problem
+
+    p = Problem("fwd", "bf16", 1, 8, 8, 2, 2, 59, features=("dropout", "window"), dropout_p=0.1,
+                window=(3, 3))
+    with pytest.raises(UnsupportedFeature, match=r"^dropout_p, window_size: .*no feature") as info:
+        raise_unsupported(p, {})
+    assert "multiple of 8" not in str(info.value)
