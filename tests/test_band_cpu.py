@@ -99,7 +99,8 @@ def test_sm90_window_heuristic_aligns_bn(d):
     fam = registry.get("sm90_fwd")
     for feats in (("window",), ("alibi", "window"), ("alibi", "softcap", "window")):
         for causal in (False, True):
-            cfg = fam.for_problem(fam.heuristic(window_problem(d, feats, causal)), window_problem(d, feats, causal))
+            p = window_problem(d, feats, causal)
+            cfg = fam.for_problem(fam.heuristic(p), p)
             assert cfg.BM % cfg.BN == 0 and cfg.persistent and cfg.window, cfg.name
             assert not cfg.problems(), cfg.problems()
     plain = fam.heuristic(window_problem(128, ()))

@@ -107,7 +107,8 @@ def case_problem(case: str, dtype: str, d: int, s: int, op: str = "fwd") -> Prob
     p = Problem.fa_convention(op, dtype, d, kw["causal"], s)
     feature = feature_of(case)
     if feature == "window":
-        return p.replace(features=("window",), window=(kw["window_size"][0], 0 if kw["causal"] else kw["window_size"][1]))
+        left, right = kw["window_size"]
+        return p.replace(features=("window",), window=(left, 0 if kw["causal"] else right))
     if feature == "softcap":
         return p.replace(features=("softcap",), softcap=kw["softcap"])
     if feature == "alibi":
