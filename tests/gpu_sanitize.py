@@ -1,6 +1,7 @@
 """Edge shapes for compute-sanitizer (memcheck, racecheck): run under it, not under pytest.
 
     compute-sanitizer --tool memcheck python tests/gpu_sanitize.py [--families fa2_fwd sm90_fwd ...]
+    compute-sanitizer --tool racecheck python tests/gpu_sanitize.py --features
 
 --families: only these kernel families (default: every registered one; the default-selection
 run at the end happens only without the option).
@@ -11,6 +12,7 @@ epilogue, GQA reduction, through torch autograd) in every key-group layout its s
 (fa2_bwd: qsplit 1 and 2; sm90_fwd: persistent off and on) and in deterministic mode. Each
 decode family (op decode: flash_attn_with_kvcache) runs DECODE_SHAPES with num_splits 1, 3, 0.
 """
+import itertools
 import os
 import sys
 
@@ -64,6 +66,9 @@ DECODE_SHAPES = [  # (batch, seqlen_q, cache_seqlens, nheads, nheads_kv, hdim, p
 ]
 
 
+SPLITS = (1, 3, 0)  # num_splits of each decode shape
+
+
 def sanitize_decode(family):
     """flash_attn_with_kvcache on edge shapes (empty rows, paged with odd page sizes, append +
     rotary, leftpad), num_splits 1, 3 and 0, for the decode family (the API selects it)."""
@@ -73,7 +78,7 @@ def sanitize_decode(family):
             p = Problem("decode", name, b, sq, max(lens) + new, h, hkv, d)
             if heuristic(family, p) is None:
                 continue
-            for splits in (1, 3, 0):
+            for splits in SPLITS:
                 cap = max(lens) + new
                 if page:
                     blocks = -(-cap // page)
@@ -100,7 +105,79 @@ def sanitize_decode(family):
     return runs
 
 
+FEATURE_SHAPES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_kv, hdim)
+    (1, 17, 113, 4, 1, 64), (2, 203, 130, 4, 2, 128), (1, 300, 300, 2, 2, 59),
+]
+FEATURES = [  # flash_attn_func keywords: window (with and without causal), softcap, ALiBi, dropout
+    dict(causal=True, window_size=(40, 0)), dict(window_size=(33, 7)), dict(softcap=20.0),
+    dict(causal=True, alibi_slopes="heads"), dict(alibi_slopes="batch", window_size=(50, 50)),
+    dict(dropout_p=0.17), dict(causal=True, dropout_p=0.17),
+]
+
+
+def sanitize_features():
+    """Window, softcap, ALiBi (each forward family forced with its heuristic config, backward by
+    the default) and dropout (fa2 families), forward + backward through torch autograd, then
+    variable-length batches (lengths 0, 1, 17, 113) plain and causal."""
+    runs = 0
+    for b, sq, sk, h, hkv, d in FEATURE_SHAPES:
+        for name, dtype in DTYPES.items():
+            for kw in FEATURES:
+                kw = dict(kw)
+                slopes = kw.pop("alibi_slopes", None)
+                if slopes is not None:
+                    shape = (h,) if slopes == "heads" else (b, h)
+                    kw["alibi_slopes"] = torch.rand(shape, device="cuda") * 0.5
+                feats = tuple(f for f, on in (("dropout", kw.get("dropout_p")), ("softcap", kw.get("softcap")),
+                                              ("window", "window_size" in kw), ("alibi", slopes)) if on)
+                problem = Problem("fwd", name, b, sq, sk, h, hkv, -(-d // 8) * 8, kw.get("causal", False))
+                for fwd in registry.families("fwd"):
+                    if any(f not in getattr(fwd, "features", ()) for f in feats):
+                        continue
+                    cfg = heuristic(fwd, problem)
+                    if cfg is None:
+                        continue
+                    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+                    k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
+                            for _ in range(2))
+                    out = cuflash.flash_attn_func(q, k, v, config=cfg, **kw)
+                    out.backward(torch.randn_like(out))
+                    runs += 1
+    for name, dtype in DTYPES.items():
+        for causal in (False, True):
+            lens_q, lens_k = [0, 1, 17, 113], [5, 1, 113, 40]
+            cu_q = torch.tensor([0] + list(itertools.accumulate(lens_q)), dtype=torch.int32, device="cuda")
+            cu_k = torch.tensor([0] + list(itertools.accumulate(lens_k)), dtype=torch.int32, device="cuda")
+            q = torch.randn(sum(lens_q), 4, 64, device="cuda", dtype=dtype, requires_grad=True)
+            k, v = (torch.randn(sum(lens_k), 2, 64, device="cuda", dtype=dtype, requires_grad=True)
+                    for _ in range(2))
+            out = cuflash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)
+            out.backward(torch.randn_like(out))
+            runs += 1
+    return runs
+
+
+def _quick() -> None:
+    """--quick (for racecheck, which tracks every shared-memory access and runs ~100x slower):
+    bf16 only: a ragged MQA shape (d 40), a causal GQA d128 one with s_q > s_k, d 160 and the
+    FP8 one; the decode shapes with 3 splits and the heuristic's."""
+    global SHAPES, DTYPES, DECODE_SHAPES, FEATURE_SHAPES, SPLITS
+    SHAPES = [SHAPES[i] for i in (1, 2, 7, 9)]
+    DTYPES = {"bf16": DTYPES["bf16"]}
+    DECODE_SHAPES = DECODE_SHAPES[1:4]
+    FEATURE_SHAPES = FEATURE_SHAPES[:2]
+    SPLITS = (3, 0)
+
+
 def main():
+    if "--quick" in sys.argv:
+        sys.argv.remove("--quick")
+        _quick()
+    if "--features" in sys.argv:  # the API features' kernels (see sanitize_features)
+        runs = sanitize_features()
+        torch.cuda.synchronize()
+        print(f"sanitize features done: {runs} runs")
+        return 0
     only = set(sys.argv[sys.argv.index("--families") + 1:]) if "--families" in sys.argv else None
     picked = lambda fam: only is None or fam.name in only  # noqa: E731
     runs = 0

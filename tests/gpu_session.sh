@@ -3,9 +3,9 @@
 # whose commands are capped at 10 minutes: run it in two halves, `gpu_session.sh check` and
 # `gpu_session.sh measure`). Logs go to $OUT (default results/<gpu>/logs); results to results/<gpu>/.
 #
-#   check:   precompile (parallel), GPU tests (fwd, bwd, tuning), compute-sanitizer memcheck and
-#            racecheck on every family and synccheck on the sm_90 ones (tests/gpu_sanitize.py,
-#            kernels already in the cache)
+#   check:   precompile (parallel), GPU tests (fwd, bwd, tuning), then sanitize
+#   sanitize: compute-sanitizer memcheck on every family and the API features, racecheck per
+#            family and on the features, synccheck on the sm_90 families (tests/gpu_sanitize.py)
 #   features: GPU tests of window/softcap/ALiBi, varlen, dropout, decode, FP8 and sm90_bwd
 #   measure: overhead, startup, fwd, fwd+bwd benchmarks, IO table
 #   measure2: FP8 forward, features, dropout, varlen and decode benchmarks
@@ -26,13 +26,23 @@ step() {  # name seconds command...: skipped when the budget is spent
   local t0=$(date +%s); timeout "$t" "$@" > "$OUT/$name.log" 2>&1
   echo "$name rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUT/steps.log"
 }
+sanitize() {  # memcheck on everything; racecheck (--quick shapes) per family (so a slow one does not hide the rest); synccheck on sm_90 families
+  step memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu_sanitize.py
+  step memcheck_features 150 compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu_sanitize.py --features
+  for fam in fa2_fwd fa2_bwd sm90_fwd sm90_fwd_fp8 sm90_bwd decode_splitkv; do
+    step "racecheck_$fam" 150 compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu_sanitize.py --quick --families "$fam"
+  done
+  step racecheck_features 200 compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu_sanitize.py --quick --features
+  step synccheck 150 compute-sanitizer --tool synccheck --error-exitcode 1 python3 tests/gpu_sanitize.py --families sm90_fwd sm90_fwd_fp8 sm90_bwd
+}
 case "${1:-check}" in
   check)
     step precompile 120 python3 tests/gpu_precompile.py --processes "$(nproc)"
     step pytest_core 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_flash_fwd_gpu.py tests/test_flash_bwd_gpu.py tests/test_tuning_gpu.py
-    step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu_sanitize.py
-    step racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu_sanitize.py
-    step synccheck 120 compute-sanitizer --tool synccheck --error-exitcode 1 python3 tests/gpu_sanitize.py --families sm90_fwd sm90_fwd_fp8 sm90_bwd
+    sanitize
+    ;;
+  sanitize)  # compute-sanitizer only (kernels compiled by an earlier step or run)
+    sanitize
     ;;
   features)  # the flash_attn API's features and the newer families, one step each
     step precompile 120 python3 tests/gpu_precompile.py --processes "$(nproc)"
@@ -61,5 +71,5 @@ case "${1:-check}" in
     step tune_fwd 240 python3 -m cuflash tune --op fwd --trials 10 --dtype bf16,fp16 --hdim 64,128,256 --causal both --seqlen 2048,4096,8192,16384 --table-dir tuning/configs --no-progress --no-plots
     step tune_bwd 300 python3 -m cuflash tune --op bwd --trials 8 --dtype bf16,fp16 --hdim 64,128 --causal both --seqlen 2048,4096,8192,16384 --table-dir tuning/configs --no-progress --no-plots
     ;;
-  *) echo "usage: tests/gpu_session.sh [check|features|measure|measure2|tune]"; exit 2 ;;
+  *) echo "usage: tests/gpu_session.sh [check|sanitize|features|measure|measure2|tune]"; exit 2 ;;
 esac
