@@ -21,7 +21,8 @@ the forward ("fwd") and forward + backward ("fwdbwd", torch.autograd.grad) of:
                   backend, which takes no attn_mask), dropout as dropout_p; softcap has none.
                   A refusal is recorded as the record's error, never silently skipped.
   sdpa_nested     (varlen) SDPA on nested (jagged) tensors of the same sequences, where this
-                  torch runs it (else the error)
+                  torch runs it, else the error (torch 2.11 refuses is_causal with nested query /
+                  key: varlen_causal records that; the non-causal varlen case runs it)
 Samples interleaved in one process on the same tensors (cuflash.timing through
 common.measure). Before timing, every cuflash kernel the run needs is compiled in parallel
 worker processes (cuflash.compile.precompile), so a cold cache costs one parallel compile.
@@ -303,9 +304,12 @@ def varlen_case(case, dtype, d, s, passes, log):
     douts = {"cuflash": do, "cuflash_plain": dop}
     errors = {}
     try:  # jagged nested tensors (B, j, h, d), seen by SDPA as (B, h, j, d)
+        offsets = cu.to(torch.int64)
+
         def nest(x, grad):
-            return torch.nested.nested_tensor([x[cu[i]:cu[i + 1]].detach() for i in range(b)],
-                                              layout=torch.jagged, requires_grad=grad)
+            # one offsets tensor for all: the same ragged size, so the output and its gradient
+            # match (nested tensors built apart get different ragged sizes, j1 != j2).
+            return torch.nested.nested_tensor_from_jagged(x.detach().clone(), offsets).requires_grad_(grad)
 
         qn, kn, vn = nest(q, True), nest(k, True), nest(v, True)
         sdpa = torch.nn.functional.scaled_dot_product_attention
