@@ -494,11 +494,13 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     return (out, lse, None) if return_attn_probs else out
 
 
-_FP8_OF: dict = {}  # dtype -> is it e4m3 (str() of a NumPy dtype costs ~2 µs per call)
+_FP8_OF: dict = {}  # NumPy dtype -> is it e4m3 (str() of a NumPy dtype costs ~2 µs per call)
 
 
 def _is_fp8(x) -> bool:
     dtype = getattr(x, "dtype", "")
+    if not isinstance(dtype, np.dtype):  # torch dtypes (str is cheap; torch.compile traces it)
+        return str(dtype).endswith("float8_e4m3fn")
     try:
         return _FP8_OF[dtype]
     except (KeyError, TypeError):  # a first sight, or an unhashable dtype attribute
@@ -676,7 +678,7 @@ def _dropout_func(q, k, v, tq: _Tensor, tk: _Tensor, problem: Problem, scale: fl
             probs = torch.zeros((b, h, sq, sk), dtype=torch.float32, device=q.device)
             return (out, lse, probs) if return_attn_probs else out
         rng = None if dropout_seed is None else torch_ops.rng_state_of(dropout_seed, q.device)
-        if rng is dropout_seed:  # the caller's state tensor: autograd's backward regenerates the
+        if rng is not None and rng is dropout_seed:  # the caller's state tensor: autograd's backward regenerates the
             rng = rng.clone()    # forward's mask from it, so a later in-place update must not reach it
         out, lse, rng = torch_ops.dropout_attention(q, k, v, problem, scale, rng, config, bwd_config)
         if not return_attn_probs:

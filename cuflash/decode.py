@@ -17,8 +17,10 @@ before anything runs.
   split count depends on shapes only, the per-row lengths are read on the device, where values
   out of range are clamped, never read out of bounds). Under torch.compile the call goes
   through the ``cuflash::kvcache`` torch op.
-* CuPy and NumPy arrays raise ``cuflash.UnsupportedFeature`` after validation (the cache is
-  updated in place: cuflash does not copy it to or from the GPU). Nothing is launched.
+* CuPy arrays run the same kernels and plans (keyed and validated the same way), with the
+  outputs from CuPy's memory pool and the launches on CuPy's current stream.
+* NumPy arrays raise ``cuflash.UnsupportedFeature`` after validation (the cache is updated in
+  place: cuflash does not copy it to and from the GPU). Nothing is launched.
 
 Where cuflash differs from flash-attn 2.8 (all on the accepting side, none changes a result
 flash-attn gives): any ``page_block_size`` and any even ``rotary_dim`` are accepted (flash-attn's
@@ -339,9 +341,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     torch CPU tensors run the float64 reference, torch CUDA tensors the decode_splitkv kernels
     (head dims that are multiples of 8, up to 256; 16-byte aligned tensors whose strides but the
-    head dim's are multiples of 8 elements). CuPy and NumPy arrays raise
-    cuflash.UnsupportedFeature after validation, before any launch and without touching the
-    cache.
+    head dim's are multiples of 8 elements), and so do CuPy arrays (on CuPy's current stream).
+    NumPy arrays raise cuflash.UnsupportedFeature after validation, before any launch and
+    without touching the cache.
     """
     torch = sys.modules.get("torch")  # not imported: q is no torch tensor (cuflash imports none)
     if torch is not None and isinstance(q, torch.Tensor) and torch.compiler.is_compiling():
@@ -367,6 +369,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                 _gpu_plans[key] = entry
         out, lse = entry.run(args)
         return (out, lse) if return_softmax_lse else out
+    if api._kind(q) == "cupy":  # the same kernels, on CuPy's current stream
+        args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                cache_leftpad, block_table, alibi_slopes)
+        key = _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+                       num_splits, _cupy_array())
+        try:
+            entry = _cupy_plans.get(key) if key is not None else None
+        except TypeError:  # an unhashable argument: validation below names it
+            entry = key = None
+        if entry is None:
+            entry = _gpu_entry(args, softmax_scale, causal, window_size, softcap,
+                               rotary_interleaved, num_splits, arrays=_CupyArrays())
+            if key is not None:
+                _cupy_plans[key] = entry
+        out, lse = entry.run(args)
+        return (out, lse) if return_softmax_lse else out
     call = check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                          window_size, softcap, rotary_interleaved, alibi_slopes, num_splits)
@@ -379,7 +397,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
 
 def _raise_unsupported(call: KVCacheCall) -> None:
-    """GPU-kind inputs other than torch CUDA tensors (NumPy, CuPy): no launch."""
+    """NumPy inputs (the cache lives on the host; the kernels update it in place on the GPU):
+    no launch."""
     from .registry import families
 
     dtype = call.tq.dtype if call.tq.dtype in ("bf16", "fp16") else "bf16"
@@ -395,7 +414,7 @@ def _raise_unsupported(call: KVCacheCall) -> None:
             "(cuflash.reference.attention_kvcache)")
     raise api.UnsupportedFeature(
         f"q, k_cache, v_cache: flash_attn_with_kvcache runs its GPU kernels on torch CUDA tensors "
-        f"only, got {call.tq.kind} arrays (the cache is updated in place, so cuflash does not copy "
+        f"and CuPy arrays, got {call.tq.kind} arrays (the cache is updated in place, so cuflash does not copy "
         "it); torch CPU tensors run the float64 reference (cuflash.reference.attention_kvcache)")
 
 
@@ -411,6 +430,7 @@ def _tensor_class():
 
 def _drop_gpu_plans() -> None:
     _gpu_plans.clear()
+    _cupy_plans.clear()
 
 
 def _register_drop() -> None:
@@ -425,7 +445,8 @@ _register_drop()
 _SCALAR_TYPES = (int, float, bool, tuple)
 
 
-def _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits):
+def _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
+             array_class=None):
     """Everything validation reads of a call, as one tuple (None: do not cache, e.g. a 0-d
     tensor scale, hashable by identity, which would key a plan per call). An unhashable
     argument makes the lookup raise TypeError: the caller validates, which names it. Values
@@ -434,6 +455,9 @@ def _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleav
     for x in scalars:
         if x is not None and x.__class__ not in _SCALAR_TYPES:
             return None
+    if array_class is not None:  # CuPy arrays: shape, byte strides, dtype, device
+        return (*[None if x is None else (x.shape, x.strides, x.dtype, x.device.id)
+                  if isinstance(x, array_class) else (x.__class__, x) for x in args], *scalars)
     tensor = _tensor_class()
     # subclasses (nn.Parameter) too, by layout; an int cache_seqlens by value
     return (*[None if x is None else (x.shape, x.stride(), x.dtype, x.device)
@@ -475,6 +499,93 @@ class _GpuEntry:
         return out, lse
 
 
+_cupy_plans: dict = {}
+
+
+def _cupy_array():
+    import cupy
+
+    return cupy.ndarray
+
+
+class _TorchArrays:
+    """How _gpu_entry reads torch tensors (strides in elements)."""
+    entry_class = _GpuEntry
+
+    def __init__(self):
+        torch = sys.modules["torch"]
+        self.array, self.f32, self.u8 = torch.Tensor, torch.float32, torch.uint8
+        try:
+            self.raw_stream = torch._C._cuda_getCurrentRawStream
+        except AttributeError:  # pragma: no cover - older torch
+            self.raw_stream = lambda index: torch.cuda.current_stream(index).cuda_stream
+
+    @staticmethod
+    def strides(x) -> tuple:
+        return tuple(x.stride())
+
+    @staticmethod
+    def is_contiguous(x) -> bool:
+        return x.is_contiguous()
+
+
+class _CupyEntry(_GpuEntry):
+    """_GpuEntry.run for CuPy arrays: outputs and workspace from CuPy's pool, the launch on
+    CuPy's current stream of the arrays' device."""
+    __slots__ = ()
+
+    def run(self, args):
+        import cupy
+
+        if cupy.cuda.runtime.getDevice() != self.device:
+            with cupy.cuda.Device(self.device):
+                return self.run(args)
+        q = args[0]
+        out = cupy.empty(self.out_shape, q.dtype)
+        lse = cupy.empty(self.lse_shape, cupy.float32)
+        if self.empty:
+            out.fill(0)
+            lse.fill(np.inf)
+            return out, lse
+        if self.contiguous:
+            args = list(args)
+            for i in self.contiguous:
+                args[i] = cupy.ascontiguousarray(args[i])
+        ptrs = [0] * len(args)
+        for i in self.slots:
+            ptrs[i] = args[i].data.ptr
+        if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
+            i = next(i for i in range(5) if ptrs[i] & 15)
+            raise ValueError(f"{_ARG_NAMES[i]}: the decode kernels read 16-byte chunks; its data "
+                             f"must start on a 16-byte boundary (got address {ptrs[i]:#x})")
+        if api.POISON_OUTPUTS:
+            out.view(cupy.uint16).fill(0x7FFF)  # a NaN in bf16 and fp16 alike
+            lse.fill(np.nan)
+        ws = cupy.empty(self.ws_bytes, cupy.uint8) if self.ws_bytes else None
+        self.plan.run((*ptrs, out.data.ptr, lse.data.ptr), 0 if ws is None else ws.data.ptr,
+                      cupy.cuda.get_current_stream().ptr)
+        return out, lse
+
+
+class _CupyArrays:
+    """How _gpu_entry reads CuPy arrays (byte strides turned into elements)."""
+    entry_class = _CupyEntry
+
+    def __init__(self):
+        import cupy
+
+        self.array, self.f32, self.u8 = cupy.ndarray, cupy.float32, cupy.uint8
+        self.raw_stream = None  # _CupyEntry.run reads CuPy's current stream
+
+    @staticmethod
+    def strides(x) -> tuple:
+        return tuple(s // x.itemsize for s in x.strides)
+
+    @staticmethod
+    def is_contiguous(x) -> bool:
+        return x.flags.c_contiguous
+
+
 _ARG_NAMES = ("q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens",
               "cache_batch_idx", "cache_leftpad", "block_table", "alibi_slopes")
 
@@ -505,7 +616,7 @@ def kvcache_with_config(config, q, k_cache, v_cache, k=None, v=None, rotary_cos=
 
 
 def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
-               config=None):
+               config=None, arrays=None):
     """First call of a GPU call shape: validate everything (errors name the argument), choose
     the family and config (or check the given one), fix the split count, build the plan."""
     from . import _gpu
@@ -517,19 +628,15 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
     call = check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                          window_size, softcap, rotary_interleaved, alibi_slopes, num_splits)
-    entry = _GpuEntry()
+    arrays = _TorchArrays() if arrays is None else arrays  # torch tensors, or CuPy arrays
+    entry = arrays.entry_class()
     b, sq, h, d = call.tq.shape
     entry.out_shape, entry.lse_shape = (b, sq, h, d), (b, h, sq)
     entry.device = call.tq.device
     entry.empty = b == 0 or h == 0 or (sq == 0 and not call.seqlen_new)
     entry.contiguous, entry.ws_bytes, entry.plan = (), 0, None
-    torch = sys.modules["torch"]
-    entry.slots = tuple(i for i, x in enumerate(args) if isinstance(x, torch.Tensor))
-    entry.f32, entry.u8 = torch.float32, torch.uint8
-    try:
-        entry.raw_stream = torch._C._cuda_getCurrentRawStream
-    except AttributeError:  # pragma: no cover - older torch
-        entry.raw_stream = lambda index: torch.cuda.current_stream(index).cuda_stream
+    entry.slots = tuple(i for i, x in enumerate(args) if isinstance(x, arrays.array))
+    entry.f32, entry.u8, entry.raw_stream = arrays.f32, arrays.u8, arrays.raw_stream
     if entry.empty:
         return entry
     _gpu.require("flash_attn_with_kvcache")
@@ -538,20 +645,20 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
     family, cfg, _ = choose(problem, _gpu.arch(dev), _gpu.name(dev), _gpu.max_smem(dev), config)
     # 16-byte rows: every stride but the head dim's in whole 8-element (16-byte) chunks
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
-        if x is not None and any(s % 8 for s, n in zip(x.stride()[:3], x.shape) if n > 1):
+        if x is not None and any(s % 8 for s, n in zip(arrays.strides(x)[:3], x.shape) if n > 1):
             raise ValueError(f"{name}: the decode kernels read 16-byte chunks; strides (elements) "
-                             f"must be multiples of 8 but the head dim's, got {tuple(x.stride())}")
+                             f"must be multiples of 8 but the head dim's, got {arrays.strides(x)}")
     contiguous = [i for i, x in ((5, rotary_cos), (6, rotary_sin), (7, cache_seqlens),
                                  (8, cache_batch_idx), (9, cache_leftpad), (10, block_table),
                                  (11, alibi_slopes))
-                  if isinstance(x, torch.Tensor) and not x.is_contiguous()]
+                  if isinstance(x, arrays.array) and not arrays.is_contiguous(x)]
     entry.contiguous = tuple(contiguous)
     splits = (getattr(cfg, "splits", 0) or call.num_splits
               or family.split_count(cfg, problem, _gpu.sm_count(dev), _gpu.max_smem(dev)))
     if sq == 0:
         splits = 1
     cfg = cfg.replace(splits=splits).validate(_gpu.max_smem(dev))
-    stride3 = lambda x: tuple(x.stride()[:3]) if x is not None else (0, 0, 0)  # noqa: E731
+    stride3 = lambda x: arrays.strides(x)[:3] if x is not None else (0, 0, 0)  # noqa: E731
     fixed = cache_seqlens if isinstance(cache_seqlens, Integral) else call.capacity
     strides = {
         "q": stride3(q), "k_cache": stride3(k_cache), "v_cache": stride3(v_cache),

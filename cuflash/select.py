@@ -2,8 +2,8 @@
 
 Order of choice:
 1. ``config=`` given by the caller: its family, checked against the problem and device;
-2. else the highest-priority registered family of the op whose ``supports(arch, problem)``
-   says yes, with
+2. else the highest-ranked registered family of the op (``Family.rank(problem)``, its
+   ``priority`` unless it ranks per problem) whose ``supports(arch, problem)`` says yes, with
    a. the tuned entry for (op, family, dtype, head dim, causal, features, seqlen bucket) of
       this GPU (exact bucket first, then the nearest), if it is not stale;
    b. else the family's heuristic.
@@ -357,8 +357,8 @@ def choose(problem: Problem, arch, gpu_name: str = "", max_smem: Optional[int] =
             raise ValueError(f"config: {why}")
         return fam, fam.for_problem(config, problem).validate(max_smem), "given"
     reasons = []
-    candidates = families(problem.op) if family is None else \
-        [get(family) if isinstance(family, str) else family]
+    candidates = sorted(families(problem.op), key=lambda f: -f.rank(problem)) if family is None \
+        else [get(family) if isinstance(family, str) else family]
     refused = []      # families that do not take the dtype: named only when none does
     for fam in candidates:
         why = dtype_refusal(fam, problem)

@@ -540,3 +540,17 @@ def test_cupy_backward_copies_a_misaligned_contiguous_dout(fake_cupy, monkeypatc
     api.flash_attn_backward(g(dout_np), q, k, v, out, lse)
     (ptrs,) = launched
     assert ptrs[0] % 16 == 0 and ptrs[0] != dout_np.ctypes.data
+
+
+def test_fp8_check_traces_under_torch_compile_after_numpy_calls():
+    """The e4m3 check caches NumPy dtypes only: a torch dtype never meets that dict, whose
+    NumPy keys torch.compile(fullgraph=True) cannot compare (a graph break, i.e. an error)."""
+    torch = pytest.importorskip("torch")
+    from cuflash import api
+
+    assert not api._is_fp8(np.zeros(2, np.float16))   # NumPy dtypes now in the cache
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    assert not api._is_fp8(np.zeros(2, ml_dtypes.bfloat16))   # the one dynamo cannot hash
+    fn = torch.compile(lambda x: x * 2 if not api._is_fp8(x) else x, fullgraph=True, backend="eager")
+    assert torch.equal(fn(torch.ones(3)), torch.full((3,), 2.0))
+    assert api._is_fp8(torch.zeros(1).to(torch.float8_e4m3fn))

@@ -239,7 +239,7 @@ def test_fwdbwd_loop_on_cpu(tmp_path, fake_gpu):
     bwd_families = [f"cuflash:{f.name}" for f in registry.families("bwd")
                     if not f.supports((9, 0), Problem.fa_convention("bwd", "bf16", 64, True, 32))]
     assert list(by) == (bwd_families + [n + "[det]" for n in bwd_families] + ["sdpa_flash", "sdpa_cudnn"])
-    assert bwd_families[0] == "cuflash:fa2_bwd"
+    assert "cuflash:fa2_bwd" in bwd_families
     c, det = by["cuflash:fa2_bwd"], by["cuflash:fa2_bwd[det]"]
     assert det["config"].endswith("_det") and not c["config"].endswith("_det")
     assert "bf16_d64_causal" in c["fwd_config"]  # the forward family chosen for this GPU

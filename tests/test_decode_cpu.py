@@ -515,7 +515,8 @@ def test_gpu_kind_inputs_raise_before_any_launch(changes, monkeypatch):
     args = _numpy_call(**changes)
     kc0 = args["k_cache"].copy()
     with pytest.raises(UnsupportedFeature, match=r"^q, k_cache, v_cache: flash_attn_with_kvcache "
-                                                 r"runs its GPU kernels on torch CUDA tensors only, "
+                                                 r"runs its GPU kernels on torch CUDA tensors and CuPy "
+                                                 r"arrays, "
                                                  r"got numpy arrays .*torch CPU tensors run the "
                                                  r"float64 reference") as info:
         flash_attn_with_kvcache(**args)

@@ -347,3 +347,26 @@ def test_backward_with_dropout_on_torch_cpu_raises_before_any_plan(monkeypatch):
     lse = torch.zeros(1, 2, 8, dtype=torch.float32)
     with pytest.raises(api.UnsupportedFeature, match=r"^dropout_p: flash_attn_backward"):
         api.flash_attn_backward(q, q, q, q, q, lse, dropout_p=0.1, dropout_seed=1)
+
+
+def test_torch_gpu_route_without_a_seed_draws_from_torch(monkeypatch):
+    """A torch GPU call with dropout and no dropout_seed passes rng=None down (the torch route
+    then draws a state from torch's generator); it must not treat None as the caller's tensor."""
+    torch = pytest.importorskip("torch")
+    from cuflash import torch_ops
+
+    seen = []
+
+    def fake_dropout_attention(q, k, v, problem, scale, rng, config, bwd_config):
+        seen.append(rng)
+        return q, torch.zeros(1), None
+
+    monkeypatch.setattr(torch_ops, "dropout_attention", fake_dropout_attention)
+    q = torch.zeros(1, 3, 2, 8)
+    tq = api._Tensor("torch", "bf16", (1, 3, 2, 8), (48, 16, 8, 1), 0, 0)
+    out = api._dropout_func(q, q, q, tq, tq, drop_problem(d=8), 0.35, None, False, None, None)
+    assert out is q and seen == [None]
+    state = torch.tensor([5, 0], dtype=torch.int64)
+    monkeypatch.setattr(torch_ops, "rng_state_of", lambda seed, device: seed)
+    api._dropout_func(q, q, q, tq, tq, drop_problem(d=8), 0.35, state, False, None, None)
+    assert seen[1] is not state and torch.equal(seen[1], state)  # the caller's tensor is copied

@@ -70,7 +70,9 @@ def test_each_rule(change, pattern):
 
 
 def test_space_and_heuristic():
-    assert FAM.priority < registry.get("fa2_bwd").priority
+    fa2 = registry.get("fa2_bwd")
+    assert FAM.rank(problem(128)) > fa2.rank(problem(128)) and FAM.rank(problem(80)) > fa2.rank(problem(80))
+    assert FAM.rank(problem(64)) < fa2.rank(problem(64))
     valid = {d: sorted((c.BM, c.BN, c.stages, c.consumers) for c in FAM.valid(problem(d), 227 * 1024))
              for d in HEAD_DIMS}
     assert valid == {64: [(64, 64, 2, 1), (64, 64, 3, 1)], 128: [(64, 128, 2, 2), (64, 128, 3, 2)]}
@@ -90,7 +92,12 @@ def test_supports_and_selection():
     assert FAM.supports((10, 0), problem(64)).startswith("sm90_bwd needs sm_90 exactly")
     assert "implements op 'bwd', not 'fwd'" in FAM.supports((9, 0), problem(64).replace(op="fwd"))
     p = problem(128)
-    assert choose(p, (9, 0))[0].name == "fa2_bwd"                      # not the default yet
+    assert choose(p, (9, 0))[0].name == "sm90_bwd"                     # the default at d 65..128
+    assert choose(problem(64), (9, 0))[0].name == "fa2_bwd"            # fa2_bwd is faster at d 64
+    assert choose(p, (8, 0))[0].name == "fa2_bwd"                      # and everywhere off sm_90
+    assert choose(p.replace(features=("window",), window=(8, 0)), (9, 0))[0].name == "fa2_bwd"
+    forced = fa2 = registry.get("fa2_bwd").heuristic(p)
+    assert choose(p, (9, 0), config=fa2)[0].name == "fa2_bwd"           # config= forces fa2_bwd
     forced = FAM.heuristic(p)
     fam, cfg, _ = choose(p, (9, 0), config=forced)
     assert fam is FAM and cfg == forced                                 # config= forces it

@@ -130,7 +130,7 @@ def test_info_lists_tables_and_the_config_in_force(monkeypatch, dirs):
     assert "<- heuristic (" in bwd64 and "stale skipped" in bwd64
 
 
-def test_config_in_force_on_sm90_is_sm90_fwd_and_fa2_bwd(dirs):
+def test_config_in_force_on_sm90_is_sm90_fwd_and_the_ranked_bwd(dirs):
     user, _ = dirs
     save_entries([fresh(FWD, Br=128, Bc=64, warps=4, stages=3)], "Fake GPU", (9, 0))
     lines = cli.config_in_force_lines("Fake GPU", (9, 0), H100_SMEM, dirs=[user], head_dims=(64, 128))
@@ -138,7 +138,8 @@ def test_config_in_force_on_sm90_is_sm90_fwd_and_fa2_bwd(dirs):
     bwd = [ln for ln in lines if ln.startswith("  bwd ")]
     assert len(fwd) == len(bwd) == 8            # 2 dtypes x 2 head dims x causal or not
     assert all(ln.startswith("  fwd sm90_fwd ") and "<- heuristic" in ln for ln in fwd), fwd
-    assert all(ln.startswith("  bwd fa2_bwd ") and "<- heuristic" in ln for ln in bwd), bwd
+    assert all(ln.startswith("  bwd fa2_bwd " if " d=64 " in ln else "  bwd sm90_bwd ")
+               and "<- heuristic" in ln for ln in bwd), bwd
 
 
 def test_config_in_force_says_unsupported(monkeypatch):

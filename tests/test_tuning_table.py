@@ -304,7 +304,8 @@ def test_choose_returns_tuned_or_heuristic(dirs):
 
 def test_choose_on_sm90_prefers_sm90_fwd_over_a_tuned_fa2_fwd_entry(dirs):
     """On sm_90 the forward is sm90_fwd's (priority 1), a fa2_fwd entry notwithstanding;
-    family="fa2_fwd" still reads it. The backward stays fa2_bwd's."""
+    family="fa2_fwd" still reads it. The backward is sm90_bwd's at head dims 65..128 (its rank),
+    fa2_bwd's at 64."""
     sm90 = registry.get("sm90_fwd")
     save_entries([entry(Bc=32, stages=3)], GPU, (9, 0))
     fam, cfg, source = choose(problem(), (9, 0), GPU, H100_SMEM)
@@ -312,7 +313,10 @@ def test_choose_on_sm90_prefers_sm90_fwd_over_a_tuned_fa2_fwd_entry(dirs):
     assert cfg == sm90.heuristic(problem(), (9, 0), H100_SMEM)
     cfg, source = pick(arch=(9, 0), max_smem=H100_SMEM, family="fa2_fwd")
     assert (cfg.Bc, cfg.stages) == (32, 3) and source.startswith("tuned ")
-    assert choose(problem("bwd"), (9, 0), GPU, H100_SMEM)[0] is BWD
+    bwd = problem("bwd")
+    assert choose(bwd, (9, 0), GPU, H100_SMEM)[0] is registry.get(
+        "sm90_bwd" if 64 < bwd.head_dim <= 128 else "fa2_bwd")
+    assert choose(bwd.replace(head_dim=64), (9, 0), GPU, H100_SMEM)[0] is BWD
 
 
 def test_backward_entries_and_deterministic_variant(dirs):

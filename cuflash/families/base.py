@@ -157,6 +157,12 @@ class Family:
             return config
         return config.replace(**want)
 
+    def rank(self, problem: Problem) -> int:
+        """Selection order for ``problem`` among the families that support it: highest first
+        (ties: registration order). ``priority`` by default; a family measured faster on
+        part of its range only ranks itself per problem."""
+        return self.priority
+
     def head_dim_of(self, head_dim: int) -> int:
         """The compile-time head dim that serves a real one (rounded up)."""
         return -(-head_dim // 16) * 16

@@ -12,8 +12,8 @@ any strides and copies it when TMA cannot read it in place), the dQ convert and 
 dK/dV reduction are fa2_bwd's kernels: sm90_bwd.cu includes fa2_bwd.cu, and Sm90BwdParams
 starts with BwdParams field for field (the workspace layout is fa2_bwd's too).
 
-Selection: ``priority = -1`` (below fa2_bwd) until it is measured faster on the H100; force it
-with ``config=`` / ``bwd_config=``. Head dims up to 128 (kernels for 64 and 128); no features
+Selection: ranked above fa2_bwd for head dims 65..128, below it at head dims <= 64, as measured
+on the H100 (``rank``); ``config=`` / ``bwd_config=`` force either. Head dims up to 128 (kernels for 64 and 128); no features
 (window, softcap, ALiBi, dropout, varlen): supports() refuses them and selection falls back to
 fa2_bwd. Not implemented yet: head dims 96/192/256, TMA bulk reduce-add for dQ, swap-AB, a
 BM = 128 tile at head dim 64 (ptxas spills it under the 240-register budget).
@@ -153,11 +153,19 @@ class Sm90Backward(Family):
     pointer_fields = FA2Backward.pointer_fields
     min_arch = (9, 0)
     arch_suffix = "a"
-    priority = -1      # below fa2_bwd until measured faster on the H100
+    priority = 1       # above fa2_bwd where it is faster: see rank()
     max_head_dim = HEAD_DIMS[-1]   # supports() refuses larger head dims: selection falls back
     dout_any_strides = True  # the preprocess reads dout through any strides (copies it if need be)
     description = ("Hopper backward: K/V-block CTAs, TMA ring of Q/dO, wgmma SS/RS, dQ by fp32 "
                    "red.add (or ordered); fa2_bwd's preprocess / convert / GQA kernels")
+
+    def rank(self, problem: Problem) -> int:
+        """Above fa2_bwd (priority 0) at head dims 65..128, below it at <= 64. Measured on the
+        H100 (bench --mode fwdbwd, bf16, seqlens 2k..16k, causal and not; results/<gpu>/
+        bench_fwdbwd.json): backward TFLOPs at d 128 1.3-1.6x fa2_bwd's (357-439 vs 222-282);
+        at d 64 0.81-1.0x (224-266 vs 214-309): its BM = 64 tile there (BM = 128 spills)
+        leaves the tensor cores underfed."""
+        return self.priority if problem.head_dim > 64 else -1
 
     def supports(self, arch, problem: Problem) -> str:
         why = (f"{self.name} implements op {self.op!r}, not {problem.op!r}" if problem.op != self.op
