@@ -276,7 +276,9 @@ def check_features(tq: _Tensor, dropout_p=0.0, window_size=(-1, -1), softcap=0.0
 def raise_unsupported(problem: Problem, given: dict) -> None:
     """GPU input with features: raise UnsupportedFeature naming the arguments unless some
     registered family supports the problem (none does yet: then the launch is not wired)."""
-    reasons = [f.supports((99, 9), problem) for f in families(problem.op, problem.dtype)]
+    # the reasons of the problem the GPU paths run: an odd head dim is padded (not the reason)
+    reasons = [f.supports((99, 9), _head_dim_padded(problem))
+               for f in families(problem.op, problem.dtype)]
     names = [f for f in problem.features]
     args = ", ".join(given.get(f, FEATURES[f][0]) for f in names)
     whats = [FEATURES[f][1] for f in names]
@@ -291,12 +293,17 @@ def raise_unsupported(problem: Problem, given: dict) -> None:
                              "does not pass it to the kernels yet")
 
 
+def _head_dim_padded(problem: Problem) -> Problem:
+    """``problem`` with its head dim zero-padded to a multiple of 8, as the GPU paths run it
+    (``padded_head_dim``)."""
+    padded = padded_head_dim(problem.head_dim)
+    return problem if padded == problem.head_dim else problem.replace(head_dim=padded)
+
+
 def gpu_supported(problem: Problem) -> bool:
     """Whether some registered family runs ``problem`` (features included) on some GPU, its
     head dim zero-padded to a multiple of 8 as the GPU paths do (``padded_head_dim``)."""
-    padded = padded_head_dim(problem.head_dim)
-    if padded != problem.head_dim:
-        problem = problem.replace(head_dim=padded)
+    problem = _head_dim_padded(problem)
     return any(not f.supports((99, 9), problem) for f in families(problem.op))
 
 

@@ -455,6 +455,12 @@ def _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleav
     for x in scalars:
         if x is not None and x.__class__ not in _SCALAR_TYPES:
             return None
+    # and the classes validation tells apart: True == 1 == 1.0 and (-1.0, -1) == (-1, -1) hash
+    # alike, but a bool scale or softcap, a bool or float num_splits and a float window bound
+    # are rejected (the flags take bools and ints alike: their values suffice)
+    w = window_size
+    scalars += (softmax_scale.__class__, softcap.__class__, num_splits.__class__,
+                (w[0].__class__, w[1].__class__) if w.__class__ is tuple and len(w) == 2 else None)
     if array_class is not None:  # CuPy arrays: shape, byte strides, dtype, device
         return (*[None if x is None else (x.shape, x.strides, x.dtype, x.device.id)
                   if isinstance(x, array_class) else (x.__class__, x) for x in args], *scalars)

@@ -115,26 +115,37 @@ FEATURES = [  # flash_attn_func keywords: window (with and without causal), soft
 ]
 
 
+def feature_problem(name, b, sq, sk, h, hkv, d, spec):
+    """The forward Problem of one FEATURES call as the API builds it: its features (sorted) and
+    the head dim padded to a multiple of 8. The heuristics read the features (sm90_fwd narrows
+    BN with window + ALiBi, fa2_fwd takes Bc 32 with dropout at d <= 64: the wider tiles spill),
+    and supports() refuses a family that lacks one (sm90_fwd: dropout)."""
+    feats = sorted(f for f, on in (("dropout", spec.get("dropout_p")), ("softcap", spec.get("softcap")),
+                                   ("window", "window_size" in spec), ("alibi", spec.get("alibi_slopes")))
+                   if on)
+    return Problem("fwd", name, b, sq, sk, h, hkv, -(-d // 8) * 8, spec.get("causal", False),
+                   features=tuple(feats), dropout_p=spec.get("dropout_p", 0.0),
+                   window=spec.get("window_size", (-1, -1)), softcap=spec.get("softcap", 0.0),
+                   alibi_batched=spec.get("alibi_slopes") == "batch")
+
+
 def sanitize_features():
-    """Window, softcap, ALiBi (each forward family forced with its heuristic config, backward by
-    the default) and dropout (fa2 families), forward + backward through torch autograd, then
-    variable-length batches (lengths 0, 1, 17, 113) plain and causal."""
+    """Window, softcap, ALiBi (each forward family forced with its heuristic config for the
+    call's features, backward by the default) and dropout (fa2 families), forward + backward
+    through torch autograd, then variable-length batches (lengths 0, 1, 17, 113) plain and
+    causal."""
     runs = 0
     for b, sq, sk, h, hkv, d in FEATURE_SHAPES:
         for name, dtype in DTYPES.items():
-            for kw in FEATURES:
-                kw = dict(kw)
+            for spec in FEATURES:
+                problem = feature_problem(name, b, sq, sk, h, hkv, d, spec)
+                kw = dict(spec)
                 slopes = kw.pop("alibi_slopes", None)
                 if slopes is not None:
                     shape = (h,) if slopes == "heads" else (b, h)
                     kw["alibi_slopes"] = torch.rand(shape, device="cuda") * 0.5
-                feats = tuple(f for f, on in (("dropout", kw.get("dropout_p")), ("softcap", kw.get("softcap")),
-                                              ("window", "window_size" in kw), ("alibi", slopes)) if on)
-                problem = Problem("fwd", name, b, sq, sk, h, hkv, -(-d // 8) * 8, kw.get("causal", False))
                 for fwd in registry.families("fwd"):
-                    if any(f not in getattr(fwd, "features", ()) for f in feats):
-                        continue
-                    cfg = heuristic(fwd, problem)
+                    cfg = heuristic(fwd, problem)  # None where the family lacks a feature
                     if cfg is None:
                         continue
                     q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)

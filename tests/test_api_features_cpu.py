@@ -559,3 +559,45 @@ def test_gpu_supported_pads_odd_head_dims():
                 window=(40, 10), softcap=15.0)
     assert gpu_supported(p)
     assert gpu_supported(p.replace(op="bwd"))
+
+
+def test_gpu_sanitize_forces_the_heuristic_of_the_calls_features():
+    """tests/gpu_sanitize.py --features forces each forward family's heuristic: for the call's
+    features (as the API selects), not the plain problem's (sm90_fwd's BN with window + ALiBi,
+    fa2_fwd's Bc with dropout at d 64 differ; the plain ones spill), and never sm90_fwd for
+    dropout."""
+    pytest.importorskip("torch")
+    import gpu_sanitize
+    from cuflash import registry
+
+    sm90, fa2 = registry.get("sm90_fwd"), registry.get("fa2_fwd")
+    by_spec = {}
+    for spec in gpu_sanitize.FEATURES:
+        for shape in gpu_sanitize.FEATURE_SHAPES:
+            p = gpu_sanitize.feature_problem("bf16", *shape, spec)
+            assert p.features == tuple(sorted(p.features)) and p.head_dim % 8 == 0
+            for fam in (sm90, fa2):
+                if not fam.supports((9, 0), p):
+                    by_spec.setdefault(fam.name, []).append(
+                        (tuple(sorted(spec)), p.head_dim, fam.heuristic(p, (9, 0))))
+    wa = gpu_sanitize.feature_problem("bf16", 2, 203, 130, 4, 2, 128,
+                                      dict(alibi_slopes="batch", window_size=(50, 50)))
+    assert wa.features == ("alibi", "window") and sm90.heuristic(wa, (9, 0)).BN == 144
+    drop = gpu_sanitize.feature_problem("bf16", 1, 17, 113, 4, 1, 64, dict(dropout_p=0.17))
+    assert drop.features == ("dropout",) and sm90.supports((9, 0), drop)
+    assert fa2.heuristic(drop, (8, 0)).Bc == 32
+    assert not any("dropout_p" in keys for keys, _, _ in by_spec["sm90_fwd"])
+
+
+def test_unsupported_features_name_the_features_not_an_odd_head_dim():
+    """An odd head dim is padded on the GPU paths: when the features themselves are what no
+    family runs (dropout with a window), the error gives the families' reasons for them, not
+    'headdim must be a multiple of 8'."""
+    from cuflash.api import UnsupportedFeature, raise_unsupported
+    from cuflash.problem import Problem
+
+    p = Problem("fwd", "bf16", 1, 8, 8, 2, 2, 59, features=("dropout", "window"), dropout_p=0.1,
+                window=(3, 3))
+    with pytest.raises(UnsupportedFeature, match=r"^dropout_p, window_size: .*no feature") as info:
+        raise_unsupported(p, {})
+    assert "multiple of 8" not in str(info.value)

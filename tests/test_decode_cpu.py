@@ -737,6 +737,39 @@ def test_gpu_entry_passes_tensor_subclasses_by_address(monkeypatch):
                                   (-1, -1), 0.0, True, 0)
 
 
+
+@pytest.mark.parametrize("valid,invalid", [
+    (dict(num_splits=0), dict(num_splits=False)), (dict(num_splits=1), dict(num_splits=1.0)),
+    (dict(softcap=0.0), dict(softcap=False)), (dict(softmax_scale=1.0), dict(softmax_scale=True)),
+    (dict(window_size=(-1, -1)), dict(window_size=(-1.0, -1))),
+    (dict(window_size=(1, 0)), dict(window_size=(True, 0))),
+], ids=lambda kw: "-".join(f"{k}={v!r}" for k, v in kw.items()))
+def test_gpu_key_tells_apart_what_validation_does(valid, invalid):
+    """True == 1 == 1.0 and (-1.0, -1) == (-1, -1) hash alike: keyed by value alone, a call that
+    validation rejects (a bool or float num_splits, a bool softcap or scale, a float window
+    bound) found the plan of an earlier valid call and ran unvalidated (the CuPy key too)."""
+    torch = pytest.importorskip("torch")
+    from cuflash import decode
+
+    q = torch.zeros(1, 1, 2, 16, dtype=torch.float16)
+    args = (q, q, q) + (None,) * 9
+    base = dict(softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                rotary_interleaved=True, num_splits=0)
+    names = list(base)
+    good, bad = dict(base, **valid), dict(base, **invalid)
+    decode.check_kvcache(q, q, q, **good)
+    with pytest.raises(TypeError):
+        decode.check_kvcache(q, q, q, **bad)
+    for array_class in (None, torch.Tensor):  # the torch key, and the CuPy one's shape
+        keys = [decode._gpu_key(args, *(kw[n] for n in names), array_class=array_class)
+                if array_class is None else
+                decode._gpu_key((None,) * 12, *(kw[n] for n in names), array_class=array_class)
+                for kw in (good, bad)]
+        assert keys[0] != keys[1]
+    # the flags take bools and ints alike: one plan for both
+    assert decode._gpu_key(args, None, True, (-1, -1), 0.0, 1, 0)[-10:] == \
+        decode._gpu_key(args, None, 1, (-1, -1), 0.0, True, 0)[-10:]
+
 def test_kvcache_traced_checks_its_scalars_as_eager_does():
     """The torch.compile route must not coerce what eager validation rejects: a negative int
     cache_seqlens became the op's -1 ("no int": the whole cache), int() truncated a float

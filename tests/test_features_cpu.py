@@ -296,14 +296,14 @@ def test_bench_features_mode_is_registered():
 def test_bench_features_table():
     from cuflash.bench.features import table
 
-    recs = [dict(impl="cuflash", case="alibi", op="fwd", dtype="bf16", hdim=128, seqlen=8192, ms=1.0,
-                 x_plain=1.1),
-            dict(impl="cuflash_plain", case="alibi", op="fwd", dtype="bf16", hdim=128, seqlen=8192,
-                 ms=0.9, x_plain=1.0),
-            dict(impl="sdpa_math", case="alibi", op="fwd", dtype="bf16", hdim=128, seqlen=8192,
-                 error="x")]
+    recs = [dict(impl="cuflash", feature="alibi", op="fwd", dtype="bf16", hdim=128, seqlen=8192, ms=1.0,
+                 ratio_vs_plain=1.1, **{"pass": "fwd"}),
+            dict(impl="cuflash_plain", feature="alibi", dtype="bf16", hdim=128, seqlen=8192,
+                 ms=0.9, ratio_vs_plain=1.0, **{"pass": "fwd"}),
+            dict(impl="sdpa_math", feature="alibi", dtype="bf16", hdim=128, seqlen=8192,
+                 error="x", **{"pass": "fwd"})]
     text = table(recs)
-    assert "| alibi | fwd | bf16 | 128 | 8192 | 1.000 | 0.900 | - | 1.1 |" in text
+    assert "| alibi | fwd | bf16 | 128 | 8192 | 1.000 | 0.900 | - | 1.1 | - | - |" in text
 
 
 def test_tuner_points_carry_the_features():

@@ -211,14 +211,16 @@ def test_dout_layouts_read_in_place(layout, det):
     check_grads(ours, ref, low)
 
 
-def test_flash_attn_backward_torch_with_config():
+@pytest.mark.parametrize("family", registry.families("bwd"), ids=lambda f: f.name)
+def test_flash_attn_backward_torch_with_config(family):
     """flash_attn_backward on torch tensors (no autograd) with an explicit config equals the
-    autograd path with that bwd_config."""
+    autograd path with that bwd_config, for each backward family (registry order is priority,
+    not selection: families("bwd")[0] became sm90_bwd, which skips off sm_90)."""
     import torch
 
     problem = grid_problem("bwd", "fp16", False, 64, (257, 300), "gqa")
     q, k, v, dout = inputs(problem)
-    cfg = device_heuristic(registry.families("bwd")[0], problem.replace(deterministic=True))
+    cfg = device_heuristic(family, problem.replace(deterministic=True))
     out, lse, _ = cuflash.flash_attn_func(q, k, v, return_attn_probs=True)
     direct = cuflash.flash_attn_backward(dout, q, k, v, out, lse, deterministic=True, config=cfg)
     _, auto = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, deterministic=True, bwd_config=cfg),

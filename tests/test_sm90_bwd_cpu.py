@@ -71,7 +71,8 @@ def test_each_rule(change, pattern):
 
 def test_space_and_heuristic():
     fa2 = registry.get("fa2_bwd")
-    assert FAM.rank(problem(128)) > fa2.rank(problem(128)) and FAM.rank(problem(80)) > fa2.rank(problem(80))
+    assert FAM.rank(problem(128)) > fa2.rank(problem(128)) and FAM.rank(problem(104)) > fa2.rank(problem(104))
+    assert FAM.rank(problem(96)) < fa2.rank(problem(96))
     assert FAM.rank(problem(64)) < fa2.rank(problem(64))
     valid = {d: sorted((c.BM, c.BN, c.stages, c.consumers) for c in FAM.valid(problem(d), 227 * 1024))
              for d in HEAD_DIMS}
@@ -92,7 +93,7 @@ def test_supports_and_selection():
     assert FAM.supports((10, 0), problem(64)).startswith("sm90_bwd needs sm_90 exactly")
     assert "implements op 'bwd', not 'fwd'" in FAM.supports((9, 0), problem(64).replace(op="fwd"))
     p = problem(128)
-    assert choose(p, (9, 0))[0].name == "sm90_bwd"                     # the default at d 65..128
+    assert choose(p, (9, 0))[0].name == "sm90_bwd"                     # the default at d 97..128
     assert choose(problem(64), (9, 0))[0].name == "fa2_bwd"            # fa2_bwd is faster at d 64
     assert choose(p, (8, 0))[0].name == "fa2_bwd"                      # and everywhere off sm_90
     assert choose(p.replace(features=("window",), window=(8, 0)), (9, 0))[0].name == "fa2_bwd"

@@ -290,3 +290,13 @@ def test_precompile_covers_every_valid_config_of_every_study(monkeypatch, tmp_pa
     assert len(seen) == len(set(seen)) and set(seen) == want   # buckets share configs
     assert f"precompiled {len(want)} configs" in "\n".join(lines)
     assert any(ln.startswith(f"  precompiled {len(want)}/{len(want)}") for ln in lines)
+
+
+def test_info_families_says_which_families_rank_per_problem():
+    """sm90_bwd's priority (1) is not its selection order (Family.rank: below fa2_bwd at head
+    dims <= 64): info --families says it ranks per problem; the others rank by priority."""
+    lines = cli.info_families_lines()
+    assert "Family.rank" in lines[0]
+    by_name = {ln.split(":")[0].strip(): ln for ln in lines if ln.startswith("    ") and ": op " in ln}
+    assert "ranked per problem" in by_name["sm90_bwd"]
+    assert "ranked per problem" not in by_name["fa2_bwd"] and "ranked per problem" not in by_name["fa2_fwd"]

@@ -304,7 +304,7 @@ def test_choose_returns_tuned_or_heuristic(dirs):
 
 def test_choose_on_sm90_prefers_sm90_fwd_over_a_tuned_fa2_fwd_entry(dirs):
     """On sm_90 the forward is sm90_fwd's (priority 1), a fa2_fwd entry notwithstanding;
-    family="fa2_fwd" still reads it. The backward is sm90_bwd's at head dims 65..128 (its rank),
+    family="fa2_fwd" still reads it. The backward is sm90_bwd's at head dims 97..128 (its rank),
     fa2_bwd's at 64."""
     sm90 = registry.get("sm90_fwd")
     save_entries([entry(Bc=32, stages=3)], GPU, (9, 0))
@@ -315,7 +315,7 @@ def test_choose_on_sm90_prefers_sm90_fwd_over_a_tuned_fa2_fwd_entry(dirs):
     assert (cfg.Bc, cfg.stages) == (32, 3) and source.startswith("tuned ")
     bwd = problem("bwd")
     assert choose(bwd, (9, 0), GPU, H100_SMEM)[0] is registry.get(
-        "sm90_bwd" if 64 < bwd.head_dim <= 128 else "fa2_bwd")
+        "sm90_bwd" if 96 < bwd.head_dim <= 128 else "fa2_bwd")
     assert choose(bwd.replace(head_dim=64), (9, 0), GPU, H100_SMEM)[0] is BWD
 
 

@@ -316,9 +316,11 @@ def info_families_lines() -> list[str]:
     """Every registered kernel family: op, archs, version, code hash, space size and what it
     is. Needs no GPU and makes no CUDA call."""
     from cuflash.compile import code_hash
+    from cuflash.families.base import Family
     from cuflash.registry import OPS, families
 
-    lines = ["registered kernel families (per op, highest priority first):"]
+    lines = ["registered kernel families (per op, highest priority first; selection takes the "
+             "highest-ranked that runs the call, Family.rank):"]
     for op in OPS:
         fams = families(op)
         lines.append(f"  op {op}: {OPS[op].doc}" + ("" if fams else " (no family)"))
@@ -332,8 +334,12 @@ def info_families_lines() -> list[str]:
             archs = (f"sm_{major}{minor}{fam.arch_suffix} only" if fam.arch_suffix
                      else f"sm_{major}{minor}+")
             dims = " x ".join(f"{k} {len(v)}" for k, v in fam.space.items())
+            # a family that ranks itself per problem (Family.rank, e.g. by head dim) is not
+            # chosen by its priority alone: say so
+            ranked = ", ranked per problem" if type(fam).rank is not Family.rank else ""
             lines.append(f"    {fam.name}: op {fam.op}, {archs}, version {fam.version}, "
-                         f"code {h}, priority {fam.priority}, space {space_size(fam)} points ({dims})")
+                         f"code {h}, priority {fam.priority}{ranked}, space {space_size(fam)} "
+                         f"points ({dims})")
             if fam.description:
                 lines.append(f"      {fam.description}")
             lines.append(f"      features: {', '.join(supported_features(fam)) or 'none'} (a call "

@@ -17,9 +17,10 @@ Modes (results in results/<gpu name>/):
             call: startup.json
   io        the FlashAttention paper's IO table (GFLOPs, HBM bytes by ncu, runtime) for
             standard attention, SDPA flash and cuflash: io_table.{json,md}
-  features  sliding window 1024 at 8k, softcap, ALiBi vs the same call without the feature and
-            vs SDPA (math / efficient / cuDNN with an explicit mask, flash without):
-            bench_features.{json,csv}
+  features  sliding window 1024 at 8k (causal and not), softcap, ALiBi, dropout 0.1 and varlen
+            (mixed lengths vs the padded call), fwd and fwd+bwd, vs the same call without the
+            feature and vs SDPA where it has the feature: features.{json,csv}; the table gives
+            the window's cost over its visible fraction
   dropout   dropout_p 0.1 vs the same call without, cuflash and SDPA flash, fwd and fwd+bwd
             at seqlen 8k (--seqlens to change), d 64 and 128: bench_dropout.{json,csv}
   ring      context parallelism: cuflash.distributed ring attention, one process per GPU
@@ -88,8 +89,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--feature-seqlens", type=int, nargs="+", default=[8192],
                     help="features: seqlens (default 8192)")
     ap.add_argument("--feature-cases", nargs="+", default=None,
-                    help="features: cases (default all: window1024_causal window1024 softcap30 "
-                         "softcap30_causal alibi alibi_causal)")
+                    help="features: cases (default window1024_causal window1024 softcap30_causal "
+                         "alibi_causal dropout0.1_causal varlen_causal; also softcap30 alibi "
+                         "dropout0.1 varlen, not causal)")
     ap.add_argument("--out", default="results", help="results root (default results)")
     ap.add_argument("--ring-seqlens", type=int, nargs="+", default=None,
                     help="ring: total seqlens (default 131072 262144 524288 1048576)")
@@ -135,7 +137,7 @@ def run_mode(mode: str, a) -> object:
                        use_ncu=not a.no_ncu, reps=a.reps or 10, out=a.out)
     if mode == "features":
         return mod.run(hdims=a.feature_hdims, seqlens=a.feature_seqlens, dtypes=a.dtypes,
-                       cases=tuple(a.feature_cases or mod.CASES), out=a.out, reps=a.reps or 10,
+                       cases=tuple(a.feature_cases or mod.DEFAULT_CASES), out=a.out, reps=a.reps or 10,
                        flush_l2=a.flush_l2)
     if mode == "ring":
         return mod.run(seqlens=a.ring_seqlens or mod.SEQLENS,

@@ -12,7 +12,7 @@ any strides and copies it when TMA cannot read it in place), the dQ convert and 
 dK/dV reduction are fa2_bwd's kernels: sm90_bwd.cu includes fa2_bwd.cu, and Sm90BwdParams
 starts with BwdParams field for field (the workspace layout is fa2_bwd's too).
 
-Selection: ranked above fa2_bwd for head dims 65..128, below it at head dims <= 64, as measured
+Selection: ranked above fa2_bwd for head dims 97..128, below it at head dims <= 96, as measured
 on the H100 (``rank``); ``config=`` / ``bwd_config=`` force either. Head dims up to 128 (kernels for 64 and 128); no features
 (window, softcap, ALiBi, dropout, varlen): supports() refuses them and selection falls back to
 fa2_bwd. Not implemented yet: head dims 96/192/256, TMA bulk reduce-add for dQ, swap-AB, a
@@ -160,12 +160,13 @@ class Sm90Backward(Family):
                    "red.add (or ordered); fa2_bwd's preprocess / convert / GQA kernels")
 
     def rank(self, problem: Problem) -> int:
-        """Above fa2_bwd (priority 0) at head dims 65..128, below it at <= 64. Measured on the
+        """Above fa2_bwd (priority 0) at head dims 97..128, below it at <= 96. Measured on the
         H100 (bench --mode fwdbwd, bf16, seqlens 2k..16k, causal and not; results/<gpu>/
         bench_fwdbwd.json): backward TFLOPs at d 128 1.3-1.6x fa2_bwd's (357-439 vs 222-282);
         at d 64 0.81-1.0x (224-266 vs 214-309): its BM = 64 tile there (BM = 128 spills)
-        leaves the tensor cores underfed."""
-        return self.priority if problem.head_dim > 64 else -1
+        leaves the tensor cores underfed. Head dims 65..96 run its d-128 kernel (up to 1.6x
+        the work of fa2_bwd's rounded head dim) and are not measured: they stay on fa2_bwd."""
+        return self.priority if problem.head_dim > 96 else -1
 
     def supports(self, arch, problem: Problem) -> str:
         why = (f"{self.name} implements op {self.op!r}, not {problem.op!r}" if problem.op != self.op

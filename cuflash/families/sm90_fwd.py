@@ -218,6 +218,25 @@ def tensor_map(dtype: str, ptr: int, shape, strides, rows: int) -> bytes:
     return blob
 
 
+def window_tiles(head_dim: int) -> tuple:
+    """(BN, persistent) for a sliding-window forward (BM = 128), from the block counts of
+    results/NVIDIA_H100_80GB_HBM3/features_window_analysis.md (cuflash.band mirrors the kernel's
+    block ranges):
+    * BN divides BM (128 up to head dim 128, else 64, where 128 would not fit the registers or
+      shared memory): with window bounds that are multiples of BN (1024, 4096, ...) the band's
+      edges fall on block boundaries, so a Q block visits (BM + left + right) / BN blocks and
+      fewer of them need the element-wise mask. Window 1024 causal at 8k: 1.12x the visible
+      elements computed and 22% of the visited blocks masked at BN 128, 1.28x and 39% at the
+      plain heuristic's BN 176.
+    * persistent: a windowed Q block runs a short loop of equal length (9 K/V blocks there,
+      against 24 on average for the causal call), so the per-tile start (Q and first K/V loads,
+      the first S without a P V to overlap) weighs more; the persistent schedule loads the next
+      tile while the consumers finish the last one.
+    Depends only on the head dim, so the choice cache (keyed by the problem class, not the
+    window's run-time bounds) stays right."""
+    return (128 if head_dim <= 128 else 64), True
+
+
 class Sm90Forward(Family):
     name = "sm90_fwd"
     op = "fwd"
@@ -255,15 +274,15 @@ class Sm90Forward(Family):
         measured best at 16k on the H100 (results/NVIDIA_H100_80GB_HBM3/logs, sm90_check):
         d64 192, d128 176 (FA3's d128 tile too), d256 80; d192 112 (FA3's d192 tile, not yet
         measured here); d96 176, as d128 (not yet measured: FA3's d96 tile, 192 x 144 with three
-        consumer warpgroups, exceeds the 3-consumer register budget here)."""
+        consumer warpgroups, exceeds the 3-consumer register budget here). A sliding window takes
+        window_tiles' BN and the persistent schedule."""
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
-        bn = {64: 192, 96: 176, 128: 176, 192: 112}.get(d, 80)
-        if "window" in problem.features and "alibi" in problem.features:
-            # both band bounds and the ALiBi distance per element: ptxas (nvcc 13.0) spills at
-            # BN 192 (d64), 176 (d96, d128), not at 160 / 160 / 144 (not measured for speed yet)
-            bn = {64: 160, 96: 160, 128: 144}.get(d, bn)
-        cfg = Sm90FwdConfig(128, bn, 2, 2, True, False, d, problem.dtype, bool(problem.causal))
+        bn, persistent = {64: 192, 96: 176, 128: 176, 192: 112}.get(d, 80), False
+        if "window" in problem.features:
+            # (also under ALiBi: ptxas spilled with both at BN 192 (d64) / 176 (d128), not at 128)
+            bn, persistent = window_tiles(d)
+        cfg = Sm90FwdConfig(128, bn, 2, 2, True, persistent, d, problem.dtype, bool(problem.causal))
         return first_fitting(cfg, ({"BN": 64}, {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False}),
                              max_smem)
 
