@@ -582,7 +582,7 @@ def test_gpu_sanitize_forces_the_heuristic_of_the_calls_features():
                         (tuple(sorted(spec)), p.head_dim, fam.heuristic(p, (9, 0))))
     wa = gpu_sanitize.feature_problem("bf16", 2, 203, 130, 4, 2, 128,
                                       dict(alibi_slopes="batch", window_size=(50, 50)))
-    assert wa.features == ("alibi", "window") and sm90.heuristic(wa, (9, 0)).BN == 144
+    assert wa.features == ("alibi", "window") and sm90.heuristic(wa, (9, 0)).BN == 128
     drop = gpu_sanitize.feature_problem("bf16", 1, 17, 113, 4, 1, 64, dict(dropout_p=0.17))
     assert drop.features == ("dropout",) and sm90.supports((9, 0), drop)
     assert fa2.heuristic(drop, (8, 0)).Bc == 32
