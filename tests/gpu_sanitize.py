@@ -133,7 +133,7 @@ def sanitize_features():
     """Window, softcap, ALiBi (each forward family forced with its heuristic config for the
     call's features, backward by the default) and dropout (fa2 families), forward + backward
     through torch autograd, then variable-length batches (lengths 0, 1, 17, 113) plain and
-    causal."""
+    causal, and their forward over a paged K/V cache (fa2_fwd_paged)."""
     runs = 0
     for b, sq, sk, h, hkv, d in FEATURE_SHAPES:
         for name, dtype in DTYPES.items():
@@ -165,6 +165,21 @@ def sanitize_features():
             out = cuflash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)
             out.backward(torch.randn_like(out))
             runs += 1
+            # paged K/V (fa2_fwd_paged, forward only): pages 16 and 7 (tiles straddle pages),
+            # shuffled, unused table columns -1; a window and ALiBi on the second
+            for page, kw in ((16, {}), (7, dict(window_size=(20, 3), alibi_slopes=torch.rand(4, device="cuda")))):
+                need = [-(-n // page) for n in lens_k]
+                pages = sum(need) + 2
+                kc, vc = (torch.randn(pages, page, 2, 64, device="cuda", dtype=dtype) for _ in range(2))
+                table = torch.full((len(lens_k), max(need) + 1), -1, dtype=torch.int32)
+                perm, at = torch.randperm(pages), 0
+                for i, n in enumerate(need):
+                    table[i, :n] = perm[at:at + n]
+                    at += n
+                with torch.no_grad():
+                    cuflash.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                   causal=causal, block_table=table.cuda(), **kw)
+                runs += 1
     return runs
 
 

@@ -6,7 +6,8 @@
 #   check:   precompile (parallel), GPU tests (fwd, bwd, tuning), then sanitize
 #   sanitize: compute-sanitizer memcheck on every family and the API features, racecheck per
 #            family and on the features, synccheck on the sm_90 families (tests/gpu_sanitize.py)
-#   features: GPU tests of window/softcap/ALiBi, varlen, dropout, decode, FP8 and sm90_bwd
+#   features: GPU tests of window/softcap/ALiBi, varlen, dropout, decode, FP8, sm90_bwd, the
+#            windowed persistent forward, varlen with features and paged varlen
 #   varlenfeat: GPU tests of varlen with window/softcap/ALiBi/dropout and of block_table (paged)
 #   measure: overhead, startup, fwd, fwd+bwd benchmarks, IO table
 #   measure2: FP8 forward, features, dropout, varlen and decode benchmarks
@@ -53,6 +54,9 @@ case "${1:-check}" in
     step decode 180 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_decode_gpu.py
     step fp8 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fp8_gpu.py
     step sm90_bwd 180 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_sm90_bwd_gpu.py
+    step window 90 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_window_gpu.py
+    step varlen_features 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_varlen_features_gpu.py
+    step varlen_paged 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_varlen_paged_gpu.py
     ;;
   varlenfeat)  # varlen with window/softcap/ALiBi/dropout, and block_table (fa2_fwd_paged)
     step varlen_features 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_varlen_features_gpu.py
