@@ -70,8 +70,12 @@ def run_one(mix: str, dtype: str, head_dim: int, causal: bool, tokens: int = 163
         "cuflash:padded": (lambda: cuflash.flash_attn_func(qp, kp, vp, causal=causal), dop, (qp, kp, vp)),
     }
     try:  # jagged nested tensors (B, j, h, d), seen by SDPA as (B, h, j, d)
-        nest = lambda x, grad: torch.nested.nested_tensor(  # noqa: E731
-            [x[cu[i]:cu[i + 1]].detach() for i in range(b)], layout=torch.jagged, requires_grad=grad)
+        offsets = cu.to(torch.int64)
+
+        def nest(x, grad):
+            # one offsets tensor for all: the same ragged size, so the output and its gradient
+            # match (nested tensors built apart get different ragged sizes, j1 != j2)
+            return torch.nested.nested_tensor_from_jagged(x.detach().clone(), offsets).requires_grad_(grad)
         qn, kn, vn = nest(q, True), nest(k, True), nest(v, True)
         don = nest(do, False).transpose(1, 2)
         sdpa = torch.nn.functional.scaled_dot_product_attention
