@@ -584,6 +584,13 @@ def _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softc
         return (out, lse, None) if return_attn_probs else out
     from . import torch_ops
 
+    if feats.features == ("dropout",) and (dropout_seed is not None
+                                           or sys.modules["torch"].compiler.is_compiling()):
+        # the ops cuflash::fwd_dropout / bwd_dropout: the reference with the kernels' keep mask
+        # of the seed (the GPU's), and what torch.compile traces
+        problem = problem.replace(dropout_p=feats.dropout_p, deterministic=bool(deterministic))
+        return _dropout_func(q, k, v, tq, tk, problem, scale, dropout_seed, return_attn_probs,
+                             config, bwd_config)
     out, lse, mask = torch_ops.attention_reference(q, k, v, scale, feats)
     return (out, lse, mask) if return_attn_probs else out
 
@@ -691,6 +698,9 @@ def _dropout_func(q, k, v, tq: _Tensor, tk: _Tensor, problem: Problem, scale: fl
         out, lse, rng = torch_ops.dropout_attention(q, k, v, problem, scale, rng, config, bwd_config)
         if not return_attn_probs:
             return out
+        if q.device.type == "cpu":  # S_dmask on the CPU: the keep mask (reads rng on the host)
+            return out, lse, torch.from_numpy(torch_ops.keep_mask_of(rng, problem.dropout_p, b, h,
+                                                                     sq, sk))
         return out, lse, torch_ops.dropout_probs(q, k, v, lse, scale, problem.causal,
                                                  problem.dropout_p, rng)
     if dropout_seed is None:

@@ -855,6 +855,8 @@ def draw_rng_state(device) -> Tensor:
     CUDA generator: ``torch.manual_seed`` reproduces it, and inside a CUDA-graph capture the
     draw is recorded with the generator's graph-safe state, so every replay draws anew (the
     kernels read the state through a pointer, never on the host)."""
+    if torch.compiler.is_compiling():  # dynamo refuses Tensor.random_; randint traces (all 64 bits)
+        return torch.randint(-2 ** 63, 2 ** 63 - 1, (2,), dtype=torch.int64, device=device)
     return torch.empty(2, dtype=torch.int64, device=device).random_()
 
 
@@ -959,13 +961,12 @@ class DropoutAttnFn(torch.autograd.Function):
 
 def dropout_attention(q, k, v, problem, scale: float, rng=None, config=None, bwd_config=None):
     """(out, lse, rng) of attention with dropout on CUDA tensors, with autograd when q, k or
-    v require grad. problem: the validated call (features ("dropout",), dropout_p,
+    v require grad (under torch.compile, and for CPU tensors: dropout_attention_ops). problem: the validated call (features ("dropout",), dropout_p,
     deterministic); rng: None (drawn from torch's generator) or an int64[2] state tensor.
     Head dims that are not a multiple of 8 run zero-padded copies (torch's pad: autograd
     slices the gradients back)."""
-    if torch.compiler.is_compiling():
-        raise NotImplementedError("dropout_p: attention dropout on the GPU is not supported under "
-                                  "torch.compile yet (eager and CUDA graphs are)")
+    if torch.compiler.is_compiling() or q.device.type == "cpu":  # the ops cuflash::fwd_dropout /
+        return dropout_attention_ops(q, k, v, problem, scale, rng, config, bwd_config)
     d = q.shape[-1]
     padded = api.padded_head_dim(d)
     if padded != d:
@@ -1002,3 +1003,144 @@ def dropout_probs(q, k, v, lse, scale: float, causal: bool, dropout_p: float, rn
     p = torch.nan_to_num(p, nan=0.0)  # rows that see no key (lse = +inf)
     keep = torch.from_numpy(dropout_mod.keep_mask(seed, offset, dropout_p, b, h, sq, sk)).to(q.device)
     return torch.where(keep, p, -p)
+
+
+# ---------------------------------------------------------------------------------------
+# dropout as torch ops (what torch.compile traces; eager GPU calls keep dropout_attention's
+# direct route). The RNG state is an int64[2] (seed, offset) tensor argument: drawn inside
+# the graph (draw_rng_state), so every call and every CUDA-graph replay draws anew, and saved
+# for the backward, which regenerates the forward's mask from it.
+#   cuflash::fwd_dropout(q, k, v, rng_state, softmax_scale, causal, dropout_p, config) -> (out, lse)
+#   cuflash::bwd_dropout(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, dropout_p,
+#                        deterministic, config) -> (dq, dk, dv)
+# CUDA: the dropout plans above (fa2_fwd / fa2_bwd). CPU: the float64 reference with the
+# kernels' keep mask (cuflash.dropout.keep_mask, the NumPy mirror of philox.cuh) of the same
+# state, so a CPU run, opcheck and torch.compile see the mask the GPU draws.
+
+torch.library.define("cuflash::fwd_dropout", "(Tensor q, Tensor k, Tensor v, Tensor rng_state, "
+                     "float softmax_scale, bool causal, float dropout_p, str config) "
+                     "-> (Tensor, Tensor)")
+torch.library.define("cuflash::bwd_dropout", "(Tensor dout, Tensor q, Tensor k, Tensor v, "
+                     "Tensor out, Tensor lse, Tensor rng_state, float softmax_scale, bool causal, "
+                     "float dropout_p, bool deterministic, str config) -> (Tensor, Tensor, Tensor)")
+
+
+def _drop_problem(q, k, causal, dropout_p, deterministic=False) -> Problem:
+    b, sq, h, d = q.shape
+    return Problem("fwd", _DTYPES[q.dtype], b, sq, k.shape[1], h, k.shape[2], d, bool(causal),
+                   bool(deterministic), ("dropout",), dropout_p=float(dropout_p))
+
+
+def _fwd_dropout_cuda(q, k, v, rng, softmax_scale, causal, dropout_p, config):
+    b, sq, h, d = q.shape
+    if b == 0 or sq == 0 or h == 0 or k.shape[1] == 0:  # no weight to drop: the plain op's answer
+        return forward(q, k, v, softmax_scale, causal)
+    padded = api.padded_head_dim(d)
+    if padded != d:  # zero-padded copies (the scale is the caller's)
+        out, lse = _fwd_dropout_cuda(*(_pad(x, padded) for x in (q, k, v)), rng, softmax_scale,
+                                     causal, dropout_p, config)
+        return out[..., :d].contiguous(), lse
+    return dropout_forward(q, k, v, _drop_problem(q, k, causal, dropout_p), softmax_scale, rng,
+                           _decode(config, q.dtype, causal))
+
+
+def _bwd_dropout_cuda(dout, q, k, v, out, lse, rng, softmax_scale, causal, dropout_p,
+                      deterministic, config):
+    b, sq, h, d = q.shape
+    if b == 0 or sq == 0 or h == 0 or k.shape[1] == 0:
+        return tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    padded = api.padded_head_dim(d)
+    if padded != d:
+        grads = _bwd_dropout_cuda(*(_pad(x, padded) for x in (dout, q, k, v, out)), lse, rng,
+                                  softmax_scale, causal, dropout_p, deterministic, config)
+        return tuple(g[..., :d].contiguous() for g in grads)
+    problem = _drop_problem(q, k, causal, dropout_p, deterministic)
+    return dropout_backward(dout, q, k, v, out, lse, problem, softmax_scale, rng,
+                            _decode(config, q.dtype, causal))
+
+
+def keep_mask_of(rng: Tensor, dropout_p: float, batch: int, nheads: int, seqlen_q: int,
+                 seqlen_k: int) -> np.ndarray:
+    """The kernels' keep mask (bool (batch, nheads, seqlen_q, seqlen_k), NumPy) of an int64[2]
+    RNG state tensor (read on the host)."""
+    from . import dropout as dropout_mod
+
+    seed, offset = (int(x) & (2 ** 64 - 1) for x in rng.tolist())
+    return dropout_mod.keep_mask(seed, offset, dropout_p, batch, nheads, seqlen_q, seqlen_k)
+
+
+def _drop_spec(q, k, rng, softmax_scale, causal, dropout_p) -> _RefSpec:
+    b, sq, h, _ = q.shape
+    keep = keep_mask_of(rng, dropout_p, b, h, sq, k.shape[1])
+    return _RefSpec(float(softmax_scale), bool(causal),
+                    {"dropout_p": float(dropout_p), "dropout_mask": keep}, None)
+
+
+def _fwd_dropout_cpu(q, k, v, rng, softmax_scale, causal, dropout_p, config):
+    return _ref_forward(_drop_spec(q, k, rng, softmax_scale, causal, dropout_p), q, k, v)
+
+
+def _bwd_dropout_cpu(dout, q, k, v, out, lse, rng, softmax_scale, causal, dropout_p,
+                     deterministic, config):
+    return _ref_backward(_drop_spec(q, k, rng, softmax_scale, causal, dropout_p), dout, q, k, v)
+
+
+torch.library.impl("cuflash::fwd_dropout", "CUDA")(_fwd_dropout_cuda)
+torch.library.impl("cuflash::bwd_dropout", "CUDA")(_bwd_dropout_cuda)
+torch.library.impl("cuflash::fwd_dropout", "CPU")(_fwd_dropout_cpu)
+torch.library.impl("cuflash::bwd_dropout", "CPU")(_bwd_dropout_cpu)
+
+
+@torch.library.register_fake("cuflash::fwd_dropout")
+def _(q, k, v, rng, softmax_scale, causal, dropout_p, config):
+    batch, seqlen_q, nheads, _ = q.shape
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device))
+
+
+@torch.library.register_fake("cuflash::bwd_dropout")
+def _(dout, q, k, v, out, lse, rng, softmax_scale, causal, dropout_p, deterministic, config):
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+
+
+class DropoutOpFn(torch.autograd.Function):
+    """DropoutAttnFn through the ops (torch.compile, and torch CPU tensors): out, lse =
+    cuflash::fwd_dropout; the backward cuflash::bwd_dropout with the saved RNG state tensor.
+    args = (softmax_scale, causal, dropout_p, deterministic, config, bwd_config), the configs
+    encoded (str)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, rng, args):
+        scale, causal, dropout_p, deterministic, config, bwd_config = args
+        out, lse = torch.ops.cuflash.fwd_dropout(q, k, v, rng, scale, causal, dropout_p, config)
+        ctx.save_for_backward(q, k, v, out, lse, rng)
+        ctx.args = args
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse=None):
+        q, k, v, out, lse, rng = ctx.saved_tensors
+        scale, causal, dropout_p, deterministic, config, bwd_config = ctx.args
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = torch.ops.cuflash.bwd_dropout(dout, q, k, v, out, lse, rng, scale, causal,
+                                                   dropout_p, deterministic, bwd_config)
+        if torch.is_grad_enabled():  # create_graph=True: allow first order, refuse second
+            dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, dout)
+        return dq, dk, dv, None, None
+
+
+def dropout_attention_ops(q, k, v, problem, scale: float, rng=None, config=None, bwd_config=None):
+    """dropout_attention through the ops cuflash::fwd_dropout / bwd_dropout: (out, lse, rng).
+    What torch.compile traces (any device), and the route of torch CPU tensors with an
+    explicit dropout_seed (the reference with the kernels' mask of that seed). rng: None
+    (drawn from torch's generator, inside the graph under compile) or an int64[2] tensor."""
+    rng = draw_rng_state(q.device) if rng is None else rng
+    args = (float(scale), bool(problem.causal), float(problem.dropout_p),
+            bool(problem.deterministic), _encode(config), _encode(bwd_config))
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = DropoutOpFn.apply(q, k, v, rng, args)
+    else:
+        out, lse = torch.ops.cuflash.fwd_dropout(q, k, v, rng, *args[:3], args[4])
+    return out, lse, rng

@@ -368,9 +368,6 @@ def attention_features(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float
     """(out, lse, rng) of a validated torch CUDA varlen call with features
     (``cuflash.api.FeatureArgs``), with autograd when q, k or v need it; rng: the dropout
     state used (None without dropout)."""
-    if feats.dropout_p and torch.compiler.is_compiling():
-        raise NotImplementedError("dropout_p: attention dropout on the GPU is not supported under "
-                                  "torch.compile yet (eager and CUDA graphs are)")
     rng = rng_state(feats.dropout_p, dropout_seed, q.device)
     slopes = None if feats.alibi_slopes is None else feats.alibi_slopes.detach()
     window = tuple(int(w) for w in feats.window_size)
