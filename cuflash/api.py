@@ -449,7 +449,11 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
         backward; or dropout_seed;
       * CuPy / NumPy arrays: dropout_seed is required: an int (offset 0) or a pair
         (seed, offset) of ints; pass the same to flash_attn_backward. A call with the same
-        seed drops the same elements: vary the seed (or offset) between steps.
+        seed drops the same elements: vary the seed (or offset) between steps;
+      * torch CPU tensors: torch's CPU generator (torch.rand), or with dropout_seed the
+        kernels' keep mask of that seed (the one a GPU call with it drops);
+      * under torch.compile (ops cuflash::fwd_dropout / bwd_dropout): drawn inside the graph
+        from torch's generator (a new state per call and per CUDA-graph replay), or dropout_seed.
     dropout_seed: for torch also an int64 tensor (2,) on q's device (read by the kernels).
     deterministic: the backward (torch autograd) adds dQ contributions in a fixed order, so
     gradients are bitwise reproducible (slower); the forward is always deterministic.

@@ -298,3 +298,133 @@ def test_dropout_selects_fa2_and_its_configs_carry_the_flag():
     assert fam.name == "fa2_fwd" and cfg.dropout
     fam, cfg, _ = choose_on_device(p.replace(op="bwd"), 0)
     assert fam.name == "fa2_bwd" and cfg.dropout
+
+
+# ---------------------------------------------------------------------------------------
+# dropout under torch.compile: the ops cuflash::fwd_dropout / bwd_dropout (torch_ops.py)
+
+def _compiled(fn, backend):
+    import torch
+
+    torch._dynamo.reset()
+    return torch.compile(fn, fullgraph=True, backend=backend)
+
+
+@pytest.mark.usefixtures("poison_outputs")
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("head_dim", [64, 59])
+def test_dropout_compiled_matches_eager_bitwise_for_a_seed(backend, head_dim):
+    """The same dropout_seed: the compiled call runs the same kernels on the same inputs and
+    state as eager, so out and the (deterministic) gradients are bitwise equal."""
+    import torch
+
+    q, k, v = rand_qkv(2, 113, 130, 4, 2, head_dim, torch.bfloat16, grad=True)
+    dout = torch.randn_like(q)
+
+    def f(q, k, v):
+        return cuflash.flash_attn_func(q, k, v, P_DROP, causal=True, deterministic=True,
+                                       dropout_seed=(5, 9))
+
+    out = f(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    cf = _compiled(f, backend)
+    out_c = cf(q, k, v)
+    grads_c = torch.autograd.grad(out_c, (q, k, v), dout)
+    assert not out.isnan().any()
+    assert torch.equal(out, out_c)
+    for a, b in zip(grads, grads_c):
+        assert not a.isnan().any() and torch.equal(a, b)
+    # and the seed's mask is the mirror's: the same answer as the reference with it
+    keep = torch.from_numpy(dropout.keep_mask(5, 9, P_DROP, 2, 4, 113, 130)).cuda()
+    scale = 1 / math.sqrt(head_dim)
+    ref, _ = attention_with_mask(q, k, v, True, scale, torch.float64, keep, P_DROP)
+    low, _ = attention_with_mask(q, k, v, True, scale, torch.bfloat16, keep, P_DROP)
+    assert max_err(out_c, ref) <= 2 * max_err(low, ref) + 1e-5
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_dropout_compiled_draws_fresh_and_reproducible_states(backend):
+    """No dropout_seed: the state is drawn inside the compiled graph from torch's generator:
+    another mask per call, the same again after torch.manual_seed (deterministic backward:
+    bitwise equal gradients)."""
+    import torch
+
+    q, k, v = rand_qkv(2, 256, 256, 4, 4, 64, torch.bfloat16, grad=True)
+    dout = torch.randn_like(q)
+    cf = _compiled(lambda q, k, v: cuflash.flash_attn_func(q, k, v, 0.1, causal=True,
+                                                           deterministic=True), backend)
+
+    def run():
+        out = cf(q, k, v)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    torch.manual_seed(0)
+    a = run()
+    b = run()
+    torch.manual_seed(0)
+    c = run()
+    assert not torch.equal(a[0], b[0])
+    for x, y in zip(a, c):
+        assert not x.isnan().any() and torch.equal(x, y)
+
+
+def test_dropout_cuda_graph_of_a_compiled_step():
+    """A compiled forward + backward step captured in a CUDA graph (mode="reduce-overhead",
+    and torch.cuda.graph of the compiled forward): replays draw fresh masks, nothing NaN."""
+    import torch
+
+    q, k, v = rand_qkv(1, 128, 128, 2, 2, 64, torch.bfloat16, grad=True)
+    dout = torch.randn_like(q)
+    torch._dynamo.reset()
+
+    @torch.compile(fullgraph=True, mode="reduce-overhead")
+    def step(q, k, v):
+        return cuflash.flash_attn_func(q, k, v, 0.2, causal=True)
+
+    outs = []
+    for _ in range(4):
+        out = step(q, k, v)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        outs.append(out.detach().clone())
+        assert not any(g.isnan().any() for g in grads)
+    assert not outs[-1].isnan().any() and not torch.equal(outs[-1], outs[-2])
+
+    fwd = _compiled(lambda q, k, v: cuflash.flash_attn_func(q, k, v, 0.2), "inductor")
+    qd, kd, vd = (x.detach() for x in (q, k, v))
+    for _ in range(2):  # warm up outside the capture
+        fwd(qd, kd, vd)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fwd(qd, kd, vd)
+    graph.replay()
+    first = out.clone()
+    graph.replay()
+    second = out.clone()
+    torch.cuda.synchronize()
+    assert not first.isnan().any()
+    assert not torch.equal(first, second), "replays reused one mask"
+
+
+def test_varlen_dropout_compiled_matches_eager_for_a_seed():
+    import torch
+
+    lens = [17, 113, 1]
+    cu = torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32, device="cuda")
+    total, h, d = sum(lens), 4, 64
+    q, k, v = (torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    dout = torch.randn_like(q)
+
+    def f(q, k, v):
+        return cuflash.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), P_DROP,
+                                              causal=True, deterministic=True, dropout_seed=(3, 1))
+
+    out = f(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    cf = _compiled(f, "aot_eager")
+    out_c = cf(q, k, v)
+    grads_c = torch.autograd.grad(out_c, (q, k, v), dout)
+    assert torch.equal(out, out_c)
+    for a, b in zip(grads, grads_c):
+        assert torch.equal(a, b)
