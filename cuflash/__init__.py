@@ -46,3 +46,10 @@ def __getattr__(name):
 
         return getattr(padding, name)
     raise AttributeError(f"module 'cuflash' has no attribute {name!r}")
+
+# The kernel families register on import; load them now (about 20 ms) rather than on the
+# first call, which may be traced by torch.compile: dynamo refuses importlib.import_module,
+# so a fullgraph compile that came before any eager call failed.
+from .registry import _load as _load_families  # noqa: E402
+
+_load_families()

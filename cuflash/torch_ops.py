@@ -855,8 +855,8 @@ def draw_rng_state(device) -> Tensor:
     CUDA generator: ``torch.manual_seed`` reproduces it, and inside a CUDA-graph capture the
     draw is recorded with the generator's graph-safe state, so every replay draws anew (the
     kernels read the state through a pointer, never on the host)."""
-    if torch.compiler.is_compiling():  # dynamo refuses Tensor.random_; randint traces (all 64 bits)
-        return torch.randint(-2 ** 63, 2 ** 63 - 1, (2,), dtype=torch.int64, device=device)
+    if torch.compiler.is_compiling():  # dynamo refuses Tensor.random_; randint traces (63 bits, as random_)
+        return torch.randint(0, 2 ** 63 - 1, (2,), dtype=torch.int64, device=device)
     return torch.empty(2, dtype=torch.int64, device=device).random_()
 
 

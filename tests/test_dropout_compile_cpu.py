@@ -77,8 +77,8 @@ def test_gradcheck_through_the_dropout_ops():
     assert torch.autograd.gradcheck(f, (q, k, v))
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-@pytest.mark.parametrize("d", [16, 12])
+@pytest.mark.parametrize("backend,d", [("eager", 16), ("eager", 12), ("aot_eager", 16),
+                                       ("aot_eager", 12), ("inductor", 16)])
 def test_compile_fullgraph_matches_eager_for_a_seed(backend, d):
     torch._dynamo.reset()
     q, k, v = qkv(d=d)
@@ -147,3 +147,21 @@ def test_the_direct_gpu_route_stays_off_the_ops_in_eager(monkeypatch):
     q = torch.zeros(1, 3, 2, 8, device="meta")   # not a CPU tensor: the GPU route
     out, lse, rng = torch_ops.dropout_attention(q, q, q, problem, 0.3, state(1))
     assert out == "direct" and not seen
+
+
+def test_compile_first_in_a_fresh_process():
+    """A compiled call before any eager one: the kernel families are registered at import
+    (dynamo refuses the registry's importlib.import_module when it loads them lazily)."""
+    import subprocess
+    import sys
+
+    code = ("import torch, cuflash\n"
+            "q, k, v = (torch.randn(1, 9, 2, 8).requires_grad_() for _ in range(3))\n"
+            "f = torch.compile(lambda q, k, v: cuflash.flash_attn_func(q, k, v, 0.2, dropout_seed=4),"
+            " fullgraph=True, backend='aot_eager')\n"
+            "f(q, k, v).sum().backward()\n"
+            "print('ok', q.grad.isfinite().all().item())\n")
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[1])   # this checkout's cuflash
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=root)
+    assert res.stdout.split() == ["ok", "True"], res.stderr[-3000:]
