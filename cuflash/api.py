@@ -694,7 +694,8 @@ def _dropout_func(q, k, v, tq: _Tensor, tk: _Tensor, problem: Problem, scale: fl
                                           deterministic=problem.deterministic,
                                           return_attn_probs=True, config=config,
                                           bwd_config=bwd_config)
-            probs = torch.zeros((b, h, sq, sk), dtype=torch.float32, device=q.device)
+            probs = torch.zeros((b, h, sq, sk), device=q.device,  # (CPU: the keep mask's bool)
+                                dtype=torch.bool if q.device.type == "cpu" else torch.float32)
             return (out, lse, probs) if return_attn_probs else out
         rng = None if dropout_seed is None else torch_ops.rng_state_of(dropout_seed, q.device)
         if rng is not None and rng is dropout_seed:  # the caller's state tensor: autograd's backward regenerates the

@@ -6,6 +6,9 @@ Two torch ops, one per cuflash op, defined with ``torch.library.define`` + ``imp
 * ``cuflash::fwd(q, k, v, softmax_scale, causal, config) -> (out, lse)``
 * ``cuflash::bwd(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config) -> (dq, dk, dv)``
 
+(more ops below for features, decode and dropout: ``cuflash::fwd_dropout`` /
+``cuflash::bwd_dropout`` take dropout's int64[2] RNG state as a tensor argument.)
+
 ``config`` is a family's encoded config string (``Family.encode``), '' for the tuned or
 heuristic choice. Autograd is an ``autograd.Function`` around them (``FlashAttnFn``), not
 registered on the op: that costs ~25 µs less per forward + backward (../shared/FACTS.md).

@@ -165,3 +165,9 @@ def test_compile_first_in_a_fresh_process():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=root)
     assert res.stdout.split() == ["ok", "True"], res.stderr[-3000:]
+
+
+def test_cpu_seed_with_nothing_to_drop_gives_an_empty_bool_mask():
+    q, k, v = qkv(1, 0, 5, 2, 2, 8, grad=False)
+    out, lse, mask = flash_attn_func(q, k, v, 0.2, dropout_seed=1, return_attn_probs=True)
+    assert out.shape == q.shape and mask.shape == (1, 2, 0, 5) and mask.dtype == torch.bool
