@@ -300,3 +300,12 @@ def test_info_families_says_which_families_rank_per_problem():
     by_name = {ln.split(":")[0].strip(): ln for ln in lines if ln.startswith("    ") and ": op " in ln}
     assert "ranked per problem" in by_name["sm90_bwd"]
     assert "ranked per problem" not in by_name["fa2_bwd"] and "ranked per problem" not in by_name["fa2_fwd"]
+
+
+def test_supported_features_probe_with_a_familys_required_features():
+    """fa2_fwd_paged runs only paged varlen calls: its features are probed with those on."""
+    from cuflash import registry
+
+    paged = cli.supported_features(registry.get("fa2_fwd_paged"))
+    assert {"paged", "varlen", "window", "softcap", "alibi"} <= set(paged) and "dropout" not in paged
+    assert "varlen" in cli.supported_features(registry.get("fa2_fwd"))

@@ -348,15 +348,16 @@ def info_families_lines() -> list[str]:
 
 
 def supported_features(fam) -> list:
-    """The Problem.features names (cuflash.api.FEATURES) that ``fam`` runs, each alone, on its
-    minimum arch (e.g. varlen: fa2_fwd and fa2_bwd; sm90_fwd none, so varlen calls fall back to
+    """The Problem.features names (cuflash.api.FEATURES) that ``fam`` runs, each alone (with the
+    features the family requires of every call), on its minimum arch (e.g. varlen: fa2_fwd and fa2_bwd; sm90_fwd none, so varlen calls fall back to
     fa2_fwd on the H100)."""
     from cuflash.api import FEATURES
     from cuflash.problem import Problem
 
-    return [f for f in sorted(FEATURES)
+    required = set(getattr(fam, "requires", ()))  # e.g. fa2_fwd_paged: paged, varlen on every call
+    return [f for f in sorted(set(FEATURES) | required)
             if not fam.supports(fam.min_arch, Problem(fam.op, "bf16", 1, 128, 128, 1, 1, 64,
-                                                      features=(f,)))]
+                                                      features=tuple(sorted(required | {f}))))]
 
 
 __all__ = ["tune_main", "tune_parser", "info_lines", "info_families_lines", "format_table",
