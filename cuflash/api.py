@@ -813,15 +813,20 @@ def _host_ints(x, kind: str) -> np.ndarray:
     return np.asarray(x)
 
 
+def check_int32(name: str, x, tq: _Tensor) -> None:
+    """x is an int32 array of q's kind, else TypeError naming it (cu_seqlens, block_table)."""
+    if _kind(x) != tq.kind:
+        raise TypeError(f"{name}: expected a {tq.kind} array like q, got {type(x).__name__}")
+    dtype = str(x.dtype).replace("torch.", "")
+    if dtype != "int32":
+        raise TypeError(f"{name}: dtype must be int32, got {dtype}")
+
+
 def check_cu_seqlens(name: str, cu, tq: _Tensor, total: int, nseq: Optional[int] = None) -> np.ndarray:
     """cu_seqlens: int32, 1-D, (batch + 1), 0 first, non-decreasing, ``total`` last; q's kind of
     array on q's device. Returns the values (host int64). Reads them back from the GPU (a sync)."""
-    kind = _kind(cu)
-    if kind != tq.kind:
-        raise TypeError(f"{name}: expected a {tq.kind} array like q, got {type(cu).__name__}")
-    dtype = str(cu.dtype).replace("torch.", "")
-    if dtype != "int32":
-        raise TypeError(f"{name}: dtype must be int32, got {dtype}")
+    check_int32(name, cu, tq)
+    kind = tq.kind
     if cu.ndim != 1 or cu.shape[0] < 1:
         raise ValueError(f"{name}: expected a 1-D array of batch + 1 offsets, got shape {tuple(cu.shape)}")
     if nseq is not None and cu.shape[0] != nseq + 1:
@@ -1046,12 +1051,8 @@ def check_block_table(block_table, tq: _Tensor, nseq: int, num_pages: int, page:
     """block_table: int32 (batch, max_num_blocks), q's kind on q's device; where the lengths
     are known (lens_k, host ints) every sequence's pages fit its row and every id it uses is in
     [0, num_pages) (a device-to-host read, as cu_seqlens')."""
-    kind = _kind(block_table)
-    if kind != tq.kind:
-        raise TypeError(f"block_table: expected a {tq.kind} array like q, got {type(block_table).__name__}")
-    dtype = str(block_table.dtype).replace("torch.", "")
-    if dtype != "int32":
-        raise TypeError(f"block_table: dtype must be int32, got {dtype}")
+    check_int32("block_table", block_table, tq)
+    kind = tq.kind
     if block_table.ndim != 2 or block_table.shape[0] != nseq:
         raise ValueError(f"block_table: expected shape (batch, max_num_blocks) with batch = {nseq}, "
                          f"got {tuple(block_table.shape)}")

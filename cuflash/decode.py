@@ -353,37 +353,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
             rotary_interleaved, alibi_slopes, num_splits)
         return (out, lse) if return_softmax_lse else out
-    if torch is not None and isinstance(q, torch.Tensor) and q.is_cuda:  # the hot path
+    is_torch = torch is not None and isinstance(q, torch.Tensor)
+    cupy_input = not is_torch and api._kind(q) == "cupy"
+    if cupy_input or (is_torch and q.is_cuda):  # the hot path: torch CUDA tensors, CuPy arrays
         args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                 cache_leftpad, block_table, alibi_slopes)
-        key = _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved,
-                       num_splits)
-        try:
-            entry = _gpu_plans.get(key) if key is not None else None
-        except TypeError:  # an unhashable argument: validation below names it
-            entry = key = None
-        if entry is None:
-            entry = _gpu_entry(args, softmax_scale, causal, window_size, softcap,
-                               rotary_interleaved, num_splits)
-            if key is not None:
-                _gpu_plans[key] = entry
-        out, lse = entry.run(args)
-        return (out, lse) if return_softmax_lse else out
-    if api._kind(q) == "cupy":  # the same kernels, on CuPy's current stream
-        args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                cache_leftpad, block_table, alibi_slopes)
-        key = _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved,
-                       num_splits, _cupy_array())
-        try:
-            entry = _cupy_plans.get(key) if key is not None else None
-        except TypeError:  # an unhashable argument: validation below names it
-            entry = key = None
-        if entry is None:
-            entry = _gpu_entry(args, softmax_scale, causal, window_size, softcap,
-                               rotary_interleaved, num_splits, arrays=_CupyArrays())
-            if key is not None:
-                _cupy_plans[key] = entry
-        out, lse = entry.run(args)
+        scalars = (softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits)
+        out, lse = (_run_cached(_cupy_plans, args, scalars, _cupy_array(), _CupyArrays) if cupy_input
+                    else _run_cached(_gpu_plans, args, scalars))
         return (out, lse) if return_softmax_lse else out
     call = check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
@@ -606,18 +583,26 @@ def kvcache_with_config(config, q, k_cache, v_cache, k=None, v=None, rotary_cos=
     num_splits; its split rule (split_cost) serves num_splits=0."""
     args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, alibi_slopes)
-    key = _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved,
-                   num_splits)
-    key = None if key is None else key + (config,)
+    scalars = (softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits)
+    return _run_cached(_gpu_plans, args, scalars, config=config)
+
+
+def _run_cached(plans: dict, args: tuple, scalars: tuple, array_class=None, arrays=None,
+                config=None):
+    """Run a call through its cached entry in ``plans`` (made, validated, on first sight): torch
+    tensors, or CuPy arrays (array_class cupy.ndarray, arrays the _CupyArrays adapter class);
+    a forced ``config`` keys the entry too."""
+    key = _gpu_key(args, *scalars, array_class)
+    if key is not None and config is not None:
+        key += (config,)
     try:
-        entry = _gpu_plans.get(key) if key is not None else None
-    except TypeError:  # an unhashable argument: validation below names it
+        entry = plans.get(key) if key is not None else None
+    except TypeError:  # an unhashable argument: validation (_gpu_entry) names it
         entry = key = None
     if entry is None:
-        entry = _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interleaved,
-                           num_splits, config)
+        entry = _gpu_entry(args, *scalars, config, arrays=None if arrays is None else arrays())
         if key is not None:
-            _gpu_plans[key] = entry
+            plans[key] = entry
     return entry.run(args)
 
 

@@ -117,6 +117,20 @@ def forward_cupy(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, caus
     return out, lse
 
 
+def _backward_inputs(cupy, dout, out, lse, cu_q, cu_k) -> tuple:
+    """The CuPy backward's inputs as the kernels read them: dout dense and 16-byte aligned; out
+    in place when its rows are whole aligned 16-byte chunks, else a dense copy; lse and the
+    int32 cu_seqlens dense."""
+    dout = cupy.ascontiguousarray(dout)
+    if dout.data.ptr & 15:
+        dout = dout.copy()
+    if out.strides[-1] != out.dtype.itemsize or out.data.ptr & 15 or any(
+            (st // out.dtype.itemsize) % 8 for st, n in zip(out.strides[:2], out.shape[:2]) if n > 1):
+        out = out.copy()
+    return (dout, out, cupy.ascontiguousarray(lse), cupy.ascontiguousarray(cu_q),
+            cupy.ascontiguousarray(cu_k))
+
+
 def backward_cupy(dout, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, scale: float,
                   causal: bool, deterministic: bool = False, config=None):
     """(dq, dk, dv) of validated CuPy arrays, on the current stream; head dim a multiple of 8."""
@@ -132,14 +146,7 @@ def backward_cupy(dout, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, s
             return dq, dk, dv
         from . import api
 
-        dout = cupy.ascontiguousarray(dout)
-        if dout.data.ptr & 15:
-            dout = dout.copy()
-        if out.strides[-1] != out.dtype.itemsize or out.data.ptr & 15 or any(
-                (st // out.dtype.itemsize) % 8 for st, n in zip(out.strides[:2], out.shape[:2]) if n > 1):
-            out = out.copy()  # a contiguous, aligned copy the kernels can read (as dout's)
-        lse = cupy.ascontiguousarray(lse)
-        cu_q, cu_k = cupy.ascontiguousarray(cu_q), cupy.ascontiguousarray(cu_k)  # read as int32[]
+        dout, out, lse, cu_q, cu_k = _backward_inputs(cupy, dout, out, lse, cu_q, cu_k)
         strides = {"dout": _strides3(dout), "q": _strides3(q), "k": _strides3(k), "v": _strides3(v),
                    "o": _strides3(out), "dq": contiguous3(q.shape), "dk": contiguous3(k.shape),
                    "dv": contiguous3(k.shape)}
@@ -294,14 +301,7 @@ def backward_cupy_features(dout, q, k, v, out, lse, cu_q, cu_k, problem: Problem
             return dq, dk, dv
         from . import api
 
-        dout = cupy.ascontiguousarray(dout)
-        if dout.data.ptr & 15:
-            dout = dout.copy()
-        if out.strides[-1] != out.dtype.itemsize or out.data.ptr & 15 or any(
-                (st // out.dtype.itemsize) % 8 for st, n in zip(out.strides[:2], out.shape[:2]) if n > 1):
-            out = out.copy()
-        lse = cupy.ascontiguousarray(lse)
-        cu_q, cu_k = cupy.ascontiguousarray(cu_q), cupy.ascontiguousarray(cu_k)
+        dout, out, lse, cu_q, cu_k = _backward_inputs(cupy, dout, out, lse, cu_q, cu_k)
         strides = {"dout": _strides3(dout), "q": _strides3(q), "k": _strides3(k), "v": _strides3(v),
                    "o": _strides3(out), "dq": contiguous3(q.shape), "dk": contiguous3(k.shape),
                    "dv": contiguous3(k.shape)}

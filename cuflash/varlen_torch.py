@@ -40,6 +40,21 @@ def _pad(x, padded: int):
     return torch.nn.functional.pad(x, (0, padded - x.shape[-1]))
 
 
+def _outputs(q, total_k: int, max_q: int, max_k: int) -> tuple:
+    """(out, lse, done) of a varlen forward: fresh out (q's shape) and lse (nheads, total_q);
+    done when no kernel needs to run: no query rows, or no keys (O = 0, LSE = +inf)."""
+    total_q, nheads, _ = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q.device)
+    if total_q == 0 or nheads == 0 or max_q == 0:
+        return out, lse, True
+    if total_k == 0 or max_k == 0:
+        out.zero_()
+        lse.fill_(math.inf)
+        return out, lse, True
+    return out, lse, False
+
+
 def forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool, config=None):
     """(out, lse) by the varlen kernels; no autograd. Inputs validated by the API."""
     d = q.shape[-1]
@@ -50,13 +65,8 @@ def forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: b
         return out[..., :d].contiguous(), lse
     total_q, nheads, _ = q.shape
     total_k = k.shape[0]
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q.device)
-    if total_q == 0 or nheads == 0 or max_q == 0:
-        return out, lse
-    if total_k == 0 or max_k == 0:
-        out.zero_()
-        lse.fill_(math.inf)
+    out, lse, done = _outputs(q, total_k, max_q, max_k)
+    if done:
         return out, lse
     q, k, v = _ready(q), _ready(k), _ready(v)
     cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
@@ -214,13 +224,8 @@ def forward_features(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float, 
         return out[..., :d].contiguous(), lse
     total_q, nheads, _ = q.shape
     total_k = k.shape[0]
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q.device)
-    if total_q == 0 or nheads == 0 or max_q == 0:
-        return out, lse
-    if total_k == 0 or max_k == 0:
-        out.zero_()
-        lse.fill_(math.inf)
+    out, lse, done = _outputs(q, total_k, max_q, max_k)
+    if done:
         return out, lse
     q, k, v = _ready(q), _ready(k), _ready(v)
     cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()

@@ -135,3 +135,17 @@ def test_cupy_varlen_launches_read_strided_cu_seqlens_as_their_values(monkeypatc
                          0.125, False)
     assert seen == [[[0, 5, 9], [0, 5, 9]]] * 2
     assert strides[1]["o"] == (128, 64, 1)           # out copied, not launched at strides 130, 65
+
+
+def test_varlen_forward_outputs_for_empty_batches():
+    """varlen_torch._outputs: fresh out / lse, and the calls that need no kernel (no query rows:
+    untouched; no keys: O = 0, LSE = +inf)."""
+    torch = pytest.importorskip("torch")
+    from cuflash import varlen_torch
+
+    q = torch.zeros(5, 2, 8, dtype=torch.float16)
+    out, lse, done = varlen_torch._outputs(q, 7, 3, 4)
+    assert not done and out.shape == q.shape and lse.shape == (2, 5) and lse.dtype == torch.float32
+    out, lse, done = varlen_torch._outputs(q, 0, 3, 0)
+    assert done and bool((out == 0).all()) and bool(torch.isinf(lse).all())
+    assert varlen_torch._outputs(q[:0], 7, 0, 4)[2]
