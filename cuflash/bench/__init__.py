@@ -100,6 +100,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ring-heads", type=int, default=8, help="ring: heads (default 8, d 128)")
     ap.add_argument("--ring-budget-s", type=float, default=270.0,
                     help="ring: skip problems that would end the run past this (default 270 s)")
+    ap.add_argument("--ring-cp-backends", nargs="+", choices=("flash", "cudnn"),
+                    default=["flash", "cudnn"],
+                    help="ring: SDPA backends run under torch's context_parallel (default both)")
     ap.add_argument("--ring-full-max", type=int, default=262144,
                     help="ring: largest seqlen also run whole on one GPU (default 262144)")
     ap.add_argument("--no-torch-cp", action="store_true",
@@ -143,7 +146,8 @@ def run_mode(mode: str, a) -> object:
         return mod.run(seqlens=a.ring_seqlens or mod.SEQLENS,
                        causals=tuple(sorted(causals, reverse=True)), procs=a.ring_procs,
                        nheads=a.ring_heads, reps=a.reps or 3, budget_s=a.ring_budget_s,
-                       torch_cp=not a.no_torch_cp, full_max=a.ring_full_max, out=a.out)
+                       torch_cp=not a.no_torch_cp, full_max=a.ring_full_max, out=a.out,
+                       cp_backends=a.ring_cp_backends)
     if mode == "decode":
         return mod.run(batches=a.decode_batches or mod.BATCHES, ctxs=a.decode_ctxs or mod.CTXS,
                        reps=a.reps or 10, out=a.out)

@@ -23,8 +23,11 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
   cuflash_1gpu   single-GPU cuflash on the whole sequence (rank 0), for seqlen <= 256k
                  (--ring-full-max): fwd_ms, bwd_ms, tflops, peak_bytes (as peak_bytes_per_gpu),
                  inputs_bytes
-  torch_cp       torch.distributed.tensor.experimental.context_parallel around SDPA (flash
-                 backend): fwd_ms, bwd_ms, tflops_per_gpu; or error: why it did not run
+  torch_cp       torch.distributed.tensor.experimental.context_parallel around SDPA, one record
+                 per --ring-cp-backends entry (backend: flash, cudnn; default both):
+                 fwd_ms, bwd_ms, tflops_per_gpu, load_balance (torch's own head-tail layout,
+                 which it supports for causal only: off without causal); or error: why it did
+                 not run
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
 """
@@ -53,8 +56,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+CP_BACKENDS = ("flash", "cudnn")
+
+
 def run(seqlens=SEQLENS, causals=(True, False), procs=None, nheads=8, d=128, reps=3,
-        budget_s=270.0, torch_cp=True, full_max=262144, out="results"):
+        budget_s=270.0, torch_cp=True, full_max=262144, out="results", cp_backends=CP_BACKENDS):
     """Spawn one process per GPU and run the mode; rank 0 writes the records."""
     import torch
     import torch.multiprocessing as mp
@@ -70,7 +76,8 @@ def run(seqlens=SEQLENS, causals=(True, False), procs=None, nheads=8, d=128, rep
         raise _gpu.NoGPUError(f"bench ring needs 2 <= P <= {n} GPUs here, asked for P = {procs}")
     os.environ.update(NO_MULTICAST)  # inherited by the children before NCCL starts
     opts = dict(seqlens=tuple(seqlens), causals=tuple(causals), nheads=nheads, d=d, reps=reps,
-                budget_s=budget_s, torch_cp=torch_cp, full_max=full_max, out=out)
+                budget_s=budget_s, torch_cp=torch_cp, full_max=full_max, out=out,
+                cp_backends=tuple(cp_backends))
     print(f"bench ring: P = {procs} processes, seqlens {list(seqlens)}, causal {list(causals)}, "
           f"budget {budget_s:.0f} s", flush=True)
     mp.spawn(_worker, args=(procs, _free_port(), opts), nprocs=procs, join=True)
@@ -264,7 +271,8 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
     log(_line(rec, shard))
 
     if opts["torch_cp"]:
-        recs.append(_torch_cp(rank, world, seqlen, causal, opts, base, log))
+        for backend in opts.get("cp_backends", CP_BACKENDS):
+            recs.append(_torch_cp(rank, world, seqlen, causal, opts, base, log, backend))
     return recs
 
 
@@ -335,18 +343,39 @@ def _full(rank, seqlen, causal, opts, base, log) -> list:
 _meshes: dict = {}
 
 
-def _torch_cp(rank, world, seqlen, causal, opts, base, log) -> dict:
-    """torch's context parallel around SDPA (flash backend) on the same problem."""
+def _cp_options():
+    """torch's context-parallel options object (its module moved between releases)."""
+    import importlib
+
+    for name in ("torch.distributed.tensor.experimental._context_parallel._attention",
+                 "torch.distributed.tensor.experimental._attention"):
+        try:
+            return importlib.import_module(name)._cp_options
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def _torch_cp(rank, world, seqlen, causal, opts, base, log, backend="flash") -> dict:
+    """torch's context parallel around SDPA (``backend``: flash or cudnn) on the same problem.
+    torch balances causal work with its head-tail layout; it refuses that layout without
+    causal, so non-causal runs with load balancing off (every pair is full there anyway)."""
     import torch
     import torch.nn.functional as F
 
-    rec = dict(impl="torch_cp", **base)
+    rec = dict(impl="torch_cp", **base, backend=backend, load_balance=bool(causal))
+    cp_opts = _cp_options()
+    saved = None if cp_opts is None else cp_opts.enable_load_balance
     b, h, d, reps = 1, opts["nheads"], opts["d"], opts["reps"]
     try:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.experimental import context_parallel
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
+        if cp_opts is not None:
+            cp_opts.enable_load_balance = bool(causal)
+        sdpa_backend = {"flash": SDPBackend.FLASH_ATTENTION,
+                        "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
         mesh = _meshes.get(world)
         if mesh is None:  # one mesh for the run (each is a collective setup)
             mesh = _meshes[world] = init_device_mesh("cuda", (world,))
@@ -354,7 +383,7 @@ def _torch_cp(rank, world, seqlen, causal, opts, base, log) -> dict:
         # full (b, h, s, d) buffers on every rank: the context shards them in place
         q, k, v, dout = (torch.randn(b, h, seqlen, d, device="cuda", dtype=torch.bfloat16,
                                      generator=g) for _ in range(4))
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION), \
+        with sdpa_kernel(sdpa_backend), \
                 context_parallel(mesh, buffers=[q, k, v, dout], buffer_seq_dims=[2, 2, 2, 2],
                                  no_restore_buffers={q, k, v, dout}):
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]
@@ -373,10 +402,13 @@ def _torch_cp(rank, world, seqlen, causal, opts, base, log) -> dict:
             holder.clear()
         f = flops(b, h, seqlen, d, causal) + flops(b, h, seqlen, d, causal, "bwd")
         rec["tflops_per_gpu"] = f / world / (rec["fwd_ms"] + rec["bwd_ms"]) / 1e9
-        log(f"torch_cp P={world} s={seqlen} causal={causal}: fwd {rec['fwd_ms']:.1f} ms bwd "
-            f"{rec['bwd_ms']:.1f} ms, {rec['tflops_per_gpu']:.0f} TFLOPs/GPU")
+        log(f"torch_cp[{backend}] P={world} s={seqlen} causal={causal}: fwd {rec['fwd_ms']:.1f} ms "
+            f"bwd {rec['bwd_ms']:.1f} ms, {rec['tflops_per_gpu']:.0f} TFLOPs/GPU")
     except Exception as exc:  # noqa: BLE001 - record why it did not run
         rec["error"] = _short(exc)
-        log(f"torch_cp P={world} s={seqlen} causal={causal}: did not run ({rec['error']})")
+        log(f"torch_cp[{backend}] P={world} s={seqlen} causal={causal}: did not run ({rec['error']})")
+    finally:
+        if cp_opts is not None:
+            cp_opts.enable_load_balance = saved
     torch.cuda.empty_cache()
     return rec
