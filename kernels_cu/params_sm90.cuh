@@ -55,6 +55,9 @@ struct Sm90FwdParams {
     float softcap_out;     // kSoftcap: softcap / scale
     const float* alibi_slopes;  // kAlibi: fp32 (nheads) or (batch, nheads); written per call
     i64 alibi_batch_stride;     // kAlibi: 0 for (nheads), nheads for (batch, nheads)
+    const void* rng_state;   // kDropout: int64[2] (seed, offset) in device memory, per call; else null
+    int dropout_threshold;   // kDropout: drop iff the element's Philox byte < round(p·256) (philox.cuh)
+    float dropout_scale;     // kDropout: 1 / (1 - p), applied to the kept elements
 };
 
 }  // namespace cuflash

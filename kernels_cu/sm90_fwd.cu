@@ -96,6 +96,13 @@
 //   kCausal    bottom-right aligned causal mask
 //   kWindow, kSoftcap, kAlibi  as in fa2_fwd.cu: sliding window (mask.cuh BandMask; K/V blocks
 //              outside the band are neither loaded nor computed), softcap and ALiBi (score.cuh)
+//   kDropout   attention dropout as in fa2_fwd.cu (philox.cuh): after softmax_step has summed the
+//              undropped P_j into l (so l and the LSE are plain attention's, FA2's Algorithm 2),
+//              P_j ∘ Z / (1 - p) feeds O += P_j V_j. Z is the canonical keep mask of (rng_state,
+//              batch·nheads + head, query row, key column), the one fa2_fwd draws and fa2_bwd
+//              regenerates: per warp the wgmma accumulator layout is mma.sync's (rows g, g + 8
+//              of the warp's 16, columns 8·nt + 2t + e), so Dropout::apply serves both families
+//              (one Philox call per 16 elements, a 4 x 4 word transpose in the quad)
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
@@ -104,6 +111,7 @@
 #include "mask.cuh"
 #include "score.cuh"
 #include "softmax.cuh"
+#include "philox.cuh"
 
 namespace cuflash {
 
@@ -173,7 +181,8 @@ struct Sm90Tile {
 };
 
 template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
-          class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false>
+          class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
+          bool kDropout = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim>;
@@ -291,6 +300,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     float (&s_flat)[kBN / 2] = reinterpret_cast<float (&)[kBN / 2]>(s_acc);
     u32 p_frag[1][kBN / 16][4];                            // P_{j-1} as 16-bit A fragments
     float alpha[1][2];                                     // O's rescale for block j, per row
+    Dropout dropout{};                                     // kDropout: this launch's keep mask and scale
+    if constexpr (kDropout)
+        dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
 
     // S_j = Q_i K_jᵀ (64 x BN per warpgroup, fp32): issued, not waited for. kHeadDim / 16 steps:
     // d96 stops after chunk 1's second step, before its zero columns.
@@ -350,6 +362,14 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                     mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
                 softmax_step(s_acc, m, l, p.scale_log2, alpha);
             };
+            // dropout (Algorithm 2): l summed the undropped P_j in softmax_s; P_j ∘ Z / (1 - p)
+            // is what O += P_j V_j takes. Run just before P_j is packed, once P_{j-1}'s
+            // fragments are dead (their GEMM has completed): the Philox rounds need registers
+            // that S_j, O and P_{j-1} together leave too few of (ptxas spilled with it in softmax_s)
+            auto drop_p = [&](int j) {
+                if constexpr (kDropout)
+                    dropout.apply(s_acc, at.batch * p.nheads + at.head, warp_row0, (n_end - 1 - j) * kBN, g, t);
+            };
             auto phase = [&](int j) { return u32((kv_iter + j) / kStages) & 1; };
             auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
 
@@ -365,6 +385,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             turn.end();
             wgmma_wait<0>();
             softmax_s(slot_of(0), 0);
+            drop_p(0);
             pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
 
             for (int j = 1; j < n_blocks; ++j) {
@@ -386,6 +407,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 reg_fence(o_flat);
                 mbarrier_arrive(v_empty(prev));    // V_{j-1}'s slot may be refilled
                 softmax_rescale(o_acc, alpha);     // O *= alpha_j: O now relative to m_j
+                drop_p(j);                         // kDropout: P_j ∘ Z / (1 - p)
                 pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
             }
             // end: the last block's O += P V (the tile's final turn)

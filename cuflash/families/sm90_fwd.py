@@ -41,7 +41,7 @@ from ..problem import Problem
 from ..registry import register
 from ..features import feature_params, name_suffix, template_suffix
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
-from .fa2_fwd import check_head_dim, first_fitting, forward_sizes, strides3
+from .fa2_fwd import check_head_dim, dropout_params, feature_mix, first_fitting, forward_sizes, strides3
 
 HEAD_DIMS = (64, 96, 128, 192, 256)
 MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
@@ -49,6 +49,11 @@ MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
 # consumer warpgroups (setmaxnreg budget 256 / 240 / 160 minus addresses, m, l, P fragments).
 # ptxas (nvcc 13.0, sm_90a) spills nothing up to these; tests/test_sm90_cpu.py holds it to that.
 MAX_ACCUM_REGS = {1: 192, 2: 176, 3: 96}
+# BN of a dropout forward (2 consumer warpgroups), by head dim: the largest BN at which ptxas
+# (nvcc 13.0, sm_90a) spills nothing with the Philox rounds (kDropout), which run once P_{j-1}'s
+# fragments are dead. One step up spills: d64 BN 160 (4 bytes), d128 BN 144 (24), d256 BN 80 (8);
+# the plain BNs (192 / 176 / 112 / 80) spill 4..140 bytes. tests/test_sm90_cpu.py holds it to that.
+DROPOUT_BN = {64: 128, 96: 128, 128: 128, 192: 96, 256: 64}
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -68,6 +73,8 @@ class Sm90FwdConfig(KernelConfig):
     window:    sliding window (kWindow; the bounds are run-time params)
     softcap:   softcapping (kSoftcap; the cap is a run-time param)
     alibi:     ALiBi (kAlibi; the slopes are a run-time pointer)
+    dropout:   attention dropout (kDropout: philox.cuh's keep mask, fa2_fwd's bit for bit), set
+               from the call (``for_problem``), never tuned; p and the RNG state are run-time
     """
 
     BM: int
@@ -82,6 +89,7 @@ class Sm90FwdConfig(KernelConfig):
     window: bool = False
     softcap: bool = False
     alibi: bool = False
+    dropout: bool = False
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -95,7 +103,7 @@ class Sm90FwdConfig(KernelConfig):
         mask = "causal" if self.causal else "full"
         return (f"sm90fwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{'_pp' if self.pingpong else ''}"
-                f"{'_persist' if self.persistent else ''}{name_suffix(self)}")
+                f"{'_persist' if self.persistent else ''}{'_drop' if self.dropout else ''}{name_suffix(self)}")
 
     @property
     def smem_cols(self) -> int:
@@ -119,11 +127,13 @@ class Sm90FwdConfig(KernelConfig):
         return (f"cuflash::sm90_fwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{'true' if self.pingpong else 'false'}, {'true' if self.persistent else 'false'}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, "
-                f"{'true' if self.causal else 'false'}{template_suffix(self)}>")
+                f"{'true' if self.causal else 'false'}{template_suffix(self)}"
+                f"{', true' if self.dropout else ''}>")   # kDropout last; plain names unchanged
 
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
-                self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi)
+                self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
+                self.dropout)
 
     def _problems(self) -> list[str]:
         out = []
@@ -252,18 +262,27 @@ class Sm90Forward(Family):
     arch_suffix = "a"
     priority = 1       # above fa2_fwd: on sm_90 every forward it supports runs here
     description = "Hopper forward: TMA ring, wgmma SS/RS, producer/consumer warpgroups, pingpong"
-    features = ("alibi", "softcap", "window")
+    features = ("alibi", "dropout", "softcap", "window")
 
     def supports(self, arch, problem: Problem) -> str:
         # the problem's reasons first: they match fa2_fwd's, so the API's message stays one
         why = (f"{self.name} implements op {self.op!r}, not {problem.op!r}" if problem.op != self.op
-               else check_head_dim(problem) or self.feature_problem(problem))
+               else check_head_dim(problem) or self.feature_problem(problem)
+               or feature_mix(self, problem))   # dropout with window / softcap / ALiBi: as fa2_fwd
         if why:
             return why
         if tuple(arch)[0] != 9:
             return (f"{self.name} needs sm_90 exactly (sm_90a code: wgmma, TMA, setmaxnreg), "
                     f"got sm_{arch[0]}{arch[1]}")
         return ""
+
+    def for_problem(self, config, problem: Problem):
+        # dropout is the call's, as in fa2_fwd (tuned tables and heuristics carry none); so are
+        # the features
+        dropout = "dropout" in problem.features
+        if config.dropout != dropout:
+            config = config.replace(dropout=dropout)
+        return self.with_features(config, problem)
 
     def head_dim_of(self, head_dim: int) -> int:
         """64, 96, 128, 192 or 256: the first compiled head dim >= the real one (65..96 -> 96)."""
@@ -275,10 +294,13 @@ class Sm90Forward(Family):
         d64 192, d128 176 (FA3's d128 tile too), d256 80; d192 112 (FA3's d192 tile, not yet
         measured here); d96 176, as d128 (not yet measured: FA3's d96 tile, 192 x 144 with three
         consumer warpgroups, exceeds the 3-consumer register budget here). A sliding window takes
-        window_tiles' BN and the persistent schedule."""
+        window_tiles' BN and the persistent schedule; dropout DROPOUT_BN (the Philox rounds
+        need registers on top of O and S)."""
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         bn, persistent = {64: 192, 96: 176, 128: 176, 192: 112}.get(d, 80), False
+        if "dropout" in problem.features:   # (never with a window: supports() refuses the mix)
+            bn = DROPOUT_BN[d]
         if "window" in problem.features:
             # (also under ALiBi: ptxas spilled with both at BN 192 (d64) / 176 (d128), not at 128)
             bn, persistent = window_tiles(d)
@@ -300,7 +322,8 @@ class Sm90Forward(Family):
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
         # the tensor maps are written per call (call_writer); zeros until then
         return dict(tma_q=0, tma_k=0, tma_v=0, **strides3("o", strides["o"]),
-                    **forward_sizes(problem, softmax_scale), **feature_params(problem, softmax_scale))
+                    **forward_sizes(problem, softmax_scale), **feature_params(problem, softmax_scale),
+                    **dropout_params(problem))
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
         """What cuflash.launch.Plan runs on every call after writing the pointers: the tensor
