@@ -124,7 +124,7 @@ def test_families_support_dropout_and_configs_carry_the_flag():
     fwd, bwd, sm90 = (registry.get(n) for n in ("fa2_fwd", "fa2_bwd", "sm90_fwd"))
     assert fwd.supports((9, 0), drop_problem()) == ""
     assert bwd.supports((8, 0), drop_problem("bwd")) == ""
-    assert "dropout" in sm90.supports((9, 0), drop_problem())   # selection falls back to fa2_fwd
+    assert sm90.supports((9, 0), drop_problem()) == ""   # sm_90 runs it (test_sm90_dropout_cpu.py)
     assert "window" in fwd.supports((9, 0), drop_problem().replace(features=("dropout", "window")))
     cfg = fwd.for_problem(fwd.heuristic(drop_problem()), drop_problem())
     assert cfg.dropout and cfg.name.endswith("_drop") and cfg.kernel_name().endswith("bf16, false, false, true, false, false, false>")

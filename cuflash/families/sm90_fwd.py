@@ -284,6 +284,11 @@ class Sm90Forward(Family):
             config = config.replace(dropout=dropout)
         return self.with_features(config, problem)
 
+    def _fields(self, config):
+        # dropout is not encoded either: the call sets it (for_problem), so the encoded form of a
+        # config stays what it was before the flag existed
+        return ((k, v) for k, v in super()._fields(config) if k != "dropout")
+
     def head_dim_of(self, head_dim: int) -> int:
         """64, 96, 128, 192 or 256: the first compiled head dim >= the real one (65..96 -> 96)."""
         return next((d for d in HEAD_DIMS if d >= head_dim), HEAD_DIMS[-1])

@@ -1,0 +1,122 @@
+"""CPU checks of dropout in the Hopper forward family sm90_fwd (kDropout; issue 12): selection
+on sm_90 (sm90_fwd for the forward, fa2_fwd elsewhere and where sm90_fwd lacks a feature),
+config names and kernel names (the plain ones unchanged), the params fields, and the nvcc
+build of the dropout heuristics (zero spills, no wgmma serialization). No GPU is needed; the
+mask itself is checked on the GPU (tests/test_sm90_dropout_gpu.py)."""
+import itertools
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from cuflash import dropout, registry
+from cuflash.families.sm90_fwd import DROPOUT_BN, HEAD_DIMS, Sm90FwdConfig
+from cuflash.problem import Problem
+from cuflash.select import choose
+
+FAM = registry.get("sm90_fwd")
+NVCC = os.environ.get("NVCC", "nvcc")
+needs_nvcc = pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not on PATH")
+
+
+def drop_problem(op="fwd", d=128, causal=True, p=0.1, dtype="bf16", **kw):
+    return Problem(op, dtype, 2, 1000, 1000, 8, 2, d, causal, features=("dropout",), dropout_p=p, **kw)
+
+
+def test_selection_runs_the_dropout_forward_on_sm90():
+    fam, cfg, source = choose(drop_problem(), (9, 0), dirs=[])
+    assert fam.name == "sm90_fwd" and cfg.dropout and source.startswith("heuristic")
+    assert cfg.name == "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_drop"
+    # elsewhere fa2_fwd, with its own dropout flag
+    fam, cfg, _ = choose(drop_problem(), (8, 0), dirs=[])
+    assert fam.name == "fa2_fwd" and cfg.dropout
+    # what sm90_fwd has not: varlen (fa2_fwd runs it); dropout with window / softcap / ALiBi is
+    # refused by both, as fa2_fwd always did (the API runs that mix on torch CPU)
+    varlen = drop_problem().replace(features=("dropout", "varlen"))
+    assert "'varlen'" in FAM.supports((9, 0), varlen)
+    for f in ("window", "softcap", "alibi"):
+        mixed = drop_problem().replace(features=tuple(sorted(("dropout", f))))
+        assert f"'{f}' with dropout" in FAM.supports((9, 0), mixed)
+        assert FAM.supports((9, 0), mixed) == registry.get("fa2_fwd").supports((9, 0), mixed).replace(
+            "fa2_fwd", "sm90_fwd")
+    # the backward keeps its own family's choice (fa2_bwd regenerates the same mask)
+    fam, cfg, _ = choose(drop_problem("bwd"), (9, 0), dirs=[])
+    assert cfg.dropout
+
+
+def test_dropout_heuristic_config_and_kernel_names():
+    for d, dtype, causal in itertools.product(HEAD_DIMS, ("bf16", "fp16"), (False, True)):
+        p = drop_problem(d=d, causal=causal, dtype=dtype)
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        assert cfg.dropout and cfg.BN == DROPOUT_BN[d] and cfg.problems(227 * 1024) == []
+        assert cfg.name.endswith("_pp_drop")
+        assert cfg.kernel_name().endswith(f"cuflash::{dtype}, {str(causal).lower()}, false, false, false, true>")
+        assert cfg.template_args()[-1] is True and len(cfg.template_args()) == 13
+        # the call sets the flag both ways; the encoded form carries none (as the feature flags)
+        plain = FAM.for_problem(cfg, p.replace(features=()))
+        assert not plain.dropout and FAM.for_problem(plain, p) == cfg
+        assert "dropout" not in FAM.encode(cfg)
+        assert FAM.for_problem(FAM.decode(FAM.encode(cfg), dtype, causal), p) == cfg
+    # a plain config's names are what they were before kDropout (its tuned entries name them)
+    plain = Sm90FwdConfig(128, 176, 2, 2, True, False, 128, "bf16", True)
+    assert plain.name == "sm90fwd_bf16_d128_causal_BM128_BN176_s2_c2_pp"
+    assert plain.kernel_name() == ("cuflash::sm90_fwd<128, 176, 2, 2, true, false, 128, cuflash::bf16, "
+                                   "true, false, false, false>")
+    assert FAM.encode(plain) == ("sm90_fwd:BM=128,BN=176,stages=2,consumers=2,pingpong=1,"
+                                 "persistent=0,head_dim=128")
+    assert plain.replace(dropout=True).name == "sm90fwd_bf16_d128_causal_BM128_BN176_s2_c2_pp_drop"
+
+
+def test_params_carry_threshold_scale_and_an_rng_pointer():
+    from cuflash.launch import struct_dtype
+
+    dt = struct_dtype("Sm90FwdParams")
+    assert dt.names[-3:] == ("rng_state", "dropout_threshold", "dropout_scale")   # appended last
+    assert dt.itemsize == 576   # inside the struct's 64-byte tail padding: the plain layout is unchanged
+    assert dt.fields["rng_state"][0] == np.uint64   # a per-call pointer field for Plan.run_with
+    p = drop_problem(p=0.17)
+    cfg = FAM.for_problem(FAM.heuristic(p), p)
+    strides = {n: (1000 * 8 * 128, 8 * 128, 128, 1) for n in ("q", "o")}
+    strides.update({n: (1000 * 2 * 128, 2 * 128, 128, 1) for n in ("k", "v")})
+    static = FAM.static_params(cfg, p, strides, FAM.workspace(cfg, p, strides), 0.125, 132)
+    assert static["dropout_threshold"] == 44 == dropout.drop_threshold(0.17)
+    assert static["dropout_scale"] == float(np.float32(1) / (np.float32(1) - np.float32(0.17)))
+    assert static["rng_state"] == 0
+    plain = FAM.static_params(cfg.replace(dropout=False), p.replace(features=()), strides, {}, 0.125, 132)
+    assert plain["dropout_threshold"] == 0
+
+
+def test_kernel_source_applies_dropout_after_the_softmax_and_before_the_pack():
+    """The order that makes l and the LSE plain attention's (FA2's Algorithm 2): softmax_step,
+    then Dropout::apply, then the P fragments; the same Dropout::apply as fa2_fwd."""
+    from cuflash.compile import kernel_dir
+
+    src = (kernel_dir() / "sm90_fwd.cu").read_text()
+    assert "bool kDropout = false>" in src and '#include "philox.cuh"' in src
+    body = src[src.index("for (int j = 1; j < n_blocks; ++j)"):]
+    assert body.index("softmax_s(slot, j)") < body.index("drop_p(j)") < body.index("pack_a_frags")
+    first = src[src.index("softmax_s(slot_of(0), 0);"):]
+    assert first.index("drop_p(0)") < first.index("pack_a_frags")
+    assert "dropout.apply(s_acc, at.batch * p.nheads + at.head, warp_row0," in src
+
+
+@needs_nvcc
+def test_dropout_instantiations_compile_without_spills():
+    """The dropout heuristics, every head dim (64, 96, 128, 192, 256), both masks, both dtypes
+    across them, for sm_90a: no spills, no stack, no wgmma serialization (~20 s on 2 cores)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cuflash.compile import nvcc_compile
+
+    cfgs = []
+    for i, (d, causal) in enumerate(itertools.product(HEAD_DIMS, (False, True))):
+        p = drop_problem(d=d, causal=causal, dtype=("bf16", "fp16")[i % 2])
+        cfgs.append(FAM.for_problem(FAM.heuristic(p), p))
+    chunks = [cfgs[i:i + 4] for i in range(0, len(cfgs), 4)]
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        reports = [r for rs in pool.map(lambda c: nvcc_compile(c, "sm_90a", NVCC), chunks) for r in rs]
+    bad = [f"{c.name}: {r}" for c, r in zip(cfgs, reports)
+           if r.spill_stores or r.spill_loads or r.stack_bytes
+           or any("C751" in w or "serialized" in w for w in r.warnings)]
+    assert all(c.dropout for c in cfgs) and not bad, "\n".join(bad)
