@@ -564,8 +564,8 @@ def test_gpu_supported_pads_odd_head_dims():
 def test_gpu_sanitize_forces_the_heuristic_of_the_calls_features():
     """tests/gpu_sanitize.py --features forces each forward family's heuristic: for the call's
     features (as the API selects), not the plain problem's (sm90_fwd's BN with window + ALiBi,
-    fa2_fwd's Bc with dropout at d 64 differ; the plain ones spill), and never sm90_fwd for
-    dropout."""
+    fa2_fwd's Bc with dropout at d 64 and sm90_fwd's BN with dropout differ; the plain ones
+    spill)."""
     pytest.importorskip("torch")
     import gpu_sanitize
     from cuflash import registry
@@ -584,9 +584,10 @@ def test_gpu_sanitize_forces_the_heuristic_of_the_calls_features():
                                       dict(alibi_slopes="batch", window_size=(50, 50)))
     assert wa.features == ("alibi", "window") and sm90.heuristic(wa, (9, 0)).BN == 128
     drop = gpu_sanitize.feature_problem("bf16", 1, 17, 113, 4, 1, 64, dict(dropout_p=0.17))
-    assert drop.features == ("dropout",) and sm90.supports((9, 0), drop)
+    assert drop.features == ("dropout",) and sm90.supports((9, 0), drop) == ""
     assert fa2.heuristic(drop, (8, 0)).Bc == 32
-    assert not any("dropout_p" in keys for keys, _, _ in by_spec["sm90_fwd"])
+    assert sm90.heuristic(drop, (9, 0)).BN == 128 < sm90.heuristic(drop.replace(features=()), (9, 0)).BN
+    assert any("dropout_p" in keys for keys, _, _ in by_spec["sm90_fwd"])   # sm90_fwd runs dropout too
 
 
 def test_unsupported_features_name_the_features_not_an_odd_head_dim():
