@@ -20,8 +20,9 @@ in compute (6 k16 steps for S, an N = 96 wgmma for P V, 96 columns of O accumula
 d128's shared-memory layout (two 128-byte-swizzled chunks, the second half zeros): its tiles
 take d128's shared memory. Dropout (``dropout``, kDropout): philox.cuh's Dropout::apply on P_j
 after the softmax (l and the LSE stay plain attention's), the same keep mask as fa2_fwd's, which
-fa2_bwd regenerates; at DROPOUT_BN (the Philox rounds need registers). Not implemented: a TMA store of O, FA3's d64 tile 192 x 192 (with
-3 consumers the register budget caps BN at 128), clusters, FP8.
+fa2_bwd regenerates; at DROPOUT_BN (the Philox rounds need registers). Not implemented: a TMA
+store of O, FA3's d64 tile 192 x 192 (with 3 consumers the register budget caps BN at 128),
+clusters, FP8, varlen.
 
 Host side: the kernel reads Q, K, V through TMA tensor maps (``cuTensorMapEncodeTiled``,
 called through ctypes on libcuda.so.1, loaded lazily: without a driver the family still
