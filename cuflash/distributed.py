@@ -360,24 +360,32 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
         recv, pending = ring.start(sends) if sends else ([], None)
         src = (rank - step) % world  # the block's owner (comm=False: its pattern, local data)
         k_cur, v_cur = kv
-        dk_part = torch.zeros(k.shape, dtype=acc, device=k.device)
-        dv_part = torch.zeros(v.shape, dtype=acc, device=v.device)
+        # this rank's share of the block's dK, dV: kept as the block calls return them (q's
+        # dtype, as cuflash's backward rounds them) until the block's accumulator has arrived,
+        # so that no third fp32 pair lives beside the one leaving and the one arriving
+        parts = []
         for call in step_calls(q_chunks, chunk_ids(src, world, layout), causal):
             qs, ks = _slices(call, q_len, q_len)
             dq_b, dk_b, dv_b = block_backward(dout[:, qs], q[:, qs], k_cur[:, ks], v_cur[:, ks],
                                               out[:, qs], lse[:, :, qs], scale, call.causal,
                                               deterministic)
             dq[:, qs] += dq_b
-            dk_part[:, ks] += dk_b
-            dv_part[:, ks] += dv_b
+            parts.append((ks, dk_b, dv_b))
+            del dq_b
         if pending is not None:
             ring.finish(pending)
         if comm and step + 1 < world:
             kv = tuple(recv[:2])
         if comm and step > 0:  # the block's accumulator as it left the previous rank
-            dk_part += recv[-2]
-            dv_part += recv[-1]
-        dkv = (dk_part, dv_part)
+            dk_acc, dv_acc = recv[-2], recv[-1]
+        else:
+            dk_acc = torch.zeros(k.shape, dtype=acc, device=k.device)
+            dv_acc = torch.zeros(v.shape, dtype=acc, device=v.device)
+        for ks, dk_b, dv_b in parts:
+            dk_acc[:, ks] += dk_b
+            dv_acc[:, ks] += dv_b
+        del parts, recv
+        dkv = (dk_acc, dv_acc)
     if comm and world > 1:  # one more hop: the block in hand is rank + 1's
         (dk, dv), pending = ring.start(dkv)
         ring.finish(pending)
