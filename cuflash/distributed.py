@@ -39,7 +39,7 @@ flash_attn_varlen_func's layout (q (total, nheads, headdim), k, v (total, nheads
 headdim), int32 ``cu_seqlens`` of batch + 1 offsets), self-attention (one cu_seqlens for q
 and k), every sequence split over the P ranks:
 
-    cu_local = cfd.varlen_shard(q, cu_seqlens, rank, world)[1]   # likewise k, v
+    q_local, cu_local = cfd.varlen_shard(q, cu_seqlens, rank, world)  # likewise k, v
     out_local = cfd.ring_flash_attn_varlen_func(q_local, k_local, v_local, cu_seqlens,
                                                 max_seqlen, causal=True)
     out = cfd.varlen_unshard([out_0, ..., out_P-1], cu_seqlens, world)
@@ -60,12 +60,14 @@ and k), every sequence split over the P ranks:
   is of one kind (full, diagonal, masked) for all sequences at once: each live pair is one
   varlen call over the halves (``varlen_step_calls``: one call per pair, since a sequence's
   two local chunks are not adjacent rows), merged into the running (out, lse) as above.
-  lse is flash_attn_varlen_func's (nheads, total_local). The ring, the fp32 dK/dV
-  accumulators one step behind, the global out/lse in the backward, GQA / MQA: as above.
-  CUDA tensors run the varlen kernels (``cuflash.varlen_torch``), CPU tensors the float64
-  reference. cu_seqlens values are read back once per call to check them (a sync; skipped
-  while a CUDA graph is captured or with cuflash.api.CHECK_CU_SEQLENS off, as
-  flash_attn_varlen_func); the ring itself never reads them on the host.
+  Zigzag, causal: 3 calls on the rank's own block, 2 on every other; without causal 4 per
+  step (the same work as the dense ring's one call, in quarter-size calls). lse is
+  flash_attn_varlen_func's (nheads, total_local). The ring, the fp32 dK/dV accumulators
+  one step behind, the global out/lse in the backward, GQA / MQA: as above. CUDA tensors
+  run the varlen kernels (``cuflash.varlen_torch``), CPU tensors the float64 reference.
+  cu_seqlens values are read back once per call to check them (a sync, as
+  flash_attn_varlen_func's check; none with cuflash.api.CHECK_CU_SEQLENS = False); the
+  ring itself never reads them on the host.
 """
 from __future__ import annotations
 
