@@ -347,6 +347,59 @@ def _acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _rotate_forward(ring: _Ring, kv: tuple, comm: bool, step_fn) -> None:
+    """The forward ring: for each of the P steps, ``step_fn(src, k_block, v_block)`` on the
+    K/V block in hand (src: its owner) while that block travels on to the next rank.
+    comm=False: no transfers (every step sees the local block: wrong results, the same work;
+    for timing the computation alone)."""
+    world, rank = ring.world, ring.rank
+    for step in range(world):
+        pending = None
+        if comm and step + 1 < world:
+            nxt, pending = ring.start(kv)
+        step_fn((rank - step) % world, *kv)
+        if pending is not None:
+            ring.finish(pending)
+            kv = tuple(nxt)
+
+
+def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn) -> tuple:
+    """The backward ring: K/V blocks travel as in the forward, each with its fp32 dK/dV
+    accumulator one step behind. ``step_fn(src, k_block, v_block)`` adds dQ's share itself and
+    returns this rank's share of the block's dK, dV as [(index, dk_b, dv_b)] (index: where in
+    the block, as a tensor index). The shares stay in the kernels' dtype until the block's
+    accumulator has arrived and are then added into it, so that only two fp32 pairs live at a
+    time: the one leaving and the one arriving. Returns the local block's (dK, dV), fp32,
+    after one last hop brings them home."""
+    world = ring.world
+    k, v = kv
+    dkv = None  # the dK/dV accumulator of the block in hand, after this rank's share
+    for step in range(world):
+        sends = list(kv) if comm and step + 1 < world else []
+        if comm and step > 0:
+            sends += list(dkv)  # the previous block's accumulator goes on with that block
+        recv, pending = ring.start(sends) if sends else ([], None)
+        parts = step_fn((ring.rank - step) % world, *kv)
+        if pending is not None:
+            ring.finish(pending)
+        if comm and step + 1 < world:
+            kv = tuple(recv[:2])
+        if comm and step > 0:  # the block's accumulator as it left the previous rank
+            dk_acc, dv_acc = recv[-2], recv[-1]
+        else:
+            dk_acc = torch.zeros(k.shape, dtype=acc, device=k.device)
+            dv_acc = torch.zeros(v.shape, dtype=acc, device=v.device)
+        for index, dk_b, dv_b in parts:
+            dk_acc[index] += dk_b
+            dv_acc[index] += dv_b
+        del parts, recv
+        dkv = (dk_acc, dv_acc)
+    if comm and world > 1:  # one more hop: the block in hand is rank + 1's
+        dkv, pending = ring.start(dkv)
+        ring.finish(pending)
+    return tuple(dkv)
+
+
 def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: bool = True):
     """(out, lse) of the local q over the whole sequence's K/V (no autograd). out: q's
     dtype; lse: fp32 (batch, nheads, seqlen_local), +inf for rows with no key.
@@ -359,20 +412,14 @@ def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: 
     acc = _acc_dtype(q.dtype)
     out = torch.zeros(q.shape, dtype=acc, device=q.device)
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), -math.inf, dtype=acc, device=q.device)
-    kv = (k, v)
-    for step in range(world):
-        pending = None
-        if comm and step + 1 < world:
-            nxt, pending = ring.start(kv)
-        src = (rank - step) % world  # the block's owner (comm=False: its pattern, local data)
-        k_cur, v_cur = kv
+
+    def step(src, k_cur, v_cur):
         for call in step_calls(q_chunks, chunk_ids(src, world, layout), causal):
             qs, ks = _slices(call, q_len, q_len)
             o_b, lse_b = block_forward(q[:, qs], k_cur[:, ks], v_cur[:, ks], scale, call.causal)
             merge_partial(out[:, qs], lse[:, :, qs], o_b, lse_b)
-        if pending is not None:
-            ring.finish(pending)
-            kv = tuple(nxt)
+
+    _rotate_forward(ring, (k, v), comm, step)
     lse = lse.float().masked_fill(torch.isneginf(lse), math.inf)
     return out.to(q.dtype), lse
 
@@ -387,18 +434,8 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
     acc = _acc_dtype(q.dtype)
     dout, out, lse = dout.contiguous(), out.contiguous(), lse.contiguous()
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    kv = (k, v)
-    dkv = None  # the dK/dV accumulator of the block in hand (fp32), after this rank's share
-    for step in range(world):
-        sends = list(kv) if comm and step + 1 < world else []
-        if comm and step > 0:
-            sends += list(dkv)  # the previous block's accumulator goes on with that block
-        recv, pending = ring.start(sends) if sends else ([], None)
-        src = (rank - step) % world  # the block's owner (comm=False: its pattern, local data)
-        k_cur, v_cur = kv
-        # this rank's share of the block's dK, dV: kept as the block calls return them (q's
-        # dtype, as cuflash's backward rounds them) until the block's accumulator has arrived,
-        # so that no third fp32 pair lives beside the one leaving and the one arriving
+
+    def step(src, k_cur, v_cur):
         parts = []
         for call in step_calls(q_chunks, chunk_ids(src, world, layout), causal):
             qs, ks = _slices(call, q_len, q_len)
@@ -406,27 +443,10 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
                                               out[:, qs], lse[:, :, qs], scale, call.causal,
                                               deterministic)
             dq[:, qs] += dq_b
-            parts.append((ks, dk_b, dv_b))
-            del dq_b
-        if pending is not None:
-            ring.finish(pending)
-        if comm and step + 1 < world:
-            kv = tuple(recv[:2])
-        if comm and step > 0:  # the block's accumulator as it left the previous rank
-            dk_acc, dv_acc = recv[-2], recv[-1]
-        else:
-            dk_acc = torch.zeros(k.shape, dtype=acc, device=k.device)
-            dv_acc = torch.zeros(v.shape, dtype=acc, device=v.device)
-        for ks, dk_b, dv_b in parts:
-            dk_acc[:, ks] += dk_b
-            dv_acc[:, ks] += dv_b
-        del parts, recv
-        dkv = (dk_acc, dv_acc)
-    if comm and world > 1:  # one more hop: the block in hand is rank + 1's
-        (dk, dv), pending = ring.start(dkv)
-        ring.finish(pending)
-    else:
-        dk, dv = dkv
+            parts.append(((slice(None), ks), dk_b, dv_b))
+        return parts
+
+    dk, dv = _rotate_backward(ring, (k, v), comm, acc, step)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -687,22 +707,16 @@ def ring_varlen_forward(q, k, v, chunks: VarlenChunks, scale: float, causal: boo
     lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=acc, device=q.device)
     if q.shape[0] == 0:  # every sequence empty (on every rank alike: total / P rows each)
         return out.to(q.dtype), lse.float()
-    kv = (k, v)
-    for step in range(world):
-        pending = None
-        if comm and step + 1 < world:
-            nxt, pending = ring.start(kv)
-        src = (rank - step) % world  # the block's owner
-        k_cur, v_cur = kv
+
+    def step(src, k_cur, v_cur):
         for call in varlen_step_calls(q_chunks, chunk_ids(src, world, layout), causal):
             qs, ks = _rows(call, chunks.rows)
             o_b, lse_b = varlen_block_forward(q[qs], k_cur[ks], v_cur[ks], chunks, scale,
                                               call.causal)
             # (rows, h, d) and (h, rows) as merge_partial's (1, rows, h, d) and (1, h, rows)
             merge_partial(out[qs][None], lse[:, qs][None], o_b[None], lse_b[None])
-        if pending is not None:
-            ring.finish(pending)
-            kv = tuple(nxt)
+
+    _rotate_forward(ring, (k, v), comm, step)
     lse = lse.float().masked_fill(torch.isneginf(lse), math.inf)
     return out.to(q.dtype), lse
 
@@ -722,38 +736,19 @@ def ring_varlen_backward(dout, q, k, v, out, lse, chunks: VarlenChunks, scale: f
     # each local chunk's lse rows, contiguous once (the kernels read (nheads, rows) dense)
     lse_chunk = [lse[:, i * n:(i + 1) * n].contiguous() for i in range(len(q_chunks))]
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    kv = (k, v)
-    dkv = None  # the dK/dV accumulator of the block in hand (fp32), after this rank's share
-    for step in range(world):
-        sends = list(kv) if comm and step + 1 < world else []
-        if comm and step > 0:
-            sends += list(dkv)  # the previous block's accumulator goes on with that block
-        recv, pending = ring.start(sends) if sends else ([], None)
-        src = (rank - step) % world
-        k_cur, v_cur = kv
-        dk_part = torch.zeros(k.shape, dtype=acc, device=k.device)
-        dv_part = torch.zeros(v.shape, dtype=acc, device=v.device)
+
+    def step(src, k_cur, v_cur):
+        parts = []
         for call in varlen_step_calls(q_chunks, chunk_ids(src, world, layout), causal):
             qs, ks = _rows(call, n)
             dq_b, dk_b, dv_b = varlen_block_backward(dout[qs], q[qs], k_cur[ks], v_cur[ks],
                                                      out[qs], lse_chunk[call.q0], chunks, scale,
                                                      call.causal, deterministic)
             dq[qs] += dq_b
-            dk_part[ks] += dk_b
-            dv_part[ks] += dv_b
-        if pending is not None:
-            ring.finish(pending)
-        if comm and step + 1 < world:
-            kv = tuple(recv[:2])
-        if comm and step > 0:  # the block's accumulator as it left the previous rank
-            dk_part += recv[-2]
-            dv_part += recv[-1]
-        dkv = (dk_part, dv_part)
-    if comm and world > 1:  # one more hop: the block in hand is rank + 1's
-        (dk, dv), pending = ring.start(dkv)
-        ring.finish(pending)
-    else:
-        dk, dv = dkv
+            parts.append((ks, dk_b, dv_b))
+        return parts
+
+    dk, dv = _rotate_backward(ring, (k, v), comm, acc, step)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
