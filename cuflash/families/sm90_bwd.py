@@ -13,8 +13,10 @@ dK/dV reduction are fa2_bwd's kernels: sm90_bwd.cu includes fa2_bwd.cu, and Sm90
 starts with BwdParams field for field (the workspace layout is fa2_bwd's too).
 
 Selection: ranked above fa2_bwd for head dims 97..128, below it at head dims <= 96, as measured
-on the H100 (``rank``); ``config=`` / ``bwd_config=`` force either. Head dims up to 128 (kernels for 64 and 128); no features
-(window, softcap, ALiBi, dropout, varlen): supports() refuses them and selection falls back to
+on the H100 (``rank``); ``config=`` / ``bwd_config=`` force either. Head dims up to 128 (kernels for 64 and 128).
+Features: sliding window (Q blocks outside a K/V block's band are skipped), softcap and ALiBi,
+as compile-time flags (config fields window / softcap / alibi, names _win / _cap / _alibi, as
+fa2_bwd's); not dropout or varlen: supports() refuses them and selection falls back to
 fa2_bwd. Not implemented yet: head dims 96/192/256, TMA bulk reduce-add for dQ, swap-AB, a
 BM = 128 tile at head dim 64 (ptxas spills it under the 240-register budget).
 """
@@ -25,6 +27,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..features import KERNEL_FLAGS, name_suffix, template_suffix
 from ..problem import Problem
 from ..registry import register
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
@@ -54,6 +57,7 @@ class Sm90BwdConfig(KernelConfig):
     dtype:         "bf16" or "fp16"
     causal:        bottom-right aligned causal mask, a compile-time flag
     deterministic: dQ additions in K/V block order (bitwise reproducible, slower)
+    window, softcap, alibi: the feature flags (as fa2_bwd's BwdConfig; compile-time)
     """
 
     BM: int
@@ -64,6 +68,9 @@ class Sm90BwdConfig(KernelConfig):
     dtype: str
     causal: bool
     deterministic: bool = False
+    window: bool = False
+    softcap: bool = False
+    alibi: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -77,7 +84,7 @@ class Sm90BwdConfig(KernelConfig):
         mask = "causal" if self.causal else "full"
         det = "_det" if self.deterministic else ""
         return (f"sm90bwd_{self.dtype}_d{self.head_dim}_{mask}_"
-                f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{det}")
+                f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{det}{name_suffix(self)}")
 
     @property
     def dq_cols(self) -> int:
@@ -90,9 +97,14 @@ class Sm90BwdConfig(KernelConfig):
     @property
     def smem_bytes(self) -> int:
         """K_j, V_j; stages x (Q_i, dO_i, LSE_i, D_i); dS; the mbarriers (kv_full, q_full and
-        q_empty per slot); 1024 bytes to align the base (as Sm90BwdShape::kSmemBytes)."""
+        q_empty per slot); 1024 bytes to align the base (as Sm90BwdShape::kSmemBytes). Softcap
+        adds, 16-byte aligned, each consumer thread's 1 - tanh² words (BM / 2 16-bit values:
+        Sm90BwdCap in sm90_bwd.cu)."""
         tiles = 2 * self.BN * self.head_dim * 2 + 2 * self.stages * self.BM * self.head_dim * 2
-        return tiles + self.BM * self.BN * 2 + 2 * self.stages * self.BM * 4 + 8 * (1 + 2 * self.stages) + 1024
+        used = tiles + self.BM * self.BN * 2 + 2 * self.stages * self.BM * 4 + 8 * (1 + 2 * self.stages)
+        if self.softcap:
+            used = -(-used // 16) * 16 + self.BM // 16 * 16 * self.consumers * 128
+        return used + 1024
 
     @property
     def accum_regs(self) -> int:
@@ -102,12 +114,14 @@ class Sm90BwdConfig(KernelConfig):
 
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
+        # the feature flags only when one is set: a plain config keeps its name expression
+        feats = template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) else ""
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
-                f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}>")
+                f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
-                self.causal, self.deterministic)
+                self.causal, self.deterministic, self.window, self.softcap, self.alibi)
 
     def _problems(self) -> list[str]:
         out = []
@@ -156,6 +170,7 @@ class Sm90Backward(Family):
     priority = 1       # above fa2_bwd where it is faster: see rank()
     max_head_dim = HEAD_DIMS[-1]   # supports() refuses larger head dims: selection falls back
     dout_any_strides = True  # the preprocess reads dout through any strides (copies it if need be)
+    features = ("alibi", "softcap", "window")
     description = ("Hopper backward: K/V-block CTAs, TMA ring of Q/dO, wgmma SS/RS, dQ by fp32 "
                    "red.add (or ordered); fa2_bwd's preprocess / convert / GQA kernels")
 
@@ -170,8 +185,7 @@ class Sm90Backward(Family):
 
     def supports(self, arch, problem: Problem) -> str:
         why = (f"{self.name} implements op {self.op!r}, not {problem.op!r}" if problem.op != self.op
-               else check_head_dim(problem) or (
-                   f"{self.name} has no feature {problem.features[0]!r}" if problem.features else ""))
+               else check_head_dim(problem) or self.feature_problem(problem))
         if why:
             return why
         if problem.head_dim > HEAD_DIMS[-1]:
@@ -189,8 +203,8 @@ class Sm90Backward(Family):
     def for_problem(self, config, problem: Problem):
         # the call's flag decides (tuned tables and the torch op's configs carry none)
         if config.deterministic != problem.deterministic:
-            return config.replace(deterministic=problem.deterministic)
-        return config
+            config = config.replace(deterministic=problem.deterministic)
+        return self.with_features(config, problem)
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90BwdConfig:
         """Not yet measured. Head dim 128: FA3's shape with 2 consumer warpgroups (BN = 128 keys)
@@ -237,7 +251,9 @@ class Sm90Backward(Family):
 
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
         # BwdParams' fields as fa2_bwd packs them (its reused kernels read them; this family
-        # refuses varlen, dropout and the features, so those come out as zeros), K/V blocks in
+        # refuses varlen and dropout, so those come out as zeros; the window bounds, softcap
+        # factors and ALiBi stride are the main kernel's, the slopes' address is written per
+        # call as for fa2_bwd), K/V blocks in
         # plain order (head_group 1); the tensor maps are written per call (call_writer)
         return dict(bwd_params(config, problem, strides, workspace, softmax_scale, 1),
                     tma_q=0, tma_k=0, tma_v=0, tma_do=0)
