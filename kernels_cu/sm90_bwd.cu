@@ -85,9 +85,11 @@
 //              the band mask (mask.cuh BandMask) skips the Q blocks outside K_j's band, so a CTA's
 //              work is proportional to the band, and masks the blocks on its edges; Sᵀ goes
 //              through the forward's score modifiers (score.cuh: softcap, ALiBi) before Pᵀ is
-//              recomputed; softcap's factor 1 - tanh² is kept as 16-bit A fragments (the layout
-//              of Pᵀ's, BM / 4 registers) until dSᵀ = Pᵀ ∘ (dPᵀ - D_i) ∘ (1 - tanh²). Deterministic
-//              under a window: the turns of a Q block count from the first K/V block of its band.
+//              recomputed (the mask then sets hidden elements of Pᵀ to 0); softcap's factor
+//              1 - tanh² waits for dSᵀ = Pᵀ ∘ (dPᵀ - D_i) ∘ (1 - tanh²) in shared memory, 16 bits
+//              per element, past the mbarriers (Sm90BwdCap: BM / 2 elements per consumer thread;
+//              kept in registers it spills d128). Deterministic under a window: the turns of a Q
+//              block count from the first K/V block of its band (kv_block_begin).
 #include "fa2_bwd.cu"
 #include "ptx_sm90.cuh"
 #include "params_sm90_bwd.cuh"

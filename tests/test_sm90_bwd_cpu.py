@@ -88,7 +88,8 @@ def test_space_and_heuristic():
 
 def test_supports_and_selection():
     assert "headdim up to 128" in FAM.supports((9, 0), problem(136))
-    assert "'window'" in FAM.supports((9, 0), problem(64).replace(features=("window",)))
+    assert "'dropout'" in FAM.supports((9, 0), problem(64).replace(features=("dropout",)))
+    assert "'varlen'" in FAM.supports((9, 0), problem(64).replace(features=("varlen",)))
     assert FAM.supports((8, 0), problem(64)).startswith("sm90_bwd needs sm_90")
     assert FAM.supports((10, 0), problem(64)).startswith("sm90_bwd needs sm_90 exactly")
     assert "implements op 'bwd', not 'fwd'" in FAM.supports((9, 0), problem(64).replace(op="fwd"))
@@ -96,7 +97,11 @@ def test_supports_and_selection():
     assert choose(p, (9, 0))[0].name == "sm90_bwd"                     # the default at d 97..128
     assert choose(problem(64), (9, 0))[0].name == "fa2_bwd"            # fa2_bwd is faster at d 64
     assert choose(p, (8, 0))[0].name == "fa2_bwd"                      # and everywhere off sm_90
-    assert choose(p.replace(features=("window",), window=(8, 0)), (9, 0))[0].name == "fa2_bwd"
+    # window / softcap / ALiBi keep the plain rule: sm90_bwd at d 97..128, fa2_bwd below
+    windowed = p.replace(features=("window",), window=(8, 0))
+    assert choose(windowed, (9, 0))[0].name == "sm90_bwd"
+    assert choose(windowed.replace(head_dim=64), (9, 0))[0].name == "fa2_bwd"
+    assert choose(p.replace(features=("dropout",), dropout_p=0.1), (9, 0))[0].name == "fa2_bwd"
     forced = fa2 = registry.get("fa2_bwd").heuristic(p)
     assert choose(p, (9, 0), config=fa2)[0].name == "fa2_bwd"           # config= forces fa2_bwd
     forced = FAM.heuristic(p)
@@ -104,6 +109,83 @@ def test_supports_and_selection():
     assert fam is FAM and cfg == forced                                 # config= forces it
     assert choose(problem(192), (9, 0))[0].name == "fa2_bwd"
     assert FAM.decode(FAM.encode(forced), "bf16", False) == forced
+
+
+# ---------------------------------------------------------------------------------------
+# features: sliding window, softcap, ALiBi (compile-time flags appended to the template)
+
+FLAG_SETS = [("window",), ("softcap",), ("alibi",), ("alibi", "softcap", "window")]
+
+
+def test_feature_flags_names_and_template():
+    assert FAM.features == ("alibi", "softcap", "window")
+    plain = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True)
+    # the plain config keeps its name and name expression (a feature-free kernel is unchanged)
+    assert plain.template_args()[-3:] == (False, False, False)
+    cfg = plain.replace(window=True, softcap=True, alibi=True)
+    assert cfg.name == plain.name + "_win_cap_alibi"
+    assert plain.replace(softcap=True).name.endswith("_c2_cap") and plain.replace(alibi=True).name.endswith("_alibi")
+    assert cfg.replace(deterministic=True).name.endswith("_det_win_cap_alibi")
+    assert cfg.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, true, false, "
+                                 "true, true, true>")
+    assert plain.replace(alibi=True).kernel_name().endswith("true, false, false, false, true>")
+    assert cfg.template_args() == (64, 128, 2, 2, 128, "bf16", True, False, True, True, True)
+    # softcap keeps 1 - tanh² in shared memory past the mbarriers (Sm90BwdCap): 16-byte aligned,
+    # BM / 2 16-bit values per consumer thread
+    used = plain.smem_bytes - 1024
+    assert plain.replace(softcap=True).smem_bytes == -(-used // 16) * 16 + 64 // 16 * 16 * 256 + 1024
+    assert plain.replace(window=True, alibi=True).smem_bytes == plain.smem_bytes
+    assert FAM.decode(FAM.encode(cfg), "bf16", True) == plain   # flags are not encoded: the call's
+
+
+@pytest.mark.parametrize("feats", FLAG_SETS, ids="_".join)
+def test_features_supported_and_set_by_the_call(feats):
+    for d, causal, det in itertools.product(HEAD_DIMS, (False, True), (False, True)):
+        p = problem(d, "bf16", causal, det).replace(features=feats, window=(100, 3), softcap=20.0)
+        assert FAM.supports((9, 0), p) == ""
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        assert (cfg.window, cfg.softcap, cfg.alibi) == tuple(f in feats for f in ("window", "softcap", "alibi"))
+        assert cfg.deterministic == det and cfg.problems(227 * 1024) == [] and FAM.fits(cfg, p) == ""
+        # an explicit plain config gets the call's flags too
+        fam, got, source = choose(p, (9, 0), config=FAM.heuristic(p.replace(features=())))
+        assert fam is FAM and source == "given" and got == cfg
+        # with dropout or varlen (not implemented here) it is refused by name
+        assert "'dropout'" in FAM.supports((9, 0), p.replace(features=tuple(sorted(feats + ("dropout",)))))
+    # selection: sm90_bwd at head dims 97..128 (rank), as without the features
+    assert choose(problem(128).replace(features=feats), (9, 0))[0].name == "sm90_bwd"
+    assert choose(problem(96).replace(features=feats), (9, 0))[0].name == "fa2_bwd"
+
+
+def test_feature_params_reach_the_struct(monkeypatch, fake_encoder):
+    """window bounds, softcap factors and the ALiBi batch stride land in the packed Sm90BwdParams
+    (BwdParams' fields), the slopes' address per call through run_fields."""
+    dt = launch.struct_dtype("Sm90BwdParams")
+    launches = []
+
+    def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        ptr = ctypes.c_uint64.from_address(argv).value
+        launches.append(dict(fn=fn, smem=smem, raw=ctypes.string_at(ptr, dt.itemsize)))
+
+    roles = ("main", "preprocess", "convert_dq", "reduce_dkv")
+    monkeypatch.setattr(launch, "get_kernels", lambda config, device: {
+        r: SimpleNamespace(kernel=SimpleNamespace(ptr=1000 + i)) for i, r in enumerate(roles)})
+    monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
+    monkeypatch.setattr(launch, "_driver_launch", lambda: record)
+    monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
+    p = problem(128, "bf16", False).replace(features=("alibi", "softcap", "window"), window=(40, 7),
+                                            softcap=25.0, alibi_batched=True)
+    cfg = FAM.for_problem(FAM.heuristic(p), p)
+    assert cfg.window and cfg.softcap and cfg.alibi
+    q_st, k_st = (300 * 8 * 128, 8 * 128, 128, 1), (200 * 2 * 128, 2 * 128, 128, 1)
+    strides = {"dout": q_st, "q": q_st, "k": k_st, "v": k_st, "o": q_st, "dq": q_st, "dk": k_st, "dv": k_st}
+    plan = launch.Plan(FAM, cfg, p, strides, 0.125, 0)
+    plan.run_fields({"alibi_slopes": 0xABC000}, tuple(0x10000 * (i + 1) for i in range(9)), 0x1000000, 7)
+    main = launches[1]
+    rec = np.frombuffer(main["raw"], dt)[0]
+    assert main["fn"] == 1000 and main["smem"] == cfg.smem_bytes
+    assert (int(rec["window_left"]), int(rec["window_right"])) == (40, 7)
+    assert rec["softcap_in"] == np.float32(0.125 / 25.0) and rec["softcap_out"] == np.float32(25.0 / 0.125)
+    assert int(rec["alibi_slopes"]) == 0xABC000 and int(rec["alibi_batch_stride"]) == 8
 
 
 # ---------------------------------------------------------------------------------------
@@ -194,6 +276,32 @@ def test_ptxas_every_valid_config_no_spills_no_serialized_wgmma():
         p = problem(d, dtype, causal, det)
         configs += [FAM.for_problem(c, p) for c in FAM.valid(p, 227 * 1024)]
     chunks = [configs[i:i + 8] for i in range(0, len(configs), 8)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        reports = [r for rs in pool.map(lambda c: nvcc_compile(c, "sm_90a", NVCC), chunks) for r in rs]
+    bad = [f"{c.name}: {r}" for c, r in zip(configs, reports)
+           if r.spill_stores or r.spill_loads or r.stack_bytes or serialized(r)]
+    assert not bad, "\n".join(bad)
+
+
+@needs_nvcc
+def test_ptxas_feature_kernels_no_spills_no_serialized_wgmma():
+    """The heuristic's kernels of both head dims with each feature flag set (and all three), causal
+    and not; all three with deterministic and with fp16: no spills, no stack, no serialized wgmma
+    (20 instantiations, about half a minute on 2 cores; every point of the space x dtype x mask x
+    deterministic x flag set, 128 kernels, compiled clean too)."""
+    configs = []
+    for d, causal, feats in itertools.product(HEAD_DIMS, (False, True), FLAG_SETS):
+        p = problem(d, "bf16", causal).replace(features=feats)
+        configs.append(FAM.for_problem(FAM.heuristic(p), p))
+    for d in HEAD_DIMS:
+        p = problem(d, "bf16", True, True).replace(features=FLAG_SETS[-1])
+        configs += [FAM.for_problem(FAM.heuristic(p), p),
+                    FAM.for_problem(FAM.heuristic(p.replace(dtype="fp16", deterministic=False)),
+                                    p.replace(dtype="fp16", deterministic=False))]
+    assert len(set(configs)) == 20
+    chunks = [configs[i:i + 10] for i in range(0, len(configs), 10)]
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
