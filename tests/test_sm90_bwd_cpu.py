@@ -339,3 +339,50 @@ def test_params_layout_matches_nvcc(tmp_path):
                                           text=True).stdout.split()]
     dt = launch.struct_dtype("Sm90BwdParams")
     assert got == [dt.itemsize] + [dt.fields[n][1] for n in names]
+
+
+@pytest.mark.parametrize("causal,window", [(False, (40, 7)), (False, (-1, 37)), (False, (100, -1)),
+                                           (True, (70, -1)), (False, (0, 0)), (True, (0, -1))])
+def test_window_mask_of_the_kernel_matches_brute_force(causal, window):
+    """sm90_bwd.cu's window path, in Python: per K/V block the Q blocks [q_block_begin,
+    q_block_end) (cuflash.band mirrors mask.cuh), in each the element mask per key as the kernel
+    writes it (visible queries as column offsets [lo, hi], only in needs_mask blocks), and the dQ
+    turns counted from kv_block_begin. Every visible (query, key) is computed exactly once, no
+    hidden one is, and each Q block's visiting K/V blocks are consecutive from kv_block_begin."""
+    from cuflash.band import Band
+
+    BM, BN = 64, 128
+    for sq, sk in ((1, 17), (113, 301), (301, 113), (333, 333), (1023, 200)):
+        band = Band(sq, sk, causal, window)
+        left, right = band.left, 0 if causal else band.right
+        seen = np.zeros((sq + BM, sk + BN), bool)
+        visits = {}
+        m_blocks = -(-sq // BM)
+        for n in range(-(-sk // BN)):
+            key0 = n * BN
+            for m in range(band.q_block_begin(key0, BM), band.q_block_end(key0, BM, BN, m_blocks)):
+                row0 = m * BM
+                visits.setdefault(m, []).append(n)
+                masked = band.needs_mask(row0, n, BN, BM)
+                for key in range(key0, key0 + BN):
+                    diag = key - band.offset - row0          # (the kernel subtracts 2t too)
+                    lo = BM if key >= sk else diag - right if band.has_right else 0
+                    hi = diag + left if band.has_left else BM
+                    for c in range(BM):
+                        if not masked or lo <= c <= hi:
+                            assert not seen[row0 + c, key], (row0 + c, key)
+                            seen[row0 + c, key] = True
+        i = np.arange(sq)[:, None]
+        j = np.arange(sk)[None, :]
+        ref = np.ones((sq, sk), bool)
+        if band.has_right:
+            ref &= j <= i + band.offset + right
+        if band.has_left:
+            ref &= j >= i + band.offset - left
+        # padded rows (>= sq, LSE = +inf) and keys past sk (masked) carry no P
+        got = seen[:sq, :sk]
+        assert (got == ref).all(), (sq, sk)
+        assert not seen[:sq, sk:].any()
+        for m, ns in visits.items():
+            first = band.kv_block_begin(m * BM, BM, BN)
+            assert ns == list(range(first, first + len(ns))), (m, ns, first)
