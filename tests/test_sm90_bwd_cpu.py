@@ -88,7 +88,6 @@ def test_space_and_heuristic():
 
 def test_supports_and_selection():
     assert "headdim up to 128" in FAM.supports((9, 0), problem(136))
-    assert "'dropout'" in FAM.supports((9, 0), problem(64).replace(features=("dropout",)))
     assert "'varlen'" in FAM.supports((9, 0), problem(64).replace(features=("varlen",)))
     assert FAM.supports((8, 0), problem(64)).startswith("sm90_bwd needs sm_90")
     assert FAM.supports((10, 0), problem(64)).startswith("sm90_bwd needs sm_90 exactly")
@@ -101,6 +100,7 @@ def test_supports_and_selection():
     windowed = p.replace(features=("window",), window=(8, 0))
     assert choose(windowed, (9, 0))[0].name == "sm90_bwd"
     assert choose(windowed.replace(head_dim=64), (9, 0))[0].name == "fa2_bwd"
+    # dropout: supported, forced with config= only (DROPOUT_BY_DEFAULT off until run on a GPU)
     assert choose(p.replace(features=("dropout",), dropout_p=0.1), (9, 0))[0].name == "fa2_bwd"
     forced = fa2 = registry.get("fa2_bwd").heuristic(p)
     assert choose(p, (9, 0), config=fa2)[0].name == "fa2_bwd"           # config= forces fa2_bwd
@@ -118,10 +118,10 @@ FLAG_SETS = [("window",), ("softcap",), ("alibi",), ("alibi", "softcap", "window
 
 
 def test_feature_flags_names_and_template():
-    assert FAM.features == ("alibi", "softcap", "window")
+    assert FAM.features == ("alibi", "dropout", "softcap", "window")
     plain = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True)
     # the plain config keeps its name and name expression (a feature-free kernel is unchanged)
-    assert plain.template_args()[-3:] == (False, False, False)
+    assert plain.template_args()[-4:] == (False, False, False, False)
     cfg = plain.replace(window=True, softcap=True, alibi=True)
     assert cfg.name == plain.name + "_win_cap_alibi"
     assert plain.replace(softcap=True).name.endswith("_c2_cap") and plain.replace(alibi=True).name.endswith("_alibi")
@@ -129,12 +129,19 @@ def test_feature_flags_names_and_template():
     assert cfg.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, true, false, "
                                  "true, true, true>")
     assert plain.replace(alibi=True).kernel_name().endswith("true, false, false, false, true>")
-    assert cfg.template_args() == (64, 128, 2, 2, 128, "bf16", True, False, True, True, True)
+    assert cfg.template_args() == (64, 128, 2, 2, 128, "bf16", True, False, True, True, True, False)
+    drop = plain.replace(dropout=True)
+    assert drop.name == plain.name + "_drop" and drop.replace(deterministic=True).name.endswith("_det_drop")
+    assert drop.kernel_name().endswith("true, false, false, false, false, true>")
+    assert drop.template_args()[-4:] == (False, False, False, True)
     # softcap keeps 1 - tanh² in shared memory past the mbarriers (Sm90BwdCap): 16-byte aligned,
     # BM / 2 16-bit values per consumer thread
     used = plain.smem_bytes - 1024
     assert plain.replace(softcap=True).smem_bytes == -(-used // 16) * 16 + 64 // 16 * 16 * 256 + 1024
     assert plain.replace(window=True, alibi=True).smem_bytes == plain.smem_bytes
+    # dropout: the signed Pᵀ, as many words again
+    assert drop.smem_bytes == plain.replace(softcap=True).smem_bytes
+    assert drop.replace(softcap=True).smem_bytes == -(-used // 16) * 16 + 2 * 64 // 16 * 16 * 256 + 1024
     assert FAM.decode(FAM.encode(cfg), "bf16", True) == plain   # flags are not encoded: the call's
 
 
@@ -149,11 +156,35 @@ def test_features_supported_and_set_by_the_call(feats):
         # an explicit plain config gets the call's flags too
         fam, got, source = choose(p, (9, 0), config=FAM.heuristic(p.replace(features=())))
         assert fam is FAM and source == "given" and got == cfg
-        # with dropout or varlen (not implemented here) it is refused by name
-        assert "'dropout'" in FAM.supports((9, 0), p.replace(features=tuple(sorted(feats + ("dropout",)))))
+        # with dropout (no API path passes both) or varlen (not implemented here): refused by name
+        mixed = p.replace(features=tuple(sorted(feats + ("dropout",))), dropout_p=0.1)
+        assert FAM.supports((9, 0), mixed) == f"sm90_bwd has no feature {sorted(feats)[0]!r} with dropout"
+        assert "'varlen'" in FAM.supports((9, 0), p.replace(features=tuple(sorted(feats + ("varlen",)))))
     # selection: sm90_bwd at head dims 97..128 (rank), as without the features
     assert choose(problem(128).replace(features=feats), (9, 0))[0].name == "sm90_bwd"
     assert choose(problem(96).replace(features=feats), (9, 0))[0].name == "fa2_bwd"
+
+
+def test_dropout_config_and_guards(monkeypatch):
+    from cuflash.families import sm90_bwd
+
+    for d, det in itertools.product((64, 128), (False, True)):
+        p = problem(d, "bf16", True, det).replace(features=("dropout",), dropout_p=0.1)
+        if det and d == 128:   # its kernel spills (nvcc 13.0): fa2_bwd runs it
+            assert "no deterministic dropout above head dim 64" in FAM.supports((9, 0), p)
+            with pytest.raises(ConfigError, match="dropout with deterministic"):
+                Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True, True, dropout=True).validate()
+            continue
+        assert FAM.supports((9, 0), p) == ""
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        assert cfg.dropout and not (cfg.window or cfg.softcap or cfg.alibi) and cfg.problems(227 * 1024) == []
+        fam, got, _ = choose(p, (9, 0), config=FAM.heuristic(p.replace(features=())))
+        assert fam is FAM and got == cfg
+    p = problem(128).replace(features=("dropout",), dropout_p=0.1)
+    assert FAM.rank(p) < registry.get("fa2_bwd").rank(p)               # opt-in for now
+    monkeypatch.setattr(sm90_bwd, "DROPOUT_BY_DEFAULT", True)
+    assert choose(p, (9, 0))[0].name == "sm90_bwd"
+    assert choose(p.replace(head_dim=64), (9, 0))[0].name == "fa2_bwd"
 
 
 def test_feature_params_reach_the_struct(monkeypatch, fake_encoder):
@@ -186,6 +217,16 @@ def test_feature_params_reach_the_struct(monkeypatch, fake_encoder):
     assert (int(rec["window_left"]), int(rec["window_right"])) == (40, 7)
     assert rec["softcap_in"] == np.float32(0.125 / 25.0) and rec["softcap_out"] == np.float32(25.0 / 0.125)
     assert int(rec["alibi_slopes"]) == 0xABC000 and int(rec["alibi_batch_stride"]) == 8
+    # dropout: threshold and scale (the rng state's address is written per call, run_with)
+    launches.clear()
+    p = problem(128, "bf16", True).replace(features=("dropout",), dropout_p=0.25)
+    cfg = FAM.for_problem(FAM.heuristic(p), p)
+    plan = launch.Plan(FAM, cfg, p, strides, 0.125, 0)
+    plan.run_with(tuple(0x10000 * (i + 1) for i in range(9)), 0x1000000, 7, (("rng_state", 0xDEF000),))
+    rec = np.frombuffer(launches[1]["raw"], dt)[0]
+    assert launches[1]["smem"] == cfg.smem_bytes and cfg.dropout
+    assert int(rec["dropout_threshold"]) == 64 and rec["dropout_scale"] == np.float32(1 / 0.75)
+    assert int(rec["rng_state"]) == 0xDEF000
 
 
 # ---------------------------------------------------------------------------------------
@@ -289,8 +330,9 @@ def test_ptxas_every_valid_config_no_spills_no_serialized_wgmma():
 def test_ptxas_feature_kernels_no_spills_no_serialized_wgmma():
     """The heuristic's kernels of both head dims with each feature flag set (and all three), causal
     and not; all three with deterministic and with fp16: no spills, no stack, no serialized wgmma
-    (20 instantiations, about half a minute on 2 cores; every point of the space x dtype x mask x
-    deterministic x flag set, 128 kernels, compiled clean too)."""
+    Dropout at both head dims, causal and not, and deterministic at d64 (25 instantiations, about
+    half a minute on 2 cores; every point of the space x dtype x mask x deterministic x flag
+    set, 128 kernels, compiled clean too)."""
     configs = []
     for d, causal, feats in itertools.product(HEAD_DIMS, (False, True), FLAG_SETS):
         p = problem(d, "bf16", causal).replace(features=feats)
@@ -300,8 +342,14 @@ def test_ptxas_feature_kernels_no_spills_no_serialized_wgmma():
         configs += [FAM.for_problem(FAM.heuristic(p), p),
                     FAM.for_problem(FAM.heuristic(p.replace(dtype="fp16", deterministic=False)),
                                     p.replace(dtype="fp16", deterministic=False))]
-    assert len(set(configs)) == 20
-    chunks = [configs[i:i + 10] for i in range(0, len(configs), 10)]
+    # dropout: both head dims, causal and not; deterministic at d64 (d128's is refused: it spills)
+    for d, causal in itertools.product(HEAD_DIMS, (False, True)):
+        p = problem(d, "bf16", causal).replace(features=("dropout",))
+        configs.append(FAM.for_problem(FAM.heuristic(p), p))
+    p = problem(64, "bf16", True, True).replace(features=("dropout",))
+    configs.append(FAM.for_problem(FAM.heuristic(p), p))
+    assert len(set(configs)) == 25
+    chunks = [configs[i:i + 13] for i in range(0, len(configs), 13)]
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:

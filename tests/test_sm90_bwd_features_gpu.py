@@ -1,4 +1,4 @@
-"""Sliding window, softcap and ALiBi in the Hopper backward sm90_bwd, on an H100, forced with
+"""Sliding window, softcap, ALiBi and dropout in the Hopper backward sm90_bwd, on an H100, forced with
 bwd_config= (the forward is the default one for the call's features).
 
 Gradients must be within 3x the error of plain attention with the same features computed in the
@@ -10,8 +10,13 @@ test walks several bands through the same kernel (both bounds, left only, right 
 narrower than a Q block, causal with a left bound) so that Q blocks outside the band are skipped
 and the band's edge blocks masked.
 
-Compiles: 12 backward kernels (d128 bf16: 3 features + all x causal / not; d64 bf16: all x
-causal / not; all-features deterministic; fp16) and their forwards.
+Dropout (test_dropout): the keep mask of the call's rng state (test_dropout_gpu.next_mask) in
+the reference, gradients within 3x the plain low-precision error (plus the D residual floor of
+test_dropout_gpu); d128 causal / not, d64 causal, d64 deterministic (d128 deterministic dropout
+is refused: its kernel spills).
+
+Compiles: 16 backward kernels (d128 bf16: 3 features + all x causal / not; d64 bf16: all x
+causal / not; all-features deterministic; fp16; 4 dropout) and their forwards.
 
 Run first: CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q -x tests/test_sm90_bwd_features_gpu.py
 """
@@ -118,6 +123,44 @@ def test_deterministic_window_is_bitwise_reproducible():
         else:
             for a, b in zip(first, g):
                 assert torch.equal(a, b), "deterministic backward differs between runs"
+
+
+DROP_SHAPES = [(2, 113, 113, 4, 4), (1, 17, 1023, 4, 1), (1, 2049, 1023, 2, 2), (3, 1, 1, 4, 2),
+               (1, 1023, 2049, 4, 2)]
+
+
+@pytest.mark.parametrize("d,causal,det", [(128, False, False), (128, True, False), (64, True, False),
+                                          (64, False, True)], ids=["d128_full", "d128_causal", "d64_causal",
+                                                                   "d64_full_det"])
+def test_dropout(d, causal, det):
+    import math
+
+    import torch
+
+    from test_dropout_gpu import P_DROP, attention_with_mask, max_err, next_mask, rand_qkv
+
+    cfg = sm90_config("bf16", d, causal, det)
+    for b, sq, sk, h, h_kv in DROP_SHAPES:
+        q, k, v = rand_qkv(b, sq, sk, h, h_kv, d, torch.bfloat16, grad=True)
+        dout = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
+        scale = 1 / math.sqrt(d)
+        keep, _ = next_mask(4321, b, h, sq, sk)
+        out = cuflash.flash_attn_func(q, k, v, P_DROP, causal=causal, deterministic=det, bwd_config=cfg)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+        ref_out, _ = attention_with_mask(q, k, v, causal, scale, torch.float64, keep, P_DROP)
+        low_out, _ = attention_with_mask(q, k, v, causal, scale, torch.bfloat16, keep, P_DROP)
+        ref_g = torch.autograd.grad(ref_out, (q, k, v), dout.double())
+        low_g = torch.autograd.grad(low_out, (q, k, v), dout)
+        for what, a, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_g, low_g):
+            assert not a.isnan().any(), f"{cfg.name} {what}: unwritten (NaN) elements"
+            e, bse = max_err(a, r), max_err(lo, r)
+            floor = torch.finfo(torch.bfloat16).eps * max(1.0, r.abs().max().item())
+            if what in ("dq", "dk"):  # D's residual (test_dropout_gpu explains it)
+                d_scale = (dout.double() * out.double()).sum(-1).abs().max().item()
+                other = k if what == "dq" else q
+                floor = max(floor, torch.finfo(torch.bfloat16).eps * d_scale * other.abs().max().item() * scale)
+            assert e <= 3 * bse + floor, \
+                f"{cfg.name} b{b} {sq}x{sk} h{h}x{h_kv} {what}: error {e:.3g} > 3 x plain {bse:.3g} + {floor:.3g}"
 
 
 def test_selection_runs_sm90_bwd_for_features():
