@@ -346,6 +346,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         // element (nt, e)), drawn before Sᵀ's accumulators are live (and while Q_i may still be
         // landing): the Philox rounds next to dK, dV and Sᵀ would spill the d128 kernel
         u32 keep_bits = 0;
+        static_assert(!kDropout || kBM / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
         if constexpr (kDropout) {
             float keep[1][kBM / 8][4];
 #pragma unroll
