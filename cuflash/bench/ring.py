@@ -189,7 +189,51 @@ def _write(records, world, out, log):
 
     from .common import gpu_dir_name, write
 
-    write(records, Path(out) / f"{gpu_dir_name(0)}x{world}", STEM, log=log, P=world)
+    path = write(records, Path(out) / f"{gpu_dir_name(0)}x{world}", STEM, log=log, P=world)
+    if plot(records, path / f"{STEM}.png"):
+        log(f"wrote {path / STEM}.png")
+
+
+def plot_rows(records) -> list:
+    """The records as plot rows: impl (ring, cuflash shard, cuflash 1 GPU, torch_cp[backend]),
+    seqlen, causal, tflops_per_gpu (each impl's own TFLOPs per GPU) and peak_gib_per_gpu."""
+    rows = []
+    for r in records:
+        if r.get("error") or r.get("skipped"):
+            continue
+        impl = r["impl"] + (f"[{r['backend']}]" if r.get("backend") else "")
+        tf = r.get("tflops_per_gpu", r.get("tflops"))
+        peak = r.get("peak_bytes_per_gpu", r.get("peak_bytes"))
+        if tf is None:
+            continue
+        rows.append(dict(impl=impl, seqlen=r["seqlen"], causal=r["causal"], tflops_per_gpu=tf,
+                         peak_gib_per_gpu=None if peak is None else peak / 2**30))
+    return rows
+
+
+def plot(records, path, title=None) -> bool:
+    """ring.png: fwd+bwd TFLOPs per GPU and peak memory per GPU vs total seqlen, a column per
+    mask, a line per impl (the shard baseline: single-GPU cuflash on seqlen / P)."""
+    from .common import plot as plot_lines
+
+    P = next((r["P"] for r in records if r.get("impl") == "ring"), "?")
+    return plot_lines(plot_rows(records), path, ("tflops_per_gpu", "peak_gib_per_gpu"),
+                      panels=("causal",), ref="cuflash_shard",
+                      title=title or f"ring attention, P = {P}, bf16 d128 8 heads (fwd + bwd)")
+
+
+if __name__ == "__main__":  # re-plot a run's records: python -m cuflash.bench.ring ring.json ...
+    import sys
+    from pathlib import Path
+
+    from .common import read_records
+
+    for name in sys.argv[1:]:
+        recs = read_records(name)
+        gpu = Path(name).resolve().parent.name
+        if plot(recs, Path(name).with_suffix(".png"), title=f"ring attention on {gpu}, bf16 d128 "
+                f"8 heads, fwd + bwd (P = {next(r['P'] for r in recs if r['impl'] == 'ring')})"):
+            print(f"wrote {Path(name).with_suffix('.png')}")
 
 
 def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
