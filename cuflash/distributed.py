@@ -33,6 +33,41 @@ chunk i alone (rank P-1 then does P times the work of rank 0). Each step classif
 bottom-right aligned, the same for equal lengths) or masked (skipped) and runs one cuflash
 call per rectangle of pairs (``step_calls``). Without causal the layout does not matter
 (all pairs are full; any sharding of the sequence gives the same result).
+
+Varlen (``ring_flash_attn_varlen_func``): a packed batch of sequences of different lengths,
+flash_attn_varlen_func's layout (q (total, nheads, headdim), k, v (total, nheads_kv,
+headdim), int32 ``cu_seqlens`` of batch + 1 offsets), self-attention (one cu_seqlens for q
+and k), every sequence split over the P ranks:
+
+    q_local, cu_local = cfd.varlen_shard(q, cu_seqlens, rank, world)  # likewise k, v
+    out_local = cfd.ring_flash_attn_varlen_func(q_local, k_local, v_local, cu_seqlens,
+                                                max_seqlen, causal=True)
+    out = cfd.varlen_unshard([out_0, ..., out_P-1], cu_seqlens, world)
+
+* Every sequence is cut into 2P equal chunks (zigzag) or P (contiguous), so every length
+  must be a multiple of 2P (zigzag) or P (contiguous); length 0 is allowed.
+* Local layout (``varlen_shard``): the rank's first chunk of every sequence, packed in
+  sequence order, then (zigzag) its second chunk of every sequence, packed likewise. Each
+  local half is itself a packed varlen batch whose offsets are the same for every rank and
+  every half: cu_seqlens // (2P) (zigzag; cu_seqlens // P contiguous). ``varlen_shard``
+  also returns the local offsets of the chunks in local order (2·batch + 1 of them for
+  zigzag, batch + 1 contiguous): a valid cu_seqlens of the local tensor, one "sequence" per
+  chunk (for per-chunk work such as rotary positions; the ring itself does not take it).
+* ``ring_flash_attn_varlen_func`` takes the GLOBAL cu_seqlens and max_seqlen (the same on
+  every rank, those flash_attn_varlen_func would take on the unsharded tensors); the local
+  q, k, v have total / P rows.
+* Because every sequence's chunks have the same index on a rank, a (q half, k half) pair
+  is of one kind (full, diagonal, masked) for all sequences at once: each live pair is one
+  varlen call over the halves (``varlen_step_calls``: one call per pair, since a sequence's
+  two local chunks are not adjacent rows), merged into the running (out, lse) as above.
+  Zigzag, causal: 3 calls on the rank's own block, 2 on every other; without causal 4 per
+  step (the same work as the dense ring's one call, in quarter-size calls). lse is
+  flash_attn_varlen_func's (nheads, total_local). The ring, the fp32 dK/dV accumulators
+  one step behind, the global out/lse in the backward, GQA / MQA: as above. CUDA tensors
+  run the varlen kernels (``cuflash.varlen_torch``), CPU tensors the float64 reference.
+  cu_seqlens values are read back once per call to check them (a sync, as
+  flash_attn_varlen_func's check; none with cuflash.api.CHECK_CU_SEQLENS = False); the
+  ring itself never reads them on the host.
 """
 from __future__ import annotations
 
@@ -40,10 +75,11 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import api, torch_ops
+from . import api, reference, torch_ops
 
 Tensor = torch.Tensor
 
@@ -311,6 +347,59 @@ def _acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _rotate_forward(ring: _Ring, kv: tuple, comm: bool, step_fn) -> None:
+    """The forward ring: for each of the P steps, ``step_fn(src, k_block, v_block)`` on the
+    K/V block in hand (src: its owner) while that block travels on to the next rank.
+    comm=False: no transfers (every step sees the local block: wrong results, the same work;
+    for timing the computation alone)."""
+    world, rank = ring.world, ring.rank
+    for step in range(world):
+        pending = None
+        if comm and step + 1 < world:
+            nxt, pending = ring.start(kv)
+        step_fn((rank - step) % world, *kv)
+        if pending is not None:
+            ring.finish(pending)
+            kv = tuple(nxt)
+
+
+def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn) -> tuple:
+    """The backward ring: K/V blocks travel as in the forward, each with its fp32 dK/dV
+    accumulator one step behind. ``step_fn(src, k_block, v_block)`` adds dQ's share itself and
+    returns this rank's share of the block's dK, dV as [(index, dk_b, dv_b)] (index: where in
+    the block, as a tensor index). The shares stay in the kernels' dtype until the block's
+    accumulator has arrived and are then added into it, so that only two fp32 pairs live at a
+    time: the one leaving and the one arriving. Returns the local block's (dK, dV), fp32,
+    after one last hop brings them home."""
+    world = ring.world
+    k, v = kv
+    dkv = None  # the dK/dV accumulator of the block in hand, after this rank's share
+    for step in range(world):
+        sends = list(kv) if comm and step + 1 < world else []
+        if comm and step > 0:
+            sends += list(dkv)  # the previous block's accumulator goes on with that block
+        recv, pending = ring.start(sends) if sends else ([], None)
+        parts = step_fn((ring.rank - step) % world, *kv)
+        if pending is not None:
+            ring.finish(pending)
+        if comm and step + 1 < world:
+            kv = tuple(recv[:2])
+        if comm and step > 0:  # the block's accumulator as it left the previous rank
+            dk_acc, dv_acc = recv[-2], recv[-1]
+        else:
+            dk_acc = torch.zeros(k.shape, dtype=acc, device=k.device)
+            dv_acc = torch.zeros(v.shape, dtype=acc, device=v.device)
+        for index, dk_b, dv_b in parts:
+            dk_acc[index] += dk_b
+            dv_acc[index] += dv_b
+        del parts, recv
+        dkv = (dk_acc, dv_acc)
+    if comm and world > 1:  # one more hop: the block in hand is rank + 1's
+        dkv, pending = ring.start(dkv)
+        ring.finish(pending)
+    return tuple(dkv)
+
+
 def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: bool = True):
     """(out, lse) of the local q over the whole sequence's K/V (no autograd). out: q's
     dtype; lse: fp32 (batch, nheads, seqlen_local), +inf for rows with no key.
@@ -323,20 +412,14 @@ def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: 
     acc = _acc_dtype(q.dtype)
     out = torch.zeros(q.shape, dtype=acc, device=q.device)
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), -math.inf, dtype=acc, device=q.device)
-    kv = (k, v)
-    for step in range(world):
-        pending = None
-        if comm and step + 1 < world:
-            nxt, pending = ring.start(kv)
-        src = (rank - step) % world  # the block's owner (comm=False: its pattern, local data)
-        k_cur, v_cur = kv
+
+    def step(src, k_cur, v_cur):
         for call in step_calls(q_chunks, chunk_ids(src, world, layout), causal):
             qs, ks = _slices(call, q_len, q_len)
             o_b, lse_b = block_forward(q[:, qs], k_cur[:, ks], v_cur[:, ks], scale, call.causal)
             merge_partial(out[:, qs], lse[:, :, qs], o_b, lse_b)
-        if pending is not None:
-            ring.finish(pending)
-            kv = tuple(nxt)
+
+    _rotate_forward(ring, (k, v), comm, step)
     lse = lse.float().masked_fill(torch.isneginf(lse), math.inf)
     return out.to(q.dtype), lse
 
@@ -351,18 +434,8 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
     acc = _acc_dtype(q.dtype)
     dout, out, lse = dout.contiguous(), out.contiguous(), lse.contiguous()
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    kv = (k, v)
-    dkv = None  # the dK/dV accumulator of the block in hand (fp32), after this rank's share
-    for step in range(world):
-        sends = list(kv) if comm and step + 1 < world else []
-        if comm and step > 0:
-            sends += list(dkv)  # the previous block's accumulator goes on with that block
-        recv, pending = ring.start(sends) if sends else ([], None)
-        src = (rank - step) % world  # the block's owner (comm=False: its pattern, local data)
-        k_cur, v_cur = kv
-        # this rank's share of the block's dK, dV: kept as the block calls return them (q's
-        # dtype, as cuflash's backward rounds them) until the block's accumulator has arrived,
-        # so that no third fp32 pair lives beside the one leaving and the one arriving
+
+    def step(src, k_cur, v_cur):
         parts = []
         for call in step_calls(q_chunks, chunk_ids(src, world, layout), causal):
             qs, ks = _slices(call, q_len, q_len)
@@ -370,27 +443,10 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
                                               out[:, qs], lse[:, :, qs], scale, call.causal,
                                               deterministic)
             dq[:, qs] += dq_b
-            parts.append((ks, dk_b, dv_b))
-            del dq_b
-        if pending is not None:
-            ring.finish(pending)
-        if comm and step + 1 < world:
-            kv = tuple(recv[:2])
-        if comm and step > 0:  # the block's accumulator as it left the previous rank
-            dk_acc, dv_acc = recv[-2], recv[-1]
-        else:
-            dk_acc = torch.zeros(k.shape, dtype=acc, device=k.device)
-            dv_acc = torch.zeros(v.shape, dtype=acc, device=v.device)
-        for ks, dk_b, dv_b in parts:
-            dk_acc[:, ks] += dk_b
-            dv_acc[:, ks] += dv_b
-        del parts, recv
-        dkv = (dk_acc, dv_acc)
-    if comm and world > 1:  # one more hop: the block in hand is rank + 1's
-        (dk, dv), pending = ring.start(dkv)
-        ring.finish(pending)
-    else:
-        dk, dv = dkv
+            parts.append(((slice(None), ks), dk_b, dv_b))
+        return parts
+
+    dk, dv = _rotate_backward(ring, (k, v), comm, acc, step)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -469,3 +525,333 @@ def ring_flash_attn_func(q, k, v, causal: bool = False, softmax_scale: Optional[
 
 # flash-attn's ring-attention packages name it so
 zigzag_ring_flash_attn_func = ring_flash_attn_func
+
+
+# ---------------------------------------------------------------------------------------
+# varlen: a packed batch of sequences, every one split over the ranks
+
+def chunk_count(world: int, layout: str) -> int:
+    """How many equal chunks every sequence is cut into: 2·world (zigzag) or world."""
+    return 2 * world if layout == "zigzag" else world
+
+
+def _check_layout(layout) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+
+
+def _cu_values(cu_seqlens) -> np.ndarray:
+    """The host values of a global cu_seqlens given to varlen_shard / varlen_unshard (int32
+    1-D torch tensor, 0 first, never decreasing); a device-to-host read for GPU tensors."""
+    if not isinstance(cu_seqlens, Tensor):
+        raise TypeError(f"cu_seqlens: expected a torch tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype != torch.int32:
+        raise TypeError(f"cu_seqlens: dtype must be int32, got {cu_seqlens.dtype}")
+    if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 1:
+        raise ValueError(f"cu_seqlens: expected a 1-D tensor of batch + 1 offsets, got shape "
+                         f"{tuple(cu_seqlens.shape)}")
+    cu = cu_seqlens.detach().cpu().numpy().astype(np.int64)
+    if cu[0] != 0 or (np.diff(cu) < 0).any():
+        raise ValueError(f"cu_seqlens: must start at 0 and never decrease, got {cu.tolist()}")
+    return cu
+
+
+def _check_chunkable(cu: np.ndarray, world: int, layout: str) -> None:
+    """Every sequence length a multiple of the chunk count, else ValueError naming cu_seqlens."""
+    n = chunk_count(world, layout)
+    lens = np.diff(cu)
+    bad = np.flatnonzero(lens % n)
+    if bad.size:
+        why = "2 * world: 2 chunks per rank" if layout == "zigzag" else "world: 1 chunk per rank"
+        raise ValueError(f"cu_seqlens: every sequence length must be a multiple of {n} ({why}, "
+                         f"layout {layout!r}); sequence {int(bad[0])} has {int(lens[bad[0]])} "
+                         f"tokens (lengths {lens.tolist()})")
+
+
+def _local_rows(cu: np.ndarray, rank: int, world: int, layout: str) -> np.ndarray:
+    """The global rows a rank holds, in local order: for each of its chunks, that chunk of
+    every sequence in sequence order."""
+    n = chunk_count(world, layout)
+    starts, lens = cu[:-1], np.diff(cu) // n
+    rows = [np.arange(s + c * m, s + (c + 1) * m) for c in chunk_ids(rank, world, layout)
+            for s, m in zip(starts, lens)]
+    return np.concatenate(rows) if rows else np.zeros(0, np.int64)
+
+
+def varlen_shard(x: Tensor, cu_seqlens: Tensor, rank: int, world: int, layout: str = "zigzag",
+                 dim: int = 0) -> tuple:
+    """Rank ``rank``'s shard of a packed varlen tensor: (local tensor, local cu_seqlens).
+
+    x: packed along ``dim`` (q, k, v, out: (total, nheads, headdim), dim 0; lse (nheads,
+    total), dim 1) by the GLOBAL ``cu_seqlens`` (int32, batch + 1). Every sequence is cut into
+    2·world (zigzag) or world (contiguous) equal chunks; the local tensor holds chunk ``rank``
+    of every sequence, packed, then (zigzag) chunk 2·world-1-rank of every sequence (a new
+    tensor, total / world long along dim). Local cu_seqlens (int32, on cu_seqlens' device):
+    the offsets of those chunks in local order, one per chunk (2·batch + 1 values for zigzag,
+    batch + 1 contiguous); each half's own offsets are cu_seqlens // (2·world)."""
+    dim = _check_dim("x", x, dim)
+    _check_rank(rank, world)
+    _check_layout(layout)
+    cu = _cu_values(cu_seqlens)
+    if x.shape[dim] != cu[-1]:
+        raise ValueError(f"x: its length along dim {dim} ({x.shape[dim]}) must be the total "
+                         f"number of tokens of cu_seqlens ({int(cu[-1])})")
+    _check_chunkable(cu, world, layout)
+    rows = torch.from_numpy(_local_rows(cu, rank, world, layout)).to(x.device)
+    lens = np.diff(cu) // chunk_count(world, layout)
+    pieces = np.tile(lens, len(chunk_ids(rank, world, layout)))
+    local_cu = np.concatenate([[0], np.cumsum(pieces)]).astype(np.int32)
+    return x.index_select(dim, rows), torch.from_numpy(local_cu).to(cu_seqlens.device)
+
+
+def varlen_unshard(shards: Sequence[Tensor], cu_seqlens: Tensor, world: int,
+                   layout: str = "zigzag", dim: int = 0) -> Tensor:
+    """The packed tensor (total along ``dim``) from every rank's ``varlen_shard`` (shards[i]:
+    rank i's); the exact inverse."""
+    shards = list(shards)
+    _check_rank(0, world)
+    _check_layout(layout)
+    if len(shards) != world:
+        raise ValueError(f"shards: expected one tensor per rank (world = {world}), got {len(shards)}")
+    dim = _check_dim("shards[0]", shards[0], dim)
+    cu = _cu_values(cu_seqlens)
+    _check_chunkable(cu, world, layout)
+    for i, s in enumerate(shards):
+        _check_dim(f"shards[{i}]", s, dim)
+        if s.shape != shards[0].shape or s.dtype != shards[0].dtype or s.device != shards[0].device:
+            raise ValueError(f"shards[{i}]: shape, dtype and device must be shards[0]'s "
+                             f"({tuple(shards[0].shape)}, {shards[0].dtype}, {shards[0].device}), "
+                             f"got {tuple(s.shape)}, {s.dtype}, {s.device}")
+    total = int(cu[-1])
+    if shards[0].shape[dim] * world != total:
+        raise ValueError(f"shards: each must be total / world = {total // world} long along dim "
+                         f"{dim} (cu_seqlens' total {total}), got {shards[0].shape[dim]}")
+    shape = list(shards[0].shape)
+    shape[dim] = total
+    full = shards[0].new_empty(shape)
+    for r, s in enumerate(shards):
+        rows = torch.from_numpy(_local_rows(cu, r, world, layout)).to(s.device)
+        full.index_copy_(dim, rows, s)
+    return full
+
+
+@dataclass(frozen=True)
+class VarlenChunks:
+    """One local chunk of every sequence, as a packed varlen batch: the offsets every call of
+    the ring passes as cu_seqlens_q and cu_seqlens_k (the same for every rank and chunk)."""
+    cu: Tensor                      # int32 (batch + 1) on q's device: cu_seqlens // chunk_count
+    cu_host: Optional[np.ndarray]   # the same on the host (None: not read back; CUDA only)
+    max_len: int                    # max_seqlen // chunk_count: >= every chunk's length
+    rows: int                       # tokens of one local chunk of all sequences
+
+
+def varlen_step_calls(q_chunks: tuple, k_chunks: tuple, causal: bool) -> list:
+    """A varlen step's calls: one per unmasked (q chunk, k chunk) pair (a sequence's two local
+    chunks are not adjacent rows, so pairs cannot be joined into larger rectangles)."""
+    return [Call(i, i + 1, j, j + 1, pair_kind(qc, kc, causal) == DIAG)
+            for i, qc in enumerate(q_chunks) for j, kc in enumerate(k_chunks)
+            if pair_kind(qc, kc, causal) != MASKED]
+
+
+def varlen_block_forward(q, k, v, chunks: VarlenChunks, scale: float, causal: bool):
+    """(out, lse) of one chunk of every sequence's queries against one chunk of the same
+    sequences' keys; lse (nheads, rows) fp32. CUDA: the varlen kernels; CPU: the reference."""
+    if q.is_cuda:
+        from . import varlen_torch
+
+        return varlen_torch.forward(q, k, v, chunks.cu, chunks.cu, chunks.max_len, chunks.max_len,
+                                    scale, causal)
+    as64 = lambda x: x.detach().to(torch.float64).numpy()  # noqa: E731
+    out, lse = reference.attention_varlen_naive(as64(q), as64(k), as64(v), chunks.cu_host,
+                                                chunks.cu_host, softmax_scale=scale,
+                                                causal=causal, return_lse=True)
+    return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).to(torch.float32)
+
+
+def varlen_block_backward(dout, q, k, v, out, lse, chunks: VarlenChunks, scale: float,
+                          causal: bool, deterministic: bool):
+    """(dq, dk, dv) of one (q chunk, k chunk) pair given the GLOBAL out and lse (nheads, rows).
+    CUDA: the varlen backward kernels (they read out and lse as given); CPU:
+    ``reference_block_backward`` per sequence."""
+    if q.is_cuda:
+        from . import varlen_torch
+
+        return varlen_torch.backward(dout, q, k, v, out, lse, chunks.cu, chunks.cu, chunks.max_len,
+                                     chunks.max_len, scale, causal, deterministic)
+    dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
+    cu = chunks.cu_host
+    for b in range(len(cu) - 1):
+        s = slice(int(cu[b]), int(cu[b + 1]))
+        if s.start == s.stop:
+            continue
+        g = reference_block_backward(dout[None, s], q[None, s], k[None, s], v[None, s],
+                                     out[None, s], lse[None, :, s], scale, causal)
+        dq[s], dk[s], dv[s] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
+
+
+def _rows(call: Call, rows: int) -> tuple:
+    return slice(call.q0 * rows, call.q1 * rows), slice(call.k0 * rows, call.k1 * rows)
+
+
+def ring_varlen_forward(q, k, v, chunks: VarlenChunks, scale: float, causal: bool, group,
+                        layout: str, comm: bool = True):
+    """(out, lse) of the local packed q over every sequence's whole K/V (no autograd). out:
+    q's dtype (total_local, nheads, headdim); lse fp32 (nheads, total_local), +inf for rows
+    with no key. comm=False: no transfers (as ring_forward's)."""
+    ring = _Ring(group, q.device)
+    world, rank = ring.world, ring.rank
+    q_chunks = chunk_ids(rank, world, layout)
+    acc = _acc_dtype(q.dtype)
+    out = torch.zeros(q.shape, dtype=acc, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=acc, device=q.device)
+    if q.shape[0] == 0:  # every sequence empty (on every rank alike: total / P rows each)
+        return out.to(q.dtype), lse.float()
+
+    def step(src, k_cur, v_cur):
+        for call in varlen_step_calls(q_chunks, chunk_ids(src, world, layout), causal):
+            qs, ks = _rows(call, chunks.rows)
+            o_b, lse_b = varlen_block_forward(q[qs], k_cur[ks], v_cur[ks], chunks, scale,
+                                              call.causal)
+            # (rows, h, d) and (h, rows) as merge_partial's (1, rows, h, d) and (1, h, rows)
+            merge_partial(out[qs][None], lse[:, qs][None], o_b[None], lse_b[None])
+
+    _rotate_forward(ring, (k, v), comm, step)
+    lse = lse.float().masked_fill(torch.isneginf(lse), math.inf)
+    return out.to(q.dtype), lse
+
+
+def ring_varlen_backward(dout, q, k, v, out, lse, chunks: VarlenChunks, scale: float,
+                         causal: bool, group, layout: str, deterministic: bool = False,
+                         comm: bool = True):
+    """(dq, dk, dv) of the local packed shards; out and lse: ring_varlen_forward's (global)."""
+    ring = _Ring(group, q.device)
+    world, rank = ring.world, ring.rank
+    if q.shape[0] == 0:
+        return tuple(torch.zeros_like(x) for x in (q, k, v))
+    q_chunks = chunk_ids(rank, world, layout)
+    n = chunks.rows
+    acc = _acc_dtype(q.dtype)
+    dout, out = dout.contiguous(), out.contiguous()
+    # each local chunk's lse rows, contiguous once (the kernels read (nheads, rows) dense)
+    lse_chunk = [lse[:, i * n:(i + 1) * n].contiguous() for i in range(len(q_chunks))]
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+
+    def step(src, k_cur, v_cur):
+        parts = []
+        for call in varlen_step_calls(q_chunks, chunk_ids(src, world, layout), causal):
+            qs, ks = _rows(call, n)
+            dq_b, dk_b, dv_b = varlen_block_backward(dout[qs], q[qs], k_cur[ks], v_cur[ks],
+                                                     out[qs], lse_chunk[call.q0], chunks, scale,
+                                                     call.causal, deterministic)
+            dq[qs] += dq_b
+            parts.append((ks, dk_b, dv_b))
+        return parts
+
+    dk, dv = _rotate_backward(ring, (k, v), comm, acc, step)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class RingFlashAttnVarlenFn(torch.autograd.Function):
+    """out, lse = varlen ring attention of the local shards; the backward is the ring's."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, args):
+        chunks, scale, causal, group, layout, deterministic = args
+        out, lse = ring_varlen_forward(q, k, v, chunks, scale, causal, group, layout)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = args
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        chunks, scale, causal, group, layout, deterministic = ctx.args
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = ring_varlen_backward(dout, q, k, v, out, lse, chunks, scale, causal, group,
+                                          layout, deterministic)
+        return dq, dk, dv, None
+
+
+def check_ring_varlen_args(q, k, v, cu_seqlens, max_seqlen, softmax_scale, causal, group,
+                           layout) -> tuple:
+    """Validate a varlen ring call before any launch or transfer; every error names the
+    argument. Returns (softmax_scale, VarlenChunks). Reads cu_seqlens back (a sync) unless
+    flash_attn_varlen_func would not (CUDA graph capture, CHECK_CU_SEQLENS off)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
+        if x.ndim != 3:
+            raise ValueError(f"{name}: expected 3 dims (total_local, nheads, headdim): the "
+                             f"varlen layout, got shape {tuple(x.shape)}")
+    _check_layout(layout)
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("group: torch.distributed is not initialized "
+                           "(call torch.distributed.init_process_group first)")
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group: expected a torch.distributed ProcessGroup or None, got "
+                        f"{type(group).__name__}")
+    tq, _, _, scale, _ = api.check_qkv(q[None], k[None], v[None], softmax_scale, causal)
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"k: total_local must equal q's ({q.shape[0]}): self-attention, each rank "
+                         f"holds the same positions of q, k and v, got {k.shape[0]}")
+    if dist.get_rank(group) < 0:
+        raise ValueError("group: this process is not a member of the group")
+    world = dist.get_world_size(group)
+    n = chunk_count(world, layout)
+    nlocal = len(chunk_ids(0, world, layout))
+    total_local = q.shape[0]
+    if not isinstance(cu_seqlens, Tensor):
+        raise TypeError(f"cu_seqlens: expected a torch tensor like q, got "
+                        f"{type(cu_seqlens).__name__}")
+    cu = api.check_cu_seqlens("cu_seqlens", cu_seqlens, tq, None)  # None: values not read
+    if cu is not None:
+        if cu[-1] != world * total_local:
+            raise ValueError(f"cu_seqlens: expected the GLOBAL offsets (the same on every rank), "
+                             f"ending at world * q's total_local = {world} * {total_local} = "
+                             f"{world * total_local}, got {int(cu[-1])} (varlen_shard's local "
+                             f"offsets are not the argument)")
+        _check_chunkable(cu, world, layout)
+    elif total_local % nlocal:
+        raise ValueError(f"q: total_local ({total_local}) must be a multiple of {nlocal} (one "
+                         f"chunk of every sequence per local half)")
+    nseq = int(cu_seqlens.shape[0]) - 1
+    if nseq > api.GRID_LIMIT:
+        raise ValueError(f"cu_seqlens: batch ({nseq}) must be <= {api.GRID_LIMIT} (CUDA grid limit)")
+    max_seqlen = api.check_max_seqlen("max_seqlen", max_seqlen, cu)
+    chunk_cu = (cu_seqlens // n).to(torch.int32).contiguous()  # on the device, no host read
+    chunk_host = None if cu is None else cu // n
+    return scale, VarlenChunks(chunk_cu, chunk_host, max_seqlen // n, total_local // nlocal)
+
+
+def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen, causal: bool = False,
+                                softmax_scale: Optional[float] = None, group=None,
+                                layout: str = "zigzag", deterministic: bool = False,
+                                return_attn_probs: bool = False):
+    """Exact attention of a packed batch of variable-length sequences, every sequence sharded
+    over the ranks of ``group`` (default: the world). Self-attention: one cu_seqlens for q, k.
+
+    q: (total_local, nheads, headdim), k, v: (total_local, nheads_kv, headdim): this rank's
+    shard (``varlen_shard``: its chunk(s) of every sequence, in ``layout``), total_local =
+    total / P. cu_seqlens: the GLOBAL int32 offsets (batch + 1) on q's device and max_seqlen
+    (an int >= the longest sequence), the same on every rank: what flash_attn_varlen_func
+    takes on the unsharded tensors (as cu_seqlens_q and cu_seqlens_k); every sequence length
+    must be a multiple of 2P (zigzag) or P (contiguous), 0 allowed. Semantics are
+    flash_attn_varlen_func's (causal per sequence; GQA / MQA; softmax_scale default
+    1/sqrt(headdim)); returns this rank's shard of the output, and with return_attn_probs
+    (out, lse, None), lse fp32 (nheads, total_local). Autograd: the backward is the ring
+    backward (every rank must call backward). CUDA tensors (NCCL) run cuflash's varlen
+    kernels, CPU tensors (gloo) the float64 reference."""
+    scale, chunks = check_ring_varlen_args(q, k, v, cu_seqlens, max_seqlen, softmax_scale, causal,
+                                           group, layout)
+    args = (chunks, scale, bool(causal), group, layout, bool(deterministic))
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = RingFlashAttnVarlenFn.apply(q, k, v, args)
+    else:
+        out, lse = ring_varlen_forward(q, k, v, *args[:5])
+    return (out, lse, None) if return_attn_probs else out
+
+
+zigzag_ring_flash_attn_varlen_func = ring_flash_attn_varlen_func

@@ -81,6 +81,20 @@
 //   Elem       bf16 or fp16; all accumulation in fp32
 //   kCausal    bottom-right aligned causal mask
 //   kDeterministic  ordered dQ additions (above)
+//   kWindow, kSoftcap, kAlibi  as in fa2_bwd.cu (appended; false: the plain kernel, unchanged):
+//              the band mask (mask.cuh BandMask) skips the Q blocks outside K_j's band, so a CTA's
+//              work is proportional to the band, and masks the blocks on its edges; Sᵀ goes
+//              through the forward's score modifiers (score.cuh: softcap, ALiBi) before Pᵀ is
+//              recomputed (the mask then sets hidden elements of Pᵀ to 0); softcap's factor
+//              1 - tanh² waits for dSᵀ = Pᵀ ∘ (dPᵀ - D_i) ∘ (1 - tanh²) in shared memory, 16 bits
+//              per element, past the mbarriers (Sm90BwdThreadWords: BM / 2 elements per consumer
+//              thread; kept in registers it spills d128). Deterministic under a window: the turns
+//              of a Q block count from the first K/V block of its band (kv_block_begin).
+//   kDropout   attention dropout (appended after them), as fa2_bwd's: the forward's keep mask Z
+//              regenerated (philox.cuh, keyed by element coordinates, so bit-identical to every
+//              forward's), the dropped elements of Pᵀ negated (the sign carries Z);
+//              dV_j += (Pᵀ ∘ Z / (1 - p)) dO_i and dSᵀ = |Pᵀ| ∘ (Z ∘ dPᵀ / (1 - p) - D_i), the
+//              signed Pᵀ waiting for dSᵀ in the thread's shared-memory words (as softcap's).
 #include "fa2_bwd.cu"
 #include "ptx_sm90.cuh"
 #include "params_sm90_bwd.cuh"
@@ -127,6 +141,19 @@ struct Sm90BwdShape {
     static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the H100's 227 KB");
 };
 
+// Per-thread 32-bit words in shared memory past the mbarriers (Sm90BwdConfig.smem_bytes adds
+// them): softcap's 1 - tanh² and dropout's signed Pᵀ, BM / 4 words each (two 16-bit elements a
+// word, packed as pack_a_frags packs Pᵀ), wait there from Sᵀ to dSᵀ. Word w of consumer thread
+// c sits at kOffset + ((w / 4) · consumer threads + c) · 16 + (w % 4) · 4: a warp's accesses to
+// one word are 32 consecutive 16-byte units apart by 16 bytes (conflict-free per quarter warp).
+template <class Shape, int kConsumers, int kWords>
+struct Sm90BwdThreadWords {
+    static constexpr int kOffset = (Shape::kBarOffset + 8 * Shape::kBarriers + 15) / 16 * 16;
+    static constexpr int kBytes = kWords * 4 * kConsumers * 128;
+    static constexpr int kSmemBytes = kOffset + kBytes + 1024;  // + 1024: base alignment
+    static_assert(kWords % 4 == 0, "whole 16-byte units per thread");
+};
+
 // Byte offset of element (row, col) of a 16-bit tile stored as 64-column chunks of `rows` rows
 // with the 128-byte swizzle (16-byte unit u of row r sits at unit u ^ (r % 8)); the tile's base
 // is 1024-byte aligned.
@@ -148,11 +175,17 @@ struct DescLo {
 };
 
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
-          bool kDeterministic>
+          bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
+          bool kDropout = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim>;
     using Mask = CausalMask<kCausal>;
+    // softcap's words 0 .. BM/4 - 1, then dropout's (Sm90BwdThreadWords)
+    constexpr int kCapWord0 = 0, kPWord0 = kSoftcap ? kBM / 4 : 0;
+    using Words = Sm90BwdThreadWords<Shape, kConsumers, (int(kSoftcap) + int(kDropout)) * kBM / 4>;
+    static_assert(!(kSoftcap || kDropout) || Words::kSmemBytes <= 227 * 1024,
+                  "softcap / dropout: shared memory exceeds the H100's 227 KB");
     constexpr int kChunks = Shape::kChunks;
     constexpr int kConsumerThreads = kConsumers * 128;
 
@@ -179,11 +212,14 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     const i64 bh = static_cast<i64>(batch) * p.nheads + head;
     const int key0 = n_block * kBN;
 
-    // Q blocks that see K_j: all, or under the causal mask those from q_block_begin on.
+    // Q blocks that see K_j: all, or under the causal mask those from q_block_begin on; under a
+    // window (kWindow: the band mask, mask.cuh BandMask) [q_block_begin, q_block_end) of the band.
     const Mask mask(p.seqlen_q, p.seqlen_k);
+    const BandMask<kCausal, kWindow> band(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
     const int m_blocks = (p.seqlen_q + kBM - 1) / kBM;
-    const int m_block_min = mask.template q_block_begin<kBM>(key0);
-    const int n_iters = max(0, m_blocks - m_block_min);
+    const int m_block_min = kWindow ? band.template q_block_begin<kBM>(key0) : mask.template q_block_begin<kBM>(key0);
+    const int m_block_end = kWindow ? band.template q_block_end<kBM, kBN>(key0, m_blocks) : m_blocks;
+    const int n_iters = max(0, m_block_end - m_block_min);
 
     if (tid == 0) {
         prefetch_tensormap(&p.tma_q);
@@ -249,6 +285,14 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     const int warp = (tid / 32) % 4, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
     const int warp_key = wg * 64 + warp * 16;                   // this warp's first key in K_j
+    // kSoftcap, kDropout: this thread's 1 - tanh² and signed Pᵀ (BM / 2 elements each, 16 bits,
+    // packed as Pᵀ's A fragments) live from Sᵀ to dSᵀ in shared memory (Sm90BwdThreadWords; no
+    // other thread reads them, so no barrier): in registers they would spill the d128 kernel
+    // (dK, dV, Pᵀ, dPᵀ are all live then). Word w of Pᵀ's element (nt, e) is 2nt + e / 2.
+    unsigned char* words_smem_ptr = smem_ptr + Words::kOffset + (tid - 128) * 16;
+    auto thread_word = [&](int w) -> u32& {
+        return *reinterpret_cast<u32*>(words_smem_ptr + (w / 4) * kConsumerThreads * 16 + (w % 4) * 4);
+    };
 
     // Descriptors: this warpgroup's 64 rows of K_j, V_j (A, K-major); Q_i, dO_i as B of Sᵀ, dPᵀ
     // (K-major: the head dim is the reduction) and of dK, dV (MN-major: the head dim is wgmma's
@@ -282,6 +326,13 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     u32 p_frag[1][kBM / 16][4], ds_frag[1][kBM / 16][4];
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
+    // softcap and ALiBi (score.cuh; inert without them): the ALiBi slope of this (batch, head)
+    const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride,
+                                           batch, head, p.softmax_scale, p.seqlen_q, p.seqlen_k);
+    // kDropout: the generator's state (the drop threshold and the keep scale 1 / (1 - p) are
+    // read from the params where they are used: fewer registers across the loop)
+    Dropout dropout{};
+    if constexpr (kDropout) dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
 
     if (n_iters > 0) mbarrier_wait(kv_full, 0);
     // the ring position, counted along (it % kStages and the fill's parity (it / kStages) & 1,
@@ -291,6 +342,26 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
         const int m_block = m_block_min + it, row0 = m_block * kBM;
         const u32 q_off = slot * Shape::kQBytes;               // this slot's Q_i, dO_i (bytes)
+        // kDropout: the keep mask Z of this thread's Pᵀ elements, one bit each (bit 4nt + e of
+        // element (nt, e)), drawn before Sᵀ's accumulators are live (and while Q_i may still be
+        // landing): the Philox rounds next to dK, dV and Sᵀ would spill the d128 kernel
+        u32 keep_bits = 0;
+        static_assert(!kDropout || kBM / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
+        if constexpr (kDropout) {
+            float keep[1][kBM / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < kBM / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) keep[0][nt][e] = 1.f;
+            dropout.visit_transposed(keep, static_cast<int>(bh), key0 + warp_key, row0, g, t,
+                                     [&](float& x, u32 word, int b) {
+                                         if (((word >> (8 * b)) & 0xFFu) < static_cast<u32>(p.dropout_threshold)) x = 0.f;
+                                     });
+#pragma unroll
+            for (int nt = 0; nt < kBM / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) keep_bits |= (keep[0][nt][e] != 0.f ? 1u : 0u) << (4 * nt + e);
+        }
         mbarrier_wait(q_full(slot), phase);
 
         // ---- Sᵀ = K_j Q_iᵀ ----
@@ -312,26 +383,93 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         const float* D_i = D_smem_f + slot * kBM;
         // Masked elements (only in the ragged and the causal diagonal blocks): mask.cuh's rule per
         // row of Sᵀ, i.e. per key: key k is seen by the queries from first_query(k) on, none past
-        // seqlen_k. The column offset of this thread's queries is 2t (+ 8nt + e % 2).
-        if (mask.template needs_mask<kBN>(row0, n_block)) {
+        // seqlen_k. The column offset of this thread's queries is 2t (+ 8nt + e % 2). `fill`:
+        // -inf before the exp2, 0 after it.
+        auto hide = [&](float fill) {
+            if constexpr (kWindow) {
+                // the band's rule per key: key k is seen by the queries k - offset - right ..
+                // k - offset + left (a bound of -1: none), none past seqlen_k; as column offsets
+                // from this thread's 2t: [lo, hi]
+                if (band.template needs_mask<kBN, kBM>(row0, n_block)) {
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int key = key0 + warp_key + g + 8 * half;
-                const int first = key >= p.seqlen_k ? kBM + row0 : key - mask.causal_offset;
-                const int first_col = kCausal || key >= p.seqlen_k ? first - row0 - 2 * t : -1;
+                    for (int half = 0; half < 2; ++half) {
+                        const int key = key0 + warp_key + g + 8 * half;
+                        const int diag = key - band.causal_offset - row0 - 2 * t;  // the query on k's diagonal
+                        const int lo = key >= p.seqlen_k ? kBM : band.has_right() ? diag - band.right : 0;
+                        const int hi = band.has_left() ? diag + band.left : kBM;
 #pragma unroll
-                for (int nt = 0; nt < kBM / 8; ++nt)
+                        for (int nt = 0; nt < kBM / 8; ++nt)
 #pragma unroll
-                    for (int e = 0; e < 2; ++e)
-                        if (nt * 8 + e < first_col) s_acc[0][nt][2 * half + e] = neg_inf();
+                            for (int e = 0; e < 2; ++e)
+                                if (nt * 8 + e < lo || nt * 8 + e > hi) s_acc[0][nt][2 * half + e] = fill;
+                    }
+                }
+            } else if (mask.template needs_mask<kBN>(row0, n_block)) {
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int key = key0 + warp_key + g + 8 * half;
+                    const int first = key >= p.seqlen_k ? kBM + row0 : key - mask.causal_offset;
+                    const int first_col = kCausal || key >= p.seqlen_k ? first - row0 - 2 * t : -1;
+#pragma unroll
+                    for (int nt = 0; nt < kBM / 8; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+                            if (nt * 8 + e < first_col) s_acc[0][nt][2 * half + e] = fill;
+                }
             }
+        };
+        if constexpr (!ScoreMod<kSoftcap, kAlibi>::kOn) {
+            hide(neg_inf());
+#pragma unroll
+            for (int nt = 0; nt < kBM / 8; ++nt) {
+                const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    s_acc[0][nt][e] = exp2_scaled(s_acc[0][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
+            }
+        } else {
+            // Sᵀ through the score modifiers (score.cuh, raw units) on the way to the exp2, the
+            // mask after it (hidden elements -> 0, whatever their modified score). Element
+            // (nt, e): key warp_key + g + 8·(e / 2), query 8nt + 2t + e % 2. Softcap keeps
+            // 1 - tanh² for dSᵀ, rounded to 16 bits like dSᵀ itself, packed as pack_a_frags
+            // packs Pᵀ (word 2·(nt % 2) + e / 2 of k16 step nt / 2), in shared memory (above).
+#pragma unroll
+            for (int nt = 0; nt < kBM / 8; ++nt) {
+                const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int key = key0 + warp_key + g + 8 * half;
+                    float dtanh[2];
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float th = 0.f;
+                        float& s = s_acc[0][nt][2 * half + e];
+                        s = exp2_scaled(score.apply(s, row0 + nt * 8 + 2 * t + e, key, th), p.scale_log2,
+                                        e ? lse.y : lse.x);
+                        dtanh[e] = 1.f - th * th;
+                    }
+                    if constexpr (kSoftcap) thread_word(kCapWord0 + 2 * nt + half) = pack2<Elem>(dtanh[0], dtanh[1]);
+                }
+            }
+            hide(0.f);
         }
+        if constexpr (kDropout) {
+            // ---- dropout: the dropped elements of Pᵀ negated (Pᵀ >= 0, so the sign is ¬Z, as
+            // Dropout::negate_dropped_transposed; a hidden element, 0, stays a zero), the signed
+            // Pᵀ to this thread's words for dSᵀ, and Pᵀ ∘ Z / (1 - p), its positive part
+            // scaled, for dV ----
 #pragma unroll
-        for (int nt = 0; nt < kBM / 8; ++nt) {
-            const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
+            for (int nt = 0; nt < kBM / 8; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                s_acc[0][nt][e] = exp2_scaled(s_acc[0][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
+                for (int half = 0; half < 2; ++half) {
+                    float& p0 = s_acc[0][nt][2 * half];
+                    float& p1 = s_acc[0][nt][2 * half + 1];
+                    if (!((keep_bits >> (4 * nt + 2 * half)) & 1u)) p0 = -p0;
+                    if (!((keep_bits >> (4 * nt + 2 * half + 1)) & 1u)) p1 = -p1;
+                    thread_word(kPWord0 + 2 * nt + half) = pack2<Elem>(p0, p1);
+                    p0 = fmaxf(p0, 0.f) * p.dropout_scale;
+                    p1 = fmaxf(p1, 0.f) * p.dropout_scale;
+                }
         }
         // Pᵀ as 16-bit A fragments: the fp32 Pᵀ dies here, before dPᵀ's accumulators are born
         // (with dK, dV in registers the d128 kernel has no room for both), so dS below uses
@@ -364,9 +502,20 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const u32 pair = p_frag[0][nt / 2][2 * (nt % 2) + e / 2];
-                const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
-                dp_acc[0][nt][e] = P * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
+                if constexpr (kDropout) {  // dS = |P| ∘ (Z ∘ dP / (1 - p) - D), P from the signed words
+                    const u32 pair = thread_word(kPWord0 + 2 * nt + e / 2);
+                    const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
+                    const float z = P > 0.f ? p.dropout_scale : 0.f;
+                    dp_acc[0][nt][e] = fabsf(P) * (dp_acc[0][nt][e] * z - (e % 2 ? D.y : D.x));
+                } else {
+                    const u32 pair = p_frag[0][nt / 2][2 * (nt % 2) + e / 2];
+                    const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
+                    dp_acc[0][nt][e] = P * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
+                }
+                if constexpr (kSoftcap) {  // d(softcap·tanh(x / softcap))/dx = 1 - tanh²
+                    const u32 dtanh = thread_word(kCapWord0 + 2 * nt + e / 2);
+                    dp_acc[0][nt][e] *= to_float<Elem>(u16(e % 2 ? dtanh >> 16 : dtanh & 0xFFFFu));
+                }
             }
         }
         pack_a_frags<1, kBM / 16, Elem>(ds_frag, dp_acc);
@@ -392,8 +541,13 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 // of rows, so the per-thread part ds_store_off[r % 2][lo/hi] carries the XOR
                 const u32 v = ds_frag[0][kk][r];
                 const u32 rows = (kk * 16 + 8 * (r / 2)) * 128;
-                *reinterpret_cast<u16*>(ds_smem_ptr + rows + ds_store_off[r % 2][0]) = u16(v & 0xFFFFu);
-                *reinterpret_cast<u16*>(ds_smem_ptr + rows + ds_store_off[r % 2][1]) = u16(v >> 16);
+                // (with softcap, ALiBi or dropout recomputed here, not kept across the loop: their
+                // state takes those registers)
+                constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kDropout;
+                const u32 off_lo = kRecompute ? swizzled_offset(2 * t, warp_key + g + 8 * (r % 2), kBM) : ds_store_off[r % 2][0];
+                const u32 off_hi = kRecompute ? swizzled_offset(2 * t + 1, warp_key + g + 8 * (r % 2), kBM) : ds_store_off[r % 2][1];
+                *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_lo) = u16(v & 0xFFFFu);
+                *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_hi) = u16(v >> 16);
             }
         // dV and dK done: their operands (the Pᵀ, dSᵀ fragments) are never live together with the
         // dQ part's accumulators, which keeps d128 under the register budget
@@ -419,7 +573,10 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         // ---- dQ accumulator += dQ part (fp32 in global memory) ----
         int* turn = kDeterministic ? p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block : nullptr;
         if (kDeterministic) {  // wait for this CTA's turn at this Q block: K/V blocks in order
-            if (ctid == 0) while (ld_acquire_gpu(turn) != n_block) {}
+            // (under a window the K/V blocks that see Q block m_block start at its band's first,
+            // kv_block_begin: the turns count from there, as in fa2_bwd)
+            const int first = kWindow ? band.template kv_block_begin<kBM, kBN>(row0) : 0;
+            if (ctid == 0) while (ld_acquire_gpu(turn) != n_block - first) {}
             named_barrier_sync(1, kConsumerThreads);
         }
         float* dq_rows = p.dq_accum + (bh * p.seqlen_q_rounded + row0 + dq_row_group * 64 + warp * 16)

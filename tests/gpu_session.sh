@@ -36,6 +36,7 @@ sanitize() {  # memcheck on everything; racecheck (--quick shapes) per family (s
   done
   step racecheck_features 200 compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu_sanitize.py --quick --features
   step synccheck 150 compute-sanitizer --tool synccheck --error-exitcode 1 python3 tests/gpu_sanitize.py --families sm90_fwd sm90_fwd_fp8 sm90_bwd
+  step synccheck_features 150 compute-sanitizer --tool synccheck --error-exitcode 1 python3 tests/gpu_sanitize.py --quick --features
 }
 case "${1:-check}" in
   check)
@@ -53,7 +54,7 @@ case "${1:-check}" in
     step dropout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_dropout_gpu.py
     step decode 180 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_decode_gpu.py
     step fp8 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fp8_gpu.py
-    step sm90_bwd 180 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_sm90_bwd_gpu.py
+    step sm90_bwd 180 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_sm90_bwd_gpu.py tests/test_sm90_bwd_features_gpu.py
     step window 90 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_window_gpu.py
     step varlen_features 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_varlen_features_gpu.py
     step varlen_paged 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_varlen_paged_gpu.py

@@ -61,6 +61,8 @@ def _worker(rank, world, port, cases):
     try:
         for i, case in enumerate(cases):
             _check_case(rank, world, case, seed=1000 + i)
+        for i, case in enumerate(VARLEN_CASES):  # the same processes: no second spawn
+            _check_varlen_case(rank, world, case, seed=2000 + i)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -93,6 +95,58 @@ def _check_case(rank, world, case, seed):
     want_lse = _shard(torch.from_numpy(ref_lse), rank, world, layout, dim=2)
     assert lse.dtype == torch.float32
     assert (lse.double() - want_lse).abs().max().item() <= 1e-5 * (1 + want_lse.abs().max().item())
+
+
+# varlen: (sequence lengths in chunks, nheads, nheads_kv, headdim, causal, layout, dtype);
+# a sequence of u chunks is u * 2P (zigzag) or u * P (contiguous) tokens long
+VARLEN_CASES = [
+    ((0, 1, 3, 5), 2, 2, 8, True, "zigzag", torch.float64),
+    ((2, 0, 1), 4, 2, 8, False, "zigzag", torch.float64),       # GQA, non-causal
+    ((1, 3, 0, 5), 3, 1, 8, True, "contiguous", torch.float64),  # MQA, contiguous layout
+    ((2, 1), 2, 1, 8, False, "contiguous", torch.float64),
+    ((3, 2), 2, 2, 16, True, "zigzag", torch.float32),
+    ((0, 0), 2, 2, 8, True, "zigzag", torch.float64),           # every sequence empty
+]
+
+
+def _check_varlen_case(rank, world, case, seed):
+    import cuflash
+
+    units, h, hk, d, causal, layout, dtype = case
+    lens = [u * cfd.chunk_count(world, layout) for u in units]
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
+    total, longest = int(cu[-1]), max(lens)
+    g = torch.Generator().manual_seed(seed)
+    q, dout = (torch.randn(total, h, d, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(total, hk, d, generator=g, dtype=torch.float64) for _ in range(2))
+    # the unsharded reference: single-process flash_attn_varlen_func on CPU float64 tensors
+    full = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref_out, ref_lse, _ = cuflash.flash_attn_varlen_func(*full, cu, cu, longest, longest,
+                                                         causal=causal, return_attn_probs=True)
+    ref_out.backward(dout)
+    shard = lambda x, dim=0: cfd.varlen_shard(x, cu, rank, world, layout, dim)[0]  # noqa: E731
+    ql, kl, vl = (shard(x).to(dtype).requires_grad_() for x in (q, k, v))
+    if world > 1 and total:  # varlen_shard's local offsets are not the argument: refused first
+        with pytest.raises(ValueError, match="^cu_seqlens: expected the GLOBAL"):
+            cfd.ring_flash_attn_varlen_func(ql, kl, vl, cfd.varlen_shard(q, cu, rank, world,
+                                                                         layout)[1], longest)
+    out, lse, _ = cfd.ring_flash_attn_varlen_func(ql, kl, vl, cu, longest, causal=causal,
+                                                  layout=layout, return_attn_probs=True)
+    out.backward(shard(dout).to(dtype))
+    tol = 2e-6 if dtype == torch.float64 else 2e-5
+    expect = {"out": ref_out, "dq": full[0].grad, "dk": full[1].grad, "dv": full[2].grad}
+    got = {"out": out, "dq": ql.grad, "dk": kl.grad, "dv": vl.grad}
+    for name, want in expect.items():
+        want = shard(want.detach())
+        assert got[name].dtype == dtype and got[name].shape == want.shape, (name, got[name].shape)
+        err = (got[name].double() - want).abs().max().item() if want.numel() else 0.0
+        assert err <= tol * max(1.0, want.abs().max().item() if want.numel() else 0.0), \
+            f"rank {rank}/{world} varlen case {case}: {name} max error {err:.3e}"
+    want_lse = shard(ref_lse, dim=1).double()
+    assert lse.dtype == torch.float32 and lse.shape == want_lse.shape
+    if want_lse.numel():
+        assert (lse.double() - want_lse).abs().max().item() <= \
+            1e-5 * (1 + want_lse.abs().max().item())
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -273,5 +327,118 @@ def test_zigzag_odd_seqlen_local_is_refused_causal_or_not():
                 cfd.ring_flash_attn_func(q, q, q, causal=causal)
         out = cfd.ring_flash_attn_func(q, q, q, layout="contiguous")   # one chunk: any length
         assert out.shape == q.shape and bool(out[:, -1].abs().sum() > 0)
+    finally:
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------
+# varlen: pure functions and argument checks
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_varlen_shard_round_trip(world, layout):
+    n = cfd.chunk_count(world, layout)
+    lens = [0, n, 3 * n, 0, 5 * n]
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
+    total = int(cu[-1])
+    x = torch.arange(total * 6).reshape(total, 2, 3)
+    lse = torch.arange(2 * total).reshape(2, total).float()
+    shards, lse_shards = [], []
+    for r in range(world):
+        local, local_cu = cfd.varlen_shard(x, cu, r, world, layout)
+        assert local.shape == (total // world, 2, 3) and local_cu.dtype == torch.int32
+        chunks = cfd.chunk_ids(r, world, layout)
+        # local_cu: one piece per (local chunk, sequence), in local order
+        assert local_cu.tolist() == np.concatenate(
+            [[0], np.cumsum([m // n for _ in chunks for m in lens])]).tolist()
+        for p, (c, i) in enumerate((c, i) for c in chunks for i in range(len(lens))):
+            m = lens[i] // n
+            want = x[int(cu[i]) + c * m:int(cu[i]) + (c + 1) * m]
+            assert torch.equal(local[int(local_cu[p]):int(local_cu[p + 1])], want)
+        shards.append(local)
+        lse_shards.append(cfd.varlen_shard(lse, cu, r, world, layout, dim=1)[0])
+    assert torch.equal(cfd.varlen_unshard(shards, cu, world, layout), x)
+    assert torch.equal(cfd.varlen_unshard(lse_shards, cu, world, layout, dim=1), lse)
+
+
+def test_varlen_shard_errors_name_the_argument():
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    x = torch.zeros(10, 2, 8)
+    with pytest.raises(ValueError, match=r"^cu_seqlens: every sequence length must be a multiple "
+                                         r"of 4 .*sequence 1 has 6 tokens"):
+        cfd.varlen_shard(x, cu, 0, 2)
+    cfd.varlen_shard(x, cu, 0, 2, "contiguous")  # multiples of P = 2: fine
+    with pytest.raises(TypeError, match="^cu_seqlens: dtype must be int32"):
+        cfd.varlen_shard(x, cu.long(), 0, 2, "contiguous")
+    with pytest.raises(ValueError, match="^cu_seqlens: must start at 0"):
+        cfd.varlen_shard(x, torch.tensor([0, 6, 4], dtype=torch.int32), 0, 2, "contiguous")
+    with pytest.raises(ValueError, match="^x: its length along dim 0"):
+        cfd.varlen_shard(x[:8], cu, 0, 2, "contiguous")
+    with pytest.raises(ValueError, match="^layout"):
+        cfd.varlen_shard(x, cu, 0, 2, "striped")
+    with pytest.raises(ValueError, match="^rank"):
+        cfd.varlen_shard(x, cu, 2, 2, "contiguous")
+    s = [cfd.varlen_shard(x, cu, r, 2, "contiguous")[0] for r in range(2)]
+    with pytest.raises(ValueError, match=r"^shards: expected one tensor per rank"):
+        cfd.varlen_unshard(s[:1], cu, 2, "contiguous")
+    with pytest.raises(ValueError, match=r"^shards\[1\]"):
+        cfd.varlen_unshard([s[0], s[1][:4]], cu, 2, "contiguous")
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_step_calls_cover_exactly_the_visible_pairs(world, layout, causal):
+    """Over the P steps, each rank's varlen calls (one chunk pair each) cover every visible
+    (q chunk, k chunk) pair of a sequence exactly once, diagonal pairs with the causal mask."""
+    nchunks = cfd.chunk_count(world, layout)
+    covered = np.zeros((nchunks, nchunks), int)
+    for rank in range(world):
+        qc = cfd.chunk_ids(rank, world, layout)
+        for step in range(world):
+            kc = cfd.chunk_ids((rank - step) % world, world, layout)
+            for call in cfd.varlen_step_calls(qc, kc, causal):
+                assert call.q1 == call.q0 + 1 and call.k1 == call.k0 + 1
+                a, b = qc[call.q0], kc[call.k0]
+                assert call.causal == (causal and a == b)
+                covered[a, b] += 1
+    want = np.tril(np.ones((nchunks, nchunks), int)) if causal else np.ones((nchunks, nchunks), int)
+    assert np.array_equal(covered, want)
+
+
+def test_ring_varlen_args_are_checked_before_any_transfer():
+    import torch.distributed as dist
+
+    q = torch.randn(10, 2, 8, dtype=torch.float64)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    with pytest.raises(ValueError, match="^layout"):
+        cfd.ring_flash_attn_varlen_func(q, q, q, cu, 6, layout="striped")
+    with pytest.raises(RuntimeError, match="^group"):
+        cfd.ring_flash_attn_varlen_func(q, q, q, cu, 6)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="^q: expected 3 dims"):
+            cfd.ring_flash_attn_varlen_func(q[None], q, q, cu, 6)
+        with pytest.raises(ValueError, match="^k: total_local"):
+            cfd.ring_flash_attn_varlen_func(q, q[:8], q[:8], cu, 6)
+        with pytest.raises(TypeError, match="^cu_seqlens"):
+            cfd.ring_flash_attn_varlen_func(q, q, q, cu.long(), 6)
+        with pytest.raises(ValueError, match="^cu_seqlens: expected the GLOBAL"):
+            cfd.ring_flash_attn_varlen_func(q, q, q, torch.tensor([0, 4, 8], dtype=torch.int32), 6)
+        with pytest.raises(ValueError, match="^cu_seqlens: every sequence length must be a "
+                                             "multiple of 2"):
+            cfd.ring_flash_attn_varlen_func(q, q, q, torch.tensor([0, 3, 10], dtype=torch.int32), 7)
+        with pytest.raises(ValueError, match="^max_seqlen"):
+            cfd.ring_flash_attn_varlen_func(q, q, q, cu, 4)
+        import cuflash
+
+        want = cuflash.flash_attn_varlen_func(q, q, q, cu, cu, 6, 6, causal=True)
+        for layout in cfd.LAYOUTS:  # P = 1: plain varlen attention, in the local order
+            out = cfd.ring_flash_attn_varlen_func(*(cfd.varlen_shard(q, cu, 0, 1, layout)[0],) * 3,
+                                                  cu, 6, causal=True, layout=layout)
+            assert (cfd.varlen_unshard([out], cu, 1, layout) - want).abs().max().item() < 1e-6
     finally:
         dist.destroy_process_group()

@@ -10,6 +10,10 @@ single-GPU cuflash error is printed next to it. cuflash's outputs are NaN-poison
 launch. NVLink SHARP / multicast stay off (NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1) as the device README requires.
 
+Varlen (ring_flash_attn_varlen_func): packed batches with empty, short and odd-chunked
+sequences, against single-GPU flash_attn_varlen_func and the float64 reference per sequence,
+under the same rule.
+
     CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q -s tests/test_distributed_gpu.py
 """
 from __future__ import annotations
@@ -153,3 +157,98 @@ def test_ring_matches_single_gpu(world):
 
     os.environ.update(NO_MULTICAST)  # the children inherit them (set before NCCL starts)
     mp.spawn(_worker, args=(world, _free_port(), CASES, None), nprocs=world, join=True)
+
+
+# varlen: (sequence lengths in chunks, nheads, nheads_kv, headdim, causal, layout, dtype); a
+# sequence of u chunks is u * 2P (zigzag) or u * P (contiguous) tokens long
+VARLEN_CASES = [
+    ((0, 1, 3, 113, 64), 8, 2, 128, True, "zigzag", "bf16"),    # GQA, empty and 1-token chunks
+    ((5, 17, 0, 40), 4, 1, 128, False, "zigzag", "bf16"),       # MQA, non-causal
+    ((3, 100, 1), 4, 4, 128, True, "contiguous", "bf16"),
+]
+
+
+def _plain_varlen(q, k, v, cu, causal, scale, dtype):
+    """_plain per sequence of a packed batch (empty sequences: no rows)."""
+    import torch
+
+    bounds = cu.tolist()
+    outs = [_plain(q[None, a:b], k[None, a:b], v[None, a:b], causal, scale, dtype)[0] if b > a
+            else q[a:b].to(dtype) * 0 for a, b in zip(bounds[:-1], bounds[1:])]
+    return torch.cat(outs)
+
+
+def _varlen_worker(rank, world, port, cases):
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    import cuflash
+    from cuflash import api
+    from cuflash import distributed as cfd
+
+    os.environ.update(NO_MULTICAST)
+    torch.cuda.set_device(rank)
+    api.POISON_OUTPUTS = True
+    kw = dict(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+              timeout=datetime.timedelta(seconds=180))
+    try:
+        dist.init_process_group("nccl", device_id=torch.device("cuda", rank), **kw)
+    except TypeError:  # an older torch: no device_id
+        dist.init_process_group("nccl", **kw)
+    failures = []
+    try:
+        for i, (units, h, hk, d, causal, layout, dt) in enumerate(cases):
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+            lens = [u * cfd.chunk_count(world, layout) for u in units]
+            cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32,
+                              device="cuda")
+            total, longest = int(sum(lens)), max(lens)
+            g = torch.Generator(device="cuda").manual_seed(200 + i)
+            q, dout = (torch.randn(total, h, d, device="cuda", dtype=dtype, generator=g)
+                       for _ in range(2))
+            k, v = (torch.randn(total, hk, d, device="cuda", dtype=dtype, generator=g)
+                    for _ in range(2))
+            scale = 1 / math.sqrt(d)
+            ref = _grads(lambda q, k, v: _plain_varlen(q, k, v, cu, causal, scale, torch.float64),
+                         q, k, v, dout.double())
+            low = _grads(lambda q, k, v: _plain_varlen(q, k, v, cu, causal, scale, dtype),
+                         q, k, v, dout)
+            single = _grads(lambda q, k, v: cuflash.flash_attn_varlen_func(
+                q, k, v, cu, cu, longest, longest, causal=causal), q, k, v, dout)
+            shard = lambda x: cfd.varlen_shard(x, cu, rank, world, layout)[0]  # noqa: E731
+            ring = _grads(lambda q, k, v: cfd.ring_flash_attn_varlen_func(
+                q, k, v, cu, longest, causal=causal, layout=layout),
+                shard(q), shard(k), shard(v), shard(dout))
+            torch.cuda.synchronize()
+            for j, name in enumerate(("out", "dq", "dk", "dv")):
+                r, lo, one, got = shard(ref[j]), shard(low[j]), shard(single[j]), ring[j]
+                top = r.abs().max().item()
+                floor = max(_ulp(top, dtype), 1e-5 * max(1.0, top))
+                err = (got.double() - r).abs().max().item()
+                base = (lo.double() - r).abs().max().item()
+                err_single = (one.double() - r).abs().max().item()
+                factor = 2 if name == "out" else 3
+                ok = bool(not got.isnan().any()) and err <= factor * base + floor
+                line = (f"rank {rank}/{world} varlen case {i} lens {lens} "
+                        f"{(h, hk, d, causal, layout, dt)} {name}: ring err {err:.3g}, single-GPU "
+                        f"cuflash {err_single:.3g}, plain {dt} {base:.3g} -> "
+                        f"{'ok' if ok else 'FAIL'}")
+                print(line, flush=True)
+                if not ok:
+                    failures.append(line)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    if failures:
+        raise AssertionError("\n".join(failures))
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])  # 1: the per-chunk varlen calls alone, no ring
+def test_ring_varlen_matches_single_gpu(world):
+    if _gpus() < world:
+        pytest.skip(f"needs {world} GPUs, found {_gpus()}")
+    import torch.multiprocessing as mp
+
+    os.environ.update(NO_MULTICAST)
+    mp.spawn(_varlen_worker, args=(world, _free_port(), VARLEN_CASES), nprocs=world, join=True)

@@ -88,7 +88,7 @@ def test_space_and_heuristic():
 
 def test_supports_and_selection():
     assert "headdim up to 128" in FAM.supports((9, 0), problem(136))
-    assert "'window'" in FAM.supports((9, 0), problem(64).replace(features=("window",)))
+    assert "'varlen'" in FAM.supports((9, 0), problem(64).replace(features=("varlen",)))
     assert FAM.supports((8, 0), problem(64)).startswith("sm90_bwd needs sm_90")
     assert FAM.supports((10, 0), problem(64)).startswith("sm90_bwd needs sm_90 exactly")
     assert "implements op 'bwd', not 'fwd'" in FAM.supports((9, 0), problem(64).replace(op="fwd"))
@@ -96,7 +96,12 @@ def test_supports_and_selection():
     assert choose(p, (9, 0))[0].name == "sm90_bwd"                     # the default at d 97..128
     assert choose(problem(64), (9, 0))[0].name == "fa2_bwd"            # fa2_bwd is faster at d 64
     assert choose(p, (8, 0))[0].name == "fa2_bwd"                      # and everywhere off sm_90
-    assert choose(p.replace(features=("window",), window=(8, 0)), (9, 0))[0].name == "fa2_bwd"
+    # window / softcap / ALiBi keep the plain rule: sm90_bwd at d 97..128, fa2_bwd below
+    windowed = p.replace(features=("window",), window=(8, 0))
+    assert choose(windowed, (9, 0))[0].name == "sm90_bwd"
+    assert choose(windowed.replace(head_dim=64), (9, 0))[0].name == "fa2_bwd"
+    # dropout: supported, forced with config= only (DROPOUT_BY_DEFAULT off until run on a GPU)
+    assert choose(p.replace(features=("dropout",), dropout_p=0.1), (9, 0))[0].name == "fa2_bwd"
     forced = fa2 = registry.get("fa2_bwd").heuristic(p)
     assert choose(p, (9, 0), config=fa2)[0].name == "fa2_bwd"           # config= forces fa2_bwd
     forced = FAM.heuristic(p)
@@ -104,6 +109,124 @@ def test_supports_and_selection():
     assert fam is FAM and cfg == forced                                 # config= forces it
     assert choose(problem(192), (9, 0))[0].name == "fa2_bwd"
     assert FAM.decode(FAM.encode(forced), "bf16", False) == forced
+
+
+# ---------------------------------------------------------------------------------------
+# features: sliding window, softcap, ALiBi (compile-time flags appended to the template)
+
+FLAG_SETS = [("window",), ("softcap",), ("alibi",), ("alibi", "softcap", "window")]
+
+
+def test_feature_flags_names_and_template():
+    assert FAM.features == ("alibi", "dropout", "softcap", "window")
+    plain = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True)
+    # the plain config keeps its name and name expression (a feature-free kernel is unchanged)
+    assert plain.template_args()[-4:] == (False, False, False, False)
+    cfg = plain.replace(window=True, softcap=True, alibi=True)
+    assert cfg.name == plain.name + "_win_cap_alibi"
+    assert plain.replace(softcap=True).name.endswith("_c2_cap") and plain.replace(alibi=True).name.endswith("_alibi")
+    assert cfg.replace(deterministic=True).name.endswith("_det_win_cap_alibi")
+    assert cfg.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, true, false, "
+                                 "true, true, true>")
+    assert plain.replace(alibi=True).kernel_name().endswith("true, false, false, false, true>")
+    assert cfg.template_args() == (64, 128, 2, 2, 128, "bf16", True, False, True, True, True, False)
+    drop = plain.replace(dropout=True)
+    assert drop.name == plain.name + "_drop" and drop.replace(deterministic=True).name.endswith("_det_drop")
+    assert drop.kernel_name().endswith("true, false, false, false, false, true>")
+    assert drop.template_args()[-4:] == (False, False, False, True)
+    # softcap keeps 1 - tanh² in shared memory past the mbarriers (Sm90BwdCap): 16-byte aligned,
+    # BM / 2 16-bit values per consumer thread
+    used = plain.smem_bytes - 1024
+    assert plain.replace(softcap=True).smem_bytes == -(-used // 16) * 16 + 64 // 16 * 16 * 256 + 1024
+    assert plain.replace(window=True, alibi=True).smem_bytes == plain.smem_bytes
+    # dropout: the signed Pᵀ, as many words again
+    assert drop.smem_bytes == plain.replace(softcap=True).smem_bytes
+    assert drop.replace(softcap=True).smem_bytes == -(-used // 16) * 16 + 2 * 64 // 16 * 16 * 256 + 1024
+    assert FAM.decode(FAM.encode(cfg), "bf16", True) == plain   # flags are not encoded: the call's
+
+
+@pytest.mark.parametrize("feats", FLAG_SETS, ids="_".join)
+def test_features_supported_and_set_by_the_call(feats):
+    for d, causal, det in itertools.product(HEAD_DIMS, (False, True), (False, True)):
+        p = problem(d, "bf16", causal, det).replace(features=feats, window=(100, 3), softcap=20.0)
+        assert FAM.supports((9, 0), p) == ""
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        assert (cfg.window, cfg.softcap, cfg.alibi) == tuple(f in feats for f in ("window", "softcap", "alibi"))
+        assert cfg.deterministic == det and cfg.problems(227 * 1024) == [] and FAM.fits(cfg, p) == ""
+        # an explicit plain config gets the call's flags too
+        fam, got, source = choose(p, (9, 0), config=FAM.heuristic(p.replace(features=())))
+        assert fam is FAM and source == "given" and got == cfg
+        # with dropout (no API path passes both) or varlen (not implemented here): refused by name
+        mixed = p.replace(features=tuple(sorted(feats + ("dropout",))), dropout_p=0.1)
+        assert FAM.supports((9, 0), mixed) == f"sm90_bwd has no feature {sorted(feats)[0]!r} with dropout"
+        assert "'varlen'" in FAM.supports((9, 0), p.replace(features=tuple(sorted(feats + ("varlen",)))))
+    # selection: sm90_bwd at head dims 97..128 (rank), as without the features
+    assert choose(problem(128).replace(features=feats), (9, 0))[0].name == "sm90_bwd"
+    assert choose(problem(96).replace(features=feats), (9, 0))[0].name == "fa2_bwd"
+
+
+def test_dropout_config_and_guards(monkeypatch):
+    from cuflash.families import sm90_bwd
+
+    for d, det in itertools.product((64, 128), (False, True)):
+        p = problem(d, "bf16", True, det).replace(features=("dropout",), dropout_p=0.1)
+        if det and d == 128:   # its kernel spills (nvcc 13.0): fa2_bwd runs it
+            assert "no deterministic dropout above head dim 64" in FAM.supports((9, 0), p)
+            with pytest.raises(ConfigError, match="dropout with deterministic"):
+                Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True, True, dropout=True).validate()
+            continue
+        assert FAM.supports((9, 0), p) == ""
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        assert cfg.dropout and not (cfg.window or cfg.softcap or cfg.alibi) and cfg.problems(227 * 1024) == []
+        fam, got, _ = choose(p, (9, 0), config=FAM.heuristic(p.replace(features=())))
+        assert fam is FAM and got == cfg
+    p = problem(128).replace(features=("dropout",), dropout_p=0.1)
+    assert FAM.rank(p) < registry.get("fa2_bwd").rank(p)               # opt-in for now
+    monkeypatch.setattr(sm90_bwd, "DROPOUT_BY_DEFAULT", True)
+    assert choose(p, (9, 0))[0].name == "sm90_bwd"
+    assert choose(p.replace(head_dim=64), (9, 0))[0].name == "fa2_bwd"
+
+
+def test_feature_params_reach_the_struct(monkeypatch, fake_encoder):
+    """window bounds, softcap factors and the ALiBi batch stride land in the packed Sm90BwdParams
+    (BwdParams' fields), the slopes' address per call through run_fields."""
+    dt = launch.struct_dtype("Sm90BwdParams")
+    launches = []
+
+    def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        ptr = ctypes.c_uint64.from_address(argv).value
+        launches.append(dict(fn=fn, smem=smem, raw=ctypes.string_at(ptr, dt.itemsize)))
+
+    roles = ("main", "preprocess", "convert_dq", "reduce_dkv")
+    monkeypatch.setattr(launch, "get_kernels", lambda config, device: {
+        r: SimpleNamespace(kernel=SimpleNamespace(ptr=1000 + i)) for i, r in enumerate(roles)})
+    monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
+    monkeypatch.setattr(launch, "_driver_launch", lambda: record)
+    monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
+    p = problem(128, "bf16", False).replace(features=("alibi", "softcap", "window"), window=(40, 7),
+                                            softcap=25.0, alibi_batched=True)
+    cfg = FAM.for_problem(FAM.heuristic(p), p)
+    assert cfg.window and cfg.softcap and cfg.alibi
+    q_st, k_st = (300 * 8 * 128, 8 * 128, 128, 1), (200 * 2 * 128, 2 * 128, 128, 1)
+    strides = {"dout": q_st, "q": q_st, "k": k_st, "v": k_st, "o": q_st, "dq": q_st, "dk": k_st, "dv": k_st}
+    plan = launch.Plan(FAM, cfg, p, strides, 0.125, 0)
+    plan.run_fields({"alibi_slopes": 0xABC000}, tuple(0x10000 * (i + 1) for i in range(9)), 0x1000000, 7)
+    main = launches[1]
+    rec = np.frombuffer(main["raw"], dt)[0]
+    assert main["fn"] == 1000 and main["smem"] == cfg.smem_bytes
+    assert (int(rec["window_left"]), int(rec["window_right"])) == (40, 7)
+    assert rec["softcap_in"] == np.float32(0.125 / 25.0) and rec["softcap_out"] == np.float32(25.0 / 0.125)
+    assert int(rec["alibi_slopes"]) == 0xABC000 and int(rec["alibi_batch_stride"]) == 8
+    # dropout: threshold and scale (the rng state's address is written per call, run_with)
+    launches.clear()
+    p = problem(128, "bf16", True).replace(features=("dropout",), dropout_p=0.25)
+    cfg = FAM.for_problem(FAM.heuristic(p), p)
+    plan = launch.Plan(FAM, cfg, p, strides, 0.125, 0)
+    plan.run_with(tuple(0x10000 * (i + 1) for i in range(9)), 0x1000000, 7, (("rng_state", 0xDEF000),))
+    rec = np.frombuffer(launches[1]["raw"], dt)[0]
+    assert launches[1]["smem"] == cfg.smem_bytes and cfg.dropout
+    assert int(rec["dropout_threshold"]) == 64 and rec["dropout_scale"] == np.float32(1 / 0.75)
+    assert int(rec["rng_state"]) == 0xDEF000
 
 
 # ---------------------------------------------------------------------------------------
@@ -203,6 +326,39 @@ def test_ptxas_every_valid_config_no_spills_no_serialized_wgmma():
     assert not bad, "\n".join(bad)
 
 
+@needs_nvcc
+def test_ptxas_feature_kernels_no_spills_no_serialized_wgmma():
+    """The heuristic's kernels of both head dims with each feature flag set (and all three), causal
+    and not; all three with deterministic and with fp16: no spills, no stack, no serialized wgmma
+    Dropout at both head dims, causal and not, and deterministic at d64 (25 instantiations, about
+    half a minute on 2 cores; every point of the space x dtype x mask x deterministic x flag
+    set, 128 kernels, compiled clean too)."""
+    configs = []
+    for d, causal, feats in itertools.product(HEAD_DIMS, (False, True), FLAG_SETS):
+        p = problem(d, "bf16", causal).replace(features=feats)
+        configs.append(FAM.for_problem(FAM.heuristic(p), p))
+    for d in HEAD_DIMS:
+        p = problem(d, "bf16", True, True).replace(features=FLAG_SETS[-1])
+        configs += [FAM.for_problem(FAM.heuristic(p), p),
+                    FAM.for_problem(FAM.heuristic(p.replace(dtype="fp16", deterministic=False)),
+                                    p.replace(dtype="fp16", deterministic=False))]
+    # dropout: both head dims, causal and not; deterministic at d64 (d128's is refused: it spills)
+    for d, causal in itertools.product(HEAD_DIMS, (False, True)):
+        p = problem(d, "bf16", causal).replace(features=("dropout",))
+        configs.append(FAM.for_problem(FAM.heuristic(p), p))
+    p = problem(64, "bf16", True, True).replace(features=("dropout",))
+    configs.append(FAM.for_problem(FAM.heuristic(p), p))
+    assert len(set(configs)) == 25
+    chunks = [configs[i:i + 13] for i in range(0, len(configs), 13)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        reports = [r for rs in pool.map(lambda c: nvcc_compile(c, "sm_90a", NVCC), chunks) for r in rs]
+    bad = [f"{c.name}: {r}" for c, r in zip(configs, reports)
+           if r.spill_stores or r.spill_loads or r.stack_bytes or serialized(r)]
+    assert not bad, "\n".join(bad)
+
+
 def test_other_families_sources_unchanged_by_this_one():
     """sm90_bwd's struct lives in params_sm90_bwd.cuh, which only sm90_bwd.cu includes: the other
     families' rendered source (and the code hash stamping their tuned entries) stays."""
@@ -231,3 +387,50 @@ def test_params_layout_matches_nvcc(tmp_path):
                                           text=True).stdout.split()]
     dt = launch.struct_dtype("Sm90BwdParams")
     assert got == [dt.itemsize] + [dt.fields[n][1] for n in names]
+
+
+@pytest.mark.parametrize("causal,window", [(False, (40, 7)), (False, (-1, 37)), (False, (100, -1)),
+                                           (True, (70, -1)), (False, (0, 0)), (True, (0, -1))])
+def test_window_mask_of_the_kernel_matches_brute_force(causal, window):
+    """sm90_bwd.cu's window path, in Python: per K/V block the Q blocks [q_block_begin,
+    q_block_end) (cuflash.band mirrors mask.cuh), in each the element mask per key as the kernel
+    writes it (visible queries as column offsets [lo, hi], only in needs_mask blocks), and the dQ
+    turns counted from kv_block_begin. Every visible (query, key) is computed exactly once, no
+    hidden one is, and each Q block's visiting K/V blocks are consecutive from kv_block_begin."""
+    from cuflash.band import Band
+
+    BM, BN = 64, 128
+    for sq, sk in ((1, 17), (113, 301), (301, 113), (333, 333), (1023, 200)):
+        band = Band(sq, sk, causal, window)
+        left, right = band.left, 0 if causal else band.right
+        seen = np.zeros((sq + BM, sk + BN), bool)
+        visits = {}
+        m_blocks = -(-sq // BM)
+        for n in range(-(-sk // BN)):
+            key0 = n * BN
+            for m in range(band.q_block_begin(key0, BM), band.q_block_end(key0, BM, BN, m_blocks)):
+                row0 = m * BM
+                visits.setdefault(m, []).append(n)
+                masked = band.needs_mask(row0, n, BN, BM)
+                for key in range(key0, key0 + BN):
+                    diag = key - band.offset - row0          # (the kernel subtracts 2t too)
+                    lo = BM if key >= sk else diag - right if band.has_right else 0
+                    hi = diag + left if band.has_left else BM
+                    for c in range(BM):
+                        if not masked or lo <= c <= hi:
+                            assert not seen[row0 + c, key], (row0 + c, key)
+                            seen[row0 + c, key] = True
+        i = np.arange(sq)[:, None]
+        j = np.arange(sk)[None, :]
+        ref = np.ones((sq, sk), bool)
+        if band.has_right:
+            ref &= j <= i + band.offset + right
+        if band.has_left:
+            ref &= j >= i + band.offset - left
+        # padded rows (>= sq, LSE = +inf) and keys past sk (masked) carry no P
+        got = seen[:sq, :sk]
+        assert (got == ref).all(), (sq, sk)
+        assert not seen[:sq, sk:].any()
+        for m, ns in visits.items():
+            first = band.kv_block_begin(m * BM, BM, BN)
+            assert ns == list(range(first, first + len(ns))), (m, ns, first)

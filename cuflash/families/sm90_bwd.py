@@ -13,8 +13,12 @@ dK/dV reduction are fa2_bwd's kernels: sm90_bwd.cu includes fa2_bwd.cu, and Sm90
 starts with BwdParams field for field (the workspace layout is fa2_bwd's too).
 
 Selection: ranked above fa2_bwd for head dims 97..128, below it at head dims <= 96, as measured
-on the H100 (``rank``); ``config=`` / ``bwd_config=`` force either. Head dims up to 128 (kernels for 64 and 128); no features
-(window, softcap, ALiBi, dropout, varlen): supports() refuses them and selection falls back to
+on the H100 (``rank``); ``config=`` / ``bwd_config=`` force either. Head dims up to 128 (kernels for 64 and 128).
+Features: sliding window (Q blocks outside a K/V block's band are skipped), softcap and ALiBi,
+as compile-time flags (config fields window / softcap / alibi, names _win / _cap / _alibi, as
+fa2_bwd's), and dropout (field dropout, name _drop; the Philox keep mask of philox.cuh, keyed by
+element coordinates like every forward's); not varlen, nor dropout with the other features (no
+API path passes both, as for fa2_bwd): supports() refuses them and selection falls back to
 fa2_bwd. Not implemented yet: head dims 96/192/256, TMA bulk reduce-add for dQ, swap-AB, a
 BM = 128 tile at head dim 64 (ptxas spills it under the 240-register budget).
 """
@@ -25,12 +29,13 @@ from typing import Optional
 
 import numpy as np
 
+from ..features import KERNEL_FLAGS, name_suffix, template_suffix
 from ..problem import Problem
 from ..registry import register
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
 from .fa2_bwd import (EPILOGUE_THREADS, PREP_WARPS, ROW_PAD, FA2Backward, bwd_params,
                       contiguous_strides)
-from .fa2_fwd import check_head_dim, first_fitting
+from .fa2_fwd import check_head_dim, feature_mix, first_fitting
 from .sm90_fwd import tensor_map
 
 HEAD_DIMS = (64, 128)
@@ -40,6 +45,10 @@ MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
 # 240 (2 consumers) / 256 (1 consumer) register budget; above it (d64 BM128, d128 with one
 # consumer) it spills. tests/test_sm90_bwd_cpu.py holds it to that.
 MAX_ACCUM_REGS = 256
+# Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
+# for the rest): off until tests/test_sm90_bwd_features_gpu.py::test_dropout has passed on an
+# H100; bwd_config= runs them meanwhile.
+DROPOUT_BY_DEFAULT = False
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -54,6 +63,8 @@ class Sm90BwdConfig(KernelConfig):
     dtype:         "bf16" or "fp16"
     causal:        bottom-right aligned causal mask, a compile-time flag
     deterministic: dQ additions in K/V block order (bitwise reproducible, slower)
+    window, softcap, alibi: the feature flags (as fa2_bwd's BwdConfig; compile-time)
+    dropout:       attention dropout: the forward's keep mask regenerated (compile-time flag)
     """
 
     BM: int
@@ -64,6 +75,10 @@ class Sm90BwdConfig(KernelConfig):
     dtype: str
     causal: bool
     deterministic: bool = False
+    window: bool = False
+    softcap: bool = False
+    alibi: bool = False
+    dropout: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -77,7 +92,7 @@ class Sm90BwdConfig(KernelConfig):
         mask = "causal" if self.causal else "full"
         det = "_det" if self.deterministic else ""
         return (f"sm90bwd_{self.dtype}_d{self.head_dim}_{mask}_"
-                f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{det}")
+                f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{det}{'_drop' if self.dropout else ''}{name_suffix(self)}")
 
     @property
     def dq_cols(self) -> int:
@@ -90,9 +105,15 @@ class Sm90BwdConfig(KernelConfig):
     @property
     def smem_bytes(self) -> int:
         """K_j, V_j; stages x (Q_i, dO_i, LSE_i, D_i); dS; the mbarriers (kv_full, q_full and
-        q_empty per slot); 1024 bytes to align the base (as Sm90BwdShape::kSmemBytes)."""
+        q_empty per slot); 1024 bytes to align the base (as Sm90BwdShape::kSmemBytes). Softcap and
+        dropout add, 16-byte aligned, each consumer thread's words: BM / 2 16-bit values each
+        (1 - tanh², the signed Pᵀ: Sm90BwdThreadWords in sm90_bwd.cu)."""
         tiles = 2 * self.BN * self.head_dim * 2 + 2 * self.stages * self.BM * self.head_dim * 2
-        return tiles + self.BM * self.BN * 2 + 2 * self.stages * self.BM * 4 + 8 * (1 + 2 * self.stages) + 1024
+        used = tiles + self.BM * self.BN * 2 + 2 * self.stages * self.BM * 4 + 8 * (1 + 2 * self.stages)
+        words = (int(self.softcap) + int(self.dropout)) * self.BM // 4
+        if words:
+            used = -(-used // 16) * 16 + words * 4 * self.consumers * 128
+        return used + 1024
 
     @property
     def accum_regs(self) -> int:
@@ -102,12 +123,15 @@ class Sm90BwdConfig(KernelConfig):
 
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
+        # the feature flags only when one is set: a plain config keeps its name expression
+        feats = template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout else ""
+        feats += ", true" if self.dropout else ""
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
-                f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}>")
+                f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
-                self.causal, self.deterministic)
+                self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout)
 
     def _problems(self) -> list[str]:
         out = []
@@ -131,6 +155,9 @@ class Sm90BwdConfig(KernelConfig):
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
+        if not out and self.dropout and self.deterministic and self.head_dim > 64:
+            out.append(f"dropout with deterministic at head_dim={self.head_dim}: ptxas spills "
+                       "that kernel (nvcc 13.0); fa2_bwd runs it")
         if not out and self.accum_regs > MAX_ACCUM_REGS:
             out.append(f"{self.accum_regs} registers of accumulators and fragments per consumer "
                        f"thread (dK, dV, S, dP, P, dS, dQ) exceed the budget of {MAX_ACCUM_REGS}: "
@@ -156,6 +183,7 @@ class Sm90Backward(Family):
     priority = 1       # above fa2_bwd where it is faster: see rank()
     max_head_dim = HEAD_DIMS[-1]   # supports() refuses larger head dims: selection falls back
     dout_any_strides = True  # the preprocess reads dout through any strides (copies it if need be)
+    features = ("alibi", "dropout", "softcap", "window")
     description = ("Hopper backward: K/V-block CTAs, TMA ring of Q/dO, wgmma SS/RS, dQ by fp32 "
                    "red.add (or ordered); fa2_bwd's preprocess / convert / GQA kernels")
 
@@ -165,15 +193,23 @@ class Sm90Backward(Family):
         bench_fwdbwd.json): backward TFLOPs at d 128 1.3-1.6x fa2_bwd's (357-439 vs 222-282);
         at d 64 0.81-1.0x (224-266 vs 214-309): its BM = 64 tile there (BM = 128 spills)
         leaves the tensor cores underfed. Head dims 65..96 run its d-128 kernel (up to 1.6x
-        the work of fa2_bwd's rounded head dim) and are not measured: they stay on fa2_bwd."""
+        the work of fa2_bwd's rounded head dim) and are not measured: they stay on fa2_bwd.
+        The same rule with window, softcap and ALiBi (the per-element work they add is the same
+        in both families). Dropout ranks below fa2_bwd until DROPOUT_BY_DEFAULT (not yet run on
+        a GPU): bwd_config= forces it."""
+        if "dropout" in problem.features and not DROPOUT_BY_DEFAULT:
+            return -1
         return self.priority if problem.head_dim > 96 else -1
 
     def supports(self, arch, problem: Problem) -> str:
         why = (f"{self.name} implements op {self.op!r}, not {problem.op!r}" if problem.op != self.op
-               else check_head_dim(problem) or (
-                   f"{self.name} has no feature {problem.features[0]!r}" if problem.features else ""))
+               else check_head_dim(problem) or self.feature_problem(problem)
+               or feature_mix(self, problem))
         if why:
             return why
+        if "dropout" in problem.features and problem.deterministic and self.head_dim_of(problem.head_dim) > 64:
+            return (f"{self.name} has no deterministic dropout above head dim 64 (its d128 kernel "
+                    f"spills), got headdim={problem.head_dim}")
         if problem.head_dim > HEAD_DIMS[-1]:
             return (f"{self.name} supports headdim up to {HEAD_DIMS[-1]} (kernels for {HEAD_DIMS}), "
                     f"got headdim={problem.head_dim}")
@@ -189,8 +225,10 @@ class Sm90Backward(Family):
     def for_problem(self, config, problem: Problem):
         # the call's flag decides (tuned tables and the torch op's configs carry none)
         if config.deterministic != problem.deterministic:
-            return config.replace(deterministic=problem.deterministic)
-        return config
+            config = config.replace(deterministic=problem.deterministic)
+        if config.dropout != ("dropout" in problem.features):
+            config = config.replace(dropout="dropout" in problem.features)
+        return self.with_features(config, problem)
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90BwdConfig:
         """Not yet measured. Head dim 128: FA3's shape with 2 consumer warpgroups (BN = 128 keys)
@@ -237,7 +275,9 @@ class Sm90Backward(Family):
 
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
         # BwdParams' fields as fa2_bwd packs them (its reused kernels read them; this family
-        # refuses varlen, dropout and the features, so those come out as zeros), K/V blocks in
+        # refuses varlen, so those come out as zeros; the dropout threshold and scale, window
+        # bounds, softcap factors and ALiBi stride are the main kernel's; the slopes' and the
+        # rng state's addresses are written per call, as for fa2_bwd), K/V blocks in
         # plain order (head_group 1); the tensor maps are written per call (call_writer)
         return dict(bwd_params(config, problem, strides, workspace, softmax_scale, 1),
                     tma_q=0, tma_k=0, tma_v=0, tma_do=0)
