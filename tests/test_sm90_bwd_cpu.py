@@ -100,8 +100,8 @@ def test_supports_and_selection():
     windowed = p.replace(features=("window",), window=(8, 0))
     assert choose(windowed, (9, 0))[0].name == "sm90_bwd"
     assert choose(windowed.replace(head_dim=64), (9, 0))[0].name == "fa2_bwd"
-    # dropout: supported, forced with config= only (DROPOUT_BY_DEFAULT off until run on a GPU)
-    assert choose(p.replace(features=("dropout",), dropout_p=0.1), (9, 0))[0].name == "fa2_bwd"
+    # dropout: the same rule (DROPOUT_BY_DEFAULT, on since its GPU tests passed)
+    assert choose(p.replace(features=("dropout",), dropout_p=0.1), (9, 0))[0].name == "sm90_bwd"
     forced = fa2 = registry.get("fa2_bwd").heuristic(p)
     assert choose(p, (9, 0), config=fa2)[0].name == "fa2_bwd"           # config= forces fa2_bwd
     forced = FAM.heuristic(p)
@@ -181,7 +181,8 @@ def test_dropout_config_and_guards(monkeypatch):
         fam, got, _ = choose(p, (9, 0), config=FAM.heuristic(p.replace(features=())))
         assert fam is FAM and got == cfg
     p = problem(128).replace(features=("dropout",), dropout_p=0.1)
-    assert FAM.rank(p) < registry.get("fa2_bwd").rank(p)               # opt-in for now
+    monkeypatch.setattr(sm90_bwd, "DROPOUT_BY_DEFAULT", False)
+    assert FAM.rank(p) < registry.get("fa2_bwd").rank(p)               # the switch off: fa2_bwd
     monkeypatch.setattr(sm90_bwd, "DROPOUT_BY_DEFAULT", True)
     assert choose(p, (9, 0))[0].name == "sm90_bwd"
     assert choose(p.replace(head_dim=64), (9, 0))[0].name == "fa2_bwd"

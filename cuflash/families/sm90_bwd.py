@@ -46,9 +46,9 @@ MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
 # consumer) it spills. tests/test_sm90_bwd_cpu.py holds it to that.
 MAX_ACCUM_REGS = 256
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
-# for the rest): off until tests/test_sm90_bwd_features_gpu.py::test_dropout has passed on an
-# H100; bwd_config= runs them meanwhile.
-DROPOUT_BY_DEFAULT = False
+# for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
+# (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
+DROPOUT_BY_DEFAULT = True
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -195,8 +195,8 @@ class Sm90Backward(Family):
         leaves the tensor cores underfed. Head dims 65..96 run its d-128 kernel (up to 1.6x
         the work of fa2_bwd's rounded head dim) and are not measured: they stay on fa2_bwd.
         The same rule with window, softcap and ALiBi (the per-element work they add is the same
-        in both families). Dropout ranks below fa2_bwd until DROPOUT_BY_DEFAULT (not yet run on
-        a GPU): bwd_config= forces it."""
+        in both families). Dropout follows the same rule while DROPOUT_BY_DEFAULT is on (else it
+        ranks below fa2_bwd and bwd_config= forces it)."""
         if "dropout" in problem.features and not DROPOUT_BY_DEFAULT:
             return -1
         return self.priority if problem.head_dim > 96 else -1
