@@ -450,27 +450,32 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-class RingFlashAttnFn(torch.autograd.Function):
-    """out, lse = ring attention of the local shards; the backward is the ring backward."""
+class RingAttnFn(torch.autograd.Function):
+    """out, lse = a ring's forward of the local shards; the backward is that ring's backward.
+    ring = (forward(q, k, v) -> (out, lse), backward(dout, q, k, v, out, lse) -> (dq, dk, dv)):
+    the dense ring or the varlen one, their static arguments bound."""
 
     @staticmethod
-    def forward(ctx, q, k, v, args):
-        scale, causal, group, layout, deterministic = args
-        out, lse = ring_forward(q, k, v, scale, causal, group, layout)
+    def forward(ctx, q, k, v, ring):
+        out, lse = ring[0](q, k, v)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = args
+        ctx.ring = ring
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        scale, causal, group, layout, deterministic = ctx.args
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = ring_backward(dout, q, k, v, out, lse, scale, causal, group, layout,
-                                   deterministic)
-        return dq, dk, dv, None
+        return (*ctx.ring[1](dout, q, k, v, out, lse), None)
+
+
+def _attend(q, k, v, forward, backward):
+    """(out, lse) of a ring: through RingAttnFn when a gradient is wanted, else the forward."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return RingAttnFn.apply(q, k, v, (forward, backward))
+    return forward(q, k, v)
 
 
 def check_ring_args(q, k, v, softmax_scale, causal, group, layout) -> tuple:
@@ -515,11 +520,10 @@ def ring_flash_attn_func(q, k, v, causal: bool = False, softmax_scale: Optional[
     must call backward). CUDA tensors (NCCL group) run cuflash's kernels, CPU tensors (gloo)
     the float64 reference."""
     scale, world = check_ring_args(q, k, v, softmax_scale, causal, group, layout)
-    args = (scale, bool(causal), group, layout, bool(deterministic))
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = RingFlashAttnFn.apply(q, k, v, args)
-    else:
-        out, lse = ring_forward(q, k, v, scale, bool(causal), group, layout)
+    causal, deterministic = bool(causal), bool(deterministic)
+    out, lse = _attend(
+        q, k, v, lambda q, k, v: ring_forward(q, k, v, scale, causal, group, layout),
+        lambda *t: ring_backward(*t, scale, causal, group, layout, deterministic))
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -752,29 +756,6 @@ def ring_varlen_backward(dout, q, k, v, out, lse, chunks: VarlenChunks, scale: f
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-class RingFlashAttnVarlenFn(torch.autograd.Function):
-    """out, lse = varlen ring attention of the local shards; the backward is the ring's."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, args):
-        chunks, scale, causal, group, layout, deterministic = args
-        out, lse = ring_varlen_forward(q, k, v, chunks, scale, causal, group, layout)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = args
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        chunks, scale, causal, group, layout, deterministic = ctx.args
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dq, dk, dv = ring_varlen_backward(dout, q, k, v, out, lse, chunks, scale, causal, group,
-                                          layout, deterministic)
-        return dq, dk, dv, None
-
-
 def check_ring_varlen_args(q, k, v, cu_seqlens, max_seqlen, softmax_scale, causal, group,
                            layout) -> tuple:
     """Validate a varlen ring call before any launch or transfer; every error names the
@@ -846,11 +827,10 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen, causal: bool = 
     kernels, CPU tensors (gloo) the float64 reference."""
     scale, chunks = check_ring_varlen_args(q, k, v, cu_seqlens, max_seqlen, softmax_scale, causal,
                                            group, layout)
-    args = (chunks, scale, bool(causal), group, layout, bool(deterministic))
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = RingFlashAttnVarlenFn.apply(q, k, v, args)
-    else:
-        out, lse = ring_varlen_forward(q, k, v, *args[:5])
+    causal, deterministic = bool(causal), bool(deterministic)
+    out, lse = _attend(
+        q, k, v, lambda q, k, v: ring_varlen_forward(q, k, v, chunks, scale, causal, group, layout),
+        lambda *t: ring_varlen_backward(*t, chunks, scale, causal, group, layout, deterministic))
     return (out, lse, None) if return_attn_probs else out
 
 
