@@ -439,9 +439,9 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     alibi_slopes: fp32 (nheads,) or (batch, nheads); adds -slope·|i + seqlen_k - seqlen_q - j|.
     dropout_p: probability of dropping an attention weight (kept ones scaled by 1/(1-p)).
     Window, softcap and ALiBi run on the GPU kernels (forward and backward; fa2_fwd, sm90_fwd,
-    fa2_bwd), and so does dropout alone (fa2_fwd / fa2_bwd, Philox keep mask:
-    cuflash/dropout.py). Dropout combined with window, softcap or ALiBi runs on torch CPU
-    tensors only (float64 reference, autograd): GPU inputs with it raise
+    fa2_bwd), and so does dropout (fa2_fwd / fa2_bwd, Philox keep mask: cuflash/dropout.py),
+    alone or combined with window, softcap and ALiBi (sm90_fwd / sm90_bwd run dropout alone;
+    the mix falls back to fa2_fwd / fa2_bwd). A feature no family runs raises
     cuflash.api.UnsupportedFeature (a ValueError and a NotImplementedError) naming the
     arguments, before any launch. Dropout's RNG state is (seed, offset), 64 bits each:
       * torch CUDA tensors: drawn per call from torch's CUDA generator into a device tensor
@@ -572,11 +572,13 @@ def _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softc
     if dropout_seed is not None:
         check_dropout_seed(dropout_seed, q)
     if not _is_torch_cpu(tq):
-        if feats.features == ("dropout",):
+        if "dropout" in feats.features:  # alone, or with window / softcap / ALiBi
             problem = problem.replace(dropout_p=feats.dropout_p, deterministic=bool(deterministic))
+            if feats.features != ("dropout",) and not gpu_supported(problem):
+                raise_unsupported(problem, feats.given)
             return _dropout_func(q, k, v, tq, tk, problem, scale, dropout_seed, return_attn_probs,
-                                 config, bwd_config)
-        if not gpu_supported(problem):  # e.g. dropout with window / softcap / ALiBi
+                                 config, bwd_config, feats.alibi_slopes)
+        if not gpu_supported(problem):
             raise_unsupported(problem, feats.given)
         if tq.kind == "torch":
             from . import torch_ops
@@ -588,13 +590,13 @@ def _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softc
         return (out, lse, None) if return_attn_probs else out
     from . import torch_ops
 
-    if feats.features == ("dropout",) and (dropout_seed is not None
-                                           or sys.modules["torch"].compiler.is_compiling()):
+    if "dropout" in feats.features and (dropout_seed is not None
+                                        or sys.modules["torch"].compiler.is_compiling()):
         # the ops cuflash::fwd_dropout / bwd_dropout: the reference with the kernels' keep mask
-        # of the seed (the GPU's), and what torch.compile traces
+        # of the seed (the GPU's), and what torch.compile traces; window / softcap / ALiBi too
         problem = problem.replace(dropout_p=feats.dropout_p, deterministic=bool(deterministic))
         return _dropout_func(q, k, v, tq, tk, problem, scale, dropout_seed, return_attn_probs,
-                             config, bwd_config)
+                             config, bwd_config, feats.alibi_slopes)
     out, lse, mask = torch_ops.attention_reference(q, k, v, scale, feats)
     return (out, lse, mask) if return_attn_probs else out
 
@@ -678,20 +680,29 @@ def check_dropout_seed(dropout_seed, q=None) -> tuple:
     return int(seed), int(offset)
 
 
+def _mix_values(problem: Problem) -> tuple:
+    """(window, softcap) of a dropout problem, as the kernels take them ((-1, -1) and 0: off)."""
+    window = problem.window if "window" in problem.features else (-1, -1)
+    return window, (problem.softcap if "softcap" in problem.features else 0.0)
+
+
 def _dropout_func(q, k, v, tq: _Tensor, tk: _Tensor, problem: Problem, scale: float, dropout_seed,
-                  return_attn_probs: bool, config, bwd_config):
-    """flash_attn_func with dropout alone, on GPU inputs (validated): torch through
-    cuflash.torch_ops (autograd), CuPy / NumPy with an explicit dropout_seed."""
+                  return_attn_probs: bool, config, bwd_config, slopes=None):
+    """flash_attn_func with dropout, alone or with window / softcap / ALiBi (the problem's
+    features and values, cuflash.api.feature_problem; slopes: the ALiBi slopes or None), on
+    GPU inputs (validated): torch through cuflash.torch_ops (autograd), CuPy / NumPy with an
+    explicit dropout_seed."""
     b, sq, h, _ = tq.shape
     sk = tk.shape[1]
+    window, softcap = _mix_values(problem)
     if tq.kind == "torch":
         from . import torch_ops
 
         import torch
 
         if b == 0 or sq == 0 or h == 0 or sk == 0:  # no attention weight to drop
-            out, lse, _ = flash_attn_func(q, k, v, 0.0, scale, problem.causal,
-                                          deterministic=problem.deterministic,
+            out, lse, _ = flash_attn_func(q, k, v, 0.0, scale, problem.causal, window, softcap,
+                                          slopes, deterministic=problem.deterministic,
                                           return_attn_probs=True, config=config,
                                           bwd_config=bwd_config)
             probs = torch.zeros((b, h, sq, sk), device=q.device,  # (CPU: the keep mask's bool)
@@ -700,27 +711,30 @@ def _dropout_func(q, k, v, tq: _Tensor, tk: _Tensor, problem: Problem, scale: fl
         rng = None if dropout_seed is None else torch_ops.rng_state_of(dropout_seed, q.device)
         if rng is not None and rng is dropout_seed:  # the caller's state tensor: autograd's backward regenerates the
             rng = rng.clone()    # forward's mask from it, so a later in-place update must not reach it
-        out, lse, rng = torch_ops.dropout_attention(q, k, v, problem, scale, rng, config, bwd_config)
+        out, lse, rng = torch_ops.dropout_attention(q, k, v, problem, scale, rng, config, bwd_config,
+                                                    slopes)
         if not return_attn_probs:
             return out
         if q.device.type == "cpu":  # S_dmask on the CPU: the keep mask (reads rng on the host)
             return out, lse, torch.from_numpy(torch_ops.keep_mask_of(rng, problem.dropout_p, b, h,
                                                                      sq, sk))
         return out, lse, torch_ops.dropout_probs(q, k, v, lse, scale, problem.causal,
-                                                 problem.dropout_p, rng)
+                                                 problem.dropout_p, rng, window, softcap, slopes)
     if dropout_seed is None:
         raise ValueError(f"dropout_seed: {tq.kind} inputs with dropout_p > 0 need an explicit "
                          "dropout_seed (an int, or a pair (seed, offset) of ints), the same one "
                          "for flash_attn_backward")
     seed, offset = check_dropout_seed(dropout_seed)
-    out, lse = _dropout_cupy(q, k, v, tq, problem, scale, seed, offset, config)
+    out, lse = _dropout_cupy(q, k, v, tq, problem, scale, seed, offset, config, slopes)
     if not return_attn_probs:
         return out
     from .dropout import dropout_probs_host
 
     xp = np if tq.kind == "numpy" else _cupy()
     probs = dropout_probs_host(_host16(q), _host16(k), _host_f32(lse), problem.dtype, scale,
-                               problem.causal, problem.dropout_p, seed, offset)
+                               problem.causal, problem.dropout_p, seed, offset, window=window,
+                               softcap=softcap,
+                               alibi_slopes=None if slopes is None else _host_f32(slopes))
     return out, lse, (probs if xp is np else xp.asarray(probs))
 
 
@@ -734,25 +748,32 @@ def _host_f32(x) -> np.ndarray:
 
 
 def _dropout_cupy(q, k, v, tq: _Tensor, problem: Problem, scale: float, seed: int, offset: int,
-                  config):
+                  config, slopes=None):
     """(out, lse) with dropout for CuPy arrays (current stream) or NumPy arrays (through the
-    GPU), the RNG state (seed, offset) given."""
+    GPU), the RNG state (seed, offset) given; the problem's window / softcap / ALiBi (slopes:
+    q's kind of fp32 array, or None) too."""
     b, sq, h, d = tq.shape
     if b == 0 or sq == 0 or h == 0 or k.shape[1] == 0:  # no attention weight to drop
-        return _forward_slow(q, k, v, scale, problem.causal, False, config, None)
+        if problem.features == ("dropout",):
+            return _forward_slow(q, k, v, scale, problem.causal, False, config, None)
+        window, softcap = _mix_values(problem)
+        out, lse, _ = flash_attn_func(q, k, v, 0.0, scale, problem.causal, window, softcap, slopes,
+                                      return_attn_probs=True, config=config)
+        return out, lse
     padded = padded_head_dim(d)
     if padded != d:  # the padded copies are fresh and contiguous: describe them, not q
         shape = (b, sq, h, padded)
         tp = _Tensor(tq.kind, tq.dtype, shape, out_strides(shape), 0, tq.device)
         out, lse = _dropout_cupy(*(pad_head_dim(x, padded) for x in (q, k, v)), tp, problem.replace(
-            head_dim=padded), scale, seed, offset, config)
+            head_dim=padded), scale, seed, offset, config, slopes)
         return slice_head_dim(out, d), lse
     _gpu.require("flash_attn_func (dropout)")
     cupy = _cupy()
     if tq.kind == "numpy":
         dq, dk, dv = (cupy.asarray(np.ascontiguousarray(x).view(np.uint16)) for x in (q, k, v))
+        ds = None if slopes is None else cupy.asarray(np.ascontiguousarray(slopes, np.float32))
         out, lse = _dropout_cupy(dq, dk, dv, describe("q", dq.view(cupy.float16)), problem, scale,
-                                 seed, offset, config)
+                                 seed, offset, config, ds)
         return cupy.asnumpy(out).view(q.dtype), cupy.asnumpy(lse)
     with cupy.cuda.Device(tq.device):
         item = q.dtype.itemsize  # k, v may be raw 16-bit words here (NumPy inputs)
@@ -765,8 +786,12 @@ def _dropout_cupy(q, k, v, tq: _Tensor, problem: Problem, scale: float, seed: in
         if POISON_OUTPUTS:
             out.view(cupy.uint16).fill(0x7FFF)
             lse.fill(np.nan)
+        extra = (("rng_state", rng.data.ptr),)
+        if slopes is not None:
+            slopes = cupy.ascontiguousarray(slopes)
+            extra += (("alibi_slopes", slopes.data.ptr),)
         plan.run_with((q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr), 0,
-                      cupy.cuda.get_current_stream().ptr, (("rng_state", rng.data.ptr),))
+                      cupy.cuda.get_current_stream().ptr, extra)
     return out, lse
 
 
@@ -910,8 +935,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     or (batch, nheads), row i of the sequence's index) or dropout too. Dropout's keep mask of
     sequence i is that of the dense call of it alone at batch index i (cuflash/dropout.py);
     its RNG state as flash_attn_func's (dropout_seed: required for CuPy / NumPy, optional for
-    torch). Dropout with window / softcap / ALiBi raises cuflash.api.UnsupportedFeature on the
-    GPU (as flash_attn_func). cu_seqlens values are checked (a device-to-host read) except
+    torch); with window / softcap / ALiBi too (the S_dmask probabilities with them applied).
+    cu_seqlens values are checked (a device-to-host read) except
     while torch.compile traces or a CUDA graph is captured.
     block_table: int32 (batch, max_num_blocks) page ids of a paged K/V cache (forward only):
     k, v are then (num_blocks, page_block_size, nheads_kv, headdim), key j of sequence i is row
@@ -1161,7 +1186,7 @@ def _varlen_features_gpu(q, k, v, tq: _Tensor, cu_seqlens_q, cu_seqlens_k, max_q
     from . import varlen
 
     problem = feature_problem(problem, feats).replace(dropout_p=feats.dropout_p)
-    if not gpu_supported(problem):  # e.g. dropout with window / softcap / ALiBi
+    if not gpu_supported(problem):
         raise_unsupported(problem, feats.given)
     if tq.kind == "torch":
         from . import varlen_torch
@@ -1173,7 +1198,7 @@ def _varlen_features_gpu(q, k, v, tq: _Tensor, cu_seqlens_q, cu_seqlens_k, max_q
             return out
         probs = None if rng is None else varlen_torch.dropout_probs(
             q, k, lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, feats.causal,
-            feats.dropout_p, rng)
+            feats.dropout_p, rng, feats.window_size, feats.softcap, feats.alibi_slopes)
         return out, lse, probs
     seed_offset = None
     if feats.dropout_p:
@@ -1209,7 +1234,10 @@ def _varlen_features_gpu(q, k, v, tq: _Tensor, cu_seqlens_q, cu_seqlens_k, max_q
                                           _host_ints(cu_seqlens_q, tq.kind),
                                           _host_ints(cu_seqlens_k, tq.kind), max_q, max_k,
                                           problem.dtype, scale, feats.causal, feats.dropout_p,
-                                          *seed_offset)
+                                          *seed_offset, window=tuple(feats.window_size),
+                                          softcap=feats.softcap,
+                                          alibi_slopes=None if feats.alibi_slopes is None
+                                          else _host_f32(feats.alibi_slopes))
         probs = probs if tq.kind == "numpy" else _cupy().asarray(probs)
     return out, lse, probs
 
@@ -1301,8 +1329,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
     window_size, softcap, alibi_slopes: the forward's (as flash_attn_func takes them).
     dropout_p, dropout_seed: the forward's (dropout_seed required with dropout_p > 0: an int,
     a pair (seed, offset), or for torch an int64 (2,) state tensor on q's device); the
-    kernels regenerate the forward's keep mask from them. Dropout with window, softcap or
-    ALiBi raises UnsupportedFeature naming the arguments (as flash_attn_func on GPU inputs).
+    kernels regenerate the forward's keep mask from them, with window, softcap and ALiBi too.
     """
     tq, tk, tv, softmax_scale, problem = check_qkv(q, k, v, softmax_scale, causal, "bwd", deterministic)
     tdo, to = check_bwd_tensors(tq, dout, out, lse)
@@ -1310,8 +1337,17 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
         feats = check_features(tq, dropout_p, window_size, softcap, alibi_slopes, causal,
                                tq.shape[0], tq.shape[2], (tq.shape[1], tk.shape[1]))
         if "dropout" in feats.features and len(feats.features) > 1:
-            # dropout with window / softcap / ALiBi: no backward (never drop dropout_p silently)
-            raise_unsupported(feature_problem(problem, feats), feats.given)
+            # dropout with window / softcap / ALiBi: the dropout backward with the features
+            problem = feature_problem(problem, feats).replace(dropout_p=feats.dropout_p)
+            check_config("config", config, problem.replace(features=()))
+            if not _is_torch_cpu(tq) and not gpu_supported(problem):
+                raise_unsupported(problem, feats.given)
+            if dropout_seed is None:
+                raise ValueError("dropout_seed: flash_attn_backward with dropout_p > 0 needs the "
+                                 "forward's dropout_seed")
+            seed, offset = check_dropout_seed(dropout_seed, q)
+            return _dropout_backward(dout, q, k, v, out, lse, tq, tdo, to, problem, softmax_scale,
+                                     dropout_seed, seed, offset, config, alibi_slopes)
         if feats.features and feats.features != ("dropout",):
             problem = feature_problem(problem, feats)
             check_config("config", config, problem.replace(features=()))
@@ -1365,8 +1401,9 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
 
 
 def _dropout_backward(dout, q, k, v, out, lse, tq, tdo, to, problem, scale, dropout_seed, seed,
-                      offset, config):
-    """flash_attn_backward with dropout (validated): torch (no autograd) or CuPy."""
+                      offset, config, slopes=None):
+    """flash_attn_backward with dropout (validated): torch (no autograd) or CuPy; the problem's
+    window / softcap / ALiBi too (slopes: the ALiBi slopes or None)."""
     if tq.kind == "numpy":
         raise TypeError("flash_attn_backward takes CuPy arrays or torch tensors; for NumPy "
                         "use cuflash.reference.attention_backward_naive")
@@ -1388,20 +1425,20 @@ def _dropout_backward(dout, q, k, v, out, lse, tq, tdo, to, problem, scale, drop
         if padded != d:
             args = [torch_ops._pad(x, padded) for x in (dout, q, k, v, out)]
             grads = torch_ops.dropout_backward(*args[:5], lse, p.replace(head_dim=padded), scale,
-                                               rng, config)
+                                               rng, config, slopes)
             return tuple(g[..., :d].contiguous() for g in grads)
-        return torch_ops.dropout_backward(dout, q, k, v, out, lse, p, scale, rng, config)
+        return torch_ops.dropout_backward(dout, q, k, v, out, lse, p, scale, rng, config, slopes)
     if padded != d:
         grads = _dropout_backward(*(pad_head_dim(x, padded) for x in (dout, q, k, v, out)), lse,
                                   describe("q", pad_head_dim(q, padded)), None, None,
                                   p.replace(head_dim=padded), scale, dropout_seed, seed, offset,
-                                  config)
+                                  config, slopes)
         return tuple(slice_head_dim(g, d) for g in grads)
     cupy = _cupy()
     with cupy.cuda.Device(tq.device):
         rng = cupy.asarray(np.array([seed, offset], dtype=np.uint64))
         return _backward_cupy(dout, q, k, v, out, lse, describe("dout", dout), describe("out", out),
-                              p, scale, config, rng=rng)
+                              p, scale, config, slopes, rng=rng)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1613,9 +1650,12 @@ def _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem: Problem, scale: fl
                             workspace.data.ptr, cupy.cuda.get_current_stream().ptr)
         elif rng is None:
             plan.run(ptrs, workspace.data.ptr, cupy.cuda.get_current_stream().ptr)
-        else:  # dropout: the forward's (seed, offset), int64[2] in device memory
-            plan.run_with(ptrs, workspace.data.ptr, cupy.cuda.get_current_stream().ptr,
-                          (("rng_state", rng.data.ptr),))
+        else:  # dropout: the forward's (seed, offset), int64[2] in device memory (and ALiBi's slopes)
+            extra = (("rng_state", rng.data.ptr),)
+            if slopes is not None:
+                slopes = cupy.ascontiguousarray(slopes)
+                extra += (("alibi_slopes", slopes.data.ptr),)
+            plan.run_with(ptrs, workspace.data.ptr, cupy.cuda.get_current_stream().ptr, extra)
     return dq, dk, dv
 
 

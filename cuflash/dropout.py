@@ -74,21 +74,23 @@ def _words_to_f32(words: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def dropout_probs_host(q_words, k_words, lse, dtype: str, softmax_scale: float, causal: bool,
-                       p: float, seed: int, offset: int, first_batch: int = 0) -> np.ndarray:
+                       p: float, seed: int, offset: int, first_batch: int = 0, *,
+                       window=(-1, -1), softcap: float = 0.0, alibi_slopes=None) -> np.ndarray:
     """S_dmask as flash-attn returns it (for testing): the attention probabilities
     P = exp(scale·q·kᵀ - lse), float32 (batch, nheads, seqlen_q, seqlen_k), with the entries
-    that the kernels' keep mask (keep_mask) drops negated; causal-hidden entries and rows that
-    see no key (lse = +inf) are 0. q_words, k_words: the (batch, seqlen, heads, headdim)
-    inputs as their 16-bit words; lse: the forward's (batch, nheads, seqlen_q)."""
+    that the kernels' keep mask (keep_mask) drops negated; causal-hidden entries, those outside
+    the window and rows that see no key (lse = +inf) are 0. q_words, k_words: the (batch,
+    seqlen, heads, headdim) inputs as their 16-bit words; lse: the forward's (batch, nheads,
+    seqlen_q). window (left, right; -1 unbounded), softcap (0: off), alibi_slopes (fp32
+    (nheads,) or (batch, nheads), or None): the call's, applied as the kernels do (softcap,
+    then the ALiBi bias, then the masks)."""
     q = _words_to_f32(q_words, dtype).astype(np.float64)
     k = _words_to_f32(k_words, dtype).astype(np.float64)
     b, sq, h, _ = q.shape
     sk, h_kv = k.shape[1], k.shape[2]
     k = np.repeat(k, h // h_kv, axis=2)
     s = np.einsum("bihd,bjhd->bhij", q, k) * softmax_scale
-    if causal:
-        hidden = np.arange(sk)[None, :] > np.arange(sq)[:, None] + sk - sq
-        s = np.where(hidden, -np.inf, s)
+    s = _score_features(s, sq, sk, causal, window, softcap, alibi_slopes, b, h, first_batch)
     lse = np.asarray(lse, np.float64)[..., None]
     with np.errstate(invalid="ignore", over="ignore"):
         probs = np.nan_to_num(np.exp(s - lse), nan=0.0).astype(np.float32)
@@ -96,13 +98,41 @@ def dropout_probs_host(q_words, k_words, lse, dtype: str, softmax_scale: float, 
     return np.where(keep, probs, -probs)
 
 
+def _score_features(s, sq: int, sk: int, causal: bool, window, softcap: float, alibi_slopes,
+                    batch: int, nheads: int, first_batch: int) -> np.ndarray:
+    """The scaled scores s (batch, nheads, sq, sk), float64, softcapped, ALiBi-biased and masked
+    (-inf) as the kernels do: window and causal bottom-right aligned. alibi_slopes (nheads,) or
+    (B, nheads) with batch entries first_batch .. first_batch + batch (varlen: one sequence)."""
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    rows, cols = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    diag = rows + sk - sq
+    if alibi_slopes is not None:
+        slopes = np.asarray(alibi_slopes, np.float64)
+        slopes = (np.broadcast_to(slopes, (batch, nheads)) if slopes.ndim == 1
+                  else slopes[first_batch:first_batch + batch])
+        s = s - slopes[:, :, None, None] * np.abs(diag - cols)
+    left, right = window
+    hidden = np.zeros((sq, sk), bool)
+    if causal:
+        hidden |= cols > diag
+    if left >= 0:
+        hidden |= cols < diag - left
+    if right >= 0:
+        hidden |= cols > diag + right
+    return np.where(hidden, -np.inf, s)
+
+
 def varlen_dropout_probs_host(q_words, k_words, lse, cu_q, cu_k, max_q: int, max_k: int, dtype: str,
                               softmax_scale: float, causal: bool, p: float, seed: int,
-                              offset: int) -> np.ndarray:
+                              offset: int, *, window=(-1, -1), softcap: float = 0.0,
+                              alibi_slopes=None) -> np.ndarray:
     """S_dmask of a varlen call with dropout (for testing): float32 (batch, nheads, max_q, max_k),
     sequence b's dropout_probs_host (as the dense call of it alone at batch index b) in the
     top-left corner of entry b, zeros elsewhere. q_words (total_q, nheads, headdim), k_words
-    (total_k, nheads_kv, headdim) 16-bit words; lse (nheads, total_q); cu_q, cu_k host ints."""
+    (total_k, nheads_kv, headdim) 16-bit words; lse (nheads, total_q); cu_q, cu_k host ints;
+    window, softcap, alibi_slopes as dropout_probs_host's (slopes (batch, nheads): row b for
+    sequence b)."""
     cu_q, cu_k = np.asarray(cu_q, np.int64), np.asarray(cu_k, np.int64)
     nseq, h = len(cu_q) - 1, q_words.shape[1]
     out = np.zeros((nseq, h, max_q, max_k), np.float32)
@@ -113,5 +143,6 @@ def varlen_dropout_probs_host(q_words, k_words, lse, cu_q, cu_k, max_q: int, max
             continue
         out[b, :, :q1 - q0, :k1 - k0] = dropout_probs_host(
             q_words[None, q0:q1], k_words[None, k0:k1], lse[None, :, q0:q1], dtype, softmax_scale,
-            causal, p, seed, offset, first_batch=b)[0]
+            causal, p, seed, offset, first_batch=b, window=window, softcap=softcap,
+            alibi_slopes=alibi_slopes)[0]
     return out

@@ -878,7 +878,8 @@ def rng_state_of(seed, device) -> Tensor:
 
 def _drop_fwd_plan(q, k, v, problem, scale, config):
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
-           scale, problem.causal, problem.dropout_p, config)
+           scale, problem.causal, problem.dropout_p, config, problem.features, problem.window,
+           problem.softcap, problem.alibi_batched)
     plan = _drop_fwd_plans.get(key)
     if plan is None:
         strides = {"q": tuple(q.stride()), "k": tuple(k.stride()), "v": tuple(v.stride()),
@@ -890,7 +891,8 @@ def _drop_fwd_plan(q, k, v, problem, scale, config):
 def _drop_bwd_plan(dout, q, k, v, out, problem, scale, config):
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), dout.stride(),
            out.stride(), q.dtype, q.device, scale, problem.causal, problem.deterministic,
-           problem.dropout_p, config)
+           problem.dropout_p, config, problem.features, problem.window, problem.softcap,
+           problem.alibi_batched)
     plan = _drop_bwd_plans.get(key)
     if plan is None:
         strides = {"dout": tuple(dout.stride()), "q": tuple(q.stride()), "k": tuple(k.stride()),
@@ -901,9 +903,18 @@ def _drop_bwd_plan(dout, q, k, v, out, problem, scale, config):
     return plan
 
 
-def dropout_forward(q, k, v, problem, scale: float, rng: Tensor, config=None):
+def _drop_extra(rng: Tensor, slopes) -> tuple:
+    """Plan.run_with's per-call pointers of a dropout call: the RNG state, and the ALiBi slopes
+    (fp32 (nheads,) or (batch, nheads)) when the call has them."""
+    if slopes is None:
+        return (("rng_state", rng.data_ptr()),)
+    return (("rng_state", rng.data_ptr()), ("alibi_slopes", slopes.data_ptr()))
+
+
+def dropout_forward(q, k, v, problem, scale: float, rng: Tensor, config=None, slopes=None):
     """(out, lse) of attention with dropout on CUDA tensors (aligned, head dim a multiple of
-    8, keys present); ``rng``: the int64[2] (seed, offset) state; no autograd."""
+    8, keys present); ``rng``: the int64[2] (seed, offset) state; no autograd. The problem's
+    window / softcap / ALiBi apply too (slopes: the ALiBi slopes tensor, else None)."""
     q, k, v = _realign(q, k, v)
     plan = _drop_fwd_plan(q, k, v, problem, scale, config)
     b, sq, h, _ = q.shape
@@ -912,12 +923,14 @@ def dropout_forward(q, k, v, problem, scale: float, rng: Tensor, config=None):
     if api.POISON_OUTPUTS:
         out.fill_(math.nan)
         lse.fill_(math.nan)
+    slopes = None if slopes is None else slopes.contiguous()
     plan.run_with((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()), 0,
-                  _raw_stream(plan.device), (("rng_state", rng.data_ptr()),))
+                  _raw_stream(plan.device), _drop_extra(rng, slopes))
     return out, lse
 
 
-def dropout_backward(dout, q, k, v, out, lse, problem, scale: float, rng: Tensor, config=None):
+def dropout_backward(dout, q, k, v, out, lse, problem, scale: float, rng: Tensor, config=None,
+                     slopes=None):
     """(dq, dk, dv) of attention with dropout, the forward's ``rng`` state regenerating its
     mask; CUDA tensors as dropout_forward's; no autograd."""
     dout, out = _aligned(dout), _aligned(out)
@@ -932,44 +945,51 @@ def dropout_backward(dout, q, k, v, out, lse, problem, scale: float, rng: Tensor
             x.fill_(math.nan)
     plan.run_with((dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                    lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()), ws.data_ptr(),
-                  _raw_stream(plan.device), (("rng_state", rng.data_ptr()),))
+                  _raw_stream(plan.device), _drop_extra(rng, None if slopes is None else slopes.contiguous()))
     return dq, dk, dv
 
 
 class DropoutAttnFn(torch.autograd.Function):
     """out, lse = attention with dropout (CUDA); the backward regenerates the forward's mask
     from the RNG state (kept on ctx, never read on the host). args = (problem, scale, rng
-    (int64[2] state tensor), config, bwd_config)."""
+    (int64[2] state tensor), config, bwd_config[, slopes]): slopes, the ALiBi slopes tensor of
+    a problem with window / softcap / ALiBi besides dropout (or None)."""
 
     @staticmethod
     def forward(ctx, q, k, v, args):
-        problem, scale, rng, config, bwd_config = args
-        out, lse = dropout_forward(q, k, v, problem, scale, rng, config)
+        problem, scale, rng, config, bwd_config, *rest = args
+        slopes = rest[0] if rest else None
+        out, lse = dropout_forward(q, k, v, problem, scale, rng, config, slopes)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.state = (problem, scale, rng, bwd_config)
+        ctx.state = (problem, scale, rng, bwd_config, slopes)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse=None):
         q, k, v, out, lse = ctx.saved_tensors
-        problem, scale, rng, bwd_config = ctx.state
+        problem, scale, rng, bwd_config, slopes = ctx.state
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = dropout_backward(dout, q, k, v, out, lse, problem, scale, rng, bwd_config)
+        dq, dk, dv = dropout_backward(dout, q, k, v, out, lse, problem, scale, rng, bwd_config,
+                                      slopes)
         if torch.is_grad_enabled():  # create_graph=True: allow first order, refuse second
             dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, dout)
         return dq, dk, dv, None
 
 
-def dropout_attention(q, k, v, problem, scale: float, rng=None, config=None, bwd_config=None):
+def dropout_attention(q, k, v, problem, scale: float, rng=None, config=None, bwd_config=None,
+                      slopes=None):
     """(out, lse, rng) of attention with dropout on CUDA tensors, with autograd when q, k or
     v require grad (under torch.compile, and for CPU tensors: dropout_attention_ops). problem: the validated call (features ("dropout",), dropout_p,
     deterministic); rng: None (drawn from torch's generator) or an int64[2] state tensor.
     Head dims that are not a multiple of 8 run zero-padded copies (torch's pad: autograd
-    slices the gradients back)."""
+    slices the gradients back). The problem's window / softcap / ALiBi (features and values, as
+    cuflash.api.feature_problem gives them) apply too; slopes: the ALiBi slopes tensor or None."""
+    if slopes is not None:
+        slopes = slopes.detach()
     if torch.compiler.is_compiling() or q.device.type == "cpu":  # the ops cuflash::fwd_dropout /
-        return dropout_attention_ops(q, k, v, problem, scale, rng, config, bwd_config)
+        return dropout_attention_ops(q, k, v, problem, scale, rng, config, bwd_config, slopes)
     d = q.shape[-1]
     padded = api.padded_head_dim(d)
     if padded != d:
@@ -977,19 +997,22 @@ def dropout_attention(q, k, v, problem, scale: float, rng=None, config=None, bwd
         problem = problem.replace(head_dim=padded)
     rng = draw_rng_state(q.device) if rng is None else rng
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = DropoutAttnFn.apply(q, k, v, (problem, scale, rng, config, bwd_config))
+        out, lse = DropoutAttnFn.apply(q, k, v, (problem, scale, rng, config, bwd_config, slopes))
     else:
-        out, lse = dropout_forward(q, k, v, problem, scale, rng, config)
+        out, lse = dropout_forward(q, k, v, problem, scale, rng, config, slopes)
     if padded != d:
         out = out[..., :d]
     return out, lse, rng
 
 
-def dropout_probs(q, k, v, lse, scale: float, causal: bool, dropout_p: float, rng) -> Tensor:
+def dropout_probs(q, k, v, lse, scale: float, causal: bool, dropout_p: float, rng,
+                  window=(-1, -1), softcap: float = 0.0, slopes=None) -> Tensor:
     """S_dmask for return_attn_probs, as flash-attn gives it (for testing): the probabilities
     P = exp(scale·q·kᵀ - lse), fp32 (batch, nheads, seqlen_q, seqlen_k), with the dropped
     entries negated; the mask is cuflash.dropout's mirror of the kernels' (reads rng on the
-    host: a synchronization). Hidden (causal) entries are 0."""
+    host: a synchronization). Hidden (causal, outside the window) entries are 0. window,
+    softcap, slopes: the call's (normalized, as cuflash.api.check_features gives them); the
+    scores are softcapped, then biased by ALiBi, as the kernels do."""
     from . import dropout as dropout_mod
 
     b, sq, h, _ = q.shape
@@ -998,10 +1021,20 @@ def dropout_probs(q, k, v, lse, scale: float, causal: bool, dropout_p: float, rn
     qf = q.detach().float().transpose(1, 2)
     kf = k.detach().float().repeat_interleave(h // h_kv, dim=2).transpose(1, 2)
     s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if slopes is not None:  # -slope·|i + sk - sq - j|, slopes (nheads,) or (batch, nheads)
+        sl = slopes.detach().float().reshape(-1, h)[:, :, None, None]
+        s = s - sl * (i + sk - sq - j).abs().float()
     if causal:
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
         s = s.masked_fill(j > i + sk - sq, -math.inf)
+    left, right = window
+    if left >= 0:
+        s = s.masked_fill(j < i + sk - sq - left, -math.inf)
+    if right >= 0:
+        s = s.masked_fill(j > i + sk - sq + right, -math.inf)
     p = torch.exp(s - lse[..., None])
     p = torch.nan_to_num(p, nan=0.0)  # rows that see no key (lse = +inf)
     keep = torch.from_numpy(dropout_mod.keep_mask(seed, offset, dropout_p, b, h, sq, sk)).to(q.device)
@@ -1020,46 +1053,73 @@ def dropout_probs(q, k, v, lse, scale: float, causal: bool, dropout_p: float, rn
 # kernels' keep mask (cuflash.dropout.keep_mask, the NumPy mirror of philox.cuh) of the same
 # state, so a CPU run, opcheck and torch.compile see the mask the GPU draws.
 
+# The feature arguments (window, softcap, ALiBi slopes) come last, with defaults that mean
+# "off", so graphs traced before they existed keep working.
 torch.library.define("cuflash::fwd_dropout", "(Tensor q, Tensor k, Tensor v, Tensor rng_state, "
-                     "float softmax_scale, bool causal, float dropout_p, str config) "
-                     "-> (Tensor, Tensor)")
+                     "float softmax_scale, bool causal, float dropout_p, str config, "
+                     "Tensor? alibi_slopes=None, int window_left=-1, int window_right=-1, "
+                     "float softcap=0.0) -> (Tensor, Tensor)")
 torch.library.define("cuflash::bwd_dropout", "(Tensor dout, Tensor q, Tensor k, Tensor v, "
                      "Tensor out, Tensor lse, Tensor rng_state, float softmax_scale, bool causal, "
-                     "float dropout_p, bool deterministic, str config) -> (Tensor, Tensor, Tensor)")
+                     "float dropout_p, bool deterministic, str config, Tensor? alibi_slopes=None, "
+                     "int window_left=-1, int window_right=-1, float softcap=0.0) "
+                     "-> (Tensor, Tensor, Tensor)")
 
 
-def _drop_problem(q, k, causal, dropout_p, deterministic=False) -> Problem:
+def _drop_problem(q, k, causal, dropout_p, deterministic=False, slopes=None, window=(-1, -1),
+                  softcap=0.0) -> Problem:
+    """The Problem of a dropout op call; window / softcap / ALiBi as the API normalized them
+    (window (-1, -1), softcap 0, slopes None: off)."""
     b, sq, h, d = q.shape
+    window = (int(window[0]), int(window[1]))
+    feats = ["dropout"]
+    if window != (-1, -1):
+        feats.append("window")
+    if softcap:
+        feats.append("softcap")
+    if slopes is not None:
+        feats.append("alibi")
     return Problem("fwd", _DTYPES[q.dtype], b, sq, k.shape[1], h, k.shape[2], d, bool(causal),
-                   bool(deterministic), ("dropout",), dropout_p=float(dropout_p))
+                   bool(deterministic), tuple(sorted(feats)), dropout_p=float(dropout_p),
+                   window=window, softcap=float(softcap),
+                   alibi_batched=slopes is not None and slopes.dim() == 2)
 
 
-def _fwd_dropout_cuda(q, k, v, rng, softmax_scale, causal, dropout_p, config):
+def _fwd_dropout_cuda(q, k, v, rng, softmax_scale, causal, dropout_p, config, alibi_slopes=None,
+                      window_left=-1, window_right=-1, softcap=0.0):
     b, sq, h, d = q.shape
+    window = (window_left, window_right)
     if b == 0 or sq == 0 or h == 0 or k.shape[1] == 0:  # no weight to drop: the plain op's answer
-        return forward(q, k, v, softmax_scale, causal)
+        if alibi_slopes is None and window == (-1, -1) and not softcap:
+            return forward(q, k, v, softmax_scale, causal)
+        return forward_features(q, k, v, alibi_slopes, softmax_scale, causal, window, softcap)
     padded = api.padded_head_dim(d)
     if padded != d:  # zero-padded copies (the scale is the caller's)
         out, lse = _fwd_dropout_cuda(*(_pad(x, padded) for x in (q, k, v)), rng, softmax_scale,
-                                     causal, dropout_p, config)
+                                     causal, dropout_p, config, alibi_slopes, window_left,
+                                     window_right, softcap)
         return out[..., :d].contiguous(), lse
-    return dropout_forward(q, k, v, _drop_problem(q, k, causal, dropout_p), softmax_scale, rng,
-                           _decode(config, q.dtype, causal))
+    problem = _drop_problem(q, k, causal, dropout_p, False, alibi_slopes, window, softcap)
+    return dropout_forward(q, k, v, problem, softmax_scale, rng, _decode(config, q.dtype, causal),
+                           alibi_slopes)
 
 
 def _bwd_dropout_cuda(dout, q, k, v, out, lse, rng, softmax_scale, causal, dropout_p,
-                      deterministic, config):
+                      deterministic, config, alibi_slopes=None, window_left=-1, window_right=-1,
+                      softcap=0.0):
     b, sq, h, d = q.shape
     if b == 0 or sq == 0 or h == 0 or k.shape[1] == 0:
         return tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     padded = api.padded_head_dim(d)
     if padded != d:
         grads = _bwd_dropout_cuda(*(_pad(x, padded) for x in (dout, q, k, v, out)), lse, rng,
-                                  softmax_scale, causal, dropout_p, deterministic, config)
+                                  softmax_scale, causal, dropout_p, deterministic, config,
+                                  alibi_slopes, window_left, window_right, softcap)
         return tuple(g[..., :d].contiguous() for g in grads)
-    problem = _drop_problem(q, k, causal, dropout_p, deterministic)
+    problem = _drop_problem(q, k, causal, dropout_p, deterministic, alibi_slopes,
+                            (window_left, window_right), softcap)
     return dropout_backward(dout, q, k, v, out, lse, problem, softmax_scale, rng,
-                            _decode(config, q.dtype, causal))
+                            _decode(config, q.dtype, causal), alibi_slopes)
 
 
 def keep_mask_of(rng: Tensor, dropout_p: float, batch: int, nheads: int, seqlen_q: int,
@@ -1072,20 +1132,33 @@ def keep_mask_of(rng: Tensor, dropout_p: float, batch: int, nheads: int, seqlen_
     return dropout_mod.keep_mask(seed, offset, dropout_p, batch, nheads, seqlen_q, seqlen_k)
 
 
-def _drop_spec(q, k, rng, softmax_scale, causal, dropout_p) -> _RefSpec:
+def _drop_spec(q, k, rng, softmax_scale, causal, dropout_p, slopes=None, window=(-1, -1),
+               softcap=0.0) -> _RefSpec:
     b, sq, h, _ = q.shape
     keep = keep_mask_of(rng, dropout_p, b, h, sq, k.shape[1])
-    return _RefSpec(float(softmax_scale), bool(causal),
-                    {"dropout_p": float(dropout_p), "dropout_mask": keep}, None)
+    kw = {"dropout_p": float(dropout_p), "dropout_mask": keep}
+    if tuple(window) != (-1, -1):
+        kw["window_size"] = (int(window[0]), int(window[1]))
+    if softcap:
+        kw["softcap"] = float(softcap)
+    if slopes is not None:
+        kw["alibi_slopes"] = slopes.detach().to(torch.float64).numpy()
+    return _RefSpec(float(softmax_scale), bool(causal), kw, None)
 
 
-def _fwd_dropout_cpu(q, k, v, rng, softmax_scale, causal, dropout_p, config):
-    return _ref_forward(_drop_spec(q, k, rng, softmax_scale, causal, dropout_p), q, k, v)
+def _fwd_dropout_cpu(q, k, v, rng, softmax_scale, causal, dropout_p, config, alibi_slopes=None,
+                     window_left=-1, window_right=-1, softcap=0.0):
+    spec = _drop_spec(q, k, rng, softmax_scale, causal, dropout_p, alibi_slopes,
+                      (window_left, window_right), softcap)
+    return _ref_forward(spec, q, k, v)
 
 
 def _bwd_dropout_cpu(dout, q, k, v, out, lse, rng, softmax_scale, causal, dropout_p,
-                     deterministic, config):
-    return _ref_backward(_drop_spec(q, k, rng, softmax_scale, causal, dropout_p), dout, q, k, v)
+                     deterministic, config, alibi_slopes=None, window_left=-1, window_right=-1,
+                     softcap=0.0):
+    spec = _drop_spec(q, k, rng, softmax_scale, causal, dropout_p, alibi_slopes,
+                      (window_left, window_right), softcap)
+    return _ref_backward(spec, dout, q, k, v)
 
 
 torch.library.impl("cuflash::fwd_dropout", "CUDA")(_fwd_dropout_cuda)
@@ -1095,55 +1168,64 @@ torch.library.impl("cuflash::bwd_dropout", "CPU")(_bwd_dropout_cpu)
 
 
 @torch.library.register_fake("cuflash::fwd_dropout")
-def _(q, k, v, rng, softmax_scale, causal, dropout_p, config):
+def _(q, k, v, rng, softmax_scale, causal, dropout_p, config, alibi_slopes=None, window_left=-1,
+      window_right=-1, softcap=0.0):
     batch, seqlen_q, nheads, _ = q.shape
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device))
 
 
 @torch.library.register_fake("cuflash::bwd_dropout")
-def _(dout, q, k, v, out, lse, rng, softmax_scale, causal, dropout_p, deterministic, config):
+def _(dout, q, k, v, out, lse, rng, softmax_scale, causal, dropout_p, deterministic, config,
+      alibi_slopes=None, window_left=-1, window_right=-1, softcap=0.0):
     return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
 
 
 class DropoutOpFn(torch.autograd.Function):
     """DropoutAttnFn through the ops (torch.compile, and torch CPU tensors): out, lse =
     cuflash::fwd_dropout; the backward cuflash::bwd_dropout with the saved RNG state tensor.
-    args = (softmax_scale, causal, dropout_p, deterministic, config, bwd_config), the configs
-    encoded (str)."""
+    args = (softmax_scale, causal, dropout_p, deterministic, config, bwd_config, window_left,
+    window_right, softcap), the configs encoded (str); slopes: the ALiBi slopes or None."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rng, args):
-        scale, causal, dropout_p, deterministic, config, bwd_config = args
-        out, lse = torch.ops.cuflash.fwd_dropout(q, k, v, rng, scale, causal, dropout_p, config)
-        ctx.save_for_backward(q, k, v, out, lse, rng)
+    def forward(ctx, q, k, v, rng, args, slopes=None):
+        scale, causal, dropout_p, deterministic, config, bwd_config, left, right, cap = args
+        out, lse = torch.ops.cuflash.fwd_dropout(q, k, v, rng, scale, causal, dropout_p, config,
+                                                 slopes, left, right, cap)
+        ctx.save_for_backward(q, k, v, out, lse, rng, slopes)
         ctx.args = args
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse=None):
-        q, k, v, out, lse, rng = ctx.saved_tensors
-        scale, causal, dropout_p, deterministic, config, bwd_config = ctx.args
+        q, k, v, out, lse, rng, slopes = ctx.saved_tensors
+        scale, causal, dropout_p, deterministic, config, bwd_config, left, right, cap = ctx.args
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv = torch.ops.cuflash.bwd_dropout(dout, q, k, v, out, lse, rng, scale, causal,
-                                                   dropout_p, deterministic, bwd_config)
+                                                   dropout_p, deterministic, bwd_config, slopes,
+                                                   left, right, cap)
         if torch.is_grad_enabled():  # create_graph=True: allow first order, refuse second
             dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, dout)
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None, None, None
 
 
-def dropout_attention_ops(q, k, v, problem, scale: float, rng=None, config=None, bwd_config=None):
+def dropout_attention_ops(q, k, v, problem, scale: float, rng=None, config=None, bwd_config=None,
+                          slopes=None):
     """dropout_attention through the ops cuflash::fwd_dropout / bwd_dropout: (out, lse, rng).
     What torch.compile traces (any device), and the route of torch CPU tensors with an
     explicit dropout_seed (the reference with the kernels' mask of that seed). rng: None
     (drawn from torch's generator, inside the graph under compile) or an int64[2] tensor."""
     rng = draw_rng_state(q.device) if rng is None else rng
+    left, right = problem.window if "window" in problem.features else (-1, -1)
+    cap = float(problem.softcap) if "softcap" in problem.features else 0.0
     args = (float(scale), bool(problem.causal), float(problem.dropout_p),
-            bool(problem.deterministic), _encode(config), _encode(bwd_config))
+            bool(problem.deterministic), _encode(config), _encode(bwd_config), int(left),
+            int(right), cap)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = DropoutOpFn.apply(q, k, v, rng, args)
+        out, lse = DropoutOpFn.apply(q, k, v, rng, args, slopes)
     else:
-        out, lse = torch.ops.cuflash.fwd_dropout(q, k, v, rng, *args[:3], args[4])
+        out, lse = torch.ops.cuflash.fwd_dropout(q, k, v, rng, *args[:3], args[4], slopes, left,
+                                                 right, cap)
     return out, lse, rng

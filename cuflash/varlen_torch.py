@@ -388,9 +388,10 @@ def attention_features(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float
 
 
 def dropout_probs(q, k, lse, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool,
-                  dropout_p: float, rng):
+                  dropout_p: float, rng, window=(-1, -1), softcap: float = 0.0, slopes=None):
     """S_dmask of a varlen call with dropout (for testing; reads q, k, lse, cu_seqlens and the
-    RNG state back to the host): cuflash.dropout.varlen_dropout_probs_host on q's device."""
+    RNG state back to the host): cuflash.dropout.varlen_dropout_probs_host on q's device, the
+    call's window / softcap / ALiBi slopes applied."""
     from .dropout import varlen_dropout_probs_host
 
     def words(x):
@@ -399,7 +400,10 @@ def dropout_probs(q, k, lse, cu_q, cu_k, max_q: int, max_k: int, scale: float, c
     seed, offset = (int(x) & (2 ** 64 - 1) for x in rng.tolist())
     probs = varlen_dropout_probs_host(words(q), words(k), lse.detach().cpu().numpy(),
                                       cu_q.cpu().numpy(), cu_k.cpu().numpy(), int(max_q), int(max_k),
-                                      _DTYPES[q.dtype], scale, causal, dropout_p, seed, offset)
+                                      _DTYPES[q.dtype], scale, causal, dropout_p, seed, offset,
+                                      window=tuple(window), softcap=softcap,
+                                      alibi_slopes=None if slopes is None
+                                      else slopes.detach().float().cpu().numpy())
     return torch.from_numpy(probs).to(q.device)
 
 

@@ -170,12 +170,19 @@ VARLEN_MIX = ("alibi", "dropout", "paged", "softcap", "window")
 
 def feature_mix(family, problem: Problem) -> str:
     """'' unless ``problem`` mixes features that no call path passes together yet (the kernels
-    have every flag): varlen with a feature of the family outside VARLEN_MIX, or dropout with
-    window / softcap / ALiBi (the dropout and the features paths of the API are separate)."""
+    have every flag): varlen with a feature of the family outside VARLEN_MIX. Dropout with
+    window / softcap / ALiBi runs (the dropout paths of the API carry the feature values);
+    a family whose mixed instantiations are not checked refuses it with ``dropout_mix``."""
     if is_varlen(problem):
         mixed = [f for f in other_features(problem) if f in family.features and f not in VARLEN_MIX]
         if mixed:
             return f"{family.name} has no feature {mixed[0]!r} with varlen"
+    return ""
+
+
+def dropout_mix(family, problem: Problem) -> str:
+    """'' unless ``problem`` has dropout with window / softcap / ALiBi: for a family whose mixed
+    instantiations are not checked (spills), so selection falls back to fa2 for that mix."""
     if "dropout" in problem.features:
         mixed = [f for f in problem.features if f in BAND_SCORE and f in family.features]
         if mixed:

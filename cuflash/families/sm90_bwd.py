@@ -35,7 +35,7 @@ from ..registry import register
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
 from .fa2_bwd import (EPILOGUE_THREADS, PREP_WARPS, ROW_PAD, FA2Backward, bwd_params,
                       contiguous_strides)
-from .fa2_fwd import check_head_dim, feature_mix, first_fitting
+from .fa2_fwd import check_head_dim, dropout_mix, feature_mix, first_fitting
 from .sm90_fwd import tensor_map
 
 HEAD_DIMS = (64, 128)
@@ -204,7 +204,7 @@ class Sm90Backward(Family):
     def supports(self, arch, problem: Problem) -> str:
         why = (f"{self.name} implements op {self.op!r}, not {problem.op!r}" if problem.op != self.op
                else check_head_dim(problem) or self.feature_problem(problem)
-               or feature_mix(self, problem))
+               or feature_mix(self, problem) or self.dropout_mix(problem))
         if why:
             return why
         if "dropout" in problem.features and problem.deterministic and self.head_dim_of(problem.head_dim) > 64:
@@ -216,6 +216,21 @@ class Sm90Backward(Family):
         if tuple(arch)[0] != 9:
             return (f"{self.name} needs sm_90 exactly (sm_90a code: wgmma, TMA, setmaxnreg), "
                     f"got sm_{arch[0]}{arch[1]}")
+        return ""
+
+    def dropout_mix(self, problem: Problem) -> str:
+        """Dropout with window / softcap / ALiBi where its instantiation compiles without spills
+        (nvcc 13.0, sm_90a): not deterministic, and not a window without causal at d128 (it
+        spills 4 bytes); elsewhere selection falls back to fa2_bwd.
+        tests/test_dropmix_cpu.py holds the allowed set to zero spills."""
+        why = dropout_mix(self, problem)
+        if not why:
+            return ""
+        if problem.deterministic:
+            return why + " and deterministic=True (unchecked)"
+        if self.head_dim_of(problem.head_dim) == 128 and "window" in problem.features \
+                and not problem.causal:
+            return why + f" without causal at head dim {problem.head_dim} (its instantiation spills)"
         return ""
 
     def head_dim_of(self, head_dim: int) -> int:

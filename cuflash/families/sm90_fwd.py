@@ -44,7 +44,7 @@ from ..problem import Problem
 from ..registry import register
 from ..features import feature_params, name_suffix, template_suffix
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
-from .fa2_fwd import check_head_dim, dropout_params, feature_mix, first_fitting, forward_sizes, strides3
+from .fa2_fwd import check_head_dim, dropout_mix, dropout_params, feature_mix, first_fitting, forward_sizes, strides3
 
 HEAD_DIMS = (64, 96, 128, 192, 256)
 MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
@@ -271,12 +271,25 @@ class Sm90Forward(Family):
         # the problem's reasons first: they match fa2_fwd's, so the API's message stays one
         why = (f"{self.name} implements op {self.op!r}, not {problem.op!r}" if problem.op != self.op
                else check_head_dim(problem) or self.feature_problem(problem)
-               or feature_mix(self, problem))   # dropout with window / softcap / ALiBi: as fa2_fwd
+               or feature_mix(self, problem) or self.dropout_mix(problem))
         if why:
             return why
         if tuple(arch)[0] != 9:
             return (f"{self.name} needs sm_90 exactly (sm_90a code: wgmma, TMA, setmaxnreg), "
                     f"got sm_{arch[0]}{arch[1]}")
+        return ""
+
+    def dropout_mix(self, problem: Problem) -> str:
+        """Dropout with window / softcap / ALiBi where its instantiation compiles without spills
+        (nvcc 13.0, sm_90a, at DROPOUT_BN): head dims 64 and 128, but not softcap at d128 (it
+        spills ~100 bytes); elsewhere '' is not returned, so selection falls back to fa2_fwd.
+        tests/test_dropmix_cpu.py holds the allowed set to zero spills."""
+        why = dropout_mix(self, problem)
+        if not why:
+            return ""
+        d = self.head_dim_of(problem.head_dim)
+        if d not in (64, 128) or (d == 128 and "softcap" in problem.features):
+            return why + f" at head dim {problem.head_dim} (its instantiation spills or is unchecked)"
         return ""
 
     def for_problem(self, config, problem: Problem):
@@ -307,7 +320,7 @@ class Sm90Forward(Family):
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         bn, persistent = {64: 192, 96: 176, 128: 176, 192: 112}.get(d, 80), False
-        if "dropout" in problem.features:   # (never with a window: supports() refuses the mix)
+        if "dropout" in problem.features:   # (with a window too: window_tiles' BN is no wider)
             bn = DROPOUT_BN[d]
         if "window" in problem.features:
             # (also under ALiBi: ptxas spilled with both at BN 192 (d64) / 176 (d128), not at 128)
