@@ -149,21 +149,18 @@ def test_check_scale():
     assert api.check_scale(np.array(0.25), 64) == 0.25        # a 0-d array holds a number
 
 
-@pytest.mark.parametrize("kwargs,pattern", [
-    ({"dropout_p": 0.1, "softcap": 1.0}, r"dropout_p=0\.1, softcap=1\.0: dropout and softcapping"),
-    ({"dropout_p": 0.1, "window_size": (4, 4)},
-     r"dropout_p=0\.1, window_size=\(4, 4\): dropout and sliding window"),
-    ({"dropout_p": 0.1, "alibi_slopes": np.ones(4, np.float32)},
-     r"alibi_slopes, dropout_p=0\.1: ALiBi and dropout"),
+@pytest.mark.parametrize("kwargs", [
+    {"dropout_p": 0.1, "softcap": 1.0}, {"dropout_p": 0.1, "window_size": (4, 4)},
+    {"dropout_p": 0.1, "alibi_slopes": np.ones(4, np.float32)},
 ], ids=["dropout_p_softcap", "dropout_p_window", "dropout_p_alibi"])
-def test_unimplemented_features(kwargs, pattern):
-    """No call path combines these yet (dropout with window / softcap / ALiBi): GPU-kind input
-    (NumPy here) raises before any launch, both UnsupportedProblem (selection's error) and
-    NotImplementedError."""
+def test_dropout_with_features_runs_the_kernels(kwargs):
+    """Dropout with window / softcap / ALiBi runs the kernels (fa2_fwd's mixed flags): GPU-kind
+    input (NumPy here) needs its dropout_seed, then the GPU (NoGPUError on this machine)."""
     q, k, v = qkv()
-    with pytest.raises(NotImplementedError, match=pattern) as info:
+    with pytest.raises(ValueError, match=r"^dropout_seed: numpy inputs with dropout_p > 0 need"):
         flash_attn_func(q, k, v, **kwargs)
-    assert isinstance(info.value, UnsupportedProblem)
+    with pytest.raises(cuflash.NoGPUError, match="flash_attn_func"):
+        flash_attn_func(q, k, v, dropout_seed=3, **kwargs)
 
 
 @pytest.mark.parametrize("kwargs", [{"window_size": (4, 4)}, {"window_size": (3, -1)},

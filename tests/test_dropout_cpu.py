@@ -125,7 +125,7 @@ def test_families_support_dropout_and_configs_carry_the_flag():
     assert fwd.supports((9, 0), drop_problem()) == ""
     assert bwd.supports((8, 0), drop_problem("bwd")) == ""
     assert sm90.supports((9, 0), drop_problem()) == ""   # sm_90 runs it (test_sm90_dropout_cpu.py)
-    assert "window" in fwd.supports((9, 0), drop_problem().replace(features=("dropout", "window")))
+    assert fwd.supports((9, 0), drop_problem().replace(features=("dropout", "window"))) == ""
     cfg = fwd.for_problem(fwd.heuristic(drop_problem()), drop_problem())
     assert cfg.dropout and cfg.name.endswith("_drop") and cfg.kernel_name().endswith("bf16, false, false, true, false, false, false>")
     assert cfg.template_args()[-4] is True   # kDropout, then kWindow, kSoftcap, kAlibi
@@ -306,14 +306,19 @@ def test_numpy_dropout_with_a_padded_head_dim_reaches_the_gpu_check(monkeypatch)
         flash_attn_func(q, q, q, 0.1, dropout_seed=3)
 
 
-def test_backward_with_dropout_and_a_window_raises_instead_of_dropping_dropout_p():
+def test_backward_with_dropout_and_a_window_keeps_dropout_p():
+    """flash_attn_backward with dropout and a window / softcap takes the dropout path (never
+    drops dropout_p): torch CPU tensors are refused there by name, as dropout alone."""
     torch = pytest.importorskip("torch")
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 8, 2, 16, generator=g, dtype=torch.float64)
     lse = torch.zeros(1, 2, 8, dtype=torch.float32)
     for kw in ({"window_size": (2, 2)}, {"softcap": 5.0}):
-        with pytest.raises(api.UnsupportedFeature, match=r"dropout_p=0\.1"):
+        with pytest.raises(api.UnsupportedFeature, match=r"^dropout_p: flash_attn_backward with "
+                                                         r"dropout on torch CPU"):
             api.flash_attn_backward(q, q, q, q, q, lse, dropout_p=0.1, dropout_seed=1, **kw)
+        with pytest.raises(ValueError, match=r"^dropout_seed: flash_attn_backward with dropout_p"):
+            api.flash_attn_backward(q, q, q, q, q, lse, dropout_p=0.1, **kw)
 
 
 def test_a_callers_rng_state_tensor_is_copied_for_the_backward(monkeypatch):
@@ -325,7 +330,7 @@ def test_a_callers_rng_state_tensor_is_copied_for_the_backward(monkeypatch):
 
     seen = []
     monkeypatch.setattr(torch_ops, "dropout_attention",
-                        lambda q, k, v, problem, scale, rng, config, bwd_config:
+                        lambda q, k, v, problem, scale, rng, config, bwd_config, slopes=None:
                         seen.append(rng) or (q, None, rng))
     q = torch.zeros(1, 8, 2, 16, dtype=torch.float16)
     state = torch.tensor([5, 7], dtype=torch.int64)
@@ -357,7 +362,7 @@ def test_torch_gpu_route_without_a_seed_draws_from_torch(monkeypatch):
 
     seen = []
 
-    def fake_dropout_attention(q, k, v, problem, scale, rng, config, bwd_config):
+    def fake_dropout_attention(q, k, v, problem, scale, rng, config, bwd_config, slopes=None):
         seen.append(rng)
         return q, torch.zeros(1), None
 

@@ -31,15 +31,14 @@ def test_selection_runs_the_dropout_forward_on_sm90():
     # elsewhere fa2_fwd, with its own dropout flag
     fam, cfg, _ = choose(drop_problem(), (8, 0), dirs=[])
     assert fam.name == "fa2_fwd" and cfg.dropout
-    # what sm90_fwd has not: varlen (fa2_fwd runs it); dropout with window / softcap / ALiBi is
-    # refused by both, as fa2_fwd always did (the API runs that mix on torch CPU)
+    # what sm90_fwd has not: varlen (fa2_fwd runs it); dropout with softcap at d128 (it spills:
+    # fa2_fwd runs it); dropout with window / ALiBi it runs (tests/test_dropmix_cpu.py)
     varlen = drop_problem().replace(features=("dropout", "varlen"))
     assert "'varlen'" in FAM.supports((9, 0), varlen)
     for f in ("window", "softcap", "alibi"):
         mixed = drop_problem().replace(features=tuple(sorted(("dropout", f))))
-        assert f"'{f}' with dropout" in FAM.supports((9, 0), mixed)
-        assert FAM.supports((9, 0), mixed) == registry.get("fa2_fwd").supports((9, 0), mixed).replace(
-            "fa2_fwd", "sm90_fwd")
+        assert (f"'{f}' with dropout" in FAM.supports((9, 0), mixed)) == (f == "softcap")
+        assert registry.get("fa2_fwd").supports((9, 0), mixed) == ""   # the fallback runs it
     # the backward keeps its own family's choice (fa2_bwd regenerates the same mask)
     fam, cfg, _ = choose(drop_problem("bwd"), (9, 0), dirs=[])
     assert cfg.dropout

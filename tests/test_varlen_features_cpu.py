@@ -103,7 +103,7 @@ def test_numpy_varlen_features_validate_then_reach_the_gpu(monkeypatch):
         cuflash.flash_attn_varlen_qkvpacked_func(qkv, cu, 3, 0.1, dropout_seed=(1, 2))
     with pytest.raises(NoGPUError, match="flash_attn_varlen_func"):
         cuflash.flash_attn_varlen_kvpacked_func(q, qkv[:, 1:], cu, cu, 3, 3, 0.1, dropout_seed=4)
-    with pytest.raises(api.UnsupportedFeature, match=r"^dropout_p=0.1, softcap=2.0, cu_seqlens_q"):
+    with pytest.raises(NoGPUError, match="flash_attn_varlen_func"):  # dropout with softcap runs too
         cuflash.flash_attn_varlen_func(q, k, v, cu, cu, 3, 3, 0.1, softcap=2.0, dropout_seed=1)
 
 
