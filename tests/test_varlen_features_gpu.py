@@ -285,15 +285,6 @@ def test_varlen_dropout_cupy_with_explicit_seed_matches_torch():
         torch.testing.assert_close(torch.as_tensor(cupy.asnumpy(a), device="cuda"), c, rtol=2e-2, atol=2e-2)
 
 
-def test_varlen_dropout_with_a_window_is_refused_before_any_launch():
-    import torch
-
-    q, k, v, _ = packed_inputs(*LENS, 4, 4, 64, torch.bfloat16)
-    with pytest.raises(api.UnsupportedFeature, match="dropout_p"):
-        cuflash.flash_attn_varlen_func(q, k, v, cu_seqlens(LENS[0]), cu_seqlens(LENS[1]), max(LENS[0]),
-                                       max(LENS[1]), P_DROP, window_size=(8, 8))
-
-
 def test_varlen_features_torch_compile_and_cuda_graph():
     """The feature ops (cuflash::varlen_fwd_features / varlen_bwd_features) under torch.compile
     and CUDA-graph capture (the causal-window kernels of CASES[0])."""
