@@ -380,3 +380,23 @@ def test_sm90_allowed_mixes_compile_without_spills(op):
     assert len(cfgs) >= 12
     bad = _bad(cfgs, _reports(cfgs, "sm_90a"))
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("causal,window,cap,alibi", [(True, (3, 0), 2.0, "bh"), (False, (4, 1), 0.0, "h"),
+                                                     (False, (-1, -1), 1.5, None)])
+def test_torch_probs_match_the_host_probs(causal, window, cap, alibi):
+    """torch_ops.dropout_probs (the torch GPU S_dmask, run here on CPU tensors) applies the
+    features as dropout_probs_host (the CuPy / NumPy one) does."""
+    b, sq, sk, h, d = 2, 9, 13, 4, 16
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(b, s, n, d, generator=g).half() for s, n in ((sq, h), (sk, 2)))
+    slopes = None if alibi is None else torch.rand((b, h) if alibi == "bh" else (h,), generator=g)
+    lse = torch.randn(b, h, sq, generator=g).abs() + 3.0
+    rng = torch.tensor([21, 8], dtype=torch.int64)
+    got = torch_ops.dropout_probs(q, k, k, lse, 0.25, causal, 0.2, rng, window, cap, slopes)
+    want = dropout.dropout_probs_host(q.view(torch.int16).numpy().view(np.uint16),
+                                      k.view(torch.int16).numpy().view(np.uint16), lse.numpy(),
+                                      "fp16", 0.25, causal, 0.2, 21, 8, window=window, softcap=cap,
+                                      alibi_slopes=None if slopes is None else slopes.numpy())
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-6)
+    assert (got != 0).sum() > 0
