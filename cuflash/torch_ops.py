@@ -1046,10 +1046,13 @@ def dropout_probs(q, k, v, lse, scale: float, causal: bool, dropout_p: float, rn
 # direct route). The RNG state is an int64[2] (seed, offset) tensor argument: drawn inside
 # the graph (draw_rng_state), so every call and every CUDA-graph replay draws anew, and saved
 # for the backward, which regenerates the forward's mask from it.
-#   cuflash::fwd_dropout(q, k, v, rng_state, softmax_scale, causal, dropout_p, config) -> (out, lse)
+#   cuflash::fwd_dropout(q, k, v, rng_state, softmax_scale, causal, dropout_p, config,
+#                        alibi_slopes?, window_left, window_right, softcap) -> (out, lse)
 #   cuflash::bwd_dropout(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, dropout_p,
-#                        deterministic, config) -> (dq, dk, dv)
-# CUDA: the dropout plans above (fa2_fwd / fa2_bwd). CPU: the float64 reference with the
+#                        deterministic, config, alibi_slopes?, window_left, window_right,
+#                        softcap) -> (dq, dk, dv)
+# CUDA: the dropout plans above (fa2_fwd / fa2_bwd; sm90_fwd / sm90_bwd where they run the
+# call's features with dropout). CPU: the float64 reference with the
 # kernels' keep mask (cuflash.dropout.keep_mask, the NumPy mirror of philox.cuh) of the same
 # state, so a CPU run, opcheck and torch.compile see the mask the GPU draws.
 
