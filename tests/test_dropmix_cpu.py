@@ -366,6 +366,20 @@ def test_fa2_fwd_mixed_instantiations_compile_without_spills(arch):
 
 
 @needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_fa2_bwd_mixed_instantiations_compile(arch):
+    """fa2_bwd's heuristic with dropout + window + softcap + ALiBi, d 64 and 128: it compiles
+    (spills allowed, as for its plain heuristic in tests/test_compile.py: 4..200 bytes with
+    softcap under nvcc 13.0)."""
+    cc = (9, 0) if arch == "sm_90a" else (8, 0)
+    fam = registry.get("fa2_bwd")
+    cfgs = [fam.for_problem(fam.heuristic(p, cc), p)
+            for p in (mix_problem("bwd", 64, True), mix_problem("bwd", 128, False, dtype="fp16"))]
+    reports = _reports(cfgs, arch)
+    assert len(reports) == 2 and all(r.registers > 0 for r in reports)
+
+
+@needs_nvcc
 @pytest.mark.parametrize("op", ["fwd", "bwd"])
 def test_sm90_allowed_mixes_compile_without_spills(op):
     """Every mix that sm90_fwd / sm90_bwd's supports() allows at d 64 and 128 (both masks, the

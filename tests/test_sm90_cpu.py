@@ -241,9 +241,11 @@ def test_supports():
         why = FAM.supports(arch, problem(64))
         assert why.startswith(f"sm90_fwd needs sm_90 exactly") and f"sm_{arch[0]}{arch[1]}" in why
     assert FAM.supports((9, 0), problem(64).replace(features=("alibi", "softcap", "window"))) == ""
-    # dropout alone runs here (tests/test_sm90_dropout_cpu.py); with a window, as in fa2_fwd, not
+    # dropout runs here (tests/test_sm90_dropout_cpu.py), with a window too at d64 / d128
+    # (tests/test_dropmix_cpu.py); not at the head dims whose mixed kernels are unchecked
     assert FAM.supports((9, 0), problem(64).replace(features=("dropout",))) == ""
-    assert "'window' with dropout" in FAM.supports((9, 0), problem(64).replace(features=("dropout", "window")))
+    assert FAM.supports((9, 0), problem(64).replace(features=("dropout", "window"))) == ""
+    assert "'window' with dropout" in FAM.supports((9, 0), problem(256).replace(features=("dropout", "window")))
     assert FAM.supports((9, 0), problem(60)).startswith("q: headdim must be a multiple of 8")
     assert "implements op 'fwd', not 'bwd'" in FAM.supports((9, 0), problem(64).replace(op="bwd"))
 
