@@ -69,7 +69,8 @@ class Sm90BwdConfig(KernelConfig):
     dropout:       attention dropout: the forward's keep mask regenerated (compile-time flag)
     dq_bulk:       dQ_i parts added through a shared-memory staging tile by bulk reduce-add
                    (cp.reduce.async.bulk, FA3's way) instead of red.global.add from registers;
-                   unordered mode only (not with deterministic)
+                   unordered mode only (not with deterministic), not with dropout at head dim
+                   128 (ptxas spills it; for_problem drops the flag for such calls)
     """
 
     BM: int
@@ -176,6 +177,9 @@ class Sm90BwdConfig(KernelConfig):
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
+        if not out and self.dq_bulk and self.dropout and self.head_dim > 64:
+            out.append(f"dq_bulk with dropout at head_dim={self.head_dim}: ptxas spills that kernel "
+                       "(nvcc 13.0); the red.add one (dq_bulk=False) runs it")
         if not out and self.dropout and self.deterministic and self.head_dim > 64:
             out.append(f"dropout with deterministic at head_dim={self.head_dim}: ptxas spills "
                        "that kernel (nvcc 13.0); fa2_bwd runs it")
@@ -250,9 +254,9 @@ class Sm90Backward(Family):
             config = config.replace(deterministic=problem.deterministic)
         if config.dropout != ("dropout" in problem.features):
             config = config.replace(dropout="dropout" in problem.features)
-        if config.dq_bulk and problem.deterministic:
-            # a speed choice of the unordered mode (a tuned entry's, or bwd_config='s): a
-            # deterministic call takes the ordered red.add additions
+        if config.dq_bulk and (problem.deterministic or (config.dropout and config.head_dim > 64)):
+            # a speed choice (a tuned entry's, or bwd_config='s): a deterministic call takes the
+            # ordered red.add additions, and d128 dropout the red.add kernel (dq_bulk spills it)
             config = config.replace(dq_bulk=False)
         return self.with_features(config, problem)
 
