@@ -15,12 +15,6 @@
 
 namespace cuflash {
 
-// Store two fp32 at shared address `addr` (8-byte aligned): the staging tile's fragment stores
-// by 32-bit shared address, one register where a generic pointer takes two (the d128 kernels
-// have none to spare).
-__device__ __forceinline__ void st_shared_f32x2(u32 addr, float x, float y) {
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(addr), "f"(x), "f"(y) : "memory");
-}
 // Add `bytes` of fp32 at shared address `src` into global `dst` (part of this thread's next
 // bulk group).
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, u32 src, u32 bytes) {

@@ -609,24 +609,24 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             // staging tile, then lanes 0..15 add one row each by bulk reduce-add (the copy
             // engine does the additions; the warp goes on to the next Q block). The warp alone
             // writes and reads its rows, so a warp-level sync orders them.
+            float* dq_rows = p.dq_accum + (bh * p.seqlen_q_rounded + row0 + dq_row_group * 64 + warp * 16)
+                                              * p.head_dim_rounded + dq_col0;
             const int stage_row0 = wg * 64 + warp * 16;        // this warp's first row of the stage
+            unsigned char* stage_ptr = smem_ptr + DqStage::kOffset + stage_row0 * DqStage::kRowFloats * 4;
             if (lane < 16) bulk_wait_group_read<0>();          // the last Q block's row has been read
             __syncwarp();
-            const u32 stage = smem + DqStage::kOffset + ((stage_row0 + g) * DqStage::kRowFloats + 2 * t) * 4;
 #pragma unroll
             for (int nt = 0; nt < Shape::kDqN / 8; ++nt)
 #pragma unroll
                 for (int half = 0; half < 2; ++half)           // rows g, g + 8; columns 8nt + 2t, + 1
-                    st_shared_f32x2(stage + (8 * half * DqStage::kRowFloats + nt * 8) * 4,
-                                    dq_acc[4 * nt + 2 * half], dq_acc[4 * nt + 2 * half + 1]);
+                    *reinterpret_cast<float2*>(stage_ptr + ((g + 8 * half) * DqStage::kRowFloats + nt * 8 + 2 * t) * 4)
+                        = make_float2(dq_acc[4 * nt + 2 * half], dq_acc[4 * nt + 2 * half + 1]);
             fence_proxy_async_smem();                           // generic stores -> the bulk op's reads
             __syncwarp();
             if (lane < 16) {
-                // row stage_row0 + lane of the stage to row row0 + dq_row_group · 64 + warp · 16
-                // + lane of the accumulator; its rows are padded to seqlen_q_rounded (a multiple
-                // of 128 >= BM), so a ragged last Q block's extra rows land in padding
-                const i64 row = bh * p.seqlen_q_rounded + row0 + dq_row_group * 64 + warp * 16 + lane;
-                bulk_reduce_add_f32(p.dq_accum + row * p.head_dim_rounded + dq_col0,
+                // row stage_row0 + lane; the accumulator rows are padded to seqlen_q_rounded (a
+                // multiple of 128 >= BM), so a ragged last Q block's extra rows land in padding
+                bulk_reduce_add_f32(dq_rows + lane * p.head_dim_rounded,
                                     smem + DqStage::kOffset + (stage_row0 + lane) * DqStage::kRowFloats * 4,
                                     DqStage::kRowBytes);
                 bulk_commit_group();

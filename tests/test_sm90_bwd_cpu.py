@@ -509,7 +509,7 @@ def test_dq_bulk_kernel_source():
     assert "static constexpr int kRowFloats = kDqN + 8;" in src
     assert "kOffset = Words::kOffset + Words::kBytes;" in src
     body = src[src.index("if constexpr (kDqBulk) {"):]
-    order = ["bulk_wait_group_read<0>()", "__syncwarp()", "st_shared_f32x2(", "fence_proxy_async_smem()",
+    order = ["bulk_wait_group_read<0>()", "__syncwarp()", "float2", "fence_proxy_async_smem()",
              "__syncwarp()", "bulk_reduce_add_f32(", "bulk_commit_group()"]
     pos = 0
     for token in order:
