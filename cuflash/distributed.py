@@ -266,7 +266,7 @@ def reference_block_backward(dout, q, k, v, out, lse, scale: float, causal: bool
     o = out.to(f64).permute(0, 2, 1, 3)
     s = scale * qh @ kh.transpose(-1, -2)                                # (b, h, sq, sk)
     lse64 = lse.to(f64).unsqueeze(-1)
-    p = torch.exp(s - lse64.masked_fill(torch.isposinf(lse64), math.inf))
+    p = torch.exp(s - lse64)  # lse = +inf rows: exp(-inf) = 0 (nan from inf - inf: below)
     if causal:
         i = torch.arange(sq).unsqueeze(1)
         j = torch.arange(sk).unsqueeze(0)
@@ -347,6 +347,12 @@ def _acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _sendable(k: Tensor, v: Tensor) -> tuple:
+    """k and v as the ring sends them: contiguous (a strided view, say k, v = kv.unbind(2), is
+    copied once; NCCL would send its numel elements from its first address, gaps and all)."""
+    return k.contiguous(), v.contiguous()
+
+
 def _rotate_forward(ring: _Ring, kv: tuple, comm: bool, step_fn) -> None:
     """The forward ring: for each of the P steps, ``step_fn(src, k_block, v_block)`` on the
     K/V block in hand (src: its owner) while that block travels on to the next rank.
@@ -419,7 +425,7 @@ def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: 
             o_b, lse_b = block_forward(q[:, qs], k_cur[:, ks], v_cur[:, ks], scale, call.causal)
             merge_partial(out[:, qs], lse[:, :, qs], o_b, lse_b)
 
-    _rotate_forward(ring, (k, v), comm, step)
+    _rotate_forward(ring, _sendable(k, v), comm, step)
     lse = lse.float().masked_fill(torch.isneginf(lse), math.inf)
     return out.to(q.dtype), lse
 
@@ -446,31 +452,56 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
             parts.append(((slice(None), ks), dk_b, dv_b))
         return parts
 
-    dk, dv = _rotate_backward(ring, (k, v), comm, acc, step)
+    dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-class RingFlashAttnFn(torch.autograd.Function):
-    """out, lse = ring attention of the local shards; the backward is the ring backward."""
+class RingAttnFn(torch.autograd.Function):
+    """out, lse = a ring's forward of the local shards; the backward is that ring's backward.
+    ring = (forward(q, k, v) -> (out, lse), backward(dout, q, k, v, out, lse) -> (dq, dk, dv)):
+    the dense ring or the varlen one, their static arguments bound."""
 
     @staticmethod
-    def forward(ctx, q, k, v, args):
-        scale, causal, group, layout, deterministic = args
-        out, lse = ring_forward(q, k, v, scale, causal, group, layout)
+    def forward(ctx, q, k, v, ring):
+        out, lse = ring[0](q, k, v)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = args
+        ctx.ring = ring
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        scale, causal, group, layout, deterministic = ctx.args
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = ring_backward(dout, q, k, v, out, lse, scale, causal, group, layout,
-                                   deterministic)
-        return dq, dk, dv, None
+        return (*ctx.ring[1](dout, q, k, v, out, lse), None)
+
+
+def _attend(q, k, v, forward, backward):
+    """(out, lse) of a ring: through RingAttnFn when a gradient is wanted, else the forward."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return RingAttnFn.apply(q, k, v, (forward, backward))
+    return forward(q, k, v)
+
+
+def _check_group(group, device: torch.device) -> None:
+    """group: an initialized process group (None: the default one) of which this process is a
+    member, whose backend moves tensors of ``device``'s type (NCCL for CUDA, gloo or MPI for
+    the CPU): a mismatch would fail inside the first transfer with an error naming no
+    argument."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("group: torch.distributed is not initialized "
+                           "(call torch.distributed.init_process_group first)")
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group: expected a torch.distributed ProcessGroup or None, got "
+                        f"{type(group).__name__}")
+    if dist.get_rank(group) < 0:
+        raise ValueError("group: this process is not a member of the group")
+    backend = str(dist.get_backend(group)).lower()
+    wanted = ("nccl",) if device.type == "cuda" else ("gloo", "mpi")
+    if not any(b in backend for b in wanted):
+        raise ValueError(f"group: its backend {backend!r} does not move {device.type} tensors "
+                         f"(q is on {device}); use {' or '.join(wanted)}")
 
 
 def check_ring_args(q, k, v, softmax_scale, causal, group, layout) -> tuple:
@@ -481,19 +512,12 @@ def check_ring_args(q, k, v, softmax_scale, causal, group, layout) -> tuple:
             raise TypeError(f"{name}: expected a torch tensor, got {type(x).__name__}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("group: torch.distributed is not initialized "
-                           "(call torch.distributed.init_process_group first)")
-    if group is not None and not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"group: expected a torch.distributed ProcessGroup or None, got "
-                        f"{type(group).__name__}")
+    _check_group(group, q.device)
     _, _, _, scale, problem = api.check_qkv(q, k, v, softmax_scale, causal)
     if problem.seqlen_q != problem.seqlen_k:
         raise ValueError(f"k: seqlen_local must equal q's ({problem.seqlen_q}): each rank holds "
                          f"the same positions of q, k and v, got {problem.seqlen_k}")
     world = dist.get_world_size(group)
-    if dist.get_rank(group) < 0:
-        raise ValueError("group: this process is not a member of the group")
     if layout == "zigzag" and problem.seqlen_q % 2:  # causal or not: two equal chunks per rank
         raise ValueError(f"q: zigzag needs an even seqlen_local (two chunks per rank), "
                          f"got {problem.seqlen_q}")
@@ -515,11 +539,10 @@ def ring_flash_attn_func(q, k, v, causal: bool = False, softmax_scale: Optional[
     must call backward). CUDA tensors (NCCL group) run cuflash's kernels, CPU tensors (gloo)
     the float64 reference."""
     scale, world = check_ring_args(q, k, v, softmax_scale, causal, group, layout)
-    args = (scale, bool(causal), group, layout, bool(deterministic))
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = RingFlashAttnFn.apply(q, k, v, args)
-    else:
-        out, lse = ring_forward(q, k, v, scale, bool(causal), group, layout)
+    causal, deterministic = bool(causal), bool(deterministic)
+    out, lse = _attend(
+        q, k, v, lambda q, k, v: ring_forward(q, k, v, scale, causal, group, layout),
+        lambda *t: ring_backward(*t, scale, causal, group, layout, deterministic))
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -716,7 +739,7 @@ def ring_varlen_forward(q, k, v, chunks: VarlenChunks, scale: float, causal: boo
             # (rows, h, d) and (h, rows) as merge_partial's (1, rows, h, d) and (1, h, rows)
             merge_partial(out[qs][None], lse[:, qs][None], o_b[None], lse_b[None])
 
-    _rotate_forward(ring, (k, v), comm, step)
+    _rotate_forward(ring, _sendable(k, v), comm, step)
     lse = lse.float().masked_fill(torch.isneginf(lse), math.inf)
     return out.to(q.dtype), lse
 
@@ -748,31 +771,8 @@ def ring_varlen_backward(dout, q, k, v, out, lse, chunks: VarlenChunks, scale: f
             parts.append((ks, dk_b, dv_b))
         return parts
 
-    dk, dv = _rotate_backward(ring, (k, v), comm, acc, step)
+    dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-
-
-class RingFlashAttnVarlenFn(torch.autograd.Function):
-    """out, lse = varlen ring attention of the local shards; the backward is the ring's."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, args):
-        chunks, scale, causal, group, layout, deterministic = args
-        out, lse = ring_varlen_forward(q, k, v, chunks, scale, causal, group, layout)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = args
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        chunks, scale, causal, group, layout, deterministic = ctx.args
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dq, dk, dv = ring_varlen_backward(dout, q, k, v, out, lse, chunks, scale, causal, group,
-                                          layout, deterministic)
-        return dq, dk, dv, None
 
 
 def check_ring_varlen_args(q, k, v, cu_seqlens, max_seqlen, softmax_scale, causal, group,
@@ -787,18 +787,11 @@ def check_ring_varlen_args(q, k, v, cu_seqlens, max_seqlen, softmax_scale, causa
             raise ValueError(f"{name}: expected 3 dims (total_local, nheads, headdim): the "
                              f"varlen layout, got shape {tuple(x.shape)}")
     _check_layout(layout)
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("group: torch.distributed is not initialized "
-                           "(call torch.distributed.init_process_group first)")
-    if group is not None and not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"group: expected a torch.distributed ProcessGroup or None, got "
-                        f"{type(group).__name__}")
+    _check_group(group, q.device)
     tq, _, _, scale, _ = api.check_qkv(q[None], k[None], v[None], softmax_scale, causal)
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"k: total_local must equal q's ({q.shape[0]}): self-attention, each rank "
                          f"holds the same positions of q, k and v, got {k.shape[0]}")
-    if dist.get_rank(group) < 0:
-        raise ValueError("group: this process is not a member of the group")
     world = dist.get_world_size(group)
     n = chunk_count(world, layout)
     nlocal = len(chunk_ids(0, world, layout))
@@ -846,11 +839,10 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen, causal: bool = 
     kernels, CPU tensors (gloo) the float64 reference."""
     scale, chunks = check_ring_varlen_args(q, k, v, cu_seqlens, max_seqlen, softmax_scale, causal,
                                            group, layout)
-    args = (chunks, scale, bool(causal), group, layout, bool(deterministic))
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = RingFlashAttnVarlenFn.apply(q, k, v, args)
-    else:
-        out, lse = ring_varlen_forward(q, k, v, *args[:5])
+    causal, deterministic = bool(causal), bool(deterministic)
+    out, lse = _attend(
+        q, k, v, lambda q, k, v: ring_varlen_forward(q, k, v, chunks, scale, causal, group, layout),
+        lambda *t: ring_varlen_backward(*t, chunks, scale, causal, group, layout, deterministic))
     return (out, lse, None) if return_attn_probs else out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import socket
+import types
 
 import numpy as np
 import pytest
@@ -63,12 +64,13 @@ def _worker(rank, world, port, cases):
             _check_case(rank, world, case, seed=1000 + i)
         for i, case in enumerate(VARLEN_CASES):  # the same processes: no second spawn
             _check_varlen_case(rank, world, case, seed=2000 + i)
+        _check_case(rank, world, cases[1], seed=3000, strided=True)
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def _check_case(rank, world, case, seed):
+def _check_case(rank, world, case, seed, strided=False):
     b, n, h, hk, d, causal, layout, dtype = case
     q, k, v, dout = _full_inputs(case, world, seed)
     # the unsharded reference: float64 NumPy
@@ -78,9 +80,17 @@ def _check_case(rank, world, case, seed):
                                                    v.numpy(), causal=causal)
     local = [_shard(x, rank, world, layout).to(dtype) for x in (q, k, v)]
     ql, kl, vl = (x.clone().requires_grad_() for x in local)
-    out, lse, _ = cfd.ring_flash_attn_func(ql, kl, vl, causal=causal, layout=layout,
+    if strided:  # k, v as views of one packed kv tensor (not contiguous): the ring copies them
+        kv = torch.stack(local[1:], dim=2).requires_grad_()
+        k_in, v_in = kv.unbind(2)
+        assert not k_in.is_contiguous()
+    else:
+        k_in, v_in = kl, vl
+    out, lse, _ = cfd.ring_flash_attn_func(ql, k_in, v_in, causal=causal, layout=layout,
                                            return_attn_probs=True)
     out.backward(_shard(dout, rank, world, layout).to(dtype))
+    if strided:
+        kl, vl = (types.SimpleNamespace(grad=g) for g in kv.grad.unbind(2))
     # cuflash returns lse in fp32 (also from its float64 CPU path): the merge weights carry
     # fp32 rounding, hence 1e-6 for float64 inputs
     tol = 2e-6 if dtype == torch.float64 else 2e-5
@@ -265,6 +275,25 @@ def test_reference_block_backward_is_attention_backward():
                                                   causal=causal)
         for a, w in zip(got, want):
             np.testing.assert_allclose(a.numpy(), w, rtol=1e-10, atol=1e-10)
+
+
+def test_ring_group_backend_must_move_the_tensors_device(monkeypatch):
+    """CPU tensors with an NCCL group (or CUDA tensors with gloo) are refused naming group,
+    before the first transfer would fail inside torch.distributed."""
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    q = torch.zeros(1, 4, 2, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match="^group: its backend 'nccl' does not move cpu"):
+        cfd.ring_flash_attn_func(q, q, q)
+    with pytest.raises(ValueError, match="^group: its backend 'nccl' does not move cpu"):
+        cfd.ring_flash_attn_varlen_func(q[0], q[0], q[0], torch.tensor([0, 8], dtype=torch.int32), 8)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "cpu:gloo,cuda:nccl")
+    with pytest.raises(ValueError, match="^cu_seqlens: expected the GLOBAL"):  # past the group
+        cfd.ring_flash_attn_varlen_func(q[0], q[0], q[0], torch.tensor([0, 7], dtype=torch.int32), 7)
 
 
 def test_ring_args_are_checked_before_any_transfer():

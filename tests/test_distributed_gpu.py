@@ -73,6 +73,28 @@ def _plain(q, k, v, causal, scale, dtype):
     return (p.to(dtype) @ v).transpose(1, 2)
 
 
+def _compare(what, shard, ref, low, single, ring, dtype, dt) -> list:
+    """The ring's out, dq, dk, dv against the float64 reference on this rank's shard, within 2x
+    (3x for gradients) plain low-precision attention's error plus one ulp of the largest
+    value; prints a line each (single-GPU cuflash's error beside it), returns the failures."""
+    failures = []
+    for j, name in enumerate(("out", "dq", "dk", "dv")):
+        r, lo, one, got = shard(ref[j]), shard(low[j]), shard(single[j]), ring[j]
+        top = r.abs().max().item()
+        floor = max(_ulp(top, dtype), 1e-5 * max(1.0, top))
+        err = (got.double() - r).abs().max().item()
+        base = (lo.double() - r).abs().max().item()
+        err_single = (one.double() - r).abs().max().item()
+        factor = 2 if name == "out" else 3
+        ok = bool(not got.isnan().any()) and err <= factor * base + floor
+        line = (f"{what} {name}: ring err {err:.3g}, single-GPU cuflash {err_single:.3g}, "
+                f"plain {dt} {base:.3g} -> {'ok' if ok else 'FAIL'}")
+        print(line, flush=True)
+        if not ok:
+            failures.append(line)
+    return failures
+
+
 def _grads(fn, q, k, v, dout):
     import torch
 
@@ -127,21 +149,8 @@ def _worker(rank, world, port, cases, errors):
                                                                   layout=layout),
                           shard(q), shard(k), shard(v), shard(dout))
             torch.cuda.synchronize()
-            for j, name in enumerate(("out", "dq", "dk", "dv")):
-                r, lo, one, got = shard(ref[j]), shard(low[j]), shard(single[j]), ring[j]
-                top = r.abs().max().item()
-                floor = max(_ulp(top, dtype), 1e-5 * max(1.0, top))
-                err = (got.double() - r).abs().max().item()
-                base = (lo.double() - r).abs().max().item()
-                err_single = (one.double() - r).abs().max().item()
-                factor = 2 if name == "out" else 3
-                ok = bool(not got.isnan().any()) and err <= factor * base + floor
-                line = (f"rank {rank}/{world} case {i} {(b, s, h, hk, d, causal, layout, dt)} "
-                        f"{name}: ring err {err:.3g}, single-GPU cuflash {err_single:.3g}, "
-                        f"plain {dt} {base:.3g} -> {'ok' if ok else 'FAIL'}")
-                print(line, flush=True)
-                if not ok:
-                    failures.append(line)
+            failures += _compare(f"rank {rank}/{world} case {i} {(b, s, h, hk, d, causal, layout, dt)}",
+                                 shard, ref, low, single, ring, dtype, dt)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -221,22 +230,9 @@ def _varlen_worker(rank, world, port, cases):
                 q, k, v, cu, longest, causal=causal, layout=layout),
                 shard(q), shard(k), shard(v), shard(dout))
             torch.cuda.synchronize()
-            for j, name in enumerate(("out", "dq", "dk", "dv")):
-                r, lo, one, got = shard(ref[j]), shard(low[j]), shard(single[j]), ring[j]
-                top = r.abs().max().item()
-                floor = max(_ulp(top, dtype), 1e-5 * max(1.0, top))
-                err = (got.double() - r).abs().max().item()
-                base = (lo.double() - r).abs().max().item()
-                err_single = (one.double() - r).abs().max().item()
-                factor = 2 if name == "out" else 3
-                ok = bool(not got.isnan().any()) and err <= factor * base + floor
-                line = (f"rank {rank}/{world} varlen case {i} lens {lens} "
-                        f"{(h, hk, d, causal, layout, dt)} {name}: ring err {err:.3g}, single-GPU "
-                        f"cuflash {err_single:.3g}, plain {dt} {base:.3g} -> "
-                        f"{'ok' if ok else 'FAIL'}")
-                print(line, flush=True)
-                if not ok:
-                    failures.append(line)
+            failures += _compare(f"rank {rank}/{world} varlen case {i} lens {lens} "
+                                 f"{(h, hk, d, causal, layout, dt)}", shard, ref, low, single, ring,
+                                 dtype, dt)
         dist.barrier()
     finally:
         dist.destroy_process_group()

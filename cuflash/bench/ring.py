@@ -232,7 +232,7 @@ if __name__ == "__main__":  # re-plot a run's records: python -m cuflash.bench.r
         recs = read_records(name)
         gpu = Path(name).resolve().parent.name
         if plot(recs, Path(name).with_suffix(".png"), title=f"ring attention on {gpu}, bf16 d128 "
-                f"8 heads, fwd + bwd (P = {next(r['P'] for r in recs if r['impl'] == 'ring')})"):
+                f"8 heads, fwd + bwd (P = {next((r['P'] for r in recs if r['impl'] == 'ring'), '?')})"):
             print(f"wrote {Path(name).with_suffix('.png')}")
 
 
@@ -407,8 +407,10 @@ def _torch_cp(rank, world, seqlen, causal, opts, base, log, backend="flash") -> 
     import torch
     import torch.nn.functional as F
 
-    rec = dict(impl="torch_cp", **base, backend=backend, load_balance=bool(causal))
     cp_opts = _cp_options()
+    # None: this torch has no options object to set, so its own default ran
+    rec = dict(impl="torch_cp", **base, backend=backend,
+               load_balance=None if cp_opts is None else bool(causal))
     saved = None if cp_opts is None else cp_opts.enable_load_balance
     b, h, d, reps = 1, opts["nheads"], opts["d"], opts["reps"]
     try:
