@@ -211,7 +211,8 @@ class Sm90Backward(Family):
     dout_any_strides = True  # the preprocess reads dout through any strides (copies it if need be)
     features = ("alibi", "dropout", "softcap", "window")
     description = ("Hopper backward: K/V-block CTAs, TMA ring of Q/dO, wgmma SS/RS, dQ by fp32 "
-                   "red.add (or ordered); fa2_bwd's preprocess / convert / GQA kernels")
+                   "red.add (or ordered, or bulk reduce-add: dq_bulk); fa2_bwd's preprocess / convert / "
+                   "GQA kernels")
 
     def rank(self, problem: Problem) -> int:
         """Above fa2_bwd (priority 0) at head dims 97..128, below it at <= 96. Measured on the
