@@ -34,7 +34,8 @@
 // Consumers (warpgroups 1..kConsumers; consumer wg owns keys 64·wg..64·wg+63 of K_j, 16 per
 // warp). Per Q block, all by wgmma (per warpgroup: M = its 64 keys):
 //   Sᵀ  = K_j Q_iᵀ                 SS, N = BM queries                     (group 1, waited)
-//   Pᵀ  = exp2(Sᵀ·scale·log2e - LSE_i·log2e), masked (ragged end, causal diagonal) -> 0;
+//   Pᵀ  = exp2(Sᵀ·scale·log2e - LSE_i·log2e), masked (ragged end, causal diagonal, window
+//         band) -> 0; softcap / ALiBi modify Sᵀ first (score.cuh), dropout zeroes dropped Pᵀ;
 //         packed to 16-bit A fragments (the fp32 Pᵀ dies before dPᵀ's accumulators are born)
 //   dPᵀ = V_j dO_iᵀ                SS, N = BM                             (group 2)
 //   dV_j += Pᵀ dO_i                RS: Pᵀ from registers, dO_i MN-major   (group 3)
@@ -56,9 +57,10 @@
 // fence.proxy.async first, so that wgmma's async proxy sees the generic-proxy stores).
 //
 // Deterministic (kDeterministic): dQ_i's additions go in K/V block order, as fa2_bwd: the
-// turn counter of (head, batch, Q block) counts the K/V blocks that have added; the CTA of
-// K/V block n waits for turn n (the K/V blocks that see a Q block are 0..n_max, under the
-// causal mask too), adds, and passes the turn on. Bitwise reproducible.
+// turn counter of (head, batch, Q block) counts the K/V blocks that have added; the K/V blocks
+// that see a Q block are a contiguous run (0..n_max under the causal mask; under a window,
+// from the band's first block kv_block_begin), and the CTA of the run's i-th block waits for
+// turn i, adds, and passes the turn on. Bitwise reproducible.
 //
 // Registers: setmaxnreg, FA3's splits: producer / consumer 56 / 256 (1 consumer), 24 / 240 (2).
 // Live per consumer thread: dK_j, dV_j (head_dim / 2 fp32 each) throughout; then Sᵀ (BM / 2), or
@@ -71,7 +73,9 @@
 // dS) column chunks of rows x 64 elements, 128 bytes a row, 128-byte swizzle, as TMA writes it
 // and wgmma reads it):
 //   k_smem, v_smem [kChunks][BN][64]; q_smem, do_smem [kStages][kChunks][BM][64];
-//   ds_smem [BN / 64][BM][64]; lse_smem, D_smem [kStages][BM] fp32; then the mbarriers.
+//   ds_smem [BN / 64][BM][64]; lse_smem, D_smem [kStages][BM] fp32; then the mbarriers; then,
+//   with softcap or dropout, each consumer thread's words (Sm90BwdThreadWords), and with
+//   kDqBulk the dQ staging tile (Sm90BwdDqStage).
 //
 // Template parameters (cuflash/families/sm90_bwd.py Sm90BwdConfig mirrors and validates them):
 //   kBM        queries of a Q block: 64 or 128 (the N of Sᵀ, dPᵀ; the K of dV, dK)

@@ -135,7 +135,7 @@ def test_feature_flags_names_and_template():
     assert drop.name == plain.name + "_drop" and drop.replace(deterministic=True).name.endswith("_det_drop")
     assert drop.kernel_name().endswith("true, false, false, false, false, true>")
     assert drop.template_args()[-5:] == (False, False, False, True, False)
-    # softcap keeps 1 - tanh² in shared memory past the mbarriers (Sm90BwdCap): 16-byte aligned,
+    # softcap keeps 1 - tanh² in shared memory past the mbarriers (Sm90BwdThreadWords): 16-byte aligned,
     # BM / 2 16-bit values per consumer thread
     used = plain.smem_bytes - 1024
     assert plain.replace(softcap=True).smem_bytes == -(-used // 16) * 16 + 64 // 16 * 16 * 256 + 1024

@@ -234,12 +234,12 @@ class Sm90Backward(Family):
                or feature_mix(self, problem))
         if why:
             return why
-        if "dropout" in problem.features and problem.deterministic and self.head_dim_of(problem.head_dim) > 64:
-            return (f"{self.name} has no deterministic dropout above head dim 64 (its d128 kernel "
-                    f"spills), got headdim={problem.head_dim}")
         if problem.head_dim > HEAD_DIMS[-1]:
             return (f"{self.name} supports headdim up to {HEAD_DIMS[-1]} (kernels for {HEAD_DIMS}), "
                     f"got headdim={problem.head_dim}")
+        if "dropout" in problem.features and problem.deterministic and self.head_dim_of(problem.head_dim) > 64:
+            return (f"{self.name} has no deterministic dropout above head dim 64 (its d128 kernel "
+                    f"spills), got headdim={problem.head_dim}")
         if tuple(arch)[0] != 9:
             return (f"{self.name} needs sm_90 exactly (sm_90a code: wgmma, TMA, setmaxnreg), "
                     f"got sm_{arch[0]}{arch[1]}")
@@ -260,6 +260,11 @@ class Sm90Backward(Family):
             # ordered red.add additions, and d128 dropout the red.add kernel (dq_bulk spills it)
             config = config.replace(dq_bulk=False)
         return self.with_features(config, problem)
+
+    def _fields(self, config):
+        # dropout is not encoded (as sm90_fwd's): the call sets it (for_problem), so the encoded
+        # form of a config stays what it was before the flag existed
+        return ((k, v) for k, v in super()._fields(config) if k != "dropout")
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90BwdConfig:
         """Not yet measured. Head dim 128: FA3's shape with 2 consumer warpgroups (BN = 128 keys)
