@@ -34,7 +34,8 @@
 // Consumers (warpgroups 1..kConsumers; consumer wg owns keys 64·wg..64·wg+63 of K_j, 16 per
 // warp). Per Q block, all by wgmma (per warpgroup: M = its 64 keys):
 //   Sᵀ  = K_j Q_iᵀ                 SS, N = BM queries                     (group 1, waited)
-//   Pᵀ  = exp2(Sᵀ·scale·log2e - LSE_i·log2e), masked (ragged end, causal diagonal) -> 0;
+//   Pᵀ  = exp2(Sᵀ·scale·log2e - LSE_i·log2e), masked (ragged end, causal diagonal, window
+//         band) -> 0; softcap / ALiBi modify Sᵀ first (score.cuh), dropout zeroes dropped Pᵀ;
 //         packed to 16-bit A fragments (the fp32 Pᵀ dies before dPᵀ's accumulators are born)
 //   dPᵀ = V_j dO_iᵀ                SS, N = BM                             (group 2)
 //   dV_j += Pᵀ dO_i                RS: Pᵀ from registers, dO_i MN-major   (group 3)
@@ -45,7 +46,9 @@
 //   dQ_i part = dS K_j              SS: dS (A, K-major), K_j (B, MN-major)  (group 5)
 //     the BM x head_dim tile is split over the consumer warpgroups: by 64-row groups when
 //     BM = 64 · kConsumers, else by head-dim column groups (kDqN columns each)
-//   dQ accumulator += dQ_i part     red.global.add.v4.f32 (16 bytes per thread per 16x16 tile)
+//   dQ accumulator += dQ_i part     red.global.add.v4.f32 (16 bytes per thread per 16x16 tile);
+//                                  with kDqBulk through a shared-memory staging tile and one bulk
+//                                  reduce-add per row (cp.reduce.async.bulk, below)
 // The accumulator layout per warp is mma.sync's C layout (ptx_sm90.cuh Wgmma): thread (g, t)
 // holds rows g, g + 8 of the warp's 16 and columns 8i + 2t + e; for Sᵀ, dPᵀ rows are keys and
 // columns queries, so LSE and D are read per column, and the mask goes element by element.
@@ -54,9 +57,10 @@
 // fence.proxy.async first, so that wgmma's async proxy sees the generic-proxy stores).
 //
 // Deterministic (kDeterministic): dQ_i's additions go in K/V block order, as fa2_bwd: the
-// turn counter of (head, batch, Q block) counts the K/V blocks that have added; the CTA of
-// K/V block n waits for turn n (the K/V blocks that see a Q block are 0..n_max, under the
-// causal mask too), adds, and passes the turn on. Bitwise reproducible.
+// turn counter of (head, batch, Q block) counts the K/V blocks that have added; the K/V blocks
+// that see a Q block are a contiguous run (0..n_max under the causal mask; under a window,
+// from the band's first block kv_block_begin), and the CTA of the run's i-th block waits for
+// turn i, adds, and passes the turn on. Bitwise reproducible.
 //
 // Registers: setmaxnreg, FA3's splits: producer / consumer 56 / 256 (1 consumer), 24 / 240 (2).
 // Live per consumer thread: dK_j, dV_j (head_dim / 2 fp32 each) throughout; then Sᵀ (BM / 2), or
@@ -69,7 +73,9 @@
 // dS) column chunks of rows x 64 elements, 128 bytes a row, 128-byte swizzle, as TMA writes it
 // and wgmma reads it):
 //   k_smem, v_smem [kChunks][BN][64]; q_smem, do_smem [kStages][kChunks][BM][64];
-//   ds_smem [BN / 64][BM][64]; lse_smem, D_smem [kStages][BM] fp32; then the mbarriers.
+//   ds_smem [BN / 64][BM][64]; lse_smem, D_smem [kStages][BM] fp32; then the mbarriers; then,
+//   with softcap or dropout, each consumer thread's words (Sm90BwdThreadWords), and with
+//   kDqBulk the dQ staging tile (Sm90BwdDqStage).
 //
 // Template parameters (cuflash/families/sm90_bwd.py Sm90BwdConfig mirrors and validates them):
 //   kBM        queries of a Q block: 64 or 128 (the N of Sᵀ, dPᵀ; the K of dV, dK)
@@ -95,9 +101,21 @@
 //              forward's), the dropped elements of Pᵀ negated (the sign carries Z);
 //              dV_j += (Pᵀ ∘ Z / (1 - p)) dO_i and dSᵀ = |Pᵀ| ∘ (Z ∘ dPᵀ / (1 - p) - D_i), the
 //              signed Pᵀ waiting for dSᵀ in the thread's shared-memory words (as softcap's).
+//   kDqBulk    (appended last) the dQ_i part goes to global memory FlashAttention-3's way: each
+//              warp stores its 16 rows x kDqN fp32 fragments to its rows of a staging tile
+//              (Sm90BwdDqStage, past the thread words), fence.proxy.async, and lanes 0..15 each
+//              issue one cp.reduce.async.bulk add of a row (kDqN · 4 bytes) into the accumulator
+//              (rows head_dim_rounded = kHeadDim floats apart; the workspace's rows are padded to
+//              seqlen_q_rounded, so a ragged last block's extra rows, zeros since their Pᵀ
+//              is, land in padding, as red.add's do).
+//              Before rewriting its row next Q block a lane waits for the engine to have read it
+//              (cp.async.bulk.wait_group.read 0, then __syncwarp); at the end for the whole
+//              operation. Not with kDeterministic (its ordered additions keep red.add); the
+//              config refuses it with kDropout at head dim 128 (ptxas spills that kernel).
 #include "fa2_bwd.cu"
 #include "ptx_sm90.cuh"
 #include "params_sm90_bwd.cuh"
+#include "ptx_sm90_bulk.cuh"
 
 namespace cuflash {
 
@@ -154,6 +172,22 @@ struct Sm90BwdThreadWords {
     static_assert(kWords % 4 == 0, "whole 16-byte units per thread");
 };
 
+// kDqBulk: the staging tile of the dQ_i parts in shared memory, past the thread words (or the
+// mbarriers): per consumer warpgroup 64 rows x (kDqN + 8) fp32, row-major. Each row is one bulk
+// reduce-add (kDqN · 4 bytes, 16-byte aligned). The 8 words of padding per row put rows g and
+// g + 1 eight banks apart, so a half warp's float2 fragment stores (rows g = 0..3, columns
+// 2t, 2t + 1) hit 32 distinct banks; an XOR swizzle would do too, but the bulk op reads plain
+// row-major runs.
+template <class Words, int kConsumers, int kDqN>
+struct Sm90BwdDqStage {
+    static constexpr int kRowFloats = kDqN + 8;
+    static constexpr int kRowBytes = kDqN * 4;              // one bulk op: a row of this warpgroup's part
+    static constexpr int kOffset = Words::kOffset + Words::kBytes;  // 16-byte aligned
+    static constexpr int kBytes = kConsumers * 64 * kRowFloats * 4;
+    static constexpr int kSmemBytes = kOffset + kBytes + 1024;  // + 1024: base alignment
+    static_assert(kRowFloats % 4 == 0 && kRowBytes % 16 == 0, "bulk ops need 16-byte rows");
+};
+
 // Byte offset of element (row, col) of a 16-bit tile stored as 64-column chunks of `rows` rows
 // with the 128-byte swizzle (16-byte unit u of row r sits at unit u ^ (r % 8)); the tile's base
 // is 1024-byte aligned.
@@ -176,7 +210,7 @@ struct DescLo {
 
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
-          bool kDropout = false>
+          bool kDropout = false, bool kDqBulk = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim>;
@@ -186,6 +220,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     using Words = Sm90BwdThreadWords<Shape, kConsumers, (int(kSoftcap) + int(kDropout)) * kBM / 4>;
     static_assert(!(kSoftcap || kDropout) || Words::kSmemBytes <= 227 * 1024,
                   "softcap / dropout: shared memory exceeds the H100's 227 KB");
+    using DqStage = Sm90BwdDqStage<Words, kConsumers, Shape::kDqN>;
+    static_assert(!kDqBulk || DqStage::kSmemBytes <= 227 * 1024, "dq_bulk: shared memory exceeds the H100's 227 KB");
+    static_assert(!(kDqBulk && kDeterministic), "dq_bulk is the unordered mode's: deterministic keeps its ordered red.add");
     constexpr int kChunks = Shape::kChunks;
     constexpr int kConsumerThreads = kConsumers * 128;
 
@@ -571,6 +608,35 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         mbarrier_arrive(q_empty(slot));                         // the slot may be refilled
 
         // ---- dQ accumulator += dQ part (fp32 in global memory) ----
+        if constexpr (kDqBulk) {
+            // through shared memory: this warp's 16 rows x kDqN columns to its rows of the
+            // staging tile, then lanes 0..15 add one row each by bulk reduce-add (the copy
+            // engine does the additions; the warp goes on to the next Q block). The warp alone
+            // writes and reads its rows, so a warp-level sync orders them.
+            float* dq_rows = p.dq_accum + (bh * p.seqlen_q_rounded + row0 + dq_row_group * 64 + warp * 16)
+                                              * p.head_dim_rounded + dq_col0;
+            const int stage_row0 = wg * 64 + warp * 16;        // this warp's first row of the stage
+            unsigned char* stage_ptr = smem_ptr + DqStage::kOffset + stage_row0 * DqStage::kRowFloats * 4;
+            if (lane < 16) bulk_wait_group_read<0>();          // the last Q block's row has been read
+            __syncwarp();
+#pragma unroll
+            for (int nt = 0; nt < Shape::kDqN / 8; ++nt)
+#pragma unroll
+                for (int half = 0; half < 2; ++half)           // rows g, g + 8; columns 8nt + 2t, + 1
+                    *reinterpret_cast<float2*>(stage_ptr + ((g + 8 * half) * DqStage::kRowFloats + nt * 8 + 2 * t) * 4)
+                        = make_float2(dq_acc[4 * nt + 2 * half], dq_acc[4 * nt + 2 * half + 1]);
+            fence_proxy_async_smem();                           // generic stores -> the bulk op's reads
+            __syncwarp();
+            if (lane < 16) {
+                // row stage_row0 + lane; the accumulator rows are padded to seqlen_q_rounded (a
+                // multiple of 128 >= BM), so a ragged last Q block's extra rows land in padding
+                bulk_reduce_add_f32(dq_rows + lane * p.head_dim_rounded,
+                                    smem + DqStage::kOffset + (stage_row0 + lane) * DqStage::kRowFloats * 4,
+                                    DqStage::kRowBytes);
+                bulk_commit_group();
+            }
+            continue;                                           // (the red.add path below is the default's)
+        }
         int* turn = kDeterministic ? p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block : nullptr;
         if (kDeterministic) {  // wait for this CTA's turn at this Q block: K/V blocks in order
             // (under a window the K/V blocks that see Q block m_block start at its band's first,
@@ -618,6 +684,10 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 *reinterpret_cast<u32*>(dv) = pack2<Elem>(dv0, dv1);
             }
         }
+    }
+    // kDqBulk: this thread's bulk additions complete before the CTA (and its shared memory) ends
+    if constexpr (kDqBulk) {
+        if (lane < 16) bulk_wait_group<0>();
     }
 }
 

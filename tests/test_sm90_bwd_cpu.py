@@ -74,7 +74,8 @@ def test_space_and_heuristic():
     assert FAM.rank(problem(128)) > fa2.rank(problem(128)) and FAM.rank(problem(104)) > fa2.rank(problem(104))
     assert FAM.rank(problem(96)) < fa2.rank(problem(96))
     assert FAM.rank(problem(64)) < fa2.rank(problem(64))
-    valid = {d: sorted((c.BM, c.BN, c.stages, c.consumers) for c in FAM.valid(problem(d), 227 * 1024))
+    valid = {d: sorted((c.BM, c.BN, c.stages, c.consumers) for c in FAM.valid(problem(d), 227 * 1024)
+                       if not c.dq_bulk)
              for d in HEAD_DIMS}
     assert valid == {64: [(64, 64, 2, 1), (64, 64, 3, 1)], 128: [(64, 128, 2, 2), (64, 128, 3, 2)]}
     for d in range(8, 129, 8):
@@ -129,12 +130,12 @@ def test_feature_flags_names_and_template():
     assert cfg.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, true, false, "
                                  "true, true, true>")
     assert plain.replace(alibi=True).kernel_name().endswith("true, false, false, false, true>")
-    assert cfg.template_args() == (64, 128, 2, 2, 128, "bf16", True, False, True, True, True, False)
+    assert cfg.template_args() == (64, 128, 2, 2, 128, "bf16", True, False, True, True, True, False, False)
     drop = plain.replace(dropout=True)
     assert drop.name == plain.name + "_drop" and drop.replace(deterministic=True).name.endswith("_det_drop")
     assert drop.kernel_name().endswith("true, false, false, false, false, true>")
-    assert drop.template_args()[-4:] == (False, False, False, True)
-    # softcap keeps 1 - tanh² in shared memory past the mbarriers (Sm90BwdCap): 16-byte aligned,
+    assert drop.template_args()[-5:] == (False, False, False, True, False)
+    # softcap keeps 1 - tanh² in shared memory past the mbarriers (Sm90BwdThreadWords): 16-byte aligned,
     # BM / 2 16-bit values per consumer thread
     used = plain.smem_bytes - 1024
     assert plain.replace(softcap=True).smem_bytes == -(-used // 16) * 16 + 64 // 16 * 16 * 256 + 1024
@@ -439,3 +440,131 @@ def test_window_mask_of_the_kernel_matches_brute_force(causal, window):
         for m, ns in visits.items():
             first = band.kv_block_begin(m * BM, BM, BN)
             assert ns == list(range(first, first + len(ns))), (m, ns, first)
+
+
+# ---------------------------------------------------------------------------------------
+# dq_bulk: dQ_i parts through a shared-memory staging tile and cp.reduce.async.bulk (appended
+# last: the field, the template flag, the name suffix, the space)
+
+def test_dq_bulk_config_name_template_smem():
+    plain = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False)
+    bulk = plain.replace(dq_bulk=True)
+    assert bulk.problems() == [] and bulk.name == plain.name + "_dqb"
+    assert plain.template_args()[-1] is False and bulk.template_args()[-1] is True
+    assert len(bulk.template_args()) == 13
+    # the plain config keeps its name expression (and so its code); the flag goes last
+    assert plain.kernel_name() == "cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, false, false>"
+    assert bulk.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, false, false, "
+                                  "false, false, false, false, true>")
+    assert plain.replace(dropout=True).kernel_name().endswith("false, false, false, true>")
+    assert bulk.replace(dropout=True, softcap=True).kernel_name().endswith("false, true, false, true, true>")
+    assert bulk.replace(softcap=True, dropout=True).name.endswith("_drop_cap_dqb")
+    # staging: per consumer warpgroup 64 rows x (dq_cols + 8) fp32 past the mbarriers (16-byte
+    # aligned), or past softcap's / dropout's thread words (Sm90BwdDqStage)
+    stage = 2 * 64 * (64 + 8) * 4
+    assert bulk.dq_stage_bytes == stage and plain.dq_stage_bytes == 0
+    assert bulk.smem_bytes == -(-(plain.smem_bytes - 1024) // 16) * 16 + stage + 1024
+    cap = plain.replace(softcap=True)
+    assert cap.replace(dq_bulk=True).smem_bytes == cap.smem_bytes + stage
+    d64 = Sm90BwdConfig(64, 64, 2, 1, 64, "fp16", True, dq_bulk=True)
+    assert d64.dq_cols == 64 and d64.dq_stage_bytes == 64 * 72 * 4 and d64.problems() == []
+    # every valid dq_bulk config fits the H100 (227 KB); the largest ones are refused
+    assert plain.replace(stages=3, dq_bulk=True).problems() == []
+    assert any("shared memory" in w for w in
+               plain.replace(stages=3, softcap=True, dropout=True, dq_bulk=True).problems())
+    assert FAM.decode(FAM.encode(bulk), "bf16", False) == bulk
+
+
+def test_dq_bulk_not_with_deterministic():
+    bulk = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False, dq_bulk=True)
+    with pytest.raises(ConfigError, match="dq_bulk with deterministic"):
+        bulk.replace(deterministic=True).validate()
+    # a deterministic call takes the ordered red.add path whatever the (tuned / forced) config says
+    p = problem(128, deterministic=True)
+    cfg = FAM.for_problem(bulk, p)
+    assert cfg.deterministic and not cfg.dq_bulk and cfg.problems() == []
+    assert FAM.for_problem(bulk, problem(128)).dq_bulk
+    # nor with dropout at d128 (ptxas spills that kernel): refused, and dropped for such calls
+    with pytest.raises(ConfigError, match="dq_bulk with dropout at head_dim=128"):
+        bulk.replace(dropout=True).validate()
+    drop = problem(128).replace(features=("dropout",), dropout_p=0.1)
+    assert FAM.for_problem(bulk, drop).dropout and not FAM.for_problem(bulk, drop).dq_bulk
+    d64 = Sm90BwdConfig(64, 64, 2, 1, 64, "bf16", False, dq_bulk=True)
+    assert FAM.for_problem(d64, drop.replace(head_dim=64)).dq_bulk
+
+
+def test_dq_bulk_in_the_space_heuristic_keeps_red_add():
+    assert FAM.space["dq_bulk"] == (False, True) and list(FAM.space)[-1] == "dq_bulk"
+    for d in HEAD_DIMS:
+        for causal, det in itertools.product((False, True), (False, True)):
+            p = problem(d, "bf16", causal, det)
+            valid = FAM.valid(p, 227 * 1024)
+            bulk = {c.replace(dq_bulk=False) for c in valid if c.dq_bulk}
+            assert bulk == {c for c in valid if not c.dq_bulk}     # every valid point has both
+            assert not FAM.for_problem(FAM.heuristic(p), p).dq_bulk
+            assert all(c.problems() == [] for c in map(lambda c: FAM.for_problem(c, p), valid))
+
+
+def test_dq_bulk_kernel_source():
+    """The kernel's staging layout matches the config's (Sm90BwdDqStage after the thread words),
+    and the bulk path writes the fragments, fences, and waits before rewriting and at the end."""
+    src = (kernel_dir() / "sm90_bwd.cu").read_text()
+    assert "bool kDropout = false, bool kDqBulk = false>" in src
+    assert "static constexpr int kRowFloats = kDqN + 8;" in src
+    assert "kOffset = Words::kOffset + Words::kBytes;" in src
+    body = src[src.index("if constexpr (kDqBulk) {"):]
+    order = ["bulk_wait_group_read<0>()", "__syncwarp()", "float2", "fence_proxy_async_smem()",
+             "__syncwarp()", "bulk_reduce_add_f32(", "bulk_commit_group()"]
+    pos = 0
+    for token in order:
+        pos = body.index(token, pos) + 1
+    assert "bulk_wait_group<0>()" in src[src.rindex("epilogue"):]
+    assert '#include "ptx_sm90_bulk.cuh"' in src
+
+
+@needs_nvcc
+def test_ptxas_dq_bulk_with_features_no_spills():
+    """dq_bulk with every feature flag (all three, causal, d64 and d128; dropout alone at d64:
+    d128's is refused, it spills), softcap in fp16: no spills, no stack, no serialized wgmma (6
+    instantiations). The plain dq_bulk kernels are in
+    test_ptxas_every_valid_config_no_spills_no_serialized_wgmma (the space)."""
+    configs = []
+    for d in HEAD_DIMS:
+        base = Sm90BwdConfig(64, 64 * (d // 64), 2, d // 64, d, "bf16", True, dq_bulk=True)
+        configs += [base.replace(window=True, softcap=True, alibi=True),
+                    base.replace(causal=False, dropout=True) if d == 64 else base.replace(causal=False, alibi=True),
+                    base.replace(dtype="fp16", softcap=True)]
+    assert all(c.problems(227 * 1024) == [] for c in configs)
+    chunks = [configs[:3], configs[3:]]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        reports = [r for rs in pool.map(lambda c: nvcc_compile(c, "sm_90a", NVCC), chunks) for r in rs]
+    bad = [f"{c.name}: {r}" for c, r in zip(configs, reports)
+           if r.spill_stores or r.spill_loads or r.stack_bytes or serialized(r)]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_dq_bulk_smem_matches_the_kernel(tmp_path):
+    """Sm90BwdConfig.smem_bytes of dq_bulk configs (with and without the thread words) is the
+    kernel's own Sm90BwdDqStage::kSmemBytes, as nvcc computes it."""
+    configs = [Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False, dq_bulk=True),
+               Sm90BwdConfig(64, 128, 3, 2, 128, "bf16", True, dq_bulk=True),
+               Sm90BwdConfig(64, 64, 2, 1, 64, "bf16", True, dq_bulk=True),
+               Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False, softcap=True, alibi=True, dq_bulk=True),
+               Sm90BwdConfig(64, 64, 2, 1, 64, "bf16", False, softcap=True, dropout=True, dq_bulk=True),
+               Sm90BwdConfig(64, 64, 3, 1, 64, "bf16", False, dropout=True, dq_bulk=True)]
+    exprs = []
+    for c in configs:
+        shape = f"cuflash::Sm90BwdShape<{c.BM}, {c.BN}, {c.stages}, {c.consumers}, {c.head_dim}>"
+        words = f"cuflash::Sm90BwdThreadWords<{shape}, {c.consumers}, {(int(c.softcap) + int(c.dropout)) * c.BM // 4}>"
+        exprs.append(f"cuflash::Sm90BwdDqStage<{words}, {c.consumers}, {shape}::kDqN>::kSmemBytes")
+    src = tmp_path / "stage.cu"
+    src.write_text('#include "sm90_bwd.cu"\n#include <cstdio>\nint main() {\n'
+                   + "".join(f'  std::printf("%d\\n", int({e}));\n' for e in exprs) + "}\n")
+    exe = tmp_path / "stage"
+    subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", "-I", str(kernel_dir()), "-o", str(exe), str(src)],
+                   check=True, capture_output=True)
+    got = [int(x) for x in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+    assert got == [c.smem_bytes for c in configs]

@@ -19,7 +19,9 @@ as compile-time flags (config fields window / softcap / alibi, names _win / _cap
 fa2_bwd's), and dropout (field dropout, name _drop; the Philox keep mask of philox.cuh, keyed by
 element coordinates like every forward's); not varlen, nor dropout with the other features (no
 API path passes both, as for fa2_bwd): supports() refuses them and selection falls back to
-fa2_bwd. Not implemented yet: head dims 96/192/256, TMA bulk reduce-add for dQ, swap-AB, a
+fa2_bwd. dQ by bulk reduce-add through shared memory (FA3's way) is the opt-in field dq_bulk
+(name _dqb; in the tuning space; the heuristic keeps red.add until it is measured).
+Not implemented yet: head dims 96/192/256, swap-AB, a
 BM = 128 tile at head dim 64 (ptxas spills it under the 240-register budget).
 """
 from __future__ import annotations
@@ -65,6 +67,10 @@ class Sm90BwdConfig(KernelConfig):
     deterministic: dQ additions in K/V block order (bitwise reproducible, slower)
     window, softcap, alibi: the feature flags (as fa2_bwd's BwdConfig; compile-time)
     dropout:       attention dropout: the forward's keep mask regenerated (compile-time flag)
+    dq_bulk:       dQ_i parts added through a shared-memory staging tile by bulk reduce-add
+                   (cp.reduce.async.bulk, FA3's way) instead of red.global.add from registers;
+                   unordered mode only (not with deterministic), not with dropout at head dim
+                   128 (ptxas spills it; for_problem drops the flag for such calls)
     """
 
     BM: int
@@ -79,6 +85,7 @@ class Sm90BwdConfig(KernelConfig):
     softcap: bool = False
     alibi: bool = False
     dropout: bool = False
+    dq_bulk: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -92,7 +99,8 @@ class Sm90BwdConfig(KernelConfig):
         mask = "causal" if self.causal else "full"
         det = "_det" if self.deterministic else ""
         return (f"sm90bwd_{self.dtype}_d{self.head_dim}_{mask}_"
-                f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{det}{'_drop' if self.dropout else ''}{name_suffix(self)}")
+                f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{det}{'_drop' if self.dropout else ''}{name_suffix(self)}"
+                f"{'_dqb' if self.dq_bulk else ''}")
 
     @property
     def dq_cols(self) -> int:
@@ -113,7 +121,15 @@ class Sm90BwdConfig(KernelConfig):
         words = (int(self.softcap) + int(self.dropout)) * self.BM // 4
         if words:
             used = -(-used // 16) * 16 + words * 4 * self.consumers * 128
+        if self.dq_bulk:
+            used = -(-used // 16) * 16 + self.dq_stage_bytes
         return used + 1024
+
+    @property
+    def dq_stage_bytes(self) -> int:
+        """dq_bulk's staging tile (Sm90BwdDqStage): per consumer warpgroup 64 rows x
+        (dq_cols + 8) fp32, the 8 words padding each row against bank conflicts."""
+        return self.consumers * 64 * (self.dq_cols + 8) * 4 if self.dq_bulk else 0
 
     @property
     def accum_regs(self) -> int:
@@ -124,14 +140,17 @@ class Sm90BwdConfig(KernelConfig):
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
         # the feature flags only when one is set: a plain config keeps its name expression
-        feats = template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout else ""
-        feats += ", true" if self.dropout else ""
+        feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
+                 or self.dq_bulk else "")
+        feats += f", {b(self.dropout)}" if self.dropout or self.dq_bulk else ""
+        feats += ", true" if self.dq_bulk else ""
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
-                self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout)
+                self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
+                self.dq_bulk)
 
     def _problems(self) -> list[str]:
         out = []
@@ -152,9 +171,15 @@ class Sm90BwdConfig(KernelConfig):
                        f"({self.dq_cols}) must be whole 64-column chunks")
         if self.stages < 2:
             out.append(f"stages must be >= 2, got {self.stages}")
+        if self.dq_bulk and self.deterministic:
+            out.append("dq_bulk with deterministic: the ordered dQ additions keep red.add "
+                       "(dq_bulk is the unordered mode's)")
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
+        if not out and self.dq_bulk and self.dropout and self.head_dim > 64:
+            out.append(f"dq_bulk with dropout at head_dim={self.head_dim}: ptxas spills that kernel "
+                       "(nvcc 13.0); the red.add one (dq_bulk=False) runs it")
         if not out and self.dropout and self.deterministic and self.head_dim > 64:
             out.append(f"dropout with deterministic at head_dim={self.head_dim}: ptxas spills "
                        "that kernel (nvcc 13.0); fa2_bwd runs it")
@@ -170,7 +195,8 @@ class Sm90Backward(Family):
     op = "bwd"
     version = 1
     config_cls = Sm90BwdConfig
-    space = {"BM": (64, 128), "BN": (64, 128), "stages": (2, 3), "consumers": (1, 2)}
+    space = {"BM": (64, 128), "BN": (64, 128), "stages": (2, 3), "consumers": (1, 2),
+             "dq_bulk": (False, True)}
     fixed = {"deterministic": False}
     params_struct = "Sm90BwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90BwdParams"
@@ -185,7 +211,8 @@ class Sm90Backward(Family):
     dout_any_strides = True  # the preprocess reads dout through any strides (copies it if need be)
     features = ("alibi", "dropout", "softcap", "window")
     description = ("Hopper backward: K/V-block CTAs, TMA ring of Q/dO, wgmma SS/RS, dQ by fp32 "
-                   "red.add (or ordered); fa2_bwd's preprocess / convert / GQA kernels")
+                   "red.add (or ordered, or bulk reduce-add: dq_bulk); fa2_bwd's preprocess / convert / "
+                   "GQA kernels")
 
     def rank(self, problem: Problem) -> int:
         """Above fa2_bwd (priority 0) at head dims 97..128, below it at <= 96. Measured on the
@@ -207,12 +234,12 @@ class Sm90Backward(Family):
                or feature_mix(self, problem) or self.dropout_mix(problem))
         if why:
             return why
-        if "dropout" in problem.features and problem.deterministic and self.head_dim_of(problem.head_dim) > 64:
-            return (f"{self.name} has no deterministic dropout above head dim 64 (its d128 kernel "
-                    f"spills), got headdim={problem.head_dim}")
         if problem.head_dim > HEAD_DIMS[-1]:
             return (f"{self.name} supports headdim up to {HEAD_DIMS[-1]} (kernels for {HEAD_DIMS}), "
                     f"got headdim={problem.head_dim}")
+        if "dropout" in problem.features and problem.deterministic and self.head_dim_of(problem.head_dim) > 64:
+            return (f"{self.name} has no deterministic dropout above head dim 64 (its d128 kernel "
+                    f"spills), got headdim={problem.head_dim}")
         if tuple(arch)[0] != 9:
             return (f"{self.name} needs sm_90 exactly (sm_90a code: wgmma, TMA, setmaxnreg), "
                     f"got sm_{arch[0]}{arch[1]}")
@@ -243,7 +270,16 @@ class Sm90Backward(Family):
             config = config.replace(deterministic=problem.deterministic)
         if config.dropout != ("dropout" in problem.features):
             config = config.replace(dropout="dropout" in problem.features)
+        if config.dq_bulk and (problem.deterministic or (config.dropout and config.head_dim > 64)):
+            # a speed choice (a tuned entry's, or bwd_config='s): a deterministic call takes the
+            # ordered red.add additions, and d128 dropout the red.add kernel (dq_bulk spills it)
+            config = config.replace(dq_bulk=False)
         return self.with_features(config, problem)
+
+    def _fields(self, config):
+        # dropout is not encoded (as sm90_fwd's): the call sets it (for_problem), so the encoded
+        # form of a config stays what it was before the flag existed
+        return ((k, v) for k, v in super()._fields(config) if k != "dropout")
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90BwdConfig:
         """Not yet measured. Head dim 128: FA3's shape with 2 consumer warpgroups (BN = 128 keys)
