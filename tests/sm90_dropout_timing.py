@@ -6,8 +6,9 @@ FlashAttention benchmark's shape (batch x seqlen = 16k, 2048 / head_dim heads, b
     python tests/sm90_dropout_timing.py --hdims 64 128 256 --causal both
 
 Rows: plain (what selection runs without dropout), sm90_fwd dropout at DROPOUT_BN (what
-selection runs with it) and at the wider BNs that ptxas spills a few bytes for (the tuner's
-question: spills against a narrower tile), fa2_fwd's dropout (what ran before). The ratio is
+selection runs with it), fa2_fwd's dropout (what ran before). The wider BNs that ptxas spills
+a few bytes for were timed too (1.04-1.26x DROPOUT_BN's at d128, session 11) and are now
+refused by Sm90FwdConfig.problems(), so the filter below leaves them out. The ratio is
 ms / plain ms. Samples are interleaved (cuflash.timing.time_interleaved). Not a test.
 """
 import argparse

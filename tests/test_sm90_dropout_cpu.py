@@ -119,3 +119,22 @@ def test_dropout_instantiations_compile_without_spills():
            if r.spill_stores or r.spill_loads or r.stack_bytes
            or any("C751" in w or "serialized" in w for w in r.warnings)]
     assert all(c.dropout for c in cfgs) and not bad, "\n".join(bad)
+
+
+def test_forced_dropout_config_wider_than_dropout_bn_is_refused():
+    """A config= with dropout at a BN above DROPOUT_BN (the tuned plain d128 tile, BN 176)
+    would spill: refused, naming the limit, before any launch."""
+    from cuflash import registry
+    from cuflash.families.base import ConfigError
+    from cuflash.families.sm90_fwd import DROPOUT_BN
+    from cuflash.problem import Problem
+
+    fam = registry.get("sm90_fwd")
+    p = Problem("fwd", "bf16", 1, 1024, 1024, 4, 4, 128, True, features=("dropout",), dropout_p=0.1)
+    wide = fam.heuristic(p.replace(features=(), dropout_p=0.0)).replace(BN=176)
+    assert wide.replace(dropout=True).problems(227 * 1024)
+    assert any("DROPOUT_BN" in why for why in wide.replace(dropout=True).problems(227 * 1024))
+    ok = fam.for_problem(fam.heuristic(p), p)
+    assert ok.dropout and ok.BN == DROPOUT_BN[128] and not ok.problems(227 * 1024)
+    with pytest.raises(ConfigError, match="DROPOUT_BN"):
+        fam.for_problem(wide, p).validate()

@@ -153,6 +153,9 @@ class Sm90FwdConfig(KernelConfig):
             out.append(f"pingpong needs 2 or 3 consumer warpgroups, got {self.consumers}")
         if self.stages < 2:
             out.append(f"stages must be >= 2, got {self.stages}")
+        if self.dropout and self.head_dim in DROPOUT_BN and self.BN > DROPOUT_BN[self.head_dim]:
+            out.append(f"dropout at BN={self.BN}: the Philox rounds spill above "
+                       f"BN={DROPOUT_BN[self.head_dim]} at head_dim={self.head_dim} (DROPOUT_BN)")
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
