@@ -73,6 +73,26 @@ def _plain(q, k, v, causal, scale, dtype):
     return (p.to(dtype) @ v).transpose(1, 2)
 
 
+def _init_rank(rank, world, port) -> None:
+    """This process's GPU and its NCCL group (multicast off), outputs poisoned before each
+    launch. A rank that fails leaves the others in a collective: they time out (180 s)
+    instead of hanging."""
+    import torch
+    import torch.distributed as dist
+
+    from cuflash import api
+
+    os.environ.update(NO_MULTICAST)
+    torch.cuda.set_device(rank)
+    api.POISON_OUTPUTS = True
+    kw = dict(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+              timeout=datetime.timedelta(seconds=180))
+    try:
+        dist.init_process_group("nccl", device_id=torch.device("cuda", rank), **kw)
+    except TypeError:  # an older torch: no device_id
+        dist.init_process_group("nccl", **kw)
+
+
 def _compare(what, shard, ref, low, single, ring, dtype, dt) -> list:
     """The ring's out, dq, dk, dv against the float64 reference on this rank's shard, within 2x
     (3x for gradients) plain low-precision attention's error plus one ulp of the largest
@@ -114,19 +134,9 @@ def _worker(rank, world, port, cases, errors):
     import torch.distributed as dist
 
     import cuflash
-    from cuflash import api
     from cuflash import distributed as cfd
 
-    os.environ.update(NO_MULTICAST)
-    torch.cuda.set_device(rank)
-    api.POISON_OUTPUTS = True
-    # a rank that fails leaves the others in a collective: they time out instead of hanging
-    kw = dict(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-              timeout=datetime.timedelta(seconds=180))
-    try:
-        dist.init_process_group("nccl", device_id=torch.device("cuda", rank), **kw)
-    except TypeError:  # an older torch: no device_id
-        dist.init_process_group("nccl", **kw)
+    _init_rank(rank, world, port)
     failures = []
     try:
         for i, (b, n, h, hk, d, causal, layout, dt) in enumerate(cases):
@@ -193,18 +203,9 @@ def _varlen_worker(rank, world, port, cases):
     import torch.distributed as dist
 
     import cuflash
-    from cuflash import api
     from cuflash import distributed as cfd
 
-    os.environ.update(NO_MULTICAST)
-    torch.cuda.set_device(rank)
-    api.POISON_OUTPUTS = True
-    kw = dict(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-              timeout=datetime.timedelta(seconds=180))
-    try:
-        dist.init_process_group("nccl", device_id=torch.device("cuda", rank), **kw)
-    except TypeError:  # an older torch: no device_id
-        dist.init_process_group("nccl", **kw)
+    _init_rank(rank, world, port)
     failures = []
     try:
         for i, (units, h, hk, d, causal, layout, dt) in enumerate(cases):
