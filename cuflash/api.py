@@ -786,12 +786,9 @@ def _dropout_cupy(q, k, v, tq: _Tensor, problem: Problem, scale: float, seed: in
         if POISON_OUTPUTS:
             out.view(cupy.uint16).fill(0x7FFF)
             lse.fill(np.nan)
-        extra = (("rng_state", rng.data.ptr),)
-        if slopes is not None:
-            slopes = cupy.ascontiguousarray(slopes)
-            extra += (("alibi_slopes", slopes.data.ptr),)
+        slopes = None if slopes is None else cupy.ascontiguousarray(slopes)  # alive past launch
         plan.run_with((q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr), 0,
-                      cupy.cuda.get_current_stream().ptr, extra)
+                      cupy.cuda.get_current_stream().ptr, _dropout_extras(rng, slopes))
     return out, lse
 
 
@@ -1336,23 +1333,16 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
     if softcap or alibi_slopes is not None or tuple(window_size) != (-1, -1):
         feats = check_features(tq, dropout_p, window_size, softcap, alibi_slopes, causal,
                                tq.shape[0], tq.shape[2], (tq.shape[1], tk.shape[1]))
-        if "dropout" in feats.features and len(feats.features) > 1:
-            # dropout with window / softcap / ALiBi: the dropout backward with the features
+        if feats.features and feats.features != ("dropout",):
             problem = feature_problem(problem, feats).replace(dropout_p=feats.dropout_p)
             check_config("config", config, problem.replace(features=()))
             if not _is_torch_cpu(tq) and not gpu_supported(problem):
                 raise_unsupported(problem, feats.given)
-            if dropout_seed is None:
-                raise ValueError("dropout_seed: flash_attn_backward with dropout_p > 0 needs the "
-                                 "forward's dropout_seed")
-            seed, offset = check_dropout_seed(dropout_seed, q)
-            return _dropout_backward(dout, q, k, v, out, lse, tq, tdo, to, problem, softmax_scale,
-                                     dropout_seed, seed, offset, config, alibi_slopes)
-        if feats.features and feats.features != ("dropout",):
-            problem = feature_problem(problem, feats)
-            check_config("config", config, problem.replace(features=()))
-            if not _is_torch_cpu(tq) and not gpu_supported(problem):
-                raise_unsupported(problem, feats.given)
+            if "dropout" in feats.features:  # with window / softcap / ALiBi: dropout's backward
+                seed, offset = _backward_seed(dropout_seed, q)
+                return _dropout_backward(dout, q, k, v, out, lse, tq, tdo, to, problem,
+                                         softmax_scale, dropout_seed, seed, offset, config,
+                                         alibi_slopes)
             if tq.kind == "torch":
                 from . import torch_ops
 
@@ -1376,10 +1366,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
     check_config("config", config, problem)
     feats = check_features(tq, dropout_p)
     if feats.dropout_p:
-        if dropout_seed is None:
-            raise ValueError("dropout_seed: flash_attn_backward with dropout_p > 0 needs the "
-                             "forward's dropout_seed")
-        seed, offset = check_dropout_seed(dropout_seed, q)
+        seed, offset = _backward_seed(dropout_seed, q)
         problem = problem.replace(features=("dropout",), dropout_p=feats.dropout_p)
         return _dropout_backward(dout, q, k, v, out, lse, tq, tdo, to, problem, softmax_scale,
                                  dropout_seed, seed, offset, config)
@@ -1398,6 +1385,21 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
                                     softmax_scale, causal, deterministic, config=config)
         return tuple(slice_head_dim(g, head_dim) for g in grads)
     return _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem, softmax_scale, config)
+
+
+def _backward_seed(dropout_seed, q) -> tuple:
+    """(seed, offset) of the forward's dropout_seed, which flash_attn_backward needs."""
+    if dropout_seed is None:
+        raise ValueError("dropout_seed: flash_attn_backward with dropout_p > 0 needs the "
+                         "forward's dropout_seed")
+    return check_dropout_seed(dropout_seed, q)
+
+
+def _dropout_extras(rng, slopes) -> tuple:
+    """The per-call pointers of a CuPy dropout launch (Plan.run_with): the (seed, offset) state
+    and, with ALiBi, the slopes (contiguous, kept alive by the caller past the launch)."""
+    extra = (("rng_state", rng.data.ptr),)
+    return extra if slopes is None else extra + (("alibi_slopes", slopes.data.ptr),)
 
 
 def _dropout_backward(dout, q, k, v, out, lse, tq, tdo, to, problem, scale, dropout_seed, seed,
@@ -1651,11 +1653,9 @@ def _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem: Problem, scale: fl
         elif rng is None:
             plan.run(ptrs, workspace.data.ptr, cupy.cuda.get_current_stream().ptr)
         else:  # dropout: the forward's (seed, offset), int64[2] in device memory (and ALiBi's slopes)
-            extra = (("rng_state", rng.data.ptr),)
-            if slopes is not None:
-                slopes = cupy.ascontiguousarray(slopes)
-                extra += (("alibi_slopes", slopes.data.ptr),)
-            plan.run_with(ptrs, workspace.data.ptr, cupy.cuda.get_current_stream().ptr, extra)
+            slopes = None if slopes is None else cupy.ascontiguousarray(slopes)  # alive past launch
+            plan.run_with(ptrs, workspace.data.ptr, cupy.cuda.get_current_stream().ptr,
+                          _dropout_extras(rng, slopes))
     return dq, dk, dv
 
 

@@ -101,26 +101,19 @@ def dropout_probs_host(q_words, k_words, lse, dtype: str, softmax_scale: float, 
 def _score_features(s, sq: int, sk: int, causal: bool, window, softcap: float, alibi_slopes,
                     batch: int, nheads: int, first_batch: int) -> np.ndarray:
     """The scaled scores s (batch, nheads, sq, sk), float64, softcapped, ALiBi-biased and masked
-    (-inf) as the kernels do: window and causal bottom-right aligned. alibi_slopes (nheads,) or
-    (B, nheads) with batch entries first_batch .. first_batch + batch (varlen: one sequence)."""
+    (-inf) as the kernels do, with cuflash.reference's bias and window mask (bottom-right
+    aligned). alibi_slopes (nheads,) or (B, nheads) with batch entries first_batch ..
+    first_batch + batch (varlen: one sequence)."""
+    from .reference import _alibi_bias, window_mask
+
     if softcap:
         s = softcap * np.tanh(s / softcap)
-    rows, cols = np.arange(sq)[:, None], np.arange(sk)[None, :]
-    diag = rows + sk - sq
     if alibi_slopes is not None:
         slopes = np.asarray(alibi_slopes, np.float64)
         slopes = (np.broadcast_to(slopes, (batch, nheads)) if slopes.ndim == 1
                   else slopes[first_batch:first_batch + batch])
-        s = s - slopes[:, :, None, None] * np.abs(diag - cols)
-    left, right = window
-    hidden = np.zeros((sq, sk), bool)
-    if causal:
-        hidden |= cols > diag
-    if left >= 0:
-        hidden |= cols < diag - left
-    if right >= 0:
-        hidden |= cols > diag + right
-    return np.where(hidden, -np.inf, s)
+        s = s + _alibi_bias(slopes, sq, sk, 0, sq, 0, sk)
+    return np.where(window_mask(sq, sk, tuple(int(w) for w in window), causal), s, -np.inf)
 
 
 def varlen_dropout_probs_host(q_words, k_words, lse, cu_q, cu_k, max_q: int, max_k: int, dtype: str,

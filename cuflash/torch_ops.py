@@ -906,9 +906,8 @@ def _drop_bwd_plan(dout, q, k, v, out, problem, scale, config):
 def _drop_extra(rng: Tensor, slopes) -> tuple:
     """Plan.run_with's per-call pointers of a dropout call: the RNG state, and the ALiBi slopes
     (fp32 (nheads,) or (batch, nheads)) when the call has them."""
-    if slopes is None:
-        return (("rng_state", rng.data_ptr()),)
-    return (("rng_state", rng.data_ptr()), ("alibi_slopes", slopes.data_ptr()))
+    extra = (("rng_state", rng.data_ptr()),)
+    return extra if slopes is None else extra + (("alibi_slopes", slopes.data_ptr()),)
 
 
 def dropout_forward(q, k, v, problem, scale: float, rng: Tensor, config=None, slopes=None):
@@ -943,22 +942,22 @@ def dropout_backward(dout, q, k, v, out, lse, problem, scale: float, rng: Tensor
     if api.POISON_OUTPUTS:
         for x in (dq, dk, dv):
             x.fill_(math.nan)
+    slopes = None if slopes is None else slopes.contiguous()
     plan.run_with((dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                    lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()), ws.data_ptr(),
-                  _raw_stream(plan.device), _drop_extra(rng, None if slopes is None else slopes.contiguous()))
+                  _raw_stream(plan.device), _drop_extra(rng, slopes))
     return dq, dk, dv
 
 
 class DropoutAttnFn(torch.autograd.Function):
     """out, lse = attention with dropout (CUDA); the backward regenerates the forward's mask
     from the RNG state (kept on ctx, never read on the host). args = (problem, scale, rng
-    (int64[2] state tensor), config, bwd_config[, slopes]): slopes, the ALiBi slopes tensor of
-    a problem with window / softcap / ALiBi besides dropout (or None)."""
+    (int64[2] state tensor), config, bwd_config, slopes): slopes, the ALiBi slopes tensor of
+    a problem with ALiBi besides dropout, else None."""
 
     @staticmethod
     def forward(ctx, q, k, v, args):
-        problem, scale, rng, config, bwd_config, *rest = args
-        slopes = rest[0] if rest else None
+        problem, scale, rng, config, bwd_config, slopes = args
         out, lse = dropout_forward(q, k, v, problem, scale, rng, config, slopes)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.state = (problem, scale, rng, bwd_config, slopes)
