@@ -452,7 +452,7 @@ class _GpuEntry:
     slots: the positions of ``args`` that hold tensors (fixed by the call shape's key);
     contiguous: those the kernels read densely that arrive strided (copied per call)."""
     __slots__ = ("plan", "out_shape", "lse_shape", "ws_bytes", "contiguous", "empty", "device",
-                 "raw_stream", "slots", "f32", "u8")
+                 "raw_stream", "slots", "f32", "u8", "counters")
 
     def run(self, args):
         q = args[0]
@@ -506,6 +506,18 @@ class _TorchArrays:
     @staticmethod
     def strides(x) -> tuple:
         return tuple(x.stride())
+
+    @staticmethod
+    def zeros_i32(n: int, like):
+        return sys.modules["torch"].zeros(n, dtype=sys.modules["torch"].int32, device=like.device)
+
+    @staticmethod
+    def address(x) -> int:
+        return x.data_ptr()
+
+    @staticmethod
+    def capturing() -> bool:
+        return sys.modules["torch"].cuda.is_current_stream_capturing()
 
     @staticmethod
     def is_contiguous(x) -> bool:
@@ -563,6 +575,23 @@ class _CupyArrays:
     @staticmethod
     def strides(x) -> tuple:
         return tuple(s // x.itemsize for s in x.strides)
+
+    @staticmethod
+    def zeros_i32(n: int, like):
+        import cupy
+
+        with cupy.cuda.Device(like.device.id):
+            return cupy.zeros(n, cupy.int32)
+
+    @staticmethod
+    def address(x) -> int:
+        return x.data.ptr
+
+    @staticmethod
+    def capturing() -> bool:
+        import cupy
+
+        return cupy.cuda.get_current_stream().is_capturing()
 
     @staticmethod
     def is_contiguous(x) -> bool:
@@ -625,7 +654,7 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
     entry.out_shape, entry.lse_shape = (b, sq, h, d), (b, h, sq)
     entry.device = call.tq.device
     entry.empty = b == 0 or h == 0 or (sq == 0 and not call.seqlen_new)
-    entry.contiguous, entry.ws_bytes, entry.plan = (), 0, None
+    entry.contiguous, entry.ws_bytes, entry.plan, entry.counters = (), 0, None, None
     entry.slots = tuple(i for i, x in enumerate(args) if isinstance(x, arrays.array))
     entry.f32, entry.u8, entry.raw_stream = arrays.f32, arrays.u8, arrays.raw_stream
     if entry.empty:
@@ -663,9 +692,27 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
             block_table_stride=int(block_table.shape[1]) if block_table is not None else 0,
             alibi_batch_stride=h if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0,
             window=call.window_size, softcap=call.softcap)}
+    entry.counters = _split_counters(family, cfg, problem, arrays, q)
+    if entry.counters is not None:
+        strides["call"]["split_counters"] = arrays.address(entry.counters)
     entry.plan = Plan(family, cfg, problem, strides, call.softmax_scale, dev)
     entry.ws_bytes = entry.plan.workspace_bytes
     return entry
+
+
+def _split_counters(family, cfg, problem, arrays, q):
+    """The zeroed int32 counters a config keeps between calls (the fused combine's per-group
+    count of finished splits, reset to 0 by the kernel itself), allocated once with the call
+    shape's entry, never per call; None when the config needs none. Not during a CUDA-graph
+    capture: the zeroing would only run at replay, and eager calls share the buffer."""
+    n = getattr(family, "counters", lambda c, p: 0)(cfg, problem)
+    if not n:
+        return None
+    if arrays.capturing():
+        raise RuntimeError(f"flash_attn_with_kvcache: {cfg.name} (fused combine) allocates its split "
+                           "counters on a call shape's first call; make that call once before "
+                           "capturing a CUDA graph")
+    return arrays.zeros_i32(n, q)
 
 
 def _reference_torch(call, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,

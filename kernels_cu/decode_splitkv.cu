@@ -38,7 +38,14 @@
 //             ceil(rows / (16 · kMTiles)) row blocks, each reading the K/V again
 //   kHeadDim  compile-time head dim, a multiple of 16 <= 256 (the real one may be smaller)
 //   Elem      bf16 or fp16; accumulation in fp32
+//   kFusedCombine  (num_splits > 1) no decode_combine launch: the last CTA of each (batch, KV head,
+//             row block) to finish, found by an atomic count in p.split_counters, merges the
+//             group's splits itself and resets the count to 0 (false: the plain kernel)
+//   kPagePrefetch  paged caches: the page ids of a K/V block's rows are read from block_table one
+//             block ahead, into registers, so the block's cp.asyncs wait on no table read (false:
+//             a table read per key row, before its cp.async)
 #include "ptx.cuh"
+#include "ptx_decode.cuh"
 #include "params_decode.cuh"
 #include "tile.cuh"
 #include "gemm.cuh"
@@ -167,7 +174,68 @@ decode_append(const DecodeParams p) {
 }
 
 // ---- decode_splitkv: one split of one KV head's packed query rows -----------------------------
-template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem>
+// ---- the LSE merge of one row's splits (flash-decoding), by one warp -------------------------
+// Row R = (b·nheads + h)·seqlen_q + i:  lse = log Σ_s exp(lse_s),  O = Σ_s exp(lse_s - lse) · O_s.
+// Splits without keys have lse_s = -inf and are skipped (their O_s is never read, nor written).
+// A row without any key gets O = 0 and LSE = +inf, flash-attn's convention. kL2Only: the
+// partials were written by other CTAs of the running kernel (fused combine): read them from L2.
+template <bool kL2Only>
+__device__ __forceinline__ float load_partial(const float* addr) {
+    if constexpr (kL2Only) return ld_cg_f32(addr);
+    else return *addr;
+}
+template <bool kL2Only>
+__device__ __forceinline__ f32x4 load_partial4(const float* addr) {
+    if constexpr (kL2Only) {
+        float v[4];
+        ld_cg_f32x4(v, addr);
+        return f32x4{v[0], v[1], v[2], v[3]};
+    } else {
+        return *reinterpret_cast<const f32x4*>(addr);
+    }
+}
+
+template <int kHeadDim, class Elem, bool kL2Only>
+__device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, int lane) {
+    const int rows_all = p.batch * p.nheads * p.seqlen_q;
+    const int qi = row_id % p.seqlen_q, h = (row_id / p.seqlen_q) % p.nheads, b = row_id / (p.seqlen_q * p.nheads);
+    const float* lse_s = p.lse_partial + row_id;
+    float lse_max = neg_inf();
+    for (int s = lane; s < p.num_splits; s += 32)
+        lse_max = fmaxf(lse_max, load_partial<kL2Only>(lse_s + static_cast<i64>(s) * rows_all));
+#pragma unroll
+    for (int d = 16; d >= 1; d /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, d));
+    float sum = 0.f;
+    if (lse_max != neg_inf())
+        for (int s = lane; s < p.num_splits; s += 32)
+            sum += expf(load_partial<kL2Only>(lse_s + static_cast<i64>(s) * rows_all) - lse_max);
+#pragma unroll
+    for (int d = 16; d >= 1; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    const float lse = sum > 0.f ? lse_max + logf(sum) : pos_inf();
+    if (lane == 0) p.lse[row_id] = lse;
+
+    u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride;
+    constexpr int kQuads = kHeadDim / 4;
+#pragma unroll
+    for (int q4 = lane; q4 < kQuads; q4 += 32) {
+        const int col = q4 * 4;
+        if (col >= p.head_dim) break;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (sum > 0.f)
+            for (int s = 0; s < p.num_splits; ++s) {
+                const float ls = load_partial<kL2Only>(lse_s + static_cast<i64>(s) * rows_all);
+                if (ls == neg_inf()) continue;
+                const float wt = expf(ls - lse);
+                const f32x4 x = load_partial4<kL2Only>(
+                    p.o_partial + (static_cast<i64>(s) * rows_all + row_id) * p.head_dim_rounded + col);
+                acc[0] += wt * x.x; acc[1] += wt * x.y; acc[2] += wt * x.z; acc[3] += wt * x.w;
+            }
+        *reinterpret_cast<u32x2*>(o + col) = u32x2{pack2<Elem>(acc[0], acc[1]), pack2<Elem>(acc[2], acc[3])};
+    }
+}
+
+template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
+          bool kFusedCombine = false, bool kPagePrefetch = false>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
@@ -235,6 +303,23 @@ decode_splitkv(const DecodeParams p) {
     // cache_batch_idx[b] per key row otherwise); paged ones look the page up per key row.
     i64 k_row0 = 0, v_row0 = 0;
     if (!p.block_table) cache_offsets(p, b, 0, k_row0, v_row0);
+    // kPagePrefetch: page_of[pass] is the page of this thread's row of pass `pass` of the next
+    // block to load (the ring loads blocks n_end - 1, n_end - 2, ...: always one block lower).
+    // The table reads of block n - 1 are issued right after block n's cp.asyncs and consumed
+    // one load later, so no cp.async waits on a dependent global load.
+    constexpr int kPasses = (kBlockN + kRowsPerPass - 1) / kRowsPerPass;
+    int page_of[kPagePrefetch ? kPasses : 1];
+    auto fetch_pages = [&](int n) {
+        if (ld_col >= kHeadDim) return;
+#pragma unroll
+        for (int pass = 0; pass < kPasses; ++pass) {
+            const int row = ld_row + pass * kRowsPerPass, j = n * kBlockN + row;
+            page_of[pass] = n >= 0 && row < kBlockN && j < keys
+                            ? p.block_table[b * p.block_table_stride + (rk.start + j) / p.page_size] : 0;
+        }
+    };
+    if constexpr (kPagePrefetch)
+        if (p.block_table && n_end > n_begin) fetch_pages(n_end - 1);
     auto load_kv = [&](int n, int slot) {
         if (ld_col >= kHeadDim) return;
         const int key0 = n * kBlockN;
@@ -249,7 +334,12 @@ decode_splitkv(const DecodeParams p) {
             const bool valid = whole || (j < keys && ld_col < p.head_dim);
             i64 k_off = 0, v_off = 0;
             if (valid) {
-                if (p.block_table) {
+                if (kPagePrefetch && p.block_table) {
+                    const int page = min(max(page_of[kPagePrefetch ? pass : 0], 0), p.num_pages - 1);
+                    const int pos = rk.start + j, prow = pos % p.page_size;
+                    k_off = page * p.k_batch_stride + prow * p.k_row_stride;
+                    v_off = page * p.v_batch_stride + prow * p.v_row_stride;
+                } else if (p.block_table) {
                     cache_offsets(p, b, rk.start + j, k_off, v_off);
                 } else {
                     k_off = k_row0 + static_cast<i64>(rk.start + j) * p.k_row_stride;
@@ -265,6 +355,8 @@ decode_splitkv(const DecodeParams p) {
                 cp_async_16(v_dst + off, v_cache + v_off, valid);
             }
         }
+        if constexpr (kPagePrefetch)
+            if (p.block_table && n - 1 >= n_begin) fetch_pages(n - 1);  // the next block it loads
     };
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
@@ -422,13 +514,35 @@ decode_splitkv(const DecodeParams p) {
                     l_row == 0.f ? neg_inf() : m_row * p.softmax_scale + logf(l_row);
         }
     }
+
+    if constexpr (kFusedCombine) {
+        if (direct) return;
+        // ---- the last split of this (batch, KV head, row block) to finish merges the group ----
+        // Release: every thread's partial stores are visible GPU-wide before thread 0 counts
+        // the CTA done (the threadfence-reduction pattern; the atomic is acq_rel on top).
+        __threadfence();
+        __syncthreads();
+        int* last_flag = reinterpret_cast<int*>(q_smem);  // the Q tile is read no more
+        if (tid == 0) {
+            int* counter = p.split_counters + (static_cast<i64>(b) * gridDim.y + blockIdx.y);
+            const bool last = atom_add_acq_rel_gpu(counter, 1) == p.num_splits - 1;
+            // every split has counted: back to 0 for the next call (and the next graph replay)
+            if (last) *counter = 0;
+            *last_flag = last;
+        }
+        __syncthreads();
+        if (!*last_flag) return;
+        // Acquire: the other splits' partials, read below from L2 (ld.global.cg), not a stale L1.
+        __threadfence();
+        for (int r = warp; r < rows_valid; r += kWarps) {
+            const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
+            combine_row<kHeadDim, Elem, true>(p, (b * p.nheads + h) * p.seqlen_q + qi, lane);
+        }
+    }
 }
 
 // ---- decode_combine: merge the splits of each row (flash-decoding) -------------------------
-// One warp per row R = (b·nheads + h)·seqlen_q + i, 4 warps per CTA:
-//   lse = log Σ_s exp(lse_s),  O = Σ_s exp(lse_s - lse) · O_s.
-// Splits without keys have lse_s = -inf and are skipped (their O_s is never read, nor written).
-// A row without any key gets O = 0 and LSE = +inf, flash-attn's convention.
+// One warp per row R = (b·nheads + h)·seqlen_q + i, 4 warps per CTA (combine_row above).
 template <int kHeadDim, class Elem>
 __global__ void __launch_bounds__(128)
 decode_combine(const DecodeParams p) {
@@ -436,38 +550,7 @@ decode_combine(const DecodeParams p) {
     const int rows_all = p.batch * p.nheads * p.seqlen_q;
     const int row_id = blockIdx.x * 4 + warp;
     if (row_id >= rows_all) return;
-    const int qi = row_id % p.seqlen_q, h = (row_id / p.seqlen_q) % p.nheads, b = row_id / (p.seqlen_q * p.nheads);
-    const float* lse_s = p.lse_partial + row_id;
-    float lse_max = neg_inf();
-    for (int s = lane; s < p.num_splits; s += 32) lse_max = fmaxf(lse_max, lse_s[static_cast<i64>(s) * rows_all]);
-#pragma unroll
-    for (int d = 16; d >= 1; d /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, d));
-    float sum = 0.f;
-    if (lse_max != neg_inf())
-        for (int s = lane; s < p.num_splits; s += 32) sum += expf(lse_s[static_cast<i64>(s) * rows_all] - lse_max);
-#pragma unroll
-    for (int d = 16; d >= 1; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-    const float lse = sum > 0.f ? lse_max + logf(sum) : pos_inf();
-    if (lane == 0) p.lse[row_id] = lse;
-
-    u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride;
-    constexpr int kQuads = kHeadDim / 4;
-#pragma unroll
-    for (int q4 = lane; q4 < kQuads; q4 += 32) {
-        const int col = q4 * 4;
-        if (col >= p.head_dim) break;
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        if (sum > 0.f)
-            for (int s = 0; s < p.num_splits; ++s) {
-                const float ls = lse_s[static_cast<i64>(s) * rows_all];
-                if (ls == neg_inf()) continue;
-                const float wt = expf(ls - lse);
-                const f32x4 x = *reinterpret_cast<const f32x4*>(
-                    p.o_partial + (static_cast<i64>(s) * rows_all + row_id) * p.head_dim_rounded + col);
-                acc[0] += wt * x.x; acc[1] += wt * x.y; acc[2] += wt * x.z; acc[3] += wt * x.w;
-            }
-        *reinterpret_cast<u32x2*>(o + col) = u32x2{pack2<Elem>(acc[0], acc[1]), pack2<Elem>(acc[2], acc[3])};
-    }
+    combine_row<kHeadDim, Elem, false>(p, row_id, lane);
 }
 
 }  // namespace cuflash

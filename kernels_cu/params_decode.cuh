@@ -21,6 +21,8 @@ namespace cuflash {
 //   o_partial       : (num_splits, batch·nheads·seqlen_q, head_dim_rounded), O / l per split
 //   lse_partial     : (num_splits, batch·nheads·seqlen_q), -inf for a split without keys
 //   q_rot           : (batch, seqlen_q, nheads, head_dim) contiguous, q rotated (rotary only)
+// persistent (fused combine, num_splits > 1; owned by the call shape's plan, not per call):
+//   split_counters  : int32 (batch, nheads_kv · row_blocks), 0 before and after every call
 struct DecodeParams {
     const void* q;
     void* k_cache;
@@ -82,6 +84,9 @@ struct DecodeParams {
     float softmax_scale;     // natural-log scale, for the LSE
     float scale_log2;        // softmax_scale * log2(e)
     float softcap;           // 0: off; else scores become softcap·tanh(scores / softcap)
+    int* split_counters;     // fused combine: (batch, nheads_kv · row_blocks) CTAs done per group,
+                             // zero between calls (zeroed once when allocated, reset by the last
+                             // CTA of each group); null otherwise
 };
 
 }  // namespace cuflash

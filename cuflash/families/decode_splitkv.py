@@ -34,6 +34,14 @@ ALIGN = 256               # workspace pieces start on 256-byte boundaries
 COMBINE_ROWS = 4          # decode_combine: one warp per row, 4 warps per CTA
 APPEND_THREADS = 128
 APPEND_CTAS = 32         # decode_append: CTAs per batch row, striding over the new tokens
+# num_splits_for: what the separate decode_combine launch costs (in K/V blocks of one CTA) when
+# there is more than one split and the config has no fused combine (a second kernel's launch
+# gap and its pass over the partials); not yet fitted to a measurement
+COMBINE_LAUNCH_COST = 1
+# The heuristic's choice of the two compile-time options (flip after the H100 timing run,
+# tests/decode_timing.py, shows them faster)
+FUSED_COMBINE_DEFAULT = False
+PAGE_PREFETCH_DEFAULT = False
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -51,6 +59,11 @@ class DecodeConfig(KernelConfig):
     head_dim: compile-time head dim (multiple of 16, <= 256)
     dtype:    "bf16" or "fp16"
     causal:   the call's flag (masks are run-time parameters of the kernel: not a template one)
+    fused_combine: (splits > 1) no decode_combine launch: the last CTA of each (batch, KV head,
+              row block) to finish merges the group's splits (an atomic count per group in a
+              persistent, zeroed int32 buffer that the call shape's plan owns, ``counters``)
+    page_prefetch: paged caches read a K/V block's page ids from block_table one block ahead
+              (into registers) instead of once per key row right before its cp.async
     """
 
     warps: int
@@ -62,6 +75,8 @@ class DecodeConfig(KernelConfig):
     dtype: str
     causal: bool
     splits: int = 0
+    fused_combine: bool = False
+    page_prefetch: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -77,8 +92,9 @@ class DecodeConfig(KernelConfig):
     @property
     def name(self) -> str:
         split = f"_x{self.splits}" if self.splits else ""
+        flags = ("_fc" if self.fused_combine else "") + ("_pp" if self.page_prefetch else "")
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
-                f"_m{self.m_tiles}_c{self.split_cost}{split}")
+                f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
     @property
     def smem_bytes(self) -> int:
@@ -90,11 +106,14 @@ class DecodeConfig(KernelConfig):
         return self.m_tiles * (self.head_dim + self.warp_n) // 2
 
     def kernel_name(self) -> str:
+        flag = {True: "true", False: "false"}
         return (f"cuflash::decode_splitkv<{self.warps}, {self.warp_n}, {self.stages}, {self.m_tiles}, "
-                f"{self.head_dim}, cuflash::{self.dtype}>")
+                f"{self.head_dim}, cuflash::{self.dtype}, {flag[self.fused_combine]}, "
+                f"{flag[self.page_prefetch]}>")
 
     def template_args(self) -> tuple:
-        return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype)
+        return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
+                bool(self.fused_combine), bool(self.page_prefetch))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -135,10 +154,14 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
     Time is modelled in K/V blocks of one CTA: with s splits the (batch, KV head, row block)
     groups make groups·s CTAs, which run in ceil(groups·s / slots) waves (slots: SMs times
     resident CTAs per SM), each wave as long as one split's blocks, ceil(blocks / s), plus the
-    split's fixed cost (``config.split_cost``). The s in 1..128 (each split at least
-    MIN_SPLIT_BLOCKS blocks) with the least time wins; ties go to fewer splits. Measured on
-    the H100 (decode sweep, results/<gpu>/decode_splits.json), a wave that is not whole costs
-    like a whole one: at batch 8 x 8 KV heads, 3 splits is 20% slower than 2 or 4."""
+    split's fixed cost (``config.split_cost``: its prologue, its partial's write, its share of
+    the merge, in K/V blocks). With s > 1 and no fused combine (``config.fused_combine``) the
+    separate decode_combine launch adds COMBINE_LAUNCH_COST. Resident CTAs per SM come from the
+    config's shared memory and threads (``ctas_per_sm``): a smaller config has more slots. The
+    s in 1..128 (each split at least MIN_SPLIT_BLOCKS blocks) with the least time wins; ties go
+    to fewer splits. Measured on the H100 (decode sweep, results/<gpu>/decode_splits.json), a
+    wave that is not whole costs like a whole one: at batch 8 x 8 KV heads, 3 splits is 20%
+    slower than 2 or 4."""
     groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
     if groups == 0:
         return 1
@@ -147,6 +170,8 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
     best, best_time = 1, None
     for s in range(1, max(1, min(blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS)) + 1):
         time = -(-groups * s // slots) * (-(-blocks // s) + config.split_cost)
+        if s > 1 and not getattr(config, "fused_combine", False):
+            time += COMBINE_LAUNCH_COST
         if best_time is None or time < best_time:
             best, best_time = s, time
     return best
@@ -162,7 +187,7 @@ class DecodeSplitKV(Family):
     version = 2
     config_cls = DecodeConfig
     space = {"warps": (2, 4, 8), "warp_n": (16, 32), "stages": (2, 3, 4, 6), "m_tiles": (1, 2),
-             "split_cost": (2, 4, 8)}
+             "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True)}
     fixed = {"splits": 0}
     params_struct = "DecodeParams"
     pointer_fields = ("q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos", "rotary_sin",
@@ -204,7 +229,9 @@ class DecodeSplitKV(Family):
         group = problem.nheads // max(problem.nheads_kv, 1)
         m_tiles = 2 if group * problem.seqlen_q > 16 and 64 <= d <= 128 else 1
         stages = 3 if d <= 128 else 2
-        cfg = DecodeConfig(8, 16, stages, m_tiles, 4, d, problem.dtype, bool(problem.causal))
+        cfg = DecodeConfig(8, 16, stages, m_tiles, 4, d, problem.dtype, bool(problem.causal),
+                           fused_combine=FUSED_COMBINE_DEFAULT,
+                           page_prefetch=PAGE_PREFETCH_DEFAULT and "paged_kv" in problem.features)
         for shrink in ({}, {"stages": 2}, {"warps": 4, "stages": 2}, {"warps": 2, "stages": 2},
                        {"warps": 2, "stages": 2, "m_tiles": 1}):
             candidate = cfg.replace(**shrink)
@@ -229,7 +256,7 @@ class DecodeSplitKV(Family):
             out.append(LaunchSpec("append", (APPEND_CTAS, p.batch), APPEND_THREADS, 0))
         out.append(LaunchSpec("main", (splits, p.nheads_kv * row_blocks(config, p), p.batch),
                               config.threads, config.smem_bytes))
-        if splits > 1:
+        if splits > 1 and not config.fused_combine:
             rows = p.batch * p.nheads * p.seqlen_q
             out.append(LaunchSpec("combine", (-(-rows // COMBINE_ROWS),), 32 * COMBINE_ROWS, 0))
         return out
@@ -238,6 +265,17 @@ class DecodeSplitKV(Family):
                     max_smem: Optional[int] = None) -> int:
         """The splits num_splits=0 launches (shapes only; see num_splits_for)."""
         return num_splits_for(config, problem, sm_count, max_smem)
+
+    def counters(self, config, problem: Problem) -> int:
+        """int32 counters the config needs kept between calls, zeroed once when allocated (the
+        fused combine's per-(batch, KV head, row block) count of finished splits, which its last
+        CTA resets to 0): 0 when none. Not per-call workspace: ``cuflash.decode`` allocates them
+        with a call shape's plan and passes their address as ``strides["call"]["split_counters"]``.
+        One buffer per plan: two calls of one call shape must not run concurrently on two
+        streams (their counts would mix)."""
+        if not config.fused_combine or _splits(config, problem) <= 1:
+            return 0
+        return problem.batch * problem.nheads_kv * row_blocks(config, problem)
 
     def workspace(self, config, problem: Problem, strides: Optional[dict] = None) -> dict:
         p = problem
@@ -281,7 +319,12 @@ class DecodeSplitKV(Family):
             window_left=window[0], window_right=window[1],
             num_splits=_splits(config, p, sm_count), group=p.nheads // max(p.nheads_kv, 1),
             row_blocks=row_blocks(config, p), softmax_scale=softmax_scale,
-            scale_log2=softmax_scale * LOG2E, softcap=call.get("softcap", 0.0))
+            scale_log2=softmax_scale * LOG2E, softcap=call.get("softcap", 0.0),
+            split_counters=call.get("split_counters", 0))
+        if self.counters(config, p) and not out["split_counters"]:
+            raise ValueError(f"{config.name}: fused_combine with {out['num_splits']} splits needs its "
+                             "zeroed split counters (strides['call']['split_counters'], allocated by "
+                             "cuflash.decode with the plan)")
         return out
 
     def bench_problem(self, dtype: str, head_dim: int, causal: bool, seqlen: int,
