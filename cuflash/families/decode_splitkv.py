@@ -151,25 +151,28 @@ def ctas_per_sm(config, max_smem: int) -> int:
 def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[int] = None) -> int:
     """The split count for num_splits=0, from shapes only (never tensor values).
 
-    Time is modelled in K/V blocks of one CTA: with s splits the (batch, KV head, row block)
-    groups make groups·s CTAs, which run in ceil(groups·s / slots) waves (slots: SMs times
-    resident CTAs per SM), each wave as long as one split's blocks, ceil(blocks / s), plus the
-    split's fixed cost (``config.split_cost``: its prologue, its partial's write, its share of
-    the merge, in K/V blocks). With s > 1 and no fused combine (``config.fused_combine``) the
-    separate decode_combine launch adds COMBINE_LAUNCH_COST. Resident CTAs per SM come from the
-    config's shared memory and threads (``ctas_per_sm``): a smaller config has more slots. The
-    s in 1..128 (each split at least MIN_SPLIT_BLOCKS blocks) with the least time wins; ties go
-    to fewer splits. Measured on the H100 (decode sweep, results/<gpu>/decode_splits.json), a
-    wave that is not whole costs like a whole one: at batch 8 x 8 KV heads, 3 splits is 20%
-    slower than 2 or 4."""
+    Time is modelled in K/V blocks of one CTA. With s splits the (batch, KV head, row block)
+    groups make groups·s CTAs; the busiest SM runs ceil(groups·s / SMs) of them, c at a time
+    (c: resident CTAs per SM, from the config's shared memory and threads, ``ctas_per_sm``).
+    One CTA's K/V ring already keeps an SM's share of HBM bandwidth busy, so CTAs resident
+    together share it: the SM streams all its CTAs' blocks one after another, ceil(blocks / s)
+    each, and pays the fixed cost of a split (``config.split_cost``: its prologue, its
+    partial's write, its share of the merge, in K/V blocks) once per round of c CTAs (the
+    others stream meanwhile). With s > 1 and no fused combine (``config.fused_combine``) the
+    separate decode_combine launch adds COMBINE_LAUNCH_COST. With c = 1 this is ceil(groups·s
+    / SMs) waves of (ceil(blocks / s) + split_cost). The s in 1..128 (each split at least
+    MIN_SPLIT_BLOCKS blocks) with the least time wins; ties go to fewer splits. Measured on
+    the H100 (decode sweep, results/<gpu>/decode_splits.json), a wave that is not whole costs
+    like a whole one: at batch 8 x 8 KV heads, 3 splits is 20% slower than 2 or 4."""
     groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
     if groups == 0:
         return 1
     blocks = -(-problem.seqlen_k // config.block_n)
-    slots = sm_count * ctas_per_sm(config, default_max_smem((9, 0)) if max_smem is None else max_smem)
+    resident = ctas_per_sm(config, default_max_smem((9, 0)) if max_smem is None else max_smem)
     best, best_time = 1, None
     for s in range(1, max(1, min(blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS)) + 1):
-        time = -(-groups * s // slots) * (-(-blocks // s) + config.split_cost)
+        per_sm = -(-groups * s // sm_count)
+        time = per_sm * -(-blocks // s) + -(-per_sm // resident) * config.split_cost
         if s > 1 and not getattr(config, "fused_combine", False):
             time += COMBINE_LAUNCH_COST
         if best_time is None or time < best_time:
