@@ -14,9 +14,11 @@
 //                   keys; each warp takes kWarpN keys of every block (S = Q K_wᵀ and O += P V_w on
 //                   mma.sync m16n8k16, its own online softmax), and the warps merge their (m, l, O)
 //                   through shared memory at the end. With one split it writes O and LSE; with
-//                   more it writes fp32 O / l and LSE of its split into the workspace.
-//   decode_combine  (num_splits > 1) flash-decoding's LSE merge: per row, the splits' partial
-//                   outputs weighted by exp(lse_s - lse), and the row's LSE.
+//                   more it writes fp32 O / l and LSE of its split into the workspace; with the
+//                   fused combine (kFusedCombine) the last CTA of the (batch, KV head, row block)
+//                   to finish then merges the group's splits as decode_combine does.
+//   decode_combine  (num_splits > 1, no fused combine) flash-decoding's LSE merge: per row, the
+//                   splits' partial outputs weighted by exp(lse_s - lse), and the row's LSE.
 //
 // Keys: row b's cache holds logical keys j = 0 .. keys_b - 1 at cache positions start_b + j, with
 // start_b = cache_leftpad[b] (0), keys_b = cache_seqlens[b] + seqlen_new - start_b; masks are
@@ -173,7 +175,6 @@ decode_append(const DecodeParams p) {
     }
 }
 
-// ---- decode_splitkv: one split of one KV head's packed query rows -----------------------------
 // ---- the LSE merge of one row's splits (flash-decoding), by one warp -------------------------
 // Row R = (b·nheads + h)·seqlen_q + i:  lse = log Σ_s exp(lse_s),  O = Σ_s exp(lse_s - lse) · O_s.
 // Splits without keys have lse_s = -inf and are skipped (their O_s is never read, nor written).
@@ -234,6 +235,7 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, i
     }
 }
 
+// ---- decode_splitkv: one split of one KV head's packed query rows -----------------------------
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
           bool kFusedCombine = false, bool kPagePrefetch = false>
 __global__ void __launch_bounds__(kWarps * 32)
