@@ -196,41 +196,59 @@ __device__ __forceinline__ f32x4 load_partial4(const float* addr) {
     }
 }
 
+// Latency, not bandwidth, bounds a row's merge (a few KB): lane l loads lse_s of the splits
+// s = l + 32·k (k < 4: num_splits <= 128) once, in parallel, and keeps its weights in registers;
+// the O_s loads then depend on no other load and are issued back to back (a split whose weight
+// is 0, no keys, is skipped by the whole warp).
 template <int kHeadDim, class Elem, bool kL2Only>
 __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, int lane) {
+    constexpr int kPerLane = 4;  // 128 splits at most (DecodeConfig / flash-attn's limit)
     const int rows_all = p.batch * p.nheads * p.seqlen_q;
     const int qi = row_id % p.seqlen_q, h = (row_id / p.seqlen_q) % p.nheads, b = row_id / (p.seqlen_q * p.nheads);
     const float* lse_s = p.lse_partial + row_id;
+    float lse_lane[kPerLane];
     float lse_max = neg_inf();
-    for (int s = lane; s < p.num_splits; s += 32)
-        lse_max = fmaxf(lse_max, load_partial<kL2Only>(lse_s + static_cast<i64>(s) * rows_all));
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+        const int s = lane + 32 * k;
+        lse_lane[k] = s < p.num_splits ? load_partial<kL2Only>(lse_s + static_cast<i64>(s) * rows_all) : neg_inf();
+        lse_max = fmaxf(lse_max, lse_lane[k]);
+    }
 #pragma unroll
     for (int d = 16; d >= 1; d /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, d));
     float sum = 0.f;
     if (lse_max != neg_inf())
-        for (int s = lane; s < p.num_splits; s += 32)
-            sum += expf(load_partial<kL2Only>(lse_s + static_cast<i64>(s) * rows_all) - lse_max);
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k) sum += expf(lse_lane[k] - lse_max);  // exp(-inf) = 0
 #pragma unroll
     for (int d = 16; d >= 1; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
     const float lse = sum > 0.f ? lse_max + logf(sum) : pos_inf();
     if (lane == 0) p.lse[row_id] = lse;
+    float wt_lane[kPerLane];  // exp(lse_s - lse): 0 for a split without keys, and for all when none has
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) wt_lane[k] = sum > 0.f ? expf(lse_lane[k] - lse) : 0.f;
 
     u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride;
+    const float* o_s = p.o_partial + static_cast<i64>(row_id) * p.head_dim_rounded;
+    const i64 split_stride = static_cast<i64>(rows_all) * p.head_dim_rounded;
     constexpr int kQuads = kHeadDim / 4;
 #pragma unroll
     for (int q4 = lane; q4 < kQuads; q4 += 32) {
         const int col = q4 * 4;
         if (col >= p.head_dim) break;
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        if (sum > 0.f)
-            for (int s = 0; s < p.num_splits; ++s) {
-                const float ls = load_partial<kL2Only>(lse_s + static_cast<i64>(s) * rows_all);
-                if (ls == neg_inf()) continue;
-                const float wt = expf(ls - lse);
-                const f32x4 x = load_partial4<kL2Only>(
-                    p.o_partial + (static_cast<i64>(s) * rows_all + row_id) * p.head_dim_rounded + col);
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k) {
+            if (32 * k >= p.num_splits) break;
+            const int n = min(32, p.num_splits - 32 * k);
+#pragma unroll 4
+            for (int i = 0; i < n; ++i) {
+                const float wt = __shfl_sync(0xffffffffu, wt_lane[k], i);
+                if (wt == 0.f) continue;  // uniform across the warp
+                const f32x4 x = load_partial4<kL2Only>(o_s + (32 * k + i) * split_stride + col);
                 acc[0] += wt * x.x; acc[1] += wt * x.y; acc[2] += wt * x.z; acc[3] += wt * x.w;
             }
+        }
         *reinterpret_cast<u32x2*>(o + col) = u32x2{pack2<Elem>(acc[0], acc[1]), pack2<Elem>(acc[2], acc[3])};
     }
 }
