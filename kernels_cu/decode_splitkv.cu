@@ -72,7 +72,12 @@ struct DecodeShape {
     static constexpr int kQTile = kRows * kPitch;        // elements
     static constexpr int kKVTile = kBlockN * kPitch;     // elements of one K (or V) block
     static constexpr int kSmemRing = 2 * kStages * kKVTile * 2;                 // bytes
-    static constexpr int kSmemMerge = kWarps * kRows * (kHeadDim + 2) * 4;      // O, m, l per warp
+    // The warps' merge (O, m, l per warp) overlays the ring. Its fp32 O rows are padded by 8 words
+    // where the ring has room: then the rows g = 0..3 of a warp's 64-bit fragment stores start in
+    // banks 8 apart and the stores are conflict-free (unpadded, every row starts in bank 0).
+    static constexpr int kMergePitch =
+        kWarps * kRows * (kHeadDim + 8 + 2) * 4 <= kSmemRing ? kHeadDim + 8 : kHeadDim;  // words
+    static constexpr int kSmemMerge = kWarps * kRows * (kMergePitch + 2) * 4;
     static constexpr int kSmemBytes = kQTile * 2 + kSmemRing;
 
     static_assert(kWarps >= 1 && kWarps <= 16, "warps must be in 1..16");
@@ -476,9 +481,10 @@ decode_splitkv(const DecodeParams p) {
     __syncthreads();  // every warp is done with the ring: the merge area overlays it
 
     // ---- merge the warps: each saw other keys of the same rows ----
-    // o_merge [kWarps][kRows][kHeadDim] unnormalized O, m_merge / l_merge [kWarps][kRows].
+    // o_merge [kWarps][kRows][kMergePitch] unnormalized O, m_merge / l_merge [kWarps][kRows].
+    constexpr int kMergePitch = Shape::kMergePitch;
     float* o_merge = reinterpret_cast<float*>(k_smem);
-    float* m_merge = o_merge + kWarps * kRows * kHeadDim;
+    float* m_merge = o_merge + kWarps * kRows * kMergePitch;
     float* l_merge = m_merge + kWarps * kRows;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
@@ -490,7 +496,7 @@ decode_splitkv(const DecodeParams p) {
                 m_merge[warp * kRows + r] = m[mt][half];  // m is uniform across the quad
                 l_merge[warp * kRows + r] = l_row;
             }
-            float* o_row = o_merge + (warp * kRows + r) * kHeadDim;
+            float* o_row = o_merge + (warp * kRows + r) * kMergePitch;
 #pragma unroll
             for (int nt = 0; nt < kNTilesO; ++nt) {
                 o_row[nt * 8 + 2 * t] = o_acc[mt][nt][2 * half];
@@ -515,7 +521,7 @@ decode_splitkv(const DecodeParams p) {
         for (int w = 0; w < kWarps; ++w) {
             const float wt = exp2_approx(m_merge[w * kRows + r] * p.scale_log2 - m_scaled);
             l_row += wt * l_merge[w * kRows + r];
-            const f32x4 x = *reinterpret_cast<const f32x4*>(o_merge + (w * kRows + r) * kHeadDim + col);
+            const f32x4 x = *reinterpret_cast<const f32x4*>(o_merge + (w * kRows + r) * kMergePitch + col);
             o4[0] += wt * x.x; o4[1] += wt * x.y; o4[2] += wt * x.z; o4[3] += wt * x.w;
         }
         const float inv_l = softmax_inv_l(l_row);
