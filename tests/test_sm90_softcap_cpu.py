@@ -166,7 +166,7 @@ def test_plain_names_and_encoding_unchanged():
 
 def test_emu_names_template_and_encoding():
     cfg = Sm90FwdConfig(128, 176, 2, 2, True, False, 128, "bf16", True, softcap=True, emu_exp2=2)
-    assert cfg.name.endswith("_cap_emu2")
+    assert cfg.name.endswith("_emu2_cap")   # the feature suffix stays last
     assert cfg.kernel_name().endswith("true, false, true, false, false, 2>")   # ..., kDropout, kEmuExp2
     assert cfg.template_args()[-2:] == (False, 2)
     text = FAM.encode(cfg)

@@ -121,8 +121,8 @@ class Sm90FwdConfig(KernelConfig):
         mask = "causal" if self.causal else "full"
         return (f"sm90fwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{'_pp' if self.pingpong else ''}"
-                f"{'_persist' if self.persistent else ''}{'_drop' if self.dropout else ''}{name_suffix(self)}"
-                f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}")
+                f"{'_persist' if self.persistent else ''}{'_drop' if self.dropout else ''}"
+                f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{name_suffix(self)}")
 
     @property
     def smem_cols(self) -> int:
