@@ -4,7 +4,8 @@
     timeout 300 python tests/sm90_softcap_timing.py --out /tmp/softcap_timing.json
 
 Rows, bf16, the features benchmark's shape (batch 2 x 16 heads x seqlen 8k, d128), causal and
-not: the plain forward (selection without softcap), then softcap 30 at emu_exp2 = 0 (SFU exp2:
+not: the plain forward (selection without softcap: the tuned entry once re-stamped, else the
+heuristic), the plain forward at the softcap heuristic's tile, then softcap 30 at emu_exp2 = 0 (SFU exp2:
 what ran before), 1, 2, 3, 4 quarters emulated (4 is outside the space; shown for the trend).
 Then d64 at seqlen 16k (batch 1 x 32 heads, causal and not): the plain forward at emu_exp2 0..3
 (the d64 option) next to SDPA cuDNN. Every kernel is the heuristic's tile with emu_exp2 forced;
@@ -40,6 +41,9 @@ def case_fns(b, s, h, d, causal, softcap_rows, cudnn):
     if softcap_rows:
         cap = plain.replace(features=("softcap",), softcap=CAP)
         heur = fam.for_problem(fam.heuristic(cap), cap)
+        tile = heur.replace(softcap=False, emu_exp2=0)   # the same tile without softcap
+        rows["plain_tile"] = ("plain, softcap's tile", tile,
+                              lambda: cuflash.flash_attn_func(q, k, v, causal=causal, config=tile))
         for e in (0, 1, 2, 3, 4):
             cfg = heur.replace(emu_exp2=e)
             why = cfg.problems(227 * 1024)
