@@ -93,7 +93,7 @@ def test_kernel_source_applies_dropout_after_the_softmax_and_before_the_pack():
     from cuflash.compile import kernel_dir
 
     src = (kernel_dir() / "sm90_fwd.cu").read_text()
-    assert "bool kDropout = false>" in src and '#include "philox.cuh"' in src
+    assert "bool kDropout = false" in src and '#include "philox.cuh"' in src
     body = src[src.index("for (int j = 1; j < n_blocks; ++j)"):]
     assert body.index("softmax_s(slot, j)") < body.index("drop_p(j)") < body.index("pack_a_frags")
     first = src[src.index("softmax_s(slot_of(0), 0);"):]

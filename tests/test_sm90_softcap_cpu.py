@@ -182,6 +182,10 @@ def test_emu_rules():
     assert not base.replace(softcap=True, emu_exp2=2).problems()
     assert not base.replace(head_dim=64, BN=192, emu_exp2=1).problems()   # the d64 plain option
     assert any("needs softcap" in w for w in base.replace(emu_exp2=1).problems())
+    d64 = base.replace(head_dim=64, BN=192, emu_exp2=1)
+    assert any("needs softcap" in w for w in d64.replace(pingpong=False).problems())
+    assert any("needs softcap" in w for w in d64.replace(BM=192, BN=128, consumers=3).problems())
+    assert not d64.replace(pingpong=False, softcap=True).problems()
     assert any("emu_exp2 must be one of" in w for w in base.replace(softcap=True, emu_exp2=5).problems())
     assert any("dropout" in w for w in base.replace(BN=128, softcap=True, dropout=True, emu_exp2=2).problems())
     with pytest.raises(ConfigError, match="emu_exp2"):
@@ -194,7 +198,9 @@ def test_space_has_emu_only_with_softcap_or_d64():
     plain128 = {c.emu_exp2 for c in FAM.valid(cap_problem(features=()))}
     assert plain128 == {0}
     assert {c.emu_exp2 for c in FAM.valid(cap_problem())} == set(EMU_EXP2_SPACE)
-    assert {c.emu_exp2 for c in FAM.valid(cap_problem(d=64, features=()))} == set(EMU_EXP2_SPACE)
+    d64 = FAM.valid(cap_problem(d=64, features=()))
+    assert {c.emu_exp2 for c in d64} == set(EMU_EXP2_SPACE)
+    assert all(c.consumers == 2 and c.pingpong for c in d64 if c.emu_exp2)
     # a point without the knob (tuned tables from before it) is the plain kernel
     point = {k: v for k, v in FAM.point(FAM.heuristic(cap_problem(features=()))).items() if k != "emu_exp2"}
     assert FAM.make(point, cap_problem(features=())).emu_exp2 == 0

@@ -90,8 +90,8 @@ class Sm90FwdConfig(KernelConfig):
                from the call (``for_problem``), never tuned; p and the RNG state are run-time
     emu_exp2:  0..4, quarters of S's 8-column tiles whose exp2 runs on the FMA / ALU pipes
                (kEmuExp2, kernels_cu/exp2_emu.cuh) instead of the SFU; 0 is the plain kernel.
-               Tuned with softcap (EMU_EXP2_SPACE), and at head dim 64 without it (an option,
-               off in the heuristic)
+               Tuned with softcap (EMU_EXP2_SPACE), and at head dim 64 without it on 2-consumer
+               pingpong tiles (an option, off in the heuristic)
     """
 
     BM: int
@@ -176,10 +176,13 @@ class Sm90FwdConfig(KernelConfig):
         if self.emu_exp2 not in EMU_EXP2:
             out.append(f"emu_exp2 must be one of {EMU_EXP2} (quarters of S's 8-column tiles), "
                        f"got {self.emu_exp2}")
-        elif self.emu_exp2 and not (self.softcap or self.head_dim == 64):
-            out.append(f"emu_exp2={self.emu_exp2} needs softcap, or head_dim 64 (the plain option): "
-                       f"elsewhere the SFU is not the bottleneck, got head_dim={self.head_dim} "
-                       "without softcap")
+        elif self.emu_exp2 and not self.softcap and not (self.head_dim == 64 and self.consumers == 2
+                                                          and self.pingpong):
+            out.append(f"emu_exp2={self.emu_exp2} needs softcap, or head_dim 64 with 2 consumers and "
+                       f"pingpong (the plain option, on the heuristic's and the tuned tables' d64 "
+                       f"structure only, to keep the space small): elsewhere the SFU is not the "
+                       f"bottleneck; got head_dim={self.head_dim}, {self.consumers} consumers, "
+                       f"pingpong={self.pingpong} without softcap")
         elif self.emu_exp2 and self.dropout:
             out.append(f"emu_exp2={self.emu_exp2} with dropout is not implemented (its registers "
                        "are unchecked)")
