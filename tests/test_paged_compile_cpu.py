@@ -90,3 +90,19 @@ def test_eager_cuda_path_untouched_by_the_op(monkeypatch):
     feats = api.check_features(api.describe("q", q[None]), 0.0, (-1, -1), 0.0, None, False, 4, 4)
     out, _ = varlen_torch.attention_paged(q, kc, vc, cu_q, cu_k, table, 5, 19, 0.25, feats)
     assert out == "direct" and not seen
+
+
+def test_the_gpu_branch_traces_fullgraph(monkeypatch):
+    """The branch CUDA tensors take (selection, then attention_paged's op) traces with
+    fullgraph=True: CPU tensors sent down it (api._is_torch_cpu patched) reach the op's CPU
+    impl and give the reference's answer."""
+    from cuflash import api
+
+    q, kc, vc, table, cu_q, cu_k = paged_inputs(dtype=torch.float64)
+    kw = dict(causal=True, window_size=(3, -1), alibi_slopes=torch.rand(4))
+    want = _call(q, kc, vc, table, cu_q, cu_k, **kw)
+    monkeypatch.setattr(api, "_is_torch_cpu", lambda t: False)
+    torch._dynamo.reset()
+    got = torch.compile(lambda q: _call(q, kc, vc, table, cu_q, cu_k, **kw), fullgraph=True,
+                        backend="aot_eager")(q)
+    assert torch.equal(got, want)
