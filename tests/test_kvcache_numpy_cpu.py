@@ -47,8 +47,12 @@ def fake_gpu(monkeypatch):
 
         def run(dev):
             runs.append(dev)
-            h = lambda x: None if x is None else np.asarray(x).view(np.float16).astype(np.float64)  # noqa: E731
-            ints = lambda x: None if x is None or isinstance(x, int) else np.asarray(x).astype(np.int64)  # noqa: E731
+            def h(x):  # raw fp16 words -> float64
+                return None if x is None else np.asarray(x).view(np.float16).astype(np.float64)
+
+            def ints(x):
+                return None if x is None or isinstance(x, int) else np.asarray(x).astype(np.int64)
+
             q, kc, vc, k, v, cos, sin, lens, idx, pad, table, slopes = dev
             out, lse, k_new, v_new = reference.attention_kvcache(
                 h(q), h(kc), h(vc), lens if isinstance(lens, int) else ints(lens), h(k), h(v),
