@@ -299,6 +299,48 @@ def _torch():
     return sys.modules["torch"]
 
 
+# ---- the torch hot path: a repeat call skips the checks ----
+# _fast maps what the checks look at (shapes, strides, dtypes, devices of q, k, v and of each
+# descale, the scale, causal, config) to the plan and the descales' per-head bits, filled after
+# a call has passed every check; the pointers' 16-byte alignment is re-checked per call.
+_fast: dict = {}
+
+
+def _descale_sig(d):
+    return None if d is None else (d.dtype, d.shape, d.device, d.is_contiguous())
+
+
+def _fast_key(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, config):
+    try:
+        return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
+                v.dtype, q.device, k.device, v.device, _descale_sig(q_descale),
+                _descale_sig(k_descale), _descale_sig(v_descale), softmax_scale, causal, config)
+    except (AttributeError, TypeError):   # not torch tensors: the checks say what is wrong
+        return None
+
+
+def _raw_stream(index: int) -> int:
+    torch = _torch()
+    fn = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # ~0.1 µs; current_stream: ~4 µs
+    return fn(index) if fn is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+def _run_fast(hit, q, k, v, descales, return_attn_probs):
+    """The hot path of a checked call shape (see _fast): allocate, write the pointers, launch."""
+    torch = _torch()
+    plan, mask, lse_shape = hit
+    dev = q.device
+    out = torch.empty(q.shape, dtype=torch.bfloat16, device=dev)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=dev)
+    ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=dev)
+    qd, kd, vd = (0 if d is None else d.data_ptr() for d in descales)
+    plan.run_fields({"q_descale_in": qd, "k_descale_in": kd, "v_descale_in": vd,
+                     "descale_per_head": mask},
+                    (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()),
+                    ws.data_ptr(), _raw_stream(dev.index))
+    return (out, lse, None) if return_attn_probs else out
+
+
 def flash_attn_fp8_func(q, k, v, softmax_scale: Optional[float] = None, causal: bool = False,
                         q_descale=None, k_descale=None, v_descale=None,
                         return_attn_probs: bool = False, config=None):
@@ -309,6 +351,10 @@ def flash_attn_fp8_func(q, k, v, softmax_scale: Optional[float] = None, causal: 
     from .launch import Plan
     from .select import choose_on_device
 
+    fast_key = _fast_key(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, config)
+    hit = _fast.get(fast_key) if fast_key is not None else None
+    if hit is not None and not api.POISON_OUTPUTS and not (q.data_ptr() | k.data_ptr()) & 15:
+        return _run_fast(hit, q, k, v, (q_descale, k_descale, v_descale), return_attn_probs)
     problem, scale, kind = check_fp8_qkv(q, k, v, softmax_scale, causal)
     p = problem
     qshape, qst, qp, device = _raw(q, kind)
@@ -344,7 +390,7 @@ def flash_attn_fp8_func(q, k, v, softmax_scale: Optional[float] = None, causal: 
         plan = _plans[key] = Plan(family, cfg, problem, strides, scale, device)
     if kind == "torch":
         ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device)
-        stream = torch.cuda.current_stream(q.device).cuda_stream
+        stream = _raw_stream(q.device.index)
         ws_ptr = ws.data_ptr()
     else:
         with cupy.cuda.Device(device):
@@ -363,4 +409,11 @@ def flash_attn_fp8_func(q, k, v, softmax_scale: Optional[float] = None, causal: 
     # ws (and any descale copy) is freed on return: safe, the kernels run on the stream its
     # allocator serves
     run_plan(plan, (qp, kp, vp, optr, lptr), ws_ptr, descales, kind, stream)
+    if kind == "torch" and fast_key is not None and all(
+            d is None or d.ndim < 2 or d.is_contiguous() for d in descales):
+        mask = sum(1 << i for i, d in enumerate(descales)
+                   if d is not None and d.ndim == 2 and p.batch * p.nheads_kv > 1)
+        if len(_fast) >= 256:
+            _fast.clear()
+        _fast[fast_key] = (plan, mask, (p.batch, p.nheads, p.seqlen_q))
     return (out, lse, None) if return_attn_probs else out

@@ -136,3 +136,39 @@ def test_strided_v_same_output():
         a = cuflash.flash_attn_func(q8, k8, v8, causal=True)
         c = cuflash.flash_attn_func(q8, k8, v8.contiguous(), causal=True)
         assert torch.equal(a, c)
+
+
+def test_repeat_calls_take_the_hot_path(monkeypatch):
+    """Outputs not poisoned: the second call of a shape takes fp8's hot path (no checks) and
+    gives the first call's answer; new descale values (same shapes) and new tensors are read
+    per call; a misaligned q goes back to the checks (which refuse it)."""
+    require_sm90()
+    torch = _torch()
+    import cuflash
+    from cuflash import api
+
+    monkeypatch.setattr(api, "POISON_OUTPUTS", False)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q8, k8, v8 = e4m3_bytes((2, 200, 4, 128), g), e4m3_bytes((2, 150, 2, 128), g), e4m3_bytes((2, 150, 2, 128), g)
+    qd, kd = torch.rand(2, 2, device="cuda", generator=g) + 0.5, torch.tensor([0.75], device="cuda")
+    fp8._fast.clear()
+    first, lse1, _ = cuflash.flash_attn_func(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd,
+                                             return_attn_probs=True)
+    assert len(fp8._fast) == 1
+    calls = []
+    monkeypatch.setattr(fp8, "check_fp8_qkv", lambda *a: calls.append(a) or pytest.fail("checked"))
+    again, lse2, _ = cuflash.flash_attn_func(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd,
+                                             return_attn_probs=True)
+    assert torch.equal(first, again) and torch.equal(lse1, lse2) and not calls
+    kd2 = kd * 2
+    v2 = e4m3_bytes((2, 150, 2, 128), g)
+    hot = cuflash.flash_attn_func(q8, k8, v2, causal=True, q_descale=qd, k_descale=kd2)
+    monkeypatch.undo()
+    monkeypatch.setattr(api, "POISON_OUTPUTS", True)
+    cold = cuflash.flash_attn_func(q8, k8, v2, causal=True, q_descale=qd, k_descale=kd2)
+    assert torch.equal(hot, cold) and not torch.equal(hot, first)
+    monkeypatch.setattr(api, "POISON_OUTPUTS", False)
+    buf = torch.empty(q8.numel() + 16, dtype=torch.uint8, device="cuda")
+    q_odd = buf[1:1 + q8.numel()].view(torch.float8_e4m3fn).view(q8.shape)
+    with pytest.raises(ValueError, match="^q: TMA needs 16-byte aligned rows"):
+        cuflash.flash_attn_func(q_odd, k8, v8, causal=True, q_descale=qd, k_descale=kd)
