@@ -352,7 +352,10 @@ def flash_attn_fp8_func(q, k, v, softmax_scale: Optional[float] = None, causal: 
     from .select import choose_on_device
 
     fast_key = _fast_key(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, config)
-    hit = _fast.get(fast_key) if fast_key is not None else None
+    try:
+        hit = _fast.get(fast_key) if fast_key is not None else None
+    except TypeError:   # an unhashable argument (e.g. config): the checks name it
+        fast_key = hit = None
     if hit is not None and not api.POISON_OUTPUTS and not (q.data_ptr() | k.data_ptr()) & 15:
         return _run_fast(hit, q, k, v, (q_descale, k_descale, v_descale), return_attn_probs)
     problem, scale, kind = check_fp8_qkv(q, k, v, softmax_scale, causal)
