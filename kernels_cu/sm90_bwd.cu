@@ -19,7 +19,7 @@
 // blocks, so the longest CTAs start first; the deterministic mode needs that order too (the CTA
 // of K/V block n waits for block n - 1's dQ additions, which was launched before it).
 //
-// Producer (warp 0 of warpgroup 0; the other 3 warps exit): lane 0 issues the TMA copies, K_j
+// Producer (warp 0 of warpgroup 0; the other 3 warps exit, but for kDqWriter's warp 1): lane 0 issues the TMA copies, K_j
 // and V_j once (one barrier, kv_full), then per Q block Q_i and dO_i into one slot of a ring of
 // kStages slots; the 32 lanes copy the block's rows of LSE·log2e and D (kBM / 2 chunks of 16
 // bytes) by cp.async into the same slot, wait for them, and arrive on the slot's q_full.
@@ -75,7 +75,8 @@
 //   k_smem, v_smem [kChunks][BN][64]; q_smem, do_smem [kStages][kChunks][BM][64];
 //   ds_smem [BN / 64][BM][64]; lse_smem, D_smem [kStages][BM] fp32; then the mbarriers; then,
 //   with softcap or dropout, each consumer thread's words (Sm90BwdThreadWords), and with
-//   kDqBulk the dQ staging tile (Sm90BwdDqStage).
+//   kDqBulk the dQ staging tile (Sm90BwdDqStage), with kDqWriter its staging tiles
+//   (Sm90BwdDqWriterStage, 1024-byte aligned).
 //
 // Template parameters (cuflash/families/sm90_bwd.py Sm90BwdConfig mirrors and validates them):
 //   kBM        queries of a Q block: 64 or 128 (the N of Sᵀ, dPᵀ; the K of dV, dK)
@@ -112,6 +113,22 @@
 //              (cp.async.bulk.wait_group.read 0, then __syncwarp); at the end for the whole
 //              operation. Not with kDeterministic (its ordered additions keep red.add); the
 //              config refuses it with kDropout at head dim 128 (ptxas spills that kernel).
+//   kOverlapSdp, kDqWriter  (appended after kDqBulk) FlashAttention-3's backward schedule:
+//   kOverlapSdp  dPᵀ = V_j dO_iᵀ is issued right behind Sᵀ (groups 1 and 2), and only Sᵀ is
+//              waited for (wgmma_wait<1>): the tensor cores run dPᵀ while the thread computes Pᵀ;
+//              dV is issued after Pᵀ's fragments (group 3) and wgmma_wait<1> then waits for dPᵀ.
+//              Sᵀ and dPᵀ (BM / 2 fp32 each) are live together with dK, dV: the config allows it
+//              at head dim 64, and at 128 without causal (a window excepted), softcap, ALiBi or
+//              dropout (ptxas spills those; Sm90BwdConfig.overlap_sdp_spills).
+//   kDqWriter  the dQ_i part goes through shared memory to a writer warp (warp 1 of the
+//              producer warpgroup, otherwise idle): the consumers store their fragments into a
+//              staging tile of the whole BM x kHeadDim part (Sm90BwdDqWriterStage: 32-column
+//              boxes, 128-byte swizzle; 2 tiles where they fit), fence.proxy.async, and arrive on
+//              named barrier 2 + tile; the writer waits there, its lane 0 issues kHeadDim / 32
+//              tensor bulk reduce-adds (cp.reduce.async.bulk.tensor, the map tma_dq over the fp32
+//              accumulator), waits for the engine to have read the tile, and arrives on barrier
+//              4 + tile, which the consumers wait on before rewriting that tile. Not with
+//              kDeterministic or kDqBulk; the config refuses it with kDropout at head dim 128.
 #include "fa2_bwd.cu"
 #include "ptx_sm90.cuh"
 #include "params_sm90_bwd.cuh"

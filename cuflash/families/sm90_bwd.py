@@ -20,7 +20,10 @@ fa2_bwd's), and dropout (field dropout, name _drop; the Philox keep mask of phil
 element coordinates like every forward's); not varlen, nor the dropout mixes that spill
 (dropout_mix): supports() refuses them and selection falls back to fa2_bwd. dQ by bulk
 reduce-add through shared memory (FA3's way) is the opt-in field dq_bulk (name _dqb; in the
-tuning space). The heuristic keeps red.add: on the H100 (session 11,
+tuning space). FA3's backward schedule, opt-in fields in the tuning space too, default off until
+measured (tests/sm90_bwd_sched_timing.py): overlap_sdp (name _ovl: dPᵀ issued behind Sᵀ, Pᵀ
+computed while it runs) and dq_writer (name _dqw: dQ_i staged in swizzled shared memory, added
+by a producer warp's tensor bulk reduce-adds). The heuristic keeps red.add: on the H100 (session 11,
 logs/session11_final/timing.log) one bulk add per 256-byte row issued by the consumer warps
 took 1.05-1.06x red.add's time at d128 and 1.18x at d64, bf16, 8k-16k.
 Not implemented yet: head dims 96/192/256, swap-AB, a
@@ -75,6 +78,13 @@ class Sm90BwdConfig(KernelConfig):
                    (cp.reduce.async.bulk, FA3's way) instead of red.global.add from registers;
                    unordered mode only (not with deterministic), not with dropout at head dim
                    128 (ptxas spills it; for_problem drops the flag for such calls)
+    overlap_sdp:   FA3's schedule: dPᵀ issued behind Sᵀ, Pᵀ computed while it runs (both
+                   accumulators live); at head dim 128 only without causal (a window excepted),
+                   softcap, ALiBi, dropout (the others spill; for_problem drops the flag there)
+    dq_writer:     FA3's dQ path: the consumers stage dQ_i (BM x head_dim fp32, swizzled) in
+                   shared memory, a producer warp adds it by tensor bulk reduce-adds (map tma_dq);
+                   2 staging tiles where they fit (dq_writer_bufs); unordered mode only, not with
+                   dq_bulk, not with dropout at head dim 128 (it spills; for_problem drops it)
     """
 
     BM: int
