@@ -19,8 +19,8 @@
 // blocks, so the longest CTAs start first; the deterministic mode needs that order too (the CTA
 // of K/V block n waits for block n - 1's dQ additions, which was launched before it).
 //
-// Producer (warp 0 of warpgroup 0; the other 3 warps exit, but for kDqWriter's warp 1): lane 0 issues the TMA copies, K_j
-// and V_j once (one barrier, kv_full), then per Q block Q_i and dO_i into one slot of a ring of
+// Producer (warp 0 of warpgroup 0; the other 3 warps exit, but for kDqWriter's warp 1): lane 0
+// issues the TMA copies, K_j and V_j once (one barrier, kv_full), then per Q block Q_i and dO_i into one slot of a ring of
 // kStages slots; the 32 lanes copy the block's rows of LSE·log2e and D (kBM / 2 chunks of 16
 // bytes) by cp.async into the same slot, wait for them, and arrive on the slot's q_full.
 //
