@@ -178,15 +178,16 @@ struct Sm90BwdShape {
 
 // Per-thread 32-bit words in shared memory past the mbarriers (Sm90BwdConfig.smem_bytes adds
 // them): softcap's 1 - tanh² and dropout's signed Pᵀ, BM / 4 words each (two 16-bit elements a
-// word, packed as pack_a_frags packs Pᵀ), wait there from Sᵀ to dSᵀ. Word w of consumer thread
-// c sits at kOffset + ((w / 4) · consumer threads + c) · 16 + (w % 4) · 4: a warp's accesses to
-// one word are 32 consecutive 16-byte units apart by 16 bytes (conflict-free per quarter warp).
+// word, packed as pack_a_frags packs Pᵀ), wait there from Sᵀ to dSᵀ. Word-major: word w of
+// consumer thread c sits at kOffset + (w · consumer threads + c) · 4, so a warp's 32 accesses to
+// one word are 32 consecutive words, one per bank (thread-major, 16 bytes per thread, they were
+// 4-way bank-conflicted).
 template <class Shape, int kConsumers, int kWords>
 struct Sm90BwdThreadWords {
     static constexpr int kOffset = (Shape::kBarOffset + 8 * Shape::kBarriers + 15) / 16 * 16;
     static constexpr int kBytes = kWords * 4 * kConsumers * 128;
     static constexpr int kSmemBytes = kOffset + kBytes + 1024;  // + 1024: base alignment
-    static_assert(kWords % 4 == 0, "whole 16-byte units per thread");
+    static_assert(kWords % 4 == 0, "BM / 4 words per flag, BM a multiple of 16");
 };
 
 // kDqBulk: the staging tile of the dQ_i parts in shared memory, past the thread words (or the
@@ -404,9 +405,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     // packed as Pᵀ's A fragments) live from Sᵀ to dSᵀ in shared memory (Sm90BwdThreadWords; no
     // other thread reads them, so no barrier): in registers they would spill the d128 kernel
     // (dK, dV, Pᵀ, dPᵀ are all live then). Word w of Pᵀ's element (nt, e) is 2nt + e / 2.
-    unsigned char* words_smem_ptr = smem_ptr + Words::kOffset + (tid - 128) * 16;
+    unsigned char* words_smem_ptr = smem_ptr + Words::kOffset + (tid - 128) * 4;
     auto thread_word = [&](int w) -> u32& {
-        return *reinterpret_cast<u32*>(words_smem_ptr + (w / 4) * kConsumerThreads * 16 + (w % 4) * 4);
+        return *reinterpret_cast<u32*>(words_smem_ptr + w * kConsumerThreads * 4);
     };
 
     // Descriptors: this warpgroup's 64 rows of K_j, V_j (A, K-major); Q_i, dO_i as B of Sᵀ, dPᵀ

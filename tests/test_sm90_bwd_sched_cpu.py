@@ -299,3 +299,12 @@ def test_ptxas_schedule_flags_with_features_no_spills():
     assert all(c.problems() == [] for c in configs), [c.problems() for c in configs]
     bad = compile_clean(configs)
     assert not bad, "\n".join(bad)
+
+
+def test_thread_words_word_major():
+    """softcap's / dropout's per-thread words (Sm90BwdThreadWords) are word-major: word w of
+    consumer thread c at (w · consumer threads + c) · 4, a warp's 32 accesses to one word in 32
+    banks (the layout only; test_sm90_bwd_features_gpu.py checks softcap and dropout on the GPU)."""
+    src = (kernel_dir() / "sm90_bwd.cu").read_text()
+    assert "words_smem_ptr = smem_ptr + Words::kOffset + (tid - 128) * 4;" in src
+    assert "return *reinterpret_cast<u32*>(words_smem_ptr + w * kConsumerThreads * 4);" in src
