@@ -308,3 +308,39 @@ def test_thread_words_word_major():
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
     assert "words_smem_ptr = smem_ptr + Words::kOffset + (tid - 128) * 4;" in src
     assert "return *reinterpret_cast<u32*>(words_smem_ptr + w * kConsumerThreads * 4);" in src
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_dq_writer_stores_are_the_tma_swizzle(d):
+    """The consumers' fragment stores into the staging tile (sm90_bwd.cu, kDqWriter: the base
+    pointer, (nt / 4) boxes on, the unit 2·(nt % 4) ^ (t / 2 ^ g), 8 rows per half) put element
+    (row, col) of the BM x head_dim part where the tensor map's 128B swizzle reads it (box col /
+    32, row, 16-byte unit (col % 32) / 4 ^ row % 8), every element exactly once; a half warp's
+    float2 stores conflict at most 2-way."""
+    cfg = base(d, dq_writer=True)
+    BM, box = cfg.BM, cfg.BM * 128
+    row_groups = BM // 64
+    col_groups = cfg.consumers // row_groups
+    dq_n = d // col_groups
+    seen = {}
+    for wg in range(cfg.consumers):
+        row_group, col0 = wg % row_groups, (wg // row_groups) * dq_n
+        for warp, lane in itertools.product(range(4), range(32)):
+            g, t = lane // 4, lane % 4
+            tile = (col0 // 32) * box + (row_group * 64 + warp * 16 + g) * 128 + (t % 2) * 8
+            sw = ((t // 2) ^ g) << 4
+            for nt, half in itertools.product(range(dq_n // 8), range(2)):
+                off = tile + (nt // 4) * box + (sw ^ ((2 * (nt % 4)) << 4)) + half * 8 * 128
+                row, col = row_group * 64 + warp * 16 + g + 8 * half, col0 + nt * 8 + 2 * t
+                for e in range(2):
+                    want = (col + e) // 32 * box + row * 128 + ((((col + e) % 32) // 4) ^ (row % 8)) * 16 + (col + e) % 4 * 4
+                    assert off + 4 * e == want, (wg, warp, lane, nt, half, e)
+                    seen[want] = seen.get(want, 0) + 1
+                if lane < 16 and warp == 0 and wg == 0 and half == 0:   # one store instruction's half warp
+                    seen.setdefault(("banks", nt), []).append((off // 4) % 32)
+    offsets = [k for k in seen if not isinstance(k, tuple)]
+    assert sorted(offsets) == list(range(0, BM * d * 4, 4)) and all(seen[k] == 1 for k in offsets)
+    for key, banks in seen.items():
+        if isinstance(key, tuple):   # 16 threads x 2 words: each bank at most twice
+            words = [b + e for b in banks for e in range(2)]
+            assert max(words.count(b) for b in set(words)) <= 2
