@@ -1,5 +1,5 @@
 """cuflash.distributed on GPUs: ring attention over NCCL, one process per GPU (P = 2, and
-P = 4 where there are 4), against single-GPU cuflash and the float64 reference.
+P = 3 and 4 where there are that many), against single-GPU cuflash and the float64 reference.
 
 Each process runs every case on the full sequence's inputs (same seed on every rank): the
 float64 reference and plain low-precision attention (torch ops on its GPU), single-GPU
@@ -159,8 +159,11 @@ def _worker(rank, world, port, cases, errors):
                                                                   layout=layout),
                           shard(q), shard(k), shard(v), shard(dout))
             torch.cuda.synchronize()
-            failures += _compare(f"rank {rank}/{world} case {i} {(b, s, h, hk, d, causal, layout, dt)}",
-                                 shard, ref, low, single, ring, dtype, dt)
+            what = f"rank {rank}/{world} case {i} {(b, s, h, hk, d, causal, layout, dt)}"
+            failures += _compare(what, shard, ref, low, single, ring, dtype, dt)
+            if i == 0:
+                failures += _deterministic_and_strided(what, cfd, shard, q, k, v, dout, causal,
+                                                       layout, ref, low, single, dtype, dt)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -168,7 +171,36 @@ def _worker(rank, world, port, cases, errors):
         raise AssertionError("\n".join(failures))
 
 
-@pytest.mark.parametrize("world", [2, 4])
+def _deterministic_and_strided(what, cfd, shard, q, k, v, dout, causal, layout, ref, low, single,
+                               dtype, dt) -> list:
+    """deterministic=True twice: bitwise equal outputs and gradients, within the error rule;
+    and K/V as strided views (unbind of a packed kv tensor, as flash_attn_kvpacked_func users
+    pass them): the ring sends them contiguous, same results as contiguous K/V."""
+    import torch
+
+    failures = []
+    det = [_grads(lambda q, k, v: cfd.ring_flash_attn_func(q, k, v, causal=causal, layout=layout,
+                                                           deterministic=True),
+                  shard(q), shard(k), shard(v), shard(dout)) for _ in range(2)]
+    torch.cuda.synchronize()
+    failures += _compare(what + " deterministic", shard, ref, low, single, det[0], dtype, dt)
+    same = all(torch.equal(a, b) for a, b in zip(det[0], det[1]))
+    print(f"{what} deterministic: two runs bitwise equal: {same}", flush=True)
+    if not same:
+        failures.append(f"{what} deterministic: two runs differ")
+    ql = shard(q).detach().clone().requires_grad_()
+    kv = torch.stack((shard(k), shard(v)), dim=2).requires_grad_()  # (b, s, 2, hk, d)
+    ks, vs = kv.unbind(2)                                            # strided views
+    assert not ks.is_contiguous()
+    out = cfd.ring_flash_attn_func(ql, ks, vs, causal=causal, layout=layout)
+    dq, dkv = torch.autograd.grad(out, (ql, kv), shard(dout))
+    strided = (out.detach(), dq, *dkv.unbind(2))
+    torch.cuda.synchronize()
+    failures += _compare(what + " strided kv", shard, ref, low, single, strided, dtype, dt)
+    return failures
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_ring_matches_single_gpu(world):
     if _gpus() < world:
         pytest.skip(f"needs {world} GPUs, found {_gpus()}")
@@ -241,7 +273,7 @@ def _varlen_worker(rank, world, port, cases):
         raise AssertionError("\n".join(failures))
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])  # 1: the per-chunk varlen calls alone, no ring
+@pytest.mark.parametrize("world", [1, 2, 3, 4])  # 1: the per-chunk varlen calls alone, no ring
 def test_ring_varlen_matches_single_gpu(world):
     if _gpus() < world:
         pytest.skip(f"needs {world} GPUs, found {_gpus()}")
