@@ -118,8 +118,8 @@
 //              waited for (wgmma_wait<1>): the tensor cores run dPᵀ while the thread computes Pᵀ;
 //              dV is issued after Pᵀ's fragments (group 3) and wgmma_wait<1> then waits for dPᵀ.
 //              Sᵀ and dPᵀ (BM / 2 fp32 each) are live together with dK, dV: the config allows it
-//              at head dim 64, and at 128 without causal (a window excepted), softcap, ALiBi or
-//              dropout (ptxas spills those; Sm90BwdConfig.overlap_sdp_spills).
+//              at head dim 64, and at 128 without softcap, ALiBi or dropout (ptxas spills those;
+//              Sm90BwdConfig.overlap_sdp_spills); the mask goes after the exp2 (fill 0).
 //   kDqWriter  the dQ_i part goes through shared memory to a writer warp (warp 1 of the
 //              producer warpgroup, otherwise idle): the consumers store their fragments into a
 //              staging tile of the whole BM x kHeadDim part (Sm90BwdDqWriterStage: 32-column
@@ -549,7 +549,10 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             }
         };
         if constexpr (!ScoreMod<kSoftcap, kAlibi>::kOn) {
-            hide(neg_inf());
+            // (kOverlapSdp: the mask after the exp2, hidden elements -> 0, as with the score
+            // modifiers below: with dPᵀ's accumulators live the mask's values must not outlive
+            // the exp2s; the d128 causal kernel spills otherwise)
+            if constexpr (!kOverlapSdp) hide(neg_inf());
 #pragma unroll
             for (int nt = 0; nt < kBM / 8; ++nt) {
                 const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
@@ -557,6 +560,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 for (int e = 0; e < 4; ++e)
                     s_acc[0][nt][e] = exp2_scaled(s_acc[0][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
             }
+            if constexpr (kOverlapSdp) hide(0.f);
         } else {
             // Sᵀ through the score modifiers (score.cuh, raw units) on the way to the exp2, the
             // mask after it (hidden elements -> 0, whatever their modified score). Element

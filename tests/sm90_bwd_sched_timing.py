@@ -10,9 +10,8 @@ Each case first checks every flagged kernel's gradients against plain's (the sam
 difference of dq relative to max |dq| should be within a bf16 ulp, <= 4e-3, as the fp32
 additions come in another order; dk / dv exactly 0 without overlap_sdp, within an ulp with it),
 then times torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) with the samples
-interleaved (cuflash.timing.time_interleaved). overlap_sdp at d128 causal is refused (its kernel
-spills): for_problem drops it there, so those rows repeat plain's / dq_writer's kernel and are
-marked "(= ...)". TFLOPs: the backward's FA convention (2.5x the forward's). Not a test.
+interleaved (cuflash.timing.time_interleaved). A variant whose flags the call drops (for_problem)
+repeats another's kernel and is marked "(= ...)". TFLOPs: the backward's FA convention (2.5x the forward's). Not a test.
 Success: every row prints, no NaN / assertion; the JSON (--out) holds the rows and the device.
 """
 import argparse

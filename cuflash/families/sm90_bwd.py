@@ -79,8 +79,8 @@ class Sm90BwdConfig(KernelConfig):
                    unordered mode only (not with deterministic), not with dropout at head dim
                    128 (ptxas spills it; for_problem drops the flag for such calls)
     overlap_sdp:   FA3's schedule: dPᵀ issued behind Sᵀ, Pᵀ computed while it runs (both
-                   accumulators live); at head dim 128 only without causal (a window excepted),
-                   softcap, ALiBi, dropout (the others spill; for_problem drops the flag there)
+                   accumulators live); at head dim 128 not with softcap, ALiBi or dropout (those
+                   spill; for_problem drops the flag there)
     dq_writer:     FA3's dQ path: the consumers stage dQ_i (BM x head_dim fp32, swizzled) in
                    shared memory, a producer warp adds it by tensor bulk reduce-adds (map tma_dq);
                    2 staging tiles where they fit (dq_writer_bufs); unordered mode only, not with
@@ -168,9 +168,9 @@ class Sm90BwdConfig(KernelConfig):
 
     def overlap_sdp_spills(self) -> bool:
         """Whether overlap_sdp's kernel spills at head dim 128 (nvcc 13.0, sm_90a, BM 64): with
-        the causal mask (window excepted), softcap, ALiBi or dropout; the plain non-causal
-        one and the window fit (tests/test_sm90_bwd_sched_cpu.py holds it)."""
-        return ((self.causal and not self.window) or self.softcap or self.alibi or self.dropout)
+        softcap, ALiBi or dropout; plain, causal and window kernels fit
+        (tests/test_sm90_bwd_sched_cpu.py holds it)."""
+        return self.softcap or self.alibi or self.dropout
 
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
@@ -220,8 +220,8 @@ class Sm90BwdConfig(KernelConfig):
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
         if not out and self.overlap_sdp and self.head_dim > 64 and self.overlap_sdp_spills():
-            out.append(f"overlap_sdp at head_dim={self.head_dim} with causal / softcap / ALiBi / "
-                       "dropout: ptxas spills that kernel (Sᵀ and dPᵀ live together; nvcc 13.0)")
+            out.append(f"overlap_sdp at head_dim={self.head_dim} with softcap / ALiBi / dropout: "
+                       "ptxas spills that kernel (Sᵀ and dPᵀ live together; nvcc 13.0)")
         if not out and self.dq_writer and self.dropout and self.head_dim > 64:
             out.append(f"dq_writer with dropout at head_dim={self.head_dim}: ptxas spills that kernel "
                        "(nvcc 13.0); the red.add one (dq_writer=False) runs it")
