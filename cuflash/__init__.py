@@ -33,9 +33,11 @@ __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_
            "config_for", "bwd_config_for",
            "FwdConfig", "BwdConfig", "ConfigError", "NoGPUError", "UnsupportedFeature", "Problem",
            "reference", "index_first_axis", "index_put_first_axis", "unpad_input", "pad_input",
+           "index_first_axis_residual", "unpad_input_for_concatenated_sequences",
            "__version__"]
 
-_PADDING = ("index_first_axis", "index_put_first_axis", "unpad_input", "pad_input")
+_PADDING = ("index_first_axis", "index_put_first_axis", "unpad_input", "pad_input",
+            "index_first_axis_residual", "unpad_input_for_concatenated_sequences")
 
 
 def __getattr__(name):

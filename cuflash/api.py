@@ -880,8 +880,10 @@ def _values_unreadable(cu, kind: str) -> bool:
     """Whether GPU cu_seqlens are not read back now: CHECK_CU_SEQLENS off, or a torch tensor
     while torch.compile traces (fake tensors) or a CUDA graph is being captured (a sync would
     break the capture). The values are then the caller's responsibility, as in flash-attn."""
-    if kind == "numpy" or (kind == "torch" and cu.device.type != "cuda"):
+    if kind == "numpy":
         return False  # host values (the CPU reference needs them)
+    if kind == "torch" and cu.device.type != "cuda":  # fake tensors while torch.compile traces
+        return sys.modules["torch"].compiler.is_compiling()
     if not CHECK_CU_SEQLENS:
         return True
     if kind != "torch":
@@ -942,7 +944,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     Any page_block_size >= 1 (flash-attn requires a multiple of 256). Page ids are checked
     (0 <= id < num_blocks, enough columns for each sequence) where cu_seqlens are; the kernels
     clamp them besides, so no id reads outside k, v. Window, softcap and ALiBi apply; dropout
-    does not; a backward through it raises NotImplementedError naming block_table.
+    raises UnsupportedFeature (flash-attn's paged kernel silently runs without it); a backward
+    through it raises NotImplementedError naming block_table (flash-attn's fails too), also
+    under torch.compile (op cuflash::varlen_fwd_paged; the graph compiles, the backward raises
+    when it runs). torch CPU tensors under torch.compile: block_table through the op's CPU
+    impl (the reference); without block_table the call runs eagerly (a graph break).
     """
     if block_table is not None:
         return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -951,6 +957,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_varlen_tensor(name, x)
     tq, tk, tv, scale, problem = check_qkv(q[None], k[None], v[None], softmax_scale, causal)
+    if _is_torch_cpu(tq) and sys.modules["torch"].compiler.is_compiling():
+        # the float64 reference reads cu_seqlens on the host: torch.compile runs it eagerly
+        return sys.modules["torch"].compiler.disable(flash_attn_varlen_func)(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+            softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+            return_attn_probs, dropout_seed=dropout_seed)
     _, total_q, nheads, _ = tq.shape
     total_k = tk.shape[1]
     cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq, total_q)
@@ -1133,7 +1145,14 @@ def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     problem = feature_problem(problem.replace(batch=nseq, seqlen_q=max_q, seqlen_k=max_k), feats)
     if "dropout" in feats.features:  # no paged kernel has it
         raise UnsupportedFeature(f"dropout_p={dropout_p!r}, block_table: dropout with a paged K/V "
-                                 "cache is not implemented (flash-attn's paged path is inference)")
+                                 "cache is not implemented (flash-attn's paged path is inference: "
+                                 "its paged kernel ignores dropout_p; pass dropout_p=0)")
+    if _is_torch_cpu(tq) and cu_k is None:  # torch.compile tracing: the op's CPU impl
+        from . import varlen_torch
+
+        out, lse = varlen_torch.attention_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table,
+                                                max_q, max_k, scale, feats)
+        return (out, lse, None) if return_attn_probs else out
     if _is_torch_cpu(tq):  # the reference on the keys gathered from their pages
         from . import torch_ops, varlen
 

@@ -19,8 +19,11 @@ before anything runs.
   through the ``cuflash::kvcache`` torch op.
 * CuPy arrays run the same kernels and plans (keyed and validated the same way), with the
   outputs from CuPy's memory pool and the launches on CuPy's current stream.
-* NumPy arrays raise ``cuflash.UnsupportedFeature`` after validation (the cache is updated in
-  place: cuflash does not copy it to and from the GPU). Nothing is launched.
+* NumPy arrays are validated on the host (the values of cache_seqlens, cache_batch_idx,
+  cache_leftpad and block_table too), copied to the GPU and run by the same kernels as CuPy
+  arrays; out (and lse) come back as NumPy arrays, and an append is copied back into the
+  caller's k_cache / v_cache in place (the whole cache both ways per call: for tests and
+  small caches).
 
 Where cuflash differs from flash-attn 2.8 (all on the accepting side, none changes a result
 flash-attn gives): any ``page_block_size`` and any even ``rotary_dim`` are accepted (flash-attn's
@@ -105,10 +108,13 @@ def _int32_arg(name: str, x, tq: api._Tensor, shape: tuple, what: str):
 
 
 def _host_ints(x, tq: api._Tensor) -> Optional[np.ndarray]:
-    """The values of an int argument on the host (int64), for CPU inputs; None for GPU ones
-    (a decode kernel reads them on the device: no synchronization at validation)."""
+    """The values of an int argument on the host (int64), for CPU inputs (torch CPU, NumPy);
+    None for GPU ones (a decode kernel reads them on the device: no synchronization at
+    validation)."""
     if tq.kind == "torch" and tq.device is None:
         return x.detach().numpy().astype(np.int64)
+    if tq.kind == "numpy":
+        return np.asarray(x).astype(np.int64)
     return None
 
 
@@ -342,8 +348,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     torch CPU tensors run the float64 reference, torch CUDA tensors the decode_splitkv kernels
     (head dims that are multiples of 8, up to 256; 16-byte aligned tensors whose strides but the
     head dim's are multiples of 8 elements), and so do CuPy arrays (on CuPy's current stream).
-    NumPy arrays raise cuflash.UnsupportedFeature after validation, before any launch and
-    without touching the cache.
+    NumPy arrays are copied to the GPU and run the same kernels; out / lse come back as NumPy
+    arrays and an append updates the caller's k_cache / v_cache in place, as flash-attn's.
     """
     torch = sys.modules.get("torch")  # not imported: q is no torch tensor (cuflash imports none)
     if torch is not None and isinstance(q, torch.Tensor) and torch.compiler.is_compiling():
@@ -365,6 +371,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     call = check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                          window_size, softcap, rotary_interleaved, alibi_slopes, num_splits)
+    if call.tq.kind == "numpy":
+        out, lse = _numpy_kvcache(call, (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                         cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                         alibi_slopes),
+                                  (softmax_scale, causal, window_size, softcap, rotary_interleaved,
+                                   num_splits))
+        return (out, lse) if return_softmax_lse else out
     if not (call.tq.kind == "torch" and call.tq.device is None):
         _raise_unsupported(call)
     out, lse = _reference_torch(call, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
@@ -607,18 +620,20 @@ def _run_cached(plans: dict, args: tuple, scalars: tuple, array_class=None, arra
 
 
 def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
-               config=None, arrays=None):
+               config=None, arrays=None, call=None):
     """First call of a GPU call shape: validate everything (errors name the argument), choose
-    the family and config (or check the given one), fix the split count, build the plan."""
+    the family and config (or check the given one), fix the split count, build the plan.
+    call: the KVCacheCall when validated already (NumPy inputs: on the caller's arrays)."""
     from . import _gpu
     from .launch import Plan
     from .select import choose
 
     (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
      cache_leftpad, block_table, alibi_slopes) = args
-    call = check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                         cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                         window_size, softcap, rotary_interleaved, alibi_slopes, num_splits)
+    if call is None:
+        call = check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                             cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                             window_size, softcap, rotary_interleaved, alibi_slopes, num_splits)
     arrays = _TorchArrays() if arrays is None else arrays  # torch tensors, or CuPy arrays
     entry = arrays.entry_class()
     b, sq, h, d = call.tq.shape
@@ -666,6 +681,49 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
     entry.plan = Plan(family, cfg, problem, strides, call.softmax_scale, dev)
     entry.ws_bytes = entry.plan.workspace_bytes
     return entry
+
+
+def _numpy_kvcache(call: KVCacheCall, args: tuple, scalars: tuple) -> tuple:
+    """NumPy inputs (validated on the host, int arguments' values included): copied to the GPU
+    (CuPy, the current device), run by the same kernels as CuPy arrays, out and lse copied
+    back; when k, v are appended, the caller's k_cache / v_cache receive the updated cache
+    (in place, as flash-attn mutates its cache). No plan cache: each call copies the cache
+    both ways, O(cache) traffic (for tests and small caches; keep a serving cache on the GPU)."""
+    from . import _gpu
+
+    q, k_cache, v_cache = args[:3]
+    if call.seqlen_new:
+        for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if not x.flags.writeable:
+                raise ValueError(f"{name}: a read-only NumPy array; flash_attn_with_kvcache appends "
+                                 "k, v to the cache in place")
+        if np.shares_memory(k_cache, v_cache):
+            raise ValueError("v_cache: shares memory with k_cache; the in-place append needs two "
+                             "separate caches")
+    b, sq, h, _ = call.tq.shape
+    if b == 0 or h == 0 or (sq == 0 and not call.seqlen_new):  # nothing to run or append
+        return np.zeros(q.shape, q.dtype), np.full((b, h, sq), np.inf, np.float32)
+    _gpu.require("flash_attn_with_kvcache (NumPy inputs)")
+    import dataclasses
+
+    import cupy
+
+    def to_gpu(x):  # 16-bit floats as raw words (NumPy has no bf16 CuPy can hold)
+        if not isinstance(x, np.ndarray):
+            return x  # None, an int cache_seqlens
+        x = np.ascontiguousarray(x)
+        return cupy.asarray(x.view(np.uint16) if x.dtype.itemsize == 2 and x.dtype.kind not in "iub"
+                            else x)
+
+    dev_args = tuple(to_gpu(x) for x in args)
+    tq = dataclasses.replace(api.describe_raw(dev_args[0]), dtype=call.tq.dtype)
+    dev_call = dataclasses.replace(call, tq=tq)
+    entry = _gpu_entry(dev_args, *scalars, arrays=_CupyArrays(), call=dev_call)
+    out, lse = entry.run(dev_args)
+    if call.seqlen_new:  # the appended rows (and all others, unchanged) back into the caller's
+        k_cache[...] = cupy.asnumpy(dev_args[1]).view(k_cache.dtype)
+        v_cache[...] = cupy.asnumpy(dev_args[2]).view(v_cache.dtype)
+    return cupy.asnumpy(out).view(q.dtype), cupy.asnumpy(lse)
 
 
 def _reference_torch(call, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,

@@ -409,7 +409,8 @@ def dropout_probs(q, k, lse, cu_q, cu_k, max_q: int, max_k: int, scale: float, c
 
 # ---------------------------------------------------------------------------------------
 # paged K/V cache (block_table): forward only, eager (and CUDA graphs: launches by address on
-# the current stream); a backward through it raises NotImplementedError naming block_table
+# the current stream) and torch.compile (the ops at the end of this file); a backward through
+# it raises NotImplementedError naming block_table
 
 def _ready_cache(x):
     """A (num_pages, page_block_size, nheads_kv, head_dim) cache, or a contiguous aligned copy
@@ -470,16 +471,17 @@ class PagedNoBackwardFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse=None):
-        raise NotImplementedError("block_table: the backward through a paged K/V cache is not "
-                                  "implemented (use packed k, v without block_table for training)")
+        raise NotImplementedError(PAGED_NO_BACKWARD)
 
 
 def attention_paged(q, k, v, cu_q, cu_k, block_table, max_q: int, max_k: int, scale: float, feats,
                     config=None):
-    """(out, lse) of a validated torch CUDA paged call (``cuflash.api.FeatureArgs``)."""
+    """(out, lse) of a validated torch paged call (``cuflash.api.FeatureArgs``): eager CUDA
+    tensors launch directly; under torch.compile (CUDA, or CPU through the reference) the call
+    goes through the cuflash::varlen_fwd_paged op."""
     if torch.compiler.is_compiling():
-        raise NotImplementedError("block_table: a paged K/V cache is not supported under "
-                                  "torch.compile yet (eager and CUDA graphs are)")
+        return attention_paged_traced(q, k, v, cu_q, cu_k, block_table, max_q, max_k, scale, feats,
+                                      config)
     slopes = None if feats.alibi_slopes is None else feats.alibi_slopes.detach()
 
     def run():
@@ -490,3 +492,103 @@ def attention_paged(q, k, v, cu_q, cu_k, block_table, max_q: int, max_k: int, sc
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return PagedNoBackwardFn.apply(q, k, v, run)
     return run()
+
+
+# ---------------------------------------------------------------------------------------
+# the paged call under torch.compile: one forward op, and a backward op that refuses at run time
+#   cuflash::varlen_fwd_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, max_seqlen_q,
+#       max_seqlen_k, softmax_scale, causal, alibi_slopes?, window_left, window_right, softcap,
+#       config) -> (out, lse)
+#   cuflash::varlen_paged_no_bwd(dout, q, k, v) -> (dq, dk, dv): raises NotImplementedError
+# flash-attn has no backward through a paged cache either (its varlen backward rejects the 4-D
+# cache at run time); a graph that only *could* differentiate compiles, as flash-attn's does,
+# and the refusal comes when a backward actually runs. The CPU impl is the float64 reference
+# on the keys gathered from their pages (what the eager CPU path computes).
+
+torch.library.define("cuflash::varlen_fwd_paged",
+                     "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+                     "Tensor block_table, int max_seqlen_q, int max_seqlen_k, float softmax_scale, "
+                     "bool causal, Tensor? alibi_slopes, int window_left, int window_right, "
+                     "float softcap, str config) -> (Tensor, Tensor)")
+torch.library.define("cuflash::varlen_paged_no_bwd",
+                     "(Tensor dout, Tensor q, Tensor k, Tensor v) -> (Tensor, Tensor, Tensor)")
+
+PAGED_NO_BACKWARD = ("block_table: the backward through a paged K/V cache is not implemented "
+                     "(use packed k, v without block_table for training)")
+
+
+@torch.library.impl("cuflash::varlen_fwd_paged", "CUDA")
+def _fwd_paged_op(q, k, v, cu_q, cu_k, block_table, max_q, max_k, scale, causal, slopes, left, right,
+                  softcap, config):
+    return forward_paged(q, k, v, cu_q, cu_k, block_table, max_q, max_k, scale, causal, slopes,
+                         (left, right), softcap, _decode(config, q.dtype, causal))
+
+
+@torch.library.impl("cuflash::varlen_fwd_paged", "CPU")
+def _fwd_paged_cpu(q, k, v, cu_q, cu_k, block_table, max_q, max_k, scale, causal, slopes, left,
+                   right, softcap, config):
+    import types
+
+    from . import torch_ops
+
+    cu_q_host, cu_k_host = (x.numpy().astype(np.int64) for x in (cu_q, cu_k))
+    kp, vp = (varlen.gather_paged(x, block_table, np.diff(cu_k_host), xp="torch") for x in (k, v))
+    feats = types.SimpleNamespace(window_size=(int(left), int(right)), softcap=float(softcap),
+                                  alibi_slopes=slopes, dropout_p=0.0, causal=bool(causal))
+    out, lse, _ = torch_ops.attention_reference(q, kp, vp, scale, feats,
+                                                (cu_q_host, cu_k_host, int(max_q), int(max_k)))
+    return out.contiguous(), lse.contiguous()
+
+
+@torch.library.register_fake("cuflash::varlen_fwd_paged")
+def _(q, k, v, cu_q, cu_k, block_table, max_q, max_k, scale, causal, slopes, left, right, softcap,
+      config):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device))
+
+
+def _paged_no_bwd(dout, q, k, v):
+    raise NotImplementedError(PAGED_NO_BACKWARD)
+
+
+torch.library.impl("cuflash::varlen_paged_no_bwd", "CUDA")(_paged_no_bwd)
+torch.library.impl("cuflash::varlen_paged_no_bwd", "CPU")(_paged_no_bwd)
+
+
+@torch.library.register_fake("cuflash::varlen_paged_no_bwd")
+def _(dout, q, k, v):
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+
+
+class VarlenPagedFn(torch.autograd.Function):
+    """out, lse of a paged call under torch.compile, for inputs that require grad: the
+    backward is the refusing op (so the graph traces; running it raises)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, block_table, slopes, args):
+        out, lse = torch.ops.cuflash.varlen_fwd_paged(q, k, v, cu_q, cu_k, block_table, *args[:4],
+                                                      slopes, *args[4:])
+        ctx.save_for_backward(q, k, v)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse=None):
+        q, k, v = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+        dq, dk, dv = torch.ops.cuflash.varlen_paged_no_bwd(dout, q, k, v)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def attention_paged_traced(q, k, v, cu_q, cu_k, block_table, max_q: int, max_k: int, scale: float,
+                           feats, config=None):
+    """attention_paged under torch.compile: through the cuflash::varlen_fwd_paged op."""
+    slopes = None if feats.alibi_slopes is None else feats.alibi_slopes.detach()
+    window = tuple(int(w) for w in feats.window_size)
+    args = (int(max_q), int(max_k), float(scale), bool(feats.causal), window[0], window[1],
+            float(feats.softcap), _encode(config))
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return VarlenPagedFn.apply(q, k, v, cu_q, cu_k, block_table, slopes, args)
+    return torch.ops.cuflash.varlen_fwd_paged(q, k, v, cu_q, cu_k, block_table, *args[:4], slopes,
+                                              *args[4:])

@@ -103,6 +103,10 @@
 //              regenerates: per warp the wgmma accumulator layout is mma.sync's (rows g, g + 8
 //              of the warp's 16, columns 8·nt + 2t + e), so Dropout::apply serves both families
 //              (one Philox call per 16 elements, a 4 x 4 word transpose in the quad)
+//   kEmuExp2   0..4: that many quarters of S's 8-column tiles compute P's exp2 on the FMA / ALU
+//              pipes (exp2_emu.cuh: a polynomial, FlashAttention-4's trick) instead of the SFU's
+//              ex2.approx, which softcap's tanh.approx also needs; 0 (the default) is the
+//              plain kernel, the same code as before the parameter existed
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
@@ -112,6 +116,7 @@
 #include "score.cuh"
 #include "softmax.cuh"
 #include "philox.cuh"
+#include "exp2_emu.cuh"
 
 namespace cuflash {
 
@@ -182,7 +187,7 @@ struct Sm90Tile {
 
 template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
           class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
-          bool kDropout = false>
+          bool kDropout = false, int kEmuExp2 = 0>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim>;
@@ -360,7 +365,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 score.apply(s_acc, warp_row0, n_block * kBN, g, t);
                 if (mask.template needs_mask<kBN, 64>(wg_row0, n_block))
                     mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
-                softmax_step(s_acc, m, l, p.scale_log2, alpha);
+                if constexpr (kEmuExp2 == 0)
+                    softmax_step(s_acc, m, l, p.scale_log2, alpha);
+                else   // kEmuExp2 quarters of S's 8-column tiles take the software exp2
+                    softmax_step_emu<kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, p.scale_log2, alpha);
             };
             // dropout (Algorithm 2): l summed the undropped P_j in softmax_s; P_j ∘ Z / (1 - p)
             // is what O += P_j V_j takes. Run just before P_j is packed, once P_{j-1}'s

@@ -57,6 +57,16 @@ MAX_ACCUM_REGS = {1: 192, 2: 176, 3: 96}
 # fragments are dead. One step up spills: d64 BN 160 (4 bytes), d128 BN 144 (24), d256 BN 80 (8);
 # the plain BNs (192 / 176 / 112 / 80) spill 4..140 bytes. tests/test_sm90_cpu.py holds it to that.
 DROPOUT_BN = {64: 128, 96: 128, 128: 128, 192: 96, 256: 64}
+# emu_exp2 (kEmuExp2): quarters of S's 8-column tiles whose exp2 runs on the FMA / ALU pipes
+# (kernels_cu/exp2_emu.cuh). Legal values, and the tuning space's (all emulated, 4, moves the
+# bottleneck to the FMA pipes: ~10 instructions against one SFU op at 1/8 of the FMA rate).
+EMU_EXP2 = (0, 1, 2, 3, 4)
+EMU_EXP2_SPACE = (0, 1, 2, 3)
+# The heuristic's emu_exp2 with softcap: per score softcap needs tanh.approx and ex2.approx, two
+# SFU ops (16 / clock / SM) against ~7 FMA / ALU instructions (128 / clock); emulating half the
+# exp2s balances the two pipes (SFU 8 + 4 slots, issue 7 + 5). Without softcap 0: the d64 plain
+# option stays off until measured (tests/sm90_softcap_timing.py).
+SOFTCAP_EMU_EXP2 = 2
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -78,6 +88,10 @@ class Sm90FwdConfig(KernelConfig):
     alibi:     ALiBi (kAlibi; the slopes are a run-time pointer)
     dropout:   attention dropout (kDropout: philox.cuh's keep mask, fa2_fwd's bit for bit), set
                from the call (``for_problem``), never tuned; p and the RNG state are run-time
+    emu_exp2:  0..4, quarters of S's 8-column tiles whose exp2 runs on the FMA / ALU pipes
+               (kEmuExp2, kernels_cu/exp2_emu.cuh) instead of the SFU; 0 is the plain kernel.
+               Tuned with softcap (EMU_EXP2_SPACE), and at head dim 64 without it on 2-consumer
+               pingpong tiles (an option, off in the heuristic)
     """
 
     BM: int
@@ -93,6 +107,7 @@ class Sm90FwdConfig(KernelConfig):
     softcap: bool = False
     alibi: bool = False
     dropout: bool = False
+    emu_exp2: int = 0
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -106,7 +121,8 @@ class Sm90FwdConfig(KernelConfig):
         mask = "causal" if self.causal else "full"
         return (f"sm90fwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{'_pp' if self.pingpong else ''}"
-                f"{'_persist' if self.persistent else ''}{'_drop' if self.dropout else ''}{name_suffix(self)}")
+                f"{'_persist' if self.persistent else ''}{'_drop' if self.dropout else ''}"
+                f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{name_suffix(self)}")
 
     @property
     def smem_cols(self) -> int:
@@ -131,12 +147,13 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.pingpong else 'false'}, {'true' if self.persistent else 'false'}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, "
                 f"{'true' if self.causal else 'false'}{template_suffix(self)}"
-                f"{', true' if self.dropout else ''}>")   # kDropout last; plain names unchanged
+                f"{(', true' if self.dropout else ', false') if self.dropout or self.emu_exp2 else ''}"  # kDropout
+                f"{f', {self.emu_exp2}' if self.emu_exp2 else ''}>")    # kEmuExp2 last
 
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
-                self.dropout)
+                self.dropout, self.emu_exp2)
 
     def _problems(self) -> list[str]:
         out = []
@@ -156,6 +173,19 @@ class Sm90FwdConfig(KernelConfig):
         if self.dropout and self.head_dim in DROPOUT_BN and self.BN > DROPOUT_BN[self.head_dim]:
             out.append(f"dropout at BN={self.BN}: the Philox rounds spill above "
                        f"BN={DROPOUT_BN[self.head_dim]} at head_dim={self.head_dim} (DROPOUT_BN)")
+        if self.emu_exp2 not in EMU_EXP2:
+            out.append(f"emu_exp2 must be one of {EMU_EXP2} (quarters of S's 8-column tiles), "
+                       f"got {self.emu_exp2}")
+        elif self.emu_exp2 and not self.softcap and not (self.head_dim == 64 and self.consumers == 2
+                                                          and self.pingpong):
+            out.append(f"emu_exp2={self.emu_exp2} needs softcap, or head_dim 64 with 2 consumers and "
+                       f"pingpong (the plain option, on the heuristic's and the tuned tables' d64 "
+                       f"structure only, to keep the space small): elsewhere the SFU is not the "
+                       f"bottleneck; got head_dim={self.head_dim}, {self.consumers} consumers, "
+                       f"pingpong={self.pingpong} without softcap")
+        elif self.emu_exp2 and self.dropout:
+            out.append(f"emu_exp2={self.emu_exp2} with dropout is not implemented (its registers "
+                       "are unchecked)")
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
@@ -260,7 +290,7 @@ class Sm90Forward(Family):
     config_cls = Sm90FwdConfig
     space = {"BM": (64, 128, 192), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
              "stages": (2, 3), "consumers": (1, 2, 3), "pingpong": (False, True),
-             "persistent": (False, True)}
+             "persistent": (False, True), "emu_exp2": EMU_EXP2_SPACE}
     params_struct = "Sm90FwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90FwdParams"
     pointer_fields = ("q", "k", "v", "o", "lse")
@@ -301,12 +331,23 @@ class Sm90Forward(Family):
         dropout = "dropout" in problem.features
         if config.dropout != dropout:
             config = config.replace(dropout=dropout)
+        if dropout and config.emu_exp2:   # not implemented with dropout: the plain exp2 (a speed knob)
+            config = config.replace(emu_exp2=0)
         return self.with_features(config, problem)
 
     def _fields(self, config):
         # dropout is not encoded either: the call sets it (for_problem), so the encoded form of a
         # config stays what it was before the flag existed
-        return ((k, v) for k, v in super()._fields(config) if k != "dropout")
+        # emu_exp2 only when on, so a plain config's encoded form is unchanged by the knob
+        return ((k, v) for k, v in super()._fields(config)
+                if k != "dropout" and not (k == "emu_exp2" and not v))
+
+    def make(self, point, problem: Problem):
+        """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
+        the knob) gets 0, the plain kernel."""
+        if "emu_exp2" not in point:
+            point = {**point, "emu_exp2": 0}
+        return super().make(point, problem)
 
     def head_dim_of(self, head_dim: int) -> int:
         """64, 96, 128, 192 or 256: the first compiled head dim >= the real one (65..96 -> 96)."""
@@ -319,7 +360,8 @@ class Sm90Forward(Family):
         measured here); d96 176, as d128 (not yet measured: FA3's d96 tile, 192 x 144 with three
         consumer warpgroups, exceeds the 3-consumer register budget here). A sliding window takes
         window_tiles' BN and the persistent schedule; dropout DROPOUT_BN (the Philox rounds
-        need registers on top of O and S)."""
+        need registers on top of O and S). Softcap (without dropout): SOFTCAP_EMU_EXP2 of every
+        four 8-column tiles of S take the software exp2 (emu_exp2)."""
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         bn, persistent = {64: 192, 96: 176, 128: 176, 192: 112}.get(d, 80), False
@@ -329,6 +371,8 @@ class Sm90Forward(Family):
             # (also under ALiBi: ptxas spilled with both at BN 192 (d64) / 176 (d128), not at 128)
             bn, persistent = window_tiles(d)
         cfg = Sm90FwdConfig(128, bn, 2, 2, True, persistent, d, problem.dtype, bool(problem.causal))
+        if "softcap" in problem.features and "dropout" not in problem.features:
+            cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
         return first_fitting(cfg, ({"BN": 64}, {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False}),
                              max_smem)
 
