@@ -26,6 +26,9 @@ TOTAL_TOKENS = 16384
 
 # Element types by short name. fp32 inputs and fp8 (e4m3) are names families may claim later.
 DTYPES = ("bf16", "fp16")
+# What the tuner takes for --dtype: DTYPES and the families' own input types (e4m3:
+# sm90_fwd_fp8). A separate tuple: DTYPES stays the default of every bf16/fp16 family.
+TUNE_DTYPES = DTYPES + ("e4m3",)
 
 
 def seqlen_bucket(seqlen: int) -> int:

@@ -19,10 +19,11 @@
 //     dv).
 //   * FP8 wgmma reads both shared-memory operands K-major only: for P V the reduction dim is
 //     the key, so V is read as Vᵀ (head_dim rows x keys, keys contiguous). cuflash writes Vᵀ
-//     with one copy before the launch (cuflash/fp8.py prepare_workspace: a memory-bound pass
-//     over V's bytes, small next to the kernel's seqlen_q x seqlen_k work at long sequences),
-//     instead of FA3's in-kernel transpose by the producer (ldmatrix.trans + byte permutes +
-//     stmatrix).
+//     with a second kernel of the family launched just before this one (sm90_fwd_fp8_prepare,
+//     at the end of this file: a memory-bound tile transpose through shared memory, one read
+//     and one write of V's bytes, small next to the seqlen_q x seqlen_k work at long
+//     sequences), instead of FA3's in-kernel transpose by the producer (ldmatrix.trans + byte
+//     permutes + stmatrix). The prepare kernel also expands the three descales.
 //   * The S accumulator layout is not the fp8 A-fragment layout: per k32 step a thread holds
 //     keys {2t, 2t+1, 8+2t, 9+2t} (+16) of its rows, while the A fragment wants k = 4t..4t+3
 //     (+16). FA3 permutes bytes between threads; here the copy that transposes V also reorders
@@ -43,6 +44,10 @@
 //   kStages, kConsumers, kPingpong, kPersistent, kCausal: as sm90_fwd
 //   kHeadDim   64, 128 or 256 (the real head dim may be smaller: zero-filled columns / rows)
 //   Out        bf16 output (fp32 LSE)
+//
+// sm90_fwd_fp8_prepare<kKeys, kCols> (role "prepare", 128 threads, static shared memory): one
+// CTA per kKeys keys x kCols head-dim columns of one (batch, kv head) of V; writes that tile of
+// Vᵀ (PERM16 key order, zero keys past seqlen_k) and, CTA 0 only, the expanded descales.
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "ptx_sm90_fp8.cuh"
@@ -320,6 +325,109 @@ sm90_fwd_fp8(const __grid_constant__ Sm90FwdFp8Params p) {
             }
         }
     }
+}
+
+// ---- the prepare kernel: Vᵀ and the descales, in the launch's workspace ----
+//
+// Vᵀ[b][h][col][16 grp + pos] = V[b][16 grp + PERM16[pos]][h][col] for keys < seqlen_k, 0 for
+// the padding keys up to vt_keys (seqlen_k rounded up to 16); PERM16[4 i + j] = {2i, 2i + 1,
+// 8 + 2i, 9 + 2i}[j] (the header's P fragment order).
+// One CTA: kKeys keys x kCols columns. Load: 16-byte rows pieces of V (coalesced along the
+// head dim, the caller's strides) into shared memory, key-major. Store: each thread builds the
+// 16-byte pieces of 4 Vᵀ rows (4 consecutive columns) for one group of 16 keys from 16 shared
+// words (one per key, PERM16 order) with byte permutes; the 8 groups of a warp's lanes write
+// 128 contiguous bytes of each row (coalesced).
+// Shared layout: word (key / 16) · kGroupWords + (key % 16) · kRowWords + w, with 4 words of
+// padding after every 16 keys: in the store phase a warp reads, per step, the same key of 8
+// groups x 4 consecutive words, which lands in 32 distinct banks (kGroupWords = 4 mod 32).
+template <int kKeys, int kCols>
+__global__ void __launch_bounds__(128)
+sm90_fwd_fp8_prepare(const __grid_constant__ Sm90FwdFp8Params p) {
+    constexpr int kThreads = 128;
+    constexpr int kRowWords = kCols / 4;
+    constexpr int kGroupWords = 16 * kRowWords + 4;
+    constexpr int kGroups = kKeys / 16;
+    constexpr int kPieces = kCols / 16;                     // 16-byte pieces per V row of the tile
+    static_assert(kKeys == 128 && kCols == 64, "the thread mapping below assumes 128 keys x 64 columns");
+    static_assert(kGroups * (kCols / 4) == kThreads, "one thread per (key group, 4 columns)");
+    static_assert(kGroupWords % 32 == 4, "the padding that makes the store phase conflict-free");
+    __shared__ __align__(16) u32 tile[kGroups * kGroupWords];
+
+    const int tid = threadIdx.x;
+    const int key_tiles = (p.vt_keys + kKeys - 1) / kKeys;
+    const int col_tiles = (p.head_dim + kCols - 1) / kCols;
+    int cta = blockIdx.x;
+    const int key0 = (cta % key_tiles) * kKeys;
+    cta /= key_tiles;
+    const int col0 = (cta % col_tiles) * kCols;
+    const int bh = cta / col_tiles;                          // batch * nheads_kv + kv head
+    const int b = bh / p.nheads_kv, h = bh % p.nheads_kv;
+
+    // the descales, (batch, nheads_kv) fp32 each: the caller's (per tensor or per (batch, kv
+    // head), by descale_per_head bit 0 / 1 / 2), or 1 where none was given (null pointer)
+    if (blockIdx.x == 0) {
+        const int n = p.batch * p.nheads_kv;
+        for (int i = tid; i < n; i += kThreads) {
+            p.q_descale[i] = p.q_descale_in ? p.q_descale_in[(p.descale_per_head & 1) ? i : 0] : 1.f;
+            p.k_descale[i] = p.k_descale_in ? p.k_descale_in[(p.descale_per_head & 2) ? i : 0] : 1.f;
+            p.v_descale[i] = p.v_descale_in ? p.v_descale_in[(p.descale_per_head & 4) ? i : 0] : 1.f;
+        }
+    }
+
+    // ---- load: V[b, key0 .. +kKeys, h, col0 .. +kCols] -> tile (zeros past seqlen_k) ----
+    const unsigned char* v = static_cast<const unsigned char*>(p.v) + b * p.v_batch_stride + h * p.v_head_stride;
+    // 16-byte loads need 16-byte aligned pieces: contiguous columns, aligned address and strides
+    const bool vec = p.v_col_stride == 1 &&
+                     ((reinterpret_cast<unsigned long long>(p.v) | static_cast<unsigned long long>(
+                         p.v_batch_stride | p.v_row_stride | p.v_head_stride)) & 15) == 0;
+#pragma unroll
+    for (int it = tid; it < kKeys * kPieces; it += kThreads) {
+        const int key = it / kPieces, piece = it % kPieces;
+        const int col = col0 + 16 * piece;
+        uint4 x = make_uint4(0u, 0u, 0u, 0u);
+        if (key0 + key < p.seqlen_k && col < p.head_dim) {
+            const unsigned char* src = v + static_cast<i64>(key0 + key) * p.v_row_stride;
+            if (vec) {
+                x = *reinterpret_cast<const uint4*>(src + col);
+            } else {
+                u32 w[4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    w[q] = 0u;
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        w[q] |= u32(src[(col + 4 * q + j) * p.v_col_stride]) << (8 * j);
+                }
+                x = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        }
+        *reinterpret_cast<uint4*>(&tile[(key / 16) * kGroupWords + (key % 16) * kRowWords + 4 * piece]) = x;
+    }
+    __syncthreads();
+
+    // ---- store: thread (w, grp) writes Vᵀ rows col0 + 4w .. +3, keys key0 + 16 grp .. +15 ----
+    const int grp = tid % kGroups, w = tid / kGroups;
+    const int col = col0 + 4 * w, key = key0 + 16 * grp;
+    if (col >= p.head_dim || key >= p.vt_keys) return;      // head_dim and vt_keys: multiples of 16 and 4
+    const u32* g = &tile[grp * kGroupWords + w];
+    uint4 out[4];                                            // out[j]: Vᵀ row col + j
+    u32* o32 = reinterpret_cast<u32*>(out);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {                            // PERM16 positions 4i .. 4i + 3
+        const u32 a = g[(2 * i) * kRowWords], bb = g[(2 * i + 1) * kRowWords];
+        const u32 c = g[(8 + 2 * i) * kRowWords], d = g[(9 + 2 * i) * kRowWords];
+        const u32 ab_lo = __byte_perm(a, bb, 0x5140), ab_hi = __byte_perm(a, bb, 0x7362);  // a0 b0 a1 b1 | a2 b2 a3 b3
+        const u32 cd_lo = __byte_perm(c, d, 0x5140), cd_hi = __byte_perm(c, d, 0x7362);
+        o32[0 * 4 + i] = __byte_perm(ab_lo, cd_lo, 0x5410);  // column byte 0 of keys a, b, c, d
+        o32[1 * 4 + i] = __byte_perm(ab_lo, cd_lo, 0x7632);
+        o32[2 * 4 + i] = __byte_perm(ab_hi, cd_hi, 0x5410);
+        o32[3 * 4 + i] = __byte_perm(ab_hi, cd_hi, 0x7632);
+    }
+    unsigned char* vt = static_cast<unsigned char*>(p.vt) +
+                        (static_cast<i64>(bh) * p.head_dim + col) * p.vt_keys + key;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        *reinterpret_cast<uint4*>(vt + static_cast<i64>(j) * p.vt_keys) = out[j];
 }
 
 }  // namespace cuflash

@@ -1,6 +1,6 @@
 """CPU checks of the FP8 Hopper forward family sm90_fwd_fp8 (cuflash/families/sm90_fwd_fp8.py,
 kernels_cu/sm90_fwd_fp8.cu, kernels_cu/ptx_sm90_fp8.cuh) and of cuflash.fp8 (e4m3 codec,
-reference, error baseline, V preparation, argument checks): the generated wgmma block, config
+reference, error baseline, the Vᵀ mirror, argument checks): the generated wgmma block, config
 rules, the dtype claim, the params struct and tensor maps (fake encoder), a NumPy model of the
 P fragment / Vᵀ key order, and the nvcc/ptxas build (no spills, no "wgmma serialized"). No GPU.
 
@@ -176,7 +176,8 @@ def test_plan_writes_fp8_tensor_maps(monkeypatch):
         return bytes([len(calls)]) * 128
 
     monkeypatch.setattr(sm90_fwd, "_encoder", encode)
-    monkeypatch.setattr(launch, "get_kernels", lambda cfg, dev: {"main": type("K", (), {"kernel": type("k", (), {"ptr": 1})})})
+    kern = type("K", (), {"kernel": type("k", (), {"ptr": 1})})
+    monkeypatch.setattr(launch, "get_kernels", lambda cfg, dev: {"main": kern, "prepare": kern})
     monkeypatch.setattr(launch._gpu, "sm_count", lambda dev: 132)
     monkeypatch.setattr(launch, "_driver_launch", lambda: (lambda *a: None))
     monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda d: None))
@@ -261,26 +262,24 @@ def test_reference_and_baseline():
         assert np.allclose(lse, lse0)
 
 
-def test_prepare_workspace_torch_cpu():
-    torch = pytest.importorskip("torch")
+def test_vt_mirror_and_descale_mirror():
+    """cuflash.fp8.vt_mirror (the layout the prepare kernel is held to on the GPU) against the
+    definition, key by key; descale_mirror's three forms."""
     rng = np.random.default_rng(3)
     p = problem(32, batch=2, seqlen_q=5, seqlen_k=37, nheads=4, nheads_kv=2)
     v8 = rng.integers(0, 0x7E, (2, 37, 2, 32)).astype(np.uint8)
-    v = torch.from_numpy(v8).view(torch.float8_e4m3fn)
-    ws_off = FAM.workspace(FAM.heuristic(p), p)
-    ws = torch.zeros(ws_off["total"], dtype=torch.uint8)
-    kd = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float32)
-    fp8.prepare_workspace(ws, ws_off, p, v, (torch.tensor([0.5]), kd, None), "torch", None)
-    f = lambda name: ws[ws_off[name]:ws_off[name] + 16].view(torch.float32).numpy()  # noqa: E731
-    assert list(f("q_descale")) == [0.5] * 4 and list(f("k_descale")) == [1, 2, 3, 4]
-    assert list(f("v_descale")) == [1.0] * 4
+    vt = fp8.vt_mirror(v8)
     b, hkv, d, s_pad = vt_shape(p)
-    vt = ws[ws_off["vt"]:].numpy().reshape(b, hkv, d, s_pad)
+    assert vt.shape == (b, hkv, d, s_pad) and vt.dtype == np.uint8
     v_padded = np.zeros((b, s_pad, hkv, d), np.uint8)
     v_padded[:, :37] = v8
     for key in range(s_pad):     # position key of Vᵀ holds key PERM16[key % 16] of its group
         src = (key // 16) * 16 + PERM16[key % 16]
         assert np.array_equal(vt[:, :, :, key], v_padded[:, src]), key
+    kd = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    assert fp8.descale_mirror(None, 2, 2).tolist() == [[1, 1], [1, 1]]
+    assert fp8.descale_mirror(np.float32([0.5]), 2, 2).tolist() == [[0.5, 0.5], [0.5, 0.5]]
+    assert fp8.descale_mirror(kd, 2, 2).tolist() == kd.tolist()
 
 
 def test_api_checks_name_the_argument():

@@ -222,7 +222,7 @@ def test_tune_refuses_bad_input(monkeypatch):
     pytest.importorskip("optuna")
     fake_gpu(monkeypatch)
     for argv, why in (
-            (["--dtype", "fp32"], "--dtype must be bf16 and/or fp16, got ['fp32']"),
+            (["--dtype", "fp32"], "--dtype must be among bf16, fp16, e4m3, got ['fp32']"),
             (["--op", "sideways"], f"--op must be {', '.join(registry.OPS)} or all, got 'sideways'"),
             (["--family", "nope"], "--family: unknown kernel family 'nope'; registered: "
                                    f"{sorted(f.name for f in registry.families())}"),
@@ -309,3 +309,44 @@ def test_supported_features_probe_with_a_familys_required_features():
     paged = cli.supported_features(registry.get("fa2_fwd_paged"))
     assert {"paged", "varlen", "window", "softcap", "alibi"} <= set(paged) and "dropout" not in paged
     assert "varlen" in cli.supported_features(registry.get("fa2_fwd"))
+
+
+def test_tune_e4m3_with_a_fake_gpu(monkeypatch, tmp_path):
+    """--dtype e4m3 runs the FP8 forward family's studies only (the bf16/fp16 families are
+    skipped by their dtypes), writes e4m3 entries that selection and info then show."""
+    pytest.importorskip("optuna")
+    made = fake_tuning(monkeypatch)
+    fp8 = registry.get("sm90_fwd_fp8")
+    lines = []
+    args = ["--op", "fwd", "--dtype", "e4m3", "--hdim", "128,256", "--seqlen", "16384",
+            "--causal", "false", "--trials", "4", "--seed", "0", "--no-progress", "--no-plots",
+            "--no-precompile", "--out", str(tmp_path / "res"), "--table-dir", str(tmp_path / "t")]
+    assert cli.tune_main(args, log=lines.append) == 0
+    assert [(f, p) for f, p in made] == [(fp8, Problem.fa_convention("fwd", "e4m3", d, False, 16384))
+                                         for d in (128, 256)]
+    text = "\n".join(lines)
+    assert "skipped 2 fa2_fwd studies: fa2_fwd runs dtypes bf16, fp16, not e4m3" in text
+    assert "fwd_sm90_fwd_fp8_e4m3_d256_full_s16384" in text
+    tf = select.read_file(tmp_path / "t" / "Fake_GPU_sm90.yaml")
+    assert sorted(e.key for e in tf.entries) == [("fwd", "sm90_fwd_fp8", "e4m3", d, False, (), 16384)
+                                                 for d in (128, 256)]
+    assert all(e.stamp == select.current_stamp(fp8) for e in tf.entries)
+    p = Problem("fwd", "e4m3", 1, 16384, 16384, 8, 8, 256, False)
+    fam, cfg, source = select.choose(p, (9, 0), "Fake GPU", H100_SMEM, dirs=[tmp_path / "t"])
+    assert fam is fp8 and source.startswith("tuned")
+    monkeypatch.setenv(select.ENV_VAR, str(tmp_path / "t"))
+    select.clear_cache()
+    info = cli.info_lines()
+    e4m3 = [ln for ln in info if ln.startswith("  fwd sm90_fwd_fp8 e4m3 d=256 causal=False")]
+    assert any("s=16384" in ln and "<- tuned" in ln for ln in e4m3), e4m3
+    assert not any(ln.startswith("  bwd") and " e4m3 " in ln for ln in info)   # no e4m3 bwd family
+
+
+def test_e4m3_runner():
+    from cuflash.tuning import measure
+
+    assert isinstance(measure.runner_for("fwd", "e4m3"), measure.Fp8FwdRunner)
+    assert isinstance(measure.runner_for("fwd", "bf16"), measure.FwdRunner)
+    assert isinstance(measure.runner_for("bwd"), measure.BwdRunner)
+    with pytest.raises(LookupError, match="no runner for op 'bwd' in dtype 'e4m3'"):
+        measure.runner_for("bwd", "e4m3")

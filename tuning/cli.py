@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from cuflash.problem import DTYPES, SEQLEN_BUCKETS
+from cuflash.problem import DTYPES, SEQLEN_BUCKETS, TUNE_DTYPES
 
 from .space import OP_NAMES, families_for, problem_name, space_size, tasks
 from .study import MIN_GAIN
@@ -37,7 +37,9 @@ def tune_parser() -> argparse.ArgumentParser:
     ap.add_argument("--family", type=_csv(str), default=None,
                     help="only these kernel families (default: every family of the ops that "
                          "supports the problem here; python -m cuflash info --families lists them)")
-    ap.add_argument("--dtype", type=_csv(str), default=["bf16", "fp16"], help="e.g. bf16,fp16")
+    ap.add_argument("--dtype", type=_csv(str), default=["bf16", "fp16"],
+                    help=f"e.g. bf16,fp16 (any of {','.join(TUNE_DTYPES)}; e4m3: the FP8 forward "
+                         "families, verified with cuflash.fp8's error rule, timed with descales)")
     ap.add_argument("--hdim", type=_csv(int), default=[64, 128], help="e.g. 64,128")
     ap.add_argument("--causal", choices=["both", "true", "false"], default="both")
     ap.add_argument("--seqlen", type=_csv(int), default=list(SEQLEN_BUCKETS),
@@ -110,9 +112,9 @@ def tune_main(argv=None, log=print) -> int:
     fams, why = _select_families(a)
     if fams is None:
         return refuse(why)
-    bad = [d for d in a.dtype if d not in DTYPES]
+    bad = [d for d in a.dtype if d not in TUNE_DTYPES]
     if bad:
-        return refuse(f"--dtype must be {' and/or '.join(DTYPES)}, got {bad}")
+        return refuse(f"--dtype must be among {', '.join(TUNE_DTYPES)}, got {bad}")
     if not 0 <= a.min_gain < 100:
         return refuse(f"--min-gain must be a percentage in [0, 100), got {a.min_gain:g}")
     from cuflash import _gpu
@@ -277,7 +279,7 @@ def info_lines() -> list[str]:
         return lines
     lines.append(f"GPU: {name}, sm_{arch[0]}{arch[1]}, {smem} B shared memory per block")
     lines.append("config in force (op family dtype d causal [seqlen]: config  <- source):")
-    lines += config_in_force_lines(name, arch, smem)
+    lines += config_in_force_lines(name, arch, smem, dtypes=TUNE_DTYPES)
     return lines
 
 
@@ -286,11 +288,14 @@ def config_in_force_lines(gpu_name: str, arch, max_smem, dirs=None, dtypes=DTYPE
     """What ``cuflash.select.choose`` runs per (op, dtype, head dim, causal): one line when
     every seqlen bucket gets the heuristic, else one line per bucket."""
     from cuflash.problem import Problem
+    from cuflash.registry import families
     from cuflash.select import UnsupportedProblem, choose
 
     lines = []
     for op in OP_NAMES:
         for dtype in dtypes:
+            if dtype not in DTYPES and not families(op, dtype):
+                continue   # e.g. bwd in e4m3: no family of the op takes it, nothing to say
             for d in head_dims:
                 for causal in (False, True):
                     head = f"  {op} {{fam}} {dtype} d={d:<3} causal={causal!s:<5}"

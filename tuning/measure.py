@@ -220,10 +220,81 @@ class DecodeRunner:
                                            cache_seqlens=i["cache_seqlens"], causal=problem.causal)
 
 
+class Fp8FwdRunner:
+    """op fwd in e4m3 (sm90_fwd_fp8): ``flash_attn_func(q8, k8, v8, causal=..., config=cfg,
+    q_descale=..., k_descale=..., v_descale=...)`` on CuPy uint8 arrays of e4m3 bytes with fp32
+    descales, the API's FP8 route (the prepare and main kernels, as users get them). Verified
+    with ``cuflash.fp8.error_ok`` (the GPU tests' rule: 2x plain attention from the same e4m3
+    inputs with P rounded to e4m3 as the kernel does) against ``reference_fp8``, with descales
+    per (batch, kv head); timed with per-tensor descales 1 on random e4m3 inputs."""
+
+    op = "fwd"
+    dtype = "e4m3"
+
+    def verify(self, config, problem, rng) -> tuple[bool, str, dict]:
+        import cupy
+
+        from cuflash import flash_attn_func, fp8
+
+        causal = problem.causal
+        shape_q, shape_k = _qkv_shapes(problem, config.head_dim, verify=True)
+        q8, k8, v8 = (fp8.quantize_e4m3(rng.standard_normal(s) * 3) for s in (shape_q, shape_k, shape_k))
+        b, hkv = shape_k[0], shape_k[2]
+        qd, kd, vd = (rng.uniform(0.5, 1.5, (b, hkv)).astype(np.float32) for _ in range(3))
+        out, lse, _ = flash_attn_func(*(cupy.asarray(x) for x in (q8, k8, v8)), causal=causal,
+                                      config=config, q_descale=cupy.asarray(qd),
+                                      k_descale=cupy.asarray(kd), v_descale=cupy.asarray(vd),
+                                      return_attn_probs=True)
+        bits = cupy.asnumpy(out).astype(np.uint32) << 16            # bf16 bits -> fp32
+        out, lse = bits.view(np.float32).astype(np.float64), cupy.asnumpy(lse)
+        ref, ref_lse = fp8.reference_fp8(q8, k8, v8, qd, kd, vd, causal=causal)
+        base = fp8.lowp_fp8_attention(q8, k8, v8, qd, kd, vd, causal=causal)
+        if np.isnan(out).any():
+            ok, err, base_err = False, float("inf"), float(np.abs(base - ref).max())
+        else:
+            ok, err, base_err = fp8.error_ok(out, ref, base)
+        finite = np.isfinite(ref_lse)
+        lse_ok = np.array_equal(np.isfinite(lse), finite) and (
+            not finite.any() or np.abs(lse[finite] - ref_lse[finite]).max()
+            < 1e-3 * max(1.0, np.abs(ref_lse[finite]).max()))
+        facts = {"max_err": err, "lowp_err": base_err}
+        detail = (f"max|O - ref| {err:.3g} vs plain e4m3 {base_err:.3g}"
+                  + ("" if lse_ok else ", LSE wrong"))
+        return ok and lse_ok, detail, facts
+
+    def prepare(self, problem, rng_seed: int) -> dict:
+        """Random e4m3 q, k, v on the GPU (bytes drawn from a table of rounded normals: no host
+        pass over the benchmark-size tensors), per-tensor descales 1."""
+        import cupy
+
+        from cuflash import fp8
+
+        table = cupy.asarray(fp8.quantize_e4m3(np.random.default_rng(rng_seed).standard_normal(1 << 16) * 3))
+        rs = cupy.random.RandomState(rng_seed)
+        shape_q, shape_k = _qkv_shapes(problem)
+        draw = lambda shape: table[rs.randint(0, 1 << 16, size=shape, dtype=cupy.int32)]  # noqa: E731
+        return {"q": draw(shape_q), "k": draw(shape_k), "v": draw(shape_k),
+                "one": cupy.ones(1, dtype=cupy.float32)}
+
+    def call(self, config, problem, inputs: dict):
+        from cuflash import flash_attn_func
+
+        q, k, v, one = inputs["q"], inputs["k"], inputs["v"], inputs["one"]
+        return lambda: flash_attn_func(q, k, v, causal=problem.causal, config=config,
+                                       q_descale=one, k_descale=one, v_descale=one)
+
+
 RUNNERS = {"fwd": FwdRunner, "bwd": BwdRunner, "decode": DecodeRunner}
+# runners of an op for input dtypes the op's default runner does not make (FP8)
+DTYPE_RUNNERS = {("fwd", "e4m3"): Fp8FwdRunner}
 
 
-def runner_for(op: str):
+def runner_for(op: str, dtype: Optional[str] = None):
+    if (op, dtype) in DTYPE_RUNNERS:
+        return DTYPE_RUNNERS[(op, dtype)]()
+    if dtype is not None and dtype not in ("bf16", "fp16"):
+        raise LookupError(f"the tuner has no runner for op {op!r} in dtype {dtype!r} "
+                          f"(tuning/measure.py DTYPE_RUNNERS: {sorted(DTYPE_RUNNERS)})")
     try:
         return RUNNERS[op]()
     except KeyError:
@@ -249,7 +320,7 @@ class GpuMeasure:
         self.family, self.problem, self.device = family, problem, device
         self.reps, self.warmup, self.timeout_s, self.verify = reps, warmup, timeout_s, verify
         self.seed = int(np.random.SeedSequence(seed).generate_state(1)[0]) if seed is None else seed
-        self.runner = runner_for(family.op)
+        self.runner = runner_for(family.op, problem.dtype)
         self.fatal = ""
         self._inputs = None
 
@@ -379,5 +450,6 @@ def _cuda_version(v: int) -> str:
     return f"{v // 1000}.{v % 1000 // 10}"
 
 
-__all__ = ["GpuMeasure", "FwdRunner", "BwdRunner", "RUNNERS", "runner_for", "env_record",
+__all__ = ["GpuMeasure", "FwdRunner", "BwdRunner", "Fp8FwdRunner", "RUNNERS", "DTYPE_RUNNERS",
+           "runner_for", "env_record",
            "VERIFY_SHAPE"]

@@ -93,13 +93,17 @@ def families_for(ops, names: Optional[list] = None) -> list:
 
 def tasks(fams, dtypes, head_dims, causals, seqlens, arch, features: tuple = ()) -> tuple[list, list]:
     """The studies to run: ``([(family, problem)], [(family, problem, why not)])`` for every
-    family x dtype x head dim x causal x seqlen bucket, split by ``family.supports(arch, ...)``.
+    family x dtype x head dim x causal x seqlen bucket, split by the family's dtypes and
+    ``family.supports(arch, ...)``.
     Head dims that round to the same compiled one make one study."""
+    from cuflash.select import dtype_refusal
+
     todo, skipped, seen = [], [], set()
     buckets = sorted({seqlen_bucket(s) for s in seqlens})
     for fam, dtype, d, causal, s in itertools.product(fams, dtypes, head_dims, causals, buckets):
         real = Problem.fa_convention(fam.op, dtype, d, bool(causal), s, features=tuple(features))
-        why = fam.supports(tuple(arch), real)
+        # the input dtypes it takes (Family.dtypes: e4m3 for the FP8 families only), then the rest
+        why = dtype_refusal(fam, real) or fam.supports(tuple(arch), real)
         p = bench_problem(fam, dtype, d, causal, s, features)
         key = study_key(fam, p)
         if key in seen:

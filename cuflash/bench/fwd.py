@@ -11,8 +11,8 @@ source for cuflash impls; error where an impl refused); prints the TFLOPs ratio 
 --fp8: also the FP8 (e4m3) families (Family.dtypes "e4m3": sm90_fwd_fp8) on the same problems,
 timed in the same interleaved rounds: impl "cuflash:<family>" with inputs "e4m3", on the bf16
 row, so the ratio tables give FP8 over cuDNN bf16 directly. Inputs are the bf16 tensors
-rounded to e4m3, per-tensor descales 1; the time includes the host-side preparation of each
-call (V transposed into the workspace, descales copied: cuflash.fp8).
+rounded to e4m3, per-tensor descales 1; the time is the whole call: the family's prepare kernel
+(V transposed into the workspace, descales expanded) and its main kernel (cuflash.fp8).
 """
 from __future__ import annotations
 

@@ -9,19 +9,21 @@ head) (flash-attn 3's ``q_descale``, ``k_descale``, ``v_descale``), bf16 output 
 * P is rounded to e4m3 for O += P V (wgmma e4m3 with A from registers) as 256 · P (FA3's
   exp2 offset of 8: small weights keep e4m3 precision instead of flushing to zero); v_descale /
   256 multiplies O in the epilogue with 1 / l.
-* FP8 wgmma reads shared-memory operands K-major only, so the kernel reads Vᵀ. The host writes
-  Vᵀ into the launch's workspace before the launch (``cuflash.fp8.prepare_v``): (batch,
-  nheads_kv, head_dim, seqlen_k rounded up to 16), keys contiguous and, inside each group of 16
-  keys, in the order ``PERM16``: position 4t + i holds key {2t, 2t+1, 8+2t, 9+2t}[i]. With that
-  order the S accumulators a thread holds are, in order, its e4m3 A fragment for P V (FA3
-  shuffles P's bytes between threads instead), so P goes to registers with cvts only.
-  Choice: one strided byte copy of V per call (a memory-bound pass over V, small next to the
-  kernel's seqlen_q x seqlen_k work at long sequences; the bench times it with the kernel) in
-  place of FA3's in-kernel producer transpose (ldmatrix.trans / stmatrix); measure-ready: the
-  copy and the kernel are separate launches, so a profile (nsys / ncu) shows each.
+* FP8 wgmma reads shared-memory operands K-major only, so the kernel reads Vᵀ. A second kernel
+  of the family (role "prepare", launched before "main") writes Vᵀ into the launch's
+  workspace: (batch, nheads_kv, head_dim, seqlen_k rounded up to 16), keys contiguous and,
+  inside each group of 16 keys, in the order ``PERM16``: position 4t + i holds key {2t, 2t+1,
+  8+2t, 9+2t}[i]. With that order the S accumulators a thread holds are, in order, its e4m3 A
+  fragment for P V (FA3 shuffles P's bytes between threads instead), so P goes to registers
+  with cvts only. Choice: one memory-bound tile transpose of V per call (one read and one
+  write of V's bytes, coalesced both ways; small next to the seqlen_q x seqlen_k work at long
+  sequences) in place of FA3's in-kernel producer transpose (ldmatrix.trans / stmatrix); the
+  two launches show separately in a profile (nsys / ncu). ``cuflash.fp8.vt_mirror`` is the
+  NumPy statement of the layout the tests hold the kernel to.
 
 Workspace (``workspace()``): the three descales expanded to (batch, nheads_kv) fp32, then Vᵀ,
-256-byte aligned; the host fills it (``cuflash.fp8``), the plan launches the kernel only.
+256-byte aligned; the prepare kernel fills it from V and the caller's descales (per-call
+fields ``q_descale_in`` ..., ``descale_per_head``: ``cuflash.fp8.run_plan``).
 
 Selection: this family alone claims dtype "e4m3" (``dtypes``); the bf16/fp16 families leave
 it alone (``cuflash.select`` asks ``Family.dtypes`` first). Not implemented: fp16 output,
@@ -53,6 +55,9 @@ PERM16 = tuple(k for t in range(4) for k in (2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 
 # (consumers, head_dim) that ptxas (nvcc 13.0, sm_90a) builds without spills: with 3 consumer
 # warpgroups (160 registers) only head dim 64 fits (O 32 + S 64 accumulators).
 NO_SPILL = {1: HEAD_DIMS, 2: HEAD_DIMS, 3: (64,)}
+# The prepare kernel's tile (kernels_cu/sm90_fwd_fp8.cu sm90_fwd_fp8_prepare): keys x head-dim
+# columns per CTA of 128 threads.
+PREP_KEYS, PREP_COLS, PREP_THREADS = 128, 64, 128
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -205,14 +210,22 @@ class Sm90ForwardFp8(Family):
         return first_fitting(cfg, ({"BM": 64, "consumers": 1, "pingpong": False},), max_smem)
 
     def kernel_names(self, config) -> dict:
-        return {"main": config.kernel_name()}
+        return {"prepare": f"cuflash::sm90_fwd_fp8_prepare<{PREP_KEYS}, {PREP_COLS}>",
+                "main": config.kernel_name()}
 
     def launches(self, config, problem: Problem, sm_count: int) -> list:
-        tiles = -(-problem.seqlen_q // config.BM) * problem.nheads * problem.batch
+        p = problem
+        tiles = -(-p.seqlen_q // config.BM) * p.nheads * p.batch
         if tiles >= 2 ** 31:
             raise ValueError(f"batch * nheads * seqlen_q: too many Q blocks for one launch ({tiles})")
+        prep = (p.batch * p.nheads_kv * -(-p.head_dim // PREP_COLS)
+                * -(-vt_shape(p)[3] // PREP_KEYS))
+        if prep >= 2 ** 31:
+            raise ValueError(f"batch * nheads_kv * seqlen_k: too many Vᵀ tiles for one launch ({prep})")
         grid = (min(tiles, sm_count) if config.persistent else tiles, 1, 1)
-        return [LaunchSpec("main", grid, config.threads, config.smem_bytes)]
+        # prepare first: main reads the Vᵀ and descales it writes (stream order)
+        return [LaunchSpec("prepare", (prep, 1, 1), PREP_THREADS, 0),
+                LaunchSpec("main", grid, config.threads, config.smem_bytes)]
 
     def workspace(self, config, problem: Problem, strides: Optional[dict] = None) -> dict:
         """The descales ((batch, nheads_kv) fp32 each) and Vᵀ, each 256-byte aligned."""
@@ -223,8 +236,12 @@ class Sm90ForwardFp8(Family):
                 "total": vt + int(np.prod(vt_shape(problem)))}
 
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
+        sv = tuple(strides["v"])
         return dict(tma_q=0, tma_k=0, tma_v=0, **strides3("o", strides["o"]),
-                    **forward_sizes(problem, softmax_scale))
+                    **forward_sizes(problem, softmax_scale),
+                    v_batch_stride=sv[0], v_row_stride=sv[1], v_head_stride=sv[2], v_col_stride=sv[3],
+                    q_descale_in=0, k_descale_in=0, v_descale_in=0, vt_keys=vt_shape(problem)[3],
+                    descale_per_head=0)
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
         """The tensor maps of q (ptrs[0]), k (ptrs[1]) and Vᵀ (ptrs[8], in the workspace) into
