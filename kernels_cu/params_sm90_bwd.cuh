@@ -21,6 +21,8 @@ struct Sm90BwdParams : BwdParams {
     TmaDesc tma_k;         // box 64 x BN
     TmaDesc tma_v;         // box 64 x BN
     TmaDesc tma_do;        // box 64 x BM
+    TmaDesc tma_dq;        // dq_writer: the fp32 dQ accumulator (head_dim_rounded, seqlen_q_rounded,
+                           // batch · nheads), box 32 x BM x 1, 128B swizzle (else unset)
 };
 
 }  // namespace cuflash

@@ -38,4 +38,14 @@ __device__ __forceinline__ void bulk_wait_group() {
     asm volatile("cp.async.bulk.wait_group %0;" :: "n"(kPending) : "memory");
 }
 
+// Add a box of fp32 at shared address `src` into the tensor that map `tmap` describes, at
+// coordinates (c0 innermost, c1, c2): the tensor (TMA) form, so one instruction moves a whole
+// swizzled tile (sm90_bwd's dq_writer: a BM x 32 column box of dQ_i, read from shared memory as
+// the map's 128-byte swizzle lays it out, which keeps the consumers' fragment stores free of
+// bank conflicts); part of this thread's next bulk group, as bulk_reduce_add_f32.
+__device__ __forceinline__ void bulk_reduce_add_tensor_3d(const void* tmap, u32 src, int c0, int c1, int c2) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];"
+                 :: "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(src) : "memory");
+}
+
 }  // namespace cuflash

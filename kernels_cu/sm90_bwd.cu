@@ -19,8 +19,8 @@
 // blocks, so the longest CTAs start first; the deterministic mode needs that order too (the CTA
 // of K/V block n waits for block n - 1's dQ additions, which was launched before it).
 //
-// Producer (warp 0 of warpgroup 0; the other 3 warps exit): lane 0 issues the TMA copies, K_j
-// and V_j once (one barrier, kv_full), then per Q block Q_i and dO_i into one slot of a ring of
+// Producer (warp 0 of warpgroup 0; the other 3 warps exit, but for kDqWriter's warp 1): lane 0
+// issues the TMA copies, K_j and V_j once (one barrier, kv_full), then per Q block Q_i and dO_i into one slot of a ring of
 // kStages slots; the 32 lanes copy the block's rows of LSE·log2e and D (kBM / 2 chunks of 16
 // bytes) by cp.async into the same slot, wait for them, and arrive on the slot's q_full.
 //
@@ -75,7 +75,8 @@
 //   k_smem, v_smem [kChunks][BN][64]; q_smem, do_smem [kStages][kChunks][BM][64];
 //   ds_smem [BN / 64][BM][64]; lse_smem, D_smem [kStages][BM] fp32; then the mbarriers; then,
 //   with softcap or dropout, each consumer thread's words (Sm90BwdThreadWords), and with
-//   kDqBulk the dQ staging tile (Sm90BwdDqStage).
+//   kDqBulk the dQ staging tile (Sm90BwdDqStage), with kDqWriter its staging tiles
+//   (Sm90BwdDqWriterStage, 1024-byte aligned).
 //
 // Template parameters (cuflash/families/sm90_bwd.py Sm90BwdConfig mirrors and validates them):
 //   kBM        queries of a Q block: 64 or 128 (the N of Sᵀ, dPᵀ; the K of dV, dK)
@@ -112,6 +113,22 @@
 //              (cp.async.bulk.wait_group.read 0, then __syncwarp); at the end for the whole
 //              operation. Not with kDeterministic (its ordered additions keep red.add); the
 //              config refuses it with kDropout at head dim 128 (ptxas spills that kernel).
+//   kOverlapSdp, kDqWriter  (appended after kDqBulk) FlashAttention-3's backward schedule:
+//   kOverlapSdp  dPᵀ = V_j dO_iᵀ is issued right behind Sᵀ (groups 1 and 2), and only Sᵀ is
+//              waited for (wgmma_wait<1>): the tensor cores run dPᵀ while the thread computes Pᵀ;
+//              dV is issued after Pᵀ's fragments (group 3) and wgmma_wait<1> then waits for dPᵀ.
+//              Sᵀ and dPᵀ (BM / 2 fp32 each) are live together with dK, dV: the config allows it
+//              at head dim 64, and at 128 without softcap, ALiBi or dropout (ptxas spills those;
+//              Sm90BwdConfig.overlap_sdp_spills); the mask goes after the exp2 (fill 0).
+//   kDqWriter  the dQ_i part goes through shared memory to a writer warp (warp 1 of the
+//              producer warpgroup, otherwise idle): the consumers store their fragments into a
+//              staging tile of the whole BM x kHeadDim part (Sm90BwdDqWriterStage: 32-column
+//              boxes, 128-byte swizzle; 2 tiles where they fit), fence.proxy.async, and arrive on
+//              named barrier 2 + tile; the writer waits there, its lane 0 issues kHeadDim / 32
+//              tensor bulk reduce-adds (cp.reduce.async.bulk.tensor, the map tma_dq over the fp32
+//              accumulator), waits for the engine to have read the tile, and arrives on barrier
+//              4 + tile, which the consumers wait on before rewriting that tile. Not with
+//              kDeterministic or kDqBulk; the config refuses it with kDropout at head dim 128.
 #include "fa2_bwd.cu"
 #include "ptx_sm90.cuh"
 #include "params_sm90_bwd.cuh"
@@ -161,15 +178,16 @@ struct Sm90BwdShape {
 
 // Per-thread 32-bit words in shared memory past the mbarriers (Sm90BwdConfig.smem_bytes adds
 // them): softcap's 1 - tanh² and dropout's signed Pᵀ, BM / 4 words each (two 16-bit elements a
-// word, packed as pack_a_frags packs Pᵀ), wait there from Sᵀ to dSᵀ. Word w of consumer thread
-// c sits at kOffset + ((w / 4) · consumer threads + c) · 16 + (w % 4) · 4: a warp's accesses to
-// one word are 32 consecutive 16-byte units apart by 16 bytes (conflict-free per quarter warp).
+// word, packed as pack_a_frags packs Pᵀ), wait there from Sᵀ to dSᵀ. Word-major: word w of
+// consumer thread c sits at kOffset + (w · consumer threads + c) · 4, so a warp's 32 accesses to
+// one word are 32 consecutive words, one per bank (thread-major, 16 bytes per thread, they were
+// 4-way bank-conflicted).
 template <class Shape, int kConsumers, int kWords>
 struct Sm90BwdThreadWords {
     static constexpr int kOffset = (Shape::kBarOffset + 8 * Shape::kBarriers + 15) / 16 * 16;
     static constexpr int kBytes = kWords * 4 * kConsumers * 128;
     static constexpr int kSmemBytes = kOffset + kBytes + 1024;  // + 1024: base alignment
-    static_assert(kWords % 4 == 0, "whole 16-byte units per thread");
+    static_assert(kWords % 4 == 0, "BM / 4 words per flag, BM a multiple of 16");
 };
 
 // kDqBulk: the staging tile of the dQ_i parts in shared memory, past the thread words (or the
@@ -186,6 +204,21 @@ struct Sm90BwdDqStage {
     static constexpr int kBytes = kConsumers * 64 * kRowFloats * 4;
     static constexpr int kSmemBytes = kOffset + kBytes + 1024;  // + 1024: base alignment
     static_assert(kRowFloats % 4 == 0 && kRowBytes % 16 == 0, "bulk ops need 16-byte rows");
+};
+
+// kDqWriter: the staging tiles of dQ_i in shared memory, past the thread words (or the
+// mbarriers), 1024-byte aligned: kBufs (2 where they fit in 227 KB, else 1) tiles of the whole
+// BM x kHeadDim fp32 part, each as kHeadDim / 32 column boxes of BM rows x 128 bytes with the
+// 128-byte swizzle (16-byte unit u of row r at u ^ (r % 8)), the layout the tensor map tma_dq
+// reads one box at a time. Two tiles let the consumers write Q block i + 1's part while the
+// bulk op of block i still reads its own.
+template <class Words, int kBM, int kHeadDim>
+struct Sm90BwdDqWriterStage {
+    static constexpr int kOffset = (Words::kOffset + Words::kBytes + 1023) / 1024 * 1024;
+    static constexpr int kBoxBytes = kBM * 128;             // 32 fp32 columns of BM rows
+    static constexpr int kTileBytes = kBM * kHeadDim * 4;
+    static constexpr int kBufs = kOffset + 2 * kTileBytes + 1024 <= 227 * 1024 ? 2 : 1;
+    static constexpr int kSmemBytes = kOffset + kBufs * kTileBytes + 1024;  // + 1024: base alignment
 };
 
 // Byte offset of element (row, col) of a 16-bit tile stored as 64-column chunks of `rows` rows
@@ -210,7 +243,7 @@ struct DescLo {
 
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
-          bool kDropout = false, bool kDqBulk = false>
+          bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim>;
@@ -223,6 +256,12 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     using DqStage = Sm90BwdDqStage<Words, kConsumers, Shape::kDqN>;
     static_assert(!kDqBulk || DqStage::kSmemBytes <= 227 * 1024, "dq_bulk: shared memory exceeds the H100's 227 KB");
     static_assert(!(kDqBulk && kDeterministic), "dq_bulk is the unordered mode's: deterministic keeps its ordered red.add");
+    using DqW = Sm90BwdDqWriterStage<Words, kBM, kHeadDim>;
+    static_assert(!kDqWriter || DqW::kSmemBytes <= 227 * 1024, "dq_writer: shared memory exceeds the H100's 227 KB");
+    static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
+                  "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
+    // kDqWriter's named barriers (consumer threads + the writer warp): tile b full, tile b free
+    constexpr int kDqFullBar = 2, kDqEmptyBar = 4, kDqBarThreads = kConsumers * 128 + 32;
     constexpr int kChunks = Shape::kChunks;
     constexpr int kConsumerThreads = kConsumers * 128;
 
@@ -263,6 +302,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         prefetch_tensormap(&p.tma_k);
         prefetch_tensormap(&p.tma_v);
         prefetch_tensormap(&p.tma_do);
+        if constexpr (kDqWriter) prefetch_tensormap(&p.tma_dq);
         mbarrier_init(kv_full, 1);
         for (int s = 0; s < kStages; ++s) {
             mbarrier_init(q_full(s), 1 + 32);                   // lane 0's expect_tx, the 32 lanes' LSE / D
@@ -275,7 +315,33 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     if (warpgroup == 0) {
         // ---- producer: warp 0; lane 0 issues the TMA copies ----
         setmaxnreg_dec<Shape::kProducerRegs>();
-        if (tid < 32 && n_iters > 0) {
+        if (kDqWriter && tid / 32 == 1 && n_iters > 0) {
+            // ---- dQ writer (warp 1): per Q block, once the consumers have staged dQ_i's part in
+            // tile it % kBufs (barrier kDqFullBar + tile), lane 0 adds it to the accumulator by
+            // kHeadDim / 32 tensor bulk reduce-adds (one per 32-column box; rows past seqlen_q
+            // land in the accumulator's padding: its rows are padded to seqlen_q_rounded, a
+            // multiple of 128 >= BM, and their values are zeros since their Pᵀ is), waits until
+            // the engine has read the tile, and hands it back (kDqEmptyBar + tile). The
+            // accumulator's additions go on in the background while the consumers compute.
+            const bool leader = tid == 32;                      // the warp's lane 0
+            for (int it = 0; it < n_iters; ++it) {
+                const int buf = DqW::kBufs == 1 ? 0 : it % 2;
+                named_barrier_sync(kDqFullBar + buf, kDqBarThreads);
+                if (leader) {
+                    const u32 tile = smem + DqW::kOffset + buf * DqW::kTileBytes;
+                    const int row0 = (m_block_min + it) * kBM;
+#pragma unroll
+                    for (int b = 0; b < kHeadDim / 32; ++b)
+                        bulk_reduce_add_tensor_3d(&p.tma_dq, tile + b * DqW::kBoxBytes, 32 * b, row0, pair);
+                    bulk_commit_group();
+                    bulk_wait_group_read<0>();                  // the tile may be rewritten
+                }
+                __syncwarp();
+                // the consumers wait for tile buf again only if they have a Q block it + kBufs
+                if (it + DqW::kBufs < n_iters) named_barrier_arrive(kDqEmptyBar + buf, kDqBarThreads);
+            }
+            if (leader) bulk_wait_group<0>();                   // the additions done before the CTA ends
+        } else if (tid < 32 && n_iters > 0) {
             const int lane = tid;
             if (lane == 0) {
                 mbarrier_arrive_expect_tx(kv_full, 2 * Shape::kKVBytes);
@@ -301,11 +367,24 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 }
                 // LSE_i then D_i, 4 floats a chunk; the workspace rows are padded to
                 // seqlen_q_rounded (a multiple of BM), so every chunk is valid
-                for (int c = lane; c < kBM / 2; c += 32) {
-                    const bool is_D = c >= kBM / 4;
-                    const int chunk = is_D ? c - kBM / 4 : c;
-                    cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
-                                (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                if constexpr (kDqWriter) {
+                    // the same copies, written with lane < 32 explicit: next to the writer warp's
+                    // loop the general form spills under the producer's 24 registers
+#pragma unroll
+                    for (int k = 0; k < kBM / 64; ++k) {
+                        const int c = lane + 32 * k;
+                        const bool is_D = c >= kBM / 4;
+                        const int chunk = is_D ? c - kBM / 4 : c;
+                        cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
+                                    (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                    }
+                } else {
+                    for (int c = lane; c < kBM / 2; c += 32) {
+                        const bool is_D = c >= kBM / 4;
+                        const int chunk = is_D ? c - kBM / 4 : c;
+                        cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
+                                    (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                    }
                 }
                 cp_async_commit();
                 cp_async_wait<0>();
@@ -326,9 +405,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     // packed as Pᵀ's A fragments) live from Sᵀ to dSᵀ in shared memory (Sm90BwdThreadWords; no
     // other thread reads them, so no barrier): in registers they would spill the d128 kernel
     // (dK, dV, Pᵀ, dPᵀ are all live then). Word w of Pᵀ's element (nt, e) is 2nt + e / 2.
-    unsigned char* words_smem_ptr = smem_ptr + Words::kOffset + (tid - 128) * 16;
+    unsigned char* words_smem_ptr = smem_ptr + Words::kOffset + (tid - 128) * 4;
     auto thread_word = [&](int w) -> u32& {
-        return *reinterpret_cast<u32*>(words_smem_ptr + (w / 4) * kConsumerThreads * 16 + (w % 4) * 4);
+        return *reinterpret_cast<u32*>(words_smem_ptr + w * kConsumerThreads * 4);
     };
 
     // Descriptors: this warpgroup's 64 rows of K_j, V_j (A, K-major); Q_i, dO_i as B of Sᵀ, dPᵀ
@@ -412,7 +491,21 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             Wgmma<kBM, Elem>::template ss<0>(s_flat, k_rows_desc.at(a_off), q_desc.at(b_off), kk > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
+        if constexpr (kOverlapSdp) {
+            // dPᵀ = V_j dO_iᵀ right behind Sᵀ (its own group): the tensor cores run it while this
+            // thread turns Sᵀ into Pᵀ below; only Sᵀ is waited for here
+            reg_fence(dp_flat);
+#pragma unroll
+            for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+                const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+                const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+                Wgmma<kBM, Elem>::template ss<0>(dp_flat, v_rows_desc.at(a_off), do_desc.at(b_off), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<1>();                                    // Sᵀ is ready (dPᵀ may still run)
+        } else {
+            wgmma_wait<0>();
+        }
         reg_fence(s_flat);
 
         // ---- Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e); padded queries have LSE = +inf -> 0 ----
@@ -456,7 +549,10 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             }
         };
         if constexpr (!ScoreMod<kSoftcap, kAlibi>::kOn) {
-            hide(neg_inf());
+            // (kOverlapSdp: the mask after the exp2, hidden elements -> 0, as with the score
+            // modifiers below: with dPᵀ's accumulators live the mask's values must not outlive
+            // the exp2s; the d128 causal kernel spills otherwise)
+            if constexpr (!kOverlapSdp) hide(neg_inf());
 #pragma unroll
             for (int nt = 0; nt < kBM / 8; ++nt) {
                 const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
@@ -464,6 +560,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 for (int e = 0; e < 4; ++e)
                     s_acc[0][nt][e] = exp2_scaled(s_acc[0][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
             }
+            if constexpr (kOverlapSdp) hide(0.f);
         } else {
             // Sᵀ through the score modifiers (score.cuh, raw units) on the way to the exp2, the
             // mask after it (hidden elements -> 0, whatever their modified score). Element
@@ -513,18 +610,20 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         // Pᵀ rounded to 16 bits, as the dV product does (and as attention in 16 bits would).
         pack_a_frags<1, kBM / 16, Elem>(p_frag, s_acc);
 
-        // ---- dPᵀ = V_j dO_iᵀ (SS), then dV_j += Pᵀ dO_i (RS; dO_i MN-major, queries
-        // 16kk..16kk+15 per step) ----
-        reg_fence(dp_flat);
+        // ---- dPᵀ = V_j dO_iᵀ (SS; kOverlapSdp: already issued behind Sᵀ), then dV_j += Pᵀ dO_i
+        // (RS; dO_i MN-major, queries 16kk..16kk+15 per step) ----
+        if constexpr (!kOverlapSdp) reg_fence(dp_flat);
         reg_fence(dv_acc);
         wgmma_fence();
+        if constexpr (!kOverlapSdp) {
 #pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-            const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
-            const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-            Wgmma<kBM, Elem>::template ss<0>(dp_flat, v_rows_desc.at(a_off), do_desc.at(b_off), kk > 0);
+            for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+                const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+                const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+                Wgmma<kBM, Elem>::template ss<0>(dp_flat, v_rows_desc.at(a_off), do_desc.at(b_off), kk > 0);
+            }
+            wgmma_commit();
         }
-        wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < kBM / 16; ++kk)
             Wgmma<kHeadDim, Elem>::template rs<1>(dv_acc, p_frag[0][kk], do_t_desc.at(q_off + kk * 16 * 128), 1);
@@ -579,8 +678,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 const u32 v = ds_frag[0][kk][r];
                 const u32 rows = (kk * 16 + 8 * (r / 2)) * 128;
                 // (with softcap, ALiBi or dropout recomputed here, not kept across the loop: their
-                // state takes those registers)
-                constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kDropout;
+                // state takes those registers; so does kOverlapSdp's live dPᵀ during Pᵀ)
+                constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kDropout || kOverlapSdp;
                 const u32 off_lo = kRecompute ? swizzled_offset(2 * t, warp_key + g + 8 * (r % 2), kBM) : ds_store_off[r % 2][0];
                 const u32 off_hi = kRecompute ? swizzled_offset(2 * t + 1, warp_key + g + 8 * (r % 2), kBM) : ds_store_off[r % 2][1];
                 *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_lo) = u16(v & 0xFFFFu);
@@ -608,6 +707,33 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         mbarrier_arrive(q_empty(slot));                         // the slot may be refilled
 
         // ---- dQ accumulator += dQ part (fp32 in global memory) ----
+        if constexpr (kDqWriter) {
+            // to tile it % kBufs of the staging (Sm90BwdDqWriterStage), once the writer warp has
+            // handed it back (from the kBufs-th Q block on), then signal the writer: it issues the
+            // bulk reduce-adds while the consumers go on to the next Q block. Element (row, col)
+            // of the BM x kHeadDim part: box col / 32, row, 16-byte unit (col % 32) / 4 ^ row % 8.
+            // This thread's rows are g (+ 8) past a multiple of 8 and its columns col = dq_col0 +
+            // 8nt + 2t (+ 1), dq_col0 a multiple of 64: unit 2·(nt % 4) + t / 2, i.e.
+            // 2·(nt % 4) ^ (t / 2), so the swizzled unit is 2·(nt % 4) ^ (t / 2 ^ g): one
+            // per-thread term. A half warp's float2 stores (rows g = 0..3) fill 4 units twice
+            // over: a 2-way bank conflict (4-way without the swizzle, rows 512 bytes apart).
+            const int buf = DqW::kBufs == 1 ? 0 : it % 2;
+            if (it >= DqW::kBufs) named_barrier_sync(kDqEmptyBar + buf, kDqBarThreads);
+            const u32 sw = ((t / 2) ^ g) << 4;
+            unsigned char* tile = smem_ptr + DqW::kOffset + buf * DqW::kTileBytes + (dq_col0 / 32) * DqW::kBoxBytes
+                                  + (dq_row_group * 64 + warp * 16 + g) * 128 + (t % 2) * 8;
+#pragma unroll
+            for (int nt = 0; nt < Shape::kDqN / 8; ++nt) {
+                const u32 off = (nt / 4) * DqW::kBoxBytes + (sw ^ ((2 * (nt % 4)) << 4));
+#pragma unroll
+                for (int half = 0; half < 2; ++half)           // rows g, g + 8; columns col, col + 1
+                    *reinterpret_cast<float2*>(tile + off + half * 8 * 128)
+                        = make_float2(dq_acc[4 * nt + 2 * half], dq_acc[4 * nt + 2 * half + 1]);
+            }
+            fence_proxy_async_smem();                           // generic stores -> the bulk op's reads
+            named_barrier_arrive(kDqFullBar + buf, kDqBarThreads);
+            continue;                                           // (the red.add path below is the default's)
+        }
         if constexpr (kDqBulk) {
             // through shared memory: this warp's 16 rows x kDqN columns to its rows of the
             // staging tile, then lanes 0..15 add one row each by bulk reduce-add (the copy

@@ -36,6 +36,12 @@ def problem(head_dim=64, dtype="bf16", causal=False, deterministic=False, **kw):
                    shape["nheads"], shape["nheads_kv"], head_dim, causal, deterministic)
 
 
+def sched(config):
+    """Whether a config uses the schedule flags overlap_sdp / dq_writer (appended after dq_bulk;
+    tests/test_sm90_bwd_sched_cpu.py covers them, the tests here the configs without)."""
+    return config.overlap_sdp or config.dq_writer
+
+
 # ---------------------------------------------------------------------------------------
 # config rules, space, heuristic, selection
 
@@ -75,7 +81,7 @@ def test_space_and_heuristic():
     assert FAM.rank(problem(96)) < fa2.rank(problem(96))
     assert FAM.rank(problem(64)) < fa2.rank(problem(64))
     valid = {d: sorted((c.BM, c.BN, c.stages, c.consumers) for c in FAM.valid(problem(d), 227 * 1024)
-                       if not c.dq_bulk)
+                       if not c.dq_bulk and not sched(c))
              for d in HEAD_DIMS}
     assert valid == {64: [(64, 64, 2, 1), (64, 64, 3, 1)], 128: [(64, 128, 2, 2), (64, 128, 3, 2)]}
     for d in range(8, 129, 8):
@@ -130,11 +136,11 @@ def test_feature_flags_names_and_template():
     assert cfg.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, true, false, "
                                  "true, true, true>")
     assert plain.replace(alibi=True).kernel_name().endswith("true, false, false, false, true>")
-    assert cfg.template_args() == (64, 128, 2, 2, 128, "bf16", True, False, True, True, True, False, False)
+    assert cfg.template_args() == (64, 128, 2, 2, 128, "bf16", True, False, True, True, True, False, False, False, False)
     drop = plain.replace(dropout=True)
     assert drop.name == plain.name + "_drop" and drop.replace(deterministic=True).name.endswith("_det_drop")
     assert drop.kernel_name().endswith("true, false, false, false, false, true>")
-    assert drop.template_args()[-5:] == (False, False, False, True, False)
+    assert drop.template_args()[-7:] == (False, False, False, True, False, False, False)
     # softcap keeps 1 - tanh² in shared memory past the mbarriers (Sm90BwdThreadWords): 16-byte aligned,
     # BM / 2 16-bit values per consumer thread
     used = plain.smem_bytes - 1024
@@ -245,7 +251,9 @@ def test_params_struct_has_bwdparams_as_prefix():
                for n in theirs.names)
     offs = [ours.fields[f"tma_{t}"][1] for t in ("q", "k", "v", "do")]
     assert offs[0] >= theirs.itemsize and offs[0] % 64 == 0
-    assert offs == [offs[0] + 128 * i for i in range(4)] and ours.itemsize == offs[0] + 512
+    # then dq_writer's map of the dQ accumulator (appended last)
+    assert offs == [offs[0] + 128 * i for i in range(4)] and ours.fields["tma_dq"][1] == offs[0] + 512
+    assert ours.itemsize == offs[0] + 640
     assert ours.names[:len(FAM.pointer_fields)] == FAM.pointer_fields
     assert kernel_param_decl(FAM) == "const __grid_constant__ cuflash::Sm90BwdParams"
     assert kernel_param_decl(FAM, "preprocess") == "const cuflash::BwdParams"
@@ -321,7 +329,7 @@ def test_ptxas_every_valid_config_no_spills_no_serialized_wgmma():
     configs = []
     for d, dtype, causal, det in itertools.product(HEAD_DIMS, DTYPES, (False, True), (False, True)):
         p = problem(d, dtype, causal, det)
-        configs += [FAM.for_problem(c, p) for c in FAM.valid(p, 227 * 1024)]
+        configs += [FAM.for_problem(c, p) for c in FAM.valid(p, 227 * 1024) if not sched(c)]
     chunks = [configs[i:i + 8] for i in range(0, len(configs), 8)]
     from concurrent.futures import ThreadPoolExecutor
 
@@ -450,8 +458,8 @@ def test_dq_bulk_config_name_template_smem():
     plain = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False)
     bulk = plain.replace(dq_bulk=True)
     assert bulk.problems() == [] and bulk.name == plain.name + "_dqb"
-    assert plain.template_args()[-1] is False and bulk.template_args()[-1] is True
-    assert len(bulk.template_args()) == 13
+    assert plain.template_args()[-3] is False and bulk.template_args()[-3] is True
+    assert len(bulk.template_args()) == 15
     # the plain config keeps its name expression (and so its code); the flag goes last
     assert plain.kernel_name() == "cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, false, false>"
     assert bulk.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, false, false, "
@@ -494,11 +502,11 @@ def test_dq_bulk_not_with_deterministic():
 
 
 def test_dq_bulk_in_the_space_heuristic_keeps_red_add():
-    assert FAM.space["dq_bulk"] == (False, True) and list(FAM.space)[-1] == "dq_bulk"
+    assert FAM.space["dq_bulk"] == (False, True)
     for d in HEAD_DIMS:
         for causal, det in itertools.product((False, True), (False, True)):
             p = problem(d, "bf16", causal, det)
-            valid = FAM.valid(p, 227 * 1024)
+            valid = [c for c in FAM.valid(p, 227 * 1024) if not sched(c)]
             bulk = {c.replace(dq_bulk=False) for c in valid if c.dq_bulk}
             assert bulk == {c for c in valid if not c.dq_bulk}     # every valid point has both
             assert not FAM.for_problem(FAM.heuristic(p), p).dq_bulk
@@ -509,7 +517,7 @@ def test_dq_bulk_kernel_source():
     """The kernel's staging layout matches the config's (Sm90BwdDqStage after the thread words),
     and the bulk path writes the fragments, fences, and waits before rewriting and at the end."""
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
-    assert "bool kDropout = false, bool kDqBulk = false>" in src
+    assert "bool kDropout = false, bool kDqBulk = false" in src
     assert "static constexpr int kRowFloats = kDqN + 8;" in src
     assert "kOffset = Words::kOffset + Words::kBytes;" in src
     body = src[src.index("if constexpr (kDqBulk) {"):]

@@ -20,7 +20,10 @@ fa2_bwd's), and dropout (field dropout, name _drop; the Philox keep mask of phil
 element coordinates like every forward's); not varlen, nor the dropout mixes that spill
 (dropout_mix): supports() refuses them and selection falls back to fa2_bwd. dQ by bulk
 reduce-add through shared memory (FA3's way) is the opt-in field dq_bulk (name _dqb; in the
-tuning space). The heuristic keeps red.add: on the H100 (session 11,
+tuning space). FA3's backward schedule, opt-in fields in the tuning space too, default off until
+measured (tests/sm90_bwd_sched_timing.py): overlap_sdp (name _ovl: dPᵀ issued behind Sᵀ, Pᵀ
+computed while it runs) and dq_writer (name _dqw: dQ_i staged in swizzled shared memory, added
+by a producer warp's tensor bulk reduce-adds). The heuristic keeps red.add: on the H100 (session 11,
 logs/session11_final/timing.log) one bulk add per 256-byte row issued by the consumer warps
 took 1.05-1.06x red.add's time at d128 and 1.18x at d64, bf16, 8k-16k.
 Not implemented yet: head dims 96/192/256, swap-AB, a
@@ -40,10 +43,12 @@ from .base import Family, KernelConfig, LaunchSpec, default_max_smem
 from .fa2_bwd import (EPILOGUE_THREADS, PREP_WARPS, ROW_PAD, FA2Backward, bwd_params,
                       contiguous_strides)
 from .fa2_fwd import check_head_dim, dropout_mix, feature_mix, first_fitting
+from . import sm90_fwd
 from .sm90_fwd import tensor_map
 
 HEAD_DIMS = (64, 128)
 MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
+CU_TENSOR_MAP_DATA_TYPE_F32 = 7   # dq_writer's map of the fp32 dQ accumulator
 # 32-bit registers of accumulators and fragments a consumer thread keeps live (see
 # Sm90BwdConfig.accum_regs). ptxas (nvcc 13.0, sm_90a) spills nothing up to this under the
 # 240 (2 consumers) / 256 (1 consumer) register budget; above it (d64 BM128, d128 with one
@@ -73,6 +78,13 @@ class Sm90BwdConfig(KernelConfig):
                    (cp.reduce.async.bulk, FA3's way) instead of red.global.add from registers;
                    unordered mode only (not with deterministic), not with dropout at head dim
                    128 (ptxas spills it; for_problem drops the flag for such calls)
+    overlap_sdp:   FA3's schedule: dPᵀ issued behind Sᵀ, Pᵀ computed while it runs (both
+                   accumulators live); at head dim 128 not with softcap, ALiBi or dropout (those
+                   spill; for_problem drops the flag there)
+    dq_writer:     FA3's dQ path: the consumers stage dQ_i (BM x head_dim fp32, swizzled) in
+                   shared memory, a producer warp adds it by tensor bulk reduce-adds (map tma_dq);
+                   2 staging tiles where they fit (dq_writer_bufs); unordered mode only, not with
+                   dq_bulk, not with dropout at head dim 128 (it spills; for_problem drops it)
     """
 
     BM: int
@@ -88,6 +100,8 @@ class Sm90BwdConfig(KernelConfig):
     alibi: bool = False
     dropout: bool = False
     dq_bulk: bool = False
+    overlap_sdp: bool = False
+    dq_writer: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -102,7 +116,8 @@ class Sm90BwdConfig(KernelConfig):
         det = "_det" if self.deterministic else ""
         return (f"sm90bwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{det}{'_drop' if self.dropout else ''}{name_suffix(self)}"
-                f"{'_dqb' if self.dq_bulk else ''}")
+                f"{'_dqb' if self.dq_bulk else ''}{'_ovl' if self.overlap_sdp else ''}"
+                f"{'_dqw' if self.dq_writer else ''}")
 
     @property
     def dq_cols(self) -> int:
@@ -125,7 +140,19 @@ class Sm90BwdConfig(KernelConfig):
             used = -(-used // 16) * 16 + words * 4 * self.consumers * 128
         if self.dq_bulk:
             used = -(-used // 16) * 16 + self.dq_stage_bytes
+        if self.dq_writer:
+            used = -(-used // 1024) * 1024 + self.dq_writer_bufs * self.BM * self.head_dim * 4
         return used + 1024
+
+    @property
+    def dq_writer_bufs(self) -> int:
+        """dq_writer's staging tiles of BM x head_dim fp32 (Sm90BwdDqWriterStage::kBufs), past the
+        rest, 1024-byte aligned: 2 (the consumers fill one while the bulk op reads the other)
+        where they fit in 227 KB, else 1; 0 without dq_writer."""
+        if not self.dq_writer:
+            return 0
+        offset = -(-(self.replace(dq_writer=False).smem_bytes - 1024) // 1024) * 1024
+        return 2 if offset + 2 * self.BM * self.head_dim * 4 + 1024 <= MAX_SMEM else 1
 
     @property
     def dq_stage_bytes(self) -> int:
@@ -139,20 +166,28 @@ class Sm90BwdConfig(KernelConfig):
         each), the 16-bit fragments of Pᵀ and dSᵀ (BM / 4 each), the dQ part (dq_cols / 2)."""
         return self.head_dim + self.BM + self.BM // 2 + self.dq_cols // 2
 
+    def overlap_sdp_spills(self) -> bool:
+        """Whether overlap_sdp's kernel spills at head dim 128 (nvcc 13.0, sm_90a, BM 64): with
+        softcap, ALiBi or dropout; plain, causal and window kernels fit
+        (tests/test_sm90_bwd_sched_cpu.py holds it)."""
+        return self.softcap or self.alibi or self.dropout
+
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
         # the feature flags only when one is set: a plain config keeps its name expression
+        sched = self.overlap_sdp or self.dq_writer
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
-                 or self.dq_bulk else "")
-        feats += f", {b(self.dropout)}" if self.dropout or self.dq_bulk else ""
-        feats += ", true" if self.dq_bulk else ""
+                 or self.dq_bulk or sched else "")
+        feats += f", {b(self.dropout)}" if self.dropout or self.dq_bulk or sched else ""
+        feats += f", {b(self.dq_bulk)}" if self.dq_bulk or sched else ""
+        feats += f", {b(self.overlap_sdp)}, {b(self.dq_writer)}" if sched else ""
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
-                self.dq_bulk)
+                self.dq_bulk, self.overlap_sdp, self.dq_writer)
 
     def _problems(self) -> list[str]:
         out = []
@@ -176,9 +211,20 @@ class Sm90BwdConfig(KernelConfig):
         if self.dq_bulk and self.deterministic:
             out.append("dq_bulk with deterministic: the ordered dQ additions keep red.add "
                        "(dq_bulk is the unordered mode's)")
+        if self.dq_writer and self.deterministic:
+            out.append("dq_writer with deterministic: the ordered dQ additions keep red.add "
+                       "(dq_writer is the unordered mode's)")
+        if self.dq_writer and self.dq_bulk:
+            out.append("dq_writer with dq_bulk: two ways of the same dQ addition, pick one")
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
+        if not out and self.overlap_sdp and self.head_dim > 64 and self.overlap_sdp_spills():
+            out.append(f"overlap_sdp at head_dim={self.head_dim} with softcap / ALiBi / dropout: "
+                       "ptxas spills that kernel (Sᵀ and dPᵀ live together; nvcc 13.0)")
+        if not out and self.dq_writer and self.dropout and self.head_dim > 64:
+            out.append(f"dq_writer with dropout at head_dim={self.head_dim}: ptxas spills that kernel "
+                       "(nvcc 13.0); the red.add one (dq_writer=False) runs it")
         if not out and self.dq_bulk and self.dropout and self.head_dim > 64:
             out.append(f"dq_bulk with dropout at head_dim={self.head_dim}: ptxas spills that kernel "
                        "(nvcc 13.0); the red.add one (dq_bulk=False) runs it")
@@ -198,7 +244,7 @@ class Sm90Backward(Family):
     version = 1
     config_cls = Sm90BwdConfig
     space = {"BM": (64, 128), "BN": (64, 128), "stages": (2, 3), "consumers": (1, 2),
-             "dq_bulk": (False, True)}
+             "dq_bulk": (False, True), "overlap_sdp": (False, True), "dq_writer": (False, True)}
     fixed = {"deterministic": False}
     params_struct = "Sm90BwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90BwdParams"
@@ -276,7 +322,13 @@ class Sm90Backward(Family):
             # a speed choice (a tuned entry's, or bwd_config='s): a deterministic call takes the
             # ordered red.add additions, and d128 dropout the red.add kernel (dq_bulk spills it)
             config = config.replace(dq_bulk=False)
-        return self.with_features(config, problem)
+        config = self.with_features(config, problem)
+        if config.dq_writer and (problem.deterministic or (config.dropout and config.head_dim > 64)):
+            # the ordered additions keep red.add; d128 dropout the red.add kernel (dq_writer spills it)
+            config = config.replace(dq_writer=False)
+        if config.overlap_sdp and config.head_dim > 64 and config.overlap_sdp_spills():
+            config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
+        return config
 
     def _fields(self, config):
         # dropout is not encoded (as sm90_fwd's): the call sets it (for_problem), so the encoded
@@ -331,9 +383,10 @@ class Sm90Backward(Family):
         # refuses varlen, so those come out as zeros; the dropout threshold and scale, window
         # bounds, softcap factors and ALiBi stride are the main kernel's; the slopes' and the
         # rng state's addresses are written per call, as for fa2_bwd), K/V blocks in
-        # plain order (head_group 1); the tensor maps are written per call (call_writer)
+        # plain order (head_group 1); the tensor maps are written per call (call_writer; tma_dq
+        # only with dq_writer)
         return dict(bwd_params(config, problem, strides, workspace, softmax_scale, 1),
-                    tma_q=0, tma_k=0, tma_v=0, tma_do=0)
+                    tma_q=0, tma_k=0, tma_v=0, tma_do=0, tma_dq=0)
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
         """Per call, after the pointers: the tensor maps of q, k, v and dO into the packed params
@@ -370,7 +423,41 @@ class Sm90Backward(Family):
                     tensor_map(dtype, ptrs[i], shape, st, r) for i, _, shape, st, r in jobs), np.uint8)
             buf[start:end] = blob
 
-        return write
+        if not config.dq_writer:
+            return write
+        # dq_writer: the map of the fp32 dQ accumulator (workspace piece dq_accum), written after
+        # the four 16-bit ones
+        dq_off = struct.fields["tma_dq"][1]
+        dq_index = names.index("dq_accum")
+        ws_shape = (p.batch * p.nheads, -(-p.seqlen_q // ROW_PAD) * ROW_PAD, config.head_dim)
+        dq_blobs: dict = {}
+
+        def write_dq(buf, ptrs):
+            write(buf, ptrs)
+            ptr = ptrs[dq_index]
+            blob = dq_blobs.get(ptr)
+            if blob is None:
+                if len(dq_blobs) >= 64:
+                    dq_blobs.clear()
+                blob = dq_blobs[ptr] = np.frombuffer(dq_accum_map(ptr, ws_shape, config.BM), np.uint8)
+            buf[dq_off:dq_off + 128] = blob
+
+        return write_dq
+
+
+def dq_accum_map_args(ptr: int, shape, rows: int) -> tuple:
+    """cuTensorMapEncodeTiled arguments of the fp32 dQ accumulator (dq_writer's tma_dq): shape
+    (batch · nheads, seqlen_q_rounded, head_dim_rounded), contiguous; rank 3, innermost first;
+    box 32 x rows x 1 (128 bytes a row: the 128B swizzle's span), 128B swizzle, as
+    Sm90BwdDqWriterStage lays the staging tile out."""
+    bh, seq, dim = shape
+    return (CU_TENSOR_MAP_DATA_TYPE_F32, ptr, (dim, seq, bh), (dim * 4, seq * dim * 4),
+            (32, rows, 1), sm90_fwd.SWIZZLE_128B, sm90_fwd.L2_PROMOTION_128B, sm90_fwd.OOB_FILL_ZEROS)
+
+
+def dq_accum_map(ptr: int, shape, rows: int) -> bytes:
+    """The encoded map of dq_accum_map_args (sm90_fwd's encoder: tests swap in a fake)."""
+    return sm90_fwd._encoder(*dq_accum_map_args(ptr, shape, rows))
 
 
 FAMILY = register(Sm90Backward())
