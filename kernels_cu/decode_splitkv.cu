@@ -236,11 +236,14 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, i
     u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride;
     const float* o_s = p.o_partial + static_cast<i64>(row_id) * p.head_dim_rounded;
     const i64 split_stride = static_cast<i64>(rows_all) * p.head_dim_rounded;
+    // Columns: 4 per lane per pass. Every lane runs every pass, so the weight shuffles below
+    // always have the whole warp (head dims under 128 leave lanes without columns: they shuffle,
+    // and neither load nor store).
     constexpr int kQuads = kHeadDim / 4;
 #pragma unroll
-    for (int q4 = lane; q4 < kQuads; q4 += 32) {
-        const int col = q4 * 4;
-        if (col >= p.head_dim) break;
+    for (int q0 = 0; q0 < kQuads; q0 += 32) {
+        const int col = (q0 + lane) * 4;
+        const bool mine = q0 + lane < kQuads && col < p.head_dim;
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int k = 0; k < kPerLane; ++k) {
@@ -249,12 +252,13 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, i
 #pragma unroll 4
             for (int i = 0; i < n; ++i) {
                 const float wt = __shfl_sync(0xffffffffu, wt_lane[k], i);
-                if (wt == 0.f) continue;  // uniform across the warp
+                if (wt == 0.f || !mine) continue;  // wt == 0: uniform across the warp
                 const f32x4 x = load_partial4<kL2Only>(o_s + (32 * k + i) * split_stride + col);
                 acc[0] += wt * x.x; acc[1] += wt * x.y; acc[2] += wt * x.z; acc[3] += wt * x.w;
             }
         }
-        *reinterpret_cast<u32x2*>(o + col) = u32x2{pack2<Elem>(acc[0], acc[1]), pack2<Elem>(acc[2], acc[3])};
+        if (mine)
+            *reinterpret_cast<u32x2*>(o + col) = u32x2{pack2<Elem>(acc[0], acc[1]), pack2<Elem>(acc[2], acc[3])};
     }
 }
 

@@ -216,6 +216,9 @@ CASES = [
     (1, 7, 513, 16, 4, 64, "bf16", 5), (2, 16, 2049, 8, 8, 128, "bf16", 0),
     (3, 16, 700, 32, 4, 128, "fp16", 2), (1, 3, 4096, 8, 1, 256, "bf16", 0),
     (5, 1, 4000, 32, 8, 96, "bf16", 0), (2, 1, 8192, 32, 8, 128, "fp16", 128),
+    # d < 128 leaves lanes without columns in the split merge, and > 16 splits have weights in
+    # lanes 16..31: the merge's shuffles must still run on the whole warp
+    (3, 1, 2049, 16, 2, 64, "fp16", 17), (2, 1, 4000, 8, 8, 96, "bf16", 33),
 ]
 
 
