@@ -30,7 +30,7 @@ FAM = registry.get("sm90_bwd")
 
 
 def bulk(p):
-    cfg = heuristic(p).replace(dq_bulk=True)
+    cfg = heuristic(p).replace(dq_bulk=True, dq_writer=False)
     assert cfg.problems() == [] and cfg.name.endswith("_dqb"), cfg.name
     return cfg
 
@@ -56,7 +56,7 @@ def test_all_features(monkeypatch, causal):
     """window + softcap + ALiBi with dq_bulk (the d128 kernel; test_sm90_bwd_features_gpu's
     shapes and 3x rule)."""
     base = feat.sm90_config
-    monkeypatch.setattr(feat, "sm90_config", lambda *a, **kw: base(*a, **kw).replace(dq_bulk=True))
+    monkeypatch.setattr(feat, "sm90_config", lambda *a, **kw: base(*a, **kw).replace(dq_bulk=True, dq_writer=False))
     feat.check_case("bf16", 128, causal, (129, -1) if causal else (50, 20), 10.0, "bh")
 
 
@@ -64,7 +64,7 @@ def test_dropout(monkeypatch):
     """dropout with dq_bulk at d64 (d128's kernel spills: refused, and for_problem drops the
     flag for such calls)."""
     base = feat.sm90_config
-    monkeypatch.setattr(feat, "sm90_config", lambda *a, **kw: base(*a, **kw).replace(dq_bulk=True))
+    monkeypatch.setattr(feat, "sm90_config", lambda *a, **kw: base(*a, **kw).replace(dq_bulk=True, dq_writer=False))
     feat.test_dropout(64, True, False)
 
 
@@ -76,7 +76,7 @@ def test_deterministic_call_drops_dq_bulk():
     from test_flash_bwd_gpu import check_grads, reference_grads
 
     p = problem("bf16", True, 128, (1023, 1100), "gqa", deterministic=True)
-    cfg = heuristic(p.replace(deterministic=False)).replace(dq_bulk=True)
+    cfg = heuristic(p.replace(deterministic=False)).replace(dq_bulk=True, dq_writer=False)
     assert not FAM.for_problem(cfg, p).dq_bulk and FAM.for_problem(cfg, p).deterministic
     q, k, v, dout = inputs(p)
     first = None
