@@ -475,8 +475,7 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
         return _fp8_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                          deterministic, return_attn_probs, config, bwd_config, q_descale, k_descale,
                          v_descale)
-    windowed = (window_size != (-1, -1) if type(window_size) is tuple   # the common case, cheap
-                else check_window(window_size) != (-1, -1))                  # lists, arrays: validated
+    windowed = _windowed(window_size)
     if dropout_p or softcap or alibi_slopes is not None or windowed:
         return _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                               alibi_slopes, deterministic, return_attn_probs, config, bwd_config,
@@ -524,12 +523,21 @@ def _is_fp8(x) -> bool:
         return fp8
 
 
+def _windowed(window_size) -> bool:
+    """Whether window_size asks for a window: a tuple is compared as it is (the common case, on
+    the hot path; a bad one is validated where the window is used), anything else validated
+    first (lists, arrays)."""
+    if type(window_size) is tuple:
+        return window_size != (-1, -1)
+    return check_window(window_size) != (-1, -1)
+
+
 def _fp8_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
               deterministic, return_attn_probs, config, bwd_config, q_descale, k_descale, v_descale):
     """FP8 inputs: cuflash.fp8 (forward only, none of the features yet)."""
     from . import fp8
 
-    windowed = check_window(window_size) != (-1, -1)
+    windowed = _windowed(window_size)
     given = {"dropout_p": dropout_p, "softcap": softcap, "alibi_slopes": alibi_slopes is not None,
              "window_size": windowed, "bwd_config": bwd_config is not None}
     unsupported = [name for name, on in given.items() if on]
@@ -1044,8 +1052,7 @@ def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu
     cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, tq, total_k, nseq)
     max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q)
     max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k)
-    windowed = (window_size != (-1, -1) if type(window_size) is tuple   # the common case, cheap
-                else check_window(window_size) != (-1, -1))
+    windowed = _windowed(window_size)
     if dropout_p or softcap or alibi_slopes is not None or windowed:
         feats = check_features(tq, dropout_p, window_size, softcap, alibi_slopes, causal, nseq, nheads)
         causal = feats.causal

@@ -347,9 +347,7 @@ def flash_attn_fp8_func(q, k, v, softmax_scale: Optional[float] = None, causal: 
     """FP8 (e4m3) forward (module docstring). Returns out (bf16, q's shape), or (out, lse, None)
     with return_attn_probs (lse fp32 (batch, nheads, seqlen_q), natural log, of the real scores
     softmax_scale · q_descale · k_descale · Q Kᵀ)."""
-    from . import _gpu, api
-    from .launch import Plan
-    from .select import choose_on_device
+    from . import api
 
     fast_key = _fast_key(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, config)
     try:
@@ -358,6 +356,10 @@ def flash_attn_fp8_func(q, k, v, softmax_scale: Optional[float] = None, causal: 
         fast_key = hit = None
     if hit is not None and not api.POISON_OUTPUTS and not (q.data_ptr() | k.data_ptr()) & 15:
         return _run_fast(hit, q, k, v, (q_descale, k_descale, v_descale), return_attn_probs)
+    from . import _gpu
+    from .launch import Plan
+    from .select import choose_on_device
+
     problem, scale, kind = check_fp8_qkv(q, k, v, softmax_scale, causal)
     p = problem
     qshape, qst, qp, device = _raw(q, kind)
