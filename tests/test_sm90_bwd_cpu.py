@@ -199,15 +199,17 @@ def test_dropout_config_and_guards(monkeypatch):
     assert choose(p.replace(head_dim=64), (9, 0))[0].name == "fa2_bwd"
 
 
-def test_feature_params_reach_the_struct(monkeypatch, fake_encoder):
-    """window bounds, softcap factors and the ALiBi batch stride land in the packed Sm90BwdParams
-    (BwdParams' fields), the slopes' address per call through run_fields."""
+def fake_launches(monkeypatch):
+    """Launches recorded instead of run (no GPU): the plan's kernels by role, 132 SMs, and each
+    launch's function, grid, block, shared memory and packed Sm90BwdParams bytes appended to the
+    returned list. Returns (the params dtype, that list)."""
     dt = launch.struct_dtype("Sm90BwdParams")
     launches = []
 
     def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
         ptr = ctypes.c_uint64.from_address(argv).value
-        launches.append(dict(fn=fn, smem=smem, raw=ctypes.string_at(ptr, dt.itemsize)))
+        launches.append(dict(fn=fn, grid=(gx, gy, gz), block=bx, smem=smem,
+                             raw=ctypes.string_at(ptr, dt.itemsize)))
 
     roles = ("main", "preprocess", "convert_dq", "reduce_dkv")
     monkeypatch.setattr(launch, "get_kernels", lambda config, device: {
@@ -215,6 +217,13 @@ def test_feature_params_reach_the_struct(monkeypatch, fake_encoder):
     monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
     monkeypatch.setattr(launch, "_driver_launch", lambda: record)
     monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
+    return dt, launches
+
+
+def test_feature_params_reach_the_struct(monkeypatch, fake_encoder):
+    """window bounds, softcap factors and the ALiBi batch stride land in the packed Sm90BwdParams
+    (BwdParams' fields), the slopes' address per call through run_fields."""
+    dt, launches = fake_launches(monkeypatch)
     p = problem(128, "bf16", False).replace(features=("alibi", "softcap", "window"), window=(40, 7),
                                             softcap=25.0, alibi_batched=True)
     cfg = FAM.for_problem(FAM.heuristic(p), p)
@@ -275,19 +284,7 @@ def fake_encoder(monkeypatch):
 
 @pytest.mark.parametrize("copy", [False, True], ids=["dout_in_place", "dout_copy"])
 def test_plan_launches_and_writes_tensor_maps(monkeypatch, fake_encoder, copy):
-    launches = []
-    dt = launch.struct_dtype("Sm90BwdParams")
-
-    def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
-        ptr = ctypes.c_uint64.from_address(argv).value
-        launches.append(dict(fn=fn, grid=(gx, gy, gz), block=bx, smem=smem, raw=ctypes.string_at(ptr, dt.itemsize)))
-
-    roles = ("main", "preprocess", "convert_dq", "reduce_dkv")
-    monkeypatch.setattr(launch, "get_kernels", lambda config, device: {
-        r: SimpleNamespace(kernel=SimpleNamespace(ptr=1000 + i)) for i, r in enumerate(roles)})
-    monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
-    monkeypatch.setattr(launch, "_driver_launch", lambda: record)
-    monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
+    dt, launches = fake_launches(monkeypatch)
     p = problem(72, "fp16", True)
     cfg = FAM.heuristic(p).replace(dq_writer=False)     # its dQ map: test_sm90_bwd_sched_cpu.py
     q_st, k_st = (300 * 8 * 72, 8 * 72, 72, 1), (200 * 2 * 72, 2 * 72, 72, 1)

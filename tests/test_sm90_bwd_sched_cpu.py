@@ -12,24 +12,23 @@ dq_bulk, the combinations whose kernels spill), shared memory against the kernel
 and the nvcc/ptxas build (zero spills, no "wgmma serialized") of every new instantiation class.
 No GPU needed.
 """
-import ctypes
 import itertools
 import os
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from cuflash import _gpu, launch, registry
+from cuflash import launch, registry
 from cuflash.compile import kernel_dir, nvcc_compile
 from cuflash.families import sm90_fwd
 from cuflash.families.base import ConfigError
 from cuflash.families.sm90_bwd import HEAD_DIMS, MAX_SMEM, Sm90BwdConfig, dq_accum_map_args
 from cuflash.problem import DTYPES, Problem
 
+from test_sm90_bwd_cpu import fake_launches  # noqa: E402
 from test_sm90_cpu import serialized  # noqa: E402
 
 NVCC = os.environ.get("NVCC", "nvcc")
@@ -190,19 +189,7 @@ def test_plan_writes_the_dq_map(monkeypatch, dq_writer):
 
     monkeypatch.setattr(sm90_fwd, "_encoder", encode)
     monkeypatch.setattr(sm90_fwd, "_MAP_CACHE", {})
-    dt = launch.struct_dtype("Sm90BwdParams")
-    launches = []
-
-    def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
-        ptr = ctypes.c_uint64.from_address(argv).value
-        launches.append(dict(fn=fn, smem=smem, raw=ctypes.string_at(ptr, dt.itemsize)))
-
-    roles = ("main", "preprocess", "convert_dq", "reduce_dkv")
-    monkeypatch.setattr(launch, "get_kernels", lambda config, device: {
-        r: SimpleNamespace(kernel=SimpleNamespace(ptr=1000 + i)) for i, r in enumerate(roles)})
-    monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
-    monkeypatch.setattr(launch, "_driver_launch", lambda: record)
-    monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
+    dt, launches = fake_launches(monkeypatch)
     p = problem(128, "bf16", False)
     cfg = FAM.heuristic(p).replace(dq_writer=dq_writer)
     st_q, st_k = (300 * 8 * 128, 8 * 128, 128, 1), (200 * 2 * 128, 2 * 128, 128, 1)
