@@ -83,6 +83,26 @@ def pack(name: str, **values) -> np.ndarray:
     return np.array([tuple(values[n] for n in dtype.names)], dtype=dtype)
 
 
+def _zeroed_i32(n: int, device: int, what: str):
+    """A zeroed device buffer of n int32 on ``device`` (CuPy's pool), complete before it returns
+    (a synchronizing memset: the first launch may come on any stream). Not during a CUDA-graph
+    capture: the memset would only run at replay."""
+    import cupy
+
+    with cupy.cuda.Device(device):
+        try:
+            if cupy.cuda.get_current_stream().is_capturing():
+                raise RuntimeError("stream capturing")
+            buf = cupy.cuda.alloc(4 * n)
+            cupy.cuda.runtime.memset(buf.ptr, 0, 4 * n)
+            cupy.cuda.runtime.deviceSynchronize()
+        except Exception as exc:  # noqa: BLE001 - named, with what to do
+            raise RuntimeError(f"{what}: the plan allocates and zeroes its counters on a call shape's "
+                               f"first call, which failed ({exc}); if a CUDA graph was being captured, "
+                               "make that call once before capturing") from exc
+    return buf
+
+
 def _driver_launch():
     from cupy_backends.cuda.api import driver
 
@@ -113,6 +133,14 @@ class Plan:
         ws = family.workspace(config, problem, strides)
         self.workspace_bytes = ws["total"]
         static = family.static_params(config, problem, strides, ws, softmax_scale, sms)
+        # counters kept between calls (zeroed once here, reset by the kernels themselves), owned by
+        # the plan for its lifetime: their addresses are static fields like any other
+        counters = getattr(family, "zeroed_counters", None)
+        self._counters = []
+        for name, n in (counters(config, problem) if counters is not None else {}).items():
+            buf = _zeroed_i32(n, device, f"{config.name} ({name})")
+            self._counters.append(buf)
+            static[name] = int(buf.ptr)
         dtype = struct_dtype(family.params_struct)
         n_ptr = len(family.pointer_fields)
         if dtype.names[:n_ptr] != tuple(family.pointer_fields):

@@ -58,6 +58,9 @@ struct Sm90FwdParams {
     const void* rng_state;   // kDropout: int64[2] (seed, offset) in device memory, per call; else null
     int dropout_threshold;   // kDropout: drop iff the element's Philox byte < round(p·256) (philox.cuh)
     float dropout_scale;     // kDropout: 1 / (1 - p), applied to the kept elements
+    // the dynamic scheduler (kDynamic; appended, unused by a kernel built without it):
+    int* tile_counter;       // int32 claim counter, zeroed once when allocated, reset by the kernel
+    int sched_section;       // (head, batch) pairs per section of the tile order, >= 1
 };
 
 }  // namespace cuflash

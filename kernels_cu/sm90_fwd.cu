@@ -120,7 +120,7 @@
 
 namespace cuflash {
 
-template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim>
+template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, bool kDynamic = false>
 struct Sm90FwdShape {
     static constexpr int kThreads = (kConsumers + 1) * 128;
     // 64-column (128-byte) swizzle atoms; d96: two, the second half used (header)
@@ -138,8 +138,12 @@ struct Sm90FwdShape {
     static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
     static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
     static constexpr int kBarriers = 2 + 4 * kStages;       // Q full, Q empty; K/V full, K/V empty per slot
+    // kDynamic: the tile ring after the barriers (Sm90TileRing: its 2 full and 2 empty mbarriers,
+    // then its 2 tile indices)
+    static constexpr int kRingOffset = kBarOffset + 8 * kBarriers;
+    static constexpr int kRingBytes = kDynamic ? 8 * 4 + 4 * 2 : 0;
     // + 1024: the dynamic shared memory base is aligned up to 1024 bytes at run time
-    static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + 1024;
+    static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + kRingBytes + 1024;
     // Registers per thread after setmaxnreg (FA3's splits): the producer only issues TMA.
     static constexpr int kProducerRegs = kConsumers == 1 ? 56 : kConsumers == 2 ? 24 : 32;
     static constexpr int kConsumerRegs = kConsumers == 1 ? 256 : kConsumers == 2 ? 240 : 160;
@@ -185,12 +189,80 @@ struct Sm90Tile {
     }
 };
 
+// kDynamic's tile order (header: the dynamic scheduler). The (head, batch) pairs hb = head +
+// nheads · batch are cut into sections of `section` consecutive pairs (the host sizes a section so
+// that its K and V fit in L2; the last one may be shorter). Sections run one after the other;
+// inside one, the Q block is the slow index, from the last (under a causal mask, the heaviest)
+// to the first, and hb the fast one: the CTAs working at the same time take the same few Q blocks
+// of every pair of the section, whose K/V stay in L2.
+__device__ __forceinline__ Sm90Tile sm90_sectioned_tile(int tile, int m_blocks, int nheads, int n_hb,
+                                                         int section) {
+    const int per_section = section * m_blocks;
+    const int first_hb = tile / per_section * section;
+    const int in_section = tile % per_section;
+    const int width = min(section, n_hb - first_hb);      // the last section may be shorter
+    const int hb = first_hb + in_section % width;
+    Sm90Tile at(0, 1, 1);
+    at.m_block = m_blocks - 1 - in_section / width;
+    at.head = hb % nheads;
+    at.batch = hb / nheads;
+    return at;
+}
+
+// kDynamic: the producer thread claims tiles from a global counter and hands each to the consumer
+// warpgroups through a ring of 2 shared-memory slots (header: the dynamic scheduler). A CTA's
+// first tile is blockIdx.x without a claim; every further tile is gridDim.x + atomicAdd(counter,
+// 1). The n-th handed-over tile (n = 0 is the CTA's second one) goes to slot n % 2: `full` (one
+// arrival: the producer's, after writing the index; mbarrier.arrive releases the write, the
+// consumers' wait acquires it) and `empty` (kConsumers · 128 arrivals: every consumer thread, once
+// it has read the index). A claimed index >= n_tiles ends the CTA's loop, on both sides.
+// The counter's reset: each CTA claims until it draws an index past the tiles, so a launch makes
+// exactly n_tiles claims (n_tiles - gridDim.x that succeed, one that fails per CTA; the host
+// launches at most n_tiles CTAs) and draws 0..n_tiles - 1: the CTA that draws n_tiles - 1 made
+// the launch's last claim and sets the counter back to 0 for the next launch (zeroed once when
+// allocated, never read by the host: CUDA graphs replay it as is).
+template <int kConsumers>
+struct Sm90TileRing {
+    u32 bars;          // full[2], empty[2]
+    int* tiles;        // the 2 slots' tile indices (shared memory)
+    int n = 0;         // tiles handed over (producer) or taken (consumers) so far
+    __device__ __forceinline__ u32 full(int slot) const { return bars + 8u * slot; }
+    __device__ __forceinline__ u32 empty(int slot) const { return bars + 8u * (2 + slot); }
+    __device__ __forceinline__ void init() const {
+        for (int s = 0; s < 2; ++s) {
+            mbarrier_init(full(s), 1);
+            mbarrier_init(empty(s), kConsumers * 128);
+        }
+    }
+    // producer: claim the next tile and hand it over
+    __device__ __forceinline__ int claim(int* counter, int n_tiles) {
+        const int drawn = atomicAdd(counter, 1);
+        if (drawn == n_tiles - 1) atomicExch(counter, 0);   // the launch's last claim
+        const int tile = int(gridDim.x) + drawn;
+        const int slot = n & 1;
+        if (n >= 2) mbarrier_wait(empty(slot), u32((n >> 1) - 1) & 1);
+        reinterpret_cast<volatile int*>(tiles)[slot] = tile;
+        mbarrier_arrive(full(slot));
+        ++n;
+        return tile;
+    }
+    // consumers: the next tile the producer handed over
+    __device__ __forceinline__ int take() {
+        const int slot = n & 1;
+        mbarrier_wait(full(slot), u32(n >> 1) & 1);
+        const int tile = reinterpret_cast<volatile int*>(tiles)[slot];
+        mbarrier_arrive(empty(slot));
+        ++n;
+        return tile;
+    }
+};
+
 template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
           class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
-          bool kDropout = false, int kEmuExp2 = 0>
+          bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
-    using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim>;
+    using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic>;
     using Mask = BandMask<kCausal, kWindow>;
     constexpr int kChunks = Shape::kChunks;
 
@@ -206,18 +278,29 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     auto k_empty = [&](int slot) { return bars + 8u * (2 + 2 * kStages + slot); };
     auto v_empty = [&](int slot) { return bars + 8u * (2 + 3 * kStages + slot); };
     static_assert(!kPingpong || kConsumers >= 2, "pingpong needs two or three consumer warpgroups");
+    static_assert(!kDynamic || kPersistent, "the dynamic scheduler runs a persistent grid (a CTA per SM)");
+    Sm90TileRing<kConsumers> ring{smem + Shape::kRingOffset,
+                                  reinterpret_cast<int*>(smem_raw + (smem - smem_u32(smem_raw)) +
+                                                         Shape::kRingOffset + 32)};
 
     const int tid = threadIdx.x, warpgroup = tid / 128;
     const int m_blocks = (p.seqlen_q + kBM - 1) / kBM;
     const int n_tiles = m_blocks * p.nheads * p.batch;
+    // tile -> (Q block, head, batch): the plain order (Sm90Tile), or kDynamic's sections
+    auto tile_at = [&](int tile) {
+        if constexpr (kDynamic)
+            return sm90_sectioned_tile(tile, m_blocks, p.nheads, p.nheads * p.batch, p.sched_section);
+        else
+            return Sm90Tile(tile, m_blocks, p.nheads);
+    };
     // K/V blocks [kv_end - kv_blocks, kv_end) of a Q block, visited from the last to the
     // first (causal: later blocks are skipped entirely; a window skips earlier ones too).
     const Mask mask(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
     auto kv_end = [&](int tile) {
-        return mask.template kv_block_end<kBM, kBN>(Sm90Tile(tile, m_blocks, p.nheads).m_block * kBM);
+        return mask.template kv_block_end<kBM, kBN>(tile_at(tile).m_block * kBM);
     };
     auto kv_blocks = [&](int tile) {
-        const int row0 = Sm90Tile(tile, m_blocks, p.nheads).m_block * kBM;
+        const int row0 = tile_at(tile).m_block * kBM;
         return max(0, mask.template kv_block_end<kBM, kBN>(row0) - mask.template kv_block_begin<kBM, kBN>(row0));
     };
 
@@ -233,6 +316,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             mbarrier_init(k_empty(s), kConsumers * 128);    // every consumer thread releases
             mbarrier_init(v_empty(s), kConsumers * 128);
         }
+        if constexpr (kDynamic) ring.init();
         fence_mbarrier_init();                              // visible to TMA's complete_tx
     }
     __syncthreads();                                        // and to every thread
@@ -242,8 +326,13 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         setmaxnreg_dec<Shape::kProducerRegs>();
         if (tid == 0) {
             int kv_iter = 0, q_iter = 0;   // the CTA's K/V iterations and tiles with keys so far
-            for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
-                const Sm90Tile at(tile, m_blocks, p.nheads);
+            // next tile: the static stride, or kDynamic's claim (handed to the consumers)
+            auto next_tile = [&](int tile) {
+                if constexpr (kDynamic) return ring.claim(p.tile_counter, n_tiles);
+                else return tile + int(gridDim.x);
+            };
+            for (int tile = blockIdx.x; tile < n_tiles; tile = next_tile(tile)) {
+                const Sm90Tile at = tile_at(tile);
                 const int head_kv = at.head / (p.nheads / p.nheads_kv);   // GQA / MQA
                 const int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
                 if (n_blocks == 0) continue;                 // nothing to load: O = 0
@@ -334,8 +423,16 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     };
 
     int kv_iter = 0, q_iter = 0;    // as the producer counts them: ring slots and Q's phases
-    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
-        const Sm90Tile at(tile, m_blocks, p.nheads);
+    // kDynamic: the pingpong turns cannot see whether a tile is the CTA's last with keys (the
+    // next one is not claimed yet), so every turn hands over, the first turn is given before the
+    // loop, and warpgroup 0 takes the one hand-over left after it (Pingpong's count, header).
+    if constexpr (kDynamic) turn.start();
+    auto next_tile = [&](int tile) {
+        if constexpr (kDynamic) return ring.take();
+        else return tile + int(gridDim.x);
+    };
+    for (int tile = blockIdx.x; tile < n_tiles; tile = next_tile(tile)) {
+        const Sm90Tile at = tile_at(tile);
         const int wg_row0 = at.m_block * kBM + wg * 64;
         const int warp_row0 = wg_row0 + warp * 16;         // this warp's 16 rows of S and O
         const int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
@@ -350,9 +447,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
 
         if (n_blocks > 0) {
             // the CTA's last turn: the last tile with keys ends it (Pingpong: end(true))
-            bool last_tile = true;
-            for (int next = tile + gridDim.x; next < n_tiles && last_tile; next += gridDim.x)
-                last_tile = kv_blocks(next) == 0;
+            bool last_tile = !kDynamic;
+            if constexpr (!kDynamic)
+                for (int next = tile + gridDim.x; next < n_tiles && last_tile; next += gridDim.x)
+                    last_tile = kv_blocks(next) == 0;
             // S_j has landed: release K_j (the S GEMM was its only reader) and, after the
             // tile's last S, Q; mask (only the ragged last block and the causal diagonal
             // blocks), online softmax -> P_j (in s_acc), m, l, alpha. reg_fence: no read of S
@@ -381,7 +479,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             auto phase = [&](int j) { return u32((kv_iter + j) / kStages) & 1; };
             auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
 
-            if (q_iter == 0) turn.start();  // the CTA's first tile with keys
+            if (!kDynamic && q_iter == 0) turn.start();  // the CTA's first tile with keys
             mbarrier_wait(q_full, q_iter & 1);
             // j = 0 (the last K/V block): S, softmax; O is still zero, so no P V and no rescale
             turn.begin();
@@ -457,6 +555,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             }
         }
     }
+    if constexpr (kDynamic && kPingpong)
+        if (wg == 0) named_barrier_sync(1, 256);   // the last warpgroup's final hand-over
 }
 
 }  // namespace cuflash

@@ -70,6 +70,11 @@ EMU_EXP2_SPACE = (0, 1, 2, 3)
 # ex2.approx they replace. The plain d64 forward, tried as an option, was slower at every
 # fraction too (1.04x-1.23x), so the knob is tuned with softcap only.
 SOFTCAP_EMU_EXP2 = 0
+# The dynamic scheduler (``dynamic``, kDynamic): bytes of K and V that a section of the tile order
+# keeps in L2 (the H100 has 50 MB; FA3 sizes its sections by 32 MB too), and the shared memory
+# its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
+SCHED_L2_BYTES = 32 * 1024 * 1024
+SCHED_RING_BYTES = 8 * 4 + 4 * 2
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -95,6 +100,11 @@ class Sm90FwdConfig(KernelConfig):
                (kEmuExp2, kernels_cu/exp2_emu.cuh) instead of the SFU; 0 is the plain kernel.
                Tuned with softcap only (EMU_EXP2_SPACE); the heuristic keeps 0 (measured:
                SOFTCAP_EMU_EXP2's note)
+    dynamic:   the dynamic persistent scheduler (kDynamic; needs persistent): the producer claims
+               each next tile from a global counter (heaviest Q blocks first, by sections of
+               (head, batch) pairs whose K/V fit in L2: sched_section) and hands it to the
+               consumers through shared memory; the counter is the plan's (zeroed once,
+               reset by the kernel: ``zeroed_counters``)
     """
 
     BM: int
@@ -111,6 +121,7 @@ class Sm90FwdConfig(KernelConfig):
     alibi: bool = False
     dropout: bool = False
     emu_exp2: int = 0
+    dynamic: bool = False
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -124,7 +135,8 @@ class Sm90FwdConfig(KernelConfig):
         mask = "causal" if self.causal else "full"
         return (f"sm90fwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{'_pp' if self.pingpong else ''}"
-                f"{'_persist' if self.persistent else ''}{'_drop' if self.dropout else ''}"
+                f"{'_persist' if self.persistent else ''}{'_dyn' if self.dynamic else ''}"
+                f"{'_drop' if self.dropout else ''}"
                 f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{name_suffix(self)}")
 
     @property
@@ -137,7 +149,8 @@ class Sm90FwdConfig(KernelConfig):
     def smem_bytes(self) -> int:
         """Q, stages x (K, V), the mbarriers (Q full and empty; K/V full and empty per slot),
         and 1024 bytes to align the base (as the kernel's Sm90FwdShape::kSmemBytes)."""
-        return (self.BM + 2 * self.stages * self.BN) * self.smem_cols * 2 + 8 * (2 + 4 * self.stages) + 1024
+        return ((self.BM + 2 * self.stages * self.BN) * self.smem_cols * 2 + 8 * (2 + 4 * self.stages)
+                + (SCHED_RING_BYTES if self.dynamic else 0) + 1024)
 
     @property
     def accum_regs(self) -> int:
@@ -150,13 +163,14 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.pingpong else 'false'}, {'true' if self.persistent else 'false'}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, "
                 f"{'true' if self.causal else 'false'}{template_suffix(self)}"
-                f"{(', true' if self.dropout else ', false') if self.dropout or self.emu_exp2 else ''}"  # kDropout
-                f"{f', {self.emu_exp2}' if self.emu_exp2 else ''}>")    # kEmuExp2 last
+                f"{(', true' if self.dropout else ', false') if self.dropout or self.emu_exp2 or self.dynamic else ''}"  # kDropout
+                f"{f', {self.emu_exp2}' if self.emu_exp2 or self.dynamic else ''}"    # kEmuExp2
+                f"{', true' if self.dynamic else ''}>")    # kDynamic last
 
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
-                self.dropout, self.emu_exp2)
+                self.dropout, self.emu_exp2, self.dynamic)
 
     def _problems(self) -> list[str]:
         out = []
@@ -185,6 +199,9 @@ class Sm90FwdConfig(KernelConfig):
         elif self.emu_exp2 and self.dropout:
             out.append(f"emu_exp2={self.emu_exp2} with dropout is not implemented (its registers "
                        "are unchecked)")
+        if self.dynamic and not self.persistent:
+            out.append("dynamic (the dynamic scheduler) needs persistent: its CTAs claim tiles "
+                       "on a grid of one CTA per SM")
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
@@ -282,6 +299,28 @@ def window_tiles(head_dim: int) -> tuple:
     return (128 if head_dim <= 128 else 64), True
 
 
+def sched_section(problem: Problem) -> int:
+    """(head, batch) pairs per section of the dynamic scheduler's tile order (kernels_cu/sm90_fwd.cu,
+    sm90_sectioned_tile): as many KV heads as fit SCHED_L2_BYTES of K and V, rounded down to a
+    power of two, times the query heads per KV head (a section starts on a KV head's first query
+    head), at least one KV head's, at most every pair."""
+    kv_bytes = max(1, problem.seqlen_k) * problem.head_dim * 2 * 2
+    kv_heads = 1 << (SCHED_L2_BYTES // kv_bytes).bit_length() - 1 if kv_bytes <= SCHED_L2_BYTES else 1
+    group = problem.nheads // max(1, problem.nheads_kv)
+    return max(1, min(kv_heads * group, problem.nheads * problem.batch))
+
+
+def sectioned_tile(tile: int, m_blocks: int, nheads: int, n_hb: int, section: int) -> tuple:
+    """(m_block, head, batch) of tile number ``tile`` in the dynamic scheduler's order: the host
+    mirror of sm90_sectioned_tile (kernels_cu/sm90_fwd.cu), for tests and tools."""
+    per_section = section * m_blocks
+    first_hb = tile // per_section * section
+    in_section = tile % per_section
+    width = min(section, n_hb - first_hb)
+    hb = first_hb + in_section % width
+    return m_blocks - 1 - in_section // width, hb % nheads, hb // nheads
+
+
 class Sm90Forward(Family):
     name = "sm90_fwd"
     op = "fwd"
@@ -289,7 +328,7 @@ class Sm90Forward(Family):
     config_cls = Sm90FwdConfig
     space = {"BM": (64, 128, 192), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
              "stages": (2, 3), "consumers": (1, 2, 3), "pingpong": (False, True),
-             "persistent": (False, True), "emu_exp2": EMU_EXP2_SPACE}
+             "persistent": (False, True), "emu_exp2": EMU_EXP2_SPACE, "dynamic": (False, True)}
     params_struct = "Sm90FwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90FwdParams"
     pointer_fields = ("q", "k", "v", "o", "lse")
@@ -338,14 +377,17 @@ class Sm90Forward(Family):
         # dropout is not encoded either: the call sets it (for_problem), so the encoded form of a
         # config stays what it was before the flag existed
         # emu_exp2 only when on, so a plain config's encoded form is unchanged by the knob
+        # dynamic likewise: only when on
         return ((k, v) for k, v in super()._fields(config)
-                if k != "dropout" and not (k == "emu_exp2" and not v))
+                if k != "dropout" and not (k in ("emu_exp2", "dynamic") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
         the knob) gets 0, the plain kernel."""
         if "emu_exp2" not in point:
             point = {**point, "emu_exp2": 0}
+        if "dynamic" not in point:      # likewise from before the dynamic scheduler: off
+            point = {**point, "dynamic": False}
         return super().make(point, problem)
 
     def head_dim_of(self, head_dim: int) -> int:
@@ -388,9 +430,18 @@ class Sm90Forward(Family):
 
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
         # the tensor maps are written per call (call_writer); zeros until then
+        # tile_counter: Plan writes the address of the zeroed counter it allocates (zeroed_counters)
         return dict(tma_q=0, tma_k=0, tma_v=0, **strides3("o", strides["o"]),
                     **forward_sizes(problem, softmax_scale), **feature_params(problem, softmax_scale),
-                    **dropout_params(problem))
+                    **dropout_params(problem), tile_counter=0,
+                    sched_section=sched_section(problem) if config.dynamic else 1)
+
+    def zeroed_counters(self, config, problem: Problem) -> dict:
+        """{params field: int32 count} of the counters a plan keeps between calls, zeroed once when
+        the plan allocates them (cuflash.launch.Plan) and reset to 0 by the kernel itself: the
+        dynamic scheduler's tile counter. One per plan: two calls of one plan must not run at the
+        same time on two streams (their claims would mix)."""
+        return {"tile_counter": 1} if config.dynamic else {}
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
         """What cuflash.launch.Plan runs on every call after writing the pointers: the tensor

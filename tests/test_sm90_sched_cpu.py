@@ -1,0 +1,191 @@
+"""sm90_fwd's dynamic persistent scheduler (``dynamic``, kDynamic) without a GPU: the config (rule,
+name, template arguments, shared memory, encoding, the space), the tile order's host mirror (a
+permutation of the tiles, heaviest Q blocks first within each section, sections aligned to KV
+heads), the section size, the plan's zeroed counter, and the sm_90a builds (nvcc -cubin: no
+spills, no "wgmma serialized" warnings)."""
+import ctypes
+import itertools
+import os
+import re
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from cuflash import _gpu, launch, registry
+from cuflash.families import sm90_fwd
+from cuflash.families.sm90_fwd import SCHED_L2_BYTES, Sm90FwdConfig, sched_section, sectioned_tile
+from cuflash.problem import Problem
+
+FAM = registry.get("sm90_fwd")
+NVCC = os.environ.get("NVCC", "nvcc")
+needs_nvcc = pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not on PATH")
+DYN = Sm90FwdConfig(BM=128, BN=176, stages=2, consumers=2, pingpong=True, persistent=True, head_dim=128,
+                    dtype="bf16", causal=True, dynamic=True)
+
+
+def problem(head_dim=128, causal=True, batch=4, seqlen=2048, nheads=16, nheads_kv=16, **kw):
+    return Problem("fwd", "bf16", batch, seqlen, kw.get("seqlen_k", seqlen), nheads, nheads_kv,
+                   head_dim, causal)
+
+
+def test_config_name_and_template_arguments():
+    assert DYN.validate(227 * 1024) is DYN
+    assert DYN.name == "sm90fwd_bf16_d128_causal_BM128_BN176_s2_c2_pp_persist_dyn"
+    # kDropout and kEmuExp2 spelled out, kDynamic last
+    assert DYN.kernel_name() == ("cuflash::sm90_fwd<128, 176, 2, 2, true, true, 128, cuflash::bf16, true, "
+                                 "false, false, false, false, 0, true>")
+    assert DYN.template_args()[-1] is True and len(DYN.template_args()) == 15
+    plain = DYN.replace(dynamic=False)
+    assert plain.kernel_name() == "cuflash::sm90_fwd<128, 176, 2, 2, true, true, 128, cuflash::bf16, true, false, false, false>"
+    # the ring: 4 mbarriers and 2 tile indices on top of the plain kernel's shared memory
+    assert DYN.smem_bytes == plain.smem_bytes + 40
+    assert FAM.encode(DYN).endswith(",dynamic=1") and "dynamic" not in FAM.encode(plain)
+    assert FAM.decode(FAM.encode(DYN), "bf16", True) == DYN
+    assert FAM.decode(FAM.encode(plain), "bf16", True) == plain
+
+
+def test_dynamic_needs_persistent():
+    (why,) = DYN.replace(persistent=False).problems(227 * 1024)
+    assert re.search(r"dynamic .* needs persistent", why)
+
+
+def test_space_and_old_points():
+    assert FAM.space["dynamic"] == (False, True) and list(FAM.space)[-1] == "dynamic"
+    p = problem()
+    valid = FAM.valid(p, 227 * 1024)
+    assert all(c.persistent for c in valid if c.dynamic)
+    assert sum(c.dynamic for c in valid) == sum(c.persistent and not c.dynamic for c in valid)
+    # a tuned entry's point from before the flag: dynamic off
+    point = {k: getattr(DYN, k) for k in FAM.space if k != "dynamic"}
+    assert FAM.make(point, p).dynamic is False
+    assert FAM.heuristic(p).dynamic is False          # the heuristic is unchanged
+
+
+def test_section_size():
+    # d128 at 2k: 1 MB of K and V per KV head -> 32 heads' worth, capped by the pairs there are
+    assert sched_section(problem(128, seqlen=2048, batch=8)) == 32
+    assert sched_section(problem(128, seqlen=2048, batch=1)) == 16
+    # 16k d128: 8 MB per KV head -> 4; GQA 4:1 -> 4 KV heads = 16 query heads
+    assert sched_section(problem(128, seqlen=16384)) == 4
+    assert sched_section(problem(128, seqlen=16384, nheads=16, nheads_kv=4)) == 16
+    # K/V of one head beyond the budget: one KV head
+    big = SCHED_L2_BYTES // (64 * 4) * 2
+    assert sched_section(problem(64, seqlen=big, batch=1)) == 1
+    # a power of two of KV heads
+    for s in (1000, 3000, 5000, 12345):
+        n = sched_section(problem(64, seqlen=s, batch=64))
+        assert n & (n - 1) == 0
+
+
+@pytest.mark.parametrize("m_blocks,nheads,batch,section", [(16, 16, 8, 32), (17, 16, 3, 32), (5, 6, 7, 4),
+                                                           (1, 3, 1, 1), (9, 4, 5, 8), (3, 12, 2, 6)])
+def test_tile_order_is_a_permutation_heaviest_first(m_blocks, nheads, batch, section):
+    n_hb = nheads * batch
+    n_tiles = m_blocks * n_hb
+    tiles = [sectioned_tile(t, m_blocks, nheads, n_hb, section) for t in range(n_tiles)]
+    assert sorted(tiles) == sorted(itertools.product(range(m_blocks), range(nheads), range(batch)))
+    assert len(set(tiles)) == n_tiles
+    # inside each section the Q block never increases (heaviest causal tiles first), and a
+    # section covers `section` consecutive (head, batch) pairs
+    per = section * m_blocks
+    for start in range(0, n_tiles, per):
+        chunk = tiles[start:start + per]
+        m = [t[0] for t in chunk]
+        assert m == sorted(m, reverse=True)
+        hbs = {t[1] + nheads * t[2] for t in chunk}
+        first = start // per * section
+        assert hbs == set(range(first, min(first + section, n_hb)))
+
+
+def test_plan_allocates_a_zeroed_counter(monkeypatch):
+    """The plan allocates its counter once (zeroed_counters -> launch._zeroed_i32) and writes its
+    address into the params; the plain config allocates none."""
+    launches, allocs = [], []
+
+    def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        ptr = ctypes.c_uint64.from_address(argv).value
+        launches.append(dict(grid=(gx, gy, gz), raw=ctypes.string_at(
+            ptr, launch.struct_dtype("Sm90FwdParams").itemsize)))
+
+    def zeroed(n, device, what):
+        allocs.append((n, device, what))
+        return SimpleNamespace(ptr=0xC0DE00 + len(allocs))
+
+    monkeypatch.setattr(launch, "get_kernels", lambda config, device: {"main": SimpleNamespace(
+        kernel=SimpleNamespace(ptr=1000))})
+    monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
+    monkeypatch.setattr(launch, "_driver_launch", lambda: record)
+    monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
+    monkeypatch.setattr(launch, "_zeroed_i32", zeroed)
+    monkeypatch.setattr(sm90_fwd, "_encoder", lambda *a: bytes(128))
+    p = problem(128, batch=8, seqlen=2048)
+    st = (2048 * 16 * 128, 16 * 128, 128, 1)
+    strides = {"q": st, "k": st, "v": st, "o": st}
+    plan = launch.Plan(FAM, DYN, p, strides, 0.1, 0)
+    assert allocs == [(1, 0, f"{DYN.name} (tile_counter)")]
+    plan.run((1 << 20, 2 << 20, 3 << 20, 4 << 20, 5 << 20), 0, stream=7)
+    plan.run((1 << 20, 2 << 20, 3 << 20, 4 << 20, 5 << 20), 0, stream=7)
+    assert len(allocs) == 1                                  # once per plan, not per call
+    dt = launch.struct_dtype("Sm90FwdParams")
+    rec = np.frombuffer(launches[0]["raw"], dt)[0]
+    assert int(rec["tile_counter"]) == 0xC0DE01 and int(rec["sched_section"]) == 32
+    assert launches[0]["grid"] == (132, 1, 1)                # one CTA per SM
+    launch.Plan(FAM, DYN.replace(dynamic=False), p, strides, 0.1, 0)
+    assert len(allocs) == 1
+
+
+def test_counter_allocation_names_the_plan_when_it_fails(monkeypatch):
+    import cupy
+
+    monkeypatch.setattr(cupy.cuda, "alloc", lambda n: (_ for _ in ()).throw(RuntimeError("no device")))
+
+    class Dev:
+        def __init__(self, i):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    monkeypatch.setattr(cupy.cuda, "Device", Dev)
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda: SimpleNamespace(is_capturing=lambda: False))
+    with pytest.raises(RuntimeError, match=r"sm90fwd_.*_dyn \(tile_counter\).*before capturing"):
+        launch._zeroed_i32(1, 0, f"{DYN.name} (tile_counter)")
+
+
+def sched_configs():
+    """The heuristic of every head dim x mask, persistent and dynamic, plus the GPU test's layout
+    changes and feature kernels."""
+    out = []
+    for d, causal in itertools.product(sm90_fwd.HEAD_DIMS, (False, True)):
+        p = Problem("fwd", "bf16", 2, 2048, 2048, 16, 16, d, causal)
+        out.append(FAM.heuristic(p).replace(persistent=True, dynamic=True))
+    base = DYN
+    out += [base.replace(pingpong=False), base.replace(head_dim=64, BM=192, consumers=3, BN=96),
+            base.replace(BM=64, consumers=1, pingpong=False, BN=128, causal=False),
+            base.replace(window=True, BN=128), base.replace(softcap=True, causal=False),
+            base.replace(alibi=True), base.replace(dropout=True, BN=128),
+            base.replace(dtype="fp16", causal=False)]
+    for c in out:
+        c.validate(227 * 1024)
+    return list(dict.fromkeys(out))
+
+
+@needs_nvcc
+def test_ptxas_no_spills_no_serialized_wgmma():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cuflash.compile import nvcc_compile
+
+    configs = sched_configs()
+    chunks = [configs[i:i + 5] for i in range(0, len(configs), 5)]
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        reports = [r for rs in pool.map(lambda c: nvcc_compile(c, "sm_90a", NVCC), chunks) for r in rs]
+    bad = [f"{c.name}: {r}" for c, r in zip(configs, reports)
+           if r.spill_stores or r.spill_loads or r.stack_bytes
+           or [w for w in r.warnings if re.search(r"C75(1[0-5])\b", w) or "serialized" in w]]
+    assert not bad, "\n".join(bad)
