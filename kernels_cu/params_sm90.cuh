@@ -61,6 +61,8 @@ struct Sm90FwdParams {
     // the dynamic scheduler (kDynamic; appended, unused by a kernel built without it):
     int* tile_counter;       // int32 claim counter, zeroed once when allocated, reset by the kernel
     int sched_section;       // (head, batch) pairs per section of the tile order, >= 1
+    // the TMA-store epilogue (kTmaStore; appended, unused by a kernel built without it):
+    TmaDesc tma_o;           // o's map: box 64 columns x 64 rows (one consumer warpgroup's rows)
 };
 
 }  // namespace cuflash

@@ -14,6 +14,25 @@
 // blocks are visited from the last to the first, as in fa2_fwd, so the few masked ones
 // (ragged end, causal diagonal) come first.
 //
+// The dynamic scheduler (kDynamic, on the persistent grid): a CTA's first tile is blockIdx.x, and
+// each next one is claimed when it is needed, so a CTA that drew light tiles takes more of them
+// (the static stride gives every CTA its share up front, however long its tiles run). The
+// producer thread claims (atomicAdd on a counter in global memory, Sm90TileRing: why a launch
+// makes exactly n_tiles claims and who resets the counter) right after issuing the last loads of
+// its current tile, hands the index to the consumers through a 2-slot ring in shared memory with
+// full / empty mbarriers, and goes on loading that tile's Q and K/V while the consumers finish the
+// current one. The tile order differs from the static one (sm90_sectioned_tile): (head, batch)
+// pairs in sections whose K/V fit in L2 (the host's sched_section), inside a section the Q block
+// slow and from the last: the heaviest causal tiles are claimed first and the light ones fill the
+// end of the launch, and the CTAs running at the same time share a few heads' K/V in L2.
+//
+// The TMA-store epilogue (kTmaStore): O = acc / l goes into a per-warpgroup staging tile in shared
+// memory (the 128-byte swizzle of the tensor maps) and one thread of the warpgroup stores it with
+// a TMA store (tma_o: box 64 columns x 64 rows, clipped at seqlen_q and head_dim), so the
+// warpgroup starts its next tile without waiting for its 64 x head_dim global stores; the thread
+// waits for the store to have read the tile (bulk_wait_group_read) before the next epilogue
+// rewrites it. LSE is stored from registers either way.
+//
 // Producer (warpgroup 0): thread 0 issues every copy, the other 127 threads exit. It loads Q_i
 // once, then K_j and V_j by TMA into a ring of kStages shared-memory slots.
 //
@@ -63,8 +82,10 @@
 // Shared memory (base aligned to 1024 bytes, the period of the 128-byte swizzle; every tile is
 // stored as kChunks = ceil(head_dim / 64) column chunks of rows x 64 elements, 128 bytes a row,
 // swizzled as TMA writes it and wgmma reads it):
-//   q_smem [kChunks][BM][64], k_smem / v_smem [kStages][kChunks][BN][64], then the mbarriers
-//   (Q full, Q empty; K full, V full, K empty, V empty, kStages each).
+//   q_smem [kChunks][BM][64], k_smem / v_smem [kStages][kChunks][BN][64], (kTmaStore) the O
+//   staging tiles [kConsumers][kChunks][64][64], then the mbarriers (Q full, Q empty; K full,
+//   V full, K empty, V empty, kStages each) and (kDynamic) the tile ring (2 full, 2 empty
+//   mbarriers, 2 int32 tile indices).
 //
 // Head dim 96 (exact, not d128 with zeros): the shared-memory layout is d128's, two 64-column
 // chunks, the second one half used: TMA loads a full 64-column box into it and fills columns
@@ -107,6 +128,9 @@
 //              pipes (exp2_emu.cuh: a polynomial, FlashAttention-4's trick) instead of the SFU's
 //              ex2.approx, which softcap's tanh.approx also needs; 0 (the default) is the
 //              plain kernel, the same code as before the parameter existed
+//   kDynamic   the dynamic scheduler (needs kPersistent; params.tile_counter, params.sched_section)
+//   kTmaStore  the TMA-store epilogue (params.tma_o)
+//   (kDynamic and kTmaStore false, the defaults: the code of the kernel before they existed)
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
@@ -117,10 +141,13 @@
 #include "softmax.cuh"
 #include "philox.cuh"
 #include "exp2_emu.cuh"
+#include "ptx_sm90_bulk.cuh"
+#include "ptx_sm90_store.cuh"
 
 namespace cuflash {
 
-template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, bool kDynamic = false>
+template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, bool kDynamic = false,
+          bool kTmaStore = false>
 struct Sm90FwdShape {
     static constexpr int kThreads = (kConsumers + 1) * 128;
     // 64-column (128-byte) swizzle atoms; d96: two, the second half used (header)
@@ -136,7 +163,13 @@ struct Sm90FwdShape {
     static constexpr int kOCols = kHeadDim;
     static constexpr int kKOffset = kQBytes;
     static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
-    static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
+    // kTmaStore: O's staging tile, per consumer warpgroup kChunks chunks of 64 rows x 64 columns
+    // (128-byte swizzled, as the O tensor map stores them); none without it
+    static constexpr int kOStageChunkBytes = 64 * 128;
+    static constexpr int kOStageWgBytes = kChunks * kOStageChunkBytes;
+    static constexpr int kOStageOffset = kVOffset + kStages * kKVBytes;
+    static constexpr int kOStageBytes = kTmaStore ? kConsumers * kOStageWgBytes : 0;
+    static constexpr int kBarOffset = kOStageOffset + kOStageBytes;
     static constexpr int kBarriers = 2 + 4 * kStages;       // Q full, Q empty; K/V full, K/V empty per slot
     // kDynamic: the tile ring after the barriers (Sm90TileRing: its 2 full and 2 empty mbarriers,
     // then its 2 tile indices)
@@ -259,10 +292,10 @@ struct Sm90TileRing {
 
 template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
           class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
-          bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false>
+          bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
-    using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic>;
+    using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore>;
     using Mask = BandMask<kCausal, kWindow>;
     constexpr int kChunks = Shape::kChunks;
 
@@ -308,6 +341,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         prefetch_tensormap(&p.tma_q);
         prefetch_tensormap(&p.tma_k);
         prefetch_tensormap(&p.tma_v);
+        if constexpr (kTmaStore) prefetch_tensormap(&p.tma_o);
         mbarrier_init(q_full, 1);                           // the producer's expect_tx arrival
         mbarrier_init(q_empty, kConsumers * 128);           // every consumer thread releases Q
         for (int s = 0; s < kStages; ++s) {
@@ -422,6 +456,41 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         wgmma_commit();
     };
 
+    // kTmaStore's epilogue: O = acc / l written into this warpgroup's staging tile (128-byte
+    // swizzle: 16-byte unit u of row r at u ^ (r % 8); a warp's 32 four-byte stores of one column
+    // step hit 32 different banks), then one thread stores the tile by TMA (rows past seqlen_q
+    // and columns past head_dim are clipped by the tensor map) and the warpgroup goes on to its
+    // next tile. Before rewriting the tile, that thread waits until the previous store has read
+    // it (bulk_wait_group_read), and the warpgroup's named barrier (4 + wg: pingpong has 1..3)
+    // holds the others until then. LSE from registers as in the plain epilogue.
+    const bool o_issuer = tid % 128 == 0;
+    auto store_o_tma = [&](const Sm90Tile& at, int wg_row0, int warp_row0) {
+        const u32 o_stage = smem + Shape::kOStageOffset + wg * Shape::kOStageWgBytes;
+        float* lse_gmem = p.lse + (static_cast<i64>(at.batch) * p.nheads + at.head) * p.seqlen_q;
+        if (o_issuer) bulk_wait_group_read<0>();
+        named_barrier_sync(4 + wg, 128);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const float l_row = quad_sum(l[0][half]);
+            const float inv_l = softmax_inv_l(l_row);
+            const int row = warp * 16 + g + 8 * half;       // in the warpgroup's 64; row % 8 == g
+#pragma unroll
+            for (int nt = 0; nt < kOCols / 8; ++nt)
+                st_shared_u32(o_stage + (nt / 8) * Shape::kOStageChunkBytes + row * 128 + (((nt % 8) ^ g) * 16) + 4 * t,
+                              pack2<Elem>(o_acc[0][nt][2 * half] * inv_l, o_acc[0][nt][2 * half + 1] * inv_l));
+            const int r = warp_row0 + g + 8 * half;
+            if (t == 0 && r < p.seqlen_q) lse_gmem[r] = softmax_lse(m[0][half], l_row, p.softmax_scale);
+        }
+        fence_proxy_async_smem();                           // the stores, visible to TMA
+        named_barrier_sync(4 + wg, 128);
+        if (o_issuer && wg_row0 < p.seqlen_q) {
+#pragma unroll
+            for (int c = 0; c < kChunks; ++c)
+                tma_store_4d(&p.tma_o, o_stage + c * Shape::kOStageChunkBytes, c * 64, wg_row0, at.head, at.batch);
+            bulk_commit_group();
+        }
+    };
+
     int kv_iter = 0, q_iter = 0;    // as the producer counts them: ring slots and Q's phases
     // kDynamic: the pingpong turns cannot see whether a tile is the CTA's last with keys (the
     // next one is not claimed yet), so every turn hands over, the first turn is given before the
@@ -531,6 +600,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             ++q_iter;
         }
 
+        if constexpr (kTmaStore) {
+            store_o_tma(at, wg_row0, warp_row0);
+            continue;
+        }
         // ---- epilogue: O = acc / l (delayed normalization), LSE = m·scale + log l ----
         // Each thread stores its O fragment straight from registers, two columns (4 bytes) per
         // store, skipping rows past seqlen_q and columns past head_dim. A Q block with no
@@ -557,6 +630,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     }
     if constexpr (kDynamic && kPingpong)
         if (wg == 0) named_barrier_sync(1, 256);   // the last warpgroup's final hand-over
+    if constexpr (kTmaStore)
+        if (o_issuer) bulk_wait_group<0>();        // no store may read shared memory after the exit
 }
 
 }  // namespace cuflash

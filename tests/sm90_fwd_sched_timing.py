@@ -9,7 +9,8 @@ shape (dim 2048: heads = 2048 / d; batch x seqlen = 16k). Rows per case, samples
   tuned      the tuned table's entry for the case, read from the shipped table without its code
              hash check (the hash changes with the kernel source; the entry's tile is what counts)
   dyn        the same tile, persistent, with the dynamic scheduler
-  dyn_tma    the same with the TMA-store epilogue (only when the family has ``tma_store``)
+  dyn_tma    the same with the TMA-store epilogue, at the largest BN <= the tuned one whose O
+             staging tiles fit shared memory (d128: 160 for 176; d256 fits none with 2 consumers)
   sdpa_cudnn torch SDPA on cuDNN, same tensors
 "x cuDNN" is the row's TFLOPs / cuDNN's. Every forced kernel is compiled up front in parallel.
 """
@@ -54,7 +55,11 @@ def case_rows(d, s, causal, variants):
     if "dyn" in variants:
         rows["dyn"] = ("dynamic scheduler", tuned.replace(persistent=True, dynamic=True))
     if "dyn_tma" in variants and "tma_store" in fields:
-        rows["dyn_tma"] = ("dynamic + TMA store", tuned.replace(persistent=True, dynamic=True, tma_store=True))
+        # at the tuned BN, else the largest BN below it whose staging tiles fit shared memory
+        tma = tuned.replace(persistent=True, dynamic=True, tma_store=True)
+        while tma.problems(227 * 1024) and tma.BN > 64:
+            tma = tma.replace(BN=tma.BN - 16)
+        rows["dyn_tma"] = (f"dynamic + TMA store BN{tma.BN}", tma)
     out = {}
     for key, (label, cfg) in rows.items():
         why = cfg.problems(227 * 1024)

@@ -1,5 +1,6 @@
-"""sm90_fwd's dynamic persistent scheduler (``dynamic``, kDynamic) without a GPU: the config (rule,
-name, template arguments, shared memory, encoding, the space), the tile order's host mirror (a
+"""sm90_fwd's dynamic persistent scheduler (``dynamic``, kDynamic) and TMA-store epilogue
+(``tma_store``, kTmaStore) without a GPU: the configs (rules, names, template arguments, shared
+memory, encoding, the space), O's tensor map written per call, the tile order's host mirror (a
 permutation of the tiles, heaviest Q blocks first within each section, sections aligned to KV
 heads), the section size, the plan's zeroed counter, and the sm_90a builds (nvcc -cubin: no
 spills, no "wgmma serialized" warnings)."""
@@ -36,7 +37,7 @@ def test_config_name_and_template_arguments():
     # kDropout and kEmuExp2 spelled out, kDynamic last
     assert DYN.kernel_name() == ("cuflash::sm90_fwd<128, 176, 2, 2, true, true, 128, cuflash::bf16, true, "
                                  "false, false, false, false, 0, true>")
-    assert DYN.template_args()[-1] is True and len(DYN.template_args()) == 15
+    assert DYN.template_args()[-2:] == (True, False) and len(DYN.template_args()) == 16
     plain = DYN.replace(dynamic=False)
     assert plain.kernel_name() == "cuflash::sm90_fwd<128, 176, 2, 2, true, true, 128, cuflash::bf16, true, false, false, false>"
     # the ring: 4 mbarriers and 2 tile indices on top of the plain kernel's shared memory
@@ -44,6 +45,64 @@ def test_config_name_and_template_arguments():
     assert FAM.encode(DYN).endswith(",dynamic=1") and "dynamic" not in FAM.encode(plain)
     assert FAM.decode(FAM.encode(DYN), "bf16", True) == DYN
     assert FAM.decode(FAM.encode(plain), "bf16", True) == plain
+
+
+def test_tma_store_config():
+    tma = DYN.replace(BN=160, tma_store=True)
+    assert tma.validate(227 * 1024) is tma
+    assert tma.name == "sm90fwd_bf16_d128_causal_BM128_BN160_s2_c2_pp_persist_dyn_tmao"
+    assert tma.kernel_name().endswith("true, false, false, false, false, 0, true, true>")
+    assert tma.replace(dynamic=False).kernel_name().endswith("true, false, false, false, false, 0, false, true>")
+    # the staging tiles: 64 rows x 128 columns x 2 bytes per consumer warpgroup
+    assert tma.smem_bytes == DYN.replace(BN=160).smem_bytes + 2 * 64 * 128 * 2
+    assert tma.replace(head_dim=96).o_stage_bytes == 2 * 64 * 128 * 2      # d96: d128's layout
+    assert FAM.decode(FAM.encode(tma), "bf16", True) == tma and FAM.encode(tma).endswith("dynamic=1,tma_store=1")
+    # d128 at the tuned BN 176 and d256 at BN 80 do not fit shared memory with the staging tiles
+    (why,) = DYN.replace(tma_store=True).problems(227 * 1024)
+    assert re.search(r"needs \d+ bytes of shared memory", why)
+    assert DYN.replace(head_dim=256, BN=80, tma_store=True).problems(227 * 1024)
+    assert not DYN.replace(head_dim=256, BM=64, consumers=1, pingpong=False, BN=64, tma_store=True).problems(227 * 1024)
+    point = {k: getattr(DYN, k) for k in FAM.space if k != "tma_store"}
+    assert FAM.make(point, problem()).tma_store is False
+
+
+def test_plan_writes_o_map_per_call(monkeypatch):
+    calls = []
+
+    def encode(*args):
+        calls.append(args)
+        return bytes((len(calls) + i) % 256 for i in range(128))
+
+    launches = []
+
+    def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        ptr = ctypes.c_uint64.from_address(argv).value
+        launches.append(ctypes.string_at(ptr, launch.struct_dtype("Sm90FwdParams").itemsize))
+
+    monkeypatch.setattr(sm90_fwd, "_encoder", encode)
+    monkeypatch.setattr(sm90_fwd, "_MAP_CACHE", {})
+    monkeypatch.setattr(launch, "get_kernels", lambda config, device: {"main": SimpleNamespace(
+        kernel=SimpleNamespace(ptr=1000))})
+    monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
+    monkeypatch.setattr(launch, "_driver_launch", lambda: record)
+    monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
+    monkeypatch.setattr(launch, "_zeroed_i32", lambda n, device, what: SimpleNamespace(ptr=0xC0DE00))
+    p = Problem("fwd", "bf16", 2, 300, 200, 8, 2, 72, True)
+    cfg = FAM.heuristic(p).replace(BN=128, tma_store=True)
+    q_st, k_st, o_st = (300 * 8 * 72, 8 * 72, 72, 1), (200 * 2 * 72, 2 * 72, 72, 1), (300 * 8 * 80, 8 * 80, 80, 1)
+    plan = launch.Plan(FAM, cfg, p, {"q": q_st, "k": k_st, "v": k_st, "o": o_st}, 0.125, 0)
+    ptrs = (0x10000, 0x20000, 0x30000, 0x40000, 0x50000)
+    plan.run(ptrs, 0, stream=7)
+    assert [a[1] for a in calls] == list(ptrs[:4])                    # q, k, v, then o
+    assert calls[3][2] == (72, 300, 8, 2) and calls[3][3] == (2 * 8 * 80, 2 * 80, 2 * 300 * 8 * 80)
+    assert calls[3][4] == (64, 64, 1, 1)                               # one warpgroup's 64 rows
+    dt = launch.struct_dtype("Sm90FwdParams")
+    off = dt.fields["tma_o"][1]
+    assert launches[0][off:off + 128] == bytes((4 + j) % 256 for j in range(128))
+    plan.run(ptrs[:3] + (0x60000, ptrs[4]), 0, stream=7)              # a new output: a new o map
+    assert len(calls) == 5 and calls[-1][1] == 0x60000
+    plan.run(ptrs, 0, stream=7)                                        # the first one, cached
+    assert len(calls) == 5 and launches[2] == launches[0]
 
 
 def test_dynamic_needs_persistent():
@@ -169,7 +228,12 @@ def sched_configs():
             base.replace(BM=64, consumers=1, pingpong=False, BN=128, causal=False),
             base.replace(window=True, BN=128), base.replace(softcap=True, causal=False),
             base.replace(alibi=True), base.replace(dropout=True, BN=128),
-            base.replace(dtype="fp16", causal=False)]
+            base.replace(dtype="fp16", causal=False),
+            base.replace(head_dim=64, BN=192, causal=False, tma_store=True), base.replace(BN=160, tma_store=True),
+            base.replace(head_dim=96, BN=128, dtype="fp16", causal=False, dynamic=False, persistent=False,
+                         tma_store=True),
+            base.replace(head_dim=256, BM=64, consumers=1, pingpong=False, BN=64, tma_store=True),
+            base.replace(BM=64, consumers=1, pingpong=False, BN=128, causal=False, dynamic=False, tma_store=True)]
     for c in out:
         c.validate(227 * 1024)
     return list(dict.fromkeys(out))

@@ -1,16 +1,19 @@
-"""sm90_fwd's dynamic persistent scheduler (``dynamic``, kDynamic) on the GPU, the FlashAttention
-way: fresh random inputs, outputs poisoned (NaN) before each launch, error against the float64
+"""sm90_fwd's dynamic persistent scheduler (``dynamic``, kDynamic) and TMA-store epilogue
+(``tma_store``, kTmaStore) on the GPU, the FlashAttention way: fresh random inputs, outputs poisoned (NaN) before each launch, error against the float64
 reference within 2x the error of plain attention computed in the same low precision.
 
-* every kernel of KERNELS (the device heuristic's tile, persistent, dynamic on, plus the layout
-  changes named in the id) over seqlens 1, 17, 113, 1023, 2049 with s_q != s_k both ways,
+* every kernel of KERNELS (the device heuristic's tile, persistent, dynamic on, then the changes
+  named in the id: layout, tma_store, dynamic off) over seqlens 1, 17, 113, 1023, 2049 with s_q != s_k both ways,
   MHA / GQA / MQA, and one shape with several tiles per CTA (a claim per tile);
 * window, softcap, ALiBi once each; dropout bit for bit against the static persistent kernel
   (same seed: the tiles compute the same code, only their order and CTA differ);
+* tma_store: ragged Q blocks and head dims below the kernel's (80 on d96, 200 on d256: the map
+  clips rows and columns), one and two consumer warpgroups, with and without the scheduler;
 * the counter's reset: two consecutive calls equal bit for bit (a stale counter would skip tiles,
-  left NaN by the poisoning), then a CUDA-graph capture and 3 replays on new inputs.
+  left NaN by the poisoning), then a CUDA-graph capture and 3 replays on new inputs (also with
+  tma_store: O's tensor map holds the graph's output address).
 
-14 compiles (KERNELS: 11, dropout's static twin: 1, the graph case reuses a KERNELS entry),
+18 compiles (KERNELS: 17, dropout's static twin: 1; the graph cases reuse KERNELS entries),
 a few minutes on an H100:
     CUDA_LAUNCH_BLOCKING=1 timeout 600 python -m pytest -q tests/test_sm90_sched_gpu.py
 """
@@ -40,7 +43,15 @@ KERNELS = [
     ("bf16", 128, True, {}, ("window",)),
     ("bf16", 128, False, {}, ("softcap",)),
     ("bf16", 128, True, {}, ("alibi",)),
+    # the TMA-store epilogue
+    ("bf16", 64, False, {"tma_store": True}, ()),
+    ("bf16", 128, True, {"BN": 160, "tma_store": True}, ()),
+    ("fp16", 80, False, {"BN": 128, "tma_store": True, "dynamic": False, "persistent": False}, ()),
+    ("bf16", 200, True, {"BM": 64, "consumers": 1, "pingpong": False, "BN": 64, "tma_store": True}, ()),
+    ("bf16", 128, False, {"BM": 64, "consumers": 1, "pingpong": False, "BN": 128, "tma_store": True,
+                          "dynamic": False}, ()),
 ]
+TMA_DYN = KERNELS[13]
 SEQLENS = [(1, 17), (17, 1), (113, 1023), (1023, 113), (2049, 1023), (1023, 2049), (2049, 2049)]
 HEADS = ("mha", "gqa", "mqa")
 WINDOW, SOFTCAP = (300, 0), 30.0
@@ -61,7 +72,7 @@ def config_for(k, q, kk):
                         causal, features=tuple(sorted(feats)),
                         softcap=SOFTCAP if "softcap" in feats else 0.0,
                         window=WINDOW if "window" in feats else (-1, -1))
-    cfg = device_heuristic(FAM, p).replace(**change, persistent=True, dynamic=True)
+    cfg = device_heuristic(FAM, p).replace(persistent=True, dynamic=True).replace(**change)
     return cfg.validate(227 * 1024)
 
 
@@ -106,10 +117,10 @@ def test_forward(k):
         heads = HEADS[i % 3]
         q, kk, v, _ = inputs(2, sq, sk, heads, d, dtype)
         cfg = check(k, q, kk, v, f"{sq}x{sk} {heads}")
-        assert cfg.dynamic and cfg.persistent
+        assert cfg.dynamic == k[3].get("dynamic", True) and cfg.tma_store == k[3].get("tma_store", False)
 
 
-@pytest.mark.parametrize("k", [k for k in KERNELS if not k[4]][:5], ids=kid)
+@pytest.mark.parametrize("k", [k for k in KERNELS if not k[4]][:5] + [TMA_DYN], ids=kid)
 def test_many_tiles_per_cta(k):
     """batch 3 x 16 heads x 2049 rows (816 tiles of 128 rows, a few per SM; the claims, the
     section order and the ring's phases across tiles), GQA 16:4; and s_q > s_k causal (tiles
@@ -152,14 +163,14 @@ def test_dropout_matches_the_static_schedule_bit_for_bit():
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
-def test_counter_resets_between_calls_and_in_a_cuda_graph():
+@pytest.mark.parametrize("k", [("bf16", 128, True, {}, ()), TMA_DYN], ids=kid)
+def test_counter_resets_between_calls_and_in_a_cuda_graph(k):
     """Two consecutive calls give the same output bit for bit (the kernel resets its claim counter;
     a stale one would skip tiles, left NaN by the poisoning), and a CUDA graph captured after the
     first call (the plan and its zeroed counter exist) replays 3 times on new inputs, each equal to
     an eager call on them."""
     import torch
 
-    k = ("bf16", 128, True, {}, ())
     b, s, h, hkv, d = 3, 2049, 16, 4, 128
     q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
     kk, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))

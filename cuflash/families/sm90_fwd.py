@@ -105,6 +105,10 @@ class Sm90FwdConfig(KernelConfig):
                (head, batch) pairs whose K/V fit in L2: sched_section) and hands it to the
                consumers through shared memory; the counter is the plan's (zeroed once,
                reset by the kernel: ``zeroed_counters``)
+    tma_store: O written through shared memory by TMA store (kTmaStore): each consumer warpgroup
+               stages its 64 x head_dim tile of O (64 KB per warpgroup at d256) and one thread
+               stores it, so the warpgroup goes on to its next tile; needs the staging tile to
+               fit shared memory next to Q and the K/V ring
     """
 
     BM: int
@@ -122,6 +126,7 @@ class Sm90FwdConfig(KernelConfig):
     dropout: bool = False
     emu_exp2: int = 0
     dynamic: bool = False
+    tma_store: bool = False
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -136,6 +141,7 @@ class Sm90FwdConfig(KernelConfig):
         return (f"sm90fwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{'_pp' if self.pingpong else ''}"
                 f"{'_persist' if self.persistent else ''}{'_dyn' if self.dynamic else ''}"
+                f"{'_tmao' if self.tma_store else ''}"
                 f"{'_drop' if self.dropout else ''}"
                 f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{name_suffix(self)}")
 
@@ -150,7 +156,13 @@ class Sm90FwdConfig(KernelConfig):
         """Q, stages x (K, V), the mbarriers (Q full and empty; K/V full and empty per slot),
         and 1024 bytes to align the base (as the kernel's Sm90FwdShape::kSmemBytes)."""
         return ((self.BM + 2 * self.stages * self.BN) * self.smem_cols * 2 + 8 * (2 + 4 * self.stages)
-                + (SCHED_RING_BYTES if self.dynamic else 0) + 1024)
+                + (SCHED_RING_BYTES if self.dynamic else 0) + self.o_stage_bytes + 1024)
+
+    @property
+    def o_stage_bytes(self) -> int:
+        """tma_store's staging tiles of O: per consumer warpgroup 64 rows x smem_cols (kernel:
+        Sm90FwdShape::kOStageBytes); 0 without it."""
+        return self.consumers * 64 * self.smem_cols * 2 if self.tma_store else 0
 
     @property
     def accum_regs(self) -> int:
@@ -163,14 +175,15 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.pingpong else 'false'}, {'true' if self.persistent else 'false'}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, "
                 f"{'true' if self.causal else 'false'}{template_suffix(self)}"
-                f"{(', true' if self.dropout else ', false') if self.dropout or self.emu_exp2 or self.dynamic else ''}"  # kDropout
-                f"{f', {self.emu_exp2}' if self.emu_exp2 or self.dynamic else ''}"    # kEmuExp2
-                f"{', true' if self.dynamic else ''}>")    # kDynamic last
+                f"{(', true' if self.dropout else ', false') if self.dropout or self.emu_exp2 or self.dynamic or self.tma_store else ''}"  # kDropout
+                f"{f', {self.emu_exp2}' if self.emu_exp2 or self.dynamic or self.tma_store else ''}"    # kEmuExp2
+                f"{(', true' if self.dynamic else ', false') if self.dynamic or self.tma_store else ''}"  # kDynamic
+                f"{', true' if self.tma_store else ''}>")    # kTmaStore last
 
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
-                self.dropout, self.emu_exp2, self.dynamic)
+                self.dropout, self.emu_exp2, self.dynamic, self.tma_store)
 
     def _problems(self) -> list[str]:
         out = []
@@ -328,7 +341,8 @@ class Sm90Forward(Family):
     config_cls = Sm90FwdConfig
     space = {"BM": (64, 128, 192), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
              "stages": (2, 3), "consumers": (1, 2, 3), "pingpong": (False, True),
-             "persistent": (False, True), "emu_exp2": EMU_EXP2_SPACE, "dynamic": (False, True)}
+             "persistent": (False, True), "emu_exp2": EMU_EXP2_SPACE, "dynamic": (False, True),
+             "tma_store": (False, True)}
     params_struct = "Sm90FwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90FwdParams"
     pointer_fields = ("q", "k", "v", "o", "lse")
@@ -379,7 +393,7 @@ class Sm90Forward(Family):
         # emu_exp2 only when on, so a plain config's encoded form is unchanged by the knob
         # dynamic likewise: only when on
         return ((k, v) for k, v in super()._fields(config)
-                if k != "dropout" and not (k in ("emu_exp2", "dynamic") and not v))
+                if k != "dropout" and not (k in ("emu_exp2", "dynamic", "tma_store") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -388,6 +402,8 @@ class Sm90Forward(Family):
             point = {**point, "emu_exp2": 0}
         if "dynamic" not in point:      # likewise from before the dynamic scheduler: off
             point = {**point, "dynamic": False}
+        if "tma_store" not in point:    # and before the TMA-store epilogue
+            point = {**point, "tma_store": False}
         return super().make(point, problem)
 
     def head_dim_of(self, head_dim: int) -> int:
@@ -431,7 +447,7 @@ class Sm90Forward(Family):
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
         # the tensor maps are written per call (call_writer); zeros until then
         # tile_counter: Plan writes the address of the zeroed counter it allocates (zeroed_counters)
-        return dict(tma_q=0, tma_k=0, tma_v=0, **strides3("o", strides["o"]),
+        return dict(tma_q=0, tma_k=0, tma_v=0, tma_o=0, **strides3("o", strides["o"]),
                     **forward_sizes(problem, softmax_scale), **feature_params(problem, softmax_scale),
                     **dropout_params(problem), tile_counter=0,
                     sched_section=sched_section(problem) if config.dynamic else 1)
@@ -446,7 +462,8 @@ class Sm90Forward(Family):
     def call_writer(self, config, problem: Problem, strides: dict, struct):
         """What cuflash.launch.Plan runs on every call after writing the pointers: the tensor
         maps of q, k, v (ptrs[0..2]) into the packed params ``buf`` (uint8), at their fields'
-        offsets in ``struct`` (the params' NumPy dtype)."""
+        offsets in ``struct`` (the params' NumPy dtype); with tma_store also o's (ptrs[3], box
+        64 rows: one consumer warpgroup's store)."""
         p = problem
         shapes = {"q": (p.batch, p.seqlen_q, p.nheads, p.head_dim),
                   "k": (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim),
@@ -474,7 +491,23 @@ class Sm90Forward(Family):
                     tensor_map(dtype, ptrs[i], shape, st, r) for i, _, shape, st, r in jobs), np.uint8)
             buf[start:end] = blob
 
-        return write
+        if not getattr(config, "tma_store", False):
+            return write
+        o_job = (shapes["q"], tuple(strides["o"]), 64)
+        o_start = struct.fields["tma_o"][1]
+        o_blobs: dict = {}
+
+        def write_with_o(buf, ptrs):
+            write(buf, ptrs)
+            blob = o_blobs.get(ptrs[3])
+            if blob is None:
+                if len(o_blobs) >= 64:
+                    o_blobs.clear()
+                shape, st, r = o_job
+                blob = o_blobs[ptrs[3]] = np.frombuffer(tensor_map(dtype, ptrs[3], shape, st, r), np.uint8)
+            buf[o_start:o_start + 128] = blob
+
+        return write_with_o
 
 
 FAMILY = register(Sm90Forward())
