@@ -1,7 +1,7 @@
 // ptx_sm90_store.cuh: the TMA store that sm90_fwd's tma_store epilogue needs beyond ptx_sm90.cuh
 // and ptx_sm90_bulk.cuh (whose bulk_commit_group / bulk_wait_group[_read] it pairs with), one
-// small function per instruction with the reason it exists (ptx.cuh's rules; a separate file so
-// that the other sm_90 families' code hashes stay).
+// small function per instruction with the reason it exists (ptx.cuh's rules; a separate file,
+// included by sm90_fwd.cu only, so that sm90_bwd's code hash stays).
 //
 // cp.async.bulk.tensor (shared -> global) copies a box of shared memory, laid out as the tensor
 // map's swizzle says, into the tensor the map describes: one instruction from one thread per box,

@@ -11,6 +11,7 @@ shape (dim 2048: heads = 2048 / d; batch x seqlen = 16k). Rows per case, samples
   dyn        the same tile, persistent, with the dynamic scheduler
   dyn_tma    the same with the TMA-store epilogue, at the largest BN <= the tuned one whose O
              staging tiles fit shared memory (d128: 160 for 176; d256 fits none with 2 consumers)
+  dyn_bnN    (--sweep-bn) the dynamic scheduler at other BNs of the space
   sdpa_cudnn torch SDPA on cuDNN, same tensors
 "x cuDNN" is the row's TFLOPs / cuDNN's. Every forced kernel is compiled up front in parallel.
 """
@@ -44,7 +45,7 @@ def tuned_config(fam, problem):
     return fam.heuristic(problem), "heuristic"
 
 
-def case_rows(d, s, causal, variants):
+def case_rows(d, s, causal, variants, sweep_bn=()):
     fam = registry.get("sm90_fwd")
     h, b = 2048 // d, 16384 // s
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -60,6 +61,9 @@ def case_rows(d, s, causal, variants):
         while tma.problems(227 * 1024) and tma.BN > 64:
             tma = tma.replace(BN=tma.BN - 16)
         rows["dyn_tma"] = (f"dynamic + TMA store BN{tma.BN}", tma)
+    for bn in sweep_bn:    # the dynamic scheduler at other BNs (the tile it would tune to)
+        if bn != tuned.BN:
+            rows[f"dyn_bn{bn}"] = (f"dynamic scheduler BN{bn}", tuned.replace(persistent=True, dynamic=True, BN=bn))
     out = {}
     for key, (label, cfg) in rows.items():
         why = cfg.problems(227 * 1024)
@@ -86,6 +90,7 @@ def main():
     ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--seqlens", default="2048,4096,8192,16384")
     ap.add_argument("--variants", default="dyn,dyn_tma")
+    ap.add_argument("--sweep-bn", default="", help="also the dynamic scheduler at these BNs, e.g. 128,144,160,192")
     ap.add_argument("--out", default="", help="write the rows as JSON here")
     args = ap.parse_args()
     variants = set(args.variants.split(","))
@@ -93,7 +98,8 @@ def main():
              for c in (False, True)]
     from cuflash.compile import precompile
 
-    built = [case_rows(*c, variants) for c in cases]
+    sweep = tuple(int(x) for x in args.sweep_bn.split(",") if x)
+    built = [case_rows(*c, variants, sweep) for c in cases]
     cfgs = list(dict.fromkeys(cfg for _, rows, _ in built for _, cfg, _ in rows.values() if cfg is not None))
     failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]
     assert not failed, failed

@@ -262,7 +262,10 @@ def test_params_struct_mirror():
     assert dt.names[:5] == FAM.pointer_fields
     assert [dt.fields[n][1] for n in ("tma_q", "tma_k", "tma_v")] == [64, 192, 320]
     assert all(dt.fields[n][0].itemsize == 128 for n in ("tma_q", "tma_k", "tma_v"))
-    assert dt.fields["o_batch_stride"][1] == 448 and dt.itemsize == 576
+    assert dt.fields["o_batch_stride"][1] == 448
+    # the dynamic scheduler's counter and section, then the TMA-store epilogue's map of o (64-aligned)
+    assert [dt.fields[n][1] for n in ("tile_counter", "sched_section", "tma_o")] == [552, 560, 576]
+    assert dt.itemsize == 704
     # the structs without a tensor map keep NumPy's aligned layout
     assert launch.struct_dtype("FwdParams").isalignedstruct
 
