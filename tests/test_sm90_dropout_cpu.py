@@ -52,7 +52,8 @@ def test_dropout_heuristic_config_and_kernel_names():
         assert cfg.name.endswith("_pp_drop")
         assert cfg.kernel_name().endswith(f"cuflash::{dtype}, {str(causal).lower()}, false, false, false, true>")
         # kDropout, then kEmuExp2 (0 with dropout: tests/test_sm90_softcap_cpu.py)
-        assert cfg.template_args()[-2:] == (True, 0) and len(cfg.template_args()) == 14
+        # (then kDynamic and kTmaStore, appended after them)
+        assert cfg.template_args()[-4:-2] == (True, 0) and len(cfg.template_args()) == 16
         # the call sets the flag both ways; the encoded form carries none (as the feature flags)
         plain = FAM.for_problem(cfg, p.replace(features=()))
         assert not plain.dropout and FAM.for_problem(plain, p) == cfg
@@ -72,8 +73,10 @@ def test_params_carry_threshold_scale_and_an_rng_pointer():
     from cuflash.launch import struct_dtype
 
     dt = struct_dtype("Sm90FwdParams")
-    assert dt.names[-3:] == ("rng_state", "dropout_threshold", "dropout_scale")   # appended last
-    assert dt.itemsize == 576   # inside the struct's 64-byte tail padding: the plain layout is unchanged
+    # appended after the features (the scheduler's fields come after them)
+    i = dt.names.index("rng_state")
+    assert dt.names[i:i + 3] == ("rng_state", "dropout_threshold", "dropout_scale")
+    assert dt.fields["dropout_scale"][1] + 4 <= 576   # inside the 64-byte tail padding of the plain layout
     assert dt.fields["rng_state"][0] == np.uint64   # a per-call pointer field for Plan.run_with
     p = drop_problem(p=0.17)
     cfg = FAM.for_problem(FAM.heuristic(p), p)

@@ -193,7 +193,9 @@ def test_emu_rules():
 
 
 def test_space_has_emu_only_with_softcap():
-    assert FAM.space["emu_exp2"] == EMU_EXP2_SPACE and list(FAM.space)[-1] == "emu_exp2"
+    # emu_exp2 after the layout parameters (the scheduler's options come after it)
+    keys = list(FAM.space)
+    assert FAM.space["emu_exp2"] == EMU_EXP2_SPACE and keys[keys.index("persistent") + 1] == "emu_exp2"
     plain128 = {c.emu_exp2 for c in FAM.valid(cap_problem(features=()))}
     assert plain128 == {0}
     assert {c.emu_exp2 for c in FAM.valid(cap_problem())} == set(EMU_EXP2_SPACE)
