@@ -27,7 +27,7 @@ def drop_problem(op="fwd", d=128, causal=True, p=0.1, dtype="bf16", **kw):
 def test_selection_runs_the_dropout_forward_on_sm90():
     fam, cfg, source = choose(drop_problem(), (9, 0), dirs=[])
     assert fam.name == "sm90_fwd" and cfg.dropout and source.startswith("heuristic")
-    assert cfg.name == "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_drop"
+    assert cfg.name == "sm90fwd_bf16_d128_causal_BM128_BN160_s2_c2_pp_drop"
     # elsewhere fa2_fwd, with its own dropout flag
     fam, cfg, _ = choose(drop_problem(), (8, 0), dirs=[])
     assert fam.name == "fa2_fwd" and cfg.dropout
@@ -123,8 +123,9 @@ def test_dropout_instantiations_compile_without_spills():
 
 
 def test_forced_dropout_config_wider_than_dropout_bn_is_refused():
-    """A config= with dropout at a BN above DROPOUT_BN (the tuned plain d128 tile, BN 176)
-    would spill: refused, naming the limit, before any launch."""
+    """A config= with dropout at a BN above DROPOUT_BN (d128 BN 192) would spill: refused,
+    naming the limit, before any launch; the tuned plain d128 tile (BN 176) is refused with
+    dropout too, as BN is not a multiple of 32 (a Philox call covers 32 keys)."""
     from cuflash import registry
     from cuflash.families.base import ConfigError
     from cuflash.families.sm90_fwd import DROPOUT_BN
@@ -132,7 +133,10 @@ def test_forced_dropout_config_wider_than_dropout_bn_is_refused():
 
     fam = registry.get("sm90_fwd")
     p = Problem("fwd", "bf16", 1, 1024, 1024, 4, 4, 128, True, features=("dropout",), dropout_p=0.1)
-    wide = fam.heuristic(p.replace(features=(), dropout_p=0.0)).replace(BN=176)
+    odd = fam.heuristic(p.replace(features=(), dropout_p=0.0)).replace(BN=176)
+    assert any("multiple of 32" in why for why in odd.replace(dropout=True).problems(227 * 1024))
+    assert not odd.problems(227 * 1024)   # the plain kernel keeps its tile
+    wide = odd.replace(BN=192)
     assert wide.replace(dropout=True).problems(227 * 1024)
     assert any("DROPOUT_BN" in why for why in wide.replace(dropout=True).problems(227 * 1024))
     ok = fam.for_problem(fam.heuristic(p), p)
