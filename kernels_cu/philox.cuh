@@ -18,13 +18,14 @@
 //   keep     that byte >= drop_threshold, drop_threshold = round(p · 256) (so the kept share is
 //            1 - drop_threshold / 256, p rounded to 1/256)
 // A forward thread (rows = queries) takes word nt % 4 of its call for its 8-column tile nt:
-// one call per 16 elements, no data exchange. The backward's tiles are transposed (rows =
+// one call per 16 elements, no data exchange (Dropout::zero_dropped). The backward's tiles are transposed (rows =
 // keys): a thread holds keys g, g + 8 and queries 2t, 2t + 1, 8 + 2t, 9 + 2t of a 16 x 16
 // block, i.e. half the bytes (one column parity) of two calls; the lanes g and g ^ 1 need the
 // same two calls, so each draws one and hands the other the half it needs (one shuffle):
 // one call per 8 elements where a warp holds 16 keys of a 32-key block (50% of the bytes used).
-// Philox4x32-10 keeps its ten rounds (Random123's default, the one with published statistical
-// test results for every counter pattern; fewer rounds trade that margin for speed).
+// Ten rounds, as Random123, cuRAND, C++26's philox4x32 and flash-attn use: Salmon et al. report
+// 7 as the fewest rounds of Philox4x32 that pass TestU01's BigCrush and recommend 10 for a
+// safety margin; 7 would cut the generator's cost by 30% at the price of that margin.
 #pragma once
 
 #include "ptx.cuh"
@@ -109,43 +110,54 @@ struct Dropout {
     }
 
 #ifdef __CUDACC__
-    // P ∘ Z / (1 - p) on a warp's P tile in the mma accumulator layout (also wgmma's, per
-    // warp): kMT tiles of 16 query rows from query0 (a multiple of 16; rows g and g + 8 of
-    // each), columns from key0 (a multiple of 32) in kNT / 4 blocks of 32;
-    // acc[mt][nt][2·half + e] is row 16·mt + g + 8·half, column 8·nt + 2t + e, i.e. byte
-    // 2·half + e of word nt % 4 of the thread's own call for (mt, nt / 4).
+    // P ∘ Z on a warp's P tile in the mma accumulator layout (also wgmma's, per warp): the
+    // dropped elements zeroed, the kept ones unchanged (the forwards scale O by 1 / (1 - p) in
+    // their epilogue, with 1 / l: one multiply per row instead of one per element). kMT tiles
+    // of 16 query rows from query0 (a multiple of 16; rows g and g + 8 of each), columns from
+    // key0 (a multiple of 32) in kNT / 4 blocks of 32; acc[mt][nt][2·half + e] is row
+    // 16·mt + g + 8·half, column 8·nt + 2t + e, i.e. byte 2·half + e of word nt % 4 of the
+    // thread's own call for (mt, nt / 4): one call per 16 elements, nothing exchanged.
     template <int kMT, int kNT>
-    __device__ __forceinline__ void apply(float (&acc)[kMT][kNT][4], int bh, int query0, int key0,
-                                          int g, int t) const {
+    __device__ __forceinline__ void zero_dropped(float (&acc)[kMT][kNT][4], int bh, int query0, int key0,
+                                                 int g, int t) const {
         static_assert(kNT % 4 == 0, "dropout works on whole 32-column blocks (BN, Bc multiples of 32)");
+        // byte >= threshold as a carry into bit 15 / 31 of its 16-bit lane: b + 0x8000 - threshold
+        const u32 bias = (0x8000u - threshold) * 0x00010001u;
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
             for (int blk = 0; blk < kNT / 4; ++blk) {
                 const PhiloxWords w = draw(bh, query0 + 16 * mt + g, key0 + 32 * blk + 2 * t);
 #pragma unroll
-                for (int ct = 0; ct < 4; ++ct)
-#pragma unroll
-                    for (int b = 0; b < 4; ++b) acc[mt][4 * blk + ct][b] *= factor(w.w[ct], b);
+                for (int ct = 0; ct < 4; ++ct) {
+                    float (&x)[4] = acc[mt][4 * blk + ct];
+                    const u32 even = (w.w[ct] & 0x00FF00FFu) + bias;                 // bytes 0, 2
+                    const u32 odd = __byte_perm(w.w[ct], 0u, 0x4341u) + bias;        // bytes 1, 3
+                    x[0] = even & 0x8000u ? x[0] : 0.f;
+                    x[1] = odd & 0x8000u ? x[1] : 0.f;
+                    x[2] = even & 0x80000000u ? x[2] : 0.f;
+                    x[3] = odd & 0x80000000u ? x[3] : 0.f;
+                }
             }
     }
 
     // The same on a transposed tile, as the backward holds Pᵀ and dPᵀ: acc[mt][nt][2·half + e]
     // is key key0 + 16·mt + g + 8·half (rows) and query query0 + 8·nt + 2t + e (columns); key0
-    // and query0 multiples of 16.
-    template <int kMT, int kNT>
+    // and query0 multiples of 16 (kPairs: key0 a multiple of 32, kMT even; visit_transposed).
+    template <bool kPairs = false, int kMT, int kNT>
     __device__ __forceinline__ void apply_transposed(float (&acc)[kMT][kNT][4], int bh, int key0,
                                                      int query0, int g, int t) const {
-        visit_transposed(acc, bh, key0, query0, g, t, [this](float& x, bool kept) { x = kept ? x * scale : 0.f; });
+        visit_transposed<kPairs>(acc, bh, key0, query0, g, t,
+                                 [this](float& x, bool kept) { x = kept ? x * scale : 0.f; });
     }
 
     // The backward's form of the mask on Pᵀ: dropped elements negated, kept ones unchanged
     // (flash-attn's sign encoding). Pᵀ >= 0, so the sign then carries Z: dV takes the positive
     // part times 1 / (1 - p), dS = |Pᵀ| ∘ (Z ∘ dPᵀ - D) still needs the undropped P.
-    template <int kMT, int kNT>
+    template <bool kPairs = false, int kMT, int kNT>
     __device__ __forceinline__ void negate_dropped_transposed(float (&acc)[kMT][kNT][4], int bh,
                                                               int key0, int query0, int g, int t) const {
-        visit_transposed(acc, bh, key0, query0, g, t, [](float& x, bool kept) { if (!kept) x = -x; });
+        visit_transposed<kPairs>(acc, bh, key0, query0, g, t, [](float& x, bool kept) { if (!kept) x = -x; });
     }
 
     // apply_transposed's walk, with op(x, kept) applied to every element: the layout logic
@@ -154,36 +166,58 @@ struct Dropout {
     // (e = 0, 1; halves hr), which are byte 2·hr + g % 2 of words 2·kpar + hk (kpar: the 16
     // keys' half of their 32-key block) of the calls of query rows 2t (e = 0) and 2t + 1
     // (e = 1). Lanes g and g ^ 1 need the same two calls and the other column parity of them:
-    // lane g draws the call e = g % 2 and sends lane g ^ 1 the four bytes of parity 1 - g % 2.
-    template <int kMT, int kNT, class Op>
+    // lane g draws the call e = g % 2 and sends lane g ^ 1 the four bytes of parity 1 - g % 2
+    // (visit_half): one call per 8 elements. kPairs (the caller guarantees key0 % 32 == 0 and
+    // an even kMT): tiles 2m and 2m + 1 are the two halves of one 32-key block, and one call
+    // serves both (words 0, 1 and 2, 3): one call per 16 elements.
+    template <bool kPairs = false, int kMT, int kNT, class Op>
     __device__ __forceinline__ void visit_transposed(float (&acc)[kMT][kNT][4], int bh, int key0,
                                                      int query0, int g, int t, Op op) const {
         static_assert(kNT % 2 == 0, "dropout works on whole 16-query blocks");
+        static_assert(!kPairs || kMT % 2 == 0, "kPairs: whole 32-key blocks");
         const int gp = g & 1;
-        // byte_perm selectors: bytes 0, 2 (parity 0) or 1, 3 (parity 1) of the two words
-        const u32 own_sel = gp ? 0x7531u : 0x6420u, send_sel = gp ? 0x6420u : 0x7531u;
+        if constexpr (kPairs) {
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-            const int key = key0 + 16 * mt + g;           // this thread's first key of the tile
-            const bool kpar = (key & 16) != 0;
+            for (int m = 0; m < kMT / 2; ++m)
 #pragma unroll
-            for (int qb = 0; qb < kNT / 2; ++qb) {
-                const PhiloxWords w = draw(bh, query0 + 16 * qb + 2 * t + gp, key);
-                const u32 w0 = kpar ? w.w[2] : w.w[0], w1 = kpar ? w.w[3] : w.w[1];
-                const u32 own = __byte_perm(w0, w1, own_sel);
-                const u32 other = __shfl_xor_sync(0xffffffffu, __byte_perm(w0, w1, send_sel), 4);
-                // byte 2·hk + hr of each: element (hk, hr) of query parity e
-                const u32 bytes[2] = {gp ? other : own, gp ? own : other};
+                for (int qb = 0; qb < kNT / 2; ++qb) {
+                    const PhiloxWords w = draw(bh, query0 + 16 * qb + 2 * t + gp, key0 + 32 * m + g);
+                    visit_half(acc[2 * m], qb, w.w[0], w.w[1], gp, op);
+                    visit_half(acc[2 * m + 1], qb, w.w[2], w.w[3], gp, op);
+                }
+        } else {
 #pragma unroll
-                for (int e = 0; e < 2; ++e)
+            for (int mt = 0; mt < kMT; ++mt) {
+                const int key = key0 + 16 * mt + g;           // this thread's first key of the tile
+                const bool kpar = (key & 16) != 0;
 #pragma unroll
-                    for (int hk = 0; hk < 2; ++hk)
-#pragma unroll
-                        for (int hr = 0; hr < 2; ++hr)
-                            op(acc[mt][2 * qb + hr][2 * hk + e], keeps(bytes[e], 2 * hk + hr));
+                for (int qb = 0; qb < kNT / 2; ++qb) {
+                    const PhiloxWords w = draw(bh, query0 + 16 * qb + 2 * t + gp, key);
+                    visit_half(acc[mt], qb, kpar ? w.w[2] : w.w[0], kpar ? w.w[3] : w.w[1], gp, op);
+                }
             }
         }
     }
+
+    // One 16 x 16 block (keys of one tile, queries 16·qb..) of visit_transposed: w0, w1 the words
+    // of this thread's call for its keys g (hk = 0) and g + 8 (hk = 1); one shuffle with lane ^ 4.
+    template <int kNT, class Op>
+    __device__ __forceinline__ void visit_half(float (&acc)[kNT][4], int qb, u32 w0, u32 w1, int gp,
+                                               Op op) const {
+        // byte_perm selectors: bytes 0, 2 (parity 0) or 1, 3 (parity 1) of the two words
+        const u32 own = __byte_perm(w0, w1, gp ? 0x7531u : 0x6420u);
+        const u32 other = __shfl_xor_sync(0xffffffffu, __byte_perm(w0, w1, gp ? 0x6420u : 0x7531u), 4);
+        // byte 2·hk + hr of each: element (hk, hr) of query parity e
+        const u32 bytes[2] = {gp ? other : own, gp ? own : other};
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+            for (int hk = 0; hk < 2; ++hk)
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr)
+                    op(acc[2 * qb + hr][2 * hk + e], keeps(bytes[e], 2 * hk + hr));
+    }
+
     // visit_transposed's keep test for one 16-key tile (kMT = 1), as bits: bit 4·nt + i is
     // whether acc[0][nt][i] is kept. The 16-query blocks run one at a time (not unrolled),
     // so one call's state is live, not kNT / 2 of them: sm90_bwd draws this next to dK and dV.

@@ -36,7 +36,7 @@ def _philox_bytes(seed, offset, bh, c0, c1):
 
 
 def _forward_tile(seed, offset, thr, bh, query0, key0, mt_tiles, n_tiles):
-    """Dropout::apply's walk, lane by lane (no shared state between lanes): the keep mask of a
+    """Dropout::zero_dropped's walk, lane by lane (no shared state between lanes): the keep mask of a
     warp's (16·mt_tiles) x (8·n_tiles) tile at (query0, key0), rows = queries."""
     out = np.zeros((16 * mt_tiles, 8 * n_tiles), bool)
     for lane in range(32):
@@ -83,7 +83,7 @@ def _transposed_tile(seed, offset, thr, bh, key0, query0, mt_tiles, n_tiles):
 
 @pytest.mark.parametrize("row_tile,col_tile", [(16, 32), (32, 64), (64, 96), (48, 128)])
 def test_keep_mask_is_the_same_under_every_tiling(row_tile, col_tile):
-    """The kernels' walks (Dropout::apply: rows = queries, blocks of 32 keys; visit_transposed:
+    """The kernels' walks (Dropout::zero_dropped: rows = queries, blocks of 32 keys; visit_transposed:
     rows = keys, 16-key tiles at either half of a 32-key block, the pair shuffle) tile the
     matrix differently, yet all give keep_mask: the mask is a function of the coordinates."""
     seed, offset, p, bh, sq, sk = 0x0123_4567_89AB_CDEF, (7 << 32) + 5, 0.3, 3, 192, 384
@@ -168,22 +168,22 @@ int main() {{
 @pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not on PATH")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_dropout_apply_compiles_to_registers(tmp_path, arch):
-    """Dropout.apply / apply_transposed on accumulator tiles of the shapes the kernels use
+    """Dropout.zero_dropped / apply_transposed on accumulator tiles of the shapes the kernels use
     (sm90_fwd's 1 x 22: an odd number of 16-column blocks) keep everything in registers: no
     stack frame, no spills (a run-time index into a register array would put it in memory)."""
     src = tmp_path / "k.cu"
     src.write_text('''#include "philox.cuh"
 using namespace cuflash;
-template <int kMT, int kNT, bool kT>
+template <int kMT, int kNT, bool kT, bool kP = false>
 __global__ void k(float* out, Dropout d) {
     float acc[kMT][kNT][4];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)\n#pragma unroll\n for (int nt = 0; nt < kNT; ++nt)\n#pragma unroll\n for (int e = 0; e < 4; ++e)\n   
         acc[mt][nt][e] = out[threadIdx.x + 32 * (e + 4 * (nt + kNT * mt))];
     if (kT)
-        d.apply_transposed(acc, blockIdx.y, 64 * blockIdx.x, 16 * blockIdx.z, threadIdx.x % 32 / 4, threadIdx.x % 4);
+        d.template apply_transposed<kP>(acc, blockIdx.y, 64 * blockIdx.x, 16 * blockIdx.z, threadIdx.x % 32 / 4, threadIdx.x % 4);
     else
-        d.apply(acc, blockIdx.y, 64 * blockIdx.x, 16 * blockIdx.z, threadIdx.x % 32 / 4, threadIdx.x % 4);
+        d.zero_dropped(acc, blockIdx.y, 64 * blockIdx.x, 16 * blockIdx.z, threadIdx.x % 32 / 4, threadIdx.x % 4);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)\n#pragma unroll\n for (int nt = 0; nt < kNT; ++nt)\n#pragma unroll\n for (int e = 0; e < 4; ++e)\n   
         out[threadIdx.x + 32 * (e + 4 * (nt + kNT * mt))] = acc[mt][nt][e];
@@ -193,12 +193,13 @@ template __global__ void k<2, 8, false>(float*, Dropout);    // fa2_fwd Br 128, 
 template __global__ void k<1, 20, false>(float*, Dropout);   // sm90_fwd BN 160
 template __global__ void k<2, 8, true>(float*, Dropout);     // fa2_bwd: 32 keys x 64 queries a warp
 template __global__ void k<1, 4, true>(float*, Dropout);     // fa2_bwd: 16 keys x 32 queries
+template __global__ void k<2, 8, true, true>(float*, Dropout);   // fa2_bwd, tiles paired (kPairs)
 ''')
     res = subprocess.run([NVCC, "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-I", str(kernel_dir()),
                           "-o", str(tmp_path / "k.cubin"), str(src)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     frames = [line for line in res.stderr.splitlines() if "stack frame" in line]
-    assert len(frames) == 5 and all("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
+    assert len(frames) == 6 and all("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
                                     in line for line in frames), res.stderr
 
 

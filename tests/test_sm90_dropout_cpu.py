@@ -89,7 +89,8 @@ def test_params_carry_threshold_scale_and_an_rng_pointer():
 
 def test_kernel_source_applies_dropout_after_the_softmax_and_before_the_pack():
     """The order that makes l and the LSE plain attention's (FA2's Algorithm 2): softmax_step,
-    then Dropout::apply, then the P fragments; the same Dropout::apply as fa2_fwd."""
+    then Dropout::zero_dropped, then the P fragments; the same Dropout::zero_dropped as fa2_fwd,
+    and 1 / (1 - p) with 1 / l in the epilogue."""
     from cuflash.compile import kernel_dir
 
     src = (kernel_dir() / "sm90_fwd.cu").read_text()
@@ -98,7 +99,8 @@ def test_kernel_source_applies_dropout_after_the_softmax_and_before_the_pack():
     assert body.index("softmax_s(slot, j)") < body.index("drop_p(j)") < body.index("pack_a_frags")
     first = src[src.index("softmax_s(slot_of(0), 0);"):]
     assert first.index("drop_p(0)") < first.index("pack_a_frags")
-    assert "dropout.apply(s_acc, at.batch * p.nheads + at.head, warp_row0," in src
+    assert "dropout.zero_dropped(s_acc, at.batch * p.nheads + at.head, warp_row0," in src
+    assert "if constexpr (kDropout) inv_l *= dropout.scale;" in src   # 1 / (1 - p) with 1 / l
 
 
 @needs_nvcc

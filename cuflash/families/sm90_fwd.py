@@ -18,7 +18,7 @@ supports (every head dim up to 256: the kernels are compiled for 64, 96, 128, 19
 smaller head dims zero-fill the missing columns by TMA); elsewhere fa2_fwd. Head dim 96 is exact
 in compute (6 k16 steps for S, an N = 96 wgmma for P V, 96 columns of O accumulators) and keeps
 d128's shared-memory layout (two 128-byte-swizzled chunks, the second half zeros): its tiles
-take d128's shared memory. Dropout (``dropout``, kDropout): philox.cuh's Dropout::apply on P_j
+take d128's shared memory. Dropout (``dropout``, kDropout): philox.cuh's Dropout::zero_dropped on P_j
 after the softmax (l and the LSE stay plain attention's), the same keep mask as fa2_fwd's, which
 fa2_bwd regenerates; at DROPOUT_BN (the Philox rounds need registers). Not implemented: a TMA
 store of O, FA3's d64 tile 192 x 192 (with 3 consumers the register budget caps BN at 128),
