@@ -584,7 +584,10 @@ def test_gpu_sanitize_forces_the_heuristic_of_the_calls_features():
     drop = gpu_sanitize.feature_problem("bf16", 1, 17, 113, 4, 1, 64, dict(dropout_p=0.17))
     assert drop.features == ("dropout",) and sm90.supports((9, 0), drop) == ""
     assert fa2.heuristic(drop, (8, 0)).Bc == 32
-    assert sm90.heuristic(drop, (9, 0)).BN == 128 < sm90.heuristic(drop.replace(features=()), (9, 0)).BN
+    # d 64: dropout's BN is the plain one since the 32-key Philox layout; d 128: narrower
+    assert sm90.heuristic(drop, (9, 0)).BN == 192 == sm90.heuristic(drop.replace(features=()), (9, 0)).BN
+    drop128 = drop.replace(head_dim=128)
+    assert sm90.heuristic(drop128, (9, 0)).BN == 160 < sm90.heuristic(drop128.replace(features=()), (9, 0)).BN
     assert any("dropout_p" in keys for keys, _, _ in by_spec["sm90_fwd"])   # sm90_fwd runs dropout too
 
 
