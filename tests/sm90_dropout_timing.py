@@ -39,7 +39,8 @@ def sdpa(q, k, v, causal, p):
 
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         return torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=p, is_causal=causal)
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=p,
+            is_causal=causal).transpose(1, 2)
 
 
 def cases(args):

@@ -180,7 +180,7 @@ __global__ void k(float* out, Dropout d) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)\n#pragma unroll\n for (int nt = 0; nt < kNT; ++nt)\n#pragma unroll\n for (int e = 0; e < 4; ++e)\n   
         acc[mt][nt][e] = out[threadIdx.x + 32 * (e + 4 * (nt + kNT * mt))];
-    if (kT)
+    if constexpr (kT)
         d.template apply_transposed<kP>(acc, blockIdx.y, 64 * blockIdx.x, 16 * blockIdx.z, threadIdx.x % 32 / 4, threadIdx.x % 4);
     else
         d.zero_dropped(acc, blockIdx.y, 64 * blockIdx.x, 16 * blockIdx.z, threadIdx.x % 32 / 4, threadIdx.x % 4);

@@ -26,8 +26,8 @@ __global__ void probe(float* out, unsigned long long seed, unsigned long long of
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 1.f;
-    if (kT) d.template apply_transposed<kP>(acc, bh, row0, col0, g, t);   // rows: keys, columns: queries
-    else d.zero_dropped(acc, bh, row0, col0, g, t);          // rows: queries, columns: keys (kept: 1)
+    if constexpr (kT) d.template apply_transposed<kP>(acc, bh, row0, col0, g, t);   // rows: keys, columns: queries
+    else d.zero_dropped(acc, bh, row0, col0, g, t);   // rows: queries, columns: keys (kept: 1)
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
