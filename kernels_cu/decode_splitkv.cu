@@ -280,7 +280,7 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, i
 // scores are masked to -inf (P = 0) and each consumer warp zeros its own such V rows before
 // O += P V reads them (0 · NaN would not be 0).
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem>
-__global__ void __launch_bounds__(kWarps * 32 + 32)
+__global__ void __launch_bounds__(kWarps * 32 + 32, 1)
 decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     __trap();  // TMA and mbarrier transactions need sm_90; the host never launches this kernel below it

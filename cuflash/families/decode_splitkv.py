@@ -36,6 +36,11 @@ MAX_THREADS_PER_SM = 2048
 ALIGN = 256               # workspace pieces start on 256-byte boundaries
 TMA_MAX_HEAD_DIM = 240    # tma: a box row is head_dim + 8 elements, at most 256
 TMA_PAGE_MULTIPLE = 16    # tma: paged caches need page sizes that are multiples of this
+# tma with 8 or more warps (9+ with the producer): ptxas caps a thread at 168 registers (a
+# sub-partition's 16K registers over its 3 warps), and d128 with two row tiles (144 accumulator
+# registers) spills 216 bytes (nvcc 13.0, sm_90a); 80 (d64 with two tiles, d128 with 32-key
+# warps) compile clean. tests/test_decode_tma_cpu.py holds the allowed set to zero spills.
+TMA_MAX_ACCUM_REGS_WIDE = 96
 COMBINE_ROWS = 4          # decode_combine: one warp per row, 4 warps per CTA
 APPEND_THREADS = 128
 APPEND_CTAS = 32         # decode_append: CTAs per batch row, striding over the new tokens
@@ -47,6 +52,11 @@ COMBINE_LAUNCH_COST = 1
 # tests/decode_timing.py, shows them faster)
 FUSED_COMBINE_DEFAULT = False
 PAGE_PREFETCH_DEFAULT = False
+# The heuristic's choice of the Hopper loop (tma) on sm_90, where it can run the call (head dims
+# that are multiples of 16 up to TMA_MAX_HEAD_DIM; cuflash.decode falls back to the cp.async loop
+# for page sizes that are not multiples of 16): off until tests/decode_timing.py on the H100
+# shows it faster
+TMA_DEFAULT = False
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -166,6 +176,10 @@ class DecodeConfig(KernelConfig):
                            f"got {self.block_n}")
             if self.fused_combine or self.page_prefetch:
                 out.append("tma: the Hopper loop has no fused_combine and no page_prefetch")
+            if not out and self.warps >= 8 and self.accum_regs > TMA_MAX_ACCUM_REGS_WIDE:
+                out.append(f"tma: {self.accum_regs} fp32 accumulator registers per thread exceed the "
+                           f"budget of {TMA_MAX_ACCUM_REGS_WIDE} at {self.warps} warps plus the producer "
+                           "(ptxas caps them at 168 registers): it would spill; use 4 warps")
         return out
 
 
@@ -325,6 +339,15 @@ class DecodeSplitKV(Family):
         cfg = DecodeConfig(8, 16, stages, m_tiles, 4, d, problem.dtype, bool(problem.causal),
                            fused_combine=FUSED_COMBINE_DEFAULT,
                            page_prefetch=PAGE_PREFETCH_DEFAULT and "paged_kv" in problem.features)
+        if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
+            # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
+            # a ring as deep in bytes
+            tma = cfg.replace(fused_combine=False, page_prefetch=False, tma=True)
+            for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
+                           {"warps": 4, "stages": 2}):
+                candidate = tma.replace(**shrink)
+                if not candidate.problems(max_smem):
+                    return candidate
         for shrink in ({}, {"stages": 2}, {"warps": 4, "stages": 2}, {"warps": 2, "stages": 2},
                        {"warps": 2, "stages": 2, "m_tiles": 1}):
             candidate = cfg.replace(**shrink)
