@@ -61,6 +61,8 @@ def test_config_rules():
 
 def test_space_and_heuristic_switch(monkeypatch):
     assert FAM.space["tma"] == (False, True)
+    point = {k: v for k, v in FAM.point(TMA).items() if k != "tma"}   # a table from before tma
+    assert FAM.make(point, problem()) == TMA.replace(tma=False)
     p = problem()
     assert not FAM.heuristic(p, (9, 0)).tma                 # off by default (TMA_DEFAULT)
     monkeypatch.setattr(mod, "TMA_DEFAULT", True)

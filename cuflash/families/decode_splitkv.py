@@ -355,6 +355,13 @@ class DecodeSplitKV(Family):
                 return candidate
         return cfg.validate(max_smem)
 
+    def make(self, point, problem: Problem):
+        """As Family.make; a point without ``tma`` (tuned tables and recorded studies from before
+        the Hopper loop) gets False, the cp.async loop."""
+        if "tma" not in point:
+            point = {**point, "tma": False}
+        return super().make(point, problem)
+
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
         """'' when ``config``'s Hopper loop (``tma``) can run ``problem`` (a call with caches of
         ``page_size`` keys per page, 0: contiguous) on ``arch``, else why not (naming the
