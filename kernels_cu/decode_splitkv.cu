@@ -266,8 +266,9 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, i
 // Warps 0 .. kWarps - 1 consume as the cp.async loop does (S = Q K_wᵀ, online softmax, O += P V_w
 // on their kWarpN keys of each block, then the merge); warp kWarps is the producer. Ring slot s
 // holds one K block and one V block; full[s] completes when TMA has delivered their bytes (the
-// producer announces them with arrive.expect_tx), empty[s] when every consumer thread has read
-// the slot (kWarps · 32 arrivals). Waiters test the phase parity, which flips each wrap of the
+// producer announces them with arrive.expect_tx), empty[s] when every consumer warp has read
+// the slot (kWarps arrivals, one per warp after a __syncwarp: ldmatrix is warp-collective, so
+// once lane 0 has the fragments of its last ldmatrix every lane's reads are done). Waiters test the phase parity, which flips each wrap of the
 // ring: iteration i uses slot i % kStages in phase (i / kStages) & 1. So all kStages blocks can
 // be in flight at once (the cp.async loop keeps kStages - 1), and no consumer thread issues loads.
 //
@@ -330,7 +331,7 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
     if (tid == 0) {
         for (int s = 0; s < kStages; ++s) {
             mbarrier_init(full(s), 1);
-            mbarrier_init(empty(s), kConsumers);
+            mbarrier_init(empty(s), kWarps);
         }
         fence_mbarrier_init();
     }
@@ -511,7 +512,8 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
             o_acc, p_frag, v_lane + slot * Shape::kKVTile * 2);
         // The zeros (generic proxy) are ordered before the TMA (async proxy) rewrites the slot.
         if (ragged) fence_proxy_async_smem();
-        mbarrier_arrive(empty(slot));  // this thread is done with the slot
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(empty(slot));  // this warp is done with the slot
     }
     named_barrier_sync(1, kConsumers);  // every consumer is done with the ring: the merge overlays it
 
