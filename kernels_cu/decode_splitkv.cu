@@ -17,6 +17,9 @@
 //                   more it writes fp32 O / l and LSE of its split into the workspace; with the
 //                   fused combine (kFusedCombine) the last CTA of the (batch, KV head, row block)
 //                   to finish then merges the group's splits as decode_combine does.
+//   decode_splitkv_tma  (sm_90, the config's tma) decode_splitkv's work with a producer warp that
+//                   streams the K/V blocks by TMA into a ring of full / empty mbarriers, so the
+//                   other warps only compute and every ring slot can be in flight (see its comment).
 //   decode_combine  (num_splits > 1, no fused combine) flash-decoding's LSE merge: per row, the
 //                   splits' partial outputs weighted by exp(lse_s - lse), and the row's LSE.
 //

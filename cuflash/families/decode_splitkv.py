@@ -7,6 +7,18 @@ Q tile, the split's K/V blocks through a cp.async ring, mma.sync, fp32 partials)
 ``combine`` (the LSE merge of the splits). One split writes the output directly and skips the
 combine.
 
+The Hopper loop (config field ``tma``, sm_90 only; kernel ``decode_splitkv_tma``): the same
+consumer warps plus a producer warp that streams the split's K/V blocks by TMA into a ring of
+``stages`` slots with full / empty mbarriers, so every slot can be in flight and no consumer
+issues loads. The K and V tensor maps (box: head_dim + 8 columns, whose 8 out-of-bounds columns
+arrive as zeros and pad the shared-memory rows as the consumers' ldmatrix expects, by the block's
+keys or, paged, by ``tma_box_rows`` keys per page segment) are encoded on the host by
+``cuTensorMapEncodeTiled`` and written into the packed params per call by ``call_writer``, cached
+per (k_cache, v_cache) address pair: a CUDA graph captures them by value, like every pointer
+argument (reuse the captured cache tensors across replays; contents and cache_seqlens may change).
+The plain kernels are compiled exactly as before (their SASS is unchanged): they take
+``DecodeParams``, a prefix of the packed ``DecodeTmaParams``.
+
 The number of splits is the config's ``splits`` (1..128), fixed before a plan is made:
 ``cuflash.decode`` puts the call's ``num_splits`` there, or the heuristic's choice
 (``num_splits_for``) for ``num_splits=0``. It depends on shapes only (batch, heads, the
