@@ -174,6 +174,9 @@ def test_plan_writes_the_cache_maps_per_call(monkeypatch, fake_encoder, page):
     assert len(fake_encoder) == 2 and launches[2]["raw"] == main["raw"]
     plan.run(ptrs[:1] + (0xAB0000,) + ptrs[2:], 0x900000, 7)          # a new k_cache
     assert len(fake_encoder) == 3 and fake_encoder[-1][1] == 0xAB0000
+    assert launches[-2]["raw"][off:off + 128] == bytes((3 + j) % 256 for j in range(128))
+    plan.run(ptrs, 0x900000, 7)                                       # back: the first maps again
+    assert len(fake_encoder) == 3 and launches[-2]["raw"] == main["raw"]
 
 
 def test_plain_plans_write_no_maps(monkeypatch, fake_encoder):

@@ -501,9 +501,12 @@ class DecodeSplitKV(Family):
             raise RuntimeError(f"{self.params_struct}: tma_k and tma_v must be adjacent")
         dtype = problem.dtype
         blobs: dict = {}
+        written = [None]  # the address pair whose maps the packed params hold now
 
         def write(buf, ptrs):
             key = (ptrs[1], ptrs[2])
+            if key == written[0]:  # a serving loop's cache: the maps are in place already
+                return
             blob = blobs.get(key)
             if blob is None:
                 if len(blobs) >= 64:
@@ -512,6 +515,7 @@ class DecodeSplitKV(Family):
                     tensor_map(dtype, ptrs[1], args["k_cache"]) + tensor_map(dtype, ptrs[2], args["v_cache"]),
                     np.uint8)
             buf[k_off:k_off + 256] = blob
+            written[0] = key
 
         return write
 
