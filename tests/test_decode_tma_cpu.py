@@ -64,7 +64,9 @@ def test_space_and_heuristic_switch(monkeypatch):
     point = {k: v for k, v in FAM.point(TMA).items() if k != "tma"}   # a table from before tma
     assert FAM.make(point, problem()) == TMA.replace(tma=False)
     p = problem()
-    assert not FAM.heuristic(p, (9, 0)).tma                 # off by default (TMA_DEFAULT)
+    assert FAM.heuristic(p, (9, 0)).tma == mod.TMA_DEFAULT
+    monkeypatch.setattr(mod, "TMA_DEFAULT", False)
+    assert not FAM.heuristic(p, (9, 0)).tma
     monkeypatch.setattr(mod, "TMA_DEFAULT", True)
     cfg = FAM.heuristic(p, (9, 0))
     assert cfg.tma and not cfg.fused_combine and not cfg.page_prefetch and not cfg.problems(232448)

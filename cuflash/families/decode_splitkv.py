@@ -272,7 +272,14 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
     / SMs) waves of (ceil(blocks / s) + split_cost). The s in 1..128 (each split at least
     MIN_SPLIT_BLOCKS blocks) with the least time wins; ties go to fewer splits. Measured on
     the H100 (decode sweep, results/<gpu>/decode_splits.json), a wave that is not whole costs
-    like a whole one: at batch 8 x 8 KV heads, 3 splits is 20% slower than 2 or 4."""
+    like a whole one: at batch 8 x 8 KV heads, 3 splits is 20% slower than 2 or 4.
+
+    The Hopper loop (``tma``) runs the same model: its producer keeps all ``stages`` blocks in
+    flight, so an SM's blocks stream back to back as the model assumes, and its fixed cost per
+    split (barrier set-up, the Q tile, the first box's latency, the warps' merge, the partial's
+    write) is again ``split_cost`` blocks; its threads (warps + the producer) and shared memory
+    (plus the mbarriers) enter ``ctas_per_sm``. tests/decode_timing.py times it at half and
+    twice this count to refit split_cost per loop."""
     groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
     if groups == 0:
         return 1
@@ -494,7 +501,8 @@ class DecodeSplitKV(Family):
             return None
         call = strides.get("call", {})
         page = call.get("page_size", 0)
-        args = {name: tma_map_args(config, problem, strides[name], page, call.get("num_pages", problem.batch))
+        args = {name: tma_map_args(config, problem, strides.get(name, strides.get(name[0], (0, 0, 0))), page,
+                                   call.get("num_pages", problem.batch))
                 for name in ("k_cache", "v_cache")}
         k_off, v_off = struct.fields["tma_k"][1], struct.fields["tma_v"][1]
         if v_off != k_off + 128:
