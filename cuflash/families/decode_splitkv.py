@@ -69,6 +69,9 @@ PAGE_PREFETCH_DEFAULT = False
 # for page sizes that are not multiples of 16): off until tests/decode_timing.py on the H100
 # shows it faster
 TMA_DEFAULT = False
+# The heuristic's split rule for the Hopper loop (its split_cost, in K/V blocks; see
+# num_splits_for): the cp.async loop's until the H100 timing refits it
+TMA_SPLIT_COST = 4
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -361,7 +364,7 @@ class DecodeSplitKV(Family):
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
-            tma = cfg.replace(fused_combine=False, page_prefetch=False, tma=True)
+            tma = cfg.replace(fused_combine=False, page_prefetch=False, tma=True, split_cost=TMA_SPLIT_COST)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
                 candidate = tma.replace(**shrink)
