@@ -87,6 +87,32 @@ def test_tma_problem_reasons():
     assert FAM.tma_problem(TMA, p, (9, 0), 8).startswith("k_cache: the tma loop needs a page_block_size")
 
 
+def test_call_config(monkeypatch):
+    """What the call knows refines the config: a given tma config that cannot run raises, a chosen
+    one falls back; the heuristic's choice takes the Hopper loop (4 warps, 3 stages) for pages
+    below TMA_PAGED_MAX_PAGE on sm_90 only."""
+    p = problem(features=("paged_kv",))
+    plain = TMA.replace(tma=False)
+    with pytest.raises(ValueError, match="^k_cache: the tma loop"):
+        FAM.call_config(TMA, p, (9, 0), 8, chosen=False)
+    assert FAM.call_config(TMA, p, (9, 0), 8, chosen=True) == plain
+    assert FAM.call_config(TMA, p, (9, 0), 16, chosen=False) == TMA
+    small = FAM.call_config(plain, p, (9, 0), 16, chosen=True, heuristic=True)
+    assert small.tma and (small.warps, small.stages) == (4, 3) and not small.problems(232448)
+    assert FAM.call_config(plain, p, (9, 0), 256, chosen=True, heuristic=True) == plain
+    assert FAM.call_config(plain, p, (9, 0), 0, chosen=True, heuristic=True) == plain
+    assert FAM.call_config(plain, p, (8, 0), 16, chosen=True, heuristic=True) == plain
+    assert FAM.call_config(plain, p, (9, 0), 16, chosen=True, heuristic=False) == plain   # tuned
+    assert FAM.call_config(plain, p, (9, 0), 8, chosen=True, heuristic=True) == plain     # page % 16
+    assert FAM.call_config(plain, p.replace(head_dim=120), (9, 0), 16, chosen=True, heuristic=True) == plain
+    fused = plain.replace(fused_combine=True)
+    assert FAM.call_config(fused, p, (9, 0), 16, chosen=True, heuristic=True) == fused
+    two = FAM.call_config(plain.replace(m_tiles=2), p, (9, 0), 16, chosen=True, heuristic=True)
+    assert two.tma and two.m_tiles == 2 and not two.problems(232448)
+    monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", False)
+    assert FAM.call_config(plain, p, (9, 0), 16, chosen=True, heuristic=True) == plain
+
+
 def test_box_rows_and_map_args():
     assert tma_box_rows(TMA.replace(tma=False), 16) == 0
     assert tma_box_rows(TMA, 0) == 128 and tma_box_rows(TMA, 16) == 16

@@ -211,3 +211,18 @@ def test_tma_refusals():
     with pytest.raises(ValueError, match=r"^q: the tma loop needs the head dim"):
         kvcache_with_config(cfg, **args)
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("page", [16, 256], ids=lambda p: f"page{p}")
+def test_heuristic_takes_tma_for_small_pages(page):
+    """flash_attn_with_kvcache as users call it: page 16 runs the Hopper loop (4 warps, 3 stages;
+    DecodeSplitKV.call_config), page 256 the cp.async loop; both against the reference."""
+    rng = np.random.default_rng()
+    args = base.make_case(rng, 3, 1, [2049, 700, 0], 32, 8, 128, "bf16", page=page, seqlen_new=1)
+    decode_mod._gpu_plans.clear()
+    base.check_call(args, "bf16", f"heuristic page {page}")
+    (entry,) = [e for e in decode_mod._gpu_plans.values() if e.plan is not None]
+    cfg = entry.plan.config
+    assert cfg.tma == (page < fam_mod.TMA_PAGED_MAX_PAGE), cfg.name
+    if cfg.tma:
+        assert (cfg.warps, cfg.stages) == (4, 3)

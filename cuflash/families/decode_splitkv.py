@@ -19,6 +19,11 @@ argument (reuse the captured cache tensors across replays; contents and cache_se
 The plain kernels are compiled exactly as before (their SASS is unchanged): they take
 ``DecodeParams``, a prefix of the packed ``DecodeTmaParams``.
 
+Which loop runs (H100 timing in the TMA_DEFAULT / TMA_PAGED_DEFAULT notes below): contiguous
+caches and large pages the cp.async loop, which streams as fast; paged caches with pages under
+TMA_PAGED_MAX_PAGE keys the Hopper loop (4 warps, 3 stages), chosen per call by ``call_config``
+(the page size is the call's, not the problem class's).
+
 The number of splits is the config's ``splits`` (1..128), fixed before a plan is made:
 ``cuflash.decode`` puts the call's ``num_splits`` there, or the heuristic's choice
 (``num_splits_for``) for ``num_splits=0``. It depends on shapes only (batch, heads, the
@@ -64,11 +69,24 @@ COMBINE_LAUNCH_COST = 1
 # tests/decode_timing.py, shows them faster)
 FUSED_COMBINE_DEFAULT = False
 PAGE_PREFETCH_DEFAULT = False
-# The heuristic's choice of the Hopper loop (tma) on sm_90, where it can run the call (head dims
+# The heuristic's choice of the Hopper loop (tma) on sm_90 for every call it can run (head dims
 # that are multiples of 16 up to TMA_MAX_HEAD_DIM; cuflash.decode falls back to the cp.async loop
-# for page sizes that are not multiples of 16): off until tests/decode_timing.py on the H100
-# shows it faster
+# for page sizes that are not multiples of 16): off. Measured on the H100 (tests/decode_timing.py,
+# bf16 d128 32:8 heads, CUDA graphs; logs/session13_dec4 in the lead's results), contiguous caches
+# stream as fast or faster through the cp.async loop: 1x8k 18.0 vs 17.9-18.4 us, 1x32k 56.4 vs
+# 56.0-57.6, 1x64k 102.4 vs 103.4-105.0, 1x128k 195.0 vs 203.1-206.5, 8x32k 375.2 vs 392.4 (the
+# loop's best split count, 4), 32x8k 372.7 vs 381.1, 64x32k 2956 vs 3056.
 TMA_DEFAULT = False
+# Paged caches with pages of fewer than TMA_PAGED_MAX_PAGE keys take the Hopper loop on sm_90
+# (DecodeSplitKV.call_config, for configs the heuristic chose): its producer reads one page id
+# per box instead of one per key row. Measured there, page 16: 32x8k 402.3 us (4 warps, 3 stages)
+# / 395.1 (8 warps) against 419.8 for the cp.async loop (contiguous 372.7), 1x32k 60.0 / 62.3
+# against 63.1 (contiguous 56.4): within 7% of contiguous where the cp.async loop was 12% off.
+# Page 256: a tie or up to 2% slower (32x8k 383.5-394.3 against 376.0; 1x32k 57.1 against 57.8),
+# so those stay on the cp.async loop. 4 warps (64-key blocks, 3 stages, two CTAs per SM) gained
+# in both page-16 cells.
+TMA_PAGED_DEFAULT = True
+TMA_PAGED_MAX_PAGE = 128
 # The heuristic's split rule for the Hopper loop (its split_cost, in K/V blocks; see
 # num_splits_for): the cp.async loop's until the H100 timing refits it
 TMA_SPLIT_COST = 4
@@ -399,6 +417,29 @@ class DecodeSplitKV(Family):
             return (f"k_cache: the tma loop needs a page_block_size that is a multiple of "
                     f"{TMA_PAGE_MULTIPLE}, got {page_size}")
         return ""
+
+    def call_config(self, config, problem: Problem, arch, page_size: int, chosen: bool,
+                    heuristic: bool = False, max_smem: Optional[int] = None):
+        """The config a call runs, from ``config`` (given, tuned or the heuristic's for the problem
+        class) and what only the call knows, its cache's page size (0: contiguous): a given config
+        with tma that cannot run the call raises (ValueError naming the argument); a chosen one
+        (``chosen``: the heuristic's or a tuned table's) falls back to the cp.async loop there,
+        and the heuristic's choice (``heuristic``) without the cp.async loop's options takes the
+        Hopper loop for small pages on sm_90 (TMA_PAGED_DEFAULT, TMA_PAGED_MAX_PAGE)."""
+        why = self.tma_problem(config, problem, arch, page_size)
+        if why:
+            if not chosen:
+                raise ValueError(why)
+            config = config.replace(tma=False)
+        if (chosen and heuristic and TMA_PAGED_DEFAULT and 0 < page_size < TMA_PAGED_MAX_PAGE and not config.tma
+                and not config.fused_combine and not config.page_prefetch):
+            max_smem = default_max_smem(arch) if max_smem is None else max_smem
+            stages = 3 if config.head_dim <= 128 else 2
+            tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST)
+            for candidate in (tma, tma.replace(stages=2)):
+                if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
+                    return candidate
+        return config
 
     def kernel_names(self, config) -> dict:
         d, dt = config.head_dim, config.dtype
