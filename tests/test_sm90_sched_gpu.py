@@ -140,7 +140,8 @@ def test_many_tiles_per_cta(k):
         assert 1 <= sched_section(p) <= b * h, cfg.name
 
 
-def test_dropout_matches_the_static_schedule_bit_for_bit():
+@pytest.mark.parametrize("tma", [False, True], ids=["regs", "tma_store"])
+def test_dropout_matches_the_static_schedule_bit_for_bit(tma):
     """Dropout (d128 causal, its DROPOUT_BN): the dynamic kernel's out and LSE equal the static
     persistent kernel's on the same seed, over a shape with several tiles per CTA."""
     import torch
@@ -154,7 +155,7 @@ def test_dropout_matches_the_static_schedule_bit_for_bit():
     base = device_heuristic(FAM, p).replace(persistent=True)
     outs = []
     for dyn in (False, True):
-        cfg = base.replace(dynamic=dyn).validate(227 * 1024)
+        cfg = base.replace(dynamic=dyn, tma_store=tma and dyn).validate(227 * 1024)
         assert cfg.dropout
         out, lse, _ = cuflash.flash_attn_func(q, kk, v, 0.17, causal=True, dropout_seed=(1234, 5),
                                               config=cfg, return_attn_probs=True)
