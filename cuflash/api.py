@@ -1520,7 +1520,21 @@ def make_plan(problem: Problem, strides: dict, softmax_scale: float, device: int
 
     _gpu.require(f"flash_attn ({problem.op})")
     family, cfg, _ = choose_on_device(problem, device, config)
+    if config is None and getattr(cfg, "dynamic", False) and _capturing():
+        # the dynamic scheduler's plan zeroes a tile counter when it is made, which cannot
+        # happen inside a CUDA-graph capture: a shape first seen there gets the static
+        # persistent schedule (same tiles, same results; config= still forces either)
+        cfg = cfg.replace(dynamic=False)
     return Plan(family, cfg, problem, strides, softmax_scale, device)
+
+
+def _capturing() -> bool:
+    """Whether the current stream (torch's, or CuPy's) is capturing a CUDA graph."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return True
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and cupy.cuda.get_current_stream().is_capturing()
 
 
 class _CupyForward:

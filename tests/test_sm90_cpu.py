@@ -225,14 +225,21 @@ def test_head_dim_of_and_heuristic():
         assert cfg.problems(227 * 1024) == [], cfg.name
         assert cfg.head_dim == FAM.head_dim_of(d) and FAM.fits(cfg, p) == ""
         assert FAM.point(cfg) in [FAM.point(c) for c in FAM.valid(p, 227 * 1024)]
+    dyn = dict(persistent=True, dynamic=True)   # HEURISTIC_DYNAMIC: the dynamic persistent scheduler
     assert FAM.heuristic(problem(256)).BN == 80
-    assert FAM.heuristic(problem(128)) == GOOD.replace(BN=176)
+    # d128 below 16k keys: BN 160 with the TMA-store epilogue; from 16k BN 176 without it
+    assert FAM.heuristic(problem(128)) == GOOD.replace(BN=160, tma_store=True, **dyn)
+    assert FAM.heuristic(problem(128, seqlen_k=16384)) == GOOD.replace(BN=176, **dyn)
     assert FAM.heuristic(problem(64)).BN == 192
     assert FAM.heuristic(problem(192)).BN == 112
-    assert FAM.heuristic(problem(96)) == GOOD.replace(head_dim=96, BN=176)
+    assert FAM.heuristic(problem(96)) == GOOD.replace(head_dim=96, BN=176, **dyn)
     assert FAM.heuristic(problem(80).replace(features=("window", "alibi"))).BN == 128   # window_tiles
-    # a smaller shared memory shrinks the tile
-    assert FAM.heuristic(problem(128), max_smem=100 * 1024) == GOOD.replace(BN=64)
+    # a smaller shared memory shrinks the tile (the staging tiles of O go first)
+    assert FAM.heuristic(problem(128), max_smem=100 * 1024) == GOOD.replace(BN=64, **dyn)
+    # HEURISTIC_DYNAMIC off: the static tiles of before
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sm90_fwd, "HEURISTIC_DYNAMIC", False)
+        assert FAM.heuristic(problem(128)) == GOOD.replace(BN=176)
 
 
 # ---------------------------------------------------------------------------------------
