@@ -657,7 +657,8 @@ fa2_bwd(const BwdParams p) {
 }
 
 // ---------------------------------------------------------------------------------------
-// 3. epilogue kernels: one thread per 8 consecutive head-dim columns of one row.
+// 3. epilogue kernels: one thread per 8 consecutive head-dim columns of one row (16-byte
+//    loads and stores).
 constexpr int kEpilogueThreads = 256;
 
 // dQ[b, i, h, :] = scale · dq_accum[b, h, i, :]
@@ -670,12 +671,16 @@ fa2_bwd_convert_dq(const BwdParams p) {
     const int row = idx / chunks, col = (idx % chunks) * 8;
     const SeqSpan seq = seq_span<kVarlen>(p, batch);
     if (row >= seq.seqlen_q) return;
-    const float* acc = p.dq_accum + (ws_row_offset<kVarlen>(p, batch, head, seq) + row) * p.head_dim_rounded + col;
+    // 8 floats, 32-byte aligned (head_dim_rounded and col are multiples of 8): two 16-byte loads
+    const float4* acc = reinterpret_cast<const float4*>(
+        p.dq_accum + (ws_row_offset<kVarlen>(p, batch, head, seq) + row) * p.head_dim_rounded + col);
+    const float4 a0 = acc[0], a1 = acc[1];
+    const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
     u32x4 out;
     u32* words = &out.x;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-        words[i] = pack2<Elem>(acc[2 * i] * p.softmax_scale, acc[2 * i + 1] * p.softmax_scale);
+        words[i] = pack2<Elem>(a[2 * i] * p.softmax_scale, a[2 * i + 1] * p.softmax_scale);
     *reinterpret_cast<u32x4*>(static_cast<u16*>(p.dq) + batch * p.dq_batch_stride
                               + (seq.q_start + row) * p.dq_row_stride + head * p.dq_head_stride + col) = out;
 }
@@ -695,10 +700,16 @@ fa2_bwd_reduce_dkv(const BwdParams p) {
     float dk[8] = {}, dv[8] = {};
     for (int h = head_kv * group; h < (head_kv + 1) * group; ++h) {
         const i64 off = (dkv_row_offset<kVarlen>(p, batch, h, seq) + key) * p.head_dim_rounded + col;
+        // 16-byte loads (off is a multiple of 8 floats)
+        const float4* dk_h = reinterpret_cast<const float4*>(p.dk_accum + off);
+        const float4* dv_h = reinterpret_cast<const float4*>(p.dv_accum + off);
+        const float4 k0 = dk_h[0], k1 = dk_h[1], v0 = dv_h[0], v1 = dv_h[1];
+        const float dk_add[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
+        const float dv_add[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            dk[i] += p.dk_accum[off + i];
-            dv[i] += p.dv_accum[off + i];
+            dk[i] += dk_add[i];
+            dv[i] += dv_add[i];
         }
     }
     u32x4 dk_out, dv_out;

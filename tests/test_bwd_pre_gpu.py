@@ -8,9 +8,11 @@ each family's gradients against the float64 reference (the 3x gradient rule, che
 odd seqlens (1, 17, 113, 1023, 2049), s_q != s_k, GQA / MQA, head dims 64, 128, 59 and 200 (the
 API zero-pads 59 to 64), fp16 once, varlen once (fa2_bwd), and deterministic mode twice bitwise:
 run to run, and the 16-byte path against the copy path (the same dout values through strides
-the main kernel cannot read). About 14 kernel builds.
+the main kernel cannot read). About 14 backward kernel builds and their forwards.
 
-Run: CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q -x tests/test_bwd_pre_gpu.py
+Run: python tests/test_bwd_pre_gpu.py --precompile   (compiles them in parallel, with the timing
+     script's: tests/sm90_bwd_pre_timing.py), then
+     CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q -x tests/test_bwd_pre_gpu.py
 """
 import math
 
@@ -52,6 +54,10 @@ def run_case(family, p, dout_of=None):
     return cfg, (q, k, v, dout), ours
 
 
+ODD_HEAD_DIMS = [("bf16", 59), ("fp16", 200), ("fp16", 64)]
+DET_CASES = [("fa2_bwd", 64), ("sm90_bwd", 128)]
+
+
 @pytest.mark.parametrize("seqlens", SEQLENS, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("hdim", [64, 128])
 @pytest.mark.parametrize("family", FAMILIES)
@@ -59,7 +65,7 @@ def test_odd_seqlens(family, hdim, seqlens):
     run_case(family, problem("bf16", False, hdim, seqlens, "gqa" if seqlens[0] % 2 else "mha"))
 
 
-@pytest.mark.parametrize("dtype,hdim", [("bf16", 59), ("fp16", 200), ("fp16", 64)])
+@pytest.mark.parametrize("dtype,hdim", ODD_HEAD_DIMS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_odd_head_dims_causal(family, dtype, hdim):
     """59 (the API pads to 64: the padded columns of O and dO are zeros), 200 (a head dim past
@@ -86,7 +92,7 @@ def _strided(dout):
     return out
 
 
-@pytest.mark.parametrize("family,hdim", [("fa2_bwd", 64), ("sm90_bwd", 128)])
+@pytest.mark.parametrize("family,hdim", DET_CASES)
 def test_deterministic_bitwise_both_paths(family, hdim):
     """deterministic=True: the same gradients to the bit run after run, and with dout read by
     the 16-byte path or by the any-strides path (so both paths give D to the bit)."""
@@ -101,3 +107,70 @@ def test_deterministic_bitwise_both_paths(family, hdim):
         _, g = grads(fn, q, k, v, d_in)
         for name, a, b in zip(("dq", "dk", "dv"), first, g):
             assert torch.equal(a, b), f"{name}: deterministic backward differs (dout strides {d_in.stride()})"
+
+
+def suite_problems():
+    """(family, problem) of every backward the tests above run (varlen aside), and the timing
+    script's shapes (family None: what selection picks)."""
+    out = []
+    for family in FAMILIES:
+        for hdim in (64, 128):
+            out += [(family, problem("bf16", False, hdim, s, "gqa" if s[0] % 2 else "mha")) for s in SEQLENS]
+        out += [(family, problem(dtype, True, hdim, (113, 301), "mqa")) for dtype, hdim in ODD_HEAD_DIMS]
+    out += [(family, problem("bf16", True, hdim, (1023, 1100), "gqa", deterministic=True))
+            for family, hdim in DET_CASES]
+    for d in (64, 128):
+        for s in (2048, 16384):
+            out += [(None, Problem("bwd", "bf16", 16384 // s, s, s, 2048 // d, 2048 // d, d, c))
+                    for c in (False, True)]
+    return out
+
+
+def suite_configs():
+    """The kernels of suite_problems: each backward and the forward selection picks for it."""
+    from cuflash import _gpu, select
+
+    arch, smem, name = _gpu.arch(), _gpu.max_smem(), _gpu.name()
+    out = []
+    for family, p in suite_problems():
+        p = p.replace(head_dim=-(-p.head_dim // 8) * 8)
+        if family is None:
+            out.append(select.choose(p, arch, name, smem)[1])
+        else:
+            fam = registry.get(family)
+            if not fam.supports(arch, p):
+                out.append(fam.for_problem(fam.heuristic(p, arch, smem), p))
+        out.append(select.choose(p.replace(op="fwd", deterministic=False), arch, name, smem)[1])
+    # sm90_bwd's store paths in other kernels (tests/test_sm90_bwd_sched_gpu.py, the feature
+    # tests): dq_writer / overlap_sdp alone and together, softcap (the lane's stmatrix address
+    # recomputed), window + softcap + ALiBi with dq_writer, dropout (16-bit dS stores)
+    fam = registry.get("sm90_bwd")
+    for d in (64, 128):
+        for causal in (False, True):
+            p = problem("bf16", causal, d, (333, 301))
+            base = fam.heuristic(p, arch, smem).replace(dq_writer=False, overlap_sdp=False)
+            for change in ({}, {"dq_writer": True}, {"overlap_sdp": True}, {"overlap_sdp": True, "dq_writer": True},
+                           {"softcap": True}, {"window": True, "softcap": True, "alibi": True, "dq_writer": True},
+                           {"dropout": True}):
+                cfg = base.replace(**change)
+                if not cfg.problems(smem):
+                    out.append(cfg)
+    return list(dict.fromkeys(out))
+
+
+if __name__ == "__main__" and "--precompile" in __import__("sys").argv:
+    import os
+    import sys
+    import time
+
+    sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    from cuflash.compile import precompile
+
+    t0 = time.time()
+    configs = suite_configs()
+    res = precompile(configs)
+    for c, secs, err in res:
+        print(f"{c.name:<60} {secs:6.1f} s {err[:300] if err else 'ok'}")
+    print(f"{len(configs)} kernels in {time.time() - t0:.0f} s; errors: {sum(bool(e) for _, _, e in res)}")
+    sys.exit(1 if any(e for _, _, e in res) else 0)
