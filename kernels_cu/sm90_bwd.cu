@@ -41,8 +41,8 @@
 //   dV_j += Pᵀ dO_i                RS: Pᵀ from registers, dO_i MN-major   (group 3)
 //   dSᵀ = Pᵀ ∘ (dPᵀ - D_i)         once dPᵀ is done, while dV runs (Pᵀ as rounded to 16 bits)
 //   dK_j += dSᵀ Q_i                RS: dSᵀ from registers, Q_i MN-major   (group 4)
-//   dS to shared memory (transposed by the stores: ds_smem holds dS, queries x keys, K-major),
-//         while dV and dK run; then wait for them (their fragments die)
+//   dS to shared memory (transposed by stmatrix.trans: ds_smem holds dS, queries x keys, K-major,
+//         16-byte rows, no bank conflicts), while dV and dK run; then wait for them (their fragments die)
 //   dQ_i part = dS K_j              SS: dS (A, K-major), K_j (B, MN-major)  (group 5)
 //     the BM x head_dim tile is split over the consumer warpgroups: by 64-row groups when
 //     BM = 64 · kConsumers, else by head-dim column groups (kDqN columns each)
@@ -67,7 +67,7 @@
 // the 16-bit Pᵀ fragments (BM / 4) with dPᵀ (BM / 2) and the dSᵀ fragments (BM / 4), or the dQ
 // part (kDqN / 2). The order above keeps that peak low: at d128 ptxas (nvcc and NVRTC 13.0)
 // spills otherwise. Loop-invariant addresses are kept few for the same reason (DescLo, the dS
-// store offsets, the ring position counted along).
+// stores' one lane address, the ring position counted along).
 //
 // Shared memory (base aligned to 1024 bytes; every 16-bit tile as head_dim / 64 (or BN / 64 for
 // dS) column chunks of rows x 64 elements, 128 bytes a row, 128-byte swizzle, as TMA writes it
