@@ -70,22 +70,46 @@
 namespace cuflash {
 
 // ---------------------------------------------------------------------------------------
-// 1. preprocess: one warp per query row (padded rows included).
+// 1. preprocess: a CTA of kPrepThreads threads owns kPrepRows query rows (padded rows included).
 //    D[i] = Σ_d dO[i,d]·O[i,d]; lse_log2[i] = LSE[i]·log2(e) (+inf past seqlen_q, so P = 0
 //    there); dq_accum[i, :] = 0. CTA (0, h, b) also clears the dQ turn counters of (h, b).
 //    dO is read through the caller's strides (do_src_*: any, e.g. the stride-0 broadcast that
 //    out.sum().backward() gives); when the main kernel cannot read it in place (the head dim
 //    not contiguous, or strides not whole 16-byte chunks) the preprocess also writes it to
 //    dout_copy, contiguous, which the main kernel reads instead (no separate copy launch).
-constexpr int kPrepWarps = 4;
+//
+//    The kernel only moves bytes (dO, O in; the dQ accumulator's zeros out), so it is shaped for
+//    bytes in flight: the accumulator rows of the CTA are one contiguous span, zeroed by 16-byte
+//    stores, and where O and dO allow 16-byte loads (rows_16b) four threads share a row, each
+//    loading whole 8-column chunks. Either way D is summed in one fixed order, that of a warp
+//    per row: "lane" L (0..31) adds columns L, L+32, L+64, ... in turn, then the 32 lane sums
+//    meet in a butterfly (xor 16, 8, 4, 2, 1). In the 16-byte path thread g (0..3) of a row
+//    loads chunks g, g+4, g+8, ... (columns 8g + 32k ..): element e of its chunks is lane 8g+e's
+//    column sequence, so it holds the sums of lanes 8g..8g+7 with no exchange; the butterfly's
+//    xor 16 and 8 flip g's bits (shuffles), xor 4, 2, 1 flip e's (registers). The same D to the bit.
+constexpr int kPrepThreads = 128;
+constexpr int kPrepRows = 32;                          // query rows per CTA (divides every Br)
+constexpr int kPrepRowThreads = kPrepThreads / kPrepRows;  // 16-byte path: threads per row
+constexpr int kPrepGroupChunks = 128 / (8 * kPrepRowThreads);  // 16-byte path: chunks per thread in flight
 constexpr float kLog2e = 1.4426950408889634f;
+static_assert(kPrepRowThreads == 4, "the 16-byte path's butterfly maps lane bits 4, 3 to the thread of a row");
+
+// Whether O and dO (as the caller passed it) can be read in 16-byte chunks: contiguous head dim
+// of whole chunks, every row start 16-byte aligned, and dO not being copied (the copy path
+// writes dout_copy column by column).
+__device__ __forceinline__ bool rows_16b(const BwdParams& p) {
+    const i64 strides = p.o_batch_stride | p.o_row_stride | p.o_head_stride | p.do_src_batch_stride
+                        | p.do_src_row_stride | p.do_src_head_stride;
+    const unsigned long long base = reinterpret_cast<unsigned long long>(p.o)
+                                    | reinterpret_cast<unsigned long long>(p.dout);
+    return p.dout_copy == nullptr && p.do_src_col_stride == 1 && p.head_dim % 8 == 0 && strides % 8 == 0
+           && base % 16 == 0;
+}
 
 template <class Elem, bool kVarlen = false>
-__global__ void __launch_bounds__(kPrepWarps * 32)
+__global__ void __launch_bounds__(kPrepThreads)
 fa2_bwd_preprocess(const BwdParams p) {
     const int head = blockIdx.y, batch = blockIdx.z;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int row = blockIdx.x * kPrepWarps + warp;
     const i64 bh = static_cast<i64>(batch) * p.nheads + head;
     if (p.dq_semaphore != nullptr && blockIdx.x == 0) {
         for (int i = threadIdx.x; i < p.seqlen_q_rounded / 16; i += blockDim.x)
@@ -96,32 +120,94 @@ fa2_bwd_preprocess(const BwdParams p) {
     const SeqSpan seq = seq_span<kVarlen>(p, batch);
     const int seqlen_q = seq.seqlen_q;
     const int rows_end = kVarlen ? min(p.seqlen_q_rounded, (seqlen_q + 127) / 128 * 128) : p.seqlen_q_rounded;
-    if (row >= rows_end) return;
-    const i64 ws0 = ws_row_offset<kVarlen>(p, batch, head, seq);
-    float* dq_row = p.dq_accum + (ws0 + row) * p.head_dim_rounded;
-    for (int c = lane; c < p.head_dim_rounded; c += 32) dq_row[c] = 0.f;
-    float D = 0.f;
-    if (row < seqlen_q) {
-        const int tok = seq.q_start + row;
-        const u16* o = static_cast<const u16*>(p.o) + batch * p.o_batch_stride
-                       + tok * p.o_row_stride + head * p.o_head_stride;
-        const u16* d_o = static_cast<const u16*>(p.dout) + batch * p.do_src_batch_stride
-                         + tok * p.do_src_row_stride + head * p.do_src_head_stride;
-        u16* copy = p.dout_copy == nullptr ? nullptr
-                    : static_cast<u16*>(p.dout_copy) + batch * p.do_batch_stride
-                      + tok * p.do_row_stride + head * p.do_head_stride;
-        for (int c = lane; c < p.head_dim; c += 32) {
-            const u16 d_o_c = d_o[c * p.do_src_col_stride];
-            if (copy != nullptr) copy[c] = d_o_c;
-            D += to_float<Elem>(o[c]) * to_float<Elem>(d_o_c);
-        }
-    }
+    const int row0 = blockIdx.x * kPrepRows;
+    if (row0 >= rows_end) return;
+    const int rows = min(kPrepRows, rows_end - row0);
+    const i64 ws0 = ws_row_offset<kVarlen>(p, batch, head, seq) + row0;  // the CTA's first workspace row
+    const i64 lse0 = lse_offset<kVarlen>(p, batch, head, seq) + row0;
+    const auto o_row = [&](int row) {
+        return static_cast<const u16*>(p.o) + batch * p.o_batch_stride + (seq.q_start + row) * p.o_row_stride
+               + head * p.o_head_stride;
+    };
+    const auto d_o_row = [&](int row) {
+        return static_cast<const u16*>(p.dout) + batch * p.do_src_batch_stride
+               + (seq.q_start + row) * p.do_src_row_stride + head * p.do_src_head_stride;
+    };
+    // The CTA's dQ accumulator rows, one contiguous span (head_dim_rounded is a multiple of 16).
+    const auto zero_dq = [&]() {
+        u32x4* dq = reinterpret_cast<u32x4*>(p.dq_accum + ws0 * p.head_dim_rounded);
+        for (int i = threadIdx.x; i < rows * p.head_dim_rounded / 4; i += kPrepThreads) dq[i] = u32x4{0, 0, 0, 0};
+    };
+    const auto store_row = [&](int r, float D) {
+        p.D[ws0 + r] = D;
+        p.lse_log2[ws0 + r] = row0 + r < seqlen_q ? p.lse[lse0 + r] * kLog2e : pos_inf();
+    };
+
+    if (rows_16b(p)) {
+        const int r = threadIdx.x / kPrepRowThreads, g = threadIdx.x % kPrepRowThreads;
+        const int row = row0 + r;
+        // chunk k of this thread: columns 32k + 8g .. 32k + 8g + 7; a group of kPrepGroupChunks
+        // chunks is loaded before any is used (bytes in flight), head dims past 128 take two groups
+        const bool live = r < rows && row < seqlen_q;
+        const u16* o = o_row(row);
+        const u16* d_o = d_o_row(row);
+        float lane_D[8] = {};  // the sums of "lanes" 8g .. 8g + 7
+        for (int k0 = 0; k0 == 0 || 8 * (kPrepRowThreads * k0 + g) < p.head_dim; k0 += kPrepGroupChunks) {
+            u32x4 o_c[kPrepGroupChunks], d_o_c[kPrepGroupChunks];
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) D += __shfl_xor_sync(0xffffffffu, D, offset);
-    if (lane == 0) {
-        p.D[ws0 + row] = D;
-        p.lse_log2[ws0 + row] =
-            row < seqlen_q ? p.lse[lse_offset<kVarlen>(p, batch, head, seq) + row] * kLog2e : pos_inf();
+            for (int k = 0; k < kPrepGroupChunks; ++k) {
+                const int col = 8 * (kPrepRowThreads * (k0 + k) + g);
+                if (live && col < p.head_dim) {
+                    o_c[k] = *reinterpret_cast<const u32x4*>(o + col);
+                    d_o_c[k] = *reinterpret_cast<const u32x4*>(d_o + col);
+                }
+            }
+            if (k0 == 0) zero_dq();
+#pragma unroll
+            for (int k = 0; k < kPrepGroupChunks; ++k) {
+                if (live && 8 * (kPrepRowThreads * (k0 + k) + g) < p.head_dim) {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        const u32 o2 = (&o_c[k].x)[e / 2], d_o2 = (&d_o_c[k].x)[e / 2];
+                        lane_D[e] += to_float<Elem>(static_cast<u16>(o2 >> (16 * (e % 2))))
+                                     * to_float<Elem>(static_cast<u16>(d_o2 >> (16 * (e % 2))));
+                    }
+                }
+            }
+        }
+        // the butterfly: xor 16 (g ^ 2), xor 8 (g ^ 1) across the row's threads, then xor 4, 2, 1 in registers
+#pragma unroll
+        for (int e = 0; e < 8; ++e) lane_D[e] += __shfl_xor_sync(0xffffffffu, lane_D[e], 2);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) lane_D[e] += __shfl_xor_sync(0xffffffffu, lane_D[e], 1);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) lane_D[e] += lane_D[e + 4];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) lane_D[e] += lane_D[e + 2];
+        if (g == 0 && r < rows) store_row(r, lane_D[0] + lane_D[1]);
+    } else {
+        // any strides: a warp per row, lane L adding columns L, L+32, ... (the order above)
+        zero_dq();
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        for (int r = warp; r < rows; r += kPrepThreads / 32) {
+            const int row = row0 + r;
+            float D = 0.f;
+            if (row < seqlen_q) {
+                const u16* o = o_row(row);
+                const u16* d_o = d_o_row(row);
+                u16* copy = p.dout_copy == nullptr ? nullptr
+                            : static_cast<u16*>(p.dout_copy) + batch * p.do_batch_stride
+                              + (seq.q_start + row) * p.do_row_stride + head * p.do_head_stride;
+                for (int c = lane; c < p.head_dim; c += 32) {
+                    const u16 d_o_c = d_o[c * p.do_src_col_stride];
+                    if (copy != nullptr) copy[c] = d_o_c;
+                    D += to_float<Elem>(o[c]) * to_float<Elem>(d_o_c);
+                }
+            }
+#pragma unroll
+            for (int offset = 16; offset > 0; offset /= 2) D += __shfl_xor_sync(0xffffffffu, D, offset);
+            if (lane == 0) store_row(r, D);
+        }
     }
 }
 
@@ -573,7 +659,8 @@ fa2_bwd(const BwdParams p) {
 }
 
 // ---------------------------------------------------------------------------------------
-// 3. epilogue kernels: one thread per 8 consecutive head-dim columns of one row.
+// 3. epilogue kernels: one thread per 8 consecutive head-dim columns of one row (16-byte
+//    loads and stores).
 constexpr int kEpilogueThreads = 256;
 
 // dQ[b, i, h, :] = scale · dq_accum[b, h, i, :]
@@ -586,12 +673,16 @@ fa2_bwd_convert_dq(const BwdParams p) {
     const int row = idx / chunks, col = (idx % chunks) * 8;
     const SeqSpan seq = seq_span<kVarlen>(p, batch);
     if (row >= seq.seqlen_q) return;
-    const float* acc = p.dq_accum + (ws_row_offset<kVarlen>(p, batch, head, seq) + row) * p.head_dim_rounded + col;
+    // 8 floats, 32-byte aligned (head_dim_rounded and col are multiples of 8): two 16-byte loads
+    const float4* acc = reinterpret_cast<const float4*>(
+        p.dq_accum + (ws_row_offset<kVarlen>(p, batch, head, seq) + row) * p.head_dim_rounded + col);
+    const float4 a0 = acc[0], a1 = acc[1];
+    const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
     u32x4 out;
     u32* words = &out.x;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-        words[i] = pack2<Elem>(acc[2 * i] * p.softmax_scale, acc[2 * i + 1] * p.softmax_scale);
+        words[i] = pack2<Elem>(a[2 * i] * p.softmax_scale, a[2 * i + 1] * p.softmax_scale);
     *reinterpret_cast<u32x4*>(static_cast<u16*>(p.dq) + batch * p.dq_batch_stride
                               + (seq.q_start + row) * p.dq_row_stride + head * p.dq_head_stride + col) = out;
 }
@@ -611,10 +702,16 @@ fa2_bwd_reduce_dkv(const BwdParams p) {
     float dk[8] = {}, dv[8] = {};
     for (int h = head_kv * group; h < (head_kv + 1) * group; ++h) {
         const i64 off = (dkv_row_offset<kVarlen>(p, batch, h, seq) + key) * p.head_dim_rounded + col;
+        // 16-byte loads (off is a multiple of 8 floats)
+        const float4* dk_h = reinterpret_cast<const float4*>(p.dk_accum + off);
+        const float4* dv_h = reinterpret_cast<const float4*>(p.dv_accum + off);
+        const float4 k0 = dk_h[0], k1 = dk_h[1], v0 = dv_h[0], v1 = dv_h[1];
+        const float dk_add[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
+        const float dv_add[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            dk[i] += p.dk_accum[off + i];
-            dv[i] += p.dv_accum[off + i];
+            dk[i] += dk_add[i];
+            dv[i] += dv_add[i];
         }
     }
     u32x4 dk_out, dv_out;

@@ -83,6 +83,18 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(threads) : "memory");
 }
 
+// ---- stmatrix: mma-layout fragments to shared memory, 16 bytes a row ----------------------------
+// Four 8x8 16-bit matrices in mma fragment layout (thread (g, t) holds row g, columns 2t, 2t + 1
+// of each: register i is matrix i), each stored transposed: lane l gives the address of stored
+// row l % 8 of matrix l / 8 (16 bytes, = column l % 8 of the fragment). One instruction writes
+// whole 16-byte rows where per-element 16-bit stores would take eight, and a stored matrix's
+// 8 rows fill one 128-byte wavefront when the rows fall on distinct 16-byte bank groups
+// (sm90_bwd: dSᵀ fragments to dS in shared memory, transposed on the way).
+__device__ __forceinline__ void stmatrix_x4_trans(u32 addr, const u32 (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+                 :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+
 // ---- register split between producer and consumers -------------------------------------------
 // The producer warpgroup needs few registers, the consumers (accumulators of S and O) many, but
 // a launch gives every thread the same count: each warpgroup resizes its per-thread budget

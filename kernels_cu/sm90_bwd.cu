@@ -41,8 +41,8 @@
 //   dV_j += Pᵀ dO_i                RS: Pᵀ from registers, dO_i MN-major   (group 3)
 //   dSᵀ = Pᵀ ∘ (dPᵀ - D_i)         once dPᵀ is done, while dV runs (Pᵀ as rounded to 16 bits)
 //   dK_j += dSᵀ Q_i                RS: dSᵀ from registers, Q_i MN-major   (group 4)
-//   dS to shared memory (transposed by the stores: ds_smem holds dS, queries x keys, K-major),
-//         while dV and dK run; then wait for them (their fragments die)
+//   dS to shared memory (transposed by stmatrix.trans: ds_smem holds dS, queries x keys, K-major,
+//         16-byte rows, no bank conflicts), while dV and dK run; then wait for them (their fragments die)
 //   dQ_i part = dS K_j              SS: dS (A, K-major), K_j (B, MN-major)  (group 5)
 //     the BM x head_dim tile is split over the consumer warpgroups: by 64-row groups when
 //     BM = 64 · kConsumers, else by head-dim column groups (kDqN columns each)
@@ -67,7 +67,7 @@
 // the 16-bit Pᵀ fragments (BM / 4) with dPᵀ (BM / 2) and the dSᵀ fragments (BM / 4), or the dQ
 // part (kDqN / 2). The order above keeps that peak low: at d128 ptxas (nvcc and NVRTC 13.0)
 // spills otherwise. Loop-invariant addresses are kept few for the same reason (DescLo, the dS
-// store offsets, the ring position counted along).
+// stores' one lane address, the ring position counted along).
 //
 // Shared memory (base aligned to 1024 bytes; every 16-bit tile as head_dim / 64 (or BN / 64 for
 // dS) column chunks of rows x 64 elements, 128 bytes a row, 128-byte swizzle, as TMA writes it
@@ -426,14 +426,14 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     const DescLo k_t_desc(k_smem + (dq_col0 / 64) * Shape::kKVChunkBytes, Shape::kKVChunkBytes);
     const DescLo ds_desc(ds_smem + dq_row_group * 64 * 128, 16);
 
-    // Byte offsets in ds_smem of this thread's dS stores (query 2t + e of a group of 8 rows, key
-    // warp_key + g + 8·rk): swizzled_offset with the row's multiple of 8 taken out.
-    u32 ds_store_off[2][2];
-#pragma unroll
-    for (int rk = 0; rk < 2; ++rk)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-            ds_store_off[rk][e] = swizzled_offset(2 * t + e, warp_key + g + 8 * rk, kBM);
+    // Shared-window address of this lane's row of its dS stores (stmatrix_x4_trans: lane l gives
+    // stored row l % 8, query 8·(r / 2) + l % 8 of 16, of matrix r = l / 8, keys warp_key + 8·(r % 2)
+    // .. + 7, one 16-byte unit); step kk adds 16 rows, a whole number of swizzle periods.
+    const auto ds_store_lane = [&]() {
+        const int r = lane / 8;
+        return ds_smem + swizzled_offset(8 * (r / 2) + lane % 8, warp_key + 8 * (r % 2), kBM);
+    };
+    const u32 ds_store_addr = ds_store_lane();
 
     // Accumulators (per warpgroup, 64 rows; wgmma layout above):
     float dk_acc[kHeadDim / 2], dv_acc[kHeadDim / 2];          // 64 keys x head_dim
@@ -655,25 +655,35 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
 
         // ---- dS to shared memory: every warpgroup's previous dQ GEMM is done (it waited for it
         // before the barrier), so ds_smem is free. ds_frag register r of step kk holds keys
-        // g + 8·(r % 2), queries 16kk + 2t + 8·(r / 2) (two adjacent queries per register);
-        // stored transposed: dS[query][key], 16 bits each.
+        // g + 8·(r % 2), queries 16kk + 2t + 8·(r / 2) (two adjacent queries per register): four
+        // 8x8 matrices, stored transposed (dS[query][key], 16 bits each) by one stmatrix per step,
+        // 16 bytes (8 keys) a row. The 8 rows of a matrix are 8 consecutive queries, whose
+        // 128-byte swizzle puts their units on 8 distinct bank groups: no bank conflicts (2-byte
+        // stores took 8 instructions per step, each 64 bytes).
         named_barrier_sync(1, kConsumerThreads);
+        if constexpr (kDropout) {
+            // dropout: per element, 16-bit stores (stmatrix's four-register operand makes ptxas
+            // spill this kernel at d128, nvcc 13.0); query 16kk + 8·(r / 2) + 2t (+1), key
+            // warp_key + g + 8·(r % 2), the offsets recomputed (the dropout state takes registers)
 #pragma unroll
-        for (int kk = 0; kk < kBM / 16; ++kk)
+            for (int kk = 0; kk < kBM / 16; ++kk)
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                // query 16kk + 8·(r / 2) + 2t (+1): the multiple of 8 is a whole swizzle period
-                // of rows, so the per-thread part ds_store_off[r % 2][lo/hi] carries the XOR
-                const u32 v = ds_frag[0][kk][r];
-                const u32 rows = (kk * 16 + 8 * (r / 2)) * 128;
-                // (with softcap, ALiBi or dropout recomputed here, not kept across the loop: their
-                // state takes those registers; so does kOverlapSdp's live dPᵀ during Pᵀ)
-                constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kDropout || kOverlapSdp;
-                const u32 off_lo = kRecompute ? swizzled_offset(2 * t, warp_key + g + 8 * (r % 2), kBM) : ds_store_off[r % 2][0];
-                const u32 off_hi = kRecompute ? swizzled_offset(2 * t + 1, warp_key + g + 8 * (r % 2), kBM) : ds_store_off[r % 2][1];
-                *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_lo) = u16(v & 0xFFFFu);
-                *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_hi) = u16(v >> 16);
-            }
+                for (int r = 0; r < 4; ++r) {
+                    const u32 v = ds_frag[0][kk][r];
+                    const u32 rows = (kk * 16 + 8 * (r / 2)) * 128;  // whole swizzle periods
+                    const u32 off_lo = swizzled_offset(2 * t, warp_key + g + 8 * (r % 2), kBM);
+                    const u32 off_hi = swizzled_offset(2 * t + 1, warp_key + g + 8 * (r % 2), kBM);
+                    *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_lo) = u16(v & 0xFFFFu);
+                    *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_hi) = u16(v >> 16);
+                }
+        } else {
+            // (with softcap, ALiBi or kOverlapSdp's live dPᵀ the lane's address is recomputed
+            // here, not kept across the loop: their state takes that register)
+            constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kOverlapSdp;
+            const u32 addr = kRecompute ? ds_store_lane() : ds_store_addr;
+#pragma unroll
+            for (int kk = 0; kk < kBM / 16; ++kk) stmatrix_x4_trans(addr + kk * 16 * 128, ds_frag[0][kk]);
+        }
         // dV and dK done: their operands (the Pᵀ, dSᵀ fragments) are never live together with the
         // dQ part's accumulators, which keeps d128 under the register budget
         wgmma_wait<0>();
@@ -703,21 +713,27 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             // of the BM x kHeadDim part: box col / 32, row, 16-byte unit (col % 32) / 4 ^ row % 8.
             // This thread's rows are g (+ 8) past a multiple of 8 and its columns col = dq_col0 +
             // 8nt + 2t (+ 1), dq_col0 a multiple of 64: unit 2·(nt % 4) + t / 2, i.e.
-            // 2·(nt % 4) ^ (t / 2), so the swizzled unit is 2·(nt % 4) ^ (t / 2 ^ g): one
-            // per-thread term. A half warp's float2 stores (rows g = 0..3) fill 4 units twice
-            // over: a 2-way bank conflict (4-way without the swizzle, rows 512 bytes apart).
+            // 2·(nt % 4) ^ (t / 2), so the swizzled unit is 2·(nt % 4) ^ (t / 2 ^ g). A half warp's
+            // float2 stores (rows g = 0..3, t / 2 = 0, 1) would fill only 4 units, each twice: a
+            // 2-way bank conflict. So the threads of odd rows g store fragment nt ^ 2 where the
+            // others store nt (a select per element, in pairs nt, nt ^ 2 of the same box): their
+            // unit gains ^ 4, and the half warp's 8 units are all distinct.
+            static_assert(Shape::kDqN % 32 == 0, "nt ^ 2 pairs within a 32-column box");
             const int buf = DqW::kBufs == 1 ? 0 : it % 2;
             if (it >= DqW::kBufs) named_barrier_sync(kDqEmptyBar + buf, kDqBarThreads);
-            const u32 sw = ((t / 2) ^ g) << 4;
+            const bool odd = g % 2;
+            const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
             unsigned char* tile = smem_ptr + DqW::kOffset + buf * DqW::kTileBytes + (dq_col0 / 32) * DqW::kBoxBytes
                                   + (dq_row_group * 64 + warp * 16 + g) * 128 + (t % 2) * 8;
 #pragma unroll
             for (int nt = 0; nt < Shape::kDqN / 8; ++nt) {
+                const int ns = nt ^ 2;                          // the fragment odd rows store here
                 const u32 off = (nt / 4) * DqW::kBoxBytes + (sw ^ ((2 * (nt % 4)) << 4));
 #pragma unroll
                 for (int half = 0; half < 2; ++half)           // rows g, g + 8; columns col, col + 1
                     *reinterpret_cast<float2*>(tile + off + half * 8 * 128)
-                        = make_float2(dq_acc[4 * nt + 2 * half], dq_acc[4 * nt + 2 * half + 1]);
+                        = make_float2(odd ? dq_acc[4 * ns + 2 * half] : dq_acc[4 * nt + 2 * half],
+                                      odd ? dq_acc[4 * ns + 2 * half + 1] : dq_acc[4 * nt + 2 * half + 1]);
             }
             fence_proxy_async_smem();                           // generic stores -> the bulk op's reads
             named_barrier_arrive(kDqFullBar + buf, kDqBarThreads);

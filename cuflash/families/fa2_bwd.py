@@ -19,7 +19,8 @@ from .fa2_fwd import (LOG2E, MAX_ACCUM_REGS, MAX_HEAD_DIM, check_head_dim, dropo
 
 # The fp32 workspace pads query rows to a multiple of this (every Br divides it).
 ROW_PAD = 128
-PREP_WARPS = 4           # kPrepWarps in fa2_bwd.cu: query rows per preprocess CTA
+PREP_ROWS = 32           # kPrepRows in fa2_bwd.cu: query rows per preprocess CTA
+PREP_THREADS = 128       # kPrepThreads in fa2_bwd.cu
 VARLEN_ROW_PAD = 136     # kVarlenRowPad in varlen.cuh: workspace rows per sequence beyond its length
 EPILOGUE_THREADS = 256   # kEpilogueThreads in fa2_bwd.cu
 
@@ -275,7 +276,7 @@ class FA2Backward(Family):
                              f"({pairs} x {kv_ctas})")
         rows = -(-p.seqlen_q // ROW_PAD) * ROW_PAD
         per_row = p.head_dim // 8  # epilogue threads per row
-        out = [LaunchSpec("preprocess", (rows // PREP_WARPS, p.nheads, p.batch), 32 * PREP_WARPS),
+        out = [LaunchSpec("preprocess", (rows // PREP_ROWS, p.nheads, p.batch), PREP_THREADS),
                # one CTA per (pair, K/V block), in the order of head_group (fa2_bwd.cu)
                LaunchSpec("main", (pairs * kv_ctas, 1, 1), config.threads, config.smem_bytes),
                LaunchSpec("convert_dq", (-(-p.seqlen_q * per_row // EPILOGUE_THREADS), p.nheads, p.batch),

@@ -40,7 +40,7 @@ from ..features import KERNEL_FLAGS, name_suffix, template_suffix
 from ..problem import Problem
 from ..registry import register
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
-from .fa2_bwd import (EPILOGUE_THREADS, PREP_WARPS, ROW_PAD, FA2Backward, bwd_params,
+from .fa2_bwd import (EPILOGUE_THREADS, PREP_ROWS, PREP_THREADS, ROW_PAD, FA2Backward, bwd_params,
                       contiguous_strides)
 from .fa2_fwd import check_head_dim, dropout_mix, feature_mix, first_fitting
 from . import sm90_fwd
@@ -392,7 +392,7 @@ class Sm90Backward(Family):
                              f"({p.batch * p.nheads} x {n_kv})")
         rows = -(-p.seqlen_q // ROW_PAD) * ROW_PAD
         per_row = p.head_dim // 8  # epilogue threads per row
-        out = [LaunchSpec("preprocess", (rows // PREP_WARPS, p.nheads, p.batch), 32 * PREP_WARPS),
+        out = [LaunchSpec("preprocess", (rows // PREP_ROWS, p.nheads, p.batch), PREP_THREADS),
                # one CTA per (K/V block, head, batch), K/V blocks fastest (sm90_bwd.cu)
                LaunchSpec("main", (p.batch * p.nheads * n_kv, 1, 1), config.threads, config.smem_bytes),
                LaunchSpec("convert_dq", (-(-p.seqlen_q * per_row // EPILOGUE_THREADS), p.nheads, p.batch),
