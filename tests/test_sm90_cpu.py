@@ -25,8 +25,9 @@ sys.path.insert(0, str(ROOT))
 # ---------------------------------------------------------------------------------------
 # the generated wgmma wrappers of ptx_sm90.cuh
 
-# Tile widths N of the m64nNk16 wrappers: every Sm90FwdConfig BN and every head dim.
-WGMMA_N = (64, 80, 96, 112, 128, 144, 160, 176, 192, 256)
+# Tile widths N of the m64nNk16 wrappers: every Sm90FwdConfig BN and every head dim; 32 for
+# sm90_bwd's dQ part at head dim 64 split over two consumer warpgroups (Sm90BwdConfig.dq_cols).
+WGMMA_N = (32, 64, 80, 96, 112, 128, 144, 160, 176, 192, 256)
 _TYPES = (("bf16", "bf16"), ("fp16", "f16"))
 BEGIN = "// ---- generated wgmma wrappers: begin ----\n"
 END = "// ---- generated wgmma wrappers: end ----\n"

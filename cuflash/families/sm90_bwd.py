@@ -122,7 +122,9 @@ class Sm90BwdConfig(KernelConfig):
     @property
     def dq_cols(self) -> int:
         """Head-dim columns of dQ_i per consumer warpgroup (kDqN): the BM x head_dim tile is
-        split into BM / 64 row groups x (consumers / (BM / 64)) column groups."""
+        split into BM / 64 row groups x (consumers / (BM / 64)) column groups: 64 or 128, or 32
+        at head dim 64 with BM 64 and 2 consumers (wgmma m64n32k16, K_j's operand starting
+        halfway into its 128-byte swizzled rows)."""
         row_groups = max(self.BM // 64, 1)
         col_groups = max(self.consumers // row_groups, 1)
         return self.head_dim // col_groups
@@ -203,9 +205,9 @@ class Sm90BwdConfig(KernelConfig):
         elif self.consumers in (1, 2) and (self.BM // 64 > self.consumers or self.consumers % (self.BM // 64)):
             out.append(f"BM={self.BM}: BM / 64 must divide consumers={self.consumers} "
                        "(each warpgroup computes 64 rows of dQ_i)")
-        elif self.head_dim in HEAD_DIMS and self.consumers in (1, 2) and self.dq_cols % 64:
+        elif self.head_dim in HEAD_DIMS and self.consumers in (1, 2) and self.dq_cols % 64 and self.dq_cols != 32:
             out.append(f"BM={self.BM}, consumers={self.consumers}: each warpgroup's dQ columns "
-                       f"({self.dq_cols}) must be whole 64-column chunks")
+                       f"({self.dq_cols}) must be whole 64-column chunks or 32 (half of one)")
         if self.stages < 2:
             out.append(f"stages must be >= 2, got {self.stages}")
         if self.dq_bulk and self.deterministic:
