@@ -63,10 +63,10 @@ def test_good_configs_and_names():
     (dict(BN=64), "BN=64 must be 64 \\* consumers"),
     (dict(BM=96), "BM must be 64 or 128"),
     (dict(BM=128, BN=64, consumers=1), "BM / 64 must divide consumers"),
-    (dict(BM=64, head_dim=64), "whole 64-column chunks"),
     (dict(stages=1), "stages must be >= 2"),
     (dict(BM=128), "more than the 232448"),
-    (dict(BM=128, head_dim=64), "exceed the budget"),
+    (dict(BM=128, head_dim=64, dropout=True), "dropout with BM=128"),
+    (dict(head_dim=64, dropout=True, dq_bulk=True), "dq_bulk with dropout and 2 consumers"),
     (dict(BN=64, consumers=1), "exceed the budget"),
 ])
 def test_each_rule(change, pattern):
@@ -83,7 +83,9 @@ def test_space_and_heuristic():
     valid = {d: sorted((c.BM, c.BN, c.stages, c.consumers) for c in FAM.valid(problem(d), 227 * 1024)
                        if not c.dq_bulk and not sched(c))
              for d in HEAD_DIMS}
-    assert valid == {64: [(64, 64, 2, 1), (64, 64, 3, 1)], 128: [(64, 128, 2, 2), (64, 128, 3, 2)]}
+    assert valid == {64: [(64, 64, 2, 1), (64, 64, 3, 1), (64, 128, 2, 2), (64, 128, 3, 2),
+                          (128, 128, 2, 2), (128, 128, 3, 2)],
+                     128: [(64, 128, 2, 2), (64, 128, 3, 2)]}
     for d in range(8, 129, 8):
         for dtype, causal, det in itertools.product(DTYPES, (False, True), (False, True)):
             p = problem(d, dtype, causal, det)
@@ -490,7 +492,7 @@ def test_dq_bulk_not_with_deterministic():
     assert cfg.deterministic and not cfg.dq_bulk and cfg.problems() == []
     assert FAM.for_problem(bulk, problem(128)).dq_bulk
     # nor with dropout at d128 (ptxas spills that kernel): refused, and dropped for such calls
-    with pytest.raises(ConfigError, match="dq_bulk with dropout at head_dim=128"):
+    with pytest.raises(ConfigError, match="dq_bulk with dropout and 2 consumers \\(head_dim=128\\)"):
         bulk.replace(dropout=True).validate()
     drop = problem(128).replace(features=("dropout",), dropout_p=0.1)
     assert FAM.for_problem(bulk, drop).dropout and not FAM.for_problem(bulk, drop).dq_bulk

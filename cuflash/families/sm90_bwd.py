@@ -26,8 +26,10 @@ computed while it runs) and dq_writer (name _dqw: dQ_i staged in swizzled shared
 by a producer warp's tensor bulk reduce-adds). The heuristic keeps red.add: on the H100 (session 11,
 logs/session11_final/timing.log) one bulk add per 256-byte row issued by the consumer warps
 took 1.05-1.06x red.add's time at d128 and 1.18x at d64, bf16, 8k-16k.
-Not implemented yet: head dims 96/192/256, swap-AB, a
-BM = 128 tile at head dim 64 (ptxas spills it under the 240-register budget).
+Head dim 64 has three tiles: BM64 BN64 with one consumer; BM64 BN128 with two, each computing
+32 of dQ_i's 64 columns (wgmma m64n32k16); and FA3's BM128 BN128 with two, each 64 rows of dQ_i
+(PTXAS_FITS: not with dropout). D64_ABOVE_FA2 / D64_SHAPE hold the d64 choice (one line each).
+Not implemented yet: head dims 96/192/256 (96 runs the d128 kernel), swap-AB.
 """
 from __future__ import annotations
 
@@ -54,6 +56,18 @@ CU_TENSOR_MAP_DATA_TYPE_F32 = 7   # dq_writer's map of the fp32 dQ accumulator
 # 240 (2 consumers) / 256 (1 consumer) register budget; above it (d64 BM128, d128 with one
 # consumer) it spills. tests/test_sm90_bwd_cpu.py holds it to that.
 MAX_ACCUM_REGS = 256
+# (BM, BN, consumers, head_dim) shapes over MAX_ACCUM_REGS that ptxas fits nonetheless (nvcc 13.0,
+# sm_90a, zero spills, every flag but dropout; tests/test_sm90_bwd_d64_cpu.py holds it): the sum
+# counts Sᵀ, dPᵀ, both fragment sets and the dQ part as live together, while the kernel's order
+# never holds them all. BM 128 at head dim 64 (FA3's d64 tile): 288 by the sum, the consumers'
+# peak is under their 240 registers.
+PTXAS_FITS = frozenset({(128, 128, 2, 64)})
+# Head dim 64 (real head dims <= 64): whether rank() puts this family above fa2_bwd, and the
+# heuristic's tile there as (BM, BN, consumers). Until the 2-consumer tiles (BM64 BN128 c2 with
+# a 32-column dQ part per warpgroup, BM128 BN128 c2) are timed on the H100
+# (tests/sm90_bwd_d64_timing.py), today's choice: fa2_bwd ranked first, BM64 BN64 c1 when forced.
+D64_ABOVE_FA2 = False
+D64_SHAPE = (64, 64, 1)
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -163,6 +177,11 @@ class Sm90BwdConfig(KernelConfig):
         return self.consumers * 64 * (self.dq_cols + 8) * 4 if self.dq_bulk else 0
 
     @property
+    def shape(self) -> tuple:
+        """(BM, BN, consumers, head_dim): the tile, as PTXAS_FITS lists them."""
+        return (self.BM, self.BN, self.consumers, self.head_dim)
+
+    @property
     def accum_regs(self) -> int:
         """32-bit registers per consumer thread: dK, dV (head_dim / 2 each), Sᵀ and dPᵀ (BM / 2
         each), the 16-bit fragments of Pᵀ and dSᵀ (BM / 4 each), the dQ part (dq_cols / 2)."""
@@ -173,6 +192,14 @@ class Sm90BwdConfig(KernelConfig):
         softcap, ALiBi or dropout; plain, causal and window kernels fit
         (tests/test_sm90_bwd_sched_cpu.py holds it)."""
         return self.softcap or self.alibi or self.dropout
+
+    def bm128_spills(self) -> bool:
+        """Whether the BM 128 tile (head dim 64, PTXAS_FITS) spills (nvcc 13.0, sm_90a): with
+        softcap or ALiBi, and with overlap_sdp next to a window or at stages > 2
+        (tests/test_sm90_bwd_d64_cpu.py holds the allowed ones to zero spills); with dropout it
+        does not compile (a thread's keep bits of Pᵀ are one 32-bit word)."""
+        return (self.softcap or self.alibi or self.dropout
+                or (self.overlap_sdp and (self.window or self.stages > 2)))
 
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
@@ -227,13 +254,20 @@ class Sm90BwdConfig(KernelConfig):
         if not out and self.dq_writer and self.dropout and self.head_dim > 64:
             out.append(f"dq_writer with dropout at head_dim={self.head_dim}: ptxas spills that kernel "
                        "(nvcc 13.0); the red.add one (dq_writer=False) runs it")
-        if not out and self.dq_bulk and self.dropout and self.head_dim > 64:
-            out.append(f"dq_bulk with dropout at head_dim={self.head_dim}: ptxas spills that kernel "
-                       "(nvcc 13.0); the red.add one (dq_bulk=False) runs it")
+        if not out and self.dq_bulk and self.dropout and self.consumers > 1:
+            out.append(f"dq_bulk with dropout and {self.consumers} consumers (head_dim={self.head_dim}): "
+                       "ptxas spills that kernel under the 240-register budget (nvcc 13.0); the red.add "
+                       "one (dq_bulk=False) runs it")
+        if not out and self.dropout and self.BM > 64:
+            out.append(f"dropout with BM={self.BM}: the kernel keeps a thread's keep bits of Pᵀ "
+                       "(BM / 2) in one 32-bit word; BM=64 runs it")
+        if not out and self.BM > 64 and self.bm128_spills():
+            out.append(f"BM={self.BM} with softcap / ALiBi, or overlap_sdp with a feature flag or "
+                       "stages > 2: ptxas spills that kernel (nvcc 13.0); BM=64 runs it")
         if not out and self.dropout and self.deterministic and self.head_dim > 64:
             out.append(f"dropout with deterministic at head_dim={self.head_dim}: ptxas spills "
                        "that kernel (nvcc 13.0); fa2_bwd runs it")
-        if not out and self.accum_regs > MAX_ACCUM_REGS:
+        if not out and self.accum_regs > MAX_ACCUM_REGS and self.shape not in PTXAS_FITS:
             out.append(f"{self.accum_regs} registers of accumulators and fragments per consumer "
                        f"thread (dK, dV, S, dP, P, dS, dQ) exceed the budget of {MAX_ACCUM_REGS}: "
                        "it would spill")
@@ -273,9 +307,12 @@ class Sm90Backward(Family):
         the work of fa2_bwd's rounded head dim) and are not measured: they stay on fa2_bwd.
         The same rule with window, softcap and ALiBi (the per-element work they add is the same
         in both families). Dropout follows the same rule while DROPOUT_BY_DEFAULT is on (else it
-        ranks below fa2_bwd and bwd_config= forces it)."""
+        ranks below fa2_bwd and bwd_config= forces it). D64_ABOVE_FA2 (a module constant) puts
+        head dims <= 64 above fa2_bwd, for the 2-consumer d64 tiles once timed."""
         if "dropout" in problem.features and not DROPOUT_BY_DEFAULT:
             return -1
+        if D64_ABOVE_FA2 and problem.head_dim <= 64:
+            return self.priority
         return self.priority if problem.head_dim > 96 else -1
 
     def supports(self, arch, problem: Problem) -> str:
@@ -320,11 +357,18 @@ class Sm90Backward(Family):
             config = config.replace(deterministic=problem.deterministic)
         if config.dropout != ("dropout" in problem.features):
             config = config.replace(dropout="dropout" in problem.features)
-        if config.dq_bulk and (problem.deterministic or (config.dropout and config.head_dim > 64)):
+        if config.dq_bulk and (problem.deterministic or (config.dropout and config.consumers > 1)):
             # a speed choice (a tuned entry's, or bwd_config='s): a deterministic call takes the
-            # ordered red.add additions, and d128 dropout the red.add kernel (dq_bulk spills it)
+            # ordered red.add additions, and dropout with 2 consumers the red.add kernel (dq_bulk
+            # spills it)
             config = config.replace(dq_bulk=False)
         config = self.with_features(config, problem)
+        if config.BM > 64 and config.bm128_spills():
+            # FA3's BM 128 tile at head dim 64 (a tuned entry's, D64_SHAPE, bwd_config=): without
+            # overlap_sdp where that is enough, else the BM 64 tile (dropout's keep bits, softcap,
+            # ALiBi)
+            lighter = config.replace(overlap_sdp=False)
+            config = lighter if not lighter.bm128_spills() else lighter.replace(BM=64, overlap_sdp=config.overlap_sdp)
         if config.dq_writer and (problem.deterministic or (config.dropout and config.head_dim > 64)):
             # the ordered additions keep red.add; d128 dropout the red.add kernel (dq_writer spills it)
             config = config.replace(dq_writer=False)
@@ -339,8 +383,9 @@ class Sm90Backward(Family):
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90BwdConfig:
         """Head dim 128: FA3's shape with 2 consumer warpgroups (BN = 128 keys) and Q blocks of
-        64 (dQ_i split by head-dim halves); head dim 64: one consumer warpgroup, 64 x 64 (BM = 128
-        with 2 consumers spills under the register budget). dQ by the writer warp (dq_writer)
+        64 (dQ_i split by head-dim halves); head dim 64: D64_SHAPE (BM, BN, consumers), today one
+        consumer warpgroup, 64 x 64 (for_problem moves BM 128 to 64 under dropout). dQ by the
+        writer warp (dq_writer)
         except where for_problem drops it (deterministic; d128 dropout): measured on the H100
         (tests/sm90_bwd_sched_timing.py, the tuner's sweep), 13-22% faster than the consumers'
         red.add at d64 and d128, bf16 and fp16, causal or not, 2k-16k."""
@@ -350,7 +395,8 @@ class Sm90Backward(Family):
         if d == 128:
             cfg = Sm90BwdConfig(64, 128, 2, 2, d, dtype, causal, det)
         else:
-            cfg = Sm90BwdConfig(64, 64, 2, 1, d, dtype, causal, det)
+            BM, BN, consumers = D64_SHAPE
+            cfg = Sm90BwdConfig(BM, BN, 2, consumers, d, dtype, causal, det)
         if not det:
             cfg = cfg.replace(dq_writer=True)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False}), max_smem)
