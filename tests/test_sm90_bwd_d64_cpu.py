@@ -72,8 +72,8 @@ def test_rules_of_the_new_tiles():
     assert HALVES.replace(dropout=True, dq_writer=True, overlap_sdp=True).problems() == []
     assert Sm90BwdConfig(64, 64, 2, 1, 64, "bf16", False, dropout=True, dq_bulk=True).problems() == []
     # BM 128: what ptxas spills (bm128_spills) is refused; for_problem moves such calls
-    for f in (dict(softcap=True), dict(alibi=True), dict(overlap_sdp=True, window=True),
-              dict(overlap_sdp=True, stages=3)):
+    for f in (dict(softcap=True), dict(alibi=True), dict(overlap_sdp=True, window=True, dq_writer=True),
+              dict(overlap_sdp=True, stages=3, dq_writer=True), dict(overlap_sdp=True)):
         with pytest.raises(ConfigError, match="BM=128 with softcap"):
             FA3.replace(**f).validate()
     assert FA3.replace(overlap_sdp=True, dq_writer=True).problems() == []
@@ -97,8 +97,11 @@ def test_for_problem_fixes_the_call():
     cfg = FAM.for_problem(FA3.replace(overlap_sdp=True, dq_writer=True), cap)
     assert (cfg.BM, cfg.softcap, cfg.overlap_sdp, cfg.dq_writer) == (64, True, True, True) and cfg.problems() == []
     win = problem(causal=True, features=("window",), window=(64, 0))
-    cfg = FAM.for_problem(FA3.replace(overlap_sdp=True), win)
-    assert (cfg.BM, cfg.window, cfg.overlap_sdp) == (128, True, False) and cfg.problems() == []
+    cfg = FAM.for_problem(FA3.replace(overlap_sdp=True, dq_writer=True), win)
+    assert (cfg.BM, cfg.window, cfg.overlap_sdp, cfg.dq_writer) == (128, True, False, True) and cfg.problems() == []
+    # deterministic drops dq_writer, and with it overlap_sdp at BM 128
+    cfg = FAM.for_problem(FA3.replace(overlap_sdp=True, dq_writer=True), problem(deterministic=True))
+    assert (cfg.BM, cfg.overlap_sdp, cfg.dq_writer) == (128, False, False) and cfg.problems() == []
 
 
 def test_space_at_d64_has_the_new_tiles():
@@ -157,12 +160,13 @@ SCHED = (dict(dq_writer=True), dict(overlap_sdp=True), dict(overlap_sdp=True, dq
 
 @needs_nvcc
 def test_ptxas_new_tiles_schedule_flags():
-    """The two tiles x bf16 / fp16 x causal / not x {dq_writer, overlap_sdp, both}, and stages 3
-    with dq_writer (24 + 4 instantiations)."""
+    """The two tiles x bf16 / fp16 x causal / not x {dq_writer, overlap_sdp, both} (BM 128:
+    overlap_sdp with dq_writer only), and stages 3 with dq_writer (20 + 4 instantiations)."""
     configs = [t.replace(dtype=dt, causal=c, **f) for t, dt, c, f in
-               itertools.product(NEW_TILES, ("bf16", "fp16"), (False, True), SCHED)]
+               itertools.product(NEW_TILES, ("bf16", "fp16"), (False, True), SCHED)
+               if t.BM == 64 or f.get("dq_writer")]
     configs += [t.replace(stages=3, causal=c, dq_writer=True) for t in NEW_TILES for c in (False, True)]
-    assert all(c.problems() == [] for c in configs) and len(set(configs)) == 28
+    assert all(c.problems() == [] for c in configs) and len(set(configs)) == 24
     bad = compile_clean(configs)
     assert not bad, "\n".join(bad)
 
@@ -172,7 +176,7 @@ def test_ptxas_new_tiles_feature_flags():
     """Each feature flag once per tile with dq_writer (the heuristic's dQ path), causal and not:
     window, softcap, ALiBi, all three (BM 128: a window only, bm128_spills); dropout (BM 64 only)
     alone, with window non-causal, with all three, and deterministic; deterministic with all
-    three (BM 128: with a window) (19 instantiations)."""
+    three (BM 128: with a window) (17 instantiations)."""
     configs = []
     for causal in (False, True):
         for f in (dict(window=True), dict(softcap=True), dict(alibi=True),
@@ -187,6 +191,6 @@ def test_ptxas_new_tiles_feature_flags():
                 HALVES.replace(causal=True, deterministic=True, window=True, softcap=True, alibi=True),
                 FA3.replace(causal=True, deterministic=True, window=True)]
     assert all(c.problems() == [] for c in configs), [c.problems() for c in configs]
-    assert len(set(configs)) == 19
+    assert len(set(configs)) == 17
     bad = compile_clean(configs)
     assert not bad, "\n".join(bad)

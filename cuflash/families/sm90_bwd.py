@@ -195,11 +195,12 @@ class Sm90BwdConfig(KernelConfig):
 
     def bm128_spills(self) -> bool:
         """Whether the BM 128 tile (head dim 64, PTXAS_FITS) spills (nvcc 13.0, sm_90a): with
-        softcap or ALiBi, and with overlap_sdp next to a window or at stages > 2
-        (tests/test_sm90_bwd_d64_cpu.py holds the allowed ones to zero spills); with dropout it
-        does not compile (a thread's keep bits of Pᵀ are one 32-bit word)."""
+        softcap or ALiBi, and with overlap_sdp next to a window, at stages > 2 or without
+        dq_writer (fp16 causal spills) (tests/test_sm90_bwd_d64_cpu.py holds the allowed ones to
+        zero spills); with dropout it does not compile (a thread's keep bits of Pᵀ are one 32-bit
+        word)."""
         return (self.softcap or self.alibi or self.dropout
-                or (self.overlap_sdp and (self.window or self.stages > 2)))
+                or (self.overlap_sdp and (self.window or self.stages > 2 or not self.dq_writer)))
 
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
@@ -262,8 +263,8 @@ class Sm90BwdConfig(KernelConfig):
             out.append(f"dropout with BM={self.BM}: the kernel keeps a thread's keep bits of Pᵀ "
                        "(BM / 2) in one 32-bit word; BM=64 runs it")
         if not out and self.BM > 64 and self.bm128_spills():
-            out.append(f"BM={self.BM} with softcap / ALiBi, or overlap_sdp with a feature flag or "
-                       "stages > 2: ptxas spills that kernel (nvcc 13.0); BM=64 runs it")
+            out.append(f"BM={self.BM} with softcap / ALiBi, or overlap_sdp with a window, stages > 2 "
+                       "or without dq_writer: ptxas spills that kernel (nvcc 13.0); BM=64 runs it")
         if not out and self.dropout and self.deterministic and self.head_dim > 64:
             out.append(f"dropout with deterministic at head_dim={self.head_dim}: ptxas spills "
                        "that kernel (nvcc 13.0); fa2_bwd runs it")
@@ -363,17 +364,17 @@ class Sm90Backward(Family):
             # spills it)
             config = config.replace(dq_bulk=False)
         config = self.with_features(config, problem)
+        if config.dq_writer and (problem.deterministic or (config.dropout and config.head_dim > 64)):
+            # the ordered additions keep red.add; d128 dropout the red.add kernel (dq_writer spills it)
+            config = config.replace(dq_writer=False)
+        if config.overlap_sdp and config.head_dim > 64 and config.overlap_sdp_spills():
+            config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
         if config.BM > 64 and config.bm128_spills():
             # FA3's BM 128 tile at head dim 64 (a tuned entry's, D64_SHAPE, bwd_config=): without
             # overlap_sdp where that is enough, else the BM 64 tile (dropout's keep bits, softcap,
             # ALiBi)
             lighter = config.replace(overlap_sdp=False)
             config = lighter if not lighter.bm128_spills() else lighter.replace(BM=64, overlap_sdp=config.overlap_sdp)
-        if config.dq_writer and (problem.deterministic or (config.dropout and config.head_dim > 64)):
-            # the ordered additions keep red.add; d128 dropout the red.add kernel (dq_writer spills it)
-            config = config.replace(dq_writer=False)
-        if config.overlap_sdp and config.head_dim > 64 and config.overlap_sdp_spills():
-            config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
         return config
 
     def _fields(self, config):
