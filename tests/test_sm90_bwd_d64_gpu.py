@@ -145,3 +145,39 @@ def test_all_features(monkeypatch):
 def test_dropout(monkeypatch):
     _force(monkeypatch, "halves")
     feat.test_dropout(64, True, False)
+
+
+def suite_configs():
+    """The backward kernels this file runs (as the calls run them), for --precompile."""
+    out = []
+    for name, (BM, BN) in TILES.items():
+        for dtype, causal, det in (("bf16", False, False), ("bf16", True, False), ("fp16", False, False),
+                                   ("bf16", True, True)):
+            base = Sm90BwdConfig(BM, BN, 2, 2, 64, dtype, causal, det)
+            out += [base] if det else [base.replace(dq_writer=True)]
+        causal = Sm90BwdConfig(BM, BN, 2, 2, 64, "bf16", True)
+        out += [causal, causal.replace(dq_bulk=True), causal.replace(overlap_sdp=True, dq_writer=True),
+                causal.replace(window=True, dq_writer=True)]
+    halves = Sm90BwdConfig(64, 128, 2, 2, 64, "bf16", False, dq_writer=True)
+    out += [Sm90BwdConfig(128, 128, 3, 2, 64, "bf16", True, dq_writer=True),
+            halves.replace(window=True), halves.replace(causal=True, softcap=True), halves.replace(alibi=True),
+            halves.replace(window=True, softcap=True, alibi=True), halves.replace(causal=True, dropout=True)]
+    return list(dict.fromkeys(out))
+
+
+if __name__ == "__main__" and "--precompile" in __import__("sys").argv:
+    import os
+    import sys
+    import time
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from cuflash.compile import precompile
+
+    t0 = time.time()
+    configs = suite_configs()
+    assert all(c.problems() == [] for c in configs), [c.name for c in configs if c.problems()]
+    res = precompile(configs)
+    for c, secs, err in res:
+        print(f"{c.name:<60} {secs:6.1f} s {err[:300] if err else 'ok'}")
+    print(f"{len(configs)} kernels in {time.time() - t0:.0f} s; errors: {sum(bool(e) for _, _, e in res)}")
+    sys.exit(1 if any(e for _, _, e in res) else 0)
