@@ -53,8 +53,9 @@ MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
 CU_TENSOR_MAP_DATA_TYPE_F32 = 7   # dq_writer's map of the fp32 dQ accumulator
 # 32-bit registers of accumulators and fragments a consumer thread keeps live (see
 # Sm90BwdConfig.accum_regs). ptxas (nvcc 13.0, sm_90a) spills nothing up to this under the
-# 240 (2 consumers) / 256 (1 consumer) register budget; above it (d64 BM128, d128 with one
-# consumer) it spills. tests/test_sm90_bwd_cpu.py holds it to that.
+# 240 (2 consumers) / 256 (1 consumer) register budget. The sum over-counts (the kernel never
+# holds all of them at once): above it only PTXAS_FITS's shapes are allowed, checked by ptxas
+# (at the kernel of 2026-11-26 d128 BM64 BN64 c1 compiles clean too; it stays refused, untimed).
 MAX_ACCUM_REGS = 256
 # (BM, BN, consumers, head_dim) shapes over MAX_ACCUM_REGS that ptxas fits nonetheless (nvcc 13.0,
 # sm_90a, zero spills, every flag but dropout; tests/test_sm90_bwd_d64_cpu.py holds it): the sum
@@ -303,8 +304,8 @@ class Sm90Backward(Family):
         """Above fa2_bwd (priority 0) at head dims 97..128, below it at <= 96. Measured on the
         H100 (bench --mode fwdbwd, bf16, seqlens 2k..16k, causal and not; results/<gpu>/
         bench_fwdbwd.json): backward TFLOPs at d 128 1.3-1.6x fa2_bwd's (357-439 vs 222-282);
-        at d 64 0.81-1.0x (224-266 vs 214-309): its BM = 64 tile there (BM = 128 spills)
-        leaves the tensor cores underfed. Head dims 65..96 run its d-128 kernel (up to 1.6x
+        at d 64 0.81-1.0x (224-266 vs 214-309) with its one-consumer BM64 BN64 tile, which
+        leaves the tensor cores underfed (the 2-consumer d64 tiles are not timed yet). Head dims 65..96 run its d-128 kernel (up to 1.6x
         the work of fa2_bwd's rounded head dim) and are not measured: they stay on fa2_bwd.
         The same rule with window, softcap and ALiBi (the per-element work they add is the same
         in both families). Dropout follows the same rule while DROPOUT_BY_DEFAULT is on (else it
