@@ -8,6 +8,11 @@ benchmark's shape (batch x seqlen = 16k, 32 heads, d64):
     timeout 300 python tests/sm90_bwd_d64_timing.py --dtypes bf16 --out d64_bf16.json
     timeout 300 python tests/sm90_bwd_d64_timing.py --dtypes fp16 --out d64_fp16.json
     python tests/sm90_bwd_d64_timing.py --dtypes bf16 --seqlens 16384 --causal no --variants halves_dqw fa3_dqw
+    timeout 300 python tests/sm90_bwd_d64_timing.py --hdim 96 --dtypes bf16 --out d96.json   # see below
+
+--hdim 96 (or another head dim; heads = 2048 / hdim): sm90_bwd's heuristic kernel for the call
+(at 96 its d128 kernel, zero-filled columns) as the baseline "sm90", next to fa2_bwd and SDPA:
+whether rank() should keep head dims 65..96 on fa2_bwd.
 
 All kernels are compiled first in parallel processes (cuflash.compile.precompile). Each case
 checks every variant's gradients against c1_dqw's (dq relative max difference <= 1e-2, dk / dv
@@ -39,7 +44,7 @@ from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
 from cuflash.timing import time_interleaved  # noqa: E402
 
-HEADS, TOKENS, D = 32, 16384, 64
+TOKENS, D = 16384, 64
 # name: (BM, BN, stages, consumers, flags)
 VARIANTS = {
     "c1_dqw": (64, 64, 2, 1, dict(dq_writer=True)),          # today's sm90 d64 kernel (the baseline)
@@ -60,6 +65,15 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def config(name, dtype, causal):
     BM, BN, stages, consumers, flags = VARIANTS[name]
     return Sm90BwdConfig(BM, BN, stages, consumers, D, dtype, causal, **flags)
+
+
+def kernels_for(names, p):
+    """{variant: sm90_bwd config} for problem p: the d64 variants `names` (the baseline first),
+    or at another head dim the family's heuristic as "sm90"."""
+    sm90 = registry.get("sm90_bwd")
+    if p.head_dim != D:
+        return {"sm90": sm90.for_problem(sm90.heuristic(p, torch.cuda.get_device_capability()), p)}
+    return {name: config(name, p.dtype, p.causal) for name in names}
 
 
 def rel(a, b):
@@ -88,6 +102,7 @@ def main():
     ap.add_argument("--causal", choices=("yes", "no", "both"), default="both")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--hdim", type=int, default=D, help="64: the d64 variants; else the heuristic kernel")
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     args = ap.parse_args()
     variants = ["c1_dqw"] + [v for v in args.variants if v != "c1_dqw"]
@@ -96,21 +111,22 @@ def main():
     dev = torch.cuda.get_device_name()
     cc = torch.cuda.get_device_capability()
     t0 = time.time()
+    hdim = args.hdim
+    heads = 2048 // hdim
 
     # every backward kernel first, in parallel (the forwards compile on first use)
     todo = []
     for dtype in args.dtypes:
         for causal in causals:
-            p = Problem("bwd", dtype, 1, 2048, 2048, HEADS, HEADS, D, causal)
-            for name in variants:
-                cfg = config(name, dtype, causal)
+            p = Problem("bwd", dtype, 1, 2048, 2048, heads, heads, hdim, causal)
+            for cfg in kernels_for(variants, p).values():
                 bad = cfg.problems()
                 assert not bad and sm90.for_problem(cfg, p) == cfg, (cfg.name, bad)
                 todo.append(cfg)
             todo.append(fa2.for_problem(fa2.heuristic(p, cc), p))
     errors = [(c.name, e) for c, _, e in precompile(todo) if e]
     assert not errors, errors
-    print(f"{dev}  sm90_bwd d64 tiles (backward alone), torch {torch.__version__}; "
+    print(f"{dev}  sm90_bwd d{hdim} (backward alone), torch {torch.__version__}; "
           f"{len(todo)} kernels compiled in {time.time() - t0:.0f} s", flush=True)
     print(f"{'case':<28} {'variant':<15} {'kernel':<52} {'ms':>8} {'TFLOPs':>7} {'x c1':>6} "
           f"{'x cuDNN':>7} {'dq diff':>8} {'dkv diff':>8}", flush=True)
@@ -120,9 +136,10 @@ def main():
         for s in args.seqlens:
             for causal in causals:
                 b = max(1, TOKENS // s)
-                p = Problem("bwd", dtype, b, s, s, HEADS, HEADS, D, causal)
-                q, k, v, dout = (torch.randn(b, s, HEADS, D, device="cuda", dtype=tdt) for _ in range(4))
-                kernels = {name: config(name, dtype, causal) for name in variants}
+                p = Problem("bwd", dtype, b, s, s, heads, heads, hdim, causal)
+                q, k, v, dout = (torch.randn(b, s, heads, hdim, device="cuda", dtype=tdt) for _ in range(4))
+                kernels = kernels_for(variants, p)
+                base = next(iter(kernels))
                 fns = {name: grad_fn(lambda q, k, v, cfg=cfg: cuflash.flash_attn_func(
                     q, k, v, causal=causal, bwd_config=cfg), q, k, v, dout) for name, cfg in kernels.items()}
                 fa2_cfg = fa2.for_problem(fa2.heuristic(p, cc), p)
@@ -137,10 +154,10 @@ def main():
                     results[name] = g
                 torch.cuda.synchronize()
                 times = time_interleaved(fns, warmup=3, reps=args.reps, back_to_back=1)
-                case = f"{dtype} d{D} {'causal' if causal else 'full'} b{b} s{s}"
+                case = f"{dtype} d{hdim} {'causal' if causal else 'full'} b{b} s{s}"
                 flops = op_flops(p)
-                t_c1, t_cudnn = times["c1_dqw"].median_ms, times["sdpa_cudnn"].median_ms
-                ref = results["c1_dqw"]
+                t_c1, t_cudnn = times[base].median_ms, times["sdpa_cudnn"].median_ms
+                ref = results[base]
                 ranked = []
                 for name in fns:
                     t = times[name].median_ms
@@ -150,7 +167,7 @@ def main():
                     flag = "  MISMATCH" if name in kernels and max(ddq, dkv) > 1e-2 else ""
                     print(f"{case:<28} {name:<15} {label:<52} {t:8.3f} {flops / t / 1e9:7.1f} {t / t_c1:6.3f} "
                           f"{t / t_cudnn:7.3f} {ddq:8.1e} {dkv:8.1e}{flag}", flush=True)
-                    rows.append(dict(dtype=dtype, hdim=D, causal=causal, seqlen=s, batch=b, heads=HEADS,
+                    rows.append(dict(dtype=dtype, hdim=hdim, causal=causal, seqlen=s, batch=b, heads=heads,
                                      variant=name, kernel=label, ms=t, tflops=flops / t / 1e9,
                                      x_c1=t / t_c1, x_cudnn=t / t_cudnn, dq_rel_diff=ddq, dkv_rel_diff=dkv,
                                      mismatch=bool(flag)))
