@@ -163,50 +163,6 @@ template <int N, class Elem>
 struct Wgmma;  // defined for the N below only: another tile width fails to compile
 
 // ---- generated wgmma wrappers: begin ----
-template <> struct Wgmma<32, bf16> {
-    template <int kTransB>
-    static __device__ __forceinline__ void ss(float (&d)[16], u64 desc_a, u64 desc_b, int scale_d) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-            "%16, %17, p, 1, 1, 0, %19;\n}\n"
-          :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));
-    }
-    template <int kTransB>
-    static __device__ __forceinline__ void rs(float (&d)[16], const u32 (&a)[4], u64 desc_b, int scale_d) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-            "{%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
-          :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
-    }
-};
-template <> struct Wgmma<32, fp16> {
-    template <int kTransB>
-    static __device__ __forceinline__ void ss(float (&d)[16], u64 desc_a, u64 desc_b, int scale_d) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-            "%16, %17, p, 1, 1, 0, %19;\n}\n"
-          :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));
-    }
-    template <int kTransB>
-    static __device__ __forceinline__ void rs(float (&d)[16], const u32 (&a)[4], u64 desc_b, int scale_d) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-            "{%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
-          :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
-    }
-};
 template <> struct Wgmma<64, bf16> {
     template <int kTransB>
     static __device__ __forceinline__ void ss(float (&d)[32], u64 desc_a, u64 desc_b, int scale_d) {

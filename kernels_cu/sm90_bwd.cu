@@ -135,6 +135,7 @@
 #include "ptx_sm90.cuh"
 #include "params_sm90_bwd.cuh"
 #include "ptx_sm90_bulk.cuh"
+#include "ptx_sm90_bwd.cuh"
 
 namespace cuflash {
 

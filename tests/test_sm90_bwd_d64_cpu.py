@@ -143,8 +143,11 @@ def test_kernel_source_allows_32_columns():
     # the second warpgroup's B operand (K_j, MN-major) starts (dq_col0 % 64) · 2 bytes into the
     # chunk's rows, only when kDqN is 32 (the plain kernels' code is unchanged)
     assert "(Shape::kDqN % 64 ? (dq_col0 % 64) * 2 : 0)" in src
-    ptx = (kernel_dir() / "ptx_sm90.cuh").read_text()
+    # m64n32k16 in sm90_bwd's own header: the other sm90 families' source (code hash) stays
+    ptx = (kernel_dir() / "ptx_sm90_bwd.cuh").read_text()
     assert "template <> struct Wgmma<32, bf16>" in ptx and "m64n32k16.f32.f16.f16" in ptx
+    assert "Wgmma<32" not in (kernel_dir() / "ptx_sm90.cuh").read_text()
+    assert '#include "ptx_sm90_bwd.cuh"' in src
 
 
 def compile_clean(configs):
