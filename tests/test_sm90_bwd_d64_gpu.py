@@ -19,12 +19,18 @@ Compiles: 22 backward kernels and their forwards.
 Run first: CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q -x tests/test_sm90_bwd_d64_gpu.py
 """
 import math
+import os
+import sys
 
-import pytest
+if __name__ == "__main__":   # --precompile: cuflash and the tests' helpers from this checkout
+    sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
-import cuflash
-from cuflash import registry
-from cuflash.families.sm90_bwd import Sm90BwdConfig
+import pytest  # noqa: E402
+
+import cuflash  # noqa: E402
+from cuflash import registry  # noqa: E402
+from cuflash.families.sm90_bwd import Sm90BwdConfig  # noqa: E402
 
 import test_sm90_bwd_features_gpu as feat  # noqa: E402
 from test_flash_bwd_gpu import check_grads, grads, inputs, reference_grads  # noqa: E402
@@ -165,12 +171,9 @@ def suite_configs():
     return list(dict.fromkeys(out))
 
 
-if __name__ == "__main__" and "--precompile" in __import__("sys").argv:
-    import os
-    import sys
+if __name__ == "__main__" and "--precompile" in sys.argv:
     import time
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from cuflash.compile import precompile
 
     t0 = time.time()
