@@ -118,18 +118,25 @@ def test_space_at_d64_has_the_new_tiles():
 
 def test_one_line_switches(monkeypatch):
     """D64_ABOVE_FA2 ranks the family first at head dims <= 64, D64_SHAPE picks the heuristic's
-    tile there; today's values keep fa2_bwd first and BM64 BN64 c1."""
+    tile there, D96_ABOVE_FA2 ranks it first at 65..96; as measured on the H100: on, BM128 BN128
+    c2, on. Off: fa2_bwd first, as before the 2-consumer tiles."""
     p = problem()
-    assert not sm90_bwd.D64_ABOVE_FA2 and sm90_bwd.D64_SHAPE == (64, 64, 1)
-    assert choose(p, (9, 0))[0].name == "fa2_bwd"
-    assert (FAM.heuristic(p).BM, FAM.heuristic(p).BN, FAM.heuristic(p).consumers) == (64, 64, 1)
-    for shape in ((64, 128, 2), (128, 128, 2)):
+    assert sm90_bwd.D64_ABOVE_FA2 and sm90_bwd.D64_SHAPE == (128, 128, 2) and sm90_bwd.D96_ABOVE_FA2
+    fam, cfg, _ = choose(p, (9, 0))
+    assert fam is FAM and (cfg.BM, cfg.BN, cfg.consumers, cfg.dq_writer) == (128, 128, 2, True)
+    assert choose(p.replace(head_dim=96), (9, 0))[0].name == "sm90_bwd"
+    monkeypatch.setattr(sm90_bwd, "D64_ABOVE_FA2", False)
+    monkeypatch.setattr(sm90_bwd, "D96_ABOVE_FA2", False)
+    for d in (32, 64, 80, 96):
+        assert choose(p.replace(head_dim=d), (9, 0))[0].name == "fa2_bwd"
+    assert choose(p.replace(head_dim=128), (9, 0))[0].name == "sm90_bwd"
+    for shape in ((64, 64, 1), (64, 128, 2), (128, 128, 2)):
         monkeypatch.setattr(sm90_bwd, "D64_ABOVE_FA2", True)
         monkeypatch.setattr(sm90_bwd, "D64_SHAPE", shape)
         for d in (32, 64):
             fam, cfg, _ = choose(p.replace(head_dim=d), (9, 0))
             assert fam.name == "sm90_bwd" and (cfg.BM, cfg.BN, cfg.consumers) == shape
-        assert choose(p.replace(head_dim=96), (9, 0))[0].name == "fa2_bwd"   # 65..96: unchanged
+        assert choose(p.replace(head_dim=96), (9, 0))[0].name == "fa2_bwd"   # 65..96: D96_ABOVE_FA2
         for det, feats in ((False, ()), (True, ()), (False, ("dropout",)), (False, ("window",))):
             q = problem(deterministic=det, features=feats,
                         **({"dropout_p": 0.1} if "dropout" in feats else {"window": (8, 0)} if feats else {}))

@@ -12,8 +12,8 @@ any strides and copies it when TMA cannot read it in place), the dQ convert and 
 dK/dV reduction are fa2_bwd's kernels: sm90_bwd.cu includes fa2_bwd.cu, and Sm90BwdParams
 starts with BwdParams field for field (the workspace layout is fa2_bwd's too).
 
-Selection: ranked above fa2_bwd for head dims 97..128, below it at head dims <= 96, as measured
-on the H100 (``rank``); ``config=`` / ``bwd_config=`` force either. Head dims up to 128 (kernels for 64 and 128).
+Selection: ranked above fa2_bwd at every head dim up to 128, as measured on the H100
+(``rank``; D64_ABOVE_FA2 / D96_ABOVE_FA2 switch head dims <= 96 back); ``config=`` / ``bwd_config=`` force either. Head dims up to 128 (kernels for 64 and 128).
 Features: sliding window (Q blocks outside a K/V block's band are skipped), softcap and ALiBi,
 as compile-time flags (config fields window / softcap / alibi, names _win / _cap / _alibi, as
 fa2_bwd's), and dropout (field dropout, name _drop; the Philox keep mask of philox.cuh, keyed by
@@ -28,7 +28,8 @@ logs/session11_final/timing.log) one bulk add per 256-byte row issued by the con
 took 1.05-1.06x red.add's time at d128 and 1.18x at d64, bf16, 8k-16k.
 Head dim 64 has three tiles: BM64 BN64 with one consumer; BM64 BN128 with two, each computing
 32 of dQ_i's 64 columns (wgmma m64n32k16); and FA3's BM128 BN128 with two, each 64 rows of dQ_i
-(PTXAS_FITS: not with dropout). D64_ABOVE_FA2 / D64_SHAPE hold the d64 choice (one line each).
+(PTXAS_FITS: not with softcap, ALiBi, dropout). D64_ABOVE_FA2 / D64_SHAPE / D96_ABOVE_FA2
+hold the choice at head dims <= 96 (one line each; measured: the family first, BM128 BN128 c2).
 Not implemented yet: head dims 96/192/256 (96 runs the d128 kernel), swap-AB.
 """
 from __future__ import annotations
@@ -64,11 +65,17 @@ MAX_ACCUM_REGS = 256
 # peak is under their 240 registers.
 PTXAS_FITS = frozenset({(128, 128, 2, 64)})
 # Head dim 64 (real head dims <= 64): whether rank() puts this family above fa2_bwd, and the
-# heuristic's tile there as (BM, BN, consumers). Until the 2-consumer tiles (BM64 BN128 c2 with
-# a 32-column dQ part per warpgroup, BM128 BN128 c2) are timed on the H100
-# (tests/sm90_bwd_d64_timing.py), today's choice: fa2_bwd ranked first, BM64 BN64 c1 when forced.
-D64_ABOVE_FA2 = False
-D64_SHAPE = (64, 64, 1)
+# heuristic's tile there as (BM, BN, consumers). Measured on the H100 (2026-11-26,
+# tests/sm90_bwd_d64_timing.py: d64, 32 heads, batch x seqlen 16k, 2k-16k, causal and not, bf16
+# and fp16, backward alone): BM128 BN128 c2 with dq_writer 0.85-0.98x SDPA cuDNN's speed,
+# 1.26-1.38x fa2_bwd's, 1.35-1.50x the BM64 BN64 c1 kernel's; BM64 BN128 c2 (dQ by 32-column
+# halves) 0.78-0.89x cuDNN. Off (False, (64, 64, 1)): the choice before they existed.
+D64_ABOVE_FA2 = True
+D64_SHAPE = (128, 128, 2)
+# Head dims 65..96 (run by the d128 kernel, zero-filled columns): whether rank() puts this
+# family above fa2_bwd. Measured there (d96, bf16, same shape and script, --hdim 96): 0.85-0.91x
+# SDPA cuDNN's speed, 1.40-1.62x fa2_bwd's.
+D96_ABOVE_FA2 = True
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -301,21 +308,21 @@ class Sm90Backward(Family):
                    "GQA kernels")
 
     def rank(self, problem: Problem) -> int:
-        """Above fa2_bwd (priority 0) at head dims 97..128, below it at <= 96. Measured on the
-        H100 (bench --mode fwdbwd, bf16, seqlens 2k..16k, causal and not; results/<gpu>/
-        bench_fwdbwd.json): backward TFLOPs at d 128 1.3-1.6x fa2_bwd's (357-439 vs 222-282);
-        at d 64 0.81-1.0x (224-266 vs 214-309) with its one-consumer BM64 BN64 tile, which
-        leaves the tensor cores underfed (the 2-consumer d64 tiles are not timed yet). Head dims 65..96 run its d-128 kernel (up to 1.6x
-        the work of fa2_bwd's rounded head dim) and are not measured: they stay on fa2_bwd.
+        """Above fa2_bwd (priority 0) at every head dim it runs (<= 128), as measured on the H100:
+        at d 128 (bench --mode fwdbwd, bf16, seqlens 2k..16k, causal and not; results/<gpu>/
+        bench_fwdbwd.json) backward TFLOPs 1.3-1.6x fa2_bwd's; at d 64 (D64_ABOVE_FA2, the
+        2-consumer BM128 tile) 1.26-1.38x and at d 96 (D96_ABOVE_FA2, its d-128 kernel)
+        1.40-1.62x (tests/sm90_bwd_d64_timing.py, 2026-11-26). The one-consumer BM64 BN64 tile
+        it had at d 64 before ran at 0.81-1.0x fa2_bwd.
         The same rule with window, softcap and ALiBi (the per-element work they add is the same
         in both families). Dropout follows the same rule while DROPOUT_BY_DEFAULT is on (else it
-        ranks below fa2_bwd and bwd_config= forces it). D64_ABOVE_FA2 (a module constant) puts
-        head dims <= 64 above fa2_bwd, for the 2-consumer d64 tiles once timed."""
+        ranks below fa2_bwd and bwd_config= forces it). D64_ABOVE_FA2 / D96_ABOVE_FA2 (module
+        constants) switch head dims <= 64 / 65..96 back to fa2_bwd."""
         if "dropout" in problem.features and not DROPOUT_BY_DEFAULT:
             return -1
-        if D64_ABOVE_FA2 and problem.head_dim <= 64:
-            return self.priority
-        return self.priority if problem.head_dim > 96 else -1
+        d = problem.head_dim
+        above = d > 96 or (D64_ABOVE_FA2 if d <= 64 else D96_ABOVE_FA2)
+        return self.priority if above else -1
 
     def supports(self, arch, problem: Problem) -> str:
         why = (f"{self.name} implements op {self.op!r}, not {problem.op!r}" if problem.op != self.op
@@ -385,9 +392,9 @@ class Sm90Backward(Family):
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90BwdConfig:
         """Head dim 128: FA3's shape with 2 consumer warpgroups (BN = 128 keys) and Q blocks of
-        64 (dQ_i split by head-dim halves); head dim 64: D64_SHAPE (BM, BN, consumers), today one
-        consumer warpgroup, 64 x 64 (for_problem moves BM 128 to 64 under dropout). dQ by the
-        writer warp (dq_writer)
+        64 (dQ_i split by head-dim halves); head dim 64: D64_SHAPE (BM, BN, consumers), FA3's
+        BM128 BN128 with 2 consumers (for_problem moves BM 128 to 64 with softcap, ALiBi or
+        dropout). dQ by the writer warp (dq_writer)
         except where for_problem drops it (deterministic; d128 dropout): measured on the H100
         (tests/sm90_bwd_sched_timing.py, the tuner's sweep), 13-22% faster than the consumers'
         red.add at d64 and d128, bf16 and fp16, causal or not, 2k-16k."""
