@@ -171,13 +171,17 @@ def suite_configs():
     return list(dict.fromkeys(out))
 
 
-if __name__ == "__main__" and "--precompile" in sys.argv:
+if __name__ == "__main__" and "--precompile" in sys.argv:   # [--space]
     import time
 
     from cuflash.compile import precompile
 
     t0 = time.time()
     configs = suite_configs()
+    if "--space" in sys.argv:   # also test_sm90_bwd_gpu.py's every-point-of-the-space kernels at d64
+        from test_sm90_bwd_gpu import _space
+        configs += [pa.values[1] for pa in _space() if pa.values[1].head_dim == 64]
+        configs = list(dict.fromkeys(configs))
     assert all(c.problems() == [] for c in configs), [c.name for c in configs if c.problems()]
     res = precompile(configs)
     for c, secs, err in res:
