@@ -45,7 +45,9 @@
 //         16-byte rows, no bank conflicts), while dV and dK run; then wait for them (their fragments die)
 //   dQ_i part = dS K_j              SS: dS (A, K-major), K_j (B, MN-major)  (group 5)
 //     the BM x head_dim tile is split over the consumer warpgroups: by 64-row groups when
-//     BM = 64 · kConsumers, else by head-dim column groups (kDqN columns each)
+//     BM = 64 · kConsumers, else by head-dim column groups (kDqN columns each: 64, or at head
+//     dim 64 with 2 consumers and BM 64, 32: wgmma m64n32k16, K_j's B operand starting halfway
+//     into its 128-byte rows)
 //   dQ accumulator += dQ_i part     red.global.add.v4.f32 (16 bytes per thread per 16x16 tile);
 //                                  with kDqBulk through a shared-memory staging tile and one bulk
 //                                  reduce-add per row (cp.reduce.async.bulk, below)
@@ -135,6 +137,7 @@
 #include "ptx_sm90.cuh"
 #include "params_sm90_bwd.cuh"
 #include "ptx_sm90_bulk.cuh"
+#include "ptx_sm90_bwd.cuh"
 
 namespace cuflash {
 
@@ -172,7 +175,8 @@ struct Sm90BwdShape {
     static_assert(kBM == 64 || kBM == 128, "BM must be 64 or 128 (the wgmma N of S and dP)");
     static_assert(kDqRowGroups <= kConsumers && kConsumers % kDqRowGroups == 0,
                   "BM / 64 must divide consumers: each warpgroup computes 64 rows of dQ_i");
-    static_assert(kDqN % 64 == 0, "each warpgroup's dQ columns must be whole 64-column chunks");
+    static_assert(kDqN % 64 == 0 || kDqN == 32,
+                  "each warpgroup's dQ columns must be whole 64-column chunks, or one 32-column half of one");
     static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim must be 64 or 128");
     static_assert(kStages >= 2, "stages must be >= 2: the producer fills one slot while another is read");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the H100's 227 KB");
@@ -423,7 +427,12 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     const DescLo do_t_desc(do_smem, Shape::kQChunkBytes);
     const int dq_row_group = wg % Shape::kDqRowGroups, dq_col_group = wg / Shape::kDqRowGroups;
     const int dq_col0 = dq_col_group * Shape::kDqN;
-    const DescLo k_t_desc(k_smem + (dq_col0 / 64) * Shape::kKVChunkBytes, Shape::kKVChunkBytes);
+    // (kDqN = 32, head dim 64 split over 2 warpgroups: the second one's columns 32..63 start 64
+    // bytes into each 128-byte row of K_j's chunk. The swizzle is a function of the address bits
+    // (the chunk is 1024-byte aligned), so a start inside the atom addresses the same bytes TMA
+    // wrote, as the K-major k-steps' 32-byte advances do; bits 7..9 are unchanged: base offset 0.)
+    const DescLo k_t_desc(k_smem + (dq_col0 / 64) * Shape::kKVChunkBytes + (Shape::kDqN % 64 ? (dq_col0 % 64) * 2 : 0),
+                          Shape::kKVChunkBytes);
     const DescLo ds_desc(ds_smem + dq_row_group * 64 * 128, 16);
 
     // Shared-window address of this lane's row of its dS stores (stmatrix_x4_trans: lane l gives
@@ -712,7 +721,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             // bulk reduce-adds while the consumers go on to the next Q block. Element (row, col)
             // of the BM x kHeadDim part: box col / 32, row, 16-byte unit (col % 32) / 4 ^ row % 8.
             // This thread's rows are g (+ 8) past a multiple of 8 and its columns col = dq_col0 +
-            // 8nt + 2t (+ 1), dq_col0 a multiple of 64: unit 2·(nt % 4) + t / 2, i.e.
+            // 8nt + 2t (+ 1), dq_col0 a multiple of 32 (a box): unit 2·(nt % 4) + t / 2, i.e.
             // 2·(nt % 4) ^ (t / 2), so the swizzled unit is 2·(nt % 4) ^ (t / 2 ^ g). A half warp's
             // float2 stores (rows g = 0..3, t / 2 = 0, 1) would fill only 4 units, each twice: a
             // 2-way bank conflict. So the threads of odd rows g store fragment nt ^ 2 where the

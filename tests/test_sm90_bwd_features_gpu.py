@@ -164,8 +164,8 @@ def test_dropout(d, causal, det):
 
 
 def test_selection_runs_sm90_bwd_for_features():
-    """Without bwd_config, a d128 backward with features is sm90_bwd's (rank: head dims 97..128);
-    d64 stays on fa2_bwd."""
+    """Without bwd_config, a backward with features is sm90_bwd's at d128 and d64 (rank, as
+    measured: D64_ABOVE_FA2)."""
     import torch
 
     from cuflash.select import choose
@@ -173,7 +173,7 @@ def test_selection_runs_sm90_bwd_for_features():
     cc = torch.cuda.get_device_capability()
     if tuple(cc) != (9, 0):
         pytest.skip("sm_90 only")
-    for d, want in ((128, "sm90_bwd"), (64, "fa2_bwd")):
+    for d, want in ((128, "sm90_bwd"), (64, "sm90_bwd")):
         p = Problem("bwd", "bf16", 2, 1000, 1000, 4, 2, d, True, features=("alibi", "softcap", "window"),
                     window=(100, 0), softcap=10.0)
         assert choose(p, cc)[0].name == want

@@ -302,18 +302,22 @@ def test_thread_words_word_major():
     assert "return *reinterpret_cast<u32*>(words_smem_ptr + w * kConsumerThreads * 4);" in src
 
 
-@pytest.mark.parametrize("d", HEAD_DIMS)
-def test_dq_writer_stores_are_the_tma_swizzle(d):
+@pytest.mark.parametrize("cfg", [base(d, dq_writer=True) for d in HEAD_DIMS]
+                         + [Sm90BwdConfig(64, 128, 2, 2, 64, "bf16", False, dq_writer=True),     # 32 columns a wg
+                            Sm90BwdConfig(128, 128, 2, 2, 64, "bf16", False, dq_writer=True)],   # 64 rows a wg
+                         ids=lambda c: c.name)
+def test_dq_writer_stores_are_the_tma_swizzle(cfg):
     """The consumers' fragment stores into the staging tile (sm90_bwd.cu, kDqWriter: the base
     pointer, (nt / 4) boxes on, the unit 2·(nt % 4) ^ (t / 2 ^ g), 8 rows per half) put element
     (row, col) of the BM x head_dim part where the tensor map's 128B swizzle reads it (box col /
     32, row, 16-byte unit (col % 32) / 4 ^ row % 8), every element exactly once; a half warp's
     float2 stores conflict at most 2-way."""
-    cfg = base(d, dq_writer=True)
+    d = cfg.head_dim
     BM, box = cfg.BM, cfg.BM * 128
     row_groups = BM // 64
     col_groups = cfg.consumers // row_groups
     dq_n = d // col_groups
+    assert dq_n == cfg.dq_cols
     seen = {}
     for wg in range(cfg.consumers):
         row_group, col0 = wg % row_groups, (wg // row_groups) * dq_n

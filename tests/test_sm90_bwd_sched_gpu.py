@@ -35,8 +35,12 @@ SHORT = [(1, 1), (113, 113), (2049, 2049), (113, 301), (301, 113)]
 
 
 def forced(p, flags):
-    """The heuristic's config of the call class with `flags`, as the call will run it."""
+    """The heuristic's config of the call class with `flags`, as the call will run it (at d64 the
+    BM 64 tile where the heuristic's BM 128 one does not take the flags: overlap_sdp without
+    dq_writer)."""
     cfg = FAM.for_problem(heuristic(p).replace(**FLAGS[flags]), p)
+    if cfg.BM == 128 and not all(getattr(cfg, k) for k in FLAGS[flags]):
+        cfg = FAM.for_problem(heuristic(p).replace(BM=64, **FLAGS[flags]), p)
     assert all(getattr(cfg, k) for k in FLAGS[flags]) and cfg.problems() == [], cfg.name
     return cfg
 

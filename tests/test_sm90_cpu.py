@@ -27,15 +27,19 @@ sys.path.insert(0, str(ROOT))
 
 # Tile widths N of the m64nNk16 wrappers: every Sm90FwdConfig BN and every head dim.
 WGMMA_N = (64, 80, 96, 112, 128, 144, 160, 176, 192, 256)
+# Widths only sm90_bwd instantiates, generated into ptx_sm90_bwd.cuh (its own file, so that
+# sm90_fwd's code hash stays): 32 for the dQ part at head dim 64 split over two consumer
+# warpgroups (Sm90BwdConfig.dq_cols).
+WGMMA_N_BWD = (32,)
 _TYPES = (("bf16", "bf16"), ("fp16", "f16"))
 BEGIN = "// ---- generated wgmma wrappers: begin ----\n"
 END = "// ---- generated wgmma wrappers: end ----\n"
 
 
-def wgmma_wrappers() -> str:
-    """The Wgmma<N, Elem> specializations (ss and rs forms) for every N of WGMMA_N."""
+def wgmma_wrappers(widths=WGMMA_N) -> str:
+    """The Wgmma<N, Elem> specializations (ss and rs forms) for every N of `widths`."""
     out = []
-    for n in WGMMA_N:
+    for n in widths:
         r = n // 2
         regs = ", ".join(f"%{i}" for i in range(r))
         ops = ",\n".join("          " + ", ".join(f'"+f"(d[{i}])' for i in range(j, min(j + 8, r)))
@@ -65,16 +69,17 @@ def wgmma_wrappers() -> str:
     return "\n".join(out) + "\n"
 
 
-def _header_path():
-    return ROOT / "kernels_cu" / "ptx_sm90.cuh"
+def _header_path(name="ptx_sm90.cuh"):
+    return ROOT / "kernels_cu" / name
 
 
 def write_wrappers():
-    path = _header_path()
-    text = path.read_text()
-    head, rest = text.split(BEGIN)
-    _, tail = rest.split(END)
-    path.write_text(head + BEGIN + wgmma_wrappers() + END + tail)
+    for name, widths in (("ptx_sm90.cuh", WGMMA_N), ("ptx_sm90_bwd.cuh", WGMMA_N_BWD)):
+        path = _header_path(name)
+        text = path.read_text()
+        head, rest = text.split(BEGIN)
+        _, tail = rest.split(END)
+        path.write_text(head + BEGIN + wgmma_wrappers(widths) + END + tail)
 
 
 
@@ -105,6 +110,10 @@ def test_wgmma_block_is_generated():
     text = _header_path().read_text()
     assert text.split(BEGIN)[1].split(END)[0] == wgmma_wrappers(), \
         "ptx_sm90.cuh's wgmma block is stale: python tests/test_sm90_cpu.py --write"
+    bwd = _header_path("ptx_sm90_bwd.cuh").read_text()
+    assert bwd.split(BEGIN)[1].split(END)[0] == wgmma_wrappers(WGMMA_N_BWD), \
+        "ptx_sm90_bwd.cuh's wgmma block is stale: python tests/test_sm90_cpu.py --write"
+    assert not set(WGMMA_N) & set(WGMMA_N_BWD)
     # every S width (BN) and every O width (head dim) the family can instantiate has a wrapper
     assert set(FAM.space["BN"]) | set(HEAD_DIMS) <= set(WGMMA_N)
 

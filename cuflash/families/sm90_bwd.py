@@ -12,8 +12,8 @@ any strides and copies it when TMA cannot read it in place), the dQ convert and 
 dK/dV reduction are fa2_bwd's kernels: sm90_bwd.cu includes fa2_bwd.cu, and Sm90BwdParams
 starts with BwdParams field for field (the workspace layout is fa2_bwd's too).
 
-Selection: ranked above fa2_bwd for head dims 97..128, below it at head dims <= 96, as measured
-on the H100 (``rank``); ``config=`` / ``bwd_config=`` force either. Head dims up to 128 (kernels for 64 and 128).
+Selection: ranked above fa2_bwd at every head dim up to 128, as measured on the H100
+(``rank``; D64_ABOVE_FA2 / D96_ABOVE_FA2 switch head dims <= 96 back); ``config=`` / ``bwd_config=`` force either. Head dims up to 128 (kernels for 64 and 128).
 Features: sliding window (Q blocks outside a K/V block's band are skipped), softcap and ALiBi,
 as compile-time flags (config fields window / softcap / alibi, names _win / _cap / _alibi, as
 fa2_bwd's), and dropout (field dropout, name _drop; the Philox keep mask of philox.cuh, keyed by
@@ -26,8 +26,11 @@ computed while it runs) and dq_writer (name _dqw: dQ_i staged in swizzled shared
 by a producer warp's tensor bulk reduce-adds). The heuristic keeps red.add: on the H100 (session 11,
 logs/session11_final/timing.log) one bulk add per 256-byte row issued by the consumer warps
 took 1.05-1.06x red.add's time at d128 and 1.18x at d64, bf16, 8k-16k.
-Not implemented yet: head dims 96/192/256, swap-AB, a
-BM = 128 tile at head dim 64 (ptxas spills it under the 240-register budget).
+Head dim 64 has three tiles: BM64 BN64 with one consumer; BM64 BN128 with two, each computing
+32 of dQ_i's 64 columns (wgmma m64n32k16); and FA3's BM128 BN128 with two, each 64 rows of dQ_i
+(PTXAS_FITS: not with softcap, ALiBi, dropout). D64_ABOVE_FA2 / D64_SHAPE / D96_ABOVE_FA2
+hold the choice at head dims <= 96 (one line each; measured: the family first, BM128 BN128 c2).
+Not implemented yet: head dims 96/192/256 (96 runs the d128 kernel), swap-AB.
 """
 from __future__ import annotations
 
@@ -51,9 +54,28 @@ MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
 CU_TENSOR_MAP_DATA_TYPE_F32 = 7   # dq_writer's map of the fp32 dQ accumulator
 # 32-bit registers of accumulators and fragments a consumer thread keeps live (see
 # Sm90BwdConfig.accum_regs). ptxas (nvcc 13.0, sm_90a) spills nothing up to this under the
-# 240 (2 consumers) / 256 (1 consumer) register budget; above it (d64 BM128, d128 with one
-# consumer) it spills. tests/test_sm90_bwd_cpu.py holds it to that.
+# 240 (2 consumers) / 256 (1 consumer) register budget. The sum over-counts (the kernel never
+# holds all of them at once): above it only PTXAS_FITS's shapes are allowed, checked by ptxas
+# (at the kernel of 2026-11-26 d128 BM64 BN64 c1 compiles clean too; it stays refused, untimed).
 MAX_ACCUM_REGS = 256
+# (BM, BN, consumers, head_dim) shapes over MAX_ACCUM_REGS that ptxas fits nonetheless (nvcc 13.0,
+# sm_90a, zero spills, every flag but dropout; tests/test_sm90_bwd_d64_cpu.py holds it): the sum
+# counts Sᵀ, dPᵀ, both fragment sets and the dQ part as live together, while the kernel's order
+# never holds them all. BM 128 at head dim 64 (FA3's d64 tile): 288 by the sum, the consumers'
+# peak is under their 240 registers.
+PTXAS_FITS = frozenset({(128, 128, 2, 64)})
+# Head dim 64 (real head dims <= 64): whether rank() puts this family above fa2_bwd, and the
+# heuristic's tile there as (BM, BN, consumers). Measured on the H100 (2026-11-26,
+# tests/sm90_bwd_d64_timing.py: d64, 32 heads, batch x seqlen 16k, 2k-16k, causal and not, bf16
+# and fp16, backward alone): BM128 BN128 c2 with dq_writer 0.85-0.98x SDPA cuDNN's speed,
+# 1.26-1.38x fa2_bwd's, 1.35-1.50x the BM64 BN64 c1 kernel's; BM64 BN128 c2 (dQ by 32-column
+# halves) 0.78-0.89x cuDNN. Off (False, (64, 64, 1)): the choice before they existed.
+D64_ABOVE_FA2 = True
+D64_SHAPE = (128, 128, 2)
+# Head dims 65..96 (run by the d128 kernel, zero-filled columns): whether rank() puts this
+# family above fa2_bwd. Measured there (d96, bf16, same shape and script, --hdim 96): 0.85-0.91x
+# SDPA cuDNN's speed, 1.40-1.62x fa2_bwd's.
+D96_ABOVE_FA2 = True
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -123,7 +145,9 @@ class Sm90BwdConfig(KernelConfig):
     @property
     def dq_cols(self) -> int:
         """Head-dim columns of dQ_i per consumer warpgroup (kDqN): the BM x head_dim tile is
-        split into BM / 64 row groups x (consumers / (BM / 64)) column groups."""
+        split into BM / 64 row groups x (consumers / (BM / 64)) column groups: 64 or 128, or 32
+        at head dim 64 with BM 64 and 2 consumers (wgmma m64n32k16, K_j's operand starting
+        halfway into its 128-byte swizzled rows)."""
         row_groups = max(self.BM // 64, 1)
         col_groups = max(self.consumers // row_groups, 1)
         return self.head_dim // col_groups
@@ -173,6 +197,11 @@ class Sm90BwdConfig(KernelConfig):
         return self.consumers * 64 * (self.dq_cols + 8) * 4 if self.dq_bulk else 0
 
     @property
+    def shape(self) -> tuple:
+        """(BM, BN, consumers, head_dim): the tile, as PTXAS_FITS lists them."""
+        return (self.BM, self.BN, self.consumers, self.head_dim)
+
+    @property
     def accum_regs(self) -> int:
         """32-bit registers per consumer thread: dK, dV (head_dim / 2 each), Sᵀ and dPᵀ (BM / 2
         each), the 16-bit fragments of Pᵀ and dSᵀ (BM / 4 each), the dQ part (dq_cols / 2)."""
@@ -183,6 +212,15 @@ class Sm90BwdConfig(KernelConfig):
         softcap, ALiBi or dropout; plain, causal and window kernels fit
         (tests/test_sm90_bwd_sched_cpu.py holds it)."""
         return self.softcap or self.alibi or self.dropout
+
+    def bm128_spills(self) -> bool:
+        """Whether the BM 128 tile (head dim 64, PTXAS_FITS) spills (nvcc 13.0, sm_90a): with
+        softcap or ALiBi, and with overlap_sdp next to a window, at stages > 2 or without
+        dq_writer (fp16 causal spills) (tests/test_sm90_bwd_d64_cpu.py holds the allowed ones to
+        zero spills); with dropout it does not compile (a thread's keep bits of Pᵀ are one 32-bit
+        word)."""
+        return (self.softcap or self.alibi or self.dropout
+                or (self.overlap_sdp and (self.window or self.stages > 2 or not self.dq_writer)))
 
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
@@ -215,9 +253,9 @@ class Sm90BwdConfig(KernelConfig):
         elif self.consumers in (1, 2) and (self.BM // 64 > self.consumers or self.consumers % (self.BM // 64)):
             out.append(f"BM={self.BM}: BM / 64 must divide consumers={self.consumers} "
                        "(each warpgroup computes 64 rows of dQ_i)")
-        elif self.head_dim in HEAD_DIMS and self.consumers in (1, 2) and self.dq_cols % 64:
+        elif self.head_dim in HEAD_DIMS and self.consumers in (1, 2) and self.dq_cols % 64 and self.dq_cols != 32:
             out.append(f"BM={self.BM}, consumers={self.consumers}: each warpgroup's dQ columns "
-                       f"({self.dq_cols}) must be whole 64-column chunks")
+                       f"({self.dq_cols}) must be whole 64-column chunks or 32 (half of one)")
         if self.stages < 2:
             out.append(f"stages must be >= 2, got {self.stages}")
         if self.dq_bulk and self.deterministic:
@@ -242,10 +280,20 @@ class Sm90BwdConfig(KernelConfig):
             elif (self.dq_writer, self.dq_bulk) != (path == "dq_writer", path == "dq_bulk"):
                 out.append(f"dropout at head_dim={self.head_dim} takes {path} with these features: "
                            "ptxas spills the other dQ paths (nvcc 13.0; dropout_dq_path)")
+        if not out and self.dq_bulk and self.dropout and self.consumers > 1 and self.head_dim == 64:
+            out.append(f"dq_bulk with dropout and {self.consumers} consumers (head_dim={self.head_dim}): "
+                       "ptxas spills that kernel under the 240-register budget (nvcc 13.0); the red.add "
+                       "one (dq_bulk=False) runs it")
+        if not out and self.dropout and self.BM > 64:
+            out.append(f"dropout with BM={self.BM}: the kernel keeps a thread's keep bits of Pᵀ "
+                       "(BM / 2) in one 32-bit word; BM=64 runs it")
+        if not out and self.BM > 64 and self.bm128_spills():
+            out.append(f"BM={self.BM} with softcap / ALiBi, or overlap_sdp with a window, stages > 2 "
+                       "or without dq_writer: ptxas spills that kernel (nvcc 13.0); BM=64 runs it")
         if not out and self.dropout and self.deterministic and self.head_dim > 64:
             out.append(f"dropout with deterministic at head_dim={self.head_dim}: ptxas spills "
                        "that kernel (nvcc 13.0); fa2_bwd runs it")
-        if not out and self.accum_regs > MAX_ACCUM_REGS:
+        if not out and self.accum_regs > MAX_ACCUM_REGS and self.shape not in PTXAS_FITS:
             out.append(f"{self.accum_regs} registers of accumulators and fragments per consumer "
                        f"thread (dK, dV, S, dP, P, dS, dQ) exceed the budget of {MAX_ACCUM_REGS}: "
                        "it would spill")
@@ -277,18 +325,21 @@ class Sm90Backward(Family):
                    "GQA kernels")
 
     def rank(self, problem: Problem) -> int:
-        """Above fa2_bwd (priority 0) at head dims 97..128, below it at <= 96. Measured on the
-        H100 (bench --mode fwdbwd, bf16, seqlens 2k..16k, causal and not; results/<gpu>/
-        bench_fwdbwd.json): backward TFLOPs at d 128 1.3-1.6x fa2_bwd's (357-439 vs 222-282);
-        at d 64 0.81-1.0x (224-266 vs 214-309): its BM = 64 tile there (BM = 128 spills)
-        leaves the tensor cores underfed. Head dims 65..96 run its d-128 kernel (up to 1.6x
-        the work of fa2_bwd's rounded head dim) and are not measured: they stay on fa2_bwd.
+        """Above fa2_bwd (priority 0) at every head dim it runs (<= 128), as measured on the H100:
+        at d 128 (bench --mode fwdbwd, bf16, seqlens 2k..16k, causal and not; results/<gpu>/
+        bench_fwdbwd.json) backward TFLOPs 1.3-1.6x fa2_bwd's; at d 64 (D64_ABOVE_FA2, the
+        2-consumer BM128 tile) 1.26-1.38x and at d 96 (D96_ABOVE_FA2, its d-128 kernel)
+        1.40-1.62x (tests/sm90_bwd_d64_timing.py, 2026-11-26). The one-consumer BM64 BN64 tile
+        it had at d 64 before ran at 0.81-1.0x fa2_bwd.
         The same rule with window, softcap and ALiBi (the per-element work they add is the same
         in both families). Dropout follows the same rule while DROPOUT_BY_DEFAULT is on (else it
-        ranks below fa2_bwd and bwd_config= forces it)."""
+        ranks below fa2_bwd and bwd_config= forces it). D64_ABOVE_FA2 / D96_ABOVE_FA2 (module
+        constants) switch head dims <= 64 / 65..96 back to fa2_bwd."""
         if "dropout" in problem.features and not DROPOUT_BY_DEFAULT:
             return -1
-        return self.priority if problem.head_dim > 96 else -1
+        d = problem.head_dim
+        above = d > 96 or (D64_ABOVE_FA2 if d <= 64 else D96_ABOVE_FA2)
+        return self.priority if above else -1
 
     def supports(self, arch, problem: Problem) -> str:
         why = (f"{self.name} implements op {self.op!r}, not {problem.op!r}" if problem.op != self.op
@@ -333,9 +384,11 @@ class Sm90Backward(Family):
             config = config.replace(deterministic=problem.deterministic)
         if config.dropout != ("dropout" in problem.features):
             config = config.replace(dropout="dropout" in problem.features)
-        if config.dq_bulk and problem.deterministic:
+        if config.dq_bulk and (problem.deterministic or (config.dropout and config.consumers > 1
+                                                        and config.head_dim == 64)):
             # a speed choice (a tuned entry's, or bwd_config='s): a deterministic call takes the
-            # ordered red.add additions
+            # ordered red.add additions; d64 dropout with 2 consumers the red.add kernel (dq_bulk
+            # spills it)
             config = config.replace(dq_bulk=False)
         config = self.with_features(config, problem)
         if config.dq_writer and problem.deterministic:
@@ -347,6 +400,12 @@ class Sm90Backward(Family):
                 config = config.replace(dq_writer=path == "dq_writer", dq_bulk=path == "dq_bulk")
         if config.overlap_sdp and config.head_dim > 64 and config.overlap_sdp_spills():
             config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
+        if config.BM > 64 and config.bm128_spills():
+            # FA3's BM 128 tile at head dim 64 (a tuned entry's, D64_SHAPE, bwd_config=): without
+            # overlap_sdp where that is enough, else the BM 64 tile (dropout's keep bits, softcap,
+            # ALiBi)
+            lighter = config.replace(overlap_sdp=False)
+            config = lighter if not lighter.bm128_spills() else lighter.replace(BM=64, overlap_sdp=config.overlap_sdp)
         return config
 
     def _fields(self, config):
@@ -356,8 +415,9 @@ class Sm90Backward(Family):
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90BwdConfig:
         """Head dim 128: FA3's shape with 2 consumer warpgroups (BN = 128 keys) and Q blocks of
-        64 (dQ_i split by head-dim halves); head dim 64: one consumer warpgroup, 64 x 64 (BM = 128
-        with 2 consumers spills under the register budget). dQ by the writer warp (dq_writer)
+        64 (dQ_i split by head-dim halves); head dim 64: D64_SHAPE (BM, BN, consumers), FA3's
+        BM128 BN128 with 2 consumers (for_problem moves BM 128 to 64 with softcap, ALiBi or
+        dropout). dQ by the writer warp (dq_writer)
         except where for_problem changes it (deterministic; d128 dropout: dropout_dq_path): measured on the H100
         (tests/sm90_bwd_sched_timing.py, the tuner's sweep), 13-22% faster than the consumers'
         red.add at d64 and d128, bf16 and fp16, causal or not, 2k-16k."""
@@ -367,7 +427,8 @@ class Sm90Backward(Family):
         if d == 128:
             cfg = Sm90BwdConfig(64, 128, 2, 2, d, dtype, causal, det)
         else:
-            cfg = Sm90BwdConfig(64, 64, 2, 1, d, dtype, causal, det)
+            BM, BN, consumers = D64_SHAPE
+            cfg = Sm90BwdConfig(BM, BN, 2, consumers, d, dtype, causal, det)
         if not det:
             cfg = cfg.replace(dq_writer=True)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False}), max_smem)
