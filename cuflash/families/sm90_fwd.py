@@ -44,7 +44,8 @@ from ..problem import Problem
 from ..registry import register
 from ..features import feature_params, name_suffix, template_suffix
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
-from .fa2_fwd import check_head_dim, dropout_mix, dropout_params, feature_mix, first_fitting, forward_sizes, strides3
+from .fa2_fwd import (check_head_dim, dropout_mix, dropout_params, feature_mix, first_fitting, forward_sizes,
+                      is_varlen, strides3)
 
 HEAD_DIMS = (64, 96, 128, 192, 256)
 MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
@@ -70,6 +71,14 @@ EMU_EXP2_SPACE = (0, 1, 2, 3)
 # ex2.approx they replace. The plain d64 forward, tried as an option, was slower at every
 # fraction too (1.04x-1.23x), so the knob is tuned with softcap only.
 SOFTCAP_EMU_EXP2 = 0
+# Variable-length batches (kVarlen): the features that run with varlen, each set's varlen
+# instantiations checked to compile without spills at the heuristic's tiles (nvcc 13.0, sm_90a;
+# tests/test_sm90_varlen_cpu.py); any other mix falls back to fa2_fwd.
+VARLEN_FEATURES = ((),)
+# The heuristic's schedule for varlen: a CTA per tile (the grid is sized for the longest
+# sequence; a CTA whose Q block lies past its sequence's end leaves at once). To be measured
+# (tests/sm90_varlen_timing.py compares it with the persistent schedule).
+VARLEN_PERSISTENT = False
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -95,6 +104,9 @@ class Sm90FwdConfig(KernelConfig):
                (kEmuExp2, kernels_cu/exp2_emu.cuh) instead of the SFU; 0 is the plain kernel.
                Tuned with softcap only (EMU_EXP2_SPACE); the heuristic keeps 0 (measured:
                SOFTCAP_EMU_EXP2's note)
+    varlen:    variable-length batches (kVarlen, kernels_cu/varlen.cuh: packed (total, heads, d)
+               tensors, per-sequence offsets from cu_seqlens), set from the call (``for_problem``),
+               never tuned
     """
 
     BM: int
@@ -111,6 +123,7 @@ class Sm90FwdConfig(KernelConfig):
     alibi: bool = False
     dropout: bool = False
     emu_exp2: int = 0
+    varlen: bool = False
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -125,7 +138,8 @@ class Sm90FwdConfig(KernelConfig):
         return (f"sm90fwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{'_pp' if self.pingpong else ''}"
                 f"{'_persist' if self.persistent else ''}{'_drop' if self.dropout else ''}"
-                f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{name_suffix(self)}")
+                f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{name_suffix(self)}"
+                f"{'_varlen' if self.varlen else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -146,17 +160,21 @@ class Sm90FwdConfig(KernelConfig):
         return (self.head_dim + self.BN) // 2
 
     def kernel_name(self) -> str:
+        # the trailing template parameters are written only up to the last one set, so a plain
+        # config's name (the compile cache's key) is what it was before they existed
+        tail = [f"{'true' if self.dropout else 'false'}", f"{self.emu_exp2}",   # kDropout, kEmuExp2
+                f"{'true' if self.varlen else 'false'}"]                          # kVarlen last
+        used = 3 if self.varlen else 2 if self.emu_exp2 else 1 if self.dropout else 0
         return (f"cuflash::sm90_fwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{'true' if self.pingpong else 'false'}, {'true' if self.persistent else 'false'}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, "
                 f"{'true' if self.causal else 'false'}{template_suffix(self)}"
-                f"{(', true' if self.dropout else ', false') if self.dropout or self.emu_exp2 else ''}"  # kDropout
-                f"{f', {self.emu_exp2}' if self.emu_exp2 else ''}>")    # kEmuExp2 last
+                f"{''.join(', ' + a for a in tail[:used])}>")
 
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
-                self.dropout, self.emu_exp2)
+                self.dropout, self.emu_exp2, self.varlen)
 
     def _problems(self) -> list[str]:
         out = []
@@ -263,6 +281,21 @@ def tensor_map(dtype: str, ptr: int, shape, strides, rows: int) -> bytes:
     return blob
 
 
+def map_shapes(problem: Problem, strides: dict) -> dict:
+    """The (batch, seqlen, heads, head_dim) extents of the q, k, v tensor maps. varlen: the
+    packed (total, heads, head_dim) tensors as one batch of the token totals
+    (``strides["totals"]``), so a box starts at any packed row (kernels_cu/sm90_fwd.cu, kVarlen:
+    TMA zero-fills only past the packed end, the kernel masks the rest)."""
+    p = problem
+    if is_varlen(p):
+        total_q, total_k = (int(t) for t in strides["totals"])
+        return {"q": (1, total_q, p.nheads, p.head_dim), "k": (1, total_k, p.nheads_kv, p.head_dim),
+                "v": (1, total_k, p.nheads_kv, p.head_dim)}
+    return {"q": (p.batch, p.seqlen_q, p.nheads, p.head_dim),
+            "k": (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim),
+            "v": (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim)}
+
+
 def window_tiles(head_dim: int) -> tuple:
     """(BN, persistent) for a sliding-window forward (BM = 128), from the block counts of
     results/NVIDIA_H100_80GB_HBM3/features_window_analysis.md (cuflash.band mirrors the kernel's
@@ -297,13 +330,13 @@ class Sm90Forward(Family):
     arch_suffix = "a"
     priority = 1       # above fa2_fwd: on sm_90 every forward it supports runs here
     description = "Hopper forward: TMA ring, wgmma SS/RS, producer/consumer warpgroups, pingpong"
-    features = ("alibi", "dropout", "softcap", "window")
+    features = ("alibi", "dropout", "softcap", "varlen", "window")
 
     def supports(self, arch, problem: Problem) -> str:
         # the problem's reasons first: they match fa2_fwd's, so the API's message stays one
         why = (f"{self.name} implements op {self.op!r}, not {problem.op!r}" if problem.op != self.op
                else check_head_dim(problem) or self.feature_problem(problem)
-               or feature_mix(self, problem) or self.dropout_mix(problem))
+               or feature_mix(self, problem) or self.dropout_mix(problem) or self.varlen_mix(problem))
         if why:
             return why
         if tuple(arch)[0] != 9:
@@ -324,22 +357,33 @@ class Sm90Forward(Family):
             return why + f" at head dim {problem.head_dim} (its instantiation spills or is unchecked)"
         return ""
 
+    def varlen_mix(self, problem: Problem) -> str:
+        """'' unless ``problem`` is varlen with a feature whose varlen instantiation is not checked
+        to compile without spills (VARLEN_FEATURES); selection then falls back to fa2_fwd."""
+        if not is_varlen(problem):
+            return ""
+        others = tuple(f for f in problem.features if f != "varlen")
+        if others and others not in VARLEN_FEATURES:
+            return (f"{self.name} has no feature {others[0]!r} with varlen (features "
+                    f"{', '.join(others)}: the varlen instantiation is unchecked)")
+        return ""
+
     def for_problem(self, config, problem: Problem):
-        # dropout is the call's, as in fa2_fwd (tuned tables and heuristics carry none); so are
-        # the features
-        dropout = "dropout" in problem.features
-        if config.dropout != dropout:
-            config = config.replace(dropout=dropout)
+        # dropout and varlen are the call's, as in fa2_fwd (tuned tables and heuristics carry
+        # none); so are the features
+        dropout, varlen = "dropout" in problem.features, is_varlen(problem)
+        if config.dropout != dropout or config.varlen != varlen:
+            config = config.replace(dropout=dropout, varlen=varlen)
         if dropout and config.emu_exp2:   # not implemented with dropout: the plain exp2 (a speed knob)
             config = config.replace(emu_exp2=0)
         return self.with_features(config, problem)
 
     def _fields(self, config):
-        # dropout is not encoded either: the call sets it (for_problem), so the encoded form of a
-        # config stays what it was before the flag existed
+        # dropout and varlen are not encoded either: the call sets them (for_problem), so the
+        # encoded form of a config stays what it was before the flags existed
         # emu_exp2 only when on, so a plain config's encoded form is unchanged by the knob
         return ((k, v) for k, v in super()._fields(config)
-                if k != "dropout" and not (k == "emu_exp2" and not v))
+                if k not in ("dropout", "varlen") and not (k == "emu_exp2" and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -369,6 +413,8 @@ class Sm90Forward(Family):
         if "window" in problem.features:
             # (also under ALiBi: ptxas spilled with both at BN 192 (d64) / 176 (d128), not at 128)
             bn, persistent = window_tiles(d)
+        if is_varlen(problem) and "window" not in problem.features:
+            persistent = VARLEN_PERSISTENT
         cfg = Sm90FwdConfig(128, bn, 2, 2, True, persistent, d, problem.dtype, bool(problem.causal))
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
@@ -379,7 +425,8 @@ class Sm90Forward(Family):
         return {"main": config.kernel_name()}
 
     def launches(self, config, problem: Problem, sm_count: int) -> list:
-        # one CTA per tile (Q block, head, batch), or per SM (persistent; one CTA fits an SM)
+        # one CTA per tile (Q block, head, batch), or per SM (persistent; one CTA fits an SM).
+        # varlen: batch sequences, seqlen_q the longest (tiles past a sequence's end are empty)
         tiles = -(-problem.seqlen_q // config.BM) * problem.nheads * problem.batch
         if tiles >= 2 ** 31:
             raise ValueError(f"batch * nheads * seqlen_q: too many Q blocks for one launch ({tiles})")
@@ -388,18 +435,18 @@ class Sm90Forward(Family):
 
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
         # the tensor maps are written per call (call_writer); zeros until then
+        # varlen: o's batch stride is 0 (strides4), the cu_seqlens pointers are per call
+        # (Plan.run_varlen / run_with), total_q the LSE's row length
+        total_q = int(strides["totals"][0]) if is_varlen(problem) else 0
         return dict(tma_q=0, tma_k=0, tma_v=0, **strides3("o", strides["o"]),
                     **forward_sizes(problem, softmax_scale), **feature_params(problem, softmax_scale),
-                    **dropout_params(problem))
+                    **dropout_params(problem), cu_seqlens_q=0, cu_seqlens_k=0, total_q=total_q)
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
         """What cuflash.launch.Plan runs on every call after writing the pointers: the tensor
         maps of q, k, v (ptrs[0..2]) into the packed params ``buf`` (uint8), at their fields'
         offsets in ``struct`` (the params' NumPy dtype)."""
-        p = problem
-        shapes = {"q": (p.batch, p.seqlen_q, p.nheads, p.head_dim),
-                  "k": (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim),
-                  "v": (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim)}
+        shapes = map_shapes(problem, strides)
         rows = {"q": config.BM, "k": config.BN, "v": config.BN}
         jobs = tuple((i, struct.fields[f"tma_{t}"][1], shapes[t], tuple(strides[t]), rows[t])
                      for i, t in enumerate(("q", "k", "v")))
@@ -407,7 +454,7 @@ class Sm90Forward(Family):
         if offsets != list(range(offsets[0], offsets[0] + 3 * 128, 128)):
             raise RuntimeError(f"{self.params_struct}: tma_q, tma_k, tma_v must be adjacent")
         start, end = offsets[0], offsets[0] + 3 * 128
-        dtype = p.dtype
+        dtype = problem.dtype
         # The three maps of one (q, k, v) address triple as one 384-byte array: a repeat call
         # (the common case: a training loop reuses its buffers) costs one dict lookup and one
         # copy. The plan fixes shapes, strides and boxes, so the addresses are the whole key.
