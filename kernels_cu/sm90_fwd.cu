@@ -390,7 +390,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         const int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
         const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes,
                                                p.alibi_batch_stride, at.batch, at.head,
-                                               p.softmax_scale, seq.seqlen_q, seq.seqlen_k);
+                                               p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q,
+                                               kVarlen ? seq.seqlen_k : p.seqlen_k);
 #pragma unroll
         for (int nt = 0; nt < kOCols / 8; ++nt)
 #pragma unroll

@@ -20,9 +20,13 @@ in compute (6 k16 steps for S, an N = 96 wgmma for P V, 96 columns of O accumula
 d128's shared-memory layout (two 128-byte-swizzled chunks, the second half zeros): its tiles
 take d128's shared memory. Dropout (``dropout``, kDropout): philox.cuh's Dropout::apply on P_j
 after the softmax (l and the LSE stay plain attention's), the same keep mask as fa2_fwd's, which
-fa2_bwd regenerates; at DROPOUT_BN (the Philox rounds need registers). Not implemented: a TMA
-store of O, FA3's d64 tile 192 x 192 (with 3 consumers the register budget caps BN at 128),
-clusters, FP8, varlen.
+fa2_bwd regenerates; at DROPOUT_BN (the Philox rounds need registers). Variable-length batches
+(``varlen``, kVarlen, set from the call): tiles (Q block, head, sequence) over a grid sized for
+the longest sequence, tensor maps over the whole packed (total, heads, d) tensors with box rows
+from cu_seqlens, keys past a sequence's end masked and rows past it not stored; with window,
+softcap, ALiBi and dropout as VARLEN_FEATURES lists (others fall back to fa2_fwd). Not
+implemented: a TMA store of O, FA3's d64 tile 192 x 192 (with 3 consumers the register budget
+caps BN at 128), clusters, FP8.
 
 Host side: the kernel reads Q, K, V through TMA tensor maps (``cuTensorMapEncodeTiled``,
 called through ctypes on libcuda.so.1, loaded lazily: without a driver the family still
@@ -73,8 +77,11 @@ EMU_EXP2_SPACE = (0, 1, 2, 3)
 SOFTCAP_EMU_EXP2 = 0
 # Variable-length batches (kVarlen): the features that run with varlen, each set's varlen
 # instantiations checked to compile without spills at the heuristic's tiles (nvcc 13.0, sm_90a;
-# tests/test_sm90_varlen_cpu.py); any other mix falls back to fa2_fwd.
-VARLEN_FEATURES = ((),)
+# tests/test_sm90_varlen_cpu.py: 168 registers, no spill at d64 and d128, causal and not); any
+# other mix (dropout with softcap or ALiBi, paged) falls back to fa2_fwd.
+VARLEN_FEATURES = ((), ("window",), ("softcap",), ("alibi",), ("dropout",), ("softcap", "window"),
+                   ("alibi", "window"), ("alibi", "softcap"), ("alibi", "softcap", "window"),
+                   ("dropout", "window"))
 # The heuristic's schedule for varlen: a CTA per tile (the grid is sized for the longest
 # sequence; a CTA whose Q block lies past its sequence's end leaves at once). To be measured
 # (tests/sm90_varlen_timing.py compares it with the persistent schedule).
