@@ -106,7 +106,9 @@ def test_map_shapes_span_the_packed_tensors():
 
 @pytest.fixture
 def fake_driver(monkeypatch):
+    """(encoder calls, launches, [bytes of the params struct each launch records])."""
     calls, launches = [], []
+    size = [launch.struct_dtype("Sm90FwdParams").itemsize]
 
     def encode(*args):
         calls.append(args)
@@ -114,22 +116,22 @@ def fake_driver(monkeypatch):
 
     def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
         ptr = ctypes.c_uint64.from_address(argv).value
-        launches.append(dict(grid=(gx, gy, gz), raw=ctypes.string_at(
-            ptr, launch.struct_dtype("Sm90FwdParams").itemsize)))
+        launches.append(dict(fn=fn, grid=(gx, gy, gz), raw=ctypes.string_at(ptr, size[0])))
 
     monkeypatch.setattr(sm90_fwd, "_encoder", encode)
     monkeypatch.setattr(sm90_fwd, "_MAP_CACHE", {})
-    monkeypatch.setattr(launch, "get_kernels", lambda config, device: {"main": SimpleNamespace(
-        kernel=SimpleNamespace(ptr=1000))})
+    monkeypatch.setattr(launch, "get_kernels", lambda config, device: {
+        role: SimpleNamespace(kernel=SimpleNamespace(ptr=1000 + i))
+        for i, role in enumerate(("main", "preprocess", "convert_dq", "reduce_dkv"))})
     monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
     monkeypatch.setattr(launch, "_driver_launch", lambda: record)
     monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
-    return calls, launches
+    return calls, launches, size
 
 
 @pytest.mark.parametrize("route", ["run_varlen", "run_features"])
 def test_varlen_plan_writes_maps_and_cu_seqlens(fake_driver, route):
-    calls, launches = fake_driver
+    calls, launches, _ = fake_driver
     p = vproblem(d=64, causal=False, nseq=3, max_q=500, max_k=600, h=4, hkv=2)
     cfg = FAM.for_problem(FAM.heuristic(p), p)
     q3, k3 = (4 * 64, 64, 1), (2 * 64, 64, 1)
@@ -189,6 +191,105 @@ def test_varlen_instantiations_compile_without_spills():
     assert all(c.varlen for c in configs)
     reports = nvcc_compile(configs, "sm_90a")
     for cfg, rep in zip(configs, reports):
+        assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{cfg.name}: spills ({rep})"
+        serialized = [w for w in rep.warnings if any(f"C751{i}" in w for i in range(0, 6))]
+        assert not serialized, f"{cfg.name}: {serialized}"
+
+
+# ---------------------------------------------------------------------------------------
+# sm90_bwd varlen (behind sm90_bwd.VARLEN_BWD until GPU-checked)
+
+from cuflash.families import sm90_bwd  # noqa: E402
+from cuflash.families.sm90_bwd import Sm90BwdConfig  # noqa: E402
+
+BWD = registry.get("sm90_bwd")
+
+
+def bproblem(d=128, causal=True, det=False, feats=(), nseq=3, h=4, hkv=2):
+    return vproblem(d, causal, feats, nseq=nseq, h=h, hkv=hkv).replace(op="bwd", deterministic=det)
+
+
+@pytest.fixture
+def varlen_bwd_on(monkeypatch):
+    monkeypatch.setattr(sm90_bwd, "VARLEN_BWD", True)
+
+
+def test_bwd_varlen_is_off_until_gpu_checked():
+    if sm90_bwd.VARLEN_BWD:
+        pytest.skip("VARLEN_BWD is on")
+    assert "VARLEN_BWD" in BWD.supports((9, 0), bproblem())
+    assert choose(bproblem(), (9, 0))[0].name == "fa2_bwd"
+
+
+def test_bwd_varlen_selection_and_names(varlen_bwd_on):
+    fam, cfg, _ = choose(bproblem(128), (9, 0))
+    assert fam.name == "sm90_bwd" and cfg.varlen and cfg.name.endswith("_varlen")
+    assert choose(bproblem(64), (9, 0))[0].name == "fa2_bwd"          # rank(): fa2_bwd at d <= 96
+    assert "deterministic varlen" in BWD.supports((9, 0), bproblem(128, det=True))
+    assert BWD.supports((9, 0), bproblem(64, det=True)) == ""
+    for feats in (("window",), ("dropout",), ("alibi", "softcap")):
+        if feats not in sm90_bwd.VARLEN_FEATURES:
+            assert "with varlen" in BWD.supports((9, 0), bproblem(feats=feats))
+    plain = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True, dq_writer=True)
+    v = plain.replace(varlen=True)
+    assert v.kernel_name() == plain.kernel_name()[:-1] + ", true>"
+    assert len(v.template_args()) == 16 and v.template_args()[-1] is True
+    assert BWD.encode(v) == BWD.encode(plain)
+    names = BWD.kernel_names(v)
+    assert names["preprocess"] == "cuflash::fa2_bwd_preprocess<cuflash::bf16, true>"
+    assert names["convert_dq"].endswith("<cuflash::bf16, true>")
+    assert BWD.kernel_names(plain)["preprocess"] == "cuflash::fa2_bwd_preprocess<cuflash::bf16>"
+
+
+def test_bwd_varlen_plan_maps_and_workspace(fake_driver, varlen_bwd_on):
+    calls, launches, size = fake_driver
+    size[0] = launch.struct_dtype("Sm90BwdParams").itemsize
+    p = bproblem(128, causal=False, nseq=3, h=4, hkv=2).replace(seqlen_q=500, seqlen_k=600)
+    cfg = BWD.for_problem(BWD.heuristic(p), p)
+    assert cfg.dq_writer and cfg.varlen
+    q3, k3 = (4 * 128, 128, 1), (2 * 128, 128, 1)
+    strides = {n: varlen.strides4(s) for n, s in (("dout", q3), ("q", q3), ("k", k3), ("v", k3), ("o", q3),
+                                                  ("dq", q3), ("dk", k3), ("dv", k3))}
+    strides["totals"] = (900, 1100)
+    plan = launch.Plan(BWD, cfg, p, strides, 0.125, 0)
+    ws = BWD.workspace(cfg, p, strides)
+    rows = (900 + 136 * 3 + 7) // 8 * 8
+    assert ws["D"] - ws["lse_log2"] >= 4 * rows * 4
+    ptrs = tuple(0x10000 * (i + 1) for i in range(9))
+    plan.run_varlen(ptrs, 0x900000, 7, 0x60000, 0x70000)
+    dt = launch.struct_dtype("Sm90BwdParams")
+    main = next(c for c in launches if c["fn"] == 1000)
+    rec = np.frombuffer(main["raw"], dt)[0]
+    assert int(rec["cu_seqlens_q"]) == 0x60000 and int(rec["cu_seqlens_k"]) == 0x70000
+    assert rec["ws_rows"] == rows and rec["total_q"] == 900 and rec["total_k"] == 1100
+    assert rec["q_batch_stride"] == 0 and rec["dk_batch_stride"] == 0
+    # q, k, v, dO over the packed tensors, then the dQ accumulator's (head_dim, ws_rows, nheads)
+    assert [a[2] for a in calls[:4]] == [(128, 900, 4, 1), (128, 1100, 2, 1), (128, 1100, 2, 1), (128, 900, 4, 1)]
+    assert calls[4][1] == 0x900000 + ws["dq_accum"] and calls[4][2] == (128, rows, 4)
+    assert main["grid"] == (3 * 4 * -(-600 // cfg.BN), 1, 1)
+
+
+def varlen_bwd_configs():
+    """sm90_bwd's varlen heuristic configs: d64 and d128, causal and not, deterministic at d64,
+    and the feature sets of VARLEN_FEATURES at d128."""
+    out = []
+    for d, causal, det in ((64, True, False), (64, False, True), (128, True, False), (128, False, False)):
+        p = bproblem(d, causal, det)
+        out.append(BWD.for_problem(BWD.heuristic(p), p))
+    for feats in sm90_bwd.VARLEN_FEATURES:
+        if feats:
+            p = bproblem(128, True, feats=feats)
+            out.append(BWD.for_problem(BWD.heuristic(p), p))
+    return out
+
+
+@needs_nvcc
+def test_varlen_bwd_instantiations_compile_without_spills():
+    from cuflash.compile import nvcc_compile
+
+    configs = varlen_bwd_configs()
+    assert all(c.varlen for c in configs)
+    for cfg, rep in zip(configs, nvcc_compile(configs, "sm_90a")):
         assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{cfg.name}: spills ({rep})"
         serialized = [w for w in rep.warnings if any(f"C751{i}" in w for i in range(0, 6))]
         assert not serialized, f"{cfg.name}: {serialized}"

@@ -13,12 +13,16 @@ varlen entry points and torch autograd (backward: fa2_bwd) run through cuflash's
 Window, softcap, ALiBi and dropout with varlen: tests/test_varlen_features_gpu.py, which on the
 H100 now selects sm90_fwd for the sets of sm90_fwd.VARLEN_FEATURES.
 
+The varlen backward on sm90_bwd (kVarlen) runs here with sm90_bwd.VARLEN_BWD switched on (it is
+off by default until these pass): through autograd at head dim 128 (selection's rank puts
+sm90_bwd first there), forced by config= at head dim 64 (deterministic too), within 3x plain
+attention's gradient error (test_flash_bwd_gpu.check_grads).
+
 Compiles: 9 sm90_fwd varlen forwards, 2 fa2_fwd varlen forwards (the comparison), 2 fa2_bwd
-varlen backwards (autograd).
+varlen backwards (autograd), 4 sm90_bwd varlen backwards.
 """
 import math
 
-import numpy as np
 import pytest
 
 import cuflash
@@ -27,6 +31,7 @@ from cuflash.families.sm90_fwd import Sm90FwdConfig
 from cuflash.problem import Problem
 
 from conftest import torch_dtype  # noqa: E402
+from test_flash_bwd_gpu import check_grads  # noqa: E402
 from test_varlen_gpu import check_varlen, cu_seqlens, packed_inputs, per_sequence  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
@@ -176,3 +181,63 @@ def test_sm90_varlen_matches_dense_rows():
                                     cu, cu, s, s, 1 / math.sqrt(d), True, cfg)
     assert torch.equal(out.reshape(b, s, h, d), dense)
     assert torch.equal(lse.reshape(h, b, s).permute(1, 0, 2), lse_dense)
+
+
+# ---------------------------------------------------------------------------------------
+# the varlen backward on sm90_bwd
+
+@pytest.fixture
+def varlen_bwd_on(monkeypatch):
+    """sm90_bwd.VARLEN_BWD on, selection's and the varlen plans' caches cleared around the test."""
+    from cuflash import select
+    from cuflash.families import sm90_bwd
+
+    monkeypatch.setattr(sm90_bwd, "VARLEN_BWD", True)
+    select._chosen.clear()
+    varlen._plans.clear()
+    yield
+    select._chosen.clear()
+    varlen._plans.clear()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm90_varlen_backward_autograd(varlen_bwd_on, causal):
+    need_sm90()
+    check_varlen(LENS_Q, LENS_K, 6, 2, 128, "bf16", causal, what=f"sm90_bwd causal={causal}: ")
+    bwd = [p for p in varlen._plans.values() if p.family.op == "bwd"]
+    assert bwd and all(p.family.name == "sm90_bwd" and p.config.varlen for p in bwd)
+
+
+@pytest.mark.parametrize("dtype,causal,deterministic,heads", [("fp16", True, True, (4, 1)),
+                                                               ("bf16", False, False, (6, 2)),
+                                                               ("bf16", True, False, (4, 4))],
+                         ids=["fp16_causal_det_mqa", "bf16_full_gqa", "bf16_causal_mha"])
+def test_sm90_varlen_backward_forced(varlen_bwd_on, dtype, causal, deterministic, heads):
+    """config= forces sm90_bwd at head dim 64 (the d128 kernel too, for the MHA case); the
+    deterministic one twice, bitwise equal."""
+    need_sm90()
+    import torch
+
+    from cuflash import varlen_torch
+
+    d = 128 if heads == (4, 4) else 64
+    fam = registry.get("sm90_bwd")
+    p = Problem("bwd", dtype, 3, 1024, 1024, *heads, d, causal, deterministic, ("varlen",))
+    cfg = fam.for_problem(fam.heuristic(p), p)
+    tdtype = torch_dtype(dtype)
+    q, k, v, dout = packed_inputs(LENS_Q, LENS_K, *heads, d, tdtype, seed=11)
+    cu_q, cu_k = cu_seqlens(LENS_Q), cu_seqlens(LENS_K)
+    scale = 1 / math.sqrt(d)
+    mq, mk = max(LENS_Q), max(LENS_K)
+    out, lse = varlen_torch.forward(q, k, v, cu_q, cu_k, mq, mk, scale, causal)
+    grads = varlen_torch.backward(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, scale, causal,
+                                  deterministic, cfg)
+    assert any(pl.family.name == "sm90_bwd" and pl.config == cfg for pl in varlen._plans.values())
+    ref = per_sequence(LENS_Q, LENS_K, q.double(), k.double(), v.double(), dout.double(), causal,
+                       scale, torch.float64)
+    low = per_sequence(LENS_Q, LENS_K, q, k, v, dout, causal, scale, tdtype)
+    check_grads(grads, ref[2:], low[2:], f"sm90_bwd {cfg.name}: ")
+    if deterministic:
+        again = varlen_torch.backward(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, scale, causal,
+                                      deterministic, cfg)
+        assert all(torch.equal(a, b) for a, b in zip(grads, again))

@@ -41,8 +41,8 @@ from ..problem import Problem
 from ..registry import register
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
 from .fa2_bwd import (EPILOGUE_THREADS, PREP_WARPS, ROW_PAD, FA2Backward, bwd_params,
-                      contiguous_strides)
-from .fa2_fwd import check_head_dim, dropout_mix, feature_mix, first_fitting
+                      contiguous_strides, varlen_ws_rows)
+from .fa2_fwd import check_head_dim, dropout_mix, feature_mix, first_fitting, is_varlen
 from . import sm90_fwd
 from .sm90_fwd import tensor_map
 
@@ -58,6 +58,14 @@ MAX_ACCUM_REGS = 256
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
 DROPOUT_BY_DEFAULT = True
+# Variable-length batches (varlen, kVarlen): whether supports() takes them. Off until
+# tests/test_sm90_varlen_gpu.py's backward tests pass on an H100 (then selection runs the varlen
+# backward here where rank() puts this family first, and config= can force it); while off, every
+# varlen backward runs fa2_bwd.
+VARLEN_BWD = False
+# The feature sets that run with varlen (their varlen instantiations at the heuristic's tiles
+# compile without spills: tests/test_sm90_varlen_cpu.py); any other mix falls back to fa2_bwd.
+VARLEN_FEATURES = ((),)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -85,6 +93,8 @@ class Sm90BwdConfig(KernelConfig):
                    shared memory, a producer warp adds it by tensor bulk reduce-adds (map tma_dq);
                    2 staging tiles where they fit (dq_writer_bufs); unordered mode only, not with
                    dq_bulk, not with dropout at head dim 128 (it spills; for_problem drops it)
+    varlen:        variable-length batches (kVarlen, kernels_cu/varlen.cuh), set from the call
+                   (for_problem), never tuned
     """
 
     BM: int
@@ -102,6 +112,7 @@ class Sm90BwdConfig(KernelConfig):
     dq_bulk: bool = False
     overlap_sdp: bool = False
     dq_writer: bool = False
+    varlen: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -117,7 +128,7 @@ class Sm90BwdConfig(KernelConfig):
         return (f"sm90bwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{det}{'_drop' if self.dropout else ''}{name_suffix(self)}"
                 f"{'_dqb' if self.dq_bulk else ''}{'_ovl' if self.overlap_sdp else ''}"
-                f"{'_dqw' if self.dq_writer else ''}")
+                f"{'_dqw' if self.dq_writer else ''}{'_varlen' if self.varlen else ''}")
 
     @property
     def dq_cols(self) -> int:
@@ -175,19 +186,20 @@ class Sm90BwdConfig(KernelConfig):
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
         # the feature flags only when one is set: a plain config keeps its name expression
-        sched = self.overlap_sdp or self.dq_writer
+        sched = self.overlap_sdp or self.dq_writer or self.varlen
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
                  or self.dq_bulk or sched else "")
         feats += f", {b(self.dropout)}" if self.dropout or self.dq_bulk or sched else ""
         feats += f", {b(self.dq_bulk)}" if self.dq_bulk or sched else ""
         feats += f", {b(self.overlap_sdp)}, {b(self.dq_writer)}" if sched else ""
+        feats += ", true" if self.varlen else ""                        # kVarlen last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
-                self.dq_bulk, self.overlap_sdp, self.dq_writer)
+                self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen)
 
     def _problems(self) -> list[str]:
         out = []
@@ -257,7 +269,7 @@ class Sm90Backward(Family):
     priority = 1       # above fa2_bwd where it is faster: see rank()
     max_head_dim = HEAD_DIMS[-1]   # supports() refuses larger head dims: selection falls back
     dout_any_strides = True  # the preprocess reads dout through any strides (copies it if need be)
-    features = ("alibi", "dropout", "softcap", "window")
+    features = ("alibi", "dropout", "softcap", "varlen", "window")
     description = ("Hopper backward: K/V-block CTAs, TMA ring of Q/dO, wgmma SS/RS, dQ by fp32 "
                    "red.add (or ordered, or bulk reduce-add: dq_bulk); fa2_bwd's preprocess / convert / "
                    "GQA kernels")
@@ -279,7 +291,7 @@ class Sm90Backward(Family):
     def supports(self, arch, problem: Problem) -> str:
         why = (f"{self.name} implements op {self.op!r}, not {problem.op!r}" if problem.op != self.op
                else check_head_dim(problem) or self.feature_problem(problem)
-               or feature_mix(self, problem) or self.dropout_mix(problem))
+               or feature_mix(self, problem) or self.dropout_mix(problem) or self.varlen_mix(problem))
         if why:
             return why
         if problem.head_dim > HEAD_DIMS[-1]:
@@ -308,6 +320,22 @@ class Sm90Backward(Family):
             return why + f" without causal at head dim {problem.head_dim} (its instantiation spills)"
         return ""
 
+    def varlen_mix(self, problem: Problem) -> str:
+        """'' unless ``problem`` is varlen and VARLEN_BWD is off, or varlen with a feature set
+        outside VARLEN_FEATURES; selection then falls back to fa2_bwd."""
+        if not is_varlen(problem):
+            return ""
+        if not VARLEN_BWD:
+            return f"{self.name} has no feature 'varlen' yet (VARLEN_BWD is off until GPU-checked)"
+        others = tuple(f for f in problem.features if f != "varlen")
+        if others and others not in VARLEN_FEATURES:
+            return (f"{self.name} has no feature {others[0]!r} with varlen (features "
+                    f"{', '.join(others)}: the varlen instantiation is unchecked)")
+        if problem.deterministic and self.head_dim_of(problem.head_dim) > 64:
+            return (f"{self.name} has no deterministic varlen backward above head dim 64 (its d128 "
+                    f"kernel spills), got headdim={problem.head_dim}")
+        return ""
+
     def head_dim_of(self, head_dim: int) -> int:
         """64 or 128: the first compiled head dim >= the real one."""
         return next((d for d in HEAD_DIMS if d >= head_dim), HEAD_DIMS[-1])
@@ -318,6 +346,8 @@ class Sm90Backward(Family):
             config = config.replace(deterministic=problem.deterministic)
         if config.dropout != ("dropout" in problem.features):
             config = config.replace(dropout="dropout" in problem.features)
+        if config.varlen != is_varlen(problem):
+            config = config.replace(varlen=is_varlen(problem))
         if config.dq_bulk and (problem.deterministic or (config.dropout and config.head_dim > 64)):
             # a speed choice (a tuned entry's, or bwd_config='s): a deterministic call takes the
             # ordered red.add additions, and d128 dropout the red.add kernel (dq_bulk spills it)
@@ -331,9 +361,9 @@ class Sm90Backward(Family):
         return config
 
     def _fields(self, config):
-        # dropout is not encoded (as sm90_fwd's): the call sets it (for_problem), so the encoded
-        # form of a config stays what it was before the flag existed
-        return ((k, v) for k, v in super()._fields(config) if k != "dropout")
+        # dropout and varlen are not encoded (as sm90_fwd's): the call sets them (for_problem), so
+        # the encoded form of a config stays what it was before the flags existed
+        return ((k, v) for k, v in super()._fields(config) if k not in ("dropout", "varlen"))
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90BwdConfig:
         """Head dim 128: FA3's shape with 2 consumer warpgroups (BN = 128 keys) and Q blocks of
@@ -354,10 +384,11 @@ class Sm90Backward(Family):
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False}), max_smem)
 
     def kernel_names(self, config) -> dict:
+        targs = f"cuflash::{config.dtype}" + (", true" if config.varlen else "")   # fa2_bwd's kVarlen
         return {"main": config.kernel_name(),
-                "preprocess": f"cuflash::fa2_bwd_preprocess<cuflash::{config.dtype}>",
-                "convert_dq": f"cuflash::fa2_bwd_convert_dq<cuflash::{config.dtype}>",
-                "reduce_dkv": f"cuflash::fa2_bwd_reduce_dkv<cuflash::{config.dtype}>"}
+                "preprocess": f"cuflash::fa2_bwd_preprocess<{targs}>",
+                "convert_dq": f"cuflash::fa2_bwd_convert_dq<{targs}>",
+                "reduce_dkv": f"cuflash::fa2_bwd_reduce_dkv<{targs}>"}
 
     def workspace(self, config, problem: Problem, strides: Optional[dict] = None) -> dict:
         """fa2_bwd's workspace (the shared kernels read it): fp32 lse_log2, D, dQ accumulators
@@ -384,8 +415,8 @@ class Sm90Backward(Family):
         return out
 
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
-        # BwdParams' fields as fa2_bwd packs them (its reused kernels read them; this family
-        # refuses varlen, so those come out as zeros; the dropout threshold and scale, window
+        # BwdParams' fields as fa2_bwd packs them (its reused kernels read them; the varlen
+        # fields are zeros for a fixed-length call; the dropout threshold and scale, window
         # bounds, softcap factors and ALiBi stride are the main kernel's; the slopes' and the
         # rng state's addresses are written per call, as for fa2_bwd), K/V blocks in
         # plain order (head_group 1); the tensor maps are written per call (call_writer; tma_dq
@@ -404,8 +435,8 @@ class Sm90Backward(Family):
         copy = "dout_copy" in self.workspace(config, problem, strides)
         do_index = names.index("dout_copy") if copy else names.index("dout")
         do_strides = contiguous_strides(p) if copy else tuple(strides["dout"])
-        qshape = (p.batch, p.seqlen_q, p.nheads, p.head_dim)
-        kshape = (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim)
+        shapes = sm90_fwd.map_shapes(p, strides)    # varlen: the packed tensors as one batch
+        qshape, kshape = shapes["q"], shapes["k"]
         jobs = ((names.index("q"), "tma_q", qshape, tuple(strides["q"]), config.BM),
                 (names.index("k"), "tma_k", kshape, tuple(strides["k"]), config.BN),
                 (names.index("v"), "tma_v", kshape, tuple(strides["v"]), config.BN),
@@ -435,6 +466,8 @@ class Sm90Backward(Family):
         dq_off = struct.fields["tma_dq"][1]
         dq_index = names.index("dq_accum")
         ws_shape = (p.batch * p.nheads, -(-p.seqlen_q // ROW_PAD) * ROW_PAD, config.head_dim)
+        if is_varlen(p):   # fa2_bwd's varlen workspace: (nheads, ws_rows) rows
+            ws_shape = (p.nheads, varlen_ws_rows(strides["totals"][0], p.batch), config.head_dim)
         dq_blobs: dict = {}
 
         def write_dq(buf, ptrs):
