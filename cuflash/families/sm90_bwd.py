@@ -17,7 +17,9 @@ on the H100 (``rank``); ``config=`` / ``bwd_config=`` force either. Head dims up
 Features: sliding window (Q blocks outside a K/V block's band are skipped), softcap and ALiBi,
 as compile-time flags (config fields window / softcap / alibi, names _win / _cap / _alibi, as
 fa2_bwd's), and dropout (field dropout, name _drop; the Philox keep mask of philox.cuh, keyed by
-element coordinates like every forward's); not varlen, nor the dropout mixes that spill
+element coordinates like every forward's); varlen (field varlen, kVarlen, set from the call:
+K/V blocks of each sequence, fa2_bwd's token-indexed workspace) only while VARLEN_BWD is on
+(off until GPU-checked), not deterministic above d64 (spills); not the dropout mixes that spill
 (dropout_mix): supports() refuses them and selection falls back to fa2_bwd. dQ by bulk
 reduce-add through shared memory (FA3's way) is the opt-in field dq_bulk (name _dqb; in the
 tuning space). FA3's backward schedule, opt-in fields in the tuning space too, default off until
