@@ -15,8 +15,12 @@ not, d64 and d128. Rows (forward):
 and forward + backward (the varlen backward is fa2_bwd's; the dense one sm90_bwd's):
   fwdbwd selection    flash_attn_varlen_func + autograd
   fwdbwd dense padded flash_attn_func + autograd on the padded batch
-TFLOPs count only the real sequences' attention (FA convention, causal halved), for every row,
-the padded one included; "x fa2" is ms / fa2_fwd varlen's ms (fwd rows) or / fwdbwd selection's.
+and the varlen backward alone (varlen_torch.backward on the forward's out and LSE):
+  bwd fa2_bwd varlen  fa2_bwd's varlen heuristic forced
+  bwd sm90_bwd varlen sm90_bwd's varlen heuristic forced (sm90_bwd.VARLEN_BWD switched on for it)
+TFLOPs count only the real sequences' attention (FA convention, causal halved; backward 2.5x,
+fwd+bwd 3.5x), for every row, the padded one included; "x fa2" is ms / fa2_fwd varlen's ms (fwd
+rows), / fwdbwd selection's, or / bwd fa2_bwd varlen's.
 Samples interleaved per case (cuflash.timing.time_interleaved). The JSON's "choice" says which
 sm90 schedule was faster in how many cases (VARLEN_PERSISTENT, the heuristic's default).
 """
@@ -33,6 +37,7 @@ import torch  # noqa: E402
 
 import cuflash  # noqa: E402
 from cuflash import registry, varlen_torch  # noqa: E402
+from cuflash.families import sm90_bwd  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 from cuflash.timing import time_interleaved  # noqa: E402
 
@@ -100,7 +105,27 @@ def case_rows(kind, d, causal):
                 "dense_padded": ("dense padded", None, lambda: cuflash.flash_attn_func(qp, kp, vp, causal=causal))}
     fb_rows = {"fwdbwd_selection": ("fwdbwd selection", None, fwdbwd_varlen),
                "fwdbwd_dense_padded": ("fwdbwd dense padded", None, fwdbwd_dense)}
-    return dict(lens=lens, h=h, flops=flops(lens, h, d, causal)), fwd_rows, fb_rows
+    pb = p.replace(op="bwd")
+    fa2b, sm90b = registry.get("fa2_bwd"), registry.get("sm90_bwd")
+    c_fa2b = fa2b.for_problem(fa2b.heuristic(pb), pb)
+    c_sm90b = sm90b.for_problem(sm90b.heuristic(pb), pb)
+    out, lse = varlen_torch.forward(q, k, v, cu, cu, mx, mx, scale, causal, c_fa2)
+
+    def bwd(cfg):
+        def run():
+            # sm90_bwd's varlen kernel is off by default (VARLEN_BWD): on for this call only, so
+            # the selection rows keep what a user gets
+            old, sm90_bwd.VARLEN_BWD = sm90_bwd.VARLEN_BWD, True
+            try:
+                return varlen_torch.backward(dout, q, k, v, out, lse, cu, cu, mx, mx, scale, causal,
+                                             False, cfg)[0]
+            finally:
+                sm90_bwd.VARLEN_BWD = old
+        return run
+
+    b_rows = {"bwd_fa2_varlen": ("bwd fa2_bwd varlen", c_fa2b, bwd(c_fa2b)),
+              "bwd_sm90_varlen": ("bwd sm90_bwd varlen", c_sm90b, bwd(c_sm90b))}
+    return dict(lens=lens, h=h, flops=flops(lens, h, d, causal)), fwd_rows, fb_rows, b_rows
 
 
 def main():
@@ -113,30 +138,36 @@ def main():
     built = [case_rows(*c) for c in cases]
     from cuflash.compile import precompile
 
-    cfgs = sorted({cfg for _, rows, _ in built for _, cfg, _ in rows.values() if cfg is not None},
-                  key=lambda c: c.name)
+    cfgs = sorted({cfg for _, rows, _, brows in built for _, cfg, _ in (*rows.values(), *brows.values())
+                   if cfg is not None}, key=lambda c: c.name)
     failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]
     assert not failed, failed
     results, wins = [], {"per_tile": 0, "persistent": 0}
     print(f"{'case':<22} {'row':<22} {'config':<56} {'ms':>8} {'TFLOPs':>7} {'x fa2':>7}")
-    for (kind, d, causal), (info, fwd_rows, fb_rows) in zip(cases, built):
+    for (kind, d, causal), (info, fwd_rows, fb_rows, b_rows) in zip(cases, built):
         case = f"{kind} d{d} {'causal' if causal else 'full'}"
         outs = {key: fn() for key, (_, _, fn) in fwd_rows.items()}   # compile and check, untimed
         for key in ("sm90_varlen", "sm90_varlen_persist", "selection"):
             assert not outs[key].isnan().any(), f"{case} {key}: NaN"
             diff = (outs[key].float() - outs["fa2_varlen"].float()).abs().max().item()
             assert diff < 0.05, f"{case} {key}: differs from fa2_fwd by {diff}"
-        groups = [fwd_rows] if args.no_bwd else [fwd_rows, fb_rows]
+        if not args.no_bwd:
+            ga, gb = b_rows["bwd_fa2_varlen"][2](), b_rows["bwd_sm90_varlen"][2]()
+            assert not gb.isnan().any(), f"{case}: NaN in sm90_bwd's dq"
+            diff = (ga.float() - gb.float()).abs().max().item() / max(ga.float().abs().max().item(), 1e-6)
+            print(f"{case:<22} dq sm90_bwd vs fa2_bwd: max rel diff {diff:.2e}")
+        groups = [fwd_rows] if args.no_bwd else [fwd_rows, fb_rows, b_rows]
         for rows in groups:
             for _, _, fn in rows.values():
                 fn()
             torch.cuda.synchronize()
             times = time_interleaved({k: fn for k, (_, _, fn) in rows.items()}, reps=args.reps, back_to_back=3)
-            base_key = "fa2_varlen" if rows is fwd_rows else "fwdbwd_selection"
+            base_key = ("fa2_varlen" if rows is fwd_rows else "fwdbwd_selection" if rows is fb_rows
+                        else "bwd_fa2_varlen")
             base = times[base_key].median_ms
             for key, t in times.items():
                 label, cfg, _ = rows[key]
-                fl = info["flops"] * (1 if rows is fwd_rows else 3.5)
+                fl = info["flops"] * (1 if rows is fwd_rows else 3.5 if rows is fb_rows else 2.5)
                 tflops = fl / t.median_ms / 1e9
                 print(f"{case:<22} {label:<22} {cfg.name if cfg else '':<56} {t.median_ms:8.3f} "
                       f"{tflops:7.1f} {t.median_ms / base:7.3f}")
