@@ -34,6 +34,7 @@ BM = 128 tile at head dim 64 (ptxas spills it under the 240-register budget).
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Optional
 
 import numpy as np
@@ -63,11 +64,14 @@ DROPOUT_BY_DEFAULT = True
 # Variable-length batches (varlen, kVarlen): whether supports() takes them. Off until
 # tests/test_sm90_varlen_gpu.py's backward tests pass on an H100 (then selection runs the varlen
 # backward here where rank() puts this family first, and config= can force it); while off, every
-# varlen backward runs fa2_bwd.
-VARLEN_BWD = False
-# The feature sets that run with varlen (their varlen instantiations at the heuristic's tiles
-# compile without spills: tests/test_sm90_varlen_cpu.py); any other mix falls back to fa2_bwd.
-VARLEN_FEATURES = ((),)
+# varlen backward runs fa2_bwd. CUFLASH_SM90_VARLEN_BWD=1 turns it on for a process (the GPU
+# suites of varlen run with it to check this family).
+VARLEN_BWD = os.environ.get("CUFLASH_SM90_VARLEN_BWD", "0") == "1"
+# The feature sets that run with varlen: their varlen instantiations at the heuristic's tiles
+# compile without spills (nvcc 13.0, sm_90a; d64 and d128, causal and not, deterministic at d64:
+# tests/test_sm90_varlen_cpu.py); any other mix falls back to fa2_bwd.
+VARLEN_FEATURES = ((), ("window",), ("softcap",), ("alibi",), ("dropout",), ("softcap", "window"),
+                   ("alibi", "softcap", "window"))
 
 
 @dataclasses.dataclass(frozen=True, order=True)
