@@ -411,7 +411,10 @@ class Sm90Forward(Family):
         consumer warpgroups, exceeds the 3-consumer register budget here). A sliding window takes
         window_tiles' BN and the persistent schedule; dropout DROPOUT_BN (the Philox rounds
         need registers on top of O and S). Softcap (without dropout): SOFTCAP_EMU_EXP2 of every
-        four 8-column tiles of S take the software exp2 (emu_exp2)."""
+        four 8-column tiles of S take the software exp2 (emu_exp2). Varlen: the same tiles (a
+        sequence's blocks are the fixed-length kernel's), scheduled by VARLEN_PERSISTENT (a CTA
+        per tile: those past a sequence's end leave at once; with a window, window_tiles'
+        persistent schedule); tuned tables carry no varlen entries, so this is its config."""
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         bn, persistent = {64: 192, 96: 176, 128: 176, 192: 112}.get(d, 80), False
