@@ -9,6 +9,12 @@ heads, d 64, causal, bf16. Paths:
 * torch_fwdbwd: inputs requiring grad, ``out = f(q, k, v); out.sum().backward()``;
 * cupy_fwd:     CuPy arrays, fp16 (cuflash only: SDPA has no CuPy path; CuPy has no
                 bf16 type of its own).
+* torch_decode: one decode step (issue 13's host budget: <= 1.3x SDPA's), bf16 d 128, one
+                query row of 32 heads over a cache of DECODE_CTX keys on 8 KV heads:
+                ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=<int32 tensor>)``
+                against SDPA on (1, 32, 1, 128) queries over (1, 32, DECODE_CTX, 128) keys and
+                values (SDPA's flash and cuDNN backends take no GQA, so the 8 KV heads are
+                repeated once, outside the timed calls).
 
 cuflash is ``flash_attn_func(q, k, v, causal=True)`` on (b, s, h, d) tensors; SDPA is
 ``scaled_dot_product_attention(q, k, v, is_causal=True)`` on (b, h, s, d) tensors, its
@@ -37,7 +43,9 @@ from .common import REF, fields, median, results_dir, sdpa_backend, short, torch
 TINY = Problem("fwd", "bf16", 1, 128, 128, 4, 4, 64, True)
 EAGER = Problem("fwd", "bf16", 8, 2048, 2048, 16, 16, 128, True)
 IMPLS = ("cuflash", "sdpa_flash", "sdpa_cudnn")
-HOST_PATHS = ("torch_fwd", "torch_fwdbwd", "cupy_fwd")
+HOST_PATHS = ("torch_fwd", "torch_fwdbwd", "cupy_fwd", "torch_decode")
+DECODE_CTX = 256   # keys in the decode step's cache: GPU work far below the host cost
+DECODE = Problem("fwd", "bf16", 1, 1, DECODE_CTX, 32, 8, 128, False)
 EAGER_PATHS = ("eager_fwd", "eager_fwdbwd")
 
 
@@ -59,6 +67,8 @@ def call(impl: str, path: str, p: Problem):
                    for _ in range(3))  # fp16: CuPy has no bf16 of its own; the host cost is the same
         return (lambda: flash_attn_func(q, k, v, causal=p.causal),
                 cupy.cuda.Device().synchronize, contextlib.nullcontext)
+    if path == "torch_decode":
+        return decode_call(impl)
     if impl == "cuflash":
         shape = (p.batch, p.seqlen_q, p.nheads, p.head_dim)
         f, context = flash_attn_func, contextlib.nullcontext
@@ -82,6 +92,29 @@ def call(impl: str, path: str, p: Problem):
     return fn, torch.cuda.synchronize, context
 
 
+def decode_call(impl: str):
+    """(fn, sync, context) of one decode step (path torch_decode)."""
+    import torch
+
+    dev, dt = "cuda", torch.bfloat16
+    if impl == "cuflash":
+        from ..decode import flash_attn_with_kvcache
+
+        q = torch.randn(1, 1, 32, 128, device=dev, dtype=dt)
+        kc, vc = (torch.randn(1, DECODE_CTX, 8, 128, device=dev, dtype=dt) for _ in range(2))
+        lens = torch.full((1,), DECODE_CTX, device=dev, dtype=torch.int32)
+        return (lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens),
+                torch.cuda.synchronize, contextlib.nullcontext)
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    q = torch.randn(1, 32, 1, 128, device=dev, dtype=dt)
+    k, v = (torch.randn(1, 8, DECODE_CTX, 128, device=dev, dtype=dt).repeat_interleave(4, dim=1)
+            for _ in range(2))
+    return (lambda: F.scaled_dot_product_attention(q, k, v), torch.cuda.synchronize,
+            lambda: sdpa_kernel(sdpa_backend(impl)))
+
+
 def host_records(path: str, p: Problem = TINY, calls: int = 2000, rounds: int = 15) -> list:
     """The host cost of every impl on one path, the impls interleaved in ``rounds`` rounds of
     ``calls // 5`` calls (cuflash.timing.host_us_interleaved): us_per_call is the best round,
@@ -90,6 +123,8 @@ def host_records(path: str, p: Problem = TINY, calls: int = 2000, rounds: int = 
 
     if path == "cupy_fwd":
         p = p.replace(dtype="fp16")
+    if path == "torch_decode":
+        p = DECODE
     impls = [i for i in IMPLS if path != "cupy_fwd" or i == "cuflash"]
     recs, fns, sync = {}, {}, None
     for impl in impls:
