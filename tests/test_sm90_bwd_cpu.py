@@ -136,11 +136,12 @@ def test_feature_flags_names_and_template():
     assert cfg.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, true, false, "
                                  "true, true, true>")
     assert plain.replace(alibi=True).kernel_name().endswith("true, false, false, false, true>")
-    assert cfg.template_args() == (64, 128, 2, 2, 128, "bf16", True, False, True, True, True, False, False, False, False)
+    assert cfg.template_args() == (64, 128, 2, 2, 128, "bf16", True, False, True, True, True, False, False, False,
+                                   False, False)   # ..., kDqWriter, kVarlen
     drop = plain.replace(dropout=True)
     assert drop.name == plain.name + "_drop" and drop.replace(deterministic=True).name.endswith("_det_drop")
     assert drop.kernel_name().endswith("true, false, false, false, false, true>")
-    assert drop.template_args()[-7:] == (False, False, False, True, False, False, False)
+    assert drop.template_args()[-8:] == (False, False, False, True, False, False, False, False)
     # softcap keeps 1 - tanh² in shared memory past the mbarriers (Sm90BwdThreadWords): 16-byte aligned,
     # BM / 2 16-bit values per consumer thread
     used = plain.smem_bytes - 1024
@@ -455,8 +456,8 @@ def test_dq_bulk_config_name_template_smem():
     plain = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False)
     bulk = plain.replace(dq_bulk=True)
     assert bulk.problems() == [] and bulk.name == plain.name + "_dqb"
-    assert plain.template_args()[-3] is False and bulk.template_args()[-3] is True
-    assert len(bulk.template_args()) == 15
+    assert plain.template_args()[-4] is False and bulk.template_args()[-4] is True   # (kVarlen last)
+    assert len(bulk.template_args()) == 16
     # the plain config keeps its name expression (and so its code); the flag goes last
     assert plain.kernel_name() == "cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, false, false>"
     assert bulk.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, false, false, "

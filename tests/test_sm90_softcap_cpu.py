@@ -160,21 +160,21 @@ def test_plain_names_and_encoding_unchanged():
     assert cfg.kernel_name() == ("cuflash::sm90_fwd<128, 176, 2, 2, true, false, 128, cuflash::bf16, "
                                  "true, false, false, false>")
     assert "emu_exp2" not in FAM.encode(cfg)
-    # dataclass field order: emu_exp2 last
-    assert [f for f in Sm90FwdConfig.__dataclass_fields__][-1] == "emu_exp2"
+    # dataclass field order: emu_exp2 last but varlen (appended after it)
+    assert [f for f in Sm90FwdConfig.__dataclass_fields__][-2:] == ["emu_exp2", "varlen"]
 
 
 def test_emu_names_template_and_encoding():
     cfg = Sm90FwdConfig(128, 176, 2, 2, True, False, 128, "bf16", True, softcap=True, emu_exp2=2)
     assert cfg.name.endswith("_emu2_cap")   # the feature suffix stays last
     assert cfg.kernel_name().endswith("true, false, true, false, false, 2>")   # ..., kDropout, kEmuExp2
-    assert cfg.template_args()[-2:] == (False, 2)
+    assert cfg.template_args()[-3:-1] == (False, 2)   # (kVarlen last)
     text = FAM.encode(cfg)
     assert text.endswith(",emu_exp2=2")
     back = FAM.decode(text, "bf16", True).replace(softcap=True)
     assert back == cfg
     src = (ROOT / "kernels_cu" / "sm90_fwd.cu").read_text()
-    assert "bool kDropout = false, int kEmuExp2 = 0>" in src and '#include "exp2_emu.cuh"' in src
+    assert "bool kDropout = false, int kEmuExp2 = 0, bool kVarlen = false>" in src and '#include "exp2_emu.cuh"' in src
 
 
 def test_emu_rules():

@@ -275,10 +275,15 @@ class Sm90Backward(Family):
     priority = 1       # above fa2_bwd where it is faster: see rank()
     max_head_dim = HEAD_DIMS[-1]   # supports() refuses larger head dims: selection falls back
     dout_any_strides = True  # the preprocess reads dout through any strides (copies it if need be)
-    features = ("alibi", "dropout", "softcap", "varlen", "window")
     description = ("Hopper backward: K/V-block CTAs, TMA ring of Q/dO, wgmma SS/RS, dQ by fp32 "
                    "red.add (or ordered, or bulk reduce-add: dq_bulk); fa2_bwd's preprocess / convert / "
                    "GQA kernels")
+
+    @property
+    def features(self) -> tuple:
+        """The feature flags it runs; varlen only while VARLEN_BWD is on (read per call, so a test
+        or CUFLASH_SM90_VARLEN_BWD=1 switches it)."""
+        return ("alibi", "dropout", "softcap") + (("varlen",) if VARLEN_BWD else ()) + ("window",)
 
     def rank(self, problem: Problem) -> int:
         """Above fa2_bwd (priority 0) at head dims 97..128, below it at <= 96. Measured on the
@@ -327,12 +332,11 @@ class Sm90Backward(Family):
         return ""
 
     def varlen_mix(self, problem: Problem) -> str:
-        """'' unless ``problem`` is varlen and VARLEN_BWD is off, or varlen with a feature set
-        outside VARLEN_FEATURES; selection then falls back to fa2_bwd."""
+        """'' unless ``problem`` is varlen with a feature set outside VARLEN_FEATURES, or
+        deterministic above head dim 64; selection then falls back to fa2_bwd. (Without
+        VARLEN_BWD ``features`` lacks varlen: feature_problem refuses it first.)"""
         if not is_varlen(problem):
             return ""
-        if not VARLEN_BWD:
-            return f"{self.name} has no feature 'varlen' yet (VARLEN_BWD is off until GPU-checked)"
         others = tuple(f for f in problem.features if f != "varlen")
         if others and others not in VARLEN_FEATURES:
             return (f"{self.name} has no feature {others[0]!r} with varlen (features "
