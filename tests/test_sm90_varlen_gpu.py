@@ -44,6 +44,35 @@ SHORT_Q = [64, 1000, 0, 128, 513, 77, 1024, 250, 0, 999, 640, 65, 300, 1, 900, 2
 SHORT_K = [64, 1000, 7, 128, 513, 77, 1024, 250, 0, 999, 640, 65, 300, 1, 900, 200]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _precompiled():
+    """The kernels this file uses, compiled up front in parallel worker processes (CuPy's disk
+    cache), so that the tests themselves only load them."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        return
+    from cuflash.compile import precompile
+    from cuflash.families.fa2_fwd import FwdConfig
+
+    fam_b, fa2_b = registry.get("sm90_bwd"), registry.get("fa2_bwd")
+    cfgs = [sm90_config(cuflash.api.padded_head_dim(d), dtype, causal, persistent)
+            for dtype, d, causal, _, persistent in CASES]
+    cfgs += [sm90_config(128, "bf16", True, True), sm90_config(128, "bf16", False, False),
+             sm90_config(64, "fp16", True, False)]
+    for dtype, causal, det, heads in BWD_CASES:
+        d = 128 if heads == (4, 4) else 64
+        p = Problem("bwd", dtype, 3, 1024, 1024, *heads, d, causal, det, ("varlen",))
+        cfgs.append(fam_b.for_problem(fam_b.heuristic(p), p))
+    for causal in (False, True):
+        p = Problem("bwd", "bf16", 3, 1024, 1024, 6, 2, 128, causal, False, ("varlen",))
+        cfgs += [fam_b.for_problem(fam_b.heuristic(p), p), fa2_b.for_problem(fa2_b.heuristic(p), p)]
+    pf = Problem("fwd", "bf16", 3, 1024, 1024, 6, 2, 128, True, False, ("varlen",))
+    cfgs.append(registry.get("fa2_fwd").for_problem(FwdConfig(128, 32, 4, 2, 128, "bf16", True), pf))
+    failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]
+    assert not failed, failed
+
+
 def need_sm90():
     import torch
 
@@ -208,9 +237,10 @@ def test_sm90_varlen_backward_autograd(varlen_bwd_on, causal):
     assert bwd and all(p.family.name == "sm90_bwd" and p.config.varlen for p in bwd)
 
 
-@pytest.mark.parametrize("dtype,causal,deterministic,heads", [("fp16", True, True, (4, 1)),
-                                                               ("bf16", False, False, (6, 2)),
-                                                               ("bf16", True, False, (4, 4))],
+BWD_CASES = [("fp16", True, True, (4, 1)), ("bf16", False, False, (6, 2)), ("bf16", True, False, (4, 4))]
+
+
+@pytest.mark.parametrize("dtype,causal,deterministic,heads", BWD_CASES,
                          ids=["fp16_causal_det_mqa", "bf16_full_gqa", "bf16_causal_mha"])
 def test_sm90_varlen_backward_forced(varlen_bwd_on, dtype, causal, deterministic, heads):
     """config= forces sm90_bwd at head dim 64 (the d128 kernel too, for the MHA case); the
