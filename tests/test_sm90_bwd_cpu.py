@@ -16,7 +16,7 @@ import pytest
 
 from cuflash import _gpu, launch, registry
 from cuflash.compile import kernel_dir, kernel_param_decl, nvcc_compile
-from cuflash.families import fa2_fwd, sm90_fwd
+from cuflash.families import fa2_fwd, sm90_bwd, sm90_fwd
 from cuflash.families.base import ConfigError
 from cuflash.families.sm90_bwd import HEAD_DIMS, Sm90BwdConfig
 from cuflash.problem import DTYPES, Problem
@@ -95,7 +95,9 @@ def test_space_and_heuristic():
 
 def test_supports_and_selection():
     assert "headdim up to 128" in FAM.supports((9, 0), problem(136))
-    assert "'varlen'" in FAM.supports((9, 0), problem(64).replace(features=("varlen",)))
+    # varlen runs here too (tests/test_sm90_varlen_cpu.py), with the feature mixes VARLEN_FEATURES lists
+    assert FAM.supports((9, 0), problem(64).replace(features=("varlen",))) == ""
+    assert "with varlen" in FAM.supports((9, 0), problem(64).replace(features=("alibi", "varlen", "window")))
     assert FAM.supports((8, 0), problem(64)).startswith("sm90_bwd needs sm_90")
     assert FAM.supports((10, 0), problem(64)).startswith("sm90_bwd needs sm_90 exactly")
     assert "implements op 'bwd', not 'fwd'" in FAM.supports((9, 0), problem(64).replace(op="fwd"))
@@ -125,7 +127,9 @@ FLAG_SETS = [("window",), ("softcap",), ("alibi",), ("alibi", "softcap", "window
 
 
 def test_feature_flags_names_and_template():
-    assert FAM.features == ("alibi", "dropout", "softcap", "window")
+    # varlen while sm90_bwd.VARLEN_BWD is on (the default; CUFLASH_SM90_VARLEN_BWD=0 turns it off)
+    varlen = ("varlen",) if "varlen" in FAM.features else ()
+    assert FAM.features == ("alibi", "dropout", "softcap") + varlen + ("window",)
     plain = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True)
     # the plain config keeps its name and name expression (a feature-free kernel is unchanged)
     assert plain.template_args()[-4:] == (False, False, False, False)
@@ -165,13 +169,16 @@ def test_features_supported_and_set_by_the_call(feats):
         fam, got, source = choose(p, (9, 0), config=FAM.heuristic(p.replace(features=())))
         assert fam is FAM and source == "given" and got == cfg
         # with dropout: run where it compiles without spills (not deterministic, no window without
-        # causal at d128: tests/test_dropmix_cpu.py), else refused by name; varlen: refused
+        # causal at d128: tests/test_dropmix_cpu.py), else refused by name; varlen: the feature
+        # sets of VARLEN_FEATURES, not deterministic above d64 (tests/test_sm90_varlen_cpu.py)
         mixed = p.replace(features=tuple(sorted(feats + ("dropout",))), dropout_p=0.1)
         refused = det or (d == 128 and "window" in feats and not causal)
         why = FAM.supports((9, 0), mixed)
         assert why.startswith(f"sm90_bwd has no feature {sorted(feats)[0]!r} with dropout") \
             if refused else why == "", (d, causal, det, why)
-        assert "'varlen'" in FAM.supports((9, 0), p.replace(features=tuple(sorted(feats + ("varlen",)))))
+        why = FAM.supports((9, 0), p.replace(features=tuple(sorted(feats + ("varlen",)))))
+        ok = tuple(sorted(feats)) in sm90_bwd.VARLEN_FEATURES and not (det and d > 64)
+        assert (why == "") == ok and (ok or "varlen" in why), (feats, d, det, why)
     # selection: sm90_bwd at head dims 97..128 (rank), as without the features
     assert choose(problem(128).replace(features=feats), (9, 0))[0].name == "sm90_bwd"
     assert choose(problem(96).replace(features=feats), (9, 0))[0].name == "fa2_bwd"

@@ -197,7 +197,7 @@ def test_varlen_instantiations_compile_without_spills():
 
 
 # ---------------------------------------------------------------------------------------
-# sm90_bwd varlen (behind sm90_bwd.VARLEN_BWD until GPU-checked)
+# sm90_bwd varlen (sm90_bwd.VARLEN_BWD: on by default since the H100 round)
 
 from cuflash.families import sm90_bwd  # noqa: E402
 from cuflash.families.sm90_bwd import Sm90BwdConfig  # noqa: E402
@@ -214,11 +214,12 @@ def varlen_bwd_on(monkeypatch):
     monkeypatch.setattr(sm90_bwd, "VARLEN_BWD", True)
 
 
-def test_bwd_varlen_is_off_until_gpu_checked():
-    if sm90_bwd.VARLEN_BWD:
-        pytest.skip("VARLEN_BWD is on")
+def test_bwd_varlen_switch(monkeypatch):
+    monkeypatch.setattr(sm90_bwd, "VARLEN_BWD", False)     # CUFLASH_SM90_VARLEN_BWD=0
     assert BWD.supports((9, 0), bproblem()) == "sm90_bwd has no feature 'varlen'"
     assert choose(bproblem(), (9, 0))[0].name == "fa2_bwd"
+    monkeypatch.setattr(sm90_bwd, "VARLEN_BWD", True)      # the default
+    assert "varlen" in BWD.features and choose(bproblem(), (9, 0))[0].name == "sm90_bwd"
 
 
 def test_bwd_varlen_selection_and_names(varlen_bwd_on):

@@ -18,8 +18,8 @@ Features: sliding window (Q blocks outside a K/V block's band are skipped), soft
 as compile-time flags (config fields window / softcap / alibi, names _win / _cap / _alibi, as
 fa2_bwd's), and dropout (field dropout, name _drop; the Philox keep mask of philox.cuh, keyed by
 element coordinates like every forward's); varlen (field varlen, kVarlen, set from the call:
-K/V blocks of each sequence, fa2_bwd's token-indexed workspace) only while VARLEN_BWD is on
-(off until GPU-checked), not deterministic above d64 (spills); not the dropout mixes that spill
+K/V blocks of each sequence, fa2_bwd's token-indexed workspace) while VARLEN_BWD is on (the
+default), not deterministic above d64 (spills); not the dropout mixes that spill
 (dropout_mix): supports() refuses them and selection falls back to fa2_bwd. dQ by bulk
 reduce-add through shared memory (FA3's way) is the opt-in field dq_bulk (name _dqb; in the
 tuning space). FA3's backward schedule, opt-in fields in the tuning space too, default off until
@@ -61,12 +61,13 @@ MAX_ACCUM_REGS = 256
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
 DROPOUT_BY_DEFAULT = True
-# Variable-length batches (varlen, kVarlen): whether supports() takes them. Off until
-# tests/test_sm90_varlen_gpu.py's backward tests pass on an H100 (then selection runs the varlen
-# backward here where rank() puts this family first, and config= can force it); while off, every
-# varlen backward runs fa2_bwd. CUFLASH_SM90_VARLEN_BWD=1 turns it on for a process (the GPU
-# suites of varlen run with it to check this family).
-VARLEN_BWD = os.environ.get("CUFLASH_SM90_VARLEN_BWD", "0") == "1"
+# Variable-length batches (varlen, kVarlen): whether supports() takes them. On since the GPU
+# round of 2026-11-26 (H100, rev 583b8f4): tests/test_sm90_varlen_gpu.py, test_varlen_gpu.py and
+# test_varlen_features_gpu.py with it on, and memcheck (tests/sm90_varlen_sanitize.py), passed;
+# tests/sm90_varlen_timing.py measured the varlen backward at d128 in 0.58-0.75x fa2_bwd's time
+# (d64 1.0-1.14x: rank() keeps fa2_bwd there). Selection then runs the varlen backward here where
+# rank() puts this family first; CUFLASH_SM90_VARLEN_BWD=0 turns it off for a process (fa2_bwd).
+VARLEN_BWD = os.environ.get("CUFLASH_SM90_VARLEN_BWD", "1") != "0"
 # The feature sets that run with varlen: their varlen instantiations at the heuristic's tiles
 # compile without spills (nvcc 13.0, sm_90a; d64 and d128, causal and not, deterministic at d64:
 # tests/test_sm90_varlen_cpu.py); any other mix falls back to fa2_bwd.
