@@ -464,8 +464,8 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     descale factors, (1,) or (batch, nheads_kv), flash-attn 3's arguments.
 
     Returns out (like q), or (out, softmax_lse, S_dmask) when return_attn_probs: softmax_lse
-    is fp32 (batch, nheads, seqlen_q), natural log; S_dmask is None without dropout (flash-attn
-    returns an empty tensor there); with dropout on torch CPU the keep mask, bool
+    is fp32 (batch, nheads, seqlen_q), natural log; S_dmask without dropout is empty, shape (0,),
+    q's dtype and device, as flash-attn returns it (_no_probs); with dropout on torch CPU the keep mask, bool
     (batch, nheads, seqlen_q, seqlen_k), True = kept; with dropout on the GPU, as flash-attn:
     the probabilities P, fp32 (batch, nheads, seqlen_q, seqlen_k), dropped entries negated,
     computed on the side from the kernels' LSE and the NumPy mirror of their mask (for
@@ -486,7 +486,7 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
     if torch is not None and isinstance(q, torch.Tensor):
         out, lse = (_torch_ops or _load_torch_ops()).attention(
             q, k, v, softmax_scale, causal, deterministic, config, bwd_config, return_attn_probs)
-        return (out, lse, None) if return_attn_probs else out
+        return (out, lse, _no_probs(q)) if return_attn_probs else out
     if type(q) is _CUPY_NDARRAY and type(k) is _CUPY_NDARRAY and type(v) is _CUPY_NDARRAY \
             and bwd_config is None and _plain_scale(softmax_scale):
         qd, kd, vd = q.data, k.data, v.data
@@ -500,9 +500,21 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
             qp, kp, vp = qd.ptr, kd.ptr, vd.ptr
             if not (qp | kp | vp) & 15:
                 out, lse = plan.forward_ptrs(qp, kp, vp)
-                return (out, lse, None) if return_attn_probs else out
+                return (out, lse, _no_probs(q)) if return_attn_probs else out
     out, lse = _forward_slow(q, k, v, softmax_scale, causal, deterministic, config, bwd_config)
-    return (out, lse, None) if return_attn_probs else out
+    return (out, lse, _no_probs(q)) if return_attn_probs else out
+
+
+def _no_probs(q):
+    """S_dmask of a call without dropout: as flash-attn 2.8 returns it (torch.empty((0,),
+    dtype=q.dtype, device=q.device) in flash_attn_interface's forward when it does not return
+    the softmax), an empty (0,) tensor of q's dtype on q's device; NumPy / CuPy: an empty (0,)
+    array of q's dtype in q's library."""
+    if hasattr(q, "new_empty"):   # torch
+        return q.new_empty((0,))
+    if type(q).__module__.startswith("cupy"):
+        return _cupy().empty((0,), q.dtype)
+    return np.empty((0,), q.dtype)
 
 
 _FP8_OF: dict = {}  # NumPy dtype -> is it e4m3 (str() of a NumPy dtype costs ~2 µs per call)
@@ -595,7 +607,7 @@ def _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softc
                                                     bwd_config)
         else:
             out, lse = _features_forward(q, k, v, tq, tk, problem, scale, feats.alibi_slopes, config)
-        return (out, lse, None) if return_attn_probs else out
+        return (out, lse, _no_probs(q)) if return_attn_probs else out
     from . import torch_ops
 
     if "dropout" in feats.features and (dropout_seed is not None
@@ -606,7 +618,7 @@ def _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softc
         return _dropout_func(q, k, v, tq, tk, problem, scale, dropout_seed, return_attn_probs,
                              config, bwd_config, feats.alibi_slopes)
     out, lse, mask = torch_ops.attention_reference(q, k, v, scale, feats)
-    return (out, lse, mask) if return_attn_probs else out
+    return (out, lse, _no_probs(q) if mask is None else mask) if return_attn_probs else out
 
 
 def _features_forward(q, k, v, tq, tk, problem: Problem, scale: float, slopes, config):
@@ -931,7 +943,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     bottom-right aligned per sequence. Other arguments as flash_attn_func.
 
     Returns out (total_q, nheads, headdim), or (out, softmax_lse, S_dmask): softmax_lse fp32
-    (nheads, total_q); S_dmask None without dropout, else on torch CPU the keep mask (bool,
+    (nheads, total_q); S_dmask empty without dropout (as flash_attn_func's), else on torch CPU the keep mask (bool,
     (batch, nheads, max_seqlen_q, max_seqlen_k), sequence i in its top-left corner), on the
     GPU flash-attn's probabilities with the dropped entries negated, fp32, same shape and
     corners (computed on the side for testing, as flash_attn_func's).
@@ -994,11 +1006,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                         dropout_seed)
         out, lse = _varlen_gpu(q, k, v, tq, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale,
                                feats.causal, deterministic)
-        return (out, lse, None) if return_attn_probs else out
+        return (out, lse, _no_probs(q)) if return_attn_probs else out
     from . import torch_ops
 
     out, lse, mask = torch_ops.attention_reference(q, k, v, scale, feats, (cu_q, cu_k, max_q, max_k))
-    return (out, lse, mask) if return_attn_probs else out
+    return (out, lse, _no_probs(q) if mask is None else mask) if return_attn_probs else out
 
 
 def _varlen_gpu(q, k, v, tq: _Tensor, cu_seqlens_q, cu_seqlens_k, max_q: int, max_k: int,
@@ -1160,13 +1172,13 @@ def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
 
         out, lse = varlen_torch.attention_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table,
                                                 max_q, max_k, scale, feats)
-        return (out, lse, None) if return_attn_probs else out
+        return (out, lse, _no_probs(q)) if return_attn_probs else out
     if _is_torch_cpu(tq):  # the reference on the keys gathered from their pages
         from . import torch_ops, varlen
 
         kp, vp = (varlen.gather_paged(x, block_table, np.diff(cu_k), xp="torch") for x in (k, v))
         out, lse, _ = torch_ops.attention_reference(q, kp, vp, scale, feats, (cu_q, cu_k, max_q, max_k))
-        return (out, lse, None) if return_attn_probs else out
+        return (out, lse, _no_probs(q)) if return_attn_probs else out
     if not gpu_supported(problem):
         raise_unsupported(problem, feats.given)
     if tq.kind == "torch":
@@ -1174,7 +1186,7 @@ def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
 
         out, lse = varlen_torch.attention_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table,
                                                 max_q, max_k, scale, feats)
-        return (out, lse, None) if return_attn_probs else out
+        return (out, lse, _no_probs(q)) if return_attn_probs else out
     from . import varlen
 
     d = tq.shape[3]
@@ -1183,7 +1195,7 @@ def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     if tq.kind == "numpy":
         if total_q == 0 or nheads == 0 or max_q == 0 or max_k == 0:
             out, lse = np.zeros(q.shape, q.dtype), np.full((nheads, total_q), np.inf, np.float32)
-            return (out, lse, None) if return_attn_probs else out
+            return (out, lse, _no_probs(q)) if return_attn_probs else out
         _gpu.require("flash_attn_varlen_func (block_table)")
         cupy = _cupy()
         xs = [cupy.asarray(np.ascontiguousarray(x).view(np.uint16)) for x in (q, k, v)]
@@ -1194,12 +1206,12 @@ def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
                                              cupy.asarray(np.asarray(block_table, np.int32)), run, scale, ds)
         out = cupy.asnumpy(out).view(q.dtype)
         out, lse = (out if padded == d else np.ascontiguousarray(out[..., :d])), cupy.asnumpy(lse)
-        return (out, lse, None) if return_attn_probs else out
+        return (out, lse, _no_probs(q)) if return_attn_probs else out
     xs = (q, k, v) if padded == d else tuple(pad_head_dim(x, padded) for x in (q, k, v))
     out, lse = varlen.forward_cupy_paged(*xs, cu_seqlens_q, cu_seqlens_k, block_table, run, scale,
                                          feats.alibi_slopes)
     out = out if padded == d else slice_head_dim(out, d)
-    return (out, lse, None) if return_attn_probs else out
+    return (out, lse, _no_probs(q)) if return_attn_probs else out
 
 
 def _varlen_features_gpu(q, k, v, tq: _Tensor, cu_seqlens_q, cu_seqlens_k, max_q: int, max_k: int,

@@ -271,13 +271,18 @@ def parse_ptxas(log: str) -> list[PtxasReport]:
     return reports
 
 
-def kernel_param_decl(family, role: str = "main") -> str:
+def kernel_param_decl(family, role: str = "main", expr: str = "") -> str:
     """The kernels' one parameter as their template declares it, for explicit instantiation:
     ``const cuflash::<params_struct>``, or the family's ``kernel_param_decl`` where it differs
     (sm_90a families take ``const __grid_constant__ ...`` so TMA can read tensor maps in
     place; an instantiation must repeat that annotation). A family whose roles differ (sm90_bwd
     reuses fa2_bwd's kernels, which take ``const BwdParams``, a prefix of its own struct) names
-    them in ``kernel_param_decls`` ({role: declaration})."""
+    them in ``kernel_param_decls`` ({role: declaration}); one whose configs pick different kernel
+    templates for one role (decode_splitkv's Hopper loop) names them by template in
+    ``kernel_param_decls_by_kernel`` ({template name: declaration}), matched on ``expr``."""
+    by_kernel = getattr(family, "kernel_param_decls_by_kernel", None) or {}
+    if expr and expr.split("<", 1)[0].strip() in by_kernel:
+        return by_kernel[expr.split("<", 1)[0].strip()]
     by_role = getattr(family, "kernel_param_decls", None) or {}
     return (by_role.get(role) or getattr(family, "kernel_param_decl", "")
             or f"const cuflash::{family.params_struct}")
@@ -298,7 +303,7 @@ def nvcc_compile(configs: Iterable, arch: str, nvcc: Optional[str] = None) -> li
     nvcc = nvcc or os.environ.get("NVCC", "nvcc")
     lines = [render_source(family.name), '#line 1 "instantiations"']
     exprs = {e: role for c in configs for role, e in family.kernel_names(c).items()}
-    lines += [f"template __global__ void {e}({kernel_param_decl(family, role)});" for e, role in exprs.items()]
+    lines += [f"template __global__ void {e}({kernel_param_decl(family, role, e)});" for e, role in exprs.items()]
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / f"{family.name}.cu"
         src.write_text("\n".join(lines) + "\n")

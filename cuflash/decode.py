@@ -677,7 +677,15 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
     _gpu.require("flash_attn_with_kvcache")
     problem = call.problem(call.tq.dtype)
     dev = call.tq.device
-    family, cfg, _ = choose(problem, _gpu.arch(dev), _gpu.name(dev), _gpu.max_smem(dev), config)
+    family, cfg, source = choose(problem, _gpu.arch(dev), _gpu.name(dev), _gpu.max_smem(dev), config)
+    # What only the call knows (the page size) refines the config: the decode family's Hopper
+    # loop runs only some calls (a given config says why not, a chosen one falls back) and takes
+    # small pages when the heuristic chose (DecodeSplitKV.call_config).
+    refine = getattr(family, "call_config", None)
+    if refine is not None:
+        cfg = refine(cfg, problem, _gpu.arch(dev), int(k_cache.shape[1]) if call.paged else 0,
+                     chosen=config is None, heuristic=str(source).startswith("heuristic"),
+                     max_smem=_gpu.max_smem(dev))
     # 16-byte rows: every stride but the head dim's in whole 8-element (16-byte) chunks
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
         if x is not None and any(s % 8 for s, n in zip(arrays.strides(x)[:3], x.shape) if n > 1):

@@ -1,14 +1,17 @@
 """Dropout's keep mask, the NumPy mirror of ``kernels_cu/philox.cuh``.
 
 The kernels draw the mask from Philox4x32-10, keyed by the call's (seed, offset) and counted
-by (batch·nheads + head, query row, key column / 16): the forward and the backward regenerate
-the same mask without storing it, whatever their tiling. This module computes the same mask
-on the host, bit for bit, for the tests and for ``return_attn_probs`` (S_dmask).
+by the element's (batch·nheads + head, query row, key column): the forward and the backward
+regenerate the same mask without storing it, whatever their tiling. This module computes the
+same mask on the host, bit for bit, for the tests and for ``return_attn_probs`` (S_dmask).
 
-The definition (philox.cuh's header says it once more, next to the code):
+The definition (philox.cuh's header says it once more, next to the code): one call per
+16 elements, those one thread of the mma accumulator layout holds in a 16-row x 32-column
+block (rows ``g, g + 8``, columns ``8w + 2t, 8w + 2t + 1``, ``g = row % 8``, ``t = (col % 8) // 2``):
 
-* key ``(seed_lo, seed_hi ^ offset_hi)``; counter ``(col // 16, row, bh, offset_lo)``;
-* byte ``b`` of output word ``w`` belongs to column ``16 * (col // 16) + 2w + (b & 1) + 8 (b >> 1)``;
+* key ``(seed_lo, seed_hi ^ offset_hi)``;
+  counter ``(4 (col // 32) + (col % 8) // 2, 8 (row // 16) + row % 8, bh, offset_lo)``;
+* element (row, col) is byte ``2 ((row % 16) // 8) + col % 2`` of output word ``(col % 32) // 8``;
 * keep iff that byte ``>= round(p * 256)``: p is rounded to 1/256; kept values are scaled by
   ``1 / (1 - p)`` with the caller's p, as flash-attn does.
 """
@@ -38,14 +41,6 @@ def drop_threshold(p: float) -> int:
     return int(np.float32(p) * np.float32(256.0) + np.float32(0.5))
 
 
-# byte position (0..15) within a 16-column block's 16 bytes (word w, byte b -> 4w + b) of
-# each column 0..15: column 2w + (b & 1) + 8 (b >> 1)
-_COL_BYTE = np.empty(16, np.int64)
-for _w in range(4):
-    for _b in range(4):
-        _COL_BYTE[2 * _w + (_b & 1) + 8 * (_b >> 1)] = 4 * _w + _b
-
-
 def keep_mask(seed: int, offset: int, p: float, batch: int, nheads: int, seqlen_q: int,
               seqlen_k: int, first_batch: int = 0) -> np.ndarray:
     """The kernels' keep mask, bool (batch, nheads, seqlen_q, seqlen_k), True = kept.
@@ -54,15 +49,19 @@ def keep_mask(seed: int, offset: int, p: float, batch: int, nheads: int, seqlen_
     the sequence's start)."""
     seed, offset = int(seed) & (2 ** 64 - 1), int(offset) & (2 ** 64 - 1)
     k0, k1 = seed & 0xFFFFFFFF, (seed >> 32) ^ (offset >> 32)
-    blocks = -(-seqlen_k // 16)
+    rows, cols = np.arange(seqlen_q, dtype=np.int64), np.arange(seqlen_k, dtype=np.int64)
+    # every call once: counter words c1 (rows) and c0 (columns) that the elements use
+    c1 = np.arange(8 * -(-seqlen_q // 16), dtype=np.uint64)[None, :, None]
+    c0 = np.arange(4 * -(-seqlen_k // 32), dtype=np.uint64)[None, None, :]
     bh = np.arange(first_batch * nheads, (first_batch + batch) * nheads, dtype=np.uint64)[:, None, None]
-    rows = np.arange(seqlen_q, dtype=np.uint64)[None, :, None]
-    cols = np.arange(blocks, dtype=np.uint64)[None, None, :]
-    words = philox4x32_10(cols, rows, bh, np.uint64(offset & 0xFFFFFFFF), k0, k1)
-    # (bh, rows, blocks, 16 bytes) in word-major byte order, then columns in order
+    words = philox4x32_10(c0, c1, bh, np.uint64(offset & 0xFFFFFFFF), k0, k1)
     raw = np.stack(words, axis=-1).astype("<u4").view(np.uint8).reshape(*words[0].shape, 16)
-    cols16 = raw[..., _COL_BYTE].reshape(batch * nheads, seqlen_q, blocks * 16)[..., :seqlen_k]
-    return (cols16 >= drop_threshold(p)).reshape(batch, nheads, seqlen_q, seqlen_k)
+    # element (row, col): call (c1, c0), byte 4·word + b
+    row_call = 8 * (rows // 16) + rows % 8
+    col_call = 4 * (cols // 32) + (cols % 8) // 2
+    byte = 4 * ((cols % 32) // 8)[None, :] + 2 * ((rows % 16) // 8)[:, None] + (cols % 2)[None, :]
+    bytes_ = raw[:, row_call[:, None], col_call[None, :], byte]
+    return (bytes_ >= drop_threshold(p)).reshape(batch, nheads, seqlen_q, seqlen_k)
 
 
 def _words_to_f32(words: np.ndarray, dtype: str) -> np.ndarray:

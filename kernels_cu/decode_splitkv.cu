@@ -17,6 +17,9 @@
 //                   more it writes fp32 O / l and LSE of its split into the workspace; with the
 //                   fused combine (kFusedCombine) the last CTA of the (batch, KV head, row block)
 //                   to finish then merges the group's splits as decode_combine does.
+//   decode_splitkv_tma  (sm_90, the config's tma) decode_splitkv's work with a producer warp that
+//                   streams the K/V blocks by TMA into a ring of full / empty mbarriers, so the
+//                   other warps only compute and every ring slot can be in flight (see its comment).
 //   decode_combine  (num_splits > 1, no fused combine) flash-decoding's LSE merge: per row, the
 //                   splits' partial outputs weighted by exp(lse_s - lse), and the row's LSE.
 //
@@ -260,6 +263,322 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, i
         if (mine)
             *reinterpret_cast<u32x2*>(o + col) = u32x2{pack2<Elem>(acc[0], acc[1]), pack2<Elem>(acc[2], acc[3])};
     }
+}
+
+// ---- decode_splitkv_tma: the Hopper loop (sm_90), a producer warp streams K/V by TMA ------------
+// Warps 0 .. kWarps - 1 consume as the cp.async loop does (S = Q K_wᵀ, online softmax, O += P V_w
+// on their kWarpN keys of each block, then the merge); warp kWarps is the producer. Ring slot s
+// holds one K block and one V block; full[s] completes when TMA has delivered their bytes (the
+// producer announces them with arrive.expect_tx), empty[s] when every consumer warp has read
+// the slot (kWarps arrivals, one per warp after a __syncwarp: ldmatrix is warp-collective, so
+// once lane 0 has the fragments of its last ldmatrix every lane's reads are done). Waiters test the phase parity, which flips each wrap of the
+// ring: iteration i uses slot i % kStages in phase (i / kStages) & 1. So all kStages blocks can
+// be in flight at once (the cp.async loop keeps kStages - 1), and no consumer thread issues loads.
+//
+// Rows: contiguous caches, one box of kBlockN keys per K (V) block at cache row start + n·kBlockN
+// of cache row cache_batch_idx[b] (rows past the capacity arrive as zeros). Paged caches, boxes of
+// p.tma_box_rows keys (a divisor of page_size and kBlockN): producer lane k reads the page id of
+// box k once and issues its K and V boxes; a box that would cross a page (only with a cache_leftpad
+// that is not a multiple of the box) goes by one 1-D bulk copy per key row instead. Boxes past the
+// row's keys are not loaded. Rows past the row's keys hold stale cache or stale ring data: their
+// scores are masked to -inf (P = 0) and each consumer warp zeros its own such V rows before
+// O += P V reads them (0 · NaN would not be 0).
+template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem>
+__global__ void __launch_bounds__(kWarps * 32 + 32, 1)
+decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    __trap();  // TMA and mbarrier transactions need sm_90; the host never launches this kernel below it
+#else
+    using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
+    constexpr int kConsumers = Shape::kThreads;  // consumer threads; the producer warp follows
+    constexpr int kBlockN = Shape::kBlockN, kRows = Shape::kRows;
+    constexpr int kNTilesS = Shape::kNTilesS, kNTilesO = Shape::kNTilesO, kPitch = Shape::kPitch;
+    constexpr int kRowBytes = kPitch * 2;
+    constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+    static_assert(kHeadDim + 8 <= 256, "a TMA box row (head dim + 8 padding columns) holds at most 256 elements");
+    static_assert(kBlockN <= 256, "a TMA box holds at most 256 keys");
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    u16* q_smem = reinterpret_cast<u16*>(smem_raw);       // [kRows][kPitch]
+    u16* k_smem = q_smem + Shape::kQTile;                  // [kStages][kBlockN][kPitch]
+    u16* v_smem = k_smem + kStages * Shape::kKVTile;       // [kStages][kBlockN][kPitch]
+    const u32 bars = smem_u32(smem_raw + Shape::kSmemBytes);  // full[kStages], empty[kStages] (8 bytes each)
+    auto full = [&](int s) { return bars + 8 * s; };
+    auto empty = [&](int s) { return bars + 8 * (kStages + s); };
+
+    const int split = blockIdx.x, b = blockIdx.z;
+    const int hkv = blockIdx.y / p.row_blocks, r0 = (blockIdx.y % p.row_blocks) * kRows;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int rows_valid = min(kRows, p.group * p.seqlen_q - r0);
+    const RowKeys rk(p, b);
+    const int keys = rk.keys, offset = keys - p.seqlen_q;  // query i's diagonal key: i + offset
+
+    // The visible keys and this split's blocks, as in decode_splitkv's cp.async loop.
+    const int qi_lo = r0 / p.group, qi_hi = (r0 + rows_valid - 1) / p.group;
+    int key_lo = 0, key_hi = keys, full_lo = 0, full_hi = keys;
+    if (p.window_left >= 0) {
+        key_lo = max(0, qi_lo + offset - p.window_left);
+        full_lo = max(0, qi_hi + offset - p.window_left);
+    }
+    if (p.window_right >= 0) {
+        key_hi = min(keys, qi_hi + offset + p.window_right + 1);
+        full_hi = min(keys, qi_lo + offset + p.window_right + 1);
+    }
+    const int n_blocks_row = (keys + kBlockN - 1) / kBlockN;
+    const int per_split = (n_blocks_row + p.num_splits - 1) / p.num_splits;
+    const int n_begin = max(split * per_split, key_lo / kBlockN);
+    const int n_end = min(min(n_blocks_row, (split + 1) * per_split),
+                          key_hi <= 0 ? 0 : (key_hi + kBlockN - 1) / kBlockN);
+    const int n_iters = max(n_end - n_begin, 0);
+
+    if (tid == 0) {
+        for (int s = 0; s < kStages; ++s) {
+            mbarrier_init(full(s), 1);
+            mbarrier_init(empty(s), kWarps);
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();  // the barriers are initialized before anyone waits on them
+
+    // ---- producer warp: blocks n_end - 1, n_end - 2, ... into slots 0, 1, ... ----
+    if (warp == kWarps) {
+        if (lane == 0) {
+            prefetch_tensormap(&p.tma_k);
+            prefetch_tensormap(&p.tma_v);
+        }
+        int row_b = p.cache_batch_idx ? p.cache_batch_idx[b] : b;  // contiguous: the cache row
+        row_b = min(max(row_b, 0), p.num_pages - 1);
+        const int box = p.tma_box_rows;
+        const u16* k_cache = static_cast<const u16*>(p.k_cache) + hkv * p.k_head_stride;
+        const u16* v_cache = static_cast<const u16*>(p.v_cache) + hkv * p.v_head_stride;
+        const int* table = p.block_table + b * p.block_table_stride;
+        for (int iter = 0; iter < n_iters; ++iter) {
+            const int n = n_end - 1 - iter, slot = iter % kStages;
+            if (iter >= kStages) mbarrier_wait(empty(slot), ((iter / kStages) - 1) & 1);  // slot read
+            const u32 k_dst = smem_u32(k_smem + slot * Shape::kKVTile);
+            const u32 v_dst = smem_u32(v_smem + slot * Shape::kKVTile);
+            const int j0 = n * kBlockN;  // the block's first key (j0 < keys)
+            if (!p.block_table) {
+                if (lane == 0) {
+                    mbarrier_arrive_expect_tx(full(slot), 2 * kBlockN * kRowBytes);
+                    tma_load_4d(k_dst, &p.tma_k, full(slot), 0, rk.start + j0, hkv, row_b);
+                    tma_load_4d(v_dst, &p.tma_v, full(slot), 0, rk.start + j0, hkv, row_b);
+                }
+                continue;
+            }
+            // paged: lane k takes box k (rows j0 + k·box ..), if it starts before the row's end
+            const int n_boxes = min(kBlockN / box, (keys - j0 + box - 1) / box);
+            int page = 0, in_page = 0;
+            bool whole = false;
+            u32 bytes = 0;
+            if (lane < n_boxes) {
+                const int pos0 = rk.start + j0 + lane * box;  // < capacity: a table entry in use
+                page = min(max(table[pos0 / p.page_size], 0), p.num_pages - 1);
+                in_page = pos0 % p.page_size;
+                whole = in_page + box <= p.page_size;
+                bytes = 2 * box * (whole ? kRowBytes : kHeadDim * 2);
+            }
+#pragma unroll
+            for (int d = 16; d >= 1; d /= 2) bytes += __shfl_xor_sync(0xffffffffu, bytes, d);
+            if (lane == 0) mbarrier_arrive_expect_tx(full(slot), bytes);
+            __syncwarp();
+            if (lane < n_boxes && whole) {
+                tma_load_4d(k_dst + lane * box * kRowBytes, &p.tma_k, full(slot), 0, in_page, hkv, page);
+                tma_load_4d(v_dst + lane * box * kRowBytes, &p.tma_v, full(slot), 0, in_page, hkv, page);
+            }
+            // boxes across a page boundary: one bulk copy per key row, the whole warp
+            for (u32 split_boxes = __ballot_sync(0xffffffffu, lane < n_boxes && !whole); split_boxes;
+                 split_boxes &= split_boxes - 1) {
+                const int k = __ffs(split_boxes) - 1;
+                for (int r = lane; r < box; r += 32) {
+                    // rows past the row's keys may lie past the table's used entries: the column
+                    // and the page id are clamped, the row is masked by the consumers
+                    const int pos = rk.start + j0 + k * box + r;
+                    const int pg = min(max(table[min(pos / p.page_size, static_cast<int>(p.block_table_stride) - 1)], 0),
+                                       p.num_pages - 1);
+                    const int prow = pos % p.page_size;
+                    const u32 dst = (k * box + r) * kRowBytes;
+                    bulk_load_1d(k_dst + dst, k_cache + pg * p.k_batch_stride + prow * p.k_row_stride,
+                                 kHeadDim * 2, full(slot));
+                    bulk_load_1d(v_dst + dst, v_cache + pg * p.v_batch_stride + prow * p.v_row_stride,
+                                 kHeadDim * 2, full(slot));
+                }
+            }
+        }
+        return;  // its copies complete on the full barriers, which the consumers wait for
+    }
+
+    // ---- consumer warps ----
+    // Q tile (cp.async, as the cp.async loop): packed row r is query (r0 + r) / group of head
+    // hkv·group + (r0 + r) % group.
+    const u16* q_base = static_cast<const u16*>(p.q_rot ? p.q_rot : p.q);
+    const i64 qh_stride = p.q_rot ? p.head_dim : p.q_head_stride;
+    const i64 qr_stride = p.q_rot ? static_cast<i64>(p.nheads) * p.head_dim : p.q_row_stride;
+    const i64 qb_stride = p.q_rot ? qr_stride * p.seqlen_q : p.q_batch_stride;
+    for (int c = tid; c < kRows * kChunks; c += kConsumers) {
+        const int r = c / kChunks, col = (c % kChunks) * 8;
+        const bool valid = r < rows_valid && col < p.head_dim;
+        const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
+        const u16* src = valid ? q_base + b * qb_stride + qi * qr_stride + h * qh_stride + col : q_base;
+        cp_async_16(smem_u32(q_smem + r * kPitch + col), src, valid);
+    }
+    cp_async_commit();
+
+    int row_lo[kMTiles][2], row_hi[kMTiles][2];
+    float row_slope[kMTiles][2];
+    const float inv_scale = 1.f / p.softmax_scale;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int pr = r0 + mt * 16 + g + 8 * half, qi = pr / p.group;
+            row_lo[mt][half] = p.window_left >= 0 ? qi + offset - p.window_left : 0;
+            row_hi[mt][half] = p.window_right >= 0 ? min(keys, qi + offset + p.window_right + 1) : keys;
+            const int h = min(hkv * p.group + pr % p.group, p.nheads - 1);
+            row_slope[mt][half] = p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * inv_scale : 0.f;
+        }
+    const bool scores_transform = p.softcap > 0.f || p.alibi_slopes != nullptr;
+
+    float o_acc[kMTiles][kNTilesO][4];
+    float m[kMTiles][2], l[kMTiles][2];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNTilesO; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
+    softmax_init(m, l);
+
+    const u32 q_lane = smem_u32(q_smem) + ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes + (lane >> 4) * 16;
+    const u32 k_lane = smem_u32(k_smem) + (warp * kWarpN + (lane & 7) + (lane >> 4) * 8) * kRowBytes
+                       + ((lane >> 3) & 1) * 16;
+    const u32 v_lane = smem_u32(v_smem) + (warp * kWarpN + (lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes
+                       + (lane >> 4) * 16;
+
+    cp_async_wait<0>();
+    named_barrier_sync(1, kConsumers);  // Q landed (every consumer thread's chunks)
+
+    for (int iter = 0; iter < n_iters; ++iter) {
+        const int n = n_end - 1 - iter, slot = iter % kStages;
+        mbarrier_wait(full(slot), (iter / kStages) & 1);  // block n's K and V landed
+        const int key0 = n * kBlockN + warp * kWarpN;     // this warp's first key
+        const bool ragged = key0 + kWarpN > keys;          // rows past the row's keys
+        if (ragged) {
+            u16* v_rows = v_smem + slot * Shape::kKVTile + warp * kWarpN * kPitch;
+            for (int i = lane; i < kWarpN * kChunks; i += 32) {
+                const int r = i / kChunks, col = (i % kChunks) * 8;
+                if (key0 + r >= keys) *reinterpret_cast<f32x4*>(v_rows + r * kPitch + col) = f32x4{0.f, 0.f, 0.f, 0.f};
+            }
+            __syncwarp();
+        }
+
+        // ---- S = Q K_wᵀ (kRows x kWarpN per warp) ----
+        float s_acc[kMTiles][kNTilesS][4];
+        gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(
+            s_acc, q_lane, k_lane + slot * Shape::kKVTile * 2);
+
+        // ---- softcap, ALiBi (in raw-score units: the softmax multiplies by scale later) ----
+        if (scores_transform) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNTilesS; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        float x = s_acc[mt][nt][e] * p.softmax_scale;
+                        if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
+                        const int half = e / 2;
+                        const int qi = (r0 + mt * 16 + g + 8 * half) / p.group;
+                        const int key = key0 + nt * 8 + 2 * t + (e & 1);
+                        s_acc[mt][nt][e] = x * inv_scale
+                                           - row_slope[mt][half] * fabsf(float(qi + offset - key));
+                    }
+        }
+        // ---- mask: the ragged end, causal / window edges; the bulk skips it ----
+        if (n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNTilesS; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = key0 + nt * 8 + 2 * t + (e & 1);
+                        if (key < row_lo[mt][e / 2] || key >= row_hi[mt][e / 2]) s_acc[mt][nt][e] = neg_inf();
+                    }
+        }
+
+        // ---- online softmax, then O += P V_w ----
+        softmax_update(s_acc, o_acc, m, l, p.scale_log2);
+        u32 p_frag[kMTiles][kWarpN / 16][4];
+        pack_a_frags<kMTiles, kWarpN / 16, Elem>(p_frag, s_acc);
+        gemm_frags_x_rows_t<kMTiles, kNTilesO, kWarpN / 16, kRowBytes, Elem>(
+            o_acc, p_frag, v_lane + slot * Shape::kKVTile * 2);
+        // The zeros (generic proxy) are ordered before the TMA (async proxy) rewrites the slot.
+        if (ragged) fence_proxy_async_smem();
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(empty(slot));  // this warp is done with the slot
+    }
+    named_barrier_sync(1, kConsumers);  // every consumer is done with the ring: the merge overlays it
+
+    // ---- merge the warps (as the cp.async loop) ----
+    constexpr int kMergePitch = Shape::kMergePitch;
+    float* o_merge = reinterpret_cast<float*>(k_smem);
+    float* m_merge = o_merge + kWarps * kRows * kMergePitch;
+    float* l_merge = m_merge + kWarps * kRows;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = mt * 16 + g + 8 * half;
+            const float l_row = quad_sum(l[mt][half]);
+            if (t == 0) {
+                m_merge[warp * kRows + r] = m[mt][half];
+                l_merge[warp * kRows + r] = l_row;
+            }
+            float* o_row = o_merge + (warp * kRows + r) * kMergePitch;
+#pragma unroll
+            for (int nt = 0; nt < kNTilesO; ++nt) {
+                o_row[nt * 8 + 2 * t] = o_acc[mt][nt][2 * half];
+                o_row[nt * 8 + 2 * t + 1] = o_acc[mt][nt][2 * half + 1];
+            }
+        }
+    named_barrier_sync(1, kConsumers);
+
+    const bool direct = p.num_splits == 1;
+    const int rows_all = p.batch * p.nheads * p.seqlen_q;
+    constexpr int kQuads = kHeadDim / 4;
+    for (int c = tid; c < kRows * kQuads; c += kConsumers) {
+        const int r = c / kQuads, col = (c % kQuads) * 4;
+        if (r >= rows_valid || col >= p.head_dim) continue;
+        float m_row = neg_inf();
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) m_row = fmaxf(m_row, m_merge[w * kRows + r]);
+        const float m_scaled = m_row == neg_inf() ? 0.f : m_row * p.scale_log2;
+        float l_row = 0.f, o4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            const float wt = exp2_approx(m_merge[w * kRows + r] * p.scale_log2 - m_scaled);
+            l_row += wt * l_merge[w * kRows + r];
+            const f32x4 x = *reinterpret_cast<const f32x4*>(o_merge + (w * kRows + r) * kMergePitch + col);
+            o4[0] += wt * x.x; o4[1] += wt * x.y; o4[2] += wt * x.z; o4[3] += wt * x.w;
+        }
+        const float inv_l = softmax_inv_l(l_row);
+        const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
+        const int row_id = (b * p.nheads + h) * p.seqlen_q + qi;
+        if (direct) {
+            u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride + col;
+            *reinterpret_cast<u32x2*>(o) = u32x2{pack2<Elem>(o4[0] * inv_l, o4[1] * inv_l),
+                                                 pack2<Elem>(o4[2] * inv_l, o4[3] * inv_l)};
+            if (col == 0) p.lse[row_id] = softmax_lse(m_row, l_row, p.softmax_scale);
+        } else {
+            float* o = p.o_partial + (static_cast<i64>(split) * rows_all + row_id) * p.head_dim_rounded + col;
+            *reinterpret_cast<f32x4*>(o) = f32x4{o4[0] * inv_l, o4[1] * inv_l, o4[2] * inv_l, o4[3] * inv_l};
+            if (col == 0)
+                p.lse_partial[static_cast<i64>(split) * rows_all + row_id] =
+                    l_row == 0.f ? neg_inf() : m_row * p.softmax_scale + logf(l_row);
+        }
+    }
+#endif
 }
 
 // ---- decode_splitkv: one split of one KV head's packed query rows -----------------------------

@@ -401,9 +401,11 @@ fa2_bwd(const BwdParams p) {
         }
 
         // ---- dropout: the dropped elements of Pᵀ negated (Pᵀ >= 0, so the sign is ¬Z) ----
+        // (kPairs where a warp's 16-key tiles pair up into 32-key blocks: one call per 16 elements;
+        // up to head dim 64: at 128 its registers spill the varlen kernel, 68 bytes)
         if constexpr (kDropout)
-            dropout.negate_dropped_transposed(s_acc, static_cast<int>(bh), key0 + warp_key0,
-                                              row0 + warp_q0, g, t);
+            dropout.template negate_dropped_transposed<kBc % 32 == 0 && kMTiles % 2 == 0 && kHeadDim <= 64>(
+                s_acc, static_cast<int>(bh), key0 + warp_key0, row0 + warp_q0, g, t);
 
         // ---- dV_j += Pᵀ dO_i (kQSplit > 1: after the barrier, Pᵀ from shared memory) ----
         // (dropout: (Pᵀ ∘ Z) / (1 - p), the positive part of the signed Pᵀ, scaled)

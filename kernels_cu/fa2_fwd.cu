@@ -23,8 +23,9 @@
 //   kCausal   bottom-right aligned causal mask: query i sees key j iff j <= i + seqlen_k - seqlen_q
 //   kVarlen   variable-length batch (varlen.cuh): blockIdx.z is a sequence of cu_seqlens_q/k,
 //             the grid is sized for the longest; Q blocks past a sequence's end exit at once
-//   kDropout  attention dropout (philox.cuh): O accumulates P ∘ Z / (1 - p), with Z the keep mask
-//             of (params.rng_state, batch·nheads + head, row, column); l and LSE stay undropped
+//   kDropout  attention dropout (philox.cuh): O accumulates P ∘ Z, with Z the keep mask of
+//             (params.rng_state, batch·nheads + head, row, column), and the epilogue divides by
+//             l (1 - p) (O = (P ∘ Z / (1 - p)) V / l); l and LSE stay undropped
 //   kWindow   sliding window (params.window_left / window_right, -1 unbounded; mask.cuh BandMask):
 //             K/V blocks outside the band are skipped on both sides
 //   kSoftcap  scores capped: softcap·tanh(scale·S / softcap) (score.cuh)
@@ -200,10 +201,11 @@ fa2_fwd(const FwdParams p) {
         // ---- online softmax: m_new = max(m, rowmax S); P = exp(S - m_new); rescale l, O ----
         softmax_update(s_acc, o_acc, m, l, p.scale_log2);
 
-        // ---- dropout (Algorithm 2): P ∘ Z / (1 - p) feeds O, while l summed the undropped P
-        // above, so LSE is plain attention's and the backward recomputes the same P ----
+        // ---- dropout (Algorithm 2): P ∘ Z feeds O (1 / (1 - p) waits for the epilogue), while
+        // l summed the undropped P above, so LSE is plain attention's and the backward
+        // recomputes the same P ----
         if constexpr (kDropout)
-            dropout.apply(s_acc, batch * p.nheads + head, row0 + warp_row0, n_block * kBc, g, t);
+            dropout.zero_dropped(s_acc, batch * p.nheads + head, row0 + warp_row0, n_block * kBc, g, t);
 
         // ---- O += P V_j: P goes from the S accumulators straight into A fragments ----
         // p_frag[mt][kk] is the A operand of keys 16kk..16kk+15 (gemm.cuh: pack_a_frags).
@@ -232,7 +234,8 @@ fa2_fwd(const FwdParams p) {
         for (int half = 0; half < 2; ++half) {
             // l = 0: every key of this row is masked; O = 0 and LSE = +inf (see above).
             const float l_row = quad_sum(l[mt][half]);
-            const float inv_l = softmax_inv_l(l_row);
+            float inv_l = softmax_inv_l(l_row);
+            if constexpr (kDropout) inv_l *= dropout.scale;   // O = (P ∘ Z) V / (l (1 - p))
             const int r = warp_row0 + mt * 16 + g + 8 * half;
 #pragma unroll
             for (int nt = 0; nt < kNTilesO; ++nt)

@@ -4,6 +4,8 @@
 #pragma once
 #include "ptx.cuh"
 #include "params.cuh"
+#include "params_sm90.cuh"
+// (params_sm90.cuh: TmaDesc, the Hopper loop's tensor maps)
 
 namespace cuflash {
 
@@ -23,6 +25,15 @@ namespace cuflash {
 //   q_rot           : (batch, seqlen_q, nheads, head_dim) contiguous, q rotated (rotary only)
 // persistent (fused combine, num_splits > 1; owned by the call shape's plan, not per call):
 //   split_counters  : int32 (batch, nheads_kv · row_blocks), 0 before and after every call
+// TMA tensor maps (DecodeTmaParams, sm_90 only; written per call by the family's call_writer, as
+// they embed the caches' addresses), rank 4, innermost first, box (kHeadDim + 8) x tma_box_rows x 1 x 1,
+// no swizzle, out-of-bounds zero fill. The box's 8 columns past the head dim fall outside the
+// tensor and arrive as zeros, so TMA writes the same padded rows (pitch kHeadDim + 8) as the
+// cp.async loop, and the consumers' ldmatrix addressing stays conflict-free:
+//   contiguous: (head_dim, capacity, nheads_kv, batch_cache) with the caches' strides
+//   paged     : (head_dim, page_size, nheads_kv, num_pages)
+// DecodeTmaParams is passed as a `const __grid_constant__` kernel parameter (TMA reads the maps
+// in parameter space); the other kernels keep a plain `const DecodeParams`.
 struct DecodeParams {
     const void* q;
     void* k_cache;
@@ -87,6 +98,16 @@ struct DecodeParams {
     int* split_counters;     // fused combine: (batch, nheads_kv · row_blocks) CTAs done per group,
                              // zero between calls (zeroed once when allocated, reset by the last
                              // CTA of each group); null otherwise
+};
+
+// The Hopper loop's params (decode_splitkv_tma, sm_90): DecodeParams plus the K / V tensor maps.
+// The family packs this struct for every launch; the other kernels take DecodeParams, its prefix
+// (the driver copies a kernel's own parameter size), so their code is what it was before it.
+struct DecodeTmaParams : DecodeParams {
+    int tma_box_rows;        // keys per TMA box (contiguous: kBlockN; paged: a divisor of kBlockN
+                             // and page_size); 0 without the Hopper loop
+    TmaDesc tma_k;           // k_cache's map (zeros without the Hopper loop)
+    TmaDesc tma_v;           // v_cache's map
 };
 
 }  // namespace cuflash

@@ -6,16 +6,26 @@
 // (Salmon et al., SC'11), evaluated where the element is computed, by the forward and the
 // backward alike, whatever their tiling.
 //
-// The canonical mask (cuflash/dropout.py is its NumPy mirror; tests check them bit for bit):
+// The canonical mask (cuflash/dropout.py is its NumPy mirror; tests check them bit for bit).
+// One Philox call covers the 16 elements that one thread of the mma / wgmma accumulator
+// layout holds together in a 16-row x 32-column block (rows g, g + 8, columns 2t, 2t + 1
+// of each 8-column group; g = row % 8, t = (col % 8) / 2):
 //   key      (seed_lo, seed_hi ^ offset_hi)          seed and offset: 64-bit, per call
-//   counter  (col / 16, row, batch·nheads + head, offset_lo)
-//   output   four 32-bit words w = 0..3; byte b of word w belongs to column
-//            16·(col / 16) + 2w + (b & 1) + 8·(b >> 1)
+//   counter  (4·(col / 32) + (col % 8) / 2, 8·(row / 16) + row % 8, batch·nheads + head, offset_lo)
+//   output   four 32-bit words w = 0..3; byte b of word w belongs to
+//            row 16·(row / 16) + row % 8 + 8·(b >> 1), column 32·(col / 32) + 8w + 2·t + (b & 1)
+//            (so element (row, col) is byte 2·((row % 16) / 8) + col % 2 of word (col % 32) / 8)
 //   keep     that byte >= drop_threshold, drop_threshold = round(p · 256) (so the kept share is
 //            1 - drop_threshold / 256, p rounded to 1/256)
-// The byte order matches the mma.sync accumulator layout: the thread that holds columns
-// 2t, 2t+1, 8+2t, 9+2t of a 16-column block (t = lane % 4) needs exactly word t of its row's
-// call; the backward, whose tiles are transposed, needs word (key % 8) / 2 of its query rows'.
+// A forward thread (rows = queries) takes word nt % 4 of its call for its 8-column tile nt:
+// one call per 16 elements, no data exchange (Dropout::zero_dropped). The backward's tiles are transposed (rows =
+// keys): a thread holds keys g, g + 8 and queries 2t, 2t + 1, 8 + 2t, 9 + 2t of a 16 x 16
+// block, i.e. half the bytes (one column parity) of two calls; the lanes g and g ^ 1 need the
+// same two calls, so each draws one and hands the other the half it needs (one shuffle):
+// one call per 8 elements where a warp holds 16 keys of a 32-key block (50% of the bytes used).
+// Ten rounds, as Random123, cuRAND, C++26's philox4x32 and flash-attn use: Salmon et al. report
+// 7 as the fewest rounds of Philox4x32 that pass TestU01's BigCrush and recommend 10 for a
+// safety margin; 7 would cut the generator's cost by 30% at the price of that margin.
 #pragma once
 
 #include "ptx.cuh"
@@ -78,142 +88,164 @@ struct Dropout {
         d.scale = keep_scale;
         return d;
     }
-    // The 16 keep bytes of query `row`, columns 16·block .. 16·block + 15, of head bh.
-    __host__ __device__ __forceinline__ PhiloxWords bytes(int bh, int row, int block) const {
-        return philox4x32_10(static_cast<u32>(block), static_cast<u32>(row), static_cast<u32>(bh),
-                             offset_lo, k0, k1);
+    // The call that covers element (row, col) of head bh (the canonical counter above): its
+    // 16 keep bytes, those of rows g, g + 8 and columns 8w + 2t + e of the 16 x 32 block.
+    __host__ __device__ __forceinline__ PhiloxWords draw(int bh, int row, int col) const {
+        const u32 c0 = 4u * (static_cast<u32>(col) / 32u) + (static_cast<u32>(col) % 8u) / 2u;
+        const u32 c1 = 8u * (static_cast<u32>(row) / 16u) + static_cast<u32>(row) % 8u;
+        return philox4x32_10(c0, c1, static_cast<u32>(bh), offset_lo, k0, k1);
+    }
+    // Whether byte b (0..3) of a word keeps its element.
+    __host__ __device__ __forceinline__ bool keeps(u32 word, int b) const {
+        return ((word >> (8 * b)) & 0xFFu) >= threshold;
     }
     // Keep factor (scale or 0) of byte b (0..3) of a word.
     __host__ __device__ __forceinline__ float factor(u32 word, int b) const {
-        return ((word >> (8 * b)) & 0xFFu) >= threshold ? scale : 0.f;
+        return keeps(word, b) ? scale : 0.f;
+    }
+    // Whether element (row, col) of head bh is kept (one call per element: for host tests).
+    __host__ __device__ bool keep(int bh, int row, int col) const {
+        const PhiloxWords w = draw(bh, row, col);
+        return keeps(w.w[(col % 32) / 8], 2 * ((row % 16) / 8) + col % 2);
     }
 
 #ifdef __CUDACC__
-    // P ∘ Z / (1 - p) on a warp's P tile in the mma accumulator layout (also wgmma's, per
-    // warp): kMT tiles of 16 query rows from query0 (rows g and g + 8 of each), columns from
-    // key0 (a multiple of 16) in kNT / 2 blocks of 16; acc[mt][nt][2·half + e] is row
-    // 16·mt + g + 8·half, column 8·nt + 2t + e. The four threads of a quad need words 0..3 of
-    // the same two calls (rows g and g + 8) per block: each computes one call of every four
-    // and a 4 x 4 transpose by shuffles hands each thread its word t.
+    // P ∘ Z on a warp's P tile in the mma accumulator layout (also wgmma's, per warp): the
+    // dropped elements zeroed, the kept ones unchanged (the forwards scale O by 1 / (1 - p) in
+    // their epilogue, with 1 / l: one multiply per row instead of one per element). kMT tiles
+    // of 16 query rows from query0 (a multiple of 16; rows g and g + 8 of each), columns from
+    // key0 (a multiple of 32) in kNT / 4 blocks of 32; acc[mt][nt][2·half + e] is row
+    // 16·mt + g + 8·half, column 8·nt + 2t + e, i.e. byte 2·half + e of word nt % 4 of the
+    // thread's own call for (mt, nt / 4): one call per 16 elements, nothing exchanged.
     template <int kMT, int kNT>
-    __device__ __forceinline__ void apply(float (&acc)[kMT][kNT][4], int bh, int query0, int key0,
-                                          int g, int t) const {
-        static_assert(kNT % 2 == 0, "dropout works on whole 16-column blocks");
-        constexpr int kCalls = kMT * 2 * (kNT / 2);     // (mt, half, block) per quad
-        const int lane = threadIdx.x % 32, quad0 = lane & ~3;
+    __device__ __forceinline__ void zero_dropped(float (&acc)[kMT][kNT][4], int bh, int query0, int key0,
+                                                 int g, int t) const {
+        static_assert(kNT % 4 == 0, "dropout works on whole 32-column blocks (BN, Bc multiples of 32)");
+        // byte >= threshold as a carry into bit 15 / 31 of its 16-bit lane: b + 0x8000 - threshold
+        const u32 bias = (0x8000u - threshold) * 0x00010001u;
 #pragma unroll
-        for (int c0 = 0; c0 < kCalls; c0 += 4) {
-            // call c = c0 + t (this thread's): its coordinates
-            u32 mine[4] = {0u, 0u, 0u, 0u};
-            {
-                const int c = c0 + t;
-                if (c < kCalls) {
-                    const int mt = c / (2 * (kNT / 2)), half = (c / (kNT / 2)) % 2, blk = c % (kNT / 2);
-                    const PhiloxWords w = bytes(bh, query0 + 16 * mt + g + 8 * half, key0 / 16 + blk);
+        for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) mine[i] = w.w[i];
+            for (int blk = 0; blk < kNT / 4; ++blk) {
+                const PhiloxWords w = draw(bh, query0 + 16 * mt + g, key0 + 32 * blk + 2 * t);
+#pragma unroll
+                for (int ct = 0; ct < 4; ++ct) {
+                    float (&x)[4] = acc[mt][4 * blk + ct];
+                    const u32 even = (w.w[ct] & 0x00FF00FFu) + bias;                 // bytes 0, 2
+                    const u32 odd = __byte_perm(w.w[ct], 0u, 0x4341u) + bias;        // bytes 1, 3
+                    x[0] = even & 0x8000u ? x[0] : 0.f;
+                    x[1] = odd & 0x8000u ? x[1] : 0.f;
+                    x[2] = even & 0x80000000u ? x[2] : 0.f;
+                    x[3] = odd & 0x80000000u ? x[3] : 0.f;
                 }
             }
-            // round r: thread t receives word t of call c0 + (t + r) % 4 from quad lane
-            // (t + r) % 4, which sends its word (t - r) % 4 (a 4 x 4 transpose in 3 shuffles)
-            u32 recv[4];
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const u32 out = pick4(mine, (t - r) & 3);
-                recv[r] = r == 0 ? out : __shfl_sync(0xffffffffu, out, quad0 + ((t + r) & 3));
-            }
-            // call c0 + j arrived in round (j - t) % 4; j is compile-time, so acc's indices are
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                constexpr int kBlocks = kNT / 2;
-                const int c = c0 + j;
-                if (c < kCalls) {
-                    const int mt = c / (2 * kBlocks), half = (c / kBlocks) % 2, blk = c % kBlocks;
-                    const u32 word = pick4(recv, (j - t) & 3);
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        acc[mt][2 * blk][2 * half + e] *= factor(word, e);          // column 2t + e
-                        acc[mt][2 * blk + 1][2 * half + e] *= factor(word, 2 + e);  // column 8 + 2t + e
-                    }
-                }
-            }
-        }
     }
 
     // The same on a transposed tile, as the backward holds Pᵀ and dPᵀ: acc[mt][nt][2·half + e]
     // is key key0 + 16·mt + g + 8·half (rows) and query query0 + 8·nt + 2t + e (columns); key0
-    // and query0 multiples of 16. A 16 x 16 region needs 16 calls (one per query row), and
-    // thread (g, t) needs word g / 2 (keys g and g + 8: bytes g % 2 and 2 + g % 2) of the calls
-    // of its four queries 2t, 2t + 1, 8 + 2t, 9 + 2t (position j = 0..3). The 32 lanes compute
-    // the 32 calls of two regions; in round r thread (g, t) reads its query j = (r + g/2) % 4
-    // from the lane that computed it, which sends word (j - r) % 4 of its own j: every reader
-    // of a lane in a round wants the same word, so one shuffle serves them all.
-    template <int kMT, int kNT>
+    // and query0 multiples of 16 (kPairs: key0 a multiple of 32, kMT even; visit_transposed).
+    template <bool kPairs = false, int kMT, int kNT>
     __device__ __forceinline__ void apply_transposed(float (&acc)[kMT][kNT][4], int bh, int key0,
                                                      int query0, int g, int t) const {
-        visit_transposed(acc, bh, key0, query0, g, t,
-                         [this](float& x, u32 word, int b) { x *= factor(word, b); });
+        visit_transposed<kPairs>(acc, bh, key0, query0, g, t,
+                                 [this](float& x, bool kept) { x = kept ? x * scale : 0.f; });
     }
 
     // The backward's form of the mask on Pᵀ: dropped elements negated, kept ones unchanged
     // (flash-attn's sign encoding). Pᵀ >= 0, so the sign then carries Z: dV takes the positive
     // part times 1 / (1 - p), dS = |Pᵀ| ∘ (Z ∘ dPᵀ - D) still needs the undropped P.
-    template <int kMT, int kNT>
+    template <bool kPairs = false, int kMT, int kNT>
     __device__ __forceinline__ void negate_dropped_transposed(float (&acc)[kMT][kNT][4], int bh,
                                                               int key0, int query0, int g, int t) const {
-        visit_transposed(acc, bh, key0, query0, g, t, [this](float& x, u32 word, int b) {
-            if (((word >> (8 * b)) & 0xFFu) < threshold) x = -x;
-        });
+        visit_transposed<kPairs>(acc, bh, key0, query0, g, t, [](float& x, bool kept) { if (!kept) x = -x; });
     }
 
-    // apply_transposed's walk, with op(x, word, byte) applied to every element and its keep
-    // byte (byte `byte` of `word`): the layout logic lives once for the scale and the sign.
-    template <int kMT, int kNT, class Op>
+    // apply_transposed's walk, with op(x, kept) applied to every element: the layout logic
+    // lives once for the scale, the sign and sm90_bwd's keep bits. Per 16 keys x 16 queries
+    // (mt, qb), thread (g, t) holds keys g, g + 8 (halves hk) and queries 2t + e, 8 + 2t + e
+    // (e = 0, 1; halves hr), which are byte 2·hr + g % 2 of words 2·kpar + hk (kpar: the 16
+    // keys' half of their 32-key block) of the calls of query rows 2t (e = 0) and 2t + 1
+    // (e = 1). Lanes g and g ^ 1 need the same two calls and the other column parity of them:
+    // lane g draws the call e = g % 2 and sends lane g ^ 1 the four bytes of parity 1 - g % 2
+    // (visit_half): one call per 8 elements. kPairs (the caller guarantees key0 % 32 == 0 and
+    // an even kMT): tiles 2m and 2m + 1 are the two halves of one 32-key block, and one call
+    // serves both (words 0, 1 and 2, 3): one call per 16 elements.
+    template <bool kPairs = false, int kMT, int kNT, class Op>
     __device__ __forceinline__ void visit_transposed(float (&acc)[kMT][kNT][4], int bh, int key0,
                                                      int query0, int g, int t, Op op) const {
-        static_assert(kNT % 2 == 0, "dropout works on whole 16-column blocks");
-        constexpr int kBlocks = kNT / 2, kRegions = kMT * kBlocks;
-        const int lane = threadIdx.x % 32;
-        const int q_src = lane % 16, j_src = (q_src & 1) + 2 * (q_src >> 3);
+        static_assert(kNT % 2 == 0, "dropout works on whole 16-query blocks");
+        static_assert(!kPairs || kMT % 2 == 0, "kPairs: whole 32-key blocks");
+        const int gp = g & 1;
+        if constexpr (kPairs) {
 #pragma unroll
-        for (int a0 = 0; a0 < kRegions; a0 += 2) {
-            u32 mine[4] = {0u, 0u, 0u, 0u};
-            {
-                const int a = a0 + lane / 16;
-                if (a < kRegions) {
-                    const int mt = a / kBlocks, blk = a % kBlocks;
-                    const PhiloxWords w = bytes(bh, query0 + 16 * blk + q_src, key0 / 16 + mt);
+            for (int m = 0; m < kMT / 2; ++m)
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) mine[i] = w.w[i];
+                for (int qb = 0; qb < kNT / 2; ++qb) {
+                    const PhiloxWords w = draw(bh, query0 + 16 * qb + 2 * t + gp, key0 + 32 * m + g);
+                    visit_half(acc[2 * m], qb, w.w[0], w.w[1], gp, op);
+                    visit_half(acc[2 * m + 1], qb, w.w[2], w.w[3], gp, op);
                 }
-            }
+        } else {
 #pragma unroll
-            for (int da = 0; da < 2; ++da) {
-                const int a = a0 + da;         // compile-time
-                if (a >= kRegions) break;
-                const int mt = a / kBlocks, blk = a % kBlocks;
-                u32 recv[4];
+            for (int mt = 0; mt < kMT; ++mt) {
+                const int key = key0 + 16 * mt + g;           // this thread's first key of the tile
+                const bool kpar = (key & 16) != 0;
 #pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const int j = (r + g / 2) & 3;
-                    const int src = 16 * da + 2 * t + (j & 1) + 8 * (j >> 1);
-                    recv[r] = __shfl_sync(0xffffffffu, pick4(mine, (j_src - r) & 3), src);
-                }
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {   // query 2t + (j & 1) + 8 (j >> 1) of the region
-                    const u32 word = pick4(recv, (j - g / 2) & 3);
-#pragma unroll
-                    for (int half = 0; half < 2; ++half)
-                        op(acc[mt][2 * blk + (j >> 1)][2 * half + (j & 1)], word, 2 * half + g % 2);
+                for (int qb = 0; qb < kNT / 2; ++qb) {
+                    const PhiloxWords w = draw(bh, query0 + 16 * qb + 2 * t + gp, key);
+                    visit_half(acc[mt], qb, kpar ? w.w[2] : w.w[0], kpar ? w.w[3] : w.w[1], gp, op);
                 }
             }
         }
     }
 
-    // x[i] for a run-time i in 0..3, by selects (a run-time index into a register array would
-    // put the array in local memory)
-    __device__ __forceinline__ static u32 pick4(const u32 (&x)[4], int i) {
-        return i == 0 ? x[0] : i == 1 ? x[1] : i == 2 ? x[2] : x[3];
+    // One 16 x 16 block (keys of one tile, queries 16·qb..) of visit_transposed: w0, w1 the words
+    // of this thread's call for its keys g (hk = 0) and g + 8 (hk = 1); one shuffle with lane ^ 4.
+    template <int kNT, class Op>
+    __device__ __forceinline__ void visit_half(float (&acc)[kNT][4], int qb, u32 w0, u32 w1, int gp,
+                                               Op op) const {
+        // byte_perm selectors: bytes 0, 2 (parity 0) or 1, 3 (parity 1) of the two words
+        const u32 own = __byte_perm(w0, w1, gp ? 0x7531u : 0x6420u);
+        const u32 other = __shfl_xor_sync(0xffffffffu, __byte_perm(w0, w1, gp ? 0x6420u : 0x7531u), 4);
+        // byte 2·hk + hr of each: element (hk, hr) of query parity e
+        const u32 bytes[2] = {gp ? other : own, gp ? own : other};
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+            for (int hk = 0; hk < 2; ++hk)
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr)
+                    op(acc[2 * qb + hr][2 * hk + e], keeps(bytes[e], 2 * hk + hr));
+    }
+
+    // visit_transposed's keep test for one 16-key tile (kMT = 1), as bits: bit 4·nt + i is
+    // whether acc[0][nt][i] is kept. The 16-query blocks run one at a time (not unrolled),
+    // so one call's state is live, not kNT / 2 of them: sm90_bwd draws this next to dK and dV.
+    template <int kNT>
+    __device__ __forceinline__ u32 keep_bits_transposed(int bh, int key0, int query0, int g, int t) const {
+        static_assert(kNT % 2 == 0 && kNT <= 8, "one keep bit per element of a thread, 32 at most");
+        const int gp = g & 1, key = key0 + g;
+        // byte b >= threshold as a carry: b + 256 - threshold reaches bit 8 of its 16-bit lane
+        const u32 bias = (256u - threshold) * 0x00010001u;
+        u32 bits = 0;
+#pragma unroll 1
+        for (int qb = 0; qb < kNT / 2; ++qb) {
+            const PhiloxWords w = draw(bh, query0 + 16 * qb + 2 * t + gp, key);
+            const u32 w0 = key & 16 ? w.w[2] : w.w[0], w1 = key & 16 ? w.w[3] : w.w[1];
+            // own: bytes of column parity gp (this thread's keys) of its call (query parity e = gp);
+            // the other parity goes to lane g ^ 1, which sends this thread its call's (e = 1 - gp)
+            const u32 own = __byte_perm(w0, w1, gp ? 0x7531u : 0x6420u);
+            const u32 other = __shfl_xor_sync(0xffffffffu, __byte_perm(w0, w1, gp ? 0x6420u : 0x7531u), 4);
+            u32 block = 0;   // bit 4·hr + 2·hk + e: acc[0][2·qb + hr][2·hk + e], byte 2·hk + hr of e's word
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const u32 word = (e == gp) ? own : other;
+                const u32 even = (word & 0x00FF00FFu) + bias, odd = ((word >> 8) & 0x00FF00FFu) + bias;
+                block |= (((even >> 8) & 1u) | ((even >> 22) & 4u) | ((odd >> 4) & 16u) | ((odd >> 18) & 64u)) << e;
+            }
+            bits |= block << (8 * qb);
+        }
+        return bits;
     }
 #endif
 };

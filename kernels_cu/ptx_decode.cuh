@@ -1,8 +1,10 @@
-// ptx_decode.cuh: inline PTX that only decode_splitkv.cu uses (its fused combine), one small
-// function per instruction as in ptx.cuh. A separate header so that the other families' code
-// hash (which covers every header they include) stays.
+// ptx_decode.cuh: inline PTX that only decode_splitkv.cu uses (its fused combine, its Hopper
+// loop), one small function per instruction as in ptx.cuh. A separate header so that the other
+// families' code hash (which covers every header they include) stays. The Hopper loop's mbarrier
+// and TMA wrappers come from ptx_sm90.cuh (sm_90 PTX: only the kTma instantiations call them).
 #pragma once
 #include "ptx.cuh"
+#include "ptx_sm90.cuh"
 
 namespace cuflash {
 
@@ -24,6 +26,15 @@ __device__ __forceinline__ float ld_cg_f32(const float* addr) {
     float x;
     asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(x) : "l"(addr) : "memory");
     return x;
+}
+
+// `bytes` (a multiple of 16) of contiguous global memory at `src` into shared memory at `dst`
+// (both 16-byte aligned) by the copy engine, completing them as transactions on mbarrier `bar`:
+// the Hopper loop's paged fallback, one key row of one head per copy, where a TMA box would
+// cross a page boundary (a cache_leftpad that is not a multiple of the box's rows).
+__device__ __forceinline__ void bulk_load_1d(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
 }  // namespace cuflash

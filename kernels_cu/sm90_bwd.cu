@@ -111,8 +111,9 @@
 //              is, land in padding, as red.add's do).
 //              Before rewriting its row next Q block a lane waits for the engine to have read it
 //              (cp.async.bulk.wait_group.read 0, then __syncwarp); at the end for the whole
-//              operation. Not with kDeterministic (its ordered additions keep red.add); the
-//              config refuses it with kDropout at head dim 128 (ptxas spills that kernel).
+//              operation. Not with kDeterministic (its ordered additions keep red.add); with
+//              kDropout at head dim 128 the config's dQ path under softcap / ALiBi
+//              (Sm90BwdConfig.dropout_dq_path: the other paths spill there).
 //   kOverlapSdp, kDqWriter  (appended after kDqBulk) FlashAttention-3's backward schedule:
 //   kOverlapSdp  dPᵀ = V_j dO_iᵀ is issued right behind Sᵀ (groups 1 and 2), and only Sᵀ is
 //              waited for (wgmma_wait<1>): the tensor cores run dPᵀ while the thread computes Pᵀ;
@@ -128,7 +129,8 @@
 //              tensor bulk reduce-adds (cp.reduce.async.bulk.tensor, the map tma_dq over the fp32
 //              accumulator), waits for the engine to have read the tile, and arrives on barrier
 //              4 + tile, which the consumers wait on before rewriting that tile. Not with
-//              kDeterministic or kDqBulk; the config refuses it with kDropout at head dim 128.
+//              kDeterministic or kDqBulk; with kDropout at head dim 128 the config's dQ path
+//              without softcap / ALiBi (Sm90BwdConfig.dropout_dq_path).
 //   kVarlen    (appended last) variable-length batches (varlen.cuh), as fa2_bwd's kVarlen and
 //              sm90_fwd's: q, k, v, dO, dq, dk, dv packed as (total, heads, d), sequence b's rows
 //              from cu_seqlens[b] on; the grid is sized for the longest sequence and a CTA whose
@@ -501,21 +503,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         // landing): the Philox rounds next to dK, dV and Sᵀ would spill the d128 kernel
         u32 keep_bits = 0;
         static_assert(!kDropout || kBM / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
-        if constexpr (kDropout) {
-            float keep[1][kBM / 8][4];
-#pragma unroll
-            for (int nt = 0; nt < kBM / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) keep[0][nt][e] = 1.f;
-            dropout.visit_transposed(keep, static_cast<int>(bh), key0 + warp_key, row0, g, t,
-                                     [&](float& x, u32 word, int b) {
-                                         if (((word >> (8 * b)) & 0xFFu) < static_cast<u32>(p.dropout_threshold)) x = 0.f;
-                                     });
-#pragma unroll
-            for (int nt = 0; nt < kBM / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) keep_bits |= (keep[0][nt][e] != 0.f ? 1u : 0u) << (4 * nt + e);
-        }
+        if constexpr (kDropout)
+            keep_bits = dropout.keep_bits_transposed<kBM / 8>(static_cast<int>(bh), key0 + warp_key, row0, g, t);
         mbarrier_wait(q_full(slot), phase);
 
         // ---- Sᵀ = K_j Q_iᵀ ----

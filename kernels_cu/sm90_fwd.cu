@@ -98,11 +98,12 @@
 //              outside the band are neither loaded nor computed), softcap and ALiBi (score.cuh)
 //   kDropout   attention dropout as in fa2_fwd.cu (philox.cuh): after softmax_step has summed the
 //              undropped P_j into l (so l and the LSE are plain attention's, FA2's Algorithm 2),
-//              P_j ∘ Z / (1 - p) feeds O += P_j V_j. Z is the canonical keep mask of (rng_state,
-//              batch·nheads + head, query row, key column), the one fa2_fwd draws and fa2_bwd
-//              regenerates: per warp the wgmma accumulator layout is mma.sync's (rows g, g + 8
-//              of the warp's 16, columns 8·nt + 2t + e), so Dropout::apply serves both families
-//              (one Philox call per 16 elements, a 4 x 4 word transpose in the quad)
+//              P_j ∘ Z feeds O += P_j V_j and the epilogue's 1 / l takes the 1 / (1 - p). Z is
+//              the canonical keep mask of (rng_state, batch·nheads + head, query row, key
+//              column), the one fa2_fwd draws and fa2_bwd regenerates: per warp the wgmma
+//              accumulator layout is mma.sync's (rows g, g + 8 of the warp's 16, columns
+//              8·nt + 2t + e), so Dropout::zero_dropped serves both families (one Philox call
+//              per 16 elements of a thread, its own; BN a multiple of 32)
 //   kEmuExp2   0..4: that many quarters of S's 8-column tiles compute P's exp2 on the FMA / ALU
 //              pipes (exp2_emu.cuh: a polynomial, FlashAttention-4's trick) instead of the SFU's
 //              ex2.approx, which softcap's tanh.approx also needs; 0 (the default) is the
@@ -420,13 +421,13 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 else   // kEmuExp2 quarters of S's 8-column tiles take the software exp2
                     softmax_step_emu<kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, p.scale_log2, alpha);
             };
-            // dropout (Algorithm 2): l summed the undropped P_j in softmax_s; P_j ∘ Z / (1 - p)
-            // is what O += P_j V_j takes. Run just before P_j is packed, once P_{j-1}'s
+            // dropout (Algorithm 2): l summed the undropped P_j in softmax_s; P_j ∘ Z is what
+            // O += P_j V_j takes (the epilogue divides by l (1 - p)). Run just before P_j is packed, once P_{j-1}'s
             // fragments are dead (their GEMM has completed): the Philox rounds need registers
             // that S_j, O and P_{j-1} together leave too few of (ptxas spilled with it in softmax_s)
             auto drop_p = [&](int j) {
                 if constexpr (kDropout)
-                    dropout.apply(s_acc, at.batch * p.nheads + at.head, warp_row0, (n_end - 1 - j) * kBN, g, t);
+                    dropout.zero_dropped(s_acc, at.batch * p.nheads + at.head, warp_row0, (n_end - 1 - j) * kBN, g, t);
             };
             auto phase = [&](int j) { return u32((kv_iter + j) / kStages) & 1; };
             auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
@@ -465,7 +466,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 reg_fence(o_flat);
                 mbarrier_arrive(v_empty(prev));    // V_{j-1}'s slot may be refilled
                 softmax_rescale(o_acc, alpha);     // O *= alpha_j: O now relative to m_j
-                drop_p(j);                         // kDropout: P_j ∘ Z / (1 - p)
+                drop_p(j);                         // kDropout: P_j ∘ Z
                 pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
             }
             // end: the last block's O += P V (the tile's final turn)
@@ -494,7 +495,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const float l_row = quad_sum(l[0][half]);
-            const float inv_l = softmax_inv_l(l_row);
+            float inv_l = softmax_inv_l(l_row);
+            if constexpr (kDropout) inv_l *= dropout.scale;   // O = (P ∘ Z) V / (l (1 - p))
             const int r = warp_row0 + g + 8 * half;
             if (r < (kVarlen ? seq.seqlen_q : p.seqlen_q)) {
                 u16* o_row = o_gmem + r * p.o_row_stride;

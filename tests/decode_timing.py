@@ -5,9 +5,14 @@ of
 
   * ``heuristic``: flash_attn_with_kvcache as users call it (today's heuristic config and splits);
   * forced configs (``kvcache_with_config``) at their split rule's count (``num_splits_for``) and,
-    for some, at half and twice that: the heuristic's tiles with the fused combine off / on
-    (``_fc``), fewer warps and stages (4 warps x 2 or 3 stages: 2-3 CTAs per SM), and on the paged
-    cells the page-id prefetch (``_pp``) with and without the fused combine;
+    for some, at half and twice that (``--set``):
+    - ``tma`` (default): the heuristic's tiles on the cp.async loop (``base``) next to the Hopper
+      loop (``tma_*``: a producer warp streams K/V by TMA into an mbarrier ring) at ring depths
+      3 and 2 with 8 warps (128-key blocks, 1 CTA per SM), 6 with 4 warps (64-key blocks), and 3
+      with 4 warps (64-key blocks, 2 CTAs per SM), contiguous and paged;
+    - ``old``: the earlier options (fused combine ``_fc``, 4 warps x 2 or 3 stages, page-id
+      prefetch ``_pp``);
+    - ``all``: both;
   * SDPA flash and cuDNN on the same cache (contiguous cells).
 
 Every cuflash variant's output is first compared with the heuristic's (max |diff|, bf16: should be
@@ -17,8 +22,8 @@ K+V TB/s and the ratio to SDPA flash and cuDNN; writes every record as JSON to -
     timeout 300 python tests/decode_timing.py --out /tmp/decode_timing.json
     python tests/decode_timing.py --cells 1x8k 1x32k --pages 16 --out t.json   # a subset
 
-Not a test (no assertions); the lead reads the table. Runs in about 2-3 minutes on an H100, most
-of it compiling the 6 forced kernel sets.
+Not a test (no assertions); the lead reads the table. Runs in about 2-3 minutes on an H100 with
+the default set, most of it compiling the 5 forced kernel sets (``--set all``: 9).
 """
 import argparse
 import json
@@ -42,8 +47,24 @@ PAGED_CELLS = ("1x32k", "32x8k")
 TOL = 1.6e-2  # bf16 outputs of |O| <~ 1: a couple of ulps
 
 
-def variants(base, paged: bool) -> list:
-    """(label, config, split multipliers) of the forced configs to time."""
+def variants(base, paged: bool, which: str = "tma") -> list:
+    """(label, config, split multipliers) of the forced configs to time (see the docstring)."""
+    out = []
+    if which in ("tma", "all"):
+        tma = base.replace(tma=True)
+        if paged:
+            out += [("base", base, (1,)), ("tma_w8s3", tma, (1, 2)), ("tma_w4s6", tma.replace(warps=4, stages=6), (1,)),
+                    ("tma_w4s3", tma.replace(warps=4, stages=3), (1,))]
+        else:
+            out += [("base", base, (0.5, 1, 2)), ("tma_w8s3", tma, (0.5, 1, 2)),
+                    ("tma_w8s2", tma.replace(stages=2), (1,)), ("tma_w4s6", tma.replace(warps=4, stages=6), (1, 2)),
+                    ("tma_w4s3", tma.replace(warps=4, stages=3), (1, 2))]
+    if which in ("old", "all"):
+        out += [v for v in _old_variants(base, paged) if which == "old" or v[0] != "base"]
+    return out
+
+
+def _old_variants(base, paged: bool) -> list:
     fc = dict(fused_combine=True)
     if paged:
         return [("base", base, (1,)), ("base_pp", base.replace(page_prefetch=True), (1,)),
@@ -55,13 +76,13 @@ def variants(base, paged: bool) -> list:
             ("w4s3_fc", base.replace(warps=4, stages=3, **fc), (1,))]
 
 
-def run_cell(name, batch, ctx, page, reps, log) -> list:
+def run_cell(name, batch, ctx, page, reps, log, which="tma") -> list:
     dt = torch.bfloat16
     fam = registry.get("decode_splitkv")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     problem = Problem("decode", "bf16", batch, 1, ctx, HQ, HK, D, False, False,
                       ("paged_kv",) if page else ())
-    base = fam.heuristic(problem).replace(page_prefetch=False, fused_combine=False)
+    base = fam.heuristic(problem).replace(page_prefetch=False, fused_combine=False, tma=False)
     kv_bytes = 2 * batch * ctx * HK * D * 2
     q = torch.randn(batch, 1, HQ, D, device="cuda", dtype=dt)
     seqlens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
@@ -95,7 +116,7 @@ def run_cell(name, batch, ctx, page, reps, log) -> list:
             one(impl, "", "", _fn(impl, q, kc, vc, None, seqlens))
     heur_splits = num_splits_for(fam.heuristic(problem), problem, sms)
     one("cuflash", "heuristic", heur_splits, lambda: flash_attn_with_kvcache(q, kc, vc, **args))
-    for label, cfg, mults in variants(base, bool(page)):
+    for label, cfg, mults in variants(base, bool(page), which):
         rule = num_splits_for(cfg, problem, sms)
         done = set()
         for mult in mults:
@@ -138,6 +159,8 @@ def main():
     ap.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
     ap.add_argument("--pages", nargs="*", type=int, default=[16, 256])
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--set", default="tma", choices=("tma", "old", "all"), dest="which",
+                    help="which forced configs to time (default: the cp.async loop vs the Hopper loop)")
     a = ap.parse_args()
     t0 = time.time()
     records = []
@@ -145,7 +168,7 @@ def main():
         batch, ctx = CELLS[name]
         for page in [0] + ([p for p in a.pages] if name in PAGED_CELLS else []):
             print(f"{name} page {page or '-'} ({time.time() - t0:.0f} s)", flush=True)
-            records += run_cell(name, batch, ctx, page, a.reps, lambda s: print(s, flush=True))
+            records += run_cell(name, batch, ctx, page, a.reps, lambda s: print(s, flush=True), a.which)
     print(table(records))
     env = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, seconds=time.time() - t0)
     with open(a.out, "w") as fh:

@@ -1,17 +1,20 @@
-"""Quick timing of dropout in sm90_fwd on an H100 (issue 12: each feature's overhead <= 10%):
-the forward with dropout_p = 0.1 against the same call without, one line per kernel, at the
-FlashAttention benchmark's shape (batch x seqlen = 16k, 2048 / head_dim heads, bf16):
+"""Timing of dropout on an H100 (issue 12: each feature's overhead <= 10%): dropout_p = 0.1
+against the same call without, forward and forward + backward, next to SDPA cuDNN's dropout,
+at the FlashAttention benchmark's shape (batch x seqlen = 16k, 2048 / head_dim heads, bf16):
 
-    timeout 300 python tests/sm90_dropout_timing.py              # d128 causal, seqlen 8k
-    python tests/sm90_dropout_timing.py --hdims 64 128 256 --causal both
+    timeout 300 python tests/sm90_dropout_timing.py --out /tmp/drop2_timing.json
+    python tests/sm90_dropout_timing.py --hdims 128 --causal yes --seqlen 8192
 
-Rows: plain (what selection runs without dropout), sm90_fwd dropout at DROPOUT_BN (what
-selection runs with it), fa2_fwd's dropout (what ran before). The wider BNs that ptxas spills
-a few bytes for were timed too (1.04-1.26x DROPOUT_BN's at d128, session 11) and are now
-refused by Sm90FwdConfig.problems(), so the filter below leaves them out. The ratio is
-ms / plain ms. Samples are interleaved (cuflash.timing.time_interleaved). Not a test.
+Rows per case (head dim, mask): plain (what selection runs without dropout), dropout (what
+selection runs with it: sm90_fwd at DROPOUT_BN, the backward's dQ path of for_problem), the
+dropout forward at the other BNs that compile without spills (multiples of 32, philox.cuh's
+32-key layout), fa2_fwd's dropout forward, and SDPA cuDNN with and without dropout. "x plain"
+is ms / the plain cuflash call's ms of the same op. Every kernel is compiled first, in
+parallel; samples are CUDA events, interleaved (cuflash.timing.time_interleaved), median.
+Not a test.
 """
 import argparse
+import json
 import os
 import sys
 
@@ -20,50 +23,129 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch  # noqa: E402
 
 import cuflash  # noqa: E402
-from cuflash import registry  # noqa: E402
+from cuflash import _gpu, registry  # noqa: E402
+from cuflash.compile import precompile  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
+from cuflash.select import choose_on_device  # noqa: E402
 from cuflash.timing import time_interleaved  # noqa: E402
 
 P = 0.1
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hdims", type=int, nargs="+", default=[128])
-    ap.add_argument("--seqlen", type=int, default=8192)
-    ap.add_argument("--causal", choices=("yes", "no", "both"), default="yes")
-    ap.add_argument("--reps", type=int, default=10)
-    args = ap.parse_args()
-    sm90, fa2 = registry.get("sm90_fwd"), registry.get("fa2_fwd")
+def sdpa(q, k, v, causal, p):
+    """SDPA's cuDNN backend on (b, s, h, d) inputs (its causal is top-left: s_q = s_k here)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=p,
+            is_causal=causal).transpose(1, 2)
+
+
+def cases(args):
     causals = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]
-    print(f"{'case':<28} {'kernel':<58} {'ms':>8} {'TFLOPs':>7} {'x plain':>8}")
     for d in args.hdims:
         for causal in causals:
             s, h = args.seqlen, 2048 // d
-            b = max(1, 16384 // s)
-            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            plain = Problem("fwd", "bf16", b, s, s, h, h, d, causal)
-            drop = plain.replace(features=("dropout",), dropout_p=P)
-            heur = sm90.for_problem(sm90.heuristic(drop), drop)
-            fns = {"plain": (lambda: cuflash.flash_attn_func(q, k, v, causal=causal))}
-            names = {"plain": "(selection, no dropout)"}
-            configs = [heur] + [heur.replace(BN=bn) for bn in (144, 160, 176, 192)
-                                if bn > heur.BN and not heur.replace(BN=bn).problems(227 * 1024)]
-            configs.append(fa2.for_problem(fa2.heuristic(drop), drop))
-            for i, cfg in enumerate(configs):
-                fns[f"c{i}"] = (lambda cfg=cfg: cuflash.flash_attn_func(q, k, v, P, causal=causal, config=cfg))
-                names[f"c{i}"] = cfg.name
-            for key, fn in fns.items():   # compile outside the timing, and fail loudly here
+            yield d, causal, max(1, 16384 // s), s, h
+
+
+def fwd_configs(d, causal, b, s, h):
+    """The dropout forwards to time: sm90_fwd's heuristic (DROPOUT_BN) and its other BNs that
+    pass problems() (no spills, multiples of 32), fa2_fwd's heuristic."""
+    sm90, fa2 = registry.get("sm90_fwd"), registry.get("fa2_fwd")
+    drop = Problem("fwd", "bf16", b, s, s, h, h, d, causal, features=("dropout",), dropout_p=P)
+    heur = sm90.for_problem(sm90.heuristic(drop), drop)
+    out = [heur] + [heur.replace(BN=bn) for bn in (96, 128, 160, 192)
+                    if bn != heur.BN and not heur.replace(BN=bn).problems(227 * 1024)]
+    return out + [fa2.for_problem(fa2.heuristic(drop), drop)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--seqlen", type=int, default=8192)
+    ap.add_argument("--causal", choices=("yes", "no", "both"), default="both")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+
+    # compile everything first, in parallel (selection's plain and dropout kernels, the variants)
+    todo = []
+    for d, causal, b, s, h in cases(args):
+        for op in ("fwd", "bwd"):
+            plain = Problem(op, "bf16", b, s, s, h, h, d, causal)
+            for p in (plain, plain.replace(features=("dropout",), dropout_p=P)):
+                todo.append(choose_on_device(p, 0)[1])
+        todo += fwd_configs(d, causal, b, s, h)
+    precompile(list(dict.fromkeys(todo)), 0, processes=min(16, os.cpu_count() or 1))
+
+    rows = []
+    print(f"{'case':<26} {'op':<7} {'impl':<12} {'config':<64} {'ms':>8} {'TFLOPs':>7} {'x plain':>8}")
+    for d, causal, b, s, h in cases(args):
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        dout = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+        case = f"d{d} {'causal' if causal else 'full'} b{b} s{s} h{h}"
+        plain = Problem("fwd", "bf16", b, s, s, h, h, d, causal)
+        drop = plain.replace(features=("dropout",), dropout_p=P)
+        names = {
+            "plain": ("cuflash", choose_on_device(plain, 0)[1].name),
+            "dropout": ("cuflash", choose_on_device(drop, 0)[1].name),
+            "cudnn": ("sdpa_cudnn", "no dropout"),
+            "cudnn_drop": ("sdpa_cudnn", f"dropout {P}"),
+        }
+        for op in ("fwd", "fwdbwd"):
+            def run(fn):
+                if op == "fwd":
+                    with torch.no_grad():
+                        return fn()
                 out = fn()
-                assert not out.isnan().any(), f"{names[key]}: NaN in the output"
+                torch.autograd.grad(out, (q, k, v), dout)
+                return out
+
+            fns = {"plain": lambda: run(lambda: cuflash.flash_attn_func(q, k, v, causal=causal)),
+                   "dropout": lambda: run(lambda: cuflash.flash_attn_func(q, k, v, P, causal=causal)),
+                   "cudnn": lambda: run(lambda: sdpa(q, k, v, causal, 0.0)),
+                   "cudnn_drop": lambda: run(lambda: sdpa(q, k, v, causal, P))}
+            op_names = dict(names)
+            if op == "fwd":
+                for i, cfg in enumerate(fwd_configs(d, causal, b, s, h)[1:]):
+                    fns[f"v{i}"] = (lambda cfg=cfg: run(lambda: cuflash.flash_attn_func(
+                        q, k, v, P, causal=causal, config=cfg)))
+                    op_names[f"v{i}"] = ("cuflash", cfg.name)
+            else:
+                bname = choose_on_device(drop.replace(op="bwd"), 0)[1].name
+                op_names["dropout"] = ("cuflash", op_names["dropout"][1] + " + " + bname)
+                op_names["plain"] = ("cuflash", op_names["plain"][1] + " + "
+                                     + choose_on_device(plain.replace(op="bwd"), 0)[1].name)
+            for key, fn in list(fns.items()):   # fail loudly here, outside the timing
+                try:
+                    out = fn()
+                    assert not out.isnan().any(), f"{op_names[key][1]}: NaN in the output"
+                except Exception as e:  # noqa: BLE001 (SDPA cuDNN may refuse a case)
+                    print(f"{case:<26} {op:<7} {op_names[key][0]:<12} {op_names[key][1]:<64} skipped: "
+                          f"{type(e).__name__}: {str(e)[:80]}")
+                    del fns[key]
             torch.cuda.synchronize()
             times = time_interleaved(fns, reps=args.reps, back_to_back=3)
             base = times["plain"].median_ms
-            case = f"d{d} {'causal' if causal else 'full'} b{b} s{s} h{h}"
+            flops = op_flops(plain) * (1 if op == "fwd" else 3.5)
             for key, t in times.items():
-                tflops = op_flops(plain) / t.median_ms / 1e9
-                print(f"{case:<28} {names[key]:<58} {t.median_ms:8.3f} {tflops:7.1f} {t.median_ms / base:8.3f}")
+                impl, cfg = op_names[key]
+                row = dict(case=case, op=op, impl=impl, config=cfg, ms=t.median_ms,
+                           tflops=flops / t.median_ms / 1e9, x_plain=t.median_ms / base,
+                           head_dim=d, causal=causal, batch=b, seqlen=s, nheads=h,
+                           dropout_p=0.0 if key in ("plain", "cudnn") else P)
+                rows.append(row)
+                print(f"{case:<26} {op:<7} {impl:<12} {cfg[:64]:<64} {t.median_ms:8.3f} "
+                      f"{row['tflops']:7.1f} {row['x_plain']:8.3f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": _gpu.name(0) if hasattr(_gpu, "name") else torch.cuda.get_device_name(0),
+                       "rows": rows}, f, indent=1)
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def test_paged_torch_compile_matches_eager():
     out, lse, _ = f(q, kc, vc)
     out_c, lse_c, probs = torch.compile(f, fullgraph=True)(q, kc, vc)
     torch.cuda.synchronize()
-    assert probs is None
+    assert probs.shape == (0,) and probs.dtype == q.dtype and probs.device == q.device  # as flash-attn
     assert torch.equal(out_c, out) and torch.equal(lse_c, lse)
     assert not out.isnan().any()
 

@@ -569,10 +569,13 @@ def test_reference_exported():
 # ---------------------------------------------------------------------------------------
 # the decode_splitkv family without a GPU: configs, split rule, launch plan and params
 
-def test_decode_family_registered_and_configs():
+def test_decode_family_registered_and_configs(monkeypatch):
     from cuflash import registry
+    from cuflash.families import decode_splitkv as mod
     from cuflash.families.decode_splitkv import DecodeConfig, ctas_per_sm, num_splits_for
     from cuflash.problem import Problem
+
+    monkeypatch.setattr(mod, "TMA_DEFAULT", False)  # the cp.async loop (tests/test_decode_tma_cpu.py: the other)
 
     fam = registry.get("decode_splitkv")
     assert fam.op == "decode" and fam in registry.families("decode")
@@ -606,8 +609,10 @@ def test_decode_plan_launches_and_params(monkeypatch):
     from types import SimpleNamespace
 
     from cuflash import launch, registry
+    from cuflash.families import decode_splitkv as mod
     from cuflash.problem import Problem
 
+    monkeypatch.setattr(mod, "TMA_DEFAULT", False)  # the cp.async loop's plan (no tensor maps)
     calls = []
 
     def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):

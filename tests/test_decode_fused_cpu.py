@@ -40,6 +40,12 @@ def test_space_has_both_options():
     assert cfg.fused_combine and not cfg.page_prefetch
 
 
+@pytest.fixture(autouse=True)
+def _cp_async_loop(monkeypatch):
+    """These options belong to the cp.async loop: the heuristic must not pick the Hopper loop."""
+    monkeypatch.setattr(mod, "TMA_DEFAULT", False)
+
+
 def test_heuristic_switches(monkeypatch):
     assert not FAM.heuristic(P).fused_combine and not FAM.heuristic(P).page_prefetch
     monkeypatch.setattr(mod, "FUSED_COMBINE_DEFAULT", True)

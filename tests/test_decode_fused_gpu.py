@@ -28,6 +28,8 @@ def _poison(monkeypatch):
 def _options(monkeypatch, fused: bool, prefetch: bool):
     monkeypatch.setattr(fam_mod, "FUSED_COMBINE_DEFAULT", fused)
     monkeypatch.setattr(fam_mod, "PAGE_PREFETCH_DEFAULT", prefetch)
+    monkeypatch.setattr(fam_mod, "TMA_DEFAULT", False)  # the options of the cp.async loop
+    monkeypatch.setattr(fam_mod, "TMA_PAGED_DEFAULT", False)
     decode._drop_gpu_plans()  # plans made with the other setting must not serve these calls
     monkeypatch.setattr(decode, "_gpu_plans", {})
 

@@ -27,6 +27,96 @@ def test_numpy_philox_known_answers(args, want):
     assert tuple(int(x) for x in dropout.philox4x32_10(*args)) == want
 
 
+def _philox_bytes(seed, offset, bh, c0, c1):
+    """The 16 keep bytes of one call (counter words c0, c1 of head bh), as philox.cuh draws them."""
+    seed, offset = seed & (2 ** 64 - 1), offset & (2 ** 64 - 1)
+    words = dropout.philox4x32_10(c0, c1, bh, offset & 0xFFFFFFFF, seed & 0xFFFFFFFF,
+                                  (seed >> 32) ^ (offset >> 32))
+    return np.array([int(w) for w in words], "<u4").view(np.uint8)
+
+
+def _forward_tile(seed, offset, thr, bh, query0, key0, mt_tiles, n_tiles):
+    """Dropout::zero_dropped's walk, lane by lane (no shared state between lanes): the keep mask of a
+    warp's (16·mt_tiles) x (8·n_tiles) tile at (query0, key0), rows = queries."""
+    out = np.zeros((16 * mt_tiles, 8 * n_tiles), bool)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for mt in range(mt_tiles):
+            for blk in range(n_tiles // 4):
+                row, col = query0 + 16 * mt + g, key0 + 32 * blk + 2 * t
+                b16 = _philox_bytes(seed, offset, bh, 4 * (col // 32) + (col % 8) // 2,
+                                    8 * (row // 16) + row % 8)
+                for ct in range(4):
+                    for b in range(4):   # acc[mt][4 blk + ct][b]: row g + 8 (b // 2), column 8 nt + 2t + b % 2
+                        out[16 * mt + g + 8 * (b // 2), 8 * (4 * blk + ct) + 2 * t + b % 2] = b16[4 * ct + b] >= thr
+    return out
+
+
+def _transposed_tile(seed, offset, thr, bh, key0, query0, mt_tiles, n_tiles):
+    """Dropout::visit_transposed's walk, lane by lane, with its shuffle (lane ^ 4) spelled
+    out: the keep mask of a warp's (16·mt_tiles) keys x (8·n_tiles) queries tile (rows = keys),
+    returned transposed (queries x keys)."""
+    out = np.zeros((8 * n_tiles, 16 * mt_tiles), bool)
+    for mt in range(mt_tiles):
+        for qb in range(n_tiles // 2):
+            own, send = {}, {}
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                gp, key = g & 1, key0 + 16 * mt + g
+                row = query0 + 16 * qb + 2 * t + gp
+                b16 = _philox_bytes(seed, offset, bh, 4 * (key // 32) + (key % 8) // 2,
+                                    8 * (row // 16) + row % 8)
+                w0, w1 = (b16[4 * (2 * ((key & 16) >> 4) + hk):][:4] for hk in (0, 1))
+                own[lane] = [w0[gp], w0[2 + gp], w1[gp], w1[2 + gp]]
+                send[lane] = [w0[1 - gp], w0[3 - gp], w1[1 - gp], w1[3 - gp]]
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                gp = g & 1
+                by_e = {gp: own[lane], 1 - gp: send[lane ^ 4]}
+                for e in (0, 1):
+                    for hk in (0, 1):
+                        for hr in (0, 1):
+                            q = 16 * qb + 8 * hr + 2 * t + e
+                            out[q, 16 * mt + g + 8 * hk] = by_e[e][2 * hk + hr] >= thr
+    return out
+
+
+@pytest.mark.parametrize("row_tile,col_tile", [(16, 32), (32, 64), (64, 96), (48, 128)])
+def test_keep_mask_is_the_same_under_every_tiling(row_tile, col_tile):
+    """The kernels' walks (Dropout::zero_dropped: rows = queries, blocks of 32 keys; visit_transposed:
+    rows = keys, 16-key tiles at either half of a 32-key block, the pair shuffle) tile the
+    matrix differently, yet all give keep_mask: the mask is a function of the coordinates."""
+    seed, offset, p, bh, sq, sk = 0x0123_4567_89AB_CDEF, (7 << 32) + 5, 0.3, 3, 192, 384
+    thr = dropout.drop_threshold(p)
+    want = dropout.keep_mask(seed, offset, p, 1, bh + 1, sq, sk)[0, bh]
+    fwd = np.zeros_like(want)
+    for q0 in range(0, sq, row_tile):
+        for k0 in range(0, sk, col_tile):
+            fwd[q0:q0 + row_tile, k0:k0 + col_tile] = _forward_tile(
+                seed, offset, thr, bh, q0, k0, row_tile // 16, col_tile // 8)
+    np.testing.assert_array_equal(fwd, want)
+    bwd = np.zeros_like(want)
+    for k0 in range(0, sk, row_tile):          # the backward's rows are keys: 16-key tiles may
+        for q0 in range(0, sq, 32):           # start at 16 mod 32
+            bwd[q0:q0 + 32, k0:k0 + row_tile] = _transposed_tile(
+                seed, offset, thr, bh, k0, q0, row_tile // 16, 4)
+    np.testing.assert_array_equal(bwd, want)
+
+
+def test_keep_mask_kept_share_is_one_minus_p():
+    """Over 2^22 elements the kept share is 1 - round(p·256)/256 within 5 standard errors, for
+    every byte position of a call (row and column parity classes) alike."""
+    for p in (0.1, 0.17, 0.5):
+        m = dropout.keep_mask(99, 3, p, 2, 4, 512, 1024)
+        q = 1 - dropout.drop_threshold(p) / 256
+        for part in (m, m[..., 0::2, 0::2], m[..., 1::2, 1::2], m[..., 8:16, 24:32]):
+            se = np.sqrt(q * (1 - q) / part.size)
+            assert abs(part.mean() - q) < 5 * se, (p, part.shape, part.mean(), q)
+        # neighbours are independent: the share of pairs both kept is q²
+        both = (m[..., :, :-1] & m[..., :, 1:]).mean()
+        assert abs(both - q * q) < 5 * np.sqrt(q * q * (1 - q * q) / m[..., :, 1:].size) * 2
+
+
 def test_keep_mask_shape_rate_and_determinism():
     m = dropout.keep_mask(1234, 77, 0.17, 2, 3, 65, 200)
     assert m.shape == (2, 3, 65, 200) and m.dtype == bool
@@ -34,8 +124,10 @@ def test_keep_mask_shape_rate_and_determinism():
     assert np.array_equal(m, dropout.keep_mask(1234, 77, 0.17, 2, 3, 65, 200))
     assert not np.array_equal(m, dropout.keep_mask(1234, 78, 0.17, 2, 3, 65, 200))   # offset
     assert not np.array_equal(m, dropout.keep_mask(1235, 77, 0.17, 2, 3, 65, 200))   # seed
-    # a column's bits do not depend on seqlen_k (the counter is per 16-column block)
+    # a column's bits do not depend on seqlen_k, nor a row's on seqlen_q (the counter is
+    # the element's coordinates)
     assert np.array_equal(m[..., :100], dropout.keep_mask(1234, 77, 0.17, 2, 3, 65, 100))
+    assert np.array_equal(m[..., :40, :], dropout.keep_mask(1234, 77, 0.17, 2, 3, 40, 200))
     assert dropout.keep_mask(1, 2, 0.0, 1, 1, 4, 40).all()
 
 
@@ -55,9 +147,10 @@ int main() {{
     for (int h = 0; h < {bh}; ++h)
         for (int i = 0; i < {sq}; ++i) {{
             for (int j = 0; j < {sk}; ++j) {{
-                const PhiloxWords w = d.bytes(h, i, j / 16);
-                const int c = j % 16, word = (c % 8) / 2, b = (c & 1) + 2 * (c / 8);
-                putchar(d.factor(w.w[word], b) != 0.f ? '1' : '0');
+                const PhiloxWords w = d.draw(h, i, j);   // the canonical layout, spelled out
+                const bool kept = d.factor(w.w[(j % 32) / 8], 2 * ((i % 16) / 8) + j % 2) != 0.f;
+                if (kept != d.keep(h, i, j)) return 1;
+                putchar(kept ? '1' : '0');
             }}
             putchar('\\n');
         }}
@@ -75,37 +168,38 @@ int main() {{
 @pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not on PATH")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_dropout_apply_compiles_to_registers(tmp_path, arch):
-    """Dropout.apply / apply_transposed on accumulator tiles of the shapes the kernels use
+    """Dropout.zero_dropped / apply_transposed on accumulator tiles of the shapes the kernels use
     (sm90_fwd's 1 x 22: an odd number of 16-column blocks) keep everything in registers: no
     stack frame, no spills (a run-time index into a register array would put it in memory)."""
     src = tmp_path / "k.cu"
     src.write_text('''#include "philox.cuh"
 using namespace cuflash;
-template <int kMT, int kNT, bool kT>
+template <int kMT, int kNT, bool kT, bool kP = false>
 __global__ void k(float* out, Dropout d) {
     float acc[kMT][kNT][4];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)\n#pragma unroll\n for (int nt = 0; nt < kNT; ++nt)\n#pragma unroll\n for (int e = 0; e < 4; ++e)\n   
         acc[mt][nt][e] = out[threadIdx.x + 32 * (e + 4 * (nt + kNT * mt))];
-    if (kT)
-        d.apply_transposed(acc, blockIdx.y, 64 * blockIdx.x, 16 * blockIdx.z, threadIdx.x % 32 / 4, threadIdx.x % 4);
+    if constexpr (kT)
+        d.template apply_transposed<kP>(acc, blockIdx.y, 64 * blockIdx.x, 16 * blockIdx.z, threadIdx.x % 32 / 4, threadIdx.x % 4);
     else
-        d.apply(acc, blockIdx.y, 64 * blockIdx.x, 16 * blockIdx.z, threadIdx.x % 32 / 4, threadIdx.x % 4);
+        d.zero_dropped(acc, blockIdx.y, 64 * blockIdx.x, 16 * blockIdx.z, threadIdx.x % 32 / 4, threadIdx.x % 4);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)\n#pragma unroll\n for (int nt = 0; nt < kNT; ++nt)\n#pragma unroll\n for (int e = 0; e < 4; ++e)\n   
         out[threadIdx.x + 32 * (e + 4 * (nt + kNT * mt))] = acc[mt][nt][e];
 }
 template __global__ void k<1, 16, false>(float*, Dropout);   // fa2_fwd Br 128, 8 warps, Bc 128
 template __global__ void k<2, 8, false>(float*, Dropout);    // fa2_fwd Br 128, 4 warps, Bc 64
-template __global__ void k<1, 22, false>(float*, Dropout);   // sm90_fwd BN 176
+template __global__ void k<1, 20, false>(float*, Dropout);   // sm90_fwd BN 160
 template __global__ void k<2, 8, true>(float*, Dropout);     // fa2_bwd: 32 keys x 64 queries a warp
 template __global__ void k<1, 4, true>(float*, Dropout);     // fa2_bwd: 16 keys x 32 queries
+template __global__ void k<2, 8, true, true>(float*, Dropout);   // fa2_bwd, tiles paired (kPairs)
 ''')
     res = subprocess.run([NVCC, "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-I", str(kernel_dir()),
                           "-o", str(tmp_path / "k.cubin"), str(src)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     frames = [line for line in res.stderr.splitlines() if "stack frame" in line]
-    assert len(frames) == 5 and all("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
+    assert len(frames) == 6 and all("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
                                     in line for line in frames), res.stderr
 
 

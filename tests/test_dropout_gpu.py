@@ -1,4 +1,4 @@
-"""Dropout's mask on the GPU: philox.cuh's Dropout.apply (forward layout) and apply_transposed
+"""Dropout's mask on the GPU: philox.cuh's Dropout.zero_dropped (forward layout) and apply_transposed
 (backward layout), on one warp's tile of ones, against the NumPy mirror cuflash.dropout, bit
 for bit: the kernels and S_dmask then agree on which elements were dropped."""
 import numpy as np
@@ -14,7 +14,7 @@ PROBE = r'''
 using namespace cuflash;
 // One warp: a (kMT·16) x (kNT·8) tile of ones in the mma accumulator layout (rows g, g + 8 of
 // each 16-row tile, columns 8·nt + 2t + e), dropout applied, written out row-major.
-template <int kMT, int kNT, bool kT>
+template <int kMT, int kNT, bool kT, bool kP>
 __global__ void probe(float* out, unsigned long long seed, unsigned long long offset, float p,
                       int bh, int row0, int col0) {
     const Dropout d = Dropout::make(seed, offset, p);
@@ -26,8 +26,8 @@ __global__ void probe(float* out, unsigned long long seed, unsigned long long of
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 1.f;
-    if (kT) d.apply_transposed(acc, bh, row0, col0, g, t);   // rows: keys, columns: queries
-    else d.apply(acc, bh, row0, col0, g, t);                 // rows: queries, columns: keys
+    if constexpr (kT) d.template apply_transposed<kP>(acc, bh, row0, col0, g, t);   // rows: keys, columns: queries
+    else d.zero_dropped(acc, bh, row0, col0, g, t);   // rows: queries, columns: keys (kept: 1)
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -37,17 +37,22 @@ __global__ void probe(float* out, unsigned long long seed, unsigned long long of
                 out[(16 * mt + g + 8 * (e / 2)) * (kNT * 8) + 8 * nt + 2 * t + e % 2] = acc[mt][nt][e];
 }
 '''
-SHAPES = [(1, 16, False), (2, 8, False), (1, 22, False), (2, 8, True), (1, 4, True), (3, 6, True)]
+# (kMT, kNT, transposed, pairs): pairs = one call for two 16-key tiles (fa2_bwd: key0 % 32 == 0)
+SHAPES = [(1, 16, False, False), (2, 8, False, False), (1, 20, False, False), (2, 8, True, False),
+          (1, 4, True, False), (3, 6, True, False), (1, 8, True, False), (2, 8, True, True), (4, 4, True, True)]
 
 
-@pytest.mark.parametrize("mt,nt,transposed", SHAPES, ids=lambda x: str(x))
-def test_dropout_apply_matches_the_mirror(mt, nt, transposed):
+@pytest.mark.parametrize("mt,nt,transposed,pairs", SHAPES, ids=lambda x: str(x))
+def test_dropout_apply_matches_the_mirror(mt, nt, transposed, pairs):
     import cupy
 
-    names = [f"probe<{m}, {n}, {'true' if tr else 'false'}>" for m, n, tr in SHAPES]
+    b = lambda x: 'true' if x else 'false'  # noqa: E731
+    names = [f"probe<{m}, {n}, {b(tr)}, {b(pr)}>" for m, n, tr, pr in SHAPES]
     mod = cupy.RawModule(code=PROBE, options=("-std=c++17", f"-I{kernel_dir()}"), name_expressions=names)
-    kern = mod.get_function(f"probe<{mt}, {nt}, {'true' if transposed else 'false'}>")
+    kern = mod.get_function(f"probe<{mt}, {nt}, {b(transposed)}, {b(pairs)}>")
     seed, offset, p, bh, row0, col0 = 0xDEADBEEF12345678, (5 << 32) + 96, 0.17, 7, 48, 32
+    if pairs:   # its precondition: the tile's first key a multiple of 32
+        row0 = 64
     rows, cols = 16 * mt, 8 * nt
     out = cupy.full((rows, cols), np.nan, np.float32)
     kern((1,), (32,), (out, np.uint64(seed), np.uint64(offset), np.float32(p), np.int32(bh),
@@ -59,7 +64,9 @@ def test_dropout_apply_matches_the_mirror(mt, nt, transposed):
     else:            # rows are queries from row0, columns keys from col0
         keep = dropout.keep_mask(seed, offset, p, 1, bh + 1, row0 + rows, col0 + cols)[0, bh]
         want = keep[row0:, col0:]
-    scale = np.float32(1) / (np.float32(1) - np.float32(p))
+    # apply_transposed scales the kept elements; zero_dropped leaves them (the forwards' epilogue
+    # takes 1 / (1 - p))
+    scale = np.float32(1) / (np.float32(1) - np.float32(p)) if transposed else np.float32(1)
     np.testing.assert_array_equal(got, np.where(want, scale, np.float32(0)))
 
 

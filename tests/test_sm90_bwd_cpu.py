@@ -168,11 +168,12 @@ def test_features_supported_and_set_by_the_call(feats):
         # an explicit plain config gets the call's flags too
         fam, got, source = choose(p, (9, 0), config=FAM.heuristic(p.replace(features=())))
         assert fam is FAM and source == "given" and got == cfg
-        # with dropout: run where it compiles without spills (not deterministic, no window without
-        # causal at d128: tests/test_dropmix_cpu.py), else refused by name; varlen: the feature
-        # sets of VARLEN_FEATURES, not deterministic above d64 (tests/test_sm90_varlen_cpu.py)
+        # with dropout: run where it compiles without spills (not deterministic, no window with
+        # softcap / ALiBi at d128: dropout_dq_path, tests/test_dropmix_cpu.py), else refused by
+        # name; varlen: the feature sets of VARLEN_FEATURES, not deterministic above d64
+        # (tests/test_sm90_varlen_cpu.py)
         mixed = p.replace(features=tuple(sorted(feats + ("dropout",))), dropout_p=0.1)
-        refused = det or (d == 128 and "window" in feats and not causal)
+        refused = det or (d == 128 and "window" in feats and ("softcap" in feats or "alibi" in feats))
         why = FAM.supports((9, 0), mixed)
         assert why.startswith(f"sm90_bwd has no feature {sorted(feats)[0]!r} with dropout") \
             if refused else why == "", (d, causal, det, why)
@@ -497,11 +498,18 @@ def test_dq_bulk_not_with_deterministic():
     cfg = FAM.for_problem(bulk, p)
     assert cfg.deterministic and not cfg.dq_bulk and cfg.problems() == []
     assert FAM.for_problem(bulk, problem(128)).dq_bulk
-    # nor with dropout at d128 (ptxas spills that kernel): refused, and dropped for such calls
-    with pytest.raises(ConfigError, match="dq_bulk with dropout at head_dim=128"):
+    # with dropout at d128 the dQ path is the one ptxas builds without spills (dropout_dq_path):
+    # dq_bulk under softcap / ALiBi, dq_writer otherwise; refused elsewhere, set for such calls
+    with pytest.raises(ConfigError, match="dropout at head_dim=128 takes dq_writer"):
         bulk.replace(dropout=True).validate()
+    assert bulk.replace(dropout=True, softcap=True).problems() == []
+    assert bulk.replace(dropout=True, softcap=True, window=True).dropout_dq_path() is None
     drop = problem(128).replace(features=("dropout",), dropout_p=0.1)
-    assert FAM.for_problem(bulk, drop).dropout and not FAM.for_problem(bulk, drop).dq_bulk
+    got = FAM.for_problem(bulk, drop)
+    assert got.dropout and got.dq_writer and not got.dq_bulk and got.problems() == []
+    cap = problem(128).replace(features=("dropout", "softcap"), dropout_p=0.1, softcap=30.0)
+    got = FAM.for_problem(bulk, cap)
+    assert got.dropout and got.softcap and got.dq_bulk and not got.dq_writer and got.problems() == []
     d64 = Sm90BwdConfig(64, 64, 2, 1, 64, "bf16", False, dq_bulk=True)
     assert FAM.for_problem(d64, drop.replace(head_dim=64)).dq_bulk
 

@@ -61,8 +61,8 @@ def test_all_features(monkeypatch, causal):
 
 
 def test_dropout(monkeypatch):
-    """dropout with dq_bulk at d64 (d128's kernel spills: refused, and for_problem drops the
-    flag for such calls)."""
+    """dropout with dq_bulk at d64 (at d128 the dQ path is Sm90BwdConfig.dropout_dq_path's:
+    dq_bulk only with softcap / ALiBi, test_dropmix_gpu.py runs those)."""
     base = feat.sm90_config
     monkeypatch.setattr(feat, "sm90_config", lambda *a, **kw: base(*a, **kw).replace(dq_bulk=True, dq_writer=False))
     feat.test_dropout(64, True, False)

@@ -102,8 +102,13 @@ def test_rules_and_for_problem():
         dqw.replace(deterministic=True).validate()
     with pytest.raises(ConfigError, match="dq_writer with dq_bulk"):
         dqw.replace(dq_bulk=True).validate()
-    with pytest.raises(ConfigError, match="dq_writer with dropout at head_dim=128"):
-        dqw.replace(dropout=True).validate()
+    # d128 dropout: dq_writer is its dQ path without softcap / ALiBi (dropout_dq_path), the
+    # consumers' red.add is refused (ptxas spills it)
+    assert dqw.replace(dropout=True).problems() == []
+    with pytest.raises(ConfigError, match="dropout at head_dim=128 takes dq_bulk"):
+        dqw.replace(dropout=True, alibi=True).validate()
+    with pytest.raises(ConfigError, match="dropout at head_dim=128 takes dq_writer"):
+        base(dropout=True).validate()
     assert base(64, dq_writer=True, dropout=True).problems() == []
     # overlap_sdp at d128: plain, causal and window (softcap, ALiBi, dropout spill)
     ovl = base(overlap_sdp=True)
@@ -113,7 +118,7 @@ def test_rules_and_for_problem():
         assert any("overlap_sdp at head_dim=128" in w for w in ovl.replace(**change).problems()), change
     for change in (dict(causal=True), dict(softcap=True), dict(alibi=True), dict(dropout=True)):
         assert base(64, overlap_sdp=True, **change).problems() == [], change
-    # the call decides: a deterministic call drops dq_writer, d128 dropout drops it too; overlap_sdp
+    # the call decides: a deterministic call drops dq_writer, d128 dropout keeps it; overlap_sdp
     # goes where its kernel would spill; otherwise the flags stay
     both = base(overlap_sdp=True, dq_writer=True)
     assert FAM.for_problem(both, problem()) == both
@@ -122,7 +127,7 @@ def test_rules_and_for_problem():
     cap = FAM.for_problem(both, problem().replace(features=("softcap",), softcap=30.0))
     assert cap.softcap and cap.dq_writer and not cap.overlap_sdp and cap.problems() == []
     drop = FAM.for_problem(both, problem().replace(features=("dropout",), dropout_p=0.1))
-    assert drop.dropout and not drop.dq_writer and not drop.overlap_sdp and drop.problems() == []
+    assert drop.dropout and drop.dq_writer and not drop.overlap_sdp and drop.problems() == []
     d64 = base(64, overlap_sdp=True, dq_writer=True)
     p64 = problem(64, causal=True).replace(features=("dropout",), dropout_p=0.1)
     assert FAM.for_problem(d64, p64).dq_writer and FAM.for_problem(d64, p64).overlap_sdp

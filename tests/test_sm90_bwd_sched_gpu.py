@@ -87,8 +87,8 @@ def test_window_with_overlap_sdp(monkeypatch):
 
 
 def test_dropout_d64_with_both(monkeypatch):
-    """dropout with both flags at d64 (d128's dq_writer kernel spills: refused, for_problem drops
-    the flags for such calls)."""
+    """dropout with both flags at d64 (at d128 overlap_sdp with dropout spills: refused, and
+    for_problem drops it; dq_writer is d128 dropout's dQ path, test_sm90_bwd_features_gpu.py)."""
     base = feat.sm90_config
     monkeypatch.setattr(feat, "sm90_config",
                         lambda *a, **kw: base(*a, **kw).replace(overlap_sdp=True, dq_writer=True))

@@ -27,7 +27,7 @@ def drop_problem(op="fwd", d=128, causal=True, p=0.1, dtype="bf16", **kw):
 def test_selection_runs_the_dropout_forward_on_sm90():
     fam, cfg, source = choose(drop_problem(), (9, 0), dirs=[])
     assert fam.name == "sm90_fwd" and cfg.dropout and source.startswith("heuristic")
-    assert cfg.name == "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_drop"
+    assert cfg.name == "sm90fwd_bf16_d128_causal_BM128_BN160_s2_c2_pp_drop"
     # elsewhere fa2_fwd, with its own dropout flag
     fam, cfg, _ = choose(drop_problem(), (8, 0), dirs=[])
     assert fam.name == "fa2_fwd" and cfg.dropout
@@ -90,7 +90,8 @@ def test_params_carry_threshold_scale_and_an_rng_pointer():
 
 def test_kernel_source_applies_dropout_after_the_softmax_and_before_the_pack():
     """The order that makes l and the LSE plain attention's (FA2's Algorithm 2): softmax_step,
-    then Dropout::apply, then the P fragments; the same Dropout::apply as fa2_fwd."""
+    then Dropout::zero_dropped, then the P fragments; the same Dropout::zero_dropped as fa2_fwd,
+    and 1 / (1 - p) with 1 / l in the epilogue."""
     from cuflash.compile import kernel_dir
 
     src = (kernel_dir() / "sm90_fwd.cu").read_text()
@@ -99,7 +100,8 @@ def test_kernel_source_applies_dropout_after_the_softmax_and_before_the_pack():
     assert body.index("softmax_s(slot, j)") < body.index("drop_p(j)") < body.index("pack_a_frags")
     first = src[src.index("softmax_s(slot_of(0), 0);"):]
     assert first.index("drop_p(0)") < first.index("pack_a_frags")
-    assert "dropout.apply(s_acc, at.batch * p.nheads + at.head, warp_row0," in src
+    assert "dropout.zero_dropped(s_acc, at.batch * p.nheads + at.head, warp_row0," in src
+    assert "if constexpr (kDropout) inv_l *= dropout.scale;" in src   # 1 / (1 - p) with 1 / l
 
 
 @needs_nvcc
@@ -124,8 +126,9 @@ def test_dropout_instantiations_compile_without_spills():
 
 
 def test_forced_dropout_config_wider_than_dropout_bn_is_refused():
-    """A config= with dropout at a BN above DROPOUT_BN (the tuned plain d128 tile, BN 176)
-    would spill: refused, naming the limit, before any launch."""
+    """A config= with dropout at a BN above DROPOUT_BN (d128 BN 192) would spill: refused,
+    naming the limit, before any launch; the tuned plain d128 tile (BN 176) is refused with
+    dropout too, as BN is not a multiple of 32 (a Philox call covers 32 keys)."""
     from cuflash import registry
     from cuflash.families.base import ConfigError
     from cuflash.families.sm90_fwd import DROPOUT_BN
@@ -133,7 +136,10 @@ def test_forced_dropout_config_wider_than_dropout_bn_is_refused():
 
     fam = registry.get("sm90_fwd")
     p = Problem("fwd", "bf16", 1, 1024, 1024, 4, 4, 128, True, features=("dropout",), dropout_p=0.1)
-    wide = fam.heuristic(p.replace(features=(), dropout_p=0.0)).replace(BN=176)
+    odd = fam.heuristic(p.replace(features=(), dropout_p=0.0)).replace(BN=176)
+    assert any("multiple of 32" in why for why in odd.replace(dropout=True).problems(227 * 1024))
+    assert not odd.problems(227 * 1024)   # the plain kernel keeps its tile
+    wide = odd.replace(BN=192)
     assert wide.replace(dropout=True).problems(227 * 1024)
     assert any("DROPOUT_BN" in why for why in wide.replace(dropout=True).problems(227 * 1024))
     ok = fam.for_problem(fam.heuristic(p), p)

@@ -163,3 +163,51 @@ def test_sm90_dropout_forward_backward_against_reference(flags, shape):
     nz = s_dmask != 0
     assert torch.equal((s_dmask > 0)[nz], keep[nz])
     assert np.isfinite(s_dmask.abs().sum().item())
+
+
+# forward and backward of different families: the backward regenerates the forward's mask from
+# the coordinates alone (philox.cuh), whichever family drew it; 4 compiles (d128 bf16 causal)
+CROSS = [("sm90_fwd", "fa2_bwd"), ("fa2_fwd", "sm90_bwd")]
+
+
+@pytest.mark.usefixtures("poison_outputs")
+@pytest.mark.parametrize("fwd,bwd", CROSS, ids=lambda f: f)
+@pytest.mark.parametrize("shape", [(2, 300, 417, 4, 2), (1, 1023, 113, 2, 1)],
+                         ids=lambda s: "b{}_s{}x{}_h{}x{}".format(*s))
+def test_forward_and_backward_of_different_families_share_the_mask(fwd, bwd, shape):
+    import torch
+
+    import cuflash
+    from cuflash import dropout
+    from cuflash.problem import Problem
+    from test_dropout_gpu import attention_with_mask, max_err, rand_qkv
+
+    require_sm90()
+    b, sq, sk, h, h_kv = shape
+    d, causal, dtype = 128, True, torch.bfloat16
+    problem = Problem("fwd", "bf16", b, sq, sk, h, h_kv, d, causal, features=("dropout",), dropout_p=P_DROP)
+    fcfg, bcfg = forced(fwd, problem), forced(bwd, problem.replace(op="bwd"))
+    assert fcfg.family == fwd and bcfg.family == bwd and fcfg.dropout and bcfg.dropout
+    q, k, v = rand_qkv(b, sq, sk, h, h_kv, d, dtype, grad=True)
+    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    scale = 1 / math.sqrt(d)
+    keep = torch.from_numpy(dropout.keep_mask(*SEED, P_DROP, b, h, sq, sk)).cuda()
+    out = cuflash.flash_attn_func(q, k, v, P_DROP, causal=causal, dropout_seed=SEED, config=fcfg,
+                                  bwd_config=bcfg)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    ref_out, _ = attention_with_mask(q, k, v, causal, scale, torch.float64, keep, P_DROP)
+    low_out, _ = attention_with_mask(q, k, v, causal, scale, dtype, keep, P_DROP)
+    err, base = max_err(out, ref_out), max_err(low_out, ref_out)
+    assert err <= 2 * base + 1e-5, f"{fcfg.name} out: error {err:.3g} > 2 x plain {base:.3g}"
+    ref_g = torch.autograd.grad(ref_out, (q, k, v), dout.double())
+    low_g = torch.autograd.grad(low_out, (q, k, v), dout)
+    for what, a, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_g, low_g):
+        assert not a.isnan().any(), f"{bcfg.name} {what}: unwritten (NaN) elements"
+        e, bse = max_err(a, r), max_err(lo, r)
+        floor = torch.finfo(dtype).eps * max(1.0, r.abs().max().item())
+        if what in ("dq", "dk"):   # D's residual (test_dropout_gpu.py says why)
+            d_scale = (dout.double() * out.double()).sum(-1).abs().max().item()
+            other = k if what == "dq" else q
+            floor = max(floor, torch.finfo(dtype).eps * d_scale * other.abs().max().item() * scale)
+        assert e <= 3 * bse + floor, \
+            f"{fcfg.name} + {bcfg.name} {what}: error {e:.3g} > 3 x plain {bse:.3g} + {floor:.3g}"

@@ -117,7 +117,7 @@ def run_case(case, lens_q, lens_k, deterministic=False, seed=0):
     out, lse, s_dmask = cuflash.flash_attn_varlen_func(
         qg, kg, vg, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, window_size=window,
         softcap=softcap, alibi_slopes=slopes, deterministic=deterministic, return_attn_probs=True)
-    assert s_dmask is None and out.shape == q.shape and lse.shape == (h, sum(lens_q))
+    assert s_dmask.shape == (0,) and s_dmask.dtype == q.dtype and out.shape == q.shape and lse.shape == (h, sum(lens_q))
     dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), dout)
 
     def attend(b, qs, ks, vs, dt):

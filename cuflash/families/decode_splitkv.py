@@ -7,6 +7,23 @@ Q tile, the split's K/V blocks through a cp.async ring, mma.sync, fp32 partials)
 ``combine`` (the LSE merge of the splits). One split writes the output directly and skips the
 combine.
 
+The Hopper loop (config field ``tma``, sm_90 only; kernel ``decode_splitkv_tma``): the same
+consumer warps plus a producer warp that streams the split's K/V blocks by TMA into a ring of
+``stages`` slots with full / empty mbarriers, so every slot can be in flight and no consumer
+issues loads. The K and V tensor maps (box: head_dim + 8 columns, whose 8 out-of-bounds columns
+arrive as zeros and pad the shared-memory rows as the consumers' ldmatrix expects, by the block's
+keys or, paged, by ``tma_box_rows`` keys per page segment) are encoded on the host by
+``cuTensorMapEncodeTiled`` and written into the packed params per call by ``call_writer``, cached
+per (k_cache, v_cache) address pair: a CUDA graph captures them by value, like every pointer
+argument (reuse the captured cache tensors across replays; contents and cache_seqlens may change).
+The plain kernels are compiled exactly as before (their SASS is unchanged): they take
+``DecodeParams``, a prefix of the packed ``DecodeTmaParams``.
+
+Which loop runs (H100 timing in the TMA_DEFAULT / TMA_PAGED_DEFAULT notes below): contiguous
+caches and large pages the cp.async loop, which streams as fast; paged caches with pages under
+TMA_PAGED_MAX_PAGE keys the Hopper loop (4 warps, 3 stages), chosen per call by ``call_config``
+(the page size is the call's, not the problem class's).
+
 The number of splits is the config's ``splits`` (1..128), fixed before a plan is made:
 ``cuflash.decode`` puts the call's ``num_splits`` there, or the heuristic's choice
 (``num_splits_for``) for ``num_splits=0``. It depends on shapes only (batch, heads, the
@@ -17,7 +34,10 @@ lengths change.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
+
+import numpy as np
 
 from ..problem import Problem
 from ..registry import register
@@ -31,6 +51,13 @@ LOG2E = 1.4426950408889634
 SMEM_RESERVED = 1024      # shared memory the system reserves per CTA
 MAX_THREADS_PER_SM = 2048
 ALIGN = 256               # workspace pieces start on 256-byte boundaries
+TMA_MAX_HEAD_DIM = 240    # tma: a box row is head_dim + 8 elements, at most 256
+TMA_PAGE_MULTIPLE = 16    # tma: paged caches need page sizes that are multiples of this
+# tma with 8 or more warps (9+ with the producer): ptxas caps a thread at 168 registers (a
+# sub-partition's 16K registers over its 3 warps), and d128 with two row tiles (144 accumulator
+# registers) spills 216 bytes (nvcc 13.0, sm_90a); 80 (d64 with two tiles, d128 with 32-key
+# warps) compile clean. tests/test_decode_tma_cpu.py holds the allowed set to zero spills.
+TMA_MAX_ACCUM_REGS_WIDE = 96
 COMBINE_ROWS = 4          # decode_combine: one warp per row, 4 warps per CTA
 APPEND_THREADS = 128
 APPEND_CTAS = 32         # decode_append: CTAs per batch row, striding over the new tokens
@@ -42,6 +69,27 @@ COMBINE_LAUNCH_COST = 1
 # tests/decode_timing.py, shows them faster)
 FUSED_COMBINE_DEFAULT = False
 PAGE_PREFETCH_DEFAULT = False
+# The heuristic's choice of the Hopper loop (tma) on sm_90 for every call it can run (head dims
+# that are multiples of 16 up to TMA_MAX_HEAD_DIM; cuflash.decode falls back to the cp.async loop
+# for page sizes that are not multiples of 16): off. Measured on the H100 (tests/decode_timing.py,
+# bf16 d128 32:8 heads, CUDA graphs; logs/session13_dec4 in the lead's results), contiguous caches
+# stream as fast or faster through the cp.async loop: 1x8k 18.0 vs 17.9-18.4 us, 1x32k 56.4 vs
+# 56.0-57.6, 1x64k 102.4 vs 103.4-105.0, 1x128k 195.0 vs 203.1-206.5, 8x32k 375.2 vs 392.4 (the
+# loop's best split count, 4), 32x8k 372.7 vs 381.1, 64x32k 2956 vs 3056.
+TMA_DEFAULT = False
+# Paged caches with pages of fewer than TMA_PAGED_MAX_PAGE keys take the Hopper loop on sm_90
+# (DecodeSplitKV.call_config, for configs the heuristic chose): its producer reads one page id
+# per box instead of one per key row. Measured there, page 16: 32x8k 402.3 us (4 warps, 3 stages)
+# / 395.1 (8 warps) against 419.8 for the cp.async loop (contiguous 372.7), 1x32k 60.0 / 62.3
+# against 63.1 (contiguous 56.4): within 7% of contiguous where the cp.async loop was 12% off.
+# Page 256: a tie or up to 2% slower (32x8k 383.5-394.3 against 376.0; 1x32k 57.1 against 57.8),
+# so those stay on the cp.async loop. 4 warps (64-key blocks, 3 stages, two CTAs per SM) gained
+# in both page-16 cells.
+TMA_PAGED_DEFAULT = True
+TMA_PAGED_MAX_PAGE = 128
+# The heuristic's split rule for the Hopper loop (its split_cost, in K/V blocks; see
+# num_splits_for): the cp.async loop's until the H100 timing refits it
+TMA_SPLIT_COST = 4
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -64,6 +112,12 @@ class DecodeConfig(KernelConfig):
               persistent, zeroed int32 buffer that the call shape's plan owns, ``counters``)
     page_prefetch: paged caches read a K/V block's page ids from block_table one block ahead
               (into registers) instead of once per key row right before its cp.async
+    tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
+              TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
+              and the warps only compute; contiguous caches take one box of ``block_n`` keys per
+              K (V) block, paged ones a box per page segment (``tma_box_rows``). Needs the real
+              head dim to equal ``head_dim`` (the box carries no column mask), a page size that
+              is a multiple of 16, no fused combine and no page prefetch
     """
 
     warps: int
@@ -77,6 +131,7 @@ class DecodeConfig(KernelConfig):
     splits: int = 0
     fused_combine: bool = False
     page_prefetch: bool = False
+    tma: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -90,16 +145,24 @@ class DecodeConfig(KernelConfig):
         return 16 * self.m_tiles
 
     @property
+    def threads(self) -> int:
+        """The warps, plus the producer warp of the Hopper loop (tma)."""
+        return 32 * (self.warps + (1 if self.tma else 0))
+
+    @property
     def name(self) -> str:
         split = f"_x{self.splits}" if self.splits else ""
-        flags = ("_fc" if self.fused_combine else "") + ("_pp" if self.page_prefetch else "")
+        flags = (("_fc" if self.fused_combine else "") + ("_pp" if self.page_prefetch else "")
+                 + ("_tma" if self.tma else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
     @property
     def smem_bytes(self) -> int:
-        """Q tile plus `stages` (K, V) blocks, rows padded by 8 elements."""
-        return (self.rows + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
+        """Q tile plus `stages` (K, V) blocks, rows padded by 8 elements (tma: plus the ring's
+        full and empty mbarriers, 8 bytes each)."""
+        tiles = (self.rows + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
+        return tiles + (2 * self.stages * 8 if self.tma else 0)
 
     @property
     def accum_regs(self) -> int:
@@ -107,11 +170,16 @@ class DecodeConfig(KernelConfig):
 
     def kernel_name(self) -> str:
         flag = {True: "true", False: "false"}
+        if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
+            return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
+                    f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
         return (f"cuflash::decode_splitkv<{self.warps}, {self.warp_n}, {self.stages}, {self.m_tiles}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {flag[self.fused_combine]}, "
                 f"{flag[self.page_prefetch]}>")
 
     def template_args(self) -> tuple:
+        if self.tma:
+            return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype)
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                 bool(self.fused_combine), bool(self.page_prefetch))
 
@@ -130,9 +198,71 @@ class DecodeConfig(KernelConfig):
                        f"exceed the budget of {MAX_ACCUM_REGS}: it would spill")
         chunks = self.head_dim // 8
         lanes = 4 if chunks <= 4 else 8 if chunks <= 8 else 16 if chunks <= 16 else 32
-        if not out and self.threads % lanes:
-            out.append(f"{self.threads} threads do not cover whole {self.head_dim}-column rows")
+        if not out and (32 * self.warps) % lanes:
+            out.append(f"{32 * self.warps} threads do not cover whole {self.head_dim}-column rows")
+        if self.tma:
+            if self.head_dim > TMA_MAX_HEAD_DIM:
+                out.append(f"tma: head_dim must be <= {TMA_MAX_HEAD_DIM} (a box row holds the head dim "
+                           f"and 8 padding columns, at most 256), got {self.head_dim}")
+            if self.block_n > 256:
+                out.append(f"tma: warps * warp_n (the block's keys, one TMA box) must be <= 256, "
+                           f"got {self.block_n}")
+            if self.fused_combine or self.page_prefetch:
+                out.append("tma: the Hopper loop has no fused_combine and no page_prefetch")
+            if not out and self.warps >= 8 and self.accum_regs > TMA_MAX_ACCUM_REGS_WIDE:
+                out.append(f"tma: {self.accum_regs} fp32 accumulator registers per thread exceed the "
+                           f"budget of {TMA_MAX_ACCUM_REGS_WIDE} at {self.warps} warps plus the producer "
+                           "(ptxas caps them at 168 registers): it would spill; use 4 warps")
         return out
+
+
+def tma_box_rows(config, page_size: int) -> int:
+    """Keys per TMA box of the tma loop: the K/V block (contiguous caches), or the largest
+    divisor of the block that divides the page size (paged: a box never crosses a page when the
+    row's cache_leftpad is a multiple of it); 0 without tma."""
+    if not getattr(config, "tma", False):
+        return 0
+    return math.gcd(config.block_n, page_size) if page_size else config.block_n
+
+
+def tma_map_args(config, problem: Problem, strides, page_size: int, num_pages: int) -> tuple:
+    """(dims, strides in bytes, box) of a cache's tensor map, innermost first: (head_dim,
+    capacity, nheads_kv, batch_cache) for a contiguous cache, (head_dim, page_size, nheads_kv,
+    num_pages) for a paged one, with the cache's (batch / page, row, head) strides in elements;
+    box (config.head_dim + 8) x tma_box_rows x 1 x 1: the 8 columns past the head dim lie
+    outside the tensor and arrive as zeros, which pads each shared-memory row as the
+    ldmatrix addressing expects. A dimension of extent 1 gets a 16-byte stride (any stride is
+    legal there and never multiplied by a non-zero coordinate)."""
+    rows = page_size or problem.seqlen_k
+    dims = (problem.head_dim, rows, problem.nheads_kv, num_pages)
+    batch_stride, row_stride, head_stride = strides
+    strides_bytes = tuple(2 * st if n > 1 else 16 for st, n in
+                          ((row_stride, rows), (head_stride, problem.nheads_kv), (batch_stride, num_pages)))
+    return dims, strides_bytes, (config.head_dim + 8, tma_box_rows(config, page_size), 1, 1)
+
+
+TMA_SWIZZLE_NONE = 0
+TMA_L2_PROMOTION_256B = 3
+TMA_OOB_FILL_ZEROS = 0
+_MAP_CACHE: dict = {}
+_MAP_CACHE_MAX = 1024
+
+
+def tensor_map(dtype: str, ptr: int, map_args: tuple) -> bytes:
+    """A cache's encoded tensor map (128 bytes), cached per (dtype, pointer, dims, strides, box);
+    encoded by sm90_fwd's cuTensorMapEncodeTiled binding (its ``_encoder``, which tests fake)."""
+    from . import sm90_fwd
+
+    key = (dtype, ptr, map_args)
+    blob = _MAP_CACHE.get(key)
+    if blob is None:
+        if len(_MAP_CACHE) >= _MAP_CACHE_MAX:
+            _MAP_CACHE.clear()
+        dims, strides_bytes, box = map_args
+        blob = _MAP_CACHE[key] = sm90_fwd._encoder(
+            sm90_fwd.CU_TENSOR_MAP_DATA_TYPE[dtype], ptr, dims, strides_bytes, box, TMA_SWIZZLE_NONE,
+            TMA_L2_PROMOTION_256B, TMA_OOB_FILL_ZEROS)
+    return blob
 
 
 def row_blocks(config, problem: Problem) -> int:
@@ -163,7 +293,14 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
     / SMs) waves of (ceil(blocks / s) + split_cost). The s in 1..128 (each split at least
     MIN_SPLIT_BLOCKS blocks) with the least time wins; ties go to fewer splits. Measured on
     the H100 (decode sweep, results/<gpu>/decode_splits.json), a wave that is not whole costs
-    like a whole one: at batch 8 x 8 KV heads, 3 splits is 20% slower than 2 or 4."""
+    like a whole one: at batch 8 x 8 KV heads, 3 splits is 20% slower than 2 or 4.
+
+    The Hopper loop (``tma``) runs the same model: its producer keeps all ``stages`` blocks in
+    flight, so an SM's blocks stream back to back as the model assumes, and its fixed cost per
+    split (barrier set-up, the Q tile, the first box's latency, the warps' merge, the partial's
+    write) is again ``split_cost`` blocks; its threads (warps + the producer) and shared memory
+    (plus the mbarriers) enter ``ctas_per_sm``. tests/decode_timing.py times it at half and
+    twice this count to refit split_cost per loop."""
     groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
     if groups == 0:
         return 1
@@ -190,9 +327,16 @@ class DecodeSplitKV(Family):
     version = 2
     config_cls = DecodeConfig
     space = {"warps": (2, 4, 8), "warp_n": (16, 32), "stages": (2, 3, 4, 6), "m_tiles": (1, 2),
-             "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True)}
+             "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
+             "tma": (False, True)}
     fixed = {"splits": 0}
-    params_struct = "DecodeParams"
+    # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
+    # decode_splitkv_tma take DecodeParams, its prefix
+    params_struct = "DecodeTmaParams"
+    kernel_param_decl = "const cuflash::DecodeParams"
+    # the Hopper loop takes its params as a grid constant (TMA reads the maps in parameter space)
+    kernel_param_decls_by_kernel = {"cuflash::decode_splitkv_tma":
+                                    "const __grid_constant__ cuflash::DecodeTmaParams"}
     pointer_fields = ("q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos", "rotary_sin",
                       "cache_seqlens", "cache_batch_idx", "cache_leftpad", "block_table",
                       "alibi_slopes", "o", "lse", "o_partial", "lse_partial", "q_rot")
@@ -235,12 +379,67 @@ class DecodeSplitKV(Family):
         cfg = DecodeConfig(8, 16, stages, m_tiles, 4, d, problem.dtype, bool(problem.causal),
                            fused_combine=FUSED_COMBINE_DEFAULT,
                            page_prefetch=PAGE_PREFETCH_DEFAULT and "paged_kv" in problem.features)
+        if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
+            # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
+            # a ring as deep in bytes
+            tma = cfg.replace(fused_combine=False, page_prefetch=False, tma=True, split_cost=TMA_SPLIT_COST)
+            for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
+                           {"warps": 4, "stages": 2}):
+                candidate = tma.replace(**shrink)
+                if not candidate.problems(max_smem):
+                    return candidate
         for shrink in ({}, {"stages": 2}, {"warps": 4, "stages": 2}, {"warps": 2, "stages": 2},
                        {"warps": 2, "stages": 2, "m_tiles": 1}):
             candidate = cfg.replace(**shrink)
             if not candidate.problems(max_smem):
                 return candidate
         return cfg.validate(max_smem)
+
+    def make(self, point, problem: Problem):
+        """As Family.make; a point without ``tma`` (tuned tables and recorded studies from before
+        the Hopper loop) gets False, the cp.async loop."""
+        if "tma" not in point:
+            point = {**point, "tma": False}
+        return super().make(point, problem)
+
+    def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
+        """'' when ``config``'s Hopper loop (``tma``) can run ``problem`` (a call with caches of
+        ``page_size`` keys per page, 0: contiguous) on ``arch``, else why not (naming the
+        argument). A config without tma runs everywhere the family does."""
+        if not getattr(config, "tma", False):
+            return ""
+        if tuple(arch)[0] != 9:
+            return f"config: {config.name} (tma) needs sm_90 (TMA), got sm_{arch[0]}{arch[1]}"
+        if problem.head_dim != config.head_dim:
+            return (f"q: the tma loop needs the head dim to equal the config's {config.head_dim} "
+                    f"(its TMA boxes carry no column mask), got {problem.head_dim}")
+        if page_size % TMA_PAGE_MULTIPLE:
+            return (f"k_cache: the tma loop needs a page_block_size that is a multiple of "
+                    f"{TMA_PAGE_MULTIPLE}, got {page_size}")
+        return ""
+
+    def call_config(self, config, problem: Problem, arch, page_size: int, chosen: bool,
+                    heuristic: bool = False, max_smem: Optional[int] = None):
+        """The config a call runs, from ``config`` (given, tuned or the heuristic's for the problem
+        class) and what only the call knows, its cache's page size (0: contiguous): a given config
+        with tma that cannot run the call raises (ValueError naming the argument); a chosen one
+        (``chosen``: the heuristic's or a tuned table's) falls back to the cp.async loop there,
+        and the heuristic's choice (``heuristic``) without the cp.async loop's options takes the
+        Hopper loop for small pages on sm_90 (TMA_PAGED_DEFAULT, TMA_PAGED_MAX_PAGE)."""
+        why = self.tma_problem(config, problem, arch, page_size)
+        if why:
+            if not chosen:
+                raise ValueError(why)
+            config = config.replace(tma=False)
+        if (chosen and heuristic and TMA_PAGED_DEFAULT and 0 < page_size < TMA_PAGED_MAX_PAGE and not config.tma
+                and not config.fused_combine and not config.page_prefetch):
+            max_smem = default_max_smem(arch) if max_smem is None else max_smem
+            stages = 3 if config.head_dim <= 128 else 2
+            tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST)
+            for candidate in (tma, tma.replace(stages=2)):
+                if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
+                    return candidate
+        return config
 
     def kernel_names(self, config) -> dict:
         d, dt = config.head_dim, config.dtype
@@ -323,12 +522,54 @@ class DecodeSplitKV(Family):
             num_splits=_splits(config, p, sm_count), group=p.nheads // max(p.nheads_kv, 1),
             row_blocks=row_blocks(config, p), softmax_scale=softmax_scale,
             scale_log2=softmax_scale * LOG2E, softcap=call.get("softcap", 0.0),
-            split_counters=call.get("split_counters", 0))
+            split_counters=call.get("split_counters", 0),
+            tma_box_rows=tma_box_rows(config, call.get("page_size", 0)), tma_k=0, tma_v=0)
         if self.counters(config, p) and not out["split_counters"]:
             raise ValueError(f"{config.name}: fused_combine with {out['num_splits']} splits needs its "
                              "zeroed split counters (strides['call']['split_counters'], allocated by "
                              "cuflash.decode with the plan)")
         return out
+
+    def call_writer(self, config, problem: Problem, strides: dict, struct):
+        """The tma loop's per-call step (cuflash.launch.Plan runs it after writing the pointers):
+        the tensor maps of k_cache and v_cache (ptrs[1], ptrs[2]) into the packed params, at the
+        tma_k / tma_v offsets of ``struct``. None (no per-call step) without tma.
+
+        A map embeds its cache's address: maps are encoded once per (k_cache, v_cache) address
+        pair of the plan (the plan fixes shapes, strides and boxes) and kept, so a serving loop
+        that reuses its cache costs one dict lookup and one 256-byte copy per call. A CUDA graph
+        captures the params by value, maps included: replays read the cache tensors of the
+        capture, as they do for every pointer argument (reuse the same cache tensors across
+        replays; their contents and cache_seqlens may change)."""
+        if not getattr(config, "tma", False):
+            return None
+        call = strides.get("call", {})
+        page = call.get("page_size", 0)
+        args = {name: tma_map_args(config, problem, strides.get(name, strides.get(name[0], (0, 0, 0))), page,
+                                   call.get("num_pages", problem.batch))
+                for name in ("k_cache", "v_cache")}
+        k_off, v_off = struct.fields["tma_k"][1], struct.fields["tma_v"][1]
+        if v_off != k_off + 128:
+            raise RuntimeError(f"{self.params_struct}: tma_k and tma_v must be adjacent")
+        dtype = problem.dtype
+        blobs: dict = {}
+        written = [None]  # the address pair whose maps the packed params hold now
+
+        def write(buf, ptrs):
+            key = (ptrs[1], ptrs[2])
+            if key == written[0]:  # a serving loop's cache: the maps are in place already
+                return
+            blob = blobs.get(key)
+            if blob is None:
+                if len(blobs) >= 64:
+                    blobs.clear()
+                blob = blobs[key] = np.frombuffer(
+                    tensor_map(dtype, ptrs[1], args["k_cache"]) + tensor_map(dtype, ptrs[2], args["v_cache"]),
+                    np.uint8)
+            buf[k_off:k_off + 256] = blob
+            written[0] = key
+
+        return write
 
     def bench_problem(self, dtype: str, head_dim: int, causal: bool, seqlen: int,
                       features: tuple = ()) -> Problem:

@@ -100,6 +100,9 @@ class FwdConfig(KernelConfig):
                        "(each warp owns whole 16-row mma tiles)")
         if self.Bc % 16 or self.Bc <= 0:
             out.append(f"Bc must be a positive multiple of 16, got {self.Bc}")
+        elif self.dropout and self.Bc % 32:
+            out.append(f"dropout needs Bc a multiple of 32 (one Philox call covers 32 keys, "
+                       f"philox.cuh), got {self.Bc}")
         if not out and self.accum_regs > MAX_ACCUM_REGS:
             out.append(f"{self.accum_regs} fp32 accumulator registers per thread (O and S) "
                        f"exceed the budget of {MAX_ACCUM_REGS}: it would spill")

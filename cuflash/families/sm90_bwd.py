@@ -91,15 +91,16 @@ class Sm90BwdConfig(KernelConfig):
     dropout:       attention dropout: the forward's keep mask regenerated (compile-time flag)
     dq_bulk:       dQ_i parts added through a shared-memory staging tile by bulk reduce-add
                    (cp.reduce.async.bulk, FA3's way) instead of red.global.add from registers;
-                   unordered mode only (not with deterministic), not with dropout at head dim
-                   128 (ptxas spills it; for_problem drops the flag for such calls)
+                   unordered mode only (not with deterministic); with dropout at head dim 128
+                   the dQ path of softcap / ALiBi (dropout_dq_path; for_problem sets it)
     overlap_sdp:   FA3's schedule: dPᵀ issued behind Sᵀ, Pᵀ computed while it runs (both
                    accumulators live); at head dim 128 not with softcap, ALiBi or dropout (those
                    spill; for_problem drops the flag there)
     dq_writer:     FA3's dQ path: the consumers stage dQ_i (BM x head_dim fp32, swizzled) in
                    shared memory, a producer warp adds it by tensor bulk reduce-adds (map tma_dq);
                    2 staging tiles where they fit (dq_writer_bufs); unordered mode only, not with
-                   dq_bulk, not with dropout at head dim 128 (it spills; for_problem drops it)
+                   dq_bulk; with dropout at head dim 128 the dQ path without softcap / ALiBi
+                   (dropout_dq_path; for_problem sets it)
     varlen:        variable-length batches (kVarlen, kernels_cu/varlen.cuh), set from the call
                    (for_problem), never tuned
     """
@@ -161,6 +162,17 @@ class Sm90BwdConfig(KernelConfig):
         if self.dq_writer:
             used = -(-used // 1024) * 1024 + self.dq_writer_bufs * self.BM * self.head_dim * 4
         return used + 1024
+
+    def dropout_dq_path(self):
+        """The dQ path of a head dim 128 dropout kernel (unordered mode), the one that ptxas
+        (nvcc 13.0, sm_90a) builds without spills since the 32-key Philox layout (four calls per
+        thread and Q block: philox.cuh's keep_bits_transposed): "dq_writer" without softcap and
+        ALiBi (a window too), "dq_bulk" with softcap and / or ALiBi; None for a window with
+        either (every path spills 4-12 bytes). The consumers' red.add spills 8-36 bytes with
+        dropout at d128 in every mix. tests/test_sm90_bwd_cpu.py holds it to ptxas."""
+        if self.window and (self.softcap or self.alibi):
+            return None
+        return "dq_bulk" if self.softcap or self.alibi else "dq_writer"
 
     @property
     def dq_writer_bufs(self) -> int:
@@ -241,12 +253,14 @@ class Sm90BwdConfig(KernelConfig):
         if not out and self.overlap_sdp and self.head_dim > 64 and self.overlap_sdp_spills():
             out.append(f"overlap_sdp at head_dim={self.head_dim} with softcap / ALiBi / dropout: "
                        "ptxas spills that kernel (Sᵀ and dPᵀ live together; nvcc 13.0)")
-        if not out and self.dq_writer and self.dropout and self.head_dim > 64:
-            out.append(f"dq_writer with dropout at head_dim={self.head_dim}: ptxas spills that kernel "
-                       "(nvcc 13.0); the red.add one (dq_writer=False) runs it")
-        if not out and self.dq_bulk and self.dropout and self.head_dim > 64:
-            out.append(f"dq_bulk with dropout at head_dim={self.head_dim}: ptxas spills that kernel "
-                       "(nvcc 13.0); the red.add one (dq_bulk=False) runs it")
+        if not out and self.dropout and self.head_dim > 64 and not self.deterministic:
+            path = self.dropout_dq_path()
+            if path is None:
+                out.append(f"dropout with a window and softcap / ALiBi at head_dim={self.head_dim}: "
+                           "ptxas spills that kernel with every dQ path (nvcc 13.0); fa2_bwd runs it")
+            elif (self.dq_writer, self.dq_bulk) != (path == "dq_writer", path == "dq_bulk"):
+                out.append(f"dropout at head_dim={self.head_dim} takes {path} with these features: "
+                           "ptxas spills the other dQ paths (nvcc 13.0; dropout_dq_path)")
         if not out and self.dropout and self.deterministic and self.head_dim > 64:
             out.append(f"dropout with deterministic at head_dim={self.head_dim}: ptxas spills "
                        "that kernel (nvcc 13.0); fa2_bwd runs it")
@@ -319,17 +333,18 @@ class Sm90Backward(Family):
 
     def dropout_mix(self, problem: Problem) -> str:
         """Dropout with window / softcap / ALiBi where its instantiation compiles without spills
-        (nvcc 13.0, sm_90a): not deterministic, and not a window without causal at d128 (it
-        spills 4 bytes); elsewhere selection falls back to fa2_bwd.
-        tests/test_dropmix_cpu.py holds the allowed set to zero spills."""
+        (nvcc 13.0, sm_90a): not deterministic, and not a window with softcap or ALiBi at d128
+        (Sm90BwdConfig.dropout_dq_path: every dQ path spills 4-12 bytes); elsewhere selection
+        falls back to fa2_bwd. tests/test_dropmix_cpu.py holds the allowed set to zero spills."""
         why = dropout_mix(self, problem)
         if not why:
             return ""
         if problem.deterministic:
             return why + " and deterministic=True (unchecked)"
-        if self.head_dim_of(problem.head_dim) == 128 and "window" in problem.features \
-                and not problem.causal:
-            return why + f" without causal at head dim {problem.head_dim} (its instantiation spills)"
+        feats = problem.features
+        if self.head_dim_of(problem.head_dim) == 128 and "window" in feats \
+                and ("softcap" in feats or "alibi" in feats):
+            return why + f" with a window at head dim {problem.head_dim} (its instantiation spills)"
         return ""
 
     def varlen_mix(self, problem: Problem) -> str:
@@ -359,14 +374,18 @@ class Sm90Backward(Family):
             config = config.replace(dropout="dropout" in problem.features)
         if config.varlen != is_varlen(problem):
             config = config.replace(varlen=is_varlen(problem))
-        if config.dq_bulk and (problem.deterministic or (config.dropout and config.head_dim > 64)):
+        if config.dq_bulk and problem.deterministic:
             # a speed choice (a tuned entry's, or bwd_config='s): a deterministic call takes the
-            # ordered red.add additions, and d128 dropout the red.add kernel (dq_bulk spills it)
+            # ordered red.add additions
             config = config.replace(dq_bulk=False)
         config = self.with_features(config, problem)
-        if config.dq_writer and (problem.deterministic or (config.dropout and config.head_dim > 64)):
-            # the ordered additions keep red.add; d128 dropout the red.add kernel (dq_writer spills it)
-            config = config.replace(dq_writer=False)
+        if config.dq_writer and problem.deterministic:
+            config = config.replace(dq_writer=False)   # the ordered additions keep red.add
+        if config.dropout and config.head_dim > 64 and not problem.deterministic:
+            # d128 dropout: the dQ path that compiles without spills for these features
+            path = config.dropout_dq_path()
+            if path is not None:
+                config = config.replace(dq_writer=path == "dq_writer", dq_bulk=path == "dq_bulk")
         if config.overlap_sdp and config.head_dim > 64 and config.overlap_sdp_spills():
             config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
         return config
@@ -380,7 +399,7 @@ class Sm90Backward(Family):
         """Head dim 128: FA3's shape with 2 consumer warpgroups (BN = 128 keys) and Q blocks of
         64 (dQ_i split by head-dim halves); head dim 64: one consumer warpgroup, 64 x 64 (BM = 128
         with 2 consumers spills under the register budget). dQ by the writer warp (dq_writer)
-        except where for_problem drops it (deterministic; d128 dropout): measured on the H100
+        except where for_problem changes it (deterministic; d128 dropout: dropout_dq_path): measured on the H100
         (tests/sm90_bwd_sched_timing.py, the tuner's sweep), 13-22% faster than the consumers'
         red.add at d64 and d128, bf16 and fp16, causal or not, 2k-16k."""
         d = self.head_dim_of(problem.head_dim)

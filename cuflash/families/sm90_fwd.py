@@ -18,7 +18,7 @@ supports (every head dim up to 256: the kernels are compiled for 64, 96, 128, 19
 smaller head dims zero-fill the missing columns by TMA); elsewhere fa2_fwd. Head dim 96 is exact
 in compute (6 k16 steps for S, an N = 96 wgmma for P V, 96 columns of O accumulators) and keeps
 d128's shared-memory layout (two 128-byte-swizzled chunks, the second half zeros): its tiles
-take d128's shared memory. Dropout (``dropout``, kDropout): philox.cuh's Dropout::apply on P_j
+take d128's shared memory. Dropout (``dropout``, kDropout): philox.cuh's Dropout::zero_dropped on P_j
 after the softmax (l and the LSE stay plain attention's), the same keep mask as fa2_fwd's, which
 fa2_bwd regenerates; at DROPOUT_BN (the Philox rounds need registers). Variable-length batches
 (``varlen``, kVarlen, set from the call): tiles (Q block, head, sequence) over a grid sized for
@@ -57,11 +57,13 @@ MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
 # consumer warpgroups (setmaxnreg budget 256 / 240 / 160 minus addresses, m, l, P fragments).
 # ptxas (nvcc 13.0, sm_90a) spills nothing up to these; tests/test_sm90_cpu.py holds it to that.
 MAX_ACCUM_REGS = {1: 192, 2: 176, 3: 96}
-# BN of a dropout forward (2 consumer warpgroups), by head dim: the largest BN at which ptxas
-# (nvcc 13.0, sm_90a) spills nothing with the Philox rounds (kDropout), which run once P_{j-1}'s
-# fragments are dead. One step up spills: d64 BN 160 (4 bytes), d128 BN 144 (24), d256 BN 80 (8);
-# the plain BNs (192 / 176 / 112 / 80) spill 4..140 bytes. tests/test_sm90_cpu.py holds it to that.
-DROPOUT_BN = {64: 128, 96: 128, 128: 128, 192: 96, 256: 64}
+# BN of a dropout forward (2 consumer warpgroups), by head dim: the largest multiple of 32 (one
+# Philox call covers 32 keys, philox.cuh) at which ptxas (nvcc 13.0, sm_90a) spills nothing
+# with the Philox rounds (kDropout), which run once P_{j-1}'s fragments are dead: one call per
+# 16 elements since the 32-key layout (it was one call and a 4 x 4 quad transpose per 16,
+# which capped d64 / d128 at 128). One step up: d128 BN 192 spills 4 bytes; d192 BN 128 and
+# d256 BN 96 exceed shared memory. tests/test_sm90_dropout_cpu.py holds it to that.
+DROPOUT_BN = {64: 192, 96: 160, 128: 160, 192: 96, 256: 64}
 # emu_exp2 (kEmuExp2): quarters of S's 8-column tiles whose exp2 runs on the FMA / ALU pipes
 # (kernels_cu/exp2_emu.cuh). Legal values, and the tuning space's (all emulated, 4, moves the
 # bottleneck to the FMA pipes: ~10 instructions against one SFU op at 1/8 of the FMA rate).
@@ -198,7 +200,10 @@ class Sm90FwdConfig(KernelConfig):
             out.append(f"pingpong needs 2 or 3 consumer warpgroups, got {self.consumers}")
         if self.stages < 2:
             out.append(f"stages must be >= 2, got {self.stages}")
-        if self.dropout and self.head_dim in DROPOUT_BN and self.BN > DROPOUT_BN[self.head_dim]:
+        if self.dropout and self.BN % 32:
+            out.append(f"dropout needs BN a multiple of 32 (one Philox call covers 32 keys, "
+                       f"philox.cuh), got {self.BN}")
+        elif self.dropout and self.head_dim in DROPOUT_BN and self.BN > DROPOUT_BN[self.head_dim]:
             out.append(f"dropout at BN={self.BN}: the Philox rounds spill above "
                        f"BN={DROPOUT_BN[self.head_dim]} at head_dim={self.head_dim} (DROPOUT_BN)")
         if self.emu_exp2 not in EMU_EXP2:
