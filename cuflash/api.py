@@ -949,8 +949,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     corners (computed on the side for testing, as flash_attn_func's).
 
     torch CPU tensors run the float64 reference (autograd). GPU inputs run the varlen kernels
-    (fa2_fwd / fa2_bwd built with varlen; torch: autograd, torch.compile, CUDA graphs; CuPy on
-    the current stream; NumPy copied to the GPU), with window, softcap, ALiBi (slopes (nheads,)
+    (forward sm90_fwd on sm_90, else fa2_fwd; backward fa2_bwd; built with varlen; torch:
+    autograd, torch.compile, CUDA graphs; CuPy on the current stream; NumPy copied to the
+    GPU), with window, softcap, ALiBi (slopes (nheads,)
     or (batch, nheads), row i of the sequence's index) or dropout too. Dropout's keep mask of
     sequence i is that of the dense call of it alone at batch index i (cuflash/dropout.py);
     its RNG state as flash_attn_func's (dropout_seed: required for CuPy / NumPy, optional for

@@ -245,6 +245,8 @@ class Plan:
                 self._pack(self._bytes, 0, *ptrs)
                 struct.pack_into("<Q", self._bytes, offsets[0], cu_seqlens_q)
                 struct.pack_into("<Q", self._bytes, offsets[1], cu_seqlens_k)
+                if self._write_call is not None:   # sm90_fwd: the tensor maps of the packed tensors
+                    self._write_call(self._bytes, ptrs)
                 for fn, gx, gy, gz, threads, smem in self._calls:
                     launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
         finally:

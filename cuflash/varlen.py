@@ -1,5 +1,5 @@
-"""Variable-length batches on the GPU: launch plans for the varlen kernels (fa2_fwd / fa2_bwd
-built with ``varlen``, kernels_cu/varlen.cuh), for CuPy arrays, NumPy arrays and torch tensors.
+"""Variable-length batches on the GPU: launch plans for the varlen kernels (sm90_fwd on sm_90,
+fa2_fwd elsewhere, and fa2_bwd, built with ``varlen``, kernels_cu/varlen.cuh), for CuPy arrays, NumPy arrays and torch tensors.
 
 ``cuflash.api.flash_attn_varlen_func`` validates a call and comes here for GPU inputs; torch
 tensors go through ``cuflash.varlen_torch`` (autograd, torch.library ops for torch.compile and
@@ -9,7 +9,8 @@ softmax_lse fp32 (nheads, total_q).
 
 A varlen call is a ``Problem`` with "varlen" in its features, batch = number of sequences and
 seqlen_q / seqlen_k = max_seqlen_q / max_seqlen_k (the grids' extent); selection and the
-families handle it as any other problem (sm90_fwd refuses it, so fa2_fwd runs on the H100).
+families handle it as any other problem (the forward runs sm90_fwd on the H100, fa2_fwd on
+sm_80; the backward fa2_bwd, sm90_bwd refuses varlen).
 The token totals travel to the family as ``strides["totals"]`` (the fp32 workspace of the
 backward is indexed by tokens), the cu_seqlens pointers per call (``Plan.run_varlen``).
 """

@@ -63,6 +63,14 @@ struct Sm90FwdParams {
     int sched_section;       // (head, batch) pairs per section of the tile order, >= 1
     // the TMA-store epilogue (kTmaStore; appended, unused by a kernel built without it):
     TmaDesc tma_o;           // o's map: box 64 columns x 64 rows (one consumer warpgroup's rows)
+    // variable-length batches (kVarlen, varlen.cuh; appended): q, o are (total_q, nheads,
+    // head_dim), k, v (total_k, nheads_kv, head_dim), packed; the tensor maps span the whole
+    // packed tensors (batch extent 1, seqlen extent the token total); batch is the number of
+    // sequences and seqlen_q / seqlen_k the longest ones (the grid's extent); lse (nheads, total_q)
+    int* cu_seqlens_q;        // kVarlen: int32 (batch + 1), sequence b's queries are rows
+                              // cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1; per call; else null
+    int* cu_seqlens_k;        // kVarlen: the same for keys and values
+    int total_q;              // kVarlen: rows of q (the LSE's row length); else 0
 };
 
 }  // namespace cuflash

@@ -133,6 +133,21 @@
 //              4 + tile, which the consumers wait on before rewriting that tile. Not with
 //              kDeterministic or kDqBulk; with kDropout at head dim 128 the config's dQ path
 //              without softcap / ALiBi (Sm90BwdConfig.dropout_dq_path).
+//   kVarlen    (appended last) variable-length batches (varlen.cuh), as fa2_bwd's kVarlen and
+//              sm90_fwd's: q, k, v, dO, dq, dk, dv packed as (total, heads, d), sequence b's rows
+//              from cu_seqlens[b] on; the grid is sized for the longest sequence and a CTA whose
+//              K/V block lies past its sequence's end leaves at once. The tensor maps span the
+//              packed tensors and a box starts at row cu_seqlens[b] + offset: the rows past a
+//              sequence's end that a box covers are the next sequence's, so every mask is built
+//              from the sequence's own lengths (keys >= seqlen_k hidden), and the queries past
+//              its end get P = 0 from the workspace: fa2_bwd_preprocess writes LSE = +inf, D = 0
+//              for the rows up to the sequence's length rounded up to 128 (every BM), which its
+//              Q blocks read. LSE·log2e, D and the dQ accumulator in fa2_bwd's varlen workspace
+//              (nheads, ws_rows), sequence b from row (cu_seqlens_q[b] + kVarlenRowPad·b) & ~7
+//              (ws_row_offset; with kDqWriter the map tma_dq spans (head_dim, ws_rows, nheads)).
+//              dK, dV (and the GQA fp32 dK/dV accumulators, (nheads, total_k)) at the sequence's
+//              key rows. Dropout and ALiBi are keyed by the sequence index and the rows within the
+//              sequence (the forward's keep mask)
 #include "fa2_bwd.cu"
 #include "ptx_sm90.cuh"
 #include "params_sm90_bwd.cuh"
@@ -249,7 +264,8 @@ struct DescLo {
 
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
-          bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false>
+          bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
+          bool kVarlen = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim>;
@@ -293,12 +309,25 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     const int head_kv = head / (p.nheads / p.nheads_kv);     // GQA / MQA
     const i64 bh = static_cast<i64>(batch) * p.nheads + head;
     const int key0 = n_block * kBN;
+    // kVarlen: this sequence's rows and lengths (varlen.cuh). Its lengths replace the params'
+    // (seqlen_q, seqlen_k: the longest) wherever they are read; fixed lengths read the params
+    // as before (every varlen expression is a compile-time branch: the plain kernel's code is
+    // unchanged). A K/V block past the sequence's end has nothing to compute or store.
+    const SeqSpan seq = seq_span<kVarlen>(p, batch);
+    if constexpr (kVarlen)
+        if (key0 >= seq.seqlen_k) return;
+    // first row of (batch, head) in the fp32 workspace (lse_log2, D; dq_accum in rows of
+    // head_dim_rounded floats); kVarlen: within head `head`'s ws_rows rows (for tma_dq)
+    auto ws_row0 = [&]() -> i64 {
+        return kVarlen ? ws_row_offset<kVarlen>(p, batch, head, seq) : bh * p.seqlen_q_rounded;
+    };
 
     // Q blocks that see K_j: all, or under the causal mask those from q_block_begin on; under a
     // window (kWindow: the band mask, mask.cuh BandMask) [q_block_begin, q_block_end) of the band.
-    const Mask mask(p.seqlen_q, p.seqlen_k);
-    const BandMask<kCausal, kWindow> band(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
-    const int m_blocks = (p.seqlen_q + kBM - 1) / kBM;
+    const Mask mask(kVarlen ? seq.seqlen_q : p.seqlen_q, kVarlen ? seq.seqlen_k : p.seqlen_k);
+    const BandMask<kCausal, kWindow> band(kVarlen ? seq.seqlen_q : p.seqlen_q, kVarlen ? seq.seqlen_k : p.seqlen_k,
+                                          p.window_left, p.window_right);
+    const int m_blocks = ((kVarlen ? seq.seqlen_q : p.seqlen_q) + kBM - 1) / kBM;
     const int m_block_min = kWindow ? band.template q_block_begin<kBM>(key0) : mask.template q_block_begin<kBM>(key0);
     const int m_block_end = kWindow ? band.template q_block_end<kBM, kBN>(key0, m_blocks) : m_blocks;
     const int n_iters = max(0, m_block_end - m_block_min);
@@ -337,8 +366,13 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                     const u32 tile = smem + DqW::kOffset + buf * DqW::kTileBytes;
                     const int row0 = (m_block_min + it) * kBM;
 #pragma unroll
-                    for (int b = 0; b < kHeadDim / 32; ++b)
-                        bulk_reduce_add_tensor_3d(&p.tma_dq, tile + b * DqW::kBoxBytes, 32 * b, row0, pair);
+                    for (int b = 0; b < kHeadDim / 32; ++b) {
+                        if constexpr (kVarlen)   // the map's rows: (nheads, ws_rows), head `head`'s
+                            bulk_reduce_add_tensor_3d(&p.tma_dq, tile + b * DqW::kBoxBytes, 32 * b,
+                                                      static_cast<int>(ws_row0() - i64(head) * p.ws_rows) + row0, head);
+                        else
+                            bulk_reduce_add_tensor_3d(&p.tma_dq, tile + b * DqW::kBoxBytes, 32 * b, row0, pair);
+                    }
                     bulk_commit_group();
                     bulk_wait_group_read<0>();                  // the tile may be rewritten
                 }
@@ -353,12 +387,14 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 mbarrier_arrive_expect_tx(kv_full, 2 * Shape::kKVBytes);
 #pragma unroll
                 for (int c = 0; c < kChunks; ++c) {
-                    tma_load_4d(k_smem + c * Shape::kKVChunkBytes, &p.tma_k, kv_full, c * 64, key0, head_kv, batch);
-                    tma_load_4d(v_smem + c * Shape::kKVChunkBytes, &p.tma_v, kv_full, c * 64, key0, head_kv, batch);
+                    // kVarlen: rows of the packed tensors (batch extent 1)
+                    const int kv_row = kVarlen ? seq.k_start + key0 : key0, kv_batch = kVarlen ? 0 : batch;
+                    tma_load_4d(k_smem + c * Shape::kKVChunkBytes, &p.tma_k, kv_full, c * 64, kv_row, head_kv, kv_batch);
+                    tma_load_4d(v_smem + c * Shape::kKVChunkBytes, &p.tma_v, kv_full, c * 64, kv_row, head_kv, kv_batch);
                 }
             }
-            const float* lse_rows = p.lse_log2 + bh * p.seqlen_q_rounded;
-            const float* D_rows = p.D + bh * p.seqlen_q_rounded;
+            const float* lse_rows = p.lse_log2 + (kVarlen ? ws_row0() : bh * p.seqlen_q_rounded);
+            const float* D_rows = p.D + (kVarlen ? ws_row0() : bh * p.seqlen_q_rounded);
             for (int it = 0; it < n_iters; ++it) {
                 const int slot = it % kStages, row0 = (m_block_min + it) * kBM;
                 if (it >= kStages) mbarrier_wait(q_empty(slot), u32(it / kStages - 1) & 1);
@@ -367,8 +403,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
 #pragma unroll
                     for (int c = 0; c < kChunks; ++c) {
                         const int off = slot * Shape::kQBytes + c * Shape::kQChunkBytes;
-                        tma_load_4d(q_smem + off, &p.tma_q, q_full(slot), c * 64, row0, head, batch);
-                        tma_load_4d(do_smem + off, &p.tma_do, q_full(slot), c * 64, row0, head, batch);
+                        const int q_row = kVarlen ? seq.q_start + row0 : row0, q_batch = kVarlen ? 0 : batch;
+                        tma_load_4d(q_smem + off, &p.tma_q, q_full(slot), c * 64, q_row, head, q_batch);
+                        tma_load_4d(do_smem + off, &p.tma_do, q_full(slot), c * 64, q_row, head, q_batch);
                     }
                 }
                 // LSE_i then D_i, 4 floats a chunk; the workspace rows are padded to
@@ -455,7 +492,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     for (int i = 0; i < kHeadDim / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
     // softcap and ALiBi (score.cuh; inert without them): the ALiBi slope of this (batch, head)
     const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride,
-                                           batch, head, p.softmax_scale, p.seqlen_q, p.seqlen_k);
+                                           batch, head, p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q,
+                                           kVarlen ? seq.seqlen_k : p.seqlen_k);
     // kDropout: the generator's state (the drop threshold and the keep scale 1 / (1 - p) are
     // read from the params where they are used: fewer registers across the loop)
     Dropout dropout{};
@@ -523,7 +561,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                     for (int half = 0; half < 2; ++half) {
                         const int key = key0 + warp_key + g + 8 * half;
                         const int diag = key - band.causal_offset - row0 - 2 * t;  // the query on k's diagonal
-                        const int lo = key >= p.seqlen_k ? kBM : band.has_right() ? diag - band.right : 0;
+                        const int lo = key >= (kVarlen ? seq.seqlen_k : p.seqlen_k) ? kBM
+                                       : band.has_right() ? diag - band.right : 0;
                         const int hi = band.has_left() ? diag + band.left : kBM;
 #pragma unroll
                         for (int nt = 0; nt < kBM / 8; ++nt)
@@ -536,8 +575,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
                     const int key = key0 + warp_key + g + 8 * half;
-                    const int first = key >= p.seqlen_k ? kBM + row0 : key - mask.causal_offset;
-                    const int first_col = kCausal || key >= p.seqlen_k ? first - row0 - 2 * t : -1;
+                    const int seqlen_k = kVarlen ? seq.seqlen_k : p.seqlen_k;
+                    const int first = key >= seqlen_k ? kBM + row0 : key - mask.causal_offset;
+                    const int first_col = kCausal || key >= seqlen_k ? first - row0 - 2 * t : -1;
 #pragma unroll
                     for (int nt = 0; nt < kBM / 8; ++nt)
 #pragma unroll
@@ -753,8 +793,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             // staging tile, then lanes 0..15 add one row each by bulk reduce-add (the copy
             // engine does the additions; the warp goes on to the next Q block). The warp alone
             // writes and reads its rows, so a warp-level sync orders them.
-            float* dq_rows = p.dq_accum + (bh * p.seqlen_q_rounded + row0 + dq_row_group * 64 + warp * 16)
-                                              * p.head_dim_rounded + dq_col0;
+            float* dq_rows = p.dq_accum + ((kVarlen ? ws_row0() : bh * p.seqlen_q_rounded) + row0
+                                           + dq_row_group * 64 + warp * 16) * p.head_dim_rounded + dq_col0;
             const int stage_row0 = wg * 64 + warp * 16;        // this warp's first row of the stage
             unsigned char* stage_ptr = smem_ptr + DqStage::kOffset + stage_row0 * DqStage::kRowFloats * 4;
             if (lane < 16) bulk_wait_group_read<0>();          // the last Q block's row has been read
@@ -785,8 +825,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             if (ctid == 0) while (ld_acquire_gpu(turn) != n_block - first) {}
             named_barrier_sync(1, kConsumerThreads);
         }
-        float* dq_rows = p.dq_accum + (bh * p.seqlen_q_rounded + row0 + dq_row_group * 64 + warp * 16)
-                                          * p.head_dim_rounded + dq_col0;
+        float* dq_rows = p.dq_accum + ((kVarlen ? ws_row0() : bh * p.seqlen_q_rounded) + row0
+                                       + dq_row_group * 64 + warp * 16) * p.head_dim_rounded + dq_col0;
 #pragma unroll
         for (int j = 0; j < Shape::kDqN / 16; ++j)
             red_add_tile_16x16(dq_rows + j * 16, p.head_dim_rounded,
@@ -804,7 +844,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int key = key0 + warp_key + g + 8 * half;
-        if (key >= p.seqlen_k) continue;
+        if (key >= (kVarlen ? seq.seqlen_k : p.seqlen_k)) continue;
 #pragma unroll
         for (int nt = 0; nt < kHeadDim / 8; ++nt) {
             const int col = nt * 8 + 2 * t;
@@ -812,13 +852,16 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             const float dk1 = dk_acc[4 * nt + 2 * half + 1] * p.softmax_scale;
             const float dv0 = dv_acc[4 * nt + 2 * half], dv1 = dv_acc[4 * nt + 2 * half + 1];
             if (grouped) {
-                const i64 off = (bh * p.seqlen_k + key) * p.head_dim_rounded + col;
+                // kVarlen: (nheads, total_k) rows, the sequence's from k_start on (dkv_row_offset)
+                const i64 off = ((kVarlen ? dkv_row_offset<kVarlen>(p, batch, head, seq) : bh * p.seqlen_k) + key)
+                                * p.head_dim_rounded + col;
                 *reinterpret_cast<float2*>(p.dk_accum + off) = make_float2(dk0, dk1);
                 *reinterpret_cast<float2*>(p.dv_accum + off) = make_float2(dv0, dv1);
             } else if (col < p.head_dim) {
-                u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_row_stride
+                const int row = kVarlen ? seq.k_start + key : key;   // kVarlen: batch strides 0
+                u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + row * p.dk_row_stride
                           + head * p.dk_head_stride + col;
-                u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_row_stride
+                u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + row * p.dv_row_stride
                           + head * p.dv_head_stride + col;
                 *reinterpret_cast<u32*>(dk) = pack2<Elem>(dk0, dk1);
                 *reinterpret_cast<u32*>(dv) = pack2<Elem>(dv0, dv1);

@@ -132,6 +132,20 @@
 //   kDynamic   the dynamic scheduler (needs kPersistent; params.tile_counter, params.sched_section)
 //   kTmaStore  the TMA-store epilogue (params.tma_o)
 //   (kDynamic and kTmaStore false, the defaults: the code of the kernel before they existed)
+//   kVarlen    variable-length batches (varlen.cuh): q, k, v, o packed as (total, heads, d),
+//              sequence b's rows from cu_seqlens[b] on. Tiles are still (Q block, head,
+//              sequence), the grid sized for the longest sequence; a tile past its sequence's
+//              end has no K/V block and stores nothing (a CTA of one such tile leaves at once,
+//              the persistent loop skips it). The tensor maps span the whole packed tensors and
+//              a box starts at row cu_seqlens[b] + offset, so TMA's zero fill only starts at the
+//              packed tensor's end: the rows past a sequence's end that a box covers are the next
+//              sequence's. Hence, per tile, the mask is built from the sequence's own lengths
+//              (the ragged-end mask hides its keys >= seqlen_k; causal and window are
+//              bottom-right per sequence), and the epilogue stores only rows < seqlen_q (the
+//              other Q rows computed garbage from the next sequence); P is 0 on the hidden keys,
+//              so the next sequence's V rows add 0 · V to O. LSE in flash-attn's varlen layout
+//              (nheads, total_q). Dropout and ALiBi are keyed by the sequence index and the rows
+//              within the sequence, as in fa2_fwd's varlen kernel
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
@@ -144,6 +158,7 @@
 #include "exp2_emu.cuh"
 #include "ptx_sm90_bulk.cuh"
 #include "ptx_sm90_store.cuh"
+#include "varlen.cuh"
 
 namespace cuflash {
 
@@ -293,7 +308,8 @@ struct Sm90TileRing {
 
 template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
           class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
-          bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false>
+          bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
+          bool kVarlen = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore>;
@@ -313,6 +329,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     auto v_empty = [&](int slot) { return bars + 8u * (2 + 3 * kStages + slot); };
     static_assert(!kPingpong || kConsumers >= 2, "pingpong needs two or three consumer warpgroups");
     static_assert(!kDynamic || kPersistent, "the dynamic scheduler runs a persistent grid (a CTA per SM)");
+    // kVarlen skips tiles past a sequence's end, which the dynamic scheduler's pingpong count does
+    // not allow for; and a TMA store of O would write a box's rows past the sequence's end, into
+    // the next sequence's rows (TMA clips only at the packed tensor's end)
+    static_assert(!kVarlen || (!kDynamic && !kTmaStore), "varlen runs without kDynamic and kTmaStore");
     Sm90TileRing<kConsumers> ring{smem + Shape::kRingOffset,
                                   reinterpret_cast<int*>(smem_raw + (smem - smem_u32(smem_raw)) +
                                                          Shape::kRingOffset + 32)};
@@ -330,12 +350,37 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     // K/V blocks [kv_end - kv_blocks, kv_end) of a Q block, visited from the last to the
     // first (causal: later blocks are skipped entirely; a window skips earlier ones too).
     const Mask mask(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
+    // kVarlen: the tile's sequence (varlen.cuh: its first rows in the packed tensors, its lengths)
+    // and the mask built from its lengths. Fixed lengths use `mask` and the params' sizes (the
+    // code of the plain kernel is unchanged by kVarlen: every varlen expression sits in a
+    // compile-time branch).
+    auto seq_of = [&](int tile) { return seq_span<kVarlen>(p, tile_at(tile).batch); };
+    auto seq_mask = [&](const SeqSpan& seq) {
+        return Mask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+    };
+    // a tile past its sequence's end (the grid is sized for the longest one): no K/V block
+    auto past_end = [&](int tile, const SeqSpan& seq) {
+        return tile_at(tile).m_block * kBM >= seq.seqlen_q;
+    };
     auto kv_end = [&](int tile) {
-        return mask.template kv_block_end<kBM, kBN>(tile_at(tile).m_block * kBM);
+        if constexpr (kVarlen) {
+            return seq_mask(seq_of(tile)).template kv_block_end<kBM, kBN>(
+                tile_at(tile).m_block * kBM);
+        } else {
+            return mask.template kv_block_end<kBM, kBN>(tile_at(tile).m_block * kBM);
+        }
     };
     auto kv_blocks = [&](int tile) {
         const int row0 = tile_at(tile).m_block * kBM;
-        return max(0, mask.template kv_block_end<kBM, kBN>(row0) - mask.template kv_block_begin<kBM, kBN>(row0));
+        if constexpr (kVarlen) {
+            const SeqSpan seq = seq_of(tile);
+            if (past_end(tile, seq)) return 0;
+            const Mask tile_mask = seq_mask(seq);
+            return max(0, tile_mask.template kv_block_end<kBM, kBN>(row0)
+                              - tile_mask.template kv_block_begin<kBM, kBN>(row0));
+        } else {
+            return max(0, mask.template kv_block_end<kBM, kBN>(row0) - mask.template kv_block_begin<kBM, kBN>(row0));
+        }
     };
 
     if (tid == 0) {
@@ -371,32 +416,37 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 const int head_kv = at.head / (p.nheads / p.nheads_kv);   // GQA / MQA
                 const int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
                 if (n_blocks == 0) continue;                 // nothing to load: O = 0
+                // TMA box rows and batch coordinate: kVarlen, the sequence's first row in the
+                // packed tensor (batch extent 1); fixed lengths, row 0 of batch at.batch
+                const SeqSpan seq = seq_of(tile);
+                const int q_row0 = seq.q_start + at.m_block * kBM, k_row0 = seq.k_start;
+                const int tma_batch = kVarlen ? 0 : at.batch;
                 // Q's buffer is free once the consumers' last S GEMM of the previous tile is done
                 if (q_iter > 0) mbarrier_wait(q_empty, (q_iter - 1) & 1);
                 mbarrier_arrive_expect_tx(q_full, Shape::kQBytes);
 #pragma unroll
                 for (int c = 0; c < kChunks; ++c)
                     tma_load_4d(q_smem + c * Shape::kQChunkBytes, &p.tma_q, q_full, c * 64,
-                                at.m_block * kBM, at.head, at.batch);
+                                q_row0, at.head, tma_batch);
                 ++q_iter;
                 for (int j = 0; j < n_blocks; ++j, ++kv_iter) {
                     const int slot = kv_iter % kStages;
                     // Slot reuse: wait until the consumers released the tiles of iteration
                     // kv_iter - kStages (the slot's release kv_iter / kStages - 1), K and V apart.
                     const u32 reuse_phase = (kv_iter / kStages - 1) & 1;
-                    const int key0 = (n_end - 1 - j) * kBN;
+                    const int key0 = k_row0 + (n_end - 1 - j) * kBN;
                     if (kv_iter >= kStages) mbarrier_wait(k_empty(slot), reuse_phase);
                     mbarrier_arrive_expect_tx(k_full(slot), Shape::kKVBytes);
 #pragma unroll
                     for (int c = 0; c < kChunks; ++c)
                         tma_load_4d(k_smem + slot * Shape::kKVBytes + c * Shape::kKVChunkBytes, &p.tma_k,
-                                    k_full(slot), c * 64, key0, head_kv, at.batch);
+                                    k_full(slot), c * 64, key0, head_kv, tma_batch);
                     if (kv_iter >= kStages) mbarrier_wait(v_empty(slot), reuse_phase);
                     mbarrier_arrive_expect_tx(v_full(slot), Shape::kKVBytes);
 #pragma unroll
                     for (int c = 0; c < kChunks; ++c)
                         tma_load_4d(v_smem + slot * Shape::kKVBytes + c * Shape::kKVChunkBytes, &p.tma_v,
-                                    v_full(slot), c * 64, key0, head_kv, at.batch);
+                                    v_full(slot), c * 64, key0, head_kv, tma_batch);
                 }
             }
         }
@@ -504,12 +554,17 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     };
     for (int tile = blockIdx.x; tile < n_tiles; tile = next_tile(tile)) {
         const Sm90Tile at = tile_at(tile);
+        const SeqSpan seq = seq_of(tile);                  // fixed lengths: (0, 0, seqlen_q, seqlen_k)
+        if constexpr (kVarlen)
+            if (past_end(tile, seq)) continue;             // no keys, no rows to store
+        const Mask tile_mask = kVarlen ? seq_mask(seq) : mask;
         const int wg_row0 = at.m_block * kBM + wg * 64;
         const int warp_row0 = wg_row0 + warp * 16;         // this warp's 16 rows of S and O
         const int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
         const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes,
                                                p.alibi_batch_stride, at.batch, at.head,
-                                               p.softmax_scale, p.seqlen_q, p.seqlen_k);
+                                               p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q,
+                                               kVarlen ? seq.seqlen_k : p.seqlen_k);
 #pragma unroll
         for (int nt = 0; nt < kOCols / 8; ++nt)
 #pragma unroll
@@ -532,8 +587,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 mbarrier_arrive(k_empty(slot));
                 if (j == n_blocks - 1) mbarrier_arrive(q_empty);
                 score.apply(s_acc, warp_row0, n_block * kBN, g, t);
-                if (mask.template needs_mask<kBN, 64>(wg_row0, n_block))
-                    mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
+                if (tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block))
+                    tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
                 if constexpr (kEmuExp2 == 0)
                     softmax_step(s_acc, m, l, p.scale_log2, alpha);
                 else   // kEmuExp2 quarters of S's 8-column tiles take the software exp2
@@ -610,15 +665,17 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         // Each thread stores its O fragment straight from registers, two columns (4 bytes) per
         // store, skipping rows past seqlen_q and columns past head_dim. A Q block with no
         // visible key (n_blocks = 0) stores O = 0 and LSE = +inf.
-        u16* o_gmem = static_cast<u16*>(p.o) + at.batch * p.o_batch_stride + at.head * p.o_head_stride;
-        float* lse_gmem = p.lse + (static_cast<i64>(at.batch) * p.nheads + at.head) * p.seqlen_q;
+        // kVarlen: rows from the sequence's first (o_batch_stride is 0), LSE (nheads, total_q)
+        u16* o_gmem = static_cast<u16*>(p.o) + at.batch * p.o_batch_stride + at.head * p.o_head_stride
+                      + static_cast<i64>(seq.q_start) * p.o_row_stride;
+        float* lse_gmem = p.lse + lse_offset<kVarlen>(p, at.batch, at.head, seq);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const float l_row = quad_sum(l[0][half]);
             float inv_l = softmax_inv_l(l_row);
             if constexpr (kDropout) inv_l *= dropout.scale;   // O = (P ∘ Z) V / (l (1 - p))
             const int r = warp_row0 + g + 8 * half;
-            if (r < p.seqlen_q) {
+            if (r < (kVarlen ? seq.seqlen_q : p.seqlen_q)) {
                 u16* o_row = o_gmem + r * p.o_row_stride;
 #pragma unroll
                 for (int nt = 0; nt < kOCols / 8; ++nt) {

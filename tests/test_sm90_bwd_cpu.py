@@ -16,7 +16,7 @@ import pytest
 
 from cuflash import _gpu, launch, registry
 from cuflash.compile import kernel_dir, kernel_param_decl, nvcc_compile
-from cuflash.families import fa2_fwd, sm90_fwd
+from cuflash.families import fa2_fwd, sm90_bwd, sm90_fwd
 from cuflash.families.base import ConfigError
 from cuflash.families.sm90_bwd import HEAD_DIMS, Sm90BwdConfig
 from cuflash.problem import DTYPES, Problem
@@ -98,7 +98,9 @@ def test_space_and_heuristic():
 
 def test_supports_and_selection():
     assert "headdim up to 128" in FAM.supports((9, 0), problem(136))
-    assert "'varlen'" in FAM.supports((9, 0), problem(64).replace(features=("varlen",)))
+    # varlen runs here too (tests/test_sm90_varlen_cpu.py), with the feature mixes VARLEN_FEATURES lists
+    assert FAM.supports((9, 0), problem(64).replace(features=("varlen",))) == ""
+    assert "with varlen" in FAM.supports((9, 0), problem(64).replace(features=("alibi", "varlen", "window")))
     assert FAM.supports((8, 0), problem(64)).startswith("sm90_bwd needs sm_90")
     assert FAM.supports((10, 0), problem(64)).startswith("sm90_bwd needs sm_90 exactly")
     assert "implements op 'bwd', not 'fwd'" in FAM.supports((9, 0), problem(64).replace(op="fwd"))
@@ -128,7 +130,9 @@ FLAG_SETS = [("window",), ("softcap",), ("alibi",), ("alibi", "softcap", "window
 
 
 def test_feature_flags_names_and_template():
-    assert FAM.features == ("alibi", "dropout", "softcap", "window")
+    # varlen while sm90_bwd.VARLEN_BWD is on (the default; CUFLASH_SM90_VARLEN_BWD=0 turns it off)
+    varlen = ("varlen",) if "varlen" in FAM.features else ()
+    assert FAM.features == ("alibi", "dropout", "softcap") + varlen + ("window",)
     plain = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True)
     # the plain config keeps its name and name expression (a feature-free kernel is unchanged)
     assert plain.template_args()[-4:] == (False, False, False, False)
@@ -139,11 +143,12 @@ def test_feature_flags_names_and_template():
     assert cfg.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, true, false, "
                                  "true, true, true>")
     assert plain.replace(alibi=True).kernel_name().endswith("true, false, false, false, true>")
-    assert cfg.template_args() == (64, 128, 2, 2, 128, "bf16", True, False, True, True, True, False, False, False, False)
+    assert cfg.template_args() == (64, 128, 2, 2, 128, "bf16", True, False, True, True, True, False, False, False,
+                                   False, False)   # ..., kDqWriter, kVarlen
     drop = plain.replace(dropout=True)
     assert drop.name == plain.name + "_drop" and drop.replace(deterministic=True).name.endswith("_det_drop")
     assert drop.kernel_name().endswith("true, false, false, false, false, true>")
-    assert drop.template_args()[-7:] == (False, False, False, True, False, False, False)
+    assert drop.template_args()[-8:] == (False, False, False, True, False, False, False, False)
     # softcap keeps 1 - tanh² in shared memory past the mbarriers (Sm90BwdThreadWords): 16-byte aligned,
     # BM / 2 16-bit values per consumer thread
     used = plain.smem_bytes - 1024
@@ -168,14 +173,17 @@ def test_features_supported_and_set_by_the_call(feats):
         assert fam is FAM and source == "given" and got == cfg
         # with dropout: run where it compiles without spills (not deterministic, no window with
         # softcap / ALiBi at d128: dropout_dq_path, tests/test_dropmix_cpu.py), else refused by
-        # name; varlen: refused
+        # name; varlen: the feature sets of VARLEN_FEATURES, not deterministic above d64
+        # (tests/test_sm90_varlen_cpu.py)
         mixed = p.replace(features=tuple(sorted(feats + ("dropout",))), dropout_p=0.1)
         refused = det or (d == 128 and "window" in feats and ("softcap" in feats or "alibi" in feats))
         why = FAM.supports((9, 0), mixed)
         assert why.startswith(f"sm90_bwd has no feature {sorted(feats)[0]!r} with dropout") \
             if refused else why == "", (d, causal, det, why)
-        assert "'varlen'" in FAM.supports((9, 0), p.replace(features=tuple(sorted(feats + ("varlen",)))))
-    # selection: sm90_bwd (rank), as without the features
+        why = FAM.supports((9, 0), p.replace(features=tuple(sorted(feats + ("varlen",)))))
+        ok = tuple(sorted(feats)) in sm90_bwd.VARLEN_FEATURES and not (det and d > 64)
+        assert (why == "") == ok and (ok or "varlen" in why), (feats, d, det, why)
+    # selection: sm90_bwd at head dims 97..128 (rank), as without the features
     assert choose(problem(128).replace(features=feats), (9, 0))[0].name == "sm90_bwd"
     assert choose(problem(96).replace(features=feats), (9, 0))[0].name == "sm90_bwd"
 
@@ -459,8 +467,8 @@ def test_dq_bulk_config_name_template_smem():
     plain = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False)
     bulk = plain.replace(dq_bulk=True)
     assert bulk.problems() == [] and bulk.name == plain.name + "_dqb"
-    assert plain.template_args()[-3] is False and bulk.template_args()[-3] is True
-    assert len(bulk.template_args()) == 15
+    assert plain.template_args()[-4] is False and bulk.template_args()[-4] is True   # (kVarlen last)
+    assert len(bulk.template_args()) == 16
     # the plain config keeps its name expression (and so its code); the flag goes last
     assert plain.kernel_name() == "cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, false, false>"
     assert bulk.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, false, false, "

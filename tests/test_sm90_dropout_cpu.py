@@ -31,10 +31,11 @@ def test_selection_runs_the_dropout_forward_on_sm90():
     # elsewhere fa2_fwd, with its own dropout flag
     fam, cfg, _ = choose(drop_problem(), (8, 0), dirs=[])
     assert fam.name == "fa2_fwd" and cfg.dropout
-    # what sm90_fwd has not: varlen (fa2_fwd runs it); dropout with softcap at d128 (it spills:
-    # fa2_fwd runs it); dropout with window / ALiBi it runs (tests/test_dropmix_cpu.py)
+    # varlen with dropout runs here too (tests/test_sm90_varlen_cpu.py); what sm90_fwd has not:
+    # dropout with softcap at d128 (it spills: fa2_fwd runs it); dropout with window / ALiBi it
+    # runs (tests/test_dropmix_cpu.py)
     varlen = drop_problem().replace(features=("dropout", "varlen"))
-    assert "'varlen'" in FAM.supports((9, 0), varlen)
+    assert FAM.supports((9, 0), varlen) == ""
     for f in ("window", "softcap", "alibi"):
         mixed = drop_problem().replace(features=tuple(sorted(("dropout", f))))
         assert (f"'{f}' with dropout" in FAM.supports((9, 0), mixed)) == (f == "softcap")
@@ -52,8 +53,8 @@ def test_dropout_heuristic_config_and_kernel_names():
         assert cfg.name.endswith("_pp_drop")
         assert cfg.kernel_name().endswith(f"cuflash::{dtype}, {str(causal).lower()}, false, false, false, true>")
         # kDropout, then kEmuExp2 (0 with dropout: tests/test_sm90_softcap_cpu.py)
-        # (then kDynamic and kTmaStore, appended after them)
-        assert cfg.template_args()[-4:-2] == (True, 0) and len(cfg.template_args()) == 16
+        # (then kDynamic, kTmaStore and kVarlen, appended after them)
+        assert cfg.template_args()[-5:-3] == (True, 0) and len(cfg.template_args()) == 17
         # the call sets the flag both ways; the encoded form carries none (as the feature flags)
         plain = FAM.for_problem(cfg, p.replace(features=()))
         assert not plain.dropout and FAM.for_problem(plain, p) == cfg
@@ -73,7 +74,7 @@ def test_params_carry_threshold_scale_and_an_rng_pointer():
     from cuflash.launch import struct_dtype
 
     dt = struct_dtype("Sm90FwdParams")
-    # appended after the features (the scheduler's fields come after them)
+    # appended after the features (the scheduler's and varlen's fields come after them)
     i = dt.names.index("rng_state")
     assert dt.names[i:i + 3] == ("rng_state", "dropout_threshold", "dropout_scale")
     assert dt.fields["dropout_scale"][1] + 4 <= 576   # inside the 64-byte tail padding of the plain layout

@@ -183,6 +183,10 @@ def test_varlen_feature_problems_select_fa2_with_their_flags():
     for op in ("fwd", "bwd"):
         p = varlen.features_problem(op, "bf16", 3, 1000, 1200, 8, 2, 128, True, (256, -1), 30.0, True)
         fam, cfg, _ = choose(p, (9, 0))
+        # sm90_fwd / sm90_bwd on sm_90 (tests/test_sm90_varlen_cpu.py; d128), fa2 on sm_80
+        assert fam.name == ("sm90_fwd" if op == "fwd" else "sm90_bwd")
+        assert cfg.varlen and cfg.window and cfg.softcap and cfg.alibi
+        fam, cfg, _ = choose(p, (8, 0))
         assert fam.name == "fa2_" + op and cfg.varlen and cfg.window and cfg.softcap and cfg.alibi
         p = varlen.features_problem(op, "fp16", 3, 1000, 1200, 8, 8, 64, False, dropout_p=0.1)
         fam, cfg, _ = choose(p, (8, 0))

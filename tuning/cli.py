@@ -354,8 +354,9 @@ def info_families_lines() -> list[str]:
 
 def supported_features(fam) -> list:
     """The Problem.features names (cuflash.api.FEATURES) that ``fam`` runs, each alone (with the
-    features the family requires of every call), on its minimum arch (e.g. varlen: fa2_fwd and fa2_bwd; sm90_fwd none, so varlen calls fall back to
-    fa2_fwd on the H100)."""
+    features the family requires of every call), on its minimum arch (e.g. varlen: fa2_fwd,
+    fa2_bwd and sm90_fwd; sm90_bwd only with VARLEN_BWD on, so varlen backwards fall back to
+    fa2_bwd on the H100)."""
     from cuflash.api import FEATURES
     from cuflash.problem import Problem
 

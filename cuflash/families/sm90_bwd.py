@@ -17,7 +17,9 @@ Selection: ranked above fa2_bwd at every head dim up to 128, as measured on the 
 Features: sliding window (Q blocks outside a K/V block's band are skipped), softcap and ALiBi,
 as compile-time flags (config fields window / softcap / alibi, names _win / _cap / _alibi, as
 fa2_bwd's), and dropout (field dropout, name _drop; the Philox keep mask of philox.cuh, keyed by
-element coordinates like every forward's); not varlen, nor the dropout mixes that spill
+element coordinates like every forward's); varlen (field varlen, kVarlen, set from the call:
+K/V blocks of each sequence, fa2_bwd's token-indexed workspace) while VARLEN_BWD is on (the
+default), not deterministic above d64 (spills); not the dropout mixes that spill
 (dropout_mix): supports() refuses them and selection falls back to fa2_bwd. dQ by bulk
 reduce-add through shared memory (FA3's way) is the opt-in field dq_bulk (name _dqb; in the
 tuning space). FA3's backward schedule, opt-in fields in the tuning space too, default off until
@@ -35,6 +37,7 @@ Not implemented yet: head dims 96/192/256 (96 runs the d128 kernel), swap-AB.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Optional
 
 import numpy as np
@@ -44,8 +47,8 @@ from ..problem import Problem
 from ..registry import register
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
 from .fa2_bwd import (EPILOGUE_THREADS, PREP_ROWS, PREP_THREADS, ROW_PAD, FA2Backward, bwd_params,
-                      contiguous_strides)
-from .fa2_fwd import check_head_dim, dropout_mix, feature_mix, first_fitting
+                      contiguous_strides, varlen_ws_rows)
+from .fa2_fwd import check_head_dim, dropout_mix, feature_mix, first_fitting, is_varlen
 from . import sm90_fwd
 from .sm90_fwd import tensor_map
 
@@ -80,6 +83,18 @@ D96_ABOVE_FA2 = True
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
 DROPOUT_BY_DEFAULT = True
+# Variable-length batches (varlen, kVarlen): whether supports() takes them. On since the GPU
+# round of 2026-11-26 (H100, rev 583b8f4): tests/test_sm90_varlen_gpu.py, test_varlen_gpu.py and
+# test_varlen_features_gpu.py with it on, and memcheck (tests/sm90_varlen_sanitize.py), passed;
+# tests/sm90_varlen_timing.py measured the varlen backward at d128 in 0.58-0.75x fa2_bwd's time
+# (d64 1.0-1.14x: rank() keeps fa2_bwd there). Selection then runs the varlen backward here where
+# rank() puts this family first; CUFLASH_SM90_VARLEN_BWD=0 turns it off for a process (fa2_bwd).
+VARLEN_BWD = os.environ.get("CUFLASH_SM90_VARLEN_BWD", "1") != "0"
+# The feature sets that run with varlen: their varlen instantiations at the heuristic's tiles
+# compile without spills (nvcc 13.0, sm_90a; d64 and d128, causal and not, deterministic at d64:
+# tests/test_sm90_varlen_cpu.py); any other mix falls back to fa2_bwd.
+VARLEN_FEATURES = ((), ("window",), ("softcap",), ("alibi",), ("dropout",), ("softcap", "window"),
+                   ("alibi", "softcap", "window"))
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -108,6 +123,8 @@ class Sm90BwdConfig(KernelConfig):
                    2 staging tiles where they fit (dq_writer_bufs); unordered mode only, not with
                    dq_bulk; with dropout at head dim 128 the dQ path without softcap / ALiBi
                    (dropout_dq_path; for_problem sets it)
+    varlen:        variable-length batches (kVarlen, kernels_cu/varlen.cuh), set from the call
+                   (for_problem), never tuned
     """
 
     BM: int
@@ -125,6 +142,7 @@ class Sm90BwdConfig(KernelConfig):
     dq_bulk: bool = False
     overlap_sdp: bool = False
     dq_writer: bool = False
+    varlen: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -140,7 +158,7 @@ class Sm90BwdConfig(KernelConfig):
         return (f"sm90bwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{det}{'_drop' if self.dropout else ''}{name_suffix(self)}"
                 f"{'_dqb' if self.dq_bulk else ''}{'_ovl' if self.overlap_sdp else ''}"
-                f"{'_dqw' if self.dq_writer else ''}")
+                f"{'_dqw' if self.dq_writer else ''}{'_varlen' if self.varlen else ''}")
 
     @property
     def dq_cols(self) -> int:
@@ -225,19 +243,20 @@ class Sm90BwdConfig(KernelConfig):
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
         # the feature flags only when one is set: a plain config keeps its name expression
-        sched = self.overlap_sdp or self.dq_writer
+        sched = self.overlap_sdp or self.dq_writer or self.varlen
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
                  or self.dq_bulk or sched else "")
         feats += f", {b(self.dropout)}" if self.dropout or self.dq_bulk or sched else ""
         feats += f", {b(self.dq_bulk)}" if self.dq_bulk or sched else ""
         feats += f", {b(self.overlap_sdp)}, {b(self.dq_writer)}" if sched else ""
+        feats += ", true" if self.varlen else ""                        # kVarlen last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
-                self.dq_bulk, self.overlap_sdp, self.dq_writer)
+                self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen)
 
     def _problems(self) -> list[str]:
         out = []
@@ -319,10 +338,15 @@ class Sm90Backward(Family):
     priority = 1       # above fa2_bwd where it is faster: see rank()
     max_head_dim = HEAD_DIMS[-1]   # supports() refuses larger head dims: selection falls back
     dout_any_strides = True  # the preprocess reads dout through any strides (copies it if need be)
-    features = ("alibi", "dropout", "softcap", "window")
     description = ("Hopper backward: K/V-block CTAs, TMA ring of Q/dO, wgmma SS/RS, dQ by fp32 "
                    "red.add (or ordered, or bulk reduce-add: dq_bulk); fa2_bwd's preprocess / convert / "
                    "GQA kernels")
+
+    @property
+    def features(self) -> tuple:
+        """The feature flags it runs; varlen only while VARLEN_BWD is on (read per call, so a test
+        or CUFLASH_SM90_VARLEN_BWD=1 switches it)."""
+        return ("alibi", "dropout", "softcap") + (("varlen",) if VARLEN_BWD else ()) + ("window",)
 
     def rank(self, problem: Problem) -> int:
         """Above fa2_bwd (priority 0) at every head dim it runs (<= 128), as measured on the H100:
@@ -344,7 +368,7 @@ class Sm90Backward(Family):
     def supports(self, arch, problem: Problem) -> str:
         why = (f"{self.name} implements op {self.op!r}, not {problem.op!r}" if problem.op != self.op
                else check_head_dim(problem) or self.feature_problem(problem)
-               or feature_mix(self, problem) or self.dropout_mix(problem))
+               or feature_mix(self, problem) or self.dropout_mix(problem) or self.varlen_mix(problem))
         if why:
             return why
         if problem.head_dim > HEAD_DIMS[-1]:
@@ -374,6 +398,21 @@ class Sm90Backward(Family):
             return why + f" with a window at head dim {problem.head_dim} (its instantiation spills)"
         return ""
 
+    def varlen_mix(self, problem: Problem) -> str:
+        """'' unless ``problem`` is varlen with a feature set outside VARLEN_FEATURES, or
+        deterministic above head dim 64; selection then falls back to fa2_bwd. (Without
+        VARLEN_BWD ``features`` lacks varlen: feature_problem refuses it first.)"""
+        if not is_varlen(problem):
+            return ""
+        others = tuple(f for f in problem.features if f != "varlen")
+        if others and others not in VARLEN_FEATURES:
+            return (f"{self.name} has no feature {others[0]!r} with varlen (features "
+                    f"{', '.join(others)}: the varlen instantiation is unchecked)")
+        if problem.deterministic and self.head_dim_of(problem.head_dim) > 64:
+            return (f"{self.name} has no deterministic varlen backward above head dim 64 (its d128 "
+                    f"kernel spills), got headdim={problem.head_dim}")
+        return ""
+
     def head_dim_of(self, head_dim: int) -> int:
         """64 or 128: the first compiled head dim >= the real one."""
         return next((d for d in HEAD_DIMS if d >= head_dim), HEAD_DIMS[-1])
@@ -384,6 +423,8 @@ class Sm90Backward(Family):
             config = config.replace(deterministic=problem.deterministic)
         if config.dropout != ("dropout" in problem.features):
             config = config.replace(dropout="dropout" in problem.features)
+        if config.varlen != is_varlen(problem):
+            config = config.replace(varlen=is_varlen(problem))
         if config.dq_bulk and (problem.deterministic or (config.dropout and config.consumers > 1
                                                         and config.head_dim == 64)):
             # a speed choice (a tuned entry's, or bwd_config='s): a deterministic call takes the
@@ -409,9 +450,9 @@ class Sm90Backward(Family):
         return config
 
     def _fields(self, config):
-        # dropout is not encoded (as sm90_fwd's): the call sets it (for_problem), so the encoded
-        # form of a config stays what it was before the flag existed
-        return ((k, v) for k, v in super()._fields(config) if k != "dropout")
+        # dropout and varlen are not encoded (as sm90_fwd's): the call sets them (for_problem), so
+        # the encoded form of a config stays what it was before the flags existed
+        return ((k, v) for k, v in super()._fields(config) if k not in ("dropout", "varlen"))
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90BwdConfig:
         """Head dim 128: FA3's shape with 2 consumer warpgroups (BN = 128 keys) and Q blocks of
@@ -434,10 +475,11 @@ class Sm90Backward(Family):
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False}), max_smem)
 
     def kernel_names(self, config) -> dict:
+        targs = f"cuflash::{config.dtype}" + (", true" if config.varlen else "")   # fa2_bwd's kVarlen
         return {"main": config.kernel_name(),
-                "preprocess": f"cuflash::fa2_bwd_preprocess<cuflash::{config.dtype}>",
-                "convert_dq": f"cuflash::fa2_bwd_convert_dq<cuflash::{config.dtype}>",
-                "reduce_dkv": f"cuflash::fa2_bwd_reduce_dkv<cuflash::{config.dtype}>"}
+                "preprocess": f"cuflash::fa2_bwd_preprocess<{targs}>",
+                "convert_dq": f"cuflash::fa2_bwd_convert_dq<{targs}>",
+                "reduce_dkv": f"cuflash::fa2_bwd_reduce_dkv<{targs}>"}
 
     def workspace(self, config, problem: Problem, strides: Optional[dict] = None) -> dict:
         """fa2_bwd's workspace (the shared kernels read it): fp32 lse_log2, D, dQ accumulators
@@ -464,8 +506,8 @@ class Sm90Backward(Family):
         return out
 
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
-        # BwdParams' fields as fa2_bwd packs them (its reused kernels read them; this family
-        # refuses varlen, so those come out as zeros; the dropout threshold and scale, window
+        # BwdParams' fields as fa2_bwd packs them (its reused kernels read them; the varlen
+        # fields are zeros for a fixed-length call; the dropout threshold and scale, window
         # bounds, softcap factors and ALiBi stride are the main kernel's; the slopes' and the
         # rng state's addresses are written per call, as for fa2_bwd), K/V blocks in
         # plain order (head_group 1); the tensor maps are written per call (call_writer; tma_dq
@@ -484,8 +526,8 @@ class Sm90Backward(Family):
         copy = "dout_copy" in self.workspace(config, problem, strides)
         do_index = names.index("dout_copy") if copy else names.index("dout")
         do_strides = contiguous_strides(p) if copy else tuple(strides["dout"])
-        qshape = (p.batch, p.seqlen_q, p.nheads, p.head_dim)
-        kshape = (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim)
+        shapes = sm90_fwd.map_shapes(p, strides)    # varlen: the packed tensors as one batch
+        qshape, kshape = shapes["q"], shapes["k"]
         jobs = ((names.index("q"), "tma_q", qshape, tuple(strides["q"]), config.BM),
                 (names.index("k"), "tma_k", kshape, tuple(strides["k"]), config.BN),
                 (names.index("v"), "tma_v", kshape, tuple(strides["v"]), config.BN),
@@ -515,6 +557,8 @@ class Sm90Backward(Family):
         dq_off = struct.fields["tma_dq"][1]
         dq_index = names.index("dq_accum")
         ws_shape = (p.batch * p.nheads, -(-p.seqlen_q // ROW_PAD) * ROW_PAD, config.head_dim)
+        if is_varlen(p):   # fa2_bwd's varlen workspace: (nheads, ws_rows) rows
+            ws_shape = (p.nheads, varlen_ws_rows(strides["totals"][0], p.batch), config.head_dim)
         dq_blobs: dict = {}
 
         def write_dq(buf, ptrs):

@@ -20,9 +20,13 @@ in compute (6 k16 steps for S, an N = 96 wgmma for P V, 96 columns of O accumula
 d128's shared-memory layout (two 128-byte-swizzled chunks, the second half zeros): its tiles
 take d128's shared memory. Dropout (``dropout``, kDropout): philox.cuh's Dropout::zero_dropped on P_j
 after the softmax (l and the LSE stay plain attention's), the same keep mask as fa2_fwd's, which
-fa2_bwd regenerates; at DROPOUT_BN (the Philox rounds need registers). Not implemented: a TMA
-store of O, FA3's d64 tile 192 x 192 (with 3 consumers the register budget caps BN at 128),
-clusters, FP8, varlen.
+fa2_bwd regenerates; at DROPOUT_BN (the Philox rounds need registers). Variable-length batches
+(``varlen``, kVarlen, set from the call): tiles (Q block, head, sequence) over a grid sized for
+the longest sequence, tensor maps over the whole packed (total, heads, d) tensors with box rows
+from cu_seqlens, keys past a sequence's end masked and rows past it not stored; with window,
+softcap, ALiBi and dropout as VARLEN_FEATURES lists (others fall back to fa2_fwd). Not
+implemented: a TMA store of O, FA3's d64 tile 192 x 192 (with 3 consumers the register budget
+caps BN at 128), clusters, FP8.
 
 Host side: the kernel reads Q, K, V through TMA tensor maps (``cuTensorMapEncodeTiled``,
 called through ctypes on libcuda.so.1, loaded lazily: without a driver the family still
@@ -44,7 +48,8 @@ from ..problem import Problem
 from ..registry import register
 from ..features import feature_params, name_suffix, template_suffix
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
-from .fa2_fwd import check_head_dim, dropout_mix, dropout_params, feature_mix, first_fitting, forward_sizes, strides3
+from .fa2_fwd import (check_head_dim, dropout_mix, dropout_params, feature_mix, first_fitting, forward_sizes,
+                      is_varlen, strides3)
 
 HEAD_DIMS = (64, 96, 128, 192, 256)
 MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
@@ -80,6 +85,17 @@ HEURISTIC_DYNAMIC = True
 # its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
 SCHED_L2_BYTES = 32 * 1024 * 1024
 SCHED_RING_BYTES = 8 * 4 + 4 * 2
+# Variable-length batches (kVarlen): the features that run with varlen, each set's varlen
+# instantiations checked to compile without spills at the heuristic's tiles (nvcc 13.0, sm_90a;
+# tests/test_sm90_varlen_cpu.py: 168 registers, no spill at d64 and d128, causal and not); any
+# other mix (dropout with softcap or ALiBi, paged) falls back to fa2_fwd.
+VARLEN_FEATURES = ((), ("window",), ("softcap",), ("alibi",), ("dropout",), ("softcap", "window"),
+                   ("alibi", "window"), ("alibi", "softcap"), ("alibi", "softcap", "window"),
+                   ("dropout", "window"))
+# The heuristic's schedule for varlen: a CTA per tile (the grid is sized for the longest
+# sequence; a CTA whose Q block lies past its sequence's end leaves at once). To be measured
+# (tests/sm90_varlen_timing.py compares it with the persistent schedule).
+VARLEN_PERSISTENT = False
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -114,6 +130,9 @@ class Sm90FwdConfig(KernelConfig):
                stages its 64 x head_dim tile of O (64 KB per warpgroup at d256) and one thread
                stores it, so the warpgroup goes on to its next tile; needs the staging tile to
                fit shared memory next to Q and the K/V ring
+    varlen:    variable-length batches (kVarlen, kernels_cu/varlen.cuh: packed (total, heads, d)
+               tensors, per-sequence offsets from cu_seqlens), set from the call (``for_problem``),
+               never tuned
     """
 
     BM: int
@@ -132,6 +151,7 @@ class Sm90FwdConfig(KernelConfig):
     emu_exp2: int = 0
     dynamic: bool = False
     tma_store: bool = False
+    varlen: bool = False
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -148,7 +168,8 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_persist' if self.persistent else ''}{'_dyn' if self.dynamic else ''}"
                 f"{'_tmao' if self.tma_store else ''}"
                 f"{'_drop' if self.dropout else ''}"
-                f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{name_suffix(self)}")
+                f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{name_suffix(self)}"
+                f"{'_varlen' if self.varlen else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -176,19 +197,24 @@ class Sm90FwdConfig(KernelConfig):
         return (self.head_dim + self.BN) // 2
 
     def kernel_name(self) -> str:
+        # the trailing template parameters are written only up to the last one set, so a plain
+        # config's name (the compile cache's key) is what it was before they existed
+        tail = [f"{'true' if self.dropout else 'false'}", f"{self.emu_exp2}",   # kDropout, kEmuExp2
+                f"{'true' if self.dynamic else 'false'}",                         # kDynamic
+                f"{'true' if self.tma_store else 'false'}",                       # kTmaStore
+                f"{'true' if self.varlen else 'false'}"]                          # kVarlen last
+        used = (5 if self.varlen else 4 if self.tma_store else 3 if self.dynamic else
+                2 if self.emu_exp2 else 1 if self.dropout else 0)
         return (f"cuflash::sm90_fwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{'true' if self.pingpong else 'false'}, {'true' if self.persistent else 'false'}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, "
                 f"{'true' if self.causal else 'false'}{template_suffix(self)}"
-                f"{(', true' if self.dropout else ', false') if self.dropout or self.emu_exp2 or self.dynamic or self.tma_store else ''}"  # kDropout
-                f"{f', {self.emu_exp2}' if self.emu_exp2 or self.dynamic or self.tma_store else ''}"    # kEmuExp2
-                f"{(', true' if self.dynamic else ', false') if self.dynamic or self.tma_store else ''}"  # kDynamic
-                f"{', true' if self.tma_store else ''}>")    # kTmaStore last
+                f"{''.join(', ' + a for a in tail[:used])}>")
 
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
-                self.dropout, self.emu_exp2, self.dynamic, self.tma_store)
+                self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen)
 
     def _problems(self) -> list[str]:
         out = []
@@ -223,6 +249,10 @@ class Sm90FwdConfig(KernelConfig):
         if self.dynamic and not self.persistent:
             out.append("dynamic (the dynamic scheduler) needs persistent: its CTAs claim tiles "
                        "on a grid of one CTA per SM")
+        if self.varlen and (self.dynamic or self.tma_store):
+            out.append("varlen with dynamic / tma_store: a varlen CTA skips tiles past its sequence's "
+                       "end, which the dynamic scheduler's turn count does not allow for, and a TMA "
+                       "store would write a box's rows past the sequence's end into the next one's")
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
@@ -301,6 +331,21 @@ def tensor_map(dtype: str, ptr: int, shape, strides, rows: int) -> bytes:
     return blob
 
 
+def map_shapes(problem: Problem, strides: dict) -> dict:
+    """The (batch, seqlen, heads, head_dim) extents of the q, k, v tensor maps. varlen: the
+    packed (total, heads, head_dim) tensors as one batch of the token totals
+    (``strides["totals"]``), so a box starts at any packed row (kernels_cu/sm90_fwd.cu, kVarlen:
+    TMA zero-fills only past the packed end, the kernel masks the rest)."""
+    p = problem
+    if is_varlen(p):
+        total_q, total_k = (int(t) for t in strides["totals"])
+        return {"q": (1, total_q, p.nheads, p.head_dim), "k": (1, total_k, p.nheads_kv, p.head_dim),
+                "v": (1, total_k, p.nheads_kv, p.head_dim)}
+    return {"q": (p.batch, p.seqlen_q, p.nheads, p.head_dim),
+            "k": (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim),
+            "v": (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim)}
+
+
 def window_tiles(head_dim: int) -> tuple:
     """(BN, persistent) for a sliding-window forward (BM = 128), from the block counts of
     results/NVIDIA_H100_80GB_HBM3/features_window_analysis.md (cuflash.band mirrors the kernel's
@@ -358,13 +403,13 @@ class Sm90Forward(Family):
     arch_suffix = "a"
     priority = 1       # above fa2_fwd: on sm_90 every forward it supports runs here
     description = "Hopper forward: TMA ring, wgmma SS/RS, producer/consumer warpgroups, pingpong"
-    features = ("alibi", "dropout", "softcap", "window")
+    features = ("alibi", "dropout", "softcap", "varlen", "window")
 
     def supports(self, arch, problem: Problem) -> str:
         # the problem's reasons first: they match fa2_fwd's, so the API's message stays one
         why = (f"{self.name} implements op {self.op!r}, not {problem.op!r}" if problem.op != self.op
                else check_head_dim(problem) or self.feature_problem(problem)
-               or feature_mix(self, problem) or self.dropout_mix(problem))
+               or feature_mix(self, problem) or self.dropout_mix(problem) or self.varlen_mix(problem))
         if why:
             return why
         if tuple(arch)[0] != 9:
@@ -385,23 +430,34 @@ class Sm90Forward(Family):
             return why + f" at head dim {problem.head_dim} (its instantiation spills or is unchecked)"
         return ""
 
+    def varlen_mix(self, problem: Problem) -> str:
+        """'' unless ``problem`` is varlen with a feature whose varlen instantiation is not checked
+        to compile without spills (VARLEN_FEATURES); selection then falls back to fa2_fwd."""
+        if not is_varlen(problem):
+            return ""
+        others = tuple(f for f in problem.features if f != "varlen")
+        if others and others not in VARLEN_FEATURES:
+            return (f"{self.name} has no feature {others[0]!r} with varlen (features "
+                    f"{', '.join(others)}: the varlen instantiation is unchecked)")
+        return ""
+
     def for_problem(self, config, problem: Problem):
-        # dropout is the call's, as in fa2_fwd (tuned tables and heuristics carry none); so are
-        # the features
-        dropout = "dropout" in problem.features
-        if config.dropout != dropout:
-            config = config.replace(dropout=dropout)
+        # dropout and varlen are the call's, as in fa2_fwd (tuned tables and heuristics carry
+        # none); so are the features
+        dropout, varlen = "dropout" in problem.features, is_varlen(problem)
+        if config.dropout != dropout or config.varlen != varlen:
+            config = config.replace(dropout=dropout, varlen=varlen)
         if dropout and config.emu_exp2:   # not implemented with dropout: the plain exp2 (a speed knob)
             config = config.replace(emu_exp2=0)
         return self.with_features(config, problem)
 
     def _fields(self, config):
-        # dropout is not encoded either: the call sets it (for_problem), so the encoded form of a
-        # config stays what it was before the flag existed
+        # dropout and varlen are not encoded either: the call sets them (for_problem), so the
+        # encoded form of a config stays what it was before the flags existed
         # emu_exp2 only when on, so a plain config's encoded form is unchanged by the knob
         # dynamic likewise: only when on
         return ((k, v) for k, v in super()._fields(config)
-                if k != "dropout" and not (k in ("emu_exp2", "dynamic", "tma_store") and not v))
+                if k not in ("dropout", "varlen") and not (k in ("emu_exp2", "dynamic", "tma_store") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -433,7 +489,12 @@ class Sm90Forward(Family):
         to BN 176 / 192). Measured on the H100 against the shipped static tiles
         (results/NVIDIA_H100_80GB_HBM3/sched_timing.md, bf16, 2k-16k): d128 0.88-1.07x ->
         1.00-1.18x cuDNN, d256 causal 0.95-1.12x -> 1.04-1.18x, d64 causal 0.80-1.01x ->
-        0.91-1.04x, the rest within 1-2%."""
+        0.91-1.04x, the rest within 1-2%. Varlen: the same tiles (a
+        sequence's blocks are the fixed-length kernel's), scheduled by VARLEN_PERSISTENT (a CTA
+        per tile: those past a sequence's end leave at once; with a window, window_tiles'
+        persistent schedule), without the dynamic scheduler or the TMA-store epilogue (the
+        kernel's kVarlen refuses both); tuned tables carry no varlen entries, so this is its
+        config."""
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         bn, persistent = {64: 192, 96: 176, 128: 176, 192: 112}.get(d, 80), False
@@ -448,6 +509,10 @@ class Sm90Forward(Family):
             # (also under ALiBi: ptxas spilled with both at BN 192 (d64) / 176 (d128), not at 128)
             bn, persistent = window_tiles(d)
             dynamic = dynamic and persistent
+        if is_varlen(problem):
+            dynamic = tma_store = False
+            if "window" not in problem.features:
+                persistent = VARLEN_PERSISTENT
         cfg = Sm90FwdConfig(128, bn, 2, 2, True, persistent, d, problem.dtype, bool(problem.causal),
                             dynamic=dynamic, tma_store=tma_store)
         if "softcap" in problem.features and "dropout" not in problem.features:
@@ -461,7 +526,8 @@ class Sm90Forward(Family):
         return {"main": config.kernel_name()}
 
     def launches(self, config, problem: Problem, sm_count: int) -> list:
-        # one CTA per tile (Q block, head, batch), or per SM (persistent; one CTA fits an SM)
+        # one CTA per tile (Q block, head, batch), or per SM (persistent; one CTA fits an SM).
+        # varlen: batch sequences, seqlen_q the longest (tiles past a sequence's end are empty)
         tiles = -(-problem.seqlen_q // config.BM) * problem.nheads * problem.batch
         if tiles >= 2 ** 31:
             raise ValueError(f"batch * nheads * seqlen_q: too many Q blocks for one launch ({tiles})")
@@ -471,10 +537,14 @@ class Sm90Forward(Family):
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
         # the tensor maps are written per call (call_writer); zeros until then
         # tile_counter: Plan writes the address of the zeroed counter it allocates (zeroed_counters)
+        # varlen: o's batch stride is 0 (strides4), the cu_seqlens pointers are per call
+        # (Plan.run_varlen / run_with), total_q the LSE's row length
+        total_q = int(strides["totals"][0]) if is_varlen(problem) else 0
         return dict(tma_q=0, tma_k=0, tma_v=0, tma_o=0, **strides3("o", strides["o"]),
                     **forward_sizes(problem, softmax_scale), **feature_params(problem, softmax_scale),
                     **dropout_params(problem), tile_counter=0,
-                    sched_section=sched_section(problem) if config.dynamic else 1)
+                    sched_section=sched_section(problem) if config.dynamic else 1,
+                    cu_seqlens_q=0, cu_seqlens_k=0, total_q=total_q)
 
     def zeroed_counters(self, config, problem: Problem) -> dict:
         """{params field: int32 count} of the counters a plan keeps between calls, zeroed once when
@@ -487,11 +557,8 @@ class Sm90Forward(Family):
         """What cuflash.launch.Plan runs on every call after writing the pointers: the tensor
         maps of q, k, v (ptrs[0..2]) into the packed params ``buf`` (uint8), at their fields'
         offsets in ``struct`` (the params' NumPy dtype); with tma_store also o's (ptrs[3], box
-        64 rows: one consumer warpgroup's store)."""
-        p = problem
-        shapes = {"q": (p.batch, p.seqlen_q, p.nheads, p.head_dim),
-                  "k": (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim),
-                  "v": (p.batch, p.seqlen_k, p.nheads_kv, p.head_dim)}
+        64 rows: one consumer warpgroup's store; never with varlen)."""
+        shapes = map_shapes(problem, strides)
         rows = {"q": config.BM, "k": config.BN, "v": config.BN}
         jobs = tuple((i, struct.fields[f"tma_{t}"][1], shapes[t], tuple(strides[t]), rows[t])
                      for i, t in enumerate(("q", "k", "v")))
@@ -499,7 +566,7 @@ class Sm90Forward(Family):
         if offsets != list(range(offsets[0], offsets[0] + 3 * 128, 128)):
             raise RuntimeError(f"{self.params_struct}: tma_q, tma_k, tma_v must be adjacent")
         start, end = offsets[0], offsets[0] + 3 * 128
-        dtype = p.dtype
+        dtype = problem.dtype
         # The three maps of one (q, k, v) address triple as one 384-byte array: a repeat call
         # (the common case: a training loop reuses its buffers) costs one dict lookup and one
         # copy. The plan fixes shapes, strides and boxes, so the addresses are the whole key.
