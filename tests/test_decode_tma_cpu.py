@@ -90,7 +90,8 @@ def test_tma_problem_reasons():
 def test_call_config(monkeypatch):
     """What the call knows refines the config: a given tma config that cannot run raises, a chosen
     one falls back; the heuristic's choice takes the Hopper loop (4 warps, 3 stages) for pages
-    below TMA_PAGED_MAX_PAGE on sm_90 only."""
+    below TMA_PAGED_MAX_PAGE on sm_90 only (with TMA_PAGED_DEFAULT on)."""
+    monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", True)
     p = problem(features=("paged_kv",))
     plain = TMA.replace(tma=False)
     with pytest.raises(ValueError, match="^k_cache: the tma loop"):

@@ -214,9 +214,11 @@ def test_tma_refusals():
 
 
 @pytest.mark.parametrize("page", [16, 256], ids=lambda p: f"page{p}")
-def test_heuristic_takes_tma_for_small_pages(page):
-    """flash_attn_with_kvcache as users call it: page 16 runs the Hopper loop (4 warps, 3 stages;
-    DecodeSplitKV.call_config), page 256 the cp.async loop; both against the reference."""
+def test_heuristic_takes_tma_for_small_pages(page, monkeypatch):
+    """flash_attn_with_kvcache as users call it, with TMA_PAGED_DEFAULT on (it is off by default):
+    page 16 runs the Hopper loop (4 warps, 3 stages; DecodeSplitKV.call_config), page 256 the
+    cp.async loop; both against the reference."""
+    monkeypatch.setattr(fam_mod, "TMA_PAGED_DEFAULT", True)
     rng = np.random.default_rng()
     args = base.make_case(rng, 3, 1, [2049, 700, 0], 32, 8, 128, "bf16", page=page, seqlen_new=1)
     decode_mod._gpu_plans.clear()

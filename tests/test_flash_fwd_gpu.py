@@ -99,8 +99,12 @@ def test_persistent_tiles(hdim, causal, shape):
         if cfg is None:
             continue
         q, k, v = inputs(problem)
-        for persistent in (False, True):
-            c = cfg.replace(persistent=persistent)
+        # static tiles, static persistent, and (sm90_fwd) the dynamic scheduler
+        sched = [dict(persistent=False), dict(persistent=True)]
+        if "dynamic" in family.space:
+            sched = [dict(s, dynamic=False) for s in sched] + [dict(persistent=True, dynamic=True)]
+        for kw in sched:
+            c = cfg.replace(**kw)
             out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, config=c)
             check_forward(out, lse, q, k, v, causal, hdim ** -0.5, f"{c.name}: ")
 

@@ -281,7 +281,9 @@ def test_params_struct_mirror():
     assert dt.fields["o_batch_stride"][1] == 448
     # the dynamic scheduler's counter and section, then the TMA-store epilogue's map of o (64-aligned)
     assert [dt.fields[n][1] for n in ("tile_counter", "sched_section", "tma_o")] == [552, 560, 576]
-    assert dt.itemsize == 704
+    # varlen's fields after them (cu_seqlens_q, cu_seqlens_k, total_q), in the 64-byte aligned tail
+    assert [dt.fields[n][1] for n in ("cu_seqlens_q", "cu_seqlens_k", "total_q")] == [704, 712, 720]
+    assert dt.itemsize == 768
     # the structs without a tensor map keep NumPy's aligned layout
     assert launch.struct_dtype("FwdParams").isalignedstruct
 
@@ -375,7 +377,7 @@ def test_family_imports_without_a_driver():
             "fromlist=['Problem']).Problem('fwd', 'bf16', 1, 64, 64, 1, 1, 64)).name)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "sm90fwd_bf16_d64_full_BM128_BN192_s2_c2_pp"]
+    assert out.stdout.split() == ["False", "sm90fwd_bf16_d64_full_BM128_BN192_s2_c2_pp_persist_dyn"]
 
 
 # ---------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def test_config_name_and_template_arguments():
     # kDropout and kEmuExp2 spelled out, kDynamic last
     assert DYN.kernel_name() == ("cuflash::sm90_fwd<128, 176, 2, 2, true, true, 128, cuflash::bf16, true, "
                                  "false, false, false, false, 0, true>")
-    assert DYN.template_args()[-2:] == (True, False) and len(DYN.template_args()) == 16
+    assert DYN.template_args()[-3:-1] == (True, False) and len(DYN.template_args()) == 17  # (kVarlen last)
     plain = DYN.replace(dynamic=False)
     assert plain.kernel_name() == "cuflash::sm90_fwd<128, 176, 2, 2, true, true, 128, cuflash::bf16, true, false, false, false>"
     # the ring: 4 mbarriers and 2 tile indices on top of the plain kernel's shared memory
@@ -120,7 +120,7 @@ def test_space_and_old_points():
     # a tuned entry's point from before the flag: dynamic off
     point = {k: getattr(DYN, k) for k in FAM.space if k != "dynamic"}
     assert FAM.make(point, p).dynamic is False
-    assert FAM.heuristic(p).dynamic is False          # the heuristic is unchanged
+    assert FAM.heuristic(p).dynamic is sm90_fwd.HEURISTIC_DYNAMIC   # plain calls: the dynamic scheduler
 
 
 def test_section_size():

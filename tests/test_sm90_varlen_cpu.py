@@ -30,7 +30,7 @@ def vproblem(d=128, causal=True, feats=(), dtype="bf16", nseq=3, max_q=1000, max
                    softcap=30.0 if "softcap" in feats else 0.0)
 
 
-def test_selection_runs_varlen_on_sm90():
+def test_selection_runs_varlen_on_sm90(monkeypatch):
     fam, cfg, source = choose(vproblem(), (9, 0))
     assert fam.name == "sm90_fwd" and cfg.varlen and source.startswith("heuristic")
     assert cfg.name.endswith("_varlen") and cfg.persistent == sm90_fwd.VARLEN_PERSISTENT
@@ -38,6 +38,8 @@ def test_selection_runs_varlen_on_sm90():
     fam, cfg, _ = choose(vproblem(), (8, 0))
     assert fam.name == "fa2_fwd" and cfg.varlen
     # the plain heuristic's tiles (varlen changes the schedule only)
+    # (the static tiles: varlen runs neither the dynamic scheduler nor the TMA-store epilogue)
+    monkeypatch.setattr(sm90_fwd, "HEURISTIC_DYNAMIC", False)
     plain = FAM.heuristic(vproblem().replace(features=()), (9, 0))
     assert FAM.heuristic(vproblem(), (9, 0)).replace(persistent=plain.persistent) == plain
 
@@ -60,11 +62,11 @@ def test_names_and_encoding():
                                  "true, false, false, false>")   # plain: unchanged
     v = cfg.replace(varlen=True)
     assert v.kernel_name() == ("cuflash::sm90_fwd<128, 176, 2, 2, true, false, 128, cuflash::bf16, "
-                               "true, false, false, false, false, 0, true>")
+                               "true, false, false, false, false, 0, false, false, true>")
     assert v.name == cfg.name + "_varlen"
-    assert v.template_args()[-1] is True and len(v.template_args()) == 15
+    assert v.template_args()[-1] is True and len(v.template_args()) == 17
     drop = cfg.replace(dropout=True, varlen=True, BN=128)
-    assert drop.kernel_name().endswith("false, false, false, true, 0, true>")
+    assert drop.kernel_name().endswith("false, false, false, true, 0, false, false, true>")
     # varlen is the call's, not encoded (a tuned entry or a torch-op config string never carries it)
     assert FAM.encode(v) == FAM.encode(cfg) and "varlen" not in FAM.encode(v)
     assert not FAM.decode(FAM.encode(v), "bf16", True).varlen

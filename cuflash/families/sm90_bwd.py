@@ -362,6 +362,9 @@ class Sm90Backward(Family):
         if "dropout" in problem.features and not DROPOUT_BY_DEFAULT:
             return -1
         d = problem.head_dim
+        if "varlen" in problem.features and d <= 96:
+            return -1   # varlen at d <= 96: fa2_bwd (measured faster than the one-consumer tile's
+            #             varlen; the 2-consumer tiles' varlen has not been timed)
         above = d > 96 or (D64_ABOVE_FA2 if d <= 64 else D96_ABOVE_FA2)
         return self.priority if above else -1
 

@@ -484,7 +484,8 @@ class Sm90Forward(Family):
         need registers on top of O and S). Softcap (without dropout): SOFTCAP_EMU_EXP2 of every
         four 8-column tiles of S take the software exp2 (emu_exp2).
 
-        Schedule (HEURISTIC_DYNAMIC): persistent CTAs with the dynamic scheduler, and at head dim
+        Schedule of plain calls (HEURISTIC_DYNAMIC; calls with features keep the static tiles,
+        as measured before it): persistent CTAs with the dynamic scheduler, and at head dim
         128 below 16k keys BN 160 with the TMA-store epilogue (its staging tiles do not fit next
         to BN 176 / 192). Measured on the H100 against the shipped static tiles
         (results/NVIDIA_H100_80GB_HBM3/sched_timing.md, bf16, 2k-16k): d128 0.88-1.07x ->
@@ -499,7 +500,7 @@ class Sm90Forward(Family):
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         bn, persistent = {64: 192, 96: 176, 128: 176, 192: 112}.get(d, 80), False
         dynamic = tma_store = False
-        if HEURISTIC_DYNAMIC:
+        if HEURISTIC_DYNAMIC and not problem.features:   # plain calls (measured so)
             persistent = dynamic = True
             if d == 128 and problem.seqlen_k < 16384:
                 bn, tma_store = 160, True
