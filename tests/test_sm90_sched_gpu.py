@@ -72,7 +72,7 @@ def config_for(k, q, kk):
                         causal, features=tuple(sorted(feats)),
                         softcap=SOFTCAP if "softcap" in feats else 0.0,
                         window=WINDOW if "window" in feats else (-1, -1))
-    cfg = device_heuristic(FAM, p).replace(persistent=True, dynamic=True).replace(**change)
+    cfg = device_heuristic(FAM, p).replace(persistent=True, dynamic=True, tma_store=False).replace(**change)
     return cfg.validate(227 * 1024)
 
 
