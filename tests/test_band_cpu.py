@@ -104,4 +104,5 @@ def test_sm90_window_heuristic_aligns_bn(d):
             assert cfg.BM % cfg.BN == 0 and cfg.persistent and cfg.window, cfg.name
             assert not cfg.problems(), cfg.problems()
     plain = fam.heuristic(window_problem(128, ()))
-    assert (plain.BN, plain.persistent) == (176, False)     # the plain heuristic is unchanged
+    # the plain heuristic: the dynamic persistent schedule, BN 160 (with the TMA store) below 16k keys
+    assert (plain.BN, plain.persistent, plain.dynamic) == (160, True, True)
