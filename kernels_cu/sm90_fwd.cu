@@ -83,7 +83,8 @@
 // stored as kChunks = ceil(head_dim / 64) column chunks of rows x 64 elements, 128 bytes a row,
 // swizzled as TMA writes it and wgmma reads it):
 //   q_smem [kChunks][BM][64], k_smem / v_smem [kStages][kChunks][BN][64], (kTmaStore) the O
-//   staging tiles [kConsumers][kChunks][64][64], then the mbarriers (Q full, Q empty; K full,
+//   staging tiles [kConsumers][kChunks][64][64], (kPSmem) the P tiles [kConsumers][ceil(BN / 64)]
+//   [64][64], then the mbarriers (Q full, Q empty; K full,
 //   V full, K empty, V empty, kStages each) and (kDynamic) the tile ring (2 full, 2 empty
 //   mbarriers, 2 int32 tile indices).
 //
@@ -132,6 +133,13 @@
 //   kDynamic   the dynamic scheduler (needs kPersistent; params.tile_counter, params.sched_section)
 //   kTmaStore  the TMA-store epilogue (params.tma_o)
 //   (kDynamic and kTmaStore false, the defaults: the code of the kernel before they existed)
+//   kPSmem     P through shared memory (FA3's choice for its d64 tile, 192 x 192): after the softmax
+//              each warp writes its 16 rows of P_j, 16-bit, into its warpgroup's P tile (stmatrix;
+//              64 x BN, K-major, 128-byte swizzled like Q) and O += P_j V_j is a wgmma SS. No
+//              register holds P's A fragments (BN / 4 per thread), which is what lets three
+//              consumer warpgroups (160 registers each) take BN 192 at head dim 64; the price is
+//              the P tile's shared memory (BN · 128 bytes per warpgroup) and its stores. false
+//              (the default): the code of the kernel before it existed
 //   kVarlen    variable-length batches (varlen.cuh): q, k, v, o packed as (total, heads, d),
 //              sequence b's rows from cu_seqlens[b] on. Tiles are still (Q block, head,
 //              sequence), the grid sized for the longest sequence; a tile past its sequence's
@@ -163,7 +171,7 @@
 namespace cuflash {
 
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, bool kDynamic = false,
-          bool kTmaStore = false>
+          bool kTmaStore = false, bool kPSmem = false>
 struct Sm90FwdShape {
     static constexpr int kThreads = (kConsumers + 1) * 128;
     // 64-column (128-byte) swizzle atoms; d96: two, the second half used (header)
@@ -185,7 +193,13 @@ struct Sm90FwdShape {
     static constexpr int kOStageWgBytes = kChunks * kOStageChunkBytes;
     static constexpr int kOStageOffset = kVOffset + kStages * kKVBytes;
     static constexpr int kOStageBytes = kTmaStore ? kConsumers * kOStageWgBytes : 0;
-    static constexpr int kBarOffset = kOStageOffset + kOStageBytes;
+    // kPSmem: P_j's tile, per consumer warpgroup ceil(BN / 64) chunks of 64 rows x 64 keys
+    // (128-byte swizzled, K-major: the A operand of the P V wgmma); none without it
+    static constexpr int kPChunkBytes = 64 * 128;
+    static constexpr int kPWgBytes = (kBN + 63) / 64 * kPChunkBytes;
+    static constexpr int kPOffset = kOStageOffset + kOStageBytes;
+    static constexpr int kPBytes = kPSmem ? kConsumers * kPWgBytes : 0;
+    static constexpr int kBarOffset = kPOffset + kPBytes;
     static constexpr int kBarriers = 2 + 4 * kStages;       // Q full, Q empty; K/V full, K/V empty per slot
     // kDynamic: the tile ring after the barriers (Sm90TileRing: its 2 full and 2 empty mbarriers,
     // then its 2 tile indices)
@@ -309,10 +323,10 @@ struct Sm90TileRing {
 template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
           class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
-          bool kVarlen = false>
+          bool kVarlen = false, bool kPSmem = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
-    using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore>;
+    using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem>;
     using Mask = BandMask<kCausal, kWindow>;
     constexpr int kChunks = Shape::kChunks;
 
@@ -464,6 +478,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     const u64 q_desc = smem_desc_sw128(q_smem + wg * 64 * 128, 16, 1024);
     const u64 k_desc = smem_desc_sw128(k_smem, 16, 1024);
     const u64 v_desc = smem_desc_sw128(v_smem, Shape::kKVChunkBytes, 1024);
+    // kPSmem: this warpgroup's P tile (K-major like Q)
+    const u32 p_smem = smem + Shape::kPOffset + wg * Shape::kPWgBytes;
+    const u64 p_desc = smem_desc_sw128(p_smem, 16, 1024);
     const Pingpong<kPingpong, kConsumers> turn(wg);
 
     // O: 64 x kOCols (the head dim) per warpgroup, 16 rows per warp, fp32. Thread (g, t) of a
@@ -498,13 +515,50 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     };
     // O += P_{j-1} V_{j-1}: issued, not waited for (keys 16kk..16kk+15: 16 rows of 128 B). One
     // wgmma with N = kOCols per k16 step; d96's reads chunk 0 and half of chunk 1 (header).
+    // kPSmem: A = P_{j-1} from this warpgroup's P tile in shared memory (wgmma SS; K-major like
+    // Q: chunk kk / 4, 32 bytes per step inside it), so no register holds P.
     auto issue_pv = [&](int slot) {
         const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;
 #pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk)
-            Wgmma<kOCols, Elem>::template rs<1>(o_flat, p_frag[0][kk],
-                                               v_desc + slot_off + (u64(kk * 16 * 128) >> 4), 1);
+        for (int kk = 0; kk < kBN / 16; ++kk) {
+            const u64 v_off = slot_off + (u64(kk * 16 * 128) >> 4);
+            if constexpr (kPSmem)
+                Wgmma<kOCols, Elem>::template ss<1>(
+                    o_flat, p_desc + (u64((kk / 4) * Shape::kPChunkBytes + (kk % 4) * 32) >> 4), v_desc + v_off, 1);
+            else
+                Wgmma<kOCols, Elem>::template rs<1>(o_flat, p_frag[0][kk], v_desc + v_off, 1);
+        }
         wgmma_commit();
+    };
+    // P_j (s_acc, fp32) to the 16-bit A operand of the next O += P V: fragments in registers, or
+    // (kPSmem) this warpgroup's P tile. There each k16 step is one stmatrix of the A fragment's
+    // four 8 x 8 matrices (rows r and r + 8 of the warp's 16, keys 16kk..16kk+7 and +8..+15), lane
+    // l addressing row l % 8 of matrix l / 8, 128-byte swizzled (16-byte unit u of row r at
+    // u ^ (r % 8): a matrix's 8 rows hit 8 distinct bank groups). A warp writes only its own 16 rows,
+    // which only its own part of the wgmma reads (FA3's reasoning too), so a fence to the async
+    // proxy and a warp barrier order the stores before the wgmma; the previous P V (the tile's
+    // only other reader) has completed before softmax_rescale, hence before this runs.
+    auto pack_p = [&]() {
+        if constexpr (kPSmem) {
+            // lane l: row r = l % 8 (+ 8 for matrices 1, 3) and 8-key tile nt = 2kk + l / 16 of the
+            // warp's; that tile's unit nt % 8 = (2kk % 8) | (l / 16), so the swizzled unit is
+            // (l / 16 ^ r) ^ (2kk % 8), and the row's base has 7 zero bits: one lane-constant
+            // address, XORed with a step constant and offset by the step's chunk
+            const int mat = lane / 8, r = lane % 8;
+            const u32 lane_addr = p_smem + (warp * 16 + r + 8 * (mat & 1)) * 128 + (((mat >> 1) ^ r) * 16);
+#pragma unroll
+            for (int kk = 0; kk < kBN / 16; ++kk) {
+                const u32 frag[4] = {pack2<Elem>(s_acc[0][2 * kk][0], s_acc[0][2 * kk][1]),
+                                     pack2<Elem>(s_acc[0][2 * kk][2], s_acc[0][2 * kk][3]),
+                                     pack2<Elem>(s_acc[0][2 * kk + 1][0], s_acc[0][2 * kk + 1][1]),
+                                     pack2<Elem>(s_acc[0][2 * kk + 1][2], s_acc[0][2 * kk + 1][3])};
+                stmatrix_x4((lane_addr ^ u32((2 * kk % 8) * 16)) + (kk / 4) * Shape::kPChunkBytes, frag);
+            }
+            fence_proxy_async_smem();
+            __syncwarp();
+        } else {
+            pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
+        }
     };
 
     // kTmaStore's epilogue: O = acc / l written into this warpgroup's staging tile (128-byte
@@ -618,7 +672,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             wgmma_wait<0>();
             softmax_s(slot_of(0), 0);
             drop_p(0);
-            pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
+            pack_p();
 
             for (int j = 1; j < n_blocks; ++j) {
                 const int slot = slot_of(j), prev = slot_of(j - 1);
@@ -640,7 +694,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 mbarrier_arrive(v_empty(prev));    // V_{j-1}'s slot may be refilled
                 softmax_rescale(o_acc, alpha);     // O *= alpha_j: O now relative to m_j
                 drop_p(j);                         // kDropout: P_j ∘ Z
-                pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
+                pack_p();                          // P_j: A fragments, or (kPSmem) the P tile
             }
             // end: the last block's O += P V (the tile's final turn)
             const int last = slot_of(n_blocks - 1);

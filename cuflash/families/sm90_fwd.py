@@ -57,6 +57,17 @@ MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
 # consumer warpgroups (setmaxnreg budget 256 / 240 / 160 minus addresses, m, l, P fragments).
 # ptxas (nvcc 13.0, sm_90a) spills nothing up to these; tests/test_sm90_cpu.py holds it to that.
 MAX_ACCUM_REGS = {1: 192, 2: 176, 3: 96}
+# The same with p_smem (P through shared memory: no register holds P's BN / 4 A fragments), where
+# it raises the budget: 3 consumer warpgroups take head dim 64 with BN 192 (FA3's d64 tile), 128
+# accumulators, without a spill (nvcc 13.0, sm_90a; tests/test_sm90_psmem_cpu.py holds it to that);
+# the causal mask needs a few registers more: 120 there (d64 BN 192 causal spilled 12 bytes). The
+# TMA-store epilogue with 3 consumer warpgroups spilled even at BN 176 (8 bytes): refused. p_smem
+# is for 3 consumer warpgroups only: with 1 or 2 the registers hold P next to any tile that fits
+# shared memory, so the flag would only double their part of the tuning space.
+MAX_ACCUM_REGS_PSMEM = {3: 128}
+MAX_ACCUM_REGS_PSMEM_MASKED = {3: 120}
+# p_smem's features: none (its instantiations with window, softcap, ALiBi, dropout or varlen are
+# unchecked for registers): a config with one of them and p_smem is refused.
 # BN of a dropout forward (2 consumer warpgroups), by head dim: the largest multiple of 32 (one
 # Philox call covers 32 keys, philox.cuh) at which ptxas (nvcc 13.0, sm_90a) spills nothing
 # with the Philox rounds (kDropout), which run once P_{j-1}'s fragments are dead: one call per
@@ -133,6 +144,11 @@ class Sm90FwdConfig(KernelConfig):
     varlen:    variable-length batches (kVarlen, kernels_cu/varlen.cuh: packed (total, heads, d)
                tensors, per-sequence offsets from cu_seqlens), set from the call (``for_problem``),
                never tuned
+    p_smem:    P through shared memory (kPSmem): each consumer warpgroup writes P_j, 16-bit, into
+               its own 64 x BN tile of shared memory and O += P V is a wgmma SS, so no register holds
+               P's A fragments: three consumer warpgroups fit BN 192 at head dim 64 (FA3's d64 tile,
+               MAX_ACCUM_REGS_PSMEM); costs BN x 128 bytes of shared memory per warpgroup. Plain
+               calls only (no window, softcap, ALiBi, dropout, varlen)
     """
 
     BM: int
@@ -152,6 +168,7 @@ class Sm90FwdConfig(KernelConfig):
     dynamic: bool = False
     tma_store: bool = False
     varlen: bool = False
+    p_smem: bool = False
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -168,8 +185,8 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_persist' if self.persistent else ''}{'_dyn' if self.dynamic else ''}"
                 f"{'_tmao' if self.tma_store else ''}"
                 f"{'_drop' if self.dropout else ''}"
-                f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{name_suffix(self)}"
-                f"{'_varlen' if self.varlen else ''}")
+                f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{'_psmem' if self.p_smem else ''}"
+                f"{name_suffix(self)}{'_varlen' if self.varlen else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -182,13 +199,19 @@ class Sm90FwdConfig(KernelConfig):
         """Q, stages x (K, V), the mbarriers (Q full and empty; K/V full and empty per slot),
         and 1024 bytes to align the base (as the kernel's Sm90FwdShape::kSmemBytes)."""
         return ((self.BM + 2 * self.stages * self.BN) * self.smem_cols * 2 + 8 * (2 + 4 * self.stages)
-                + (SCHED_RING_BYTES if self.dynamic else 0) + self.o_stage_bytes + 1024)
+                + (SCHED_RING_BYTES if self.dynamic else 0) + self.o_stage_bytes + self.p_tile_bytes + 1024)
 
     @property
     def o_stage_bytes(self) -> int:
         """tma_store's staging tiles of O: per consumer warpgroup 64 rows x smem_cols (kernel:
         Sm90FwdShape::kOStageBytes); 0 without it."""
         return self.consumers * 64 * self.smem_cols * 2 if self.tma_store else 0
+
+    @property
+    def p_tile_bytes(self) -> int:
+        """p_smem's P tiles: per consumer warpgroup 64 rows x ceil(BN / 64) 64-key chunks of 16-bit
+        (kernel: Sm90FwdShape::kPBytes); 0 without it."""
+        return self.consumers * 64 * -(-self.BN // 64) * 64 * 2 if self.p_smem else 0
 
     @property
     def accum_regs(self) -> int:
@@ -202,8 +225,9 @@ class Sm90FwdConfig(KernelConfig):
         tail = [f"{'true' if self.dropout else 'false'}", f"{self.emu_exp2}",   # kDropout, kEmuExp2
                 f"{'true' if self.dynamic else 'false'}",                         # kDynamic
                 f"{'true' if self.tma_store else 'false'}",                       # kTmaStore
-                f"{'true' if self.varlen else 'false'}"]                          # kVarlen last
-        used = (5 if self.varlen else 4 if self.tma_store else 3 if self.dynamic else
+                f"{'true' if self.varlen else 'false'}",                          # kVarlen
+                f"{'true' if self.p_smem else 'false'}"]                          # kPSmem last
+        used = (6 if self.p_smem else 5 if self.varlen else 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
         return (f"cuflash::sm90_fwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{'true' if self.pingpong else 'false'}, {'true' if self.persistent else 'false'}, "
@@ -214,7 +238,7 @@ class Sm90FwdConfig(KernelConfig):
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
-                self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen)
+                self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem)
 
     def _problems(self) -> list[str]:
         out = []
@@ -253,13 +277,23 @@ class Sm90FwdConfig(KernelConfig):
             out.append("varlen with dynamic / tma_store: a varlen CTA skips tiles past its sequence's "
                        "end, which the dynamic scheduler's turn count does not allow for, and a TMA "
                        "store would write a box's rows past the sequence's end into the next one's")
+        if self.p_smem and self.consumers != 3:
+            out.append(f"p_smem needs 3 consumer warpgroups, got {self.consumers} (with fewer, the "
+                       "registers hold P's fragments next to any tile that fits shared memory)")
+        if self.p_smem and (self.window or self.softcap or self.alibi or self.dropout or self.varlen):
+            out.append("p_smem with window / softcap / ALiBi / dropout / varlen is not implemented "
+                       "(those instantiations are unchecked for registers)")
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
-        if not out and self.accum_regs > MAX_ACCUM_REGS[self.consumers]:
+        if self.p_smem and self.tma_store and self.consumers == 3:
+            out.append("p_smem with tma_store and 3 consumer warpgroups spills (ptxas, nvcc 13.0)")
+        budget = (MAX_ACCUM_REGS if not self.p_smem else MAX_ACCUM_REGS_PSMEM_MASKED
+                  if self.causal else MAX_ACCUM_REGS_PSMEM).get(self.consumers, 0)
+        if not out and self.accum_regs > budget:
             out.append(f"{self.accum_regs} fp32 accumulator registers per consumer thread (O and S) "
-                       f"exceed the budget of {MAX_ACCUM_REGS[self.consumers]} with "
-                       f"{self.consumers} consumer warpgroup(s): it would spill")
+                       f"exceed the budget of {budget} with {self.consumers} consumer warpgroup(s)"
+                       f"{' and P in shared memory' if self.p_smem else ''}: it would spill")
         return out
 
 
@@ -395,7 +429,7 @@ class Sm90Forward(Family):
     space = {"BM": (64, 128, 192), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
              "stages": (2, 3), "consumers": (1, 2, 3), "pingpong": (False, True),
              "persistent": (False, True), "emu_exp2": EMU_EXP2_SPACE, "dynamic": (False, True),
-             "tma_store": (False, True)}
+             "tma_store": (False, True), "p_smem": (False, True)}
     params_struct = "Sm90FwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90FwdParams"
     pointer_fields = ("q", "k", "v", "o", "lse")
@@ -449,6 +483,8 @@ class Sm90Forward(Family):
             config = config.replace(dropout=dropout, varlen=varlen)
         if dropout and config.emu_exp2:   # not implemented with dropout: the plain exp2 (a speed knob)
             config = config.replace(emu_exp2=0)
+        if config.p_smem and problem.features:   # plain calls only (a speed knob): P in registers
+            config = config.replace(p_smem=False)
         return self.with_features(config, problem)
 
     def _fields(self, config):
@@ -457,7 +493,8 @@ class Sm90Forward(Family):
         # emu_exp2 only when on, so a plain config's encoded form is unchanged by the knob
         # dynamic likewise: only when on
         return ((k, v) for k, v in super()._fields(config)
-                if k not in ("dropout", "varlen") and not (k in ("emu_exp2", "dynamic", "tma_store") and not v))
+                if k not in ("dropout", "varlen")
+                and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -468,6 +505,8 @@ class Sm90Forward(Family):
             point = {**point, "dynamic": False}
         if "tma_store" not in point:    # and before the TMA-store epilogue
             point = {**point, "tma_store": False}
+        if "p_smem" not in point:       # and before P through shared memory
+            point = {**point, "p_smem": False}
         return super().make(point, problem)
 
     def head_dim_of(self, head_dim: int) -> int:
