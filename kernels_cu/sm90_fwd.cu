@@ -140,6 +140,10 @@
 //              consumer warpgroups (160 registers each) take BN 192 at head dim 64; the price is
 //              the P tile's shared memory (BN · 128 bytes per warpgroup) and its stores. false
 //              (the default): the code of the kernel before it existed
+//   kTreeMax   the online softmax's step with shorter dependency chains (softmax_tree.cuh: both
+//              rows' maxima as pairwise trees, their shuffles side by side, two partial row sums),
+//              so that the block's first ex2 issues sooner; not with kEmuExp2. false (the
+//              default): softmax.cuh's softmax_step, the code of the kernel before it existed
 //   kVarlen    variable-length batches (varlen.cuh): q, k, v, o packed as (total, heads, d),
 //              sequence b's rows from cu_seqlens[b] on. Tiles are still (Q block, head,
 //              sequence), the grid sized for the longest sequence; a tile past its sequence's
@@ -164,6 +168,7 @@
 #include "softmax.cuh"
 #include "philox.cuh"
 #include "exp2_emu.cuh"
+#include "softmax_tree.cuh"
 #include "ptx_sm90_bulk.cuh"
 #include "ptx_sm90_store.cuh"
 #include "varlen.cuh"
@@ -323,7 +328,7 @@ struct Sm90TileRing {
 template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
           class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
-          bool kVarlen = false, bool kPSmem = false>
+          bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem>;
@@ -643,7 +648,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 score.apply(s_acc, warp_row0, n_block * kBN, g, t);
                 if (tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block))
                     tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
-                if constexpr (kEmuExp2 == 0)
+                if constexpr (kEmuExp2 == 0 && kTreeMax)   // the same step, shorter chains
+                    softmax_step_tree(s_acc, m, l, p.scale_log2, alpha);
+                else if constexpr (kEmuExp2 == 0)
                     softmax_step(s_acc, m, l, p.scale_log2, alpha);
                 else   // kEmuExp2 quarters of S's 8-column tiles take the software exp2
                     softmax_step_emu<kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, p.scale_log2, alpha);

@@ -10,7 +10,10 @@ precision, LSE within 1e-2.
 * the flag on / off at one tile (c3 BN128 causal): both paths round P to 16 bits the same way and
   run the same blocks, so the outputs agree within 1e-3 of the output scale.
 
-8 compiles (KERNELS), a minute on an H100 after tests/sm90_fwd_d64_precompile.py:
+* tree_max (softmax_tree.cuh) on the heuristic's d64 tile: bit for bit the plain kernel's output.
+
+12 compiles (KERNELS and the tree_max pairs), a minute on an H100 after
+tests/sm90_fwd_d64_precompile.py:
     CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q tests/test_sm90_psmem_gpu.py
 """
 import math
@@ -48,9 +51,19 @@ def config_of(k, head_dim=None):
                          **tile).validate(227 * 1024)
 
 
+def tree_pair(causal):
+    """The heuristic's d64 tile (bf16, 2 consumer warpgroups, BN 192, dynamic) without and with
+    tree_max (sm90_fwd_d64_timing.py's heur and heur_tree rows)."""
+    from cuflash.families.sm90_fwd import Sm90FwdConfig as C
+
+    base = C(BM=128, BN=192, stages=2, consumers=2, pingpong=True, persistent=True, head_dim=64,
+             dtype="bf16", causal=causal, dynamic=True)
+    return base, base.replace(tree_max=True)
+
+
 def configs():
     """Every kernel this file compiles (tests/sm90_fwd_d64_precompile.py)."""
-    return [config_of(k) for k in KERNELS]
+    return [config_of(k) for k in KERNELS] + list(tree_pair(False)) + list(tree_pair(True))
 
 
 def kid(k):
@@ -116,3 +129,22 @@ def test_flag_on_and_off_agree():
         assert not any(o.isnan().any() for o in outs)
         err = (outs[0].float() - outs[1].float()).abs().max().item()
         assert err <= 1e-3 * max(1.0, outs[0].float().abs().max().item()), f"{kid(a)} vs {kid(b)}: {err:.3g}"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_tree_max_is_bit_for_bit(causal):
+    """tree_max changes only the order of the row max (exact in any order; the row sums keep
+    softmax_step's order): out and LSE equal the plain kernel's bit for bit, and match the
+    reference (ragged seqlens, GQA, s_q != s_k)."""
+    import torch
+
+    plain, tree = tree_pair(causal)
+    for sq, sk, heads in ((2049, 1023, "gqa"), (1023, 2049, "mqa"), (113, 113, "mha")):
+        q, kk, v, _ = inputs(2, sq, sk, heads, 64, "bf16")
+        outs = [cuflash.flash_attn_func(q, kk, v, causal=causal, config=c.validate(227 * 1024),
+                                        return_attn_probs=True)[:2] for c in (plain, tree)]
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), \
+            f"{tree.name} {sq}x{sk}: differs from {plain.name}"
+        ref, _ = feature_attention(q, kk, v, 64 ** -0.5, causal, (-1, -1), 0.0, None, torch.float64)
+        low, _ = feature_attention(q, kk, v, 64 ** -0.5, causal, (-1, -1), 0.0, None, q.dtype)
+        check_close(outs[1][0], ref, low, 2, f"{tree.name} {sq}x{sk} {heads}")

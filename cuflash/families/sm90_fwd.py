@@ -95,6 +95,11 @@ HEURISTIC_DYNAMIC = True
 # keeps in L2 (the H100 has 50 MB; FA3 sizes its sections by 32 MB too), and the shared memory
 # its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
 SCHED_L2_BYTES = 32 * 1024 * 1024
+# The heuristic's tile for plain head-dim-64 calls, by causal: changes to the 2-consumer dynamic tile
+# (e.g. {False: dict(BM=192, consumers=3, BN=192, p_smem=True)}, FA3's d64 tile); empty: that tile
+# as it is (BM 128, BN 192). Candidates timed side by side with SDPA cuDNN by
+# tests/sm90_fwd_d64_timing.py.
+HEURISTIC_D64: dict = {}
 SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # Variable-length batches (kVarlen): the features that run with varlen, each set's varlen
 # instantiations checked to compile without spills at the heuristic's tiles (nvcc 13.0, sm_90a;
@@ -149,6 +154,10 @@ class Sm90FwdConfig(KernelConfig):
                P's A fragments: three consumer warpgroups fit BN 192 at head dim 64 (FA3's d64 tile,
                MAX_ACCUM_REGS_PSMEM); costs BN x 128 bytes of shared memory per warpgroup. Plain
                calls only (no window, softcap, ALiBi, dropout, varlen)
+    tree_max:  the softmax step with shorter dependency chains (kTreeMax, kernels_cu/softmax_tree.cuh:
+               the row maxima as pairwise trees, both rows' shuffles together, two partial row sums),
+               so that a block's first ex2 issues sooner; not with emu_exp2. Not in the tuning
+               space (a heuristic switch: HEURISTIC_D64)
     """
 
     BM: int
@@ -169,6 +178,7 @@ class Sm90FwdConfig(KernelConfig):
     tma_store: bool = False
     varlen: bool = False
     p_smem: bool = False
+    tree_max: bool = False
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -185,7 +195,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_persist' if self.persistent else ''}{'_dyn' if self.dynamic else ''}"
                 f"{'_tmao' if self.tma_store else ''}"
                 f"{'_drop' if self.dropout else ''}"
-                f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{'_psmem' if self.p_smem else ''}"
+                f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{'_psmem' if self.p_smem else ''}{'_tree' if self.tree_max else ''}"
                 f"{name_suffix(self)}{'_varlen' if self.varlen else ''}")
 
     @property
@@ -226,8 +236,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.dynamic else 'false'}",                         # kDynamic
                 f"{'true' if self.tma_store else 'false'}",                       # kTmaStore
                 f"{'true' if self.varlen else 'false'}",                          # kVarlen
-                f"{'true' if self.p_smem else 'false'}"]                          # kPSmem last
-        used = (6 if self.p_smem else 5 if self.varlen else 4 if self.tma_store else 3 if self.dynamic else
+                f"{'true' if self.p_smem else 'false'}",                          # kPSmem
+                f"{'true' if self.tree_max else 'false'}"]                        # kTreeMax last
+        used = (7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
         return (f"cuflash::sm90_fwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{'true' if self.pingpong else 'false'}, {'true' if self.persistent else 'false'}, "
@@ -238,7 +249,8 @@ class Sm90FwdConfig(KernelConfig):
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
-                self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem)
+                self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
+                self.tree_max)
 
     def _problems(self) -> list[str]:
         out = []
@@ -277,6 +289,9 @@ class Sm90FwdConfig(KernelConfig):
             out.append("varlen with dynamic / tma_store: a varlen CTA skips tiles past its sequence's "
                        "end, which the dynamic scheduler's turn count does not allow for, and a TMA "
                        "store would write a box's rows past the sequence's end into the next one's")
+        if self.tree_max and self.emu_exp2:
+            out.append(f"tree_max with emu_exp2={self.emu_exp2}: the software exp2's step has no "
+                       "tree variant")
         if self.p_smem and self.consumers != 3:
             out.append(f"p_smem needs 3 consumer warpgroups, got {self.consumers} (with fewer, the "
                        "registers hold P's fragments next to any tile that fits shared memory)")
@@ -494,7 +509,7 @@ class Sm90Forward(Family):
         # dynamic likewise: only when on
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
-                and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem") and not v))
+                and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -555,11 +570,13 @@ class Sm90Forward(Family):
                 persistent = VARLEN_PERSISTENT
         cfg = Sm90FwdConfig(128, bn, 2, 2, True, persistent, d, problem.dtype, bool(problem.causal),
                             dynamic=dynamic, tma_store=tma_store)
+        if d == 64 and dynamic and not problem.features and HEURISTIC_D64.get(bool(problem.causal)):
+            cfg = cfg.replace(**HEURISTIC_D64[bool(problem.causal)])   # (first_fitting: the fallbacks)
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
         return first_fitting(cfg, ({"tma_store": False}, {"BN": 64, "tma_store": False},
                                    {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False,
-                                    "tma_store": False}),
+                                    "tma_store": False, "p_smem": False}),
                              max_smem)
 
     def kernel_names(self, config) -> dict:
