@@ -133,6 +133,11 @@
 //   kDynamic   the dynamic scheduler (needs kPersistent; params.tile_counter, params.sched_section)
 //   kTmaStore  the TMA-store epilogue (params.tma_o)
 //   (kDynamic and kTmaStore false, the defaults: the code of the kernel before they existed)
+//   kQDouble   two Q buffers: the producer loads the next tile's Q_i while the consumers still
+//              compute with the current one (its buffer is the one of the tile before, released
+//              long ago), so a tile's first S = Q K_0ᵀ does not wait for Q's load after the last
+//              one's S; costs one more Q block of shared memory (BM x 128 bytes a chunk) and two
+//              mbarriers. false (the default): one buffer, the code of the kernel before it existed
 //   kPSmem     P through shared memory (FA3's choice for its d64 tile, 192 x 192): after the softmax
 //              each warp writes its 16 rows of P_j, 16-bit, into its warpgroup's P tile (stmatrix;
 //              64 x BN, K-major, 128-byte swizzled like Q) and O += P_j V_j is a wgmma SS. No
@@ -176,7 +181,7 @@
 namespace cuflash {
 
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, bool kDynamic = false,
-          bool kTmaStore = false, bool kPSmem = false>
+          bool kTmaStore = false, bool kPSmem = false, bool kQDouble = false>
 struct Sm90FwdShape {
     static constexpr int kThreads = (kConsumers + 1) * 128;
     // 64-column (128-byte) swizzle atoms; d96: two, the second half used (header)
@@ -204,14 +209,20 @@ struct Sm90FwdShape {
     static constexpr int kPWgBytes = (kBN + 63) / 64 * kPChunkBytes;
     static constexpr int kPOffset = kOStageOffset + kOStageBytes;
     static constexpr int kPBytes = kPSmem ? kConsumers * kPWgBytes : 0;
-    static constexpr int kBarOffset = kPOffset + kPBytes;
+    // kQDouble: Q's second buffer (odd tiles with keys) after the P tiles, and its full / empty
+    // mbarriers after the tile ring; none without it
+    static constexpr int kQ2Offset = kPOffset + kPBytes;
+    static constexpr int kQ2Bytes = kQDouble ? kQBytes : 0;
+    static constexpr int kBarOffset = kQ2Offset + kQ2Bytes;
     static constexpr int kBarriers = 2 + 4 * kStages;       // Q full, Q empty; K/V full, K/V empty per slot
     // kDynamic: the tile ring after the barriers (Sm90TileRing: its 2 full and 2 empty mbarriers,
     // then its 2 tile indices)
     static constexpr int kRingOffset = kBarOffset + 8 * kBarriers;
     static constexpr int kRingBytes = kDynamic ? 8 * 4 + 4 * 2 : 0;
+    static constexpr int kQ2BarOffset = kRingOffset + kRingBytes;
+    static constexpr int kQ2BarBytes = kQDouble ? 2 * 8 : 0;
     // + 1024: the dynamic shared memory base is aligned up to 1024 bytes at run time
-    static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + kRingBytes + 1024;
+    static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + kRingBytes + kQ2BarBytes + 1024;
     // Registers per thread after setmaxnreg (FA3's splits): the producer only issues TMA.
     static constexpr int kProducerRegs = kConsumers == 1 ? 56 : kConsumers == 2 ? 24 : 32;
     static constexpr int kConsumerRegs = kConsumers == 1 ? 256 : kConsumers == 2 ? 240 : 160;
@@ -328,10 +339,10 @@ struct Sm90TileRing {
 template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
           class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
-          bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false>
+          bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
-    using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem>;
+    using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem, kQDouble>;
     using Mask = BandMask<kCausal, kWindow>;
     constexpr int kChunks = Shape::kChunks;
 
@@ -342,6 +353,14 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     const u32 v_smem = smem + Shape::kVOffset;
     const u32 bars = smem + Shape::kBarOffset;
     const u32 q_full = bars, q_empty = bars + 8u;
+    // kQDouble: Q's buffer b (0: q_smem, 1: the second one) and its mbarriers. The n-th tile with
+    // keys uses buffer n % 2, whose fills are numbered n / 2 (phases as Q's: header). Without it
+    // every tile uses buffer 0, q_full / q_empty, and the code is the single buffer's.
+    auto q_buf = [&](int b) { return kQDouble && b ? smem + Shape::kQ2Offset : q_smem; };
+    auto q_full_of = [&](int b) { return kQDouble && b ? smem + Shape::kQ2BarOffset : q_full; };
+    auto q_empty_of = [&](int b) { return kQDouble && b ? smem + Shape::kQ2BarOffset + 8u : q_empty; };
+    auto q_slot = [&](int q_iter) { return kQDouble ? q_iter & 1 : 0; };       // buffer of tile q_iter
+    auto q_fill = [&](int q_iter) { return kQDouble ? q_iter >> 1 : q_iter; }; // its fill number
     auto k_full = [&](int slot) { return bars + 8u * (2 + slot); };
     auto v_full = [&](int slot) { return bars + 8u * (2 + kStages + slot); };
     auto k_empty = [&](int slot) { return bars + 8u * (2 + 2 * kStages + slot); };
@@ -409,6 +428,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         if constexpr (kTmaStore) prefetch_tensormap(&p.tma_o);
         mbarrier_init(q_full, 1);                           // the producer's expect_tx arrival
         mbarrier_init(q_empty, kConsumers * 128);           // every consumer thread releases Q
+        if constexpr (kQDouble) {
+            mbarrier_init(q_full_of(1), 1);
+            mbarrier_init(q_empty_of(1), kConsumers * 128);
+        }
         for (int s = 0; s < kStages; ++s) {
             mbarrier_init(k_full(s), 1);
             mbarrier_init(v_full(s), 1);
@@ -440,12 +463,14 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 const SeqSpan seq = seq_of(tile);
                 const int q_row0 = seq.q_start + at.m_block * kBM, k_row0 = seq.k_start;
                 const int tma_batch = kVarlen ? 0 : at.batch;
-                // Q's buffer is free once the consumers' last S GEMM of the previous tile is done
-                if (q_iter > 0) mbarrier_wait(q_empty, (q_iter - 1) & 1);
-                mbarrier_arrive_expect_tx(q_full, Shape::kQBytes);
+                // Q's buffer is free once the consumers' last S GEMM of its previous tile is done
+                // (kQDouble: the tile before the previous one, long done: the load runs ahead)
+                const int qb = q_slot(q_iter), q_n = q_fill(q_iter);
+                if (q_n > 0) mbarrier_wait(q_empty_of(qb), (q_n - 1) & 1);
+                mbarrier_arrive_expect_tx(q_full_of(qb), Shape::kQBytes);
 #pragma unroll
                 for (int c = 0; c < kChunks; ++c)
-                    tma_load_4d(q_smem + c * Shape::kQChunkBytes, &p.tma_q, q_full, c * 64,
+                    tma_load_4d(q_buf(qb) + c * Shape::kQChunkBytes, &p.tma_q, q_full_of(qb), c * 64,
                                 q_row0, at.head, tma_batch);
                 ++q_iter;
                 for (int j = 0; j < n_blocks; ++j, ++kv_iter) {
@@ -481,6 +506,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     // Descriptors of this warpgroup's 64 rows of Q_i (K-major) and of slot 0's K_j (K-major)
     // and V_j (MN-major: the head dim, wgmma's N, is contiguous).
     const u64 q_desc = smem_desc_sw128(q_smem + wg * 64 * 128, 16, 1024);
+    u32 q_buf_shift = 0;   // kQDouble: the tile's Q buffer, as descriptor address units past q_smem
     const u64 k_desc = smem_desc_sw128(k_smem, 16, 1024);
     const u64 v_desc = smem_desc_sw128(v_smem, Shape::kKVChunkBytes, 1024);
     // kPSmem: this warpgroup's P tile (K-major like Q)
@@ -514,7 +540,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
             const u64 q_off = u64((kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32) >> 4;
             const u64 k_off = u64((kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32) >> 4;
-            Wgmma<kBN, Elem>::template ss<0>(s_flat, q_desc + q_off, k_desc + slot_off + k_off, kk > 0);
+            Wgmma<kBN, Elem>::template ss<0>(s_flat, q_desc + (kQDouble ? q_buf_shift + q_off : q_off),
+                                             k_desc + slot_off + k_off, kk > 0);
         }
         wgmma_commit();
     };
@@ -644,7 +671,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 const int n_block = n_end - 1 - j;
                 reg_fence(s_flat);
                 mbarrier_arrive(k_empty(slot));
-                if (j == n_blocks - 1) mbarrier_arrive(q_empty);
+                if (j == n_blocks - 1) {
+                    if constexpr (kQDouble) mbarrier_arrive(q_empty_of(q_slot(q_iter)));
+                    else mbarrier_arrive(q_empty);
+                }
                 score.apply(s_acc, warp_row0, n_block * kBN, g, t);
                 if (tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block))
                     tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
@@ -667,7 +697,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
 
             if (!kDynamic && q_iter == 0) turn.start();  // the CTA's first tile with keys
-            mbarrier_wait(q_full, q_iter & 1);
+            mbarrier_wait(q_full_of(q_slot(q_iter)), q_fill(q_iter) & 1);
+            if constexpr (kQDouble) q_buf_shift = q_slot(q_iter) ? u32(Shape::kQ2Offset) >> 4 : 0u;
             // j = 0 (the last K/V block): S, softmax; O is still zero, so no P V and no rescale
             turn.begin();
             mbarrier_wait(k_full(slot_of(0)), phase(0));

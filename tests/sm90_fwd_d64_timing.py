@@ -12,8 +12,10 @@ Cases: bf16 (--dtype), head dim 64, seqlen 2k / 4k / 8k / 16k, causal and not, t
   c3_bn176_ps 3 consumer warpgroups, BN 176, P through shared memory (p_smem)
   c3_bn192_ps 3 consumer warpgroups, BN 192, P through shared memory (FA3's non-causal d64 tile;
               non-causal only: the causal one exceeds the registers, MAX_ACCUM_REGS_PSMEM_MASKED)
-  heur_tree, c3_bn176_pst, c3_bn192_pst  the same tiles with tree_max (softmax_tree.cuh: shorter
-              dependency chains in the row max)
+  heur_tree   the heuristic's tile with tree_max (softmax_tree.cuh: shorter dependency chains in
+              the row max)
+  heur_q2     the heuristic's tile with q_double (two Q buffers: the next tile's Q loads early)
+  c3_bn176_pstq, c3_bn192_pstq  the p_smem tiles with tree_max and q_double
   (all persistent with the dynamic scheduler, as the heuristic's plain calls)
   sdpa_cudnn, sdpa_flash  torch SDPA on cuDNN and on its flash backend, same tensors
 "x cuDNN" is the row's TFLOPs / cuDNN's. Every forced kernel is compiled up front in parallel.
@@ -37,11 +39,12 @@ from cuflash.timing import time_interleaved  # noqa: E402
 CANDIDATES = {
     "heur": None,
     "heur_tree": dict(tree_max=True),
+    "heur_q2": dict(q_double=True),
     "c3_bn128": dict(BM=192, consumers=3, BN=128),
     "c3_bn176_ps": dict(BM=192, consumers=3, BN=176, p_smem=True),
     "c3_bn192_ps": dict(BM=192, consumers=3, BN=192, p_smem=True),
-    "c3_bn176_pst": dict(BM=192, consumers=3, BN=176, p_smem=True, tree_max=True),
-    "c3_bn192_pst": dict(BM=192, consumers=3, BN=192, p_smem=True, tree_max=True),
+    "c3_bn176_pstq": dict(BM=192, consumers=3, BN=176, p_smem=True, tree_max=True, q_double=True),
+    "c3_bn192_pstq": dict(BM=192, consumers=3, BN=192, p_smem=True, tree_max=True, q_double=True),
 }
 
 
@@ -56,7 +59,7 @@ def case_configs(d, s, causal, dtype, rows_wanted, quiet=False):
         change = CANDIDATES[key]
         if change is None:
             cfg = heur
-        elif set(change) == {"tree_max"}:
+        elif set(change) <= {"tree_max", "q_double"}:
             cfg = heur.replace(**change)
         else:
             cfg = heur.replace(pingpong=True, persistent=True, dynamic=True, tma_store=False, **change)

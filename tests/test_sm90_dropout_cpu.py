@@ -54,7 +54,7 @@ def test_dropout_heuristic_config_and_kernel_names():
         assert cfg.kernel_name().endswith(f"cuflash::{dtype}, {str(causal).lower()}, false, false, false, true>")
         # kDropout, then kEmuExp2 (0 with dropout: tests/test_sm90_softcap_cpu.py)
         # (then kDynamic, kTmaStore and kVarlen, appended after them)
-        assert cfg.template_args()[-7:-5] == (True, 0) and len(cfg.template_args()) == 19
+        assert cfg.template_args()[-8:-6] == (True, 0) and len(cfg.template_args()) == 20
         # the call sets the flag both ways; the encoded form carries none (as the feature flags)
         plain = FAM.for_problem(cfg, p.replace(features=()))
         assert not plain.dropout and FAM.for_problem(plain, p) == cfg

@@ -1,6 +1,7 @@
-"""sm90_fwd's P through shared memory (``p_smem``, kPSmem) and shorter softmax chains (``tree_max``,
-kTreeMax) without a GPU: the rules (3 consumer warpgroups, the register budgets, no tma_store at 3
-consumers, plain calls only, not with emu_exp2), names, template arguments, shared memory,
+"""sm90_fwd's P through shared memory (``p_smem``, kPSmem), shorter softmax chains (``tree_max``,
+kTreeMax) and two Q buffers (``q_double``, kQDouble) without a GPU: the rules (3 consumer
+warpgroups, the register budgets, no tma_store at 3 consumers, plain calls only, not with emu_exp2,
+shared memory), names, template arguments, shared memory,
 encoding, the space, the heuristic's switch, and the sm_90a builds (nvcc -cubin: no spills, no
 "wgmma serialized" warnings, at the budgets' edges)."""
 import os
@@ -34,7 +35,7 @@ def test_name_template_arguments_and_shared_memory():
     tree = PS.replace(tree_max=True)
     assert tree.name.endswith("_psmem_tree") and tree.kernel_name().endswith("false, false, true, true>")
     assert PS.replace(p_smem=False, tree_max=True).kernel_name().endswith("true, false, false, false, true>")
-    assert len(PS.template_args()) == 19 and PS.template_args()[-2:] == (True, False)
+    assert len(PS.template_args()) == 20 and PS.template_args()[-3:] == (True, False, False)
     # the P tiles: 3 warpgroups x 64 rows x 3 chunks of 64 keys x 2 bytes; BN 176 also takes 3 chunks
     assert PS.p_tile_bytes == 3 * 64 * 192 * 2
     assert PS.smem_bytes == PS.replace(p_smem=False).smem_bytes + PS.p_tile_bytes
@@ -58,6 +59,19 @@ def test_name_template_arguments_and_shared_memory():
 def test_rules(change, pattern):
     why = PS.replace(**change).problems(SMEM)
     assert any(re.search(pattern, w) for w in why), why
+
+
+def test_q_double_config():
+    q2 = PS.replace(q_double=True)
+    assert q2.validate(SMEM) is q2 and q2.name.endswith("_psmem_q2")
+    assert q2.kernel_name().endswith("false, false, true, false, true>")   # kPSmem, kTreeMax, kQDouble
+    assert len(q2.template_args()) == 20 and q2.template_args()[-1] is True
+    # one more Q block (192 rows x 128 bytes) and its two mbarriers
+    assert q2.smem_bytes == PS.smem_bytes + 192 * 128 + 16
+    assert FAM.decode(FAM.encode(q2), "bf16", False) == q2 and FAM.encode(q2).endswith("p_smem=1,q_double=1")
+    # d128's Q block is 48 KB: with the P tiles it no longer fits
+    assert any("shared memory" in w for w in PS.replace(head_dim=128, BN=128, q_double=True).problems(SMEM))
+    assert "q_double" not in FAM.space
 
 
 def test_tree_max_rules():
@@ -107,10 +121,13 @@ def build_configs():
     out = [PS, PS.replace(dtype="fp16"), PS.replace(causal=True, BN=176), PS.replace(causal=True, BN=176, dtype="fp16"),
            PS.replace(head_dim=128, BN=128), PS.replace(head_dim=128, BN=112, causal=True),
            PS.replace(persistent=False, dynamic=False), PS.replace(pingpong=False),
-           PS.replace(tree_max=True), PS.replace(causal=True, BN=176, tree_max=True)]
+           PS.replace(tree_max=True), PS.replace(causal=True, BN=176, tree_max=True),
+           PS.replace(tree_max=True, q_double=True), PS.replace(causal=True, BN=176, tree_max=True, q_double=True),
+           PS.replace(dtype="fp16", q_double=True)]
     for causal in (False, True):
         h = FAM.heuristic(problem(causal=causal))
-        out += [h.replace(tree_max=True), h.replace(head_dim=128, BN=176, tree_max=True)]
+        out += [h.replace(tree_max=True), h.replace(q_double=True), h.replace(head_dim=128, BN=176, tree_max=True),
+                h.replace(head_dim=128, BN=128, q_double=True)]
     for c in out:
         c.validate(SMEM)
     return list(dict.fromkeys(out))

@@ -10,9 +10,10 @@ precision, LSE within 1e-2.
 * the flag on / off at one tile (c3 BN128 causal): both paths round P to 16 bits the same way and
   run the same blocks, so the outputs agree within 1e-3 of the output scale.
 
-* tree_max (softmax_tree.cuh) on the heuristic's d64 tile: bit for bit the plain kernel's output.
+* tree_max (softmax_tree.cuh) and q_double (two Q buffers) on the heuristic's d64 tile: bit for bit
+  the plain kernel's output; both also in KERNELS (against the reference).
 
-12 compiles (KERNELS and the tree_max pairs), a minute on an H100 after
+11 compiles (KERNELS and flag_variants), a minute on an H100 after
 tests/sm90_fwd_d64_precompile.py:
     CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q tests/test_sm90_psmem_gpu.py
 """
@@ -33,13 +34,13 @@ DYN3 = dict(BM=192, consumers=3, pingpong=True, persistent=True, dynamic=True)
 # (dtype, head dim, causal, tile): one compiled kernel each
 KERNELS = [
     ("bf16", 64, False, dict(DYN3, BN=192, p_smem=True)),        # FA3's non-causal d64 tile
-    ("bf16", 64, True, dict(DYN3, BN=176, p_smem=True)),
-    ("fp16", 64, False, dict(DYN3, BN=192, p_smem=True)),
+    ("bf16", 64, True, dict(DYN3, BN=176, p_smem=True, tree_max=True, q_double=True)),
+    ("fp16", 64, False, dict(DYN3, BN=192, p_smem=True, q_double=True)),
     ("bf16", 64, True, dict(DYN3, BN=128)),                      # FA3's causal d64 tile, P in registers
-    ("bf16", 64, False, dict(DYN3, BN=160, p_smem=True)),          # BN 160: a partial last 64-key chunk of P
+    ("bf16", 64, False, dict(DYN3, BN=160, p_smem=True, tree_max=True, q_double=True)),  # a partial P chunk
     ("bf16", 64, True, dict(DYN3, BN=128, p_smem=True, persistent=False, dynamic=False)),   # a CTA per tile
-    ("bf16", 128, False, dict(DYN3, BN=128, p_smem=True)),        # two 64-column chunks of Q, K, V
-    ("fp16", 64, True, dict(DYN3, BN=176, p_smem=True, pingpong=False, dynamic=False)),   # no pingpong, static persistent
+    ("bf16", 128, False, dict(DYN3, BN=128, p_smem=True)),       # two 64-column chunks of Q, K, V
+    ("fp16", 64, True, dict(DYN3, BN=176, p_smem=True, pingpong=False, dynamic=False, q_double=True)),
 ]
 SEQLENS = [(1, 17), (17, 1), (113, 1023), (1023, 113), (2049, 1023), (1023, 2049), (2049, 2049)]
 HEADS = ("mha", "gqa", "mqa")
@@ -51,19 +52,17 @@ def config_of(k, head_dim=None):
                          **tile).validate(227 * 1024)
 
 
-def tree_pair(causal):
-    """The heuristic's d64 tile (bf16, 2 consumer warpgroups, BN 192, dynamic) without and with
-    tree_max (sm90_fwd_d64_timing.py's heur and heur_tree rows)."""
-    from cuflash.families.sm90_fwd import Sm90FwdConfig as C
-
-    base = C(BM=128, BN=192, stages=2, consumers=2, pingpong=True, persistent=True, head_dim=64,
-             dtype="bf16", causal=causal, dynamic=True)
-    return base, base.replace(tree_max=True)
+def flag_variants():
+    """The heuristic's d64 tile (bf16, non-causal, 2 consumer warpgroups, BN 192, dynamic): plain,
+    with tree_max, with q_double (sm90_fwd_d64_timing.py's heur, heur_tree and heur_q2 rows)."""
+    base = Sm90FwdConfig(BM=128, BN=192, stages=2, consumers=2, pingpong=True, persistent=True,
+                         head_dim=64, dtype="bf16", causal=False, dynamic=True)
+    return base, base.replace(tree_max=True), base.replace(q_double=True)
 
 
 def configs():
     """Every kernel this file compiles (tests/sm90_fwd_d64_precompile.py)."""
-    return [config_of(k) for k in KERNELS] + list(tree_pair(False)) + list(tree_pair(True))
+    return [config_of(k) for k in KERNELS] + list(flag_variants())
 
 
 def kid(k):
@@ -131,20 +130,23 @@ def test_flag_on_and_off_agree():
         assert err <= 1e-3 * max(1.0, outs[0].float().abs().max().item()), f"{kid(a)} vs {kid(b)}: {err:.3g}"
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_tree_max_is_bit_for_bit(causal):
+@pytest.mark.parametrize("flag", ["tree_max", "q_double"])
+def test_flag_is_bit_for_bit(flag):
     """tree_max changes only the order of the row max (exact in any order; the row sums keep
-    softmax_step's order): out and LSE equal the plain kernel's bit for bit, and match the
-    reference (ragged seqlens, GQA, s_q != s_k)."""
+    softmax_step's order), q_double only which buffer holds Q: out and LSE equal the plain kernel's
+    bit for bit, and match the reference (ragged seqlens, GQA / MQA, s_q != s_k; several tiles per
+    CTA, so both Q buffers and their phases are used)."""
     import torch
 
-    plain, tree = tree_pair(causal)
-    for sq, sk, heads in ((2049, 1023, "gqa"), (1023, 2049, "mqa"), (113, 113, "mha")):
-        q, kk, v, _ = inputs(2, sq, sk, heads, 64, "bf16")
-        outs = [cuflash.flash_attn_func(q, kk, v, causal=causal, config=c.validate(227 * 1024),
-                                        return_attn_probs=True)[:2] for c in (plain, tree)]
+    plain, tree, q2 = flag_variants()
+    other = tree if flag == "tree_max" else q2
+    for b, sq, sk, heads in ((2, 2049, 1023, "gqa"), (2, 1023, 2049, "mqa"), (2, 113, 113, "mha"),
+                             (3, 3000, 2049, "gqa")):
+        q, kk, v, _ = inputs(b, sq, sk, heads, 64, "bf16")
+        outs = [cuflash.flash_attn_func(q, kk, v, causal=False, config=c.validate(227 * 1024),
+                                        return_attn_probs=True)[:2] for c in (plain, other)]
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), \
-            f"{tree.name} {sq}x{sk}: differs from {plain.name}"
-        ref, _ = feature_attention(q, kk, v, 64 ** -0.5, causal, (-1, -1), 0.0, None, torch.float64)
-        low, _ = feature_attention(q, kk, v, 64 ** -0.5, causal, (-1, -1), 0.0, None, q.dtype)
-        check_close(outs[1][0], ref, low, 2, f"{tree.name} {sq}x{sk} {heads}")
+            f"{other.name} b{b} {sq}x{sk}: differs from {plain.name}"
+        ref, _ = feature_attention(q, kk, v, 64 ** -0.5, False, (-1, -1), 0.0, None, torch.float64)
+        low, _ = feature_attention(q, kk, v, 64 ** -0.5, False, (-1, -1), 0.0, None, q.dtype)
+        check_close(outs[1][0], ref, low, 2, f"{other.name} b{b} {sq}x{sk} {heads}")

@@ -37,7 +37,7 @@ def test_config_name_and_template_arguments():
     # kDropout and kEmuExp2 spelled out, kDynamic last
     assert DYN.kernel_name() == ("cuflash::sm90_fwd<128, 176, 2, 2, true, true, 128, cuflash::bf16, true, "
                                  "false, false, false, false, 0, true>")
-    assert DYN.template_args()[-5:-3] == (True, False) and len(DYN.template_args()) == 19  # (kVarlen, kPSmem, kTreeMax last)
+    assert DYN.template_args()[-6:-4] == (True, False) and len(DYN.template_args()) == 20  # (kVarlen, kPSmem, kTreeMax, kQDouble last)
     plain = DYN.replace(dynamic=False)
     assert plain.kernel_name() == "cuflash::sm90_fwd<128, 176, 2, 2, true, true, 128, cuflash::bf16, true, false, false, false>"
     # the ring: 4 mbarriers and 2 tile indices on top of the plain kernel's shared memory

@@ -158,6 +158,10 @@ class Sm90FwdConfig(KernelConfig):
                the row maxima as pairwise trees, both rows' shuffles together, two partial row sums),
                so that a block's first ex2 issues sooner; not with emu_exp2. Not in the tuning
                space (a heuristic switch: HEURISTIC_D64)
+    q_double:  two Q buffers (kQDouble): the producer loads the next tile's Q while the consumers
+               still use the current one, so a tile's first GEMM does not wait for Q's load after
+               the previous tile's last S (short tiles: d64 at 2k); one more Q block of shared
+               memory. Not in the tuning space (a heuristic switch: HEURISTIC_D64)
     """
 
     BM: int
@@ -179,6 +183,7 @@ class Sm90FwdConfig(KernelConfig):
     varlen: bool = False
     p_smem: bool = False
     tree_max: bool = False
+    q_double: bool = False
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -195,7 +200,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_persist' if self.persistent else ''}{'_dyn' if self.dynamic else ''}"
                 f"{'_tmao' if self.tma_store else ''}"
                 f"{'_drop' if self.dropout else ''}"
-                f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{'_psmem' if self.p_smem else ''}{'_tree' if self.tree_max else ''}"
+                f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{'_psmem' if self.p_smem else ''}{'_tree' if self.tree_max else ''}{'_q2' if self.q_double else ''}"
                 f"{name_suffix(self)}{'_varlen' if self.varlen else ''}")
 
     @property
@@ -209,7 +214,8 @@ class Sm90FwdConfig(KernelConfig):
         """Q, stages x (K, V), the mbarriers (Q full and empty; K/V full and empty per slot),
         and 1024 bytes to align the base (as the kernel's Sm90FwdShape::kSmemBytes)."""
         return ((self.BM + 2 * self.stages * self.BN) * self.smem_cols * 2 + 8 * (2 + 4 * self.stages)
-                + (SCHED_RING_BYTES if self.dynamic else 0) + self.o_stage_bytes + self.p_tile_bytes + 1024)
+                + (SCHED_RING_BYTES if self.dynamic else 0) + self.o_stage_bytes + self.p_tile_bytes
+                + (self.BM * self.smem_cols * 2 + 16 if self.q_double else 0) + 1024)
 
     @property
     def o_stage_bytes(self) -> int:
@@ -237,8 +243,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.tma_store else 'false'}",                       # kTmaStore
                 f"{'true' if self.varlen else 'false'}",                          # kVarlen
                 f"{'true' if self.p_smem else 'false'}",                          # kPSmem
-                f"{'true' if self.tree_max else 'false'}"]                        # kTreeMax last
-        used = (7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else 4 if self.tma_store else 3 if self.dynamic else
+                f"{'true' if self.tree_max else 'false'}",                        # kTreeMax
+                f"{'true' if self.q_double else 'false'}"]                        # kQDouble last
+        used = (8 if self.q_double else 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
         return (f"cuflash::sm90_fwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{'true' if self.pingpong else 'false'}, {'true' if self.persistent else 'false'}, "
@@ -250,7 +257,7 @@ class Sm90FwdConfig(KernelConfig):
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
-                self.tree_max)
+                self.tree_max, self.q_double)
 
     def _problems(self) -> list[str]:
         out = []
@@ -509,7 +516,7 @@ class Sm90Forward(Family):
         # dynamic likewise: only when on
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
-                and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max") and not v))
+                and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
