@@ -24,9 +24,11 @@ fa2_bwd regenerates; at DROPOUT_BN (the Philox rounds need registers). Variable-
 (``varlen``, kVarlen, set from the call): tiles (Q block, head, sequence) over a grid sized for
 the longest sequence, tensor maps over the whole packed (total, heads, d) tensors with box rows
 from cu_seqlens, keys past a sequence's end masked and rows past it not stored; with window,
-softcap, ALiBi and dropout as VARLEN_FEATURES lists (others fall back to fa2_fwd). Not
-implemented: a TMA store of O, FA3's d64 tile 192 x 192 (with 3 consumers the register budget
-caps BN at 128), clusters, FP8.
+softcap, ALiBi and dropout as VARLEN_FEATURES lists (others fall back to fa2_fwd). FA3's d64 tile,
+192 x 192 over 3 consumer warpgroups, takes ``p_smem`` (P through shared memory, O += P V a wgmma
+SS: with P's fragments in registers the 3-consumer budget caps BN at 128); ``tree_max`` (shorter
+row-max chains) and ``q_double`` (two Q buffers) are heuristic switches for the short d64 tiles
+(HEURISTIC_D64). Not implemented: clusters (FP8 is its own family, sm90_fwd_fp8).
 
 Host side: the kernel reads Q, K, V through TMA tensor maps (``cuTensorMapEncodeTiled``,
 called through ctypes on libcuda.so.1, loaded lazily: without a driver the family still
