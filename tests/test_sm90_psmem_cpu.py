@@ -98,35 +98,55 @@ def test_space_and_selection():
 
 
 def test_heuristic_switch(monkeypatch):
-    """HEURISTIC_D64 (empty: today's tile) replaces the plain d64 call's tile by mask; calls with
-    features and other head dims keep theirs."""
-    base = FAM.heuristic(problem())
-    assert not base.p_smem and not base.tree_max
-    monkeypatch.setattr(sm90_fwd, "HEURISTIC_D64", {False: dict(BM=192, consumers=3, BN=192, p_smem=True),
-                                                    True: dict(BM=192, consumers=3, BN=128)})
-    full, causal = FAM.heuristic(problem()), FAM.heuristic(problem(causal=True))
-    assert (full.BM, full.BN, full.consumers, full.p_smem, full.dynamic) == (192, 192, 3, True, True)
-    assert (causal.BM, causal.BN, causal.consumers, causal.p_smem) == (192, 128, 3, False)
-    assert FAM.heuristic(problem(head_dim=128)) == FAM.heuristic(problem(head_dim=128))
-    assert not FAM.heuristic(problem(head_dim=128)).p_smem
+    """HEURISTIC_D64 replaces the plain d64 call's tile by mask from the 2048 bucket on (measured:
+    3 consumer warpgroups, BM 192, BN 128); below it, with features, and at other head dims the
+    tiles stay."""
+    for causal in (False, True):
+        cfg = FAM.heuristic(problem(causal=causal))
+        assert (cfg.BM, cfg.BN, cfg.consumers, cfg.pingpong, cfg.dynamic, cfg.p_smem, cfg.tma_store) == \
+            (192, 128, 3, True, True, False, False), cfg.name
+        assert cfg.validate(SMEM) is cfg
+        for dtype in ("bf16", "fp16"):
+            big = FAM.heuristic(Problem("fwd", dtype, 1, 16384, 16384, 32, 32, 64, causal))
+            assert (big.BM, big.BN, big.consumers) == (192, 128, 3)
+        short = FAM.heuristic(Problem("fwd", "bf16", 16, 1024, 1024, 32, 32, 64, causal))
+        assert (short.BM, short.BN, short.consumers) == (128, 192, 2)      # the 1024 bucket
+    assert FAM.heuristic(Problem("fwd", "bf16", 2, 1400, 1400, 16, 16, 64, False)).consumers == 2
+    assert FAM.heuristic(Problem("fwd", "bf16", 2, 1500, 1500, 16, 16, 64, False)).consumers == 3
+    assert FAM.heuristic(problem(head_dim=128)).consumers == 2
     soft = FAM.heuristic(problem(features=("softcap",), softcap=30.0))
     assert soft.consumers == 2 and not soft.p_smem
-    for cfg in (full, causal):
-        assert cfg.validate(SMEM) is cfg
+    # the switch is a module constant: off gives the 2-consumer tile, a p_smem tile is honoured
+    monkeypatch.setattr(sm90_fwd, "HEURISTIC_D64", {})
+    assert FAM.heuristic(problem()).consumers == 2
+    monkeypatch.setattr(sm90_fwd, "HEURISTIC_D64", {False: dict(BM=192, consumers=3, BN=192, p_smem=True)})
+    full, causal = FAM.heuristic(problem()), FAM.heuristic(problem(causal=True))
+    assert (full.BM, full.BN, full.consumers, full.p_smem, full.dynamic) == (192, 192, 3, True, True)
+    assert (causal.BM, causal.BN, causal.consumers) == (128, 192, 2)
+    assert full.validate(SMEM) is full
+
+
+def test_tma_store_with_three_consumers():
+    c3 = PS.replace(p_smem=False, BN=128, tma_store=True)
+    assert any("tma_store with 3 consumer warpgroups and 96 accumulator + 32 P registers" in w
+               for w in c3.problems(SMEM))
+    assert not c3.replace(BN=112).problems(SMEM)
 
 
 def build_configs():
     """The budgets' edges (largest BN per mask and dtype), the GPU tests' kernels, the tree_max
     variants of the heuristic's d64 tile and of the p_smem tiles."""
-    out = [PS, PS.replace(dtype="fp16"), PS.replace(causal=True, BN=176), PS.replace(causal=True, BN=176, dtype="fp16"),
+    out = [PS.replace(p_smem=False, BN=112, tma_store=True), PS.replace(p_smem=False, BN=112, tma_store=True, dtype="fp16"),
+           PS, PS.replace(dtype="fp16"), PS.replace(causal=True, BN=176), PS.replace(causal=True, BN=176, dtype="fp16"),
            PS.replace(head_dim=128, BN=128), PS.replace(head_dim=128, BN=112, causal=True),
            PS.replace(persistent=False, dynamic=False), PS.replace(pingpong=False),
            PS.replace(tree_max=True), PS.replace(causal=True, BN=176, tree_max=True),
            PS.replace(tree_max=True, q_double=True), PS.replace(causal=True, BN=176, tree_max=True, q_double=True),
            PS.replace(dtype="fp16", q_double=True)]
-    for causal in (False, True):
-        h = FAM.heuristic(problem(causal=causal))
-        out += [h.replace(tree_max=True), h.replace(q_double=True), h.replace(head_dim=128, BN=176, tree_max=True),
+    for causal in (False, True):   # the 2-consumer d64 tile (HEURISTIC_D64's base) and the heuristic's
+        h = PS.replace(BM=128, consumers=2, p_smem=False, causal=causal)
+        out += [FAM.heuristic(problem(causal=causal)).replace(tree_max=True, q_double=True),
+                h.replace(tree_max=True), h.replace(q_double=True), h.replace(head_dim=128, BN=176, tree_max=True),
                 h.replace(head_dim=128, BN=128, q_double=True)]
     for c in out:
         c.validate(SMEM)

@@ -67,6 +67,10 @@ MAX_ACCUM_REGS = {1: 192, 2: 176, 3: 96}
 # is for 3 consumer warpgroups only: with 1 or 2 the registers hold P next to any tile that fits
 # shared memory, so the flag would only double their part of the tuning space.
 MAX_ACCUM_REGS_PSMEM = {3: 128}
+# The TMA-store epilogue with 3 consumer warpgroups and P in registers: O, S and P's fragments
+# (accum_regs + BN / 4) at most 116 per thread; d64 BN 128 (96 + 32 = 128) spilled 4 bytes, BN 112
+# (88 + 28) none (nvcc 13.0, sm_90a).
+TMA_STORE_C3_REGS = 116
 MAX_ACCUM_REGS_PSMEM_MASKED = {3: 120}
 # p_smem's features: none (its instantiations with window, softcap, ALiBi, dropout or varlen are
 # unchecked for registers): a config with one of them and p_smem is refused.
@@ -98,10 +102,16 @@ HEURISTIC_DYNAMIC = True
 # its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
 SCHED_L2_BYTES = 32 * 1024 * 1024
 # The heuristic's tile for plain head-dim-64 calls, by causal: changes to the 2-consumer dynamic tile
-# (e.g. {False: dict(BM=192, consumers=3, BN=192, p_smem=True)}, FA3's d64 tile); empty: that tile
-# as it is (BM 128, BN 192). Candidates timed side by side with SDPA cuDNN by
-# tests/sm90_fwd_d64_timing.py.
-HEURISTIC_D64: dict = {}
+# (BM 128, BN 192; {} keeps it), from the seqlen bucket HEURISTIC_D64_MIN_BUCKET on. Measured on
+# the H100 (tests/sm90_fwd_d64_timing.py, bf16, dim 2048, batch x seqlen 16k, same process as SDPA
+# cuDNN; round A of session 14): 3 consumer warpgroups, BM 192, BN 128 (P in registers; FA3's causal
+# d64 tile) ran at 1.05 / 1.08 / 1.17 / 1.25x cuDNN non-causal at 2k / 4k / 8k / 16k and 1.00 /
+# 1.07 / 1.16 / 1.21x causal, where the 2-consumer tile ran at 0.91 / 0.93 / 0.98 / 1.08x and
+# 0.91 / 0.97 / 1.02 / 1.05x. p_smem's BN 176 / 192 (FA3's non-causal tile) came close (1.02-1.21x)
+# but no faster, except BN 176 at 8k non-causal (1.174x against 1.170x). Below the 2048 bucket
+# (BM 192 leaves more of the last Q block empty) it is unmeasured: the 2-consumer tile stays.
+HEURISTIC_D64: dict = {False: dict(BM=192, consumers=3, BN=128), True: dict(BM=192, consumers=3, BN=128)}
+HEURISTIC_D64_MIN_BUCKET = 2048
 SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # Variable-length batches (kVarlen): the features that run with varlen, each set's varlen
 # instantiations checked to compile without spills at the heuristic's tiles (nvcc 13.0, sm_90a;
@@ -312,6 +322,11 @@ class Sm90FwdConfig(KernelConfig):
                        f"{MAX_SMEM} an sm_90 CTA can have")
         if self.p_smem and self.tma_store and self.consumers == 3:
             out.append("p_smem with tma_store and 3 consumer warpgroups spills (ptxas, nvcc 13.0)")
+        elif (self.tma_store and self.consumers == 3 and self.head_dim in HEAD_DIMS
+              and self.accum_regs + self.BN // 4 > TMA_STORE_C3_REGS):
+            out.append(f"tma_store with 3 consumer warpgroups and {self.accum_regs} accumulator + "
+                       f"{self.BN // 4} P registers per thread spills (ptxas, nvcc 13.0): at most "
+                       f"{TMA_STORE_C3_REGS} together")
         budget = (MAX_ACCUM_REGS if not self.p_smem else MAX_ACCUM_REGS_PSMEM_MASKED
                   if self.causal else MAX_ACCUM_REGS_PSMEM).get(self.consumers, 0)
         if not out and self.accum_regs > budget:
@@ -579,7 +594,8 @@ class Sm90Forward(Family):
                 persistent = VARLEN_PERSISTENT
         cfg = Sm90FwdConfig(128, bn, 2, 2, True, persistent, d, problem.dtype, bool(problem.causal),
                             dynamic=dynamic, tma_store=tma_store)
-        if d == 64 and dynamic and not problem.features and HEURISTIC_D64.get(bool(problem.causal)):
+        if (d == 64 and dynamic and not problem.features and problem.bucket >= HEURISTIC_D64_MIN_BUCKET
+                and HEURISTIC_D64.get(bool(problem.causal))):
             cfg = cfg.replace(**HEURISTIC_D64[bool(problem.causal)])   # (first_fitting: the fallbacks)
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
