@@ -1,8 +1,12 @@
 """Compile, in parallel worker processes, every kernel of tests/test_sm90_psmem_gpu.py and
-tests/sm90_fwd_d64_timing.py (bf16 and fp16) into CuPy's disk cache (not a test; run it first):
+tests/sm90_fwd_d64_timing.py into CuPy's disk cache (not a test; run it first):
 
-    python tests/sm90_fwd_d64_precompile.py
+    python tests/sm90_fwd_d64_precompile.py [--tests-only] [--dtype bf16,fp16] [--rows heur,heur_tree]
+
+--tests-only: only the GPU tests' kernels; --dtype / --rows: the timing's dtypes (default both) and
+rows (default all; the timing script's --rows); --bf16-only: --dtype bf16.
 """
+import argparse
 import os
 import sys
 import time
@@ -17,8 +21,17 @@ import test_sm90_psmem_gpu  # noqa: E402
 
 
 def main():
-    configs = list(dict.fromkeys(test_sm90_psmem_gpu.configs() + sm90_fwd_d64_timing.all_configs("bf16")
-                                 + ([] if "--bf16-only" in sys.argv else sm90_fwd_d64_timing.all_configs("fp16"))))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tests-only", action="store_true")
+    ap.add_argument("--bf16-only", action="store_true")
+    ap.add_argument("--dtype", default="bf16,fp16")
+    ap.add_argument("--rows", default=",".join(sm90_fwd_d64_timing.CANDIDATES))
+    args = ap.parse_args()
+    configs = test_sm90_psmem_gpu.configs()
+    if not args.tests_only:
+        for dtype in ("bf16",) if args.bf16_only else args.dtype.split(","):
+            configs += sm90_fwd_d64_timing.all_configs(dtype, rows_wanted=tuple(args.rows.split(",")))
+    configs = list(dict.fromkeys(configs))
     t0 = time.time()
     results = precompile(configs)
     bad = [(c.name, e) for c, _, e in results if e]

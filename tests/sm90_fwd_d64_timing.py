@@ -3,11 +3,11 @@ cell >= 2k; d64 is the one left below). Not a test; < 60 s with its compiles:
 
     timeout 300 python tests/sm90_fwd_d64_timing.py --out /tmp/d64_timing.json
 
-Cases: bf16 (--dtype), head dim 64, seqlen 2k / 4k / 8k / 16k, causal and not, the benchmark's shape
+Cases: bf16 (--dtype: bf16, fp16 or bf16,fp16), head dim 64, seqlen 2k / 4k / 8k / 16k, causal and not, the benchmark's shape
 (dim 2048: 32 heads; batch x seqlen = 16k). Rows per case, samples interleaved
 (cuflash.timing.time_interleaved, CUDA events, warm-up, median of --reps samples of 5 calls):
-  heur        today's heuristic (Sm90Forward.heuristic: BM 128, BN 192, 2 consumer warpgroups,
-              pingpong, persistent, dynamic scheduler, unless HEURISTIC_D64 says otherwise)
+  heur        today's heuristic (Sm90Forward.heuristic; from the 2048 bucket HEURISTIC_D64's tile:
+              BM 192, BN 128, 3 consumer warpgroups, pingpong, dynamic persistent, i.e. c3_bn128)
   c3_bn128    3 consumer warpgroups (BM 192), BN 128, P in registers (FA3's causal d64 tile)
   c3_bn176_ps 3 consumer warpgroups, BN 176, P through shared memory (p_smem)
   c3_bn192_ps 3 consumer warpgroups, BN 192, P through shared memory (FA3's non-causal d64 tile;
@@ -78,6 +78,7 @@ def all_configs(dtype="bf16", seqlens=(2048, 4096, 8192, 16384), rows_wanted=tup
                               for c in case_configs(64, s, causal, dtype, rows_wanted, True)[1].values()))
 
 
+
 def case_rows(d, s, causal, dtype, rows_wanted):
     problem, cfgs = case_configs(d, s, causal, dtype, rows_wanted)
     tdt = torch.bfloat16 if dtype == "bf16" else torch.float16
@@ -103,23 +104,25 @@ def case_rows(d, s, causal, dtype, rows_wanted):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--dtype", default="bf16", help="bf16, fp16 or both: bf16,fp16")
     ap.add_argument("--seqlens", default="2048,4096,8192,16384")
     ap.add_argument("--rows", default=",".join(CANDIDATES))
     ap.add_argument("--out", default="", help="write the rows as JSON here")
     args = ap.parse_args()
     rows_wanted = args.rows.split(",")
-    cases = [(64, s, c) for s in map(int, args.seqlens.split(",")) for c in (False, True)]
+    dtypes = args.dtype.split(",")
+    assert set(dtypes) <= {"bf16", "fp16"}, f"--dtype: bf16 and / or fp16, got {args.dtype}"
+    cases = [(dt, 64, s, c) for dt in dtypes for s in map(int, args.seqlens.split(",")) for c in (False, True)]
     from cuflash.compile import precompile
 
-    built = [case_rows(*c, args.dtype, rows_wanted) for c in cases]
+    built = [case_rows(d, s, c, dt, rows_wanted) for dt, d, s, c in cases]
     cfgs = list(dict.fromkeys(cfg for _, rows, _ in built for cfg, _ in rows.values() if cfg is not None))
     failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]
     assert not failed, failed
     results = []
-    print(f"{'case':<18} {'row':<12} {'config':<62} {'ms':>8} {'TFLOPs':>7} {'x cuDNN':>8}")
-    for (d, s, causal), (problem, rows, tensors) in zip(cases, built):
-        case = f"d{d} s{s} {'causal' if causal else 'full'}"
+    print(f"{'case':<23} {'row':<14} {'config':<62} {'ms':>8} {'TFLOPs':>7} {'x cuDNN':>8}")
+    for (dtype, d, s, causal), (problem, rows, tensors) in zip(cases, built):
+        case = f"{dtype} d{d} s{s} {'causal' if causal else 'full'}"
         fns = {key: fn for key, (_, fn) in rows.items()}
         ref = None
         for key, fn in fns.items():   # compile / plan outside the timing; outputs agree
@@ -139,9 +142,9 @@ def main():
             cfg, _ = rows[key]
             tflops = op_flops(problem) / t.median_ms / 1e9
             name = cfg.name if cfg is not None else ""
-            print(f"{case:<18} {key:<12} {name:<62} {t.median_ms:8.3f} {tflops:7.1f} {tflops / cudnn:8.3f}",
+            print(f"{case:<23} {key:<14} {name:<62} {t.median_ms:8.3f} {tflops:7.1f} {tflops / cudnn:8.3f}",
                   flush=True)
-            results.append(dict(case=case, head_dim=d, seqlen=s, causal=causal, dtype=args.dtype,
+            results.append(dict(case=case, head_dim=d, seqlen=s, causal=causal, dtype=dtype,
                                 batch=problem.batch, heads=problem.nheads, row=key, config=name,
                                 median_ms=t.median_ms, tflops=tflops, x_cudnn=tflops / cudnn, spread=t.spread))
         del tensors
