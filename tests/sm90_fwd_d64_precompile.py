@@ -1,5 +1,6 @@
-"""Compile, in parallel worker processes, every kernel of tests/test_sm90_psmem_gpu.py and
-tests/sm90_fwd_d64_timing.py into CuPy's disk cache (not a test; run it first):
+"""Compile, in parallel worker processes, every kernel of tests/test_sm90_psmem_gpu.py, the d64
+kernels of tests/test_sm90_sched_gpu.py (-k d64: their heuristic tiles follow HEURISTIC_D64) and
+tests/sm90_fwd_d64_timing.py into CuPy's disk cache (not a test; run it first, on the GPU machine):
 
     python tests/sm90_fwd_d64_precompile.py [--tests-only] [--dtype bf16,fp16] [--rows heur,heur_tree]
 
@@ -20,6 +21,23 @@ import sm90_fwd_d64_timing  # noqa: E402
 import test_sm90_psmem_gpu  # noqa: E402
 
 
+def sched_d64_configs():
+    """test_sm90_sched_gpu.py's d64 kernels (``-k d64``) at every shape its tests give them (the
+    heuristic's tile depends on the seqlen bucket)."""
+    from types import SimpleNamespace
+
+    import test_sm90_sched_gpu as sched
+
+    out = []
+    for k in sched.KERNELS:
+        if k[1] != 64 or k[4]:
+            continue
+        for sq, sk in sched.SEQLENS + [(2049, 2049), (3000, 700)]:
+            q, kk = SimpleNamespace(shape=(2, sq, 16, 64)), SimpleNamespace(shape=(2, sk, 4, 64))
+            out.append(sched.config_for(k, q, kk))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tests-only", action="store_true")
@@ -27,7 +45,7 @@ def main():
     ap.add_argument("--dtype", default="bf16,fp16")
     ap.add_argument("--rows", default=",".join(sm90_fwd_d64_timing.CANDIDATES))
     args = ap.parse_args()
-    configs = test_sm90_psmem_gpu.configs()
+    configs = test_sm90_psmem_gpu.configs() + sched_d64_configs()
     if not args.tests_only:
         for dtype in ("bf16",) if args.bf16_only else args.dtype.split(","):
             configs += sm90_fwd_d64_timing.all_configs(dtype, rows_wanted=tuple(args.rows.split(",")))
