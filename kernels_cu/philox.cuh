@@ -110,6 +110,69 @@ struct Dropout {
     }
 
 #ifdef __CUDACC__
+    // The Hopper kernels' form of the state (sm90_fwd, sm90_bwd; fa2's kernels keep load's):
+    // the key words broadcast from lane 0, which ptxas takes as warp-uniform (the same value
+    // in every lane), so the rounds' key schedule k + r·W runs on the uniform datapath and the
+    // rounds read it as an operand instead of adding it per call in every thread; plus the
+    // byte-parallel keep test's constants (keep_signs). Every lane of the warp must call it.
+    __device__ static Dropout load_uniform(const void* rng_state, int drop_threshold, float keep_scale) {
+        Dropout d = load(rng_state, drop_threshold, keep_scale);
+        d.k0 = __shfl_sync(0xffffffffu, d.k0, 0);
+        d.k1 = __shfl_sync(0xffffffffu, d.k1, 0);
+        d.offset_lo = __shfl_sync(0xffffffffu, d.offset_lo, 0);
+        return d;
+    }
+
+    // The keep test of a word's four bytes at once (SWAR): bit 7 of byte i of the result is
+    // whether byte i of w is >= threshold (the other bits are garbage). Per byte, x >= y iff
+    // x's top bit beats y's, or the top bits are equal and x's low 7 bits >= y's; the low
+    // comparison is the top bit of (x_low + 128) - y_low, which never borrows from the next
+    // byte. threshold 256 (p >= 255.5 / 256: nothing kept) is y = 0xFF with y_low = 128, which
+    // makes every top bit 0. Three instructions per four elements.
+    __host__ __device__ __forceinline__ u32 keep_signs(u32 w) const {
+        const u32 y = threshold > 255u ? 0xFFFFFFFFu : threshold * 0x01010101u;
+        const u32 y_low = threshold > 255u ? 0x80808080u : (threshold & 0x7Fu) * 0x01010101u;
+        const u32 low = (w | 0x80808080u) - y_low;
+        return (w & ~y) | (~(w ^ y) & low);
+    }
+    // A 16-bit pair's keep mask from two of keep_signs' bytes: byte b's top bit replicated over
+    // the low half, byte b + 1's over the high half (prmt's sign-replicating selectors).
+    __device__ __forceinline__ static u32 pair_mask(u32 signs, int pair) {
+        return __byte_perm(signs, 0u, pair ? 0xBBAAu : 0x9988u);
+    }
+
+    // The keep words of one 16-row tile of P (the wgmma / mma accumulator layout), drawn ahead
+    // of P itself (sm90_fwd draws them while S = Q Kᵀ runs on the tensor cores): word nt is
+    // keep_signs of word nt % 4 of the thread's call for 32-column block nt / 4 (rows
+    // query0 + g, + 8; columns key0 + 32·(nt / 4) + 8·(nt % 4) + 2t + (0, 1)), one call per
+    // 16 elements. kNT: the tile's 8-column groups (BN / 8).
+    template <int kNT>
+    __device__ __forceinline__ void keep_words(u32 (&words)[kNT], int bh, int query0, int key0, int g,
+                                               int t) const {
+        static_assert(kNT % 4 == 0, "dropout works on whole 32-column blocks (BN a multiple of 32)");
+#pragma unroll
+        for (int blk = 0; blk < kNT / 4; ++blk) {
+            const PhiloxWords w = draw(bh, query0 + g, key0 + 32 * blk + 2 * t);
+#pragma unroll
+            for (int ct = 0; ct < 4; ++ct) words[4 * blk + ct] = keep_signs(w.w[ct]);
+        }
+    }
+    // P ∘ Z on P's packed 16-bit A fragments (pack_a_frags of the same tile): frag[0][kk][r]
+    // holds row g + 8·(r % 2), columns 16kk + 8·(r / 2) + 2t + (0, 1), i.e. bytes 2·(r % 2),
+    // 2·(r % 2) + 1 of keep word nt = 2kk + r / 2. Per pair of elements a prmt and an and (a
+    // bf16x2 / f16x2 select) instead of two tests and two selects on fp32; a dropped element
+    // becomes +0 (its 16 bits cleared).
+    template <int kK16>
+    __device__ __forceinline__ static void apply_keep_words(u32 (&frag)[1][kK16][4], const u32 (&words)[2 * kK16]) {
+#pragma unroll
+        for (int nt = 0; nt < 2 * kK16; ++nt) {
+            u32 (&f)[4] = frag[0][nt / 2];
+            const int r0 = 2 * (nt % 2);
+            f[r0] &= pair_mask(words[nt], 0);
+            f[r0 + 1] &= pair_mask(words[nt], 1);
+        }
+    }
+
     // P ∘ Z on a warp's P tile in the mma accumulator layout (also wgmma's, per warp): the
     // dropped elements zeroed, the kept ones unchanged (the forwards scale O by 1 / (1 - p) in
     // their epilogue, with 1 / l: one multiply per row instead of one per element). kMT tiles

@@ -497,7 +497,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     // kDropout: the generator's state (the drop threshold and the keep scale 1 / (1 - p) are
     // read from the params where they are used: fewer registers across the loop)
     Dropout dropout{};
-    if constexpr (kDropout) dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
+    if constexpr (kDropout) dropout = Dropout::load_uniform(p.rng_state, p.dropout_threshold, p.dropout_scale);
 
     if (n_iters > 0) mbarrier_wait(kv_full, 0);
     // the ring position, counted along (it % kStages and the fill's parity (it / kStages) & 1,

@@ -91,19 +91,28 @@ def test_params_carry_threshold_scale_and_an_rng_pointer():
     assert plain["dropout_threshold"] == 0
 
 
-def test_kernel_source_applies_dropout_after_the_softmax_and_before_the_pack():
-    """The order that makes l and the LSE plain attention's (FA2's Algorithm 2): softmax_step,
-    then Dropout::zero_dropped, then the P fragments; the same Dropout::zero_dropped as fa2_fwd,
-    and 1 / (1 - p) with 1 / l in the epilogue."""
+def test_kernel_source_applies_dropout_after_the_softmax_and_before_the_pv():
+    """The order that makes l and the LSE plain attention's (FA2's Algorithm 2): the keep words
+    of block j drawn under its GEMMs (after the issue, before the wait for S_j), softmax_step,
+    then P_j packed and the keep words applied to the packed fragments (before O += P_j V_j);
+    the keys warp-uniform; 1 / (1 - p) with 1 / l in the epilogue."""
     from cuflash.compile import kernel_dir
 
     src = (kernel_dir() / "sm90_fwd.cu").read_text()
     assert "bool kDropout = false" in src and '#include "philox.cuh"' in src
     body = src[src.index("for (int j = 1; j < n_blocks; ++j)"):]
-    assert body.index("softmax_s(slot, j)") < body.index("drop_p(j)") < body.index("pack_a_frags")
-    first = src[src.index("softmax_s(slot_of(0), 0);"):]
-    assert first.index("drop_p(0)") < first.index("pack_a_frags")
-    assert "dropout.zero_dropped(s_acc, at.batch * p.nheads + at.head, warp_row0," in src
+    order = ["issue_pv(prev);", "turn.end();", "draw_keep(j);", "wgmma_wait<1>();", "softmax_s(slot, j)",
+             "pack_a_frags", "drop_p();"]
+    at = [body.index(x) for x in order]
+    assert at == sorted(at), order
+    first = src[src.index("issue_s(slot_of(0));"):]
+    order = ["turn.end();", "draw_keep(0);", "wgmma_wait<0>();", "softmax_s(slot_of(0), 0);", "pack_a_frags",
+             "drop_p();"]
+    at = [first.index(x) for x in order]
+    assert at == sorted(at), order
+    assert "dropout.keep_words(keep, at.batch * p.nheads + at.head, warp_row0," in src
+    assert "Dropout::apply_keep_words(p_frag, keep)" in src
+    assert "Dropout::load_uniform(p.rng_state" in src
     assert "if constexpr (kDropout) inv_l *= dropout.scale;" in src   # 1 / (1 - p) with 1 / l
 
 
@@ -149,3 +158,61 @@ def test_forced_dropout_config_wider_than_dropout_bn_is_refused():
     assert ok.dropout and ok.BN == DROPOUT_BN[128] and not ok.problems(227 * 1024)
     with pytest.raises(ConfigError, match="DROPOUT_BN"):
         fam.for_problem(wide, p).validate()
+
+
+@needs_nvcc
+def test_keep_signs_is_the_byte_test_for_every_threshold(tmp_path):
+    """philox.cuh's Dropout::keep_signs (the byte-parallel keep test of sm90_fwd's packed
+    dropout), compiled for the host with nvcc and run: for every threshold 0..256 (p rounded to
+    1/256; 256 drops everything) and every byte value in each of the four byte positions, with
+    random neighbours (no borrow may cross a byte), bit 7 of the result's byte is byte >=
+    threshold; and the prmt selectors of pair_mask (0x9988, 0xBBAA: the sign of bytes 0, 1 / 2, 3
+    replicated over the 16-bit halves) as prmt defines them."""
+    import subprocess
+
+    from cuflash.compile import kernel_dir
+
+    src = tmp_path / "signs.cu"
+    src.write_text('#include "philox.cuh"\n#include <cstdio>\n#include <cstdlib>\n'
+                   "int main() {\n"
+                   "  unsigned bad = 0, n = 0; srand(7);\n"
+                   "  for (unsigned thr = 0; thr <= 256; ++thr) {\n"
+                   "    cuflash::Dropout d = cuflash::Dropout::make(0, 0, 0.f); d.threshold = thr;\n"
+                   "    for (int pos = 0; pos < 4; ++pos)\n"
+                   "      for (unsigned b = 0; b < 256; ++b)\n"
+                   "        for (int rep = 0; rep < 4; ++rep) {\n"
+                   "          unsigned w = (unsigned)rand() ^ ((unsigned)rand() << 16);\n"
+                   "          w = (w & ~(0xFFu << (8 * pos))) | (b << (8 * pos));\n"
+                   "          unsigned s = d.keep_signs(w);\n"
+                   "          for (int i = 0; i < 4; ++i) {\n"
+                   "            unsigned byte = (w >> (8 * i)) & 0xFFu;\n"
+                   "            bool want = byte >= thr, got = (s >> (8 * i + 7)) & 1u;\n"
+                   "            bad += want != got; ++n;\n"
+                   "          }\n"
+                   "        }\n"
+                   "  }\n"
+                   '  printf("%u %u\\n", bad, n);\n'
+                   "  return 0;\n}\n")
+    exe = tmp_path / "signs"
+    subprocess.run([NVCC, "-std=c++17", "-I", str(kernel_dir()), "-o", str(exe), str(src)], check=True,
+                   capture_output=True)
+    bad, n = map(int, subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split())
+    assert n == 257 * 4 * 256 * 4 * 4 and bad == 0, f"{bad} of {n} byte tests wrong"
+
+    # prmt (default mode): result byte i takes byte c_i & 7 of {b, a}; c_i & 8 replicates its sign
+    def prmt(a, b, c):
+        src_bytes = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+        out = 0
+        for i in range(4):
+            sel = (c >> (4 * i)) & 0xF
+            byte = src_bytes[sel & 7]
+            out |= ((0xFF if byte & 0x80 else 0) if sel & 8 else byte) << (8 * i)
+        return out
+
+    for signs in range(16):   # the four sign bits of a keep_signs word
+        word = sum(((signs >> i) & 1) << (8 * i + 7) for i in range(4)) | 0x15253545
+        for pair, sel in ((0, 0x9988), (1, 0xBBAA)):
+            lo, hi = (signs >> (2 * pair)) & 1, (signs >> (2 * pair + 1)) & 1
+            assert prmt(word, 0, sel) == (0xFFFF if lo else 0) | ((0xFFFF if hi else 0) << 16)
+    text = (kernel_dir() / "philox.cuh").read_text()
+    assert "pair ? 0xBBAAu : 0x9988u" in text
