@@ -281,15 +281,22 @@ struct Dropout {
                     op(acc[2 * qb + hr][2 * hk + e], keeps(bytes[e], 2 * hk + hr));
     }
 
-    // visit_transposed's keep test for one 16-key tile (kMT = 1), as bits: bit 4·nt + i is
-    // whether acc[0][nt][i] is kept. The 16-query blocks run one at a time (not unrolled),
-    // so one call's state is live, not kNT / 2 of them: sm90_bwd draws this next to dK and dV.
+    // visit_transposed's keep test for one 16-key tile (kMT = 1), as bits laid out for the
+    // packed fragments (pair_mask_of_bits): acc[0][nt][2·hk + e] (key g + 8·hk, query
+    // 8·nt + 2t + e) is element e of pair i = 2·nt + hk, the pair that pack_a_frags puts in word
+    // i (fragment [i / 4][i % 4]); with nt = 2·qb + hr, its bit is
+    //   4·(qb % 2) + 2·hk + hr + 8·e + 16·(qb / 2)      (pair_bit(i) + 8·e)
+    // i.e. byte j = 2·hk + hr of the call's word for query parity e lands on bit j + 8·e of the
+    // 16-query block's byte pair: the two bits of a pair sit 8 apart, so one shift puts them on
+    // the sign bits of two bytes and a prmt spreads them over the pair's halves. Per call: the
+    // byte-parallel test (keep_signs) and a multiply that gathers the four sign bits (no two
+    // partial products overlap: bit 7 + 8j lands on 28 + j). The 16-query blocks run one at a
+    // time (not unrolled), so one call's state is live, not kNT / 2 of them: sm90_bwd draws this
+    // next to dK and dV.
     template <int kNT>
     __device__ __forceinline__ u32 keep_bits_transposed(int bh, int key0, int query0, int g, int t) const {
         static_assert(kNT % 2 == 0 && kNT <= 8, "one keep bit per element of a thread, 32 at most");
         const int gp = g & 1, key = key0 + g;
-        // byte b >= threshold as a carry: b + 256 - threshold reaches bit 8 of its 16-bit lane
-        const u32 bias = (256u - threshold) * 0x00010001u;
         u32 bits = 0;
 #pragma unroll 1
         for (int qb = 0; qb < kNT / 2; ++qb) {
@@ -299,16 +306,22 @@ struct Dropout {
             // the other parity goes to lane g ^ 1, which sends this thread its call's (e = 1 - gp)
             const u32 own = __byte_perm(w0, w1, gp ? 0x7531u : 0x6420u);
             const u32 other = __shfl_xor_sync(0xffffffffu, __byte_perm(w0, w1, gp ? 0x6420u : 0x7531u), 4);
-            u32 block = 0;   // bit 4·hr + 2·hk + e: acc[0][2·qb + hr][2·hk + e], byte 2·hk + hr of e's word
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const u32 word = (e == gp) ? own : other;
-                const u32 even = (word & 0x00FF00FFu) + bias, odd = ((word >> 8) & 0x00FF00FFu) + bias;
-                block |= (((even >> 8) & 1u) | ((even >> 22) & 4u) | ((odd >> 4) & 16u) | ((odd >> 18) & 64u)) << e;
-            }
-            bits |= block << (8 * qb);
+            // the sign bits of bytes 0..3 gathered on bits 28..31, then to bits 8·e .. 8·e + 3
+            const u32 own4 = ((keep_signs(own) & 0x80808080u) * 0x00204081u) >> 28;
+            const u32 other4 = ((keep_signs(other) & 0x80808080u) * 0x00204081u) >> 28;
+            const u32 block = gp ? (own4 << 8) | other4 : (other4 << 8) | own4;
+            bits |= block << (4 * (qb % 2) + 16 * (qb / 2));
         }
         return bits;
+    }
+    // Bit of element 0 of pair i in keep_bits_transposed's layout (element 1's is 8 above).
+    __host__ __device__ static constexpr int pair_bit(int i) {
+        return 4 * ((i / 4) % 2) + 2 * (i % 2) + (i / 2) % 2 + 16 * (i / 8);
+    }
+    // The keep mask of pair i (word i of the packed fragments, two 16-bit elements) from
+    // keep_bits_transposed's bits: 0xFFFF over each kept element's half, 0 over a dropped one's.
+    __device__ __forceinline__ static u32 pair_mask_of_bits(u32 bits, int i) {
+        return __byte_perm(bits << (7 - pair_bit(i) % 16), 0u, pair_bit(i) / 16 ? 0xBBAAu : 0x9988u);
     }
 #endif
 };

@@ -625,28 +625,21 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             }
             hide(0.f);
         }
-        if constexpr (kDropout) {
-            // ---- dropout: the dropped elements of Pᵀ negated (Pᵀ >= 0, so the sign is ¬Z, as
-            // Dropout::negate_dropped_transposed; a hidden element, 0, stays a zero), the signed
-            // Pᵀ to this thread's words for dSᵀ, and Pᵀ ∘ Z / (1 - p), its positive part
-            // scaled, for dV ----
-#pragma unroll
-            for (int nt = 0; nt < kBM / 8; ++nt)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    float& p0 = s_acc[0][nt][2 * half];
-                    float& p1 = s_acc[0][nt][2 * half + 1];
-                    if (!((keep_bits >> (4 * nt + 2 * half)) & 1u)) p0 = -p0;
-                    if (!((keep_bits >> (4 * nt + 2 * half + 1)) & 1u)) p1 = -p1;
-                    thread_word(kPWord0 + 2 * nt + half) = pack2<Elem>(p0, p1);
-                    p0 = fmaxf(p0, 0.f) * p.dropout_scale;
-                    p1 = fmaxf(p1, 0.f) * p.dropout_scale;
-                }
-        }
         // Pᵀ as 16-bit A fragments: the fp32 Pᵀ dies here, before dPᵀ's accumulators are born
         // (with dK, dV in registers the d128 kernel has no room for both), so dS below uses
         // Pᵀ rounded to 16 bits, as the dV product does (and as attention in 16 bits would).
         pack_a_frags<1, kBM / 16, Elem>(p_frag, s_acc);
+        if constexpr (kDropout) {
+            // ---- dropout: Pᵀ (undropped) to this thread's words for dSᵀ, and Pᵀ ∘ Z in the
+            // fragments for dV, on the packed pairs (philox.cuh pair_mask_of_bits: a shift, a prmt
+            // and an and per pair); dV's 1 / (1 - p) is applied once, in the epilogue ----
+#pragma unroll
+            for (int i = 0; i < kBM / 4; ++i) {
+                u32& pair = p_frag[0][i / 4][i % 4];
+                thread_word(kPWord0 + i) = pair;
+                pair &= Dropout::pair_mask_of_bits(keep_bits, i);
+            }
+        }
 
         // ---- dPᵀ = V_j dO_iᵀ (SS; kOverlapSdp: already issued behind Sᵀ), then dV_j += Pᵀ dO_i
         // (RS; dO_i MN-major, queries 16kk..16kk+15 per step) ----
@@ -676,11 +669,14 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                if constexpr (kDropout) {  // dS = |P| ∘ (Z ∘ dP / (1 - p) - D), P from the signed words
+                if constexpr (kDropout) {
+                    // dS = P ∘ (Z ∘ dP / (1 - p) - D): P from the thread's words, Z from the
+                    // dropped fragments (a kept P that is 0 gives dS = 0 either way)
                     const u32 pair = thread_word(kPWord0 + 2 * nt + e / 2);
+                    const u32 kept = p_frag[0][nt / 2][2 * (nt % 2) + e / 2] & (e % 2 ? 0xFFFF0000u : 0xFFFFu);
                     const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
-                    const float z = P > 0.f ? p.dropout_scale : 0.f;
-                    dp_acc[0][nt][e] = fabsf(P) * (dp_acc[0][nt][e] * z - (e % 2 ? D.y : D.x));
+                    const float z = kept ? p.dropout_scale : 0.f;
+                    dp_acc[0][nt][e] = P * (dp_acc[0][nt][e] * z - (e % 2 ? D.y : D.x));
                 } else {
                     const u32 pair = p_frag[0][nt / 2][2 * (nt % 2) + e / 2];
                     const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
@@ -850,7 +846,11 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             const int col = nt * 8 + 2 * t;
             const float dk0 = dk_acc[4 * nt + 2 * half] * p.softmax_scale;
             const float dk1 = dk_acc[4 * nt + 2 * half + 1] * p.softmax_scale;
-            const float dv0 = dv_acc[4 * nt + 2 * half], dv1 = dv_acc[4 * nt + 2 * half + 1];
+            float dv0 = dv_acc[4 * nt + 2 * half], dv1 = dv_acc[4 * nt + 2 * half + 1];
+            if constexpr (kDropout) {   // dV = Σ (Pᵀ ∘ Z) dO / (1 - p): the fragments held Pᵀ ∘ Z
+                dv0 *= p.dropout_scale;
+                dv1 *= p.dropout_scale;
+            }
             if (grouped) {
                 // kVarlen: (nheads, total_k) rows, the sequence's from k_start on (dkv_row_offset)
                 const i64 off = ((kVarlen ? dkv_row_offset<kVarlen>(p, batch, head, seq) : bh * p.seqlen_k) + key)

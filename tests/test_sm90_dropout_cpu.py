@@ -216,3 +216,55 @@ def test_keep_signs_is_the_byte_test_for_every_threshold(tmp_path):
             assert prmt(word, 0, sel) == (0xFFFF if lo else 0) | ((0xFFFF if hi else 0) << 16)
     text = (kernel_dir() / "philox.cuh").read_text()
     assert "pair ? 0xBBAAu : 0x9988u" in text
+
+
+def test_backward_keep_bits_layout_is_the_mirrors_mask():
+    """sm90_bwd's keep bits (philox.cuh keep_bits_transposed, pair_bit, pair_mask_of_bits), its
+    steps mirrored in NumPy for a whole warp (the lane ^ 4 shuffle included): the bit that
+    pair_mask_of_bits reads for element e of fragment pair i of lane (g, t) is the mirror's keep
+    bit of that element's (query, key) (key key0 + g + 8·hk, query query0 + 8·nt + 2t + e,
+    i = 2·nt + hk), for keys in both halves of a 32-key block and thresholds across the byte
+    range."""
+    seed, offset, bh = 0x1234_5678_9ABC_DEF0, (3 << 32) + 77, 5
+
+    def pair_bit(i):   # philox.cuh Dropout::pair_bit
+        return 4 * ((i // 4) % 2) + 2 * (i % 2) + (i // 2) % 2 + 16 * (i // 8)
+
+    text = (__import__("cuflash.compile", fromlist=["kernel_dir"]).kernel_dir() / "philox.cuh").read_text()
+    assert "return 4 * ((i / 4) % 2) + 2 * (i % 2) + (i / 2) % 2 + 16 * (i / 8);" in text
+
+    def prmt(a, b, c):
+        src = [(a >> (8 * k)) & 0xFF for k in range(4)] + [(b >> (8 * k)) & 0xFF for k in range(4)]
+        return sum(src[(c >> (4 * k)) & 7] << (8 * k) for k in range(4))
+
+    for p, key0, query0 in ((0.17, 0, 0), (0.6, 16, 64), (0.05, 48, 1040)):
+        thr = dropout.drop_threshold(p)
+        nq, nk = query0 + 64, key0 + 16
+        keep = dropout.keep_mask(seed, offset, p, 1, bh + 1, nq, nk + 32)[0, bh]
+        k0, k1 = seed & 0xFFFFFFFF, ((seed >> 32) ^ (offset >> 32)) & 0xFFFFFFFF
+        bits = [0] * 32
+        for qb in range(4):
+            own, send = [0] * 32, [0] * 32
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                gp, key, row = g & 1, key0 + g, query0 + 16 * qb + 2 * t + (g & 1)
+                c0 = 4 * (key // 32) + (key % 8) // 2
+                c1 = 8 * (row // 16) + row % 8
+                w = [int(x) for x in dropout.philox4x32_10(c0, c1, bh, offset & 0xFFFFFFFF, k0, k1)]
+                w0, w1 = (w[2], w[3]) if key & 16 else (w[0], w[1])
+                own[lane] = prmt(w0, w1, 0x7531 if gp else 0x6420)
+                send[lane] = prmt(w0, w1, 0x6420 if gp else 0x7531)
+            for lane in range(32):
+                gp = (lane // 4) & 1
+                other = send[lane ^ 4]
+                four = [sum(((((x >> (8 * j)) & 0xFF) >= thr) << j) for j in range(4)) for x in (own[lane], other)]
+                block = (four[0] << 8) | four[1] if gp else (four[1] << 8) | four[0]
+                bits[lane] |= block << (4 * (qb % 2) + 16 * (qb // 2))
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            for i in range(16):
+                nt, hk = i // 2, i % 2
+                for e in range(2):
+                    got = (bits[lane] >> (pair_bit(i) + 8 * e)) & 1
+                    q, k = query0 + 8 * nt + 2 * t + e, key0 + g + 8 * hk
+                    assert got == keep[q, k], (p, key0, lane, i, e)
