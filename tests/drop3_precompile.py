@@ -1,11 +1,13 @@
-"""Fill CuPy's kernel cache with the kernels that test_sm90_dropout_gpu.py and
-sm90_dropout_timing.py compile, in parallel worker processes; not a test. Run it first:
+"""Fill CuPy's kernel cache with the kernels that test_sm90_dropout_gpu.py,
+test_sm90_bwd_features_gpu.py's test_dropout and sm90_dropout_timing.py compile, in parallel
+worker processes; not a test. Run it first:
 
     timeout 150 python tests/drop3_precompile.py
 
-What it compiles (about 25 kernels, sm_90a): the mask cases' sm90_fwd (and fa2_fwd) dropout
+What it compiles (30 kernels, sm_90a): the mask cases' sm90_fwd (and fa2_fwd) dropout
 forwards, the reference grid's forward and backward (fp16 d96, bf16 d256), the cross-family
-pairs (d128 bf16 causal), and the timing's plain and dropout forward and backward at d64 / d128
+pairs (d128 bf16 causal), the sm90_bwd dropout backwards (d128 causal / not, d64 causal,
+d64 deterministic) with their forwards, and the timing's plain and dropout forward and backward at d64 / d128
 8k, causal and not.
 """
 import os
@@ -44,6 +46,14 @@ def configs():
         for b, sq, sk, h, h_kv in ((2, 300, 417, 4, 2), (1, 1023, 113, 2, 1)):
             prob = Problem("fwd", "bf16", b, sq, sk, h, h_kv, 128, True, **p_drop)
             out += [forced(fwd, prob), forced(bwd, prob.replace(op="bwd"))]
+    bwd = registry.get("sm90_bwd")   # test_sm90_bwd_features_gpu.py's test_dropout
+    for d, causal, det in ((128, False, False), (128, True, False), (64, True, False), (64, False, True)):
+        plain = Problem("bwd", "bf16", 2, 1023, 1023, 4, 2, d, causal, det)
+        cfg = bwd.heuristic(plain, _gpu.arch(0))
+        for b, sq, sk, h, h_kv in ((2, 113, 113, 4, 4), (1, 17, 1023, 4, 1), (1, 2049, 1023, 2, 2),
+                                   (3, 1, 1, 4, 2), (1, 1023, 2049, 4, 2)):
+            prob = Problem("bwd", "bf16", b, sq, sk, h, h_kv, d, causal, det, **p_drop)
+            out += [bwd.for_problem(cfg, prob), choose_on_device(prob.replace(op="fwd"), 0)[1]]
     for d in (64, 128):   # sm90_dropout_timing.py's default cases
         for causal in (False, True):
             s, h = 8192, 2048 // d
