@@ -23,6 +23,17 @@
 // block, i.e. half the bytes (one column parity) of two calls; the lanes g and g ^ 1 need the
 // same two calls, so each draws one and hands the other the half it needs (one shuffle):
 // one call per 8 elements where a warp holds 16 keys of a 32-key block (50% of the bytes used).
+// Bits per call: a keep test needs 8 bits (p rounded to 1/256), so one call (128 bits) serves 16
+// elements, and the forward uses all of them. The backward cannot without a cross-warp exchange:
+// a forward thread holds 2 queries of a 16-row tile, so a 16-element call spans 8 of its keys,
+// 32 columns; a Hopper backward warp holds 16 keys (wgmma's 64-row tile per warpgroup), so half
+// of each call belongs to the neighbouring warp (an exchange through shared memory would need a
+// pair barrier per tile and 4 KB that the d128 kernel does not have).
+// The Hopper kernels' forms (sm90_fwd, sm90_bwd): the keys broadcast warp-uniform (load_uniform:
+// the round keys live in uniform registers, the rounds take them as operands), the keep test
+// four bytes at a time (keep_signs) and the mask applied to the packed 16-bit P fragments, a prmt
+// and an and per element pair (apply_keep_words, pair_mask_of_bits) instead of a test and a
+// select per fp32 element.
 // Ten rounds, as Random123, cuRAND, C++26's philox4x32 and flash-attn use: Salmon et al. report
 // 7 as the fewest rounds of Philox4x32 that pass TestU01's BigCrush and recommend 10 for a
 // safety margin; 7 would cut the generator's cost by 30% at the price of that margin.

@@ -101,9 +101,12 @@
 //              of a Q block count from the first K/V block of its band (kv_block_begin).
 //   kDropout   attention dropout (appended after them), as fa2_bwd's: the forward's keep mask Z
 //              regenerated (philox.cuh, keyed by element coordinates, so bit-identical to every
-//              forward's), the dropped elements of Pᵀ negated (the sign carries Z);
-//              dV_j += (Pᵀ ∘ Z / (1 - p)) dO_i and dSᵀ = |Pᵀ| ∘ (Z ∘ dPᵀ / (1 - p) - D_i), the
-//              signed Pᵀ waiting for dSᵀ in the thread's shared-memory words (as softcap's).
+//              forward's; one bit per element, philox.cuh keep_bits_transposed, drawn before
+//              Sᵀ with warp-uniform keys); Pᵀ packed to 16 bits, its words kept for dSᵀ in the
+//              thread's shared-memory words (as softcap's), and the packed fragments masked
+//              (pair_mask_of_bits: a shift, a prmt and an and per element pair):
+//              dV_j += (Pᵀ ∘ Z) dO_i, times 1 / (1 - p) once in the epilogue, and
+//              dSᵀ = Pᵀ ∘ (Z ∘ dPᵀ / (1 - p) - D_i), Z read back from the masked fragments.
 //   kDqBulk    (appended last) the dQ_i part goes to global memory FlashAttention-3's way: each
 //              warp stores its 16 rows x kDqN fp32 fragments to its rows of a staging tile
 //              (Sm90BwdDqStage, past the thread words), fence.proxy.async, and lanes 0..15 each
@@ -198,7 +201,7 @@ struct Sm90BwdShape {
 };
 
 // Per-thread 32-bit words in shared memory past the mbarriers (Sm90BwdConfig.smem_bytes adds
-// them): softcap's 1 - tanh² and dropout's signed Pᵀ, BM / 4 words each (two 16-bit elements a
+// them): softcap's 1 - tanh² and dropout's (undropped) Pᵀ, BM / 4 words each (two 16-bit elements a
 // word, packed as pack_a_frags packs Pᵀ), wait there from Sᵀ to dSᵀ. Word-major: word w of
 // consumer thread c sits at kOffset + (w · consumer threads + c) · 4, so a warp's 32 accesses to
 // one word are 32 consecutive words, one per bank (thread-major, 16 bytes per thread, they were
@@ -444,7 +447,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     const int warp = (tid / 32) % 4, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
     const int warp_key = wg * 64 + warp * 16;                   // this warp's first key in K_j
-    // kSoftcap, kDropout: this thread's 1 - tanh² and signed Pᵀ (BM / 2 elements each, 16 bits,
+    // kSoftcap, kDropout: this thread's 1 - tanh² and undropped Pᵀ (BM / 2 elements each, 16 bits,
     // packed as Pᵀ's A fragments) live from Sᵀ to dSᵀ in shared memory (Sm90BwdThreadWords; no
     // other thread reads them, so no barrier): in registers they would spill the d128 kernel
     // (dK, dV, Pᵀ, dPᵀ are all live then). Word w of Pᵀ's element (nt, e) is 2nt + e / 2.

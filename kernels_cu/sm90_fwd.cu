@@ -123,8 +123,12 @@
 //              the canonical keep mask of (rng_state, batch·nheads + head, query row, key
 //              column), the one fa2_fwd draws and fa2_bwd regenerates: per warp the wgmma
 //              accumulator layout is mma.sync's (rows g, g + 8 of the warp's 16, columns
-//              8·nt + 2t + e), so Dropout::zero_dropped serves both families (one Philox call
-//              per 16 elements of a thread, its own; BN a multiple of 32)
+//              8·nt + 2t + e), so a thread's elements are those of its own Philox calls, one
+//              per 16 elements (BN a multiple of 32). Block j's keep words (Dropout::keep_words:
+//              the rounds, with warp-uniform keys, and a byte-parallel keep test) are drawn
+//              between issuing S_j and waiting for it, under the GEMMs, and applied to P_j's
+//              packed 16-bit fragments (Dropout::apply_keep_words: a prmt and an and per
+//              element pair) before O += P_j V_j
 //   kEmuExp2   0..4: that many quarters of S's 8-column tiles compute P's exp2 on the FMA / ALU
 //              pipes (exp2_emu.cuh: a polynomial, FlashAttention-4's trick) instead of the SFU's
 //              ex2.approx, which softcap's tanh.approx also needs; 0 (the default) is the

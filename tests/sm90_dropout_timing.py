@@ -54,16 +54,18 @@ def cases(args):
 
 
 def fwd_configs(d, causal, b, s, h, variants=False):
-    """The dropout forwards to time: sm90_fwd's heuristic (DROPOUT_BN), the same on the
-    persistent grid with the dynamic scheduler (what plain calls run); with ``variants`` also
-    its other BNs that pass problems() (no spills, multiples of 32) and fa2_fwd's heuristic."""
+    """The dropout forwards to time: sm90_fwd's heuristic (DROPOUT_BN), the same with the other
+    schedule (a CTA per tile, or the persistent grid with the dynamic scheduler, which plain
+    calls run); with ``variants`` also its other BNs that pass problems() (no spills, multiples
+    of 32) and fa2_fwd's heuristic."""
     sm90, fa2 = registry.get("sm90_fwd"), registry.get("fa2_fwd")
     drop = Problem("fwd", "bf16", b, s, s, h, h, d, causal, features=("dropout",), dropout_p=P)
     heur = sm90.for_problem(sm90.heuristic(drop), drop)
     out = [heur]
-    dyn = heur.replace(persistent=True, dynamic=True, tma_store=False)
-    if dyn != heur and not dyn.problems(227 * 1024):
-        out.append(dyn)
+    for sched in (dict(persistent=False, dynamic=False), dict(persistent=True, dynamic=True)):
+        other = heur.replace(tma_store=False, **sched)
+        if other not in out and not other.problems(227 * 1024):
+            out.append(other)
     if not variants:
         return out
     out += [heur.replace(BN=bn) for bn in (96, 128, 160, 192)

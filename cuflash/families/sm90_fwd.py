@@ -18,9 +18,10 @@ supports (every head dim up to 256: the kernels are compiled for 64, 96, 128, 19
 smaller head dims zero-fill the missing columns by TMA); elsewhere fa2_fwd. Head dim 96 is exact
 in compute (6 k16 steps for S, an N = 96 wgmma for P V, 96 columns of O accumulators) and keeps
 d128's shared-memory layout (two 128-byte-swizzled chunks, the second half zeros): its tiles
-take d128's shared memory. Dropout (``dropout``, kDropout): philox.cuh's Dropout::zero_dropped on P_j
-after the softmax (l and the LSE stay plain attention's), the same keep mask as fa2_fwd's, which
-fa2_bwd regenerates; at DROPOUT_BN (the Philox rounds need registers). Variable-length batches
+take d128's shared memory. Dropout (``dropout``, kDropout): philox.cuh's keep words of P_j drawn under
+the GEMMs and applied to the packed P fragments after the softmax (l and the LSE stay plain
+attention's), the same keep mask as fa2_fwd's, which fa2_bwd regenerates; at DROPOUT_BN (the
+keep words need registers). Variable-length batches
 (``varlen``, kVarlen, set from the call): tiles (Q block, head, sequence) over a grid sized for
 the longest sequence, tensor maps over the whole packed (total, heads, d) tensors with box rows
 from cu_seqlens, keys past a sequence's end masked and rows past it not stored; with window,
@@ -59,9 +60,9 @@ MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
 MAX_ACCUM_REGS = {1: 192, 2: 176, 3: 96}
 # BN of a dropout forward (2 consumer warpgroups), by head dim: the largest multiple of 32 (one
 # Philox call covers 32 keys, philox.cuh) at which ptxas (nvcc 13.0, sm_90a) spills nothing
-# with the Philox rounds (kDropout), which run once P_{j-1}'s fragments are dead: one call per
-# 16 elements since the 32-key layout (it was one call and a 4 x 4 quad transpose per 16,
-# which capped d64 / d128 at 128). One step up: d128 BN 192 spills 4 bytes; d192 BN 128 and
+# with the keep words (kDropout: BN / 8 registers, drawn while S_j and P_{j-1} V_{j-1} run):
+# one call per 16 elements since the 32-key layout (it was one call and a 4 x 4 quad transpose
+# per 16, which capped d64 / d128 at 128). One step up: d128 BN 192 spills; d192 BN 128 and
 # d256 BN 96 exceed shared memory. tests/test_sm90_dropout_cpu.py holds it to that.
 DROPOUT_BN = {64: 192, 96: 160, 128: 160, 192: 96, 256: 64}
 # emu_exp2 (kEmuExp2): quarters of S's 8-column tiles whose exp2 runs on the FMA / ALU pipes
