@@ -32,7 +32,7 @@
 // The Hopper kernels' forms (sm90_fwd, sm90_bwd): the keys broadcast warp-uniform (load_uniform:
 // the round keys live in uniform registers, the rounds take them as operands), the keep test
 // four bytes at a time (keep_signs) and the mask applied to the packed 16-bit P fragments, a prmt
-// and an and per element pair (apply_keep_words, pair_mask_of_bits) instead of a test and a
+// and an and per element pair (apply_keep_words, pair_mask_of_signs) instead of a test and a
 // select per fp32 element.
 // Ten rounds, as Random123, cuRAND, C++26's philox4x32 and flash-attn use: Salmon et al. report
 // 7 as the fewest rounds of Philox4x32 that pass TestU01's BigCrush and recommend 10 for a
@@ -292,47 +292,38 @@ struct Dropout {
                     op(acc[2 * qb + hr][2 * hk + e], keeps(bytes[e], 2 * hk + hr));
     }
 
-    // visit_transposed's keep test for one 16-key tile (kMT = 1), as bits laid out for the
-    // packed fragments (pair_mask_of_bits): acc[0][nt][2·hk + e] (key g + 8·hk, query
-    // 8·nt + 2t + e) is element e of pair i = 2·nt + hk, the pair that pack_a_frags puts in word
-    // i (fragment [i / 4][i % 4]); with nt = 2·qb + hr, its bit is
-    //   4·(qb % 2) + 2·hk + hr + 8·e + 16·(qb / 2)      (pair_bit(i) + 8·e)
-    // i.e. byte j = 2·hk + hr of the call's word for query parity e lands on bit j + 8·e of the
-    // 16-query block's byte pair: the two bits of a pair sit 8 apart, so one shift puts them on
-    // the sign bits of two bytes and a prmt spreads them over the pair's halves. Per call: the
-    // byte-parallel test (keep_signs) and a multiply that gathers the four sign bits (no two
-    // partial products overlap: bit 7 + 8j lands on 28 + j). The 16-query blocks run one at a
-    // time (not unrolled), so one call's state is live, not kNT / 2 of them: sm90_bwd draws this
-    // next to dK and dV.
+    // visit_transposed's keep test for one 16-key tile (kMT = 1), for the packed fragments, as
+    // keep_signs words: words[2·qb + e] holds the keep signs of 16-query block qb's bytes of query
+    // parity e, byte j = 2·hk + hr being acc[0][2·qb + hr][2·hk + e] (key key0 + g + 8·hk,
+    // query query0 + 16·qb + 8·hr + 2t + e). Per 16-query block, lanes g and g ^ 1 need the same
+    // two calls and the other column parity of them: lane g draws the call of query parity
+    // e = g % 2 and sends lane g ^ 1 the four bytes of parity 1 - g % 2 (one shuffle), one call
+    // per 8 elements (the backward's warp holds 16 keys of the call's 32). sm90_bwd draws this
+    // before Sᵀ: kNT words a thread.
     template <int kNT>
-    __device__ __forceinline__ u32 keep_bits_transposed(int bh, int key0, int query0, int g, int t) const {
-        static_assert(kNT % 2 == 0 && kNT <= 8, "one keep bit per element of a thread, 32 at most");
+    __device__ __forceinline__ void keep_signs_transposed(u32 (&words)[kNT], int bh, int key0, int query0,
+                                                          int g, int t) const {
+        static_assert(kNT % 2 == 0, "whole 16-query blocks");
         const int gp = g & 1, key = key0 + g;
-        u32 bits = 0;
-#pragma unroll 1
+#pragma unroll
         for (int qb = 0; qb < kNT / 2; ++qb) {
             const PhiloxWords w = draw(bh, query0 + 16 * qb + 2 * t + gp, key);
             const u32 w0 = key & 16 ? w.w[2] : w.w[0], w1 = key & 16 ? w.w[3] : w.w[1];
-            // own: bytes of column parity gp (this thread's keys) of its call (query parity e = gp);
-            // the other parity goes to lane g ^ 1, which sends this thread its call's (e = 1 - gp)
             const u32 own = __byte_perm(w0, w1, gp ? 0x7531u : 0x6420u);
             const u32 other = __shfl_xor_sync(0xffffffffu, __byte_perm(w0, w1, gp ? 0x6420u : 0x7531u), 4);
-            // the sign bits of bytes 0..3 gathered on bits 28..31, then to bits 8·e .. 8·e + 3
-            const u32 own4 = ((keep_signs(own) & 0x80808080u) * 0x00204081u) >> 28;
-            const u32 other4 = ((keep_signs(other) & 0x80808080u) * 0x00204081u) >> 28;
-            const u32 block = gp ? (own4 << 8) | other4 : (other4 << 8) | own4;
-            bits |= block << (4 * (qb % 2) + 16 * (qb / 2));
+            words[2 * qb + gp] = keep_signs(own);
+            words[2 * qb + 1 - gp] = keep_signs(other);
         }
-        return bits;
     }
-    // Bit of element 0 of pair i in keep_bits_transposed's layout (element 1's is 8 above).
-    __host__ __device__ static constexpr int pair_bit(int i) {
-        return 4 * ((i / 4) % 2) + 2 * (i % 2) + (i / 2) % 2 + 16 * (i / 8);
-    }
-    // The keep mask of pair i (word i of the packed fragments, two 16-bit elements) from
-    // keep_bits_transposed's bits: 0xFFFF over each kept element's half, 0 over a dropped one's.
-    __device__ __forceinline__ static u32 pair_mask_of_bits(u32 bits, int i) {
-        return __byte_perm(bits << (7 - pair_bit(i) % 16), 0u, pair_bit(i) / 16 ? 0xBBAAu : 0x9988u);
+    // The keep mask of pair i of the packed fragments (pack_a_frags: word i = 4·qb + 2·hr + hk,
+    // elements acc[0][2·qb + hr][2·hk + e], e = 0, 1) from keep_signs_transposed's words: the
+    // signs of byte j = 2·hk + hr of words 2·qb (e = 0) and 2·qb + 1 (e = 1) replicated over the
+    // pair's halves by one prmt.
+    template <int kNT>
+    __device__ __forceinline__ static u32 pair_mask_of_signs(const u32 (&words)[kNT], int i) {
+        const int qb = i / 4, hr = (i / 2) % 2, hk = i % 2, j = 2 * hk + hr;
+        const u32 sel = (8u | j) * 0x11u | ((8u | (4 + j)) * 0x1100u);
+        return __byte_perm(words[2 * qb], words[2 * qb + 1], sel);
     }
 #endif
 };

@@ -101,10 +101,10 @@
 //              of a Q block count from the first K/V block of its band (kv_block_begin).
 //   kDropout   attention dropout (appended after them), as fa2_bwd's: the forward's keep mask Z
 //              regenerated (philox.cuh, keyed by element coordinates, so bit-identical to every
-//              forward's; one bit per element, philox.cuh keep_bits_transposed, drawn before
-//              Sᵀ with warp-uniform keys); Pᵀ packed to 16 bits, its words kept for dSᵀ in the
-//              thread's shared-memory words (as softcap's), and the packed fragments masked
-//              (pair_mask_of_bits: a shift, a prmt and an and per element pair):
+//              forward's; philox.cuh keep_signs_transposed's BM / 8 words of keep signs, drawn
+//              before Sᵀ with warp-uniform keys); Pᵀ packed to 16 bits, its words kept for dSᵀ
+//              in the thread's shared-memory words (as softcap's), and the packed fragments
+//              masked (pair_mask_of_signs: a prmt and an and per element pair):
 //              dV_j += (Pᵀ ∘ Z) dO_i, times 1 / (1 - p) once in the epilogue, and
 //              dSᵀ = Pᵀ ∘ (Z ∘ dPᵀ / (1 - p) - D_i), Z read back from the masked fragments.
 //   kDqBulk    (appended last) the dQ_i part goes to global memory FlashAttention-3's way: each
@@ -510,13 +510,12 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
         const int m_block = m_block_min + it, row0 = m_block * kBM;
         const u32 q_off = slot * Shape::kQBytes;               // this slot's Q_i, dO_i (bytes)
-        // kDropout: the keep mask Z of this thread's Pᵀ elements, one bit each (bit 4nt + e of
-        // element (nt, e)), drawn before Sᵀ's accumulators are live (and while Q_i may still be
-        // landing): the Philox rounds next to dK, dV and Sᵀ would spill the d128 kernel
-        u32 keep_bits = 0;
-        static_assert(!kDropout || kBM / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
+        // kDropout: the keep mask Z of this thread's Pᵀ elements as keep_signs words (philox.cuh
+        // keep_signs_transposed), drawn before Sᵀ's accumulators are live (and while Q_i may
+        // still be landing): the Philox rounds next to dK, dV and Sᵀ would spill the d128 kernel
+        u32 keep_signs[kBM / 8];
         if constexpr (kDropout)
-            keep_bits = dropout.keep_bits_transposed<kBM / 8>(static_cast<int>(bh), key0 + warp_key, row0, g, t);
+            dropout.keep_signs_transposed(keep_signs, static_cast<int>(bh), key0 + warp_key, row0, g, t);
         mbarrier_wait(q_full(slot), phase);
 
         // ---- Sᵀ = K_j Q_iᵀ ----
@@ -634,13 +633,13 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         pack_a_frags<1, kBM / 16, Elem>(p_frag, s_acc);
         if constexpr (kDropout) {
             // ---- dropout: Pᵀ (undropped) to this thread's words for dSᵀ, and Pᵀ ∘ Z in the
-            // fragments for dV, on the packed pairs (philox.cuh pair_mask_of_bits: a shift, a prmt
-            // and an and per pair); dV's 1 / (1 - p) is applied once, in the epilogue ----
+            // fragments for dV, on the packed pairs (philox.cuh pair_mask_of_signs: a prmt and an
+            // and per pair); dV's 1 / (1 - p) is applied once, in the epilogue ----
 #pragma unroll
             for (int i = 0; i < kBM / 4; ++i) {
                 u32& pair = p_frag[0][i / 4][i % 4];
                 thread_word(kPWord0 + i) = pair;
-                pair &= Dropout::pair_mask_of_bits(keep_bits, i);
+                pair &= Dropout::pair_mask_of_signs(keep_signs, i);
             }
         }
 

@@ -218,31 +218,44 @@ def test_keep_signs_is_the_byte_test_for_every_threshold(tmp_path):
     assert "pair ? 0xBBAAu : 0x9988u" in text
 
 
-def test_backward_keep_bits_layout_is_the_mirrors_mask():
-    """sm90_bwd's keep bits (philox.cuh keep_bits_transposed, pair_bit, pair_mask_of_bits), its
-    steps mirrored in NumPy for a whole warp (the lane ^ 4 shuffle included): the bit that
-    pair_mask_of_bits reads for element e of fragment pair i of lane (g, t) is the mirror's keep
-    bit of that element's (query, key) (key key0 + g + 8·hk, query query0 + 8·nt + 2t + e,
-    i = 2·nt + hk), for keys in both halves of a 32-key block and thresholds across the byte
-    range."""
+def test_backward_keep_signs_layout_is_the_mirrors_mask():
+    """sm90_bwd's keep signs (philox.cuh keep_signs_transposed, pair_mask_of_signs), their steps
+    mirrored in NumPy for a whole warp (the lane ^ 4 shuffle included): the mask that
+    pair_mask_of_signs builds for fragment pair i of lane (g, t) keeps element e iff the mirror
+    keeps its (query, key) (key key0 + g + 8·hk, query query0 + 8·nt + 2t + e, i = 2·nt + hk), for
+    keys in both halves of a 32-key block and thresholds across the byte range."""
+    from cuflash.compile import kernel_dir
+
     seed, offset, bh = 0x1234_5678_9ABC_DEF0, (3 << 32) + 77, 5
+    text = (kernel_dir() / "philox.cuh").read_text()
+    assert "const int qb = i / 4, hr = (i / 2) % 2, hk = i % 2, j = 2 * hk + hr;" in text
+    assert "const u32 sel = (8u | j) * 0x11u | ((8u | (4 + j)) * 0x1100u);" in text
+    assert "words[2 * qb + gp] = keep_signs(own);" in text and "words[2 * qb + 1 - gp] = keep_signs(other);" in text
 
-    def pair_bit(i):   # philox.cuh Dropout::pair_bit
-        return 4 * ((i // 4) % 2) + 2 * (i % 2) + (i // 2) % 2 + 16 * (i // 8)
-
-    text = (__import__("cuflash.compile", fromlist=["kernel_dir"]).kernel_dir() / "philox.cuh").read_text()
-    assert "return 4 * ((i / 4) % 2) + 2 * (i % 2) + (i / 2) % 2 + 16 * (i / 8);" in text
-
-    def prmt(a, b, c):
+    def prmt(a, b, c):   # default mode; selector bit 3 replicates the byte's sign
         src = [(a >> (8 * k)) & 0xFF for k in range(4)] + [(b >> (8 * k)) & 0xFF for k in range(4)]
-        return sum(src[(c >> (4 * k)) & 7] << (8 * k) for k in range(4))
+        out = 0
+        for k in range(4):
+            sel = (c >> (4 * k)) & 0xF
+            byte = src[sel & 7]
+            out |= ((0xFF if byte & 0x80 else 0) if sel & 8 else byte) << (8 * k)
+        return out
+
+    def pair_mask_of_signs(words, i):
+        qb, hr, hk = i // 4, (i // 2) % 2, i % 2
+        j = 2 * hk + hr
+        sel = (8 | j) * 0x11 | ((8 | (4 + j)) * 0x1100)
+        return prmt(words[2 * qb], words[2 * qb + 1], sel)
 
     for p, key0, query0 in ((0.17, 0, 0), (0.6, 16, 64), (0.05, 48, 1040)):
         thr = dropout.drop_threshold(p)
-        nq, nk = query0 + 64, key0 + 16
-        keep = dropout.keep_mask(seed, offset, p, 1, bh + 1, nq, nk + 32)[0, bh]
+        keep = dropout.keep_mask(seed, offset, p, 1, bh + 1, query0 + 64, key0 + 48)[0, bh]
         k0, k1 = seed & 0xFFFFFFFF, ((seed >> 32) ^ (offset >> 32)) & 0xFFFFFFFF
-        bits = [0] * 32
+
+        def signs(x):   # keep_signs: bit 7 of byte k is byte k >= threshold
+            return sum((((x >> (8 * k)) & 0xFF) >= thr) << (8 * k + 7) for k in range(4))
+
+        words = [[0] * 8 for _ in range(32)]
         for qb in range(4):
             own, send = [0] * 32, [0] * 32
             for lane in range(32):
@@ -256,15 +269,14 @@ def test_backward_keep_bits_layout_is_the_mirrors_mask():
                 send[lane] = prmt(w0, w1, 0x6420 if gp else 0x7531)
             for lane in range(32):
                 gp = (lane // 4) & 1
-                other = send[lane ^ 4]
-                four = [sum(((((x >> (8 * j)) & 0xFF) >= thr) << j) for j in range(4)) for x in (own[lane], other)]
-                block = (four[0] << 8) | four[1] if gp else (four[1] << 8) | four[0]
-                bits[lane] |= block << (4 * (qb % 2) + 16 * (qb // 2))
+                words[lane][2 * qb + gp] = signs(own[lane])
+                words[lane][2 * qb + 1 - gp] = signs(send[lane ^ 4])
         for lane in range(32):
             g, t = lane // 4, lane % 4
             for i in range(16):
                 nt, hk = i // 2, i % 2
+                mask = pair_mask_of_signs(words[lane], i)
                 for e in range(2):
-                    got = (bits[lane] >> (pair_bit(i) + 8 * e)) & 1
+                    got = (mask >> (16 * e)) & 0xFFFF
                     q, k = query0 + 8 * nt + 2 * t + e, key0 + g + 8 * hk
-                    assert got == keep[q, k], (p, key0, lane, i, e)
+                    assert got == (0xFFFF if keep[q, k] else 0), (p, key0, lane, i, e)

@@ -190,7 +190,7 @@ class Sm90BwdConfig(KernelConfig):
     def dropout_dq_path(self):
         """The dQ path of a head dim 128 dropout kernel (unordered mode), the one that ptxas
         (nvcc 13.0, sm_90a) builds without spills since the 32-key Philox layout (four calls per
-        thread and Q block: philox.cuh's keep_bits_transposed): "dq_writer" without softcap and
+        thread and Q block: philox.cuh's keep_signs_transposed): "dq_writer" without softcap and
         ALiBi (a window too), "dq_bulk" with softcap and / or ALiBi; None for a window with
         either (every path spills 4-12 bytes). The consumers' red.add spills 8-36 bytes with
         dropout at d128 in every mix. tests/test_sm90_bwd_cpu.py holds it to ptxas."""
