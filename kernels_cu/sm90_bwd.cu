@@ -708,9 +708,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         // 128-byte swizzle puts their units on 8 distinct bank groups: no bank conflicts (2-byte
         // stores took 8 instructions per step, each 64 bytes).
         named_barrier_sync(1, kConsumerThreads);
-        if constexpr (kDropout) {
-            // dropout: per element, 16-bit stores (stmatrix's four-register operand makes ptxas
-            // spill this kernel at d128, nvcc 13.0); query 16kk + 8·(r / 2) + 2t (+1), key
+        if constexpr (kDropout && kHeadDim > 64) {
+            // dropout at d128: per element, 16-bit stores (stmatrix's four-register operand makes
+            // ptxas spill this kernel at d128, nvcc 13.0); query 16kk + 8·(r / 2) + 2t (+1), key
             // warp_key + g + 8·(r % 2), the offsets recomputed (the dropout state takes registers)
 #pragma unroll
             for (int kk = 0; kk < kBM / 16; ++kk)
@@ -724,9 +724,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                     *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_hi) = u16(v >> 16);
                 }
         } else {
-            // (with softcap, ALiBi or kOverlapSdp's live dPᵀ the lane's address is recomputed
-            // here, not kept across the loop: their state takes that register)
-            constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kOverlapSdp;
+            // (with softcap, ALiBi, dropout or kOverlapSdp's live dPᵀ the lane's address is
+            // recomputed here, not kept across the loop: their state takes that register)
+            constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kOverlapSdp || kDropout;
             const u32 addr = kRecompute ? ds_store_lane() : ds_store_addr;
 #pragma unroll
             for (int kk = 0; kk < kBM / 16; ++kk) stmatrix_x4_trans(addr + kk * 16 * 128, ds_frag[0][kk]);
