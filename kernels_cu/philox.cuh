@@ -311,8 +311,8 @@ struct Dropout {
             const u32 w0 = key & 16 ? w.w[2] : w.w[0], w1 = key & 16 ? w.w[3] : w.w[1];
             const u32 own = __byte_perm(w0, w1, gp ? 0x7531u : 0x6420u);
             const u32 other = __shfl_xor_sync(0xffffffffu, __byte_perm(w0, w1, gp ? 0x6420u : 0x7531u), 4);
-            words[2 * qb + gp] = keep_signs(own);
-            words[2 * qb + 1 - gp] = keep_signs(other);
+            words[2 * qb] = keep_signs(gp ? other : own);        // query parity e = 0
+            words[2 * qb + 1] = keep_signs(gp ? own : other);    // e = 1
         }
     }
     // The keep mask of pair i of the packed fragments (pack_a_frags: word i = 4·qb + 2·hr + hk,

@@ -230,7 +230,7 @@ def test_backward_keep_signs_layout_is_the_mirrors_mask():
     text = (kernel_dir() / "philox.cuh").read_text()
     assert "const int qb = i / 4, hr = (i / 2) % 2, hk = i % 2, j = 2 * hk + hr;" in text
     assert "const u32 sel = (8u | j) * 0x11u | ((8u | (4 + j)) * 0x1100u);" in text
-    assert "words[2 * qb + gp] = keep_signs(own);" in text and "words[2 * qb + 1 - gp] = keep_signs(other);" in text
+    assert "words[2 * qb] = keep_signs(gp ? other : own);" in text and "words[2 * qb + 1] = keep_signs(gp ? own : other);" in text
 
     def prmt(a, b, c):   # default mode; selector bit 3 replicates the byte's sign
         src = [(a >> (8 * k)) & 0xFF for k in range(4)] + [(b >> (8 * k)) & 0xFF for k in range(4)]
