@@ -325,6 +325,37 @@ struct Dropout {
         const u32 sel = (8u | j) * 0x11u | ((8u | (4 + j)) * 0x1100u);
         return __byte_perm(words[2 * qb], words[2 * qb + 1], sel);
     }
+    // visit_transposed's keep test for one 16-key tile (kMT = 1), as bits (sm90_bwd at head dim
+    // 128 with softcap or ALiBi, where keep_signs_transposed's words and the packed masking
+    // spill): bit 4·nt + i is whether acc[0][nt][i] is kept. The 16-query blocks run one at a
+    // time (not unrolled), so one call's state is live, not kNT / 2 of them: sm90_bwd draws this
+    // next to dK and dV.
+    template <int kNT>
+    __device__ __forceinline__ u32 keep_bits_transposed(int bh, int key0, int query0, int g, int t) const {
+        static_assert(kNT % 2 == 0 && kNT <= 8, "one keep bit per element of a thread, 32 at most");
+        const int gp = g & 1, key = key0 + g;
+        // byte b >= threshold as a carry: b + 256 - threshold reaches bit 8 of its 16-bit lane
+        const u32 bias = (256u - threshold) * 0x00010001u;
+        u32 bits = 0;
+#pragma unroll 1
+        for (int qb = 0; qb < kNT / 2; ++qb) {
+            const PhiloxWords w = draw(bh, query0 + 16 * qb + 2 * t + gp, key);
+            const u32 w0 = key & 16 ? w.w[2] : w.w[0], w1 = key & 16 ? w.w[3] : w.w[1];
+            // own: bytes of column parity gp (this thread's keys) of its call (query parity e = gp);
+            // the other parity goes to lane g ^ 1, which sends this thread its call's (e = 1 - gp)
+            const u32 own = __byte_perm(w0, w1, gp ? 0x7531u : 0x6420u);
+            const u32 other = __shfl_xor_sync(0xffffffffu, __byte_perm(w0, w1, gp ? 0x6420u : 0x7531u), 4);
+            u32 block = 0;   // bit 4·hr + 2·hk + e: acc[0][2·qb + hr][2·hk + e], byte 2·hk + hr of e's word
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const u32 word = (e == gp) ? own : other;
+                const u32 even = (word & 0x00FF00FFu) + bias, odd = ((word >> 8) & 0x00FF00FFu) + bias;
+                block |= (((even >> 8) & 1u) | ((even >> 22) & 4u) | ((odd >> 4) & 16u) | ((odd >> 18) & 64u)) << e;
+            }
+            bits |= block << (8 * qb);
+        }
+        return bits;
+    }
 #endif
 };
 

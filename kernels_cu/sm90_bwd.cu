@@ -275,6 +275,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     using Mask = CausalMask<kCausal>;
     // softcap's words 0 .. BM/4 - 1, then dropout's (Sm90BwdThreadWords)
     constexpr int kCapWord0 = 0, kPWord0 = kSoftcap ? kBM / 4 : 0;
+    // dropout's form (the keep mask's draw below): packed masks, or kDropBits, the bits on fp32 Pᵀ
+    constexpr bool kDropBits = kHeadDim > 64 && ScoreMod<kSoftcap, kAlibi>::kOn;
     using Words = Sm90BwdThreadWords<Shape, kConsumers, (int(kSoftcap) + int(kDropout)) * kBM / 4>;
     static_assert(!(kSoftcap || kDropout) || Words::kSmemBytes <= 227 * 1024,
                   "softcap / dropout: shared memory exceeds the H100's 227 KB");
@@ -510,11 +512,17 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
         const int m_block = m_block_min + it, row0 = m_block * kBM;
         const u32 q_off = slot * Shape::kQBytes;               // this slot's Q_i, dO_i (bytes)
-        // kDropout: the keep mask Z of this thread's Pᵀ elements as keep_signs words (philox.cuh
-        // keep_signs_transposed), drawn before Sᵀ's accumulators are live (and while Q_i may
-        // still be landing): the Philox rounds next to dK, dV and Sᵀ would spill the d128 kernel
-        u32 keep_signs[kBM / 8];
-        if constexpr (kDropout)
+        // kDropout: the keep mask Z of this thread's Pᵀ elements, drawn before Sᵀ's accumulators
+        // are live (and while Q_i may still be landing): the Philox rounds next to dK, dV and Sᵀ
+        // would spill the d128 kernel. As BM / 8 keep_signs words (philox.cuh
+        // keep_signs_transposed: one prmt per pair mask, applied to the packed fragments), or,
+        // at head dim 128 with softcap or ALiBi, whose state leaves no room for the packed
+        // masking (ptxas spills it), as one register of bits (keep_bits_transposed) applied to
+        // the fp32 Pᵀ (kDropBits: the dropped elements negated, the sign carries Z to dSᵀ)
+        u32 keep_signs[kBM / 8], keep_bits = 0;
+        if constexpr (kDropout && kDropBits)
+            keep_bits = dropout.keep_bits_transposed<kBM / 8>(static_cast<int>(bh), key0 + warp_key, row0, g, t);
+        else if constexpr (kDropout)
             dropout.keep_signs_transposed(keep_signs, static_cast<int>(bh), key0 + warp_key, row0, g, t);
         mbarrier_wait(q_full(slot), phase);
 
@@ -627,11 +635,29 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             }
             hide(0.f);
         }
+        if constexpr (kDropout && kDropBits) {
+            // ---- dropout (kDropBits): the dropped elements of Pᵀ negated (Pᵀ >= 0, so the sign
+            // is ¬Z, as Dropout::negate_dropped_transposed; a hidden element, 0, stays a zero),
+            // the signed Pᵀ to this thread's words for dSᵀ, and Pᵀ ∘ Z / (1 - p), its positive
+            // part scaled, for dV ----
+#pragma unroll
+            for (int nt = 0; nt < kBM / 8; ++nt)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    float& p0 = s_acc[0][nt][2 * half];
+                    float& p1 = s_acc[0][nt][2 * half + 1];
+                    if (!((keep_bits >> (4 * nt + 2 * half)) & 1u)) p0 = -p0;
+                    if (!((keep_bits >> (4 * nt + 2 * half + 1)) & 1u)) p1 = -p1;
+                    thread_word(kPWord0 + 2 * nt + half) = pack2<Elem>(p0, p1);
+                    p0 = fmaxf(p0, 0.f) * p.dropout_scale;
+                    p1 = fmaxf(p1, 0.f) * p.dropout_scale;
+                }
+        }
         // Pᵀ as 16-bit A fragments: the fp32 Pᵀ dies here, before dPᵀ's accumulators are born
         // (with dK, dV in registers the d128 kernel has no room for both), so dS below uses
         // Pᵀ rounded to 16 bits, as the dV product does (and as attention in 16 bits would).
         pack_a_frags<1, kBM / 16, Elem>(p_frag, s_acc);
-        if constexpr (kDropout) {
+        if constexpr (kDropout && !kDropBits) {
             // ---- dropout: Pᵀ (undropped) to this thread's words for dSᵀ, and Pᵀ ∘ Z in the
             // fragments for dV, on the packed pairs (philox.cuh pair_mask_of_signs: a prmt and an
             // and per pair); dV's 1 / (1 - p) is applied once, in the epilogue ----
@@ -671,7 +697,12 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                if constexpr (kDropout) {
+                if constexpr (kDropout && kDropBits) {  // dS = |P| ∘ (Z ∘ dP / (1 - p) - D), P signed
+                    const u32 pair = thread_word(kPWord0 + 2 * nt + e / 2);
+                    const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
+                    const float z = P > 0.f ? p.dropout_scale : 0.f;
+                    dp_acc[0][nt][e] = fabsf(P) * (dp_acc[0][nt][e] * z - (e % 2 ? D.y : D.x));
+                } else if constexpr (kDropout) {
                     // dS = P ∘ (Z ∘ dP / (1 - p) - D): P from the thread's words, Z from the
                     // dropped fragments (a kept P that is 0 gives dS = 0 either way)
                     const u32 pair = thread_word(kPWord0 + 2 * nt + e / 2);
@@ -849,7 +880,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             const float dk0 = dk_acc[4 * nt + 2 * half] * p.softmax_scale;
             const float dk1 = dk_acc[4 * nt + 2 * half + 1] * p.softmax_scale;
             float dv0 = dv_acc[4 * nt + 2 * half], dv1 = dv_acc[4 * nt + 2 * half + 1];
-            if constexpr (kDropout) {   // dV = Σ (Pᵀ ∘ Z) dO / (1 - p): the fragments held Pᵀ ∘ Z
+            if constexpr (kDropout && !kDropBits) {   // dV = Σ (Pᵀ ∘ Z) dO / (1 - p): the fragments held Pᵀ ∘ Z
                 dv0 *= p.dropout_scale;
                 dv1 *= p.dropout_scale;
             }
