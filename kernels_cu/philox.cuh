@@ -23,17 +23,6 @@
 // block, i.e. half the bytes (one column parity) of two calls; the lanes g and g ^ 1 need the
 // same two calls, so each draws one and hands the other the half it needs (one shuffle):
 // one call per 8 elements where a warp holds 16 keys of a 32-key block (50% of the bytes used).
-// Bits per call: a keep test needs 8 bits (p rounded to 1/256), so one call (128 bits) serves 16
-// elements, and the forward uses all of them. The backward cannot without a cross-warp exchange:
-// a forward thread holds 2 queries of a 16-row tile, so a 16-element call spans 8 of its keys,
-// 32 columns; a Hopper backward warp holds 16 keys (wgmma's 64-row tile per warpgroup), so half
-// of each call belongs to the neighbouring warp (an exchange through shared memory would need a
-// pair barrier per tile and 4 KB that the d128 kernel does not have).
-// The Hopper kernels' forms (sm90_fwd, sm90_bwd): the keys broadcast warp-uniform (load_uniform:
-// the round keys live in uniform registers, the rounds take them as operands), the keep test
-// four bytes at a time (keep_signs) and the mask applied to the packed 16-bit P fragments, a prmt
-// and an and per element pair (apply_keep_words, pair_mask_of_signs) instead of a test and a
-// select per fp32 element.
 // Ten rounds, as Random123, cuRAND, C++26's philox4x32 and flash-attn use: Salmon et al. report
 // 7 as the fewest rounds of Philox4x32 that pass TestU01's BigCrush and recommend 10 for a
 // safety margin; 7 would cut the generator's cost by 30% at the price of that margin.
@@ -121,69 +110,6 @@ struct Dropout {
     }
 
 #ifdef __CUDACC__
-    // The Hopper kernels' form of the state (sm90_fwd, sm90_bwd; fa2's kernels keep load's):
-    // the key words broadcast from lane 0, which ptxas takes as warp-uniform (the same value
-    // in every lane), so the rounds' key schedule k + r·W runs on the uniform datapath and the
-    // rounds read it as an operand instead of adding it per call in every thread; plus the
-    // byte-parallel keep test's constants (keep_signs). Every lane of the warp must call it.
-    __device__ static Dropout load_uniform(const void* rng_state, int drop_threshold, float keep_scale) {
-        Dropout d = load(rng_state, drop_threshold, keep_scale);
-        d.k0 = __shfl_sync(0xffffffffu, d.k0, 0);
-        d.k1 = __shfl_sync(0xffffffffu, d.k1, 0);
-        d.offset_lo = __shfl_sync(0xffffffffu, d.offset_lo, 0);
-        return d;
-    }
-
-    // The keep test of a word's four bytes at once (SWAR): bit 7 of byte i of the result is
-    // whether byte i of w is >= threshold (the other bits are garbage). Per byte, x >= y iff
-    // x's top bit beats y's, or the top bits are equal and x's low 7 bits >= y's; the low
-    // comparison is the top bit of (x_low + 128) - y_low, which never borrows from the next
-    // byte. threshold 256 (p >= 255.5 / 256: nothing kept) is y = 0xFF with y_low = 128, which
-    // makes every top bit 0. Three instructions per four elements.
-    __host__ __device__ __forceinline__ u32 keep_signs(u32 w) const {
-        const u32 y = threshold > 255u ? 0xFFFFFFFFu : threshold * 0x01010101u;
-        const u32 y_low = threshold > 255u ? 0x80808080u : (threshold & 0x7Fu) * 0x01010101u;
-        const u32 low = (w | 0x80808080u) - y_low;
-        return (w & ~y) | (~(w ^ y) & low);
-    }
-    // A 16-bit pair's keep mask from two of keep_signs' bytes: byte b's top bit replicated over
-    // the low half, byte b + 1's over the high half (prmt's sign-replicating selectors).
-    __device__ __forceinline__ static u32 pair_mask(u32 signs, int pair) {
-        return __byte_perm(signs, 0u, pair ? 0xBBAAu : 0x9988u);
-    }
-
-    // The keep words of one 16-row tile of P (the wgmma / mma accumulator layout), drawn ahead
-    // of P itself (sm90_fwd draws them while S = Q Kᵀ runs on the tensor cores): word nt is
-    // keep_signs of word nt % 4 of the thread's call for 32-column block nt / 4 (rows
-    // query0 + g, + 8; columns key0 + 32·(nt / 4) + 8·(nt % 4) + 2t + (0, 1)), one call per
-    // 16 elements. kNT: the tile's 8-column groups (BN / 8).
-    template <int kNT>
-    __device__ __forceinline__ void keep_words(u32 (&words)[kNT], int bh, int query0, int key0, int g,
-                                               int t) const {
-        static_assert(kNT % 4 == 0, "dropout works on whole 32-column blocks (BN a multiple of 32)");
-#pragma unroll
-        for (int blk = 0; blk < kNT / 4; ++blk) {
-            const PhiloxWords w = draw(bh, query0 + g, key0 + 32 * blk + 2 * t);
-#pragma unroll
-            for (int ct = 0; ct < 4; ++ct) words[4 * blk + ct] = keep_signs(w.w[ct]);
-        }
-    }
-    // P ∘ Z on P's packed 16-bit A fragments (pack_a_frags of the same tile): frag[0][kk][r]
-    // holds row g + 8·(r % 2), columns 16kk + 8·(r / 2) + 2t + (0, 1), i.e. bytes 2·(r % 2),
-    // 2·(r % 2) + 1 of keep word nt = 2kk + r / 2. Per pair of elements a prmt and an and (a
-    // bf16x2 / f16x2 select) instead of two tests and two selects on fp32; a dropped element
-    // becomes +0 (its 16 bits cleared).
-    template <int kK16>
-    __device__ __forceinline__ static void apply_keep_words(u32 (&frag)[1][kK16][4], const u32 (&words)[2 * kK16]) {
-#pragma unroll
-        for (int nt = 0; nt < 2 * kK16; ++nt) {
-            u32 (&f)[4] = frag[0][nt / 2];
-            const int r0 = 2 * (nt % 2);
-            f[r0] &= pair_mask(words[nt], 0);
-            f[r0 + 1] &= pair_mask(words[nt], 1);
-        }
-    }
-
     // P ∘ Z on a warp's P tile in the mma accumulator layout (also wgmma's, per warp): the
     // dropped elements zeroed, the kept ones unchanged (the forwards scale O by 1 / (1 - p) in
     // their epilogue, with 1 / l: one multiply per row instead of one per element). kMT tiles
@@ -292,44 +218,9 @@ struct Dropout {
                     op(acc[2 * qb + hr][2 * hk + e], keeps(bytes[e], 2 * hk + hr));
     }
 
-    // visit_transposed's keep test for one 16-key tile (kMT = 1), for the packed fragments, as
-    // keep_signs words: words[2·qb + e] holds the keep signs of 16-query block qb's bytes of query
-    // parity e, byte j = 2·hk + hr being acc[0][2·qb + hr][2·hk + e] (key key0 + g + 8·hk,
-    // query query0 + 16·qb + 8·hr + 2t + e). Per 16-query block, lanes g and g ^ 1 need the same
-    // two calls and the other column parity of them: lane g draws the call of query parity
-    // e = g % 2 and sends lane g ^ 1 the four bytes of parity 1 - g % 2 (one shuffle), one call
-    // per 8 elements (the backward's warp holds 16 keys of the call's 32). sm90_bwd draws this
-    // before Sᵀ: kNT words a thread.
-    template <int kNT>
-    __device__ __forceinline__ void keep_signs_transposed(u32 (&words)[kNT], int bh, int key0, int query0,
-                                                          int g, int t) const {
-        static_assert(kNT % 2 == 0, "whole 16-query blocks");
-        const int gp = g & 1, key = key0 + g;
-#pragma unroll
-        for (int qb = 0; qb < kNT / 2; ++qb) {
-            const PhiloxWords w = draw(bh, query0 + 16 * qb + 2 * t + gp, key);
-            const u32 w0 = key & 16 ? w.w[2] : w.w[0], w1 = key & 16 ? w.w[3] : w.w[1];
-            const u32 own = __byte_perm(w0, w1, gp ? 0x7531u : 0x6420u);
-            const u32 other = __shfl_xor_sync(0xffffffffu, __byte_perm(w0, w1, gp ? 0x6420u : 0x7531u), 4);
-            words[2 * qb] = keep_signs(gp ? other : own);        // query parity e = 0
-            words[2 * qb + 1] = keep_signs(gp ? own : other);    // e = 1
-        }
-    }
-    // The keep mask of pair i of the packed fragments (pack_a_frags: word i = 4·qb + 2·hr + hk,
-    // elements acc[0][2·qb + hr][2·hk + e], e = 0, 1) from keep_signs_transposed's words: the
-    // signs of byte j = 2·hk + hr of words 2·qb (e = 0) and 2·qb + 1 (e = 1) replicated over the
-    // pair's halves by one prmt.
-    template <int kNT>
-    __device__ __forceinline__ static u32 pair_mask_of_signs(const u32 (&words)[kNT], int i) {
-        const int qb = i / 4, hr = (i / 2) % 2, hk = i % 2, j = 2 * hk + hr;
-        const u32 sel = (8u | j) * 0x11u | ((8u | (4 + j)) * 0x1100u);
-        return __byte_perm(words[2 * qb], words[2 * qb + 1], sel);
-    }
-    // visit_transposed's keep test for one 16-key tile (kMT = 1), as bits (sm90_bwd at head dim
-    // 128 with softcap or ALiBi, where keep_signs_transposed's words and the packed masking
-    // spill): bit 4·nt + i is whether acc[0][nt][i] is kept. The 16-query blocks run one at a
-    // time (not unrolled), so one call's state is live, not kNT / 2 of them: sm90_bwd draws this
-    // next to dK and dV.
+    // visit_transposed's keep test for one 16-key tile (kMT = 1), as bits: bit 4·nt + i is
+    // whether acc[0][nt][i] is kept. The 16-query blocks run one at a time (not unrolled),
+    // so one call's state is live, not kNT / 2 of them: sm90_bwd draws this next to dK and dV.
     template <int kNT>
     __device__ __forceinline__ u32 keep_bits_transposed(int bh, int key0, int query0, int g, int t) const {
         static_assert(kNT % 2 == 0 && kNT <= 8, "one keep bit per element of a thread, 32 at most");

@@ -144,13 +144,6 @@ __device__ __forceinline__ void reg_fence(float (&r)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i]) :: "memory");
 }
-// The same for 32-bit words computed ahead of their use (sm90_fwd's dropout keep words,
-// drawn while a wgmma runs): they are materialised here, before the wait that follows.
-template <int N>
-__device__ __forceinline__ void reg_fence(u32 (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i]) :: "memory");
-}
 
 // wgmma reads a shared-memory operand through one 64-bit descriptor (address, strides,
 // swizzle) instead of per-thread addresses. This builds it for a tile stored with the

@@ -101,12 +101,9 @@
 //              of a Q block count from the first K/V block of its band (kv_block_begin).
 //   kDropout   attention dropout (appended after them), as fa2_bwd's: the forward's keep mask Z
 //              regenerated (philox.cuh, keyed by element coordinates, so bit-identical to every
-//              forward's; philox.cuh keep_signs_transposed's BM / 8 words of keep signs, drawn
-//              before Sᵀ with warp-uniform keys); Pᵀ packed to 16 bits, its words kept for dSᵀ
-//              in the thread's shared-memory words (as softcap's), and the packed fragments
-//              masked (pair_mask_of_signs: a prmt and an and per element pair):
-//              dV_j += (Pᵀ ∘ Z) dO_i, times 1 / (1 - p) once in the epilogue, and
-//              dSᵀ = Pᵀ ∘ (Z ∘ dPᵀ / (1 - p) - D_i), Z read back from the masked fragments.
+//              forward's), the dropped elements of Pᵀ negated (the sign carries Z);
+//              dV_j += (Pᵀ ∘ Z / (1 - p)) dO_i and dSᵀ = |Pᵀ| ∘ (Z ∘ dPᵀ / (1 - p) - D_i), the
+//              signed Pᵀ waiting for dSᵀ in the thread's shared-memory words (as softcap's).
 //   kDqBulk    (appended last) the dQ_i part goes to global memory FlashAttention-3's way: each
 //              warp stores its 16 rows x kDqN fp32 fragments to its rows of a staging tile
 //              (Sm90BwdDqStage, past the thread words), fence.proxy.async, and lanes 0..15 each
@@ -201,7 +198,7 @@ struct Sm90BwdShape {
 };
 
 // Per-thread 32-bit words in shared memory past the mbarriers (Sm90BwdConfig.smem_bytes adds
-// them): softcap's 1 - tanh² and dropout's (undropped) Pᵀ, BM / 4 words each (two 16-bit elements a
+// them): softcap's 1 - tanh² and dropout's signed Pᵀ, BM / 4 words each (two 16-bit elements a
 // word, packed as pack_a_frags packs Pᵀ), wait there from Sᵀ to dSᵀ. Word-major: word w of
 // consumer thread c sits at kOffset + (w · consumer threads + c) · 4, so a warp's 32 accesses to
 // one word are 32 consecutive words, one per bank (thread-major, 16 bytes per thread, they were
@@ -275,8 +272,6 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     using Mask = CausalMask<kCausal>;
     // softcap's words 0 .. BM/4 - 1, then dropout's (Sm90BwdThreadWords)
     constexpr int kCapWord0 = 0, kPWord0 = kSoftcap ? kBM / 4 : 0;
-    // dropout's form (the keep mask's draw below): packed masks, or kDropBits, the bits on fp32 Pᵀ
-    constexpr bool kDropBits = kHeadDim > 64 && ScoreMod<kSoftcap, kAlibi>::kOn;
     using Words = Sm90BwdThreadWords<Shape, kConsumers, (int(kSoftcap) + int(kDropout)) * kBM / 4>;
     static_assert(!(kSoftcap || kDropout) || Words::kSmemBytes <= 227 * 1024,
                   "softcap / dropout: shared memory exceeds the H100's 227 KB");
@@ -449,7 +444,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     const int warp = (tid / 32) % 4, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
     const int warp_key = wg * 64 + warp * 16;                   // this warp's first key in K_j
-    // kSoftcap, kDropout: this thread's 1 - tanh² and undropped Pᵀ (BM / 2 elements each, 16 bits,
+    // kSoftcap, kDropout: this thread's 1 - tanh² and signed Pᵀ (BM / 2 elements each, 16 bits,
     // packed as Pᵀ's A fragments) live from Sᵀ to dSᵀ in shared memory (Sm90BwdThreadWords; no
     // other thread reads them, so no barrier): in registers they would spill the d128 kernel
     // (dK, dV, Pᵀ, dPᵀ are all live then). Word w of Pᵀ's element (nt, e) is 2nt + e / 2.
@@ -502,7 +497,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     // kDropout: the generator's state (the drop threshold and the keep scale 1 / (1 - p) are
     // read from the params where they are used: fewer registers across the loop)
     Dropout dropout{};
-    if constexpr (kDropout) dropout = Dropout::load_uniform(p.rng_state, p.dropout_threshold, p.dropout_scale);
+    if constexpr (kDropout) dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
 
     if (n_iters > 0) mbarrier_wait(kv_full, 0);
     // the ring position, counted along (it % kStages and the fill's parity (it / kStages) & 1,
@@ -512,18 +507,13 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
         const int m_block = m_block_min + it, row0 = m_block * kBM;
         const u32 q_off = slot * Shape::kQBytes;               // this slot's Q_i, dO_i (bytes)
-        // kDropout: the keep mask Z of this thread's Pᵀ elements, drawn before Sᵀ's accumulators
-        // are live (and while Q_i may still be landing): the Philox rounds next to dK, dV and Sᵀ
-        // would spill the d128 kernel. As BM / 8 keep_signs words (philox.cuh
-        // keep_signs_transposed: one prmt per pair mask, applied to the packed fragments), or,
-        // at head dim 128 with softcap or ALiBi, whose state leaves no room for the packed
-        // masking (ptxas spills it), as one register of bits (keep_bits_transposed) applied to
-        // the fp32 Pᵀ (kDropBits: the dropped elements negated, the sign carries Z to dSᵀ)
-        u32 keep_signs[kBM / 8], keep_bits = 0;
-        if constexpr (kDropout && kDropBits)
+        // kDropout: the keep mask Z of this thread's Pᵀ elements, one bit each (bit 4nt + e of
+        // element (nt, e)), drawn before Sᵀ's accumulators are live (and while Q_i may still be
+        // landing): the Philox rounds next to dK, dV and Sᵀ would spill the d128 kernel
+        u32 keep_bits = 0;
+        static_assert(!kDropout || kBM / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
+        if constexpr (kDropout)
             keep_bits = dropout.keep_bits_transposed<kBM / 8>(static_cast<int>(bh), key0 + warp_key, row0, g, t);
-        else if constexpr (kDropout)
-            dropout.keep_signs_transposed(keep_signs, static_cast<int>(bh), key0 + warp_key, row0, g, t);
         mbarrier_wait(q_full(slot), phase);
 
         // ---- Sᵀ = K_j Q_iᵀ ----
@@ -635,11 +625,11 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             }
             hide(0.f);
         }
-        if constexpr (kDropout && kDropBits) {
-            // ---- dropout (kDropBits): the dropped elements of Pᵀ negated (Pᵀ >= 0, so the sign
-            // is ¬Z, as Dropout::negate_dropped_transposed; a hidden element, 0, stays a zero),
-            // the signed Pᵀ to this thread's words for dSᵀ, and Pᵀ ∘ Z / (1 - p), its positive
-            // part scaled, for dV ----
+        if constexpr (kDropout) {
+            // ---- dropout: the dropped elements of Pᵀ negated (Pᵀ >= 0, so the sign is ¬Z, as
+            // Dropout::negate_dropped_transposed; a hidden element, 0, stays a zero), the signed
+            // Pᵀ to this thread's words for dSᵀ, and Pᵀ ∘ Z / (1 - p), its positive part
+            // scaled, for dV ----
 #pragma unroll
             for (int nt = 0; nt < kBM / 8; ++nt)
 #pragma unroll
@@ -657,17 +647,6 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         // (with dK, dV in registers the d128 kernel has no room for both), so dS below uses
         // Pᵀ rounded to 16 bits, as the dV product does (and as attention in 16 bits would).
         pack_a_frags<1, kBM / 16, Elem>(p_frag, s_acc);
-        if constexpr (kDropout && !kDropBits) {
-            // ---- dropout: Pᵀ (undropped) to this thread's words for dSᵀ, and Pᵀ ∘ Z in the
-            // fragments for dV, on the packed pairs (philox.cuh pair_mask_of_signs: a prmt and an
-            // and per pair); dV's 1 / (1 - p) is applied once, in the epilogue ----
-#pragma unroll
-            for (int i = 0; i < kBM / 4; ++i) {
-                u32& pair = p_frag[0][i / 4][i % 4];
-                thread_word(kPWord0 + i) = pair;
-                pair &= Dropout::pair_mask_of_signs(keep_signs, i);
-            }
-        }
 
         // ---- dPᵀ = V_j dO_iᵀ (SS; kOverlapSdp: already issued behind Sᵀ), then dV_j += Pᵀ dO_i
         // (RS; dO_i MN-major, queries 16kk..16kk+15 per step) ----
@@ -697,19 +676,11 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                if constexpr (kDropout && kDropBits) {  // dS = |P| ∘ (Z ∘ dP / (1 - p) - D), P signed
+                if constexpr (kDropout) {  // dS = |P| ∘ (Z ∘ dP / (1 - p) - D), P from the signed words
                     const u32 pair = thread_word(kPWord0 + 2 * nt + e / 2);
                     const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
                     const float z = P > 0.f ? p.dropout_scale : 0.f;
                     dp_acc[0][nt][e] = fabsf(P) * (dp_acc[0][nt][e] * z - (e % 2 ? D.y : D.x));
-                } else if constexpr (kDropout) {
-                    // dS = P ∘ (Z ∘ dP / (1 - p) - D): P from the thread's words, Z from the
-                    // dropped fragments (a kept P that is 0 gives dS = 0 either way)
-                    const u32 pair = thread_word(kPWord0 + 2 * nt + e / 2);
-                    const u32 kept = p_frag[0][nt / 2][2 * (nt % 2) + e / 2] & (e % 2 ? 0xFFFF0000u : 0xFFFFu);
-                    const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
-                    const float z = kept ? p.dropout_scale : 0.f;
-                    dp_acc[0][nt][e] = P * (dp_acc[0][nt][e] * z - (e % 2 ? D.y : D.x));
                 } else {
                     const u32 pair = p_frag[0][nt / 2][2 * (nt % 2) + e / 2];
                     const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
@@ -739,9 +710,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         // 128-byte swizzle puts their units on 8 distinct bank groups: no bank conflicts (2-byte
         // stores took 8 instructions per step, each 64 bytes).
         named_barrier_sync(1, kConsumerThreads);
-        if constexpr (kDropout && kHeadDim > 64) {
-            // dropout at d128: per element, 16-bit stores (stmatrix's four-register operand makes
-            // ptxas spill this kernel at d128, nvcc 13.0); query 16kk + 8·(r / 2) + 2t (+1), key
+        if constexpr (kDropout) {
+            // dropout: per element, 16-bit stores (stmatrix's four-register operand makes ptxas
+            // spill this kernel at d128, nvcc 13.0); query 16kk + 8·(r / 2) + 2t (+1), key
             // warp_key + g + 8·(r % 2), the offsets recomputed (the dropout state takes registers)
 #pragma unroll
             for (int kk = 0; kk < kBM / 16; ++kk)
@@ -755,9 +726,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                     *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_hi) = u16(v >> 16);
                 }
         } else {
-            // (with softcap, ALiBi, dropout or kOverlapSdp's live dPᵀ the lane's address is
-            // recomputed here, not kept across the loop: their state takes that register)
-            constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kOverlapSdp || kDropout;
+            // (with softcap, ALiBi or kOverlapSdp's live dPᵀ the lane's address is recomputed
+            // here, not kept across the loop: their state takes that register)
+            constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kOverlapSdp;
             const u32 addr = kRecompute ? ds_store_lane() : ds_store_addr;
 #pragma unroll
             for (int kk = 0; kk < kBM / 16; ++kk) stmatrix_x4_trans(addr + kk * 16 * 128, ds_frag[0][kk]);
@@ -879,11 +850,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             const int col = nt * 8 + 2 * t;
             const float dk0 = dk_acc[4 * nt + 2 * half] * p.softmax_scale;
             const float dk1 = dk_acc[4 * nt + 2 * half + 1] * p.softmax_scale;
-            float dv0 = dv_acc[4 * nt + 2 * half], dv1 = dv_acc[4 * nt + 2 * half + 1];
-            if constexpr (kDropout && !kDropBits) {   // dV = Σ (Pᵀ ∘ Z) dO / (1 - p): the fragments held Pᵀ ∘ Z
-                dv0 *= p.dropout_scale;
-                dv1 *= p.dropout_scale;
-            }
+            const float dv0 = dv_acc[4 * nt + 2 * half], dv1 = dv_acc[4 * nt + 2 * half + 1];
             if (grouped) {
                 // kVarlen: (nheads, total_k) rows, the sequence's from k_start on (dkv_row_offset)
                 const i64 off = ((kVarlen ? dkv_row_offset<kVarlen>(p, batch, head, seq) : bh * p.seqlen_k) + key)

@@ -123,12 +123,8 @@
 //              the canonical keep mask of (rng_state, batch·nheads + head, query row, key
 //              column), the one fa2_fwd draws and fa2_bwd regenerates: per warp the wgmma
 //              accumulator layout is mma.sync's (rows g, g + 8 of the warp's 16, columns
-//              8·nt + 2t + e), so a thread's elements are those of its own Philox calls, one
-//              per 16 elements (BN a multiple of 32). Block j's keep words (Dropout::keep_words:
-//              the rounds, with warp-uniform keys, and a byte-parallel keep test) are drawn
-//              between issuing S_j and waiting for it, under the GEMMs, and applied to P_j's
-//              packed 16-bit fragments (Dropout::apply_keep_words: a prmt and an and per
-//              element pair) before O += P_j V_j
+//              8·nt + 2t + e), so Dropout::zero_dropped serves both families (one Philox call
+//              per 16 elements of a thread, its own; BN a multiple of 32)
 //   kEmuExp2   0..4: that many quarters of S's 8-column tiles compute P's exp2 on the FMA / ALU
 //              pipes (exp2_emu.cuh: a polynomial, FlashAttention-4's trick) instead of the SFU's
 //              ex2.approx, which softcap's tanh.approx also needs; 0 (the default) is the
@@ -483,10 +479,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     float (&s_flat)[kBN / 2] = reinterpret_cast<float (&)[kBN / 2]>(s_acc);
     u32 p_frag[1][kBN / 16][4];                            // P_{j-1} as 16-bit A fragments
     float alpha[1][2];                                     // O's rescale for block j, per row
-    u32 keep[kBN / 8];                                     // kDropout: block j's keep words (philox.cuh)
     Dropout dropout{};                                     // kDropout: this launch's keep mask and scale
     if constexpr (kDropout)
-        dropout = Dropout::load_uniform(p.rng_state, p.dropout_threshold, p.dropout_scale);
+        dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
 
     // S_j = Q_i K_jᵀ (64 x BN per warpgroup, fp32): issued, not waited for. kHeadDim / 16 steps:
     // d96 stops after chunk 1's second step, before its zero columns.
@@ -600,20 +595,12 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                     softmax_step_emu<kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, p.scale_log2, alpha);
             };
             // dropout (Algorithm 2): l summed the undropped P_j in softmax_s; P_j ∘ Z is what
-            // O += P_j V_j takes (the epilogue divides by l (1 - p)). The keep words of block j
-            // (Dropout::keep_words, the Philox rounds and the byte tests) are drawn between
-            // issuing S_j and waiting for it, while the tensor cores run S_j and P_{j-1} V_{j-1}
-            // and the other warpgroups' softmax keeps the SFU busy; reg_fence materialises them
-            // there (ptxas would otherwise sink the rounds into the softmax, next to the exp2s).
-            // After P_j is packed, one prmt and one and per element pair (apply_keep_words).
-            auto draw_keep = [&](int j) {
-                if constexpr (kDropout) {
-                    dropout.keep_words(keep, at.batch * p.nheads + at.head, warp_row0, (n_end - 1 - j) * kBN, g, t);
-                    reg_fence(keep);
-                }
-            };
-            auto drop_p = [&]() {
-                if constexpr (kDropout) Dropout::apply_keep_words(p_frag, keep);
+            // O += P_j V_j takes (the epilogue divides by l (1 - p)). Run just before P_j is packed, once P_{j-1}'s
+            // fragments are dead (their GEMM has completed): the Philox rounds need registers
+            // that S_j, O and P_{j-1} together leave too few of (ptxas spilled with it in softmax_s)
+            auto drop_p = [&](int j) {
+                if constexpr (kDropout)
+                    dropout.zero_dropped(s_acc, at.batch * p.nheads + at.head, warp_row0, (n_end - 1 - j) * kBN, g, t);
             };
             auto phase = [&](int j) { return u32((kv_iter + j) / kStages) & 1; };
             auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
@@ -628,11 +615,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             wgmma_fence();
             issue_s(slot_of(0));
             turn.end();
-            draw_keep(0);                          // kDropout: Z_0's keep words, under S_0
             wgmma_wait<0>();
             softmax_s(slot_of(0), 0);
+            drop_p(0);
             pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
-            drop_p();                              // kDropout: P_0 ∘ Z
 
             for (int j = 1; j < n_blocks; ++j) {
                 const int slot = slot_of(j), prev = slot_of(j - 1);
@@ -647,15 +633,14 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 mbarrier_wait(v_full(prev), phase(j - 1));
                 issue_pv(prev);
                 turn.end();
-                draw_keep(j);                      // kDropout: Z_j's keep words, under the GEMMs
                 wgmma_wait<1>();                   // S_j is ready; P_{j-1} V_{j-1} may still run
                 softmax_s(slot, j);
                 wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
                 reg_fence(o_flat);
                 mbarrier_arrive(v_empty(prev));    // V_{j-1}'s slot may be refilled
                 softmax_rescale(o_acc, alpha);     // O *= alpha_j: O now relative to m_j
+                drop_p(j);                         // kDropout: P_j ∘ Z
                 pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
-                drop_p();                          // kDropout: P_j ∘ Z, on the packed fragments
             }
             // end: the last block's O += P V (the tile's final turn)
             const int last = slot_of(n_blocks - 1);

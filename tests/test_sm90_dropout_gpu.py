@@ -107,10 +107,11 @@ def test_sm90_mask_is_the_mirrors_and_fa2s_bit_for_bit(case):
 @pytest.mark.usefixtures("poison_outputs")
 @pytest.mark.parametrize("p_drop", [0.001, 0.6, 0.999])
 def test_sm90_mask_at_the_thresholds_edges(p_drop):
-    """The byte-parallel keep test (philox.cuh keep_signs) at the thresholds that the default
-    p does not reach: 0 (p = 0.001: every element kept), 154 (p = 0.6: the bytes' top bits
-    decide part of the test) and 256 (p = 0.999: nothing kept, O = 0); the mask read back from
-    sm90_fwd equals the mirror's. One compile (p is a run-time parameter)."""
+    """The keep test (philox.cuh: byte >= threshold as a carry into bit 15 / 31 of a 16-bit
+    lane) at the thresholds that the default p does not reach: 0 (p = 0.001: every element
+    kept), 154 (p = 0.6: the byte's top bit set in half of the kept ones) and 256 (p = 0.999:
+    nothing kept, O = 0); the mask read back from sm90_fwd (the dropout heuristic's tiles) equals
+    the mirror's. One compile (p is a run-time parameter)."""
     import torch
 
     from cuflash import dropout

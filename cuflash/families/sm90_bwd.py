@@ -175,7 +175,7 @@ class Sm90BwdConfig(KernelConfig):
         """K_j, V_j; stages x (Q_i, dO_i, LSE_i, D_i); dS; the mbarriers (kv_full, q_full and
         q_empty per slot); 1024 bytes to align the base (as Sm90BwdShape::kSmemBytes). Softcap and
         dropout add, 16-byte aligned, each consumer thread's words: BM / 2 16-bit values each
-        (1 - tanh², the undropped Pᵀ: Sm90BwdThreadWords in sm90_bwd.cu)."""
+        (1 - tanh², the signed Pᵀ: Sm90BwdThreadWords in sm90_bwd.cu)."""
         tiles = 2 * self.BN * self.head_dim * 2 + 2 * self.stages * self.BM * self.head_dim * 2
         used = tiles + self.BM * self.BN * 2 + 2 * self.stages * self.BM * 4 + 8 * (1 + 2 * self.stages)
         words = (int(self.softcap) + int(self.dropout)) * self.BM // 4
@@ -190,7 +190,7 @@ class Sm90BwdConfig(KernelConfig):
     def dropout_dq_path(self):
         """The dQ path of a head dim 128 dropout kernel (unordered mode), the one that ptxas
         (nvcc 13.0, sm_90a) builds without spills since the 32-key Philox layout (four calls per
-        thread and Q block: philox.cuh's keep_signs_transposed): "dq_writer" without softcap and
+        thread and Q block: philox.cuh's keep_bits_transposed): "dq_writer" without softcap and
         ALiBi (a window too), "dq_bulk" with softcap and / or ALiBi; None for a window with
         either (every path spills 4-12 bytes). The consumers' red.add spills 8-36 bytes with
         dropout at d128 in every mix. tests/test_sm90_bwd_cpu.py holds it to ptxas."""

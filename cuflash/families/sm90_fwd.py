@@ -18,10 +18,9 @@ supports (every head dim up to 256: the kernels are compiled for 64, 96, 128, 19
 smaller head dims zero-fill the missing columns by TMA); elsewhere fa2_fwd. Head dim 96 is exact
 in compute (6 k16 steps for S, an N = 96 wgmma for P V, 96 columns of O accumulators) and keeps
 d128's shared-memory layout (two 128-byte-swizzled chunks, the second half zeros): its tiles
-take d128's shared memory. Dropout (``dropout``, kDropout): philox.cuh's keep words of P_j drawn under
-the GEMMs and applied to the packed P fragments after the softmax (l and the LSE stay plain
-attention's), the same keep mask as fa2_fwd's, which fa2_bwd regenerates; at DROPOUT_BN (the
-keep words need registers). Variable-length batches
+take d128's shared memory. Dropout (``dropout``, kDropout): philox.cuh's Dropout::zero_dropped on P_j
+after the softmax (l and the LSE stay plain attention's), the same keep mask as fa2_fwd's, which
+fa2_bwd regenerates; at DROPOUT_BN (the Philox rounds need registers). Variable-length batches
 (``varlen``, kVarlen, set from the call): tiles (Q block, head, sequence) over a grid sized for
 the longest sequence, tensor maps over the whole packed (total, heads, d) tensors with box rows
 from cu_seqlens, keys past a sequence's end masked and rows past it not stored; with window,
@@ -60,9 +59,9 @@ MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
 MAX_ACCUM_REGS = {1: 192, 2: 176, 3: 96}
 # BN of a dropout forward (2 consumer warpgroups), by head dim: the largest multiple of 32 (one
 # Philox call covers 32 keys, philox.cuh) at which ptxas (nvcc 13.0, sm_90a) spills nothing
-# with the keep words (kDropout: BN / 8 registers, drawn while S_j and P_{j-1} V_{j-1} run):
-# one call per 16 elements since the 32-key layout (it was one call and a 4 x 4 quad transpose
-# per 16, which capped d64 / d128 at 128). One step up: d128 BN 192 spills; d192 BN 128 and
+# with the Philox rounds (kDropout), which run once P_{j-1}'s fragments are dead: one call per
+# 16 elements since the 32-key layout (it was one call and a 4 x 4 quad transpose per 16,
+# which capped d64 / d128 at 128). One step up: d128 BN 192 spills 4 bytes; d192 BN 128 and
 # d256 BN 96 exceed shared memory. tests/test_sm90_dropout_cpu.py holds it to that.
 DROPOUT_BN = {64: 192, 96: 160, 128: 160, 192: 96, 256: 64}
 # emu_exp2 (kEmuExp2): quarters of S's 8-column tiles whose exp2 runs on the FMA / ALU pipes
@@ -81,6 +80,12 @@ SOFTCAP_EMU_EXP2 = 0
 # Whether the heuristic runs the dynamic persistent scheduler (and, at d128 below 16k keys, the
 # TMA-store epilogue): see Sm90Forward.heuristic for the measurement.
 HEURISTIC_DYNAMIC = True
+# Whether a dropout call (dropout alone, fixed lengths) runs the dynamic persistent scheduler too
+# (without the TMA-store epilogue: its staging tiles spill next to the Philox rounds at d128).
+# Measured on the H100 (tests/sm90_dropout_timing.py, bf16 8k, p = 0.1, same process): forward
+# 0.93-0.99x the static tiles' time (d128 causal 1.295 -> 1.210 ms, d64 causal 1.856 -> 1.730,
+# d128 full 2.444 -> 2.410, d64 full 3.405 -> 3.362), forward + backward 0.98-1.00x.
+DROPOUT_DYNAMIC = True
 # The dynamic scheduler (``dynamic``, kDynamic): bytes of K and V that a section of the tile order
 # keeps in L2 (the H100 has 50 MB; FA3 sizes its sections by 32 MB too), and the shared memory
 # its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
@@ -491,7 +496,8 @@ class Sm90Forward(Family):
         to BN 176 / 192). Measured on the H100 against the shipped static tiles
         (results/NVIDIA_H100_80GB_HBM3/sched_timing.md, bf16, 2k-16k): d128 0.88-1.07x ->
         1.00-1.18x cuDNN, d256 causal 0.95-1.12x -> 1.04-1.18x, d64 causal 0.80-1.01x ->
-        0.91-1.04x, the rest within 1-2%. Varlen: the same tiles (a
+        0.91-1.04x, the rest within 1-2%. Dropout alone (DROPOUT_DYNAMIC) takes the dynamic
+        scheduler as well, without the TMA store (measured: DROPOUT_DYNAMIC's note). Varlen: the same tiles (a
         sequence's blocks are the fixed-length kernel's), scheduled by VARLEN_PERSISTENT (a CTA
         per tile: those past a sequence's end leave at once; with a window, window_tiles'
         persistent schedule), without the dynamic scheduler or the TMA-store epilogue (the
@@ -507,6 +513,8 @@ class Sm90Forward(Family):
                 bn, tma_store = 160, True
         if "dropout" in problem.features:   # (with a window too: window_tiles' BN is no wider)
             bn = min(bn, DROPOUT_BN[d])
+            if HEURISTIC_DYNAMIC and DROPOUT_DYNAMIC and tuple(problem.features) == ("dropout",):
+                persistent = dynamic = True   # (no TMA store: it spills with dropout at d128)
         if "window" in problem.features:
             # (also under ALiBi: ptxas spilled with both at BN 192 (d64) / 176 (d128), not at 128)
             bn, persistent = window_tiles(d)
