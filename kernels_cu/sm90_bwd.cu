@@ -17,7 +17,9 @@
 // Grid: blockIdx.x = (pair · n_kv_blocks + n_block), pair = batch · nheads + head: the K/V blocks
 // of a (head, batch) in increasing order. Under the causal mask block 0 is seen by the most Q
 // blocks, so the longest CTAs start first; the deterministic mode needs that order too (the CTA
-// of K/V block n waits for block n - 1's dQ additions, which was launched before it).
+// of K/V block n waits for block n - 1's dQ additions, which was launched before it). With kLpt
+// the grouped order of fa2_bwd instead (sm90_bwd_lpt_tile: K/V block 0 of a few pairs, then
+// block 1, ...), which keeps both properties and evens out the causal tail.
 //
 // Producer (warp 0 of warpgroup 0; the other 3 warps exit, but for kDqWriter's warp 1): lane 0
 // issues the TMA copies, K_j and V_j once (one barrier, kv_full), then per Q block Q_i and dO_i into one slot of a ring of
@@ -148,6 +150,8 @@
 //              dK, dV (and the GQA fp32 dK/dV accumulators, (nheads, total_k)) at the sequence's
 //              key rows. Dropout and ALiBi are keyed by the sequence index and the rows within the
 //              sequence (the forward's keep mask)
+//   kLpt       (appended last) the launch order of sm90_bwd_lpt_tile (longest CTAs first in groups
+//              of params.head_group pairs) instead of the plain one; not with kVarlen
 #include "fa2_bwd.cu"
 #include "ptx_sm90.cuh"
 #include "params_sm90_bwd.cuh"
@@ -262,10 +266,30 @@ struct DescLo {
     __device__ __forceinline__ u64 at(u32 bytes) const { return (u64(kHi) << 32) | (lo + (bytes >> 4)); }
 };
 
+// A CTA's K/V block and (head, batch) pair (pair = batch · nheads + head).
+struct Sm90BwdTile {
+    int n_block, pair;
+};
+
+// kLpt's launch order (blockIdx.x -> tile), fa2_bwd's: the pairs in groups of `group` (the
+// params' head_group; the last group may be smaller); groups one after the other, inside one the
+// K/V block the slow index from block 0 (under the causal mask the one the most Q blocks see) and
+// the pair the fast one. The hardware starts CTAs in blockIdx order, so every group runs its
+// longest CTAs first and its short ones fill the tail (longest processing time first), and the
+// CTAs running together read a few pairs' Q, dO and dQ accumulator, which stay in L2 (the host
+// sizes a group to two waves of CTAs). The plain order (pair slow, K/V block fast) ends the
+// launch with the last pair's longest CTAs.
+__device__ __forceinline__ Sm90BwdTile sm90_bwd_lpt_tile(int tile, int n_kv, int n_pairs, int group) {
+    const int first = tile / (group * n_kv) * group;          // the group's first pair
+    const int in_group = tile - first * n_kv;
+    const int width = min(group, n_pairs - first);
+    return Sm90BwdTile{in_group / width, first + in_group % width};
+}
+
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
-          bool kVarlen = false>
+          bool kVarlen = false, bool kLpt = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim>;
@@ -280,6 +304,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     static_assert(!(kDqBulk && kDeterministic), "dq_bulk is the unordered mode's: deterministic keeps its ordered red.add");
     using DqW = Sm90BwdDqWriterStage<Words, kBM, kHeadDim>;
     static_assert(!kDqWriter || DqW::kSmemBytes <= 227 * 1024, "dq_writer: shared memory exceeds the H100's 227 KB");
+    static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
                   "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
     // kDqWriter's named barriers (consumer threads + the writer warp): tile b full, tile b free
@@ -304,7 +329,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
 
     const int tid = threadIdx.x, warpgroup = tid / 128;
     const int n_kv = (p.seqlen_k + kBN - 1) / kBN;
-    const int n_block = blockIdx.x % n_kv, pair = blockIdx.x / n_kv;
+    const Sm90BwdTile at = kLpt ? sm90_bwd_lpt_tile(blockIdx.x, n_kv, p.batch * p.nheads, p.head_group)
+                                : Sm90BwdTile{int(blockIdx.x % n_kv), int(blockIdx.x / n_kv)};
+    const int n_block = at.n_block, pair = at.pair;
     const int head = pair % p.nheads, batch = pair / p.nheads;
     const int head_kv = head / (p.nheads / p.nheads_kv);     // GQA / MQA
     const i64 bh = static_cast<i64>(batch) * p.nheads + head;

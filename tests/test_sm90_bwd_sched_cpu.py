@@ -75,15 +75,15 @@ def test_fields_names_template_args():
     assert dqw.kernel_name().endswith("false, false, false, false, false, false, true>")
     assert both.replace(alibi=True).kernel_name().endswith("false, false, true, false, false, true, true>")
     assert plain.replace(dq_bulk=True).kernel_name().endswith("false, false, false, false, true>")
-    assert len(both.template_args()) == 16 and both.template_args()[-3:-1] == (True, True)  # (kVarlen last)
-    assert plain.template_args()[-3:-1] == (False, False)
+    assert len(both.template_args()) == 17 and both.template_args()[-4:-2] == (True, True)  # (kVarlen, kLpt last)
+    assert plain.template_args()[-4:-2] == (False, False)
     for cfg in (ovl, dqw, both):
         assert cfg.problems() == [] and FAM.decode(FAM.encode(cfg), "bf16", False) == cfg
 
 
 def test_space_and_heuristic():
     assert FAM.space["overlap_sdp"] == (False, True) and FAM.space["dq_writer"] == (False, True)
-    assert list(FAM.space)[-2:] == ["overlap_sdp", "dq_writer"]
+    assert list(FAM.space)[-3:] == ["overlap_sdp", "dq_writer", "lpt"]
     for d, causal, det in itertools.product(HEAD_DIMS, (False, True), (False, True)):
         p = problem(d, causal=causal, deterministic=det)
         cfg = FAM.for_problem(FAM.heuristic(p), p)
@@ -231,7 +231,7 @@ def _after(body, order):
 
 def test_kernel_source_order():
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
-    assert "bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,\n          bool kVarlen = false>" in src
+    assert "bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,\n          bool kVarlen = false, bool kLpt = false>" in src
     # overlap_sdp: Sᵀ committed, dPᵀ issued and committed, wait for 1 pending (Sᵀ), Pᵀ; dV issued
     # after a wgmma fence, then wait<1> (dPᵀ) before dSᵀ
     loop = src[src.index("// ---- Sᵀ = K_j Q_iᵀ ----"):]

@@ -47,7 +47,7 @@ from ..problem import Problem
 from ..registry import register
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
 from .fa2_bwd import (EPILOGUE_THREADS, PREP_ROWS, PREP_THREADS, ROW_PAD, FA2Backward, bwd_params,
-                      contiguous_strides, varlen_ws_rows)
+                      contiguous_strides, head_group, varlen_ws_rows)
 from .fa2_fwd import check_head_dim, dropout_mix, feature_mix, first_fitting, is_varlen
 from . import sm90_fwd
 from .sm90_fwd import tensor_map
@@ -79,6 +79,11 @@ D64_SHAPE = (128, 128, 2)
 # family above fa2_bwd. Measured there (d96, bf16, same shape and script, --hdim 96): 0.85-0.91x
 # SDPA cuDNN's speed, 1.40-1.62x fa2_bwd's.
 D96_ABOVE_FA2 = True
+# Whether the heuristic launches causal backwards in the longest-first order (lpt, kLpt: K/V
+# block 0 of a group of (head, batch) pairs first, fa2_bwd's order). To be measured
+# (tests/sm90_bwd_causal_timing.py); a model of the launch (greedy CTA dispatch, 132 SMs, cost
+# 7 us + 2.23 us per Q block, fitted to the d128 timings) puts the causal 2k-8k backward 5-6% faster.
+HEURISTIC_LPT = False
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -125,6 +130,11 @@ class Sm90BwdConfig(KernelConfig):
                    (dropout_dq_path; for_problem sets it)
     varlen:        variable-length batches (kVarlen, kernels_cu/varlen.cuh), set from the call
                    (for_problem), never tuned
+    lpt:           the launch order (kLpt): K/V block 0 of a group of (head, batch) pairs, then block
+                   1, ... (fa2_bwd's order, groups of head_group pairs: two waves of CTAs), so that
+                   under the causal mask the longest CTAs start first across pairs and the short ones
+                   fill the tail; causal only, not with varlen (the plain order: a pair's K/V
+                   blocks in a row)
     """
 
     BM: int
@@ -143,6 +153,7 @@ class Sm90BwdConfig(KernelConfig):
     overlap_sdp: bool = False
     dq_writer: bool = False
     varlen: bool = False
+    lpt: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -158,7 +169,8 @@ class Sm90BwdConfig(KernelConfig):
         return (f"sm90bwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{det}{'_drop' if self.dropout else ''}{name_suffix(self)}"
                 f"{'_dqb' if self.dq_bulk else ''}{'_ovl' if self.overlap_sdp else ''}"
-                f"{'_dqw' if self.dq_writer else ''}{'_varlen' if self.varlen else ''}")
+                f"{'_dqw' if self.dq_writer else ''}{'_varlen' if self.varlen else ''}"
+                f"{'_lpt' if self.lpt else ''}")
 
     @property
     def dq_cols(self) -> int:
@@ -243,20 +255,21 @@ class Sm90BwdConfig(KernelConfig):
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
         # the feature flags only when one is set: a plain config keeps its name expression
-        sched = self.overlap_sdp or self.dq_writer or self.varlen
+        sched = self.overlap_sdp or self.dq_writer or self.varlen or self.lpt
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
                  or self.dq_bulk or sched else "")
         feats += f", {b(self.dropout)}" if self.dropout or self.dq_bulk or sched else ""
         feats += f", {b(self.dq_bulk)}" if self.dq_bulk or sched else ""
         feats += f", {b(self.overlap_sdp)}, {b(self.dq_writer)}" if sched else ""
-        feats += ", true" if self.varlen else ""                        # kVarlen last
+        feats += f", {b(self.varlen)}" if self.varlen or self.lpt else ""   # kVarlen
+        feats += ", true" if self.lpt else ""                              # kLpt last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
-                self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen)
+                self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt)
 
     def _problems(self) -> list[str]:
         out = []
@@ -285,6 +298,12 @@ class Sm90BwdConfig(KernelConfig):
                        "(dq_writer is the unordered mode's)")
         if self.dq_writer and self.dq_bulk:
             out.append("dq_writer with dq_bulk: two ways of the same dQ addition, pick one")
+        if self.lpt and self.varlen:
+            out.append("lpt with varlen: a varlen grid keeps the plain order (its K/V blocks past a "
+                       "sequence's end leave at once)")
+        if self.lpt and not self.causal:
+            out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
+                       "spills the d128 kernel; nvcc 13.0)")
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
@@ -325,7 +344,8 @@ class Sm90Backward(Family):
     version = 1
     config_cls = Sm90BwdConfig
     space = {"BM": (64, 128), "BN": (64, 128), "stages": (2, 3), "consumers": (1, 2),
-             "dq_bulk": (False, True), "overlap_sdp": (False, True), "dq_writer": (False, True)}
+             "dq_bulk": (False, True), "overlap_sdp": (False, True), "dq_writer": (False, True),
+             "lpt": (False, True)}
     fixed = {"deterministic": False}
     params_struct = "Sm90BwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90BwdParams"
@@ -428,6 +448,8 @@ class Sm90Backward(Family):
             config = config.replace(dropout="dropout" in problem.features)
         if config.varlen != is_varlen(problem):
             config = config.replace(varlen=is_varlen(problem))
+        if config.lpt and (config.varlen or not config.causal):
+            config = config.replace(lpt=False)         # a speed choice: varlen, non-causal keep the plain order
         if config.dq_bulk and (problem.deterministic or (config.dropout and config.consumers > 1
                                                         and config.head_dim == 64)):
             # a speed choice (a tuned entry's, or bwd_config='s): a deterministic call takes the
@@ -455,7 +477,16 @@ class Sm90Backward(Family):
     def _fields(self, config):
         # dropout and varlen are not encoded (as sm90_fwd's): the call sets them (for_problem), so
         # the encoded form of a config stays what it was before the flags existed
-        return ((k, v) for k, v in super()._fields(config) if k not in ("dropout", "varlen"))
+        # lpt only when on, likewise
+        return ((k, v) for k, v in super()._fields(config)
+                if k not in ("dropout", "varlen") and not (k == "lpt" and not v))
+
+    def make(self, point, problem: Problem):
+        """As Family.make; a point without lpt (tuned tables and recorded studies from before the
+        flag) gets the plain order."""
+        if "lpt" not in point:
+            point = {**point, "lpt": False}
+        return super().make(point, problem)
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90BwdConfig:
         """Head dim 128: FA3's shape with 2 consumer warpgroups (BN = 128 keys) and Q blocks of
@@ -475,6 +506,8 @@ class Sm90Backward(Family):
             cfg = Sm90BwdConfig(BM, BN, 2, consumers, d, dtype, causal, det)
         if not det:
             cfg = cfg.replace(dq_writer=True)
+        if causal and HEURISTIC_LPT:
+            cfg = cfg.replace(lpt=True)                 # (for_problem drops it under varlen)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False}), max_smem)
 
     def kernel_names(self, config) -> dict:
@@ -513,9 +546,12 @@ class Sm90Backward(Family):
         # fields are zeros for a fixed-length call; the dropout threshold and scale, window
         # bounds, softcap factors and ALiBi stride are the main kernel's; the slopes' and the
         # rng state's addresses are written per call, as for fa2_bwd), K/V blocks in
-        # plain order (head_group 1); the tensor maps are written per call (call_writer; tma_dq
+        # plain order (head_group 1) or, with lpt, in fa2_bwd's groups of head_group pairs (two
+        # waves of CTAs; CUFLASH_BWD_HEAD_GROUP fixes it); the tensor maps are written per call (call_writer; tma_dq
         # only with dq_writer)
-        return dict(bwd_params(config, problem, strides, workspace, softmax_scale, 1),
+        group = head_group(problem.batch * problem.nheads, -(-problem.seqlen_k // config.BN), sm_count) \
+            if config.lpt else 1
+        return dict(bwd_params(config, problem, strides, workspace, softmax_scale, group),
                     tma_q=0, tma_k=0, tma_v=0, tma_do=0, tma_dq=0)
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
@@ -575,6 +611,15 @@ class Sm90Backward(Family):
             buf[dq_off:dq_off + 128] = blob
 
         return write_dq
+
+
+def lpt_tile(tile: int, n_kv: int, n_pairs: int, group: int) -> tuple:
+    """(n_block, pair) of CTA ``tile`` in lpt's launch order: the host mirror of sm90_bwd_lpt_tile
+    (kernels_cu/sm90_bwd.cu), for tests and tools."""
+    first = tile // (group * n_kv) * group
+    in_group = tile - first * n_kv
+    width = min(group, n_pairs - first)
+    return in_group // width, first + in_group % width
 
 
 def dq_accum_map_args(ptr: int, shape, rows: int) -> tuple:

@@ -1,0 +1,49 @@
+"""Compile, in parallel worker processes, every kernel of tests/test_sm90_bwd_causal_gpu.py and
+tests/sm90_bwd_causal_timing.py (not a test; run it first, then both find their kernels in CuPy's
+disk cache):
+
+    timeout 120 python tests/sm90_bwd_causal_precompile.py
+"""
+import os
+import sys
+import time
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_here, os.path.dirname(_here)]
+
+from cuflash import _gpu, registry, select  # noqa: E402
+from cuflash.compile import precompile  # noqa: E402
+from cuflash.problem import Problem  # noqa: E402
+
+import sm90_bwd_causal_timing as timing  # noqa: E402
+from test_sm90_bwd_causal_gpu import SHAPES  # noqa: E402
+from test_sm90_bwd_gpu import HEADS  # noqa: E402
+
+
+def configs():
+    arch, name, smem = _gpu.arch(), _gpu.name(), _gpu.max_smem()
+    fam = registry.get("sm90_bwd")
+    out = []
+    for d in (64, 128):
+        for causal in (False, True):
+            for s in (2048, 4096, 8192, 16384):
+                out += list(timing.variants_for(timing.problem(d, s, causal), list(timing.VARIANTS)).values())
+                out.append(select.choose(timing.problem(d, s, causal, op="fwd"), arch, name, smem)[1])
+    # the GPU tests: the heuristic's causal kernels with lpt (plain and deterministic), their forwards
+    for d in (64, 128):
+        for det in (False, True):
+            for sq, sk in SHAPES + [(1000, 1000), (1023, 1100)]:
+                for heads in HEADS.values():
+                    p = Problem("bwd", "bf16", 2, sq, sk, heads[0], heads[1], d, True, det)
+                    out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(lpt=True), p))
+                    out.append(select.choose(p.replace(op="fwd", deterministic=False), arch, name, smem)[1])
+    return list(dict.fromkeys(out))
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    todo = configs()
+    res = precompile(todo)
+    bad = [(c.name, e) for c, _, e in res if e]
+    print(f"{len(todo)} kernels in {time.time() - t0:.0f} s; errors: {bad}")
+    sys.exit(1 if bad else 0)
