@@ -163,7 +163,7 @@ namespace cuflash {
 // Sm90BwdParams derives from BwdParams, so fa2_bwd's kernels read its leading bytes as their own
 // params (tests/test_sm90_bwd_cpu.py checks the layout launch.py packs against nvcc's).
 
-template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim>
+template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, bool kDynamic = false>
 struct Sm90BwdShape {
     static constexpr int kThreads = (kConsumers + 1) * 128;
     static constexpr int kChunks = kHeadDim / 64;           // 64-column (128-byte) swizzle atoms
@@ -179,8 +179,11 @@ struct Sm90BwdShape {
     static constexpr int kLseOffset = kDsOffset + kDsBytes;
     static constexpr int kDOffset = kLseOffset + kStages * kBM * 4;
     static constexpr int kBarOffset = kDOffset + kStages * kBM * 4;
-    static constexpr int kBarriers = 1 + 2 * kStages;       // kv_full; q_full, q_empty per slot
-    static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + 1024;  // + 1024: base alignment
+    // kv_full; q_full, q_empty per slot; kDynamic: kv_empty, dq_writer's 2 tile-free barriers, the
+    // tile ring's 2 full and 2 empty (Sm90BwdTileRing), then the ring's 2 int slots
+    static constexpr int kBarriers = 1 + 2 * kStages + (kDynamic ? 7 : 0);
+    static constexpr int kBarEnd = kBarOffset + 8 * kBarriers + (kDynamic ? 24 : 0);  // kDynamic: 2 tile slots, a count
+    static constexpr int kSmemBytes = kBarEnd + 1024;       // + 1024: base alignment
     static constexpr int kSlotBytes = 2 * kQBytes;          // Q_i, dO_i: the TMA bytes of a slot
     // dQ_i split over the consumers: kDqRowGroups x kDqColGroups warpgroups of 64 x kDqN
     static constexpr int kDqRowGroups = kBM / 64;
@@ -209,7 +212,7 @@ struct Sm90BwdShape {
 // 4-way bank-conflicted).
 template <class Shape, int kConsumers, int kWords>
 struct Sm90BwdThreadWords {
-    static constexpr int kOffset = (Shape::kBarOffset + 8 * Shape::kBarriers + 15) / 16 * 16;
+    static constexpr int kOffset = (Shape::kBarEnd + 15) / 16 * 16;
     static constexpr int kBytes = kWords * 4 * kConsumers * 128;
     static constexpr int kSmemBytes = kOffset + kBytes + 1024;  // + 1024: base alignment
     static_assert(kWords % 4 == 0, "BM / 4 words per flag, BM a multiple of 16");
@@ -286,13 +289,77 @@ __device__ __forceinline__ Sm90BwdTile sm90_bwd_lpt_tile(int tile, int n_kv, int
     return Sm90BwdTile{in_group / width, first + in_group % width};
 }
 
+// kDynamic: the CTA's tiles after its first (blockIdx.x) are claimed from a global counter (as
+// sm90_fwd's dynamic scheduler: Sm90TileRing there), so a CTA that drew short causal tiles takes
+// more of them. The producer warp's lane 0 claims (atomicAdd) right after issuing the last loads of
+// its current tile, and hands the index through a ring of 2 shared-memory slots to the takers: the
+// consumer threads and, with kDqWriter, the writer warp. `full` (one arrival: the producer's,
+// after writing the index; its release makes the write visible to the takers' acquiring wait) and
+// `empty` (kTakers arrivals: every taker thread, once it has read the index). A claimed index >=
+// n_tiles ends every role's loop (handed over as -1: the takers need not know n_tiles). The counter's reset: each CTA claims until it draws an index
+// past the tiles, so a launch makes exactly n_tiles claims (the host launches at most n_tiles
+// CTAs) and draws 0..n_tiles - 1 once each: the CTA that draws n_tiles - 1 made the launch's last
+// claim and sets the counter back to 0 for the next launch (zeroed once when the plan allocates
+// it, never read by the host: CUDA graphs replay it as is).
+// A slot holds the tile decoded (K/V block, pair; n_block -1: none left), so that the takers need
+// neither the tile count nor a division. A taker keeps only its count in a register, the producer
+// its count in shared memory after the slots (its 24 registers are taken by its loads' state);
+// the mbarriers (full[2], empty[2]) and the slots after them are addressed from `bars` at each
+// call (the consumers have no register to spare across the tile loop).
+template <int kTakers>
+struct Sm90BwdTileRing {
+    int n = 0;         // tiles taken so far (a taker's)
+    static __device__ __forceinline__ u32 full(u32 bars, int slot) { return bars + 8u * slot; }
+    static __device__ __forceinline__ u32 empty(u32 bars, int slot) { return bars + 8u * (2 + slot); }
+    static __device__ __forceinline__ volatile int* slot_ptr(unsigned char* bars_ptr, int slot) {
+        return reinterpret_cast<volatile int*>(bars_ptr + 8 * 4 + 8 * slot);
+    }
+    static __device__ __forceinline__ volatile int* claims(unsigned char* bars_ptr) {   // tiles handed over
+        return reinterpret_cast<volatile int*>(bars_ptr + 8 * 4 + 16);
+    }
+    static __device__ __forceinline__ void init(u32 bars, unsigned char* bars_ptr) {
+        for (int s = 0; s < 2; ++s) {
+            mbarrier_init(full(bars, s), 1);
+            mbarrier_init(empty(bars, s), kTakers);
+        }
+        *claims(bars_ptr) = 0;
+    }
+    // producer (one thread): claim the next tile, decode it (decode(tile) -> Sm90BwdTile) and hand
+    // it over (n_block -1: none left)
+    template <class Decode>
+    static __device__ __forceinline__ Sm90BwdTile claim(u32 bars, unsigned char* bars_ptr, int* counter, int n_tiles,
+                                                        Decode decode) {
+        const int n = *claims(bars_ptr);
+        const int drawn = atomicAdd(counter, 1);
+        if (drawn == n_tiles - 1) atomicExch(counter, 0);   // the launch's last claim
+        const int tile = grid_ctas() + drawn;
+        const Sm90BwdTile at = tile < n_tiles ? decode(u32(tile)) : Sm90BwdTile{-1, 0};
+        const int slot = n & 1;
+        if (n >= 2) mbarrier_wait(empty(bars, slot), u32((n >> 1) - 1) & 1);
+        slot_ptr(bars_ptr, slot)[0] = at.n_block;
+        slot_ptr(bars_ptr, slot)[1] = at.pair;
+        mbarrier_arrive(full(bars, slot));
+        *claims(bars_ptr) = n + 1;
+        return at;
+    }
+    // takers: the next tile the producer handed over (n_block -1: none left)
+    __device__ __forceinline__ Sm90BwdTile take(u32 bars, unsigned char* bars_ptr) {
+        const int slot = n & 1;
+        mbarrier_wait(full(bars, slot), u32(n >> 1) & 1);
+        const Sm90BwdTile at{slot_ptr(bars_ptr, slot)[0], slot_ptr(bars_ptr, slot)[1]};
+        mbarrier_arrive(empty(bars, slot));
+        ++n;
+        return at;
+    }
+};
+
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
-          bool kVarlen = false, bool kLpt = false>
+          bool kVarlen = false, bool kLpt = false, bool kDynamic = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
-    using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim>;
+    using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic>;
     using Mask = CausalMask<kCausal>;
     // softcap's words 0 .. BM/4 - 1, then dropout's (Sm90BwdThreadWords)
     constexpr int kCapWord0 = 0, kPWord0 = kSoftcap ? kBM / 4 : 0;
@@ -305,6 +372,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     using DqW = Sm90BwdDqWriterStage<Words, kBM, kHeadDim>;
     static_assert(!kDqWriter || DqW::kSmemBytes <= 227 * 1024, "dq_writer: shared memory exceeds the H100's 227 KB");
     static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
+    static_assert(!(kDynamic && (kVarlen || kDeterministic)),
+                  "the dynamic scheduler runs fixed-length, unordered backwards");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
                   "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
     // kDqWriter's named barriers (consumer threads + the writer warp): tile b full, tile b free
@@ -326,16 +395,39 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     const u32 kv_full = bars;
     auto q_full = [&](int slot) { return bars + 8u * (1 + slot); };
     auto q_empty = [&](int slot) { return bars + 8u * (1 + kStages + slot); };
+    // kDynamic: kv_empty (every consumer thread, once its last GEMM of the tile that reads K_j or V_j
+    // has completed: the next tile's K_j, V_j may load), the tile ring, dq_writer's tile-free
+    // barriers (mbarriers here, one arrival: the writer's, once the bulk op has read the tile; an
+    // arrival that no wait follows is harmless, unlike a named barrier's at the end of the CTA)
+    const u32 kv_empty = bars + 8u * (1 + 2 * kStages);
+    using Ring = Sm90BwdTileRing<kConsumers * 128 + (kDqWriter ? 32 : 0)>;
+    Ring ring;
+    constexpr int kRingOffset = Shape::kBarOffset + 8 * (4 + 2 * kStages);   // its 4 mbarriers, then 2 slots
+    static_assert(!kDynamic || kRingOffset + 8 * 4 + 24 == Shape::kBarEnd, "the ring's slots end the barrier area");
+    auto ring_take = [&]() { return ring.take(smem + kRingOffset, smem_ptr + kRingOffset); };
+    auto dq_empty = [&](int buf) { return bars + 8u * (2 + 2 * kStages + buf); };
 
     const int tid = threadIdx.x, warpgroup = tid / 128;
     const int n_kv = (p.seqlen_k + kBN - 1) / kBN;
-    const Sm90BwdTile at = kLpt ? sm90_bwd_lpt_tile(blockIdx.x, n_kv, p.batch * p.nheads, p.head_group)
-                                : Sm90BwdTile{int(blockIdx.x % n_kv), int(blockIdx.x / n_kv)};
-    const int n_block = at.n_block, pair = at.pair;
-    const int head = pair % p.nheads, batch = pair / p.nheads;
-    const int head_kv = head / (p.nheads / p.nheads_kv);     // GQA / MQA
-    const i64 bh = static_cast<i64>(batch) * p.nheads + head;
-    const int key0 = n_block * kBN;
+    const int n_tiles = n_kv * p.batch * p.nheads;
+    // The tile's K/V block and (head, batch): blockIdx.x's, and with kDynamic each claimed one's
+    // (enter_tile, then tile_range below, in every role)
+    int n_block, pair, head, batch, head_kv, key0;
+    i64 bh;
+    auto decode = [&](u32 tile) {       // (unsigned: the plain kernel's blockIdx.x arithmetic)
+        return kLpt ? sm90_bwd_lpt_tile(tile, n_kv, p.batch * p.nheads, p.head_group)
+                    : Sm90BwdTile{int(tile % n_kv), int(tile / n_kv)};
+    };
+    auto enter_tile = [&](Sm90BwdTile at) {
+        n_block = at.n_block;
+        pair = at.pair;
+        head = pair % p.nheads;
+        batch = pair / p.nheads;
+        head_kv = head / (p.nheads / p.nheads_kv);           // GQA / MQA
+        bh = static_cast<i64>(batch) * p.nheads + head;
+        key0 = n_block * kBN;
+    };
+    enter_tile(decode(blockIdx.x));
     // kVarlen: this sequence's rows and lengths (varlen.cuh). Its lengths replace the params'
     // (seqlen_q, seqlen_k: the longest) wherever they are read; fixed lengths read the params
     // as before (every varlen expression is a compile-time branch: the plain kernel's code is
@@ -355,9 +447,13 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     const BandMask<kCausal, kWindow> band(kVarlen ? seq.seqlen_q : p.seqlen_q, kVarlen ? seq.seqlen_k : p.seqlen_k,
                                           p.window_left, p.window_right);
     const int m_blocks = ((kVarlen ? seq.seqlen_q : p.seqlen_q) + kBM - 1) / kBM;
-    const int m_block_min = kWindow ? band.template q_block_begin<kBM>(key0) : mask.template q_block_begin<kBM>(key0);
-    const int m_block_end = kWindow ? band.template q_block_end<kBM, kBN>(key0, m_blocks) : m_blocks;
-    const int n_iters = max(0, m_block_end - m_block_min);
+    int m_block_min, n_iters;
+    auto tile_range = [&]() {
+        m_block_min = kWindow ? band.template q_block_begin<kBM>(key0) : mask.template q_block_begin<kBM>(key0);
+        const int m_block_end = kWindow ? band.template q_block_end<kBM, kBN>(key0, m_blocks) : m_blocks;
+        n_iters = max(0, m_block_end - m_block_min);
+    };
+    tile_range();
 
     if (tid == 0) {
         prefetch_tensormap(&p.tma_q);
@@ -367,8 +463,14 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         if constexpr (kDqWriter) prefetch_tensormap(&p.tma_dq);
         mbarrier_init(kv_full, 1);
         for (int s = 0; s < kStages; ++s) {
-            mbarrier_init(q_full(s), 1 + 32);                   // lane 0's expect_tx, the 32 lanes' LSE / D
+            // lane 0's expect_tx, the 32 lanes' LSE / D (kDynamic: lane 0's alone, LSE / D by bulk copies)
+            mbarrier_init(q_full(s), kDynamic ? 1 : 1 + 32);
             mbarrier_init(q_empty(s), kConsumerThreads);        // every consumer thread releases
+        }
+        if constexpr (kDynamic) {
+            mbarrier_init(kv_empty, kConsumerThreads);
+            Ring::init(smem + kRingOffset, smem_ptr + kRingOffset);
+            for (int b = 0; b < 2; ++b) mbarrier_init(dq_empty(b), 1);
         }
         fence_mbarrier_init();                                  // visible to TMA's complete_tx
     }
@@ -377,88 +479,134 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     if (warpgroup == 0) {
         // ---- producer: warp 0; lane 0 issues the TMA copies ----
         setmaxnreg_dec<Shape::kProducerRegs>();
-        if (kDqWriter && tid / 32 == 1 && n_iters > 0) {
+        if (kDqWriter && tid / 32 == 1 && (kDynamic || n_iters > 0)) {
             // ---- dQ writer (warp 1): per Q block, once the consumers have staged dQ_i's part in
-            // tile it % kBufs (barrier kDqFullBar + tile), lane 0 adds it to the accumulator by
-            // kHeadDim / 32 tensor bulk reduce-adds (one per 32-column box; rows past seqlen_q
-            // land in the accumulator's padding: its rows are padded to seqlen_q_rounded, a
-            // multiple of 128 >= BM, and their values are zeros since their Pᵀ is), waits until
-            // the engine has read the tile, and hands it back (kDqEmptyBar + tile). The
-            // accumulator's additions go on in the background while the consumers compute.
+            // tile q % kBufs (q: the CTA's Q blocks so far; barrier kDqFullBar + tile), lane 0 adds
+            // it to the accumulator by kHeadDim / 32 tensor bulk reduce-adds (one per 32-column box;
+            // rows past seqlen_q land in the accumulator's padding: its rows are padded to
+            // seqlen_q_rounded, a multiple of 128 >= BM, and their values are zeros since their Pᵀ
+            // is), waits until the engine has read the tile, and hands it back (kDqEmptyBar + tile;
+            // kDynamic: the mbarrier dq_empty(tile)). The accumulator's additions go on in the
+            // background while the consumers compute.
             const bool leader = tid == 32;                      // the warp's lane 0
-            for (int it = 0; it < n_iters; ++it) {
-                const int buf = DqW::kBufs == 1 ? 0 : it % 2;
-                named_barrier_sync(kDqFullBar + buf, kDqBarThreads);
-                if (leader) {
-                    const u32 tile = smem + DqW::kOffset + buf * DqW::kTileBytes;
-                    const int row0 = (m_block_min + it) * kBM;
+            int q_done = 0;                                     // kDynamic: Q blocks of earlier tiles
+            for (;;) {
+                for (int it = 0; it < n_iters; ++it) {
+                    const int q = kDynamic ? q_done + it : it;
+                    const int buf = DqW::kBufs == 1 ? 0 : q % 2;
+                    named_barrier_sync(kDqFullBar + buf, kDqBarThreads);
+                    if (leader) {
+                        const u32 tile = smem + DqW::kOffset + buf * DqW::kTileBytes;
+                        const int row0 = (m_block_min + it) * kBM;
 #pragma unroll
-                    for (int b = 0; b < kHeadDim / 32; ++b) {
-                        if constexpr (kVarlen)   // the map's rows: (nheads, ws_rows), head `head`'s
-                            bulk_reduce_add_tensor_3d(&p.tma_dq, tile + b * DqW::kBoxBytes, 32 * b,
-                                                      static_cast<int>(ws_row0() - i64(head) * p.ws_rows) + row0, head);
-                        else
-                            bulk_reduce_add_tensor_3d(&p.tma_dq, tile + b * DqW::kBoxBytes, 32 * b, row0, pair);
+                        for (int b = 0; b < kHeadDim / 32; ++b) {
+                            if constexpr (kVarlen)   // the map's rows: (nheads, ws_rows), head `head`'s
+                                bulk_reduce_add_tensor_3d(&p.tma_dq, tile + b * DqW::kBoxBytes, 32 * b,
+                                                          static_cast<int>(ws_row0() - i64(head) * p.ws_rows) + row0, head);
+                            else
+                                bulk_reduce_add_tensor_3d(&p.tma_dq, tile + b * DqW::kBoxBytes, 32 * b, row0, pair);
+                        }
+                        bulk_commit_group();
+                        bulk_wait_group_read<0>();              // the tile may be rewritten
+                        if constexpr (kDynamic) mbarrier_arrive(dq_empty(buf));
                     }
-                    bulk_commit_group();
-                    bulk_wait_group_read<0>();                  // the tile may be rewritten
+                    __syncwarp();
+                    // the consumers wait for tile buf again only if they have a Q block it + kBufs
+                    if (!kDynamic && it + DqW::kBufs < n_iters) named_barrier_arrive(kDqEmptyBar + buf, kDqBarThreads);
                 }
-                __syncwarp();
-                // the consumers wait for tile buf again only if they have a Q block it + kBufs
-                if (it + DqW::kBufs < n_iters) named_barrier_arrive(kDqEmptyBar + buf, kDqBarThreads);
+                if constexpr (!kDynamic) break;
+                q_done += n_iters;
+                const Sm90BwdTile next = ring_take();
+                if (next.n_block < 0) break;
+                enter_tile(next);
+                tile_range();
             }
             if (leader) bulk_wait_group<0>();                   // the additions done before the CTA ends
-        } else if (tid < 32 && n_iters > 0) {
+        } else if (tid < 32 && (kDynamic || n_iters > 0)) {
             const int lane = tid;
-            if (lane == 0) {
-                mbarrier_arrive_expect_tx(kv_full, 2 * Shape::kKVBytes);
-#pragma unroll
-                for (int c = 0; c < kChunks; ++c) {
-                    // kVarlen: rows of the packed tensors (batch extent 1)
-                    const int kv_row = kVarlen ? seq.k_start + key0 : key0, kv_batch = kVarlen ? 0 : batch;
-                    tma_load_4d(k_smem + c * Shape::kKVChunkBytes, &p.tma_k, kv_full, c * 64, kv_row, head_kv, kv_batch);
-                    tma_load_4d(v_smem + c * Shape::kKVChunkBytes, &p.tma_v, kv_full, c * 64, kv_row, head_kv, kv_batch);
-                }
-            }
-            const float* lse_rows = p.lse_log2 + (kVarlen ? ws_row0() : bh * p.seqlen_q_rounded);
-            const float* D_rows = p.D + (kVarlen ? ws_row0() : bh * p.seqlen_q_rounded);
-            for (int it = 0; it < n_iters; ++it) {
-                const int slot = it % kStages, row0 = (m_block_min + it) * kBM;
-                if (it >= kStages) mbarrier_wait(q_empty(slot), u32(it / kStages - 1) & 1);
+            if (kDynamic && lane > 0) return;                  // kDynamic: lane 0 issues everything
+            // K_j, V_j (one barrier, kv_full); kDynamic: the tile's first K/V load waits for the
+            // consumers to have released the last tile's (kv_empty, the (n - 1)-th release)
+            auto load_kv = [&]() {
                 if (lane == 0) {
-                    mbarrier_arrive_expect_tx(q_full(slot), Shape::kSlotBytes);
+                    mbarrier_arrive_expect_tx(kv_full, 2 * Shape::kKVBytes);
 #pragma unroll
                     for (int c = 0; c < kChunks; ++c) {
-                        const int off = slot * Shape::kQBytes + c * Shape::kQChunkBytes;
-                        const int q_row = kVarlen ? seq.q_start + row0 : row0, q_batch = kVarlen ? 0 : batch;
-                        tma_load_4d(q_smem + off, &p.tma_q, q_full(slot), c * 64, q_row, head, q_batch);
-                        tma_load_4d(do_smem + off, &p.tma_do, q_full(slot), c * 64, q_row, head, q_batch);
+                        // kVarlen: rows of the packed tensors (batch extent 1)
+                        const int kv_row = kVarlen ? seq.k_start + key0 : key0, kv_batch = kVarlen ? 0 : batch;
+                        tma_load_4d(k_smem + c * Shape::kKVChunkBytes, &p.tma_k, kv_full, c * 64, kv_row, head_kv, kv_batch);
+                        tma_load_4d(v_smem + c * Shape::kKVChunkBytes, &p.tma_v, kv_full, c * 64, kv_row, head_kv, kv_batch);
                     }
                 }
-                // LSE_i then D_i, 4 floats a chunk; the workspace rows are padded to
-                // seqlen_q_rounded (a multiple of BM), so every chunk is valid
-                if constexpr (kDqWriter) {
-                    // the same copies, written with lane < 32 explicit: next to the writer warp's
-                    // loop the general form spills under the producer's 24 registers
+            };
+            if constexpr (!kDynamic) load_kv();
+            int q_done = 0, kv_loads = 0;                       // kDynamic: Q blocks, K/V loads of earlier tiles
+            for (;;) {
+                const float* lse_rows = p.lse_log2 + (kVarlen ? ws_row0() : bh * p.seqlen_q_rounded);
+                const float* D_rows = p.D + (kVarlen ? ws_row0() : bh * p.seqlen_q_rounded);
+                for (int it = 0; it < n_iters; ++it) {
+                    // q: the CTA's Q block count, the ring position (slot, fill)
+                    const int q = kDynamic ? q_done + it : it;
+                    const int slot = q % kStages, row0 = (m_block_min + it) * kBM;
+                    if (q >= kStages) mbarrier_wait(q_empty(slot), u32(q / kStages - 1) & 1);
+                    if (lane == 0) {
+                        // kDynamic: LSE_i, D_i's bytes too (bulk copies below)
+                        mbarrier_arrive_expect_tx(q_full(slot), Shape::kSlotBytes + (kDynamic ? 2 * kBM * 4 : 0));
 #pragma unroll
-                    for (int k = 0; k < kBM / 64; ++k) {
-                        const int c = lane + 32 * k;
-                        const bool is_D = c >= kBM / 4;
-                        const int chunk = is_D ? c - kBM / 4 : c;
-                        cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
-                                    (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                        for (int c = 0; c < kChunks; ++c) {
+                            const int off = slot * Shape::kQBytes + c * Shape::kQChunkBytes;
+                            const int q_row = kVarlen ? seq.q_start + row0 : row0, q_batch = kVarlen ? 0 : batch;
+                            tma_load_4d(q_smem + off, &p.tma_q, q_full(slot), c * 64, q_row, head, q_batch);
+                            tma_load_4d(do_smem + off, &p.tma_do, q_full(slot), c * 64, q_row, head, q_batch);
+                        }
                     }
-                } else {
-                    for (int c = lane; c < kBM / 2; c += 32) {
-                        const bool is_D = c >= kBM / 4;
-                        const int chunk = is_D ? c - kBM / 4 : c;
-                        cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
-                                    (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                    if constexpr (kDynamic) {
+                        // after the tile's first Q_i, dO_i (their slot frees a Q block earlier than
+                        // K_j, V_j do): K_j, V_j once the last tile's are released
+                        if (it == 0) {
+                            if (kv_loads > 0) mbarrier_wait(kv_empty, u32(kv_loads - 1) & 1);
+                            load_kv();
+                            ++kv_loads;
+                        }
                     }
+                    // LSE_i then D_i, 4 floats a chunk; the workspace rows are padded to
+                    // seqlen_q_rounded (a multiple of BM), so every chunk is valid
+                    if constexpr (kDynamic) {
+                        // one bulk copy each (the rows start 256-byte aligned: row0 is a multiple
+                        // of 64), onto q_full
+                        bulk_load_g2s(lse_smem + slot * kBM * 4, lse_rows + row0, kBM * 4, q_full(slot));
+                        bulk_load_g2s(D_smem + slot * kBM * 4, D_rows + row0, kBM * 4, q_full(slot));
+                        continue;
+                    } else if constexpr (kDqWriter) {
+                        // the same copies, written with lane < 32 explicit: next to the writer warp's
+                        // loop the general form spills under the producer's 24 registers
+#pragma unroll
+                        for (int k = 0; k < kBM / 64; ++k) {
+                            const int c = lane + 32 * k;
+                            const bool is_D = c >= kBM / 4;
+                            const int chunk = is_D ? c - kBM / 4 : c;
+                            cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
+                                        (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                        }
+                    } else {
+                        for (int c = lane; c < kBM / 2; c += 32) {
+                            const bool is_D = c >= kBM / 4;
+                            const int chunk = is_D ? c - kBM / 4 : c;
+                            cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
+                                        (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                        }
+                    }
+                    cp_async_commit();
+                    cp_async_wait<0>();
+                    mbarrier_arrive(q_full(slot));
                 }
-                cp_async_commit();
-                cp_async_wait<0>();
-                mbarrier_arrive(q_full(slot));
+                if constexpr (!kDynamic) break;
+                q_done += n_iters;
+                const Sm90BwdTile next = Ring::claim(smem + kRingOffset, smem_ptr + kRingOffset, p.tile_counter,
+                                                     n_tiles, decode);   // (lane 0 alone)
+                if (next.n_block < 0) break;
+                enter_tile(next);
+                tile_range();
             }
         }
         return;
@@ -515,6 +663,12 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     float (&s_flat)[kBM / 2] = reinterpret_cast<float (&)[kBM / 2]>(s_acc);
     float (&dp_flat)[kBM / 2] = reinterpret_cast<float (&)[kBM / 2]>(dp_acc);
     u32 p_frag[1][kBM / 16][4], ds_frag[1][kBM / 16][4];
+    // the ring position, counted along (q % kStages and the fill's parity (q / kStages) & 1 of
+    // the CTA's q-th Q block, without a division per iteration), across tiles with kDynamic
+    int slot = 0;
+    u32 phase = 0;
+    int q_done = 0, kv_loads = 0;                               // kDynamic: Q blocks, K/V loads of earlier tiles
+    for (;;) {                                                  // kDynamic: tile after tile; else once
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
     // softcap and ALiBi (score.cuh; inert without them): the ALiBi slope of this (batch, head)
@@ -526,11 +680,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     Dropout dropout{};
     if constexpr (kDropout) dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
 
-    if (n_iters > 0) mbarrier_wait(kv_full, 0);
-    // the ring position, counted along (it % kStages and the fill's parity (it / kStages) & 1,
-    // without a division per iteration)
-    int slot = 0;
-    u32 phase = 0;
+    if (n_iters > 0) mbarrier_wait(kv_full, kDynamic ? u32(kv_loads) & 1 : 0u);
     for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
         const int m_block = m_block_min + it, row0 = m_block * kBM;
         const u32 q_off = slot * Shape::kQBytes;               // this slot's Q_i, dO_i (bytes)
@@ -795,8 +945,14 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             // others store nt (a select per element, in pairs nt, nt ^ 2 of the same box): their
             // unit gains ^ 4, and the half warp's 8 units are all distinct.
             static_assert(Shape::kDqN % 32 == 0, "nt ^ 2 pairs within a 32-column box");
-            const int buf = DqW::kBufs == 1 ? 0 : it % 2;
-            if (it >= DqW::kBufs) named_barrier_sync(kDqEmptyBar + buf, kDqBarThreads);
+            const int q = kDynamic ? q_done + it : it;          // the CTA's Q block count
+            const int buf = DqW::kBufs == 1 ? 0 : q % 2;
+            if (q >= DqW::kBufs) {
+                if constexpr (kDynamic)
+                    mbarrier_wait(dq_empty(buf), u32(q / DqW::kBufs - 1) & 1);
+                else
+                    named_barrier_sync(kDqEmptyBar + buf, kDqBarThreads);
+            }
             const bool odd = g % 2;
             const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
             unsigned char* tile = smem_ptr + DqW::kOffset + buf * DqW::kTileBytes + (dq_col0 / 32) * DqW::kBoxBytes
@@ -865,6 +1021,13 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         }
     }
 
+    if constexpr (kDynamic) {
+        if (n_iters > 0) {                                      // K_j, V_j read for the last time
+            mbarrier_arrive(kv_empty);
+            ++kv_loads;
+        }
+    }
+
     // ---- epilogue: dK_j = scale · Σ dSᵀ Q, dV_j = Σ Pᵀ dO ----
     // MHA: straight into dk, dv. GQA / MQA: fp32 per query head, summed by fa2_bwd_reduce_dkv.
     const bool grouped = p.nheads != p.nheads_kv;
@@ -895,6 +1058,13 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             }
         }
     }
+    if constexpr (!kDynamic) break;
+    q_done += n_iters;
+    const Sm90BwdTile next = ring_take();
+    if (next.n_block < 0) break;
+    enter_tile(next);
+    tile_range();
+    }   // the tile loop
     // kDqBulk: this thread's bulk additions complete before the CTA (and its shared memory) ends
     if constexpr (kDqBulk) {
         if (lane < 16) bulk_wait_group<0>();

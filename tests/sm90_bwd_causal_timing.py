@@ -1,8 +1,10 @@
 """Timing of sm90_bwd's launch-order and scheduler candidates on an H100 (issue 14: the backward
 at >= 1.0x SDPA cuDNN for seqlens >= 2k, d64 and d128, causal and not): per case the heuristic's
 kernel as the module constants choose it today ("heur"), the same kernel in the plain launch order
-("plain") and in the longest-first order ("lpt", kLpt), next to SDPA cuDNN and SDPA flash, in one
-process, bf16, at the FlashAttention benchmark's shape (batch x seqlen = 16k, heads = 2048 / d):
+("plain"), in the longest-first order ("lpt", kLpt; causal only), with the dynamic persistent
+scheduler ("dyn", kDynamic: a CTA per SM claiming K/V blocks) and with both ("dyn_lpt"), next to
+SDPA cuDNN and SDPA flash, in one process, bf16, at the FlashAttention benchmark's shape
+(batch x seqlen = 16k, heads = 2048 / d):
 
     timeout 120 python tests/sm90_bwd_causal_timing.py --out causal_timing.json   # d64, d128; 2k-16k
     python tests/sm90_bwd_causal_timing.py --hdims 128 --seqlens 2048 --causal yes   # one cell
@@ -47,8 +49,10 @@ FAM = registry.get("sm90_bwd")
 # name: the config of a case from the heuristic's (None: not for this case)
 VARIANTS = {
     "heur": lambda c: c,
-    "plain": lambda c: c.replace(lpt=False),
-    "lpt": lambda c: c.replace(lpt=True),
+    "plain": lambda c: c.replace(lpt=False, dynamic=False),
+    "lpt": lambda c: c.replace(lpt=True, dynamic=False) if c.causal else None,
+    "dyn": lambda c: c.replace(lpt=False, dynamic=True),
+    "dyn_lpt": lambda c: c.replace(lpt=True, dynamic=True) if c.causal else None,
 }
 
 

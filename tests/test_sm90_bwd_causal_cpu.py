@@ -44,14 +44,14 @@ def test_field_name_template_encoding():
     assert plain.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, true, false, "
                                    "false, false, false, false, false, false, true>")
     assert lpt.kernel_name() == plain.kernel_name()[:-1] + ", false, true>"
-    assert lpt.template_args()[-2:] == (False, True) and len(lpt.template_args()) == 17
+    assert lpt.template_args()[-3:] == (False, True, False) and len(lpt.template_args()) == 18
     assert FAM.encode(plain) == FAM.encode(plain.replace(lpt=False)) and "lpt" not in FAM.encode(plain)
     assert FAM.decode(FAM.encode(lpt), "bf16", True) == lpt
     assert FAM.space["lpt"] == (False, True)
     point = {k: v for k, v in FAM.point(plain).items() if k != "lpt"}   # a table entry from before
     assert FAM.make(point, problem()).lpt is False
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
-    assert "bool kVarlen = false, bool kLpt = false>" in src
+    assert "bool kVarlen = false, bool kLpt = false, bool kDynamic = false>" in src
 
 
 def test_rules_varlen_and_heuristic(monkeypatch):
@@ -99,5 +99,115 @@ def test_lpt_kernels_compile_clean():
     configs = [heur(d).replace(lpt=True) for d in (64, 128)]
     configs.append(heur(128).replace(lpt=True, dtype="fp16", window=True, softcap=True, alibi=True))
     configs.append(Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True, True, lpt=True))   # deterministic
+    assert all(c.problems() == [] for c in configs)
+    assert compile_clean(configs) == []
+
+
+# ---------------------------------------------------------------------------------------
+# the dynamic scheduler (dynamic, kDynamic)
+
+def test_dynamic_field_name_template_rules():
+    plain = heur()
+    dyn = plain.replace(dynamic=True)
+    assert dyn.name == plain.name + "_dyn" and dyn.replace(lpt=True).name == plain.name + "_lpt_dyn"
+    assert dyn.problems() == [] and dyn.replace(lpt=True).problems() == []
+    # appended last, after kLpt: the plain and lpt configs keep their name expressions
+    assert dyn.kernel_name() == plain.kernel_name()[:-1] + ", false, false, true>"
+    assert dyn.template_args()[-3:] == (False, False, True) and len(dyn.template_args()) == 18
+    assert FAM.decode(FAM.encode(dyn), "bf16", True) == dyn and "dynamic" not in FAM.encode(plain)
+    point = {k: v for k, v in FAM.point(plain).items() if k not in ("lpt", "dynamic")}
+    assert FAM.make(point, problem()).dynamic is False
+    assert FAM.space["dynamic"] == (False, True)
+    # 7 more mbarriers and the ring's slots and count
+    assert dyn.replace(dq_writer=False).smem_bytes == plain.replace(dq_writer=False).smem_bytes + 8 * 7 + 24
+    assert dyn.smem_bytes == plain.smem_bytes      # (inside dq_writer's 1024-byte alignment)
+    for change, why in ((dict(deterministic=True, dq_writer=False), "dynamic with varlen or deterministic"),
+                        (dict(varlen=True), "dynamic with varlen or deterministic"),
+                        (dict(dq_writer=False), "dynamic without dq_writer"),
+                        (dict(stages=3), "at stages > 2"),
+                        (dict(dropout=True), "with dropout")):
+        assert why in " ".join(dyn.replace(**change).problems()), change
+    # for_problem drops it where it does not run (a speed choice), keeps it elsewhere
+    assert not FAM.for_problem(dyn, problem(deterministic=True)).dynamic
+    assert not FAM.for_problem(dyn, problem(features=("varlen",))).dynamic
+    assert FAM.for_problem(dyn, problem()).dynamic and FAM.for_problem(dyn, problem(64, False)).dynamic
+
+
+def test_dynamic_heuristic_switch(monkeypatch):
+    for on in (False, True):
+        monkeypatch.setattr(sm90_bwd, "HEURISTIC_DYNAMIC", on)
+        for d, causal, det in itertools.product((64, 128), (False, True), (False, True)):
+            p = problem(d, causal, det)
+            cfg = FAM.for_problem(FAM.heuristic(p), p)
+            assert cfg.dynamic == (on and not det) and cfg.problems() == []
+        p = problem(128, True, features=("dropout",))
+        assert not FAM.for_problem(FAM.heuristic(p), p).dynamic
+
+
+def test_dynamic_plan_grid_and_counter(monkeypatch):
+    """A CTA per SM (at most one per tile); the plan's zeroed counter in tile_counter."""
+    import numpy as np
+    from types import SimpleNamespace
+
+    from cuflash import launch
+    from test_sm90_bwd_cpu import fake_launches
+
+    dt, launches = fake_launches(monkeypatch)
+    allocs = []
+
+    def zeroed(n, device, what):
+        allocs.append((n, what))
+        return SimpleNamespace(ptr=0xC0DE00 + len(allocs))
+
+    monkeypatch.setattr(launch, "_zeroed_i32", zeroed)
+    monkeypatch.setattr(sm90_bwd, "dq_accum_map", lambda ptr, shape, rows: bytes(128))
+    from cuflash.families import sm90_fwd
+    monkeypatch.setattr(sm90_fwd, "_encoder", lambda *a: bytes(128))
+    monkeypatch.setattr(sm90_fwd, "_MAP_CACHE", {})
+    for s, tiles in ((2048, 8 * 16 * 16), (100, 8)):
+        p = problem(128, True, batch=2 if s == 100 else 8, seqlen=s, nheads=4 if s == 100 else 16)
+        cfg = FAM.for_problem(heur().replace(dynamic=True, lpt=True), p)
+        st = fa2_bwd.contiguous_strides(p)
+        plan = launch.Plan(FAM, cfg, p, {n: st for n in ("q", "k", "v", "o", "dout", "dq", "dk", "dv")}, 0.1, 0)
+        main = next(spec for spec in plan.launches if spec.role == "main")
+        assert main.grid[0] == min(tiles, 132) and main.smem == cfg.smem_bytes
+        launches.clear()
+        plan.run(tuple(0x10000 * (i + 1) for i in range(9)), 0x1000000, 7)
+        rec = np.frombuffer(launches[1]["raw"], dt)[0]
+        assert int(rec["tile_counter"]) == 0xC0DE00 + len(allocs)
+    assert [n for n, _ in allocs] == [1, 1] and allocs[0][1] == f"{cfg.name} (tile_counter)"
+    # without dynamic: no counter, the field null
+    assert FAM.zeroed_counters(heur(), problem()) == {}
+
+
+@needs_nvcc
+def test_dynamic_smem_matches_the_kernel(tmp_path):
+    import subprocess
+
+    configs = [heur().replace(dynamic=True), heur(64).replace(dynamic=True, lpt=True),
+               heur().replace(dynamic=True, softcap=True)]
+    exprs = []
+    for c in configs:
+        shape = f"cuflash::Sm90BwdShape<{c.BM}, {c.BN}, {c.stages}, {c.consumers}, {c.head_dim}, true>"
+        words = f"cuflash::Sm90BwdThreadWords<{shape}, {c.consumers}, {(int(c.softcap) + int(c.dropout)) * c.BM // 4}>"
+        stage = f"cuflash::Sm90BwdDqWriterStage<{words}, {c.BM}, {c.head_dim}>"
+        exprs += [f"{stage}::kSmemBytes", f"{stage}::kBufs", f"{shape}::kBarEnd % 8"]
+    src = tmp_path / "stage.cu"
+    src.write_text('#include "sm90_bwd.cu"\n#include <cstdio>\nint main() {\n'
+                   + "".join(f'  std::printf("%d\\n", int({e}));\n' for e in exprs) + "}\n")
+    exe = tmp_path / "stage"
+    subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", "-I", str(kernel_dir()), "-o", str(exe), str(src)],
+                   check=True, capture_output=True)
+    got = [int(x) for x in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+    assert got == [v for c in configs for v in (c.smem_bytes, c.dq_writer_bufs, 0)]
+
+
+@needs_nvcc
+def test_dynamic_kernels_compile_clean():
+    configs = [heur(d, causal).replace(dynamic=True, lpt=causal) for d in (64, 128) for causal in (False, True)]
+    configs += [heur(128).replace(dynamic=True, window=True, softcap=True, alibi=True, dtype="fp16"),
+                heur(128).replace(dynamic=True, overlap_sdp=True),
+                Sm90BwdConfig(64, 128, 2, 2, 64, "bf16", True, dq_writer=True, dynamic=True),
+                Sm90BwdConfig(64, 64, 2, 1, 64, "bf16", False, dq_writer=True, dynamic=True)]
     assert all(c.problems() == [] for c in configs)
     assert compile_clean(configs) == []

@@ -84,6 +84,11 @@ D96_ABOVE_FA2 = True
 # (tests/sm90_bwd_causal_timing.py); a model of the launch (greedy CTA dispatch, 132 SMs, cost
 # 7 us + 2.23 us per Q block, fitted to the d128 timings) puts the causal 2k-8k backward 5-6% faster.
 HEURISTIC_LPT = False
+# Whether the heuristic runs the dynamic persistent scheduler (dynamic, kDynamic: a CTA per SM
+# claiming tiles; the next tile's loads overlap the last one's epilogue and no CTA is launched per
+# K/V block). To be measured (tests/sm90_bwd_causal_timing.py); the launch model above puts it at
+# 5 us less per K/V block: the 2k backward 6% faster, 2k causal with lpt 15%.
+HEURISTIC_DYNAMIC = False
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -154,6 +159,7 @@ class Sm90BwdConfig(KernelConfig):
     dq_writer: bool = False
     varlen: bool = False
     lpt: bool = False
+    dynamic: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -170,7 +176,7 @@ class Sm90BwdConfig(KernelConfig):
                 f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{det}{'_drop' if self.dropout else ''}{name_suffix(self)}"
                 f"{'_dqb' if self.dq_bulk else ''}{'_ovl' if self.overlap_sdp else ''}"
                 f"{'_dqw' if self.dq_writer else ''}{'_varlen' if self.varlen else ''}"
-                f"{'_lpt' if self.lpt else ''}")
+                f"{'_lpt' if self.lpt else ''}{'_dyn' if self.dynamic else ''}")
 
     @property
     def dq_cols(self) -> int:
@@ -190,6 +196,8 @@ class Sm90BwdConfig(KernelConfig):
         (1 - tanh², the signed Pᵀ: Sm90BwdThreadWords in sm90_bwd.cu)."""
         tiles = 2 * self.BN * self.head_dim * 2 + 2 * self.stages * self.BM * self.head_dim * 2
         used = tiles + self.BM * self.BN * 2 + 2 * self.stages * self.BM * 4 + 8 * (1 + 2 * self.stages)
+        if self.dynamic:   # kv_empty, dq_writer's 2 mbarriers, the tile ring's 4, its 2 slots (2 ints each) and count
+            used += 8 * 7 + 24
         words = (int(self.softcap) + int(self.dropout)) * self.BM // 4
         if words:
             used = -(-used // 16) * 16 + words * 4 * self.consumers * 128
@@ -243,6 +251,13 @@ class Sm90BwdConfig(KernelConfig):
         (tests/test_sm90_bwd_sched_cpu.py holds it)."""
         return self.softcap or self.alibi or self.dropout
 
+    def dynamic_spills(self) -> bool:
+        """Whether the dynamic scheduler's kernel spills (nvcc 13.0, sm_90a): without dq_writer (the
+        consumers' red.add or dq_bulk paths), at stages > 2, with dropout (d128; d64's BM 128 tile
+        has no dropout anyway). tests/test_sm90_bwd_causal_cpu.py holds the allowed ones to zero
+        spills."""
+        return not self.dq_writer or self.stages > 2 or self.dropout
+
     def bm128_spills(self) -> bool:
         """Whether the BM 128 tile (head dim 64, PTXAS_FITS) spills (nvcc 13.0, sm_90a): with
         softcap or ALiBi, and with overlap_sdp next to a window, at stages > 2 or without
@@ -255,21 +270,22 @@ class Sm90BwdConfig(KernelConfig):
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
         # the feature flags only when one is set: a plain config keeps its name expression
-        sched = self.overlap_sdp or self.dq_writer or self.varlen or self.lpt
+        sched = self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
                  or self.dq_bulk or sched else "")
         feats += f", {b(self.dropout)}" if self.dropout or self.dq_bulk or sched else ""
         feats += f", {b(self.dq_bulk)}" if self.dq_bulk or sched else ""
         feats += f", {b(self.overlap_sdp)}, {b(self.dq_writer)}" if sched else ""
-        feats += f", {b(self.varlen)}" if self.varlen or self.lpt else ""   # kVarlen
-        feats += ", true" if self.lpt else ""                              # kLpt last
+        feats += f", {b(self.varlen)}" if self.varlen or self.lpt or self.dynamic else ""   # kVarlen
+        feats += f", {b(self.lpt)}" if self.lpt or self.dynamic else ""                      # kLpt
+        feats += ", true" if self.dynamic else ""                                             # kDynamic last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
-                self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt)
+                self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic)
 
     def _problems(self) -> list[str]:
         out = []
@@ -301,6 +317,13 @@ class Sm90BwdConfig(KernelConfig):
         if self.lpt and self.varlen:
             out.append("lpt with varlen: a varlen grid keeps the plain order (its K/V blocks past a "
                        "sequence's end leave at once)")
+        if self.dynamic and (self.varlen or self.deterministic):
+            out.append("dynamic with varlen or deterministic: the dynamic scheduler runs fixed-length "
+                       "unordered backwards (its claims do not follow a varlen grid's empty K/V blocks, "
+                       "nor the ordered additions' turns)")
+        if not out and self.dynamic and self.dynamic_spills():
+            out.append("dynamic without dq_writer, at stages > 2 or with dropout: ptxas spills that "
+                       "kernel (nvcc 13.0)")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -345,7 +368,7 @@ class Sm90Backward(Family):
     config_cls = Sm90BwdConfig
     space = {"BM": (64, 128), "BN": (64, 128), "stages": (2, 3), "consumers": (1, 2),
              "dq_bulk": (False, True), "overlap_sdp": (False, True), "dq_writer": (False, True),
-             "lpt": (False, True)}
+             "lpt": (False, True), "dynamic": (False, True)}
     fixed = {"deterministic": False}
     params_struct = "Sm90BwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90BwdParams"
@@ -450,6 +473,8 @@ class Sm90Backward(Family):
             config = config.replace(varlen=is_varlen(problem))
         if config.lpt and (config.varlen or not config.causal):
             config = config.replace(lpt=False)         # a speed choice: varlen, non-causal keep the plain order
+        if config.dynamic and (config.varlen or config.deterministic):
+            config = config.replace(dynamic=False)     # likewise: a CTA per K/V block
         if config.dq_bulk and (problem.deterministic or (config.dropout and config.consumers > 1
                                                         and config.head_dim == 64)):
             # a speed choice (a tuned entry's, or bwd_config='s): a deterministic call takes the
@@ -466,6 +491,8 @@ class Sm90Backward(Family):
                 config = config.replace(dq_writer=path == "dq_writer", dq_bulk=path == "dq_bulk")
         if config.overlap_sdp and config.head_dim > 64 and config.overlap_sdp_spills():
             config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
+        if config.dynamic and config.dynamic_spills():
+            config = config.replace(dynamic=False)     # a speed choice: the combinations whose kernel spills
         if config.BM > 64 and config.bm128_spills():
             # FA3's BM 128 tile at head dim 64 (a tuned entry's, D64_SHAPE, bwd_config=): without
             # overlap_sdp where that is enough, else the BM 64 tile (dropout's keep bits, softcap,
@@ -479,13 +506,14 @@ class Sm90Backward(Family):
         # the encoded form of a config stays what it was before the flags existed
         # lpt only when on, likewise
         return ((k, v) for k, v in super()._fields(config)
-                if k not in ("dropout", "varlen") and not (k == "lpt" and not v))
+                if k not in ("dropout", "varlen") and not (k in ("lpt", "dynamic") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without lpt (tuned tables and recorded studies from before the
         flag) gets the plain order."""
-        if "lpt" not in point:
-            point = {**point, "lpt": False}
+        for flag in ("lpt", "dynamic"):
+            if flag not in point:
+                point = {**point, flag: False}
         return super().make(point, problem)
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90BwdConfig:
@@ -508,7 +536,9 @@ class Sm90Backward(Family):
             cfg = cfg.replace(dq_writer=True)
         if causal and HEURISTIC_LPT:
             cfg = cfg.replace(lpt=True)                 # (for_problem drops it under varlen)
-        return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False}), max_smem)
+        if HEURISTIC_DYNAMIC and not det:
+            cfg = cfg.replace(dynamic=True)             # (for_problem drops it where it does not run)
+        return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
 
     def kernel_names(self, config) -> dict:
         targs = f"cuflash::{config.dtype}" + (", true" if config.varlen else "")   # fa2_bwd's kVarlen
@@ -531,9 +561,12 @@ class Sm90Backward(Family):
                              f"({p.batch * p.nheads} x {n_kv})")
         rows = -(-p.seqlen_q // ROW_PAD) * ROW_PAD
         per_row = p.head_dim // 8  # epilogue threads per row
+        tiles = p.batch * p.nheads * n_kv
         out = [LaunchSpec("preprocess", (rows // PREP_ROWS, p.nheads, p.batch), PREP_THREADS),
-               # one CTA per (K/V block, head, batch), K/V blocks fastest (sm90_bwd.cu)
-               LaunchSpec("main", (p.batch * p.nheads * n_kv, 1, 1), config.threads, config.smem_bytes),
+               # one CTA per (K/V block, head, batch), K/V blocks fastest (sm90_bwd.cu); dynamic: a CTA
+               # per SM (one fits an SM), at most one per tile, claiming tiles
+               LaunchSpec("main", (min(tiles, sm_count) if config.dynamic else tiles, 1, 1), config.threads,
+                          config.smem_bytes),
                LaunchSpec("convert_dq", (-(-p.seqlen_q * per_row // EPILOGUE_THREADS), p.nheads, p.batch),
                           EPILOGUE_THREADS)]
         if p.nheads != p.nheads_kv:
@@ -552,7 +585,13 @@ class Sm90Backward(Family):
         group = head_group(problem.batch * problem.nheads, -(-problem.seqlen_k // config.BN), sm_count) \
             if config.lpt else 1
         return dict(bwd_params(config, problem, strides, workspace, softmax_scale, group),
-                    tma_q=0, tma_k=0, tma_v=0, tma_do=0, tma_dq=0)
+                    tma_q=0, tma_k=0, tma_v=0, tma_do=0, tma_dq=0, tile_counter=0)
+
+    def zeroed_counters(self, config, problem: Problem) -> dict:
+        """{params field: int32 count} of the counters a plan keeps between calls (cuflash.launch.Plan
+        zeroes them once; the kernel resets them): the dynamic scheduler's tile counter. One per
+        plan: two calls of one plan must not run at the same time on two streams."""
+        return {"tile_counter": 1} if config.dynamic else {}
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
         """Per call, after the pointers: the tensor maps of q, k, v and dO into the packed params
