@@ -296,11 +296,11 @@ __device__ __forceinline__ Sm90BwdTile sm90_bwd_lpt_tile(int tile, int n_kv, int
 // consumer threads and, with kDqWriter, the writer warp. `full` (one arrival: the producer's,
 // after writing the index; its release makes the write visible to the takers' acquiring wait) and
 // `empty` (kTakers arrivals: every taker thread, once it has read the index). A claimed index >=
-// n_tiles ends every role's loop (handed over as -1: the takers need not know n_tiles). The counter's reset: each CTA claims until it draws an index
-// past the tiles, so a launch makes exactly n_tiles claims (the host launches at most n_tiles
-// CTAs) and draws 0..n_tiles - 1 once each: the CTA that draws n_tiles - 1 made the launch's last
-// claim and sets the counter back to 0 for the next launch (zeroed once when the plan allocates
-// it, never read by the host: CUDA graphs replay it as is).
+// n_tiles ends every role's loop (handed over as K/V block -1). The counter's reset: each CTA
+// claims until it draws an index past the tiles, so a launch makes exactly n_tiles claims (the
+// host launches at most n_tiles CTAs) and draws 0..n_tiles - 1 once each: the CTA that draws
+// n_tiles - 1 made the launch's last claim and sets the counter back to 0 for the next launch
+// (zeroed once when the plan allocates it, never read by the host: CUDA graphs replay it as is).
 // A slot holds the tile decoded (K/V block, pair; n_block -1: none left), so that the takers need
 // neither the tile count nor a division. A taker keeps only its count in a register, the producer
 // its count in shared memory after the slots (its 24 registers are taken by its loads' state);
@@ -670,400 +670,400 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     int q_done = 0, kv_loads = 0;                               // kDynamic: Q blocks, K/V loads of earlier tiles
     for (;;) {                                                  // kDynamic: tile after tile; else once
 #pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
-    // softcap and ALiBi (score.cuh; inert without them): the ALiBi slope of this (batch, head)
-    const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride,
-                                           batch, head, p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q,
-                                           kVarlen ? seq.seqlen_k : p.seqlen_k);
-    // kDropout: the generator's state (the drop threshold and the keep scale 1 / (1 - p) are
-    // read from the params where they are used: fewer registers across the loop)
-    Dropout dropout{};
-    if constexpr (kDropout) dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
+        for (int i = 0; i < kHeadDim / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
+        // softcap and ALiBi (score.cuh; inert without them): the ALiBi slope of this (batch, head)
+        const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride,
+                                               batch, head, p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q,
+                                               kVarlen ? seq.seqlen_k : p.seqlen_k);
+        // kDropout: the generator's state (the drop threshold and the keep scale 1 / (1 - p) are
+        // read from the params where they are used: fewer registers across the loop)
+        Dropout dropout{};
+        if constexpr (kDropout) dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
 
-    if (n_iters > 0) mbarrier_wait(kv_full, kDynamic ? u32(kv_loads) & 1 : 0u);
-    for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
-        const int m_block = m_block_min + it, row0 = m_block * kBM;
-        const u32 q_off = slot * Shape::kQBytes;               // this slot's Q_i, dO_i (bytes)
-        // kDropout: the keep mask Z of this thread's Pᵀ elements, one bit each (bit 4nt + e of
-        // element (nt, e)), drawn before Sᵀ's accumulators are live (and while Q_i may still be
-        // landing): the Philox rounds next to dK, dV and Sᵀ would spill the d128 kernel
-        u32 keep_bits = 0;
-        static_assert(!kDropout || kBM / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
-        if constexpr (kDropout)
-            keep_bits = dropout.keep_bits_transposed<kBM / 8>(static_cast<int>(bh), key0 + warp_key, row0, g, t);
-        mbarrier_wait(q_full(slot), phase);
+        if (n_iters > 0) mbarrier_wait(kv_full, kDynamic ? u32(kv_loads) & 1 : 0u);
+        for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
+            const int m_block = m_block_min + it, row0 = m_block * kBM;
+            const u32 q_off = slot * Shape::kQBytes;               // this slot's Q_i, dO_i (bytes)
+            // kDropout: the keep mask Z of this thread's Pᵀ elements, one bit each (bit 4nt + e of
+            // element (nt, e)), drawn before Sᵀ's accumulators are live (and while Q_i may still be
+            // landing): the Philox rounds next to dK, dV and Sᵀ would spill the d128 kernel
+            u32 keep_bits = 0;
+            static_assert(!kDropout || kBM / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
+            if constexpr (kDropout)
+                keep_bits = dropout.keep_bits_transposed<kBM / 8>(static_cast<int>(bh), key0 + warp_key, row0, g, t);
+            mbarrier_wait(q_full(slot), phase);
 
-        // ---- Sᵀ = K_j Q_iᵀ ----
-        reg_fence(s_flat);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-            // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
-            const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
-            const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-            Wgmma<kBM, Elem>::template ss<0>(s_flat, k_rows_desc.at(a_off), q_desc.at(b_off), kk > 0);
-        }
-        wgmma_commit();
-        if constexpr (kOverlapSdp) {
-            // dPᵀ = V_j dO_iᵀ right behind Sᵀ (its own group): the tensor cores run it while this
-            // thread turns Sᵀ into Pᵀ below; only Sᵀ is waited for here
-            reg_fence(dp_flat);
+            // ---- Sᵀ = K_j Q_iᵀ ----
+            reg_fence(s_flat);
+            wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+                // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
                 const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
                 const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-                Wgmma<kBM, Elem>::template ss<0>(dp_flat, v_rows_desc.at(a_off), do_desc.at(b_off), kk > 0);
+                Wgmma<kBM, Elem>::template ss<0>(s_flat, k_rows_desc.at(a_off), q_desc.at(b_off), kk > 0);
             }
             wgmma_commit();
-            wgmma_wait<1>();                                    // Sᵀ is ready (dPᵀ may still run)
-        } else {
-            wgmma_wait<0>();
-        }
-        reg_fence(s_flat);
+            if constexpr (kOverlapSdp) {
+                // dPᵀ = V_j dO_iᵀ right behind Sᵀ (its own group): the tensor cores run it while this
+                // thread turns Sᵀ into Pᵀ below; only Sᵀ is waited for here
+                reg_fence(dp_flat);
+#pragma unroll
+                for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+                    const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+                    const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+                    Wgmma<kBM, Elem>::template ss<0>(dp_flat, v_rows_desc.at(a_off), do_desc.at(b_off), kk > 0);
+                }
+                wgmma_commit();
+                wgmma_wait<1>();                                    // Sᵀ is ready (dPᵀ may still run)
+            } else {
+                wgmma_wait<0>();
+            }
+            reg_fence(s_flat);
 
-        // ---- Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e); padded queries have LSE = +inf -> 0 ----
-        const float* lse_i = lse_smem_f + slot * kBM;
-        const float* D_i = D_smem_f + slot * kBM;
-        // Masked elements (only in the ragged and the causal diagonal blocks): mask.cuh's rule per
-        // row of Sᵀ, i.e. per key: key k is seen by the queries from first_query(k) on, none past
-        // seqlen_k. The column offset of this thread's queries is 2t (+ 8nt + e % 2). `fill`:
-        // -inf before the exp2, 0 after it.
-        auto hide = [&](float fill) {
-            if constexpr (kWindow) {
-                // the band's rule per key: key k is seen by the queries k - offset - right ..
-                // k - offset + left (a bound of -1: none), none past seqlen_k; as column offsets
-                // from this thread's 2t: [lo, hi]
-                if (band.template needs_mask<kBN, kBM>(row0, n_block)) {
+            // ---- Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e); padded queries have LSE = +inf -> 0 ----
+            const float* lse_i = lse_smem_f + slot * kBM;
+            const float* D_i = D_smem_f + slot * kBM;
+            // Masked elements (only in the ragged and the causal diagonal blocks): mask.cuh's rule per
+            // row of Sᵀ, i.e. per key: key k is seen by the queries from first_query(k) on, none past
+            // seqlen_k. The column offset of this thread's queries is 2t (+ 8nt + e % 2). `fill`:
+            // -inf before the exp2, 0 after it.
+            auto hide = [&](float fill) {
+                if constexpr (kWindow) {
+                    // the band's rule per key: key k is seen by the queries k - offset - right ..
+                    // k - offset + left (a bound of -1: none), none past seqlen_k; as column offsets
+                    // from this thread's 2t: [lo, hi]
+                    if (band.template needs_mask<kBN, kBM>(row0, n_block)) {
+#pragma unroll
+                        for (int half = 0; half < 2; ++half) {
+                            const int key = key0 + warp_key + g + 8 * half;
+                            const int diag = key - band.causal_offset - row0 - 2 * t;  // the query on k's diagonal
+                            const int lo = key >= (kVarlen ? seq.seqlen_k : p.seqlen_k) ? kBM
+                                           : band.has_right() ? diag - band.right : 0;
+                            const int hi = band.has_left() ? diag + band.left : kBM;
+#pragma unroll
+                            for (int nt = 0; nt < kBM / 8; ++nt)
+#pragma unroll
+                                for (int e = 0; e < 2; ++e)
+                                    if (nt * 8 + e < lo || nt * 8 + e > hi) s_acc[0][nt][2 * half + e] = fill;
+                        }
+                    }
+                } else if (mask.template needs_mask<kBN>(row0, n_block)) {
 #pragma unroll
                     for (int half = 0; half < 2; ++half) {
                         const int key = key0 + warp_key + g + 8 * half;
-                        const int diag = key - band.causal_offset - row0 - 2 * t;  // the query on k's diagonal
-                        const int lo = key >= (kVarlen ? seq.seqlen_k : p.seqlen_k) ? kBM
-                                       : band.has_right() ? diag - band.right : 0;
-                        const int hi = band.has_left() ? diag + band.left : kBM;
+                        const int seqlen_k = kVarlen ? seq.seqlen_k : p.seqlen_k;
+                        const int first = key >= seqlen_k ? kBM + row0 : key - mask.causal_offset;
+                        const int first_col = kCausal || key >= seqlen_k ? first - row0 - 2 * t : -1;
 #pragma unroll
                         for (int nt = 0; nt < kBM / 8; ++nt)
 #pragma unroll
                             for (int e = 0; e < 2; ++e)
-                                if (nt * 8 + e < lo || nt * 8 + e > hi) s_acc[0][nt][2 * half + e] = fill;
+                                if (nt * 8 + e < first_col) s_acc[0][nt][2 * half + e] = fill;
                     }
                 }
-            } else if (mask.template needs_mask<kBN>(row0, n_block)) {
+            };
+            if constexpr (!ScoreMod<kSoftcap, kAlibi>::kOn) {
+                // (kOverlapSdp: the mask after the exp2, hidden elements -> 0, as with the score
+                // modifiers below: with dPᵀ's accumulators live the mask's values must not outlive
+                // the exp2s; the d128 causal kernel spills otherwise)
+                if constexpr (!kOverlapSdp) hide(neg_inf());
 #pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int key = key0 + warp_key + g + 8 * half;
-                    const int seqlen_k = kVarlen ? seq.seqlen_k : p.seqlen_k;
-                    const int first = key >= seqlen_k ? kBM + row0 : key - mask.causal_offset;
-                    const int first_col = kCausal || key >= seqlen_k ? first - row0 - 2 * t : -1;
+                for (int nt = 0; nt < kBM / 8; ++nt) {
+                    const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
 #pragma unroll
-                    for (int nt = 0; nt < kBM / 8; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e)
-                            if (nt * 8 + e < first_col) s_acc[0][nt][2 * half + e] = fill;
+                    for (int e = 0; e < 4; ++e)
+                        s_acc[0][nt][e] = exp2_scaled(s_acc[0][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
                 }
-            }
-        };
-        if constexpr (!ScoreMod<kSoftcap, kAlibi>::kOn) {
-            // (kOverlapSdp: the mask after the exp2, hidden elements -> 0, as with the score
-            // modifiers below: with dPᵀ's accumulators live the mask's values must not outlive
-            // the exp2s; the d128 causal kernel spills otherwise)
-            if constexpr (!kOverlapSdp) hide(neg_inf());
+                if constexpr (kOverlapSdp) hide(0.f);
+            } else {
+                // Sᵀ through the score modifiers (score.cuh, raw units) on the way to the exp2, the
+                // mask after it (hidden elements -> 0, whatever their modified score). Element
+                // (nt, e): key warp_key + g + 8·(e / 2), query 8nt + 2t + e % 2. Softcap keeps
+                // 1 - tanh² for dSᵀ, rounded to 16 bits like dSᵀ itself, packed as pack_a_frags
+                // packs Pᵀ (word 2·(nt % 2) + e / 2 of k16 step nt / 2), in shared memory (above).
 #pragma unroll
-            for (int nt = 0; nt < kBM / 8; ++nt) {
-                const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
+                for (int nt = 0; nt < kBM / 8; ++nt) {
+                    const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    s_acc[0][nt][e] = exp2_scaled(s_acc[0][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
-            }
-            if constexpr (kOverlapSdp) hide(0.f);
-        } else {
-            // Sᵀ through the score modifiers (score.cuh, raw units) on the way to the exp2, the
-            // mask after it (hidden elements -> 0, whatever their modified score). Element
-            // (nt, e): key warp_key + g + 8·(e / 2), query 8nt + 2t + e % 2. Softcap keeps
-            // 1 - tanh² for dSᵀ, rounded to 16 bits like dSᵀ itself, packed as pack_a_frags
-            // packs Pᵀ (word 2·(nt % 2) + e / 2 of k16 step nt / 2), in shared memory (above).
+                    for (int half = 0; half < 2; ++half) {
+                        const int key = key0 + warp_key + g + 8 * half;
+                        float dtanh[2];
 #pragma unroll
-            for (int nt = 0; nt < kBM / 8; ++nt) {
-                const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int key = key0 + warp_key + g + 8 * half;
-                    float dtanh[2];
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        float th = 0.f;
-                        float& s = s_acc[0][nt][2 * half + e];
-                        s = exp2_scaled(score.apply(s, row0 + nt * 8 + 2 * t + e, key, th), p.scale_log2,
-                                        e ? lse.y : lse.x);
-                        dtanh[e] = 1.f - th * th;
+                        for (int e = 0; e < 2; ++e) {
+                            float th = 0.f;
+                            float& s = s_acc[0][nt][2 * half + e];
+                            s = exp2_scaled(score.apply(s, row0 + nt * 8 + 2 * t + e, key, th), p.scale_log2,
+                                            e ? lse.y : lse.x);
+                            dtanh[e] = 1.f - th * th;
+                        }
+                        if constexpr (kSoftcap) thread_word(kCapWord0 + 2 * nt + half) = pack2<Elem>(dtanh[0], dtanh[1]);
                     }
-                    if constexpr (kSoftcap) thread_word(kCapWord0 + 2 * nt + half) = pack2<Elem>(dtanh[0], dtanh[1]);
                 }
+                hide(0.f);
             }
-            hide(0.f);
-        }
-        if constexpr (kDropout) {
-            // ---- dropout: the dropped elements of Pᵀ negated (Pᵀ >= 0, so the sign is ¬Z, as
-            // Dropout::negate_dropped_transposed; a hidden element, 0, stays a zero), the signed
-            // Pᵀ to this thread's words for dSᵀ, and Pᵀ ∘ Z / (1 - p), its positive part
-            // scaled, for dV ----
+            if constexpr (kDropout) {
+                // ---- dropout: the dropped elements of Pᵀ negated (Pᵀ >= 0, so the sign is ¬Z, as
+                // Dropout::negate_dropped_transposed; a hidden element, 0, stays a zero), the signed
+                // Pᵀ to this thread's words for dSᵀ, and Pᵀ ∘ Z / (1 - p), its positive part
+                // scaled, for dV ----
 #pragma unroll
-            for (int nt = 0; nt < kBM / 8; ++nt)
+                for (int nt = 0; nt < kBM / 8; ++nt)
 #pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    float& p0 = s_acc[0][nt][2 * half];
-                    float& p1 = s_acc[0][nt][2 * half + 1];
-                    if (!((keep_bits >> (4 * nt + 2 * half)) & 1u)) p0 = -p0;
-                    if (!((keep_bits >> (4 * nt + 2 * half + 1)) & 1u)) p1 = -p1;
-                    thread_word(kPWord0 + 2 * nt + half) = pack2<Elem>(p0, p1);
-                    p0 = fmaxf(p0, 0.f) * p.dropout_scale;
-                    p1 = fmaxf(p1, 0.f) * p.dropout_scale;
-                }
-        }
-        // Pᵀ as 16-bit A fragments: the fp32 Pᵀ dies here, before dPᵀ's accumulators are born
-        // (with dK, dV in registers the d128 kernel has no room for both), so dS below uses
-        // Pᵀ rounded to 16 bits, as the dV product does (and as attention in 16 bits would).
-        pack_a_frags<1, kBM / 16, Elem>(p_frag, s_acc);
-
-        // ---- dPᵀ = V_j dO_iᵀ (SS; kOverlapSdp: already issued behind Sᵀ), then dV_j += Pᵀ dO_i
-        // (RS; dO_i MN-major, queries 16kk..16kk+15 per step) ----
-        if constexpr (!kOverlapSdp) reg_fence(dp_flat);
-        reg_fence(dv_acc);
-        wgmma_fence();
-        if constexpr (!kOverlapSdp) {
-#pragma unroll
-            for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-                const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
-                const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-                Wgmma<kBM, Elem>::template ss<0>(dp_flat, v_rows_desc.at(a_off), do_desc.at(b_off), kk > 0);
+                    for (int half = 0; half < 2; ++half) {
+                        float& p0 = s_acc[0][nt][2 * half];
+                        float& p1 = s_acc[0][nt][2 * half + 1];
+                        if (!((keep_bits >> (4 * nt + 2 * half)) & 1u)) p0 = -p0;
+                        if (!((keep_bits >> (4 * nt + 2 * half + 1)) & 1u)) p1 = -p1;
+                        thread_word(kPWord0 + 2 * nt + half) = pack2<Elem>(p0, p1);
+                        p0 = fmaxf(p0, 0.f) * p.dropout_scale;
+                        p1 = fmaxf(p1, 0.f) * p.dropout_scale;
+                    }
             }
-            wgmma_commit();
-        }
-#pragma unroll
-        for (int kk = 0; kk < kBM / 16; ++kk)
-            Wgmma<kHeadDim, Elem>::template rs<1>(dv_acc, p_frag[0][kk], do_t_desc.at(q_off + kk * 16 * 128), 1);
-        wgmma_commit();
-        wgmma_wait<1>();                                        // dPᵀ is ready (dV may still run)
-        reg_fence(dp_flat);
+            // Pᵀ as 16-bit A fragments: the fp32 Pᵀ dies here, before dPᵀ's accumulators are born
+            // (with dK, dV in registers the d128 kernel has no room for both), so dS below uses
+            // Pᵀ rounded to 16 bits, as the dV product does (and as attention in 16 bits would).
+            pack_a_frags<1, kBM / 16, Elem>(p_frag, s_acc);
 
-        // ---- dSᵀ = Pᵀ ∘ (dPᵀ - D_i), to 16-bit A fragments ----
-        // p_frag[kk][r] holds Pᵀ elements (nt, e) = (2kk + r / 2, 2·(r % 2) + lo/hi) (gemm.cuh)
+            // ---- dPᵀ = V_j dO_iᵀ (SS; kOverlapSdp: already issued behind Sᵀ), then dV_j += Pᵀ dO_i
+            // (RS; dO_i MN-major, queries 16kk..16kk+15 per step) ----
+            if constexpr (!kOverlapSdp) reg_fence(dp_flat);
+            reg_fence(dv_acc);
+            wgmma_fence();
+            if constexpr (!kOverlapSdp) {
 #pragma unroll
-        for (int nt = 0; nt < kBM / 8; ++nt) {
-            const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if constexpr (kDropout) {  // dS = |P| ∘ (Z ∘ dP / (1 - p) - D), P from the signed words
-                    const u32 pair = thread_word(kPWord0 + 2 * nt + e / 2);
-                    const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
-                    const float z = P > 0.f ? p.dropout_scale : 0.f;
-                    dp_acc[0][nt][e] = fabsf(P) * (dp_acc[0][nt][e] * z - (e % 2 ? D.y : D.x));
-                } else {
-                    const u32 pair = p_frag[0][nt / 2][2 * (nt % 2) + e / 2];
-                    const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
-                    dp_acc[0][nt][e] = P * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
+                for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+                    const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+                    const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+                    Wgmma<kBM, Elem>::template ss<0>(dp_flat, v_rows_desc.at(a_off), do_desc.at(b_off), kk > 0);
                 }
-                if constexpr (kSoftcap) {  // d(softcap·tanh(x / softcap))/dx = 1 - tanh²
-                    const u32 dtanh = thread_word(kCapWord0 + 2 * nt + e / 2);
-                    dp_acc[0][nt][e] *= to_float<Elem>(u16(e % 2 ? dtanh >> 16 : dtanh & 0xFFFFu));
-                }
+                wgmma_commit();
             }
-        }
-        pack_a_frags<1, kBM / 16, Elem>(ds_frag, dp_acc);
-
-        // ---- dK_j += dSᵀ Q_i (RS; Q_i MN-major; scaled once, in the epilogue) ----
-        reg_fence(dk_acc);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBM / 16; ++kk)
-            Wgmma<kHeadDim, Elem>::template rs<1>(dk_acc, ds_frag[0][kk], q_t_desc.at(q_off + kk * 16 * 128), 1);
-        wgmma_commit();
-
-        // ---- dS to shared memory: every warpgroup's previous dQ GEMM is done (it waited for it
-        // before the barrier), so ds_smem is free. ds_frag register r of step kk holds keys
-        // g + 8·(r % 2), queries 16kk + 2t + 8·(r / 2) (two adjacent queries per register): four
-        // 8x8 matrices, stored transposed (dS[query][key], 16 bits each) by one stmatrix per step,
-        // 16 bytes (8 keys) a row. The 8 rows of a matrix are 8 consecutive queries, whose
-        // 128-byte swizzle puts their units on 8 distinct bank groups: no bank conflicts (2-byte
-        // stores took 8 instructions per step, each 64 bytes).
-        named_barrier_sync(1, kConsumerThreads);
-        if constexpr (kDropout) {
-            // dropout: per element, 16-bit stores (stmatrix's four-register operand makes ptxas
-            // spill this kernel at d128, nvcc 13.0); query 16kk + 8·(r / 2) + 2t (+1), key
-            // warp_key + g + 8·(r % 2), the offsets recomputed (the dropout state takes registers)
 #pragma unroll
             for (int kk = 0; kk < kBM / 16; ++kk)
+                Wgmma<kHeadDim, Elem>::template rs<1>(dv_acc, p_frag[0][kk], do_t_desc.at(q_off + kk * 16 * 128), 1);
+            wgmma_commit();
+            wgmma_wait<1>();                                        // dPᵀ is ready (dV may still run)
+            reg_fence(dp_flat);
+
+            // ---- dSᵀ = Pᵀ ∘ (dPᵀ - D_i), to 16-bit A fragments ----
+            // p_frag[kk][r] holds Pᵀ elements (nt, e) = (2kk + r / 2, 2·(r % 2) + lo/hi) (gemm.cuh)
 #pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const u32 v = ds_frag[0][kk][r];
-                    const u32 rows = (kk * 16 + 8 * (r / 2)) * 128;  // whole swizzle periods
-                    const u32 off_lo = swizzled_offset(2 * t, warp_key + g + 8 * (r % 2), kBM);
-                    const u32 off_hi = swizzled_offset(2 * t + 1, warp_key + g + 8 * (r % 2), kBM);
-                    *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_lo) = u16(v & 0xFFFFu);
-                    *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_hi) = u16(v >> 16);
+            for (int nt = 0; nt < kBM / 8; ++nt) {
+                const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if constexpr (kDropout) {  // dS = |P| ∘ (Z ∘ dP / (1 - p) - D), P from the signed words
+                        const u32 pair = thread_word(kPWord0 + 2 * nt + e / 2);
+                        const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
+                        const float z = P > 0.f ? p.dropout_scale : 0.f;
+                        dp_acc[0][nt][e] = fabsf(P) * (dp_acc[0][nt][e] * z - (e % 2 ? D.y : D.x));
+                    } else {
+                        const u32 pair = p_frag[0][nt / 2][2 * (nt % 2) + e / 2];
+                        const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
+                        dp_acc[0][nt][e] = P * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
+                    }
+                    if constexpr (kSoftcap) {  // d(softcap·tanh(x / softcap))/dx = 1 - tanh²
+                        const u32 dtanh = thread_word(kCapWord0 + 2 * nt + e / 2);
+                        dp_acc[0][nt][e] *= to_float<Elem>(u16(e % 2 ? dtanh >> 16 : dtanh & 0xFFFFu));
+                    }
                 }
-        } else {
-            // (with softcap, ALiBi or kOverlapSdp's live dPᵀ the lane's address is recomputed
-            // here, not kept across the loop: their state takes that register)
-            constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kOverlapSdp;
-            const u32 addr = kRecompute ? ds_store_lane() : ds_store_addr;
-#pragma unroll
-            for (int kk = 0; kk < kBM / 16; ++kk) stmatrix_x4_trans(addr + kk * 16 * 128, ds_frag[0][kk]);
-        }
-        // dV and dK done: their operands (the Pᵀ, dSᵀ fragments) are never live together with the
-        // dQ part's accumulators, which keeps d128 under the register budget
-        wgmma_wait<0>();
-        reg_fence(dk_acc);
-        reg_fence(dv_acc);
-        fence_proxy_async_smem();                               // generic stores -> wgmma's reads
-        named_barrier_sync(1, kConsumerThreads);                // all of dS is written
-
-        // ---- dQ_i part = dS K_j: this warpgroup's 64 rows x kDqN columns ----
-        reg_fence(dq_acc);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk) {
-            const u32 a_off = (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-            Wgmma<Shape::kDqN, Elem>::template ss<1>(dq_acc, ds_desc.at(a_off), k_t_desc.at(kk * 16 * 128), kk > 0);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();                                        // the dQ part: Q_i, dO_i all read
-        reg_fence(dq_acc);
-        mbarrier_arrive(q_empty(slot));                         // the slot may be refilled
-
-        // ---- dQ accumulator += dQ part (fp32 in global memory) ----
-        if constexpr (kDqWriter) {
-            // to tile it % kBufs of the staging (Sm90BwdDqWriterStage), once the writer warp has
-            // handed it back (from the kBufs-th Q block on), then signal the writer: it issues the
-            // bulk reduce-adds while the consumers go on to the next Q block. Element (row, col)
-            // of the BM x kHeadDim part: box col / 32, row, 16-byte unit (col % 32) / 4 ^ row % 8.
-            // This thread's rows are g (+ 8) past a multiple of 8 and its columns col = dq_col0 +
-            // 8nt + 2t (+ 1), dq_col0 a multiple of 32 (a box): unit 2·(nt % 4) + t / 2, i.e.
-            // 2·(nt % 4) ^ (t / 2), so the swizzled unit is 2·(nt % 4) ^ (t / 2 ^ g). A half warp's
-            // float2 stores (rows g = 0..3, t / 2 = 0, 1) would fill only 4 units, each twice: a
-            // 2-way bank conflict. So the threads of odd rows g store fragment nt ^ 2 where the
-            // others store nt (a select per element, in pairs nt, nt ^ 2 of the same box): their
-            // unit gains ^ 4, and the half warp's 8 units are all distinct.
-            static_assert(Shape::kDqN % 32 == 0, "nt ^ 2 pairs within a 32-column box");
-            const int q = kDynamic ? q_done + it : it;          // the CTA's Q block count
-            const int buf = DqW::kBufs == 1 ? 0 : q % 2;
-            if (q >= DqW::kBufs) {
-                if constexpr (kDynamic)
-                    mbarrier_wait(dq_empty(buf), u32(q / DqW::kBufs - 1) & 1);
-                else
-                    named_barrier_sync(kDqEmptyBar + buf, kDqBarThreads);
             }
-            const bool odd = g % 2;
-            const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
-            unsigned char* tile = smem_ptr + DqW::kOffset + buf * DqW::kTileBytes + (dq_col0 / 32) * DqW::kBoxBytes
-                                  + (dq_row_group * 64 + warp * 16 + g) * 128 + (t % 2) * 8;
+            pack_a_frags<1, kBM / 16, Elem>(ds_frag, dp_acc);
+
+            // ---- dK_j += dSᵀ Q_i (RS; Q_i MN-major; scaled once, in the epilogue) ----
+            reg_fence(dk_acc);
+            wgmma_fence();
 #pragma unroll
-            for (int nt = 0; nt < Shape::kDqN / 8; ++nt) {
-                const int ns = nt ^ 2;                          // the fragment odd rows store here
-                const u32 off = (nt / 4) * DqW::kBoxBytes + (sw ^ ((2 * (nt % 4)) << 4));
+            for (int kk = 0; kk < kBM / 16; ++kk)
+                Wgmma<kHeadDim, Elem>::template rs<1>(dk_acc, ds_frag[0][kk], q_t_desc.at(q_off + kk * 16 * 128), 1);
+            wgmma_commit();
+
+            // ---- dS to shared memory: every warpgroup's previous dQ GEMM is done (it waited for it
+            // before the barrier), so ds_smem is free. ds_frag register r of step kk holds keys
+            // g + 8·(r % 2), queries 16kk + 2t + 8·(r / 2) (two adjacent queries per register): four
+            // 8x8 matrices, stored transposed (dS[query][key], 16 bits each) by one stmatrix per step,
+            // 16 bytes (8 keys) a row. The 8 rows of a matrix are 8 consecutive queries, whose
+            // 128-byte swizzle puts their units on 8 distinct bank groups: no bank conflicts (2-byte
+            // stores took 8 instructions per step, each 64 bytes).
+            named_barrier_sync(1, kConsumerThreads);
+            if constexpr (kDropout) {
+                // dropout: per element, 16-bit stores (stmatrix's four-register operand makes ptxas
+                // spill this kernel at d128, nvcc 13.0); query 16kk + 8·(r / 2) + 2t (+1), key
+                // warp_key + g + 8·(r % 2), the offsets recomputed (the dropout state takes registers)
 #pragma unroll
-                for (int half = 0; half < 2; ++half)           // rows g, g + 8; columns col, col + 1
-                    *reinterpret_cast<float2*>(tile + off + half * 8 * 128)
-                        = make_float2(odd ? dq_acc[4 * ns + 2 * half] : dq_acc[4 * nt + 2 * half],
-                                      odd ? dq_acc[4 * ns + 2 * half + 1] : dq_acc[4 * nt + 2 * half + 1]);
+                for (int kk = 0; kk < kBM / 16; ++kk)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        const u32 v = ds_frag[0][kk][r];
+                        const u32 rows = (kk * 16 + 8 * (r / 2)) * 128;  // whole swizzle periods
+                        const u32 off_lo = swizzled_offset(2 * t, warp_key + g + 8 * (r % 2), kBM);
+                        const u32 off_hi = swizzled_offset(2 * t + 1, warp_key + g + 8 * (r % 2), kBM);
+                        *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_lo) = u16(v & 0xFFFFu);
+                        *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_hi) = u16(v >> 16);
+                    }
+            } else {
+                // (with softcap, ALiBi or kOverlapSdp's live dPᵀ the lane's address is recomputed
+                // here, not kept across the loop: their state takes that register)
+                constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kOverlapSdp;
+                const u32 addr = kRecompute ? ds_store_lane() : ds_store_addr;
+#pragma unroll
+                for (int kk = 0; kk < kBM / 16; ++kk) stmatrix_x4_trans(addr + kk * 16 * 128, ds_frag[0][kk]);
             }
-            fence_proxy_async_smem();                           // generic stores -> the bulk op's reads
-            named_barrier_arrive(kDqFullBar + buf, kDqBarThreads);
-            continue;                                           // (the red.add path below is the default's)
-        }
-        if constexpr (kDqBulk) {
-            // through shared memory: this warp's 16 rows x kDqN columns to its rows of the
-            // staging tile, then lanes 0..15 add one row each by bulk reduce-add (the copy
-            // engine does the additions; the warp goes on to the next Q block). The warp alone
-            // writes and reads its rows, so a warp-level sync orders them.
+            // dV and dK done: their operands (the Pᵀ, dSᵀ fragments) are never live together with the
+            // dQ part's accumulators, which keeps d128 under the register budget
+            wgmma_wait<0>();
+            reg_fence(dk_acc);
+            reg_fence(dv_acc);
+            fence_proxy_async_smem();                               // generic stores -> wgmma's reads
+            named_barrier_sync(1, kConsumerThreads);                // all of dS is written
+
+            // ---- dQ_i part = dS K_j: this warpgroup's 64 rows x kDqN columns ----
+            reg_fence(dq_acc);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kBN / 16; ++kk) {
+                const u32 a_off = (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+                Wgmma<Shape::kDqN, Elem>::template ss<1>(dq_acc, ds_desc.at(a_off), k_t_desc.at(kk * 16 * 128), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();                                        // the dQ part: Q_i, dO_i all read
+            reg_fence(dq_acc);
+            mbarrier_arrive(q_empty(slot));                         // the slot may be refilled
+
+            // ---- dQ accumulator += dQ part (fp32 in global memory) ----
+            if constexpr (kDqWriter) {
+                // to tile it % kBufs of the staging (Sm90BwdDqWriterStage), once the writer warp has
+                // handed it back (from the kBufs-th Q block on), then signal the writer: it issues the
+                // bulk reduce-adds while the consumers go on to the next Q block. Element (row, col)
+                // of the BM x kHeadDim part: box col / 32, row, 16-byte unit (col % 32) / 4 ^ row % 8.
+                // This thread's rows are g (+ 8) past a multiple of 8 and its columns col = dq_col0 +
+                // 8nt + 2t (+ 1), dq_col0 a multiple of 32 (a box): unit 2·(nt % 4) + t / 2, i.e.
+                // 2·(nt % 4) ^ (t / 2), so the swizzled unit is 2·(nt % 4) ^ (t / 2 ^ g). A half warp's
+                // float2 stores (rows g = 0..3, t / 2 = 0, 1) would fill only 4 units, each twice: a
+                // 2-way bank conflict. So the threads of odd rows g store fragment nt ^ 2 where the
+                // others store nt (a select per element, in pairs nt, nt ^ 2 of the same box): their
+                // unit gains ^ 4, and the half warp's 8 units are all distinct.
+                static_assert(Shape::kDqN % 32 == 0, "nt ^ 2 pairs within a 32-column box");
+                const int q = kDynamic ? q_done + it : it;          // the CTA's Q block count
+                const int buf = DqW::kBufs == 1 ? 0 : q % 2;
+                if (q >= DqW::kBufs) {
+                    if constexpr (kDynamic)
+                        mbarrier_wait(dq_empty(buf), u32(q / DqW::kBufs - 1) & 1);
+                    else
+                        named_barrier_sync(kDqEmptyBar + buf, kDqBarThreads);
+                }
+                const bool odd = g % 2;
+                const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
+                unsigned char* tile = smem_ptr + DqW::kOffset + buf * DqW::kTileBytes + (dq_col0 / 32) * DqW::kBoxBytes
+                                      + (dq_row_group * 64 + warp * 16 + g) * 128 + (t % 2) * 8;
+#pragma unroll
+                for (int nt = 0; nt < Shape::kDqN / 8; ++nt) {
+                    const int ns = nt ^ 2;                          // the fragment odd rows store here
+                    const u32 off = (nt / 4) * DqW::kBoxBytes + (sw ^ ((2 * (nt % 4)) << 4));
+#pragma unroll
+                    for (int half = 0; half < 2; ++half)           // rows g, g + 8; columns col, col + 1
+                        *reinterpret_cast<float2*>(tile + off + half * 8 * 128)
+                            = make_float2(odd ? dq_acc[4 * ns + 2 * half] : dq_acc[4 * nt + 2 * half],
+                                          odd ? dq_acc[4 * ns + 2 * half + 1] : dq_acc[4 * nt + 2 * half + 1]);
+                }
+                fence_proxy_async_smem();                           // generic stores -> the bulk op's reads
+                named_barrier_arrive(kDqFullBar + buf, kDqBarThreads);
+                continue;                                           // (the red.add path below is the default's)
+            }
+            if constexpr (kDqBulk) {
+                // through shared memory: this warp's 16 rows x kDqN columns to its rows of the
+                // staging tile, then lanes 0..15 add one row each by bulk reduce-add (the copy
+                // engine does the additions; the warp goes on to the next Q block). The warp alone
+                // writes and reads its rows, so a warp-level sync orders them.
+                float* dq_rows = p.dq_accum + ((kVarlen ? ws_row0() : bh * p.seqlen_q_rounded) + row0
+                                               + dq_row_group * 64 + warp * 16) * p.head_dim_rounded + dq_col0;
+                const int stage_row0 = wg * 64 + warp * 16;        // this warp's first row of the stage
+                unsigned char* stage_ptr = smem_ptr + DqStage::kOffset + stage_row0 * DqStage::kRowFloats * 4;
+                if (lane < 16) bulk_wait_group_read<0>();          // the last Q block's row has been read
+                __syncwarp();
+#pragma unroll
+                for (int nt = 0; nt < Shape::kDqN / 8; ++nt)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half)           // rows g, g + 8; columns 8nt + 2t, + 1
+                        *reinterpret_cast<float2*>(stage_ptr + ((g + 8 * half) * DqStage::kRowFloats + nt * 8 + 2 * t) * 4)
+                            = make_float2(dq_acc[4 * nt + 2 * half], dq_acc[4 * nt + 2 * half + 1]);
+                fence_proxy_async_smem();                           // generic stores -> the bulk op's reads
+                __syncwarp();
+                if (lane < 16) {
+                    // row stage_row0 + lane; the accumulator rows are padded to seqlen_q_rounded (a
+                    // multiple of 128 >= BM), so a ragged last Q block's extra rows land in padding
+                    bulk_reduce_add_f32(dq_rows + lane * p.head_dim_rounded,
+                                        smem + DqStage::kOffset + (stage_row0 + lane) * DqStage::kRowFloats * 4,
+                                        DqStage::kRowBytes);
+                    bulk_commit_group();
+                }
+                continue;                                           // (the red.add path below is the default's)
+            }
+            int* turn = kDeterministic ? p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block : nullptr;
+            if (kDeterministic) {  // wait for this CTA's turn at this Q block: K/V blocks in order
+                // (under a window the K/V blocks that see Q block m_block start at its band's first,
+                // kv_block_begin: the turns count from there, as in fa2_bwd)
+                const int first = kWindow ? band.template kv_block_begin<kBM, kBN>(row0) : 0;
+                if (ctid == 0) while (ld_acquire_gpu(turn) != n_block - first) {}
+                named_barrier_sync(1, kConsumerThreads);
+            }
             float* dq_rows = p.dq_accum + ((kVarlen ? ws_row0() : bh * p.seqlen_q_rounded) + row0
                                            + dq_row_group * 64 + warp * 16) * p.head_dim_rounded + dq_col0;
-            const int stage_row0 = wg * 64 + warp * 16;        // this warp's first row of the stage
-            unsigned char* stage_ptr = smem_ptr + DqStage::kOffset + stage_row0 * DqStage::kRowFloats * 4;
-            if (lane < 16) bulk_wait_group_read<0>();          // the last Q block's row has been read
-            __syncwarp();
 #pragma unroll
-            for (int nt = 0; nt < Shape::kDqN / 8; ++nt)
-#pragma unroll
-                for (int half = 0; half < 2; ++half)           // rows g, g + 8; columns 8nt + 2t, + 1
-                    *reinterpret_cast<float2*>(stage_ptr + ((g + 8 * half) * DqStage::kRowFloats + nt * 8 + 2 * t) * 4)
-                        = make_float2(dq_acc[4 * nt + 2 * half], dq_acc[4 * nt + 2 * half + 1]);
-            fence_proxy_async_smem();                           // generic stores -> the bulk op's reads
-            __syncwarp();
-            if (lane < 16) {
-                // row stage_row0 + lane; the accumulator rows are padded to seqlen_q_rounded (a
-                // multiple of 128 >= BM), so a ragged last Q block's extra rows land in padding
-                bulk_reduce_add_f32(dq_rows + lane * p.head_dim_rounded,
-                                    smem + DqStage::kOffset + (stage_row0 + lane) * DqStage::kRowFloats * 4,
-                                    DqStage::kRowBytes);
-                bulk_commit_group();
-            }
-            continue;                                           // (the red.add path below is the default's)
-        }
-        int* turn = kDeterministic ? p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block : nullptr;
-        if (kDeterministic) {  // wait for this CTA's turn at this Q block: K/V blocks in order
-            // (under a window the K/V blocks that see Q block m_block start at its band's first,
-            // kv_block_begin: the turns count from there, as in fa2_bwd)
-            const int first = kWindow ? band.template kv_block_begin<kBM, kBN>(row0) : 0;
-            if (ctid == 0) while (ld_acquire_gpu(turn) != n_block - first) {}
-            named_barrier_sync(1, kConsumerThreads);
-        }
-        float* dq_rows = p.dq_accum + ((kVarlen ? ws_row0() : bh * p.seqlen_q_rounded) + row0
-                                       + dq_row_group * 64 + warp * 16) * p.head_dim_rounded + dq_col0;
-#pragma unroll
-        for (int j = 0; j < Shape::kDqN / 16; ++j)
-            red_add_tile_16x16(dq_rows + j * 16, p.head_dim_rounded,
-                               reinterpret_cast<const float (&)[2][4]>(dq_acc[8 * j]), g, t);
-        if (kDeterministic) {  // pass the turn on once every thread's additions are visible
-            __threadfence();
-            named_barrier_sync(1, kConsumerThreads);
-            if (ctid == 0) red_release_add_gpu(turn, 1);
-        }
-    }
-
-    if constexpr (kDynamic) {
-        if (n_iters > 0) {                                      // K_j, V_j read for the last time
-            mbarrier_arrive(kv_empty);
-            ++kv_loads;
-        }
-    }
-
-    // ---- epilogue: dK_j = scale · Σ dSᵀ Q, dV_j = Σ Pᵀ dO ----
-    // MHA: straight into dk, dv. GQA / MQA: fp32 per query head, summed by fa2_bwd_reduce_dkv.
-    const bool grouped = p.nheads != p.nheads_kv;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int key = key0 + warp_key + g + 8 * half;
-        if (key >= (kVarlen ? seq.seqlen_k : p.seqlen_k)) continue;
-#pragma unroll
-        for (int nt = 0; nt < kHeadDim / 8; ++nt) {
-            const int col = nt * 8 + 2 * t;
-            const float dk0 = dk_acc[4 * nt + 2 * half] * p.softmax_scale;
-            const float dk1 = dk_acc[4 * nt + 2 * half + 1] * p.softmax_scale;
-            const float dv0 = dv_acc[4 * nt + 2 * half], dv1 = dv_acc[4 * nt + 2 * half + 1];
-            if (grouped) {
-                // kVarlen: (nheads, total_k) rows, the sequence's from k_start on (dkv_row_offset)
-                const i64 off = ((kVarlen ? dkv_row_offset<kVarlen>(p, batch, head, seq) : bh * p.seqlen_k) + key)
-                                * p.head_dim_rounded + col;
-                *reinterpret_cast<float2*>(p.dk_accum + off) = make_float2(dk0, dk1);
-                *reinterpret_cast<float2*>(p.dv_accum + off) = make_float2(dv0, dv1);
-            } else if (col < p.head_dim) {
-                const int row = kVarlen ? seq.k_start + key : key;   // kVarlen: batch strides 0
-                u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + row * p.dk_row_stride
-                          + head * p.dk_head_stride + col;
-                u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + row * p.dv_row_stride
-                          + head * p.dv_head_stride + col;
-                *reinterpret_cast<u32*>(dk) = pack2<Elem>(dk0, dk1);
-                *reinterpret_cast<u32*>(dv) = pack2<Elem>(dv0, dv1);
+            for (int j = 0; j < Shape::kDqN / 16; ++j)
+                red_add_tile_16x16(dq_rows + j * 16, p.head_dim_rounded,
+                                   reinterpret_cast<const float (&)[2][4]>(dq_acc[8 * j]), g, t);
+            if (kDeterministic) {  // pass the turn on once every thread's additions are visible
+                __threadfence();
+                named_barrier_sync(1, kConsumerThreads);
+                if (ctid == 0) red_release_add_gpu(turn, 1);
             }
         }
-    }
-    if constexpr (!kDynamic) break;
-    q_done += n_iters;
-    const Sm90BwdTile next = ring_take();
-    if (next.n_block < 0) break;
-    enter_tile(next);
-    tile_range();
+
+        if constexpr (kDynamic) {
+            if (n_iters > 0) {                                      // K_j, V_j read for the last time
+                mbarrier_arrive(kv_empty);
+                ++kv_loads;
+            }
+        }
+
+        // ---- epilogue: dK_j = scale · Σ dSᵀ Q, dV_j = Σ Pᵀ dO ----
+        // MHA: straight into dk, dv. GQA / MQA: fp32 per query head, summed by fa2_bwd_reduce_dkv.
+        const bool grouped = p.nheads != p.nheads_kv;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int key = key0 + warp_key + g + 8 * half;
+            if (key >= (kVarlen ? seq.seqlen_k : p.seqlen_k)) continue;
+#pragma unroll
+            for (int nt = 0; nt < kHeadDim / 8; ++nt) {
+                const int col = nt * 8 + 2 * t;
+                const float dk0 = dk_acc[4 * nt + 2 * half] * p.softmax_scale;
+                const float dk1 = dk_acc[4 * nt + 2 * half + 1] * p.softmax_scale;
+                const float dv0 = dv_acc[4 * nt + 2 * half], dv1 = dv_acc[4 * nt + 2 * half + 1];
+                if (grouped) {
+                    // kVarlen: (nheads, total_k) rows, the sequence's from k_start on (dkv_row_offset)
+                    const i64 off = ((kVarlen ? dkv_row_offset<kVarlen>(p, batch, head, seq) : bh * p.seqlen_k) + key)
+                                    * p.head_dim_rounded + col;
+                    *reinterpret_cast<float2*>(p.dk_accum + off) = make_float2(dk0, dk1);
+                    *reinterpret_cast<float2*>(p.dv_accum + off) = make_float2(dv0, dv1);
+                } else if (col < p.head_dim) {
+                    const int row = kVarlen ? seq.k_start + key : key;   // kVarlen: batch strides 0
+                    u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + row * p.dk_row_stride
+                              + head * p.dk_head_stride + col;
+                    u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + row * p.dv_row_stride
+                              + head * p.dv_head_stride + col;
+                    *reinterpret_cast<u32*>(dk) = pack2<Elem>(dk0, dk1);
+                    *reinterpret_cast<u32*>(dv) = pack2<Elem>(dv0, dv1);
+                }
+            }
+        }
+        if constexpr (!kDynamic) break;
+        q_done += n_iters;
+        const Sm90BwdTile next = ring_take();
+        if (next.n_block < 0) break;
+        enter_tile(next);
+        tile_range();
     }   // the tile loop
     // kDqBulk: this thread's bulk additions complete before the CTA (and its shared memory) ends
     if constexpr (kDqBulk) {
