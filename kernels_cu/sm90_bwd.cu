@@ -150,8 +150,13 @@
 //              dK, dV (and the GQA fp32 dK/dV accumulators, (nheads, total_k)) at the sequence's
 //              key rows. Dropout and ALiBi are keyed by the sequence index and the rows within the
 //              sequence (the forward's keep mask)
-//   kLpt       (appended last) the launch order of sm90_bwd_lpt_tile (longest CTAs first in groups
-//              of params.head_group pairs) instead of the plain one; not with kVarlen
+//   kLpt       (appended) the launch order of sm90_bwd_lpt_tile (longest CTAs first in groups of
+//              params.head_group pairs) instead of the plain one; not with kVarlen
+//   kDynamic   (appended) the dynamic persistent scheduler (Sm90BwdTileRing below): a CTA per SM
+//              claims tiles; not with kVarlen or kDeterministic
+//   kDsDouble  (appended last) two dS buffers, Q block q's in buffer q % 2: the barrier before
+//              the dS stores goes (the one after them orders both warpgroups' dQ GEMMs of Q block
+//              q - 2 before the stores of Q block q)
 #include "fa2_bwd.cu"
 #include "ptx_sm90.cuh"
 #include "params_sm90_bwd.cuh"
@@ -163,7 +168,8 @@ namespace cuflash {
 // Sm90BwdParams derives from BwdParams, so fa2_bwd's kernels read its leading bytes as their own
 // params (tests/test_sm90_bwd_cpu.py checks the layout launch.py packs against nvcc's).
 
-template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, bool kDynamic = false>
+template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, bool kDynamic = false,
+          int kDsBufs = 1>
 struct Sm90BwdShape {
     static constexpr int kThreads = (kConsumers + 1) * 128;
     static constexpr int kChunks = kHeadDim / 64;           // 64-column (128-byte) swizzle atoms
@@ -176,7 +182,7 @@ struct Sm90BwdShape {
     static constexpr int kQOffset = 2 * kKVBytes;
     static constexpr int kDoOffset = kQOffset + kStages * kQBytes;
     static constexpr int kDsOffset = kDoOffset + kStages * kQBytes;
-    static constexpr int kLseOffset = kDsOffset + kDsBytes;
+    static constexpr int kLseOffset = kDsOffset + kDsBufs * kDsBytes;   // kDsDouble: 2 dS buffers
     static constexpr int kDOffset = kLseOffset + kStages * kBM * 4;
     static constexpr int kBarOffset = kDOffset + kStages * kBM * 4;
     // kv_full; q_full, q_empty per slot; kDynamic: kv_empty, dq_writer's 2 tile-free barriers, the
@@ -356,10 +362,10 @@ struct Sm90BwdTileRing {
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
-          bool kVarlen = false, bool kLpt = false, bool kDynamic = false>
+          bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
-    using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic>;
+    using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
     // softcap's words 0 .. BM/4 - 1, then dropout's (Sm90BwdThreadWords)
     constexpr int kCapWord0 = 0, kPWord0 = kSoftcap ? kBM / 4 : 0;
@@ -886,7 +892,13 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             // 16 bytes (8 keys) a row. The 8 rows of a matrix are 8 consecutive queries, whose
             // 128-byte swizzle puts their units on 8 distinct bank groups: no bank conflicts (2-byte
             // stores took 8 instructions per step, each 64 bytes).
-            named_barrier_sync(1, kConsumerThreads);
+            // kDsDouble: Q block q's dS goes to buffer q % 2, which the dQ GEMMs of Q block q - 2 read:
+            // both warpgroups waited for theirs before the barrier after Q block q - 1's stores,
+            // which this thread has passed, so no barrier is needed here
+            // (q % 2 is slot % 2 for an even ring: no register of its own)
+            const int q_parity = kStages % 2 == 0 ? slot & 1 : (kDynamic ? q_done + it : it) & 1;
+            const u32 ds_buf = kDsDouble ? u32(q_parity) * Shape::kDsBytes : 0u;
+            if constexpr (!kDsDouble) named_barrier_sync(1, kConsumerThreads);
             if constexpr (kDropout) {
                 // dropout: per element, 16-bit stores (stmatrix's four-register operand makes ptxas
                 // spill this kernel at d128, nvcc 13.0); query 16kk + 8·(r / 2) + 2t (+1), key
@@ -899,8 +911,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                         const u32 rows = (kk * 16 + 8 * (r / 2)) * 128;  // whole swizzle periods
                         const u32 off_lo = swizzled_offset(2 * t, warp_key + g + 8 * (r % 2), kBM);
                         const u32 off_hi = swizzled_offset(2 * t + 1, warp_key + g + 8 * (r % 2), kBM);
-                        *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_lo) = u16(v & 0xFFFFu);
-                        *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_hi) = u16(v >> 16);
+                        *reinterpret_cast<u16*>(ds_smem_ptr + ds_buf + rows + off_lo) = u16(v & 0xFFFFu);
+                        *reinterpret_cast<u16*>(ds_smem_ptr + ds_buf + rows + off_hi) = u16(v >> 16);
                     }
             } else {
                 // (with softcap, ALiBi or kOverlapSdp's live dPᵀ the lane's address is recomputed
@@ -908,7 +920,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kOverlapSdp;
                 const u32 addr = kRecompute ? ds_store_lane() : ds_store_addr;
 #pragma unroll
-                for (int kk = 0; kk < kBM / 16; ++kk) stmatrix_x4_trans(addr + kk * 16 * 128, ds_frag[0][kk]);
+                for (int kk = 0; kk < kBM / 16; ++kk) stmatrix_x4_trans(addr + ds_buf + kk * 16 * 128, ds_frag[0][kk]);
             }
             // dV and dK done: their operands (the Pᵀ, dSᵀ fragments) are never live together with the
             // dQ part's accumulators, which keeps d128 under the register budget
@@ -924,7 +936,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
 #pragma unroll
             for (int kk = 0; kk < kBN / 16; ++kk) {
                 const u32 a_off = (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-                Wgmma<Shape::kDqN, Elem>::template ss<1>(dq_acc, ds_desc.at(a_off), k_t_desc.at(kk * 16 * 128), kk > 0);
+                Wgmma<Shape::kDqN, Elem>::template ss<1>(dq_acc, ds_desc.at(ds_buf + a_off), k_t_desc.at(kk * 16 * 128), kk > 0);
             }
             wgmma_commit();
             wgmma_wait<0>();                                        // the dQ part: Q_i, dO_i all read

@@ -39,7 +39,9 @@ def configs():
                     if not det:   # the dynamic scheduler's tests: both masks
                         for c in (False, True):
                             pc = p.replace(causal=c)
-                            out.append(fam.for_problem(fam.heuristic(pc, arch, smem).replace(dynamic=True, lpt=c), pc))
+                            dyn = fam.heuristic(pc, arch, smem).replace(dynamic=True, lpt=c)
+                            out.append(fam.for_problem(dyn, pc))
+                            out.append(fam.for_problem(dyn.replace(ds_double=True), pc))
                     out.append(select.choose(p.replace(op="fwd", deterministic=False), arch, name, smem)[1])
     return list(dict.fromkeys(out))
 

@@ -2,8 +2,9 @@
 at >= 1.0x SDPA cuDNN for seqlens >= 2k, d64 and d128, causal and not): per case the heuristic's
 kernel as the module constants choose it today ("heur"), the same kernel in the plain launch order
 ("plain"), in the longest-first order ("lpt", kLpt; causal only), with the dynamic persistent
-scheduler ("dyn", kDynamic: a CTA per SM claiming K/V blocks) and with both ("dyn_lpt"), next to
-SDPA cuDNN and SDPA flash, in one process, bf16, at the FlashAttention benchmark's shape
+scheduler ("dyn", kDynamic: a CTA per SM claiming K/V blocks), with both ("dyn_lpt"), and at d128
+that with two dS buffers ("dyn_ds2", kDsDouble: one barrier fewer per Q block), next to SDPA
+cuDNN and SDPA flash, in one process, bf16, at the FlashAttention benchmark's shape
 (batch x seqlen = 16k, heads = 2048 / d):
 
     timeout 120 python tests/sm90_bwd_causal_timing.py --out causal_timing.json   # d64, d128; 2k-16k
@@ -53,6 +54,7 @@ VARIANTS = {
     "lpt": lambda c: c.replace(lpt=True, dynamic=False) if c.causal else None,
     "dyn": lambda c: c.replace(lpt=False, dynamic=True),
     "dyn_lpt": lambda c: c.replace(lpt=True, dynamic=True) if c.causal else None,
+    "dyn_ds2": lambda c: c.replace(lpt=c.causal, dynamic=True, ds_double=True) if c.head_dim == 128 else None,
 }
 
 

@@ -44,14 +44,14 @@ def test_field_name_template_encoding():
     assert plain.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, true, false, "
                                    "false, false, false, false, false, false, true>")
     assert lpt.kernel_name() == plain.kernel_name()[:-1] + ", false, true>"
-    assert lpt.template_args()[-3:] == (False, True, False) and len(lpt.template_args()) == 18
+    assert lpt.template_args()[-4:] == (False, True, False, False) and len(lpt.template_args()) == 19
     assert FAM.encode(plain) == FAM.encode(plain.replace(lpt=False)) and "lpt" not in FAM.encode(plain)
     assert FAM.decode(FAM.encode(lpt), "bf16", True) == lpt
     assert FAM.space["lpt"] == (False, True)
     point = {k: v for k, v in FAM.point(plain).items() if k != "lpt"}   # a table entry from before
     assert FAM.make(point, problem()).lpt is False
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
-    assert "bool kVarlen = false, bool kLpt = false, bool kDynamic = false>" in src
+    assert "bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false>" in src
 
 
 def test_rules_varlen_and_heuristic(monkeypatch):
@@ -113,7 +113,7 @@ def test_dynamic_field_name_template_rules():
     assert dyn.problems() == [] and dyn.replace(lpt=True).problems() == []
     # appended last, after kLpt: the plain and lpt configs keep their name expressions
     assert dyn.kernel_name() == plain.kernel_name()[:-1] + ", false, false, true>"
-    assert dyn.template_args()[-3:] == (False, False, True) and len(dyn.template_args()) == 18
+    assert dyn.template_args()[-4:] == (False, False, True, False) and len(dyn.template_args()) == 19
     assert FAM.decode(FAM.encode(dyn), "bf16", True) == dyn and "dynamic" not in FAM.encode(plain)
     point = {k: v for k, v in FAM.point(plain).items() if k not in ("lpt", "dynamic")}
     assert FAM.make(point, problem()).dynamic is False
@@ -209,5 +209,58 @@ def test_dynamic_kernels_compile_clean():
                 heur(128).replace(dynamic=True, overlap_sdp=True),
                 Sm90BwdConfig(64, 128, 2, 2, 64, "bf16", True, dq_writer=True, dynamic=True),
                 Sm90BwdConfig(64, 64, 2, 1, 64, "bf16", False, dq_writer=True, dynamic=True)]
+    assert all(c.problems() == [] for c in configs)
+    assert compile_clean(configs) == []
+
+
+# ---------------------------------------------------------------------------------------
+# two dS buffers (ds_double, kDsDouble)
+
+def test_ds_double_field_name_template_rules_smem():
+    plain = heur()
+    ds2 = plain.replace(ds_double=True)
+    assert ds2.name == plain.name + "_ds2" and ds2.problems() == []
+    assert ds2.kernel_name() == plain.kernel_name()[:-1] + ", false, false, false, true>"
+    assert ds2.template_args()[-1] is True and len(ds2.template_args()) == 19
+    assert FAM.decode(FAM.encode(ds2), "bf16", True) == ds2 and "ds_double" not in FAM.encode(plain)
+    assert FAM.space["ds_double"] == (False, True)
+    # one more BM x BN 16-bit tile: d128's heuristic tile fills the 227 KB exactly, both staging tiles kept
+    assert ds2.smem_bytes == plain.smem_bytes + 64 * 128 * 2 == 227 * 1024 and ds2.dq_writer_bufs == 2
+    assert ds2.replace(dynamic=True, lpt=True).problems() == []
+    for change in (dict(head_dim=64, BM=128), dict(softcap=True), dict(alibi=True), dict(dropout=True)):
+        assert "ds_double at head dim 64" in " ".join(ds2.replace(**change).problems()), change
+    assert not FAM.for_problem(heur(64).replace(ds_double=True), problem(64)).ds_double
+    assert FAM.for_problem(ds2, problem()).ds_double
+
+
+@needs_nvcc
+def test_ds_double_smem_matches_the_kernel(tmp_path):
+    import subprocess
+
+    configs = [heur().replace(ds_double=True), heur(causal=False).replace(ds_double=True, dynamic=True)]
+    exprs = []
+    for c in configs:
+        shape = (f"cuflash::Sm90BwdShape<{c.BM}, {c.BN}, {c.stages}, {c.consumers}, {c.head_dim}, "
+                 f"{'true' if c.dynamic else 'false'}, 2>")
+        words = f"cuflash::Sm90BwdThreadWords<{shape}, {c.consumers}, 0>"
+        stage = f"cuflash::Sm90BwdDqWriterStage<{words}, {c.BM}, {c.head_dim}>"
+        exprs += [f"{stage}::kSmemBytes", f"{stage}::kBufs"]
+    src = tmp_path / "stage.cu"
+    src.write_text('#include "sm90_bwd.cu"\n#include <cstdio>\nint main() {\n'
+                   + "".join(f'  std::printf("%d\\n", int({e}));\n' for e in exprs) + "}\n")
+    exe = tmp_path / "stage"
+    subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", "-I", str(kernel_dir()), "-o", str(exe), str(src)],
+                   check=True, capture_output=True)
+    got = [int(x) for x in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+    assert got == [v for c in configs for v in (c.smem_bytes, c.dq_writer_bufs)]
+
+
+@needs_nvcc
+def test_ds_double_kernels_compile_clean():
+    configs = [heur(128, causal).replace(ds_double=True, dynamic=dyn, lpt=causal and dyn)
+               for causal in (False, True) for dyn in (False, True)]
+    configs += [heur(128).replace(ds_double=True, dynamic=True, window=True, dtype="fp16"),
+                heur(128).replace(ds_double=True, dynamic=True, overlap_sdp=True),
+                heur(128).replace(ds_double=True, dq_writer=False)]
     assert all(c.problems() == [] for c in configs)
     assert compile_clean(configs) == []

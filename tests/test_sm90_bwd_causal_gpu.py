@@ -4,20 +4,22 @@ and short backward):
 * lpt (kLpt): K/V block 0 of a group of (head, batch) pairs first, then block 1, ... (fa2_bwd's
   grouped order; longest CTAs first under the causal mask);
 * dynamic (kDynamic): a CTA per SM (at most one per tile) claiming tiles from a counter, the next
-  tile's loads overlapping the last one's epilogue; with lpt under the causal mask.
+  tile's loads overlapping the last one's epilogue; with lpt under the causal mask;
+* ds_double (kDsDouble, d128): two dS buffers, no barrier before the dS stores.
 
 The heuristic's causal kernel with lpt on the odd shapes of test_sm90_bwd_gpu.py (seqlens 1, 17,
 113, 1023, 2049, s_q != s_k both ways; MHA / GQA / MQA in turn), head dims 64 and 128; groups
 that do not divide the pairs (CUFLASH_BWD_HEAD_GROUP=3 over 2 x 4 pairs: 3, 3, 2); a deterministic
 call (its turns need K/V block n - 1 launched before block n: bitwise reproducible). The dynamic
-kernels (non-causal: dynamic; causal: dynamic + lpt) on the same shapes, head dims 64 and 128; many
-tiles per CTA (2 x 8 heads x 33 K/V blocks, GQA; a claim per tile, K/V reloaded per tile, the
+kernels (non-causal: dynamic; causal: dynamic + lpt) on the same shapes, head dims 64 and 128, and
+at 128 with ds_double too; many tiles per CTA (2 x 8 heads x 33 K/V blocks, GQA, ds_double at
+d128; a claim per tile, K/V reloaded per tile, the
 tile ring's and the Q/dO ring's phases across tiles); the claim counter's reset: consecutive calls
 give equal dk, dv bit for bit (dq: within the rule; its fp32 additions come in any order), and a
 CUDA graph of flash_attn_backward captured after a first call replays on new inputs like an eager
 call. Errors: the 3x gradient rule against float64, outputs poisoned (NaN) before each launch.
 
-Compiles: 7 backward kernels and their forwards (tests/sm90_bwd_causal_precompile.py first).
+Compiles: 9 backward kernels and their forwards (tests/sm90_bwd_causal_precompile.py first).
 
 Run first: CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q -x tests/test_sm90_bwd_causal_gpu.py
 """
@@ -82,18 +84,19 @@ def test_lpt_deterministic_bitwise():
 # ---------------------------------------------------------------------------------------
 # the dynamic scheduler
 
-def dynamic_config(p):
+def dynamic_config(p, **flags):
     """The heuristic's kernel with the dynamic scheduler (and lpt under the causal mask)."""
-    return with_flags(p, dynamic=True, lpt=bool(p.causal))
+    return with_flags(p, dynamic=True, lpt=bool(p.causal), **flags)
 
 
 @pytest.mark.parametrize("seqlens", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("hdim", [64, 128])
-def test_dynamic_odd_seqlens(hdim, causal, seqlens):
+@pytest.mark.parametrize("hdim,ds2", [(64, False), (128, False), (128, True)], ids=["64", "128", "128-ds2"])
+def test_dynamic_odd_seqlens(hdim, ds2, causal, seqlens):
+    """ds2: with two dS buffers (ds_double, d128)."""
     heads = list(HEADS)[SEQLENS.index(seqlens) % len(HEADS)]   # MHA, GQA, MQA in turn
     p = problem("bf16", causal, hdim, seqlens, heads)
-    run_case(p, dynamic_config(p))
+    run_case(p, dynamic_config(p, ds_double=True) if ds2 else dynamic_config(p))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -104,7 +107,7 @@ def test_dynamic_many_tiles_per_cta(hdim, causal):
     from cuflash.problem import Problem
 
     p = Problem("bwd", "bf16", 2, 4097, 4097, 8, 2, hdim, causal)
-    run_case(p, dynamic_config(p))
+    run_case(p, dynamic_config(p, ds_double=hdim == 128))
 
 
 def test_dynamic_counter_resets_and_cuda_graph():

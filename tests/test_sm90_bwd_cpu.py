@@ -40,7 +40,7 @@ def sched(config):
     """Whether a config uses the schedule flags overlap_sdp / dq_writer (appended after dq_bulk;
     tests/test_sm90_bwd_sched_cpu.py covers them, the tests here the configs without) or the launch
     order lpt (tests/test_sm90_bwd_causal_cpu.py)."""
-    return config.overlap_sdp or config.dq_writer or config.lpt or config.dynamic
+    return config.overlap_sdp or config.dq_writer or config.lpt or config.dynamic or config.ds_double
 
 
 # ---------------------------------------------------------------------------------------
@@ -145,11 +145,11 @@ def test_feature_flags_names_and_template():
                                  "true, true, true>")
     assert plain.replace(alibi=True).kernel_name().endswith("true, false, false, false, true>")
     assert cfg.template_args() == (64, 128, 2, 2, 128, "bf16", True, False, True, True, True, False, False, False,
-                                   False, False, False, False)   # ..., kDqWriter, kVarlen, kLpt, kDynamic
+                                   False, False, False, False, False)   # ..., kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble
     drop = plain.replace(dropout=True)
     assert drop.name == plain.name + "_drop" and drop.replace(deterministic=True).name.endswith("_det_drop")
     assert drop.kernel_name().endswith("true, false, false, false, false, true>")
-    assert drop.template_args()[-10:] == (False, False, False, True, False, False, False, False, False, False)
+    assert drop.template_args()[-11:] == (False, False, False, True, False, False, False, False, False, False, False)
     # softcap keeps 1 - tanh² in shared memory past the mbarriers (Sm90BwdThreadWords): 16-byte aligned,
     # BM / 2 16-bit values per consumer thread
     used = plain.smem_bytes - 1024
@@ -469,8 +469,8 @@ def test_dq_bulk_config_name_template_smem():
     plain = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False)
     bulk = plain.replace(dq_bulk=True)
     assert bulk.problems() == [] and bulk.name == plain.name + "_dqb"
-    assert plain.template_args()[-6] is False and bulk.template_args()[-6] is True   # (kVarlen, kLpt, kDynamic last)
-    assert len(bulk.template_args()) == 18
+    assert plain.template_args()[-7] is False and bulk.template_args()[-7] is True   # (kVarlen .. kDsDouble last)
+    assert len(bulk.template_args()) == 19
     # the plain config keeps its name expression (and so its code); the flag goes last
     assert plain.kernel_name() == "cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, false, false>"
     assert bulk.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, false, false, "

@@ -135,6 +135,8 @@ class Sm90BwdConfig(KernelConfig):
                    (dropout_dq_path; for_problem sets it)
     varlen:        variable-length batches (kVarlen, kernels_cu/varlen.cuh), set from the call
                    (for_problem), never tuned
+    ds_double:     two dS buffers (kDsDouble): Q block q's dS in buffer q % 2, one barrier fewer
+                   per Q block between the consumer warpgroups (shared memory permitting)
     lpt:           the launch order (kLpt): K/V block 0 of a group of (head, batch) pairs, then block
                    1, ... (fa2_bwd's order, groups of head_group pairs: two waves of CTAs), so that
                    under the causal mask the longest CTAs start first across pairs and the short ones
@@ -160,6 +162,7 @@ class Sm90BwdConfig(KernelConfig):
     varlen: bool = False
     lpt: bool = False
     dynamic: bool = False
+    ds_double: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -176,7 +179,8 @@ class Sm90BwdConfig(KernelConfig):
                 f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{det}{'_drop' if self.dropout else ''}{name_suffix(self)}"
                 f"{'_dqb' if self.dq_bulk else ''}{'_ovl' if self.overlap_sdp else ''}"
                 f"{'_dqw' if self.dq_writer else ''}{'_varlen' if self.varlen else ''}"
-                f"{'_lpt' if self.lpt else ''}{'_dyn' if self.dynamic else ''}")
+                f"{'_lpt' if self.lpt else ''}{'_dyn' if self.dynamic else ''}"
+                f"{'_ds2' if self.ds_double else ''}")
 
     @property
     def dq_cols(self) -> int:
@@ -195,7 +199,8 @@ class Sm90BwdConfig(KernelConfig):
         dropout add, 16-byte aligned, each consumer thread's words: BM / 2 16-bit values each
         (1 - tanh², the signed Pᵀ: Sm90BwdThreadWords in sm90_bwd.cu)."""
         tiles = 2 * self.BN * self.head_dim * 2 + 2 * self.stages * self.BM * self.head_dim * 2
-        used = tiles + self.BM * self.BN * 2 + 2 * self.stages * self.BM * 4 + 8 * (1 + 2 * self.stages)
+        used = (tiles + (1 + int(self.ds_double)) * self.BM * self.BN * 2 + 2 * self.stages * self.BM * 4
+                + 8 * (1 + 2 * self.stages))
         if self.dynamic:   # kv_empty, dq_writer's 2 mbarriers, the tile ring's 4, its 2 slots (2 ints each) and count
             used += 8 * 7 + 24
         words = (int(self.softcap) + int(self.dropout)) * self.BM // 4
@@ -270,22 +275,25 @@ class Sm90BwdConfig(KernelConfig):
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
         # the feature flags only when one is set: a plain config keeps its name expression
-        sched = self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic
+        sched = self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
                  or self.dq_bulk or sched else "")
         feats += f", {b(self.dropout)}" if self.dropout or self.dq_bulk or sched else ""
         feats += f", {b(self.dq_bulk)}" if self.dq_bulk or sched else ""
         feats += f", {b(self.overlap_sdp)}, {b(self.dq_writer)}" if sched else ""
-        feats += f", {b(self.varlen)}" if self.varlen or self.lpt or self.dynamic else ""   # kVarlen
-        feats += f", {b(self.lpt)}" if self.lpt or self.dynamic else ""                      # kLpt
-        feats += ", true" if self.dynamic else ""                                             # kDynamic last
+        later = self.lpt or self.dynamic or self.ds_double
+        feats += f", {b(self.varlen)}" if self.varlen or later else ""                        # kVarlen
+        feats += f", {b(self.lpt)}" if later else ""                                          # kLpt
+        feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double else ""            # kDynamic
+        feats += ", true" if self.ds_double else ""                                           # kDsDouble last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
-                self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic)
+                self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
+                self.ds_double)
 
     def _problems(self) -> list[str]:
         out = []
@@ -324,6 +332,10 @@ class Sm90BwdConfig(KernelConfig):
         if not out and self.dynamic and self.dynamic_spills():
             out.append("dynamic without dq_writer, at stages > 2 or with dropout: ptxas spills that "
                        "kernel (nvcc 13.0)")
+        if self.ds_double and (self.head_dim != 128 or self.softcap or self.alibi or self.dropout):
+            out.append("ds_double at head dim 64 (ptxas spills its dynamic kernel; dq_writer loses its "
+                       "second staging tile) or with softcap / ALiBi / dropout (unchecked): head dim 128 "
+                       "without them only")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -368,7 +380,7 @@ class Sm90Backward(Family):
     config_cls = Sm90BwdConfig
     space = {"BM": (64, 128), "BN": (64, 128), "stages": (2, 3), "consumers": (1, 2),
              "dq_bulk": (False, True), "overlap_sdp": (False, True), "dq_writer": (False, True),
-             "lpt": (False, True), "dynamic": (False, True)}
+             "lpt": (False, True), "dynamic": (False, True), "ds_double": (False, True)}
     fixed = {"deterministic": False}
     params_struct = "Sm90BwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90BwdParams"
@@ -491,6 +503,8 @@ class Sm90Backward(Family):
                 config = config.replace(dq_writer=path == "dq_writer", dq_bulk=path == "dq_bulk")
         if config.overlap_sdp and config.head_dim > 64 and config.overlap_sdp_spills():
             config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
+        if config.ds_double and (config.head_dim != 128 or config.softcap or config.alibi or config.dropout):
+            config = config.replace(ds_double=False)   # a speed choice, where it is not built
         if config.dynamic and config.dynamic_spills():
             config = config.replace(dynamic=False)     # a speed choice: the combinations whose kernel spills
         if config.BM > 64 and config.bm128_spills():
@@ -506,12 +520,12 @@ class Sm90Backward(Family):
         # the encoded form of a config stays what it was before the flags existed
         # lpt only when on, likewise
         return ((k, v) for k, v in super()._fields(config)
-                if k not in ("dropout", "varlen") and not (k in ("lpt", "dynamic") and not v))
+                if k not in ("dropout", "varlen") and not (k in ("lpt", "dynamic", "ds_double") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without lpt (tuned tables and recorded studies from before the
         flag) gets the plain order."""
-        for flag in ("lpt", "dynamic"):
+        for flag in ("lpt", "dynamic", "ds_double"):
             if flag not in point:
                 point = {**point, flag: False}
         return super().make(point, problem)
