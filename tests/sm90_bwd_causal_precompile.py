@@ -3,6 +3,7 @@ tests/sm90_bwd_causal_timing.py (not a test; run it first, then both find their 
 disk cache):
 
     timeout 120 python tests/sm90_bwd_causal_precompile.py
+    timeout 150 python tests/sm90_bwd_causal_precompile.py --suite   # sm90_bwd's GPU test files' kernels
 """
 import os
 import sys
@@ -46,9 +47,34 @@ def configs():
     return list(dict.fromkeys(out))
 
 
+def suite_configs():
+    """--suite: sm90_bwd's kernels for the call classes test_sm90_bwd_features_gpu.py runs through
+    the heuristic (bf16 d64 / d128, causal and not, each feature set; deterministic and fp16 with
+    all three features; dropout), as the heuristic and for_problem make them with the module
+    constants as they are, and the forwards selection picks for them."""
+    arch, name, smem = _gpu.arch(), _gpu.name(), _gpu.max_smem()
+    fam = registry.get("sm90_bwd")
+    every = ("alibi", "softcap", "window")
+    classes = [("bf16", d, c, False, f) for d in (64, 128) for c in (False, True)
+               for f in ((), ("window",), ("softcap",), ("alibi",), every, ("dropout",))]
+    classes += [("bf16", 128, c, True, every) for c in (False, True)] + [("fp16", 128, True, False, every)]
+    out = []
+    for dtype, d, causal, det, feats in classes:
+        p = Problem("bwd", dtype, 2, 1023, 1023, 4, 2, d, causal, det, features=feats,
+                    dropout_p=0.1 if "dropout" in feats else 0.0)
+        if fam.supports(arch, p):
+            continue
+        out.append(fam.for_problem(fam.heuristic(p, arch, smem), p))
+        try:
+            out.append(select.choose(p.replace(op="fwd", deterministic=False), arch, name, smem)[1])
+        except Exception:   # noqa: BLE001 - a forward selection cannot make: compiled on first use
+            pass
+    return list(dict.fromkeys(out))
+
+
 if __name__ == "__main__":
     t0 = time.time()
-    todo = configs()
+    todo = suite_configs() if "--suite" in sys.argv else configs()
     res = precompile(todo)
     bad = [(c.name, e) for c, _, e in res if e]
     print(f"{len(todo)} kernels in {time.time() - t0:.0f} s; errors: {bad}")
