@@ -26,9 +26,10 @@ needs_nvcc = pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not 
 FAM = registry.get("sm90_bwd")
 
 
-def problem(head_dim=128, causal=True, deterministic=False, batch=2, seqlen=2048, nheads=16, features=()):
+def problem(head_dim=128, causal=True, deterministic=False, batch=2, seqlen=2048, nheads=16, features=(),
+            **kw):
     return Problem("bwd", "bf16", batch, seqlen, seqlen, nheads, nheads, head_dim, causal, deterministic,
-                   features=features)
+                   features=features, **kw)
 
 
 def heur(d=128, causal=True):
@@ -133,15 +134,20 @@ def test_dynamic_field_name_template_rules():
     assert FAM.for_problem(dyn, problem()).dynamic and FAM.for_problem(dyn, problem(64, False)).dynamic
 
 
-def test_dynamic_heuristic_switch(monkeypatch):
+def test_dynamic_and_ds_double_heuristic_switches(monkeypatch):
     for on in (False, True):
         monkeypatch.setattr(sm90_bwd, "HEURISTIC_DYNAMIC", on)
+        monkeypatch.setattr(sm90_bwd, "HEURISTIC_DS_DOUBLE", on)
         for d, causal, det in itertools.product((64, 128), (False, True), (False, True)):
             p = problem(d, causal, det)
             cfg = FAM.for_problem(FAM.heuristic(p), p)
-            assert cfg.dynamic == (on and not det) and cfg.problems() == []
-        p = problem(128, True, features=("dropout",))
-        assert not FAM.for_problem(FAM.heuristic(p), p).dynamic
+            assert cfg.dynamic == (on and not det) and cfg.ds_double == (on and d == 128)
+            assert cfg.problems() == []
+        for feats in (("dropout",), ("softcap",), ("alibi", "softcap", "window"), ("window",)):
+            p = problem(128, True, features=feats, dropout_p=0.1 if "dropout" in feats else 0.0)
+            cfg = FAM.for_problem(FAM.heuristic(p), p)
+            assert cfg.problems() == [] and cfg.dynamic == (on and "dropout" not in feats)
+            assert cfg.ds_double == (on and feats == ("window",))
 
 
 def test_dynamic_plan_grid_and_counter(monkeypatch):

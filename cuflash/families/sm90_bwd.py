@@ -89,6 +89,9 @@ HEURISTIC_LPT = False
 # K/V block). To be measured (tests/sm90_bwd_causal_timing.py); the launch model above puts it at
 # 5 us less per K/V block: the 2k backward 6% faster, 2k causal with lpt 15%.
 HEURISTIC_DYNAMIC = False
+# Whether the heuristic gives head dim 128 two dS buffers (ds_double, kDsDouble: no barrier between
+# the consumer warpgroups before the dS stores). To be measured (tests/sm90_bwd_causal_timing.py).
+HEURISTIC_DS_DOUBLE = False
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -552,6 +555,8 @@ class Sm90Backward(Family):
             cfg = cfg.replace(lpt=True)                 # (for_problem drops it under varlen)
         if HEURISTIC_DYNAMIC and not det:
             cfg = cfg.replace(dynamic=True)             # (for_problem drops it where it does not run)
+        if HEURISTIC_DS_DOUBLE and d == 128:
+            cfg = cfg.replace(ds_double=True)           # (likewise: not with softcap, ALiBi, dropout)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
 
     def kernel_names(self, config) -> dict:
