@@ -83,7 +83,7 @@ def test_fields_names_template_args():
 
 def test_space_and_heuristic():
     assert FAM.space["overlap_sdp"] == (False, True) and FAM.space["dq_writer"] == (False, True)
-    assert list(FAM.space)[-5:] == ["overlap_sdp", "dq_writer", "lpt", "dynamic", "ds_double"]
+    assert list(FAM.space)[-4:] == ["overlap_sdp", "dq_writer", "dynamic", "ds_double"]
     for d, causal, det in itertools.product(HEAD_DIMS, (False, True), (False, True)):
         p = problem(d, causal=causal, deterministic=det)
         cfg = FAM.for_problem(FAM.heuristic(p), p)

@@ -79,18 +79,23 @@ D64_SHAPE = (128, 128, 2)
 # family above fa2_bwd. Measured there (d96, bf16, same shape and script, --hdim 96): 0.85-0.91x
 # SDPA cuDNN's speed, 1.40-1.62x fa2_bwd's.
 D96_ABOVE_FA2 = True
-# Whether the heuristic launches causal backwards in the longest-first order (lpt, kLpt: K/V
-# block 0 of a group of (head, batch) pairs first, fa2_bwd's order). To be measured
-# (tests/sm90_bwd_causal_timing.py); a model of the launch (greedy CTA dispatch, 132 SMs, cost
-# 7 us + 2.23 us per Q block, fitted to the d128 timings) puts the causal 2k-8k backward 5-6% faster.
+# The launch order and scheduler, measured on the H100 (2026-11-26, session 14 round A at 10741ad,
+# tests/sm90_bwd_causal_timing.py: bf16, dim 2048, batch x seqlen 16k, 2k-16k, the whole backward
+# next to SDPA cuDNN's in one process; results/NVIDIA_H100_80GB_HBM3/sm90_bwd_causal_timing.md):
+# * HEURISTIC_DYNAMIC: the (kernel head dim, causal) classes whose plain calls (no feature, not
+#   deterministic, not varlen) run the dynamic persistent scheduler (dynamic, kDynamic: a CTA per
+#   SM claiming K/V-block tiles, the next tile's loads behind the last one's epilogue, LSE / D by
+#   bulk copies). d64: 0.97-1.05x -> 1.07-1.16x cuDNN (non-causal), 1.03-1.04x -> 1.12-1.14x
+#   (causal); d128 causal 0.94-0.99x -> 0.96-1.02x; d128 non-causal mixed (2k 0.94 -> 0.93, 4k
+#   0.96 -> 0.97, 8k 0.97 -> 0.99, 16k 1.05 -> 1.02): left on the plain grid. An empty set turns it
+#   off (the plain grid for every call).
+# * HEURISTIC_LPT: whether causal calls launch in the longest-first order (lpt, kLpt: K/V block 0
+#   of a group of pairs first, fa2_bwd's order): off, measured no faster (static: -2..+3%; with
+#   the dynamic scheduler -3..+2% against the dynamic plain order).
+# * HEURISTIC_DS_DOUBLE: two dS buffers at head dim 128 (ds_double, kDsDouble: no barrier between
+#   the consumer warpgroups before the dS stores): off, not measured yet.
+HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, True)})
 HEURISTIC_LPT = False
-# Whether the heuristic runs the dynamic persistent scheduler (dynamic, kDynamic: a CTA per SM
-# claiming tiles; the next tile's loads overlap the last one's epilogue and no CTA is launched per
-# K/V block). To be measured (tests/sm90_bwd_causal_timing.py); the launch model above puts it at
-# 5 us less per K/V block: the 2k backward 6% faster, 2k causal with lpt 15%.
-HEURISTIC_DYNAMIC = False
-# Whether the heuristic gives head dim 128 two dS buffers (ds_double, kDsDouble: no barrier between
-# the consumer warpgroups before the dS stores). To be measured (tests/sm90_bwd_causal_timing.py).
 HEURISTIC_DS_DOUBLE = False
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
@@ -383,7 +388,9 @@ class Sm90Backward(Family):
     config_cls = Sm90BwdConfig
     space = {"BM": (64, 128), "BN": (64, 128), "stages": (2, 3), "consumers": (1, 2),
              "dq_bulk": (False, True), "overlap_sdp": (False, True), "dq_writer": (False, True),
-             "lpt": (False, True), "dynamic": (False, True), "ds_double": (False, True)}
+             "dynamic": (False, True), "ds_double": (False, True)}
+    # (lpt, the launch order, is a config field outside the space: measured no faster than the
+    # plain order, alone or with the dynamic scheduler; HEURISTIC_LPT below)
     fixed = {"deterministic": False}
     params_struct = "Sm90BwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90BwdParams"
@@ -488,8 +495,10 @@ class Sm90Backward(Family):
             config = config.replace(varlen=is_varlen(problem))
         if config.lpt and (config.varlen or not config.causal):
             config = config.replace(lpt=False)         # a speed choice: varlen, non-causal keep the plain order
-        if config.dynamic and (config.varlen or config.deterministic):
-            config = config.replace(dynamic=False)     # likewise: a CTA per K/V block
+        if config.dynamic and (config.varlen or config.deterministic or problem.features):
+            # likewise: a CTA per K/V block (with features the dynamic kernels are built but not
+            # measured or run on a GPU yet: calls with features keep the plain grid)
+            config = config.replace(dynamic=False)
         if config.dq_bulk and (problem.deterministic or (config.dropout and config.consumers > 1
                                                         and config.head_dim == 64)):
             # a speed choice (a tuned entry's, or bwd_config='s): a deterministic call takes the
@@ -526,9 +535,9 @@ class Sm90Backward(Family):
                 if k not in ("dropout", "varlen") and not (k in ("lpt", "dynamic", "ds_double") and not v))
 
     def make(self, point, problem: Problem):
-        """As Family.make; a point without lpt (tuned tables and recorded studies from before the
-        flag) gets the plain order."""
-        for flag in ("lpt", "dynamic", "ds_double"):
+        """As Family.make; a point without dynamic or ds_double (tuned tables and recorded studies
+        from before the flags) gets them off."""
+        for flag in ("dynamic", "ds_double"):
             if flag not in point:
                 point = {**point, flag: False}
         return super().make(point, problem)
@@ -540,7 +549,9 @@ class Sm90Backward(Family):
         dropout). dQ by the writer warp (dq_writer)
         except where for_problem changes it (deterministic; d128 dropout: dropout_dq_path): measured on the H100
         (tests/sm90_bwd_sched_timing.py, the tuner's sweep), 13-22% faster than the consumers'
-        red.add at d64 and d128, bf16 and fp16, causal or not, 2k-16k."""
+        red.add at d64 and d128, bf16 and fp16, causal or not, 2k-16k. The dynamic scheduler for the
+        plain calls of the classes in HEURISTIC_DYNAMIC (measured there), lpt and ds_double per
+        HEURISTIC_LPT / HEURISTIC_DS_DOUBLE (off)."""
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         dtype, causal, det = problem.dtype, bool(problem.causal), problem.deterministic
@@ -553,7 +564,7 @@ class Sm90Backward(Family):
             cfg = cfg.replace(dq_writer=True)
         if causal and HEURISTIC_LPT:
             cfg = cfg.replace(lpt=True)                 # (for_problem drops it under varlen)
-        if HEURISTIC_DYNAMIC and not det:
+        if (d, causal) in HEURISTIC_DYNAMIC and not det and not problem.features:
             cfg = cfg.replace(dynamic=True)             # (for_problem drops it where it does not run)
         if HEURISTIC_DS_DOUBLE and d == 128:
             cfg = cfg.replace(ds_double=True)           # (likewise: not with softcap, ALiBi, dropout)
