@@ -1,6 +1,6 @@
-"""Compile, in parallel worker processes, every kernel of tests/test_sm90_bwd_causal_gpu.py and
-tests/sm90_bwd_causal_timing.py (not a test; run it first, then both find their kernels in CuPy's
-disk cache):
+"""Compile, in parallel worker processes, every kernel of tests/test_sm90_bwd_causal_gpu.py,
+tests/sm90_bwd_causal_timing.py and (through the heuristic) tests/test_sm90_bwd_gpu.py (not a
+test; run it first, then they find their kernels in CuPy's disk cache):
 
     timeout 120 python tests/sm90_bwd_causal_precompile.py
     timeout 150 python tests/sm90_bwd_causal_precompile.py --suite   # sm90_bwd's GPU test files' kernels
@@ -44,6 +44,25 @@ def configs():
                             out.append(fam.for_problem(dyn, pc))
                             out.append(fam.for_problem(dyn.replace(ds_double=True), pc))
                     out.append(select.choose(p.replace(op="fwd", deterministic=False), arch, name, smem)[1])
+    # test_sm90_bwd_gpu.py through the heuristic: bf16 / fp16, both masks, deterministic or not
+    # (the dynamic scheduler where HEURISTIC_DYNAMIC puts it), and their forwards
+    for dtype in ("bf16", "fp16"):
+        for d in (64, 128):
+            for causal in (False, True):
+                for det in (False, True):
+                    p = Problem("bwd", dtype, 2, 1023, 1100, 4, 2, d, causal, det)
+                    out.append(fam.for_problem(fam.heuristic(p, arch, smem), p))
+                    out.append(select.choose(p.replace(op="fwd", deterministic=False), arch, name, smem)[1])
+    # their forwards at the test shapes' sizes and real head dims (selection may differ per bucket)
+    for dtype in ("bf16", "fp16"):
+        for d in (40, 64, 96, 120, 128):
+            for causal in (False, True):
+                for sq, sk in SHAPES + [(300, 333), (200, 190), (257, 257)]:
+                    p = Problem("fwd", dtype, 2, sq, sk, 4, 2, d, causal)
+                    try:
+                        out.append(select.choose(p, arch, name, smem)[1])
+                    except Exception:   # noqa: BLE001 - not run on this GPU: nothing to compile
+                        pass
     return list(dict.fromkeys(out))
 
 

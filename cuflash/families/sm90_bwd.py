@@ -32,6 +32,12 @@ Head dim 64 has three tiles: BM64 BN64 with one consumer; BM64 BN128 with two, e
 32 of dQ_i's 64 columns (wgmma m64n32k16); and FA3's BM128 BN128 with two, each 64 rows of dQ_i
 (PTXAS_FITS: not with softcap, ALiBi, dropout). D64_ABOVE_FA2 / D64_SHAPE / D96_ABOVE_FA2
 hold the choice at head dims <= 96 (one line each; measured: the family first, BM128 BN128 c2).
+Schedules (issue 14, the short and causal backward): dynamic (name _dyn, kDynamic: a CTA per SM
+claims K/V-block tiles from a plan-owned counter, the next tile's loads overlap the last one's
+epilogue; dq_writer and stages 2 only) is the heuristic's for plain calls at d64 and d128 causal
+(HEURISTIC_DYNAMIC, measured); lpt (name _lpt, the longest-first launch order, causal; outside
+the space) and ds_double (name _ds2, two dS buffers at d128) are off (HEURISTIC_LPT,
+HEURISTIC_DS_DOUBLE); tests/sm90_bwd_causal_timing.py times them.
 Not implemented yet: head dims 96/192/256 (96 runs the d128 kernel), swap-AB.
 """
 from __future__ import annotations
