@@ -285,7 +285,8 @@ NVCC = shutil.which("nvcc")
 TMA_POINTS = [TMA, TMA.replace(warp_n=32), TMA.replace(stages=2), TMA.replace(warps=4, stages=6),
               TMA.replace(warps=4, stages=6, m_tiles=2), TMA.replace(warps=4, stages=3, m_tiles=2),
               TMA.replace(head_dim=64, dtype="fp16"), TMA.replace(head_dim=64, m_tiles=2),
-              TMA.replace(head_dim=96, m_tiles=2, warps=4, stages=6)]
+              TMA.replace(head_dim=96, m_tiles=2, warps=4, stages=6),
+              TMA.replace(head_dim=96, m_tiles=2, warps=4, stages=3)]  # racecheck's call (session 13)
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc")
@@ -303,3 +304,50 @@ def test_nvcc_sm80_builds_a_stub():
     plain = TMA.replace(tma=False)
     reps = nvcc_compile([TMA, plain], "sm_80")
     assert reps[0].registers < 16 and reps[1].spill_stores == 0
+
+
+# ---- the ring's release protocol (compute-sanitizer racecheck, session 13) -----------------------
+
+def _tma_kernel_source() -> str:
+    from cuflash.compile import render_source
+
+    src = render_source("decode_splitkv")
+    start = src.index("decode_splitkv_tma(const __grid_constant__")
+    return src[start:src.index("// ---- decode_splitkv: one split", start)]
+
+
+def test_ring_release_is_per_thread():
+    """Racecheck (H100, session 13) reported the producer's bulk copies into a reused ring slot
+    against the consumers' reads of it while one lane per warp released the slot after a
+    __syncwarp. Now every consumer thread arrives on empty (count: the consumer threads), and one
+    producer thread (lane 0) announces and issues every copy of a slot."""
+    src = _tma_kernel_source()
+    assert "mbarrier_init(empty(s), kConsumers)" in src
+    assert "mbarrier_init(empty(s), kWarps)" not in src
+    assert "if (lane == 0) mbarrier_arrive(empty" not in src
+    assert src.count("mbarrier_arrive(empty(slot))") == 1
+    # every copy into the ring is issued under `if (lane == 0)`: the TMA box and bulk-copy calls
+    # of the producer sit in lane-0 blocks
+    producer = src[src.index("// ---- producer warp"):src.index("// ---- consumer warps")]
+    for call in ("tma_load_4d(", "bulk_load_1d("):
+        for at in [i for i in range(len(producer)) if producer.startswith(call, i)]:
+            block = producer[:at]
+            assert block.rfind("if (lane == 0)") > block.rfind("}\n"), (call, producer[at - 200:at])
+
+
+def test_sanitize_runs_the_hopper_loop(monkeypatch):
+    """tests/gpu_sanitize.py --families decode_splitkv runs the Hopper loop on sm_90 both ways the
+    heuristic can pick it, whatever TMA_DEFAULT / TMA_PAGED_DEFAULT say, and restores them."""
+    import gpu_sanitize
+
+    monkeypatch.setattr(gpu_sanitize._gpu, "arch", lambda *a: (9, 0))
+    loops = gpu_sanitize.decode_loops(FAM)
+    assert loops[0] == {} and dict(TMA_DEFAULT=True, TMA_PAGED_DEFAULT=False) in loops
+    assert dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=True) in loops
+    before = (mod.TMA_DEFAULT, mod.TMA_PAGED_DEFAULT)
+    with gpu_sanitize.decode_loop(dict(TMA_DEFAULT=True, TMA_PAGED_DEFAULT=True)):
+        assert mod.TMA_DEFAULT and mod.TMA_PAGED_DEFAULT
+        assert FAM.heuristic(problem(), (9, 0)).tma
+    assert (mod.TMA_DEFAULT, mod.TMA_PAGED_DEFAULT) == before
+    monkeypatch.setattr(gpu_sanitize._gpu, "arch", lambda *a: (8, 0))
+    assert gpu_sanitize.decode_loops(FAM) == [{}]
