@@ -49,6 +49,9 @@
 //   kPagePrefetch  paged caches: the page ids of a K/V block's rows are read from block_table one
 //             block ahead, into registers, so the block's cp.asyncs wait on no table read (false:
 //             a table read per key row, before its cp.async)
+//   kL2Prefetch  0, 64, 128 or 256: the whole K/V blocks' cp.asyncs carry an L2 prefetch-size hint
+//             of that many bytes (a key row of d 128 in bf16 is 256 bytes): on a miss the L2 asks
+//             the DRAM for the whole aligned segment at once (0: no hint, the plain kernel)
 #include "ptx.cuh"
 #include "ptx_decode.cuh"
 #include "params_decode.cuh"
@@ -600,7 +603,7 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
 
 // ---- decode_splitkv: one split of one KV head's packed query rows -----------------------------
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
-          bool kFusedCombine = false, bool kPagePrefetch = false>
+          bool kFusedCombine = false, bool kPagePrefetch = false, int kL2Prefetch = 0>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
@@ -713,8 +716,8 @@ decode_splitkv(const DecodeParams p) {
             }
             const u32 off = pass * kRowsPerPass * kRowBytes;
             if (whole) {
-                cp_async_16(k_dst + off, k_cache + k_off);
-                cp_async_16(v_dst + off, v_cache + v_off);
+                cp_async_16_l2<kL2Prefetch>(k_dst + off, k_cache + k_off);
+                cp_async_16_l2<kL2Prefetch>(v_dst + off, v_cache + v_off);
             } else {
                 cp_async_16(k_dst + off, k_cache + k_off, valid);
                 cp_async_16(v_dst + off, v_cache + v_off, valid);

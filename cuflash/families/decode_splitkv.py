@@ -95,6 +95,10 @@ TMA_PAGED_MAX_PAGE = 128
 # The heuristic's split rule for the Hopper loop (its split_cost, in K/V blocks; see
 # num_splits_for): the cp.async loop's until the H100 timing refits it
 TMA_SPLIT_COST = 4
+# l2_prefetch: the L2 prefetch sizes the cp.async loop's K/V copies may carry (0: none), and the
+# heuristic's choice (0 until the H100 timing, tests/decode_tma_timing.py, shows a hint faster)
+L2_PREFETCH_SIZES = (0, 64, 128, 256)
+L2_PREFETCH_DEFAULT = 0
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -117,12 +121,15 @@ class DecodeConfig(KernelConfig):
               persistent, zeroed int32 buffer that the call shape's plan owns, ``counters``)
     page_prefetch: paged caches read a K/V block's page ids from block_table one block ahead
               (into registers) instead of once per key row right before its cp.async
+    l2_prefetch: 0, 64, 128 or 256: the cp.async loop's whole K/V blocks load with an L2
+              prefetch-size hint of that many bytes (``cp.async...L2::256B``: on a miss the L2
+              fetches the whole aligned segment; a d 128 bf16 key row is 256 bytes); 0: no hint
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
               K (V) block, paged ones a box per page segment (``tma_box_rows``). Needs the real
               head dim to equal ``head_dim`` (the box carries no column mask), a page size that
-              is a multiple of 16, no fused combine and no page prefetch
+              is a multiple of 16, no fused combine, no page prefetch and no l2_prefetch
     """
 
     warps: int
@@ -137,6 +144,7 @@ class DecodeConfig(KernelConfig):
     fused_combine: bool = False
     page_prefetch: bool = False
     tma: bool = False
+    l2_prefetch: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -158,7 +166,7 @@ class DecodeConfig(KernelConfig):
     def name(self) -> str:
         split = f"_x{self.splits}" if self.splits else ""
         flags = (("_fc" if self.fused_combine else "") + ("_pp" if self.page_prefetch else "")
-                 + ("_tma" if self.tma else ""))
+                 + ("_tma" if self.tma else "") + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -180,13 +188,13 @@ class DecodeConfig(KernelConfig):
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
         return (f"cuflash::decode_splitkv<{self.warps}, {self.warp_n}, {self.stages}, {self.m_tiles}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {flag[self.fused_combine]}, "
-                f"{flag[self.page_prefetch]}>")
+                f"{flag[self.page_prefetch]}, {int(self.l2_prefetch)}>")
 
     def template_args(self) -> tuple:
         if self.tma:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype)
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
-                bool(self.fused_combine), bool(self.page_prefetch))
+                bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -196,6 +204,9 @@ class DecodeConfig(KernelConfig):
             out.append(f"m_tiles must be 1 or 2, got {self.m_tiles}")
         if self.split_cost < 0:
             out.append(f"split_cost must be >= 0, got {self.split_cost}")
+        if self.l2_prefetch not in L2_PREFETCH_SIZES:
+            out.append(f"l2_prefetch must be one of {L2_PREFETCH_SIZES} (bytes; 0: no hint), "
+                       f"got {self.l2_prefetch}")
         if not 0 <= self.splits <= MAX_SPLITS:
             out.append(f"splits must be in 0..{MAX_SPLITS} (0: heuristic), got {self.splits}")
         if not out and self.accum_regs > MAX_ACCUM_REGS:
@@ -212,8 +223,9 @@ class DecodeConfig(KernelConfig):
             if self.block_n > 256:
                 out.append(f"tma: warps * warp_n (the block's keys, one TMA box) must be <= 256, "
                            f"got {self.block_n}")
-            if self.fused_combine or self.page_prefetch:
-                out.append("tma: the Hopper loop has no fused_combine and no page_prefetch")
+            if self.fused_combine or self.page_prefetch or self.l2_prefetch:
+                out.append("tma: the Hopper loop has no fused_combine, no page_prefetch and no "
+                           "l2_prefetch (its TMA boxes ask for whole rows)")
             if not out and self.warps >= 8 and self.accum_regs > TMA_MAX_ACCUM_REGS_WIDE:
                 out.append(f"tma: {self.accum_regs} fp32 accumulator registers per thread exceed the "
                            f"budget of {TMA_MAX_ACCUM_REGS_WIDE} at {self.warps} warps plus the producer "
@@ -333,7 +345,7 @@ class DecodeSplitKV(Family):
     config_cls = DecodeConfig
     space = {"warps": (2, 4, 8), "warp_n": (16, 32), "stages": (2, 3, 4, 6), "m_tiles": (1, 2),
              "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
-             "tma": (False, True)}
+             "tma": (False, True), "l2_prefetch": L2_PREFETCH_SIZES}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -383,11 +395,13 @@ class DecodeSplitKV(Family):
         stages = 3 if d <= 128 else 2
         cfg = DecodeConfig(8, 16, stages, m_tiles, 4, d, problem.dtype, bool(problem.causal),
                            fused_combine=FUSED_COMBINE_DEFAULT,
-                           page_prefetch=PAGE_PREFETCH_DEFAULT and "paged_kv" in problem.features)
+                           page_prefetch=PAGE_PREFETCH_DEFAULT and "paged_kv" in problem.features,
+                           l2_prefetch=L2_PREFETCH_DEFAULT)
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
-            tma = cfg.replace(fused_combine=False, page_prefetch=False, tma=True, split_cost=TMA_SPLIT_COST)
+            tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, tma=True,
+                              split_cost=TMA_SPLIT_COST)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
                 candidate = tma.replace(**shrink)
@@ -401,10 +415,12 @@ class DecodeSplitKV(Family):
         return cfg.validate(max_smem)
 
     def make(self, point, problem: Problem):
-        """As Family.make; a point without ``tma`` (tuned tables and recorded studies from before
-        the Hopper loop) gets False, the cp.async loop."""
+        """As Family.make; a point without ``tma`` or ``l2_prefetch`` (tuned tables and recorded
+        studies from before them) gets False / 0: the cp.async loop without an L2 hint."""
         if "tma" not in point:
             point = {**point, "tma": False}
+        if "l2_prefetch" not in point:
+            point = {**point, "l2_prefetch": 0}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -440,7 +456,7 @@ class DecodeSplitKV(Family):
                 and not config.fused_combine and not config.page_prefetch):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
-            tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST)
+            tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
