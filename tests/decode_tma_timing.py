@@ -1,0 +1,436 @@
+"""Decode bandwidth on the H100 for picking decode_splitkv's defaults (issue 13): bf16, d 128, 32
+query heads on 8 KV heads, one query row, the cache full; batch 1 / 8 / 32 x context 8k / 32k /
+128k, each contiguous and paged (page 16 and 256, over a shuffled block table that views the same
+memory), CUDA-graph timing. In the same process, per cell:
+
+  * ``sdpa_flash`` / ``sdpa_cudnn``: scaled_dot_product_attention (enable_gqa) on (b, h, s, d)
+    views of the same cache (contiguous cells);
+  * ``heuristic``: flash_attn_with_kvcache as users call it (today's defaults);
+  * every candidate of ``candidates``, forced through kvcache_with_config at its split rule's
+    count (``num_splits_for``; batch 1 also at twice that):
+    - ``base``       the heuristic's tiles on the cp.async loop (8 warps x 16 keys, 3 stages:
+                     one CTA per SM), no option;
+    - ``w4s3``       4 warps, 3 stages (64-key blocks: two CTAs per SM, more CTAs per row);
+    - ``base_l2p256``, ``base_l2p128``, ``w4s3_l2p256``: the K/V cp.asyncs with an L2
+                     prefetch-size hint (``l2_prefetch``);
+    - ``base_fc``    the fused combine (one launch: the last CTA of a group merges the splits;
+                     batch-1 cells, where the combine launch weighs most);
+    - ``tma``        the Hopper loop (producer warp, TMA into an mbarrier ring) with the
+                     heuristic's tiles, and ``tma_w4s3`` with TMA_PAGED_DEFAULT's (4 warps, 3
+                     stages);
+  * diagnostics: ``base`` on a head-major cache (``layout=head_major``: each KV head's keys
+    contiguous, (b, hk, s, d) memory viewed as (b, s, hk, d): is the interleaved layout's access
+    pattern what costs?), and the ``1x8k_cold`` cell: the graph cycles over 4 caches (134 MB, more
+    than the 50 MB L2), so no call finds its K/V in L2 (1x8k's 34 MB fit: a replayed graph of
+    one cache may hit).
+
+Every cuflash output is compared with the heuristic's on the same cache (max |diff| <= 1.6e-2,
+bf16), and the heuristic with SDPA cuDNN on contiguous cells; a mismatch shows as ``BAD``.
+Prints one table per cell (fastest first: us, K+V TB/s, x flash, x cuDNN), then a summary per
+candidate (geometric mean of its time over base's, worst cell, cells where it is fastest) and the
+module switches the numbers support (TMA_DEFAULT, TMA_PAGED_DEFAULT, L2_PREFETCH_DEFAULT), and
+writes every record as JSON to --out. The kernels compile first, in parallel worker processes
+(``--processes``); the whole run takes about a minute on an H100 (``--max-seconds`` stops
+starting new cells after that long):
+
+    CUPY_CACHE_DIR=/tmp/cupy_cache timeout 170 python tests/decode_tma_timing.py --out /tmp/dec_tma.json
+    python tests/decode_tma_timing.py --precompile                      # compile only
+    python tests/decode_tma_timing.py --cells 1x8k 1x32k --pages 0 --out t.json   # a subset
+
+Not a test (no assertions); the lead reads the tables.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+
+HQ, HK, D = 32, 8, 128
+CELLS = {  # name: (batch, ctx, caches the graph cycles over), smallest K+V first
+    "1x8k": (1, 8192, 1), "1x8k_cold": (1, 8192, 4), "1x32k": (1, 32768, 1), "8x8k": (8, 8192, 1),
+    "1x128k": (1, 131072, 1), "8x32k": (8, 32768, 1), "32x8k": (32, 8192, 1),
+    "8x128k": (8, 131072, 1), "32x32k": (32, 32768, 1), "32x128k": (32, 131072, 1),
+}
+PAGES = (0, 16, 256)
+TOL = 1.6e-2              # bf16 outputs of |O| <~ 1: a couple of ulps
+HEAD_MAJOR_MAX_BYTES = 8 << 30   # the head-major copy of a cell's K/V (an extra allocation)
+TARGET_REPLAY_US = 2000.0        # calls per graph: about this long a replay
+
+
+def base_config(problem, arch=(9, 0)):
+    """The heuristic's tiles for ``problem`` on the cp.async loop, no option."""
+    from cuflash.registry import get
+
+    return get("decode_splitkv").heuristic(problem, arch).replace(
+        tma=False, fused_combine=False, page_prefetch=False, l2_prefetch=0, splits=0)
+
+
+def candidates(base, batch: int, page: int, cold: bool = False) -> list:
+    """(label, config, split multipliers) of the forced configs a cell times (see the docstring)."""
+    w4s3 = base.replace(warps=4, stages=3)
+    tma = base.replace(tma=True, split_cost=4)
+    out = [("base", base, (1, 2) if batch == 1 else (1,)), ("w4s3", w4s3, (1,)),
+           ("base_l2p256", base.replace(l2_prefetch=256), (1,)),
+           ("base_l2p128", base.replace(l2_prefetch=128), (1,)),
+           ("w4s3_l2p256", w4s3.replace(l2_prefetch=256), (1,)),
+           ("tma", tma, (1,)), ("tma_w4s3", tma.replace(warps=4, stages=3), (1,))]
+    if batch == 1 and not page:
+        out.append(("base_fc", base.replace(fused_combine=True), (1,)))
+    if cold:  # the cold cell: the options that might change what an L2 miss costs
+        keep = ("base", "w4s3", "base_l2p256", "tma")
+        out = [(label, cfg, (1,)) for label, cfg, _ in out if label in keep]
+    return out
+
+
+def all_configs(cells, pages, arch=(9, 0)) -> list:
+    """Every kernel set the run compiles (splits 0: one module per tile set and option)."""
+    from cuflash.problem import Problem
+
+    out = []
+    for name in cells:
+        batch, ctx, rotate = CELLS[name]
+        for page in pages:
+            p = Problem("decode", "bf16", batch, 1, ctx, HQ, HK, D, False, False,
+                        ("paged_kv",) if page else ())
+            base = base_config(p, arch)
+            out.append(base)
+            out += [cfg.replace(splits=0) for _, cfg, _ in candidates(base, batch, page, rotate > 1)]
+    return list(dict.fromkeys(out))
+
+
+def time_graph(f, reps: int, est_us: float) -> float:
+    """Microseconds per call: a CUDA graph of n calls (about TARGET_REPLAY_US per replay, 1..20),
+    the median of ``reps`` replays / n."""
+    import torch
+
+    n = max(1, min(20, round(TARGET_REPLAY_US / max(est_us, 1.0))))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        f()  # warm-up on the capture stream (workspaces, lazy init)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(n):
+            f()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / n)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def eager_us(f) -> float:
+    """One eager call's time (after a warm-up call), to size the graph."""
+    import torch
+
+    f()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    f()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+HEURISTIC = object()  # run_cell's check: compare with the heuristic's output
+
+
+def _try(f):
+    """f(), or None where it raises (the timing record of f says why)."""
+    try:
+        return f()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def planned_config(keys):
+    """The config of the plan made for the call-shape keys ``keys`` (the heuristic's first call of
+    a cell), or None."""
+    from cuflash import decode as decode_mod
+
+    for k in keys:
+        entry = decode_mod._gpu_plans.get(k)
+        if entry is not None and entry.plan is not None:
+            return entry.plan.config
+    return None
+
+
+class Cycle:
+    """f() calls fns[0], fns[1], ... in turn (the cold cell's graph cycles over its caches)."""
+
+    def __init__(self, fns):
+        self.fns, self.i = fns, 0
+
+    def __call__(self):
+        out = self.fns[self.i % len(self.fns)]()
+        self.i += 1
+        return out
+
+
+def make_caches(batch, ctx, page, rotate, dt, gen):
+    """``rotate`` (q, k_cache, v_cache, block_table) sets: contiguous (batch, ctx, hk, d) caches;
+    paged ones view the same memory as (batch·ctx / page, page, hk, d) pages over a shuffled
+    block table (so the page cells cost no extra memory)."""
+    import torch
+
+    sets = []
+    for _ in range(rotate):
+        kc = torch.randn(batch, ctx, HK, D, device="cuda", dtype=dt, generator=gen)
+        vc = torch.randn_like(kc)
+        q = torch.randn(batch, 1, HQ, D, device="cuda", dtype=dt, generator=gen)
+        table = None
+        if page:
+            blocks = ctx // page
+            kc, vc = kc.view(batch * blocks, page, HK, D), vc.view(batch * blocks, page, HK, D)
+            table = torch.randperm(batch * blocks, device="cuda", generator=gen).view(batch, blocks)
+            table = table.to(torch.int32)
+        sets.append((q, kc, vc, table))
+    return sets
+
+
+def sdpa_fn(impl, q, kc, vc):
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    from cuflash.bench.common import sdpa_backend
+
+    backend = sdpa_backend(impl)
+    qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
+
+    def f():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True).transpose(1, 2)
+    return f
+
+
+def run_cell(name, page, reps, log) -> list:
+    import torch
+
+    from cuflash.decode import flash_attn_with_kvcache, kvcache_with_config
+    from cuflash.families.decode_splitkv import num_splits_for
+    from cuflash.problem import Problem
+
+    batch, ctx, rotate = CELLS[name]
+    dt = torch.bfloat16
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    problem = Problem("decode", "bf16", batch, 1, ctx, HQ, HK, D, False, False,
+                      ("paged_kv",) if page else ())
+    base = base_config(problem)
+    kv_bytes = 2 * batch * ctx * HK * D * 2
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    sets = make_caches(batch, ctx, page, rotate, dt, gen)
+    seqlens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    heur = [lambda q=q, kc=kc, vc=vc, t=t: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=t)
+            for q, kc, vc, t in sets]
+    from cuflash import decode as decode_mod
+
+    before = set(decode_mod._gpu_plans)
+    want = heur[0]()
+    want_key = [k for k in decode_mod._gpu_plans if k not in before]
+    records = []
+
+    def one(impl, label, config_name, splits, fns, layout="interleaved", check=HEURISTIC):
+        """Time fns (cycled); check: the output to compare with (HEURISTIC: the heuristic's,
+        None: no check)."""
+        rec = dict(cell=name, batch=batch, ctx=ctx, page_size=page, hq=HQ, hk=HK, d=D, impl=impl,
+                   label=label, config=config_name, splits=splits, layout=layout, caches=rotate)
+        try:
+            got = fns[0]()
+            got = got[0] if isinstance(got, tuple) else got
+            ref = want if check is HEURISTIC else check
+            if ref is not None:
+                diff = (got.float() - ref.float()).abs().max().item()
+                rec["max_diff"] = diff
+                if not diff <= TOL:
+                    rec["error"] = f"BAD: max |O - reference| = {diff:.3g} ({'heuristic' if check is HEURISTIC else 'cuDNN / base'})"
+            f = Cycle(fns) if len(fns) > 1 else fns[0]
+            us = time_graph(f, reps, eager_us(f))
+            rec.update(us=us, kv_TBps=kv_bytes / (us * 1e-6) / 1e12)
+        except Exception as exc:  # noqa: BLE001 - the record says why
+            rec.update(us=None, kv_TBps=None, error=f"{type(exc).__name__}: {str(exc)[:160]}")
+        records.append(rec)
+        log(f"  {impl:10s} {label:12s} {config_name:44s} x{splits!s:>4} "
+            + (f"{rec['us']:9.1f} us {rec['kv_TBps']:5.2f} TB/s" if rec.get("us") else "")
+            + (f"  {rec['error']}" if rec.get("error") else ""))
+
+    cudnn_out = None
+    if not page:
+        for impl in ("sdpa_flash", "sdpa_cudnn"):
+            fns = [sdpa_fn(impl, q, kc, vc) for q, kc, vc, _ in sets]
+            one(impl, impl, "", "", fns, check=None)
+            if impl == "sdpa_cudnn":
+                cudnn_out = _try(fns[0])
+    heur_cfg = planned_config(want_key)  # what the heuristic ran (its plan's config)
+    one("cuflash", "heuristic", heur_cfg.name if heur_cfg else "?", heur_cfg.splits if heur_cfg else "",
+        heur, check=cudnn_out if cudnn_out is not None else HEURISTIC)
+    for label, cfg, mults in candidates(base, batch, page, rotate > 1):
+        rule = num_splits_for(cfg, problem, sms)
+        for mult in dict.fromkeys(max(1, min(128, round(rule * m))) for m in mults):
+            fns = [lambda q=q, kc=kc, vc=vc, t=t, cfg=cfg, s=mult: kvcache_with_config(
+                cfg, q, kc, vc, cache_seqlens=seqlens, block_table=t, num_splits=s)
+                for q, kc, vc, t in sets]
+            one("cuflash", label if mult == rule else f"{label}_x{mult}", cfg.name, mult, fns)
+    if not page and rotate == 1 and kv_bytes <= HEAD_MAJOR_MAX_BYTES:
+        q = sets[0][0]
+        kh = torch.randn(batch, HK, ctx, D, device="cuda", dtype=dt, generator=gen).transpose(1, 2)
+        vh = torch.randn_like(kh.transpose(1, 2)).transpose(1, 2)
+        s = num_splits_for(base, problem, sms)
+        sdpa = sdpa_fn("sdpa_cudnn", q, kh, vh)
+        one("sdpa_cudnn", "sdpa_cudnn_hm", "", "", [sdpa], layout="head_major", check=None)
+        one("cuflash", "base_hm", base.name, s,
+            [lambda: kvcache_with_config(base, q, kh, vh, cache_seqlens=seqlens, num_splits=s)],
+            layout="head_major", check=_try(sdpa))
+        del kh, vh
+    del sets, want
+    torch.cuda.empty_cache()
+    return records
+
+
+def table(records: list) -> str:
+    out = []
+    for cell in dict.fromkeys((r["cell"], r["page_size"]) for r in records):
+        recs = [r for r in records if (r["cell"], r["page_size"]) == cell]
+        ref = {r["impl"]: r["us"] for r in records if r["cell"] == cell[0] and r.get("us")
+               and r["impl"] in ("sdpa_flash", "sdpa_cudnn") and r["layout"] == "interleaved"}
+        out.append(f"\n{cell[0]} page {cell[1] or '-'}"
+                   + "".join(f"   {k} {v:.1f} us" for k, v in ref.items()))
+        out.append(f"{'impl':10s} {'label':14s} {'config':44s} {'splits':>6s} {'us':>9s} {'TB/s':>6s}"
+                   f" {'x flash':>8s} {'x cuDNN':>8s}")
+        for r in sorted(recs, key=lambda r: r.get("us") or float("inf")):
+            if not r.get("us"):
+                out.append(f"{r['impl']:10s} {r['label']:14s} {r['config']:44s} {r['splits']!s:>6s}  {r.get('error')}")
+                continue
+            ratio = [f"{ref[k] / r['us']:8.2f}" if k in ref else f"{'':8s}" for k in ("sdpa_flash", "sdpa_cudnn")]
+            bad = "  " + r["error"] if r.get("error") else ""
+            out.append(f"{r['impl']:10s} {r['label']:14s} {r['config']:44s} {r['splits']!s:>6s} {r['us']:9.1f} "
+                       f"{r['kv_TBps']:6.2f} {ratio[0]} {ratio[1]}{bad}")
+    return "\n".join(out)
+
+
+def summary(records: list) -> dict:
+    """Per candidate label: over the cells where both it and ``base`` ran (warm cells only), the
+    geometric mean of base's time over its own (> 1: faster), the worst and best cell, and the
+    cells where it was the fastest cuflash record; and the module switches the numbers support:
+      TMA_DEFAULT          ``tma`` vs base over the contiguous cells,
+      TMA_PAGED_DEFAULT    ``tma_w4s3`` vs base over the page-16 cells,
+      L2_PREFETCH_DEFAULT  ``base_l2p256`` (``base_l2p128``) vs base over every cell,
+    each flipped when the geometric mean gains >= 1% and no cell loses more than 2%."""
+    ok = [r for r in records if r.get("us") and not r.get("error") and r.get("caches", 1) == 1
+          and r.get("layout", "interleaved") == "interleaved"]
+    by_cell: dict = {}
+    for r in ok:
+        by_cell.setdefault((r["cell"], r["page_size"]), {})[r["label"]] = r["us"]
+    labels = list(dict.fromkeys(r["label"] for r in ok if r["impl"] == "cuflash"))
+    per_label = {}
+    for label in labels:
+        ratios = {f"{c[0]}/p{c[1]}": t["base"] / t[label] for c, t in by_cell.items()
+                  if label in t and "base" in t}
+        if not ratios:
+            continue
+        fastest = [f"{c[0]}/p{c[1]}" for c, t in by_cell.items()
+                   if label in t and t[label] == min(v for k, v in t.items() if not k.startswith("sdpa"))]
+        per_label[label] = dict(
+            geomean=math.exp(sum(math.log(x) for x in ratios.values()) / len(ratios)),
+            worst=min(ratios.items(), key=lambda kv: kv[1]), best=max(ratios.items(), key=lambda kv: kv[1]),
+            cells=len(ratios), fastest_in=fastest)
+
+    def verdict(label, pages):
+        ratios = [t["base"] / t[label] for c, t in by_cell.items()
+                  if c[1] in pages and label in t and "base" in t]
+        if not ratios:
+            return None
+        g = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        return dict(geomean=g, worst=min(ratios), cells=len(ratios), flip=g >= 1.01 and min(ratios) >= 0.98)
+
+    switches = {"TMA_DEFAULT": verdict("tma", (0,)), "TMA_PAGED_DEFAULT": verdict("tma_w4s3", (16,))}
+    l2 = {size: verdict(f"base_l2p{size}", (0, 16, 256)) for size in (256, 128)}
+    l2 = {k: v for k, v in l2.items() if v}
+    if l2:
+        size, v = max(l2.items(), key=lambda kv: kv[1]["geomean"])
+        switches["L2_PREFETCH_DEFAULT"] = dict(v, value=size if v["flip"] else 0)
+    return dict(per_label=per_label, switches=switches)
+
+
+def print_summary(s: dict) -> str:
+    out = ["\ncandidates vs base (geomean of base us / its us over warm cells; > 1 is faster):"]
+    for label, v in sorted(s["per_label"].items(), key=lambda kv: -kv[1]["geomean"]):
+        out.append(f"  {label:14s} {v['geomean']:6.3f}  worst {v['worst'][1]:.3f} ({v['worst'][0]})  "
+                   f"best {v['best'][1]:.3f} ({v['best'][0]})  cells {v['cells']}  "
+                   f"fastest in {', '.join(v['fastest_in']) or '-'}")
+    out.append("switches (cuflash/families/decode_splitkv.py; flip when the geomean gains >= 1% and no "
+               "cell loses > 2%):")
+    for name, v in s["switches"].items():
+        if v is None:
+            out.append(f"  {name}: no data")
+            continue
+        value = v.get("value", v["flip"])
+        out.append(f"  {name} = {value!r:5}  (geomean {v['geomean']:.3f}, worst {v['worst']:.3f}, "
+                   f"{v['cells']} cells)")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="JSON file for the raw records and the summary")
+    ap.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
+    ap.add_argument("--pages", nargs="+", type=int, default=list(PAGES))
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--max-seconds", type=float, default=60.0,
+                    help="start no new cell after this long (the kernels' compile included)")
+    ap.add_argument("--processes", type=int, default=0, help="compile workers (0: one per kernel set)")
+    ap.add_argument("--precompile", action="store_true", help="compile the kernels and stop")
+    a = ap.parse_args()
+    if not a.precompile and not a.out:
+        ap.error("--out is required (or --precompile)")
+    t0 = time.time()
+    import torch
+
+    from cuflash import _gpu
+    from cuflash.compile import precompile
+
+    configs = all_configs(a.cells, a.pages, _gpu.arch())
+    res = precompile(configs, processes=a.processes or None)
+    bad = [(c.name, e) for c, _, e in res if e]
+    print(f"compiled {len(res)} kernel sets in {time.time() - t0:.1f} s"
+          + "".join(f"\n  FAILED {n}: {e[:300]}" for n, e in bad), flush=True)
+    if a.precompile:
+        return 1 if bad else 0
+    records, skipped = [], []
+    for name in a.cells:
+        for page in a.pages:
+            if CELLS[name][2] > 1 and page:
+                continue  # the cold cell: contiguous only
+            if time.time() - t0 > a.max_seconds:
+                skipped.append(f"{name}/p{page}")
+                continue
+            print(f"{name} page {page or '-'} ({time.time() - t0:.0f} s)", flush=True)
+            records += run_cell(name, page, a.reps, lambda s: print(s, flush=True))
+    print(table(records))
+    s = summary(records)
+    print(print_summary(s))
+    if skipped:
+        print(f"\nskipped (past --max-seconds {a.max_seconds:.0f}): {', '.join(skipped)}")
+    env = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, seconds=time.time() - t0,
+               skipped=skipped)
+    with open(a.out, "w") as fh:
+        json.dump({"env": env, "records": records, "summary": s}, fh, indent=1, default=str)
+    print(f"\nwrote {a.out} ({len(records)} records, {time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
