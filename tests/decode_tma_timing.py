@@ -10,7 +10,8 @@ memory), CUDA-graph timing. In the same process, per cell:
     count (``num_splits_for``; batch 1 also at twice that):
     - ``base``       the heuristic's tiles on the cp.async loop (8 warps x 16 keys, 3 stages:
                      one CTA per SM), no option;
-    - ``w4s3``       4 warps, 3 stages (64-key blocks: two CTAs per SM, more CTAs per row);
+    - ``w4s3``       4 warps, 3 stages (64-key blocks: two CTAs per SM, more CTAs per row), and
+                     ``w4s2`` (three CTAs per SM; batch-1 cells);
     - ``base_l2p256``, ``base_l2p128``, ``w4s3_l2p256``: the K/V cp.asyncs with an L2
                      prefetch-size hint (``l2_prefetch``);
     - ``base_fc``    the fused combine (one launch: the last CTA of a group merges the splits;
@@ -80,7 +81,8 @@ def candidates(base, batch: int, page: int, cold: bool = False) -> list:
            ("w4s3_l2p256", w4s3.replace(l2_prefetch=256), (1,)),
            ("tma", tma, (1,)), ("tma_w4s3", tma.replace(warps=4, stages=3), (1,))]
     if batch == 1 and not page:
-        out.append(("base_fc", base.replace(fused_combine=True), (1,)))
+        out += [("base_fc", base.replace(fused_combine=True), (1,)),
+                ("w4s2", base.replace(warps=4, stages=2), (1,))]
     if cold:  # the cold cell: the options that might change what an L2 miss costs
         keep = ("base", "w4s3", "base_l2p256", "tma")
         out = [(label, cfg, (1,)) for label, cfg, _ in out if label in keep]

@@ -26,7 +26,7 @@ def test_candidates_are_valid_and_named():
     assert not (base.tma or base.fused_combine or base.page_prefetch or base.l2_prefetch)
     labels = [label for label, _, _ in dt.candidates(base, 1, 0)]
     assert labels == ["base", "w4s3", "base_l2p256", "base_l2p128", "w4s3_l2p256", "tma", "tma_w4s3",
-                      "base_fc"]
+                      "base_fc", "w4s2"]
     for label, cfg, mults in dt.candidates(base, 1, 0):
         assert not cfg.problems(232448), (label, cfg.problems(232448))
         assert mults[0] == 1
