@@ -36,6 +36,7 @@ starting new cells after that long):
 
     CUPY_CACHE_DIR=/tmp/cupy_cache timeout 170 python tests/decode_tma_timing.py --out /tmp/dec_tma.json
     python tests/decode_tma_timing.py --precompile                      # compile only
+    python tests/decode_tma_timing.py --no-precompile --out t.json      # after decode_precompile.py
     python tests/decode_tma_timing.py --cells 1x8k 1x32k --pages 0 --out t.json   # a subset
 
 Not a test (no assertions); the lead reads the tables.
@@ -395,6 +396,8 @@ def main():
                     help="start no new cell after this long (the kernels' compile included)")
     ap.add_argument("--processes", type=int, default=0, help="compile workers (0: one per kernel set)")
     ap.add_argument("--precompile", action="store_true", help="compile the kernels and stop")
+    ap.add_argument("--no-precompile", action="store_true",
+                    help="skip the parallel compile step (tests/decode_precompile.py ran already)")
     a = ap.parse_args()
     if not a.precompile and not a.out:
         ap.error("--out is required (or --precompile)")
@@ -404,13 +407,14 @@ def main():
     from cuflash import _gpu
     from cuflash.compile import precompile
 
-    configs = all_configs(a.cells, a.pages, _gpu.arch())
-    res = precompile(configs, processes=a.processes or None)
-    bad = [(c.name, e) for c, _, e in res if e]
-    print(f"compiled {len(res)} kernel sets in {time.time() - t0:.1f} s"
-          + "".join(f"\n  FAILED {n}: {e[:300]}" for n, e in bad), flush=True)
-    if a.precompile:
-        return 1 if bad else 0
+    if not a.no_precompile:
+        configs = all_configs(a.cells, a.pages, _gpu.arch())
+        res = precompile(configs, processes=a.processes or None)
+        bad = [(c.name, e) for c, _, e in res if e]
+        print(f"compiled {len(res)} kernel sets in {time.time() - t0:.1f} s"
+              + "".join(f"\n  FAILED {n}: {e[:300]}" for n, e in bad), flush=True)
+        if a.precompile:
+            return 1 if bad else 0
     records, skipped = [], []
     for name in a.cells:
         for page in a.pages:
