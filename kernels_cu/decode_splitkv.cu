@@ -52,6 +52,10 @@
 //   kL2Prefetch  0, 64, 128 or 256: the whole K/V blocks' cp.asyncs carry an L2 prefetch-size hint
 //             of that many bytes (a key row of d 128 in bf16 is 256 bytes): on a miss the L2 asks
 //             the DRAM for the whole aligned segment at once (0: no hint, the plain kernel)
+//   kWarpLoads  each warp loads the kWarpN key rows of K and V that it alone reads, so the ring
+//             needs no CTA barrier per block: a warp waits for its own cp.async groups and its
+//             own lanes (__syncwarp), and the warps stream independently (false: the CTA loads
+//             every block together, one __syncthreads per block)
 #include "ptx.cuh"
 #include "ptx_decode.cuh"
 #include "params_decode.cuh"
@@ -603,7 +607,8 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
 
 // ---- decode_splitkv: one split of one KV head's packed query rows -----------------------------
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
-          bool kFusedCombine = false, bool kPagePrefetch = false, int kL2Prefetch = 0>
+          bool kFusedCombine = false, bool kPagePrefetch = false, int kL2Prefetch = 0,
+          bool kWarpLoads = false>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
@@ -660,11 +665,17 @@ decode_splitkv(const DecodeParams p) {
     cp_async_commit();
 
     // K/V block n into ring slot `slot`: kLanesPerRow threads per key row, one 16-byte chunk
-    // each; the row's cache address is computed per row (paged: one block_table read).
+    // each; the row's cache address is computed per row (paged: one block_table read). The
+    // loaders: the whole CTA over the block's kBlockN rows, or (kWarpLoads) each warp over its
+    // own kWarpN rows.
     constexpr int kLanesPerRow = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
-    constexpr int kRowsPerPass = kThreads / kLanesPerRow;
-    static_assert(kThreads % kLanesPerRow == 0, "a CTA must cover whole rows per pass");
-    const int ld_row = tid / kLanesPerRow, ld_col = (tid % kLanesPerRow) * 8;
+    constexpr int kLoaders = kWarpLoads ? 32 : kThreads;       // threads that share a block's rows
+    constexpr int kLoadRows = kWarpLoads ? kWarpN : kBlockN;    // rows they load
+    constexpr int kRowsPerPass = kLoaders / kLanesPerRow;
+    static_assert(kLoaders % kLanesPerRow == 0, "the loaders must cover whole rows per pass");
+    const int ld_tid = kWarpLoads ? lane : tid;
+    const int ld_row = (kWarpLoads ? warp * kWarpN : 0) + ld_tid / kLanesPerRow;
+    const int ld_col = (ld_tid % kLanesPerRow) * 8;
     const u16* k_cache = static_cast<const u16*>(p.k_cache) + hkv * p.k_head_stride + ld_col;
     const u16* v_cache = static_cast<const u16*>(p.v_cache) + hkv * p.v_head_stride + ld_col;
     // Contiguous caches: the row's base once (cp.async's memory clobber would reload
@@ -675,14 +686,14 @@ decode_splitkv(const DecodeParams p) {
     // block to load (the ring loads blocks n_end - 1, n_end - 2, ...: always one block lower).
     // The table reads of block n - 1 are issued right after block n's cp.asyncs and consumed
     // one load later, so no cp.async waits on a dependent global load.
-    constexpr int kPasses = (kBlockN + kRowsPerPass - 1) / kRowsPerPass;
+    constexpr int kPasses = (kLoadRows + kRowsPerPass - 1) / kRowsPerPass;
     int page_of[kPagePrefetch ? kPasses : 1];
     auto fetch_pages = [&](int n) {
         if (ld_col >= kHeadDim) return;
 #pragma unroll
         for (int pass = 0; pass < kPasses; ++pass) {
             const int row = ld_row + pass * kRowsPerPass, j = n * kBlockN + row;
-            page_of[pass] = n >= 0 && row < kBlockN && j < keys
+            page_of[pass] = n >= 0 && (kWarpLoads || row < kBlockN) && j < keys
                             ? p.block_table[b * p.block_table_stride + (rk.start + j) / p.page_size] : 0;
         }
     };
@@ -695,9 +706,9 @@ decode_splitkv(const DecodeParams p) {
         const u32 k_dst = smem_u32(k_smem + slot * Shape::kKVTile + ld_row * kPitch + ld_col);
         const u32 v_dst = smem_u32(v_smem + slot * Shape::kKVTile + ld_row * kPitch + ld_col);
 #pragma unroll
-        for (int pass = 0; pass * kRowsPerPass < kBlockN; ++pass) {
+        for (int pass = 0; pass * kRowsPerPass < kLoadRows; ++pass) {
             const int row = ld_row + pass * kRowsPerPass;
-            if (kBlockN % kRowsPerPass != 0 && row >= kBlockN) break;
+            if (kLoadRows % kRowsPerPass != 0 && row >= kBlockN) break;
             const int j = key0 + row;
             const bool valid = whole || (j < keys && ld_col < p.head_dim);
             i64 k_off = 0, v_off = 0;
@@ -771,8 +782,11 @@ decode_splitkv(const DecodeParams p) {
         const int n = n_end - 1 - iter, slot = iter % kStages;
         // Block n (and Q at iter 0) landed once at most kStages - 2 newer groups are in flight;
         // the barrier also frees the slot of iteration iter - 1 for the prefetch below.
+        // kWarpLoads: a warp's rows are its own (loaded and read by its lanes only), so its lanes'
+        // barrier is enough, but for Q, which every thread loaded: the CTA's at iteration 0.
         cp_async_wait<kStages - 2>();
-        __syncthreads();
+        if (!kWarpLoads || iter == 0) __syncthreads();
+        else __syncwarp();
 
         // ---- S = Q K_wᵀ (kRows x kWarpN per warp) ----
         float s_acc[kMTiles][kNTilesS][4];
@@ -814,7 +828,8 @@ decode_splitkv(const DecodeParams p) {
         softmax_update(s_acc, o_acc, m, l, p.scale_log2);
         u32 p_frag[kMTiles][kWarpN / 16][4];
         pack_a_frags<kMTiles, kWarpN / 16, Elem>(p_frag, s_acc);
-        // Prefetch into the slot freed by iteration iter - 1 (every warp passed the barrier).
+        // Prefetch into the slot freed by iteration iter - 1 (every warp, or with kWarpLoads every
+        // lane of this warp, passed the barrier).
         if (iter + kStages - 1 < n_iters) load_kv(n - (kStages - 1), (iter + kStages - 1) % kStages);
         cp_async_commit();
         gemm_frags_x_rows_t<kMTiles, kNTilesO, kWarpN / 16, kRowBytes, Elem>(

@@ -5,7 +5,7 @@ their kernels on disk):
   * tests/decode_tma_timing.py's candidates (every cell and page size);
   * tests/test_decode_tma_gpu.py: the Hopper loop's configs of its grid, leftpad, page-crossing,
     ring-depth and small-page tests;
-  * tests/test_decode_bandwidth_gpu.py: the l2_prefetch configs of its cases;
+  * tests/test_decode_bandwidth_gpu.py: the l2_prefetch / warp_loads configs of its cases;
   * tests/gpu_sanitize.py --quick --families decode_splitkv: its decode shapes under each pass of
     decode_loops (the default selection, TMA_DEFAULT, TMA_PAGED_DEFAULT).
 
@@ -32,16 +32,21 @@ def _problem(b, sq, ctx, h, hk, d, dtype="bf16", page=None):
                    ("paged_kv",) if page else ())
 
 
-def _heuristic(problem, page=0, tma=False, tma_paged=False, l2=0):
+SWITCHES = ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP_LOADS_DEFAULT")
+
+
+def _heuristic(problem, page=0, tma=False, tma_paged=False, l2=0, warp_loads=False):
     """The config a call of ``problem`` with caches of ``page`` keys per page runs under the
     given module switches (the heuristic, then call_config), with splits 0."""
-    old = (mod.TMA_DEFAULT, mod.TMA_PAGED_DEFAULT, mod.L2_PREFETCH_DEFAULT)
-    mod.TMA_DEFAULT, mod.TMA_PAGED_DEFAULT, mod.L2_PREFETCH_DEFAULT = tma, tma_paged, l2
+    old = {k: getattr(mod, k) for k in SWITCHES}
+    for k, v in zip(SWITCHES, (tma, tma_paged, l2, warp_loads)):
+        setattr(mod, k, v)
     try:
         cfg = FAM.heuristic(problem, ARCH)
         cfg = FAM.call_config(cfg, problem, ARCH, page or 0, chosen=True, heuristic=True)
     finally:
-        mod.TMA_DEFAULT, mod.TMA_PAGED_DEFAULT, mod.L2_PREFETCH_DEFAULT = old
+        for k, v in old.items():
+            setattr(mod, k, v)
     return cfg.replace(splits=0)
 
 
@@ -74,9 +79,9 @@ def tma_test_configs():
 def bandwidth_test_configs():
     import test_decode_bandwidth_gpu as t
 
-    out = [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype, page), page, l2=size)
-           for b, sq, ctx, h, hk, d, dtype, _, page, size in t.CASES]
-    out.append(_heuristic(_problem(3, 1, 2050, 32, 8, 128, page=48), 48, l2=256))
+    out = [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype, page), page, l2=size, warp_loads=wl)
+           for b, sq, ctx, h, hk, d, dtype, _, page, size, wl in t.CASES]
+    out.append(_heuristic(_problem(3, 1, 2050, 32, 8, 128, page=48), 48, l2=256, warp_loads=True))
     return out
 
 

@@ -12,8 +12,10 @@ memory), CUDA-graph timing. In the same process, per cell:
                      one CTA per SM), no option;
     - ``w4s3``       4 warps, 3 stages (64-key blocks: two CTAs per SM, more CTAs per row), and
                      ``w4s2`` (three CTAs per SM; batch-1 cells);
-    - ``base_l2p256``, ``base_l2p128``, ``w4s3_l2p256``: the K/V cp.asyncs with an L2
-                     prefetch-size hint (``l2_prefetch``);
+    - ``base_l2p256``, ``w4s3_l2p256``: the K/V cp.asyncs with an L2 prefetch-size hint
+                     (``l2_prefetch``);
+    - ``base_wl``, ``w4s3_wl``: each warp loads the key rows it reads (``warp_loads``: no CTA
+                     barrier per block, the warps stream independently);
     - ``base_fc``    the fused combine (one launch: the last CTA of a group merges the splits;
                      batch-1 cells, where the combine launch weighs most);
     - ``tma``        the Hopper loop (producer warp, TMA into an mbarrier ring) with the
@@ -69,7 +71,7 @@ def base_config(problem, arch=(9, 0)):
     from cuflash.registry import get
 
     return get("decode_splitkv").heuristic(problem, arch).replace(
-        tma=False, fused_combine=False, page_prefetch=False, l2_prefetch=0, splits=0)
+        tma=False, fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, splits=0)
 
 
 def candidates(base, batch: int, page: int, cold: bool = False) -> list:
@@ -78,14 +80,15 @@ def candidates(base, batch: int, page: int, cold: bool = False) -> list:
     tma = base.replace(tma=True, split_cost=4)
     out = [("base", base, (1, 2) if batch == 1 else (1,)), ("w4s3", w4s3, (1,)),
            ("base_l2p256", base.replace(l2_prefetch=256), (1,)),
-           ("base_l2p128", base.replace(l2_prefetch=128), (1,)),
            ("w4s3_l2p256", w4s3.replace(l2_prefetch=256), (1,)),
+           ("base_wl", base.replace(warp_loads=True), (1,)),
+           ("w4s3_wl", w4s3.replace(warp_loads=True), (1,)),
            ("tma", tma, (1,)), ("tma_w4s3", tma.replace(warps=4, stages=3), (1,))]
     if batch == 1 and not page:
         out += [("base_fc", base.replace(fused_combine=True), (1,)),
                 ("w4s2", base.replace(warps=4, stages=2), (1,))]
     if cold:  # the cold cell: the options that might change what an L2 miss costs
-        keep = ("base", "w4s3", "base_l2p256", "tma")
+        keep = ("base", "w4s3", "base_l2p256", "base_wl", "tma")
         out = [(label, cfg, (1,)) for label, cfg, _ in out if label in keep]
     return out
 
@@ -330,7 +333,8 @@ def summary(records: list) -> dict:
     cells where it was the fastest cuflash record; and the module switches the numbers support:
       TMA_DEFAULT          ``tma`` vs base over the contiguous cells,
       TMA_PAGED_DEFAULT    ``tma_w4s3`` vs base over the page-16 cells,
-      L2_PREFETCH_DEFAULT  ``base_l2p256`` (``base_l2p128``) vs base over every cell,
+      L2_PREFETCH_DEFAULT  ``base_l2p256`` vs base over every cell,
+      WARP_LOADS_DEFAULT   ``base_wl`` vs base over every cell,
     each flipped when the geometric mean gains >= 1% and no cell loses more than 2%."""
     ok = [r for r in records if r.get("us") and not r.get("error") and r.get("caches", 1) == 1
           and r.get("layout", "interleaved") == "interleaved"]
@@ -365,6 +369,7 @@ def summary(records: list) -> dict:
     if l2:
         size, v = max(l2.items(), key=lambda kv: kv[1]["geomean"])
         switches["L2_PREFETCH_DEFAULT"] = dict(v, value=size if v["flip"] else 0)
+    switches["WARP_LOADS_DEFAULT"] = verdict("base_wl", (0, 16, 256))
     return dict(per_label=per_label, switches=switches)
 
 

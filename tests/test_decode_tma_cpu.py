@@ -29,11 +29,11 @@ def problem(batch=2, seqlen_q=1, ctx=4096, h=32, hk=8, d=128, features=()):
 
 def test_config_field_names_threads_smem():
     plain = TMA.replace(tma=False)
-    assert [f.name for f in __import__("dataclasses").fields(DecodeConfig)][-2:] == ["tma", "l2_prefetch"]
+    assert [f.name for f in __import__("dataclasses").fields(DecodeConfig)][-3:] == ["tma", "l2_prefetch", "warp_loads"]
     assert TMA.name == plain.name + "_tma" and plain.threads == 256 and TMA.threads == 288
     assert TMA.smem_bytes == plain.smem_bytes + 2 * 3 * 8         # full + empty mbarriers
     assert TMA.kernel_name() == "cuflash::decode_splitkv_tma<8, 16, 3, 1, 128, cuflash::bf16>"
-    assert plain.kernel_name() == "cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, false, false, 0>"
+    assert plain.kernel_name() == "cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, false, false, 0, false>"
     assert TMA.template_args() == (8, 16, 3, 1, 128, "bf16")
     assert not TMA.problems(232448)
     assert FAM.kernel_names(TMA)["main"] == TMA.kernel_name()
@@ -51,8 +51,9 @@ def test_config_rules():
     assert "must be <= 256" in why
     why = " ".join(TMA.replace(m_tiles=2).problems())             # d128, two row tiles, 8 warps
     assert "exceed the budget of 96" in why and not TMA.replace(m_tiles=2, warps=4).problems()
-    for flag, value in (("fused_combine", True), ("page_prefetch", True), ("l2_prefetch", 256)):
-        assert "no fused_combine, no page_prefetch and no l2_prefetch" in " ".join(
+    for flag, value in (("fused_combine", True), ("page_prefetch", True), ("l2_prefetch", 256),
+                        ("warp_loads", True)):
+        assert "no fused_combine, no page_prefetch, no l2_prefetch and no warp_loads" in " ".join(
             TMA.replace(**{flag: value}).problems())
     # 4 warps x 64-key blocks x 3 stages: two CTAs per SM (threads and shared memory)
     small = TMA.replace(warps=4, stages=3)

@@ -23,20 +23,20 @@ def test_cells_cover_the_issue_grid():
 
 def test_candidates_are_valid_and_named():
     base = dt.base_config(problem())
-    assert not (base.tma or base.fused_combine or base.page_prefetch or base.l2_prefetch)
+    assert not (base.tma or base.fused_combine or base.page_prefetch or base.l2_prefetch or base.warp_loads)
     labels = [label for label, _, _ in dt.candidates(base, 1, 0)]
-    assert labels == ["base", "w4s3", "base_l2p256", "base_l2p128", "w4s3_l2p256", "tma", "tma_w4s3",
-                      "base_fc", "w4s2"]
+    assert labels == ["base", "w4s3", "base_l2p256", "w4s3_l2p256", "base_wl", "w4s3_wl", "tma",
+                      "tma_w4s3", "base_fc", "w4s2"]
     for label, cfg, mults in dt.candidates(base, 1, 0):
         assert not cfg.problems(232448), (label, cfg.problems(232448))
         assert mults[0] == 1
     assert "base_fc" not in [x[0] for x in dt.candidates(base, 8, 0)]
     assert "base_fc" not in [x[0] for x in dt.candidates(base, 1, 16)]
     cold = [x[0] for x in dt.candidates(base, 1, 0, cold=True)]
-    assert cold == ["base", "w4s3", "base_l2p256", "tma"]
+    assert cold == ["base", "w4s3", "base_l2p256", "base_wl", "tma"]
     by_label = {label: cfg for label, cfg, _ in dt.candidates(base, 1, 16)}
     assert by_label["tma_w4s3"].tma and (by_label["tma_w4s3"].warps, by_label["tma_w4s3"].stages) == (4, 3)
-    assert by_label["base_l2p256"].l2_prefetch == 256
+    assert by_label["base_l2p256"].l2_prefetch == 256 and by_label["w4s3_wl"].warp_loads
 
 
 def test_all_configs_is_a_short_compile_list():
@@ -83,5 +83,5 @@ def test_summary_keeps_a_switch_off_when_a_cell_loses():
 
 
 def test_switch_names_exist():
-    for name in ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT"):
+    for name in ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP_LOADS_DEFAULT"):
         assert hasattr(mod, name)

@@ -99,6 +99,8 @@ TMA_SPLIT_COST = 4
 # heuristic's choice (0 until the H100 timing, tests/decode_tma_timing.py, shows a hint faster)
 L2_PREFETCH_SIZES = (0, 64, 128, 256)
 L2_PREFETCH_DEFAULT = 0
+# warp_loads: the heuristic's choice (False until the H100 timing shows the warps' own rings faster)
+WARP_LOADS_DEFAULT = False
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -124,12 +126,15 @@ class DecodeConfig(KernelConfig):
     l2_prefetch: 0, 64, 128 or 256: the cp.async loop's whole K/V blocks load with an L2
               prefetch-size hint of that many bytes (``cp.async...L2::256B``: on a miss the L2
               fetches the whole aligned segment; a d 128 bf16 key row is 256 bytes); 0: no hint
+    warp_loads: the cp.async loop's K/V rows are loaded by the warp that reads them (each warp its
+              warp_n rows of every block), so the ring needs no CTA barrier per block and the
+              warps stream independently; False: the CTA loads each block together
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
               K (V) block, paged ones a box per page segment (``tma_box_rows``). Needs the real
               head dim to equal ``head_dim`` (the box carries no column mask), a page size that
-              is a multiple of 16, no fused combine, no page prefetch and no l2_prefetch
+              is a multiple of 16, no fused combine, page prefetch, l2_prefetch or warp_loads
     """
 
     warps: int
@@ -145,6 +150,7 @@ class DecodeConfig(KernelConfig):
     page_prefetch: bool = False
     tma: bool = False
     l2_prefetch: int = 0
+    warp_loads: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -166,7 +172,8 @@ class DecodeConfig(KernelConfig):
     def name(self) -> str:
         split = f"_x{self.splits}" if self.splits else ""
         flags = (("_fc" if self.fused_combine else "") + ("_pp" if self.page_prefetch else "")
-                 + ("_tma" if self.tma else "") + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else ""))
+                 + ("_tma" if self.tma else "") + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
+                 + ("_wl" if self.warp_loads else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -188,13 +195,14 @@ class DecodeConfig(KernelConfig):
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
         return (f"cuflash::decode_splitkv<{self.warps}, {self.warp_n}, {self.stages}, {self.m_tiles}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {flag[self.fused_combine]}, "
-                f"{flag[self.page_prefetch]}, {int(self.l2_prefetch)}>")
+                f"{flag[self.page_prefetch]}, {int(self.l2_prefetch)}, {flag[self.warp_loads]}>")
 
     def template_args(self) -> tuple:
         if self.tma:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype)
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
-                bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch))
+                bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch),
+                bool(self.warp_loads))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -223,9 +231,9 @@ class DecodeConfig(KernelConfig):
             if self.block_n > 256:
                 out.append(f"tma: warps * warp_n (the block's keys, one TMA box) must be <= 256, "
                            f"got {self.block_n}")
-            if self.fused_combine or self.page_prefetch or self.l2_prefetch:
-                out.append("tma: the Hopper loop has no fused_combine, no page_prefetch and no "
-                           "l2_prefetch (its TMA boxes ask for whole rows)")
+            if self.fused_combine or self.page_prefetch or self.l2_prefetch or self.warp_loads:
+                out.append("tma: the Hopper loop has no fused_combine, no page_prefetch, no "
+                           "l2_prefetch and no warp_loads (options of the cp.async loop)")
             if not out and self.warps >= 8 and self.accum_regs > TMA_MAX_ACCUM_REGS_WIDE:
                 out.append(f"tma: {self.accum_regs} fp32 accumulator registers per thread exceed the "
                            f"budget of {TMA_MAX_ACCUM_REGS_WIDE} at {self.warps} warps plus the producer "
@@ -345,7 +353,7 @@ class DecodeSplitKV(Family):
     config_cls = DecodeConfig
     space = {"warps": (2, 4, 8), "warp_n": (16, 32), "stages": (2, 3, 4, 6), "m_tiles": (1, 2),
              "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
-             "tma": (False, True), "l2_prefetch": L2_PREFETCH_SIZES}
+             "tma": (False, True), "l2_prefetch": L2_PREFETCH_SIZES, "warp_loads": (False, True)}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -396,12 +404,12 @@ class DecodeSplitKV(Family):
         cfg = DecodeConfig(8, 16, stages, m_tiles, 4, d, problem.dtype, bool(problem.causal),
                            fused_combine=FUSED_COMBINE_DEFAULT,
                            page_prefetch=PAGE_PREFETCH_DEFAULT and "paged_kv" in problem.features,
-                           l2_prefetch=L2_PREFETCH_DEFAULT)
+                           l2_prefetch=L2_PREFETCH_DEFAULT, warp_loads=WARP_LOADS_DEFAULT)
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
-            tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, tma=True,
-                              split_cost=TMA_SPLIT_COST)
+            tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False,
+                              tma=True, split_cost=TMA_SPLIT_COST)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
                 candidate = tma.replace(**shrink)
@@ -415,12 +423,9 @@ class DecodeSplitKV(Family):
         return cfg.validate(max_smem)
 
     def make(self, point, problem: Problem):
-        """As Family.make; a point without ``tma`` or ``l2_prefetch`` (tuned tables and recorded
-        studies from before them) gets False / 0: the cp.async loop without an L2 hint."""
-        if "tma" not in point:
-            point = {**point, "tma": False}
-        if "l2_prefetch" not in point:
-            point = {**point, "l2_prefetch": 0}
+        """As Family.make; a point without ``tma``, ``l2_prefetch`` or ``warp_loads`` (tuned tables
+        and recorded studies from before them) gets False / 0 / False: the cp.async loop as it was."""
+        point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -456,7 +461,8 @@ class DecodeSplitKV(Family):
                 and not config.fused_combine and not config.page_prefetch):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
-            tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0)
+            tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
+                                 warp_loads=False)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
