@@ -7,7 +7,7 @@ their kernels on disk):
     ring-depth and small-page tests;
   * tests/test_decode_bandwidth_gpu.py: the l2_prefetch / warp_loads configs of its cases;
   * tests/gpu_sanitize.py --quick --families decode_splitkv: its decode shapes under each pass of
-    decode_loops (the default selection, TMA_DEFAULT, TMA_PAGED_DEFAULT).
+    decode_loops (the default selection, the bandwidth options, TMA_DEFAULT, TMA_PAGED_DEFAULT).
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
         [--only timing,tma_tests,bandwidth_tests,sanitize]
@@ -93,7 +93,7 @@ def sanitize_configs():
     out = []
     for b, sq, lens, h, hk, d, page, new, _, _ in g.DECODE_SHAPES:
         p = _problem(b, sq, max(lens) + new, h, hk, d, page=page)
-        for switches in ({}, dict(tma=True), dict(tma_paged=True)):
+        for switches in ({}, dict(l2=256, warp_loads=True), dict(tma=True), dict(tma_paged=True)):
             for dtype in g.DTYPES:
                 out.append(_heuristic(p.replace(dtype=dtype), page, **switches))
     return out

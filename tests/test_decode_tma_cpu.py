@@ -346,10 +346,11 @@ def test_sanitize_runs_the_hopper_loop(monkeypatch):
     loops = gpu_sanitize.decode_loops(FAM)
     assert loops[0] == {} and dict(TMA_DEFAULT=True, TMA_PAGED_DEFAULT=False) in loops
     assert dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=True) in loops
+    assert any(d.get("WARP_LOADS_DEFAULT") and d.get("L2_PREFETCH_DEFAULT") for d in loops)
     before = (mod.TMA_DEFAULT, mod.TMA_PAGED_DEFAULT)
     with gpu_sanitize.decode_loop(dict(TMA_DEFAULT=True, TMA_PAGED_DEFAULT=True)):
         assert mod.TMA_DEFAULT and mod.TMA_PAGED_DEFAULT
         assert FAM.heuristic(problem(), (9, 0)).tma
     assert (mod.TMA_DEFAULT, mod.TMA_PAGED_DEFAULT) == before
     monkeypatch.setattr(gpu_sanitize._gpu, "arch", lambda *a: (8, 0))
-    assert gpu_sanitize.decode_loops(FAM) == [{}]
+    assert [d.get("TMA_DEFAULT") for d in gpu_sanitize.decode_loops(FAM)] == [None, False]
