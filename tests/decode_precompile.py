@@ -10,7 +10,7 @@ their kernels on disk):
     decode_loops (the default selection, the bandwidth options, TMA_DEFAULT, TMA_PAGED_DEFAULT).
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only timing,tma_tests,bandwidth_tests,sanitize]
+        [--only timing,tma_tests,bandwidth_tests,sanitize] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -32,14 +32,15 @@ def _problem(b, sq, ctx, h, hk, d, dtype="bf16", page=None):
                    ("paged_kv",) if page else ())
 
 
-SWITCHES = ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP_LOADS_DEFAULT")
+SWITCHES = ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP_LOADS_DEFAULT",
+            "SMALL_PAGE_WARPS")
 
 
-def _heuristic(problem, page=0, tma=False, tma_paged=False, l2=0, warp_loads=False):
+def _heuristic(problem, page=0, tma=False, tma_paged=False, l2=0, warp_loads=False, small_page_warps=8):
     """The config a call of ``problem`` with caches of ``page`` keys per page runs under the
     given module switches (the heuristic, then call_config), with splits 0."""
     old = {k: getattr(mod, k) for k in SWITCHES}
-    for k, v in zip(SWITCHES, (tma, tma_paged, l2, warp_loads)):
+    for k, v in zip(SWITCHES, (tma, tma_paged, l2, warp_loads, small_page_warps)):
         setattr(mod, k, v)
     try:
         cfg = FAM.heuristic(problem, ARCH)
@@ -50,10 +51,13 @@ def _heuristic(problem, page=0, tma=False, tma_paged=False, l2=0, warp_loads=Fal
     return cfg.replace(splits=0)
 
 
+PROPOSALS = []  # --propose 'NAME=VALUE ...' (as tests/decode_tma_timing.py takes them)
+
+
 def timing_configs():
     import decode_tma_timing as dt
 
-    return dt.all_configs(list(dt.CELLS), list(dt.PAGES), ARCH)
+    return dt.all_configs(list(dt.CELLS), list(dt.PAGES), ARCH, [dt.parse_switches(p) for p in PROPOSALS])
 
 
 def tma_test_configs():
@@ -81,7 +85,9 @@ def bandwidth_test_configs():
 
     out = [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype, page), page, l2=size, warp_loads=wl)
            for b, sq, ctx, h, hk, d, dtype, _, page, size, wl in t.CASES]
-    out.append(_heuristic(_problem(3, 1, 2050, 32, 8, 128, page=48), 48, l2=256, warp_loads=True))
+    leftpad = _heuristic(_problem(3, 1, 2050, 32, 8, 128, page=48), 48)   # forced: both options, 8 / 4 warps
+    out += [leftpad.replace(l2_prefetch=256, warp_loads=True, warps=w, stages=3) for w in (8, 4)]
+    out.append(_heuristic(_problem(3, 2, 4098, 32, 8, 128, page=16), 16, small_page_warps=4))
     return out
 
 
@@ -115,6 +121,8 @@ def all_configs(groups=tuple(GROUPS)):
 
 def main():
     groups = tuple(GROUPS)
+    argv = sys.argv
+    PROPOSALS.extend(argv[i + 1] for i, x in enumerate(argv) if x == "--propose")
     if "--only" in sys.argv:
         groups = tuple(sys.argv[sys.argv.index("--only") + 1].split(","))
     configs = all_configs(groups)

@@ -5,36 +5,36 @@ memory), CUDA-graph timing. In the same process, per cell:
 
   * ``sdpa_flash`` / ``sdpa_cudnn``: scaled_dot_product_attention (enable_gqa) on (b, h, s, d)
     views of the same cache (contiguous cells);
-  * ``heuristic``: flash_attn_with_kvcache as users call it (today's defaults);
+  * ``heuristic``: flash_attn_with_kvcache as users call it (today's defaults), and ``prop``
+    (``prop2`` ...): the config it would run with the module switches of each ``--propose``
+    set (e.g. ``--propose "L2_PREFETCH_DEFAULT=256 SMALL_PAGE_WARPS=4"``);
   * every candidate of ``candidates``, forced through kvcache_with_config at its split rule's
-    count (``num_splits_for``; batch 1 also at twice that):
-    - ``base``       the heuristic's tiles on the cp.async loop (8 warps x 16 keys, 3 stages:
-                     one CTA per SM), no option;
-    - ``w4s3``       4 warps, 3 stages (64-key blocks: two CTAs per SM, more CTAs per row), and
-                     ``w4s2`` (three CTAs per SM; batch-1 cells);
-    - ``base_l2p256``, ``w4s3_l2p256``: the K/V cp.asyncs with an L2 prefetch-size hint
-                     (``l2_prefetch``);
-    - ``base_wl``, ``w4s3_wl``: each warp loads the key rows it reads (``warp_loads``: no CTA
-                     barrier per block, the warps stream independently);
-    - ``base_fc``    the fused combine (one launch: the last CTA of a group merges the splits;
-                     batch-1 cells, where the combine launch weighs most);
-    - ``tma``        the Hopper loop (producer warp, TMA into an mbarrier ring) with the
-                     heuristic's tiles, and ``tma_w4s3`` with TMA_PAGED_DEFAULT's (4 warps, 3
-                     stages);
-  * diagnostics: ``base`` on a head-major cache (``layout=head_major``: each KV head's keys
-    contiguous, (b, hk, s, d) memory viewed as (b, s, hk, d): is the interleaved layout's access
-    pattern what costs?), and the ``1x8k_cold`` cell: the graph cycles over 4 caches (134 MB, more
-    than the 50 MB L2), so no call finds its K/V in L2 (1x8k's 34 MB fit: a replayed graph of
-    one cache may hit).
+    count (``num_splits_for``; some also at half of it, ``_x<splits>``):
+    - ``base``         the heuristic's tiles on the cp.async loop (8 warps x 16 keys, 3 stages:
+                       one CTA per SM), no option;
+    - ``base_l2p256``, ``base_l2p128``: the K/V cp.asyncs with an L2 prefetch-size hint
+                       (``l2_prefetch``), and ``base_wl``, ``base_wl_l2p256``: each warp loads
+                       the key rows it reads (``warp_loads``: no CTA barrier per block);
+    - ``w4s3``         4 warps, 3 stages (64-key blocks, two CTAs per SM; paged caches: the split
+                       rule fills both slots, ``PAGED_SPLIT_RULE_RESIDENT``) — SMALL_PAGE_WARPS;
+    - ``tma_w4s3``     the Hopper loop (producer warp, TMA into an mbarrier ring) with
+                       TMA_PAGED_DEFAULT's tiles (paged cells), ``tma`` with the heuristic's
+                       (contiguous cells);
+  * the ``1x8k_cold`` cell: the graph cycles over 4 caches (134 MB, more than the 50 MB L2), so
+    no call finds its K/V in L2 (1x8k's 34 MB fit: a replayed graph of one cache may hit).
 
-Every cuflash output is compared with the heuristic's on the same cache (max |diff| <= 1.6e-2,
-bf16), and the heuristic with SDPA cuDNN on contiguous cells; a mismatch shows as ``BAD``.
-Prints one table per cell (fastest first: us, K+V TB/s, x flash, x cuDNN), then a summary per
-candidate (geometric mean of its time over base's, worst cell, cells where it is fastest) and the
-module switches the numbers support (TMA_DEFAULT, TMA_PAGED_DEFAULT, L2_PREFETCH_DEFAULT), and
-writes every record as JSON to --out. The kernels compile first, in parallel worker processes
-(``--processes``); the whole run takes about a minute on an H100 (``--max-seconds`` stops
-starting new cells after that long):
+Each timing is a CUDA graph of n calls (about 2 ms a replay); every record's graph is captured
+once, then the cell's graphs replay ``--repeat`` times in alternating order (forward, backward,
+...), ``--reps`` replays each time; ``us`` is the median over the repeats' medians and ``spread``
+the largest over the smallest (a noisy cell shows there). Every cuflash output is compared with
+the heuristic's on the same cache (max |diff| <= 1.6e-2, bf16), and the heuristic with SDPA
+cuDNN on contiguous cells; a mismatch shows as ``BAD``. Prints one table per cell (fastest
+first: us, K+V TB/s, x flash, x cuDNN, spread), then a summary per candidate (geometric mean of
+base's time over its own, worst cell, cells where it is fastest), the module switches the
+numbers support, and per cell the proposal against cuDNN and paged against contiguous; writes
+every record as JSON to --out. The kernels compile first, in parallel worker processes
+(``--no-precompile`` after tests/decode_precompile.py); ``--max-seconds`` stops starting new
+cells after that long:
 
     CUPY_CACHE_DIR=/tmp/cupy_cache timeout 170 python tests/decode_tma_timing.py --out /tmp/dec_tma.json
     python tests/decode_tma_timing.py --precompile                      # compile only
@@ -61,9 +61,11 @@ CELLS = {  # name: (batch, ctx, caches the graph cycles over), smallest K+V firs
     "8x128k": (8, 131072, 1), "32x32k": (32, 32768, 1), "32x128k": (32, 131072, 1),
 }
 PAGES = (0, 16, 256)
-TOL = 1.6e-2              # bf16 outputs of |O| <~ 1: a couple of ulps
-HEAD_MAJOR_MAX_BYTES = 8 << 30   # the head-major copy of a cell's K/V (an extra allocation)
+TOL = 1.6e-2                     # bf16 outputs of |O| <~ 1: a couple of ulps
 TARGET_REPLAY_US = 2000.0        # calls per graph: about this long a replay
+SWITCH_NAMES = ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP_LOADS_DEFAULT",
+                "SMALL_PAGE_WARPS", "PAGED_SPLIT_RULE_RESIDENT", "FUSED_COMBINE_DEFAULT",
+                "PAGE_PREFETCH_DEFAULT")
 
 
 def base_config(problem, arch=(9, 0)):
@@ -78,22 +80,55 @@ def candidates(base, batch: int, page: int, cold: bool = False) -> list:
     """(label, config, split multipliers) of the forced configs a cell times (see the docstring)."""
     w4s3 = base.replace(warps=4, stages=3)
     tma = base.replace(tma=True, split_cost=4)
-    out = [("base", base, (1, 2) if batch == 1 else (1,)), ("w4s3", w4s3, (1,)),
-           ("base_l2p256", base.replace(l2_prefetch=256), (1,)),
-           ("w4s3_l2p256", w4s3.replace(l2_prefetch=256), (1,)),
-           ("base_wl", base.replace(warp_loads=True), (1,)),
-           ("w4s3_wl", w4s3.replace(warp_loads=True), (1,)),
-           ("tma", tma, (1,)), ("tma_w4s3", tma.replace(warps=4, stages=3), (1,))]
-    if batch == 1 and not page:
-        out += [("base_fc", base.replace(fused_combine=True), (1,)),
-                ("w4s2", base.replace(warps=4, stages=2), (1,))]
-    if cold:  # the cold cell: the options that might change what an L2 miss costs
-        keep = ("base", "w4s3", "base_l2p256", "base_wl", "tma")
-        out = [(label, cfg, (1,)) for label, cfg, _ in out if label in keep]
+    if cold:  # the options that might change what an L2 miss costs
+        return [("base", base, (1,)), ("base_l2p256", base.replace(l2_prefetch=256), (1,)),
+                ("base_l2p128", base.replace(l2_prefetch=128), (1,)),
+                ("base_wl", base.replace(warp_loads=True), (1,))]
+    if not page:
+        return [("base", base, (1,)), ("base_l2p256", base.replace(l2_prefetch=256), (1,)),
+                ("base_l2p128", base.replace(l2_prefetch=128), (1,)),
+                ("base_wl", base.replace(warp_loads=True), (1,)),
+                ("base_wl_l2p256", base.replace(warp_loads=True, l2_prefetch=256), (1,)),
+                ("tma", tma, (1,))]
+    half = (1, 0.5) if batch < 32 else (1,)   # paged w4s3: the rule filling both slots, and one
+    return [("base", base, (1,)), ("base_wl", base.replace(warp_loads=True), (1,)),
+            ("w4s3", w4s3, half), ("tma_w4s3", tma.replace(warps=4, stages=3), half)]
+
+
+def parse_switches(text: str) -> dict:
+    """'NAME=VALUE NAME=VALUE' -> {NAME: value} (ints, True / False), names from SWITCH_NAMES."""
+    out = {}
+    for item in text.split():
+        name, _, value = item.partition("=")
+        if name not in SWITCH_NAMES or not value:
+            raise ValueError(f"--propose: {item!r} is not NAME=VALUE with NAME in {SWITCH_NAMES}")
+        out[name] = {"true": True, "false": False}.get(value.lower(), None)
+        if out[name] is None:
+            out[name] = int(value)
     return out
 
 
-def all_configs(cells, pages, arch=(9, 0)) -> list:
+def proposal_config(switches: dict, problem, page: int, arch=(9, 0), sms: int = 132):
+    """The config flash_attn_with_kvcache would run for ``problem`` (caches of ``page`` keys per
+    page) under the module switches ``switches``: the heuristic, then call_config, then the split
+    count (shapes only, as cuflash.decode does)."""
+    from cuflash.families import decode_splitkv as mod
+    from cuflash.registry import get
+
+    fam = get("decode_splitkv")
+    old = {k: getattr(mod, k) for k in switches}
+    try:
+        for k, v in switches.items():
+            setattr(mod, k, v)
+        cfg = fam.heuristic(problem, arch)
+        cfg = fam.call_config(cfg, problem, arch, page, chosen=True, heuristic=True)
+        return cfg.replace(splits=mod.num_splits_for(cfg, problem, sms))
+    finally:
+        for k, v in old.items():
+            setattr(mod, k, v)
+
+
+def all_configs(cells, pages, arch=(9, 0), proposals=()) -> list:
     """Every kernel set the run compiles (splits 0: one module per tile set and option)."""
     from cuflash.problem import Problem
 
@@ -101,17 +136,19 @@ def all_configs(cells, pages, arch=(9, 0)) -> list:
     for name in cells:
         batch, ctx, rotate = CELLS[name]
         for page in pages:
+            if rotate > 1 and page:
+                continue
             p = Problem("decode", "bf16", batch, 1, ctx, HQ, HK, D, False, False,
                         ("paged_kv",) if page else ())
             base = base_config(p, arch)
-            out.append(base)
+            out.append(proposal_config({}, p, page, arch).replace(splits=0))
+            out += [proposal_config(s, p, page, arch).replace(splits=0) for s in proposals]
             out += [cfg.replace(splits=0) for _, cfg, _ in candidates(base, batch, page, rotate > 1)]
     return list(dict.fromkeys(out))
 
 
-def time_graph(f, reps: int, est_us: float) -> float:
-    """Microseconds per call: a CUDA graph of n calls (about TARGET_REPLAY_US per replay, 1..20),
-    the median of ``reps`` replays / n."""
+def build_graph(f, est_us: float):
+    """(graph, n): a CUDA graph of n calls of f (about TARGET_REPLAY_US a replay, 1..20)."""
     import torch
 
     n = max(1, min(20, round(TARGET_REPLAY_US / max(est_us, 1.0))))
@@ -126,6 +163,13 @@ def time_graph(f, reps: int, est_us: float) -> float:
             f()
     graph.replay()
     torch.cuda.synchronize()
+    return graph, n
+
+
+def replay_us(graph, n: int, reps: int) -> float:
+    """Median microseconds per call over ``reps`` replays of ``graph`` (n calls each)."""
+    import torch
+
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -152,7 +196,7 @@ def eager_us(f) -> float:
     return start.elapsed_time(end) * 1e3
 
 
-HEURISTIC = object()  # run_cell's check: compare with the heuristic's output
+HEURISTIC = object()  # a record's check: compare with the heuristic's output
 
 
 def _try(f):
@@ -223,9 +267,10 @@ def sdpa_fn(impl, q, kc, vc):
     return f
 
 
-def run_cell(name, page, reps, log) -> list:
+def run_cell(name, page, reps, repeat, proposals, log) -> list:
     import torch
 
+    from cuflash import decode as decode_mod
     from cuflash.decode import flash_attn_with_kvcache, kvcache_with_config
     from cuflash.families.decode_splitkv import num_splits_for
     from cuflash.problem import Problem
@@ -242,18 +287,40 @@ def run_cell(name, page, reps, log) -> list:
     seqlens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     heur = [lambda q=q, kc=kc, vc=vc, t=t: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=t)
             for q, kc, vc, t in sets]
-    from cuflash import decode as decode_mod
-
     before = set(decode_mod._gpu_plans)
     want = heur[0]()
-    want_key = [k for k in decode_mod._gpu_plans if k not in before]
-    records = []
+    heur_cfg = planned_config([k for k in decode_mod._gpu_plans if k not in before])
 
-    def one(impl, label, config_name, splits, fns, layout="interleaved", check=HEURISTIC):
-        """Time fns (cycled); check: the output to compare with (HEURISTIC: the heuristic's,
-        None: no check)."""
+    def forced(cfg, splits):
+        return [lambda q=q, kc=kc, vc=vc, t=t: kvcache_with_config(
+            cfg, q, kc, vc, cache_seqlens=seqlens, block_table=t, num_splits=splits) for q, kc, vc, t in sets]
+
+    # (impl, label, config name, splits, fns, check)
+    jobs = []
+    cudnn_out = None
+    if not page:
+        for impl in ("sdpa_flash", "sdpa_cudnn"):
+            fns = [sdpa_fn(impl, q, kc, vc) for q, kc, vc, _ in sets]
+            jobs.append((impl, impl, "", "", fns, None))
+            if impl == "sdpa_cudnn":
+                cudnn_out = _try(fns[0])
+    jobs.append(("cuflash", "heuristic", heur_cfg.name if heur_cfg else "?",
+                 heur_cfg.splits if heur_cfg else "", heur,
+                 cudnn_out if cudnn_out is not None else HEURISTIC))
+    for i, switches in enumerate(proposals):
+        cfg = proposal_config(switches, problem, page, sms=sms)
+        jobs.append(("cuflash", "prop" if i == 0 else f"prop{i + 1}", cfg.name, cfg.splits,
+                     forced(cfg, cfg.splits), HEURISTIC))
+    for label, cfg, mults in candidates(base, batch, page, rotate > 1):
+        rule = num_splits_for(cfg, problem, sms)
+        for s in dict.fromkeys(max(1, min(128, round(rule * m))) for m in mults):
+            jobs.append(("cuflash", label if s == rule else f"{label}_x{s}", cfg.name, s, forced(cfg, s),
+                         HEURISTIC))
+
+    records, graphs = [], []
+    for impl, label, config_name, splits, fns, check in jobs:
         rec = dict(cell=name, batch=batch, ctx=ctx, page_size=page, hq=HQ, hk=HK, d=D, impl=impl,
-                   label=label, config=config_name, splits=splits, layout=layout, caches=rotate)
+                   label=label, config=config_name, splits=splits, caches=rotate, times=[])
         try:
             got = fns[0]()
             got = got[0] if isinstance(got, tuple) else got
@@ -262,46 +329,32 @@ def run_cell(name, page, reps, log) -> list:
                 diff = (got.float() - ref.float()).abs().max().item()
                 rec["max_diff"] = diff
                 if not diff <= TOL:
-                    rec["error"] = f"BAD: max |O - reference| = {diff:.3g} ({'heuristic' if check is HEURISTIC else 'cuDNN / base'})"
+                    rec["error"] = (f"BAD: max |O - reference| = {diff:.3g} "
+                                    f"({'heuristic' if check is HEURISTIC else 'cuDNN'})")
             f = Cycle(fns) if len(fns) > 1 else fns[0]
-            us = time_graph(f, reps, eager_us(f))
-            rec.update(us=us, kv_TBps=kv_bytes / (us * 1e-6) / 1e12)
+            graphs.append(build_graph(f, eager_us(f)))
         except Exception as exc:  # noqa: BLE001 - the record says why
-            rec.update(us=None, kv_TBps=None, error=f"{type(exc).__name__}: {str(exc)[:160]}")
+            rec["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+            graphs.append(None)
         records.append(rec)
-        log(f"  {impl:10s} {label:12s} {config_name:44s} x{splits!s:>4} "
-            + (f"{rec['us']:9.1f} us {rec['kv_TBps']:5.2f} TB/s" if rec.get("us") else "")
+    for r in range(repeat):
+        order = range(len(jobs)) if r % 2 == 0 else reversed(range(len(jobs)))
+        for i in order:
+            if graphs[i] is not None:
+                try:
+                    records[i]["times"].append(replay_us(*graphs[i], reps))
+                except Exception as exc:  # noqa: BLE001
+                    records[i]["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+    for rec in records:
+        t = sorted(rec["times"])
+        if t:
+            rec.update(us=t[len(t) // 2], spread=t[-1] / t[0], kv_TBps=kv_bytes / (t[len(t) // 2] * 1e-6) / 1e12)
+        else:
+            rec.update(us=None, kv_TBps=None)
+        log(f"  {rec['impl']:10s} {rec['label']:16s} {rec['config']:50s} x{rec['splits']!s:>4} "
+            + (f"{rec['us']:9.1f} us {rec['kv_TBps']:5.2f} TB/s  spread {rec['spread']:.3f}" if rec.get("us") else "")
             + (f"  {rec['error']}" if rec.get("error") else ""))
-
-    cudnn_out = None
-    if not page:
-        for impl in ("sdpa_flash", "sdpa_cudnn"):
-            fns = [sdpa_fn(impl, q, kc, vc) for q, kc, vc, _ in sets]
-            one(impl, impl, "", "", fns, check=None)
-            if impl == "sdpa_cudnn":
-                cudnn_out = _try(fns[0])
-    heur_cfg = planned_config(want_key)  # what the heuristic ran (its plan's config)
-    one("cuflash", "heuristic", heur_cfg.name if heur_cfg else "?", heur_cfg.splits if heur_cfg else "",
-        heur, check=cudnn_out if cudnn_out is not None else HEURISTIC)
-    for label, cfg, mults in candidates(base, batch, page, rotate > 1):
-        rule = num_splits_for(cfg, problem, sms)
-        for mult in dict.fromkeys(max(1, min(128, round(rule * m))) for m in mults):
-            fns = [lambda q=q, kc=kc, vc=vc, t=t, cfg=cfg, s=mult: kvcache_with_config(
-                cfg, q, kc, vc, cache_seqlens=seqlens, block_table=t, num_splits=s)
-                for q, kc, vc, t in sets]
-            one("cuflash", label if mult == rule else f"{label}_x{mult}", cfg.name, mult, fns)
-    if not page and rotate == 1 and kv_bytes <= HEAD_MAJOR_MAX_BYTES:
-        q = sets[0][0]
-        kh = torch.randn(batch, HK, ctx, D, device="cuda", dtype=dt, generator=gen).transpose(1, 2)
-        vh = torch.randn_like(kh.transpose(1, 2)).transpose(1, 2)
-        s = num_splits_for(base, problem, sms)
-        sdpa = sdpa_fn("sdpa_cudnn", q, kh, vh)
-        one("sdpa_cudnn", "sdpa_cudnn_hm", "", "", [sdpa], layout="head_major", check=None)
-        one("cuflash", "base_hm", base.name, s,
-            [lambda: kvcache_with_config(base, q, kh, vh, cache_seqlens=seqlens, num_splits=s)],
-            layout="head_major", check=_try(sdpa))
-        del kh, vh
-    del sets, want
+    del graphs, sets, want
     torch.cuda.empty_cache()
     return records
 
@@ -311,33 +364,39 @@ def table(records: list) -> str:
     for cell in dict.fromkeys((r["cell"], r["page_size"]) for r in records):
         recs = [r for r in records if (r["cell"], r["page_size"]) == cell]
         ref = {r["impl"]: r["us"] for r in records if r["cell"] == cell[0] and r.get("us")
-               and r["impl"] in ("sdpa_flash", "sdpa_cudnn") and r["layout"] == "interleaved"}
+               and r["impl"] in ("sdpa_flash", "sdpa_cudnn")}
         out.append(f"\n{cell[0]} page {cell[1] or '-'}"
                    + "".join(f"   {k} {v:.1f} us" for k, v in ref.items()))
-        out.append(f"{'impl':10s} {'label':14s} {'config':44s} {'splits':>6s} {'us':>9s} {'TB/s':>6s}"
-                   f" {'x flash':>8s} {'x cuDNN':>8s}")
+        out.append(f"{'impl':10s} {'label':16s} {'config':50s} {'splits':>6s} {'us':>9s} {'TB/s':>6s}"
+                   f" {'x flash':>8s} {'x cuDNN':>8s} {'spread':>7s}")
         for r in sorted(recs, key=lambda r: r.get("us") or float("inf")):
             if not r.get("us"):
-                out.append(f"{r['impl']:10s} {r['label']:14s} {r['config']:44s} {r['splits']!s:>6s}  {r.get('error')}")
+                out.append(f"{r['impl']:10s} {r['label']:16s} {r['config']:50s} {r['splits']!s:>6s}  {r.get('error')}")
                 continue
             ratio = [f"{ref[k] / r['us']:8.2f}" if k in ref else f"{'':8s}" for k in ("sdpa_flash", "sdpa_cudnn")]
             bad = "  " + r["error"] if r.get("error") else ""
-            out.append(f"{r['impl']:10s} {r['label']:14s} {r['config']:44s} {r['splits']!s:>6s} {r['us']:9.1f} "
-                       f"{r['kv_TBps']:6.2f} {ratio[0]} {ratio[1]}{bad}")
+            out.append(f"{r['impl']:10s} {r['label']:16s} {r['config']:50s} {r['splits']!s:>6s} {r['us']:9.1f} "
+                       f"{r['kv_TBps']:6.2f} {ratio[0]} {ratio[1]} {r.get('spread', 1.0):7.3f}{bad}")
     return "\n".join(out)
 
 
+def _geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
 def summary(records: list) -> dict:
-    """Per candidate label: over the cells where both it and ``base`` ran (warm cells only), the
-    geometric mean of base's time over its own (> 1: faster), the worst and best cell, and the
-    cells where it was the fastest cuflash record; and the module switches the numbers support:
-      TMA_DEFAULT          ``tma`` vs base over the contiguous cells,
-      TMA_PAGED_DEFAULT    ``tma_w4s3`` vs base over the page-16 cells,
-      L2_PREFETCH_DEFAULT  ``base_l2p256`` vs base over every cell,
-      WARP_LOADS_DEFAULT   ``base_wl`` vs base over every cell,
-    each flipped when the geometric mean gains >= 1% and no cell loses more than 2%."""
-    ok = [r for r in records if r.get("us") and not r.get("error") and r.get("caches", 1) == 1
-          and r.get("layout", "interleaved") == "interleaved"]
+    """Per candidate label: over the warm cells where both it and ``base`` ran, the geometric mean
+    of base's time over its own (> 1: faster), the worst and best cell, and the cells where it was
+    the fastest cuflash record; the module switches the numbers support, each flipped when the
+    geometric mean gains >= 1% and no cell loses more than 2%:
+      L2_PREFETCH_DEFAULT  ``base_l2p256`` / ``base_l2p128`` vs base over the contiguous cells,
+      WARP_LOADS_DEFAULT   ``base_wl`` vs base over the contiguous and paged cells,
+      SMALL_PAGE_WARPS     ``w4s3`` vs base over the page-16 cells (4 when it wins),
+      TMA_PAGED_DEFAULT    ``tma_w4s3`` vs the better of base and w4s3 over the page-16 cells,
+      TMA_DEFAULT          ``tma`` vs base over the contiguous cells;
+    and per cell the proposals' and the heuristic's time over cuDNN's (contiguous) and over the
+    same call's contiguous time (paged)."""
+    ok = [r for r in records if r.get("us") and not r.get("error") and r.get("caches", 1) == 1]
     by_cell: dict = {}
     for r in ok:
         by_cell.setdefault((r["cell"], r["page_size"]), {})[r["label"]] = r["us"]
@@ -350,33 +409,48 @@ def summary(records: list) -> dict:
             continue
         fastest = [f"{c[0]}/p{c[1]}" for c, t in by_cell.items()
                    if label in t and t[label] == min(v for k, v in t.items() if not k.startswith("sdpa"))]
-        per_label[label] = dict(
-            geomean=math.exp(sum(math.log(x) for x in ratios.values()) / len(ratios)),
-            worst=min(ratios.items(), key=lambda kv: kv[1]), best=max(ratios.items(), key=lambda kv: kv[1]),
-            cells=len(ratios), fastest_in=fastest)
+        per_label[label] = dict(geomean=_geomean(ratios.values()),
+                                worst=min(ratios.items(), key=lambda kv: kv[1]),
+                                best=max(ratios.items(), key=lambda kv: kv[1]), cells=len(ratios),
+                                fastest_in=fastest)
 
-    def verdict(label, pages):
-        ratios = [t["base"] / t[label] for c, t in by_cell.items()
-                  if c[1] in pages and label in t and "base" in t]
+    def verdict(label, pages, against=("base",)):
+        ratios = [min(t[a] for a in against if a in t) / t[label] for c, t in by_cell.items()
+                  if c[1] in pages and label in t and any(a in t for a in against)]
         if not ratios:
             return None
-        g = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        g = _geomean(ratios)
         return dict(geomean=g, worst=min(ratios), cells=len(ratios), flip=g >= 1.01 and min(ratios) >= 0.98)
 
-    switches = {"TMA_DEFAULT": verdict("tma", (0,)), "TMA_PAGED_DEFAULT": verdict("tma_w4s3", (16,))}
-    l2 = {size: verdict(f"base_l2p{size}", (0, 16, 256)) for size in (256, 128)}
+    switches = {}
+    l2 = {size: verdict(f"base_l2p{size}", (0,)) for size in (256, 128)}
     l2 = {k: v for k, v in l2.items() if v}
     if l2:
         size, v = max(l2.items(), key=lambda kv: kv[1]["geomean"])
         switches["L2_PREFETCH_DEFAULT"] = dict(v, value=size if v["flip"] else 0)
     switches["WARP_LOADS_DEFAULT"] = verdict("base_wl", (0, 16, 256))
-    return dict(per_label=per_label, switches=switches)
+    small = verdict("w4s3", (16,))
+    switches["SMALL_PAGE_WARPS"] = dict(small, value=4 if small["flip"] else 8) if small else None
+    switches["TMA_PAGED_DEFAULT"] = verdict("tma_w4s3", (16,), against=("base", "w4s3"))
+    switches["TMA_DEFAULT"] = verdict("tma", (0,))
+    cells = {}
+    for (cell, page), t in by_cell.items():
+        flat = by_cell.get((cell, 0), {})
+        row = {}
+        for label in [x for x in t if x == "heuristic" or x.startswith("prop")]:
+            if page == 0 and "sdpa_cudnn" in t:
+                row[f"{label}_x_cudnn"] = t["sdpa_cudnn"] / t[label]
+                row[f"{label}_x_flash"] = t["sdpa_flash"] / t[label] if "sdpa_flash" in t else None
+            if page and label in flat:
+                row[f"{label}_over_contiguous"] = t[label] / flat[label]
+        cells[f"{cell}/p{page}"] = row
+    return dict(per_label=per_label, switches=switches, cells=cells)
 
 
 def print_summary(s: dict) -> str:
     out = ["\ncandidates vs base (geomean of base us / its us over warm cells; > 1 is faster):"]
     for label, v in sorted(s["per_label"].items(), key=lambda kv: -kv[1]["geomean"]):
-        out.append(f"  {label:14s} {v['geomean']:6.3f}  worst {v['worst'][1]:.3f} ({v['worst'][0]})  "
+        out.append(f"  {label:16s} {v['geomean']:6.3f}  worst {v['worst'][1]:.3f} ({v['worst'][0]})  "
                    f"best {v['best'][1]:.3f} ({v['best'][0]})  cells {v['cells']}  "
                    f"fastest in {', '.join(v['fastest_in']) or '-'}")
     out.append("switches (cuflash/families/decode_splitkv.py; flip when the geomean gains >= 1% and no "
@@ -388,6 +462,10 @@ def print_summary(s: dict) -> str:
         value = v.get("value", v["flip"])
         out.append(f"  {name} = {value!r:5}  (geomean {v['geomean']:.3f}, worst {v['worst']:.3f}, "
                    f"{v['cells']} cells)")
+    out.append("per cell (x cuDNN: cuDNN us / its us, contiguous; paged: its us / its contiguous us):")
+    for cell, row in s.get("cells", {}).items():
+        if row:
+            out.append(f"  {cell:14s} " + "  ".join(f"{k} {v:.3f}" for k, v in row.items() if v is not None))
     return "\n".join(out)
 
 
@@ -396,7 +474,10 @@ def main():
     ap.add_argument("--out", help="JSON file for the raw records and the summary")
     ap.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
     ap.add_argument("--pages", nargs="+", type=int, default=list(PAGES))
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=7, help="graph replays per timing")
+    ap.add_argument("--repeat", type=int, default=3, help="timings per record, in alternating order")
+    ap.add_argument("--propose", action="append", default=[],
+                    help="module switches 'NAME=VALUE ...' whose heuristic config is timed as prop, prop2, ...")
     ap.add_argument("--max-seconds", type=float, default=60.0,
                     help="start no new cell after this long (the kernels' compile included)")
     ap.add_argument("--processes", type=int, default=0, help="compile workers (0: one per kernel set)")
@@ -406,6 +487,7 @@ def main():
     a = ap.parse_args()
     if not a.precompile and not a.out:
         ap.error("--out is required (or --precompile)")
+    proposals = [parse_switches(p) for p in a.propose]
     t0 = time.time()
     import torch
 
@@ -413,7 +495,7 @@ def main():
     from cuflash.compile import precompile
 
     if not a.no_precompile:
-        configs = all_configs(a.cells, a.pages, _gpu.arch())
+        configs = all_configs(a.cells, a.pages, _gpu.arch(), proposals)
         res = precompile(configs, processes=a.processes or None)
         bad = [(c.name, e) for c, _, e in res if e]
         print(f"compiled {len(res)} kernel sets in {time.time() - t0:.1f} s"
@@ -429,14 +511,16 @@ def main():
                 skipped.append(f"{name}/p{page}")
                 continue
             print(f"{name} page {page or '-'} ({time.time() - t0:.0f} s)", flush=True)
-            records += run_cell(name, page, a.reps, lambda s: print(s, flush=True))
+            records += run_cell(name, page, a.reps, a.repeat, proposals, lambda s: print(s, flush=True))
     print(table(records))
     s = summary(records)
     print(print_summary(s))
+    if proposals:
+        print("proposals: " + "; ".join(f"{'prop' if i == 0 else f'prop{i + 1}'}: {p}" for i, p in enumerate(proposals)))
     if skipped:
         print(f"\nskipped (past --max-seconds {a.max_seconds:.0f}): {', '.join(skipped)}")
     env = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, seconds=time.time() - t0,
-               skipped=skipped)
+               skipped=skipped, proposals=proposals)
     with open(a.out, "w") as fh:
         json.dump({"env": env, "records": records, "summary": s}, fh, indent=1, default=str)
     print(f"\nwrote {a.out} ({len(records)} records, {time.time() - t0:.0f} s)")

@@ -48,11 +48,13 @@ def test_space_and_points_from_before():
 
 def test_heuristic_switches(monkeypatch):
     cfg = FAM.heuristic(P, (9, 0))
-    assert (cfg.l2_prefetch, cfg.warp_loads) == (mod.L2_PREFETCH_DEFAULT, mod.WARP_LOADS_DEFAULT) == (0, False)
+    assert (cfg.l2_prefetch, cfg.warp_loads) == (mod.L2_PREFETCH_DEFAULT, mod.WARP_LOADS_DEFAULT)
     monkeypatch.setattr(mod, "L2_PREFETCH_DEFAULT", 256)
     monkeypatch.setattr(mod, "WARP_LOADS_DEFAULT", True)
     cfg = FAM.heuristic(P, (8, 0))
     assert (cfg.l2_prefetch, cfg.warp_loads) == (256, True) and not cfg.problems(166912)
+    paged = FAM.heuristic(P.replace(features=("paged_kv",)), (9, 0))   # paged caches: no L2 hint
+    assert (paged.l2_prefetch, paged.warp_loads) == (0, True)
     # the Hopper loop drops them (its own loads), as it drops the fused combine
     monkeypatch.setattr(mod, "TMA_DEFAULT", True)
     tma = FAM.heuristic(P, (9, 0))
@@ -85,3 +87,37 @@ def test_nvcc_zero_spills(arch):
     for cfg, rep in zip(POINTS, nvcc_compile(POINTS, arch)):
         assert rep.spill_stores == 0 and rep.spill_loads == 0 and rep.stack_bytes == 0, (cfg.name, rep)
         assert not rep.warnings, (cfg.name, rep.warnings)
+
+
+def test_paged_split_rule_fills_the_resident_slots(monkeypatch):
+    """Paged caches with two CTAs per SM (4 warps x 3 stages): the split rule fills both slots
+    (their CTAs stream side by side); contiguous caches and one-CTA configs keep the shared model."""
+    w4s3 = BASE.replace(warps=4, stages=3)
+    assert mod.ctas_per_sm(w4s3, 232448) == 2 and mod.ctas_per_sm(BASE, 232448) == 1
+    for batch, ctx, want_paged, want_contig in ((1, 32768, 32, 16), (8, 32768, 4, 2), (32, 32768, 1, 1)):
+        flat = Problem("decode", "bf16", batch, 1, ctx, 32, 8, 128)
+        paged = flat.replace(features=("paged_kv",))
+        assert mod.num_splits_for(w4s3, paged, 132) == want_paged, (batch, ctx)
+        assert mod.num_splits_for(w4s3, flat, 132) == want_contig, (batch, ctx)
+        assert mod.num_splits_for(BASE, paged, 132) == mod.num_splits_for(BASE, flat, 132)
+        groups = batch * 8
+        assert groups * want_paged <= 2 * 132  # never more than one round of both slots
+    monkeypatch.setattr(mod, "PAGED_SPLIT_RULE_RESIDENT", False)
+    assert mod.num_splits_for(w4s3, P.replace(features=("paged_kv",)), 132) == 16
+
+
+def test_small_page_warps(monkeypatch):
+    paged = P.replace(features=("paged_kv",))
+    cfg = FAM.heuristic(paged, (9, 0))
+    monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", False)
+    assert FAM.call_config(cfg, paged, (9, 0), 16, chosen=True, heuristic=True) == cfg   # today: 8 warps
+    monkeypatch.setattr(mod, "SMALL_PAGE_WARPS", 4)
+    small = FAM.call_config(cfg, paged, (9, 0), 16, chosen=True, heuristic=True)
+    assert (small.warps, small.stages, small.tma) == (4, 3, False) and not small.problems(232448)
+    assert FAM.call_config(cfg, paged, (8, 0), 48, chosen=True, heuristic=True).warps == 4
+    assert FAM.call_config(cfg, paged, (9, 0), 256, chosen=True, heuristic=True) == cfg   # large pages
+    assert FAM.call_config(cfg, P, (9, 0), 0, chosen=True, heuristic=True).warps == cfg.warps  # contiguous
+    assert FAM.call_config(cfg, paged, (9, 0), 16, chosen=True, heuristic=False) == cfg  # a tuned entry
+    assert FAM.call_config(cfg, paged, (9, 0), 16, chosen=False) == cfg                  # a given config
+    monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", True)                                  # the Hopper loop first
+    assert FAM.call_config(cfg, paged, (9, 0), 16, chosen=True, heuristic=True).tma

@@ -38,7 +38,9 @@ def _options(monkeypatch, l2: int, warp_loads: bool):
     monkeypatch.setattr(decode, "_gpu_plans", {})
 
 
-def _ran(l2: int, warp_loads: bool):
+def _ran(l2: int, warp_loads: bool, paged: bool = False):
+    """Every plan ran these options (the heuristic gives paged caches no L2 hint)."""
+    l2 = 0 if paged else l2
     plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
     assert plans and all((p.config.l2_prefetch, p.config.warp_loads) == (l2, warp_loads)
                          for p in plans), [p.config.name for p in plans]
@@ -62,6 +64,19 @@ def _ids(c):
             f"_l2p{c[9]}{'_wl' if c[10] else ''}")
 
 
+def test_small_page_warps(monkeypatch):
+    """SMALL_PAGE_WARPS = 4 (the heuristic's choice for page 16 when the Hopper loop does not
+    take it): 4 warps x 3 stages, the split rule filling two CTAs per SM, against the reference;
+    per-batch lengths, GQA 4, seqlen_q 2 (causal), one appended token."""
+    _options(monkeypatch, 0, False)
+    monkeypatch.setattr(fam_mod, "SMALL_PAGE_WARPS", 4)
+    rng = np.random.default_rng()
+    args = make_case(rng, 3, 2, [4097, 1000, 0], 32, 8, 128, "bf16", page=16, seqlen_new=1)
+    check_call(args, "bf16", "small pages, 4 warps", causal=True)
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert plans and all((p.config.warps, p.config.stages, p.config.tma) == (4, 3, False) for p in plans)
+
+
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_bandwidth_options_grid(monkeypatch, case):
     b, sq, ctx, h, hk, d, dtype, splits, page, l2, wl = case
@@ -72,14 +87,30 @@ def test_bandwidth_options_grid(monkeypatch, case):
         lens[2] = 0
     args = make_case(rng, b, sq, lens, h, hk, d, dtype, page=page)
     check_call(args, dtype, _ids(case), causal=sq > 1, num_splits=splits)
-    _ran(l2, wl)
+    _ran(l2, wl, paged=bool(page))
 
 
 def test_bandwidth_options_leftpad_append(monkeypatch):
-    """Page 48 with cache_leftpad (blocks straddle pages) and one appended token, both options."""
-    _options(monkeypatch, 256, True)
+    """Page 48 with cache_leftpad (blocks straddle pages) and one appended token, both options
+    forced (the heuristic gives paged caches no L2 hint), 8 warps and SMALL_PAGE_WARPS' 4."""
+    import test_decode_gpu
+
+    from cuflash.decode import check_kvcache, kvcache_with_config
+
+    _options(monkeypatch, 0, False)
     rng = np.random.default_rng()
     args = make_case(rng, 3, 1, [2049, 300, 700], 32, 8, 128, "bf16", page=48, seqlen_new=1,
                      leftpad=True)
-    check_call(args, "bf16", "l2p256 + warp loads, page 48 leftpad", num_splits=0)
-    _ran(256, True)
+    for warps in (8, 4):
+        def forced(**kw):
+            want_lse = kw.pop("return_softmax_lse", False)
+            problem = check_kvcache(**kw).problem("bf16")
+            cfg = fam_mod.FAMILY.heuristic(problem, (9, 0)).replace(
+                warps=warps, stages=3, l2_prefetch=256, warp_loads=True)
+            out, lse = kvcache_with_config(cfg, **kw)
+            return (out, lse) if want_lse else out
+
+        monkeypatch.setattr(test_decode_gpu, "flash_attn_with_kvcache", forced)
+        check_call(dict(args, k_cache=args["k_cache"].clone(), v_cache=args["v_cache"].clone()),
+                   "bf16", f"l2p256 + warp loads, {warps} warps, page 48 leftpad", num_splits=0)
+        _ran(256, True)

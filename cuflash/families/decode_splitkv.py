@@ -96,11 +96,23 @@ TMA_PAGED_MAX_PAGE = 128
 # num_splits_for): the cp.async loop's until the H100 timing refits it
 TMA_SPLIT_COST = 4
 # l2_prefetch: the L2 prefetch sizes the cp.async loop's K/V copies may carry (0: none), and the
-# heuristic's choice (0 until the H100 timing, tests/decode_tma_timing.py, shows a hint faster)
+# heuristic's choice for contiguous caches (paged ones take none: session 14 round A measured
+# 0-2% slower there, and 1-2.5% faster on contiguous caches from 32k keys on; 0 until the repeat
+# run confirms it)
 L2_PREFETCH_SIZES = (0, 64, 128, 256)
 L2_PREFETCH_DEFAULT = 0
 # warp_loads: the heuristic's choice (False until the H100 timing shows the warps' own rings faster)
 WARP_LOADS_DEFAULT = False
+# Paged caches with pages under TMA_PAGED_MAX_PAGE keys, when the heuristic chose and the Hopper
+# loop does not take them (TMA_PAGED_DEFAULT off, or not sm_90): the cp.async loop with this many
+# warps (4: 64-key blocks, 3 stages, two CTAs per SM, the split rule filling both; 8: the
+# contiguous tiles). H100, page 16 (tests/decode_tma_timing.py, session 14 round A): 4 warps at
+# two CTAs per SM 1504 us at 32 x 32k, 384 at 32 x 8k, 6042 at 32 x 128k against 1663 / 424 /
+# 6558 for 8 warps; at one CTA per SM (batch 1 and 8, before the split rule filled both slots)
+# 4 warps lost (85 against 64 us at 1 x 32k).
+SMALL_PAGE_WARPS = 8
+# num_splits_for's model for paged caches with two or more resident CTAs per SM (see there)
+PAGED_SPLIT_RULE_RESIDENT = True
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -325,16 +337,28 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
     split (barrier set-up, the Q tile, the first box's latency, the warps' merge, the partial's
     write) is again ``split_cost`` blocks; its threads (warps + the producer) and shared memory
     (plus the mbarriers) enter ``ctas_per_sm``. tests/decode_timing.py times it at half and
-    twice this count to refit split_cost per loop."""
+    twice this count to refit split_cost per loop.
+
+    Paged caches (``paged_kv``) with more than one resident CTA per SM: a block's cp.asyncs wait
+    on its rows' block_table reads, so a CTA streams at the rate its threads' dependent loads
+    allow, not at the SM's share of HBM, and CTAs resident together add up (H100, page 16, 4
+    warps x 3 stages: 85 us at 1 x 32k with 128 CTAs, one per SM, against 64 for 8 warps; 1504
+    us at 32 x 32k with two per SM, against 1663). There each round of c CTAs streams in
+    parallel: ceil(per_sm / c) rounds of (ceil(blocks / s) + split_cost), which fills every
+    resident slot (PAGED_SPLIT_RULE_RESIDENT; with c = 1 both models agree)."""
     groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
     if groups == 0:
         return 1
     blocks = -(-problem.seqlen_k // config.block_n)
     resident = ctas_per_sm(config, default_max_smem((9, 0)) if max_smem is None else max_smem)
     best, best_time = 1, None
+    parallel = PAGED_SPLIT_RULE_RESIDENT and resident > 1 and "paged_kv" in problem.features
     for s in range(1, max(1, min(blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS)) + 1):
         per_sm = -(-groups * s // sm_count)
-        time = per_sm * -(-blocks // s) + -(-per_sm // resident) * config.split_cost
+        if parallel:   # co-resident CTAs stream side by side (paged: latency-bound table reads)
+            time = -(-per_sm // resident) * (-(-blocks // s) + config.split_cost)
+        else:          # co-resident CTAs share the SM's bandwidth
+            time = per_sm * -(-blocks // s) + -(-per_sm // resident) * config.split_cost
         if s > 1 and not getattr(config, "fused_combine", False):
             time += COMBINE_LAUNCH_COST
         if best_time is None or time < best_time:
@@ -404,7 +428,8 @@ class DecodeSplitKV(Family):
         cfg = DecodeConfig(8, 16, stages, m_tiles, 4, d, problem.dtype, bool(problem.causal),
                            fused_combine=FUSED_COMBINE_DEFAULT,
                            page_prefetch=PAGE_PREFETCH_DEFAULT and "paged_kv" in problem.features,
-                           l2_prefetch=L2_PREFETCH_DEFAULT, warp_loads=WARP_LOADS_DEFAULT)
+                           l2_prefetch=0 if "paged_kv" in problem.features else L2_PREFETCH_DEFAULT,
+                           warp_loads=WARP_LOADS_DEFAULT)
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
@@ -450,8 +475,9 @@ class DecodeSplitKV(Family):
         class) and what only the call knows, its cache's page size (0: contiguous): a given config
         with tma that cannot run the call raises (ValueError naming the argument); a chosen one
         (``chosen``: the heuristic's or a tuned table's) falls back to the cp.async loop there,
-        and the heuristic's choice (``heuristic``) without the cp.async loop's options takes the
-        Hopper loop for small pages on sm_90 (TMA_PAGED_DEFAULT, TMA_PAGED_MAX_PAGE)."""
+        and the heuristic's choice (``heuristic``) without the cp.async loop's options takes, for
+        small pages (TMA_PAGED_MAX_PAGE), the Hopper loop on sm_90 (TMA_PAGED_DEFAULT) or else
+        the cp.async loop with SMALL_PAGE_WARPS warps (4: 3 stages, two CTAs per SM)."""
         why = self.tma_problem(config, problem, arch, page_size)
         if why:
             if not chosen:
@@ -466,6 +492,12 @@ class DecodeSplitKV(Family):
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
+        if (chosen and heuristic and SMALL_PAGE_WARPS != config.warps and 0 < page_size < TMA_PAGED_MAX_PAGE
+                and not config.tma):
+            max_smem = default_max_smem(arch) if max_smem is None else max_smem
+            small = config.replace(warps=SMALL_PAGE_WARPS, stages=3 if config.head_dim <= 128 else 2)
+            if not small.problems(max_smem):
+                return small
         return config
 
     def kernel_names(self, config) -> dict:
