@@ -21,7 +21,10 @@ memory), CUDA-graph timing. In the same process, per cell:
                        TMA_PAGED_DEFAULT's tiles (paged cells), ``tma`` with the heuristic's
                        (contiguous cells);
   * the ``1x8k_cold`` cell: the graph cycles over 4 caches (134 MB, more than the 50 MB L2), so
-    no call finds its K/V in L2 (1x8k's 34 MB fit: a replayed graph of one cache may hit).
+    no call finds its K/V in L2 (1x8k's 34 MB fit: a replayed graph of one cache may hit);
+  * ``--profile``: in the batch-1 contiguous cells, each of PROFILE_LABELS' graphs replays once
+    under torch.profiler: per call, each kernel's device time, the busy time, the first start to
+    the last end and the idle gaps between kernels (where the fixed costs go).
 
 Each timing is a CUDA graph of n calls (about 2 ms a replay); every record's graph is captured
 once, then the cell's graphs replay ``--repeat`` times in alternating order (forward, backward,
@@ -182,6 +185,35 @@ def replay_us(graph, n: int, reps: int) -> float:
     return times[len(times) // 2]
 
 
+def profile_graph(graph, n: int) -> dict:
+    """Kernel activity of one replay of ``graph`` (n calls) under torch.profiler (CUPTI):
+    {kernels: [(short name, mean us per call, launches per call)], busy_us, span_us, gap_us}
+    per call: the kernels' device time, the first start to the last end, and the idle time
+    between consecutive kernels."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
+                 key=lambda e: e.time_range.start)
+    if not evs:
+        return {}
+    per: dict = {}
+    for e in evs:
+        name = e.name.split("<")[0].split("(")[0].replace("void ", "").replace("cuflash::", "")[-40:]
+        d = per.setdefault(name, [0.0, 0])
+        d[0] += e.time_range.end - e.time_range.start
+        d[1] += 1
+    busy = sum(e.time_range.end - e.time_range.start for e in evs)
+    span = evs[-1].time_range.end - evs[0].time_range.start
+    gaps = sum(max(0.0, b.time_range.start - a.time_range.end) for a, b in zip(evs, evs[1:]))
+    return dict(kernels=[(k, v[0] / n, v[1] / n) for k, v in per.items()], busy_us=busy / n,
+                span_us=span / n, gap_us=gaps / n)
+
+
 def eager_us(f) -> float:
     """One eager call's time (after a warm-up call), to size the graph."""
     import torch
@@ -267,7 +299,10 @@ def sdpa_fn(impl, q, kc, vc):
     return f
 
 
-def run_cell(name, page, reps, repeat, proposals, log) -> list:
+PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "base_l2p256")
+
+
+def run_cell(name, page, reps, repeat, proposals, log, profile=False) -> list:
     import torch
 
     from cuflash import decode as decode_mod
@@ -345,6 +380,20 @@ def run_cell(name, page, reps, repeat, proposals, log) -> list:
                     records[i]["times"].append(replay_us(*graphs[i], reps))
                 except Exception as exc:  # noqa: BLE001
                     records[i]["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+    if profile and batch == 1 and not page:  # where the fixed costs weigh: kernel times and gaps
+        for rec, g in zip(records, graphs):
+            if g is not None and rec["label"] in PROFILE_LABELS:
+                try:
+                    rec["profile"] = profile_graph(*g)
+                except Exception as exc:  # noqa: BLE001 - a diagnostic only
+                    rec["profile"] = {"error": f"{type(exc).__name__}: {str(exc)[:120]}"}
+                pr = rec["profile"]
+                if "kernels" in pr:
+                    log(f"  profile {rec['label']:12s} per call: busy {pr['busy_us']:.1f} us, first-to-last "
+                        f"{pr['span_us']:.1f}, gaps {pr['gap_us']:.1f}; "
+                        + ", ".join(f"{k} {us:.1f} us x{c:g}" for k, us, c in pr["kernels"]))
+                elif pr:
+                    log(f"  profile {rec['label']:12s} {pr}")
     for rec in records:
         t = sorted(rec["times"])
         if t:
@@ -478,6 +527,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=3, help="timings per record, in alternating order")
     ap.add_argument("--propose", action="append", default=[],
                     help="module switches 'NAME=VALUE ...' whose heuristic config is timed as prop, prop2, ...")
+    ap.add_argument("--profile", action="store_true",
+                    help="batch-1 contiguous cells: kernel times and gaps of one replay (torch.profiler)")
     ap.add_argument("--max-seconds", type=float, default=60.0,
                     help="start no new cell after this long (the kernels' compile included)")
     ap.add_argument("--processes", type=int, default=0, help="compile workers (0: one per kernel set)")
@@ -511,7 +562,8 @@ def main():
                 skipped.append(f"{name}/p{page}")
                 continue
             print(f"{name} page {page or '-'} ({time.time() - t0:.0f} s)", flush=True)
-            records += run_cell(name, page, a.reps, a.repeat, proposals, lambda s: print(s, flush=True))
+            records += run_cell(name, page, a.reps, a.repeat, proposals, lambda s: print(s, flush=True),
+                                a.profile)
     print(table(records))
     s = summary(records)
     print(print_summary(s))
