@@ -9,17 +9,13 @@ memory), CUDA-graph timing. In the same process, per cell:
     (``prop2`` ...): the config it would run with the module switches of each ``--propose``
     set (e.g. ``--propose "L2_PREFETCH_DEFAULT=256 SMALL_PAGE_WARPS=4"``);
   * every candidate of ``candidates``, forced through kvcache_with_config at its split rule's
-    count (``num_splits_for``; some also at half of it, ``_x<splits>``):
+    count (``num_splits_for``):
     - ``base``         the heuristic's tiles on the cp.async loop (8 warps x 16 keys, 3 stages:
                        one CTA per SM), no option;
-    - ``base_l2p256``, ``base_l2p128``: the K/V cp.asyncs with an L2 prefetch-size hint
-                       (``l2_prefetch``), and ``base_wl``, ``base_wl_l2p256``: each warp loads
-                       the key rows it reads (``warp_loads``: no CTA barrier per block);
-    - ``w4s3``         4 warps, 3 stages (64-key blocks, two CTAs per SM; paged caches: the split
-                       rule fills both slots, ``PAGED_SPLIT_RULE_RESIDENT``) — SMALL_PAGE_WARPS;
-    - ``tma_w4s3``     the Hopper loop (producer warp, TMA into an mbarrier ring) with
-                       TMA_PAGED_DEFAULT's tiles (paged cells), ``tma`` with the heuristic's
-                       (contiguous cells);
+    - ``base_l2p256``  the K/V cp.asyncs with an L2 prefetch-size hint (``l2_prefetch``), and
+                       ``base_wl``: each warp loads the key rows it reads (``warp_loads``: no CTA
+                       barrier per block) (contiguous cells);
+    - ``w4s3``         4 warps, 3 stages (64-key blocks, two CTAs per SM; paged cells);
   * the ``1x8k_cold`` cell: the graph cycles over 4 caches (134 MB, more than the 50 MB L2), so
     no call finds its K/V in L2 (1x8k's 34 MB fit: a replayed graph of one cache may hit);
   * ``--profile``: in the batch-1 contiguous cells, each of PROFILE_LABELS' graphs replays once
@@ -81,21 +77,12 @@ def base_config(problem, arch=(9, 0)):
 
 def candidates(base, batch: int, page: int, cold: bool = False) -> list:
     """(label, config, split multipliers) of the forced configs a cell times (see the docstring)."""
-    w4s3 = base.replace(warps=4, stages=3)
-    tma = base.replace(tma=True, split_cost=4)
-    if cold:  # the options that might change what an L2 miss costs
-        return [("base", base, (1,)), ("base_l2p256", base.replace(l2_prefetch=256), (1,)),
-                ("base_l2p128", base.replace(l2_prefetch=128), (1,)),
-                ("base_wl", base.replace(warp_loads=True), (1,))]
+    if cold:  # the option that might change what an L2 miss costs
+        return [("base", base, (1,)), ("base_l2p256", base.replace(l2_prefetch=256), (1,))]
     if not page:
         return [("base", base, (1,)), ("base_l2p256", base.replace(l2_prefetch=256), (1,)),
-                ("base_l2p128", base.replace(l2_prefetch=128), (1,)),
-                ("base_wl", base.replace(warp_loads=True), (1,)),
-                ("base_wl_l2p256", base.replace(warp_loads=True, l2_prefetch=256), (1,)),
-                ("tma", tma, (1,))]
-    half = (1, 0.5) if batch < 32 else (1,)   # paged w4s3: the rule filling both slots, and one
-    return [("base", base, (1,)), ("base_wl", base.replace(warp_loads=True), (1,)),
-            ("w4s3", w4s3, half), ("tma_w4s3", tma.replace(warps=4, stages=3), half)]
+                ("base_wl", base.replace(warp_loads=True), (1,))]
+    return [("base", base, (1,)), ("w4s3", base.replace(warps=4, stages=3), (1,))]
 
 
 def parse_switches(text: str) -> dict:
@@ -436,15 +423,12 @@ def _geomean(xs):
 def summary(records: list) -> dict:
     """Per candidate label: over the warm cells where both it and ``base`` ran, the geometric mean
     of base's time over its own (> 1: faster), the worst and best cell, and the cells where it was
-    the fastest cuflash record; the module switches the numbers support, each flipped when the
-    geometric mean gains >= 1% and no cell loses more than 2%:
-      L2_PREFETCH_DEFAULT  ``base_l2p256`` / ``base_l2p128`` vs base over the contiguous cells,
-      WARP_LOADS_DEFAULT   ``base_wl`` vs base over the contiguous and paged cells,
-      SMALL_PAGE_WARPS     ``w4s3`` vs base over the page-16 cells (4 when it wins),
-      TMA_PAGED_DEFAULT    ``tma_w4s3`` vs the better of base and w4s3 over the page-16 cells,
-      TMA_DEFAULT          ``tma`` vs base over the contiguous cells;
-    and per cell the proposals' and the heuristic's time over cuDNN's (contiguous) and over the
-    same call's contiguous time (paged)."""
+    the fastest cuflash record. Per proposal (``prop``, ``prop2``, ...): over the cells where its
+    config differs from the heuristic's, the geometric mean of the heuristic's time over its own
+    and the worst cell, for contiguous and paged cells apart, and the cold cell's ratio; ``flip``
+    when every group gains >= 1% in the geometric mean and no cell (the cold one included) loses
+    more than 2%. And per cell the proposals' and the heuristic's time over cuDNN's (contiguous)
+    and over the same call's contiguous time (paged)."""
     ok = [r for r in records if r.get("us") and not r.get("error") and r.get("caches", 1) == 1]
     by_cell: dict = {}
     for r in ok:
@@ -463,25 +447,22 @@ def summary(records: list) -> dict:
                                 best=max(ratios.items(), key=lambda kv: kv[1]), cells=len(ratios),
                                 fastest_in=fastest)
 
-    def verdict(label, pages, against=("base",)):
-        ratios = [min(t[a] for a in against if a in t) / t[label] for c, t in by_cell.items()
-                  if c[1] in pages and label in t and any(a in t for a in against)]
-        if not ratios:
-            return None
-        g = _geomean(ratios)
-        return dict(geomean=g, worst=min(ratios), cells=len(ratios), flip=g >= 1.01 and min(ratios) >= 0.98)
-
-    switches = {}
-    l2 = {size: verdict(f"base_l2p{size}", (0,)) for size in (256, 128)}
-    l2 = {k: v for k, v in l2.items() if v}
-    if l2:
-        size, v = max(l2.items(), key=lambda kv: kv[1]["geomean"])
-        switches["L2_PREFETCH_DEFAULT"] = dict(v, value=size if v["flip"] else 0)
-    switches["WARP_LOADS_DEFAULT"] = verdict("base_wl", (0, 16, 256))
-    small = verdict("w4s3", (16,))
-    switches["SMALL_PAGE_WARPS"] = dict(small, value=4 if small["flip"] else 8) if small else None
-    switches["TMA_PAGED_DEFAULT"] = verdict("tma_w4s3", (16,), against=("base", "w4s3"))
-    switches["TMA_DEFAULT"] = verdict("tma", (0,))
+    configs = {(r["cell"], r["page_size"], r["label"]): r["config"] for r in records}
+    cold = {r["label"]: r["us"] for r in records if r.get("caches", 1) > 1 and r.get("us") and not r.get("error")}
+    proposals = {}
+    for label in [x for x in labels if x.startswith("prop")]:
+        groups, all_ratios = {}, []
+        for name, pages in (("contiguous", (0,)), ("paged", (16, 256))):
+            ratios = [t["heuristic"] / t[label] for c, t in by_cell.items()
+                      if c[1] in pages and label in t and "heuristic" in t
+                      and configs.get((c[0], c[1], label)) != configs.get((c[0], c[1], "heuristic"))]
+            all_ratios += ratios
+            groups[name] = dict(geomean=_geomean(ratios), worst=min(ratios), cells=len(ratios)) if ratios else None
+        cold_ratio = cold["heuristic"] / cold[label] if label in cold and "heuristic" in cold else None
+        worst = min(all_ratios + ([cold_ratio] if cold_ratio else []), default=None)
+        flip = bool(all_ratios) and all(g is None or g["geomean"] >= 1.01 for g in groups.values()) \
+            and worst is not None and worst >= 0.98
+        proposals[label] = dict(groups, cold=cold_ratio, worst=worst, flip=flip)
     cells = {}
     for (cell, page), t in by_cell.items():
         flat = by_cell.get((cell, 0), {})
@@ -493,7 +474,7 @@ def summary(records: list) -> dict:
             if page and label in flat:
                 row[f"{label}_over_contiguous"] = t[label] / flat[label]
         cells[f"{cell}/p{page}"] = row
-    return dict(per_label=per_label, switches=switches, cells=cells)
+    return dict(per_label=per_label, proposals=proposals, cells=cells)
 
 
 def print_summary(s: dict) -> str:
@@ -502,15 +483,13 @@ def print_summary(s: dict) -> str:
         out.append(f"  {label:16s} {v['geomean']:6.3f}  worst {v['worst'][1]:.3f} ({v['worst'][0]})  "
                    f"best {v['best'][1]:.3f} ({v['best'][0]})  cells {v['cells']}  "
                    f"fastest in {', '.join(v['fastest_in']) or '-'}")
-    out.append("switches (cuflash/families/decode_splitkv.py; flip when the geomean gains >= 1% and no "
-               "cell loses > 2%):")
-    for name, v in s["switches"].items():
-        if v is None:
-            out.append(f"  {name}: no data")
-            continue
-        value = v.get("value", v["flip"])
-        out.append(f"  {name} = {value!r:5}  (geomean {v['geomean']:.3f}, worst {v['worst']:.3f}, "
-                   f"{v['cells']} cells)")
+    out.append("proposals vs heuristic (heuristic us / its us over the cells where its config differs; "
+               "FLIP: every group >= 1.01 and no cell, the cold one included, < 0.98):")
+    for label, v in s.get("proposals", {}).items():
+        parts = [f"{g} " + (f"{v[g]['geomean']:.3f} (worst {v[g]['worst']:.3f}, {v[g]['cells']} cells)"
+                            if v[g] else "same config") for g in ("contiguous", "paged")]
+        cold = f"cold {v['cold']:.3f}" if v["cold"] else "cold -"
+        out.append(f"  {label:6s} {'FLIP' if v['flip'] else 'keep'}   " + "   ".join(parts) + f"   {cold}")
     out.append("per cell (x cuDNN: cuDNN us / its us, contiguous; paged: its us / its contiguous us):")
     for cell, row in s.get("cells", {}).items():
         if row:

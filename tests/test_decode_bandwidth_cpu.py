@@ -40,7 +40,9 @@ def test_rules():
 
 
 def test_space_and_points_from_before():
-    assert FAM.space["l2_prefetch"] == mod.L2_PREFETCH_SIZES and FAM.space["warp_loads"] == (False, True)
+    assert FAM.space["l2_prefetch"] == mod.L2_PREFETCH_SPACE == (0, 128, 256)   # the sizes run on the H100
+    assert FAM.space["warp_loads"] == mod.WARP_LOADS_SPACE == (False,)          # not yet run on a GPU
+    assert set(mod.L2_PREFETCH_SPACE) <= set(mod.L2_PREFETCH_SIZES)
     point = {k: getattr(BASE, k) for k in FAM.space if k not in ("tma", "l2_prefetch", "warp_loads")}
     cfg = FAM.make(point, P)                 # a tuned entry / study point from before the options
     assert (cfg.tma, cfg.l2_prefetch, cfg.warp_loads) == (False, 0, False)
@@ -94,6 +96,9 @@ def test_paged_split_rule_fills_the_resident_slots(monkeypatch):
     (their CTAs stream side by side); contiguous caches and one-CTA configs keep the shared model."""
     w4s3 = BASE.replace(warps=4, stages=3)
     assert mod.ctas_per_sm(w4s3, 232448) == 2 and mod.ctas_per_sm(BASE, 232448) == 1
+    assert not mod.PAGED_SPLIT_RULE_RESIDENT        # off by default (flip with SMALL_PAGE_WARPS = 4)
+    assert mod.num_splits_for(w4s3, P.replace(features=("paged_kv",)), 132) == 16
+    monkeypatch.setattr(mod, "PAGED_SPLIT_RULE_RESIDENT", True)
     for batch, ctx, want_paged, want_contig in ((1, 32768, 32, 16), (8, 32768, 4, 2), (32, 32768, 1, 1)):
         flat = Problem("decode", "bf16", batch, 1, ctx, 32, 8, 128)
         paged = flat.replace(features=("paged_kv",))
@@ -102,8 +107,6 @@ def test_paged_split_rule_fills_the_resident_slots(monkeypatch):
         assert mod.num_splits_for(BASE, paged, 132) == mod.num_splits_for(BASE, flat, 132)
         groups = batch * 8
         assert groups * want_paged <= 2 * 132  # never more than one round of both slots
-    monkeypatch.setattr(mod, "PAGED_SPLIT_RULE_RESIDENT", False)
-    assert mod.num_splits_for(w4s3, P.replace(features=("paged_kv",)), 132) == 16
 
 
 def test_small_page_warps(monkeypatch):

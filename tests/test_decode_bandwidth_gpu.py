@@ -65,11 +65,13 @@ def _ids(c):
 
 
 def test_small_page_warps(monkeypatch):
-    """SMALL_PAGE_WARPS = 4 (the heuristic's choice for page 16 when the Hopper loop does not
-    take it): 4 warps x 3 stages, the split rule filling two CTAs per SM, against the reference;
+    """SMALL_PAGE_WARPS = 4 with PAGED_SPLIT_RULE_RESIDENT (the heuristic's choice for page 16 when
+    the Hopper loop does not take it): 4 warps x 3 stages, the split rule filling two CTAs per SM,
+    against the reference;
     per-batch lengths, GQA 4, seqlen_q 2 (causal), one appended token."""
     _options(monkeypatch, 0, False)
     monkeypatch.setattr(fam_mod, "SMALL_PAGE_WARPS", 4)
+    monkeypatch.setattr(fam_mod, "PAGED_SPLIT_RULE_RESIDENT", True)
     rng = np.random.default_rng()
     args = make_case(rng, 3, 2, [4097, 1000, 0], 32, 8, 128, "bf16", page=16, seqlen_new=1)
     check_call(args, "bf16", "small pages, 4 warps", causal=True)

@@ -20,10 +20,13 @@ The plain kernels are compiled exactly as before (their SASS is unchanged): they
 ``DecodeParams``, a prefix of the packed ``DecodeTmaParams``.
 
 Which loop runs (H100 timing in the TMA_DEFAULT / TMA_PAGED_DEFAULT notes below): the cp.async
-loop, which streams contiguous caches and large pages as fast. With TMA_PAGED_DEFAULT (off until
-a racecheck report is resolved, see its note), paged caches with pages under TMA_PAGED_MAX_PAGE
-keys take the Hopper loop (4 warps, 3 stages), chosen per call by ``call_config`` (the page size
-is the call's, not the problem class's).
+loop, which streams contiguous caches and large pages as fast or faster. With TMA_PAGED_DEFAULT
+(off: faster at small batch, slower at large; see its note), paged caches with pages under
+TMA_PAGED_MAX_PAGE keys take the Hopper loop (4 warps, 3 stages), else with SMALL_PAGE_WARPS = 4
+the cp.async loop with 4 warps, chosen per call by ``call_config`` (the page size is the call's,
+not the problem class's). Options of the cp.async loop, off by default (module switches below):
+``l2_prefetch`` (an L2 prefetch-size hint on the K/V copies) and ``warp_loads`` (each warp loads
+the rows it reads: no CTA barrier per block).
 
 The number of splits is the config's ``splits`` (1..128), fixed before a plan is made:
 ``cuflash.decode`` puts the call's ``num_splits`` there, or the heuristic's choice
@@ -86,23 +89,34 @@ TMA_DEFAULT = False
 # Page 256: a tie or up to 2% slower (32x8k 383.5-394.3 against 376.0; 1x32k 57.1 against 57.8),
 # so those stay on the cp.async loop. 4 warps (64-key blocks, 3 stages, two CTAs per SM) gained
 # in both page-16 cells.
-# Off by default: compute-sanitizer racecheck (H100, session 13, tests/gpu_sanitize.py --quick)
-# reports hazards in decode_splitkv_tma<4, 16, 3, 2, 96> between the consumers' ring reads of the
-# main loop and the shared-memory writes after it (the warps' merge, which overlays the ring);
-# until that is understood the Hopper loop runs only where a config forces it (tma=True).
+# Session 13's racecheck hazards in decode_splitkv_tma are fixed (racecheck clean on the H100,
+# session 14 round A, with the Hopper loop forced both ways). Off on timing: session 14 round A,
+# page 16, 4 warps x 3 stages against the cp.async loop's 8 warps: faster at batch 1 and 8 up to
+# 32k keys (19.8 / 58.7 / 102.3 / 386.6 us against 22.1 / 64.1 / 111.3 / 422.7 at 1x8k, 1x32k,
+# 8x8k, 8x32k), slower at 8 x 128k, 32 x 32k and 32 x 128k (1751 / 1739 / 7401 against 1654 /
+# 1663 / 6558); contiguous caches are 2-15% slower on the Hopper loop (TMA_DEFAULT).
 TMA_PAGED_DEFAULT = False
 TMA_PAGED_MAX_PAGE = 128
 # The heuristic's split rule for the Hopper loop (its split_cost, in K/V blocks; see
 # num_splits_for): the cp.async loop's until the H100 timing refits it
 TMA_SPLIT_COST = 4
-# l2_prefetch: the L2 prefetch sizes the cp.async loop's K/V copies may carry (0: none), and the
-# heuristic's choice for contiguous caches (paged ones take none: session 14 round A measured
-# 0-2% slower there, and 1-2.5% faster on contiguous caches from 32k keys on; 0 until the repeat
-# run confirms it)
+# l2_prefetch: the L2 prefetch sizes the cp.async loop's K/V copies may carry (0: none), those in
+# the tuning space (run on the H100: 128 and 256), and the heuristic's choice for contiguous
+# caches (paged ones take none). H100, session 14 round A (tests/decode_tma_timing.py, one
+# timing per record): 256 bytes was 1-2.6% faster in 8 of the 9 contiguous cells from 1 x 32k to
+# 32 x 128k (e.g. 5737 against 5844 us at 32 x 128k, 365.7 against 372.4 at 8 x 32k), equal at
+# 1 x 8k, 0-2% slower on paged caches, and 29.8 against 22.5 us in the cold-L2 1 x 8k cell (one
+# reading; identical configs differed by up to 8% in that run). Off until a repeated run
+# (tests/decode_tma_timing.py --repeat 3 --propose "L2_PREFETCH_DEFAULT=256") shows the cold
+# cell unharmed: then 256.
 L2_PREFETCH_SIZES = (0, 64, 128, 256)
+L2_PREFETCH_SPACE = (0, 128, 256)
 L2_PREFETCH_DEFAULT = 0
-# warp_loads: the heuristic's choice (False until the H100 timing shows the warps' own rings faster)
+# warp_loads: the heuristic's choice, and the tuning space's values: not yet run on a GPU (its GPU
+# tests, tests/test_decode_bandwidth_gpu.py, and racecheck, tests/gpu_sanitize.py, are written):
+# off and out of the space until they pass and a timing shows it faster.
 WARP_LOADS_DEFAULT = False
+WARP_LOADS_SPACE = (False,)
 # Paged caches with pages under TMA_PAGED_MAX_PAGE keys, when the heuristic chose and the Hopper
 # loop does not take them (TMA_PAGED_DEFAULT off, or not sm_90): the cp.async loop with this many
 # warps (4: 64-key blocks, 3 stages, two CTAs per SM, the split rule filling both; 8: the
@@ -111,8 +125,10 @@ WARP_LOADS_DEFAULT = False
 # 6558 for 8 warps; at one CTA per SM (batch 1 and 8, before the split rule filled both slots)
 # 4 warps lost (85 against 64 us at 1 x 32k).
 SMALL_PAGE_WARPS = 8
-# num_splits_for's model for paged caches with two or more resident CTAs per SM (see there)
-PAGED_SPLIT_RULE_RESIDENT = True
+# num_splits_for's model for paged caches with two or more resident CTAs per SM (see there):
+# flip together with SMALL_PAGE_WARPS = 4 (4 warps at one CTA per SM is what lost above); neither
+# is measured at batch 1 and 8 yet, so both stay off.
+PAGED_SPLIT_RULE_RESIDENT = False
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -377,7 +393,7 @@ class DecodeSplitKV(Family):
     config_cls = DecodeConfig
     space = {"warps": (2, 4, 8), "warp_n": (16, 32), "stages": (2, 3, 4, 6), "m_tiles": (1, 2),
              "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
-             "tma": (False, True), "l2_prefetch": L2_PREFETCH_SIZES, "warp_loads": (False, True)}
+             "tma": (False, True), "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
