@@ -508,8 +508,8 @@ class DecodeSplitKV(Family):
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
-        if (chosen and heuristic and SMALL_PAGE_WARPS != config.warps and 0 < page_size < TMA_PAGED_MAX_PAGE
-                and not config.tma):
+        if (chosen and heuristic and SMALL_PAGE_WARPS != 8 and SMALL_PAGE_WARPS != config.warps
+                and 0 < page_size < TMA_PAGED_MAX_PAGE and not config.tma):  # 8: off, the contiguous tiles
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             small = config.replace(warps=SMALL_PAGE_WARPS, stages=3 if config.head_dim <= 128 else 2)
             if not small.problems(max_smem):
