@@ -96,6 +96,8 @@ TMA_DEFAULT = False
 # 8x8k, 8x32k), slower at 8 x 128k, 32 x 32k and 32 x 128k (1751 / 1739 / 7401 against 1654 /
 # 1663 / 6558); contiguous caches are 2-15% slower on the Hopper loop (TMA_DEFAULT).
 TMA_PAGED_DEFAULT = False
+# The tuning space's values of ``tma`` ((False,): the tuner never tries the Hopper loop)
+TMA_SPACE = (False, True)
 TMA_PAGED_MAX_PAGE = 128
 # The heuristic's split rule for the Hopper loop (its split_cost, in K/V blocks; see
 # num_splits_for): the cp.async loop's until the H100 timing refits it
@@ -393,7 +395,7 @@ class DecodeSplitKV(Family):
     config_cls = DecodeConfig
     space = {"warps": (2, 4, 8), "warp_n": (16, 32), "stages": (2, 3, 4, 6), "m_tiles": (1, 2),
              "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
-             "tma": (False, True), "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE}
+             "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
