@@ -87,6 +87,11 @@ def test_tma_problem_reasons():
     assert FAM.tma_problem(TMA, p, (8, 0), 0).startswith("config: ")
     assert FAM.tma_problem(TMA, p.replace(head_dim=120), (9, 0), 0).startswith("q: the tma loop")
     assert FAM.tma_problem(TMA, p, (9, 0), 8).startswith("k_cache: the tma loop needs a page_block_size")
+    # an empty contiguous cache: no tensor map (a zero extent); the chosen config falls back
+    empty = p.replace(seqlen_k=0)
+    assert FAM.tma_problem(TMA, empty, (9, 0), 0).startswith("k_cache: the tma loop needs a cache of at least one row")
+    assert FAM.tma_problem(TMA, empty, (9, 0), 16) == ""
+    assert not FAM.call_config(TMA, empty, (9, 0), 0, chosen=True).tma
 
 
 def test_call_config(monkeypatch):

@@ -485,6 +485,9 @@ class DecodeSplitKV(Family):
         if page_size % TMA_PAGE_MULTIPLE:
             return (f"k_cache: the tma loop needs a page_block_size that is a multiple of "
                     f"{TMA_PAGE_MULTIPLE}, got {page_size}")
+        if not page_size and problem.seqlen_k == 0:
+            return ("k_cache: the tma loop needs a cache of at least one row (a tensor map has no "
+                    "zero-extent dimension), got seqlen_cache=0")
         return ""
 
     def call_config(self, config, problem: Problem, arch, page_size: int, chosen: bool,
