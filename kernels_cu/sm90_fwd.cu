@@ -159,6 +159,7 @@
 #include "ptx_sm90_bulk.cuh"
 #include "ptx_sm90_store.cuh"
 #include "varlen.cuh"
+#include "softmax_fold.cuh"
 
 namespace cuflash {
 
@@ -309,7 +310,7 @@ struct Sm90TileRing {
 template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
           class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
-          bool kVarlen = false>
+          bool kVarlen = false, bool kLazyRescale = false, int kFoldCap = 0>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore>;
@@ -333,6 +334,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     // not allow for; and a TMA store of O would write a box's rows past the sequence's end, into
     // the next sequence's rows (TMA clips only at the packed tensor's end)
     static_assert(!kVarlen || (!kDynamic && !kTmaStore), "varlen runs without kDynamic and kTmaStore");
+    static_assert(kFoldCap >= 0 && kFoldCap <= 2 && (!kFoldCap || kSoftcap),
+                  "kFoldCap (0, 1, 2) folds the softcap: it needs kSoftcap");
+    static_assert(!(kLazyRescale || kFoldCap) || (kEmuExp2 == 0 && !kDropout),
+                  "kLazyRescale / kFoldCap run the plain exp2 and no dropout (softmax_fold.cuh)");
     Sm90TileRing<kConsumers> ring{smem + Shape::kRingOffset,
                                   reinterpret_cast<int*>(smem_raw + (smem - smem_u32(smem_raw)) +
                                                          Shape::kRingOffset + 32)};
@@ -480,6 +485,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     u32 p_frag[1][kBN / 16][4];                            // P_{j-1} as 16-bit A fragments
     float alpha[1][2];                                     // O's rescale for block j, per row
     Dropout dropout{};                                     // kDropout: this launch's keep mask and scale
+    // kFoldCap: S is kept as t = tanh(S·softcap_in) (softmax_fold.cuh), so the exp2's and the LSE's
+    // scales take the factor softcap_out; else the params' own
+    const float scale_log2 = kFoldCap ? p.scale_log2 * p.softcap_out : p.scale_log2;
+    bool rescale = true;                                   // kLazyRescale: O needs alpha this block
     if constexpr (kDropout)
         dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
 
@@ -531,7 +540,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 st_shared_u32(o_stage + (nt / 8) * Shape::kOStageChunkBytes + row * 128 + (((nt % 8) ^ g) * 16) + 4 * t,
                               pack2<Elem>(o_acc[0][nt][2 * half] * inv_l, o_acc[0][nt][2 * half + 1] * inv_l));
             const int r = warp_row0 + g + 8 * half;
-            if (t == 0 && r < p.seqlen_q) lse_gmem[r] = softmax_lse(m[0][half], l_row, p.softmax_scale);
+            if (t == 0 && r < p.seqlen_q) lse_gmem[r] = softmax_lse(m[0][half], l_row, kFoldCap ? p.softmax_scale * p.softcap_out : p.softmax_scale);
         }
         fence_proxy_async_smem();                           // the stores, visible to TMA
         named_barrier_sync(4 + wg, 128);
@@ -565,6 +574,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                                                p.alibi_batch_stride, at.batch, at.head,
                                                p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q,
                                                kVarlen ? seq.seqlen_k : p.seqlen_k);
+        // kFoldCap's form of the same modifiers (softmax_fold.cuh); unused without it
+        const FoldedScoreMod<kSoftcap && kFoldCap != 0, kAlibi && kFoldCap != 0> folded(
+            p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride, at.batch, at.head,
+            p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q, kVarlen ? seq.seqlen_k : p.seqlen_k);
 #pragma unroll
         for (int nt = 0; nt < kOCols / 8; ++nt)
 #pragma unroll
@@ -586,10 +599,29 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 reg_fence(s_flat);
                 mbarrier_arrive(k_empty(slot));
                 if (j == n_blocks - 1) mbarrier_arrive(q_empty);
-                score.apply(s_acc, warp_row0, n_block * kBN, g, t);
+                if constexpr (kFoldCap == 2 && !kAlibi) {
+                    // the row max on the raw S (tanh is increasing: softmax_fold.cuh), masked first;
+                    // the mask again after the tanh, which maps -inf to -1
+                    const bool masked = tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block);
+                    float mx[1][2];
+                    if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
+                    softmax_rowmax(s_acc, mx);
+                    folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
+                    if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
+                    mx[0][0] = folded.cap(mx[0][0]);
+                    mx[0][1] = folded.cap(mx[0][1]);
+                    softmax_step_max<kLazyRescale>(s_acc, m, l, mx, scale_log2, alpha, rescale);
+                    return;
+                }
+                if constexpr (kFoldCap) folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
+                else score.apply(s_acc, warp_row0, n_block * kBN, g, t);
                 if (tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block))
                     tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
-                if constexpr (kEmuExp2 == 0)
+                if constexpr (kLazyRescale || kFoldCap) {
+                    float mx[1][2];
+                    softmax_rowmax(s_acc, mx);
+                    softmax_step_max<kLazyRescale>(s_acc, m, l, mx, scale_log2, alpha, rescale);
+                } else if constexpr (kEmuExp2 == 0)
                     softmax_step(s_acc, m, l, p.scale_log2, alpha);
                 else   // kEmuExp2 quarters of S's 8-column tiles take the software exp2
                     softmax_step_emu<kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, p.scale_log2, alpha);
@@ -638,7 +670,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
                 reg_fence(o_flat);
                 mbarrier_arrive(v_empty(prev));    // V_{j-1}'s slot may be refilled
-                softmax_rescale(o_acc, alpha);     // O *= alpha_j: O now relative to m_j
+                if (!kLazyRescale || rescale)      // kLazyRescale: only when m moved
+                    softmax_rescale(o_acc, alpha);     // O *= alpha_j: O now relative to m_j
                 drop_p(j);                         // kDropout: P_j ∘ Z
                 pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
             }
@@ -684,7 +717,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                         *reinterpret_cast<u32*>(o_row + col) =
                             pack2<Elem>(o_acc[0][nt][2 * half] * inv_l, o_acc[0][nt][2 * half + 1] * inv_l);
                 }
-                if (t == 0) lse_gmem[r] = softmax_lse(m[0][half], l_row, p.softmax_scale);
+                if (t == 0) lse_gmem[r] = softmax_lse(m[0][half], l_row, kFoldCap ? p.softmax_scale * p.softcap_out : p.softmax_scale);
             }
         }
     }

@@ -160,9 +160,11 @@ def test_plain_names_and_encoding_unchanged():
     assert cfg.kernel_name() == ("cuflash::sm90_fwd<128, 176, 2, 2, true, false, 128, cuflash::bf16, "
                                  "true, false, false, false>")
     assert "emu_exp2" not in FAM.encode(cfg)
-    # dataclass field order: emu_exp2 right after dropout (the scheduler's and varlen's fields after it)
+    # dataclass field order: emu_exp2 right after dropout (the scheduler's and varlen's fields after
+    # it, then the softmax variants of feature calls)
     fields = list(Sm90FwdConfig.__dataclass_fields__)
-    assert fields[fields.index("dropout") + 1] == "emu_exp2" and fields[-1] == "varlen"
+    assert fields[fields.index("dropout") + 1] == "emu_exp2"
+    assert fields.index("varlen") < fields.index("lazy_rescale") < fields.index("fold_cap")
 
 
 def test_emu_names_template_and_encoding():

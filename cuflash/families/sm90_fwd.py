@@ -85,6 +85,23 @@ HEURISTIC_DYNAMIC = True
 # its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
 SCHED_L2_BYTES = 32 * 1024 * 1024
 SCHED_RING_BYTES = 8 * 4 + 4 * 2
+# Calls with window / softcap / ALiBi (no dropout, fixed lengths): the schedule and softmax
+# variants the heuristic gives them, each switched on only by a measurement of
+# tests/features_overhead_timing.py (bf16 d128 8k batch 2 x 16 heads, causal and not, against the
+# plain call of the same process; results/NVIDIA_H100_80GB_HBM3/features_overhead.json):
+#   FEATURE_DYNAMIC       the plain call's schedule (HEURISTIC_DYNAMIC: persistent CTAs with the
+#                         dynamic scheduler, and the TMA-store epilogue where the plain call takes
+#                         it at d128 below 16k keys) also with features
+#   FEATURE_LAZY_RESCALE  lazy_rescale (kLazyRescale: O rescaled only when the max moves by > 2^8)
+#   SOFTCAP_FOLD          fold_cap with softcap (kFoldCap: 1, one multiply per score fewer; 2,
+#                         also the max on the raw scores); 0 off
+#   SOFTCAP_BN            {head dim: BN} of softcap calls without a window (else the plain BN)
+#   WINDOW_BN             {head dim: BN} of window calls (else window_tiles': BN divides BM)
+FEATURE_DYNAMIC = False
+FEATURE_LAZY_RESCALE = False
+SOFTCAP_FOLD = 0
+SOFTCAP_BN: dict = {}
+WINDOW_BN: dict = {}
 # Variable-length batches (kVarlen): the features that run with varlen, each set's varlen
 # instantiations checked to compile without spills at the heuristic's tiles (nvcc 13.0, sm_90a;
 # tests/test_sm90_varlen_cpu.py: 168 registers, no spill at d64 and d128, causal and not); any
@@ -133,6 +150,13 @@ class Sm90FwdConfig(KernelConfig):
     varlen:    variable-length batches (kVarlen, kernels_cu/varlen.cuh: packed (total, heads, d)
                tensors, per-sequence offsets from cu_seqlens), set from the call (``for_problem``),
                never tuned
+    lazy_rescale: FlashAttention-4's lazy rescale (kLazyRescale, kernels_cu/softmax_fold.cuh): the
+               running max moves only by more than 2^8 in P, and O is rescaled only then; with
+               window / softcap / ALiBi (FEATURE_LAZY_RESCALE), not with dropout or emu_exp2
+    fold_cap:  0, 1 or 2: softcap folded into the softmax's scale (kFoldCap, softmax_fold.cuh): 1,
+               the scores kept as t = tanh(S·scale / softcap) (one multiply fewer per score); 2,
+               also the row max taken on the raw S, apart from the tanhs (without ALiBi: else as
+               1); needs softcap, not with dropout or emu_exp2 (SOFTCAP_FOLD)
     """
 
     BM: int
@@ -152,6 +176,8 @@ class Sm90FwdConfig(KernelConfig):
     dynamic: bool = False
     tma_store: bool = False
     varlen: bool = False
+    lazy_rescale: bool = False
+    fold_cap: int = 0
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -169,7 +195,8 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_tmao' if self.tma_store else ''}"
                 f"{'_drop' if self.dropout else ''}"
                 f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{name_suffix(self)}"
-                f"{'_varlen' if self.varlen else ''}")
+                f"{'_varlen' if self.varlen else ''}{'_lazy' if self.lazy_rescale else ''}"
+                f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -202,8 +229,11 @@ class Sm90FwdConfig(KernelConfig):
         tail = [f"{'true' if self.dropout else 'false'}", f"{self.emu_exp2}",   # kDropout, kEmuExp2
                 f"{'true' if self.dynamic else 'false'}",                         # kDynamic
                 f"{'true' if self.tma_store else 'false'}",                       # kTmaStore
-                f"{'true' if self.varlen else 'false'}"]                          # kVarlen last
-        used = (5 if self.varlen else 4 if self.tma_store else 3 if self.dynamic else
+                f"{'true' if self.varlen else 'false'}",                          # kVarlen
+                f"{'true' if self.lazy_rescale else 'false'}",                    # kLazyRescale
+                f"{self.fold_cap}"]                                               # kFoldCap last
+        used = (7 if self.fold_cap else 6 if self.lazy_rescale else 5 if self.varlen else
+                4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
         return (f"cuflash::sm90_fwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{'true' if self.pingpong else 'false'}, {'true' if self.persistent else 'false'}, "
@@ -214,7 +244,8 @@ class Sm90FwdConfig(KernelConfig):
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
-                self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen)
+                self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen,
+                self.lazy_rescale, self.fold_cap)
 
     def _problems(self) -> list[str]:
         out = []
@@ -253,6 +284,16 @@ class Sm90FwdConfig(KernelConfig):
             out.append("varlen with dynamic / tma_store: a varlen CTA skips tiles past its sequence's "
                        "end, which the dynamic scheduler's turn count does not allow for, and a TMA "
                        "store would write a box's rows past the sequence's end into the next one's")
+        if self.fold_cap not in (0, 1, 2):
+            out.append(f"fold_cap must be 0, 1 or 2, got {self.fold_cap}")
+        elif self.fold_cap and not self.softcap:
+            out.append("fold_cap folds the softcap into the softmax's scale: it needs softcap")
+        elif self.fold_cap == 2 and not self.lazy_rescale:
+            out.append("fold_cap=2 needs lazy_rescale (without it ptxas, nvcc 13.0, spilled ~300 "
+                       "bytes at BN 176)")
+        if (self.lazy_rescale or self.fold_cap) and (self.dropout or self.emu_exp2):
+            out.append("lazy_rescale / fold_cap run the plain exp2 without dropout "
+                       "(kernels_cu/softmax_fold.cuh): not with dropout or emu_exp2")
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
@@ -449,6 +490,12 @@ class Sm90Forward(Family):
             config = config.replace(dropout=dropout, varlen=varlen)
         if dropout and config.emu_exp2:   # not implemented with dropout: the plain exp2 (a speed knob)
             config = config.replace(emu_exp2=0)
+        # the softmax variants (speed knobs): fold_cap only with softcap, neither with dropout or
+        # emu_exp2 (kernels_cu/softmax_fold.cuh)
+        if config.fold_cap and ("softcap" not in problem.features or dropout or config.emu_exp2):
+            config = config.replace(fold_cap=0)
+        if config.lazy_rescale and (dropout or config.emu_exp2):
+            config = config.replace(lazy_rescale=False)
         return self.with_features(config, problem)
 
     def _fields(self, config):
@@ -457,7 +504,8 @@ class Sm90Forward(Family):
         # emu_exp2 only when on, so a plain config's encoded form is unchanged by the knob
         # dynamic likewise: only when on
         return ((k, v) for k, v in super()._fields(config)
-                if k not in ("dropout", "varlen") and not (k in ("emu_exp2", "dynamic", "tma_store") and not v))
+                if k not in ("dropout", "varlen")
+                and not (k in ("emu_exp2", "dynamic", "tma_store", "lazy_rescale", "fold_cap") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -506,9 +554,18 @@ class Sm90Forward(Family):
                 bn, tma_store = 160, True
         if "dropout" in problem.features:   # (with a window too: window_tiles' BN is no wider)
             bn = min(bn, DROPOUT_BN[d])
+        feature_call = bool(problem.features) and "dropout" not in problem.features \
+            and not is_varlen(problem)
+        if FEATURE_DYNAMIC and feature_call and HEURISTIC_DYNAMIC:   # (measured: module note)
+            persistent = dynamic = True
+            if d == 128 and problem.seqlen_k < 16384:
+                bn, tma_store = 160, True
+        if "softcap" in problem.features and d in SOFTCAP_BN:
+            bn = SOFTCAP_BN[d]
         if "window" in problem.features:
             # (also under ALiBi: ptxas spilled with both at BN 192 (d64) / 176 (d128), not at 128)
             bn, persistent = window_tiles(d)
+            bn = WINDOW_BN.get(d, bn)
             dynamic = dynamic and persistent
         if is_varlen(problem):
             dynamic = tma_store = False
@@ -518,6 +575,10 @@ class Sm90Forward(Family):
                             dynamic=dynamic, tma_store=tma_store)
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
+            if SOFTCAP_FOLD and not cfg.emu_exp2:
+                cfg = cfg.replace(fold_cap=SOFTCAP_FOLD)
+        if FEATURE_LAZY_RESCALE and feature_call and not cfg.emu_exp2:
+            cfg = cfg.replace(lazy_rescale=True)
         return first_fitting(cfg, ({"tma_store": False}, {"BN": 64, "tma_store": False},
                                    {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False,
                                     "tma_store": False}),
