@@ -146,6 +146,15 @@
 //              so the next sequence's V rows add 0 · V to O. LSE in flash-attn's varlen layout
 //              (nheads, total_q). Dropout and ALiBi are keyed by the sequence index and the rows
 //              within the sequence, as in fa2_fwd's varlen kernel
+//   kLazyRescale the running max moves only when a block's max exceeds it by more than 2^8 in P
+//              (softmax_fold.cuh: FlashAttention-4's lazy rescale), and O *= alpha runs only for the
+//              threads whose rows moved; not with kDropout or kEmuExp2
+//   kFoldCap   0, 1, 2 (kSoftcap only): 1, S kept as t = tanh(S·softcap_in) with the softmax's and
+//              the LSE's scales times softcap_out (softmax_fold.cuh FoldedScoreMod: one multiply per
+//              score fewer); 2, also the row max on the raw S before the tanhs (tanh is increasing;
+//              without kAlibi, else as 1), the masked blocks masked before the max and again after
+//              the tanh (tanh(-inf) = -1). 0 and kLazyRescale false, the defaults: the code of the
+//              kernel before they existed
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
