@@ -153,8 +153,12 @@
 //              the LSE's scales times softcap_out (softmax_fold.cuh FoldedScoreMod: one multiply per
 //              score fewer); 2, also the row max on the raw S before the tanhs (tanh is increasing;
 //              without kAlibi, else as 1), the masked blocks masked before the max and again after
-//              the tanh (tanh(-inf) = -1). 0 and kLazyRescale false, the defaults: the code of the
-//              kernel before they existed
+//              the tanh (tanh(-inf) = -1); 3, as 2, but where the host allows it for the call's cap
+//              (params.softcap_fixed_m <= 1: 2·softcap·log2(e) <= 100, so P = exp2(k (t - 1)) >=
+//              2^-100 never underflows) the running max is that fixed value (t <= 1), no row max
+//              and, with kLazyRescale, no O rescale after the first block. 2 and 3 need
+//              kLazyRescale. 0 and kLazyRescale false, the defaults: the code of the kernel
+//              before they existed
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
@@ -343,8 +347,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     // not allow for; and a TMA store of O would write a box's rows past the sequence's end, into
     // the next sequence's rows (TMA clips only at the packed tensor's end)
     static_assert(!kVarlen || (!kDynamic && !kTmaStore), "varlen runs without kDynamic and kTmaStore");
-    static_assert(kFoldCap >= 0 && kFoldCap <= 2 && (!kFoldCap || kSoftcap),
-                  "kFoldCap (0, 1, 2) folds the softcap: it needs kSoftcap");
+    static_assert(kFoldCap >= 0 && kFoldCap <= 3 && (!kFoldCap || kSoftcap),
+                  "kFoldCap (0..3) folds the softcap: it needs kSoftcap");
+    static_assert(kFoldCap < 2 || kLazyRescale, "kFoldCap 2, 3 run with kLazyRescale");
     static_assert(!(kLazyRescale || kFoldCap) || (kEmuExp2 == 0 && !kDropout),
                   "kLazyRescale / kFoldCap run the plain exp2 and no dropout (softmax_fold.cuh)");
     Sm90TileRing<kConsumers> ring{smem + Shape::kRingOffset,
@@ -497,6 +502,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     // kFoldCap: S is kept as t = tanh(S·softcap_in) (softmax_fold.cuh), so the exp2's and the LSE's
     // scales take the factor softcap_out; else the params' own
     const float scale_log2 = kFoldCap ? p.scale_log2 * p.softcap_out : p.scale_log2;
+    // kFoldCap 3: the running max is the host's fixed value when it allows one (uniform per launch)
+    const bool fixed_max = kFoldCap == 3 && p.softcap_fixed_m <= 1.f;
     bool rescale = true;                                   // kLazyRescale: O needs alpha this block
     if constexpr (kDropout)
         dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
@@ -608,17 +615,24 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 reg_fence(s_flat);
                 mbarrier_arrive(k_empty(slot));
                 if (j == n_blocks - 1) mbarrier_arrive(q_empty);
-                if constexpr (kFoldCap == 2 && !kAlibi) {
-                    // the row max on the raw S (tanh is increasing: softmax_fold.cuh), masked first;
-                    // the mask again after the tanh, which maps -inf to -1
+                if constexpr (kFoldCap >= 2 && !kAlibi) {
                     const bool masked = tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block);
                     float mx[1][2];
-                    if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
-                    softmax_rowmax(s_acc, mx);
-                    folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
-                    if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
-                    mx[0][0] = folded.cap(mx[0][0]);
-                    mx[0][1] = folded.cap(mx[0][1]);
+                    if (kFoldCap == 3 && fixed_max) {
+                        // t <= 1: the host's fixed max (params_sm90.cuh softcap_fixed_m), no row max
+                        folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
+                        if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
+                        mx[0][0] = mx[0][1] = p.softcap_fixed_m;
+                    } else {
+                        // the row max on the raw S (tanh is increasing: softmax_fold.cuh), masked
+                        // first; the mask again after the tanh, which maps -inf to -1
+                        if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
+                        softmax_rowmax(s_acc, mx);
+                        folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
+                        if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
+                        mx[0][0] = folded.cap(mx[0][0]);
+                        mx[0][1] = folded.cap(mx[0][1]);
+                    }
                     softmax_step_max<kLazyRescale>(s_acc, m, l, mx, scale_log2, alpha, rescale);
                     return;
                 }

@@ -14,7 +14,8 @@ Rows per mask, every one timed in the same process, samples interleaved
     candidate forward config of fwd_candidates (the heuristic's first, then the variants the
     heuristic's module constants choose between: sm90_fwd FEATURE_DYNAMIC, FEATURE_LAZY_RESCALE,
     SOFTCAP_FOLD, SOFTCAP_BN), the forward alone and forward + backward (torch autograd, the
-    backward by selection: sm90_bwd's heuristic).
+    backward by selection: sm90_bwd's heuristic); for the window also forward + backward with
+    the backward variants of bwd_candidates (the heuristic forward).
 Columns: ms, x plain (the feature call over the plain call of the same pass), x cuDNN (over SDPA
 cuDNN's plain call of the same pass) and, for the window, x visible: x plain over the window's
 visible fraction of the plain call's score elements (cuflash.band.visible_fraction). The
@@ -63,22 +64,21 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN):
         base = base.replace(BN=128, persistent=True)      # window_tiles' shape, static schedule
         variants = [("static", base),
                     ("dyn_tmao", base.replace(**dyn)),
-                    ("dyn_tmao_lazy", base.replace(**dyn, lazy_rescale=True)),
-                    ("static_lazy", base.replace(lazy_rescale=True))]
+                    ("dyn_tmao_lazy", base.replace(**dyn, lazy_rescale=True))]
     elif feature == "softcap":
         base = base.replace(BN=176, persistent=False, emu_exp2=0)   # the shipped softcap tile
         variants = [("bn176", base),
                     ("fold1", base.replace(fold_cap=1)),
                     ("fold1_lazy", base.replace(fold_cap=1, lazy_rescale=True)),
                     ("fold2_lazy", base.replace(fold_cap=2, lazy_rescale=True)),
-                    ("fold2_lazy_bn128", base.replace(BN=128, fold_cap=2, lazy_rescale=True)),
+                    ("fold3_lazy", base.replace(fold_cap=3, lazy_rescale=True)),
+                    ("fold3_lazy_bn144", base.replace(BN=144, fold_cap=3, lazy_rescale=True)),
                     ("fold1_lazy_dyn_tmao", base.replace(BN=160, fold_cap=1, lazy_rescale=True, **dyn))]
     elif feature == "alibi":
         base = base.replace(BN=176, persistent=False)
         variants = [("bn176", base),
                     ("dyn_tmao", base.replace(BN=160, **dyn)),
-                    ("dyn_tmao_lazy", base.replace(BN=160, lazy_rescale=True, **dyn)),
-                    ("lazy", base.replace(lazy_rescale=True))]
+                    ("dyn_tmao_lazy", base.replace(BN=160, lazy_rescale=True, **dyn))]
     else:
         variants = []
     out, seen = [("heuristic", "heuristic", heur)], {heur}
@@ -88,6 +88,22 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN):
             continue
         seen.add(cfg)
         out.append((key, key, cfg))
+    return out
+
+
+def bwd_candidates(feature, causal, seqlen=SEQLEN):
+    """[(key, config)] of backward variants timed in the forward + backward pass next to the
+    backward's heuristic (window only: its backward dominates its forward + backward)."""
+    if feature != "window":
+        return []
+    fam = registry.get("sm90_bwd")
+    p = problem(feature, causal, seqlen).replace(op="bwd")
+    heur = fam.for_problem(fam.heuristic(p), p)
+    out = []
+    for key, kw in (("bwd_dqb", dict(dq_writer=False, dq_bulk=True)), ("bwd_s3", dict(stages=3))):
+        cfg = fam.for_problem(heur.replace(**kw), p)
+        if cfg != heur and not cfg.problems(MAX_SMEM):
+            out.append((key, cfg))
     return out
 
 
@@ -102,6 +118,7 @@ def all_configs(seqlen=SEQLEN):
         for feature in (None,) + FEATURES:
             p = problem(feature, causal, seqlen)
             cfgs += [c for _, _, c in fwd_candidates(feature, causal, seqlen)]
+            cfgs += [c for _, c in bwd_candidates(feature, causal, seqlen)]
             cfgs.append(select.choose(p, arch, name, smem)[1])
             cfgs.append(select.choose(p.replace(op="bwd"), arch, name, smem)[1])
     return list(dict.fromkeys(cfgs))
@@ -151,9 +168,12 @@ def main():
                   "alibi": dict(alibi_slopes=slopes)}
         vis = visible_fraction(s, s, causal, WINDOW[causal])
         entries = {"plain": (None, "selection", None)}
+        bwd_entries = {}     # forward + backward only: the heuristic forward, a backward variant
         for feature in FEATURES:
             for key, label, cfg in fwd_candidates(feature, causal, s):
                 entries[f"{feature}:{key}"] = (feature, label, cfg)
+            for key, bcfg in bwd_candidates(feature, causal, s):
+                bwd_entries[f"{feature}:{key}"] = (feature, key, bcfg)
 
         def fwd_fn(feature, cfg):
             kw = kwargs[feature]
@@ -170,11 +190,11 @@ def main():
             qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
             qgt, kgt, vgt = (x.transpose(1, 2) for x in (qg, kg, vg))
 
-            def fwdbwd_fn(feature, cfg):
+            def fwdbwd_fn(feature, cfg, bcfg=None):
                 kw = kwargs[feature]
 
                 def fn():
-                    out = cuflash.flash_attn_func(qg, kg, vg, causal=causal, config=cfg, **kw)
+                    out = cuflash.flash_attn_func(qg, kg, vg, causal=causal, config=cfg, bwd_config=bcfg, **kw)
                     out.backward(dout)
                 return fn
 
@@ -183,8 +203,9 @@ def main():
                     out = F.scaled_dot_product_attention(qgt, kgt, vgt, is_causal=causal)
                 out.backward(dout.transpose(1, 2))
 
-            passes.append(("fwdbwd", {name: fwdbwd_fn(f, c) for name, (f, _, c) in entries.items()},
-                           sdpa_fwdbwd))
+            fns = {name: fwdbwd_fn(f, c) for name, (f, _, c) in entries.items()}
+            fns.update({name: fwdbwd_fn(f, None, b) for name, (f, _, b) in bwd_entries.items()})
+            passes.append(("fwdbwd", fns, sdpa_fwdbwd))
         for pass_name, fns, sdpa_fn in passes:
             fns = dict(fns, sdpa_cudnn=sdpa_fn)
             for name, fn in fns.items():   # compile / plan outside the timing; fail loudly here
@@ -193,7 +214,8 @@ def main():
             times = time_interleaved(fns, reps=args.reps, back_to_back=3)
             plain, cudnn = times["plain"].median_ms, times["sdpa_cudnn"].median_ms
             for name, t in times.items():
-                feature, label, cfg = entries.get(name, (None, "SDPA cuDNN (plain)", None))
+                feature, label, cfg = entries.get(name) or bwd_entries.get(name) \
+                    or (None, "SDPA cuDNN (plain)", None)
                 x_plain = t.median_ms / plain
                 x_vis = x_plain / vis if feature == "window" else None
                 mark = "*" if label == "heuristic" else " "

@@ -60,8 +60,9 @@ def test_names_and_template_tail():
 
 @pytest.mark.parametrize("kw, words", [
     (dict(fold_cap=1), "needs softcap"),
-    (dict(softcap=True, fold_cap=3), "must be 0, 1 or 2"),
+    (dict(softcap=True, fold_cap=4), "must be one of"),
     (dict(softcap=True, fold_cap=2), "needs lazy_rescale"),
+    (dict(softcap=True, fold_cap=3), "needs lazy_rescale"),
     (dict(softcap=True, fold_cap=1, emu_exp2=1), "not with dropout or emu_exp2"),
     (dict(lazy_rescale=True, dropout=True, BN=128), "not with dropout or emu_exp2"),
 ])
@@ -96,7 +97,7 @@ def test_switches_off_keep_the_shipped_heuristic():
 def test_switches_on(monkeypatch, features, causal):
     monkeypatch.setattr(sm90_fwd, "FEATURE_DYNAMIC", True)
     monkeypatch.setattr(sm90_fwd, "FEATURE_LAZY_RESCALE", True)
-    monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD", 2)
+    monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD", 3)
     monkeypatch.setattr(sm90_fwd, "SOFTCAP_BN", {128: 144})
     monkeypatch.setattr(sm90_fwd, "WINDOW_BN", {128: 64})
     p = prob(features, causal)
@@ -104,7 +105,7 @@ def test_switches_on(monkeypatch, features, causal):
     assert not c.problems(227 * 1024), c.problems()
     dropout = "dropout" in features
     assert c.lazy_rescale == (not dropout)
-    assert c.fold_cap == (2 if "softcap" in features and not dropout else 0)
+    assert c.fold_cap == (3 if "softcap" in features and not dropout else 0)
     assert c.dynamic == (not dropout)
     assert c.persistent or (dropout and "window" not in features)
     if "window" in features:
@@ -172,6 +173,45 @@ def test_folded_softcap_is_the_same_exponent():
     # the max of t is tanh of the raw max (tanh is increasing), the LSE's scale softcap
     assert np.tanh(s.max() * scale / cap) == t.max()
     assert np.isclose(scale * (cap / scale), cap)
+
+
+def test_fixed_max_bound():
+    f = sm90_fwd.softcap_fixed_m
+    assert f(prob(("softcap",), softcap=30.0)) == 1.0
+    assert f(prob(("softcap",), softcap=34.6)) == 1.0      # 2 · 34.6 · log2(e) = 99.8
+    assert f(prob(("softcap",), softcap=34.7)) == 2.0
+    assert f(prob(("softcap",), softcap=50.0)) == 2.0      # Gemma 2's attention cap: the row max
+    assert f(prob(("window",))) == 2.0
+    # the params carry it only for fold_cap 3
+    p = prob(("softcap",))
+    fields = FAM.static_params(cfg(softcap=True, fold_cap=3, lazy_rescale=True), p, _strides(p), {},
+                               128 ** -0.5, 132)
+    assert fields["softcap_fixed_m"] == 1.0
+    fields = FAM.static_params(cfg(softcap=True, fold_cap=2, lazy_rescale=True), p, _strides(p), {},
+                               128 ** -0.5, 132)
+    assert fields["softcap_fixed_m"] == 2.0
+
+
+def _strides(p):
+    row = p.nheads * p.head_dim
+    st = (p.seqlen_q * row, row, p.head_dim, 1)
+    return {"q": st, "k": st, "v": st, "o": st}
+
+
+def test_fixed_max_mirror():
+    """P = exp2(k (t - 1)) with the fixed max 1 (t units) gives the softmax of the capped scores,
+    and no P underflows at the bound (2k <= 100)."""
+    rng = np.random.default_rng(2)
+    for cap in (5.0, 30.0, 34.6):
+        k = cap * np.log2(np.e)
+        t = np.tanh(rng.standard_normal(4000) * 300 / cap)
+        t[:3] = -1.0
+        p = np.exp2(k * (t - 1))
+        assert p.min() >= 2.0 ** -100 and p.max() <= 1
+        ref = np.exp(cap * t - (cap * t).max())
+        assert np.allclose(p / p.sum(), ref / ref.sum(), rtol=1e-10, atol=0)
+        lse = 1 * cap + np.log(p.sum())                  # m · (softmax_scale · softcap_out) + log l
+        assert np.isclose(lse, np.log(np.exp(cap * t).sum()))
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """sm90_fwd's variants for calls with window / softcap / ALiBi on the GPU (issue 12's overheads):
 lazy rescaling (lazy_rescale, kLazyRescale), the softcap folded into the softmax's scale
-(fold_cap 1 and 2, kFoldCap: kernels_cu/softmax_fold.cuh) and the dynamic scheduler with the
+(fold_cap 1, 2 and 3, kFoldCap: kernels_cu/softmax_fold.cuh; 3's fixed max and its fallback to
+the row max above the cap's bound) and the dynamic scheduler with the
 TMA-store epilogue next to the features. The FlashAttention way: fresh random inputs, outputs
 poisoned (NaN) before each launch, error vs the float64 reference (tests/test_features_gpu.py's
 torch code) within 2x the error of the same attention computed in the same low precision; LSE
@@ -8,7 +9,7 @@ within 1e-2 and +inf exactly on the rows with no visible key; seqlens 1, 17, 113
 s_q != s_k, MHA / GQA / MQA; window edges (bounds 0, 1, a block's width, unaligned), causal +
 window, and scores large enough that the running max moves by far more than the lazy threshold.
 
-11 compiled kernels (KERNELS, d128 bf16; 8 of them shared with tests/features_overhead_timing.py,
+12 compiled kernels (KERNELS, d128 bf16; 8 of them shared with tests/features_overhead_timing.py,
 which precompiles all of them in parallel):
     python tests/features_overhead_timing.py --precompile
     CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q tests/test_features_opt_gpu.py
@@ -46,6 +47,9 @@ KERNELS = [
      [((-1, -1), 30.0, None), ((-1, -1), 5.0, None)]),
     ("cap_fold2_lazy_full", cfg(False, 176, softcap=True, fold_cap=2, lazy_rescale=True),
      [((-1, -1), 30.0, None), ((-1, -1), 50.0, None)]),
+    # fold_cap 3: the fixed max at softcap 30 and 5, the row max at 50 (2·50·log2(e) > 100)
+    ("cap_fold3_lazy_full", cfg(False, 176, softcap=True, fold_cap=3, lazy_rescale=True),
+     [((-1, -1), 30.0, None), ((-1, -1), 5.0, None), ((-1, -1), 50.0, None)]),
     ("cap_fold1_lazy_dyn_tmao_causal", cfg(True, 160, softcap=True, fold_cap=1, lazy_rescale=True, **DYN),
      [((-1, -1), 30.0, None)]),
     ("alibi_dyn_tmao_lazy_causal", cfg(True, 160, alibi=True, lazy_rescale=True, **DYN),
@@ -59,9 +63,9 @@ KERNELS = [
      [((200, 0), 10.0, "h")]),
     ("cap_alibi_fold2_lazy_full", cfg(False, 176, softcap=True, alibi=True, fold_cap=2, lazy_rescale=True),
      [((-1, -1), 30.0, "bh")]),
-    ("win_cap_fold2_lazy_dyn_tmao_causal", cfg(True, 128, window=True, softcap=True, fold_cap=2,
+    ("win_cap_fold3_lazy_dyn_tmao_causal", cfg(True, 128, window=True, softcap=True, fold_cap=3,
                                                lazy_rescale=True, **DYN),
-     [((256, 0), 30.0, None)]),
+     [((256, 0), 30.0, None), ((256, 0), 60.0, None)]),
 ]
 SEQLENS = [(1, 17), (17, 1), (113, 1023), (1023, 113), (2049, 1023), (1023, 2049), (2049, 2049)]
 HEADS = ("mha", "gqa", "mqa")

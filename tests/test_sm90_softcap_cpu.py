@@ -171,7 +171,9 @@ def test_emu_names_template_and_encoding():
     cfg = Sm90FwdConfig(128, 176, 2, 2, True, False, 128, "bf16", True, softcap=True, emu_exp2=2)
     assert cfg.name.endswith("_emu2_cap")   # the feature suffix stays last
     assert cfg.kernel_name().endswith("true, false, true, false, false, 2>")   # ..., kDropout, kEmuExp2
-    assert cfg.template_args()[-5:-3] == (False, 2)     # then kDynamic, kTmaStore, kVarlen
+    args = cfg.template_args()      # then kDynamic, kTmaStore, kVarlen, kLazyRescale, kFoldCap
+    emu = list(Sm90FwdConfig.__dataclass_fields__).index("emu_exp2")
+    assert args[emu - 1:emu + 1] == (False, 2) and args[-2:] == (False, 0)
     text = FAM.encode(cfg)
     assert text.endswith(",emu_exp2=2")
     back = FAM.decode(text, "bf16", True).replace(softcap=True)

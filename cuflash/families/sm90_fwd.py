@@ -40,6 +40,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import math
 from typing import Optional
 
 import numpy as np
@@ -94,12 +95,27 @@ SCHED_RING_BYTES = 8 * 4 + 4 * 2
 #                         it at d128 below 16k keys) also with features
 #   FEATURE_LAZY_RESCALE  lazy_rescale (kLazyRescale: O rescaled only when the max moves by > 2^8)
 #   SOFTCAP_FOLD          fold_cap with softcap (kFoldCap: 1, one multiply per score fewer; 2,
-#                         also the max on the raw scores); 0 off
+#                         also the max on the raw scores; 3, a fixed max where the cap allows it);
+#                         0 off
 #   SOFTCAP_BN            {head dim: BN} of softcap calls without a window (else the plain BN)
 #   WINDOW_BN             {head dim: BN} of window calls (else window_tiles': BN divides BM)
 FEATURE_DYNAMIC = False
 FEATURE_LAZY_RESCALE = False
 SOFTCAP_FOLD = 0
+# fold_cap's values, and the largest cap whose fold_cap 3 runs the fixed max: P = exp2(k (t - 1))
+# with k = softcap·log2(e) stays >= 2^-100 over t in [-1, 1] (2k <= 100), so no visible score's
+# P underflows whatever the row's own max (above it the kernel computes the row max, as 2).
+FOLD_CAP = (0, 1, 2, 3)
+FIXED_MAX_LOG2_RANGE = 100.0
+
+
+def softcap_fixed_m(problem: Problem) -> float:
+    """params.softcap_fixed_m of a call: 1 (t's upper bound) where the cap allows a fixed running max
+    (FIXED_MAX_LOG2_RANGE), else 2 (the kernel computes the row max); 2 without softcap."""
+    cap = problem.softcap if "softcap" in problem.features else 0.0
+    if cap > 0 and 2 * cap * math.log2(math.e) <= FIXED_MAX_LOG2_RANGE:
+        return 1.0
+    return 2.0
 SOFTCAP_BN: dict = {}
 WINDOW_BN: dict = {}
 # Variable-length batches (kVarlen): the features that run with varlen, each set's varlen
@@ -153,10 +169,12 @@ class Sm90FwdConfig(KernelConfig):
     lazy_rescale: FlashAttention-4's lazy rescale (kLazyRescale, kernels_cu/softmax_fold.cuh): the
                running max moves only by more than 2^8 in P, and O is rescaled only then; with
                window / softcap / ALiBi (FEATURE_LAZY_RESCALE), not with dropout or emu_exp2
-    fold_cap:  0, 1 or 2: softcap folded into the softmax's scale (kFoldCap, softmax_fold.cuh): 1,
-               the scores kept as t = tanh(S·scale / softcap) (one multiply fewer per score); 2,
-               also the row max taken on the raw S, apart from the tanhs (without ALiBi: else as
-               1); needs softcap, not with dropout or emu_exp2 (SOFTCAP_FOLD)
+    fold_cap:  0..3: softcap folded into the softmax's scale (kFoldCap, softmax_fold.cuh): 1, the
+               scores kept as t = tanh(S·scale / softcap) (one multiply fewer per score); 2, also
+               the row max taken on the raw S, apart from the tanhs; 3, as 2, but a fixed running
+               max (t <= 1) where the cap allows it (softcap_fixed_m: no row max, no O rescale).
+               2 and 3 act as 1 with ALiBi and need lazy_rescale; needs softcap, not with dropout
+               or emu_exp2 (SOFTCAP_FOLD)
     """
 
     BM: int
@@ -284,13 +302,13 @@ class Sm90FwdConfig(KernelConfig):
             out.append("varlen with dynamic / tma_store: a varlen CTA skips tiles past its sequence's "
                        "end, which the dynamic scheduler's turn count does not allow for, and a TMA "
                        "store would write a box's rows past the sequence's end into the next one's")
-        if self.fold_cap not in (0, 1, 2):
-            out.append(f"fold_cap must be 0, 1 or 2, got {self.fold_cap}")
+        if self.fold_cap not in FOLD_CAP:
+            out.append(f"fold_cap must be one of {FOLD_CAP}, got {self.fold_cap}")
         elif self.fold_cap and not self.softcap:
             out.append("fold_cap folds the softcap into the softmax's scale: it needs softcap")
-        elif self.fold_cap == 2 and not self.lazy_rescale:
-            out.append("fold_cap=2 needs lazy_rescale (without it ptxas, nvcc 13.0, spilled ~300 "
-                       "bytes at BN 176)")
+        elif self.fold_cap >= 2 and not self.lazy_rescale:
+            out.append(f"fold_cap={self.fold_cap} needs lazy_rescale (without it ptxas, nvcc 13.0, "
+                       "spilled ~300 bytes at BN 176)")
         if (self.lazy_rescale or self.fold_cap) and (self.dropout or self.emu_exp2):
             out.append("lazy_rescale / fold_cap run the plain exp2 without dropout "
                        "(kernels_cu/softmax_fold.cuh): not with dropout or emu_exp2")
@@ -575,8 +593,8 @@ class Sm90Forward(Family):
                             dynamic=dynamic, tma_store=tma_store)
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
-            if SOFTCAP_FOLD and not cfg.emu_exp2:
-                cfg = cfg.replace(fold_cap=SOFTCAP_FOLD)
+            if SOFTCAP_FOLD and not cfg.emu_exp2:   # (2 and 3 run with lazy_rescale)
+                cfg = cfg.replace(fold_cap=SOFTCAP_FOLD, lazy_rescale=SOFTCAP_FOLD >= 2 or cfg.lazy_rescale)
         if FEATURE_LAZY_RESCALE and feature_call and not cfg.emu_exp2:
             cfg = cfg.replace(lazy_rescale=True)
         return first_fitting(cfg, ({"tma_store": False}, {"BN": 64, "tma_store": False},
@@ -606,7 +624,8 @@ class Sm90Forward(Family):
                     **forward_sizes(problem, softmax_scale), **feature_params(problem, softmax_scale),
                     **dropout_params(problem), tile_counter=0,
                     sched_section=sched_section(problem) if config.dynamic else 1,
-                    cu_seqlens_q=0, cu_seqlens_k=0, total_q=total_q)
+                    cu_seqlens_q=0, cu_seqlens_k=0, total_q=total_q,
+                    softcap_fixed_m=softcap_fixed_m(problem) if config.fold_cap == 3 else 2.0)
 
     def zeroed_counters(self, config, problem: Problem) -> dict:
         """{params field: int32 count} of the counters a plan keeps between calls, zeroed once when
