@@ -58,16 +58,18 @@ __device__ __forceinline__ void softmax_step_max(float (&s)[kMT][kNTS][4], float
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             float m_new = fmaxf(m[mt][half], mx[mt][half]);
+            bool move = true;
             if constexpr (kLazy) {
                 // a row's first visible block always moves m (from -inf: the difference is +inf);
                 // a row masked so far (-inf - -inf = NaN, which fails the compare) keeps m = -inf
-                const bool move = (m_new - m[mt][half]) * scale_log2 > kLazyRescaleLog2;
+                move = (m_new - m[mt][half]) * scale_log2 > kLazyRescaleLog2;
                 m_new = move ? m_new : m[mt][half];
                 rescale |= move;
             }
             // as softmax_step: a row masked so far uses 0 as the offset (no -inf - (-inf))
             const float m_scaled = m_new == neg_inf() ? 0.f : m_new * scale_log2;
-            alpha[mt][half] = exp2_approx(m[mt][half] * scale_log2 - m_scaled);
+            // a row whose m did not move keeps O and l as they are: alpha exactly 1
+            alpha[mt][half] = move ? exp2_approx(m[mt][half] * scale_log2 - m_scaled) : 1.f;
             m[mt][half] = m_new;
             float row_sum = 0.f;
 #pragma unroll

@@ -593,7 +593,7 @@ class Sm90Forward(Family):
                             dynamic=dynamic, tma_store=tma_store)
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
-            if SOFTCAP_FOLD and not cfg.emu_exp2:   # (2 and 3 run with lazy_rescale)
+            if SOFTCAP_FOLD and feature_call and not cfg.emu_exp2:   # (2 and 3 run with lazy_rescale)
                 cfg = cfg.replace(fold_cap=SOFTCAP_FOLD, lazy_rescale=SOFTCAP_FOLD >= 2 or cfg.lazy_rescale)
         if FEATURE_LAZY_RESCALE and feature_call and not cfg.emu_exp2:
             cfg = cfg.replace(lazy_rescale=True)
