@@ -64,21 +64,24 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN):
         base = base.replace(BN=128, persistent=True)      # window_tiles' shape, static schedule
         variants = [("static", base),
                     ("dyn_tmao", base.replace(**dyn)),
-                    ("dyn_tmao_lazy", base.replace(**dyn, lazy_rescale=True))]
+                    ("dyn_tmao_lazy", base.replace(**dyn, lazy_rescale=True)),
+                    ("dyn_lazy", base.replace(persistent=True, dynamic=True, lazy_rescale=True))]
     elif feature == "softcap":
         base = base.replace(BN=176, persistent=False, emu_exp2=0)   # the shipped softcap tile
+        lazy3 = dict(fold_cap=3, lazy_rescale=True)
         variants = [("bn176", base),
                     ("fold1", base.replace(fold_cap=1)),
                     ("fold1_lazy", base.replace(fold_cap=1, lazy_rescale=True)),
                     ("fold2_lazy", base.replace(fold_cap=2, lazy_rescale=True)),
-                    ("fold3_lazy", base.replace(fold_cap=3, lazy_rescale=True)),
-                    ("fold3_lazy_bn144", base.replace(BN=144, fold_cap=3, lazy_rescale=True)),
-                    ("fold1_lazy_dyn_tmao", base.replace(BN=160, fold_cap=1, lazy_rescale=True, **dyn))]
+                    ("fold3_lazy", base.replace(**lazy3)),
+                    ("fold3_lazy_dyn", base.replace(persistent=True, dynamic=True, **lazy3)),
+                    ("fold3_lazy_dyn_tmao_bn144", base.replace(BN=144, **dyn, **lazy3))]
     elif feature == "alibi":
         base = base.replace(BN=176, persistent=False)
         variants = [("bn176", base),
-                    ("dyn_tmao", base.replace(BN=160, **dyn)),
-                    ("dyn_tmao_lazy", base.replace(BN=160, lazy_rescale=True, **dyn))]
+                    ("dyn", base.replace(persistent=True, dynamic=True)),
+                    ("dyn_lazy", base.replace(persistent=True, dynamic=True, lazy_rescale=True)),
+                    ("dyn_tmao_lazy_bn144", base.replace(BN=144, lazy_rescale=True, **dyn))]
     else:
         variants = []
     out, seen = [("heuristic", "heuristic", heur)], {heur}

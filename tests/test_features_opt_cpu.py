@@ -226,14 +226,37 @@ NVCC_CONFIGS = [
 ]
 
 
+def _ptxas_log(configs, arch="sm_90a"):
+    """nvcc -Xptxas -v's whole output for one cubin of `configs` (sm90_fwd): PtxasReport drops the
+    'ptxas info' lines, among them C7520 (every wgmma serialized)."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from cuflash.compile import kernel_param_decl, render_source
+
+    lines = [render_source("sm90_fwd"), '#line 1 "instantiations"']
+    lines += [f"template __global__ void {c.kernel_name()}({kernel_param_decl(FAM)});" for c in configs]
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "sm90_fwd.cu"
+        src.write_text("\n".join(lines) + "\n")
+        proc = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v",
+                               "-o", str(Path(tmp) / "out.cubin"), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stderr + proc.stdout
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_variants_compile_without_spills():
-    from concurrent.futures import ThreadPoolExecutor
+    """No spill, no ptxas warning and no serialized wgmma (C7510-C7515 warnings, C7520 info: a
+    wgmma under a branch ptxas cannot prove uniform serializes every wgmma of the kernel; a
+    per-warpgroup half-block skip of the window's edge blocks was dropped for that reason)."""
+    from cuflash.compile import parse_ptxas
 
-    from cuflash.compile import nvcc_compile
-
-    with ThreadPoolExecutor(2) as ex:
-        reports = list(ex.map(lambda c: nvcc_compile([c], "sm_90a")[0], NVCC_CONFIGS))
-    for c, r in zip(NVCC_CONFIGS, reports):
-        assert r.spill_stores == 0 and r.spill_loads == 0, (c.name, r)
-        assert not r.warnings, (c.name, r.warnings)
+    log = _ptxas_log(NVCC_CONFIGS)
+    reports = parse_ptxas(log)
+    assert len(reports) == len(NVCC_CONFIGS)
+    for r in reports:
+        assert r.spill_stores == 0 and r.spill_loads == 0, r
+        assert not r.warnings, r.warnings
+    assert "C7520" not in log and "serialized" not in log, [l for l in log.splitlines() if "C75" in l]
