@@ -12,8 +12,8 @@ Rows per mask, every one timed in the same process, samples interleaved
     plain call (SDPA takes none of the features);
   * window (1024, 0) causal / (1024, 1024) not, softcap 30, ALiBi ((nheads,) slopes): for every
     candidate forward config of fwd_candidates (the heuristic's first, then the variants the
-    heuristic's module constants choose between: sm90_fwd FEATURE_DYNAMIC, FEATURE_LAZY_RESCALE,
-    SOFTCAP_FOLD, SOFTCAP_BN), the forward alone and forward + backward (torch autograd, the
+    heuristic's module constants choose between: sm90_fwd FEATURE_TILES, FEATURE_LAZY_RESCALE,
+    SOFTCAP_FOLD), the forward alone and forward + backward (torch autograd, the
     backward by selection: sm90_bwd's heuristic); for the window also forward + backward with
     the backward variants of bwd_candidates (the heuristic forward).
 Columns: ms, x plain (the feature call over the plain call of the same pass), x cuDNN (over SDPA

@@ -1,7 +1,7 @@
 """CPU checks of sm90_fwd's variants for calls with window / softcap / ALiBi (issue 12's
 overheads): lazy_rescale (kLazyRescale) and fold_cap (kFoldCap, kernels_cu/softmax_fold.cuh) as
 config fields (names, template arguments, rules, for_problem), the heuristic's module switches
-(FEATURE_DYNAMIC, FEATURE_LAZY_RESCALE, SOFTCAP_FOLD, SOFTCAP_BN, WINDOW_BN), a float64 mirror of
+(FEATURE_TILES, FEATURE_LAZY_RESCALE, SOFTCAP_FOLD), a float64 mirror of
 the lazy rescale and of the folded softcap against the plain online softmax, and nvcc compile
 checks (no spills) of the instantiations the switches can pick.
 """
@@ -84,22 +84,27 @@ def test_for_problem_drops_what_the_call_cannot_take():
 # ---------------------------------------------------------------------------------------
 # the heuristic's switches
 
-def test_switches_off_keep_the_shipped_heuristic():
+def test_switches_off_keep_the_old_heuristic(monkeypatch):
+    monkeypatch.setattr(sm90_fwd, "FEATURE_TILES", {})
+    monkeypatch.setattr(sm90_fwd, "FEATURE_LAZY_RESCALE", False)
+    monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD", 0)
     for causal in (True, False):
         w = FAM.for_problem(FAM.heuristic(prob(("window",), causal)), prob(("window",), causal))
-        assert (w.BN, w.persistent, w.dynamic, w.tma_store, w.lazy_rescale) == (128, True, False, False, False) \
-            or sm90_fwd.FEATURE_DYNAMIC or sm90_fwd.FEATURE_LAZY_RESCALE or sm90_fwd.WINDOW_BN
+        assert (w.BN, w.persistent, w.dynamic, w.tma_store, w.lazy_rescale) == (128, True, False, False, False)
+        c = FAM.for_problem(FAM.heuristic(prob(("softcap",), causal)), prob(("softcap",), causal))
+        assert (c.BN, c.persistent, c.dynamic, c.fold_cap, c.emu_exp2) == (176, False, False, 0, 0)
 
 
 @pytest.mark.parametrize("features", [("window",), ("softcap",), ("alibi",), ("softcap", "window"),
                                       ("alibi", "softcap", "window"), ("dropout",), ("alibi", "dropout")])
 @pytest.mark.parametrize("causal", [True, False])
 def test_switches_on(monkeypatch, features, causal):
-    monkeypatch.setattr(sm90_fwd, "FEATURE_DYNAMIC", True)
+    dyn = dict(persistent=True, dynamic=True, tma_store=True)
+    monkeypatch.setattr(sm90_fwd, "FEATURE_TILES", {128: {"window": dict(BN=64, **dyn),
+                                                          "softcap": dict(BN=144, **dyn),
+                                                          "alibi": dict(BN=160, **dyn)}})
     monkeypatch.setattr(sm90_fwd, "FEATURE_LAZY_RESCALE", True)
     monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD", 3)
-    monkeypatch.setattr(sm90_fwd, "SOFTCAP_BN", {128: 144})
-    monkeypatch.setattr(sm90_fwd, "WINDOW_BN", {128: 64})
     p = prob(features, causal)
     c = FAM.for_problem(FAM.heuristic(p), p)
     assert not c.problems(227 * 1024), c.problems()
@@ -108,16 +113,20 @@ def test_switches_on(monkeypatch, features, causal):
     assert c.fold_cap == (3 if "softcap" in features and not dropout else 0)
     assert c.dynamic == (not dropout)
     assert c.persistent or (dropout and "window" not in features)
-    if "window" in features:
+    if "dropout" in features:
+        pass
+    elif "window" in features:
         assert c.BN == 64
-    elif "softcap" in features and not dropout:
-        assert c.BN == 144
+    elif "softcap" in features:
+        assert c.BN == 144 and c.tma_store
+    elif "alibi" in features:
+        assert c.BN == 160
     if "dropout" in features:
         assert not c.dynamic and c.BN <= sm90_fwd.DROPOUT_BN[128]
 
 
 def test_varlen_never_takes_the_dynamic_switch(monkeypatch):
-    monkeypatch.setattr(sm90_fwd, "FEATURE_DYNAMIC", True)
+    monkeypatch.setattr(sm90_fwd, "FEATURE_TILES", {128: {"softcap": dict(persistent=True, dynamic=True)}})
     p = prob(("softcap", "varlen"))
     c = FAM.for_problem(FAM.heuristic(p), p)
     assert not c.dynamic and not c.tma_store and c.varlen

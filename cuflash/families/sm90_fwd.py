@@ -90,16 +90,16 @@ SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # variants the heuristic gives them, each switched on only by a measurement of
 # tests/features_overhead_timing.py (bf16 d128 8k batch 2 x 16 heads, causal and not, against the
 # plain call of the same process; results/NVIDIA_H100_80GB_HBM3/features_overhead.json):
-#   FEATURE_DYNAMIC       the plain call's schedule (HEURISTIC_DYNAMIC: persistent CTAs with the
-#                         dynamic scheduler, and the TMA-store epilogue where the plain call takes
-#                         it at d128 below 16k keys) also with features
+#   FEATURE_TILES         {head dim: {feature: {field: value}}}: the tile / schedule fields (BN,
+#                         persistent, dynamic, tma_store) of a call with that feature, over the
+#                         heuristic's own (a window's entry first, then softcap's, then ALiBi's: the
+#                         first feature of the call that has one); tma_store only below 16k keys,
+#                         as the plain call's
 #   FEATURE_LAZY_RESCALE  lazy_rescale (kLazyRescale: O rescaled only when the max moves by > 2^8)
 #   SOFTCAP_FOLD          fold_cap with softcap (kFoldCap: 1, one multiply per score fewer; 2,
 #                         also the max on the raw scores; 3, a fixed max where the cap allows it);
 #                         0 off
-#   SOFTCAP_BN            {head dim: BN} of softcap calls without a window (else the plain BN)
-#   WINDOW_BN             {head dim: BN} of window calls (else window_tiles': BN divides BM)
-FEATURE_DYNAMIC = False
+FEATURE_TILES: dict = {}
 FEATURE_LAZY_RESCALE = False
 SOFTCAP_FOLD = 0
 # fold_cap's values, and the largest cap whose fold_cap 3 runs the fixed max: P = exp2(k (t - 1))
@@ -116,8 +116,8 @@ def softcap_fixed_m(problem: Problem) -> float:
     if cap > 0 and 2 * cap * math.log2(math.e) <= FIXED_MAX_LOG2_RANGE:
         return 1.0
     return 2.0
-SOFTCAP_BN: dict = {}
-WINDOW_BN: dict = {}
+
+
 # Variable-length batches (kVarlen): the features that run with varlen, each set's varlen
 # instantiations checked to compile without spills at the heuristic's tiles (nvcc 13.0, sm_90a;
 # tests/test_sm90_varlen_cpu.py: 168 registers, no spill at d64 and d128, causal and not); any
@@ -424,6 +424,14 @@ def window_tiles(head_dim: int) -> tuple:
     return (128 if head_dim <= 128 else 64), True
 
 
+def feature_tiles(problem: Problem, head_dim: int) -> dict:
+    """FEATURE_TILES' fields for a call with features at compile-time head dim ``head_dim``: the
+    entry of its first feature in the order window, softcap, ALiBi that has one, else {}."""
+    by_feature = FEATURE_TILES.get(head_dim, {})
+    return next((dict(by_feature[f]) for f in ("window", "softcap", "alibi")
+                 if f in problem.features and f in by_feature), {})
+
+
 def sched_section(problem: Problem) -> int:
     """(head, batch) pairs per section of the dynamic scheduler's tile order (kernels_cu/sm90_fwd.cu,
     sm90_sectioned_tile): as many KV heads as fit SCHED_L2_BYTES of K and V, rounded down to a
@@ -574,17 +582,14 @@ class Sm90Forward(Family):
             bn = min(bn, DROPOUT_BN[d])
         feature_call = bool(problem.features) and "dropout" not in problem.features \
             and not is_varlen(problem)
-        if FEATURE_DYNAMIC and feature_call and HEURISTIC_DYNAMIC:   # (measured: module note)
-            persistent = dynamic = True
-            if d == 128 and problem.seqlen_k < 16384:
-                bn, tma_store = 160, True
-        if "softcap" in problem.features and d in SOFTCAP_BN:
-            bn = SOFTCAP_BN[d]
         if "window" in problem.features:
             # (also under ALiBi: ptxas spilled with both at BN 192 (d64) / 176 (d128), not at 128)
             bn, persistent = window_tiles(d)
-            bn = WINDOW_BN.get(d, bn)
             dynamic = dynamic and persistent
+        tiles = feature_tiles(problem, d) if feature_call else {}
+        bn, persistent = tiles.get("BN", bn), tiles.get("persistent", persistent)
+        dynamic = tiles.get("dynamic", dynamic) and persistent
+        tma_store = tiles.get("tma_store", tma_store) and problem.seqlen_k < 16384
         if is_varlen(problem):
             dynamic = tma_store = False
             if "window" not in problem.features:
