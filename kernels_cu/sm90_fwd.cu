@@ -148,7 +148,9 @@
 //              within the sequence, as in fa2_fwd's varlen kernel
 //   kLazyRescale the running max moves only when a block's max exceeds it by more than 2^8 in P
 //              (softmax_fold.cuh: FlashAttention-4's lazy rescale), and O *= alpha runs only for the
-//              threads whose rows moved; not with kDropout or kEmuExp2
+//              threads whose rows moved; not with kDropout or kEmuExp2. With kLazyRescale or
+//              kFoldCap, ALiBi's bias takes fp32 distances (softmax_fold.cuh FoldedScoreMod: no
+//              integer conversion per score on the SFU's pipe)
 //   kFoldCap   0, 1, 2 (kSoftcap only): 1, S kept as t = tanh(S·softcap_in) with the softmax's and
 //              the LSE's scales times softcap_out (softmax_fold.cuh FoldedScoreMod: one multiply per
 //              score fewer); 2, also the row max on the raw S before the tanhs (tanh is increasing;
@@ -504,6 +506,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     const float scale_log2 = kFoldCap ? p.scale_log2 * p.softcap_out : p.scale_log2;
     // kFoldCap 3: the running max is the host's fixed value when it allows one (uniform per launch)
     const bool fixed_max = kFoldCap == 3 && p.softcap_fixed_m <= 1.f;
+    // ALiBi's bias from fp32 distances (softmax_fold.cuh FoldedScoreMod::apply) in the kernels with
+    // the feature variants (kLazyRescale or kFoldCap); ScoreMod's integer ones otherwise
+    constexpr bool kFastAlibi = kAlibi && (kLazyRescale || kFoldCap != 0);
     bool rescale = true;                                   // kLazyRescale: O needs alpha this block
     if constexpr (kDropout)
         dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
@@ -590,8 +595,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                                                p.alibi_batch_stride, at.batch, at.head,
                                                p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q,
                                                kVarlen ? seq.seqlen_k : p.seqlen_k);
-        // kFoldCap's form of the same modifiers (softmax_fold.cuh); unused without it
-        const FoldedScoreMod<kSoftcap && kFoldCap != 0, kAlibi && kFoldCap != 0> folded(
+        // kFoldCap's form of the same modifiers (softmax_fold.cuh), and ALiBi's fp32 distances
+        // (kFastAlibi); unused without them
+        const FoldedScoreMod<kSoftcap && kFoldCap != 0, kAlibi && (kFoldCap != 0 || kFastAlibi)> folded(
             p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride, at.batch, at.head,
             p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q, kVarlen ? seq.seqlen_k : p.seqlen_k);
 #pragma unroll
@@ -636,7 +642,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                     softmax_step_max<kLazyRescale>(s_acc, m, l, mx, scale_log2, alpha, rescale);
                     return;
                 }
-                if constexpr (kFoldCap) folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
+                if constexpr (kFoldCap || (kFastAlibi && !kSoftcap)) folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
                 else score.apply(s_acc, warp_row0, n_block * kBN, g, t);
                 if (tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block))
                     tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());

@@ -112,18 +112,29 @@ struct FoldedScoreMod {
         if (kAlibi) s = fmaf(-slope, fabsf(static_cast<float>(query + offset - key)), s);
         return s;
     }
-    // A tile of S in the mma C layout (as ScoreMod::apply)
+    // A tile of S in the mma C layout (as ScoreMod::apply): element e of tile (mt, nt) is query
+    // query0 + 16·mt + g + 8·(e / 2), key key0 + 8·nt + 2t + e % 2. ALiBi's distance in fp32 (exact
+    // below 2^24): per row r = (query + offset) - (key0 + 2t), one conversion per row and block;
+    // per element |r - (8·nt + e % 2)|, an FADD with a constant and the FFMA's |.|, where
+    // ScoreMod converts every element's integer distance (I2F, on the SFU's 16-per-clock pipe that
+    // the exp2s and tanhs use).
     template <int kMT, int kNT>
     __device__ __forceinline__ void apply(float (&acc)[kMT][kNT][4], int query0, int key0, int g, int t) const {
         if (!kOn) return;
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < kNT; ++nt)
+            for (int half = 0; half < 2; ++half) {
+                const float r = static_cast<float>(query0 + mt * 16 + g + 8 * half + offset - key0 - 2 * t);
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    acc[mt][nt][e] = apply(acc[mt][nt][e], query0 + mt * 16 + g + 8 * (e / 2),
-                                           key0 + nt * 8 + 2 * t + e % 2);
+                for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float& s = acc[mt][nt][2 * half + e];
+                        if (kSoftcap) s = tanh_approx(s * softcap_in);
+                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);
+                    }
+            }
     }
 };
 

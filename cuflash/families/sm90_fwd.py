@@ -168,7 +168,8 @@ class Sm90FwdConfig(KernelConfig):
                never tuned
     lazy_rescale: FlashAttention-4's lazy rescale (kLazyRescale, kernels_cu/softmax_fold.cuh): the
                running max moves only by more than 2^8 in P, and O is rescaled only then; with
-               window / softcap / ALiBi (FEATURE_LAZY_RESCALE), not with dropout or emu_exp2
+               window / softcap / ALiBi (FEATURE_LAZY_RESCALE), not with dropout or emu_exp2; with
+               it (or fold_cap) ALiBi's bias comes from fp32 distances (no I2F per score)
     fold_cap:  0..3: softcap folded into the softmax's scale (kFoldCap, softmax_fold.cuh): 1, the
                scores kept as t = tanh(S·scale / softcap) (one multiply fewer per score); 2, also
                the row max taken on the raw S, apart from the tanhs; 3, as 2, but a fixed running
