@@ -4,6 +4,8 @@ call, forward and forward + backward). Not a test; about a minute with the compi
 
     timeout 300 python tests/features_overhead_timing.py --out /tmp/features_overhead.json
     python tests/features_overhead_timing.py --precompile     # only fill the kernel cache
+    python tests/features_overhead_timing.py --precompile --tests-only   # tests/test_features_opt_gpu.py's
+    timeout 60 python tests/features_overhead_timing.py --quick   # causal, QUICK's candidates (~30 s)
 
 Shape: bf16, d128, batch 2 x 16 heads x seqlen 8k (bench --mode features'), causal and not.
 Rows per mask, every one timed in the same process, samples interleaved
@@ -52,9 +54,14 @@ def problem(feature, causal, seqlen=SEQLEN):
     return p
 
 
-def fwd_candidates(feature, causal, seqlen=SEQLEN):
+# --quick: causal only, the heuristic and these candidates (by feature), no backward variants
+QUICK = {"window": ("dyn_tmao_lazy",), "softcap": ("fold3_lazy", "fold3_lazy_dyn"),
+         "alibi": ("dyn_lazy",)}
+
+
+def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
     """[(key, label, config)] of one feature and mask: the heuristic's config first, then the
-    variants (skipped when they break a rule, e.g. a spill-prone pair)."""
+    variants (skipped when they break a rule, e.g. a spill-prone pair); quick: QUICK's only."""
     fam = registry.get("sm90_fwd")
     p = problem(feature, causal, seqlen)
     heur = fam.for_problem(fam.heuristic(p), p)
@@ -85,6 +92,8 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN):
     else:
         variants = []
     out, seen = [("heuristic", "heuristic", heur)], {heur}
+    if quick:
+        variants = [(k, c) for k, c in variants if k in QUICK.get(feature, ())]
     for key, cfg in variants:
         cfg = fam.for_problem(cfg, p)
         if cfg in seen or cfg.problems(MAX_SMEM):
@@ -94,10 +103,10 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN):
     return out
 
 
-def bwd_candidates(feature, causal, seqlen=SEQLEN):
+def bwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
     """[(key, config)] of backward variants timed in the forward + backward pass next to the
     backward's heuristic (window only: its backward dominates its forward + backward)."""
-    if feature != "window":
+    if feature != "window" or quick:
         return []
     fam = registry.get("sm90_bwd")
     p = problem(feature, causal, seqlen).replace(op="bwd")
@@ -110,18 +119,18 @@ def bwd_candidates(feature, causal, seqlen=SEQLEN):
     return out
 
 
-def all_configs(seqlen=SEQLEN):
+def all_configs(seqlen=SEQLEN, quick=False):
     """Every kernel this script launches (forward candidates, selection's plain forward and the
-    backward of each feature), for precompile; the GPU test's kernels are a subset."""
+    backward of each feature), for precompile."""
     from cuflash import _gpu, select
 
     arch, smem, name = _gpu.arch(), _gpu.max_smem(), _gpu.name()
     cfgs = []
-    for causal in (True, False):
+    for causal in ((True,) if quick else (True, False)):
         for feature in (None,) + FEATURES:
             p = problem(feature, causal, seqlen)
-            cfgs += [c for _, _, c in fwd_candidates(feature, causal, seqlen)]
-            cfgs += [c for _, c in bwd_candidates(feature, causal, seqlen)]
+            cfgs += [c for _, _, c in fwd_candidates(feature, causal, seqlen, quick)]
+            cfgs += [c for _, c in bwd_candidates(feature, causal, seqlen, quick)]
             cfgs.append(select.choose(p, arch, name, smem)[1])
             cfgs.append(select.choose(p.replace(op="bwd"), arch, name, smem)[1])
     return list(dict.fromkeys(cfgs))
@@ -134,6 +143,10 @@ def main():
     ap.add_argument("--out", default="", help="write the rows as JSON here")
     ap.add_argument("--precompile", action="store_true", help="compile every kernel and stop")
     ap.add_argument("--no-bwd", action="store_true", help="forward rows only")
+    ap.add_argument("--tests-only", action="store_true",
+                    help="with --precompile: only tests/test_features_opt_gpu.py's kernels")
+    ap.add_argument("--quick", action="store_true",
+                    help="causal only, the heuristic and QUICK's candidates (about 30 s with the compiles)")
     args = ap.parse_args()
 
     import torch
@@ -144,12 +157,15 @@ def main():
     from cuflash.compile import precompile
     from cuflash.timing import time_interleaved
 
-    try:
-        import test_features_opt_gpu as gpu_test
-        extra = gpu_test.all_test_configs()
-    except ImportError:
-        extra = []
-    cfgs = list(dict.fromkeys(all_configs(args.seqlen) + extra))
+    import test_features_opt_gpu as gpu_test
+
+    tests = gpu_test.all_test_configs()
+    if args.precompile and args.tests_only:
+        cfgs = tests
+    elif args.precompile:
+        cfgs = list(dict.fromkeys(all_configs(args.seqlen, args.quick) + tests))
+    else:
+        cfgs = all_configs(args.seqlen, args.quick)
     failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]
     print(f"compiled {len(cfgs)} kernels; failed: {failed}")
     assert not failed, failed
@@ -160,7 +176,7 @@ def main():
     rows = []
     print(f"{'mask':<7} {'pass':<7} {'feature':<8} {'candidate':<22} {'ms':>8} {'x plain':>8} "
           f"{'x cuDNN':>8} {'x visible':>9}  config")
-    for causal in (True, False):
+    for causal in ((True,) if args.quick else (True, False)):
         mask = "causal" if causal else "full"
         torch.manual_seed(0)
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -173,9 +189,9 @@ def main():
         entries = {"plain": (None, "selection", None)}
         bwd_entries = {}     # forward + backward only: the heuristic forward, a backward variant
         for feature in FEATURES:
-            for key, label, cfg in fwd_candidates(feature, causal, s):
+            for key, label, cfg in fwd_candidates(feature, causal, s, args.quick):
                 entries[f"{feature}:{key}"] = (feature, label, cfg)
-            for key, bcfg in bwd_candidates(feature, causal, s):
+            for key, bcfg in bwd_candidates(feature, causal, s, args.quick):
                 bwd_entries[f"{feature}:{key}"] = (feature, key, bcfg)
 
         def fwd_fn(feature, cfg):
