@@ -44,17 +44,17 @@ def test_plain_kernel_name_unchanged():
 def test_names_and_template_tail():
     c = cfg(softcap=True, lazy_rescale=True, fold_cap=2)
     assert c.name.endswith("_cap_lazy_fold2")
-    assert c.kernel_name().endswith("true, false, true, false, false, 0, false, false, false, true, 2>")
+    assert c.kernel_name().endswith("true, false, true, false, false, 0, false, false, false, false, false, false, true, 2>")
     c = cfg(window=True, BN=128, lazy_rescale=True)
     assert c.name.endswith("_win_lazy")
-    assert c.kernel_name().endswith("false, 0, false, false, false, true>")
+    assert c.kernel_name().endswith("false, 0, false, false, false, false, false, false, true>")
     c = cfg(softcap=True, fold_cap=1)
-    assert c.kernel_name().endswith("false, false, false, false, 1>")
+    assert c.kernel_name().endswith("false, false, false, false, false, false, false, 1>")   # kVarlen, kPSmem, kTreeMax, kQDouble
     assert c.template_args()[-2:] == (False, 1)
     # the ptxas report's mangled name parses back to the template arguments
     from cuflash.compile import _mangled_args
     mangled = ("_ZN7cuflash8sm90_fwdILi128ELi176ELi2ELi2ELb1ELb0ELi128ENS_4bf16ELb1ELb0ELb1ELb0ELb0ELi0ELb0"
-               "ELb0ELb0ELb1ELi2EEEvNS_13Sm90FwdParamsE")
+               "ELb0ELb0ELb0ELb0ELb0ELb1ELi2EEEvNS_13Sm90FwdParamsE")
     assert _mangled_args(mangled) == cfg(softcap=True, lazy_rescale=True, fold_cap=2).template_args()
 
 
@@ -65,6 +65,12 @@ def test_names_and_template_tail():
     (dict(softcap=True, fold_cap=3), "needs lazy_rescale"),
     (dict(softcap=True, fold_cap=1, emu_exp2=1), "not with dropout or emu_exp2"),
     (dict(lazy_rescale=True, dropout=True, BN=128), "not with dropout or emu_exp2"),
+    # main's d64 options (p_smem, tree_max, q_double) were not designed with the feature variants
+    (dict(lazy_rescale=True, tree_max=True), "not designed together"),
+    (dict(lazy_rescale=True, q_double=True), "not designed together"),
+    (dict(softcap=True, fold_cap=1, q_double=True), "not designed together"),
+    (dict(causal=False, head_dim=64, BM=192, consumers=3, BN=128, lazy_rescale=True, p_smem=True),
+     "not designed together"),
 ])
 def test_rules(kw, words):
     assert any(words in w for w in cfg(**kw).problems()), cfg(**kw).problems()
@@ -111,7 +117,9 @@ def test_switches_on(monkeypatch, features, causal):
     dropout = "dropout" in features
     assert c.lazy_rescale == (not dropout)
     assert c.fold_cap == (3 if "softcap" in features and not dropout else 0)
-    assert c.dynamic == (not dropout)
+    # dropout alone: main's DROPOUT_DYNAMIC (the dynamic scheduler, not a feature switch of these)
+    drop_dyn = features == ("dropout",) and sm90_fwd.HEURISTIC_DYNAMIC and sm90_fwd.DROPOUT_DYNAMIC
+    assert c.dynamic == (not dropout or drop_dyn)
     assert c.persistent or (dropout and "window" not in features)
     if "dropout" in features:
         pass
@@ -122,7 +130,7 @@ def test_switches_on(monkeypatch, features, causal):
     elif "alibi" in features:
         assert c.BN == 160
     if "dropout" in features:
-        assert not c.dynamic and c.BN <= sm90_fwd.DROPOUT_BN[128]
+        assert c.dynamic == drop_dyn and c.BN <= sm90_fwd.DROPOUT_BN[128]
 
 
 def test_varlen_never_takes_the_dynamic_switch(monkeypatch):

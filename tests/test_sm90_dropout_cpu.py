@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cuflash import dropout, registry
+from cuflash.families import sm90_fwd
 from cuflash.families.sm90_fwd import DROPOUT_BN, HEAD_DIMS, Sm90FwdConfig
 from cuflash.problem import Problem
 from cuflash.select import choose
@@ -27,7 +28,7 @@ def drop_problem(op="fwd", d=128, causal=True, p=0.1, dtype="bf16", **kw):
 def test_selection_runs_the_dropout_forward_on_sm90():
     fam, cfg, source = choose(drop_problem(), (9, 0), dirs=[])
     assert fam.name == "sm90_fwd" and cfg.dropout and source.startswith("heuristic")
-    assert cfg.name == "sm90fwd_bf16_d128_causal_BM128_BN160_s2_c2_pp_drop"
+    assert cfg.name == "sm90fwd_bf16_d128_causal_BM128_BN160_s2_c2_pp_persist_dyn_drop"   # DROPOUT_DYNAMIC
     # elsewhere fa2_fwd, with its own dropout flag
     fam, cfg, _ = choose(drop_problem(), (8, 0), dirs=[])
     assert fam.name == "fa2_fwd" and cfg.dropout
@@ -50,13 +51,20 @@ def test_dropout_heuristic_config_and_kernel_names():
         p = drop_problem(d=d, causal=causal, dtype=dtype)
         cfg = FAM.for_problem(FAM.heuristic(p), p)
         assert cfg.dropout and cfg.BN == DROPOUT_BN[d] and cfg.problems(227 * 1024) == []
-        assert cfg.name.endswith("_pp_drop")
-        assert cfg.kernel_name().endswith(f"cuflash::{dtype}, {str(causal).lower()}, false, false, false, true>")
+        # DROPOUT_DYNAMIC: the persistent grid with the dynamic scheduler, no TMA store
+        assert cfg.name.endswith("_pp_persist_dyn_drop") and cfg.persistent and cfg.dynamic
+        assert not cfg.tma_store
+        assert cfg.kernel_name().endswith(f"cuflash::{dtype}, {str(causal).lower()}, false, false, false, true, 0, true>")
         # kDropout, then kEmuExp2 (0 with dropout: tests/test_sm90_softcap_cpu.py)
         # (then kDynamic, kTmaStore, kVarlen and the feature variants, appended after them)
         args = dict(zip(type(cfg).__dataclass_fields__, cfg.template_args()))
         assert (args["dropout"], args["emu_exp2"]) == (True, 0)
         assert len(cfg.template_args()) == len(type(cfg).__dataclass_fields__)
+        with pytest.MonkeyPatch.context() as mp:   # the switch off: the static tiles of before
+            mp.setattr(sm90_fwd, "DROPOUT_DYNAMIC", False)
+            static = FAM.for_problem(FAM.heuristic(p), p)
+            assert static.name.endswith("_pp_drop") and static == cfg.replace(persistent=False, dynamic=False)
+            assert static.kernel_name().endswith(f"cuflash::{dtype}, {str(causal).lower()}, false, false, false, true>")
         # the call sets the flag both ways; the encoded form carries none (as the feature flags)
         plain = FAM.for_problem(cfg, p.replace(features=()))
         assert not plain.dropout and FAM.for_problem(plain, p) == cfg
@@ -102,9 +110,11 @@ def test_kernel_source_applies_dropout_after_the_softmax_and_before_the_pack():
     src = (kernel_dir() / "sm90_fwd.cu").read_text()
     assert "bool kDropout = false" in src and '#include "philox.cuh"' in src
     body = src[src.index("for (int j = 1; j < n_blocks; ++j)"):]
-    assert body.index("softmax_s(slot, j)") < body.index("drop_p(j)") < body.index("pack_a_frags")
+    assert body.index("softmax_s(slot, j)") < body.index("drop_p(j)") < body.index("pack_p()")
     first = src[src.index("softmax_s(slot_of(0), 0);"):]
-    assert first.index("drop_p(0)") < first.index("pack_a_frags")
+    assert first.index("drop_p(0)") < first.index("pack_p()")
+    pack_p = src[src.index("auto pack_p = [&]() {"):]
+    assert "pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);" in pack_p[:pack_p.index("\n    };")]
     assert "dropout.zero_dropped(s_acc, at.batch * p.nheads + at.head, warp_row0," in src
     assert "if constexpr (kDropout) inv_l *= dropout.scale;" in src   # 1 / (1 - p) with 1 / l
 
