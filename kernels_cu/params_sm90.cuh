@@ -71,6 +71,11 @@ struct Sm90FwdParams {
                               // cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1; per call; else null
     int* cu_seqlens_k;        // kVarlen: the same for keys and values
     int total_q;              // kVarlen: rows of q (the LSE's row length); else 0
+    // the folded softcap's fixed running max (kFoldCap 3, softmax_fold.cuh; appended, unused by a
+    // kernel built without it): the max in units of t = tanh(S·softcap_in), <= 1, when the host
+    // allows it for this cap (no score's P can underflow: 2·softcap·log2(e) <= 100), else 2 (any
+    // value > 1): the kernel computes the row max
+    float softcap_fixed_m;
 };
 
 }  // namespace cuflash

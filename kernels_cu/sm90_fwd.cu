@@ -163,6 +163,21 @@
 //              so the next sequence's V rows add 0 · V to O. LSE in flash-attn's varlen layout
 //              (nheads, total_q). Dropout and ALiBi are keyed by the sequence index and the rows
 //              within the sequence, as in fa2_fwd's varlen kernel
+//   kLazyRescale the running max moves only when a block's max exceeds it by more than 2^8 in P
+//              (softmax_fold.cuh: FlashAttention-4's lazy rescale), and O *= alpha runs only for the
+//              threads whose rows moved; not with kDropout or kEmuExp2. With kLazyRescale or
+//              kFoldCap, ALiBi's bias takes fp32 distances (softmax_fold.cuh FoldedScoreMod: no
+//              integer conversion per score on the SFU's pipe)
+//   kFoldCap   0, 1, 2 (kSoftcap only): 1, S kept as t = tanh(S·softcap_in) with the softmax's and
+//              the LSE's scales times softcap_out (softmax_fold.cuh FoldedScoreMod: one multiply per
+//              score fewer); 2, also the row max on the raw S before the tanhs (tanh is increasing;
+//              without kAlibi, else as 1), the masked blocks masked before the max and again after
+//              the tanh (tanh(-inf) = -1); 3, as 2, but where the host allows it for the call's cap
+//              (params.softcap_fixed_m <= 1: 2·softcap·log2(e) <= 100, so P = exp2(k (t - 1)) >=
+//              2^-100 never underflows) the running max is that fixed value (t <= 1), no row max
+//              and, with kLazyRescale, no O rescale after the first block. 2 and 3 need
+//              kLazyRescale. 0 and kLazyRescale false, the defaults: the code of the kernel
+//              before they existed
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
@@ -177,6 +192,7 @@
 #include "ptx_sm90_bulk.cuh"
 #include "ptx_sm90_store.cuh"
 #include "varlen.cuh"
+#include "softmax_fold.cuh"
 
 namespace cuflash {
 
@@ -339,7 +355,8 @@ struct Sm90TileRing {
 template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
           class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
-          bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false>
+          bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
+          bool kLazyRescale = false, int kFoldCap = 0>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem, kQDouble>;
@@ -371,6 +388,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     // not allow for; and a TMA store of O would write a box's rows past the sequence's end, into
     // the next sequence's rows (TMA clips only at the packed tensor's end)
     static_assert(!kVarlen || (!kDynamic && !kTmaStore), "varlen runs without kDynamic and kTmaStore");
+    static_assert(kFoldCap >= 0 && kFoldCap <= 3 && (!kFoldCap || kSoftcap),
+                  "kFoldCap (0..3) folds the softcap: it needs kSoftcap");
+    static_assert(kFoldCap < 2 || kLazyRescale, "kFoldCap 2, 3 run with kLazyRescale");
+    static_assert(!(kLazyRescale || kFoldCap) || (kEmuExp2 == 0 && !kDropout),
+                  "kLazyRescale / kFoldCap run the plain exp2 and no dropout (softmax_fold.cuh)");
     Sm90TileRing<kConsumers> ring{smem + Shape::kRingOffset,
                                   reinterpret_cast<int*>(smem_raw + (smem - smem_u32(smem_raw)) +
                                                          Shape::kRingOffset + 32)};
@@ -617,7 +639,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 st_shared_u32(o_stage + (nt / 8) * Shape::kOStageChunkBytes + row * 128 + (((nt % 8) ^ g) * 16) + 4 * t,
                               pack2<Elem>(o_acc[0][nt][2 * half] * inv_l, o_acc[0][nt][2 * half + 1] * inv_l));
             const int r = warp_row0 + g + 8 * half;
-            if (t == 0 && r < p.seqlen_q) lse_gmem[r] = softmax_lse(m[0][half], l_row, p.softmax_scale);
+            if (t == 0 && r < p.seqlen_q) lse_gmem[r] = softmax_lse(m[0][half], l_row, kFoldCap ? p.softmax_scale * p.softcap_out : p.softmax_scale);
         }
         fence_proxy_async_smem();                           // the stores, visible to TMA
         named_barrier_sync(4 + wg, 128);
@@ -651,6 +673,24 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                                                p.alibi_batch_stride, at.batch, at.head,
                                                p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q,
                                                kVarlen ? seq.seqlen_k : p.seqlen_k);
+        // The feature variants' state (kLazyRescale, kFoldCap) lives in the tile's scope: declared at
+        // the kernel's top, these four locals alone made NVVM swap two virtual registers of the
+        // dropout kernel (PTX otherwise the same) and ptxas its R0 / R6 (nvcc 13.0); here every
+        // instantiation without the variants compiles to the SASS it had before them.
+        // kFoldCap: S is kept as t = tanh(S·softcap_in) (softmax_fold.cuh), so the exp2's and the LSE's
+        // scales take the factor softcap_out; else the params' own
+        const float scale_log2 = kFoldCap ? p.scale_log2 * p.softcap_out : p.scale_log2;
+        // kFoldCap 3: the running max is the host's fixed value when it allows one (uniform per launch)
+        const bool fixed_max = kFoldCap == 3 && p.softcap_fixed_m <= 1.f;
+        // ALiBi's bias from fp32 distances (softmax_fold.cuh FoldedScoreMod::apply) in the kernels with
+        // the feature variants (kLazyRescale or kFoldCap); ScoreMod's integer ones otherwise
+        constexpr bool kFastAlibi = kAlibi && (kLazyRescale || kFoldCap != 0);
+        bool rescale = true;                               // kLazyRescale: O needs alpha this block
+        // kFoldCap's form of the same modifiers (softmax_fold.cuh), and ALiBi's fp32 distances
+        // (kFastAlibi); unused without them
+        const FoldedScoreMod<kSoftcap && kFoldCap != 0, kAlibi && (kFoldCap != 0 || kFastAlibi)> folded(
+            p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride, at.batch, at.head,
+            p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q, kVarlen ? seq.seqlen_k : p.seqlen_k);
 #pragma unroll
         for (int nt = 0; nt < kOCols / 8; ++nt)
 #pragma unroll
@@ -675,10 +715,36 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                     if constexpr (kQDouble) mbarrier_arrive(q_empty_of(q_slot(q_iter)));
                     else mbarrier_arrive(q_empty);
                 }
-                score.apply(s_acc, warp_row0, n_block * kBN, g, t);
+                if constexpr (kFoldCap >= 2 && !kAlibi) {
+                    const bool masked = tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block);
+                    float mx[1][2];
+                    if (kFoldCap == 3 && fixed_max) {
+                        // t <= 1: the host's fixed max (params_sm90.cuh softcap_fixed_m), no row max
+                        folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
+                        if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
+                        mx[0][0] = mx[0][1] = p.softcap_fixed_m;
+                    } else {
+                        // the row max on the raw S (tanh is increasing: softmax_fold.cuh), masked
+                        // first; the mask again after the tanh, which maps -inf to -1
+                        if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
+                        softmax_rowmax(s_acc, mx);
+                        folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
+                        if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
+                        mx[0][0] = folded.cap(mx[0][0]);
+                        mx[0][1] = folded.cap(mx[0][1]);
+                    }
+                    softmax_step_max<kLazyRescale>(s_acc, m, l, mx, scale_log2, alpha, rescale);
+                    return;
+                }
+                if constexpr (kFoldCap || (kFastAlibi && !kSoftcap)) folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
+                else score.apply(s_acc, warp_row0, n_block * kBN, g, t);
                 if (tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block))
                     tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
-                if constexpr (kEmuExp2 == 0 && kTreeMax)   // the same step, shorter chains
+                if constexpr (kLazyRescale || kFoldCap) {
+                    float mx[1][2];
+                    softmax_rowmax(s_acc, mx);
+                    softmax_step_max<kLazyRescale>(s_acc, m, l, mx, scale_log2, alpha, rescale);
+                } else if constexpr (kEmuExp2 == 0 && kTreeMax)   // the same step, shorter chains
                     softmax_step_tree(s_acc, m, l, p.scale_log2, alpha);
                 else if constexpr (kEmuExp2 == 0)
                     softmax_step(s_acc, m, l, p.scale_log2, alpha);
@@ -730,7 +796,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
                 reg_fence(o_flat);
                 mbarrier_arrive(v_empty(prev));    // V_{j-1}'s slot may be refilled
-                softmax_rescale(o_acc, alpha);     // O *= alpha_j: O now relative to m_j
+                if (!kLazyRescale || rescale)      // kLazyRescale: only when m moved
+                    softmax_rescale(o_acc, alpha);     // O *= alpha_j: O now relative to m_j
                 drop_p(j);                         // kDropout: P_j ∘ Z
                 pack_p();                          // P_j: A fragments, or (kPSmem) the P tile
             }
@@ -776,7 +843,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                         *reinterpret_cast<u32*>(o_row + col) =
                             pack2<Elem>(o_acc[0][nt][2 * half] * inv_l, o_acc[0][nt][2 * half + 1] * inv_l);
                 }
-                if (t == 0) lse_gmem[r] = softmax_lse(m[0][half], l_row, p.softmax_scale);
+                if (t == 0) lse_gmem[r] = softmax_lse(m[0][half], l_row, kFoldCap ? p.softmax_scale * p.softcap_out : p.softmax_scale);
             }
         }
     }

@@ -35,7 +35,9 @@ def test_name_template_arguments_and_shared_memory():
     tree = PS.replace(tree_max=True)
     assert tree.name.endswith("_psmem_tree") and tree.kernel_name().endswith("false, false, true, true>")
     assert PS.replace(p_smem=False, tree_max=True).kernel_name().endswith("true, false, false, false, true>")
-    assert len(PS.template_args()) == 20 and PS.template_args()[-3:] == (True, False, False)
+    args = dict(zip(type(PS).__dataclass_fields__, PS.template_args()))   # (by field name: the feature
+    assert len(PS.template_args()) == len(type(PS).__dataclass_fields__)  # variants' flags follow)
+    assert (args["p_smem"], args["tree_max"], args["q_double"]) == (True, False, False)
     # the P tiles: 3 warpgroups x 64 rows x 3 chunks of 64 keys x 2 bytes; BN 176 also takes 3 chunks
     assert PS.p_tile_bytes == 3 * 64 * 192 * 2
     assert PS.smem_bytes == PS.replace(p_smem=False).smem_bytes + PS.p_tile_bytes
@@ -65,7 +67,7 @@ def test_q_double_config():
     q2 = PS.replace(q_double=True)
     assert q2.validate(SMEM) is q2 and q2.name.endswith("_psmem_q2")
     assert q2.kernel_name().endswith("false, false, true, false, true>")   # kPSmem, kTreeMax, kQDouble
-    assert len(q2.template_args()) == 20 and q2.template_args()[-1] is True
+    assert dict(zip(type(q2).__dataclass_fields__, q2.template_args()))["q_double"] is True
     # one more Q block (192 rows x 128 bytes) and its two mbarriers
     assert q2.smem_bytes == PS.smem_bytes + 192 * 128 + 16
     assert FAM.decode(FAM.encode(q2), "bf16", False) == q2 and FAM.encode(q2).endswith("p_smem=1,q_double=1")

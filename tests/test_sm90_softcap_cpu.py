@@ -161,16 +161,19 @@ def test_plain_names_and_encoding_unchanged():
                                  "true, false, false, false>")
     assert "emu_exp2" not in FAM.encode(cfg)
     # dataclass field order: emu_exp2 right after dropout (the scheduler's, varlen's, p_smem's,
-    # tree_max's and q_double's fields after it)
+    # tree_max's and q_double's fields after it, then the softmax variants of feature calls)
     fields = list(Sm90FwdConfig.__dataclass_fields__)
-    assert fields[fields.index("dropout") + 1] == "emu_exp2" and fields[-4:] == ["varlen", "p_smem", "tree_max", "q_double"]
+    assert fields[fields.index("dropout") + 1] == "emu_exp2"
+    assert fields[-6:] == ["varlen", "p_smem", "tree_max", "q_double", "lazy_rescale", "fold_cap"]
 
 
 def test_emu_names_template_and_encoding():
     cfg = Sm90FwdConfig(128, 176, 2, 2, True, False, 128, "bf16", True, softcap=True, emu_exp2=2)
     assert cfg.name.endswith("_emu2_cap")   # the feature suffix stays last
     assert cfg.kernel_name().endswith("true, false, true, false, false, 2>")   # ..., kDropout, kEmuExp2
-    assert cfg.template_args()[-8:-6] == (False, 2)     # then kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble
+    args = cfg.template_args()      # then kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble,
+    emu = list(Sm90FwdConfig.__dataclass_fields__).index("emu_exp2")   # kLazyRescale, kFoldCap
+    assert args[emu - 1:emu + 1] == (False, 2) and args[-5:] == (False, False, False, False, 0)
     text = FAM.encode(cfg)
     assert text.endswith(",emu_exp2=2")
     back = FAM.decode(text, "bf16", True).replace(softcap=True)

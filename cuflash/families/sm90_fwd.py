@@ -42,6 +42,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import math
 from typing import Optional
 
 import numpy as np
@@ -119,6 +120,38 @@ SCHED_L2_BYTES = 32 * 1024 * 1024
 HEURISTIC_D64: dict = {False: dict(BM=192, consumers=3, BN=128), True: dict(BM=192, consumers=3, BN=128)}
 HEURISTIC_D64_MIN_BUCKET = 2048
 SCHED_RING_BYTES = 8 * 4 + 4 * 2
+# Calls with window / softcap / ALiBi (no dropout, fixed lengths): the schedule and softmax
+# variants the heuristic gives them, each switched on only by a measurement of
+# tests/features_overhead_timing.py (bf16 d128 8k batch 2 x 16 heads, causal and not, against the
+# plain call of the same process; results/NVIDIA_H100_80GB_HBM3/features_overhead.json):
+#   FEATURE_TILES         {head dim: {feature: {field: value}}}: the tile / schedule fields (BN,
+#                         persistent, dynamic, tma_store) of a call with that feature, over the
+#                         heuristic's own (a window's entry first, then softcap's, then ALiBi's: the
+#                         first feature of the call that has one); tma_store only below 16k keys,
+#                         as the plain call's
+#   FEATURE_LAZY_RESCALE  lazy_rescale (kLazyRescale: O rescaled only when the max moves by > 2^8)
+#   SOFTCAP_FOLD          fold_cap with softcap (kFoldCap: 1, one multiply per score fewer; 2,
+#                         also the max on the raw scores; 3, a fixed max where the cap allows it);
+#                         0 off
+FEATURE_TILES: dict = {}
+FEATURE_LAZY_RESCALE = False
+SOFTCAP_FOLD = 0
+# fold_cap's values, and the largest cap whose fold_cap 3 runs the fixed max: P = exp2(k (t - 1))
+# with k = softcap·log2(e) stays >= 2^-100 over t in [-1, 1] (2k <= 100), so no visible score's
+# P underflows whatever the row's own max (above it the kernel computes the row max, as 2).
+FOLD_CAP = (0, 1, 2, 3)
+FIXED_MAX_LOG2_RANGE = 100.0
+
+
+def softcap_fixed_m(problem: Problem) -> float:
+    """params.softcap_fixed_m of a call: 1 (t's upper bound) where the cap allows a fixed running max
+    (FIXED_MAX_LOG2_RANGE), else 2 (the kernel computes the row max); 2 without softcap."""
+    cap = problem.softcap if "softcap" in problem.features else 0.0
+    if cap > 0 and 2 * cap * math.log2(math.e) <= FIXED_MAX_LOG2_RANGE:
+        return 1.0
+    return 2.0
+
+
 # Variable-length batches (kVarlen): the features that run with varlen, each set's varlen
 # instantiations checked to compile without spills at the heuristic's tiles (nvcc 13.0, sm_90a;
 # tests/test_sm90_varlen_cpu.py: 168 registers, no spill at d64 and d128, causal and not); any
@@ -180,6 +213,16 @@ class Sm90FwdConfig(KernelConfig):
                still use the current one, so a tile's first GEMM does not wait for Q's load after
                the previous tile's last S (short tiles: d64 at 2k); one more Q block of shared
                memory. Not in the tuning space (a heuristic switch: HEURISTIC_D64)
+    lazy_rescale: FlashAttention-4's lazy rescale (kLazyRescale, kernels_cu/softmax_fold.cuh): the
+               running max moves only by more than 2^8 in P, and O is rescaled only then; with
+               window / softcap / ALiBi (FEATURE_LAZY_RESCALE), not with dropout or emu_exp2; with
+               it (or fold_cap) ALiBi's bias comes from fp32 distances (no I2F per score)
+    fold_cap:  0..3: softcap folded into the softmax's scale (kFoldCap, softmax_fold.cuh): 1, the
+               scores kept as t = tanh(S·scale / softcap) (one multiply fewer per score); 2, also
+               the row max taken on the raw S, apart from the tanhs; 3, as 2, but a fixed running
+               max (t <= 1) where the cap allows it (softcap_fixed_m: no row max, no O rescale).
+               2 and 3 act as 1 with ALiBi and need lazy_rescale; needs softcap, not with dropout
+               or emu_exp2 (SOFTCAP_FOLD)
     """
 
     BM: int
@@ -202,6 +245,8 @@ class Sm90FwdConfig(KernelConfig):
     p_smem: bool = False
     tree_max: bool = False
     q_double: bool = False
+    lazy_rescale: bool = False
+    fold_cap: int = 0
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -219,7 +264,8 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_tmao' if self.tma_store else ''}"
                 f"{'_drop' if self.dropout else ''}"
                 f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{'_psmem' if self.p_smem else ''}{'_tree' if self.tree_max else ''}{'_q2' if self.q_double else ''}"
-                f"{name_suffix(self)}{'_varlen' if self.varlen else ''}")
+                f"{name_suffix(self)}{'_varlen' if self.varlen else ''}{'_lazy' if self.lazy_rescale else ''}"
+                f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -262,8 +308,12 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.varlen else 'false'}",                          # kVarlen
                 f"{'true' if self.p_smem else 'false'}",                          # kPSmem
                 f"{'true' if self.tree_max else 'false'}",                        # kTreeMax
-                f"{'true' if self.q_double else 'false'}"]                        # kQDouble last
-        used = (8 if self.q_double else 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else 4 if self.tma_store else 3 if self.dynamic else
+                f"{'true' if self.q_double else 'false'}",                        # kQDouble
+                f"{'true' if self.lazy_rescale else 'false'}",                    # kLazyRescale
+                f"{self.fold_cap}"]                                               # kFoldCap last
+        used = (10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
+                4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
         return (f"cuflash::sm90_fwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{'true' if self.pingpong else 'false'}, {'true' if self.persistent else 'false'}, "
@@ -275,7 +325,7 @@ class Sm90FwdConfig(KernelConfig):
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
-                self.tree_max, self.q_double)
+                self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap)
 
     def _problems(self) -> list[str]:
         out = []
@@ -323,6 +373,20 @@ class Sm90FwdConfig(KernelConfig):
         if self.p_smem and (self.window or self.softcap or self.alibi or self.dropout or self.varlen):
             out.append("p_smem with window / softcap / ALiBi / dropout / varlen is not implemented "
                        "(those instantiations are unchecked for registers)")
+        if self.fold_cap not in FOLD_CAP:
+            out.append(f"fold_cap must be one of {FOLD_CAP}, got {self.fold_cap}")
+        elif self.fold_cap and not self.softcap:
+            out.append("fold_cap folds the softcap into the softmax's scale: it needs softcap")
+        elif self.fold_cap >= 2 and not self.lazy_rescale:
+            out.append(f"fold_cap={self.fold_cap} needs lazy_rescale (without it ptxas, nvcc 13.0, "
+                       "spilled ~300 bytes at BN 176)")
+        if (self.lazy_rescale or self.fold_cap) and (self.dropout or self.emu_exp2):
+            out.append("lazy_rescale / fold_cap run the plain exp2 without dropout "
+                       "(kernels_cu/softmax_fold.cuh): not with dropout or emu_exp2")
+        if (self.lazy_rescale or self.fold_cap) and (self.p_smem or self.tree_max or self.q_double):
+            out.append("lazy_rescale / fold_cap with p_smem / tree_max / q_double: not designed together "
+                       "(the feature variants' softmax step and the d64 plain-call options were written "
+                       "apart; the combined instantiations are unchecked for registers and results)")
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
@@ -444,6 +508,14 @@ def window_tiles(head_dim: int) -> tuple:
     return (128 if head_dim <= 128 else 64), True
 
 
+def feature_tiles(problem: Problem, head_dim: int) -> dict:
+    """FEATURE_TILES' fields for a call with features at compile-time head dim ``head_dim``: the
+    entry of its first feature in the order window, softcap, ALiBi that has one, else {}."""
+    by_feature = FEATURE_TILES.get(head_dim, {})
+    return next((dict(by_feature[f]) for f in ("window", "softcap", "alibi")
+                 if f in problem.features and f in by_feature), {})
+
+
 def sched_section(problem: Problem) -> int:
     """(head, batch) pairs per section of the dynamic scheduler's tile order (kernels_cu/sm90_fwd.cu,
     sm90_sectioned_tile): as many KV heads as fit SCHED_L2_BYTES of K and V, rounded down to a
@@ -528,6 +600,12 @@ class Sm90Forward(Family):
             config = config.replace(dropout=dropout, varlen=varlen)
         if dropout and config.emu_exp2:   # not implemented with dropout: the plain exp2 (a speed knob)
             config = config.replace(emu_exp2=0)
+        # the softmax variants (speed knobs): fold_cap only with softcap, neither with dropout or
+        # emu_exp2 (kernels_cu/softmax_fold.cuh)
+        if config.fold_cap and ("softcap" not in problem.features or dropout or config.emu_exp2):
+            config = config.replace(fold_cap=0)
+        if config.lazy_rescale and (dropout or config.emu_exp2):
+            config = config.replace(lazy_rescale=False)
         if config.p_smem and problem.features:   # plain calls only (a speed knob): P in registers
             config = config.replace(p_smem=False)
         return self.with_features(config, problem)
@@ -539,7 +617,8 @@ class Sm90Forward(Family):
         # dynamic likewise: only when on
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
-                and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double") and not v))
+                and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
+                               "lazy_rescale", "fold_cap") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -593,10 +672,16 @@ class Sm90Forward(Family):
             bn = min(bn, DROPOUT_BN[d])
             if HEURISTIC_DYNAMIC and DROPOUT_DYNAMIC and tuple(problem.features) == ("dropout",):
                 persistent = dynamic = True   # (no TMA store: it spills with dropout at d128)
+        feature_call = bool(problem.features) and "dropout" not in problem.features \
+            and not is_varlen(problem)
         if "window" in problem.features:
             # (also under ALiBi: ptxas spilled with both at BN 192 (d64) / 176 (d128), not at 128)
             bn, persistent = window_tiles(d)
             dynamic = dynamic and persistent
+        tiles = feature_tiles(problem, d) if feature_call else {}
+        bn, persistent = tiles.get("BN", bn), tiles.get("persistent", persistent)
+        dynamic = tiles.get("dynamic", dynamic) and persistent
+        tma_store = tiles.get("tma_store", tma_store) and problem.seqlen_k < 16384
         if is_varlen(problem):
             dynamic = tma_store = False
             if "window" not in problem.features:
@@ -608,6 +693,10 @@ class Sm90Forward(Family):
             cfg = cfg.replace(**HEURISTIC_D64[bool(problem.causal)])   # (first_fitting: the fallbacks)
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
+            if SOFTCAP_FOLD and feature_call and not cfg.emu_exp2:   # (2 and 3 run with lazy_rescale)
+                cfg = cfg.replace(fold_cap=SOFTCAP_FOLD, lazy_rescale=SOFTCAP_FOLD >= 2 or cfg.lazy_rescale)
+        if FEATURE_LAZY_RESCALE and feature_call and not cfg.emu_exp2:
+            cfg = cfg.replace(lazy_rescale=True)
         return first_fitting(cfg, ({"tma_store": False}, {"BN": 64, "tma_store": False},
                                    {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False,
                                     "tma_store": False, "p_smem": False}),
@@ -635,7 +724,8 @@ class Sm90Forward(Family):
                     **forward_sizes(problem, softmax_scale), **feature_params(problem, softmax_scale),
                     **dropout_params(problem), tile_counter=0,
                     sched_section=sched_section(problem) if config.dynamic else 1,
-                    cu_seqlens_q=0, cu_seqlens_k=0, total_q=total_q)
+                    cu_seqlens_q=0, cu_seqlens_k=0, total_q=total_q,
+                    softcap_fixed_m=softcap_fixed_m(problem) if config.fold_cap == 3 else 2.0)
 
     def zeroed_counters(self, config, problem: Problem) -> dict:
         """{params field: int32 count} of the counters a plan keeps between calls, zeroed once when

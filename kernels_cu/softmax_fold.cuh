@@ -1,0 +1,141 @@
+// softmax_fold.cuh: sm90_fwd's softmax variants for calls with features (kLazyRescale, kFoldCap),
+// built from softmax.cuh's pieces; a kernel without those flags includes this file and uses none
+// of it. A separate file so that the families that include softmax.cuh and score.cuh (fa2_fwd,
+// fa2_bwd, sm90_bwd: their code hashes stamp the tuned tables) keep their source.
+//
+// Lazy rescaling (FlashAttention-4's, kLazyRescale): the running max m moves only when a block's
+// max exceeds it by more than kLazyRescaleLog2 in exp2 units (scale·log2(e) times the scores'
+// difference). P is then at most 2^kLazyRescaleLog2 = 256 (16-bit P, fp32 l and O have the range)
+// and a block that does not move m leaves O alone: no O *= alpha (head_dim / 2 multiplies per
+// thread and block, on the path between the P V GEMM's completion and the next GEMMs). The result
+// is the same softmax: m only offsets the exponents, l and O share it, and the LSE is
+// m·scale + log l with the m that was used.
+//
+// Folded softcap (kFoldCap): the forward keeps the score in units of softcap_out, i.e. the tanh
+// itself t = tanh(S·softcap_in) (ALiBi's bias divided by softcap_out), and the softmax takes
+// scale_log2·softcap_out = softcap·log2(e): the product softcap_out·t is never formed (one
+// multiply per element fewer). The LSE's scale is softmax_scale·softcap_out = softcap. And since
+// tanh is increasing, the row max of t is tanh of the row max of S: without ALiBi the max runs on
+// the raw S, independent of the tanhs (the ALU's FMNMX next to the SFU's tanh.approx instead of
+// after it).
+#pragma once
+#include "ptx.cuh"
+#include "tile.cuh"
+#include "softmax.cuh"
+#include "score.cuh"
+
+namespace cuflash {
+
+constexpr float kLazyRescaleLog2 = 8.f;
+
+// The row max of one block of S, quad-reduced: mx[mt][half] of row 16·mt + g + 8·half (-inf where
+// every element is -inf): softmax_step's first half.
+template <int kMT, int kNTS>
+__device__ __forceinline__ void softmax_rowmax(const float (&s)[kMT][kNTS][4], float (&mx)[kMT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float x = neg_inf();
+#pragma unroll
+            for (int nt = 0; nt < kNTS; ++nt)
+                x = fmaxf(x, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+            mx[mt][half] = quad_max(x);
+        }
+}
+
+// softmax_step's second half, with the block's row max given (mx, quad-reduced, in the units of
+// s). kLazy: m moves only by more than kLazyRescaleLog2 (header); `rescale` says whether any of
+// this thread's rows moved (alpha != 1), i.e. whether O needs softmax_rescale. Without kLazy it
+// is softmax_step's arithmetic, rescale always true.
+template <bool kLazy, int kMT, int kNTS>
+__device__ __forceinline__ void softmax_step_max(float (&s)[kMT][kNTS][4], float (&m)[kMT][2],
+                                                 float (&l)[kMT][2], const float (&mx)[kMT][2],
+                                                 float scale_log2, float (&alpha)[kMT][2], bool& rescale) {
+    rescale = !kLazy;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float m_new = fmaxf(m[mt][half], mx[mt][half]);
+            bool move = true;
+            if constexpr (kLazy) {
+                // a row's first visible block always moves m (from -inf: the difference is +inf);
+                // a row masked so far (-inf - -inf = NaN, which fails the compare) keeps m = -inf
+                move = (m_new - m[mt][half]) * scale_log2 > kLazyRescaleLog2;
+                m_new = move ? m_new : m[mt][half];
+                rescale |= move;
+            }
+            // as softmax_step: a row masked so far uses 0 as the offset (no -inf - (-inf))
+            const float m_scaled = m_new == neg_inf() ? 0.f : m_new * scale_log2;
+            // a row whose m did not move keeps O and l as they are: alpha exactly 1
+            alpha[mt][half] = move ? exp2_approx(m[mt][half] * scale_log2 - m_scaled) : 1.f;
+            m[mt][half] = m_new;
+            float row_sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < kNTS; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float& x = s[mt][nt][2 * half + e];
+                    x = exp2_scaled(x, scale_log2, m_scaled);
+                    row_sum += x;
+                }
+            l[mt][half] = l[mt][half] * alpha[mt][half] + row_sum;
+        }
+}
+
+// ScoreMod in the folded form (header): apply() gives t = tanh(S·softcap_in) (minus
+// slope / softcap_out·|i + offset - j| with ALiBi); unit() is the factor the softmax's scales
+// take (softcap_out with kSoftcap, else 1: then it is ScoreMod exactly); cap() maps a row max of
+// the raw S to the row max of t (tanh is increasing; -inf stays -inf).
+template <bool kSoftcap, bool kAlibi>
+struct FoldedScoreMod {
+    static constexpr bool kOn = kSoftcap || kAlibi;
+    float softcap_in;    // scale / softcap
+    float unit_;         // softcap / scale (kSoftcap), else 1
+    float slope;         // ALiBi slope / scale / unit_ of this (batch, head)
+    int offset;          // seqlen_k - seqlen_q
+
+    __device__ __forceinline__ FoldedScoreMod(float softcap_in_, float softcap_out, const float* slopes,
+                                              i64 slopes_batch_stride, int batch, int head,
+                                              float softmax_scale, int seqlen_q, int seqlen_k)
+        : softcap_in(softcap_in_), unit_(kSoftcap ? softcap_out : 1.f), slope(0.f),
+          offset(kAlibi ? seqlen_k - seqlen_q : 0) {
+        if (kAlibi) slope = slopes[batch * slopes_batch_stride + head] / (softmax_scale * unit_);
+    }
+    __device__ __forceinline__ float unit() const { return unit_; }
+    __device__ __forceinline__ float cap(float s_max) const {
+        return kSoftcap && s_max != neg_inf() ? tanh_approx(s_max * softcap_in) : s_max;
+    }
+    __device__ __forceinline__ float apply(float s, int query, int key) const {
+        if (kSoftcap) s = tanh_approx(s * softcap_in);
+        if (kAlibi) s = fmaf(-slope, fabsf(static_cast<float>(query + offset - key)), s);
+        return s;
+    }
+    // A tile of S in the mma C layout (as ScoreMod::apply): element e of tile (mt, nt) is query
+    // query0 + 16·mt + g + 8·(e / 2), key key0 + 8·nt + 2t + e % 2. ALiBi's distance in fp32 (exact
+    // below 2^24): per row r = (query + offset) - (key0 + 2t), one conversion per row and block;
+    // per element |r - (8·nt + e % 2)|, an FADD with a constant and the FFMA's |.|, where
+    // ScoreMod converts every element's integer distance (I2F, on the SFU's 16-per-clock pipe that
+    // the exp2s and tanhs use).
+    template <int kMT, int kNT>
+    __device__ __forceinline__ void apply(float (&acc)[kMT][kNT][4], int query0, int key0, int g, int t) const {
+        if (!kOn) return;
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const float r = static_cast<float>(query0 + mt * 16 + g + 8 * half + offset - key0 - 2 * t);
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float& s = acc[mt][nt][2 * half + e];
+                        if (kSoftcap) s = tanh_approx(s * softcap_in);
+                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);
+                    }
+            }
+    }
+};
+
+}  // namespace cuflash

@@ -1,0 +1,263 @@
+"""What window, softcap and ALiBi cost over the plain call on an H100 (issue 12's targets: window
+1024 at 8k <= 1.15x its visible fraction of the plain call; softcap and ALiBi <= 1.10x the plain
+call, forward and forward + backward). Not a test; about a minute with the compiles:
+
+    timeout 300 python tests/features_overhead_timing.py --out /tmp/features_overhead.json
+    python tests/features_overhead_timing.py --precompile     # only fill the kernel cache
+    python tests/features_overhead_timing.py --precompile --tests-only   # tests/test_features_opt_gpu.py's
+    timeout 60 python tests/features_overhead_timing.py --quick   # causal, QUICK's candidates (~30 s)
+
+Shape: bf16, d128, batch 2 x 16 heads x seqlen 8k (bench --mode features'), causal and not.
+Rows per mask, every one timed in the same process, samples interleaved
+(cuflash.timing.time_interleaved: CUDA events, warm-up, median):
+  * plain: the plain call as selection runs it (tuned entry or heuristic), and SDPA cuDNN's
+    plain call (SDPA takes none of the features);
+  * window (1024, 0) causal / (1024, 1024) not, softcap 30, ALiBi ((nheads,) slopes): for every
+    candidate forward config of fwd_candidates (the heuristic's first, then the variants the
+    heuristic's module constants choose between: sm90_fwd FEATURE_TILES, FEATURE_LAZY_RESCALE,
+    SOFTCAP_FOLD), the forward alone and forward + backward (torch autograd, the
+    backward by selection: sm90_bwd's heuristic); for the window also forward + backward with
+    the backward variants of bwd_candidates (the heuristic forward).
+Columns: ms, x plain (the feature call over the plain call of the same pass), x cuDNN (over SDPA
+cuDNN's plain call of the same pass) and, for the window, x visible: x plain over the window's
+visible fraction of the plain call's score elements (cuflash.band.visible_fraction). The
+heuristic's own row is marked '*'.
+"""
+import argparse
+import json
+import os
+import sys
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_here, os.path.dirname(_here)]  # the checkout (and the tests' helpers)
+
+from cuflash import registry  # noqa: E402
+from cuflash.band import visible_fraction  # noqa: E402
+from cuflash.problem import Problem  # noqa: E402
+
+BATCH, SEQLEN, HEADS, HEAD_DIM, DTYPE = 2, 8192, 16, 128, "bf16"
+CAP = 30.0
+WINDOW = {True: (1024, 0), False: (1024, 1024)}
+FEATURES = ("window", "softcap", "alibi")
+MAX_SMEM = 227 * 1024
+
+
+def problem(feature, causal, seqlen=SEQLEN):
+    """The forward Problem of one (feature, mask); feature None is the plain call."""
+    p = Problem("fwd", DTYPE, BATCH, seqlen, seqlen, HEADS, HEADS, HEAD_DIM, causal)
+    if feature == "window":
+        return p.replace(features=("window",), window=WINDOW[causal])
+    if feature == "softcap":
+        return p.replace(features=("softcap",), softcap=CAP)
+    if feature == "alibi":
+        return p.replace(features=("alibi",))
+    return p
+
+
+# --quick: causal only, the heuristic and these candidates (by feature; the kernels of
+# tests/test_features_opt_gpu.py, so a run after the tests compiles only the heuristics' own),
+# no backward variants
+QUICK = {"window": ("dyn_tmao_lazy",), "softcap": ("fold3_lazy_dyn_tmao_bn144",),
+         "alibi": ("dyn_tmao_lazy_bn144",)}
+
+
+def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
+    """[(key, label, config)] of one feature and mask: the heuristic's config first, then the
+    variants (skipped when they break a rule, e.g. a spill-prone pair); quick: QUICK's only."""
+    fam = registry.get("sm90_fwd")
+    p = problem(feature, causal, seqlen)
+    heur = fam.for_problem(fam.heuristic(p), p)
+    base = heur.replace(dynamic=False, tma_store=False, lazy_rescale=False, fold_cap=0)
+    dyn = dict(persistent=True, dynamic=True, tma_store=True)
+    if feature == "window":
+        base = base.replace(BN=128, persistent=True)      # window_tiles' shape, static schedule
+        variants = [("static", base),
+                    ("dyn_tmao", base.replace(**dyn)),
+                    ("dyn_tmao_lazy", base.replace(**dyn, lazy_rescale=True)),
+                    ("dyn_lazy", base.replace(persistent=True, dynamic=True, lazy_rescale=True))]
+    elif feature == "softcap":
+        base = base.replace(BN=176, persistent=False, emu_exp2=0)   # the shipped softcap tile
+        lazy3 = dict(fold_cap=3, lazy_rescale=True)
+        variants = [("bn176", base),
+                    ("fold1", base.replace(fold_cap=1)),
+                    ("fold1_lazy", base.replace(fold_cap=1, lazy_rescale=True)),
+                    ("fold2_lazy", base.replace(fold_cap=2, lazy_rescale=True)),
+                    ("fold3_lazy", base.replace(**lazy3)),
+                    ("fold3_lazy_dyn", base.replace(persistent=True, dynamic=True, **lazy3)),
+                    ("fold3_lazy_dyn_tmao_bn144", base.replace(BN=144, **dyn, **lazy3))]
+    elif feature == "alibi":
+        base = base.replace(BN=176, persistent=False)
+        variants = [("bn176", base),
+                    ("dyn", base.replace(persistent=True, dynamic=True)),
+                    ("dyn_lazy", base.replace(persistent=True, dynamic=True, lazy_rescale=True)),
+                    ("dyn_tmao_lazy_bn144", base.replace(BN=144, lazy_rescale=True, **dyn))]
+    else:
+        variants = []
+    out, seen = [("heuristic", "heuristic", heur)], {heur}
+    if quick:
+        variants = [(k, c) for k, c in variants if k in QUICK.get(feature, ())]
+    for key, cfg in variants:
+        cfg = fam.for_problem(cfg, p)
+        if cfg in seen or cfg.problems(MAX_SMEM):
+            continue
+        seen.add(cfg)
+        out.append((key, key, cfg))
+    return out
+
+
+def bwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
+    """[(key, config)] of backward variants timed in the forward + backward pass next to the
+    backward's heuristic (window only: its backward dominates its forward + backward)."""
+    if feature != "window" or quick:
+        return []
+    fam = registry.get("sm90_bwd")
+    p = problem(feature, causal, seqlen).replace(op="bwd")
+    heur = fam.for_problem(fam.heuristic(p), p)
+    out = []
+    for key, kw in (("bwd_dqb", dict(dq_writer=False, dq_bulk=True)), ("bwd_s3", dict(stages=3))):
+        cfg = fam.for_problem(heur.replace(**kw), p)
+        if cfg != heur and not cfg.problems(MAX_SMEM):
+            out.append((key, cfg))
+    return out
+
+
+def all_configs(seqlen=SEQLEN, quick=False):
+    """Every kernel this script launches (forward candidates, selection's plain forward and the
+    backward of each feature), for precompile."""
+    from cuflash import _gpu, select
+
+    arch, smem, name = _gpu.arch(), _gpu.max_smem(), _gpu.name()
+    cfgs = []
+    for causal in ((True,) if quick else (True, False)):
+        for feature in (None,) + FEATURES:
+            p = problem(feature, causal, seqlen)
+            cfgs += [c for _, _, c in fwd_candidates(feature, causal, seqlen, quick)]
+            cfgs += [c for _, c in bwd_candidates(feature, causal, seqlen, quick)]
+            cfgs.append(select.choose(p, arch, name, smem)[1])
+            cfgs.append(select.choose(p.replace(op="bwd"), arch, name, smem)[1])
+    return list(dict.fromkeys(cfgs))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--seqlen", type=int, default=SEQLEN)
+    ap.add_argument("--out", default="", help="write the rows as JSON here")
+    ap.add_argument("--precompile", action="store_true", help="compile every kernel and stop")
+    ap.add_argument("--no-bwd", action="store_true", help="forward rows only")
+    ap.add_argument("--tests-only", action="store_true",
+                    help="with --precompile: only tests/test_features_opt_gpu.py's kernels")
+    ap.add_argument("--quick", action="store_true",
+                    help="causal only, the heuristic and QUICK's candidates (about 30 s with the compiles)")
+    args = ap.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import cuflash
+    from cuflash.compile import precompile
+    from cuflash.timing import time_interleaved
+
+    import test_features_opt_gpu as gpu_test
+
+    tests = gpu_test.all_test_configs()
+    if args.precompile and args.tests_only:
+        cfgs = tests
+    elif args.precompile:
+        cfgs = list(dict.fromkeys(all_configs(args.seqlen, args.quick) + tests))
+    else:
+        cfgs = all_configs(args.seqlen, args.quick)
+    failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]
+    print(f"compiled {len(cfgs)} kernels; failed: {failed}")
+    assert not failed, failed
+    if args.precompile:
+        return
+
+    b, s, h, d = BATCH, args.seqlen, HEADS, HEAD_DIM
+    rows = []
+    print(f"{'mask':<7} {'pass':<7} {'feature':<8} {'candidate':<22} {'ms':>8} {'x plain':>8} "
+          f"{'x cuDNN':>8} {'x visible':>9}  config")
+    for causal in ((True,) if args.quick else (True, False)):
+        mask = "causal" if causal else "full"
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        dout = torch.randn_like(q)
+        slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda",
+                              dtype=torch.float32)
+        kwargs = {None: {}, "window": dict(window_size=WINDOW[causal]), "softcap": dict(softcap=CAP),
+                  "alibi": dict(alibi_slopes=slopes)}
+        vis = visible_fraction(s, s, causal, WINDOW[causal])
+        entries = {"plain": (None, "selection", None)}
+        bwd_entries = {}     # forward + backward only: the heuristic forward, a backward variant
+        for feature in FEATURES:
+            for key, label, cfg in fwd_candidates(feature, causal, s, args.quick):
+                entries[f"{feature}:{key}"] = (feature, label, cfg)
+            for key, bcfg in bwd_candidates(feature, causal, s, args.quick):
+                bwd_entries[f"{feature}:{key}"] = (feature, key, bcfg)
+
+        def fwd_fn(feature, cfg):
+            kw = kwargs[feature]
+            return lambda: cuflash.flash_attn_func(q, k, v, causal=causal, config=cfg, **kw)
+
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+        def sdpa():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+        passes = [("fwd", {name: fwd_fn(f, c) for name, (f, _, c) in entries.items()}, sdpa)]
+        if not args.no_bwd:
+            qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+            qgt, kgt, vgt = (x.transpose(1, 2) for x in (qg, kg, vg))
+
+            def fwdbwd_fn(feature, cfg, bcfg=None):
+                kw = kwargs[feature]
+
+                def fn():
+                    out = cuflash.flash_attn_func(qg, kg, vg, causal=causal, config=cfg, bwd_config=bcfg, **kw)
+                    out.backward(dout)
+                return fn
+
+            def sdpa_fwdbwd():
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    out = F.scaled_dot_product_attention(qgt, kgt, vgt, is_causal=causal)
+                out.backward(dout.transpose(1, 2))
+
+            fns = {name: fwdbwd_fn(f, c) for name, (f, _, c) in entries.items()}
+            fns.update({name: fwdbwd_fn(f, None, b) for name, (f, _, b) in bwd_entries.items()})
+            passes.append(("fwdbwd", fns, sdpa_fwdbwd))
+        for pass_name, fns, sdpa_fn in passes:
+            fns = dict(fns, sdpa_cudnn=sdpa_fn)
+            for name, fn in fns.items():   # compile / plan outside the timing; fail loudly here
+                fn()
+            torch.cuda.synchronize()
+            times = time_interleaved(fns, reps=args.reps, back_to_back=3)
+            plain, cudnn = times["plain"].median_ms, times["sdpa_cudnn"].median_ms
+            for name, t in times.items():
+                feature, label, cfg = entries.get(name) or bwd_entries.get(name) \
+                    or (None, "SDPA cuDNN (plain)", None)
+                x_plain = t.median_ms / plain
+                x_vis = x_plain / vis if feature == "window" else None
+                mark = "*" if label == "heuristic" else " "
+                cname = cfg.name if cfg is not None else ""
+                print(f"{mask:<7} {pass_name:<7} {feature or '':<8} {label + mark:<22} {t.median_ms:8.3f} "
+                      f"{x_plain:8.3f} {t.median_ms / cudnn:8.3f} "
+                      f"{'' if x_vis is None else f'{x_vis:9.3f}':>9}  {cname}")
+                rows.append(dict(mask=mask, causal=causal, pass_=pass_name, feature=feature or "plain",
+                                 candidate=name, label=label, config=cname, median_ms=t.median_ms,
+                                 spread=t.spread, x_plain=x_plain, x_cudnn=t.median_ms / cudnn,
+                                 visible_fraction=vis if feature == "window" else None,
+                                 x_visible=x_vis))
+    if args.out:
+        env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                   cudnn=torch.backends.cudnn.version(), cuflash=cuflash.__version__)
+        shape = dict(batch=b, seqlen=s, heads=h, head_dim=d, dtype=DTYPE, softcap=CAP,
+                     window={"causal": WINDOW[True], "full": WINDOW[False]})
+        with open(args.out, "w") as f:
+            json.dump(dict(env=env, shape=shape, rows=rows), f, indent=1)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
