@@ -52,7 +52,7 @@ from .fa2_fwd import check_head_dim, dropout_mix, feature_mix, first_fitting, is
 from . import sm90_fwd
 from .sm90_fwd import tensor_map
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
 CU_TENSOR_MAP_DATA_TYPE_F32 = 7   # dq_writer's map of the fp32 dQ accumulator
 # 32-bit registers of accumulators and fragments a consumer thread keeps live (see
@@ -89,6 +89,10 @@ DROPOUT_BY_DEFAULT = True
 # tests/sm90_varlen_timing.py measured the varlen backward at d128 in 0.58-0.75x fa2_bwd's time
 # (d64 1.0-1.14x: rank() keeps fa2_bwd there). Selection then runs the varlen backward here where
 # rank() puts this family first; CUFLASH_SM90_VARLEN_BWD=0 turns it off for a process (fa2_bwd).
+# Head dims 129..256 (the d256 kernel: BN 64 shared by 2 consumers, dK_j / dV_j split by columns;
+# 192 runs it with zero-filled columns): whether rank() puts this family above fa2_bwd. Off until
+# the H100 timing (tests/sm90_bwd_d256_timing.py) says it beats fa2_bwd there; bwd_config= forces it.
+D256_ABOVE_FA2 = False
 VARLEN_BWD = os.environ.get("CUFLASH_SM90_VARLEN_BWD", "1") != "0"
 # The feature sets that run with varlen: their varlen instantiations at the heuristic's tiles
 # compile without spills (nvcc 13.0, sm_90a; d64 and d128, causal and not, deterministic at d64:
@@ -161,6 +165,24 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_dqw' if self.dq_writer else ''}{'_varlen' if self.varlen else ''}")
 
     @property
+    def shared_keys(self) -> bool:
+        """The head-dim-256 tile (kSharedKeys): BN 64 with 2 consumers, both warpgroups on the same
+        64 keys; each computes Sᵀ, dPᵀ for BM / 2 queries and dK_j, dV_j for head_dim / 2 columns
+        (64 keys x 256 fp32 of each do not fit one warpgroup's registers); Pᵀ and dSᵀ go through
+        shared memory as the A operands of dV, dK (SS)."""
+        return self.BN == 64 and self.consumers == 2
+
+    @property
+    def s_cols(self) -> int:
+        """Queries of a warpgroup's Sᵀ, dPᵀ (kSN): BM, or BM / 2 with shared keys."""
+        return self.BM // 2 if self.shared_keys else self.BM
+
+    @property
+    def dkv_cols(self) -> int:
+        """Columns of dK_j, dV_j per warpgroup (kDkvN): head_dim, or head_dim / 2 with shared keys."""
+        return self.head_dim // 2 if self.shared_keys else self.head_dim
+
+    @property
     def dq_cols(self) -> int:
         """Head-dim columns of dQ_i per consumer warpgroup (kDqN): the BM x head_dim tile is
         split into BM / 64 row groups x (consumers / (BM / 64)) column groups: 64 or 128, or 32
@@ -177,8 +199,10 @@ class Sm90BwdConfig(KernelConfig):
         dropout add, 16-byte aligned, each consumer thread's words: BM / 2 16-bit values each
         (1 - tanh², the signed Pᵀ: Sm90BwdThreadWords in sm90_bwd.cu)."""
         tiles = 2 * self.BN * self.head_dim * 2 + 2 * self.stages * self.BM * self.head_dim * 2
-        used = tiles + self.BM * self.BN * 2 + 2 * self.stages * self.BM * 4 + 8 * (1 + 2 * self.stages)
-        words = (int(self.softcap) + int(self.dropout)) * self.BM // 4
+        ds_tiles = 3 if self.shared_keys else 1      # shared keys: dS, Pᵀ, dSᵀ
+        used = tiles + ds_tiles * self.BM * self.BN * 2 + 2 * self.stages * self.BM * 4 + 8 * (1 + 2 * self.stages)
+        # (shared keys: the words stay in registers)
+        words = 0 if self.shared_keys else (int(self.softcap) + int(self.dropout)) * self.BM // 4
         if words:
             used = -(-used // 16) * 16 + words * 4 * self.consumers * 128
         if self.dq_bulk:
@@ -221,9 +245,9 @@ class Sm90BwdConfig(KernelConfig):
 
     @property
     def accum_regs(self) -> int:
-        """32-bit registers per consumer thread: dK, dV (head_dim / 2 each), Sᵀ and dPᵀ (BM / 2
-        each), the 16-bit fragments of Pᵀ and dSᵀ (BM / 4 each), the dQ part (dq_cols / 2)."""
-        return self.head_dim + self.BM + self.BM // 2 + self.dq_cols // 2
+        """32-bit registers per consumer thread: dK, dV (dkv_cols / 2 each), Sᵀ and dPᵀ (s_cols / 2
+        each), the 16-bit fragments of Pᵀ and dSᵀ (s_cols / 4 each), the dQ part (dq_cols / 2)."""
+        return self.dkv_cols + self.s_cols + self.s_cols // 2 + self.dq_cols // 2
 
     def overlap_sdp_spills(self) -> bool:
         """Whether overlap_sdp's kernel spills at head dim 128 (nvcc 13.0, sm_90a, BM 64): with
@@ -264,11 +288,21 @@ class Sm90BwdConfig(KernelConfig):
             out.append(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
         if self.consumers not in (1, 2):
             out.append(f"consumers must be 1 or 2, got {self.consumers}")
-        elif self.BN != 64 * self.consumers:
+        elif self.head_dim == 256 and not self.shared_keys:
+            out.append(f"head_dim=256 takes BN=64 with consumers=2 (the warpgroups share the keys and "
+                       f"split dK_j, dV_j by columns: 64 x 256 fp32 of each exceed one warpgroup's "
+                       f"registers), got BN={self.BN}, consumers={self.consumers}")
+        elif self.shared_keys and self.head_dim != 256:
+            out.append(f"BN=64 with consumers=2 (shared keys) is the head_dim=256 tile, got "
+                       f"head_dim={self.head_dim}")
+        elif self.BN != 64 * self.consumers and not self.shared_keys:
             out.append(f"BN={self.BN} must be 64 * consumers = {64 * self.consumers} "
                        "(each consumer warpgroup owns 64 keys)")
         if self.BM not in (64, 128):
             out.append(f"BM must be 64 or 128 (the wgmma N of S and dP), got {self.BM}")
+        elif self.shared_keys and self.BM != 64:
+            out.append(f"BN=64 with consumers=2 (shared keys) takes BM=64 (32 queries of Sᵀ per "
+                       f"warpgroup), got BM={self.BM}")
         elif self.consumers in (1, 2) and (self.BM // 64 > self.consumers or self.consumers % (self.BM // 64)):
             out.append(f"BM={self.BM}: BM / 64 must divide consumers={self.consumers} "
                        "(each warpgroup computes 64 rows of dQ_i)")
@@ -291,7 +325,7 @@ class Sm90BwdConfig(KernelConfig):
         if not out and self.overlap_sdp and self.head_dim > 64 and self.overlap_sdp_spills():
             out.append(f"overlap_sdp at head_dim={self.head_dim} with softcap / ALiBi / dropout: "
                        "ptxas spills that kernel (Sᵀ and dPᵀ live together; nvcc 13.0)")
-        if not out and self.dropout and self.head_dim > 64 and not self.deterministic:
+        if not out and self.dropout and self.head_dim == 128 and not self.deterministic:
             path = self.dropout_dq_path()
             if path is None:
                 out.append(f"dropout with a window and softcap / ALiBi at head_dim={self.head_dim}: "
@@ -365,7 +399,7 @@ class Sm90Backward(Family):
         if "varlen" in problem.features and d <= 96:
             return -1   # varlen at d <= 96: fa2_bwd (measured faster than the one-consumer tile's
             #             varlen; the 2-consumer tiles' varlen has not been timed)
-        above = d > 96 or (D64_ABOVE_FA2 if d <= 64 else D96_ABOVE_FA2)
+        above = (D256_ABOVE_FA2 if d > 128 else d > 96 or (D64_ABOVE_FA2 if d <= 64 else D96_ABOVE_FA2))
         return self.priority if above else -1
 
     def supports(self, arch, problem: Problem) -> str:
@@ -417,7 +451,7 @@ class Sm90Backward(Family):
         return ""
 
     def head_dim_of(self, head_dim: int) -> int:
-        """64 or 128: the first compiled head dim >= the real one."""
+        """64, 128 or 256: the first compiled head dim >= the real one."""
         return next((d for d in HEAD_DIMS if d >= head_dim), HEAD_DIMS[-1])
 
     def for_problem(self, config, problem: Problem):
@@ -437,7 +471,7 @@ class Sm90Backward(Family):
         config = self.with_features(config, problem)
         if config.dq_writer and problem.deterministic:
             config = config.replace(dq_writer=False)   # the ordered additions keep red.add
-        if config.dropout and config.head_dim > 64 and not problem.deterministic:
+        if config.dropout and config.head_dim == 128 and not problem.deterministic:
             # d128 dropout: the dQ path that compiles without spills for these features
             path = config.dropout_dq_path()
             if path is not None:
@@ -468,7 +502,9 @@ class Sm90Backward(Family):
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         dtype, causal, det = problem.dtype, bool(problem.causal), problem.deterministic
-        if d == 128:
+        if d == 256:   # BN 64 shared by 2 consumers (the only tile that fits); dQ by red.add
+            cfg = Sm90BwdConfig(64, 64, 2, 2, d, dtype, causal, det)
+        elif d == 128:
             cfg = Sm90BwdConfig(64, 128, 2, 2, d, dtype, causal, det)
         else:
             BM, BN, consumers = D64_SHAPE
