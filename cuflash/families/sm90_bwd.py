@@ -322,7 +322,7 @@ class Sm90BwdConfig(KernelConfig):
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
-        if not out and self.overlap_sdp and self.head_dim > 64 and self.overlap_sdp_spills():
+        if not out and self.overlap_sdp and self.head_dim == 128 and self.overlap_sdp_spills():
             out.append(f"overlap_sdp at head_dim={self.head_dim} with softcap / ALiBi / dropout: "
                        "ptxas spills that kernel (Sᵀ and dPᵀ live together; nvcc 13.0)")
         if not out and self.dropout and self.head_dim == 128 and not self.deterministic:
@@ -343,7 +343,10 @@ class Sm90BwdConfig(KernelConfig):
         if not out and self.BM > 64 and self.bm128_spills():
             out.append(f"BM={self.BM} with softcap / ALiBi, or overlap_sdp with a window, stages > 2 "
                        "or without dq_writer: ptxas spills that kernel (nvcc 13.0); BM=64 runs it")
-        if not out and self.dropout and self.deterministic and self.head_dim > 64:
+        if not out and self.dropout and self.shared_keys and self.window:
+            out.append(f"dropout with a window at head_dim={self.head_dim}: ptxas spills that kernel "
+                       "(nvcc 13.0); fa2_bwd runs it")
+        if not out and self.dropout and self.deterministic and self.head_dim == 128:
             out.append(f"dropout with deterministic at head_dim={self.head_dim}: ptxas spills "
                        "that kernel (nvcc 13.0); fa2_bwd runs it")
         if not out and self.accum_regs > MAX_ACCUM_REGS and self.shape not in PTXAS_FITS:
@@ -411,8 +414,8 @@ class Sm90Backward(Family):
         if problem.head_dim > HEAD_DIMS[-1]:
             return (f"{self.name} supports headdim up to {HEAD_DIMS[-1]} (kernels for {HEAD_DIMS}), "
                     f"got headdim={problem.head_dim}")
-        if "dropout" in problem.features and problem.deterministic and self.head_dim_of(problem.head_dim) > 64:
-            return (f"{self.name} has no deterministic dropout above head dim 64 (its d128 kernel "
+        if "dropout" in problem.features and problem.deterministic and self.head_dim_of(problem.head_dim) == 128:
+            return (f"{self.name} has no deterministic dropout at head dims 65..128 (its d128 kernel "
                     f"spills), got headdim={problem.head_dim}")
         if tuple(arch)[0] != 9:
             return (f"{self.name} needs sm_90 exactly (sm_90a code: wgmma, TMA, setmaxnreg), "
@@ -433,6 +436,8 @@ class Sm90Backward(Family):
         if self.head_dim_of(problem.head_dim) == 128 and "window" in feats \
                 and ("softcap" in feats or "alibi" in feats):
             return why + f" with a window at head dim {problem.head_dim} (its instantiation spills)"
+        if self.head_dim_of(problem.head_dim) == 256 and "window" in feats:
+            return why + f" with a window at head dim {problem.head_dim} (the d256 instantiation spills)"
         return ""
 
     def varlen_mix(self, problem: Problem) -> str:
@@ -445,8 +450,8 @@ class Sm90Backward(Family):
         if others and others not in VARLEN_FEATURES:
             return (f"{self.name} has no feature {others[0]!r} with varlen (features "
                     f"{', '.join(others)}: the varlen instantiation is unchecked)")
-        if problem.deterministic and self.head_dim_of(problem.head_dim) > 64:
-            return (f"{self.name} has no deterministic varlen backward above head dim 64 (its d128 "
+        if problem.deterministic and self.head_dim_of(problem.head_dim) == 128:
+            return (f"{self.name} has no deterministic varlen backward at head dims 65..128 (its d128 "
                     f"kernel spills), got headdim={problem.head_dim}")
         return ""
 
@@ -476,7 +481,7 @@ class Sm90Backward(Family):
             path = config.dropout_dq_path()
             if path is not None:
                 config = config.replace(dq_writer=path == "dq_writer", dq_bulk=path == "dq_bulk")
-        if config.overlap_sdp and config.head_dim > 64 and config.overlap_sdp_spills():
+        if config.overlap_sdp and config.head_dim == 128 and config.overlap_sdp_spills():
             config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
         if config.BM > 64 and config.bm128_spills():
             # FA3's BM 128 tile at head dim 64 (a tuned entry's, D64_SHAPE, bwd_config=): without
