@@ -85,8 +85,9 @@
 //   kBN        keys of the CTA's K/V block: 64 · kConsumers
 //   kStages    Q/dO ring slots, >= 2
 //   kConsumers consumer warpgroups, 1 or 2
-//   kHeadDim   64 or 128 (the real head dim, params.head_dim, may be smaller: TMA fills the
-//              columns past it with zeros and the stores skip them)
+//   kHeadDim   64, 128 or 256 (the real head dim, params.head_dim, may be smaller: TMA fills the
+//              columns past it with zeros and the stores skip them). 256 takes kBN 64 with 2
+//              consumers (kSharedKeys, below)
 //   Elem       bf16 or fp16; all accumulation in fp32
 //   kCausal    bottom-right aligned causal mask
 //   kDeterministic  ordered dQ additions (above)
@@ -148,6 +149,27 @@
 //              dK, dV (and the GQA fp32 dK/dV accumulators, (nheads, total_k)) at the sequence's
 //              key rows. Dropout and ALiBi are keyed by the sequence index and the rows within the
 //              sequence (the forward's keep mask)
+//
+// Head dim 256 (kSharedKeys: kBN 64 with 2 consumers, kBM 64; Sm90BwdShape). dK_j, dV_j of 64
+// keys x 256 fp32 would take 256 registers per thread in one warpgroup, so both warpgroups take
+// the same 64 keys and split the work: warpgroup wg
+//   Sᵀ, dPᵀ = K_j Q_iᵀ, V_j dO_iᵀ for queries 32·wg..+31 (kSN = 32: wgmma m64n32k16, Q_i / dO_i
+//         from row 32·wg, whole swizzle periods in), Pᵀ and dSᵀ as above;
+//   Pᵀ, dSᵀ (64 keys x its 32 queries, 16 bits) stored as they are by stmatrix into p_smem,
+//         dst_smem (keys x BM queries, one 128-byte swizzled row per key: K-major A operands),
+//         dS (transposed) into ds_smem as above; named barrier 1, as for dS, covers all three;
+//   dV_j, dK_j += Pᵀ dO_i, dSᵀ Q_i for columns 128·wg..+127 (kDkvN = 128; SS: all BM queries'
+//         Pᵀ, dSᵀ from shared memory, both warpgroups reading both halves; dO_i, Q_i MN-major
+//         from column chunk 2·wg), one commit group with ...
+//   dQ_i part = dS K_j for columns 128·wg..+127 (kDqN), in two 64-column pieces (one piece's
+//         32 accumulators live next to dK_j, dV_j's 128), each added by red.add as soon as it is
+//         done (waiting for the first also waits for dV, dK: then q_empty is released); ordered
+//         (one turn for both pieces) when kDeterministic. kDqBulk / kDqWriter: their staging does
+//         not fit next to this tile (static_assert, and the config refuses them).
+// Softcap's and dropout's words (kSN / 4 each) stay in registers here. The loop-invariant
+// descriptors of K_j, V_j, Pᵀ, dSᵀ, dS are re-derived at each use (opaque_u32): hoisted out of
+// the loop, one per k-step, they spilled. Head dims 129..255 run this kernel (TMA zero-fills the
+// columns past the real head dim, whole 64-column boxes past it at 192).
 #include "fa2_bwd.cu"
 #include "ptx_sm90.cuh"
 #include "params_sm90_bwd.cuh"

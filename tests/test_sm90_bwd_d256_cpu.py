@@ -105,14 +105,21 @@ def test_space_heuristic_and_for_problem():
 
 
 def test_selection_and_the_switch(monkeypatch):
-    """D256_ABOVE_FA2 off (until the H100 timing says otherwise): fa2_bwd at head dims 129..256,
-    bwd_config= forces sm90_bwd; on: sm90_bwd with the d256 tile."""
-    for d in (192, 256):
+    """D256_ABOVE_FA2 / D192_ABOVE_FA2 off (until the H100 timing says otherwise): fa2_bwd at head
+    dims 193..256 / 129..192, bwd_config= forces sm90_bwd; on: sm90_bwd with the d256 tile."""
+    for d, switch in ((136, "D192_ABOVE_FA2"), (192, "D192_ABOVE_FA2"), (200, "D256_ABOVE_FA2"),
+                      (256, "D256_ABOVE_FA2")):
         p = problem(d)
-        assert choose(p, (9, 0))[0].name == ("sm90_bwd" if sm90_bwd.D256_ABOVE_FA2 else "fa2_bwd")
+        assert choose(p, (9, 0))[0].name == ("sm90_bwd" if getattr(sm90_bwd, switch) else "fa2_bwd")
         fam, cfg, _ = choose(p, (9, 0), config=D256)
         assert fam is FAM and cfg == D256
+    monkeypatch.setattr(sm90_bwd, "D192_ABOVE_FA2", True)
+    monkeypatch.setattr(sm90_bwd, "D256_ABOVE_FA2", False)
+    assert choose(problem(192), (9, 0))[0].name == "sm90_bwd" and choose(problem(200), (9, 0))[0].name == "fa2_bwd"
+    monkeypatch.setattr(sm90_bwd, "D192_ABOVE_FA2", False)
     monkeypatch.setattr(sm90_bwd, "D256_ABOVE_FA2", True)
+    assert choose(problem(192), (9, 0))[0].name == "fa2_bwd" and choose(problem(200), (9, 0))[0].name == "sm90_bwd"
+    monkeypatch.setattr(sm90_bwd, "D192_ABOVE_FA2", True)
     for d in (136, 192, 256):
         for feats, kw in (((), {}), (("alibi", "softcap", "window"), dict(window=(30, 4), softcap=10.0)),
                           (("dropout",), dict(dropout_p=0.1))):
@@ -121,11 +128,12 @@ def test_selection_and_the_switch(monkeypatch):
     # the d128 and d64 choices stay
     assert choose(problem(128), (9, 0))[1].BN == 128
     monkeypatch.setattr(sm90_bwd, "D256_ABOVE_FA2", False)
+    monkeypatch.setattr(sm90_bwd, "D192_ABOVE_FA2", False)
     assert choose(problem(128), (9, 0))[0].name == "sm90_bwd"
 
 
 def test_refusals_fall_back_to_fa2_with_a_reason(monkeypatch):
-    monkeypatch.setattr(sm90_bwd, "D256_ABOVE_FA2", True)
+    monkeypatch.setattr(sm90_bwd, "D192_ABOVE_FA2", True)
     p = problem(192, features=("dropout", "window"), dropout_p=0.1, window=(40, 0))
     why = FAM.supports((9, 0), p)
     assert "with a window at head dim 192 (the d256 instantiation spills)" in why

@@ -13,7 +13,9 @@ dK/dV reduction are fa2_bwd's kernels: sm90_bwd.cu includes fa2_bwd.cu, and Sm90
 starts with BwdParams field for field (the workspace layout is fa2_bwd's too).
 
 Selection: ranked above fa2_bwd at every head dim up to 128, as measured on the H100
-(``rank``; D64_ABOVE_FA2 / D96_ABOVE_FA2 switch head dims <= 96 back); ``config=`` / ``bwd_config=`` force either. Head dims up to 128 (kernels for 64 and 128).
+(``rank``; D64_ABOVE_FA2 / D96_ABOVE_FA2 switch head dims <= 96 back); head dims 129..256 only with
+D192_ABOVE_FA2 / D256_ABOVE_FA2 (off until timed on the H100); ``config=`` / ``bwd_config=`` force
+either. Head dims up to 256 (kernels for 64, 128 and 256).
 Features: sliding window (Q blocks outside a K/V block's band are skipped), softcap and ALiBi,
 as compile-time flags (config fields window / softcap / alibi, names _win / _cap / _alibi, as
 fa2_bwd's), and dropout (field dropout, name _drop; the Philox keep mask of philox.cuh, keyed by
@@ -32,7 +34,12 @@ Head dim 64 has three tiles: BM64 BN64 with one consumer; BM64 BN128 with two, e
 32 of dQ_i's 64 columns (wgmma m64n32k16); and FA3's BM128 BN128 with two, each 64 rows of dQ_i
 (PTXAS_FITS: not with softcap, ALiBi, dropout). D64_ABOVE_FA2 / D64_SHAPE / D96_ABOVE_FA2
 hold the choice at head dims <= 96 (one line each; measured: the family first, BM128 BN128 c2).
-Not implemented yet: head dims 96/192/256 (96 runs the d128 kernel), swap-AB.
+Head dim 256 has one tile: BM64 BN64 with two consumers sharing the K/V block's keys
+(Sm90BwdConfig.shared_keys: dK_j, dV_j split by columns, Sᵀ / dPᵀ by queries, Pᵀ and dSᵀ through
+shared memory); dQ by red.add (ordered when deterministic: dq_bulk's and dq_writer's staging do
+not fit next to it); every feature, but dropout with a window (spills: fa2_bwd runs it). Head
+dims 129..255 run it with zero-filled columns (192 included: no d192 kernel of its own).
+Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB.
 """
 from __future__ import annotations
 
@@ -89,10 +96,12 @@ DROPOUT_BY_DEFAULT = True
 # tests/sm90_varlen_timing.py measured the varlen backward at d128 in 0.58-0.75x fa2_bwd's time
 # (d64 1.0-1.14x: rank() keeps fa2_bwd there). Selection then runs the varlen backward here where
 # rank() puts this family first; CUFLASH_SM90_VARLEN_BWD=0 turns it off for a process (fa2_bwd).
-# Head dims 129..256 (the d256 kernel: BN 64 shared by 2 consumers, dK_j / dV_j split by columns;
-# 192 runs it with zero-filled columns): whether rank() puts this family above fa2_bwd. Off until
-# the H100 timing (tests/sm90_bwd_d256_timing.py) says it beats fa2_bwd there; bwd_config= forces it.
+# Head dims 193..256 / 129..192 (the d256 kernel: BN 64 shared by 2 consumers, dK_j / dV_j split by
+# columns; below 256 with zero-filled columns, 192 doing 4/3 of its work): whether rank() puts this
+# family above fa2_bwd there. Off until the H100 timing (tests/sm90_bwd_d256_timing.py, --hdims
+# 256 192) says it beats fa2_bwd; bwd_config= forces it meanwhile.
 D256_ABOVE_FA2 = False
+D192_ABOVE_FA2 = False
 VARLEN_BWD = os.environ.get("CUFLASH_SM90_VARLEN_BWD", "1") != "0"
 # The feature sets that run with varlen: their varlen instantiations at the heuristic's tiles
 # compile without spills (nvcc 13.0, sm_90a; d64 and d128, causal and not, deterministic at d64:
@@ -402,7 +411,10 @@ class Sm90Backward(Family):
         if "varlen" in problem.features and d <= 96:
             return -1   # varlen at d <= 96: fa2_bwd (measured faster than the one-consumer tile's
             #             varlen; the 2-consumer tiles' varlen has not been timed)
-        above = (D256_ABOVE_FA2 if d > 128 else d > 96 or (D64_ABOVE_FA2 if d <= 64 else D96_ABOVE_FA2))
+        if d > 128:
+            above = D256_ABOVE_FA2 if d > 192 else D192_ABOVE_FA2
+        else:
+            above = d > 96 or (D64_ABOVE_FA2 if d <= 64 else D96_ABOVE_FA2)
         return self.priority if above else -1
 
     def supports(self, arch, problem: Problem) -> str:
