@@ -88,16 +88,18 @@ def test_persistent_tiles(hdim, causal, shape):
     """The layout parameters that change how tiles map to CTAs (sm90_fwd's persistent: a CTA
     per SM, several tiles each, Q and ring phases carried from tile to tile), on shapes with
     more tiles than SMs, tiles without keys (causal, seqlen_q > seqlen_k) and GQA / MQA."""
-    from cuflash import registry
+    from cuflash import _gpu, registry
 
+    ran = []
     for family in registry.families("fwd"):
         if "persistent" not in family.space:
             continue
         b, sq, sk, h, hk = shape
         problem = Problem("fwd", "bf16", b, sq, sk, h, hk, hdim, causal)
+        if family.supports(_gpu.arch(), problem):
+            continue   # e.g. the FP8 family on bf16: the other families still run
         cfg = device_heuristic(family, problem)
-        if cfg is None:
-            continue
+        ran.append(family.name)
         q, k, v = inputs(problem)
         # static tiles, static persistent, and (sm90_fwd) the dynamic scheduler
         sched = [dict(persistent=False), dict(persistent=True)]
@@ -107,6 +109,8 @@ def test_persistent_tiles(hdim, causal, shape):
             c = cfg.replace(**kw)
             out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, config=c)
             check_forward(out, lse, q, k, v, causal, hdim ** -0.5, f"{c.name}: ")
+    if not ran:
+        pytest.skip("no forward family with a persistent layout supports bf16 on this GPU")
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
