@@ -63,17 +63,9 @@ def test_odd_seqlens(causal, seqlens):
     run_case(p, tile(p))
 
 
-@pytest.mark.parametrize("hdim", [256, 192])
-def test_fp16_gqa_mqa(hdim):
-    """fp16, GQA and MQA; 192: the d256 kernel, TMA zero-fills columns 192..255."""
+def test_fp16_gqa_mqa():
     for heads, seqlens in (("gqa", (300, 333)), ("mqa", (1023, 257))):
-        p = problem("fp16", True, hdim, seqlens, heads)
-        run_case(p, tile(p))
-
-
-def test_d192_bf16_odd_seqlens():
-    for i, seqlens in enumerate([(17, 17), (113, 301), (2049, 2049)]):
-        p = problem("bf16", False, 192, seqlens, list(HEADS)[i % len(HEADS)])
+        p = problem("fp16", True, D, seqlens, heads)
         run_case(p, tile(p))
 
 
@@ -106,6 +98,21 @@ def test_window_softcap_alibi():
 
 def test_dropout():
     feat.test_dropout(D, True, False)
+
+
+# head dim 192 last: the d256 kernel with TMA boxes entirely past the head dim (columns 192..255,
+# zero-filled; their bytes count toward the ring's mbarrier): a hang here leaves the rest run
+
+def test_d192_fp16_gqa_mqa():
+    for heads, seqlens in (("gqa", (300, 333)), ("mqa", (1023, 257))):
+        p = problem("fp16", True, 192, seqlens, heads)
+        run_case(p, tile(p))
+
+
+def test_d192_bf16_odd_seqlens():
+    for i, seqlens in enumerate([(17, 17), (113, 301), (2049, 2049)]):
+        p = problem("bf16", False, 192, seqlens, list(HEADS)[i % len(HEADS)])
+        run_case(p, tile(p))
 
 
 def suite_configs():
