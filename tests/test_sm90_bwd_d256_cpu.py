@@ -63,7 +63,10 @@ def test_tile_names_split_and_shared_memory():
     (dict(stages=3), "more than the 232448"),
     (dict(dq_writer=True), "more than the 232448"),
     (dict(dq_bulk=True), "more than the 232448"),
-    (dict(dropout=True, window=True), "dropout with a window at head_dim=256"),
+    (dict(dropout=True, window=True), "dropout with a window, softcap or ALiBi at head_dim=256"),
+    (dict(dropout=True, softcap=True, causal=True), "dropout with a window, softcap or ALiBi"),
+    (dict(dropout=True, alibi=True), "dropout with a window, softcap or ALiBi"),
+    (dict(dropout=True, overlap_sdp=True), "overlap_sdp at head_dim=256 with dropout"),
 ])
 def test_each_rule(change, pattern):
     with pytest.raises(ConfigError, match=pattern):
@@ -74,8 +77,8 @@ def test_what_it_allows():
     for flags in (dict(causal=True, deterministic=True), dict(overlap_sdp=True),
                   dict(overlap_sdp=True, window=True, softcap=True, alibi=True),
                   dict(window=True, softcap=True, alibi=True, deterministic=True), dict(dropout=True),
-                  dict(dropout=True, softcap=True, alibi=True), dict(dropout=True, deterministic=True),
-                  dict(dropout=True, overlap_sdp=True), dict(varlen=True, deterministic=True),
+                  dict(dropout=True, deterministic=True), dict(dropout=True, causal=True, varlen=True),
+                  dict(varlen=True, deterministic=True),
                   dict(dtype="fp16", causal=True)):
         assert D256.replace(**flags).problems() == [], flags
 
@@ -95,10 +98,14 @@ def test_space_heuristic_and_for_problem():
             cfg = FAM.for_problem(FAM.heuristic(p), p)
             assert cfg == D256.replace(dtype=dtype, causal=causal, deterministic=det), cfg
             assert FAM.head_dim_of(d) == 256 and FAM.fits(cfg, p) == ""
-    # dropout keeps red.add at d256 (for_problem moves only d128's dQ path), overlap_sdp stays
+    # dropout keeps red.add at d256 (for_problem moves only d128's dQ path) and drops overlap_sdp
+    # (that kernel spills); softcap / ALiBi keep it
     drop = problem(features=("dropout",), dropout_p=0.1)
     cfg = FAM.for_problem(D256.replace(overlap_sdp=True), drop)
-    assert cfg.dropout and cfg.overlap_sdp and not cfg.dq_writer and not cfg.dq_bulk and cfg.problems() == []
+    assert cfg.dropout and not cfg.overlap_sdp and not cfg.dq_writer and not cfg.dq_bulk and cfg.problems() == []
+    cap = problem(features=("alibi", "softcap"), softcap=5.0)
+    cfg = FAM.for_problem(D256.replace(overlap_sdp=True), cap)
+    assert cfg.softcap and cfg.alibi and cfg.overlap_sdp and cfg.problems() == []
     # a deterministic call with a tuned-style dq_writer config: red.add, ordered
     cfg = FAM.for_problem(D256.replace(dq_writer=True), problem(deterministic=True))
     assert cfg.deterministic and not cfg.dq_writer and cfg.problems() == []
@@ -136,7 +143,7 @@ def test_refusals_fall_back_to_fa2_with_a_reason(monkeypatch):
     monkeypatch.setattr(sm90_bwd, "D192_ABOVE_FA2", True)
     p = problem(192, features=("dropout", "window"), dropout_p=0.1, window=(40, 0))
     why = FAM.supports((9, 0), p)
-    assert "with a window at head dim 192 (the d256 instantiation spills)" in why
+    assert "with dropout at head dim 192 (the d256 instantiations spill)" in why
     assert choose(p, (9, 0))[0].name == "fa2_bwd"
     # deterministic dropout and deterministic varlen run here at d256 (they compile clean)
     assert FAM.supports((9, 0), problem(features=("dropout",), dropout_p=0.1, deterministic=True)) == ""
@@ -187,15 +194,15 @@ def test_ptxas_d256_plain_and_schedule():
 @needs_nvcc
 def test_ptxas_d256_features():
     """Window, softcap, ALiBi alone and together (causal and not, deterministic, overlap_sdp);
-    dropout alone, with softcap / ALiBi, deterministic, with overlap_sdp; varlen (14)."""
+    dropout alone (causal and not), deterministic, fp16, varlen; varlen (14)."""
     configs = [D256.replace(window=True), D256.replace(causal=True, softcap=True), D256.replace(alibi=True),
                D256.replace(window=True, softcap=True, alibi=True),
                D256.replace(causal=True, window=True, softcap=True, alibi=True, deterministic=True),
                D256.replace(overlap_sdp=True, window=True, softcap=True, alibi=True),
                D256.replace(dropout=True), D256.replace(causal=True, dropout=True),
-               D256.replace(dropout=True, softcap=True, alibi=True),
+               D256.replace(dtype="fp16", causal=True, dropout=True),
                D256.replace(causal=True, dropout=True, deterministic=True),
-               D256.replace(causal=True, dropout=True, overlap_sdp=True),
+               D256.replace(causal=True, dropout=True, varlen=True),
                D256.replace(varlen=True), D256.replace(varlen=True, causal=True, deterministic=True),
                D256.replace(varlen=True, window=True, softcap=True, alibi=True)]
     assert all(c.problems() == [] for c in configs), [c.problems() for c in configs]

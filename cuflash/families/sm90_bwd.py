@@ -37,8 +37,9 @@ hold the choice at head dims <= 96 (one line each; measured: the family first, B
 Head dim 256 has one tile: BM64 BN64 with two consumers sharing the K/V block's keys
 (Sm90BwdConfig.shared_keys: dK_j, dV_j split by columns, Sᵀ / dPᵀ by queries, Pᵀ and dSᵀ through
 shared memory); dQ by red.add (ordered when deterministic: dq_bulk's and dq_writer's staging do
-not fit next to it); every feature, but dropout with a window (spills: fa2_bwd runs it). Head
+not fit next to it); every feature (dropout alone: see below). Head
 dims 129..255 run it with zero-filled columns (192 included: no d192 kernel of its own).
+(Dropout runs there alone: with a window, softcap or ALiBi, and overlap_sdp, ptxas spills.)
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB.
 """
 from __future__ import annotations
@@ -264,6 +265,12 @@ class Sm90BwdConfig(KernelConfig):
         (tests/test_sm90_bwd_sched_cpu.py holds it)."""
         return self.softcap or self.alibi or self.dropout
 
+    def overlap_sdp_refused(self) -> bool:
+        """Whether overlap_sdp's kernel spills for this config (nvcc 13.0, sm_90a): at head dim 128
+        with softcap, ALiBi or dropout (overlap_sdp_spills); at head dim 256 with dropout (causal
+        spills 8 bytes; tests/test_sm90_bwd_d256_cpu.py holds the rest to zero)."""
+        return (self.head_dim == 128 and self.overlap_sdp_spills()) or (self.shared_keys and self.dropout)
+
     def bm128_spills(self) -> bool:
         """Whether the BM 128 tile (head dim 64, PTXAS_FITS) spills (nvcc 13.0, sm_90a): with
         softcap or ALiBi, and with overlap_sdp next to a window, at stages > 2 or without
@@ -331,8 +338,9 @@ class Sm90BwdConfig(KernelConfig):
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
-        if not out and self.overlap_sdp and self.head_dim == 128 and self.overlap_sdp_spills():
-            out.append(f"overlap_sdp at head_dim={self.head_dim} with softcap / ALiBi / dropout: "
+        if not out and self.overlap_sdp and self.overlap_sdp_refused():
+            what = "dropout" if self.shared_keys else "softcap / ALiBi / dropout"
+            out.append(f"overlap_sdp at head_dim={self.head_dim} with {what}: "
                        "ptxas spills that kernel (Sᵀ and dPᵀ live together; nvcc 13.0)")
         if not out and self.dropout and self.head_dim == 128 and not self.deterministic:
             path = self.dropout_dq_path()
@@ -352,9 +360,9 @@ class Sm90BwdConfig(KernelConfig):
         if not out and self.BM > 64 and self.bm128_spills():
             out.append(f"BM={self.BM} with softcap / ALiBi, or overlap_sdp with a window, stages > 2 "
                        "or without dq_writer: ptxas spills that kernel (nvcc 13.0); BM=64 runs it")
-        if not out and self.dropout and self.shared_keys and self.window:
-            out.append(f"dropout with a window at head_dim={self.head_dim}: ptxas spills that kernel "
-                       "(nvcc 13.0); fa2_bwd runs it")
+        if not out and self.dropout and self.shared_keys and (self.window or self.softcap or self.alibi):
+            out.append(f"dropout with a window, softcap or ALiBi at head_dim={self.head_dim}: ptxas "
+                       "spills those kernels (causal; a window: all) (nvcc 13.0); fa2_bwd runs them")
         if not out and self.dropout and self.deterministic and self.head_dim == 128:
             out.append(f"dropout with deterministic at head_dim={self.head_dim}: ptxas spills "
                        "that kernel (nvcc 13.0); fa2_bwd runs it")
@@ -448,8 +456,8 @@ class Sm90Backward(Family):
         if self.head_dim_of(problem.head_dim) == 128 and "window" in feats \
                 and ("softcap" in feats or "alibi" in feats):
             return why + f" with a window at head dim {problem.head_dim} (its instantiation spills)"
-        if self.head_dim_of(problem.head_dim) == 256 and "window" in feats:
-            return why + f" with a window at head dim {problem.head_dim} (the d256 instantiation spills)"
+        if self.head_dim_of(problem.head_dim) == 256:
+            return why + f" at head dim {problem.head_dim} (the d256 instantiations spill)"
         return ""
 
     def varlen_mix(self, problem: Problem) -> str:
@@ -493,7 +501,7 @@ class Sm90Backward(Family):
             path = config.dropout_dq_path()
             if path is not None:
                 config = config.replace(dq_writer=path == "dq_writer", dq_bulk=path == "dq_bulk")
-        if config.overlap_sdp and config.head_dim == 128 and config.overlap_sdp_spills():
+        if config.overlap_sdp and config.overlap_sdp_refused():
             config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
         if config.BM > 64 and config.bm128_spills():
             # FA3's BM 128 tile at head dim 64 (a tuned entry's, D64_SHAPE, bwd_config=): without
