@@ -160,13 +160,12 @@
 //         dS (transposed) into ds_smem as above; named barrier 1, as for dS, covers all three;
 //   dV_j, dK_j += Pᵀ dO_i, dSᵀ Q_i for columns 128·wg..+127 (kDkvN = 128; SS: all BM queries'
 //         Pᵀ, dSᵀ from shared memory, both warpgroups reading both halves; dO_i, Q_i MN-major
-//         from column chunk 2·wg), issued between ...
+//         from column chunk 2·wg), one commit group with ...
 //   dQ_i part = dS K_j for columns 128·wg..+127 (kDqN), in two 64-column pieces (one piece's
-//         32 accumulators live next to dK_j, dV_j's 128): piece 1, then dV and dK, are issued;
-//         piece 1 is added by red.add while dV, dK run, then piece 2 is issued; once dV, dK are
-//         done q_empty is released, then piece 2 added. Ordered (one turn for both pieces) when
-//         kDeterministic. kDqBulk / kDqWriter: their staging does not fit next to this tile
-//         (static_assert, and the config refuses them).
+//         32 accumulators live next to dK_j, dV_j's 128), each added by red.add as soon as it is
+//         done (waiting for the first also waits for dV, dK: then q_empty is released); ordered
+//         (one turn for both pieces) when kDeterministic. kDqBulk / kDqWriter: their staging does
+//         not fit next to this tile (static_assert, and the config refuses them).
 // Softcap's and dropout's words (kSN / 4 each) stay in registers here. The loop-invariant
 // descriptors of K_j, V_j, Pᵀ, dSᵀ, dS are re-derived at each use (opaque_u32): hoisted out of
 // the loop, one per k-step, they spilled. Head dims 129..255 run this kernel (TMA zero-fills the
@@ -827,41 +826,12 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         named_barrier_sync(1, kConsumerThreads);                // all of dS is written
 
         if constexpr (kSharedKeys) {
-            // ---- the products of dS, Pᵀ, dSᵀ for this warpgroup's columns, in three commit groups:
-            //   1. dQ_i part, columns dq_col0..+63 = dS K_j (dQ in 64-column pieces: one piece's
-            //      32 accumulators live next to dK_j, dV_j's 128; the whole part's 64 spilled)
-            //   2. dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i, columns dkv_col0..+127 (SS: all BM queries'
-            //      Pᵀ, dSᵀ from shared memory, K-major; dO_i, Q_i MN-major from their column chunk
-            //      2·wg; queries 16kk..16kk+15 per step)
-            //   3. the dQ part's columns dq_col0 + 64..+127, issued once piece 1 has been added by
-            //      red.add (its registers reused) while group 2 still runs
-            // Deterministic: the turn is taken once for both pieces. dq_bulk and dq_writer: their
-            // staging does not fit in shared memory next to this tile. ----
-            static_assert(!kDqWriter && !kDqBulk, "shared keys (head dim 256): dQ by red.add only");
-            static_assert(Shape::kDqN == 128, "shared keys: two 64-column pieces of dQ_i per warpgroup");
-            int* turn = kDeterministic ? p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block : nullptr;
-            float* dq_rows = p.dq_accum + ((kVarlen ? ws_row0() : bh * p.seqlen_q_rounded) + row0
-                                           + warp * 16) * p.head_dim_rounded + dq_col0;
-            float dq_part[32];
-            const auto issue_dq_piece = [&](int piece) {
-                wgmma_fence();
+            // ---- dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i for this warpgroup's kDkvN columns (SS: Pᵀ,
+            // dSᵀ of all BM queries from shared memory, K-major; dO_i, Q_i MN-major from its first
+            // column chunk; queries 16kk..16kk+15 per step), waited for with the dQ part ----
+            wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < kBN / 16; ++kk) {
-                    const u32 a_off = (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-                    Wgmma<64, Elem>::template ss<1>(dq_part, fresh(ds_desc).at(a_off),
-                                                    fresh(k_t_desc).at(piece * Shape::kKVChunkBytes + kk * 16 * 128), kk > 0);
-                }
-                wgmma_commit();
-            };
-            const auto add_dq_piece = [&](int piece) {
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    red_add_tile_16x16(dq_rows + piece * 64 + j * 16, p.head_dim_rounded,
-                                       reinterpret_cast<const float (&)[2][4]>(dq_part[8 * j]), g, t);
-            };
-            issue_dq_piece(0);                                  // group 1
-#pragma unroll
-            for (int kk = 0; kk < kBM / 16; ++kk) {             // group 2
+            for (int kk = 0; kk < kBM / 16; ++kk) {
                 const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
                 Wgmma<kDkvN, Elem>::template ss<1>(dv_acc, fresh(p_desc).at(a_off), do_t_desc.at(q_off + kk * 16 * 128), 1);
             }
@@ -871,22 +841,46 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 Wgmma<kDkvN, Elem>::template ss<1>(dk_acc, fresh(dst_desc).at(a_off), q_t_desc.at(q_off + kk * 16 * 128), 1);
             }
             wgmma_commit();
-            wgmma_wait<1>();                                    // piece 1 is ready (dV, dK may still run)
-            reg_fence(dq_part);
-            if (kDeterministic) {   // this CTA's turn at this Q block (as below)
-                const int first = kWindow ? band.template kv_block_begin<kBM, kBN>(row0) : 0;
-                if (ctid == 0) while (ld_acquire_gpu(turn) != n_block - first) {}
-                named_barrier_sync(1, kConsumerThreads);
+        }
+
+        if constexpr (kSharedKeys) {
+            // ---- dQ_i part = dS K_j, this warpgroup's kDqN columns in 64-column pieces: one
+            // piece's accumulators live at a time next to dK_j, dV_j (128 + 32 registers; the whole
+            // part's 64 made ptxas spill), each added by red.add as soon as it is done (the
+            // additions drain while the next piece runs). Deterministic: the turn is taken once
+            // for both pieces. dq_bulk and dq_writer do not fit in shared memory here. ----
+            static_assert(!kDqWriter && !kDqBulk, "shared keys (head dim 256): dQ by red.add only");
+            int* turn = kDeterministic ? p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block : nullptr;
+            float* dq_rows = p.dq_accum + ((kVarlen ? ws_row0() : bh * p.seqlen_q_rounded) + row0
+                                           + warp * 16) * p.head_dim_rounded + dq_col0;
+#pragma unroll
+            for (int piece = 0; piece < Shape::kDqN / 64; ++piece) {
+                float dq_part[32];
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kBN / 16; ++kk) {
+                    const u32 a_off = (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+                    Wgmma<64, Elem>::template ss<1>(dq_part, fresh(ds_desc).at(a_off),
+                                                    fresh(k_t_desc).at(piece * Shape::kKVChunkBytes + kk * 16 * 128), kk > 0);
+                }
+                wgmma_commit();
+                wgmma_wait<0>();                                // (piece 0: dV, dK too: Q_i, dO_i all read)
+                reg_fence(dq_part);
+                if (piece == 0) {
+                    reg_fence(dk_acc);
+                    reg_fence(dv_acc);
+                    mbarrier_arrive(q_empty(slot));             // the slot may be refilled
+                    if (kDeterministic) {   // this CTA's turn at this Q block (as below)
+                        const int first = kWindow ? band.template kv_block_begin<kBM, kBN>(row0) : 0;
+                        if (ctid == 0) while (ld_acquire_gpu(turn) != n_block - first) {}
+                        named_barrier_sync(1, kConsumerThreads);
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    red_add_tile_16x16(dq_rows + piece * 64 + j * 16, p.head_dim_rounded,
+                                       reinterpret_cast<const float (&)[2][4]>(dq_part[8 * j]), g, t);
             }
-            add_dq_piece(0);
-            issue_dq_piece(1);                                  // group 3
-            wgmma_wait<1>();                                    // dV, dK done: Q_i, dO_i all read
-            reg_fence(dk_acc);
-            reg_fence(dv_acc);
-            mbarrier_arrive(q_empty(slot));                     // the slot may be refilled
-            wgmma_wait<0>();
-            reg_fence(dq_part);
-            add_dq_piece(1);
             if (kDeterministic) {  // pass the turn on once every thread's additions are visible
                 __threadfence();
                 named_barrier_sync(1, kConsumerThreads);

@@ -159,10 +159,8 @@ def test_kernel_source():
     loop = src[src.index("if constexpr (kSharedKeys) {\n            // kSharedKeys: this warpgroup's Pᵀ"):]
     order = ["stmatrix_x4(smem + Shape::kPOffset", "stmatrix_x4(smem + Shape::kDstOffset",
              "fence_proxy_async_smem()", "named_barrier_sync(1, kConsumerThreads)",
-             "Wgmma<64, Elem>::template ss<1>(dq_part", "red_add_tile_16x16(dq_rows + piece * 64",
-             "issue_dq_piece(0)", "fresh(p_desc)", "fresh(dst_desc)", "wgmma_commit()", "wgmma_wait<1>()",
-             "add_dq_piece(0)", "issue_dq_piece(1)", "wgmma_wait<1>()", "mbarrier_arrive(q_empty(slot))",
-             "wgmma_wait<0>()", "add_dq_piece(1)", "continue;"]
+             "fresh(p_desc)", "fresh(dst_desc)", "wgmma_commit()", "Wgmma<64, Elem>::template ss<1>(dq_part",
+             "mbarrier_arrive(q_empty(slot))", "red_add_tile_16x16(dq_rows + piece * 64"]
     pos = 0
     for token in order:
         pos = loop.index(token, pos) + 1
