@@ -13,9 +13,9 @@ dK/dV reduction are fa2_bwd's kernels: sm90_bwd.cu includes fa2_bwd.cu, and Sm90
 starts with BwdParams field for field (the workspace layout is fa2_bwd's too).
 
 Selection: ranked above fa2_bwd at every head dim up to 128, as measured on the H100
-(``rank``; D64_ABOVE_FA2 / D96_ABOVE_FA2 switch head dims <= 96 back); head dims 129..256 only with
-D192_ABOVE_FA2 / D256_ABOVE_FA2 (off until timed on the H100); ``config=`` / ``bwd_config=`` force
-either. Head dims up to 256 (kernels for 64, 128 and 256).
+(``rank``; D64_ABOVE_FA2 / D96_ABOVE_FA2 switch head dims <= 96 back); head dims 193..256 too
+(D256_ABOVE_FA2, measured: 2.1-2.3x fa2_bwd), 129..192 only with D192_ABOVE_FA2 (off: untimed);
+``config=`` / ``bwd_config=`` force either. Head dims up to 256 (kernels for 64, 128 and 256).
 Features: sliding window (Q blocks outside a K/V block's band are skipped), softcap and ALiBi,
 as compile-time flags (config fields window / softcap / alibi, names _win / _cap / _alibi, as
 fa2_bwd's), and dropout (field dropout, name _drop; the Philox keep mask of philox.cuh, keyed by
@@ -99,9 +99,12 @@ DROPOUT_BY_DEFAULT = True
 # rank() puts this family first; CUFLASH_SM90_VARLEN_BWD=0 turns it off for a process (fa2_bwd).
 # Head dims 193..256 / 129..192 (the d256 kernel: BN 64 shared by 2 consumers, dK_j / dV_j split by
 # columns; below 256 with zero-filled columns, 192 doing 4/3 of its work): whether rank() puts this
-# family above fa2_bwd there. Off until the H100 timing (tests/sm90_bwd_d256_timing.py, --hdims
-# 256 192) says it beats fa2_bwd; bwd_config= forces it meanwhile.
-D256_ABOVE_FA2 = False
+# family above fa2_bwd there. Measured on the H100 (2026-11-26, rev dfc42b8,
+# tests/sm90_bwd_d256_timing.py: d256, 8 heads, batch x seqlen 16k, bf16, 4k and 16k, causal and
+# not, backward alone): 289-339 TFLOPs, 2.12-2.34x fa2_bwd's speed, 0.79-0.90x SDPA cuDNN's: on.
+# 129..192: not timed yet (its GPU tests passed at d192): off until --hdims 192 says it beats
+# fa2_bwd there; bwd_config= forces it meanwhile.
+D256_ABOVE_FA2 = True
 D192_ABOVE_FA2 = False
 VARLEN_BWD = os.environ.get("CUFLASH_SM90_VARLEN_BWD", "1") != "0"
 # The feature sets that run with varlen: their varlen instantiations at the heuristic's tiles
