@@ -7,8 +7,10 @@ at the FlashAttention benchmark's shape (batch x seqlen = 16k, 2048 / head_dim h
 
 Rows per case (head dim, mask): plain (what selection runs without dropout), dropout (what
 selection runs with it: sm90_fwd at DROPOUT_BN, the backward's dQ path of for_problem), the
-dropout forward at the other BNs that compile without spills (multiples of 32, philox.cuh's
-32-key layout), fa2_fwd's dropout forward, and SDPA cuDNN with and without dropout. "x plain"
+dropout forward on the persistent grid with the dynamic scheduler (as plain calls run), with
+--variants the dropout forward at the other BNs that compile without spills (multiples of 32,
+philox.cuh's 32-key layout) and fa2_fwd's dropout forward, and SDPA cuDNN with and without
+dropout, forward and forward + backward. "x plain"
 is ms / the plain cuflash call's ms of the same op. Every kernel is compiled first, in
 parallel; samples are CUDA events, interleaved (cuflash.timing.time_interleaved), median.
 Not a test.
@@ -51,14 +53,23 @@ def cases(args):
             yield d, causal, max(1, 16384 // s), s, h
 
 
-def fwd_configs(d, causal, b, s, h):
-    """The dropout forwards to time: sm90_fwd's heuristic (DROPOUT_BN) and its other BNs that
-    pass problems() (no spills, multiples of 32), fa2_fwd's heuristic."""
+def fwd_configs(d, causal, b, s, h, variants=False):
+    """The dropout forwards to time: sm90_fwd's heuristic (DROPOUT_BN), the same with the other
+    schedule (a CTA per tile, or the persistent grid with the dynamic scheduler, which plain
+    calls run); with ``variants`` also its other BNs that pass problems() (no spills, multiples
+    of 32) and fa2_fwd's heuristic."""
     sm90, fa2 = registry.get("sm90_fwd"), registry.get("fa2_fwd")
     drop = Problem("fwd", "bf16", b, s, s, h, h, d, causal, features=("dropout",), dropout_p=P)
     heur = sm90.for_problem(sm90.heuristic(drop), drop)
-    out = [heur] + [heur.replace(BN=bn) for bn in (96, 128, 160, 192)
-                    if bn != heur.BN and not heur.replace(BN=bn).problems(227 * 1024)]
+    out = [heur]
+    for sched in (dict(persistent=False, dynamic=False), dict(persistent=True, dynamic=True)):
+        other = heur.replace(tma_store=False, **sched)
+        if other not in out and not other.problems(227 * 1024):
+            out.append(other)
+    if not variants:
+        return out
+    out += [heur.replace(BN=bn) for bn in (96, 128, 160, 192)
+            if bn != heur.BN and not heur.replace(BN=bn).problems(227 * 1024)]
     return out + [fa2.for_problem(fa2.heuristic(drop), drop)]
 
 
@@ -69,6 +80,8 @@ def main():
     ap.add_argument("--causal", choices=("yes", "no", "both"), default="both")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default="")
+    ap.add_argument("--variants", action="store_true",
+                    help="also time the dropout forward at its other BNs and fa2_fwd's")
     args = ap.parse_args()
 
     # compile everything first, in parallel (selection's plain and dropout kernels, the variants)
@@ -78,7 +91,7 @@ def main():
             plain = Problem(op, "bf16", b, s, s, h, h, d, causal)
             for p in (plain, plain.replace(features=("dropout",), dropout_p=P)):
                 todo.append(choose_on_device(p, 0)[1])
-        todo += fwd_configs(d, causal, b, s, h)
+        todo += fwd_configs(d, causal, b, s, h, args.variants)
     precompile(list(dict.fromkeys(todo)), 0, processes=min(16, os.cpu_count() or 1))
 
     rows = []
@@ -110,12 +123,14 @@ def main():
                    "cudnn": lambda: run(lambda: sdpa(q, k, v, causal, 0.0)),
                    "cudnn_drop": lambda: run(lambda: sdpa(q, k, v, causal, P))}
             op_names = dict(names)
-            if op == "fwd":
-                for i, cfg in enumerate(fwd_configs(d, causal, b, s, h)[1:]):
-                    fns[f"v{i}"] = (lambda cfg=cfg: run(lambda: cuflash.flash_attn_func(
-                        q, k, v, P, causal=causal, config=cfg)))
-                    op_names[f"v{i}"] = ("cuflash", cfg.name)
-            else:
+            for i, cfg in enumerate(fwd_configs(d, causal, b, s, h, args.variants)[1:]):
+                fns[f"v{i}"] = (lambda cfg=cfg: run(lambda: cuflash.flash_attn_func(
+                    q, k, v, P, causal=causal, config=cfg)))
+                op_names[f"v{i}"] = ("cuflash", cfg.name)
+                if op == "fwdbwd":
+                    op_names[f"v{i}"] = ("cuflash", cfg.name + " + " + choose_on_device(
+                        drop.replace(op="bwd"), 0)[1].name)
+            if op == "fwdbwd":
                 bname = choose_on_device(drop.replace(op="bwd"), 0)[1].name
                 op_names["dropout"] = ("cuflash", op_names["dropout"][1] + " + " + bname)
                 op_names["plain"] = ("cuflash", op_names["plain"][1] + " + "

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cuflash import dropout, registry
+from cuflash.families import sm90_fwd
 from cuflash.families.sm90_fwd import DROPOUT_BN, HEAD_DIMS, Sm90FwdConfig
 from cuflash.problem import Problem
 from cuflash.select import choose
@@ -27,7 +28,7 @@ def drop_problem(op="fwd", d=128, causal=True, p=0.1, dtype="bf16", **kw):
 def test_selection_runs_the_dropout_forward_on_sm90():
     fam, cfg, source = choose(drop_problem(), (9, 0), dirs=[])
     assert fam.name == "sm90_fwd" and cfg.dropout and source.startswith("heuristic")
-    assert cfg.name == "sm90fwd_bf16_d128_causal_BM128_BN160_s2_c2_pp_drop"
+    assert cfg.name == "sm90fwd_bf16_d128_causal_BM128_BN160_s2_c2_pp_persist_dyn_drop"   # DROPOUT_DYNAMIC
     # elsewhere fa2_fwd, with its own dropout flag
     fam, cfg, _ = choose(drop_problem(), (8, 0), dirs=[])
     assert fam.name == "fa2_fwd" and cfg.dropout
@@ -50,11 +51,18 @@ def test_dropout_heuristic_config_and_kernel_names():
         p = drop_problem(d=d, causal=causal, dtype=dtype)
         cfg = FAM.for_problem(FAM.heuristic(p), p)
         assert cfg.dropout and cfg.BN == DROPOUT_BN[d] and cfg.problems(227 * 1024) == []
-        assert cfg.name.endswith("_pp_drop")
-        assert cfg.kernel_name().endswith(f"cuflash::{dtype}, {str(causal).lower()}, false, false, false, true>")
+        # DROPOUT_DYNAMIC: the persistent grid with the dynamic scheduler, no TMA store
+        assert cfg.name.endswith("_pp_persist_dyn_drop") and cfg.persistent and cfg.dynamic
+        assert not cfg.tma_store
+        assert cfg.kernel_name().endswith(f"cuflash::{dtype}, {str(causal).lower()}, false, false, false, true, 0, true>")
         # kDropout, then kEmuExp2 (0 with dropout: tests/test_sm90_softcap_cpu.py)
         # (then kDynamic, kTmaStore and kVarlen, appended after them)
         assert cfg.template_args()[-5:-3] == (True, 0) and len(cfg.template_args()) == 17
+        with pytest.MonkeyPatch.context() as mp:   # the switch off: the static tiles of before
+            mp.setattr(sm90_fwd, "DROPOUT_DYNAMIC", False)
+            static = FAM.for_problem(FAM.heuristic(p), p)
+            assert static.name.endswith("_pp_drop") and static == cfg.replace(persistent=False, dynamic=False)
+            assert static.kernel_name().endswith(f"cuflash::{dtype}, {str(causal).lower()}, false, false, false, true>")
         # the call sets the flag both ways; the encoded form carries none (as the feature flags)
         plain = FAM.for_problem(cfg, p.replace(features=()))
         assert not plain.dropout and FAM.for_problem(plain, p) == cfg

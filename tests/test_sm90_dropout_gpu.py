@@ -9,7 +9,8 @@
   dropout) within 3x; odd seqlens (1, 17, 113, 1023, 2049), s_q != s_k both ways, GQA / MQA,
   causal.
 
-9 compiles (5 for the mask, 2 forward + 2 backward for the reference grid)."""
+9 compiles (5 for the mask, 2 forward + 2 backward for the reference grid); the thresholds'
+edges reuse the first mask case's."""
 import math
 
 import numpy as np
@@ -101,6 +102,32 @@ def test_sm90_mask_is_the_mirrors_and_fa2s_bit_for_bit(case):
         fa2 = forced("fa2_fwd", problem)
         assert fa2.family == "fa2_fwd" and fa2.dropout
         assert torch.equal(read_mask((b, sq, h, d), (b, sk, h_kv, d), torch.bfloat16, causal, fa2), got)
+
+
+@pytest.mark.usefixtures("poison_outputs")
+@pytest.mark.parametrize("p_drop", [0.001, 0.6, 0.999])
+def test_sm90_mask_at_the_thresholds_edges(p_drop):
+    """The keep test (philox.cuh: byte >= threshold as a carry into bit 15 / 31 of a 16-bit
+    lane) at the thresholds that the default p does not reach: 0 (p = 0.001: every element
+    kept), 154 (p = 0.6: the byte's top bit set in half of the kept ones) and 256 (p = 0.999:
+    nothing kept, O = 0); the mask read back from sm90_fwd (the dropout heuristic's tiles) equals
+    the mirror's. One compile (p is a run-time parameter)."""
+    import torch
+
+    from cuflash import dropout
+    from cuflash.problem import Problem
+
+    require_sm90()
+    b, sq, sk, h, d = 1, 200, 300, 2, 64
+    problem = Problem("fwd", "bf16", b, sq, sk, h, h, d, False, features=("dropout",), dropout_p=P_DROP)
+    sm90 = forced("sm90_fwd", problem)
+    got = read_mask((b, sq, h, d), (b, sk, h, d), torch.bfloat16, False, sm90, p=p_drop)
+    want = torch.from_numpy(dropout.keep_mask(*SEED, p_drop, b, h, sq, sk)).cuda()
+    assert dropout.drop_threshold(p_drop) == {0.001: 0, 0.6: 154, 0.999: 256}[p_drop]
+    wrong = (got != want).nonzero()
+    assert wrong.shape[0] == 0, f"p={p_drop}: {wrong.shape[0]} mask bits differ, first {wrong[:4].tolist()}"
+    kept = want.float().mean().item()
+    assert {0.001: kept == 1.0, 0.6: 0.35 < kept < 0.45, 0.999: kept == 0.0}[p_drop], kept
 
 
 # (dtype, head dim, causal): d64 / d128 run through sm90_fwd in test_dropout_gpu.py's grid

@@ -80,6 +80,12 @@ SOFTCAP_EMU_EXP2 = 0
 # Whether the heuristic runs the dynamic persistent scheduler (and, at d128 below 16k keys, the
 # TMA-store epilogue): see Sm90Forward.heuristic for the measurement.
 HEURISTIC_DYNAMIC = True
+# Whether a dropout call (dropout alone, fixed lengths) runs the dynamic persistent scheduler too
+# (without the TMA-store epilogue: its staging tiles spill next to the Philox rounds at d128).
+# Measured on the H100 (tests/sm90_dropout_timing.py, bf16 8k, p = 0.1, same process): forward
+# 0.93-0.99x the static tiles' time (d128 causal 1.295 -> 1.210 ms, d64 causal 1.856 -> 1.730,
+# d128 full 2.444 -> 2.410, d64 full 3.405 -> 3.362), forward + backward 0.98-1.00x.
+DROPOUT_DYNAMIC = True
 # The dynamic scheduler (``dynamic``, kDynamic): bytes of K and V that a section of the tile order
 # keeps in L2 (the H100 has 50 MB; FA3 sizes its sections by 32 MB too), and the shared memory
 # its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
@@ -490,7 +496,8 @@ class Sm90Forward(Family):
         to BN 176 / 192). Measured on the H100 against the shipped static tiles
         (results/NVIDIA_H100_80GB_HBM3/sched_timing.md, bf16, 2k-16k): d128 0.88-1.07x ->
         1.00-1.18x cuDNN, d256 causal 0.95-1.12x -> 1.04-1.18x, d64 causal 0.80-1.01x ->
-        0.91-1.04x, the rest within 1-2%. Varlen: the same tiles (a
+        0.91-1.04x, the rest within 1-2%. Dropout alone (DROPOUT_DYNAMIC) takes the dynamic
+        scheduler as well, without the TMA store (measured: DROPOUT_DYNAMIC's note). Varlen: the same tiles (a
         sequence's blocks are the fixed-length kernel's), scheduled by VARLEN_PERSISTENT (a CTA
         per tile: those past a sequence's end leave at once; with a window, window_tiles'
         persistent schedule), without the dynamic scheduler or the TMA-store epilogue (the
@@ -506,6 +513,8 @@ class Sm90Forward(Family):
                 bn, tma_store = 160, True
         if "dropout" in problem.features:   # (with a window too: window_tiles' BN is no wider)
             bn = min(bn, DROPOUT_BN[d])
+            if HEURISTIC_DYNAMIC and DROPOUT_DYNAMIC and tuple(problem.features) == ("dropout",):
+                persistent = dynamic = True   # (no TMA store: it spills with dropout at d128)
         if "window" in problem.features:
             # (also under ALiBi: ptxas spilled with both at BN 192 (d64) / 176 (d128), not at 128)
             bn, persistent = window_tiles(d)
