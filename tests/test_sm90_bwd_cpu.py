@@ -560,7 +560,7 @@ def test_ptxas_dq_bulk_with_features_no_spills():
     instantiations). The plain dq_bulk kernels are in
     test_ptxas_every_valid_config_no_spills_no_serialized_wgmma (the space)."""
     configs = []
-    for d in HEAD_DIMS:
+    for d in (64, 128):   # (d256: dq_bulk's staging does not fit next to its tile)
         base = Sm90BwdConfig(64, 64 * (d // 64), 2, d // 64, d, "bf16", True, dq_bulk=True)
         configs += [base.replace(window=True, softcap=True, alibi=True),
                     base.replace(causal=False, dropout=True) if d == 64 else base.replace(causal=False, alibi=True),
