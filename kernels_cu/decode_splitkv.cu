@@ -49,6 +49,13 @@
 //   kPagePrefetch  paged caches: the page ids of a K/V block's rows are read from block_table one
 //             block ahead, into registers, so the block's cp.asyncs wait on no table read (false:
 //             a table read per key row, before its cp.async)
+//   kL2Prefetch  0, 64, 128 or 256: the whole K/V blocks' cp.asyncs carry an L2 prefetch-size hint
+//             of that many bytes (a key row of d 128 in bf16 is 256 bytes): on a miss the L2 asks
+//             the DRAM for the whole aligned segment at once (0: no hint, the plain kernel)
+//   kWarpLoads  each warp loads the kWarpN key rows of K and V that it alone reads, so the ring
+//             needs no CTA barrier per block: a warp waits for its own cp.async groups and its
+//             own lanes (__syncwarp), and the warps stream independently (false: the CTA loads
+//             every block together, one __syncthreads per block)
 #include "ptx.cuh"
 #include "ptx_decode.cuh"
 #include "params_decode.cuh"
@@ -270,17 +277,23 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, i
 // on their kWarpN keys of each block, then the merge); warp kWarps is the producer. Ring slot s
 // holds one K block and one V block; full[s] completes when TMA has delivered their bytes (the
 // producer announces them with arrive.expect_tx), empty[s] when every consumer warp has read
-// the slot (kWarps arrivals, one per warp after a __syncwarp: ldmatrix is warp-collective, so
-// once lane 0 has the fragments of its last ldmatrix every lane's reads are done). Waiters test the phase parity, which flips each wrap of the
-// ring: iteration i uses slot i % kStages in phase (i / kStages) & 1. So all kStages blocks can
-// be in flight at once (the cp.async loop keeps kStages - 1), and no consumer thread issues loads.
+// the slot (kWarps · 32 arrivals, one per thread after its last ldmatrix of the slot). Waiters
+// test the phase parity, which flips each wrap of the ring: iteration i uses slot i % kStages in
+// phase (i / kStages) & 1. So all kStages blocks can be in flight at once (the cp.async loop keeps
+// kStages - 1), and no consumer thread issues loads.
+// One thread on each side of every edge: producer lane 0 both announces a slot's bytes and
+// issues all of its copies, and each consumer thread releases its own reads. (With one arrival
+// per warp after a __syncwarp, compute-sanitizer racecheck did not order lanes 1..31's ring reads
+// before the producer's next copies into the slot: it reported the bulk copies below against the
+// consumers' ldmatrix reads and V zero fills, H100 session 13.)
 //
 // Rows: contiguous caches, one box of kBlockN keys per K (V) block at cache row start + n·kBlockN
 // of cache row cache_batch_idx[b] (rows past the capacity arrive as zeros). Paged caches, boxes of
 // p.tma_box_rows keys (a divisor of page_size and kBlockN): producer lane k reads the page id of
-// box k once and issues its K and V boxes; a box that would cross a page (only with a cache_leftpad
-// that is not a multiple of the box) goes by one 1-D bulk copy per key row instead. Boxes past the
-// row's keys are not loaded. Rows past the row's keys hold stale cache or stale ring data: their
+// box k (all boxes' table reads in flight at once), lane 0 issues the K and V boxes; a box that
+// would cross a page (only with a cache_leftpad that is not a multiple of the box) goes by one
+// 1-D bulk copy per key row instead, whose page ids lane r reads. Boxes past the row's keys are
+// not loaded. Rows past the row's keys hold stale cache or stale ring data: their
 // scores are masked to -inf (P = 0) and each consumer warp zeros its own such V rows before
 // O += P V reads them (0 · NaN would not be 0).
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem>
@@ -334,7 +347,7 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
     if (tid == 0) {
         for (int s = 0; s < kStages; ++s) {
             mbarrier_init(full(s), 1);
-            mbarrier_init(empty(s), kWarps);
+            mbarrier_init(empty(s), kConsumers);  // every consumer thread releases its reads
         }
         fence_mbarrier_init();
     }
@@ -366,7 +379,8 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
                 }
                 continue;
             }
-            // paged: lane k takes box k (rows j0 + k·box ..), if it starts before the row's end
+            // paged: lane k reads the page of box k (rows j0 + k·box ..), if it starts before the
+            // row's end; lane 0 announces the block's bytes and issues every copy
             const int n_boxes = min(kBlockN / box, (keys - j0 + box - 1) / box);
             int page = 0, in_page = 0;
             bool whole = false;
@@ -381,27 +395,37 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
 #pragma unroll
             for (int d = 16; d >= 1; d /= 2) bytes += __shfl_xor_sync(0xffffffffu, bytes, d);
             if (lane == 0) mbarrier_arrive_expect_tx(full(slot), bytes);
-            __syncwarp();
-            if (lane < n_boxes && whole) {
-                tma_load_4d(k_dst + lane * box * kRowBytes, &p.tma_k, full(slot), 0, in_page, hkv, page);
-                tma_load_4d(v_dst + lane * box * kRowBytes, &p.tma_v, full(slot), 0, in_page, hkv, page);
+            for (u32 todo = __ballot_sync(0xffffffffu, lane < n_boxes && whole); todo; todo &= todo - 1) {
+                const int k = __ffs(todo) - 1;
+                const int pg = __shfl_sync(0xffffffffu, page, k), row = __shfl_sync(0xffffffffu, in_page, k);
+                if (lane == 0) {
+                    tma_load_4d(k_dst + k * box * kRowBytes, &p.tma_k, full(slot), 0, row, hkv, pg);
+                    tma_load_4d(v_dst + k * box * kRowBytes, &p.tma_v, full(slot), 0, row, hkv, pg);
+                }
             }
-            // boxes across a page boundary: one bulk copy per key row, the whole warp
-            for (u32 split_boxes = __ballot_sync(0xffffffffu, lane < n_boxes && !whole); split_boxes;
-                 split_boxes &= split_boxes - 1) {
-                const int k = __ffs(split_boxes) - 1;
-                for (int r = lane; r < box; r += 32) {
+            // boxes across a page boundary: one bulk copy per key row; lane i reads the page of
+            // row r0 + i, lane 0 issues
+            for (u32 todo = __ballot_sync(0xffffffffu, lane < n_boxes && !whole); todo; todo &= todo - 1) {
+                const int k = __ffs(todo) - 1;
+                for (int r0 = 0; r0 < box; r0 += 32) {
                     // rows past the row's keys may lie past the table's used entries: the column
                     // and the page id are clamped, the row is masked by the consumers
-                    const int pos = rk.start + j0 + k * box + r;
-                    const int pg = min(max(table[min(pos / p.page_size, static_cast<int>(p.block_table_stride) - 1)], 0),
-                                       p.num_pages - 1);
+                    const int pos = rk.start + j0 + k * box + r0 + lane;
+                    const int pg = r0 + lane < box
+                        ? min(max(table[min(pos / p.page_size, static_cast<int>(p.block_table_stride) - 1)], 0),
+                              p.num_pages - 1)
+                        : 0;
                     const int prow = pos % p.page_size;
-                    const u32 dst = (k * box + r) * kRowBytes;
-                    bulk_load_1d(k_dst + dst, k_cache + pg * p.k_batch_stride + prow * p.k_row_stride,
-                                 kHeadDim * 2, full(slot));
-                    bulk_load_1d(v_dst + dst, v_cache + pg * p.v_batch_stride + prow * p.v_row_stride,
-                                 kHeadDim * 2, full(slot));
+                    for (int i = 0; i < min(32, box - r0); ++i) {
+                        const int pg_i = __shfl_sync(0xffffffffu, pg, i), prow_i = __shfl_sync(0xffffffffu, prow, i);
+                        if (lane == 0) {
+                            const u32 dst = (k * box + r0 + i) * kRowBytes;
+                            bulk_load_1d(k_dst + dst, k_cache + pg_i * p.k_batch_stride + prow_i * p.k_row_stride,
+                                         kHeadDim * 2, full(slot));
+                            bulk_load_1d(v_dst + dst, v_cache + pg_i * p.v_batch_stride + prow_i * p.v_row_stride,
+                                         kHeadDim * 2, full(slot));
+                        }
+                    }
                 }
             }
         }
@@ -513,10 +537,10 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
         pack_a_frags<kMTiles, kWarpN / 16, Elem>(p_frag, s_acc);
         gemm_frags_x_rows_t<kMTiles, kNTilesO, kWarpN / 16, kRowBytes, Elem>(
             o_acc, p_frag, v_lane + slot * Shape::kKVTile * 2);
-        // The zeros (generic proxy) are ordered before the TMA (async proxy) rewrites the slot.
+        // This thread is done with the slot; its zeros (generic proxy) are ordered before the
+        // producer's copies (async proxy) rewrite it.
         if (ragged) fence_proxy_async_smem();
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(empty(slot));  // this warp is done with the slot
+        mbarrier_arrive(empty(slot));
     }
     named_barrier_sync(1, kConsumers);  // every consumer is done with the ring: the merge overlays it
 
@@ -583,7 +607,8 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
 
 // ---- decode_splitkv: one split of one KV head's packed query rows -----------------------------
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
-          bool kFusedCombine = false, bool kPagePrefetch = false>
+          bool kFusedCombine = false, bool kPagePrefetch = false, int kL2Prefetch = 0,
+          bool kWarpLoads = false>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
@@ -640,11 +665,17 @@ decode_splitkv(const DecodeParams p) {
     cp_async_commit();
 
     // K/V block n into ring slot `slot`: kLanesPerRow threads per key row, one 16-byte chunk
-    // each; the row's cache address is computed per row (paged: one block_table read).
+    // each; the row's cache address is computed per row (paged: one block_table read). The
+    // loaders: the whole CTA over the block's kBlockN rows, or (kWarpLoads) each warp over its
+    // own kWarpN rows.
     constexpr int kLanesPerRow = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
-    constexpr int kRowsPerPass = kThreads / kLanesPerRow;
-    static_assert(kThreads % kLanesPerRow == 0, "a CTA must cover whole rows per pass");
-    const int ld_row = tid / kLanesPerRow, ld_col = (tid % kLanesPerRow) * 8;
+    constexpr int kLoaders = kWarpLoads ? 32 : kThreads;       // threads that share a block's rows
+    constexpr int kLoadRows = kWarpLoads ? kWarpN : kBlockN;    // rows they load
+    constexpr int kRowsPerPass = kLoaders / kLanesPerRow;
+    static_assert(kLoaders % kLanesPerRow == 0, "the loaders must cover whole rows per pass");
+    const int ld_tid = kWarpLoads ? lane : tid;
+    const int ld_row = (kWarpLoads ? warp * kWarpN : 0) + ld_tid / kLanesPerRow;
+    const int ld_col = (ld_tid % kLanesPerRow) * 8;
     const u16* k_cache = static_cast<const u16*>(p.k_cache) + hkv * p.k_head_stride + ld_col;
     const u16* v_cache = static_cast<const u16*>(p.v_cache) + hkv * p.v_head_stride + ld_col;
     // Contiguous caches: the row's base once (cp.async's memory clobber would reload
@@ -655,14 +686,14 @@ decode_splitkv(const DecodeParams p) {
     // block to load (the ring loads blocks n_end - 1, n_end - 2, ...: always one block lower).
     // The table reads of block n - 1 are issued right after block n's cp.asyncs and consumed
     // one load later, so no cp.async waits on a dependent global load.
-    constexpr int kPasses = (kBlockN + kRowsPerPass - 1) / kRowsPerPass;
+    constexpr int kPasses = (kLoadRows + kRowsPerPass - 1) / kRowsPerPass;
     int page_of[kPagePrefetch ? kPasses : 1];
     auto fetch_pages = [&](int n) {
         if (ld_col >= kHeadDim) return;
 #pragma unroll
         for (int pass = 0; pass < kPasses; ++pass) {
             const int row = ld_row + pass * kRowsPerPass, j = n * kBlockN + row;
-            page_of[pass] = n >= 0 && row < kBlockN && j < keys
+            page_of[pass] = n >= 0 && (kWarpLoads || row < kBlockN) && j < keys
                             ? p.block_table[b * p.block_table_stride + (rk.start + j) / p.page_size] : 0;
         }
     };
@@ -675,9 +706,9 @@ decode_splitkv(const DecodeParams p) {
         const u32 k_dst = smem_u32(k_smem + slot * Shape::kKVTile + ld_row * kPitch + ld_col);
         const u32 v_dst = smem_u32(v_smem + slot * Shape::kKVTile + ld_row * kPitch + ld_col);
 #pragma unroll
-        for (int pass = 0; pass * kRowsPerPass < kBlockN; ++pass) {
+        for (int pass = 0; pass * kRowsPerPass < kLoadRows; ++pass) {
             const int row = ld_row + pass * kRowsPerPass;
-            if (kBlockN % kRowsPerPass != 0 && row >= kBlockN) break;
+            if (kLoadRows % kRowsPerPass != 0 && row >= kBlockN) break;
             const int j = key0 + row;
             const bool valid = whole || (j < keys && ld_col < p.head_dim);
             i64 k_off = 0, v_off = 0;
@@ -696,8 +727,8 @@ decode_splitkv(const DecodeParams p) {
             }
             const u32 off = pass * kRowsPerPass * kRowBytes;
             if (whole) {
-                cp_async_16(k_dst + off, k_cache + k_off);
-                cp_async_16(v_dst + off, v_cache + v_off);
+                cp_async_16_l2<kL2Prefetch>(k_dst + off, k_cache + k_off);
+                cp_async_16_l2<kL2Prefetch>(v_dst + off, v_cache + v_off);
             } else {
                 cp_async_16(k_dst + off, k_cache + k_off, valid);
                 cp_async_16(v_dst + off, v_cache + v_off, valid);
@@ -751,8 +782,11 @@ decode_splitkv(const DecodeParams p) {
         const int n = n_end - 1 - iter, slot = iter % kStages;
         // Block n (and Q at iter 0) landed once at most kStages - 2 newer groups are in flight;
         // the barrier also frees the slot of iteration iter - 1 for the prefetch below.
+        // kWarpLoads: a warp's rows are its own (loaded and read by its lanes only), so its lanes'
+        // barrier is enough, but for Q, which every thread loaded: the CTA's at iteration 0.
         cp_async_wait<kStages - 2>();
-        __syncthreads();
+        if (!kWarpLoads || iter == 0) __syncthreads();
+        else __syncwarp();
 
         // ---- S = Q K_wᵀ (kRows x kWarpN per warp) ----
         float s_acc[kMTiles][kNTilesS][4];
@@ -794,7 +828,8 @@ decode_splitkv(const DecodeParams p) {
         softmax_update(s_acc, o_acc, m, l, p.scale_log2);
         u32 p_frag[kMTiles][kWarpN / 16][4];
         pack_a_frags<kMTiles, kWarpN / 16, Elem>(p_frag, s_acc);
-        // Prefetch into the slot freed by iteration iter - 1 (every warp passed the barrier).
+        // Prefetch into the slot freed by iteration iter - 1 (every warp, or with kWarpLoads every
+        // lane of this warp, passed the barrier).
         if (iter + kStages - 1 < n_iters) load_kv(n - (kStages - 1), (iter + kStages - 1) % kStages);
         cp_async_commit();
         gemm_frags_x_rows_t<kMTiles, kNTilesO, kWarpN / 16, kRowBytes, Elem>(

@@ -23,6 +23,8 @@ struct Sm90BwdParams : BwdParams {
     TmaDesc tma_do;        // box 64 x BM
     TmaDesc tma_dq;        // dq_writer: the fp32 dQ accumulator (head_dim_rounded, seqlen_q_rounded,
                            // batch · nheads), box 32 x BM x 1, 128B swizzle (else unset)
+    int* tile_counter;     // dynamic (kDynamic): the int32 claim counter, zeroed once when the plan
+                           // allocates it, reset by the kernel (else null)
 };
 
 }  // namespace cuflash

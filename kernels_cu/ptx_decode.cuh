@@ -1,5 +1,5 @@
 // ptx_decode.cuh: inline PTX that only decode_splitkv.cu uses (its fused combine, its Hopper
-// loop), one small function per instruction as in ptx.cuh. A separate header so that the other
+// loop, its L2-hinted K/V copies), one small function per instruction as in ptx.cuh. A separate header so that the other
 // families' code hash (which covers every header they include) stays. The Hopper loop's mbarrier
 // and TMA wrappers come from ptx_sm90.cuh (sm_90 PTX: only the kTma instantiations call them).
 #pragma once
@@ -26,6 +26,23 @@ __device__ __forceinline__ float ld_cg_f32(const float* addr) {
     float x;
     asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(x) : "l"(addr) : "memory");
     return x;
+}
+
+// cp_async_16 (16 bytes, all valid) with an L2 prefetch-size hint of kBytes (64, 128, 256): on
+// an L2 miss the whole kBytes-aligned segment around src is fetched from DRAM at once (decode's
+// K/V stream: fewer, larger DRAM requests). kBytes 0: the plain copy, no hint.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_16_l2(u32 dst, const void* src) {
+    static_assert(kBytes == 0 || kBytes == 64 || kBytes == 128 || kBytes == 256,
+                  "the L2 prefetch size must be 0, 64, 128 or 256 bytes");
+    if constexpr (kBytes == 256)
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
+    else if constexpr (kBytes == 128)
+        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
+    else if constexpr (kBytes == 64)
+        asm volatile("cp.async.cg.shared.global.L2::64B [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
+    else
+        cp_async_16(dst, src);
 }
 
 // `bytes` (a multiple of 16) of contiguous global memory at `src` into shared memory at `dst`

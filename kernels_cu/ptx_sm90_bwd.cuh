@@ -59,6 +59,23 @@ template <> struct Wgmma<32, fp16> {
 };
 // ---- generated wgmma wrappers: end ----
 
+// `bytes` (a multiple of 16) of contiguous global memory at `src` into shared memory at `dst` (both
+// 16-byte aligned) by the copy engine, completing as transactions on mbarrier `bar`: the dynamic
+// scheduler's producer loads a Q block's LSE and D rows so, one thread for the whole slot (the 32
+// lanes' cp.async take registers it does not have next to the tile loop).
+__device__ __forceinline__ void bulk_load_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// gridDim.x read where it is used: a volatile read, so that ptxas does not keep it in a register
+// across the dynamic scheduler's producer loop (24 registers there: it spilled the value instead).
+__device__ __forceinline__ int grid_ctas() {
+    int n;
+    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(n));
+    return n;
+}
+
 // x through an empty asm: a value the compiler cannot see through. sm90_bwd at head dim 256
 // re-derives its loop-invariant wgmma descriptors from such a copy at each use: hoisted out of
 // the Q-block loop, one register per k-step and operand, they spill (ptxas, nvcc 13.0).

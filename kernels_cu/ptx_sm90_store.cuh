@@ -1,7 +1,8 @@
 // ptx_sm90_store.cuh: the TMA store that sm90_fwd's tma_store epilogue needs beyond ptx_sm90.cuh
-// and ptx_sm90_bulk.cuh (whose bulk_commit_group / bulk_wait_group[_read] it pairs with), one
-// small function per instruction with the reason it exists (ptx.cuh's rules; a separate file,
-// included by sm90_fwd.cu only, so that sm90_bwd's code hash stays).
+// and ptx_sm90_bulk.cuh (whose bulk_commit_group / bulk_wait_group[_read] it pairs with), and the
+// stmatrix of its p_smem P tile, one small function per instruction with the reason it exists
+// (ptx.cuh's rules; a separate file, included by sm90_fwd.cu only, so that sm90_bwd's code hash
+// stays).
 //
 // cp.async.bulk.tensor (shared -> global) copies a box of shared memory, laid out as the tensor
 // map's swizzle says, into the tensor the map describes: one instruction from one thread per box,
@@ -25,6 +26,15 @@ __device__ __forceinline__ void tma_store_4d(const void* tmap, u32 src, int c0, 
 // every other shared tile of the Hopper kernels: by 32-bit shared addresses).
 __device__ __forceinline__ void st_shared_u32(u32 addr, u32 value) {
     asm volatile("st.shared.u32 [%0], %1;" :: "r"(addr), "r"(value) : "memory");
+}
+
+// Four 8x8 16-bit matrices in mma fragment layout (thread (g, t) holds row g, columns 2t, 2t + 1
+// of each: register i is matrix i) stored as they are: lane l gives the address of row l % 8 of
+// matrix l / 8 (16 bytes). sm90_fwd's p_smem writes P_j (16-bit A fragments, pack_a_frags' order)
+// into its shared-memory P tile with one instruction per k16 step, where 32-bit stores take four.
+__device__ __forceinline__ void stmatrix_x4(u32 addr, const u32 (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
+                 :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
 }
 
 }  // namespace cuflash

@@ -17,7 +17,9 @@
 // Grid: blockIdx.x = (pair · n_kv_blocks + n_block), pair = batch · nheads + head: the K/V blocks
 // of a (head, batch) in increasing order. Under the causal mask block 0 is seen by the most Q
 // blocks, so the longest CTAs start first; the deterministic mode needs that order too (the CTA
-// of K/V block n waits for block n - 1's dQ additions, which was launched before it).
+// of K/V block n waits for block n - 1's dQ additions, which was launched before it). With kLpt
+// the grouped order of fa2_bwd instead (sm90_bwd_lpt_tile: K/V block 0 of a few pairs, then
+// block 1, ...), which keeps both properties and evens out the causal tail.
 //
 // Producer (warp 0 of warpgroup 0; the other 3 warps exit, but for kDqWriter's warp 1): lane 0
 // issues the TMA copies, K_j and V_j once (one barrier, kv_full), then per Q block Q_i and dO_i into one slot of a ring of
@@ -149,6 +151,13 @@
 //              dK, dV (and the GQA fp32 dK/dV accumulators, (nheads, total_k)) at the sequence's
 //              key rows. Dropout and ALiBi are keyed by the sequence index and the rows within the
 //              sequence (the forward's keep mask)
+//   kLpt       (appended) the launch order of sm90_bwd_lpt_tile (longest CTAs first in groups of
+//              params.head_group pairs) instead of the plain one; not with kVarlen
+//   kDynamic   (appended) the dynamic persistent scheduler (Sm90BwdTileRing below): a CTA per SM
+//              claims tiles; not with kVarlen or kDeterministic
+//   kDsDouble  (appended last) two dS buffers, Q block q's in buffer q % 2: the barrier before
+//              the dS stores goes (the one after them orders both warpgroups' dQ GEMMs of Q block
+//              q - 2 before the stores of Q block q)
 //
 // Head dim 256 (kSharedKeys: kBN 64 with 2 consumers, kBM 64; Sm90BwdShape). dK_j, dV_j of 64
 // keys x 256 fp32 would take 256 registers per thread in one warpgroup, so both warpgroups take
@@ -169,7 +178,8 @@
 // Softcap's and dropout's words (kSN / 4 each) stay in registers here. The loop-invariant
 // descriptors of K_j, V_j, Pᵀ, dSᵀ, dS are re-derived at each use (opaque_u32): hoisted out of
 // the loop, one per k-step, they spilled. Head dims 129..255 run this kernel (TMA zero-fills the
-// columns past the real head dim, whole 64-column boxes past it at 192).
+// columns past the real head dim, whole 64-column boxes past it at 192). It runs the plain grid
+// only: not with kDynamic or kDsDouble (static_assert; the config refuses lpt there too).
 #include "fa2_bwd.cu"
 #include "ptx_sm90.cuh"
 #include "params_sm90_bwd.cuh"
@@ -181,7 +191,8 @@ namespace cuflash {
 // Sm90BwdParams derives from BwdParams, so fa2_bwd's kernels read its leading bytes as their own
 // params (tests/test_sm90_bwd_cpu.py checks the layout launch.py packs against nvcc's).
 
-template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim>
+template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, bool kDynamic = false,
+          int kDsBufs = 1>
 struct Sm90BwdShape {
     static constexpr int kThreads = (kConsumers + 1) * 128;
     static constexpr int kChunks = kHeadDim / 64;           // 64-column (128-byte) swizzle atoms
@@ -204,11 +215,15 @@ struct Sm90BwdShape {
     static constexpr int kDsOffset = kDoOffset + kStages * kQBytes;
     static constexpr int kPOffset = kDsOffset + kDsBytes;             // kSharedKeys: Pᵀ, then dSᵀ
     static constexpr int kDstOffset = kPOffset + kDsBytes;
-    static constexpr int kLseOffset = kDsOffset + (kSharedKeys ? 3 : 1) * kDsBytes;
+    // kSharedKeys: dS, Pᵀ, dSᵀ; kDsDouble: 2 dS buffers
+    static constexpr int kLseOffset = kDsOffset + (kSharedKeys ? 3 : kDsBufs) * kDsBytes;
     static constexpr int kDOffset = kLseOffset + kStages * kBM * 4;
     static constexpr int kBarOffset = kDOffset + kStages * kBM * 4;
-    static constexpr int kBarriers = 1 + 2 * kStages;       // kv_full; q_full, q_empty per slot
-    static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + 1024;  // + 1024: base alignment
+    // kv_full; q_full, q_empty per slot; kDynamic: kv_empty, dq_writer's 2 tile-free barriers, the
+    // tile ring's 2 full and 2 empty (Sm90BwdTileRing), then the ring's 2 int slots
+    static constexpr int kBarriers = 1 + 2 * kStages + (kDynamic ? 7 : 0);
+    static constexpr int kBarEnd = kBarOffset + 8 * kBarriers + (kDynamic ? 24 : 0);  // kDynamic: 2 tile slots, a count
+    static constexpr int kSmemBytes = kBarEnd + 1024;       // + 1024: base alignment
     static constexpr int kSlotBytes = 2 * kQBytes;          // Q_i, dO_i: the TMA bytes of a slot
     // dQ_i split over the consumers: kDqRowGroups x kDqColGroups warpgroups of 64 x kDqN
     static constexpr int kDqRowGroups = kBM / 64;
@@ -223,6 +238,8 @@ struct Sm90BwdShape {
     static_assert(!kSharedKeys || kBM == 64, "shared keys: BM must be 64 (32 queries of Sᵀ per warpgroup)");
     static_assert(kHeadDim <= 128 || kSharedKeys,
                   "head dim 256: BN 64 with 2 consumers (dK_j, dV_j split by columns over the warpgroups)");
+    static_assert(!kSharedKeys || (!kDynamic && kDsBufs == 1),
+                  "shared keys (head dim 256): the plain grid and one dS buffer (no kDynamic, kDsDouble)");
     static_assert(kBM == 64 || kBM == 128, "BM must be 64 or 128 (the wgmma N of S and dP)");
     static_assert(kDqRowGroups <= kConsumers && kConsumers % kDqRowGroups == 0,
                   "BM / 64 must divide consumers: each warpgroup computes 64 rows of dQ_i");
@@ -241,7 +258,7 @@ struct Sm90BwdShape {
 // 4-way bank-conflicted).
 template <class Shape, int kConsumers, int kWords>
 struct Sm90BwdThreadWords {
-    static constexpr int kOffset = (Shape::kBarOffset + 8 * Shape::kBarriers + 15) / 16 * 16;
+    static constexpr int kOffset = (Shape::kBarEnd + 15) / 16 * 16;
     static constexpr int kBytes = kWords * 4 * kConsumers * 128;
     static constexpr int kSmemBytes = kOffset + kBytes + 1024;  // + 1024: base alignment
     static_assert(kWords % 4 == 0, "BM / 4 words per flag, BM a multiple of 16");
@@ -298,13 +315,97 @@ struct DescLo {
     __device__ __forceinline__ u64 at(u32 bytes) const { return (u64(kHi) << 32) | (lo + (bytes >> 4)); }
 };
 
+// A CTA's K/V block and (head, batch) pair (pair = batch · nheads + head).
+struct Sm90BwdTile {
+    int n_block, pair;
+};
+
+// kLpt's launch order (blockIdx.x -> tile), fa2_bwd's: the pairs in groups of `group` (the
+// params' head_group; the last group may be smaller); groups one after the other, inside one the
+// K/V block the slow index from block 0 (under the causal mask the one the most Q blocks see) and
+// the pair the fast one. The hardware starts CTAs in blockIdx order, so every group runs its
+// longest CTAs first and its short ones fill the tail (longest processing time first), and the
+// CTAs running together read a few pairs' Q, dO and dQ accumulator, which stay in L2 (the host
+// sizes a group to two waves of CTAs). The plain order (pair slow, K/V block fast) ends the
+// launch with the last pair's longest CTAs.
+__device__ __forceinline__ Sm90BwdTile sm90_bwd_lpt_tile(int tile, int n_kv, int n_pairs, int group) {
+    const int first = tile / (group * n_kv) * group;          // the group's first pair
+    const int in_group = tile - first * n_kv;
+    const int width = min(group, n_pairs - first);
+    return Sm90BwdTile{in_group / width, first + in_group % width};
+}
+
+// kDynamic: the CTA's tiles after its first (blockIdx.x) are claimed from a global counter (as
+// sm90_fwd's dynamic scheduler: Sm90TileRing there), so a CTA that drew short causal tiles takes
+// more of them. The producer warp's lane 0 claims (atomicAdd) right after issuing the last loads of
+// its current tile, and hands the index through a ring of 2 shared-memory slots to the takers: the
+// consumer threads and, with kDqWriter, the writer warp. `full` (one arrival: the producer's,
+// after writing the index; its release makes the write visible to the takers' acquiring wait) and
+// `empty` (kTakers arrivals: every taker thread, once it has read the index). A claimed index >=
+// n_tiles ends every role's loop (handed over as K/V block -1). The counter's reset: each CTA
+// claims until it draws an index past the tiles, so a launch makes exactly n_tiles claims (the
+// host launches at most n_tiles CTAs) and draws 0..n_tiles - 1 once each: the CTA that draws
+// n_tiles - 1 made the launch's last claim and sets the counter back to 0 for the next launch
+// (zeroed once when the plan allocates it, never read by the host: CUDA graphs replay it as is).
+// A slot holds the tile decoded (K/V block, pair; n_block -1: none left), so that the takers need
+// neither the tile count nor a division. A taker keeps only its count in a register, the producer
+// its count in shared memory after the slots (its 24 registers are taken by its loads' state);
+// the mbarriers (full[2], empty[2]) and the slots after them are addressed from `bars` at each
+// call (the consumers have no register to spare across the tile loop).
+template <int kTakers>
+struct Sm90BwdTileRing {
+    int n = 0;         // tiles taken so far (a taker's)
+    static __device__ __forceinline__ u32 full(u32 bars, int slot) { return bars + 8u * slot; }
+    static __device__ __forceinline__ u32 empty(u32 bars, int slot) { return bars + 8u * (2 + slot); }
+    static __device__ __forceinline__ volatile int* slot_ptr(unsigned char* bars_ptr, int slot) {
+        return reinterpret_cast<volatile int*>(bars_ptr + 8 * 4 + 8 * slot);
+    }
+    static __device__ __forceinline__ volatile int* claims(unsigned char* bars_ptr) {   // tiles handed over
+        return reinterpret_cast<volatile int*>(bars_ptr + 8 * 4 + 16);
+    }
+    static __device__ __forceinline__ void init(u32 bars, unsigned char* bars_ptr) {
+        for (int s = 0; s < 2; ++s) {
+            mbarrier_init(full(bars, s), 1);
+            mbarrier_init(empty(bars, s), kTakers);
+        }
+        *claims(bars_ptr) = 0;
+    }
+    // producer (one thread): claim the next tile, decode it (decode(tile) -> Sm90BwdTile) and hand
+    // it over (n_block -1: none left)
+    template <class Decode>
+    static __device__ __forceinline__ Sm90BwdTile claim(u32 bars, unsigned char* bars_ptr, int* counter, int n_tiles,
+                                                        Decode decode) {
+        const int n = *claims(bars_ptr);
+        const int drawn = atomicAdd(counter, 1);
+        if (drawn == n_tiles - 1) atomicExch(counter, 0);   // the launch's last claim
+        const int tile = grid_ctas() + drawn;
+        const Sm90BwdTile at = tile < n_tiles ? decode(u32(tile)) : Sm90BwdTile{-1, 0};
+        const int slot = n & 1;
+        if (n >= 2) mbarrier_wait(empty(bars, slot), u32((n >> 1) - 1) & 1);
+        slot_ptr(bars_ptr, slot)[0] = at.n_block;
+        slot_ptr(bars_ptr, slot)[1] = at.pair;
+        mbarrier_arrive(full(bars, slot));
+        *claims(bars_ptr) = n + 1;
+        return at;
+    }
+    // takers: the next tile the producer handed over (n_block -1: none left)
+    __device__ __forceinline__ Sm90BwdTile take(u32 bars, unsigned char* bars_ptr) {
+        const int slot = n & 1;
+        mbarrier_wait(full(bars, slot), u32(n >> 1) & 1);
+        const Sm90BwdTile at{slot_ptr(bars_ptr, slot)[0], slot_ptr(bars_ptr, slot)[1]};
+        mbarrier_arrive(empty(bars, slot));
+        ++n;
+        return at;
+    }
+};
+
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
-          bool kVarlen = false>
+          bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
-    using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim>;
+    using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
     // softcap's words 0 .. BM/4 - 1, then dropout's (Sm90BwdThreadWords)
     // (kSharedKeys: kSN = BM / 2 queries a warpgroup, and the words stay in registers)
@@ -320,6 +421,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     static_assert(!(kDqBulk && kDeterministic), "dq_bulk is the unordered mode's: deterministic keeps its ordered red.add");
     using DqW = Sm90BwdDqWriterStage<Words, kBM, kHeadDim>;
     static_assert(!kDqWriter || DqW::kSmemBytes <= 227 * 1024, "dq_writer: shared memory exceeds the H100's 227 KB");
+    static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
+    static_assert(!(kDynamic && (kVarlen || kDeterministic)),
+                  "the dynamic scheduler runs fixed-length, unordered backwards");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
                   "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
     // kDqWriter's named barriers (consumer threads + the writer warp): tile b full, tile b free
@@ -341,14 +445,39 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     const u32 kv_full = bars;
     auto q_full = [&](int slot) { return bars + 8u * (1 + slot); };
     auto q_empty = [&](int slot) { return bars + 8u * (1 + kStages + slot); };
+    // kDynamic: kv_empty (every consumer thread, once its last GEMM of the tile that reads K_j or V_j
+    // has completed: the next tile's K_j, V_j may load), the tile ring, dq_writer's tile-free
+    // barriers (mbarriers here, one arrival: the writer's, once the bulk op has read the tile; an
+    // arrival that no wait follows is harmless, unlike a named barrier's at the end of the CTA)
+    const u32 kv_empty = bars + 8u * (1 + 2 * kStages);
+    using Ring = Sm90BwdTileRing<kConsumers * 128 + (kDqWriter ? 32 : 0)>;
+    Ring ring;
+    constexpr int kRingOffset = Shape::kBarOffset + 8 * (4 + 2 * kStages);   // its 4 mbarriers, then 2 slots
+    static_assert(!kDynamic || kRingOffset + 8 * 4 + 24 == Shape::kBarEnd, "the ring's slots end the barrier area");
+    auto ring_take = [&]() { return ring.take(smem + kRingOffset, smem_ptr + kRingOffset); };
+    auto dq_empty = [&](int buf) { return bars + 8u * (2 + 2 * kStages + buf); };
 
     const int tid = threadIdx.x, warpgroup = tid / 128;
     const int n_kv = (p.seqlen_k + kBN - 1) / kBN;
-    const int n_block = blockIdx.x % n_kv, pair = blockIdx.x / n_kv;
-    const int head = pair % p.nheads, batch = pair / p.nheads;
-    const int head_kv = head / (p.nheads / p.nheads_kv);     // GQA / MQA
-    const i64 bh = static_cast<i64>(batch) * p.nheads + head;
-    const int key0 = n_block * kBN;
+    const int n_tiles = n_kv * p.batch * p.nheads;
+    // The tile's K/V block and (head, batch): blockIdx.x's, and with kDynamic each claimed one's
+    // (enter_tile, then tile_range below, in every role)
+    int n_block, pair, head, batch, head_kv, key0;
+    i64 bh;
+    auto decode = [&](u32 tile) {       // (unsigned: the plain kernel's blockIdx.x arithmetic)
+        return kLpt ? sm90_bwd_lpt_tile(tile, n_kv, p.batch * p.nheads, p.head_group)
+                    : Sm90BwdTile{int(tile % n_kv), int(tile / n_kv)};
+    };
+    auto enter_tile = [&](Sm90BwdTile at) {
+        n_block = at.n_block;
+        pair = at.pair;
+        head = pair % p.nheads;
+        batch = pair / p.nheads;
+        head_kv = head / (p.nheads / p.nheads_kv);           // GQA / MQA
+        bh = static_cast<i64>(batch) * p.nheads + head;
+        key0 = n_block * kBN;
+    };
+    enter_tile(decode(blockIdx.x));
     // kVarlen: this sequence's rows and lengths (varlen.cuh). Its lengths replace the params'
     // (seqlen_q, seqlen_k: the longest) wherever they are read; fixed lengths read the params
     // as before (every varlen expression is a compile-time branch: the plain kernel's code is
@@ -368,9 +497,13 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     const BandMask<kCausal, kWindow> band(kVarlen ? seq.seqlen_q : p.seqlen_q, kVarlen ? seq.seqlen_k : p.seqlen_k,
                                           p.window_left, p.window_right);
     const int m_blocks = ((kVarlen ? seq.seqlen_q : p.seqlen_q) + kBM - 1) / kBM;
-    const int m_block_min = kWindow ? band.template q_block_begin<kBM>(key0) : mask.template q_block_begin<kBM>(key0);
-    const int m_block_end = kWindow ? band.template q_block_end<kBM, kBN>(key0, m_blocks) : m_blocks;
-    const int n_iters = max(0, m_block_end - m_block_min);
+    int m_block_min, n_iters;
+    auto tile_range = [&]() {
+        m_block_min = kWindow ? band.template q_block_begin<kBM>(key0) : mask.template q_block_begin<kBM>(key0);
+        const int m_block_end = kWindow ? band.template q_block_end<kBM, kBN>(key0, m_blocks) : m_blocks;
+        n_iters = max(0, m_block_end - m_block_min);
+    };
+    tile_range();
 
     if (tid == 0) {
         prefetch_tensormap(&p.tma_q);
@@ -380,8 +513,14 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         if constexpr (kDqWriter) prefetch_tensormap(&p.tma_dq);
         mbarrier_init(kv_full, 1);
         for (int s = 0; s < kStages; ++s) {
-            mbarrier_init(q_full(s), 1 + 32);                   // lane 0's expect_tx, the 32 lanes' LSE / D
+            // lane 0's expect_tx, the 32 lanes' LSE / D (kDynamic: lane 0's alone, LSE / D by bulk copies)
+            mbarrier_init(q_full(s), kDynamic ? 1 : 1 + 32);
             mbarrier_init(q_empty(s), kConsumerThreads);        // every consumer thread releases
+        }
+        if constexpr (kDynamic) {
+            mbarrier_init(kv_empty, kConsumerThreads);
+            Ring::init(smem + kRingOffset, smem_ptr + kRingOffset);
+            for (int b = 0; b < 2; ++b) mbarrier_init(dq_empty(b), 1);
         }
         fence_mbarrier_init();                                  // visible to TMA's complete_tx
     }
@@ -390,88 +529,134 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     if (warpgroup == 0) {
         // ---- producer: warp 0; lane 0 issues the TMA copies ----
         setmaxnreg_dec<Shape::kProducerRegs>();
-        if (kDqWriter && tid / 32 == 1 && n_iters > 0) {
+        if (kDqWriter && tid / 32 == 1 && (kDynamic || n_iters > 0)) {
             // ---- dQ writer (warp 1): per Q block, once the consumers have staged dQ_i's part in
-            // tile it % kBufs (barrier kDqFullBar + tile), lane 0 adds it to the accumulator by
-            // kHeadDim / 32 tensor bulk reduce-adds (one per 32-column box; rows past seqlen_q
-            // land in the accumulator's padding: its rows are padded to seqlen_q_rounded, a
-            // multiple of 128 >= BM, and their values are zeros since their Pᵀ is), waits until
-            // the engine has read the tile, and hands it back (kDqEmptyBar + tile). The
-            // accumulator's additions go on in the background while the consumers compute.
+            // tile q % kBufs (q: the CTA's Q blocks so far; barrier kDqFullBar + tile), lane 0 adds
+            // it to the accumulator by kHeadDim / 32 tensor bulk reduce-adds (one per 32-column box;
+            // rows past seqlen_q land in the accumulator's padding: its rows are padded to
+            // seqlen_q_rounded, a multiple of 128 >= BM, and their values are zeros since their Pᵀ
+            // is), waits until the engine has read the tile, and hands it back (kDqEmptyBar + tile;
+            // kDynamic: the mbarrier dq_empty(tile)). The accumulator's additions go on in the
+            // background while the consumers compute.
             const bool leader = tid == 32;                      // the warp's lane 0
-            for (int it = 0; it < n_iters; ++it) {
-                const int buf = DqW::kBufs == 1 ? 0 : it % 2;
-                named_barrier_sync(kDqFullBar + buf, kDqBarThreads);
-                if (leader) {
-                    const u32 tile = smem + DqW::kOffset + buf * DqW::kTileBytes;
-                    const int row0 = (m_block_min + it) * kBM;
+            int q_done = 0;                                     // kDynamic: Q blocks of earlier tiles
+            for (;;) {
+                for (int it = 0; it < n_iters; ++it) {
+                    const int q = kDynamic ? q_done + it : it;
+                    const int buf = DqW::kBufs == 1 ? 0 : q % 2;
+                    named_barrier_sync(kDqFullBar + buf, kDqBarThreads);
+                    if (leader) {
+                        const u32 tile = smem + DqW::kOffset + buf * DqW::kTileBytes;
+                        const int row0 = (m_block_min + it) * kBM;
 #pragma unroll
-                    for (int b = 0; b < kHeadDim / 32; ++b) {
-                        if constexpr (kVarlen)   // the map's rows: (nheads, ws_rows), head `head`'s
-                            bulk_reduce_add_tensor_3d(&p.tma_dq, tile + b * DqW::kBoxBytes, 32 * b,
-                                                      static_cast<int>(ws_row0() - i64(head) * p.ws_rows) + row0, head);
-                        else
-                            bulk_reduce_add_tensor_3d(&p.tma_dq, tile + b * DqW::kBoxBytes, 32 * b, row0, pair);
+                        for (int b = 0; b < kHeadDim / 32; ++b) {
+                            if constexpr (kVarlen)   // the map's rows: (nheads, ws_rows), head `head`'s
+                                bulk_reduce_add_tensor_3d(&p.tma_dq, tile + b * DqW::kBoxBytes, 32 * b,
+                                                          static_cast<int>(ws_row0() - i64(head) * p.ws_rows) + row0, head);
+                            else
+                                bulk_reduce_add_tensor_3d(&p.tma_dq, tile + b * DqW::kBoxBytes, 32 * b, row0, pair);
+                        }
+                        bulk_commit_group();
+                        bulk_wait_group_read<0>();              // the tile may be rewritten
+                        if constexpr (kDynamic) mbarrier_arrive(dq_empty(buf));
                     }
-                    bulk_commit_group();
-                    bulk_wait_group_read<0>();                  // the tile may be rewritten
+                    __syncwarp();
+                    // the consumers wait for tile buf again only if they have a Q block it + kBufs
+                    if (!kDynamic && it + DqW::kBufs < n_iters) named_barrier_arrive(kDqEmptyBar + buf, kDqBarThreads);
                 }
-                __syncwarp();
-                // the consumers wait for tile buf again only if they have a Q block it + kBufs
-                if (it + DqW::kBufs < n_iters) named_barrier_arrive(kDqEmptyBar + buf, kDqBarThreads);
+                if constexpr (!kDynamic) break;
+                q_done += n_iters;
+                const Sm90BwdTile next = ring_take();
+                if (next.n_block < 0) break;
+                enter_tile(next);
+                tile_range();
             }
             if (leader) bulk_wait_group<0>();                   // the additions done before the CTA ends
-        } else if (tid < 32 && n_iters > 0) {
+        } else if (tid < 32 && (kDynamic || n_iters > 0)) {
             const int lane = tid;
-            if (lane == 0) {
-                mbarrier_arrive_expect_tx(kv_full, 2 * Shape::kKVBytes);
-#pragma unroll
-                for (int c = 0; c < kChunks; ++c) {
-                    // kVarlen: rows of the packed tensors (batch extent 1)
-                    const int kv_row = kVarlen ? seq.k_start + key0 : key0, kv_batch = kVarlen ? 0 : batch;
-                    tma_load_4d(k_smem + c * Shape::kKVChunkBytes, &p.tma_k, kv_full, c * 64, kv_row, head_kv, kv_batch);
-                    tma_load_4d(v_smem + c * Shape::kKVChunkBytes, &p.tma_v, kv_full, c * 64, kv_row, head_kv, kv_batch);
-                }
-            }
-            const float* lse_rows = p.lse_log2 + (kVarlen ? ws_row0() : bh * p.seqlen_q_rounded);
-            const float* D_rows = p.D + (kVarlen ? ws_row0() : bh * p.seqlen_q_rounded);
-            for (int it = 0; it < n_iters; ++it) {
-                const int slot = it % kStages, row0 = (m_block_min + it) * kBM;
-                if (it >= kStages) mbarrier_wait(q_empty(slot), u32(it / kStages - 1) & 1);
+            if (kDynamic && lane > 0) return;                  // kDynamic: lane 0 issues everything
+            // K_j, V_j (one barrier, kv_full); kDynamic: the tile's first K/V load waits for the
+            // consumers to have released the last tile's (kv_empty, the (n - 1)-th release)
+            auto load_kv = [&]() {
                 if (lane == 0) {
-                    mbarrier_arrive_expect_tx(q_full(slot), Shape::kSlotBytes);
+                    mbarrier_arrive_expect_tx(kv_full, 2 * Shape::kKVBytes);
 #pragma unroll
                     for (int c = 0; c < kChunks; ++c) {
-                        const int off = slot * Shape::kQBytes + c * Shape::kQChunkBytes;
-                        const int q_row = kVarlen ? seq.q_start + row0 : row0, q_batch = kVarlen ? 0 : batch;
-                        tma_load_4d(q_smem + off, &p.tma_q, q_full(slot), c * 64, q_row, head, q_batch);
-                        tma_load_4d(do_smem + off, &p.tma_do, q_full(slot), c * 64, q_row, head, q_batch);
+                        // kVarlen: rows of the packed tensors (batch extent 1)
+                        const int kv_row = kVarlen ? seq.k_start + key0 : key0, kv_batch = kVarlen ? 0 : batch;
+                        tma_load_4d(k_smem + c * Shape::kKVChunkBytes, &p.tma_k, kv_full, c * 64, kv_row, head_kv, kv_batch);
+                        tma_load_4d(v_smem + c * Shape::kKVChunkBytes, &p.tma_v, kv_full, c * 64, kv_row, head_kv, kv_batch);
                     }
                 }
-                // LSE_i then D_i, 4 floats a chunk; the workspace rows are padded to
-                // seqlen_q_rounded (a multiple of BM), so every chunk is valid
-                if constexpr (kDqWriter) {
-                    // the same copies, written with lane < 32 explicit: next to the writer warp's
-                    // loop the general form spills under the producer's 24 registers
+            };
+            if constexpr (!kDynamic) load_kv();
+            int q_done = 0, kv_loads = 0;                       // kDynamic: Q blocks, K/V loads of earlier tiles
+            for (;;) {
+                const float* lse_rows = p.lse_log2 + (kVarlen ? ws_row0() : bh * p.seqlen_q_rounded);
+                const float* D_rows = p.D + (kVarlen ? ws_row0() : bh * p.seqlen_q_rounded);
+                for (int it = 0; it < n_iters; ++it) {
+                    // q: the CTA's Q block count, the ring position (slot, fill)
+                    const int q = kDynamic ? q_done + it : it;
+                    const int slot = q % kStages, row0 = (m_block_min + it) * kBM;
+                    if (q >= kStages) mbarrier_wait(q_empty(slot), u32(q / kStages - 1) & 1);
+                    if (lane == 0) {
+                        // kDynamic: LSE_i, D_i's bytes too (bulk copies below)
+                        mbarrier_arrive_expect_tx(q_full(slot), Shape::kSlotBytes + (kDynamic ? 2 * kBM * 4 : 0));
 #pragma unroll
-                    for (int k = 0; k < kBM / 64; ++k) {
-                        const int c = lane + 32 * k;
-                        const bool is_D = c >= kBM / 4;
-                        const int chunk = is_D ? c - kBM / 4 : c;
-                        cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
-                                    (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                        for (int c = 0; c < kChunks; ++c) {
+                            const int off = slot * Shape::kQBytes + c * Shape::kQChunkBytes;
+                            const int q_row = kVarlen ? seq.q_start + row0 : row0, q_batch = kVarlen ? 0 : batch;
+                            tma_load_4d(q_smem + off, &p.tma_q, q_full(slot), c * 64, q_row, head, q_batch);
+                            tma_load_4d(do_smem + off, &p.tma_do, q_full(slot), c * 64, q_row, head, q_batch);
+                        }
                     }
-                } else {
-                    for (int c = lane; c < kBM / 2; c += 32) {
-                        const bool is_D = c >= kBM / 4;
-                        const int chunk = is_D ? c - kBM / 4 : c;
-                        cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
-                                    (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                    if constexpr (kDynamic) {
+                        // after the tile's first Q_i, dO_i (their slot frees a Q block earlier than
+                        // K_j, V_j do): K_j, V_j once the last tile's are released
+                        if (it == 0) {
+                            if (kv_loads > 0) mbarrier_wait(kv_empty, u32(kv_loads - 1) & 1);
+                            load_kv();
+                            ++kv_loads;
+                        }
                     }
+                    // LSE_i then D_i, 4 floats a chunk; the workspace rows are padded to
+                    // seqlen_q_rounded (a multiple of BM), so every chunk is valid
+                    if constexpr (kDynamic) {
+                        // one bulk copy each (the rows start 256-byte aligned: row0 is a multiple
+                        // of 64), onto q_full
+                        bulk_load_g2s(lse_smem + slot * kBM * 4, lse_rows + row0, kBM * 4, q_full(slot));
+                        bulk_load_g2s(D_smem + slot * kBM * 4, D_rows + row0, kBM * 4, q_full(slot));
+                        continue;
+                    } else if constexpr (kDqWriter) {
+                        // the same copies, written with lane < 32 explicit: next to the writer warp's
+                        // loop the general form spills under the producer's 24 registers
+#pragma unroll
+                        for (int k = 0; k < kBM / 64; ++k) {
+                            const int c = lane + 32 * k;
+                            const bool is_D = c >= kBM / 4;
+                            const int chunk = is_D ? c - kBM / 4 : c;
+                            cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
+                                        (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                        }
+                    } else {
+                        for (int c = lane; c < kBM / 2; c += 32) {
+                            const bool is_D = c >= kBM / 4;
+                            const int chunk = is_D ? c - kBM / 4 : c;
+                            cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
+                                        (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                        }
+                    }
+                    cp_async_commit();
+                    cp_async_wait<0>();
+                    mbarrier_arrive(q_full(slot));
                 }
-                cp_async_commit();
-                cp_async_wait<0>();
-                mbarrier_arrive(q_full(slot));
+                if constexpr (!kDynamic) break;
+                q_done += n_iters;
+                const Sm90BwdTile next = Ring::claim(smem + kRingOffset, smem_ptr + kRingOffset, p.tile_counter,
+                                                     n_tiles, decode);   // (lane 0 alone)
+                if (next.n_block < 0) break;
+                enter_tile(next);
+                tile_range();
             }
         }
         return;
@@ -554,468 +739,496 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     float (&s_flat)[kSN / 2] = reinterpret_cast<float (&)[kSN / 2]>(s_acc);
     float (&dp_flat)[kSN / 2] = reinterpret_cast<float (&)[kSN / 2]>(dp_acc);
     u32 p_frag[1][kSN / 16][4], ds_frag[1][kSN / 16][4];
-#pragma unroll
-    for (int i = 0; i < kDkvN / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
-    // softcap and ALiBi (score.cuh; inert without them): the ALiBi slope of this (batch, head)
-    const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride,
-                                           batch, head, p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q,
-                                           kVarlen ? seq.seqlen_k : p.seqlen_k);
-    // kDropout: the generator's state (the drop threshold and the keep scale 1 / (1 - p) are
-    // read from the params where they are used: fewer registers across the loop)
-    Dropout dropout{};
-    if constexpr (kDropout) dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
-
-    if (n_iters > 0) mbarrier_wait(kv_full, 0);
-    // the ring position, counted along (it % kStages and the fill's parity (it / kStages) & 1,
-    // without a division per iteration)
+    // the ring position, counted along (q % kStages and the fill's parity (q / kStages) & 1 of
+    // the CTA's q-th Q block, without a division per iteration), across tiles with kDynamic
     int slot = 0;
     u32 phase = 0;
-    for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
-        const int m_block = m_block_min + it, row0 = m_block * kBM;
-        const int q0 = row0 + q_col0;                           // this warpgroup's first query of Sᵀ
-        const u32 q_off = slot * Shape::kQBytes;               // this slot's Q_i, dO_i (bytes)
-        // kDropout: the keep mask Z of this thread's Pᵀ elements, one bit each (bit 4nt + e of
-        // element (nt, e)), drawn before Sᵀ's accumulators are live (and while Q_i may still be
-        // landing): the Philox rounds next to dK, dV and Sᵀ would spill the d128 kernel
-        u32 keep_bits = 0;
-        static_assert(!kDropout || kSN / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
-        if constexpr (kDropout)
-            keep_bits = dropout.keep_bits_transposed<kSN / 8>(static_cast<int>(bh), key0 + warp_key, q0, g, t);
-        mbarrier_wait(q_full(slot), phase);
-
-        // ---- Sᵀ = K_j Q_iᵀ ----
-        reg_fence(s_flat);
-        wgmma_fence();
+    int q_done = 0, kv_loads = 0;                               // kDynamic: Q blocks, K/V loads of earlier tiles
+    for (;;) {                                                  // kDynamic: tile after tile; else once
 #pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-            // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
-            const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
-            const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-            Wgmma<kSN, Elem>::template ss<0>(s_flat, fresh(k_rows_desc).at(a_off), q_desc.at(b_off), kk > 0);
-        }
-        wgmma_commit();
-        if constexpr (kOverlapSdp) {
-            // dPᵀ = V_j dO_iᵀ right behind Sᵀ (its own group): the tensor cores run it while this
-            // thread turns Sᵀ into Pᵀ below; only Sᵀ is waited for here
-            reg_fence(dp_flat);
+        for (int i = 0; i < kDkvN / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
+        // softcap and ALiBi (score.cuh; inert without them): the ALiBi slope of this (batch, head)
+        const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride,
+                                               batch, head, p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q,
+                                               kVarlen ? seq.seqlen_k : p.seqlen_k);
+        // kDropout: the generator's state (the drop threshold and the keep scale 1 / (1 - p) are
+        // read from the params where they are used: fewer registers across the loop)
+        Dropout dropout{};
+        if constexpr (kDropout) dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
+
+        if (n_iters > 0) mbarrier_wait(kv_full, kDynamic ? u32(kv_loads) & 1 : 0u);
+        for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
+            const int m_block = m_block_min + it, row0 = m_block * kBM;
+            const int q0 = row0 + q_col0;                           // this warpgroup's first query of Sᵀ
+            const u32 q_off = slot * Shape::kQBytes;               // this slot's Q_i, dO_i (bytes)
+            // kDropout: the keep mask Z of this thread's Pᵀ elements, one bit each (bit 4nt + e of
+            // element (nt, e)), drawn before Sᵀ's accumulators are live (and while Q_i may still be
+            // landing): the Philox rounds next to dK, dV and Sᵀ would spill the d128 kernel
+            u32 keep_bits = 0;
+            static_assert(!kDropout || kSN / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
+            if constexpr (kDropout)
+                keep_bits = dropout.keep_bits_transposed<kSN / 8>(static_cast<int>(bh), key0 + warp_key, q0, g, t);
+            mbarrier_wait(q_full(slot), phase);
+
+            // ---- Sᵀ = K_j Q_iᵀ ----
+            reg_fence(s_flat);
+            wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+                // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
                 const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
                 const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-                Wgmma<kSN, Elem>::template ss<0>(dp_flat, fresh(v_rows_desc).at(a_off), do_desc.at(b_off), kk > 0);
+                Wgmma<kSN, Elem>::template ss<0>(s_flat, fresh(k_rows_desc).at(a_off), q_desc.at(b_off), kk > 0);
             }
             wgmma_commit();
-            wgmma_wait<1>();                                    // Sᵀ is ready (dPᵀ may still run)
-        } else {
-            wgmma_wait<0>();
-        }
-        reg_fence(s_flat);
+            if constexpr (kOverlapSdp) {
+                // dPᵀ = V_j dO_iᵀ right behind Sᵀ (its own group): the tensor cores run it while this
+                // thread turns Sᵀ into Pᵀ below; only Sᵀ is waited for here
+                reg_fence(dp_flat);
+#pragma unroll
+                for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+                    const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+                    const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+                    Wgmma<kSN, Elem>::template ss<0>(dp_flat, fresh(v_rows_desc).at(a_off), do_desc.at(b_off), kk > 0);
+                }
+                wgmma_commit();
+                wgmma_wait<1>();                                    // Sᵀ is ready (dPᵀ may still run)
+            } else {
+                wgmma_wait<0>();
+            }
+            reg_fence(s_flat);
 
-        // ---- Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e); padded queries have LSE = +inf -> 0 ----
-        const float* lse_i = lse_smem_f + slot * kBM + q_col0;
-        const float* D_i = D_smem_f + slot * kBM + q_col0;
-        // Masked elements (only in the ragged and the causal diagonal blocks): mask.cuh's rule per
-        // row of Sᵀ, i.e. per key: key k is seen by the queries from first_query(k) on, none past
-        // seqlen_k. The column offset of this thread's queries is 2t (+ 8nt + e % 2). `fill`:
-        // -inf before the exp2, 0 after it.
-        auto hide = [&](float fill) {
-            if constexpr (kWindow) {
-                // the band's rule per key: key k is seen by the queries k - offset - right ..
-                // k - offset + left (a bound of -1: none), none past seqlen_k; as column offsets
-                // from this thread's 2t: [lo, hi]
-                if (band.template needs_mask<kBN, kBM>(row0, n_block)) {
+            // ---- Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e); padded queries have LSE = +inf -> 0 ----
+            const float* lse_i = lse_smem_f + slot * kBM + q_col0;
+            const float* D_i = D_smem_f + slot * kBM + q_col0;
+            // Masked elements (only in the ragged and the causal diagonal blocks): mask.cuh's rule per
+            // row of Sᵀ, i.e. per key: key k is seen by the queries from first_query(k) on, none past
+            // seqlen_k. The column offset of this thread's queries is 2t (+ 8nt + e % 2). `fill`:
+            // -inf before the exp2, 0 after it.
+            auto hide = [&](float fill) {
+                if constexpr (kWindow) {
+                    // the band's rule per key: key k is seen by the queries k - offset - right ..
+                    // k - offset + left (a bound of -1: none), none past seqlen_k; as column offsets
+                    // from this thread's 2t: [lo, hi]
+                    if (band.template needs_mask<kBN, kBM>(row0, n_block)) {
+#pragma unroll
+                        for (int half = 0; half < 2; ++half) {
+                            const int key = key0 + warp_key + g + 8 * half;
+                            const int diag = key - band.causal_offset - q0 - 2 * t;  // the query on k's diagonal
+                            const int lo = key >= (kVarlen ? seq.seqlen_k : p.seqlen_k) ? kSN
+                                           : band.has_right() ? diag - band.right : 0;
+                            const int hi = band.has_left() ? diag + band.left : kSN;
+#pragma unroll
+                            for (int nt = 0; nt < kSN / 8; ++nt)
+#pragma unroll
+                                for (int e = 0; e < 2; ++e)
+                                    if (nt * 8 + e < lo || nt * 8 + e > hi) s_acc[0][nt][2 * half + e] = fill;
+                        }
+                    }
+                } else if (mask.template needs_mask<kBN>(row0, n_block)) {
 #pragma unroll
                     for (int half = 0; half < 2; ++half) {
                         const int key = key0 + warp_key + g + 8 * half;
-                        const int diag = key - band.causal_offset - q0 - 2 * t;  // the query on k's diagonal
-                        const int lo = key >= (kVarlen ? seq.seqlen_k : p.seqlen_k) ? kSN
-                                       : band.has_right() ? diag - band.right : 0;
-                        const int hi = band.has_left() ? diag + band.left : kSN;
+                        const int seqlen_k = kVarlen ? seq.seqlen_k : p.seqlen_k;
+                        const int first = key >= seqlen_k ? kSN + q0 : key - mask.causal_offset;
+                        const int first_col = kCausal || key >= seqlen_k ? first - q0 - 2 * t : -1;
 #pragma unroll
                         for (int nt = 0; nt < kSN / 8; ++nt)
 #pragma unroll
                             for (int e = 0; e < 2; ++e)
-                                if (nt * 8 + e < lo || nt * 8 + e > hi) s_acc[0][nt][2 * half + e] = fill;
+                                if (nt * 8 + e < first_col) s_acc[0][nt][2 * half + e] = fill;
                     }
                 }
-            } else if (mask.template needs_mask<kBN>(row0, n_block)) {
+            };
+            if constexpr (!ScoreMod<kSoftcap, kAlibi>::kOn) {
+                // (kOverlapSdp: the mask after the exp2, hidden elements -> 0, as with the score
+                // modifiers below: with dPᵀ's accumulators live the mask's values must not outlive
+                // the exp2s; the d128 causal kernel spills otherwise)
+                if constexpr (!kOverlapSdp) hide(neg_inf());
 #pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int key = key0 + warp_key + g + 8 * half;
-                    const int seqlen_k = kVarlen ? seq.seqlen_k : p.seqlen_k;
-                    const int first = key >= seqlen_k ? kSN + q0 : key - mask.causal_offset;
-                    const int first_col = kCausal || key >= seqlen_k ? first - q0 - 2 * t : -1;
+                for (int nt = 0; nt < kSN / 8; ++nt) {
+                    const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
 #pragma unroll
-                    for (int nt = 0; nt < kSN / 8; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e)
-                            if (nt * 8 + e < first_col) s_acc[0][nt][2 * half + e] = fill;
+                    for (int e = 0; e < 4; ++e)
+                        s_acc[0][nt][e] = exp2_scaled(s_acc[0][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
                 }
-            }
-        };
-        if constexpr (!ScoreMod<kSoftcap, kAlibi>::kOn) {
-            // (kOverlapSdp: the mask after the exp2, hidden elements -> 0, as with the score
-            // modifiers below: with dPᵀ's accumulators live the mask's values must not outlive
-            // the exp2s; the d128 causal kernel spills otherwise)
-            if constexpr (!kOverlapSdp) hide(neg_inf());
+                if constexpr (kOverlapSdp) hide(0.f);
+            } else {
+                // Sᵀ through the score modifiers (score.cuh, raw units) on the way to the exp2, the
+                // mask after it (hidden elements -> 0, whatever their modified score). Element
+                // (nt, e): key warp_key + g + 8·(e / 2), query 8nt + 2t + e % 2. Softcap keeps
+                // 1 - tanh² for dSᵀ, rounded to 16 bits like dSᵀ itself, packed as pack_a_frags
+                // packs Pᵀ (word 2·(nt % 2) + e / 2 of k16 step nt / 2), in shared memory (above).
 #pragma unroll
-            for (int nt = 0; nt < kSN / 8; ++nt) {
-                const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
+                for (int nt = 0; nt < kSN / 8; ++nt) {
+                    const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    s_acc[0][nt][e] = exp2_scaled(s_acc[0][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
-            }
-            if constexpr (kOverlapSdp) hide(0.f);
-        } else {
-            // Sᵀ through the score modifiers (score.cuh, raw units) on the way to the exp2, the
-            // mask after it (hidden elements -> 0, whatever their modified score). Element
-            // (nt, e): key warp_key + g + 8·(e / 2), query 8nt + 2t + e % 2. Softcap keeps
-            // 1 - tanh² for dSᵀ, rounded to 16 bits like dSᵀ itself, packed as pack_a_frags
-            // packs Pᵀ (word 2·(nt % 2) + e / 2 of k16 step nt / 2), in shared memory (above).
+                    for (int half = 0; half < 2; ++half) {
+                        const int key = key0 + warp_key + g + 8 * half;
+                        float dtanh[2];
 #pragma unroll
-            for (int nt = 0; nt < kSN / 8; ++nt) {
-                const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int key = key0 + warp_key + g + 8 * half;
-                    float dtanh[2];
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        float th = 0.f;
-                        float& s = s_acc[0][nt][2 * half + e];
-                        s = exp2_scaled(score.apply(s, q0 + nt * 8 + 2 * t + e, key, th), p.scale_log2,
-                                        e ? lse.y : lse.x);
-                        dtanh[e] = 1.f - th * th;
+                        for (int e = 0; e < 2; ++e) {
+                            float th = 0.f;
+                            float& s = s_acc[0][nt][2 * half + e];
+                            s = exp2_scaled(score.apply(s, q0 + nt * 8 + 2 * t + e, key, th), p.scale_log2,
+                                            e ? lse.y : lse.x);
+                            dtanh[e] = 1.f - th * th;
+                        }
+                        if constexpr (kSoftcap) thread_word(kCapWord0 + 2 * nt + half) = pack2<Elem>(dtanh[0], dtanh[1]);
                     }
-                    if constexpr (kSoftcap) thread_word(kCapWord0 + 2 * nt + half) = pack2<Elem>(dtanh[0], dtanh[1]);
                 }
+                hide(0.f);
             }
-            hide(0.f);
-        }
-        if constexpr (kDropout) {
-            // ---- dropout: the dropped elements of Pᵀ negated (Pᵀ >= 0, so the sign is ¬Z, as
-            // Dropout::negate_dropped_transposed; a hidden element, 0, stays a zero), the signed
-            // Pᵀ to this thread's words for dSᵀ, and Pᵀ ∘ Z / (1 - p), its positive part
-            // scaled, for dV ----
+            if constexpr (kDropout) {
+                // ---- dropout: the dropped elements of Pᵀ negated (Pᵀ >= 0, so the sign is ¬Z, as
+                // Dropout::negate_dropped_transposed; a hidden element, 0, stays a zero), the signed
+                // Pᵀ to this thread's words for dSᵀ, and Pᵀ ∘ Z / (1 - p), its positive part
+                // scaled, for dV ----
 #pragma unroll
-            for (int nt = 0; nt < kSN / 8; ++nt)
+                for (int nt = 0; nt < kSN / 8; ++nt)
 #pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    float& p0 = s_acc[0][nt][2 * half];
-                    float& p1 = s_acc[0][nt][2 * half + 1];
-                    if (!((keep_bits >> (4 * nt + 2 * half)) & 1u)) p0 = -p0;
-                    if (!((keep_bits >> (4 * nt + 2 * half + 1)) & 1u)) p1 = -p1;
-                    thread_word(kPWord0 + 2 * nt + half) = pack2<Elem>(p0, p1);
-                    p0 = fmaxf(p0, 0.f) * p.dropout_scale;
-                    p1 = fmaxf(p1, 0.f) * p.dropout_scale;
-                }
-        }
-        // Pᵀ as 16-bit A fragments: the fp32 Pᵀ dies here, before dPᵀ's accumulators are born
-        // (with dK, dV in registers the d128 kernel has no room for both), so dS below uses
-        // Pᵀ rounded to 16 bits, as the dV product does (and as attention in 16 bits would).
-        pack_a_frags<1, kSN / 16, Elem>(p_frag, s_acc);
-
-        // ---- dPᵀ = V_j dO_iᵀ (SS; kOverlapSdp: already issued behind Sᵀ), then dV_j += Pᵀ dO_i
-        // (RS; dO_i MN-major, queries 16kk..16kk+15 per step) ----
-        if constexpr (!kOverlapSdp) reg_fence(dp_flat);
-        reg_fence(dv_acc);
-        wgmma_fence();
-        if constexpr (!kOverlapSdp) {
-#pragma unroll
-            for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-                const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
-                const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-                Wgmma<kSN, Elem>::template ss<0>(dp_flat, fresh(v_rows_desc).at(a_off), do_desc.at(b_off), kk > 0);
+                    for (int half = 0; half < 2; ++half) {
+                        float& p0 = s_acc[0][nt][2 * half];
+                        float& p1 = s_acc[0][nt][2 * half + 1];
+                        if (!((keep_bits >> (4 * nt + 2 * half)) & 1u)) p0 = -p0;
+                        if (!((keep_bits >> (4 * nt + 2 * half + 1)) & 1u)) p1 = -p1;
+                        thread_word(kPWord0 + 2 * nt + half) = pack2<Elem>(p0, p1);
+                        p0 = fmaxf(p0, 0.f) * p.dropout_scale;
+                        p1 = fmaxf(p1, 0.f) * p.dropout_scale;
+                    }
             }
-            wgmma_commit();
-        }
-        if constexpr (kSharedKeys) {
-            wgmma_wait<0>();                                    // dPᵀ is ready (dV waits for all of Pᵀ)
-        } else {
-#pragma unroll
-            for (int kk = 0; kk < kBM / 16; ++kk)
-                Wgmma<kHeadDim, Elem>::template rs<1>(dv_acc, p_frag[0][kk], do_t_desc.at(q_off + kk * 16 * 128), 1);
-            wgmma_commit();
-            wgmma_wait<1>();                                    // dPᵀ is ready (dV may still run)
-        }
-        reg_fence(dp_flat);
+            // Pᵀ as 16-bit A fragments: the fp32 Pᵀ dies here, before dPᵀ's accumulators are born
+            // (with dK, dV in registers the d128 kernel has no room for both), so dS below uses
+            // Pᵀ rounded to 16 bits, as the dV product does (and as attention in 16 bits would).
+            pack_a_frags<1, kSN / 16, Elem>(p_frag, s_acc);
 
-        // ---- dSᵀ = Pᵀ ∘ (dPᵀ - D_i), to 16-bit A fragments ----
-        // p_frag[kk][r] holds Pᵀ elements (nt, e) = (2kk + r / 2, 2·(r % 2) + lo/hi) (gemm.cuh)
-#pragma unroll
-        for (int nt = 0; nt < kSN / 8; ++nt) {
-            const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if constexpr (kDropout) {  // dS = |P| ∘ (Z ∘ dP / (1 - p) - D), P from the signed words
-                    const u32 pair = thread_word(kPWord0 + 2 * nt + e / 2);
-                    const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
-                    const float z = P > 0.f ? p.dropout_scale : 0.f;
-                    dp_acc[0][nt][e] = fabsf(P) * (dp_acc[0][nt][e] * z - (e % 2 ? D.y : D.x));
-                } else {
-                    const u32 pair = p_frag[0][nt / 2][2 * (nt % 2) + e / 2];
-                    const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
-                    dp_acc[0][nt][e] = P * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
-                }
-                if constexpr (kSoftcap) {  // d(softcap·tanh(x / softcap))/dx = 1 - tanh²
-                    const u32 dtanh = thread_word(kCapWord0 + 2 * nt + e / 2);
-                    dp_acc[0][nt][e] *= to_float<Elem>(u16(e % 2 ? dtanh >> 16 : dtanh & 0xFFFFu));
-                }
-            }
-        }
-        pack_a_frags<1, kSN / 16, Elem>(ds_frag, dp_acc);
-
-        // ---- dK_j += dSᵀ Q_i (RS; Q_i MN-major; scaled once, in the epilogue) ----
-        // (kSharedKeys: both by SS once every warpgroup's Pᵀ, dSᵀ are in shared memory, below)
-        if constexpr (!kSharedKeys) {
-            reg_fence(dk_acc);
+            // ---- dPᵀ = V_j dO_iᵀ (SS; kOverlapSdp: already issued behind Sᵀ), then dV_j += Pᵀ dO_i
+            // (RS; dO_i MN-major, queries 16kk..16kk+15 per step) ----
+            if constexpr (!kOverlapSdp) reg_fence(dp_flat);
+            reg_fence(dv_acc);
             wgmma_fence();
+            if constexpr (!kOverlapSdp) {
 #pragma unroll
-            for (int kk = 0; kk < kBM / 16; ++kk)
-                Wgmma<kHeadDim, Elem>::template rs<1>(dk_acc, ds_frag[0][kk], q_t_desc.at(q_off + kk * 16 * 128), 1);
-            wgmma_commit();
-        }
-
-        // ---- dS to shared memory: every warpgroup's previous dQ GEMM is done (it waited for it
-        // before the barrier), so ds_smem is free. ds_frag register r of step kk holds keys
-        // g + 8·(r % 2), queries 16kk + 2t + 8·(r / 2) (two adjacent queries per register): four
-        // 8x8 matrices, stored transposed (dS[query][key], 16 bits each) by one stmatrix per step,
-        // 16 bytes (8 keys) a row. The 8 rows of a matrix are 8 consecutive queries, whose
-        // 128-byte swizzle puts their units on 8 distinct bank groups: no bank conflicts (2-byte
-        // stores took 8 instructions per step, each 64 bytes).
-        named_barrier_sync(1, kConsumerThreads);
-        if constexpr (kSharedKeys) {
-            // kSharedKeys: this warpgroup's Pᵀ and dSᵀ (64 keys x its kSN queries) as they are,
-            // keys x queries (K-major A operands of dV, dK: stmatrix without .trans); the barrier
-            // above also freed them (every warpgroup waited for its last dV, dK)
-#pragma unroll
-            for (int kk = 0; kk < kSN / 16; ++kk) {
-                stmatrix_x4(smem + Shape::kPOffset + pt_store_offset(kk), p_frag[0][kk]);
-                stmatrix_x4(smem + Shape::kDstOffset + pt_store_offset(kk), ds_frag[0][kk]);
-            }
-        }
-        if constexpr (kDropout && !kSharedKeys) {
-            // dropout: per element, 16-bit stores (stmatrix's four-register operand makes ptxas
-            // spill this kernel at d128, nvcc 13.0); query 16kk + 8·(r / 2) + 2t (+1), key
-            // warp_key + g + 8·(r % 2), the offsets recomputed (the dropout state takes registers)
-#pragma unroll
-            for (int kk = 0; kk < kSN / 16; ++kk)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const u32 v = ds_frag[0][kk][r];
-                    const u32 rows = (kk * 16 + 8 * (r / 2)) * 128;  // whole swizzle periods
-                    const u32 off_lo = swizzled_offset(2 * t, warp_key + g + 8 * (r % 2), kBM);
-                    const u32 off_hi = swizzled_offset(2 * t + 1, warp_key + g + 8 * (r % 2), kBM);
-                    *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_lo) = u16(v & 0xFFFFu);
-                    *reinterpret_cast<u16*>(ds_smem_ptr + rows + off_hi) = u16(v >> 16);
-                }
-        } else {
-            // (with softcap, ALiBi or kOverlapSdp's live dPᵀ the lane's address is recomputed
-            // here, not kept across the loop: their state takes that register)
-            constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kOverlapSdp;
-            const u32 addr = kRecompute ? ds_store_lane() : ds_store_addr;
-#pragma unroll
-            for (int kk = 0; kk < kSN / 16; ++kk) stmatrix_x4_trans(addr + kk * 16 * 128, ds_frag[0][kk]);
-        }
-        // dV and dK done: their operands (the Pᵀ, dSᵀ fragments) are never live together with the
-        // dQ part's accumulators, which keeps d128 under the register budget
-        wgmma_wait<0>();
-        reg_fence(dk_acc);
-        reg_fence(dv_acc);
-        fence_proxy_async_smem();                               // generic stores -> wgmma's reads
-        named_barrier_sync(1, kConsumerThreads);                // all of dS is written
-
-        if constexpr (kSharedKeys) {
-            // ---- dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i for this warpgroup's kDkvN columns (SS: Pᵀ,
-            // dSᵀ of all BM queries from shared memory, K-major; dO_i, Q_i MN-major from its first
-            // column chunk; queries 16kk..16kk+15 per step), waited for with the dQ part ----
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < kBM / 16; ++kk) {
-                const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
-                Wgmma<kDkvN, Elem>::template ss<1>(dv_acc, fresh(p_desc).at(a_off), do_t_desc.at(q_off + kk * 16 * 128), 1);
-            }
-#pragma unroll
-            for (int kk = 0; kk < kBM / 16; ++kk) {
-                const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
-                Wgmma<kDkvN, Elem>::template ss<1>(dk_acc, fresh(dst_desc).at(a_off), q_t_desc.at(q_off + kk * 16 * 128), 1);
-            }
-            wgmma_commit();
-        }
-
-        if constexpr (kSharedKeys) {
-            // ---- dQ_i part = dS K_j, this warpgroup's kDqN columns in 64-column pieces: one
-            // piece's accumulators live at a time next to dK_j, dV_j (128 + 32 registers; the whole
-            // part's 64 made ptxas spill), each added by red.add as soon as it is done (the
-            // additions drain while the next piece runs). Deterministic: the turn is taken once
-            // for both pieces. dq_bulk and dq_writer do not fit in shared memory here. ----
-            static_assert(!kDqWriter && !kDqBulk, "shared keys (head dim 256): dQ by red.add only");
-            int* turn = kDeterministic ? p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block : nullptr;
-            float* dq_rows = p.dq_accum + ((kVarlen ? ws_row0() : bh * p.seqlen_q_rounded) + row0
-                                           + warp * 16) * p.head_dim_rounded + dq_col0;
-#pragma unroll
-            for (int piece = 0; piece < Shape::kDqN / 64; ++piece) {
-                float dq_part[32];
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < kBN / 16; ++kk) {
-                    const u32 a_off = (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-                    Wgmma<64, Elem>::template ss<1>(dq_part, fresh(ds_desc).at(a_off),
-                                                    fresh(k_t_desc).at(piece * Shape::kKVChunkBytes + kk * 16 * 128), kk > 0);
+                for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+                    const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+                    const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+                    Wgmma<kSN, Elem>::template ss<0>(dp_flat, fresh(v_rows_desc).at(a_off), do_desc.at(b_off), kk > 0);
                 }
                 wgmma_commit();
-                wgmma_wait<0>();                                // (piece 0: dV, dK too: Q_i, dO_i all read)
-                reg_fence(dq_part);
-                if (piece == 0) {
-                    reg_fence(dk_acc);
-                    reg_fence(dv_acc);
-                    mbarrier_arrive(q_empty(slot));             // the slot may be refilled
-                    if (kDeterministic) {   // this CTA's turn at this Q block (as below)
-                        const int first = kWindow ? band.template kv_block_begin<kBM, kBN>(row0) : 0;
-                        if (ctid == 0) while (ld_acquire_gpu(turn) != n_block - first) {}
-                        named_barrier_sync(1, kConsumerThreads);
+            }
+            if constexpr (kSharedKeys) {
+                wgmma_wait<0>();                                    // dPᵀ is ready (dV waits for all of Pᵀ)
+            } else {
+#pragma unroll
+                for (int kk = 0; kk < kBM / 16; ++kk)
+                    Wgmma<kHeadDim, Elem>::template rs<1>(dv_acc, p_frag[0][kk], do_t_desc.at(q_off + kk * 16 * 128), 1);
+                wgmma_commit();
+                wgmma_wait<1>();                                    // dPᵀ is ready (dV may still run)
+            }
+            reg_fence(dp_flat);
+
+            // ---- dSᵀ = Pᵀ ∘ (dPᵀ - D_i), to 16-bit A fragments ----
+            // p_frag[kk][r] holds Pᵀ elements (nt, e) = (2kk + r / 2, 2·(r % 2) + lo/hi) (gemm.cuh)
+#pragma unroll
+            for (int nt = 0; nt < kSN / 8; ++nt) {
+                const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if constexpr (kDropout) {  // dS = |P| ∘ (Z ∘ dP / (1 - p) - D), P from the signed words
+                        const u32 pair = thread_word(kPWord0 + 2 * nt + e / 2);
+                        const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
+                        const float z = P > 0.f ? p.dropout_scale : 0.f;
+                        dp_acc[0][nt][e] = fabsf(P) * (dp_acc[0][nt][e] * z - (e % 2 ? D.y : D.x));
+                    } else {
+                        const u32 pair = p_frag[0][nt / 2][2 * (nt % 2) + e / 2];
+                        const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
+                        dp_acc[0][nt][e] = P * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
+                    }
+                    if constexpr (kSoftcap) {  // d(softcap·tanh(x / softcap))/dx = 1 - tanh²
+                        const u32 dtanh = thread_word(kCapWord0 + 2 * nt + e / 2);
+                        dp_acc[0][nt][e] *= to_float<Elem>(u16(e % 2 ? dtanh >> 16 : dtanh & 0xFFFFu));
                     }
                 }
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    red_add_tile_16x16(dq_rows + piece * 64 + j * 16, p.head_dim_rounded,
-                                       reinterpret_cast<const float (&)[2][4]>(dq_part[8 * j]), g, t);
             }
+            pack_a_frags<1, kSN / 16, Elem>(ds_frag, dp_acc);
+
+            // ---- dK_j += dSᵀ Q_i (RS; Q_i MN-major; scaled once, in the epilogue) ----
+            // (kSharedKeys: both by SS once every warpgroup's Pᵀ, dSᵀ are in shared memory, below)
+            if constexpr (!kSharedKeys) {
+                reg_fence(dk_acc);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kBM / 16; ++kk)
+                    Wgmma<kHeadDim, Elem>::template rs<1>(dk_acc, ds_frag[0][kk], q_t_desc.at(q_off + kk * 16 * 128), 1);
+                wgmma_commit();
+            }
+
+            // ---- dS to shared memory: every warpgroup's previous dQ GEMM is done (it waited for it
+            // before the barrier), so ds_smem is free. ds_frag register r of step kk holds keys
+            // g + 8·(r % 2), queries 16kk + 2t + 8·(r / 2) (two adjacent queries per register): four
+            // 8x8 matrices, stored transposed (dS[query][key], 16 bits each) by one stmatrix per step,
+            // 16 bytes (8 keys) a row. The 8 rows of a matrix are 8 consecutive queries, whose
+            // 128-byte swizzle puts their units on 8 distinct bank groups: no bank conflicts (2-byte
+            // stores took 8 instructions per step, each 64 bytes).
+            // kDsDouble: Q block q's dS goes to buffer q % 2, which the dQ GEMMs of Q block q - 2 read:
+            // both warpgroups waited for theirs before the barrier after Q block q - 1's stores,
+            // which this thread has passed, so no barrier is needed here
+            // (q % 2 is slot % 2 for an even ring: no register of its own)
+            const int q_parity = kStages % 2 == 0 ? slot & 1 : (kDynamic ? q_done + it : it) & 1;
+            const u32 ds_buf = kDsDouble ? u32(q_parity) * Shape::kDsBytes : 0u;
+            if constexpr (!kDsDouble) named_barrier_sync(1, kConsumerThreads);
+            if constexpr (kSharedKeys) {
+                // kSharedKeys: this warpgroup's Pᵀ and dSᵀ (64 keys x its kSN queries) as they are,
+                // keys x queries (K-major A operands of dV, dK: stmatrix without .trans); the barrier
+                // above also freed them (every warpgroup waited for its last dV, dK)
+#pragma unroll
+                for (int kk = 0; kk < kSN / 16; ++kk) {
+                    stmatrix_x4(smem + Shape::kPOffset + pt_store_offset(kk), p_frag[0][kk]);
+                    stmatrix_x4(smem + Shape::kDstOffset + pt_store_offset(kk), ds_frag[0][kk]);
+                }
+            }
+            if constexpr (kDropout && !kSharedKeys) {
+                // dropout: per element, 16-bit stores (stmatrix's four-register operand makes ptxas
+                // spill this kernel at d128, nvcc 13.0); query 16kk + 8·(r / 2) + 2t (+1), key
+                // warp_key + g + 8·(r % 2), the offsets recomputed (the dropout state takes registers)
+#pragma unroll
+                for (int kk = 0; kk < kSN / 16; ++kk)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        const u32 v = ds_frag[0][kk][r];
+                        const u32 rows = (kk * 16 + 8 * (r / 2)) * 128;  // whole swizzle periods
+                        const u32 off_lo = swizzled_offset(2 * t, warp_key + g + 8 * (r % 2), kBM);
+                        const u32 off_hi = swizzled_offset(2 * t + 1, warp_key + g + 8 * (r % 2), kBM);
+                        *reinterpret_cast<u16*>(ds_smem_ptr + ds_buf + rows + off_lo) = u16(v & 0xFFFFu);
+                        *reinterpret_cast<u16*>(ds_smem_ptr + ds_buf + rows + off_hi) = u16(v >> 16);
+                    }
+            } else {
+                // (with softcap, ALiBi or kOverlapSdp's live dPᵀ the lane's address is recomputed
+                // here, not kept across the loop: their state takes that register)
+                constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kOverlapSdp;
+                const u32 addr = kRecompute ? ds_store_lane() : ds_store_addr;
+#pragma unroll
+                for (int kk = 0; kk < kSN / 16; ++kk) stmatrix_x4_trans(addr + ds_buf + kk * 16 * 128, ds_frag[0][kk]);
+            }
+            // dV and dK done: their operands (the Pᵀ, dSᵀ fragments) are never live together with the
+            // dQ part's accumulators, which keeps d128 under the register budget
+            wgmma_wait<0>();
+            reg_fence(dk_acc);
+            reg_fence(dv_acc);
+            fence_proxy_async_smem();                               // generic stores -> wgmma's reads
+            named_barrier_sync(1, kConsumerThreads);                // all of dS is written
+
+            if constexpr (kSharedKeys) {
+                // ---- dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i for this warpgroup's kDkvN columns (SS: Pᵀ,
+                // dSᵀ of all BM queries from shared memory, K-major; dO_i, Q_i MN-major from its first
+                // column chunk; queries 16kk..16kk+15 per step), waited for with the dQ part ----
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kBM / 16; ++kk) {
+                    const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+                    Wgmma<kDkvN, Elem>::template ss<1>(dv_acc, fresh(p_desc).at(a_off), do_t_desc.at(q_off + kk * 16 * 128), 1);
+                }
+#pragma unroll
+                for (int kk = 0; kk < kBM / 16; ++kk) {
+                    const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+                    Wgmma<kDkvN, Elem>::template ss<1>(dk_acc, fresh(dst_desc).at(a_off), q_t_desc.at(q_off + kk * 16 * 128), 1);
+                }
+                wgmma_commit();
+            }
+
+            if constexpr (kSharedKeys) {
+                // ---- dQ_i part = dS K_j, this warpgroup's kDqN columns in 64-column pieces: one
+                // piece's accumulators live at a time next to dK_j, dV_j (128 + 32 registers; the whole
+                // part's 64 made ptxas spill), each added by red.add as soon as it is done (the
+                // additions drain while the next piece runs). Deterministic: the turn is taken once
+                // for both pieces. dq_bulk and dq_writer do not fit in shared memory here. ----
+                static_assert(!kDqWriter && !kDqBulk, "shared keys (head dim 256): dQ by red.add only");
+                int* turn = kDeterministic ? p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block : nullptr;
+                float* dq_rows = p.dq_accum + ((kVarlen ? ws_row0() : bh * p.seqlen_q_rounded) + row0
+                                               + warp * 16) * p.head_dim_rounded + dq_col0;
+#pragma unroll
+                for (int piece = 0; piece < Shape::kDqN / 64; ++piece) {
+                    float dq_part[32];
+                    wgmma_fence();
+#pragma unroll
+                    for (int kk = 0; kk < kBN / 16; ++kk) {
+                        const u32 a_off = (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+                        Wgmma<64, Elem>::template ss<1>(dq_part, fresh(ds_desc).at(a_off),
+                                                        fresh(k_t_desc).at(piece * Shape::kKVChunkBytes + kk * 16 * 128), kk > 0);
+                    }
+                    wgmma_commit();
+                    wgmma_wait<0>();                                // (piece 0: dV, dK too: Q_i, dO_i all read)
+                    reg_fence(dq_part);
+                    if (piece == 0) {
+                        reg_fence(dk_acc);
+                        reg_fence(dv_acc);
+                        mbarrier_arrive(q_empty(slot));             // the slot may be refilled
+                        if (kDeterministic) {   // this CTA's turn at this Q block (as below)
+                            const int first = kWindow ? band.template kv_block_begin<kBM, kBN>(row0) : 0;
+                            if (ctid == 0) while (ld_acquire_gpu(turn) != n_block - first) {}
+                            named_barrier_sync(1, kConsumerThreads);
+                        }
+                    }
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        red_add_tile_16x16(dq_rows + piece * 64 + j * 16, p.head_dim_rounded,
+                                           reinterpret_cast<const float (&)[2][4]>(dq_part[8 * j]), g, t);
+                }
+                if (kDeterministic) {  // pass the turn on once every thread's additions are visible
+                    __threadfence();
+                    named_barrier_sync(1, kConsumerThreads);
+                    if (ctid == 0) red_release_add_gpu(turn, 1);
+                }
+                continue;
+            }
+
+            // ---- dQ_i part = dS K_j: this warpgroup's 64 rows x kDqN columns ----
+            reg_fence(dq_acc);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kBN / 16; ++kk) {
+                const u32 a_off = (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+                Wgmma<Shape::kDqN, Elem>::template ss<1>(dq_acc, ds_desc.at(ds_buf + a_off), k_t_desc.at(kk * 16 * 128), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();                                        // the dQ part: Q_i, dO_i all read
+            reg_fence(dq_acc);
+            mbarrier_arrive(q_empty(slot));                         // the slot may be refilled
+
+            // ---- dQ accumulator += dQ part (fp32 in global memory) ----
+            if constexpr (kDqWriter) {
+                // to tile it % kBufs of the staging (Sm90BwdDqWriterStage), once the writer warp has
+                // handed it back (from the kBufs-th Q block on), then signal the writer: it issues the
+                // bulk reduce-adds while the consumers go on to the next Q block. Element (row, col)
+                // of the BM x kHeadDim part: box col / 32, row, 16-byte unit (col % 32) / 4 ^ row % 8.
+                // This thread's rows are g (+ 8) past a multiple of 8 and its columns col = dq_col0 +
+                // 8nt + 2t (+ 1), dq_col0 a multiple of 32 (a box): unit 2·(nt % 4) + t / 2, i.e.
+                // 2·(nt % 4) ^ (t / 2), so the swizzled unit is 2·(nt % 4) ^ (t / 2 ^ g). A half warp's
+                // float2 stores (rows g = 0..3, t / 2 = 0, 1) would fill only 4 units, each twice: a
+                // 2-way bank conflict. So the threads of odd rows g store fragment nt ^ 2 where the
+                // others store nt (a select per element, in pairs nt, nt ^ 2 of the same box): their
+                // unit gains ^ 4, and the half warp's 8 units are all distinct.
+                static_assert(Shape::kDqN % 32 == 0, "nt ^ 2 pairs within a 32-column box");
+                const int q = kDynamic ? q_done + it : it;          // the CTA's Q block count
+                const int buf = DqW::kBufs == 1 ? 0 : q % 2;
+                if (q >= DqW::kBufs) {
+                    if constexpr (kDynamic)
+                        mbarrier_wait(dq_empty(buf), u32(q / DqW::kBufs - 1) & 1);
+                    else
+                        named_barrier_sync(kDqEmptyBar + buf, kDqBarThreads);
+                }
+                const bool odd = g % 2;
+                const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
+                unsigned char* tile = smem_ptr + DqW::kOffset + buf * DqW::kTileBytes + (dq_col0 / 32) * DqW::kBoxBytes
+                                      + (dq_row_group * 64 + warp * 16 + g) * 128 + (t % 2) * 8;
+#pragma unroll
+                for (int nt = 0; nt < Shape::kDqN / 8; ++nt) {
+                    const int ns = nt ^ 2;                          // the fragment odd rows store here
+                    const u32 off = (nt / 4) * DqW::kBoxBytes + (sw ^ ((2 * (nt % 4)) << 4));
+#pragma unroll
+                    for (int half = 0; half < 2; ++half)           // rows g, g + 8; columns col, col + 1
+                        *reinterpret_cast<float2*>(tile + off + half * 8 * 128)
+                            = make_float2(odd ? dq_acc[4 * ns + 2 * half] : dq_acc[4 * nt + 2 * half],
+                                          odd ? dq_acc[4 * ns + 2 * half + 1] : dq_acc[4 * nt + 2 * half + 1]);
+                }
+                fence_proxy_async_smem();                           // generic stores -> the bulk op's reads
+                named_barrier_arrive(kDqFullBar + buf, kDqBarThreads);
+                continue;                                           // (the red.add path below is the default's)
+            }
+            if constexpr (kDqBulk) {
+                // through shared memory: this warp's 16 rows x kDqN columns to its rows of the
+                // staging tile, then lanes 0..15 add one row each by bulk reduce-add (the copy
+                // engine does the additions; the warp goes on to the next Q block). The warp alone
+                // writes and reads its rows, so a warp-level sync orders them.
+                float* dq_rows = p.dq_accum + ((kVarlen ? ws_row0() : bh * p.seqlen_q_rounded) + row0
+                                               + dq_row_group * 64 + warp * 16) * p.head_dim_rounded + dq_col0;
+                const int stage_row0 = wg * 64 + warp * 16;        // this warp's first row of the stage
+                unsigned char* stage_ptr = smem_ptr + DqStage::kOffset + stage_row0 * DqStage::kRowFloats * 4;
+                if (lane < 16) bulk_wait_group_read<0>();          // the last Q block's row has been read
+                __syncwarp();
+#pragma unroll
+                for (int nt = 0; nt < Shape::kDqN / 8; ++nt)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half)           // rows g, g + 8; columns 8nt + 2t, + 1
+                        *reinterpret_cast<float2*>(stage_ptr + ((g + 8 * half) * DqStage::kRowFloats + nt * 8 + 2 * t) * 4)
+                            = make_float2(dq_acc[4 * nt + 2 * half], dq_acc[4 * nt + 2 * half + 1]);
+                fence_proxy_async_smem();                           // generic stores -> the bulk op's reads
+                __syncwarp();
+                if (lane < 16) {
+                    // row stage_row0 + lane; the accumulator rows are padded to seqlen_q_rounded (a
+                    // multiple of 128 >= BM), so a ragged last Q block's extra rows land in padding
+                    bulk_reduce_add_f32(dq_rows + lane * p.head_dim_rounded,
+                                        smem + DqStage::kOffset + (stage_row0 + lane) * DqStage::kRowFloats * 4,
+                                        DqStage::kRowBytes);
+                    bulk_commit_group();
+                }
+                continue;                                           // (the red.add path below is the default's)
+            }
+            int* turn = kDeterministic ? p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block : nullptr;
+            if (kDeterministic) {  // wait for this CTA's turn at this Q block: K/V blocks in order
+                // (under a window the K/V blocks that see Q block m_block start at its band's first,
+                // kv_block_begin: the turns count from there, as in fa2_bwd)
+                const int first = kWindow ? band.template kv_block_begin<kBM, kBN>(row0) : 0;
+                if (ctid == 0) while (ld_acquire_gpu(turn) != n_block - first) {}
+                named_barrier_sync(1, kConsumerThreads);
+            }
+            float* dq_rows = p.dq_accum + ((kVarlen ? ws_row0() : bh * p.seqlen_q_rounded) + row0
+                                           + dq_row_group * 64 + warp * 16) * p.head_dim_rounded + dq_col0;
+#pragma unroll
+            for (int j = 0; j < Shape::kDqN / 16; ++j)
+                red_add_tile_16x16(dq_rows + j * 16, p.head_dim_rounded,
+                                   reinterpret_cast<const float (&)[2][4]>(dq_acc[8 * j]), g, t);
             if (kDeterministic) {  // pass the turn on once every thread's additions are visible
                 __threadfence();
                 named_barrier_sync(1, kConsumerThreads);
                 if (ctid == 0) red_release_add_gpu(turn, 1);
             }
-            continue;
         }
 
-        // ---- dQ_i part = dS K_j: this warpgroup's 64 rows x kDqN columns ----
-        reg_fence(dq_acc);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk) {
-            const u32 a_off = (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-            Wgmma<Shape::kDqN, Elem>::template ss<1>(dq_acc, ds_desc.at(a_off), k_t_desc.at(kk * 16 * 128), kk > 0);
+        if constexpr (kDynamic) {
+            if (n_iters > 0) {                                      // K_j, V_j read for the last time
+                mbarrier_arrive(kv_empty);
+                ++kv_loads;
+            }
         }
-        wgmma_commit();
-        wgmma_wait<0>();                                        // the dQ part: Q_i, dO_i all read
-        reg_fence(dq_acc);
-        mbarrier_arrive(q_empty(slot));                         // the slot may be refilled
 
-        // ---- dQ accumulator += dQ part (fp32 in global memory) ----
-        if constexpr (kDqWriter) {
-            // to tile it % kBufs of the staging (Sm90BwdDqWriterStage), once the writer warp has
-            // handed it back (from the kBufs-th Q block on), then signal the writer: it issues the
-            // bulk reduce-adds while the consumers go on to the next Q block. Element (row, col)
-            // of the BM x kHeadDim part: box col / 32, row, 16-byte unit (col % 32) / 4 ^ row % 8.
-            // This thread's rows are g (+ 8) past a multiple of 8 and its columns col = dq_col0 +
-            // 8nt + 2t (+ 1), dq_col0 a multiple of 32 (a box): unit 2·(nt % 4) + t / 2, i.e.
-            // 2·(nt % 4) ^ (t / 2), so the swizzled unit is 2·(nt % 4) ^ (t / 2 ^ g). A half warp's
-            // float2 stores (rows g = 0..3, t / 2 = 0, 1) would fill only 4 units, each twice: a
-            // 2-way bank conflict. So the threads of odd rows g store fragment nt ^ 2 where the
-            // others store nt (a select per element, in pairs nt, nt ^ 2 of the same box): their
-            // unit gains ^ 4, and the half warp's 8 units are all distinct.
-            static_assert(Shape::kDqN % 32 == 0, "nt ^ 2 pairs within a 32-column box");
-            const int buf = DqW::kBufs == 1 ? 0 : it % 2;
-            if (it >= DqW::kBufs) named_barrier_sync(kDqEmptyBar + buf, kDqBarThreads);
-            const bool odd = g % 2;
-            const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
-            unsigned char* tile = smem_ptr + DqW::kOffset + buf * DqW::kTileBytes + (dq_col0 / 32) * DqW::kBoxBytes
-                                  + (dq_row_group * 64 + warp * 16 + g) * 128 + (t % 2) * 8;
+        // ---- epilogue: dK_j = scale · Σ dSᵀ Q, dV_j = Σ Pᵀ dO ----
+        // MHA: straight into dk, dv. GQA / MQA: fp32 per query head, summed by fa2_bwd_reduce_dkv.
+        const bool grouped = p.nheads != p.nheads_kv;
 #pragma unroll
-            for (int nt = 0; nt < Shape::kDqN / 8; ++nt) {
-                const int ns = nt ^ 2;                          // the fragment odd rows store here
-                const u32 off = (nt / 4) * DqW::kBoxBytes + (sw ^ ((2 * (nt % 4)) << 4));
+        for (int half = 0; half < 2; ++half) {
+            const int key = key0 + warp_key + g + 8 * half;
+            if (key >= (kVarlen ? seq.seqlen_k : p.seqlen_k)) continue;
 #pragma unroll
-                for (int half = 0; half < 2; ++half)           // rows g, g + 8; columns col, col + 1
-                    *reinterpret_cast<float2*>(tile + off + half * 8 * 128)
-                        = make_float2(odd ? dq_acc[4 * ns + 2 * half] : dq_acc[4 * nt + 2 * half],
-                                      odd ? dq_acc[4 * ns + 2 * half + 1] : dq_acc[4 * nt + 2 * half + 1]);
-            }
-            fence_proxy_async_smem();                           // generic stores -> the bulk op's reads
-            named_barrier_arrive(kDqFullBar + buf, kDqBarThreads);
-            continue;                                           // (the red.add path below is the default's)
-        }
-        if constexpr (kDqBulk) {
-            // through shared memory: this warp's 16 rows x kDqN columns to its rows of the
-            // staging tile, then lanes 0..15 add one row each by bulk reduce-add (the copy
-            // engine does the additions; the warp goes on to the next Q block). The warp alone
-            // writes and reads its rows, so a warp-level sync orders them.
-            float* dq_rows = p.dq_accum + ((kVarlen ? ws_row0() : bh * p.seqlen_q_rounded) + row0
-                                           + dq_row_group * 64 + warp * 16) * p.head_dim_rounded + dq_col0;
-            const int stage_row0 = wg * 64 + warp * 16;        // this warp's first row of the stage
-            unsigned char* stage_ptr = smem_ptr + DqStage::kOffset + stage_row0 * DqStage::kRowFloats * 4;
-            if (lane < 16) bulk_wait_group_read<0>();          // the last Q block's row has been read
-            __syncwarp();
-#pragma unroll
-            for (int nt = 0; nt < Shape::kDqN / 8; ++nt)
-#pragma unroll
-                for (int half = 0; half < 2; ++half)           // rows g, g + 8; columns 8nt + 2t, + 1
-                    *reinterpret_cast<float2*>(stage_ptr + ((g + 8 * half) * DqStage::kRowFloats + nt * 8 + 2 * t) * 4)
-                        = make_float2(dq_acc[4 * nt + 2 * half], dq_acc[4 * nt + 2 * half + 1]);
-            fence_proxy_async_smem();                           // generic stores -> the bulk op's reads
-            __syncwarp();
-            if (lane < 16) {
-                // row stage_row0 + lane; the accumulator rows are padded to seqlen_q_rounded (a
-                // multiple of 128 >= BM), so a ragged last Q block's extra rows land in padding
-                bulk_reduce_add_f32(dq_rows + lane * p.head_dim_rounded,
-                                    smem + DqStage::kOffset + (stage_row0 + lane) * DqStage::kRowFloats * 4,
-                                    DqStage::kRowBytes);
-                bulk_commit_group();
-            }
-            continue;                                           // (the red.add path below is the default's)
-        }
-        int* turn = kDeterministic ? p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block : nullptr;
-        if (kDeterministic) {  // wait for this CTA's turn at this Q block: K/V blocks in order
-            // (under a window the K/V blocks that see Q block m_block start at its band's first,
-            // kv_block_begin: the turns count from there, as in fa2_bwd)
-            const int first = kWindow ? band.template kv_block_begin<kBM, kBN>(row0) : 0;
-            if (ctid == 0) while (ld_acquire_gpu(turn) != n_block - first) {}
-            named_barrier_sync(1, kConsumerThreads);
-        }
-        float* dq_rows = p.dq_accum + ((kVarlen ? ws_row0() : bh * p.seqlen_q_rounded) + row0
-                                       + dq_row_group * 64 + warp * 16) * p.head_dim_rounded + dq_col0;
-#pragma unroll
-        for (int j = 0; j < Shape::kDqN / 16; ++j)
-            red_add_tile_16x16(dq_rows + j * 16, p.head_dim_rounded,
-                               reinterpret_cast<const float (&)[2][4]>(dq_acc[8 * j]), g, t);
-        if (kDeterministic) {  // pass the turn on once every thread's additions are visible
-            __threadfence();
-            named_barrier_sync(1, kConsumerThreads);
-            if (ctid == 0) red_release_add_gpu(turn, 1);
-        }
-    }
-
-    // ---- epilogue: dK_j = scale · Σ dSᵀ Q, dV_j = Σ Pᵀ dO ----
-    // MHA: straight into dk, dv. GQA / MQA: fp32 per query head, summed by fa2_bwd_reduce_dkv.
-    const bool grouped = p.nheads != p.nheads_kv;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int key = key0 + warp_key + g + 8 * half;
-        if (key >= (kVarlen ? seq.seqlen_k : p.seqlen_k)) continue;
-#pragma unroll
-        for (int nt = 0; nt < kDkvN / 8; ++nt) {
-            const int col = dkv_col0 + nt * 8 + 2 * t;          // (kSharedKeys: this warpgroup's columns)
-            const float dk0 = dk_acc[4 * nt + 2 * half] * p.softmax_scale;
-            const float dk1 = dk_acc[4 * nt + 2 * half + 1] * p.softmax_scale;
-            const float dv0 = dv_acc[4 * nt + 2 * half], dv1 = dv_acc[4 * nt + 2 * half + 1];
-            if (grouped) {
-                // kVarlen: (nheads, total_k) rows, the sequence's from k_start on (dkv_row_offset)
-                const i64 off = ((kVarlen ? dkv_row_offset<kVarlen>(p, batch, head, seq) : bh * p.seqlen_k) + key)
-                                * p.head_dim_rounded + col;
-                *reinterpret_cast<float2*>(p.dk_accum + off) = make_float2(dk0, dk1);
-                *reinterpret_cast<float2*>(p.dv_accum + off) = make_float2(dv0, dv1);
-            } else if (col < p.head_dim) {
-                const int row = kVarlen ? seq.k_start + key : key;   // kVarlen: batch strides 0
-                u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + row * p.dk_row_stride
-                          + head * p.dk_head_stride + col;
-                u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + row * p.dv_row_stride
-                          + head * p.dv_head_stride + col;
-                *reinterpret_cast<u32*>(dk) = pack2<Elem>(dk0, dk1);
-                *reinterpret_cast<u32*>(dv) = pack2<Elem>(dv0, dv1);
+            for (int nt = 0; nt < kDkvN / 8; ++nt) {
+                const int col = dkv_col0 + nt * 8 + 2 * t;          // (kSharedKeys: this warpgroup's columns)
+                const float dk0 = dk_acc[4 * nt + 2 * half] * p.softmax_scale;
+                const float dk1 = dk_acc[4 * nt + 2 * half + 1] * p.softmax_scale;
+                const float dv0 = dv_acc[4 * nt + 2 * half], dv1 = dv_acc[4 * nt + 2 * half + 1];
+                if (grouped) {
+                    // kVarlen: (nheads, total_k) rows, the sequence's from k_start on (dkv_row_offset)
+                    const i64 off = ((kVarlen ? dkv_row_offset<kVarlen>(p, batch, head, seq) : bh * p.seqlen_k) + key)
+                                    * p.head_dim_rounded + col;
+                    *reinterpret_cast<float2*>(p.dk_accum + off) = make_float2(dk0, dk1);
+                    *reinterpret_cast<float2*>(p.dv_accum + off) = make_float2(dv0, dv1);
+                } else if (col < p.head_dim) {
+                    const int row = kVarlen ? seq.k_start + key : key;   // kVarlen: batch strides 0
+                    u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + row * p.dk_row_stride
+                              + head * p.dk_head_stride + col;
+                    u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + row * p.dv_row_stride
+                              + head * p.dv_head_stride + col;
+                    *reinterpret_cast<u32*>(dk) = pack2<Elem>(dk0, dk1);
+                    *reinterpret_cast<u32*>(dv) = pack2<Elem>(dv0, dv1);
+                }
             }
         }
-    }
+        if constexpr (!kDynamic) break;
+        q_done += n_iters;
+        const Sm90BwdTile next = ring_take();
+        if (next.n_block < 0) break;
+        enter_tile(next);
+        tile_range();
+    }   // the tile loop
     // kDqBulk: this thread's bulk additions complete before the CTA (and its shared memory) ends
     if constexpr (kDqBulk) {
         if (lane < 16) bulk_wait_group<0>();

@@ -83,7 +83,8 @@
 // stored as kChunks = ceil(head_dim / 64) column chunks of rows x 64 elements, 128 bytes a row,
 // swizzled as TMA writes it and wgmma reads it):
 //   q_smem [kChunks][BM][64], k_smem / v_smem [kStages][kChunks][BN][64], (kTmaStore) the O
-//   staging tiles [kConsumers][kChunks][64][64], then the mbarriers (Q full, Q empty; K full,
+//   staging tiles [kConsumers][kChunks][64][64], (kPSmem) the P tiles [kConsumers][ceil(BN / 64)]
+//   [64][64], then the mbarriers (Q full, Q empty; K full,
 //   V full, K empty, V empty, kStages each) and (kDynamic) the tile ring (2 full, 2 empty
 //   mbarriers, 2 int32 tile indices).
 //
@@ -132,6 +133,22 @@
 //   kDynamic   the dynamic scheduler (needs kPersistent; params.tile_counter, params.sched_section)
 //   kTmaStore  the TMA-store epilogue (params.tma_o)
 //   (kDynamic and kTmaStore false, the defaults: the code of the kernel before they existed)
+//   kQDouble   two Q buffers: the producer loads the next tile's Q_i while the consumers still
+//              compute with the current one (its buffer is the one of the tile before, released
+//              long ago), so a tile's first S = Q K_0ᵀ does not wait for Q's load after the last
+//              one's S; costs one more Q block of shared memory (BM x 128 bytes a chunk) and two
+//              mbarriers. false (the default): one buffer, the code of the kernel before it existed
+//   kPSmem     P through shared memory (FA3's choice for its d64 tile, 192 x 192): after the softmax
+//              each warp writes its 16 rows of P_j, 16-bit, into its warpgroup's P tile (stmatrix;
+//              64 x BN, K-major, 128-byte swizzled like Q) and O += P_j V_j is a wgmma SS. No
+//              register holds P's A fragments (BN / 4 per thread), which is what lets three
+//              consumer warpgroups (160 registers each) take BN 192 at head dim 64; the price is
+//              the P tile's shared memory (BN · 128 bytes per warpgroup) and its stores. false
+//              (the default): the code of the kernel before it existed
+//   kTreeMax   the online softmax's step with shorter dependency chains (softmax_tree.cuh: both
+//              rows' maxima as pairwise trees, their shuffles side by side, two partial row sums),
+//              so that the block's first ex2 issues sooner; not with kEmuExp2. false (the
+//              default): softmax.cuh's softmax_step, the code of the kernel before it existed
 //   kVarlen    variable-length batches (varlen.cuh): q, k, v, o packed as (total, heads, d),
 //              sequence b's rows from cu_seqlens[b] on. Tiles are still (Q block, head,
 //              sequence), the grid sized for the longest sequence; a tile past its sequence's
@@ -156,6 +173,7 @@
 #include "softmax.cuh"
 #include "philox.cuh"
 #include "exp2_emu.cuh"
+#include "softmax_tree.cuh"
 #include "ptx_sm90_bulk.cuh"
 #include "ptx_sm90_store.cuh"
 #include "varlen.cuh"
@@ -163,7 +181,7 @@
 namespace cuflash {
 
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, bool kDynamic = false,
-          bool kTmaStore = false>
+          bool kTmaStore = false, bool kPSmem = false, bool kQDouble = false>
 struct Sm90FwdShape {
     static constexpr int kThreads = (kConsumers + 1) * 128;
     // 64-column (128-byte) swizzle atoms; d96: two, the second half used (header)
@@ -185,14 +203,26 @@ struct Sm90FwdShape {
     static constexpr int kOStageWgBytes = kChunks * kOStageChunkBytes;
     static constexpr int kOStageOffset = kVOffset + kStages * kKVBytes;
     static constexpr int kOStageBytes = kTmaStore ? kConsumers * kOStageWgBytes : 0;
-    static constexpr int kBarOffset = kOStageOffset + kOStageBytes;
+    // kPSmem: P_j's tile, per consumer warpgroup ceil(BN / 64) chunks of 64 rows x 64 keys
+    // (128-byte swizzled, K-major: the A operand of the P V wgmma); none without it
+    static constexpr int kPChunkBytes = 64 * 128;
+    static constexpr int kPWgBytes = (kBN + 63) / 64 * kPChunkBytes;
+    static constexpr int kPOffset = kOStageOffset + kOStageBytes;
+    static constexpr int kPBytes = kPSmem ? kConsumers * kPWgBytes : 0;
+    // kQDouble: Q's second buffer (odd tiles with keys) after the P tiles, and its full / empty
+    // mbarriers after the tile ring; none without it
+    static constexpr int kQ2Offset = kPOffset + kPBytes;
+    static constexpr int kQ2Bytes = kQDouble ? kQBytes : 0;
+    static constexpr int kBarOffset = kQ2Offset + kQ2Bytes;
     static constexpr int kBarriers = 2 + 4 * kStages;       // Q full, Q empty; K/V full, K/V empty per slot
     // kDynamic: the tile ring after the barriers (Sm90TileRing: its 2 full and 2 empty mbarriers,
     // then its 2 tile indices)
     static constexpr int kRingOffset = kBarOffset + 8 * kBarriers;
     static constexpr int kRingBytes = kDynamic ? 8 * 4 + 4 * 2 : 0;
+    static constexpr int kQ2BarOffset = kRingOffset + kRingBytes;
+    static constexpr int kQ2BarBytes = kQDouble ? 2 * 8 : 0;
     // + 1024: the dynamic shared memory base is aligned up to 1024 bytes at run time
-    static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + kRingBytes + 1024;
+    static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + kRingBytes + kQ2BarBytes + 1024;
     // Registers per thread after setmaxnreg (FA3's splits): the producer only issues TMA.
     static constexpr int kProducerRegs = kConsumers == 1 ? 56 : kConsumers == 2 ? 24 : 32;
     static constexpr int kConsumerRegs = kConsumers == 1 ? 256 : kConsumers == 2 ? 240 : 160;
@@ -309,10 +339,10 @@ struct Sm90TileRing {
 template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
           class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
-          bool kVarlen = false>
+          bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
-    using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore>;
+    using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem, kQDouble>;
     using Mask = BandMask<kCausal, kWindow>;
     constexpr int kChunks = Shape::kChunks;
 
@@ -323,6 +353,14 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     const u32 v_smem = smem + Shape::kVOffset;
     const u32 bars = smem + Shape::kBarOffset;
     const u32 q_full = bars, q_empty = bars + 8u;
+    // kQDouble: Q's buffer b (0: q_smem, 1: the second one) and its mbarriers. The n-th tile with
+    // keys uses buffer n % 2, whose fills are numbered n / 2 (phases as Q's: header). Without it
+    // every tile uses buffer 0, q_full / q_empty, and the code is the single buffer's.
+    auto q_buf = [&](int b) { return kQDouble && b ? smem + Shape::kQ2Offset : q_smem; };
+    auto q_full_of = [&](int b) { return kQDouble && b ? smem + Shape::kQ2BarOffset : q_full; };
+    auto q_empty_of = [&](int b) { return kQDouble && b ? smem + Shape::kQ2BarOffset + 8u : q_empty; };
+    auto q_slot = [&](int q_iter) { return kQDouble ? q_iter & 1 : 0; };       // buffer of tile q_iter
+    auto q_fill = [&](int q_iter) { return kQDouble ? q_iter >> 1 : q_iter; }; // its fill number
     auto k_full = [&](int slot) { return bars + 8u * (2 + slot); };
     auto v_full = [&](int slot) { return bars + 8u * (2 + kStages + slot); };
     auto k_empty = [&](int slot) { return bars + 8u * (2 + 2 * kStages + slot); };
@@ -390,6 +428,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         if constexpr (kTmaStore) prefetch_tensormap(&p.tma_o);
         mbarrier_init(q_full, 1);                           // the producer's expect_tx arrival
         mbarrier_init(q_empty, kConsumers * 128);           // every consumer thread releases Q
+        if constexpr (kQDouble) {
+            mbarrier_init(q_full_of(1), 1);
+            mbarrier_init(q_empty_of(1), kConsumers * 128);
+        }
         for (int s = 0; s < kStages; ++s) {
             mbarrier_init(k_full(s), 1);
             mbarrier_init(v_full(s), 1);
@@ -421,12 +463,14 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 const SeqSpan seq = seq_of(tile);
                 const int q_row0 = seq.q_start + at.m_block * kBM, k_row0 = seq.k_start;
                 const int tma_batch = kVarlen ? 0 : at.batch;
-                // Q's buffer is free once the consumers' last S GEMM of the previous tile is done
-                if (q_iter > 0) mbarrier_wait(q_empty, (q_iter - 1) & 1);
-                mbarrier_arrive_expect_tx(q_full, Shape::kQBytes);
+                // Q's buffer is free once the consumers' last S GEMM of its previous tile is done
+                // (kQDouble: the tile before the previous one, long done: the load runs ahead)
+                const int qb = q_slot(q_iter), q_n = q_fill(q_iter);
+                if (q_n > 0) mbarrier_wait(q_empty_of(qb), (q_n - 1) & 1);
+                mbarrier_arrive_expect_tx(q_full_of(qb), Shape::kQBytes);
 #pragma unroll
                 for (int c = 0; c < kChunks; ++c)
-                    tma_load_4d(q_smem + c * Shape::kQChunkBytes, &p.tma_q, q_full, c * 64,
+                    tma_load_4d(q_buf(qb) + c * Shape::kQChunkBytes, &p.tma_q, q_full_of(qb), c * 64,
                                 q_row0, at.head, tma_batch);
                 ++q_iter;
                 for (int j = 0; j < n_blocks; ++j, ++kv_iter) {
@@ -462,8 +506,12 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     // Descriptors of this warpgroup's 64 rows of Q_i (K-major) and of slot 0's K_j (K-major)
     // and V_j (MN-major: the head dim, wgmma's N, is contiguous).
     const u64 q_desc = smem_desc_sw128(q_smem + wg * 64 * 128, 16, 1024);
+    u32 q_buf_shift = 0;   // kQDouble: the tile's Q buffer, as descriptor address units past q_smem
     const u64 k_desc = smem_desc_sw128(k_smem, 16, 1024);
     const u64 v_desc = smem_desc_sw128(v_smem, Shape::kKVChunkBytes, 1024);
+    // kPSmem: this warpgroup's P tile (K-major like Q)
+    const u32 p_smem = smem + Shape::kPOffset + wg * Shape::kPWgBytes;
+    const u64 p_desc = smem_desc_sw128(p_smem, 16, 1024);
     const Pingpong<kPingpong, kConsumers> turn(wg);
 
     // O: 64 x kOCols (the head dim) per warpgroup, 16 rows per warp, fp32. Thread (g, t) of a
@@ -492,19 +540,57 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
             const u64 q_off = u64((kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32) >> 4;
             const u64 k_off = u64((kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32) >> 4;
-            Wgmma<kBN, Elem>::template ss<0>(s_flat, q_desc + q_off, k_desc + slot_off + k_off, kk > 0);
+            Wgmma<kBN, Elem>::template ss<0>(s_flat, q_desc + (kQDouble ? q_buf_shift + q_off : q_off),
+                                             k_desc + slot_off + k_off, kk > 0);
         }
         wgmma_commit();
     };
     // O += P_{j-1} V_{j-1}: issued, not waited for (keys 16kk..16kk+15: 16 rows of 128 B). One
     // wgmma with N = kOCols per k16 step; d96's reads chunk 0 and half of chunk 1 (header).
+    // kPSmem: A = P_{j-1} from this warpgroup's P tile in shared memory (wgmma SS; K-major like
+    // Q: chunk kk / 4, 32 bytes per step inside it), so no register holds P.
     auto issue_pv = [&](int slot) {
         const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;
 #pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk)
-            Wgmma<kOCols, Elem>::template rs<1>(o_flat, p_frag[0][kk],
-                                               v_desc + slot_off + (u64(kk * 16 * 128) >> 4), 1);
+        for (int kk = 0; kk < kBN / 16; ++kk) {
+            const u64 v_off = slot_off + (u64(kk * 16 * 128) >> 4);
+            if constexpr (kPSmem)
+                Wgmma<kOCols, Elem>::template ss<1>(
+                    o_flat, p_desc + (u64((kk / 4) * Shape::kPChunkBytes + (kk % 4) * 32) >> 4), v_desc + v_off, 1);
+            else
+                Wgmma<kOCols, Elem>::template rs<1>(o_flat, p_frag[0][kk], v_desc + v_off, 1);
+        }
         wgmma_commit();
+    };
+    // P_j (s_acc, fp32) to the 16-bit A operand of the next O += P V: fragments in registers, or
+    // (kPSmem) this warpgroup's P tile. There each k16 step is one stmatrix of the A fragment's
+    // four 8 x 8 matrices (rows r and r + 8 of the warp's 16, keys 16kk..16kk+7 and +8..+15), lane
+    // l addressing row l % 8 of matrix l / 8, 128-byte swizzled (16-byte unit u of row r at
+    // u ^ (r % 8): a matrix's 8 rows hit 8 distinct bank groups). A warp writes only its own 16 rows,
+    // which only its own part of the wgmma reads (FA3's reasoning too), so a fence to the async
+    // proxy and a warp barrier order the stores before the wgmma; the previous P V (the tile's
+    // only other reader) has completed before softmax_rescale, hence before this runs.
+    auto pack_p = [&]() {
+        if constexpr (kPSmem) {
+            // lane l: row r = l % 8 (+ 8 for matrices 1, 3) and 8-key tile nt = 2kk + l / 16 of the
+            // warp's; that tile's unit nt % 8 = (2kk % 8) | (l / 16), so the swizzled unit is
+            // (l / 16 ^ r) ^ (2kk % 8), and the row's base has 7 zero bits: one lane-constant
+            // address, XORed with a step constant and offset by the step's chunk
+            const int mat = lane / 8, r = lane % 8;
+            const u32 lane_addr = p_smem + (warp * 16 + r + 8 * (mat & 1)) * 128 + (((mat >> 1) ^ r) * 16);
+#pragma unroll
+            for (int kk = 0; kk < kBN / 16; ++kk) {
+                const u32 frag[4] = {pack2<Elem>(s_acc[0][2 * kk][0], s_acc[0][2 * kk][1]),
+                                     pack2<Elem>(s_acc[0][2 * kk][2], s_acc[0][2 * kk][3]),
+                                     pack2<Elem>(s_acc[0][2 * kk + 1][0], s_acc[0][2 * kk + 1][1]),
+                                     pack2<Elem>(s_acc[0][2 * kk + 1][2], s_acc[0][2 * kk + 1][3])};
+                stmatrix_x4((lane_addr ^ u32((2 * kk % 8) * 16)) + (kk / 4) * Shape::kPChunkBytes, frag);
+            }
+            fence_proxy_async_smem();
+            __syncwarp();
+        } else {
+            pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
+        }
     };
 
     // kTmaStore's epilogue: O = acc / l written into this warpgroup's staging tile (128-byte
@@ -585,11 +671,16 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 const int n_block = n_end - 1 - j;
                 reg_fence(s_flat);
                 mbarrier_arrive(k_empty(slot));
-                if (j == n_blocks - 1) mbarrier_arrive(q_empty);
+                if (j == n_blocks - 1) {
+                    if constexpr (kQDouble) mbarrier_arrive(q_empty_of(q_slot(q_iter)));
+                    else mbarrier_arrive(q_empty);
+                }
                 score.apply(s_acc, warp_row0, n_block * kBN, g, t);
                 if (tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block))
                     tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
-                if constexpr (kEmuExp2 == 0)
+                if constexpr (kEmuExp2 == 0 && kTreeMax)   // the same step, shorter chains
+                    softmax_step_tree(s_acc, m, l, p.scale_log2, alpha);
+                else if constexpr (kEmuExp2 == 0)
                     softmax_step(s_acc, m, l, p.scale_log2, alpha);
                 else   // kEmuExp2 quarters of S's 8-column tiles take the software exp2
                     softmax_step_emu<kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, p.scale_log2, alpha);
@@ -606,7 +697,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
 
             if (!kDynamic && q_iter == 0) turn.start();  // the CTA's first tile with keys
-            mbarrier_wait(q_full, q_iter & 1);
+            mbarrier_wait(q_full_of(q_slot(q_iter)), q_fill(q_iter) & 1);
+            if constexpr (kQDouble) q_buf_shift = q_slot(q_iter) ? u32(Shape::kQ2Offset) >> 4 : 0u;
             // j = 0 (the last K/V block): S, softmax; O is still zero, so no P V and no rescale
             turn.begin();
             mbarrier_wait(k_full(slot_of(0)), phase(0));
@@ -618,7 +710,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             wgmma_wait<0>();
             softmax_s(slot_of(0), 0);
             drop_p(0);
-            pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
+            pack_p();
 
             for (int j = 1; j < n_blocks; ++j) {
                 const int slot = slot_of(j), prev = slot_of(j - 1);
@@ -640,7 +732,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 mbarrier_arrive(v_empty(prev));    // V_{j-1}'s slot may be refilled
                 softmax_rescale(o_acc, alpha);     // O *= alpha_j: O now relative to m_j
                 drop_p(j);                         // kDropout: P_j ∘ Z
-                pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);
+                pack_p();                          // P_j: A fragments, or (kPSmem) the P tile
             }
             // end: the last block's O += P V (the tile's final turn)
             const int last = slot_of(n_blocks - 1);

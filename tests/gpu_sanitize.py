@@ -10,8 +10,13 @@ Every registered kernel family runs, forced with config= / bwd_config=: each for
 family's heuristic, and each backward family's heuristic (preprocess, main kernel, dQ
 epilogue, GQA reduction, through torch autograd) in every key-group layout its space offers
 (fa2_bwd: qsplit 1 and 2; sm90_fwd: persistent off and on) and in deterministic mode. Each
-decode family (op decode: flash_attn_with_kvcache) runs DECODE_SHAPES with num_splits 1, 3, 0.
+decode family (op decode: flash_attn_with_kvcache) runs DECODE_SHAPES with num_splits 1, 3, 0,
+as selected by default, with decode_splitkv's bandwidth options (l2_prefetch, warp_loads) and, on
+sm_90, on its Hopper loop (decode_splitkv_tma) both ways the heuristic can pick it (TMA_DEFAULT:
+the heuristic's tiles; TMA_PAGED_DEFAULT: 4 warps, 3 stages for small pages), whatever those
+switches say today.
 """
+import contextlib
 import itertools
 import os
 import sys
@@ -69,11 +74,58 @@ DECODE_SHAPES = [  # (batch, seqlen_q, cache_seqlens, nheads, nheads_kv, hdim, p
 SPLITS = (1, 3, 0)  # num_splits of each decode shape
 
 
+@contextlib.contextmanager
+def decode_loop(switches: dict):
+    """decode_splitkv's module switches (TMA_DEFAULT, TMA_PAGED_DEFAULT) set to ``switches`` for
+    the calls inside, with the call-shape plans dropped on entry and exit (they hold a config)."""
+    from cuflash import decode as decode_mod
+    from cuflash.families import decode_splitkv as mod
+
+    old = {k: getattr(mod, k) for k in switches}
+    decode_mod._gpu_plans.clear()
+    try:
+        for k, v in switches.items():
+            setattr(mod, k, v)
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(mod, k, v)
+        decode_mod._gpu_plans.clear()
+
+
+def decode_loops(family) -> list:
+    """The module switches of each decode pass: the default selection; for decode_splitkv also
+    its cp.async loop with both bandwidth options (l2_prefetch 256, warp_loads: no CTA barrier
+    per block) and, on sm_90, its Hopper loop as TMA_DEFAULT picks it (every call it can run) and
+    as TMA_PAGED_DEFAULT alone picks it (paged calls with small pages: 4 warps, 3 stages)."""
+    loops = [{}]
+    if family.name != "decode_splitkv":
+        return loops
+    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, L2_PREFETCH_DEFAULT=256,
+                      WARP_LOADS_DEFAULT=True))
+    if _gpu.arch()[0] == 9:
+        loops += [dict(TMA_DEFAULT=True, TMA_PAGED_DEFAULT=False),
+                  dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=True)]
+    return loops
+
+
 def sanitize_decode(family):
     """flash_attn_with_kvcache on edge shapes (empty rows, paged with odd page sizes, append +
-    rotary, leftpad), num_splits 1, 3 and 0, for the decode family (the API selects it)."""
+    rotary, leftpad), num_splits 1, 3 and 0, for the decode family (the API selects it), once
+    per pass of ``decode_loops`` (decode_splitkv on sm_90: its Hopper loop too)."""
+    runs = 0
+    for switches in decode_loops(family):
+        with decode_loop(switches):
+            runs += _sanitize_decode_pass(family, paged_only=switches.get("TMA_PAGED_DEFAULT", False)
+                                          and not switches.get("TMA_DEFAULT", False))
+    return runs
+
+
+def _sanitize_decode_pass(family, paged_only: bool = False):
     runs = 0
     for b, sq, lens, h, hkv, d, page, new, rot, leftpad in DECODE_SHAPES:
+        if paged_only and not page:
+            continue
         for name, dtype in DTYPES.items():
             p = Problem("decode", name, b, sq, max(lens) + new, h, hkv, d)
             if heuristic(family, p) is None:

@@ -80,8 +80,9 @@ def old_stores_dir():
     dst = Path(tempfile.mkdtemp(prefix="cuflash_old_stores_")) / "kernels_cu"
     shutil.copytree(kernel_dir(), dst)
     src = (dst / "sm90_bwd.cu").read_text()
-    ds = "        named_barrier_sync(1, kConsumerThreads);\n        if constexpr (kDropout) {\n"
-    odd = "            const bool odd = g % 2;\n"
+    ds = ("            if constexpr (!kDsDouble) named_barrier_sync(1, kConsumerThreads);\n"
+          "            if constexpr (kDropout) {\n")
+    odd = "                const bool odd = g % 2;\n"
     assert src.count(ds) == 1 and src.count(odd) == 1, "sm90_bwd.cu changed: update old_stores_dir"
     src = src.replace(ds, ds.replace("kDropout", "true")).replace(odd, odd.replace("g % 2", "false"))
     (dst / "sm90_bwd.cu").write_text(src)

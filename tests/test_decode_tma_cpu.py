@@ -29,11 +29,11 @@ def problem(batch=2, seqlen_q=1, ctx=4096, h=32, hk=8, d=128, features=()):
 
 def test_config_field_names_threads_smem():
     plain = TMA.replace(tma=False)
-    assert [f.name for f in __import__("dataclasses").fields(DecodeConfig)][-1] == "tma"
+    assert [f.name for f in __import__("dataclasses").fields(DecodeConfig)][-3:] == ["tma", "l2_prefetch", "warp_loads"]
     assert TMA.name == plain.name + "_tma" and plain.threads == 256 and TMA.threads == 288
     assert TMA.smem_bytes == plain.smem_bytes + 2 * 3 * 8         # full + empty mbarriers
     assert TMA.kernel_name() == "cuflash::decode_splitkv_tma<8, 16, 3, 1, 128, cuflash::bf16>"
-    assert plain.kernel_name().startswith("cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, false, false>")
+    assert plain.kernel_name() == "cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, false, false, 0, false>"
     assert TMA.template_args() == (8, 16, 3, 1, 128, "bf16")
     assert not TMA.problems(232448)
     assert FAM.kernel_names(TMA)["main"] == TMA.kernel_name()
@@ -51,8 +51,10 @@ def test_config_rules():
     assert "must be <= 256" in why
     why = " ".join(TMA.replace(m_tiles=2).problems())             # d128, two row tiles, 8 warps
     assert "exceed the budget of 96" in why and not TMA.replace(m_tiles=2, warps=4).problems()
-    for flag in ("fused_combine", "page_prefetch"):
-        assert "no fused_combine and no page_prefetch" in " ".join(TMA.replace(**{flag: True}).problems())
+    for flag, value in (("fused_combine", True), ("page_prefetch", True), ("l2_prefetch", 256),
+                        ("warp_loads", True)):
+        assert "no fused_combine, no page_prefetch, no l2_prefetch and no warp_loads" in " ".join(
+            TMA.replace(**{flag: value}).problems())
     # 4 warps x 64-key blocks x 3 stages: two CTAs per SM (threads and shared memory)
     small = TMA.replace(warps=4, stages=3)
     assert not small.problems(232448) and mod.ctas_per_sm(small, 232448) == 2
@@ -285,7 +287,8 @@ NVCC = shutil.which("nvcc")
 TMA_POINTS = [TMA, TMA.replace(warp_n=32), TMA.replace(stages=2), TMA.replace(warps=4, stages=6),
               TMA.replace(warps=4, stages=6, m_tiles=2), TMA.replace(warps=4, stages=3, m_tiles=2),
               TMA.replace(head_dim=64, dtype="fp16"), TMA.replace(head_dim=64, m_tiles=2),
-              TMA.replace(head_dim=96, m_tiles=2, warps=4, stages=6)]
+              TMA.replace(head_dim=96, m_tiles=2, warps=4, stages=6),
+              TMA.replace(head_dim=96, m_tiles=2, warps=4, stages=3)]  # racecheck's call (session 13)
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc")
@@ -303,3 +306,51 @@ def test_nvcc_sm80_builds_a_stub():
     plain = TMA.replace(tma=False)
     reps = nvcc_compile([TMA, plain], "sm_80")
     assert reps[0].registers < 16 and reps[1].spill_stores == 0
+
+
+# ---- the ring's release protocol (compute-sanitizer racecheck, session 13) -----------------------
+
+def _tma_kernel_source() -> str:
+    from cuflash.compile import render_source
+
+    src = render_source("decode_splitkv")
+    start = src.index("decode_splitkv_tma(const __grid_constant__")
+    return src[start:src.index("// ---- decode_splitkv: one split", start)]
+
+
+def test_ring_release_is_per_thread():
+    """Racecheck (H100, session 13) reported the producer's bulk copies into a reused ring slot
+    against the consumers' reads of it while one lane per warp released the slot after a
+    __syncwarp. Now every consumer thread arrives on empty (count: the consumer threads), and one
+    producer thread (lane 0) announces and issues every copy of a slot."""
+    src = _tma_kernel_source()
+    assert "mbarrier_init(empty(s), kConsumers)" in src
+    assert "mbarrier_init(empty(s), kWarps)" not in src
+    assert "if (lane == 0) mbarrier_arrive(empty" not in src
+    assert src.count("mbarrier_arrive(empty(slot))") == 1
+    # every copy into the ring is issued under `if (lane == 0)`: the TMA box and bulk-copy calls
+    # of the producer sit in lane-0 blocks
+    producer = src[src.index("// ---- producer warp"):src.index("// ---- consumer warps")]
+    for call in ("tma_load_4d(", "bulk_load_1d("):
+        for at in [i for i in range(len(producer)) if producer.startswith(call, i)]:
+            block = producer[:at]
+            assert block.rfind("if (lane == 0)") > block.rfind("}\n"), (call, producer[at - 200:at])
+
+
+def test_sanitize_runs_the_hopper_loop(monkeypatch):
+    """tests/gpu_sanitize.py --families decode_splitkv runs the Hopper loop on sm_90 both ways the
+    heuristic can pick it, whatever TMA_DEFAULT / TMA_PAGED_DEFAULT say, and restores them."""
+    import gpu_sanitize
+
+    monkeypatch.setattr(gpu_sanitize._gpu, "arch", lambda *a: (9, 0))
+    loops = gpu_sanitize.decode_loops(FAM)
+    assert loops[0] == {} and dict(TMA_DEFAULT=True, TMA_PAGED_DEFAULT=False) in loops
+    assert dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=True) in loops
+    assert any(d.get("WARP_LOADS_DEFAULT") and d.get("L2_PREFETCH_DEFAULT") for d in loops)
+    before = (mod.TMA_DEFAULT, mod.TMA_PAGED_DEFAULT)
+    with gpu_sanitize.decode_loop(dict(TMA_DEFAULT=True, TMA_PAGED_DEFAULT=True)):
+        assert mod.TMA_DEFAULT and mod.TMA_PAGED_DEFAULT
+        assert FAM.heuristic(problem(), (9, 0)).tma
+    assert (mod.TMA_DEFAULT, mod.TMA_PAGED_DEFAULT) == before
+    monkeypatch.setattr(gpu_sanitize._gpu, "arch", lambda *a: (8, 0))
+    assert [d.get("TMA_DEFAULT") for d in gpu_sanitize.decode_loops(FAM)] == [None, False]

@@ -10,9 +10,9 @@ as the reference wrote them), and each case asserts that the plan it ran was a t
 Cases: batch 1 / 3 with per-batch cache_seqlens (0 included), contexts 1, 17, 1023, 2049, 40000,
 GQA 1 / 4 / 8, seqlen_q 1 and 5 (two row tiles), num_splits 0 / 1 / 3 / 17 / 128, d64 and d128,
 bf16 and fp16, contiguous and paged (page 16 and 256; page 48: boxes of 16), cache_leftpad
-(boxes across a page boundary: the per-row bulk copies), cache_batch_idx, append + rotary,
+(boxes across a page boundary: the per-row bulk copies; boxes of 16 and 64 rows), cache_batch_idx, append + rotary,
 window / softcap / ALiBi, ring depths 2 / 3 / 6, and a CUDA-graph capture replayed with other
-cache_seqlens. About 10 kernel sets compile (first run: a minute or two).
+cache_seqlens. About 11 kernel sets compile (first run: a minute or two).
 
     CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q -x tests/test_decode_tma_gpu.py
 """
@@ -126,6 +126,24 @@ def test_tma_leftpad(monkeypatch, page):
     args = base.make_case(rng, 4, 2, [500, 33, 1, 1200], 8, 2, 128, "bf16", page=page,
                           seqlen_new=1, leftpad=True)
     check(monkeypatch, args, "bf16", f"leftpad page {page}", causal=True, num_splits=3)
+
+
+@pytest.mark.parametrize("page, d, sq, heads", [(48, 96, 16, (16, 4)), (64, 128, 1, (32, 8))],
+                         ids=["page48_d96_q16", "page64_d128_q1"])
+def test_tma_page_crossing_boxes(monkeypatch, page, d, sq, heads):
+    """Paged boxes across a page boundary (cache_leftpad 683 and 100, not multiples of the box)
+    go by per-row bulk copies, which producer lane 0 issues for rows whose page ids the other
+    lanes read: boxes of 16 rows (page 48, 64-key blocks) and of 64 (page 64: two rounds of 32
+    rows), 4 warps and 3 stages as TMA_PAGED_DEFAULT runs them. The first is the call that
+    compute-sanitizer racecheck flagged in session 13 (decode_splitkv_tma<4, 16, 3, 2, 96>,
+    tests/gpu_sanitize.py); its ring slots are reused, and both rows end in a ragged block."""
+    torch = base._torch()
+    rng = np.random.default_rng()
+    args = base.make_case(rng, 2, sq, [2049, 300], *heads, d, "bf16", page=page)
+    args["cache_leftpad"] = torch.tensor([683, 100], dtype=torch.int32, device="cuda")
+    for splits in (3, 0):
+        check(monkeypatch, args, "bf16", f"page {page} d {d} splits {splits}",
+              changes=dict(warps=4, stages=3), causal=sq > 1, num_splits=splits)
 
 
 @pytest.mark.parametrize("append", [0, 3], ids=["read", "append"])

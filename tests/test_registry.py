@@ -190,7 +190,7 @@ def test_fits(family):
 @pytest.mark.parametrize("family", FAMILIES, ids=family_ids)
 def test_encode_decode_round_trip_every_valid_config(family):
     n = 0
-    seen = set()
+    seen, classes = set(), set()
     head_dims = sorted({family.head_dim_of(d) for d in HEAD_DIMS})
     for d, dtype, causal in itertools.product(head_dims, dtypes_of(family), (False, True)):
         for cfg in family.valid(problem(family.op, d, dtype, causal)):
@@ -202,10 +202,12 @@ def test_encode_decode_round_trip_every_valid_config(family):
                 assert text.startswith(family.name + ":") and " " not in text
                 assert family.decode(text, dtype, causal) == c, text
                 seen.add(text)
+                classes.add(dataclasses.replace(c, dtype="", causal=False))
                 n += 1
     assert n > 0
-    # dtype and causal come from the call, not the string: one string per class of configs
-    assert len(seen) == n // (len(dtypes_of(family)) * 2)
+    # dtype and causal come from the call, not the string: one string per class of configs (a class
+    # may be valid for one mask only: sm90_fwd's p_smem register budget is the mask's)
+    assert len(seen) == len(classes)
 
 
 def test_encode_example():

@@ -38,8 +38,9 @@ def problem(head_dim=64, dtype="bf16", causal=False, deterministic=False, **kw):
 
 def sched(config):
     """Whether a config uses the schedule flags overlap_sdp / dq_writer (appended after dq_bulk;
-    tests/test_sm90_bwd_sched_cpu.py covers them, the tests here the configs without)."""
-    return config.overlap_sdp or config.dq_writer
+    tests/test_sm90_bwd_sched_cpu.py covers them, the tests here the configs without) or the launch
+    order lpt (tests/test_sm90_bwd_causal_cpu.py)."""
+    return config.overlap_sdp or config.dq_writer or config.lpt or config.dynamic or config.ds_double
 
 
 # ---------------------------------------------------------------------------------------
@@ -147,11 +148,11 @@ def test_feature_flags_names_and_template():
                                  "true, true, true>")
     assert plain.replace(alibi=True).kernel_name().endswith("true, false, false, false, true>")
     assert cfg.template_args() == (64, 128, 2, 2, 128, "bf16", True, False, True, True, True, False, False, False,
-                                   False, False)   # ..., kDqWriter, kVarlen
+                                   False, False, False, False, False)   # ..., kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble
     drop = plain.replace(dropout=True)
     assert drop.name == plain.name + "_drop" and drop.replace(deterministic=True).name.endswith("_det_drop")
     assert drop.kernel_name().endswith("true, false, false, false, false, true>")
-    assert drop.template_args()[-8:] == (False, False, False, True, False, False, False, False)
+    assert drop.template_args()[-11:] == (False, False, False, True, False, False, False, False, False, False, False)
     # softcap keeps 1 - tanh² in shared memory past the mbarriers (Sm90BwdThreadWords): 16-byte aligned,
     # BM / 2 16-bit values per consumer thread
     used = plain.smem_bytes - 1024
@@ -278,7 +279,8 @@ def test_params_struct_has_bwdparams_as_prefix():
     assert offs[0] >= theirs.itemsize and offs[0] % 64 == 0
     # then dq_writer's map of the dQ accumulator (appended last)
     assert offs == [offs[0] + 128 * i for i in range(4)] and ours.fields["tma_dq"][1] == offs[0] + 512
-    assert ours.itemsize == offs[0] + 640
+    # then the dynamic scheduler's counter (appended last), the size a multiple of the maps' 64
+    assert ours.fields["tile_counter"][1] == offs[0] + 640 and ours.itemsize == offs[0] + 640 + 64
     assert ours.names[:len(FAM.pointer_fields)] == FAM.pointer_fields
     assert kernel_param_decl(FAM) == "const __grid_constant__ cuflash::Sm90BwdParams"
     assert kernel_param_decl(FAM, "preprocess") == "const cuflash::BwdParams"
@@ -302,7 +304,8 @@ def fake_encoder(monkeypatch):
 def test_plan_launches_and_writes_tensor_maps(monkeypatch, fake_encoder, copy):
     dt, launches = fake_launches(monkeypatch)
     p = problem(72, "fp16", True)
-    cfg = FAM.heuristic(p).replace(dq_writer=False)     # its dQ map: test_sm90_bwd_sched_cpu.py
+    cfg = FAM.heuristic(p).replace(dq_writer=False, dynamic=False)   # its dQ map: test_sm90_bwd_sched_cpu.py;
+    # the plain grid (the dynamic scheduler: test_sm90_bwd_causal_cpu.py)
     q_st, k_st = (300 * 8 * 72, 8 * 72, 72, 1), (200 * 2 * 72, 2 * 72, 72, 1)
     do_st = (0, 8 * 72 * 2, 72 * 2, 2) if copy else q_st
     strides = {"dout": do_st, "q": q_st, "k": k_st, "v": k_st, "o": q_st, "dq": q_st, "dk": k_st, "dv": k_st}
@@ -471,8 +474,8 @@ def test_dq_bulk_config_name_template_smem():
     plain = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False)
     bulk = plain.replace(dq_bulk=True)
     assert bulk.problems() == [] and bulk.name == plain.name + "_dqb"
-    assert plain.template_args()[-4] is False and bulk.template_args()[-4] is True   # (kVarlen last)
-    assert len(bulk.template_args()) == 16
+    assert plain.template_args()[-7] is False and bulk.template_args()[-7] is True   # (kVarlen .. kDsDouble last)
+    assert len(bulk.template_args()) == 19
     # the plain config keeps its name expression (and so its code); the flag goes last
     assert plain.kernel_name() == "cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, false, false>"
     assert bulk.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, false, false, "

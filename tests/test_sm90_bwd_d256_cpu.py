@@ -12,6 +12,7 @@ stack, no serialized wgmma. No GPU needed.
 """
 import itertools
 import os
+import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
@@ -67,6 +68,9 @@ def test_tile_names_split_and_shared_memory():
     (dict(dropout=True, softcap=True, causal=True), "dropout with a window, softcap or ALiBi"),
     (dict(dropout=True, alibi=True), "dropout with a window, softcap or ALiBi"),
     (dict(dropout=True, overlap_sdp=True), "overlap_sdp at head_dim=256 with dropout"),
+    (dict(dynamic=True), "dynamic at head_dim=256"),
+    (dict(dynamic=True, dq_writer=True), "dynamic at head_dim=256"),
+    (dict(lpt=True, causal=True), "lpt at head_dim=256"),
 ])
 def test_each_rule(change, pattern):
     with pytest.raises(ConfigError, match=pattern):
@@ -109,6 +113,20 @@ def test_space_heuristic_and_for_problem():
     # a deterministic call with a tuned-style dq_writer config: red.add, ordered
     cfg = FAM.for_problem(D256.replace(dq_writer=True), problem(deterministic=True))
     assert cfg.deterministic and not cfg.dq_writer and cfg.problems() == []
+
+
+def test_plain_grid_only(monkeypatch):
+    """The shared-keys tile runs one CTA per K/V block: with main's schedule switches on at every
+    head dim, the d256 heuristic stays plain, and for_problem drops a tuned-style dynamic / lpt."""
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_DYNAMIC", frozenset({(256, False), (256, True)}))
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_LPT", True)
+    for causal in (False, True):
+        p = problem(causal=causal)
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        assert cfg == D256.replace(causal=causal) and cfg.problems() == [], cfg
+        cfg = FAM.for_problem(D256.replace(causal=causal, dynamic=True, lpt=causal), p)
+        assert not cfg.dynamic and not cfg.lpt and cfg.problems() == [], cfg
+        assert not any(c.dynamic or c.ds_double or c.lpt for c in FAM.valid(p, MAX_SMEM))
 
 
 def test_selection_and_the_switch(monkeypatch):
@@ -156,7 +174,8 @@ def test_kernel_source():
     assert "static constexpr bool kSharedKeys = kBN == 64 && kConsumers == 2;" in src
     assert "static_assert(!kDqWriter && !kDqBulk, \"shared keys (head dim 256): dQ by red.add only\");" in src
     # the Pᵀ / dSᵀ stores, then the SS products of dV and dK from them, after the barrier
-    loop = src[src.index("if constexpr (kSharedKeys) {\n            // kSharedKeys: this warpgroup's Pᵀ"):]
+    # (whatever the indentation: the tile loop nests the Q-block loop)
+    loop = src[re.search(r"if constexpr \(kSharedKeys\) \{\n\s*// kSharedKeys: this warpgroup's Pᵀ", src).start():]
     order = ["stmatrix_x4(smem + Shape::kPOffset", "stmatrix_x4(smem + Shape::kDstOffset",
              "fence_proxy_async_smem()", "named_barrier_sync(1, kConsumerThreads)",
              "fresh(p_desc)", "fresh(dst_desc)", "wgmma_commit()", "Wgmma<64, Elem>::template ss<1>(dq_part",

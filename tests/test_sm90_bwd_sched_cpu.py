@@ -75,15 +75,15 @@ def test_fields_names_template_args():
     assert dqw.kernel_name().endswith("false, false, false, false, false, false, true>")
     assert both.replace(alibi=True).kernel_name().endswith("false, false, true, false, false, true, true>")
     assert plain.replace(dq_bulk=True).kernel_name().endswith("false, false, false, false, true>")
-    assert len(both.template_args()) == 16 and both.template_args()[-3:-1] == (True, True)  # (kVarlen last)
-    assert plain.template_args()[-3:-1] == (False, False)
+    assert len(both.template_args()) == 19 and both.template_args()[-6:-4] == (True, True)  # (kVarlen .. kDsDouble last)
+    assert plain.template_args()[-6:-4] == (False, False)
     for cfg in (ovl, dqw, both):
         assert cfg.problems() == [] and FAM.decode(FAM.encode(cfg), "bf16", False) == cfg
 
 
 def test_space_and_heuristic():
     assert FAM.space["overlap_sdp"] == (False, True) and FAM.space["dq_writer"] == (False, True)
-    assert list(FAM.space)[-2:] == ["overlap_sdp", "dq_writer"]
+    assert list(FAM.space)[-4:] == ["overlap_sdp", "dq_writer", "dynamic", "ds_double"]
     for d, causal, det in itertools.product(HEAD_DIMS, (False, True), (False, True)):
         p = problem(d, causal=causal, deterministic=det)
         cfg = FAM.for_problem(FAM.heuristic(p), p)
@@ -232,7 +232,7 @@ def _after(body, order):
 
 def test_kernel_source_order():
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
-    assert "bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,\n          bool kVarlen = false>" in src
+    assert "bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,\n          bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false>" in src
     # overlap_sdp: Sᵀ committed, dPᵀ issued and committed, wait for 1 pending (Sᵀ), Pᵀ; dV issued
     # after a wgmma fence, then wait<1> (dPᵀ) before dSᵀ
     loop = src[src.index("// ---- Sᵀ = K_j Q_iᵀ ----"):]
@@ -241,17 +241,17 @@ def test_kernel_source_order():
                   "pack_a_frags<1, kSN / 16, Elem>(p_frag", "wgmma_fence()", "do_t_desc", "wgmma_commit()",
                   "wgmma_wait<1>()", "reg_fence(dp_flat)"])
     # dq_writer, consumers: wait for the tile (from the kBufs-th block on), store, fence, signal
-    body = src[src.index("if constexpr (kDqWriter) {\n            // to tile"):]
+    body = src[src.index("if constexpr (kDqWriter) {\n                // to tile"):]
     _after(body, ["named_barrier_sync(kDqEmptyBar + buf, kDqBarThreads)", "float2",
                   "fence_proxy_async_smem()", "named_barrier_arrive(kDqFullBar + buf, kDqBarThreads)",
                   "continue;"])
     # the writer warp: wait for the tile, the bulk ops, commit, wait until read, release; at the
     # end wait for the whole operation
-    writer = src[src.index("if (kDqWriter && tid / 32 == 1 && n_iters > 0) {"):]
+    writer = src[src.index("if (kDqWriter && tid / 32 == 1 && (kDynamic || n_iters > 0)) {"):]
     _after(writer, ["named_barrier_sync(kDqFullBar + buf, kDqBarThreads)", "bulk_reduce_add_tensor_3d(",
                     "bulk_commit_group()", "bulk_wait_group_read<0>()", "__syncwarp()",
-                    "if (it + DqW::kBufs < n_iters) named_barrier_arrive(kDqEmptyBar + buf",
-                    "bulk_wait_group<0>()", "} else if (tid < 32 && n_iters > 0) {"])
+                    "if (!kDynamic && it + DqW::kBufs < n_iters) named_barrier_arrive(kDqEmptyBar + buf",
+                    "bulk_wait_group<0>()", "} else if (tid < 32 && (kDynamic || n_iters > 0)) {"])
     assert "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group" in \
         (kernel_dir() / "ptx_sm90_bulk.cuh").read_text()
     assert "TmaDesc tma_dq;" in (kernel_dir() / "params_sm90_bwd.cuh").read_text()

@@ -174,7 +174,7 @@ def test_space():
     assert FAM.space == {"BM": (64, 128, 192), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
                          "stages": (2, 3), "consumers": (1, 2, 3), "pingpong": (False, True),
                          "persistent": (False, True), "emu_exp2": sm90_fwd.EMU_EXP2_SPACE,
-                         "dynamic": (False, True), "tma_store": (False, True)}
+                         "dynamic": (False, True), "tma_store": (False, True), "p_smem": (False, True)}
     counts = {}
     for d in HEAD_DIMS:
         valid = FAM.valid(problem(d), 227 * 1024)
@@ -184,8 +184,11 @@ def test_space():
     # without pingpong) for BN <= 128 (registers); d256 is held by smem and registers
     # x persistent off / on / on with the dynamic scheduler (emu_exp2 > 0 only with softcap:
     # test_sm90_softcap_cpu.py; dynamic needs persistent: test_sm90_sched_cpu.py) x the TMA-store
-    # epilogue off / on (its staging tiles fit every d64 point)
-    assert counts[64] == (9 * 2 * 3 + 5 * 2 * 2) * 3 * 2
+    # epilogue off / on (its staging tiles fit every d64 point); plus p_smem (3 consumers only,
+    # without tma_store: test_sm90_psmem_cpu.py), pingpong off / on, at every BN and both stages
+    # but BN 176 and 192 with 3 stages (shared memory); less 3 consumers at BN 128 with the TMA store
+    # (TMA_STORE_C3_REGS: 2 stages x pingpong off / on x 3 schedules)
+    assert counts[64] == (9 * 2 * 3 + 5 * 2 * 2) * 3 * 2 + (9 * 2 - 2) * 2 * 3 - 2 * 2 * 3
     assert counts[256] > 0 and counts[256] < counts[128] <= counts[64]
     # d96 takes d128's shared memory but fewer registers (O: 48 per thread, not 64)
     assert counts[128] < counts[96] < counts[64]

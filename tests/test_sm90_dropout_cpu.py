@@ -57,7 +57,7 @@ def test_dropout_heuristic_config_and_kernel_names():
         assert cfg.kernel_name().endswith(f"cuflash::{dtype}, {str(causal).lower()}, false, false, false, true, 0, true>")
         # kDropout, then kEmuExp2 (0 with dropout: tests/test_sm90_softcap_cpu.py)
         # (then kDynamic, kTmaStore and kVarlen, appended after them)
-        assert cfg.template_args()[-5:-3] == (True, 0) and len(cfg.template_args()) == 17
+        assert cfg.template_args()[-8:-6] == (True, 0) and len(cfg.template_args()) == 20
         with pytest.MonkeyPatch.context() as mp:   # the switch off: the static tiles of before
             mp.setattr(sm90_fwd, "DROPOUT_DYNAMIC", False)
             static = FAM.for_problem(FAM.heuristic(p), p)
@@ -108,9 +108,11 @@ def test_kernel_source_applies_dropout_after_the_softmax_and_before_the_pack():
     src = (kernel_dir() / "sm90_fwd.cu").read_text()
     assert "bool kDropout = false" in src and '#include "philox.cuh"' in src
     body = src[src.index("for (int j = 1; j < n_blocks; ++j)"):]
-    assert body.index("softmax_s(slot, j)") < body.index("drop_p(j)") < body.index("pack_a_frags")
+    assert body.index("softmax_s(slot, j)") < body.index("drop_p(j)") < body.index("pack_p()")
     first = src[src.index("softmax_s(slot_of(0), 0);"):]
-    assert first.index("drop_p(0)") < first.index("pack_a_frags")
+    assert first.index("drop_p(0)") < first.index("pack_p()")
+    pack_p = src[src.index("auto pack_p = [&]() {"):]
+    assert "pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);" in pack_p[:pack_p.index("\n    };")]
     assert "dropout.zero_dropped(s_acc, at.batch * p.nheads + at.head, warp_row0," in src
     assert "if constexpr (kDropout) inv_l *= dropout.scale;" in src   # 1 / (1 - p) with 1 / l
 

@@ -37,7 +37,7 @@ def test_config_name_and_template_arguments():
     # kDropout and kEmuExp2 spelled out, kDynamic last
     assert DYN.kernel_name() == ("cuflash::sm90_fwd<128, 176, 2, 2, true, true, 128, cuflash::bf16, true, "
                                  "false, false, false, false, 0, true>")
-    assert DYN.template_args()[-3:-1] == (True, False) and len(DYN.template_args()) == 17  # (kVarlen last)
+    assert DYN.template_args()[-6:-4] == (True, False) and len(DYN.template_args()) == 20  # (kVarlen, kPSmem, kTreeMax, kQDouble last)
     plain = DYN.replace(dynamic=False)
     assert plain.kernel_name() == "cuflash::sm90_fwd<128, 176, 2, 2, true, true, 128, cuflash::bf16, true, false, false, false>"
     # the ring: 4 mbarriers and 2 tile indices on top of the plain kernel's shared memory
@@ -112,7 +112,7 @@ def test_dynamic_needs_persistent():
 
 def test_space_and_old_points():
     assert FAM.space["dynamic"] == FAM.space["tma_store"] == (False, True)
-    assert list(FAM.space)[-2:] == ["dynamic", "tma_store"]
+    assert list(FAM.space)[-3:-1] == ["dynamic", "tma_store"]
     p = problem()
     valid = FAM.valid(p, 227 * 1024)
     assert all(c.persistent for c in valid if c.dynamic)

@@ -160,16 +160,17 @@ def test_plain_names_and_encoding_unchanged():
     assert cfg.kernel_name() == ("cuflash::sm90_fwd<128, 176, 2, 2, true, false, 128, cuflash::bf16, "
                                  "true, false, false, false>")
     assert "emu_exp2" not in FAM.encode(cfg)
-    # dataclass field order: emu_exp2 right after dropout (the scheduler's and varlen's fields after it)
+    # dataclass field order: emu_exp2 right after dropout (the scheduler's, varlen's, p_smem's,
+    # tree_max's and q_double's fields after it)
     fields = list(Sm90FwdConfig.__dataclass_fields__)
-    assert fields[fields.index("dropout") + 1] == "emu_exp2" and fields[-1] == "varlen"
+    assert fields[fields.index("dropout") + 1] == "emu_exp2" and fields[-4:] == ["varlen", "p_smem", "tree_max", "q_double"]
 
 
 def test_emu_names_template_and_encoding():
     cfg = Sm90FwdConfig(128, 176, 2, 2, True, False, 128, "bf16", True, softcap=True, emu_exp2=2)
     assert cfg.name.endswith("_emu2_cap")   # the feature suffix stays last
     assert cfg.kernel_name().endswith("true, false, true, false, false, 2>")   # ..., kDropout, kEmuExp2
-    assert cfg.template_args()[-5:-3] == (False, 2)     # then kDynamic, kTmaStore, kVarlen
+    assert cfg.template_args()[-8:-6] == (False, 2)     # then kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble
     text = FAM.encode(cfg)
     assert text.endswith(",emu_exp2=2")
     back = FAM.decode(text, "bf16", True).replace(softcap=True)

@@ -64,7 +64,7 @@ def test_names_and_encoding():
     assert v.kernel_name() == ("cuflash::sm90_fwd<128, 176, 2, 2, true, false, 128, cuflash::bf16, "
                                "true, false, false, false, false, 0, false, false, true>")
     assert v.name == cfg.name + "_varlen"
-    assert v.template_args()[-1] is True and len(v.template_args()) == 17
+    assert v.template_args()[-4] is True and len(v.template_args()) == 20
     drop = cfg.replace(dropout=True, varlen=True, BN=128)
     assert drop.kernel_name().endswith("false, false, false, true, 0, false, false, true>")
     # varlen is the call's, not encoded (a tuned entry or a torch-op config string never carries it)
@@ -236,7 +236,7 @@ def test_bwd_varlen_selection_and_names(varlen_bwd_on):
     plain = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True, dq_writer=True)
     v = plain.replace(varlen=True)
     assert v.kernel_name() == plain.kernel_name()[:-1] + ", true>"
-    assert len(v.template_args()) == 16 and v.template_args()[-1] is True
+    assert len(v.template_args()) == 19 and v.template_args()[-4] is True   # (kLpt, kDynamic, kDsDouble last)
     assert BWD.encode(v) == BWD.encode(plain)
     names = BWD.kernel_names(v)
     assert names["preprocess"] == "cuflash::fa2_bwd_preprocess<cuflash::bf16, true>"

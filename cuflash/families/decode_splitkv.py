@@ -20,10 +20,13 @@ The plain kernels are compiled exactly as before (their SASS is unchanged): they
 ``DecodeParams``, a prefix of the packed ``DecodeTmaParams``.
 
 Which loop runs (H100 timing in the TMA_DEFAULT / TMA_PAGED_DEFAULT notes below): the cp.async
-loop, which streams contiguous caches and large pages as fast. With TMA_PAGED_DEFAULT (off until
-a racecheck report is resolved, see its note), paged caches with pages under TMA_PAGED_MAX_PAGE
-keys take the Hopper loop (4 warps, 3 stages), chosen per call by ``call_config`` (the page size
-is the call's, not the problem class's).
+loop, which streams contiguous caches and large pages as fast or faster. With TMA_PAGED_DEFAULT
+(off: faster at small batch, slower at large; see its note), paged caches with pages under
+TMA_PAGED_MAX_PAGE keys take the Hopper loop (4 warps, 3 stages), else with SMALL_PAGE_WARPS = 4
+the cp.async loop with 4 warps, chosen per call by ``call_config`` (the page size is the call's,
+not the problem class's). Options of the cp.async loop, off by default (module switches below):
+``l2_prefetch`` (an L2 prefetch-size hint on the K/V copies) and ``warp_loads`` (each warp loads
+the rows it reads: no CTA barrier per block).
 
 The number of splits is the config's ``splits`` (1..128), fixed before a plan is made:
 ``cuflash.decode`` puts the call's ``num_splits`` there, or the heuristic's choice
@@ -86,15 +89,48 @@ TMA_DEFAULT = False
 # Page 256: a tie or up to 2% slower (32x8k 383.5-394.3 against 376.0; 1x32k 57.1 against 57.8),
 # so those stay on the cp.async loop. 4 warps (64-key blocks, 3 stages, two CTAs per SM) gained
 # in both page-16 cells.
-# Off by default: compute-sanitizer racecheck (H100, session 13, tests/gpu_sanitize.py --quick)
-# reports hazards in decode_splitkv_tma<4, 16, 3, 2, 96> between the consumers' ring reads of the
-# main loop and the shared-memory writes after it (the warps' merge, which overlays the ring);
-# until that is understood the Hopper loop runs only where a config forces it (tma=True).
+# Session 13's racecheck hazards in decode_splitkv_tma are fixed (racecheck clean on the H100,
+# session 14 round A, with the Hopper loop forced both ways). Off on timing: session 14 round A,
+# page 16, 4 warps x 3 stages against the cp.async loop's 8 warps: faster at batch 1 and 8 up to
+# 32k keys (19.8 / 58.7 / 102.3 / 386.6 us against 22.1 / 64.1 / 111.3 / 422.7 at 1x8k, 1x32k,
+# 8x8k, 8x32k), slower at 8 x 128k, 32 x 32k and 32 x 128k (1751 / 1739 / 7401 against 1654 /
+# 1663 / 6558); contiguous caches are 2-15% slower on the Hopper loop (TMA_DEFAULT).
 TMA_PAGED_DEFAULT = False
+# The tuning space's values of ``tma`` ((False,): the tuner never tries the Hopper loop)
+TMA_SPACE = (False, True)
 TMA_PAGED_MAX_PAGE = 128
 # The heuristic's split rule for the Hopper loop (its split_cost, in K/V blocks; see
 # num_splits_for): the cp.async loop's until the H100 timing refits it
 TMA_SPLIT_COST = 4
+# l2_prefetch: the L2 prefetch sizes the cp.async loop's K/V copies may carry (0: none), those in
+# the tuning space (run on the H100: 128 and 256), and the heuristic's choice for contiguous
+# caches (paged ones take none). H100, session 14 round A (tests/decode_tma_timing.py, one
+# timing per record): 256 bytes was 1-2.6% faster in 8 of the 9 contiguous cells from 1 x 32k to
+# 32 x 128k (e.g. 5737 against 5844 us at 32 x 128k, 365.7 against 372.4 at 8 x 32k), equal at
+# 1 x 8k, 0-2% slower on paged caches, and 29.8 against 22.5 us in the cold-L2 1 x 8k cell (one
+# reading; identical configs differed by up to 8% in that run). Off until a repeated run
+# (tests/decode_tma_timing.py --repeat 3 --propose "L2_PREFETCH_DEFAULT=256") shows the cold
+# cell unharmed: then 256.
+L2_PREFETCH_SIZES = (0, 64, 128, 256)
+L2_PREFETCH_SPACE = (0, 128, 256)
+L2_PREFETCH_DEFAULT = 0
+# warp_loads: the heuristic's choice, and the tuning space's values: not yet run on a GPU (its GPU
+# tests, tests/test_decode_bandwidth_gpu.py, and racecheck, tests/gpu_sanitize.py, are written):
+# off and out of the space until they pass and a timing shows it faster.
+WARP_LOADS_DEFAULT = False
+WARP_LOADS_SPACE = (False,)
+# Paged caches with pages under TMA_PAGED_MAX_PAGE keys, when the heuristic chose and the Hopper
+# loop does not take them (TMA_PAGED_DEFAULT off, or not sm_90): the cp.async loop with this many
+# warps (4: 64-key blocks, 3 stages, two CTAs per SM, the split rule filling both; 8: the
+# contiguous tiles). H100, page 16 (tests/decode_tma_timing.py, session 14 round A): 4 warps at
+# two CTAs per SM 1504 us at 32 x 32k, 384 at 32 x 8k, 6042 at 32 x 128k against 1663 / 424 /
+# 6558 for 8 warps; at one CTA per SM (batch 1 and 8, before the split rule filled both slots)
+# 4 warps lost (85 against 64 us at 1 x 32k).
+SMALL_PAGE_WARPS = 8
+# num_splits_for's model for paged caches with two or more resident CTAs per SM (see there):
+# flip together with SMALL_PAGE_WARPS = 4 (4 warps at one CTA per SM is what lost above); neither
+# is measured at batch 1 and 8 yet, so both stay off.
+PAGED_SPLIT_RULE_RESIDENT = False
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -117,12 +153,18 @@ class DecodeConfig(KernelConfig):
               persistent, zeroed int32 buffer that the call shape's plan owns, ``counters``)
     page_prefetch: paged caches read a K/V block's page ids from block_table one block ahead
               (into registers) instead of once per key row right before its cp.async
+    l2_prefetch: 0, 64, 128 or 256: the cp.async loop's whole K/V blocks load with an L2
+              prefetch-size hint of that many bytes (``cp.async...L2::256B``: on a miss the L2
+              fetches the whole aligned segment; a d 128 bf16 key row is 256 bytes); 0: no hint
+    warp_loads: the cp.async loop's K/V rows are loaded by the warp that reads them (each warp its
+              warp_n rows of every block), so the ring needs no CTA barrier per block and the
+              warps stream independently; False: the CTA loads each block together
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
               K (V) block, paged ones a box per page segment (``tma_box_rows``). Needs the real
               head dim to equal ``head_dim`` (the box carries no column mask), a page size that
-              is a multiple of 16, no fused combine and no page prefetch
+              is a multiple of 16, no fused combine, page prefetch, l2_prefetch or warp_loads
     """
 
     warps: int
@@ -137,6 +179,8 @@ class DecodeConfig(KernelConfig):
     fused_combine: bool = False
     page_prefetch: bool = False
     tma: bool = False
+    l2_prefetch: int = 0
+    warp_loads: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -158,7 +202,8 @@ class DecodeConfig(KernelConfig):
     def name(self) -> str:
         split = f"_x{self.splits}" if self.splits else ""
         flags = (("_fc" if self.fused_combine else "") + ("_pp" if self.page_prefetch else "")
-                 + ("_tma" if self.tma else ""))
+                 + ("_tma" if self.tma else "") + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
+                 + ("_wl" if self.warp_loads else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -180,13 +225,14 @@ class DecodeConfig(KernelConfig):
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
         return (f"cuflash::decode_splitkv<{self.warps}, {self.warp_n}, {self.stages}, {self.m_tiles}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {flag[self.fused_combine]}, "
-                f"{flag[self.page_prefetch]}>")
+                f"{flag[self.page_prefetch]}, {int(self.l2_prefetch)}, {flag[self.warp_loads]}>")
 
     def template_args(self) -> tuple:
         if self.tma:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype)
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
-                bool(self.fused_combine), bool(self.page_prefetch))
+                bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch),
+                bool(self.warp_loads))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -196,6 +242,9 @@ class DecodeConfig(KernelConfig):
             out.append(f"m_tiles must be 1 or 2, got {self.m_tiles}")
         if self.split_cost < 0:
             out.append(f"split_cost must be >= 0, got {self.split_cost}")
+        if self.l2_prefetch not in L2_PREFETCH_SIZES:
+            out.append(f"l2_prefetch must be one of {L2_PREFETCH_SIZES} (bytes; 0: no hint), "
+                       f"got {self.l2_prefetch}")
         if not 0 <= self.splits <= MAX_SPLITS:
             out.append(f"splits must be in 0..{MAX_SPLITS} (0: heuristic), got {self.splits}")
         if not out and self.accum_regs > MAX_ACCUM_REGS:
@@ -212,8 +261,9 @@ class DecodeConfig(KernelConfig):
             if self.block_n > 256:
                 out.append(f"tma: warps * warp_n (the block's keys, one TMA box) must be <= 256, "
                            f"got {self.block_n}")
-            if self.fused_combine or self.page_prefetch:
-                out.append("tma: the Hopper loop has no fused_combine and no page_prefetch")
+            if self.fused_combine or self.page_prefetch or self.l2_prefetch or self.warp_loads:
+                out.append("tma: the Hopper loop has no fused_combine, no page_prefetch, no "
+                           "l2_prefetch and no warp_loads (options of the cp.async loop)")
             if not out and self.warps >= 8 and self.accum_regs > TMA_MAX_ACCUM_REGS_WIDE:
                 out.append(f"tma: {self.accum_regs} fp32 accumulator registers per thread exceed the "
                            f"budget of {TMA_MAX_ACCUM_REGS_WIDE} at {self.warps} warps plus the producer "
@@ -305,16 +355,28 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
     split (barrier set-up, the Q tile, the first box's latency, the warps' merge, the partial's
     write) is again ``split_cost`` blocks; its threads (warps + the producer) and shared memory
     (plus the mbarriers) enter ``ctas_per_sm``. tests/decode_timing.py times it at half and
-    twice this count to refit split_cost per loop."""
+    twice this count to refit split_cost per loop.
+
+    Paged caches (``paged_kv``) with more than one resident CTA per SM: a block's cp.asyncs wait
+    on its rows' block_table reads, so a CTA streams at the rate its threads' dependent loads
+    allow, not at the SM's share of HBM, and CTAs resident together add up (H100, page 16, 4
+    warps x 3 stages: 85 us at 1 x 32k with 128 CTAs, one per SM, against 64 for 8 warps; 1504
+    us at 32 x 32k with two per SM, against 1663). There each round of c CTAs streams in
+    parallel: ceil(per_sm / c) rounds of (ceil(blocks / s) + split_cost), which fills every
+    resident slot (PAGED_SPLIT_RULE_RESIDENT; with c = 1 both models agree)."""
     groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
     if groups == 0:
         return 1
     blocks = -(-problem.seqlen_k // config.block_n)
     resident = ctas_per_sm(config, default_max_smem((9, 0)) if max_smem is None else max_smem)
     best, best_time = 1, None
+    parallel = PAGED_SPLIT_RULE_RESIDENT and resident > 1 and "paged_kv" in problem.features
     for s in range(1, max(1, min(blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS)) + 1):
         per_sm = -(-groups * s // sm_count)
-        time = per_sm * -(-blocks // s) + -(-per_sm // resident) * config.split_cost
+        if parallel:   # co-resident CTAs stream side by side (paged: latency-bound table reads)
+            time = -(-per_sm // resident) * (-(-blocks // s) + config.split_cost)
+        else:          # co-resident CTAs share the SM's bandwidth
+            time = per_sm * -(-blocks // s) + -(-per_sm // resident) * config.split_cost
         if s > 1 and not getattr(config, "fused_combine", False):
             time += COMBINE_LAUNCH_COST
         if best_time is None or time < best_time:
@@ -333,7 +395,7 @@ class DecodeSplitKV(Family):
     config_cls = DecodeConfig
     space = {"warps": (2, 4, 8), "warp_n": (16, 32), "stages": (2, 3, 4, 6), "m_tiles": (1, 2),
              "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
-             "tma": (False, True)}
+             "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -383,11 +445,14 @@ class DecodeSplitKV(Family):
         stages = 3 if d <= 128 else 2
         cfg = DecodeConfig(8, 16, stages, m_tiles, 4, d, problem.dtype, bool(problem.causal),
                            fused_combine=FUSED_COMBINE_DEFAULT,
-                           page_prefetch=PAGE_PREFETCH_DEFAULT and "paged_kv" in problem.features)
+                           page_prefetch=PAGE_PREFETCH_DEFAULT and "paged_kv" in problem.features,
+                           l2_prefetch=0 if "paged_kv" in problem.features else L2_PREFETCH_DEFAULT,
+                           warp_loads=WARP_LOADS_DEFAULT)
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
-            tma = cfg.replace(fused_combine=False, page_prefetch=False, tma=True, split_cost=TMA_SPLIT_COST)
+            tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False,
+                              tma=True, split_cost=TMA_SPLIT_COST)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
                 candidate = tma.replace(**shrink)
@@ -401,10 +466,9 @@ class DecodeSplitKV(Family):
         return cfg.validate(max_smem)
 
     def make(self, point, problem: Problem):
-        """As Family.make; a point without ``tma`` (tuned tables and recorded studies from before
-        the Hopper loop) gets False, the cp.async loop."""
-        if "tma" not in point:
-            point = {**point, "tma": False}
+        """As Family.make; a point without ``tma``, ``l2_prefetch`` or ``warp_loads`` (tuned tables
+        and recorded studies from before them) gets False / 0 / False: the cp.async loop as it was."""
+        point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -429,8 +493,9 @@ class DecodeSplitKV(Family):
         class) and what only the call knows, its cache's page size (0: contiguous): a given config
         with tma that cannot run the call raises (ValueError naming the argument); a chosen one
         (``chosen``: the heuristic's or a tuned table's) falls back to the cp.async loop there,
-        and the heuristic's choice (``heuristic``) without the cp.async loop's options takes the
-        Hopper loop for small pages on sm_90 (TMA_PAGED_DEFAULT, TMA_PAGED_MAX_PAGE)."""
+        and the heuristic's choice (``heuristic``) without the cp.async loop's options takes, for
+        small pages (TMA_PAGED_MAX_PAGE), the Hopper loop on sm_90 (TMA_PAGED_DEFAULT) or else
+        the cp.async loop with SMALL_PAGE_WARPS warps (4: 3 stages, two CTAs per SM)."""
         why = self.tma_problem(config, problem, arch, page_size)
         if why:
             if not chosen:
@@ -440,10 +505,17 @@ class DecodeSplitKV(Family):
                 and not config.fused_combine and not config.page_prefetch):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
-            tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST)
+            tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
+                                 warp_loads=False)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
+        if (chosen and heuristic and SMALL_PAGE_WARPS != 8 and SMALL_PAGE_WARPS != config.warps
+                and 0 < page_size < TMA_PAGED_MAX_PAGE and not config.tma):  # 8: off, the contiguous tiles
+            max_smem = default_max_smem(arch) if max_smem is None else max_smem
+            small = config.replace(warps=SMALL_PAGE_WARPS, stages=3 if config.head_dim <= 128 else 2)
+            if not small.problems(max_smem):
+                return small
         return config
 
     def kernel_names(self, config) -> dict:

@@ -40,6 +40,13 @@ shared memory); dQ by red.add (ordered when deterministic: dq_bulk's and dq_writ
 not fit next to it); every feature (dropout alone: see below). Head
 dims 129..255 run it with zero-filled columns (192 included: no d192 kernel of its own).
 (Dropout runs there alone: with a window, softcap or ALiBi, and overlap_sdp, ptxas spills.)
+Schedules (issue 14, the short and causal backward): dynamic (name _dyn, kDynamic: a CTA per SM
+claims K/V-block tiles from a plan-owned counter, the next tile's loads overlap the last one's
+epilogue; dq_writer and stages 2 only) is the heuristic's for plain calls at d64 and d128 causal
+(HEURISTIC_DYNAMIC, measured; d256's shared-keys tile runs the plain grid only: the config
+refuses dynamic and lpt there); lpt (name _lpt, the longest-first launch order, causal; outside
+the space) and ds_double (name _ds2, two dS buffers at d128) are off (HEURISTIC_LPT,
+HEURISTIC_DS_DOUBLE); tests/sm90_bwd_causal_timing.py times them.
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB.
 """
 from __future__ import annotations
@@ -55,7 +62,7 @@ from ..problem import Problem
 from ..registry import register
 from .base import Family, KernelConfig, LaunchSpec, default_max_smem
 from .fa2_bwd import (EPILOGUE_THREADS, PREP_ROWS, PREP_THREADS, ROW_PAD, FA2Backward, bwd_params,
-                      contiguous_strides, varlen_ws_rows)
+                      contiguous_strides, head_group, varlen_ws_rows)
 from .fa2_fwd import check_head_dim, dropout_mix, feature_mix, first_fitting, is_varlen
 from . import sm90_fwd
 from .sm90_fwd import tensor_map
@@ -87,6 +94,24 @@ D64_SHAPE = (128, 128, 2)
 # family above fa2_bwd. Measured there (d96, bf16, same shape and script, --hdim 96): 0.85-0.91x
 # SDPA cuDNN's speed, 1.40-1.62x fa2_bwd's.
 D96_ABOVE_FA2 = True
+# The launch order and scheduler, measured on the H100 (2026-11-26, session 14 round A at 10741ad,
+# tests/sm90_bwd_causal_timing.py: bf16, dim 2048, batch x seqlen 16k, 2k-16k, the whole backward
+# next to SDPA cuDNN's in one process; results/NVIDIA_H100_80GB_HBM3/sm90_bwd_causal_timing.md):
+# * HEURISTIC_DYNAMIC: the (kernel head dim, causal) classes whose plain calls (no feature, not
+#   deterministic, not varlen) run the dynamic persistent scheduler (dynamic, kDynamic: a CTA per
+#   SM claiming K/V-block tiles, the next tile's loads behind the last one's epilogue, LSE / D by
+#   bulk copies). d64: 0.97-1.05x -> 1.07-1.16x cuDNN (non-causal), 1.03-1.04x -> 1.12-1.14x
+#   (causal); d128 causal 0.94-0.99x -> 0.96-1.02x; d128 non-causal mixed (2k 0.94 -> 0.93, 4k
+#   0.96 -> 0.97, 8k 0.97 -> 0.99, 16k 1.05 -> 1.02): left on the plain grid. An empty set turns it
+#   off (the plain grid for every call).
+# * HEURISTIC_LPT: whether causal calls launch in the longest-first order (lpt, kLpt: K/V block 0
+#   of a group of pairs first, fa2_bwd's order): off, measured no faster (static: -2..+3%; with
+#   the dynamic scheduler -3..+2% against the dynamic plain order).
+# * HEURISTIC_DS_DOUBLE: two dS buffers at head dim 128 (ds_double, kDsDouble: no barrier between
+#   the consumer warpgroups before the dS stores): off, not measured yet.
+HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, True)})
+HEURISTIC_LPT = False
+HEURISTIC_DS_DOUBLE = False
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -142,6 +167,13 @@ class Sm90BwdConfig(KernelConfig):
                    (dropout_dq_path; for_problem sets it)
     varlen:        variable-length batches (kVarlen, kernels_cu/varlen.cuh), set from the call
                    (for_problem), never tuned
+    ds_double:     two dS buffers (kDsDouble): Q block q's dS in buffer q % 2, one barrier fewer
+                   per Q block between the consumer warpgroups (shared memory permitting)
+    lpt:           the launch order (kLpt): K/V block 0 of a group of (head, batch) pairs, then block
+                   1, ... (fa2_bwd's order, groups of head_group pairs: two waves of CTAs), so that
+                   under the causal mask the longest CTAs start first across pairs and the short ones
+                   fill the tail; causal only, not with varlen (the plain order: a pair's K/V
+                   blocks in a row)
     """
 
     BM: int
@@ -160,6 +192,9 @@ class Sm90BwdConfig(KernelConfig):
     overlap_sdp: bool = False
     dq_writer: bool = False
     varlen: bool = False
+    lpt: bool = False
+    dynamic: bool = False
+    ds_double: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -175,7 +210,9 @@ class Sm90BwdConfig(KernelConfig):
         return (f"sm90bwd_{self.dtype}_d{self.head_dim}_{mask}_"
                 f"BM{self.BM}_BN{self.BN}_s{self.stages}_c{self.consumers}{det}{'_drop' if self.dropout else ''}{name_suffix(self)}"
                 f"{'_dqb' if self.dq_bulk else ''}{'_ovl' if self.overlap_sdp else ''}"
-                f"{'_dqw' if self.dq_writer else ''}{'_varlen' if self.varlen else ''}")
+                f"{'_dqw' if self.dq_writer else ''}{'_varlen' if self.varlen else ''}"
+                f"{'_lpt' if self.lpt else ''}{'_dyn' if self.dynamic else ''}"
+                f"{'_ds2' if self.ds_double else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -212,8 +249,12 @@ class Sm90BwdConfig(KernelConfig):
         dropout add, 16-byte aligned, each consumer thread's words: BM / 2 16-bit values each
         (1 - tanh², the signed Pᵀ: Sm90BwdThreadWords in sm90_bwd.cu)."""
         tiles = 2 * self.BN * self.head_dim * 2 + 2 * self.stages * self.BM * self.head_dim * 2
-        ds_tiles = 3 if self.shared_keys else 1      # shared keys: dS, Pᵀ, dSᵀ
-        used = tiles + ds_tiles * self.BM * self.BN * 2 + 2 * self.stages * self.BM * 4 + 8 * (1 + 2 * self.stages)
+        # shared keys: dS, Pᵀ, dSᵀ; ds_double: 2 dS buffers
+        ds_tiles = 3 if self.shared_keys else 1 + int(self.ds_double)
+        used = (tiles + ds_tiles * self.BM * self.BN * 2 + 2 * self.stages * self.BM * 4
+                + 8 * (1 + 2 * self.stages))
+        if self.dynamic:   # kv_empty, dq_writer's 2 mbarriers, the tile ring's 4, its 2 slots (2 ints each) and count
+            used += 8 * 7 + 24
         # (shared keys: the words stay in registers)
         words = 0 if self.shared_keys else (int(self.softcap) + int(self.dropout)) * self.BM // 4
         if words:
@@ -273,6 +314,12 @@ class Sm90BwdConfig(KernelConfig):
         with softcap, ALiBi or dropout (overlap_sdp_spills); at head dim 256 with dropout (causal
         spills 8 bytes; tests/test_sm90_bwd_d256_cpu.py holds the rest to zero)."""
         return (self.head_dim == 128 and self.overlap_sdp_spills()) or (self.shared_keys and self.dropout)
+    def dynamic_spills(self) -> bool:
+        """Whether the dynamic scheduler's kernel spills (nvcc 13.0, sm_90a): without dq_writer (the
+        consumers' red.add or dq_bulk paths), at stages > 2, with dropout (d128; d64's BM 128 tile
+        has no dropout anyway). tests/test_sm90_bwd_causal_cpu.py holds the allowed ones to zero
+        spills."""
+        return not self.dq_writer or self.stages > 2 or self.dropout
 
     def bm128_spills(self) -> bool:
         """Whether the BM 128 tile (head dim 64, PTXAS_FITS) spills (nvcc 13.0, sm_90a): with
@@ -286,20 +333,25 @@ class Sm90BwdConfig(KernelConfig):
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
         # the feature flags only when one is set: a plain config keeps its name expression
-        sched = self.overlap_sdp or self.dq_writer or self.varlen
+        sched = self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
                  or self.dq_bulk or sched else "")
         feats += f", {b(self.dropout)}" if self.dropout or self.dq_bulk or sched else ""
         feats += f", {b(self.dq_bulk)}" if self.dq_bulk or sched else ""
         feats += f", {b(self.overlap_sdp)}, {b(self.dq_writer)}" if sched else ""
-        feats += ", true" if self.varlen else ""                        # kVarlen last
+        later = self.lpt or self.dynamic or self.ds_double
+        feats += f", {b(self.varlen)}" if self.varlen or later else ""                        # kVarlen
+        feats += f", {b(self.lpt)}" if later else ""                                          # kLpt
+        feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double else ""            # kDynamic
+        feats += ", true" if self.ds_double else ""                                           # kDsDouble last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
-                self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen)
+                self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
+                self.ds_double)
 
     def _problems(self) -> list[str]:
         out = []
@@ -338,6 +390,27 @@ class Sm90BwdConfig(KernelConfig):
                        "(dq_writer is the unordered mode's)")
         if self.dq_writer and self.dq_bulk:
             out.append("dq_writer with dq_bulk: two ways of the same dQ addition, pick one")
+        if self.lpt and self.varlen:
+            out.append("lpt with varlen: a varlen grid keeps the plain order (its K/V blocks past a "
+                       "sequence's end leave at once)")
+        if self.dynamic and (self.varlen or self.deterministic):
+            out.append("dynamic with varlen or deterministic: the dynamic scheduler runs fixed-length "
+                       "unordered backwards (its claims do not follow a varlen grid's empty K/V blocks, "
+                       "nor the ordered additions' turns)")
+        if (self.dynamic or self.lpt) and self.shared_keys:
+            out.append(f"{'dynamic' if self.dynamic else 'lpt'} at head_dim={self.head_dim} (the shared-keys "
+                       "tile): its kernel runs the plain grid only (the dynamic scheduler and the lpt order "
+                       "are unbuilt / unchecked there)")
+        if not out and self.dynamic and self.dynamic_spills():
+            out.append("dynamic without dq_writer, at stages > 2 or with dropout: ptxas spills that "
+                       "kernel (nvcc 13.0)")
+        if self.ds_double and (self.head_dim != 128 or self.softcap or self.alibi or self.dropout):
+            out.append("ds_double at head dim 64 (ptxas spills its dynamic kernel; dq_writer loses its "
+                       "second staging tile) or with softcap / ALiBi / dropout (unchecked): head dim 128 "
+                       "without them only")
+        if self.lpt and not self.causal:
+            out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
+                       "spills the d128 kernel; nvcc 13.0)")
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
@@ -382,7 +455,10 @@ class Sm90Backward(Family):
     version = 1
     config_cls = Sm90BwdConfig
     space = {"BM": (64, 128), "BN": (64, 128), "stages": (2, 3), "consumers": (1, 2),
-             "dq_bulk": (False, True), "overlap_sdp": (False, True), "dq_writer": (False, True)}
+             "dq_bulk": (False, True), "overlap_sdp": (False, True), "dq_writer": (False, True),
+             "dynamic": (False, True), "ds_double": (False, True)}
+    # (lpt, the launch order, is a config field outside the space: measured no faster than the
+    # plain order, alone or with the dynamic scheduler; HEURISTIC_LPT below)
     fixed = {"deterministic": False}
     params_struct = "Sm90BwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90BwdParams"
@@ -490,6 +566,12 @@ class Sm90Backward(Family):
             config = config.replace(dropout="dropout" in problem.features)
         if config.varlen != is_varlen(problem):
             config = config.replace(varlen=is_varlen(problem))
+        if config.lpt and (config.varlen or not config.causal or config.shared_keys):
+            config = config.replace(lpt=False)         # a speed choice: varlen, non-causal keep the plain order
+        if config.dynamic and (config.varlen or config.deterministic or problem.features or config.shared_keys):
+            # likewise: a CTA per K/V block (with features the dynamic kernels are built but not
+            # measured or run on a GPU yet: calls with features keep the plain grid)
+            config = config.replace(dynamic=False)
         if config.dq_bulk and (problem.deterministic or (config.dropout and config.consumers > 1
                                                         and config.head_dim == 64)):
             # a speed choice (a tuned entry's, or bwd_config='s): a deterministic call takes the
@@ -506,6 +588,10 @@ class Sm90Backward(Family):
                 config = config.replace(dq_writer=path == "dq_writer", dq_bulk=path == "dq_bulk")
         if config.overlap_sdp and config.overlap_sdp_refused():
             config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
+        if config.ds_double and (config.head_dim != 128 or config.softcap or config.alibi or config.dropout):
+            config = config.replace(ds_double=False)   # a speed choice, where it is not built
+        if config.dynamic and config.dynamic_spills():
+            config = config.replace(dynamic=False)     # a speed choice: the combinations whose kernel spills
         if config.BM > 64 and config.bm128_spills():
             # FA3's BM 128 tile at head dim 64 (a tuned entry's, D64_SHAPE, bwd_config=): without
             # overlap_sdp where that is enough, else the BM 64 tile (dropout's keep bits, softcap,
@@ -517,7 +603,17 @@ class Sm90Backward(Family):
     def _fields(self, config):
         # dropout and varlen are not encoded (as sm90_fwd's): the call sets them (for_problem), so
         # the encoded form of a config stays what it was before the flags existed
-        return ((k, v) for k, v in super()._fields(config) if k not in ("dropout", "varlen"))
+        # lpt only when on, likewise
+        return ((k, v) for k, v in super()._fields(config)
+                if k not in ("dropout", "varlen") and not (k in ("lpt", "dynamic", "ds_double") and not v))
+
+    def make(self, point, problem: Problem):
+        """As Family.make; a point without dynamic or ds_double (tuned tables and recorded studies
+        from before the flags) gets them off."""
+        for flag in ("dynamic", "ds_double"):
+            if flag not in point:
+                point = {**point, flag: False}
+        return super().make(point, problem)
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90BwdConfig:
         """Head dim 128: FA3's shape with 2 consumer warpgroups (BN = 128 keys) and Q blocks of
@@ -526,7 +622,9 @@ class Sm90Backward(Family):
         dropout). dQ by the writer warp (dq_writer)
         except where for_problem changes it (deterministic; d128 dropout: dropout_dq_path): measured on the H100
         (tests/sm90_bwd_sched_timing.py, the tuner's sweep), 13-22% faster than the consumers'
-        red.add at d64 and d128, bf16 and fp16, causal or not, 2k-16k."""
+        red.add at d64 and d128, bf16 and fp16, causal or not, 2k-16k. The dynamic scheduler for the
+        plain calls of the classes in HEURISTIC_DYNAMIC (measured there), lpt and ds_double per
+        HEURISTIC_LPT / HEURISTIC_DS_DOUBLE (off)."""
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         dtype, causal, det = problem.dtype, bool(problem.causal), problem.deterministic
@@ -539,7 +637,13 @@ class Sm90Backward(Family):
             cfg = Sm90BwdConfig(BM, BN, 2, consumers, d, dtype, causal, det)
         if not det:
             cfg = cfg.replace(dq_writer=True)
-        return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False}), max_smem)
+        if causal and HEURISTIC_LPT and d != 256:
+            cfg = cfg.replace(lpt=True)                 # (for_problem drops it under varlen)
+        if (d, causal) in HEURISTIC_DYNAMIC and d != 256 and not det and not problem.features:
+            cfg = cfg.replace(dynamic=True)             # (for_problem drops it where it does not run)
+        if HEURISTIC_DS_DOUBLE and d == 128:
+            cfg = cfg.replace(ds_double=True)           # (likewise: not with softcap, ALiBi, dropout)
+        return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
 
     def kernel_names(self, config) -> dict:
         targs = f"cuflash::{config.dtype}" + (", true" if config.varlen else "")   # fa2_bwd's kVarlen
@@ -562,9 +666,12 @@ class Sm90Backward(Family):
                              f"({p.batch * p.nheads} x {n_kv})")
         rows = -(-p.seqlen_q // ROW_PAD) * ROW_PAD
         per_row = p.head_dim // 8  # epilogue threads per row
+        tiles = p.batch * p.nheads * n_kv
         out = [LaunchSpec("preprocess", (rows // PREP_ROWS, p.nheads, p.batch), PREP_THREADS),
-               # one CTA per (K/V block, head, batch), K/V blocks fastest (sm90_bwd.cu)
-               LaunchSpec("main", (p.batch * p.nheads * n_kv, 1, 1), config.threads, config.smem_bytes),
+               # one CTA per (K/V block, head, batch), K/V blocks fastest (sm90_bwd.cu); dynamic: a CTA
+               # per SM (one fits an SM), at most one per tile, claiming tiles
+               LaunchSpec("main", (min(tiles, sm_count) if config.dynamic else tiles, 1, 1), config.threads,
+                          config.smem_bytes),
                LaunchSpec("convert_dq", (-(-p.seqlen_q * per_row // EPILOGUE_THREADS), p.nheads, p.batch),
                           EPILOGUE_THREADS)]
         if p.nheads != p.nheads_kv:
@@ -577,10 +684,19 @@ class Sm90Backward(Family):
         # fields are zeros for a fixed-length call; the dropout threshold and scale, window
         # bounds, softcap factors and ALiBi stride are the main kernel's; the slopes' and the
         # rng state's addresses are written per call, as for fa2_bwd), K/V blocks in
-        # plain order (head_group 1); the tensor maps are written per call (call_writer; tma_dq
+        # plain order (head_group 1) or, with lpt, in fa2_bwd's groups of head_group pairs (two
+        # waves of CTAs; CUFLASH_BWD_HEAD_GROUP fixes it); the tensor maps are written per call (call_writer; tma_dq
         # only with dq_writer)
-        return dict(bwd_params(config, problem, strides, workspace, softmax_scale, 1),
-                    tma_q=0, tma_k=0, tma_v=0, tma_do=0, tma_dq=0)
+        group = head_group(problem.batch * problem.nheads, -(-problem.seqlen_k // config.BN), sm_count) \
+            if config.lpt else 1
+        return dict(bwd_params(config, problem, strides, workspace, softmax_scale, group),
+                    tma_q=0, tma_k=0, tma_v=0, tma_do=0, tma_dq=0, tile_counter=0)
+
+    def zeroed_counters(self, config, problem: Problem) -> dict:
+        """{params field: int32 count} of the counters a plan keeps between calls (cuflash.launch.Plan
+        zeroes them once; the kernel resets them): the dynamic scheduler's tile counter. One per
+        plan: two calls of one plan must not run at the same time on two streams."""
+        return {"tile_counter": 1} if config.dynamic else {}
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
         """Per call, after the pointers: the tensor maps of q, k, v and dO into the packed params
@@ -639,6 +755,15 @@ class Sm90Backward(Family):
             buf[dq_off:dq_off + 128] = blob
 
         return write_dq
+
+
+def lpt_tile(tile: int, n_kv: int, n_pairs: int, group: int) -> tuple:
+    """(n_block, pair) of CTA ``tile`` in lpt's launch order: the host mirror of sm90_bwd_lpt_tile
+    (kernels_cu/sm90_bwd.cu), for tests and tools."""
+    first = tile // (group * n_kv) * group
+    in_group = tile - first * n_kv
+    width = min(group, n_pairs - first)
+    return in_group // width, first + in_group % width
 
 
 def dq_accum_map_args(ptr: int, shape, rows: int) -> tuple:

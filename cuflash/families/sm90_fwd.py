@@ -24,9 +24,11 @@ fa2_bwd regenerates; at DROPOUT_BN (the Philox rounds need registers). Variable-
 (``varlen``, kVarlen, set from the call): tiles (Q block, head, sequence) over a grid sized for
 the longest sequence, tensor maps over the whole packed (total, heads, d) tensors with box rows
 from cu_seqlens, keys past a sequence's end masked and rows past it not stored; with window,
-softcap, ALiBi and dropout as VARLEN_FEATURES lists (others fall back to fa2_fwd). Not
-implemented: a TMA store of O, FA3's d64 tile 192 x 192 (with 3 consumers the register budget
-caps BN at 128), clusters, FP8.
+softcap, ALiBi and dropout as VARLEN_FEATURES lists (others fall back to fa2_fwd). FA3's d64 tile,
+192 x 192 over 3 consumer warpgroups, takes ``p_smem`` (P through shared memory, O += P V a wgmma
+SS: with P's fragments in registers the 3-consumer budget caps BN at 128); ``tree_max`` (shorter
+row-max chains) and ``q_double`` (two Q buffers) are heuristic switches for the short d64 tiles
+(HEURISTIC_D64). Not implemented: clusters (FP8 is its own family, sm90_fwd_fp8).
 
 Host side: the kernel reads Q, K, V through TMA tensor maps (``cuTensorMapEncodeTiled``,
 called through ctypes on libcuda.so.1, loaded lazily: without a driver the family still
@@ -57,6 +59,21 @@ MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
 # consumer warpgroups (setmaxnreg budget 256 / 240 / 160 minus addresses, m, l, P fragments).
 # ptxas (nvcc 13.0, sm_90a) spills nothing up to these; tests/test_sm90_cpu.py holds it to that.
 MAX_ACCUM_REGS = {1: 192, 2: 176, 3: 96}
+# The same with p_smem (P through shared memory: no register holds P's BN / 4 A fragments), where
+# it raises the budget: 3 consumer warpgroups take head dim 64 with BN 192 (FA3's d64 tile), 128
+# accumulators, without a spill (nvcc 13.0, sm_90a; tests/test_sm90_psmem_cpu.py holds it to that);
+# the causal mask needs a few registers more: 120 there (d64 BN 192 causal spilled 12 bytes). The
+# TMA-store epilogue with 3 consumer warpgroups spilled even at BN 176 (8 bytes): refused. p_smem
+# is for 3 consumer warpgroups only: with 1 or 2 the registers hold P next to any tile that fits
+# shared memory, so the flag would only double their part of the tuning space.
+MAX_ACCUM_REGS_PSMEM = {3: 128}
+# The TMA-store epilogue with 3 consumer warpgroups and P in registers: O, S and P's fragments
+# (accum_regs + BN / 4) at most 116 per thread; d64 BN 128 (96 + 32 = 128) spilled 4 bytes, BN 112
+# (88 + 28) none (nvcc 13.0, sm_90a).
+TMA_STORE_C3_REGS = 116
+MAX_ACCUM_REGS_PSMEM_MASKED = {3: 120}
+# p_smem's features: none (its instantiations with window, softcap, ALiBi, dropout or varlen are
+# unchecked for registers): a config with one of them and p_smem is refused.
 # BN of a dropout forward (2 consumer warpgroups), by head dim: the largest multiple of 32 (one
 # Philox call covers 32 keys, philox.cuh) at which ptxas (nvcc 13.0, sm_90a) spills nothing
 # with the Philox rounds (kDropout), which run once P_{j-1}'s fragments are dead: one call per
@@ -90,6 +107,17 @@ DROPOUT_DYNAMIC = True
 # keeps in L2 (the H100 has 50 MB; FA3 sizes its sections by 32 MB too), and the shared memory
 # its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
 SCHED_L2_BYTES = 32 * 1024 * 1024
+# The heuristic's tile for plain head-dim-64 calls, by causal: changes to the 2-consumer dynamic tile
+# (BM 128, BN 192; {} keeps it), from the seqlen bucket HEURISTIC_D64_MIN_BUCKET on. Measured on
+# the H100 (tests/sm90_fwd_d64_timing.py, bf16, dim 2048, batch x seqlen 16k, same process as SDPA
+# cuDNN; round A of session 14): 3 consumer warpgroups, BM 192, BN 128 (P in registers; FA3's causal
+# d64 tile) ran at 1.05 / 1.08 / 1.17 / 1.25x cuDNN non-causal at 2k / 4k / 8k / 16k and 1.00 /
+# 1.07 / 1.16 / 1.21x causal, where the 2-consumer tile ran at 0.91 / 0.93 / 0.98 / 1.08x and
+# 0.91 / 0.97 / 1.02 / 1.05x. p_smem's BN 176 / 192 (FA3's non-causal tile) came close (1.02-1.21x)
+# but no faster, except BN 176 at 8k non-causal (1.174x against 1.170x). Below the 2048 bucket
+# (BM 192 leaves more of the last Q block empty) it is unmeasured: the 2-consumer tile stays.
+HEURISTIC_D64: dict = {False: dict(BM=192, consumers=3, BN=128), True: dict(BM=192, consumers=3, BN=128)}
+HEURISTIC_D64_MIN_BUCKET = 2048
 SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # Variable-length batches (kVarlen): the features that run with varlen, each set's varlen
 # instantiations checked to compile without spills at the heuristic's tiles (nvcc 13.0, sm_90a;
@@ -139,6 +167,19 @@ class Sm90FwdConfig(KernelConfig):
     varlen:    variable-length batches (kVarlen, kernels_cu/varlen.cuh: packed (total, heads, d)
                tensors, per-sequence offsets from cu_seqlens), set from the call (``for_problem``),
                never tuned
+    p_smem:    P through shared memory (kPSmem): each consumer warpgroup writes P_j, 16-bit, into
+               its own 64 x BN tile of shared memory and O += P V is a wgmma SS, so no register holds
+               P's A fragments: three consumer warpgroups fit BN 192 at head dim 64 (FA3's d64 tile,
+               MAX_ACCUM_REGS_PSMEM); costs BN x 128 bytes of shared memory per warpgroup. Plain
+               calls only (no window, softcap, ALiBi, dropout, varlen)
+    tree_max:  the softmax step with shorter dependency chains (kTreeMax, kernels_cu/softmax_tree.cuh:
+               the row maxima as pairwise trees, both rows' shuffles together, two partial row sums),
+               so that a block's first ex2 issues sooner; not with emu_exp2. Not in the tuning
+               space (a heuristic switch: HEURISTIC_D64)
+    q_double:  two Q buffers (kQDouble): the producer loads the next tile's Q while the consumers
+               still use the current one, so a tile's first GEMM does not wait for Q's load after
+               the previous tile's last S (short tiles: d64 at 2k); one more Q block of shared
+               memory. Not in the tuning space (a heuristic switch: HEURISTIC_D64)
     """
 
     BM: int
@@ -158,6 +199,9 @@ class Sm90FwdConfig(KernelConfig):
     dynamic: bool = False
     tma_store: bool = False
     varlen: bool = False
+    p_smem: bool = False
+    tree_max: bool = False
+    q_double: bool = False
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -174,8 +218,8 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_persist' if self.persistent else ''}{'_dyn' if self.dynamic else ''}"
                 f"{'_tmao' if self.tma_store else ''}"
                 f"{'_drop' if self.dropout else ''}"
-                f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{name_suffix(self)}"
-                f"{'_varlen' if self.varlen else ''}")
+                f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{'_psmem' if self.p_smem else ''}{'_tree' if self.tree_max else ''}{'_q2' if self.q_double else ''}"
+                f"{name_suffix(self)}{'_varlen' if self.varlen else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -188,13 +232,20 @@ class Sm90FwdConfig(KernelConfig):
         """Q, stages x (K, V), the mbarriers (Q full and empty; K/V full and empty per slot),
         and 1024 bytes to align the base (as the kernel's Sm90FwdShape::kSmemBytes)."""
         return ((self.BM + 2 * self.stages * self.BN) * self.smem_cols * 2 + 8 * (2 + 4 * self.stages)
-                + (SCHED_RING_BYTES if self.dynamic else 0) + self.o_stage_bytes + 1024)
+                + (SCHED_RING_BYTES if self.dynamic else 0) + self.o_stage_bytes + self.p_tile_bytes
+                + (self.BM * self.smem_cols * 2 + 16 if self.q_double else 0) + 1024)
 
     @property
     def o_stage_bytes(self) -> int:
         """tma_store's staging tiles of O: per consumer warpgroup 64 rows x smem_cols (kernel:
         Sm90FwdShape::kOStageBytes); 0 without it."""
         return self.consumers * 64 * self.smem_cols * 2 if self.tma_store else 0
+
+    @property
+    def p_tile_bytes(self) -> int:
+        """p_smem's P tiles: per consumer warpgroup 64 rows x ceil(BN / 64) 64-key chunks of 16-bit
+        (kernel: Sm90FwdShape::kPBytes); 0 without it."""
+        return self.consumers * 64 * -(-self.BN // 64) * 64 * 2 if self.p_smem else 0
 
     @property
     def accum_regs(self) -> int:
@@ -208,8 +259,11 @@ class Sm90FwdConfig(KernelConfig):
         tail = [f"{'true' if self.dropout else 'false'}", f"{self.emu_exp2}",   # kDropout, kEmuExp2
                 f"{'true' if self.dynamic else 'false'}",                         # kDynamic
                 f"{'true' if self.tma_store else 'false'}",                       # kTmaStore
-                f"{'true' if self.varlen else 'false'}"]                          # kVarlen last
-        used = (5 if self.varlen else 4 if self.tma_store else 3 if self.dynamic else
+                f"{'true' if self.varlen else 'false'}",                          # kVarlen
+                f"{'true' if self.p_smem else 'false'}",                          # kPSmem
+                f"{'true' if self.tree_max else 'false'}",                        # kTreeMax
+                f"{'true' if self.q_double else 'false'}"]                        # kQDouble last
+        used = (8 if self.q_double else 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
         return (f"cuflash::sm90_fwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{'true' if self.pingpong else 'false'}, {'true' if self.persistent else 'false'}, "
@@ -220,7 +274,8 @@ class Sm90FwdConfig(KernelConfig):
     def template_args(self) -> tuple:
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
-                self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen)
+                self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
+                self.tree_max, self.q_double)
 
     def _problems(self) -> list[str]:
         out = []
@@ -259,13 +314,31 @@ class Sm90FwdConfig(KernelConfig):
             out.append("varlen with dynamic / tma_store: a varlen CTA skips tiles past its sequence's "
                        "end, which the dynamic scheduler's turn count does not allow for, and a TMA "
                        "store would write a box's rows past the sequence's end into the next one's")
+        if self.tree_max and self.emu_exp2:
+            out.append(f"tree_max with emu_exp2={self.emu_exp2}: the software exp2's step has no "
+                       "tree variant")
+        if self.p_smem and self.consumers != 3:
+            out.append(f"p_smem needs 3 consumer warpgroups, got {self.consumers} (with fewer, the "
+                       "registers hold P's fragments next to any tile that fits shared memory)")
+        if self.p_smem and (self.window or self.softcap or self.alibi or self.dropout or self.varlen):
+            out.append("p_smem with window / softcap / ALiBi / dropout / varlen is not implemented "
+                       "(those instantiations are unchecked for registers)")
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
-        if not out and self.accum_regs > MAX_ACCUM_REGS[self.consumers]:
+        if self.p_smem and self.tma_store and self.consumers == 3:
+            out.append("p_smem with tma_store and 3 consumer warpgroups spills (ptxas, nvcc 13.0)")
+        elif (self.tma_store and self.consumers == 3 and self.head_dim in HEAD_DIMS
+              and self.accum_regs + self.BN // 4 > TMA_STORE_C3_REGS):
+            out.append(f"tma_store with 3 consumer warpgroups and {self.accum_regs} accumulator + "
+                       f"{self.BN // 4} P registers per thread spills (ptxas, nvcc 13.0): at most "
+                       f"{TMA_STORE_C3_REGS} together")
+        budget = (MAX_ACCUM_REGS if not self.p_smem else MAX_ACCUM_REGS_PSMEM_MASKED
+                  if self.causal else MAX_ACCUM_REGS_PSMEM).get(self.consumers, 0)
+        if not out and self.accum_regs > budget:
             out.append(f"{self.accum_regs} fp32 accumulator registers per consumer thread (O and S) "
-                       f"exceed the budget of {MAX_ACCUM_REGS[self.consumers]} with "
-                       f"{self.consumers} consumer warpgroup(s): it would spill")
+                       f"exceed the budget of {budget} with {self.consumers} consumer warpgroup(s)"
+                       f"{' and P in shared memory' if self.p_smem else ''}: it would spill")
         return out
 
 
@@ -401,7 +474,7 @@ class Sm90Forward(Family):
     space = {"BM": (64, 128, 192), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
              "stages": (2, 3), "consumers": (1, 2, 3), "pingpong": (False, True),
              "persistent": (False, True), "emu_exp2": EMU_EXP2_SPACE, "dynamic": (False, True),
-             "tma_store": (False, True)}
+             "tma_store": (False, True), "p_smem": (False, True)}
     params_struct = "Sm90FwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90FwdParams"
     pointer_fields = ("q", "k", "v", "o", "lse")
@@ -455,6 +528,8 @@ class Sm90Forward(Family):
             config = config.replace(dropout=dropout, varlen=varlen)
         if dropout and config.emu_exp2:   # not implemented with dropout: the plain exp2 (a speed knob)
             config = config.replace(emu_exp2=0)
+        if config.p_smem and problem.features:   # plain calls only (a speed knob): P in registers
+            config = config.replace(p_smem=False)
         return self.with_features(config, problem)
 
     def _fields(self, config):
@@ -463,7 +538,8 @@ class Sm90Forward(Family):
         # emu_exp2 only when on, so a plain config's encoded form is unchanged by the knob
         # dynamic likewise: only when on
         return ((k, v) for k, v in super()._fields(config)
-                if k not in ("dropout", "varlen") and not (k in ("emu_exp2", "dynamic", "tma_store") and not v))
+                if k not in ("dropout", "varlen")
+                and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -474,6 +550,8 @@ class Sm90Forward(Family):
             point = {**point, "dynamic": False}
         if "tma_store" not in point:    # and before the TMA-store epilogue
             point = {**point, "tma_store": False}
+        if "p_smem" not in point:       # and before P through shared memory
+            point = {**point, "p_smem": False}
         return super().make(point, problem)
 
     def head_dim_of(self, head_dim: int) -> int:
@@ -525,11 +603,14 @@ class Sm90Forward(Family):
                 persistent = VARLEN_PERSISTENT
         cfg = Sm90FwdConfig(128, bn, 2, 2, True, persistent, d, problem.dtype, bool(problem.causal),
                             dynamic=dynamic, tma_store=tma_store)
+        if (d == 64 and dynamic and not problem.features and problem.bucket >= HEURISTIC_D64_MIN_BUCKET
+                and HEURISTIC_D64.get(bool(problem.causal))):
+            cfg = cfg.replace(**HEURISTIC_D64[bool(problem.causal)])   # (first_fitting: the fallbacks)
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
         return first_fitting(cfg, ({"tma_store": False}, {"BN": 64, "tma_store": False},
                                    {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False,
-                                    "tma_store": False}),
+                                    "tma_store": False, "p_smem": False}),
                              max_smem)
 
     def kernel_names(self, config) -> dict:

@@ -1,0 +1,151 @@
+"""Fill CuPy's kernel cache, in parallel worker processes, with every decode_splitkv kernel set
+that the decode GPU round compiles (not a test; run it first so the tests and the timing find
+their kernels on disk):
+
+  * tests/decode_tma_timing.py's candidates (every cell and page size);
+  * tests/test_decode_tma_gpu.py: the Hopper loop's configs of its grid, leftpad, page-crossing,
+    ring-depth and small-page tests;
+  * tests/test_decode_bandwidth_gpu.py: the l2_prefetch / warp_loads configs of its cases;
+  * tests/gpu_sanitize.py --quick --families decode_splitkv: its decode shapes under each pass of
+    decode_loops (the default selection, the bandwidth options, TMA_DEFAULT, TMA_PAGED_DEFAULT).
+
+    CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
+        [--only timing,tma_tests,bandwidth_tests,sanitize] [--propose 'NAME=VALUE ...' (as the timing)]
+"""
+import os
+import sys
+import time
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_here, os.path.dirname(_here)]  # the tests' modules; cuflash from the checkout
+
+from cuflash.families import decode_splitkv as mod  # noqa: E402
+from cuflash.problem import Problem  # noqa: E402
+from cuflash.registry import get  # noqa: E402
+
+FAM = get("decode_splitkv")
+ARCH = (9, 0)
+
+
+def _problem(b, sq, ctx, h, hk, d, dtype="bf16", page=None):
+    return Problem("decode", dtype, b, sq, max(ctx, 1), h, hk, d, sq > 1, False,
+                   ("paged_kv",) if page else ())
+
+
+SWITCHES = ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP_LOADS_DEFAULT",
+            "SMALL_PAGE_WARPS")
+
+
+def _heuristic(problem, page=0, tma=False, tma_paged=False, l2=0, warp_loads=False, small_page_warps=8):
+    """The config a call of ``problem`` with caches of ``page`` keys per page runs under the
+    given module switches (the heuristic, then call_config), with splits 0."""
+    old = {k: getattr(mod, k) for k in SWITCHES}
+    for k, v in zip(SWITCHES, (tma, tma_paged, l2, warp_loads, small_page_warps)):
+        setattr(mod, k, v)
+    try:
+        cfg = FAM.heuristic(problem, ARCH)
+        cfg = FAM.call_config(cfg, problem, ARCH, page or 0, chosen=True, heuristic=True)
+    finally:
+        for k, v in old.items():
+            setattr(mod, k, v)
+    return cfg.replace(splits=0)
+
+
+PROPOSALS = []  # --propose 'NAME=VALUE ...' (as tests/decode_tma_timing.py takes them)
+
+
+def timing_configs():
+    import decode_tma_timing as dt
+
+    return dt.all_configs(list(dt.CELLS), list(dt.PAGES), ARCH, [dt.parse_switches(p) for p in PROPOSALS])
+
+
+def tma_test_configs():
+    import test_decode_tma_gpu as t
+
+    out = []
+    for b, sq, ctx, h, hk, d, dtype, _, page in t.CASES:                          # test_tma_grid
+        out.append(t.tma_config(_problem(b, sq, ctx, h, hk, d, dtype, page)))
+    out.append(t.tma_config(_problem(4, 2, 1200, 8, 2, 128)))                    # test_tma_leftpad
+    p = _problem(3, 1, 2049, 32, 8, 128)                                         # ring depths
+    out += [t.tma_config(p, **c) for c in (dict(stages=2), dict(warps=4, stages=6), dict(warps=4, stages=3))]
+    for page, d, sq, heads in ((48, 96, 16, (16, 4)), (64, 128, 1, (32, 8))):   # page-crossing boxes
+        out.append(t.tma_config(_problem(2, sq, 2049, *heads, d, page=page), warps=4, stages=3))
+    for page in (16, 256):                                                        # small pages
+        out.append(_heuristic(_problem(3, 1, 2050, 32, 8, 128, page=page), page, tma_paged=True))
+    out.append(t.tma_config(_problem(4, 1, 3001, 32, 8, 128)))                   # cuda graph
+    out.append(t.tma_config(_problem(3, 1, 1003, 8, 8, 128)))                    # cache_batch_idx
+    out.append(t.tma_config(_problem(2, 4, 304, 8, 2, 128, "fp16")))             # append + rotary
+    out.append(t.tma_config(_problem(2, 4, 902, 16, 4, 128)))                    # features
+    return [c.replace(splits=0) for c in out]
+
+
+def bandwidth_test_configs():
+    import test_decode_bandwidth_gpu as t
+
+    out = [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype, page), page, l2=size, warp_loads=wl)
+           for b, sq, ctx, h, hk, d, dtype, _, page, size, wl in t.CASES]
+    leftpad = _heuristic(_problem(3, 1, 2050, 32, 8, 128, page=48), 48)   # forced: both options, 8 / 4 warps
+    out += [leftpad.replace(l2_prefetch=256, warp_loads=True, warps=w, stages=3) for w in (8, 4)]
+    out.append(_heuristic(_problem(3, 2, 4098, 32, 8, 128, page=16), 16, small_page_warps=4))
+    return out
+
+
+def sanitize_configs():
+    """--quick's decode shapes (bf16) under each of decode_loops' passes."""
+    import gpu_sanitize as g
+
+    g._quick()
+    out = []
+    for b, sq, lens, h, hk, d, page, new, _, _ in g.DECODE_SHAPES:
+        p = _problem(b, sq, max(lens) + new, h, hk, d, page=page)
+        for switches in ({}, dict(l2=256, warp_loads=True), dict(tma=True), dict(tma_paged=True)):
+            for dtype in g.DTYPES:
+                out.append(_heuristic(p.replace(dtype=dtype), page, **switches))
+    return out
+
+
+GROUPS = {"timing": timing_configs, "tma_tests": tma_test_configs,
+          "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs}
+
+
+def all_configs(groups=tuple(GROUPS)):
+    """The configs of ``groups``, one per kernel set (configs that differ only in run-time fields,
+    causal or splits, share their compiled module)."""
+    out = {}
+    for name in groups:
+        for c in GROUPS[name]():
+            out.setdefault((c.dtype, tuple(FAM.kernel_names(c).values())), c)
+    return list(out.values())
+
+
+def main():
+    groups = tuple(GROUPS)
+    argv = sys.argv
+    PROPOSALS.extend(argv[i + 1] for i, x in enumerate(argv) if x == "--propose")
+    if "--only" in sys.argv:
+        groups = tuple(sys.argv[sys.argv.index("--only") + 1].split(","))
+    configs = all_configs(groups)
+    if "--list" in sys.argv:
+        for c in configs:
+            print(c.name)
+        print(f"{len(configs)} kernel sets")
+        return 0
+    from cuflash import _gpu
+    from cuflash.compile import precompile
+
+    _gpu.require("tests/decode_precompile.py")
+    processes = int(sys.argv[sys.argv.index("--processes") + 1]) if "--processes" in sys.argv else None
+    t0 = time.time()
+    res = precompile(configs, processes=processes)
+    bad = [(c.name, e) for c, _, e in res if e]
+    slow = max(res, key=lambda r: r[1])
+    print(f"precompiled {len(res)} decode kernel sets in {time.time() - t0:.1f} s "
+          f"(slowest {slow[0].name}: {slow[1]:.1f} s)")
+    for name, err in bad:
+        print(f"FAILED {name}: {err[:400]}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
