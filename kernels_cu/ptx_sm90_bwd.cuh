@@ -76,4 +76,21 @@ __device__ __forceinline__ int grid_ctas() {
     return n;
 }
 
+// x through an empty asm: a value the compiler cannot see through. sm90_bwd at head dim 256
+// re-derives its loop-invariant wgmma descriptors from such a copy at each use: hoisted out of
+// the Q-block loop, one register per k-step and operand, they spill (ptxas, nvcc 13.0).
+__device__ __forceinline__ u32 opaque_u32(u32 x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
+// Four 8x8 16-bit matrices in mma fragment layout (thread (g, t) holds row g, columns 2t, 2t + 1
+// of each: register i is matrix i), stored as they are: lane l gives the address of row l % 8 of
+// matrix l / 8 (16 bytes). sm90_bwd at head dim 256: a warpgroup's Pᵀ and dSᵀ fragments to shared
+// memory, where both warpgroups read them as wgmma A operands (keys x queries, K-major).
+__device__ __forceinline__ void stmatrix_x4(u32 addr, const u32 (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
+                 :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+
 }  // namespace cuflash

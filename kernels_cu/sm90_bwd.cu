@@ -87,8 +87,9 @@
 //   kBN        keys of the CTA's K/V block: 64 · kConsumers
 //   kStages    Q/dO ring slots, >= 2
 //   kConsumers consumer warpgroups, 1 or 2
-//   kHeadDim   64 or 128 (the real head dim, params.head_dim, may be smaller: TMA fills the
-//              columns past it with zeros and the stores skip them)
+//   kHeadDim   64, 128 or 256 (the real head dim, params.head_dim, may be smaller: TMA fills the
+//              columns past it with zeros and the stores skip them). 256 takes kBN 64 with 2
+//              consumers (kSharedKeys, below)
 //   Elem       bf16 or fp16; all accumulation in fp32
 //   kCausal    bottom-right aligned causal mask
 //   kDeterministic  ordered dQ additions (above)
@@ -157,6 +158,28 @@
 //   kDsDouble  (appended last) two dS buffers, Q block q's in buffer q % 2: the barrier before
 //              the dS stores goes (the one after them orders both warpgroups' dQ GEMMs of Q block
 //              q - 2 before the stores of Q block q)
+//
+// Head dim 256 (kSharedKeys: kBN 64 with 2 consumers, kBM 64; Sm90BwdShape). dK_j, dV_j of 64
+// keys x 256 fp32 would take 256 registers per thread in one warpgroup, so both warpgroups take
+// the same 64 keys and split the work: warpgroup wg
+//   Sᵀ, dPᵀ = K_j Q_iᵀ, V_j dO_iᵀ for queries 32·wg..+31 (kSN = 32: wgmma m64n32k16, Q_i / dO_i
+//         from row 32·wg, whole swizzle periods in), Pᵀ and dSᵀ as above;
+//   Pᵀ, dSᵀ (64 keys x its 32 queries, 16 bits) stored as they are by stmatrix into p_smem,
+//         dst_smem (keys x BM queries, one 128-byte swizzled row per key: K-major A operands),
+//         dS (transposed) into ds_smem as above; named barrier 1, as for dS, covers all three;
+//   dV_j, dK_j += Pᵀ dO_i, dSᵀ Q_i for columns 128·wg..+127 (kDkvN = 128; SS: all BM queries'
+//         Pᵀ, dSᵀ from shared memory, both warpgroups reading both halves; dO_i, Q_i MN-major
+//         from column chunk 2·wg), one commit group with ...
+//   dQ_i part = dS K_j for columns 128·wg..+127 (kDqN), in two 64-column pieces (one piece's
+//         32 accumulators live next to dK_j, dV_j's 128), each added by red.add as soon as it is
+//         done (waiting for the first also waits for dV, dK: then q_empty is released); ordered
+//         (one turn for both pieces) when kDeterministic. kDqBulk / kDqWriter: their staging does
+//         not fit next to this tile (static_assert, and the config refuses them).
+// Softcap's and dropout's words (kSN / 4 each) stay in registers here. The loop-invariant
+// descriptors of K_j, V_j, Pᵀ, dSᵀ, dS are re-derived at each use (opaque_u32): hoisted out of
+// the loop, one per k-step, they spilled. Head dims 129..255 run this kernel (TMA zero-fills the
+// columns past the real head dim, whole 64-column boxes past it at 192). It runs the plain grid
+// only: not with kDynamic or kDsDouble (static_assert; the config refuses lpt there too).
 #include "fa2_bwd.cu"
 #include "ptx_sm90.cuh"
 #include "params_sm90_bwd.cuh"
@@ -178,11 +201,22 @@ struct Sm90BwdShape {
     static constexpr int kQBytes = kBM * kHeadDim * 2;
     static constexpr int kKVBytes = kBN * kHeadDim * 2;
     static constexpr int kDsBytes = kBM * kBN * 2;
+    // kSharedKeys (head dim 256: BN 64, 2 consumers): the consumer warpgroups share the K/V
+    // block's 64 keys. dK_j, dV_j (64 keys x 256 fp32 each) fit only split by head-dim columns
+    // (kDkvN per warpgroup), so each warpgroup computes Sᵀ, dPᵀ for its kSN of the BM queries and
+    // Pᵀ, dSᵀ go through shared memory (p_smem, dst_smem: keys x queries, K-major), where every
+    // warpgroup reads all of them as the A operands of dV, dK.
+    static constexpr bool kSharedKeys = kBN == 64 && kConsumers == 2;
+    static constexpr int kSN = kSharedKeys ? kBM / kConsumers : kBM;        // queries of a warpgroup's Sᵀ
+    static constexpr int kDkvN = kSharedKeys ? kHeadDim / kConsumers : kHeadDim;  // dK_j, dV_j columns
     static constexpr int kVOffset = kKVBytes;
     static constexpr int kQOffset = 2 * kKVBytes;
     static constexpr int kDoOffset = kQOffset + kStages * kQBytes;
     static constexpr int kDsOffset = kDoOffset + kStages * kQBytes;
-    static constexpr int kLseOffset = kDsOffset + kDsBufs * kDsBytes;   // kDsDouble: 2 dS buffers
+    static constexpr int kPOffset = kDsOffset + kDsBytes;             // kSharedKeys: Pᵀ, then dSᵀ
+    static constexpr int kDstOffset = kPOffset + kDsBytes;
+    // kSharedKeys: dS, Pᵀ, dSᵀ; kDsDouble: 2 dS buffers
+    static constexpr int kLseOffset = kDsOffset + (kSharedKeys ? 3 : kDsBufs) * kDsBytes;
     static constexpr int kDOffset = kLseOffset + kStages * kBM * 4;
     static constexpr int kBarOffset = kDOffset + kStages * kBM * 4;
     // kv_full; q_full, q_empty per slot; kDynamic: kv_empty, dq_writer's 2 tile-free barriers, the
@@ -199,13 +233,19 @@ struct Sm90BwdShape {
     static constexpr int kConsumerRegs = kConsumers == 1 ? 256 : 240;
 
     static_assert(kConsumers == 1 || kConsumers == 2, "consumers must be 1 or 2");
-    static_assert(kBN == 64 * kConsumers, "BN must be 64 * consumers: each consumer warpgroup owns 64 keys");
+    static_assert(kBN == 64 * kConsumers || kSharedKeys,
+                  "BN must be 64 * consumers (each consumer warpgroup owns 64 keys), or 64 shared by 2");
+    static_assert(!kSharedKeys || kBM == 64, "shared keys: BM must be 64 (32 queries of Sᵀ per warpgroup)");
+    static_assert(kHeadDim <= 128 || kSharedKeys,
+                  "head dim 256: BN 64 with 2 consumers (dK_j, dV_j split by columns over the warpgroups)");
+    static_assert(!kSharedKeys || (!kDynamic && kDsBufs == 1),
+                  "shared keys (head dim 256): the plain grid and one dS buffer (no kDynamic, kDsDouble)");
     static_assert(kBM == 64 || kBM == 128, "BM must be 64 or 128 (the wgmma N of S and dP)");
     static_assert(kDqRowGroups <= kConsumers && kConsumers % kDqRowGroups == 0,
                   "BM / 64 must divide consumers: each warpgroup computes 64 rows of dQ_i");
     static_assert(kDqN % 64 == 0 || kDqN == 32,
                   "each warpgroup's dQ columns must be whole 64-column chunks, or one 32-column half of one");
-    static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim must be 64 or 128");
+    static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim must be 64, 128 or 256");
     static_assert(kStages >= 2, "stages must be >= 2: the producer fills one slot while another is read");
     static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the H100's 227 KB");
 };
@@ -368,8 +408,12 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
     // softcap's words 0 .. BM/4 - 1, then dropout's (Sm90BwdThreadWords)
-    constexpr int kCapWord0 = 0, kPWord0 = kSoftcap ? kBM / 4 : 0;
-    using Words = Sm90BwdThreadWords<Shape, kConsumers, (int(kSoftcap) + int(kDropout)) * kBM / 4>;
+    // (kSharedKeys: kSN = BM / 2 queries a warpgroup, and the words stay in registers)
+    constexpr bool kSharedKeys = Shape::kSharedKeys;
+    constexpr int kSN = Shape::kSN, kDkvN = Shape::kDkvN;
+    constexpr int kCapWord0 = 0, kPWord0 = kSoftcap ? kSN / 4 : 0;
+    constexpr int kWordCount = (int(kSoftcap) + int(kDropout)) * kSN / 4;
+    using Words = Sm90BwdThreadWords<Shape, kConsumers, kSharedKeys ? 0 : kWordCount>;
     static_assert(!(kSoftcap || kDropout) || Words::kSmemBytes <= 227 * 1024,
                   "softcap / dropout: shared memory exceeds the H100's 227 KB");
     using DqStage = Sm90BwdDqStage<Words, kConsumers, Shape::kDqN>;
@@ -624,25 +668,43 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     const int ctid = tid - 128;                                 // 0..kConsumerThreads-1
     const int warp = (tid / 32) % 4, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
-    const int warp_key = wg * 64 + warp * 16;                   // this warp's first key in K_j
+    // this warp's first key in K_j (kSharedKeys: both warpgroups see the same 64 keys), the first
+    // of this warpgroup's kSN queries of Sᵀ in Q_i, its first column of dK_j, dV_j
+    const int wg_key0 = kSharedKeys ? 0 : wg * 64;
+    const int warp_key = wg_key0 + warp * 16;
+    const int q_col0 = kSharedKeys ? wg * kSN : 0;
+    const int dkv_col0 = kSharedKeys ? wg * kDkvN : 0;
     // kSoftcap, kDropout: this thread's 1 - tanh² and signed Pᵀ (BM / 2 elements each, 16 bits,
     // packed as Pᵀ's A fragments) live from Sᵀ to dSᵀ in shared memory (Sm90BwdThreadWords; no
     // other thread reads them, so no barrier): in registers they would spill the d128 kernel
     // (dK, dV, Pᵀ, dPᵀ are all live then). Word w of Pᵀ's element (nt, e) is 2nt + e / 2.
+    // (kSharedKeys: kSN / 4 words per flag, in registers: the keys' split leaves room there)
     unsigned char* words_smem_ptr = smem_ptr + Words::kOffset + (tid - 128) * 4;
+    u32 words_rmem[kSharedKeys && kWordCount > 0 ? kWordCount : 1];
     auto thread_word = [&](int w) -> u32& {
-        return *reinterpret_cast<u32*>(words_smem_ptr + w * kConsumerThreads * 4);
+        if constexpr (kSharedKeys) return words_rmem[w];
+        else return *reinterpret_cast<u32*>(words_smem_ptr + w * kConsumerThreads * 4);
     };
 
     // Descriptors: this warpgroup's 64 rows of K_j, V_j (A, K-major); Q_i, dO_i as B of Sᵀ, dPᵀ
     // (K-major: the head dim is the reduction) and of dK, dV (MN-major: the head dim is wgmma's
     // N, contiguous); K_j as B of dQ (MN-major); dS as A of dQ (K-major, this warpgroup's rows).
-    const DescLo k_rows_desc(k_smem + wg * 64 * 128, 16);
-    const DescLo v_rows_desc(v_smem + wg * 64 * 128, 16);
-    const DescLo q_desc(q_smem, 16);
-    const DescLo do_desc(do_smem, 16);
-    const DescLo q_t_desc(q_smem, Shape::kQChunkBytes);
-    const DescLo do_t_desc(do_smem, Shape::kQChunkBytes);
+    // (kSharedKeys: Q_i, dO_i as B of Sᵀ, dPᵀ from this warpgroup's first query, whole swizzle
+    // periods in; as B of dK, dV from its first column chunk)
+    const DescLo k_rows_desc(k_smem + wg_key0 * 128, 16);
+    const DescLo v_rows_desc(v_smem + wg_key0 * 128, 16);
+    const DescLo q_desc(q_smem + q_col0 * 128, 16);
+    const DescLo do_desc(do_smem + q_col0 * 128, 16);
+    const DescLo q_t_desc(q_smem + (dkv_col0 / 64) * Shape::kQChunkBytes, Shape::kQChunkBytes);
+    const DescLo do_t_desc(do_smem + (dkv_col0 / 64) * Shape::kQChunkBytes, Shape::kQChunkBytes);
+    // kSharedKeys: Pᵀ and dSᵀ of all BM queries (keys x queries, K-major) as A of dV, dK
+    const DescLo p_desc(smem + Shape::kPOffset, 16);
+    const DescLo dst_desc(smem + Shape::kDstOffset, 16);
+    // kSharedKeys: a descriptor re-derived at its use in the loop (opaque_u32), not hoisted
+    const auto fresh = [](DescLo d) {
+        if constexpr (kSharedKeys) d.lo = opaque_u32(d.lo);
+        return d;
+    };
     const int dq_row_group = wg % Shape::kDqRowGroups, dq_col_group = wg / Shape::kDqRowGroups;
     const int dq_col0 = dq_col_group * Shape::kDqN;
     // (kDqN = 32, head dim 64 split over 2 warpgroups: the second one's columns 32..63 start 64
@@ -658,17 +720,25 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     // .. + 7, one 16-byte unit); step kk adds 16 rows, a whole number of swizzle periods.
     const auto ds_store_lane = [&]() {
         const int r = lane / 8;
-        return ds_smem + swizzled_offset(8 * (r / 2) + lane % 8, warp_key + 8 * (r % 2), kBM);
+        return ds_smem + swizzled_offset(q_col0 + 8 * (r / 2) + lane % 8, warp_key + 8 * (r % 2), kBM);
     };
     const u32 ds_store_addr = ds_store_lane();
+    // kSharedKeys: the lane's row of its Pᵀ / dSᵀ stores at k16 step kk (stmatrix_x4, not
+    // transposed: stored row l % 8 of matrix r = l / 8 is key warp_key + 8·(r % 2) + l % 8, its
+    // 16 bytes queries q_col0 + 16kk + 8·(r / 2) ..+ 7), as a byte offset into p_smem / dst_smem
+    const auto pt_store_offset = [&](int kk) {
+        const int r = lane / 8;
+        return swizzled_offset(warp_key + 8 * (r % 2) + lane % 8, q_col0 + 16 * kk + 8 * (r / 2), kBN);
+    };
 
     // Accumulators (per warpgroup, 64 rows; wgmma layout above):
-    float dk_acc[kHeadDim / 2], dv_acc[kHeadDim / 2];          // 64 keys x head_dim
-    float s_acc[1][kBM / 8][4], dp_acc[1][kBM / 8][4];         // Sᵀ / Pᵀ, dPᵀ / dSᵀ: 64 keys x BM
+    // (kSharedKeys: dK_j, dV_j of kDkvN columns; Sᵀ, dPᵀ of kSN queries)
+    float dk_acc[kDkvN / 2], dv_acc[kDkvN / 2];                // 64 keys x head_dim
+    float s_acc[1][kSN / 8][4], dp_acc[1][kSN / 8][4];         // Sᵀ / Pᵀ, dPᵀ / dSᵀ: 64 keys x BM
     float dq_acc[Shape::kDqN / 2];                             // 64 queries x kDqN
-    float (&s_flat)[kBM / 2] = reinterpret_cast<float (&)[kBM / 2]>(s_acc);
-    float (&dp_flat)[kBM / 2] = reinterpret_cast<float (&)[kBM / 2]>(dp_acc);
-    u32 p_frag[1][kBM / 16][4], ds_frag[1][kBM / 16][4];
+    float (&s_flat)[kSN / 2] = reinterpret_cast<float (&)[kSN / 2]>(s_acc);
+    float (&dp_flat)[kSN / 2] = reinterpret_cast<float (&)[kSN / 2]>(dp_acc);
+    u32 p_frag[1][kSN / 16][4], ds_frag[1][kSN / 16][4];
     // the ring position, counted along (q % kStages and the fill's parity (q / kStages) & 1 of
     // the CTA's q-th Q block, without a division per iteration), across tiles with kDynamic
     int slot = 0;
@@ -676,7 +746,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     int q_done = 0, kv_loads = 0;                               // kDynamic: Q blocks, K/V loads of earlier tiles
     for (;;) {                                                  // kDynamic: tile after tile; else once
 #pragma unroll
-        for (int i = 0; i < kHeadDim / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
+        for (int i = 0; i < kDkvN / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
         // softcap and ALiBi (score.cuh; inert without them): the ALiBi slope of this (batch, head)
         const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride,
                                                batch, head, p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q,
@@ -689,14 +759,15 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         if (n_iters > 0) mbarrier_wait(kv_full, kDynamic ? u32(kv_loads) & 1 : 0u);
         for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
             const int m_block = m_block_min + it, row0 = m_block * kBM;
+            const int q0 = row0 + q_col0;                           // this warpgroup's first query of Sᵀ
             const u32 q_off = slot * Shape::kQBytes;               // this slot's Q_i, dO_i (bytes)
             // kDropout: the keep mask Z of this thread's Pᵀ elements, one bit each (bit 4nt + e of
             // element (nt, e)), drawn before Sᵀ's accumulators are live (and while Q_i may still be
             // landing): the Philox rounds next to dK, dV and Sᵀ would spill the d128 kernel
             u32 keep_bits = 0;
-            static_assert(!kDropout || kBM / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
+            static_assert(!kDropout || kSN / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
             if constexpr (kDropout)
-                keep_bits = dropout.keep_bits_transposed<kBM / 8>(static_cast<int>(bh), key0 + warp_key, row0, g, t);
+                keep_bits = dropout.keep_bits_transposed<kSN / 8>(static_cast<int>(bh), key0 + warp_key, q0, g, t);
             mbarrier_wait(q_full(slot), phase);
 
             // ---- Sᵀ = K_j Q_iᵀ ----
@@ -707,7 +778,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
                 const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
                 const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-                Wgmma<kBM, Elem>::template ss<0>(s_flat, k_rows_desc.at(a_off), q_desc.at(b_off), kk > 0);
+                Wgmma<kSN, Elem>::template ss<0>(s_flat, fresh(k_rows_desc).at(a_off), q_desc.at(b_off), kk > 0);
             }
             wgmma_commit();
             if constexpr (kOverlapSdp) {
@@ -718,7 +789,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 for (int kk = 0; kk < kHeadDim / 16; ++kk) {
                     const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
                     const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-                    Wgmma<kBM, Elem>::template ss<0>(dp_flat, v_rows_desc.at(a_off), do_desc.at(b_off), kk > 0);
+                    Wgmma<kSN, Elem>::template ss<0>(dp_flat, fresh(v_rows_desc).at(a_off), do_desc.at(b_off), kk > 0);
                 }
                 wgmma_commit();
                 wgmma_wait<1>();                                    // Sᵀ is ready (dPᵀ may still run)
@@ -728,8 +799,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             reg_fence(s_flat);
 
             // ---- Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e); padded queries have LSE = +inf -> 0 ----
-            const float* lse_i = lse_smem_f + slot * kBM;
-            const float* D_i = D_smem_f + slot * kBM;
+            const float* lse_i = lse_smem_f + slot * kBM + q_col0;
+            const float* D_i = D_smem_f + slot * kBM + q_col0;
             // Masked elements (only in the ragged and the causal diagonal blocks): mask.cuh's rule per
             // row of Sᵀ, i.e. per key: key k is seen by the queries from first_query(k) on, none past
             // seqlen_k. The column offset of this thread's queries is 2t (+ 8nt + e % 2). `fill`:
@@ -743,12 +814,12 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
 #pragma unroll
                         for (int half = 0; half < 2; ++half) {
                             const int key = key0 + warp_key + g + 8 * half;
-                            const int diag = key - band.causal_offset - row0 - 2 * t;  // the query on k's diagonal
-                            const int lo = key >= (kVarlen ? seq.seqlen_k : p.seqlen_k) ? kBM
+                            const int diag = key - band.causal_offset - q0 - 2 * t;  // the query on k's diagonal
+                            const int lo = key >= (kVarlen ? seq.seqlen_k : p.seqlen_k) ? kSN
                                            : band.has_right() ? diag - band.right : 0;
-                            const int hi = band.has_left() ? diag + band.left : kBM;
+                            const int hi = band.has_left() ? diag + band.left : kSN;
 #pragma unroll
-                            for (int nt = 0; nt < kBM / 8; ++nt)
+                            for (int nt = 0; nt < kSN / 8; ++nt)
 #pragma unroll
                                 for (int e = 0; e < 2; ++e)
                                     if (nt * 8 + e < lo || nt * 8 + e > hi) s_acc[0][nt][2 * half + e] = fill;
@@ -759,10 +830,10 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                     for (int half = 0; half < 2; ++half) {
                         const int key = key0 + warp_key + g + 8 * half;
                         const int seqlen_k = kVarlen ? seq.seqlen_k : p.seqlen_k;
-                        const int first = key >= seqlen_k ? kBM + row0 : key - mask.causal_offset;
-                        const int first_col = kCausal || key >= seqlen_k ? first - row0 - 2 * t : -1;
+                        const int first = key >= seqlen_k ? kSN + q0 : key - mask.causal_offset;
+                        const int first_col = kCausal || key >= seqlen_k ? first - q0 - 2 * t : -1;
 #pragma unroll
-                        for (int nt = 0; nt < kBM / 8; ++nt)
+                        for (int nt = 0; nt < kSN / 8; ++nt)
 #pragma unroll
                             for (int e = 0; e < 2; ++e)
                                 if (nt * 8 + e < first_col) s_acc[0][nt][2 * half + e] = fill;
@@ -775,7 +846,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 // the exp2s; the d128 causal kernel spills otherwise)
                 if constexpr (!kOverlapSdp) hide(neg_inf());
 #pragma unroll
-                for (int nt = 0; nt < kBM / 8; ++nt) {
+                for (int nt = 0; nt < kSN / 8; ++nt) {
                     const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
@@ -789,7 +860,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 // 1 - tanh² for dSᵀ, rounded to 16 bits like dSᵀ itself, packed as pack_a_frags
                 // packs Pᵀ (word 2·(nt % 2) + e / 2 of k16 step nt / 2), in shared memory (above).
 #pragma unroll
-                for (int nt = 0; nt < kBM / 8; ++nt) {
+                for (int nt = 0; nt < kSN / 8; ++nt) {
                     const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
 #pragma unroll
                     for (int half = 0; half < 2; ++half) {
@@ -799,7 +870,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                         for (int e = 0; e < 2; ++e) {
                             float th = 0.f;
                             float& s = s_acc[0][nt][2 * half + e];
-                            s = exp2_scaled(score.apply(s, row0 + nt * 8 + 2 * t + e, key, th), p.scale_log2,
+                            s = exp2_scaled(score.apply(s, q0 + nt * 8 + 2 * t + e, key, th), p.scale_log2,
                                             e ? lse.y : lse.x);
                             dtanh[e] = 1.f - th * th;
                         }
@@ -814,7 +885,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 // Pᵀ to this thread's words for dSᵀ, and Pᵀ ∘ Z / (1 - p), its positive part
                 // scaled, for dV ----
 #pragma unroll
-                for (int nt = 0; nt < kBM / 8; ++nt)
+                for (int nt = 0; nt < kSN / 8; ++nt)
 #pragma unroll
                     for (int half = 0; half < 2; ++half) {
                         float& p0 = s_acc[0][nt][2 * half];
@@ -829,7 +900,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             // Pᵀ as 16-bit A fragments: the fp32 Pᵀ dies here, before dPᵀ's accumulators are born
             // (with dK, dV in registers the d128 kernel has no room for both), so dS below uses
             // Pᵀ rounded to 16 bits, as the dV product does (and as attention in 16 bits would).
-            pack_a_frags<1, kBM / 16, Elem>(p_frag, s_acc);
+            pack_a_frags<1, kSN / 16, Elem>(p_frag, s_acc);
 
             // ---- dPᵀ = V_j dO_iᵀ (SS; kOverlapSdp: already issued behind Sᵀ), then dV_j += Pᵀ dO_i
             // (RS; dO_i MN-major, queries 16kk..16kk+15 per step) ----
@@ -841,21 +912,25 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 for (int kk = 0; kk < kHeadDim / 16; ++kk) {
                     const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
                     const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-                    Wgmma<kBM, Elem>::template ss<0>(dp_flat, v_rows_desc.at(a_off), do_desc.at(b_off), kk > 0);
+                    Wgmma<kSN, Elem>::template ss<0>(dp_flat, fresh(v_rows_desc).at(a_off), do_desc.at(b_off), kk > 0);
                 }
                 wgmma_commit();
             }
+            if constexpr (kSharedKeys) {
+                wgmma_wait<0>();                                    // dPᵀ is ready (dV waits for all of Pᵀ)
+            } else {
 #pragma unroll
-            for (int kk = 0; kk < kBM / 16; ++kk)
-                Wgmma<kHeadDim, Elem>::template rs<1>(dv_acc, p_frag[0][kk], do_t_desc.at(q_off + kk * 16 * 128), 1);
-            wgmma_commit();
-            wgmma_wait<1>();                                        // dPᵀ is ready (dV may still run)
+                for (int kk = 0; kk < kBM / 16; ++kk)
+                    Wgmma<kHeadDim, Elem>::template rs<1>(dv_acc, p_frag[0][kk], do_t_desc.at(q_off + kk * 16 * 128), 1);
+                wgmma_commit();
+                wgmma_wait<1>();                                    // dPᵀ is ready (dV may still run)
+            }
             reg_fence(dp_flat);
 
             // ---- dSᵀ = Pᵀ ∘ (dPᵀ - D_i), to 16-bit A fragments ----
             // p_frag[kk][r] holds Pᵀ elements (nt, e) = (2kk + r / 2, 2·(r % 2) + lo/hi) (gemm.cuh)
 #pragma unroll
-            for (int nt = 0; nt < kBM / 8; ++nt) {
+            for (int nt = 0; nt < kSN / 8; ++nt) {
                 const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
@@ -875,15 +950,18 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                     }
                 }
             }
-            pack_a_frags<1, kBM / 16, Elem>(ds_frag, dp_acc);
+            pack_a_frags<1, kSN / 16, Elem>(ds_frag, dp_acc);
 
             // ---- dK_j += dSᵀ Q_i (RS; Q_i MN-major; scaled once, in the epilogue) ----
-            reg_fence(dk_acc);
-            wgmma_fence();
+            // (kSharedKeys: both by SS once every warpgroup's Pᵀ, dSᵀ are in shared memory, below)
+            if constexpr (!kSharedKeys) {
+                reg_fence(dk_acc);
+                wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < kBM / 16; ++kk)
-                Wgmma<kHeadDim, Elem>::template rs<1>(dk_acc, ds_frag[0][kk], q_t_desc.at(q_off + kk * 16 * 128), 1);
-            wgmma_commit();
+                for (int kk = 0; kk < kBM / 16; ++kk)
+                    Wgmma<kHeadDim, Elem>::template rs<1>(dk_acc, ds_frag[0][kk], q_t_desc.at(q_off + kk * 16 * 128), 1);
+                wgmma_commit();
+            }
 
             // ---- dS to shared memory: every warpgroup's previous dQ GEMM is done (it waited for it
             // before the barrier), so ds_smem is free. ds_frag register r of step kk holds keys
@@ -899,12 +977,22 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             const int q_parity = kStages % 2 == 0 ? slot & 1 : (kDynamic ? q_done + it : it) & 1;
             const u32 ds_buf = kDsDouble ? u32(q_parity) * Shape::kDsBytes : 0u;
             if constexpr (!kDsDouble) named_barrier_sync(1, kConsumerThreads);
-            if constexpr (kDropout) {
+            if constexpr (kSharedKeys) {
+                // kSharedKeys: this warpgroup's Pᵀ and dSᵀ (64 keys x its kSN queries) as they are,
+                // keys x queries (K-major A operands of dV, dK: stmatrix without .trans); the barrier
+                // above also freed them (every warpgroup waited for its last dV, dK)
+#pragma unroll
+                for (int kk = 0; kk < kSN / 16; ++kk) {
+                    stmatrix_x4(smem + Shape::kPOffset + pt_store_offset(kk), p_frag[0][kk]);
+                    stmatrix_x4(smem + Shape::kDstOffset + pt_store_offset(kk), ds_frag[0][kk]);
+                }
+            }
+            if constexpr (kDropout && !kSharedKeys) {
                 // dropout: per element, 16-bit stores (stmatrix's four-register operand makes ptxas
                 // spill this kernel at d128, nvcc 13.0); query 16kk + 8·(r / 2) + 2t (+1), key
                 // warp_key + g + 8·(r % 2), the offsets recomputed (the dropout state takes registers)
 #pragma unroll
-                for (int kk = 0; kk < kBM / 16; ++kk)
+                for (int kk = 0; kk < kSN / 16; ++kk)
 #pragma unroll
                     for (int r = 0; r < 4; ++r) {
                         const u32 v = ds_frag[0][kk][r];
@@ -920,7 +1008,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kOverlapSdp;
                 const u32 addr = kRecompute ? ds_store_lane() : ds_store_addr;
 #pragma unroll
-                for (int kk = 0; kk < kBM / 16; ++kk) stmatrix_x4_trans(addr + ds_buf + kk * 16 * 128, ds_frag[0][kk]);
+                for (int kk = 0; kk < kSN / 16; ++kk) stmatrix_x4_trans(addr + ds_buf + kk * 16 * 128, ds_frag[0][kk]);
             }
             // dV and dK done: their operands (the Pᵀ, dSᵀ fragments) are never live together with the
             // dQ part's accumulators, which keeps d128 under the register budget
@@ -929,6 +1017,70 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             reg_fence(dv_acc);
             fence_proxy_async_smem();                               // generic stores -> wgmma's reads
             named_barrier_sync(1, kConsumerThreads);                // all of dS is written
+
+            if constexpr (kSharedKeys) {
+                // ---- dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i for this warpgroup's kDkvN columns (SS: Pᵀ,
+                // dSᵀ of all BM queries from shared memory, K-major; dO_i, Q_i MN-major from its first
+                // column chunk; queries 16kk..16kk+15 per step), waited for with the dQ part ----
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kBM / 16; ++kk) {
+                    const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+                    Wgmma<kDkvN, Elem>::template ss<1>(dv_acc, fresh(p_desc).at(a_off), do_t_desc.at(q_off + kk * 16 * 128), 1);
+                }
+#pragma unroll
+                for (int kk = 0; kk < kBM / 16; ++kk) {
+                    const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+                    Wgmma<kDkvN, Elem>::template ss<1>(dk_acc, fresh(dst_desc).at(a_off), q_t_desc.at(q_off + kk * 16 * 128), 1);
+                }
+                wgmma_commit();
+            }
+
+            if constexpr (kSharedKeys) {
+                // ---- dQ_i part = dS K_j, this warpgroup's kDqN columns in 64-column pieces: one
+                // piece's accumulators live at a time next to dK_j, dV_j (128 + 32 registers; the whole
+                // part's 64 made ptxas spill), each added by red.add as soon as it is done (the
+                // additions drain while the next piece runs). Deterministic: the turn is taken once
+                // for both pieces. dq_bulk and dq_writer do not fit in shared memory here. ----
+                static_assert(!kDqWriter && !kDqBulk, "shared keys (head dim 256): dQ by red.add only");
+                int* turn = kDeterministic ? p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block : nullptr;
+                float* dq_rows = p.dq_accum + ((kVarlen ? ws_row0() : bh * p.seqlen_q_rounded) + row0
+                                               + warp * 16) * p.head_dim_rounded + dq_col0;
+#pragma unroll
+                for (int piece = 0; piece < Shape::kDqN / 64; ++piece) {
+                    float dq_part[32];
+                    wgmma_fence();
+#pragma unroll
+                    for (int kk = 0; kk < kBN / 16; ++kk) {
+                        const u32 a_off = (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+                        Wgmma<64, Elem>::template ss<1>(dq_part, fresh(ds_desc).at(a_off),
+                                                        fresh(k_t_desc).at(piece * Shape::kKVChunkBytes + kk * 16 * 128), kk > 0);
+                    }
+                    wgmma_commit();
+                    wgmma_wait<0>();                                // (piece 0: dV, dK too: Q_i, dO_i all read)
+                    reg_fence(dq_part);
+                    if (piece == 0) {
+                        reg_fence(dk_acc);
+                        reg_fence(dv_acc);
+                        mbarrier_arrive(q_empty(slot));             // the slot may be refilled
+                        if (kDeterministic) {   // this CTA's turn at this Q block (as below)
+                            const int first = kWindow ? band.template kv_block_begin<kBM, kBN>(row0) : 0;
+                            if (ctid == 0) while (ld_acquire_gpu(turn) != n_block - first) {}
+                            named_barrier_sync(1, kConsumerThreads);
+                        }
+                    }
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        red_add_tile_16x16(dq_rows + piece * 64 + j * 16, p.head_dim_rounded,
+                                           reinterpret_cast<const float (&)[2][4]>(dq_part[8 * j]), g, t);
+                }
+                if (kDeterministic) {  // pass the turn on once every thread's additions are visible
+                    __threadfence();
+                    named_barrier_sync(1, kConsumerThreads);
+                    if (ctid == 0) red_release_add_gpu(turn, 1);
+                }
+                continue;
+            }
 
             // ---- dQ_i part = dS K_j: this warpgroup's 64 rows x kDqN columns ----
             reg_fence(dq_acc);
@@ -1048,8 +1200,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             const int key = key0 + warp_key + g + 8 * half;
             if (key >= (kVarlen ? seq.seqlen_k : p.seqlen_k)) continue;
 #pragma unroll
-            for (int nt = 0; nt < kHeadDim / 8; ++nt) {
-                const int col = nt * 8 + 2 * t;
+            for (int nt = 0; nt < kDkvN / 8; ++nt) {
+                const int col = dkv_col0 + nt * 8 + 2 * t;          // (kSharedKeys: this warpgroup's columns)
                 const float dk0 = dk_acc[4 * nt + 2 * half] * p.softmax_scale;
                 const float dk1 = dk_acc[4 * nt + 2 * half + 1] * p.softmax_scale;
                 const float dv0 = dv_acc[4 * nt + 2 * half], dv1 = dv_acc[4 * nt + 2 * half + 1];

@@ -61,7 +61,9 @@ def test_good_configs_and_names():
 @pytest.mark.parametrize("change,pattern", [
     (dict(head_dim=96), "head_dim must be one of"),
     (dict(consumers=3, BN=192), "consumers must be 1 or 2"),
-    (dict(BN=64), "BN=64 must be 64 \\* consumers"),
+    (dict(BN=64), "shared keys\\) is the head_dim=256 tile"),
+    (dict(BN=128, consumers=1), "BN=128 must be 64 \\* consumers"),
+    (dict(head_dim=256), "head_dim=256 takes BN=64 with consumers=2"),
     (dict(BM=96), "BM must be 64 or 128"),
     (dict(BM=128, BN=64, consumers=1), "BM / 64 must divide consumers"),
     (dict(stages=1), "stages must be >= 2"),
@@ -87,8 +89,8 @@ def test_space_and_heuristic():
              for d in HEAD_DIMS}
     assert valid == {64: [(64, 64, 2, 1), (64, 64, 3, 1), (64, 128, 2, 2), (64, 128, 3, 2),
                           (128, 128, 2, 2), (128, 128, 3, 2)],
-                     128: [(64, 128, 2, 2), (64, 128, 3, 2)]}
-    for d in range(8, 129, 8):
+                     128: [(64, 128, 2, 2), (64, 128, 3, 2)], 256: [(64, 64, 2, 2)]}
+    for d in range(8, 257, 8):
         for dtype, causal, det in itertools.product(DTYPES, (False, True), (False, True)):
             p = problem(d, dtype, causal, det)
             assert FAM.supports((9, 0), p) == ""
@@ -98,7 +100,8 @@ def test_space_and_heuristic():
 
 
 def test_supports_and_selection():
-    assert "headdim up to 128" in FAM.supports((9, 0), problem(136))
+    assert "headdim must be a multiple of 8 in 8..256" in FAM.supports((9, 0), problem(264))
+    assert FAM.supports((9, 0), problem(136)) == "" and FAM.supports((9, 0), problem(256)) == ""
     # varlen runs here too (tests/test_sm90_varlen_cpu.py), with the feature mixes VARLEN_FEATURES lists
     assert FAM.supports((9, 0), problem(64).replace(features=("varlen",))) == ""
     assert "with varlen" in FAM.supports((9, 0), problem(64).replace(features=("alibi", "varlen", "window")))
@@ -177,12 +180,13 @@ def test_features_supported_and_set_by_the_call(feats):
         # name; varlen: the feature sets of VARLEN_FEATURES, not deterministic above d64
         # (tests/test_sm90_varlen_cpu.py)
         mixed = p.replace(features=tuple(sorted(feats + ("dropout",))), dropout_p=0.1)
-        refused = det or (d == 128 and "window" in feats and ("softcap" in feats or "alibi" in feats))
+        refused = det or (d == 128 and "window" in feats and ("softcap" in feats or "alibi" in feats)) \
+            or d == 256   # d256: dropout runs alone (its mixes spill)
         why = FAM.supports((9, 0), mixed)
         assert why.startswith(f"sm90_bwd has no feature {sorted(feats)[0]!r} with dropout") \
             if refused else why == "", (d, causal, det, why)
         why = FAM.supports((9, 0), p.replace(features=tuple(sorted(feats + ("varlen",)))))
-        ok = tuple(sorted(feats)) in sm90_bwd.VARLEN_FEATURES and not (det and d > 64)
+        ok = tuple(sorted(feats)) in sm90_bwd.VARLEN_FEATURES and not (det and d == 128)
         assert (why == "") == ok and (ok or "varlen" in why), (feats, d, det, why)
     # selection: sm90_bwd at head dims 97..128 (rank), as without the features
     assert choose(problem(128).replace(features=feats), (9, 0))[0].name == "sm90_bwd"
@@ -195,7 +199,7 @@ def test_dropout_config_and_guards(monkeypatch):
     for d, det in itertools.product((64, 128), (False, True)):
         p = problem(d, "bf16", True, det).replace(features=("dropout",), dropout_p=0.1)
         if det and d == 128:   # its kernel spills (nvcc 13.0): fa2_bwd runs it
-            assert "no deterministic dropout above head dim 64" in FAM.supports((9, 0), p)
+            assert "no deterministic dropout at head dims 65..128" in FAM.supports((9, 0), p)
             with pytest.raises(ConfigError, match="dropout with deterministic"):
                 Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True, True, dropout=True).validate()
             continue
@@ -356,8 +360,8 @@ def test_ptxas_every_valid_config_no_spills_no_serialized_wgmma():
 def test_ptxas_feature_kernels_no_spills_no_serialized_wgmma():
     """The heuristic's kernels of both head dims with each feature flag set (and all three), causal
     and not; all three with deterministic and with fp16: no spills, no stack, no serialized wgmma
-    Dropout at both head dims, causal and not, and deterministic at d64 (25 instantiations, about
-    half a minute on 2 cores; every point of the space x dtype x mask x deterministic x flag
+    Dropout at every head dim, causal and not, and deterministic at d64 (37 instantiations with
+    d256's, about a minute on 2 cores; every point of the space x dtype x mask x deterministic x flag
     set, 128 kernels, compiled clean too)."""
     configs = []
     for d, causal, feats in itertools.product(HEAD_DIMS, (False, True), FLAG_SETS):
@@ -374,7 +378,7 @@ def test_ptxas_feature_kernels_no_spills_no_serialized_wgmma():
         configs.append(FAM.for_problem(FAM.heuristic(p), p))
     p = problem(64, "bf16", True, True).replace(features=("dropout",))
     configs.append(FAM.for_problem(FAM.heuristic(p), p))
-    assert len(set(configs)) == 25
+    assert len(set(configs)) == 12 * len(HEAD_DIMS) + 1   # 37 with d256's
     chunks = [configs[i:i + 13] for i in range(0, len(configs), 13)]
     from concurrent.futures import ThreadPoolExecutor
 
@@ -527,7 +531,10 @@ def test_dq_bulk_in_the_space_heuristic_keeps_red_add():
             p = problem(d, "bf16", causal, det)
             valid = [c for c in FAM.valid(p, 227 * 1024) if not sched(c)]
             bulk = {c.replace(dq_bulk=False) for c in valid if c.dq_bulk}
-            assert bulk == {c for c in valid if not c.dq_bulk}     # every valid point has both
+            if d == 256:   # its staging does not fit next to the d256 tile (shared memory)
+                assert not bulk and "more than the 232448" in valid[0].replace(dq_bulk=True).problems()[0]
+            else:
+                assert bulk == {c for c in valid if not c.dq_bulk}     # every valid point has both
             assert not FAM.for_problem(FAM.heuristic(p), p).dq_bulk
             assert all(c.problems() == [] for c in map(lambda c: FAM.for_problem(c, p), valid))
 
@@ -556,7 +563,7 @@ def test_ptxas_dq_bulk_with_features_no_spills():
     instantiations). The plain dq_bulk kernels are in
     test_ptxas_every_valid_config_no_spills_no_serialized_wgmma (the space)."""
     configs = []
-    for d in HEAD_DIMS:
+    for d in (64, 128):   # (d256: dq_bulk's staging does not fit next to its tile)
         base = Sm90BwdConfig(64, 64 * (d // 64), 2, d // 64, d, "bf16", True, dq_bulk=True)
         configs += [base.replace(window=True, softcap=True, alibi=True),
                     base.replace(causal=False, dropout=True) if d == 64 else base.replace(causal=False, alibi=True),

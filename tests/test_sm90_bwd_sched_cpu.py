@@ -88,10 +88,11 @@ def test_space_and_heuristic():
         p = problem(d, causal=causal, deterministic=det)
         cfg = FAM.for_problem(FAM.heuristic(p), p)
         # measured: dq_writer on wherever the call allows it (not deterministic); overlap_sdp off
-        assert not cfg.overlap_sdp and cfg.dq_writer == (not det) and not cfg.problems()
+        # (head dim 256: red.add, dq_writer's staging does not fit next to its tile)
+        assert not cfg.overlap_sdp and cfg.dq_writer == (not det and d < 256) and not cfg.problems()
         valid = FAM.valid(p, MAX_SMEM)
         assert all(FAM.for_problem(c, p).problems() == [] for c in valid)
-        if not det:   # the unordered calls have dq_writer points
+        if not det and d < 256:   # the unordered calls have dq_writer points (but at d256)
             assert any(c.dq_writer for c in valid)
         assert any(c.overlap_sdp for c in valid)
 
@@ -237,7 +238,7 @@ def test_kernel_source_order():
     loop = src[src.index("// ---- Sᵀ = K_j Q_iᵀ ----"):]
     _after(loop, ["wgmma_fence()", "wgmma_commit()", "if constexpr (kOverlapSdp)", "reg_fence(dp_flat)",
                   "v_rows_desc", "wgmma_commit()", "wgmma_wait<1>()", "reg_fence(s_flat)",
-                  "pack_a_frags<1, kBM / 16, Elem>(p_frag", "wgmma_fence()", "do_t_desc", "wgmma_commit()",
+                  "pack_a_frags<1, kSN / 16, Elem>(p_frag", "wgmma_fence()", "do_t_desc", "wgmma_commit()",
                   "wgmma_wait<1>()", "reg_fence(dp_flat)"])
     # dq_writer, consumers: wait for the tile (from the kBufs-th block on), store, fence, signal
     body = src[src.index("if constexpr (kDqWriter) {\n                // to tile"):]

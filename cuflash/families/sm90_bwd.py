@@ -13,7 +13,9 @@ dK/dV reduction are fa2_bwd's kernels: sm90_bwd.cu includes fa2_bwd.cu, and Sm90
 starts with BwdParams field for field (the workspace layout is fa2_bwd's too).
 
 Selection: ranked above fa2_bwd at every head dim up to 128, as measured on the H100
-(``rank``; D64_ABOVE_FA2 / D96_ABOVE_FA2 switch head dims <= 96 back); ``config=`` / ``bwd_config=`` force either. Head dims up to 128 (kernels for 64 and 128).
+(``rank``; D64_ABOVE_FA2 / D96_ABOVE_FA2 switch head dims <= 96 back); head dims 193..256 too
+(D256_ABOVE_FA2, measured: 2.1-2.3x fa2_bwd), 129..192 only with D192_ABOVE_FA2 (off: untimed);
+``config=`` / ``bwd_config=`` force either. Head dims up to 256 (kernels for 64, 128 and 256).
 Features: sliding window (Q blocks outside a K/V block's band are skipped), softcap and ALiBi,
 as compile-time flags (config fields window / softcap / alibi, names _win / _cap / _alibi, as
 fa2_bwd's), and dropout (field dropout, name _drop; the Philox keep mask of philox.cuh, keyed by
@@ -32,13 +34,20 @@ Head dim 64 has three tiles: BM64 BN64 with one consumer; BM64 BN128 with two, e
 32 of dQ_i's 64 columns (wgmma m64n32k16); and FA3's BM128 BN128 with two, each 64 rows of dQ_i
 (PTXAS_FITS: not with softcap, ALiBi, dropout). D64_ABOVE_FA2 / D64_SHAPE / D96_ABOVE_FA2
 hold the choice at head dims <= 96 (one line each; measured: the family first, BM128 BN128 c2).
+Head dim 256 has one tile: BM64 BN64 with two consumers sharing the K/V block's keys
+(Sm90BwdConfig.shared_keys: dK_j, dV_j split by columns, Sᵀ / dPᵀ by queries, Pᵀ and dSᵀ through
+shared memory); dQ by red.add (ordered when deterministic: dq_bulk's and dq_writer's staging do
+not fit next to it); every feature (dropout alone: see below). Head
+dims 129..255 run it with zero-filled columns (192 included: no d192 kernel of its own).
+(Dropout runs there alone: with a window, softcap or ALiBi, and overlap_sdp, ptxas spills.)
 Schedules (issue 14, the short and causal backward): dynamic (name _dyn, kDynamic: a CTA per SM
 claims K/V-block tiles from a plan-owned counter, the next tile's loads overlap the last one's
 epilogue; dq_writer and stages 2 only) is the heuristic's for plain calls at d64 and d128 causal
-(HEURISTIC_DYNAMIC, measured); lpt (name _lpt, the longest-first launch order, causal; outside
+(HEURISTIC_DYNAMIC, measured; d256's shared-keys tile runs the plain grid only: the config
+refuses dynamic and lpt there); lpt (name _lpt, the longest-first launch order, causal; outside
 the space) and ds_double (name _ds2, two dS buffers at d128) are off (HEURISTIC_LPT,
 HEURISTIC_DS_DOUBLE); tests/sm90_bwd_causal_timing.py times them.
-Not implemented yet: head dims 96/192/256 (96 runs the d128 kernel), swap-AB.
+Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB.
 """
 from __future__ import annotations
 
@@ -58,7 +67,7 @@ from .fa2_fwd import check_head_dim, dropout_mix, feature_mix, first_fitting, is
 from . import sm90_fwd
 from .sm90_fwd import tensor_map
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 MAX_SMEM = 227 * 1024          # the H100's opt-in maximum per CTA
 CU_TENSOR_MAP_DATA_TYPE_F32 = 7   # dq_writer's map of the fp32 dQ accumulator
 # 32-bit registers of accumulators and fragments a consumer thread keeps live (see
@@ -113,6 +122,15 @@ DROPOUT_BY_DEFAULT = True
 # tests/sm90_varlen_timing.py measured the varlen backward at d128 in 0.58-0.75x fa2_bwd's time
 # (d64 1.0-1.14x: rank() keeps fa2_bwd there). Selection then runs the varlen backward here where
 # rank() puts this family first; CUFLASH_SM90_VARLEN_BWD=0 turns it off for a process (fa2_bwd).
+# Head dims 193..256 / 129..192 (the d256 kernel: BN 64 shared by 2 consumers, dK_j / dV_j split by
+# columns; below 256 with zero-filled columns, 192 doing 4/3 of its work): whether rank() puts this
+# family above fa2_bwd there. Measured on the H100 (2026-11-26, rev dfc42b8,
+# tests/sm90_bwd_d256_timing.py: d256, 8 heads, batch x seqlen 16k, bf16, 4k and 16k, causal and
+# not, backward alone): 289-339 TFLOPs, 2.12-2.34x fa2_bwd's speed, 0.79-0.90x SDPA cuDNN's: on.
+# 129..192: not timed yet (its GPU tests passed at d192): off until --hdims 192 says it beats
+# fa2_bwd there; bwd_config= forces it meanwhile.
+D256_ABOVE_FA2 = True
+D192_ABOVE_FA2 = False
 VARLEN_BWD = os.environ.get("CUFLASH_SM90_VARLEN_BWD", "1") != "0"
 # The feature sets that run with varlen: their varlen instantiations at the heuristic's tiles
 # compile without spills (nvcc 13.0, sm_90a; d64 and d128, causal and not, deterministic at d64:
@@ -197,6 +215,24 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_ds2' if self.ds_double else ''}")
 
     @property
+    def shared_keys(self) -> bool:
+        """The head-dim-256 tile (kSharedKeys): BN 64 with 2 consumers, both warpgroups on the same
+        64 keys; each computes Sᵀ, dPᵀ for BM / 2 queries and dK_j, dV_j for head_dim / 2 columns
+        (64 keys x 256 fp32 of each do not fit one warpgroup's registers); Pᵀ and dSᵀ go through
+        shared memory as the A operands of dV, dK (SS)."""
+        return self.BN == 64 and self.consumers == 2
+
+    @property
+    def s_cols(self) -> int:
+        """Queries of a warpgroup's Sᵀ, dPᵀ (kSN): BM, or BM / 2 with shared keys."""
+        return self.BM // 2 if self.shared_keys else self.BM
+
+    @property
+    def dkv_cols(self) -> int:
+        """Columns of dK_j, dV_j per warpgroup (kDkvN): head_dim, or head_dim / 2 with shared keys."""
+        return self.head_dim // 2 if self.shared_keys else self.head_dim
+
+    @property
     def dq_cols(self) -> int:
         """Head-dim columns of dQ_i per consumer warpgroup (kDqN): the BM x head_dim tile is
         split into BM / 64 row groups x (consumers / (BM / 64)) column groups: 64 or 128, or 32
@@ -213,11 +249,14 @@ class Sm90BwdConfig(KernelConfig):
         dropout add, 16-byte aligned, each consumer thread's words: BM / 2 16-bit values each
         (1 - tanh², the signed Pᵀ: Sm90BwdThreadWords in sm90_bwd.cu)."""
         tiles = 2 * self.BN * self.head_dim * 2 + 2 * self.stages * self.BM * self.head_dim * 2
-        used = (tiles + (1 + int(self.ds_double)) * self.BM * self.BN * 2 + 2 * self.stages * self.BM * 4
+        # shared keys: dS, Pᵀ, dSᵀ; ds_double: 2 dS buffers
+        ds_tiles = 3 if self.shared_keys else 1 + int(self.ds_double)
+        used = (tiles + ds_tiles * self.BM * self.BN * 2 + 2 * self.stages * self.BM * 4
                 + 8 * (1 + 2 * self.stages))
         if self.dynamic:   # kv_empty, dq_writer's 2 mbarriers, the tile ring's 4, its 2 slots (2 ints each) and count
             used += 8 * 7 + 24
-        words = (int(self.softcap) + int(self.dropout)) * self.BM // 4
+        # (shared keys: the words stay in registers)
+        words = 0 if self.shared_keys else (int(self.softcap) + int(self.dropout)) * self.BM // 4
         if words:
             used = -(-used // 16) * 16 + words * 4 * self.consumers * 128
         if self.dq_bulk:
@@ -260,9 +299,9 @@ class Sm90BwdConfig(KernelConfig):
 
     @property
     def accum_regs(self) -> int:
-        """32-bit registers per consumer thread: dK, dV (head_dim / 2 each), Sᵀ and dPᵀ (BM / 2
-        each), the 16-bit fragments of Pᵀ and dSᵀ (BM / 4 each), the dQ part (dq_cols / 2)."""
-        return self.head_dim + self.BM + self.BM // 2 + self.dq_cols // 2
+        """32-bit registers per consumer thread: dK, dV (dkv_cols / 2 each), Sᵀ and dPᵀ (s_cols / 2
+        each), the 16-bit fragments of Pᵀ and dSᵀ (s_cols / 4 each), the dQ part (dq_cols / 2)."""
+        return self.dkv_cols + self.s_cols + self.s_cols // 2 + self.dq_cols // 2
 
     def overlap_sdp_spills(self) -> bool:
         """Whether overlap_sdp's kernel spills at head dim 128 (nvcc 13.0, sm_90a, BM 64): with
@@ -270,6 +309,11 @@ class Sm90BwdConfig(KernelConfig):
         (tests/test_sm90_bwd_sched_cpu.py holds it)."""
         return self.softcap or self.alibi or self.dropout
 
+    def overlap_sdp_refused(self) -> bool:
+        """Whether overlap_sdp's kernel spills for this config (nvcc 13.0, sm_90a): at head dim 128
+        with softcap, ALiBi or dropout (overlap_sdp_spills); at head dim 256 with dropout (causal
+        spills 8 bytes; tests/test_sm90_bwd_d256_cpu.py holds the rest to zero)."""
+        return (self.head_dim == 128 and self.overlap_sdp_spills()) or (self.shared_keys and self.dropout)
     def dynamic_spills(self) -> bool:
         """Whether the dynamic scheduler's kernel spills (nvcc 13.0, sm_90a): without dq_writer (the
         consumers' red.add or dq_bulk paths), at stages > 2, with dropout (d128; d64's BM 128 tile
@@ -315,11 +359,21 @@ class Sm90BwdConfig(KernelConfig):
             out.append(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
         if self.consumers not in (1, 2):
             out.append(f"consumers must be 1 or 2, got {self.consumers}")
-        elif self.BN != 64 * self.consumers:
+        elif self.head_dim == 256 and not self.shared_keys:
+            out.append(f"head_dim=256 takes BN=64 with consumers=2 (the warpgroups share the keys and "
+                       f"split dK_j, dV_j by columns: 64 x 256 fp32 of each exceed one warpgroup's "
+                       f"registers), got BN={self.BN}, consumers={self.consumers}")
+        elif self.shared_keys and self.head_dim != 256:
+            out.append(f"BN=64 with consumers=2 (shared keys) is the head_dim=256 tile, got "
+                       f"head_dim={self.head_dim}")
+        elif self.BN != 64 * self.consumers and not self.shared_keys:
             out.append(f"BN={self.BN} must be 64 * consumers = {64 * self.consumers} "
                        "(each consumer warpgroup owns 64 keys)")
         if self.BM not in (64, 128):
             out.append(f"BM must be 64 or 128 (the wgmma N of S and dP), got {self.BM}")
+        elif self.shared_keys and self.BM != 64:
+            out.append(f"BN=64 with consumers=2 (shared keys) takes BM=64 (32 queries of Sᵀ per "
+                       f"warpgroup), got BM={self.BM}")
         elif self.consumers in (1, 2) and (self.BM // 64 > self.consumers or self.consumers % (self.BM // 64)):
             out.append(f"BM={self.BM}: BM / 64 must divide consumers={self.consumers} "
                        "(each warpgroup computes 64 rows of dQ_i)")
@@ -343,6 +397,10 @@ class Sm90BwdConfig(KernelConfig):
             out.append("dynamic with varlen or deterministic: the dynamic scheduler runs fixed-length "
                        "unordered backwards (its claims do not follow a varlen grid's empty K/V blocks, "
                        "nor the ordered additions' turns)")
+        if (self.dynamic or self.lpt) and self.shared_keys:
+            out.append(f"{'dynamic' if self.dynamic else 'lpt'} at head_dim={self.head_dim} (the shared-keys "
+                       "tile): its kernel runs the plain grid only (the dynamic scheduler and the lpt order "
+                       "are unbuilt / unchecked there)")
         if not out and self.dynamic and self.dynamic_spills():
             out.append("dynamic without dq_writer, at stages > 2 or with dropout: ptxas spills that "
                        "kernel (nvcc 13.0)")
@@ -356,10 +414,11 @@ class Sm90BwdConfig(KernelConfig):
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
-        if not out and self.overlap_sdp and self.head_dim > 64 and self.overlap_sdp_spills():
-            out.append(f"overlap_sdp at head_dim={self.head_dim} with softcap / ALiBi / dropout: "
+        if not out and self.overlap_sdp and self.overlap_sdp_refused():
+            what = "dropout" if self.shared_keys else "softcap / ALiBi / dropout"
+            out.append(f"overlap_sdp at head_dim={self.head_dim} with {what}: "
                        "ptxas spills that kernel (Sᵀ and dPᵀ live together; nvcc 13.0)")
-        if not out and self.dropout and self.head_dim > 64 and not self.deterministic:
+        if not out and self.dropout and self.head_dim == 128 and not self.deterministic:
             path = self.dropout_dq_path()
             if path is None:
                 out.append(f"dropout with a window and softcap / ALiBi at head_dim={self.head_dim}: "
@@ -377,7 +436,10 @@ class Sm90BwdConfig(KernelConfig):
         if not out and self.BM > 64 and self.bm128_spills():
             out.append(f"BM={self.BM} with softcap / ALiBi, or overlap_sdp with a window, stages > 2 "
                        "or without dq_writer: ptxas spills that kernel (nvcc 13.0); BM=64 runs it")
-        if not out and self.dropout and self.deterministic and self.head_dim > 64:
+        if not out and self.dropout and self.shared_keys and (self.window or self.softcap or self.alibi):
+            out.append(f"dropout with a window, softcap or ALiBi at head_dim={self.head_dim}: ptxas "
+                       "spills those kernels (causal; a window: all) (nvcc 13.0); fa2_bwd runs them")
+        if not out and self.dropout and self.deterministic and self.head_dim == 128:
             out.append(f"dropout with deterministic at head_dim={self.head_dim}: ptxas spills "
                        "that kernel (nvcc 13.0); fa2_bwd runs it")
         if not out and self.accum_regs > MAX_ACCUM_REGS and self.shape not in PTXAS_FITS:
@@ -436,7 +498,10 @@ class Sm90Backward(Family):
         if "varlen" in problem.features and d <= 96:
             return -1   # varlen at d <= 96: fa2_bwd (measured faster than the one-consumer tile's
             #             varlen; the 2-consumer tiles' varlen has not been timed)
-        above = d > 96 or (D64_ABOVE_FA2 if d <= 64 else D96_ABOVE_FA2)
+        if d > 128:
+            above = D256_ABOVE_FA2 if d > 192 else D192_ABOVE_FA2
+        else:
+            above = d > 96 or (D64_ABOVE_FA2 if d <= 64 else D96_ABOVE_FA2)
         return self.priority if above else -1
 
     def supports(self, arch, problem: Problem) -> str:
@@ -448,8 +513,8 @@ class Sm90Backward(Family):
         if problem.head_dim > HEAD_DIMS[-1]:
             return (f"{self.name} supports headdim up to {HEAD_DIMS[-1]} (kernels for {HEAD_DIMS}), "
                     f"got headdim={problem.head_dim}")
-        if "dropout" in problem.features and problem.deterministic and self.head_dim_of(problem.head_dim) > 64:
-            return (f"{self.name} has no deterministic dropout above head dim 64 (its d128 kernel "
+        if "dropout" in problem.features and problem.deterministic and self.head_dim_of(problem.head_dim) == 128:
+            return (f"{self.name} has no deterministic dropout at head dims 65..128 (its d128 kernel "
                     f"spills), got headdim={problem.head_dim}")
         if tuple(arch)[0] != 9:
             return (f"{self.name} needs sm_90 exactly (sm_90a code: wgmma, TMA, setmaxnreg), "
@@ -470,6 +535,8 @@ class Sm90Backward(Family):
         if self.head_dim_of(problem.head_dim) == 128 and "window" in feats \
                 and ("softcap" in feats or "alibi" in feats):
             return why + f" with a window at head dim {problem.head_dim} (its instantiation spills)"
+        if self.head_dim_of(problem.head_dim) == 256:
+            return why + f" at head dim {problem.head_dim} (the d256 instantiations spill)"
         return ""
 
     def varlen_mix(self, problem: Problem) -> str:
@@ -482,13 +549,13 @@ class Sm90Backward(Family):
         if others and others not in VARLEN_FEATURES:
             return (f"{self.name} has no feature {others[0]!r} with varlen (features "
                     f"{', '.join(others)}: the varlen instantiation is unchecked)")
-        if problem.deterministic and self.head_dim_of(problem.head_dim) > 64:
-            return (f"{self.name} has no deterministic varlen backward above head dim 64 (its d128 "
+        if problem.deterministic and self.head_dim_of(problem.head_dim) == 128:
+            return (f"{self.name} has no deterministic varlen backward at head dims 65..128 (its d128 "
                     f"kernel spills), got headdim={problem.head_dim}")
         return ""
 
     def head_dim_of(self, head_dim: int) -> int:
-        """64 or 128: the first compiled head dim >= the real one."""
+        """64, 128 or 256: the first compiled head dim >= the real one."""
         return next((d for d in HEAD_DIMS if d >= head_dim), HEAD_DIMS[-1])
 
     def for_problem(self, config, problem: Problem):
@@ -499,9 +566,9 @@ class Sm90Backward(Family):
             config = config.replace(dropout="dropout" in problem.features)
         if config.varlen != is_varlen(problem):
             config = config.replace(varlen=is_varlen(problem))
-        if config.lpt and (config.varlen or not config.causal):
+        if config.lpt and (config.varlen or not config.causal or config.shared_keys):
             config = config.replace(lpt=False)         # a speed choice: varlen, non-causal keep the plain order
-        if config.dynamic and (config.varlen or config.deterministic or problem.features):
+        if config.dynamic and (config.varlen or config.deterministic or problem.features or config.shared_keys):
             # likewise: a CTA per K/V block (with features the dynamic kernels are built but not
             # measured or run on a GPU yet: calls with features keep the plain grid)
             config = config.replace(dynamic=False)
@@ -514,12 +581,12 @@ class Sm90Backward(Family):
         config = self.with_features(config, problem)
         if config.dq_writer and problem.deterministic:
             config = config.replace(dq_writer=False)   # the ordered additions keep red.add
-        if config.dropout and config.head_dim > 64 and not problem.deterministic:
+        if config.dropout and config.head_dim == 128 and not problem.deterministic:
             # d128 dropout: the dQ path that compiles without spills for these features
             path = config.dropout_dq_path()
             if path is not None:
                 config = config.replace(dq_writer=path == "dq_writer", dq_bulk=path == "dq_bulk")
-        if config.overlap_sdp and config.head_dim > 64 and config.overlap_sdp_spills():
+        if config.overlap_sdp and config.overlap_sdp_refused():
             config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
         if config.ds_double and (config.head_dim != 128 or config.softcap or config.alibi or config.dropout):
             config = config.replace(ds_double=False)   # a speed choice, where it is not built
@@ -561,16 +628,18 @@ class Sm90Backward(Family):
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         dtype, causal, det = problem.dtype, bool(problem.causal), problem.deterministic
-        if d == 128:
+        if d == 256:   # BN 64 shared by 2 consumers (the only tile that fits); dQ by red.add
+            cfg = Sm90BwdConfig(64, 64, 2, 2, d, dtype, causal, det)
+        elif d == 128:
             cfg = Sm90BwdConfig(64, 128, 2, 2, d, dtype, causal, det)
         else:
             BM, BN, consumers = D64_SHAPE
             cfg = Sm90BwdConfig(BM, BN, 2, consumers, d, dtype, causal, det)
         if not det:
             cfg = cfg.replace(dq_writer=True)
-        if causal and HEURISTIC_LPT:
+        if causal and HEURISTIC_LPT and d != 256:
             cfg = cfg.replace(lpt=True)                 # (for_problem drops it under varlen)
-        if (d, causal) in HEURISTIC_DYNAMIC and not det and not problem.features:
+        if (d, causal) in HEURISTIC_DYNAMIC and d != 256 and not det and not problem.features:
             cfg = cfg.replace(dynamic=True)             # (for_problem drops it where it does not run)
         if HEURISTIC_DS_DOUBLE and d == 128:
             cfg = cfg.replace(ds_double=True)           # (likewise: not with softcap, ALiBi, dropout)

@@ -1,0 +1,228 @@
+"""CPU checks of sm90_bwd's head-dim-256 tile (issue 14): BM 64, BN 64, 2 consumer warpgroups
+sharing the K/V block's 64 keys (kSharedKeys). dK_j, dV_j (64 keys x 256 fp32 each) do not fit
+one warpgroup's registers, so each warpgroup keeps 128 of their columns; it computes Sᵀ, dPᵀ for
+32 of the 64 queries (wgmma m64n32k16), and Pᵀ, dSᵀ go through shared memory (stmatrix) as the A
+operands of dV, dK (SS); dQ_i's 128 columns per warpgroup in two 64-column pieces by red.add.
+Head dims 129..256 run it (192 with zero-filled columns).
+
+Config rules, names, shared memory, the space, the heuristic, for_problem, supports / selection
+with the one-line switch D256_ABOVE_FA2, the kernel source, and nvcc -cubin sm_90a of every d256
+instantiation the family allows (features, deterministic, overlap_sdp, varlen): zero spills, no
+stack, no serialized wgmma. No GPU needed.
+"""
+import itertools
+import os
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from cuflash import registry
+from cuflash.compile import kernel_dir, nvcc_compile
+from cuflash.families import sm90_bwd
+from cuflash.families.base import ConfigError
+from cuflash.families.sm90_bwd import MAX_ACCUM_REGS, Sm90BwdConfig
+from cuflash.problem import Problem
+from cuflash.select import choose
+
+from test_sm90_cpu import serialized  # noqa: E402
+
+NVCC = os.environ.get("NVCC", "nvcc")
+needs_nvcc = pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not on PATH")
+FAM = registry.get("sm90_bwd")
+MAX_SMEM = 227 * 1024
+D256 = Sm90BwdConfig(64, 64, 2, 2, 256, "bf16", False)
+
+
+def problem(head_dim=256, dtype="bf16", causal=False, deterministic=False, features=(), **kw):
+    p = Problem("bwd", dtype, 2, 300, 200, 8, 2, head_dim, causal, deterministic)
+    return p.replace(features=tuple(features), **kw) if features or kw else p
+
+
+def test_tile_names_split_and_shared_memory():
+    assert D256.problems() == [] and D256.shared_keys
+    assert (D256.s_cols, D256.dkv_cols, D256.dq_cols) == (32, 128, 128)
+    assert D256.name == "sm90bwd_bf16_d256_full_BM64_BN64_s2_c2"
+    assert D256.kernel_name() == "cuflash::sm90_bwd<64, 64, 2, 2, 256, cuflash::bf16, false, false>"
+    # K, V 32 KB each; 2 x (Q, dO) 32 KB each; dS, Pᵀ, dSᵀ 8 KB each; LSE, D; barriers; alignment
+    assert D256.smem_bytes == 2 * 32768 + 4 * 32768 + 3 * 8192 + 4 * 256 + 8 * 5 + 1024 <= MAX_SMEM
+    # the words of softcap and dropout stay in registers (no shared memory added)
+    assert D256.replace(softcap=True, dropout=True).smem_bytes == D256.smem_bytes
+    # dK, dV 64 + 64; Sᵀ, dPᵀ 16 + 16; Pᵀ, dSᵀ fragments 8 + 8; dQ 64 (the kernel: two pieces of 32)
+    assert D256.accum_regs == 128 + 32 + 16 + 64 <= MAX_ACCUM_REGS
+    # the other tiles keep their split
+    other = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False)
+    assert not other.shared_keys and (other.s_cols, other.dkv_cols) == (64, 128)
+
+
+@pytest.mark.parametrize("change,pattern", [
+    (dict(BN=128), "head_dim=256 takes BN=64 with consumers=2"),
+    (dict(consumers=1), "head_dim=256 takes BN=64 with consumers=2"),
+    (dict(head_dim=128), "shared keys\\) is the head_dim=256 tile"),
+    (dict(BM=128), "takes BM=64"),
+    (dict(stages=3), "more than the 232448"),
+    (dict(dq_writer=True), "more than the 232448"),
+    (dict(dq_bulk=True), "more than the 232448"),
+    (dict(dropout=True, window=True), "dropout with a window, softcap or ALiBi at head_dim=256"),
+    (dict(dropout=True, softcap=True, causal=True), "dropout with a window, softcap or ALiBi"),
+    (dict(dropout=True, alibi=True), "dropout with a window, softcap or ALiBi"),
+    (dict(dropout=True, overlap_sdp=True), "overlap_sdp at head_dim=256 with dropout"),
+    (dict(dynamic=True), "dynamic at head_dim=256"),
+    (dict(dynamic=True, dq_writer=True), "dynamic at head_dim=256"),
+    (dict(lpt=True, causal=True), "lpt at head_dim=256"),
+])
+def test_each_rule(change, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        D256.replace(**change).validate()
+
+
+def test_what_it_allows():
+    for flags in (dict(causal=True, deterministic=True), dict(overlap_sdp=True),
+                  dict(overlap_sdp=True, window=True, softcap=True, alibi=True),
+                  dict(window=True, softcap=True, alibi=True, deterministic=True), dict(dropout=True),
+                  dict(dropout=True, deterministic=True), dict(dropout=True, causal=True, varlen=True),
+                  dict(varlen=True, deterministic=True),
+                  dict(dtype="fp16", causal=True)):
+        assert D256.replace(**flags).problems() == [], flags
+
+
+def test_space_heuristic_and_for_problem():
+    for causal, det in itertools.product((False, True), (False, True)):
+        p = problem(causal=causal, deterministic=det)
+        valid = FAM.valid(p, MAX_SMEM)
+        assert sorted(c.overlap_sdp for c in valid) == [False, True]
+        assert {(c.BM, c.BN, c.stages, c.consumers, c.dq_writer, c.dq_bulk) for c in valid} == \
+            {(64, 64, 2, 2, False, False)}
+        assert all(FAM.for_problem(c, p).problems() == [] for c in valid)
+    for d in range(136, 257, 8):
+        for dtype, causal, det in itertools.product(("bf16", "fp16"), (False, True), (False, True)):
+            p = problem(d, dtype, causal, det)
+            assert FAM.supports((9, 0), p) == ""
+            cfg = FAM.for_problem(FAM.heuristic(p), p)
+            assert cfg == D256.replace(dtype=dtype, causal=causal, deterministic=det), cfg
+            assert FAM.head_dim_of(d) == 256 and FAM.fits(cfg, p) == ""
+    # dropout keeps red.add at d256 (for_problem moves only d128's dQ path) and drops overlap_sdp
+    # (that kernel spills); softcap / ALiBi keep it
+    drop = problem(features=("dropout",), dropout_p=0.1)
+    cfg = FAM.for_problem(D256.replace(overlap_sdp=True), drop)
+    assert cfg.dropout and not cfg.overlap_sdp and not cfg.dq_writer and not cfg.dq_bulk and cfg.problems() == []
+    cap = problem(features=("alibi", "softcap"), softcap=5.0)
+    cfg = FAM.for_problem(D256.replace(overlap_sdp=True), cap)
+    assert cfg.softcap and cfg.alibi and cfg.overlap_sdp and cfg.problems() == []
+    # a deterministic call with a tuned-style dq_writer config: red.add, ordered
+    cfg = FAM.for_problem(D256.replace(dq_writer=True), problem(deterministic=True))
+    assert cfg.deterministic and not cfg.dq_writer and cfg.problems() == []
+
+
+def test_plain_grid_only(monkeypatch):
+    """The shared-keys tile runs one CTA per K/V block: with main's schedule switches on at every
+    head dim, the d256 heuristic stays plain, and for_problem drops a tuned-style dynamic / lpt."""
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_DYNAMIC", frozenset({(256, False), (256, True)}))
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_LPT", True)
+    for causal in (False, True):
+        p = problem(causal=causal)
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        assert cfg == D256.replace(causal=causal) and cfg.problems() == [], cfg
+        cfg = FAM.for_problem(D256.replace(causal=causal, dynamic=True, lpt=causal), p)
+        assert not cfg.dynamic and not cfg.lpt and cfg.problems() == [], cfg
+        assert not any(c.dynamic or c.ds_double or c.lpt for c in FAM.valid(p, MAX_SMEM))
+
+
+def test_selection_and_the_switch(monkeypatch):
+    """D256_ABOVE_FA2 / D192_ABOVE_FA2 off (until the H100 timing says otherwise): fa2_bwd at head
+    dims 193..256 / 129..192, bwd_config= forces sm90_bwd; on: sm90_bwd with the d256 tile."""
+    for d, switch in ((136, "D192_ABOVE_FA2"), (192, "D192_ABOVE_FA2"), (200, "D256_ABOVE_FA2"),
+                      (256, "D256_ABOVE_FA2")):
+        p = problem(d)
+        assert choose(p, (9, 0))[0].name == ("sm90_bwd" if getattr(sm90_bwd, switch) else "fa2_bwd")
+        fam, cfg, _ = choose(p, (9, 0), config=D256)
+        assert fam is FAM and cfg == D256
+    monkeypatch.setattr(sm90_bwd, "D192_ABOVE_FA2", True)
+    monkeypatch.setattr(sm90_bwd, "D256_ABOVE_FA2", False)
+    assert choose(problem(192), (9, 0))[0].name == "sm90_bwd" and choose(problem(200), (9, 0))[0].name == "fa2_bwd"
+    monkeypatch.setattr(sm90_bwd, "D192_ABOVE_FA2", False)
+    monkeypatch.setattr(sm90_bwd, "D256_ABOVE_FA2", True)
+    assert choose(problem(192), (9, 0))[0].name == "fa2_bwd" and choose(problem(200), (9, 0))[0].name == "sm90_bwd"
+    monkeypatch.setattr(sm90_bwd, "D192_ABOVE_FA2", True)
+    for d in (136, 192, 256):
+        for feats, kw in (((), {}), (("alibi", "softcap", "window"), dict(window=(30, 4), softcap=10.0)),
+                          (("dropout",), dict(dropout_p=0.1))):
+            fam, cfg, _ = choose(problem(d, features=feats, **kw), (9, 0))
+            assert fam is FAM and cfg.shared_keys and cfg.head_dim == 256
+    # the d128 and d64 choices stay
+    assert choose(problem(128), (9, 0))[1].BN == 128
+    monkeypatch.setattr(sm90_bwd, "D256_ABOVE_FA2", False)
+    monkeypatch.setattr(sm90_bwd, "D192_ABOVE_FA2", False)
+    assert choose(problem(128), (9, 0))[0].name == "sm90_bwd"
+
+
+def test_refusals_fall_back_to_fa2_with_a_reason(monkeypatch):
+    monkeypatch.setattr(sm90_bwd, "D192_ABOVE_FA2", True)
+    p = problem(192, features=("dropout", "window"), dropout_p=0.1, window=(40, 0))
+    why = FAM.supports((9, 0), p)
+    assert "with dropout at head dim 192 (the d256 instantiations spill)" in why
+    assert choose(p, (9, 0))[0].name == "fa2_bwd"
+    # deterministic dropout and deterministic varlen run here at d256 (they compile clean)
+    assert FAM.supports((9, 0), problem(features=("dropout",), dropout_p=0.1, deterministic=True)) == ""
+    if sm90_bwd.VARLEN_BWD:
+        assert FAM.supports((9, 0), problem(features=("varlen",), deterministic=True)) == ""
+
+
+def test_kernel_source():
+    src = (kernel_dir() / "sm90_bwd.cu").read_text()
+    assert "static constexpr bool kSharedKeys = kBN == 64 && kConsumers == 2;" in src
+    assert "static_assert(!kDqWriter && !kDqBulk, \"shared keys (head dim 256): dQ by red.add only\");" in src
+    # the Pᵀ / dSᵀ stores, then the SS products of dV and dK from them, after the barrier
+    # (whatever the indentation: the tile loop nests the Q-block loop)
+    loop = src[re.search(r"if constexpr \(kSharedKeys\) \{\n\s*// kSharedKeys: this warpgroup's Pᵀ", src).start():]
+    order = ["stmatrix_x4(smem + Shape::kPOffset", "stmatrix_x4(smem + Shape::kDstOffset",
+             "fence_proxy_async_smem()", "named_barrier_sync(1, kConsumerThreads)",
+             "fresh(p_desc)", "fresh(dst_desc)", "wgmma_commit()", "Wgmma<64, Elem>::template ss<1>(dq_part",
+             "mbarrier_arrive(q_empty(slot))", "red_add_tile_16x16(dq_rows + piece * 64"]
+    pos = 0
+    for token in order:
+        pos = loop.index(token, pos) + 1
+    ptx = (kernel_dir() / "ptx_sm90_bwd.cuh").read_text()
+    assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx and "u32 opaque_u32(u32 x)" in ptx
+    # sm90_fwd's headers (its code hash) untouched
+    assert "opaque_u32" not in (kernel_dir() / "ptx_sm90.cuh").read_text()
+
+
+def compile_clean(configs):
+    chunks = [configs[i::2] for i in range(2) if configs[i::2]]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = list(pool.map(lambda c: list(zip(c, nvcc_compile(c, "sm_90a", NVCC))), chunks))
+    return [f"{c.name}: {r}" for rs in done for c, r in rs
+            if r.spill_stores or r.spill_loads or r.stack_bytes or serialized(r)]
+
+
+@needs_nvcc
+def test_ptxas_d256_plain_and_schedule():
+    """bf16 / fp16 x causal / not, plain and overlap_sdp; deterministic (8 + 2 instantiations)."""
+    configs = [D256.replace(dtype=dt, causal=c, overlap_sdp=o)
+               for dt, c, o in itertools.product(("bf16", "fp16"), (False, True), (False, True))]
+    configs += [D256.replace(deterministic=True), D256.replace(causal=True, deterministic=True)]
+    assert all(c.problems() == [] for c in configs)
+    bad = compile_clean(configs)
+    assert not bad, "\n".join(bad)
+
+
+@needs_nvcc
+def test_ptxas_d256_features():
+    """Window, softcap, ALiBi alone and together (causal and not, deterministic, overlap_sdp);
+    dropout alone (causal and not), deterministic, fp16, varlen; varlen (14)."""
+    configs = [D256.replace(window=True), D256.replace(causal=True, softcap=True), D256.replace(alibi=True),
+               D256.replace(window=True, softcap=True, alibi=True),
+               D256.replace(causal=True, window=True, softcap=True, alibi=True, deterministic=True),
+               D256.replace(overlap_sdp=True, window=True, softcap=True, alibi=True),
+               D256.replace(dropout=True), D256.replace(causal=True, dropout=True),
+               D256.replace(dtype="fp16", causal=True, dropout=True),
+               D256.replace(causal=True, dropout=True, deterministic=True),
+               D256.replace(causal=True, dropout=True, varlen=True),
+               D256.replace(varlen=True), D256.replace(varlen=True, causal=True, deterministic=True),
+               D256.replace(varlen=True, window=True, softcap=True, alibi=True)]
+    assert all(c.problems() == [] for c in configs), [c.problems() for c in configs]
+    assert len(set(configs)) == 14
+    bad = compile_clean(configs)
+    assert not bad, "\n".join(bad)
