@@ -108,12 +108,13 @@ TMA_SPLIT_COST = 4
 # timing per record): 256 bytes was 1-2.6% faster in 8 of the 9 contiguous cells from 1 x 32k to
 # 32 x 128k (e.g. 5737 against 5844 us at 32 x 128k, 365.7 against 372.4 at 8 x 32k), equal at
 # 1 x 8k, 0-2% slower on paged caches, and 29.8 against 22.5 us in the cold-L2 1 x 8k cell (one
-# reading; identical configs differed by up to 8% in that run). Off until a repeated run
-# (tests/decode_tma_timing.py --repeat 3 --propose "L2_PREFETCH_DEFAULT=256") shows the cold
-# cell unharmed: then 256.
+# reading; identical configs differed by up to 8% in that run). The repeated run (session 14
+# round F2a, tests/decode_tma_timing.py --repeat 3 --propose "L2_PREFETCH_DEFAULT=256",
+# logs/session14_rounds/f2a/dec_prop.log): contiguous caches 1.7% faster over the 9 cells (worst
+# cell 0.996, at 1 x 8k), the cold-L2 cell 1.007: on at 256.
 L2_PREFETCH_SIZES = (0, 64, 128, 256)
 L2_PREFETCH_SPACE = (0, 128, 256)
-L2_PREFETCH_DEFAULT = 0
+L2_PREFETCH_DEFAULT = 256
 # warp_loads: the heuristic's choice, and the tuning space's values: not yet run on a GPU (its GPU
 # tests, tests/test_decode_bandwidth_gpu.py, and racecheck, tests/gpu_sanitize.py, are written):
 # off and out of the space until they pass and a timing shows it faster.

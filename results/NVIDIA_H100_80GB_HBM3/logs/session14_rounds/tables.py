@@ -23,7 +23,7 @@ rows = list(csv.DictReader(open(f'{R}/bench_fwd.csv')))
 print('FWD sm90_fwd\n' + table(rows, 'cuflash:sm90_fwd', 'tflops', ['sdpa_flash', 'sdpa_cudnn'], [64, 128, 256]))
 rows = list(csv.DictReader(open(f'{R}/bench_fwdbwd.csv')))
 # the selected backward per head dim
-sel = {64: 'cuflash:sm90_bwd', 128: 'cuflash:sm90_bwd', 256: 'cuflash:fa2_bwd'}
+sel = {64: 'cuflash:sm90_bwd', 128: 'cuflash:sm90_bwd', 256: 'cuflash:sm90_bwd'}
 for key, name in (('fwdbwd_tflops', 'FWD+BWD'), ('bwd_tflops', 'BWD')):
     for d, fam in sel.items():
         print(f'{name} d{d} {fam}\n' + table(rows, fam, key, ['sdpa_flash', 'sdpa_cudnn'], [d]))
