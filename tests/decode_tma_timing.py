@@ -139,21 +139,10 @@ def all_configs(cells, pages, arch=(9, 0), proposals=()) -> list:
 
 def build_graph(f, est_us: float):
     """(graph, n): a CUDA graph of n calls of f (about TARGET_REPLAY_US a replay, 1..20)."""
-    import torch
+    from cuflash.bench.decode import capture_graph
 
     n = max(1, min(20, round(TARGET_REPLAY_US / max(est_us, 1.0))))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        f()  # warm-up on the capture stream (workspaces, lazy init)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(n):
-            f()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph, n
+    return capture_graph(f, n), n
 
 
 def replay_us(graph, n: int, reps: int) -> float:

@@ -57,23 +57,32 @@ def _fn(impl, q, kc, vc, table, seqlens):
     return f
 
 
+def capture_graph(f, calls: int):
+    """A CUDA graph of ``calls`` calls of f, captured after a warm-up call on the capture stream
+    (workspaces, lazy init) and replayed once."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        f()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            f()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
 def time_graph(f, reps: int) -> float:
     """Microseconds per call: a CUDA graph of GRAPH_CALLS calls, the median of reps replays."""
     import torch
 
     f()
     torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        f()  # warm-up on the capture stream (workspaces, lazy init)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(GRAPH_CALLS):
-            f()
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = capture_graph(f, GRAPH_CALLS)
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -170,4 +179,4 @@ def plot(records: list, path) -> bool:
     return True
 
 
-__all__ = ["run", "plot", "time_graph", "BATCHES", "CTXS"]
+__all__ = ["run", "plot", "time_graph", "capture_graph", "BATCHES", "CTXS"]
