@@ -226,7 +226,16 @@ def merge_partial(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor
     # (b, h, s) weights -> (b, s, h, 1) to scale the rows of out
     a = (w_old * inv).transpose(1, 2).unsqueeze(-1)
     c = (w_new * inv).transpose(1, 2).unsqueeze(-1)
-    out.mul_(a).add_(block_out.to(out.dtype) * c)
+    out.mul_(a).addcmul_(block_out, c)  # one pass: out·a, then + block_out·c (block_out's
+    # dtype read as is, the product in out's)
+
+
+def first_partial(block_out: Tensor, block_lse: Tensor, acc) -> tuple:
+    """The running (out, lse) after the first partial result of every row: the block's own,
+    in the accumulator dtype (what merge_partial gives on a running result that has seen no key,
+    without allocating that empty result and merging into it)."""
+    lse = block_lse.to(acc)
+    return block_out.to(acc), lse.masked_fill_(torch.isposinf(lse), -math.inf)
 
 
 # ---------------------------------------------------------------------------------------
@@ -337,6 +346,52 @@ _side_streams: dict = {}
 
 
 # ---------------------------------------------------------------------------------------
+# per-step timing (bench --mode ring --ring-breakdown)
+
+# None: off. A list: the rings append (phase, step, start event, end event), CUDA events
+# recorded on the current stream around each phase of each step (CUDA tensors only):
+# fwd_compute / bwd_compute (cuflash's kernels), fwd_merge (LSE merges), bwd_accum (dQ, dK,
+# dV additions), fwd_wait / bwd_wait (the current stream waiting for the step's transfer:
+# exposed communication), fwd_final / bwd_final (the last conversions; the backward's last
+# dK/dV hop home included). ``trace_summary`` sums them per phase and step.
+TRACE: Optional[list] = None
+
+
+class _Span:
+    """``with _Span(phase, step, x):`` records CUDA events around the block when TRACE is on
+    and x is a CUDA tensor; nothing otherwise."""
+    __slots__ = ("key", "start")
+
+    def __init__(self, phase: str, step: int, like: Tensor):
+        self.key = (phase, step) if TRACE is not None and like.is_cuda else None
+
+    def __enter__(self):
+        if self.key is not None:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        return self
+
+    def __exit__(self, *exc):
+        if self.key is not None and TRACE is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            TRACE.append((*self.key, self.start, end))
+        return False
+
+
+def trace_summary(trace: list) -> dict:
+    """{phase: [ms of step 0, step 1, ...]} from TRACE's events (synchronizes first)."""
+    if trace:
+        torch.cuda.synchronize()
+    out: dict = {}
+    for phase, step, start, end in trace:
+        steps = out.setdefault(phase, [])
+        steps.extend([0.0] * (step + 1 - len(steps)))
+        steps[step] += start.elapsed_time(end)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
 # forward and backward
 
 def _slices(call: Call, q_len: int, k_len: int) -> tuple:
@@ -354,8 +409,8 @@ def _sendable(k: Tensor, v: Tensor) -> tuple:
 
 
 def _rotate_forward(ring: _Ring, kv: tuple, comm: bool, step_fn) -> None:
-    """The forward ring: for each of the P steps, ``step_fn(src, k_block, v_block)`` on the
-    K/V block in hand (src: its owner) while that block travels on to the next rank.
+    """The forward ring: for each of the P steps, ``step_fn(step, src, k_block, v_block)`` on
+    the K/V block in hand (src: its owner) while that block travels on to the next rank.
     comm=False: no transfers (every step sees the local block: wrong results, the same work;
     for timing the computation alone)."""
     world, rank = ring.world, ring.rank
@@ -363,20 +418,23 @@ def _rotate_forward(ring: _Ring, kv: tuple, comm: bool, step_fn) -> None:
         pending = None
         if comm and step + 1 < world:
             nxt, pending = ring.start(kv)
-        step_fn((rank - step) % world, *kv)
+        step_fn(step, (rank - step) % world, *kv)
         if pending is not None:
-            ring.finish(pending)
+            with _Span("fwd_wait", step, kv[0]):
+                ring.finish(pending)
             kv = tuple(nxt)
 
 
 def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn) -> tuple:
     """The backward ring: K/V blocks travel as in the forward, each with its fp32 dK/dV
-    accumulator one step behind. ``step_fn(src, k_block, v_block)`` adds dQ's share itself and
-    returns this rank's share of the block's dK, dV as [(index, dk_b, dv_b)] (index: where in
-    the block, as a tensor index). The shares stay in the kernels' dtype until the block's
-    accumulator has arrived and are then added into it, so that only two fp32 pairs live at a
-    time: the one leaving and the one arriving. Returns the local block's (dK, dV), fp32,
-    after one last hop brings them home."""
+    accumulator one step behind. ``step_fn(step, src, k_block, v_block)`` adds dQ's share
+    itself and returns this rank's share of the block's dK, dV as [(index, dk_b, dv_b)]
+    (index: where in the block, as a tensor index; None: the whole block). The shares stay in
+    the kernels' dtype until the block's accumulator has arrived and are then added into it
+    (a share covering the whole block of a block's first rank becomes the accumulator itself),
+    so that only two fp32 pairs live at a time: the one leaving and the one arriving. Returns
+    the local block's (dK, dV) in k's dtype: the accumulators are rounded to it before the last
+    hop brings them home (the same rounding the owner would do; half the bytes on the wire)."""
     world = ring.world
     k, v = kv
     dkv = None  # the dK/dV accumulator of the block in hand, after this rank's share
@@ -385,75 +443,123 @@ def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn) -> tuple:
         if comm and step > 0:
             sends += list(dkv)  # the previous block's accumulator goes on with that block
         recv, pending = ring.start(sends) if sends else ([], None)
-        parts = step_fn((ring.rank - step) % world, *kv)
+        parts = step_fn(step, (ring.rank - step) % world, *kv)
         if pending is not None:
-            ring.finish(pending)
+            with _Span("bwd_wait", step, k):
+                ring.finish(pending)
         if comm and step + 1 < world:
             kv = tuple(recv[:2])
-        if comm and step > 0:  # the block's accumulator as it left the previous rank
-            dk_acc, dv_acc = recv[-2], recv[-1]
-        else:
-            dk_acc = torch.zeros(k.shape, dtype=acc, device=k.device)
-            dv_acc = torch.zeros(v.shape, dtype=acc, device=v.device)
-        for index, dk_b, dv_b in parts:
-            dk_acc[index] += dk_b
-            dv_acc[index] += dv_b
+        with _Span("bwd_accum", step, k):
+            if comm and step > 0:  # the block's accumulator as it left the previous rank
+                dk_acc, dv_acc = recv[-2], recv[-1]
+            elif len(parts) == 1 and parts[0][0] is None:  # the block's first share: all of it
+                dk_acc, dv_acc = parts[0][1].to(acc), parts[0][2].to(acc)
+                parts = []
+            else:
+                dk_acc = torch.zeros(k.shape, dtype=acc, device=k.device)
+                dv_acc = torch.zeros(v.shape, dtype=acc, device=v.device)
+            for index, dk_b, dv_b in parts:
+                if index is None:
+                    dk_acc += dk_b
+                    dv_acc += dv_b
+                else:
+                    dk_acc[index] += dk_b
+                    dv_acc[index] += dv_b
         del parts, recv
         dkv = (dk_acc, dv_acc)
-    if comm and world > 1:  # one more hop: the block in hand is rank + 1's
-        dkv, pending = ring.start(dkv)
-        ring.finish(pending)
+    with _Span("bwd_final", world - 1, k):
+        dkv = (dkv[0].to(k.dtype), dkv[1].to(v.dtype))
+        if comm and world > 1:  # one more hop: the block in hand is rank + 1's
+            dkv, pending = ring.start(dkv)
+            ring.finish(pending)
     return tuple(dkv)
+
+
+def _covers(call: Call, n_chunks: int, of_k: bool = False) -> bool:
+    """Whether a call spans every local chunk of q (or, of_k, of the block's k)."""
+    return (call.k0, call.k1) == (0, n_chunks) if of_k else (call.q0, call.q1) == (0, n_chunks)
 
 
 def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: bool = True):
     """(out, lse) of the local q over the whole sequence's K/V (no autograd). out: q's
     dtype; lse: fp32 (batch, nheads, seqlen_local), +inf for rows with no key.
     comm=False: no transfers (every step computes the real step's chunk pairs on the local
-    block: wrong results, the same work; for timing the computation alone)."""
+    block: wrong results, the same work; for timing the computation alone).
+    The running result starts as the first partial that covers every row (the rank's own
+    block, step 0: one call over all its rows, causal or not) instead of an empty result
+    merged into."""
     ring = _Ring(group, q.device)
     world, rank = ring.world, ring.rank
     q_chunks = chunk_ids(rank, world, layout)
-    q_len = q.shape[1] // len(q_chunks)
+    nq = len(q_chunks)
+    q_len = q.shape[1] // nq
     acc = _acc_dtype(q.dtype)
-    out = torch.zeros(q.shape, dtype=acc, device=q.device)
-    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), -math.inf, dtype=acc, device=q.device)
+    run = {}  # "out", "lse": the running result, once it exists
 
-    def step(src, k_cur, v_cur):
+    def step(i, src, k_cur, v_cur):
         for call in step_calls(q_chunks, chunk_ids(src, world, layout), causal):
             qs, ks = _slices(call, q_len, q_len)
-            o_b, lse_b = block_forward(q[:, qs], k_cur[:, ks], v_cur[:, ks], scale, call.causal)
-            merge_partial(out[:, qs], lse[:, :, qs], o_b, lse_b)
+            with _Span("fwd_compute", i, q):
+                o_b, lse_b = block_forward(q[:, qs], k_cur[:, ks], v_cur[:, ks], scale, call.causal)
+            with _Span("fwd_merge", i, q):
+                if not run and _covers(call, nq):
+                    run["out"], run["lse"] = first_partial(o_b, lse_b, acc)
+                    continue
+                if not run:
+                    run["out"] = torch.zeros(q.shape, dtype=acc, device=q.device)
+                    run["lse"] = torch.full((q.shape[0], q.shape[2], q.shape[1]), -math.inf,
+                                            dtype=acc, device=q.device)
+                merge_partial(run["out"][:, qs], run["lse"][:, :, qs], o_b, lse_b)
 
     _rotate_forward(ring, _sendable(k, v), comm, step)
-    lse = lse.float().masked_fill(torch.isneginf(lse), math.inf)
-    return out.to(q.dtype), lse
+    with _Span("fwd_final", world - 1, q):
+        if not run:  # (no call at all: not for a ring's own block, kept for safety)
+            return (torch.zeros_like(q), torch.full((q.shape[0], q.shape[2], q.shape[1]),
+                                                    math.inf, dtype=torch.float32, device=q.device))
+        lse = run["lse"].float().masked_fill_(torch.isneginf(run["lse"]), math.inf)
+        return run["out"].to(q.dtype), lse
 
 
 def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, layout: str,
                   deterministic: bool = False, comm: bool = True):
-    """(dq, dk, dv) of the local shards, out and lse: ring_forward's (global) results."""
+    """(dq, dk, dv) of the local shards, out and lse: ring_forward's (global) results. dQ's
+    fp32 accumulator starts as the first share covering every row (step 0's)."""
     ring = _Ring(group, q.device)
     world, rank = ring.world, ring.rank
     q_chunks = chunk_ids(rank, world, layout)
-    q_len = q.shape[1] // len(q_chunks)
+    nq = len(q_chunks)
+    q_len = q.shape[1] // nq
     acc = _acc_dtype(q.dtype)
     dout, out, lse = dout.contiguous(), out.contiguous(), lse.contiguous()
-    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    grad = {}  # "dq": the fp32 accumulator, once it exists
+    lse_rows = {}  # (q0, q1) -> those rows of lse, contiguous once (the kernels read it dense)
 
-    def step(src, k_cur, v_cur):
+    def step(i, src, k_cur, v_cur):
         parts = []
-        for call in step_calls(q_chunks, chunk_ids(src, world, layout), causal):
+        k_chunks = chunk_ids(src, world, layout)
+        for call in step_calls(q_chunks, k_chunks, causal):
             qs, ks = _slices(call, q_len, q_len)
-            dq_b, dk_b, dv_b = block_backward(dout[:, qs], q[:, qs], k_cur[:, ks], v_cur[:, ks],
-                                              out[:, qs], lse[:, :, qs], scale, call.causal,
-                                              deterministic)
-            dq[:, qs] += dq_b
-            parts.append(((slice(None), ks), dk_b, dv_b))
+            lse_q = lse_rows.get((call.q0, call.q1))
+            if lse_q is None:
+                lse_q = lse_rows[call.q0, call.q1] = lse[:, :, qs].contiguous()
+            with _Span("bwd_compute", i, q):
+                dq_b, dk_b, dv_b = block_backward(dout[:, qs], q[:, qs], k_cur[:, ks],
+                                                  v_cur[:, ks], out[:, qs], lse_q, scale,
+                                                  call.causal, deterministic)
+            with _Span("bwd_accum", i, q):
+                if not grad and _covers(call, nq):
+                    grad["dq"] = dq_b.to(acc)
+                else:
+                    if not grad:
+                        grad["dq"] = torch.zeros(q.shape, dtype=acc, device=q.device)
+                    grad["dq"][:, qs] += dq_b
+            parts.append((None if _covers(call, len(k_chunks), True) else (slice(None), ks),
+                          dk_b, dv_b))
         return parts
 
     dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    dq = grad["dq"].to(q.dtype) if grad else torch.zeros_like(q)
+    return dq, dk, dv
 
 
 class RingAttnFn(torch.autograd.Function):
@@ -731,7 +837,7 @@ def ring_varlen_forward(q, k, v, chunks: VarlenChunks, scale: float, causal: boo
     if q.shape[0] == 0:  # every sequence empty (on every rank alike: total / P rows each)
         return out.to(q.dtype), lse.float()
 
-    def step(src, k_cur, v_cur):
+    def step(_i, src, k_cur, v_cur):
         for call in varlen_step_calls(q_chunks, chunk_ids(src, world, layout), causal):
             qs, ks = _rows(call, chunks.rows)
             o_b, lse_b = varlen_block_forward(q[qs], k_cur[ks], v_cur[ks], chunks, scale,
@@ -760,7 +866,7 @@ def ring_varlen_backward(dout, q, k, v, out, lse, chunks: VarlenChunks, scale: f
     lse_chunk = [lse[:, i * n:(i + 1) * n].contiguous() for i in range(len(q_chunks))]
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
 
-    def step(src, k_cur, v_cur):
+    def step(_i, src, k_cur, v_cur):
         parts = []
         for call in varlen_step_calls(q_chunks, chunk_ids(src, world, layout), causal):
             qs, ks = _rows(call, n)
