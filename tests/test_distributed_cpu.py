@@ -316,7 +316,25 @@ def test_bench_ring_cli():
                                    "--ring-procs", "2", "--no-torch-cp"])
     assert bench.modes_of(a.mode) == ["ring"] and a.ring_seqlens == [1024, 2048]
     assert a.ring_procs == 2 and a.no_torch_cp and a.ring_budget_s == 270.0
+    assert not a.ring_breakdown and a.ring_light_from == 524288
+    a = bench.parser().parse_args(["--mode", "ring", "--ring-breakdown", "--ring-light-from", "0"])
+    assert a.ring_breakdown and a.ring_light_from == 0 and a.ring_seqlens is None
     assert "ring" not in bench.modes_of(["all"])
+
+
+def test_trace_records_nothing_for_cpu_tensors():
+    """cuflash.distributed.TRACE (bench --ring-breakdown) times CUDA streams only: a CPU ring
+    records nothing, and with TRACE off nothing is recorded either."""
+    x = torch.zeros(1)
+    try:
+        cfd.TRACE = []
+        with cfd._Span("fwd_compute", 0, x):
+            pass
+        assert cfd.TRACE == [] and cfd.trace_summary(cfd.TRACE) == {}
+    finally:
+        cfd.TRACE = None
+    with cfd._Span("fwd_compute", 0, x) as span:
+        assert span.key is None
 
 
 def test_bench_ring_without_gpu_raises_no_gpu_error(tmp_path):
