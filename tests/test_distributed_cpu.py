@@ -258,6 +258,27 @@ def test_merge_partial_is_flash_decoding_combine():
     np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-12, atol=1e-12)
 
 
+def test_merge_partial_takes_low_precision_blocks_and_first_partial():
+    """A bf16 block (the kernels' output) merges into the fp32 running result as its fp32
+    value would; first_partial equals merging into an empty result (-inf lse, zeros)."""
+    g = torch.Generator().manual_seed(1)
+    b, s, h, d = 1, 6, 2, 8
+    o1, o2 = (torch.randn(b, s, h, d, generator=g).bfloat16() for _ in range(2))
+    l1, l2 = (torch.randn(b, h, s, generator=g) for _ in range(2))
+    out, lse = cfd.first_partial(o1, l1.clone(), torch.float32)
+    want_out = torch.zeros(b, s, h, d)
+    want_lse = torch.full((b, h, s), -math.inf)
+    cfd.merge_partial(want_out, want_lse, o1.float(), l1)
+    assert out.dtype == lse.dtype == torch.float32
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    cfd.merge_partial(out, lse, o2, l2)
+    cfd.merge_partial(want_out, want_lse, o2.float(), l2)
+    assert torch.allclose(out, want_out, rtol=0, atol=1e-6) and torch.equal(lse, want_lse)
+    none = torch.full((b, h, s), math.inf)  # a block with no key for any row
+    out2, lse2 = cfd.first_partial(torch.zeros(b, s, h, d), none, torch.float32)
+    assert torch.isneginf(lse2).all() and not out2.any()
+
+
 def test_reference_block_backward_is_attention_backward():
     """One block holding all keys: the global out/lse are the block's own, so the block
     backward is plain attention's backward (GQA, causal with s_q != s_k)."""
