@@ -314,25 +314,45 @@ class _Ring:
             if self.stream is None:
                 self.stream = _side_streams[device] = torch.cuda.Stream(device)
 
-    def start(self, tensors: Sequence[Tensor]) -> tuple:
+    def start(self, tensors: Sequence[Tensor], after_current: bool = True) -> tuple:
         """Send each tensor to the next rank and receive one like it from the previous;
         returns (received tensors, pending requests). The received tensors may be read only
-        after ``finish``."""
-        recv = [torch.empty_like(t) for t in tensors]
+        after ``finish``.
+
+        after_current=True: the transfer starts after everything the current stream has queued
+        (the tensors sent were written there). False (EARLY_SEND, for tensors that an earlier
+        transfer received: NCCL's own stream order makes them ready): it starts as soon as the
+        earlier transfers are done, while the current stream still computes, so that its
+        kernels are on the GPU before the next step's kernels fill the SMs. Then the received
+        buffers are allocated on the side stream (the current stream's queued work may still
+        use memory its own pool would hand out) and marked as used by the current stream too
+        (record_stream), which reads them after ``finish``."""
+        if self.stream is None:
+            recv = [torch.empty_like(t) for t in tensors]
+            return recv, dist.batch_isend_irecv(self._ops(tensors, recv))
+        current = torch.cuda.current_stream(self.stream.device)
+        if after_current:
+            recv = [torch.empty_like(t) for t in tensors]
+            # the side stream starts after what the current stream has queued (the tensors
+            # sent are ready); NCCL then runs on its own streams after the side stream
+            self.stream.wait_stream(current)
+        else:
+            with torch.cuda.stream(self.stream):
+                recv = [torch.empty_like(t) for t in tensors]
+            for r in recv:
+                r.record_stream(current)
+        with torch.cuda.stream(self.stream):
+            reqs = dist.batch_isend_irecv(self._ops(tensors, recv))
+        for t in list(tensors) + recv:  # used by the side stream: not reused before it is done
+            t.record_stream(self.stream)
+        return recv, reqs
+
+    def _ops(self, tensors, recv) -> list:
         ops = []
         for t, r in zip(tensors, recv):
             ops.append(dist.P2POp(dist.isend, t, self.next, self.group))
             ops.append(dist.P2POp(dist.irecv, r, self.prev, self.group))
-        if self.stream is None:
-            return recv, dist.batch_isend_irecv(ops)
-        # the side stream starts after what the current stream has queued (the tensors sent
-        # are ready); NCCL then runs on its own streams after the side stream
-        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
-        with torch.cuda.stream(self.stream):
-            reqs = dist.batch_isend_irecv(ops)
-        for t in list(tensors) + recv:  # used by the side stream: not reused before it is done
-            t.record_stream(self.stream)
-        return recv, reqs
+        return ops
 
     def finish(self, reqs) -> None:
         """Wait for the transfers: on CUDA the current stream waits (not the host)."""
@@ -341,6 +361,12 @@ class _Ring:
         if self.stream is not None:
             torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
 
+
+# Whether the rings send a received K/V block on without waiting for the current stream
+# (_Ring.start's after_current=False): the block's transfer is queued behind the previous
+# transfer only, not behind the step's kernels, so that it does not race the next step's
+# kernels for the SMs (a persistent kernel holding every SM would keep it out to the end).
+EARLY_SEND = True
 
 _side_streams: dict = {}
 
@@ -416,8 +442,8 @@ def _rotate_forward(ring: _Ring, kv: tuple, comm: bool, step_fn) -> None:
     world, rank = ring.world, ring.rank
     for step in range(world):
         pending = None
-        if comm and step + 1 < world:
-            nxt, pending = ring.start(kv)
+        if comm and step + 1 < world:  # step 0's block is the local one, written by this stream
+            nxt, pending = ring.start(kv, after_current=step == 0 or not EARLY_SEND)
         step_fn(step, (rank - step) % world, *kv)
         if pending is not None:
             with _Span("fwd_wait", step, kv[0]):
@@ -439,19 +465,28 @@ def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn) -> tuple:
     k, v = kv
     dkv = None  # the dK/dV accumulator of the block in hand, after this rank's share
     for step in range(world):
-        sends = list(kv) if comm and step + 1 < world else []
-        if comm and step > 0:
-            sends += list(dkv)  # the previous block's accumulator goes on with that block
-        recv, pending = ring.start(sends) if sends else ([], None)
+        recv_kv, recv_acc, pending = [], [], []
+        send_kv, send_acc = comm and step + 1 < world, comm and step > 0
+        early = EARLY_SEND and step > 0  # (step 0's block is the local one)
+        if send_kv and (early or not send_acc):
+            recv_kv, reqs = ring.start(kv, after_current=not early)
+            pending += reqs
+        if send_acc:  # the previous block's accumulator goes on with that block
+            if early or not send_kv:  # its own transfer, behind this stream's additions
+                recv_acc, reqs = ring.start(dkv)
+            else:  # one batch with the K/V block, both behind this stream's work
+                both, reqs = ring.start(list(kv) + list(dkv))
+                recv_kv, recv_acc = both[:2], both[2:]
+            pending += reqs
         parts = step_fn(step, (ring.rank - step) % world, *kv)
-        if pending is not None:
+        if pending:
             with _Span("bwd_wait", step, k):
                 ring.finish(pending)
         if comm and step + 1 < world:
-            kv = tuple(recv[:2])
+            kv = tuple(recv_kv)
         with _Span("bwd_accum", step, k):
             if comm and step > 0:  # the block's accumulator as it left the previous rank
-                dk_acc, dv_acc = recv[-2], recv[-1]
+                dk_acc, dv_acc = recv_acc
             elif len(parts) == 1 and parts[0][0] is None:  # the block's first share: all of it
                 dk_acc, dv_acc = parts[0][1].to(acc), parts[0][2].to(acc)
                 parts = []
@@ -465,7 +500,7 @@ def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn) -> tuple:
                 else:
                     dk_acc[index] += dk_b
                     dv_acc[index] += dv_b
-        del parts, recv
+        del parts, recv_kv, recv_acc
         dkv = (dk_acc, dv_acc)
     with _Span("bwd_final", world - 1, k):
         dkv = (dkv[0].to(k.dtype), dkv[1].to(v.dtype))

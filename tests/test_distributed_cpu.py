@@ -65,6 +65,12 @@ def _worker(rank, world, port, cases):
         for i, case in enumerate(VARLEN_CASES):  # the same processes: no second spawn
             _check_varlen_case(rank, world, case, seed=2000 + i)
         _check_case(rank, world, cases[1], seed=3000, strided=True)
+        try:  # the backward's other transfer schedule: K/V and accumulators in one batch
+            cfd.EARLY_SEND = not cfd.EARLY_SEND
+            _check_case(rank, world, cases[1], seed=4000)
+            _check_case(rank, world, cases[3], seed=4001)
+        finally:
+            cfd.EARLY_SEND = not cfd.EARLY_SEND
         dist.barrier()
     finally:
         dist.destroy_process_group()

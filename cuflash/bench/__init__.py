@@ -110,6 +110,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ring-breakdown", action="store_true",
                     help="ring: per-step breakdown (compute, merge / accumulate, exposed waits) "
                          "from one traced forward + backward per problem")
+    ap.add_argument("--ring-ab-early-send", action="store_true",
+                    help="ring: also time the ring with cuflash.distributed.EARLY_SEND flipped")
     ap.add_argument("--ring-light-from", type=int, default=524288,
                     help="ring: seqlens above run light (1 repetition, no transfer-free runs, "
                          "torch CP on cuDNN only; default 524288)")
@@ -154,7 +156,7 @@ def run_mode(mode: str, a) -> object:
                        nheads=a.ring_heads, reps=a.reps or 3, budget_s=a.ring_budget_s,
                        torch_cp=not a.no_torch_cp, full_max=a.ring_full_max, out=a.out,
                        cp_backends=a.ring_cp_backends, breakdown=a.ring_breakdown,
-                       light_from=a.ring_light_from)
+                       light_from=a.ring_light_from, ab_early_send=a.ring_ab_early_send)
     if mode == "decode":
         return mod.run(batches=a.decode_batches or mod.BATCHES, ctxs=a.decode_ctxs or mod.CTXS,
                        reps=a.reps or 10, out=a.out)

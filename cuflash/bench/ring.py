@@ -41,6 +41,8 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  bwd_accum_ms (dQ / dK / dV additions), bwd_wait_ms, bwd_final_ms (the dK/dV
                  hop home); *_steps_ms the per-step values; trace_wait_ms = fwd_wait + bwd_wait
                  + bwd_final.
+                 With --ring-ab-early-send: alt_fwd_ms, alt_bwd_ms, alt_tflops_per_gpu of
+                 the same ring with cuflash.distributed.EARLY_SEND flipped (alt_early_send).
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
 """
@@ -78,7 +80,7 @@ CP_BACKENDS = ("flash", "cudnn")
 
 def run(seqlens=SEQLENS, causals=(True, False), procs=None, nheads=8, d=128, reps=3,
         budget_s=270.0, torch_cp=True, full_max=262144, out="results", cp_backends=CP_BACKENDS,
-        breakdown=False, light_from=LIGHT_FROM):
+        breakdown=False, light_from=LIGHT_FROM, ab_early_send=False):
     """Spawn one process per GPU and run the mode; rank 0 writes the records."""
     import torch
     import torch.multiprocessing as mp
@@ -96,7 +98,7 @@ def run(seqlens=SEQLENS, causals=(True, False), procs=None, nheads=8, d=128, rep
     opts = dict(seqlens=tuple(seqlens), causals=tuple(causals), nheads=nheads, d=d, reps=reps,
                 budget_s=budget_s, torch_cp=torch_cp, full_max=full_max, out=out,
                 cp_backends=tuple(cp_backends), breakdown=bool(breakdown),
-                light_from=light_from)
+                light_from=light_from, ab_early_send=bool(ab_early_send))
     print(f"bench ring: P = {procs} processes, seqlens {list(seqlens)}, causal {list(causals)}, "
           f"budget {budget_s:.0f} s", flush=True)
     mp.spawn(_worker, args=(procs, _free_port(), opts), nprocs=procs, join=True)
@@ -286,6 +288,21 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         bwd()
         rec["fwd_ms"] = fwd_ms = _timed(fwd, reps)
         rec["bwd_ms"] = bwd_ms = _timed(bwd, reps)
+        if opts.get("ab_early_send"):  # the same ring with the other transfer schedule
+            saved = cfd.EARLY_SEND
+            try:
+                cfd.EARLY_SEND = not saved
+                rec["alt_early_send"] = cfd.EARLY_SEND
+                rec["alt_fwd_ms"] = _timed(fwd, reps)
+                rec["alt_bwd_ms"] = _timed(bwd, reps)
+            finally:
+                cfd.EARLY_SEND = saved
+            rec["early_send"] = saved
+            rec["alt_tflops_per_gpu"] = (f_fwd + f_bwd) / world / (rec["alt_fwd_ms"] +
+                                                                   rec["alt_bwd_ms"]) / 1e9
+            log(f"  early_send={not saved}: fwd {rec['alt_fwd_ms']:.1f} ms bwd "
+                f"{rec['alt_bwd_ms']:.1f} ms, {rec['alt_tflops_per_gpu']:.0f} TFLOPs/GPU "
+                f"(early_send={saved}: {rec['fwd_ms']:.1f} / {rec['bwd_ms']:.1f} ms)")
         if opts.get("breakdown") or light:
             rec.update(_breakdown(world, fwd, bwd))
             log(_breakdown_line(rec))
