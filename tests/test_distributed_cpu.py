@@ -343,7 +343,11 @@ def test_bench_ring_cli():
                                    "--ring-procs", "2", "--no-torch-cp"])
     assert bench.modes_of(a.mode) == ["ring"] and a.ring_seqlens == [1024, 2048]
     assert a.ring_procs == 2 and a.no_torch_cp and a.ring_budget_s == 270.0
-    assert not a.ring_breakdown and a.ring_light_from == 524288
+    assert not a.ring_breakdown and a.ring_light_from == 524288 and a.ring_ab == []
+    a = bench.parser().parse_args(["--mode", "ring", "--ring-ab", "early_send", "nccl_priority"])
+    assert a.ring_ab == ["early_send", "nccl_priority"]
+    from cuflash.bench import ring
+    assert set(a.ring_ab) == set(ring.AB_VARIANTS)
     a = bench.parser().parse_args(["--mode", "ring", "--ring-breakdown", "--ring-light-from", "0"])
     assert a.ring_breakdown and a.ring_light_from == 0 and a.ring_seqlens is None
     assert "ring" not in bench.modes_of(["all"])

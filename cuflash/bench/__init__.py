@@ -110,8 +110,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ring-breakdown", action="store_true",
                     help="ring: per-step breakdown (compute, merge / accumulate, exposed waits) "
                          "from one traced forward + backward per problem")
-    ap.add_argument("--ring-ab-early-send", action="store_true",
-                    help="ring: also time the ring with cuflash.distributed.EARLY_SEND flipped")
+    ap.add_argument("--ring-ab", nargs="+", default=[], choices=("early_send", "nccl_priority"),
+                    help="ring: also time the ring with one thing changed, per variant: "
+                         "early_send (cuflash.distributed.EARLY_SEND flipped), nccl_priority "
+                         "(a second NCCL group with high-priority streams)")
     ap.add_argument("--ring-light-from", type=int, default=524288,
                     help="ring: seqlens above run light (1 repetition, no transfer-free runs, "
                          "torch CP on cuDNN only; default 524288)")
@@ -156,7 +158,7 @@ def run_mode(mode: str, a) -> object:
                        nheads=a.ring_heads, reps=a.reps or 3, budget_s=a.ring_budget_s,
                        torch_cp=not a.no_torch_cp, full_max=a.ring_full_max, out=a.out,
                        cp_backends=a.ring_cp_backends, breakdown=a.ring_breakdown,
-                       light_from=a.ring_light_from, ab_early_send=a.ring_ab_early_send)
+                       light_from=a.ring_light_from, ab=a.ring_ab)
     if mode == "decode":
         return mod.run(batches=a.decode_batches or mod.BATCHES, ctxs=a.decode_ctxs or mod.CTXS,
                        reps=a.reps or 10, out=a.out)

@@ -41,8 +41,9 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  bwd_accum_ms (dQ / dK / dV additions), bwd_wait_ms, bwd_final_ms (the dK/dV
                  hop home); *_steps_ms the per-step values; trace_wait_ms = fwd_wait + bwd_wait
                  + bwd_final.
-                 With --ring-ab-early-send: alt_fwd_ms, alt_bwd_ms, alt_tflops_per_gpu of
-                 the same ring with cuflash.distributed.EARLY_SEND flipped (alt_early_send).
+                 With --ring-ab NAME ...: alt_NAME_fwd_ms, alt_NAME_bwd_ms,
+                 alt_NAME_tflops_per_gpu of the same ring with one thing changed, in the same
+                 run (AB_VARIANTS: early_send, nccl_priority).
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
 """
@@ -80,7 +81,7 @@ CP_BACKENDS = ("flash", "cudnn")
 
 def run(seqlens=SEQLENS, causals=(True, False), procs=None, nheads=8, d=128, reps=3,
         budget_s=270.0, torch_cp=True, full_max=262144, out="results", cp_backends=CP_BACKENDS,
-        breakdown=False, light_from=LIGHT_FROM, ab_early_send=False):
+        breakdown=False, light_from=LIGHT_FROM, ab=()):
     """Spawn one process per GPU and run the mode; rank 0 writes the records."""
     import torch
     import torch.multiprocessing as mp
@@ -98,7 +99,7 @@ def run(seqlens=SEQLENS, causals=(True, False), procs=None, nheads=8, d=128, rep
     opts = dict(seqlens=tuple(seqlens), causals=tuple(causals), nheads=nheads, d=d, reps=reps,
                 budget_s=budget_s, torch_cp=torch_cp, full_max=full_max, out=out,
                 cp_backends=tuple(cp_backends), breakdown=bool(breakdown),
-                light_from=light_from, ab_early_send=bool(ab_early_send))
+                light_from=light_from, ab=tuple(ab))
     print(f"bench ring: P = {procs} processes, seqlens {list(seqlens)}, causal {list(causals)}, "
           f"budget {budget_s:.0f} s", flush=True)
     mp.spawn(_worker, args=(procs, _free_port(), opts), nprocs=procs, join=True)
@@ -288,21 +289,12 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         bwd()
         rec["fwd_ms"] = fwd_ms = _timed(fwd, reps)
         rec["bwd_ms"] = bwd_ms = _timed(bwd, reps)
-        if opts.get("ab_early_send"):  # the same ring with the other transfer schedule
-            saved = cfd.EARLY_SEND
-            try:
-                cfd.EARLY_SEND = not saved
-                rec["alt_early_send"] = cfd.EARLY_SEND
-                rec["alt_fwd_ms"] = _timed(fwd, reps)
-                rec["alt_bwd_ms"] = _timed(bwd, reps)
-            finally:
-                cfd.EARLY_SEND = saved
-            rec["early_send"] = saved
-            rec["alt_tflops_per_gpu"] = (f_fwd + f_bwd) / world / (rec["alt_fwd_ms"] +
-                                                                   rec["alt_bwd_ms"]) / 1e9
-            log(f"  early_send={not saved}: fwd {rec['alt_fwd_ms']:.1f} ms bwd "
-                f"{rec['alt_bwd_ms']:.1f} ms, {rec['alt_tflops_per_gpu']:.0f} TFLOPs/GPU "
-                f"(early_send={saved}: {rec['fwd_ms']:.1f} / {rec['bwd_ms']:.1f} ms)")
+        for name in opts.get("ab", ()):  # the same ring with one thing changed (AB_VARIANTS)
+            rec.update(_variant(name, world, reps, f_fwd + f_bwd, rec, log,
+                                lambda group: cfd.ring_forward(q, k, v, scale, causal, group,
+                                                               "zigzag"),
+                                lambda group: cfd.ring_backward(dout, q, k, v, out, lse, scale,
+                                                                causal, group, "zigzag")))
         if opts.get("breakdown") or light:
             rec.update(_breakdown(world, fwd, bwd))
             log(_breakdown_line(rec))
@@ -368,6 +360,52 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
             recs.append(_torch_cp(rank, world, seqlen, causal, dict(opts, reps=reps), base, log,
                                   backend))
     return recs
+
+
+AB_VARIANTS = {
+    "early_send": "cuflash.distributed.EARLY_SEND flipped",
+    "nccl_priority": "the ring on a second NCCL group whose streams have high priority "
+                     "(ProcessGroupNCCL.Options.is_high_priority_stream)",
+}
+_groups: dict = {}
+
+
+def _variant(name, world, reps, flops_total, rec, log, fwd, bwd) -> dict:
+    """alt_<name>_fwd_ms, alt_<name>_bwd_ms, alt_<name>_tflops_per_gpu: the ring timed with
+    AB_VARIANTS[name] (or alt_<name>_error)."""
+    import torch.distributed as dist
+
+    from .. import distributed as cfd
+
+    key = f"alt_{name}"
+    out = {}
+    saved = cfd.EARLY_SEND
+    try:
+        group = None
+        if name == "early_send":
+            cfd.EARLY_SEND = not saved
+        elif name == "nccl_priority":
+            group = _groups.get(name)
+            if group is None:
+                opts = dist.ProcessGroupNCCL.Options()
+                opts.is_high_priority_stream = True
+                group = _groups[name] = dist.new_group(backend="nccl", pg_options=opts)
+        else:
+            raise ValueError(f"ab: unknown variant {name!r} (known: {sorted(AB_VARIANTS)})")
+        fwd(group), bwd(group)  # (a new group's first transfers set it up)
+        out[f"{key}_fwd_ms"] = _timed(lambda: fwd(group), reps)
+        out[f"{key}_bwd_ms"] = _timed(lambda: bwd(group), reps)
+        out[f"{key}_tflops_per_gpu"] = flops_total / world / (out[f"{key}_fwd_ms"] +
+                                                              out[f"{key}_bwd_ms"]) / 1e9
+        log(f"  {name} ({AB_VARIANTS[name]}): fwd {out[f'{key}_fwd_ms']:.1f} ms bwd "
+            f"{out[f'{key}_bwd_ms']:.1f} ms, {out[f'{key}_tflops_per_gpu']:.0f} TFLOPs/GPU "
+            f"(as run: {rec['fwd_ms']:.1f} / {rec['bwd_ms']:.1f} ms, early_send={saved})")
+    except Exception as exc:  # noqa: BLE001 - a field says why
+        out[f"{key}_error"] = _short(exc)
+        log(f"  {name}: {out[f'{key}_error']}")
+    finally:
+        cfd.EARLY_SEND = saved
+    return out
 
 
 def _breakdown(world, fwd, bwd) -> dict:
