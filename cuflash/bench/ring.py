@@ -182,6 +182,9 @@ def _worker(rank, world, port, opts):
             for causal in opts["causals"]:
                 spent = time.perf_counter() - t_start
                 prev = last.get(causal)
+                if prev is None and last.get(not causal) is not None:  # from the other mask
+                    other = last[not causal]  # (a causal problem is half a full one's work)
+                    prev = (other[0], other[1] * (0.5 if causal else 2.0))
                 light = seqlen > opts.get("light_from", LIGHT_FROM)
                 est = None if prev is None else prev[1] * (seqlen / prev[0]) ** 2 * (
                     LIGHT_COST if light and prev[0] <= opts.get("light_from", LIGHT_FROM) else 1.0)
