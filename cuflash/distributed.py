@@ -363,9 +363,12 @@ class _Ring:
 
 
 # Whether the rings send a received K/V block on without waiting for the current stream
-# (_Ring.start's after_current=False): the block's transfer is queued behind the previous
-# transfer only, not behind the step's kernels, so that it does not race the next step's
-# kernels for the SMs (a persistent kernel holding every SM would keep it out to the end).
+# (_Ring.start's after_current=False): the block's transfer is queued behind the earlier
+# transfers only (in the backward these include the previous accumulator's, which waits for
+# the additions into it), not behind the step's kernels, so that it need not race the next
+# step's kernels for the SMs (a persistent kernel holding every SM would keep it out to the
+# end). False: every transfer waits for all the current stream has queued (and the
+# backward's K/V block and accumulator travel in one batch).
 EARLY_SEND = True
 
 _side_streams: dict = {}
