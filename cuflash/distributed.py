@@ -513,6 +513,20 @@ def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn) -> tuple:
     return tuple(dkv)
 
 
+# Whether the dense rings run a step's non-causal call over several q chunks as one call per q
+# chunk (the same work in smaller calls; bench --ring-ab split_q times it against one call).
+SPLIT_Q = False
+
+
+def _dense_calls(q_chunks: tuple, k_chunks: tuple, causal: bool) -> list:
+    """step_calls, with SPLIT_Q's split of multi-chunk non-causal calls."""
+    calls = step_calls(q_chunks, k_chunks, causal)
+    if not SPLIT_Q:
+        return calls
+    return [Call(i, i + 1, c.k0, c.k1, False) if not c.causal else c
+            for c in calls for i in (range(c.q0, c.q1) if not c.causal else (c.q0,))]
+
+
 def _covers(call: Call, n_chunks: int, of_k: bool = False) -> bool:
     """Whether a call spans every local chunk of q (or, of_k, of the block's k)."""
     return (call.k0, call.k1) == (0, n_chunks) if of_k else (call.q0, call.q1) == (0, n_chunks)
@@ -535,7 +549,7 @@ def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: 
     run = {}  # "out", "lse": the running result, once it exists
 
     def step(i, src, k_cur, v_cur):
-        for call in step_calls(q_chunks, chunk_ids(src, world, layout), causal):
+        for call in _dense_calls(q_chunks, chunk_ids(src, world, layout), causal):
             qs, ks = _slices(call, q_len, q_len)
             with _Span("fwd_compute", i, q):
                 o_b, lse_b = block_forward(q[:, qs], k_cur[:, ks], v_cur[:, ks], scale, call.causal)
@@ -575,7 +589,7 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
     def step(i, src, k_cur, v_cur):
         parts = []
         k_chunks = chunk_ids(src, world, layout)
-        for call in step_calls(q_chunks, k_chunks, causal):
+        for call in _dense_calls(q_chunks, k_chunks, causal):
             qs, ks = _slices(call, q_len, q_len)
             lse_q = lse_rows.get((call.q0, call.q1))
             if lse_q is None:

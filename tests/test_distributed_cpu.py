@@ -65,12 +65,14 @@ def _worker(rank, world, port, cases):
         for i, case in enumerate(VARLEN_CASES):  # the same processes: no second spawn
             _check_varlen_case(rank, world, case, seed=2000 + i)
         _check_case(rank, world, cases[1], seed=3000, strided=True)
-        try:  # the backward's other transfer schedule: K/V and accumulators in one batch
-            cfd.EARLY_SEND = not cfd.EARLY_SEND
+        try:  # the backward's other transfer schedule: K/V and accumulators in one batch;
+            # multi-chunk calls split per q chunk
+            cfd.EARLY_SEND, cfd.SPLIT_Q = not cfd.EARLY_SEND, not cfd.SPLIT_Q
             _check_case(rank, world, cases[1], seed=4000)
             _check_case(rank, world, cases[3], seed=4001)
+            _check_case(rank, world, cases[0], seed=4002)
         finally:
-            cfd.EARLY_SEND = not cfd.EARLY_SEND
+            cfd.EARLY_SEND, cfd.SPLIT_Q = not cfd.EARLY_SEND, not cfd.SPLIT_Q
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -347,7 +349,7 @@ def test_bench_ring_cli():
     a = bench.parser().parse_args(["--mode", "ring", "--ring-ab", "early_send", "nccl_priority"])
     assert a.ring_ab == ["early_send", "nccl_priority"]
     from cuflash.bench import ring
-    assert set(a.ring_ab) == set(ring.AB_VARIANTS)
+    assert set(a.ring_ab) <= set(ring.AB_VARIANTS)
     a = bench.parser().parse_args(["--mode", "ring", "--ring-breakdown", "--ring-light-from", "0"])
     assert a.ring_breakdown and a.ring_light_from == 0 and a.ring_seqlens is None
     assert "ring" not in bench.modes_of(["all"])

@@ -34,16 +34,16 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  not run
                  With --ring-breakdown (always on light problems: it gives their
                  comm_exposed_ms), one more forward and backward run with
-                 cuflash.distributed.TRACE on: per phase, the sum over steps (ms) of the max
-                 over ranks per step, and the steps themselves ("a/b/c"): fwd_compute_ms
+                 cuflash.distributed.TRACE on: per phase, the max over ranks of the rank's
+                 sum over steps (ms), and every rank's steps ("r0 a/b r1 c/d"): fwd_compute_ms
                  (cuflash's kernels), fwd_merge_ms (LSE merges), fwd_wait_ms (the compute stream
                  waiting for a transfer: exposed), fwd_final_ms (conversions), bwd_compute_ms,
                  bwd_accum_ms (dQ / dK / dV additions), bwd_wait_ms, bwd_final_ms (the dK/dV
-                 hop home); *_steps_ms the per-step values; trace_wait_ms = fwd_wait + bwd_wait
-                 + bwd_final.
+                 hop home, and waiting for the neighbour to finish its last step); trace_wait_ms
+                 = max over ranks of fwd_wait + bwd_wait + bwd_final.
                  With --ring-ab NAME ...: alt_NAME_fwd_ms, alt_NAME_bwd_ms,
                  alt_NAME_tflops_per_gpu of the same ring with one thing changed, in the same
-                 run (AB_VARIANTS: early_send, nccl_priority).
+                 run (AB_VARIANTS: early_send, nccl_priority, split_q).
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
 """
@@ -369,6 +369,7 @@ AB_VARIANTS = {
     "early_send": "cuflash.distributed.EARLY_SEND flipped",
     "nccl_priority": "the ring on a second NCCL group whose streams have high priority "
                      "(ProcessGroupNCCL.Options.is_high_priority_stream)",
+    "split_q": "cuflash.distributed.SPLIT_Q flipped (multi-chunk non-causal calls per q chunk)",
 }
 _groups: dict = {}
 
@@ -382,11 +383,13 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd) -> dict:
 
     key = f"alt_{name}"
     out = {}
-    saved = cfd.EARLY_SEND
+    saved, saved_split = cfd.EARLY_SEND, cfd.SPLIT_Q
     try:
         group = None
         if name == "early_send":
             cfd.EARLY_SEND = not saved
+        elif name == "split_q":
+            cfd.SPLIT_Q = not saved_split
         elif name == "nccl_priority":
             group = _groups.get(name)
             if group is None:
@@ -407,14 +410,15 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd) -> dict:
         out[f"{key}_error"] = _short(exc)
         log(f"  {name}: {out[f'{key}_error']}")
     finally:
-        cfd.EARLY_SEND = saved
+        cfd.EARLY_SEND, cfd.SPLIT_Q = saved, saved_split
     return out
 
 
 def _breakdown(world, fwd, bwd) -> dict:
-    """One forward and one backward with cuflash.distributed.TRACE on: per phase (PHASES), the
-    max over ranks of each step's time, their sum (<phase>_ms) and the steps ("a/b/..."),
-    and trace_wait_ms (the waits and the last hop: exposed communication)."""
+    """One forward and one backward with cuflash.distributed.TRACE on: per phase (PHASES),
+    <phase>_ms the max over ranks of the rank's sum over steps, <phase>_steps_ms every rank's
+    steps ("r0 a/b r1 c/d"), and trace_wait_ms (the max over ranks of the waits and the last
+    hop: exposed communication, and waiting for a slower neighbour)."""
     import torch
     import torch.distributed as dist
 
@@ -430,24 +434,27 @@ def _breakdown(world, fwd, bwd) -> dict:
         finally:
             trace, cfd.TRACE = cfd.TRACE, None
         times.update(cfd.trace_summary(trace))
-    t = torch.zeros(len(PHASES), world, dtype=torch.float64, device="cuda")
+    mine = torch.zeros(len(PHASES), world, dtype=torch.float64, device="cuda")
     for i, phase in enumerate(PHASES):
         for step, ms in enumerate(times.get(phase, [])[:world]):
-            t[i, step] = ms
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    rows = t.tolist()
+            mine[i, step] = ms
+    every = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    per_rank = [t.tolist() for t in every]  # [rank][phase][step]
     out = {}
-    for phase, steps in zip(PHASES, rows):
-        out[f"{phase}_ms"] = sum(steps)
-        out[f"{phase}_steps_ms"] = "/".join(f"{x:.2f}" for x in steps)
-    out["trace_wait_ms"] = out["fwd_wait_ms"] + out["bwd_wait_ms"] + out["bwd_final_ms"]
+    for i, phase in enumerate(PHASES):
+        out[f"{phase}_ms"] = max(sum(r[i]) for r in per_rank)
+        out[f"{phase}_steps_ms"] = " ".join(f"r{j} " + "/".join(f"{x:.2f}" for x in r[i])
+                                            for j, r in enumerate(per_rank))
+    waits = [PHASES.index(p) for p in ("fwd_wait", "bwd_wait", "bwd_final")]
+    out["trace_wait_ms"] = max(sum(sum(r[i]) for i in waits) for r in per_rank)
     return out
 
 
 def _breakdown_line(rec) -> str:
     parts = [f"{p} {rec[p + '_ms']:.2f} [{rec[p + '_steps_ms']}]" for p in PHASES]
-    return (f"  breakdown P={rec['P']} s={rec['seqlen']} causal={rec['causal']} (ms, max over "
-            f"ranks per step): " + "; ".join(parts))
+    return (f"  breakdown P={rec['P']} s={rec['seqlen']} causal={rec['causal']} (ms; max over "
+            f"ranks of the sum over steps [each rank's steps]): " + "; ".join(parts))
 
 
 def _line(rec, shard) -> str:
