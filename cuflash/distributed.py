@@ -314,10 +314,11 @@ class _Ring:
             if self.stream is None:
                 self.stream = _side_streams[device] = torch.cuda.Stream(device)
 
-    def start(self, tensors: Sequence[Tensor], after_current: bool = True) -> tuple:
-        """Send each tensor to the next rank and receive one like it from the previous;
-        returns (received tensors, pending requests). The received tensors may be read only
-        after ``finish``.
+    def start(self, tensors: Sequence[Tensor], after_current: bool = True,
+              reverse: bool = False) -> tuple:
+        """Send each tensor to the next rank and receive one like it from the previous
+        (reverse: to the previous, from the next); returns (received tensors, pending
+        requests). The received tensors may be read only after ``finish``.
 
         after_current=True: the transfer starts after everything the current stream has queued
         (the tensors sent were written there). False (EARLY_SEND, for tensors that an earlier
@@ -329,7 +330,7 @@ class _Ring:
         (record_stream), which reads them after ``finish``."""
         if self.stream is None:
             recv = [torch.empty_like(t) for t in tensors]
-            return recv, dist.batch_isend_irecv(self._ops(tensors, recv))
+            return recv, dist.batch_isend_irecv(self._ops(tensors, recv, reverse))
         current = torch.cuda.current_stream(self.stream.device)
         if after_current:
             recv = [torch.empty_like(t) for t in tensors]
@@ -342,16 +343,17 @@ class _Ring:
             for r in recv:
                 r.record_stream(current)
         with torch.cuda.stream(self.stream):
-            reqs = dist.batch_isend_irecv(self._ops(tensors, recv))
+            reqs = dist.batch_isend_irecv(self._ops(tensors, recv, reverse))
         for t in list(tensors) + recv:  # used by the side stream: not reused before it is done
             t.record_stream(self.stream)
         return recv, reqs
 
-    def _ops(self, tensors, recv) -> list:
+    def _ops(self, tensors, recv, reverse: bool = False) -> list:
+        to, frm = (self.prev, self.next) if reverse else (self.next, self.prev)
         ops = []
         for t, r in zip(tensors, recv):
-            ops.append(dist.P2POp(dist.isend, t, self.next, self.group))
-            ops.append(dist.P2POp(dist.irecv, r, self.prev, self.group))
+            ops.append(dist.P2POp(dist.isend, t, to, self.group))
+            ops.append(dist.P2POp(dist.irecv, r, frm, self.group))
         return ops
 
     def finish(self, reqs) -> None:
@@ -370,6 +372,13 @@ class _Ring:
 # end). False: every transfer waits for all the current stream has queued (and the
 # backward's K/V block and accumulator travel in one batch).
 EARLY_SEND = True
+
+# Whether the dense ring's backward runs the other way round (ring_backward's kv_last): the
+# forward keeps the K/V block it ends with (rank + 1's), the backward starts on it without a
+# transfer and passes blocks and accumulators to rank - 1, so that its last step is the rank's
+# own block: its accumulator is home when the step ends, with no last hop (the cost: that
+# block, as large as the local K/V, kept from the forward to the backward).
+REVERSE_BWD = False
 
 _side_streams: dict = {}
 
@@ -437,7 +446,7 @@ def _sendable(k: Tensor, v: Tensor) -> tuple:
     return k.contiguous(), v.contiguous()
 
 
-def _rotate_forward(ring: _Ring, kv: tuple, comm: bool, step_fn) -> None:
+def _rotate_forward(ring: _Ring, kv: tuple, comm: bool, step_fn) -> tuple:
     """The forward ring: for each of the P steps, ``step_fn(step, src, k_block, v_block)`` on
     the K/V block in hand (src: its owner) while that block travels on to the next rank.
     comm=False: no transfers (every step sees the local block: wrong results, the same work;
@@ -452,9 +461,10 @@ def _rotate_forward(ring: _Ring, kv: tuple, comm: bool, step_fn) -> None:
             with _Span("fwd_wait", step, kv[0]):
                 ring.finish(pending)
             kv = tuple(nxt)
+    return kv  # the block of the last step: rank + 1's (comm=False: the local one)
 
 
-def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn) -> tuple:
+def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=None) -> tuple:
     """The backward ring: K/V blocks travel as in the forward, each with its fp32 dK/dV
     accumulator one step behind. ``step_fn(step, src, k_block, v_block)`` adds dQ's share
     itself and returns this rank's share of the block's dK, dV as [(index, dk_b, dv_b)]
@@ -463,25 +473,33 @@ def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn) -> tuple:
     (a share covering the whole block of a block's first rank becomes the accumulator itself),
     so that only two fp32 pairs live at a time: the one leaving and the one arriving. Returns
     the local block's (dK, dV) in k's dtype: the accumulators are rounded to it before the last
-    hop brings them home (the same rounding the owner would do; half the bytes on the wire)."""
+    hop brings them home (the same rounding the owner would do; half the bytes on the wire).
+
+    first: (REVERSE_BWD) the block of rank + 1, which the forward ended with: the ring runs
+    the other way round from it (blocks rank + 1, rank + 2, ..., rank; transfers to rank - 1),
+    and the last step's block is the local one, so no last hop."""
     world = ring.world
     k, v = kv
+    reverse = first is not None
+    if reverse:
+        kv = tuple(first)
     dkv = None  # the dK/dV accumulator of the block in hand, after this rank's share
     for step in range(world):
         recv_kv, recv_acc, pending = [], [], []
         send_kv, send_acc = comm and step + 1 < world, comm and step > 0
         early = EARLY_SEND and step > 0  # (step 0's block is the local one)
         if send_kv and (early or not send_acc):
-            recv_kv, reqs = ring.start(kv, after_current=not early)
+            recv_kv, reqs = ring.start(kv, after_current=not early, reverse=reverse)
             pending += reqs
         if send_acc:  # the previous block's accumulator goes on with that block
             if early or not send_kv:  # its own transfer, behind this stream's additions
-                recv_acc, reqs = ring.start(dkv)
+                recv_acc, reqs = ring.start(dkv, reverse=reverse)
             else:  # one batch with the K/V block, both behind this stream's work
-                both, reqs = ring.start(list(kv) + list(dkv))
+                both, reqs = ring.start(list(kv) + list(dkv), reverse=reverse)
                 recv_kv, recv_acc = both[:2], both[2:]
             pending += reqs
-        parts = step_fn(step, (ring.rank - step) % world, *kv)
+        src = (ring.rank + 1 + step) % world if reverse else (ring.rank - step) % world
+        parts = step_fn(step, src, *kv)
         if pending:
             with _Span("bwd_wait", step, k):
                 ring.finish(pending)
@@ -507,7 +525,7 @@ def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn) -> tuple:
         dkv = (dk_acc, dv_acc)
     with _Span("bwd_final", world - 1, k):
         dkv = (dkv[0].to(k.dtype), dkv[1].to(v.dtype))
-        if comm and world > 1:  # one more hop: the block in hand is rank + 1's
+        if comm and world > 1 and not reverse:  # one more hop: the block is rank + 1's
             dkv, pending = ring.start(dkv)
             ring.finish(pending)
     return tuple(dkv)
@@ -532,9 +550,12 @@ def _covers(call: Call, n_chunks: int, of_k: bool = False) -> bool:
     return (call.k0, call.k1) == (0, n_chunks) if of_k else (call.q0, call.q1) == (0, n_chunks)
 
 
-def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: bool = True):
+def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: bool = True,
+                 keep_last: bool = False):
     """(out, lse) of the local q over the whole sequence's K/V (no autograd). out: q's
     dtype; lse: fp32 (batch, nheads, seqlen_local), +inf for rows with no key.
+    keep_last: (out, lse, k_last, v_last), the K/V block of the last step (rank + 1's), for
+    ring_backward's kv_last (REVERSE_BWD).
     comm=False: no transfers (every step computes the real step's chunk pairs on the local
     block: wrong results, the same work; for timing the computation alone).
     The running result starts as the first partial that covers every row (the rank's own
@@ -563,19 +584,23 @@ def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: 
                                             dtype=acc, device=q.device)
                 merge_partial(run["out"][:, qs], run["lse"][:, :, qs], o_b, lse_b)
 
-    _rotate_forward(ring, _sendable(k, v), comm, step)
+    last = _rotate_forward(ring, _sendable(k, v), comm, step)
     with _Span("fwd_final", world - 1, q):
         if not run:  # (no call at all: not for a ring's own block, kept for safety)
-            return (torch.zeros_like(q), torch.full((q.shape[0], q.shape[2], q.shape[1]),
-                                                    math.inf, dtype=torch.float32, device=q.device))
-        lse = run["lse"].float().masked_fill_(torch.isneginf(run["lse"]), math.inf)
-        return run["out"].to(q.dtype), lse
+            res = (torch.zeros_like(q), torch.full((q.shape[0], q.shape[2], q.shape[1]),
+                                                   math.inf, dtype=torch.float32, device=q.device))
+        else:
+            lse = run["lse"].float().masked_fill_(torch.isneginf(run["lse"]), math.inf)
+            res = (run["out"].to(q.dtype), lse)
+    return (*res, *last) if keep_last else res
 
 
 def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, layout: str,
-                  deterministic: bool = False, comm: bool = True):
+                  deterministic: bool = False, comm: bool = True, kv_last=None):
     """(dq, dk, dv) of the local shards, out and lse: ring_forward's (global) results. dQ's
-    fp32 accumulator starts as the first share covering every row (step 0's)."""
+    fp32 accumulator starts as the first share covering every row (step 0's). kv_last:
+    ring_forward's (k_last, v_last) (keep_last): the ring runs the other way round from that
+    block, with no last hop (REVERSE_BWD); None: the forward's direction."""
     ring = _Ring(group, q.device)
     world, rank = ring.world, ring.rank
     q_chunks = chunk_ids(rank, world, layout)
@@ -609,7 +634,8 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
                           dk_b, dv_b))
         return parts
 
-    dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step)
+    dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step,
+                              None if kv_last is None else _sendable(*kv_last))
     dq = grad["dq"].to(q.dtype) if grad else torch.zeros_like(q)
     return dq, dk, dv
 
@@ -621,25 +647,26 @@ class RingAttnFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, ring):
-        out, lse = ring[0](q, k, v)
-        ctx.save_for_backward(q, k, v, out, lse)
+        out, lse, *extra = ring[0](q, k, v)  # extra: tensors the backward takes after lse
+        ctx.save_for_backward(q, k, v, out, lse, *extra)
         ctx.ring = ring
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, *extra = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        return (*ctx.ring[1](dout, q, k, v, out, lse), None)
+        return (*ctx.ring[1](dout, q, k, v, out, lse, *extra), None)
 
 
 def _attend(q, k, v, forward, backward):
-    """(out, lse) of a ring: through RingAttnFn when a gradient is wanted, else the forward."""
+    """(out, lse) of a ring: through RingAttnFn when a gradient is wanted, else the forward
+    (what it returns after out and lse is for the backward only)."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return RingAttnFn.apply(q, k, v, (forward, backward))
-    return forward(q, k, v)
+    return tuple(forward(q, k, v)[:2])
 
 
 def _check_group(group, device: torch.device) -> None:
@@ -698,9 +725,13 @@ def ring_flash_attn_func(q, k, v, causal: bool = False, softmax_scale: Optional[
     the float64 reference."""
     scale, world = check_ring_args(q, k, v, softmax_scale, causal, group, layout)
     causal, deterministic = bool(causal), bool(deterministic)
+    keep = REVERSE_BWD and torch.is_grad_enabled()  # (the backward's first block)
     out, lse = _attend(
-        q, k, v, lambda q, k, v: ring_forward(q, k, v, scale, causal, group, layout),
-        lambda *t: ring_backward(*t, scale, causal, group, layout, deterministic))
+        q, k, v, lambda q, k, v: ring_forward(q, k, v, scale, causal, group, layout,
+                                              keep_last=keep),
+        lambda dout, q, k, v, out, lse, *last: ring_backward(
+            dout, q, k, v, out, lse, scale, causal, group, layout, deterministic,
+            kv_last=tuple(last) or None))
     return (out, lse, None) if return_attn_probs else out
 
 

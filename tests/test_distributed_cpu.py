@@ -66,13 +66,15 @@ def _worker(rank, world, port, cases):
             _check_varlen_case(rank, world, case, seed=2000 + i)
         _check_case(rank, world, cases[1], seed=3000, strided=True)
         try:  # the backward's other transfer schedule: K/V and accumulators in one batch;
-            # multi-chunk calls split per q chunk
-            cfd.EARLY_SEND, cfd.SPLIT_Q = not cfd.EARLY_SEND, not cfd.SPLIT_Q
+            # multi-chunk calls split per q chunk; the backward the other way round
+            flip = lambda: (not cfd.EARLY_SEND, not cfd.SPLIT_Q, not cfd.REVERSE_BWD)  # noqa: E731
+            cfd.EARLY_SEND, cfd.SPLIT_Q, cfd.REVERSE_BWD = flip()
             _check_case(rank, world, cases[1], seed=4000)
             _check_case(rank, world, cases[3], seed=4001)
             _check_case(rank, world, cases[0], seed=4002)
+            _check_case(rank, world, cases[2], seed=4003, strided=True)
         finally:
-            cfd.EARLY_SEND, cfd.SPLIT_Q = not cfd.EARLY_SEND, not cfd.SPLIT_Q
+            cfd.EARLY_SEND, cfd.SPLIT_Q, cfd.REVERSE_BWD = flip()
         dist.barrier()
     finally:
         dist.destroy_process_group()

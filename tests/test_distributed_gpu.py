@@ -192,15 +192,18 @@ def _deterministic_and_strided(what, cfd, shard, q, k, v, dout, causal, layout, 
     kv = torch.stack((shard(k), shard(v)), dim=2).requires_grad_()  # (b, s, 2, hk, d)
     ks, vs = kv.unbind(2)                                            # strided views
     assert not ks.is_contiguous()
-    cfd.TRACE = []  # this run traced too (bench --ring-breakdown): the same results
+    # this run traced too (bench --ring-breakdown), and with the backward the other way
+    # round (REVERSE_BWD flipped): the same results
+    cfd.TRACE, cfd.REVERSE_BWD = [], not cfd.REVERSE_BWD
     try:
         out = cfd.ring_flash_attn_func(ql, ks, vs, causal=causal, layout=layout)
         dq, dkv = torch.autograd.grad(out, (ql, kv), shard(dout))
     finally:
-        trace, cfd.TRACE = cfd.TRACE, None
+        trace, cfd.TRACE, cfd.REVERSE_BWD = cfd.TRACE, None, not cfd.REVERSE_BWD
     strided = (out.detach(), dq, *dkv.unbind(2))
     torch.cuda.synchronize()
-    failures += _compare(what + " strided kv", shard, ref, low, single, strided, dtype, dt)
+    failures += _compare(what + f" strided kv, REVERSE_BWD {not cfd.REVERSE_BWD}", shard, ref,
+                         low, single, strided, dtype, dt)
     times = cfd.trace_summary(trace)
     world = torch.distributed.get_world_size()
     want = {"fwd_compute", "fwd_merge", "fwd_final", "bwd_compute", "bwd_accum", "bwd_final"}

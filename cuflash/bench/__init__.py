@@ -110,11 +110,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ring-breakdown", action="store_true",
                     help="ring: per-step breakdown (compute, merge / accumulate, exposed waits) "
                          "from one traced forward + backward per problem")
-    ap.add_argument("--ring-ab", nargs="+", default=[], choices=("early_send", "nccl_priority", "split_q"),
+    ap.add_argument("--ring-ab", nargs="+", default=[], choices=("early_send", "nccl_priority", "split_q", "reverse_bwd"),
                     help="ring: also time the ring with one thing changed, per variant: "
                          "early_send (cuflash.distributed.EARLY_SEND flipped), nccl_priority "
-                         "(a second NCCL group with high-priority streams), split_q "
-                         "(cuflash.distributed.SPLIT_Q flipped)")
+                         "(a second NCCL group with high-priority streams), split_q, reverse_bwd "
+                         "(cuflash.distributed.SPLIT_Q, REVERSE_BWD flipped)")
     ap.add_argument("--ring-light-from", type=int, default=524288,
                     help="ring: seqlens above run light (1 repetition, no transfer-free runs, "
                          "torch CP on cuDNN only; default 524288)")

@@ -43,7 +43,7 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  = max over ranks of fwd_wait + bwd_wait + bwd_final.
                  With --ring-ab NAME ...: alt_NAME_fwd_ms, alt_NAME_bwd_ms,
                  alt_NAME_tflops_per_gpu of the same ring with one thing changed, in the same
-                 run (AB_VARIANTS: early_send, nccl_priority, split_q).
+                 run (AB_VARIANTS: early_send, nccl_priority, split_q, reverse_bwd).
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
 """
@@ -285,19 +285,25 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
     # the ring, no autograd: forward, backward, and both without transfers
     rec = dict(impl="ring", **base)
     try:
-        fwd = lambda comm=True: cfd.ring_forward(q, k, v, scale, causal, None, "zigzag", comm)  # noqa: E731
-        out, lse = fwd()  # warm-up: compiles
-        bwd = lambda comm=True: cfd.ring_backward(dout, q, k, v, out, lse, scale, causal, None,  # noqa: E731
-                                                  "zigzag", False, comm)
+        # the forward keeps its last K/V block for the backward when REVERSE_BWD is on (as
+        # ring_flash_attn_func does); res: (out, lse[, k_last, v_last])
+        def fwd_g(group=None, comm=True):
+            return cfd.ring_forward(q, k, v, scale, causal, group, "zigzag", comm,
+                                    keep_last=cfd.REVERSE_BWD)
+
+        def bwd_g(res, group=None, comm=True):
+            return cfd.ring_backward(dout, q, k, v, res[0], res[1], scale, causal, group,
+                                     "zigzag", False, comm, kv_last=tuple(res[2:]) or None)
+
+        res = fwd_g()  # warm-up: compiles
+        fwd = lambda comm=True: fwd_g(comm=comm)  # noqa: E731
+        bwd = lambda comm=True: bwd_g(res, comm=comm)  # noqa: E731
         bwd()
         rec["fwd_ms"] = fwd_ms = _timed(fwd, reps)
         rec["bwd_ms"] = bwd_ms = _timed(bwd, reps)
+        rec["reverse_bwd"] = cfd.REVERSE_BWD
         for name in opts.get("ab", ()):  # the same ring with one thing changed (AB_VARIANTS)
-            rec.update(_variant(name, world, reps, f_fwd + f_bwd, rec, log,
-                                lambda group: cfd.ring_forward(q, k, v, scale, causal, group,
-                                                               "zigzag"),
-                                lambda group: cfd.ring_backward(dout, q, k, v, out, lse, scale,
-                                                                causal, group, "zigzag")))
+            rec.update(_variant(name, world, reps, f_fwd + f_bwd, rec, log, fwd_g, bwd_g))
         if opts.get("breakdown") or light:
             rec.update(_breakdown(world, fwd, bwd))
             log(_breakdown_line(rec))
@@ -310,7 +316,7 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         rec["fwd_tflops_per_gpu"] = f_fwd / world / fwd_ms / 1e9
         rec["bwd_tflops_per_gpu"] = f_bwd / world / bwd_ms / 1e9
         rec["tflops_per_gpu"] = (f_fwd + f_bwd) / world / (fwd_ms + bwd_ms) / 1e9
-        del out, lse
+        del res
         # peak memory of one autograd forward + backward
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -370,6 +376,8 @@ AB_VARIANTS = {
     "nccl_priority": "the ring on a second NCCL group whose streams have high priority "
                      "(ProcessGroupNCCL.Options.is_high_priority_stream)",
     "split_q": "cuflash.distributed.SPLIT_Q flipped (multi-chunk non-causal calls per q chunk)",
+    "reverse_bwd": "cuflash.distributed.REVERSE_BWD flipped (the backward the other way round, "
+                   "no last hop)",
 }
 _groups: dict = {}
 
@@ -383,13 +391,15 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd) -> dict:
 
     key = f"alt_{name}"
     out = {}
-    saved, saved_split = cfd.EARLY_SEND, cfd.SPLIT_Q
+    saved, saved_split, saved_rev = cfd.EARLY_SEND, cfd.SPLIT_Q, cfd.REVERSE_BWD
     try:
         group = None
         if name == "early_send":
             cfd.EARLY_SEND = not saved
         elif name == "split_q":
             cfd.SPLIT_Q = not saved_split
+        elif name == "reverse_bwd":
+            cfd.REVERSE_BWD = not saved_rev
         elif name == "nccl_priority":
             group = _groups.get(name)
             if group is None:
@@ -398,9 +408,11 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd) -> dict:
                 group = _groups[name] = dist.new_group(backend="nccl", pg_options=opts)
         else:
             raise ValueError(f"ab: unknown variant {name!r} (known: {sorted(AB_VARIANTS)})")
-        fwd(group), bwd(group)  # (a new group's first transfers set it up)
+        res = fwd(group)  # (a new group's first transfers set it up)
+        bwd(res, group)
         out[f"{key}_fwd_ms"] = _timed(lambda: fwd(group), reps)
-        out[f"{key}_bwd_ms"] = _timed(lambda: bwd(group), reps)
+        out[f"{key}_bwd_ms"] = _timed(lambda: bwd(res, group), reps)
+        del res
         out[f"{key}_tflops_per_gpu"] = flops_total / world / (out[f"{key}_fwd_ms"] +
                                                               out[f"{key}_bwd_ms"]) / 1e9
         log(f"  {name} ({AB_VARIANTS[name]}): fwd {out[f'{key}_fwd_ms']:.1f} ms bwd "
@@ -410,7 +422,7 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd) -> dict:
         out[f"{key}_error"] = _short(exc)
         log(f"  {name}: {out[f'{key}_error']}")
     finally:
-        cfd.EARLY_SEND, cfd.SPLIT_Q = saved, saved_split
+        cfd.EARLY_SEND, cfd.SPLIT_Q, cfd.REVERSE_BWD = saved, saved_split, saved_rev
     return out
 
 
