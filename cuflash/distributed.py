@@ -13,13 +13,19 @@ Forward (P steps). Step s: rank r holds the K/V block of rank (r - s) mod P; it 
 cuflash's forward (``torch_ops.forward``: the kernels on CUDA tensors, the float64
 reference on CPU tensors) on its local Q and that block, giving a partial (O_s, lse_s),
 and merges it into its running (O, lse) by log-sum-exp (``merge_partial``: flash-decoding's
-combine, in fp32). Meanwhile the block travels to rank r + 1 with
+combine, in fp32, two passes over O; step 0's partial covers every row and becomes the running
+result itself, ``first_partial``). Meanwhile the block travels to rank r + 1 with
 ``torch.distributed.batch_isend_irecv``, issued on a side CUDA stream so that it overlaps
-the step's computation (gloo on CPU: the same calls, no streams).
+the step's computation (gloo on CPU: the same calls, no streams); a received block goes on
+behind the previous transfer only, not behind the step's kernels (``EARLY_SEND``).
 
 Backward (the same ring). dQ stays local (fp32 accumulator). The K/V blocks rotate as in the
 forward; the dK/dV accumulator (fp32) of the block in hand travels with it one step behind
-and, after the last step, one more hop returns it to the block's owner. Each step calls
+and, after the last step, one more hop returns it to the block's owner, rounded to k's dtype
+first (the rounding the owner does anyway). With ``REVERSE_BWD`` the forward keeps its last
+block and the backward runs the ring the other way round from it, ending on the rank's own
+block: no last hop. ``TRACE`` times every step's phases with CUDA events (bench --mode ring
+--ring-breakdown). Each step calls
 cuflash's backward (``torch_ops.backward_impl``) with the GLOBAL merged out and lse: with
 P = exp(S - lse_global) and D = rowsum(dO * O_global), every block's dS = P * (dP - D) is
 exactly its share of the full gradient (the ring-attention identity), so no rescaling is
