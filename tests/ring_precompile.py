@@ -10,7 +10,8 @@ ring makes at those P: the rank's own block (2 chunks x 2 chunks, causal or not)
 half-block steps (2 x 1 and 1 x 2 chunks, not causal), the varlen-free contiguous layout's
 1 x 1 chunk calls, and the single-GPU flash_attn_func calls next to them (the whole test
 sequence, the bench's per-GPU shard), forward and backward (and deterministic for the test's
-first case).
+first case), and the varlen test's calls (one chunk of every sequence against one chunk, and
+the whole batch on one GPU).
 """
 import argparse
 import os
@@ -36,7 +37,7 @@ def _shapes(P: int, chunk: int, layout: str, causal: bool) -> list:
 
 
 def problems(procs, seqlens) -> list:
-    from test_distributed_gpu import CASES
+    from test_distributed_gpu import CASES, VARLEN_CASES
 
     probs = []
     for P in procs:
@@ -45,6 +46,13 @@ def problems(procs, seqlens) -> list:
                 for op in ("fwd", "bwd"):
                     for det in ((False, True) if op == "bwd" and i == 0 else (False,)):
                         probs.append(Problem(op, dt, b, sq, sk, h, hk, d, c, det))
+        for units, h, hk, d, causal, layout, dt in VARLEN_CASES:  # one varlen call per pair
+            n = 2 * P if layout == "zigzag" else P
+            longest = max(units) * n
+            for sq, c in ((longest // n, causal), (longest // n, False), (longest, causal)):
+                for op in ("fwd", "bwd"):
+                    probs.append(Problem(op, dt, len(units), sq, sq, h, hk, d, c,
+                                         features=("varlen",)))
         for s in seqlens:  # bench: batch 1, 8 heads, d128, bf16; the shard is s / P long
             for causal in (True, False):
                 shapes = _shapes(P, s // (2 * P), "zigzag", causal)
