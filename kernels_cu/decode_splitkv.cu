@@ -52,6 +52,9 @@
 //   kL2Prefetch  0, 64, 128 or 256: the whole K/V blocks' cp.asyncs carry an L2 prefetch-size hint
 //             of that many bytes (a key row of d 128 in bf16 is 256 bytes): on a miss the L2 asks
 //             the DRAM for the whole aligned segment at once (0: no hint, the plain kernel)
+//   kPageGather  paged caches: each thread reads the page ids of all its rows of a K/V block from
+//             block_table first, then issues the block's cp.asyncs (false: a table read per key
+//             row, right before its cp.async); with kPagePrefetch, the prefetch wins
 //   kWarpLoads  each warp loads the kWarpN key rows of K and V that it alone reads, so the ring
 //             needs no CTA barrier per block: a warp waits for its own cp.async groups and its
 //             own lanes (__syncwarp), and the warps stream independently (false: the CTA loads
@@ -627,7 +630,7 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
 // ---- decode_splitkv: one split of one KV head's packed query rows -----------------------------
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
           bool kFusedCombine = false, bool kPagePrefetch = false, int kL2Prefetch = 0,
-          bool kWarpLoads = false>
+          bool kWarpLoads = false, bool kPageGather = false>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
@@ -724,6 +727,19 @@ decode_splitkv(const DecodeParams p) {
         const bool whole = key0 + kBlockN <= keys && p.head_dim >= kHeadDim;
         const u32 k_dst = smem_u32(k_smem + slot * Shape::kKVTile + ld_row * kPitch + ld_col);
         const u32 v_dst = smem_u32(v_smem + slot * Shape::kKVTile + ld_row * kPitch + ld_col);
+        // kPageGather: this block's page ids, one per pass, all read before its first cp.async
+        // (cp.async's memory clobber keeps a table read written between two copies behind the
+        // first: one dependent round trip per pass otherwise)
+        int gathered[kPageGather ? kPasses : 1];
+        if constexpr (kPageGather)
+            if (p.block_table) {
+#pragma unroll
+                for (int pass = 0; pass < kPasses; ++pass) {
+                    const int row = ld_row + pass * kRowsPerPass, j = key0 + row;
+                    gathered[pass] = (kWarpLoads || row < kBlockN) && j < keys
+                                     ? p.block_table[b * p.block_table_stride + (rk.start + j) / p.page_size] : 0;
+                }
+            }
 #pragma unroll
         for (int pass = 0; pass * kRowsPerPass < kLoadRows; ++pass) {
             const int row = ld_row + pass * kRowsPerPass;
@@ -732,8 +748,9 @@ decode_splitkv(const DecodeParams p) {
             const bool valid = whole || (j < keys && ld_col < p.head_dim);
             i64 k_off = 0, v_off = 0;
             if (valid) {
-                if (kPagePrefetch && p.block_table) {
-                    const int page = min(max(page_of[kPagePrefetch ? pass : 0], 0), p.num_pages - 1);
+                if ((kPagePrefetch || kPageGather) && p.block_table) {
+                    const int id = kPageGather ? gathered[kPageGather ? pass : 0] : page_of[kPagePrefetch ? pass : 0];
+                    const int page = min(max(id, 0), p.num_pages - 1);
                     const int pos = rk.start + j, prow = pos % p.page_size;
                     k_off = page * p.k_batch_stride + prow * p.k_row_stride;
                     v_off = page * p.v_batch_stride + prow * p.v_row_stride;

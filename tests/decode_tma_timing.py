@@ -12,10 +12,14 @@ memory), CUDA-graph timing. In the same process, per cell:
     count (``num_splits_for``):
     - ``base``         the heuristic's tiles on the cp.async loop (8 warps x 16 keys, 3 stages:
                        one CTA per SM), no option;
-    - ``base_l2p256``  the K/V cp.asyncs with an L2 prefetch-size hint (``l2_prefetch``), and
-                       ``base_wl``: each warp loads the key rows it reads (``warp_loads``: no CTA
-                       barrier per block) (contiguous cells);
-    - ``w4s3``         4 warps, 3 stages (64-key blocks, two CTAs per SM; paged cells);
+    - ``base_l2p256``  the K/V cp.asyncs with an L2 prefetch-size hint (``l2_prefetch``)
+                       (contiguous cells);
+    - ``l2p_fc``       base_l2p256 with the fused combine (the last split CTA of a group merges:
+                       one launch), at batch 1 also at twice the split count (``l2p_fc_x32``)
+                       (contiguous cells at batch <= 8, and the cold cell);
+    - ``base_pg``      the page ids of a K/V block read before its copies (``page_gather``), and
+                       ``w4s3`` / ``w4s3_pg``: 4 warps, 3 stages (64-key blocks, two CTAs per SM)
+                       without and with it (paged cells);
   * the ``1x8k_cold`` cell: the graph cycles over 4 caches (134 MB, more than the 50 MB L2), so
     no call finds its K/V in L2 (1x8k's 34 MB fit: a replayed graph of one cache may hit);
   * ``--profile``: in the batch-1 contiguous cells, each of PROFILE_LABELS' graphs replays once
@@ -64,7 +68,7 @@ TOL = 1.6e-2                     # bf16 outputs of |O| <~ 1: a couple of ulps
 TARGET_REPLAY_US = 2000.0        # calls per graph: about this long a replay
 SWITCH_NAMES = ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP_LOADS_DEFAULT",
                 "SMALL_PAGE_WARPS", "PAGED_SPLIT_RULE_RESIDENT", "FUSED_COMBINE_DEFAULT",
-                "PAGE_PREFETCH_DEFAULT")
+                "PAGE_PREFETCH_DEFAULT", "PAGE_GATHER_DEFAULT", "COMBINE_LAUNCH_COST")
 
 
 def base_config(problem, arch=(9, 0)):
@@ -77,12 +81,18 @@ def base_config(problem, arch=(9, 0)):
 
 def candidates(base, batch: int, page: int, cold: bool = False) -> list:
     """(label, config, split multipliers) of the forced configs a cell times (see the docstring)."""
-    if cold:  # the option that might change what an L2 miss costs
-        return [("base", base, (1,)), ("base_l2p256", base.replace(l2_prefetch=256), (1,))]
+    l2p = base.replace(l2_prefetch=256)
+    if cold:  # the options that might change what an L2 miss costs, and the one launch
+        return [("base", base, (1,)), ("base_l2p256", l2p, (1,)),
+                ("l2p_fc", l2p.replace(fused_combine=True), (1,))]
     if not page:
-        return [("base", base, (1,)), ("base_l2p256", base.replace(l2_prefetch=256), (1,)),
-                ("base_wl", base.replace(warp_loads=True), (1,))]
-    return [("base", base, (1,)), ("w4s3", base.replace(warps=4, stages=3), (1,))]
+        out = [("base", base, (1,)), ("base_l2p256", l2p, (1,))]
+        if batch <= 8:  # where the split count is > 1: the combine in the split kernel, more splits
+            out += [("l2p_fc", l2p.replace(fused_combine=True), (1, 2) if batch == 1 else (1,))]
+        return out
+    w4 = base.replace(warps=4, stages=3)
+    return [("base", base, (1,)), ("base_pg", base.replace(page_gather=True), (1,)),
+            ("w4s3", w4, (1,)), ("w4s3_pg", w4.replace(page_gather=True), (1,))]
 
 
 def parse_switches(text: str) -> dict:
@@ -275,7 +285,7 @@ def sdpa_fn(impl, q, kc, vc):
     return f
 
 
-PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "base_l2p256")
+PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "base_l2p256", "l2p_fc")
 
 
 def run_cell(name, page, reps, repeat, proposals, log, profile=False) -> list:

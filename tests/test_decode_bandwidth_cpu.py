@@ -22,7 +22,7 @@ def test_names_and_template_arguments():
     assert BASE.name == "decode_bf16_d128_w8_n16_s3_m1_c4"          # plain names unchanged
     both = BASE.replace(l2_prefetch=256, warp_loads=True)
     assert both.name == "decode_bf16_d128_w8_n16_s3_m1_c4_l2p256_wl"
-    assert BASE.template_args()[-2:] == (0, False) and both.template_args()[-2:] == (256, True)
+    assert BASE.template_args()[-3:] == (0, False, False) and both.template_args()[-3:] == (256, True, False)
     assert both.kernel_name() == ("cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, false, false, "
                                   "256, true>")
     for cfg in (BASE, both, both.replace(splits=9, fused_combine=True)):
@@ -43,9 +43,10 @@ def test_space_and_points_from_before():
     assert FAM.space["l2_prefetch"] == mod.L2_PREFETCH_SPACE == (0, 128, 256)   # the sizes run on the H100
     assert FAM.space["warp_loads"] == mod.WARP_LOADS_SPACE == (False,)          # not yet run on a GPU
     assert set(mod.L2_PREFETCH_SPACE) <= set(mod.L2_PREFETCH_SIZES)
-    point = {k: getattr(BASE, k) for k in FAM.space if k not in ("tma", "l2_prefetch", "warp_loads")}
+    point = {k: getattr(BASE, k) for k in FAM.space
+             if k not in ("tma", "l2_prefetch", "warp_loads", "page_gather")}
     cfg = FAM.make(point, P)                 # a tuned entry / study point from before the options
-    assert (cfg.tma, cfg.l2_prefetch, cfg.warp_loads) == (False, 0, False)
+    assert (cfg.tma, cfg.l2_prefetch, cfg.warp_loads, cfg.page_gather) == (False, 0, False, False)
 
 
 def test_heuristic_switches(monkeypatch):
@@ -70,7 +71,7 @@ def test_heuristic_switches(monkeypatch):
 
 def test_kernel_source_flags():
     src = render_source("decode_splitkv")
-    assert "int kL2Prefetch = 0" in src and "bool kWarpLoads = false>" in src
+    assert "int kL2Prefetch = 0" in src and "bool kWarpLoads = false, bool kPageGather = false>" in src
     assert "if (!kWarpLoads || iter == 0) __syncthreads();" in src
 
 

@@ -24,9 +24,10 @@ loop, which streams contiguous caches and large pages as fast or faster. With TM
 (off: faster at small batch, slower at large; see its note), paged caches with pages under
 TMA_PAGED_MAX_PAGE keys take the Hopper loop (4 warps, 3 stages), else with SMALL_PAGE_WARPS = 4
 the cp.async loop with 4 warps, chosen per call by ``call_config`` (the page size is the call's,
-not the problem class's). Options of the cp.async loop, off by default (module switches below):
-``l2_prefetch`` (an L2 prefetch-size hint on the K/V copies) and ``warp_loads`` (each warp loads
-the rows it reads: no CTA barrier per block).
+not the problem class's). Options of the cp.async loop (module switches below): ``l2_prefetch``
+(an L2 prefetch-size hint on the K/V copies, on for contiguous caches), ``warp_loads`` (each warp
+loads the rows it reads: no CTA barrier per block) and ``page_gather`` (paged: a block's page ids
+read before its copies).
 
 The number of splits is the config's ``splits`` (1..128), fixed before a plan is made:
 ``cuflash.decode`` puts the call's ``num_splits`` there, or the heuristic's choice
@@ -120,6 +121,11 @@ L2_PREFETCH_DEFAULT = 256
 # off and out of the space until they pass and a timing shows it faster.
 WARP_LOADS_DEFAULT = False
 WARP_LOADS_SPACE = (False,)
+# page_gather (paged caches: a K/V block's page ids read before its cp.asyncs, not one dependent
+# table read per row pass): the heuristic's choice and the tuning space's values. Not yet timed on
+# a GPU (tests/decode_tma_timing.py times it as ``base_pg`` in the paged cells): off until then.
+PAGE_GATHER_DEFAULT = False
+PAGE_GATHER_SPACE = (False, True)
 # Paged caches with pages under TMA_PAGED_MAX_PAGE keys, when the heuristic chose and the Hopper
 # loop does not take them (TMA_PAGED_DEFAULT off, or not sm_90): the cp.async loop with this many
 # warps (4: 64-key blocks, 3 stages, two CTAs per SM, the split rule filling both; 8: the
@@ -157,6 +163,9 @@ class DecodeConfig(KernelConfig):
     l2_prefetch: 0, 64, 128 or 256: the cp.async loop's whole K/V blocks load with an L2
               prefetch-size hint of that many bytes (``cp.async...L2::256B``: on a miss the L2
               fetches the whole aligned segment; a d 128 bf16 key row is 256 bytes); 0: no hint
+    page_gather: paged caches: each thread reads the page ids of all its rows of a K/V block from
+              block_table before the block's first cp.async (False: one table read right before
+              each row's copy, a dependent round trip per row pass; page_prefetch, if set, wins)
     warp_loads: the cp.async loop's K/V rows are loaded by the warp that reads them (each warp its
               warp_n rows of every block), so the ring needs no CTA barrier per block and the
               warps stream independently; False: the CTA loads each block together
@@ -165,7 +174,8 @@ class DecodeConfig(KernelConfig):
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
               K (V) block, paged ones a box per page segment (``tma_box_rows``). Needs the real
               head dim to equal ``head_dim`` (the box carries no column mask), a page size that
-              is a multiple of 16, no fused combine, page prefetch, l2_prefetch or warp_loads
+              is a multiple of 16, no fused combine, page prefetch, l2_prefetch, warp_loads or
+              page_gather
     """
 
     warps: int
@@ -182,6 +192,7 @@ class DecodeConfig(KernelConfig):
     tma: bool = False
     l2_prefetch: int = 0
     warp_loads: bool = False
+    page_gather: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -204,7 +215,7 @@ class DecodeConfig(KernelConfig):
         split = f"_x{self.splits}" if self.splits else ""
         flags = (("_fc" if self.fused_combine else "") + ("_pp" if self.page_prefetch else "")
                  + ("_tma" if self.tma else "") + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
-                 + ("_wl" if self.warp_loads else ""))
+                 + ("_wl" if self.warp_loads else "") + ("_pg" if self.page_gather else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -224,16 +235,17 @@ class DecodeConfig(KernelConfig):
         if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
+        gather = f", {flag[True]}" if self.page_gather else ""  # the default (false) is left out
         return (f"cuflash::decode_splitkv<{self.warps}, {self.warp_n}, {self.stages}, {self.m_tiles}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {flag[self.fused_combine]}, "
-                f"{flag[self.page_prefetch]}, {int(self.l2_prefetch)}, {flag[self.warp_loads]}>")
+                f"{flag[self.page_prefetch]}, {int(self.l2_prefetch)}, {flag[self.warp_loads]}{gather}>")
 
     def template_args(self) -> tuple:
         if self.tma:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype)
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                 bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch),
-                bool(self.warp_loads))
+                bool(self.warp_loads), bool(self.page_gather))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -262,9 +274,9 @@ class DecodeConfig(KernelConfig):
             if self.block_n > 256:
                 out.append(f"tma: warps * warp_n (the block's keys, one TMA box) must be <= 256, "
                            f"got {self.block_n}")
-            if self.fused_combine or self.page_prefetch or self.l2_prefetch or self.warp_loads:
+            if self.fused_combine or self.page_prefetch or self.l2_prefetch or self.warp_loads or self.page_gather:
                 out.append("tma: the Hopper loop has no fused_combine, no page_prefetch, no "
-                           "l2_prefetch and no warp_loads (options of the cp.async loop)")
+                           "l2_prefetch, no warp_loads and no page_gather (options of the cp.async loop)")
             if not out and self.warps >= 8 and self.accum_regs > TMA_MAX_ACCUM_REGS_WIDE:
                 out.append(f"tma: {self.accum_regs} fp32 accumulator registers per thread exceed the "
                            f"budget of {TMA_MAX_ACCUM_REGS_WIDE} at {self.warps} warps plus the producer "
@@ -396,7 +408,8 @@ class DecodeSplitKV(Family):
     config_cls = DecodeConfig
     space = {"warps": (2, 4, 8), "warp_n": (16, 32), "stages": (2, 3, 4, 6), "m_tiles": (1, 2),
              "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
-             "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE}
+             "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE,
+             "page_gather": PAGE_GATHER_SPACE}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -448,11 +461,12 @@ class DecodeSplitKV(Family):
                            fused_combine=FUSED_COMBINE_DEFAULT,
                            page_prefetch=PAGE_PREFETCH_DEFAULT and "paged_kv" in problem.features,
                            l2_prefetch=0 if "paged_kv" in problem.features else L2_PREFETCH_DEFAULT,
-                           warp_loads=WARP_LOADS_DEFAULT)
+                           warp_loads=WARP_LOADS_DEFAULT,
+                           page_gather=PAGE_GATHER_DEFAULT and "paged_kv" in problem.features)
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
-            tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False,
+            tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False,
                               tma=True, split_cost=TMA_SPLIT_COST)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
@@ -467,9 +481,10 @@ class DecodeSplitKV(Family):
         return cfg.validate(max_smem)
 
     def make(self, point, problem: Problem):
-        """As Family.make; a point without ``tma``, ``l2_prefetch`` or ``warp_loads`` (tuned tables
-        and recorded studies from before them) gets False / 0 / False: the cp.async loop as it was."""
-        point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, **point}
+        """As Family.make; a point without ``tma``, ``l2_prefetch``, ``warp_loads`` or ``page_gather``
+        (tuned tables and recorded studies from before them) gets False / 0 / False / False: the
+        cp.async loop as it was."""
+        point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -510,7 +525,7 @@ class DecodeSplitKV(Family):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
-                                 warp_loads=False)
+                                 warp_loads=False, page_gather=False)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
