@@ -415,6 +415,23 @@ def table(records: list) -> str:
     return "\n".join(out)
 
 
+def compact(records: list) -> str:
+    """One line per cell: each record's label and us (fastest first; BAD / errors marked), the
+    SDPA references first (``--compact``: the whole run fits a 12,000-character log tail)."""
+    out = []
+    for cell in dict.fromkeys((r["cell"], r["page_size"]) for r in records):
+        recs = [r for r in records if (r["cell"], r["page_size"]) == cell]
+        recs.sort(key=lambda r: (r["impl"] == "cuflash", r.get("us") or float("inf")))
+        parts = []
+        for r in recs:
+            name = {"sdpa_flash": "flash", "sdpa_cudnn": "cudnn"}.get(r["label"], r["label"])
+            us = f"{r['us']:.1f}" if r.get("us") else "-"
+            parts.append(f"{name} {us}" + ("!BAD" if str(r.get("error", "")).startswith("BAD") else
+                                           "!ERR" if r.get("error") else ""))
+        out.append(f"{cell[0]}/p{cell[1]}: " + ", ".join(parts))
+    return "\n".join(out)
+
+
 def _geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
@@ -510,6 +527,8 @@ def main():
     ap.add_argument("--max-seconds", type=float, default=60.0,
                     help="start no new cell after this long (the kernels' compile included)")
     ap.add_argument("--processes", type=int, default=0, help="compile workers (0: one per kernel set)")
+    ap.add_argument("--compact", action="store_true",
+                    help="print one line per cell (label us, fastest first) instead of the per-record log and the tables")
     ap.add_argument("--precompile", action="store_true", help="compile the kernels and stop")
     ap.add_argument("--no-precompile", action="store_true",
                     help="skip the parallel compile step (tests/decode_precompile.py ran already)")
@@ -539,10 +558,12 @@ def main():
             if time.time() - t0 > a.max_seconds:
                 skipped.append(f"{name}/p{page}")
                 continue
-            print(f"{name} page {page or '-'} ({time.time() - t0:.0f} s)", flush=True)
-            records += run_cell(name, page, a.reps, a.repeat, proposals, lambda s: print(s, flush=True),
-                                a.profile)
-    print(table(records))
+            if not a.compact:
+                print(f"{name} page {page or '-'} ({time.time() - t0:.0f} s)", flush=True)
+            log = (lambda s: print(s, flush=True) if s.lstrip().startswith("profile") else None) \
+                if a.compact else (lambda s: print(s, flush=True))
+            records += run_cell(name, page, a.reps, a.repeat, proposals, log, a.profile)
+    print(compact(records) if a.compact else table(records))
     s = summary(records)
     print(print_summary(s))
     if proposals:

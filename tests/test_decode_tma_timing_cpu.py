@@ -111,3 +111,12 @@ def test_summary_keeps_a_proposal_off_when_a_cell_loses():
 def test_switch_names_exist():
     for name in dt.SWITCH_NAMES:
         assert hasattr(mod, name), name
+
+
+def test_compact_lines():
+    records = [rec("1x8k", 0, "sdpa_flash", 21.0, impl="sdpa_flash"), rec("1x8k", 0, "sdpa_cudnn", 12.1, impl="sdpa_cudnn"),
+               rec("1x8k", 0, "heuristic", 18.0), rec("1x8k", 0, "l2p_fc", 12.9, error="BAD: x"),
+               rec("1x8k", 16, "base", 22.0), rec("1x8k", 16, "base_pg", None, error="RuntimeError: y")]
+    lines = dt.compact(records).splitlines()
+    assert lines == ["1x8k/p0: cudnn 12.1, flash 21.0, l2p_fc 12.9!BAD, heuristic 18.0",
+                     "1x8k/p16: base 22.0, base_pg -!ERR"]
