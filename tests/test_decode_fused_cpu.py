@@ -47,7 +47,9 @@ def _cp_async_loop(monkeypatch):
 
 
 def test_heuristic_switches(monkeypatch):
-    assert not FAM.heuristic(P).fused_combine and not FAM.heuristic(P).page_prefetch
+    assert FAM.heuristic(P).fused_combine and not FAM.heuristic(P).page_prefetch   # measured: fused on
+    monkeypatch.setattr(mod, "FUSED_COMBINE_DEFAULT", False)
+    assert not FAM.heuristic(P).fused_combine
     monkeypatch.setattr(mod, "FUSED_COMBINE_DEFAULT", True)
     monkeypatch.setattr(mod, "PAGE_PREFETCH_DEFAULT", True)
     assert FAM.heuristic(P).fused_combine and not FAM.heuristic(P).page_prefetch  # not paged
@@ -133,7 +135,7 @@ def test_split_counters_are_allocated_once_zeroed_and_not_in_a_capture():
 
 
 def test_split_model():
-    cfg = FAM.heuristic(P)
+    cfg = FAM.heuristic(P).replace(fused_combine=False)
     assert ctas_per_sm(cfg, 227 * 1024) == 1
     # one resident CTA: ceil(groups·s / SMs) waves of (blocks / s + split_cost), as measured
     assert num_splits_for(cfg, P, 132) == 16

@@ -36,7 +36,7 @@ def test_page_gather_names_and_template_arguments():
 def test_page_gather_rules_space_points():
     assert not BASE.replace(page_gather=True, warps=4).problems(232448)
     assert "no page_gather" in " ".join(BASE.replace(tma=True, page_gather=True).problems())
-    assert FAM.space["page_gather"] == mod.PAGE_GATHER_SPACE == (False, True)
+    assert FAM.space["page_gather"] == mod.PAGE_GATHER_SPACE == (False,)   # measured slower: out
     point = {k: getattr(BASE, k) for k in FAM.space if k != "page_gather"}
     assert FAM.make(point, P).page_gather is False  # a tuned entry / study point from before it
 

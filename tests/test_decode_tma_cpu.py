@@ -113,8 +113,8 @@ def test_call_config(monkeypatch):
     assert FAM.call_config(plain, p, (9, 0), 16, chosen=True, heuristic=False) == plain   # tuned
     assert FAM.call_config(plain, p, (9, 0), 8, chosen=True, heuristic=True) == plain     # page % 16
     assert FAM.call_config(plain, p.replace(head_dim=120), (9, 0), 16, chosen=True, heuristic=True) == plain
-    fused = plain.replace(fused_combine=True)
-    assert FAM.call_config(fused, p, (9, 0), 16, chosen=True, heuristic=True) == fused
+    fused = plain.replace(fused_combine=True)   # the heuristic's (FUSED_COMBINE_DEFAULT): the Hopper loop drops it
+    assert FAM.call_config(fused, p, (9, 0), 16, chosen=True, heuristic=True) == small
     two = FAM.call_config(plain.replace(m_tiles=2), p, (9, 0), 16, chosen=True, heuristic=True)
     assert two.tma and two.m_tiles == 2 and not two.problems(232448)
     monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", False)
@@ -358,4 +358,4 @@ def test_sanitize_runs_the_hopper_loop(monkeypatch):
         assert FAM.heuristic(problem(), (9, 0)).tma
     assert (mod.TMA_DEFAULT, mod.TMA_PAGED_DEFAULT) == before
     monkeypatch.setattr(gpu_sanitize._gpu, "arch", lambda *a: (8, 0))
-    assert [d.get("TMA_DEFAULT") for d in gpu_sanitize.decode_loops(FAM)] == [None, False]
+    assert [d.get("TMA_DEFAULT") for d in gpu_sanitize.decode_loops(FAM)] == [None, False, False]

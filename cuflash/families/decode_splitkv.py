@@ -70,9 +70,16 @@ APPEND_CTAS = 32         # decode_append: CTAs per batch row, striding over the 
 # there is more than one split and the config has no fused combine (a second kernel's launch
 # gap and its pass over the partials); not yet fitted to a measurement
 COMBINE_LAUNCH_COST = 1
-# The heuristic's choice of the two compile-time options (flip after the H100 timing run,
-# tests/decode_timing.py, shows them faster)
-FUSED_COMBINE_DEFAULT = False
+# The heuristic's choice of the two compile-time options. fused_combine: on. H100, session 15
+# round A (tests/decode_tma_timing.py, bf16 d128 32:8 heads, CUDA graphs, with the split merge's
+# batched loads in both paths): the heuristic's time over the fused one's, geomean 1.015 over the 9
+# contiguous cells (worst 0.999), 1.016 over the 18 paged ones (worst 0.997), 1.077 in the cold-L2
+# 1 x 8k cell; 1 x 8k 16.6 -> 15.3 us (one launch: the separate combine took 2.7 us plus a 1.0 us
+# gap), 1 x 32k 54.5 -> 53.0, 1 x 128k 188.0 -> 186.6. A call shape's first call made inside a
+# CUDA-graph capture cannot allocate the zeroed split counters: cuflash.decode then plans it with
+# the separate combine (a given config with fused_combine raises there). page_prefetch: off
+# (session 12: 10-20% slower).
+FUSED_COMBINE_DEFAULT = True
 PAGE_PREFETCH_DEFAULT = False
 # The heuristic's choice of the Hopper loop (tma) on sm_90 for every call it can run (head dims
 # that are multiples of 16 up to TMA_MAX_HEAD_DIM; cuflash.decode falls back to the cp.async loop
@@ -122,10 +129,13 @@ L2_PREFETCH_DEFAULT = 256
 WARP_LOADS_DEFAULT = False
 WARP_LOADS_SPACE = (False,)
 # page_gather (paged caches: a K/V block's page ids read before its cp.asyncs, not one dependent
-# table read per row pass): the heuristic's choice and the tuning space's values. Not yet timed on
-# a GPU (tests/decode_tma_timing.py times it as ``base_pg`` in the paged cells): off until then.
+# table read per row pass): the heuristic's choice and the tuning space's values. Measured slower
+# on the H100 (session 15 round A, tests/decode_tma_timing.py ``base_pg`` against ``base``, 8 warps):
+# 0.83-0.94 in all 18 paged cells, page 256 as much as page 16 (1 x 32k page 16 71.4 against 64.3
+# us, page 256 70.3 against 58.4; 32 x 32k page 16 1818 against 1688), and with 4 warps worse still
+# (as session 12's page_prefetch, which shares its address path): off and out of the space.
 PAGE_GATHER_DEFAULT = False
-PAGE_GATHER_SPACE = (False, True)
+PAGE_GATHER_SPACE = (False,)
 # Paged caches with pages under TMA_PAGED_MAX_PAGE keys, when the heuristic chose and the Hopper
 # loop does not take them (TMA_PAGED_DEFAULT off, or not sm_90): the cp.async loop with this many
 # warps (4: 64-key blocks, 3 stages, two CTAs per SM, the split rule filling both; 8: the
@@ -521,11 +531,11 @@ class DecodeSplitKV(Family):
                 raise ValueError(why)
             config = config.replace(tma=False)
         if (chosen and heuristic and TMA_PAGED_DEFAULT and 0 < page_size < TMA_PAGED_MAX_PAGE and not config.tma
-                and not config.fused_combine and not config.page_prefetch):
+                and not config.page_prefetch):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
-                                 warp_loads=False, page_gather=False)
+                                 warp_loads=False, page_gather=False, fused_combine=False)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
