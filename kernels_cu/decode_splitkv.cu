@@ -294,6 +294,162 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, i
     }
 }
 
+// ---- the consumer side shared by both loops (cp.async and Hopper) -----------------------------
+// A thread's packed query rows: index [mt][half] is packed row 16·mt + g + 8·half of the CTA; its
+// visible key range [row_lo, row_hi) and ALiBi slope (scaled into the raw-score units).
+template <int kMTiles>
+struct DecodeRows {
+    int row_lo[kMTiles][2], row_hi[kMTiles][2];
+    float row_slope[kMTiles][2];
+    float inv_scale;        // 1 / softmax_scale: softcap and ALiBi work in raw-score units
+    bool scores_transform;  // softcap or ALiBi on
+    __device__ __forceinline__ DecodeRows(const DecodeParams& p, int b, int hkv, int r0, int g, int keys, int offset) {
+        inv_scale = 1.f / p.softmax_scale;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int pr = r0 + mt * 16 + g + 8 * half, qi = pr / p.group;
+                row_lo[mt][half] = p.window_left >= 0 ? qi + offset - p.window_left : 0;
+                row_hi[mt][half] = p.window_right >= 0 ? min(keys, qi + offset + p.window_right + 1) : keys;
+                const int h = min(hkv * p.group + pr % p.group, p.nheads - 1);
+                row_slope[mt][half] = p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * inv_scale : 0.f;
+            }
+        scores_transform = p.softcap > 0.f || p.alibi_slopes != nullptr;
+    }
+};
+
+// One warp's share of one K/V block: S = Q K_wᵀ (kRows x kWarpN), softcap / ALiBi, the mask (only
+// on edge blocks: the ragged end, causal / window edges), the online softmax and O += P V_w.
+// q_lane, k_lane, v_lane: the ldmatrix lane addresses of Q and of this warp's rows of the slot's K
+// and V; block0: the block's first key (the warp's is block0 + warp·kWarpN); edge: the block needs
+// the element-wise mask; before_pv() runs between P's packing and O += P V (the cp.async loop
+// issues its prefetch there, so the copies overlap the last MMAs). Both loops run this one body
+// (kernels compiled from it differ from the two copies it replaced by instruction scheduling
+// only: same registers, same instructions ±1%).
+template <int kMTiles, int kWarpN, int kHeadDim, int kRowBytes, class Elem, class BeforePV>
+__device__ __forceinline__ void attend_block(const DecodeParams& p, const DecodeRows<kMTiles>& rows, int r0,
+                                             int g, int t, int offset, int block0, int warp, bool edge, u32 q_lane, u32 k_lane,
+                                             u32 v_lane, float (&o_acc)[kMTiles][kHeadDim / 8][4],
+                                             float (&m)[kMTiles][2], float (&l)[kMTiles][2], BeforePV&& before_pv) {
+    constexpr int kNTilesS = kWarpN / 8, kNTilesO = kHeadDim / 8;
+    // ---- S = Q K_wᵀ (kRows x kWarpN per warp) ----
+    float s_acc[kMTiles][kNTilesS][4];
+    gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(s_acc, q_lane, k_lane);
+
+    const int key0 = block0 + warp * kWarpN;  // this warp's first key
+
+    // ---- softcap, ALiBi (in raw-score units: the softmax multiplies by scale later) ----
+    if (rows.scores_transform) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kNTilesS; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float x = s_acc[mt][nt][e] * p.softmax_scale;
+                    if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
+                    const int half = e / 2;
+                    const int qi = (r0 + mt * 16 + g + 8 * half) / p.group;
+                    const int key = key0 + nt * 8 + 2 * t + (e & 1);
+                    s_acc[mt][nt][e] = x * rows.inv_scale
+                                       - rows.row_slope[mt][half] * fabsf(float(qi + offset - key));
+                }
+    }
+    // ---- mask: the ragged end, causal / window edges; the bulk skips it ----
+    if (edge) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kNTilesS; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = key0 + nt * 8 + 2 * t + (e & 1);
+                    if (key < rows.row_lo[mt][e / 2] || key >= rows.row_hi[mt][e / 2]) s_acc[mt][nt][e] = neg_inf();
+                }
+    }
+
+    // ---- online softmax, then O += P V_w ----
+    softmax_update(s_acc, o_acc, m, l, p.scale_log2);
+    u32 p_frag[kMTiles][kWarpN / 16][4];
+    pack_a_frags<kMTiles, kWarpN / 16, Elem>(p_frag, s_acc);
+    before_pv();
+    gemm_frags_x_rows_t<kMTiles, kNTilesO, kWarpN / 16, kRowBytes, Elem>(o_acc, p_frag, v_lane);
+}
+
+// The warps' merge and the CTA's output: each warp saw other keys of the same rows. Every warp
+// writes its (m, l, O) into merge_smem (o_merge [kWarps][kRows][kMergePitch] unnormalized O,
+// m_merge / l_merge [kWarps][kRows]; it overlays the K/V ring, which the caller made free);
+// sync() (the consumers' barrier); then per row and 4 columns, O = Σ_w exp(scale·(m_w - M)) O_w /
+// Σ_w exp(..) l_w into o and lse (one split) or the split's fp32 partial (several).
+template <class Shape, class Elem, class Sync>
+__device__ __forceinline__ void merge_warps_store(const DecodeParams& p, float* merge_smem,
+                                                  const float (&o_acc)[Shape::kRows / 16][Shape::kNTilesO][4],
+                                                  const float (&m)[Shape::kRows / 16][2], const float (&l)[Shape::kRows / 16][2],
+                                                  int tid, int warp, int g, int t, int b, int hkv, int r0, int rows_valid,
+                                                  int split, Sync&& sync) {
+    constexpr int kWarps = Shape::kThreads / 32, kRows = Shape::kRows, kMTiles = kRows / 16;
+    constexpr int kNTilesO = Shape::kNTilesO, kHeadDim = Shape::kNTilesO * 8;
+    constexpr int kMergePitch = Shape::kMergePitch;
+    float* o_merge = merge_smem;
+    float* m_merge = o_merge + kWarps * kRows * kMergePitch;
+    float* l_merge = m_merge + kWarps * kRows;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = mt * 16 + g + 8 * half;
+            const float l_row = quad_sum(l[mt][half]);
+            if (t == 0) {
+                m_merge[warp * kRows + r] = m[mt][half];  // m is uniform across the quad
+                l_merge[warp * kRows + r] = l_row;
+            }
+            float* o_row = o_merge + (warp * kRows + r) * kMergePitch;
+#pragma unroll
+            for (int nt = 0; nt < kNTilesO; ++nt) {
+                o_row[nt * 8 + 2 * t] = o_acc[mt][nt][2 * half];
+                o_row[nt * 8 + 2 * t + 1] = o_acc[mt][nt][2 * half + 1];
+            }
+        }
+    sync();
+
+    const bool direct = p.num_splits == 1;
+    const int rows_all = p.batch * p.nheads * p.seqlen_q;
+    constexpr int kQuads = kHeadDim / 4;  // 4 columns per thread per step
+    for (int c = tid; c < kRows * kQuads; c += Shape::kThreads) {
+        const int r = c / kQuads, col = (c % kQuads) * 4;
+        if (r >= rows_valid || col >= p.head_dim) continue;
+        // row max over the warps, then each warp's weight exp(scale·(m_w - M)); -inf: no keys
+        float m_row = neg_inf();
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) m_row = fmaxf(m_row, m_merge[w * kRows + r]);
+        const float m_scaled = m_row == neg_inf() ? 0.f : m_row * p.scale_log2;
+        float l_row = 0.f, o4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            const float wt = exp2_approx(m_merge[w * kRows + r] * p.scale_log2 - m_scaled);
+            l_row += wt * l_merge[w * kRows + r];
+            const f32x4 x = *reinterpret_cast<const f32x4*>(o_merge + (w * kRows + r) * kMergePitch + col);
+            o4[0] += wt * x.x; o4[1] += wt * x.y; o4[2] += wt * x.z; o4[3] += wt * x.w;
+        }
+        const float inv_l = softmax_inv_l(l_row);
+        const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
+        const int row_id = (b * p.nheads + h) * p.seqlen_q + qi;
+        if (direct) {
+            u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride + col;
+            *reinterpret_cast<u32x2*>(o) = u32x2{pack2<Elem>(o4[0] * inv_l, o4[1] * inv_l),
+                                                 pack2<Elem>(o4[2] * inv_l, o4[3] * inv_l)};
+            if (col == 0) p.lse[row_id] = softmax_lse(m_row, l_row, p.softmax_scale);
+        } else {
+            float* o = p.o_partial + (static_cast<i64>(split) * rows_all + row_id) * p.head_dim_rounded + col;
+            *reinterpret_cast<f32x4*>(o) = f32x4{o4[0] * inv_l, o4[1] * inv_l, o4[2] * inv_l, o4[3] * inv_l};
+            if (col == 0)
+                p.lse_partial[static_cast<i64>(split) * rows_all + row_id] =
+                    l_row == 0.f ? neg_inf() : m_row * p.softmax_scale + logf(l_row);
+        }
+    }
+}
+
 // ---- decode_splitkv_tma: the Hopper loop (sm_90), a producer warp streams K/V by TMA ------------
 // Warps 0 .. kWarps - 1 consume as the cp.async loop does (S = Q K_wᵀ, online softmax, O += P V_w
 // on their kWarpN keys of each block, then the merge); warp kWarps is the producer. Ring slot s
@@ -327,7 +483,7 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
     constexpr int kConsumers = Shape::kThreads;  // consumer threads; the producer warp follows
     constexpr int kBlockN = Shape::kBlockN, kRows = Shape::kRows;
-    constexpr int kNTilesS = Shape::kNTilesS, kNTilesO = Shape::kNTilesO, kPitch = Shape::kPitch;
+    constexpr int kNTilesO = Shape::kNTilesO, kPitch = Shape::kPitch;
     constexpr int kRowBytes = kPitch * 2;
     constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
     static_assert(kHeadDim + 8 <= 256, "a TMA box row (head dim + 8 padding columns) holds at most 256 elements");
@@ -470,20 +626,7 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
     }
     cp_async_commit();
 
-    int row_lo[kMTiles][2], row_hi[kMTiles][2];
-    float row_slope[kMTiles][2];
-    const float inv_scale = 1.f / p.softmax_scale;
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int pr = r0 + mt * 16 + g + 8 * half, qi = pr / p.group;
-            row_lo[mt][half] = p.window_left >= 0 ? qi + offset - p.window_left : 0;
-            row_hi[mt][half] = p.window_right >= 0 ? min(keys, qi + offset + p.window_right + 1) : keys;
-            const int h = min(hkv * p.group + pr % p.group, p.nheads - 1);
-            row_slope[mt][half] = p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * inv_scale : 0.f;
-        }
-    const bool scores_transform = p.softcap > 0.f || p.alibi_slopes != nullptr;
+    const DecodeRows<kMTiles> rows(p, b, hkv, r0, g, keys, offset);
 
     float o_acc[kMTiles][kNTilesO][4];
     float m[kMTiles][2], l[kMTiles][2];
@@ -517,113 +660,17 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
             }
             __syncwarp();
         }
-
-        // ---- S = Q K_wᵀ (kRows x kWarpN per warp) ----
-        float s_acc[kMTiles][kNTilesS][4];
-        gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(
-            s_acc, q_lane, k_lane + slot * Shape::kKVTile * 2);
-
-        // ---- softcap, ALiBi (in raw-score units: the softmax multiplies by scale later) ----
-        if (scores_transform) {
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNTilesS; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        float x = s_acc[mt][nt][e] * p.softmax_scale;
-                        if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
-                        const int half = e / 2;
-                        const int qi = (r0 + mt * 16 + g + 8 * half) / p.group;
-                        const int key = key0 + nt * 8 + 2 * t + (e & 1);
-                        s_acc[mt][nt][e] = x * inv_scale
-                                           - row_slope[mt][half] * fabsf(float(qi + offset - key));
-                    }
-        }
-        // ---- mask: the ragged end, causal / window edges; the bulk skips it ----
-        if (n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi) {
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNTilesS; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = key0 + nt * 8 + 2 * t + (e & 1);
-                        if (key < row_lo[mt][e / 2] || key >= row_hi[mt][e / 2]) s_acc[mt][nt][e] = neg_inf();
-                    }
-        }
-
-        // ---- online softmax, then O += P V_w ----
-        softmax_update(s_acc, o_acc, m, l, p.scale_log2);
-        u32 p_frag[kMTiles][kWarpN / 16][4];
-        pack_a_frags<kMTiles, kWarpN / 16, Elem>(p_frag, s_acc);
-        gemm_frags_x_rows_t<kMTiles, kNTilesO, kWarpN / 16, kRowBytes, Elem>(
-            o_acc, p_frag, v_lane + slot * Shape::kKVTile * 2);
+        attend_block<kMTiles, kWarpN, kHeadDim, kRowBytes, Elem>(
+            p, rows, r0, g, t, offset, n * kBlockN, warp, n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi, q_lane,
+            k_lane + slot * Shape::kKVTile * 2, v_lane + slot * Shape::kKVTile * 2, o_acc, m, l, [] {});
         // This thread is done with the slot; its zeros (generic proxy) are ordered before the
         // producer's copies (async proxy) rewrite it.
         if (ragged) fence_proxy_async_smem();
         mbarrier_arrive(empty(slot));
     }
     named_barrier_sync(1, kConsumers);  // every consumer is done with the ring: the merge overlays it
-
-    // ---- merge the warps (as the cp.async loop) ----
-    constexpr int kMergePitch = Shape::kMergePitch;
-    float* o_merge = reinterpret_cast<float*>(k_smem);
-    float* m_merge = o_merge + kWarps * kRows * kMergePitch;
-    float* l_merge = m_merge + kWarps * kRows;
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int r = mt * 16 + g + 8 * half;
-            const float l_row = quad_sum(l[mt][half]);
-            if (t == 0) {
-                m_merge[warp * kRows + r] = m[mt][half];
-                l_merge[warp * kRows + r] = l_row;
-            }
-            float* o_row = o_merge + (warp * kRows + r) * kMergePitch;
-#pragma unroll
-            for (int nt = 0; nt < kNTilesO; ++nt) {
-                o_row[nt * 8 + 2 * t] = o_acc[mt][nt][2 * half];
-                o_row[nt * 8 + 2 * t + 1] = o_acc[mt][nt][2 * half + 1];
-            }
-        }
-    named_barrier_sync(1, kConsumers);
-
-    const bool direct = p.num_splits == 1;
-    const int rows_all = p.batch * p.nheads * p.seqlen_q;
-    constexpr int kQuads = kHeadDim / 4;
-    for (int c = tid; c < kRows * kQuads; c += kConsumers) {
-        const int r = c / kQuads, col = (c % kQuads) * 4;
-        if (r >= rows_valid || col >= p.head_dim) continue;
-        float m_row = neg_inf();
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) m_row = fmaxf(m_row, m_merge[w * kRows + r]);
-        const float m_scaled = m_row == neg_inf() ? 0.f : m_row * p.scale_log2;
-        float l_row = 0.f, o4[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-            const float wt = exp2_approx(m_merge[w * kRows + r] * p.scale_log2 - m_scaled);
-            l_row += wt * l_merge[w * kRows + r];
-            const f32x4 x = *reinterpret_cast<const f32x4*>(o_merge + (w * kRows + r) * kMergePitch + col);
-            o4[0] += wt * x.x; o4[1] += wt * x.y; o4[2] += wt * x.z; o4[3] += wt * x.w;
-        }
-        const float inv_l = softmax_inv_l(l_row);
-        const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
-        const int row_id = (b * p.nheads + h) * p.seqlen_q + qi;
-        if (direct) {
-            u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride + col;
-            *reinterpret_cast<u32x2*>(o) = u32x2{pack2<Elem>(o4[0] * inv_l, o4[1] * inv_l),
-                                                 pack2<Elem>(o4[2] * inv_l, o4[3] * inv_l)};
-            if (col == 0) p.lse[row_id] = softmax_lse(m_row, l_row, p.softmax_scale);
-        } else {
-            float* o = p.o_partial + (static_cast<i64>(split) * rows_all + row_id) * p.head_dim_rounded + col;
-            *reinterpret_cast<f32x4*>(o) = f32x4{o4[0] * inv_l, o4[1] * inv_l, o4[2] * inv_l, o4[3] * inv_l};
-            if (col == 0)
-                p.lse_partial[static_cast<i64>(split) * rows_all + row_id] =
-                    l_row == 0.f ? neg_inf() : m_row * p.softmax_scale + logf(l_row);
-        }
-    }
+    merge_warps_store<Shape, Elem>(p, reinterpret_cast<float*>(k_smem), o_acc, m, l, tid, warp, g, t, b, hkv, r0,
+                                   rows_valid, split, [] { named_barrier_sync(1, kConsumers); });
 #endif
 }
 
@@ -635,7 +682,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
     constexpr int kThreads = Shape::kThreads, kBlockN = Shape::kBlockN, kRows = Shape::kRows;
-    constexpr int kNTilesS = Shape::kNTilesS, kNTilesO = Shape::kNTilesO, kPitch = Shape::kPitch;
+    constexpr int kNTilesO = Shape::kNTilesO, kPitch = Shape::kPitch;
     constexpr int kRowBytes = kPitch * 2;
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -779,22 +826,7 @@ decode_splitkv(const DecodeParams p) {
         cp_async_commit();  // committed even when empty, so group counting stays uniform
     }
 
-    // Per-thread rows: index [mt][half] is packed row 16·mt + g + 8·half of the CTA; its query
-    // position, visible key range and ALiBi slope (scaled into the raw-score units).
-    int row_lo[kMTiles][2], row_hi[kMTiles][2];
-    float row_slope[kMTiles][2];
-    const float inv_scale = 1.f / p.softmax_scale;
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int pr = r0 + mt * 16 + g + 8 * half, qi = pr / p.group;
-            row_lo[mt][half] = p.window_left >= 0 ? qi + offset - p.window_left : 0;
-            row_hi[mt][half] = p.window_right >= 0 ? min(keys, qi + offset + p.window_right + 1) : keys;
-            const int h = min(hkv * p.group + pr % p.group, p.nheads - 1);
-            row_slope[mt][half] = p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * inv_scale : 0.f;
-        }
-    const bool scores_transform = p.softcap > 0.f || p.alibi_slopes != nullptr;
+    const DecodeRows<kMTiles> rows(p, b, hkv, r0, g, keys, offset);
 
     float o_acc[kMTiles][kNTilesO][4];
     float m[kMTiles][2], l[kMTiles][2];
@@ -823,120 +855,22 @@ decode_splitkv(const DecodeParams p) {
         cp_async_wait<kStages - 2>();
         if (!kWarpLoads || iter == 0) __syncthreads();
         else __syncwarp();
-
-        // ---- S = Q K_wᵀ (kRows x kWarpN per warp) ----
-        float s_acc[kMTiles][kNTilesS][4];
-        gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(
-            s_acc, q_lane, k_lane + slot * Shape::kKVTile * 2);
-
-        const int key0 = n * kBlockN + warp * kWarpN;  // this warp's first key
-        // ---- softcap, ALiBi (in raw-score units: the softmax multiplies by scale later) ----
-        if (scores_transform) {
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNTilesS; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        float x = s_acc[mt][nt][e] * p.softmax_scale;
-                        if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
-                        const int half = e / 2;
-                        const int qi = (r0 + mt * 16 + g + 8 * half) / p.group;
-                        const int key = key0 + nt * 8 + 2 * t + (e & 1);
-                        s_acc[mt][nt][e] = x * inv_scale
-                                           - row_slope[mt][half] * fabsf(float(qi + offset - key));
-                    }
-        }
-        // ---- mask: the ragged end, causal / window edges; the bulk skips it ----
-        if (n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi) {
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNTilesS; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = key0 + nt * 8 + 2 * t + (e & 1);
-                        if (key < row_lo[mt][e / 2] || key >= row_hi[mt][e / 2]) s_acc[mt][nt][e] = neg_inf();
-                    }
-        }
-
-        // ---- online softmax, then O += P V_w ----
-        softmax_update(s_acc, o_acc, m, l, p.scale_log2);
-        u32 p_frag[kMTiles][kWarpN / 16][4];
-        pack_a_frags<kMTiles, kWarpN / 16, Elem>(p_frag, s_acc);
         // Prefetch into the slot freed by iteration iter - 1 (every warp, or with kWarpLoads every
-        // lane of this warp, passed the barrier).
-        if (iter + kStages - 1 < n_iters) load_kv(n - (kStages - 1), (iter + kStages - 1) % kStages);
-        cp_async_commit();
-        gemm_frags_x_rows_t<kMTiles, kNTilesO, kWarpN / 16, kRowBytes, Elem>(
-            o_acc, p_frag, v_lane + slot * Shape::kKVTile * 2);
+        // lane of this warp, passed the barrier), between P's packing and O += P V.
+        attend_block<kMTiles, kWarpN, kHeadDim, kRowBytes, Elem>(
+            p, rows, r0, g, t, offset, n * kBlockN, warp, n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi,
+            q_lane, k_lane + slot * Shape::kKVTile * 2, v_lane + slot * Shape::kKVTile * 2, o_acc, m, l, [&] {
+                if (iter + kStages - 1 < n_iters) load_kv(n - (kStages - 1), (iter + kStages - 1) % kStages);
+                cp_async_commit();
+            });
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the ring: the merge area overlays it
-
-    // ---- merge the warps: each saw other keys of the same rows ----
-    // o_merge [kWarps][kRows][kMergePitch] unnormalized O, m_merge / l_merge [kWarps][kRows].
-    constexpr int kMergePitch = Shape::kMergePitch;
-    float* o_merge = reinterpret_cast<float*>(k_smem);
-    float* m_merge = o_merge + kWarps * kRows * kMergePitch;
-    float* l_merge = m_merge + kWarps * kRows;
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int r = mt * 16 + g + 8 * half;
-            const float l_row = quad_sum(l[mt][half]);
-            if (t == 0) {
-                m_merge[warp * kRows + r] = m[mt][half];  // m is uniform across the quad
-                l_merge[warp * kRows + r] = l_row;
-            }
-            float* o_row = o_merge + (warp * kRows + r) * kMergePitch;
-#pragma unroll
-            for (int nt = 0; nt < kNTilesO; ++nt) {
-                o_row[nt * 8 + 2 * t] = o_acc[mt][nt][2 * half];
-                o_row[nt * 8 + 2 * t + 1] = o_acc[mt][nt][2 * half + 1];
-            }
-        }
-    __syncthreads();
-
-    const bool direct = p.num_splits == 1;
-    const int rows_all = p.batch * p.nheads * p.seqlen_q;
-    constexpr int kQuads = kHeadDim / 4;  // 4 columns per thread per step
-    for (int c = tid; c < kRows * kQuads; c += kThreads) {
-        const int r = c / kQuads, col = (c % kQuads) * 4;
-        if (r >= rows_valid || col >= p.head_dim) continue;
-        // row max over the warps, then each warp's weight exp(scale·(m_w - M)); -inf: no keys
-        float m_row = neg_inf();
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) m_row = fmaxf(m_row, m_merge[w * kRows + r]);
-        const float m_scaled = m_row == neg_inf() ? 0.f : m_row * p.scale_log2;
-        float l_row = 0.f, o4[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-            const float wt = exp2_approx(m_merge[w * kRows + r] * p.scale_log2 - m_scaled);
-            l_row += wt * l_merge[w * kRows + r];
-            const f32x4 x = *reinterpret_cast<const f32x4*>(o_merge + (w * kRows + r) * kMergePitch + col);
-            o4[0] += wt * x.x; o4[1] += wt * x.y; o4[2] += wt * x.z; o4[3] += wt * x.w;
-        }
-        const float inv_l = softmax_inv_l(l_row);
-        const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
-        const int row_id = (b * p.nheads + h) * p.seqlen_q + qi;
-        if (direct) {
-            u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride + col;
-            *reinterpret_cast<u32x2*>(o) = u32x2{pack2<Elem>(o4[0] * inv_l, o4[1] * inv_l),
-                                                 pack2<Elem>(o4[2] * inv_l, o4[3] * inv_l)};
-            if (col == 0) p.lse[row_id] = softmax_lse(m_row, l_row, p.softmax_scale);
-        } else {
-            float* o = p.o_partial + (static_cast<i64>(split) * rows_all + row_id) * p.head_dim_rounded + col;
-            *reinterpret_cast<f32x4*>(o) = f32x4{o4[0] * inv_l, o4[1] * inv_l, o4[2] * inv_l, o4[3] * inv_l};
-            if (col == 0)
-                p.lse_partial[static_cast<i64>(split) * rows_all + row_id] =
-                    l_row == 0.f ? neg_inf() : m_row * p.softmax_scale + logf(l_row);
-        }
-    }
+    merge_warps_store<Shape, Elem>(p, reinterpret_cast<float*>(k_smem), o_acc, m, l, tid, warp, g, t, b, hkv, r0,
+                                   rows_valid, split, [] { __syncthreads(); });
 
     if constexpr (kFusedCombine) {
-        if (direct) return;
+        if (p.num_splits == 1) return;
         // ---- the last split of this (batch, KV head, row block) to finish merges the group ----
         // Release: every thread's partial stores are visible GPU-wide before thread 0 counts
         // the CTA done (the threadfence-reduction pattern; the atomic is acq_rel on top).
