@@ -68,7 +68,8 @@ TOL = 1.6e-2                     # bf16 outputs of |O| <~ 1: a couple of ulps
 TARGET_REPLAY_US = 2000.0        # calls per graph: about this long a replay
 SWITCH_NAMES = ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP_LOADS_DEFAULT",
                 "SMALL_PAGE_WARPS", "PAGED_SPLIT_RULE_RESIDENT", "FUSED_COMBINE_DEFAULT",
-                "PAGE_PREFETCH_DEFAULT", "PAGE_GATHER_DEFAULT", "COMBINE_LAUNCH_COST")
+                "PAGE_PREFETCH_DEFAULT", "PAGE_GATHER_DEFAULT", "COMBINE_LAUNCH_COST",
+                "SMALL_PAGE_TMA_MAX_KEYS")
 
 
 def base_config(problem, arch=(9, 0)):

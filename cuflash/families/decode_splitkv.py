@@ -144,6 +144,17 @@ PAGE_GATHER_SPACE = (False,)
 # 6558 for 8 warps; at one CTA per SM (batch 1 and 8, before the split rule filled both slots)
 # 4 warps lost (85 against 64 us at 1 x 32k).
 SMALL_PAGE_WARPS = 8
+# Small pages, by call size (DecodeSplitKV.call_config, heuristic's configs): calls of at most this
+# many cached keys in all (batch x capacity) take the Hopper loop like TMA_PAGED_DEFAULT (4 warps,
+# 3 stages), larger ones the SMALL_PAGE_WARPS rule; 0: off. Session 14's H100 timing, page 16:
+# the Hopper loop was the fastest at batch 1 and 8 up to 32k keys (1x8k 19.8 us against 22.1 on the
+# cp.async loop's 8 warps, 1x32k 58.7 against 64.1, 8x8k 102.3 against 111.3, 8x32k 386.6 against
+# 422.7) and 4 warps with the resident split rule from there on (1x128k 205.5 against 222.4, 8x128k
+# 1513 against 1672, 32x8k 386 against 430, 32x32k 1517 against 1679, 32x128k 5940 against 6560),
+# each then within 10% of the contiguous cache but 1x8k / 1x32k on the 4-warp rule (1.43 / 1.13):
+# proposed as 65536 (1 x 32k, 8 x 8k; at 8 x 32k the two were within 1%) with SMALL_PAGE_WARPS = 4
+# and PAGED_SPLIT_RULE_RESIDENT; not yet timed together.
+SMALL_PAGE_TMA_MAX_KEYS = 0
 # num_splits_for's model for paged caches with two or more resident CTAs per SM (see there):
 # flip together with SMALL_PAGE_WARPS = 4 (4 warps at one CTA per SM is what lost above); neither
 # is measured at batch 1 and 8 yet, so both stay off.
@@ -530,8 +541,9 @@ class DecodeSplitKV(Family):
             if not chosen:
                 raise ValueError(why)
             config = config.replace(tma=False)
-        if (chosen and heuristic and TMA_PAGED_DEFAULT and 0 < page_size < TMA_PAGED_MAX_PAGE and not config.tma
-                and not config.page_prefetch):
+        small_call = problem.batch * problem.seqlen_k <= SMALL_PAGE_TMA_MAX_KEYS
+        if (chosen and heuristic and (TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE
+                and not config.tma and not config.page_prefetch):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
