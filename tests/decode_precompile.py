@@ -37,14 +37,15 @@ SWITCHES = ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP_LOA
             "SMALL_PAGE_WARPS")
 
 
-def _heuristic(problem, page=0, tma=False, tma_paged=False, l2=0, warp_loads=False, small_page_warps=8,
+def _heuristic(problem, page=0, tma=False, tma_paged=False, l2=None, warp_loads=False, small_page_warps=None,
                **extra):
     """The config a call of ``problem`` with caches of ``page`` keys per page runs under the
     given module switches (the heuristic, then call_config), with splits 0; ``extra``: other
     switches by name (FUSED_COMBINE_DEFAULT=True ...)."""
     old = {k: getattr(mod, k) for k in SWITCHES + tuple(extra)}
     for k, v in zip(SWITCHES, (tma, tma_paged, l2, warp_loads, small_page_warps)):
-        setattr(mod, k, v)
+        if v is not None:  # None: the module's value (L2_PREFETCH_DEFAULT, SMALL_PAGE_WARPS)
+            setattr(mod, k, v)
     for k, v in extra.items():
         setattr(mod, k, v)
     try:
@@ -88,11 +89,14 @@ def tma_test_configs():
 def bandwidth_test_configs():
     import test_decode_bandwidth_gpu as t
 
-    out = [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype, page), page, l2=size, warp_loads=wl)
+    out = [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype, page), page, l2=size, warp_loads=wl,
+                      SMALL_PAGE_TMA_MAX_KEYS=0)
            for b, sq, ctx, h, hk, d, dtype, _, page, size, wl in t.CASES]
-    leftpad = _heuristic(_problem(3, 1, 2050, 32, 8, 128, page=48), 48)   # forced: both options, 8 / 4 warps
+    leftpad = _heuristic(_problem(3, 1, 2050, 32, 8, 128, page=48), 48, l2=0,   # forced: both options, 8 / 4 warps
+                         SMALL_PAGE_TMA_MAX_KEYS=0)
     out += [leftpad.replace(l2_prefetch=256, warp_loads=True, warps=w, stages=3) for w in (8, 4)]
-    out.append(_heuristic(_problem(3, 2, 4098, 32, 8, 128, page=16), 16, small_page_warps=4))
+    out.append(_heuristic(_problem(3, 2, 4098, 32, 8, 128, page=16), 16, small_page_warps=4, l2=0,
+                          SMALL_PAGE_TMA_MAX_KEYS=0))
     return out
 
 
@@ -104,8 +108,9 @@ def sanitize_configs():
     out = []
     for b, sq, lens, h, hk, d, page, new, _, _ in g.DECODE_SHAPES:
         p = _problem(b, sq, max(lens) + new, h, hk, d, page=page)
-        for switches in ({}, dict(l2=256, warp_loads=True), dict(tma=True), dict(tma_paged=True),
-                         dict(l2=mod.L2_PREFETCH_DEFAULT, FUSED_COMBINE_DEFAULT=True, PAGE_GATHER_DEFAULT=True)):
+        for switches in ({}, dict(l2=256, warp_loads=True, SMALL_PAGE_TMA_MAX_KEYS=0), dict(tma=True),
+                         dict(tma_paged=True),
+                         dict(FUSED_COMBINE_DEFAULT=True, PAGE_GATHER_DEFAULT=True, SMALL_PAGE_TMA_MAX_KEYS=0)):
             for dtype in g.DTYPES:
                 out.append(_heuristic(p.replace(dtype=dtype), page, **switches))
     return out

@@ -103,10 +103,10 @@ def decode_loops(family) -> list:
     loops = [{}]
     if family.name != "decode_splitkv":
         return loops
-    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, L2_PREFETCH_DEFAULT=256,
-                      WARP_LOADS_DEFAULT=True))
-    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, FUSED_COMBINE_DEFAULT=True,
-                      PAGE_GATHER_DEFAULT=True))
+    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0,
+                      L2_PREFETCH_DEFAULT=256, WARP_LOADS_DEFAULT=True))
+    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0,
+                      FUSED_COMBINE_DEFAULT=True, PAGE_GATHER_DEFAULT=True))
     if _gpu.arch()[0] == 9:
         loops += [dict(TMA_DEFAULT=True, TMA_PAGED_DEFAULT=False),
                   dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=True)]

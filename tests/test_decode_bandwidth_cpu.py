@@ -97,7 +97,8 @@ def test_paged_split_rule_fills_the_resident_slots(monkeypatch):
     (their CTAs stream side by side); contiguous caches and one-CTA configs keep the shared model."""
     w4s3 = BASE.replace(warps=4, stages=3)
     assert mod.ctas_per_sm(w4s3, 232448) == 2 and mod.ctas_per_sm(BASE, 232448) == 1
-    assert not mod.PAGED_SPLIT_RULE_RESIDENT        # off by default (flip with SMALL_PAGE_WARPS = 4)
+    assert mod.PAGED_SPLIT_RULE_RESIDENT            # on (with SMALL_PAGE_WARPS = 4): measured
+    monkeypatch.setattr(mod, "PAGED_SPLIT_RULE_RESIDENT", False)
     assert mod.num_splits_for(w4s3, P.replace(features=("paged_kv",)), 132) == 16
     monkeypatch.setattr(mod, "PAGED_SPLIT_RULE_RESIDENT", True)
     for batch, ctx, want_paged, want_contig in ((1, 32768, 32, 16), (8, 32768, 4, 2), (32, 32768, 1, 1)):
@@ -114,7 +115,10 @@ def test_small_page_warps(monkeypatch):
     paged = P.replace(features=("paged_kv",))
     cfg = FAM.heuristic(paged, (9, 0))
     monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", False)
-    assert FAM.call_config(cfg, paged, (9, 0), 16, chosen=True, heuristic=True) == cfg   # today: 8 warps
+    monkeypatch.setattr(mod, "SMALL_PAGE_TMA_MAX_KEYS", 0)   # this test: the 4-warp rule alone
+    assert mod.SMALL_PAGE_WARPS == 4                          # on: measured (session 15 round B)
+    monkeypatch.setattr(mod, "SMALL_PAGE_WARPS", 8)
+    assert FAM.call_config(cfg, paged, (9, 0), 16, chosen=True, heuristic=True) == cfg   # 8: off
     monkeypatch.setattr(mod, "SMALL_PAGE_WARPS", 4)
     small = FAM.call_config(cfg, paged, (9, 0), 16, chosen=True, heuristic=True)
     assert (small.warps, small.stages, small.tma) == (4, 3, False) and not small.problems(232448)

@@ -49,6 +49,7 @@ def test_page_gather_heuristic_switch(monkeypatch):
     # the small-page variants keep it; the Hopper loop drops it (its own loads)
     cfg = FAM.heuristic(PAGED, (9, 0))
     monkeypatch.setattr(mod, "SMALL_PAGE_WARPS", 4)
+    monkeypatch.setattr(mod, "SMALL_PAGE_TMA_MAX_KEYS", 0)
     small = FAM.call_config(cfg, PAGED, (9, 0), 16, chosen=True, heuristic=True)
     assert (small.warps, small.page_gather) == (4, True)
     monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", True)
@@ -83,18 +84,19 @@ def test_nvcc_zero_spills(arch):
 
 
 def test_small_page_rule_by_call_size(monkeypatch):
-    """SMALL_PAGE_TMA_MAX_KEYS: small paged calls take the Hopper loop, larger ones the 4-warp
-    cp.async loop (with SMALL_PAGE_WARPS = 4); 0 (the default) changes nothing."""
+    """SMALL_PAGE_TMA_MAX_KEYS (on: 65536, measured): small paged calls take the Hopper loop,
+    larger ones the 4-warp cp.async loop (SMALL_PAGE_WARPS = 4); 0 leaves the 4-warp rule alone."""
     def cfg_for(batch, ctx, page=16, arch=(9, 0)):
         p = Problem("decode", "bf16", batch, 1, ctx, 32, 8, 128, False, False, ("paged_kv",))
         return FAM.call_config(FAM.heuristic(p, arch), p, arch, page, chosen=True, heuristic=True)
 
-    assert mod.SMALL_PAGE_TMA_MAX_KEYS == 0 and not cfg_for(1, 8192).tma
-    monkeypatch.setattr(mod, "SMALL_PAGE_TMA_MAX_KEYS", 65536)
-    monkeypatch.setattr(mod, "SMALL_PAGE_WARPS", 4)
+    assert (mod.SMALL_PAGE_TMA_MAX_KEYS, mod.SMALL_PAGE_WARPS, mod.PAGED_SPLIT_RULE_RESIDENT) == (65536, 4, True)
+    monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", False)
     small, large = cfg_for(1, 32768), cfg_for(8, 32768)
     assert small.tma and (small.warps, small.stages) == (4, 3) and not small.fused_combine
     assert not large.tma and large.warps == 4 and large.fused_combine
     assert not cfg_for(1, 8192, page=256).tma              # large pages: the contiguous tiles
     assert cfg_for(1, 8192, arch=(8, 0)).warps == 4         # no TMA below sm_90: the 4-warp rule
     assert not cfg_for(1, 8192, arch=(8, 0)).tma
+    monkeypatch.setattr(mod, "SMALL_PAGE_TMA_MAX_KEYS", 0)
+    assert not cfg_for(1, 8192).tma and cfg_for(1, 8192).warps == 4

@@ -97,8 +97,11 @@ def test_tma_problem_reasons():
 def test_call_config(monkeypatch):
     """What the call knows refines the config: a given tma config that cannot run raises, a chosen
     one falls back; the heuristic's choice takes the Hopper loop (4 warps, 3 stages) for pages
-    below TMA_PAGED_MAX_PAGE on sm_90 only (with TMA_PAGED_DEFAULT on)."""
+    below TMA_PAGED_MAX_PAGE on sm_90 only (with TMA_PAGED_DEFAULT on; the small-page 4-warp rule
+    off, as it was)."""
     monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", True)
+    monkeypatch.setattr(mod, "SMALL_PAGE_WARPS", 8)
+    monkeypatch.setattr(mod, "SMALL_PAGE_TMA_MAX_KEYS", 0)
     p = problem(features=("paged_kv",))
     plain = TMA.replace(tma=False)
     with pytest.raises(ValueError, match="^k_cache: the tma loop"):

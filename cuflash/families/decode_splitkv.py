@@ -142,8 +142,9 @@ PAGE_GATHER_SPACE = (False,)
 # contiguous tiles). H100, page 16 (tests/decode_tma_timing.py, session 14 round A): 4 warps at
 # two CTAs per SM 1504 us at 32 x 32k, 384 at 32 x 8k, 6042 at 32 x 128k against 1663 / 424 /
 # 6558 for 8 warps; at one CTA per SM (batch 1 and 8, before the split rule filled both slots)
-# 4 warps lost (85 against 64 us at 1 x 32k).
-SMALL_PAGE_WARPS = 8
+# 4 warps lost (85 against 64 us at 1 x 32k). On (4) with PAGED_SPLIT_RULE_RESIDENT and
+# SMALL_PAGE_TMA_MAX_KEYS (small calls take the Hopper loop): see there.
+SMALL_PAGE_WARPS = 4
 # Small pages, by call size (DecodeSplitKV.call_config, heuristic's configs): calls of at most this
 # many cached keys in all (batch x capacity) take the Hopper loop like TMA_PAGED_DEFAULT (4 warps,
 # 3 stages), larger ones the SMALL_PAGE_WARPS rule; 0: off. Session 14's H100 timing, page 16:
@@ -152,13 +153,18 @@ SMALL_PAGE_WARPS = 8
 # 422.7) and 4 warps with the resident split rule from there on (1x128k 205.5 against 222.4, 8x128k
 # 1513 against 1672, 32x8k 386 against 430, 32x32k 1517 against 1679, 32x128k 5940 against 6560),
 # each then within 10% of the contiguous cache but 1x8k / 1x32k on the 4-warp rule (1.43 / 1.13):
-# proposed as 65536 (1 x 32k, 8 x 8k; at 8 x 32k the two were within 1%) with SMALL_PAGE_WARPS = 4
-# and PAGED_SPLIT_RULE_RESIDENT; not yet timed together.
-SMALL_PAGE_TMA_MAX_KEYS = 0
-# num_splits_for's model for paged caches with two or more resident CTAs per SM (see there):
-# flip together with SMALL_PAGE_WARPS = 4 (4 warps at one CTA per SM is what lost above); neither
-# is measured at batch 1 and 8 yet, so both stay off.
-PAGED_SPLIT_RULE_RESIDENT = False
+# 65536 (1 x 32k, 8 x 8k; at 8 x 32k the two were within 1%) with SMALL_PAGE_WARPS = 4 and
+# PAGED_SPLIT_RULE_RESIDENT, timed together on the H100 (session 15 round B, tests/
+# decode_tma_timing.py --propose, page 16 against the 8-warp cp.async loop): 1.103 geomean over the
+# 9 page-16 cells, worst 1.047 (32 x 128k), none slower; page 16 over contiguous now 1.03-1.12
+# (1x8k 16.3 against 15.3 us, 1x32k 58.5 / 53.1, 8x8k 109.1 / 97.8, 8x32k 388.9 / 368.7, 32x32k
+# 1520 / 1462, 32x128k 5935 / 5776), where the 8-warp loop was 1.14-1.28. Page 256 and contiguous
+# caches keep their configs. On.
+SMALL_PAGE_TMA_MAX_KEYS = 65536
+# num_splits_for's model for paged caches with two or more resident CTAs per SM (see there): on,
+# with SMALL_PAGE_WARPS = 4 (4 warps at one CTA per SM is what lost above) and the Hopper loop for
+# the small calls where 4 warps still lost (SMALL_PAGE_TMA_MAX_KEYS; measured together there).
+PAGED_SPLIT_RULE_RESIDENT = True
 
 
 @dataclasses.dataclass(frozen=True, order=True)
