@@ -108,6 +108,8 @@ DROPOUT_DYNAMIC = True
 # keeps in L2 (the H100 has 50 MB; FA3 sizes its sections by 32 MB too), and the shared memory
 # its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
 SCHED_L2_BYTES = 32 * 1024 * 1024
+# The largest explicit ``section`` (KV heads per section of that order; 0 is the L2 rule above).
+MAX_SECTION = 1024
 # The heuristic's tile for plain head-dim-64 calls, by causal: changes to the 2-consumer dynamic tile
 # (BM 128, BN 192; {} keeps it), from the seqlen bucket HEURISTIC_D64_MIN_BUCKET on. Measured on
 # the H100 (tests/sm90_fwd_d64_timing.py, bf16, dim 2048, batch x seqlen 16k, same process as SDPA
@@ -223,6 +225,10 @@ class Sm90FwdConfig(KernelConfig):
                max (t <= 1) where the cap allows it (softcap_fixed_m: no row max, no O rescale).
                2 and 3 act as 1 with ALiBi and need lazy_rescale; needs softcap, not with dropout
                or emu_exp2 (SOFTCAP_FOLD)
+    section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
+               as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
+               every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
+               the kernel, its name expression and its SASS are the same for every value
     """
 
     BM: int
@@ -247,6 +253,7 @@ class Sm90FwdConfig(KernelConfig):
     q_double: bool = False
     lazy_rescale: bool = False
     fold_cap: int = 0
+    section: int = 0
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -265,7 +272,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_drop' if self.dropout else ''}"
                 f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{'_psmem' if self.p_smem else ''}{'_tree' if self.tree_max else ''}{'_q2' if self.q_double else ''}"
                 f"{name_suffix(self)}{'_varlen' if self.varlen else ''}{'_lazy' if self.lazy_rescale else ''}"
-                f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}")
+                f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{f'_sec{self.section}' if self.section else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -387,6 +394,10 @@ class Sm90FwdConfig(KernelConfig):
             out.append("lazy_rescale / fold_cap with p_smem / tree_max / q_double: not designed together "
                        "(the feature variants' softmax step and the d64 plain-call options were written "
                        "apart; the combined instantiations are unchecked for registers and results)")
+        if self.section < 0 or self.section > MAX_SECTION:
+            out.append(f"section must be 0 (the L2 rule) or 1..{MAX_SECTION} KV heads, got {self.section}")
+        elif self.section and not self.dynamic:
+            out.append(f"section={self.section} orders the dynamic scheduler's tiles: it needs dynamic")
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
@@ -516,13 +527,15 @@ def feature_tiles(problem: Problem, head_dim: int) -> dict:
                  if f in problem.features and f in by_feature), {})
 
 
-def sched_section(problem: Problem) -> int:
+def sched_section(problem: Problem, kv_heads: int = 0) -> int:
     """(head, batch) pairs per section of the dynamic scheduler's tile order (kernels_cu/sm90_fwd.cu,
-    sm90_sectioned_tile): as many KV heads as fit SCHED_L2_BYTES of K and V, rounded down to a
-    power of two, times the query heads per KV head (a section starts on a KV head's first query
-    head), at least one KV head's, at most every pair."""
-    kv_bytes = max(1, problem.seqlen_k) * problem.head_dim * 2 * 2
-    kv_heads = 1 << (SCHED_L2_BYTES // kv_bytes).bit_length() - 1 if kv_bytes <= SCHED_L2_BYTES else 1
+    sm90_sectioned_tile): ``kv_heads`` KV heads (the config's ``section``) or, 0, as many as fit
+    SCHED_L2_BYTES of K and V, rounded down to a power of two; times the query heads per KV head
+    (a section starts on a KV head's first query head), at least one KV head's, at most every
+    pair."""
+    if kv_heads <= 0:
+        kv_bytes = max(1, problem.seqlen_k) * problem.head_dim * 2 * 2
+        kv_heads = 1 << (SCHED_L2_BYTES // kv_bytes).bit_length() - 1 if kv_bytes <= SCHED_L2_BYTES else 1
     group = problem.nheads // max(1, problem.nheads_kv)
     return max(1, min(kv_heads * group, problem.nheads * problem.batch))
 
@@ -618,7 +631,7 @@ class Sm90Forward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
-                               "lazy_rescale", "fold_cap") and not v))
+                               "lazy_rescale", "fold_cap", "section") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -723,7 +736,7 @@ class Sm90Forward(Family):
         return dict(tma_q=0, tma_k=0, tma_v=0, tma_o=0, **strides3("o", strides["o"]),
                     **forward_sizes(problem, softmax_scale), **feature_params(problem, softmax_scale),
                     **dropout_params(problem), tile_counter=0,
-                    sched_section=sched_section(problem) if config.dynamic else 1,
+                    sched_section=sched_section(problem, config.section) if config.dynamic else 1,
                     cu_seqlens_q=0, cu_seqlens_k=0, total_q=total_q,
                     softcap_fixed_m=softcap_fixed_m(problem) if config.fold_cap == 3 else 2.0)
 
