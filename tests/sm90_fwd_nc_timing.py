@@ -13,10 +13,12 @@ row's, or invalid, are left out; --rows for bf16, --fp16-rows for fp16):
   bn160_tmao    BN 160 with the TMA-store epilogue (d128's heuristic below 16k)
   bn128_s3      BN 128, 3 K/V stages
   bn64          BN 64 (d256)
-  nopp          the heuristic's tile without pingpong
+  nopp          the heuristic's tile without pingpong (d256)
   persist       the heuristic's tile on the static persistent schedule (no dynamic scheduler)
   static        the heuristic's tile, a CTA per tile (no persistent schedule; d256)
   nopp_persist  without pingpong, static persistent (the tuner's best at d256 8k / 16k, flushed)
+  nopp_rf, nopp_persist_rf  those with rescale_first (kRescaleFirst: O *= alpha under the next S GEMM,
+                FA3's order above head dim 128, where FA3 also runs without pingpong)
   c1_bn96       1 consumer warpgroup (BM 64), BN 96 (d256: 176 accumulators of the 256-register budget;
                 not in the default rows)
   sec1 / sec2 / sec16  the heuristic's kernel with the dynamic scheduler's sections of 1 / 2 / 16 KV
@@ -46,16 +48,19 @@ CANDIDATES = {
     "persist": dict(dynamic=False),
     "static": dict(dynamic=False, persistent=False),
     "nopp_persist": dict(pingpong=False, dynamic=False),
+    "nopp_rf": dict(pingpong=False, rescale_first=True),
+    "nopp_persist_rf": dict(pingpong=False, dynamic=False, rescale_first=True),
     "c1_bn96": dict(BM=64, consumers=1, pingpong=False, BN=96, tma_store=False),
     "sec1": dict(section=1),
     "sec2": dict(section=2),
     "sec16": dict(section=16),
 }
 # the rows of each head dim (others do not fit or are not meant for it)
-ROWS = {128: ("heur", "bn176", "bn160_tmao", "bn128_s3", "nopp", "persist", "sec1", "sec2", "sec16"),
-        256: ("heur", "bn64", "nopp", "persist", "static", "nopp_persist", "c1_bn96", "sec1", "sec2", "sec16")}
+ROWS = {128: ("heur", "bn176", "bn160_tmao", "bn128_s3", "persist", "sec1", "sec2", "sec16"),
+        256: ("heur", "bn64", "nopp", "persist", "static", "nopp_persist", "nopp_rf", "nopp_persist_rf", "c1_bn96",
+              "sec1", "sec2", "sec16")}
 DEFAULT_ROWS = tuple(k for k in CANDIDATES if k != "c1_bn96")
-FP16_ROWS = "heur,persist,sec1"
+FP16_ROWS = "heur,sec1,nopp_rf"
 
 
 def case_configs(d, s, dtype, rows_wanted, quiet=False):
@@ -98,6 +103,22 @@ def all_configs(dtypes=("bf16", "fp16"), dims=(128, 256), seqlens=(2048, 4096, 8
     return list(by_kernel.values())
 
 
+def test_kernel_configs():
+    """The kernels of tests/test_sm90_fwdnc_gpu.py (their tiles do not depend on the test's shapes)."""
+    import cuflash
+    from cuflash import registry
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import test_sm90_fwdnc_gpu as t
+
+    fam = registry.get("sm90_fwd")
+    out = []
+    for dtype, d, causal, change in t.KERNELS:
+        p = cuflash.Problem("fwd", dtype, 2, 2049, 2049, 16, 4, d, causal)
+        out.append(t.tile_of(fam.for_problem(fam.heuristic(p), p), change))
+    return out
+
+
 def case_rows(d, s, dtype, rows_wanted):
     import torch
 
@@ -134,6 +155,8 @@ def main():
     ap.add_argument("--fp16-rows", default=FP16_ROWS,
                     help="rows of the fp16 cases")
     ap.add_argument("--precompile-only", action="store_true", help="compile the kernels and stop")
+    ap.add_argument("--with-tests", action="store_true",
+                    help="also compile tests/test_sm90_fwdnc_gpu.py's kernels (test_kernel_configs)")
     ap.add_argument("--out", default="", help="write the rows as JSON here")
     args = ap.parse_args()
     dtypes = args.dtype.split(",")
@@ -152,6 +175,9 @@ def main():
 
     t0 = time.time()
     kernels = [c for dt in dtypes for c in all_configs((dt,), dims, seqlens, rows_of[dt])]
+    if args.with_tests:
+        have = {c.kernel_name() for c in kernels}
+        kernels += [c for c in test_kernel_configs() if c.kernel_name() not in have]
     failed = [(c.name, e[-1500:]) for c, _, e in precompile(kernels) if e]
     print(f"compiled {len(kernels)} kernels in {time.time() - t0:.0f} s", flush=True)
     assert not failed, failed

@@ -98,7 +98,10 @@ def test_static_params_take_the_section(monkeypatch):
 def test_timing_script_configs():
     bf16 = timing.all_configs(("bf16",))
     fp16 = timing.all_configs(("fp16",), rows_wanted=tuple(timing.FP16_ROWS.split(",")))
-    assert len(bf16) + len(fp16) <= 19                       # compiled in parallel (16 cores) in < 45 s
+    tests = [c for c in timing.test_kernel_configs() if c.kernel_name() not in
+             {k.kernel_name() for k in bf16 + fp16}]
+    assert len(bf16) + len(fp16) + len(tests) <= 19         # compiled in parallel (16 cores) in < 45 s
+    assert len(timing.test_kernel_configs()) == 10
     assert all(c.section == 0 and not c.causal for c in bf16 + fp16)
     for c in bf16 + fp16:
         assert c.validate(227 * 1024) is c
@@ -117,12 +120,55 @@ def test_timing_kernels_compile_without_spills():
     from cuflash.compile import nvcc_compile
 
     # the timing's tiles that no other CPU test compiles (d128 BN 128 with 3 stages; d256 BN 64, without
-    # pingpong; one consumer warpgroup at BN 96, outside the default rows), dynamic
-    cfgs = [c for c in timing.all_configs(("bf16",), rows_wanted=tuple(timing.CANDIDATES) + ("c1_bn96",))
+    # pingpong, rescale_first; one consumer warpgroup at BN 96, outside the default rows), dynamic; and
+    # the GPU test's rescale_first kernels (causal, and with pingpong)
+    cfgs = [c for c in timing.all_configs(("bf16",), rows_wanted=tuple(timing.CANDIDATES))
             if c.dynamic and (c.stages == 3 or c.BN in (64, 96) or (c.head_dim == 256 and not c.pingpong))]
-    assert len(cfgs) == 4
+    cfgs += [c for c in timing.test_kernel_configs() if c.causal]
+    assert len(cfgs) == 7 and sum(c.rescale_first for c in cfgs) == 3
     reports = nvcc_compile(cfgs, "sm_90a")
     assert len(reports) == len(cfgs)
     for r in reports:
         assert (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0), r
         assert not any("serialized" in w for w in r.warnings), r
+
+
+RF = DYN.replace(head_dim=256, BN=80, pingpong=False, rescale_first=True)
+
+
+def test_rescale_first_field():
+    assert RF.validate(227 * 1024) is RF
+    assert RF.name == "sm90fwd_bf16_d256_full_BM128_BN80_s2_c2_persist_dyn_rf"
+    # kRescaleFirst is the last template argument, written only when set
+    assert RF.kernel_name().endswith(", true, false, false, false, false, false, false, 0, true>")
+    assert not DYN.kernel_name().endswith("0, false>") and DYN.kernel_name().endswith(", true>")
+    assert RF.template_args()[-1] is True and DYN.template_args()[-1] is False
+    assert RF.smem_bytes == RF.replace(rescale_first=False).smem_bytes
+    assert "rescale_first" not in FAM.encode(RF.replace(rescale_first=False))
+    assert FAM.encode(RF).endswith(",rescale_first=1")
+    assert FAM.decode(FAM.encode(RF), "bf16", False) == RF
+    assert "rescale_first" not in FAM.space
+    assert FAM.heuristic(problem(256)).rescale_first is False
+    assert RF.replace(causal=True, pingpong=True).validate(227 * 1024)
+
+
+@pytest.mark.parametrize("change,pattern", [
+    (dict(lazy_rescale=True), r"rescale_first with lazy_rescale"),
+    (dict(tree_max=True), r"rescale_first with lazy_rescale / fold_cap / p_smem / tree_max"),
+    (dict(window=True), r"rescale_first with window / softcap / ALiBi / dropout / varlen"),
+    (dict(dropout=True, BN=64), r"rescale_first with window / softcap / ALiBi / dropout / varlen"),
+])
+def test_rescale_first_rules(change, pattern):
+    import re
+
+    why = RF.replace(**change).problems(227 * 1024)
+    assert any(re.search(pattern, w) for w in why), why
+
+
+def test_rescale_first_is_for_plain_calls():
+    """A call with a feature runs without it (a speed knob, as p_smem): for_problem drops it."""
+    p = Problem("fwd", "bf16", 1, 4096, 4096, 8, 8, 256, False, features=("softcap",), softcap=30.0)
+    cfg = FAM.for_problem(RF, p)
+    assert cfg.softcap and not cfg.rescale_first
+    plain = problem(256)
+    assert FAM.for_problem(RF, plain) == RF

@@ -4,13 +4,15 @@ outputs poisoned (NaN) before each launch, error against the float64 reference w
 of plain attention computed in the same low precision.
 
 * every kernel of KERNELS (the heuristic's tile, dynamic persistent, with the changes in the id) over
-  seqlens 1, 17, 113, 1023, 2049 with s_q != s_k both ways, MHA / GQA / MQA;
+  seqlens 1, 17, 113, 1023, 2049 with s_q != s_k both ways, MHA / GQA / MQA (rescale_first,
+  kRescaleFirst, without and with pingpong, causal and not, bf16 and fp16);
 * sections 1, 3 (not a power of two: the last section shorter), 1024 (more than the pairs) against
   the L2 rule's (section 0): the same kernel, only the tile order differs, so out and LSE are equal
   bit for bit, over a shape with several tiles per CTA and GQA;
 * a CUDA graph of a section-1 call replays on new inputs.
 
-7 compiles, about a minute on an H100:
+10 compiles (tests/sm90_fwd_nc_timing.py --precompile-only --with-tests compiles them in
+parallel), about a minute on an H100:
     CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q tests/test_sm90_fwdnc_gpu.py
 """
 import math
@@ -25,42 +27,52 @@ from test_features_gpu import check_close, feature_attention, inputs  # noqa: E4
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
 FAM = registry.get("sm90_fwd")
-# (dtype, head dim, changes to the heuristic's tile): one compiled kernel each, non-causal
+# (dtype, head dim, causal, changes to the heuristic's tile): one compiled kernel each
 KERNELS = [
-    ("bf16", 128, {"BN": 176, "tma_store": False}),        # the heuristic's from 16k keys
-    ("fp16", 128, {"BN": 160, "tma_store": True}),          # below 16k
-    ("bf16", 128, {"BN": 128, "stages": 3, "tma_store": False}),
-    ("bf16", 256, {}),                                      # BN 80
-    ("bf16", 256, {"BN": 64}),
-    ("bf16", 256, {"pingpong": False}),
-    ("bf16", 256, {"pingpong": False, "dynamic": False}),   # static persistent (no section)
+    ("bf16", 128, False, {"BN": 176, "tma_store": False}),        # the heuristic's from 16k keys
+    ("fp16", 128, False, {"BN": 160, "tma_store": True}),          # below 16k
+    ("bf16", 128, False, {"BN": 128, "stages": 3, "tma_store": False}),
+    ("bf16", 256, False, {}),                                      # BN 80
+    ("bf16", 256, False, {"BN": 64}),
+    ("bf16", 256, False, {"pingpong": False, "dynamic": False}),   # static persistent (no section)
+    ("bf16", 256, False, {"pingpong": False, "rescale_first": True}),
+    ("fp16", 256, False, {"pingpong": False, "rescale_first": True}),
+    ("bf16", 256, True, {"pingpong": False, "rescale_first": True}),
+    ("bf16", 128, True, {"rescale_first": True}),                  # with pingpong
 ]
 SEQLENS = [(1, 17), (17, 1), (113, 1023), (1023, 113), (2049, 1023), (1023, 2049), (2049, 2049)]
 HEADS = ("mha", "gqa", "mqa")
 
 
 def kid(k):
-    dtype, d, change = k
-    return "-".join([dtype, f"d{d}", *(f"{a}{int(b)}" for a, b in change.items())])
+    dtype, d, causal, change = k
+    return "-".join([dtype, f"d{d}", "causal" if causal else "full", *(f"{a}{int(b)}" for a, b in change.items())])
+
+
+def tile_of(heuristic, change):
+    """The heuristic's config, persistent and dynamic, with ``change`` (tests/sm90_fwd_nc_timing.py
+    --with-tests compiles the same)."""
+    return heuristic.replace(persistent=True, dynamic=True, tma_store=False).replace(**change)
 
 
 def config_for(k, q, kk, section=0):
     from conftest import device_heuristic
 
-    dtype, d, change = k
-    p = cuflash.Problem("fwd", dtype, q.shape[0], q.shape[1], kk.shape[1], q.shape[2], kk.shape[2], d, False)
-    cfg = device_heuristic(FAM, p).replace(persistent=True, dynamic=True, tma_store=False).replace(**change)
+    dtype, d, causal, change = k
+    p = cuflash.Problem("fwd", dtype, q.shape[0], q.shape[1], kk.shape[1], q.shape[2], kk.shape[2], d, causal)
+    cfg = tile_of(device_heuristic(FAM, p), change)
     return cfg.replace(section=section if cfg.dynamic else 0).validate(227 * 1024)
 
 
 def check(k, q, kk, v, what, section=0):
     import torch
 
+    causal = k[2]
     cfg = config_for(k, q, kk, section)
-    out, lse, _ = cuflash.flash_attn_func(q, kk, v, config=cfg, return_attn_probs=True)
+    out, lse, _ = cuflash.flash_attn_func(q, kk, v, causal=causal, config=cfg, return_attn_probs=True)
     scale = k[1] ** -0.5
-    ref, ref_lse = feature_attention(q, kk, v, scale, False, (-1, -1), 0.0, None, torch.float64)
-    low, _ = feature_attention(q, kk, v, scale, False, (-1, -1), 0.0, None, q.dtype)
+    ref, ref_lse = feature_attention(q, kk, v, scale, causal, (-1, -1), 0.0, None, torch.float64)
+    low, _ = feature_attention(q, kk, v, scale, causal, (-1, -1), 0.0, None, q.dtype)
     what = f"{cfg.name} {what}"
     check_close(out, ref, low, 2, what)
     finite = torch.isfinite(ref_lse)
@@ -68,6 +80,7 @@ def check(k, q, kk, v, what, section=0):
     if finite.any():
         err = (lse[finite].double() - ref_lse[finite]).abs().max().item()
         assert err < 1e-2, f"{what}: LSE error {err:.3g}"
+    assert (lse[~finite] == math.inf).all(), f"{what}: rows with no key must have LSE = +inf"
     return cfg, out, lse
 
 
@@ -76,7 +89,8 @@ def test_forward(k):
     for i, (sq, sk) in enumerate(SEQLENS):
         heads = HEADS[i % 3]
         q, kk, v, _ = inputs(2, sq, sk, heads, k[1], k[0])
-        check(k, q, kk, v, f"{sq}x{sk} {heads}", section=1 if i % 2 else 0)
+        cfg, _, _ = check(k, q, kk, v, f"{sq}x{sk} {heads}", section=1 if i % 2 else 0)
+        assert cfg.rescale_first == k[3].get("rescale_first", False) and cfg.causal == k[2]
 
 
 @pytest.mark.parametrize("k", [KERNELS[0], KERNELS[1], KERNELS[3]], ids=kid)
@@ -88,7 +102,7 @@ def test_sections_equal_bit_for_bit(k):
 
     from cuflash.families.sm90_fwd import sched_section
 
-    dtype, d, _ = k
+    dtype, d, _, _ = k
     t = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     b, s, h, hkv = 3, 2049, 16, 4
     q = torch.randn(b, s, h, d, device="cuda", dtype=t)
@@ -109,6 +123,7 @@ def test_section_in_a_cuda_graph():
     b, s, h, d = 2, 2049, 16, 128
     q, kk, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     cfg = config_for(k, q, kk, section=1)
+    assert cfg.section == 1
     cuflash.flash_attn_func(q, kk, v, config=cfg)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

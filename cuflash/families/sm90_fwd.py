@@ -229,6 +229,10 @@ class Sm90FwdConfig(KernelConfig):
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
                the kernel, its name expression and its SASS are the same for every value
+    rescale_first: O *= alpha_j right after the next S GEMM is issued, before O += P_j V_j
+               (kRescaleFirst: FA3's order above head dim 128), so the rescale runs under the S
+               GEMM; for tiles without pingpong. Plain calls only (no window, softcap, ALiBi,
+               dropout, varlen), not with lazy_rescale / fold_cap / p_smem / tree_max / q_double
     """
 
     BM: int
@@ -254,6 +258,7 @@ class Sm90FwdConfig(KernelConfig):
     lazy_rescale: bool = False
     fold_cap: int = 0
     section: int = 0
+    rescale_first: bool = False
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -272,7 +277,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_drop' if self.dropout else ''}"
                 f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{'_psmem' if self.p_smem else ''}{'_tree' if self.tree_max else ''}{'_q2' if self.q_double else ''}"
                 f"{name_suffix(self)}{'_varlen' if self.varlen else ''}{'_lazy' if self.lazy_rescale else ''}"
-                f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{f'_sec{self.section}' if self.section else ''}")
+                f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -317,8 +322,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.tree_max else 'false'}",                        # kTreeMax
                 f"{'true' if self.q_double else 'false'}",                        # kQDouble
                 f"{'true' if self.lazy_rescale else 'false'}",                    # kLazyRescale
-                f"{self.fold_cap}"]                                               # kFoldCap last
-        used = (10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{self.fold_cap}",                                               # kFoldCap
+                f"{'true' if self.rescale_first else 'false'}"]                   # kRescaleFirst last
+        used = (11 if self.rescale_first else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -332,7 +338,7 @@ class Sm90FwdConfig(KernelConfig):
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
-                self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap)
+                self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.rescale_first)
 
     def _problems(self) -> list[str]:
         out = []
@@ -394,6 +400,13 @@ class Sm90FwdConfig(KernelConfig):
             out.append("lazy_rescale / fold_cap with p_smem / tree_max / q_double: not designed together "
                        "(the feature variants' softmax step and the d64 plain-call options were written "
                        "apart; the combined instantiations are unchecked for registers and results)")
+        if self.rescale_first and (self.lazy_rescale or self.fold_cap or self.p_smem or self.tree_max
+                                   or self.q_double):
+            out.append("rescale_first with lazy_rescale / fold_cap / p_smem / tree_max / q_double: not "
+                       "designed together (unchecked for registers and results)")
+        if self.rescale_first and (self.window or self.softcap or self.alibi or self.dropout or self.varlen):
+            out.append("rescale_first with window / softcap / ALiBi / dropout / varlen is not implemented "
+                       "(those instantiations are unchecked for registers)")
         if self.section < 0 or self.section > MAX_SECTION:
             out.append(f"section must be 0 (the L2 rule) or 1..{MAX_SECTION} KV heads, got {self.section}")
         elif self.section and not self.dynamic:
@@ -621,6 +634,8 @@ class Sm90Forward(Family):
             config = config.replace(lazy_rescale=False)
         if config.p_smem and problem.features:   # plain calls only (a speed knob): P in registers
             config = config.replace(p_smem=False)
+        if config.rescale_first and problem.features:   # likewise: O rescaled after the P V wait
+            config = config.replace(rescale_first=False)
         return self.with_features(config, problem)
 
     def _fields(self, config):
@@ -631,7 +646,7 @@ class Sm90Forward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
-                               "lazy_rescale", "fold_cap", "section") and not v))
+                               "lazy_rescale", "fold_cap", "section", "rescale_first") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
