@@ -7,28 +7,25 @@ Cases: --dtype (bf16, fp16 or bf16,fp16), head dims --dims (128,256), seqlen --s
 16k), non-causal, the benchmark's shape (dim 2048: 2048 / d heads; batch x seqlen = 16k). Each row is
 a change to the heuristic's config of the case (rows equal to the heuristic's config or an earlier
 row's, or invalid, are left out; --rows for bf16, --fp16-rows for fp16):
-  heur          today's heuristic (Sm90Forward.heuristic: 2 consumer warpgroups, pingpong, dynamic
-                persistent; d128 BN 160 + TMA store below 16k keys, BN 176 from 16k; d256 BN 80)
-  bn176         BN 176, register epilogue (d128's heuristic from 16k keys)
-  bn160_tmao    BN 160 with the TMA-store epilogue (d128's heuristic below 16k)
-  bn128_s3      BN 128, 3 K/V stages
-  bn64          BN 64 (d256)
-  nopp          the heuristic's tile without pingpong (d256)
-  persist       the heuristic's tile on the static persistent schedule (no dynamic scheduler)
-  static        the heuristic's tile, a CTA per tile (no persistent schedule; d256)
-  nopp_persist  without pingpong, static persistent (the tuner's best at d256 8k / 16k, flushed)
-  nopp_rf, nopp_persist_rf  those with rescale_first (kRescaleFirst: O *= alpha under the next S GEMM,
-                FA3's order above head dim 128, where FA3 also runs without pingpong)
-  c1_bn96       1 consumer warpgroup (BM 64), BN 96 (d256: 176 accumulators of the 256-register budget;
-                not in the default rows)
-  sec1 / sec2 / sec16  the heuristic's kernel with the dynamic scheduler's sections of 1 / 2 / 16 KV
-                heads (``section``; the heuristic's L2 rule gives d128: 32 / 16 / 8 / 4 at 2k..16k,
-                d256: 16 / 8 / 4 / 2): a run-time param, the same compiled kernel as heur
+  heur          today's heuristic (Sm90Forward.heuristic: 2 consumer warpgroups, persistent; from the
+                2048 bucket HEURISTIC_NC: d128 static persistent, pingpong, BN 160 + TMA store below 16k
+                keys, BN 176 from 16k; d256 static persistent without pingpong, BN 80)
+  dyn           the dynamic scheduler with pingpong (the heuristic before HEURISTIC_NC)
+  sec1          dyn with sections of one KV head (``section``: a run-time param, dyn's kernel)
+  rf            the heuristic's tile with rescale_first (kRescaleFirst: O *= alpha under the next S
+                GEMM, FA3's order above head dim 128)
+  nopp / pp     the heuristic's tile without / with pingpong
+  static        the heuristic's tile, a CTA per tile (no persistent schedule)
+  bn176 / bn160_tmao  d128 at that BN (register epilogue / TMA-store epilogue)
+  bn64          d256 at BN 64
+  (more in CANDIDATES: bn128_s3, c1_bn96, sec2, sec16, nopp_rf)
   sdpa_cudnn, sdpa_flash  torch SDPA on cuDNN and on its flash backend, same tensors
-Two regimes, each with the rows' samples interleaved (cuflash.timing.time_interleaved, CUDA events,
-warm-up, median): back to back (the bench's: --reps samples of 5 calls) and, with --flush-reps > 0,
-single calls after an L2 flush (the tuner's). "x cuDNN" is a row's TFLOPs over cuDNN's in the same
-regime. Every row's output is checked against the first row's (NaN-free, max difference < 2e-2).
+Two regimes: back to back (the bench's: samples of 5 calls) and, with --flush-reps > 0, single calls
+after an L2 flush (the tuner's). In both the rows' samples are interleaved and the row order rotates
+by one each sample (under sustained load the H100's clock sinks along a round of rows and recovers
+during the slow SDPA flash row: with a fixed order the row after it looked fastest). "x cuDNN" is a
+row's TFLOPs over cuDNN's in the same regime. Every row's output is checked against the first row's
+(NaN-free, max difference < 2e-2).
 """
 import argparse
 import json
@@ -40,27 +37,26 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 # row -> changes to the heuristic's config of the case (None: the heuristic as it is)
 CANDIDATES = {
     "heur": None,
+    "dyn": dict(dynamic=True, pingpong=True),
+    "sec1": dict(dynamic=True, pingpong=True, section=1),
+    "rf": dict(rescale_first=True),
+    "nopp": dict(pingpong=False),
+    "pp": dict(pingpong=True),
+    "static": dict(persistent=False, dynamic=False),
     "bn176": dict(BN=176, tma_store=False),
     "bn160_tmao": dict(BN=160, tma_store=True),
-    "bn128_s3": dict(BN=128, stages=3, tma_store=False),
     "bn64": dict(BN=64, tma_store=False),
-    "nopp": dict(pingpong=False),
-    "persist": dict(dynamic=False),
-    "static": dict(dynamic=False, persistent=False),
-    "nopp_persist": dict(pingpong=False, dynamic=False),
+    "bn128_s3": dict(BN=128, stages=3, tma_store=False),
     "nopp_rf": dict(pingpong=False, rescale_first=True),
-    "nopp_persist_rf": dict(pingpong=False, dynamic=False, rescale_first=True),
-    "c1_bn96": dict(BM=64, consumers=1, pingpong=False, BN=96, tma_store=False),
-    "sec1": dict(section=1),
-    "sec2": dict(section=2),
-    "sec16": dict(section=16),
+    "c1_bn96": dict(BM=64, consumers=1, pingpong=False, BN=96, tma_store=False, dynamic=False),
+    "sec2": dict(dynamic=True, pingpong=True, section=2),
+    "sec16": dict(dynamic=True, pingpong=True, section=16),
 }
 # the rows of each head dim (others do not fit or are not meant for it)
-ROWS = {128: ("heur", "bn176", "bn160_tmao", "bn128_s3", "persist", "sec1", "sec2", "sec16"),
-        256: ("heur", "bn64", "nopp", "persist", "static", "nopp_persist", "nopp_rf", "nopp_persist_rf", "c1_bn96",
-              "sec1", "sec2", "sec16")}
-DEFAULT_ROWS = tuple(k for k in CANDIDATES if k != "c1_bn96")
-FP16_ROWS = "heur,sec1,nopp_rf"
+ROWS = {128: ("heur", "dyn", "sec1", "rf", "nopp", "bn176", "bn160_tmao", "bn128_s3", "nopp_rf", "sec2", "sec16"),
+        256: ("heur", "dyn", "sec1", "rf", "pp", "static", "bn64", "c1_bn96", "sec2", "sec16")}
+DEFAULT_ROWS = ("heur", "dyn", "sec1", "rf", "nopp", "pp", "static", "bn176", "bn160_tmao", "bn64")
+FP16_ROWS = "heur,dyn"
 
 
 def case_configs(d, s, dtype, rows_wanted, quiet=False):
@@ -144,6 +140,27 @@ def case_rows(d, s, dtype, rows_wanted):
     return problem, out, (q, k, v)
 
 
+def time_rotated(fns: dict, reps: int, back_to_back: int, flush_l2: bool = False) -> dict:
+    """{row: Timing}: ``reps`` samples per row (``back_to_back`` calls each, or one call after an L2
+    flush), the rows interleaved and their order rotated by one every sample (docstring: why)."""
+    import statistics
+
+    from cuflash.timing import Timing, _sample, l2_flusher, warm_up
+
+    flush = l2_flusher() if flush_l2 else None
+    for fn in fns.values():
+        warm_up(fn, 3)
+    keys = list(fns)
+    samples = {k: [] for k in keys}
+    for r in range(reps):
+        order = keys[r % len(keys):] + keys[:r % len(keys)]
+        got = _sample({k: fns[k] for k in order}, 1, 1 if flush_l2 else back_to_back, flush)
+        for k in keys:
+            samples[k] += got[k].samples
+    return {k: Timing(statistics.median(v), tuple(v), 1 if flush_l2 else back_to_back, flush_l2)
+            for k, v in samples.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=20)
@@ -188,7 +205,6 @@ def main():
 
     import cuflash
     from cuflash.registry import op_flops
-    from cuflash.timing import time_interleaved
 
     cases = [(dt, d, s) for dt in dtypes for d in dims for s in seqlens]
     results = []
@@ -209,9 +225,9 @@ def main():
                 err = (out.float() - ref.float()).abs().max().item()
                 assert err < 2e-2, f"{case} {key}: differs from the first row by {err:.3g}"
         torch.cuda.synchronize()
-        regimes = {"b2b": time_interleaved(fns, reps=args.reps, back_to_back=5)}
+        regimes = {"b2b": time_rotated(fns, args.reps, 5)}
         if args.flush_reps > 0:
-            regimes["flush"] = time_interleaved(fns, reps=args.flush_reps, warmup=1, flush_l2=True)
+            regimes["flush"] = time_rotated(fns, args.flush_reps, 1, flush_l2=True)
         for regime, times in regimes.items():
             cudnn = op_flops(problem) / times["sdpa_cudnn"].median_ms / 1e9
             for key, t in times.items():

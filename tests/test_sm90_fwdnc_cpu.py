@@ -100,37 +100,63 @@ def test_timing_script_configs():
     fp16 = timing.all_configs(("fp16",), rows_wanted=tuple(timing.FP16_ROWS.split(",")))
     tests = [c for c in timing.test_kernel_configs() if c.kernel_name() not in
              {k.kernel_name() for k in bf16 + fp16}]
-    assert len(bf16) + len(fp16) + len(tests) <= 19         # compiled in parallel (16 cores) in < 45 s
+    assert len(bf16) + len(fp16) + len(tests) <= 22         # compiled in parallel (16 cores) in < 45 s
     assert len(timing.test_kernel_configs()) == 10
     assert all(c.section == 0 and not c.causal for c in bf16 + fp16)
-    for c in bf16 + fp16:
+    for c in bf16 + fp16 + tests:
         assert c.validate(227 * 1024) is c
     assert len({c.kernel_name() for c in bf16}) == len(bf16)
-    # every case has its heuristic, the section rows and SDPA's two
+    # every case has its heuristic, the old dynamic tile, its section rows and SDPA's two
     for d in (128, 256):
         for s in (2048, 16384):
             _, rows = timing.case_configs(d, s, "bf16", tuple(timing.CANDIDATES), quiet=True)
-            assert {"heur", "sec1", "sec2", "sec16"} <= set(rows)
+            assert {"heur", "dyn", "sec1", "sec2", "sec16", "rf"} <= set(rows)
             assert len(set(rows.values())) == len(rows)
-            assert rows["sec1"].kernel_name() == rows["heur"].kernel_name()
+            assert rows["sec1"].kernel_name() == rows["dyn"].kernel_name() != rows["heur"].kernel_name()
+            assert rows["rf"] == rows["heur"].replace(rescale_first=True)
 
 
 @needs_nvcc
 def test_timing_kernels_compile_without_spills():
     from cuflash.compile import nvcc_compile
 
-    # the timing's tiles that no other CPU test compiles (d128 BN 128 with 3 stages; d256 BN 64, without
-    # pingpong, rescale_first; one consumer warpgroup at BN 96, outside the default rows), dynamic; and
-    # the GPU test's rescale_first kernels (causal, and with pingpong)
+    # the timing's and the GPU test's tiles that no other CPU test compiles: rescale_first (with and
+    # without pingpong, causal and not), d128 BN 128 with 3 stages, d256 BN 64 and one consumer
+    # warpgroup at BN 96 (the plain persistent tiles differ from others' only by kPersistent, which
+    # names the kernel and changes no code)
     cfgs = [c for c in timing.all_configs(("bf16",), rows_wanted=tuple(timing.CANDIDATES))
-            if c.dynamic and (c.stages == 3 or c.BN in (64, 96) or (c.head_dim == 256 and not c.pingpong))]
+            if c.rescale_first or c.stages == 3 or c.BN in (64, 96)]
     cfgs += [c for c in timing.test_kernel_configs() if c.causal]
-    assert len(cfgs) == 7 and sum(c.rescale_first for c in cfgs) == 3
+    assert len(cfgs) == 10 and sum(c.rescale_first for c in cfgs) == 7
     reports = nvcc_compile(cfgs, "sm_90a")
     assert len(reports) == len(cfgs)
     for r in reports:
         assert (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0), r
         assert not any("serialized" in w for w in r.warnings), r
+
+
+def test_heuristic_nc():
+    """HEURISTIC_NC: plain non-causal calls at d128 / d256 from the 2048 bucket run the static
+    persistent schedule (d256 without pingpong); causal calls, calls with features, shorter ones
+    and other head dims keep the dynamic scheduler."""
+    for s in (2048, 4096, 16384, 32768):
+        d128, d256 = FAM.heuristic(problem(128, seqlen=s)), FAM.heuristic(problem(256, seqlen=s))
+        assert d128.persistent and not d128.dynamic and d128.pingpong and d128.section == 0
+        assert d256.persistent and not d256.dynamic and not d256.pingpong and d256.BN == 80
+        assert not d128.rescale_first and not d256.rescale_first
+        # the BN / TMA-store rule of d128 is unchanged
+        assert (d128.BN, d128.tma_store) == ((176, False) if s >= 16384 else (160, True))
+    assert FAM.heuristic(problem(128, seqlen=1024)).dynamic
+    assert FAM.heuristic(problem(256, seqlen=1024)).pingpong
+    for d in (64, 96, 192):
+        assert FAM.heuristic(problem(d, seqlen=4096)).dynamic
+    causal = Problem("fwd", "bf16", 1, 4096, 4096, 16, 16, 256, True)
+    assert FAM.heuristic(causal).dynamic and FAM.heuristic(causal).pingpong
+    window = Problem("fwd", "bf16", 1, 4096, 4096, 16, 16, 256, False, features=("window",), window=(256, 0))
+    assert FAM.heuristic(window) == FAM.heuristic(window).replace(pingpong=True)
+    for d in (128, 256):
+        cfg = FAM.heuristic(problem(d, seqlen=8192))
+        assert cfg.validate(227 * 1024) is cfg
 
 
 RF = DYN.replace(head_dim=256, BN=80, pingpong=False, rescale_first=True)

@@ -6,6 +6,7 @@ of plain attention computed in the same low precision.
 * every kernel of KERNELS (the heuristic's tile, dynamic persistent, with the changes in the id) over
   seqlens 1, 17, 113, 1023, 2049 with s_q != s_k both ways, MHA / GQA / MQA (rescale_first,
   kRescaleFirst, without and with pingpong, causal and not, bf16 and fp16);
+* rescale_first against the same tile without it, bit for bit;
 * sections 1, 3 (not a power of two: the last section shorter), 1024 (more than the pairs) against
   the L2 rule's (section 0): the same kernel, only the tile order differs, so out and LSE are equal
   bit for bit, over a shape with several tiles per CTA and GQA;
@@ -27,19 +28,24 @@ from test_features_gpu import check_close, feature_attention, inputs  # noqa: E4
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
 FAM = registry.get("sm90_fwd")
-# (dtype, head dim, causal, changes to the heuristic's tile): one compiled kernel each
+# (dtype, head dim, causal, changes to the heuristic's tile, persistent): one compiled kernel each
 KERNELS = [
-    ("bf16", 128, False, {"BN": 176, "tma_store": False}),        # the heuristic's from 16k keys
-    ("fp16", 128, False, {"BN": 160, "tma_store": True}),          # below 16k
-    ("bf16", 128, False, {"BN": 128, "stages": 3, "tma_store": False}),
-    ("bf16", 256, False, {}),                                      # BN 80
-    ("bf16", 256, False, {"BN": 64}),
-    ("bf16", 256, False, {"pingpong": False, "dynamic": False}),   # static persistent (no section)
-    ("bf16", 256, False, {"pingpong": False, "rescale_first": True}),
-    ("fp16", 256, False, {"pingpong": False, "rescale_first": True}),
-    ("bf16", 256, True, {"pingpong": False, "rescale_first": True}),
-    ("bf16", 128, True, {"rescale_first": True}),                  # with pingpong
+    ("bf16", 128, False, {"BN": 176, "tma_store": False, "dynamic": False}),   # the heuristic's from 16k
+    ("fp16", 128, False, {"BN": 160, "tma_store": True, "dynamic": True}),     # the dynamic one below 16k
+    ("bf16", 128, False, {"BN": 160, "tma_store": True, "dynamic": False, "rescale_first": True}),
+    ("bf16", 256, False, {"dynamic": True, "pingpong": True}),
+    ("bf16", 256, False, {"BN": 64, "dynamic": False, "pingpong": False}),
+    ("bf16", 256, False, {"dynamic": False, "pingpong": False}),              # the heuristic's
+    ("bf16", 256, False, {"dynamic": False, "pingpong": False, "rescale_first": True}),
+    ("fp16", 256, False, {"dynamic": False, "pingpong": False}),
+    ("bf16", 256, True, {"dynamic": True, "pingpong": False, "rescale_first": True}),
+    ("bf16", 128, True, {"dynamic": True, "rescale_first": True}),            # with pingpong
 ]
+DYNAMIC = [KERNELS[1], KERNELS[3]]
+# rescale_first against the same tile without it: the same multiplies and GEMMs, only issued in
+# another order, so out and LSE are equal bit for bit
+RF_PAIRS = [(KERNELS[2], ("bf16", 128, False, {"BN": 160, "tma_store": True, "dynamic": False})),
+            (KERNELS[6], KERNELS[5])]
 SEQLENS = [(1, 17), (17, 1), (113, 1023), (1023, 113), (2049, 1023), (1023, 2049), (2049, 2049)]
 HEADS = ("mha", "gqa", "mqa")
 
@@ -50,9 +56,9 @@ def kid(k):
 
 
 def tile_of(heuristic, change):
-    """The heuristic's config, persistent and dynamic, with ``change`` (tests/sm90_fwd_nc_timing.py
-    --with-tests compiles the same)."""
-    return heuristic.replace(persistent=True, dynamic=True, tma_store=False).replace(**change)
+    """The heuristic's config, persistent, with ``change`` (tests/sm90_fwd_nc_timing.py --with-tests
+    compiles the same)."""
+    return heuristic.replace(persistent=True, tma_store=False).replace(**change)
 
 
 def config_for(k, q, kk, section=0):
@@ -93,7 +99,7 @@ def test_forward(k):
         assert cfg.rescale_first == k[3].get("rescale_first", False) and cfg.causal == k[2]
 
 
-@pytest.mark.parametrize("k", [KERNELS[0], KERNELS[1], KERNELS[3]], ids=kid)
+@pytest.mark.parametrize("k", DYNAMIC, ids=kid)
 def test_sections_equal_bit_for_bit(k):
     """batch 3 x 16 heads (GQA 16:4) x 2049 rows: several tiles per CTA; every section gives the
     L2 rule's out and LSE bit for bit (a tile's code is the same wherever it runs), and each
@@ -116,14 +122,31 @@ def test_sections_equal_bit_for_bit(k):
         assert torch.equal(out, out0) and torch.equal(lse, lse0), f"{cfg.name}: differs from section 0"
 
 
+@pytest.mark.parametrize("pair", RF_PAIRS, ids=lambda p: kid(p[0]))
+def test_rescale_first_equals_the_plain_order_bit_for_bit(pair):
+    """batch 3 x 16 heads (GQA 16:4) x 2049 rows, s_k 1500 (a ragged last K/V block): rescale_first's
+    out and LSE equal the plain kernel's bit for bit."""
+    import torch
+
+    rf, plain = pair
+    dtype, d = rf[0], rf[1]
+    t = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    q = torch.randn(3, 2049, 16, d, device="cuda", dtype=t)
+    kk, v = (torch.randn(3, 1500, 4, d, device="cuda", dtype=t) for _ in range(2))
+    cfg_rf, out_rf, lse_rf = check(rf, q, kk, v, "rescale_first")
+    cfg, out, lse = check(plain, q, kk, v, "plain")
+    assert cfg_rf == cfg.replace(rescale_first=True)
+    assert torch.equal(out_rf, out) and torch.equal(lse_rf, lse), f"{cfg_rf.name}: differs from {cfg.name}"
+
+
 def test_section_in_a_cuda_graph():
     import torch
 
-    k = KERNELS[0]
+    k = KERNELS[1]
     b, s, h, d = 2, 2049, 16, 128
-    q, kk, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, kk, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16) for _ in range(3))
     cfg = config_for(k, q, kk, section=1)
-    assert cfg.section == 1
+    assert cfg.section == 1 and cfg.dynamic
     cuflash.flash_attn_func(q, kk, v, config=cfg)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -121,6 +121,24 @@ MAX_SECTION = 1024
 # (BM 192 leaves more of the last Q block empty) it is unmeasured: the 2-consumer tile stays.
 HEURISTIC_D64: dict = {False: dict(BM=192, consumers=3, BN=128), True: dict(BM=192, consumers=3, BN=128)}
 HEURISTIC_D64_MIN_BUCKET = 2048
+# The heuristic's schedule for plain non-causal calls at head dims 128 and 256: changes to the dynamic
+# pingpong tile, from the seqlen bucket HEURISTIC_NC_MIN_BUCKET on ({} keeps it). Non-causal tiles are
+# all equally long, so the dynamic scheduler has no imbalance to fix, and its section order (several
+# KV heads at once) read K/V from L2 worse than the static persistent order (a wave's CTAs on one or
+# two heads). Measured on the H100 (tests/sm90_fwd_nc_timing.py, session 15 round A: bf16, dim 2048,
+# batch x seqlen 16k, same process as SDPA cuDNN; single calls after an L2 flush, TFLOPs at 2k / 4k /
+# 8k / 16k):
+#   d128 (BN 160 + TMA store below 16k keys, BN 176 from 16k, pingpong): dynamic 618 / 659 / 683 / 662,
+#        static persistent 652 / 684 / 689 / 666 (1.02-1.07x cuDNN), dynamic with one-KV-head sections
+#        653 / 686 / 688 / 669 (the same within noise: the order is what matters);
+#   d256 (BN 80): dynamic pingpong 626 / 688 / 724 / 708, static persistent without pingpong (FA3 runs
+#        d256 without its warpgroup scheduler barrier too) 651 / 714 / 748 / 756 (0.97 / 1.01 / 1.05 /
+#        1.13x cuDNN), with pingpong 642 / 701 / 728 / 721.
+# (The back-to-back samples of the same run lose ~1-2% per row along the row order at 16k: the GPU's
+# clock sinks under sustained load and recovers during the slower SDPA flash rows, so the first row
+# after them looked fastest; the flushed single calls start alike.)
+HEURISTIC_NC: dict = {128: dict(dynamic=False), 256: dict(dynamic=False, pingpong=False)}
+HEURISTIC_NC_MIN_BUCKET = 2048
 SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # Calls with window / softcap / ALiBi (no dropout, fixed lengths): the schedule and softmax
 # variants the heuristic gives them, each switched on only by a measurement of
@@ -719,6 +737,9 @@ class Sm90Forward(Family):
         if (d == 64 and dynamic and not problem.features and problem.bucket >= HEURISTIC_D64_MIN_BUCKET
                 and HEURISTIC_D64.get(bool(problem.causal))):
             cfg = cfg.replace(**HEURISTIC_D64[bool(problem.causal)])   # (first_fitting: the fallbacks)
+        if (dynamic and not problem.causal and not problem.features and d in HEURISTIC_NC
+                and problem.bucket >= HEURISTIC_NC_MIN_BUCKET):
+            cfg = cfg.replace(**HEURISTIC_NC[d])   # static persistent (d256: without pingpong)
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
             if SOFTCAP_FOLD and feature_call and not cfg.emu_exp2:   # (2 and 3 run with lazy_rescale)
