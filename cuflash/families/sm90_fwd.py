@@ -243,14 +243,14 @@ class Sm90FwdConfig(KernelConfig):
                max (t <= 1) where the cap allows it (softcap_fixed_m: no row max, no O rescale).
                2 and 3 act as 1 with ALiBi and need lazy_rescale; needs softcap, not with dropout
                or emu_exp2 (SOFTCAP_FOLD)
-    section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
-               as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
-               every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
-               the kernel, its name expression and its SASS are the same for every value
     rescale_first: O *= alpha_j right after the next S GEMM is issued, before O += P_j V_j
                (kRescaleFirst: FA3's order above head dim 128), so the rescale runs under the S
                GEMM; for tiles without pingpong. Plain calls only (no window, softcap, ALiBi,
                dropout, varlen), not with lazy_rescale / fold_cap / p_smem / tree_max / q_double
+    section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
+               as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
+               every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
+               the kernel, its name expression and its SASS are the same for every value
     """
 
     BM: int
@@ -275,8 +275,8 @@ class Sm90FwdConfig(KernelConfig):
     q_double: bool = False
     lazy_rescale: bool = False
     fold_cap: int = 0
-    section: int = 0
     rescale_first: bool = False
+    section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
     _what = "sm90 forward"
