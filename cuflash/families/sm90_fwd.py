@@ -125,9 +125,9 @@ HEURISTIC_D64_MIN_BUCKET = 2048
 # pingpong tile, from the seqlen bucket HEURISTIC_NC_MIN_BUCKET on ({} keeps it). Non-causal tiles are
 # all equally long, so the dynamic scheduler has no imbalance to fix, and its section order (several
 # KV heads at once) read K/V from L2 worse than the static persistent order (a wave's CTAs on one or
-# two heads). Measured on the H100 (tests/sm90_fwd_nc_timing.py, session 15 round A: bf16, dim 2048,
-# batch x seqlen 16k, same process as SDPA cuDNN; single calls after an L2 flush, TFLOPs at 2k / 4k /
-# 8k / 16k):
+# two heads). Measured on the H100 (tests/sm90_fwd_nc_timing.py, session 15 round A,
+# results/NVIDIA_H100_80GB_HBM3/nc_timing_round_a.json: bf16, dim 2048, batch x seqlen 16k, same process
+# as SDPA cuDNN; single calls after an L2 flush, TFLOPs at 2k / 4k / 8k / 16k):
 #   d128 (BN 160 + TMA store below 16k keys, BN 176 from 16k, pingpong): dynamic 618 / 659 / 683 / 662,
 #        static persistent 652 / 684 / 689 / 666 (1.02-1.07x cuDNN), dynamic with one-KV-head sections
 #        653 / 686 / 688 / 669 (the same within noise: the order is what matters);
@@ -137,6 +137,16 @@ HEURISTIC_D64_MIN_BUCKET = 2048
 # (The back-to-back samples of the same run lose ~1-2% per row along the row order at 16k: the GPU's
 # clock sinks under sustained load and recovers during the slower SDPA flash rows, so the first row
 # after them looked fastest; the flushed single calls start alike.)
+# Checked in round B (results/NVIDIA_H100_80GB_HBM3/nc_timing.json; rotated row order, TFLOPs and
+# x cuDNN at 2k / 4k / 8k / 16k), this schedule against the dynamic one:
+#   bf16 d128 flushed 669 / 701 / 710 / 680 (1.03 / 1.05 / 1.07 / 1.04x) against 634 / 673 / 693 / 686,
+#             back to back 606 / 634 / 657 / 689 (1.04 / 1.06 / 1.08 / 1.16x) against 601 / 632 / 657 / 681;
+#   bf16 d256 flushed 663 / 724 / 764 / 759 (0.98 / 1.01 / 1.06 / 1.09x) against 637 / 698 / 736 / 724,
+#             back to back 621 / 664 / 716 / 784 (1.00 / 1.03 / 1.12 / 1.30x) against 603 / 637 / 691 / 743;
+#   fp16 d128 flushed 1.03-1.10x, back to back 1.04-1.10x; fp16 d256 flushed 0.98 / 1.01 / 1.05 / 1.07x,
+#             back to back 1.00 / 1.05 / 1.10 / 1.16x (dynamic: 0.94-1.08x).
+# rescale_first on these tiles: d256 slower in every cell (flushed 642 / 702 / 737 / 731), d128 within
+# +-3% either way (flushed 674 / 702 / 710 / 704, back to back 612 / 650 / 668 / 666): left off.
 HEURISTIC_NC: dict = {128: dict(dynamic=False), 256: dict(dynamic=False, pingpong=False)}
 HEURISTIC_NC_MIN_BUCKET = 2048
 SCHED_RING_BYTES = 8 * 4 + 4 * 2
@@ -246,7 +256,9 @@ class Sm90FwdConfig(KernelConfig):
     rescale_first: O *= alpha_j right after the next S GEMM is issued, before O += P_j V_j
                (kRescaleFirst: FA3's order above head dim 128), so the rescale runs under the S
                GEMM; for tiles without pingpong. Plain calls only (no window, softcap, ALiBi,
-               dropout, varlen), not with lazy_rescale / fold_cap / p_smem / tree_max / q_double
+               dropout, varlen), not with lazy_rescale / fold_cap / p_smem / tree_max / q_double.
+               Measured no faster on the heuristic's non-causal tiles (HEURISTIC_NC's note): off,
+               outside the tuning space
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
