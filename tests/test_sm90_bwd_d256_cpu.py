@@ -130,8 +130,15 @@ def test_plain_grid_only(monkeypatch):
 
 
 def test_selection_and_the_switch(monkeypatch):
-    """D256_ABOVE_FA2 / D192_ABOVE_FA2 off (until the H100 timing says otherwise): fa2_bwd at head
-    dims 193..256 / 129..192, bwd_config= forces sm90_bwd; on: sm90_bwd with the d256 tile."""
+    """D256_ABOVE_FA2 / D192_ABOVE_FA2 (both on, measured on the H100): sm90_bwd with the d256 tile
+    at head dims 193..256 / 129..192; off: fa2_bwd there, bwd_config= forces sm90_bwd."""
+    assert sm90_bwd.D256_ABOVE_FA2 and sm90_bwd.D192_ABOVE_FA2
+    for d in (136, 160, 192, 200, 256):
+        fam, cfg, source = choose(problem(d), (9, 0))
+        assert fam is FAM and cfg == D256 and source.startswith("heuristic"), (d, cfg, source)
+    # past 256 neither Hopper kernel: fa2_bwd's refusal names the head dim
+    with pytest.raises(Exception, match="256"):
+        choose(problem(264), (9, 0))
     for d, switch in ((136, "D192_ABOVE_FA2"), (192, "D192_ABOVE_FA2"), (200, "D256_ABOVE_FA2"),
                       (256, "D256_ABOVE_FA2")):
         p = problem(d)

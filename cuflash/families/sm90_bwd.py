@@ -14,7 +14,7 @@ starts with BwdParams field for field (the workspace layout is fa2_bwd's too).
 
 Selection: ranked above fa2_bwd at every head dim up to 128, as measured on the H100
 (``rank``; D64_ABOVE_FA2 / D96_ABOVE_FA2 switch head dims <= 96 back); head dims 193..256 too
-(D256_ABOVE_FA2, measured: 2.1-2.3x fa2_bwd), 129..192 only with D192_ABOVE_FA2 (off: untimed);
+(D256_ABOVE_FA2, measured: 2.1-2.3x fa2_bwd), 129..192 too (D192_ABOVE_FA2, measured: 1.5-1.65x);
 ``config=`` / ``bwd_config=`` force either. Head dims up to 256 (kernels for 64, 128 and 256).
 Features: sliding window (Q blocks outside a K/V block's band are skipped), softcap and ALiBi,
 as compile-time flags (config fields window / softcap / alibi, names _win / _cap / _alibi, as
@@ -127,10 +127,11 @@ DROPOUT_BY_DEFAULT = True
 # family above fa2_bwd there. Measured on the H100 (2026-11-26, rev dfc42b8,
 # tests/sm90_bwd_d256_timing.py: d256, 8 heads, batch x seqlen 16k, bf16, 4k and 16k, causal and
 # not, backward alone): 289-339 TFLOPs, 2.12-2.34x fa2_bwd's speed, 0.79-0.90x SDPA cuDNN's: on.
-# 129..192: not timed yet (its GPU tests passed at d192): off until --hdims 192 says it beats
-# fa2_bwd there; bwd_config= forces it meanwhile.
+# 129..192: d192 through the d256 kernel, same script and shape (session 14 round f3,
+# results/NVIDIA_H100_80GB_HBM3/sm90_bwd_d256_timing.json: bf16, 2k-16k, causal and not):
+# 195-259 TFLOPs, 1.48-1.65x fa2_bwd's speed (its native d192 kernel), 0.72-0.82x cuDNN's: on.
 D256_ABOVE_FA2 = True
-D192_ABOVE_FA2 = False
+D192_ABOVE_FA2 = True
 VARLEN_BWD = os.environ.get("CUFLASH_SM90_VARLEN_BWD", "1") != "0"
 # The feature sets that run with varlen: their varlen instantiations at the heuristic's tiles
 # compile without spills (nvcc 13.0, sm_90a; d64 and d128, causal and not, deterministic at d64:
