@@ -295,6 +295,27 @@ struct Sm90BwdDqWriterStage {
     static constexpr int kSmemBytes = kOffset + kBufs * kTileBytes + 1024;  // + 1024: base alignment
 };
 
+// kSharedKeys with kDqWriter (head dim 256, where no staging tile fits next to the rest): dQ_i's
+// part (BM 64 rows x 256 fp32: 8 boxes of 32 columns, each 64 rows x 128 bytes with the 128-byte
+// swizzle, as Sm90BwdDqWriterStage lays a box out) is staged in the ring slot that held Q_i, dO_i,
+// once the GEMMs reading them are done. Warpgroup wg's dV_j, dK_j read only column chunks 2wg,
+// 2wg + 1 of dO_i, Q_i (its kDkvN = 128 columns), and every warpgroup's Sᵀ, dPᵀ (which read all
+// chunks) completed before the barrier that precedes dV, dK: so warpgroup wg stages its 4 boxes
+// (dQ columns 128wg..+127) in exactly those chunks, with no barrier between the warpgroups: box
+// 4wg + b in Q_i's chunk 2wg + b (b = 0, 1), in dO_i's chunk 2wg + b - 2 (b = 2, 3). The writer
+// warp adds the 8 boxes and then releases the slot (q_empty) to the producer.
+template <class Shape>
+struct Sm90BwdSlotDqStage {
+    static_assert(Shape::kQChunkBytes == 64 * 128 && Shape::kChunks == 4,
+                  "head dim 256, BM 64: a 32-column fp32 box of 64 rows fills one 64-column chunk of Q_i");
+    // shared-window address of box `box` (dQ columns 32·box..+31) in the slot at byte offset q_off
+    static __device__ __forceinline__ u32 box(u32 smem, u32 q_off, int box) {
+        const int b = box % 4;
+        return smem + (b < 2 ? Shape::kQOffset : Shape::kDoOffset) + q_off
+               + (2 * (box / 4) + b % 2) * Shape::kQChunkBytes;
+    }
+};
+
 // Byte offset of element (row, col) of a 16-bit tile stored as 64-column chunks of `rows` rows
 // with the 128-byte swizzle (16-byte unit u of row r sits at unit u ^ (r % 8)); the tile's base
 // is 1024-byte aligned.
@@ -420,7 +441,13 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     static_assert(!kDqBulk || DqStage::kSmemBytes <= 227 * 1024, "dq_bulk: shared memory exceeds the H100's 227 KB");
     static_assert(!(kDqBulk && kDeterministic), "dq_bulk is the unordered mode's: deterministic keeps its ordered red.add");
     using DqW = Sm90BwdDqWriterStage<Words, kBM, kHeadDim>;
-    static_assert(!kDqWriter || DqW::kSmemBytes <= 227 * 1024, "dq_writer: shared memory exceeds the H100's 227 KB");
+    static_assert(!kDqWriter || kSharedKeys || DqW::kSmemBytes <= 227 * 1024,
+                  "dq_writer: shared memory exceeds the H100's 227 KB");
+    // kSharedKeys with kDqWriter: dQ_i's part is staged in the ring slot of Q_i, dO_i (no tile of
+    // its own: Sm90BwdSlotDqStage), the writer warp releases the slot (q_empty: one arrival)
+    static_assert(!(kSharedKeys && kDqWriter) || (!kDynamic && !kDeterministic),
+                  "shared keys with dq_writer: the plain grid, unordered");
+    constexpr bool kSlotDq = kSharedKeys && kDqWriter;
     static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
     static_assert(!(kDynamic && (kVarlen || kDeterministic)),
                   "the dynamic scheduler runs fixed-length, unordered backwards");
@@ -515,7 +542,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         for (int s = 0; s < kStages; ++s) {
             // lane 0's expect_tx, the 32 lanes' LSE / D (kDynamic: lane 0's alone, LSE / D by bulk copies)
             mbarrier_init(q_full(s), kDynamic ? 1 : 1 + 32);
-            mbarrier_init(q_empty(s), kConsumerThreads);        // every consumer thread releases
+            // every consumer thread releases (kSlotDq: the writer warp's lane 0, once dQ_i's part,
+            // staged in the slot, has been read)
+            mbarrier_init(q_empty(s), kSlotDq ? 1 : kConsumerThreads);
         }
         if constexpr (kDynamic) {
             mbarrier_init(kv_empty, kConsumerThreads);
@@ -543,26 +572,33 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             for (;;) {
                 for (int it = 0; it < n_iters; ++it) {
                     const int q = kDynamic ? q_done + it : it;
-                    const int buf = DqW::kBufs == 1 ? 0 : q % 2;
+                    // kSlotDq: barriers by parity (the consumers may arrive for Q block q + 1 before
+                    // this warp has waited for q; not for q + 2, whose slot this warp releases)
+                    const int buf = kSlotDq ? q & 1 : DqW::kBufs == 1 ? 0 : q % 2;
                     named_barrier_sync(kDqFullBar + buf, kDqBarThreads);
                     if (leader) {
                         const u32 tile = smem + DqW::kOffset + buf * DqW::kTileBytes;
+                        const u32 slot_off = kSlotDq ? u32(q % kStages) * Shape::kQBytes : 0u;
                         const int row0 = (m_block_min + it) * kBM;
 #pragma unroll
                         for (int b = 0; b < kHeadDim / 32; ++b) {
+                            const u32 src = kSlotDq ? Sm90BwdSlotDqStage<Shape>::box(smem, slot_off, b)
+                                                    : tile + b * DqW::kBoxBytes;
                             if constexpr (kVarlen)   // the map's rows: (nheads, ws_rows), head `head`'s
-                                bulk_reduce_add_tensor_3d(&p.tma_dq, tile + b * DqW::kBoxBytes, 32 * b,
+                                bulk_reduce_add_tensor_3d(&p.tma_dq, src, 32 * b,
                                                           static_cast<int>(ws_row0() - i64(head) * p.ws_rows) + row0, head);
                             else
-                                bulk_reduce_add_tensor_3d(&p.tma_dq, tile + b * DqW::kBoxBytes, 32 * b, row0, pair);
+                                bulk_reduce_add_tensor_3d(&p.tma_dq, src, 32 * b, row0, pair);
                         }
                         bulk_commit_group();
                         bulk_wait_group_read<0>();              // the tile may be rewritten
                         if constexpr (kDynamic) mbarrier_arrive(dq_empty(buf));
+                        if constexpr (kSlotDq) mbarrier_arrive(q_empty(q % kStages));   // the slot may be refilled
                     }
                     __syncwarp();
                     // the consumers wait for tile buf again only if they have a Q block it + kBufs
-                    if (!kDynamic && it + DqW::kBufs < n_iters) named_barrier_arrive(kDqEmptyBar + buf, kDqBarThreads);
+                    if (!kSlotDq && !kDynamic && it + DqW::kBufs < n_iters)
+                        named_barrier_arrive(kDqEmptyBar + buf, kDqBarThreads);
                 }
                 if constexpr (!kDynamic) break;
                 q_done += n_iters;
@@ -1042,7 +1078,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 // part's 64 made ptxas spill), each added by red.add as soon as it is done (the
                 // additions drain while the next piece runs). Deterministic: the turn is taken once
                 // for both pieces. dq_bulk and dq_writer do not fit in shared memory here. ----
-                static_assert(!kDqWriter && !kDqBulk, "shared keys (head dim 256): dQ by red.add only");
+                static_assert(!kDqBulk, "shared keys (head dim 256): dQ by red.add or the slot staging (dq_writer)");
                 int* turn = kDeterministic ? p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block : nullptr;
                 float* dq_rows = p.dq_accum + ((kVarlen ? ws_row0() : bh * p.seqlen_q_rounded) + row0
                                                + warp * 16) * p.head_dim_rounded + dq_col0;
@@ -1062,17 +1098,45 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                     if (piece == 0) {
                         reg_fence(dk_acc);
                         reg_fence(dv_acc);
-                        mbarrier_arrive(q_empty(slot));             // the slot may be refilled
+                        // the slot may be refilled (kSlotDq: once the writer warp has read dQ_i's part)
+                        if constexpr (!kSlotDq) mbarrier_arrive(q_empty(slot));
                         if (kDeterministic) {   // this CTA's turn at this Q block (as below)
                             const int first = kWindow ? band.template kv_block_begin<kBM, kBN>(row0) : 0;
                             if (ctid == 0) while (ld_acquire_gpu(turn) != n_block - first) {}
                             named_barrier_sync(1, kConsumerThreads);
                         }
                     }
+                    if constexpr (kSlotDq) {
+                        // kSlotDq: into boxes 4wg + 2·piece, + 1 of the staging in this slot
+                        // (Sm90BwdSlotDqStage: this warpgroup's dV, dK, the last readers of those
+                        // chunks, are done), stored as the kDqWriter tile below: this thread's rows
+                        // warp·16 + g (+ 8), columns 8nt + 2t (+ 1) of the piece, the odd rows g
+                        // storing fragment nt ^ 2 where the others store nt (no bank conflicts)
+                        const bool odd = g % 2;
+                        const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
+                        const u32 row_off = (warp * 16 + g) * 128 + (t % 2) * 8;
 #pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        red_add_tile_16x16(dq_rows + piece * 64 + j * 16, p.head_dim_rounded,
-                                           reinterpret_cast<const float (&)[2][4]>(dq_part[8 * j]), g, t);
+                        for (int nt = 0; nt < 8; ++nt) {
+                            const int ns = nt ^ 2;
+                            unsigned char* box = smem_ptr + (Sm90BwdSlotDqStage<Shape>::box(
+                                smem, q_off, 4 * wg + 2 * piece + nt / 4) - smem);
+                            const u32 off = row_off + (sw ^ ((2 * (nt % 4)) << 4));
+#pragma unroll
+                            for (int half = 0; half < 2; ++half)
+                                *reinterpret_cast<float2*>(box + off + half * 8 * 128)
+                                    = make_float2(odd ? dq_part[4 * ns + 2 * half] : dq_part[4 * nt + 2 * half],
+                                                  odd ? dq_part[4 * ns + 2 * half + 1] : dq_part[4 * nt + 2 * half + 1]);
+                        }
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            red_add_tile_16x16(dq_rows + piece * 64 + j * 16, p.head_dim_rounded,
+                                               reinterpret_cast<const float (&)[2][4]>(dq_part[8 * j]), g, t);
+                    }
+                }
+                if constexpr (kSlotDq) {
+                    fence_proxy_async_smem();                       // generic stores -> the bulk op's reads
+                    named_barrier_arrive(kDqFullBar + (it & 1), kDqBarThreads);
                 }
                 if (kDeterministic) {  // pass the turn on once every thread's additions are visible
                     __threadfence();

@@ -47,7 +47,10 @@ def test_tile_names_split_and_shared_memory():
     assert D256.kernel_name() == "cuflash::sm90_bwd<64, 64, 2, 2, 256, cuflash::bf16, false, false>"
     # K, V 32 KB each; 2 x (Q, dO) 32 KB each; dS, Pᵀ, dSᵀ 8 KB each; LSE, D; barriers; alignment
     assert D256.smem_bytes == 2 * 32768 + 4 * 32768 + 3 * 8192 + 4 * 256 + 8 * 5 + 1024 <= MAX_SMEM
-    # the words of softcap and dropout stay in registers (no shared memory added)
+    # the words of softcap and dropout stay in registers (no shared memory added); dq_writer
+    # stages dQ_i's part in the Q/dO ring slot (no tile of its own)
+    assert D256.replace(dq_writer=True).smem_bytes == D256.smem_bytes
+    assert D256.replace(dq_writer=True).dq_writer_bufs == 0
     assert D256.replace(softcap=True, dropout=True).smem_bytes == D256.smem_bytes
     # dK, dV 64 + 64; Sᵀ, dPᵀ 16 + 16; Pᵀ, dSᵀ fragments 8 + 8; dQ 64 (the kernel: two pieces of 32)
     assert D256.accum_regs == 128 + 32 + 16 + 64 <= MAX_ACCUM_REGS
@@ -62,7 +65,7 @@ def test_tile_names_split_and_shared_memory():
     (dict(head_dim=128), "shared keys\\) is the head_dim=256 tile"),
     (dict(BM=128), "takes BM=64"),
     (dict(stages=3), "more than the 232448"),
-    (dict(dq_writer=True), "more than the 232448"),
+    (dict(dq_writer=True, deterministic=True), "dq_writer with deterministic"),
     (dict(dq_bulk=True), "more than the 232448"),
     (dict(dropout=True, window=True), "dropout with a window, softcap or ALiBi at head_dim=256"),
     (dict(dropout=True, softcap=True, causal=True), "dropout with a window, softcap or ALiBi"),
@@ -70,7 +73,7 @@ def test_tile_names_split_and_shared_memory():
     (dict(dropout=True, overlap_sdp=True), "overlap_sdp at head_dim=256 with dropout"),
     (dict(dynamic=True), "dynamic at head_dim=256"),
     (dict(dynamic=True, dq_writer=True), "dynamic at head_dim=256"),
-    (dict(lpt=True, causal=True), "lpt at head_dim=256"),
+    (dict(lpt=True), "lpt without causal"),
 ])
 def test_each_rule(change, pattern):
     with pytest.raises(ConfigError, match=pattern):
@@ -83,7 +86,9 @@ def test_what_it_allows():
                   dict(window=True, softcap=True, alibi=True, deterministic=True), dict(dropout=True),
                   dict(dropout=True, deterministic=True), dict(dropout=True, causal=True, varlen=True),
                   dict(varlen=True, deterministic=True),
-                  dict(dtype="fp16", causal=True)):
+                  dict(dtype="fp16", causal=True), dict(dq_writer=True), dict(dq_writer=True, causal=True, lpt=True),
+                  dict(dq_writer=True, dropout=True), dict(dq_writer=True, varlen=True, window=True),
+                  dict(causal=True, lpt=True), dict(causal=True, lpt=True, deterministic=True)):
         assert D256.replace(**flags).problems() == [], flags
 
 
@@ -91,9 +96,10 @@ def test_space_heuristic_and_for_problem():
     for causal, det in itertools.product((False, True), (False, True)):
         p = problem(causal=causal, deterministic=det)
         valid = FAM.valid(p, MAX_SMEM)
-        assert sorted(c.overlap_sdp for c in valid) == [False, True]
+        # (the space's points are unordered: dq_writer on and off; for_problem drops it for det)
+        assert sorted(c.overlap_sdp for c in valid) == [False, False, True, True]
         assert {(c.BM, c.BN, c.stages, c.consumers, c.dq_writer, c.dq_bulk) for c in valid} == \
-            {(64, 64, 2, 2, False, False)}
+            {(64, 64, 2, 2, w, False) for w in (False, True)}
         assert all(FAM.for_problem(c, p).problems() == [] for c in valid)
     for d in range(136, 257, 8):
         for dtype, causal, det in itertools.product(("bf16", "fp16"), (False, True), (False, True)):
@@ -117,7 +123,9 @@ def test_space_heuristic_and_for_problem():
 
 def test_plain_grid_only(monkeypatch):
     """The shared-keys tile runs one CTA per K/V block: with main's schedule switches on at every
-    head dim, the d256 heuristic stays plain, and for_problem drops a tuned-style dynamic / lpt."""
+    head dim, the d256 heuristic stays plain (its own switches HEURISTIC_D256_LPT /
+    HEURISTIC_D256_DQ_WRITER decide lpt and dq_writer there), and for_problem drops a tuned-style
+    dynamic; lpt (causal) stays."""
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DYNAMIC", frozenset({(256, False), (256, True)}))
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_LPT", True)
     for causal in (False, True):
@@ -125,8 +133,31 @@ def test_plain_grid_only(monkeypatch):
         cfg = FAM.for_problem(FAM.heuristic(p), p)
         assert cfg == D256.replace(causal=causal) and cfg.problems() == [], cfg
         cfg = FAM.for_problem(D256.replace(causal=causal, dynamic=True, lpt=causal), p)
-        assert not cfg.dynamic and not cfg.lpt and cfg.problems() == [], cfg
+        assert not cfg.dynamic and cfg.lpt == causal and cfg.problems() == [], cfg
         assert not any(c.dynamic or c.ds_double or c.lpt for c in FAM.valid(p, MAX_SMEM))
+
+
+def test_d256_switches(monkeypatch):
+    """HEURISTIC_D256_DQ_WRITER / HEURISTIC_D256_LPT (off until measured): on, the heuristic adds
+    dq_writer (unordered calls) and lpt (causal calls) at head dims 129..256, nowhere else."""
+    assert not sm90_bwd.HEURISTIC_D256_DQ_WRITER and not sm90_bwd.HEURISTIC_D256_LPT
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_DQ_WRITER", True)
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_LPT", True)
+    for d, causal, det in itertools.product((192, 256), (False, True), (False, True)):
+        p = problem(d, causal=causal, deterministic=det)
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        assert cfg == D256.replace(causal=causal, deterministic=det, dq_writer=not det, lpt=causal), cfg
+        assert cfg.problems() == [] and FAM.fits(cfg, p) == ""
+    d128 = FAM.for_problem(FAM.heuristic(problem(128, causal=True)), problem(128, causal=True))
+    assert not d128.lpt
+    # varlen keeps the plain order; dropout, features keep dq_writer (they compile clean)
+    for feats, kw in ((("varlen",), {}), (("dropout",), dict(dropout_p=0.1)),
+                      (("alibi", "softcap", "window"), dict(window=(30, 4), softcap=10.0))):
+        if feats == ("varlen",) and not sm90_bwd.VARLEN_BWD:
+            continue
+        p = problem(causal=True, features=feats, **kw)
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        assert cfg.dq_writer and cfg.lpt == ("varlen" not in feats) and cfg.problems() == [], cfg
 
 
 def test_selection_and_the_switch(monkeypatch):
@@ -179,7 +210,10 @@ def test_refusals_fall_back_to_fa2_with_a_reason(monkeypatch):
 def test_kernel_source():
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
     assert "static constexpr bool kSharedKeys = kBN == 64 && kConsumers == 2;" in src
-    assert "static_assert(!kDqWriter && !kDqBulk, \"shared keys (head dim 256): dQ by red.add only\");" in src
+    assert "static_assert(!kDqBulk, \"shared keys (head dim 256): dQ by red.add or the slot staging (dq_writer)\");" in src
+    # dq_writer there: staged in the ring slot, the writer warp releases it
+    assert "mbarrier_init(q_empty(s), kSlotDq ? 1 : kConsumerThreads);" in src
+    assert "if constexpr (kSlotDq) mbarrier_arrive(q_empty(q % kStages));" in src
     # the Pᵀ / dSᵀ stores, then the SS products of dV and dK from them, after the barrier
     # (whatever the indentation: the tile loop nests the Q-block loop)
     loop = src[re.search(r"if constexpr \(kSharedKeys\) \{\n\s*// kSharedKeys: this warpgroup's Pᵀ", src).start():]
@@ -206,10 +240,16 @@ def compile_clean(configs):
 
 @needs_nvcc
 def test_ptxas_d256_plain_and_schedule():
-    """bf16 / fp16 x causal / not, plain and overlap_sdp; deterministic (8 + 2 instantiations)."""
+    """bf16 / fp16 x causal / not, plain and overlap_sdp; deterministic; dq_writer (+ lpt when causal),
+    lpt (8 + 2 + 4 + 3 instantiations)."""
     configs = [D256.replace(dtype=dt, causal=c, overlap_sdp=o)
                for dt, c, o in itertools.product(("bf16", "fp16"), (False, True), (False, True))]
     configs += [D256.replace(deterministic=True), D256.replace(causal=True, deterministic=True)]
+    # dq_writer (dQ staged in the ring slot) and lpt: bf16 / fp16 x causal / not, overlap_sdp
+    configs += [D256.replace(dtype=dt, causal=c, dq_writer=True, lpt=c)
+                for dt, c in itertools.product(("bf16", "fp16"), (False, True))]
+    configs += [D256.replace(causal=True, lpt=True), D256.replace(causal=True, lpt=True, deterministic=True),
+                D256.replace(dq_writer=True, overlap_sdp=True)]
     assert all(c.problems() == [] for c in configs)
     bad = compile_clean(configs)
     assert not bad, "\n".join(bad)
@@ -218,7 +258,7 @@ def test_ptxas_d256_plain_and_schedule():
 @needs_nvcc
 def test_ptxas_d256_features():
     """Window, softcap, ALiBi alone and together (causal and not, deterministic, overlap_sdp);
-    dropout alone (causal and not), deterministic, fp16, varlen; varlen (14)."""
+    dropout alone (causal and not), deterministic, fp16, varlen; varlen; dq_writer with them (18)."""
     configs = [D256.replace(window=True), D256.replace(causal=True, softcap=True), D256.replace(alibi=True),
                D256.replace(window=True, softcap=True, alibi=True),
                D256.replace(causal=True, window=True, softcap=True, alibi=True, deterministic=True),
@@ -229,7 +269,11 @@ def test_ptxas_d256_features():
                D256.replace(causal=True, dropout=True, varlen=True),
                D256.replace(varlen=True), D256.replace(varlen=True, causal=True, deterministic=True),
                D256.replace(varlen=True, window=True, softcap=True, alibi=True)]
+    # dq_writer with the features: dropout (causal and not), window + softcap + ALiBi, varlen
+    configs += [D256.replace(dq_writer=True, dropout=True), D256.replace(dq_writer=True, dropout=True, causal=True),
+                D256.replace(dq_writer=True, window=True, softcap=True, alibi=True),
+                D256.replace(dq_writer=True, varlen=True, causal=True, window=True, softcap=True, alibi=True)]
     assert all(c.problems() == [] for c in configs), [c.problems() for c in configs]
-    assert len(set(configs)) == 14
+    assert len(set(configs)) == 18
     bad = compile_clean(configs)
     assert not bad, "\n".join(bad)

@@ -112,6 +112,14 @@ D96_ABOVE_FA2 = True
 HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, True)})
 HEURISTIC_LPT = False
 HEURISTIC_DS_DOUBLE = False
+# Head dim 256 (the shared-keys tile; issue 14's d256 round): whether the heuristic adds
+# * HEURISTIC_D256_DQ_WRITER: dq_writer there (unordered calls): dQ_i's part staged in the ring slot
+#   of Q_i, dO_i once dV, dK have read it (no tile of its own fits: Sm90BwdSlotDqStage), added by
+#   the writer warp's tensor bulk reduce-adds, which then release the slot, instead of the
+#   consumers' red.add; off until tests/sm90_bwd_d256_timing.py measures it (variant sm90_dqw);
+# * HEURISTIC_D256_LPT: the lpt launch order for causal calls; off until measured (sm90_lpt).
+HEURISTIC_D256_DQ_WRITER = False
+HEURISTIC_D256_LPT = False
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -262,7 +270,7 @@ class Sm90BwdConfig(KernelConfig):
             used = -(-used // 16) * 16 + words * 4 * self.consumers * 128
         if self.dq_bulk:
             used = -(-used // 16) * 16 + self.dq_stage_bytes
-        if self.dq_writer:
+        if self.dq_writer and not self.shared_keys:   # (shared keys: staged in the Q/dO ring slot)
             used = -(-used // 1024) * 1024 + self.dq_writer_bufs * self.BM * self.head_dim * 4
         return used + 1024
 
@@ -281,8 +289,9 @@ class Sm90BwdConfig(KernelConfig):
     def dq_writer_bufs(self) -> int:
         """dq_writer's staging tiles of BM x head_dim fp32 (Sm90BwdDqWriterStage::kBufs), past the
         rest, 1024-byte aligned: 2 (the consumers fill one while the bulk op reads the other)
-        where they fit in 227 KB, else 1; 0 without dq_writer."""
-        if not self.dq_writer:
+        where they fit in 227 KB, else 1; 0 without dq_writer, and with shared keys (head dim 256:
+        dQ_i's part is staged in the ring slot that held Q_i, dO_i, Sm90BwdSlotDqStage)."""
+        if not self.dq_writer or self.shared_keys:
             return 0
         offset = -(-(self.replace(dq_writer=False).smem_bytes - 1024) // 1024) * 1024
         return 2 if offset + 2 * self.BM * self.head_dim * 4 + 1024 <= MAX_SMEM else 1
@@ -398,10 +407,9 @@ class Sm90BwdConfig(KernelConfig):
             out.append("dynamic with varlen or deterministic: the dynamic scheduler runs fixed-length "
                        "unordered backwards (its claims do not follow a varlen grid's empty K/V blocks, "
                        "nor the ordered additions' turns)")
-        if (self.dynamic or self.lpt) and self.shared_keys:
-            out.append(f"{'dynamic' if self.dynamic else 'lpt'} at head_dim={self.head_dim} (the shared-keys "
-                       "tile): its kernel runs the plain grid only (the dynamic scheduler and the lpt order "
-                       "are unbuilt / unchecked there)")
+        if self.dynamic and self.shared_keys:
+            out.append(f"dynamic at head_dim={self.head_dim} (the shared-keys tile): its kernel runs one CTA "
+                       "per K/V block only (the dynamic scheduler is unbuilt there; the lpt order is built)")
         if not out and self.dynamic and self.dynamic_spills():
             out.append("dynamic without dq_writer, at stages > 2 or with dropout: ptxas spills that "
                        "kernel (nvcc 13.0)")
@@ -567,7 +575,7 @@ class Sm90Backward(Family):
             config = config.replace(dropout="dropout" in problem.features)
         if config.varlen != is_varlen(problem):
             config = config.replace(varlen=is_varlen(problem))
-        if config.lpt and (config.varlen or not config.causal or config.shared_keys):
+        if config.lpt and (config.varlen or not config.causal):
             config = config.replace(lpt=False)         # a speed choice: varlen, non-causal keep the plain order
         if config.dynamic and (config.varlen or config.deterministic or problem.features or config.shared_keys):
             # likewise: a CTA per K/V block (with features the dynamic kernels are built but not
@@ -636,9 +644,9 @@ class Sm90Backward(Family):
         else:
             BM, BN, consumers = D64_SHAPE
             cfg = Sm90BwdConfig(BM, BN, 2, consumers, d, dtype, causal, det)
-        if not det:
+        if not det and (d != 256 or HEURISTIC_D256_DQ_WRITER):
             cfg = cfg.replace(dq_writer=True)
-        if causal and HEURISTIC_LPT and d != 256:
+        if causal and (HEURISTIC_D256_LPT if d == 256 else HEURISTIC_LPT):
             cfg = cfg.replace(lpt=True)                 # (for_problem drops it under varlen)
         if (d, causal) in HEURISTIC_DYNAMIC and d != 256 and not det and not problem.features:
             cfg = cfg.replace(dynamic=True)             # (for_problem drops it where it does not run)
