@@ -582,8 +582,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                         const int row0 = (m_block_min + it) * kBM;
 #pragma unroll
                         for (int b = 0; b < kHeadDim / 32; ++b) {
-                            const u32 src = kSlotDq ? Sm90BwdSlotDqStage<Shape>::box(smem, slot_off, b)
-                                                    : tile + b * DqW::kBoxBytes;
+                            u32 src = tile + b * DqW::kBoxBytes;
+                            if constexpr (kSlotDq) src = Sm90BwdSlotDqStage<Shape>::box(smem, slot_off, b);
                             if constexpr (kVarlen)   // the map's rows: (nheads, ws_rows), head `head`'s
                                 bulk_reduce_add_tensor_3d(&p.tma_dq, src, 32 * b,
                                                           static_cast<int>(ws_row0() - i64(head) * p.ws_rows) + row0, head);
