@@ -445,8 +445,10 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                   "dq_writer: shared memory exceeds the H100's 227 KB");
     // kSharedKeys with kDqWriter: dQ_i's part is staged in the ring slot of Q_i, dO_i (no tile of
     // its own: Sm90BwdSlotDqStage), the writer warp releases the slot (q_empty: one arrival)
-    static_assert(!(kSharedKeys && kDqWriter) || (!kDynamic && !kDeterministic),
-                  "shared keys with dq_writer: the plain grid, unordered");
+    // (2 stages: the consumers reach Q block q + 2, and its barrier parity again, only once the
+    // writer has released Q block q's slot)
+    static_assert(!(kSharedKeys && kDqWriter) || (kStages == 2 && !kDynamic && !kDeterministic),
+                  "shared keys with dq_writer: 2 stages (the writer's barriers by parity), the plain grid, unordered");
     constexpr bool kSlotDq = kSharedKeys && kDqWriter;
     static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
     static_assert(!(kDynamic && (kVarlen || kDeterministic)),
