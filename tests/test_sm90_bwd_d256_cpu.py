@@ -277,3 +277,50 @@ def test_ptxas_d256_features():
     assert len(set(configs)) == 18
     bad = compile_clean(configs)
     assert not bad, "\n".join(bad)
+
+
+def slot_box(slot, box):
+    """Host mirror of Sm90BwdSlotDqStage::box (sm90_bwd.cu) for the d256 tile: the byte offset
+    (from the aligned base) of dQ box `box` (columns 32·box..+31) staged in ring slot `slot`."""
+    kv_bytes, q_bytes, chunk = 64 * 256 * 2, 64 * 256 * 2, 64 * 128
+    q_offset, do_offset = 2 * kv_bytes, 2 * kv_bytes + 2 * q_bytes   # K, V; then 2 stages of Q; of dO
+    b = box % 4
+    return (q_offset if b < 2 else do_offset) + slot * q_bytes + (2 * (box // 4) + b % 2) * chunk
+
+
+def test_slot_dq_stores_are_the_tma_swizzle():
+    """dq_writer at d256 (kSlotDq): the consumers' stores of both 64-column pieces (the base of box
+    4wg + 2·piece + nt / 4, the unit 2·(nt % 4) ^ (t / 2 ^ g), odd rows g storing fragment nt ^ 2)
+    put element (row, col) of the 64 x 256 fp32 part where the tensor map's 128B swizzle reads box
+    col / 32 (row, 16-byte unit (col % 32) / 4 ^ row % 8), every element exactly once; warpgroup
+    wg writes only the chunks its own dV, dK read (Q_i's and dO_i's column chunks 2wg, 2wg + 1 of
+    the slot); a half warp's float2 stores hit each bank at most twice."""
+    chunk = 64 * 128
+    for slot in (0, 1):
+        seen, banks = {}, {}
+        for wg, warp, lane in itertools.product(range(2), range(4), range(32)):
+            g, t = lane // 4, lane % 4
+            odd = g % 2
+            sw = ((t // 2) ^ g ^ (4 if odd else 0)) << 4
+            row_off = (warp * 16 + g) * 128 + (t % 2) * 8
+            own = {slot_box(slot, 0) + c * chunk for c in (2 * wg, 2 * wg + 1)} | \
+                  {slot_box(slot, 2) + c * chunk for c in (2 * wg, 2 * wg + 1)}
+            for piece, nt, half in itertools.product(range(2), range(8), range(2)):
+                base = slot_box(slot, 4 * wg + 2 * piece + nt // 4)
+                assert base in own, (wg, piece, nt)
+                off = base + row_off + (sw ^ ((2 * (nt % 4)) << 4)) + half * 8 * 128
+                frag = nt ^ 2 if odd else nt
+                row, col = warp * 16 + g + 8 * half, 128 * wg + 64 * piece + 8 * frag + 2 * t
+                for e in range(2):
+                    c = col + e
+                    want = slot_box(slot, c // 32) + row * 128 + (((c % 32) // 4) ^ (row % 8)) * 16 + (c % 4) * 4
+                    assert off + 4 * e == want, (slot, wg, warp, lane, piece, nt, half, e)
+                    seen[want] = seen.get(want, 0) + 1
+                if lane < 16 and warp == 0 and wg == 0 and half == 0:   # one store instruction's half warp
+                    banks.setdefault((piece, nt), []).extend((off // 4 + e) % 32 for e in range(2))
+        assert len(seen) == 64 * 256 and all(n == 1 for n in seen.values())
+        assert all(max(b.count(x) for x in b) <= 2 for b in banks.values())
+        # the 8 boxes: whole chunks of this slot's Q_i (boxes 0, 1, 4, 5) and dO_i (2, 3, 6, 7)
+        boxes = sorted(slot_box(slot, b) for b in range(8))
+        q0, do0 = slot_box(slot, 0), slot_box(slot, 2)
+        assert boxes == sorted([q0 + c * chunk for c in range(4)] + [do0 + c * chunk for c in range(4)])
