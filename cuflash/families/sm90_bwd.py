@@ -36,15 +36,18 @@ Head dim 64 has three tiles: BM64 BN64 with one consumer; BM64 BN128 with two, e
 hold the choice at head dims <= 96 (one line each; measured: the family first, BM128 BN128 c2).
 Head dim 256 has one tile: BM64 BN64 with two consumers sharing the K/V block's keys
 (Sm90BwdConfig.shared_keys: dK_j, dV_j split by columns, Sᵀ / dPᵀ by queries, Pᵀ and dSᵀ through
-shared memory); dQ by red.add (ordered when deterministic: dq_bulk's and dq_writer's staging do
-not fit next to it); every feature (dropout alone: see below). Head
+shared memory); dQ by red.add (ordered when deterministic), or with dq_writer through the Q/dO ring
+slot (dQ_i's part staged in the chunks of Q_i, dO_i that only the warpgroup's own dV, dK read,
+once they have: dq_bulk's and dq_writer's own staging tiles do not fit next to the tile; the
+writer warp's bulk reduce-adds release the slot; HEURISTIC_D256_DQ_WRITER); the lpt order for
+causal calls (HEURISTIC_D256_LPT); every feature (dropout alone: see below). Head
 dims 129..255 run it with zero-filled columns (192 included: no d192 kernel of its own).
 (Dropout runs there alone: with a window, softcap or ALiBi, and overlap_sdp, ptxas spills.)
 Schedules (issue 14, the short and causal backward): dynamic (name _dyn, kDynamic: a CTA per SM
 claims K/V-block tiles from a plan-owned counter, the next tile's loads overlap the last one's
 epilogue; dq_writer and stages 2 only) is the heuristic's for plain calls at d64 and d128 causal
-(HEURISTIC_DYNAMIC, measured; d256's shared-keys tile runs the plain grid only: the config
-refuses dynamic and lpt there); lpt (name _lpt, the longest-first launch order, causal; outside
+(HEURISTIC_DYNAMIC, measured; d256's shared-keys tile runs one CTA per K/V block: the config
+refuses dynamic there); lpt (name _lpt, the longest-first launch order, causal; outside
 the space) and ds_double (name _ds2, two dS buffers at d128) are off (HEURISTIC_LPT,
 HEURISTIC_DS_DOUBLE); tests/sm90_bwd_causal_timing.py times them.
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB.
