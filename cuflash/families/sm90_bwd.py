@@ -115,13 +115,18 @@ D96_ABOVE_FA2 = True
 HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, True)})
 HEURISTIC_LPT = False
 HEURISTIC_DS_DOUBLE = False
-# Head dim 256 (the shared-keys tile; issue 14's d256 round): whether the heuristic adds
-# * HEURISTIC_D256_DQ_WRITER: dq_writer there (unordered calls): dQ_i's part staged in the ring slot
-#   of Q_i, dO_i once dV, dK have read it (no tile of its own fits: Sm90BwdSlotDqStage), added by
-#   the writer warp's tensor bulk reduce-adds, which then release the slot, instead of the
-#   consumers' red.add; off until tests/sm90_bwd_d256_timing.py measures it (variant sm90_dqw);
-# * HEURISTIC_D256_LPT: the lpt launch order for causal calls; off until measured (sm90_lpt).
-HEURISTIC_D256_DQ_WRITER = False
+# Head dim 256 (the shared-keys tile, head dims 129..256; issue 14's d256 round): whether the
+# heuristic adds, measured on the H100 (session 15 round A, rev 54171d7, tests/sm90_bwd_d256_timing.py:
+# d256, 8 heads, batch x seqlen 16k, 2k-16k, causal and not, bf16 and fp16, backward alone, same
+# process as SDPA cuDNN; /work/notes/gpu_result_bwd256.md):
+# * HEURISTIC_D256_DQ_WRITER: dq_writer (unordered calls): dQ_i's part staged in the ring slot of
+#   Q_i, dO_i once dV, dK have read it (no tile of its own fits: Sm90BwdSlotDqStage), added by the
+#   writer warp's tensor bulk reduce-adds, which then release the slot, instead of the consumers'
+#   red.add: faster in all 16 cells, non-causal 1.01-1.05x, causal 1.05-1.10x (cuDNN ratio 0.81-0.89
+#   -> 0.85-0.91 non-causal, 0.77-0.83 -> 0.83-0.89 causal): on;
+# * HEURISTIC_D256_LPT: the lpt launch order for causal calls: slower in 7 of 8 cells (red.add
+#   0.96-0.98x, with dq_writer 0.94-1.02x: only bf16 16k gained): off.
+HEURISTIC_D256_DQ_WRITER = True
 HEURISTIC_D256_LPT = False
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
