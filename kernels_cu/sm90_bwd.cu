@@ -420,12 +420,19 @@ struct Sm90BwdTileRing {
     }
 };
 
+// The kernel's body (sm90_bwd, and sm90_bwd_cluster for kCluster, below, are its entry points).
+// kCluster (head dim 256 only): the two CTAs of a cluster (__cluster_dims__(2, 1, 1)) own K/V
+// blocks 2c and 2c + 1 of one (head, batch) and walk the same Q blocks (under the causal mask from
+// block 2c's first: block 2c + 1 computes one fully hidden block more, P = 0); each CTA's producer
+// loads half of Q_i's and dO_i's column chunks (chunks 2·rank, + 1) by multicast into both CTAs'
+// slot, and a slot is refilled once both CTAs have released it (q_empty counts the local releases
+// and the partner's remote ones; none for a CTA's last kStages Q blocks, which nothing refills,
+// so that no arrival reaches a CTA that has finished). The grid has an even number of K/V blocks
+// per (head, batch): a CTA past seqlen_k computes with every key hidden and stores nothing.
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
-          bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
-          bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
-          bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false>
-__global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
-sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
+          bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
+          bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster>
+__device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
     // softcap's words 0 .. BM/4 - 1, then dropout's (Sm90BwdThreadWords)
@@ -450,6 +457,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     static_assert(!(kSharedKeys && kDqWriter) || (kStages == 2 && !kDynamic && !kDeterministic),
                   "shared keys with dq_writer: 2 stages (the writer's barriers by parity), the plain grid, unordered");
     constexpr bool kSlotDq = kSharedKeys && kDqWriter;
+    static_assert(!kCluster || (kSharedKeys && !kWindow && !kVarlen && !kDeterministic && !kDynamic && !kLpt),
+                  "kCluster: the head-dim-256 tile, fixed lengths, no window, unordered, the plain order");
     static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
     static_assert(!(kDynamic && (kVarlen || kDeterministic)),
                   "the dynamic scheduler runs fixed-length, unordered backwards");
@@ -489,13 +498,15 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     const int tid = threadIdx.x, warpgroup = tid / 128;
     const int n_kv = (p.seqlen_k + kBN - 1) / kBN;
     const int n_tiles = n_kv * p.batch * p.nheads;
+    // kCluster: the grid's K/V blocks per (head, batch), even (a CTA past seqlen_k stores nothing)
+    const int n_kv_grid = kCluster ? (n_kv + 1) & ~1 : n_kv;
     // The tile's K/V block and (head, batch): blockIdx.x's, and with kDynamic each claimed one's
     // (enter_tile, then tile_range below, in every role)
     int n_block, pair, head, batch, head_kv, key0;
     i64 bh;
     auto decode = [&](u32 tile) {       // (unsigned: the plain kernel's blockIdx.x arithmetic)
         return kLpt ? sm90_bwd_lpt_tile(tile, n_kv, p.batch * p.nheads, p.head_group)
-                    : Sm90BwdTile{int(tile % n_kv), int(tile / n_kv)};
+                    : Sm90BwdTile{int(tile % n_kv_grid), int(tile / n_kv_grid)};
     };
     auto enter_tile = [&](Sm90BwdTile at) {
         n_block = at.n_block;
@@ -528,7 +539,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     const int m_blocks = ((kVarlen ? seq.seqlen_q : p.seqlen_q) + kBM - 1) / kBM;
     int m_block_min, n_iters;
     auto tile_range = [&]() {
-        m_block_min = kWindow ? band.template q_block_begin<kBM>(key0) : mask.template q_block_begin<kBM>(key0);
+        // (kCluster: the cluster's first K/V block's Q blocks, the same for both CTAs)
+        m_block_min = kWindow ? band.template q_block_begin<kBM>(key0)
+                              : mask.template q_block_begin<kBM>(kCluster ? (n_block & ~1) * kBN : key0);
         const int m_block_end = kWindow ? band.template q_block_end<kBM, kBN>(key0, m_blocks) : m_blocks;
         n_iters = max(0, m_block_end - m_block_min);
     };
@@ -546,7 +559,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             mbarrier_init(q_full(s), kDynamic ? 1 : 1 + 32);
             // every consumer thread releases (kSlotDq: the writer warp's lane 0, once dQ_i's part,
             // staged in the slot, has been read)
-            mbarrier_init(q_empty(s), kSlotDq ? 1 : kConsumerThreads);
+            // (kCluster: the partner CTA's releases too)
+            mbarrier_init(q_empty(s), (kSlotDq ? 1 : kConsumerThreads) * (kCluster ? 2 : 1));
         }
         if constexpr (kDynamic) {
             mbarrier_init(kv_empty, kConsumerThreads);
@@ -556,6 +570,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         fence_mbarrier_init();                                  // visible to TMA's complete_tx
     }
     __syncthreads();
+    if constexpr (kCluster) cluster_sync();     // both CTAs' barriers initialised before any multicast
 
     if (warpgroup == 0) {
         // ---- producer: warp 0; lane 0 issues the TMA copies ----
@@ -596,6 +611,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                         bulk_wait_group_read<0>();              // the tile may be rewritten
                         if constexpr (kDynamic) mbarrier_arrive(dq_empty(buf));
                         if constexpr (kSlotDq) mbarrier_arrive(q_empty(q % kStages));   // the slot may be refilled
+                        if constexpr (kSlotDq && kCluster)                               // (by the partner too)
+                            if (it + kStages < n_iters)
+                                mbarrier_arrive_remote(mapa_shared(q_empty(q % kStages), cluster_ctarank() ^ 1u));
                     }
                     __syncwarp();
                     // the consumers wait for tile buf again only if they have a Q block it + kBufs
@@ -644,8 +662,18 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                         for (int c = 0; c < kChunks; ++c) {
                             const int off = slot * Shape::kQBytes + c * Shape::kQChunkBytes;
                             const int q_row = kVarlen ? seq.q_start + row0 : row0, q_batch = kVarlen ? 0 : batch;
-                            tma_load_4d(q_smem + off, &p.tma_q, q_full(slot), c * 64, q_row, head, q_batch);
-                            tma_load_4d(do_smem + off, &p.tma_do, q_full(slot), c * 64, q_row, head, q_batch);
+                            if constexpr (kCluster) {
+                                // this CTA's half of the chunks, into both CTAs of the cluster
+                                if (u32(c / (kChunks / 2)) == cluster_ctarank()) {
+                                    tma_load_4d_multicast(q_smem + off, &p.tma_q, q_full(slot), c * 64, q_row, head,
+                                                          q_batch, 3);
+                                    tma_load_4d_multicast(do_smem + off, &p.tma_do, q_full(slot), c * 64, q_row, head,
+                                                          q_batch, 3);
+                                }
+                            } else {
+                                tma_load_4d(q_smem + off, &p.tma_q, q_full(slot), c * 64, q_row, head, q_batch);
+                                tma_load_4d(do_smem + off, &p.tma_do, q_full(slot), c * 64, q_row, head, q_batch);
+                            }
                         }
                     }
                     if constexpr (kDynamic) {
@@ -1102,6 +1130,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                         reg_fence(dv_acc);
                         // the slot may be refilled (kSlotDq: once the writer warp has read dQ_i's part)
                         if constexpr (!kSlotDq) mbarrier_arrive(q_empty(slot));
+                        if constexpr (!kSlotDq && kCluster)         // (by the partner too)
+                            if (it + kStages < n_iters)
+                                mbarrier_arrive_remote(mapa_shared(q_empty(slot), cluster_ctarank() ^ 1u));
                         if (kDeterministic) {   // this CTA's turn at this Q block (as below)
                             const int first = kWindow ? band.template kv_block_begin<kBM, kBN>(row0) : 0;
                             if (ctid == 0) while (ld_acquire_gpu(turn) != n_block - first) {}
@@ -1299,6 +1330,28 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     if constexpr (kDqBulk) {
         if (lane < 16) bulk_wait_group<0>();
     }
+}
+
+template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
+          bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
+          bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
+          bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false>
+__global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
+sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
+    sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
+                  kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false>(p);
+}
+
+// kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the
+// template arguments so that its instantiations differ from sm90_bwd's in them.
+template <int kClusterSize, int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
+          bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
+          bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble>
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 128, 1)
+sm90_bwd_cluster(const __grid_constant__ Sm90BwdParams p) {
+    static_assert(kClusterSize == 2, "sm90_bwd_cluster: clusters of 2 CTAs");
+    sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
+                  kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, true>(p);
 }
 
 }  // namespace cuflash

@@ -7,7 +7,9 @@ and SDPA run it natively), 8 heads, batch x seqlen = 16k, seqlens 2k..16k, causa
   * the candidates, the d256 tile (BM64 BN64 c2, the consumers sharing the keys) with:
     "sm90" red.add (the consumers add dQ_i's parts), "sm90_dqw" dq_writer (dQ_i's part staged in
     the Q/dO ring slot, the writer warp's bulk reduce-adds), "sm90_lpt" / "sm90_dqw_lpt" the same
-    in the lpt launch order (causal cases only), "sm90_ovl" overlap_sdp (not by default);
+    in the lpt launch order (causal cases only; measured slower, not by default), "sm90_dqw_cl2" /
+    "sm90_cl2" in clusters of 2 CTAs sharing the Q/dO loads by multicast, "sm90_ovl" overlap_sdp
+    (not by default);
   * fa2_bwd's heuristic (and its H100 table entry where that differs, "fa2_tuned"), SDPA's cuDNN
     and flash backends.
 
@@ -52,8 +54,9 @@ from cuflash.timing import time_interleaved  # noqa: E402
 TOKENS, HEADS = 16384, 8
 # name: flags of the d256 tile; the "_lpt" ones run causal cases only
 VARIANTS = {"sm90": {}, "sm90_dqw": dict(dq_writer=True), "sm90_lpt": dict(lpt=True),
-            "sm90_dqw_lpt": dict(dq_writer=True, lpt=True), "sm90_ovl": dict(overlap_sdp=True)}
-DEFAULT_VARIANTS = ["sm90", "sm90_dqw", "sm90_lpt", "sm90_dqw_lpt"]
+            "sm90_dqw_lpt": dict(dq_writer=True, lpt=True), "sm90_ovl": dict(overlap_sdp=True),
+            "sm90_dqw_cl2": dict(dq_writer=True, cluster=True), "sm90_cl2": dict(cluster=True)}
+DEFAULT_VARIANTS = ["sm90", "sm90_dqw", "sm90_dqw_cl2"]
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 

@@ -218,7 +218,11 @@ def test_kernel_source():
     assert "static constexpr bool kSharedKeys = kBN == 64 && kConsumers == 2;" in src
     assert "static_assert(!kDqBulk, \"shared keys (head dim 256): dQ by red.add or the slot staging (dq_writer)\");" in src
     # dq_writer there: staged in the ring slot, the writer warp releases it
-    assert "mbarrier_init(q_empty(s), kSlotDq ? 1 : kConsumerThreads);" in src
+    assert "mbarrier_init(q_empty(s), (kSlotDq ? 1 : kConsumerThreads) * (kCluster ? 2 : 1));" in src
+    # cluster: the multicast halves, the remote releases (not for the last kStages Q blocks)
+    assert "tma_load_4d_multicast(q_smem + off, &p.tma_q, q_full(slot)" in src
+    assert src.count("if (it + kStages < n_iters)") == 2 and src.count("mbarrier_arrive_remote(mapa_shared(q_empty(") == 2
+    assert "__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 128, 1)" in src
     assert "if constexpr (kSlotDq) mbarrier_arrive(q_empty(q % kStages));" in src
     # the Pᵀ / dSᵀ stores, then the SS products of dV and dK from them, after the barrier
     # (whatever the indentation: the tile loop nests the Q-block loop)
@@ -330,3 +334,57 @@ def test_slot_dq_stores_are_the_tma_swizzle():
         boxes = sorted(slot_box(slot, b) for b in range(8))
         q0, do0 = slot_box(slot, 0), slot_box(slot, 2)
         assert boxes == sorted([q0 + c * chunk for c in range(4)] + [do0 + c * chunk for c in range(4)])
+
+
+def test_cluster_config_and_launch():
+    """cluster (kCluster): the d256 tile in clusters of 2 CTAs (sm90_bwd_cluster), named _cl2, its
+    own template arguments (the cluster size first), an even K/V-block grid; refused or dropped
+    with a window, varlen, deterministic, dynamic, lpt, and off the shared-keys tile."""
+    cfg = D256.replace(dq_writer=True, cluster=True)
+    assert cfg.problems() == [] and cfg.name == "sm90bwd_bf16_d256_full_BM64_BN64_s2_c2_dqw_cl2"
+    assert cfg.kernel_name() == ("cuflash::sm90_bwd_cluster<2, 64, 64, 2, 2, 256, cuflash::bf16, false, false, "
+                                 "false, false, false, false, false, false, true, false, false, false, false>")
+    assert cfg.template_args() == (2,) + D256.replace(dq_writer=True).template_args()
+    assert cfg.smem_bytes == D256.smem_bytes
+    for change in (dict(window=True), dict(varlen=True), dict(deterministic=True, dq_writer=False),
+                   dict(lpt=True, causal=True)):
+        assert any("cluster" in w for w in cfg.replace(**change).problems()), change
+    other = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False, cluster=True)
+    assert any("cluster" in w for w in other.problems())
+    # the grid: K/V blocks per (head, batch) rounded up to even (seqlen_k 200: 4 blocks; 130: 3 -> 4)
+    for sk, n in ((200, 4), (130, 4), (17, 2), (64, 2)):
+        p = problem(seqlen_k=sk)
+        main = [ls for ls in FAM.launches(cfg, p, 132) if ls.role == "main"][0]
+        assert main.grid == (p.batch * p.nheads * n, 1, 1), (sk, main.grid)
+        plain = [ls for ls in FAM.launches(cfg.replace(cluster=False), p, 132) if ls.role == "main"][0]
+        assert plain.grid[0] == p.batch * p.nheads * -(-sk // 64)
+    # for_problem: a window, varlen, deterministic call runs one CTA per K/V block
+    for p in (problem(features=("window",), window=(30, 4)), problem(deterministic=True)):
+        out = FAM.for_problem(cfg, p)
+        assert not out.cluster and out.problems() == [], out
+    # the encoded form carries cluster only when on; the heuristic switch (off until measured)
+    assert "cluster" not in dict(FAM._fields(D256)) and dict(FAM._fields(cfg))["cluster"] is True
+    assert not sm90_bwd.HEURISTIC_D256_CLUSTER
+
+
+def test_cluster_switch(monkeypatch):
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_CLUSTER", True)
+    for causal in (False, True):
+        p = problem(causal=causal)
+        assert FAM.for_problem(FAM.heuristic(p), p) == D256.replace(causal=causal, dq_writer=True, cluster=True)
+    for p in (problem(deterministic=True), problem(features=("softcap",), softcap=5.0), problem(128)):
+        assert not FAM.for_problem(FAM.heuristic(p), p).cluster
+
+
+@needs_nvcc
+def test_ptxas_d256_cluster():
+    """cluster with dq_writer (bf16 / fp16, causal and not), with red.add, with softcap + ALiBi and
+    dropout (7)."""
+    configs = [D256.replace(dtype=dt, causal=c, dq_writer=True, cluster=True)
+               for dt, c in itertools.product(("bf16", "fp16"), (False, True))]
+    configs += [D256.replace(causal=True, cluster=True),
+                D256.replace(dq_writer=True, cluster=True, softcap=True, alibi=True, dropout=False),
+                D256.replace(dq_writer=True, cluster=True, dropout=True, causal=True)]
+    assert all(c.problems() == [] for c in configs), [c.problems() for c in configs]
+    bad = compile_clean(configs)
+    assert not bad, "\n".join(bad)

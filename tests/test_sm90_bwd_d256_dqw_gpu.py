@@ -13,7 +13,10 @@ lpt) and not, bf16; fp16 GQA / MQA at d256 and d192; lpt alone (red.add) causal;
 window + softcap + ALiBi, with the d256 switches on (the heuristic then adds dq_writer and lpt).
 Errors: the 3x gradient rule against float64, outputs poisoned (NaN) before each launch.
 
-Compiles: 7 backward kernels and their forwards (python tests/test_sm90_bwd_d256_dqw_gpu.py
+cluster: the d256 tile in clusters of 2 CTAs (kCluster), odd seqlens (a CTA past seqlen_k),
+causal (one hidden Q block more), GQA / MQA, fp16, d192, with dq_writer and with red.add.
+
+Compiles: 10 backward kernels and their forwards (python tests/test_sm90_bwd_d256_dqw_gpu.py
 --precompile compiles them all in parallel first).
 
 Run: CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q -x tests/test_sm90_bwd_d256_dqw_gpu.py
@@ -61,6 +64,26 @@ def test_lpt_alone():
         run_case(p, tile(p, lpt=True))
 
 
+@pytest.mark.parametrize("seqlens", SEQLENS, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cluster_odd_seqlens(causal, seqlens):
+    """cluster (2 CTAs on K/V blocks 2c, 2c + 1 sharing the Q/dO loads by multicast) with dq_writer:
+    an odd K/V-block count (seqlen_k 1, 17, 113 -> 1, 1, 2 blocks; 2049 -> 33) gives a CTA past
+    seqlen_k; under the causal mask the odd CTA runs one hidden Q block more."""
+    heads = list(HEADS)[SEQLENS.index(seqlens) % len(HEADS)]
+    p = problem("bf16", causal, D, seqlens, heads)
+    run_case(p, tile(p, dq_writer=True, cluster=True))
+
+
+def test_cluster_fp16_d192_and_red_add():
+    for d, heads, seqlens in ((D, "gqa", (300, 333)), (192, "mqa", (1023, 257)), (D, "mha", (2049, 2049))):
+        p = problem("fp16", True, d, seqlens, heads)
+        run_case(p, tile(p, dq_writer=True, cluster=True))
+    for heads, seqlens in (("mha", (2049, 2049)), ("gqa", (113, 301))):   # the consumers' red.add
+        p = problem("bf16", True, D, seqlens, heads)
+        run_case(p, tile(p, cluster=True))
+
+
 @pytest.fixture
 def d256_switches(monkeypatch):
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_DQ_WRITER", True)
@@ -84,7 +107,9 @@ def suite_configs():
     return [base, base.replace(causal=True, lpt=True), base.replace(dtype="fp16", causal=True, lpt=True),
             base.replace(causal=True, lpt=True, dq_writer=False),
             base.replace(causal=True, lpt=True, dropout=True),
-            base.replace(window=True, softcap=True, alibi=True)]
+            base.replace(window=True, softcap=True, alibi=True),
+            base.replace(cluster=True), base.replace(causal=True, cluster=True),
+            base.replace(dtype="fp16", causal=True, cluster=True), base.replace(causal=True, dq_writer=False, cluster=True)]
 
 
 def forward_problems():

@@ -128,6 +128,11 @@ HEURISTIC_DS_DOUBLE = False
 #   0.96-0.98x, with dq_writer 0.94-1.02x: only bf16 16k gained): off.
 HEURISTIC_D256_DQ_WRITER = True
 HEURISTIC_D256_LPT = False
+# * HEURISTIC_D256_CLUSTER: clusters of 2 CTAs sharing the Q/dO loads by multicast (cluster, kCluster:
+#   the d256 kernel at 0.85-0.91x cuDNN is bound by the L2 -> SM traffic of its Q_i, dO_i: 64 KB per
+#   Q block for 64 keys, twice d128's per FLOP; ncu, session 15: L2 66%, tensor pipe 36%); off
+#   until measured (tests/sm90_bwd_d256_timing.py, variant sm90_dqw_cl2).
+HEURISTIC_D256_CLUSTER = False
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -191,6 +196,11 @@ class Sm90BwdConfig(KernelConfig):
                    under the causal mask the longest CTAs start first across pairs and the short ones
                    fill the tail; causal only, not with varlen (the plain order: a pair's K/V
                    blocks in a row)
+    cluster:       head dim 256 (shared keys) only: clusters of 2 CTAs on adjacent K/V blocks
+                   (sm90_bwd_cluster, kCluster), each loading half of Q_i's and dO_i's chunks by
+                   multicast into both (half the L2 reads of the Q/dO stream); the grid's K/V blocks
+                   per (head, batch) rounded up to even; not with a window, varlen, deterministic,
+                   dynamic or lpt (name _cl2)
     """
 
     BM: int
@@ -212,6 +222,7 @@ class Sm90BwdConfig(KernelConfig):
     lpt: bool = False
     dynamic: bool = False
     ds_double: bool = False
+    cluster: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -229,7 +240,7 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_dqb' if self.dq_bulk else ''}{'_ovl' if self.overlap_sdp else ''}"
                 f"{'_dqw' if self.dq_writer else ''}{'_varlen' if self.varlen else ''}"
                 f"{'_lpt' if self.lpt else ''}{'_dyn' if self.dynamic else ''}"
-                f"{'_ds2' if self.ds_double else ''}")
+                f"{'_ds2' if self.ds_double else ''}{'_cl2' if self.cluster else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -350,6 +361,12 @@ class Sm90BwdConfig(KernelConfig):
 
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
+        if self.cluster:   # sm90_bwd_cluster: its cluster size, then every argument of sm90_bwd
+            return (f"cuflash::sm90_bwd_cluster<2, {self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
+                    f"{self.head_dim}, cuflash::{self.dtype}, "
+                    + ", ".join(b(getattr(self, f)) for f in (
+                        "causal", "deterministic", "window", "softcap", "alibi", "dropout", "dq_bulk",
+                        "overlap_sdp", "dq_writer", "varlen", "lpt", "dynamic", "ds_double")) + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
         sched = self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -366,6 +383,8 @@ class Sm90BwdConfig(KernelConfig):
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
     def template_args(self) -> tuple:
+        if self.cluster:   # (sm90_bwd_cluster's leading cluster size)
+            return (2,) + self.replace(cluster=False).template_args()
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
@@ -415,6 +434,10 @@ class Sm90BwdConfig(KernelConfig):
             out.append("dynamic with varlen or deterministic: the dynamic scheduler runs fixed-length "
                        "unordered backwards (its claims do not follow a varlen grid's empty K/V blocks, "
                        "nor the ordered additions' turns)")
+        if self.cluster and (not self.shared_keys or self.window or self.varlen or self.deterministic
+                             or self.dynamic or self.lpt):
+            out.append("cluster: the head_dim=256 tile only, without a window, varlen, deterministic, dynamic "
+                       "or lpt (both CTAs of a cluster walk the same Q blocks, in the plain grid)")
         if self.dynamic and self.shared_keys:
             out.append(f"dynamic at head_dim={self.head_dim} (the shared-keys tile): its kernel runs one CTA "
                        "per K/V block only (the dynamic scheduler is unbuilt there; the lpt order is built)")
@@ -596,6 +619,8 @@ class Sm90Backward(Family):
             # spills it)
             config = config.replace(dq_bulk=False)
         config = self.with_features(config, problem)
+        if config.cluster and (config.varlen or config.window or problem.deterministic):
+            config = config.replace(cluster=False)     # a speed choice: those calls run one CTA per K/V block
         if config.dq_writer and problem.deterministic:
             config = config.replace(dq_writer=False)   # the ordered additions keep red.add
         if config.dropout and config.head_dim == 128 and not problem.deterministic:
@@ -622,7 +647,7 @@ class Sm90Backward(Family):
         # the encoded form of a config stays what it was before the flags existed
         # lpt only when on, likewise
         return ((k, v) for k, v in super()._fields(config)
-                if k not in ("dropout", "varlen") and not (k in ("lpt", "dynamic", "ds_double") and not v))
+                if k not in ("dropout", "varlen") and not (k in ("lpt", "dynamic", "ds_double", "cluster") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without dynamic or ds_double (tuned tables and recorded studies
@@ -654,6 +679,8 @@ class Sm90Backward(Family):
             cfg = Sm90BwdConfig(BM, BN, 2, consumers, d, dtype, causal, det)
         if not det and (d != 256 or HEURISTIC_D256_DQ_WRITER):
             cfg = cfg.replace(dq_writer=True)
+        if d == 256 and HEURISTIC_D256_CLUSTER and not det and not problem.features:
+            cfg = cfg.replace(cluster=True)             # (for_problem drops it where it does not run)
         if causal and (HEURISTIC_D256_LPT if d == 256 else HEURISTIC_LPT):
             cfg = cfg.replace(lpt=True)                 # (for_problem drops it under varlen)
         if (d, causal) in HEURISTIC_DYNAMIC and d != 256 and not det and not problem.features:
@@ -678,6 +705,8 @@ class Sm90Backward(Family):
     def launches(self, config, problem: Problem, sm_count: int) -> list:
         p = problem
         n_kv = -(-p.seqlen_k // config.BN)
+        if config.cluster:    # clusters of 2 K/V blocks of one (head, batch): an even count
+            n_kv += n_kv % 2
         if p.batch * p.nheads * n_kv >= 2 ** 31:  # gridDim.x
             raise ValueError(f"batch * nheads * seqlen_k: too many K/V blocks for one launch "
                              f"({p.batch * p.nheads} x {n_kv})")
