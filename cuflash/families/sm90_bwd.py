@@ -118,7 +118,7 @@ HEURISTIC_DS_DOUBLE = False
 # Head dim 256 (the shared-keys tile, head dims 129..256; issue 14's d256 round): whether the
 # heuristic adds, measured on the H100 (session 15 round A, rev 54171d7, tests/sm90_bwd_d256_timing.py:
 # d256, 8 heads, batch x seqlen 16k, 2k-16k, causal and not, bf16 and fp16, backward alone, same
-# process as SDPA cuDNN; /work/notes/gpu_result_bwd256.md):
+# process as SDPA cuDNN; results/NVIDIA_H100_80GB_HBM3/logs/session15_rounds/a/bwd256.log):
 # * HEURISTIC_D256_DQ_WRITER: dq_writer (unordered calls): dQ_i's part staged in the ring slot of
 #   Q_i, dO_i once dV, dK have read it (no tile of its own fits: Sm90BwdSlotDqStage), added by the
 #   writer warp's tensor bulk reduce-adds, which then release the slot, instead of the consumers'
