@@ -173,8 +173,10 @@
 //   dQ_i part = dS K_j for columns 128·wg..+127 (kDqN), in two 64-column pieces (one piece's
 //         32 accumulators live next to dK_j, dV_j's 128), each added by red.add as soon as it is
 //         done (waiting for the first also waits for dV, dK: then q_empty is released); ordered
-//         (one turn for both pieces) when kDeterministic. kDqBulk / kDqWriter: their staging does
-//         not fit next to this tile (static_assert, and the config refuses them).
+//         (one turn for both pieces) when kDeterministic. kDqBulk's staging does not fit next to
+//         this tile; kDqWriter stages dQ_i's part in the ring slot of Q_i, dO_i instead, in the
+//         chunks only this warpgroup's dV, dK read (Sm90BwdSlotDqStage, kSlotDq), and the writer
+//         warp releases the slot after its bulk reduce-adds. kCluster: see sm90_bwd_body.
 // Softcap's and dropout's words (kSN / 4 each) stay in registers here. The loop-invariant
 // descriptors of K_j, V_j, Pᵀ, dSᵀ, dS are re-derived at each use (opaque_u32): hoisted out of
 // the loop, one per k-step, they spilled. Head dims 129..255 run this kernel (TMA zero-fills the
