@@ -1345,7 +1345,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the
-// template arguments so that its instantiations differ from sm90_bwd's in them.
+// template arguments so that its instantiations differ from sm90_bwd's in them. (Only where clusters
+// exist: fa2_bwd's helper kernels of this file also compile for sm_80.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 template <int kClusterSize, int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble>
@@ -1355,5 +1357,6 @@ sm90_bwd_cluster(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, true>(p);
 }
+#endif
 
 }  // namespace cuflash
