@@ -93,7 +93,7 @@ def test_for_problem_drops_what_the_call_cannot_take():
 def test_switches_off_keep_the_old_heuristic(monkeypatch):
     monkeypatch.setattr(sm90_fwd, "FEATURE_TILES", {})
     monkeypatch.setattr(sm90_fwd, "FEATURE_LAZY_RESCALE", False)
-    monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD", 0)
+    monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD", {})
     for causal in (True, False):
         w = FAM.for_problem(FAM.heuristic(prob(("window",), causal)), prob(("window",), causal))
         assert (w.BN, w.persistent, w.dynamic, w.tma_store, w.lazy_rescale) == (128, True, False, False, False)
@@ -110,7 +110,7 @@ def test_switches_on(monkeypatch, features, causal):
                                                           "softcap": dict(BN=144, **dyn),
                                                           "alibi": dict(BN=160, **dyn)}})
     monkeypatch.setattr(sm90_fwd, "FEATURE_LAZY_RESCALE", True)
-    monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD", 3)
+    monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD", {128: 3})
     p = prob(features, causal)
     c = FAM.for_problem(FAM.heuristic(p), p)
     assert not c.problems(227 * 1024), c.problems()
@@ -131,6 +131,40 @@ def test_switches_on(monkeypatch, features, causal):
         assert c.BN == 160
     if "dropout" in features:
         assert c.dynamic == drop_dyn and c.BN <= sm90_fwd.DROPOUT_BN[128]
+
+
+# The shipped switches (the measured defaults, sm90_fwd FEATURE_TILES' note): bf16 d128 8k
+SHIPPED = {
+    (("window",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
+    (("window",), False): "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
+    (("softcap",), True): "sm90fwd_bf16_d128_causal_BM128_BN144_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3",
+    (("softcap",), False): "sm90fwd_bf16_d128_full_BM128_BN144_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3",
+    (("alibi",), True): "sm90fwd_bf16_d128_causal_BM128_BN176_s2_c2_pp_persist_dyn_alibi",
+    (("alibi",), False): "sm90fwd_bf16_d128_full_BM128_BN176_s2_c2_pp_alibi",
+}
+
+
+@pytest.mark.parametrize("features, causal", list(SHIPPED), ids=lambda x: str(x))
+def test_shipped_switches(features, causal):
+    p = prob(features, causal)
+    c = FAM.for_problem(FAM.heuristic(p), p)
+    assert c.name == SHIPPED[features, causal]
+    assert not c.problems(227 * 1024)
+    # 16k keys and more: no TMA store (as the plain call's)
+    p = p.replace(seqlen_q=16384, seqlen_k=16384)
+    assert not FAM.for_problem(FAM.heuristic(p), p).tma_store
+
+
+@pytest.mark.parametrize("d", [64, 96, 192, 256])
+@pytest.mark.parametrize("features", [("window",), ("softcap",), ("alibi",), ("softcap", "window")])
+def test_other_head_dims_keep_their_configs(monkeypatch, d, features):
+    """The switches are per head dim: only d128 was measured."""
+    p = prob(features, True).replace(head_dim=d)
+    now = FAM.for_problem(FAM.heuristic(p), p)
+    monkeypatch.setattr(sm90_fwd, "FEATURE_TILES", {})
+    monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD", {})
+    assert FAM.for_problem(FAM.heuristic(p), p) == now
+    assert now.fold_cap == 0 and not now.dynamic
 
 
 def test_varlen_never_takes_the_dynamic_switch(monkeypatch):

@@ -110,6 +110,19 @@ D96_ABOVE_FA2 = True
 # * HEURISTIC_DS_DOUBLE: two dS buffers at head dim 128 (ds_double, kDsDouble: no barrier between
 #   the consumer warpgroups before the dS stores): off, not measured yet.
 HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, True)})
+# The stages of a window-only call's backward (features ("window",), fixed lengths, not
+# deterministic), by kernel head dim; a head dim not listed keeps 2. Measured on the H100
+# (tests/features_overhead_timing.py, bf16 d128 8k, batch 2 x 16 heads, window 1024,
+# results/NVIDIA_H100_80GB_HBM3/features_overhead_timing.json): forward + backward 1.64 / 1.39x
+# (causal / full) the plain call's time over the window's visible fraction at stages 2 ->
+# 1.56 / 1.30 at stages 3 (a window's K/V block visits few Q blocks: the deeper Q/dO ring hides
+# more of each block's load latency).
+WINDOW_STAGES = {128: 3}
+# The feature sets whose calls keep a config's dynamic scheduler (bwd_config=, a tuned entry; the
+# heuristic sets it for plain calls only): a window alone, timed as a candidate against
+# WINDOW_STAGES' static grid (tests/features_overhead_timing.py, bwd_dyn) and run by
+# tests/test_feature_defaults_gpu.py; any other set keeps the plain grid.
+DYNAMIC_FEATURES = frozenset({("window",)})
 HEURISTIC_LPT = False
 HEURISTIC_DS_DOUBLE = False
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
@@ -568,9 +581,11 @@ class Sm90Backward(Family):
             config = config.replace(varlen=is_varlen(problem))
         if config.lpt and (config.varlen or not config.causal or config.shared_keys):
             config = config.replace(lpt=False)         # a speed choice: varlen, non-causal keep the plain order
-        if config.dynamic and (config.varlen or config.deterministic or problem.features or config.shared_keys):
+        if config.dynamic and (config.varlen or config.deterministic or config.shared_keys
+                               or (problem.features and tuple(problem.features) not in DYNAMIC_FEATURES)):
             # likewise: a CTA per K/V block (with features the dynamic kernels are built but not
-            # measured or run on a GPU yet: calls with features keep the plain grid)
+            # measured or run on a GPU yet: calls with features keep the plain grid, except the
+            # sets of DYNAMIC_FEATURES when a config asks for it)
             config = config.replace(dynamic=False)
         if config.dq_bulk and (problem.deterministic or (config.dropout and config.consumers > 1
                                                         and config.head_dim == 64)):
@@ -643,6 +658,8 @@ class Sm90Backward(Family):
             cfg = cfg.replace(dynamic=True)             # (for_problem drops it where it does not run)
         if HEURISTIC_DS_DOUBLE and d == 128:
             cfg = cfg.replace(ds_double=True)           # (likewise: not with softcap, ALiBi, dropout)
+        if tuple(problem.features) == ("window",) and not det and d in WINDOW_STAGES:
+            cfg = cfg.replace(stages=WINDOW_STAGES[d])  # (first_fitting: back to 2 where it does not fit)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
 
     def kernel_names(self, config) -> dict:

@@ -123,19 +123,30 @@ SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # Calls with window / softcap / ALiBi (no dropout, fixed lengths): the schedule and softmax
 # variants the heuristic gives them, each switched on only by a measurement of
 # tests/features_overhead_timing.py (bf16 d128 8k batch 2 x 16 heads, causal and not, against the
-# plain call of the same process; results/NVIDIA_H100_80GB_HBM3/features_overhead.json):
-#   FEATURE_TILES         {head dim: {feature: {field: value}}}: the tile / schedule fields (BN,
-#                         persistent, dynamic, tma_store) of a call with that feature, over the
-#                         heuristic's own (a window's entry first, then softcap's, then ALiBi's: the
-#                         first feature of the call that has one); tma_store only below 16k keys,
+# plain call of the same process; results/NVIDIA_H100_80GB_HBM3/features_overhead_timing.json):
+#   FEATURE_TILES         {head dim: {feature or "feature:causal" / "feature:full": {field: value}}}:
+#                         the tile / schedule fields (BN, persistent, dynamic, tma_store) of a call
+#                         with that feature, over the heuristic's own (a window's entry first, then
+#                         softcap's, then ALiBi's: the first feature of the call that has one; a
+#                         mask's own entry before the feature's); tma_store only below 16k keys,
 #                         as the plain call's
 #   FEATURE_LAZY_RESCALE  lazy_rescale (kLazyRescale: O rescaled only when the max moves by > 2^8)
-#   SOFTCAP_FOLD          fold_cap with softcap (kFoldCap: 1, one multiply per score fewer; 2,
-#                         also the max on the raw scores; 3, a fixed max where the cap allows it);
-#                         0 off
-FEATURE_TILES: dict = {}
+#   SOFTCAP_FOLD          {head dim: fold_cap} with softcap (kFoldCap: 1, one multiply per score
+#                         fewer; 2, also the max on the raw scores; 3, a fixed max where the cap
+#                         allows it; 2 and 3 with lazy_rescale); a head dim not listed: 0, off
+# Measured (H100, x the plain call of the same process, causal / full; fwd, then fwd + bwd):
+#   window 1024: static BN 128 1.48 / 1.27 of the visible share -> dynamic + tma_store 1.34 / 1.22
+#                (fwd + bwd 1.64 / 1.39 -> 1.62 / 1.37); + lazy_rescale 1.37 / 1.26: off
+#   softcap 30:  BN 176 static 1.47 / 1.46 -> fold_cap 3 + lazy_rescale + dynamic + tma_store at
+#                BN 144 1.33 / 1.35 (fwd + bwd 1.27 / 1.23 -> 1.20 / 1.14); fold 1 / 2 slower
+#   ALiBi:       causal BN 176 static 1.19 -> dynamic 1.14 (fwd + bwd 1.05 -> 1.04); full 1.11 ->
+#                1.12 (fwd + bwd 1.00 -> 1.01): the full mask keeps the static tiles
+# Other head dims keep the static tiles and fold_cap 0 (unmeasured).
+FEATURE_TILES: dict = {128: {"window": dict(persistent=True, dynamic=True, tma_store=True),
+                             "softcap": dict(BN=144, persistent=True, dynamic=True, tma_store=True),
+                             "alibi:causal": dict(persistent=True, dynamic=True)}}
 FEATURE_LAZY_RESCALE = False
-SOFTCAP_FOLD = 0
+SOFTCAP_FOLD: dict = {128: 3}
 # fold_cap's values, and the largest cap whose fold_cap 3 runs the fixed max: P = exp2(k (t - 1))
 # with k = softcap·log2(e) stays >= 2^-100 over t in [-1, 1] (2k <= 100), so no visible score's
 # P underflows whatever the row's own max (above it the kernel computes the row max, as 2).
@@ -510,10 +521,16 @@ def window_tiles(head_dim: int) -> tuple:
 
 def feature_tiles(problem: Problem, head_dim: int) -> dict:
     """FEATURE_TILES' fields for a call with features at compile-time head dim ``head_dim``: the
-    entry of its first feature in the order window, softcap, ALiBi that has one, else {}."""
+    entry of its first feature in the order window, softcap, ALiBi that has one (the mask's own
+    entry, "feature:causal" or "feature:full", before the feature's), else {}."""
     by_feature = FEATURE_TILES.get(head_dim, {})
-    return next((dict(by_feature[f]) for f in ("window", "softcap", "alibi")
-                 if f in problem.features and f in by_feature), {})
+    mask = "causal" if problem.causal else "full"
+    for f in ("window", "softcap", "alibi"):
+        if f in problem.features:
+            for key in (f"{f}:{mask}", f):
+                if key in by_feature:
+                    return dict(by_feature[key])
+    return {}
 
 
 def sched_section(problem: Problem) -> int:
@@ -693,8 +710,9 @@ class Sm90Forward(Family):
             cfg = cfg.replace(**HEURISTIC_D64[bool(problem.causal)])   # (first_fitting: the fallbacks)
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
-            if SOFTCAP_FOLD and feature_call and not cfg.emu_exp2:   # (2 and 3 run with lazy_rescale)
-                cfg = cfg.replace(fold_cap=SOFTCAP_FOLD, lazy_rescale=SOFTCAP_FOLD >= 2 or cfg.lazy_rescale)
+            fold = SOFTCAP_FOLD.get(d, 0)
+            if fold and feature_call and not cfg.emu_exp2:   # (2 and 3 run with lazy_rescale)
+                cfg = cfg.replace(fold_cap=fold, lazy_rescale=fold >= 2 or cfg.lazy_rescale)
         if FEATURE_LAZY_RESCALE and feature_call and not cfg.emu_exp2:
             cfg = cfg.replace(lazy_rescale=True)
         return first_fitting(cfg, ({"tma_store": False}, {"BN": 64, "tma_store": False},
