@@ -9,7 +9,7 @@ exactly on the rows with no visible key; seqlens 1, 17, 113, 1023, 2049 with s_q
 MHA / GQA / MQA; window edges (bounds 0, 1, unaligned, a block's width), causal + window, and the
 combinations whose heuristic changed with the switches.
 
-11 compiled kernels (8 forward, 3 backward: d128 bf16; features_overhead_timing.py --precompile
+12 compiled kernels (8 forward, 4 backward: d128 bf16; features_overhead_timing.py --precompile
 builds them in parallel first):
     python tests/features_overhead_timing.py --precompile --tests-only
     CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q -x tests/test_feature_defaults_gpu.py
@@ -61,14 +61,25 @@ BACKWARD = [
     ("win_causal", ("window",), True, (300, 0), 0.0, None),
     ("win_full", ("window",), False, (300, 129), 0.0, None),
     ("cap_causal", ("softcap",), True, (-1, -1), 30.0, None),
+    # a candidate (features_overhead_timing.py bwd_dyn): the dynamic scheduler for a window backward
+    ("win_causal_bwd_dyn", ("window",), True, (300, 0), 0.0, None),
 ]
 GRAD_SHAPES = [(17, 113, "gqa"), (1023, 2049, "mqa"), (2049, 1023, "mha")]
+
+
+def bwd_config(name, features, causal):
+    """The backward a BACKWARD case runs: the default, or (``_bwd_dyn``) it on the dynamic scheduler."""
+    cfg = default_configs(features, causal, "bwd")
+    if name.endswith("_bwd_dyn"):
+        cfg = cfg.replace(stages=2, dynamic=True)
+        assert not cfg.problems(227 * 1024), cfg.problems()
+    return cfg
 
 
 def all_test_configs():
     """The kernels of this file (tests/features_overhead_timing.py --precompile builds them)."""
     out = [default_configs(f, c) for _, f, c, _ in FORWARD]
-    out += [default_configs(f, c, "bwd") for _, f, c, *_ in BACKWARD]
+    out += [bwd_config(name, f, c) for name, f, c, *_ in BACKWARD]
     return list(dict.fromkeys(out))
 
 
@@ -117,7 +128,7 @@ def test_forward_backward(case):
     import torch
 
     name, features, causal, window, softcap, alibi = case
-    fcfg, bcfg = default_configs(features, causal), default_configs(features, causal, "bwd")
+    fcfg, bcfg = default_configs(features, causal), bwd_config(name, features, causal)
     for sq, sk, heads in GRAD_SHAPES:
         q, k, v, dout = inputs(2, sq, sk, heads, 128, "bf16")
         slopes = slopes_for(alibi, 2, q.shape[2])

@@ -311,3 +311,40 @@ def test_variants_compile_without_spills():
         assert r.spill_stores == 0 and r.spill_loads == 0, r
         assert not r.warnings, r.warnings
     assert "C7520" not in log and "serialized" not in log, [l for l in log.splitlines() if "C75" in l]
+
+
+def _default_configs():
+    """The heuristic's configs at d128 with the shipped switches (both masks; window, softcap, ALiBi
+    and their pairs / triple), forward and backward, for the no-spill check."""
+    fwd, bwd = [], []
+    BWD = registry.get("sm90_bwd")
+    for features in (("window",), ("softcap",), ("alibi",), ("softcap", "window"), ("alibi", "window"),
+                     ("alibi", "softcap"), ("alibi", "softcap", "window")):
+        for causal in (True, False):
+            p = prob(features, causal)
+            fwd.append(FAM.for_problem(FAM.heuristic(p), p))
+            pb = p.replace(op="bwd")
+            bwd.append(BWD.for_problem(BWD.heuristic(pb), pb))
+    return list(dict.fromkeys(fwd)), list(dict.fromkeys(bwd))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_shipped_defaults_compile_without_spills():
+    """Every d128 forward the switches give a call with features (14), and the window backward at
+    WINDOW_STAGES (with the pairs' backwards): no spill, no stack (nvcc 13.0, sm_90a; ~1 min on
+    2 cores). Also the window backward on the dynamic scheduler (DYNAMIC_FEATURES' candidate)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cuflash.compile import nvcc_compile
+
+    fwd, bwd = _default_configs()
+    bwd.append(bwd[0].replace(stages=2, dynamic=True))
+    assert bwd[0].stages == 3 and bwd[0].window
+    jobs = [fwd[i:i + 4] for i in range(0, len(fwd), 4)] + [bwd[i:i + 4] for i in range(0, len(bwd), 4)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        reports = [r for rs in pool.map(lambda c: nvcc_compile(c, "sm_90a"), jobs) for r in rs]
+    cfgs = [c for chunk in jobs for c in chunk]
+    bad = [f"{c.name}: {r}" for c, r in zip(cfgs, reports)
+           if r.spill_stores or r.spill_loads or r.stack_bytes
+           or any("C751" in w or "serialized" in w for w in r.warnings)]
+    assert not bad, "\n".join(bad)
