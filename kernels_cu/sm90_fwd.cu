@@ -178,6 +178,12 @@
 //              and, with kLazyRescale, no O rescale after the first block. 2 and 3 need
 //              kLazyRescale. 0 and kLazyRescale false, the defaults: the code of the kernel
 //              before they existed
+//   kAlibiLinear ALiBi's bias as one FFMA per score (softmax_fold.cuh AlibiLinear): on blocks whose keys
+//              lie on one side of the warp's diagonal keys (causal: all of them) the bias is
+//              linear in the key, its per-row part goes into the softmax's exponent offset
+//              (softmax_step_shift); blocks across the diagonal take the exact fp32 distance. kAlibi
+//              alone (no kSoftcap, kDropout, kEmuExp2, kVarlen, kTreeMax). false, the default: the
+//              code of the kernel before it existed
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
@@ -356,7 +362,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
-          bool kLazyRescale = false, int kFoldCap = 0>
+          bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem, kQDouble>;
@@ -393,6 +399,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     static_assert(kFoldCap < 2 || kLazyRescale, "kFoldCap 2, 3 run with kLazyRescale");
     static_assert(!(kLazyRescale || kFoldCap) || (kEmuExp2 == 0 && !kDropout),
                   "kLazyRescale / kFoldCap run the plain exp2 and no dropout (softmax_fold.cuh)");
+    static_assert(!kAlibiLinear || (kAlibi && !kSoftcap && !kDropout && kEmuExp2 == 0 && !kVarlen && !kTreeMax),
+                  "kAlibiLinear is ALiBi's bias alone (no softcap, dropout, emu_exp2, varlen, tree_max)");
     Sm90TileRing<kConsumers> ring{smem + Shape::kRingOffset,
                                   reinterpret_cast<int*>(smem_raw + (smem - smem_u32(smem_raw)) +
                                                          Shape::kRingOffset + 32)};
@@ -691,6 +699,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         const FoldedScoreMod<kSoftcap && kFoldCap != 0, kAlibi && (kFoldCap != 0 || kFastAlibi)> folded(
             p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride, at.batch, at.head,
             p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q, kVarlen ? seq.seqlen_k : p.seqlen_k);
+        // kAlibiLinear: ALiBi's bias as one FFMA per score (softmax_fold.cuh AlibiLinear); unused without
+        const AlibiLinear alibi_lin(kAlibiLinear, p.alibi_slopes, p.alibi_batch_stride, at.batch, at.head,
+                                    p.softmax_scale, p.seqlen_q, p.seqlen_k);
 #pragma unroll
         for (int nt = 0; nt < kOCols / 8; ++nt)
 #pragma unroll
@@ -714,6 +725,19 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 if (j == n_blocks - 1) {
                     if constexpr (kQDouble) mbarrier_arrive(q_empty_of(q_slot(q_iter)));
                     else mbarrier_arrive(q_empty);
+                }
+                if constexpr (kAlibiLinear) {
+                    // causal: every visible key is at or left of its row's diagonal key (σ = +1 on
+                    // every block; the keys right of it are masked next); else the block's side of
+                    // this warp's diagonals, the exact bias across them
+                    const int key0 = n_block * kBN;
+                    const int sigma = kCausal ? 1 : alibi_lin.template side<kBN>(warp_row0, key0);
+                    float shift[1][2];
+                    alibi_lin.apply(s_acc, shift, warp_row0, key0, g, t, sigma);
+                    if (tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block))
+                        tile_mask.apply(s_acc, warp_row0, key0, g, t, neg_inf());
+                    softmax_step_shift<kLazyRescale>(s_acc, shift, m, l, scale_log2, alpha, rescale);
+                    return;
                 }
                 if constexpr (kFoldCap >= 2 && !kAlibi) {
                     const bool masked = tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block);

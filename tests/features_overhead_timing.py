@@ -58,8 +58,8 @@ def problem(feature, causal, seqlen=SEQLEN):
 
 # --quick: the heuristic and these candidates (by feature), and QUICK_BWD's backward variants of
 # the window (causal only unless --mask says otherwise)
-QUICK = {"window": ("dyn_tmao_bn64", "c3_bn64_dyn_tmao"), "softcap": ("fold3_lazy_dyn_tmao_bn128",),
-         "alibi": ("dyn",)}
+QUICK = {"window": ("c3_bn64_dyn_tmao",), "softcap": ("fold3_lazy_dyn_tmao_bn128",),
+         "alibi": ("dyn", "alin", "dyn_alin")}
 QUICK_BWD = ("bwd_s3_ovl", "bwd_dyn")
 
 
@@ -101,7 +101,10 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
         variants = [("bn176", base),
                     ("dyn", base.replace(persistent=True, dynamic=True)),
                     ("dyn_lazy", base.replace(persistent=True, dynamic=True, lazy_rescale=True)),
-                    ("dyn_tmao_lazy_bn144", base.replace(BN=144, lazy_rescale=True, **dyn))]
+                    ("dyn_tmao_lazy_bn144", base.replace(BN=144, lazy_rescale=True, **dyn)),
+                    # ALiBi's bias as one FFMA per score (alibi_lin, softmax_fold.cuh AlibiLinear)
+                    ("alin", heur.replace(alibi_lin=True)),   # the heuristic's tile (causal: dynamic)
+                    ("dyn_alin", base.replace(persistent=True, dynamic=True, alibi_lin=True))]
     # (BN 160, the plain call's tile, with ALiBi + dynamic + TMA store spills 8 bytes: nvcc 13.0)
     else:
         variants = []
@@ -184,11 +187,14 @@ def main():
     from cuflash.compile import precompile
     from cuflash.timing import time_interleaved
 
+    import test_alibi_linear_gpu as alin_test
     import test_feature_defaults_gpu as defaults_test
     import test_features_opt_gpu as gpu_test
 
-    # the GPU tests' kernels: the shipped defaults' file, and (not with --quick) the variants' file
-    tests = defaults_test.all_test_configs() + ([] if args.quick else gpu_test.all_test_configs())
+    # the GPU tests' kernels: the shipped defaults' and alibi_lin's files, and (not with --quick) the
+    # variants' file
+    tests = defaults_test.all_test_configs() + alin_test.all_test_configs() \
+        + ([] if args.quick else gpu_test.all_test_configs())
     if args.precompile and args.tests_only:
         cfgs = tests
     elif args.precompile:

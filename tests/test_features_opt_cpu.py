@@ -50,11 +50,11 @@ def test_names_and_template_tail():
     assert c.kernel_name().endswith("false, 0, false, false, false, false, false, false, true>")
     c = cfg(softcap=True, fold_cap=1)
     assert c.kernel_name().endswith("false, false, false, false, false, false, false, 1>")   # kVarlen, kPSmem, kTreeMax, kQDouble
-    assert c.template_args()[-2:] == (False, 1)
+    assert c.template_args()[-3:] == (False, 1, False)   # kLazyRescale, kFoldCap, kAlibiLinear
     # the ptxas report's mangled name parses back to the template arguments
     from cuflash.compile import _mangled_args
     mangled = ("_ZN7cuflash8sm90_fwdILi128ELi176ELi2ELi2ELb1ELb0ELi128ENS_4bf16ELb1ELb0ELb1ELb0ELb0ELi0ELb0"
-               "ELb0ELb0ELb0ELb0ELb0ELb1ELi2EEEvNS_13Sm90FwdParamsE")
+               "ELb0ELb0ELb0ELb0ELb0ELb1ELi2ELb0EEEvNS_13Sm90FwdParamsE")
     assert _mangled_args(mangled) == cfg(softcap=True, lazy_rescale=True, fold_cap=2).template_args()
 
 
@@ -274,6 +274,10 @@ NVCC_CONFIGS = [
     cfg(True, 176, softcap=True, fold_cap=1),
     cfg(False, 160, persistent=True, dynamic=True, tma_store=True, alibi=True, lazy_rescale=True),
     cfg(True, 128, persistent=True, window=True, softcap=True, alibi=True, fold_cap=1, lazy_rescale=True),
+    # alibi_lin: the timing's candidates and the window's tile
+    cfg(True, 176, persistent=True, dynamic=True, alibi=True, alibi_lin=True),
+    cfg(False, 176, alibi=True, alibi_lin=True),
+    cfg(False, 128, persistent=True, dynamic=True, tma_store=True, window=True, alibi=True, alibi_lin=True),
 ]
 
 
@@ -348,3 +352,72 @@ def test_shipped_defaults_compile_without_spills():
            if r.spill_stores or r.spill_loads or r.stack_bytes
            or any("C751" in w or "serialized" in w for w in r.warnings)]
     assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------------------------------
+# alibi_lin (kAlibiLinear: ALiBi's bias as one FFMA per score, softmax_fold.cuh AlibiLinear)
+
+def test_alibi_lin_field():
+    c = cfg(alibi=True, alibi_lin=True)
+    assert c.name.endswith("_alibi_alin") and not c.problems()
+    assert c.kernel_name().endswith("false, false, false, false, false, false, false, 0, true>")
+    assert "alibi_lin" not in FAM.encode(cfg(alibi=True)) and "alibi_lin=1" in FAM.encode(c)
+    assert FAM.decode(FAM.encode(c), "bf16", True).replace(alibi=True) == c   # (the call sets alibi)
+    for kw in (dict(alibi_lin=True), dict(alibi=True, softcap=True, alibi_lin=True),
+               dict(alibi=True, dropout=True, BN=128, alibi_lin=True), dict(alibi=True, varlen=True, alibi_lin=True)):
+        assert any("alibi_lin is ALiBi's bias alone" in w for w in cfg(**kw).problems()), kw
+    # for_problem: ALiBi alone or with a window keeps it, any other feature drops it
+    assert FAM.for_problem(c, prob(("alibi",))).alibi_lin
+    assert FAM.for_problem(c.replace(BN=128), prob(("alibi", "window"))).alibi_lin
+    for feats in (("alibi", "softcap"), ("softcap",), ("alibi", "dropout")):
+        assert not FAM.for_problem(c.replace(BN=128), prob(feats)).alibi_lin, feats
+
+
+def test_alibi_lin_switch(monkeypatch):
+    p = prob(("alibi",), True)
+    assert not FAM.for_problem(FAM.heuristic(p), p).alibi_lin          # off as shipped (unmeasured)
+    monkeypatch.setattr(sm90_fwd, "ALIBI_LINEAR", frozenset({(128, True)}))
+    assert FAM.for_problem(FAM.heuristic(p), p).alibi_lin
+    for q in (prob(("alibi",), False), prob(("alibi", "softcap"), True), prob(("alibi", "dropout"), True)):
+        assert not FAM.for_problem(FAM.heuristic(q), q).alibi_lin
+    q = prob(("alibi", "window"), True)
+    c = FAM.for_problem(FAM.heuristic(q), q)
+    assert c.alibi_lin and not c.problems(227 * 1024)
+
+
+def alibi_linear_mirror(s, rows, key0, offset, slope, sigma):
+    """float64 mirror of AlibiLinear::apply + softmax_step_shift's exponent for one thread's
+    elements (columns c = 0..n-1 from key0): the true biased scores."""
+    c = np.arange(s.shape[1])
+    if sigma:
+        r = rows[:, None] + offset - key0
+        shifted = s + sigma * slope * c[None, :]
+        shift = -sigma * slope * r
+        return shifted + shift
+    return s - slope * np.abs(rows[:, None] + offset - key0 - c[None, :])
+
+
+@pytest.mark.parametrize("offset", [0, 37, -300])
+def test_alibi_linear_mirror(offset):
+    """Where AlibiLinear::side says a block is on one side of a warp's diagonals, the linear form
+    equals the exact bias; causal blocks take +1 and differ only right of the diagonal (masked)."""
+    rng = np.random.default_rng(3)
+    slope, BN = 0.37, 128
+
+    def side(row0, key0):
+        if key0 + BN - 1 <= row0 + offset:
+            return 1
+        if key0 >= row0 + 15 + offset:
+            return -1
+        return 0
+
+    for row0 in (0, 16, 512, 1008):
+        rows = row0 + np.arange(16)
+        for key0 in range(0, 2048, BN):
+            s = rng.standard_normal((16, BN))
+            exact = alibi_linear_mirror(s, rows, key0, offset, slope, 0)
+            sg = side(row0, key0)
+            assert np.allclose(alibi_linear_mirror(s, rows, key0, offset, slope, sg), exact, atol=1e-9)
+            lin = alibi_linear_mirror(s, rows, key0, offset, slope, 1)      # causal: σ = +1 always
+            visible = (key0 + np.arange(BN))[None, :] <= rows[:, None] + offset
+            assert np.allclose(lin[visible], exact[visible], atol=1e-9)

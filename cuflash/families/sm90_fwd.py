@@ -147,6 +147,10 @@ FEATURE_TILES: dict = {128: {"window": dict(persistent=True, dynamic=True, tma_s
                              "alibi:causal": dict(persistent=True, dynamic=True)}}
 FEATURE_LAZY_RESCALE = False
 SOFTCAP_FOLD: dict = {128: 3}
+# ALiBi's bias as one FFMA per score (alibi_lin, kAlibiLinear) for calls with ALiBi alone (or with a
+# window), fixed lengths: the (head dim, causal) classes that take it. Off until measured
+# (tests/features_overhead_timing.py's alin candidates).
+ALIBI_LINEAR: frozenset = frozenset()
 # fold_cap's values, and the largest cap whose fold_cap 3 runs the fixed max: P = exp2(k (t - 1))
 # with k = softcap·log2(e) stays >= 2^-100 over t in [-1, 1] (2k <= 100), so no visible score's
 # P underflows whatever the row's own max (above it the kernel computes the row max, as 2).
@@ -234,6 +238,10 @@ class Sm90FwdConfig(KernelConfig):
                max (t <= 1) where the cap allows it (softcap_fixed_m: no row max, no O rescale).
                2 and 3 act as 1 with ALiBi and need lazy_rescale; needs softcap, not with dropout
                or emu_exp2 (SOFTCAP_FOLD)
+    alibi_lin: ALiBi's bias as one FFMA per score (kAlibiLinear, softmax_fold.cuh AlibiLinear): the
+               per-row part of a linear bias in the softmax's exponent offset; blocks across the
+               diagonal (non-causal) take the exact distance. ALiBi alone (no softcap, dropout,
+               emu_exp2, varlen, tree_max); ALIBI_LINEAR switches it on per head dim and mask
     """
 
     BM: int
@@ -258,6 +266,7 @@ class Sm90FwdConfig(KernelConfig):
     q_double: bool = False
     lazy_rescale: bool = False
     fold_cap: int = 0
+    alibi_lin: bool = False
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -276,7 +285,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_drop' if self.dropout else ''}"
                 f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{'_psmem' if self.p_smem else ''}{'_tree' if self.tree_max else ''}{'_q2' if self.q_double else ''}"
                 f"{name_suffix(self)}{'_varlen' if self.varlen else ''}{'_lazy' if self.lazy_rescale else ''}"
-                f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}")
+                f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -321,8 +330,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.tree_max else 'false'}",                        # kTreeMax
                 f"{'true' if self.q_double else 'false'}",                        # kQDouble
                 f"{'true' if self.lazy_rescale else 'false'}",                    # kLazyRescale
-                f"{self.fold_cap}"]                                               # kFoldCap last
-        used = (10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{self.fold_cap}",                                               # kFoldCap
+                f"{'true' if self.alibi_lin else 'false'}"]                       # kAlibiLinear last
+        used = (11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -336,7 +346,7 @@ class Sm90FwdConfig(KernelConfig):
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
-                self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap)
+                self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin)
 
     def _problems(self) -> list[str]:
         out = []
@@ -398,6 +408,10 @@ class Sm90FwdConfig(KernelConfig):
             out.append("lazy_rescale / fold_cap with p_smem / tree_max / q_double: not designed together "
                        "(the feature variants' softmax step and the d64 plain-call options were written "
                        "apart; the combined instantiations are unchecked for registers and results)")
+        if self.alibi_lin and (not self.alibi or self.softcap or self.dropout or self.emu_exp2
+                               or self.varlen or self.tree_max or self.p_smem):
+            out.append("alibi_lin is ALiBi's bias alone: it needs alibi, and not softcap, dropout, "
+                       "emu_exp2, varlen, tree_max or p_smem (kAlibiLinear, softmax_fold.cuh)")
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
@@ -625,6 +639,9 @@ class Sm90Forward(Family):
             config = config.replace(lazy_rescale=False)
         if config.p_smem and problem.features:   # plain calls only (a speed knob): P in registers
             config = config.replace(p_smem=False)
+        if config.alibi_lin and (tuple(f for f in problem.features if f != "window") != ("alibi",)
+                                 or config.emu_exp2 or config.tree_max):
+            config = config.replace(alibi_lin=False)   # a speed knob: ALiBi alone (a window may join)
         return self.with_features(config, problem)
 
     def _fields(self, config):
@@ -635,7 +652,7 @@ class Sm90Forward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
-                               "lazy_rescale", "fold_cap") and not v))
+                               "lazy_rescale", "fold_cap", "alibi_lin") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -715,6 +732,9 @@ class Sm90Forward(Family):
                 cfg = cfg.replace(fold_cap=fold, lazy_rescale=fold >= 2 or cfg.lazy_rescale)
         if FEATURE_LAZY_RESCALE and feature_call and not cfg.emu_exp2:
             cfg = cfg.replace(lazy_rescale=True)
+        if (feature_call and (d, bool(problem.causal)) in ALIBI_LINEAR
+                and tuple(f for f in problem.features if f != "window") == ("alibi",)):
+            cfg = cfg.replace(alibi=True, alibi_lin=True)   # (with_features sets the flag again)
         return first_fitting(cfg, ({"tma_store": False}, {"BN": 64, "tma_store": False},
                                    {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False,
                                     "tma_store": False, "p_smem": False}),
