@@ -23,6 +23,7 @@
 #include "tile.cuh"
 #include "softmax.cuh"
 #include "score.cuh"
+#include "ptx_sm90_store.cuh"
 
 namespace cuflash {
 
@@ -138,6 +139,29 @@ struct FoldedScoreMod {
     }
 };
 
+
+// Folded softcap with Q prescaled (kFoldCap 4): this consumer warpgroup's 64 rows of Q_i multiplied
+// by softcap_in in shared memory once per tile, so that S = Q Kᵀ arrives as S·softcap_in and the
+// tanh takes it without a multiply per score (64 x head_dim products per tile against 64 x BN
+// per K/V block). bf16 only: the products keep bf16's exponent range, where fp16's would fall to
+// subnormals for small entries (softcap_in = scale / softcap is ~0.003 at d128 and cap 30); one
+// more rounding of Q (2^-9), below the scores' own bf16 error. The rows are kChunks chunks of 64
+// rows x 128 bytes, kChunkBytes apart (the swizzle permutes 16-byte units within rows, which an
+// element-wise scale does not see): 16-byte unit i of the warpgroup is thread i % 128's.
+template <int kChunks, int kChunkBytes>
+__device__ __forceinline__ void prescale_q(u32 q_wg, float softcap_in, int lane128) {
+#pragma unroll 1   // (unrolled, ptxas spilled 8 bytes of the causal BN 144 kernel: nvcc 13.0)
+    for (int i = lane128; i < kChunks * 64 * 8; i += 128) {
+        const u32 addr = q_wg + (i / 512) * kChunkBytes + (i % 512) * 16;
+        u32 r[4];
+        ld_shared_v4(addr, r);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            r[j] = pack2<bf16>(__uint_as_float(r[j] << 16) * softcap_in,
+                               __uint_as_float(r[j] & 0xffff0000u) * softcap_in);
+        st_shared_v4(addr, r);
+    }
+}
 
 // ALiBi's bias as one FFMA per score (kAlibiLinear). Element e of tile nt of a thread's row is key
 // key0 + 2t + c with c = 8·nt + e % 2 (the mma C layout), and its bias is -slope·|r - c| with

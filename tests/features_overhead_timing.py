@@ -58,7 +58,7 @@ def problem(feature, causal, seqlen=SEQLEN):
 
 # --quick: the heuristic and these candidates (by feature), and QUICK_BWD's backward variants of
 # the window (causal only unless --mask says otherwise)
-QUICK = {"window": ("c3_bn64_dyn_tmao",), "softcap": ("fold3_lazy_dyn_tmao_bn128",),
+QUICK = {"window": ("c3_bn64_dyn_tmao",), "softcap": ("fold3_lazy_dyn_tmao_bn128", "fold4_lazy_dyn_tmao_bn144"),
          "alibi": ("dyn", "alin", "dyn_alin")}
 QUICK_BWD = ("bwd_s3_ovl", "bwd_dyn")
 
@@ -94,7 +94,9 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
                     ("fold3_lazy", base.replace(**lazy3)),
                     ("fold3_lazy_dyn", base.replace(persistent=True, dynamic=True, **lazy3)),
                     ("fold3_lazy_dyn_tmao_bn144", base.replace(BN=144, **dyn, **lazy3)),
-                    ("fold3_lazy_dyn_tmao_bn128", base.replace(BN=128, **dyn, **lazy3))]
+                    ("fold3_lazy_dyn_tmao_bn128", base.replace(BN=128, **dyn, **lazy3)),
+                    # fold_cap 4: Q prescaled by softcap_in (no multiply per score before the tanh)
+                    ("fold4_lazy_dyn_tmao_bn144", base.replace(BN=144, **dyn, fold_cap=4, lazy_rescale=True))]
     # (BN 160 with fold_cap 3 + dynamic + TMA store spills 88 bytes: nvcc 13.0)
     elif feature == "alibi":
         base = base.replace(BN=176, persistent=False)

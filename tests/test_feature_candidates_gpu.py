@@ -1,6 +1,6 @@
 """The candidates tests/features_overhead_timing.py --quick times next to the shipped defaults
-(window: 3 consumer warpgroups at BM 192 BN 64; softcap: BN 128; window backward: stages 3 with
-overlap_sdp), run for correctness on an H100, so that a candidate that measures faster can be
+(window: 3 consumer warpgroups at BM 192 BN 64; softcap: BN 128, fold_cap 4 (Q prescaled); window
+backward: stages 3 with overlap_sdp), run for correctness on an H100, so that a candidate that measures faster can be
 switched on with its kernel already checked. No compile of its own after the timing's precompile
 (the same configs).
 
@@ -36,6 +36,11 @@ FORWARD = [
      [((-1, -1), 30.0, None), ((-1, -1), 50.0, None)]),
     ("cap_bn128_full", lambda: default_configs(("softcap",), False).replace(BN=128),
      [((-1, -1), 30.0, None)]),
+    # fold_cap 4: Q prescaled by softcap_in in shared memory (the fixed max at 30 and 5, the row max at 50)
+    ("cap_fold4_causal", lambda: default_configs(("softcap",), True).replace(BN=144, fold_cap=4),
+     [((-1, -1), 30.0, None), ((-1, -1), 5.0, None), ((-1, -1), 50.0, None)]),
+    ("cap_fold4_full", lambda: default_configs(("softcap",), False).replace(BN=144, fold_cap=4),
+     [((-1, -1), 30.0, None), ((-1, -1), 50.0, None)]),
 ]
 
 
@@ -73,3 +78,17 @@ def test_window_backward_s3_overlap(causal):
                                                       q.dtype)[0], q, k, v, dout)
         for gname, a, r, b in zip(("dq", "dk", "dv"), ours, ref, low):
             check_close(a, r, b, 3, f"{bcfg.name} window={window} {sq}x{sk} {heads} {gname}")
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_fold4_large_and_growing_scores(causal):
+    """fold_cap 4's prescaled Q with scores that move the running max far (as
+    test_features_opt_gpu's lazy test): inputs x 4, one early key raised on every row."""
+    config = default_configs(("softcap",), causal).replace(BN=144, fold_cap=4)
+    for cap in (30.0, 50.0):
+        for sq, sk in ((1023, 2049), (2049, 2049)):
+            q, k, v, _ = inputs(2, sq, sk, "gqa", 128, "bf16")
+            q, k = q * 4, k * 4
+            q[..., -1] = 4.0
+            k[:, 3, :, -1] = 40.0
+            check_forward(config, q, k, v, causal, (-1, -1), cap, None, f"{config.name} cap {cap} large {sq}x{sk}")

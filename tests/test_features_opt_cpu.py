@@ -60,7 +60,9 @@ def test_names_and_template_tail():
 
 @pytest.mark.parametrize("kw, words", [
     (dict(fold_cap=1), "needs softcap"),
-    (dict(softcap=True, fold_cap=4), "must be one of"),
+    (dict(softcap=True, fold_cap=5), "must be one of"),
+    (dict(softcap=True, fold_cap=4, lazy_rescale=True, dtype="fp16"), "bf16 only"),
+    (dict(softcap=True, fold_cap=4), "needs lazy_rescale"),
     (dict(softcap=True, fold_cap=2), "needs lazy_rescale"),
     (dict(softcap=True, fold_cap=3), "needs lazy_rescale"),
     (dict(softcap=True, fold_cap=1, emu_exp2=1), "not with dropout or emu_exp2"),
@@ -226,6 +228,14 @@ def test_folded_softcap_is_the_same_exponent():
     assert np.isclose(scale * (cap / scale), cap)
 
 
+def test_fold4_fields():
+    c = cfg(softcap=True, fold_cap=4, lazy_rescale=True)
+    assert c.name.endswith("_cap_lazy_fold4") and not c.problems()
+    assert c.kernel_name().endswith("true, 4>")
+    p = prob(("softcap",))
+    assert FAM.static_params(c, p, _strides(p), {}, 128 ** -0.5, 132)["softcap_fixed_m"] == 1.0
+
+
 def test_fixed_max_bound():
     f = sm90_fwd.softcap_fixed_m
     assert f(prob(("softcap",), softcap=30.0)) == 1.0
@@ -274,6 +284,8 @@ NVCC_CONFIGS = [
     cfg(True, 176, softcap=True, fold_cap=1),
     cfg(False, 160, persistent=True, dynamic=True, tma_store=True, alibi=True, lazy_rescale=True),
     cfg(True, 128, persistent=True, window=True, softcap=True, alibi=True, fold_cap=1, lazy_rescale=True),
+    # fold_cap 4 (Q prescaled), causal: the timing's candidate
+    cfg(True, 144, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=4, lazy_rescale=True),
     # alibi_lin: the timing's candidates and the window's tile
     cfg(True, 176, persistent=True, dynamic=True, alibi=True, alibi_lin=True),
     cfg(False, 176, alibi=True, alibi_lin=True),

@@ -151,10 +151,11 @@ SOFTCAP_FOLD: dict = {128: 3}
 # window), fixed lengths: the (head dim, causal) classes that take it. Off until measured
 # (tests/features_overhead_timing.py's alin candidates).
 ALIBI_LINEAR: frozenset = frozenset()
-# fold_cap's values, and the largest cap whose fold_cap 3 runs the fixed max: P = exp2(k (t - 1))
+# fold_cap's values (4: 3 with Q prescaled by softcap_in in shared memory, bf16 only), and the
+# largest cap whose fold_cap 3 / 4 runs the fixed max: P = exp2(k (t - 1))
 # with k = softcap·log2(e) stays >= 2^-100 over t in [-1, 1] (2k <= 100), so no visible score's
 # P underflows whatever the row's own max (above it the kernel computes the row max, as 2).
-FOLD_CAP = (0, 1, 2, 3)
+FOLD_CAP = (0, 1, 2, 3, 4)
 FIXED_MAX_LOG2_RANGE = 100.0
 
 
@@ -235,7 +236,9 @@ class Sm90FwdConfig(KernelConfig):
     fold_cap:  0..3: softcap folded into the softmax's scale (kFoldCap, softmax_fold.cuh): 1, the
                scores kept as t = tanh(S·scale / softcap) (one multiply fewer per score); 2, also
                the row max taken on the raw S, apart from the tanhs; 3, as 2, but a fixed running
-               max (t <= 1) where the cap allows it (softcap_fixed_m: no row max, no O rescale).
+               max (t <= 1) where the cap allows it (softcap_fixed_m: no row max, no O rescale); 4, as 3
+               with Q multiplied by softcap_in in shared memory once per tile (no multiply per
+               score before the tanh; bf16 only).
                2 and 3 act as 1 with ALiBi and need lazy_rescale; needs softcap, not with dropout
                or emu_exp2 (SOFTCAP_FOLD)
     alibi_lin: ALiBi's bias as one FFMA per score (kAlibiLinear, softmax_fold.cuh AlibiLinear): the
@@ -398,6 +401,9 @@ class Sm90FwdConfig(KernelConfig):
             out.append(f"fold_cap must be one of {FOLD_CAP}, got {self.fold_cap}")
         elif self.fold_cap and not self.softcap:
             out.append("fold_cap folds the softcap into the softmax's scale: it needs softcap")
+        elif self.fold_cap == 4 and self.dtype != "bf16":
+            out.append("fold_cap=4 prescales Q by softcap_in in 16-bit: bf16 only (fp16's products of "
+                       "small entries fall to subnormals)")
         elif self.fold_cap >= 2 and not self.lazy_rescale:
             out.append(f"fold_cap={self.fold_cap} needs lazy_rescale (without it ptxas, nvcc 13.0, "
                        "spilled ~300 bytes at BN 176)")
@@ -728,6 +734,7 @@ class Sm90Forward(Family):
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
             fold = SOFTCAP_FOLD.get(d, 0)
+            fold = 3 if fold == 4 and problem.dtype != "bf16" else fold   # (4 prescales Q in bf16 only)
             if fold and feature_call and not cfg.emu_exp2:   # (2 and 3 run with lazy_rescale)
                 cfg = cfg.replace(fold_cap=fold, lazy_rescale=fold >= 2 or cfg.lazy_rescale)
         if FEATURE_LAZY_RESCALE and feature_call and not cfg.emu_exp2:
@@ -763,7 +770,7 @@ class Sm90Forward(Family):
                     **dropout_params(problem), tile_counter=0,
                     sched_section=sched_section(problem) if config.dynamic else 1,
                     cu_seqlens_q=0, cu_seqlens_k=0, total_q=total_q,
-                    softcap_fixed_m=softcap_fixed_m(problem) if config.fold_cap == 3 else 2.0)
+                    softcap_fixed_m=softcap_fixed_m(problem) if config.fold_cap >= 3 else 2.0)
 
     def zeroed_counters(self, config, problem: Problem) -> dict:
         """{params field: int32 count} of the counters a plan keeps between calls, zeroed once when
