@@ -58,9 +58,10 @@ def problem(feature, causal, seqlen=SEQLEN):
 
 # --quick: the heuristic and these candidates (by feature), and QUICK_BWD's backward variants of
 # the window (causal only unless --mask says otherwise)
-QUICK = {"window": ("c3_bn64_dyn_tmao",), "softcap": ("fold3_lazy_dyn_tmao_bn128", "fold4_lazy_dyn_tmao_bn144"),
-         "alibi": ("dyn", "alin", "dyn_alin")}
-QUICK_BWD = ("bwd_s3_ovl", "bwd_dyn")
+QUICK = {"window": ("dyn_tmao_bn64",),
+         "softcap": ("fold3_lazy_dyn_tmao_bn144", "fold4", "fold4_lazy_dyn_tmao_bn144"),
+         "alibi": ("dyn",)}
+QUICK_BWD = ("bwd_s3", "bwd_dyn_ovl", "bwd_dyn_ds2")
 
 
 def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
@@ -95,7 +96,9 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
                     ("fold3_lazy_dyn", base.replace(persistent=True, dynamic=True, **lazy3)),
                     ("fold3_lazy_dyn_tmao_bn144", base.replace(BN=144, **dyn, **lazy3)),
                     ("fold3_lazy_dyn_tmao_bn128", base.replace(BN=128, **dyn, **lazy3)),
-                    # fold_cap 4: Q prescaled by softcap_in (no multiply per score before the tanh)
+                    # fold_cap 4: Q prescaled by softcap_in (no multiply per score before the tanh), at
+                    # the heuristic's tile and at BN 144
+                    ("fold4", heur.replace(fold_cap=4, lazy_rescale=True)),
                     ("fold4_lazy_dyn_tmao_bn144", base.replace(BN=144, **dyn, fold_cap=4, lazy_rescale=True))]
     # (BN 160 with fold_cap 3 + dynamic + TMA store spills 88 bytes: nvcc 13.0)
     elif feature == "alibi":
@@ -131,11 +134,13 @@ def bwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
     p = problem(feature, causal, seqlen).replace(op="bwd")
     heur = fam.for_problem(fam.heuristic(p), p)
     out = []
-    for key, kw in (("bwd_dqb", dict(dq_writer=False, dq_bulk=True)), ("bwd_s2", dict(stages=2)),
-                    ("bwd_s3", dict(stages=3)), ("bwd_s3_ovl", dict(stages=3, overlap_sdp=True)),
-                    ("bwd_s3_ds2", dict(stages=3, ds_double=True)),
-                    ("bwd_dyn", dict(stages=2, dynamic=True)),      # (sm90_bwd DYNAMIC_FEATURES)
-                    ("bwd_dyn_ovl", dict(stages=2, dynamic=True, overlap_sdp=True))):
+    for key, kw in (("bwd_dqb", dict(dq_writer=False, dq_bulk=True, dynamic=False)),
+                    ("bwd_s2", dict(stages=2, dynamic=False)),
+                    ("bwd_s3", dict(stages=3, dynamic=False)), ("bwd_s3_ovl", dict(stages=3, overlap_sdp=True, dynamic=False)),
+                    ("bwd_s3_ds2", dict(stages=3, ds_double=True, dynamic=False)),
+                    ("bwd_dyn", dict(stages=2, dynamic=True)),      # (sm90_bwd WINDOW_BWD's)
+                    ("bwd_dyn_ovl", dict(stages=2, dynamic=True, overlap_sdp=True)),
+                    ("bwd_dyn_ds2", dict(stages=2, dynamic=True, ds_double=True))):
         if quick and key not in QUICK_BWD:
             continue
         cfg = fam.for_problem(heur.replace(**kw), p)

@@ -1,6 +1,6 @@
 """The candidates tests/features_overhead_timing.py --quick times next to the shipped defaults
-(window: 3 consumer warpgroups at BM 192 BN 64; softcap: BN 128, fold_cap 4 (Q prescaled); window
-backward: stages 3 with overlap_sdp), run for correctness on an H100, so that a candidate that measures faster can be
+(window: BN 64; softcap: fold_cap 4 (Q prescaled); window backward on the dynamic scheduler with
+overlap_sdp or two dS buffers), run for correctness on an H100, so that a candidate that measures faster can be
 switched on with its kernel already checked. No compile of its own after the timing's precompile
 (the same configs).
 
@@ -22,24 +22,19 @@ from test_features_opt_gpu import check_forward  # noqa: E402
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
 
-def window_c3(causal):
-    return default_configs(("window",), causal).replace(BM=192, consumers=3, BN=64)
-
-
 # (id, config, cases (window, softcap, alibi))
 FORWARD = [
-    ("win_c3_causal", lambda: window_c3(True),
+    ("win_bn64_causal", lambda: default_configs(("window",), True).replace(BN=64),
      [((1024, 0), 0.0, None), ((0, 0), 0.0, None), ((1, 0), 0.0, None), ((300, 0), 0.0, None)]),
-    ("win_c3_full", lambda: window_c3(False),
+    ("win_bn64_full", lambda: default_configs(("window",), False).replace(BN=64),
      [((300, 129), 0.0, None), ((128, 128), 0.0, None), ((0, 5), 0.0, None), ((-1, 64), 0.0, None)]),
-    ("cap_bn128_causal", lambda: default_configs(("softcap",), True).replace(BN=128),
-     [((-1, -1), 30.0, None), ((-1, -1), 50.0, None)]),
-    ("cap_bn128_full", lambda: default_configs(("softcap",), False).replace(BN=128),
-     [((-1, -1), 30.0, None)]),
-    # fold_cap 4: Q prescaled by softcap_in in shared memory (the fixed max at 30 and 5, the row max at 50)
-    ("cap_fold4_causal", lambda: default_configs(("softcap",), True).replace(BN=144, fold_cap=4),
+    # fold_cap 4: Q prescaled by softcap_in in shared memory (the fixed max at 30 and 5, the row max
+    # at 50), at the heuristic's tiles (causal BN 128, full BN 144) and causal BN 144
+    ("cap_fold4_causal", lambda: default_configs(("softcap",), True).replace(fold_cap=4),
      [((-1, -1), 30.0, None), ((-1, -1), 5.0, None), ((-1, -1), 50.0, None)]),
-    ("cap_fold4_full", lambda: default_configs(("softcap",), False).replace(BN=144, fold_cap=4),
+    ("cap_fold4_bn144_causal", lambda: default_configs(("softcap",), True).replace(BN=144, fold_cap=4),
+     [((-1, -1), 30.0, None), ((-1, -1), 50.0, None)]),
+    ("cap_fold4_full", lambda: default_configs(("softcap",), False).replace(fold_cap=4),
      [((-1, -1), 30.0, None), ((-1, -1), 50.0, None)]),
 ]
 
@@ -58,14 +53,17 @@ def test_forward(kernel):
                           f"{config.name} window {window} softcap {softcap} {sq}x{sk} {heads}")
 
 
+@pytest.mark.parametrize("variant", ["dyn_ovl", "dyn_ds2"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_window_backward_s3_overlap(causal):
+def test_window_backward(causal, variant):
+    """The window backward's candidates on the dynamic scheduler: overlap_sdp, two dS buffers."""
     import torch
 
     window = (300, 0) if causal else (300, 129)
     fcfg = default_configs(("window",), causal)
-    bcfg = default_configs(("window",), causal, "bwd").replace(stages=3, overlap_sdp=True)
-    assert not bcfg.problems(227 * 1024), bcfg.problems(227 * 1024)
+    extra = dict(overlap_sdp=True) if variant == "dyn_ovl" else dict(ds_double=True)
+    bcfg = default_configs(("window",), causal, "bwd").replace(**extra)
+    assert bcfg.dynamic and not bcfg.problems(227 * 1024), bcfg.problems(227 * 1024)
     for sq, sk, heads in GRAD_SHAPES:
         q, k, v, dout = inputs(2, sq, sk, heads, 128, "bf16")
         kw = dict(causal=causal, window_size=window)
@@ -84,7 +82,7 @@ def test_window_backward_s3_overlap(causal):
 def test_fold4_large_and_growing_scores(causal):
     """fold_cap 4's prescaled Q with scores that move the running max far (as
     test_features_opt_gpu's lazy test): inputs x 4, one early key raised on every row."""
-    config = default_configs(("softcap",), causal).replace(BN=144, fold_cap=4)
+    config = default_configs(("softcap",), causal).replace(fold_cap=4)
     for cap in (30.0, 50.0):
         for sq, sk in ((1023, 2049), (2049, 2049)):
             q, k, v, _ = inputs(2, sq, sk, "gqa", 128, "bf16")

@@ -9,7 +9,7 @@ exactly on the rows with no visible key; seqlens 1, 17, 113, 1023, 2049 with s_q
 MHA / GQA / MQA; window edges (bounds 0, 1, unaligned, a block's width), causal + window, and the
 combinations whose heuristic changed with the switches.
 
-12 compiled kernels (8 forward, 4 backward: d128 bf16; features_overhead_timing.py --precompile
+14 compiled kernels (10 forward, 4 backward: d128 bf16; features_overhead_timing.py --precompile
 builds them in parallel first):
     python tests/features_overhead_timing.py --precompile --tests-only
     CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q -x tests/test_feature_defaults_gpu.py
@@ -50,8 +50,10 @@ FORWARD = [
     ("cap_causal", ("softcap",), True, [((-1, -1), 30.0, None), ((-1, -1), 5.0, None), ((-1, -1), 50.0, None)]),
     ("cap_full", ("softcap",), False, [((-1, -1), 30.0, None), ((-1, -1), 50.0, None)]),
     ("alibi_causal", ("alibi",), True, [((-1, -1), 0.0, "h"), ((-1, -1), 0.0, "bh")]),
+    ("alibi_full", ("alibi",), False, [((-1, -1), 0.0, "bh")]),
     ("win_cap_causal", ("softcap", "window"), True, [((256, 0), 30.0, None), ((100, 0), 60.0, None)]),
     ("win_alibi_full", ("alibi", "window"), False, [((200, 17), 0.0, "bh")]),
+    ("win_alibi_causal", ("alibi", "window"), True, [((200, 0), 0.0, "h")]),
     ("cap_alibi_causal", ("alibi", "softcap"), True, [((-1, -1), 30.0, "h")]),
 ]
 SEQLENS = [(1, 17), (17, 1), (113, 1023), (1023, 113), (2049, 1023), (1023, 2049)]
@@ -61,17 +63,17 @@ BACKWARD = [
     ("win_causal", ("window",), True, (300, 0), 0.0, None),
     ("win_full", ("window",), False, (300, 129), 0.0, None),
     ("cap_causal", ("softcap",), True, (-1, -1), 30.0, None),
-    # a candidate (features_overhead_timing.py bwd_dyn): the dynamic scheduler for a window backward
-    ("win_causal_bwd_dyn", ("window",), True, (300, 0), 0.0, None),
+    # the window backward at stages 3 (WINDOW_BWD's former choice, a timing candidate)
+    ("win_causal_bwd_s3", ("window",), True, (300, 0), 0.0, None),
 ]
 GRAD_SHAPES = [(17, 113, "gqa"), (1023, 2049, "mqa"), (2049, 1023, "mha")]
 
 
 def bwd_config(name, features, causal):
-    """The backward a BACKWARD case runs: the default, or (``_bwd_dyn``) it on the dynamic scheduler."""
+    """The backward a BACKWARD case runs: the default, or (``_bwd_s3``) the plain grid at stages 3."""
     cfg = default_configs(features, causal, "bwd")
-    if name.endswith("_bwd_dyn"):
-        cfg = cfg.replace(stages=2, dynamic=True)
+    if name.endswith("_bwd_s3"):
+        cfg = cfg.replace(stages=3, dynamic=False)
         assert not cfg.problems(227 * 1024), cfg.problems()
     return cfg
 
@@ -89,8 +91,12 @@ def test_the_defaults_are_the_switched_ones():
     assert win.dynamic and win.tma_store and win.BN == 128
     cap = default_configs(("softcap",), False)
     assert cap.fold_cap == 3 and cap.lazy_rescale and cap.dynamic and cap.tma_store and cap.BN == 144
-    assert default_configs(("alibi",), True).dynamic
-    assert default_configs(("window",), False, "bwd").stages == 3
+    assert default_configs(("softcap",), True).BN == 128
+    for causal in (True, False):
+        alibi = default_configs(("alibi",), causal)
+        assert alibi.dynamic and alibi.alibi_lin
+        bwd = default_configs(("window",), causal, "bwd")
+        assert bwd.dynamic and bwd.stages == 2
 
 
 @pytest.mark.parametrize("kernel", FORWARD, ids=[k[0] for k in FORWARD])

@@ -139,10 +139,10 @@ def test_switches_on(monkeypatch, features, causal):
 SHIPPED = {
     (("window",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
     (("window",), False): "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
-    (("softcap",), True): "sm90fwd_bf16_d128_causal_BM128_BN144_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3",
+    (("softcap",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3",
     (("softcap",), False): "sm90fwd_bf16_d128_full_BM128_BN144_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3",
-    (("alibi",), True): "sm90fwd_bf16_d128_causal_BM128_BN176_s2_c2_pp_persist_dyn_alibi",
-    (("alibi",), False): "sm90fwd_bf16_d128_full_BM128_BN176_s2_c2_pp_alibi",
+    (("alibi",), True): "sm90fwd_bf16_d128_causal_BM128_BN176_s2_c2_pp_persist_dyn_alibi_alin",
+    (("alibi",), False): "sm90fwd_bf16_d128_full_BM128_BN176_s2_c2_pp_persist_dyn_alibi_alin",
 }
 
 
@@ -346,16 +346,16 @@ def _default_configs():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_shipped_defaults_compile_without_spills():
-    """Every d128 forward the switches give a call with features (14), and the window backward at
-    WINDOW_STAGES (with the pairs' backwards): no spill, no stack (nvcc 13.0, sm_90a; ~1 min on
-    2 cores). Also the window backward on the dynamic scheduler (DYNAMIC_FEATURES' candidate)."""
+    """Every d128 forward the switches give a call with features (14), and the window backward of
+    WINDOW_BWD (with the pairs' backwards): no spill, no stack (nvcc 13.0, sm_90a; ~1 min on
+    2 cores). Also the window backward at stages 3 (WINDOW_BWD's former choice)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from cuflash.compile import nvcc_compile
 
     fwd, bwd = _default_configs()
-    bwd.append(bwd[0].replace(stages=2, dynamic=True))
-    assert bwd[0].stages == 3 and bwd[0].window
+    bwd.append(bwd[0].replace(stages=3, dynamic=False))
+    assert bwd[0].dynamic and bwd[0].window
     jobs = [fwd[i:i + 4] for i in range(0, len(fwd), 4)] + [bwd[i:i + 4] for i in range(0, len(bwd), 4)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         reports = [r for rs in pool.map(lambda c: nvcc_compile(c, "sm_90a"), jobs) for r in rs]
@@ -387,7 +387,9 @@ def test_alibi_lin_field():
 
 def test_alibi_lin_switch(monkeypatch):
     p = prob(("alibi",), True)
-    assert not FAM.for_problem(FAM.heuristic(p), p).alibi_lin          # off as shipped (unmeasured)
+    assert FAM.for_problem(FAM.heuristic(p), p).alibi_lin              # on as shipped (measured)
+    monkeypatch.setattr(sm90_fwd, "ALIBI_LINEAR", frozenset())
+    assert not FAM.for_problem(FAM.heuristic(p), p).alibi_lin
     monkeypatch.setattr(sm90_fwd, "ALIBI_LINEAR", frozenset({(128, True)}))
     assert FAM.for_problem(FAM.heuristic(p), p).alibi_lin
     for q in (prob(("alibi",), False), prob(("alibi", "softcap"), True), prob(("alibi", "dropout"), True)):

@@ -110,18 +110,19 @@ D96_ABOVE_FA2 = True
 # * HEURISTIC_DS_DOUBLE: two dS buffers at head dim 128 (ds_double, kDsDouble: no barrier between
 #   the consumer warpgroups before the dS stores): off, not measured yet.
 HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, True)})
-# The stages of a window-only call's backward (features ("window",), fixed lengths, not
-# deterministic), by kernel head dim; a head dim not listed keeps 2. Measured on the H100
-# (tests/features_overhead_timing.py, bf16 d128 8k, batch 2 x 16 heads, window 1024,
-# results/NVIDIA_H100_80GB_HBM3/features_overhead_timing.json): forward + backward 1.64 / 1.39x
-# (causal / full) the plain call's time over the window's visible fraction at stages 2 ->
-# 1.56 / 1.30 at stages 3 (a window's K/V block visits few Q blocks: the deeper Q/dO ring hides
-# more of each block's load latency).
-WINDOW_STAGES = {128: 3}
-# The feature sets whose calls keep a config's dynamic scheduler (bwd_config=, a tuned entry; the
-# heuristic sets it for plain calls only): a window alone, timed as a candidate against
-# WINDOW_STAGES' static grid (tests/features_overhead_timing.py, bwd_dyn) and run by
-# tests/test_feature_defaults_gpu.py; any other set keeps the plain grid.
+# The schedule of a window-only call's backward (features ("window",), fixed lengths, not
+# deterministic), by kernel head dim: the config fields over the heuristic's; a head dim not
+# listed keeps the plain grid at stages 2. Measured on the H100 (tests/features_overhead_timing.py,
+# bf16 d128 8k, batch 2 x 16 heads, window 1024; forward + backward time over the plain call's,
+# over the window's visible fraction, causal / full): stages 2 1.64 / 1.39, stages 3 1.59 / 1.34
+# (1.56 / 1.30 in session 14), stages 3 + overlap_sdp 1.57 / 1.29, the dynamic scheduler (stages
+# 2: a CTA per SM claiming K/V blocks, the next block's loads behind the last one's epilogue; a
+# window's K/V block visits few Q blocks, so the per-block start weighs more) 1.51 / 1.23
+# (results/NVIDIA_H100_80GB_HBM3/features_overhead_timing.json, session 15 round A).
+WINDOW_BWD = {128: dict(dynamic=True)}
+# The feature sets whose calls keep a config's dynamic scheduler (WINDOW_BWD, bwd_config=, a tuned
+# entry; the heuristic sets it for plain calls and through WINDOW_BWD): a window alone (run by
+# tests/test_feature_defaults_gpu.py); any other set keeps the plain grid.
 DYNAMIC_FEATURES = frozenset({("window",)})
 HEURISTIC_LPT = False
 HEURISTIC_DS_DOUBLE = False
@@ -658,8 +659,8 @@ class Sm90Backward(Family):
             cfg = cfg.replace(dynamic=True)             # (for_problem drops it where it does not run)
         if HEURISTIC_DS_DOUBLE and d == 128:
             cfg = cfg.replace(ds_double=True)           # (likewise: not with softcap, ALiBi, dropout)
-        if tuple(problem.features) == ("window",) and not det and d in WINDOW_STAGES:
-            cfg = cfg.replace(stages=WINDOW_STAGES[d])  # (first_fitting: back to 2 where it does not fit)
+        if tuple(problem.features) == ("window",) and not det and d in WINDOW_BWD:
+            cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
 
     def kernel_names(self, config) -> dict:

@@ -136,21 +136,27 @@ SCHED_RING_BYTES = 8 * 4 + 4 * 2
 #                         allows it; 2 and 3 with lazy_rescale); a head dim not listed: 0, off
 # Measured (H100, x the plain call of the same process, causal / full; fwd, then fwd + bwd):
 #   window 1024: static BN 128 1.48 / 1.27 of the visible share -> dynamic + tma_store 1.34 / 1.22
-#                (fwd + bwd 1.64 / 1.39 -> 1.62 / 1.37); + lazy_rescale 1.37 / 1.26: off
+#                (fwd + bwd 1.64 / 1.39 -> 1.62 / 1.37); + lazy_rescale 1.37 / 1.26: off. Session 15
+#                round A: 1.33 / 1.20; 3 consumer warpgroups BM 192 BN 64 1.41 / 1.31: off
 #   softcap 30:  BN 176 static 1.47 / 1.46 -> fold_cap 3 + lazy_rescale + dynamic + tma_store at
-#                BN 144 1.33 / 1.35 (fwd + bwd 1.27 / 1.23 -> 1.20 / 1.14); fold 1 / 2 slower
+#                BN 144 1.33 / 1.35 (fwd + bwd 1.27 / 1.23 -> 1.20 / 1.14); fold 1 / 2 slower.
+#                Round A: BN 144 1.31 / 1.37 (fwd + bwd 1.22 / 1.20), BN 128 1.28 / 1.40 (1.20 /
+#                1.17): causal takes BN 128, full keeps 144 (its forward slower at 128)
 #   ALiBi:       causal BN 176 static 1.19 -> dynamic 1.14 (fwd + bwd 1.05 -> 1.04); full 1.11 ->
-#                1.12 (fwd + bwd 1.00 -> 1.01): the full mask keeps the static tiles
+#                1.12 (fwd + bwd 1.00 -> 1.01). Round A with alibi_lin (ALIBI_LINEAR): causal
+#                dynamic 1.13 -> 1.09 (fwd + bwd 1.04 -> 1.03); full static 1.15, dynamic 1.15,
+#                static + alibi_lin 1.13, dynamic + alibi_lin 1.11 (fwd + bwd 1.00 / 1.00 / 0.99 /
+#                0.99): both masks dynamic with alibi_lin
 # Other head dims keep the static tiles and fold_cap 0 (unmeasured).
 FEATURE_TILES: dict = {128: {"window": dict(persistent=True, dynamic=True, tma_store=True),
+                             "softcap:causal": dict(BN=128, persistent=True, dynamic=True, tma_store=True),
                              "softcap": dict(BN=144, persistent=True, dynamic=True, tma_store=True),
-                             "alibi:causal": dict(persistent=True, dynamic=True)}}
+                             "alibi": dict(persistent=True, dynamic=True)}}
 FEATURE_LAZY_RESCALE = False
 SOFTCAP_FOLD: dict = {128: 3}
 # ALiBi's bias as one FFMA per score (alibi_lin, kAlibiLinear) for calls with ALiBi alone (or with a
-# window), fixed lengths: the (head dim, causal) classes that take it. Off until measured
-# (tests/features_overhead_timing.py's alin candidates).
-ALIBI_LINEAR: frozenset = frozenset()
+# window), fixed lengths: the (head dim, causal) classes that take it (measured above).
+ALIBI_LINEAR: frozenset = frozenset({(128, True), (128, False)})
 # fold_cap's values (4: 3 with Q prescaled by softcap_in in shared memory, bf16 only), and the
 # largest cap whose fold_cap 3 / 4 runs the fixed max: P = exp2(k (t - 1))
 # with k = softcap·log2(e) stays >= 2^-100 over t in [-1, 1] (2k <= 100), so no visible score's
