@@ -58,7 +58,7 @@ def problem(feature, causal, seqlen=SEQLEN):
 
 # --quick: the heuristic and these candidates (by feature), and QUICK_BWD's backward variants of
 # the window (causal only unless --mask says otherwise)
-QUICK = {"window": ("dyn_tmao_bn64",),
+QUICK = {"window": ("dyn_tmao_bn64", "c1_bm64_dyn_tmao"),
          "softcap": ("fold3_lazy_dyn_tmao_bn144", "fold4", "fold4_lazy_dyn_tmao_bn144"),
          "alibi": ("dyn",)}
 QUICK_BWD = ("bwd_s3", "bwd_dyn_ovl", "bwd_dyn_ds2")
@@ -84,7 +84,11 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
                     # 3 consumer warpgroups, BM 192 (BN 64: the 3-consumer register budget): the
                     # tile's fixed costs (Q load, the first S without a P V beside it, the epilogue)
                     # over 1.5x the rows, for 19 key blocks of 64 where BM 128 visits 9 of 128
-                    ("c3_bn64_dyn_tmao", base.replace(BM=192, consumers=3, BN=64, **dyn))]
+                    ("c3_bn64_dyn_tmao", base.replace(BM=192, consumers=3, BN=64, **dyn)),
+                    # one consumer warpgroup, BM 64: half the band's edge triangles (the computed
+                    # share of a Q block's 9 blocks: 1.06x the visible keys, 1.12x at BM 128), no
+                    # second warpgroup to overlap with
+                    ("c1_bm64_dyn_tmao", base.replace(BM=64, consumers=1, pingpong=False, **dyn))]
     elif feature == "softcap":
         base = base.replace(BN=176, persistent=False, emu_exp2=0)   # the shipped softcap tile
         lazy3 = dict(fold_cap=3, lazy_rescale=True)
