@@ -118,7 +118,7 @@ HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, True)})
 # (1.56 / 1.30 in session 14), stages 3 + overlap_sdp 1.57 / 1.29, the dynamic scheduler (stages
 # 2: a CTA per SM claiming K/V blocks, the next block's loads behind the last one's epilogue; a
 # window's K/V block visits few Q blocks, so the per-block start weighs more) 1.51 / 1.23
-# (results/NVIDIA_H100_80GB_HBM3/features_overhead_timing.json, session 15 round A).
+# (results/NVIDIA_H100_80GB_HBM3/features_overhead_session15.md, round A).
 WINDOW_BWD = {128: dict(dynamic=True)}
 # The feature sets whose calls keep a config's dynamic scheduler (WINDOW_BWD, bwd_config=, a tuned
 # entry; the heuristic sets it for plain calls and through WINDOW_BWD): a window alone (run by

@@ -147,7 +147,8 @@ SCHED_RING_BYTES = 8 * 4 + 4 * 2
 #                dynamic 1.13 -> 1.09 (fwd + bwd 1.04 -> 1.03); full static 1.15, dynamic 1.15,
 #                static + alibi_lin 1.13, dynamic + alibi_lin 1.11 (fwd + bwd 1.00 / 1.00 / 0.99 /
 #                0.99): both masks dynamic with alibi_lin
-# Other head dims keep the static tiles and fold_cap 0 (unmeasured).
+# (session 14: results/NVIDIA_H100_80GB_HBM3/features_overhead_timing.json; round A of session 15:
+# features_overhead_session15.md.) Other head dims keep the static tiles and fold_cap 0 (unmeasured).
 FEATURE_TILES: dict = {128: {"window": dict(persistent=True, dynamic=True, tma_store=True),
                              "softcap:causal": dict(BN=128, persistent=True, dynamic=True, tma_store=True),
                              "softcap": dict(BN=144, persistent=True, dynamic=True, tma_store=True),
@@ -693,8 +694,9 @@ class Sm90Forward(Family):
         need registers on top of O and S). Softcap (without dropout): SOFTCAP_EMU_EXP2 of every
         four 8-column tiles of S take the software exp2 (emu_exp2).
 
-        Schedule of plain calls (HEURISTIC_DYNAMIC; calls with features keep the static tiles,
-        as measured before it): persistent CTAs with the dynamic scheduler, and at head dim
+        Schedule of plain calls (HEURISTIC_DYNAMIC; calls with window / softcap / ALiBi take
+        FEATURE_TILES' fields at the head dims it lists, SOFTCAP_FOLD's fold_cap and ALIBI_LINEAR's
+        alibi_lin, each measured: see their note; elsewhere the static tiles): persistent CTAs with the dynamic scheduler, and at head dim
         128 below 16k keys BN 160 with the TMA-store epilogue (its staging tiles do not fit next
         to BN 176 / 192). Measured on the H100 against the shipped static tiles
         (results/NVIDIA_H100_80GB_HBM3/sched_timing.md, bf16, 2k-16k): d128 0.88-1.07x ->
