@@ -168,7 +168,7 @@
 //              threads whose rows moved; not with kDropout or kEmuExp2. With kLazyRescale or
 //              kFoldCap, ALiBi's bias takes fp32 distances (softmax_fold.cuh FoldedScoreMod: no
 //              integer conversion per score on the SFU's pipe)
-//   kFoldCap   0, 1, 2 (kSoftcap only): 1, S kept as t = tanh(S·softcap_in) with the softmax's and
+//   kFoldCap   0..4 (kSoftcap only): 1, S kept as t = tanh(S·softcap_in) with the softmax's and
 //              the LSE's scales times softcap_out (softmax_fold.cuh FoldedScoreMod: one multiply per
 //              score fewer); 2, also the row max on the raw S before the tanhs (tanh is increasing;
 //              without kAlibi, else as 1), the masked blocks masked before the max and again after
@@ -400,7 +400,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                   "kFoldCap (0..4) folds the softcap: it needs kSoftcap");
     static_assert(kFoldCap != 4 || Exp2PolyDegree<Elem>::value == 3,
                   "kFoldCap 4 prescales Q in bf16 (Exp2PolyDegree's 3 marks bf16): fp16 products underflow");
-    static_assert(kFoldCap < 2 || kLazyRescale, "kFoldCap 2, 3 run with kLazyRescale");
+    static_assert(kFoldCap < 2 || kLazyRescale, "kFoldCap 2, 3, 4 run with kLazyRescale");
     static_assert(!(kLazyRescale || kFoldCap) || (kEmuExp2 == 0 && !kDropout),
                   "kLazyRescale / kFoldCap run the plain exp2 and no dropout (softmax_fold.cuh)");
     static_assert(!kAlibiLinear || (kAlibi && !kSoftcap && !kDropout && kEmuExp2 == 0 && !kVarlen && !kTreeMax),
@@ -692,7 +692,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         // kFoldCap: S is kept as t = tanh(S·softcap_in) (softmax_fold.cuh), so the exp2's and the LSE's
         // scales take the factor softcap_out; else the params' own
         const float scale_log2 = kFoldCap ? p.scale_log2 * p.softcap_out : p.scale_log2;
-        // kFoldCap 3: the running max is the host's fixed value when it allows one (uniform per launch)
+        // kFoldCap 3, 4: the running max is the host's fixed value when it allows one (uniform per launch)
         const bool fixed_max = kFoldCap >= 3 && p.softcap_fixed_m <= 1.f;
         // ALiBi's bias from fp32 distances (softmax_fold.cuh FoldedScoreMod::apply) in the kernels with
         // the feature variants (kLazyRescale or kFoldCap); ScoreMod's integer ones otherwise
