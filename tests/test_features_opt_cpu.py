@@ -139,8 +139,8 @@ def test_switches_on(monkeypatch, features, causal):
 SHIPPED = {
     (("window",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
     (("window",), False): "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
-    (("softcap",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3",
-    (("softcap",), False): "sm90fwd_bf16_d128_full_BM128_BN144_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3",
+    (("softcap",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold4",
+    (("softcap",), False): "sm90fwd_bf16_d128_full_BM128_BN144_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold4",
     (("alibi",), True): "sm90fwd_bf16_d128_causal_BM128_BN176_s2_c2_pp_persist_dyn_alibi_alin",
     (("alibi",), False): "sm90fwd_bf16_d128_full_BM128_BN176_s2_c2_pp_persist_dyn_alibi_alin",
 }
@@ -226,6 +226,13 @@ def test_folded_softcap_is_the_same_exponent():
     # the max of t is tanh of the raw max (tanh is increasing), the LSE's scale softcap
     assert np.tanh(s.max() * scale / cap) == t.max()
     assert np.isclose(scale * (cap / scale), cap)
+
+
+def test_fold4_is_bf16_only_in_the_heuristic():
+    p = prob(("softcap",)).replace(dtype="fp16")
+    c = FAM.for_problem(FAM.heuristic(p), p)
+    assert c.fold_cap == 3 and not c.problems(227 * 1024)
+    assert FAM.for_problem(FAM.heuristic(prob(("softcap",))), prob(("softcap",))).fold_cap == 4
 
 
 def test_fold4_fields():
@@ -354,8 +361,8 @@ def test_shipped_defaults_compile_without_spills():
     from cuflash.compile import nvcc_compile
 
     fwd, bwd = _default_configs()
-    bwd.append(bwd[0].replace(stages=3, dynamic=False))
-    assert bwd[0].dynamic and bwd[0].window
+    bwd.append(bwd[0].replace(stages=3, dynamic=False, ds_double=False))
+    assert bwd[0].dynamic and bwd[0].ds_double and bwd[0].window
     jobs = [fwd[i:i + 4] for i in range(0, len(fwd), 4)] + [bwd[i:i + 4] for i in range(0, len(bwd), 4)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         reports = [r for rs in pool.map(lambda c: nvcc_compile(c, "sm_90a"), jobs) for r in rs]

@@ -118,8 +118,10 @@ HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, True)})
 # (1.56 / 1.30 in session 14), stages 3 + overlap_sdp 1.57 / 1.29, the dynamic scheduler (stages
 # 2: a CTA per SM claiming K/V blocks, the next block's loads behind the last one's epilogue; a
 # window's K/V block visits few Q blocks, so the per-block start weighs more) 1.51 / 1.23
-# (results/NVIDIA_H100_80GB_HBM3/features_overhead_session15.md, round A).
-WINDOW_BWD = {128: dict(dynamic=True)}
+# (results/NVIDIA_H100_80GB_HBM3/features_overhead_session15.md, round A). Round B: dynamic 1.52 /
+# 1.33, + two dS buffers (ds_double) 1.51 / 1.25, + overlap_sdp 1.54 / 1.31, stages 3 1.53 / 1.28:
+# dynamic with ds_double.
+WINDOW_BWD = {128: dict(dynamic=True, ds_double=True)}
 # The feature sets whose calls keep a config's dynamic scheduler (WINDOW_BWD, bwd_config=, a tuned
 # entry; the heuristic sets it for plain calls and through WINDOW_BWD): a window alone (run by
 # tests/test_feature_defaults_gpu.py); any other set keeps the plain grid.

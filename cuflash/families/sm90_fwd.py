@@ -137,24 +137,29 @@ SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # Measured (H100, x the plain call of the same process, causal / full; fwd, then fwd + bwd):
 #   window 1024: static BN 128 1.48 / 1.27 of the visible share -> dynamic + tma_store 1.34 / 1.22
 #                (fwd + bwd 1.64 / 1.39 -> 1.62 / 1.37); + lazy_rescale 1.37 / 1.26: off. Session 15
-#                round A: 1.33 / 1.20; 3 consumer warpgroups BM 192 BN 64 1.41 / 1.31: off
+#                round A: 1.33 / 1.20; 3 consumer warpgroups BM 192 BN 64 1.41 / 1.31: off. Round B:
+#                BN 64 1.55 / 1.46, one consumer warpgroup at BM 64 2.00 / 1.87: off
 #   softcap 30:  BN 176 static 1.47 / 1.46 -> fold_cap 3 + lazy_rescale + dynamic + tma_store at
 #                BN 144 1.33 / 1.35 (fwd + bwd 1.27 / 1.23 -> 1.20 / 1.14); fold 1 / 2 slower.
 #                Round A: BN 144 1.31 / 1.37 (fwd + bwd 1.22 / 1.20), BN 128 1.28 / 1.40 (1.20 /
-#                1.17): causal takes BN 128, full keeps 144 (its forward slower at 128)
+#                1.17): causal takes BN 128, full keeps 144 (its forward slower at 128). Round B,
+#                fold_cap 4 (Q prescaled by softcap_in: no multiply per score before the tanh):
+#                causal BN 128 1.29 -> 1.21 (fwd + bwd 1.22 -> 1.17; BN 144 1.24 / 1.16), full
+#                BN 144 1.36 -> 1.28 (1.23 -> 1.17): SOFTCAP_FOLD 4 (fp16 calls take 3: the
+#                prescale is bf16 only)
 #   ALiBi:       causal BN 176 static 1.19 -> dynamic 1.14 (fwd + bwd 1.05 -> 1.04); full 1.11 ->
 #                1.12 (fwd + bwd 1.00 -> 1.01). Round A with alibi_lin (ALIBI_LINEAR): causal
 #                dynamic 1.13 -> 1.09 (fwd + bwd 1.04 -> 1.03); full static 1.15, dynamic 1.15,
 #                static + alibi_lin 1.13, dynamic + alibi_lin 1.11 (fwd + bwd 1.00 / 1.00 / 0.99 /
 #                0.99): both masks dynamic with alibi_lin
 # (session 14: results/NVIDIA_H100_80GB_HBM3/features_overhead_timing.json; round A of session 15:
-# features_overhead_session15.md.) Other head dims keep the static tiles and fold_cap 0 (unmeasured).
+# features_overhead_session15.md, rounds A and B.) Other head dims keep the static tiles and fold_cap 0 (unmeasured).
 FEATURE_TILES: dict = {128: {"window": dict(persistent=True, dynamic=True, tma_store=True),
                              "softcap:causal": dict(BN=128, persistent=True, dynamic=True, tma_store=True),
                              "softcap": dict(BN=144, persistent=True, dynamic=True, tma_store=True),
                              "alibi": dict(persistent=True, dynamic=True)}}
 FEATURE_LAZY_RESCALE = False
-SOFTCAP_FOLD: dict = {128: 3}
+SOFTCAP_FOLD: dict = {128: 4}
 # ALiBi's bias as one FFMA per score (alibi_lin, kAlibiLinear) for calls with ALiBi alone (or with a
 # window), fixed lengths: the (head dim, causal) classes that take it (measured above).
 ALIBI_LINEAR: frozenset = frozenset({(128, True), (128, False)})
