@@ -8,6 +8,7 @@ call, forward and forward + backward). Not a test; about a minute with the compi
     timeout 60 python tests/features_overhead_timing.py --quick   # causal, QUICK's candidates (~30 s)
     python tests/features_overhead_timing.py --precompile --quick --mask both   # its kernels and
     timeout 120 python tests/features_overhead_timing.py --quick --mask both    # the default tests
+    timeout 60 python tests/features_overhead_timing.py --heuristic-only --quick --mask both  # defaults only
 
 Shape: bf16, d128, batch 2 x 16 heads x seqlen 8k (bench --mode features'), causal and not.
 Rows per mask, every one timed in the same process, samples interleaved
@@ -64,7 +65,7 @@ QUICK = {"window": ("dyn_tmao_bn64", "c1_bm64_dyn_tmao"),
 QUICK_BWD = ("bwd_s3", "bwd_dyn_ovl", "bwd_dyn_ds2")
 
 
-def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
+def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=False):
     """[(key, label, config)] of one feature and mask: the heuristic's config first, then the
     variants (skipped when they break a rule, e.g. a spill-prone pair); quick: QUICK's only."""
     fam = registry.get("sm90_fwd")
@@ -118,6 +119,8 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
     else:
         variants = []
     out, seen = [("heuristic", "heuristic", heur)], {heur}
+    if only_heuristic:
+        return out
     if quick:
         variants = [(k, c) for k, c in variants if k in QUICK.get(feature, ())]
     for key, cfg in variants:
@@ -129,10 +132,10 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
     return out
 
 
-def bwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
+def bwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=False):
     """[(key, config)] of backward variants timed in the forward + backward pass next to the
     backward's heuristic (window only: its backward dominates its forward + backward)."""
-    if feature != "window":
+    if feature != "window" or only_heuristic:
         return []
     fam = registry.get("sm90_bwd")
     p = problem(feature, causal, seqlen).replace(op="bwd")
@@ -158,7 +161,7 @@ def masks_of(mask, quick):
     return {"causal": (True,), "full": (False,), "both": (True, False)}[mask or ("causal" if quick else "both")]
 
 
-def all_configs(seqlen=SEQLEN, quick=False, mask=None):
+def all_configs(seqlen=SEQLEN, quick=False, mask=None, only_heuristic=False):
     """Every kernel this script launches (forward candidates, selection's plain forward and the
     backward of each feature), for precompile."""
     from cuflash import _gpu, select
@@ -168,8 +171,8 @@ def all_configs(seqlen=SEQLEN, quick=False, mask=None):
     for causal in masks_of(mask, quick):
         for feature in (None,) + FEATURES:
             p = problem(feature, causal, seqlen)
-            cfgs += [c for _, _, c in fwd_candidates(feature, causal, seqlen, quick)]
-            cfgs += [c for _, c in bwd_candidates(feature, causal, seqlen, quick)]
+            cfgs += [c for _, _, c in fwd_candidates(feature, causal, seqlen, quick, only_heuristic)]
+            cfgs += [c for _, c in bwd_candidates(feature, causal, seqlen, quick, only_heuristic)]
             cfgs.append(select.choose(p, arch, name, smem)[1])
             cfgs.append(select.choose(p.replace(op="bwd"), arch, name, smem)[1])
     return list(dict.fromkeys(cfgs))
@@ -184,6 +187,8 @@ def main():
     ap.add_argument("--no-bwd", action="store_true", help="forward rows only")
     ap.add_argument("--tests-only", action="store_true",
                     help="with --precompile: only tests/test_features_opt_gpu.py's kernels")
+    ap.add_argument("--heuristic-only", action="store_true",
+                    help="time the heuristic's configs only (no candidates): the shipped defaults")
     ap.add_argument("--mask", choices=("causal", "full", "both"), default=None,
                     help="the masks to time (default: both; causal with --quick)")
     ap.add_argument("--quick", action="store_true",
@@ -209,9 +214,9 @@ def main():
     if args.precompile and args.tests_only:
         cfgs = tests
     elif args.precompile:
-        cfgs = list(dict.fromkeys(all_configs(args.seqlen, args.quick, args.mask) + tests))
+        cfgs = list(dict.fromkeys(all_configs(args.seqlen, args.quick, args.mask, args.heuristic_only) + tests))
     else:
-        cfgs = all_configs(args.seqlen, args.quick, args.mask)
+        cfgs = all_configs(args.seqlen, args.quick, args.mask, args.heuristic_only)
     failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]
     print(f"compiled {len(cfgs)} kernels; failed: {failed}")
     assert not failed, failed
@@ -235,9 +240,9 @@ def main():
         entries = {"plain": (None, "selection", None)}
         bwd_entries = {}     # forward + backward only: the heuristic forward, a backward variant
         for feature in FEATURES:
-            for key, label, cfg in fwd_candidates(feature, causal, s, args.quick):
+            for key, label, cfg in fwd_candidates(feature, causal, s, args.quick, args.heuristic_only):
                 entries[f"{feature}:{key}"] = (feature, label, cfg)
-            for key, bcfg in bwd_candidates(feature, causal, s, args.quick):
+            for key, bcfg in bwd_candidates(feature, causal, s, args.quick, args.heuristic_only):
                 bwd_entries[f"{feature}:{key}"] = (feature, key, bcfg)
 
         def fwd_fn(feature, cfg):
