@@ -123,8 +123,9 @@ HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, True)})
 # dynamic with ds_double.
 WINDOW_BWD = {128: dict(dynamic=True, ds_double=True)}
 # The feature sets whose calls keep a config's dynamic scheduler (WINDOW_BWD, bwd_config=, a tuned
-# entry; the heuristic sets it for plain calls and through WINDOW_BWD): a window alone (run by
-# tests/test_feature_defaults_gpu.py); any other set keeps the plain grid.
+# entry; the heuristic sets it for plain calls and through WINDOW_BWD): a window alone at the head
+# dims of WINDOW_BWD (run by tests/test_feature_defaults_gpu.py); any other call with features keeps
+# the plain grid.
 DYNAMIC_FEATURES = frozenset({("window",)})
 HEURISTIC_LPT = False
 HEURISTIC_DS_DOUBLE = False
@@ -585,7 +586,8 @@ class Sm90Backward(Family):
         if config.lpt and (config.varlen or not config.causal or config.shared_keys):
             config = config.replace(lpt=False)         # a speed choice: varlen, non-causal keep the plain order
         if config.dynamic and (config.varlen or config.deterministic or config.shared_keys
-                               or (problem.features and tuple(problem.features) not in DYNAMIC_FEATURES)):
+                               or (problem.features and (tuple(problem.features) not in DYNAMIC_FEATURES
+                                                         or config.head_dim not in WINDOW_BWD))):
             # likewise: a CTA per K/V block (with features the dynamic kernels are built but not
             # measured or run on a GPU yet: calls with features keep the plain grid, except the
             # sets of DYNAMIC_FEATURES when a config asks for it)
