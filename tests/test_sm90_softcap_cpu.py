@@ -164,7 +164,7 @@ def test_plain_names_and_encoding_unchanged():
     # tree_max's and q_double's fields after it, then the softmax variants of feature calls)
     fields = list(Sm90FwdConfig.__dataclass_fields__)
     assert fields[fields.index("dropout") + 1] == "emu_exp2"
-    assert fields[-6:] == ["varlen", "p_smem", "tree_max", "q_double", "lazy_rescale", "fold_cap"]
+    assert fields[-7:] == ["varlen", "p_smem", "tree_max", "q_double", "lazy_rescale", "fold_cap", "alibi_lin"]
 
 
 def test_emu_names_template_and_encoding():
