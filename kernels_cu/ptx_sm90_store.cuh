@@ -37,4 +37,16 @@ __device__ __forceinline__ void stmatrix_x4(u32 addr, const u32 (&r)[4]) {
                  :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
 }
 
+// 16 bytes from / to shared memory at a shared-window address: fold_cap 4 rescales each consumer
+// warpgroup's rows of Q in place (softmax_fold.cuh prescale_q), a row's 128 bytes in 8 of these
+// where 32-bit accesses take 32.
+__device__ __forceinline__ void ld_shared_v4(u32 addr, u32 (&r)[4]) {
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void st_shared_v4(u32 addr, const u32 (&r)[4]) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
+                 :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+
 }  // namespace cuflash

@@ -168,16 +168,24 @@
 //              threads whose rows moved; not with kDropout or kEmuExp2. With kLazyRescale or
 //              kFoldCap, ALiBi's bias takes fp32 distances (softmax_fold.cuh FoldedScoreMod: no
 //              integer conversion per score on the SFU's pipe)
-//   kFoldCap   0, 1, 2 (kSoftcap only): 1, S kept as t = tanh(S·softcap_in) with the softmax's and
+//   kFoldCap   0..4 (kSoftcap only): 1, S kept as t = tanh(S·softcap_in) with the softmax's and
 //              the LSE's scales times softcap_out (softmax_fold.cuh FoldedScoreMod: one multiply per
 //              score fewer); 2, also the row max on the raw S before the tanhs (tanh is increasing;
 //              without kAlibi, else as 1), the masked blocks masked before the max and again after
 //              the tanh (tanh(-inf) = -1); 3, as 2, but where the host allows it for the call's cap
 //              (params.softcap_fixed_m <= 1: 2·softcap·log2(e) <= 100, so P = exp2(k (t - 1)) >=
 //              2^-100 never underflows) the running max is that fixed value (t <= 1), no row max
-//              and, with kLazyRescale, no O rescale after the first block. 2 and 3 need
+//              and, with kLazyRescale, no O rescale after the first block; 4, as 3 with Q_i
+//              prescaled by softcap_in in shared memory once per tile (softmax_fold.cuh
+//              prescale_q: no multiply per score before the tanh; bf16 only). 2, 3 and 4 need
 //              kLazyRescale. 0 and kLazyRescale false, the defaults: the code of the kernel
 //              before they existed
+//   kAlibiLinear ALiBi's bias as one FFMA per score (softmax_fold.cuh AlibiLinear): on blocks whose keys
+//              lie on one side of the warp's diagonal keys (causal: all of them) the bias is
+//              linear in the key, its per-row part goes into the softmax's exponent offset
+//              (softmax_step_shift); blocks across the diagonal take the exact fp32 distance. kAlibi
+//              alone (no kSoftcap, kDropout, kEmuExp2, kVarlen, kTreeMax). false, the default: the
+//              code of the kernel before it existed
 //   kRescaleFirst O *= alpha_j runs in the next step, right after S_{j+1} = Q K_{j+1}ᵀ is issued and
 //              before O += P_j V_j (FA3's order for head dims above 128, RescaleOBeforeGemm): the
 //              rescale's head_dim / 2 multiplies per thread then run while the tensor cores compute
@@ -364,7 +372,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
-          bool kLazyRescale = false, int kFoldCap = 0, bool kRescaleFirst = false>
+          bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem, kQDouble>;
@@ -396,13 +404,17 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     // not allow for; and a TMA store of O would write a box's rows past the sequence's end, into
     // the next sequence's rows (TMA clips only at the packed tensor's end)
     static_assert(!kVarlen || (!kDynamic && !kTmaStore), "varlen runs without kDynamic and kTmaStore");
-    static_assert(kFoldCap >= 0 && kFoldCap <= 3 && (!kFoldCap || kSoftcap),
-                  "kFoldCap (0..3) folds the softcap: it needs kSoftcap");
-    static_assert(kFoldCap < 2 || kLazyRescale, "kFoldCap 2, 3 run with kLazyRescale");
+    static_assert(kFoldCap >= 0 && kFoldCap <= 4 && (!kFoldCap || kSoftcap),
+                  "kFoldCap (0..4) folds the softcap: it needs kSoftcap");
+    static_assert(kFoldCap != 4 || Exp2PolyDegree<Elem>::value == 3,
+                  "kFoldCap 4 prescales Q in bf16 (Exp2PolyDegree's 3 marks bf16): fp16 products underflow");
+    static_assert(kFoldCap < 2 || kLazyRescale, "kFoldCap 2, 3, 4 run with kLazyRescale");
     static_assert(!(kLazyRescale || kFoldCap) || (kEmuExp2 == 0 && !kDropout),
                   "kLazyRescale / kFoldCap run the plain exp2 and no dropout (softmax_fold.cuh)");
     static_assert(!kRescaleFirst || !(kLazyRescale || kFoldCap),
                   "kRescaleFirst rescales O every step: not with kLazyRescale / kFoldCap");
+    static_assert(!kAlibiLinear || (kAlibi && !kSoftcap && !kDropout && kEmuExp2 == 0 && !kVarlen && !kTreeMax),
+                  "kAlibiLinear is ALiBi's bias alone (no softcap, dropout, emu_exp2, varlen, tree_max)");
     Sm90TileRing<kConsumers> ring{smem + Shape::kRingOffset,
                                   reinterpret_cast<int*>(smem_raw + (smem - smem_u32(smem_raw)) +
                                                          Shape::kRingOffset + 32)};
@@ -690,17 +702,21 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         // kFoldCap: S is kept as t = tanh(S·softcap_in) (softmax_fold.cuh), so the exp2's and the LSE's
         // scales take the factor softcap_out; else the params' own
         const float scale_log2 = kFoldCap ? p.scale_log2 * p.softcap_out : p.scale_log2;
-        // kFoldCap 3: the running max is the host's fixed value when it allows one (uniform per launch)
-        const bool fixed_max = kFoldCap == 3 && p.softcap_fixed_m <= 1.f;
+        // kFoldCap 3, 4: the running max is the host's fixed value when it allows one (uniform per launch)
+        const bool fixed_max = kFoldCap >= 3 && p.softcap_fixed_m <= 1.f;
         // ALiBi's bias from fp32 distances (softmax_fold.cuh FoldedScoreMod::apply) in the kernels with
         // the feature variants (kLazyRescale or kFoldCap); ScoreMod's integer ones otherwise
         constexpr bool kFastAlibi = kAlibi && (kLazyRescale || kFoldCap != 0);
         bool rescale = true;                               // kLazyRescale: O needs alpha this block
         // kFoldCap's form of the same modifiers (softmax_fold.cuh), and ALiBi's fp32 distances
         // (kFastAlibi); unused without them
+        // (kFoldCap 4: S arrives as S·softcap_in, Q prescaled: the tanh's factor is 1, no multiply)
         const FoldedScoreMod<kSoftcap && kFoldCap != 0, kAlibi && (kFoldCap != 0 || kFastAlibi)> folded(
-            p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride, at.batch, at.head,
+            kFoldCap == 4 ? 1.f : p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride, at.batch, at.head,
             p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q, kVarlen ? seq.seqlen_k : p.seqlen_k);
+        // kAlibiLinear: ALiBi's bias as one FFMA per score (softmax_fold.cuh AlibiLinear); unused without
+        const AlibiLinear alibi_lin(kAlibiLinear, p.alibi_slopes, p.alibi_batch_stride, at.batch, at.head,
+                                    p.softmax_scale, p.seqlen_q, p.seqlen_k);
 #pragma unroll
         for (int nt = 0; nt < kOCols / 8; ++nt)
 #pragma unroll
@@ -725,10 +741,23 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                     if constexpr (kQDouble) mbarrier_arrive(q_empty_of(q_slot(q_iter)));
                     else mbarrier_arrive(q_empty);
                 }
+                if constexpr (kAlibiLinear) {
+                    // causal: every visible key is at or left of its row's diagonal key (σ = +1 on
+                    // every block; the keys right of it are masked next); else the block's side of
+                    // this warp's diagonals, the exact bias across them
+                    const int key0 = n_block * kBN;
+                    const int sigma = kCausal ? 1 : alibi_lin.template side<kBN>(warp_row0, key0);
+                    float shift[1][2];
+                    alibi_lin.apply(s_acc, shift, warp_row0, key0, g, t, sigma);
+                    if (tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block))
+                        tile_mask.apply(s_acc, warp_row0, key0, g, t, neg_inf());
+                    softmax_step_shift<kLazyRescale>(s_acc, shift, m, l, scale_log2, alpha, rescale);
+                    return;
+                }
                 if constexpr (kFoldCap >= 2 && !kAlibi) {
                     const bool masked = tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block);
                     float mx[1][2];
-                    if (kFoldCap == 3 && fixed_max) {
+                    if (kFoldCap >= 3 && fixed_max) {
                         // t <= 1: the host's fixed max (params_sm90.cuh softcap_fixed_m), no row max
                         folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
                         if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
@@ -774,6 +803,13 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
 
             if (!kDynamic && q_iter == 0) turn.start();  // the CTA's first tile with keys
             mbarrier_wait(q_full_of(q_slot(q_iter)), q_fill(q_iter) & 1);
+            if constexpr (kFoldCap == 4) {
+                // Q_i·softcap_in in place (softmax_fold.cuh prescale_q): this warpgroup's rows, then
+                // visible to its wgmmas (async proxy) once all 128 threads have written theirs
+                prescale_q<kChunks, Shape::kQChunkBytes>(q_smem + wg * 64 * 128, p.softcap_in, tid % 128);
+                fence_proxy_async_smem();
+                named_barrier_sync(4 + wg, 128);
+            }
             if constexpr (kQDouble) q_buf_shift = q_slot(q_iter) ? u32(Shape::kQ2Offset) >> 4 : 0u;
             // j = 0 (the last K/V block): S, softmax; O is still zero, so no P V and no rescale
             turn.begin();

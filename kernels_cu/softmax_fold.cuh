@@ -23,6 +23,7 @@
 #include "tile.cuh"
 #include "softmax.cuh"
 #include "score.cuh"
+#include "ptx_sm90_store.cuh"
 
 namespace cuflash {
 
@@ -137,5 +138,135 @@ struct FoldedScoreMod {
             }
     }
 };
+
+
+// Folded softcap with Q prescaled (kFoldCap 4): this consumer warpgroup's 64 rows of Q_i multiplied
+// by softcap_in in shared memory once per tile, so that S = Q Kᵀ arrives as S·softcap_in and the
+// tanh takes it without a multiply per score (64 x head_dim products per tile against 64 x BN
+// per K/V block). bf16 only: the products keep bf16's exponent range, where fp16's would fall to
+// subnormals for small entries (softcap_in = scale / softcap is ~0.003 at d128 and cap 30); one
+// more rounding of Q (2^-9), below the scores' own bf16 error. The rows are kChunks chunks of 64
+// rows x 128 bytes, kChunkBytes apart (the swizzle permutes 16-byte units within rows, which an
+// element-wise scale does not see): 16-byte unit i of the warpgroup is thread i % 128's.
+template <int kChunks, int kChunkBytes>
+__device__ __forceinline__ void prescale_q(u32 q_wg, float softcap_in, int lane128) {
+#pragma unroll 1   // (unrolled, ptxas spilled 8 bytes of the causal BN 144 kernel: nvcc 13.0)
+    for (int i = lane128; i < kChunks * 64 * 8; i += 128) {
+        const u32 addr = q_wg + (i / 512) * kChunkBytes + (i % 512) * 16;
+        u32 r[4];
+        ld_shared_v4(addr, r);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            r[j] = pack2<bf16>(__uint_as_float(r[j] << 16) * softcap_in,
+                               __uint_as_float(r[j] & 0xffff0000u) * softcap_in);
+        st_shared_v4(addr, r);
+    }
+}
+
+// ALiBi's bias as one FFMA per score (kAlibiLinear). Element e of tile nt of a thread's row is key
+// key0 + 2t + c with c = 8·nt + e % 2 (the mma C layout), and its bias is -slope·|r - c| with
+// r = query + offset - key0 - 2t. Where every key of the block lies on one side of every row's
+// diagonal key (sign σ = +1: keys at or left of it, -1: at or right), |r - c| = σ (r - c), so
+//   S + bias = (S + σ·slope·c) + shift,   shift = -σ·slope·r   (one per row and block),
+// the first term one FFMA with the compile-time c, the second folded into the softmax's exponent
+// offset (softmax_step_shift) instead of added to each score. Causal: every visible key is left
+// of its row's diagonal, so σ = +1 on every block (the keys right of it are masked to -inf after
+// this, whatever their bias). A block across the diagonal (non-causal: the few around it) takes
+// the exact form, -slope·|r - c| in fp32 with shift 0 (as FoldedScoreMod's fp32 distances).
+struct AlibiLinear {
+    float slope;    // ALiBi slope / softmax scale (raw units of S) of this (batch, head)
+    int offset;     // seqlen_k - seqlen_q: query i's diagonal key is i + offset
+
+    // on: whether the kernel runs it (kAlibiLinear); off, nothing is read (slopes may be null)
+    __device__ __forceinline__ AlibiLinear(bool on, const float* slopes, i64 slopes_batch_stride, int batch,
+                                           int head, float softmax_scale, int seqlen_q, int seqlen_k)
+        : slope(on ? slopes[batch * slopes_batch_stride + head] / softmax_scale : 0.f),
+          offset(seqlen_k - seqlen_q) {}
+
+    // σ of a block of kBN keys from key0 and the 16 rows of a warp from row0: +1 (every key at or
+    // left of every row's diagonal key), -1 (every key at or right of it), 0 (across).
+    template <int kBN>
+    __device__ __forceinline__ int side(int row0, int key0) const {
+        if (key0 + kBN - 1 <= row0 + offset) return 1;
+        if (key0 >= row0 + 15 + offset) return -1;
+        return 0;
+    }
+
+    // S += bias for a tile of S in the mma C layout (one warp's 16 rows: kMT = 1), shift[mt][half]
+    // the part of each row's bias left out of the scores: σ != 0 the linear form, σ = 0 the exact
+    // one (shift 0).
+    template <int kMT, int kNT>
+    __device__ __forceinline__ void apply(float (&acc)[kMT][kNT][4], float (&shift)[kMT][2], int query0,
+                                          int key0, int g, int t, int sigma) const {
+        const float ss = sigma > 0 ? slope : -slope;
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const float r = static_cast<float>(query0 + mt * 16 + g + 8 * half + offset - key0 - 2 * t);
+                if (sigma != 0) {
+                    shift[mt][half] = -ss * r;
+#pragma unroll
+                    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            float& s = acc[mt][nt][2 * half + e];
+                            s = fmaf(ss, static_cast<float>(nt * 8 + e), s);
+                        }
+                } else {
+                    shift[mt][half] = 0.f;
+#pragma unroll
+                    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            float& s = acc[mt][nt][2 * half + e];
+                            s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);
+                        }
+                }
+            }
+    }
+};
+
+// softmax_step_max with each row's scores offset by shift[mt][half] (AlibiLinear: the true score
+// is s + shift): the row max of s plus the shift (one add per row, before the quad reduction: the
+// four threads of a row have different shifts), and the shift in the exponent's offset,
+// exp2(s·scale_log2 - (m·scale_log2 - shift·scale_log2)). m, l, alpha and the LSE are plain
+// attention's. kLazy as softmax_step_max.
+template <bool kLazy, int kMT, int kNTS>
+__device__ __forceinline__ void softmax_step_shift(float (&s)[kMT][kNTS][4], const float (&shift)[kMT][2],
+                                                   float (&m)[kMT][2], float (&l)[kMT][2], float scale_log2,
+                                                   float (&alpha)[kMT][2], bool& rescale) {
+    rescale = !kLazy;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float x = neg_inf();
+#pragma unroll
+            for (int nt = 0; nt < kNTS; ++nt)
+                x = fmaxf(x, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+            float m_new = fmaxf(m[mt][half], quad_max(x + shift[mt][half]));
+            bool move = true;
+            if constexpr (kLazy) {
+                move = (m_new - m[mt][half]) * scale_log2 > kLazyRescaleLog2;
+                m_new = move ? m_new : m[mt][half];
+                rescale |= move;
+            }
+            const float m_scaled = m_new == neg_inf() ? 0.f : m_new * scale_log2;
+            alpha[mt][half] = move ? exp2_approx(m[mt][half] * scale_log2 - m_scaled) : 1.f;
+            m[mt][half] = m_new;
+            const float offset_log2 = fmaf(-shift[mt][half], scale_log2, m_scaled);
+            float row_sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < kNTS; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float& v = s[mt][nt][2 * half + e];
+                    v = exp2_scaled(v, scale_log2, offset_log2);
+                    row_sum += v;
+                }
+            l[mt][half] = l[mt][half] * alpha[mt][half] + row_sum;
+        }
+}
 
 }  // namespace cuflash

@@ -6,6 +6,9 @@ call, forward and forward + backward). Not a test; about a minute with the compi
     python tests/features_overhead_timing.py --precompile     # only fill the kernel cache
     python tests/features_overhead_timing.py --precompile --tests-only   # tests/test_features_opt_gpu.py's
     timeout 60 python tests/features_overhead_timing.py --quick   # causal, QUICK's candidates (~30 s)
+    python tests/features_overhead_timing.py --precompile --quick --mask both   # its kernels and
+    timeout 120 python tests/features_overhead_timing.py --quick --mask both    # the default tests
+    timeout 60 python tests/features_overhead_timing.py --heuristic-only --quick --mask both  # defaults only
 
 Shape: bf16, d128, batch 2 x 16 heads x seqlen 8k (bench --mode features'), causal and not.
 Rows per mask, every one timed in the same process, samples interleaved
@@ -54,14 +57,15 @@ def problem(feature, causal, seqlen=SEQLEN):
     return p
 
 
-# --quick: causal only, the heuristic and these candidates (by feature; the kernels of
-# tests/test_features_opt_gpu.py, so a run after the tests compiles only the heuristics' own),
-# no backward variants
-QUICK = {"window": ("dyn_tmao_lazy",), "softcap": ("fold3_lazy_dyn_tmao_bn144",),
-         "alibi": ("dyn_tmao_lazy_bn144",)}
+# --quick: the heuristic and these candidates (by feature), and QUICK_BWD's backward variants of
+# the window (causal only unless --mask says otherwise)
+QUICK = {"window": ("dyn_tmao_bn64", "c1_bm64_dyn_tmao"),
+         "softcap": ("fold3_lazy_dyn_tmao_bn144", "fold4", "fold4_lazy_dyn_tmao_bn144"),
+         "alibi": ("dyn",)}
+QUICK_BWD = ("bwd_s3", "bwd_dyn_ovl", "bwd_dyn_ds2")
 
 
-def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
+def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=False):
     """[(key, label, config)] of one feature and mask: the heuristic's config first, then the
     variants (skipped when they break a rule, e.g. a spill-prone pair); quick: QUICK's only."""
     fam = registry.get("sm90_fwd")
@@ -74,7 +78,18 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
         variants = [("static", base),
                     ("dyn_tmao", base.replace(**dyn)),
                     ("dyn_tmao_lazy", base.replace(**dyn, lazy_rescale=True)),
-                    ("dyn_lazy", base.replace(persistent=True, dynamic=True, lazy_rescale=True))]
+                    ("dyn_lazy", base.replace(persistent=True, dynamic=True, lazy_rescale=True)),
+                    # BN 64 (the band's edges still on block boundaries; 17 blocks per Q block, the
+                    # masked two of them narrower)
+                    ("dyn_tmao_bn64", base.replace(BN=64, **dyn)),
+                    # 3 consumer warpgroups, BM 192 (BN 64: the 3-consumer register budget): the
+                    # tile's fixed costs (Q load, the first S without a P V beside it, the epilogue)
+                    # over 1.5x the rows, for 19 key blocks of 64 where BM 128 visits 9 of 128
+                    ("c3_bn64_dyn_tmao", base.replace(BM=192, consumers=3, BN=64, **dyn)),
+                    # one consumer warpgroup, BM 64: half the band's edge triangles (the computed
+                    # share of a Q block's 9 blocks: 1.06x the visible keys, 1.12x at BM 128), no
+                    # second warpgroup to overlap with
+                    ("c1_bm64_dyn_tmao", base.replace(BM=64, consumers=1, pingpong=False, **dyn))]
     elif feature == "softcap":
         base = base.replace(BN=176, persistent=False, emu_exp2=0)   # the shipped softcap tile
         lazy3 = dict(fold_cap=3, lazy_rescale=True)
@@ -84,16 +99,28 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
                     ("fold2_lazy", base.replace(fold_cap=2, lazy_rescale=True)),
                     ("fold3_lazy", base.replace(**lazy3)),
                     ("fold3_lazy_dyn", base.replace(persistent=True, dynamic=True, **lazy3)),
-                    ("fold3_lazy_dyn_tmao_bn144", base.replace(BN=144, **dyn, **lazy3))]
+                    ("fold3_lazy_dyn_tmao_bn144", base.replace(BN=144, **dyn, **lazy3)),
+                    ("fold3_lazy_dyn_tmao_bn128", base.replace(BN=128, **dyn, **lazy3)),
+                    # fold_cap 4: Q prescaled by softcap_in (no multiply per score before the tanh), at
+                    # the heuristic's tile and at BN 144
+                    ("fold4", heur.replace(fold_cap=4, lazy_rescale=True)),
+                    ("fold4_lazy_dyn_tmao_bn144", base.replace(BN=144, **dyn, fold_cap=4, lazy_rescale=True))]
+    # (BN 160 with fold_cap 3 + dynamic + TMA store spills 88 bytes: nvcc 13.0)
     elif feature == "alibi":
         base = base.replace(BN=176, persistent=False)
         variants = [("bn176", base),
                     ("dyn", base.replace(persistent=True, dynamic=True)),
                     ("dyn_lazy", base.replace(persistent=True, dynamic=True, lazy_rescale=True)),
-                    ("dyn_tmao_lazy_bn144", base.replace(BN=144, lazy_rescale=True, **dyn))]
+                    ("dyn_tmao_lazy_bn144", base.replace(BN=144, lazy_rescale=True, **dyn)),
+                    # ALiBi's bias as one FFMA per score (alibi_lin, softmax_fold.cuh AlibiLinear)
+                    ("alin", heur.replace(alibi_lin=True)),   # the heuristic's tile (causal: dynamic)
+                    ("dyn_alin", base.replace(persistent=True, dynamic=True, alibi_lin=True))]
+    # (BN 160, the plain call's tile, with ALiBi + dynamic + TMA store spills 8 bytes: nvcc 13.0)
     else:
         variants = []
     out, seen = [("heuristic", "heuristic", heur)], {heur}
+    if only_heuristic:
+        return out
     if quick:
         variants = [(k, c) for k, c in variants if k in QUICK.get(feature, ())]
     for key, cfg in variants:
@@ -105,34 +132,47 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
     return out
 
 
-def bwd_candidates(feature, causal, seqlen=SEQLEN, quick=False):
+def bwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=False):
     """[(key, config)] of backward variants timed in the forward + backward pass next to the
     backward's heuristic (window only: its backward dominates its forward + backward)."""
-    if feature != "window" or quick:
+    if feature != "window" or only_heuristic:
         return []
     fam = registry.get("sm90_bwd")
     p = problem(feature, causal, seqlen).replace(op="bwd")
     heur = fam.for_problem(fam.heuristic(p), p)
     out = []
-    for key, kw in (("bwd_dqb", dict(dq_writer=False, dq_bulk=True)), ("bwd_s3", dict(stages=3))):
+    for key, kw in (("bwd_dqb", dict(dq_writer=False, dq_bulk=True, dynamic=False)),
+                    ("bwd_s2", dict(stages=2, dynamic=False)),
+                    ("bwd_s3", dict(stages=3, dynamic=False)), ("bwd_s3_ovl", dict(stages=3, overlap_sdp=True, dynamic=False)),
+                    ("bwd_s3_ds2", dict(stages=3, ds_double=True, dynamic=False)),
+                    ("bwd_dyn", dict(stages=2, dynamic=True)),      # (sm90_bwd WINDOW_BWD's)
+                    ("bwd_dyn_ovl", dict(stages=2, dynamic=True, overlap_sdp=True)),
+                    ("bwd_dyn_ds2", dict(stages=2, dynamic=True, ds_double=True))):
+        if quick and key not in QUICK_BWD:
+            continue
         cfg = fam.for_problem(heur.replace(**kw), p)
         if cfg != heur and not cfg.problems(MAX_SMEM):
             out.append((key, cfg))
     return out
 
 
-def all_configs(seqlen=SEQLEN, quick=False):
+def masks_of(mask, quick):
+    """The causal flags a run times: --mask, else causal only with --quick, else both."""
+    return {"causal": (True,), "full": (False,), "both": (True, False)}[mask or ("causal" if quick else "both")]
+
+
+def all_configs(seqlen=SEQLEN, quick=False, mask=None, only_heuristic=False):
     """Every kernel this script launches (forward candidates, selection's plain forward and the
     backward of each feature), for precompile."""
     from cuflash import _gpu, select
 
     arch, smem, name = _gpu.arch(), _gpu.max_smem(), _gpu.name()
     cfgs = []
-    for causal in ((True,) if quick else (True, False)):
+    for causal in masks_of(mask, quick):
         for feature in (None,) + FEATURES:
             p = problem(feature, causal, seqlen)
-            cfgs += [c for _, _, c in fwd_candidates(feature, causal, seqlen, quick)]
-            cfgs += [c for _, c in bwd_candidates(feature, causal, seqlen, quick)]
+            cfgs += [c for _, _, c in fwd_candidates(feature, causal, seqlen, quick, only_heuristic)]
+            cfgs += [c for _, c in bwd_candidates(feature, causal, seqlen, quick, only_heuristic)]
             cfgs.append(select.choose(p, arch, name, smem)[1])
             cfgs.append(select.choose(p.replace(op="bwd"), arch, name, smem)[1])
     return list(dict.fromkeys(cfgs))
@@ -147,6 +187,10 @@ def main():
     ap.add_argument("--no-bwd", action="store_true", help="forward rows only")
     ap.add_argument("--tests-only", action="store_true",
                     help="with --precompile: only tests/test_features_opt_gpu.py's kernels")
+    ap.add_argument("--heuristic-only", action="store_true",
+                    help="time the heuristic's configs only (no candidates): the shipped defaults")
+    ap.add_argument("--mask", choices=("causal", "full", "both"), default=None,
+                    help="the masks to time (default: both; causal with --quick)")
     ap.add_argument("--quick", action="store_true",
                     help="causal only, the heuristic and QUICK's candidates (about 30 s with the compiles)")
     args = ap.parse_args()
@@ -159,15 +203,20 @@ def main():
     from cuflash.compile import precompile
     from cuflash.timing import time_interleaved
 
+    import test_alibi_linear_gpu as alin_test
+    import test_feature_defaults_gpu as defaults_test
     import test_features_opt_gpu as gpu_test
 
-    tests = gpu_test.all_test_configs()
+    # the GPU tests' kernels: the shipped defaults' and alibi_lin's files, and (not with --quick) the
+    # variants' file
+    tests = defaults_test.all_test_configs() + alin_test.all_test_configs() \
+        + ([] if args.quick else gpu_test.all_test_configs())
     if args.precompile and args.tests_only:
         cfgs = tests
     elif args.precompile:
-        cfgs = list(dict.fromkeys(all_configs(args.seqlen, args.quick) + tests))
+        cfgs = list(dict.fromkeys(all_configs(args.seqlen, args.quick, args.mask, args.heuristic_only) + tests))
     else:
-        cfgs = all_configs(args.seqlen, args.quick)
+        cfgs = all_configs(args.seqlen, args.quick, args.mask, args.heuristic_only)
     failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]
     print(f"compiled {len(cfgs)} kernels; failed: {failed}")
     assert not failed, failed
@@ -178,7 +227,7 @@ def main():
     rows = []
     print(f"{'mask':<7} {'pass':<7} {'feature':<8} {'candidate':<22} {'ms':>8} {'x plain':>8} "
           f"{'x cuDNN':>8} {'x visible':>9}  config")
-    for causal in ((True,) if args.quick else (True, False)):
+    for causal in masks_of(args.mask, args.quick):
         mask = "causal" if causal else "full"
         torch.manual_seed(0)
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -191,9 +240,9 @@ def main():
         entries = {"plain": (None, "selection", None)}
         bwd_entries = {}     # forward + backward only: the heuristic forward, a backward variant
         for feature in FEATURES:
-            for key, label, cfg in fwd_candidates(feature, causal, s, args.quick):
+            for key, label, cfg in fwd_candidates(feature, causal, s, args.quick, args.heuristic_only):
                 entries[f"{feature}:{key}"] = (feature, label, cfg)
-            for key, bcfg in bwd_candidates(feature, causal, s, args.quick):
+            for key, bcfg in bwd_candidates(feature, causal, s, args.quick, args.heuristic_only):
                 bwd_entries[f"{feature}:{key}"] = (feature, key, bcfg)
 
         def fwd_fn(feature, cfg):

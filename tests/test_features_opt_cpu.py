@@ -50,17 +50,19 @@ def test_names_and_template_tail():
     assert c.kernel_name().endswith("false, 0, false, false, false, false, false, false, true>")
     c = cfg(softcap=True, fold_cap=1)
     assert c.kernel_name().endswith("false, false, false, false, false, false, false, 1>")   # kVarlen, kPSmem, kTreeMax, kQDouble
-    assert c.template_args()[-3:] == (False, 1, False)    # then kRescaleFirst
+    assert c.template_args()[-4:] == (False, 1, False, False)   # kLazyRescale, kFoldCap, kAlibiLinear, kRescaleFirst
     # the ptxas report's mangled name parses back to the template arguments
     from cuflash.compile import _mangled_args
     mangled = ("_ZN7cuflash8sm90_fwdILi128ELi176ELi2ELi2ELb1ELb0ELi128ENS_4bf16ELb1ELb0ELb1ELb0ELb0ELi0ELb0"
-               "ELb0ELb0ELb0ELb0ELb0ELb1ELi2ELb0EEEvNS_13Sm90FwdParamsE")   # (kRescaleFirst: false)
+               "ELb0ELb0ELb0ELb0ELb0ELb1ELi2ELb0ELb0EEEvNS_13Sm90FwdParamsE")   # (kAlibiLinear, kRescaleFirst: false)
     assert _mangled_args(mangled) == cfg(softcap=True, lazy_rescale=True, fold_cap=2).template_args()
 
 
 @pytest.mark.parametrize("kw, words", [
     (dict(fold_cap=1), "needs softcap"),
-    (dict(softcap=True, fold_cap=4), "must be one of"),
+    (dict(softcap=True, fold_cap=5), "must be one of"),
+    (dict(softcap=True, fold_cap=4, lazy_rescale=True, dtype="fp16"), "bf16 only"),
+    (dict(softcap=True, fold_cap=4), "needs lazy_rescale"),
     (dict(softcap=True, fold_cap=2), "needs lazy_rescale"),
     (dict(softcap=True, fold_cap=3), "needs lazy_rescale"),
     (dict(softcap=True, fold_cap=1, emu_exp2=1), "not with dropout or emu_exp2"),
@@ -93,7 +95,7 @@ def test_for_problem_drops_what_the_call_cannot_take():
 def test_switches_off_keep_the_old_heuristic(monkeypatch):
     monkeypatch.setattr(sm90_fwd, "FEATURE_TILES", {})
     monkeypatch.setattr(sm90_fwd, "FEATURE_LAZY_RESCALE", False)
-    monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD", 0)
+    monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD", {})
     for causal in (True, False):
         w = FAM.for_problem(FAM.heuristic(prob(("window",), causal)), prob(("window",), causal))
         assert (w.BN, w.persistent, w.dynamic, w.tma_store, w.lazy_rescale) == (128, True, False, False, False)
@@ -110,7 +112,7 @@ def test_switches_on(monkeypatch, features, causal):
                                                           "softcap": dict(BN=144, **dyn),
                                                           "alibi": dict(BN=160, **dyn)}})
     monkeypatch.setattr(sm90_fwd, "FEATURE_LAZY_RESCALE", True)
-    monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD", 3)
+    monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD", {128: 3})
     p = prob(features, causal)
     c = FAM.for_problem(FAM.heuristic(p), p)
     assert not c.problems(227 * 1024), c.problems()
@@ -131,6 +133,40 @@ def test_switches_on(monkeypatch, features, causal):
         assert c.BN == 160
     if "dropout" in features:
         assert c.dynamic == drop_dyn and c.BN <= sm90_fwd.DROPOUT_BN[128]
+
+
+# The shipped switches (the measured defaults, sm90_fwd FEATURE_TILES' note): bf16 d128 8k
+SHIPPED = {
+    (("window",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
+    (("window",), False): "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
+    (("softcap",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold4",
+    (("softcap",), False): "sm90fwd_bf16_d128_full_BM128_BN144_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold4",
+    (("alibi",), True): "sm90fwd_bf16_d128_causal_BM128_BN176_s2_c2_pp_persist_dyn_alibi_alin",
+    (("alibi",), False): "sm90fwd_bf16_d128_full_BM128_BN176_s2_c2_pp_persist_dyn_alibi_alin",
+}
+
+
+@pytest.mark.parametrize("features, causal", list(SHIPPED), ids=lambda x: str(x))
+def test_shipped_switches(features, causal):
+    p = prob(features, causal)
+    c = FAM.for_problem(FAM.heuristic(p), p)
+    assert c.name == SHIPPED[features, causal]
+    assert not c.problems(227 * 1024)
+    # 16k keys and more: no TMA store (as the plain call's)
+    p = p.replace(seqlen_q=16384, seqlen_k=16384)
+    assert not FAM.for_problem(FAM.heuristic(p), p).tma_store
+
+
+@pytest.mark.parametrize("d", [64, 96, 192, 256])
+@pytest.mark.parametrize("features", [("window",), ("softcap",), ("alibi",), ("softcap", "window")])
+def test_other_head_dims_keep_their_configs(monkeypatch, d, features):
+    """The switches are per head dim: only d128 was measured."""
+    p = prob(features, True).replace(head_dim=d)
+    now = FAM.for_problem(FAM.heuristic(p), p)
+    monkeypatch.setattr(sm90_fwd, "FEATURE_TILES", {})
+    monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD", {})
+    assert FAM.for_problem(FAM.heuristic(p), p) == now
+    assert now.fold_cap == 0 and not now.dynamic
 
 
 def test_varlen_never_takes_the_dynamic_switch(monkeypatch):
@@ -192,6 +228,21 @@ def test_folded_softcap_is_the_same_exponent():
     assert np.isclose(scale * (cap / scale), cap)
 
 
+def test_fold4_is_bf16_only_in_the_heuristic():
+    p = prob(("softcap",)).replace(dtype="fp16")
+    c = FAM.for_problem(FAM.heuristic(p), p)
+    assert c.fold_cap == 3 and not c.problems(227 * 1024)
+    assert FAM.for_problem(FAM.heuristic(prob(("softcap",))), prob(("softcap",))).fold_cap == 4
+
+
+def test_fold4_fields():
+    c = cfg(softcap=True, fold_cap=4, lazy_rescale=True)
+    assert c.name.endswith("_cap_lazy_fold4") and not c.problems()
+    assert c.kernel_name().endswith("true, 4>")
+    p = prob(("softcap",))
+    assert FAM.static_params(c, p, _strides(p), {}, 128 ** -0.5, 132)["softcap_fixed_m"] == 1.0
+
+
 def test_fixed_max_bound():
     f = sm90_fwd.softcap_fixed_m
     assert f(prob(("softcap",), softcap=30.0)) == 1.0
@@ -240,6 +291,12 @@ NVCC_CONFIGS = [
     cfg(True, 176, softcap=True, fold_cap=1),
     cfg(False, 160, persistent=True, dynamic=True, tma_store=True, alibi=True, lazy_rescale=True),
     cfg(True, 128, persistent=True, window=True, softcap=True, alibi=True, fold_cap=1, lazy_rescale=True),
+    # fold_cap 4 (Q prescaled), causal: the timing's candidate
+    cfg(True, 144, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=4, lazy_rescale=True),
+    # alibi_lin: the timing's candidates and the window's tile
+    cfg(True, 176, persistent=True, dynamic=True, alibi=True, alibi_lin=True),
+    cfg(False, 176, alibi=True, alibi_lin=True),
+    cfg(False, 128, persistent=True, dynamic=True, tma_store=True, window=True, alibi=True, alibi_lin=True),
 ]
 
 
@@ -277,3 +334,111 @@ def test_variants_compile_without_spills():
         assert r.spill_stores == 0 and r.spill_loads == 0, r
         assert not r.warnings, r.warnings
     assert "C7520" not in log and "serialized" not in log, [l for l in log.splitlines() if "C75" in l]
+
+
+def _default_configs():
+    """The heuristic's configs at d128 with the shipped switches (both masks; window, softcap, ALiBi
+    and their pairs / triple), forward and backward, for the no-spill check."""
+    fwd, bwd = [], []
+    BWD = registry.get("sm90_bwd")
+    for features in (("window",), ("softcap",), ("alibi",), ("softcap", "window"), ("alibi", "window"),
+                     ("alibi", "softcap"), ("alibi", "softcap", "window")):
+        for causal in (True, False):
+            p = prob(features, causal)
+            fwd.append(FAM.for_problem(FAM.heuristic(p), p))
+            pb = p.replace(op="bwd")
+            bwd.append(BWD.for_problem(BWD.heuristic(pb), pb))
+    return list(dict.fromkeys(fwd)), list(dict.fromkeys(bwd))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_shipped_defaults_compile_without_spills():
+    """Every d128 forward the switches give a call with features (14), and the window backward of
+    WINDOW_BWD (with the pairs' backwards): no spill, no stack (nvcc 13.0, sm_90a; ~1 min on
+    2 cores). Also the window backward at stages 3 (WINDOW_BWD's former choice)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cuflash.compile import nvcc_compile
+
+    fwd, bwd = _default_configs()
+    bwd.append(bwd[0].replace(stages=3, dynamic=False, ds_double=False))
+    assert bwd[0].dynamic and bwd[0].ds_double and bwd[0].window
+    jobs = [fwd[i:i + 4] for i in range(0, len(fwd), 4)] + [bwd[i:i + 4] for i in range(0, len(bwd), 4)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        reports = [r for rs in pool.map(lambda c: nvcc_compile(c, "sm_90a"), jobs) for r in rs]
+    cfgs = [c for chunk in jobs for c in chunk]
+    bad = [f"{c.name}: {r}" for c, r in zip(cfgs, reports)
+           if r.spill_stores or r.spill_loads or r.stack_bytes
+           or any("C751" in w or "serialized" in w for w in r.warnings)]
+    assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------------------------------
+# alibi_lin (kAlibiLinear: ALiBi's bias as one FFMA per score, softmax_fold.cuh AlibiLinear)
+
+def test_alibi_lin_field():
+    c = cfg(alibi=True, alibi_lin=True)
+    assert c.name.endswith("_alibi_alin") and not c.problems()
+    assert c.kernel_name().endswith("false, false, false, false, false, false, false, 0, true>")
+    assert "alibi_lin" not in FAM.encode(cfg(alibi=True)) and "alibi_lin=1" in FAM.encode(c)
+    assert FAM.decode(FAM.encode(c), "bf16", True).replace(alibi=True) == c   # (the call sets alibi)
+    for kw in (dict(alibi_lin=True), dict(alibi=True, softcap=True, alibi_lin=True),
+               dict(alibi=True, dropout=True, BN=128, alibi_lin=True), dict(alibi=True, varlen=True, alibi_lin=True)):
+        assert any("alibi_lin is ALiBi's bias alone" in w for w in cfg(**kw).problems()), kw
+    # for_problem: ALiBi alone or with a window keeps it, any other feature drops it
+    assert FAM.for_problem(c, prob(("alibi",))).alibi_lin
+    assert FAM.for_problem(c.replace(BN=128), prob(("alibi", "window"))).alibi_lin
+    for feats in (("alibi", "softcap"), ("softcap",), ("alibi", "dropout")):
+        assert not FAM.for_problem(c.replace(BN=128), prob(feats)).alibi_lin, feats
+
+
+def test_alibi_lin_switch(monkeypatch):
+    p = prob(("alibi",), True)
+    assert FAM.for_problem(FAM.heuristic(p), p).alibi_lin              # on as shipped (measured)
+    monkeypatch.setattr(sm90_fwd, "ALIBI_LINEAR", frozenset())
+    assert not FAM.for_problem(FAM.heuristic(p), p).alibi_lin
+    monkeypatch.setattr(sm90_fwd, "ALIBI_LINEAR", frozenset({(128, True)}))
+    assert FAM.for_problem(FAM.heuristic(p), p).alibi_lin
+    for q in (prob(("alibi",), False), prob(("alibi", "softcap"), True), prob(("alibi", "dropout"), True)):
+        assert not FAM.for_problem(FAM.heuristic(q), q).alibi_lin
+    q = prob(("alibi", "window"), True)
+    c = FAM.for_problem(FAM.heuristic(q), q)
+    assert c.alibi_lin and not c.problems(227 * 1024)
+
+
+def alibi_linear_mirror(s, rows, key0, offset, slope, sigma):
+    """float64 mirror of AlibiLinear::apply + softmax_step_shift's exponent for one thread's
+    elements (columns c = 0..n-1 from key0): the true biased scores."""
+    c = np.arange(s.shape[1])
+    if sigma:
+        r = rows[:, None] + offset - key0
+        shifted = s + sigma * slope * c[None, :]
+        shift = -sigma * slope * r
+        return shifted + shift
+    return s - slope * np.abs(rows[:, None] + offset - key0 - c[None, :])
+
+
+@pytest.mark.parametrize("offset", [0, 37, -300])
+def test_alibi_linear_mirror(offset):
+    """Where AlibiLinear::side says a block is on one side of a warp's diagonals, the linear form
+    equals the exact bias; causal blocks take +1 and differ only right of the diagonal (masked)."""
+    rng = np.random.default_rng(3)
+    slope, BN = 0.37, 128
+
+    def side(row0, key0):
+        if key0 + BN - 1 <= row0 + offset:
+            return 1
+        if key0 >= row0 + 15 + offset:
+            return -1
+        return 0
+
+    for row0 in (0, 16, 512, 1008):
+        rows = row0 + np.arange(16)
+        for key0 in range(0, 2048, BN):
+            s = rng.standard_normal((16, BN))
+            exact = alibi_linear_mirror(s, rows, key0, offset, slope, 0)
+            sg = side(row0, key0)
+            assert np.allclose(alibi_linear_mirror(s, rows, key0, offset, slope, sg), exact, atol=1e-9)
+            lin = alibi_linear_mirror(s, rows, key0, offset, slope, 1)      # causal: σ = +1 always
+            visible = (key0 + np.arange(BN))[None, :] <= rows[:, None] + offset
+            assert np.allclose(lin[visible], exact[visible], atol=1e-9)

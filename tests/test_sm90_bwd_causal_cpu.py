@@ -150,12 +150,14 @@ def test_dynamic_and_ds_double_heuristic_switches(monkeypatch):
             cfg = FAM.for_problem(FAM.heuristic(p), p)
             assert cfg.dynamic == (on and not det) and cfg.ds_double == (on and d == 128)
             assert cfg.problems() == []
-        # calls with features keep the plain grid (the dynamic kernels with features are unmeasured)
+        # calls with features keep the plain grid (the dynamic kernels with features are unmeasured),
+        # except a window alone: sm90_bwd.WINDOW_BWD's (measured) fields
         for feats in (("dropout",), ("softcap",), ("alibi", "softcap", "window"), ("window",)):
             p = problem(128, True, features=feats, dropout_p=0.1 if "dropout" in feats else 0.0)
             cfg = FAM.for_problem(FAM.heuristic(p), p)
-            assert cfg.problems() == [] and not cfg.dynamic
-            assert cfg.ds_double == (on and feats == ("window",))
+            window_bwd = sm90_bwd.WINDOW_BWD[128] if feats == ("window",) else {}
+            assert cfg.problems() == [] and cfg.dynamic == window_bwd.get("dynamic", False)
+            assert cfg.ds_double == ((on or window_bwd.get("ds_double", False)) and feats == ("window",))
         assert not FAM.for_problem(FAM.heuristic(problem(64, features=("varlen",))),
                                    problem(64, features=("varlen",))).dynamic
 

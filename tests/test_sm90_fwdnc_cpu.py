@@ -166,7 +166,7 @@ def test_rescale_first_field():
     assert RF.validate(227 * 1024) is RF
     assert RF.name == "sm90fwd_bf16_d256_full_BM128_BN80_s2_c2_persist_dyn_rf"
     # kRescaleFirst is the last template argument, written only when set
-    assert RF.kernel_name().endswith(", true, false, false, false, false, false, false, 0, true>")
+    assert RF.kernel_name().endswith(", true, false, false, false, false, false, false, 0, false, true>")   # (kAlibiLinear false before it)
     assert not DYN.kernel_name().endswith("0, false>") and DYN.kernel_name().endswith(", true>")
     assert RF.template_args()[-1] is True and DYN.template_args()[-1] is False
     assert RF.smem_bytes == RF.replace(rescale_first=False).smem_bytes

@@ -113,6 +113,23 @@ D96_ABOVE_FA2 = True
 # * HEURISTIC_DS_DOUBLE: two dS buffers at head dim 128 (ds_double, kDsDouble: no barrier between
 #   the consumer warpgroups before the dS stores): off, not measured yet.
 HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, True)})
+# The schedule of a window-only call's backward (features ("window",), fixed lengths, not
+# deterministic), by kernel head dim: the config fields over the heuristic's; a head dim not
+# listed keeps the plain grid at stages 2. Measured on the H100 (tests/features_overhead_timing.py,
+# bf16 d128 8k, batch 2 x 16 heads, window 1024; forward + backward time over the plain call's,
+# over the window's visible fraction, causal / full): stages 2 1.64 / 1.39, stages 3 1.59 / 1.34
+# (1.56 / 1.30 in session 14), stages 3 + overlap_sdp 1.57 / 1.29, the dynamic scheduler (stages
+# 2: a CTA per SM claiming K/V blocks, the next block's loads behind the last one's epilogue; a
+# window's K/V block visits few Q blocks, so the per-block start weighs more) 1.51 / 1.23
+# (results/NVIDIA_H100_80GB_HBM3/features_overhead_session15.md, round A). Round B: dynamic 1.52 /
+# 1.33, + two dS buffers (ds_double) 1.51 / 1.25, + overlap_sdp 1.54 / 1.31, stages 3 1.53 / 1.28:
+# dynamic with ds_double.
+WINDOW_BWD = {128: dict(dynamic=True, ds_double=True)}
+# The feature sets whose calls keep a config's dynamic scheduler (WINDOW_BWD, bwd_config=, a tuned
+# entry; the heuristic sets it for plain calls and through WINDOW_BWD): a window alone at the head
+# dims of WINDOW_BWD (run by tests/test_feature_defaults_gpu.py); any other call with features keeps
+# the plain grid.
+DYNAMIC_FEATURES = frozenset({("window",)})
 HEURISTIC_LPT = False
 HEURISTIC_DS_DOUBLE = False
 # Head dim 256 (the shared-keys tile, head dims 129..256; issue 14's d256 round): whether the
@@ -608,9 +625,12 @@ class Sm90Backward(Family):
             config = config.replace(varlen=is_varlen(problem))
         if config.lpt and (config.varlen or not config.causal):
             config = config.replace(lpt=False)         # a speed choice: varlen, non-causal keep the plain order
-        if config.dynamic and (config.varlen or config.deterministic or problem.features or config.shared_keys):
+        if config.dynamic and (config.varlen or config.deterministic or config.shared_keys
+                               or (problem.features and (tuple(problem.features) not in DYNAMIC_FEATURES
+                                                         or config.head_dim not in WINDOW_BWD))):
             # likewise: a CTA per K/V block (with features the dynamic kernels are built but not
-            # measured or run on a GPU yet: calls with features keep the plain grid)
+            # measured or run on a GPU yet: calls with features keep the plain grid, except the
+            # sets of DYNAMIC_FEATURES when a config asks for it)
             config = config.replace(dynamic=False)
         if config.dq_bulk and (problem.deterministic or (config.dropout and config.consumers > 1
                                                         and config.head_dim == 64)):
@@ -687,6 +707,8 @@ class Sm90Backward(Family):
             cfg = cfg.replace(dynamic=True)             # (for_problem drops it where it does not run)
         if HEURISTIC_DS_DOUBLE and d == 128:
             cfg = cfg.replace(ds_double=True)           # (likewise: not with softcap, ALiBi, dropout)
+        if tuple(problem.features) == ("window",) and not det and d in WINDOW_BWD:
+            cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
 
     def kernel_names(self, config) -> dict:

@@ -153,23 +153,51 @@ SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # Calls with window / softcap / ALiBi (no dropout, fixed lengths): the schedule and softmax
 # variants the heuristic gives them, each switched on only by a measurement of
 # tests/features_overhead_timing.py (bf16 d128 8k batch 2 x 16 heads, causal and not, against the
-# plain call of the same process; results/NVIDIA_H100_80GB_HBM3/features_overhead.json):
-#   FEATURE_TILES         {head dim: {feature: {field: value}}}: the tile / schedule fields (BN,
-#                         persistent, dynamic, tma_store) of a call with that feature, over the
-#                         heuristic's own (a window's entry first, then softcap's, then ALiBi's: the
-#                         first feature of the call that has one); tma_store only below 16k keys,
+# plain call of the same process; results/NVIDIA_H100_80GB_HBM3/features_overhead_timing.json):
+#   FEATURE_TILES         {head dim: {feature or "feature:causal" / "feature:full": {field: value}}}:
+#                         the tile / schedule fields (BN, persistent, dynamic, tma_store) of a call
+#                         with that feature, over the heuristic's own (a window's entry first, then
+#                         softcap's, then ALiBi's: the first feature of the call that has one; a
+#                         mask's own entry before the feature's); tma_store only below 16k keys,
 #                         as the plain call's
 #   FEATURE_LAZY_RESCALE  lazy_rescale (kLazyRescale: O rescaled only when the max moves by > 2^8)
-#   SOFTCAP_FOLD          fold_cap with softcap (kFoldCap: 1, one multiply per score fewer; 2,
-#                         also the max on the raw scores; 3, a fixed max where the cap allows it);
-#                         0 off
-FEATURE_TILES: dict = {}
+#   SOFTCAP_FOLD          {head dim: fold_cap} with softcap (kFoldCap: 1, one multiply per score
+#                         fewer; 2, also the max on the raw scores; 3, a fixed max where the cap
+#                         allows it; 2 and 3 with lazy_rescale); a head dim not listed: 0, off
+# Measured (H100, x the plain call of the same process, causal / full; fwd, then fwd + bwd):
+#   window 1024: static BN 128 1.48 / 1.27 of the visible share -> dynamic + tma_store 1.34 / 1.22
+#                (fwd + bwd 1.64 / 1.39 -> 1.62 / 1.37); + lazy_rescale 1.37 / 1.26: off. Session 15
+#                round A: 1.33 / 1.20; 3 consumer warpgroups BM 192 BN 64 1.41 / 1.31: off. Round B:
+#                BN 64 1.55 / 1.46, one consumer warpgroup at BM 64 2.00 / 1.87: off
+#   softcap 30:  BN 176 static 1.47 / 1.46 -> fold_cap 3 + lazy_rescale + dynamic + tma_store at
+#                BN 144 1.33 / 1.35 (fwd + bwd 1.27 / 1.23 -> 1.20 / 1.14); fold 1 / 2 slower.
+#                Round A: BN 144 1.31 / 1.37 (fwd + bwd 1.22 / 1.20), BN 128 1.28 / 1.40 (1.20 /
+#                1.17): causal takes BN 128, full keeps 144 (its forward slower at 128). Round B,
+#                fold_cap 4 (Q prescaled by softcap_in: no multiply per score before the tanh):
+#                causal BN 128 1.29 -> 1.21 (fwd + bwd 1.22 -> 1.17; BN 144 1.24 / 1.16), full
+#                BN 144 1.36 -> 1.28 (1.23 -> 1.17): SOFTCAP_FOLD 4 (fp16 calls take 3: the
+#                prescale is bf16 only)
+#   ALiBi:       causal BN 176 static 1.19 -> dynamic 1.14 (fwd + bwd 1.05 -> 1.04); full 1.11 ->
+#                1.12 (fwd + bwd 1.00 -> 1.01). Round A with alibi_lin (ALIBI_LINEAR): causal
+#                dynamic 1.13 -> 1.09 (fwd + bwd 1.04 -> 1.03); full static 1.15, dynamic 1.15,
+#                static + alibi_lin 1.13, dynamic + alibi_lin 1.11 (fwd + bwd 1.00 / 1.00 / 0.99 /
+#                0.99): both masks dynamic with alibi_lin
+# (session 14: results/NVIDIA_H100_80GB_HBM3/features_overhead_timing.json; round A of session 15:
+# features_overhead_session15.md, rounds A and B.) Other head dims keep the static tiles and fold_cap 0 (unmeasured).
+FEATURE_TILES: dict = {128: {"window": dict(persistent=True, dynamic=True, tma_store=True),
+                             "softcap:causal": dict(BN=128, persistent=True, dynamic=True, tma_store=True),
+                             "softcap": dict(BN=144, persistent=True, dynamic=True, tma_store=True),
+                             "alibi": dict(persistent=True, dynamic=True)}}
 FEATURE_LAZY_RESCALE = False
-SOFTCAP_FOLD = 0
-# fold_cap's values, and the largest cap whose fold_cap 3 runs the fixed max: P = exp2(k (t - 1))
+SOFTCAP_FOLD: dict = {128: 4}
+# ALiBi's bias as one FFMA per score (alibi_lin, kAlibiLinear) for calls with ALiBi alone (or with a
+# window), fixed lengths: the (head dim, causal) classes that take it (measured above).
+ALIBI_LINEAR: frozenset = frozenset({(128, True), (128, False)})
+# fold_cap's values (4: 3 with Q prescaled by softcap_in in shared memory, bf16 only), and the
+# largest cap whose fold_cap 3 / 4 runs the fixed max: P = exp2(k (t - 1))
 # with k = softcap·log2(e) stays >= 2^-100 over t in [-1, 1] (2k <= 100), so no visible score's
 # P underflows whatever the row's own max (above it the kernel computes the row max, as 2).
-FOLD_CAP = (0, 1, 2, 3)
+FOLD_CAP = (0, 1, 2, 3, 4)
 FIXED_MAX_LOG2_RANGE = 100.0
 
 
@@ -250,9 +278,15 @@ class Sm90FwdConfig(KernelConfig):
     fold_cap:  0..3: softcap folded into the softmax's scale (kFoldCap, softmax_fold.cuh): 1, the
                scores kept as t = tanh(S·scale / softcap) (one multiply fewer per score); 2, also
                the row max taken on the raw S, apart from the tanhs; 3, as 2, but a fixed running
-               max (t <= 1) where the cap allows it (softcap_fixed_m: no row max, no O rescale).
+               max (t <= 1) where the cap allows it (softcap_fixed_m: no row max, no O rescale); 4, as 3
+               with Q multiplied by softcap_in in shared memory once per tile (no multiply per
+               score before the tanh; bf16 only).
                2 and 3 act as 1 with ALiBi and need lazy_rescale; needs softcap, not with dropout
                or emu_exp2 (SOFTCAP_FOLD)
+    alibi_lin: ALiBi's bias as one FFMA per score (kAlibiLinear, softmax_fold.cuh AlibiLinear): the
+               per-row part of a linear bias in the softmax's exponent offset; blocks across the
+               diagonal (non-causal) take the exact distance. ALiBi alone (no softcap, dropout,
+               emu_exp2, varlen, tree_max); ALIBI_LINEAR switches it on per head dim and mask
     rescale_first: O *= alpha_j right after the next S GEMM is issued, before O += P_j V_j
                (kRescaleFirst: FA3's order above head dim 128), so the rescale runs under the S
                GEMM; for tiles without pingpong. Plain calls only (no window, softcap, ALiBi,
@@ -287,6 +321,7 @@ class Sm90FwdConfig(KernelConfig):
     q_double: bool = False
     lazy_rescale: bool = False
     fold_cap: int = 0
+    alibi_lin: bool = False
     rescale_first: bool = False
     section: int = 0               # (last: a run-time param, not a template argument)
 
@@ -307,7 +342,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_drop' if self.dropout else ''}"
                 f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{'_psmem' if self.p_smem else ''}{'_tree' if self.tree_max else ''}{'_q2' if self.q_double else ''}"
                 f"{name_suffix(self)}{'_varlen' if self.varlen else ''}{'_lazy' if self.lazy_rescale else ''}"
-                f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}")
+                f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -353,8 +388,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.q_double else 'false'}",                        # kQDouble
                 f"{'true' if self.lazy_rescale else 'false'}",                    # kLazyRescale
                 f"{self.fold_cap}",                                               # kFoldCap
+                f"{'true' if self.alibi_lin else 'false'}",                       # kAlibiLinear
                 f"{'true' if self.rescale_first else 'false'}"]                   # kRescaleFirst last
-        used = (11 if self.rescale_first else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+        used = (12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -368,7 +404,8 @@ class Sm90FwdConfig(KernelConfig):
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
-                self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.rescale_first)
+                self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
+                self.rescale_first)
 
     def _problems(self) -> list[str]:
         out = []
@@ -420,6 +457,9 @@ class Sm90FwdConfig(KernelConfig):
             out.append(f"fold_cap must be one of {FOLD_CAP}, got {self.fold_cap}")
         elif self.fold_cap and not self.softcap:
             out.append("fold_cap folds the softcap into the softmax's scale: it needs softcap")
+        elif self.fold_cap == 4 and self.dtype != "bf16":
+            out.append("fold_cap=4 prescales Q by softcap_in in 16-bit: bf16 only (fp16's products of "
+                       "small entries fall to subnormals)")
         elif self.fold_cap >= 2 and not self.lazy_rescale:
             out.append(f"fold_cap={self.fold_cap} needs lazy_rescale (without it ptxas, nvcc 13.0, "
                        "spilled ~300 bytes at BN 176)")
@@ -430,6 +470,10 @@ class Sm90FwdConfig(KernelConfig):
             out.append("lazy_rescale / fold_cap with p_smem / tree_max / q_double: not designed together "
                        "(the feature variants' softmax step and the d64 plain-call options were written "
                        "apart; the combined instantiations are unchecked for registers and results)")
+        if self.alibi_lin and (not self.alibi or self.softcap or self.dropout or self.emu_exp2
+                               or self.varlen or self.tree_max or self.p_smem):
+            out.append("alibi_lin is ALiBi's bias alone: it needs alibi, and not softcap, dropout, "
+                       "emu_exp2, varlen, tree_max or p_smem (kAlibiLinear, softmax_fold.cuh)")
         if self.rescale_first and (self.lazy_rescale or self.fold_cap or self.p_smem or self.tree_max
                                    or self.q_double):
             out.append("rescale_first with lazy_rescale / fold_cap / p_smem / tree_max / q_double: not "
@@ -564,10 +608,16 @@ def window_tiles(head_dim: int) -> tuple:
 
 def feature_tiles(problem: Problem, head_dim: int) -> dict:
     """FEATURE_TILES' fields for a call with features at compile-time head dim ``head_dim``: the
-    entry of its first feature in the order window, softcap, ALiBi that has one, else {}."""
+    entry of its first feature in the order window, softcap, ALiBi that has one (the mask's own
+    entry, "feature:causal" or "feature:full", before the feature's), else {}."""
     by_feature = FEATURE_TILES.get(head_dim, {})
-    return next((dict(by_feature[f]) for f in ("window", "softcap", "alibi")
-                 if f in problem.features and f in by_feature), {})
+    mask = "causal" if problem.causal else "full"
+    for f in ("window", "softcap", "alibi"):
+        if f in problem.features:
+            for key in (f"{f}:{mask}", f):
+                if key in by_feature:
+                    return dict(by_feature[key])
+    return {}
 
 
 def sched_section(problem: Problem, kv_heads: int = 0) -> int:
@@ -666,6 +716,9 @@ class Sm90Forward(Family):
             config = config.replace(p_smem=False)
         if config.rescale_first and problem.features:   # likewise: O rescaled after the P V wait
             config = config.replace(rescale_first=False)
+        if config.alibi_lin and (tuple(f for f in problem.features if f != "window") != ("alibi",)
+                                 or config.emu_exp2 or config.tree_max):
+            config = config.replace(alibi_lin=False)   # a speed knob: ALiBi alone (a window may join)
         return self.with_features(config, problem)
 
     def _fields(self, config):
@@ -676,7 +729,7 @@ class Sm90Forward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
-                               "lazy_rescale", "fold_cap", "section", "rescale_first") and not v))
+                               "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -705,8 +758,9 @@ class Sm90Forward(Family):
         need registers on top of O and S). Softcap (without dropout): SOFTCAP_EMU_EXP2 of every
         four 8-column tiles of S take the software exp2 (emu_exp2).
 
-        Schedule of plain calls (HEURISTIC_DYNAMIC; calls with features keep the static tiles,
-        as measured before it): persistent CTAs with the dynamic scheduler, and at head dim
+        Schedule of plain calls (HEURISTIC_DYNAMIC; calls with window / softcap / ALiBi take
+        FEATURE_TILES' fields at the head dims it lists, SOFTCAP_FOLD's fold_cap and ALIBI_LINEAR's
+        alibi_lin, each measured: see their note; elsewhere the static tiles): persistent CTAs with the dynamic scheduler, and at head dim
         128 below 16k keys BN 160 with the TMA-store epilogue (its staging tiles do not fit next
         to BN 176 / 192). Measured on the H100 against the shipped static tiles
         (results/NVIDIA_H100_80GB_HBM3/sched_timing.md, bf16, 2k-16k): d128 0.88-1.07x ->
@@ -754,10 +808,15 @@ class Sm90Forward(Family):
             cfg = cfg.replace(**HEURISTIC_NC[d])   # static persistent (d256: without pingpong)
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
-            if SOFTCAP_FOLD and feature_call and not cfg.emu_exp2:   # (2 and 3 run with lazy_rescale)
-                cfg = cfg.replace(fold_cap=SOFTCAP_FOLD, lazy_rescale=SOFTCAP_FOLD >= 2 or cfg.lazy_rescale)
+            fold = SOFTCAP_FOLD.get(d, 0)
+            fold = 3 if fold == 4 and problem.dtype != "bf16" else fold   # (4 prescales Q in bf16 only)
+            if fold and feature_call and not cfg.emu_exp2:   # (2 and 3 run with lazy_rescale)
+                cfg = cfg.replace(fold_cap=fold, lazy_rescale=fold >= 2 or cfg.lazy_rescale)
         if FEATURE_LAZY_RESCALE and feature_call and not cfg.emu_exp2:
             cfg = cfg.replace(lazy_rescale=True)
+        if (feature_call and (d, bool(problem.causal)) in ALIBI_LINEAR
+                and tuple(f for f in problem.features if f != "window") == ("alibi",)):
+            cfg = cfg.replace(alibi=True, alibi_lin=True)   # (with_features sets the flag again)
         return first_fitting(cfg, ({"tma_store": False}, {"BN": 64, "tma_store": False},
                                    {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False,
                                     "tma_store": False, "p_smem": False}),
@@ -786,7 +845,7 @@ class Sm90Forward(Family):
                     **dropout_params(problem), tile_counter=0,
                     sched_section=sched_section(problem, config.section) if config.dynamic else 1,
                     cu_seqlens_q=0, cu_seqlens_k=0, total_q=total_q,
-                    softcap_fixed_m=softcap_fixed_m(problem) if config.fold_cap == 3 else 2.0)
+                    softcap_fixed_m=softcap_fixed_m(problem) if config.fold_cap >= 3 else 2.0)
 
     def zeroed_counters(self, config, problem: Problem) -> dict:
         """{params field: int32 count} of the counters a plan keeps between calls, zeroed once when
