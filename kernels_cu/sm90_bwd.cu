@@ -402,7 +402,8 @@ struct Sm90BwdTileRing {
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
-          bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false>
+          bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
+          bool kSAhead = false, bool kDqEarly = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
@@ -424,6 +425,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
     static_assert(!(kDynamic && (kVarlen || kDeterministic)),
                   "the dynamic scheduler runs fixed-length, unordered backwards");
+    static_assert(!((kSAhead || kDqEarly) && (kSharedKeys || kOverlapSdp)),
+                  "s_ahead / dq_early: the head dim 64 / 128 tiles, not with overlap_sdp");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
                   "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
     // kDqWriter's named barriers (consumer threads + the writer warp): tile b full, tile b free
@@ -702,7 +705,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     const DescLo dst_desc(smem + Shape::kDstOffset, 16);
     // kSharedKeys: a descriptor re-derived at its use in the loop (opaque_u32), not hoisted
     const auto fresh = [](DescLo d) {
-        if constexpr (kSharedKeys) d.lo = opaque_u32(d.lo);
+        if constexpr (kSharedKeys || kSAhead) d.lo = opaque_u32(d.lo);
         return d;
     };
     const int dq_row_group = wg % Shape::kDqRowGroups, dq_col_group = wg / Shape::kDqRowGroups;
@@ -757,6 +760,27 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         if constexpr (kDropout) dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
 
         if (n_iters > 0) mbarrier_wait(kv_full, kDynamic ? u32(kv_loads) & 1 : 0u);
+        // ---- Sᵀ = K_j Q_iᵀ of Q block (slot) on the tensor cores: at the top of each Q block, or
+        // with kSAhead the next block's behind this one's dQ GEMM (the tile's first one here) ----
+        auto issue_s = [&](int s_slot) {
+            const u32 s_off = s_slot * Shape::kQBytes;
+            reg_fence(s_flat);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+                // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
+                const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+                const u32 b_off = s_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+                Wgmma<kSN, Elem>::template ss<0>(s_flat, fresh(k_rows_desc).at(a_off), fresh(q_desc).at(b_off), kk > 0);
+            }
+            wgmma_commit();
+        };
+        if constexpr (kSAhead) {
+            if (n_iters > 0) {
+                mbarrier_wait(q_full(slot), phase);
+                issue_s(slot);
+            }
+        }
         for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
             const int m_block = m_block_min + it, row0 = m_block * kBM;
             const int q0 = row0 + q_col0;                           // this warpgroup's first query of Sᵀ
@@ -768,19 +792,12 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             static_assert(!kDropout || kSN / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
             if constexpr (kDropout)
                 keep_bits = dropout.keep_bits_transposed<kSN / 8>(static_cast<int>(bh), key0 + warp_key, q0, g, t);
-            mbarrier_wait(q_full(slot), phase);
-
-            // ---- Sᵀ = K_j Q_iᵀ ----
-            reg_fence(s_flat);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-                // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
-                const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
-                const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-                Wgmma<kSN, Elem>::template ss<0>(s_flat, fresh(k_rows_desc).at(a_off), q_desc.at(b_off), kk > 0);
+            // ---- Sᵀ = K_j Q_iᵀ (kSAhead: already issued, behind the last Q block's dQ GEMM or
+            // before the loop) ----
+            if constexpr (!kSAhead) {
+                mbarrier_wait(q_full(slot), phase);
+                issue_s(slot);
             }
-            wgmma_commit();
             if constexpr (kOverlapSdp) {
                 // dPᵀ = V_j dO_iᵀ right behind Sᵀ (its own group): the tensor cores run it while this
                 // thread turns Sᵀ into Pᵀ below; only Sᵀ is waited for here
@@ -1005,16 +1022,20 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             } else {
                 // (with softcap, ALiBi or kOverlapSdp's live dPᵀ the lane's address is recomputed
                 // here, not kept across the loop: their state takes that register)
-                constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kOverlapSdp;
+                constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kOverlapSdp || kSAhead;
                 const u32 addr = kRecompute ? ds_store_lane() : ds_store_addr;
 #pragma unroll
                 for (int kk = 0; kk < kSN / 16; ++kk) stmatrix_x4_trans(addr + ds_buf + kk * 16 * 128, ds_frag[0][kk]);
             }
             // dV and dK done: their operands (the Pᵀ, dSᵀ fragments) are never live together with the
-            // dQ part's accumulators, which keeps d128 under the register budget
-            wgmma_wait<0>();
-            reg_fence(dk_acc);
-            reg_fence(dv_acc);
+            // dQ part's accumulators, which keeps d128 under the register budget. kDqEarly: not
+            // waited for here; the dQ GEMM goes in behind them (the tensor cores do not drain at
+            // the barrier below) and one wait covers the three
+            if constexpr (!kDqEarly) {
+                wgmma_wait<0>();
+                reg_fence(dk_acc);
+                reg_fence(dv_acc);
+            }
             fence_proxy_async_smem();                               // generic stores -> wgmma's reads
             named_barrier_sync(1, kConsumerThreads);                // all of dS is written
 
@@ -1091,8 +1112,21 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 Wgmma<Shape::kDqN, Elem>::template ss<1>(dq_acc, ds_desc.at(ds_buf + a_off), k_t_desc.at(kk * 16 * 128), kk > 0);
             }
             wgmma_commit();
-            wgmma_wait<0>();                                        // the dQ part: Q_i, dO_i all read
+            if (kSAhead && it + 1 < n_iters) {
+                // the next Q block's Sᵀ behind the dQ GEMM (its slot's fill waited for first): the
+                // tensor cores run it while this thread stores the dQ part; wait for the dQ part only
+                const int next = slot + 1 == kStages ? 0 : slot + 1;
+                mbarrier_wait(q_full(next), next == 0 ? phase ^ 1u : phase);
+                issue_s(next);
+                wgmma_wait<1>();                                    // the dQ part (kDqEarly: dV, dK too)
+            } else {
+                wgmma_wait<0>();                                    // the dQ part: Q_i, dO_i all read
+            }
             reg_fence(dq_acc);
+            if constexpr (kDqEarly) {
+                reg_fence(dk_acc);
+                reg_fence(dv_acc);
+            }
             mbarrier_arrive(q_empty(slot));                         // the slot may be refilled
 
             // ---- dQ accumulator += dQ part (fp32 in global memory) ----

@@ -195,6 +195,8 @@ class Sm90BwdConfig(KernelConfig):
     lpt: bool = False
     dynamic: bool = False
     ds_double: bool = False
+    s_ahead: bool = False
+    dq_early: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -212,7 +214,8 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_dqb' if self.dq_bulk else ''}{'_ovl' if self.overlap_sdp else ''}"
                 f"{'_dqw' if self.dq_writer else ''}{'_varlen' if self.varlen else ''}"
                 f"{'_lpt' if self.lpt else ''}{'_dyn' if self.dynamic else ''}"
-                f"{'_ds2' if self.ds_double else ''}")
+                f"{'_ds2' if self.ds_double else ''}{'_sah' if self.s_ahead else ''}"
+                f"{'_dqe' if self.dq_early else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -333,17 +336,20 @@ class Sm90BwdConfig(KernelConfig):
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
         # the feature flags only when one is set: a plain config keeps its name expression
-        sched = self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
+        tail = self.s_ahead or self.dq_early
+        sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
+                 or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
                  or self.dq_bulk or sched else "")
         feats += f", {b(self.dropout)}" if self.dropout or self.dq_bulk or sched else ""
         feats += f", {b(self.dq_bulk)}" if self.dq_bulk or sched else ""
         feats += f", {b(self.overlap_sdp)}, {b(self.dq_writer)}" if sched else ""
-        later = self.lpt or self.dynamic or self.ds_double
+        later = self.lpt or self.dynamic or self.ds_double or tail
         feats += f", {b(self.varlen)}" if self.varlen or later else ""                        # kVarlen
         feats += f", {b(self.lpt)}" if later else ""                                          # kLpt
-        feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double else ""            # kDynamic
-        feats += ", true" if self.ds_double else ""                                           # kDsDouble last
+        feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
+        feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
+        feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -351,7 +357,7 @@ class Sm90BwdConfig(KernelConfig):
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
-                self.ds_double)
+                self.ds_double, self.s_ahead, self.dq_early)
 
     def _problems(self) -> list[str]:
         out = []
@@ -408,6 +414,15 @@ class Sm90BwdConfig(KernelConfig):
             out.append("ds_double at head dim 64 (ptxas spills its dynamic kernel; dq_writer loses its "
                        "second staging tile) or with softcap / ALiBi / dropout (unchecked): head dim 128 "
                        "without them only")
+        if (self.s_ahead or self.dq_early) and (self.shared_keys or self.overlap_sdp):
+            out.append(f"{'s_ahead' if self.s_ahead else 'dq_early'} with the shared-keys tile (head_dim=256) "
+                       "or overlap_sdp: built for the head dim 64 / 128 tiles' order of GEMMs only")
+        elif (self.s_ahead or self.dq_early) and (self.softcap or self.alibi or self.dropout):
+            out.append(f"{'s_ahead' if self.s_ahead else 'dq_early'} with softcap / ALiBi / dropout: "
+                       "unchecked (more accumulators live; those kernels are near the register budget)")
+        elif self.s_ahead and (self.dq_early or not self.dq_writer or self.head_dim != 128 or self.dtype != "bf16"):
+            out.append("s_ahead with dq_early, without dq_writer, at head dim 64 or in fp16: ptxas spills "
+                       "those kernels (4-24 bytes, nvcc 13.0); bf16 head dim 128 with dq_writer only")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -590,6 +605,12 @@ class Sm90Backward(Family):
             config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
         if config.ds_double and (config.head_dim != 128 or config.softcap or config.alibi or config.dropout):
             config = config.replace(ds_double=False)   # a speed choice, where it is not built
+        if (config.s_ahead or config.dq_early) and (config.shared_keys or config.overlap_sdp or config.softcap
+                                                    or config.alibi or config.dropout):
+            config = config.replace(s_ahead=False, dq_early=False)   # a speed choice, where it is not built
+        if config.s_ahead and (config.dq_early or not config.dq_writer or config.head_dim != 128
+                               or config.dtype != "bf16"):
+            config = config.replace(s_ahead=False)     # likewise (its kernel spills there)
         if config.dynamic and config.dynamic_spills():
             config = config.replace(dynamic=False)     # a speed choice: the combinations whose kernel spills
         if config.BM > 64 and config.bm128_spills():
@@ -605,12 +626,13 @@ class Sm90Backward(Family):
         # the encoded form of a config stays what it was before the flags existed
         # lpt only when on, likewise
         return ((k, v) for k, v in super()._fields(config)
-                if k not in ("dropout", "varlen") and not (k in ("lpt", "dynamic", "ds_double") and not v))
+                if k not in ("dropout", "varlen")
+                and not (k in ("lpt", "dynamic", "ds_double", "s_ahead", "dq_early") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without dynamic or ds_double (tuned tables and recorded studies
         from before the flags) gets them off."""
-        for flag in ("dynamic", "ds_double"):
+        for flag in ("dynamic", "ds_double", "s_ahead", "dq_early"):
             if flag not in point:
                 point = {**point, flag: False}
         return super().make(point, problem)

@@ -1,0 +1,180 @@
+"""Timing of sm90_bwd's head-dim-128 candidates on an H100 (issue 14: the backward at >= 1.0x SDPA
+cuDNN in every cell seqlen >= 2k, >= 520 TFLOPs non-causal 16k): per case the heuristic's kernel
+("heur"), the other scheduler ("alt": the dynamic one where the heuristic runs the plain grid and
+back), the main-loop flags of issue 14's second direction, each on the heuristic's kernel:
+
+    dqe      dq_early (kDqEarly): the dQ GEMM issued behind dV, dK (no wait, so the tensor cores
+             do not drain at the barrier between the consumer warpgroups); one wait for the three
+    sah      s_ahead (kSAhead): the next Q block's Sᵀ issued behind the dQ GEMM (bf16 only: the
+             fp16 kernel spills)
+    ds2      ds_double (kDsDouble): two dS buffers, no barrier before the dS stores
+    dqe_ds2  both
+
+next to SDPA cuDNN (and flash unless --no-flash), in one process, bf16 and fp16, d128, dim 2048
+(16 heads), batch x seqlen = 16k, causal and not. The backward alone: torch.autograd.grad of one
+forward's output (retain_graph; SDPA the same way), CUDA events, warm-up, samples of all variants
+interleaved, median (cuflash.timing.time_interleaved). Every kernel is compiled first in parallel
+processes (cuflash.compile.precompile). Gradients of each variant against heur's: every variant
+sums dK_j, dV_j over the Q blocks in the same order, so dk, dv must be equal bit for bit; dq
+within 1e-2 relative (fp32 additions in another order); else the row says MISMATCH.
+
+    timeout 120 python tests/sm90_bwd_d128_timing.py --out d128_timing.json
+    python tests/sm90_bwd_d128_timing.py --dtypes bf16 --seqlens 16384 --causal no   # one cell
+
+Success: every row prints, no NaN / MISMATCH; the summary line per case gives each variant's
+x cuDNN (cuDNN's time / ours: >= 1.0 is at least as fast). Not a test.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_here, os.path.dirname(_here)]  # this folder; cuflash from the checkout
+
+import torch  # noqa: E402
+
+import cuflash  # noqa: E402
+from cuflash import _gpu, registry, select  # noqa: E402
+from cuflash.bench.common import grad_fn  # noqa: E402
+from cuflash.compile import precompile  # noqa: E402
+from cuflash.problem import Problem  # noqa: E402
+from cuflash.registry import op_flops  # noqa: E402
+from cuflash.timing import time_interleaved  # noqa: E402
+
+from sm90_bwd_causal_timing import rel, sdpa_fn  # noqa: E402
+
+TOKENS, DIM, HDIM = 16384, 2048, 128
+FAM = registry.get("sm90_bwd")
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# name: the config of a case from the heuristic's (None: not for this case)
+VARIANTS = {
+    "heur": lambda c: c,
+    "alt": lambda c: c.replace(dynamic=not c.dynamic, lpt=False),
+    "dqe": lambda c: c.replace(dq_early=True),
+    "sah": lambda c: c.replace(s_ahead=True) if c.dtype == "bf16" else None,
+    "ds2": lambda c: c.replace(ds_double=True),
+    "dqe_ds2": lambda c: c.replace(dq_early=True, ds_double=True),
+}
+
+
+def problem(s, causal, dtype="bf16", op="bwd"):
+    b = max(1, TOKENS // s)
+    return Problem(op, dtype, b, s, s, DIM // HDIM, DIM // HDIM, HDIM, causal)
+
+
+def variants_for(p, names):
+    """{variant: config} for problem p (the ones that apply, as for_problem makes them; a variant
+    whose flags for_problem drops is left out)."""
+    heur = FAM.for_problem(FAM.heuristic(p, _gpu.arch(), _gpu.max_smem()), p)
+    out = {}
+    for name in names:
+        want = VARIANTS[name](heur)
+        if want is None:
+            continue
+        cfg = FAM.for_problem(want, p)
+        if cfg != want or cfg.problems(_gpu.max_smem()):
+            continue
+        out[name] = cfg
+    return out
+
+
+def all_configs(dtypes, causals, seqlens, names):
+    out = []
+    for dtype in dtypes:
+        for causal in causals:
+            for s in seqlens:
+                out += list(variants_for(problem(s, causal, dtype), names).values())
+                out.append(select.choose(problem(s, causal, dtype, op="fwd"), _gpu.arch(), _gpu.name(),
+                                         _gpu.max_smem())[1])
+    return list(dict.fromkeys(out))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=list(TORCH_DTYPES))
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
+    ap.add_argument("--causal", choices=("yes", "no", "both"), default="both")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--no-flash", action="store_true", help="skip SDPA flash")
+    ap.add_argument("--out", default=None, help="JSON file for the rows")
+    args = ap.parse_args()
+    causals = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]
+    names = ["heur"] + [n for n in args.variants if n != "heur"]
+    dev, t0 = torch.cuda.get_device_name(), time.time()
+    todo = all_configs(args.dtypes, causals, args.seqlens, names)
+    errors = [(c.name, e) for c, _, e in precompile(todo) if e]
+    assert not errors, errors
+    print(f"{dev}  sm90_bwd d128 candidates (backward alone), torch {torch.__version__}, "
+          f"cuDNN {torch.backends.cudnn.version()}; {len(todo)} kernels ready in {time.time() - t0:.0f} s",
+          flush=True)
+    print(f"{'case':<26} {'variant':<8} {'kernel':<62} {'bwd ms':>7} {'TFLOPs':>6} {'x cuDNN':>7} "
+          f"{'dq diff':>8} {'dkv diff':>8}", flush=True)
+    rows, summary = [], []
+    for dtype in args.dtypes:
+        for s in args.seqlens:
+            for causal in causals:
+                p = problem(s, causal, dtype)
+                b, h = p.batch, p.nheads
+                q, k, v, dout = (torch.randn(b, s, h, HDIM, device="cuda", dtype=TORCH_DTYPES[dtype])
+                                 for _ in range(4))
+                configs = variants_for(p, names)
+                same, fns = {}, {}
+                for name, cfg in configs.items():
+                    first = next(n for n, c in configs.items() if c == cfg)
+                    if first != name:
+                        same[name] = first
+                        continue
+                    fns[name] = grad_fn(lambda q, k, v, cfg=cfg: cuflash.flash_attn_func(
+                        q, k, v, causal=causal, bwd_config=cfg), q, k, v, dout)
+                fns["cudnn"] = sdpa_fn(q, k, v, dout, causal, "cudnn")
+                if not args.no_flash:
+                    fns["flash"] = sdpa_fn(q, k, v, dout, causal, "flash")
+                results = {}
+                for name, fn in fns.items():   # load outside the timing, and fail loudly here
+                    g = fn()
+                    assert not any(x.isnan().any() for x in g), f"{name}: NaN in the gradients"
+                    results[name] = g
+                torch.cuda.synchronize()
+                times = time_interleaved(fns, warmup=2, reps=args.reps, back_to_back=2)
+                case = f"{dtype} d{HDIM} {'causal' if causal else 'full'} b{b} s{s}"
+                flops = op_flops(p)
+                t_cudnn = times["cudnn"].median_ms
+                line = []
+                for name in list(configs) + [n for n in fns if n not in configs]:
+                    src = same.get(name, name)
+                    t = times[src].median_ms
+                    label = configs[name].name if name in configs else f"sdpa {name}"
+                    if name in same:
+                        label = f"(= {src})"
+                    ddq = dkv = 0.0
+                    flag = ""
+                    if name in configs:
+                        ref, got = results["heur"], results[src]
+                        ddq = rel(got[0], ref[0])
+                        dkv = max(rel(got[1], ref[1]), rel(got[2], ref[2]))
+                        flag = "  MISMATCH" if ddq > 1e-2 or dkv > 0 else ""
+                    print(f"{case:<26} {name:<8} {label:<62} {t:7.3f} {flops / t / 1e9:6.0f} "
+                          f"{t_cudnn / t:7.3f} {ddq:8.1e} {dkv:8.1e}{flag}", flush=True)
+                    rows.append(dict(dtype=dtype, hdim=HDIM, causal=causal, seqlen=s, batch=b, heads=h,
+                                     variant=name, kernel=label, bwd_ms=t, tflops=flops / t / 1e9,
+                                     x_cudnn=t_cudnn / t, dq_rel_diff=ddq, dkv_rel_diff=dkv,
+                                     mismatch=bool(flag)))
+                    if name in configs:
+                        line.append(f"{name} {t_cudnn / t:.3f}")
+                summary.append(f"{case:<26} " + "  ".join(line) + "   (x cuDNN)")
+                del q, k, v, dout, fns, results
+                torch.cuda.empty_cache()
+    print("\n".join(summary))
+    print(f"total {time.time() - t0:.0f} s", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(device=dev, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
+                           convention="FA: bwd FLOPs = 2.5 x 4 b h s^2 d (/2 causal)", rows=rows), f, indent=1)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
