@@ -403,7 +403,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
-          bool kSAhead = false, bool kDqEarly = false>
+          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
@@ -425,6 +425,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
     static_assert(!(kDynamic && (kVarlen || kDeterministic)),
                   "the dynamic scheduler runs fixed-length, unordered backwards");
+    static_assert(!(kQRotate && (kCausal || kWindow || kDeterministic || kSharedKeys)),
+                  "q_rotate: the unmasked, unordered backward of the head dim 64 / 128 tiles");
     static_assert(!((kSAhead || kDqEarly) && (kSharedKeys || kOverlapSdp)),
                   "s_ahead / dq_early: the head dim 64 / 128 tiles, not with overlap_sdp");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
@@ -501,12 +503,28 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                                           p.window_left, p.window_right);
     const int m_blocks = ((kVarlen ? seq.seqlen_q : p.seqlen_q) + kBM - 1) / kBM;
     int m_block_min, n_iters;
+    // kQRotate (no mask: every K/V block sees every Q block): K/V block n visits the Q blocks from
+    // n % n_iters on, wrapping around, so that the CTAs of a (head, batch), which run side by side,
+    // read different Q blocks and add into different dQ rows at any time (from block 0 they all
+    // add into the same rows at once). The order of a CTA's additions does not change dK_j, dV_j's
+    // sums' terms, only their order.
+    int q_rot = 0;
     auto tile_range = [&]() {
         m_block_min = kWindow ? band.template q_block_begin<kBM>(key0) : mask.template q_block_begin<kBM>(key0);
         const int m_block_end = kWindow ? band.template q_block_end<kBM, kBN>(key0, m_blocks) : m_blocks;
         n_iters = max(0, m_block_end - m_block_min);
+        if constexpr (kQRotate) q_rot = n_iters > 0 ? n_block % n_iters : 0;
     };
     tile_range();
+    // the Q block of the tile's it-th iteration
+    auto m_block_at = [&](int it) {
+        if constexpr (kQRotate) {
+            const int m = it + q_rot;
+            return m >= n_iters ? m - n_iters : m;
+        } else {
+            return m_block_min + it;
+        }
+    };
 
     if (tid == 0) {
         prefetch_tensormap(&p.tma_q);
@@ -550,7 +568,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                     named_barrier_sync(kDqFullBar + buf, kDqBarThreads);
                     if (leader) {
                         const u32 tile = smem + DqW::kOffset + buf * DqW::kTileBytes;
-                        const int row0 = (m_block_min + it) * kBM;
+                        const int row0 = m_block_at(it) * kBM;
 #pragma unroll
                         for (int b = 0; b < kHeadDim / 32; ++b) {
                             if constexpr (kVarlen)   // the map's rows: (nheads, ws_rows), head `head`'s
@@ -600,7 +618,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 for (int it = 0; it < n_iters; ++it) {
                     // q: the CTA's Q block count, the ring position (slot, fill)
                     const int q = kDynamic ? q_done + it : it;
-                    const int slot = q % kStages, row0 = (m_block_min + it) * kBM;
+                    const int slot = q % kStages, row0 = m_block_at(it) * kBM;
                     if (q >= kStages) mbarrier_wait(q_empty(slot), u32(q / kStages - 1) & 1);
                     if (lane == 0) {
                         // kDynamic: LSE_i, D_i's bytes too (bulk copies below)
@@ -782,7 +800,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             }
         }
         for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
-            const int m_block = m_block_min + it, row0 = m_block * kBM;
+            const int m_block = m_block_at(it), row0 = m_block * kBM;
             const int q0 = row0 + q_col0;                           // this warpgroup's first query of Sᵀ
             const u32 q_off = slot * Shape::kQBytes;               // this slot's Q_i, dO_i (bytes)
             // kDropout: the keep mask Z of this thread's Pᵀ elements, one bit each (bit 4nt + e of

@@ -9,6 +9,9 @@ back), the main-loop flags of issue 14's second direction, each on the heuristic
              fp16 kernel spills)
     ds2      ds_double (kDsDouble): two dS buffers, no barrier before the dS stores
     dqe_ds2  both
+    rot      q_rotate (kQRotate, non-causal): K/V block n visits the Q blocks from n % n_iters on,
+             wrapping (the CTAs of a head add into different dQ rows at a time)
+    dqe_rot  dq_early and q_rotate
 
 next to SDPA cuDNN (and flash unless --no-flash), in one process, bf16 and fp16, d128, dim 2048
 (16 heads), batch x seqlen = 16k, causal and not. The backward alone: torch.autograd.grad of one
@@ -56,6 +59,8 @@ VARIANTS = {
     "sah": lambda c: c.replace(s_ahead=True) if c.dtype == "bf16" else None,
     "ds2": lambda c: c.replace(ds_double=True),
     "dqe_ds2": lambda c: c.replace(dq_early=True, ds_double=True),
+    "rot": lambda c: c.replace(q_rotate=True) if not c.causal else None,
+    "dqe_rot": lambda c: c.replace(dq_early=True, q_rotate=True) if not c.causal else None,
 }
 
 

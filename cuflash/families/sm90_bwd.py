@@ -112,6 +112,17 @@ D96_ABOVE_FA2 = True
 HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, True)})
 HEURISTIC_LPT = False
 HEURISTIC_DS_DOUBLE = False
+# The main-loop flags of issue 14 (the d128 backward at cuDNN's speed), for plain calls (no
+# feature) of the classes listed; empty: off, not measured yet (tests/sm90_bwd_d128_timing.py):
+# * HEURISTIC_DQ_EARLY, (kernel head dim, causal): dq_early (kDqEarly), the dQ GEMM issued behind
+#   dV, dK without waiting for them (the tensor cores do not drain at the consumers' barrier);
+# * HEURISTIC_S_AHEAD, (head dim, causal, dtype): s_ahead (kSAhead), the next Q block's Sᵀ issued
+#   behind the dQ GEMM (built at d128 bf16 with dq_writer only: the others spill);
+# * HEURISTIC_Q_ROTATE, kernel head dims: q_rotate (kQRotate) for non-causal calls, K/V block n from
+#   Q block n % n_iters on (a head's CTAs add into different dQ rows at a time).
+HEURISTIC_DQ_EARLY = frozenset()
+HEURISTIC_S_AHEAD = frozenset()
+HEURISTIC_Q_ROTATE = frozenset()
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -197,6 +208,7 @@ class Sm90BwdConfig(KernelConfig):
     ds_double: bool = False
     s_ahead: bool = False
     dq_early: bool = False
+    q_rotate: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -215,7 +227,7 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_dqw' if self.dq_writer else ''}{'_varlen' if self.varlen else ''}"
                 f"{'_lpt' if self.lpt else ''}{'_dyn' if self.dynamic else ''}"
                 f"{'_ds2' if self.ds_double else ''}{'_sah' if self.s_ahead else ''}"
-                f"{'_dqe' if self.dq_early else ''}")
+                f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -336,7 +348,7 @@ class Sm90BwdConfig(KernelConfig):
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
         # the feature flags only when one is set: a plain config keeps its name expression
-        tail = self.s_ahead or self.dq_early
+        tail = self.s_ahead or self.dq_early or self.q_rotate
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -349,7 +361,8 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.lpt)}" if later else ""                                          # kLpt
         feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
         feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
-        feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly last
+        feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
+        feats += ", true" if self.q_rotate else ""                                            # kQRotate last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -357,7 +370,7 @@ class Sm90BwdConfig(KernelConfig):
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
-                self.ds_double, self.s_ahead, self.dq_early)
+                self.ds_double, self.s_ahead, self.dq_early, self.q_rotate)
 
     def _problems(self) -> list[str]:
         out = []
@@ -420,9 +433,16 @@ class Sm90BwdConfig(KernelConfig):
         elif (self.s_ahead or self.dq_early) and (self.softcap or self.alibi or self.dropout):
             out.append(f"{'s_ahead' if self.s_ahead else 'dq_early'} with softcap / ALiBi / dropout: "
                        "unchecked (more accumulators live; those kernels are near the register budget)")
-        elif self.s_ahead and (self.dq_early or not self.dq_writer or self.head_dim != 128 or self.dtype != "bf16"):
-            out.append("s_ahead with dq_early, without dq_writer, at head dim 64 or in fp16: ptxas spills "
-                       "those kernels (4-24 bytes, nvcc 13.0); bf16 head dim 128 with dq_writer only")
+        elif self.s_ahead and (self.dq_early or self.q_rotate or not self.dq_writer or self.head_dim != 128
+                               or self.dtype != "bf16"):
+            out.append("s_ahead with dq_early or q_rotate, without dq_writer, at head dim 64 or in fp16: ptxas "
+                       "spills those kernels (4-24 bytes, nvcc 13.0); bf16 head dim 128 with dq_writer only")
+        if self.q_rotate and (self.causal or self.window or self.deterministic or self.shared_keys):
+            out.append("q_rotate with causal, a window, deterministic or the shared-keys tile (head_dim=256): "
+                       "it rotates the unmasked, unordered Q-block loop of the head dim 64 / 128 tiles only")
+        elif self.q_rotate and (self.softcap or self.alibi or self.dropout):
+            out.append("q_rotate with softcap / ALiBi / dropout: unchecked (one more register across the "
+                       "loop in kernels near the register budget)")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -471,7 +491,8 @@ class Sm90Backward(Family):
     config_cls = Sm90BwdConfig
     space = {"BM": (64, 128), "BN": (64, 128), "stages": (2, 3), "consumers": (1, 2),
              "dq_bulk": (False, True), "overlap_sdp": (False, True), "dq_writer": (False, True),
-             "dynamic": (False, True), "ds_double": (False, True)}
+             "dynamic": (False, True), "ds_double": (False, True), "dq_early": (False, True),
+             "s_ahead": (False, True), "q_rotate": (False, True)}
     # (lpt, the launch order, is a config field outside the space: measured no faster than the
     # plain order, alone or with the dynamic scheduler; HEURISTIC_LPT below)
     fixed = {"deterministic": False}
@@ -608,7 +629,10 @@ class Sm90Backward(Family):
         if (config.s_ahead or config.dq_early) and (config.shared_keys or config.overlap_sdp or config.softcap
                                                     or config.alibi or config.dropout):
             config = config.replace(s_ahead=False, dq_early=False)   # a speed choice, where it is not built
-        if config.s_ahead and (config.dq_early or not config.dq_writer or config.head_dim != 128
+        if config.q_rotate and (config.causal or config.window or config.deterministic or config.shared_keys
+                                or config.softcap or config.alibi or config.dropout):
+            config = config.replace(q_rotate=False)    # a speed choice, where it is not built
+        if config.s_ahead and (config.dq_early or config.q_rotate or not config.dq_writer or config.head_dim != 128
                                or config.dtype != "bf16"):
             config = config.replace(s_ahead=False)     # likewise (its kernel spills there)
         if config.dynamic and config.dynamic_spills():
@@ -627,12 +651,12 @@ class Sm90Backward(Family):
         # lpt only when on, likewise
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
-                and not (k in ("lpt", "dynamic", "ds_double", "s_ahead", "dq_early") and not v))
+                and not (k in ("lpt", "dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without dynamic or ds_double (tuned tables and recorded studies
         from before the flags) gets them off."""
-        for flag in ("dynamic", "ds_double", "s_ahead", "dq_early"):
+        for flag in ("dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate"):
             if flag not in point:
                 point = {**point, flag: False}
         return super().make(point, problem)
@@ -665,6 +689,13 @@ class Sm90Backward(Family):
             cfg = cfg.replace(dynamic=True)             # (for_problem drops it where it does not run)
         if HEURISTIC_DS_DOUBLE and d == 128:
             cfg = cfg.replace(ds_double=True)           # (likewise: not with softcap, ALiBi, dropout)
+        plain = d != 256 and not problem.features
+        # (each where the config builds it: s_ahead not next to dq_early or q_rotate, bf16 only)
+        for flag, on in (("q_rotate", not det and not causal and d in HEURISTIC_Q_ROTATE),
+                         ("dq_early", (d, causal) in HEURISTIC_DQ_EARLY),
+                         ("s_ahead", not det and (d, causal, dtype) in HEURISTIC_S_AHEAD)):
+            if plain and on and not cfg.replace(**{flag: True}).problems():
+                cfg = cfg.replace(**{flag: True})
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
 
     def kernel_names(self, config) -> dict:

@@ -1,0 +1,50 @@
+"""Compile, in parallel worker processes, every kernel of tests/test_sm90_bwd_d128_gpu.py and
+tests/sm90_bwd_d128_timing.py (not a test; run it first, then they find their kernels in CuPy's
+disk cache):
+
+    timeout 150 python tests/sm90_bwd_d128_precompile.py            # the tests' and the timing's
+    timeout 100 python tests/sm90_bwd_d128_precompile.py --tests    # the GPU tests' only
+"""
+import os
+import sys
+import time
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_here, os.path.dirname(_here)]
+
+from cuflash import _gpu, registry, select  # noqa: E402
+from cuflash.compile import precompile  # noqa: E402
+from cuflash.problem import Problem  # noqa: E402
+
+import sm90_bwd_d128_timing as timing  # noqa: E402
+
+
+def test_configs():
+    """The GPU tests' kernels (the shapes do not change them: one per flag set, mask, dtype,
+    determinism) and their forwards."""
+    arch, name, smem = _gpu.arch(), _gpu.name(), _gpu.max_smem()
+    fam = registry.get("sm90_bwd")
+    cases = [("bf16", c, False, flags) for c in (False, True)
+             for flags in (dict(dq_early=True), dict(s_ahead=True))]
+    cases += [("fp16", True, False, dict(dq_early=True, ds_double=True)), ("bf16", True, True, dict(dq_early=True))]
+    cases += [("bf16", False, False, flags) for flags in (dict(q_rotate=True), dict(q_rotate=True, dq_early=True),
+                                                          dict(q_rotate=True, dynamic=True))]
+    out = []
+    for dtype, causal, det, flags in cases:
+        for sq, sk, h, hkv in ((113, 301, 4, 2), (4097, 4097, 8, 2)):
+            p = Problem("bwd", dtype, 2, sq, sk, h, hkv, 128, causal, det)
+            out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(**flags), p))
+            out.append(select.choose(p.replace(op="fwd", deterministic=False), arch, name, smem)[1])
+    return list(dict.fromkeys(out))
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    todo = test_configs()
+    if "--tests" not in sys.argv:
+        todo = list(dict.fromkeys(todo + timing.all_configs(("bf16", "fp16"), (False, True),
+                                                            (2048, 4096, 8192, 16384), list(timing.VARIANTS))))
+    res = precompile(todo)
+    bad = [(c.name, e) for c, _, e in res if e]
+    print(f"{len(todo)} kernels in {time.time() - t0:.0f} s; errors: {bad}")
+    sys.exit(1 if bad else 0)
