@@ -4,6 +4,7 @@ disk cache):
 
     timeout 150 python tests/sm90_bwd_d128_precompile.py            # the tests' and the timing's
     timeout 100 python tests/sm90_bwd_d128_precompile.py --tests    # the GPU tests' only
+    python tests/sm90_bwd_d128_precompile.py --variants heur dqe   # the timing's, those variants
 """
 import os
 import sys
@@ -41,9 +42,12 @@ def test_configs():
 if __name__ == "__main__":
     t0 = time.time()
     todo = test_configs()
+    names = None
+    if "--variants" in sys.argv:
+        names = ["heur"] + [n for n in sys.argv[sys.argv.index("--variants") + 1:] if n in timing.VARIANTS]
     if "--tests" not in sys.argv:
         todo = list(dict.fromkeys(todo + timing.all_configs(("bf16", "fp16"), (False, True),
-                                                            (2048, 4096, 8192, 16384), list(timing.VARIANTS))))
+                                                            (2048, 4096, 8192, 16384), names)))
     res = precompile(todo)
     bad = [(c.name, e) for c, _, e in res if e]
     print(f"{len(todo)} kernels in {time.time() - t0:.0f} s; errors: {bad}")

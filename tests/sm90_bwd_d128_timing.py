@@ -1,7 +1,8 @@
 """Timing of sm90_bwd's head-dim-128 candidates on an H100 (issue 14: the backward at >= 1.0x SDPA
 cuDNN in every cell seqlen >= 2k, >= 520 TFLOPs non-causal 16k): per case the heuristic's kernel
 ("heur"), the other scheduler ("alt": the dynamic one where the heuristic runs the plain grid and
-back), the main-loop flags of issue 14's second direction, each on the heuristic's kernel:
+back; "alt_ds2", "alt_dqe_ds2": with the flags below), the main-loop flags of issue 14's second
+direction, each on the heuristic's kernel:
 
     dqe      dq_early (kDqEarly): the dQ GEMM issued behind dV, dK (no wait, so the tensor cores
              do not drain at the barrier between the consumer warpgroups); one wait for the three
@@ -16,12 +17,18 @@ back), the main-loop flags of issue 14's second direction, each on the heuristic
 next to SDPA cuDNN (and flash unless --no-flash), in one process, bf16 and fp16, d128, dim 2048
 (16 heads), batch x seqlen = 16k, causal and not. The backward alone: torch.autograd.grad of one
 forward's output (retain_graph; SDPA the same way), CUDA events, warm-up, samples of all variants
-interleaved, median (cuflash.timing.time_interleaved). Every kernel is compiled first in parallel
+interleaved, median (cuflash.timing.time_interleaved), by two methods (--methods): "b2b", the
+bench's (samples of 10 calls back to back, as cuflash bench --mode fwdbwd times them), and
+"flush", single calls each after an L2 flush (the tuner's). --breakdown adds the GPU time of
+heur's and cuDNN's kernels by role (preprocess / main / dQ convert / other; torch.profiler, mean
+of 3 calls) to find where the whole backward's time goes. Every kernel is compiled first in parallel
 processes (cuflash.compile.precompile). Gradients of each variant against heur's: every variant
-sums dK_j, dV_j over the Q blocks in the same order, so dk, dv must be equal bit for bit; dq
-within 1e-2 relative (fp32 additions in another order); else the row says MISMATCH.
+but q_rotate sums dK_j, dV_j over the Q blocks in the same order, so dk, dv must be equal bit for
+bit (q_rotate's: within 1e-2 relative); dq within 1e-2 relative (fp32 additions in another order);
+else the row says MISMATCH.
 
     timeout 120 python tests/sm90_bwd_d128_timing.py --out d128_timing.json
+    python tests/sm90_bwd_d128_timing.py --dtypes fp16 --variants heur alt dqe dqe_ds2 alt_dqe_ds2
     python tests/sm90_bwd_d128_timing.py --dtypes bf16 --seqlens 16384 --causal no   # one cell
 
 Success: every row prints, no NaN / MISMATCH; the summary line per case gives each variant's
@@ -47,6 +54,7 @@ from cuflash.registry import op_flops  # noqa: E402
 from cuflash.timing import time_interleaved  # noqa: E402
 
 from sm90_bwd_causal_timing import rel, sdpa_fn  # noqa: E402
+from sm90_bwd_pre_timing import by_role, kernel_times  # noqa: E402
 
 TOKENS, DIM, HDIM = 16384, 2048, 128
 FAM = registry.get("sm90_bwd")
@@ -55,6 +63,8 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 VARIANTS = {
     "heur": lambda c: c,
     "alt": lambda c: c.replace(dynamic=not c.dynamic, lpt=False),
+    "alt_ds2": lambda c: c.replace(dynamic=not c.dynamic, lpt=False, ds_double=True),
+    "alt_dqe_ds2": lambda c: c.replace(dynamic=not c.dynamic, lpt=False, ds_double=True, dq_early=True),
     "dqe": lambda c: c.replace(dq_early=True),
     "sah": lambda c: c.replace(s_ahead=True) if c.dtype == "bf16" else None,
     "ds2": lambda c: c.replace(ds_double=True),
@@ -62,6 +72,15 @@ VARIANTS = {
     "rot": lambda c: c.replace(q_rotate=True) if not c.causal else None,
     "dqe_rot": lambda c: c.replace(dq_early=True, q_rotate=True) if not c.causal else None,
 }
+# fp16's variants unless --variants names them (fewer compiles: the flags' effect is measured in bf16)
+FP16_VARIANTS = ("heur", "alt", "dqe", "dqe_ds2", "alt_dqe_ds2")
+
+
+def names_for(dtype, names):
+    """The variants run for dtype: `names`, or for fp16 without an explicit list FP16_VARIANTS."""
+    if names is None:
+        return list(FP16_VARIANTS) if dtype == "fp16" else list(VARIANTS)
+    return list(names)
 
 
 def problem(s, causal, dtype="bf16", op="bwd"):
@@ -85,12 +104,12 @@ def variants_for(p, names):
     return out
 
 
-def all_configs(dtypes, causals, seqlens, names):
+def all_configs(dtypes, causals, seqlens, names=None):
     out = []
     for dtype in dtypes:
         for causal in causals:
             for s in seqlens:
-                out += list(variants_for(problem(s, causal, dtype), names).values())
+                out += list(variants_for(problem(s, causal, dtype), names_for(dtype, names)).values())
                 out.append(select.choose(problem(s, causal, dtype, op="fwd"), _gpu.arch(), _gpu.name(),
                                          _gpu.max_smem())[1])
     return list(dict.fromkeys(out))
@@ -101,13 +120,17 @@ def main():
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=list(TORCH_DTYPES))
     ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
     ap.add_argument("--causal", choices=("yes", "no", "both"), default="both")
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS),
+                    help="default: all (fp16: FP16_VARIANTS)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--methods", nargs="+", default=["b2b", "flush"], choices=["b2b", "flush"])
+    ap.add_argument("--back-to-back", type=int, default=10, help="calls per b2b sample (the bench's 10)")
+    ap.add_argument("--breakdown", action="store_true", help="heur's and cuDNN's kernels by role")
     ap.add_argument("--no-flash", action="store_true", help="skip SDPA flash")
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     args = ap.parse_args()
     causals = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]
-    names = ["heur"] + [n for n in args.variants if n != "heur"]
+    names = None if args.variants is None else ["heur"] + [n for n in args.variants if n != "heur"]
     dev, t0 = torch.cuda.get_device_name(), time.time()
     todo = all_configs(args.dtypes, causals, args.seqlens, names)
     errors = [(c.name, e) for c, _, e in precompile(todo) if e]
@@ -115,8 +138,8 @@ def main():
     print(f"{dev}  sm90_bwd d128 candidates (backward alone), torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}; {len(todo)} kernels ready in {time.time() - t0:.0f} s",
           flush=True)
-    print(f"{'case':<26} {'variant':<8} {'kernel':<62} {'bwd ms':>7} {'TFLOPs':>6} {'x cuDNN':>7} "
-          f"{'dq diff':>8} {'dkv diff':>8}", flush=True)
+    cols = "".join(f" {m + ' ms':>9} {'TFLOPs':>6} {'x cuDNN':>7}" for m in args.methods)
+    print(f"{'case':<26} {'variant':<11} {'kernel':<62}{cols} {'dq diff':>8} {'dkv diff':>8}", flush=True)
     rows, summary = [], []
     for dtype in args.dtypes:
         for s in args.seqlens:
@@ -125,7 +148,7 @@ def main():
                 b, h = p.batch, p.nheads
                 q, k, v, dout = (torch.randn(b, s, h, HDIM, device="cuda", dtype=TORCH_DTYPES[dtype])
                                  for _ in range(4))
-                configs = variants_for(p, names)
+                configs = variants_for(p, ["heur"] + [n for n in names_for(dtype, names) if n != "heur"])
                 same, fns = {}, {}
                 for name, cfg in configs.items():
                     first = next(n for n, c in configs.items() if c == cfg)
@@ -143,14 +166,15 @@ def main():
                     assert not any(x.isnan().any() for x in g), f"{name}: NaN in the gradients"
                     results[name] = g
                 torch.cuda.synchronize()
-                times = time_interleaved(fns, warmup=2, reps=args.reps, back_to_back=2)
+                times = {m: time_interleaved(fns, warmup=2, reps=args.reps, back_to_back=args.back_to_back,
+                                             flush_l2=m == "flush") for m in args.methods}
                 case = f"{dtype} d{HDIM} {'causal' if causal else 'full'} b{b} s{s}"
                 flops = op_flops(p)
-                t_cudnn = times["cudnn"].median_ms
+                t_cudnn = {m: times[m]["cudnn"].median_ms for m in args.methods}
                 line = []
                 for name in list(configs) + [n for n in fns if n not in configs]:
                     src = same.get(name, name)
-                    t = times[src].median_ms
+                    t = {m: times[m][src].median_ms for m in args.methods}
                     label = configs[name].name if name in configs else f"sdpa {name}"
                     if name in same:
                         label = f"(= {src})"
@@ -160,16 +184,27 @@ def main():
                         ref, got = results["heur"], results[src]
                         ddq = rel(got[0], ref[0])
                         dkv = max(rel(got[1], ref[1]), rel(got[2], ref[2]))
-                        flag = "  MISMATCH" if ddq > 1e-2 or dkv > 0 else ""
-                    print(f"{case:<26} {name:<8} {label:<62} {t:7.3f} {flops / t / 1e9:6.0f} "
-                          f"{t_cudnn / t:7.3f} {ddq:8.1e} {dkv:8.1e}{flag}", flush=True)
+                        # (q_rotate sums dK_j, dV_j over the Q blocks in another order: within 1e-2 too)
+                        dkv_tol = 1e-2 if configs[name].q_rotate else 0.0
+                        flag = "  MISMATCH" if ddq > 1e-2 or dkv > dkv_tol else ""
+                    vals = "".join(f" {t[m]:9.3f} {flops / t[m] / 1e9:6.0f} {t_cudnn[m] / t[m]:7.3f}"
+                                   for m in args.methods)
+                    print(f"{case:<26} {name:<11} {label:<62}{vals} {ddq:8.1e} {dkv:8.1e}{flag}", flush=True)
                     rows.append(dict(dtype=dtype, hdim=HDIM, causal=causal, seqlen=s, batch=b, heads=h,
-                                     variant=name, kernel=label, bwd_ms=t, tflops=flops / t / 1e9,
-                                     x_cudnn=t_cudnn / t, dq_rel_diff=ddq, dkv_rel_diff=dkv,
-                                     mismatch=bool(flag)))
+                                     variant=name, kernel=label, dq_rel_diff=ddq, dkv_rel_diff=dkv,
+                                     mismatch=bool(flag),
+                                     **{f"{m}_ms": t[m] for m in args.methods},
+                                     **{f"{m}_tflops": flops / t[m] / 1e9 for m in args.methods},
+                                     **{f"{m}_x_cudnn": t_cudnn[m] / t[m] for m in args.methods}))
                     if name in configs:
-                        line.append(f"{name} {t_cudnn / t:.3f}")
-                summary.append(f"{case:<26} " + "  ".join(line) + "   (x cuDNN)")
+                        line.append(f"{name} " + "/".join(f"{t_cudnn[m] / t[m]:.3f}" for m in args.methods))
+                summary.append(f"{case:<26} " + "  ".join(line) + f"   (x cuDNN: {' / '.join(args.methods)})")
+                if args.breakdown:
+                    for name in ("heur", "cudnn"):
+                        roles = by_role(kernel_times(fns[name], 3))
+                        print(f"{case:<26} {name:<11} GPU us by role: {roles}", flush=True)
+                        rows.append(dict(dtype=dtype, hdim=HDIM, causal=causal, seqlen=s, variant=name,
+                                         breakdown_us=roles))
                 del q, k, v, dout, fns, results
                 torch.cuda.empty_cache()
     print("\n".join(summary))
