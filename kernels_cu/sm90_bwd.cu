@@ -403,7 +403,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
-          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false>
+          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
@@ -427,6 +427,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                   "the dynamic scheduler runs fixed-length, unordered backwards");
     static_assert(!(kQRotate && (kCausal || kWindow || kDeterministic || kSharedKeys)),
                   "q_rotate: the unmasked, unordered backward of the head dim 64 / 128 tiles");
+    static_assert(!kDkLate || (kDqEarly && kDqWriter && !kSAhead),
+                  "dk_late: with dq_early and dq_writer (its dK GEMM is waited for after the dQ staging), "
+                  "not with s_ahead");
     static_assert(!((kSAhead || kDqEarly) && (kSharedKeys || kOverlapSdp)),
                   "s_ahead / dq_early: the head dim 64 / 128 tiles, not with overlap_sdp");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
@@ -989,14 +992,17 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
 
             // ---- dK_j += dSᵀ Q_i (RS; Q_i MN-major; scaled once, in the epilogue) ----
             // (kSharedKeys: both by SS once every warpgroup's Pᵀ, dSᵀ are in shared memory, below)
-            if constexpr (!kSharedKeys) {
+            // (kDkLate: issued after the dQ GEMM instead, FlashAttention-3's order, so that it runs
+            // while the dQ part is staged)
+            auto issue_dk = [&]() {
                 reg_fence(dk_acc);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < kBM / 16; ++kk)
                     Wgmma<kHeadDim, Elem>::template rs<1>(dk_acc, ds_frag[0][kk], q_t_desc.at(q_off + kk * 16 * 128), 1);
                 wgmma_commit();
-            }
+            };
+            if constexpr (!kSharedKeys && !kDkLate) issue_dk();
 
             // ---- dS to shared memory: every warpgroup's previous dQ GEMM is done (it waited for it
             // before the barrier), so ds_smem is free. ds_frag register r of step kk holds keys
@@ -1130,7 +1136,10 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 Wgmma<Shape::kDqN, Elem>::template ss<1>(dq_acc, ds_desc.at(ds_buf + a_off), k_t_desc.at(kk * 16 * 128), kk > 0);
             }
             wgmma_commit();
-            if (kSAhead && it + 1 < n_iters) {
+            if constexpr (kDkLate) {
+                issue_dk();
+                wgmma_wait<1>();                                    // the dQ part (dV too; dK may run)
+            } else if (kSAhead && it + 1 < n_iters) {
                 // the next Q block's Sᵀ behind the dQ GEMM (its slot's fill waited for first): the
                 // tensor cores run it while this thread stores the dQ part; wait for the dQ part only
                 const int next = slot + 1 == kStages ? 0 : slot + 1;
@@ -1141,11 +1150,11 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 wgmma_wait<0>();                                    // the dQ part: Q_i, dO_i all read
             }
             reg_fence(dq_acc);
-            if constexpr (kDqEarly) {
+            if constexpr (kDqEarly && !kDkLate) {
                 reg_fence(dk_acc);
                 reg_fence(dv_acc);
             }
-            mbarrier_arrive(q_empty(slot));                         // the slot may be refilled
+            if constexpr (!kDkLate) mbarrier_arrive(q_empty(slot));  // the slot may be refilled
 
             // ---- dQ accumulator += dQ part (fp32 in global memory) ----
             if constexpr (kDqWriter) {
@@ -1185,6 +1194,12 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 }
                 fence_proxy_async_smem();                           // generic stores -> the bulk op's reads
                 named_barrier_arrive(kDqFullBar + buf, kDqBarThreads);
+                if constexpr (kDkLate) {                            // dK done: Q_i read for the last time
+                    wgmma_wait<0>();
+                    reg_fence(dk_acc);
+                    reg_fence(dv_acc);
+                    mbarrier_arrive(q_empty(slot));                 // the slot may be refilled
+                }
                 continue;                                           // (the red.add path below is the default's)
             }
             if constexpr (kDqBulk) {

@@ -30,6 +30,8 @@ def test_configs():
     cases += [("fp16", True, False, dict(dq_early=True, ds_double=True)), ("bf16", True, True, dict(dq_early=True))]
     cases += [("bf16", False, False, flags) for flags in (dict(q_rotate=True), dict(q_rotate=True, dq_early=True),
                                                           dict(q_rotate=True, dynamic=True))]
+    cases += [("bf16", c, False, dict(dynamic=False, lpt=False, ds_double=c, dq_early=True, dk_late=True))
+              for c in (False, True)]
     out = []
     for dtype, causal, det, flags in cases:
         for sq, sk, h, hkv in ((113, 301, 4, 2), (4097, 4097, 8, 2)):

@@ -10,10 +10,15 @@ direction, each on the heuristic's kernel:
              fp16 kernel spills)
     ds2      ds_double (kDsDouble): two dS buffers, no barrier before the dS stores
     dqe_ds2  both
+    dkl      dq_early and dk_late (kDkLate, FlashAttention-3's order: dK issued behind the dQ GEMM and
+             waited for after the dQ part is staged; not with the dynamic scheduler: it spills)
+    dkl_ds2, alt_dkl_ds2  with two dS buffers (alt: causal on the plain grid)
     rot      q_rotate (kQRotate, non-causal): K/V block n visits the Q blocks from n % n_iters on,
              wrapping (the CTAs of a head add into different dQ rows at a time)
     dqe_rot  dq_early and q_rotate
 
+each where it applies (non-causal only: dkl, dkl_ds2, rot, dqe_rot; causal only: dqe_ds2 and the
+alt_*_ds2 ones, the plain grid with two dS buffers, which the tuner's brute force liked there),
 next to SDPA cuDNN (and flash unless --no-flash), in one process, bf16 and fp16, d128, dim 2048
 (16 heads), batch x seqlen = 16k, causal and not. The backward alone: torch.autograd.grad of one
 forward's output (retain_graph; SDPA the same way), CUDA events, warm-up, samples of all variants
@@ -63,17 +68,24 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 VARIANTS = {
     "heur": lambda c: c,
     "alt": lambda c: c.replace(dynamic=not c.dynamic, lpt=False),
-    "alt_ds2": lambda c: c.replace(dynamic=not c.dynamic, lpt=False, ds_double=True),
-    "alt_dqe_ds2": lambda c: c.replace(dynamic=not c.dynamic, lpt=False, ds_double=True, dq_early=True),
     "dqe": lambda c: c.replace(dq_early=True),
     "sah": lambda c: c.replace(s_ahead=True) if c.dtype == "bf16" else None,
     "ds2": lambda c: c.replace(ds_double=True),
-    "dqe_ds2": lambda c: c.replace(dq_early=True, ds_double=True),
+    # non-causal (the heuristic's plain grid)
+    "dkl": lambda c: c.replace(dq_early=True, dk_late=True) if not c.causal else None,
+    "dkl_ds2": lambda c: c.replace(dq_early=True, dk_late=True, ds_double=True) if not c.causal else None,
     "rot": lambda c: c.replace(q_rotate=True) if not c.causal else None,
     "dqe_rot": lambda c: c.replace(dq_early=True, q_rotate=True) if not c.causal else None,
+    # causal (the heuristic's dynamic scheduler; alt: the plain grid, the tuner's best with ds2)
+    "dqe_ds2": lambda c: c.replace(dq_early=True, ds_double=True) if c.causal else None,
+    "alt_ds2": lambda c: c.replace(dynamic=not c.dynamic, lpt=False, ds_double=True) if c.causal else None,
+    "alt_dqe_ds2": lambda c: (c.replace(dynamic=not c.dynamic, lpt=False, ds_double=True, dq_early=True)
+                              if c.causal else None),
+    "alt_dkl_ds2": lambda c: (c.replace(dynamic=not c.dynamic, lpt=False, ds_double=True, dq_early=True,
+                                        dk_late=True) if c.causal else None),
 }
 # fp16's variants unless --variants names them (fewer compiles: the flags' effect is measured in bf16)
-FP16_VARIANTS = ("heur", "alt", "dqe", "dqe_ds2", "alt_dqe_ds2")
+FP16_VARIANTS = ("heur", "alt", "dqe", "dkl_ds2", "dqe_ds2", "alt_dqe_ds2", "alt_dkl_ds2")
 
 
 def names_for(dtype, names):

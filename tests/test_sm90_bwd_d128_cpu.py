@@ -27,7 +27,7 @@ from test_sm90_bwd_sched_cpu import compile_clean, nvcc_compile  # noqa: E402
 NVCC = os.environ.get("NVCC", "nvcc")
 needs_nvcc = pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not on PATH")
 FAM = registry.get("sm90_bwd")
-FLAGS = ("dq_early", "s_ahead", "q_rotate")
+FLAGS = ("dq_early", "s_ahead", "q_rotate", "dk_late")
 
 
 def problem(head_dim=128, causal=False, deterministic=False, dtype="bf16", features=(), **kw):
@@ -40,9 +40,9 @@ def heur(causal=False, dtype="bf16", **flags):
 
 def test_fields_names_template_encoding():
     plain = heur()
-    names = {"dq_early": "_dqe", "s_ahead": "_sah", "q_rotate": "_rot"}
+    names = {"dq_early": "_dqe", "s_ahead": "_sah", "q_rotate": "_rot", "dk_late": "_dqe_dkl"}
     for flag, suffix in names.items():
-        cfg = plain.replace(**{flag: True})
+        cfg = plain.replace(**{flag: True}, **({"dq_early": True} if flag == "dk_late" else {}))
         assert cfg.name == plain.name + suffix and cfg.problems() == []
         assert FAM.decode(FAM.encode(cfg), "bf16", False) == cfg and flag not in FAM.encode(plain)
         assert FAM.space[flag] == (False, True)
@@ -54,10 +54,13 @@ def test_fields_names_template_encoding():
     assert plain.replace(s_ahead=True).kernel_name() == plain.kernel_name()[:-1] + tail + ", true, false>"
     assert plain.replace(q_rotate=True).kernel_name() == plain.kernel_name()[:-1] + tail + ", false, false, true>"
     assert heur(True, dynamic=True).kernel_name().endswith(", false, false, true>")   # (kDsDouble omitted)
-    assert plain.replace(q_rotate=True, dq_early=True).template_args()[19:] == (False, True, True)
-    assert len(plain.template_args()) == 22
+    assert plain.replace(dq_early=True, dk_late=True).kernel_name() == (plain.kernel_name()[:-1] + tail
+                                                                        + ", false, true, false, true>")
+    assert plain.replace(q_rotate=True, dq_early=True).template_args()[19:] == (False, True, True, False)
+    assert len(plain.template_args()) == 23
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
-    assert "bool kDsDouble = false,\n          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false>" in src
+    assert ("bool kDsDouble = false,\n          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, "
+            "bool kDkLate = false>") in src
     # a point from before the flags gets them off
     point = {k: v for k, v in FAM.point(plain).items() if k not in FLAGS}
     assert FAM.make(point, problem()) == FAM.make(FAM.point(plain), problem())
@@ -80,6 +83,13 @@ def test_rules_and_for_problem():
         assert "s_ahead with dq_early" in why(heur(s_ahead=True).replace(**change)), change
     assert "s_ahead with dq_early" in why(Sm90BwdConfig(128, 128, 2, 2, 64, "bf16", False, dq_writer=True,
                                                         s_ahead=True))
+    assert "dk_late without dq_early" in why(heur(dk_late=True))
+    assert "dk_late without dq_early" in why(heur(dk_late=True, dq_early=True).replace(dq_writer=False))
+    assert "dk_late with dynamic" in why(heur(True, dynamic=True, dq_early=True, dk_late=True))
+    assert not FAM.for_problem(heur(True, dynamic=True, dq_early=True, dk_late=True), problem(causal=True)).dk_late
+    got = FAM.for_problem(heur(True, ds_double=True, dq_early=True, dk_late=True), problem(causal=True))
+    assert got.dk_late and got.problems() == []
+    assert not FAM.for_problem(heur(dq_early=True, dk_late=True), problem(deterministic=True)).dk_late
     # allowed: dq_early with a window, deterministic, varlen, the dynamic scheduler, ds_double, fp16, d64
     for cfg in (heur(window=True, dq_early=True), heur(True, dynamic=True, ds_double=True, dq_early=True),
                 Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True, True, dq_early=True),
@@ -147,7 +157,8 @@ def test_rotation_is_a_permutation(n_iters):
 ALLOWED = [heur(dq_early=True), heur(True, dynamic=True, dq_early=True), heur(s_ahead=True),
            heur(True, dynamic=True, s_ahead=True), heur(q_rotate=True), heur(q_rotate=True, dq_early=True),
            heur(dtype="fp16", q_rotate=True, dynamic=True), heur(True, "fp16", dynamic=True, ds_double=True, dq_early=True),
-           heur(ds_double=True, s_ahead=True),
+           heur(ds_double=True, s_ahead=True), heur(dq_early=True, dk_late=True),
+           heur(True, "fp16", ds_double=True, dq_early=True, dk_late=True),
            Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True, True, dq_early=True),          # deterministic (red.add)
            heur(True, window=True, dq_early=True),
            Sm90BwdConfig(128, 128, 2, 2, 64, "bf16", False, dq_writer=True, dynamic=True, dq_early=True, q_rotate=True)]

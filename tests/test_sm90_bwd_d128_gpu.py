@@ -3,6 +3,8 @@ backward at cuDNN's speed):
 
 * dq_early (kDqEarly): the dQ GEMM issued behind dV, dK without waiting for them; one wait for the
   three before the dQ part is stored and the Q/dO slot released;
+* dk_late (kDkLate, with dq_early, not with the dynamic scheduler): dK issued behind the dQ GEMM
+  (FlashAttention-3's order), waited for after the dQ part is staged;
 * q_rotate (kQRotate, non-causal): K/V block n visits the Q blocks from n % n_iters on, wrapping;
 * s_ahead (kSAhead, bf16 only): the next Q block's Sᵀ issued behind the dQ GEMM (its slot's fill
   waited for there), wgmma_wait<1> for the dQ part; the tile's first Sᵀ before the Q-block loop.
@@ -14,7 +16,7 @@ GQA / MQA in turn); fp16 with dq_early and two dS buffers (causal, dynamic); man
 a deterministic dq_early call (ordered red.add; bitwise reproducible over 3 calls). Errors: the 3x
 gradient rule against float64, outputs poisoned (NaN) before each launch.
 
-Compiles: 9 backward kernels and their forwards (tests/sm90_bwd_d128_precompile.py first).
+Compiles: 11 backward kernels and their forwards (tests/sm90_bwd_d128_precompile.py first).
 
 Run first: CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q -x tests/test_sm90_bwd_d128_gpu.py
 """
@@ -63,6 +65,16 @@ def test_q_rotate_odd_seqlens(flags, seqlens):
     heads = list(HEADS)[SHAPES.index(seqlens) % len(HEADS)]
     p = problem("bf16", False, 128, seqlens, heads)
     run_case(p, with_flags(p, **ROTATE[flags]))
+
+
+@pytest.mark.parametrize("seqlens", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_dk_late_odd_seqlens(causal, seqlens):
+    """dk_late (with dq_early, on the plain grid; causal with two dS buffers): dK issued behind the
+    dQ GEMM, waited for after the dQ part is staged, then the Q/dO slot released."""
+    heads = list(HEADS)[SHAPES.index(seqlens) % len(HEADS)]
+    p = problem("bf16", causal, 128, seqlens, heads)
+    run_case(p, with_flags(p, dynamic=False, lpt=False, ds_double=causal, dq_early=True, dk_late=True))
 
 
 @pytest.mark.parametrize("seqlens", [(113, 301), (2049, 2049)], ids=lambda s: f"{s[0]}x{s[1]}")

@@ -209,6 +209,7 @@ class Sm90BwdConfig(KernelConfig):
     s_ahead: bool = False
     dq_early: bool = False
     q_rotate: bool = False
+    dk_late: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -227,7 +228,8 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_dqw' if self.dq_writer else ''}{'_varlen' if self.varlen else ''}"
                 f"{'_lpt' if self.lpt else ''}{'_dyn' if self.dynamic else ''}"
                 f"{'_ds2' if self.ds_double else ''}{'_sah' if self.s_ahead else ''}"
-                f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}")
+                f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
+                f"{'_dkl' if self.dk_late else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -348,7 +350,7 @@ class Sm90BwdConfig(KernelConfig):
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
         # the feature flags only when one is set: a plain config keeps its name expression
-        tail = self.s_ahead or self.dq_early or self.q_rotate
+        tail = self.s_ahead or self.dq_early or self.q_rotate or self.dk_late
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -362,7 +364,8 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
         feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
         feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
-        feats += ", true" if self.q_rotate else ""                                            # kQRotate last
+        feats += f", {b(self.q_rotate)}" if self.q_rotate or self.dk_late else ""             # kQRotate
+        feats += ", true" if self.dk_late else ""                                             # kDkLate last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -370,7 +373,7 @@ class Sm90BwdConfig(KernelConfig):
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
-                self.ds_double, self.s_ahead, self.dq_early, self.q_rotate)
+                self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late)
 
     def _problems(self) -> list[str]:
         out = []
@@ -437,6 +440,11 @@ class Sm90BwdConfig(KernelConfig):
                                or self.dtype != "bf16"):
             out.append("s_ahead with dq_early or q_rotate, without dq_writer, at head dim 64 or in fp16: ptxas "
                        "spills those kernels (4-24 bytes, nvcc 13.0); bf16 head dim 128 with dq_writer only")
+        if self.dk_late and not (self.dq_early and self.dq_writer and not self.s_ahead):
+            out.append("dk_late without dq_early and dq_writer, or with s_ahead: its dK GEMM is issued behind "
+                       "dq_early's dQ GEMM and waited for after dq_writer's staging")
+        elif self.dk_late and self.dynamic:
+            out.append("dk_late with dynamic: ptxas spills that kernel (32 bytes, nvcc 13.0, d128 causal)")
         if self.q_rotate and (self.causal or self.window or self.deterministic or self.shared_keys):
             out.append("q_rotate with causal, a window, deterministic or the shared-keys tile (head_dim=256): "
                        "it rotates the unmasked, unordered Q-block loop of the head dim 64 / 128 tiles only")
@@ -492,7 +500,8 @@ class Sm90Backward(Family):
     space = {"BM": (64, 128), "BN": (64, 128), "stages": (2, 3), "consumers": (1, 2),
              "dq_bulk": (False, True), "overlap_sdp": (False, True), "dq_writer": (False, True),
              "dynamic": (False, True), "ds_double": (False, True), "dq_early": (False, True),
-             "s_ahead": (False, True), "q_rotate": (False, True)}
+             "s_ahead": (False, True), "q_rotate": (False, True),
+             "dk_late": (False, True)}
     # (lpt, the launch order, is a config field outside the space: measured no faster than the
     # plain order, alone or with the dynamic scheduler; HEURISTIC_LPT below)
     fixed = {"deterministic": False}
@@ -635,6 +644,8 @@ class Sm90Backward(Family):
         if config.s_ahead and (config.dq_early or config.q_rotate or not config.dq_writer or config.head_dim != 128
                                or config.dtype != "bf16"):
             config = config.replace(s_ahead=False)     # likewise (its kernel spills there)
+        if config.dk_late and (config.dynamic or not (config.dq_early and config.dq_writer and not config.s_ahead)):
+            config = config.replace(dk_late=False)     # a speed choice, where it is not built
         if config.dynamic and config.dynamic_spills():
             config = config.replace(dynamic=False)     # a speed choice: the combinations whose kernel spills
         if config.BM > 64 and config.bm128_spills():
@@ -651,12 +662,12 @@ class Sm90Backward(Family):
         # lpt only when on, likewise
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
-                and not (k in ("lpt", "dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate") and not v))
+                and not (k in ("lpt", "dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate", "dk_late") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without dynamic or ds_double (tuned tables and recorded studies
         from before the flags) gets them off."""
-        for flag in ("dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate"):
+        for flag in ("dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate", "dk_late"):
             if flag not in point:
                 point = {**point, flag: False}
         return super().make(point, problem)
