@@ -792,7 +792,8 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
                 const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
                 const u32 b_off = s_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-                Wgmma<kSN, Elem>::template ss<0>(s_flat, fresh(k_rows_desc).at(a_off), fresh(q_desc).at(b_off), kk > 0);
+                Wgmma<kSN, Elem>::template ss<0>(s_flat, fresh(k_rows_desc).at(a_off),
+                                                 (kSAhead ? fresh(q_desc) : q_desc).at(b_off), kk > 0);
             }
             wgmma_commit();
         };
@@ -995,12 +996,14 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             // (kDkLate: issued after the dQ GEMM instead, FlashAttention-3's order, so that it runs
             // while the dQ part is staged)
             auto issue_dk = [&]() {
-                reg_fence(dk_acc);
-                wgmma_fence();
+                if constexpr (!kSharedKeys) {
+                    reg_fence(dk_acc);
+                    wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < kBM / 16; ++kk)
-                    Wgmma<kHeadDim, Elem>::template rs<1>(dk_acc, ds_frag[0][kk], q_t_desc.at(q_off + kk * 16 * 128), 1);
-                wgmma_commit();
+                    for (int kk = 0; kk < kBM / 16; ++kk)
+                        Wgmma<kHeadDim, Elem>::template rs<1>(dk_acc, ds_frag[0][kk], q_t_desc.at(q_off + kk * 16 * 128), 1);
+                    wgmma_commit();
+                }
             };
             if constexpr (!kSharedKeys && !kDkLate) issue_dk();
 
