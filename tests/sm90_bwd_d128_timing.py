@@ -1,24 +1,23 @@
 """Timing of sm90_bwd's head-dim-128 candidates on an H100 (issue 14: the backward at >= 1.0x SDPA
-cuDNN in every cell seqlen >= 2k, >= 520 TFLOPs non-causal 16k): per case the heuristic's kernel
-("heur"), the other scheduler ("alt": the dynamic one where the heuristic runs the plain grid and
-back; "alt_ds2", "alt_dqe_ds2": with the flags below), the main-loop flags of issue 14's second
-direction, each on the heuristic's kernel:
+cuDNN in every cell seqlen >= 2k, >= 520 TFLOPs non-causal 16k; --hdim 64 for the d64 tile): per
+case the heuristic's kernel ("heur": at d128 dq_early + dk_late + ds_double on the plain grid,
+HEURISTIC_DK_LATE), the session-14 heuristic's ("old": one dS buffer; dynamic at d64 and d128
+causal), the other scheduler ("alt"), and the main-loop flags of issue 14's second direction:
 
     dqe      dq_early (kDqEarly): the dQ GEMM issued behind dV, dK (no wait, so the tensor cores
              do not drain at the barrier between the consumer warpgroups); one wait for the three
+    dkl      dq_early and dk_late (kDkLate, FlashAttention-3's order: dK issued behind the dQ GEMM and
+             waited for after the dQ part is staged; at d128 not with the dynamic scheduler: spills)
     sah      s_ahead (kSAhead): the next Q block's Sᵀ issued behind the dQ GEMM (bf16 only: the
              fp16 kernel spills)
     ds2      ds_double (kDsDouble): two dS buffers, no barrier before the dS stores
-    dqe_ds2  both
-    dkl      dq_early and dk_late (kDkLate, FlashAttention-3's order: dK issued behind the dQ GEMM and
-             waited for after the dQ part is staged; not with the dynamic scheduler: it spills)
-    dkl_ds2, alt_dkl_ds2  with two dS buffers (alt: causal on the plain grid)
     rot      q_rotate (kQRotate, non-causal): K/V block n visits the Q blocks from n % n_iters on,
              wrapping (the CTAs of a head add into different dQ rows at a time)
-    dqe_rot  dq_early and q_rotate
+    dqe_rot, rot_dkl, dkl_ds2, dqe_ds2, alt_ds2, alt_dqe_ds2, alt_dkl_ds2, dyn_dqe_ds2: mixes (alt_*:
+             the plain grid, dyn_*: the dynamic scheduler; the single flags on "old")
 
-each where it applies (non-causal only: dkl, dkl_ds2, rot, dqe_rot; causal only: dqe_ds2 and the
-alt_*_ds2 ones, the plain grid with two dS buffers, which the tuner's brute force liked there),
+each where it applies (non-causal only: dkl_ds2, rot*, dqe_rot; causal only: *_ds2 but dkl_ds2);
+by default DEFAULT_VARIANTS (fp16: FP16_VARIANTS), --variants all for every one,
 next to SDPA cuDNN (and flash unless --no-flash), in one process, bf16 and fp16, d128, dim 2048
 (16 heads), batch x seqlen = 16k, causal and not. The backward alone: torch.autograd.grad of one
 forward's output (retain_graph; SDPA the same way), CUDA events, warm-up, samples of all variants
@@ -61,38 +60,50 @@ from cuflash.timing import time_interleaved  # noqa: E402
 from sm90_bwd_causal_timing import rel, sdpa_fn  # noqa: E402
 from sm90_bwd_pre_timing import by_role, kernel_times  # noqa: E402
 
-TOKENS, DIM, HDIM = 16384, 2048, 128
+TOKENS, DIM = 16384, 2048
+HDIM = 128           # --hdim sets it (64: the BM128 BN128 tile)
 FAM = registry.get("sm90_bwd")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # name: the config of a case from the heuristic's (None: not for this case)
+def old(c):
+    """The heuristic's kernel before dk_late (session 14): dQ by the writer warp, one dS buffer; the
+    dynamic scheduler where HEURISTIC_DYNAMIC had it (d64; d128 causal)."""
+    return c.replace(dq_early=False, dk_late=False, ds_double=False, s_ahead=False, q_rotate=False,
+                     dynamic=c.head_dim == 64 or c.causal, lpt=False)
+
+
 VARIANTS = {
     "heur": lambda c: c,
+    "old": old,
     "alt": lambda c: c.replace(dynamic=not c.dynamic, lpt=False),
-    "dqe": lambda c: c.replace(dq_early=True),
-    "sah": lambda c: c.replace(s_ahead=True) if c.dtype == "bf16" else None,
-    "ds2": lambda c: c.replace(ds_double=True),
-    # non-causal (the heuristic's plain grid)
-    "dkl": lambda c: c.replace(dq_early=True, dk_late=True) if not c.causal else None,
-    "dkl_ds2": lambda c: c.replace(dq_early=True, dk_late=True, ds_double=True) if not c.causal else None,
-    "rot": lambda c: c.replace(q_rotate=True) if not c.causal else None,
-    "dqe_rot": lambda c: c.replace(dq_early=True, q_rotate=True) if not c.causal else None,
-    # causal (the heuristic's dynamic scheduler; alt: the plain grid, the tuner's best with ds2)
-    "dqe_ds2": lambda c: c.replace(dq_early=True, ds_double=True) if c.causal else None,
-    "alt_ds2": lambda c: c.replace(dynamic=not c.dynamic, lpt=False, ds_double=True) if c.causal else None,
-    "alt_dqe_ds2": lambda c: (c.replace(dynamic=not c.dynamic, lpt=False, ds_double=True, dq_early=True)
+    "dqe": lambda c: old(c).replace(dq_early=True),
+    "sah": lambda c: old(c).replace(s_ahead=True) if c.dtype == "bf16" else None,
+    "ds2": lambda c: old(c).replace(ds_double=True),
+    "dkl": lambda c: old(c).replace(dq_early=True, dk_late=True),
+    # non-causal
+    "dkl_ds2": lambda c: c.replace(dq_early=True, dk_late=True, ds_double=True, dynamic=False) if not c.causal else None,
+    "rot": lambda c: old(c).replace(q_rotate=True) if not c.causal else None,
+    "dqe_rot": lambda c: old(c).replace(dq_early=True, q_rotate=True) if not c.causal else None,
+    "rot_dkl": lambda c: c.replace(q_rotate=True, dq_early=True, dk_late=True) if not c.causal else None,
+    # causal (alt: the plain grid, where the session-14 heuristic ran the dynamic scheduler)
+    "dqe_ds2": lambda c: old(c).replace(dq_early=True, ds_double=True) if c.causal else None,
+    "alt_ds2": lambda c: old(c).replace(dynamic=False, ds_double=True) if c.causal else None,
+    "alt_dqe_ds2": lambda c: old(c).replace(dynamic=False, ds_double=True, dq_early=True) if c.causal else None,
+    "alt_dkl_ds2": lambda c: (old(c).replace(dynamic=False, ds_double=True, dq_early=True, dk_late=True)
                               if c.causal else None),
-    "alt_dkl_ds2": lambda c: (c.replace(dynamic=not c.dynamic, lpt=False, ds_double=True, dq_early=True,
-                                        dk_late=True) if c.causal else None),
+    "dyn_dqe_ds2": lambda c: old(c).replace(dynamic=True, ds_double=True, dq_early=True) if c.causal else None,
 }
 # fp16's variants unless --variants names them (fewer compiles: the flags' effect is measured in bf16)
-FP16_VARIANTS = ("heur", "alt", "dqe", "dkl_ds2", "dqe_ds2", "alt_dqe_ds2", "alt_dkl_ds2")
+FP16_VARIANTS = ("heur", "old", "rot_dkl", "dyn_dqe_ds2")
+# the round's default set (--variants all: every one)
+DEFAULT_VARIANTS = ("heur", "old", "rot_dkl", "dyn_dqe_ds2", "dkl")
 
 
 def names_for(dtype, names):
     """The variants run for dtype: `names`, or for fp16 without an explicit list FP16_VARIANTS."""
     if names is None:
-        return list(FP16_VARIANTS) if dtype == "fp16" else list(VARIANTS)
-    return list(names)
+        return list(FP16_VARIANTS) if dtype == "fp16" else list(DEFAULT_VARIANTS)
+    return list(VARIANTS) if "all" in names else list(names)
 
 
 def problem(s, causal, dtype="bf16", op="bwd"):
@@ -132,8 +143,9 @@ def main():
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=list(TORCH_DTYPES))
     ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
     ap.add_argument("--causal", choices=("yes", "no", "both"), default="both")
-    ap.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS),
-                    help="default: all (fp16: FP16_VARIANTS)")
+    ap.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS) + ["all"],
+                    help="default: DEFAULT_VARIANTS (fp16: FP16_VARIANTS); all: every one")
+    ap.add_argument("--hdim", type=int, default=128, choices=(64, 128))
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--methods", nargs="+", default=["b2b", "flush"], choices=["b2b", "flush"])
     ap.add_argument("--back-to-back", type=int, default=10, help="calls per b2b sample (the bench's 10)")
@@ -141,6 +153,8 @@ def main():
     ap.add_argument("--no-flash", action="store_true", help="skip SDPA flash")
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     args = ap.parse_args()
+    global HDIM
+    HDIM = args.hdim
     causals = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]
     names = None if args.variants is None else ["heur"] + [n for n in args.variants if n != "heur"]
     dev, t0 = torch.cuda.get_device_name(), time.time()
@@ -197,7 +211,7 @@ def main():
                         ddq = rel(got[0], ref[0])
                         dkv = max(rel(got[1], ref[1]), rel(got[2], ref[2]))
                         # (q_rotate sums dK_j, dV_j over the Q blocks in another order: within 1e-2 too)
-                        dkv_tol = 1e-2 if configs[name].q_rotate else 0.0
+                        dkv_tol = 1e-2 if configs[name].q_rotate != configs["heur"].q_rotate else 0.0
                         flag = "  MISMATCH" if ddq > 1e-2 or dkv > dkv_tol else ""
                     vals = "".join(f" {t[m]:9.3f} {flops / t[m] / 1e9:6.0f} {t_cudnn[m] / t[m]:7.3f}"
                                    for m in args.methods)

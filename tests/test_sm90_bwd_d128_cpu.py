@@ -86,6 +86,8 @@ def test_rules_and_for_problem():
     assert "dk_late without dq_early" in why(heur(dk_late=True))
     assert "dk_late without dq_early" in why(heur(dk_late=True, dq_early=True).replace(dq_writer=False))
     assert "dk_late with dynamic" in why(heur(True, dynamic=True, dq_early=True, dk_late=True))
+    assert Sm90BwdConfig(128, 128, 2, 2, 64, "bf16", False, dq_writer=True, dynamic=True, dq_early=True,
+                         dk_late=True).problems() == []        # (d64's dynamic kernel fits)
     assert not FAM.for_problem(heur(True, dynamic=True, dq_early=True, dk_late=True), problem(causal=True)).dk_late
     got = FAM.for_problem(heur(True, ds_double=True, dq_early=True, dk_late=True), problem(causal=True))
     assert got.dk_late and got.problems() == []
@@ -112,12 +114,23 @@ def test_rules_and_for_problem():
 
 
 def test_heuristic_switches(monkeypatch):
-    # as shipped: off
+    # as shipped: dk_late (with dq_early and ds_double, on the plain grid) for plain unordered d128
+    # calls, measured; the rest off
     assert not (sm90_bwd.HEURISTIC_DQ_EARLY or sm90_bwd.HEURISTIC_S_AHEAD or sm90_bwd.HEURISTIC_Q_ROTATE)
-    for d, causal, det, dtype in itertools.product((64, 128, 256), (False, True), (False, True), ("bf16", "fp16")):
+    assert sm90_bwd.HEURISTIC_DK_LATE == {(128, False), (128, True)}
+    for d, causal, det, dtype in itertools.product((64, 96, 128, 256), (False, True), (False, True), ("bf16", "fp16")):
         p = problem(d, causal, det, dtype)
         cfg = FAM.for_problem(FAM.heuristic(p), p)
-        assert not (cfg.dq_early or cfg.s_ahead or cfg.q_rotate)
+        late = d in (96, 128) and not det
+        assert (cfg.dq_early, cfg.dk_late) == (late, late) and not (cfg.s_ahead or cfg.q_rotate), cfg.name
+        assert cfg.ds_double == late and (not late or not cfg.dynamic) and cfg.problems() == []
+        for feats in (("window",), ("varlen",), ("softcap",)):
+            pf = problem(d, causal, det, dtype, features=feats)
+            if FAM.supports((9, 0), pf):
+                continue
+            cfg = FAM.for_problem(FAM.heuristic(pf), pf)
+            assert not (cfg.dq_early or cfg.dk_late or cfg.s_ahead or cfg.q_rotate), (feats, cfg.name)
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_DK_LATE", frozenset())
     classes = frozenset(itertools.product((64, 128), (False, True)))
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DQ_EARLY", classes)
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_S_AHEAD", frozenset(itertools.product((128,), (False, True), ("bf16",))))
@@ -128,7 +141,7 @@ def test_heuristic_switches(monkeypatch):
         assert cfg.problems() == [], cfg.name
         assert cfg.q_rotate == (d != 256 and not causal and not det)
         assert cfg.s_ahead == (d == 128 and dtype == "bf16" and not det and not cfg.q_rotate and not cfg.dq_early)
-        assert cfg.dq_early == (d != 256)
+        assert cfg.dq_early == (d != 256 and not det)
     # calls with features keep them off (unmeasured)
     for feats in (("window",), ("softcap",), ("dropout",)):
         p = problem(128, True, features=feats, dropout_p=0.1 if "dropout" in feats else 0.0)
@@ -158,6 +171,8 @@ ALLOWED = [heur(dq_early=True), heur(True, dynamic=True, dq_early=True), heur(s_
            heur(True, dynamic=True, s_ahead=True), heur(q_rotate=True), heur(q_rotate=True, dq_early=True),
            heur(dtype="fp16", q_rotate=True, dynamic=True), heur(True, "fp16", dynamic=True, ds_double=True, dq_early=True),
            heur(ds_double=True, s_ahead=True), heur(dq_early=True, dk_late=True),
+           heur(ds_double=True, dq_early=True, dk_late=True), heur(q_rotate=True, ds_double=True, dq_early=True, dk_late=True),
+           Sm90BwdConfig(128, 128, 2, 2, 64, "fp16", True, dq_writer=True, dynamic=True, dq_early=True, dk_late=True),
            heur(True, "fp16", ds_double=True, dq_early=True, dk_late=True),
            Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True, True, dq_early=True),          # deterministic (red.add)
            heur(True, window=True, dq_early=True),

@@ -29,6 +29,7 @@ from cuflash import registry
 
 from test_flash_bwd_gpu import check_grads, grads, inputs, reference_grads  # noqa: E402
 from test_sm90_bwd_gpu import HEADS, heuristic, problem, run_case  # noqa: E402
+from sm90_bwd_d128_timing import old  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
@@ -40,8 +41,9 @@ ROTATE = {"rot": dict(q_rotate=True), "dqe_rot": dict(q_rotate=True, dq_early=Tr
 
 
 def with_flags(p, **flags):
-    """The heuristic's config of the call class with `flags`, as the call runs it."""
-    cfg = FAM.for_problem(heuristic(p).replace(**flags), p)
+    """The session-14 heuristic's config of the call class (sm90_bwd_d128_timing.old: one dS buffer,
+    the dynamic scheduler under the causal mask) with `flags`, as the call runs it."""
+    cfg = FAM.for_problem(old(heuristic(p)).replace(**flags), p)
     assert all(getattr(cfg, k) == v for k, v in flags.items()) and cfg.problems() == [], cfg.name
     return cfg
 
@@ -53,7 +55,7 @@ def test_odd_seqlens(flag, causal, seqlens):
     heads = list(HEADS)[SHAPES.index(seqlens) % len(HEADS)]   # MHA, GQA, MQA in turn
     p = problem("bf16", causal, 128, seqlens, heads)
     cfg = with_flags(p, **FLAGS[flag])
-    assert cfg.dynamic == causal          # the heuristic's scheduler (HEURISTIC_DYNAMIC)
+    assert cfg.dynamic == causal          # the session-14 heuristic's scheduler
     run_case(p, cfg)
 
 
@@ -70,11 +72,12 @@ def test_q_rotate_odd_seqlens(flags, seqlens):
 @pytest.mark.parametrize("seqlens", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_dk_late_odd_seqlens(causal, seqlens):
-    """dk_late (with dq_early, on the plain grid; causal with two dS buffers): dK issued behind the
-    dQ GEMM, waited for after the dQ part is staged, then the Q/dO slot released."""
+    """dk_late (with dq_early and two dS buffers, on the plain grid: the heuristic's d128 kernel):
+    dK issued behind the dQ GEMM, waited for after the dQ part is staged, then the Q/dO slot
+    released."""
     heads = list(HEADS)[SHAPES.index(seqlens) % len(HEADS)]
     p = problem("bf16", causal, 128, seqlens, heads)
-    run_case(p, with_flags(p, dynamic=False, lpt=False, ds_double=causal, dq_early=True, dk_late=True))
+    run_case(p, with_flags(p, dynamic=False, lpt=False, ds_double=True, dq_early=True, dk_late=True))
 
 
 @pytest.mark.parametrize("seqlens", [(113, 301), (2049, 2049)], ids=lambda s: f"{s[0]}x{s[1]}")
@@ -92,6 +95,16 @@ def test_many_tiles_per_cta(flag):
     flags = ROTATE.get(flag) or FLAGS[flag]
     p = Problem("bwd", "bf16", 2, 4097, 4097, 8, 2, 128, "rot" not in flag)
     run_case(p, with_flags(p, **flags))
+
+
+def test_heuristic_is_dk_late():
+    """The heuristic's d128 kernel (HEURISTIC_DK_LATE): dq_early + dk_late + ds_double on the plain
+    grid (tests/test_sm90_bwd_gpu.py runs it on its grid)."""
+    for causal in (False, True):
+        p = problem("bf16", causal, 128, (1023, 1100), "gqa")
+        cfg = heuristic(p)
+        assert cfg.dq_early and cfg.dk_late and cfg.ds_double and not cfg.dynamic, cfg.name
+        run_case(p, cfg)
 
 
 def test_dq_early_deterministic_bitwise():

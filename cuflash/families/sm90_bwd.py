@@ -109,17 +109,29 @@ D96_ABOVE_FA2 = True
 #   the dynamic scheduler -3..+2% against the dynamic plain order).
 # * HEURISTIC_DS_DOUBLE: two dS buffers at head dim 128 (ds_double, kDsDouble: no barrier between
 #   the consumer warpgroups before the dS stores): off, not measured yet.
-HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, True)})
+HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True)})
 HEURISTIC_LPT = False
 HEURISTIC_DS_DOUBLE = False
-# The main-loop flags of issue 14 (the d128 backward at cuDNN's speed), for plain calls (no
-# feature) of the classes listed; empty: off, not measured yet (tests/sm90_bwd_d128_timing.py):
-# * HEURISTIC_DQ_EARLY, (kernel head dim, causal): dq_early (kDqEarly), the dQ GEMM issued behind
-#   dV, dK without waiting for them (the tensor cores do not drain at the consumers' barrier);
-# * HEURISTIC_S_AHEAD, (head dim, causal, dtype): s_ahead (kSAhead), the next Q block's Sᵀ issued
-#   behind the dQ GEMM (built at d128 bf16 with dq_writer only: the others spill);
-# * HEURISTIC_Q_ROTATE, kernel head dims: q_rotate (kQRotate) for non-causal calls, K/V block n from
-#   Q block n % n_iters on (a head's CTAs add into different dQ rows at a time).
+# The main-loop flags of issue 14 (the d128 backward at cuDNN's speed), for plain unordered calls
+# (no feature, not deterministic) of the classes listed. Measured on the H100 (2026-11-26, session 15
+# round A at b082f22, tests/sm90_bwd_d128_timing.py: d128, dim 2048, batch x seqlen 16k, 2k-16k,
+# bf16 and fp16, backward alone next to SDPA cuDNN, b2b = the bench's 10-call samples / flush = L2-
+# flushed single calls; logs/session15_bwd128/round_a.md), x cuDNN at 2k / 4k / 8k / 16k, b2b:
+# * HEURISTIC_DK_LATE, (kernel head dim, causal): dq_early + dk_late (kDkLate: dK issued behind the
+#   dQ GEMM, FlashAttention-3's order, waited for once the dQ part is staged) + ds_double, at d128
+#   on the plain grid (its dynamic kernel spills). bf16 non-causal 0.942 / 0.951 / 0.984 / 0.996 ->
+#   0.988 / 1.026 / 1.012 / 1.066 (16k: 555 TFLOPs; flush 571); causal (was dynamic) 0.965 / 0.987 /
+#   0.980 / 1.004 -> 0.983 / 1.032 / 1.052 / 1.058; fp16 non-causal 0.921 / 0.926 / 0.950 / 0.999 ->
+#   0.953 / 0.964 / 0.991 / 0.993, causal 0.956 / 0.964 / 0.960 / 1.003 -> 0.992 / 1.003 / 1.046 /
+#   1.095. So d128 causal leaves HEURISTIC_DYNAMIC (its best dynamic kernel, dq_early + ds_double,
+#   was 0.979 / 1.061 / 1.043 / 1.024 in bf16).
+# * HEURISTIC_DQ_EARLY, (kernel head dim, causal): dq_early alone (kDqEarly: the dQ GEMM issued
+#   behind dV, dK without waiting for them): -2.8..+5.3% alone at d128; on through DK_LATE there.
+# * HEURISTIC_S_AHEAD, (head dim, causal, dtype): s_ahead (kSAhead, the next Q block's Sᵀ issued
+#   behind the dQ GEMM; d128 bf16 only: the others spill): 0.77-0.87x cuDNN, 13-20% slower: off.
+# * HEURISTIC_Q_ROTATE, kernel head dims: q_rotate (kQRotate, non-causal: K/V block n from Q block
+#   n % n_iters on): -0.5..+3.9% (b2b), +0.1..-0.2% (flush): off (dk_late's gain is larger; unmixed).
+HEURISTIC_DK_LATE = frozenset({(128, False), (128, True)})
 HEURISTIC_DQ_EARLY = frozenset()
 HEURISTIC_S_AHEAD = frozenset()
 HEURISTIC_Q_ROTATE = frozenset()
@@ -443,8 +455,8 @@ class Sm90BwdConfig(KernelConfig):
         if self.dk_late and not (self.dq_early and self.dq_writer and not self.s_ahead):
             out.append("dk_late without dq_early and dq_writer, or with s_ahead: its dK GEMM is issued behind "
                        "dq_early's dQ GEMM and waited for after dq_writer's staging")
-        elif self.dk_late and self.dynamic:
-            out.append("dk_late with dynamic: ptxas spills that kernel (32 bytes, nvcc 13.0, d128 causal)")
+        elif self.dk_late and self.dynamic and self.head_dim == 128:
+            out.append("dk_late with dynamic at head_dim=128: ptxas spills that kernel (8-32 bytes, nvcc 13.0)")
         if self.q_rotate and (self.causal or self.window or self.deterministic or self.shared_keys):
             out.append("q_rotate with causal, a window, deterministic or the shared-keys tile (head_dim=256): "
                        "it rotates the unmasked, unordered Q-block loop of the head dim 64 / 128 tiles only")
@@ -635,6 +647,10 @@ class Sm90Backward(Family):
             config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
         if config.ds_double and (config.head_dim != 128 or config.softcap or config.alibi or config.dropout):
             config = config.replace(ds_double=False)   # a speed choice, where it is not built
+        if (config.s_ahead or config.dq_early or config.q_rotate or config.dk_late) and problem.features:
+            # a speed choice, measured on plain calls only (the kernels with a window, varlen are
+            # built, their GPU tests and timing not done yet): calls with features run without
+            config = config.replace(s_ahead=False, dq_early=False, q_rotate=False, dk_late=False)
         if (config.s_ahead or config.dq_early) and (config.shared_keys or config.overlap_sdp or config.softcap
                                                     or config.alibi or config.dropout):
             config = config.replace(s_ahead=False, dq_early=False)   # a speed choice, where it is not built
@@ -644,7 +660,8 @@ class Sm90Backward(Family):
         if config.s_ahead and (config.dq_early or config.q_rotate or not config.dq_writer or config.head_dim != 128
                                or config.dtype != "bf16"):
             config = config.replace(s_ahead=False)     # likewise (its kernel spills there)
-        if config.dk_late and (config.dynamic or not (config.dq_early and config.dq_writer and not config.s_ahead)):
+        if config.dk_late and ((config.dynamic and config.head_dim == 128)
+                               or not (config.dq_early and config.dq_writer and not config.s_ahead)):
             config = config.replace(dk_late=False)     # a speed choice, where it is not built
         if config.dynamic and config.dynamic_spills():
             config = config.replace(dynamic=False)     # a speed choice: the combinations whose kernel spills
@@ -701,12 +718,16 @@ class Sm90Backward(Family):
         if HEURISTIC_DS_DOUBLE and d == 128:
             cfg = cfg.replace(ds_double=True)           # (likewise: not with softcap, ALiBi, dropout)
         plain = d != 256 and not problem.features
-        # (each where the config builds it: s_ahead not next to dq_early or q_rotate, bf16 only)
-        for flag, on in (("q_rotate", not det and not causal and d in HEURISTIC_Q_ROTATE),
-                         ("dq_early", (d, causal) in HEURISTIC_DQ_EARLY),
-                         ("s_ahead", not det and (d, causal, dtype) in HEURISTIC_S_AHEAD)):
-            if plain and on and not cfg.replace(**{flag: True}).problems():
-                cfg = cfg.replace(**{flag: True})
+        # (each where the config builds it: s_ahead not next to dq_early or q_rotate, bf16 only;
+        # dk_late with dq_early and ds_double, at d128 on the plain grid)
+        late = not det and (d, causal) in HEURISTIC_DK_LATE
+        for flags, on in (({"q_rotate": True}, not det and not causal and d in HEURISTIC_Q_ROTATE),
+                          ({"dq_early": True}, not det and (d, causal) in HEURISTIC_DQ_EARLY),
+                          ({"s_ahead": True}, not det and (d, causal, dtype) in HEURISTIC_S_AHEAD),
+                          ({"dq_early": True, "dk_late": True, "ds_double": d == 128,
+                            "dynamic": cfg.dynamic and d != 128}, late)):
+            if plain and on and not cfg.replace(**flags).problems():
+                cfg = cfg.replace(**flags)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
 
     def kernel_names(self, config) -> dict:
