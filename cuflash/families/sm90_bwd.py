@@ -42,11 +42,19 @@ dims 129..255 run it with zero-filled columns (192 included: no d192 kernel of i
 (Dropout runs there alone: with a window, softcap or ALiBi, and overlap_sdp, ptxas spills.)
 Schedules (issue 14, the short and causal backward): dynamic (name _dyn, kDynamic: a CTA per SM
 claims K/V-block tiles from a plan-owned counter, the next tile's loads overlap the last one's
-epilogue; dq_writer and stages 2 only) is the heuristic's for plain calls at d64 and d128 causal
+epilogue; dq_writer and stages 2 only) is the heuristic's for plain calls at d64
 (HEURISTIC_DYNAMIC, measured; d256's shared-keys tile runs the plain grid only: the config
 refuses dynamic and lpt there); lpt (name _lpt, the longest-first launch order, causal; outside
-the space) and ds_double (name _ds2, two dS buffers at d128) are off (HEURISTIC_LPT,
-HEURISTIC_DS_DOUBLE); tests/sm90_bwd_causal_timing.py times them.
+the space) is off (HEURISTIC_LPT); ds_double (name _ds2, two dS buffers at d128) is on with dk_late
+below only; tests/sm90_bwd_causal_timing.py times them.
+Main-loop flags (issue 14, the d128 backward at cuDNN's speed; in the space): dq_early (_dqe,
+kDqEarly: the dQ GEMM issued behind dV, dK, one wait for the three), dk_late (_dkl, kDkLate, with
+dq_early and dq_writer: dK issued behind the dQ GEMM, FlashAttention-3's order, waited for once the
+dQ part is staged; not with the dynamic scheduler at d128: it spills), s_ahead (_sah, kSAhead: the
+next Q block's Sᵀ behind the dQ GEMM; measured slower), q_rotate (_rot, kQRotate, non-causal: K/V
+block n starts at Q block n % n_iters). The heuristic runs dq_early + dk_late + ds_double on the
+plain grid for plain unordered d128 calls (HEURISTIC_DK_LATE, measured: tests/sm90_bwd_d128_timing.py);
+calls with features run without the four (unmeasured there).
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB.
 """
 from __future__ import annotations
@@ -108,7 +116,8 @@ D96_ABOVE_FA2 = True
 #   of a group of pairs first, fa2_bwd's order): off, measured no faster (static: -2..+3%; with
 #   the dynamic scheduler -3..+2% against the dynamic plain order).
 # * HEURISTIC_DS_DOUBLE: two dS buffers at head dim 128 (ds_double, kDsDouble: no barrier between
-#   the consumer warpgroups before the dS stores): off, not measured yet.
+#   the consumer warpgroups before the dS stores) for every d128 call: off; plain d128 calls take it
+#   with dk_late (HEURISTIC_DK_LATE below, measured; alone it was -1..+4%, session 15 round A).
 HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True)})
 HEURISTIC_LPT = False
 HEURISTIC_DS_DOUBLE = False
