@@ -35,6 +35,11 @@ def test_configs():
     cases += [("bf16", c, False, dict(dynamic=False, lpt=False, ds_double=True, dq_early=True, dk_late=True))
               for c in (False, True)]
     out = []
+    for dtype in ("bf16", "fp16"):   # test_d64_dk_late_odd_seqlens
+        for causal in (False, True):
+            p = Problem("bwd", dtype, 2, 113, 301, 4, 2, 64, causal)
+            out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(dq_early=True, dk_late=True), p))
+            out.append(select.choose(p.replace(op="fwd"), arch, name, smem)[1])
     for dtype, causal, det, flags in cases:
         for sq, sk, h, hkv in ((113, 301, 4, 2), (4097, 4097, 8, 2)):
             p = Problem("bwd", dtype, 2, sq, sk, h, hkv, 128, causal, det)

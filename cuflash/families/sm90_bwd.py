@@ -133,13 +133,21 @@ HEURISTIC_DS_DOUBLE = False
 #   0.980 / 1.004 -> 0.983 / 1.032 / 1.052 / 1.058; fp16 non-causal 0.921 / 0.926 / 0.950 / 0.999 ->
 #   0.953 / 0.964 / 0.991 / 0.993, causal 0.956 / 0.964 / 0.960 / 1.003 -> 0.992 / 1.003 / 1.046 /
 #   1.095. So d128 causal leaves HEURISTIC_DYNAMIC (its best dynamic kernel, dq_early + ds_double,
-#   was 0.979 / 1.061 / 1.043 / 1.024 in bf16).
+#   was 0.979 / 1.061 / 1.043 / 1.024 in bf16). Round B (rev 16050ad, the heuristic as shipped here,
+#   logs/session15_bwd128/round_b.md), b2b: bf16 non-causal 0.965 / 0.980 / 1.020 / 1.021, causal
+#   0.988 / 0.995 / 1.012 / 1.016; fp16 non-causal 0.948 / 0.968 / 1.042 / 1.011, causal 0.991 /
+#   1.032 / 1.091 / 1.057 (the session-14 kernel in the same run: 0.91-1.01). Head dim 64 (not in the
+#   set yet: its odd-shape GPU tests, tests/test_sm90_bwd_d128_gpu.py::test_d64_dk_late_odd_seqlens,
+#   have not run): dq_early + dk_late on its dynamic tile, bf16, 1.043 / 1.083 / 1.099 / 1.113 ->
+#   1.091 / 1.143 / 1.139 / 1.119 non-causal, 1.121 / 1.124 / 1.123 / 1.167 -> 1.165 / 1.181 / 1.196
+#   / 1.195 causal; fp16 non-causal with q_rotate too 0.995 / 0.990 / 1.013 / 1.024 -> 1.032 / 1.043 /
+#   1.064 / 1.046.
 # * HEURISTIC_DQ_EARLY, (kernel head dim, causal): dq_early alone (kDqEarly: the dQ GEMM issued
 #   behind dV, dK without waiting for them): -2.8..+5.3% alone at d128; on through DK_LATE there.
 # * HEURISTIC_S_AHEAD, (head dim, causal, dtype): s_ahead (kSAhead, the next Q block's Sᵀ issued
 #   behind the dQ GEMM; d128 bf16 only: the others spill): 0.77-0.87x cuDNN, 13-20% slower: off.
 # * HEURISTIC_Q_ROTATE, kernel head dims: q_rotate (kQRotate, non-causal: K/V block n from Q block
-#   n % n_iters on): -0.5..+3.9% (b2b), +0.1..-0.2% (flush): off (dk_late's gain is larger; unmixed).
+#   n % n_iters on): -0.5..+3.9% (b2b), +0.1..-0.2% (flush): off; on top of dk_late (round B) -2.6..+2.1%.
 HEURISTIC_DK_LATE = frozenset({(128, False), (128, True)})
 HEURISTIC_DQ_EARLY = frozenset()
 HEURISTIC_S_AHEAD = frozenset()
