@@ -715,6 +715,11 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
             block_table_stride=int(block_table.shape[1]) if block_table is not None else 0,
             alibi_batch_stride=h if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0,
             window=call.window_size, softcap=call.softcap)}
+    if (config is None and getattr(cfg, "fused_combine", False) and arrays.capturing()
+            and getattr(family, "counters", lambda c, p: 0)(cfg, problem)):
+        # a chosen fused combine cannot allocate its zeroed split counters inside a CUDA-graph
+        # capture: this call shape runs the separate combine launch (same splits) instead
+        cfg = cfg.replace(fused_combine=False)
     entry.counters = _split_counters(family, cfg, problem, arrays, q)
     if entry.counters is not None:
         strides["call"]["split_counters"] = arrays.address(entry.counters)
@@ -727,7 +732,8 @@ def _split_counters(family, cfg, problem, arrays, q):
     """The zeroed int32 counters a config keeps between calls (the fused combine's per-group
     count of finished splits, reset to 0 by the kernel itself), allocated once with the call
     shape's entry, never per call; None when the config needs none. Not during a CUDA-graph
-    capture: the zeroing would only run at replay, and eager calls share the buffer."""
+    capture: the zeroing would only run at replay, and eager calls share the buffer (a chosen
+    config drops fused_combine there, _gpu_entry; a given one raises here)."""
     n = getattr(family, "counters", lambda c, p: 0)(cfg, problem)
     if not n:
         return None

@@ -13,13 +13,19 @@ Forward (P steps). Step s: rank r holds the K/V block of rank (r - s) mod P; it 
 cuflash's forward (``torch_ops.forward``: the kernels on CUDA tensors, the float64
 reference on CPU tensors) on its local Q and that block, giving a partial (O_s, lse_s),
 and merges it into its running (O, lse) by log-sum-exp (``merge_partial``: flash-decoding's
-combine, in fp32). Meanwhile the block travels to rank r + 1 with
+combine, in fp32, two passes over O; step 0's partial covers every row and becomes the running
+result itself, ``first_partial``). Meanwhile the block travels to rank r + 1 with
 ``torch.distributed.batch_isend_irecv``, issued on a side CUDA stream so that it overlaps
-the step's computation (gloo on CPU: the same calls, no streams).
+the step's computation (gloo on CPU: the same calls, no streams); a received block goes on
+behind the previous transfer only, not behind the step's kernels (``EARLY_SEND``).
 
 Backward (the same ring). dQ stays local (fp32 accumulator). The K/V blocks rotate as in the
 forward; the dK/dV accumulator (fp32) of the block in hand travels with it one step behind
-and, after the last step, one more hop returns it to the block's owner. Each step calls
+and, after the last step, one more hop returns it to the block's owner, rounded to k's dtype
+first (the rounding the owner does anyway). With ``REVERSE_BWD`` the forward keeps its last
+block and the backward runs the ring the other way round from it, ending on the rank's own
+block: no last hop. ``TRACE`` times every step's phases with CUDA events (bench --mode ring
+--ring-breakdown). Each step calls
 cuflash's backward (``torch_ops.backward_impl``) with the GLOBAL merged out and lse: with
 P = exp(S - lse_global) and D = rowsum(dO * O_global), every block's dS = P * (dP - D) is
 exactly its share of the full gradient (the ring-attention identity), so no rescaling is
@@ -226,7 +232,16 @@ def merge_partial(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor
     # (b, h, s) weights -> (b, s, h, 1) to scale the rows of out
     a = (w_old * inv).transpose(1, 2).unsqueeze(-1)
     c = (w_new * inv).transpose(1, 2).unsqueeze(-1)
-    out.mul_(a).add_(block_out.to(out.dtype) * c)
+    out.mul_(a).addcmul_(block_out, c)  # one pass: out·a, then + block_out·c (block_out's
+    # dtype read as is, the product in out's)
+
+
+def first_partial(block_out: Tensor, block_lse: Tensor, acc) -> tuple:
+    """The running (out, lse) after the first partial result of every row: the block's own,
+    in the accumulator dtype (what merge_partial gives on a running result that has seen no key,
+    without allocating that empty result and merging into it)."""
+    lse = block_lse.to(acc)
+    return block_out.to(acc), lse.masked_fill_(torch.isposinf(lse), -math.inf)
 
 
 # ---------------------------------------------------------------------------------------
@@ -305,25 +320,47 @@ class _Ring:
             if self.stream is None:
                 self.stream = _side_streams[device] = torch.cuda.Stream(device)
 
-    def start(self, tensors: Sequence[Tensor]) -> tuple:
-        """Send each tensor to the next rank and receive one like it from the previous;
-        returns (received tensors, pending requests). The received tensors may be read only
-        after ``finish``."""
-        recv = [torch.empty_like(t) for t in tensors]
-        ops = []
-        for t, r in zip(tensors, recv):
-            ops.append(dist.P2POp(dist.isend, t, self.next, self.group))
-            ops.append(dist.P2POp(dist.irecv, r, self.prev, self.group))
+    def start(self, tensors: Sequence[Tensor], after_current: bool = True,
+              reverse: bool = False) -> tuple:
+        """Send each tensor to the next rank and receive one like it from the previous
+        (reverse: to the previous, from the next); returns (received tensors, pending
+        requests). The received tensors may be read only after ``finish``.
+
+        after_current=True: the transfer starts after everything the current stream has queued
+        (the tensors sent were written there). False (EARLY_SEND, for tensors that an earlier
+        transfer received: NCCL's own stream order makes them ready): it starts as soon as the
+        earlier transfers are done, while the current stream still computes, so that its
+        kernels are on the GPU before the next step's kernels fill the SMs. Then the received
+        buffers are allocated on the side stream (the current stream's queued work may still
+        use memory its own pool would hand out) and marked as used by the current stream too
+        (record_stream), which reads them after ``finish``."""
         if self.stream is None:
-            return recv, dist.batch_isend_irecv(ops)
-        # the side stream starts after what the current stream has queued (the tensors sent
-        # are ready); NCCL then runs on its own streams after the side stream
-        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+            recv = [torch.empty_like(t) for t in tensors]
+            return recv, dist.batch_isend_irecv(self._ops(tensors, recv, reverse))
+        current = torch.cuda.current_stream(self.stream.device)
+        if after_current:
+            recv = [torch.empty_like(t) for t in tensors]
+            # the side stream starts after what the current stream has queued (the tensors
+            # sent are ready); NCCL then runs on its own streams after the side stream
+            self.stream.wait_stream(current)
+        else:
+            with torch.cuda.stream(self.stream):
+                recv = [torch.empty_like(t) for t in tensors]
+            for r in recv:
+                r.record_stream(current)
         with torch.cuda.stream(self.stream):
-            reqs = dist.batch_isend_irecv(ops)
+            reqs = dist.batch_isend_irecv(self._ops(tensors, recv, reverse))
         for t in list(tensors) + recv:  # used by the side stream: not reused before it is done
             t.record_stream(self.stream)
         return recv, reqs
+
+    def _ops(self, tensors, recv, reverse: bool = False) -> list:
+        to, frm = (self.prev, self.next) if reverse else (self.next, self.prev)
+        ops = []
+        for t, r in zip(tensors, recv):
+            ops.append(dist.P2POp(dist.isend, t, to, self.group))
+            ops.append(dist.P2POp(dist.irecv, r, frm, self.group))
+        return ops
 
     def finish(self, reqs) -> None:
         """Wait for the transfers: on CUDA the current stream waits (not the host)."""
@@ -333,7 +370,69 @@ class _Ring:
             torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
 
 
+# Whether the rings send a received K/V block on without waiting for the current stream
+# (_Ring.start's after_current=False): the block's transfer is queued behind the earlier
+# transfers only (in the backward these include the previous accumulator's, which waits for
+# the additions into it), not behind the step's kernels, so that it need not race the next
+# step's kernels for the SMs (a persistent kernel holding every SM would keep it out to the
+# end). False: every transfer waits for all the current stream has queued (and the
+# backward's K/V block and accumulator travel in one batch).
+EARLY_SEND = True
+
+# Whether the dense ring's backward runs the other way round (ring_backward's kv_last): the
+# forward keeps the K/V block it ends with (rank + 1's), the backward starts on it without a
+# transfer and passes blocks and accumulators to rank - 1, so that its last step is the rank's
+# own block: its accumulator is home when the step ends, with no last hop (the cost: that
+# block, as large as the local K/V, kept from the forward to the backward).
+REVERSE_BWD = False
+
 _side_streams: dict = {}
+
+
+# ---------------------------------------------------------------------------------------
+# per-step timing (bench --mode ring --ring-breakdown)
+
+# None: off. A list: the rings append (phase, step, start event, end event), CUDA events
+# recorded on the current stream around each phase of each step (CUDA tensors only):
+# fwd_compute / bwd_compute (cuflash's kernels), fwd_merge (LSE merges), bwd_accum (dQ, dK,
+# dV additions), fwd_wait / bwd_wait (the current stream waiting for the step's transfer:
+# exposed communication), fwd_final / bwd_final (the last conversions; the backward's last
+# dK/dV hop home included). ``trace_summary`` sums them per phase and step.
+TRACE: Optional[list] = None
+
+
+class _Span:
+    """``with _Span(phase, step, x):`` records CUDA events around the block when TRACE is on
+    and x is a CUDA tensor; nothing otherwise."""
+    __slots__ = ("key", "start")
+
+    def __init__(self, phase: str, step: int, like: Tensor):
+        self.key = (phase, step) if TRACE is not None and like.is_cuda else None
+
+    def __enter__(self):
+        if self.key is not None:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        return self
+
+    def __exit__(self, *exc):
+        if self.key is not None and TRACE is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            TRACE.append((*self.key, self.start, end))
+        return False
+
+
+def trace_summary(trace: list) -> dict:
+    """{phase: [ms of step 0, step 1, ...]} from TRACE's events (synchronizes first)."""
+    if trace:
+        torch.cuda.synchronize()
+    out: dict = {}
+    for phase, step, start, end in trace:
+        steps = out.setdefault(phase, [])
+        steps.extend([0.0] * (step + 1 - len(steps)))
+        steps[step] += start.elapsed_time(end)
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -353,107 +452,198 @@ def _sendable(k: Tensor, v: Tensor) -> tuple:
     return k.contiguous(), v.contiguous()
 
 
-def _rotate_forward(ring: _Ring, kv: tuple, comm: bool, step_fn) -> None:
-    """The forward ring: for each of the P steps, ``step_fn(src, k_block, v_block)`` on the
-    K/V block in hand (src: its owner) while that block travels on to the next rank.
+def _rotate_forward(ring: _Ring, kv: tuple, comm: bool, step_fn) -> tuple:
+    """The forward ring: for each of the P steps, ``step_fn(step, src, k_block, v_block)`` on
+    the K/V block in hand (src: its owner) while that block travels on to the next rank.
     comm=False: no transfers (every step sees the local block: wrong results, the same work;
     for timing the computation alone)."""
     world, rank = ring.world, ring.rank
     for step in range(world):
         pending = None
-        if comm and step + 1 < world:
-            nxt, pending = ring.start(kv)
-        step_fn((rank - step) % world, *kv)
+        if comm and step + 1 < world:  # step 0's block is the local one, written by this stream
+            nxt, pending = ring.start(kv, after_current=step == 0 or not EARLY_SEND)
+        step_fn(step, (rank - step) % world, *kv)
         if pending is not None:
-            ring.finish(pending)
+            with _Span("fwd_wait", step, kv[0]):
+                ring.finish(pending)
             kv = tuple(nxt)
+    return kv  # the block of the last step: rank + 1's (comm=False: the local one)
 
 
-def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn) -> tuple:
+def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=None) -> tuple:
     """The backward ring: K/V blocks travel as in the forward, each with its fp32 dK/dV
-    accumulator one step behind. ``step_fn(src, k_block, v_block)`` adds dQ's share itself and
-    returns this rank's share of the block's dK, dV as [(index, dk_b, dv_b)] (index: where in
-    the block, as a tensor index). The shares stay in the kernels' dtype until the block's
-    accumulator has arrived and are then added into it, so that only two fp32 pairs live at a
-    time: the one leaving and the one arriving. Returns the local block's (dK, dV), fp32,
-    after one last hop brings them home."""
+    accumulator one step behind. ``step_fn(step, src, k_block, v_block)`` adds dQ's share
+    itself and returns this rank's share of the block's dK, dV as [(index, dk_b, dv_b)]
+    (index: where in the block, as a tensor index; None: the whole block). The shares stay in
+    the kernels' dtype until the block's accumulator has arrived and are then added into it
+    (a share covering the whole block of a block's first rank becomes the accumulator itself),
+    so that only two fp32 pairs live at a time: the one leaving and the one arriving. Returns
+    the local block's (dK, dV) in k's dtype: the accumulators are rounded to it before the last
+    hop brings them home (the same rounding the owner would do; half the bytes on the wire).
+
+    first: (REVERSE_BWD) the block of rank + 1, which the forward ended with: the ring runs
+    the other way round from it (blocks rank + 1, rank + 2, ..., rank; transfers to rank - 1),
+    and the last step's block is the local one, so no last hop."""
     world = ring.world
     k, v = kv
+    reverse = first is not None
+    if reverse:
+        kv = tuple(first)
     dkv = None  # the dK/dV accumulator of the block in hand, after this rank's share
     for step in range(world):
-        sends = list(kv) if comm and step + 1 < world else []
-        if comm and step > 0:
-            sends += list(dkv)  # the previous block's accumulator goes on with that block
-        recv, pending = ring.start(sends) if sends else ([], None)
-        parts = step_fn((ring.rank - step) % world, *kv)
-        if pending is not None:
-            ring.finish(pending)
+        recv_kv, recv_acc, pending = [], [], []
+        send_kv, send_acc = comm and step + 1 < world, comm and step > 0
+        early = EARLY_SEND and step > 0  # (step 0's block is the local one)
+        if send_kv and (early or not send_acc):
+            recv_kv, reqs = ring.start(kv, after_current=not early, reverse=reverse)
+            pending += reqs
+        if send_acc:  # the previous block's accumulator goes on with that block
+            if early or not send_kv:  # its own transfer, behind this stream's additions
+                recv_acc, reqs = ring.start(dkv, reverse=reverse)
+            else:  # one batch with the K/V block, both behind this stream's work
+                both, reqs = ring.start(list(kv) + list(dkv), reverse=reverse)
+                recv_kv, recv_acc = both[:2], both[2:]
+            pending += reqs
+        src = (ring.rank + 1 + step) % world if reverse else (ring.rank - step) % world
+        parts = step_fn(step, src, *kv)
+        if pending:
+            with _Span("bwd_wait", step, k):
+                ring.finish(pending)
         if comm and step + 1 < world:
-            kv = tuple(recv[:2])
-        if comm and step > 0:  # the block's accumulator as it left the previous rank
-            dk_acc, dv_acc = recv[-2], recv[-1]
-        else:
-            dk_acc = torch.zeros(k.shape, dtype=acc, device=k.device)
-            dv_acc = torch.zeros(v.shape, dtype=acc, device=v.device)
-        for index, dk_b, dv_b in parts:
-            dk_acc[index] += dk_b
-            dv_acc[index] += dv_b
-        del parts, recv
+            kv = tuple(recv_kv)
+        with _Span("bwd_accum", step, k):
+            if comm and step > 0:  # the block's accumulator as it left the previous rank
+                dk_acc, dv_acc = recv_acc
+            elif len(parts) == 1 and parts[0][0] is None:  # the block's first share: all of it
+                dk_acc, dv_acc = parts[0][1].to(acc), parts[0][2].to(acc)
+                parts = []
+            else:
+                dk_acc = torch.zeros(k.shape, dtype=acc, device=k.device)
+                dv_acc = torch.zeros(v.shape, dtype=acc, device=v.device)
+            for index, dk_b, dv_b in parts:
+                if index is None:
+                    dk_acc += dk_b
+                    dv_acc += dv_b
+                else:
+                    dk_acc[index] += dk_b
+                    dv_acc[index] += dv_b
+        del parts, recv_kv, recv_acc
         dkv = (dk_acc, dv_acc)
-    if comm and world > 1:  # one more hop: the block in hand is rank + 1's
-        dkv, pending = ring.start(dkv)
-        ring.finish(pending)
+    with _Span("bwd_final", world - 1, k):
+        dkv = (dkv[0].to(k.dtype), dkv[1].to(v.dtype))
+        if comm and world > 1 and not reverse:  # one more hop: the block is rank + 1's
+            dkv, pending = ring.start(dkv)
+            ring.finish(pending)
     return tuple(dkv)
 
 
-def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: bool = True):
+# Whether the dense rings run a step's non-causal call over several q chunks as one call per q
+# chunk (the same work in smaller calls; bench --ring-ab split_q times it against one call).
+SPLIT_Q = False
+
+
+def _dense_calls(q_chunks: tuple, k_chunks: tuple, causal: bool) -> list:
+    """step_calls, with SPLIT_Q's split of multi-chunk non-causal calls."""
+    calls = step_calls(q_chunks, k_chunks, causal)
+    if not SPLIT_Q:
+        return calls
+    return [Call(i, i + 1, c.k0, c.k1, False) if not c.causal else c
+            for c in calls for i in (range(c.q0, c.q1) if not c.causal else (c.q0,))]
+
+
+def _covers(call: Call, n_chunks: int, of_k: bool = False) -> bool:
+    """Whether a call spans every local chunk of q (or, of_k, of the block's k)."""
+    return (call.k0, call.k1) == (0, n_chunks) if of_k else (call.q0, call.q1) == (0, n_chunks)
+
+
+def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: bool = True,
+                 keep_last: bool = False):
     """(out, lse) of the local q over the whole sequence's K/V (no autograd). out: q's
     dtype; lse: fp32 (batch, nheads, seqlen_local), +inf for rows with no key.
+    keep_last: (out, lse, k_last, v_last), the K/V block of the last step (rank + 1's), for
+    ring_backward's kv_last (REVERSE_BWD).
     comm=False: no transfers (every step computes the real step's chunk pairs on the local
-    block: wrong results, the same work; for timing the computation alone)."""
+    block: wrong results, the same work; for timing the computation alone).
+    The running result starts as the first partial that covers every row (the rank's own
+    block, step 0: one call over all its rows, causal or not) instead of an empty result
+    merged into."""
     ring = _Ring(group, q.device)
     world, rank = ring.world, ring.rank
     q_chunks = chunk_ids(rank, world, layout)
-    q_len = q.shape[1] // len(q_chunks)
+    nq = len(q_chunks)
+    q_len = q.shape[1] // nq
     acc = _acc_dtype(q.dtype)
-    out = torch.zeros(q.shape, dtype=acc, device=q.device)
-    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), -math.inf, dtype=acc, device=q.device)
+    run = {}  # "out", "lse": the running result, once it exists
 
-    def step(src, k_cur, v_cur):
-        for call in step_calls(q_chunks, chunk_ids(src, world, layout), causal):
+    def step(i, src, k_cur, v_cur):
+        for call in _dense_calls(q_chunks, chunk_ids(src, world, layout), causal):
             qs, ks = _slices(call, q_len, q_len)
-            o_b, lse_b = block_forward(q[:, qs], k_cur[:, ks], v_cur[:, ks], scale, call.causal)
-            merge_partial(out[:, qs], lse[:, :, qs], o_b, lse_b)
+            with _Span("fwd_compute", i, q):
+                o_b, lse_b = block_forward(q[:, qs], k_cur[:, ks], v_cur[:, ks], scale, call.causal)
+            with _Span("fwd_merge", i, q):
+                if not run and _covers(call, nq):
+                    run["out"], run["lse"] = first_partial(o_b, lse_b, acc)
+                    continue
+                if not run:
+                    run["out"] = torch.zeros(q.shape, dtype=acc, device=q.device)
+                    run["lse"] = torch.full((q.shape[0], q.shape[2], q.shape[1]), -math.inf,
+                                            dtype=acc, device=q.device)
+                merge_partial(run["out"][:, qs], run["lse"][:, :, qs], o_b, lse_b)
 
-    _rotate_forward(ring, _sendable(k, v), comm, step)
-    lse = lse.float().masked_fill(torch.isneginf(lse), math.inf)
-    return out.to(q.dtype), lse
+    last = _rotate_forward(ring, _sendable(k, v), comm, step)
+    with _Span("fwd_final", world - 1, q):
+        if not run:  # (no call at all: not for a ring's own block, kept for safety)
+            res = (torch.zeros_like(q), torch.full((q.shape[0], q.shape[2], q.shape[1]),
+                                                   math.inf, dtype=torch.float32, device=q.device))
+        else:
+            lse = run["lse"].float().masked_fill_(torch.isneginf(run["lse"]), math.inf)
+            res = (run["out"].to(q.dtype), lse)
+    return (*res, *last) if keep_last else res
 
 
 def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, layout: str,
-                  deterministic: bool = False, comm: bool = True):
-    """(dq, dk, dv) of the local shards, out and lse: ring_forward's (global) results."""
+                  deterministic: bool = False, comm: bool = True, kv_last=None):
+    """(dq, dk, dv) of the local shards, out and lse: ring_forward's (global) results. dQ's
+    fp32 accumulator starts as the first share covering every row (step 0's). kv_last:
+    ring_forward's (k_last, v_last) (keep_last): the ring runs the other way round from that
+    block, with no last hop (REVERSE_BWD); None: the forward's direction."""
     ring = _Ring(group, q.device)
     world, rank = ring.world, ring.rank
     q_chunks = chunk_ids(rank, world, layout)
-    q_len = q.shape[1] // len(q_chunks)
+    nq = len(q_chunks)
+    q_len = q.shape[1] // nq
     acc = _acc_dtype(q.dtype)
     dout, out, lse = dout.contiguous(), out.contiguous(), lse.contiguous()
-    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    grad = {}  # "dq": the fp32 accumulator, once it exists
+    lse_rows = {}  # (q0, q1) -> those rows of lse, contiguous once (the kernels read it dense)
 
-    def step(src, k_cur, v_cur):
+    def step(i, src, k_cur, v_cur):
         parts = []
-        for call in step_calls(q_chunks, chunk_ids(src, world, layout), causal):
+        k_chunks = chunk_ids(src, world, layout)
+        for call in _dense_calls(q_chunks, k_chunks, causal):
             qs, ks = _slices(call, q_len, q_len)
-            dq_b, dk_b, dv_b = block_backward(dout[:, qs], q[:, qs], k_cur[:, ks], v_cur[:, ks],
-                                              out[:, qs], lse[:, :, qs], scale, call.causal,
-                                              deterministic)
-            dq[:, qs] += dq_b
-            parts.append(((slice(None), ks), dk_b, dv_b))
+            lse_q = lse_rows.get((call.q0, call.q1))
+            if lse_q is None:
+                lse_q = lse_rows[call.q0, call.q1] = lse[:, :, qs].contiguous()
+            with _Span("bwd_compute", i, q):
+                dq_b, dk_b, dv_b = block_backward(dout[:, qs], q[:, qs], k_cur[:, ks],
+                                                  v_cur[:, ks], out[:, qs], lse_q, scale,
+                                                  call.causal, deterministic)
+            with _Span("bwd_accum", i, q):
+                if not grad and _covers(call, nq):
+                    grad["dq"] = dq_b.to(acc)
+                else:
+                    if not grad:
+                        grad["dq"] = torch.zeros(q.shape, dtype=acc, device=q.device)
+                    grad["dq"][:, qs] += dq_b
+            parts.append((None if _covers(call, len(k_chunks), True) else (slice(None), ks),
+                          dk_b, dv_b))
         return parts
 
-    dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step,
+                              None if kv_last is None else _sendable(*kv_last))
+    dq = grad["dq"].to(q.dtype) if grad else torch.zeros_like(q)
+    return dq, dk, dv
 
 
 class RingAttnFn(torch.autograd.Function):
@@ -463,25 +653,26 @@ class RingAttnFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, ring):
-        out, lse = ring[0](q, k, v)
-        ctx.save_for_backward(q, k, v, out, lse)
+        out, lse, *extra = ring[0](q, k, v)  # extra: tensors the backward takes after lse
+        ctx.save_for_backward(q, k, v, out, lse, *extra)
         ctx.ring = ring
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, *extra = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        return (*ctx.ring[1](dout, q, k, v, out, lse), None)
+        return (*ctx.ring[1](dout, q, k, v, out, lse, *extra), None)
 
 
 def _attend(q, k, v, forward, backward):
-    """(out, lse) of a ring: through RingAttnFn when a gradient is wanted, else the forward."""
+    """(out, lse) of a ring: through RingAttnFn when a gradient is wanted, else the forward
+    (what it returns after out and lse is for the backward only)."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return RingAttnFn.apply(q, k, v, (forward, backward))
-    return forward(q, k, v)
+    return tuple(forward(q, k, v)[:2])
 
 
 def _check_group(group, device: torch.device) -> None:
@@ -540,9 +731,13 @@ def ring_flash_attn_func(q, k, v, causal: bool = False, softmax_scale: Optional[
     the float64 reference."""
     scale, world = check_ring_args(q, k, v, softmax_scale, causal, group, layout)
     causal, deterministic = bool(causal), bool(deterministic)
+    keep = REVERSE_BWD and torch.is_grad_enabled()  # (the backward's first block)
     out, lse = _attend(
-        q, k, v, lambda q, k, v: ring_forward(q, k, v, scale, causal, group, layout),
-        lambda *t: ring_backward(*t, scale, causal, group, layout, deterministic))
+        q, k, v, lambda q, k, v: ring_forward(q, k, v, scale, causal, group, layout,
+                                              keep_last=keep),
+        lambda dout, q, k, v, out, lse, *last: ring_backward(
+            dout, q, k, v, out, lse, scale, causal, group, layout, deterministic,
+            kv_last=tuple(last) or None))
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -731,7 +926,7 @@ def ring_varlen_forward(q, k, v, chunks: VarlenChunks, scale: float, causal: boo
     if q.shape[0] == 0:  # every sequence empty (on every rank alike: total / P rows each)
         return out.to(q.dtype), lse.float()
 
-    def step(src, k_cur, v_cur):
+    def step(_i, src, k_cur, v_cur):
         for call in varlen_step_calls(q_chunks, chunk_ids(src, world, layout), causal):
             qs, ks = _rows(call, chunks.rows)
             o_b, lse_b = varlen_block_forward(q[qs], k_cur[ks], v_cur[ks], chunks, scale,
@@ -760,7 +955,7 @@ def ring_varlen_backward(dout, q, k, v, out, lse, chunks: VarlenChunks, scale: f
     lse_chunk = [lse[:, i * n:(i + 1) * n].contiguous() for i in range(len(q_chunks))]
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
 
-    def step(src, k_cur, v_cur):
+    def step(_i, src, k_cur, v_cur):
         parts = []
         for call in varlen_step_calls(q_chunks, chunk_ids(src, world, layout), causal):
             qs, ks = _rows(call, n)

@@ -52,6 +52,9 @@
 //   kL2Prefetch  0, 64, 128 or 256: the whole K/V blocks' cp.asyncs carry an L2 prefetch-size hint
 //             of that many bytes (a key row of d 128 in bf16 is 256 bytes): on a miss the L2 asks
 //             the DRAM for the whole aligned segment at once (0: no hint, the plain kernel)
+//   kPageGather  paged caches: each thread reads the page ids of all its rows of a K/V block from
+//             block_table first, then issues the block's cp.asyncs (false: a table read per key
+//             row, right before its cp.async); with kPagePrefetch, the prefetch wins
 //   kWarpLoads  each warp loads the kWarpN key rows of K and V that it alone reads, so the ring
 //             needs no CTA barrier per block: a warp waits for its own cp.async groups and its
 //             own lanes (__syncwarp), and the warps stream independently (false: the CTA loads
@@ -212,12 +215,15 @@ __device__ __forceinline__ f32x4 load_partial4(const float* addr) {
 }
 
 // Latency, not bandwidth, bounds a row's merge (a few KB): lane l loads lse_s of the splits
-// s = l + 32·k (k < 4: num_splits <= 128) once, in parallel, and keeps its weights in registers;
-// the O_s loads then depend on no other load and are issued back to back (a split whose weight
-// is 0, no keys, is skipped by the whole warp).
+// s = l + 32·k (k < 4: num_splits <= 128) once, in parallel, and keeps its weights in registers.
+// The O_s loads then go in batches of kLoadBatch splits: every load of a batch is issued before
+// the first is used (one L2 round trip per batch, not per split: H100, 1 x 8k, 16 splits, the
+// combine took 6.3 us when each split's load waited for the previous one's sum). A split whose
+// weight is 0 (no keys, its O_s never written) is not loaded; the predicate is warp-uniform.
 template <int kHeadDim, class Elem, bool kL2Only>
 __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, int lane) {
-    constexpr int kPerLane = 4;  // 128 splits at most (DecodeConfig / flash-attn's limit)
+    constexpr int kPerLane = 4;     // 128 splits at most (DecodeConfig / flash-attn's limit)
+    constexpr int kLoadBatch = 16;  // O_s loads in flight per lane
     const int rows_all = p.batch * p.nheads * p.seqlen_q;
     const int qi = row_id % p.seqlen_q, h = (row_id / p.seqlen_q) % p.nheads, b = row_id / (p.seqlen_q * p.nheads);
     const float* lse_s = p.lse_partial + row_id;
@@ -259,16 +265,188 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, i
         for (int k = 0; k < kPerLane; ++k) {
             if (32 * k >= p.num_splits) break;
             const int n = min(32, p.num_splits - 32 * k);
-#pragma unroll 4
-            for (int i = 0; i < n; ++i) {
-                const float wt = __shfl_sync(0xffffffffu, wt_lane[k], i);
-                if (wt == 0.f || !mine) continue;  // wt == 0: uniform across the warp
-                const f32x4 x = load_partial4<kL2Only>(o_s + (32 * k + i) * split_stride + col);
-                acc[0] += wt * x.x; acc[1] += wt * x.y; acc[2] += wt * x.z; acc[3] += wt * x.w;
+            for (int i0 = 0; i0 < n; i0 += kLoadBatch) {
+                float wt[kLoadBatch];
+                f32x4 x[kLoadBatch];
+#pragma unroll
+                for (int i = 0; i < kLoadBatch; ++i)  // the batch's weights (0 past the splits)
+                    wt[i] = i0 + i < n ? __shfl_sync(0xffffffffu, wt_lane[k], (i0 + i) & 31) : 0.f;
+                // the batch's loads, back to back: predicated on the split's existence only (not
+                // on its weight, which would tie each load to its shuffle); a split without keys
+                // loads its unwritten partial, which the weight 0 then discards by a select
+#pragma unroll
+                for (int i = 0; i < kLoadBatch; ++i)
+                    x[i] = i0 + i < n && mine ? load_partial4<kL2Only>(o_s + (32 * k + i0 + i) * split_stride + col)
+                                              : f32x4{0.f, 0.f, 0.f, 0.f};
+                // ptxas sinks each load to just before its use (2-3 in flight); no load moves below
+                // a fence, so all of the batch's are issued before the first is waited for
+                __threadfence_block();
+#pragma unroll
+                for (int i = 0; i < kLoadBatch; ++i) {  // then their sum
+                    if (wt[i] == 0.f) continue;
+                    acc[0] += wt[i] * x[i].x; acc[1] += wt[i] * x[i].y;
+                    acc[2] += wt[i] * x[i].z; acc[3] += wt[i] * x[i].w;
+                }
             }
         }
         if (mine)
             *reinterpret_cast<u32x2*>(o + col) = u32x2{pack2<Elem>(acc[0], acc[1]), pack2<Elem>(acc[2], acc[3])};
+    }
+}
+
+// ---- the consumer side shared by both loops (cp.async and Hopper) -----------------------------
+// A thread's packed query rows: index [mt][half] is packed row 16·mt + g + 8·half of the CTA; its
+// visible key range [row_lo, row_hi) and ALiBi slope (scaled into the raw-score units).
+template <int kMTiles>
+struct DecodeRows {
+    int row_lo[kMTiles][2], row_hi[kMTiles][2];
+    float row_slope[kMTiles][2];
+    float inv_scale;        // 1 / softmax_scale: softcap and ALiBi work in raw-score units
+    bool scores_transform;  // softcap or ALiBi on
+    __device__ __forceinline__ DecodeRows(const DecodeParams& p, int b, int hkv, int r0, int g, int keys, int offset) {
+        inv_scale = 1.f / p.softmax_scale;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int pr = r0 + mt * 16 + g + 8 * half, qi = pr / p.group;
+                row_lo[mt][half] = p.window_left >= 0 ? qi + offset - p.window_left : 0;
+                row_hi[mt][half] = p.window_right >= 0 ? min(keys, qi + offset + p.window_right + 1) : keys;
+                const int h = min(hkv * p.group + pr % p.group, p.nheads - 1);
+                row_slope[mt][half] = p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * inv_scale : 0.f;
+            }
+        scores_transform = p.softcap > 0.f || p.alibi_slopes != nullptr;
+    }
+};
+
+// One warp's share of one K/V block: S = Q K_wᵀ (kRows x kWarpN), softcap / ALiBi, the mask (only
+// on edge blocks: the ragged end, causal / window edges), the online softmax and O += P V_w.
+// q_lane, k_lane, v_lane: the ldmatrix lane addresses of Q and of this warp's rows of the slot's K
+// and V; block0: the block's first key (the warp's is block0 + warp·kWarpN); edge: the block needs
+// the element-wise mask; before_pv() runs between P's packing and O += P V (the cp.async loop
+// issues its prefetch there, so the copies overlap the last MMAs). Both loops run this one body
+// (kernels compiled from it differ from the two copies it replaced by instruction scheduling
+// only: same registers, same instructions ±1%).
+template <int kMTiles, int kWarpN, int kHeadDim, int kRowBytes, class Elem, class BeforePV>
+__device__ __forceinline__ void attend_block(const DecodeParams& p, const DecodeRows<kMTiles>& rows, int r0,
+                                             int g, int t, int offset, int block0, int warp, bool edge, u32 q_lane, u32 k_lane,
+                                             u32 v_lane, float (&o_acc)[kMTiles][kHeadDim / 8][4],
+                                             float (&m)[kMTiles][2], float (&l)[kMTiles][2], BeforePV&& before_pv) {
+    constexpr int kNTilesS = kWarpN / 8, kNTilesO = kHeadDim / 8;
+    // ---- S = Q K_wᵀ (kRows x kWarpN per warp) ----
+    float s_acc[kMTiles][kNTilesS][4];
+    gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(s_acc, q_lane, k_lane);
+
+    const int key0 = block0 + warp * kWarpN;  // this warp's first key
+
+    // ---- softcap, ALiBi (in raw-score units: the softmax multiplies by scale later) ----
+    if (rows.scores_transform) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kNTilesS; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float x = s_acc[mt][nt][e] * p.softmax_scale;
+                    if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
+                    const int half = e / 2;
+                    const int qi = (r0 + mt * 16 + g + 8 * half) / p.group;
+                    const int key = key0 + nt * 8 + 2 * t + (e & 1);
+                    s_acc[mt][nt][e] = x * rows.inv_scale
+                                       - rows.row_slope[mt][half] * fabsf(float(qi + offset - key));
+                }
+    }
+    // ---- mask: the ragged end, causal / window edges; the bulk skips it ----
+    if (edge) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kNTilesS; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = key0 + nt * 8 + 2 * t + (e & 1);
+                    if (key < rows.row_lo[mt][e / 2] || key >= rows.row_hi[mt][e / 2]) s_acc[mt][nt][e] = neg_inf();
+                }
+    }
+
+    // ---- online softmax, then O += P V_w ----
+    softmax_update(s_acc, o_acc, m, l, p.scale_log2);
+    u32 p_frag[kMTiles][kWarpN / 16][4];
+    pack_a_frags<kMTiles, kWarpN / 16, Elem>(p_frag, s_acc);
+    before_pv();
+    gemm_frags_x_rows_t<kMTiles, kNTilesO, kWarpN / 16, kRowBytes, Elem>(o_acc, p_frag, v_lane);
+}
+
+// The warps' merge and the CTA's output: each warp saw other keys of the same rows. Every warp
+// writes its (m, l, O) into merge_smem (o_merge [kWarps][kRows][kMergePitch] unnormalized O,
+// m_merge / l_merge [kWarps][kRows]; it overlays the K/V ring, which the caller made free);
+// sync() (the consumers' barrier); then per row and 4 columns, O = Σ_w exp(scale·(m_w - M)) O_w /
+// Σ_w exp(..) l_w into o and lse (one split) or the split's fp32 partial (several).
+template <class Shape, class Elem, class Sync>
+__device__ __forceinline__ void merge_warps_store(const DecodeParams& p, float* merge_smem,
+                                                  const float (&o_acc)[Shape::kRows / 16][Shape::kNTilesO][4],
+                                                  const float (&m)[Shape::kRows / 16][2], const float (&l)[Shape::kRows / 16][2],
+                                                  int tid, int warp, int g, int t, int b, int hkv, int r0, int rows_valid,
+                                                  int split, Sync&& sync) {
+    constexpr int kWarps = Shape::kThreads / 32, kRows = Shape::kRows, kMTiles = kRows / 16;
+    constexpr int kNTilesO = Shape::kNTilesO, kHeadDim = Shape::kNTilesO * 8;
+    constexpr int kMergePitch = Shape::kMergePitch;
+    float* o_merge = merge_smem;
+    float* m_merge = o_merge + kWarps * kRows * kMergePitch;
+    float* l_merge = m_merge + kWarps * kRows;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = mt * 16 + g + 8 * half;
+            const float l_row = quad_sum(l[mt][half]);
+            if (t == 0) {
+                m_merge[warp * kRows + r] = m[mt][half];  // m is uniform across the quad
+                l_merge[warp * kRows + r] = l_row;
+            }
+            float* o_row = o_merge + (warp * kRows + r) * kMergePitch;
+#pragma unroll
+            for (int nt = 0; nt < kNTilesO; ++nt) {
+                o_row[nt * 8 + 2 * t] = o_acc[mt][nt][2 * half];
+                o_row[nt * 8 + 2 * t + 1] = o_acc[mt][nt][2 * half + 1];
+            }
+        }
+    sync();
+
+    const bool direct = p.num_splits == 1;
+    const int rows_all = p.batch * p.nheads * p.seqlen_q;
+    constexpr int kQuads = kHeadDim / 4;  // 4 columns per thread per step
+    for (int c = tid; c < kRows * kQuads; c += Shape::kThreads) {
+        const int r = c / kQuads, col = (c % kQuads) * 4;
+        if (r >= rows_valid || col >= p.head_dim) continue;
+        // row max over the warps, then each warp's weight exp(scale·(m_w - M)); -inf: no keys
+        float m_row = neg_inf();
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) m_row = fmaxf(m_row, m_merge[w * kRows + r]);
+        const float m_scaled = m_row == neg_inf() ? 0.f : m_row * p.scale_log2;
+        float l_row = 0.f, o4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            const float wt = exp2_approx(m_merge[w * kRows + r] * p.scale_log2 - m_scaled);
+            l_row += wt * l_merge[w * kRows + r];
+            const f32x4 x = *reinterpret_cast<const f32x4*>(o_merge + (w * kRows + r) * kMergePitch + col);
+            o4[0] += wt * x.x; o4[1] += wt * x.y; o4[2] += wt * x.z; o4[3] += wt * x.w;
+        }
+        const float inv_l = softmax_inv_l(l_row);
+        const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
+        const int row_id = (b * p.nheads + h) * p.seqlen_q + qi;
+        if (direct) {
+            u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride + col;
+            *reinterpret_cast<u32x2*>(o) = u32x2{pack2<Elem>(o4[0] * inv_l, o4[1] * inv_l),
+                                                 pack2<Elem>(o4[2] * inv_l, o4[3] * inv_l)};
+            if (col == 0) p.lse[row_id] = softmax_lse(m_row, l_row, p.softmax_scale);
+        } else {
+            float* o = p.o_partial + (static_cast<i64>(split) * rows_all + row_id) * p.head_dim_rounded + col;
+            *reinterpret_cast<f32x4*>(o) = f32x4{o4[0] * inv_l, o4[1] * inv_l, o4[2] * inv_l, o4[3] * inv_l};
+            if (col == 0)
+                p.lse_partial[static_cast<i64>(split) * rows_all + row_id] =
+                    l_row == 0.f ? neg_inf() : m_row * p.softmax_scale + logf(l_row);
+        }
     }
 }
 
@@ -305,7 +483,7 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
     constexpr int kConsumers = Shape::kThreads;  // consumer threads; the producer warp follows
     constexpr int kBlockN = Shape::kBlockN, kRows = Shape::kRows;
-    constexpr int kNTilesS = Shape::kNTilesS, kNTilesO = Shape::kNTilesO, kPitch = Shape::kPitch;
+    constexpr int kNTilesO = Shape::kNTilesO, kPitch = Shape::kPitch;
     constexpr int kRowBytes = kPitch * 2;
     constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
     static_assert(kHeadDim + 8 <= 256, "a TMA box row (head dim + 8 padding columns) holds at most 256 elements");
@@ -448,20 +626,7 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
     }
     cp_async_commit();
 
-    int row_lo[kMTiles][2], row_hi[kMTiles][2];
-    float row_slope[kMTiles][2];
-    const float inv_scale = 1.f / p.softmax_scale;
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int pr = r0 + mt * 16 + g + 8 * half, qi = pr / p.group;
-            row_lo[mt][half] = p.window_left >= 0 ? qi + offset - p.window_left : 0;
-            row_hi[mt][half] = p.window_right >= 0 ? min(keys, qi + offset + p.window_right + 1) : keys;
-            const int h = min(hkv * p.group + pr % p.group, p.nheads - 1);
-            row_slope[mt][half] = p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * inv_scale : 0.f;
-        }
-    const bool scores_transform = p.softcap > 0.f || p.alibi_slopes != nullptr;
+    const DecodeRows<kMTiles> rows(p, b, hkv, r0, g, keys, offset);
 
     float o_acc[kMTiles][kNTilesO][4];
     float m[kMTiles][2], l[kMTiles][2];
@@ -495,125 +660,29 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
             }
             __syncwarp();
         }
-
-        // ---- S = Q K_wᵀ (kRows x kWarpN per warp) ----
-        float s_acc[kMTiles][kNTilesS][4];
-        gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(
-            s_acc, q_lane, k_lane + slot * Shape::kKVTile * 2);
-
-        // ---- softcap, ALiBi (in raw-score units: the softmax multiplies by scale later) ----
-        if (scores_transform) {
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNTilesS; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        float x = s_acc[mt][nt][e] * p.softmax_scale;
-                        if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
-                        const int half = e / 2;
-                        const int qi = (r0 + mt * 16 + g + 8 * half) / p.group;
-                        const int key = key0 + nt * 8 + 2 * t + (e & 1);
-                        s_acc[mt][nt][e] = x * inv_scale
-                                           - row_slope[mt][half] * fabsf(float(qi + offset - key));
-                    }
-        }
-        // ---- mask: the ragged end, causal / window edges; the bulk skips it ----
-        if (n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi) {
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNTilesS; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = key0 + nt * 8 + 2 * t + (e & 1);
-                        if (key < row_lo[mt][e / 2] || key >= row_hi[mt][e / 2]) s_acc[mt][nt][e] = neg_inf();
-                    }
-        }
-
-        // ---- online softmax, then O += P V_w ----
-        softmax_update(s_acc, o_acc, m, l, p.scale_log2);
-        u32 p_frag[kMTiles][kWarpN / 16][4];
-        pack_a_frags<kMTiles, kWarpN / 16, Elem>(p_frag, s_acc);
-        gemm_frags_x_rows_t<kMTiles, kNTilesO, kWarpN / 16, kRowBytes, Elem>(
-            o_acc, p_frag, v_lane + slot * Shape::kKVTile * 2);
+        attend_block<kMTiles, kWarpN, kHeadDim, kRowBytes, Elem>(
+            p, rows, r0, g, t, offset, n * kBlockN, warp, n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi, q_lane,
+            k_lane + slot * Shape::kKVTile * 2, v_lane + slot * Shape::kKVTile * 2, o_acc, m, l, [] {});
         // This thread is done with the slot; its zeros (generic proxy) are ordered before the
         // producer's copies (async proxy) rewrite it.
         if (ragged) fence_proxy_async_smem();
         mbarrier_arrive(empty(slot));
     }
     named_barrier_sync(1, kConsumers);  // every consumer is done with the ring: the merge overlays it
-
-    // ---- merge the warps (as the cp.async loop) ----
-    constexpr int kMergePitch = Shape::kMergePitch;
-    float* o_merge = reinterpret_cast<float*>(k_smem);
-    float* m_merge = o_merge + kWarps * kRows * kMergePitch;
-    float* l_merge = m_merge + kWarps * kRows;
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int r = mt * 16 + g + 8 * half;
-            const float l_row = quad_sum(l[mt][half]);
-            if (t == 0) {
-                m_merge[warp * kRows + r] = m[mt][half];
-                l_merge[warp * kRows + r] = l_row;
-            }
-            float* o_row = o_merge + (warp * kRows + r) * kMergePitch;
-#pragma unroll
-            for (int nt = 0; nt < kNTilesO; ++nt) {
-                o_row[nt * 8 + 2 * t] = o_acc[mt][nt][2 * half];
-                o_row[nt * 8 + 2 * t + 1] = o_acc[mt][nt][2 * half + 1];
-            }
-        }
-    named_barrier_sync(1, kConsumers);
-
-    const bool direct = p.num_splits == 1;
-    const int rows_all = p.batch * p.nheads * p.seqlen_q;
-    constexpr int kQuads = kHeadDim / 4;
-    for (int c = tid; c < kRows * kQuads; c += kConsumers) {
-        const int r = c / kQuads, col = (c % kQuads) * 4;
-        if (r >= rows_valid || col >= p.head_dim) continue;
-        float m_row = neg_inf();
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) m_row = fmaxf(m_row, m_merge[w * kRows + r]);
-        const float m_scaled = m_row == neg_inf() ? 0.f : m_row * p.scale_log2;
-        float l_row = 0.f, o4[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-            const float wt = exp2_approx(m_merge[w * kRows + r] * p.scale_log2 - m_scaled);
-            l_row += wt * l_merge[w * kRows + r];
-            const f32x4 x = *reinterpret_cast<const f32x4*>(o_merge + (w * kRows + r) * kMergePitch + col);
-            o4[0] += wt * x.x; o4[1] += wt * x.y; o4[2] += wt * x.z; o4[3] += wt * x.w;
-        }
-        const float inv_l = softmax_inv_l(l_row);
-        const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
-        const int row_id = (b * p.nheads + h) * p.seqlen_q + qi;
-        if (direct) {
-            u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride + col;
-            *reinterpret_cast<u32x2*>(o) = u32x2{pack2<Elem>(o4[0] * inv_l, o4[1] * inv_l),
-                                                 pack2<Elem>(o4[2] * inv_l, o4[3] * inv_l)};
-            if (col == 0) p.lse[row_id] = softmax_lse(m_row, l_row, p.softmax_scale);
-        } else {
-            float* o = p.o_partial + (static_cast<i64>(split) * rows_all + row_id) * p.head_dim_rounded + col;
-            *reinterpret_cast<f32x4*>(o) = f32x4{o4[0] * inv_l, o4[1] * inv_l, o4[2] * inv_l, o4[3] * inv_l};
-            if (col == 0)
-                p.lse_partial[static_cast<i64>(split) * rows_all + row_id] =
-                    l_row == 0.f ? neg_inf() : m_row * p.softmax_scale + logf(l_row);
-        }
-    }
+    merge_warps_store<Shape, Elem>(p, reinterpret_cast<float*>(k_smem), o_acc, m, l, tid, warp, g, t, b, hkv, r0,
+                                   rows_valid, split, [] { named_barrier_sync(1, kConsumers); });
 #endif
 }
 
 // ---- decode_splitkv: one split of one KV head's packed query rows -----------------------------
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
           bool kFusedCombine = false, bool kPagePrefetch = false, int kL2Prefetch = 0,
-          bool kWarpLoads = false>
+          bool kWarpLoads = false, bool kPageGather = false>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
     constexpr int kThreads = Shape::kThreads, kBlockN = Shape::kBlockN, kRows = Shape::kRows;
-    constexpr int kNTilesS = Shape::kNTilesS, kNTilesO = Shape::kNTilesO, kPitch = Shape::kPitch;
+    constexpr int kNTilesO = Shape::kNTilesO, kPitch = Shape::kPitch;
     constexpr int kRowBytes = kPitch * 2;
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -705,6 +774,19 @@ decode_splitkv(const DecodeParams p) {
         const bool whole = key0 + kBlockN <= keys && p.head_dim >= kHeadDim;
         const u32 k_dst = smem_u32(k_smem + slot * Shape::kKVTile + ld_row * kPitch + ld_col);
         const u32 v_dst = smem_u32(v_smem + slot * Shape::kKVTile + ld_row * kPitch + ld_col);
+        // kPageGather: this block's page ids, one per pass, all read before its first cp.async
+        // (cp.async's memory clobber keeps a table read written between two copies behind the
+        // first: one dependent round trip per pass otherwise)
+        int gathered[kPageGather ? kPasses : 1];
+        if constexpr (kPageGather)
+            if (p.block_table) {
+#pragma unroll
+                for (int pass = 0; pass < kPasses; ++pass) {
+                    const int row = ld_row + pass * kRowsPerPass, j = key0 + row;
+                    gathered[pass] = (kWarpLoads || row < kBlockN) && j < keys
+                                     ? p.block_table[b * p.block_table_stride + (rk.start + j) / p.page_size] : 0;
+                }
+            }
 #pragma unroll
         for (int pass = 0; pass * kRowsPerPass < kLoadRows; ++pass) {
             const int row = ld_row + pass * kRowsPerPass;
@@ -713,8 +795,9 @@ decode_splitkv(const DecodeParams p) {
             const bool valid = whole || (j < keys && ld_col < p.head_dim);
             i64 k_off = 0, v_off = 0;
             if (valid) {
-                if (kPagePrefetch && p.block_table) {
-                    const int page = min(max(page_of[kPagePrefetch ? pass : 0], 0), p.num_pages - 1);
+                if ((kPagePrefetch || kPageGather) && p.block_table) {
+                    const int id = kPageGather ? gathered[kPageGather ? pass : 0] : page_of[kPagePrefetch ? pass : 0];
+                    const int page = min(max(id, 0), p.num_pages - 1);
                     const int pos = rk.start + j, prow = pos % p.page_size;
                     k_off = page * p.k_batch_stride + prow * p.k_row_stride;
                     v_off = page * p.v_batch_stride + prow * p.v_row_stride;
@@ -743,22 +826,7 @@ decode_splitkv(const DecodeParams p) {
         cp_async_commit();  // committed even when empty, so group counting stays uniform
     }
 
-    // Per-thread rows: index [mt][half] is packed row 16·mt + g + 8·half of the CTA; its query
-    // position, visible key range and ALiBi slope (scaled into the raw-score units).
-    int row_lo[kMTiles][2], row_hi[kMTiles][2];
-    float row_slope[kMTiles][2];
-    const float inv_scale = 1.f / p.softmax_scale;
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int pr = r0 + mt * 16 + g + 8 * half, qi = pr / p.group;
-            row_lo[mt][half] = p.window_left >= 0 ? qi + offset - p.window_left : 0;
-            row_hi[mt][half] = p.window_right >= 0 ? min(keys, qi + offset + p.window_right + 1) : keys;
-            const int h = min(hkv * p.group + pr % p.group, p.nheads - 1);
-            row_slope[mt][half] = p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * inv_scale : 0.f;
-        }
-    const bool scores_transform = p.softcap > 0.f || p.alibi_slopes != nullptr;
+    const DecodeRows<kMTiles> rows(p, b, hkv, r0, g, keys, offset);
 
     float o_acc[kMTiles][kNTilesO][4];
     float m[kMTiles][2], l[kMTiles][2];
@@ -787,120 +855,22 @@ decode_splitkv(const DecodeParams p) {
         cp_async_wait<kStages - 2>();
         if (!kWarpLoads || iter == 0) __syncthreads();
         else __syncwarp();
-
-        // ---- S = Q K_wᵀ (kRows x kWarpN per warp) ----
-        float s_acc[kMTiles][kNTilesS][4];
-        gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(
-            s_acc, q_lane, k_lane + slot * Shape::kKVTile * 2);
-
-        const int key0 = n * kBlockN + warp * kWarpN;  // this warp's first key
-        // ---- softcap, ALiBi (in raw-score units: the softmax multiplies by scale later) ----
-        if (scores_transform) {
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNTilesS; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        float x = s_acc[mt][nt][e] * p.softmax_scale;
-                        if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
-                        const int half = e / 2;
-                        const int qi = (r0 + mt * 16 + g + 8 * half) / p.group;
-                        const int key = key0 + nt * 8 + 2 * t + (e & 1);
-                        s_acc[mt][nt][e] = x * inv_scale
-                                           - row_slope[mt][half] * fabsf(float(qi + offset - key));
-                    }
-        }
-        // ---- mask: the ragged end, causal / window edges; the bulk skips it ----
-        if (n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi) {
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNTilesS; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = key0 + nt * 8 + 2 * t + (e & 1);
-                        if (key < row_lo[mt][e / 2] || key >= row_hi[mt][e / 2]) s_acc[mt][nt][e] = neg_inf();
-                    }
-        }
-
-        // ---- online softmax, then O += P V_w ----
-        softmax_update(s_acc, o_acc, m, l, p.scale_log2);
-        u32 p_frag[kMTiles][kWarpN / 16][4];
-        pack_a_frags<kMTiles, kWarpN / 16, Elem>(p_frag, s_acc);
         // Prefetch into the slot freed by iteration iter - 1 (every warp, or with kWarpLoads every
-        // lane of this warp, passed the barrier).
-        if (iter + kStages - 1 < n_iters) load_kv(n - (kStages - 1), (iter + kStages - 1) % kStages);
-        cp_async_commit();
-        gemm_frags_x_rows_t<kMTiles, kNTilesO, kWarpN / 16, kRowBytes, Elem>(
-            o_acc, p_frag, v_lane + slot * Shape::kKVTile * 2);
+        // lane of this warp, passed the barrier), between P's packing and O += P V.
+        attend_block<kMTiles, kWarpN, kHeadDim, kRowBytes, Elem>(
+            p, rows, r0, g, t, offset, n * kBlockN, warp, n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi,
+            q_lane, k_lane + slot * Shape::kKVTile * 2, v_lane + slot * Shape::kKVTile * 2, o_acc, m, l, [&] {
+                if (iter + kStages - 1 < n_iters) load_kv(n - (kStages - 1), (iter + kStages - 1) % kStages);
+                cp_async_commit();
+            });
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the ring: the merge area overlays it
-
-    // ---- merge the warps: each saw other keys of the same rows ----
-    // o_merge [kWarps][kRows][kMergePitch] unnormalized O, m_merge / l_merge [kWarps][kRows].
-    constexpr int kMergePitch = Shape::kMergePitch;
-    float* o_merge = reinterpret_cast<float*>(k_smem);
-    float* m_merge = o_merge + kWarps * kRows * kMergePitch;
-    float* l_merge = m_merge + kWarps * kRows;
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int r = mt * 16 + g + 8 * half;
-            const float l_row = quad_sum(l[mt][half]);
-            if (t == 0) {
-                m_merge[warp * kRows + r] = m[mt][half];  // m is uniform across the quad
-                l_merge[warp * kRows + r] = l_row;
-            }
-            float* o_row = o_merge + (warp * kRows + r) * kMergePitch;
-#pragma unroll
-            for (int nt = 0; nt < kNTilesO; ++nt) {
-                o_row[nt * 8 + 2 * t] = o_acc[mt][nt][2 * half];
-                o_row[nt * 8 + 2 * t + 1] = o_acc[mt][nt][2 * half + 1];
-            }
-        }
-    __syncthreads();
-
-    const bool direct = p.num_splits == 1;
-    const int rows_all = p.batch * p.nheads * p.seqlen_q;
-    constexpr int kQuads = kHeadDim / 4;  // 4 columns per thread per step
-    for (int c = tid; c < kRows * kQuads; c += kThreads) {
-        const int r = c / kQuads, col = (c % kQuads) * 4;
-        if (r >= rows_valid || col >= p.head_dim) continue;
-        // row max over the warps, then each warp's weight exp(scale·(m_w - M)); -inf: no keys
-        float m_row = neg_inf();
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) m_row = fmaxf(m_row, m_merge[w * kRows + r]);
-        const float m_scaled = m_row == neg_inf() ? 0.f : m_row * p.scale_log2;
-        float l_row = 0.f, o4[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-            const float wt = exp2_approx(m_merge[w * kRows + r] * p.scale_log2 - m_scaled);
-            l_row += wt * l_merge[w * kRows + r];
-            const f32x4 x = *reinterpret_cast<const f32x4*>(o_merge + (w * kRows + r) * kMergePitch + col);
-            o4[0] += wt * x.x; o4[1] += wt * x.y; o4[2] += wt * x.z; o4[3] += wt * x.w;
-        }
-        const float inv_l = softmax_inv_l(l_row);
-        const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
-        const int row_id = (b * p.nheads + h) * p.seqlen_q + qi;
-        if (direct) {
-            u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride + col;
-            *reinterpret_cast<u32x2*>(o) = u32x2{pack2<Elem>(o4[0] * inv_l, o4[1] * inv_l),
-                                                 pack2<Elem>(o4[2] * inv_l, o4[3] * inv_l)};
-            if (col == 0) p.lse[row_id] = softmax_lse(m_row, l_row, p.softmax_scale);
-        } else {
-            float* o = p.o_partial + (static_cast<i64>(split) * rows_all + row_id) * p.head_dim_rounded + col;
-            *reinterpret_cast<f32x4*>(o) = f32x4{o4[0] * inv_l, o4[1] * inv_l, o4[2] * inv_l, o4[3] * inv_l};
-            if (col == 0)
-                p.lse_partial[static_cast<i64>(split) * rows_all + row_id] =
-                    l_row == 0.f ? neg_inf() : m_row * p.softmax_scale + logf(l_row);
-        }
-    }
+    merge_warps_store<Shape, Elem>(p, reinterpret_cast<float*>(k_smem), o_acc, m, l, tid, warp, g, t, b, hkv, r0,
+                                   rows_valid, split, [] { __syncthreads(); });
 
     if constexpr (kFusedCombine) {
-        if (direct) return;
+        if (p.num_splits == 1) return;
         // ---- the last split of this (batch, KV head, row block) to finish merges the group ----
         // Release: every thread's partial stores are visible GPU-wide before thread 0 counts
         // the CTA done (the threadfence-reduction pattern; the atomic is acq_rel on top).

@@ -173,8 +173,10 @@
 //   dQ_i part = dS K_j for columns 128·wg..+127 (kDqN), in two 64-column pieces (one piece's
 //         32 accumulators live next to dK_j, dV_j's 128), each added by red.add as soon as it is
 //         done (waiting for the first also waits for dV, dK: then q_empty is released); ordered
-//         (one turn for both pieces) when kDeterministic. kDqBulk / kDqWriter: their staging does
-//         not fit next to this tile (static_assert, and the config refuses them).
+//         (one turn for both pieces) when kDeterministic. kDqBulk's staging does not fit next to
+//         this tile; kDqWriter stages dQ_i's part in the ring slot of Q_i, dO_i instead, in the
+//         chunks only this warpgroup's dV, dK read (Sm90BwdSlotDqStage, kSlotDq), and the writer
+//         warp releases the slot after its bulk reduce-adds. kCluster: see sm90_bwd_body.
 // Softcap's and dropout's words (kSN / 4 each) stay in registers here. The loop-invariant
 // descriptors of K_j, V_j, Pᵀ, dSᵀ, dS are re-derived at each use (opaque_u32): hoisted out of
 // the loop, one per k-step, they spilled. Head dims 129..255 run this kernel (TMA zero-fills the
@@ -295,6 +297,27 @@ struct Sm90BwdDqWriterStage {
     static constexpr int kSmemBytes = kOffset + kBufs * kTileBytes + 1024;  // + 1024: base alignment
 };
 
+// kSharedKeys with kDqWriter (head dim 256, where no staging tile fits next to the rest): dQ_i's
+// part (BM 64 rows x 256 fp32: 8 boxes of 32 columns, each 64 rows x 128 bytes with the 128-byte
+// swizzle, as Sm90BwdDqWriterStage lays a box out) is staged in the ring slot that held Q_i, dO_i,
+// once the GEMMs reading them are done. Warpgroup wg's dV_j, dK_j read only column chunks 2wg,
+// 2wg + 1 of dO_i, Q_i (its kDkvN = 128 columns), and every warpgroup's Sᵀ, dPᵀ (which read all
+// chunks) completed before the barrier that precedes dV, dK: so warpgroup wg stages its 4 boxes
+// (dQ columns 128wg..+127) in exactly those chunks, with no barrier between the warpgroups: box
+// 4wg + b in Q_i's chunk 2wg + b (b = 0, 1), in dO_i's chunk 2wg + b - 2 (b = 2, 3). The writer
+// warp adds the 8 boxes and then releases the slot (q_empty) to the producer.
+template <class Shape>
+struct Sm90BwdSlotDqStage {
+    static_assert(Shape::kQChunkBytes == 64 * 128 && Shape::kChunks == 4,
+                  "head dim 256, BM 64: a 32-column fp32 box of 64 rows fills one 64-column chunk of Q_i");
+    // shared-window address of box `box` (dQ columns 32·box..+31) in the slot at byte offset q_off
+    static __device__ __forceinline__ u32 box(u32 smem, u32 q_off, int box) {
+        const int b = box % 4;
+        return smem + (b < 2 ? Shape::kQOffset : Shape::kDoOffset) + q_off
+               + (2 * (box / 4) + b % 2) * Shape::kQChunkBytes;
+    }
+};
+
 // Byte offset of element (row, col) of a 16-bit tile stored as 64-column chunks of `rows` rows
 // with the 128-byte swizzle (16-byte unit u of row r sits at unit u ^ (r % 8)); the tile's base
 // is 1024-byte aligned.
@@ -399,13 +422,20 @@ struct Sm90BwdTileRing {
     }
 };
 
+// The kernel's body (sm90_bwd, and sm90_bwd_cluster for kCluster, below, are its entry points).
+// kCluster (head dim 256 only): the two CTAs of a cluster (__cluster_dims__(2, 1, 1)) own K/V
+// blocks 2c and 2c + 1 of one (head, batch) and walk the same Q blocks (under the causal mask from
+// block 2c's first: block 2c + 1 computes one fully hidden block more, P = 0); each CTA's producer
+// loads half of Q_i's and dO_i's column chunks (chunks 2·rank, + 1) by multicast into both CTAs'
+// slot, and a slot is refilled once both CTAs have released it (q_empty counts the local releases
+// and the partner's remote ones; none for a CTA's last kStages Q blocks, which nothing refills,
+// so that no arrival reaches a CTA that has finished). The grid has an even number of K/V blocks
+// per (head, batch): a CTA past seqlen_k computes with every key hidden and stores nothing.
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
-          bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
-          bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
-          bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
-          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false>
-__global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
-sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
+          bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
+          bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
+          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate>
+__device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
     // softcap's words 0 .. BM/4 - 1, then dropout's (Sm90BwdThreadWords)
@@ -421,7 +451,17 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     static_assert(!kDqBulk || DqStage::kSmemBytes <= 227 * 1024, "dq_bulk: shared memory exceeds the H100's 227 KB");
     static_assert(!(kDqBulk && kDeterministic), "dq_bulk is the unordered mode's: deterministic keeps its ordered red.add");
     using DqW = Sm90BwdDqWriterStage<Words, kBM, kHeadDim>;
-    static_assert(!kDqWriter || DqW::kSmemBytes <= 227 * 1024, "dq_writer: shared memory exceeds the H100's 227 KB");
+    static_assert(!kDqWriter || kSharedKeys || DqW::kSmemBytes <= 227 * 1024,
+                  "dq_writer: shared memory exceeds the H100's 227 KB");
+    // kSharedKeys with kDqWriter: dQ_i's part is staged in the ring slot of Q_i, dO_i (no tile of
+    // its own: Sm90BwdSlotDqStage), the writer warp releases the slot (q_empty: one arrival)
+    // (2 stages: the consumers reach Q block q + 2, and its barrier parity again, only once the
+    // writer has released Q block q's slot)
+    static_assert(!(kSharedKeys && kDqWriter) || (kStages == 2 && !kDynamic && !kDeterministic),
+                  "shared keys with dq_writer: 2 stages (the writer's barriers by parity), the plain grid, unordered");
+    constexpr bool kSlotDq = kSharedKeys && kDqWriter;
+    static_assert(!kCluster || (kSharedKeys && !kWindow && !kVarlen && !kDeterministic && !kDynamic && !kLpt),
+                  "kCluster: the head-dim-256 tile, fixed lengths, no window, unordered, the plain order");
     static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
     static_assert(!(kDynamic && (kVarlen || kDeterministic)),
                   "the dynamic scheduler runs fixed-length, unordered backwards");
@@ -468,13 +508,15 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     const int tid = threadIdx.x, warpgroup = tid / 128;
     const int n_kv = (p.seqlen_k + kBN - 1) / kBN;
     const int n_tiles = n_kv * p.batch * p.nheads;
+    // kCluster: the grid's K/V blocks per (head, batch), even (a CTA past seqlen_k stores nothing)
+    const int n_kv_grid = kCluster ? (n_kv + 1) & ~1 : n_kv;
     // The tile's K/V block and (head, batch): blockIdx.x's, and with kDynamic each claimed one's
     // (enter_tile, then tile_range below, in every role)
     int n_block, pair, head, batch, head_kv, key0;
     i64 bh;
     auto decode = [&](u32 tile) {       // (unsigned: the plain kernel's blockIdx.x arithmetic)
         return kLpt ? sm90_bwd_lpt_tile(tile, n_kv, p.batch * p.nheads, p.head_group)
-                    : Sm90BwdTile{int(tile % n_kv), int(tile / n_kv)};
+                    : Sm90BwdTile{int(tile % n_kv_grid), int(tile / n_kv_grid)};
     };
     auto enter_tile = [&](Sm90BwdTile at) {
         n_block = at.n_block;
@@ -513,7 +555,9 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     // sums' terms, only their order.
     int q_rot = 0;
     auto tile_range = [&]() {
-        m_block_min = kWindow ? band.template q_block_begin<kBM>(key0) : mask.template q_block_begin<kBM>(key0);
+        // (kCluster: the cluster's first K/V block's Q blocks, the same for both CTAs)
+        m_block_min = kWindow ? band.template q_block_begin<kBM>(key0)
+                              : mask.template q_block_begin<kBM>(kCluster ? (n_block & ~1) * kBN : key0);
         const int m_block_end = kWindow ? band.template q_block_end<kBM, kBN>(key0, m_blocks) : m_blocks;
         n_iters = max(0, m_block_end - m_block_min);
         if constexpr (kQRotate) q_rot = n_iters > 0 ? n_block % n_iters : 0;
@@ -539,7 +583,10 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         for (int s = 0; s < kStages; ++s) {
             // lane 0's expect_tx, the 32 lanes' LSE / D (kDynamic: lane 0's alone, LSE / D by bulk copies)
             mbarrier_init(q_full(s), kDynamic ? 1 : 1 + 32);
-            mbarrier_init(q_empty(s), kConsumerThreads);        // every consumer thread releases
+            // every consumer thread releases (kSlotDq: the writer warp's lane 0, once dQ_i's part,
+            // staged in the slot, has been read)
+            // (kCluster: the partner CTA's releases too)
+            mbarrier_init(q_empty(s), (kSlotDq ? 1 : kConsumerThreads) * (kCluster ? 2 : 1));
         }
         if constexpr (kDynamic) {
             mbarrier_init(kv_empty, kConsumerThreads);
@@ -549,6 +596,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         fence_mbarrier_init();                                  // visible to TMA's complete_tx
     }
     __syncthreads();
+    if constexpr (kCluster) cluster_sync();     // both CTAs' barriers initialised before any multicast
 
     if (warpgroup == 0) {
         // ---- producer: warp 0; lane 0 issues the TMA copies ----
@@ -567,26 +615,36 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
             for (;;) {
                 for (int it = 0; it < n_iters; ++it) {
                     const int q = kDynamic ? q_done + it : it;
-                    const int buf = DqW::kBufs == 1 ? 0 : q % 2;
+                    // kSlotDq: barriers by parity (the consumers may arrive for Q block q + 1 before
+                    // this warp has waited for q; not for q + 2, whose slot this warp releases)
+                    const int buf = kSlotDq ? q & 1 : DqW::kBufs == 1 ? 0 : q % 2;
                     named_barrier_sync(kDqFullBar + buf, kDqBarThreads);
                     if (leader) {
                         const u32 tile = smem + DqW::kOffset + buf * DqW::kTileBytes;
+                        const u32 slot_off = kSlotDq ? u32(q % kStages) * Shape::kQBytes : 0u;
                         const int row0 = m_block_at(it) * kBM;
 #pragma unroll
                         for (int b = 0; b < kHeadDim / 32; ++b) {
+                            u32 src = tile + b * DqW::kBoxBytes;
+                            if constexpr (kSlotDq) src = Sm90BwdSlotDqStage<Shape>::box(smem, slot_off, b);
                             if constexpr (kVarlen)   // the map's rows: (nheads, ws_rows), head `head`'s
-                                bulk_reduce_add_tensor_3d(&p.tma_dq, tile + b * DqW::kBoxBytes, 32 * b,
+                                bulk_reduce_add_tensor_3d(&p.tma_dq, src, 32 * b,
                                                           static_cast<int>(ws_row0() - i64(head) * p.ws_rows) + row0, head);
                             else
-                                bulk_reduce_add_tensor_3d(&p.tma_dq, tile + b * DqW::kBoxBytes, 32 * b, row0, pair);
+                                bulk_reduce_add_tensor_3d(&p.tma_dq, src, 32 * b, row0, pair);
                         }
                         bulk_commit_group();
                         bulk_wait_group_read<0>();              // the tile may be rewritten
                         if constexpr (kDynamic) mbarrier_arrive(dq_empty(buf));
+                        if constexpr (kSlotDq) mbarrier_arrive(q_empty(q % kStages));   // the slot may be refilled
+                        if constexpr (kSlotDq && kCluster)                               // (by the partner too)
+                            if (it + kStages < n_iters)
+                                mbarrier_arrive_remote(mapa_shared(q_empty(q % kStages), cluster_ctarank() ^ 1u));
                     }
                     __syncwarp();
                     // the consumers wait for tile buf again only if they have a Q block it + kBufs
-                    if (!kDynamic && it + DqW::kBufs < n_iters) named_barrier_arrive(kDqEmptyBar + buf, kDqBarThreads);
+                    if (!kSlotDq && !kDynamic && it + DqW::kBufs < n_iters)
+                        named_barrier_arrive(kDqEmptyBar + buf, kDqBarThreads);
                 }
                 if constexpr (!kDynamic) break;
                 q_done += n_iters;
@@ -630,8 +688,18 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                         for (int c = 0; c < kChunks; ++c) {
                             const int off = slot * Shape::kQBytes + c * Shape::kQChunkBytes;
                             const int q_row = kVarlen ? seq.q_start + row0 : row0, q_batch = kVarlen ? 0 : batch;
-                            tma_load_4d(q_smem + off, &p.tma_q, q_full(slot), c * 64, q_row, head, q_batch);
-                            tma_load_4d(do_smem + off, &p.tma_do, q_full(slot), c * 64, q_row, head, q_batch);
+                            if constexpr (kCluster) {
+                                // this CTA's half of the chunks, into both CTAs of the cluster
+                                if (u32(c / (kChunks / 2)) == cluster_ctarank()) {
+                                    tma_load_4d_multicast(q_smem + off, &p.tma_q, q_full(slot), c * 64, q_row, head,
+                                                          q_batch, 3);
+                                    tma_load_4d_multicast(do_smem + off, &p.tma_do, q_full(slot), c * 64, q_row, head,
+                                                          q_batch, 3);
+                                }
+                            } else {
+                                tma_load_4d(q_smem + off, &p.tma_q, q_full(slot), c * 64, q_row, head, q_batch);
+                                tma_load_4d(do_smem + off, &p.tma_do, q_full(slot), c * 64, q_row, head, q_batch);
+                            }
                         }
                     }
                     if constexpr (kDynamic) {
@@ -1090,7 +1158,7 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                 // part's 64 made ptxas spill), each added by red.add as soon as it is done (the
                 // additions drain while the next piece runs). Deterministic: the turn is taken once
                 // for both pieces. dq_bulk and dq_writer do not fit in shared memory here. ----
-                static_assert(!kDqWriter && !kDqBulk, "shared keys (head dim 256): dQ by red.add only");
+                static_assert(!kDqBulk, "shared keys (head dim 256): dQ by red.add or the slot staging (dq_writer)");
                 int* turn = kDeterministic ? p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block : nullptr;
                 float* dq_rows = p.dq_accum + ((kVarlen ? ws_row0() : bh * p.seqlen_q_rounded) + row0
                                                + warp * 16) * p.head_dim_rounded + dq_col0;
@@ -1110,17 +1178,48 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
                     if (piece == 0) {
                         reg_fence(dk_acc);
                         reg_fence(dv_acc);
-                        mbarrier_arrive(q_empty(slot));             // the slot may be refilled
+                        // the slot may be refilled (kSlotDq: once the writer warp has read dQ_i's part)
+                        if constexpr (!kSlotDq) mbarrier_arrive(q_empty(slot));
+                        if constexpr (!kSlotDq && kCluster)         // (by the partner too)
+                            if (it + kStages < n_iters)
+                                mbarrier_arrive_remote(mapa_shared(q_empty(slot), cluster_ctarank() ^ 1u));
                         if (kDeterministic) {   // this CTA's turn at this Q block (as below)
                             const int first = kWindow ? band.template kv_block_begin<kBM, kBN>(row0) : 0;
                             if (ctid == 0) while (ld_acquire_gpu(turn) != n_block - first) {}
                             named_barrier_sync(1, kConsumerThreads);
                         }
                     }
+                    if constexpr (kSlotDq) {
+                        // kSlotDq: into boxes 4wg + 2·piece, + 1 of the staging in this slot
+                        // (Sm90BwdSlotDqStage: this warpgroup's dV, dK, the last readers of those
+                        // chunks, are done), stored as the kDqWriter tile below: this thread's rows
+                        // warp·16 + g (+ 8), columns 8nt + 2t (+ 1) of the piece, the odd rows g
+                        // storing fragment nt ^ 2 where the others store nt (no bank conflicts)
+                        const bool odd = g % 2;
+                        const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
+                        const u32 row_off = (warp * 16 + g) * 128 + (t % 2) * 8;
 #pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        red_add_tile_16x16(dq_rows + piece * 64 + j * 16, p.head_dim_rounded,
-                                           reinterpret_cast<const float (&)[2][4]>(dq_part[8 * j]), g, t);
+                        for (int nt = 0; nt < 8; ++nt) {
+                            const int ns = nt ^ 2;
+                            unsigned char* box = smem_ptr + (Sm90BwdSlotDqStage<Shape>::box(
+                                smem, q_off, 4 * wg + 2 * piece + nt / 4) - smem);
+                            const u32 off = row_off + (sw ^ ((2 * (nt % 4)) << 4));
+#pragma unroll
+                            for (int half = 0; half < 2; ++half)
+                                *reinterpret_cast<float2*>(box + off + half * 8 * 128)
+                                    = make_float2(odd ? dq_part[4 * ns + 2 * half] : dq_part[4 * nt + 2 * half],
+                                                  odd ? dq_part[4 * ns + 2 * half + 1] : dq_part[4 * nt + 2 * half + 1]);
+                        }
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            red_add_tile_16x16(dq_rows + piece * 64 + j * 16, p.head_dim_rounded,
+                                               reinterpret_cast<const float (&)[2][4]>(dq_part[8 * j]), g, t);
+                    }
+                }
+                if constexpr (kSlotDq) {
+                    fence_proxy_async_smem();                       // generic stores -> the bulk op's reads
+                    named_barrier_arrive(kDqFullBar + (it & 1), kDqBarThreads);
                 }
                 if (kDeterministic) {  // pass the turn on once every thread's additions are visible
                     __threadfence();
@@ -1304,5 +1403,33 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
         if (lane < 16) bulk_wait_group<0>();
     }
 }
+
+template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
+          bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
+          bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
+          bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
+          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false>
+__global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
+sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
+    sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
+                  kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
+                  kSAhead, kDqEarly, kQRotate, kDkLate>(p);
+}
+
+// kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the
+// template arguments so that its instantiations differ from sm90_bwd's in them. (Only where clusters
+// exist: fa2_bwd's helper kernels of this file also compile for sm_80.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+template <int kClusterSize, int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
+          bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
+          bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble>
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 128, 1)
+sm90_bwd_cluster(const __grid_constant__ Sm90BwdParams p) {
+    static_assert(kClusterSize == 2, "sm90_bwd_cluster: clusters of 2 CTAs");
+    sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
+                  kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, true,
+                  false, false, false, false>(p);
+}
+#endif
 
 }  // namespace cuflash

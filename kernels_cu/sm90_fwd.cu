@@ -178,6 +178,14 @@
 //              and, with kLazyRescale, no O rescale after the first block. 2 and 3 need
 //              kLazyRescale. 0 and kLazyRescale false, the defaults: the code of the kernel
 //              before they existed
+//   kRescaleFirst O *= alpha_j runs in the next step, right after S_{j+1} = Q K_{j+1}ᵀ is issued and
+//              before O += P_j V_j (FA3's order for head dims above 128, RescaleOBeforeGemm): the
+//              rescale's head_dim / 2 multiplies per thread then run while the tensor cores compute
+//              S_{j+1}, not between the wait for P_{j-1} V_{j-1} and the next issue. O is stable
+//              there (P_{j-1} V_{j-1} was waited for in step j); wgmma_fence orders the multiplies
+//              before the P V wgmma reads O. Meant for the tiles without pingpong (with it the other
+//              warpgroups' GEMMs fill that gap already). Not with kLazyRescale / kFoldCap. false
+//              (the default): the code of the kernel before it existed
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
@@ -356,7 +364,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
-          bool kLazyRescale = false, int kFoldCap = 0>
+          bool kLazyRescale = false, int kFoldCap = 0, bool kRescaleFirst = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem, kQDouble>;
@@ -393,6 +401,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     static_assert(kFoldCap < 2 || kLazyRescale, "kFoldCap 2, 3 run with kLazyRescale");
     static_assert(!(kLazyRescale || kFoldCap) || (kEmuExp2 == 0 && !kDropout),
                   "kLazyRescale / kFoldCap run the plain exp2 and no dropout (softmax_fold.cuh)");
+    static_assert(!kRescaleFirst || !(kLazyRescale || kFoldCap),
+                  "kRescaleFirst rescales O every step: not with kLazyRescale / kFoldCap");
     Sm90TileRing<kConsumers> ring{smem + Shape::kRingOffset,
                                   reinterpret_cast<int*>(smem_raw + (smem - smem_u32(smem_raw)) +
                                                          Shape::kRingOffset + 32)};
@@ -788,6 +798,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 reg_fence(o_flat);
                 wgmma_fence();
                 issue_s(slot);
+                if constexpr (kRescaleFirst) {
+                    softmax_rescale(o_acc, alpha);     // O *= alpha_{j-1}, under S_j's GEMM
+                    reg_fence(o_flat);
+                    wgmma_fence();                     // the multiplies, before P V reads O
+                }
                 mbarrier_wait(v_full(prev), phase(j - 1));
                 issue_pv(prev);
                 turn.end();
@@ -796,8 +811,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
                 reg_fence(o_flat);
                 mbarrier_arrive(v_empty(prev));    // V_{j-1}'s slot may be refilled
-                if (!kLazyRescale || rescale)      // kLazyRescale: only when m moved
-                    softmax_rescale(o_acc, alpha);     // O *= alpha_j: O now relative to m_j
+                if constexpr (!kRescaleFirst)      // (kRescaleFirst: in step j + 1, under S_{j+1})
+                    if (!kLazyRescale || rescale)  // kLazyRescale: only when m moved
+                        softmax_rescale(o_acc, alpha); // O *= alpha_j: O now relative to m_j
                 drop_p(j);                         // kDropout: P_j ∘ Z
                 pack_p();                          // P_j: A fragments, or (kPSmem) the P tile
             }
@@ -805,6 +821,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             const int last = slot_of(n_blocks - 1);
             turn.begin();
             mbarrier_wait(v_full(last), phase(n_blocks - 1));
+            if constexpr (kRescaleFirst) softmax_rescale(o_acc, alpha);   // O *= alpha_{n-1}
             reg_fence(o_flat);
             wgmma_fence();
             issue_pv(last);

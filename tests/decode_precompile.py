@@ -7,10 +7,11 @@ their kernels on disk):
     ring-depth and small-page tests;
   * tests/test_decode_bandwidth_gpu.py: the l2_prefetch / warp_loads configs of its cases;
   * tests/gpu_sanitize.py --quick --families decode_splitkv: its decode shapes under each pass of
-    decode_loops (the default selection, the bandwidth options, TMA_DEFAULT, TMA_PAGED_DEFAULT).
+    decode_loops (the default selection, the bandwidth options, TMA_DEFAULT, TMA_PAGED_DEFAULT);
+  * tests/test_decode_latency_gpu.py: the split merge (plain and fused) and page_gather configs.
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only timing,tma_tests,bandwidth_tests,sanitize] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only timing,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -36,11 +37,16 @@ SWITCHES = ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP_LOA
             "SMALL_PAGE_WARPS")
 
 
-def _heuristic(problem, page=0, tma=False, tma_paged=False, l2=0, warp_loads=False, small_page_warps=8):
+def _heuristic(problem, page=0, tma=False, tma_paged=False, l2=None, warp_loads=False, small_page_warps=None,
+               **extra):
     """The config a call of ``problem`` with caches of ``page`` keys per page runs under the
-    given module switches (the heuristic, then call_config), with splits 0."""
-    old = {k: getattr(mod, k) for k in SWITCHES}
+    given module switches (the heuristic, then call_config), with splits 0; ``extra``: other
+    switches by name (FUSED_COMBINE_DEFAULT=True ...)."""
+    old = {k: getattr(mod, k) for k in SWITCHES + tuple(extra)}
     for k, v in zip(SWITCHES, (tma, tma_paged, l2, warp_loads, small_page_warps)):
+        if v is not None:  # None: the module's value (L2_PREFETCH_DEFAULT, SMALL_PAGE_WARPS)
+            setattr(mod, k, v)
+    for k, v in extra.items():
         setattr(mod, k, v)
     try:
         cfg = FAM.heuristic(problem, ARCH)
@@ -83,11 +89,14 @@ def tma_test_configs():
 def bandwidth_test_configs():
     import test_decode_bandwidth_gpu as t
 
-    out = [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype, page), page, l2=size, warp_loads=wl)
+    out = [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype, page), page, l2=size, warp_loads=wl,
+                      SMALL_PAGE_TMA_MAX_KEYS=0)
            for b, sq, ctx, h, hk, d, dtype, _, page, size, wl in t.CASES]
-    leftpad = _heuristic(_problem(3, 1, 2050, 32, 8, 128, page=48), 48)   # forced: both options, 8 / 4 warps
+    leftpad = _heuristic(_problem(3, 1, 2050, 32, 8, 128, page=48), 48, l2=0,   # forced: both options, 8 / 4 warps
+                         SMALL_PAGE_TMA_MAX_KEYS=0)
     out += [leftpad.replace(l2_prefetch=256, warp_loads=True, warps=w, stages=3) for w in (8, 4)]
-    out.append(_heuristic(_problem(3, 2, 4098, 32, 8, 128, page=16), 16, small_page_warps=4))
+    out.append(_heuristic(_problem(3, 2, 4098, 32, 8, 128, page=16), 16, small_page_warps=4, l2=0,
+                          SMALL_PAGE_TMA_MAX_KEYS=0))
     return out
 
 
@@ -99,14 +108,43 @@ def sanitize_configs():
     out = []
     for b, sq, lens, h, hk, d, page, new, _, _ in g.DECODE_SHAPES:
         p = _problem(b, sq, max(lens) + new, h, hk, d, page=page)
-        for switches in ({}, dict(l2=256, warp_loads=True), dict(tma=True), dict(tma_paged=True)):
+        for switches in ({}, dict(l2=256, warp_loads=True, SMALL_PAGE_TMA_MAX_KEYS=0), dict(tma=True),
+                         dict(tma_paged=True),
+                         dict(FUSED_COMBINE_DEFAULT=True, PAGE_GATHER_DEFAULT=True, SMALL_PAGE_TMA_MAX_KEYS=0)):
             for dtype in g.DTYPES:
                 out.append(_heuristic(p.replace(dtype=dtype), page, **switches))
     return out
 
 
+def latency_test_configs():
+    """tests/test_decode_latency_gpu.py: its split-merge cases (plain and fused combine) and its
+    page_gather cases (8 and 4 warps), under the switches each test sets."""
+    import test_decode_latency_gpu as t
+
+    def under(problem, page=0, **switches):
+        old = {k: getattr(mod, k) for k in switches}
+        try:
+            for k, v in switches.items():
+                setattr(mod, k, v)
+            cfg = FAM.heuristic(problem, ARCH)
+            return FAM.call_config(cfg, problem, ARCH, page, chosen=True, heuristic=True).replace(splits=0)
+        finally:
+            for k, v in old.items():
+                setattr(mod, k, v)
+
+    out = []
+    for b, sq, ctx, h, hk, d, dtype, _ in t.COMBINE_CASES:
+        for fused in (False, True):
+            out.append(under(_problem(b, sq, ctx, h, hk, d, dtype), FUSED_COMBINE_DEFAULT=fused))
+    for b, sq, ctx, h, hk, page, _, _, warps in t.GATHER_CASES:
+        out.append(under(_problem(b, sq, ctx + 1, h, hk, 128, page=page), page, PAGE_GATHER_DEFAULT=True,
+                         SMALL_PAGE_WARPS=warps, TMA_PAGED_DEFAULT=False))
+    return out
+
+
 GROUPS = {"timing": timing_configs, "tma_tests": tma_test_configs,
-          "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs}
+          "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
+          "latency_tests": latency_test_configs}
 
 
 def all_configs(groups=tuple(GROUPS)):

@@ -12,10 +12,14 @@ memory), CUDA-graph timing. In the same process, per cell:
     count (``num_splits_for``):
     - ``base``         the heuristic's tiles on the cp.async loop (8 warps x 16 keys, 3 stages:
                        one CTA per SM), no option;
-    - ``base_l2p256``  the K/V cp.asyncs with an L2 prefetch-size hint (``l2_prefetch``), and
-                       ``base_wl``: each warp loads the key rows it reads (``warp_loads``: no CTA
-                       barrier per block) (contiguous cells);
-    - ``w4s3``         4 warps, 3 stages (64-key blocks, two CTAs per SM; paged cells);
+    - ``base_l2p256``  the K/V cp.asyncs with an L2 prefetch-size hint (``l2_prefetch``)
+                       (contiguous cells);
+    - ``l2p_fc``       base_l2p256 with the fused combine (the last split CTA of a group merges:
+                       one launch), at batch 1 also at twice the split count (``l2p_fc_x32``)
+                       (contiguous cells at batch <= 8, and the cold cell);
+    - ``base_pg``      the page ids of a K/V block read before its copies (``page_gather``), and
+                       ``w4s3`` / ``w4s3_pg``: 4 warps, 3 stages (64-key blocks, two CTAs per SM)
+                       without and with it (paged cells);
   * the ``1x8k_cold`` cell: the graph cycles over 4 caches (134 MB, more than the 50 MB L2), so
     no call finds its K/V in L2 (1x8k's 34 MB fit: a replayed graph of one cache may hit);
   * ``--profile``: in the batch-1 contiguous cells, each of PROFILE_LABELS' graphs replays once
@@ -64,7 +68,8 @@ TOL = 1.6e-2                     # bf16 outputs of |O| <~ 1: a couple of ulps
 TARGET_REPLAY_US = 2000.0        # calls per graph: about this long a replay
 SWITCH_NAMES = ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP_LOADS_DEFAULT",
                 "SMALL_PAGE_WARPS", "PAGED_SPLIT_RULE_RESIDENT", "FUSED_COMBINE_DEFAULT",
-                "PAGE_PREFETCH_DEFAULT")
+                "PAGE_PREFETCH_DEFAULT", "PAGE_GATHER_DEFAULT", "COMBINE_LAUNCH_COST",
+                "SMALL_PAGE_TMA_MAX_KEYS")
 
 
 def base_config(problem, arch=(9, 0)):
@@ -77,12 +82,18 @@ def base_config(problem, arch=(9, 0)):
 
 def candidates(base, batch: int, page: int, cold: bool = False) -> list:
     """(label, config, split multipliers) of the forced configs a cell times (see the docstring)."""
-    if cold:  # the option that might change what an L2 miss costs
-        return [("base", base, (1,)), ("base_l2p256", base.replace(l2_prefetch=256), (1,))]
+    l2p = base.replace(l2_prefetch=256)
+    if cold:  # the options that might change what an L2 miss costs, and the one launch
+        return [("base", base, (1,)), ("base_l2p256", l2p, (1,)),
+                ("l2p_fc", l2p.replace(fused_combine=True), (1,))]
     if not page:
-        return [("base", base, (1,)), ("base_l2p256", base.replace(l2_prefetch=256), (1,)),
-                ("base_wl", base.replace(warp_loads=True), (1,))]
-    return [("base", base, (1,)), ("w4s3", base.replace(warps=4, stages=3), (1,))]
+        out = [("base", base, (1,)), ("base_l2p256", l2p, (1,))]
+        if batch <= 8:  # where the split count is > 1: the combine in the split kernel, more splits
+            out += [("l2p_fc", l2p.replace(fused_combine=True), (1, 2) if batch == 1 else (1,))]
+        return out
+    w4 = base.replace(warps=4, stages=3)
+    return [("base", base, (1,)), ("base_pg", base.replace(page_gather=True), (1,)),
+            ("w4s3", w4, (1,)), ("w4s3_pg", w4.replace(page_gather=True), (1,))]
 
 
 def parse_switches(text: str) -> dict:
@@ -275,7 +286,7 @@ def sdpa_fn(impl, q, kc, vc):
     return f
 
 
-PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "base_l2p256")
+PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "base_l2p256", "l2p_fc")
 
 
 def run_cell(name, page, reps, repeat, proposals, log, profile=False) -> list:
@@ -405,6 +416,23 @@ def table(records: list) -> str:
     return "\n".join(out)
 
 
+def compact(records: list) -> str:
+    """One line per cell: each record's label and us (fastest first; BAD / errors marked), the
+    SDPA references first (``--compact``: the whole run fits a 12,000-character log tail)."""
+    out = []
+    for cell in dict.fromkeys((r["cell"], r["page_size"]) for r in records):
+        recs = [r for r in records if (r["cell"], r["page_size"]) == cell]
+        recs.sort(key=lambda r: (r["impl"] == "cuflash", r.get("us") or float("inf")))
+        parts = []
+        for r in recs:
+            name = {"sdpa_flash": "flash", "sdpa_cudnn": "cudnn"}.get(r["label"], r["label"])
+            us = f"{r['us']:.1f}" if r.get("us") else "-"
+            parts.append(f"{name} {us}" + ("!BAD" if str(r.get("error", "")).startswith("BAD") else
+                                           "!ERR" if r.get("error") else ""))
+        out.append(f"{cell[0]}/p{cell[1]}: " + ", ".join(parts))
+    return "\n".join(out)
+
+
 def _geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
@@ -500,6 +528,8 @@ def main():
     ap.add_argument("--max-seconds", type=float, default=60.0,
                     help="start no new cell after this long (the kernels' compile included)")
     ap.add_argument("--processes", type=int, default=0, help="compile workers (0: one per kernel set)")
+    ap.add_argument("--compact", action="store_true",
+                    help="print one line per cell (label us, fastest first) instead of the per-record log and the tables")
     ap.add_argument("--precompile", action="store_true", help="compile the kernels and stop")
     ap.add_argument("--no-precompile", action="store_true",
                     help="skip the parallel compile step (tests/decode_precompile.py ran already)")
@@ -529,10 +559,12 @@ def main():
             if time.time() - t0 > a.max_seconds:
                 skipped.append(f"{name}/p{page}")
                 continue
-            print(f"{name} page {page or '-'} ({time.time() - t0:.0f} s)", flush=True)
-            records += run_cell(name, page, a.reps, a.repeat, proposals, lambda s: print(s, flush=True),
-                                a.profile)
-    print(table(records))
+            if not a.compact:
+                print(f"{name} page {page or '-'} ({time.time() - t0:.0f} s)", flush=True)
+            log = (lambda s: print(s, flush=True) if s.lstrip().startswith("profile") else None) \
+                if a.compact else (lambda s: print(s, flush=True))
+            records += run_cell(name, page, a.reps, a.repeat, proposals, log, a.profile)
+    print(compact(records) if a.compact else table(records))
     s = summary(records)
     print(print_summary(s))
     if proposals:

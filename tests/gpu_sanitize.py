@@ -11,7 +11,8 @@ family's heuristic, and each backward family's heuristic (preprocess, main kerne
 epilogue, GQA reduction, through torch autograd) in every key-group layout its space offers
 (fa2_bwd: qsplit 1 and 2; sm90_fwd: persistent off and on) and in deterministic mode. Each
 decode family (op decode: flash_attn_with_kvcache) runs DECODE_SHAPES with num_splits 1, 3, 0,
-as selected by default, with decode_splitkv's bandwidth options (l2_prefetch, warp_loads) and, on
+as selected by default, with decode_splitkv's bandwidth options (l2_prefetch, warp_loads), with
+its fused combine and page_gather, and, on
 sm_90, on its Hopper loop (decode_splitkv_tma) both ways the heuristic can pick it (TMA_DEFAULT:
 the heuristic's tiles; TMA_PAGED_DEFAULT: 4 warps, 3 stages for small pages), whatever those
 switches say today.
@@ -96,13 +97,16 @@ def decode_loop(switches: dict):
 def decode_loops(family) -> list:
     """The module switches of each decode pass: the default selection; for decode_splitkv also
     its cp.async loop with both bandwidth options (l2_prefetch 256, warp_loads: no CTA barrier
-    per block) and, on sm_90, its Hopper loop as TMA_DEFAULT picks it (every call it can run) and
+    per block), with the fused combine and page_gather (paged: a block's page ids read first),
+    and, on sm_90, its Hopper loop as TMA_DEFAULT picks it (every call it can run) and
     as TMA_PAGED_DEFAULT alone picks it (paged calls with small pages: 4 warps, 3 stages)."""
     loops = [{}]
     if family.name != "decode_splitkv":
         return loops
-    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, L2_PREFETCH_DEFAULT=256,
-                      WARP_LOADS_DEFAULT=True))
+    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0,
+                      L2_PREFETCH_DEFAULT=256, WARP_LOADS_DEFAULT=True))
+    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0,
+                      FUSED_COMBINE_DEFAULT=True, PAGE_GATHER_DEFAULT=True))
     if _gpu.arch()[0] == 9:
         loops += [dict(TMA_DEFAULT=True, TMA_PAGED_DEFAULT=False),
                   dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=True)]

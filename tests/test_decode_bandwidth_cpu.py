@@ -22,7 +22,7 @@ def test_names_and_template_arguments():
     assert BASE.name == "decode_bf16_d128_w8_n16_s3_m1_c4"          # plain names unchanged
     both = BASE.replace(l2_prefetch=256, warp_loads=True)
     assert both.name == "decode_bf16_d128_w8_n16_s3_m1_c4_l2p256_wl"
-    assert BASE.template_args()[-2:] == (0, False) and both.template_args()[-2:] == (256, True)
+    assert BASE.template_args()[-3:] == (0, False, False) and both.template_args()[-3:] == (256, True, False)
     assert both.kernel_name() == ("cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, false, false, "
                                   "256, true>")
     for cfg in (BASE, both, both.replace(splits=9, fused_combine=True)):
@@ -43,9 +43,10 @@ def test_space_and_points_from_before():
     assert FAM.space["l2_prefetch"] == mod.L2_PREFETCH_SPACE == (0, 128, 256)   # the sizes run on the H100
     assert FAM.space["warp_loads"] == mod.WARP_LOADS_SPACE == (False,)          # not yet run on a GPU
     assert set(mod.L2_PREFETCH_SPACE) <= set(mod.L2_PREFETCH_SIZES)
-    point = {k: getattr(BASE, k) for k in FAM.space if k not in ("tma", "l2_prefetch", "warp_loads")}
+    point = {k: getattr(BASE, k) for k in FAM.space
+             if k not in ("tma", "l2_prefetch", "warp_loads", "page_gather")}
     cfg = FAM.make(point, P)                 # a tuned entry / study point from before the options
-    assert (cfg.tma, cfg.l2_prefetch, cfg.warp_loads) == (False, 0, False)
+    assert (cfg.tma, cfg.l2_prefetch, cfg.warp_loads, cfg.page_gather) == (False, 0, False, False)
 
 
 def test_heuristic_switches(monkeypatch):
@@ -70,7 +71,7 @@ def test_heuristic_switches(monkeypatch):
 
 def test_kernel_source_flags():
     src = render_source("decode_splitkv")
-    assert "int kL2Prefetch = 0" in src and "bool kWarpLoads = false>" in src
+    assert "int kL2Prefetch = 0" in src and "bool kWarpLoads = false, bool kPageGather = false>" in src
     assert "if (!kWarpLoads || iter == 0) __syncthreads();" in src
 
 
@@ -96,7 +97,8 @@ def test_paged_split_rule_fills_the_resident_slots(monkeypatch):
     (their CTAs stream side by side); contiguous caches and one-CTA configs keep the shared model."""
     w4s3 = BASE.replace(warps=4, stages=3)
     assert mod.ctas_per_sm(w4s3, 232448) == 2 and mod.ctas_per_sm(BASE, 232448) == 1
-    assert not mod.PAGED_SPLIT_RULE_RESIDENT        # off by default (flip with SMALL_PAGE_WARPS = 4)
+    assert mod.PAGED_SPLIT_RULE_RESIDENT            # on (with SMALL_PAGE_WARPS = 4): measured
+    monkeypatch.setattr(mod, "PAGED_SPLIT_RULE_RESIDENT", False)
     assert mod.num_splits_for(w4s3, P.replace(features=("paged_kv",)), 132) == 16
     monkeypatch.setattr(mod, "PAGED_SPLIT_RULE_RESIDENT", True)
     for batch, ctx, want_paged, want_contig in ((1, 32768, 32, 16), (8, 32768, 4, 2), (32, 32768, 1, 1)):
@@ -113,7 +115,10 @@ def test_small_page_warps(monkeypatch):
     paged = P.replace(features=("paged_kv",))
     cfg = FAM.heuristic(paged, (9, 0))
     monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", False)
-    assert FAM.call_config(cfg, paged, (9, 0), 16, chosen=True, heuristic=True) == cfg   # today: 8 warps
+    monkeypatch.setattr(mod, "SMALL_PAGE_TMA_MAX_KEYS", 0)   # this test: the 4-warp rule alone
+    assert mod.SMALL_PAGE_WARPS == 4                          # on: measured (session 15 round B)
+    monkeypatch.setattr(mod, "SMALL_PAGE_WARPS", 8)
+    assert FAM.call_config(cfg, paged, (9, 0), 16, chosen=True, heuristic=True) == cfg   # 8: off
     monkeypatch.setattr(mod, "SMALL_PAGE_WARPS", 4)
     small = FAM.call_config(cfg, paged, (9, 0), 16, chosen=True, heuristic=True)
     assert (small.warps, small.stages, small.tma) == (4, 3, False) and not small.problems(232448)

@@ -34,6 +34,7 @@ def _options(monkeypatch, l2: int, warp_loads: bool):
     monkeypatch.setattr(fam_mod, "WARP_LOADS_DEFAULT", warp_loads)
     monkeypatch.setattr(fam_mod, "TMA_DEFAULT", False)        # options of the cp.async loop
     monkeypatch.setattr(fam_mod, "TMA_PAGED_DEFAULT", False)
+    monkeypatch.setattr(fam_mod, "SMALL_PAGE_TMA_MAX_KEYS", 0)   # small paged calls stay on it too
     decode._drop_gpu_plans()  # plans made with other settings must not serve these calls
     monkeypatch.setattr(decode, "_gpu_plans", {})
 

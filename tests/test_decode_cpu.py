@@ -613,6 +613,7 @@ def test_decode_plan_launches_and_params(monkeypatch):
     from cuflash.problem import Problem
 
     monkeypatch.setattr(mod, "TMA_DEFAULT", False)  # the cp.async loop's plan (no tensor maps)
+    monkeypatch.setattr(mod, "FUSED_COMBINE_DEFAULT", False)  # the separate combine launch
     calls = []
 
     def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):

@@ -22,8 +22,8 @@ def test_config_flags_are_appended_and_named():
     assert plain.name == "decode_bf16_d128_w8_n16_s3_m1_c4"  # plain names unchanged
     both = plain.replace(fused_combine=True, page_prefetch=True)
     assert both.name.endswith("_fc_pp") and plain.replace(fused_combine=True).name.endswith("_c4_fc")
-    assert plain.template_args() == (8, 16, 3, 1, 128, "bf16", False, False, 0, False)
-    assert both.template_args()[-4:] == (True, True, 0, False)
+    assert plain.template_args() == (8, 16, 3, 1, 128, "bf16", False, False, 0, False, False)
+    assert both.template_args()[-5:] == (True, True, 0, False, False)
     assert both.kernel_name() == "cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, true, true, 0, false>"
     assert plain.kernel_name().endswith("cuflash::bf16, false, false, 0, false>")
     for cfg in (plain, both, both.replace(splits=17)):
@@ -47,7 +47,9 @@ def _cp_async_loop(monkeypatch):
 
 
 def test_heuristic_switches(monkeypatch):
-    assert not FAM.heuristic(P).fused_combine and not FAM.heuristic(P).page_prefetch
+    assert FAM.heuristic(P).fused_combine and not FAM.heuristic(P).page_prefetch   # measured: fused on
+    monkeypatch.setattr(mod, "FUSED_COMBINE_DEFAULT", False)
+    assert not FAM.heuristic(P).fused_combine
     monkeypatch.setattr(mod, "FUSED_COMBINE_DEFAULT", True)
     monkeypatch.setattr(mod, "PAGE_PREFETCH_DEFAULT", True)
     assert FAM.heuristic(P).fused_combine and not FAM.heuristic(P).page_prefetch  # not paged
@@ -133,7 +135,7 @@ def test_split_counters_are_allocated_once_zeroed_and_not_in_a_capture():
 
 
 def test_split_model():
-    cfg = FAM.heuristic(P)
+    cfg = FAM.heuristic(P).replace(fused_combine=False)
     assert ctas_per_sm(cfg, 227 * 1024) == 1
     # one resident CTA: ceil(groups·s / SMs) waves of (blocks / s + split_cost), as measured
     assert num_splits_for(cfg, P, 132) == 16

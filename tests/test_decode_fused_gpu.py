@@ -30,6 +30,7 @@ def _options(monkeypatch, fused: bool, prefetch: bool):
     monkeypatch.setattr(fam_mod, "PAGE_PREFETCH_DEFAULT", prefetch)
     monkeypatch.setattr(fam_mod, "TMA_DEFAULT", False)  # the options of the cp.async loop
     monkeypatch.setattr(fam_mod, "TMA_PAGED_DEFAULT", False)
+    monkeypatch.setattr(fam_mod, "SMALL_PAGE_TMA_MAX_KEYS", 0)   # small paged calls stay on it too
     decode._drop_gpu_plans()  # plans made with the other setting must not serve these calls
     monkeypatch.setattr(decode, "_gpu_plans", {})
 
@@ -145,13 +146,28 @@ def test_fused_combine_cuda_graph(fused):
     check_call(args, "bf16", "after replays", **kw)
 
 
-def test_fused_combine_refused_inside_a_first_capture(fused):
-    """A call shape's first call under CUDA-graph capture cannot zero its counters: refused with
-    a clear error (make the call once before capturing)."""
+def test_fused_combine_inside_a_first_capture(fused):
+    """A call shape's first call under CUDA-graph capture cannot zero its counters: a chosen
+    config (FUSED_COMBINE_DEFAULT) runs that call shape with the separate combine instead, and the
+    replay matches an eager call; a given config with fused_combine is refused with a clear error
+    (make the call once before capturing)."""
     torch = pytest.importorskip("torch")
+    from cuflash.decode import check_kvcache, kvcache_with_config
+
     rng = np.random.default_rng()
     args = make_case(rng, 1, 1, [3000], 32, 8, 128, "bf16")
     graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode.flash_attn_with_kvcache(**args, num_splits=5)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert [e.plan.config.fused_combine for e in _entries()] == [False]
+    eager = decode.flash_attn_with_kvcache(**args, num_splits=5)   # the same plan, eagerly
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    decode._drop_gpu_plans()
+    cfg = fam_mod.FAMILY.heuristic(check_kvcache(**args).problem("bf16"), (9, 0)).replace(fused_combine=True)
+    graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="before capturing"):
         with torch.cuda.graph(graph):
-            decode.flash_attn_with_kvcache(**args, num_splits=5)
+            kvcache_with_config(cfg, **args, num_splits=5)

@@ -29,7 +29,7 @@ def problem(batch=2, seqlen_q=1, ctx=4096, h=32, hk=8, d=128, features=()):
 
 def test_config_field_names_threads_smem():
     plain = TMA.replace(tma=False)
-    assert [f.name for f in __import__("dataclasses").fields(DecodeConfig)][-3:] == ["tma", "l2_prefetch", "warp_loads"]
+    assert [f.name for f in __import__("dataclasses").fields(DecodeConfig)][-4:] == ["tma", "l2_prefetch", "warp_loads", "page_gather"]
     assert TMA.name == plain.name + "_tma" and plain.threads == 256 and TMA.threads == 288
     assert TMA.smem_bytes == plain.smem_bytes + 2 * 3 * 8         # full + empty mbarriers
     assert TMA.kernel_name() == "cuflash::decode_splitkv_tma<8, 16, 3, 1, 128, cuflash::bf16>"
@@ -52,8 +52,8 @@ def test_config_rules():
     why = " ".join(TMA.replace(m_tiles=2).problems())             # d128, two row tiles, 8 warps
     assert "exceed the budget of 96" in why and not TMA.replace(m_tiles=2, warps=4).problems()
     for flag, value in (("fused_combine", True), ("page_prefetch", True), ("l2_prefetch", 256),
-                        ("warp_loads", True)):
-        assert "no fused_combine, no page_prefetch, no l2_prefetch and no warp_loads" in " ".join(
+                        ("warp_loads", True), ("page_gather", True)):
+        assert "no fused_combine, no page_prefetch, no l2_prefetch, no warp_loads and no page_gather" in " ".join(
             TMA.replace(**{flag: value}).problems())
     # 4 warps x 64-key blocks x 3 stages: two CTAs per SM (threads and shared memory)
     small = TMA.replace(warps=4, stages=3)
@@ -97,8 +97,11 @@ def test_tma_problem_reasons():
 def test_call_config(monkeypatch):
     """What the call knows refines the config: a given tma config that cannot run raises, a chosen
     one falls back; the heuristic's choice takes the Hopper loop (4 warps, 3 stages) for pages
-    below TMA_PAGED_MAX_PAGE on sm_90 only (with TMA_PAGED_DEFAULT on)."""
+    below TMA_PAGED_MAX_PAGE on sm_90 only (with TMA_PAGED_DEFAULT on; the small-page 4-warp rule
+    off, as it was)."""
     monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", True)
+    monkeypatch.setattr(mod, "SMALL_PAGE_WARPS", 8)
+    monkeypatch.setattr(mod, "SMALL_PAGE_TMA_MAX_KEYS", 0)
     p = problem(features=("paged_kv",))
     plain = TMA.replace(tma=False)
     with pytest.raises(ValueError, match="^k_cache: the tma loop"):
@@ -113,8 +116,8 @@ def test_call_config(monkeypatch):
     assert FAM.call_config(plain, p, (9, 0), 16, chosen=True, heuristic=False) == plain   # tuned
     assert FAM.call_config(plain, p, (9, 0), 8, chosen=True, heuristic=True) == plain     # page % 16
     assert FAM.call_config(plain, p.replace(head_dim=120), (9, 0), 16, chosen=True, heuristic=True) == plain
-    fused = plain.replace(fused_combine=True)
-    assert FAM.call_config(fused, p, (9, 0), 16, chosen=True, heuristic=True) == fused
+    fused = plain.replace(fused_combine=True)   # the heuristic's (FUSED_COMBINE_DEFAULT): the Hopper loop drops it
+    assert FAM.call_config(fused, p, (9, 0), 16, chosen=True, heuristic=True) == small
     two = FAM.call_config(plain.replace(m_tiles=2), p, (9, 0), 16, chosen=True, heuristic=True)
     assert two.tma and two.m_tiles == 2 and not two.problems(232448)
     monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", False)
@@ -358,4 +361,4 @@ def test_sanitize_runs_the_hopper_loop(monkeypatch):
         assert FAM.heuristic(problem(), (9, 0)).tma
     assert (mod.TMA_DEFAULT, mod.TMA_PAGED_DEFAULT) == before
     monkeypatch.setattr(gpu_sanitize._gpu, "arch", lambda *a: (8, 0))
-    assert [d.get("TMA_DEFAULT") for d in gpu_sanitize.decode_loops(FAM)] == [None, False]
+    assert [d.get("TMA_DEFAULT") for d in gpu_sanitize.decode_loops(FAM)] == [None, False, False]

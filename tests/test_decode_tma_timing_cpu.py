@@ -26,11 +26,15 @@ def test_cells_cover_the_issue_grid():
 def test_candidates_are_valid_and_named():
     base = dt.base_config(problem())
     assert not (base.tma or base.fused_combine or base.page_prefetch or base.l2_prefetch or base.warp_loads)
-    labels = [label for label, _, _ in dt.candidates(base, 1, 0)]
-    assert labels == ["base", "base_l2p256", "base_wl"]
+    flat = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 0)}
+    assert list(flat) == ["base", "base_l2p256", "l2p_fc"]
+    assert flat["l2p_fc"][0].fused_combine and flat["l2p_fc"][0].l2_prefetch == 256 and flat["l2p_fc"][1] == (1, 2)
+    assert [x[0] for x in dt.candidates(base, 32, 0)] == ["base", "base_l2p256"]   # one split: no combine
     paged = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 16)}
-    assert list(paged) == ["base", "w4s3"] and (paged["w4s3"][0].warps, paged["w4s3"][0].stages) == (4, 3)
-    assert [x[0] for x in dt.candidates(base, 1, 0, cold=True)] == ["base", "base_l2p256"]
+    assert list(paged) == ["base", "base_pg", "w4s3", "w4s3_pg"]
+    assert (paged["w4s3"][0].warps, paged["w4s3"][0].stages) == (4, 3)
+    assert paged["base_pg"][0].page_gather and paged["w4s3_pg"][0].page_gather and not paged["w4s3"][0].page_gather
+    assert [x[0] for x in dt.candidates(base, 1, 0, cold=True)] == ["base", "base_l2p256", "l2p_fc"]
     for page in (0, 16):
         for label, cfg, _ in dt.candidates(base, 1, page):
             assert not cfg.problems(232448), (label, cfg.problems(232448))
@@ -55,7 +59,7 @@ def test_proposals():
 def test_all_configs_is_a_short_compile_list():
     prop = [dt.parse_switches("L2_PREFETCH_DEFAULT=256 SMALL_PAGE_WARPS=4")]
     configs = dt.all_configs(list(dt.CELLS), list(dt.PAGES), proposals=prop)
-    assert len(configs) <= 8 and len(set(configs)) == len(configs)
+    assert len(configs) <= 10 and len(set(configs)) == len(configs)
     assert all(c.splits == 0 for c in configs)
 
 
@@ -107,3 +111,12 @@ def test_summary_keeps_a_proposal_off_when_a_cell_loses():
 def test_switch_names_exist():
     for name in dt.SWITCH_NAMES:
         assert hasattr(mod, name), name
+
+
+def test_compact_lines():
+    records = [rec("1x8k", 0, "sdpa_flash", 21.0, impl="sdpa_flash"), rec("1x8k", 0, "sdpa_cudnn", 12.1, impl="sdpa_cudnn"),
+               rec("1x8k", 0, "heuristic", 18.0), rec("1x8k", 0, "l2p_fc", 12.9, error="BAD: x"),
+               rec("1x8k", 16, "base", 22.0), rec("1x8k", 16, "base_pg", None, error="RuntimeError: y")]
+    lines = dt.compact(records).splitlines()
+    assert lines == ["1x8k/p0: cudnn 12.1, flash 21.0, l2p_fc 12.9!BAD, heuristic 18.0",
+                     "1x8k/p16: base 22.0, base_pg -!ERR"]

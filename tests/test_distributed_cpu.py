@@ -65,6 +65,16 @@ def _worker(rank, world, port, cases):
         for i, case in enumerate(VARLEN_CASES):  # the same processes: no second spawn
             _check_varlen_case(rank, world, case, seed=2000 + i)
         _check_case(rank, world, cases[1], seed=3000, strided=True)
+        try:  # the backward's other transfer schedule: K/V and accumulators in one batch;
+            # multi-chunk calls split per q chunk; the backward the other way round
+            flip = lambda: (not cfd.EARLY_SEND, not cfd.SPLIT_Q, not cfd.REVERSE_BWD)  # noqa: E731
+            cfd.EARLY_SEND, cfd.SPLIT_Q, cfd.REVERSE_BWD = flip()
+            _check_case(rank, world, cases[1], seed=4000)
+            _check_case(rank, world, cases[3], seed=4001)
+            _check_case(rank, world, cases[0], seed=4002)
+            _check_case(rank, world, cases[2], seed=4003, strided=True)
+        finally:
+            cfd.EARLY_SEND, cfd.SPLIT_Q, cfd.REVERSE_BWD = flip()
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -258,6 +268,27 @@ def test_merge_partial_is_flash_decoding_combine():
     np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-12, atol=1e-12)
 
 
+def test_merge_partial_takes_low_precision_blocks_and_first_partial():
+    """A bf16 block (the kernels' output) merges into the fp32 running result as its fp32
+    value would; first_partial equals merging into an empty result (-inf lse, zeros)."""
+    g = torch.Generator().manual_seed(1)
+    b, s, h, d = 1, 6, 2, 8
+    o1, o2 = (torch.randn(b, s, h, d, generator=g).bfloat16() for _ in range(2))
+    l1, l2 = (torch.randn(b, h, s, generator=g) for _ in range(2))
+    out, lse = cfd.first_partial(o1, l1.clone(), torch.float32)
+    want_out = torch.zeros(b, s, h, d)
+    want_lse = torch.full((b, h, s), -math.inf)
+    cfd.merge_partial(want_out, want_lse, o1.float(), l1)
+    assert out.dtype == lse.dtype == torch.float32
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    cfd.merge_partial(out, lse, o2, l2)
+    cfd.merge_partial(want_out, want_lse, o2.float(), l2)
+    assert torch.allclose(out, want_out, rtol=0, atol=1e-6) and torch.equal(lse, want_lse)
+    none = torch.full((b, h, s), math.inf)  # a block with no key for any row
+    out2, lse2 = cfd.first_partial(torch.zeros(b, s, h, d), none, torch.float32)
+    assert torch.isneginf(lse2).all() and not out2.any()
+
+
 def test_reference_block_backward_is_attention_backward():
     """One block holding all keys: the global out/lse are the block's own, so the block
     backward is plain attention's backward (GQA, causal with s_q != s_k)."""
@@ -316,7 +347,29 @@ def test_bench_ring_cli():
                                    "--ring-procs", "2", "--no-torch-cp"])
     assert bench.modes_of(a.mode) == ["ring"] and a.ring_seqlens == [1024, 2048]
     assert a.ring_procs == 2 and a.no_torch_cp and a.ring_budget_s == 270.0
+    assert not a.ring_breakdown and a.ring_light_from == 524288 and a.ring_ab == []
+    a = bench.parser().parse_args(["--mode", "ring", "--ring-ab", "early_send", "nccl_priority"])
+    assert a.ring_ab == ["early_send", "nccl_priority"]
+    from cuflash.bench import ring
+    assert set(a.ring_ab) <= set(ring.AB_VARIANTS)
+    a = bench.parser().parse_args(["--mode", "ring", "--ring-breakdown", "--ring-light-from", "0"])
+    assert a.ring_breakdown and a.ring_light_from == 0 and a.ring_seqlens is None
     assert "ring" not in bench.modes_of(["all"])
+
+
+def test_trace_records_nothing_for_cpu_tensors():
+    """cuflash.distributed.TRACE (bench --ring-breakdown) times CUDA streams only: a CPU ring
+    records nothing, and with TRACE off nothing is recorded either."""
+    x = torch.zeros(1)
+    try:
+        cfd.TRACE = []
+        with cfd._Span("fwd_compute", 0, x):
+            pass
+        assert cfd.TRACE == [] and cfd.trace_summary(cfd.TRACE) == {}
+    finally:
+        cfd.TRACE = None
+    with cfd._Span("fwd_compute", 0, x) as span:
+        assert span.key is None
 
 
 def test_bench_ring_without_gpu_raises_no_gpu_error(tmp_path):

@@ -192,11 +192,29 @@ def _deterministic_and_strided(what, cfd, shard, q, k, v, dout, causal, layout, 
     kv = torch.stack((shard(k), shard(v)), dim=2).requires_grad_()  # (b, s, 2, hk, d)
     ks, vs = kv.unbind(2)                                            # strided views
     assert not ks.is_contiguous()
-    out = cfd.ring_flash_attn_func(ql, ks, vs, causal=causal, layout=layout)
-    dq, dkv = torch.autograd.grad(out, (ql, kv), shard(dout))
+    # this run traced too (bench --ring-breakdown), and with the backward the other way
+    # round (REVERSE_BWD flipped): the same results
+    cfd.TRACE, cfd.REVERSE_BWD = [], not cfd.REVERSE_BWD
+    try:
+        out = cfd.ring_flash_attn_func(ql, ks, vs, causal=causal, layout=layout)
+        dq, dkv = torch.autograd.grad(out, (ql, kv), shard(dout))
+    finally:
+        trace, cfd.TRACE, cfd.REVERSE_BWD = cfd.TRACE, None, not cfd.REVERSE_BWD
     strided = (out.detach(), dq, *dkv.unbind(2))
     torch.cuda.synchronize()
-    failures += _compare(what + " strided kv", shard, ref, low, single, strided, dtype, dt)
+    failures += _compare(what + f" strided kv, REVERSE_BWD {not cfd.REVERSE_BWD}", shard, ref,
+                         low, single, strided, dtype, dt)
+    times = cfd.trace_summary(trace)
+    world = torch.distributed.get_world_size()
+    want = {"fwd_compute", "fwd_merge", "fwd_final", "bwd_compute", "bwd_accum", "bwd_final"}
+    if world > 1:
+        want |= {"fwd_wait", "bwd_wait"}
+    ok = want <= set(times) and len(times["fwd_compute"]) == world and all(
+        t >= 0 and math.isfinite(t) for steps in times.values() for t in steps)
+    print(f"{what} trace: {({k: [round(t, 3) for t in v] for k, v in times.items()})} -> "
+          f"{'ok' if ok else 'FAIL'}", flush=True)
+    if not ok:
+        failures.append(f"{what} trace: phases {sorted(times)}, expected {sorted(want)}")
     return failures
 
 

@@ -47,7 +47,10 @@ def test_tile_names_split_and_shared_memory():
     assert D256.kernel_name() == "cuflash::sm90_bwd<64, 64, 2, 2, 256, cuflash::bf16, false, false>"
     # K, V 32 KB each; 2 x (Q, dO) 32 KB each; dS, Pᵀ, dSᵀ 8 KB each; LSE, D; barriers; alignment
     assert D256.smem_bytes == 2 * 32768 + 4 * 32768 + 3 * 8192 + 4 * 256 + 8 * 5 + 1024 <= MAX_SMEM
-    # the words of softcap and dropout stay in registers (no shared memory added)
+    # the words of softcap and dropout stay in registers (no shared memory added); dq_writer
+    # stages dQ_i's part in the Q/dO ring slot (no tile of its own)
+    assert D256.replace(dq_writer=True).smem_bytes == D256.smem_bytes
+    assert D256.replace(dq_writer=True).dq_writer_bufs == 0
     assert D256.replace(softcap=True, dropout=True).smem_bytes == D256.smem_bytes
     # dK, dV 64 + 64; Sᵀ, dPᵀ 16 + 16; Pᵀ, dSᵀ fragments 8 + 8; dQ 64 (the kernel: two pieces of 32)
     assert D256.accum_regs == 128 + 32 + 16 + 64 <= MAX_ACCUM_REGS
@@ -62,7 +65,7 @@ def test_tile_names_split_and_shared_memory():
     (dict(head_dim=128), "shared keys\\) is the head_dim=256 tile"),
     (dict(BM=128), "takes BM=64"),
     (dict(stages=3), "more than the 232448"),
-    (dict(dq_writer=True), "more than the 232448"),
+    (dict(dq_writer=True, deterministic=True), "dq_writer with deterministic"),
     (dict(dq_bulk=True), "more than the 232448"),
     (dict(dropout=True, window=True), "dropout with a window, softcap or ALiBi at head_dim=256"),
     (dict(dropout=True, softcap=True, causal=True), "dropout with a window, softcap or ALiBi"),
@@ -70,7 +73,7 @@ def test_tile_names_split_and_shared_memory():
     (dict(dropout=True, overlap_sdp=True), "overlap_sdp at head_dim=256 with dropout"),
     (dict(dynamic=True), "dynamic at head_dim=256"),
     (dict(dynamic=True, dq_writer=True), "dynamic at head_dim=256"),
-    (dict(lpt=True, causal=True), "lpt at head_dim=256"),
+    (dict(lpt=True), "lpt without causal"),
 ])
 def test_each_rule(change, pattern):
     with pytest.raises(ConfigError, match=pattern):
@@ -83,7 +86,9 @@ def test_what_it_allows():
                   dict(window=True, softcap=True, alibi=True, deterministic=True), dict(dropout=True),
                   dict(dropout=True, deterministic=True), dict(dropout=True, causal=True, varlen=True),
                   dict(varlen=True, deterministic=True),
-                  dict(dtype="fp16", causal=True)):
+                  dict(dtype="fp16", causal=True), dict(dq_writer=True), dict(dq_writer=True, causal=True, lpt=True),
+                  dict(dq_writer=True, dropout=True), dict(dq_writer=True, varlen=True, window=True),
+                  dict(causal=True, lpt=True), dict(causal=True, lpt=True, deterministic=True)):
         assert D256.replace(**flags).problems() == [], flags
 
 
@@ -91,16 +96,18 @@ def test_space_heuristic_and_for_problem():
     for causal, det in itertools.product((False, True), (False, True)):
         p = problem(causal=causal, deterministic=det)
         valid = FAM.valid(p, MAX_SMEM)
-        assert sorted(c.overlap_sdp for c in valid) == [False, True]
+        # (the space's points are unordered: dq_writer on and off; for_problem drops it for det)
+        assert sorted(c.overlap_sdp for c in valid) == [False, False, True, True]
         assert {(c.BM, c.BN, c.stages, c.consumers, c.dq_writer, c.dq_bulk) for c in valid} == \
-            {(64, 64, 2, 2, False, False)}
+            {(64, 64, 2, 2, w, False) for w in (False, True)}
         assert all(FAM.for_problem(c, p).problems() == [] for c in valid)
     for d in range(136, 257, 8):
         for dtype, causal, det in itertools.product(("bf16", "fp16"), (False, True), (False, True)):
             p = problem(d, dtype, causal, det)
             assert FAM.supports((9, 0), p) == ""
             cfg = FAM.for_problem(FAM.heuristic(p), p)
-            assert cfg == D256.replace(dtype=dtype, causal=causal, deterministic=det), cfg
+            # (dq_writer where the call is unordered: HEURISTIC_D256_DQ_WRITER, measured)
+            assert cfg == D256.replace(dtype=dtype, causal=causal, deterministic=det, dq_writer=not det), cfg
             assert FAM.head_dim_of(d) == 256 and FAM.fits(cfg, p) == ""
     # dropout keeps red.add at d256 (for_problem moves only d128's dQ path) and drops overlap_sdp
     # (that kernel spills); softcap / ALiBi keep it
@@ -117,21 +124,58 @@ def test_space_heuristic_and_for_problem():
 
 def test_plain_grid_only(monkeypatch):
     """The shared-keys tile runs one CTA per K/V block: with main's schedule switches on at every
-    head dim, the d256 heuristic stays plain, and for_problem drops a tuned-style dynamic / lpt."""
+    head dim, the d256 heuristic stays plain (its own switches HEURISTIC_D256_LPT /
+    HEURISTIC_D256_DQ_WRITER decide lpt and dq_writer there), and for_problem drops a tuned-style
+    dynamic; lpt (causal) stays."""
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DYNAMIC", frozenset({(256, False), (256, True)}))
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_LPT", True)
     for causal in (False, True):
         p = problem(causal=causal)
         cfg = FAM.for_problem(FAM.heuristic(p), p)
-        assert cfg == D256.replace(causal=causal) and cfg.problems() == [], cfg
+        assert cfg == D256.replace(causal=causal, dq_writer=True) and cfg.problems() == [], cfg
         cfg = FAM.for_problem(D256.replace(causal=causal, dynamic=True, lpt=causal), p)
-        assert not cfg.dynamic and not cfg.lpt and cfg.problems() == [], cfg
+        assert not cfg.dynamic and cfg.lpt == causal and cfg.problems() == [], cfg
         assert not any(c.dynamic or c.ds_double or c.lpt for c in FAM.valid(p, MAX_SMEM))
 
 
+def test_d256_switches(monkeypatch):
+    """HEURISTIC_D256_DQ_WRITER (on, measured) / HEURISTIC_D256_LPT (off, measured slower): on,
+    the heuristic adds dq_writer (unordered calls) and lpt (causal calls) at head dims 129..256,
+    nowhere else; off, neither."""
+    assert sm90_bwd.HEURISTIC_D256_DQ_WRITER and not sm90_bwd.HEURISTIC_D256_LPT
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_DQ_WRITER", False)
+    for causal in (False, True):
+        p = problem(causal=causal)
+        assert FAM.for_problem(FAM.heuristic(p), p) == D256.replace(causal=causal)
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_DQ_WRITER", True)
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_LPT", True)
+    for d, causal, det in itertools.product((192, 256), (False, True), (False, True)):
+        p = problem(d, causal=causal, deterministic=det)
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        assert cfg == D256.replace(causal=causal, deterministic=det, dq_writer=not det, lpt=causal), cfg
+        assert cfg.problems() == [] and FAM.fits(cfg, p) == ""
+    d128 = FAM.for_problem(FAM.heuristic(problem(128, causal=True)), problem(128, causal=True))
+    assert not d128.lpt
+    # varlen keeps the plain order; dropout, features keep dq_writer (they compile clean)
+    for feats, kw in ((("varlen",), {}), (("dropout",), dict(dropout_p=0.1)),
+                      (("alibi", "softcap", "window"), dict(window=(30, 4), softcap=10.0))):
+        if feats == ("varlen",) and not sm90_bwd.VARLEN_BWD:
+            continue
+        p = problem(causal=True, features=feats, **kw)
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        assert cfg.dq_writer and cfg.lpt == ("varlen" not in feats) and cfg.problems() == [], cfg
+
+
 def test_selection_and_the_switch(monkeypatch):
-    """D256_ABOVE_FA2 / D192_ABOVE_FA2 off (until the H100 timing says otherwise): fa2_bwd at head
-    dims 193..256 / 129..192, bwd_config= forces sm90_bwd; on: sm90_bwd with the d256 tile."""
+    """D256_ABOVE_FA2 / D192_ABOVE_FA2 (both on, measured on the H100): sm90_bwd with the d256 tile
+    at head dims 193..256 / 129..192; off: fa2_bwd there, bwd_config= forces sm90_bwd."""
+    assert sm90_bwd.D256_ABOVE_FA2 and sm90_bwd.D192_ABOVE_FA2
+    for d in (136, 160, 192, 200, 256):
+        fam, cfg, source = choose(problem(d), (9, 0))
+        assert fam is FAM and cfg == D256.replace(dq_writer=True) and source.startswith("heuristic"), (d, cfg, source)
+    # past 256 neither Hopper kernel: fa2_bwd's refusal names the head dim
+    with pytest.raises(Exception, match="256"):
+        choose(problem(264), (9, 0))
     for d, switch in ((136, "D192_ABOVE_FA2"), (192, "D192_ABOVE_FA2"), (200, "D256_ABOVE_FA2"),
                       (256, "D256_ABOVE_FA2")):
         p = problem(d)
@@ -172,7 +216,14 @@ def test_refusals_fall_back_to_fa2_with_a_reason(monkeypatch):
 def test_kernel_source():
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
     assert "static constexpr bool kSharedKeys = kBN == 64 && kConsumers == 2;" in src
-    assert "static_assert(!kDqWriter && !kDqBulk, \"shared keys (head dim 256): dQ by red.add only\");" in src
+    assert "static_assert(!kDqBulk, \"shared keys (head dim 256): dQ by red.add or the slot staging (dq_writer)\");" in src
+    # dq_writer there: staged in the ring slot, the writer warp releases it
+    assert "mbarrier_init(q_empty(s), (kSlotDq ? 1 : kConsumerThreads) * (kCluster ? 2 : 1));" in src
+    # cluster: the multicast halves, the remote releases (not for the last kStages Q blocks)
+    assert "tma_load_4d_multicast(q_smem + off, &p.tma_q, q_full(slot)" in src
+    assert src.count("if (it + kStages < n_iters)") == 2 and src.count("mbarrier_arrive_remote(mapa_shared(q_empty(") == 2
+    assert "__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 128, 1)" in src
+    assert "if constexpr (kSlotDq) mbarrier_arrive(q_empty(q % kStages));" in src
     # the Pᵀ / dSᵀ stores, then the SS products of dV and dK from them, after the barrier
     # (whatever the indentation: the tile loop nests the Q-block loop)
     loop = src[re.search(r"if constexpr \(kSharedKeys\) \{\n\s*// kSharedKeys: this warpgroup's Pᵀ", src).start():]
@@ -199,10 +250,16 @@ def compile_clean(configs):
 
 @needs_nvcc
 def test_ptxas_d256_plain_and_schedule():
-    """bf16 / fp16 x causal / not, plain and overlap_sdp; deterministic (8 + 2 instantiations)."""
+    """bf16 / fp16 x causal / not, plain and overlap_sdp; deterministic; dq_writer (+ lpt when causal),
+    lpt (8 + 2 + 4 + 3 instantiations)."""
     configs = [D256.replace(dtype=dt, causal=c, overlap_sdp=o)
                for dt, c, o in itertools.product(("bf16", "fp16"), (False, True), (False, True))]
     configs += [D256.replace(deterministic=True), D256.replace(causal=True, deterministic=True)]
+    # dq_writer (dQ staged in the ring slot) and lpt: bf16 / fp16 x causal / not, overlap_sdp
+    configs += [D256.replace(dtype=dt, causal=c, dq_writer=True, lpt=c)
+                for dt, c in itertools.product(("bf16", "fp16"), (False, True))]
+    configs += [D256.replace(causal=True, lpt=True), D256.replace(causal=True, lpt=True, deterministic=True),
+                D256.replace(dq_writer=True, overlap_sdp=True)]
     assert all(c.problems() == [] for c in configs)
     bad = compile_clean(configs)
     assert not bad, "\n".join(bad)
@@ -211,7 +268,7 @@ def test_ptxas_d256_plain_and_schedule():
 @needs_nvcc
 def test_ptxas_d256_features():
     """Window, softcap, ALiBi alone and together (causal and not, deterministic, overlap_sdp);
-    dropout alone (causal and not), deterministic, fp16, varlen; varlen (14)."""
+    dropout alone (causal and not), deterministic, fp16, varlen; varlen; dq_writer with them (18)."""
     configs = [D256.replace(window=True), D256.replace(causal=True, softcap=True), D256.replace(alibi=True),
                D256.replace(window=True, softcap=True, alibi=True),
                D256.replace(causal=True, window=True, softcap=True, alibi=True, deterministic=True),
@@ -222,7 +279,112 @@ def test_ptxas_d256_features():
                D256.replace(causal=True, dropout=True, varlen=True),
                D256.replace(varlen=True), D256.replace(varlen=True, causal=True, deterministic=True),
                D256.replace(varlen=True, window=True, softcap=True, alibi=True)]
+    # dq_writer with the features: dropout (causal and not), window + softcap + ALiBi, varlen
+    configs += [D256.replace(dq_writer=True, dropout=True), D256.replace(dq_writer=True, dropout=True, causal=True),
+                D256.replace(dq_writer=True, window=True, softcap=True, alibi=True),
+                D256.replace(dq_writer=True, varlen=True, causal=True, window=True, softcap=True, alibi=True)]
     assert all(c.problems() == [] for c in configs), [c.problems() for c in configs]
-    assert len(set(configs)) == 14
+    assert len(set(configs)) == 18
+    bad = compile_clean(configs)
+    assert not bad, "\n".join(bad)
+
+
+def slot_box(slot, box):
+    """Host mirror of Sm90BwdSlotDqStage::box (sm90_bwd.cu) for the d256 tile: the byte offset
+    (from the aligned base) of dQ box `box` (columns 32·box..+31) staged in ring slot `slot`."""
+    kv_bytes, q_bytes, chunk = 64 * 256 * 2, 64 * 256 * 2, 64 * 128
+    q_offset, do_offset = 2 * kv_bytes, 2 * kv_bytes + 2 * q_bytes   # K, V; then 2 stages of Q; of dO
+    b = box % 4
+    return (q_offset if b < 2 else do_offset) + slot * q_bytes + (2 * (box // 4) + b % 2) * chunk
+
+
+def test_slot_dq_stores_are_the_tma_swizzle():
+    """dq_writer at d256 (kSlotDq): the consumers' stores of both 64-column pieces (the base of box
+    4wg + 2·piece + nt / 4, the unit 2·(nt % 4) ^ (t / 2 ^ g), odd rows g storing fragment nt ^ 2)
+    put element (row, col) of the 64 x 256 fp32 part where the tensor map's 128B swizzle reads box
+    col / 32 (row, 16-byte unit (col % 32) / 4 ^ row % 8), every element exactly once; warpgroup
+    wg writes only the chunks its own dV, dK read (Q_i's and dO_i's column chunks 2wg, 2wg + 1 of
+    the slot); a half warp's float2 stores hit each bank at most twice."""
+    chunk = 64 * 128
+    for slot in (0, 1):
+        seen, banks = {}, {}
+        for wg, warp, lane in itertools.product(range(2), range(4), range(32)):
+            g, t = lane // 4, lane % 4
+            odd = g % 2
+            sw = ((t // 2) ^ g ^ (4 if odd else 0)) << 4
+            row_off = (warp * 16 + g) * 128 + (t % 2) * 8
+            own = {slot_box(slot, 0) + c * chunk for c in (2 * wg, 2 * wg + 1)} | \
+                  {slot_box(slot, 2) + c * chunk for c in (2 * wg, 2 * wg + 1)}
+            for piece, nt, half in itertools.product(range(2), range(8), range(2)):
+                base = slot_box(slot, 4 * wg + 2 * piece + nt // 4)
+                assert base in own, (wg, piece, nt)
+                off = base + row_off + (sw ^ ((2 * (nt % 4)) << 4)) + half * 8 * 128
+                frag = nt ^ 2 if odd else nt
+                row, col = warp * 16 + g + 8 * half, 128 * wg + 64 * piece + 8 * frag + 2 * t
+                for e in range(2):
+                    c = col + e
+                    want = slot_box(slot, c // 32) + row * 128 + (((c % 32) // 4) ^ (row % 8)) * 16 + (c % 4) * 4
+                    assert off + 4 * e == want, (slot, wg, warp, lane, piece, nt, half, e)
+                    seen[want] = seen.get(want, 0) + 1
+                if lane < 16 and warp == 0 and wg == 0 and half == 0:   # one store instruction's half warp
+                    banks.setdefault((piece, nt), []).extend((off // 4 + e) % 32 for e in range(2))
+        assert len(seen) == 64 * 256 and all(n == 1 for n in seen.values())
+        assert all(max(b.count(x) for x in b) <= 2 for b in banks.values())
+        # the 8 boxes: whole chunks of this slot's Q_i (boxes 0, 1, 4, 5) and dO_i (2, 3, 6, 7)
+        boxes = sorted(slot_box(slot, b) for b in range(8))
+        q0, do0 = slot_box(slot, 0), slot_box(slot, 2)
+        assert boxes == sorted([q0 + c * chunk for c in range(4)] + [do0 + c * chunk for c in range(4)])
+
+
+def test_cluster_config_and_launch():
+    """cluster (kCluster): the d256 tile in clusters of 2 CTAs (sm90_bwd_cluster), named _cl2, its
+    own template arguments (the cluster size first), an even K/V-block grid; refused or dropped
+    with a window, varlen, deterministic, dynamic, lpt, and off the shared-keys tile."""
+    cfg = D256.replace(dq_writer=True, cluster=True)
+    assert cfg.problems() == [] and cfg.name == "sm90bwd_bf16_d256_full_BM64_BN64_s2_c2_dqw_cl2"
+    assert cfg.kernel_name() == ("cuflash::sm90_bwd_cluster<2, 64, 64, 2, 2, 256, cuflash::bf16, false, false, "
+                                 "false, false, false, false, false, false, true, false, false, false, false>")
+    assert cfg.template_args() == (2,) + D256.replace(dq_writer=True).template_args()
+    assert cfg.smem_bytes == D256.smem_bytes
+    for change in (dict(window=True), dict(varlen=True), dict(deterministic=True, dq_writer=False),
+                   dict(lpt=True, causal=True)):
+        assert any("cluster" in w for w in cfg.replace(**change).problems()), change
+    other = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False, cluster=True)
+    assert any("cluster" in w for w in other.problems())
+    # the grid: K/V blocks per (head, batch) rounded up to even (seqlen_k 200: 4 blocks; 130: 3 -> 4)
+    for sk, n in ((200, 4), (130, 4), (17, 2), (64, 2)):
+        p = problem(seqlen_k=sk)
+        main = [ls for ls in FAM.launches(cfg, p, 132) if ls.role == "main"][0]
+        assert main.grid == (p.batch * p.nheads * n, 1, 1), (sk, main.grid)
+        plain = [ls for ls in FAM.launches(cfg.replace(cluster=False), p, 132) if ls.role == "main"][0]
+        assert plain.grid[0] == p.batch * p.nheads * -(-sk // 64)
+    # for_problem: a window, varlen, deterministic call runs one CTA per K/V block
+    for p in (problem(features=("window",), window=(30, 4)), problem(deterministic=True)):
+        out = FAM.for_problem(cfg, p)
+        assert not out.cluster and out.problems() == [], out
+    # the encoded form carries cluster only when on; the heuristic switch (off until measured)
+    assert "cluster" not in dict(FAM._fields(D256)) and dict(FAM._fields(cfg))["cluster"] is True
+    assert not sm90_bwd.HEURISTIC_D256_CLUSTER
+
+
+def test_cluster_switch(monkeypatch):
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_CLUSTER", True)
+    for causal in (False, True):
+        p = problem(causal=causal)
+        assert FAM.for_problem(FAM.heuristic(p), p) == D256.replace(causal=causal, dq_writer=True, cluster=True)
+    for p in (problem(deterministic=True), problem(features=("softcap",), softcap=5.0), problem(128)):
+        assert not FAM.for_problem(FAM.heuristic(p), p).cluster
+
+
+@needs_nvcc
+def test_ptxas_d256_cluster():
+    """cluster with dq_writer (bf16 / fp16, causal and not), with red.add, with softcap + ALiBi and
+    dropout (7)."""
+    configs = [D256.replace(dtype=dt, causal=c, dq_writer=True, cluster=True)
+               for dt, c in itertools.product(("bf16", "fp16"), (False, True))]
+    configs += [D256.replace(causal=True, cluster=True),
+                D256.replace(dq_writer=True, cluster=True, softcap=True, alibi=True, dropout=False),
+                D256.replace(dq_writer=True, cluster=True, dropout=True, causal=True)]
+    assert all(c.problems() == [] for c in configs), [c.problems() for c in configs]
     bad = compile_clean(configs)
     assert not bad, "\n".join(bad)

@@ -120,7 +120,10 @@ def suite_configs():
     base = Sm90BwdConfig(64, 64, 2, 2, D, "bf16", False)
     return [base, base.replace(causal=True), base.replace(dtype="fp16", causal=True),
             base.replace(causal=True, deterministic=True),
-            base.replace(window=True, softcap=True, alibi=True), base.replace(causal=True, dropout=True)]
+            # (the window / softcap / ALiBi and dropout tests run the heuristic: dq_writer since
+            # HEURISTIC_D256_DQ_WRITER)
+            base.replace(window=True, softcap=True, alibi=True, dq_writer=True),
+            base.replace(causal=True, dropout=True, dq_writer=True)]
 
 
 def forward_problems():

@@ -23,7 +23,7 @@ import pytest
 
 from cuflash import launch, registry
 from cuflash.compile import kernel_dir, nvcc_compile
-from cuflash.families import sm90_fwd
+from cuflash.families import sm90_bwd, sm90_fwd
 from cuflash.families.base import ConfigError
 from cuflash.families.sm90_bwd import HEAD_DIMS, MAX_SMEM, Sm90BwdConfig, dq_accum_map_args
 from cuflash.problem import DTYPES, Problem
@@ -88,11 +88,12 @@ def test_space_and_heuristic():
         p = problem(d, causal=causal, deterministic=det)
         cfg = FAM.for_problem(FAM.heuristic(p), p)
         # measured: dq_writer on wherever the call allows it (not deterministic); overlap_sdp off
-        # (head dim 256: red.add, dq_writer's staging does not fit next to its tile)
-        assert not cfg.overlap_sdp and cfg.dq_writer == (not det and d < 256) and not cfg.problems()
+        # (head dim 256: red.add until HEURISTIC_D256_DQ_WRITER, dq_writer staging in the ring slot)
+        d256_dqw = d < 256 or sm90_bwd.HEURISTIC_D256_DQ_WRITER
+        assert not cfg.overlap_sdp and cfg.dq_writer == (not det and d256_dqw) and not cfg.problems()
         valid = FAM.valid(p, MAX_SMEM)
         assert all(FAM.for_problem(c, p).problems() == [] for c in valid)
-        if not det and d < 256:   # the unordered calls have dq_writer points (but at d256)
+        if not det:   # the unordered calls have dq_writer points
             assert any(c.dq_writer for c in valid)
         assert any(c.overlap_sdp for c in valid)
 
@@ -250,7 +251,8 @@ def test_kernel_source_order():
     writer = src[src.index("if (kDqWriter && tid / 32 == 1 && (kDynamic || n_iters > 0)) {"):]
     _after(writer, ["named_barrier_sync(kDqFullBar + buf, kDqBarThreads)", "bulk_reduce_add_tensor_3d(",
                     "bulk_commit_group()", "bulk_wait_group_read<0>()", "__syncwarp()",
-                    "if (!kDynamic && it + DqW::kBufs < n_iters) named_barrier_arrive(kDqEmptyBar + buf",
+                    "if (!kSlotDq && !kDynamic && it + DqW::kBufs < n_iters)",
+                    "named_barrier_arrive(kDqEmptyBar + buf",
                     "bulk_wait_group<0>()", "} else if (tid < 32 && (kDynamic || n_iters > 0)) {"])
     assert "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group" in \
         (kernel_dir() / "ptx_sm90_bulk.cuh").read_text()

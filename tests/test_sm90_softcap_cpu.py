@@ -164,7 +164,8 @@ def test_plain_names_and_encoding_unchanged():
     # tree_max's and q_double's fields after it, then the softmax variants of feature calls)
     fields = list(Sm90FwdConfig.__dataclass_fields__)
     assert fields[fields.index("dropout") + 1] == "emu_exp2"
-    assert fields[-6:] == ["varlen", "p_smem", "tree_max", "q_double", "lazy_rescale", "fold_cap"]
+    assert fields[-8:] == ["varlen", "p_smem", "tree_max", "q_double", "lazy_rescale", "fold_cap",
+                           "rescale_first", "section"]   # (section: run time, not a template argument)
 
 
 def test_emu_names_template_and_encoding():
@@ -172,8 +173,8 @@ def test_emu_names_template_and_encoding():
     assert cfg.name.endswith("_emu2_cap")   # the feature suffix stays last
     assert cfg.kernel_name().endswith("true, false, true, false, false, 2>")   # ..., kDropout, kEmuExp2
     args = cfg.template_args()      # then kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble,
-    emu = list(Sm90FwdConfig.__dataclass_fields__).index("emu_exp2")   # kLazyRescale, kFoldCap
-    assert args[emu - 1:emu + 1] == (False, 2) and args[-5:] == (False, False, False, False, 0)
+    emu = list(Sm90FwdConfig.__dataclass_fields__).index("emu_exp2")   # kLazyRescale, kFoldCap, kRescaleFirst
+    assert args[emu - 1:emu + 1] == (False, 2) and args[-6:] == (False, False, False, False, 0, False)
     text = FAM.encode(cfg)
     assert text.endswith(",emu_exp2=2")
     back = FAM.decode(text, "bf16", True).replace(softcap=True)

@@ -25,7 +25,7 @@ Modes (results in results/<gpu name>/):
             at seqlen 8k (--seqlens to change), d 64 and 128: bench_dropout.{json,csv}
   ring      context parallelism: cuflash.distributed ring attention, one process per GPU
             (NCCL), vs single-GPU cuflash on the same shard and torch's context parallel,
-            seqlen 128k .. 1M: results/<gpu name>x<P>/ring.{json,csv}
+            seqlen 256k .. 1M: results/<gpu name>x<P>/ring.{json,csv}
   all       fwd, fwdbwd, memory, overhead, startup (not tuned, io, features, ring, dropout)
 
 Shapes follow the FlashAttention convention (heads = 2048 / head dim, batch · seqlen = 16k),
@@ -94,7 +94,7 @@ def parser() -> argparse.ArgumentParser:
                          "dropout0.1 varlen, not causal)")
     ap.add_argument("--out", default="results", help="results root (default results)")
     ap.add_argument("--ring-seqlens", type=int, nargs="+", default=None,
-                    help="ring: total seqlens (default 131072 262144 524288 1048576)")
+                    help="ring: total seqlens (default 262144 524288 1048576)")
     ap.add_argument("--ring-procs", type=int, default=None,
                     help="ring: processes = GPUs (default every visible GPU)")
     ap.add_argument("--ring-heads", type=int, default=8, help="ring: heads (default 8, d 128)")
@@ -107,6 +107,17 @@ def parser() -> argparse.ArgumentParser:
                     help="ring: largest seqlen also run whole on one GPU (default 262144)")
     ap.add_argument("--no-torch-cp", action="store_true",
                     help="ring: skip torch's context_parallel")
+    ap.add_argument("--ring-breakdown", action="store_true",
+                    help="ring: per-step breakdown (compute, merge / accumulate, exposed waits) "
+                         "from one traced forward + backward per problem")
+    ap.add_argument("--ring-ab", nargs="+", default=[], choices=("early_send", "nccl_priority", "split_q", "reverse_bwd"),
+                    help="ring: also time the ring with one thing changed, per variant: "
+                         "early_send (cuflash.distributed.EARLY_SEND flipped), nccl_priority "
+                         "(a second NCCL group with high-priority streams), split_q, reverse_bwd "
+                         "(cuflash.distributed.SPLIT_Q, REVERSE_BWD flipped)")
+    ap.add_argument("--ring-light-from", type=int, default=524288,
+                    help="ring: seqlens above run light (1 repetition, no transfer-free runs, "
+                         "torch CP on cuDNN only; default 524288)")
     return ap
 
 
@@ -147,7 +158,8 @@ def run_mode(mode: str, a) -> object:
                        causals=tuple(sorted(causals, reverse=True)), procs=a.ring_procs,
                        nheads=a.ring_heads, reps=a.reps or 3, budget_s=a.ring_budget_s,
                        torch_cp=not a.no_torch_cp, full_max=a.ring_full_max, out=a.out,
-                       cp_backends=a.ring_cp_backends)
+                       cp_backends=a.ring_cp_backends, breakdown=a.ring_breakdown,
+                       light_from=a.ring_light_from, ab=a.ring_ab)
     if mode == "decode":
         return mod.run(batches=a.decode_batches or mod.BATCHES, ctxs=a.decode_ctxs or mod.CTXS,
                        reps=a.reps or 10, out=a.out)

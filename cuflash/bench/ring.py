@@ -4,17 +4,21 @@ single-GPU cuflash on the same per-GPU shard and torch's own context parallel.
 One process per GPU (``torch.multiprocessing.spawn``, NCCL, NVLink multicast off:
 NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1). Problems:
 batch 1, d 128, bf16, --ring-heads heads (default 8), total seqlen --ring-seqlens (default
-128k, 256k, 512k, 1M), causal (zigzag layout) at every seqlen first, then non-causal
-(--causal); each rank holds seqlen / P positions. A problem is skipped, with a record saying
-so, when the run's estimated time would pass --ring-budget-s (default 270 s; the estimate:
-the last problem of that mask scaled by seqlen²).
+256k, 512k, 1M), at each seqlen causal (zigzag layout) then non-causal (--causal); each rank
+holds seqlen / P positions. A problem is skipped, with a record saying so, when the run's
+estimated time would pass --ring-budget-s (default 270 s; the estimate: the last problem of that
+mask scaled by seqlen², and by LIGHT_COST when it is light and that one was not). Problems above
+--ring-light-from (default 524288) run light, to fit the 1M problems in a ~5-minute run: one
+timed repetition, no transfer-free runs (comm_exposed_ms from the trace's waits instead), torch CP
+on its cuDNN backend only (flash runs at 0.6x its speed, measured every earlier run).
 
 Records (results/<gpu>x<P>/ring.{json,csv}), impl:
   ring           fwd_ms, bwd_ms (ring_forward / ring_backward, no autograd), tflops_per_gpu
                  (fwd + bwd FLOPs of the whole problem / P / (fwd_ms + bwd_ms)), fwd_tflops_per_gpu,
                  bwd_tflops_per_gpu, peak_bytes_per_gpu (max over ranks of the peak allocated
                  during one autograd forward + backward, above the inputs), comm_exposed_ms
-                 (fwd + bwd time minus the same steps' computation without transfers),
+                 (fwd + bwd time minus the same steps' computation without transfers,
+                 compute_only_ms; light problems: the traced waits, trace_wait_ms),
                  efficiency (tflops_per_gpu / single-GPU cuflash's on the shard), P, seqlen,
                  causal, d, nheads, batch
   cuflash_shard  single-GPU cuflash (flash_attn_func) forward and backward on one rank's
@@ -28,6 +32,18 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  fwd_ms, bwd_ms, tflops_per_gpu, load_balance (torch's own head-tail layout,
                  which it supports for causal only: off without causal); or error: why it did
                  not run
+                 With --ring-breakdown (always on light problems: it gives their
+                 comm_exposed_ms), one more forward and backward run with
+                 cuflash.distributed.TRACE on: per phase, the max over ranks of the rank's
+                 sum over steps (ms), and every rank's steps ("r0 a/b r1 c/d"): fwd_compute_ms
+                 (cuflash's kernels), fwd_merge_ms (LSE merges), fwd_wait_ms (the compute stream
+                 waiting for a transfer: exposed), fwd_final_ms (conversions), bwd_compute_ms,
+                 bwd_accum_ms (dQ / dK / dV additions), bwd_wait_ms, bwd_final_ms (the dK/dV
+                 hop home, and waiting for the neighbour to finish its last step); trace_wait_ms
+                 = max over ranks of fwd_wait + bwd_wait + bwd_final.
+                 With --ring-ab NAME ...: alt_NAME_fwd_ms, alt_NAME_bwd_ms,
+                 alt_NAME_tflops_per_gpu of the same ring with one thing changed, in the same
+                 run (AB_VARIANTS: early_send, nccl_priority, split_q, reverse_bwd).
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
 """
@@ -40,7 +56,11 @@ import socket
 import time
 
 STEM = "ring"
-SEQLENS = (131072, 262144, 524288, 1048576)
+SEQLENS = (262144, 524288, 1048576)
+LIGHT_FROM = 524288  # problems above run light (see the module doc)
+LIGHT_COST = 0.45    # a light problem's time / a full one's of the same size (estimate)
+PHASES = ("fwd_compute", "fwd_merge", "fwd_wait", "fwd_final", "bwd_compute", "bwd_accum",
+          "bwd_wait", "bwd_final")
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                 "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -60,7 +80,8 @@ CP_BACKENDS = ("flash", "cudnn")
 
 
 def run(seqlens=SEQLENS, causals=(True, False), procs=None, nheads=8, d=128, reps=3,
-        budget_s=270.0, torch_cp=True, full_max=262144, out="results", cp_backends=CP_BACKENDS):
+        budget_s=270.0, torch_cp=True, full_max=262144, out="results", cp_backends=CP_BACKENDS,
+        breakdown=False, light_from=LIGHT_FROM, ab=()):
     """Spawn one process per GPU and run the mode; rank 0 writes the records."""
     import torch
     import torch.multiprocessing as mp
@@ -77,7 +98,8 @@ def run(seqlens=SEQLENS, causals=(True, False), procs=None, nheads=8, d=128, rep
     os.environ.update(NO_MULTICAST)  # inherited by the children before NCCL starts
     opts = dict(seqlens=tuple(seqlens), causals=tuple(causals), nheads=nheads, d=d, reps=reps,
                 budget_s=budget_s, torch_cp=torch_cp, full_max=full_max, out=out,
-                cp_backends=tuple(cp_backends))
+                cp_backends=tuple(cp_backends), breakdown=bool(breakdown),
+                light_from=light_from, ab=tuple(ab))
     print(f"bench ring: P = {procs} processes, seqlens {list(seqlens)}, causal {list(causals)}, "
           f"budget {budget_s:.0f} s", flush=True)
     mp.spawn(_worker, args=(procs, _free_port(), opts), nprocs=procs, join=True)
@@ -155,12 +177,17 @@ def _worker(rank, world, port, opts):
     records, t_start = [], time.perf_counter()
     last = {}  # causal -> (seqlen, seconds) of the last problem measured
     try:
-        # causal first (long-context training), then the next mask; seqlens ascending
-        for causal in opts["causals"]:
-            for seqlen in opts["seqlens"]:
+        # seqlens ascending, at each causal first (long-context training), then the next mask
+        for seqlen in opts["seqlens"]:
+            for causal in opts["causals"]:
                 spent = time.perf_counter() - t_start
                 prev = last.get(causal)
-                est = None if prev is None else prev[1] * (seqlen / prev[0]) ** 2
+                if prev is None and last.get(not causal) is not None:  # from the other mask
+                    other = last[not causal]  # (a causal problem is half a full one's work)
+                    prev = (other[0], other[1] * (0.5 if causal else 2.0))
+                light = seqlen > opts.get("light_from", LIGHT_FROM)
+                est = None if prev is None else prev[1] * (seqlen / prev[0]) ** 2 * (
+                    LIGHT_COST if light and prev[0] <= opts.get("light_from", LIGHT_FROM) else 1.0)
                 go = _agree(est is None or spent + est <= opts["budget_s"])
                 base = dict(P=world, seqlen=seqlen, causal=causal, d=opts["d"],
                             nheads=opts["nheads"], batch=1)
@@ -243,6 +270,9 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
     from ..api import flash_attn_func
 
     b, h, d, reps = 1, opts["nheads"], opts["d"], opts["reps"]
+    light = seqlen > opts.get("light_from", LIGHT_FROM)
+    if light:
+        reps = 1
     s_local = seqlen // world
     scale = 1 / math.sqrt(d)
     dt = torch.bfloat16
@@ -255,20 +285,38 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
     # the ring, no autograd: forward, backward, and both without transfers
     rec = dict(impl="ring", **base)
     try:
-        fwd = lambda comm=True: cfd.ring_forward(q, k, v, scale, causal, None, "zigzag", comm)  # noqa: E731
-        out, lse = fwd()  # warm-up: compiles
-        bwd = lambda comm=True: cfd.ring_backward(dout, q, k, v, out, lse, scale, causal, None,  # noqa: E731
-                                                  "zigzag", False, comm)
+        # the forward keeps its last K/V block for the backward when REVERSE_BWD is on (as
+        # ring_flash_attn_func does); res: (out, lse[, k_last, v_last])
+        def fwd_g(group=None, comm=True):
+            return cfd.ring_forward(q, k, v, scale, causal, group, "zigzag", comm,
+                                    keep_last=cfd.REVERSE_BWD)
+
+        def bwd_g(res, group=None, comm=True):
+            return cfd.ring_backward(dout, q, k, v, res[0], res[1], scale, causal, group,
+                                     "zigzag", False, comm, kv_last=tuple(res[2:]) or None)
+
+        res = fwd_g()  # warm-up: compiles
+        fwd = lambda comm=True: fwd_g(comm=comm)  # noqa: E731
+        bwd = lambda comm=True: bwd_g(res, comm=comm)  # noqa: E731
         bwd()
         rec["fwd_ms"] = fwd_ms = _timed(fwd, reps)
         rec["bwd_ms"] = bwd_ms = _timed(bwd, reps)
-        compute_ms = _timed(lambda: fwd(False), reps) + _timed(lambda: bwd(False), reps)
-        rec["compute_only_ms"] = compute_ms
-        rec["comm_exposed_ms"] = max(0.0, fwd_ms + bwd_ms - compute_ms)
+        rec["reverse_bwd"] = cfd.REVERSE_BWD
+        for name in opts.get("ab", ()):  # the same ring with one thing changed (AB_VARIANTS)
+            rec.update(_variant(name, world, reps, f_fwd + f_bwd, rec, log, fwd_g, bwd_g))
+        if opts.get("breakdown") or light:
+            rec.update(_breakdown(world, fwd, bwd))
+            log(_breakdown_line(rec))
+        if light:
+            rec["comm_exposed_ms"] = rec["trace_wait_ms"]
+        else:
+            compute_ms = _timed(lambda: fwd(False), reps) + _timed(lambda: bwd(False), reps)
+            rec["compute_only_ms"] = compute_ms
+            rec["comm_exposed_ms"] = max(0.0, fwd_ms + bwd_ms - compute_ms)
         rec["fwd_tflops_per_gpu"] = f_fwd / world / fwd_ms / 1e9
         rec["bwd_tflops_per_gpu"] = f_bwd / world / bwd_ms / 1e9
         rec["tflops_per_gpu"] = (f_fwd + f_bwd) / world / (fwd_ms + bwd_ms) / 1e9
-        del out, lse
+        del res
         # peak memory of one autograd forward + backward
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -316,8 +364,109 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
 
     if opts["torch_cp"]:
         for backend in opts.get("cp_backends", CP_BACKENDS):
-            recs.append(_torch_cp(rank, world, seqlen, causal, opts, base, log, backend))
+            if light and backend != "cudnn":
+                continue
+            recs.append(_torch_cp(rank, world, seqlen, causal, dict(opts, reps=reps), base, log,
+                                  backend))
     return recs
+
+
+AB_VARIANTS = {
+    "early_send": "cuflash.distributed.EARLY_SEND flipped",
+    "nccl_priority": "the ring on a second NCCL group whose streams have high priority "
+                     "(ProcessGroupNCCL.Options.is_high_priority_stream)",
+    "split_q": "cuflash.distributed.SPLIT_Q flipped (multi-chunk non-causal calls per q chunk)",
+    "reverse_bwd": "cuflash.distributed.REVERSE_BWD flipped (the backward the other way round, "
+                   "no last hop)",
+}
+_groups: dict = {}
+
+
+def _variant(name, world, reps, flops_total, rec, log, fwd, bwd) -> dict:
+    """alt_<name>_fwd_ms, alt_<name>_bwd_ms, alt_<name>_tflops_per_gpu: the ring timed with
+    AB_VARIANTS[name] (or alt_<name>_error)."""
+    import torch.distributed as dist
+
+    from .. import distributed as cfd
+
+    key = f"alt_{name}"
+    out = {}
+    saved, saved_split, saved_rev = cfd.EARLY_SEND, cfd.SPLIT_Q, cfd.REVERSE_BWD
+    try:
+        group = None
+        if name == "early_send":
+            cfd.EARLY_SEND = not saved
+        elif name == "split_q":
+            cfd.SPLIT_Q = not saved_split
+        elif name == "reverse_bwd":
+            cfd.REVERSE_BWD = not saved_rev
+        elif name == "nccl_priority":
+            group = _groups.get(name)
+            if group is None:
+                opts = dist.ProcessGroupNCCL.Options()
+                opts.is_high_priority_stream = True
+                group = _groups[name] = dist.new_group(backend="nccl", pg_options=opts)
+        else:
+            raise ValueError(f"ab: unknown variant {name!r} (known: {sorted(AB_VARIANTS)})")
+        res = fwd(group)  # (a new group's first transfers set it up)
+        bwd(res, group)
+        out[f"{key}_fwd_ms"] = _timed(lambda: fwd(group), reps)
+        out[f"{key}_bwd_ms"] = _timed(lambda: bwd(res, group), reps)
+        del res
+        out[f"{key}_tflops_per_gpu"] = flops_total / world / (out[f"{key}_fwd_ms"] +
+                                                              out[f"{key}_bwd_ms"]) / 1e9
+        log(f"  {name} ({AB_VARIANTS[name]}): fwd {out[f'{key}_fwd_ms']:.1f} ms bwd "
+            f"{out[f'{key}_bwd_ms']:.1f} ms, {out[f'{key}_tflops_per_gpu']:.0f} TFLOPs/GPU "
+            f"(as run: {rec['fwd_ms']:.1f} / {rec['bwd_ms']:.1f} ms, early_send={saved})")
+    except Exception as exc:  # noqa: BLE001 - a field says why
+        out[f"{key}_error"] = _short(exc)
+        log(f"  {name}: {out[f'{key}_error']}")
+    finally:
+        cfd.EARLY_SEND, cfd.SPLIT_Q, cfd.REVERSE_BWD = saved, saved_split, saved_rev
+    return out
+
+
+def _breakdown(world, fwd, bwd) -> dict:
+    """One forward and one backward with cuflash.distributed.TRACE on: per phase (PHASES),
+    <phase>_ms the max over ranks of the rank's sum over steps, <phase>_steps_ms every rank's
+    steps ("r0 a/b r1 c/d"), and trace_wait_ms (the max over ranks of the waits and the last
+    hop: exposed communication, and waiting for a slower neighbour)."""
+    import torch
+    import torch.distributed as dist
+
+    from .. import distributed as cfd
+
+    times: dict = {}
+    for fn in (fwd, bwd):
+        dist.barrier()
+        torch.cuda.synchronize()
+        cfd.TRACE = []
+        try:
+            fn()
+        finally:
+            trace, cfd.TRACE = cfd.TRACE, None
+        times.update(cfd.trace_summary(trace))
+    mine = torch.zeros(len(PHASES), world, dtype=torch.float64, device="cuda")
+    for i, phase in enumerate(PHASES):
+        for step, ms in enumerate(times.get(phase, [])[:world]):
+            mine[i, step] = ms
+    every = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    per_rank = [t.tolist() for t in every]  # [rank][phase][step]
+    out = {}
+    for i, phase in enumerate(PHASES):
+        out[f"{phase}_ms"] = max(sum(r[i]) for r in per_rank)
+        out[f"{phase}_steps_ms"] = " ".join(f"r{j} " + "/".join(f"{x:.2f}" for x in r[i])
+                                            for j, r in enumerate(per_rank))
+    waits = [PHASES.index(p) for p in ("fwd_wait", "bwd_wait", "bwd_final")]
+    out["trace_wait_ms"] = max(sum(sum(r[i]) for i in waits) for r in per_rank)
+    return out
+
+
+def _breakdown_line(rec) -> str:
+    parts = [f"{p} {rec[p + '_ms']:.2f} [{rec[p + '_steps_ms']}]" for p in PHASES]
+    return (f"  breakdown P={rec['P']} s={rec['seqlen']} causal={rec['causal']} (ms; max over "
+            f"ranks of the sum over steps [each rank's steps]): " + "; ".join(parts))
 
 
 def _line(rec, shard) -> str:

@@ -24,9 +24,10 @@ loop, which streams contiguous caches and large pages as fast or faster. With TM
 (off: faster at small batch, slower at large; see its note), paged caches with pages under
 TMA_PAGED_MAX_PAGE keys take the Hopper loop (4 warps, 3 stages), else with SMALL_PAGE_WARPS = 4
 the cp.async loop with 4 warps, chosen per call by ``call_config`` (the page size is the call's,
-not the problem class's). Options of the cp.async loop, off by default (module switches below):
-``l2_prefetch`` (an L2 prefetch-size hint on the K/V copies) and ``warp_loads`` (each warp loads
-the rows it reads: no CTA barrier per block).
+not the problem class's). Options of the cp.async loop (module switches below): ``l2_prefetch``
+(an L2 prefetch-size hint on the K/V copies, on for contiguous caches), ``warp_loads`` (each warp
+loads the rows it reads: no CTA barrier per block) and ``page_gather`` (paged: a block's page ids
+read before its copies).
 
 The number of splits is the config's ``splits`` (1..128), fixed before a plan is made:
 ``cuflash.decode`` puts the call's ``num_splits`` there, or the heuristic's choice
@@ -69,9 +70,16 @@ APPEND_CTAS = 32         # decode_append: CTAs per batch row, striding over the 
 # there is more than one split and the config has no fused combine (a second kernel's launch
 # gap and its pass over the partials); not yet fitted to a measurement
 COMBINE_LAUNCH_COST = 1
-# The heuristic's choice of the two compile-time options (flip after the H100 timing run,
-# tests/decode_timing.py, shows them faster)
-FUSED_COMBINE_DEFAULT = False
+# The heuristic's choice of the two compile-time options. fused_combine: on. H100, session 15
+# round A (tests/decode_tma_timing.py, bf16 d128 32:8 heads, CUDA graphs, with the split merge's
+# batched loads in both paths): the heuristic's time over the fused one's, geomean 1.015 over the 9
+# contiguous cells (worst 0.999), 1.016 over the 18 paged ones (worst 0.997), 1.077 in the cold-L2
+# 1 x 8k cell; 1 x 8k 16.6 -> 15.3 us (one launch: the separate combine took 2.7 us plus a 1.0 us
+# gap), 1 x 32k 54.5 -> 53.0, 1 x 128k 188.0 -> 186.6. A call shape's first call made inside a
+# CUDA-graph capture cannot allocate the zeroed split counters: cuflash.decode then plans it with
+# the separate combine (a given config with fused_combine raises there). page_prefetch: off
+# (session 12: 10-20% slower).
+FUSED_COMBINE_DEFAULT = True
 PAGE_PREFETCH_DEFAULT = False
 # The heuristic's choice of the Hopper loop (tma) on sm_90 for every call it can run (head dims
 # that are multiples of 16 up to TMA_MAX_HEAD_DIM; cuflash.decode falls back to the cp.async loop
@@ -120,18 +128,43 @@ L2_PREFETCH_DEFAULT = 256
 # off and out of the space until they pass and a timing shows it faster.
 WARP_LOADS_DEFAULT = False
 WARP_LOADS_SPACE = (False,)
+# page_gather (paged caches: a K/V block's page ids read before its cp.asyncs, not one dependent
+# table read per row pass): the heuristic's choice and the tuning space's values. Measured slower
+# on the H100 (session 15 round A, tests/decode_tma_timing.py ``base_pg`` against ``base``, 8 warps):
+# 0.83-0.94 in all 18 paged cells, page 256 as much as page 16 (1 x 32k page 16 71.4 against 64.3
+# us, page 256 70.3 against 58.4; 32 x 32k page 16 1818 against 1688), and with 4 warps worse still
+# (as session 12's page_prefetch, which shares its address path): off and out of the space.
+PAGE_GATHER_DEFAULT = False
+PAGE_GATHER_SPACE = (False,)
 # Paged caches with pages under TMA_PAGED_MAX_PAGE keys, when the heuristic chose and the Hopper
 # loop does not take them (TMA_PAGED_DEFAULT off, or not sm_90): the cp.async loop with this many
 # warps (4: 64-key blocks, 3 stages, two CTAs per SM, the split rule filling both; 8: the
 # contiguous tiles). H100, page 16 (tests/decode_tma_timing.py, session 14 round A): 4 warps at
 # two CTAs per SM 1504 us at 32 x 32k, 384 at 32 x 8k, 6042 at 32 x 128k against 1663 / 424 /
 # 6558 for 8 warps; at one CTA per SM (batch 1 and 8, before the split rule filled both slots)
-# 4 warps lost (85 against 64 us at 1 x 32k).
-SMALL_PAGE_WARPS = 8
-# num_splits_for's model for paged caches with two or more resident CTAs per SM (see there):
-# flip together with SMALL_PAGE_WARPS = 4 (4 warps at one CTA per SM is what lost above); neither
-# is measured at batch 1 and 8 yet, so both stay off.
-PAGED_SPLIT_RULE_RESIDENT = False
+# 4 warps lost (85 against 64 us at 1 x 32k). On (4) with PAGED_SPLIT_RULE_RESIDENT and
+# SMALL_PAGE_TMA_MAX_KEYS (small calls take the Hopper loop): see there.
+SMALL_PAGE_WARPS = 4
+# Small pages, by call size (DecodeSplitKV.call_config, heuristic's configs): calls of at most this
+# many cached keys in all (batch x capacity) take the Hopper loop like TMA_PAGED_DEFAULT (4 warps,
+# 3 stages), larger ones the SMALL_PAGE_WARPS rule; 0: off. Session 14's H100 timing, page 16:
+# the Hopper loop was the fastest at batch 1 and 8 up to 32k keys (1x8k 19.8 us against 22.1 on the
+# cp.async loop's 8 warps, 1x32k 58.7 against 64.1, 8x8k 102.3 against 111.3, 8x32k 386.6 against
+# 422.7) and 4 warps with the resident split rule from there on (1x128k 205.5 against 222.4, 8x128k
+# 1513 against 1672, 32x8k 386 against 430, 32x32k 1517 against 1679, 32x128k 5940 against 6560),
+# each then within 10% of the contiguous cache but 1x8k / 1x32k on the 4-warp rule (1.43 / 1.13):
+# 65536 (1 x 32k, 8 x 8k; at 8 x 32k the two were within 1%) with SMALL_PAGE_WARPS = 4 and
+# PAGED_SPLIT_RULE_RESIDENT, timed together on the H100 (session 15 round B, tests/
+# decode_tma_timing.py --propose, page 16 against the 8-warp cp.async loop): 1.103 geomean over the
+# 9 page-16 cells, worst 1.047 (32 x 128k), none slower; page 16 over contiguous now 1.03-1.12
+# (1x8k 16.3 against 15.3 us, 1x32k 58.5 / 53.1, 8x8k 109.1 / 97.8, 8x32k 388.9 / 368.7, 32x32k
+# 1520 / 1462, 32x128k 5935 / 5776), where the 8-warp loop was 1.14-1.28. Page 256 and contiguous
+# caches keep their configs. On.
+SMALL_PAGE_TMA_MAX_KEYS = 65536
+# num_splits_for's model for paged caches with two or more resident CTAs per SM (see there): on,
+# with SMALL_PAGE_WARPS = 4 (4 warps at one CTA per SM is what lost above) and the Hopper loop for
+# the small calls where 4 warps still lost (SMALL_PAGE_TMA_MAX_KEYS; measured together there).
+PAGED_SPLIT_RULE_RESIDENT = True
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -157,6 +190,9 @@ class DecodeConfig(KernelConfig):
     l2_prefetch: 0, 64, 128 or 256: the cp.async loop's whole K/V blocks load with an L2
               prefetch-size hint of that many bytes (``cp.async...L2::256B``: on a miss the L2
               fetches the whole aligned segment; a d 128 bf16 key row is 256 bytes); 0: no hint
+    page_gather: paged caches: each thread reads the page ids of all its rows of a K/V block from
+              block_table before the block's first cp.async (False: one table read right before
+              each row's copy, a dependent round trip per row pass; page_prefetch, if set, wins)
     warp_loads: the cp.async loop's K/V rows are loaded by the warp that reads them (each warp its
               warp_n rows of every block), so the ring needs no CTA barrier per block and the
               warps stream independently; False: the CTA loads each block together
@@ -165,7 +201,8 @@ class DecodeConfig(KernelConfig):
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
               K (V) block, paged ones a box per page segment (``tma_box_rows``). Needs the real
               head dim to equal ``head_dim`` (the box carries no column mask), a page size that
-              is a multiple of 16, no fused combine, page prefetch, l2_prefetch or warp_loads
+              is a multiple of 16, no fused combine, page prefetch, l2_prefetch, warp_loads or
+              page_gather
     """
 
     warps: int
@@ -182,6 +219,7 @@ class DecodeConfig(KernelConfig):
     tma: bool = False
     l2_prefetch: int = 0
     warp_loads: bool = False
+    page_gather: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -204,7 +242,7 @@ class DecodeConfig(KernelConfig):
         split = f"_x{self.splits}" if self.splits else ""
         flags = (("_fc" if self.fused_combine else "") + ("_pp" if self.page_prefetch else "")
                  + ("_tma" if self.tma else "") + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
-                 + ("_wl" if self.warp_loads else ""))
+                 + ("_wl" if self.warp_loads else "") + ("_pg" if self.page_gather else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -224,16 +262,17 @@ class DecodeConfig(KernelConfig):
         if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
+        gather = f", {flag[True]}" if self.page_gather else ""  # the default (false) is left out
         return (f"cuflash::decode_splitkv<{self.warps}, {self.warp_n}, {self.stages}, {self.m_tiles}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {flag[self.fused_combine]}, "
-                f"{flag[self.page_prefetch]}, {int(self.l2_prefetch)}, {flag[self.warp_loads]}>")
+                f"{flag[self.page_prefetch]}, {int(self.l2_prefetch)}, {flag[self.warp_loads]}{gather}>")
 
     def template_args(self) -> tuple:
         if self.tma:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype)
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                 bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch),
-                bool(self.warp_loads))
+                bool(self.warp_loads), bool(self.page_gather))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -262,9 +301,9 @@ class DecodeConfig(KernelConfig):
             if self.block_n > 256:
                 out.append(f"tma: warps * warp_n (the block's keys, one TMA box) must be <= 256, "
                            f"got {self.block_n}")
-            if self.fused_combine or self.page_prefetch or self.l2_prefetch or self.warp_loads:
+            if self.fused_combine or self.page_prefetch or self.l2_prefetch or self.warp_loads or self.page_gather:
                 out.append("tma: the Hopper loop has no fused_combine, no page_prefetch, no "
-                           "l2_prefetch and no warp_loads (options of the cp.async loop)")
+                           "l2_prefetch, no warp_loads and no page_gather (options of the cp.async loop)")
             if not out and self.warps >= 8 and self.accum_regs > TMA_MAX_ACCUM_REGS_WIDE:
                 out.append(f"tma: {self.accum_regs} fp32 accumulator registers per thread exceed the "
                            f"budget of {TMA_MAX_ACCUM_REGS_WIDE} at {self.warps} warps plus the producer "
@@ -396,7 +435,8 @@ class DecodeSplitKV(Family):
     config_cls = DecodeConfig
     space = {"warps": (2, 4, 8), "warp_n": (16, 32), "stages": (2, 3, 4, 6), "m_tiles": (1, 2),
              "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
-             "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE}
+             "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE,
+             "page_gather": PAGE_GATHER_SPACE}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -448,11 +488,12 @@ class DecodeSplitKV(Family):
                            fused_combine=FUSED_COMBINE_DEFAULT,
                            page_prefetch=PAGE_PREFETCH_DEFAULT and "paged_kv" in problem.features,
                            l2_prefetch=0 if "paged_kv" in problem.features else L2_PREFETCH_DEFAULT,
-                           warp_loads=WARP_LOADS_DEFAULT)
+                           warp_loads=WARP_LOADS_DEFAULT,
+                           page_gather=PAGE_GATHER_DEFAULT and "paged_kv" in problem.features)
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
-            tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False,
+            tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False,
                               tma=True, split_cost=TMA_SPLIT_COST)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
@@ -467,9 +508,10 @@ class DecodeSplitKV(Family):
         return cfg.validate(max_smem)
 
     def make(self, point, problem: Problem):
-        """As Family.make; a point without ``tma``, ``l2_prefetch`` or ``warp_loads`` (tuned tables
-        and recorded studies from before them) gets False / 0 / False: the cp.async loop as it was."""
-        point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, **point}
+        """As Family.make; a point without ``tma``, ``l2_prefetch``, ``warp_loads`` or ``page_gather``
+        (tuned tables and recorded studies from before them) gets False / 0 / False / False: the
+        cp.async loop as it was."""
+        point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -505,12 +547,13 @@ class DecodeSplitKV(Family):
             if not chosen:
                 raise ValueError(why)
             config = config.replace(tma=False)
-        if (chosen and heuristic and TMA_PAGED_DEFAULT and 0 < page_size < TMA_PAGED_MAX_PAGE and not config.tma
-                and not config.fused_combine and not config.page_prefetch):
+        small_call = problem.batch * problem.seqlen_k <= SMALL_PAGE_TMA_MAX_KEYS
+        if (chosen and heuristic and (TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE
+                and not config.tma and not config.page_prefetch):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
-                                 warp_loads=False)
+                                 warp_loads=False, page_gather=False, fused_combine=False)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate

@@ -14,7 +14,7 @@ starts with BwdParams field for field (the workspace layout is fa2_bwd's too).
 
 Selection: ranked above fa2_bwd at every head dim up to 128, as measured on the H100
 (``rank``; D64_ABOVE_FA2 / D96_ABOVE_FA2 switch head dims <= 96 back); head dims 193..256 too
-(D256_ABOVE_FA2, measured: 2.1-2.3x fa2_bwd), 129..192 only with D192_ABOVE_FA2 (off: untimed);
+(D256_ABOVE_FA2, measured: 2.1-2.3x fa2_bwd), 129..192 too (D192_ABOVE_FA2, measured: 1.5-1.65x);
 ``config=`` / ``bwd_config=`` force either. Head dims up to 256 (kernels for 64, 128 and 256).
 Features: sliding window (Q blocks outside a K/V block's band are skipped), softcap and ALiBi,
 as compile-time flags (config fields window / softcap / alibi, names _win / _cap / _alibi, as
@@ -36,15 +36,18 @@ Head dim 64 has three tiles: BM64 BN64 with one consumer; BM64 BN128 with two, e
 hold the choice at head dims <= 96 (one line each; measured: the family first, BM128 BN128 c2).
 Head dim 256 has one tile: BM64 BN64 with two consumers sharing the K/V block's keys
 (Sm90BwdConfig.shared_keys: dK_j, dV_j split by columns, Sᵀ / dPᵀ by queries, Pᵀ and dSᵀ through
-shared memory); dQ by red.add (ordered when deterministic: dq_bulk's and dq_writer's staging do
-not fit next to it); every feature (dropout alone: see below). Head
+shared memory); dQ by red.add (ordered when deterministic), or with dq_writer through the Q/dO ring
+slot (dQ_i's part staged in the chunks of Q_i, dO_i that only the warpgroup's own dV, dK read,
+once they have: dq_bulk's and dq_writer's own staging tiles do not fit next to the tile; the
+writer warp's bulk reduce-adds release the slot; HEURISTIC_D256_DQ_WRITER); the lpt order for
+causal calls (HEURISTIC_D256_LPT); every feature (dropout alone: see below). Head
 dims 129..255 run it with zero-filled columns (192 included: no d192 kernel of its own).
 (Dropout runs there alone: with a window, softcap or ALiBi, and overlap_sdp, ptxas spills.)
 Schedules (issue 14, the short and causal backward): dynamic (name _dyn, kDynamic: a CTA per SM
 claims K/V-block tiles from a plan-owned counter, the next tile's loads overlap the last one's
 epilogue; dq_writer and stages 2 only) is the heuristic's for plain calls at d64
-(HEURISTIC_DYNAMIC, measured; d256's shared-keys tile runs the plain grid only: the config
-refuses dynamic and lpt there); lpt (name _lpt, the longest-first launch order, causal; outside
+(HEURISTIC_DYNAMIC, measured; d256's shared-keys tile runs one CTA per K/V block: the config
+refuses dynamic there); lpt (name _lpt, the longest-first launch order, causal; outside
 the space) is off (HEURISTIC_LPT); ds_double (name _ds2, two dS buffers at d128) is on with dk_late
 below only; tests/sm90_bwd_causal_timing.py times them.
 Main-loop flags (issue 14, the d128 backward at cuDNN's speed; in the space): dq_early (_dqe,
@@ -121,6 +124,24 @@ D96_ABOVE_FA2 = True
 HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True)})
 HEURISTIC_LPT = False
 HEURISTIC_DS_DOUBLE = False
+# Head dim 256 (the shared-keys tile, head dims 129..256; issue 14's d256 round): whether the
+# heuristic adds, measured on the H100 (session 15 round A, rev 54171d7, tests/sm90_bwd_d256_timing.py:
+# d256, 8 heads, batch x seqlen 16k, 2k-16k, causal and not, bf16 and fp16, backward alone, same
+# process as SDPA cuDNN; results/NVIDIA_H100_80GB_HBM3/logs/session15_rounds/a/bwd256.log):
+# * HEURISTIC_D256_DQ_WRITER: dq_writer (unordered calls): dQ_i's part staged in the ring slot of
+#   Q_i, dO_i once dV, dK have read it (no tile of its own fits: Sm90BwdSlotDqStage), added by the
+#   writer warp's tensor bulk reduce-adds, which then release the slot, instead of the consumers'
+#   red.add: faster in all 16 cells, non-causal 1.01-1.05x, causal 1.05-1.10x (cuDNN ratio 0.81-0.89
+#   -> 0.85-0.91 non-causal, 0.77-0.83 -> 0.83-0.89 causal): on;
+# * HEURISTIC_D256_LPT: the lpt launch order for causal calls: slower in 7 of 8 cells (red.add
+#   0.96-0.98x, with dq_writer 0.94-1.02x: only bf16 16k gained): off.
+HEURISTIC_D256_DQ_WRITER = True
+HEURISTIC_D256_LPT = False
+# * HEURISTIC_D256_CLUSTER: clusters of 2 CTAs sharing the Q/dO loads by multicast (cluster, kCluster:
+#   the d256 kernel at 0.85-0.91x cuDNN is bound by the L2 -> SM traffic of its Q_i, dO_i: 64 KB per
+#   Q block for 64 keys, twice d128's per FLOP; ncu, session 15: L2 66%, tensor pipe 36%); off
+#   until measured (tests/sm90_bwd_d256_timing.py, variant sm90_dqw_cl2).
+HEURISTIC_D256_CLUSTER = False
 # The main-loop flags of issue 14 (the d128 backward at cuDNN's speed), for plain unordered calls
 # (no feature, not deterministic) of the classes listed. Measured on the H100 (2026-11-26, session 15
 # round A at b082f22, tests/sm90_bwd_d128_timing.py: d128, dim 2048, batch x seqlen 16k, 2k-16k,
@@ -167,10 +188,11 @@ DROPOUT_BY_DEFAULT = True
 # family above fa2_bwd there. Measured on the H100 (2026-11-26, rev dfc42b8,
 # tests/sm90_bwd_d256_timing.py: d256, 8 heads, batch x seqlen 16k, bf16, 4k and 16k, causal and
 # not, backward alone): 289-339 TFLOPs, 2.12-2.34x fa2_bwd's speed, 0.79-0.90x SDPA cuDNN's: on.
-# 129..192: not timed yet (its GPU tests passed at d192): off until --hdims 192 says it beats
-# fa2_bwd there; bwd_config= forces it meanwhile.
+# 129..192: d192 through the d256 kernel, same script and shape (session 14 round f3,
+# results/NVIDIA_H100_80GB_HBM3/sm90_bwd_d256_timing.json: bf16, 2k-16k, causal and not):
+# 195-259 TFLOPs, 1.48-1.65x fa2_bwd's speed (its native d192 kernel), 0.72-0.82x cuDNN's: on.
 D256_ABOVE_FA2 = True
-D192_ABOVE_FA2 = False
+D192_ABOVE_FA2 = True
 VARLEN_BWD = os.environ.get("CUFLASH_SM90_VARLEN_BWD", "1") != "0"
 # The feature sets that run with varlen: their varlen instantiations at the heuristic's tiles
 # compile without spills (nvcc 13.0, sm_90a; d64 and d128, causal and not, deterministic at d64:
@@ -214,6 +236,11 @@ class Sm90BwdConfig(KernelConfig):
                    under the causal mask the longest CTAs start first across pairs and the short ones
                    fill the tail; causal only, not with varlen (the plain order: a pair's K/V
                    blocks in a row)
+    cluster:       head dim 256 (shared keys) only: clusters of 2 CTAs on adjacent K/V blocks
+                   (sm90_bwd_cluster, kCluster), each loading half of Q_i's and dO_i's chunks by
+                   multicast into both (half the L2 reads of the Q/dO stream); the grid's K/V blocks
+                   per (head, batch) rounded up to even; not with a window, varlen, deterministic,
+                   dynamic or lpt (name _cl2)
     """
 
     BM: int
@@ -235,6 +262,7 @@ class Sm90BwdConfig(KernelConfig):
     lpt: bool = False
     dynamic: bool = False
     ds_double: bool = False
+    cluster: bool = False
     s_ahead: bool = False
     dq_early: bool = False
     q_rotate: bool = False
@@ -256,7 +284,7 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_dqb' if self.dq_bulk else ''}{'_ovl' if self.overlap_sdp else ''}"
                 f"{'_dqw' if self.dq_writer else ''}{'_varlen' if self.varlen else ''}"
                 f"{'_lpt' if self.lpt else ''}{'_dyn' if self.dynamic else ''}"
-                f"{'_ds2' if self.ds_double else ''}{'_sah' if self.s_ahead else ''}"
+                f"{'_ds2' if self.ds_double else ''}{'_cl2' if self.cluster else ''}{'_sah' if self.s_ahead else ''}"
                 f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
                 f"{'_dkl' if self.dk_late else ''}")
 
@@ -307,7 +335,7 @@ class Sm90BwdConfig(KernelConfig):
             used = -(-used // 16) * 16 + words * 4 * self.consumers * 128
         if self.dq_bulk:
             used = -(-used // 16) * 16 + self.dq_stage_bytes
-        if self.dq_writer:
+        if self.dq_writer and not self.shared_keys:   # (shared keys: staged in the Q/dO ring slot)
             used = -(-used // 1024) * 1024 + self.dq_writer_bufs * self.BM * self.head_dim * 4
         return used + 1024
 
@@ -326,8 +354,9 @@ class Sm90BwdConfig(KernelConfig):
     def dq_writer_bufs(self) -> int:
         """dq_writer's staging tiles of BM x head_dim fp32 (Sm90BwdDqWriterStage::kBufs), past the
         rest, 1024-byte aligned: 2 (the consumers fill one while the bulk op reads the other)
-        where they fit in 227 KB, else 1; 0 without dq_writer."""
-        if not self.dq_writer:
+        where they fit in 227 KB, else 1; 0 without dq_writer, and with shared keys (head dim 256:
+        dQ_i's part is staged in the ring slot that held Q_i, dO_i, Sm90BwdSlotDqStage)."""
+        if not self.dq_writer or self.shared_keys:
             return 0
         offset = -(-(self.replace(dq_writer=False).smem_bytes - 1024) // 1024) * 1024
         return 2 if offset + 2 * self.BM * self.head_dim * 4 + 1024 <= MAX_SMEM else 1
@@ -378,6 +407,12 @@ class Sm90BwdConfig(KernelConfig):
 
     def kernel_name(self) -> str:
         b = lambda x: "true" if x else "false"  # noqa: E731
+        if self.cluster:   # sm90_bwd_cluster: its cluster size, then every argument of sm90_bwd
+            return (f"cuflash::sm90_bwd_cluster<2, {self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
+                    f"{self.head_dim}, cuflash::{self.dtype}, "
+                    + ", ".join(b(getattr(self, f)) for f in (
+                        "causal", "deterministic", "window", "softcap", "alibi", "dropout", "dq_bulk",
+                        "overlap_sdp", "dq_writer", "varlen", "lpt", "dynamic", "ds_double")) + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
         tail = self.s_ahead or self.dq_early or self.q_rotate or self.dk_late
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
@@ -399,6 +434,8 @@ class Sm90BwdConfig(KernelConfig):
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
     def template_args(self) -> tuple:
+        if self.cluster:   # (sm90_bwd_cluster's leading cluster size; none of the main-loop flags after
+            return (2,) + self.replace(cluster=False).template_args()[:19]   # kDsDouble: d256 has none)
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
@@ -448,10 +485,13 @@ class Sm90BwdConfig(KernelConfig):
             out.append("dynamic with varlen or deterministic: the dynamic scheduler runs fixed-length "
                        "unordered backwards (its claims do not follow a varlen grid's empty K/V blocks, "
                        "nor the ordered additions' turns)")
-        if (self.dynamic or self.lpt) and self.shared_keys:
-            out.append(f"{'dynamic' if self.dynamic else 'lpt'} at head_dim={self.head_dim} (the shared-keys "
-                       "tile): its kernel runs the plain grid only (the dynamic scheduler and the lpt order "
-                       "are unbuilt / unchecked there)")
+        if self.cluster and (not self.shared_keys or self.window or self.varlen or self.deterministic
+                             or self.dynamic or self.lpt):
+            out.append("cluster: the head_dim=256 tile only, without a window, varlen, deterministic, dynamic "
+                       "or lpt (both CTAs of a cluster walk the same Q blocks, in the plain grid)")
+        if self.dynamic and self.shared_keys:
+            out.append(f"dynamic at head_dim={self.head_dim} (the shared-keys tile): its kernel runs one CTA "
+                       "per K/V block only (the dynamic scheduler is unbuilt there; the lpt order is built)")
         if not out and self.dynamic and self.dynamic_spills():
             out.append("dynamic without dq_writer, at stages > 2 or with dropout: ptxas spills that "
                        "kernel (nvcc 13.0)")
@@ -640,7 +680,7 @@ class Sm90Backward(Family):
             config = config.replace(dropout="dropout" in problem.features)
         if config.varlen != is_varlen(problem):
             config = config.replace(varlen=is_varlen(problem))
-        if config.lpt and (config.varlen or not config.causal or config.shared_keys):
+        if config.lpt and (config.varlen or not config.causal):
             config = config.replace(lpt=False)         # a speed choice: varlen, non-causal keep the plain order
         if config.dynamic and (config.varlen or config.deterministic or problem.features or config.shared_keys):
             # likewise: a CTA per K/V block (with features the dynamic kernels are built but not
@@ -653,6 +693,8 @@ class Sm90Backward(Family):
             # spills it)
             config = config.replace(dq_bulk=False)
         config = self.with_features(config, problem)
+        if config.cluster and (config.varlen or config.window or problem.deterministic):
+            config = config.replace(cluster=False)     # a speed choice: those calls run one CTA per K/V block
         if config.dq_writer and problem.deterministic:
             config = config.replace(dq_writer=False)   # the ordered additions keep red.add
         if config.dropout and config.head_dim == 128 and not problem.deterministic:
@@ -696,7 +738,8 @@ class Sm90Backward(Family):
         # lpt only when on, likewise
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
-                and not (k in ("lpt", "dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate", "dk_late") and not v))
+                and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late")
+                         and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without dynamic or ds_double (tuned tables and recorded studies
@@ -726,9 +769,11 @@ class Sm90Backward(Family):
         else:
             BM, BN, consumers = D64_SHAPE
             cfg = Sm90BwdConfig(BM, BN, 2, consumers, d, dtype, causal, det)
-        if not det:
+        if not det and (d != 256 or HEURISTIC_D256_DQ_WRITER):
             cfg = cfg.replace(dq_writer=True)
-        if causal and HEURISTIC_LPT and d != 256:
+        if d == 256 and HEURISTIC_D256_CLUSTER and not det and not problem.features:
+            cfg = cfg.replace(cluster=True)             # (for_problem drops it where it does not run)
+        if causal and (HEURISTIC_D256_LPT if d == 256 else HEURISTIC_LPT):
             cfg = cfg.replace(lpt=True)                 # (for_problem drops it under varlen)
         if (d, causal) in HEURISTIC_DYNAMIC and d != 256 and not det and not problem.features:
             cfg = cfg.replace(dynamic=True)             # (for_problem drops it where it does not run)
@@ -763,6 +808,8 @@ class Sm90Backward(Family):
     def launches(self, config, problem: Problem, sm_count: int) -> list:
         p = problem
         n_kv = -(-p.seqlen_k // config.BN)
+        if config.cluster:    # clusters of 2 K/V blocks of one (head, batch): an even count
+            n_kv += n_kv % 2
         if p.batch * p.nheads * n_kv >= 2 ** 31:  # gridDim.x
             raise ValueError(f"batch * nheads * seqlen_k: too many K/V blocks for one launch "
                              f"({p.batch * p.nheads} x {n_kv})")

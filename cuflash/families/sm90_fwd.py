@@ -108,6 +108,8 @@ DROPOUT_DYNAMIC = True
 # keeps in L2 (the H100 has 50 MB; FA3 sizes its sections by 32 MB too), and the shared memory
 # its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
 SCHED_L2_BYTES = 32 * 1024 * 1024
+# The largest explicit ``section`` (KV heads per section of that order; 0 is the L2 rule above).
+MAX_SECTION = 1024
 # The heuristic's tile for plain head-dim-64 calls, by causal: changes to the 2-consumer dynamic tile
 # (BM 128, BN 192; {} keeps it), from the seqlen bucket HEURISTIC_D64_MIN_BUCKET on. Measured on
 # the H100 (tests/sm90_fwd_d64_timing.py, bf16, dim 2048, batch x seqlen 16k, same process as SDPA
@@ -119,6 +121,34 @@ SCHED_L2_BYTES = 32 * 1024 * 1024
 # (BM 192 leaves more of the last Q block empty) it is unmeasured: the 2-consumer tile stays.
 HEURISTIC_D64: dict = {False: dict(BM=192, consumers=3, BN=128), True: dict(BM=192, consumers=3, BN=128)}
 HEURISTIC_D64_MIN_BUCKET = 2048
+# The heuristic's schedule for plain non-causal calls at head dims 128 and 256: changes to the dynamic
+# pingpong tile, from the seqlen bucket HEURISTIC_NC_MIN_BUCKET on ({} keeps it). Non-causal tiles are
+# all equally long, so the dynamic scheduler has no imbalance to fix, and its section order (several
+# KV heads at once) read K/V from L2 worse than the static persistent order (a wave's CTAs on one or
+# two heads). Measured on the H100 (tests/sm90_fwd_nc_timing.py, session 15 round A,
+# results/NVIDIA_H100_80GB_HBM3/nc_timing_round_a.json: bf16, dim 2048, batch x seqlen 16k, same process
+# as SDPA cuDNN; single calls after an L2 flush, TFLOPs at 2k / 4k / 8k / 16k):
+#   d128 (BN 160 + TMA store below 16k keys, BN 176 from 16k, pingpong): dynamic 618 / 659 / 683 / 662,
+#        static persistent 652 / 684 / 689 / 666 (1.02-1.07x cuDNN), dynamic with one-KV-head sections
+#        653 / 686 / 688 / 669 (the same within noise: the order is what matters);
+#   d256 (BN 80): dynamic pingpong 626 / 688 / 724 / 708, static persistent without pingpong (FA3 runs
+#        d256 without its warpgroup scheduler barrier too) 651 / 714 / 748 / 756 (0.97 / 1.01 / 1.05 /
+#        1.13x cuDNN), with pingpong 642 / 701 / 728 / 721.
+# (The back-to-back samples of the same run lose ~1-2% per row along the row order at 16k: the GPU's
+# clock sinks under sustained load and recovers during the slower SDPA flash rows, so the first row
+# after them looked fastest; the flushed single calls start alike.)
+# Checked in round B (results/NVIDIA_H100_80GB_HBM3/nc_timing.json; rotated row order, TFLOPs and
+# x cuDNN at 2k / 4k / 8k / 16k), this schedule against the dynamic one:
+#   bf16 d128 flushed 669 / 701 / 710 / 680 (1.03 / 1.05 / 1.07 / 1.04x) against 634 / 673 / 693 / 686,
+#             back to back 606 / 634 / 657 / 689 (1.04 / 1.06 / 1.08 / 1.16x) against 601 / 632 / 657 / 681;
+#   bf16 d256 flushed 663 / 724 / 764 / 759 (0.98 / 1.01 / 1.06 / 1.09x) against 637 / 698 / 736 / 724,
+#             back to back 621 / 664 / 716 / 784 (1.00 / 1.03 / 1.12 / 1.30x) against 603 / 637 / 691 / 743;
+#   fp16 d128 flushed 1.03-1.10x, back to back 1.04-1.10x; fp16 d256 flushed 0.98 / 1.01 / 1.05 / 1.07x,
+#             back to back 1.00 / 1.05 / 1.10 / 1.16x (dynamic: 0.94-1.08x).
+# rescale_first on these tiles: d256 slower in every cell (flushed 642 / 702 / 737 / 731), d128 within
+# +-3% either way (flushed 674 / 702 / 710 / 704, back to back 612 / 650 / 668 / 666): left off.
+HEURISTIC_NC: dict = {128: dict(dynamic=False), 256: dict(dynamic=False, pingpong=False)}
+HEURISTIC_NC_MIN_BUCKET = 2048
 SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # Calls with window / softcap / ALiBi (no dropout, fixed lengths): the schedule and softmax
 # variants the heuristic gives them, each switched on only by a measurement of
@@ -223,6 +253,16 @@ class Sm90FwdConfig(KernelConfig):
                max (t <= 1) where the cap allows it (softcap_fixed_m: no row max, no O rescale).
                2 and 3 act as 1 with ALiBi and need lazy_rescale; needs softcap, not with dropout
                or emu_exp2 (SOFTCAP_FOLD)
+    rescale_first: O *= alpha_j right after the next S GEMM is issued, before O += P_j V_j
+               (kRescaleFirst: FA3's order above head dim 128), so the rescale runs under the S
+               GEMM; for tiles without pingpong. Plain calls only (no window, softcap, ALiBi,
+               dropout, varlen), not with lazy_rescale / fold_cap / p_smem / tree_max / q_double.
+               Measured no faster on the heuristic's non-causal tiles (HEURISTIC_NC's note): off,
+               outside the tuning space
+    section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
+               as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
+               every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
+               the kernel, its name expression and its SASS are the same for every value
     """
 
     BM: int
@@ -247,6 +287,8 @@ class Sm90FwdConfig(KernelConfig):
     q_double: bool = False
     lazy_rescale: bool = False
     fold_cap: int = 0
+    rescale_first: bool = False
+    section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -265,7 +307,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_drop' if self.dropout else ''}"
                 f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{'_psmem' if self.p_smem else ''}{'_tree' if self.tree_max else ''}{'_q2' if self.q_double else ''}"
                 f"{name_suffix(self)}{'_varlen' if self.varlen else ''}{'_lazy' if self.lazy_rescale else ''}"
-                f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}")
+                f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -310,8 +352,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.tree_max else 'false'}",                        # kTreeMax
                 f"{'true' if self.q_double else 'false'}",                        # kQDouble
                 f"{'true' if self.lazy_rescale else 'false'}",                    # kLazyRescale
-                f"{self.fold_cap}"]                                               # kFoldCap last
-        used = (10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{self.fold_cap}",                                               # kFoldCap
+                f"{'true' if self.rescale_first else 'false'}"]                   # kRescaleFirst last
+        used = (11 if self.rescale_first else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -325,7 +368,7 @@ class Sm90FwdConfig(KernelConfig):
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
-                self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap)
+                self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.rescale_first)
 
     def _problems(self) -> list[str]:
         out = []
@@ -387,6 +430,17 @@ class Sm90FwdConfig(KernelConfig):
             out.append("lazy_rescale / fold_cap with p_smem / tree_max / q_double: not designed together "
                        "(the feature variants' softmax step and the d64 plain-call options were written "
                        "apart; the combined instantiations are unchecked for registers and results)")
+        if self.rescale_first and (self.lazy_rescale or self.fold_cap or self.p_smem or self.tree_max
+                                   or self.q_double):
+            out.append("rescale_first with lazy_rescale / fold_cap / p_smem / tree_max / q_double: not "
+                       "designed together (unchecked for registers and results)")
+        if self.rescale_first and (self.window or self.softcap or self.alibi or self.dropout or self.varlen):
+            out.append("rescale_first with window / softcap / ALiBi / dropout / varlen is not implemented "
+                       "(those instantiations are unchecked for registers)")
+        if self.section < 0 or self.section > MAX_SECTION:
+            out.append(f"section must be 0 (the L2 rule) or 1..{MAX_SECTION} KV heads, got {self.section}")
+        elif self.section and not self.dynamic:
+            out.append(f"section={self.section} orders the dynamic scheduler's tiles: it needs dynamic")
         if not out and self.smem_bytes > MAX_SMEM:
             out.append(f"needs {self.smem_bytes} bytes of shared memory, more than the "
                        f"{MAX_SMEM} an sm_90 CTA can have")
@@ -516,13 +570,15 @@ def feature_tiles(problem: Problem, head_dim: int) -> dict:
                  if f in problem.features and f in by_feature), {})
 
 
-def sched_section(problem: Problem) -> int:
+def sched_section(problem: Problem, kv_heads: int = 0) -> int:
     """(head, batch) pairs per section of the dynamic scheduler's tile order (kernels_cu/sm90_fwd.cu,
-    sm90_sectioned_tile): as many KV heads as fit SCHED_L2_BYTES of K and V, rounded down to a
-    power of two, times the query heads per KV head (a section starts on a KV head's first query
-    head), at least one KV head's, at most every pair."""
-    kv_bytes = max(1, problem.seqlen_k) * problem.head_dim * 2 * 2
-    kv_heads = 1 << (SCHED_L2_BYTES // kv_bytes).bit_length() - 1 if kv_bytes <= SCHED_L2_BYTES else 1
+    sm90_sectioned_tile): ``kv_heads`` KV heads (the config's ``section``) or, 0, as many as fit
+    SCHED_L2_BYTES of K and V, rounded down to a power of two; times the query heads per KV head
+    (a section starts on a KV head's first query head), at least one KV head's, at most every
+    pair."""
+    if kv_heads <= 0:
+        kv_bytes = max(1, problem.seqlen_k) * problem.head_dim * 2 * 2
+        kv_heads = 1 << (SCHED_L2_BYTES // kv_bytes).bit_length() - 1 if kv_bytes <= SCHED_L2_BYTES else 1
     group = problem.nheads // max(1, problem.nheads_kv)
     return max(1, min(kv_heads * group, problem.nheads * problem.batch))
 
@@ -608,6 +664,8 @@ class Sm90Forward(Family):
             config = config.replace(lazy_rescale=False)
         if config.p_smem and problem.features:   # plain calls only (a speed knob): P in registers
             config = config.replace(p_smem=False)
+        if config.rescale_first and problem.features:   # likewise: O rescaled after the P V wait
+            config = config.replace(rescale_first=False)
         return self.with_features(config, problem)
 
     def _fields(self, config):
@@ -618,7 +676,7 @@ class Sm90Forward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
-                               "lazy_rescale", "fold_cap") and not v))
+                               "lazy_rescale", "fold_cap", "section", "rescale_first") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -691,6 +749,9 @@ class Sm90Forward(Family):
         if (d == 64 and dynamic and not problem.features and problem.bucket >= HEURISTIC_D64_MIN_BUCKET
                 and HEURISTIC_D64.get(bool(problem.causal))):
             cfg = cfg.replace(**HEURISTIC_D64[bool(problem.causal)])   # (first_fitting: the fallbacks)
+        if (dynamic and not problem.causal and not problem.features and d in HEURISTIC_NC
+                and problem.bucket >= HEURISTIC_NC_MIN_BUCKET):
+            cfg = cfg.replace(**HEURISTIC_NC[d])   # static persistent (d256: without pingpong)
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
             if SOFTCAP_FOLD and feature_call and not cfg.emu_exp2:   # (2 and 3 run with lazy_rescale)
@@ -723,7 +784,7 @@ class Sm90Forward(Family):
         return dict(tma_q=0, tma_k=0, tma_v=0, tma_o=0, **strides3("o", strides["o"]),
                     **forward_sizes(problem, softmax_scale), **feature_params(problem, softmax_scale),
                     **dropout_params(problem), tile_counter=0,
-                    sched_section=sched_section(problem) if config.dynamic else 1,
+                    sched_section=sched_section(problem, config.section) if config.dynamic else 1,
                     cu_seqlens_q=0, cu_seqlens_k=0, total_q=total_q,
                     softcap_fixed_m=softcap_fixed_m(problem) if config.fold_cap == 3 else 2.0)
 

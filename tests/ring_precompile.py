@@ -1,0 +1,90 @@
+"""Fill CuPy's kernel cache for what tests/test_distributed_gpu.py (dense cases) and
+``bench --mode ring`` compile, in parallel worker processes (not a test; run it first, so
+that the one-process-per-GPU runs load every kernel from disk instead of each rank compiling
+the same ones).
+
+    python tests/ring_precompile.py [--procs 2 4] [--seqlens 262144 524288 1048576]
+
+The configs are what selection picks (tuned table or heuristic) for every call shape the
+ring makes at those P: the rank's own block (2 chunks x 2 chunks, causal or not), the
+half-block steps (2 x 1 and 1 x 2 chunks, not causal), the varlen-free contiguous layout's
+1 x 1 chunk calls, and the single-GPU flash_attn_func calls next to them (the whole test
+sequence, the bench's per-GPU shard), forward and backward (and deterministic for the test's
+first case), and the varlen test's calls (one chunk of every sequence against one chunk, and
+the whole batch on one GPU).
+"""
+import argparse
+import os
+import sys
+import time
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_here, os.path.dirname(_here)]  # cuflash from the checkout
+
+from cuflash import _gpu, select  # noqa: E402
+from cuflash.compile import precompile  # noqa: E402
+from cuflash.problem import Problem  # noqa: E402
+
+
+def _shapes(P: int, chunk: int, layout: str, causal: bool) -> list:
+    """(seqlen_q, seqlen_k, causal) of every ring call at P ranks, chunk positions per chunk."""
+    if layout == "contiguous":
+        return [(chunk, chunk, causal), (chunk, chunk, False), (P * chunk, P * chunk, causal)]
+    two, one = 2 * chunk, chunk
+    out = [(two, two, causal), (two * P, two * P, causal)]  # own block; one GPU, whole sequence
+    out += [(two, one, False), (one, two, False)] if causal else [(two, two, False)]
+    return out
+
+
+def problems(procs, seqlens) -> list:
+    from test_distributed_gpu import CASES, VARLEN_CASES
+
+    probs = []
+    for P in procs:
+        for i, (b, n, h, hk, d, causal, layout, dt) in enumerate(CASES):
+            for sq, sk, c in _shapes(P, n, layout, causal):
+                for op in ("fwd", "bwd"):
+                    for det in ((False, True) if op == "bwd" and i == 0 else (False,)):
+                        probs.append(Problem(op, dt, b, sq, sk, h, hk, d, c, det))
+        for units, h, hk, d, causal, layout, dt in VARLEN_CASES:  # one varlen call per pair
+            n = 2 * P if layout == "zigzag" else P
+            longest = max(units) * n
+            for sq, c in ((longest // n, causal), (longest // n, False), (longest, causal)):
+                for op in ("fwd", "bwd"):
+                    probs.append(Problem(op, dt, len(units), sq, sq, h, hk, d, c,
+                                         features=("varlen",)))
+        for s in seqlens:  # bench: batch 1, 8 heads, d128, bf16; the shard is s / P long
+            for causal in (True, False):
+                shapes = _shapes(P, s // (2 * P), "zigzag", causal)
+                shapes.append((s // P, s // P, causal))  # cuflash_shard
+                for sq, sk, c in shapes:
+                    for op in ("fwd", "bwd"):
+                        probs.append(Problem(op, "bf16", 1, sq, sk, 8, 8, 128, c))
+    return probs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--procs", type=int, nargs="+", default=[2])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[262144, 524288])
+    ap.add_argument("--processes", type=int, default=None)
+    a = ap.parse_args(argv)
+    arch, smem, name = _gpu.arch(), _gpu.max_smem(), _gpu.name()
+    configs = []
+    for p in problems(a.procs, a.seqlens):
+        try:
+            configs.append(select.choose(p, arch, name, smem)[1])
+        except ValueError as exc:
+            print(f"skip {p}: {exc}", flush=True)
+    configs = list(dict.fromkeys(configs))
+    print(f"ring precompile: {len(configs)} configs", flush=True)
+    t0 = time.perf_counter()
+    errors = [r for r in precompile(configs, processes=a.processes) if r[2]]
+    for cfg, _, err in errors:
+        print(f"FAILED {cfg.name}: {err}", flush=True)
+    print(f"ring precompile: {time.perf_counter() - t0:.0f} s, {len(errors)} failed", flush=True)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
