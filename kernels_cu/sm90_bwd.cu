@@ -433,8 +433,8 @@ struct Sm90BwdTileRing {
 // per (head, batch): a CTA past seqlen_k computes with every key hidden and stores nothing.
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
-          bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble,
-          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kCluster>
+          bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
+          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -1412,14 +1412,13 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
-                  kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble,
-                  kSAhead, kDqEarly, kQRotate, kDkLate, false>(p);
+                  kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
+                  kSAhead, kDqEarly, kQRotate, kDkLate>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the
 // template arguments so that its instantiations differ from sm90_bwd's in them. (Only where clusters
-// exist: fa2_bwd's helper kernels of this file also compile for sm_80.) The main-loop flags
-// (kSAhead, kDqEarly, kQRotate, kDkLate) are the head dim 64 / 128 tiles' only: off here.
+// exist: fa2_bwd's helper kernels of this file also compile for sm_80.)
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 template <int kClusterSize, int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
@@ -1428,8 +1427,8 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 1
 sm90_bwd_cluster(const __grid_constant__ Sm90BwdParams p) {
     static_assert(kClusterSize == 2, "sm90_bwd_cluster: clusters of 2 CTAs");
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
-                  kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble,
-                  false, false, false, false, true>(p);
+                  kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, true,
+                  false, false, false, false>(p);
 }
 #endif
 

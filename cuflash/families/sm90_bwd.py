@@ -57,8 +57,7 @@ dQ part is staged; not with the dynamic scheduler at d128: it spills), s_ahead (
 next Q block's Sᵀ behind the dQ GEMM; measured slower), q_rotate (_rot, kQRotate, non-causal: K/V
 block n starts at Q block n % n_iters). The heuristic runs dq_early + dk_late + ds_double on the
 plain grid for plain unordered d128 calls (HEURISTIC_DK_LATE, measured: tests/sm90_bwd_d128_timing.py);
-calls with features run without the four (unmeasured there). They are the head dim 64 / 128 tiles'
-only: d256's shared-keys tile (and its cluster kernel) runs without them.
+calls with features run without the four (unmeasured there).
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB.
 """
 from __future__ import annotations
@@ -263,11 +262,11 @@ class Sm90BwdConfig(KernelConfig):
     lpt: bool = False
     dynamic: bool = False
     ds_double: bool = False
+    cluster: bool = False
     s_ahead: bool = False
     dq_early: bool = False
     q_rotate: bool = False
     dk_late: bool = False
-    cluster: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -285,9 +284,9 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_dqb' if self.dq_bulk else ''}{'_ovl' if self.overlap_sdp else ''}"
                 f"{'_dqw' if self.dq_writer else ''}{'_varlen' if self.varlen else ''}"
                 f"{'_lpt' if self.lpt else ''}{'_dyn' if self.dynamic else ''}"
-                f"{'_ds2' if self.ds_double else ''}{'_sah' if self.s_ahead else ''}"
+                f"{'_ds2' if self.ds_double else ''}{'_cl2' if self.cluster else ''}{'_sah' if self.s_ahead else ''}"
                 f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
-                f"{'_dkl' if self.dk_late else ''}{'_cl2' if self.cluster else ''}")
+                f"{'_dkl' if self.dk_late else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -435,9 +434,8 @@ class Sm90BwdConfig(KernelConfig):
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
     def template_args(self) -> tuple:
-        if self.cluster:   # (sm90_bwd_cluster's leading cluster size; its arguments end at kDsDouble:
-            # the main-loop flags s_ahead .. dk_late are refused at the shared-keys tile)
-            return (2,) + self.replace(cluster=False).template_args()[:19]
+        if self.cluster:   # (sm90_bwd_cluster's leading cluster size; none of the main-loop flags after
+            return (2,) + self.replace(cluster=False).template_args()[:19]   # kDsDouble: d256 has none)
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
@@ -740,7 +738,7 @@ class Sm90Backward(Family):
         # lpt only when on, likewise
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
-                and not (k in ("lpt", "dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate", "dk_late", "cluster")
+                and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late")
                          and not v))
 
     def make(self, point, problem: Problem):
