@@ -433,7 +433,8 @@ struct Sm90BwdTileRing {
 // per (head, batch): a CTA past seqlen_k computes with every key hidden and stores nothing.
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
-          bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster>
+          bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
+          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -464,6 +465,13 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
     static_assert(!(kDynamic && (kVarlen || kDeterministic)),
                   "the dynamic scheduler runs fixed-length, unordered backwards");
+    static_assert(!(kQRotate && (kCausal || kWindow || kDeterministic || kSharedKeys)),
+                  "q_rotate: the unmasked, unordered backward of the head dim 64 / 128 tiles");
+    static_assert(!kDkLate || (kDqEarly && kDqWriter && !kSAhead),
+                  "dk_late: with dq_early and dq_writer (its dK GEMM is waited for after the dQ staging), "
+                  "not with s_ahead");
+    static_assert(!((kSAhead || kDqEarly) && (kSharedKeys || kOverlapSdp)),
+                  "s_ahead / dq_early: the head dim 64 / 128 tiles, not with overlap_sdp");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
                   "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
     // kDqWriter's named barriers (consumer threads + the writer warp): tile b full, tile b free
@@ -540,14 +548,30 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                                           p.window_left, p.window_right);
     const int m_blocks = ((kVarlen ? seq.seqlen_q : p.seqlen_q) + kBM - 1) / kBM;
     int m_block_min, n_iters;
+    // kQRotate (no mask: every K/V block sees every Q block): K/V block n visits the Q blocks from
+    // n % n_iters on, wrapping around, so that the CTAs of a (head, batch), which run side by side,
+    // read different Q blocks and add into different dQ rows at any time (from block 0 they all
+    // add into the same rows at once). The order of a CTA's additions does not change dK_j, dV_j's
+    // sums' terms, only their order.
+    int q_rot = 0;
     auto tile_range = [&]() {
         // (kCluster: the cluster's first K/V block's Q blocks, the same for both CTAs)
         m_block_min = kWindow ? band.template q_block_begin<kBM>(key0)
                               : mask.template q_block_begin<kBM>(kCluster ? (n_block & ~1) * kBN : key0);
         const int m_block_end = kWindow ? band.template q_block_end<kBM, kBN>(key0, m_blocks) : m_blocks;
         n_iters = max(0, m_block_end - m_block_min);
+        if constexpr (kQRotate) q_rot = n_iters > 0 ? n_block % n_iters : 0;
     };
     tile_range();
+    // the Q block of the tile's it-th iteration
+    auto m_block_at = [&](int it) {
+        if constexpr (kQRotate) {
+            const int m = it + q_rot;
+            return m >= n_iters ? m - n_iters : m;
+        } else {
+            return m_block_min + it;
+        }
+    };
 
     if (tid == 0) {
         prefetch_tensormap(&p.tma_q);
@@ -598,7 +622,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     if (leader) {
                         const u32 tile = smem + DqW::kOffset + buf * DqW::kTileBytes;
                         const u32 slot_off = kSlotDq ? u32(q % kStages) * Shape::kQBytes : 0u;
-                        const int row0 = (m_block_min + it) * kBM;
+                        const int row0 = m_block_at(it) * kBM;
 #pragma unroll
                         for (int b = 0; b < kHeadDim / 32; ++b) {
                             u32 src = tile + b * DqW::kBoxBytes;
@@ -655,7 +679,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 for (int it = 0; it < n_iters; ++it) {
                     // q: the CTA's Q block count, the ring position (slot, fill)
                     const int q = kDynamic ? q_done + it : it;
-                    const int slot = q % kStages, row0 = (m_block_min + it) * kBM;
+                    const int slot = q % kStages, row0 = m_block_at(it) * kBM;
                     if (q >= kStages) mbarrier_wait(q_empty(slot), u32(q / kStages - 1) & 1);
                     if (lane == 0) {
                         // kDynamic: LSE_i, D_i's bytes too (bulk copies below)
@@ -770,7 +794,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     const DescLo dst_desc(smem + Shape::kDstOffset, 16);
     // kSharedKeys: a descriptor re-derived at its use in the loop (opaque_u32), not hoisted
     const auto fresh = [](DescLo d) {
-        if constexpr (kSharedKeys) d.lo = opaque_u32(d.lo);
+        if constexpr (kSharedKeys || kSAhead) d.lo = opaque_u32(d.lo);
         return d;
     };
     const int dq_row_group = wg % Shape::kDqRowGroups, dq_col_group = wg / Shape::kDqRowGroups;
@@ -825,8 +849,30 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
         if constexpr (kDropout) dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
 
         if (n_iters > 0) mbarrier_wait(kv_full, kDynamic ? u32(kv_loads) & 1 : 0u);
+        // ---- Sᵀ = K_j Q_iᵀ of Q block (slot) on the tensor cores: at the top of each Q block, or
+        // with kSAhead the next block's behind this one's dQ GEMM (the tile's first one here) ----
+        auto issue_s = [&](int s_slot) {
+            const u32 s_off = s_slot * Shape::kQBytes;
+            reg_fence(s_flat);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+                // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
+                const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+                const u32 b_off = s_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+                Wgmma<kSN, Elem>::template ss<0>(s_flat, fresh(k_rows_desc).at(a_off),
+                                                 (kSAhead ? fresh(q_desc) : q_desc).at(b_off), kk > 0);
+            }
+            wgmma_commit();
+        };
+        if constexpr (kSAhead) {
+            if (n_iters > 0) {
+                mbarrier_wait(q_full(slot), phase);
+                issue_s(slot);
+            }
+        }
         for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
-            const int m_block = m_block_min + it, row0 = m_block * kBM;
+            const int m_block = m_block_at(it), row0 = m_block * kBM;
             const int q0 = row0 + q_col0;                           // this warpgroup's first query of Sᵀ
             const u32 q_off = slot * Shape::kQBytes;               // this slot's Q_i, dO_i (bytes)
             // kDropout: the keep mask Z of this thread's Pᵀ elements, one bit each (bit 4nt + e of
@@ -836,19 +882,12 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             static_assert(!kDropout || kSN / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
             if constexpr (kDropout)
                 keep_bits = dropout.keep_bits_transposed<kSN / 8>(static_cast<int>(bh), key0 + warp_key, q0, g, t);
-            mbarrier_wait(q_full(slot), phase);
-
-            // ---- Sᵀ = K_j Q_iᵀ ----
-            reg_fence(s_flat);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-                // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
-                const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
-                const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-                Wgmma<kSN, Elem>::template ss<0>(s_flat, fresh(k_rows_desc).at(a_off), q_desc.at(b_off), kk > 0);
+            // ---- Sᵀ = K_j Q_iᵀ (kSAhead: already issued, behind the last Q block's dQ GEMM or
+            // before the loop) ----
+            if constexpr (!kSAhead) {
+                mbarrier_wait(q_full(slot), phase);
+                issue_s(slot);
             }
-            wgmma_commit();
             if constexpr (kOverlapSdp) {
                 // dPᵀ = V_j dO_iᵀ right behind Sᵀ (its own group): the tensor cores run it while this
                 // thread turns Sᵀ into Pᵀ below; only Sᵀ is waited for here
@@ -1022,14 +1061,19 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
 
             // ---- dK_j += dSᵀ Q_i (RS; Q_i MN-major; scaled once, in the epilogue) ----
             // (kSharedKeys: both by SS once every warpgroup's Pᵀ, dSᵀ are in shared memory, below)
-            if constexpr (!kSharedKeys) {
-                reg_fence(dk_acc);
-                wgmma_fence();
+            // (kDkLate: issued after the dQ GEMM instead, FlashAttention-3's order, so that it runs
+            // while the dQ part is staged)
+            auto issue_dk = [&]() {
+                if constexpr (!kSharedKeys) {
+                    reg_fence(dk_acc);
+                    wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < kBM / 16; ++kk)
-                    Wgmma<kHeadDim, Elem>::template rs<1>(dk_acc, ds_frag[0][kk], q_t_desc.at(q_off + kk * 16 * 128), 1);
-                wgmma_commit();
-            }
+                    for (int kk = 0; kk < kBM / 16; ++kk)
+                        Wgmma<kHeadDim, Elem>::template rs<1>(dk_acc, ds_frag[0][kk], q_t_desc.at(q_off + kk * 16 * 128), 1);
+                    wgmma_commit();
+                }
+            };
+            if constexpr (!kSharedKeys && !kDkLate) issue_dk();
 
             // ---- dS to shared memory: every warpgroup's previous dQ GEMM is done (it waited for it
             // before the barrier), so ds_smem is free. ds_frag register r of step kk holds keys
@@ -1073,16 +1117,20 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             } else {
                 // (with softcap, ALiBi or kOverlapSdp's live dPᵀ the lane's address is recomputed
                 // here, not kept across the loop: their state takes that register)
-                constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kOverlapSdp;
+                constexpr bool kRecompute = ScoreMod<kSoftcap, kAlibi>::kOn || kOverlapSdp || kSAhead;
                 const u32 addr = kRecompute ? ds_store_lane() : ds_store_addr;
 #pragma unroll
                 for (int kk = 0; kk < kSN / 16; ++kk) stmatrix_x4_trans(addr + ds_buf + kk * 16 * 128, ds_frag[0][kk]);
             }
             // dV and dK done: their operands (the Pᵀ, dSᵀ fragments) are never live together with the
-            // dQ part's accumulators, which keeps d128 under the register budget
-            wgmma_wait<0>();
-            reg_fence(dk_acc);
-            reg_fence(dv_acc);
+            // dQ part's accumulators, which keeps d128 under the register budget. kDqEarly: not
+            // waited for here; the dQ GEMM goes in behind them (the tensor cores do not drain at
+            // the barrier below) and one wait covers the three
+            if constexpr (!kDqEarly) {
+                wgmma_wait<0>();
+                reg_fence(dk_acc);
+                reg_fence(dv_acc);
+            }
             fence_proxy_async_smem();                               // generic stores -> wgmma's reads
             named_barrier_sync(1, kConsumerThreads);                // all of dS is written
 
@@ -1190,9 +1238,25 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 Wgmma<Shape::kDqN, Elem>::template ss<1>(dq_acc, ds_desc.at(ds_buf + a_off), k_t_desc.at(kk * 16 * 128), kk > 0);
             }
             wgmma_commit();
-            wgmma_wait<0>();                                        // the dQ part: Q_i, dO_i all read
+            if constexpr (kDkLate) {
+                issue_dk();
+                wgmma_wait<1>();                                    // the dQ part (dV too; dK may run)
+            } else if (kSAhead && it + 1 < n_iters) {
+                // the next Q block's Sᵀ behind the dQ GEMM (its slot's fill waited for first): the
+                // tensor cores run it while this thread stores the dQ part; wait for the dQ part only
+                const int next = slot + 1 == kStages ? 0 : slot + 1;
+                mbarrier_wait(q_full(next), next == 0 ? phase ^ 1u : phase);
+                issue_s(next);
+                wgmma_wait<1>();                                    // the dQ part (kDqEarly: dV, dK too)
+            } else {
+                wgmma_wait<0>();                                    // the dQ part: Q_i, dO_i all read
+            }
             reg_fence(dq_acc);
-            mbarrier_arrive(q_empty(slot));                         // the slot may be refilled
+            if constexpr (kDqEarly && !kDkLate) {
+                reg_fence(dk_acc);
+                reg_fence(dv_acc);
+            }
+            if constexpr (!kDkLate) mbarrier_arrive(q_empty(slot));  // the slot may be refilled
 
             // ---- dQ accumulator += dQ part (fp32 in global memory) ----
             if constexpr (kDqWriter) {
@@ -1232,6 +1296,12 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 }
                 fence_proxy_async_smem();                           // generic stores -> the bulk op's reads
                 named_barrier_arrive(kDqFullBar + buf, kDqBarThreads);
+                if constexpr (kDkLate) {                            // dK done: Q_i read for the last time
+                    wgmma_wait<0>();
+                    reg_fence(dk_acc);
+                    reg_fence(dv_acc);
+                    mbarrier_arrive(q_empty(slot));                 // the slot may be refilled
+                }
                 continue;                                           // (the red.add path below is the default's)
             }
             if constexpr (kDqBulk) {
@@ -1337,11 +1407,13 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
-          bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false>
+          bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
+          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
-                  kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false>(p);
+                  kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
+                  kSAhead, kDqEarly, kQRotate, kDkLate>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the
@@ -1355,7 +1427,8 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 1
 sm90_bwd_cluster(const __grid_constant__ Sm90BwdParams p) {
     static_assert(kClusterSize == 2, "sm90_bwd_cluster: clusters of 2 CTAs");
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
-                  kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, true>(p);
+                  kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, true,
+                  false, false, false, false>(p);
 }
 #endif
 

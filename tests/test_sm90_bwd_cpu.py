@@ -39,8 +39,10 @@ def problem(head_dim=64, dtype="bf16", causal=False, deterministic=False, **kw):
 def sched(config):
     """Whether a config uses the schedule flags overlap_sdp / dq_writer (appended after dq_bulk;
     tests/test_sm90_bwd_sched_cpu.py covers them, the tests here the configs without) or the launch
-    order lpt (tests/test_sm90_bwd_causal_cpu.py)."""
-    return config.overlap_sdp or config.dq_writer or config.lpt or config.dynamic or config.ds_double
+    order lpt (tests/test_sm90_bwd_causal_cpu.py), or the main-loop flags dq_early / s_ahead / q_rotate
+    (tests/test_sm90_bwd_d128_cpu.py)."""
+    return (config.overlap_sdp or config.dq_writer or config.lpt or config.dynamic or config.ds_double
+            or config.dq_early or config.s_ahead or config.q_rotate)
 
 
 # ---------------------------------------------------------------------------------------
@@ -140,7 +142,7 @@ def test_feature_flags_names_and_template():
     assert FAM.features == ("alibi", "dropout", "softcap") + varlen + ("window",)
     plain = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True)
     # the plain config keeps its name and name expression (a feature-free kernel is unchanged)
-    assert plain.template_args()[-4:] == (False, False, False, False)
+    assert plain.template_args()[15:19] == (False, False, False, False)
     cfg = plain.replace(window=True, softcap=True, alibi=True)
     assert cfg.name == plain.name + "_win_cap_alibi"
     assert plain.replace(softcap=True).name.endswith("_c2_cap") and plain.replace(alibi=True).name.endswith("_alibi")
@@ -148,12 +150,12 @@ def test_feature_flags_names_and_template():
     assert cfg.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, true, false, "
                                  "true, true, true>")
     assert plain.replace(alibi=True).kernel_name().endswith("true, false, false, false, true>")
-    assert cfg.template_args() == (64, 128, 2, 2, 128, "bf16", True, False, True, True, True, False, False, False,
-                                   False, False, False, False, False)   # ..., kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble
+    assert cfg.template_args()[:19] == (64, 128, 2, 2, 128, "bf16", True, False, True, True, True, False, False, False,
+                                        False, False, False, False, False)   # ..., kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble
     drop = plain.replace(dropout=True)
     assert drop.name == plain.name + "_drop" and drop.replace(deterministic=True).name.endswith("_det_drop")
     assert drop.kernel_name().endswith("true, false, false, false, false, true>")
-    assert drop.template_args()[-11:] == (False, False, False, True, False, False, False, False, False, False, False)
+    assert drop.template_args()[8:19] == (False, False, False, True, False, False, False, False, False, False, False)
     # softcap keeps 1 - tanh² in shared memory past the mbarriers (Sm90BwdThreadWords): 16-byte aligned,
     # BM / 2 16-bit values per consumer thread
     used = plain.smem_bytes - 1024
@@ -175,8 +177,11 @@ def test_features_supported_and_set_by_the_call(feats):
         assert cfg.deterministic == det and cfg.problems(227 * 1024) == [] and FAM.fits(cfg, p) == ""
         # an explicit plain config gets the call's flags too
         fam, got, source = choose(p, (9, 0), config=FAM.heuristic(p.replace(features=())))
-        # (but not the window heuristic's own schedule fields: sm90_bwd.WINDOW_BWD)
-        own = sm90_bwd.WINDOW_BWD.get(FAM.head_dim_of(d), {}) if feats == ("window",) and not det else {}
+        # (but not the window heuristic's own schedule fields, sm90_bwd.WINDOW_BWD, nor ds_double:
+        # a speed choice the heuristic makes for plain d128 calls with dk_late; kept where the
+        # call's features allow it)
+        own = dict(sm90_bwd.WINDOW_BWD.get(FAM.head_dim_of(d), {})) if feats == ("window",) and not det else {}
+        own["ds_double"] = True
         assert fam is FAM and source == "given" and got.replace(**{k: getattr(cfg, k) for k in own}) == cfg
         # with dropout: run where it compiles without spills (not deterministic, no window with
         # softcap / ALiBi at d128: dropout_dq_path, tests/test_dropmix_cpu.py), else refused by
@@ -477,8 +482,8 @@ def test_dq_bulk_config_name_template_smem():
     plain = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False)
     bulk = plain.replace(dq_bulk=True)
     assert bulk.problems() == [] and bulk.name == plain.name + "_dqb"
-    assert plain.template_args()[-7] is False and bulk.template_args()[-7] is True   # (kVarlen .. kDsDouble last)
-    assert len(bulk.template_args()) == 19
+    assert plain.template_args()[12] is False and bulk.template_args()[12] is True   # (kVarlen .. kDsDouble last)
+    assert len(bulk.template_args()) >= 19
     # the plain config keeps its name expression (and so its code); the flag goes last
     assert plain.kernel_name() == "cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, false, false>"
     assert bulk.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, false, false, "

@@ -45,11 +45,19 @@ dims 129..255 run it with zero-filled columns (192 included: no d192 kernel of i
 (Dropout runs there alone: with a window, softcap or ALiBi, and overlap_sdp, ptxas spills.)
 Schedules (issue 14, the short and causal backward): dynamic (name _dyn, kDynamic: a CTA per SM
 claims K/V-block tiles from a plan-owned counter, the next tile's loads overlap the last one's
-epilogue; dq_writer and stages 2 only) is the heuristic's for plain calls at d64 and d128 causal
+epilogue; dq_writer and stages 2 only) is the heuristic's for plain calls at d64
 (HEURISTIC_DYNAMIC, measured; d256's shared-keys tile runs one CTA per K/V block: the config
 refuses dynamic there); lpt (name _lpt, the longest-first launch order, causal; outside
-the space) and ds_double (name _ds2, two dS buffers at d128) are off (HEURISTIC_LPT,
-HEURISTIC_DS_DOUBLE); tests/sm90_bwd_causal_timing.py times them.
+the space) is off (HEURISTIC_LPT); ds_double (name _ds2, two dS buffers at d128) is on with dk_late
+below only; tests/sm90_bwd_causal_timing.py times them.
+Main-loop flags (issue 14, the d128 backward at cuDNN's speed; in the space): dq_early (_dqe,
+kDqEarly: the dQ GEMM issued behind dV, dK, one wait for the three), dk_late (_dkl, kDkLate, with
+dq_early and dq_writer: dK issued behind the dQ GEMM, FlashAttention-3's order, waited for once the
+dQ part is staged; not with the dynamic scheduler at d128: it spills), s_ahead (_sah, kSAhead: the
+next Q block's Sᵀ behind the dQ GEMM; measured slower), q_rotate (_rot, kQRotate, non-causal: K/V
+block n starts at Q block n % n_iters). The heuristic runs dq_early + dk_late + ds_double on the
+plain grid for plain unordered d128 calls (HEURISTIC_DK_LATE, measured: tests/sm90_bwd_d128_timing.py);
+calls with features run without the four (unmeasured there).
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB.
 """
 from __future__ import annotations
@@ -111,8 +119,9 @@ D96_ABOVE_FA2 = True
 #   of a group of pairs first, fa2_bwd's order): off, measured no faster (static: -2..+3%; with
 #   the dynamic scheduler -3..+2% against the dynamic plain order).
 # * HEURISTIC_DS_DOUBLE: two dS buffers at head dim 128 (ds_double, kDsDouble: no barrier between
-#   the consumer warpgroups before the dS stores): off, not measured yet.
-HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, True)})
+#   the consumer warpgroups before the dS stores) for every d128 call: off; plain d128 calls take it
+#   with dk_late (HEURISTIC_DK_LATE below, measured; alone it was -1..+4%, session 15 round A).
+HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True)})
 # The schedule of a window-only call's backward (features ("window",), fixed lengths, not
 # deterministic), by kernel head dim: the config fields over the heuristic's; a head dim not
 # listed keeps the plain grid at stages 2. Measured on the H100 (tests/features_overhead_timing.py,
@@ -150,6 +159,37 @@ HEURISTIC_D256_LPT = False
 #   Q block for 64 keys, twice d128's per FLOP; ncu, session 15: L2 66%, tensor pipe 36%); off
 #   until measured (tests/sm90_bwd_d256_timing.py, variant sm90_dqw_cl2).
 HEURISTIC_D256_CLUSTER = False
+# The main-loop flags of issue 14 (the d128 backward at cuDNN's speed), for plain unordered calls
+# (no feature, not deterministic) of the classes listed. Measured on the H100 (2026-11-26, session 15
+# round A at b082f22, tests/sm90_bwd_d128_timing.py: d128, dim 2048, batch x seqlen 16k, 2k-16k,
+# bf16 and fp16, backward alone next to SDPA cuDNN, b2b = the bench's 10-call samples / flush = L2-
+# flushed single calls; logs/session15_bwd128/round_a.md), x cuDNN at 2k / 4k / 8k / 16k, b2b:
+# * HEURISTIC_DK_LATE, (kernel head dim, causal): dq_early + dk_late (kDkLate: dK issued behind the
+#   dQ GEMM, FlashAttention-3's order, waited for once the dQ part is staged) + ds_double, at d128
+#   on the plain grid (its dynamic kernel spills). bf16 non-causal 0.942 / 0.951 / 0.984 / 0.996 ->
+#   0.988 / 1.026 / 1.012 / 1.066 (16k: 555 TFLOPs; flush 571); causal (was dynamic) 0.965 / 0.987 /
+#   0.980 / 1.004 -> 0.983 / 1.032 / 1.052 / 1.058; fp16 non-causal 0.921 / 0.926 / 0.950 / 0.999 ->
+#   0.953 / 0.964 / 0.991 / 0.993, causal 0.956 / 0.964 / 0.960 / 1.003 -> 0.992 / 1.003 / 1.046 /
+#   1.095. So d128 causal leaves HEURISTIC_DYNAMIC (its best dynamic kernel, dq_early + ds_double,
+#   was 0.979 / 1.061 / 1.043 / 1.024 in bf16). Round B (rev 16050ad, the heuristic as shipped here,
+#   logs/session15_bwd128/round_b.md), b2b: bf16 non-causal 0.965 / 0.980 / 1.020 / 1.021, causal
+#   0.988 / 0.995 / 1.012 / 1.016; fp16 non-causal 0.948 / 0.968 / 1.042 / 1.011, causal 0.991 /
+#   1.032 / 1.091 / 1.057 (the session-14 kernel in the same run: 0.91-1.01). Head dim 64 (not in the
+#   set yet: its odd-shape GPU tests, tests/test_sm90_bwd_d128_gpu.py::test_d64_dk_late_odd_seqlens,
+#   have not run): dq_early + dk_late on its dynamic tile, bf16, 1.043 / 1.083 / 1.099 / 1.113 ->
+#   1.091 / 1.143 / 1.139 / 1.119 non-causal, 1.121 / 1.124 / 1.123 / 1.167 -> 1.165 / 1.181 / 1.196
+#   / 1.195 causal; fp16 non-causal with q_rotate too 0.995 / 0.990 / 1.013 / 1.024 -> 1.032 / 1.043 /
+#   1.064 / 1.046.
+# * HEURISTIC_DQ_EARLY, (kernel head dim, causal): dq_early alone (kDqEarly: the dQ GEMM issued
+#   behind dV, dK without waiting for them): -2.8..+5.3% alone at d128; on through DK_LATE there.
+# * HEURISTIC_S_AHEAD, (head dim, causal, dtype): s_ahead (kSAhead, the next Q block's Sᵀ issued
+#   behind the dQ GEMM; d128 bf16 only: the others spill): 0.77-0.87x cuDNN, 13-20% slower: off.
+# * HEURISTIC_Q_ROTATE, kernel head dims: q_rotate (kQRotate, non-causal: K/V block n from Q block
+#   n % n_iters on): -0.5..+3.9% (b2b), +0.1..-0.2% (flush): off; on top of dk_late (round B) -2.6..+2.1%.
+HEURISTIC_DK_LATE = frozenset({(128, False), (128, True)})
+HEURISTIC_DQ_EARLY = frozenset()
+HEURISTIC_S_AHEAD = frozenset()
+HEURISTIC_Q_ROTATE = frozenset()
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -240,6 +280,10 @@ class Sm90BwdConfig(KernelConfig):
     dynamic: bool = False
     ds_double: bool = False
     cluster: bool = False
+    s_ahead: bool = False
+    dq_early: bool = False
+    q_rotate: bool = False
+    dk_late: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -257,7 +301,9 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_dqb' if self.dq_bulk else ''}{'_ovl' if self.overlap_sdp else ''}"
                 f"{'_dqw' if self.dq_writer else ''}{'_varlen' if self.varlen else ''}"
                 f"{'_lpt' if self.lpt else ''}{'_dyn' if self.dynamic else ''}"
-                f"{'_ds2' if self.ds_double else ''}{'_cl2' if self.cluster else ''}")
+                f"{'_ds2' if self.ds_double else ''}{'_cl2' if self.cluster else ''}{'_sah' if self.s_ahead else ''}"
+                f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
+                f"{'_dkl' if self.dk_late else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -385,27 +431,32 @@ class Sm90BwdConfig(KernelConfig):
                         "causal", "deterministic", "window", "softcap", "alibi", "dropout", "dq_bulk",
                         "overlap_sdp", "dq_writer", "varlen", "lpt", "dynamic", "ds_double")) + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
-        sched = self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
+        tail = self.s_ahead or self.dq_early or self.q_rotate or self.dk_late
+        sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
+                 or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
                  or self.dq_bulk or sched else "")
         feats += f", {b(self.dropout)}" if self.dropout or self.dq_bulk or sched else ""
         feats += f", {b(self.dq_bulk)}" if self.dq_bulk or sched else ""
         feats += f", {b(self.overlap_sdp)}, {b(self.dq_writer)}" if sched else ""
-        later = self.lpt or self.dynamic or self.ds_double
+        later = self.lpt or self.dynamic or self.ds_double or tail
         feats += f", {b(self.varlen)}" if self.varlen or later else ""                        # kVarlen
         feats += f", {b(self.lpt)}" if later else ""                                          # kLpt
-        feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double else ""            # kDynamic
-        feats += ", true" if self.ds_double else ""                                           # kDsDouble last
+        feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
+        feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
+        feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
+        feats += f", {b(self.q_rotate)}" if self.q_rotate or self.dk_late else ""             # kQRotate
+        feats += ", true" if self.dk_late else ""                                             # kDkLate last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
     def template_args(self) -> tuple:
-        if self.cluster:   # (sm90_bwd_cluster's leading cluster size)
-            return (2,) + self.replace(cluster=False).template_args()
+        if self.cluster:   # (sm90_bwd_cluster's leading cluster size; none of the main-loop flags after
+            return (2,) + self.replace(cluster=False).template_args()[:19]   # kDsDouble: d256 has none)
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
-                self.ds_double)
+                self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late)
 
     def _problems(self) -> list[str]:
         out = []
@@ -465,6 +516,27 @@ class Sm90BwdConfig(KernelConfig):
             out.append("ds_double at head dim 64 (ptxas spills its dynamic kernel; dq_writer loses its "
                        "second staging tile) or with softcap / ALiBi / dropout (unchecked): head dim 128 "
                        "without them only")
+        if (self.s_ahead or self.dq_early) and (self.shared_keys or self.overlap_sdp):
+            out.append(f"{'s_ahead' if self.s_ahead else 'dq_early'} with the shared-keys tile (head_dim=256) "
+                       "or overlap_sdp: built for the head dim 64 / 128 tiles' order of GEMMs only")
+        elif (self.s_ahead or self.dq_early) and (self.softcap or self.alibi or self.dropout):
+            out.append(f"{'s_ahead' if self.s_ahead else 'dq_early'} with softcap / ALiBi / dropout: "
+                       "unchecked (more accumulators live; those kernels are near the register budget)")
+        elif self.s_ahead and (self.dq_early or self.q_rotate or not self.dq_writer or self.head_dim != 128
+                               or self.dtype != "bf16"):
+            out.append("s_ahead with dq_early or q_rotate, without dq_writer, at head dim 64 or in fp16: ptxas "
+                       "spills those kernels (4-24 bytes, nvcc 13.0); bf16 head dim 128 with dq_writer only")
+        if self.dk_late and not (self.dq_early and self.dq_writer and not self.s_ahead):
+            out.append("dk_late without dq_early and dq_writer, or with s_ahead: its dK GEMM is issued behind "
+                       "dq_early's dQ GEMM and waited for after dq_writer's staging")
+        elif self.dk_late and self.dynamic and self.head_dim == 128:
+            out.append("dk_late with dynamic at head_dim=128: ptxas spills that kernel (8-32 bytes, nvcc 13.0)")
+        if self.q_rotate and (self.causal or self.window or self.deterministic or self.shared_keys):
+            out.append("q_rotate with causal, a window, deterministic or the shared-keys tile (head_dim=256): "
+                       "it rotates the unmasked, unordered Q-block loop of the head dim 64 / 128 tiles only")
+        elif self.q_rotate and (self.softcap or self.alibi or self.dropout):
+            out.append("q_rotate with softcap / ALiBi / dropout: unchecked (one more register across the "
+                       "loop in kernels near the register budget)")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -513,7 +585,9 @@ class Sm90Backward(Family):
     config_cls = Sm90BwdConfig
     space = {"BM": (64, 128), "BN": (64, 128), "stages": (2, 3), "consumers": (1, 2),
              "dq_bulk": (False, True), "overlap_sdp": (False, True), "dq_writer": (False, True),
-             "dynamic": (False, True), "ds_double": (False, True)}
+             "dynamic": (False, True), "ds_double": (False, True), "dq_early": (False, True),
+             "s_ahead": (False, True), "q_rotate": (False, True),
+             "dk_late": (False, True)}
     # (lpt, the launch order, is a config field outside the space: measured no faster than the
     # plain order, alone or with the dynamic scheduler; HEURISTIC_LPT below)
     fixed = {"deterministic": False}
@@ -652,6 +726,22 @@ class Sm90Backward(Family):
             config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
         if config.ds_double and (config.head_dim != 128 or config.softcap or config.alibi or config.dropout):
             config = config.replace(ds_double=False)   # a speed choice, where it is not built
+        if (config.s_ahead or config.dq_early or config.q_rotate or config.dk_late) and problem.features:
+            # a speed choice, measured on plain calls only (the kernels with a window, varlen are
+            # built, their GPU tests and timing not done yet): calls with features run without
+            config = config.replace(s_ahead=False, dq_early=False, q_rotate=False, dk_late=False)
+        if (config.s_ahead or config.dq_early) and (config.shared_keys or config.overlap_sdp or config.softcap
+                                                    or config.alibi or config.dropout):
+            config = config.replace(s_ahead=False, dq_early=False)   # a speed choice, where it is not built
+        if config.q_rotate and (config.causal or config.window or config.deterministic or config.shared_keys
+                                or config.softcap or config.alibi or config.dropout):
+            config = config.replace(q_rotate=False)    # a speed choice, where it is not built
+        if config.s_ahead and (config.dq_early or config.q_rotate or not config.dq_writer or config.head_dim != 128
+                               or config.dtype != "bf16"):
+            config = config.replace(s_ahead=False)     # likewise (its kernel spills there)
+        if config.dk_late and ((config.dynamic and config.head_dim == 128)
+                               or not (config.dq_early and config.dq_writer and not config.s_ahead)):
+            config = config.replace(dk_late=False)     # a speed choice, where it is not built
         if config.dynamic and config.dynamic_spills():
             config = config.replace(dynamic=False)     # a speed choice: the combinations whose kernel spills
         if config.BM > 64 and config.bm128_spills():
@@ -667,12 +757,14 @@ class Sm90Backward(Family):
         # the encoded form of a config stays what it was before the flags existed
         # lpt only when on, likewise
         return ((k, v) for k, v in super()._fields(config)
-                if k not in ("dropout", "varlen") and not (k in ("lpt", "dynamic", "ds_double", "cluster") and not v))
+                if k not in ("dropout", "varlen")
+                and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late")
+                         and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without dynamic or ds_double (tuned tables and recorded studies
         from before the flags) gets them off."""
-        for flag in ("dynamic", "ds_double"):
+        for flag in ("dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate", "dk_late"):
             if flag not in point:
                 point = {**point, flag: False}
         return super().make(point, problem)
@@ -707,6 +799,17 @@ class Sm90Backward(Family):
             cfg = cfg.replace(dynamic=True)             # (for_problem drops it where it does not run)
         if HEURISTIC_DS_DOUBLE and d == 128:
             cfg = cfg.replace(ds_double=True)           # (likewise: not with softcap, ALiBi, dropout)
+        plain = d != 256 and not problem.features
+        # (each where the config builds it: s_ahead not next to dq_early or q_rotate, bf16 only;
+        # dk_late with dq_early and ds_double, at d128 on the plain grid)
+        late = not det and (d, causal) in HEURISTIC_DK_LATE
+        for flags, on in (({"q_rotate": True}, not det and not causal and d in HEURISTIC_Q_ROTATE),
+                          ({"dq_early": True}, not det and (d, causal) in HEURISTIC_DQ_EARLY),
+                          ({"s_ahead": True}, not det and (d, causal, dtype) in HEURISTIC_S_AHEAD),
+                          ({"dq_early": True, "dk_late": True, "ds_double": d == 128,
+                            "dynamic": cfg.dynamic and d != 128}, late)):
+            if plain and on and not cfg.replace(**flags).problems():
+                cfg = cfg.replace(**flags)
         if tuple(problem.features) == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)

@@ -1,0 +1,196 @@
+"""CPU checks of sm90_bwd's main-loop flags (issue 14, the d128 backward at cuDNN's speed):
+dq_early (kDqEarly: the dQ GEMM issued behind dV, dK, one wait for the three), s_ahead (kSAhead:
+the next Q block's Sᵀ issued behind the dQ GEMM) and q_rotate (kQRotate: non-causal K/V block n
+visits the Q blocks from n % n_iters on).
+
+The config fields, names, template arguments (appended after kDsDouble: every existing config
+keeps its name expression and code), the space and the encoded form, the rules (where they are
+built; for_problem drops them elsewhere), the heuristic's switches (off as shipped), the host
+mirror of the rotated order (a permutation of the Q blocks), and the nvcc/ptxas build of the
+allowed instantiations (zero spills, no "wgmma serialized"), and that the refused s_ahead ones do
+spill. No GPU needed.
+"""
+import itertools
+import os
+import shutil
+
+import pytest
+
+from cuflash import registry
+from cuflash.compile import kernel_dir
+from cuflash.families import sm90_bwd
+from cuflash.families.sm90_bwd import Sm90BwdConfig
+from cuflash.problem import Problem
+
+from test_sm90_bwd_sched_cpu import compile_clean, nvcc_compile  # noqa: E402
+
+NVCC = os.environ.get("NVCC", "nvcc")
+needs_nvcc = pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not on PATH")
+FAM = registry.get("sm90_bwd")
+FLAGS = ("dq_early", "s_ahead", "q_rotate", "dk_late")
+
+
+def problem(head_dim=128, causal=False, deterministic=False, dtype="bf16", features=(), **kw):
+    return Problem("bwd", dtype, 2, 2048, 2048, 16, 16, head_dim, causal, deterministic, features=features, **kw)
+
+
+def heur(causal=False, dtype="bf16", **flags):
+    return Sm90BwdConfig(64, 128, 2, 2, 128, dtype, causal, dq_writer=True, **flags)
+
+
+def test_fields_names_template_encoding():
+    plain = heur()
+    names = {"dq_early": "_dqe", "s_ahead": "_sah", "q_rotate": "_rot", "dk_late": "_dqe_dkl"}
+    for flag, suffix in names.items():
+        cfg = plain.replace(**{flag: True}, **({"dq_early": True} if flag == "dk_late" else {}))
+        assert cfg.name == plain.name + suffix and cfg.problems() == []
+        assert FAM.decode(FAM.encode(cfg), "bf16", False) == cfg and flag not in FAM.encode(plain)
+        assert FAM.space[flag] == (False, True)
+    # appended after kDsDouble, kQRotate last: the existing configs keep their name expressions
+    assert plain.kernel_name() == ("cuflash::sm90_bwd<64, 128, 2, 2, 128, cuflash::bf16, false, false, "
+                                   "false, false, false, false, false, false, true>")
+    tail = ", false, false, false, false"               # kVarlen, kLpt, kDynamic, kDsDouble
+    assert plain.replace(dq_early=True).kernel_name() == plain.kernel_name()[:-1] + tail + ", false, true>"
+    assert plain.replace(s_ahead=True).kernel_name() == plain.kernel_name()[:-1] + tail + ", true, false>"
+    assert plain.replace(q_rotate=True).kernel_name() == plain.kernel_name()[:-1] + tail + ", false, false, true>"
+    assert heur(True, dynamic=True).kernel_name().endswith(", false, false, true>")   # (kDsDouble omitted)
+    assert plain.replace(dq_early=True, dk_late=True).kernel_name() == (plain.kernel_name()[:-1] + tail
+                                                                        + ", false, true, false, true>")
+    assert plain.replace(q_rotate=True, dq_early=True).template_args()[19:] == (False, True, True, False)
+    assert len(plain.template_args()) == 23
+    src = (kernel_dir() / "sm90_bwd.cu").read_text()
+    assert ("bool kDsDouble = false,\n          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, "
+            "bool kDkLate = false>") in src
+    # a point from before the flags gets them off
+    point = {k: v for k, v in FAM.point(plain).items() if k not in FLAGS}
+    assert FAM.make(point, problem()) == FAM.make(FAM.point(plain), problem())
+
+
+def test_rules_and_for_problem():
+    def why(cfg):
+        return " ".join(cfg.problems())
+
+    d256 = Sm90BwdConfig(64, 64, 2, 2, 256, "bf16", False)
+    for flag in ("dq_early", "s_ahead"):
+        assert "shared-keys" in why(d256.replace(**{flag: True}))
+        assert "overlap_sdp" in why(heur(overlap_sdp=True, **{flag: True}))
+        for feat in ("softcap", "alibi"):
+            assert "softcap / ALiBi / dropout" in why(heur(**{flag: True, feat: True}))
+    assert "q_rotate with causal" in why(heur(True, q_rotate=True))
+    assert "q_rotate with causal" in why(heur(window=True, q_rotate=True))
+    assert "q_rotate with causal" in why(Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False, True, q_rotate=True))
+    for change in (dict(dq_early=True), dict(q_rotate=True), dict(dq_writer=False), dict(dtype="fp16")):
+        assert "s_ahead with dq_early" in why(heur(s_ahead=True).replace(**change)), change
+    assert "s_ahead with dq_early" in why(Sm90BwdConfig(128, 128, 2, 2, 64, "bf16", False, dq_writer=True,
+                                                        s_ahead=True))
+    assert "dk_late without dq_early" in why(heur(dk_late=True))
+    assert "dk_late without dq_early" in why(heur(dk_late=True, dq_early=True).replace(dq_writer=False))
+    assert "dk_late with dynamic" in why(heur(True, dynamic=True, dq_early=True, dk_late=True))
+    assert Sm90BwdConfig(128, 128, 2, 2, 64, "bf16", False, dq_writer=True, dynamic=True, dq_early=True,
+                         dk_late=True).problems() == []        # (d64's dynamic kernel fits)
+    assert not FAM.for_problem(heur(True, dynamic=True, dq_early=True, dk_late=True), problem(causal=True)).dk_late
+    got = FAM.for_problem(heur(True, ds_double=True, dq_early=True, dk_late=True), problem(causal=True))
+    assert got.dk_late and got.problems() == []
+    assert not FAM.for_problem(heur(dq_early=True, dk_late=True), problem(deterministic=True)).dk_late
+    # allowed: dq_early with a window, deterministic, varlen, the dynamic scheduler, ds_double, fp16, d64
+    for cfg in (heur(window=True, dq_early=True), heur(True, dynamic=True, ds_double=True, dq_early=True),
+                Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True, True, dq_early=True),
+                heur(varlen=True, q_rotate=True, dq_early=True), heur(dtype="fp16", q_rotate=True, dynamic=True),
+                Sm90BwdConfig(128, 128, 2, 2, 64, "bf16", False, dq_writer=True, dq_early=True, q_rotate=True),
+                heur(True, dynamic=True, s_ahead=True), heur(ds_double=True, s_ahead=True)):
+        assert cfg.problems() == [], cfg.name
+    # for_problem drops them where they are not built (a speed choice), keeps them elsewhere
+    every = dict(dq_early=True, s_ahead=True, q_rotate=True)
+    got = FAM.for_problem(heur(**every), problem())
+    assert (got.dq_early, got.s_ahead, got.q_rotate) == (True, False, True) and got.problems() == []
+    got = FAM.for_problem(heur(True, s_ahead=True, q_rotate=True), problem(causal=True))
+    assert got.s_ahead and not got.q_rotate and got.problems() == []
+    got = FAM.for_problem(heur(**every), problem(features=("softcap",)))
+    assert not (got.dq_early or got.s_ahead or got.q_rotate) and got.problems() == []
+    got = FAM.for_problem(heur(s_ahead=True), problem(deterministic=True))
+    assert not got.s_ahead and not got.dq_writer and got.problems() == []
+    got = FAM.for_problem(heur(dtype="fp16", s_ahead=True), problem(dtype="fp16"))
+    assert not got.s_ahead and got.problems() == []
+
+
+def test_heuristic_switches(monkeypatch):
+    # as shipped: dk_late (with dq_early and ds_double, on the plain grid) for plain unordered d128
+    # calls, measured; the rest off
+    assert not (sm90_bwd.HEURISTIC_DQ_EARLY or sm90_bwd.HEURISTIC_S_AHEAD or sm90_bwd.HEURISTIC_Q_ROTATE)
+    assert sm90_bwd.HEURISTIC_DK_LATE == {(128, False), (128, True)}
+    for d, causal, det, dtype in itertools.product((64, 96, 128, 256), (False, True), (False, True), ("bf16", "fp16")):
+        p = problem(d, causal, det, dtype)
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        late = d in (96, 128) and not det
+        assert (cfg.dq_early, cfg.dk_late) == (late, late) and not (cfg.s_ahead or cfg.q_rotate), cfg.name
+        assert cfg.ds_double == late and (not late or not cfg.dynamic) and cfg.problems() == []
+        for feats in (("window",), ("varlen",), ("softcap",)):
+            pf = problem(d, causal, det, dtype, features=feats)
+            if FAM.supports((9, 0), pf):
+                continue
+            cfg = FAM.for_problem(FAM.heuristic(pf), pf)
+            assert not (cfg.dq_early or cfg.dk_late or cfg.s_ahead or cfg.q_rotate), (feats, cfg.name)
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_DK_LATE", frozenset())
+    classes = frozenset(itertools.product((64, 128), (False, True)))
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_DQ_EARLY", classes)
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_S_AHEAD", frozenset(itertools.product((128,), (False, True), ("bf16",))))
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_Q_ROTATE", frozenset({64, 128}))
+    for d, causal, det, dtype in itertools.product((64, 128, 256), (False, True), (False, True), ("bf16", "fp16")):
+        p = problem(d, causal, det, dtype)
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        assert cfg.problems() == [], cfg.name
+        assert cfg.q_rotate == (d != 256 and not causal and not det)
+        assert cfg.s_ahead == (d == 128 and dtype == "bf16" and not det and not cfg.q_rotate and not cfg.dq_early)
+        assert cfg.dq_early == (d != 256 and not det)
+    # calls with features keep them off (unmeasured)
+    for feats in (("window",), ("softcap",), ("dropout",)):
+        p = problem(128, True, features=feats, dropout_p=0.1 if "dropout" in feats else 0.0)
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        assert not (cfg.dq_early or cfg.s_ahead or cfg.q_rotate) and cfg.problems() == []
+
+
+def rotated(n_block, n_iters):
+    """The Q blocks of K/V block n_block in kQRotate's order (the kernel's m_block_at)."""
+    rot = n_block % n_iters if n_iters else 0
+    return [(it + rot) - n_iters if it + rot >= n_iters else it + rot for it in range(n_iters)]
+
+
+@pytest.mark.parametrize("n_iters", [1, 2, 5, 32, 33])
+def test_rotation_is_a_permutation(n_iters):
+    for n_block in range(3 * n_iters + 2):
+        order = rotated(n_block, n_iters)
+        assert sorted(order) == list(range(n_iters)) and order[0] == n_block % n_iters
+    # the CTAs of a head start on distinct Q blocks (as many as there are Q blocks)
+    assert len({rotated(n, n_iters)[0] for n in range(n_iters)}) == n_iters
+    src = (kernel_dir() / "sm90_bwd.cu").read_text()
+    assert "q_rot = n_iters > 0 ? n_block % n_iters : 0;" in src
+    assert "const int m = it + q_rot;\n            return m >= n_iters ? m - n_iters : m;" in src
+
+
+ALLOWED = [heur(dq_early=True), heur(True, dynamic=True, dq_early=True), heur(s_ahead=True),
+           heur(True, dynamic=True, s_ahead=True), heur(q_rotate=True), heur(q_rotate=True, dq_early=True),
+           heur(dtype="fp16", q_rotate=True, dynamic=True), heur(True, "fp16", dynamic=True, ds_double=True, dq_early=True),
+           heur(ds_double=True, s_ahead=True), heur(dq_early=True, dk_late=True),
+           heur(ds_double=True, dq_early=True, dk_late=True), heur(q_rotate=True, ds_double=True, dq_early=True, dk_late=True),
+           Sm90BwdConfig(128, 128, 2, 2, 64, "fp16", True, dq_writer=True, dynamic=True, dq_early=True, dk_late=True),
+           heur(True, "fp16", ds_double=True, dq_early=True, dk_late=True),
+           Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True, True, dq_early=True),          # deterministic (red.add)
+           heur(True, window=True, dq_early=True),
+           Sm90BwdConfig(128, 128, 2, 2, 64, "bf16", False, dq_writer=True, dynamic=True, dq_early=True, q_rotate=True)]
+
+
+@needs_nvcc
+def test_allowed_kernels_compile_clean():
+    assert all(c.problems() == [] for c in ALLOWED)
+    assert compile_clean(ALLOWED) == []
+
+
+@needs_nvcc
+def test_refused_s_ahead_kernels_spill():
+    """The s_ahead mixes the config refuses do spill (nvcc 13.0): if one stops spilling, the rule can
+    be widened."""
+    refused = [heur(s_ahead=True, dq_early=True), heur(True, "fp16", s_ahead=True)]
+    for cfg in refused:
+        assert "s_ahead with dq_early" in " ".join(cfg.problems())
+    reports = nvcc_compile(refused, "sm_90a", NVCC)
+    assert all(r.spill_stores or r.spill_loads for r in reports), reports
