@@ -4,7 +4,8 @@ set -e
 cd /work/main
 call=$1; shift
 rm -rf .dev/snap && mkdir -p .dev/snap
-for h in "$@"; do
+for hh in "$@"; do
+  h=${hh%%:*}
   mkdir -p .dev/snap/$h
   git -C /work/wt-$h archive HEAD cuflash kernels_cu tuning tests setup.cfg README.md | tar -x -C .dev/snap/$h
   python3 - "$h" <<'PY'
@@ -20,12 +21,13 @@ cat > .dev/snap/run.sh <<'EOS'
 #!/usr/bin/env bash
 L=$OUT/logs; mkdir -p $L; START=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv > $L/gpu.txt 2>&1
-for h in "$@"; do
-  ( cd $h && echo "rev $(cat REV)" && timeout ${HT:-95} bash req.sh ) > $L/$h.log 2>&1
+for hh in "$@"; do
+  h=${hh%%:*}; t=${hh##*:}; [ "$t" = "$hh" ] && t=${HT:-95}
+  ( cd $h && export PYTHONPATH=$PWD && echo "rev $(cat REV)" && timeout $t bash req.sh ) > $L/$h.log 2>&1
   echo "$h done rc=$? at $(( $(date +%s) - START ))s" | tee -a $L/steps.log
   mkdir -p $L/json_$h; cp /tmp/*.json $L/json_$h/ 2>/dev/null; rm -f /tmp/*.json
 done
-cd $OUT && tar czf logs.tgz logs
+cd $OUT && tar czf logs.tgz logs $(ls *.json 2>/dev/null)
 EOS
 chmod +x .dev/snap/run.sh
 echo "snap ready: $(ls .dev/snap)"
