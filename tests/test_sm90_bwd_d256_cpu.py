@@ -107,7 +107,8 @@ def test_space_heuristic_and_for_problem():
             assert FAM.supports((9, 0), p) == ""
             cfg = FAM.for_problem(FAM.heuristic(p), p)
             # (dq_writer where the call is unordered: HEURISTIC_D256_DQ_WRITER, measured)
-            assert cfg == D256.replace(dtype=dtype, causal=causal, deterministic=det, dq_writer=not det), cfg
+            assert cfg == D256.replace(dtype=dtype, causal=causal, deterministic=det,
+                                      dq_writer=not det and sm90_bwd.HEURISTIC_D256_DQ_WRITER), cfg
             assert FAM.head_dim_of(d) == 256 and FAM.fits(cfg, p) == ""
     # dropout keeps red.add at d256 (for_problem moves only d128's dQ path) and drops overlap_sdp
     # (that kernel spills); softcap / ALiBi keep it
@@ -132,17 +133,17 @@ def test_plain_grid_only(monkeypatch):
     for causal in (False, True):
         p = problem(causal=causal)
         cfg = FAM.for_problem(FAM.heuristic(p), p)
-        assert cfg == D256.replace(causal=causal, dq_writer=True) and cfg.problems() == [], cfg
+        assert cfg == D256.replace(causal=causal, dq_writer=sm90_bwd.HEURISTIC_D256_DQ_WRITER) and cfg.problems() == [], cfg
         cfg = FAM.for_problem(D256.replace(causal=causal, dynamic=True, lpt=causal), p)
         assert not cfg.dynamic and cfg.lpt == causal and cfg.problems() == [], cfg
         assert not any(c.dynamic or c.ds_double or c.lpt for c in FAM.valid(p, MAX_SMEM))
 
 
 def test_d256_switches(monkeypatch):
-    """HEURISTIC_D256_DQ_WRITER (on, measured) / HEURISTIC_D256_LPT (off, measured slower): on,
+    """HEURISTIC_D256_DQ_WRITER (off: racecheck hazards) / HEURISTIC_D256_LPT (off, measured slower): on,
     the heuristic adds dq_writer (unordered calls) and lpt (causal calls) at head dims 129..256,
     nowhere else; off, neither."""
-    assert sm90_bwd.HEURISTIC_D256_DQ_WRITER and not sm90_bwd.HEURISTIC_D256_LPT
+    assert not sm90_bwd.HEURISTIC_D256_DQ_WRITER and not sm90_bwd.HEURISTIC_D256_LPT
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_DQ_WRITER", False)
     for causal in (False, True):
         p = problem(causal=causal)
@@ -172,7 +173,7 @@ def test_selection_and_the_switch(monkeypatch):
     assert sm90_bwd.D256_ABOVE_FA2 and sm90_bwd.D192_ABOVE_FA2
     for d in (136, 160, 192, 200, 256):
         fam, cfg, source = choose(problem(d), (9, 0))
-        assert fam is FAM and cfg == D256.replace(dq_writer=True) and source.startswith("heuristic"), (d, cfg, source)
+        assert fam is FAM and cfg == D256.replace(dq_writer=sm90_bwd.HEURISTIC_D256_DQ_WRITER) and source.startswith("heuristic"), (d, cfg, source)
     # past 256 neither Hopper kernel: fa2_bwd's refusal names the head dim
     with pytest.raises(Exception, match="256"):
         choose(problem(264), (9, 0))
@@ -371,7 +372,7 @@ def test_cluster_switch(monkeypatch):
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_CLUSTER", True)
     for causal in (False, True):
         p = problem(causal=causal)
-        assert FAM.for_problem(FAM.heuristic(p), p) == D256.replace(causal=causal, dq_writer=True, cluster=True)
+        assert FAM.for_problem(FAM.heuristic(p), p) == D256.replace(causal=causal, dq_writer=sm90_bwd.HEURISTIC_D256_DQ_WRITER, cluster=True)
     for p in (problem(deterministic=True), problem(features=("softcap",), softcap=5.0), problem(128)):
         assert not FAM.for_problem(FAM.heuristic(p), p).cluster
 

@@ -149,10 +149,14 @@ HEURISTIC_DS_DOUBLE = False
 #   Q_i, dO_i once dV, dK have read it (no tile of its own fits: Sm90BwdSlotDqStage), added by the
 #   writer warp's tensor bulk reduce-adds, which then release the slot, instead of the consumers'
 #   red.add: faster in all 16 cells, non-causal 1.01-1.05x, causal 1.05-1.10x (cuDNN ratio 0.81-0.89
-#   -> 0.85-0.91 non-causal, 0.77-0.83 -> 0.83-0.89 causal): on;
+#   -> 0.85-0.91 non-causal, 0.77-0.83 -> 0.83-0.89 causal). But compute-sanitizer racecheck
+#   (session 15 final run, logs/session15_rounds/f1/s_race_sm90_bwd.log) reports shared-memory
+#   hazards in that kernel: the consumers' dQ staging stores into the ring slot (+0xf190) against
+#   reads of the slot (+0x2940..+0x3310), 256 each, causal and not. Off until that is understood
+#   and fixed (bwd_config= can still force it; the red.add kernel is racecheck-clean);
 # * HEURISTIC_D256_LPT: the lpt launch order for causal calls: slower in 7 of 8 cells (red.add
 #   0.96-0.98x, with dq_writer 0.94-1.02x: only bf16 16k gained): off.
-HEURISTIC_D256_DQ_WRITER = True
+HEURISTIC_D256_DQ_WRITER = False
 HEURISTIC_D256_LPT = False
 # * HEURISTIC_D256_CLUSTER: clusters of 2 CTAs sharing the Q/dO loads by multicast (cluster, kCluster:
 #   the d256 kernel at 0.85-0.91x cuDNN is bound by the L2 -> SM traffic of its Q_i, dO_i: 64 KB per
