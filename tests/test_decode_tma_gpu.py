@@ -225,7 +225,7 @@ def test_tma_refusals():
     with pytest.raises(ValueError, match=r"^k_cache: the tma loop needs a page_block_size"):
         kvcache_with_config(cfg, **args)
     args = base.make_case(rng, 2, 1, [100, 50], 8, 2, 120, "bf16")
-    cfg = FAM.heuristic(check_kvcache(**args).problem("bf16"), (9, 0)).replace(tma=True, fused_combine=False)
+    cfg = FAM.heuristic(check_kvcache(**args).problem("bf16"), (9, 0)).replace(tma=True, fused_combine=False, l2_prefetch=0)
     with pytest.raises(ValueError, match=r"^q: the tma loop needs the head dim"):
         kvcache_with_config(cfg, **args)
     torch.cuda.synchronize()
