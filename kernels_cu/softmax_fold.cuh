@@ -49,6 +49,42 @@ __device__ __forceinline__ void softmax_rowmax(const float (&s)[kMT][kNTS][4], f
 // s). kLazy: m moves only by more than kLazyRescaleLog2 (header); `rescale` says whether any of
 // this thread's rows moved (alpha != 1), i.e. whether O needs softmax_rescale. Without kLazy it
 // is softmax_step's arithmetic, rescale always true.
+// One row of softmax_step_max / softmax_step_shift once the row's new maximum m_new (max of m and
+// the block's row max, quad-reduced) is known: kLazy's move decision, alpha, m, and the row of s
+// turned into P in place with l gaining its sum. kShift: the row's scores are s + shift (the
+// exponent's offset takes -shift·scale_log2); without it the offset is m's alone.
+template <bool kLazy, bool kShift, int kMT, int kNTS>
+__device__ __forceinline__ void softmax_row_update(float (&s)[kMT][kNTS][4], int mt, int half, float m_new,
+                                                   float shift, float& m, float& l, float scale_log2,
+                                                   float& alpha, bool& rescale) {
+    bool move = true;
+    if constexpr (kLazy) {
+        // a row's first visible block always moves m (from -inf: the difference is +inf);
+        // a row masked so far (-inf - -inf = NaN, which fails the compare) keeps m = -inf
+        move = (m_new - m) * scale_log2 > kLazyRescaleLog2;
+        m_new = move ? m_new : m;
+        rescale |= move;
+    }
+    // as softmax_step: a row masked so far uses 0 as the offset (no -inf - (-inf))
+    const float m_scaled = m_new == neg_inf() ? 0.f : m_new * scale_log2;
+    // a row whose m did not move keeps O and l as they are: alpha exactly 1
+    alpha = move ? exp2_approx(m * scale_log2 - m_scaled) : 1.f;
+    m = m_new;
+    float offset_log2 = m_scaled;
+    if constexpr (kShift)
+        offset_log2 = fmaf(-shift, scale_log2, m_scaled);
+    float row_sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < kNTS; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float& x = s[mt][nt][2 * half + e];
+            x = exp2_scaled(x, scale_log2, offset_log2);
+            row_sum += x;
+        }
+    l = l * alpha + row_sum;
+}
+
 template <bool kLazy, int kMT, int kNTS>
 __device__ __forceinline__ void softmax_step_max(float (&s)[kMT][kNTS][4], float (&m)[kMT][2],
                                                  float (&l)[kMT][2], const float (&mx)[kMT][2],
@@ -57,32 +93,9 @@ __device__ __forceinline__ void softmax_step_max(float (&s)[kMT][kNTS][4], float
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            float m_new = fmaxf(m[mt][half], mx[mt][half]);
-            bool move = true;
-            if constexpr (kLazy) {
-                // a row's first visible block always moves m (from -inf: the difference is +inf);
-                // a row masked so far (-inf - -inf = NaN, which fails the compare) keeps m = -inf
-                move = (m_new - m[mt][half]) * scale_log2 > kLazyRescaleLog2;
-                m_new = move ? m_new : m[mt][half];
-                rescale |= move;
-            }
-            // as softmax_step: a row masked so far uses 0 as the offset (no -inf - (-inf))
-            const float m_scaled = m_new == neg_inf() ? 0.f : m_new * scale_log2;
-            // a row whose m did not move keeps O and l as they are: alpha exactly 1
-            alpha[mt][half] = move ? exp2_approx(m[mt][half] * scale_log2 - m_scaled) : 1.f;
-            m[mt][half] = m_new;
-            float row_sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < kNTS; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float& x = s[mt][nt][2 * half + e];
-                    x = exp2_scaled(x, scale_log2, m_scaled);
-                    row_sum += x;
-                }
-            l[mt][half] = l[mt][half] * alpha[mt][half] + row_sum;
-        }
+        for (int half = 0; half < 2; ++half)
+            softmax_row_update<kLazy, false>(s, mt, half, fmaxf(m[mt][half], mx[mt][half]), 0.f, m[mt][half],
+                                             l[mt][half], scale_log2, alpha[mt][half], rescale);
 }
 
 // ScoreMod in the folded form (header): apply() gives t = tanh(S·softcap_in) (minus
@@ -245,27 +258,9 @@ __device__ __forceinline__ void softmax_step_shift(float (&s)[kMT][kNTS][4], con
 #pragma unroll
             for (int nt = 0; nt < kNTS; ++nt)
                 x = fmaxf(x, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-            float m_new = fmaxf(m[mt][half], quad_max(x + shift[mt][half]));
-            bool move = true;
-            if constexpr (kLazy) {
-                move = (m_new - m[mt][half]) * scale_log2 > kLazyRescaleLog2;
-                m_new = move ? m_new : m[mt][half];
-                rescale |= move;
-            }
-            const float m_scaled = m_new == neg_inf() ? 0.f : m_new * scale_log2;
-            alpha[mt][half] = move ? exp2_approx(m[mt][half] * scale_log2 - m_scaled) : 1.f;
-            m[mt][half] = m_new;
-            const float offset_log2 = fmaf(-shift[mt][half], scale_log2, m_scaled);
-            float row_sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < kNTS; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float& v = s[mt][nt][2 * half + e];
-                    v = exp2_scaled(v, scale_log2, offset_log2);
-                    row_sum += v;
-                }
-            l[mt][half] = l[mt][half] * alpha[mt][half] + row_sum;
+            softmax_row_update<kLazy, true>(s, mt, half, fmaxf(m[mt][half], quad_max(x + shift[mt][half])),
+                                            shift[mt][half], m[mt][half], l[mt][half], scale_log2,
+                                            alpha[mt][half], rescale);
         }
 }
 
