@@ -96,10 +96,15 @@ def test_space_heuristic_and_for_problem():
     for causal, det in itertools.product((False, True), (False, True)):
         p = problem(causal=causal, deterministic=det)
         valid = FAM.valid(p, MAX_SMEM)
-        # (the space's points are unordered: dq_writer on and off; for_problem drops it for det)
-        assert sorted(c.overlap_sdp for c in valid) == [False, False, True, True]
+        # (the space's points are unordered: dq_writer on and off while its heuristic switch is on;
+        # off, the dq_writer kernel (racecheck hazards) is outside the space; for_problem drops it
+        # for det)
+        writers = (False, True) if sm90_bwd.HEURISTIC_D256_DQ_WRITER else (False,)
+        assert sorted(c.overlap_sdp for c in valid) == sorted([False, True] * len(writers))
         assert {(c.BM, c.BN, c.stages, c.consumers, c.dq_writer, c.dq_bulk) for c in valid} == \
-            {(64, 64, 2, 2, w, False) for w in (False, True)}
+            {(64, 64, 2, 2, w, False) for w in writers}
+        assert all("racecheck" in " ".join(why) for c, why in FAM.enumerate(p, MAX_SMEM)
+                   if c.shared_keys and c.dq_writer and not c.problems(MAX_SMEM)) or writers == (False, True)
         assert all(FAM.for_problem(c, p).problems() == [] for c in valid)
     for d in range(136, 257, 8):
         for dtype, causal, det in itertools.product(("bf16", "fp16"), (False, True), (False, True)):

@@ -610,6 +610,16 @@ class Sm90Backward(Family):
                    "red.add (or ordered, or bulk reduce-add: dq_bulk); fa2_bwd's preprocess / convert / "
                    "GQA kernels")
 
+    def enumerate(self, problem: Problem, max_smem: Optional[int] = None):
+        """Family.enumerate, with the d 256 dq_writer kernel kept out of the tuning space while
+        HEURISTIC_D256_DQ_WRITER is off for its racecheck hazards (a tuner would pick it: it
+        measured faster); bwd_config= still runs it."""
+        for cfg, why in super().enumerate(problem, max_smem):
+            if not why and cfg.shared_keys and cfg.dq_writer and not HEURISTIC_D256_DQ_WRITER:
+                why = ["dq_writer at head_dim=256: racecheck hazards (HEURISTIC_D256_DQ_WRITER), "
+                       "outside the tuning space until fixed"]
+            yield cfg, why
+
     @property
     def features(self) -> tuple:
         """The feature flags it runs; varlen only while VARLEN_BWD is on (read per call, so a test
