@@ -92,6 +92,31 @@ def sdpa_fn(q, k, v, dout, causal, backend):
     return grad_fn(f, q, k, v, dout)
 
 
+def candidate_fns(configs: dict, q, k, v, dout, causal: bool, flash: bool) -> tuple:
+    """(fns, same, results) for timing the backward of each named config next to SDPA cuDNN (and
+    flash): fns {name: gradient callable}, one per distinct config, plus "cudnn" / "flash"; same
+    {name: the earlier name with an equal config}; results {name: the gradients of one call}, run
+    here, outside the timing, so loads happen and a NaN fails loudly."""
+    same, fns = {}, {}
+    for name, cfg in configs.items():
+        first = next(n for n, c in configs.items() if c == cfg)
+        if first != name:
+            same[name] = first
+            continue
+        fns[name] = grad_fn(lambda q, k, v, cfg=cfg: cuflash.flash_attn_func(
+            q, k, v, causal=causal, bwd_config=cfg), q, k, v, dout)
+    fns["cudnn"] = sdpa_fn(q, k, v, dout, causal, "cudnn")
+    if flash:
+        fns["flash"] = sdpa_fn(q, k, v, dout, causal, "flash")
+    results = {}
+    for name, fn in fns.items():
+        g = fn()
+        assert not any(x.isnan().any() for x in g), f"{name}: NaN in the gradients"
+        results[name] = g
+    torch.cuda.synchronize()
+    return fns, same, results
+
+
 def rel(a, b):
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
 
@@ -132,24 +157,7 @@ def main():
                 b, h = p.batch, p.nheads
                 q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
                 configs = variants_for(p, names)
-                same = {}
-                fns = {}
-                for name, cfg in configs.items():
-                    first = next(n for n, c in configs.items() if c == cfg)
-                    if first != name:
-                        same[name] = first
-                        continue
-                    fns[name] = grad_fn(lambda q, k, v, cfg=cfg: cuflash.flash_attn_func(
-                        q, k, v, causal=causal, bwd_config=cfg), q, k, v, dout)
-                fns["cudnn"] = sdpa_fn(q, k, v, dout, causal, "cudnn")
-                if not args.no_flash:
-                    fns["flash"] = sdpa_fn(q, k, v, dout, causal, "flash")
-                results = {}
-                for name, fn in fns.items():   # load outside the timing, and fail loudly here
-                    g = fn()
-                    assert not any(x.isnan().any() for x in g), f"{name}: NaN in the gradients"
-                    results[name] = g
-                torch.cuda.synchronize()
+                fns, same, results = candidate_fns(configs, q, k, v, dout, causal, not args.no_flash)
                 times = time_interleaved(fns, warmup=2, reps=args.reps, back_to_back=2)
                 mains = {name: by_role(kernel_times(fn, 3)).get("main", float("nan")) for name, fn in fns.items()}
                 case = f"d{d} {'causal' if causal else 'full'} b{b} s{s}"

@@ -51,13 +51,12 @@ import torch  # noqa: E402
 
 import cuflash  # noqa: E402
 from cuflash import _gpu, registry, select  # noqa: E402
-from cuflash.bench.common import grad_fn  # noqa: E402
 from cuflash.compile import precompile  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
 from cuflash.timing import time_interleaved  # noqa: E402
 
-from sm90_bwd_causal_timing import rel, sdpa_fn  # noqa: E402
+from sm90_bwd_causal_timing import candidate_fns, rel  # noqa: E402
 from sm90_bwd_pre_timing import by_role, kernel_times  # noqa: E402
 
 TOKENS, DIM = 16384, 2048
@@ -175,23 +174,7 @@ def main():
                 q, k, v, dout = (torch.randn(b, s, h, HDIM, device="cuda", dtype=TORCH_DTYPES[dtype])
                                  for _ in range(4))
                 configs = variants_for(p, ["heur"] + [n for n in names_for(dtype, names) if n != "heur"])
-                same, fns = {}, {}
-                for name, cfg in configs.items():
-                    first = next(n for n, c in configs.items() if c == cfg)
-                    if first != name:
-                        same[name] = first
-                        continue
-                    fns[name] = grad_fn(lambda q, k, v, cfg=cfg: cuflash.flash_attn_func(
-                        q, k, v, causal=causal, bwd_config=cfg), q, k, v, dout)
-                fns["cudnn"] = sdpa_fn(q, k, v, dout, causal, "cudnn")
-                if not args.no_flash:
-                    fns["flash"] = sdpa_fn(q, k, v, dout, causal, "flash")
-                results = {}
-                for name, fn in fns.items():   # load outside the timing, and fail loudly here
-                    g = fn()
-                    assert not any(x.isnan().any() for x in g), f"{name}: NaN in the gradients"
-                    results[name] = g
-                torch.cuda.synchronize()
+                fns, same, results = candidate_fns(configs, q, k, v, dout, causal, not args.no_flash)
                 times = {m: time_interleaved(fns, warmup=2, reps=args.reps, back_to_back=args.back_to_back,
                                              flush_l2=m == "flush") for m in args.methods}
                 case = f"{dtype} d{HDIM} {'causal' if causal else 'full'} b{b} s{s}"

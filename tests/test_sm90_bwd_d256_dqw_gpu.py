@@ -34,7 +34,7 @@ from cuflash.families import sm90_bwd  # noqa: E402
 from cuflash.families.sm90_bwd import Sm90BwdConfig  # noqa: E402
 
 import test_sm90_bwd_features_gpu as feat  # noqa: E402
-from test_sm90_bwd_d256_gpu import tile  # noqa: E402
+from test_sm90_bwd_d256_gpu import forward_problems, precompile_main, tile  # noqa: E402,F401
 from test_sm90_bwd_gpu import HEADS, SEQLENS, problem, run_case  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
@@ -112,37 +112,6 @@ def suite_configs():
             base.replace(dtype="fp16", causal=True, cluster=True), base.replace(causal=True, dq_writer=False, cluster=True)]
 
 
-def forward_problems():
-    """Forward problems whose kernels the tests' forwards pick (one per kernel they need)."""
-    from cuflash.problem import Problem
-
-    out = [Problem("fwd", dtype, 2, 1023, 1023, 4, 2, d, causal)
-           for dtype, causal, d in (("bf16", False, 256), ("bf16", True, 256), ("fp16", True, 256),
-                                    ("fp16", True, 192))]
-    out.append(Problem("fwd", "bf16", 2, 1023, 1023, 4, 2, D, False, features=("alibi", "softcap", "window"),
-                       window=(300, 30), softcap=20.0))
-    out.append(Problem("fwd", "bf16", 2, 1023, 1023, 4, 2, D, True, features=("dropout",), dropout_p=0.17))
-    return out
-
-
 if __name__ == "__main__" and "--precompile" in sys.argv:
-    import time
-
-    from cuflash import _gpu, select
-    from cuflash.compile import precompile
-
-    t0 = time.time()
-    configs = suite_configs()
-    assert all(c.problems() == [] for c in configs), [c.name for c in configs if c.problems()]
-    arch, smem, name = _gpu.arch(), _gpu.max_smem(), _gpu.name()
-    for fp in forward_problems():
-        try:
-            configs.append(select.choose(fp, arch, name, smem)[1])
-        except ValueError as e:
-            print(f"forward {fp}: {e}")
-    configs = list(dict.fromkeys(configs))
-    res = precompile(configs)
-    for c, secs, err in res:
-        print(f"{c.name:<60} {secs:6.1f} s {err[:300] if err else 'ok'}")
-    print(f"{len(configs)} kernels in {time.time() - t0:.0f} s; errors: {sum(bool(e) for _, _, e in res)}")
-    sys.exit(1 if any(e for _, _, e in res) else 0)
+    # (forward_problems: test_sm90_bwd_d256_gpu's, which cover this file's forwards)
+    sys.exit(precompile_main(suite_configs()))

@@ -140,14 +140,16 @@ def forward_problems():
     return out
 
 
-if __name__ == "__main__" and "--precompile" in sys.argv:
+def precompile_main(configs) -> int:
+    """Compile ``configs`` and the forwards of forward_problems() in parallel worker processes (the
+    --precompile entry of this file and of test_sm90_bwd_d256_dqw_gpu.py); prints one line per
+    kernel, returns the exit code."""
     import time
 
     from cuflash import _gpu, select
     from cuflash.compile import precompile
 
     t0 = time.time()
-    configs = suite_configs()
     assert all(c.problems() == [] for c in configs), [c.name for c in configs if c.problems()]
     arch, smem, name = _gpu.arch(), _gpu.max_smem(), _gpu.name()
     for fp in forward_problems():
@@ -160,4 +162,8 @@ if __name__ == "__main__" and "--precompile" in sys.argv:
     for c, secs, err in res:
         print(f"{c.name:<60} {secs:6.1f} s {err[:300] if err else 'ok'}")
     print(f"{len(configs)} kernels in {time.time() - t0:.0f} s; errors: {sum(bool(e) for _, _, e in res)}")
-    sys.exit(1 if any(e for _, _, e in res) else 0)
+    return 1 if any(e for _, _, e in res) else 0
+
+
+if __name__ == "__main__" and "--precompile" in sys.argv:
+    sys.exit(precompile_main(suite_configs()))
