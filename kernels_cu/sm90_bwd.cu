@@ -175,8 +175,9 @@
 //         done (waiting for the first also waits for dV, dK: then q_empty is released); ordered
 //         (one turn for both pieces) when kDeterministic. kDqBulk's staging does not fit next to
 //         this tile; kDqWriter stages dQ_i's part in the ring slot of Q_i, dO_i instead, in the
-//         chunks only this warpgroup's dV, dK read (Sm90BwdSlotDqStage, kSlotDq), and the writer
-//         warp releases the slot after its bulk reduce-adds. kCluster: see sm90_bwd_body.
+//         chunks only this warpgroup's dV, dK read (Sm90BwdSlotDqStage, kSlotDq), and the slot is
+//         released by the consumer threads (their reads, LSE_i and D_i's included, are done) and
+//         by the writer warp after its bulk reduce-adds. kCluster: see sm90_bwd_body.
 // Softcap's and dropout's words (kSN / 4 each) stay in registers here. The loop-invariant
 // descriptors of K_j, V_j, Pᵀ, dSᵀ, dS are re-derived at each use (opaque_u32): hoisted out of
 // the loop, one per k-step, they spilled. Head dims 129..255 run this kernel (TMA zero-fills the
@@ -454,7 +455,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     static_assert(!kDqWriter || kSharedKeys || DqW::kSmemBytes <= 227 * 1024,
                   "dq_writer: shared memory exceeds the H100's 227 KB");
     // kSharedKeys with kDqWriter: dQ_i's part is staged in the ring slot of Q_i, dO_i (no tile of
-    // its own: Sm90BwdSlotDqStage), the writer warp releases the slot (q_empty: one arrival)
+    // its own: Sm90BwdSlotDqStage), the writer warp releases the slot too (q_empty: one arrival
+    // more than the consumer threads')
     // (2 stages: the consumers reach Q block q + 2, and its barrier parity again, only once the
     // writer has released Q block q's slot)
     static_assert(!(kSharedKeys && kDqWriter) || (kStages == 2 && !kDynamic && !kDeterministic),
@@ -583,10 +585,12 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
         for (int s = 0; s < kStages; ++s) {
             // lane 0's expect_tx, the 32 lanes' LSE / D (kDynamic: lane 0's alone, LSE / D by bulk copies)
             mbarrier_init(q_full(s), kDynamic ? 1 : 1 + 32);
-            // every consumer thread releases (kSlotDq: the writer warp's lane 0, once dQ_i's part,
-            // staged in the slot, has been read)
+            // every consumer thread releases, once its last read of the slot (Q_i, dO_i, LSE_i, D_i)
+            // is done (kSlotDq: and the writer warp's lane 0, once dQ_i's part, staged in the slot,
+            // has been read: the consumers' own arrivals order their LSE / D reads before the
+            // producer's cp.async refill directly, not through the writer's named barrier)
             // (kCluster: the partner CTA's releases too)
-            mbarrier_init(q_empty(s), (kSlotDq ? 1 : kConsumerThreads) * (kCluster ? 2 : 1));
+            mbarrier_init(q_empty(s), (kConsumerThreads + (kSlotDq ? 1 : 0)) * (kCluster ? 2 : 1));
         }
         if constexpr (kDynamic) {
             mbarrier_init(kv_empty, kConsumerThreads);
@@ -1178,9 +1182,10 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     if (piece == 0) {
                         reg_fence(dk_acc);
                         reg_fence(dv_acc);
-                        // the slot may be refilled (kSlotDq: once the writer warp has read dQ_i's part)
-                        if constexpr (!kSlotDq) mbarrier_arrive(q_empty(slot));
-                        if constexpr (!kSlotDq && kCluster)         // (by the partner too)
+                        // this thread is done with the slot: it may be refilled (kSlotDq: once the
+                        // writer warp has read dQ_i's part too, its own arrival)
+                        mbarrier_arrive(q_empty(slot));
+                        if constexpr (kCluster)                     // (by the partner too)
                             if (it + kStages < n_iters)
                                 mbarrier_arrive_remote(mapa_shared(q_empty(slot), cluster_ctarank() ^ 1u));
                         if (kDeterministic) {   // this CTA's turn at this Q block (as below)

@@ -223,8 +223,10 @@ def test_kernel_source():
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
     assert "static constexpr bool kSharedKeys = kBN == 64 && kConsumers == 2;" in src
     assert "static_assert(!kDqBulk, \"shared keys (head dim 256): dQ by red.add or the slot staging (dq_writer)\");" in src
-    # dq_writer there: staged in the ring slot, the writer warp releases it
-    assert "mbarrier_init(q_empty(s), (kSlotDq ? 1 : kConsumerThreads) * (kCluster ? 2 : 1));" in src
+    # dq_writer there: staged in the ring slot, released by the consumer threads (after their last
+    # LSE / D / wgmma reads, unconditionally: the racecheck WAR on LSE) and by the writer warp
+    assert "mbarrier_init(q_empty(s), (kConsumerThreads + (kSlotDq ? 1 : 0)) * (kCluster ? 2 : 1));" in src
+    assert "if constexpr (!kSlotDq) mbarrier_arrive(q_empty(slot));" not in src
     # cluster: the multicast halves, the remote releases (not for the last kStages Q blocks)
     assert "tma_load_4d_multicast(q_smem + off, &p.tma_q, q_full(slot)" in src
     assert src.count("if (it + kStages < n_iters)") == 2 and src.count("mbarrier_arrive_remote(mapa_shared(q_empty(") == 2
