@@ -30,6 +30,7 @@ import pytest  # noqa: E402
 
 import cuflash  # noqa: E402
 from cuflash import registry  # noqa: E402
+from cuflash.families import sm90_bwd  # noqa: E402
 from cuflash.families.sm90_bwd import Sm90BwdConfig  # noqa: E402
 
 import test_sm90_bwd_features_gpu as feat  # noqa: E402
@@ -120,10 +121,10 @@ def suite_configs():
     base = Sm90BwdConfig(64, 64, 2, 2, D, "bf16", False)
     return [base, base.replace(causal=True), base.replace(dtype="fp16", causal=True),
             base.replace(causal=True, deterministic=True),
-            # (the window / softcap / ALiBi and dropout tests run the heuristic: dq_writer since
-            # HEURISTIC_D256_DQ_WRITER)
-            base.replace(window=True, softcap=True, alibi=True, dq_writer=True),
-            base.replace(causal=True, dropout=True, dq_writer=True)]
+            # (the window / softcap / ALiBi and dropout tests run the heuristic: dq_writer while
+            # HEURISTIC_D256_DQ_WRITER is on)
+            base.replace(window=True, softcap=True, alibi=True, dq_writer=sm90_bwd.HEURISTIC_D256_DQ_WRITER),
+            base.replace(causal=True, dropout=True, dq_writer=sm90_bwd.HEURISTIC_D256_DQ_WRITER)]
 
 
 def forward_problems():
