@@ -307,16 +307,28 @@ struct Sm90BwdDqWriterStage {
 // (dQ columns 128wg..+127) in exactly those chunks, with no barrier between the warpgroups: box
 // 4wg + b in Q_i's chunk 2wg + b (b = 0, 1), in dO_i's chunk 2wg + b - 2 (b = 2, 3). The writer
 // warp adds the 8 boxes and then releases the slot (q_empty) to the producer.
-template <class Shape>
+// kRoles (the warpgroups split by operand, below): warpgroup 0's dV reads all of dO_i, warpgroup 1's
+// dK all of Q_i, so warpgroup 0's boxes 0..3 go to dO_i's chunks 0..3 and warpgroup 1's boxes 4..7
+// to Q_i's chunks 0..3.
+template <class Shape, bool kRoles = false>
 struct Sm90BwdSlotDqStage {
     static_assert(Shape::kQChunkBytes == 64 * 128 && Shape::kChunks == 4,
                   "head dim 256, BM 64: a 32-column fp32 box of 64 rows fills one 64-column chunk of Q_i");
     // shared-window address of box `box` (dQ columns 32·box..+31) in the slot at byte offset q_off
     static __device__ __forceinline__ u32 box(u32 smem, u32 q_off, int box) {
+        if constexpr (kRoles)
+            return smem + (box < 4 ? Shape::kDoOffset : Shape::kQOffset) + q_off + (box % 4) * Shape::kQChunkBytes;
         const int b = box % 4;
         return smem + (b < 2 ? Shape::kQOffset : Shape::kDoOffset) + q_off
                + (2 * (box / 4) + b % 2) * Shape::kQChunkBytes;
     }
+};
+
+// kRoles: a warpgroup's side as a type (the Pᵀ side or the dSᵀ side), so that each side's loop is
+// its own straight-line code (no wgmma under a run-time branch)
+template <bool kPSide>
+struct Sm90BwdSide {
+    static constexpr bool value = kPSide;
 };
 
 // Byte offset of element (row, col) of a 16-bit tile stored as 64-column chunks of `rows` rows
@@ -435,7 +447,7 @@ struct Sm90BwdTileRing {
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
-          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate>
+          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kRoles>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -464,6 +476,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     constexpr bool kSlotDq = kSharedKeys && kDqWriter;
     static_assert(!kCluster || (kSharedKeys && !kWindow && !kVarlen && !kDeterministic && !kDynamic && !kLpt),
                   "kCluster: the head-dim-256 tile, fixed lengths, no window, unordered, the plain order");
+    static_assert(!kRoles || (kSharedKeys && !kDeterministic && !kWindow && !kSoftcap && !kAlibi && !kDropout
+                              && !kVarlen && !kOverlapSdp && !kDynamic),
+                  "kRoles: the head-dim-256 tile's plain unordered backward (fixed lengths, no feature)");
     static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
     static_assert(!(kDynamic && (kVarlen || kDeterministic)),
                   "the dynamic scheduler runs fixed-length, unordered backwards");
@@ -630,7 +645,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
 #pragma unroll
                         for (int b = 0; b < kHeadDim / 32; ++b) {
                             u32 src = tile + b * DqW::kBoxBytes;
-                            if constexpr (kSlotDq) src = Sm90BwdSlotDqStage<Shape>::box(smem, slot_off, b);
+                            if constexpr (kSlotDq) src = Sm90BwdSlotDqStage<Shape, kRoles>::box(smem, slot_off, b);
                             if constexpr (kVarlen)   // the map's rows: (nheads, ws_rows), head `head`'s
                                 bulk_reduce_add_tensor_3d(&p.tma_dq, src, 32 * b,
                                                           static_cast<int>(ws_row0() - i64(head) * p.ws_rows) + row0, head);
@@ -764,6 +779,222 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     const int ctid = tid - 128;                                 // 0..kConsumerThreads-1
     const int warp = (tid / 32) % 4, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
+    if constexpr (kRoles) {
+        // ---- kRoles (head dim 256, the shared-keys tile): the warpgroups split the products by
+        // operand instead of by queries. Warpgroup 0 (the Pᵀ side): Sᵀ = K_j Q_iᵀ for all BM queries,
+        // Pᵀ, dV_j += Pᵀ dO_i for all 256 columns (RS: Pᵀ from registers). Warpgroup 1 (the dSᵀ side):
+        // dPᵀ = V_j dO_iᵀ for all BM queries, dSᵀ = Pᵀ ∘ (dPᵀ - D_i) with Pᵀ handed over in shared
+        // memory (16 words per thread, thread c's to thread c: both hold the same elements), dK_j +=
+        // dSᵀ Q_i for all 256 columns (RS), dS (transposed) to ds_smem. Both: dQ_i's part for their
+        // 128 columns, as the shared-keys path. Sᵀ, dPᵀ are m64n64 (N = BM) instead of m64n32 (half
+        // the A-operand reads of K_j, V_j), and dV, dK read Pᵀ, dSᵀ from registers: fewer shared
+        // memory bytes per Q block, the resource the shared-keys tile is bound by.
+        // Named barriers (256 consumer threads; one side arrives, the other waits): Pᵀ written
+        // (kPFullBar) / read (kPFreeBar), warpgroup 0's dQ GEMMs done (kDsFreeBar); dS written
+        // (kDsFullBar: both wait). An arrival is made only where its wait follows (no pending named barrier
+        // arrival at the CTA's end).
+        constexpr int kPFullBar = 6, kPFreeBar = 7, kDsFullBar = 8, kDsFreeBar = 9;
+        constexpr int kNT = kBM / 8;                            // n8 tiles of Sᵀ, dPᵀ (all BM queries)
+        const int warp_key = warp * 16;                         // this warp's first key of K_j
+        const int seqlen_k = p.seqlen_k;
+        auto run = [&](auto side) {
+            constexpr bool kPSide = decltype(side)::value;
+            float acc[kHeadDim / 2];                            // dV_j (P side) or dK_j: 64 keys x 256
+            float sp[1][kNT][4];                                // Sᵀ -> Pᵀ (P side), dPᵀ -> dSᵀ
+            float (&sp_flat)[kBM / 2] = reinterpret_cast<float (&)[kBM / 2]>(sp);
+            u32 frag[1][kNT / 2][4];                            // Pᵀ or dSᵀ as 16-bit A fragments
+            // K_j or V_j (A, K-major), Q_i or dO_i (B of Sᵀ, dPᵀ, K-major), dO_i or Q_i (B of dV, dK,
+            // MN-major, all 4 chunks), K_j's columns 128·wg.. (B of dQ, MN-major), dS (A of dQ)
+            const DescLo a_desc(kPSide ? k_smem : v_smem, 16);
+            const DescLo b_desc(kPSide ? q_smem : do_smem, 16);
+            const DescLo bt_desc(kPSide ? do_smem : q_smem, Shape::kQChunkBytes);
+            const DescLo kt_desc(k_smem + wg * 2 * Shape::kKVChunkBytes, Shape::kKVChunkBytes);
+            const DescLo dsa_desc(ds_smem, 16);
+            const auto fresh = [](DescLo d) { d.lo = opaque_u32(d.lo); return d; };
+            // this thread's Pᵀ words: word w at (w · 128 + thread) · 4 (a warp's 32 accesses to one
+            // word hit 32 banks)
+            u32* p_words = reinterpret_cast<u32*>(smem_ptr + Shape::kPOffset) + (ctid % 128);
+#pragma unroll
+            for (int i = 0; i < kHeadDim / 2; ++i) acc[i] = 0.f;
+            if (n_iters > 0) mbarrier_wait(kv_full, 0u);
+            int slot = 0;
+            u32 phase = 0;
+            for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
+                const int m_block = m_block_at(it), row0 = m_block * kBM;
+                const u32 q_off = slot * Shape::kQBytes;
+                // ---- Sᵀ = K_j Q_iᵀ or dPᵀ = V_j dO_iᵀ: 64 keys x BM queries (SS) ----
+                mbarrier_wait(q_full(slot), phase);
+                reg_fence(sp_flat);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+                    const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
+                    const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+                    Wgmma<kBM, Elem>::template ss<0>(sp_flat, fresh(a_desc).at(a_off), fresh(b_desc).at(b_off), kk > 0);
+                }
+                wgmma_commit();
+                wgmma_wait<0>();
+                reg_fence(sp_flat);
+                if constexpr (kPSide) {
+                    // ---- Pᵀ = exp2(Sᵀ·scale·log2e - LSE_i·log2e), masked as the shared-keys path
+                    // (element (nt, e): key warp_key + g + 8·(e / 2), query row0 + 8nt + 2t + e % 2) ----
+                    if (mask.template needs_mask<kBN>(row0, n_block)) {
+#pragma unroll
+                        for (int half = 0; half < 2; ++half) {
+                            const int key = key0 + warp_key + g + 8 * half;
+                            const int first = key >= seqlen_k ? kBM + row0 : key - mask.causal_offset;
+                            const int first_col = kCausal || key >= seqlen_k ? first - row0 - 2 * t : -1;
+#pragma unroll
+                            for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                                for (int e = 0; e < 2; ++e)
+                                    if (nt * 8 + e < first_col) sp[0][nt][2 * half + e] = neg_inf();
+                        }
+                    }
+                    const float* lse_i = lse_smem_f + slot * kBM;
+#pragma unroll
+                    for (int nt = 0; nt < kNT; ++nt) {
+                        const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            sp[0][nt][e] = exp2_scaled(sp[0][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
+                    }
+                    pack_a_frags<1, kNT / 2, Elem>(frag, sp);
+                    // Pᵀ to the dSᵀ side, once it has read the last Q block's
+                    if (it > 0) named_barrier_sync(kPFreeBar, kConsumerThreads);
+#pragma unroll
+                    for (int w = 0; w < 2 * kNT; ++w) p_words[w * 128] = frag[0][w / 4][w % 4];
+                    named_barrier_arrive(kPFullBar, kConsumerThreads);
+                    // ---- dV_j += Pᵀ dO_i (RS; dO_i MN-major, queries 16kk..16kk+15 per step) ----
+                    reg_fence(acc);
+                    wgmma_fence();
+#pragma unroll
+                    for (int kk = 0; kk < kBM / 16; ++kk)
+                        Wgmma<kHeadDim, Elem>::template rs<1>(acc, frag[0][kk], fresh(bt_desc).at(q_off + kk * 16 * 128), 1);
+                    wgmma_commit();
+                    named_barrier_sync(kDsFullBar, kConsumerThreads);   // dS is in ds_smem
+                } else {
+                    // ---- dSᵀ = Pᵀ ∘ (dPᵀ - D_i), Pᵀ (16 bits) from the P side's words ----
+                    named_barrier_sync(kPFullBar, kConsumerThreads);
+                    const float* D_i = D_smem_f + slot * kBM;
+#pragma unroll
+                    for (int nt = 0; nt < kNT; ++nt) {
+                        const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const u32 pair = p_words[(2 * nt + e / 2) * 128];
+                            const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
+                            sp[0][nt][e] = P * (sp[0][nt][e] - (e % 2 ? D.y : D.x));
+                        }
+                    }
+                    if (it + 1 < n_iters) named_barrier_arrive(kPFreeBar, kConsumerThreads);
+                    pack_a_frags<1, kNT / 2, Elem>(frag, sp);
+                    // ---- dS to ds_smem (queries x keys, stmatrix.trans as the shared-keys path), once
+                    // the P side's dQ GEMMs of the last Q block are done ----
+                    if (it > 0) named_barrier_sync(kDsFreeBar, kConsumerThreads);
+                    {
+                        const int r = lane / 8;
+                        const u32 addr = ds_smem + swizzled_offset(8 * (r / 2) + lane % 8, warp_key + 8 * (r % 2), kBM);
+#pragma unroll
+                        for (int kk = 0; kk < kBM / 16; ++kk) stmatrix_x4_trans(addr + kk * 16 * 128, frag[0][kk]);
+                    }
+                    // ---- dK_j += dSᵀ Q_i (RS; Q_i MN-major; scaled in the epilogue) ----
+                    reg_fence(acc);
+                    wgmma_fence();
+#pragma unroll
+                    for (int kk = 0; kk < kBM / 16; ++kk)
+                        Wgmma<kHeadDim, Elem>::template rs<1>(acc, frag[0][kk], fresh(bt_desc).at(q_off + kk * 16 * 128), 1);
+                    wgmma_commit();
+                    fence_proxy_async_smem();                       // generic stores -> wgmma's reads
+                    // (a wait here too: this warpgroup's dQ GEMM reads all four warps' stores)
+                    named_barrier_sync(kDsFullBar, kConsumerThreads);
+                }
+                // ---- dQ_i part = dS K_j, this warpgroup's 128 columns in two 64-column pieces (as the
+                // shared-keys path: red.add, or staged in the slot for the writer warp) ----
+                float* dq_rows = p.dq_accum + (bh * p.seqlen_q_rounded + row0 + warp * 16) * p.head_dim_rounded + wg * 128;
+#pragma unroll
+                for (int piece = 0; piece < 2; ++piece) {
+                    float dq_part[32];
+                    wgmma_fence();
+#pragma unroll
+                    for (int kk = 0; kk < kBN / 16; ++kk)
+                        Wgmma<64, Elem>::template ss<1>(dq_part, fresh(dsa_desc).at(kk * 32),
+                                                        fresh(kt_desc).at(piece * Shape::kKVChunkBytes + kk * 16 * 128), kk > 0);
+                    wgmma_commit();
+                    wgmma_wait<0>();                                // (piece 0: dV or dK too: the slot is read)
+                    reg_fence(dq_part);
+                    if (piece == 0) {
+                        reg_fence(acc);
+                        mbarrier_arrive(q_empty(slot));             // this thread is done with the slot
+                        if constexpr (kCluster)                     // (the partner's producer too)
+                            if (it + kStages < n_iters)
+                                mbarrier_arrive_remote(mapa_shared(q_empty(slot), cluster_ctarank() ^ 1u));
+                    }
+                    if constexpr (kSlotDq) {
+                        // into boxes 4wg + 2·piece, + 1 (Sm90BwdSlotDqStage<.., true>: the P side's in
+                        // dO_i's chunks, its dV was their last reader and the dSᵀ side's dPᵀ finished
+                        // before dS was handed over; the dSᵀ side's in Q_i's, likewise), stored as the
+                        // shared-keys path stores them
+                        const bool odd = g % 2;
+                        const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
+                        const u32 row_off = (warp * 16 + g) * 128 + (t % 2) * 8;
+#pragma unroll
+                        for (int nt = 0; nt < 8; ++nt) {
+                            const int ns = nt ^ 2;
+                            unsigned char* box = smem_ptr + (Sm90BwdSlotDqStage<Shape, true>::box(
+                                smem, q_off, 4 * wg + 2 * piece + nt / 4) - smem);
+                            const u32 off = row_off + (sw ^ ((2 * (nt % 4)) << 4));
+#pragma unroll
+                            for (int half = 0; half < 2; ++half)
+                                *reinterpret_cast<float2*>(box + off + half * 8 * 128)
+                                    = make_float2(odd ? dq_part[4 * ns + 2 * half] : dq_part[4 * nt + 2 * half],
+                                                  odd ? dq_part[4 * ns + 2 * half + 1] : dq_part[4 * nt + 2 * half + 1]);
+                        }
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            red_add_tile_16x16(dq_rows + piece * 64 + j * 16, p.head_dim_rounded,
+                                               reinterpret_cast<const float (&)[2][4]>(dq_part[8 * j]), g, t);
+                    }
+                }
+                // ds_smem may be rewritten (the P side's dQ GEMMs are done; the dSᵀ side waited for its own)
+                if (kPSide && it + 1 < n_iters) named_barrier_arrive(kDsFreeBar, kConsumerThreads);
+                if constexpr (kSlotDq) {
+                    fence_proxy_async_smem();                       // generic stores -> the bulk op's reads
+                    named_barrier_arrive(kDqFullBar + (it & 1), kDqBarThreads);
+                }
+            }
+            // ---- epilogue: dV_j (P side) or dK_j = scale · Σ dSᵀ Q, all 256 columns (MHA straight
+            // into dv / dk; GQA / MQA fp32 per query head, summed by fa2_bwd_reduce_dkv) ----
+            const bool grouped = p.nheads != p.nheads_kv;
+            const float scale = kPSide ? 1.f : p.softmax_scale;
+            float* accum = kPSide ? p.dv_accum : p.dk_accum;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int key = key0 + warp_key + g + 8 * half;
+                if (key >= seqlen_k) continue;
+#pragma unroll
+                for (int nt = 0; nt < kHeadDim / 8; ++nt) {
+                    const int col = nt * 8 + 2 * t;
+                    const float v0 = acc[4 * nt + 2 * half] * scale, v1 = acc[4 * nt + 2 * half + 1] * scale;
+                    if (grouped) {
+                        *reinterpret_cast<float2*>(accum + (bh * p.seqlen_k + key) * p.head_dim_rounded + col)
+                            = make_float2(v0, v1);
+                    } else if (col < p.head_dim) {
+                        u16* out = kPSide ? static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_row_stride
+                                                + head * p.dv_head_stride + col
+                                          : static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_row_stride
+                                                + head * p.dk_head_stride + col;
+                        *reinterpret_cast<u32*>(out) = pack2<Elem>(v0, v1);
+                    }
+                }
+            }
+        };
+        if (wg == 0) run(Sm90BwdSide<true>{});
+        else run(Sm90BwdSide<false>{});
+        return;
+    }
+
     // this warp's first key in K_j (kSharedKeys: both warpgroups see the same 64 keys), the first
     // of this warpgroup's kSN queries of Sᵀ in Q_i, its first column of dK_j, dV_j
     const int wg_key0 = kSharedKeys ? 0 : wg * 64;
@@ -1413,12 +1644,13 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
-          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false>
+          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false,
+          bool kRoles = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
-                  kSAhead, kDqEarly, kQRotate, kDkLate>(p);
+                  kSAhead, kDqEarly, kQRotate, kDkLate, kRoles>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the
@@ -1427,13 +1659,14 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 template <int kClusterSize, int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
-          bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble>
+          bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble,
+          bool kRoles = false>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd_cluster(const __grid_constant__ Sm90BwdParams p) {
     static_assert(kClusterSize == 2, "sm90_bwd_cluster: clusters of 2 CTAs");
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, true,
-                  false, false, false, false>(p);
+                  false, false, false, false, kRoles>(p);
 }
 #endif
 

@@ -1,13 +1,13 @@
 """compute-sanitizer target for sm90_bwd's head-dim-256 tile with dq_writer (dQ_i's part staged in
 the Q/dO ring slot; issue 14): small forced-config calls, causal and not, with and without the
-2-CTA cluster, several Q blocks per CTA (the ring's slots refilled) and a ragged last block. Not a
+2-CTA cluster, with roles (the warpgroups split by operand, its named barriers), several Q blocks per CTA (the ring's slots refilled) and a ragged last block. Not a
 test: run it under racecheck / synccheck / memcheck.
 
     CUFLASH_LINEINFO=1 CUPY_CACHE_DIR=/tmp/cupy_li python tests/sm90_bwd_d256_race.py --precompile
     CUFLASH_LINEINFO=1 CUPY_CACHE_DIR=/tmp/cupy_li compute-sanitizer --tool racecheck \\
         --racecheck-report all python tests/sm90_bwd_d256_race.py
 
-Success: one "ok" line per kernel, and compute-sanitizer's "RACECHECK SUMMARY: 0 hazards displayed
+Success: one "ok" line per kernel (6), and compute-sanitizer's "RACECHECK SUMMARY: 0 hazards displayed
 (0 errors, 0 warnings)" (synccheck / memcheck: "ERROR SUMMARY: 0 errors"). Session 16's racecheck of
 the dq_writer kernel before the fix (consumers' q_empty arrivals) reported 20482 WAR hazards on the
 LSE row of a ring slot (producer cp.async vs the consumers' LSE read).
@@ -24,7 +24,8 @@ from cuflash.problem import Problem  # noqa: E402
 # (causal, seqlen_q, seqlen_k, flags): 5 / 4 Q blocks, ragged; the cluster with an odd K/V-block
 # count (a CTA past seqlen_k) too
 CASES = [(False, 300, 300, {}), (True, 200, 260, {}),
-         (False, 300, 200, dict(cluster=True)), (True, 260, 130, dict(cluster=True))]
+         (False, 300, 200, dict(cluster=True)), (True, 260, 130, dict(cluster=True)),
+         (False, 300, 300, dict(roles=True)), (True, 200, 260, dict(roles=True))]
 
 
 def configs():

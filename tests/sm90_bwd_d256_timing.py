@@ -9,7 +9,9 @@ and SDPA run it natively), 8 heads, batch x seqlen = 16k, seqlens 2k..16k, causa
     the Q/dO ring slot, the writer warp's bulk reduce-adds), "sm90_lpt" / "sm90_dqw_lpt" the same
     in the lpt launch order (causal cases only; measured slower, not by default), "sm90_dqw_cl2" /
     "sm90_cl2" in clusters of 2 CTAs sharing the Q/dO loads by multicast, "sm90_ovl" overlap_sdp
-    (not by default);
+    (not by default), "sm90_rol" / "sm90_rol_cl2" dq_writer with roles (the warpgroups split by
+    operand: Sᵀ, Pᵀ, dV on one, dPᵀ, dSᵀ, dK on the other; m64n64 Sᵀ / dPᵀ), without and with
+    the cluster;
   * fa2_bwd's heuristic (and its H100 table entry where that differs, "fa2_tuned"), SDPA's cuDNN
     and flash backends.
 
@@ -55,7 +57,8 @@ TOKENS, HEADS = 16384, 8
 # name: flags of the d256 tile; the "_lpt" ones run causal cases only
 VARIANTS = {"sm90": {}, "sm90_dqw": dict(dq_writer=True), "sm90_lpt": dict(lpt=True),
             "sm90_dqw_lpt": dict(dq_writer=True, lpt=True), "sm90_ovl": dict(overlap_sdp=True),
-            "sm90_dqw_cl2": dict(dq_writer=True, cluster=True), "sm90_cl2": dict(cluster=True)}
+            "sm90_dqw_cl2": dict(dq_writer=True, cluster=True), "sm90_cl2": dict(cluster=True),
+            "sm90_rol": dict(dq_writer=True, roles=True), "sm90_rol_cl2": dict(dq_writer=True, roles=True, cluster=True)}
 DEFAULT_VARIANTS = ["sm90", "sm90_dqw", "sm90_dqw_cl2"]
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -98,11 +101,13 @@ def sdpa_fn(q, k, v, dout, causal, backend):
 
 
 def test_kernels():
-    """tests/test_sm90_bwd_d256_dqw_gpu.py's kernels (backwards, and the forwards its calls pick)."""
+    """tests/test_sm90_bwd_d256_dqw_gpu.py's and test_sm90_bwd_d256_roles_gpu.py's kernels (backwards,
+    and the forwards their calls pick)."""
     import test_sm90_bwd_d256_dqw_gpu as t
+    import test_sm90_bwd_d256_roles_gpu as r
 
     arch, smem, name = _gpu.arch(), _gpu.max_smem(), _gpu.name()
-    return t.suite_configs() + [choose(fp, arch, name, smem)[1] for fp in t.forward_problems()]
+    return t.suite_configs() + r.suite_configs() + [choose(fp, arch, name, smem)[1] for fp in t.forward_problems()]
 
 
 def main():
@@ -118,7 +123,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--precompile-only", action="store_true", help="compile the kernels, time nothing")
     ap.add_argument("--with-tests", action="store_true",
-                    help="compile tests/test_sm90_bwd_d256_dqw_gpu.py's kernels in the same pool")
+                    help="compile tests/test_sm90_bwd_d256_dqw_gpu.py's and _roles_gpu.py's kernels in the same pool")
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     args = ap.parse_args()
     causals = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]

@@ -229,7 +229,8 @@ def test_kernel_source():
     assert "if constexpr (!kSlotDq) mbarrier_arrive(q_empty(slot));" not in src
     # cluster: the multicast halves, the remote releases (not for the last kStages Q blocks)
     assert "tma_load_4d_multicast(q_smem + off, &p.tma_q, q_full(slot)" in src
-    assert src.count("if (it + kStages < n_iters)") == 2 and src.count("mbarrier_arrive_remote(mapa_shared(q_empty(") == 2
+    # (the writer warp's, the consumers' of the shared-keys path and of roles)
+    assert src.count("if (it + kStages < n_iters)") == 3 and src.count("mbarrier_arrive_remote(mapa_shared(q_empty(") == 3
     assert "__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 128, 1)" in src
     assert "if constexpr (kSlotDq) mbarrier_arrive(q_empty(q % kStages));" in src
     # the Pᵀ / dSᵀ stores, then the SS products of dV and dK from them, after the barrier
@@ -352,7 +353,8 @@ def test_cluster_config_and_launch():
     assert cfg.problems() == [] and cfg.name == "sm90bwd_bf16_d256_full_BM64_BN64_s2_c2_dqw_cl2"
     assert cfg.kernel_name() == ("cuflash::sm90_bwd_cluster<2, 64, 64, 2, 2, 256, cuflash::bf16, false, false, "
                                  "false, false, false, false, false, false, true, false, false, false, false>")
-    assert cfg.template_args() == (2,) + D256.replace(dq_writer=True).template_args()[:19]   # (no main-loop flags)
+    # (no main-loop flags but kRoles, last)
+    assert cfg.template_args() == (2,) + D256.replace(dq_writer=True).template_args()[:19] + (False,)
     assert cfg.smem_bytes == D256.smem_bytes
     for change in (dict(window=True), dict(varlen=True), dict(deterministic=True, dq_writer=False),
                    dict(lpt=True, causal=True)):
@@ -393,6 +395,59 @@ def test_ptxas_d256_cluster():
     configs += [D256.replace(causal=True, cluster=True),
                 D256.replace(dq_writer=True, cluster=True, softcap=True, alibi=True, dropout=False),
                 D256.replace(dq_writer=True, cluster=True, dropout=True, causal=True)]
+    assert all(c.problems() == [] for c in configs), [c.problems() for c in configs]
+    bad = compile_clean(configs)
+    assert not bad, "\n".join(bad)
+
+
+def test_roles_config():
+    """roles (kRoles): the warpgroups split by operand; named _rol, kRoles the last template argument
+    (sm90_bwd's and sm90_bwd_cluster's); dq_writer only, plain unordered calls (for_problem drops it
+    for deterministic calls and calls with features); off the space and the heuristic."""
+    cfg = D256.replace(dq_writer=True, roles=True)
+    assert cfg.problems() == [] and cfg.name == "sm90bwd_bf16_d256_full_BM64_BN64_s2_c2_dqw_rol"
+    assert cfg.kernel_name().endswith(", false, false, false, false, false, true>")
+    assert cfg.template_args()[-1] is True and len(cfg.template_args()) == len(D256.template_args())
+    cl = cfg.replace(cluster=True, causal=True)
+    assert cl.problems() == [] and cl.kernel_name().endswith(", false, false, false, false, true>")
+    assert cl.template_args()[-1] is True
+    for change in (dict(dq_writer=False), dict(deterministic=True), dict(window=True), dict(softcap=True),
+                   dict(dropout=True), dict(varlen=True), dict(overlap_sdp=True)):
+        assert any("roles" in w for w in cfg.replace(**change).problems()), change
+    assert any("roles" in w for w in Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False, dq_writer=True,
+                                                   roles=True).problems())
+    for p in (problem(deterministic=True), problem(features=("softcap",), softcap=5.0)):
+        out = FAM.for_problem(cfg, p)
+        assert not out.roles and out.problems() == [], out
+    assert FAM.for_problem(cfg, problem()) == cfg
+    assert "roles" not in dict(FAM._fields(D256)) and dict(FAM._fields(cfg))["roles"] is True
+    assert "roles" not in FAM.space
+    for causal in (False, True):
+        assert not FAM.heuristic(problem(causal=causal)).roles
+
+
+def test_roles_kernel_source():
+    src = (kernel_dir() / "sm90_bwd.cu").read_text()
+    body = src[src.index("if constexpr (kRoles) {"):]
+    body = body[:body.index("if (wg == 0) run(Sm90BwdSide<true>{});")]
+    # the barrier pairs: each arrival where its wait follows
+    assert "if (it > 0) named_barrier_sync(kPFreeBar, kConsumerThreads);" in body
+    assert "if (it + 1 < n_iters) named_barrier_arrive(kPFreeBar, kConsumerThreads);" in body
+    assert "if (it > 0) named_barrier_sync(kDsFreeBar, kConsumerThreads);" in body
+    assert "if (kPSide && it + 1 < n_iters) named_barrier_arrive(kDsFreeBar, kConsumerThreads);" in body
+    assert body.count("named_barrier_sync(kDsFullBar, kConsumerThreads);") == 2
+    # every consumer thread releases the slot once its GEMMs are done; the staging boxes of roles
+    assert "mbarrier_arrive(q_empty(slot));" in body and "Sm90BwdSlotDqStage<Shape, true>::box(" in body
+    assert "Sm90BwdSlotDqStage<Shape, kRoles>::box(smem, slot_off, b)" in src
+
+
+@needs_nvcc
+def test_ptxas_d256_roles():
+    """roles with dq_writer: bf16 / fp16 x causal / not, and in the cluster (6)."""
+    configs = [D256.replace(dtype=dt, causal=c, dq_writer=True, roles=True)
+               for dt, c in itertools.product(("bf16", "fp16"), (False, True))]
+    configs += [D256.replace(dq_writer=True, roles=True, cluster=True),
+                D256.replace(dtype="fp16", causal=True, dq_writer=True, roles=True, cluster=True)]
     assert all(c.problems() == [] for c in configs), [c.problems() for c in configs]
     bad = compile_clean(configs)
     assert not bad, "\n".join(bad)

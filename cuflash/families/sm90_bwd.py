@@ -262,6 +262,12 @@ class Sm90BwdConfig(KernelConfig):
                    multicast into both (half the L2 reads of the Q/dO stream); the grid's K/V blocks
                    per (head, batch) rounded up to even; not with a window, varlen, deterministic,
                    dynamic or lpt (name _cl2)
+    roles:         head dim 256 (shared keys) only: the consumer warpgroups split the products by
+                   operand (kRoles): warpgroup 0 Sᵀ, Pᵀ and dV_j (all columns, Pᵀ from registers),
+                   warpgroup 1 dPᵀ, dSᵀ and dK_j (Pᵀ handed over in shared memory), both dQ_i by
+                   columns; Sᵀ, dPᵀ as m64n64 over all BM queries (fewer shared-memory bytes per Q
+                   block than the query split). Plain unordered calls with dq_writer only (name _rol;
+                   for_problem drops it for deterministic calls and calls with features)
     """
 
     BM: int
@@ -288,6 +294,7 @@ class Sm90BwdConfig(KernelConfig):
     dq_early: bool = False
     q_rotate: bool = False
     dk_late: bool = False
+    roles: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -307,7 +314,7 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_lpt' if self.lpt else ''}{'_dyn' if self.dynamic else ''}"
                 f"{'_ds2' if self.ds_double else ''}{'_cl2' if self.cluster else ''}{'_sah' if self.s_ahead else ''}"
                 f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
-                f"{'_dkl' if self.dk_late else ''}")
+                f"{'_dkl' if self.dk_late else ''}{'_rol' if self.roles else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -433,9 +440,10 @@ class Sm90BwdConfig(KernelConfig):
                     f"{self.head_dim}, cuflash::{self.dtype}, "
                     + ", ".join(b(getattr(self, f)) for f in (
                         "causal", "deterministic", "window", "softcap", "alibi", "dropout", "dq_bulk",
-                        "overlap_sdp", "dq_writer", "varlen", "lpt", "dynamic", "ds_double")) + ">")
+                        "overlap_sdp", "dq_writer", "varlen", "lpt", "dynamic", "ds_double"))
+                    + (", true" if self.roles else "") + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
-        tail = self.s_ahead or self.dq_early or self.q_rotate or self.dk_late
+        tail = self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.roles
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -449,18 +457,20 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
         feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
         feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
-        feats += f", {b(self.q_rotate)}" if self.q_rotate or self.dk_late else ""             # kQRotate
-        feats += ", true" if self.dk_late else ""                                             # kDkLate last
+        feats += f", {b(self.q_rotate)}" if self.q_rotate or self.dk_late or self.roles else ""  # kQRotate
+        feats += f", {b(self.dk_late)}" if self.dk_late or self.roles else ""                 # kDkLate
+        feats += ", true" if self.roles else ""                                               # kRoles last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
     def template_args(self) -> tuple:
         if self.cluster:   # (sm90_bwd_cluster's leading cluster size; none of the main-loop flags after
-            return (2,) + self.replace(cluster=False).template_args()[:19]   # kDsDouble: d256 has none)
+            return ((2,) + self.replace(cluster=False).template_args()[:19]   # kDsDouble: d256 has none)
+                    + (self.roles,))                                              # (then kRoles)
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
-                self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late)
+                self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.roles)
 
     def _problems(self) -> list[str]:
         out = []
@@ -541,6 +551,12 @@ class Sm90BwdConfig(KernelConfig):
         elif self.q_rotate and (self.softcap or self.alibi or self.dropout):
             out.append("q_rotate with softcap / ALiBi / dropout: unchecked (one more register across the "
                        "loop in kernels near the register budget)")
+        if self.roles and (not self.shared_keys or not self.dq_writer or self.deterministic or self.window
+                           or self.softcap or self.alibi or self.dropout or self.varlen or self.overlap_sdp
+                           or self.dynamic):
+            out.append("roles: the head_dim=256 tile's plain unordered backward with dq_writer only (no "
+                       "deterministic, window, softcap, ALiBi, dropout, varlen, overlap_sdp or dynamic; with "
+                       "red.add ptxas spills it, nvcc 13.0)")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -731,6 +747,9 @@ class Sm90Backward(Family):
             config = config.replace(cluster=False)     # a speed choice: those calls run one CTA per K/V block
         if config.dq_writer and problem.deterministic:
             config = config.replace(dq_writer=False)   # the ordered additions keep red.add
+        if config.roles and (problem.deterministic or problem.features or config.overlap_sdp or config.dynamic
+                             or not config.dq_writer):
+            config = config.replace(roles=False)       # a speed choice: built for plain unordered calls
         if config.dropout and config.head_dim == 128 and not problem.deterministic:
             # d128 dropout: the dQ path that compiles without spills for these features
             path = config.dropout_dq_path()
@@ -772,7 +791,8 @@ class Sm90Backward(Family):
         # lpt only when on, likewise
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
-                and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late")
+                and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late",
+                               "roles")
                          and not v))
 
     def make(self, point, problem: Problem):
