@@ -35,6 +35,14 @@ MAX_SMEM = 227 * 1024
 D256 = Sm90BwdConfig(64, 64, 2, 2, 256, "bf16", False)
 
 
+def heur256(causal=False, deterministic=False, dtype="bf16", **kw):
+    """The d256 heuristic's config of a plain call as the module's switches set it (dq_writer for
+    unordered calls: HEURISTIC_D256_DQ_WRITER; with it roles: HEURISTIC_D256_ROLES)."""
+    dqw = not deterministic and sm90_bwd.HEURISTIC_D256_DQ_WRITER
+    return D256.replace(dtype=dtype, causal=causal, deterministic=deterministic, dq_writer=dqw,
+                        roles=dqw and sm90_bwd.HEURISTIC_D256_ROLES, **kw)
+
+
 def problem(head_dim=256, dtype="bf16", causal=False, deterministic=False, features=(), **kw):
     p = Problem("bwd", dtype, 2, 300, 200, 8, 2, head_dim, causal, deterministic)
     return p.replace(features=tuple(features), **kw) if features or kw else p
@@ -112,8 +120,7 @@ def test_space_heuristic_and_for_problem():
             assert FAM.supports((9, 0), p) == ""
             cfg = FAM.for_problem(FAM.heuristic(p), p)
             # (dq_writer where the call is unordered: HEURISTIC_D256_DQ_WRITER, measured)
-            assert cfg == D256.replace(dtype=dtype, causal=causal, deterministic=det,
-                                      dq_writer=not det and sm90_bwd.HEURISTIC_D256_DQ_WRITER), cfg
+            assert cfg == heur256(causal, det, dtype), cfg
             assert FAM.head_dim_of(d) == 256 and FAM.fits(cfg, p) == ""
     # dropout keeps red.add at d256 (for_problem moves only d128's dQ path) and drops overlap_sdp
     # (that kernel spills); softcap / ALiBi keep it
@@ -138,7 +145,7 @@ def test_plain_grid_only(monkeypatch):
     for causal in (False, True):
         p = problem(causal=causal)
         cfg = FAM.for_problem(FAM.heuristic(p), p)
-        assert cfg == D256.replace(causal=causal, dq_writer=sm90_bwd.HEURISTIC_D256_DQ_WRITER) and cfg.problems() == [], cfg
+        assert cfg == heur256(causal) and cfg.problems() == [], cfg
         cfg = FAM.for_problem(D256.replace(causal=causal, dynamic=True, lpt=causal), p)
         assert not cfg.dynamic and cfg.lpt == causal and cfg.problems() == [], cfg
         assert not any(c.dynamic or c.ds_double or c.lpt for c in FAM.valid(p, MAX_SMEM))
@@ -150,6 +157,7 @@ def test_d256_switches(monkeypatch):
     nowhere else; off, neither."""
     assert not sm90_bwd.HEURISTIC_D256_DQ_WRITER and not sm90_bwd.HEURISTIC_D256_LPT
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_DQ_WRITER", False)
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_ROLES", False)
     for causal in (False, True):
         p = problem(causal=causal)
         assert FAM.for_problem(FAM.heuristic(p), p) == D256.replace(causal=causal)
@@ -178,7 +186,7 @@ def test_selection_and_the_switch(monkeypatch):
     assert sm90_bwd.D256_ABOVE_FA2 and sm90_bwd.D192_ABOVE_FA2
     for d in (136, 160, 192, 200, 256):
         fam, cfg, source = choose(problem(d), (9, 0))
-        assert fam is FAM and cfg == D256.replace(dq_writer=sm90_bwd.HEURISTIC_D256_DQ_WRITER) and source.startswith("heuristic"), (d, cfg, source)
+        assert fam is FAM and cfg == heur256() and source.startswith("heuristic"), (d, cfg, source)
     # past 256 neither Hopper kernel: fa2_bwd's refusal names the head dim
     with pytest.raises(Exception, match="256"):
         choose(problem(264), (9, 0))
@@ -381,7 +389,7 @@ def test_cluster_switch(monkeypatch):
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_CLUSTER", True)
     for causal in (False, True):
         p = problem(causal=causal)
-        assert FAM.for_problem(FAM.heuristic(p), p) == D256.replace(causal=causal, dq_writer=sm90_bwd.HEURISTIC_D256_DQ_WRITER, cluster=True)
+        assert FAM.for_problem(FAM.heuristic(p), p) == heur256(causal, cluster=True)
     for p in (problem(deterministic=True), problem(features=("softcap",), softcap=5.0), problem(128)):
         assert not FAM.for_problem(FAM.heuristic(p), p).cluster
 
@@ -400,10 +408,10 @@ def test_ptxas_d256_cluster():
     assert not bad, "\n".join(bad)
 
 
-def test_roles_config():
+def test_roles_config(monkeypatch):
     """roles (kRoles): the warpgroups split by operand; named _rol, kRoles the last template argument
     (sm90_bwd's and sm90_bwd_cluster's); dq_writer only, plain unordered calls (for_problem drops it
-    for deterministic calls and calls with features); off the space and the heuristic."""
+    for deterministic calls and calls with features); off the space; in the heuristic per HEURISTIC_D256_ROLES."""
     cfg = D256.replace(dq_writer=True, roles=True)
     assert cfg.problems() == [] and cfg.name == "sm90bwd_bf16_d256_full_BM64_BN64_s2_c2_dqw_rol"
     assert cfg.kernel_name().endswith(", false, false, false, false, false, true>")
@@ -423,7 +431,16 @@ def test_roles_config():
     assert "roles" not in dict(FAM._fields(D256)) and dict(FAM._fields(cfg))["roles"] is True
     assert "roles" not in FAM.space
     for causal in (False, True):
-        assert not FAM.heuristic(problem(causal=causal)).roles
+        assert FAM.heuristic(problem(causal=causal)).roles == (sm90_bwd.HEURISTIC_D256_ROLES
+                                                               and sm90_bwd.HEURISTIC_D256_DQ_WRITER)
+    # the switch: roles for plain unordered calls with dq_writer, not deterministic or with features
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_DQ_WRITER", True)
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_ROLES", True)
+    for causal in (False, True):
+        p = problem(causal=causal)
+        assert FAM.for_problem(FAM.heuristic(p), p) == D256.replace(causal=causal, dq_writer=True, roles=True)
+    for p in (problem(deterministic=True), problem(features=("softcap",), softcap=5.0), problem(128)):
+        assert not FAM.for_problem(FAM.heuristic(p), p).roles
 
 
 def test_roles_kernel_source():

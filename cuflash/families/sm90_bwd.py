@@ -163,6 +163,11 @@ HEURISTIC_D256_LPT = False
 #   Q block for 64 keys, twice d128's per FLOP; ncu, session 15: L2 66%, tensor pipe 36%); off
 #   until measured (tests/sm90_bwd_d256_timing.py, variant sm90_dqw_cl2).
 HEURISTIC_D256_CLUSTER = False
+# * HEURISTIC_D256_ROLES: roles (kRoles: the consumer warpgroups split by operand, Sᵀ / Pᵀ / dV on
+#   one, dPᵀ / dSᵀ / dK on the other, m64n64 Sᵀ and dPᵀ, dV and dK by RS) for plain unordered calls
+#   that run dq_writer (roles is built with it only); off until measured (tests/sm90_bwd_d256_timing.py,
+#   variants sm90_rol, sm90_rol_cl2).
+HEURISTIC_D256_ROLES = False
 # The main-loop flags of issue 14 (the d128 backward at cuDNN's speed), for plain unordered calls
 # (no feature, not deterministic) of the classes listed. Measured on the H100 (2026-11-26, session 15
 # round A at b082f22, tests/sm90_bwd_d128_timing.py: d128, dim 2048, batch x seqlen 16k, 2k-16k,
@@ -825,6 +830,8 @@ class Sm90Backward(Family):
             cfg = Sm90BwdConfig(BM, BN, 2, consumers, d, dtype, causal, det)
         if not det and (d != 256 or HEURISTIC_D256_DQ_WRITER):
             cfg = cfg.replace(dq_writer=True)
+        if d == 256 and HEURISTIC_D256_ROLES and cfg.dq_writer and not problem.features:
+            cfg = cfg.replace(roles=True)
         if d == 256 and HEURISTIC_D256_CLUSTER and not det and not problem.features:
             cfg = cfg.replace(cluster=True)             # (for_problem drops it where it does not run)
         if causal and (HEURISTIC_D256_LPT if d == 256 else HEURISTIC_LPT):
