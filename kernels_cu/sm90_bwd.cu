@@ -479,6 +479,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     static_assert(!kRoles || (kSharedKeys && !kDeterministic && !kWindow && !kSoftcap && !kAlibi && !kDropout
                               && !kVarlen && !kOverlapSdp && !kDynamic),
                   "kRoles: the head-dim-256 tile's plain unordered backward (fixed lengths, no feature)");
+    static_assert(!(kSAhead && kSharedKeys) || kRoles, "s_ahead at head dim 256: with roles only");
     static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
     static_assert(!(kDynamic && (kVarlen || kDeterministic)),
                   "the dynamic scheduler runs fixed-length, unordered backwards");
@@ -487,8 +488,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     static_assert(!kDkLate || (kDqEarly && kDqWriter && !kSAhead),
                   "dk_late: with dq_early and dq_writer (its dK GEMM is waited for after the dQ staging), "
                   "not with s_ahead");
-    static_assert(!((kSAhead || kDqEarly) && (kSharedKeys || kOverlapSdp)),
-                  "s_ahead / dq_early: the head dim 64 / 128 tiles, not with overlap_sdp");
+    static_assert(!((kSAhead || kDqEarly) && ((kSharedKeys && !kRoles) || kOverlapSdp)) && !(kDqEarly && kSharedKeys),
+                  "s_ahead / dq_early: the head dim 64 / 128 tiles (s_ahead: and roles), not with overlap_sdp");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
                   "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
     // kDqWriter's named barriers (consumer threads + the writer warp): tile b full, tile b free
@@ -814,25 +815,33 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             // this thread's Pᵀ words: word w at (w · 128 + thread) · 4 (a warp's 32 accesses to one
             // word hit 32 banks)
             u32* p_words = reinterpret_cast<u32*>(smem_ptr + Shape::kPOffset) + (ctid % 128);
-#pragma unroll
-            for (int i = 0; i < kHeadDim / 2; ++i) acc[i] = 0.f;
-            if (n_iters > 0) mbarrier_wait(kv_full, 0u);
-            int slot = 0;
-            u32 phase = 0;
-            for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
-                const int m_block = m_block_at(it), row0 = m_block * kBM;
-                const u32 q_off = slot * Shape::kQBytes;
-                // ---- Sᵀ = K_j Q_iᵀ or dPᵀ = V_j dO_iᵀ: 64 keys x BM queries (SS) ----
-                mbarrier_wait(q_full(slot), phase);
+            // Sᵀ or dPᵀ of the Q block in ring slot `s_slot` (fill parity s_phase), one commit group
+            auto issue_sp = [&](int s_slot, u32 s_phase) {
+                const u32 s_off = s_slot * Shape::kQBytes;
+                mbarrier_wait(q_full(s_slot), s_phase);
                 reg_fence(sp_flat);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < kHeadDim / 16; ++kk) {
                     const u32 a_off = (kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32;
-                    const u32 b_off = q_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
+                    const u32 b_off = s_off + (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
                     Wgmma<kBM, Elem>::template ss<0>(sp_flat, fresh(a_desc).at(a_off), fresh(b_desc).at(b_off), kk > 0);
                 }
                 wgmma_commit();
+            };
+#pragma unroll
+            for (int i = 0; i < kHeadDim / 2; ++i) acc[i] = 0.f;
+            if (n_iters > 0) mbarrier_wait(kv_full, 0u);
+            int slot = 0;
+            u32 phase = 0;
+            if constexpr (kSAhead)
+                if (n_iters > 0) issue_sp(0, 0u);
+            for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
+                const int m_block = m_block_at(it), row0 = m_block * kBM;
+                const u32 q_off = slot * Shape::kQBytes;
+                // ---- Sᵀ = K_j Q_iᵀ or dPᵀ = V_j dO_iᵀ: 64 keys x BM queries (SS; kSAhead: already
+                // issued, before the loop or behind the last Q block's dQ GEMMs) ----
+                if constexpr (!kSAhead) issue_sp(slot, phase);
                 wgmma_wait<0>();
                 reg_fence(sp_flat);
                 if constexpr (kPSide) {
@@ -921,7 +930,15 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         Wgmma<64, Elem>::template ss<1>(dq_part, fresh(dsa_desc).at(kk * 32),
                                                         fresh(kt_desc).at(piece * Shape::kKVChunkBytes + kk * 16 * 128), kk > 0);
                     wgmma_commit();
-                    wgmma_wait<0>();                                // (piece 0: dV or dK too: the slot is read)
+                    if (kSAhead && piece == 1 && it + 1 < n_iters) {
+                        // kSAhead: the next Q block's Sᵀ or dPᵀ behind this last dQ GEMM (the tensor
+                        // cores run it while this thread stores the dQ part); wait for the dQ part only
+                        const int next = slot + 1 == kStages ? 0 : slot + 1;
+                        issue_sp(next, next == 0 ? phase ^ 1u : phase);
+                        wgmma_wait<1>();
+                    } else {
+                        wgmma_wait<0>();                            // (piece 0: dV or dK too: the slot is read)
+                    }
                     reg_fence(dq_part);
                     if (piece == 0) {
                         reg_fence(acc);

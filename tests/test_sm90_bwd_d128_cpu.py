@@ -56,11 +56,11 @@ def test_fields_names_template_encoding():
     assert heur(True, dynamic=True).kernel_name().endswith(", false, false, true>")   # (kDsDouble omitted)
     assert plain.replace(dq_early=True, dk_late=True).kernel_name() == (plain.kernel_name()[:-1] + tail
                                                                         + ", false, true, false, true>")
-    assert plain.replace(q_rotate=True, dq_early=True).template_args()[19:] == (False, True, True, False)
-    assert len(plain.template_args()) == 23
+    assert plain.replace(q_rotate=True, dq_early=True).template_args()[19:23] == (False, True, True, False)
+    assert len(plain.template_args()) == 24   # (kRoles last: the d256 tile's)
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
     assert ("bool kDsDouble = false,\n          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, "
-            "bool kDkLate = false>") in src
+            "bool kDkLate = false,\n          bool kRoles = false>") in src
     # a point from before the flags gets them off
     point = {k: v for k, v in FAM.point(plain).items() if k not in FLAGS}
     assert FAM.make(point, problem()) == FAM.make(FAM.point(plain), problem())

@@ -430,6 +430,14 @@ def test_roles_config(monkeypatch):
     assert FAM.for_problem(cfg, problem()) == cfg
     assert "roles" not in dict(FAM._fields(D256)) and dict(FAM._fields(cfg))["roles"] is True
     assert "roles" not in FAM.space
+    # s_ahead at d256: with roles only (its own: the next Q block's Sᵀ / dPᵀ behind the dQ GEMM), not in
+    # the cluster (sm90_bwd_cluster has no s_ahead argument; for_problem drops s_ahead there)
+    sah = cfg.replace(s_ahead=True)
+    assert sah.problems() == [] and sah.name.endswith("_dqw_sah_rol") and FAM.for_problem(sah, problem()) == sah
+    assert any("shared-keys" in w for w in D256.replace(dq_writer=True, s_ahead=True).problems())
+    assert any("cluster" in w for w in sah.replace(cluster=True).problems())
+    assert FAM.for_problem(sah.replace(cluster=True), problem()) == cfg.replace(cluster=True)
+    assert FAM.for_problem(sah, problem(features=("softcap",), softcap=5.0)) == D256.replace(dq_writer=True, softcap=True)
     for causal in (False, True):
         assert FAM.heuristic(problem(causal=causal)).roles == (sm90_bwd.HEURISTIC_D256_ROLES
                                                                and sm90_bwd.HEURISTIC_D256_DQ_WRITER)
@@ -460,11 +468,13 @@ def test_roles_kernel_source():
 
 @needs_nvcc
 def test_ptxas_d256_roles():
-    """roles with dq_writer: bf16 / fp16 x causal / not, and in the cluster (6)."""
+    """roles with dq_writer: bf16 / fp16 x causal / not, in the cluster, with s_ahead (8)."""
     configs = [D256.replace(dtype=dt, causal=c, dq_writer=True, roles=True)
                for dt, c in itertools.product(("bf16", "fp16"), (False, True))]
     configs += [D256.replace(dq_writer=True, roles=True, cluster=True),
-                D256.replace(dtype="fp16", causal=True, dq_writer=True, roles=True, cluster=True)]
+                D256.replace(dtype="fp16", causal=True, dq_writer=True, roles=True, cluster=True),
+                D256.replace(dq_writer=True, roles=True, s_ahead=True),
+                D256.replace(dtype="fp16", causal=True, dq_writer=True, roles=True, s_ahead=True)]
     assert all(c.problems() == [] for c in configs), [c.problems() for c in configs]
     bad = compile_clean(configs)
     assert not bad, "\n".join(bad)

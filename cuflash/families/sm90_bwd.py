@@ -272,7 +272,8 @@ class Sm90BwdConfig(KernelConfig):
                    warpgroup 1 dPᵀ, dSᵀ and dK_j (Pᵀ handed over in shared memory), both dQ_i by
                    columns; Sᵀ, dPᵀ as m64n64 over all BM queries (fewer shared-memory bytes per Q
                    block than the query split). Plain unordered calls with dq_writer only (name _rol;
-                   for_problem drops it for deterministic calls and calls with features)
+                   for_problem drops it for deterministic calls and calls with features). With s_ahead
+                   (not in the cluster): the next Q block's Sᵀ / dPᵀ issued behind the last dQ GEMM
     """
 
     BM: int
@@ -522,9 +523,10 @@ class Sm90BwdConfig(KernelConfig):
                        "unordered backwards (its claims do not follow a varlen grid's empty K/V blocks, "
                        "nor the ordered additions' turns)")
         if self.cluster and (not self.shared_keys or self.window or self.varlen or self.deterministic
-                             or self.dynamic or self.lpt):
-            out.append("cluster: the head_dim=256 tile only, without a window, varlen, deterministic, dynamic "
-                       "or lpt (both CTAs of a cluster walk the same Q blocks, in the plain grid)")
+                             or self.dynamic or self.lpt or self.s_ahead):
+            out.append("cluster: the head_dim=256 tile only, without a window, varlen, deterministic, dynamic, "
+                       "lpt or s_ahead (both CTAs of a cluster walk the same Q blocks, in the plain grid; "
+                       "sm90_bwd_cluster has no s_ahead argument)")
         if self.dynamic and self.shared_keys:
             out.append(f"dynamic at head_dim={self.head_dim} (the shared-keys tile): its kernel runs one CTA "
                        "per K/V block only (the dynamic scheduler is unbuilt there; the lpt order is built)")
@@ -535,14 +537,18 @@ class Sm90BwdConfig(KernelConfig):
             out.append("ds_double at head dim 64 (ptxas spills its dynamic kernel; dq_writer loses its "
                        "second staging tile) or with softcap / ALiBi / dropout (unchecked): head dim 128 "
                        "without them only")
-        if (self.s_ahead or self.dq_early) and (self.shared_keys or self.overlap_sdp):
-            out.append(f"{'s_ahead' if self.s_ahead else 'dq_early'} with the shared-keys tile (head_dim=256) "
-                       "or overlap_sdp: built for the head dim 64 / 128 tiles' order of GEMMs only")
+        # (roles has its own s_ahead: the next Q block's Sᵀ / dPᵀ behind the last dQ GEMM)
+        if ((self.dq_early and (self.shared_keys or self.overlap_sdp))
+                or (self.s_ahead and not self.roles and (self.shared_keys or self.overlap_sdp))):
+            what = "dq_early" if self.dq_early and (self.shared_keys or self.overlap_sdp) else "s_ahead"
+            out.append(f"{what} with the shared-keys tile (head_dim=256; "
+                       "s_ahead: without roles) or overlap_sdp: built for the head dim 64 / 128 tiles' order of "
+                       "GEMMs only")
         elif (self.s_ahead or self.dq_early) and (self.softcap or self.alibi or self.dropout):
             out.append(f"{'s_ahead' if self.s_ahead else 'dq_early'} with softcap / ALiBi / dropout: "
                        "unchecked (more accumulators live; those kernels are near the register budget)")
-        elif self.s_ahead and (self.dq_early or self.q_rotate or not self.dq_writer or self.head_dim != 128
-                               or self.dtype != "bf16"):
+        elif self.s_ahead and not self.roles and (self.dq_early or self.q_rotate or not self.dq_writer
+                                                  or self.head_dim != 128 or self.dtype != "bf16"):
             out.append("s_ahead with dq_early or q_rotate, without dq_writer, at head dim 64 or in fp16: ptxas "
                        "spills those kernels (4-24 bytes, nvcc 13.0); bf16 head dim 128 with dq_writer only")
         if self.dk_late and not (self.dq_early and self.dq_writer and not self.s_ahead):
@@ -750,6 +756,8 @@ class Sm90Backward(Family):
         config = self.with_features(config, problem)
         if config.cluster and (config.varlen or config.window or problem.deterministic):
             config = config.replace(cluster=False)     # a speed choice: those calls run one CTA per K/V block
+        if config.cluster and config.s_ahead:
+            config = config.replace(s_ahead=False)     # (sm90_bwd_cluster has no s_ahead argument)
         if config.dq_writer and problem.deterministic:
             config = config.replace(dq_writer=False)   # the ordered additions keep red.add
         if config.roles and (problem.deterministic or problem.features or config.overlap_sdp or config.dynamic
@@ -768,14 +776,16 @@ class Sm90Backward(Family):
             # a speed choice, measured on plain calls only (the kernels with a window, varlen are
             # built, their GPU tests and timing not done yet): calls with features run without
             config = config.replace(s_ahead=False, dq_early=False, q_rotate=False, dk_late=False)
-        if (config.s_ahead or config.dq_early) and (config.shared_keys or config.overlap_sdp or config.softcap
-                                                    or config.alibi or config.dropout):
+        if (config.s_ahead or config.dq_early) and ((config.shared_keys and not config.roles) or config.overlap_sdp
+                                                    or config.softcap or config.alibi or config.dropout):
             config = config.replace(s_ahead=False, dq_early=False)   # a speed choice, where it is not built
+        if config.dq_early and config.shared_keys:
+            config = config.replace(dq_early=False)
         if config.q_rotate and (config.causal or config.window or config.deterministic or config.shared_keys
                                 or config.softcap or config.alibi or config.dropout):
             config = config.replace(q_rotate=False)    # a speed choice, where it is not built
-        if config.s_ahead and (config.dq_early or config.q_rotate or not config.dq_writer or config.head_dim != 128
-                               or config.dtype != "bf16"):
+        if config.s_ahead and not config.roles and (config.dq_early or config.q_rotate or not config.dq_writer
+                                                    or config.head_dim != 128 or config.dtype != "bf16"):
             config = config.replace(s_ahead=False)     # likewise (its kernel spills there)
         if config.dk_late and ((config.dynamic and config.head_dim == 128)
                                or not (config.dq_early and config.dq_writer and not config.s_ahead)):
