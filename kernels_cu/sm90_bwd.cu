@@ -920,7 +920,6 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 }
                 // ---- dQ_i part = dS K_j, this warpgroup's 128 columns in two 64-column pieces (as the
                 // shared-keys path: red.add, or staged in the slot for the writer warp) ----
-                float* dq_rows = p.dq_accum + (bh * p.seqlen_q_rounded + row0 + warp * 16) * p.head_dim_rounded + wg * 128;
 #pragma unroll
                 for (int piece = 0; piece < 2; ++piece) {
                     float dq_part[32];
@@ -968,9 +967,11 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                                                   odd ? dq_part[4 * ns + 2 * half + 1] : dq_part[4 * nt + 2 * half + 1]);
                         }
                     } else {
+                        float* dq_rows = p.dq_accum + (bh * p.seqlen_q_rounded + row0 + warp * 16) * p.head_dim_rounded
+                                         + wg * 128 + piece * 64;
 #pragma unroll
                         for (int j = 0; j < 4; ++j)
-                            red_add_tile_16x16(dq_rows + piece * 64 + j * 16, p.head_dim_rounded,
+                            red_add_tile_16x16(dq_rows + j * 16, p.head_dim_rounded,
                                                reinterpret_cast<const float (&)[2][4]>(dq_part[8 * j]), g, t);
                     }
                 }
@@ -1677,13 +1678,13 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
 template <int kClusterSize, int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble,
-          bool kRoles = false>
+          bool kRoles = false, bool kSAhead = false>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd_cluster(const __grid_constant__ Sm90BwdParams p) {
     static_assert(kClusterSize == 2, "sm90_bwd_cluster: clusters of 2 CTAs");
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, true,
-                  false, false, false, false, kRoles>(p);
+                  kSAhead, false, false, false, kRoles>(p);
 }
 #endif
 

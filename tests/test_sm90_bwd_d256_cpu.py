@@ -362,7 +362,7 @@ def test_cluster_config_and_launch():
     assert cfg.kernel_name() == ("cuflash::sm90_bwd_cluster<2, 64, 64, 2, 2, 256, cuflash::bf16, false, false, "
                                  "false, false, false, false, false, false, true, false, false, false, false>")
     # (no main-loop flags but kRoles, last)
-    assert cfg.template_args() == (2,) + D256.replace(dq_writer=True).template_args()[:19] + (False,)
+    assert cfg.template_args() == (2,) + D256.replace(dq_writer=True).template_args()[:19] + (False, False)
     assert cfg.smem_bytes == D256.smem_bytes
     for change in (dict(window=True), dict(varlen=True), dict(deterministic=True, dq_writer=False),
                    dict(lpt=True, causal=True)):
@@ -417,8 +417,8 @@ def test_roles_config(monkeypatch):
     assert cfg.kernel_name().endswith(", false, false, false, false, false, true>")
     assert cfg.template_args()[-1] is True and len(cfg.template_args()) == len(D256.template_args())
     cl = cfg.replace(cluster=True, causal=True)
-    assert cl.problems() == [] and cl.kernel_name().endswith(", false, false, false, false, true>")
-    assert cl.template_args()[-1] is True
+    assert cl.problems() == [] and cl.kernel_name().endswith(", false, false, false, false, true, false>")
+    assert cl.template_args()[-2:] == (True, False)
     for change in (dict(dq_writer=False), dict(deterministic=True), dict(window=True), dict(softcap=True),
                    dict(dropout=True), dict(varlen=True), dict(overlap_sdp=True)):
         assert any("roles" in w for w in cfg.replace(**change).problems()), change
@@ -430,13 +430,13 @@ def test_roles_config(monkeypatch):
     assert FAM.for_problem(cfg, problem()) == cfg
     assert "roles" not in dict(FAM._fields(D256)) and dict(FAM._fields(cfg))["roles"] is True
     assert "roles" not in FAM.space
-    # s_ahead at d256: with roles only (its own: the next Q block's Sᵀ / dPᵀ behind the dQ GEMM), not in
-    # the cluster (sm90_bwd_cluster has no s_ahead argument; for_problem drops s_ahead there)
+    # s_ahead at d256: with roles only (its own: the next Q block's Sᵀ / dPᵀ behind the dQ GEMM), in the
+    # cluster too (sm90_bwd_cluster's last argument)
     sah = cfg.replace(s_ahead=True)
     assert sah.problems() == [] and sah.name.endswith("_dqw_sah_rol") and FAM.for_problem(sah, problem()) == sah
     assert any("shared-keys" in w for w in D256.replace(dq_writer=True, s_ahead=True).problems())
-    assert any("cluster" in w for w in sah.replace(cluster=True).problems())
-    assert FAM.for_problem(sah.replace(cluster=True), problem()) == cfg.replace(cluster=True)
+    assert sah.replace(cluster=True).problems() == [] and FAM.for_problem(sah.replace(cluster=True), problem()).s_ahead
+    assert sah.replace(cluster=True).kernel_name().endswith(", true, true>")
     assert FAM.for_problem(sah, problem(features=("softcap",), softcap=5.0)) == D256.replace(dq_writer=True, softcap=True)
     for causal in (False, True):
         assert FAM.heuristic(problem(causal=causal)).roles == (sm90_bwd.HEURISTIC_D256_ROLES
@@ -468,13 +468,14 @@ def test_roles_kernel_source():
 
 @needs_nvcc
 def test_ptxas_d256_roles():
-    """roles with dq_writer: bf16 / fp16 x causal / not, in the cluster, with s_ahead (8)."""
+    """roles with dq_writer: bf16 / fp16 x causal / not, in the cluster, with s_ahead (and in the cluster) (9)."""
     configs = [D256.replace(dtype=dt, causal=c, dq_writer=True, roles=True)
                for dt, c in itertools.product(("bf16", "fp16"), (False, True))]
     configs += [D256.replace(dq_writer=True, roles=True, cluster=True),
                 D256.replace(dtype="fp16", causal=True, dq_writer=True, roles=True, cluster=True),
                 D256.replace(dq_writer=True, roles=True, s_ahead=True),
-                D256.replace(dtype="fp16", causal=True, dq_writer=True, roles=True, s_ahead=True)]
+                D256.replace(dtype="fp16", causal=True, dq_writer=True, roles=True, s_ahead=True),
+                D256.replace(causal=True, dq_writer=True, roles=True, s_ahead=True, cluster=True)]
     assert all(c.problems() == [] for c in configs), [c.problems() for c in configs]
     bad = compile_clean(configs)
     assert not bad, "\n".join(bad)

@@ -272,8 +272,8 @@ class Sm90BwdConfig(KernelConfig):
                    warpgroup 1 dPᵀ, dSᵀ and dK_j (Pᵀ handed over in shared memory), both dQ_i by
                    columns; Sᵀ, dPᵀ as m64n64 over all BM queries (fewer shared-memory bytes per Q
                    block than the query split). Plain unordered calls with dq_writer only (name _rol;
-                   for_problem drops it for deterministic calls and calls with features). With s_ahead
-                   (not in the cluster): the next Q block's Sᵀ / dPᵀ issued behind the last dQ GEMM
+                   for_problem drops it for deterministic calls and calls with features). With s_ahead:
+                   the next Q block's Sᵀ / dPᵀ issued behind the last dQ GEMM
     """
 
     BM: int
@@ -447,7 +447,7 @@ class Sm90BwdConfig(KernelConfig):
                     + ", ".join(b(getattr(self, f)) for f in (
                         "causal", "deterministic", "window", "softcap", "alibi", "dropout", "dq_bulk",
                         "overlap_sdp", "dq_writer", "varlen", "lpt", "dynamic", "ds_double"))
-                    + (", true" if self.roles else "") + ">")
+                    + (f", {b(self.roles)}, {b(self.s_ahead)}" if self.roles or self.s_ahead else "") + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
         tail = self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.roles
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
@@ -472,7 +472,7 @@ class Sm90BwdConfig(KernelConfig):
     def template_args(self) -> tuple:
         if self.cluster:   # (sm90_bwd_cluster's leading cluster size; none of the main-loop flags after
             return ((2,) + self.replace(cluster=False).template_args()[:19]   # kDsDouble: d256 has none)
-                    + (self.roles,))                                              # (then kRoles)
+                    + (self.roles, self.s_ahead))                                 # (then kRoles, kSAhead)
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
@@ -523,10 +523,9 @@ class Sm90BwdConfig(KernelConfig):
                        "unordered backwards (its claims do not follow a varlen grid's empty K/V blocks, "
                        "nor the ordered additions' turns)")
         if self.cluster and (not self.shared_keys or self.window or self.varlen or self.deterministic
-                             or self.dynamic or self.lpt or self.s_ahead):
-            out.append("cluster: the head_dim=256 tile only, without a window, varlen, deterministic, dynamic, "
-                       "lpt or s_ahead (both CTAs of a cluster walk the same Q blocks, in the plain grid; "
-                       "sm90_bwd_cluster has no s_ahead argument)")
+                             or self.dynamic or self.lpt):
+            out.append("cluster: the head_dim=256 tile only, without a window, varlen, deterministic, dynamic "
+                       "or lpt (both CTAs of a cluster walk the same Q blocks, in the plain grid)")
         if self.dynamic and self.shared_keys:
             out.append(f"dynamic at head_dim={self.head_dim} (the shared-keys tile): its kernel runs one CTA "
                        "per K/V block only (the dynamic scheduler is unbuilt there; the lpt order is built)")
@@ -756,8 +755,6 @@ class Sm90Backward(Family):
         config = self.with_features(config, problem)
         if config.cluster and (config.varlen or config.window or problem.deterministic):
             config = config.replace(cluster=False)     # a speed choice: those calls run one CTA per K/V block
-        if config.cluster and config.s_ahead:
-            config = config.replace(s_ahead=False)     # (sm90_bwd_cluster has no s_ahead argument)
         if config.dq_writer and problem.deterministic:
             config = config.replace(dq_writer=False)   # the ordered additions keep red.add
         if config.roles and (problem.deterministic or problem.features or config.overlap_sdp or config.dynamic
