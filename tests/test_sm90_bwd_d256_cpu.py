@@ -152,10 +152,11 @@ def test_plain_grid_only(monkeypatch):
 
 
 def test_d256_switches(monkeypatch):
-    """HEURISTIC_D256_DQ_WRITER (off: racecheck hazards) / HEURISTIC_D256_LPT (off, measured slower): on,
-    the heuristic adds dq_writer (unordered calls) and lpt (causal calls) at head dims 129..256,
-    nowhere else; off, neither."""
-    assert not sm90_bwd.HEURISTIC_D256_DQ_WRITER and not sm90_bwd.HEURISTIC_D256_LPT
+    """HEURISTIC_D256_DQ_WRITER (on: measured faster, racecheck-clean since the consumers release the
+    slot too) / HEURISTIC_D256_LPT (off, measured slower): on, the heuristic adds dq_writer (unordered
+    calls) and lpt (causal calls) at head dims 129..256, nowhere else; off, neither (roles, which
+    needs dq_writer, off here)."""
+    assert sm90_bwd.HEURISTIC_D256_DQ_WRITER and not sm90_bwd.HEURISTIC_D256_LPT
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_DQ_WRITER", False)
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_ROLES", False)
     for causal in (False, True):

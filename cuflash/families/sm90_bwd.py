@@ -149,25 +149,29 @@ HEURISTIC_DS_DOUBLE = False
 #   Q_i, dO_i once dV, dK have read it (no tile of its own fits: Sm90BwdSlotDqStage), added by the
 #   writer warp's tensor bulk reduce-adds, which then release the slot, instead of the consumers'
 #   red.add: faster in all 16 cells, non-causal 1.01-1.05x, causal 1.05-1.10x (cuDNN ratio 0.81-0.89
-#   -> 0.85-0.91 non-causal, 0.77-0.83 -> 0.83-0.89 causal). But compute-sanitizer racecheck
-#   (session 15 final run, logs/session15_rounds/f1/s_race_sm90_bwd.log) reports shared-memory
-#   hazards in that kernel: the consumers' dQ staging stores into the ring slot (+0xf190) against
-#   reads of the slot (+0x2940..+0x3310), 256 each, causal and not. Off until that is understood
-#   and fixed (bwd_config= can still force it; the red.add kernel is racecheck-clean);
+#   -> 0.85-0.91 non-causal, 0.77-0.83 -> 0.83-0.89 causal). Session 15's racecheck found a WAR on
+#   the LSE row of a ring slot (session 16 with source lines: the producer's cp.async refill vs the
+#   consumers' LSE reads, the slot released by the writer warp's arrival alone, through a named
+#   barrier); the consumer threads now release the slot themselves too (q_empty counts them and the
+#   writer), and racecheck of the dq_writer kernels (plain, cluster, roles; tests/sm90_bwd_d256_race.py)
+#   reports 0 hazards (session 16 round A, rev 00edc4f, logs/session16_rounds/b256_round_a.md): on.
 # * HEURISTIC_D256_LPT: the lpt launch order for causal calls: slower in 7 of 8 cells (red.add
 #   0.96-0.98x, with dq_writer 0.94-1.02x: only bf16 16k gained): off.
-HEURISTIC_D256_DQ_WRITER = False
+HEURISTIC_D256_DQ_WRITER = True
 HEURISTIC_D256_LPT = False
-# * HEURISTIC_D256_CLUSTER: clusters of 2 CTAs sharing the Q/dO loads by multicast (cluster, kCluster:
-#   the d256 kernel at 0.85-0.91x cuDNN is bound by the L2 -> SM traffic of its Q_i, dO_i: 64 KB per
-#   Q block for 64 keys, twice d128's per FLOP; ncu, session 15: L2 66%, tensor pipe 36%); off
-#   until measured (tests/sm90_bwd_d256_timing.py, variant sm90_dqw_cl2).
+# * HEURISTIC_D256_CLUSTER: clusters of 2 CTAs sharing the Q/dO loads by multicast (cluster, kCluster),
+#   built for the L2 -> SM traffic of Q_i, dO_i (64 KB per Q block for 64 keys; ncu, session 15: L2
+#   66%, tensor pipe 36%). Measured slower (session 16 round A, bf16 2k-16k, x cuDNN): dq_writer
+#   0.82-0.89 -> 0.73-0.80 in the cluster, roles 0.98-1.16 -> 0.82-0.94: off.
 HEURISTIC_D256_CLUSTER = False
 # * HEURISTIC_D256_ROLES: roles (kRoles: the consumer warpgroups split by operand, Sᵀ / Pᵀ / dV on
-#   one, dPᵀ / dSᵀ / dK on the other, m64n64 Sᵀ and dPᵀ, dV and dK by RS) for plain unordered calls
-#   that run dq_writer (roles is built with it only); off until measured (tests/sm90_bwd_d256_timing.py,
-#   variants sm90_rol, sm90_rol_cl2).
-HEURISTIC_D256_ROLES = False
+#   one, dPᵀ / dSᵀ / dK on the other, m64n64 Sᵀ and dPᵀ, dV and dK by RS: fewer shared-memory bytes
+#   per Q block than the query split's m64n32 products and SS dV, dK) for plain unordered calls that
+#   run dq_writer (roles is built with it only). Measured (session 16 round A, rev 00edc4f, bf16, x
+#   cuDNN's speed at 2k / 4k / 8k / 16k): non-causal dq_writer 0.86 / 0.82 / 0.89 / 0.88 -> roles
+#   1.03 / 1.00 / 1.10 / 1.16 (359-427 TFLOPs); causal 0.87 / 0.85 / 0.82 / 0.87 -> 0.98 / 1.01 /
+#   0.99 / 1.05 (301-422 TFLOPs): on.
+HEURISTIC_D256_ROLES = True
 # The main-loop flags of issue 14 (the d128 backward at cuDNN's speed), for plain unordered calls
 # (no feature, not deterministic) of the classes listed. Measured on the H100 (2026-11-26, session 15
 # round A at b082f22, tests/sm90_bwd_d128_timing.py: d128, dim 2048, batch x seqlen 16k, 2k-16k,
