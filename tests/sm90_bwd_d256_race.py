@@ -1,14 +1,17 @@
 """compute-sanitizer target for sm90_bwd's head-dim-256 tile with dq_writer (dQ_i's part staged in
 the Q/dO ring slot; issue 14): small forced-config calls, causal and not, with and without the
-2-CTA cluster, with roles (the warpgroups split by operand, its named barriers), several Q blocks per CTA (the ring's slots refilled) and a ragged last block. Not a
-test: run it under racecheck / synccheck / memcheck.
+2-CTA cluster, with roles (the warpgroups split by operand, its named barriers; and with s_ahead),
+several Q blocks per CTA (the ring's slots refilled) and a ragged last block. Not a test: run it
+under racecheck / synccheck / memcheck.
 
     CUFLASH_LINEINFO=1 CUPY_CACHE_DIR=/tmp/cupy_li python tests/sm90_bwd_d256_race.py --precompile
     CUFLASH_LINEINFO=1 CUPY_CACHE_DIR=/tmp/cupy_li compute-sanitizer --tool racecheck \\
-        --racecheck-report all python tests/sm90_bwd_d256_race.py
+        --racecheck-report all python tests/sm90_bwd_d256_race.py [--only _sah_rol]
 
-Success: one "ok" line per kernel (6), and compute-sanitizer's "RACECHECK SUMMARY: 0 hazards displayed
-(0 errors, 0 warnings)" (synccheck / memcheck: "ERROR SUMMARY: 0 errors"). Session 16's racecheck of
+--only SUBSTR keeps the cases whose config name contains SUBSTR (both modes).
+
+Success: one "ok" line per kernel (8 without --only), and compute-sanitizer's "RACECHECK SUMMARY:
+0 hazards displayed (0 errors, 0 warnings)" (synccheck / memcheck: "ERROR SUMMARY: 0 errors"). Session 16's racecheck of
 the dq_writer kernel before the fix (consumers' q_empty arrivals) reported 20482 WAR hazards on the
 LSE row of a ring slot (producer cp.async vs the consumers' LSE read).
 """
@@ -25,12 +28,19 @@ from cuflash.problem import Problem  # noqa: E402
 # count (a CTA past seqlen_k) too
 CASES = [(False, 300, 300, {}), (True, 200, 260, {}),
          (False, 300, 200, dict(cluster=True)), (True, 260, 130, dict(cluster=True)),
-         (False, 300, 300, dict(roles=True)), (True, 200, 260, dict(roles=True))]
+         (False, 300, 300, dict(roles=True)), (True, 200, 260, dict(roles=True)),
+         (False, 300, 300, dict(roles=True, s_ahead=True)), (True, 200, 260, dict(roles=True, s_ahead=True))]
+
+
+def selected():
+    """The cases whose config name contains --only's argument (all without it)."""
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
+    out = [(case, Sm90BwdConfig(64, 64, 2, 2, 256, "bf16", case[0], dq_writer=True, **case[3])) for case in CASES]
+    return [(case, cfg) for case, cfg in out if only in cfg.name]
 
 
 def configs():
-    return [Sm90BwdConfig(64, 64, 2, 2, 256, "bf16", causal, dq_writer=True, **flags)
-            for causal, _, _, flags in CASES]
+    return [cfg for _, cfg in selected()]
 
 
 def main():
@@ -39,7 +49,7 @@ def main():
         from cuflash.compile import precompile
 
         todo = configs()
-        for causal, sq, sk, _ in CASES:
+        for (causal, sq, sk, _), _ in selected():
             fp = Problem("fwd", "bf16", 1, sq, sk, 2, 2, 256, causal)
             todo.append(select.choose(fp, _gpu.arch(), _gpu.name(), _gpu.max_smem())[1])
         res = precompile(list(dict.fromkeys(todo)))
@@ -51,7 +61,7 @@ def main():
     import cuflash
 
     torch.manual_seed(0)
-    for (causal, sq, sk, _), cfg in zip(CASES, configs()):
+    for (causal, sq, sk, _), cfg in selected():
         q, k, v = (torch.randn(1, s, 2, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                    for s in (sq, sk, sk))
         o = cuflash.flash_attn_func(q, k, v, causal=causal, bwd_config=cfg)
