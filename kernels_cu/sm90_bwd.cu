@@ -178,6 +178,12 @@
 //         chunks only this warpgroup's dV, dK read (Sm90BwdSlotDqStage, kSlotDq), and the slot is
 //         released by the consumer threads (their reads, LSE_i and D_i's included, are done) and
 //         by the writer warp after its bulk reduce-adds. kCluster: see sm90_bwd_body.
+// kRoles (appended last; with kDqWriter, plain unordered calls): the warpgroups split by operand
+//   instead (the consumer section's kRoles block): warpgroup 0 Sᵀ (m64n64, all BM queries), Pᵀ,
+//   dV_j += Pᵀ dO_i for all 256 columns (RS); warpgroup 1 dPᵀ, dSᵀ with Pᵀ handed over in shared
+//   memory, dK_j += dSᵀ Q_i (RS), dS; both dQ_i by columns as above. Fewer shared-memory bytes per
+//   Q block (m64n64 instead of m64n32 products reading K_j, V_j; no Pᵀ, dSᵀ tiles for SS dV, dK).
+//   With kSAhead the next Q block's Sᵀ / dPᵀ is issued behind the last dQ GEMM.
 // Softcap's and dropout's words (kSN / 4 each) stay in registers here. The loop-invariant
 // descriptors of K_j, V_j, Pᵀ, dSᵀ, dS are re-derived at each use (opaque_u32): hoisted out of
 // the loop, one per k-step, they spilled. Head dims 129..255 run this kernel (TMA zero-fills the

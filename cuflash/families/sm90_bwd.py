@@ -39,8 +39,13 @@ Head dim 256 has one tile: BM64 BN64 with two consumers sharing the K/V block's 
 shared memory); dQ by red.add (ordered when deterministic), or with dq_writer through the Q/dO ring
 slot (dQ_i's part staged in the chunks of Q_i, dO_i that only the warpgroup's own dV, dK read,
 once they have: dq_bulk's and dq_writer's own staging tiles do not fit next to the tile; the
-writer warp's bulk reduce-adds release the slot; HEURISTIC_D256_DQ_WRITER); the lpt order for
-causal calls (HEURISTIC_D256_LPT); every feature (dropout alone: see below). Head
+writer warp's bulk reduce-adds and the consumer threads release the slot; HEURISTIC_D256_DQ_WRITER,
+on); roles (name _rol, kRoles: the two warpgroups split by operand instead, Sᵀ / Pᵀ / dV on one,
+dPᵀ / dSᵀ / dK on the other, all m64n64 or RS, Pᵀ handed over in shared memory; dq_writer only, plain
+unordered calls; HEURISTIC_D256_ROLES, on: 0.98-1.16x cuDNN in bf16), with s_ahead (the next Q block's
+Sᵀ / dPᵀ behind the dQ GEMM); the lpt order for causal calls (HEURISTIC_D256_LPT); clusters of 2 CTAs
+sharing Q/dO by multicast (HEURISTIC_D256_CLUSTER, off: slower); every feature (dropout alone: see
+below; features run the query split). Head
 dims 129..255 run it with zero-filled columns (192 included: no d192 kernel of its own).
 (Dropout runs there alone: with a window, softcap or ALiBi, and overlap_sdp, ptxas spills.)
 Schedules (issue 14, the short and causal backward): dynamic (name _dyn, kDynamic: a CTA per SM
