@@ -108,9 +108,13 @@ def test_space_heuristic_and_for_problem():
         # off, the dq_writer kernel (racecheck hazards) is outside the space; for_problem drops it
         # for det)
         writers = (False, True) if sm90_bwd.HEURISTIC_D256_DQ_WRITER else (False,)
-        assert sorted(c.overlap_sdp for c in valid) == sorted([False, True] * len(writers))
-        assert {(c.BM, c.BN, c.stages, c.consumers, c.dq_writer, c.dq_bulk) for c in valid} == \
+        # (roles: with dq_writer, without overlap_sdp, with and without s_ahead)
+        split = [c for c in valid if not c.roles]
+        assert sorted(c.overlap_sdp for c in split) == sorted([False, True] * len(writers))
+        assert {(c.BM, c.BN, c.stages, c.consumers, c.dq_writer, c.dq_bulk) for c in split} == \
             {(64, 64, 2, 2, w, False) for w in writers}
+        assert sorted((c.dq_writer, c.overlap_sdp, c.s_ahead) for c in valid if c.roles) == \
+            ([(True, False, False), (True, False, True)] if writers == (False, True) else [])
         assert all("racecheck" in " ".join(why) for c, why in FAM.enumerate(p, MAX_SMEM)
                    if c.shared_keys and c.dq_writer and not c.problems(MAX_SMEM)) or writers == (False, True)
         assert all(FAM.for_problem(c, p).problems() == [] for c in valid)
@@ -412,7 +416,7 @@ def test_ptxas_d256_cluster():
 def test_roles_config(monkeypatch):
     """roles (kRoles): the warpgroups split by operand; named _rol, kRoles the last template argument
     (sm90_bwd's and sm90_bwd_cluster's); dq_writer only, plain unordered calls (for_problem drops it
-    for deterministic calls and calls with features); off the space; in the heuristic per HEURISTIC_D256_ROLES."""
+    for deterministic calls and calls with features); in the space; in the heuristic per HEURISTIC_D256_ROLES."""
     cfg = D256.replace(dq_writer=True, roles=True)
     assert cfg.problems() == [] and cfg.name == "sm90bwd_bf16_d256_full_BM64_BN64_s2_c2_dqw_rol"
     assert cfg.kernel_name().endswith(", false, false, false, false, false, true>")
@@ -430,7 +434,11 @@ def test_roles_config(monkeypatch):
         assert not out.roles and out.problems() == [], out
     assert FAM.for_problem(cfg, problem()) == cfg
     assert "roles" not in dict(FAM._fields(D256)) and dict(FAM._fields(cfg))["roles"] is True
-    assert "roles" not in FAM.space
+    assert FAM.space["roles"] == (False, True)
+    valid = FAM.valid(problem(), MAX_SMEM)
+    assert {(c.dq_writer, c.s_ahead) for c in valid if c.roles} == {(True, False), (True, True)}
+    assert not any(c.roles for c in FAM.valid(problem(128), MAX_SMEM))
+    assert FAM.make({k: v for k, v in FAM.point(cfg).items() if k != "roles"}, problem()) == cfg.replace(roles=False)
     # s_ahead at d256: with roles only (its own: the next Q block's Sᵀ / dPᵀ behind the dQ GEMM), in the
     # cluster too (sm90_bwd_cluster's last argument)
     sah = cfg.replace(s_ahead=True)

@@ -626,7 +626,7 @@ class Sm90Backward(Family):
              "dq_bulk": (False, True), "overlap_sdp": (False, True), "dq_writer": (False, True),
              "dynamic": (False, True), "ds_double": (False, True), "dq_early": (False, True),
              "s_ahead": (False, True), "q_rotate": (False, True),
-             "dk_late": (False, True)}
+             "dk_late": (False, True), "roles": (False, True)}
     # (lpt, the launch order, is a config field outside the space: measured no faster than the
     # plain order, alone or with the dynamic scheduler; HEURISTIC_LPT below)
     fixed = {"deterministic": False}
@@ -819,7 +819,7 @@ class Sm90Backward(Family):
     def make(self, point, problem: Problem):
         """As Family.make; a point without dynamic or ds_double (tuned tables and recorded studies
         from before the flags) gets them off."""
-        for flag in ("dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate", "dk_late"):
+        for flag in ("dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate", "dk_late", "roles"):
             if flag not in point:
                 point = {**point, flag: False}
         return super().make(point, problem)
