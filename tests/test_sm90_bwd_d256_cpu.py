@@ -40,7 +40,7 @@ def heur256(causal=False, deterministic=False, dtype="bf16", **kw):
     unordered calls: HEURISTIC_D256_DQ_WRITER; with it roles: HEURISTIC_D256_ROLES)."""
     dqw = not deterministic and sm90_bwd.HEURISTIC_D256_DQ_WRITER
     return D256.replace(dtype=dtype, causal=causal, deterministic=deterministic, dq_writer=dqw,
-                        roles=dqw and sm90_bwd.HEURISTIC_D256_ROLES, **kw)
+                        roles=dqw and dtype in sm90_bwd.HEURISTIC_D256_ROLES, **kw)
 
 
 def problem(head_dim=256, dtype="bf16", causal=False, deterministic=False, features=(), **kw):
@@ -162,7 +162,7 @@ def test_d256_switches(monkeypatch):
     needs dq_writer, off here)."""
     assert sm90_bwd.HEURISTIC_D256_DQ_WRITER and not sm90_bwd.HEURISTIC_D256_LPT
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_DQ_WRITER", False)
-    monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_ROLES", False)
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_ROLES", frozenset())
     for causal in (False, True):
         p = problem(causal=causal)
         assert FAM.for_problem(FAM.heuristic(p), p) == D256.replace(causal=causal)
@@ -448,11 +448,12 @@ def test_roles_config(monkeypatch):
     assert sah.replace(cluster=True).kernel_name().endswith(", true, true>")
     assert FAM.for_problem(sah, problem(features=("softcap",), softcap=5.0)) == D256.replace(dq_writer=True, softcap=True)
     for causal in (False, True):
-        assert FAM.heuristic(problem(causal=causal)).roles == (sm90_bwd.HEURISTIC_D256_ROLES
+        assert FAM.heuristic(problem(causal=causal)).roles == ("bf16" in sm90_bwd.HEURISTIC_D256_ROLES
                                                                and sm90_bwd.HEURISTIC_D256_DQ_WRITER)
+    assert FAM.heuristic(problem(dtype="fp16")).roles == ("fp16" in sm90_bwd.HEURISTIC_D256_ROLES)
     # the switch: roles for plain unordered calls with dq_writer, not deterministic or with features
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_DQ_WRITER", True)
-    monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_ROLES", True)
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_ROLES", frozenset({"bf16", "fp16"}))
     for causal in (False, True):
         p = problem(causal=causal)
         assert FAM.for_problem(FAM.heuristic(p), p) == D256.replace(causal=causal, dq_writer=True, roles=True)

@@ -42,7 +42,7 @@ once they have: dq_bulk's and dq_writer's own staging tiles do not fit next to t
 writer warp's bulk reduce-adds and the consumer threads release the slot; HEURISTIC_D256_DQ_WRITER,
 on); roles (name _rol, kRoles: the two warpgroups split by operand instead, Sᵀ / Pᵀ / dV on one,
 dPᵀ / dSᵀ / dK on the other, all m64n64 or RS, Pᵀ handed over in shared memory; dq_writer only, plain
-unordered calls; HEURISTIC_D256_ROLES, on: 0.98-1.16x cuDNN in bf16), with s_ahead (the next Q block's
+unordered calls; HEURISTIC_D256_ROLES, on for bf16: 0.95-1.16x cuDNN), with s_ahead (the next Q block's
 Sᵀ / dPᵀ behind the dQ GEMM); the lpt order for causal calls (HEURISTIC_D256_LPT); clusters of 2 CTAs
 sharing Q/dO by multicast (HEURISTIC_D256_CLUSTER, off: slower); every feature (dropout alone: see
 below; features run the query split). Head
@@ -169,14 +169,18 @@ HEURISTIC_D256_LPT = False
 #   66%, tensor pipe 36%). Measured slower (session 16 round A, bf16 2k-16k, x cuDNN): dq_writer
 #   0.82-0.89 -> 0.73-0.80 in the cluster, roles 0.98-1.16 -> 0.82-0.94: off.
 HEURISTIC_D256_CLUSTER = False
-# * HEURISTIC_D256_ROLES: roles (kRoles: the consumer warpgroups split by operand, Sᵀ / Pᵀ / dV on
-#   one, dPᵀ / dSᵀ / dK on the other, m64n64 Sᵀ and dPᵀ, dV and dK by RS: fewer shared-memory bytes
-#   per Q block than the query split's m64n32 products and SS dV, dK) for plain unordered calls that
-#   run dq_writer (roles is built with it only). Measured (session 16 round A, rev 00edc4f, bf16, x
-#   cuDNN's speed at 2k / 4k / 8k / 16k): non-causal dq_writer 0.86 / 0.82 / 0.89 / 0.88 -> roles
-#   1.03 / 1.00 / 1.10 / 1.16 (359-427 TFLOPs); causal 0.87 / 0.85 / 0.82 / 0.87 -> 0.98 / 1.01 /
-#   0.99 / 1.05 (301-422 TFLOPs): on.
-HEURISTIC_D256_ROLES = True
+# * HEURISTIC_D256_ROLES, the dtypes whose plain unordered calls run roles (kRoles: the consumer
+#   warpgroups split by operand, Sᵀ / Pᵀ / dV on one, dPᵀ / dSᵀ / dK on the other, m64n64 Sᵀ and dPᵀ,
+#   dV and dK by RS: fewer shared-memory bytes per Q block than the query split's m64n32 products and
+#   SS dV, dK), with dq_writer (roles is built with it only). Measured in bf16 (session 16 rounds A / B,
+#   revs 00edc4f / 974c95b, x cuDNN's speed at 2k / 4k / 8k / 16k; logs/session16_rounds/b256_round_*.md):
+#   non-causal dq_writer 0.86 / 0.82 / 0.89 / 0.88 -> roles 1.03 / 1.00 / 1.10 / 1.16 (A), 1.02 / 1.09 /
+#   1.10 / 1.11 (B), 358-427 TFLOPs; causal 0.87 / 0.85 / 0.82 / 0.87 -> 0.98 / 1.01 / 0.99 / 1.05 (A),
+#   0.97 / 0.99 / 0.95 / 1.04 (B), 300-425 TFLOPs: on for bf16. fp16: its roles kernels pass the GPU
+#   tests but have not been timed (add "fp16" once tests/sm90_bwd_d256_timing.py --dtypes fp16 shows
+#   them faster). With s_ahead (round B): 0.81-0.90, slower than roles alone; in clusters of 2 CTAs
+#   0.82-0.92 (A, B), with s_ahead 0.65-0.74: neither in the heuristic.
+HEURISTIC_D256_ROLES = frozenset({"bf16"})
 # The main-loop flags of issue 14 (the d128 backward at cuDNN's speed), for plain unordered calls
 # (no feature, not deterministic) of the classes listed. Measured on the H100 (2026-11-26, session 15
 # round A at b082f22, tests/sm90_bwd_d128_timing.py: d128, dim 2048, batch x seqlen 16k, 2k-16k,
@@ -846,7 +850,7 @@ class Sm90Backward(Family):
             cfg = Sm90BwdConfig(BM, BN, 2, consumers, d, dtype, causal, det)
         if not det and (d != 256 or HEURISTIC_D256_DQ_WRITER):
             cfg = cfg.replace(dq_writer=True)
-        if d == 256 and HEURISTIC_D256_ROLES and cfg.dq_writer and not problem.features:
+        if d == 256 and dtype in HEURISTIC_D256_ROLES and cfg.dq_writer and not problem.features:
             cfg = cfg.replace(roles=True)
         if d == 256 and HEURISTIC_D256_CLUSTER and not det and not problem.features:
             cfg = cfg.replace(cluster=True)             # (for_problem drops it where it does not run)
