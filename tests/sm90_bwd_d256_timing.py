@@ -30,8 +30,9 @@ median (cuflash.timing.time_interleaved). TFLOPs: the backward's FA convention (
 
 Success: every row prints, no NaN / MISMATCH; the summary gives per case each candidate's speed
 over cuDNN's (> 1: faster) and the best one, which decide D256_ABOVE_FA2 / D192_ABOVE_FA2,
-HEURISTIC_D256_DQ_WRITER and HEURISTIC_D256_LPT in cuflash/families/sm90_bwd.py; --out writes the
-rows and the device as JSON.
+HEURISTIC_D256_DQ_WRITER, HEURISTIC_D256_ROLES (per dtype), HEURISTIC_D256_LPT and
+HEURISTIC_D256_CLUSTER in cuflash/families/sm90_bwd.py; --out writes the rows and the device as JSON.
+The default variants are sm90_dqw and sm90_rol (with the heuristic's row where it differs from both).
 """
 import argparse
 import json
@@ -64,7 +65,7 @@ VARIANTS = {"sm90": {}, "sm90_dqw": dict(dq_writer=True), "sm90_lpt": dict(lpt=T
             "sm90_rol_sah_cl2": dict(dq_writer=True, roles=True, s_ahead=True, cluster=True),
             "sm90_rol_lpt": dict(dq_writer=True, roles=True, lpt=True),
             "sm90_rol_sah_lpt": dict(dq_writer=True, roles=True, s_ahead=True, lpt=True)}
-DEFAULT_VARIANTS = ["sm90_dqw", "sm90_rol", "sm90_rol_sah"]
+DEFAULT_VARIANTS = ["sm90_dqw", "sm90_rol"]   # (the query split with dq_writer, roles)
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
