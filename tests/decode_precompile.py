@@ -8,10 +8,11 @@ their kernels on disk):
   * tests/test_decode_bandwidth_gpu.py: the l2_prefetch / warp_loads configs of its cases;
   * tests/gpu_sanitize.py --quick --families decode_splitkv: its decode shapes under each pass of
     decode_loops (the default selection, the bandwidth options, TMA_DEFAULT, TMA_PAGED_DEFAULT);
-  * tests/test_decode_latency_gpu.py: the split merge (plain and fused) and page_gather configs.
+  * tests/test_decode_latency_gpu.py: the split merge (plain and fused) and page_gather configs;
+  * tests/test_decode_resident_gpu.py: the 4-warp contiguous tiles and page 256 on the Hopper loop.
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only timing,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only timing,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -142,7 +143,24 @@ def latency_test_configs():
     return out
 
 
-GROUPS = {"timing": timing_configs, "tma_tests": tma_test_configs,
+def resident_test_configs():
+    """tests/test_decode_resident_gpu.py: contiguous 4-warp tiles (3 / 2 / 6 stages) and page 256
+    on the Hopper loop, under the switches each test sets."""
+    import test_decode_resident_gpu as t
+
+    out = []
+    for b, sq, ctx, h, hk, d, dtype, _ in t.CASES:
+        for stages in (3, 2, 6):
+            if stages != 3 and (d != 128 or sq * h // hk > 16):
+                continue
+            out.append(_heuristic(_problem(b, sq, ctx + 1, h, hk, d, dtype), 0, CONTIGUOUS_WARPS=4,
+                                  CONTIGUOUS_STAGES=stages, SPLIT_RULE_RESIDENT_CONTIGUOUS=True))
+    for b, sq, ctx, h, hk in (1, 1, 8192 + 113, 32, 8), (3, 2, 2049, 16, 2), (2, 4, 17, 8, 8):
+        out.append(_heuristic(_problem(b, sq, ctx + 1, h, hk, 128, page=256), 256, LARGE_PAGE_TMA_MAX_KEYS=1 << 20))
+    return out
+
+
+GROUPS = {"timing": timing_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

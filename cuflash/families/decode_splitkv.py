@@ -165,6 +165,26 @@ SMALL_PAGE_TMA_MAX_KEYS = 65536
 # with SMALL_PAGE_WARPS = 4 (4 warps at one CTA per SM is what lost above) and the Hopper loop for
 # the small calls where 4 warps still lost (SMALL_PAGE_TMA_MAX_KEYS; measured together there).
 PAGED_SPLIT_RULE_RESIDENT = True
+# Contiguous caches (issue 13, session 16): the heuristic's tiles at head dims up to 128
+# (CONTIGUOUS_WARPS warps of 16 keys, CONTIGUOUS_STAGES K/V blocks in the ring; 8 x 3: one CTA of
+# 213 KB per SM, as measured so far) and the split rule's model of co-resident CTAs
+# (SPLIT_RULE_RESIDENT_CONTIGUOUS: on, CTAs resident together stream side by side, as
+# PAGED_SPLIT_RULE_RESIDENT for paged caches, so the rule fills every resident slot; off: they
+# share the SM's bandwidth). ncu on the H100 (session 16): 32 x 8k runs 256 CTAs at one per SM
+# (1.94 waves), and no CTA's prologue or epilogue overlaps another's streaming; 4 x 3 (64-key
+# blocks, 109 KB: two CTAs per SM) and 4 x 2 (three per SM) would overlap them. Not yet timed
+# with the fused combine and the L2 hint: the defaults stay as before (8, 3, off) until
+# tests/decode_tma_timing.py --propose shows a gain.
+CONTIGUOUS_WARPS = 8
+CONTIGUOUS_STAGES = 3
+SPLIT_RULE_RESIDENT_CONTIGUOUS = False
+# Pages of TMA_PAGED_MAX_PAGE keys or more (page 256): calls of at most this many cached keys in
+# all (batch x capacity) take the Hopper loop (4 warps, 3 stages) when the heuristic chose, as
+# small pages do under SMALL_PAGE_TMA_MAX_KEYS; 0: off (the cp.async loop's 8 warps, as
+# contiguous caches). Page 256 at 1 x 8k ran 1.24x its contiguous time on the cp.async loop
+# (session 15, 19.1 against 15.2 us), where page 16 on the Hopper loop ran 1.06x: not yet timed
+# at page 256, off.
+LARGE_PAGE_TMA_MAX_KEYS = 0
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -403,14 +423,17 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
     warps x 3 stages: 85 us at 1 x 32k with 128 CTAs, one per SM, against 64 for 8 warps; 1504
     us at 32 x 32k with two per SM, against 1663). There each round of c CTAs streams in
     parallel: ceil(per_sm / c) rounds of (ceil(blocks / s) + split_cost), which fills every
-    resident slot (PAGED_SPLIT_RULE_RESIDENT; with c = 1 both models agree)."""
+    resident slot (PAGED_SPLIT_RULE_RESIDENT; with c = 1 both models agree). Contiguous caches
+    take that model under SPLIT_RULE_RESIDENT_CONTIGUOUS (co-resident CTAs overlap each other's
+    prologue and epilogue with their streaming)."""
     groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
     if groups == 0:
         return 1
     blocks = -(-problem.seqlen_k // config.block_n)
     resident = ctas_per_sm(config, default_max_smem((9, 0)) if max_smem is None else max_smem)
     best, best_time = 1, None
-    parallel = PAGED_SPLIT_RULE_RESIDENT and resident > 1 and "paged_kv" in problem.features
+    paged = "paged_kv" in problem.features
+    parallel = resident > 1 and (PAGED_SPLIT_RULE_RESIDENT if paged else SPLIT_RULE_RESIDENT_CONTIGUOUS)
     for s in range(1, max(1, min(blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS)) + 1):
         per_sm = -(-groups * s // sm_count)
         if parallel:   # co-resident CTAs stream side by side (paged: latency-bound table reads)
@@ -484,7 +507,10 @@ class DecodeSplitKV(Family):
         group = problem.nheads // max(problem.nheads_kv, 1)
         m_tiles = 2 if group * problem.seqlen_q > 16 and 64 <= d <= 128 else 1
         stages = 3 if d <= 128 else 2
-        cfg = DecodeConfig(8, 16, stages, m_tiles, 4, d, problem.dtype, bool(problem.causal),
+        warps = 8
+        if d <= 128 and "paged_kv" not in problem.features:  # contiguous caches: see CONTIGUOUS_WARPS
+            warps, stages = CONTIGUOUS_WARPS, CONTIGUOUS_STAGES
+        cfg = DecodeConfig(warps, 16, stages, m_tiles, 4, d, problem.dtype, bool(problem.causal),
                            fused_combine=FUSED_COMBINE_DEFAULT,
                            page_prefetch=PAGE_PREFETCH_DEFAULT and "paged_kv" in problem.features,
                            l2_prefetch=0 if "paged_kv" in problem.features else L2_PREFETCH_DEFAULT,
@@ -547,9 +573,11 @@ class DecodeSplitKV(Family):
             if not chosen:
                 raise ValueError(why)
             config = config.replace(tma=False)
-        small_call = problem.batch * problem.seqlen_k <= SMALL_PAGE_TMA_MAX_KEYS
-        if (chosen and heuristic and (TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE
-                and not config.tma and not config.page_prefetch):
+        keys = problem.batch * problem.seqlen_k
+        small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
+        large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
+        if (chosen and heuristic and not config.tma and not config.page_prefetch
+                and ((TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE or large_page_tma)):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
