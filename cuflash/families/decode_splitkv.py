@@ -623,13 +623,18 @@ class DecodeSplitKV(Family):
     def counters(self, config, problem: Problem) -> int:
         """int32 counters the config needs kept between calls, zeroed once when allocated (the
         fused combine's per-(batch, KV head, row block) count of finished splits, which its last
-        CTA resets to 0): 0 when none. Not per-call workspace: ``cuflash.decode`` allocates them
-        with a call shape's plan and passes their address as ``strides["call"]["split_counters"]``.
-        One buffer per plan: two calls of one call shape must not run concurrently on two
-        streams (their counts would mix)."""
+        CTA resets to 0): 0 when none. Not per-call workspace: the plan keeps them
+        (``zeroed_counters``), one buffer per CUDA stream (cuflash.launch.StreamCounters), so
+        calls of one call shape on two streams may overlap."""
         if not config.fused_combine or _splits(config, problem) <= 1:
             return 0
         return problem.batch * problem.nheads_kv * row_blocks(config, problem)
+
+    def zeroed_counters(self, config, problem: Problem) -> dict:
+        """{params field: int32 count} of the counters a plan keeps between calls, per stream
+        (cuflash.launch.Plan writes the launch's stream's buffer into ``split_counters``)."""
+        n = self.counters(config, problem)
+        return {"split_counters": n} if n else {}
 
     def workspace(self, config, problem: Problem, strides: Optional[dict] = None) -> dict:
         p = problem
@@ -676,10 +681,7 @@ class DecodeSplitKV(Family):
             scale_log2=softmax_scale * LOG2E, softcap=call.get("softcap", 0.0),
             split_counters=call.get("split_counters", 0),
             tma_box_rows=tma_box_rows(config, call.get("page_size", 0)), tma_k=0, tma_v=0)
-        if self.counters(config, p) and not out["split_counters"]:
-            raise ValueError(f"{config.name}: fused_combine with {out['num_splits']} splits needs its "
-                             "zeroed split counters (strides['call']['split_counters'], allocated by "
-                             "cuflash.decode with the plan)")
+        # split_counters: the plan writes its launch stream's counters there (zeroed_counters)
         return out
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):

@@ -850,8 +850,8 @@ class Sm90Forward(Family):
     def zeroed_counters(self, config, problem: Problem) -> dict:
         """{params field: int32 count} of the counters a plan keeps between calls, zeroed once when
         the plan allocates them (cuflash.launch.Plan) and reset to 0 by the kernel itself: the
-        dynamic scheduler's tile counter. One per plan: two calls of one plan must not run at the
-        same time on two streams (their claims would mix)."""
+        dynamic scheduler's tile counter. One buffer per CUDA stream (cuflash.launch.StreamCounters),
+        so calls of one plan on two streams may overlap without mixing their claims."""
         return {"tile_counter": 1} if config.dynamic else {}
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
