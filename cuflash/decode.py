@@ -521,14 +521,6 @@ class _TorchArrays:
         return tuple(x.stride())
 
     @staticmethod
-    def zeros_i32(n: int, like):
-        return sys.modules["torch"].zeros(n, dtype=sys.modules["torch"].int32, device=like.device)
-
-    @staticmethod
-    def address(x) -> int:
-        return x.data_ptr()
-
-    @staticmethod
     def capturing() -> bool:
         return sys.modules["torch"].cuda.is_current_stream_capturing()
 
@@ -588,17 +580,6 @@ class _CupyArrays:
     @staticmethod
     def strides(x) -> tuple:
         return tuple(s // x.itemsize for s in x.strides)
-
-    @staticmethod
-    def zeros_i32(n: int, like):
-        import cupy
-
-        with cupy.cuda.Device(like.device.id):
-            return cupy.zeros(n, cupy.int32)
-
-    @staticmethod
-    def address(x) -> int:
-        return x.data.ptr
 
     @staticmethod
     def capturing() -> bool:
