@@ -111,7 +111,9 @@ def sanitize_configs():
         p = _problem(b, sq, max(lens) + new, h, hk, d, page=page)
         for switches in ({}, dict(l2=256, warp_loads=True, SMALL_PAGE_TMA_MAX_KEYS=0), dict(tma=True),
                          dict(tma_paged=True),
-                         dict(FUSED_COMBINE_DEFAULT=True, PAGE_GATHER_DEFAULT=True, SMALL_PAGE_TMA_MAX_KEYS=0)):
+                         dict(FUSED_COMBINE_DEFAULT=True, PAGE_GATHER_DEFAULT=True, SMALL_PAGE_TMA_MAX_KEYS=0),
+                         dict(CONTIGUOUS_WARPS=4, CONTIGUOUS_STAGES=3, SPLIT_RULE_RESIDENT_CONTIGUOUS=True,
+                              LARGE_PAGE_TMA_MAX_KEYS=1 << 20)):
             for dtype in g.DTYPES:
                 out.append(_heuristic(p.replace(dtype=dtype), page, **switches))
     return out
