@@ -358,8 +358,8 @@ def run_cell(name, page, reps, repeat, proposals, log, profile=False) -> list:
         for m in mults:
             s = resident_splits(cfg, problem, sms) if m == "res" else max(1, min(128, round(rule * m)))
             choices.setdefault(s, label if s == rule else f"{label}_res" if m == "res" else f"{label}_x{s}")
-        for s, name in choices.items():
-            jobs.append(("cuflash", name, cfg.name, s, forced(cfg, s),
+        for s, job_label in choices.items():
+            jobs.append(("cuflash", job_label, cfg.name, s, forced(cfg, s),
                          HEURISTIC))
 
     records, graphs = [], []
