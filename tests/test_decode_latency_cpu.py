@@ -95,7 +95,9 @@ def test_small_page_rule_by_call_size(monkeypatch):
     small, large = cfg_for(1, 32768), cfg_for(8, 32768)
     assert small.tma and (small.warps, small.stages) == (4, 3) and not small.fused_combine
     assert not large.tma and large.warps == 4 and large.fused_combine
-    assert not cfg_for(1, 8192, page=256).tma              # large pages: the contiguous tiles
+    assert not cfg_for(1, 16384, page=256).tma             # large pages: the contiguous tiles, but
+    assert cfg_for(1, 8192, page=256).tma                  # up to LARGE_PAGE_TMA_MAX_KEYS (8192)
+    assert not cfg_for(1, 8192, page=256, arch=(8, 0)).tma
     assert cfg_for(1, 8192, arch=(8, 0)).warps == 4         # no TMA below sm_90: the 4-warp rule
     assert not cfg_for(1, 8192, arch=(8, 0)).tma
     monkeypatch.setattr(mod, "SMALL_PAGE_TMA_MAX_KEYS", 0)

@@ -102,6 +102,7 @@ def test_call_config(monkeypatch):
     monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", True)
     monkeypatch.setattr(mod, "SMALL_PAGE_WARPS", 8)
     monkeypatch.setattr(mod, "SMALL_PAGE_TMA_MAX_KEYS", 0)
+    monkeypatch.setattr(mod, "LARGE_PAGE_TMA_MAX_KEYS", 0)
     p = problem(features=("paged_kv",))
     plain = TMA.replace(tma=False)
     with pytest.raises(ValueError, match="^k_cache: the tma loop"):
@@ -122,6 +123,15 @@ def test_call_config(monkeypatch):
     assert two.tma and two.m_tiles == 2 and not two.problems(232448)
     monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", False)
     assert FAM.call_config(plain, p, (9, 0), 16, chosen=True, heuristic=True) == plain
+    # page 256 takes the Hopper loop up to LARGE_PAGE_TMA_MAX_KEYS keys in all (batch x capacity)
+    keys = p.batch * p.seqlen_k
+    monkeypatch.setattr(mod, "LARGE_PAGE_TMA_MAX_KEYS", keys)
+    large = FAM.call_config(plain, p, (9, 0), 256, chosen=True, heuristic=True)
+    assert large.tma and (large.warps, large.stages) == (4, 3) and not large.fused_combine
+    assert FAM.call_config(plain, p, (8, 0), 256, chosen=True, heuristic=True) == plain
+    assert FAM.call_config(plain, p, (9, 0), 256, chosen=True, heuristic=False) == plain   # tuned
+    monkeypatch.setattr(mod, "LARGE_PAGE_TMA_MAX_KEYS", keys - 1)
+    assert FAM.call_config(plain, p, (9, 0), 256, chosen=True, heuristic=True) == plain
 
 
 def test_box_rows_and_map_args():

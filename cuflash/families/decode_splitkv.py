@@ -167,24 +167,30 @@ SMALL_PAGE_TMA_MAX_KEYS = 65536
 PAGED_SPLIT_RULE_RESIDENT = True
 # Contiguous caches (issue 13, session 16): the heuristic's tiles at head dims up to 128
 # (CONTIGUOUS_WARPS warps of 16 keys, CONTIGUOUS_STAGES K/V blocks in the ring; 8 x 3: one CTA of
-# 213 KB per SM, as measured so far) and the split rule's model of co-resident CTAs
-# (SPLIT_RULE_RESIDENT_CONTIGUOUS: on, CTAs resident together stream side by side, as
-# PAGED_SPLIT_RULE_RESIDENT for paged caches, so the rule fills every resident slot; off: they
-# share the SM's bandwidth). ncu on the H100 (session 16): 32 x 8k runs 256 CTAs at one per SM
-# (1.94 waves), and no CTA's prologue or epilogue overlaps another's streaming; 4 x 3 (64-key
-# blocks, 109 KB: two CTAs per SM) and 4 x 2 (three per SM) would overlap them. Not yet timed
-# with the fused combine and the L2 hint: the defaults stay as before (8, 3, off) until
-# tests/decode_tma_timing.py --propose shows a gain.
+# 213 KB per SM) and the split rule's model of co-resident CTAs (SPLIT_RULE_RESIDENT_CONTIGUOUS:
+# on, CTAs resident together stream side by side, as PAGED_SPLIT_RULE_RESIDENT for paged caches,
+# so the rule fills every resident slot; off: they share the SM's bandwidth). ncu on the H100
+# (session 16) showed 32 x 8k at one CTA per SM (1.94 waves), no CTA's prologue or epilogue
+# overlapping another's streaming. Timed in session 16 round A (tests/decode_tma_timing.py, each
+# with the fused combine and the L2 hint; logs/session16_rounds/a1/json_dec7): 4 x 3 (64-key
+# blocks, two CTAs per SM) ties 8 x 3 from batch 8 (8 x 32k 370.6 against 367.4 us, 32 x 32k
+# 1454 / 1449) and gains 1-2% only at batch 64 (64 x 8k 725 / 735, 64 x 32k 2886 / 2914), loses at
+# batch 1 (1 x 8k 18.1, or 16.7 with the co-resident rule's 32 splits, against 15.2; 1 x 128k
+# 192.1 / 187.0); 4 x 2 (three CTAs per SM) and 4 x 6 (one CTA, 5 blocks in flight: 1 x 8k 22.7)
+# lose. The proposal (4 warps + the co-resident rule) kept 8 x 3: 0.92 in the cold 1 x 8k cell.
+# So per-SM streaming is not bound by the ring's depth or by CTA turnover but by the warps' own
+# instruction latency (ncu: 0.34 issued per scheduler per cycle): 8, 3, off.
 CONTIGUOUS_WARPS = 8
 CONTIGUOUS_STAGES = 3
 SPLIT_RULE_RESIDENT_CONTIGUOUS = False
 # Pages of TMA_PAGED_MAX_PAGE keys or more (page 256): calls of at most this many cached keys in
 # all (batch x capacity) take the Hopper loop (4 warps, 3 stages) when the heuristic chose, as
 # small pages do under SMALL_PAGE_TMA_MAX_KEYS; 0: off (the cp.async loop's 8 warps, as
-# contiguous caches). Page 256 at 1 x 8k ran 1.24x its contiguous time on the cp.async loop
-# (session 15, 19.1 against 15.2 us), where page 16 on the Hopper loop ran 1.06x: not yet timed
-# at page 256, off.
-LARGE_PAGE_TMA_MAX_KEYS = 0
+# contiguous caches). H100, session 16 round A (tests/decode_tma_timing.py, bf16 d128 32:8 heads,
+# page 256, CUDA graphs; logs/session16_rounds/a1/json_dec7): 1 x 8k 15.4 us on the Hopper loop
+# (4 warps, 32 splits) against 18.7 for the cp.async loop (contiguous 15.2: 1.01x where it was
+# 1.23x), but 1 x 32k 56.0 against 54.5 and 8 x 32k 406.0 against 379.6: on up to 8192 keys.
+LARGE_PAGE_TMA_MAX_KEYS = 8192
 
 
 @dataclasses.dataclass(frozen=True, order=True)
