@@ -146,17 +146,17 @@ def latency_test_configs():
 
 
 def resident_test_configs():
-    """tests/test_decode_resident_gpu.py: contiguous 4-warp tiles (3 / 2 / 6 stages) and page 256
-    on the Hopper loop, under the switches each test sets."""
+    """tests/test_decode_resident_gpu.py: contiguous 4-warp tiles (3 / 2 / 6 stages), 6 x 2, and
+    page 256 on the Hopper loop, under the switches each test sets."""
     import test_decode_resident_gpu as t
 
     out = []
-    for b, sq, ctx, h, hk, d, dtype, _ in t.CASES:
-        for stages in (3, 2, 6):
-            if stages != 3 and (d != 128 or sq * h // hk > 16):
-                continue
-            out.append(_heuristic(_problem(b, sq, ctx + 1, h, hk, d, dtype), 0, CONTIGUOUS_WARPS=4,
-                                  CONTIGUOUS_STAGES=stages, SPLIT_RULE_RESIDENT_CONTIGUOUS=True))
+    for case in t.CASES:
+        b, sq, ctx, h, hk, d, dtype, _ = case
+        for warps, stages in t.TILES:
+            if t.tiles_run((warps, stages), case):
+                out.append(_heuristic(_problem(b, sq, ctx + 1, h, hk, d, dtype), 0, CONTIGUOUS_WARPS=warps,
+                                      CONTIGUOUS_STAGES=stages, SPLIT_RULE_RESIDENT_CONTIGUOUS=True))
     for b, sq, ctx, h, hk in (1, 1, 8192 + 113, 32, 8), (3, 2, 2049, 16, 2), (2, 4, 17, 8, 8):
         out.append(_heuristic(_problem(b, sq, ctx + 1, h, hk, 128, page=256), 256, LARGE_PAGE_TMA_MAX_KEYS=1 << 20))
     return out

@@ -10,15 +10,17 @@ memory), CUDA-graph timing. In the same process, per cell:
     set (e.g. ``--propose "L2_PREFETCH_DEFAULT=256 SMALL_PAGE_WARPS=4"``);
   * every candidate of ``candidates``, forced through kvcache_with_config at its split rule's
     count (``num_splits_for``; ``_res``: the count of the co-resident model, which fills every
-    resident CTA slot, SPLIT_RULE_RESIDENT_CONTIGUOUS):
+    resident CTA slot, SPLIT_RULE_RESIDENT_CONTIGUOUS; ``_xN``: N splits):
     - ``base``         the heuristic's tiles on the cp.async loop (8 warps x 16 keys, 3 stages:
                        one CTA per SM), no option;
-    - contiguous cells, each with the L2 prefetch hint (256) and the fused combine: ``w4s3``
-                       (4 warps, 3 stages: 64-key blocks, 109 KB, two CTAs per SM; at batch <= 8
-                       also ``w4s3_res``), ``w4s2`` (three CTAs per SM; ``w4s2_res`` at batch
-                       <= 8) and ``w4s6`` (one CTA per SM with 5 blocks in flight);
-    - paged cells: ``w4s3`` (no option), and at page 256 with at most 256k keys in all, ``tma4``:
-                       the Hopper loop, 4 warps, 3 stages (LARGE_PAGE_TMA_MAX_KEYS);
+    - contiguous cells, each with the L2 prefetch hint (256) and the fused combine: ``wl`` (the
+                       heuristic's tiles, each warp loading its own rows: ``warp_loads``),
+                       ``w6s2`` (6 warps, 2 stages: 96-key blocks, two CTAs, 12 warps per SM; at
+                       batch <= 8 also ``w6s2_res``) and ``w6s2wl`` (with warp_loads); ``fc_xN``
+                       the heuristic's tiles at other split counts (batch 1: half; batch >= 32 from
+                       32k: 2x and 4x); from batch 32 ``w4s3`` (4 warps, 3 stages: two CTAs per SM);
+    - paged cells: at page 256 with at most 256k keys in all, ``tma4``: the Hopper loop, 4 warps,
+                       3 stages (LARGE_PAGE_TMA_MAX_KEYS);
   * the ``1x8k_cold`` cell: the graph cycles over 4 caches (134 MB, more than the 50 MB L2), so
     no call finds its K/V in L2 (1x8k's 34 MB fit: a replayed graph of one cache may hit);
   * ``--profile``: in the batch-1 contiguous cells, each of PROFILE_LABELS' graphs replays once
@@ -86,16 +88,28 @@ def candidates(base, batch: int, page: int, cold: bool = False, ctx: int = 0) ->
     split choice is a multiplier of the config's split rule (1: the rule's count) or ``"res"``:
     the rule's count under the co-resident model (SPLIT_RULE_RESIDENT_CONTIGUOUS)."""
     opts = dict(l2_prefetch=256, fused_combine=True)
-    w4s3 = base.replace(warps=4, stages=3, **opts)
-    if cold:  # the one launch and two CTAs per SM, where no call finds its K/V in L2
-        return [("base", base, (1,)), ("w4s3", w4s3, (1, "res"))]
+    fc = base.replace(**opts)                               # the heuristic's contiguous config
+    w6s2 = base.replace(warps=6, stages=2, **opts)          # 109 KB: two CTAs (12 warps) per SM
+    if cold:  # where no call finds its K/V in L2
+        return [("base", base, (1,)), ("wl", fc.replace(warp_loads=True), (1,)), ("w6s2", w6s2, (1,))]
     if not page:
         few = batch <= 8  # where the split count is > 1: more splits fill the resident slots
-        return [("base", base, (1,)),
-                ("w4s3", w4s3, (1, "res") if few else (1,)),          # 109 KB: two CTAs per SM
-                ("w4s2", base.replace(warps=4, stages=2, **opts), ("res",) if few else (1,)),  # three
-                ("w4s6", base.replace(warps=4, stages=6, **opts), (1,))]   # one CTA, 5 blocks in flight
-    out = [("base", base, (1,)), ("w4s3", base.replace(warps=4, stages=3), (1,))]
+        if batch == 1:
+            splits = (0.5,)
+        elif batch >= 32 and ctx >= 32768:
+            splits = (2, 4)
+        else:
+            splits = ()
+        out = [("base", base, (1,)),
+               ("wl", fc.replace(warp_loads=True), (1,)),    # each warp loads its own rows: no CTA barrier
+               ("w6s2", w6s2, (1, "res") if few else (1,)),
+               ("w6s2wl", w6s2.replace(warp_loads=True), (1,))]
+        if splits:
+            out.append(("fc", fc, splits))                   # the heuristic's tiles at other split counts
+        if batch >= 32:
+            out.append(("w4s3", base.replace(warps=4, stages=3, **opts), (1,)))
+        return out
+    out = [("base", base, (1,))]
     if page >= 128 and batch * ctx <= 262144:  # the Hopper loop at page 256 (LARGE_PAGE_TMA_MAX_KEYS)
         out.append(("tma4", base.replace(tma=True, warps=4, stages=3, l2_prefetch=0, fused_combine=False,
                                          split_cost=4), (1,)))
@@ -305,7 +319,7 @@ def sdpa_fn(impl, q, kc, vc):
     return f
 
 
-PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "w4s3", "w4s3_res", "w4s2_res")
+PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "wl", "w6s2", "w6s2_res", "fc_x8")
 
 
 def run_cell(name, page, reps, repeat, proposals, log, profile=False) -> list:

@@ -2,16 +2,17 @@
 as users call it, with the module switches that would make them the heuristic's choice:
 
   * contiguous caches on 4-warp tiles (CONTIGUOUS_WARPS = 4) with 3 stages (two CTAs per SM),
-    2 stages (three) and 6 stages (one CTA, a deep ring), each with the fused combine and the L2
-    hint, and the co-resident split rule (SPLIT_RULE_RESIDENT_CONTIGUOUS);
+    2 stages (three) and 6 stages (one CTA, a deep ring), and on 6 warps x 2 stages (two CTAs,
+    12 warps per SM), each with the fused combine and the L2 hint, and the co-resident split rule
+    (SPLIT_RULE_RESIDENT_CONTIGUOUS);
   * page 256 on the Hopper loop for small calls (LARGE_PAGE_TMA_MAX_KEYS).
 
 Each call is checked by test_decode_gpu.check_call against the float64 reference (error at most
 twice that of plain attention in the same low precision; outputs NaN-poisoned first; the appended
 cache rows as the reference wrote them): odd contexts (1, 17, 113, 1023, 2049), GQA ratios 1..16,
-seqlen_q 1..4, per-batch cache_seqlens (one row empty), causal and not. Compiles: 6 kernel sets
-(bf16 d128: 4 warps x 3 stages with one and two row tiles, x 2 and x 6 stages, the Hopper loop
-with 4 warps; fp16 d64 x 3 stages).
+seqlen_q 1..4, per-batch cache_seqlens (one row empty), causal and not. Compiles: 7 kernel sets
+(bf16 d128: 4 warps x 3 stages with one and two row tiles, x 2 and x 6 stages, 6 x 2, the Hopper
+loop with 4 warps; fp16 d64 4 x 3).
 """
 import numpy as np
 import pytest
@@ -65,22 +66,32 @@ def _id(c):
     return f"b{c[0]}_q{c[1]}_ctx{c[2]}_h{c[3]}x{c[4]}_d{c[5]}_{c[6]}_split{c[7]}"
 
 
-@pytest.mark.parametrize("stages", [3, 2, 6], ids=lambda s: f"w4s{s}")
+TILES = [(4, 3), (4, 2), (4, 6), (6, 2)]   # (warps, stages); 6 warps: 96-key blocks
+
+
+def tiles_run(tiles, case) -> bool:
+    """4 x 3 runs every case; the others bf16 d128 with one row tile only (the compile budget)."""
+    b, sq, ctx, h, hk, d, dtype, splits = case
+    return tiles == (4, 3) or (d == 128 and sq * h // hk <= 16)
+
+
+@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"w{t[0]}s{t[1]}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("case", CASES, ids=_id)
-def test_contiguous_four_warps(monkeypatch, case, causal, stages):
+def test_contiguous_tiles(monkeypatch, case, causal, tiles):
     """Two consecutive calls of one call shape on fresh inputs (the second finds the split
     counters the first reset), each against the reference; one new token appended."""
     b, sq, ctx, h, hk, d, dtype, splits = case
-    if stages != 3 and (d != 128 or sq * h // hk > 16):
-        pytest.skip("the 2- and 6-stage rings: bf16 d128 with one row tile only (the compile budget)")
-    _switches(monkeypatch, CONTIGUOUS_WARPS=4, CONTIGUOUS_STAGES=stages, SPLIT_RULE_RESIDENT_CONTIGUOUS=True)
+    if not tiles_run(tiles, case):
+        pytest.skip("bf16 d128 with one row tile only (the compile budget)")
+    warps, stages = tiles
+    _switches(monkeypatch, CONTIGUOUS_WARPS=warps, CONTIGUOUS_STAGES=stages, SPLIT_RULE_RESIDENT_CONTIGUOUS=True)
     rng = np.random.default_rng()
     for call in range(2):
         args = make_case(rng, b, sq, _lens(rng, b, ctx), h, hk, d, dtype, seqlen_new=1)
         check_call(args, dtype, f"{_id(case)} call {call}", causal=causal, num_splits=splits)
     for e in _entries():
-        assert (e.plan.config.warps, e.plan.config.stages) == (4, stages), e.plan.config.name
+        assert (e.plan.config.warps, e.plan.config.stages) == tiles, e.plan.config.name
 
 
 @pytest.mark.parametrize("case", [(1, 1, 8192 + 113, 32, 8), (3, 2, 2049, 16, 2), (2, 4, 17, 8, 8)],

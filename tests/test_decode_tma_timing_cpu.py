@@ -26,25 +26,26 @@ def test_cells_cover_the_issue_grid():
 def test_candidates_are_valid_and_named():
     base = dt.base_config(problem())
     assert not (base.tma or base.fused_combine or base.page_prefetch or base.l2_prefetch or base.warp_loads)
-    flat = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 0)}
-    assert list(flat) == ["base", "w4s3", "w4s2", "w4s6"]
-    for label, stages in (("w4s3", 3), ("w4s2", 2), ("w4s6", 6)):
+    flat = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 0, ctx=8192)}
+    assert list(flat) == ["base", "wl", "w6s2", "w6s2wl", "fc"]
+    for label, warps, stages, wl in (("wl", 8, 3, True), ("w6s2", 6, 2, False), ("w6s2wl", 6, 2, True),
+                                     ("fc", 8, 3, False)):
         cfg = flat[label][0]
-        assert (cfg.warps, cfg.stages, cfg.fused_combine, cfg.l2_prefetch) == (4, stages, True, 256), label
-    assert flat["w4s3"][1] == (1, "res") and flat["w4s2"][1] == ("res",)
-    # two and three CTAs per SM, one with the deep ring
-    assert [mod.ctas_per_sm(flat[k][0], 232448) for k in ("w4s3", "w4s2", "w4s6")] == [2, 3, 1]
-    big = {label: mults for label, _, mults in dt.candidates(base, 32, 0)}
-    assert big == {"base": (1,), "w4s3": (1,), "w4s2": (1,), "w4s6": (1,)}
+        assert (cfg.warps, cfg.stages, cfg.fused_combine, cfg.l2_prefetch, cfg.warp_loads) == \
+            (warps, stages, True, 256, wl), label
+    assert flat["w6s2"][1] == (1, "res") and flat["fc"][1] == (0.5,)
+    assert [mod.ctas_per_sm(flat[k][0], 232448) for k in ("wl", "w6s2")] == [1, 2]
+    big = {label: mults for label, _, mults in dt.candidates(base, 32, 0, ctx=32768)}
+    assert big == {"base": (1,), "wl": (1,), "w6s2": (1,), "w6s2wl": (1,), "fc": (2, 4), "w4s3": (1,)}
+    assert "fc" not in {x[0] for x in dt.candidates(base, 8, 0, ctx=32768)}
     paged = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 16, ctx=8192)}
-    assert list(paged) == ["base", "w4s3"]
-    assert (paged["w4s3"][0].warps, paged["w4s3"][0].stages) == (4, 3)
+    assert list(paged) == ["base"]
     large = {label: cfg for label, cfg, _ in dt.candidates(base, 1, 256, ctx=8192)}
-    assert list(large) == ["base", "w4s3", "tma4"] and large["tma4"].tma and large["tma4"].warps == 4
+    assert list(large) == ["base", "tma4"] and large["tma4"].tma and large["tma4"].warps == 4
     assert "tma4" not in {x[0] for x in dt.candidates(base, 32, 256, ctx=32768)}
-    assert [x[0] for x in dt.candidates(base, 1, 0, cold=True)] == ["base", "w4s3"]
+    assert [x[0] for x in dt.candidates(base, 1, 0, cold=True)] == ["base", "wl", "w6s2"]
     for page in (0, 16, 256):
-        for label, cfg, _ in dt.candidates(base, 1, page, ctx=8192):
+        for label, cfg, _ in dt.candidates(base, 1, page, ctx=8192) + dt.candidates(base, 64, page, ctx=131072):
             assert not cfg.problems(232448), (label, cfg.problems(232448))
 
 
