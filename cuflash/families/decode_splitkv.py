@@ -191,6 +191,13 @@ SPLIT_RULE_RESIDENT_CONTIGUOUS = False
 # (4 warps, 32 splits) against 18.7 for the cp.async loop (contiguous 15.2: 1.01x where it was
 # 1.23x), but 1 x 32k 56.0 against 54.5 and 8 x 32k 406.0 against 379.6: on up to 8192 keys.
 LARGE_PAGE_TMA_MAX_KEYS = 8192
+# lean (the cp.async loop): Q's mma fragments kept in registers (one ldmatrix pass per CTA, not
+# per block) and O rescaled only when a row's running max grew (a warp vote). ncu (session 16,
+# 32 x 8k) found the SMs issuing 0.34 instructions per cycle per scheduler at 2 warps each: each
+# SM's stream is bound by its warps' per-block instruction latency, which this shortens. Not yet
+# timed: off and out of the tuning space (the heuristic's choice and the space's values).
+LEAN_DEFAULT = False
+LEAN_SPACE = (False,)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -222,6 +229,9 @@ class DecodeConfig(KernelConfig):
     warp_loads: the cp.async loop's K/V rows are loaded by the warp that reads them (each warp its
               warp_n rows of every block), so the ring needs no CTA barrier per block and the
               warps stream independently; False: the CTA loads each block together
+    lean:     the cp.async loop's warps keep Q's mma fragments in registers (read once per CTA, not
+              per block) and rescale O only when a row's running max grew in the block (one row
+              tile up to d 128: the fragments' registers)
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -246,6 +256,7 @@ class DecodeConfig(KernelConfig):
     l2_prefetch: int = 0
     warp_loads: bool = False
     page_gather: bool = False
+    lean: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -268,7 +279,8 @@ class DecodeConfig(KernelConfig):
         split = f"_x{self.splits}" if self.splits else ""
         flags = (("_fc" if self.fused_combine else "") + ("_pp" if self.page_prefetch else "")
                  + ("_tma" if self.tma else "") + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
-                 + ("_wl" if self.warp_loads else "") + ("_pg" if self.page_gather else ""))
+                 + ("_wl" if self.warp_loads else "") + ("_pg" if self.page_gather else "")
+                 + ("_ln" if self.lean else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -288,7 +300,9 @@ class DecodeConfig(KernelConfig):
         if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
-        gather = f", {flag[True]}" if self.page_gather else ""  # the default (false) is left out
+        # the defaults (false) of the trailing flags are left out
+        gather = (f", {flag[self.page_gather]}, {flag[True]}" if self.lean
+                  else f", {flag[True]}" if self.page_gather else "")
         return (f"cuflash::decode_splitkv<{self.warps}, {self.warp_n}, {self.stages}, {self.m_tiles}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {flag[self.fused_combine]}, "
                 f"{flag[self.page_prefetch]}, {int(self.l2_prefetch)}, {flag[self.warp_loads]}{gather}>")
@@ -298,7 +312,7 @@ class DecodeConfig(KernelConfig):
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype)
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                 bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch),
-                bool(self.warp_loads), bool(self.page_gather))
+                bool(self.warp_loads), bool(self.page_gather), bool(self.lean))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -316,6 +330,10 @@ class DecodeConfig(KernelConfig):
         if not out and self.accum_regs > MAX_ACCUM_REGS:
             out.append(f"{self.accum_regs} fp32 accumulator registers per thread (O and S) "
                        f"exceed the budget of {MAX_ACCUM_REGS}: it would spill")
+        if not out and self.lean and self.accum_regs + self.m_tiles * self.head_dim // 4 > MAX_ACCUM_REGS:
+            out.append(f"lean: {self.accum_regs} fp32 accumulator registers per thread plus "
+                       f"{self.m_tiles * self.head_dim // 4} of Q's fragments exceed the budget of "
+                       f"{MAX_ACCUM_REGS}: it would spill (one row tile up to d 128 fits)")
         chunks = self.head_dim // 8
         lanes = 4 if chunks <= 4 else 8 if chunks <= 8 else 16 if chunks <= 16 else 32
         if not out and (32 * self.warps) % lanes:
@@ -327,9 +345,10 @@ class DecodeConfig(KernelConfig):
             if self.block_n > 256:
                 out.append(f"tma: warps * warp_n (the block's keys, one TMA box) must be <= 256, "
                            f"got {self.block_n}")
-            if self.fused_combine or self.page_prefetch or self.l2_prefetch or self.warp_loads or self.page_gather:
+            if (self.fused_combine or self.page_prefetch or self.l2_prefetch or self.warp_loads or self.page_gather
+                    or self.lean):
                 out.append("tma: the Hopper loop has no fused_combine, no page_prefetch, no "
-                           "l2_prefetch, no warp_loads and no page_gather (options of the cp.async loop)")
+                           "l2_prefetch, no warp_loads, no page_gather and no lean (options of the cp.async loop)")
             if not out and self.warps >= 8 and self.accum_regs > TMA_MAX_ACCUM_REGS_WIDE:
                 out.append(f"tma: {self.accum_regs} fp32 accumulator registers per thread exceed the "
                            f"budget of {TMA_MAX_ACCUM_REGS_WIDE} at {self.warps} warps plus the producer "
@@ -465,7 +484,7 @@ class DecodeSplitKV(Family):
     space = {"warps": (2, 4, 8), "warp_n": (16, 32), "stages": (2, 3, 4, 6), "m_tiles": (1, 2),
              "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
              "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE,
-             "page_gather": PAGE_GATHER_SPACE}
+             "page_gather": PAGE_GATHER_SPACE, "lean": LEAN_SPACE}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -526,7 +545,7 @@ class DecodeSplitKV(Family):
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
             tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False,
-                              tma=True, split_cost=TMA_SPLIT_COST)
+                              lean=False, tma=True, split_cost=TMA_SPLIT_COST)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
                 candidate = tma.replace(**shrink)
@@ -536,6 +555,8 @@ class DecodeSplitKV(Family):
                        {"warps": 2, "stages": 2, "m_tiles": 1}):
             candidate = cfg.replace(**shrink)
             if not candidate.problems(max_smem):
+                if LEAN_DEFAULT and not candidate.replace(lean=True).problems(max_smem):
+                    candidate = candidate.replace(lean=True)   # where Q's fragments fit (LEAN_DEFAULT)
                 return candidate
         return cfg.validate(max_smem)
 
@@ -543,7 +564,7 @@ class DecodeSplitKV(Family):
         """As Family.make; a point without ``tma``, ``l2_prefetch``, ``warp_loads`` or ``page_gather``
         (tuned tables and recorded studies from before them) gets False / 0 / False / False: the
         cp.async loop as it was."""
-        point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, **point}
+        point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -587,7 +608,7 @@ class DecodeSplitKV(Family):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
-                                 warp_loads=False, page_gather=False, fused_combine=False)
+                                 warp_loads=False, page_gather=False, fused_combine=False, lean=False)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
