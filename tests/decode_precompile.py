@@ -113,7 +113,7 @@ def sanitize_configs():
                          dict(tma_paged=True),
                          dict(FUSED_COMBINE_DEFAULT=True, PAGE_GATHER_DEFAULT=True, SMALL_PAGE_TMA_MAX_KEYS=0),
                          dict(CONTIGUOUS_WARPS=4, CONTIGUOUS_STAGES=3, SPLIT_RULE_RESIDENT_CONTIGUOUS=True,
-                              LARGE_PAGE_TMA_MAX_KEYS=1 << 20)):
+                              LARGE_PAGE_TMA_MAX_KEYS=1 << 20), dict(LEAN_DEFAULT=True, warp_loads=True)):
             for dtype in g.DTYPES:
                 out.append(_heuristic(p.replace(dtype=dtype), page, **switches))
     return out
@@ -157,6 +157,12 @@ def resident_test_configs():
             if t.tiles_run((warps, stages), case):
                 out.append(_heuristic(_problem(b, sq, ctx + 1, h, hk, d, dtype), 0, CONTIGUOUS_WARPS=warps,
                                       CONTIGUOUS_STAGES=stages, SPLIT_RULE_RESIDENT_CONTIGUOUS=True))
+    for case in t.CASES:                                                          # lean
+        b, sq, ctx, h, hk, d, dtype, _ = case
+        for wl in (False, True):
+            if not wl or (d == 128 and dtype == "bf16" and sq * h // hk <= 16):
+                out.append(_heuristic(_problem(b, sq, ctx + 1, h, hk, d, dtype), 0, LEAN_DEFAULT=True,
+                                      warp_loads=wl))
     for b, sq, ctx, h, hk in (1, 1, 8192 + 113, 32, 8), (3, 2, 2049, 16, 2), (2, 4, 17, 8, 8):
         out.append(_heuristic(_problem(b, sq, ctx + 1, h, hk, 128, page=256), 256, LARGE_PAGE_TMA_MAX_KEYS=1 << 20))
     return out

@@ -14,9 +14,10 @@ memory), CUDA-graph timing. In the same process, per cell:
     - ``base``         the heuristic's tiles on the cp.async loop (8 warps x 16 keys, 3 stages:
                        one CTA per SM), no option;
     - contiguous cells, each with the L2 prefetch hint (256) and the fused combine: ``wl`` (the
-                       heuristic's tiles, each warp loading its own rows: ``warp_loads``),
-                       ``w6s2`` (6 warps, 2 stages: 96-key blocks, two CTAs, 12 warps per SM; at
-                       batch <= 8 also ``w6s2_res``) and ``w6s2wl`` (with warp_loads); ``fc_xN``
+                       heuristic's tiles, each warp loading its own rows: ``warp_loads``), ``ln``
+                       (its tiles with ``lean``: Q's fragments in registers, O rescaled only when a
+                       row's max grew) and ``lnwl`` (both), ``w6s2`` (6 warps, 2 stages: 96-key
+                       blocks, two CTAs, 12 warps per SM; at batch <= 8 also ``w6s2_res``); ``fc_xN``
                        the heuristic's tiles at other split counts (batch 1: half; batch >= 32 from
                        32k: 2x and 4x); from batch 32 ``w4s3`` (4 warps, 3 stages: two CTAs per SM);
     - paged cells: at page 256 with at most 256k keys in all, ``tma4``: the Hopper loop, 4 warps,
@@ -72,7 +73,7 @@ SWITCH_NAMES = ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP
                 "SMALL_PAGE_WARPS", "PAGED_SPLIT_RULE_RESIDENT", "FUSED_COMBINE_DEFAULT",
                 "PAGE_PREFETCH_DEFAULT", "PAGE_GATHER_DEFAULT", "COMBINE_LAUNCH_COST",
                 "SMALL_PAGE_TMA_MAX_KEYS", "CONTIGUOUS_WARPS", "CONTIGUOUS_STAGES",
-                "SPLIT_RULE_RESIDENT_CONTIGUOUS", "LARGE_PAGE_TMA_MAX_KEYS")
+                "SPLIT_RULE_RESIDENT_CONTIGUOUS", "LARGE_PAGE_TMA_MAX_KEYS", "LEAN_DEFAULT")
 
 
 def base_config(problem, arch=(9, 0)):
@@ -91,7 +92,7 @@ def candidates(base, batch: int, page: int, cold: bool = False, ctx: int = 0) ->
     fc = base.replace(**opts)                               # the heuristic's contiguous config
     w6s2 = base.replace(warps=6, stages=2, **opts)          # 109 KB: two CTAs (12 warps) per SM
     if cold:  # where no call finds its K/V in L2
-        return [("base", base, (1,)), ("wl", fc.replace(warp_loads=True), (1,)), ("w6s2", w6s2, (1,))]
+        return [("base", base, (1,)), ("wl", fc.replace(warp_loads=True), (1,)), ("ln", fc.replace(lean=True), (1,))]
     if not page:
         few = batch <= 8  # where the split count is > 1: more splits fill the resident slots
         if batch == 1:
@@ -102,8 +103,9 @@ def candidates(base, batch: int, page: int, cold: bool = False, ctx: int = 0) ->
             splits = ()
         out = [("base", base, (1,)),
                ("wl", fc.replace(warp_loads=True), (1,)),    # each warp loads its own rows: no CTA barrier
-               ("w6s2", w6s2, (1, "res") if few else (1,)),
-               ("w6s2wl", w6s2.replace(warp_loads=True), (1,))]
+               ("ln", fc.replace(lean=True), (1,)),          # Q's fragments in registers, lazy O rescale
+               ("lnwl", fc.replace(lean=True, warp_loads=True), (1,)),
+               ("w6s2", w6s2, (1, "res") if few else (1,))]
         if splits:
             out.append(("fc", fc, splits))                   # the heuristic's tiles at other split counts
         if batch >= 32:
@@ -319,7 +321,7 @@ def sdpa_fn(impl, q, kc, vc):
     return f
 
 
-PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "wl", "w6s2", "w6s2_res", "fc_x8")
+PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "wl", "ln", "lnwl", "w6s2_res", "fc_x8")
 
 
 def run_cell(name, page, reps, repeat, proposals, log, profile=False) -> list:

@@ -5,14 +5,15 @@ as users call it, with the module switches that would make them the heuristic's 
     2 stages (three) and 6 stages (one CTA, a deep ring), and on 6 warps x 2 stages (two CTAs,
     12 warps per SM), each with the fused combine and the L2 hint, and the co-resident split rule
     (SPLIT_RULE_RESIDENT_CONTIGUOUS);
-  * page 256 on the Hopper loop for small calls (LARGE_PAGE_TMA_MAX_KEYS).
+  * page 256 on the Hopper loop for small calls (LARGE_PAGE_TMA_MAX_KEYS);
+  * the heuristic's tiles with ``lean`` (LEAN_DEFAULT), alone and with warp_loads.
 
 Each call is checked by test_decode_gpu.check_call against the float64 reference (error at most
 twice that of plain attention in the same low precision; outputs NaN-poisoned first; the appended
 cache rows as the reference wrote them): odd contexts (1, 17, 113, 1023, 2049), GQA ratios 1..16,
-seqlen_q 1..4, per-batch cache_seqlens (one row empty), causal and not. Compiles: 7 kernel sets
+seqlen_q 1..4, per-batch cache_seqlens (one row empty), causal and not. Compiles: 10 kernel sets (the plain two-row-tile d128 one too)
 (bf16 d128: 4 warps x 3 stages with one and two row tiles, x 2 and x 6 stages, 6 x 2, the Hopper
-loop with 4 warps; fp16 d64 4 x 3).
+loop with 4 warps, 8 x 3 lean and lean + warp_loads; fp16 d64 4 x 3 and 8 x 3 lean).
 """
 import numpy as np
 import pytest
@@ -108,3 +109,22 @@ def test_page256_hopper_loop(monkeypatch, case):
         check_call(args, "bf16", f"page 256 leftpad {leftpad}", causal=True)
     assert all(e.plan.config.tma and e.plan.config.warps == 4 for e in _entries()), \
         [e.plan.config.name for e in _entries()]
+
+
+@pytest.mark.parametrize("wl", [False, True], ids=["cta_loads", "warp_loads"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_lean(monkeypatch, case, causal, wl):
+    """lean (Q's fragments in registers, O rescaled only when a row's max grew) on the heuristic's
+    tiles, alone and with warp_loads; cases with two row tiles run without it (its registers)."""
+    b, sq, ctx, h, hk, d, dtype, splits = case
+    if wl and (d != 128 or dtype != "bf16" or sq * h // hk > 16):
+        pytest.skip("warp_loads with lean: bf16 d128, one row tile only (the compile budget)")
+    _switches(monkeypatch, LEAN_DEFAULT=True, WARP_LOADS_DEFAULT=wl)
+    rng = np.random.default_rng()
+    for call in range(2):
+        args = make_case(rng, b, sq, _lens(rng, b, ctx), h, hk, d, dtype, seqlen_new=1)
+        check_call(args, dtype, f"{_id(case)} call {call}", causal=causal, num_splits=splits)
+    for e in _entries():
+        assert e.plan.config.lean == (e.plan.config.m_tiles == 1), e.plan.config.name
+        assert e.plan.config.warp_loads == wl, e.plan.config.name

@@ -27,23 +27,24 @@ def test_candidates_are_valid_and_named():
     base = dt.base_config(problem())
     assert not (base.tma or base.fused_combine or base.page_prefetch or base.l2_prefetch or base.warp_loads)
     flat = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 0, ctx=8192)}
-    assert list(flat) == ["base", "wl", "w6s2", "w6s2wl", "fc"]
-    for label, warps, stages, wl in (("wl", 8, 3, True), ("w6s2", 6, 2, False), ("w6s2wl", 6, 2, True),
-                                     ("fc", 8, 3, False)):
+    assert list(flat) == ["base", "wl", "ln", "lnwl", "w6s2", "fc"]
+    for label, warps, stages, wl, lean in (("wl", 8, 3, True, False), ("ln", 8, 3, False, True),
+                                           ("lnwl", 8, 3, True, True), ("w6s2", 6, 2, False, False),
+                                           ("fc", 8, 3, False, False)):
         cfg = flat[label][0]
-        assert (cfg.warps, cfg.stages, cfg.fused_combine, cfg.l2_prefetch, cfg.warp_loads) == \
-            (warps, stages, True, 256, wl), label
+        assert (cfg.warps, cfg.stages, cfg.fused_combine, cfg.l2_prefetch, cfg.warp_loads, cfg.lean) == \
+            (warps, stages, True, 256, wl, lean), label
     assert flat["w6s2"][1] == (1, "res") and flat["fc"][1] == (0.5,)
     assert [mod.ctas_per_sm(flat[k][0], 232448) for k in ("wl", "w6s2")] == [1, 2]
     big = {label: mults for label, _, mults in dt.candidates(base, 32, 0, ctx=32768)}
-    assert big == {"base": (1,), "wl": (1,), "w6s2": (1,), "w6s2wl": (1,), "fc": (2, 4), "w4s3": (1,)}
+    assert big == {"base": (1,), "wl": (1,), "ln": (1,), "lnwl": (1,), "w6s2": (1,), "fc": (2, 4), "w4s3": (1,)}
     assert "fc" not in {x[0] for x in dt.candidates(base, 8, 0, ctx=32768)}
     paged = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 16, ctx=8192)}
     assert list(paged) == ["base"]
     large = {label: cfg for label, cfg, _ in dt.candidates(base, 1, 256, ctx=8192)}
     assert list(large) == ["base", "tma4"] and large["tma4"].tma and large["tma4"].warps == 4
     assert "tma4" not in {x[0] for x in dt.candidates(base, 32, 256, ctx=32768)}
-    assert [x[0] for x in dt.candidates(base, 1, 0, cold=True)] == ["base", "wl", "w6s2"]
+    assert [x[0] for x in dt.candidates(base, 1, 0, cold=True)] == ["base", "wl", "ln"]
     for page in (0, 16, 256):
         for label, cfg, _ in dt.candidates(base, 1, page, ctx=8192) + dt.candidates(base, 64, page, ctx=131072):
             assert not cfg.problems(232448), (label, cfg.problems(232448))
