@@ -16,10 +16,12 @@ memory), CUDA-graph timing. In the same process, per cell:
     - contiguous cells, each with the L2 prefetch hint (256) and the fused combine: ``wl`` (the
                        heuristic's tiles, each warp loading its own rows: ``warp_loads``), ``ln``
                        (its tiles with ``lean``: Q's fragments in registers, O rescaled only when a
-                       row's max grew) and ``lnwl`` (both), ``w6s2`` (6 warps, 2 stages: 96-key
+                       row's max grew), ``w6s2`` (6 warps, 2 stages: 96-key
                        blocks, two CTAs, 12 warps per SM; at batch <= 8 also ``w6s2_res``); ``fc_xN``
                        the heuristic's tiles at other split counts (batch 1: half; batch >= 32 from
                        32k: 2x and 4x); from batch 32 ``w4s3`` (4 warps, 3 stages: two CTAs per SM);
+                       where the heuristic's tiles are 4 x 3 (CONTIGUOUS_SMALL_TILE_MIN_GROUPS) only
+                       ``w8s3`` (8 warps, 3 stages);
     - paged cells: at page 256 with at most 256k keys in all, ``tma4``: the Hopper loop, 4 warps,
                        3 stages (LARGE_PAGE_TMA_MAX_KEYS);
   * the ``1x8k_cold`` cell: the graph cycles over 4 caches (134 MB, more than the 50 MB L2), so
@@ -101,10 +103,11 @@ def candidates(base, batch: int, page: int, cold: bool = False, ctx: int = 0) ->
             splits = (2, 4)
         else:
             splits = ()
+        if base.warps != 8:  # the small tiles (CONTIGUOUS_SMALL_TILE_MIN_GROUPS) against 8 x 3
+            return [("base", base, (1,)), ("w8s3", base.replace(warps=8, stages=3, **opts), (1,))]
         out = [("base", base, (1,)),
                ("wl", fc.replace(warp_loads=True), (1,)),    # each warp loads its own rows: no CTA barrier
                ("ln", fc.replace(lean=True), (1,)),          # Q's fragments in registers, lazy O rescale
-               ("lnwl", fc.replace(lean=True, warp_loads=True), (1,)),
                ("w6s2", w6s2, (1, "res") if few else (1,))]
         if splits:
             out.append(("fc", fc, splits))                   # the heuristic's tiles at other split counts
@@ -321,7 +324,7 @@ def sdpa_fn(impl, q, kc, vc):
     return f
 
 
-PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "wl", "ln", "lnwl", "w6s2_res", "fc_x8")
+PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "wl", "ln", "w6s2_res", "fc_x8")
 
 
 def run_cell(name, page, reps, repeat, proposals, log, profile=False) -> list:

@@ -102,3 +102,21 @@ def test_small_page_rule_by_call_size(monkeypatch):
     assert not cfg_for(1, 8192, arch=(8, 0)).tma
     monkeypatch.setattr(mod, "SMALL_PAGE_TMA_MAX_KEYS", 0)
     assert not cfg_for(1, 8192).tma and cfg_for(1, 8192).warps == 4
+
+
+def test_small_tiles_from_many_groups(monkeypatch):
+    """Contiguous calls with at least CONTIGUOUS_SMALL_TILE_MIN_GROUPS (batch, KV head, row block)
+    groups take 4 warps x 3 stages (two CTAs per SM; measured at batch 64 x 8 KV heads); fewer
+    groups, paged caches and head dims above 128 keep their tiles; 0 turns it off."""
+    def heur(batch, seqlen_q=1, features=(), d=128):
+        return FAM.heuristic(Problem("decode", "bf16", batch, seqlen_q, 8192, 32, 8, d, False, False, features), (9, 0))
+
+    assert mod.CONTIGUOUS_SMALL_TILE_MIN_GROUPS == 512
+    assert (heur(64).warps, heur(64).stages) == (4, 3) and heur(64).fused_combine
+    assert heur(32).warps == 8 and heur(64, features=("paged_kv",)).warps == 8
+    d256 = heur(64, d=256)                          # above d 128: the heuristic's own shrink rule
+    two = heur(64, seqlen_q=5)                      # 20 packed rows: two row tiles, 512 groups
+    assert (two.warps, two.m_tiles) == (4, 2) and not two.problems(232448)
+    assert mod.ctas_per_sm(heur(64), 232448) == 2
+    monkeypatch.setattr(mod, "CONTIGUOUS_SMALL_TILE_MIN_GROUPS", 0)
+    assert heur(64).warps == 8 and heur(64, d=256) == d256

@@ -27,9 +27,9 @@ def test_candidates_are_valid_and_named():
     base = dt.base_config(problem())
     assert not (base.tma or base.fused_combine or base.page_prefetch or base.l2_prefetch or base.warp_loads)
     flat = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 0, ctx=8192)}
-    assert list(flat) == ["base", "wl", "ln", "lnwl", "w6s2", "fc"]
+    assert list(flat) == ["base", "wl", "ln", "w6s2", "fc"]
     for label, warps, stages, wl, lean in (("wl", 8, 3, True, False), ("ln", 8, 3, False, True),
-                                           ("lnwl", 8, 3, True, True), ("w6s2", 6, 2, False, False),
+                                           ("w6s2", 6, 2, False, False),
                                            ("fc", 8, 3, False, False)):
         cfg = flat[label][0]
         assert (cfg.warps, cfg.stages, cfg.fused_combine, cfg.l2_prefetch, cfg.warp_loads, cfg.lean) == \
@@ -37,8 +37,11 @@ def test_candidates_are_valid_and_named():
     assert flat["w6s2"][1] == (1, "res") and flat["fc"][1] == (0.5,)
     assert [mod.ctas_per_sm(flat[k][0], 232448) for k in ("wl", "w6s2")] == [1, 2]
     big = {label: mults for label, _, mults in dt.candidates(base, 32, 0, ctx=32768)}
-    assert big == {"base": (1,), "wl": (1,), "ln": (1,), "lnwl": (1,), "w6s2": (1,), "fc": (2, 4), "w4s3": (1,)}
+    assert big == {"base": (1,), "wl": (1,), "ln": (1,), "w6s2": (1,), "fc": (2, 4), "w4s3": (1,)}
     assert "fc" not in {x[0] for x in dt.candidates(base, 8, 0, ctx=32768)}
+    small = dt.base_config(problem(64, 8192))                        # CONTIGUOUS_SMALL_TILE_MIN_GROUPS
+    assert (small.warps, small.stages) == (4, 3)
+    assert [(x[0], x[1].warps) for x in dt.candidates(small, 64, 0, ctx=8192)] == [("base", 4), ("w8s3", 8)]
     paged = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 16, ctx=8192)}
     assert list(paged) == ["base"]
     large = {label: cfg for label, cfg, _ in dt.candidates(base, 1, 256, ctx=8192)}

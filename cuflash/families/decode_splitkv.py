@@ -123,9 +123,11 @@ TMA_SPLIT_COST = 4
 L2_PREFETCH_SIZES = (0, 64, 128, 256)
 L2_PREFETCH_SPACE = (0, 128, 256)
 L2_PREFETCH_DEFAULT = 256
-# warp_loads: the heuristic's choice, and the tuning space's values: not yet run on a GPU (its GPU
-# tests, tests/test_decode_bandwidth_gpu.py, and racecheck, tests/gpu_sanitize.py, are written):
-# off and out of the space until they pass and a timing shows it faster.
+# warp_loads: the heuristic's choice, and the tuning space's values. Its GPU tests
+# (tests/test_decode_bandwidth_gpu.py) pass on the H100 (session 16 rounds C, D); racecheck not run.
+# Timed there (round C, logs/session16_rounds/c2/json_dec7, with the fused combine and the L2
+# hint): 1 x 8k 14.8 against 15.0 us, 1 x 32k 53.0 / 53.2, but 1 x 128k 190.6 / 187.4 and 32 x 8k
+# 374.2 / 363.6: off and out of the space.
 WARP_LOADS_DEFAULT = False
 WARP_LOADS_SPACE = (False,)
 # page_gather (paged caches: a K/V block's page ids read before its cp.asyncs, not one dependent
@@ -183,6 +185,13 @@ PAGED_SPLIT_RULE_RESIDENT = True
 CONTIGUOUS_WARPS = 8
 CONTIGUOUS_STAGES = 3
 SPLIT_RULE_RESIDENT_CONTIGUOUS = False
+# ... except for calls with at least this many (batch, KV head, row block) groups (0: never),
+# which take 4 warps x 3 stages (two CTAs per SM) at their split rule's count. H100, session 16
+# rounds A and C (logs/session16_rounds/a1, c2: json_dec7), 32:8 heads: at batch 64 (512 groups)
+# 64 x 8k 725 / 724 us against 735 / 735 for 8 x 3, 64 x 32k 2886 / 2891 against 2914 / 2927,
+# 64 x 128k 11596 / 11601 (9 splits) against 11822 / 11814 (1.0-1.9% faster); at batch 32 (256
+# groups) 0.4-1.7% slower (32 x 128k 5842 / 5835 against 5729 / 5736): on from 512.
+CONTIGUOUS_SMALL_TILE_MIN_GROUPS = 512
 # Pages of TMA_PAGED_MAX_PAGE keys or more (page 256): calls of at most this many cached keys in
 # all (batch x capacity) take the Hopper loop (4 warps, 3 stages) when the heuristic chose, as
 # small pages do under SMALL_PAGE_TMA_MAX_KEYS; 0: off (the cp.async loop's 8 warps, as
@@ -193,9 +202,11 @@ SPLIT_RULE_RESIDENT_CONTIGUOUS = False
 LARGE_PAGE_TMA_MAX_KEYS = 8192
 # lean (the cp.async loop): Q's mma fragments kept in registers (one ldmatrix pass per CTA, not
 # per block) and O rescaled only when a row's running max grew (a warp vote). ncu (session 16,
-# 32 x 8k) found the SMs issuing 0.34 instructions per cycle per scheduler at 2 warps each: each
-# SM's stream is bound by its warps' per-block instruction latency, which this shortens. Not yet
-# timed: off and out of the tuning space (the heuristic's choice and the space's values).
+# 32 x 8k) found the SMs issuing 0.34 instructions per cycle per scheduler at 2 warps each, which
+# this lowers; but cuDNN's kernel issues 0.15 and streams faster (session 16 round C ncu, see
+# tests/decode_ncu_probe.py): the issue rate is not what bounds it. Its GPU tests pass on the H100
+# (session 16 round D, tests/test_decode_resident_gpu.py); not timed: off and out of the tuning
+# space (the heuristic's choice and the space's values).
 LEAN_DEFAULT = False
 LEAN_SPACE = (False,)
 
@@ -535,6 +546,9 @@ class DecodeSplitKV(Family):
         warps = 8
         if d <= 128 and "paged_kv" not in problem.features:  # contiguous caches: see CONTIGUOUS_WARPS
             warps, stages = CONTIGUOUS_WARPS, CONTIGUOUS_STAGES
+            groups = problem.batch * problem.nheads_kv * -(-group * problem.seqlen_q // (16 * m_tiles))
+            if CONTIGUOUS_SMALL_TILE_MIN_GROUPS and groups >= CONTIGUOUS_SMALL_TILE_MIN_GROUPS:
+                warps, stages = 4, 3
         cfg = DecodeConfig(warps, 16, stages, m_tiles, 4, d, problem.dtype, bool(problem.causal),
                            fused_combine=FUSED_COMBINE_DEFAULT,
                            page_prefetch=PAGE_PREFETCH_DEFAULT and "paged_kv" in problem.features,
