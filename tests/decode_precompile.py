@@ -91,13 +91,13 @@ def bandwidth_test_configs():
     import test_decode_bandwidth_gpu as t
 
     out = [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype, page), page, l2=size, warp_loads=wl,
-                      SMALL_PAGE_TMA_MAX_KEYS=0)
+                      SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0)
            for b, sq, ctx, h, hk, d, dtype, _, page, size, wl in t.CASES]
     leftpad = _heuristic(_problem(3, 1, 2050, 32, 8, 128, page=48), 48, l2=0,   # forced: both options, 8 / 4 warps
-                         SMALL_PAGE_TMA_MAX_KEYS=0)
+                         SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0)
     out += [leftpad.replace(l2_prefetch=256, warp_loads=True, warps=w, stages=3) for w in (8, 4)]
     out.append(_heuristic(_problem(3, 2, 4098, 32, 8, 128, page=16), 16, small_page_warps=4, l2=0,
-                          SMALL_PAGE_TMA_MAX_KEYS=0))
+                          SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0))
     return out
 
 
@@ -109,9 +109,9 @@ def sanitize_configs():
     out = []
     for b, sq, lens, h, hk, d, page, new, _, _ in g.DECODE_SHAPES:
         p = _problem(b, sq, max(lens) + new, h, hk, d, page=page)
-        for switches in ({}, dict(l2=256, warp_loads=True, SMALL_PAGE_TMA_MAX_KEYS=0), dict(tma=True),
+        for switches in ({}, dict(l2=256, warp_loads=True, SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0), dict(tma=True),
                          dict(tma_paged=True),
-                         dict(FUSED_COMBINE_DEFAULT=True, PAGE_GATHER_DEFAULT=True, SMALL_PAGE_TMA_MAX_KEYS=0),
+                         dict(FUSED_COMBINE_DEFAULT=True, PAGE_GATHER_DEFAULT=True, SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0),
                          dict(CONTIGUOUS_WARPS=4, CONTIGUOUS_STAGES=3, SPLIT_RULE_RESIDENT_CONTIGUOUS=True,
                               LARGE_PAGE_TMA_MAX_KEYS=1 << 20), dict(LEAN_DEFAULT=True, warp_loads=True)):
             for dtype in g.DTYPES:

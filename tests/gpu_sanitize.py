@@ -104,9 +104,9 @@ def decode_loops(family) -> list:
     loops = [{}]
     if family.name != "decode_splitkv":
         return loops
-    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0,
+    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0,
                       L2_PREFETCH_DEFAULT=256, WARP_LOADS_DEFAULT=True))
-    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0,
+    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0,
                       FUSED_COMBINE_DEFAULT=True, PAGE_GATHER_DEFAULT=True))
     # contiguous caches on 4-warp tiles (two CTAs per SM) with the co-resident split rule, and
     # page 256 on the Hopper loop (issue 13, session 16: candidates, off by default)
