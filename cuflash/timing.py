@@ -91,24 +91,35 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 3, reps: int = 20, back_t
 
 
 def time_interleaved(fns: dict, *, warmup: int = 3, reps: int = 20, back_to_back: int = 10,
-                     flush_l2: bool = False, device: int = 0) -> dict:
-    """``time_ms`` for several callables with their samples interleaved (A B C A B C ...), so
-    that clock and thermal drift hit all of them alike. Returns {name: Timing}."""
+                     flush_l2: bool = False, device: int = 0, rotate: bool = True) -> dict:
+    """``time_ms`` for several callables with their samples interleaved, so that clock and
+    thermal drift hit all of them alike. Returns {name: Timing}.
+
+    ``rotate`` (default): the order of a round shifts by one every sample (A B C, B C A, C A B,
+    ...), so every callable meets every position of the round. With a fixed order (A B C A B C)
+    the position is a bias: under sustained load the H100's clock sinks along a round of fast
+    kernels and recovers during a slow one, so the callable right after a slow one (the bench:
+    SDPA cuDNN after SDPA flash) ran at a higher clock in every sample (1-2% per position at
+    16k keys, tests/sm90_fwd_nc_timing.py's note; the cuflash forward sat right after cuDNN)."""
     inner = 1 if flush_l2 else max(1, int(back_to_back))
     flush = l2_flusher(device) if flush_l2 else None
     for fn in fns.values():
         warm_up(fn, warmup)
-    return _sample(fns, reps, inner, flush)
+    return _sample(fns, reps, inner, flush, rotate)
 
 
-def _sample(fns: dict, reps: int, inner: int, flush) -> dict:
-    """{name: Timing}: ``reps`` samples of ``inner`` calls each, interleaved across ``fns``,
-    all queued before one synchronization."""
+def _sample(fns: dict, reps: int, inner: int, flush, rotate: bool = False) -> dict:
+    """{name: Timing}: ``reps`` samples of ``inner`` calls each, interleaved across ``fns``
+    (the order shifted by one every sample with ``rotate``), all queued before one
+    synchronization; each Timing's samples in sample order."""
     import cupy
 
     events = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
+    names = list(fns)
+    for r in range(reps):
+        shift = r % len(names) if rotate and names else 0
+        for name in names[shift:] + names[:shift]:
+            fn = fns[name]
             a, b = cupy.cuda.Event(), cupy.cuda.Event()
             if flush is not None:
                 flush()

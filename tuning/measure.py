@@ -447,8 +447,6 @@ class GpuMeasure:
         in this measure's mode: their samples interleaved and the order rotated by one every
         sample, so clock drift hits them alike. {} when it cannot (a failure is not recorded: the
         study keeps its own times)."""
-        import statistics
-
         import cupy
 
         from cuflash.timing import _sample, l2_flusher, warm_up
@@ -466,17 +464,12 @@ class GpuMeasure:
                 probe = _sample(fns, 1, 1, None)
                 inner = 1 if flush is not None else bench_calls(
                     max(t.median_ms for t in probe.values()))
-                samples = {c: [] for c in configs}
-                for r in range(reps):
-                    order = configs[r % len(configs):] + configs[:r % len(configs)]
-                    got = _sample({c: fns[c] for c in order}, 1, inner, flush)
-                    for c in configs:
-                        samples[c] += got[c].samples
+                got = _sample(fns, reps, inner, flush, rotate=True)
         except Exception as exc:  # noqa: BLE001
             if _is_cuda_error(exc):
                 self._check_context(exc)
             return {}
-        return {c: statistics.median(v) for c, v in samples.items()}
+        return {c: t.median_ms for c, t in got.items()}
 
 
 def env_record(family, device: int = 0) -> dict:
