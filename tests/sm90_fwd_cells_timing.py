@@ -15,7 +15,12 @@ a row's TFLOPs over cuDNN's in the same rounds. Every row's output is checked ag
 --tuner-check also times each cell's heuristic through the tuner's measure (tuning/measure.py
 GpuMeasure) in both its timing modes, "bench" (back to back, the new default) and "flush" (single
 calls after an L2 flush), next to the rotated bench-regime figure: the tuner should rank configs as
-the bench does.
+the bench does (bf16 cells).
+
+--order-check times, for the bf16 d128 16k and d256 2k cells, exactly what ``cuflash bench --mode fwd``
+times (every fwd family's selected config, SDPA flash, SDPA cuDNN: cuflash.bench.common) twice: in the
+bench's fixed order of old (A B C D A B C D ...) and rotated (cuflash.timing.time_interleaved's default
+now): the position bias of the fixed order, measured.
 """
 import argparse
 import json
@@ -109,6 +114,39 @@ def all_configs(dtypes):
     return list(by_kernel.values())
 
 
+def order_check(reps):
+    """The bench's callables (cuflash.bench.common: family_choices + op_callable, SDPA_IMPLS) timed
+    in the fixed order and rotated; rows of x cuDNN per regime."""
+    import torch
+
+    from cuflash.bench import common
+    from cuflash.problem import Problem
+    from cuflash.timing import time_interleaved
+
+    out = []
+    for d, s in ((128, 16384), (256, 2048)):
+        problem = Problem.fa_convention("fwd", "bf16", d, False, s)
+        tensors = common.inputs(problem, 3)
+        fns = {f"cuflash:{fam.name}": common.op_callable("cuflash", problem, tensors, cfg)
+               for fam, cfg, _ in common.family_choices(problem)}
+        fns.update({impl: common.op_callable(impl, problem, tensors) for impl in common.SDPA_IMPLS})
+        for fn in fns.values():
+            fn()
+        torch.cuda.synchronize()
+        for rotate in (False, True):
+            times = time_interleaved(fns, reps=reps, rotate=rotate)
+            base = times["sdpa_cudnn"].median_ms
+            for name, t in times.items():
+                regime = "rotated" if rotate else "fixed"
+                print(f"bench order {regime:<7} bf16 d{d} s{s} full {name:<22} {t.median_ms:8.3f} ms "
+                      f"{base / t.median_ms:6.3f}x cuDNN", flush=True)
+                out.append(dict(cell=f"bf16 d{d} s{s} full", row=name, regime=f"bench_{regime}",
+                                median_ms=t.median_ms, x_cudnn=base / t.median_ms))
+        del tensors, fns
+        common.release()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=15)
@@ -118,6 +156,8 @@ def main():
     ap.add_argument("--precompile-only", action="store_true")
     ap.add_argument("--tuner-check", action="store_true",
                     help="also time each cell's heuristic through tuning.measure.GpuMeasure in both modes")
+    ap.add_argument("--order-check", action="store_true",
+                    help="the bench's own callables in its old fixed order and rotated (bf16 d128 16k, d256 2k)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     dtypes = args.dtype.split(",")
@@ -133,6 +173,15 @@ def main():
 
     t0 = time.time()
     kernels = all_configs(dtypes)
+    if args.order_check:   # the bench's selected configs of every fwd family (fa2_fwd's tuned ones)
+        from cuflash.bench import common
+        from cuflash.problem import Problem
+
+        have = {c.kernel_name() for c in kernels if hasattr(c, "kernel_name")}
+        for d, s in ((128, 16384), (256, 2048)):
+            for _, cfg, _ in common.family_choices(Problem.fa_convention("fwd", "bf16", d, False, s)):
+                if not hasattr(cfg, "kernel_name") or cfg.kernel_name() not in have:
+                    kernels.append(cfg)
     failed = [(c.name, e[-1500:]) for c, _, e in precompile(kernels) if e]
     print(f"compiled {len(kernels)} kernels in {time.time() - t0:.0f} s", flush=True)
     assert not failed, failed
@@ -184,7 +233,7 @@ def main():
             results.append(dict(cell=cell, dtype=dtype, head_dim=d, causal=causal, seqlen=s, row=key,
                                 config=name, median_ms=t.median_ms, tflops=tf, x_cudnn=tf / base,
                                 spread=t.spread, regime=f"b2b{args.b2b}_rotated"))
-        if args.tuner_check:
+        if args.tuner_check and dtype == "bf16":
             from cuflash import registry
             from cuflash.tuning.measure import GpuMeasure
 
@@ -201,6 +250,8 @@ def main():
                                     tflops=tf, x_cudnn=tf / base, regime=f"tuner_{mode}"))
         del q, k, v, qt, kt, vt, fns, ref
         torch.cuda.empty_cache()
+    if args.order_check:
+        results += order_check(args.reps)
     print(f"total {time.time() - t0:.0f} s")
     if args.out:
         env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,

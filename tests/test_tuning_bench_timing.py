@@ -10,7 +10,7 @@ from cuflash.problem import Problem  # noqa: E402
 from cuflash.tuning import cli, measure  # noqa: E402
 from cuflash.tuning.fake import FakeCompareMeasure, FakeMeasure, model_ms  # noqa: E402
 from cuflash.tuning.space import bench_problem, candidates, point_key  # noqa: E402
-from cuflash.tuning.study import run_study  # noqa: E402
+from cuflash.tuning.study import CONFIRM_TOP, run_study  # noqa: E402
 
 SMEM = MAX_SMEM_BY_ARCH[(9, 0)]
 FAM = registry.get("fa2_fwd")
@@ -42,7 +42,7 @@ def test_gpu_measure_refuses_an_unknown_timing_mode():
 def test_confirmation_that_agrees_changes_nothing():
     m = FakeCompareMeasure()
     out = study(m)
-    assert m.compared and m.compared[0][0] == DEFAULT and len(m.compared[0]) == 4
+    assert m.compared and m.compared[0][0] == DEFAULT and len(m.compared[0]) == 1 + CONFIRM_TOP
     assert set(out.confirmed) == set(m.compared[0])
     assert out.chosen == BEST and out.entry({}).note == ""
     assert "re-timed together: " in out.summary()
@@ -76,6 +76,10 @@ def test_no_confirmation_without_compare_or_when_switched_off():
     m = FakeCompareMeasure(confirm_ms={BEST.name: 99.0})
     out = study(m, confirm=False)
     assert m.compared == [] and out.chosen == BEST
+    # nor where the study keeps the heuristic anyway (the margin: the best is ~5% faster)
+    m = FakeCompareMeasure()
+    out = study(m, min_gain=0.5)
+    assert m.compared == [] and out.chosen == DEFAULT
 
 
 def test_fixed_points_are_measured_and_nothing_else():

@@ -235,13 +235,13 @@ def class_candidates(todo, n: int, max_smem, arch, seed: int = 0) -> dict:
 # Rough rates for the estimate (H100, TFLOP/s in the FlashAttention convention), and the host /
 # verification seconds per config and per study; compile seconds per kernel (sm_90a, NVRTC).
 EST_TFLOPS = {"fwd": 550.0, "bwd": 420.0, "decode": 50.0}
-EST_CONFIG_S, EST_VERIFY_S, EST_COMPILE_S = 0.15, 0.4, 12.0
+EST_CONFIG_S, EST_VERIFY_S, EST_COMPILE_S = 0.1, 0.3, 10.0
 
 
 def estimate_s(fam, problem, n_configs: int, reps: int, confirm: bool, verify: bool = True) -> float:
     """Seconds one study takes on the GPU, roughly: per config a warm-up (>= 50 ms), one probe call
-    and ``reps`` samples of back-to-back calls (GpuMeasure.bench_calls: samples of ~5 ms), its
-    first verification in the process, and the confirming re-time."""
+    and ``reps`` samples of back-to-back calls (measure.bench_calls), its first verification in
+    the process, and the confirming re-time (where it runs: half the studies, say)."""
     from cuflash.registry import op_flops
 
     from .measure import bench_calls
@@ -250,8 +250,8 @@ def estimate_s(fam, problem, n_configs: int, reps: int, confirm: bool, verify: b
     inner = bench_calls(call_ms)
     per = max(0.05, 3 * call_ms / 1e3) + (1 + reps * inner) * call_ms / 1e3 + EST_CONFIG_S
     total = n_configs * (per + (EST_VERIFY_S if verify else 0.0))
-    if confirm:
-        total += min(n_configs, CONFIRM_TOP + 1) * per
+    if confirm:   # only where the study would replace the heuristic: counted for half of them
+        total += 0.5 * min(n_configs, CONFIRM_TOP + 1) * per
     return total
 
 

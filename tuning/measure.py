@@ -412,7 +412,7 @@ class GpuMeasure:
     def __call__(self, config) -> TrialResult:
         import cupy
 
-        from cuflash.timing import time_ms
+        from cuflash.timing import _sample, time_ms
 
         if self.fatal:
             return TrialResult(SKIPPED, reason=self.fatal)
@@ -431,8 +431,10 @@ class GpuMeasure:
                     probe = time_ms(fn, warmup=self.warmup, reps=1, back_to_back=1,
                                     timeout_s=self.timeout_s, device=self.device)
                     inner = bench_calls(probe.median_ms)
-                    timing = time_ms(fn, warmup=0, reps=self.reps, back_to_back=inner,
-                                     timeout_s=self.timeout_s, device=self.device)
+                    if probe.median_ms / 1e3 * self.reps * inner > self.timeout_s:
+                        raise TimeoutError(f"one call takes {probe.median_ms:.1f} ms: {self.reps} samples "
+                                           f"of {inner} would exceed {self.timeout_s} s")
+                    timing = _sample({"fn": fn}, self.reps, inner, None)["fn"]
             except TimeoutError as exc:
                 return TrialResult(TIMEOUT, reason=str(exc), compile_s=res.compile_s, extra=res.extra)
             except Exception as exc:  # noqa: BLE001

@@ -13,9 +13,10 @@
   heuristic's measured median by at least ``min_gain`` (default 1%), so timing noise never
   swaps the heuristic for an equal-speed config. The runners-up and the summary still show
   the real best; the entry's ``note`` says that the heuristic was kept and why.
-* Confirmation: when the measure can ``compare`` configs (``GpuMeasure.compare``: the
-  heuristic and the study's fastest few re-timed together, interleaved, their order rotated
-  each sample), the margin rule reads those times: trials timed minutes apart meet different
+* Confirmation: when the study's own times would replace the heuristic and the measure can
+  ``compare`` configs (``GpuMeasure.compare``: the heuristic and the study's fastest few
+  re-timed together, interleaved, their order rotated each sample), the margin rule reads
+  those times instead: trials timed minutes apart meet different
   clocks (an H100 under sustained load drifts by a few percent), so a config that only ran
   in a cooler phase does not replace the heuristic. ``StudyOutcome.confirmed`` keeps them.
 * Candidates: ``points`` gives the study a fixed list of configs (after the heuristic)
@@ -49,7 +50,7 @@ RUNNERS_UP = 3
 # much faster (fraction of the heuristic's time: heuristic_ms / best_ms - 1 >= MIN_GAIN).
 MIN_GAIN = 0.01
 # Configs re-timed together by the confirmation: the heuristic and the study's fastest few.
-CONFIRM_TOP = 3
+CONFIRM_TOP = 2
 
 
 def open_storage(path):
@@ -326,7 +327,7 @@ def run_study(family, problem, measure, *, max_smem: Optional[int] = None,
     points: a fixed list of configs to measure after the heuristic (and nothing else: the
     sampler and n_trials are not used; invalid ones are left out).
     confirm: re-time the heuristic and the fastest CONFIRM_TOP configs together when the
-    measure has ``compare`` (module doc).
+    study's times would replace the heuristic and the measure has ``compare`` (module doc).
     timeout: seconds for this call. storage: a journal file path (resumable) or None
     (in memory). study_name: default from the study key (give it the GPU and code hash
     through ``study_name_for`` to keep studies of different code apart).
@@ -406,7 +407,8 @@ def run_study(family, problem, measure, *, max_smem: Optional[int] = None,
                            time.perf_counter() - t0, objective.flops, stopped["why"], study,
                            min_gain)
     compare = getattr(measure, "compare", None)
-    if confirm and compare is not None and outcome.heuristic_ms is not None:
+    if (confirm and compare is not None and outcome.heuristic_ms is not None
+            and outcome._study_choice(min_gain) != default):
         top = [c for c, _ in outcome.ok if c != default][:CONFIRM_TOP]
         if top:
             try:
