@@ -194,6 +194,13 @@
 //              before the P V wgmma reads O. Meant for the tiles without pingpong (with it the other
 //              warpgroups' GEMMs fill that gap already). Not with kLazyRescale / kFoldCap. false
 //              (the default): the code of the kernel before it existed
+//   kTileOverlap the static persistent plain kernel without pingpong: after issuing a tile's last
+//              O += P V, each consumer issues the next tile's S_0 = Q' K'_0ᵀ (its Q' and K'_0 load
+//              while the last blocks run) and waits for the P V alone, so S_0 runs on the tensor
+//              cores during the epilogue instead of after it: the once-per-tile pipeline fill is
+//              hidden (short tiles, e.g. head dim 256 at 2k keys: 26 blocks per tile). The next
+//              tile's first step then only waits for S_0. false (the default): the code of the
+//              kernel before it existed
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
@@ -372,7 +379,8 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
-          bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false>
+          bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
+          bool kTileOverlap = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem, kQDouble>;
@@ -400,6 +408,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     auto v_empty = [&](int slot) { return bars + 8u * (2 + 3 * kStages + slot); };
     static_assert(!kPingpong || kConsumers >= 2, "pingpong needs two or three consumer warpgroups");
     static_assert(!kDynamic || kPersistent, "the dynamic scheduler runs a persistent grid (a CTA per SM)");
+    static_assert(!kTileOverlap || (kPersistent && !kPingpong && !kDynamic && !kVarlen && !kQDouble && !kTmaStore
+                                    && !kPSmem && !kRescaleFirst && !kWindow && !kSoftcap && !kAlibi && !kDropout
+                                    && kEmuExp2 == 0 && !kLazyRescale && kFoldCap == 0),
+                  "kTileOverlap: the static persistent plain kernel without pingpong (the next tile is "
+                  "tile + gridDim.x, its S_0 needs no turn, Q has one buffer)");
     // kVarlen skips tiles past a sequence's end, which the dynamic scheduler's pingpong count does
     // not allow for; and a TMA store of O would write a box's rows past the sequence's end, into
     // the next sequence's rows (TMA clips only at the packed tensor's end)
@@ -674,6 +687,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     };
 
     int kv_iter = 0, q_iter = 0;    // as the producer counts them: ring slots and Q's phases
+    bool s0_ahead = false;          // kTileOverlap: this tile's S_0 was issued behind the last one's P V
     // kDynamic: the pingpong turns cannot see whether a tile is the CTA's last with keys (the
     // next one is not claimed yet), so every turn hands over, the first turn is given before the
     // loop, and warpgroup 0 takes the one hand-over left after it (Pingpong's count, header).
@@ -802,7 +816,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
 
             if (!kDynamic && q_iter == 0) turn.start();  // the CTA's first tile with keys
-            mbarrier_wait(q_full_of(q_slot(q_iter)), q_fill(q_iter) & 1);
+            bool issue_s0 = true;                        // (kTileOverlap: unless issued ahead)
+            if constexpr (kTileOverlap) issue_s0 = !s0_ahead;
+            if (issue_s0) mbarrier_wait(q_full_of(q_slot(q_iter)), q_fill(q_iter) & 1);
             if constexpr (kFoldCap == 4) {
                 // Q_i·softcap_in in place (softmax_fold.cuh prescale_q): this warpgroup's rows, then
                 // visible to its wgmmas (async proxy) once all 128 threads have written theirs
@@ -813,11 +829,13 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             if constexpr (kQDouble) q_buf_shift = q_slot(q_iter) ? u32(Shape::kQ2Offset) >> 4 : 0u;
             // j = 0 (the last K/V block): S, softmax; O is still zero, so no P V and no rescale
             turn.begin();
-            mbarrier_wait(k_full(slot_of(0)), phase(0));
-            reg_fence(s_flat);
-            reg_fence(o_flat);
-            wgmma_fence();
-            issue_s(slot_of(0));
+            if (issue_s0) {
+                mbarrier_wait(k_full(slot_of(0)), phase(0));
+                reg_fence(s_flat);
+                reg_fence(o_flat);
+                wgmma_fence();
+                issue_s(slot_of(0));
+            }
             turn.end();
             wgmma_wait<0>();
             softmax_s(slot_of(0), 0);
@@ -862,7 +880,27 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             wgmma_fence();
             issue_pv(last);
             turn.end(last_tile);
-            wgmma_wait<0>();
+            if constexpr (kTileOverlap) {
+                // The next tile's S_0 = Q' K'_0ᵀ right behind this last P V, so the tensor cores
+                // compute it while this tile's epilogue runs (the pipeline's fill, hidden once per
+                // tile). Its Q' and K'_0 are loading already: the producer went on to them once Q
+                // and the K slot were released (this tile's last S; two blocks back), and s_acc
+                // is free (P_{n-1} is in p_frag). wgmma groups complete in order: wait<1> is P V.
+                const int next = tile + int(gridDim.x);
+                s0_ahead = next < n_tiles && kv_blocks(next) > 0;
+                if (s0_ahead) {
+                    mbarrier_wait(q_full_of(q_slot(q_iter + 1)), q_fill(q_iter + 1) & 1);
+                    mbarrier_wait(k_full(slot_of(n_blocks)), phase(n_blocks));
+                    reg_fence(s_flat);
+                    wgmma_fence();
+                    issue_s(slot_of(n_blocks));
+                    wgmma_wait<1>();               // P_{n-1} V_{n-1} is in O; S'_0 may still run
+                } else {
+                    wgmma_wait<0>();
+                }
+            } else {
+                wgmma_wait<0>();
+            }
             reg_fence(o_flat);
             mbarrier_arrive(v_empty(last));
             kv_iter += n_blocks;

@@ -48,28 +48,35 @@ CANDIDATES = {
     "bn112": dict(BN=112),
     "bn144": dict(BN=144, tma_store=False),
     "bn160_tmao": dict(BN=160, tma_store=True),
+    "bn176": dict(BN=176, tma_store=False),
+    "bn176_nopp": dict(BN=176, tma_store=False, pingpong=False),
     "bn192": dict(BN=192, tma_store=False),
     "bn128_s3": dict(BN=128, stages=3, tma_store=False),
     "c1_bn96": dict(BM=64, consumers=1, pingpong=False, BN=96, tma_store=False, dynamic=False, persistent=False),
     "c2_bn192": dict(BM=128, consumers=2, BN=192, pingpong=True),
     "q2": dict(q_double=True),
     "tree": dict(tree_max=True),
+    # tile_overlap (kTileOverlap): the next tile's S_0 behind the last P V; static persistent, no pingpong
+    "tov": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=False, tma_store=False),
+    "tov_bn176": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=False, tma_store=False,
+                      BN=176),
 }
 # (head dim, causal, seqlen) -> the rows of that cell, bf16 (rows equal to the heuristic's config or an
 # earlier row's, or invalid, are left out)
 CELLS = {
-    (256, False, 2048): ("heur", "pp", "dyn", "grid", "rf", "c1_bn96"),
-    (256, False, 4096): ("heur", "pp", "dyn", "grid"),
-    (128, False, 16384): ("heur", "rf", "nopp", "dyn_pp", "bn192", "bn144", "bn160_tmao", "grid"),
-    (256, True, 2048): ("heur", "nopp", "sec1", "static", "bn64"),
-    (64, True, 2048): ("heur", "q2", "tree", "bn112", "nopp", "c2_bn192"),
+    (256, False, 2048): ("heur", "tov", "pp", "dyn", "grid", "rf", "c1_bn96"),
+    (256, False, 4096): ("heur", "tov", "pp", "dyn", "grid"),
+    (128, False, 2048): ("heur", "tov_bn176", "bn176_nopp", "bn176"),
+    (128, False, 16384): ("heur", "tov", "rf", "nopp", "dyn_pp", "bn192", "bn144", "bn160_tmao", "grid"),
+    (256, True, 2048): ("heur", "tov", "nopp", "sec1", "static", "bn64"),
+    (64, True, 2048): ("heur", "tov", "q2", "tree", "bn112", "nopp", "c2_bn192"),
 }
 # the fp16 cells' rows (fewer: the compile budget)
 FP16_CELLS = {
-    (256, False, 2048): ("heur", "pp", "grid"),
-    (128, False, 16384): ("heur", "rf", "nopp", "bn192"),
-    (256, True, 2048): ("heur", "nopp"),
-    (64, True, 2048): ("heur", "q2"),
+    (256, False, 2048): ("heur", "tov", "pp", "grid"),
+    (128, False, 16384): ("heur", "tov", "rf", "nopp", "bn192"),
+    (256, True, 2048): ("heur", "tov", "nopp"),
+    (64, True, 2048): ("heur", "tov", "q2"),
 }
 
 
@@ -114,6 +121,22 @@ def all_configs(dtypes):
     return list(by_kernel.values())
 
 
+def test_kernel_configs():
+    """The kernels of tests/test_sm90_tile_overlap_gpu.py (and the plain tiles it compares with)."""
+    import cuflash
+    from cuflash import registry
+
+    import test_sm90_tile_overlap_gpu as t
+
+    fam = registry.get("sm90_fwd")
+    out = []
+    for dtype, d, causal, change in list(t.KERNELS) + list(t.PLAIN.values()):
+        p = cuflash.Problem("fwd", dtype, 2, 2049, 2049, 16, 4, d, causal)
+        cfg = fam.for_problem(fam.heuristic(p), p).replace(persistent=True, tma_store=False).replace(**change)
+        out.append(cfg.replace(section=0))
+    return out
+
+
 def order_check(reps):
     """The bench's callables (cuflash.bench.common: family_choices + op_callable, SDPA_IMPLS) timed
     in the fixed order and rotated; rows of x cuDNN per regime."""
@@ -154,6 +177,8 @@ def main():
     ap.add_argument("--dtype", default="bf16,fp16")
     ap.add_argument("--only", default="", help="cells as d:causal:seqlen,... (e.g. 256:0:2048)")
     ap.add_argument("--precompile-only", action="store_true")
+    ap.add_argument("--with-tests", action="store_true",
+                    help="also compile tests/test_sm90_tile_overlap_gpu.py's kernels")
     ap.add_argument("--tuner-check", action="store_true",
                     help="also time each cell's heuristic through tuning.measure.GpuMeasure in both modes")
     ap.add_argument("--order-check", action="store_true",
@@ -182,6 +207,9 @@ def main():
             for _, cfg, _ in common.family_choices(Problem.fa_convention("fwd", "bf16", d, False, s)):
                 if not hasattr(cfg, "kernel_name") or cfg.kernel_name() not in have:
                     kernels.append(cfg)
+    if args.with_tests:
+        have = {c.kernel_name() for c in kernels if hasattr(c, "kernel_name")}
+        kernels += [c for c in test_kernel_configs() if c.kernel_name() not in have]
     failed = [(c.name, e[-1500:]) for c, _, e in precompile(kernels) if e]
     print(f"compiled {len(kernels)} kernels in {time.time() - t0:.0f} s", flush=True)
     assert not failed, failed

@@ -20,4 +20,4 @@ def test_rows_are_valid_and_distinct_with_the_heuristic_first():
         assert all(not c.problems(227 * 1024) for c in cfgs.values())
         assert all(c.causal == causal and c.dtype == dtype for c in cfgs.values())
     kernels = t.all_configs(("bf16", "fp16"))
-    assert len({c.kernel_name() for c in kernels}) == len(kernels) <= 40
+    assert len({c.kernel_name() for c in kernels}) == len(kernels) <= 48

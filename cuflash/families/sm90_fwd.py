@@ -293,6 +293,10 @@ class Sm90FwdConfig(KernelConfig):
                dropout, varlen), not with lazy_rescale / fold_cap / p_smem / tree_max / q_double.
                Measured no faster on the heuristic's non-causal tiles (HEURISTIC_NC's note): off,
                outside the tuning space
+    tile_overlap: the next tile's S_0 = Q' K'_0ᵀ issued right behind a tile's last O += P V, so it runs
+               during the epilogue (kTileOverlap: the pipeline's fill hidden once per tile; short
+               tiles). The static persistent plain kernel without pingpong only (no dynamic,
+               varlen, q_double, tma_store, p_smem, rescale_first, features)
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
@@ -323,6 +327,7 @@ class Sm90FwdConfig(KernelConfig):
     fold_cap: int = 0
     alibi_lin: bool = False
     rescale_first: bool = False
+    tile_overlap: bool = False
     section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
@@ -342,7 +347,8 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_drop' if self.dropout else ''}"
                 f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{'_psmem' if self.p_smem else ''}{'_tree' if self.tree_max else ''}{'_q2' if self.q_double else ''}"
                 f"{name_suffix(self)}{'_varlen' if self.varlen else ''}{'_lazy' if self.lazy_rescale else ''}"
-                f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}")
+                f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}"
+                f"{'_tov' if self.tile_overlap else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -389,8 +395,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.lazy_rescale else 'false'}",                    # kLazyRescale
                 f"{self.fold_cap}",                                               # kFoldCap
                 f"{'true' if self.alibi_lin else 'false'}",                       # kAlibiLinear
-                f"{'true' if self.rescale_first else 'false'}"]                   # kRescaleFirst last
-        used = (12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{'true' if self.rescale_first else 'false'}",                   # kRescaleFirst
+                f"{'true' if self.tile_overlap else 'false'}"]                    # kTileOverlap last
+        used = (13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -405,7 +412,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
-                self.rescale_first)
+                self.rescale_first, self.tile_overlap)
 
     def _problems(self) -> list[str]:
         out = []
@@ -481,6 +488,17 @@ class Sm90FwdConfig(KernelConfig):
         if self.rescale_first and (self.window or self.softcap or self.alibi or self.dropout or self.varlen):
             out.append("rescale_first with window / softcap / ALiBi / dropout / varlen is not implemented "
                        "(those instantiations are unchecked for registers)")
+        if self.tile_overlap and not (self.persistent and not self.pingpong and not self.dynamic):
+            out.append("tile_overlap needs the static persistent schedule without pingpong (the next tile "
+                       "is tile + grid size, its S_0 takes no turn)")
+        if self.tile_overlap and (self.varlen or self.q_double or self.tma_store or self.p_smem
+                                  or self.rescale_first):
+            out.append("tile_overlap with varlen / q_double / tma_store / p_smem / rescale_first: not "
+                       "designed together (kTileOverlap's static_assert)")
+        if self.tile_overlap and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
+                                  or self.lazy_rescale or self.fold_cap):
+            out.append("tile_overlap with window / softcap / ALiBi / dropout (or their softmax variants) "
+                       "is not implemented: plain calls only")
         if self.section < 0 or self.section > MAX_SECTION:
             out.append(f"section must be 0 (the L2 rule) or 1..{MAX_SECTION} KV heads, got {self.section}")
         elif self.section and not self.dynamic:
@@ -716,6 +734,8 @@ class Sm90Forward(Family):
             config = config.replace(p_smem=False)
         if config.rescale_first and problem.features:   # likewise: O rescaled after the P V wait
             config = config.replace(rescale_first=False)
+        if config.tile_overlap and problem.features:    # likewise: the next tile's S_0 ahead
+            config = config.replace(tile_overlap=False)
         if config.alibi_lin and (tuple(f for f in problem.features if f != "window") != ("alibi",)
                                  or config.emu_exp2 or config.tree_max):
             config = config.replace(alibi_lin=False)   # a speed knob: ALiBi alone (a window may join)
@@ -729,7 +749,8 @@ class Sm90Forward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
-                               "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first") and not v))
+                               "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
+                               "tile_overlap") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
