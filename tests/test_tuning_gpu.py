@@ -166,7 +166,7 @@ def test_tune_with_candidates_on_sm90(tmp_path, tuned_dir):
     from cuflash.tuning.cli import tune_main
 
     lines = []
-    rc = tune_main(["--family", "sm90_fwd", "--dtype", "bf16", "--hdim", "128", "--causal", "false",
+    rc = tune_main(["--family", "sm90_fwd", "--dtype", "bf16", "--hdim", "256", "--causal", "false",
                     "--seqlen", "2048", "--candidates", "2", "--reps", "5", "--no-progress", "--no-plots",
                     "--out", str(tmp_path / "results"), "--storage", str(tmp_path / "j.log"),
                     "--seed", "0"], log=lines.append)
