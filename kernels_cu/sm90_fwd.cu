@@ -194,13 +194,13 @@
 //              before the P V wgmma reads O. Meant for the tiles without pingpong (with it the other
 //              warpgroups' GEMMs fill that gap already). Not with kLazyRescale / kFoldCap. false
 //              (the default): the code of the kernel before it existed
-//   kTileOverlap the static persistent plain kernel without pingpong: after issuing a tile's last
-//              O += P V, each consumer issues the next tile's S_0 = Q' K'_0ᵀ (its Q' and K'_0 load
-//              while the last blocks run) and waits for the P V alone, so S_0 runs on the tensor
-//              cores during the epilogue instead of after it: the once-per-tile pipeline fill is
-//              hidden (short tiles, e.g. head dim 256 at 2k keys: 26 blocks per tile). The next
-//              tile's first step then only waits for S_0. false (the default): the code of the
-//              kernel before it existed
+//   kTileOverlap the static persistent plain kernel (with or without pingpong): after issuing a
+//              tile's last O += P V, each consumer issues the next tile's S_0 = Q' K'_0ᵀ in the same
+//              turn (its Q' and K'_0 load while the last blocks run) and waits for the P V alone, so
+//              S_0 runs on the tensor cores during the epilogue instead of after it: the
+//              once-per-tile pipeline fill is hidden (short tiles, e.g. head dim 256 at 2k keys: 26
+//              blocks per tile). The next tile's first step then only waits for S_0. false (the
+//              default): the code of the kernel before it existed
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
@@ -408,11 +408,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     auto v_empty = [&](int slot) { return bars + 8u * (2 + 3 * kStages + slot); };
     static_assert(!kPingpong || kConsumers >= 2, "pingpong needs two or three consumer warpgroups");
     static_assert(!kDynamic || kPersistent, "the dynamic scheduler runs a persistent grid (a CTA per SM)");
-    static_assert(!kTileOverlap || (kPersistent && !kPingpong && !kDynamic && !kVarlen && !kQDouble && !kTmaStore
+    static_assert(!kTileOverlap || (kPersistent && !kDynamic && !kVarlen && !kQDouble && !kTmaStore
                                     && !kPSmem && !kRescaleFirst && !kWindow && !kSoftcap && !kAlibi && !kDropout
                                     && kEmuExp2 == 0 && !kLazyRescale && kFoldCap == 0),
-                  "kTileOverlap: the static persistent plain kernel without pingpong (the next tile is "
-                  "tile + gridDim.x, its S_0 needs no turn, Q has one buffer)");
+                  "kTileOverlap: the static persistent plain kernel (the next tile is tile + gridDim.x, "
+                  "Q has one buffer)");
     // kVarlen skips tiles past a sequence's end, which the dynamic scheduler's pingpong count does
     // not allow for; and a TMA store of O would write a box's rows past the sequence's end, into
     // the next sequence's rows (TMA clips only at the packed tensor's end)
@@ -879,13 +879,13 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             reg_fence(o_flat);
             wgmma_fence();
             issue_pv(last);
-            turn.end(last_tile);
             if constexpr (kTileOverlap) {
-                // The next tile's S_0 = Q' K'_0ᵀ right behind this last P V, so the tensor cores
-                // compute it while this tile's epilogue runs (the pipeline's fill, hidden once per
-                // tile). Its Q' and K'_0 are loading already: the producer went on to them once Q
-                // and the K slot were released (this tile's last S; two blocks back), and s_acc
-                // is free (P_{n-1} is in p_frag). wgmma groups complete in order: wait<1> is P V.
+                // The next tile's S_0 = Q' K'_0ᵀ right behind this last P V (in the same turn), so the
+                // tensor cores compute it while this tile's epilogue runs (the pipeline's fill, hidden
+                // once per tile). Its Q' and K'_0 are loading already: the producer went on to them
+                // once every consumer released Q and the K slot (this tile's last S, issued in an
+                // earlier turn of each warpgroup: no wait here depends on a later turn), and s_acc is
+                // free (P_{n-1} is in p_frag). The next tile's first turn then issues nothing.
                 const int next = tile + int(gridDim.x);
                 s0_ahead = next < n_tiles && kv_blocks(next) > 0;
                 if (s0_ahead) {
@@ -894,13 +894,13 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                     reg_fence(s_flat);
                     wgmma_fence();
                     issue_s(slot_of(n_blocks));
-                    wgmma_wait<1>();               // P_{n-1} V_{n-1} is in O; S'_0 may still run
-                } else {
-                    wgmma_wait<0>();
                 }
-            } else {
-                wgmma_wait<0>();
             }
+            turn.end(last_tile);
+            if (kTileOverlap && s0_ahead)
+                wgmma_wait<1>();                   // P_{n-1} V_{n-1} is in O (groups complete in order)
+            else
+                wgmma_wait<0>();
             reg_fence(o_flat);
             mbarrier_arrive(v_empty(last));
             kv_iter += n_blocks;

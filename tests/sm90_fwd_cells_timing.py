@@ -60,23 +60,26 @@ CANDIDATES = {
     "tov": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=False, tma_store=False),
     "tov_bn176": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=False, tma_store=False,
                       BN=176),
+    "tov_pp": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=True, tma_store=False),
+    "tov_pp_bn176": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=True, tma_store=False,
+                         BN=176),
 }
 # (head dim, causal, seqlen) -> the rows of that cell, bf16 (rows equal to the heuristic's config or an
 # earlier row's, or invalid, are left out)
 CELLS = {
     (256, False, 2048): ("heur", "tov", "pp", "dyn", "grid", "rf", "c1_bn96"),
     (256, False, 4096): ("heur", "tov", "pp", "dyn", "grid"),
-    (128, False, 2048): ("heur", "tov_bn176", "bn176_nopp", "bn176"),
-    (128, False, 16384): ("heur", "tov", "rf", "nopp", "dyn_pp", "bn192", "bn144", "bn160_tmao", "grid"),
-    (256, True, 2048): ("heur", "tov", "nopp", "sec1", "static", "bn64"),
-    (64, True, 2048): ("heur", "tov", "q2", "tree", "bn112", "nopp", "c2_bn192"),
+    (128, False, 2048): ("heur", "tov_pp_bn176", "tov_bn176", "bn176_nopp", "bn176"),
+    (128, False, 16384): ("heur", "tov_pp", "tov", "rf", "nopp", "dyn_pp", "bn192", "bn144", "bn160_tmao"),
+    (256, True, 2048): ("heur", "tov", "tov_pp", "nopp", "sec1", "static", "bn64"),
+    (64, True, 2048): ("heur", "tov_pp", "tov", "q2", "tree", "bn112", "nopp", "c2_bn192"),
 }
 # the fp16 cells' rows (fewer: the compile budget)
 FP16_CELLS = {
     (256, False, 2048): ("heur", "tov", "pp", "grid"),
-    (128, False, 16384): ("heur", "tov", "rf", "nopp", "bn192"),
+    (128, False, 16384): ("heur", "tov_pp", "tov", "rf", "nopp"),
     (256, True, 2048): ("heur", "tov", "nopp"),
-    (64, True, 2048): ("heur", "tov", "q2"),
+    (64, True, 2048): ("heur", "tov_pp", "q2"),
 }
 
 

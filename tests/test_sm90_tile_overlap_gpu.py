@@ -3,15 +3,15 @@ during the epilogue) on the GPU, the FlashAttention way: fresh random inputs, ou
 before each launch, error against the float64 reference within 2x the error of plain attention in
 the same low precision.
 
-* every kernel of KERNELS (the static persistent tile without pingpong, tile_overlap on) over seqlens
+* every kernel of KERNELS (the static persistent tile, tile_overlap on; one with pingpong) over seqlens
   1, 17, 113, 1023, 2049 with s_q != s_k both ways, MHA / GQA / MQA, causal and not, bf16 and fp16,
   head dims 64 / 128 / 256;
 * many tiles per CTA (batch 3 x 16 heads, GQA 16:4, 2049 rows: ~6 tiles per CTA), with causal
   s_q > s_k (the first Q blocks have no key: no S_0 is issued ahead into them) and s_q < s_k;
 * tile_overlap against the same tile without it, bit for bit (the same GEMMs and softmax, only S_0
-  issued earlier).
+  issued earlier), without and with pingpong.
 
-7 compiles (tests/sm90_fwd_cells_timing.py --with-tests compiles them in parallel), under a minute
+9 compiles (tests/sm90_fwd_cells_timing.py --with-tests compiles them in parallel), under a minute
 on an H100:
     CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q tests/test_sm90_tile_overlap_gpu.py
 """
@@ -33,8 +33,10 @@ KERNELS = [
     ("bf16", 256, True, TOV),
     ("bf16", 128, False, dict(TOV, BN=176)),
     ("fp16", 64, True, dict(TOV, BM=192, consumers=3, BN=128)),
+    ("bf16", 128, False, dict(TOV, BN=176, pingpong=True)),                 # pingpong: S'_0 in the last turn
 ]
-PLAIN = {0: ("bf16", 256, False, STATIC), 3: ("bf16", 128, False, dict(STATIC, BN=176))}
+PLAIN = {0: ("bf16", 256, False, STATIC), 3: ("bf16", 128, False, dict(STATIC, BN=176)),
+         5: ("bf16", 128, False, dict(STATIC, BN=176, pingpong=True))}
 SEQLENS = [(1, 17), (17, 1), (113, 1023), (1023, 113), (2049, 1023), (1023, 2049), (2049, 2049)]
 HEADS = ("mha", "gqa", "mqa")
 
@@ -47,7 +49,7 @@ def test_kernels_are_the_overlap_tiles():
         p = cuflash.Problem("fwd", dtype, 2, 2049, 2049, 16, 4, d, causal)
         cfg = fam.heuristic(p).replace(persistent=True, **change)
         assert not cfg.problems(227 * 1024), (cfg.name, cfg.problems(227 * 1024))
-        assert cfg.tile_overlap and cfg.persistent and not cfg.pingpong and not cfg.dynamic
+        assert cfg.tile_overlap and cfg.persistent and not cfg.dynamic
 
 
 @pytest.mark.parametrize("k", KERNELS, ids=kid)

@@ -295,7 +295,7 @@ class Sm90FwdConfig(KernelConfig):
                outside the tuning space
     tile_overlap: the next tile's S_0 = Q' K'_0ᵀ issued right behind a tile's last O += P V, so it runs
                during the epilogue (kTileOverlap: the pipeline's fill hidden once per tile; short
-               tiles). The static persistent plain kernel without pingpong only (no dynamic,
+               tiles). The static persistent plain kernel only (with or without pingpong; no dynamic,
                varlen, q_double, tma_store, p_smem, rescale_first, features)
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
@@ -488,9 +488,9 @@ class Sm90FwdConfig(KernelConfig):
         if self.rescale_first and (self.window or self.softcap or self.alibi or self.dropout or self.varlen):
             out.append("rescale_first with window / softcap / ALiBi / dropout / varlen is not implemented "
                        "(those instantiations are unchecked for registers)")
-        if self.tile_overlap and not (self.persistent and not self.pingpong and not self.dynamic):
-            out.append("tile_overlap needs the static persistent schedule without pingpong (the next tile "
-                       "is tile + grid size, its S_0 takes no turn)")
+        if self.tile_overlap and not (self.persistent and not self.dynamic):
+            out.append("tile_overlap needs the static persistent schedule (the next tile is tile + grid "
+                       "size; the dynamic scheduler's is not known that early)")
         if self.tile_overlap and (self.varlen or self.q_double or self.tma_store or self.p_smem
                                   or self.rescale_first):
             out.append("tile_overlap with varlen / q_double / tma_store / p_smem / rescale_first: not "
