@@ -149,6 +149,13 @@ HEURISTIC_D64_MIN_BUCKET = 2048
 # +-3% either way (flushed 674 / 702 / 710 / 704, back to back 612 / 650 / 668 / 666): left off.
 HEURISTIC_NC: dict = {128: dict(dynamic=False), 256: dict(dynamic=False, pingpong=False)}
 HEURISTIC_NC_MIN_BUCKET = 2048
+# tile_overlap (kTileOverlap) in the heuristic: the (head dim, causal) classes whose plain calls take it
+# where their config allows it (static persistent, no TMA store), from the seqlen bucket
+# HEURISTIC_NC_MIN_BUCKET on. Empty until measured on the H100 (tests/sm90_fwd_cells_timing.py).
+HEURISTIC_TILE_OVERLAP: frozenset = frozenset()
+# Whether the tuning space has tile_overlap (False, True): off until its GPU test has passed on the H100
+# (a tuner verifies every config before timing it, but a kernel that hangs would stop the tune).
+TILE_OVERLAP_IN_SPACE = False
 SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # Calls with window / softcap / ALiBi (no dropout, fixed lengths): the schedule and softmax
 # variants the heuristic gives them, each switched on only by a measurement of
@@ -670,7 +677,8 @@ class Sm90Forward(Family):
     space = {"BM": (64, 128, 192), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
              "stages": (2, 3), "consumers": (1, 2, 3), "pingpong": (False, True),
              "persistent": (False, True), "emu_exp2": EMU_EXP2_SPACE, "dynamic": (False, True),
-             "tma_store": (False, True), "p_smem": (False, True)}
+             "tma_store": (False, True), "p_smem": (False, True),
+             **({"tile_overlap": (False, True)} if TILE_OVERLAP_IN_SPACE else {})}
     params_struct = "Sm90FwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90FwdParams"
     pointer_fields = ("q", "k", "v", "o", "lse")
@@ -827,6 +835,10 @@ class Sm90Forward(Family):
         if (dynamic and not problem.causal and not problem.features and d in HEURISTIC_NC
                 and problem.bucket >= HEURISTIC_NC_MIN_BUCKET):
             cfg = cfg.replace(**HEURISTIC_NC[d])   # static persistent (d256: without pingpong)
+        if ((d, bool(problem.causal)) in HEURISTIC_TILE_OVERLAP and not problem.features
+                and problem.bucket >= HEURISTIC_NC_MIN_BUCKET and cfg.persistent and not cfg.dynamic
+                and not cfg.tma_store):
+            cfg = cfg.replace(tile_overlap=True)   # the next tile's S_0 behind the last P V
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
             fold = SOFTCAP_FOLD.get(d, 0)
