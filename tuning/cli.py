@@ -58,7 +58,8 @@ def tune_parser() -> argparse.ArgumentParser:
     ap.add_argument("--brute-force", action="store_true", help="measure every valid config")
     ap.add_argument("--sampler", choices=["tpe", "random"], default="tpe")
     ap.add_argument("--storage", default=None,
-                    help="optuna journal file (default results/<gpu>/tuning/studies.journal)")
+                    help="optuna journal file (default results/<gpu>/tuning/studies.journal); memory: "
+                         "in memory (no resume, no fsync per trial: a short run of many studies)")
     ap.add_argument("--seed", type=int, default=None, help="sampler and input seed")
     ap.add_argument("--table-dir", default=None,
                     help="where the tuned YAML goes (default $CUFLASH_TUNED_DIR or "
@@ -159,11 +160,11 @@ def tune_main(argv=None, log=print) -> int:
         return refuse("nothing to tune: no requested family supports the requested problems "
                       f"on {gpu_name} (sm_{arch[0]}{arch[1]})")
     out_dir = Path(a.out) / gpu_dir_name(device) / "tuning"
-    storage = a.storage or str(out_dir / "studies.journal")
+    storage = None if a.storage == "memory" else a.storage or str(out_dir / "studies.journal")
     sampler = "brute" if a.brute_force else "candidates" if a.candidates else a.sampler
     used = list(dict.fromkeys(f for f, _ in todo))
     log(f"cuflash tune on {gpu_name} (sm_{arch[0]}{arch[1]}): {len(todo)} studies of "
-        f"{', '.join(f.name for f in used)}; {sampler}; timing {a.timing}; journal {storage}")
+        f"{', '.join(f.name for f in used)}; {sampler}; timing {a.timing}; journal {storage or 'in memory'}")
     deadline = time.perf_counter() + a.timeout if a.timeout else None
     t_start = time.perf_counter()
     envs = {f.name: dict(m.env_record(f, device), timing=a.timing) for f in used}

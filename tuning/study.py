@@ -337,11 +337,14 @@ def run_study(family, problem, measure, *, max_smem: Optional[int] = None,
 
     t0 = time.perf_counter()
     store = open_storage(storage) if storage is None or isinstance(storage, (str, Path)) else storage
-    space = list(family.enumerate(problem, max_smem))
     objective = Objective(family, problem, measure, max_smem, restrictions)
-    valid = [cfg for cfg, _ in space if not objective.check(family.point(cfg))[1]]
-    valid_points = {point_key(family, c) for c in valid}
     default = family.heuristic(problem, tuple(arch), max_smem)
+    # the valid points: the whole space's, or (points given) the fixed list's only, so a study of a
+    # large space (sm90_fwd: 20k points) does not pay for enumerating what it will not measure
+    space = ((family.make(family.point(c), problem), None) for c in [default] + list(points)) \
+        if points is not None else family.enumerate(problem, max_smem)
+    valid = list(dict.fromkeys(cfg for cfg, _ in space if not objective.check(family.point(cfg))[1]))
+    valid_points = {point_key(family, c) for c in valid}
     name = study_name or study_name_for(family, problem)
     study = optuna.create_study(storage=store, study_name=name, direction="minimize",
                                 sampler=make_sampler(sampler, seed, len(valid)),
