@@ -165,3 +165,22 @@ def test_tune_with_candidates_compiles_and_measures_the_fixed_lists(monkeypatch,
     assert made[-1][2]["timing"] == "flush"
     assert cli.tune_main(args + ["--brute-force"], log=lines.append) == 2
     assert lines[-1] == "cuflash tune: --candidates and --brute-force: choose one"
+
+
+def test_round_orders_shuffle_every_predecessor():
+    from cuflash.timing import ORDERS, round_orders
+
+    names = ["sm90", "fa2", "flash", "cudnn"]
+    assert round_orders(names, 3, "fixed") == [names] * 3
+    rot = round_orders(names, 4, "rotate")
+    assert rot[1] == ["fa2", "flash", "cudnn", "sm90"]
+    shuf = round_orders(names, 20, "shuffle")
+    assert shuf == round_orders(names, 20, "shuffle")             # seeded
+    assert all(sorted(r) == sorted(names) for r in shuf)
+    # in one continuous stream of rounds, cuDNN follows each of the others at least twice
+    stream = [n for r in shuf for n in r]
+    before = [a for a, b in zip(stream, stream[1:]) if b == "cudnn"]
+    assert all(before.count(n) >= 2 for n in names if n != "cudnn"), before
+    with pytest.raises(ValueError, match="order must be one of"):
+        round_orders(names, 2, "random")
+    assert ORDERS[0] == "shuffle"

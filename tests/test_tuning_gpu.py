@@ -172,6 +172,8 @@ def test_tune_with_candidates_on_sm90(tmp_path, tuned_dir):
                     "--seed", "0"], log=lines.append)
     text = "\n".join(lines)
     print(text)
-    assert rc == 0 and "estimate: 1 studies" in text and "re-timed together: " in text
+    # the re-time runs only where the study would replace the heuristic
+    assert rc == 0 and "estimate: 1 studies" in text
+    assert "re-timed together: " in text or "best (is the heuristic)" in text or "heuristic kept" in text
     (e,) = select.read_file(next(tuned_dir.glob("*.yaml"))).entries
     assert e.family == "sm90_fwd" and e.env["timing"] == "bench"

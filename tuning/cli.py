@@ -22,7 +22,7 @@ calls after an L2 flush). Studies are kept in a journal file: re-running the sam
 resumes. Each study's trials go to results/<gpu>/tuning/<study>.json (replayable: python -m
 cuflash.tuning.replay), plots next to them. The table keeps the heuristic unless the best
 config beats it by --min-gain percent, in a re-time of the heuristic and the study's fastest
-few together (interleaved, rotated: --no-confirm skips it).
+few together (interleaved, shuffled: --no-confirm skips it).
 
 --candidates N: instead of the sampler, each problem class (family, dtype, head dim, causal)
 gets one fixed list (its buckets' heuristics and N configs near them or drawn from the

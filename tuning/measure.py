@@ -26,8 +26,8 @@ get. For each config, in this order (a failed step ends the trial, recorded and 
    pingpong above the heuristic, back to back below it; the dynamic scheduler lost 3-6%
    flushed where it tied back to back: a single call pays its ramp and its tail alone, a
    stream of calls overlaps one call's tail with the next one's start).
-   ``compare`` re-times a few configs interleaved, their order rotated every sample (clock
-   drift along a study otherwise favours whichever config ran in a cooler phase): the
+   ``compare`` re-times a few configs interleaved, in a new order every round (clock drift
+   along a study otherwise favours whichever config ran in a cooler phase): the
    study's margin check uses it (tuning/study.py).
 
 Timeouts are soft: a config whose estimated timing run exceeds ``timeout_s`` is stopped
@@ -446,8 +446,8 @@ class GpuMeasure:
 
     def compare(self, configs, reps: Optional[int] = None) -> dict:
         """{config: median ms} of ``configs`` (already measured OK by this measure) timed together
-        in this measure's mode: their samples interleaved and the order rotated by one every
-        sample, so clock drift hits them alike. {} when it cannot (a failure is not recorded: the
+        in this measure's mode: their samples interleaved in a new order every round
+        (cuflash.timing.round_orders' shuffle), so clock drift hits them alike. {} when it cannot (a failure is not recorded: the
         study keeps its own times)."""
         import cupy
 
@@ -466,7 +466,7 @@ class GpuMeasure:
                 probe = _sample(fns, 1, 1, None)
                 inner = 1 if flush is not None else bench_calls(
                     max(t.median_ms for t in probe.values()))
-                got = _sample(fns, reps, inner, flush, rotate=True)
+                got = _sample(fns, reps, inner, flush, "shuffle")
         except Exception as exc:  # noqa: BLE001
             if _is_cuda_error(exc):
                 self._check_context(exc)

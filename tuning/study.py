@@ -15,7 +15,7 @@
   the real best; the entry's ``note`` says that the heuristic was kept and why.
 * Confirmation: when the study's own times would replace the heuristic and the measure can
   ``compare`` configs (``GpuMeasure.compare``: the heuristic and the study's fastest few
-  re-timed together, interleaved, their order rotated each sample), the margin rule reads
+  re-timed together, interleaved, in a new order each round), the margin rule reads
   those times instead: trials timed minutes apart meet different
   clocks (an H100 under sustained load drifts by a few percent), so a config that only ran
   in a cooler phase does not replace the heuristic. ``StudyOutcome.confirmed`` keeps them.

@@ -151,7 +151,14 @@ HEURISTIC_NC: dict = {128: dict(dynamic=False), 256: dict(dynamic=False, pingpon
 HEURISTIC_NC_MIN_BUCKET = 2048
 # tile_overlap (kTileOverlap) in the heuristic: the (head dim, causal) classes whose plain calls take it
 # where their config allows it (static persistent, no TMA store), from the seqlen bucket
-# HEURISTIC_NC_MIN_BUCKET on. Empty until measured on the H100 (tests/sm90_fwd_cells_timing.py).
+# HEURISTIC_NC_MIN_BUCKET on. Measured on the H100 (session 16 round B, tests/sm90_fwd_cells_timing.py,
+# bf16, x the same tile without it): d256 full 2k / 4k 0.70 / 0.69, d128 full 2k 0.68 (pingpong 0.59),
+# 16k 0.80 (0.65), d256 causal 2k 0.66, d64 causal 2k 0.49: correct (bit for bit, the GPU test) but
+# ptxas (nvcc 13.0) serializes the kernel's wgmmas ("(C7515) Potential Performance Loss ... serialized
+# due to non wgmma instructions defining accumulator registers", reported as ptxas *info*, which
+# cuflash.compile.parse_ptxas does not count): S'_0 is in flight across the tile loop's back edge, and
+# the loop head joins it with the path that issued nothing. A version that keeps it would rotate the
+# tile loop (issue the first tile's S_0 before it, the next one's always at the end). Empty: off.
 HEURISTIC_TILE_OVERLAP: frozenset = frozenset()
 # Whether the tuning space has tile_overlap (False, True): off until its GPU test has passed on the H100
 # (a tuner verifies every config before timing it, but a kernel that hangs would stop the tune).
@@ -302,7 +309,8 @@ class Sm90FwdConfig(KernelConfig):
                outside the tuning space
     tile_overlap: the next tile's S_0 = Q' K'_0ᵀ issued right behind a tile's last O += P V, so it runs
                during the epilogue (kTileOverlap: the pipeline's fill hidden once per tile; short
-               tiles). The static persistent plain kernel only (with or without pingpong; no dynamic,
+               tiles). Correct, but measured 0.5-0.8x: ptxas serializes its wgmmas
+               (HEURISTIC_TILE_OVERLAP's note); off, outside the tuning space. The static persistent plain kernel only (with or without pingpong; no dynamic,
                varlen, q_double, tma_store, p_smem, rescale_first, features)
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
