@@ -184,3 +184,24 @@ def test_round_orders_shuffle_every_predecessor():
     with pytest.raises(ValueError, match="order must be one of"):
         round_orders(names, 2, "random")
     assert ORDERS[0] == "shuffle"
+
+
+def test_no_entry_that_would_lose_the_heuristics_fields(monkeypatch):
+    """A heuristic with a field outside the space (sm90_fwd's q_double, a heuristic switch): the
+    study keeps it, and entry() writes nothing rather than a point that would build another config."""
+    from cuflash.tuning.objective import TrialResult
+
+    fam = registry.get("sm90_fwd")
+    p = bench_problem(fam, "bf16", 64, True, 2048)
+    real = fam.heuristic(p, (9, 0), SMEM)
+    monkeypatch.setattr(type(fam), "heuristic", lambda self, problem, arch=(9, 0), max_smem=None:
+                        real.replace(q_double=True))
+    pts = candidates(fam, [p], 2, SMEM)
+    out = run_study(fam, p, lambda cfg: TrialResult("ok", 1.0), max_smem=SMEM, points=pts,
+                    log=lambda *a: None)
+    assert out.heuristic_outside_space and out.chosen.q_double
+    assert out.entry({}) is None
+    monkeypatch.undo()
+    out = run_study(fam, p, lambda cfg: TrialResult("ok", 1.0), max_smem=SMEM, points=pts,
+                    log=lambda *a: None)
+    assert not out.heuristic_outside_space and out.entry({}) is not None

@@ -204,6 +204,9 @@ def tune_main(argv=None, log=print) -> int:
         entry = outcome.entry(env)
         if entry is not None:
             written.add(save_entries([entry], gpu_name, arch, a.table_dir))
+        elif outcome.ok and outcome.heuristic_outside_space:
+            log(f"  no table entry: the heuristic {outcome.default_config.name} has fields outside the "
+                "tuning space (its point would lose them); the heuristic serves this class")
         rows.append(outcome)
         if measure.fatal:
             log(format_table(rows))

@@ -128,6 +128,15 @@ class StudyOutcome:
         r = self.default_result
         return r.median_ms if r is not None and r.ok else None
 
+    @property
+    def heuristic_outside_space(self) -> bool:
+        """Whether the heuristic's config has fields outside the tuning space (e.g. a heuristic-only
+        switch): its point, made back into a config, is another config. Then the study measured that
+        made config for the heuristic's point, and a table entry that keeps the heuristic is not
+        written (``entry``: None): the lookup would build the made config, not the heuristic."""
+        d = self.default_config
+        return d is not None and self.family.make(self.family.point(d), self.problem) != d
+
     def gain(self, ms: Optional[float]) -> Optional[float]:
         """How much faster ``ms`` is than the heuristic (0.05: 5%); None without both."""
         base = self.heuristic_ms
@@ -224,6 +233,8 @@ class StudyOutcome:
             return None
         chosen, chosen_ms, note = c
         fam = self.family
+        if self.heuristic_outside_space and fam.point(chosen) == fam.point(self.default_config):
+            return None   # the entry's point would lose the heuristic's other fields: it serves itself
         if stamp is None:
             stamp = ({"version": env.get("family_version", fam.version), "code_hash": env["code_hash"]}
                      if env.get("code_hash") else current_stamp(fam))
