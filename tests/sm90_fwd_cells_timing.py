@@ -68,18 +68,19 @@ CANDIDATES = {
 # (head dim, causal, seqlen) -> the rows of that cell, bf16 (rows equal to the heuristic's config or an
 # earlier row's, or invalid, are left out)
 CELLS = {
-    (256, False, 2048): ("heur", "pp", "dyn", "grid", "rf"),
-    (256, False, 4096): ("heur", "pp", "grid"),
-    (128, False, 2048): ("heur", "nopp", "bn176"),
-    (128, False, 16384): ("heur", "rf", "nopp", "bn192", "bn160_tmao"),
+    (256, False, 2048): ("heur", "tov", "pp", "grid", "rf"),
+    (256, False, 4096): ("heur", "tov", "pp"),
+    (128, False, 2048): ("heur", "tov_pp_bn176", "tov_bn176", "bn176_nopp", "bn176"),
+    (128, False, 16384): ("heur", "tov_pp", "tov", "rf", "nopp", "bn160_tmao"),
     (256, True, 2048): ("heur", "nopp", "bn64"),
     (64, True, 2048): ("heur", "q2", "tree"),
+    (64, False, 2048): ("heur", "tov_pp", "tov"),
 }
-# the fp16 cells' rows (fewer: the compile budget). tile_overlap's rows (tov*) are left out since
-# session 16's round B: correct but 0.65-0.86x the plain tiles (ptxas serializes its wgmmas, C7515)
+# the fp16 cells' rows (fewer: the compile budget). tile_overlap (tov*, non-causal only): the version of
+# session 16's round B was serialized by ptxas (0.5-0.8x); these rows time the loop-rotated one
 FP16_CELLS = {
-    (256, False, 2048): ("heur", "pp", "grid"),
-    (128, False, 16384): ("heur", "rf", "nopp"),
+    (256, False, 2048): ("heur", "tov", "pp"),
+    (128, False, 16384): ("heur", "tov_pp", "rf", "nopp"),
     (256, True, 2048): ("heur", "nopp"),
     (64, True, 2048): ("heur", "q2", "tree"),
 }

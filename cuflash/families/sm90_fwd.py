@@ -152,13 +152,14 @@ HEURISTIC_NC_MIN_BUCKET = 2048
 # tile_overlap (kTileOverlap) in the heuristic: the (head dim, causal) classes whose plain calls take it
 # where their config allows it (static persistent, no TMA store), from the seqlen bucket
 # HEURISTIC_NC_MIN_BUCKET on. Measured on the H100 (session 16 round B, tests/sm90_fwd_cells_timing.py,
-# bf16, x the same tile without it): d256 full 2k / 4k 0.70 / 0.69, d128 full 2k 0.68 (pingpong 0.59),
-# 16k 0.80 (0.65), d256 causal 2k 0.66, d64 causal 2k 0.49: correct (bit for bit, the GPU test) but
-# ptxas (nvcc 13.0) serializes the kernel's wgmmas ("(C7515) Potential Performance Loss ... serialized
-# due to non wgmma instructions defining accumulator registers", reported as ptxas *info*, which
-# cuflash.compile.parse_ptxas does not count): S'_0 is in flight across the tile loop's back edge, and
-# the loop head joins it with the path that issued nothing. A version that keeps it would rotate the
-# tile loop (issue the first tile's S_0 before it, the next one's always at the end). Empty: off.
+# bf16, x the same tile without it), the first version (S'_0 issued only when a next tile exists):
+# d256 full 2k / 4k 0.70 / 0.69, d128 full 2k 0.68 (pingpong 0.59), 16k 0.80 (0.65): correct (bit for
+# bit, the GPU test) but ptxas (nvcc 13.0) serialized the kernel's wgmmas ("(C7515) Potential
+# Performance Loss ... serialized due to non wgmma instructions defining accumulator registers",
+# reported as ptxas *info*, which cuflash.compile.parse_ptxas does not count): the loop's head joined
+# the path with S'_0 in flight and the one without. Now the tile loop is rotated (the first tile's S_0
+# before the loop; the last tile issues a dropped S GEMM), non-causal only: no C7515
+# (tests/test_sm90_tile_overlap_cpu.py); not yet measured. Empty: off.
 HEURISTIC_TILE_OVERLAP: frozenset = frozenset()
 # Whether the tuning space has tile_overlap (False, True): off until its GPU test has passed on the H100
 # (a tuner verifies every config before timing it, but a kernel that hangs would stop the tune).
@@ -309,8 +310,9 @@ class Sm90FwdConfig(KernelConfig):
                outside the tuning space
     tile_overlap: the next tile's S_0 = Q' K'_0ᵀ issued right behind a tile's last O += P V, so it runs
                during the epilogue (kTileOverlap: the pipeline's fill hidden once per tile; short
-               tiles). Correct, but measured 0.5-0.8x: ptxas serializes its wgmmas
-               (HEURISTIC_TILE_OVERLAP's note); off, outside the tuning space. The static persistent plain kernel only (with or without pingpong; no dynamic,
+               tiles). Non-causal only (every tile has keys: the first tile's S_0 is issued before
+               the tile loop, the last tile issues a dropped one, so ptxas sees one S GEMM in flight
+               on every path: HEURISTIC_TILE_OVERLAP's note); off, outside the tuning space. The static persistent plain kernel only (with or without pingpong; no dynamic,
                varlen, q_double, tma_store, p_smem, rescale_first, features)
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
@@ -506,6 +508,9 @@ class Sm90FwdConfig(KernelConfig):
         if self.tile_overlap and not (self.persistent and not self.dynamic):
             out.append("tile_overlap needs the static persistent schedule (the next tile is tile + grid "
                        "size; the dynamic scheduler's is not known that early)")
+        if self.tile_overlap and self.causal:
+            out.append("tile_overlap is non-causal only (every tile must have keys: its S_0 is issued "
+                       "before the tile starts)")
         if self.tile_overlap and (self.varlen or self.q_double or self.tma_store or self.p_smem
                                   or self.rescale_first):
             out.append("tile_overlap with varlen / q_double / tma_store / p_smem / rescale_first: not "
@@ -750,8 +755,8 @@ class Sm90Forward(Family):
             config = config.replace(p_smem=False)
         if config.rescale_first and problem.features:   # likewise: O rescaled after the P V wait
             config = config.replace(rescale_first=False)
-        if config.tile_overlap and problem.features:    # likewise: the next tile's S_0 ahead
-            config = config.replace(tile_overlap=False)
+        if config.tile_overlap and (problem.features or problem.seqlen_k == 0):
+            config = config.replace(tile_overlap=False)   # likewise; and without keys no S_0 to issue
         if config.alibi_lin and (tuple(f for f in problem.features if f != "window") != ("alibi",)
                                  or config.emu_exp2 or config.tree_max):
             config = config.replace(alibi_lin=False)   # a speed knob: ALiBi alone (a window may join)
