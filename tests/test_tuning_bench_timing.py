@@ -197,9 +197,11 @@ def test_no_entry_that_would_lose_the_heuristics_fields(monkeypatch):
     monkeypatch.setattr(type(fam), "heuristic", lambda self, problem, arch=(9, 0), max_smem=None:
                         real.replace(q_double=True))
     pts = candidates(fam, [p], 2, SMEM)
-    out = run_study(fam, p, lambda cfg: TrialResult("ok", 1.0), max_smem=SMEM, points=pts,
-                    log=lambda *a: None)
+    seen = []
+    out = run_study(fam, p, lambda cfg: seen.append(cfg) or TrialResult("ok", 1.0), max_smem=SMEM,
+                    points=pts, log=lambda *a: None)
     assert out.heuristic_outside_space and out.chosen.q_double
+    assert seen[0] == real.replace(q_double=True)             # the heuristic itself was measured
     assert out.entry({}) is None
     monkeypatch.undo()
     out = run_study(fam, p, lambda cfg: TrialResult("ok", 1.0), max_smem=SMEM, points=pts,

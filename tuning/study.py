@@ -131,8 +131,8 @@ class StudyOutcome:
     @property
     def heuristic_outside_space(self) -> bool:
         """Whether the heuristic's config has fields outside the tuning space (e.g. a heuristic-only
-        switch): its point, made back into a config, is another config. Then the study measured that
-        made config for the heuristic's point, and a table entry that keeps the heuristic is not
+        switch): its point, made back into a config, is another config. The study measures the
+        heuristic itself for that point (Objective.overrides), and a table entry that keeps it is not
         written (``entry``: None): the lookup would build the made config, not the heuristic."""
         d = self.default_config
         return d is not None and self.family.make(self.family.point(d), self.problem) != d
@@ -350,9 +350,13 @@ def run_study(family, problem, measure, *, max_smem: Optional[int] = None,
     store = open_storage(storage) if storage is None or isinstance(storage, (str, Path)) else storage
     objective = Objective(family, problem, measure, max_smem, restrictions)
     default = family.heuristic(problem, tuple(arch), max_smem)
+    if family.make(family.point(default), problem) != default:
+        # the heuristic has fields outside the space (a heuristic-only switch): its point measures
+        # the heuristic itself (StudyOutcome.heuristic_outside_space: no entry keeps it)
+        objective.overrides[point_key(family, default)] = default
     # the valid points: the whole space's, or (points given) the fixed list's only, so a study of a
     # large space (sm90_fwd: 20k points) does not pay for enumerating what it will not measure
-    space = ((family.make(family.point(c), problem), None) for c in [default] + list(points)) \
+    space = ((objective.config(family.point(c)), None) for c in [default] + list(points)) \
         if points is not None else family.enumerate(problem, max_smem)
     valid = list(dict.fromkeys(cfg for cfg, _ in space if not objective.check(family.point(cfg))[1]))
     valid_points = {point_key(family, c) for c in valid}
