@@ -755,7 +755,7 @@ class Sm90Forward(Family):
             config = config.replace(p_smem=False)
         if config.rescale_first and problem.features:   # likewise: O rescaled after the P V wait
             config = config.replace(rescale_first=False)
-        if config.tile_overlap and (problem.features or problem.seqlen_k == 0):
+        if config.tile_overlap and (problem.features or problem.seqlen_k == 0 or problem.seqlen_q == 0):
             config = config.replace(tile_overlap=False)   # likewise; and without keys no S_0 to issue
         if config.alibi_lin and (tuple(f for f in problem.features if f != "window") != ("alibi",)
                                  or config.emu_exp2 or config.tree_max):
