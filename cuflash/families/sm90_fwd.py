@@ -121,6 +121,11 @@ MAX_SECTION = 1024
 # (BM 192 leaves more of the last Q block empty) it is unmeasured: the 2-consumer tile stays.
 HEURISTIC_D64: dict = {False: dict(BM=192, consumers=3, BN=128), True: dict(BM=192, consumers=3, BN=128)}
 HEURISTIC_D64_MIN_BUCKET = 2048
+# q_double (two Q buffers: a tile's first S does not wait for its Q load) on that d64 tile, by (causal,
+# seqlen bucket). Measured on the H100 (session 16, tests/sm90_fwd_cells_timing.py, bf16, back to back,
+# samples interleaved, x SDPA cuDNN of the same rounds): causal 2k 0.986 / 0.987 / 0.984 -> 1.006 /
+# 1.001 / 1.013 in three rounds (tree_max: 1.001 / 0.982 / 0.964). Other buckets unmeasured.
+HEURISTIC_D64_Q_DOUBLE: frozenset = frozenset({(True, 2048)})
 # The heuristic's schedule for plain non-causal calls at head dims 128 and 256: changes to the dynamic
 # pingpong tile, from the seqlen bucket HEURISTIC_NC_MIN_BUCKET on ({} keeps it). Non-causal tiles are
 # all equally long, so the dynamic scheduler has no imbalance to fix, and its section order (several
@@ -845,6 +850,8 @@ class Sm90Forward(Family):
         if (d == 64 and dynamic and not problem.features and problem.bucket >= HEURISTIC_D64_MIN_BUCKET
                 and HEURISTIC_D64.get(bool(problem.causal))):
             cfg = cfg.replace(**HEURISTIC_D64[bool(problem.causal)])   # (first_fitting: the fallbacks)
+            if (bool(problem.causal), problem.bucket) in HEURISTIC_D64_Q_DOUBLE:
+                cfg = cfg.replace(q_double=True)
         if (dynamic and not problem.causal and not problem.features and d in HEURISTIC_NC
                 and problem.bucket >= HEURISTIC_NC_MIN_BUCKET):
             cfg = cfg.replace(**HEURISTIC_NC[d])   # static persistent (d256: without pingpong)
