@@ -128,7 +128,8 @@ def all_configs(dtypes):
 
 
 def test_kernel_configs():
-    """The kernels of tests/test_sm90_tile_overlap_gpu.py (and the plain tiles it compares with)."""
+    """The kernels of tests/test_sm90_tile_overlap_gpu.py (and the plain tiles it compares with) and of
+    tests/test_sm90_d64_q2_gpu.py (the d64 causal heuristic with / without q_double)."""
     import cuflash
     from cuflash import registry
 
@@ -136,7 +137,9 @@ def test_kernel_configs():
 
     fam = registry.get("sm90_fwd")
     out = []
-    for dtype, d, causal, change in list(t.KERNELS) + list(t.PLAIN.values()):
+    cases = list(t.KERNELS) + list(t.PLAIN.values()) + [(dt, 64, True, q2) for dt in ("bf16", "fp16")
+                                                         for q2 in ({}, {"q_double": False})]
+    for dtype, d, causal, change in cases:
         p = cuflash.Problem("fwd", dtype, 2, 2049, 2049, 16, 4, d, causal)
         cfg = fam.for_problem(fam.heuristic(p), p).replace(persistent=True, tma_store=False).replace(**change)
         out.append(cfg.replace(section=0))

@@ -83,3 +83,4 @@ def test_equals_the_plain_order_bit_for_bit(i):
     cfg, out, lse = check(plain, q, kk, v, "plain")
     assert cfg_t == cfg.replace(tile_overlap=True)
     assert torch.equal(out_t, out) and torch.equal(lse_t, lse), f"{cfg_t.name}: differs from {cfg.name}"
+
