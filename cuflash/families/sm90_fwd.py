@@ -164,7 +164,10 @@ HEURISTIC_NC_MIN_BUCKET = 2048
 # reported as ptxas *info*, which cuflash.compile.parse_ptxas does not count): the loop's head joined
 # the path with S'_0 in flight and the one without. Now the tile loop is rotated (the first tile's S_0
 # before the loop; the last tile issues a dropped S GEMM), non-causal only: no C7515
-# (tests/test_sm90_tile_overlap_cpu.py); not yet measured. Empty: off.
+# (tests/test_sm90_tile_overlap_cpu.py). Round D (same script, bf16, x cuDNN, plain tile -> tile_overlap):
+# d256 full 2k 1.014 -> 1.005, 4k 1.063 -> 1.064; d128 full 16k 1.064 -> 1.066 (no pingpong), 1.060 ->
+# 1.051 (pingpong), 2k (BN 176) 0.984 -> 0.983 / 0.973 -> 0.973; d64 full 2k (the dynamic heuristic 1.047)
+# 1.049 / 1.086 with pingpong (one round): level within the rounds' noise (spread 0.1). Empty: off.
 HEURISTIC_TILE_OVERLAP: frozenset = frozenset()
 # Whether the tuning space has tile_overlap (False, True): off until its GPU test has passed on the H100
 # (a tuner verifies every config before timing it, but a kernel that hangs would stop the tune).
@@ -317,8 +320,10 @@ class Sm90FwdConfig(KernelConfig):
                during the epilogue (kTileOverlap: the pipeline's fill hidden once per tile; short
                tiles). Non-causal only (every tile has keys: the first tile's S_0 is issued before
                the tile loop, the last tile issues a dropped one, so ptxas sees one S GEMM in flight
-               on every path: HEURISTIC_TILE_OVERLAP's note); off, outside the tuning space. The static persistent plain kernel only (with or without pingpong; no dynamic,
-               varlen, q_double, tma_store, p_smem, rescale_first, features)
+               on every path: HEURISTIC_TILE_OVERLAP's note). The static persistent plain kernel
+               only (with or without pingpong; no dynamic, varlen, q_double, tma_store, p_smem,
+               rescale_first, features). Measured level with the plain tiles (HEURISTIC_TILE_OVERLAP's
+               note): off, outside the tuning space
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
