@@ -1,16 +1,16 @@
 """compute-sanitizer target for sm90_bwd's head-dim-256 tile with dq_writer (dQ_i's part staged in
 the Q/dO ring slot; issue 14): small forced-config calls, causal and not, with and without the
-2-CTA cluster, with roles (the warpgroups split by operand, its named barriers; and with s_ahead),
+2-CTA cluster, with roles (the warpgroups split by operand, its named barriers),
 several Q blocks per CTA (the ring's slots refilled) and a ragged last block. Not a test: run it
 under racecheck / synccheck / memcheck.
 
     CUFLASH_LINEINFO=1 CUPY_CACHE_DIR=/tmp/cupy_li python tests/sm90_bwd_d256_race.py --precompile
     CUFLASH_LINEINFO=1 CUPY_CACHE_DIR=/tmp/cupy_li compute-sanitizer --tool racecheck \\
-        --racecheck-report all python tests/sm90_bwd_d256_race.py [--only _sah_rol]
+        --racecheck-report all python tests/sm90_bwd_d256_race.py [--only _rol]
 
 --only SUBSTR keeps the cases whose config name contains SUBSTR (both modes).
 
-Success: one "ok" line per kernel (8 without --only), and compute-sanitizer's "RACECHECK SUMMARY:
+Success: one "ok" line per kernel (6 without --only), and compute-sanitizer's "RACECHECK SUMMARY:
 0 hazards displayed (0 errors, 0 warnings)" (synccheck / memcheck: "ERROR SUMMARY: 0 errors"). Session 16's racecheck of
 the dq_writer kernel before the fix (consumers' q_empty arrivals) reported 20482 WAR hazards on the
 LSE row of a ring slot (producer cp.async vs the consumers' LSE read).
@@ -28,8 +28,7 @@ from cuflash.problem import Problem  # noqa: E402
 # count (a CTA past seqlen_k) too
 CASES = [(False, 300, 300, {}), (True, 200, 260, {}),
          (False, 300, 200, dict(cluster=True)), (True, 260, 130, dict(cluster=True)),
-         (False, 300, 300, dict(roles=True)), (True, 200, 260, dict(roles=True)),
-         (False, 300, 300, dict(roles=True, s_ahead=True)), (True, 200, 260, dict(roles=True, s_ahead=True))]
+         (False, 300, 300, dict(roles=True)), (True, 200, 260, dict(roles=True))]
 
 
 def selected():

@@ -11,8 +11,7 @@ and SDPA run it natively), 8 heads, batch x seqlen = 16k, seqlens 2k..16k, causa
     "sm90_cl2" in clusters of 2 CTAs sharing the Q/dO loads by multicast, "sm90_ovl" overlap_sdp
     (not by default), "sm90_rol" / "sm90_rol_cl2" dq_writer with roles (the warpgroups split by
     operand: Sᵀ, Pᵀ, dV on one, dPᵀ, dSᵀ, dK on the other; m64n64 Sᵀ / dPᵀ), without and with
-    the cluster, "sm90_rol_sah" (/ "_cl2") roles with the next Q block's Sᵀ / dPᵀ issued behind the dQ GEMM,
-    "sm90_rol_lpt" / "sm90_rol_sah_lpt" those in the lpt order (causal cases only);
+    the cluster, "sm90_rol_lpt" roles in the lpt order (causal cases only);
   * fa2_bwd's heuristic (and its H100 table entry where that differs, "fa2_tuned"), SDPA's cuDNN
     and flash backends.
 
@@ -61,10 +60,7 @@ VARIANTS = {"sm90": {}, "sm90_dqw": dict(dq_writer=True), "sm90_lpt": dict(lpt=T
             "sm90_dqw_lpt": dict(dq_writer=True, lpt=True), "sm90_ovl": dict(overlap_sdp=True),
             "sm90_dqw_cl2": dict(dq_writer=True, cluster=True), "sm90_cl2": dict(cluster=True),
             "sm90_rol": dict(dq_writer=True, roles=True), "sm90_rol_cl2": dict(dq_writer=True, roles=True, cluster=True),
-            "sm90_rol_sah": dict(dq_writer=True, roles=True, s_ahead=True),
-            "sm90_rol_sah_cl2": dict(dq_writer=True, roles=True, s_ahead=True, cluster=True),
-            "sm90_rol_lpt": dict(dq_writer=True, roles=True, lpt=True),
-            "sm90_rol_sah_lpt": dict(dq_writer=True, roles=True, s_ahead=True, lpt=True)}
+            "sm90_rol_lpt": dict(dq_writer=True, roles=True, lpt=True)}
 DEFAULT_VARIANTS = ["sm90_dqw", "sm90_rol"]   # (the query split with dq_writer, roles)
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

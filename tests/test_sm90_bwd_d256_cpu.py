@@ -114,7 +114,7 @@ def test_space_heuristic_and_for_problem():
         assert {(c.BM, c.BN, c.stages, c.consumers, c.dq_writer, c.dq_bulk) for c in split} == \
             {(64, 64, 2, 2, w, False) for w in writers}
         assert sorted((c.dq_writer, c.overlap_sdp, c.s_ahead) for c in valid if c.roles) == \
-            ([(True, False, False), (True, False, True)] if writers == (False, True) else [])
+            ([(True, False, False)] if writers == (False, True) else [])
         assert all("racecheck" in " ".join(why) for c, why in FAM.enumerate(p, MAX_SMEM)
                    if c.shared_keys and c.dq_writer and not c.problems(MAX_SMEM)) or writers == (False, True)
         assert all(FAM.for_problem(c, p).problems() == [] for c in valid)
@@ -436,15 +436,13 @@ def test_roles_config(monkeypatch):
     assert "roles" not in dict(FAM._fields(D256)) and dict(FAM._fields(cfg))["roles"] is True
     assert FAM.space["roles"] == (False, True)
     valid = FAM.valid(problem(), MAX_SMEM)
-    assert {(c.dq_writer, c.s_ahead) for c in valid if c.roles} == {(True, False), (True, True)}
+    assert {(c.dq_writer, c.s_ahead) for c in valid if c.roles} == {(True, False)}
     assert not any(c.roles for c in FAM.valid(problem(128), MAX_SMEM))
     assert FAM.make({k: v for k, v in FAM.point(cfg).items() if k != "roles"}, problem()) == cfg.replace(roles=False)
-    # s_ahead at d256: with roles only (its own: the next Q block's Sᵀ / dPᵀ behind the dQ GEMM), in the
-    # cluster too (sm90_bwd_cluster's last argument)
+    # s_ahead at d256: built for roles only, refused (ptxas serializes its wgmmas, C7518); for_problem drops it
     sah = cfg.replace(s_ahead=True)
-    assert sah.problems() == [] and sah.name.endswith("_dqw_sah_rol") and FAM.for_problem(sah, problem()) == sah
+    assert any("C7518" in w for w in sah.problems()) and FAM.for_problem(sah, problem()) == cfg
     assert any("shared-keys" in w for w in D256.replace(dq_writer=True, s_ahead=True).problems())
-    assert sah.replace(cluster=True).problems() == [] and FAM.for_problem(sah.replace(cluster=True), problem()).s_ahead
     assert sah.replace(cluster=True).kernel_name().endswith(", true, true>")
     assert FAM.for_problem(sah, problem(features=("softcap",), softcap=5.0)) == D256.replace(dq_writer=True, softcap=True)
     for causal in (False, True):
@@ -478,14 +476,11 @@ def test_roles_kernel_source():
 
 @needs_nvcc
 def test_ptxas_d256_roles():
-    """roles with dq_writer: bf16 / fp16 x causal / not, in the cluster, with s_ahead (and in the cluster) (9)."""
+    """roles with dq_writer: bf16 / fp16 x causal / not, and in the cluster (6)."""
     configs = [D256.replace(dtype=dt, causal=c, dq_writer=True, roles=True)
                for dt, c in itertools.product(("bf16", "fp16"), (False, True))]
     configs += [D256.replace(dq_writer=True, roles=True, cluster=True),
-                D256.replace(dtype="fp16", causal=True, dq_writer=True, roles=True, cluster=True),
-                D256.replace(dq_writer=True, roles=True, s_ahead=True),
-                D256.replace(dtype="fp16", causal=True, dq_writer=True, roles=True, s_ahead=True),
-                D256.replace(causal=True, dq_writer=True, roles=True, s_ahead=True, cluster=True)]
+                D256.replace(dtype="fp16", causal=True, dq_writer=True, roles=True, cluster=True)]
     assert all(c.problems() == [] for c in configs), [c.problems() for c in configs]
     bad = compile_clean(configs)
     assert not bad, "\n".join(bad)

@@ -285,8 +285,8 @@ class Sm90BwdConfig(KernelConfig):
                    warpgroup 1 dPᵀ, dSᵀ and dK_j (Pᵀ handed over in shared memory), both dQ_i by
                    columns; Sᵀ, dPᵀ as m64n64 over all BM queries (fewer shared-memory bytes per Q
                    block than the query split). Plain unordered calls with dq_writer only (name _rol;
-                   for_problem drops it for deterministic calls and calls with features). With s_ahead:
-                   the next Q block's Sᵀ / dPᵀ issued behind the last dQ GEMM
+                   for_problem drops it for deterministic calls and calls with features). With s_ahead
+                   (built, refused: ptxas serializes its wgmmas, C7518; measured slower)
     """
 
     BM: int
@@ -549,8 +549,13 @@ class Sm90BwdConfig(KernelConfig):
             out.append("ds_double at head dim 64 (ptxas spills its dynamic kernel; dq_writer loses its "
                        "second staging tile) or with softcap / ALiBi / dropout (unchecked): head dim 128 "
                        "without them only")
-        # (roles has its own s_ahead: the next Q block's Sᵀ / dPᵀ behind the last dQ GEMM)
-        if ((self.dq_early and (self.shared_keys or self.overlap_sdp))
+        # (roles has its own s_ahead: the next Q block's Sᵀ / dPᵀ behind the last dQ GEMM; built,
+        # refused: ptxas serializes its wgmmas, C7518, and it measured 0.81-0.90x cuDNN against roles'
+        # 0.95-1.11x)
+        if self.s_ahead and self.roles:
+            out.append("s_ahead with roles: ptxas serializes that kernel's wgmmas (C7518: a wgmma in a "
+                       "divergent path; nvcc 13.0), measured slower than roles alone")
+        elif ((self.dq_early and (self.shared_keys or self.overlap_sdp))
                 or (self.s_ahead and not self.roles and (self.shared_keys or self.overlap_sdp))):
             what = "dq_early" if self.dq_early and (self.shared_keys or self.overlap_sdp) else "s_ahead"
             out.append(f"{what} with the shared-keys tile (head_dim=256; "
@@ -791,6 +796,8 @@ class Sm90Backward(Family):
             config = config.replace(s_ahead=False, dq_early=False)   # a speed choice, where it is not built
         if config.dq_early and config.shared_keys:
             config = config.replace(dq_early=False)
+        if config.s_ahead and config.roles:
+            config = config.replace(s_ahead=False)     # (its wgmmas serialized: C7518)
         if config.q_rotate and (config.causal or config.window or config.deterministic or config.shared_keys
                                 or config.softcap or config.alibi or config.dropout):
             config = config.replace(q_rotate=False)    # a speed choice, where it is not built
