@@ -348,13 +348,91 @@ def test_bench_ring_cli():
     assert bench.modes_of(a.mode) == ["ring"] and a.ring_seqlens == [1024, 2048]
     assert a.ring_procs == 2 and a.no_torch_cp and a.ring_budget_s == 270.0
     assert not a.ring_breakdown and a.ring_light_from == 524288 and a.ring_ab == []
-    a = bench.parser().parse_args(["--mode", "ring", "--ring-ab", "early_send", "nccl_priority"])
-    assert a.ring_ab == ["early_send", "nccl_priority"]
+    assert a.ring_ab_max is None and a.ring_rotate == 0 and a.ring_set is None
+    a = bench.parser().parse_args(["--mode", "ring", "--ring-ab", "early_send", "nccl_priority",
+                                   "fwd_dyn+nccl_ctas4", "rotate", "lib_priority",
+                                   "--ring-ab-max", "524288", "--ring-rotate", "1",
+                                   "--ring-set", "nccl_priority+fwd_dyn"])
+    assert a.ring_ab == ["early_send", "nccl_priority", "fwd_dyn+nccl_ctas4", "rotate",
+                         "lib_priority"]
+    assert a.ring_ab_max == 524288 and a.ring_rotate == 1 and a.ring_set == "nccl_priority+fwd_dyn"
     from cuflash.bench import ring
-    assert set(a.ring_ab) <= set(ring.AB_VARIANTS)
+    for name in a.ring_ab:
+        assert all(p in ring.AB_VARIANTS or p.startswith("nccl_ctas") for p in name.split("+"))
+    assert bench.parser().parse_args(["--mode", "ring", "--ring-set", "none"]).ring_set == ""
+    for bad in ("nccl_ctas0", "fast", "fwd_dyn+", "fwd_dyn+fwd_dyn"):
+        with pytest.raises(SystemExit):  # argparse: the type's ValueError, exit 2
+            bench.parser().parse_args(["--mode", "ring", "--ring-ab", bad])
     a = bench.parser().parse_args(["--mode", "ring", "--ring-breakdown", "--ring-light-from", "0"])
     assert a.ring_breakdown and a.ring_light_from == 0 and a.ring_seqlens is None
     assert "ring" not in bench.modes_of(["all"])
+
+
+def test_bench_ring_parse_variant():
+    from cuflash.bench import ring
+
+    assert ring.parse_variant("nccl_priority+fwd_dyn+nccl_ctas4") == {
+        "flags": ["FWD_DYNAMIC"], "priority": True, "max_ctas": 4, "rotate": False}
+    assert ring.parse_variant("rotate+early_send+lib_priority") == {
+        "flags": ["EARLY_SEND", "PRIORITY_GROUP"], "priority": False, "max_ctas": None,
+        "rotate": True}
+    for flag in ring.FLAG_VARIANTS.values():  # every flag a variant flips exists
+        assert isinstance(getattr(cfd, flag), bool)
+    with pytest.raises(ValueError, match="^ab: unknown variant 'nccl_ctasx'"):
+        ring.parse_variant("fwd_dyn+nccl_ctasx")
+
+
+def test_bench_ring_timeline_lines():
+    """The per-rank timeline: compute start and kernel time, wait, transfer stretch per step;
+    configs once when every rank ran the same."""
+    from cuflash.bench import ring
+
+    fwd = ([("fwd_xfer", 0, 0.0, 3.0), ("fwd_compute", 0, 0.5, 20.5), ("fwd_merge", 0, 20.5, 21.0),
+            ("fwd_wait", 0, 21.0, 21.0), ("fwd_xfer", 1, 3.0, 40.0), ("fwd_compute", 1, 21.0, 41.0)],
+           [("fwd_config", 0, "A"), ("fwd_config", 1, "B")])
+    bwd = ([("bwd_compute", 0, 0.0, 10.0), ("bwd_compute", 0, 10.0, 12.0),
+            ("bwd_xfer", 0, 0.0, 1.0), ("bwd_acc_xfer", 1, 12.0, 13.0),
+            ("bwd_compute", 1, 12.0, 30.0), ("bwd_home_xfer", 1, 30.0, 31.5)],
+           [("bwd_config", 0, "C"), ("bwd_config", 0, "D"), ("bwd_config", 1, "C")])
+    other = ([], [("fwd_config", 0, "A"), ("fwd_config", 1, "A")])
+    lines = ring.timeline_lines([{"gpu": 0, "fwd": fwd, "bwd": bwd},
+                                 {"gpu": 2, "fwd": ([], fwd[1]), "bwd": ([], bwd[1])},
+                                 {"gpu": 1, "fwd": other, "bwd": ([], bwd[1])}])
+    assert lines[0] == ("  timeline r0 (GPU 0) fwd: s0 k0.5+20.0 w0.0 x0.0-3.0 | "
+                        "s1 k21.0+20.0 x3.0-40.0")
+    assert lines[1] == ("  timeline r0 (GPU 0) bwd: s0 k0.0+12.0 x0.0-1.0 | "
+                        "s1 k12.0+18.0 a12.0-13.0 h30.0-31.5")
+    assert lines[2] == "  timeline r1 (GPU 2) fwd: "
+    assert "  configs bwd (same on every rank): s0 C + D; s1 C" in lines
+    assert "  configs fwd r0: s0 A; s1 B" in lines and "  configs fwd r2: s0-1 A" in lines
+
+
+def test_trace_timeline_of_cpu_entries():
+    """trace_summary skips the config and origin entries; trace_timeline keeps the configs
+    (no events: nothing to synchronize)."""
+    trace = [("fwd_config", 0, "cfg", None)]
+    assert cfd.trace_summary(trace) == {}
+    assert cfd.trace_timeline(trace) == ([], [("fwd_config", 0, "cfg")])
+
+
+def test_ring_group_checks_max_ctas_and_flags_default_off():
+    """ring_group refuses a bad max_ctas before touching torch.distributed; the A/B flags stay
+    off by default (bench --ring-ab measures them); without the flag the group is as given."""
+    import torch.distributed as dist
+
+    assert not cfd.PRIORITY_GROUP and not cfd.FWD_DYNAMIC
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="^max_ctas"):
+            cfd.ring_group(max_ctas=bad)
+    if not hasattr(dist, "ProcessGroupNCCL"):
+        with pytest.raises(RuntimeError, match="^ring_group: this torch has no NCCL"):
+            cfd.ring_group()
+    assert cfd._transfer_group(None, torch.device("cpu")) is None
+    try:
+        cfd.PRIORITY_GROUP = True  # CPU tensors (gloo): the group as given
+        assert cfd._transfer_group(None, torch.device("cpu")) is None
+    finally:
+        cfd.PRIORITY_GROUP = False
 
 
 def test_trace_records_nothing_for_cpu_tensors():
