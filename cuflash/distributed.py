@@ -24,8 +24,13 @@ forward; the dK/dV accumulator (fp32) of the block in hand travels with it one s
 and, after the last step, one more hop returns it to the block's owner, rounded to k's dtype
 first (the rounding the owner does anyway). With ``REVERSE_BWD`` the forward keeps its last
 block and the backward runs the ring the other way round from it, ending on the rank's own
-block: no last hop. ``TRACE`` times every step's phases with CUDA events (bench --mode ring
---ring-breakdown). Each step calls
+block: no last hop. ``TRACE`` times every step's phases with CUDA events, every transfer on the
+side stream and names each call's config (bench --mode ring --ring-breakdown: per-rank
+timelines). Transfers run NCCL kernels, which need SMs of their own on both ends at once while
+the attention kernels fill the GPU: ``PRIORITY_GROUP`` (transfers on a high-priority twin of
+the default group; ``ring_group`` builds such a group to pass in) and ``FWD_DYNAMIC`` (no
+static persistent forward, whose late CTAs would end a step late) are the 4-GPU straggler's
+remedies under test (bench --ring-ab). Each step calls
 cuflash's backward (``torch_ops.backward_impl``) with the GLOBAL merged out and lse: with
 P = exp(S - lse_global) and D = rowsum(dO * O_global), every block's dS = P * (dP - D) is
 exactly its share of the full gradient (the ring-attention identity), so no rescaling is

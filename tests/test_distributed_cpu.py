@@ -407,6 +407,21 @@ def test_bench_ring_timeline_lines():
     assert "  configs fwd r0: s0 A; s1 B" in lines and "  configs fwd r2: s0-1 A" in lines
 
 
+def test_ring_pick_variant():
+    """The GPU request's glue: the candidate with the best mean gain over the ring records
+    that timed it, if that gain reaches min_gain; else none."""
+    from ring_pick_variant import pick
+
+    recs = [{"impl": "ring", "tflops_per_gpu": 500.0, "alt_fwd_dyn_tflops_per_gpu": 505.0,
+             "alt_lib_priority_tflops_per_gpu": 540.0},
+            {"impl": "ring", "tflops_per_gpu": 550.0, "alt_lib_priority_tflops_per_gpu": 560.0},
+            {"impl": "torch_cp", "tflops_per_gpu": 100.0, "alt_fwd_dyn_tflops_per_gpu": 900.0}]
+    assert pick(recs) == "lib_priority"
+    assert pick(recs, candidates=("fwd_dyn",)) == "fwd_dyn"
+    assert pick(recs, candidates=("fwd_dyn",), min_gain=1.02) == "none"
+    assert pick(recs, candidates=("lib_priority+fwd_dyn",)) == "none"
+
+
 def test_trace_timeline_of_cpu_entries():
     """trace_summary skips the config and origin entries; trace_timeline keeps the configs
     (no events: nothing to synchronize)."""

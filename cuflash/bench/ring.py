@@ -41,9 +41,14 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  bwd_accum_ms (dQ / dK / dV additions), bwd_wait_ms, bwd_final_ms (the dK/dV
                  hop home, and waiting for the neighbour to finish its last step); trace_wait_ms
                  = max over ranks of fwd_wait + bwd_wait + bwd_final.
+                 The breakdown also prints every rank's timeline (GPU, per step: kernels'
+                 start and time, wait, the transfers' stretch on the side stream; timeline_lines)
+                 and the config of every call.
                  With --ring-ab NAME ...: alt_NAME_fwd_ms, alt_NAME_bwd_ms,
-                 alt_NAME_tflops_per_gpu of the same ring with one thing changed, in the same
-                 run (AB_VARIANTS: early_send, nccl_priority, split_q, reverse_bwd).
+                 alt_NAME_tflops_per_gpu of the same ring with something changed, in the same
+                 run (AB_VARIANTS, or several joined by '+'; --ring-ab-max: only up to that
+                 seqlen). --ring-set NAME: the whole run with a variant (ring_set in the
+                 records). --ring-rotate K: process r on GPU (r + K) mod the GPU count.
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
 """

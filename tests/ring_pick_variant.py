@@ -1,0 +1,61 @@
+"""Pick the ring variant a later bench run should use (--ring-set), from a ring.json that
+``bench --mode ring --ring-ab ...`` wrote (not a test; the GPU request's glue).
+
+    python tests/ring_pick_variant.py RING_JSON [--candidates lib_priority fwd_dyn ...]
+
+Prints one name on stdout: the candidate whose alt_<name>_tflops_per_gpu, as a ratio to the
+ring as run, has the best geometric mean over the ring records that timed it, if that mean is
+at least --min-gain (default 1.005); else "none" (the ring as it is). Every candidate's ratios
+go to stderr. Candidates: the variants the library can run by its own flags (FWD_DYNAMIC,
+PRIORITY_GROUP), so that the run with --ring-set measures what a default would be.
+"""
+import argparse
+import json
+import math
+import sys
+
+CANDIDATES = ("lib_priority+fwd_dyn", "lib_priority", "fwd_dyn")
+
+
+def ratios(records, name) -> list:
+    """alt_<name>'s TFLOPs / the ring's, per ring record that has both."""
+    out = []
+    for r in records:
+        alt = r.get(f"alt_{name}_tflops_per_gpu")
+        if r.get("impl") == "ring" and alt and r.get("tflops_per_gpu"):
+            out.append(alt / r["tflops_per_gpu"])
+    return out
+
+
+def pick(records, candidates=CANDIDATES, min_gain=1.005, log=None) -> str:
+    best, best_gain = "none", min_gain
+    for name in candidates:
+        rs = ratios(records, name)
+        if not rs:
+            if log:
+                log(f"{name}: not timed")
+            continue
+        gain = math.exp(sum(math.log(x) for x in rs) / len(rs))
+        if log:
+            log(f"{name}: x{gain:.3f} ({', '.join(f'{x:.3f}' for x in rs)})")
+        if gain >= best_gain:
+            best, best_gain = name, gain
+    return best
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("ring_json")
+    ap.add_argument("--candidates", nargs="+", default=list(CANDIDATES))
+    ap.add_argument("--min-gain", type=float, default=1.005)
+    a = ap.parse_args(argv)
+    with open(a.ring_json) as f:
+        records = json.load(f)
+    if isinstance(records, dict):  # {"records": [...], ...}
+        records = records.get("records", [])
+    print(pick(records, a.candidates, a.min_gain, log=lambda m: print(m, file=sys.stderr)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
