@@ -48,13 +48,36 @@ def main(argv=None) -> int:
     ap.add_argument("ring_json")
     ap.add_argument("--candidates", nargs="+", default=list(CANDIDATES))
     ap.add_argument("--min-gain", type=float, default=1.005)
+    ap.add_argument("--summary", action="store_true",
+                    help="only print every record in one short line (stdout), no pick")
     a = ap.parse_args(argv)
     with open(a.ring_json) as f:
         records = json.load(f)
     if isinstance(records, dict):  # {"records": [...], ...}
         records = records.get("records", [])
+    if a.summary:
+        for r in records:
+            print(summary(r))
+        return 0
     print(pick(records, a.candidates, a.min_gain, log=lambda m: print(m, file=sys.stderr)))
     return 0
+
+
+def summary(r) -> str:
+    """One record in a line: impl, problem, TFLOPs (per GPU), efficiency, the variants'."""
+    tf = r.get("tflops_per_gpu", r.get("tflops"))
+    line = (f"{r.get('impl')}{'[' + r['backend'] + ']' if r.get('backend') else ''} P={r.get('P')} "
+            f"s={r.get('seqlen')} causal={r.get('causal')}: "
+            + (f"{tf:.0f} TFLOPs/GPU" if tf else r.get("error") or r.get("skipped") or "-"))
+    if r.get("efficiency"):
+        line += f", eff {r['efficiency']:.3f}"
+    if r.get("ring_set"):
+        line += f", as run {r['ring_set']}"
+    alts = sorted(k[4:-len("_tflops_per_gpu")] for k in r if k.startswith("alt_")
+                  and k.endswith("_tflops_per_gpu"))
+    line += "".join(f"; {n} {r[f'alt_{n}_tflops_per_gpu']:.0f}" for n in alts)
+    errs = [f"; {k[4:-6]} error {r[k]}" for k in r if k.startswith("alt_") and k.endswith("_error")]
+    return line + "".join(errs)
 
 
 if __name__ == "__main__":

@@ -468,6 +468,11 @@ def _variant_group(spec: dict, world: int):
         ranks = list(range(world))
         kw = {}
         if spec["rotate"]:  # process r is the group's rank r - 1
+            import inspect
+
+            if "sort_ranks" not in inspect.signature(dist.new_group).parameters:  # every rank alike
+                raise ValueError("rotate: this torch's new_group has no sort_ranks (it orders "
+                                 "a group's ranks itself)")
             ranks, kw = ranks[1:] + ranks[:1], {"sort_ranks": False}
         _groups[key] = dist.new_group(ranks=ranks, backend="nccl", pg_options=opts, **kw)
     return _groups[key]
