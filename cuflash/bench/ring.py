@@ -333,7 +333,7 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         ab_max = opts.get("ab_max")
         for name in opts.get("ab", ()) if ab_max is None or seqlen <= ab_max else ():
             rec.update(_variant(name, world, reps, f_fwd + f_bwd, rec, log, fwd_g, bwd_g,
-                                min(s_local, WARM_LOCAL)))
+                                min(s_local, WARM_LOCAL), bool(opts.get("breakdown"))))
         if opts.get("breakdown") or light:
             rec.update(_breakdown(world, fwd, bwd))
             log(_breakdown_line(rec))
@@ -478,10 +478,12 @@ def _variant_group(spec: dict, world: int):
     return _groups[key]
 
 
-def _variant(name, world, reps, flops_total, rec, log, fwd, bwd, warm_local) -> dict:
+def _variant(name, world, reps, flops_total, rec, log, fwd, bwd, warm_local,
+             breakdown=False) -> dict:
     """alt_<name>_fwd_ms, alt_<name>_bwd_ms, alt_<name>_tflops_per_gpu: the ring timed with the
     variant ``name`` (parse_variant), after a warm-up ring of warm_local positions per rank (a
-    new group's first transfers, a new config's first load); or alt_<name>_error."""
+    new group's first transfers, a new config's first load); or alt_<name>_error. breakdown:
+    one more traced forward and backward, its timeline logged (alt_<name>_trace_wait_ms)."""
     from .. import distributed as cfd
 
     key = f"alt_{name}"
@@ -498,13 +500,18 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd, warm_local) -> 
         res = fwd(group)
         out[f"{key}_fwd_ms"] = _timed(lambda: fwd(group), reps)
         out[f"{key}_bwd_ms"] = _timed(lambda: bwd(res, group), reps)
-        del res
         out[f"{key}_tflops_per_gpu"] = flops_total / world / (out[f"{key}_fwd_ms"] +
                                                               out[f"{key}_bwd_ms"]) / 1e9
         what = "; ".join(AB_VARIANTS.get(p, AB_VARIANTS["nccl_ctasN"]) for p in name.split("+"))
         log(f"  {name} ({what}): fwd {out[f'{key}_fwd_ms']:.1f} ms bwd "
             f"{out[f'{key}_bwd_ms']:.1f} ms, {out[f'{key}_tflops_per_gpu']:.0f} TFLOPs/GPU "
             f"(as run: {rec['fwd_ms']:.1f} / {rec['bwd_ms']:.1f} ms)")
+        if breakdown:
+            bd = _breakdown(world, lambda: fwd(group), lambda: bwd(res, group))
+            out[f"{key}_trace_wait_ms"] = bd["trace_wait_ms"]
+            for line in bd["timeline_lines"]:
+                log(f"  [{name}]{line[1:]}")
+        del res
     except Exception as exc:  # noqa: BLE001 - a field says why
         out[f"{key}_error"] = _short(exc)
         log(f"  {name}: {out[f'{key}_error']}")
