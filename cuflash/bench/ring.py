@@ -9,8 +9,10 @@ holds seqlen / P positions. A problem is skipped, with a record saying so, when 
 estimated time would pass --ring-budget-s (default 270 s; the estimate: the last problem of that
 mask scaled by seqlen², and by LIGHT_COST when it is light and that one was not). Problems above
 --ring-light-from (default 524288) run light, to fit the 1M problems in a ~5-minute run: one
-timed repetition, no transfer-free runs (comm_exposed_ms from the trace's waits instead), torch CP
-on its cuDNN backend only (flash runs at 0.6x its speed, measured every earlier run).
+timed repetition after a warm-up on a small ring (WARM_LOCAL positions per rank, the same
+kernels) and one full forward, no transfer-free runs (comm_exposed_ms from the trace's waits
+instead), no peak-memory run (its 1/P scaling is measured at the smaller seqlens), torch CP on
+its cuDNN backend only (flash runs at 0.6x its speed, measured every earlier run).
 
 Records (results/<gpu>x<P>/ring.{json,csv}), impl:
   ring           fwd_ms, bwd_ms (ring_forward / ring_backward, no autograd), tflops_per_gpu
@@ -319,10 +321,14 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
                                      kv_last=tuple(res[2:]) or None)
 
         main = _MAIN["group"]  # --ring-set's group, or None: the default one
-        res = fwd_g(main)  # warm-up: compiles
+        if light:  # warm-up (compiles, the group's first transfers) on a small ring
+            n = min(s_local, WARM_LOCAL)
+            bwd_g(fwd_g(main, n=n), main, n=n)
+        res = fwd_g(main)  # (the full problem's warm-up)
         fwd = lambda comm=True: fwd_g(main, comm=comm)  # noqa: E731
         bwd = lambda comm=True: bwd_g(res, main, comm=comm)  # noqa: E731
-        bwd()
+        if not light:
+            bwd()
         rec["fwd_ms"] = fwd_ms = _timed(fwd, reps)
         rec["bwd_ms"] = bwd_ms = _timed(bwd, reps)
         rec["reverse_bwd"] = cfd.REVERSE_BWD
@@ -349,6 +355,8 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         rec["bwd_tflops_per_gpu"] = f_bwd / world / bwd_ms / 1e9
         rec["tflops_per_gpu"] = (f_fwd + f_bwd) / world / (fwd_ms + bwd_ms) / 1e9
         del res
+        if light:  # (its 1/P scaling is measured below light_from)
+            raise _Done
         # peak memory of one autograd forward + backward
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -360,6 +368,8 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         del o, leaves
         rec["peak_bytes_per_gpu"] = int(_max_over_ranks(torch.cuda.max_memory_allocated() - before))
         rec["inputs_bytes_per_gpu"] = 4 * q.numel() * q.element_size()
+    except _Done:
+        pass
     except Exception as exc:  # noqa: BLE001 - a record says why
         rec["error"] = _short(exc)
     torch.cuda.empty_cache()
@@ -476,6 +486,10 @@ def _variant_group(spec: dict, world: int):
             ranks, kw = ranks[1:] + ranks[:1], {"sort_ranks": False}
         _groups[key] = dist.new_group(ranks=ranks, backend="nccl", pg_options=opts, **kw)
     return _groups[key]
+
+
+class _Done(Exception):
+    """The ring's record is complete (a light problem skips the peak-memory run)."""
 
 
 def _variant(name, world, reps, flops_total, rec, log, fwd, bwd, warm_local,
@@ -640,7 +654,9 @@ def _line(rec, shard) -> str:
     eff = rec.get("efficiency")
     return (f"ring P={rec['P']} s={rec['seqlen']} causal={rec['causal']}: fwd {rec['fwd_ms']:.1f} ms "
             f"bwd {rec['bwd_ms']:.1f} ms, {rec['tflops_per_gpu']:.0f} TFLOPs/GPU, comm exposed "
-            f"{rec['comm_exposed_ms']:.1f} ms, peak {rec.get('peak_bytes_per_gpu', 0) / 2**30:.2f} GiB/GPU; "
+            f"{rec['comm_exposed_ms']:.1f} ms, peak "
+            + (f"{rec['peak_bytes_per_gpu'] / 2**30:.2f} GiB/GPU; " if "peak_bytes_per_gpu" in rec
+               else "not run; ") +
             f"1-GPU shard {shard.get('tflops', float('nan')):.0f} TFLOPs -> efficiency "
             f"{eff if eff is not None else float('nan'):.3f}")
 
