@@ -617,3 +617,35 @@ def test_ring_varlen_args_are_checked_before_any_transfer():
             assert (cfd.varlen_unshard([out], cu, 1, layout) - want).abs().max().item() < 1e-6
     finally:
         dist.destroy_process_group()
+
+
+def test_bench_ring_variant_flow(monkeypatch):
+    """bench ring's _variant without GPUs (timing and tracing stubbed): the flags flip for the
+    variant's calls and come back, the warm-up ring runs small, the breakdown's timeline is
+    logged under the variant's name; an unknown name becomes an alt_<name>_error field."""
+    from cuflash.bench import ring
+
+    calls, logged = [], []
+    monkeypatch.setattr(ring, "_timed", lambda fn, reps: (fn(), 2.0)[1])
+    monkeypatch.setattr(ring, "_breakdown", lambda world, f, b: (f(), b(), {
+        "trace_wait_ms": 1.5, "timeline_lines": ["  timeline r0 (GPU 0) fwd: s0 k0.0+1.0"]})[2])
+
+    def fwd(group=None, comm=True, n=None):
+        calls.append(("fwd", n, cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP))
+        return ("out", "lse")
+
+    def bwd(res, group=None, comm=True, n=None):
+        calls.append(("bwd", n, cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP))
+
+    rec = {"fwd_ms": 1.0, "bwd_ms": 3.0}
+    out = ring._variant("fwd_dyn+lib_priority", 2, 3, 8e9, rec, logged.append, fwd, bwd, 64, True)
+    assert out["alt_fwd_dyn+lib_priority_fwd_ms"] == 2.0 and out[
+        "alt_fwd_dyn+lib_priority_tflops_per_gpu"] == 8e9 / 2 / 4.0 / 1e9
+    assert out["alt_fwd_dyn+lib_priority_trace_wait_ms"] == 1.5
+    assert calls[0] == ("fwd", 64, True, True) and calls[1] == ("bwd", 64, True, True)
+    assert all(c[2:] == (True, True) for c in calls) and {c[1] for c in calls[2:]} == {None}
+    assert not cfd.FWD_DYNAMIC and not cfd.PRIORITY_GROUP
+    assert logged[0].startswith("  fwd_dyn+lib_priority (") and \
+        logged[1] == "  [fwd_dyn+lib_priority] timeline r0 (GPU 0) fwd: s0 k0.0+1.0"
+    out = ring._variant("nope", 2, 3, 8e9, rec, logged.append, fwd, bwd, 64)
+    assert list(out) == ["alt_nope_error"] and "unknown variant 'nope'" in out["alt_nope_error"]
