@@ -29,8 +29,8 @@ side stream and names each call's config (bench --mode ring --ring-breakdown: pe
 timelines). Transfers run NCCL kernels, which need SMs of their own on both ends at once while
 the attention kernels fill the GPU: ``PRIORITY_GROUP`` (transfers on a high-priority twin of
 the default group; ``ring_group`` builds such a group to pass in) and ``FWD_DYNAMIC`` (no
-static persistent forward, whose late CTAs would end a step late) are the 4-GPU straggler's
-remedies under test (bench --ring-ab). Each step calls
+static persistent forward, whose late CTAs would end a step late) remove the 4-GPU straggler
+(both on; bench --ring-ab flips them). Each step calls
 cuflash's backward (``torch_ops.backward_impl``) with the GLOBAL merged out and lse: with
 P = exp(S - lse_global) and D = rowsum(dO * O_global), every block's dS = P * (dP - D) is
 exactly its share of the full gradient (the ring-attention identity), so no rescaling is
@@ -445,18 +445,25 @@ _side_streams: dict = {}
 # Whether the rings move blocks over a process group of their own whose NCCL streams have high
 # priority (ring_group), made once from the default group on the first ring call that passes
 # group=None (every rank makes that call; a group passed in is used as given: build it with
-# ring_group). A high-priority stream's kernel is dispatched before the compute stream's
-# waiting blocks, so a transfer's kernel is resident on both ends as soon as they queue it;
-# at normal priority one end's kernel can wait behind a whole step of attention blocks while
-# the other end's kernel holds its SMs waiting for it (bench --ring-ab nccl_priority, which
-# builds such a group itself, and lib_priority, which flips this).
-PRIORITY_GROUP = False
+# ring_group). A transfer's NCCL kernel spins on its SMs until the peer's kernel runs; at
+# normal priority the peer's kernel can queue behind a whole step of attention blocks, so
+# that this end loses those SMs for that step (the 4-GPU straggler of session 15: one rank's
+# middle steps 1.2-2x longer). At high priority the peer's kernel takes the first SMs that
+# free up. Measured (4 x H200, 512k tokens non-causal, bench --ring-ab, same run): 518 ->
+# 543 TFLOPs/GPU alone, 561 with FWD_DYNAMIC (torch CP on cuDNN 543); on.
+PRIORITY_GROUP = True
+
+# NCCL's CTAs (SMs) per transfer kernel on PRIORITY_GROUP's group (ring_group's max_ctas; None:
+# NCCL's choice): a spinning transfer kernel holds that many SMs (bench --ring-ab lib_ctasN).
+RING_MAX_CTAS: Optional[int] = None
 
 # Whether the dense ring's forward runs a call whose selected config is the static persistent
 # schedule on the dynamic scheduler instead (the same tiles; the CTAs claim them): a CTA that
 # starts late, its SM held by a transfer's kernel, then computes one tile instead of a fixed
-# share of the step, so the step does not end a transfer's wait later (bench --ring-ab fwd_dyn).
-FWD_DYNAMIC = False
+# 1/132 of the step, so the step does not end a transfer's wait later. Measured as above:
+# forward 524 -> 460 ms alone (the single-GPU shard's four steps: 441), 518 -> 533 TFLOPs/GPU;
+# on.
+FWD_DYNAMIC = True
 
 _priority_groups: dict = {}
 
@@ -480,12 +487,14 @@ def ring_group(ranks=None, high_priority: bool = True, max_ctas: Optional[int] =
 
 def _transfer_group(group, device: torch.device):
     """The group the ring moves blocks over: ``group``, or with PRIORITY_GROUP (CUDA tensors,
-    group None) the default group's high-priority twin (ring_group, made once)."""
+    group None) the default group's high-priority twin (ring_group with RING_MAX_CTAS, made
+    once per RING_MAX_CTAS)."""
     if not PRIORITY_GROUP or device.type != "cuda" or group not in (None, dist.group.WORLD):
         return group
-    twin = _priority_groups.get("world")
+    key = ("world", RING_MAX_CTAS)
+    twin = _priority_groups.get(key)
     if twin is None:
-        twin = _priority_groups["world"] = ring_group()
+        twin = _priority_groups[key] = ring_group(max_ctas=RING_MAX_CTAS)
     return twin
 
 

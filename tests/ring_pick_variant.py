@@ -6,15 +6,16 @@
 Prints one name on stdout: the candidate whose alt_<name>_tflops_per_gpu, as a ratio to the
 ring as run, has the best geometric mean over the ring records that timed it, if that mean is
 at least --min-gain (default 1.005); else "none" (the ring as it is). Every candidate's ratios
-go to stderr. Candidates: the variants the library can run by its own flags (FWD_DYNAMIC,
-PRIORITY_GROUP), so that the run with --ring-set measures what a default would be.
+go to stderr. Candidates: variants the library can run by its own settings (EARLY_SEND,
+RING_MAX_CTAS; FWD_DYNAMIC and PRIORITY_GROUP are on since session 16's first 4-GPU run), so
+that a run with --ring-set measures what a default would be.
 """
 import argparse
 import json
 import math
 import sys
 
-CANDIDATES = ("lib_priority+fwd_dyn", "lib_priority", "fwd_dyn")
+CANDIDATES = ("lib_ctas2", "lib_ctas4", "lib_ctas8", "early_send")
 
 
 def ratios(records, name) -> list:

@@ -372,10 +372,11 @@ def test_bench_ring_parse_variant():
     from cuflash.bench import ring
 
     assert ring.parse_variant("nccl_priority+fwd_dyn+nccl_ctas4") == {
-        "flags": ["FWD_DYNAMIC"], "priority": True, "max_ctas": 4, "rotate": False}
-    assert ring.parse_variant("rotate+early_send+lib_priority") == {
+        "flags": ["FWD_DYNAMIC"], "priority": True, "max_ctas": 4, "rotate": False,
+        "lib_ctas": None}
+    assert ring.parse_variant("rotate+early_send+lib_priority+lib_ctas2") == {
         "flags": ["EARLY_SEND", "PRIORITY_GROUP"], "priority": False, "max_ctas": None,
-        "rotate": True}
+        "rotate": True, "lib_ctas": 2}
     for flag in ring.FLAG_VARIANTS.values():  # every flag a variant flips exists
         assert isinstance(getattr(cfd, flag), bool)
     with pytest.raises(ValueError, match="^ab: unknown variant 'nccl_ctasx'"):
@@ -416,7 +417,8 @@ def test_ring_pick_variant():
              "alt_lib_priority_tflops_per_gpu": 540.0},
             {"impl": "ring", "tflops_per_gpu": 550.0, "alt_lib_priority_tflops_per_gpu": 560.0},
             {"impl": "torch_cp", "tflops_per_gpu": 100.0, "alt_fwd_dyn_tflops_per_gpu": 900.0}]
-    assert pick(recs) == "lib_priority"
+    assert pick(recs, candidates=("lib_priority+fwd_dyn", "lib_priority", "fwd_dyn")) == \
+        "lib_priority"
     assert pick(recs, candidates=("fwd_dyn",)) == "fwd_dyn"
     assert pick(recs, candidates=("fwd_dyn",), min_gain=1.02) == "none"
     assert pick(recs, candidates=("lib_priority+fwd_dyn",)) == "none"
@@ -431,23 +433,26 @@ def test_trace_timeline_of_cpu_entries():
 
 
 def test_ring_group_checks_max_ctas_and_flags_default_off():
-    """ring_group refuses a bad max_ctas before touching torch.distributed; the A/B flags stay
-    off by default (bench --ring-ab measures them); without the flag the group is as given."""
+    """ring_group refuses a bad max_ctas before touching torch.distributed; the straggler's
+    remedies are on by default (measured; bench --ring-ab flips them); CPU tensors, or a group
+    passed in, keep the group as given."""
     import torch.distributed as dist
 
-    assert not cfd.PRIORITY_GROUP and not cfd.FWD_DYNAMIC
+    assert cfd.PRIORITY_GROUP and cfd.FWD_DYNAMIC and cfd.RING_MAX_CTAS is None
     for bad in (0, 2.0, True):
         with pytest.raises(ValueError, match="^max_ctas"):
             cfd.ring_group(max_ctas=bad)
     if not hasattr(dist, "ProcessGroupNCCL"):
         with pytest.raises(RuntimeError, match="^ring_group: this torch has no NCCL"):
             cfd.ring_group()
-    assert cfd._transfer_group(None, torch.device("cpu")) is None
+    assert cfd._transfer_group(None, torch.device("cpu")) is None  # CPU tensors (gloo)
+    given = object()
+    assert cfd._transfer_group(given, torch.device("cuda", 0)) is given  # a group passed in
     try:
-        cfd.PRIORITY_GROUP = True  # CPU tensors (gloo): the group as given
-        assert cfd._transfer_group(None, torch.device("cpu")) is None
-    finally:
         cfd.PRIORITY_GROUP = False
+        assert cfd._transfer_group(None, torch.device("cuda", 0)) is None
+    finally:
+        cfd.PRIORITY_GROUP = True
 
 
 def test_trace_records_nothing_for_cpu_tensors():
@@ -642,9 +647,13 @@ def test_bench_ring_variant_flow(monkeypatch):
     assert out["alt_fwd_dyn+lib_priority_fwd_ms"] == 2.0 and out[
         "alt_fwd_dyn+lib_priority_tflops_per_gpu"] == 8e9 / 2 / 4.0 / 1e9
     assert out["alt_fwd_dyn+lib_priority_trace_wait_ms"] == 1.5
-    assert calls[0] == ("fwd", 64, True, True) and calls[1] == ("bwd", 64, True, True)
-    assert all(c[2:] == (True, True) for c in calls) and {c[1] for c in calls[2:]} == {None}
-    assert not cfd.FWD_DYNAMIC and not cfd.PRIORITY_GROUP
+    assert calls[0] == ("fwd", 64, False, False) and calls[1] == ("bwd", 64, False, False)
+    assert all(c[2:] == (False, False) for c in calls) and {c[1] for c in calls[2:]} == {None}
+    assert cfd.FWD_DYNAMIC and cfd.PRIORITY_GROUP
+    seen = []
+    ring._variant("lib_ctas2", 2, 3, 8e9, rec, logged.append,
+                  lambda *a, **k: seen.append(cfd.RING_MAX_CTAS), lambda *a, **k: None, 64)
+    assert set(seen) == {2} and cfd.RING_MAX_CTAS is None
     assert logged[0].startswith("  fwd_dyn+lib_priority (") and \
         logged[1] == "  [fwd_dyn+lib_priority] timeline r0 (GPU 0) fwd: s0 k0.0+1.0"
     out = ring._variant("nope", 2, 3, 8e9, rec, logged.append, fwd, bwd, 64)

@@ -194,6 +194,8 @@ def _worker(rank, world, port, opts):
 
         for flag in spec["flags"]:
             setattr(cfd, flag, not getattr(cfd, flag))
+        if spec["lib_ctas"] is not None:
+            cfd.RING_MAX_CTAS = spec["lib_ctas"]
         _MAIN["group"] = _variant_group(spec, world)
         log(f"bench ring: as run = {opts['ring_set']} (flipped {spec['flags']}, group "
             f"{'default' if _MAIN['group'] is None else 'its own'})")
@@ -334,6 +336,8 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         rec["reverse_bwd"] = cfd.REVERSE_BWD
         rec["fwd_dynamic"] = cfd.FWD_DYNAMIC
         rec["priority_group"] = cfd.PRIORITY_GROUP
+        rec["ring_max_ctas"] = cfd.RING_MAX_CTAS
+        rec["early_send"] = cfd.EARLY_SEND
         if opts.get("ring_set"):
             rec["ring_set"] = opts["ring_set"]
         ab_max = opts.get("ab_max")
@@ -428,6 +432,8 @@ AB_VARIANTS = {
                "dynamic scheduler)",
     "lib_priority": "cuflash.distributed.PRIORITY_GROUP flipped (the ring's own high-priority "
                     "twin of the default group, made by the library)",
+    "lib_ctasN": "cuflash.distributed.RING_MAX_CTAS = N (the library's high-priority twin group "
+                 "with NCCL kernels of at most N CTAs; e.g. lib_ctas4)",
 }
 FLAG_VARIANTS = {"early_send": "EARLY_SEND", "split_q": "SPLIT_Q", "reverse_bwd": "REVERSE_BWD",
                  "fwd_dyn": "FWD_DYNAMIC", "lib_priority": "PRIORITY_GROUP"}
@@ -439,9 +445,9 @@ _groups: dict = {}
 
 def parse_variant(name: str) -> dict:
     """{"flags": [cuflash.distributed flags to flip], "priority": bool, "max_ctas": int or None,
-    "rotate": bool} of a --ring-ab name: AB_VARIANTS' names, several joined by '+'; ValueError
-    naming the part it does not know."""
-    out = {"flags": [], "priority": False, "max_ctas": None, "rotate": False}
+    "rotate": bool, "lib_ctas": int or None} of a --ring-ab name: AB_VARIANTS' names, several
+    joined by '+'; ValueError naming the part it does not know."""
+    out = {"flags": [], "priority": False, "max_ctas": None, "rotate": False, "lib_ctas": None}
     if not isinstance(name, str) or not name:
         raise ValueError(f"ab: expected a variant name, got {name!r}")
     for part in name.split("+"):
@@ -453,10 +459,12 @@ def parse_variant(name: str) -> dict:
             out["rotate"] = True
         elif part.startswith("nccl_ctas") and part[9:].isdigit() and int(part[9:]) >= 1:
             out["max_ctas"] = int(part[9:])
+        elif part.startswith("lib_ctas") and part[8:].isdigit() and int(part[8:]) >= 1:
+            out["lib_ctas"] = int(part[8:])
         else:
             raise ValueError(f"ab: unknown variant {part!r} in {name!r} (known: "
-                             f"{', '.join(sorted(AB_VARIANTS))}; nccl_ctasN with N >= 1; several "
-                             "joined by '+')")
+                             f"{', '.join(sorted(AB_VARIANTS))}; nccl_ctasN, lib_ctasN with N >= 1; "
+                             "several joined by '+')")
     if len(set(out["flags"])) != len(out["flags"]):
         raise ValueError(f"ab: {name!r} names a flag twice")
     return out
@@ -502,12 +510,15 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd, warm_local,
 
     key = f"alt_{name}"
     out = {}
-    flags = ("EARLY_SEND", "SPLIT_Q", "REVERSE_BWD", "FWD_DYNAMIC", "PRIORITY_GROUP")
+    flags = ("EARLY_SEND", "SPLIT_Q", "REVERSE_BWD", "FWD_DYNAMIC", "PRIORITY_GROUP",
+             "RING_MAX_CTAS")
     saved = {f: getattr(cfd, f) for f in flags}
     try:
         spec = parse_variant(name)
         for flag in spec["flags"]:
             setattr(cfd, flag, not saved[flag])
+        if spec["lib_ctas"] is not None:
+            cfd.RING_MAX_CTAS = spec["lib_ctas"]
         own = spec["priority"] or spec["max_ctas"] is not None or spec["rotate"]
         group = _variant_group(spec, world) if own else _MAIN["group"]
         bwd(fwd(group, n=warm_local), group, n=warm_local)
@@ -516,7 +527,8 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd, warm_local,
         out[f"{key}_bwd_ms"] = _timed(lambda: bwd(res, group), reps)
         out[f"{key}_tflops_per_gpu"] = flops_total / world / (out[f"{key}_fwd_ms"] +
                                                               out[f"{key}_bwd_ms"]) / 1e9
-        what = "; ".join(AB_VARIANTS.get(p, AB_VARIANTS["nccl_ctasN"]) for p in name.split("+"))
+        what = "; ".join(AB_VARIANTS.get(p) or AB_VARIANTS[p.rstrip("0123456789") + "N"]
+                         for p in name.split("+"))
         log(f"  {name} ({what}): fwd {out[f'{key}_fwd_ms']:.1f} ms bwd "
             f"{out[f'{key}_bwd_ms']:.1f} ms, {out[f'{key}_tflops_per_gpu']:.0f} TFLOPs/GPU "
             f"(as run: {rec['fwd_ms']:.1f} / {rec['bwd_ms']:.1f} ms)")
