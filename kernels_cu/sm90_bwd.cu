@@ -158,6 +158,10 @@
 //   kDsDouble  (appended last) two dS buffers, Q block q's in buffer q % 2: the barrier before
 //              the dS stores goes (the one after them orders both warpgroups' dQ GEMMs of Q block
 //              q - 2 before the stores of Q block q)
+//   kFragPin   (appended after kDkLate) Pᵀ's A fragments pinned at the wgmma fence before dPᵀ, dV:
+//              without it ptxas copies one of them after the fence and injects a warpgroup.arrive
+//              before each of dV's k16 steps (C7519), each step then its own group, so the wait
+//              for dPᵀ also waits for 3 of dV's 4 steps
 //
 // Head dim 256 (kSharedKeys: kBN 64 with 2 consumers, kBM 64; Sm90BwdShape). dK_j, dV_j of 64
 // keys x 256 fp32 would take 256 registers per thread in one warpgroup, so both warpgroups take
@@ -434,7 +438,7 @@ struct Sm90BwdTileRing {
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
-          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate>
+          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -1013,6 +1017,12 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             // (RS; dO_i MN-major, queries 16kk..16kk+15 per step) ----
             if constexpr (!kOverlapSdp) reg_fence(dp_flat);
             reg_fence(dv_acc);
+            // kFragPin: Pᵀ's fragments pinned at the fence, so that ptxas does not copy one between
+            // it and dV's wgmma (it injects a warpgroup.arrive per k16 step then, each step its own
+            // group: wgmma_wait<1> below would wait for 3 of dV's 4 steps, not for dPᵀ alone)
+            if constexpr (kFragPin)
+#pragma unroll
+                for (int kk = 0; kk < kSN / 16; ++kk) reg_fence_frag(p_frag[0][kk]);
             wgmma_fence();
             if constexpr (!kOverlapSdp) {
 #pragma unroll
@@ -1408,12 +1418,13 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDeterministic, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
-          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false>
+          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false,
+          bool kFragPin = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
-                  kSAhead, kDqEarly, kQRotate, kDkLate>(p);
+                  kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the
@@ -1428,7 +1439,7 @@ sm90_bwd_cluster(const __grid_constant__ Sm90BwdParams p) {
     static_assert(kClusterSize == 2, "sm90_bwd_cluster: clusters of 2 CTAs");
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, true,
-                  false, false, false, false>(p);
+                  false, false, false, false, false>(p);
 }
 #endif
 

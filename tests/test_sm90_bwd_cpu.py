@@ -40,9 +40,9 @@ def sched(config):
     """Whether a config uses the schedule flags overlap_sdp / dq_writer (appended after dq_bulk;
     tests/test_sm90_bwd_sched_cpu.py covers them, the tests here the configs without) or the launch
     order lpt (tests/test_sm90_bwd_causal_cpu.py), or the main-loop flags dq_early / s_ahead / q_rotate
-    (tests/test_sm90_bwd_d128_cpu.py)."""
+    / frag_pin (tests/test_sm90_bwd_d128_cpu.py)."""
     return (config.overlap_sdp or config.dq_writer or config.lpt or config.dynamic or config.ds_double
-            or config.dq_early or config.s_ahead or config.q_rotate)
+            or config.dq_early or config.s_ahead or config.q_rotate or config.frag_pin)
 
 
 # ---------------------------------------------------------------------------------------

@@ -56,13 +56,19 @@ def test_fields_names_template_encoding():
     assert heur(True, dynamic=True).kernel_name().endswith(", false, false, true>")   # (kDsDouble omitted)
     assert plain.replace(dq_early=True, dk_late=True).kernel_name() == (plain.kernel_name()[:-1] + tail
                                                                         + ", false, true, false, true>")
-    assert plain.replace(q_rotate=True, dq_early=True).template_args()[19:] == (False, True, True, False)
-    assert len(plain.template_args()) == 23
+    assert plain.replace(q_rotate=True, dq_early=True).template_args()[19:] == (False, True, True, False, False)
+    assert len(plain.template_args()) == 24
+    # frag_pin (kFragPin) after kDkLate
+    pin = plain.replace(frag_pin=True)
+    assert pin.name == plain.name + "_pin" and pin.problems() == [] and FAM.space["frag_pin"] == (False, True)
+    assert pin.kernel_name() == plain.kernel_name()[:-1] + tail + ", false, false, false, false, true>"
+    assert pin.template_args()[-1] is True and FAM.decode(FAM.encode(pin), "bf16", False) == pin
+    assert "frag_pin" not in FAM.encode(plain)
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
     assert ("bool kDsDouble = false,\n          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, "
-            "bool kDkLate = false>") in src
+            "bool kDkLate = false,\n          bool kFragPin = false>") in src
     # a point from before the flags gets them off
-    point = {k: v for k, v in FAM.point(plain).items() if k not in FLAGS}
+    point = {k: v for k, v in FAM.point(plain).items() if k not in FLAGS + ("frag_pin",)}
     assert FAM.make(point, problem()) == FAM.make(FAM.point(plain), problem())
 
 
@@ -194,3 +200,50 @@ def test_refused_s_ahead_kernels_spill():
         assert "s_ahead with dq_early" in " ".join(cfg.problems())
     reports = nvcc_compile(refused, "sm_90a", NVCC)
     assert all(r.spill_stores or r.spill_loads for r in reports), reports
+
+
+def test_frag_pin_rules():
+    """frag_pin: the head dim 64 / 128 tiles without softcap / ALiBi / dropout (refused elsewhere,
+    dropped by for_problem); off in the heuristic until measured (HEURISTIC_FRAG_PIN)."""
+    d256 = Sm90BwdConfig(64, 64, 2, 2, 256, "bf16", False, frag_pin=True)
+    assert "frag_pin with the shared-keys tile" in " ".join(d256.problems())
+    for feat in ("softcap", "alibi"):
+        assert "frag_pin" in " ".join(heur(frag_pin=True, **{feat: True}).problems())
+    for cfg in (heur(frag_pin=True), heur(True, frag_pin=True, dq_early=True, dk_late=True, ds_double=True),
+                Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True, True, frag_pin=True),
+                Sm90BwdConfig(128, 128, 2, 2, 64, "fp16", True, dq_writer=True, dynamic=True, frag_pin=True)):
+        assert cfg.problems() == [], cfg.name
+    assert not FAM.for_problem(heur(frag_pin=True), problem(features=("softcap",))).frag_pin
+    assert FAM.for_problem(heur(frag_pin=True), problem(deterministic=True)).frag_pin
+    assert sm90_bwd.HEURISTIC_FRAG_PIN == frozenset()
+    for d, causal in itertools.product((64, 128), (False, True)):
+        assert not FAM.heuristic(problem(d, causal)).frag_pin
+
+
+@needs_nvcc
+def test_frag_pin_keeps_dv_one_group():
+    """Without frag_pin ptxas (nvcc 13.0) injects a warpgroup.arrive (C7519) before each of dV's k16
+    steps in the heuristic's d128 kernel; with it none, and no spills (the kernels of the timing's
+    pin variants compile clean: tests/test_sm90_bwd_d128_cpu.py's other compile tests)."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from cuflash.compile import kernel_param_decl, render_source
+
+    def log(cfg):
+        lines = [render_source("sm90_bwd"), '#line 1 "instantiations"',
+                 f"template __global__ void {cfg.kernel_name()}({kernel_param_decl(FAM, 'main', '')});"]
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp) / "k.cu"
+            src.write_text("\n".join(lines) + "\n")
+            out = subprocess.run([NVCC, "-cubin", "-arch=sm_90a", "-std=c++17", "-Xptxas", "-v", "-o",
+                                  str(Path(tmp) / "k.cubin"), str(src)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stderr + out.stdout
+
+    p = problem(128, False)
+    cfg = FAM.for_problem(FAM.heuristic(p), p)
+    assert "C7519" in log(cfg)
+    pinned = log(cfg.replace(frag_pin=True))
+    assert "C7519" not in pinned and "0 bytes spill stores, 0 bytes spill loads" in pinned

@@ -138,3 +138,41 @@ def test_dq_early_deterministic_bitwise():
         else:
             for a, b in zip(first, g):
                 assert torch.equal(a, b), "deterministic backward differs between runs"
+
+
+# frag_pin (kFragPin: Pᵀ's A fragments pinned at the wgmma fence, dV's k16 steps one group): on the
+# heuristic's d128 kernel (bf16) and on d64's dq_early + dk_late tile (fp16), both masks
+PIN = {"d128_bf16": (128, "bf16", {}), "d64_fp16_dkl": (64, "fp16", dict(dq_early=True, dk_late=True))}
+
+
+@pytest.mark.parametrize("seqlens", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", list(PIN))
+def test_frag_pin_odd_seqlens(case, causal, seqlens):
+    hdim, dtype, flags = PIN[case]
+    heads = list(HEADS)[SHAPES.index(seqlens) % len(HEADS)]
+    p = problem(dtype, causal, hdim, seqlens, heads)
+    cfg = FAM.for_problem(heuristic(p).replace(frag_pin=True, **flags), p)
+    assert cfg.frag_pin and all(getattr(cfg, k) for k in flags) and cfg.problems() == [], cfg.name
+    run_case(p, cfg)
+
+
+def test_frag_pin_deterministic_bitwise():
+    """frag_pin on a deterministic d128 causal call (ordered red.add): bitwise equal over 3 calls."""
+    import torch
+
+    p = problem("bf16", True, 128, (1023, 1100), "gqa", deterministic=True)
+    cfg = FAM.for_problem(heuristic(p).replace(frag_pin=True), p)
+    assert cfg.deterministic and cfg.frag_pin and cfg.problems() == [], cfg.name
+    q, k, v, dout = inputs(p)
+    first = None
+    for _ in range(3):
+        _, g = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=True, deterministic=True,
+                                                             bwd_config=cfg), q, k, v, dout)
+        if first is None:
+            first = g
+            ref, low = reference_grads(q, k, v, dout, True, 1 / math.sqrt(128))
+            check_grads(g, ref, low)
+        else:
+            for a, b in zip(first, g):
+                assert torch.equal(a, b), "deterministic backward differs between runs"

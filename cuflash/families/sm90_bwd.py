@@ -55,7 +55,8 @@ kDqEarly: the dQ GEMM issued behind dV, dK, one wait for the three), dk_late (_d
 dq_early and dq_writer: dK issued behind the dQ GEMM, FlashAttention-3's order, waited for once the
 dQ part is staged; not with the dynamic scheduler at d128: it spills), s_ahead (_sah, kSAhead: the
 next Q block's Sᵀ behind the dQ GEMM; measured slower), q_rotate (_rot, kQRotate, non-causal: K/V
-block n starts at Q block n % n_iters). The heuristic runs dq_early + dk_late + ds_double on the
+block n starts at Q block n % n_iters), frag_pin (_pin, kFragPin: Pᵀ's fragments pinned at the wgmma
+fence, so that dV's k16 steps stay one group; HEURISTIC_FRAG_PIN). The heuristic runs dq_early + dk_late + ds_double on the
 plain grid for plain unordered d128 calls (HEURISTIC_DK_LATE, measured: tests/sm90_bwd_d128_timing.py);
 calls with features run without the four (unmeasured there).
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB.
@@ -194,6 +195,14 @@ HEURISTIC_DK_LATE = frozenset({(128, False), (128, True)})
 HEURISTIC_DQ_EARLY = frozenset()
 HEURISTIC_S_AHEAD = frozenset()
 HEURISTIC_Q_ROTATE = frozenset()
+# * HEURISTIC_FRAG_PIN, (kernel head dim, causal): frag_pin (kFragPin: Pᵀ's A fragments pinned at the
+#   wgmma fence before dPᵀ and dV). Without it ptxas (nvcc 13.0) copies one fragment after the fence in
+#   every d64 / d128 kernel of the heuristic and injects a warpgroup.arrive before each of dV's four
+#   k16 steps (C7519), each closing its own group: the wait for dPᵀ (wgmma_wait<1>) then also waits
+#   for three of dV's four steps, so dSᵀ's math does not overlap dV. With it dV is one group (SASS
+#   checked; zero spills in the 12 heuristic kernels d64 / d128 x bf16 / fp16 x causal or not, and
+#   d64's dk_late ones). Off until measured (tests/sm90_bwd_d128_timing.py, variants *_pin).
+HEURISTIC_FRAG_PIN = frozenset()
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -288,6 +297,7 @@ class Sm90BwdConfig(KernelConfig):
     dq_early: bool = False
     q_rotate: bool = False
     dk_late: bool = False
+    frag_pin: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -307,7 +317,7 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_lpt' if self.lpt else ''}{'_dyn' if self.dynamic else ''}"
                 f"{'_ds2' if self.ds_double else ''}{'_cl2' if self.cluster else ''}{'_sah' if self.s_ahead else ''}"
                 f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
-                f"{'_dkl' if self.dk_late else ''}")
+                f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -435,7 +445,7 @@ class Sm90BwdConfig(KernelConfig):
                         "causal", "deterministic", "window", "softcap", "alibi", "dropout", "dq_bulk",
                         "overlap_sdp", "dq_writer", "varlen", "lpt", "dynamic", "ds_double")) + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
-        tail = self.s_ahead or self.dq_early or self.q_rotate or self.dk_late
+        tail = self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.frag_pin
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -449,8 +459,9 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
         feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
         feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
-        feats += f", {b(self.q_rotate)}" if self.q_rotate or self.dk_late else ""             # kQRotate
-        feats += ", true" if self.dk_late else ""                                             # kDkLate last
+        feats += f", {b(self.q_rotate)}" if self.q_rotate or self.dk_late or self.frag_pin else ""   # kQRotate
+        feats += f", {b(self.dk_late)}" if self.dk_late or self.frag_pin else ""               # kDkLate
+        feats += ", true" if self.frag_pin else ""                                            # kFragPin last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -460,7 +471,7 @@ class Sm90BwdConfig(KernelConfig):
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
-                self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late)
+                self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.frag_pin)
 
     def _problems(self) -> list[str]:
         out = []
@@ -535,6 +546,9 @@ class Sm90BwdConfig(KernelConfig):
                        "dq_early's dQ GEMM and waited for after dq_writer's staging")
         elif self.dk_late and self.dynamic and self.head_dim == 128:
             out.append("dk_late with dynamic at head_dim=128: ptxas spills that kernel (8-32 bytes, nvcc 13.0)")
+        if self.frag_pin and (self.shared_keys or self.softcap or self.alibi or self.dropout):
+            out.append("frag_pin with the shared-keys tile (head_dim=256: its dV GEMM is SS) or with softcap / "
+                       "ALiBi / dropout (unchecked): built for the head dim 64 / 128 tiles' RS dV GEMM")
         if self.q_rotate and (self.causal or self.window or self.deterministic or self.shared_keys):
             out.append("q_rotate with causal, a window, deterministic or the shared-keys tile (head_dim=256): "
                        "it rotates the unmasked, unordered Q-block loop of the head dim 64 / 128 tiles only")
@@ -591,7 +605,7 @@ class Sm90Backward(Family):
              "dq_bulk": (False, True), "overlap_sdp": (False, True), "dq_writer": (False, True),
              "dynamic": (False, True), "ds_double": (False, True), "dq_early": (False, True),
              "s_ahead": (False, True), "q_rotate": (False, True),
-             "dk_late": (False, True)}
+             "dk_late": (False, True), "frag_pin": (False, True)}
     # (lpt, the launch order, is a config field outside the space: measured no faster than the
     # plain order, alone or with the dynamic scheduler; HEURISTIC_LPT below)
     fixed = {"deterministic": False}
@@ -756,6 +770,8 @@ class Sm90Backward(Family):
         if config.dk_late and ((config.dynamic and config.head_dim == 128)
                                or not (config.dq_early and config.dq_writer and not config.s_ahead)):
             config = config.replace(dk_late=False)     # a speed choice, where it is not built
+        if config.frag_pin and (config.shared_keys or config.softcap or config.alibi or config.dropout):
+            config = config.replace(frag_pin=False)    # a speed choice, where it is not built
         if config.dynamic and config.dynamic_spills():
             config = config.replace(dynamic=False)     # a speed choice: the combinations whose kernel spills
         if config.BM > 64 and config.bm128_spills():
@@ -772,13 +788,14 @@ class Sm90Backward(Family):
         # lpt only when on, likewise
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
-                and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late")
+                and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late",
+                               "frag_pin")
                          and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without dynamic or ds_double (tuned tables and recorded studies
         from before the flags) gets them off."""
-        for flag in ("dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate", "dk_late"):
+        for flag in ("dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate", "dk_late", "frag_pin"):
             if flag not in point:
                 point = {**point, flag: False}
         return super().make(point, problem)
@@ -824,6 +841,8 @@ class Sm90Backward(Family):
                             "dynamic": cfg.dynamic and d != 128}, late)):
             if plain and on and not cfg.replace(**flags).problems():
                 cfg = cfg.replace(**flags)
+        if (d, causal) in HEURISTIC_FRAG_PIN and not cfg.replace(frag_pin=True).problems():
+            cfg = cfg.replace(frag_pin=True)            # (for_problem drops it with softcap, ALiBi, dropout)
         if tuple(problem.features) == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
