@@ -145,14 +145,6 @@ __device__ __forceinline__ void reg_fence(float (&r)[N]) {
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i]) :: "memory");
 }
 
-// The same for a wgmma's 16-bit A fragments (4 registers): pinned where a wgmma_fence orders
-// them, so that ptxas does not copy them between the fence and the wgmma (it injects a
-// warpgroup.arrive per wgmma then, each closing its own group: C7519).
-__device__ __forceinline__ void reg_fence_frag(u32 (&r)[4]) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(r[i]) :: "memory");
-}
-
 // wgmma reads a shared-memory operand through one 64-bit descriptor (address, strides,
 // swizzle) instead of per-thread addresses. This builds it for a tile stored with the
 // 128-byte swizzle (the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B): bits 0-13 start
