@@ -246,7 +246,9 @@ struct Sm90BwdShape {
                   "head dim 256: BN 64 with 2 consumers (dK_j, dV_j split by columns over the warpgroups)");
     static_assert(!kSharedKeys || (!kDynamic && kDsBufs == 1),
                   "shared keys (head dim 256): the plain grid and one dS buffer (no kDynamic, kDsDouble)");
-    static_assert(kBM == 64 || kBM == 128, "BM must be 64 or 128 (the wgmma N of S and dP)");
+    static_assert(kBM == 64 || kBM == 128 || (kBM == 80 && kHeadDim == 128 && kConsumers == 2 && !kSharedKeys),
+                  "BM must be 64 or 128 (the wgmma N of S and dP), or 80 at head dim 128 with 2 consumers "
+                  "(the swapped dQ GEMM)");
     static_assert(kDqRowGroups <= kConsumers && kConsumers % kDqRowGroups == 0,
                   "BM / 64 must divide consumers: each warpgroup computes 64 rows of dQ_i");
     static_assert(kDqN % 64 == 0 || kDqN == 32,
@@ -478,6 +480,15 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                   "s_ahead / dq_early: the head dim 64 / 128 tiles, not with overlap_sdp");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
                   "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
+    // BM 80 (head dim 128, 2 consumers; FA3's non-causal tile): 80 queries are not a whole wgmma m
+    // (64), so the dQ part is computed transposed, dQ_iᵀ = K_jᵀ dSᵀ (m = this warpgroup's 64 head-dim
+    // columns, n = the 80 queries), and staged transposed into dq_writer's tile
+    constexpr bool kDqSwap = kBM % 64 != 0;
+    static_assert(!kDqSwap || (kDqWriter && !kCausal && !kWindow && !kVarlen && !kDeterministic && !kDynamic
+                               && !kSoftcap && !kAlibi && !kDropout && !kOverlapSdp && !kSAhead && !kQRotate
+                               && !kCluster),
+                  "BM 80: non-causal, fixed lengths, unordered, dq_writer, no feature, the plain grid, "
+                  "not with overlap_sdp / s_ahead / q_rotate");
     // kDqWriter's named barriers (consumer threads + the writer warp): tile b full, tile b free
     constexpr int kDqFullBar = 2, kDqEmptyBar = 4, kDqBarThreads = kConsumers * 128 + 32;
     constexpr int kChunks = Shape::kChunks;
@@ -727,12 +738,23 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         // the same copies, written with lane < 32 explicit: next to the writer warp's
                         // loop the general form spills under the producer's 24 registers
 #pragma unroll
-                        for (int k = 0; k < kBM / 64; ++k) {
+                        for (int k = 0; k < (kDqSwap ? (kBM / 2 + 31) / 32 : kBM / 64); ++k) {
                             const int c = lane + 32 * k;
                             const bool is_D = c >= kBM / 4;
                             const int chunk = is_D ? c - kBM / 4 : c;
-                            cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
-                                        (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                            if constexpr (kDqSwap) {
+                                // BM 80: 40 chunks; a Q block may end past the pair's padded rows
+                                // (seqlen_q_rounded, a multiple of 128): those chunks zero-filled
+                                // (LSE 0, D 0: with Q_i, dO_i's zero rows there, Pᵀ ∘ dO, dSᵀ Q, dS
+                                // stay finite and add nothing to dK, dV; their dQ rows are clipped)
+                                if (c < kBM / 2)
+                                    cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
+                                                (is_D ? D_rows : lse_rows) + row0 + 4 * chunk,
+                                                row0 + 4 * chunk < p.seqlen_q_rounded);
+                            } else {
+                                cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
+                                            (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                            }
                         }
                     } else {
                         for (int c = lane; c < kBM / 2; c += 32) {
@@ -831,7 +853,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     // (kSharedKeys: dK_j, dV_j of kDkvN columns; Sᵀ, dPᵀ of kSN queries)
     float dk_acc[kDkvN / 2], dv_acc[kDkvN / 2];                // 64 keys x head_dim
     float s_acc[1][kSN / 8][4], dp_acc[1][kSN / 8][4];         // Sᵀ / Pᵀ, dPᵀ / dSᵀ: 64 keys x BM
-    float dq_acc[Shape::kDqN / 2];                             // 64 queries x kDqN
+    float dq_acc[kDqSwap ? Shape::kDqN * kBM / 128 : Shape::kDqN / 2];  // 64 queries x kDqN (kDqSwap: kDqN x BM)
     float (&s_flat)[kSN / 2] = reinterpret_cast<float (&)[kSN / 2]>(s_acc);
     float (&dp_flat)[kSN / 2] = reinterpret_cast<float (&)[kSN / 2]>(dp_acc);
     u32 p_frag[1][kSN / 16][4], ds_frag[1][kSN / 16][4];
@@ -1239,13 +1261,18 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 continue;
             }
 
-            // ---- dQ_i part = dS K_j: this warpgroup's 64 rows x kDqN columns ----
+            // ---- dQ_i part = dS K_j: this warpgroup's 64 rows x kDqN columns (kDqSwap: dQ_iᵀ =
+            // K_jᵀ dSᵀ, its kDqN = 64 columns x BM queries; A = K_j's chunk MN-major, the same
+            // descriptor as B's below; B = dS K-major, all BM rows) ----
             reg_fence(dq_acc);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kBN / 16; ++kk) {
                 const u32 a_off = (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-                Wgmma<Shape::kDqN, Elem>::template ss<1>(dq_acc, ds_desc.at(ds_buf + a_off), k_t_desc.at(kk * 16 * 128), kk > 0);
+                if constexpr (kDqSwap)
+                    WgmmaTransA<kBM, Elem>::ss(dq_acc, k_t_desc.at(kk * 16 * 128), ds_desc.at(ds_buf + a_off), kk > 0);
+                else
+                    Wgmma<Shape::kDqN, Elem>::template ss<1>(dq_acc, ds_desc.at(ds_buf + a_off), k_t_desc.at(kk * 16 * 128), kk > 0);
             }
             wgmma_commit();
             if constexpr (kDkLate) {
@@ -1290,12 +1317,33 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     else
                         named_barrier_sync(kDqEmptyBar + buf, kDqBarThreads);
                 }
+                if constexpr (kDqSwap) {
+                    // dQ_iᵀ's register 4nt + 2·half + e: column col = dq_col0 + 16·warp + g + 8·half,
+                    // query 8nt + 2t + e, i.e. row 8nt + 2t + e of box col / 32, 16-byte unit
+                    // (col % 32) / 4 ^ (2t + e), word col % 4. A warp's 32 stores of one register:
+                    // 8 columns (2 units) x 4 rows whose swizzles differ: 8 distinct units, 32 banks.
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const int col = dq_col0 + warp * 16 + g + 8 * half;
+                        unsigned char* base = smem_ptr + DqW::kOffset + buf * DqW::kTileBytes
+                                              + (col / 32) * DqW::kBoxBytes + (col % 4) * 4;
+                        const int unit = (col % 32) / 4;
+#pragma unroll
+                        for (int nt = 0; nt < kBM / 8; ++nt)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                const int q = 8 * nt + 2 * t + e;
+                                *reinterpret_cast<float*>(base + q * 128 + ((unit ^ (2 * t + e)) << 4))
+                                    = dq_acc[4 * nt + 2 * half + e];
+                            }
+                    }
+                }
                 const bool odd = g % 2;
                 const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
                 unsigned char* tile = smem_ptr + DqW::kOffset + buf * DqW::kTileBytes + (dq_col0 / 32) * DqW::kBoxBytes
                                       + (dq_row_group * 64 + warp * 16 + g) * 128 + (t % 2) * 8;
 #pragma unroll
-                for (int nt = 0; nt < Shape::kDqN / 8; ++nt) {
+                for (int nt = 0; nt < (kDqSwap ? 0 : Shape::kDqN / 8); ++nt) {
                     const int ns = nt ^ 2;                          // the fragment odd rows store here
                     const u32 off = (nt / 4) * DqW::kBoxBytes + (sw ^ ((2 * (nt % 4)) << 4));
 #pragma unroll

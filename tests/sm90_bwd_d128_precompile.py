@@ -47,6 +47,10 @@ def test_configs(pin_only=False):
             p = Problem("bwd", dtype, 2, 113, 301, 4, 2, d, causal)
             out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(frag_pin=True, **flags), p))
             out.append(select.choose(p.replace(op="fwd"), arch, name, smem)[1])
+    for dtype in ("bf16",):   # test_bm80_odd_seqlens (bf16 only: the fp16 kernel spills)
+        p = Problem("bwd", dtype, 2, 113, 301, 4, 2, 128, False)
+        out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(BM=80, frag_pin=False), p))
+        out.append(select.choose(p.replace(op="fwd"), arch, name, smem)[1])
     p = Problem("bwd", "bf16", 2, 1023, 1100, 4, 2, 128, True, True)   # test_frag_pin_deterministic_bitwise
     out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(frag_pin=True), p))
     out.append(select.choose(p.replace(op="fwd", deterministic=False), arch, name, smem)[1])

@@ -37,7 +37,8 @@ else the row says MISMATCH.
     timeout 120 python tests/sm90_bwd_d128_timing.py --hdim 64 128 --methods b2b --no-flash --reps 4
 
 Samples rotate the candidates' order (time_rotated). Default variants: heur, pin (frag_pin flipped),
-at d128 s3_pin (stages 3, frag_pin), at d64 dkl, dkl_pin (dq_early + dk_late, with frag_pin).
+at d128 s3_pin (stages 3, frag_pin) and bm80 (non-causal: BM 80, the swapped dQ GEMM), at d64 dkl,
+dkl_pin (dq_early + dk_late, with frag_pin).
 
 Success: every row prints, no NaN / MISMATCH; the summary line per case gives each variant's
 x cuDNN (cuDNN's time / ours: >= 1.0 is at least as fast). Not a test.
@@ -98,13 +99,15 @@ VARIANTS = {
     "pin": lambda c: c.replace(frag_pin=not c.frag_pin),
     # head dim 128: 3 Q/dO ring slots (1 dq_writer staging tile then: 227 KB), with frag_pin
     "s3_pin": lambda c: c.replace(stages=3, frag_pin=True) if c.head_dim == 128 else None,
+    # head dim 128 non-causal: FA3's BM 80 tile (the swapped dQ GEMM, dQ_iᵀ = K_jᵀ dSᵀ), the heuristic's flags
+    "bm80": lambda c: c.replace(BM=80, frag_pin=False) if c.head_dim == 128 and not c.causal else None,
     # head dim 64: dq_early + dk_late on its dynamic tile (not its default yet), with frag_pin too
     "dkl_pin": lambda c: old(c).replace(dq_early=True, dk_late=True, frag_pin=True) if c.head_dim == 64 else None,
 }
 # fp16's variants unless --variants names them (fewer compiles: the flags' effect is measured in bf16)
-FP16_VARIANTS = ("heur", "pin", "s3_pin", "dkl", "dkl_pin")
+FP16_VARIANTS = ("heur", "pin", "s3_pin", "bm80", "dkl", "dkl_pin")
 # the round's default set (--variants all: every one)
-DEFAULT_VARIANTS = ("heur", "pin", "s3_pin", "dkl", "dkl_pin")
+DEFAULT_VARIANTS = ("heur", "pin", "s3_pin", "bm80", "dkl", "dkl_pin")
 
 
 def names_for(dtype, names):

@@ -247,3 +247,34 @@ def test_frag_pin_keeps_dv_one_group():
     assert "C7519" in log(cfg)
     pinned = log(cfg.replace(frag_pin=True))
     assert "C7519" not in pinned and "0 bytes spill stores, 0 bytes spill loads" in pinned
+
+
+def test_bm80_rules():
+    """BM 80 (kDqSwap, FA3's non-causal d128 tile): bf16, head dim 128, 2 consumers, dq_writer,
+    non-causal plain unordered calls only; for_problem moves other calls to BM 64; outside the tuning
+    space and the heuristic until its GPU tests and timing have run."""
+    bm80 = heur().replace(BM=80)
+    assert bm80.problems() == [] and bm80.name.startswith("sm90bwd_bf16_d128_full_BM80_BN128")
+    assert bm80.replace(ds_double=True, dq_early=True, dk_late=True).problems() == []
+    assert bm80.dq_cols == 64 and bm80.dq_writer_bufs == 1
+    for change in (dict(causal=True), dict(dtype="fp16"), dict(frag_pin=True), dict(dq_writer=False),
+                   dict(deterministic=True, dq_writer=False), dict(window=True), dict(softcap=True),
+                   dict(dynamic=True), dict(q_rotate=True), dict(varlen=True)):
+        assert "BM=80" in " ".join(bm80.replace(**change).problems()), change
+    assert "BM must be 64 or 128" in " ".join(heur().replace(BM=96).problems())
+    assert FAM.for_problem(bm80, problem()).BM == 80
+    for p in (problem(causal=True), problem(deterministic=True), problem(dtype="fp16"),
+              problem(features=("softcap",))):
+        got = FAM.for_problem(bm80.replace(dtype=p.dtype, causal=p.causal), p)
+        assert got.BM == 64 and got.problems() == [], got.name
+    assert 80 not in FAM.space["BM"]
+    for causal in (False, True):
+        assert FAM.heuristic(problem(causal=causal)).BM == 64
+
+
+@needs_nvcc
+def test_bm80_compiles_clean():
+    """The BM 80 kernels of the timing script and the GPU tests (bf16, with and without the
+    heuristic's dq_early / dk_late / ds_double): zero spills, no serialized wgmma."""
+    cfgs = [heur().replace(BM=80), heur(ds_double=True, dq_early=True, dk_late=True).replace(BM=80)]
+    assert compile_clean(cfgs) == []

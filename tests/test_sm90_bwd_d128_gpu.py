@@ -176,3 +176,17 @@ def test_frag_pin_deterministic_bitwise():
         else:
             for a, b in zip(first, g):
                 assert torch.equal(a, b), "deterministic backward differs between runs"
+
+
+@pytest.mark.parametrize("seqlens", SHAPES + [(1023, 2049)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", ["bf16"])
+def test_bm80_odd_seqlens(dtype, seqlens):
+    """BM 80 (non-causal d128, FA3's tile there): the dQ part transposed (dQ_iᵀ = K_jᵀ dSᵀ, m64n80k16
+    with A transposed), staged transposed for the writer warp; Q blocks of 80 rows, so the last one
+    may end past the workspace's padded rows (1023: 13 x 80 = 1040 > 1024; 113: 160 > 128), where the
+    producer zero-fills LSE and D."""
+    heads = list(HEADS)[(SHAPES + [(1023, 2049)]).index(seqlens) % len(HEADS)]
+    p = problem(dtype, False, 128, seqlens, heads)
+    cfg = FAM.for_problem(heuristic(p).replace(BM=80, frag_pin=False), p)
+    assert cfg.BM == 80 and cfg.problems() == [], cfg.name
+    run_case(p, cfg)

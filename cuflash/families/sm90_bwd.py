@@ -59,7 +59,11 @@ block n starts at Q block n % n_iters), frag_pin (_pin, kFragPin: Pᵀ's fragmen
 fence, so that dV's k16 steps stay one group; HEURISTIC_FRAG_PIN). The heuristic runs dq_early + dk_late + ds_double on the
 plain grid for plain unordered d128 calls (HEURISTIC_DK_LATE, measured: tests/sm90_bwd_d128_timing.py);
 calls with features run without the four (unmeasured there).
-Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB.
+Head dim 128 has a second tile, FA3's non-causal one: BM 80 (kDqSwap; bf16, non-causal plain unordered
+calls with dq_writer; Sm90BwdConfig.bm80_refused): 80 queries are no whole wgmma m, so the dQ part is
+computed transposed, dQ_iᵀ = K_jᵀ dSᵀ (m64n80k16, A transposed), and staged transposed for the writer
+warp; outside the tuning space and the heuristic until measured (tests/sm90_bwd_d128_timing.py, bm80).
+Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB elsewhere.
 """
 from __future__ import annotations
 
@@ -93,7 +97,7 @@ MAX_ACCUM_REGS = 256
 # counts Sᵀ, dPᵀ, both fragment sets and the dQ part as live together, while the kernel's order
 # never holds them all. BM 128 at head dim 64 (FA3's d64 tile): 288 by the sum, the consumers'
 # peak is under their 240 registers.
-PTXAS_FITS = frozenset({(128, 128, 2, 64)})
+PTXAS_FITS = frozenset({(128, 128, 2, 64), (80, 128, 2, 128)})
 # Head dim 64 (real head dims <= 64): whether rank() puts this family above fa2_bwd, and the
 # heuristic's tile there as (BM, BN, consumers). Measured on the H100 (2026-11-26,
 # tests/sm90_bwd_d64_timing.py: d64, 32 heads, batch x seqlen 16k, 2k-16k, causal and not, bf16
@@ -409,6 +413,17 @@ class Sm90BwdConfig(KernelConfig):
         each), the 16-bit fragments of Pᵀ and dSᵀ (s_cols / 4 each), the dQ part (dq_cols / 2)."""
         return self.dkv_cols + self.s_cols + self.s_cols // 2 + self.dq_cols // 2
 
+    def bm80_refused(self) -> bool:
+        """Whether BM 80 (kDqSwap: FA3's non-causal d128 tile, dQ_iᵀ = K_jᵀ dSᵀ by m64n80k16 with A
+        transposed, staged transposed for dq_writer) is unbuilt for this config: it is built for head
+        dim 128, 2 consumers, dq_writer, non-causal, fixed lengths, unordered, no feature, the plain grid
+        (static_assert in sm90_bwd.cu); bf16 only: ptxas (nvcc 13.0) spills the fp16 kernel (40 bytes,
+        with or without dq_early / dk_late / ds_double / frag_pin), and the bf16 one with frag_pin (36)."""
+        return (self.dtype != "bf16" or self.frag_pin or self.head_dim != 128 or self.consumers != 2 or self.BN != 128 or not self.dq_writer
+                or self.causal or self.window or self.varlen or self.deterministic or self.dynamic
+                or self.softcap or self.alibi or self.dropout or self.dq_bulk or self.overlap_sdp
+                or self.s_ahead or self.q_rotate or self.lpt or self.cluster)
+
     def overlap_sdp_spills(self) -> bool:
         """Whether overlap_sdp's kernel spills at head dim 128 (nvcc 13.0, sm_90a, BM 64): with
         softcap, ALiBi or dropout; plain, causal and window kernels fit
@@ -489,8 +504,13 @@ class Sm90BwdConfig(KernelConfig):
         elif self.BN != 64 * self.consumers and not self.shared_keys:
             out.append(f"BN={self.BN} must be 64 * consumers = {64 * self.consumers} "
                        "(each consumer warpgroup owns 64 keys)")
-        if self.BM not in (64, 128):
-            out.append(f"BM must be 64 or 128 (the wgmma N of S and dP), got {self.BM}")
+        if self.BM == 80 and self.bm80_refused():
+            out.append(f"BM=80 (the swapped dQ GEMM) is built for bf16, head_dim=128, 2 consumers, dq_writer, "
+                       f"non-causal fixed-length unordered calls without features, the plain grid, not with "
+                       f"dq_bulk / overlap_sdp / s_ahead / q_rotate / lpt / cluster / frag_pin (ptxas spills "
+                       f"fp16 and frag_pin; {self.name})")
+        elif self.BM not in (64, 80, 128):
+            out.append(f"BM must be 64 or 128 (the wgmma N of S and dP), or 80 at head dim 128, got {self.BM}")
         elif self.shared_keys and self.BM != 64:
             out.append(f"BN=64 with consumers=2 (shared keys) takes BM=64 (32 queries of Sᵀ per "
                        f"warpgroup), got BM={self.BM}")
@@ -770,6 +790,8 @@ class Sm90Backward(Family):
         if config.dk_late and ((config.dynamic and config.head_dim == 128)
                                or not (config.dq_early and config.dq_writer and not config.s_ahead)):
             config = config.replace(dk_late=False)     # a speed choice, where it is not built
+        if config.BM == 80 and config.bm80_refused():
+            config = config.replace(BM=64)               # a speed choice, where it is not built
         if config.frag_pin and (config.shared_keys or config.softcap or config.alibi or config.dropout):
             config = config.replace(frag_pin=False)    # a speed choice, where it is not built
         if config.dynamic and config.dynamic_spills():
