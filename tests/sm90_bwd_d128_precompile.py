@@ -43,7 +43,8 @@ def test_configs(pin_only=False):
             out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(dq_early=True, dk_late=True), p))
             out.append(select.choose(p.replace(op="fwd"), arch, name, smem)[1])
     for causal in (False, True):   # test_frag_pin_odd_seqlens
-        for d, dtype, flags in ((128, "bf16", {}), (64, "fp16", dict(dq_early=True, dk_late=True))):
+        for d, dtype, flags in ((128, "bf16", {}), (64, "fp16", dict(dq_early=True, dk_late=True)),
+                                (128, "bf16", dict(dynamic=True))):
             p = Problem("bwd", dtype, 2, 113, 301, 4, 2, d, causal)
             out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(frag_pin=True, **flags), p))
             out.append(select.choose(p.replace(op="fwd"), arch, name, smem)[1])

@@ -37,7 +37,7 @@ else the row says MISMATCH.
     timeout 120 python tests/sm90_bwd_d128_timing.py --hdim 64 128 --methods b2b --no-flash --reps 4
 
 Samples rotate the candidates' order (time_rotated). Default variants: heur, pin (frag_pin flipped),
-at d128 s3_pin (stages 3, frag_pin), at d64 dkl, dkl_pin (dq_early + dk_late, with frag_pin); by
+at d128 dyn_pin (the dynamic scheduler with dk_late, frag_pin) and s3_pin (bf16: stages 3, frag_pin), at d64 dkl, dkl_pin (dq_early + dk_late, with frag_pin); by
 name bm80 (d128 bf16 non-causal: BM 80, the swapped dQ GEMM):
     timeout 60 python tests/sm90_bwd_d128_timing.py --dtypes bf16 --causal no --variants pin bm80
 
@@ -98,6 +98,8 @@ VARIANTS = {
     "dyn_dqe_ds2": lambda c: old(c).replace(dynamic=True, ds_double=True, dq_early=True) if c.causal else None,
     # frag_pin (kFragPin: Pᵀ's fragments pinned at the fence, dV one wgmma group) on the heuristic's
     "pin": lambda c: c.replace(frag_pin=not c.frag_pin),
+    # head dim 128: the dynamic scheduler with dk_late (fits with frag_pin only)
+    "dyn_pin": lambda c: c.replace(dynamic=True, frag_pin=True) if c.head_dim == 128 else None,
     # head dim 128: 3 Q/dO ring slots (1 dq_writer staging tile then: 227 KB), with frag_pin
     "s3_pin": lambda c: c.replace(stages=3, frag_pin=True) if c.head_dim == 128 else None,
     # head dim 128 non-causal: FA3's BM 80 tile (the swapped dQ GEMM, dQ_iᵀ = K_jᵀ dSᵀ), the heuristic's flags
@@ -106,9 +108,9 @@ VARIANTS = {
     "dkl_pin": lambda c: old(c).replace(dq_early=True, dk_late=True, frag_pin=True) if c.head_dim == 64 else None,
 }
 # fp16's variants unless --variants names them (fewer compiles: the flags' effect is measured in bf16)
-FP16_VARIANTS = ("heur", "pin", "s3_pin", "dkl", "dkl_pin")
+FP16_VARIANTS = ("heur", "pin", "dyn_pin", "dkl", "dkl_pin")
 # the round's default set (--variants all: every one; bm80 by name: --variants pin bm80)
-DEFAULT_VARIANTS = ("heur", "pin", "s3_pin", "dkl", "dkl_pin")
+DEFAULT_VARIANTS = ("heur", "pin", "dyn_pin", "s3_pin", "dkl", "dkl_pin")
 
 
 def names_for(dtype, names):

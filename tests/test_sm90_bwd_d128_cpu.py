@@ -215,6 +215,12 @@ def test_frag_pin_rules():
         assert cfg.problems() == [], cfg.name
     assert not FAM.for_problem(heur(frag_pin=True), problem(features=("softcap",))).frag_pin
     assert FAM.for_problem(heur(frag_pin=True), problem(deterministic=True)).frag_pin
+    # dk_late with the dynamic scheduler at d128: built with frag_pin only (without, ptxas spills)
+    dyn = heur(True, dynamic=True, ds_double=True, dq_early=True, dk_late=True)
+    assert "dk_late with dynamic" in " ".join(dyn.problems()) and dyn.replace(frag_pin=True).problems() == []
+    got = FAM.for_problem(dyn.replace(frag_pin=True), problem(causal=True))
+    assert got.dk_late and got.dynamic and got.frag_pin
+    assert not FAM.for_problem(dyn, problem(causal=True)).dk_late
     assert sm90_bwd.HEURISTIC_FRAG_PIN == frozenset()
     for d, causal in itertools.product((64, 128), (False, True)):
         assert not FAM.heuristic(problem(d, causal)).frag_pin
@@ -277,4 +283,14 @@ def test_bm80_compiles_clean():
     """The BM 80 kernels of the timing script and the GPU tests (bf16, with and without the
     heuristic's dq_early / dk_late / ds_double): zero spills, no serialized wgmma."""
     cfgs = [heur().replace(BM=80), heur(ds_double=True, dq_early=True, dk_late=True).replace(BM=80)]
+    assert compile_clean(cfgs) == []
+
+
+@needs_nvcc
+def test_frag_pin_kernels_compile_clean():
+    """The frag_pin kernels of the timing and GPU tests at d128: the heuristic's with frag_pin, and dk_late
+    with the dynamic scheduler (bf16 / fp16, causal or not): zero spills."""
+    cfgs = [heur(c, dtype=dt, dynamic=True, ds_double=True, dq_early=True, dk_late=True, frag_pin=True)
+            for c in (False, True) for dt in ("bf16", "fp16")]
+    cfgs += [heur(True, ds_double=True, dq_early=True, dk_late=True, frag_pin=True)]
     assert compile_clean(cfgs) == []

@@ -142,7 +142,8 @@ def test_dq_early_deterministic_bitwise():
 
 # frag_pin (kFragPin: Pᵀ's A fragments pinned at the wgmma fence, dV's k16 steps one group): on the
 # heuristic's d128 kernel (bf16) and on d64's dq_early + dk_late tile (fp16), both masks
-PIN = {"d128_bf16": (128, "bf16", {}), "d64_fp16_dkl": (64, "fp16", dict(dq_early=True, dk_late=True))}
+PIN = {"d128_bf16": (128, "bf16", {}), "d64_fp16_dkl": (64, "fp16", dict(dq_early=True, dk_late=True)),
+       "d128_bf16_dyn": (128, "bf16", dict(dynamic=True))}   # (dk_late with the dynamic scheduler)
 
 
 @pytest.mark.parametrize("seqlens", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -154,6 +155,17 @@ def test_frag_pin_odd_seqlens(case, causal, seqlens):
     p = problem(dtype, causal, hdim, seqlens, heads)
     cfg = FAM.for_problem(heuristic(p).replace(frag_pin=True, **flags), p)
     assert cfg.frag_pin and all(getattr(cfg, k) for k in flags) and cfg.problems() == [], cfg.name
+    run_case(p, cfg)
+
+
+def test_frag_pin_dynamic_many_tiles():
+    """d128 dk_late with the dynamic scheduler (fits with frag_pin): 2 x 8 heads x 33 K/V blocks (s 4097,
+    GQA) = 528 tiles over the SMs' CTAs, causal: the ring's phases and dq_writer's tiles across tiles."""
+    from cuflash.problem import Problem
+
+    p = Problem("bwd", "bf16", 2, 4097, 4097, 8, 2, 128, True)
+    cfg = FAM.for_problem(heuristic(p).replace(dynamic=True, frag_pin=True), p)
+    assert cfg.dynamic and cfg.dk_late and cfg.frag_pin and cfg.problems() == [], cfg.name
     run_case(p, cfg)
 
 

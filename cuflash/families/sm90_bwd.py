@@ -205,7 +205,9 @@ HEURISTIC_Q_ROTATE = frozenset()
 #   k16 steps (C7519), each closing its own group: the wait for dPᵀ (wgmma_wait<1>) then also waits
 #   for three of dV's four steps, so dSᵀ's math does not overlap dV. With it dV is one group (SASS
 #   checked; zero spills in the 12 heuristic kernels d64 / d128 x bf16 / fp16 x causal or not, and
-#   d64's dk_late ones). Off until measured (tests/sm90_bwd_d128_timing.py, variants *_pin).
+#   d64's dk_late ones). It also makes room for dk_late with the dynamic scheduler at d128 (16 bytes of
+#   spills without it, none with it: bf16 / fp16, causal or not). Off until measured
+#   (tests/sm90_bwd_d128_timing.py, variants *_pin, dyn_pin).
 HEURISTIC_FRAG_PIN = frozenset()
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
@@ -564,8 +566,9 @@ class Sm90BwdConfig(KernelConfig):
         if self.dk_late and not (self.dq_early and self.dq_writer and not self.s_ahead):
             out.append("dk_late without dq_early and dq_writer, or with s_ahead: its dK GEMM is issued behind "
                        "dq_early's dQ GEMM and waited for after dq_writer's staging")
-        elif self.dk_late and self.dynamic and self.head_dim == 128:
-            out.append("dk_late with dynamic at head_dim=128: ptxas spills that kernel (8-32 bytes, nvcc 13.0)")
+        elif self.dk_late and self.dynamic and self.head_dim == 128 and not self.frag_pin:
+            out.append("dk_late with dynamic at head_dim=128 without frag_pin: ptxas spills that kernel (8-32 "
+                       "bytes, nvcc 13.0; with frag_pin it fits)")
         if self.frag_pin and (self.shared_keys or self.softcap or self.alibi or self.dropout):
             out.append("frag_pin with the shared-keys tile (head_dim=256: its dV GEMM is SS) or with softcap / "
                        "ALiBi / dropout (unchecked): built for the head dim 64 / 128 tiles' RS dV GEMM")
@@ -787,13 +790,13 @@ class Sm90Backward(Family):
         if config.s_ahead and (config.dq_early or config.q_rotate or not config.dq_writer or config.head_dim != 128
                                or config.dtype != "bf16"):
             config = config.replace(s_ahead=False)     # likewise (its kernel spills there)
-        if config.dk_late and ((config.dynamic and config.head_dim == 128)
+        if config.frag_pin and (config.shared_keys or config.softcap or config.alibi or config.dropout):
+            config = config.replace(frag_pin=False)    # a speed choice, where it is not built
+        if config.dk_late and ((config.dynamic and config.head_dim == 128 and not config.frag_pin)
                                or not (config.dq_early and config.dq_writer and not config.s_ahead)):
             config = config.replace(dk_late=False)     # a speed choice, where it is not built
         if config.BM == 80 and config.bm80_refused():
             config = config.replace(BM=64)               # a speed choice, where it is not built
-        if config.frag_pin and (config.shared_keys or config.softcap or config.alibi or config.dropout):
-            config = config.replace(frag_pin=False)    # a speed choice, where it is not built
         if config.dynamic and config.dynamic_spills():
             config = config.replace(dynamic=False)     # a speed choice: the combinations whose kernel spills
         if config.BM > 64 and config.bm128_spills():
