@@ -273,9 +273,34 @@ def test_bm80_rules():
               problem(features=("softcap",))):
         got = FAM.for_problem(bm80.replace(dtype=p.dtype, causal=p.causal), p)
         assert got.BM == 64 and got.problems() == [], got.name
-    assert 80 not in FAM.space["BM"]
+    assert 80 not in FAM.space["BM"] and sm90_bwd.HEURISTIC_BM80 is False
     for causal in (False, True):
         assert FAM.heuristic(problem(causal=causal)).BM == 64
+
+
+def test_heuristic_hooks(monkeypatch):
+    """HEURISTIC_FRAG_PIN / HEURISTIC_BM80 / d128 in HEURISTIC_DYNAMIC, when switched on: frag_pin where
+    built (dk_late then keeps the dynamic scheduler at d128), BM 80 for bf16 non-causal d128 plain calls
+    (without frag_pin); every config valid."""
+    classes = frozenset(itertools.product((64, 128), (False, True)))
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_FRAG_PIN", classes)
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_DYNAMIC", classes)
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_DK_LATE", classes)
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_BM80", True)
+    for d, causal, det, dtype in itertools.product((64, 128, 256), (False, True), (False, True), ("bf16", "fp16")):
+        p = problem(d, causal, det, dtype)
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        assert cfg.problems() == [], cfg.name
+        bm80 = d == 128 and not causal and not det and dtype == "bf16"
+        assert cfg.BM == (80 if bm80 else 128 if d == 64 else 64), cfg.name
+        assert cfg.frag_pin == (d != 256 and not bm80), cfg.name
+        assert cfg.dk_late == (d != 256 and not det) and cfg.dynamic == (d != 256 and not det and not bm80), cfg.name
+        for feats in (("softcap",), ("window",)):
+            pf = problem(d, causal, det, dtype, features=feats)
+            if FAM.supports((9, 0), pf):
+                continue
+            cfg = FAM.for_problem(FAM.heuristic(pf), pf)
+            assert cfg.problems() == [] and cfg.BM != 80 and not cfg.dk_late, (feats, cfg.name)
 
 
 @needs_nvcc

@@ -209,6 +209,11 @@ HEURISTIC_Q_ROTATE = frozenset()
 #   spills without it, none with it: bf16 / fp16, causal or not). Off until measured
 #   (tests/sm90_bwd_d128_timing.py, variants *_pin, dyn_pin).
 HEURISTIC_FRAG_PIN = frozenset()
+# * HEURISTIC_BM80: whether plain bf16 non-causal d128 calls run the BM 80 tile (kDqSwap, FA3's tile
+#   there: 25% more queries per Q block, dQ_iᵀ = K_jᵀ dSᵀ; with the heuristic's dq_early / dk_late /
+#   ds_double, without frag_pin: that kernel spills). Off until measured (tests/sm90_bwd_d128_timing.py,
+#   variant bm80).
+HEURISTIC_BM80 = False
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -856,18 +861,22 @@ class Sm90Backward(Family):
         if HEURISTIC_DS_DOUBLE and d == 128:
             cfg = cfg.replace(ds_double=True)           # (likewise: not with softcap, ALiBi, dropout)
         plain = d != 256 and not problem.features
+        if (d, causal) in HEURISTIC_FRAG_PIN and not cfg.replace(frag_pin=True).problems():
+            cfg = cfg.replace(frag_pin=True)            # (for_problem drops it with softcap, ALiBi, dropout)
         # (each where the config builds it: s_ahead not next to dq_early or q_rotate, bf16 only;
-        # dk_late with dq_early and ds_double, at d128 on the plain grid)
+        # dk_late with dq_early and ds_double, at d128 on the plain grid unless frag_pin lets it keep
+        # the dynamic scheduler)
         late = not det and (d, causal) in HEURISTIC_DK_LATE
         for flags, on in (({"q_rotate": True}, not det and not causal and d in HEURISTIC_Q_ROTATE),
                           ({"dq_early": True}, not det and (d, causal) in HEURISTIC_DQ_EARLY),
                           ({"s_ahead": True}, not det and (d, causal, dtype) in HEURISTIC_S_AHEAD),
                           ({"dq_early": True, "dk_late": True, "ds_double": d == 128,
-                            "dynamic": cfg.dynamic and d != 128}, late)):
+                            "dynamic": cfg.dynamic and (d != 128 or cfg.frag_pin)}, late)):
             if plain and on and not cfg.replace(**flags).problems():
                 cfg = cfg.replace(**flags)
-        if (d, causal) in HEURISTIC_FRAG_PIN and not cfg.replace(frag_pin=True).problems():
-            cfg = cfg.replace(frag_pin=True)            # (for_problem drops it with softcap, ALiBi, dropout)
+        bm80 = cfg.replace(BM=80, frag_pin=False, dynamic=False)   # (its plain grid, without frag_pin)
+        if HEURISTIC_BM80 and plain and not det and not bm80.problems():
+            cfg = bm80                                  # (bf16 non-causal d128 plain calls: bm80_refused)
         if tuple(problem.features) == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
