@@ -53,12 +53,13 @@ below only; tests/sm90_bwd_causal_timing.py times them.
 Main-loop flags (issue 14, the d128 backward at cuDNN's speed; in the space): dq_early (_dqe,
 kDqEarly: the dQ GEMM issued behind dV, dK, one wait for the three), dk_late (_dkl, kDkLate, with
 dq_early and dq_writer: dK issued behind the dQ GEMM, FlashAttention-3's order, waited for once the
-dQ part is staged; not with the dynamic scheduler at d128: it spills), s_ahead (_sah, kSAhead: the
+dQ part is staged; with the dynamic scheduler at d128 only with frag_pin: it spills otherwise), s_ahead (_sah, kSAhead: the
 next Q block's Sᵀ behind the dQ GEMM; measured slower), q_rotate (_rot, kQRotate, non-causal: K/V
 block n starts at Q block n % n_iters), frag_pin (_pin, kFragPin: Pᵀ's fragments pinned at the wgmma
-fence, so that dV's k16 steps stay one group; HEURISTIC_FRAG_PIN). The heuristic runs dq_early + dk_late + ds_double on the
-plain grid for plain unordered d128 calls (HEURISTIC_DK_LATE, measured: tests/sm90_bwd_d128_timing.py);
-calls with features run without the four (unmeasured there).
+fence, so that dV's k16 steps stay one group; HEURISTIC_FRAG_PIN). The heuristic runs dq_early + dk_late
++ ds_double on the plain grid for plain unordered d128 calls, dq_early + dk_late on d64's dynamic tile
+(HEURISTIC_DK_LATE, measured: tests/sm90_bwd_d128_timing.py); calls with features run without them
+(unmeasured there).
 Head dim 128 has a second tile, FA3's non-causal one: BM 80 (kDqSwap; bf16, non-causal plain unordered
 calls with dq_writer; Sm90BwdConfig.bm80_refused): 80 queries are no whole wgmma m, so the dQ part is
 computed transposed, dQ_iᵀ = K_jᵀ dSᵀ (m64n80k16, A transposed), and staged transposed for the writer
@@ -195,7 +196,13 @@ HEURISTIC_D256_CLUSTER = False
 #   behind the dQ GEMM; d128 bf16 only: the others spill): 0.77-0.87x cuDNN, 13-20% slower: off.
 # * HEURISTIC_Q_ROTATE, kernel head dims: q_rotate (kQRotate, non-causal: K/V block n from Q block
 #   n % n_iters on): -0.5..+3.9% (b2b), +0.1..-0.2% (flush): off; on top of dk_late (round B) -2.6..+2.1%.
-HEURISTIC_DK_LATE = frozenset({(128, False), (128, True)})
+#   Head dim 64 joined (session 16, round A at d65554e, tests/sm90_bwd_d128_timing.py --hdim 128 64, b2b, rotated
+#   order; logs/session16_rounds/a2): its odd-shape GPU tests (test_d64_dk_late_odd_seqlens, bf16 / fp16, both
+#   masks) passed; dq_early + dk_late on its dynamic BM128 tile, x cuDNN at 2k / 4k / 8k / 16k, bf16 non-causal
+#   1.069 / 1.066 / 1.085 / 1.153 -> 1.110 / 1.122 / 1.171 / 1.205, causal 1.115 / 1.150 / 1.139 / 1.197 ->
+#   1.167 / 1.222 / 1.200 / 1.251; fp16 non-causal 0.999 / 0.977 / 1.008 / 1.103 -> 0.986 / 0.989 / 1.054 /
+#   1.116, causal 1.056 / 1.059 / 1.056 / 1.100 -> 1.104 / 1.116 / 1.119 / 1.147.
+HEURISTIC_DK_LATE = frozenset({(128, False), (128, True), (64, False), (64, True)})
 HEURISTIC_DQ_EARLY = frozenset()
 HEURISTIC_S_AHEAD = frozenset()
 HEURISTIC_Q_ROTATE = frozenset()
@@ -207,7 +214,10 @@ HEURISTIC_Q_ROTATE = frozenset()
 #   checked; zero spills in the 12 heuristic kernels d64 / d128 x bf16 / fp16 x causal or not, and
 #   d64's dk_late ones). It also makes room for dk_late with the dynamic scheduler at d128 (16 bytes of
 #   spills without it, none with it: bf16 / fp16, causal or not). Off until measured
-#   (tests/sm90_bwd_d128_timing.py, variants *_pin, dyn_pin).
+#   (tests/sm90_bwd_d128_timing.py, variants *_pin, dyn_pin). Measured alone (session 16 round A, as above):
+#   d128 -1.0..+1.1% (bf16 / fp16, both masks: noise), d64 bf16 -3..-12% (slower: left off), d64 fp16
+#   -0.1..+5.8%; on top of d64's dk_late -0.4..+1.3% fp16, -6..-12% bf16. Its use: dk_late with the dynamic
+#   scheduler at d128 (dyn_pin, round B).
 HEURISTIC_FRAG_PIN = frozenset()
 # * HEURISTIC_BM80: whether plain bf16 non-causal d128 calls run the BM 80 tile (kDqSwap, FA3's tile
 #   there: 25% more queries per Q block, dQ_iᵀ = K_jᵀ dSᵀ; with the heuristic's dq_early / dk_late /
