@@ -48,6 +48,10 @@ def test_configs(pin_only=False):
             p = Problem("bwd", dtype, 2, 113, 301, 4, 2, d, causal)
             out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(frag_pin=True, **flags), p))
             out.append(select.choose(p.replace(op="fwd"), arch, name, smem)[1])
+    for hdim, flags in ((128, dict(stages=3)), (64, dict(q_rotate=True))):   # test_s3_and_d64_rot_odd_seqlens
+        p = Problem("bwd", "fp16", 2, 113, 301, 4, 2, hdim, False)
+        out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(**flags), p))
+        out.append(select.choose(p.replace(op="fwd"), arch, name, smem)[1])
     for dtype in ("bf16",):   # test_bm80_odd_seqlens (bf16 only: the fp16 kernel spills)
         p = Problem("bwd", dtype, 2, 113, 301, 4, 2, 128, False)
         out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(BM=80, frag_pin=False), p))

@@ -36,10 +36,11 @@ else the row says MISMATCH.
     python tests/sm90_bwd_d128_timing.py --dtypes bf16 --seqlens 16384 --causal no   # one cell
     timeout 120 python tests/sm90_bwd_d128_timing.py --hdim 64 128 --methods b2b --no-flash --reps 4
 
-Samples rotate the candidates' order (time_rotated). Default variants: heur, pin (frag_pin flipped),
-at d128 dyn_pin (the dynamic scheduler with dk_late, frag_pin) and s3_pin (bf16: stages 3, frag_pin), at d64 dkl, dkl_pin (dq_early + dk_late, with frag_pin); by
-name bm80 (d128 bf16 non-causal: BM 80, the swapped dQ GEMM):
-    timeout 60 python tests/sm90_bwd_d128_timing.py --dtypes bf16 --causal no --variants pin bm80
+Samples rotate the candidates' order (time_rotated). Default variants: heur, at d128 dyn_pin (the
+dynamic scheduler with dk_late, frag_pin) and s3 (stages 3), at d64 hrot (non-causal: q_rotate on
+the heuristic's dk_late kernel); by name pin (frag_pin flipped), s3_pin, dkl, dkl_pin, and bm80 (d128
+bf16 non-causal: BM 80, the swapped dQ GEMM):
+    timeout 60 python tests/sm90_bwd_d128_timing.py --dtypes bf16 --causal no --variants dyn_pin bm80
 
 Success: every row prints, no NaN / MISMATCH; the summary line per case gives each variant's
 x cuDNN (cuDNN's time / ours: >= 1.0 is at least as fast). Not a test.
@@ -100,6 +101,10 @@ VARIANTS = {
     "pin": lambda c: c.replace(frag_pin=not c.frag_pin),
     # head dim 128: the dynamic scheduler with dk_late (fits with frag_pin only)
     "dyn_pin": lambda c: c.replace(dynamic=True, frag_pin=True) if c.head_dim == 128 else None,
+    # head dim 128: 3 Q/dO ring slots (1 dq_writer staging tile then: 227 KB)
+    "s3": lambda c: c.replace(stages=3) if c.head_dim == 128 else None,
+    # head dim 64 non-causal: q_rotate on the heuristic's (dk_late) kernel
+    "hrot": lambda c: c.replace(q_rotate=True) if c.head_dim == 64 and not c.causal else None,
     # head dim 128: 3 Q/dO ring slots (1 dq_writer staging tile then: 227 KB), with frag_pin
     "s3_pin": lambda c: c.replace(stages=3, frag_pin=True) if c.head_dim == 128 else None,
     # head dim 128 non-causal: FA3's BM 80 tile (the swapped dQ GEMM, dQ_iᵀ = K_jᵀ dSᵀ), the heuristic's flags
@@ -108,9 +113,9 @@ VARIANTS = {
     "dkl_pin": lambda c: old(c).replace(dq_early=True, dk_late=True, frag_pin=True) if c.head_dim == 64 else None,
 }
 # fp16's variants unless --variants names them (fewer compiles: the flags' effect is measured in bf16)
-FP16_VARIANTS = ("heur", "pin", "dyn_pin", "dkl", "dkl_pin")
-# the round's default set (--variants all: every one; bm80 by name: --variants pin bm80)
-DEFAULT_VARIANTS = ("heur", "pin", "dyn_pin", "s3_pin", "dkl", "dkl_pin")
+FP16_VARIANTS = ("heur", "dyn_pin", "s3", "hrot")
+# the round's default set (--variants all: every one; bm80 by name: --variants dyn_pin bm80)
+DEFAULT_VARIANTS = ("heur", "dyn_pin", "s3", "hrot")
 
 
 def names_for(dtype, names):

@@ -202,3 +202,16 @@ def test_bm80_odd_seqlens(dtype, seqlens):
     cfg = FAM.for_problem(heuristic(p).replace(BM=80, frag_pin=False), p)
     assert cfg.BM == 80 and cfg.problems() == [], cfg.name
     run_case(p, cfg)
+
+
+@pytest.mark.parametrize("seqlens", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("case", ["d128_fp16_s3", "d64_fp16_rot"])
+def test_s3_and_d64_rot_odd_seqlens(case, seqlens):
+    """Non-causal: the heuristic's d128 kernel at stages 3 (one dq_writer staging tile then), fp16; d64's
+    heuristic kernel (dq_early + dk_late, dynamic) with q_rotate, fp16."""
+    heads = list(HEADS)[SHAPES.index(seqlens) % len(HEADS)]
+    hdim, flags = (128, dict(stages=3)) if case == "d128_fp16_s3" else (64, dict(q_rotate=True))
+    p = problem("fp16", False, hdim, seqlens, heads)
+    cfg = FAM.for_problem(heuristic(p).replace(**flags), p)
+    assert all(getattr(cfg, k) == v for k, v in flags.items()) and cfg.dk_late and cfg.problems() == [], cfg.name
+    run_case(p, cfg)
