@@ -288,10 +288,14 @@ def test_heuristic_hooks(monkeypatch):
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DYNAMIC", classes)
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DK_LATE", classes)
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_BM80", True)
+    assert sm90_bwd.HEURISTIC_STAGES3 == frozenset()
+    s3 = frozenset(itertools.product((64, 128, 256), (False, True), ("bf16", "fp16")))
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_STAGES3", s3)
     for d, causal, det, dtype in itertools.product((64, 128, 256), (False, True), (False, True), ("bf16", "fp16")):
         p = problem(d, causal, det, dtype)
         cfg = FAM.for_problem(FAM.heuristic(p), p)
         assert cfg.problems() == [], cfg.name
+        assert cfg.stages == 2, cfg.name      # (d128 and d64 run the dynamic scheduler here: stages 2)
         bm80 = d == 128 and not causal and not det and dtype == "bf16"
         assert cfg.BM == (80 if bm80 else 128 if d == 64 else 64), cfg.name
         assert cfg.frag_pin == (d != 256 and not bm80), cfg.name
@@ -320,3 +324,15 @@ def test_frag_pin_kernels_compile_clean():
             for c in (False, True) for dt in ("bf16", "fp16")]
     cfgs += [heur(True, ds_double=True, dq_early=True, dk_late=True, frag_pin=True)]
     assert compile_clean(cfgs) == []
+
+
+def test_heuristic_stages3(monkeypatch):
+    """HEURISTIC_STAGES3 switched on for fp16 non-causal d128: stages 3 there on the plain grid with the
+    heuristic's flags (one dq_writer tile), stages 2 elsewhere."""
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_STAGES3", frozenset({(128, False, "fp16")}))
+    for d, causal, det, dtype in itertools.product((64, 128), (False, True), (False, True), ("bf16", "fp16")):
+        p = problem(d, causal, det, dtype)
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        on = (d, causal, det, dtype) == (128, False, False, "fp16")
+        assert cfg.stages == (3 if on else 2) and cfg.problems() == [], cfg.name
+        assert not on or (cfg.dk_late and cfg.ds_double and cfg.dq_writer_bufs == 1), cfg.name

@@ -224,6 +224,11 @@ HEURISTIC_FRAG_PIN = frozenset()
 #   ds_double, without frag_pin: that kernel spills). Off until measured (tests/sm90_bwd_d128_timing.py,
 #   variant bm80).
 HEURISTIC_BM80 = False
+# * HEURISTIC_STAGES3, (kernel head dim, causal, dtype): 3 Q/dO ring slots on the plain grid (one dq_writer
+#   staging tile then: 227 KB) for plain unordered calls of the classes listed. Round A (session 16, with
+#   frag_pin: s3_pin) x cuDNN fp16 non-causal 0.943 / 0.958 / 0.989 / 1.010 -> 0.967 / 0.991 / 1.015 /
+#   1.021, bf16 non-causal -0.9..+2.3%, causal -0.8..-3.6%. Off until measured without frag_pin (s3).
+HEURISTIC_STAGES3 = frozenset()
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -884,6 +889,9 @@ class Sm90Backward(Family):
                             "dynamic": cfg.dynamic and (d != 128 or cfg.frag_pin)}, late)):
             if plain and on and not cfg.replace(**flags).problems():
                 cfg = cfg.replace(**flags)
+        s3 = cfg.replace(stages=3)
+        if (d, causal, dtype) in HEURISTIC_STAGES3 and plain and not det and not cfg.dynamic and not s3.problems():
+            cfg = s3                                    # (first_fitting below: stages 2 where it does not fit)
         bm80 = cfg.replace(BM=80, frag_pin=False, dynamic=False)   # (its plain grid, without frag_pin)
         if HEURISTIC_BM80 and plain and not det and not bm80.problems():
             cfg = bm80                                  # (bf16 non-causal d128 plain calls: bm80_refused)
