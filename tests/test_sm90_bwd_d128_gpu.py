@@ -111,12 +111,13 @@ def test_many_tiles_per_cta(flag):
 
 
 def test_heuristic_is_dk_late():
-    """The heuristic's d128 kernel (HEURISTIC_DK_LATE): dq_early + dk_late + ds_double on the plain
-    grid (tests/test_sm90_bwd_gpu.py runs it on its grid)."""
+    """The heuristic's d128 kernel (HEURISTIC_DK_LATE, HEURISTIC_FRAG_PIN, HEURISTIC_DYNAMIC): dq_early +
+    dk_late + ds_double + frag_pin with the dynamic scheduler (tests/test_sm90_bwd_gpu.py runs it on its
+    grid)."""
     for causal in (False, True):
         p = problem("bf16", causal, 128, (1023, 1100), "gqa")
         cfg = heuristic(p)
-        assert cfg.dq_early and cfg.dk_late and cfg.ds_double and not cfg.dynamic, cfg.name
+        assert cfg.dq_early and cfg.dk_late and cfg.ds_double and cfg.dynamic and cfg.frag_pin, cfg.name
         run_case(p, cfg)
 
 

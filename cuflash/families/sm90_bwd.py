@@ -57,9 +57,9 @@ dQ part is staged; with the dynamic scheduler at d128 only with frag_pin: it spi
 next Q block's Sᵀ behind the dQ GEMM; measured slower), q_rotate (_rot, kQRotate, non-causal: K/V
 block n starts at Q block n % n_iters), frag_pin (_pin, kFragPin: Pᵀ's fragments pinned at the wgmma
 fence, so that dV's k16 steps stay one group; HEURISTIC_FRAG_PIN). The heuristic runs dq_early + dk_late
-+ ds_double on the plain grid for plain unordered d128 calls, dq_early + dk_late on d64's dynamic tile
-(HEURISTIC_DK_LATE, measured: tests/sm90_bwd_d128_timing.py); calls with features run without them
-(unmeasured there).
++ ds_double + frag_pin with the dynamic scheduler for plain unordered d128 calls, dq_early + dk_late on
+d64's dynamic tile (HEURISTIC_DK_LATE, HEURISTIC_FRAG_PIN, HEURISTIC_DYNAMIC, measured:
+tests/sm90_bwd_d128_timing.py); calls with features run without them (unmeasured there).
 Head dim 128 has a second tile, FA3's non-causal one: BM 80 (kDqSwap; bf16, non-causal plain unordered
 calls with dq_writer; Sm90BwdConfig.bm80_refused): 80 queries are no whole wgmma m, so the dQ part is
 computed transposed, dQ_iᵀ = K_jᵀ dSᵀ (m64n80k16, A transposed), and staged transposed for the writer
@@ -127,7 +127,13 @@ D96_ABOVE_FA2 = True
 # * HEURISTIC_DS_DOUBLE: two dS buffers at head dim 128 (ds_double, kDsDouble: no barrier between
 #   the consumer warpgroups before the dS stores) for every d128 call: off; plain d128 calls take it
 #   with dk_late (HEURISTIC_DK_LATE below, measured; alone it was -1..+4%, session 15 round A).
-HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True)})
+# Session 16 (round B at 8f7ff6c, tests/sm90_bwd_d128_timing.py, b2b, rotated order; logs/session16_rounds/b1):
+#   d128 joined with dk_late (which fits there with frag_pin only: HEURISTIC_FRAG_PIN), x cuDNN at 2k / 4k /
+#   8k / 16k, against the plain-grid dk_late kernel: bf16 non-causal 0.961 / 0.974 / 0.994 / 1.035 -> 0.983 /
+#   1.001 / 1.028 / 1.040, causal 0.984 / 1.008 / 1.014 / 1.005 -> 1.010 / 1.035 / 1.032 / 1.052; fp16
+#   non-causal 0.954 / 0.960 / 0.991 / 1.022 -> 0.981 / 1.000 / 1.026 / 1.021, causal 0.987 / 1.020 / 1.064 /
+#   1.058 -> 1.008 / 1.026 / 1.030 / 1.044 (its GPU tests: odd shapes, 528 tiles, passed there).
+HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, False), (128, True)})
 # The schedule of a window-only call's backward (features ("window",), fixed lengths, not
 # deterministic), by kernel head dim: the config fields over the heuristic's; a head dim not
 # listed keeps the plain grid at stages 2. Measured on the H100 (tests/features_overhead_timing.py,
@@ -217,17 +223,19 @@ HEURISTIC_Q_ROTATE = frozenset()
 #   (tests/sm90_bwd_d128_timing.py, variants *_pin, dyn_pin). Measured alone (session 16 round A, as above):
 #   d128 -1.0..+1.1% (bf16 / fp16, both masks: noise), d64 bf16 -3..-12% (slower: left off), d64 fp16
 #   -0.1..+5.8%; on top of d64's dk_late -0.4..+1.3% fp16, -6..-12% bf16. Its use: dk_late with the dynamic
-#   scheduler at d128 (dyn_pin, round B).
-HEURISTIC_FRAG_PIN = frozenset()
+#   scheduler at d128 (dyn_pin, round B: HEURISTIC_DYNAMIC's numbers), so d128's plain calls take it.
+HEURISTIC_FRAG_PIN = frozenset({(128, False), (128, True)})
 # * HEURISTIC_BM80: whether plain bf16 non-causal d128 calls run the BM 80 tile (kDqSwap, FA3's tile
 #   there: 25% more queries per Q block, dQ_iᵀ = K_jᵀ dSᵀ; with the heuristic's dq_early / dk_late /
-#   ds_double, without frag_pin: that kernel spills). Off until measured (tests/sm90_bwd_d128_timing.py,
-#   variant bm80).
+#   ds_double, without frag_pin: that kernel spills). Round B (session 16; its GPU tests passed): x cuDNN
+#   0.915 / 0.928 / 0.962 / 0.968 at 2k / 4k / 8k / 16k against the plain-grid BM 64 kernel's 0.951 / 0.982 /
+#   0.999 / 1.034: slower, off.
 HEURISTIC_BM80 = False
 # * HEURISTIC_STAGES3, (kernel head dim, causal, dtype): 3 Q/dO ring slots on the plain grid (one dq_writer
 #   staging tile then: 227 KB) for plain unordered calls of the classes listed. Round A (session 16, with
 #   frag_pin: s3_pin) x cuDNN fp16 non-causal 0.943 / 0.958 / 0.989 / 1.010 -> 0.967 / 0.991 / 1.015 /
-#   1.021, bf16 non-causal -0.9..+2.3%, causal -0.8..-3.6%. Off until measured without frag_pin (s3).
+#   1.021, bf16 non-causal -0.9..+2.3%, causal -0.8..-3.6%; below the dynamic scheduler's (HEURISTIC_DYNAMIC,
+#   round B) in those cells but 8k-16k. Off.
 HEURISTIC_STAGES3 = frozenset()
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
@@ -797,10 +805,11 @@ class Sm90Backward(Family):
             config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
         if config.ds_double and (config.head_dim != 128 or config.softcap or config.alibi or config.dropout):
             config = config.replace(ds_double=False)   # a speed choice, where it is not built
-        if (config.s_ahead or config.dq_early or config.q_rotate or config.dk_late) and problem.features:
+        if (config.s_ahead or config.dq_early or config.q_rotate or config.dk_late or config.frag_pin) \
+                and problem.features:
             # a speed choice, measured on plain calls only (the kernels with a window, varlen are
             # built, their GPU tests and timing not done yet): calls with features run without
-            config = config.replace(s_ahead=False, dq_early=False, q_rotate=False, dk_late=False)
+            config = config.replace(s_ahead=False, dq_early=False, q_rotate=False, dk_late=False, frag_pin=False)
         if (config.s_ahead or config.dq_early) and (config.shared_keys or config.overlap_sdp or config.softcap
                                                     or config.alibi or config.dropout):
             config = config.replace(s_ahead=False, dq_early=False)   # a speed choice, where it is not built
@@ -876,7 +885,7 @@ class Sm90Backward(Family):
         if HEURISTIC_DS_DOUBLE and d == 128:
             cfg = cfg.replace(ds_double=True)           # (likewise: not with softcap, ALiBi, dropout)
         plain = d != 256 and not problem.features
-        if (d, causal) in HEURISTIC_FRAG_PIN and not cfg.replace(frag_pin=True).problems():
+        if (d, causal) in HEURISTIC_FRAG_PIN and plain and not det and not cfg.replace(frag_pin=True).problems():
             cfg = cfg.replace(frag_pin=True)            # (for_problem drops it with softcap, ALiBi, dropout)
         # (each where the config builds it: s_ahead not next to dq_early or q_rotate, bf16 only;
         # dk_late with dq_early and ds_double, at d128 on the plain grid unless frag_pin lets it keep
@@ -889,8 +898,8 @@ class Sm90Backward(Family):
                             "dynamic": cfg.dynamic and (d != 128 or cfg.frag_pin)}, late)):
             if plain and on and not cfg.replace(**flags).problems():
                 cfg = cfg.replace(**flags)
-        s3 = cfg.replace(stages=3)
-        if (d, causal, dtype) in HEURISTIC_STAGES3 and plain and not det and not cfg.dynamic and not s3.problems():
+        s3 = cfg.replace(stages=3, dynamic=False)      # (the dynamic scheduler runs stages 2 only)
+        if (d, causal, dtype) in HEURISTIC_STAGES3 and plain and not det and not s3.problems():
             cfg = s3                                    # (first_fitting below: stages 2 where it does not fit)
         bm80 = cfg.replace(BM=80, frag_pin=False, dynamic=False)   # (its plain grid, without frag_pin)
         if HEURISTIC_BM80 and plain and not det and not bm80.problems():
