@@ -36,11 +36,11 @@ else the row says MISMATCH.
     python tests/sm90_bwd_d128_timing.py --dtypes bf16 --seqlens 16384 --causal no   # one cell
     timeout 120 python tests/sm90_bwd_d128_timing.py --hdim 64 128 --methods b2b --no-flash --reps 4
 
-Samples rotate the candidates' order (time_rotated). Default variants: heur, at d128 dyn_pin (the
-dynamic scheduler with dk_late, frag_pin) and s3 (stages 3), at d64 hrot (non-causal: q_rotate on
-the heuristic's dk_late kernel); by name pin (frag_pin flipped), s3_pin, dkl, dkl_pin, and bm80 (d128
-bf16 non-causal: BM 80, the swapped dQ GEMM):
-    timeout 60 python tests/sm90_bwd_d128_timing.py --dtypes bf16 --causal no --variants dyn_pin bm80
+Samples rotate the candidates' order (time_rotated). Default variants: heur (session 16: d128 dk_late
+with the dynamic scheduler and frag_pin, d64 dk_late), s15 (session 15's heuristic kernel), hrot
+(non-causal: q_rotate on the heuristic's kernel; d128 bf16 only); by name pin (frag_pin flipped),
+dyn_pin, s3, s3_pin, dkl, dkl_pin, and bm80 (d128 bf16 non-causal: BM 80, the swapped dQ GEMM):
+    timeout 60 python tests/sm90_bwd_d128_timing.py --dtypes bf16 --causal no --variants s15 bm80
 
 Success: every row prints, no NaN / MISMATCH; the summary line per case gives each variant's
 x cuDNN (cuDNN's time / ours: >= 1.0 is at least as fast). Not a test.
@@ -103,8 +103,11 @@ VARIANTS = {
     "dyn_pin": lambda c: c.replace(dynamic=True, frag_pin=True) if c.head_dim == 128 else None,
     # head dim 128: 3 Q/dO ring slots (1 dq_writer staging tile then: 227 KB)
     "s3": lambda c: c.replace(stages=3) if c.head_dim == 128 else None,
-    # head dim 64 non-causal: q_rotate on the heuristic's (dk_late) kernel
-    "hrot": lambda c: c.replace(q_rotate=True) if c.head_dim == 64 and not c.causal else None,
+    # non-causal: q_rotate on the heuristic's (dk_late) kernel (d128: bf16 only, the fp16 kernel spills)
+    "hrot": lambda c: c.replace(q_rotate=True) if not c.causal and (c.head_dim == 64 or c.dtype == "bf16") else None,
+    # session 15's heuristic: d128 dk_late on the plain grid without frag_pin, d64 without dq_early / dk_late
+    "s15": lambda c: (c.replace(dynamic=False, frag_pin=False) if c.head_dim == 128
+                      else c.replace(dq_early=False, dk_late=False)),
     # head dim 128: 3 Q/dO ring slots (1 dq_writer staging tile then: 227 KB), with frag_pin
     "s3_pin": lambda c: c.replace(stages=3, frag_pin=True) if c.head_dim == 128 else None,
     # head dim 128 non-causal: FA3's BM 80 tile (the swapped dQ GEMM, dQ_iᵀ = K_jᵀ dSᵀ), the heuristic's flags
@@ -113,9 +116,9 @@ VARIANTS = {
     "dkl_pin": lambda c: old(c).replace(dq_early=True, dk_late=True, frag_pin=True) if c.head_dim == 64 else None,
 }
 # fp16's variants unless --variants names them (fewer compiles: the flags' effect is measured in bf16)
-FP16_VARIANTS = ("heur", "dyn_pin", "s3", "hrot")
-# the round's default set (--variants all: every one; bm80 by name: --variants dyn_pin bm80)
-DEFAULT_VARIANTS = ("heur", "dyn_pin", "s3", "hrot")
+FP16_VARIANTS = ("heur", "s15", "hrot")
+# the round's default set (--variants all: every one; bm80 by name: --variants s15 bm80)
+DEFAULT_VARIANTS = ("heur", "s15", "hrot")
 
 
 def names_for(dtype, names):
