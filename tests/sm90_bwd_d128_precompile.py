@@ -8,6 +8,7 @@ disk cache):
     python tests/sm90_bwd_d128_precompile.py --d64      # and the timing's --hdim 64 kernels
     python tests/sm90_bwd_d128_precompile.py --grid     # and tests/test_sm90_bwd_gpu.py's
     python tests/sm90_bwd_d128_precompile.py --pin --d64   # test_d64_dk_late / frag_pin tests' only
+    python tests/sm90_bwd_d128_precompile.py --no-tests --grid --d64   # the heuristic's grid + the timing's
 """
 import os
 import sys
@@ -97,7 +98,8 @@ def grid_configs():
 
 if __name__ == "__main__":
     t0 = time.time()
-    todo = test_configs("--pin" in sys.argv) + (grid_configs() if "--grid" in sys.argv else [])
+    todo = ([] if "--no-tests" in sys.argv else test_configs("--pin" in sys.argv)) \
+        + (grid_configs() if "--grid" in sys.argv else [])
     names = None
     if "--variants" in sys.argv:
         names = ["heur"] + [n for n in sys.argv[sys.argv.index("--variants") + 1:]
