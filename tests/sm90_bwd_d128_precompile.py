@@ -8,7 +8,8 @@ disk cache):
     python tests/sm90_bwd_d128_precompile.py --d64      # and the timing's --hdim 64 kernels
     python tests/sm90_bwd_d128_precompile.py --grid     # and tests/test_sm90_bwd_gpu.py's
     python tests/sm90_bwd_d128_precompile.py --pin --d64   # test_d64_dk_late / frag_pin tests' only
-    python tests/sm90_bwd_d128_precompile.py --no-tests --grid --d64   # the heuristic's grid + the timing's
+    python tests/sm90_bwd_d128_precompile.py --no-tests --grid --d64 --rot   # the heuristic's grid, the timing's,
+                                                  # test_s3_and_d64_rot_odd_seqlens's
 """
 import os
 import sys
@@ -49,10 +50,7 @@ def test_configs(pin_only=False):
             p = Problem("bwd", dtype, 2, 113, 301, 4, 2, d, causal)
             out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(frag_pin=True, **flags), p))
             out.append(select.choose(p.replace(op="fwd"), arch, name, smem)[1])
-    for hdim, flags in ((128, dict(stages=3)), (64, dict(q_rotate=True))):   # test_s3_and_d64_rot_odd_seqlens
-        p = Problem("bwd", "fp16", 2, 113, 301, 4, 2, hdim, False)
-        out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(**flags), p))
-        out.append(select.choose(p.replace(op="fwd"), arch, name, smem)[1])
+    out += rot_configs()
     for dtype in ("bf16",):   # test_bm80_odd_seqlens (bf16 only: the fp16 kernel spills)
         p = Problem("bwd", dtype, 2, 113, 301, 4, 2, 128, False)
         out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(BM=80, frag_pin=False), p))
@@ -68,6 +66,18 @@ def test_configs(pin_only=False):
             out.append(fam.for_problem(timing.old(fam.heuristic(p, arch, smem)).replace(**flags), p))
             out.append(select.choose(p.replace(op="fwd", deterministic=False), arch, name, smem)[1])
     return list(dict.fromkeys(out))
+
+
+def rot_configs():
+    """test_s3_and_d64_rot_odd_seqlens's kernels and their forwards (--rot adds them to --no-tests)."""
+    arch, name, smem = _gpu.arch(), _gpu.name(), _gpu.max_smem()
+    fam = registry.get("sm90_bwd")
+    out = []
+    for hdim, flags in ((128, dict(stages=3)), (64, dict(q_rotate=True))):
+        p = Problem("bwd", "fp16", 2, 113, 301, 4, 2, hdim, False)
+        out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(**flags), p))
+        out.append(select.choose(p.replace(op="fwd"), arch, name, smem)[1])
+    return out
 
 
 def grid_configs():
@@ -99,7 +109,7 @@ def grid_configs():
 if __name__ == "__main__":
     t0 = time.time()
     todo = ([] if "--no-tests" in sys.argv else test_configs("--pin" in sys.argv)) \
-        + (grid_configs() if "--grid" in sys.argv else [])
+        + (grid_configs() if "--grid" in sys.argv else []) + (rot_configs() if "--rot" in sys.argv else [])
     names = None
     if "--variants" in sys.argv:
         names = ["heur"] + [n for n in sys.argv[sys.argv.index("--variants") + 1:]

@@ -122,13 +122,15 @@ def test_rules_and_for_problem():
 def test_heuristic_switches(monkeypatch):
     # as shipped: dk_late (with dq_early and ds_double, on the plain grid) for plain unordered d128
     # calls, dk_late with dq_early on d64's dynamic tile, measured; the rest off
-    assert not (sm90_bwd.HEURISTIC_DQ_EARLY or sm90_bwd.HEURISTIC_S_AHEAD or sm90_bwd.HEURISTIC_Q_ROTATE)
+    assert not (sm90_bwd.HEURISTIC_DQ_EARLY or sm90_bwd.HEURISTIC_S_AHEAD)
+    assert sm90_bwd.HEURISTIC_Q_ROTATE == {(64, "fp16")}
     assert sm90_bwd.HEURISTIC_DK_LATE == {(128, False), (128, True), (64, False), (64, True)}
     for d, causal, det, dtype in itertools.product((64, 96, 128, 256), (False, True), (False, True), ("bf16", "fp16")):
         p = problem(d, causal, det, dtype)
         cfg = FAM.for_problem(FAM.heuristic(p), p)
         late = d in (64, 96, 128) and not det
-        assert (cfg.dq_early, cfg.dk_late) == (late, late) and not (cfg.s_ahead or cfg.q_rotate), cfg.name
+        assert (cfg.dq_early, cfg.dk_late) == (late, late) and not cfg.s_ahead, cfg.name
+        assert cfg.q_rotate == (d == 64 and dtype == "fp16" and not causal and not det), cfg.name
         assert cfg.ds_double == (late and d != 64) and cfg.problems() == []
         assert cfg.dynamic == (d != 256 and not det), cfg.name
         assert cfg.frag_pin == (d in (96, 128) and not det), cfg.name

@@ -202,7 +202,10 @@ HEURISTIC_D256_CLUSTER = False
 #   behind the dQ GEMM; d128 bf16 only: the others spill): 0.77-0.87x cuDNN, 13-20% slower: off.
 # * HEURISTIC_Q_ROTATE, kernel head dims: q_rotate (kQRotate, non-causal: K/V block n from Q block
 #   n % n_iters on): -0.5..+3.9% (b2b), +0.1..-0.2% (flush): off; on top of dk_late (round B) -2.6..+2.1%.
-#   Head dim 64 joined (session 16, round A at d65554e, tests/sm90_bwd_d128_timing.py --hdim 128 64, b2b, rotated
+#   Entries: a kernel head dim, or (head dim, dtype). Session 16 round C (at 1c09956, as below), q_rotate on
+#   d64's dk_late kernel ("hrot"), x cuDNN at 2k / 4k / 8k / 16k: fp16 0.975 / 0.995 / 0.996 / 1.026 ->
+#   1.039 / 1.023 / 1.058 / 1.113; bf16 1.144 / 1.136 / 1.143 / 1.074 -> 1.138 / 1.124 / 1.134 / 1.139: fp16.
+# * HEURISTIC_DK_LATE (session 16): head dim 64 joined (session 16, round A at d65554e, tests/sm90_bwd_d128_timing.py --hdim 128 64, b2b, rotated
 #   order; logs/session16_rounds/a2): its odd-shape GPU tests (test_d64_dk_late_odd_seqlens, bf16 / fp16, both
 #   masks) passed; dq_early + dk_late on its dynamic BM128 tile, x cuDNN at 2k / 4k / 8k / 16k, bf16 non-causal
 #   1.069 / 1.066 / 1.085 / 1.153 -> 1.110 / 1.122 / 1.171 / 1.205, causal 1.115 / 1.150 / 1.139 / 1.197 ->
@@ -211,7 +214,7 @@ HEURISTIC_D256_CLUSTER = False
 HEURISTIC_DK_LATE = frozenset({(128, False), (128, True), (64, False), (64, True)})
 HEURISTIC_DQ_EARLY = frozenset()
 HEURISTIC_S_AHEAD = frozenset()
-HEURISTIC_Q_ROTATE = frozenset()
+HEURISTIC_Q_ROTATE = frozenset({(64, "fp16")})
 # * HEURISTIC_FRAG_PIN, (kernel head dim, causal): frag_pin (kFragPin: Pᵀ's A fragments pinned at the
 #   wgmma fence before dPᵀ and dV). Without it ptxas (nvcc 13.0) copies one fragment after the fence in
 #   every d64 / d128 kernel of the heuristic and injects a warpgroup.arrive before each of dV's four
@@ -896,7 +899,8 @@ class Sm90Backward(Family):
         # dk_late with dq_early and ds_double, at d128 on the plain grid unless frag_pin lets it keep
         # the dynamic scheduler)
         late = not det and (d, causal) in HEURISTIC_DK_LATE
-        for flags, on in (({"q_rotate": True}, not det and not causal and d in HEURISTIC_Q_ROTATE),
+        rotate = d in HEURISTIC_Q_ROTATE or (d, dtype) in HEURISTIC_Q_ROTATE
+        for flags, on in (({"q_rotate": True}, not det and not causal and rotate),
                           ({"dq_early": True}, not det and (d, causal) in HEURISTIC_DQ_EARLY),
                           ({"s_ahead": True}, not det and (d, causal, dtype) in HEURISTIC_S_AHEAD),
                           ({"dq_early": True, "dk_late": True, "ds_double": d == 128,
