@@ -3,8 +3,11 @@ backward at cuDNN's speed):
 
 * dq_early (kDqEarly): the dQ GEMM issued behind dV, dK without waiting for them; one wait for the
   three before the dQ part is stored and the Q/dO slot released;
-* dk_late (kDkLate, with dq_early, not with the dynamic scheduler): dK issued behind the dQ GEMM
-  (FlashAttention-3's order), waited for after the dQ part is staged;
+* dk_late (kDkLate, with dq_early; with the dynamic scheduler at d128 only with frag_pin): dK issued
+  behind the dQ GEMM (FlashAttention-3's order), waited for after the dQ part is staged;
+* frag_pin (kFragPin, session 16): Pᵀ's A fragments pinned at the wgmma fence (dV's k16 steps one
+  group); the heuristic's at d128 with dk_late and the dynamic scheduler;
+* BM 80 (kDqSwap, session 16, bf16 non-causal d128, off): the dQ part transposed, dQ_iᵀ = K_jᵀ dSᵀ;
 * q_rotate (kQRotate, non-causal): K/V block n visits the Q blocks from n % n_iters on, wrapping;
 * s_ahead (kSAhead, bf16 only): the next Q block's Sᵀ issued behind the dQ GEMM (its slot's fill
   waited for there), wgmma_wait<1> for the dQ part; the tile's first Sᵀ before the Q-block loop.
@@ -16,7 +19,12 @@ GQA / MQA in turn); fp16 with dq_early and two dS buffers (causal, dynamic); man
 a deterministic dq_early call (ordered red.add; bitwise reproducible over 3 calls). Errors: the 3x
 gradient rule against float64, outputs poisoned (NaN) before each launch.
 
-Compiles: 15 backward kernels and their forwards (tests/sm90_bwd_d128_precompile.py first).
+Session 16 adds: d64 dq_early + dk_late on odd shapes (bf16 / fp16), frag_pin (d128 bf16, d64 fp16
+with dk_late, d128 dk_late with the dynamic scheduler; 528 tiles; deterministic bitwise), BM 80, fp16
+d128 stages 3 and fp16 d64 q_rotate on the heuristic's kernel.
+
+Compiles: about 30 backward kernels and their forwards (tests/sm90_bwd_d128_precompile.py first; --pin
+for session 16's tests only).
 
 Run first: CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q -x tests/test_sm90_bwd_d128_gpu.py
 """
