@@ -45,8 +45,8 @@ dims 129..255 run it with zero-filled columns (192 included: no d192 kernel of i
 (Dropout runs there alone: with a window, softcap or ALiBi, and overlap_sdp, ptxas spills.)
 Schedules (issue 14, the short and causal backward): dynamic (name _dyn, kDynamic: a CTA per SM
 claims K/V-block tiles from a plan-owned counter, the next tile's loads overlap the last one's
-epilogue; dq_writer and stages 2 only) is the heuristic's for plain calls at d64
-(HEURISTIC_DYNAMIC, measured; d256's shared-keys tile runs one CTA per K/V block: the config
+epilogue; dq_writer and stages 2 only) is the heuristic's for plain calls at d64 and d128
+(HEURISTIC_DYNAMIC, measured; d128 with dk_late and frag_pin; d256's shared-keys tile runs one CTA per K/V block: the config
 refuses dynamic there); lpt (name _lpt, the longest-first launch order, causal; outside
 the space) is off (HEURISTIC_LPT); ds_double (name _ds2, two dS buffers at d128) is on with dk_late
 below only; tests/sm90_bwd_causal_timing.py times them.
