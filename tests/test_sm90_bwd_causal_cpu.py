@@ -133,15 +133,15 @@ def test_dynamic_field_name_template_rules():
 
 
 def test_dynamic_and_ds_double_heuristic_switches(monkeypatch):
-    # as shipped: d64 plain calls (d128 causal left it for dk_late on the plain grid, session 15)
+    # as shipped: d64 and d128 plain calls (d128 with dk_late and frag_pin, session 16)
     for d, causal, det in itertools.product((64, 128), (False, True), (False, True)):
         p = problem(d, causal, det)
         cfg = FAM.for_problem(FAM.heuristic(p), p)
         assert cfg.dynamic == ((d, causal) in sm90_bwd.HEURISTIC_DYNAMIC and not det) and cfg.problems() == []
-    assert sm90_bwd.HEURISTIC_DYNAMIC == {(64, False), (64, True)}
+    assert sm90_bwd.HEURISTIC_DYNAMIC == {(64, False), (64, True), (128, False), (128, True)}
     d96 = FAM.for_problem(FAM.heuristic(problem(96, True)), problem(96, True))   # the d128 kernel
-    assert d96.dk_late and d96.ds_double and not d96.dynamic
-    assert not FAM.for_problem(FAM.heuristic(problem(128, False)), problem(128, False)).dynamic
+    assert d96.dk_late and d96.ds_double and d96.dynamic and d96.frag_pin
+    assert FAM.for_problem(FAM.heuristic(problem(128, False)), problem(128, False)).dynamic
     # the switches alone (dk_late's d128 choice, which takes the plain grid and ds_double, off)
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DK_LATE", frozenset())
     for on in (False, True):
