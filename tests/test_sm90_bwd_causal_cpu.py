@@ -189,14 +189,17 @@ def test_dynamic_plan_grid_and_counter(monkeypatch):
         p = problem(128, True, batch=2 if s == 100 else 8, seqlen=s, nheads=4 if s == 100 else 16)
         cfg = FAM.for_problem(heur().replace(dynamic=True, lpt=True), p)
         st = fa2_bwd.contiguous_strides(p)
+        before = len(allocs)
         plan = launch.Plan(FAM, cfg, p, {n: st for n in ("q", "k", "v", "o", "dout", "dq", "dk", "dv")}, 0.1, 0)
         main = next(spec for spec in plan.launches if spec.role == "main")
         assert main.grid[0] == min(tiles, 132) and main.smem == cfg.smem_bytes
         launches.clear()
         plan.run(tuple(0x10000 * (i + 1) for i in range(9)), 0x1000000, 7)
         rec = np.frombuffer(launches[1]["raw"], dt)[0]
-        assert int(rec["tile_counter"]) == 0xC0DE00 + len(allocs)
-    assert [n for n, _ in allocs] == [1, 1] and allocs[0][1] == f"{cfg.name} (tile_counter)"
+        # the plan's counters (launch.StreamCounters): the buffer zeroed with the plan goes to the
+        # first stream (7), and a new spare is zeroed behind it
+        assert int(rec["tile_counter"]) == 0xC0DE00 + before + 1 and len(allocs) == before + 2
+    assert [n for n, _ in allocs] == [1, 1, 1, 1] and allocs[0][1] == f"{cfg.name} (tile_counter)"
     # without dynamic: no counter, the field null
     assert FAM.zeroed_counters(heur(), problem()) == {}
 
