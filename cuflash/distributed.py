@@ -24,8 +24,13 @@ forward; the dK/dV accumulator (fp32) of the block in hand travels with it one s
 and, after the last step, one more hop returns it to the block's owner, rounded to k's dtype
 first (the rounding the owner does anyway). With ``REVERSE_BWD`` the forward keeps its last
 block and the backward runs the ring the other way round from it, ending on the rank's own
-block: no last hop. ``TRACE`` times every step's phases with CUDA events (bench --mode ring
---ring-breakdown). Each step calls
+block: no last hop. ``TRACE`` times every step's phases with CUDA events, every transfer on the
+side stream and names each call's config (bench --mode ring --ring-breakdown: per-rank
+timelines). Transfers run NCCL kernels, which need SMs of their own on both ends at once while
+the attention kernels fill the GPU: ``PRIORITY_GROUP`` (transfers on a high-priority twin of
+the default group; ``ring_group`` builds such a group to pass in) and ``FWD_DYNAMIC`` (no
+static persistent forward, whose late CTAs would end a step late) remove the 4-GPU straggler
+(both on; bench --ring-ab flips them). Each step calls
 cuflash's backward (``torch_ops.backward_impl``) with the GLOBAL merged out and lse: with
 P = exp(S - lse_global) and D = rowsum(dO * O_global), every block's dS = P * (dP - D) is
 exactly its share of the full gradient (the ring-attention identity), so no rescaling is
@@ -85,7 +90,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import api, reference, torch_ops
+from . import api, reference, select, torch_ops
 
 Tensor = torch.Tensor
 
@@ -247,20 +252,54 @@ def first_partial(block_out: Tensor, block_lse: Tensor, acc) -> tuple:
 # ---------------------------------------------------------------------------------------
 # one block: cuflash's forward and backward (CUDA: kernels; CPU: the float64 reference)
 
-def block_forward(q, k, v, scale: float, causal: bool):
-    """(out, lse) of q against one K/V block: cuflash's torch forward (no autograd)."""
-    return torch_ops.forward(q, k, v, scale, causal)
+def block_forward(q, k, v, scale: float, causal: bool, step: int = 0):
+    """(out, lse) of q against one K/V block: cuflash's torch forward (no autograd); with
+    FWD_DYNAMIC on the dynamic scheduler where selection picks the static persistent one.
+    step: the ring step, for TRACE's config record."""
+    config = _forward_config(q, k, v, scale, causal) if FWD_DYNAMIC and q.is_cuda else None
+    out, lse, entry = torch_ops._forward(q, k, v, scale, causal, config, None)
+    if TRACE is not None and q.is_cuda:
+        _trace_config("fwd_config", step, entry.plan.config if entry is not None and
+                      entry.plan is not None else config)
+    return out, lse
 
 
-def block_backward(dout, q, k, v, out, lse, scale: float, causal: bool, deterministic: bool):
+_dynamic_configs: dict = {}
+
+
+def _forward_config(q, k, v, scale: float, causal: bool):
+    """The config selection picks for this forward call, on the dynamic scheduler when it is
+    a static persistent one that the dynamic scheduler can run (None: selection's own, i.e.
+    the call is not on the static persistent schedule). Cached per call shape."""
+    key = (q.shape, k.shape, q.dtype, q.device, causal)
+    if key not in _dynamic_configs:
+        problem = api.check_qkv(q, k, v, scale, causal)[4]
+        fam, cfg, _ = select.choose_on_device(problem, q.device.index)
+        alt = None
+        if getattr(cfg, "persistent", False) and getattr(cfg, "dynamic", None) is False:
+            alt = cfg.replace(dynamic=True)
+            from . import _gpu
+
+            if alt.problems(_gpu.max_smem(q.device.index)) or fam.fits(alt, problem):
+                alt = None
+        _dynamic_configs[key] = alt
+    return _dynamic_configs[key]
+
+
+def block_backward(dout, q, k, v, out, lse, scale: float, causal: bool, deterministic: bool,
+                   step: int = 0):
     """(dq, dk, dv) of one block given the GLOBAL out and lse. CUDA: cuflash's backward
     kernels (they read out and lse as given). CPU: ``reference_block_backward`` (the torch
     CPU path of cuflash's backward recomputes the block's own softmax, which is the wrong
-    normalization for a block of a ring)."""
+    normalization for a block of a ring). step: the ring step, for TRACE's config record."""
     if q.is_cuda:
-        return torch_ops.backward_impl(dout, q.contiguous(), k.contiguous(), v.contiguous(),
-                                       out.contiguous(), lse.contiguous(), scale, causal,
-                                       deterministic)
+        q, k, v, out, lse = (x.contiguous() for x in (q, k, v, out, lse))
+        grads = torch_ops.backward_impl(dout, q, k, v, out, lse, scale, causal, deterministic)
+        if TRACE is not None:
+            plan = torch_ops._bwd_plans.get(torch_ops._bwd_key(dout, q, k, v, out, lse, scale,
+                                                               causal, deterministic, None))
+            _trace_config("bwd_config", step, getattr(plan, "config", plan))
+        return grads
     return reference_block_backward(dout, q, k, v, out, lse, scale, causal)
 
 
@@ -307,7 +346,7 @@ class _Ring:
     (CUDA tensors) so that the transfer overlaps the current stream's computation."""
 
     def __init__(self, group, device: torch.device):
-        self.group = group
+        group = self.group = _transfer_group(group, device)
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         to_global = (lambda r: r) if group is None or group is dist.group.WORLD else \
@@ -321,7 +360,7 @@ class _Ring:
                 self.stream = _side_streams[device] = torch.cuda.Stream(device)
 
     def start(self, tensors: Sequence[Tensor], after_current: bool = True,
-              reverse: bool = False) -> tuple:
+              reverse: bool = False, trace: Optional[tuple] = None) -> tuple:
         """Send each tensor to the next rank and receive one like it from the previous
         (reverse: to the previous, from the next); returns (received tensors, pending
         requests). The received tensors may be read only after ``finish``.
@@ -333,7 +372,12 @@ class _Ring:
         kernels are on the GPU before the next step's kernels fill the SMs. Then the received
         buffers are allocated on the side stream (the current stream's queued work may still
         use memory its own pool would hand out) and marked as used by the current stream too
-        (record_stream), which reads them after ``finish``."""
+        (record_stream), which reads them after ``finish``.
+
+        trace: (phase, step) to time the transfer under TRACE: CUDA events on the side stream
+        when it reaches the transfer (the transfer may start: its inputs are ready and the
+        earlier transfers queued) and when the transfer is done (the side stream waits for it
+        first; it would wait for the next one anyway, NCCL's stream being in order)."""
         if self.stream is None:
             recv = [torch.empty_like(t) for t in tensors]
             return recv, dist.batch_isend_irecv(self._ops(tensors, recv, reverse))
@@ -348,8 +392,18 @@ class _Ring:
                 recv = [torch.empty_like(t) for t in tensors]
             for r in recv:
                 r.record_stream(current)
+        timed = trace is not None and TRACE is not None
         with torch.cuda.stream(self.stream):
+            if timed:
+                ready = torch.cuda.Event(enable_timing=True)
+                ready.record()
             reqs = dist.batch_isend_irecv(self._ops(tensors, recv, reverse))
+            if timed:
+                for req in reqs:
+                    req.wait()
+                done = torch.cuda.Event(enable_timing=True)
+                done.record()
+                TRACE.append((*trace, ready, done))
         for t in list(tensors) + recv:  # used by the side stream: not reused before it is done
             t.record_stream(self.stream)
         return recv, reqs
@@ -388,6 +442,61 @@ REVERSE_BWD = False
 
 _side_streams: dict = {}
 
+# Whether the rings move blocks over a process group of their own whose NCCL streams have high
+# priority (ring_group), made once from the default group on the first ring call that passes
+# group=None (every rank makes that call; a group passed in is used as given: build it with
+# ring_group). A transfer's NCCL kernel spins on its SMs until the peer's kernel runs; at
+# normal priority the peer's kernel can queue behind a whole step of attention blocks, so
+# that this end loses those SMs for that step (the 4-GPU straggler of session 15: one rank's
+# middle steps 1.2-2x longer). At high priority the peer's kernel takes the first SMs that
+# free up. Measured (4 x H200, 512k tokens non-causal, bench --ring-ab, same run): 518 ->
+# 543 TFLOPs/GPU alone, 561 with FWD_DYNAMIC (torch CP on cuDNN 543); on.
+PRIORITY_GROUP = True
+
+# NCCL's CTAs (SMs) per transfer kernel on PRIORITY_GROUP's group (ring_group's max_ctas; None:
+# NCCL's choice): a spinning transfer kernel holds that many SMs (bench --ring-ab lib_ctasN).
+RING_MAX_CTAS: Optional[int] = None
+
+# Whether the dense ring's forward runs a call whose selected config is the static persistent
+# schedule on the dynamic scheduler instead (the same tiles; the CTAs claim them): a CTA that
+# starts late, its SM held by a transfer's kernel, then computes one tile instead of a fixed
+# 1/132 of the step, so the step does not end a transfer's wait later. Measured as above:
+# forward 524 -> 460 ms alone (the single-GPU shard's four steps: 441), 518 -> 533 TFLOPs/GPU;
+# on.
+FWD_DYNAMIC = True
+
+_priority_groups: dict = {}
+
+
+def ring_group(ranks=None, high_priority: bool = True, max_ctas: Optional[int] = None):
+    """A new NCCL process group for the rings' transfers (``dist.new_group``: every rank of the
+    default group calls it, members or not), its streams at high priority (see
+    PRIORITY_GROUP) and, with max_ctas, NCCL's kernels limited to that many CTAs (SMs).
+    ranks: the members (default every rank). Pass it as the ring's ``group``."""
+    if max_ctas is not None and (not isinstance(max_ctas, int) or isinstance(max_ctas, bool)
+                                 or max_ctas < 1):
+        raise ValueError(f"max_ctas: expected an int >= 1 or None, got {max_ctas!r}")
+    if not hasattr(dist, "ProcessGroupNCCL"):
+        raise RuntimeError("ring_group: this torch has no NCCL (ProcessGroupNCCL)")
+    opts = dist.ProcessGroupNCCL.Options()
+    opts.is_high_priority_stream = bool(high_priority)
+    if max_ctas is not None:
+        opts.config.max_ctas = max_ctas
+    return dist.new_group(ranks=ranks, backend="nccl", pg_options=opts)
+
+
+def _transfer_group(group, device: torch.device):
+    """The group the ring moves blocks over: ``group``, or with PRIORITY_GROUP (CUDA tensors,
+    group None) the default group's high-priority twin (ring_group with RING_MAX_CTAS, made
+    once per RING_MAX_CTAS)."""
+    if not PRIORITY_GROUP or device.type != "cuda" or group not in (None, dist.group.WORLD):
+        return group
+    key = ("world", RING_MAX_CTAS)
+    twin = _priority_groups.get(key)
+    if twin is None:
+        twin = _priority_groups[key] = ring_group(max_ctas=RING_MAX_CTAS)
+    return twin
+
 
 # ---------------------------------------------------------------------------------------
 # per-step timing (bench --mode ring --ring-breakdown)
@@ -397,7 +506,11 @@ _side_streams: dict = {}
 # fwd_compute / bwd_compute (cuflash's kernels), fwd_merge (LSE merges), bwd_accum (dQ, dK,
 # dV additions), fwd_wait / bwd_wait (the current stream waiting for the step's transfer:
 # exposed communication), fwd_final / bwd_final (the last conversions; the backward's last
-# dK/dV hop home included). ``trace_summary`` sums them per phase and step.
+# dK/dV hop home included); on the side stream, from reaching a transfer to its end:
+# fwd_xfer / bwd_xfer (K/V blocks), bwd_acc_xfer (dK/dV accumulators), bwd_home_xfer (the last
+# hop); ("origin", -1, event, event) at the start of each ring call (the timeline's time 0);
+# (fwd_config / bwd_config, step, config name, None) for each kernel call. ``trace_summary``
+# sums the timed phases per step, ``trace_timeline`` gives every span's start and end.
 TRACE: Optional[list] = None
 
 
@@ -423,16 +536,58 @@ class _Span:
         return False
 
 
-def trace_summary(trace: list) -> dict:
-    """{phase: [ms of step 0, step 1, ...]} from TRACE's events (synchronizes first)."""
-    if trace:
+def _trace_origin(like: Tensor) -> None:
+    """Under TRACE, an event on the current stream before a ring's first transfer and kernel:
+    trace_timeline's time 0."""
+    if TRACE is not None and like.is_cuda:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        TRACE.append(("origin", -1, ev, ev))
+
+
+def _trace_config(phase: str, step: int, config) -> None:
+    """Under TRACE, the config name of a call of a step (phase fwd_config or bwd_config)."""
+    if TRACE is not None and config is not None:
+        TRACE.append((phase, step, getattr(config, "name", str(config)), None))
+
+
+def _timed(entry) -> bool:
+    return entry[3] is not None and entry[0] != "origin"
+
+
+def _sync_events(trace: list) -> None:
+    """Wait for the device when the trace holds events (config names alone need no GPU)."""
+    if any(entry[3] is not None for entry in trace):
         torch.cuda.synchronize()
+
+
+def trace_summary(trace: list) -> dict:
+    """{phase: [ms of step 0, step 1, ...]} from TRACE's events (synchronizes first): the
+    compute stream's phases and, for the transfers (fwd_xfer, bwd_xfer, bwd_acc_xfer,
+    bwd_home_xfer), the time from the side stream reaching a transfer to its end (a transfer
+    longer than its bytes need was waiting: for its peer's kernel, or for SMs)."""
+    _sync_events(trace)
     out: dict = {}
-    for phase, step, start, end in trace:
+    for phase, step, start, end in filter(_timed, trace):
         steps = out.setdefault(phase, [])
         steps.extend([0.0] * (step + 1 - len(steps)))
         steps[step] += start.elapsed_time(end)
     return out
+
+
+def trace_timeline(trace: list) -> tuple:
+    """(spans, configs) of one traced ring call: spans [(phase, step, start ms, end ms)], the
+    times from the call's origin event (the same clock for the compute and the side stream),
+    in recording order; configs [(phase, step, config name)] (synchronizes first)."""
+    _sync_events(trace)
+    origin = next((e[2] for e in trace if e[0] == "origin"), None)
+    spans, configs = [], []
+    for phase, step, start, end in trace:
+        if end is None:
+            configs.append((phase, step, start))
+        elif phase != "origin" and origin is not None:
+            spans.append((phase, step, origin.elapsed_time(start), origin.elapsed_time(end)))
+    return spans, configs
 
 
 # ---------------------------------------------------------------------------------------
@@ -461,7 +616,8 @@ def _rotate_forward(ring: _Ring, kv: tuple, comm: bool, step_fn) -> tuple:
     for step in range(world):
         pending = None
         if comm and step + 1 < world:  # step 0's block is the local one, written by this stream
-            nxt, pending = ring.start(kv, after_current=step == 0 or not EARLY_SEND)
+            nxt, pending = ring.start(kv, after_current=step == 0 or not EARLY_SEND,
+                                      trace=("fwd_xfer", step))
         step_fn(step, (rank - step) % world, *kv)
         if pending is not None:
             with _Span("fwd_wait", step, kv[0]):
@@ -495,13 +651,15 @@ def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=Non
         send_kv, send_acc = comm and step + 1 < world, comm and step > 0
         early = EARLY_SEND and step > 0  # (step 0's block is the local one)
         if send_kv and (early or not send_acc):
-            recv_kv, reqs = ring.start(kv, after_current=not early, reverse=reverse)
+            recv_kv, reqs = ring.start(kv, after_current=not early, reverse=reverse,
+                                       trace=("bwd_xfer", step))
             pending += reqs
         if send_acc:  # the previous block's accumulator goes on with that block
             if early or not send_kv:  # its own transfer, behind this stream's additions
-                recv_acc, reqs = ring.start(dkv, reverse=reverse)
+                recv_acc, reqs = ring.start(dkv, reverse=reverse, trace=("bwd_acc_xfer", step))
             else:  # one batch with the K/V block, both behind this stream's work
-                both, reqs = ring.start(list(kv) + list(dkv), reverse=reverse)
+                both, reqs = ring.start(list(kv) + list(dkv), reverse=reverse,
+                                        trace=("bwd_xfer", step))
                 recv_kv, recv_acc = both[:2], both[2:]
             pending += reqs
         src = (ring.rank + 1 + step) % world if reverse else (ring.rank - step) % world
@@ -532,7 +690,7 @@ def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=Non
     with _Span("bwd_final", world - 1, k):
         dkv = (dkv[0].to(k.dtype), dkv[1].to(v.dtype))
         if comm and world > 1 and not reverse:  # one more hop: the block is rank + 1's
-            dkv, pending = ring.start(dkv)
+            dkv, pending = ring.start(dkv, trace=("bwd_home_xfer", world - 1))
             ring.finish(pending)
     return tuple(dkv)
 
@@ -579,7 +737,8 @@ def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: 
         for call in _dense_calls(q_chunks, chunk_ids(src, world, layout), causal):
             qs, ks = _slices(call, q_len, q_len)
             with _Span("fwd_compute", i, q):
-                o_b, lse_b = block_forward(q[:, qs], k_cur[:, ks], v_cur[:, ks], scale, call.causal)
+                o_b, lse_b = block_forward(q[:, qs], k_cur[:, ks], v_cur[:, ks], scale, call.causal,
+                                           i)
             with _Span("fwd_merge", i, q):
                 if not run and _covers(call, nq):
                     run["out"], run["lse"] = first_partial(o_b, lse_b, acc)
@@ -590,6 +749,7 @@ def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: 
                                             dtype=acc, device=q.device)
                 merge_partial(run["out"][:, qs], run["lse"][:, :, qs], o_b, lse_b)
 
+    _trace_origin(q)
     last = _rotate_forward(ring, _sendable(k, v), comm, step)
     with _Span("fwd_final", world - 1, q):
         if not run:  # (no call at all: not for a ring's own block, kept for safety)
@@ -628,7 +788,7 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
             with _Span("bwd_compute", i, q):
                 dq_b, dk_b, dv_b = block_backward(dout[:, qs], q[:, qs], k_cur[:, ks],
                                                   v_cur[:, ks], out[:, qs], lse_q, scale,
-                                                  call.causal, deterministic)
+                                                  call.causal, deterministic, i)
             with _Span("bwd_accum", i, q):
                 if not grad and _covers(call, nq):
                     grad["dq"] = dq_b.to(acc)
@@ -640,6 +800,7 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
                           dk_b, dv_b))
         return parts
 
+    _trace_origin(q)
     dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step,
                               None if kv_last is None else _sendable(*kv_last))
     dq = grad["dq"].to(q.dtype) if grad else torch.zeros_like(q)

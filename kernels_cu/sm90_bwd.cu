@@ -158,6 +158,10 @@
 //   kDsDouble  (appended last) two dS buffers, Q block q's in buffer q % 2: the barrier before
 //              the dS stores goes (the one after them orders both warpgroups' dQ GEMMs of Q block
 //              q - 2 before the stores of Q block q)
+//   kFragPin   (appended after kDkLate) Pᵀ's A fragments pinned at the wgmma fence before dPᵀ, dV:
+//              without it ptxas copies one of them after the fence and injects a warpgroup.arrive
+//              before each of dV's k16 steps (C7519), each step then its own group, so the wait
+//              for dPᵀ also waits for 3 of dV's 4 steps
 //
 // Head dim 256 (kSharedKeys: kBN 64 with 2 consumers, kBM 64; Sm90BwdShape). dK_j, dV_j of 64
 // keys x 256 fp32 would take 256 registers per thread in one warpgroup, so both warpgroups take
@@ -249,7 +253,9 @@ struct Sm90BwdShape {
                   "head dim 256: BN 64 with 2 consumers (dK_j, dV_j split by columns over the warpgroups)");
     static_assert(!kSharedKeys || (!kDynamic && kDsBufs == 1),
                   "shared keys (head dim 256): the plain grid and one dS buffer (no kDynamic, kDsDouble)");
-    static_assert(kBM == 64 || kBM == 128, "BM must be 64 or 128 (the wgmma N of S and dP)");
+    static_assert(kBM == 64 || kBM == 128 || (kBM == 80 && kHeadDim == 128 && kConsumers == 2 && !kSharedKeys),
+                  "BM must be 64 or 128 (the wgmma N of S and dP), or 80 at head dim 128 with 2 consumers "
+                  "(the swapped dQ GEMM)");
     static_assert(kDqRowGroups <= kConsumers && kConsumers % kDqRowGroups == 0,
                   "BM / 64 must divide consumers: each warpgroup computes 64 rows of dQ_i");
     static_assert(kDqN % 64 == 0 || kDqN == 32,
@@ -453,7 +459,7 @@ struct Sm90BwdTileRing {
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
-          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kRoles>
+          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -498,6 +504,15 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                   "s_ahead / dq_early: the head dim 64 / 128 tiles (s_ahead: and roles), not with overlap_sdp");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
                   "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
+    // BM 80 (head dim 128, 2 consumers; FA3's non-causal tile): 80 queries are not a whole wgmma m
+    // (64), so the dQ part is computed transposed, dQ_iᵀ = K_jᵀ dSᵀ (m = this warpgroup's 64 head-dim
+    // columns, n = the 80 queries), and staged transposed into dq_writer's tile
+    constexpr bool kDqSwap = kBM % 64 != 0;
+    static_assert(!kDqSwap || (kDqWriter && !kCausal && !kWindow && !kVarlen && !kDeterministic && !kDynamic
+                               && !kSoftcap && !kAlibi && !kDropout && !kOverlapSdp && !kSAhead && !kQRotate
+                               && !kCluster),
+                  "BM 80: non-causal, fixed lengths, unordered, dq_writer, no feature, the plain grid, "
+                  "not with overlap_sdp / s_ahead / q_rotate");
     // kDqWriter's named barriers (consumer threads + the writer warp): tile b full, tile b free
     constexpr int kDqFullBar = 2, kDqEmptyBar = 4, kDqBarThreads = kConsumers * 128 + 32;
     constexpr int kChunks = Shape::kChunks;
@@ -749,12 +764,23 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         // the same copies, written with lane < 32 explicit: next to the writer warp's
                         // loop the general form spills under the producer's 24 registers
 #pragma unroll
-                        for (int k = 0; k < kBM / 64; ++k) {
+                        for (int k = 0; k < (kDqSwap ? (kBM / 2 + 31) / 32 : kBM / 64); ++k) {
                             const int c = lane + 32 * k;
                             const bool is_D = c >= kBM / 4;
                             const int chunk = is_D ? c - kBM / 4 : c;
-                            cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
-                                        (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                            if constexpr (kDqSwap) {
+                                // BM 80: 40 chunks; a Q block may end past the pair's padded rows
+                                // (seqlen_q_rounded, a multiple of 128): those chunks zero-filled
+                                // (LSE 0, D 0: with Q_i, dO_i's zero rows there, Pᵀ ∘ dO, dSᵀ Q, dS
+                                // stay finite and add nothing to dK, dV; their dQ rows are clipped)
+                                if (c < kBM / 2)
+                                    cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
+                                                (is_D ? D_rows : lse_rows) + row0 + 4 * chunk,
+                                                row0 + 4 * chunk < p.seqlen_q_rounded);
+                            } else {
+                                cp_async_16((is_D ? D_smem : lse_smem) + slot * kBM * 4 + chunk * 16,
+                                            (is_D ? D_rows : lse_rows) + row0 + 4 * chunk);
+                            }
                         }
                     } else {
                         for (int c = lane; c < kBM / 2; c += 32) {
@@ -1086,7 +1112,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     // (kSharedKeys: dK_j, dV_j of kDkvN columns; Sᵀ, dPᵀ of kSN queries)
     float dk_acc[kDkvN / 2], dv_acc[kDkvN / 2];                // 64 keys x head_dim
     float s_acc[1][kSN / 8][4], dp_acc[1][kSN / 8][4];         // Sᵀ / Pᵀ, dPᵀ / dSᵀ: 64 keys x BM
-    float dq_acc[Shape::kDqN / 2];                             // 64 queries x kDqN
+    float dq_acc[kDqSwap ? Shape::kDqN * kBM / 128 : Shape::kDqN / 2];  // 64 queries x kDqN (kDqSwap: kDqN x BM)
     float (&s_flat)[kSN / 2] = reinterpret_cast<float (&)[kSN / 2]>(s_acc);
     float (&dp_flat)[kSN / 2] = reinterpret_cast<float (&)[kSN / 2]>(dp_acc);
     u32 p_frag[1][kSN / 16][4], ds_frag[1][kSN / 16][4];
@@ -1272,6 +1298,12 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             // (RS; dO_i MN-major, queries 16kk..16kk+15 per step) ----
             if constexpr (!kOverlapSdp) reg_fence(dp_flat);
             reg_fence(dv_acc);
+            // kFragPin: Pᵀ's fragments pinned at the fence, so that ptxas does not copy one between
+            // it and dV's wgmma (it injects a warpgroup.arrive per k16 step then, each step its own
+            // group: wgmma_wait<1> below would wait for 3 of dV's 4 steps, not for dPᵀ alone)
+            if constexpr (kFragPin)
+#pragma unroll
+                for (int kk = 0; kk < kSN / 16; ++kk) reg_fence_frag(p_frag[0][kk]);
             wgmma_fence();
             if constexpr (!kOverlapSdp) {
 #pragma unroll
@@ -1489,13 +1521,18 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 continue;
             }
 
-            // ---- dQ_i part = dS K_j: this warpgroup's 64 rows x kDqN columns ----
+            // ---- dQ_i part = dS K_j: this warpgroup's 64 rows x kDqN columns (kDqSwap: dQ_iᵀ =
+            // K_jᵀ dSᵀ, its kDqN = 64 columns x BM queries; A = K_j's chunk MN-major, the same
+            // descriptor as B's below; B = dS K-major, all BM rows) ----
             reg_fence(dq_acc);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kBN / 16; ++kk) {
                 const u32 a_off = (kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32;
-                Wgmma<Shape::kDqN, Elem>::template ss<1>(dq_acc, ds_desc.at(ds_buf + a_off), k_t_desc.at(kk * 16 * 128), kk > 0);
+                if constexpr (kDqSwap)
+                    WgmmaTransA<kBM, Elem>::ss(dq_acc, k_t_desc.at(kk * 16 * 128), ds_desc.at(ds_buf + a_off), kk > 0);
+                else
+                    Wgmma<Shape::kDqN, Elem>::template ss<1>(dq_acc, ds_desc.at(ds_buf + a_off), k_t_desc.at(kk * 16 * 128), kk > 0);
             }
             wgmma_commit();
             if constexpr (kDkLate) {
@@ -1540,12 +1577,33 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     else
                         named_barrier_sync(kDqEmptyBar + buf, kDqBarThreads);
                 }
+                if constexpr (kDqSwap) {
+                    // dQ_iᵀ's register 4nt + 2·half + e: column col = dq_col0 + 16·warp + g + 8·half,
+                    // query 8nt + 2t + e, i.e. row 8nt + 2t + e of box col / 32, 16-byte unit
+                    // (col % 32) / 4 ^ (2t + e), word col % 4. A warp's 32 stores of one register:
+                    // 8 columns (2 units) x 4 rows whose swizzles differ: 8 distinct units, 32 banks.
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const int col = dq_col0 + warp * 16 + g + 8 * half;
+                        unsigned char* base = smem_ptr + DqW::kOffset + buf * DqW::kTileBytes
+                                              + (col / 32) * DqW::kBoxBytes + (col % 4) * 4;
+                        const int unit = (col % 32) / 4;
+#pragma unroll
+                        for (int nt = 0; nt < kBM / 8; ++nt)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                const int q = 8 * nt + 2 * t + e;
+                                *reinterpret_cast<float*>(base + q * 128 + ((unit ^ (2 * t + e)) << 4))
+                                    = dq_acc[4 * nt + 2 * half + e];
+                            }
+                    }
+                }
                 const bool odd = g % 2;
                 const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
                 unsigned char* tile = smem_ptr + DqW::kOffset + buf * DqW::kTileBytes + (dq_col0 / 32) * DqW::kBoxBytes
                                       + (dq_row_group * 64 + warp * 16 + g) * 128 + (t % 2) * 8;
 #pragma unroll
-                for (int nt = 0; nt < Shape::kDqN / 8; ++nt) {
+                for (int nt = 0; nt < (kDqSwap ? 0 : Shape::kDqN / 8); ++nt) {
                     const int ns = nt ^ 2;                          // the fragment odd rows store here
                     const u32 off = (nt / 4) * DqW::kBoxBytes + (sw ^ ((2 * (nt % 4)) << 4));
 #pragma unroll
@@ -1669,12 +1727,12 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
           bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false,
-          bool kRoles = false>
+          bool kFragPin = false, bool kRoles = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
-                  kSAhead, kDqEarly, kQRotate, kDkLate, kRoles>(p);
+                  kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the
@@ -1690,7 +1748,7 @@ sm90_bwd_cluster(const __grid_constant__ Sm90BwdParams p) {
     static_assert(kClusterSize == 2, "sm90_bwd_cluster: clusters of 2 CTAs");
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, true,
-                  kSAhead, false, false, false, kRoles>(p);
+                  kSAhead, false, false, false, false, kRoles>(p);
 }
 #endif
 

@@ -37,11 +37,13 @@ def _shapes(P: int, chunk: int, layout: str, causal: bool) -> list:
 
 
 def problems(procs, seqlens) -> list:
-    from test_distributed_gpu import CASES, VARLEN_CASES
+    from test_distributed_gpu import CASES, FLAG_CASES, VARLEN_CASES
+
+    from cuflash.bench.ring import WARM_LOCAL
 
     probs = []
     for P in procs:
-        for i, (b, n, h, hk, d, causal, layout, dt) in enumerate(CASES):
+        for i, (b, n, h, hk, d, causal, layout, dt) in enumerate(CASES + FLAG_CASES):
             for sq, sk, c in _shapes(P, n, layout, causal):
                 for op in ("fwd", "bwd"):
                     for det in ((False, True) if op == "bwd" and i == 0 else (False,)):
@@ -57,6 +59,8 @@ def problems(procs, seqlens) -> list:
             for causal in (True, False):
                 shapes = _shapes(P, s // (2 * P), "zigzag", causal)
                 shapes.append((s // P, s // P, causal))  # cuflash_shard
+                warm = _shapes(P, min(s // P, WARM_LOCAL) // 2, "zigzag", causal)
+                shapes += warm[:1] + warm[2:]  # --ring-ab's warm-up ring (not its whole sequence)
                 for sq, sk, c in shapes:
                     for op in ("fwd", "bwd"):
                         probs.append(Problem(op, "bf16", 1, sq, sk, 8, 8, 128, c))
@@ -73,9 +77,16 @@ def main(argv=None) -> int:
     configs = []
     for p in problems(a.procs, a.seqlens):
         try:
-            configs.append(select.choose(p, arch, name, smem)[1])
+            cfg = select.choose(p, arch, name, smem)[1]
         except ValueError as exc:
             print(f"skip {p}: {exc}", flush=True)
+            continue
+        configs.append(cfg)
+        if p.op == "fwd" and not p.features and getattr(cfg, "persistent", False) \
+                and getattr(cfg, "dynamic", None) is False:  # distributed.FWD_DYNAMIC's config
+            alt = cfg.replace(dynamic=True)
+            if not alt.problems(smem):
+                configs.append(alt)
     configs = list(dict.fromkeys(configs))
     print(f"ring precompile: {len(configs)} configs", flush=True)
     t0 = time.perf_counter()

@@ -7,6 +7,9 @@ disk cache):
     python tests/sm90_bwd_d128_precompile.py --variants heur dqe   # the timing's, those variants
     python tests/sm90_bwd_d128_precompile.py --d64      # and the timing's --hdim 64 kernels
     python tests/sm90_bwd_d128_precompile.py --grid     # and tests/test_sm90_bwd_gpu.py's
+    python tests/sm90_bwd_d128_precompile.py --pin --d64   # test_d64_dk_late / frag_pin tests' only
+    python tests/sm90_bwd_d128_precompile.py --no-tests --grid --d64 --rot   # the heuristic's grid, the timing's,
+                                                  # test_s3_and_d64_rot_odd_seqlens's
 """
 import os
 import sys
@@ -22,9 +25,10 @@ from cuflash.problem import Problem  # noqa: E402
 import sm90_bwd_d128_timing as timing  # noqa: E402
 
 
-def test_configs():
+def test_configs(pin_only=False):
     """The GPU tests' kernels (the shapes do not change them: one per flag set, mask, dtype,
-    determinism) and their forwards."""
+    determinism) and their forwards; pin_only: those of test_d64_dk_late_odd_seqlens and the
+    frag_pin tests only (--pin)."""
     arch, name, smem = _gpu.arch(), _gpu.name(), _gpu.max_smem()
     fam = registry.get("sm90_bwd")
     cases = [("bf16", c, False, flags) for c in (False, True)
@@ -40,12 +44,40 @@ def test_configs():
             p = Problem("bwd", dtype, 2, 113, 301, 4, 2, 64, causal)
             out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(dq_early=True, dk_late=True), p))
             out.append(select.choose(p.replace(op="fwd"), arch, name, smem)[1])
+    for causal in (False, True):   # test_frag_pin_odd_seqlens
+        for d, dtype, flags in ((128, "bf16", {}), (64, "fp16", dict(dq_early=True, dk_late=True)),
+                                (128, "bf16", dict(dynamic=True))):
+            p = Problem("bwd", dtype, 2, 113, 301, 4, 2, d, causal)
+            out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(frag_pin=True, **flags), p))
+            out.append(select.choose(p.replace(op="fwd"), arch, name, smem)[1])
+    out += rot_configs()
+    for dtype in ("bf16",):   # test_bm80_odd_seqlens (bf16 only: the fp16 kernel spills)
+        p = Problem("bwd", dtype, 2, 113, 301, 4, 2, 128, False)
+        out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(BM=80, frag_pin=False), p))
+        out.append(select.choose(p.replace(op="fwd"), arch, name, smem)[1])
+    p = Problem("bwd", "bf16", 2, 1023, 1100, 4, 2, 128, True, True)   # test_frag_pin_deterministic_bitwise
+    out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(frag_pin=True), p))
+    out.append(select.choose(p.replace(op="fwd", deterministic=False), arch, name, smem)[1])
+    if pin_only:
+        return list(dict.fromkeys(out))
     for dtype, causal, det, flags in cases:
         for sq, sk, h, hkv in ((113, 301, 4, 2), (4097, 4097, 8, 2)):
             p = Problem("bwd", dtype, 2, sq, sk, h, hkv, 128, causal, det)
             out.append(fam.for_problem(timing.old(fam.heuristic(p, arch, smem)).replace(**flags), p))
             out.append(select.choose(p.replace(op="fwd", deterministic=False), arch, name, smem)[1])
     return list(dict.fromkeys(out))
+
+
+def rot_configs():
+    """test_s3_and_d64_rot_odd_seqlens's kernels and their forwards (--rot adds them to --no-tests)."""
+    arch, name, smem = _gpu.arch(), _gpu.name(), _gpu.max_smem()
+    fam = registry.get("sm90_bwd")
+    out = []
+    for hdim, flags in ((128, dict(stages=3)), (64, dict(q_rotate=True))):
+        p = Problem("bwd", "fp16", 2, 113, 301, 4, 2, hdim, False)
+        out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(**flags), p))
+        out.append(select.choose(p.replace(op="fwd"), arch, name, smem)[1])
+    return out
 
 
 def grid_configs():
@@ -76,7 +108,8 @@ def grid_configs():
 
 if __name__ == "__main__":
     t0 = time.time()
-    todo = test_configs() + (grid_configs() if "--grid" in sys.argv else [])
+    todo = ([] if "--no-tests" in sys.argv else test_configs("--pin" in sys.argv)) \
+        + (grid_configs() if "--grid" in sys.argv else []) + (rot_configs() if "--rot" in sys.argv else [])
     names = None
     if "--variants" in sys.argv:
         names = ["heur"] + [n for n in sys.argv[sys.argv.index("--variants") + 1:]

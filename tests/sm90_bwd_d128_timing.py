@@ -34,6 +34,13 @@ else the row says MISMATCH.
     timeout 120 python tests/sm90_bwd_d128_timing.py --out d128_timing.json
     python tests/sm90_bwd_d128_timing.py --dtypes fp16 --variants heur alt dqe dqe_ds2 alt_dqe_ds2
     python tests/sm90_bwd_d128_timing.py --dtypes bf16 --seqlens 16384 --causal no   # one cell
+    timeout 120 python tests/sm90_bwd_d128_timing.py --hdim 64 128 --methods b2b --no-flash --reps 4
+
+Samples rotate the candidates' order (time_rotated). Default variants: heur (session 16: d128 dk_late
+with the dynamic scheduler and frag_pin, d64 dk_late), s15 (session 15's heuristic kernel), hrot
+(non-causal: q_rotate on the heuristic's kernel; d128 bf16 only); by name pin (frag_pin flipped),
+dyn_pin, s3, s3_pin, dkl, dkl_pin, and bm80 (d128 bf16 non-causal: BM 80, the swapped dQ GEMM):
+    timeout 60 python tests/sm90_bwd_d128_timing.py --dtypes bf16 --causal no --variants s15 bm80
 
 Success: every row prints, no NaN / MISMATCH; the summary line per case gives each variant's
 x cuDNN (cuDNN's time / ours: >= 1.0 is at least as fast). Not a test.
@@ -54,7 +61,6 @@ from cuflash import _gpu, registry, select  # noqa: E402
 from cuflash.compile import precompile  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
-from cuflash.timing import time_interleaved  # noqa: E402
 
 from sm90_bwd_causal_timing import candidate_fns, rel  # noqa: E402
 from sm90_bwd_pre_timing import by_role, kernel_times  # noqa: E402
@@ -91,18 +97,69 @@ VARIANTS = {
     "alt_dkl_ds2": lambda c: (old(c).replace(dynamic=False, ds_double=True, dq_early=True, dk_late=True)
                               if c.causal else None),
     "dyn_dqe_ds2": lambda c: old(c).replace(dynamic=True, ds_double=True, dq_early=True) if c.causal else None,
+    # frag_pin (kFragPin: Pᵀ's fragments pinned at the fence, dV one wgmma group) on the heuristic's
+    "pin": lambda c: c.replace(frag_pin=not c.frag_pin),
+    # head dim 128: the dynamic scheduler with dk_late (fits with frag_pin only)
+    "dyn_pin": lambda c: c.replace(dynamic=True, frag_pin=True) if c.head_dim == 128 else None,
+    # head dim 128: 3 Q/dO ring slots (1 dq_writer staging tile then: 227 KB)
+    "s3": lambda c: c.replace(stages=3) if c.head_dim == 128 else None,
+    # non-causal: q_rotate on the heuristic's (dk_late) kernel (d128: bf16 only, the fp16 kernel spills)
+    "hrot": lambda c: c.replace(q_rotate=True) if not c.causal and (c.head_dim == 64 or c.dtype == "bf16") else None,
+    # session 15's heuristic: d128 dk_late on the plain grid without frag_pin, d64 without dq_early / dk_late
+    "s15": lambda c: (c.replace(dynamic=False, frag_pin=False) if c.head_dim == 128
+                      else c.replace(dq_early=False, dk_late=False)),
+    # head dim 128: 3 Q/dO ring slots (1 dq_writer staging tile then: 227 KB), with frag_pin
+    "s3_pin": lambda c: c.replace(stages=3, frag_pin=True) if c.head_dim == 128 else None,
+    # head dim 128 non-causal: FA3's BM 80 tile (the swapped dQ GEMM, dQ_iᵀ = K_jᵀ dSᵀ), the heuristic's flags
+    "bm80": lambda c: c.replace(BM=80, frag_pin=False) if c.head_dim == 128 and not c.causal else None,
+    # head dim 64: dq_early + dk_late on its dynamic tile (not its default yet), with frag_pin too
+    "dkl_pin": lambda c: old(c).replace(dq_early=True, dk_late=True, frag_pin=True) if c.head_dim == 64 else None,
 }
 # fp16's variants unless --variants names them (fewer compiles: the flags' effect is measured in bf16)
-FP16_VARIANTS = ("heur", "old", "rot_dkl", "dyn_dqe_ds2")
-# the round's default set (--variants all: every one)
-DEFAULT_VARIANTS = ("heur", "old", "rot_dkl", "dyn_dqe_ds2", "dkl")
+FP16_VARIANTS = ("heur", "s15", "hrot")
+# the round's default set (--variants all: every one; bm80 by name: --variants s15 bm80)
+DEFAULT_VARIANTS = ("heur", "s15", "hrot")
 
 
 def names_for(dtype, names):
-    """The variants run for dtype: `names`, or for fp16 without an explicit list FP16_VARIANTS."""
+    """The variants run for dtype: `names`, or for fp16 without an explicit list FP16_VARIANTS (at
+    head dim 128 without dkl: the heuristic's kernel is dk_late there already)."""
     if names is None:
-        return list(FP16_VARIANTS) if dtype == "fp16" else list(DEFAULT_VARIANTS)
+        return [n for n in (FP16_VARIANTS if dtype == "fp16" else DEFAULT_VARIANTS) if HDIM == 64 or n != "dkl"]
     return list(VARIANTS) if "all" in names else list(names)
+
+
+def time_rotated(fns, reps, back_to_back, flush_l2):
+    """As cuflash.timing.time_interleaved, but sample r runs the callables in an order rotated by r
+    (A B C, B C A, C A B, ...), so that none always runs right after the same one (the H100's clock
+    sinks under sustained load: a fixed order hands the drift to the same candidate each time)."""
+    import statistics
+
+    import cupy
+    from cuflash.timing import Timing, l2_flusher, warm_up
+
+    inner = 1 if flush_l2 else max(1, int(back_to_back))
+    flush = l2_flusher() if flush_l2 else None
+    for fn in fns.values():
+        warm_up(fn, 2)
+    names = list(fns)
+    events = {name: [] for name in names}
+    for r in range(reps):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            a, b = cupy.cuda.Event(), cupy.cuda.Event()
+            if flush is not None:
+                flush()
+            a.record()
+            for _ in range(inner):
+                fns[name]()
+            b.record()
+            events[name].append((a, b))
+    cupy.cuda.get_current_stream().synchronize()
+    out = {}
+    for name, evs in events.items():
+        samples = tuple(cupy.cuda.get_elapsed_time(a, b) / inner for a, b in evs)
+        out[name] = Timing(statistics.median(samples), samples, inner, flush is not None)
+    return out
 
 
 def problem(s, causal, dtype="bf16", op="bwd"):
@@ -144,7 +201,8 @@ def main():
     ap.add_argument("--causal", choices=("yes", "no", "both"), default="both")
     ap.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS) + ["all"],
                     help="default: DEFAULT_VARIANTS (fp16: FP16_VARIANTS); all: every one")
-    ap.add_argument("--hdim", type=int, default=128, choices=(64, 128))
+    ap.add_argument("--hdim", type=int, nargs="+", default=[128], choices=(64, 128),
+                    help="head dims, one process (e.g. --hdim 64 128)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--methods", nargs="+", default=["b2b", "flush"], choices=["b2b", "flush"])
     ap.add_argument("--back-to-back", type=int, default=10, help="calls per b2b sample (the bench's 10)")
@@ -153,11 +211,13 @@ def main():
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     args = ap.parse_args()
     global HDIM
-    HDIM = args.hdim
     causals = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]
     names = None if args.variants is None else ["heur"] + [n for n in args.variants if n != "heur"]
     dev, t0 = torch.cuda.get_device_name(), time.time()
-    todo = all_configs(args.dtypes, causals, args.seqlens, names)
+    todo = []
+    for HDIM in args.hdim:
+        todo += all_configs(args.dtypes, causals, args.seqlens, names)
+    todo = list(dict.fromkeys(todo))
     errors = [(c.name, e) for c, _, e in precompile(todo) if e]
     assert not errors, errors
     print(f"{dev}  sm90_bwd d128 candidates (backward alone), torch {torch.__version__}, "
@@ -166,7 +226,7 @@ def main():
     cols = "".join(f" {m + ' ms':>9} {'TFLOPs':>6} {'x cuDNN':>7}" for m in args.methods)
     print(f"{'case':<26} {'variant':<11} {'kernel':<62}{cols} {'dq diff':>8} {'dkv diff':>8}", flush=True)
     rows, summary = [], []
-    for dtype in args.dtypes:
+    for HDIM, dtype in ((h, dt) for h in args.hdim for dt in args.dtypes):
         for s in args.seqlens:
             for causal in causals:
                 p = problem(s, causal, dtype)
@@ -175,8 +235,7 @@ def main():
                                  for _ in range(4))
                 configs = variants_for(p, ["heur"] + [n for n in names_for(dtype, names) if n != "heur"])
                 fns, same, results = candidate_fns(configs, q, k, v, dout, causal, not args.no_flash)
-                times = {m: time_interleaved(fns, warmup=2, reps=args.reps, back_to_back=args.back_to_back,
-                                             flush_l2=m == "flush") for m in args.methods}
+                times = {m: time_rotated(fns, args.reps, args.back_to_back, m == "flush") for m in args.methods}
                 case = f"{dtype} d{HDIM} {'causal' if causal else 'full'} b{b} s{s}"
                 flops = op_flops(p)
                 t_cudnn = {m: times[m]["cudnn"].median_ms for m in args.methods}

@@ -348,13 +348,111 @@ def test_bench_ring_cli():
     assert bench.modes_of(a.mode) == ["ring"] and a.ring_seqlens == [1024, 2048]
     assert a.ring_procs == 2 and a.no_torch_cp and a.ring_budget_s == 270.0
     assert not a.ring_breakdown and a.ring_light_from == 524288 and a.ring_ab == []
-    a = bench.parser().parse_args(["--mode", "ring", "--ring-ab", "early_send", "nccl_priority"])
-    assert a.ring_ab == ["early_send", "nccl_priority"]
+    assert a.ring_ab_max is None and a.ring_rotate == 0 and a.ring_set is None
+    a = bench.parser().parse_args(["--mode", "ring", "--ring-ab", "early_send", "nccl_priority",
+                                   "fwd_dyn+nccl_ctas4", "rotate", "lib_priority",
+                                   "--ring-ab-max", "524288", "--ring-rotate", "1",
+                                   "--ring-set", "nccl_priority+fwd_dyn"])
+    assert a.ring_ab == ["early_send", "nccl_priority", "fwd_dyn+nccl_ctas4", "rotate",
+                         "lib_priority"]
+    assert a.ring_ab_max == 524288 and a.ring_rotate == 1 and a.ring_set == "nccl_priority+fwd_dyn"
     from cuflash.bench import ring
-    assert set(a.ring_ab) <= set(ring.AB_VARIANTS)
+    for name in a.ring_ab:
+        assert all(p in ring.AB_VARIANTS or p.startswith("nccl_ctas") for p in name.split("+"))
+    assert bench.parser().parse_args(["--mode", "ring", "--ring-set", "none"]).ring_set == ""
+    for bad in ("nccl_ctas0", "fast", "fwd_dyn+", "fwd_dyn+fwd_dyn"):
+        with pytest.raises(SystemExit):  # argparse: the type's ValueError, exit 2
+            bench.parser().parse_args(["--mode", "ring", "--ring-ab", bad])
     a = bench.parser().parse_args(["--mode", "ring", "--ring-breakdown", "--ring-light-from", "0"])
     assert a.ring_breakdown and a.ring_light_from == 0 and a.ring_seqlens is None
     assert "ring" not in bench.modes_of(["all"])
+
+
+def test_bench_ring_parse_variant():
+    from cuflash.bench import ring
+
+    assert ring.parse_variant("nccl_priority+fwd_dyn+nccl_ctas4") == {
+        "flags": ["FWD_DYNAMIC"], "priority": True, "max_ctas": 4, "rotate": False,
+        "lib_ctas": None}
+    assert ring.parse_variant("rotate+early_send+lib_priority+lib_ctas2") == {
+        "flags": ["EARLY_SEND", "PRIORITY_GROUP"], "priority": False, "max_ctas": None,
+        "rotate": True, "lib_ctas": 2}
+    for flag in ring.FLAG_VARIANTS.values():  # every flag a variant flips exists
+        assert isinstance(getattr(cfd, flag), bool)
+    with pytest.raises(ValueError, match="^ab: unknown variant 'nccl_ctasx'"):
+        ring.parse_variant("fwd_dyn+nccl_ctasx")
+
+
+def test_bench_ring_timeline_lines():
+    """The per-rank timeline: compute start and kernel time, wait, transfer stretch per step;
+    configs once when every rank ran the same."""
+    from cuflash.bench import ring
+
+    fwd = ([("fwd_xfer", 0, 0.0, 3.0), ("fwd_compute", 0, 0.5, 20.5), ("fwd_merge", 0, 20.5, 21.0),
+            ("fwd_wait", 0, 21.0, 21.0), ("fwd_xfer", 1, 3.0, 40.0), ("fwd_compute", 1, 21.0, 41.0)],
+           [("fwd_config", 0, "A"), ("fwd_config", 1, "B")])
+    bwd = ([("bwd_compute", 0, 0.0, 10.0), ("bwd_compute", 0, 10.0, 12.0),
+            ("bwd_xfer", 0, 0.0, 1.0), ("bwd_acc_xfer", 1, 12.0, 13.0),
+            ("bwd_compute", 1, 12.0, 30.0), ("bwd_home_xfer", 1, 30.0, 31.5)],
+           [("bwd_config", 0, "C"), ("bwd_config", 0, "D"), ("bwd_config", 1, "C")])
+    other = ([], [("fwd_config", 0, "A"), ("fwd_config", 1, "A")])
+    lines = ring.timeline_lines([{"gpu": 0, "fwd": fwd, "bwd": bwd},
+                                 {"gpu": 2, "fwd": ([], fwd[1]), "bwd": ([], bwd[1])},
+                                 {"gpu": 1, "fwd": other, "bwd": ([], bwd[1])}])
+    assert lines[0] == ("  timeline r0 (GPU 0) fwd: s0 k0.5+20.0 w0.0 x0.0-3.0 | "
+                        "s1 k21.0+20.0 x3.0-40.0")
+    assert lines[1] == ("  timeline r0 (GPU 0) bwd: s0 k0.0+12.0 x0.0-1.0 | "
+                        "s1 k12.0+18.0 a12.0-13.0 h30.0-31.5")
+    assert lines[2] == "  timeline r1 (GPU 2) fwd: "
+    assert "  configs bwd (same on every rank): s0 C + D; s1 C" in lines
+    assert "  configs fwd r0: s0 A; s1 B" in lines and "  configs fwd r2: s0-1 A" in lines
+
+
+def test_ring_pick_variant():
+    """The GPU request's glue: the candidate with the best mean gain over the ring records
+    that timed it, if that gain reaches min_gain; else none."""
+    from ring_pick_variant import pick
+
+    recs = [{"impl": "ring", "tflops_per_gpu": 500.0, "alt_fwd_dyn_tflops_per_gpu": 505.0,
+             "alt_lib_priority_tflops_per_gpu": 540.0},
+            {"impl": "ring", "tflops_per_gpu": 550.0, "alt_lib_priority_tflops_per_gpu": 560.0},
+            {"impl": "torch_cp", "tflops_per_gpu": 100.0, "alt_fwd_dyn_tflops_per_gpu": 900.0}]
+    assert pick(recs, candidates=("lib_priority+fwd_dyn", "lib_priority", "fwd_dyn")) == \
+        "lib_priority"
+    assert pick(recs, candidates=("fwd_dyn",)) == "fwd_dyn"
+    assert pick(recs, candidates=("fwd_dyn",), min_gain=1.02) == "none"
+    assert pick(recs, candidates=("lib_priority+fwd_dyn",)) == "none"
+
+
+def test_trace_timeline_of_cpu_entries():
+    """trace_summary skips the config and origin entries; trace_timeline keeps the configs
+    (no events: nothing to synchronize)."""
+    trace = [("fwd_config", 0, "cfg", None)]
+    assert cfd.trace_summary(trace) == {}
+    assert cfd.trace_timeline(trace) == ([], [("fwd_config", 0, "cfg")])
+
+
+def test_ring_group_checks_max_ctas_and_flags_default_off():
+    """ring_group refuses a bad max_ctas before touching torch.distributed; the straggler's
+    remedies are on by default (measured; bench --ring-ab flips them); CPU tensors, or a group
+    passed in, keep the group as given."""
+    import torch.distributed as dist
+
+    assert cfd.PRIORITY_GROUP and cfd.FWD_DYNAMIC and cfd.RING_MAX_CTAS is None
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="^max_ctas"):
+            cfd.ring_group(max_ctas=bad)
+    if not hasattr(dist, "ProcessGroupNCCL"):
+        with pytest.raises(RuntimeError, match="^ring_group: this torch has no NCCL"):
+            cfd.ring_group()
+    assert cfd._transfer_group(None, torch.device("cpu")) is None  # CPU tensors (gloo)
+    given = object()
+    assert cfd._transfer_group(given, torch.device("cuda", 0)) is given  # a group passed in
+    try:
+        cfd.PRIORITY_GROUP = False
+        assert cfd._transfer_group(None, torch.device("cuda", 0)) is None
+    finally:
+        cfd.PRIORITY_GROUP = True
 
 
 def test_trace_records_nothing_for_cpu_tensors():
@@ -524,3 +622,39 @@ def test_ring_varlen_args_are_checked_before_any_transfer():
             assert (cfd.varlen_unshard([out], cu, 1, layout) - want).abs().max().item() < 1e-6
     finally:
         dist.destroy_process_group()
+
+
+def test_bench_ring_variant_flow(monkeypatch):
+    """bench ring's _variant without GPUs (timing and tracing stubbed): the flags flip for the
+    variant's calls and come back, the warm-up ring runs small, the breakdown's timeline is
+    logged under the variant's name; an unknown name becomes an alt_<name>_error field."""
+    from cuflash.bench import ring
+
+    calls, logged = [], []
+    monkeypatch.setattr(ring, "_timed", lambda fn, reps: (fn(), 2.0)[1])
+    monkeypatch.setattr(ring, "_breakdown", lambda world, f, b: (f(), b(), {
+        "trace_wait_ms": 1.5, "timeline_lines": ["  timeline r0 (GPU 0) fwd: s0 k0.0+1.0"]})[2])
+
+    def fwd(group=None, comm=True, n=None):
+        calls.append(("fwd", n, cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP))
+        return ("out", "lse")
+
+    def bwd(res, group=None, comm=True, n=None):
+        calls.append(("bwd", n, cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP))
+
+    rec = {"fwd_ms": 1.0, "bwd_ms": 3.0}
+    out = ring._variant("fwd_dyn+lib_priority", 2, 3, 8e9, rec, logged.append, fwd, bwd, 64, True)
+    assert out["alt_fwd_dyn+lib_priority_fwd_ms"] == 2.0 and out[
+        "alt_fwd_dyn+lib_priority_tflops_per_gpu"] == 8e9 / 2 / 4.0 / 1e9
+    assert out["alt_fwd_dyn+lib_priority_trace_wait_ms"] == 1.5
+    assert calls[0] == ("fwd", 64, False, False) and calls[1] == ("bwd", 64, False, False)
+    assert all(c[2:] == (False, False) for c in calls) and {c[1] for c in calls[2:]} == {None}
+    assert cfd.FWD_DYNAMIC and cfd.PRIORITY_GROUP
+    seen = []
+    ring._variant("lib_ctas2", 2, 3, 8e9, rec, logged.append,
+                  lambda *a, **k: seen.append(cfd.RING_MAX_CTAS), lambda *a, **k: None, 64)
+    assert set(seen) == {2} and cfd.RING_MAX_CTAS is None
+    assert logged[0].startswith("  fwd_dyn+lib_priority (") and \
+        logged[1] == "  [fwd_dyn+lib_priority] timeline r0 (GPU 0) fwd: s0 k0.0+1.0"
+    out = ring._variant("nope", 2, 3, 8e9, rec, logged.append, fwd, bwd, 64)
+    assert list(out) == ["alt_nope_error"] and "unknown variant 'nope'" in out["alt_nope_error"]

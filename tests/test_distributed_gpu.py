@@ -130,40 +130,11 @@ def _ulp(value, dtype):
 
 
 def _worker(rank, world, port, cases, errors):
-    import torch
     import torch.distributed as dist
 
-    import cuflash
-    from cuflash import distributed as cfd
-
     _init_rank(rank, world, port)
-    failures = []
     try:
-        for i, (b, n, h, hk, d, causal, layout, dt) in enumerate(cases):
-            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
-            s = n * (2 * world if layout == "zigzag" else world)
-            g = torch.Generator(device="cuda").manual_seed(100 + i)
-            q, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
-                       for _ in range(2))
-            k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=dtype, generator=g)
-                    for _ in range(2))
-            scale = 1 / math.sqrt(d)
-            ref = _grads(lambda q, k, v: _plain(q, k, v, causal, scale, torch.float64),
-                         q, k, v, dout.double())
-            low = _grads(lambda q, k, v: _plain(q, k, v, causal, scale, dtype), q, k, v, dout)
-            single = _grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal),
-                            q, k, v, dout)
-            shard = (lambda x: cfd.zigzag_shard(x, rank, world)) if layout == "zigzag" else \
-                (lambda x: cfd.contiguous_shard(x, rank, world))
-            ring = _grads(lambda q, k, v: cfd.ring_flash_attn_func(q, k, v, causal=causal,
-                                                                  layout=layout),
-                          shard(q), shard(k), shard(v), shard(dout))
-            torch.cuda.synchronize()
-            what = f"rank {rank}/{world} case {i} {(b, s, h, hk, d, causal, layout, dt)}"
-            failures += _compare(what, shard, ref, low, single, ring, dtype, dt)
-            if i == 0:
-                failures += _deterministic_and_strided(what, cfd, shard, q, k, v, dout, causal,
-                                                       layout, ref, low, single, dtype, dt)
+        failures = _dense_checks(rank, world, None, cases)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -171,8 +142,48 @@ def _worker(rank, world, port, cases, errors):
         raise AssertionError("\n".join(failures))
 
 
+def _dense_checks(rank, world, group, cases, first_extra=True, tag="") -> list:
+    """Every dense case on this rank's shard of a ring of ``world`` ranks over ``group`` (None:
+    the default group); the failures' lines. first_extra: case 0 also deterministic twice and
+    with strided K/V (traced, REVERSE_BWD flipped)."""
+    import torch
+
+    import cuflash
+    from cuflash import distributed as cfd
+
+    failures = []
+    for i, (b, n, h, hk, d, causal, layout, dt) in enumerate(cases):
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+        s = n * (2 * world if layout == "zigzag" else world)
+        g = torch.Generator(device="cuda").manual_seed(100 + i)
+        q, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
+                   for _ in range(2))
+        k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=dtype, generator=g)
+                for _ in range(2))
+        scale = 1 / math.sqrt(d)
+        ref = _grads(lambda q, k, v: _plain(q, k, v, causal, scale, torch.float64),
+                     q, k, v, dout.double())
+        low = _grads(lambda q, k, v: _plain(q, k, v, causal, scale, dtype), q, k, v, dout)
+        single = _grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal),
+                        q, k, v, dout)
+        shard = (lambda x: cfd.zigzag_shard(x, rank, world)) if layout == "zigzag" else \
+            (lambda x: cfd.contiguous_shard(x, rank, world))
+        ring = _grads(lambda q, k, v: cfd.ring_flash_attn_func(q, k, v, causal=causal,
+                                                              layout=layout, group=group),
+                      shard(q), shard(k), shard(v), shard(dout))
+        torch.cuda.synchronize()
+        what = f"rank {rank}/{world}{tag} case {i} {(b, s, h, hk, d, causal, layout, dt)}"
+        failures += _compare(what, shard, ref, low, single, ring, dtype, dt)
+        if i == 0 and first_extra:
+            failures += _deterministic_and_strided(what, cfd, shard, q, k, v, dout, causal,
+                                                   layout, ref, low, single, dtype, dt, group,
+                                                   world)
+        del ref, low, single, ring
+    return failures
+
+
 def _deterministic_and_strided(what, cfd, shard, q, k, v, dout, causal, layout, ref, low, single,
-                               dtype, dt) -> list:
+                               dtype, dt, group=None, world=None) -> list:
     """deterministic=True twice: bitwise equal outputs and gradients, within the error rule;
     and K/V as strided views (unbind of a packed kv tensor, as flash_attn_kvpacked_func users
     pass them): the ring sends them contiguous, same results as contiguous K/V."""
@@ -180,7 +191,7 @@ def _deterministic_and_strided(what, cfd, shard, q, k, v, dout, causal, layout, 
 
     failures = []
     det = [_grads(lambda q, k, v: cfd.ring_flash_attn_func(q, k, v, causal=causal, layout=layout,
-                                                           deterministic=True),
+                                                           deterministic=True, group=group),
                   shard(q), shard(k), shard(v), shard(dout)) for _ in range(2)]
     torch.cuda.synchronize()
     failures += _compare(what + " deterministic", shard, ref, low, single, det[0], dtype, dt)
@@ -196,7 +207,7 @@ def _deterministic_and_strided(what, cfd, shard, q, k, v, dout, causal, layout, 
     # round (REVERSE_BWD flipped): the same results
     cfd.TRACE, cfd.REVERSE_BWD = [], not cfd.REVERSE_BWD
     try:
-        out = cfd.ring_flash_attn_func(ql, ks, vs, causal=causal, layout=layout)
+        out = cfd.ring_flash_attn_func(ql, ks, vs, causal=causal, layout=layout, group=group)
         dq, dkv = torch.autograd.grad(out, (ql, kv), shard(dout))
     finally:
         trace, cfd.TRACE, cfd.REVERSE_BWD = cfd.TRACE, None, not cfd.REVERSE_BWD
@@ -205,7 +216,7 @@ def _deterministic_and_strided(what, cfd, shard, q, k, v, dout, causal, layout, 
     failures += _compare(what + f" strided kv, REVERSE_BWD {not cfd.REVERSE_BWD}", shard, ref,
                          low, single, strided, dtype, dt)
     times = cfd.trace_summary(trace)
-    world = torch.distributed.get_world_size()
+    world = world or torch.distributed.get_world_size()
     want = {"fwd_compute", "fwd_merge", "fwd_final", "bwd_compute", "bwd_accum", "bwd_final"}
     if world > 1:
         want |= {"fwd_wait", "bwd_wait"}
@@ -248,47 +259,54 @@ def _plain_varlen(q, k, v, cu, causal, scale, dtype):
 
 
 def _varlen_worker(rank, world, port, cases):
-    import numpy as np
-    import torch
     import torch.distributed as dist
 
-    import cuflash
-    from cuflash import distributed as cfd
-
     _init_rank(rank, world, port)
-    failures = []
     try:
-        for i, (units, h, hk, d, causal, layout, dt) in enumerate(cases):
-            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
-            lens = [u * cfd.chunk_count(world, layout) for u in units]
-            cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32,
-                              device="cuda")
-            total, longest = int(sum(lens)), max(lens)
-            g = torch.Generator(device="cuda").manual_seed(200 + i)
-            q, dout = (torch.randn(total, h, d, device="cuda", dtype=dtype, generator=g)
-                       for _ in range(2))
-            k, v = (torch.randn(total, hk, d, device="cuda", dtype=dtype, generator=g)
-                    for _ in range(2))
-            scale = 1 / math.sqrt(d)
-            ref = _grads(lambda q, k, v: _plain_varlen(q, k, v, cu, causal, scale, torch.float64),
-                         q, k, v, dout.double())
-            low = _grads(lambda q, k, v: _plain_varlen(q, k, v, cu, causal, scale, dtype),
-                         q, k, v, dout)
-            single = _grads(lambda q, k, v: cuflash.flash_attn_varlen_func(
-                q, k, v, cu, cu, longest, longest, causal=causal), q, k, v, dout)
-            shard = lambda x: cfd.varlen_shard(x, cu, rank, world, layout)[0]  # noqa: E731
-            ring = _grads(lambda q, k, v: cfd.ring_flash_attn_varlen_func(
-                q, k, v, cu, longest, causal=causal, layout=layout),
-                shard(q), shard(k), shard(v), shard(dout))
-            torch.cuda.synchronize()
-            failures += _compare(f"rank {rank}/{world} varlen case {i} lens {lens} "
-                                 f"{(h, hk, d, causal, layout, dt)}", shard, ref, low, single, ring,
-                                 dtype, dt)
+        failures = _varlen_checks(rank, world, None, cases)
         dist.barrier()
     finally:
         dist.destroy_process_group()
     if failures:
         raise AssertionError("\n".join(failures))
+
+
+def _varlen_checks(rank, world, group, cases, tag="") -> list:
+    """Every varlen case on this rank's shard of a ring of ``world`` ranks over ``group``."""
+    import numpy as np
+    import torch
+
+    import cuflash
+    from cuflash import distributed as cfd
+
+    failures = []
+    for i, (units, h, hk, d, causal, layout, dt) in enumerate(cases):
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+        lens = [u * cfd.chunk_count(world, layout) for u in units]
+        cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32,
+                          device="cuda")
+        total, longest = int(sum(lens)), max(lens)
+        g = torch.Generator(device="cuda").manual_seed(200 + i)
+        q, dout = (torch.randn(total, h, d, device="cuda", dtype=dtype, generator=g)
+                   for _ in range(2))
+        k, v = (torch.randn(total, hk, d, device="cuda", dtype=dtype, generator=g)
+                for _ in range(2))
+        scale = 1 / math.sqrt(d)
+        ref = _grads(lambda q, k, v: _plain_varlen(q, k, v, cu, causal, scale, torch.float64),
+                     q, k, v, dout.double())
+        low = _grads(lambda q, k, v: _plain_varlen(q, k, v, cu, causal, scale, dtype),
+                     q, k, v, dout)
+        single = _grads(lambda q, k, v: cuflash.flash_attn_varlen_func(
+            q, k, v, cu, cu, longest, longest, causal=causal), q, k, v, dout)
+        shard = lambda x: cfd.varlen_shard(x, cu, rank, world, layout)[0]  # noqa: E731
+        ring = _grads(lambda q, k, v: cfd.ring_flash_attn_varlen_func(
+            q, k, v, cu, longest, causal=causal, layout=layout, group=group),
+            shard(q), shard(k), shard(v), shard(dout))
+        torch.cuda.synchronize()
+        failures += _compare(f"rank {rank}/{world}{tag} varlen case {i} lens {lens} "
+                             f"{(h, hk, d, causal, layout, dt)}", shard, ref, low, single, ring,
+                             dtype, dt)
+    return failures
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])  # 1: the per-chunk varlen calls alone, no ring
@@ -299,3 +317,59 @@ def test_ring_varlen_matches_single_gpu(world):
 
     os.environ.update(NO_MULTICAST)
     mp.spawn(_varlen_worker, args=(world, _free_port(), VARLEN_CASES), nprocs=world, join=True)
+
+
+# the straggler fixes' code paths at full size: FWD_DYNAMIC needs a call on the static persistent
+# schedule (non-causal, >= 2k keys: 2048 positions per rank), PRIORITY_GROUP the default group
+FLAG_CASES = [(1, 1024, 2, 1, 128, False, "zigzag", "bf16"),
+              (1, 1024, 2, 2, 128, True, "zigzag", "bf16")]
+
+
+def _sizes_worker(rank, world, port):
+    """P = world, world - 1, ..., 2 in one set of processes (the smaller rings on subgroups of
+    the first P ranks, which also checks the ring's group argument), dense and varlen cases;
+    the varlen calls alone on rank 0 (P = 1); and at P = world the cases again with
+    FWD_DYNAMIC and PRIORITY_GROUP flipped."""
+    import torch.distributed as dist
+
+    from cuflash import distributed as cfd
+
+    _init_rank(rank, world, port)
+    failures = []
+    try:
+        for P in range(world, 1, -1):
+            group = None if P == world else dist.new_group(list(range(P)))  # every rank makes it
+            if rank < P:
+                failures += _dense_checks(rank, P, group, CASES, first_extra=P == world)
+                failures += _varlen_checks(rank, P, group, VARLEN_CASES)
+            dist.barrier()
+        one = dist.new_group([0])
+        if rank == 0:
+            failures += _varlen_checks(0, 1, one, VARLEN_CASES)
+        dist.barrier()
+        saved = cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP
+        cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP = not saved[0], not saved[1]
+        try:
+            tag = f" FWD_DYNAMIC={cfd.FWD_DYNAMIC} PRIORITY_GROUP={cfd.PRIORITY_GROUP}"
+            failures += _dense_checks(rank, world, None, FLAG_CASES + CASES[:1], first_extra=False,
+                                      tag=tag)
+            failures += _varlen_checks(rank, world, None, VARLEN_CASES[:1], tag=tag)
+        finally:
+            cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP = saved
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    if failures:
+        raise AssertionError("\n".join(failures))
+
+
+def test_ring_every_size_one_spawn():
+    """P = 2 .. min(4, GPUs) and the varlen ring in one spawn (the fast form of the tests
+    above, for a short GPU call)."""
+    world = min(4, _gpus())
+    if world < 2:
+        pytest.skip(f"needs 2 GPUs, found {_gpus()}")
+    import torch.multiprocessing as mp
+
+    os.environ.update(NO_MULTICAST)
+    mp.spawn(_sizes_worker, args=(world, _free_port()), nprocs=world, join=True)

@@ -125,7 +125,9 @@ def without_sm90_bwd_paths(cfg, name, kname):
     for sfx in ("_dqw", "_ovl", "_dqb"):
         name = name.removesuffix(sfx)
     if cfg.dq_bulk or cfg.overlap_sdp or cfg.dq_writer:
-        kname = kname.rsplit(", ", 4)[0] + ">"
+        # (the schedule and main-loop flags after them too: BM .. alibi are the first 11 arguments)
+        head, args = kname.split("<", 1)
+        kname = head + "<" + ", ".join(args[:-1].split(", ")[:11]) + ">"
     return name, kname
 
 

@@ -133,15 +133,15 @@ def test_dynamic_field_name_template_rules():
 
 
 def test_dynamic_and_ds_double_heuristic_switches(monkeypatch):
-    # as shipped: d64 plain calls (d128 causal left it for dk_late on the plain grid, session 15)
+    # as shipped: d64 and d128 plain calls (d128 with dk_late and frag_pin, session 16)
     for d, causal, det in itertools.product((64, 128), (False, True), (False, True)):
         p = problem(d, causal, det)
         cfg = FAM.for_problem(FAM.heuristic(p), p)
         assert cfg.dynamic == ((d, causal) in sm90_bwd.HEURISTIC_DYNAMIC and not det) and cfg.problems() == []
-    assert sm90_bwd.HEURISTIC_DYNAMIC == {(64, False), (64, True)}
+    assert sm90_bwd.HEURISTIC_DYNAMIC == {(64, False), (64, True), (128, False), (128, True)}
     d96 = FAM.for_problem(FAM.heuristic(problem(96, True)), problem(96, True))   # the d128 kernel
-    assert d96.dk_late and d96.ds_double and not d96.dynamic
-    assert not FAM.for_problem(FAM.heuristic(problem(128, False)), problem(128, False)).dynamic
+    assert d96.dk_late and d96.ds_double and d96.dynamic and d96.frag_pin
+    assert FAM.for_problem(FAM.heuristic(problem(128, False)), problem(128, False)).dynamic
     # the switches alone (dk_late's d128 choice, which takes the plain grid and ds_double, off)
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DK_LATE", frozenset())
     for on in (False, True):
@@ -189,16 +189,17 @@ def test_dynamic_plan_grid_and_counter(monkeypatch):
         p = problem(128, True, batch=2 if s == 100 else 8, seqlen=s, nheads=4 if s == 100 else 16)
         cfg = FAM.for_problem(heur().replace(dynamic=True, lpt=True), p)
         st = fa2_bwd.contiguous_strides(p)
+        before = len(allocs)
         plan = launch.Plan(FAM, cfg, p, {n: st for n in ("q", "k", "v", "o", "dout", "dq", "dk", "dv")}, 0.1, 0)
-        made = len(allocs)   # (launch.StreamCounters: the plan's spare buffer, zeroed when it is made)
         main = next(spec for spec in plan.launches if spec.role == "main")
         assert main.grid[0] == min(tiles, 132) and main.smem == cfg.smem_bytes
         launches.clear()
         plan.run(tuple(0x10000 * (i + 1) for i in range(9)), 0x1000000, 7)
         rec = np.frombuffer(launches[1]["raw"], dt)[0]
-        # the stream's first use takes the spare (and a new spare is zeroed for the next new stream)
-        assert int(rec["tile_counter"]) == 0xC0DE00 + made
-    assert {n for n, _ in allocs} == {1} and allocs[0][1] == f"{cfg.name} (tile_counter)"
+        # the plan's counters (launch.StreamCounters): the buffer zeroed with the plan goes to the
+        # first stream (7), and a new spare is zeroed behind it
+        assert int(rec["tile_counter"]) == 0xC0DE00 + before + 1 and len(allocs) == before + 2
+    assert [n for n, _ in allocs] == [1, 1, 1, 1] and allocs[0][1] == f"{cfg.name} (tile_counter)"
     # without dynamic: no counter, the field null
     assert FAM.zeroed_counters(heur(), problem()) == {}
 

@@ -40,9 +40,9 @@ def sched(config):
     """Whether a config uses the schedule flags overlap_sdp / dq_writer (appended after dq_bulk;
     tests/test_sm90_bwd_sched_cpu.py covers them, the tests here the configs without) or the launch
     order lpt (tests/test_sm90_bwd_causal_cpu.py), or the main-loop flags dq_early / s_ahead / q_rotate
-    (tests/test_sm90_bwd_d128_cpu.py)."""
+    / frag_pin (tests/test_sm90_bwd_d128_cpu.py)."""
     return (config.overlap_sdp or config.dq_writer or config.lpt or config.dynamic or config.ds_double
-            or config.dq_early or config.s_ahead or config.q_rotate)
+            or config.dq_early or config.s_ahead or config.q_rotate or config.frag_pin)
 
 
 # ---------------------------------------------------------------------------------------
@@ -182,6 +182,7 @@ def test_features_supported_and_set_by_the_call(feats):
         # call's features allow it)
         own = dict(sm90_bwd.WINDOW_BWD.get(FAM.head_dim_of(d), {})) if feats == ("window",) and not det else {}
         own["ds_double"] = True
+        own["frag_pin"] = own["dynamic"] = True   # (d128 plain calls: dk_late with the dynamic scheduler)
         assert fam is FAM and source == "given" and got.replace(**{k: getattr(cfg, k) for k in own}) == cfg
         # with dropout: run where it compiles without spills (not deterministic, no window with
         # softcap / ALiBi at d128: dropout_dq_path, tests/test_dropmix_cpu.py), else refused by

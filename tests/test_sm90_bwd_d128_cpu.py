@@ -56,13 +56,19 @@ def test_fields_names_template_encoding():
     assert heur(True, dynamic=True).kernel_name().endswith(", false, false, true>")   # (kDsDouble omitted)
     assert plain.replace(dq_early=True, dk_late=True).kernel_name() == (plain.kernel_name()[:-1] + tail
                                                                         + ", false, true, false, true>")
-    assert plain.replace(q_rotate=True, dq_early=True).template_args()[19:23] == (False, True, True, False)
-    assert len(plain.template_args()) == 24   # (kRoles last: the d256 tile's)
+    assert plain.replace(q_rotate=True, dq_early=True).template_args()[19:24] == (False, True, True, False, False)
+    assert len(plain.template_args()) == 25   # (kRoles last: the d256 tile's)
+    # frag_pin (kFragPin) after kDkLate
+    pin = plain.replace(frag_pin=True)
+    assert pin.name == plain.name + "_pin" and pin.problems() == [] and FAM.space["frag_pin"] == (False, True)
+    assert pin.kernel_name() == plain.kernel_name()[:-1] + tail + ", false, false, false, false, true>"
+    assert pin.template_args()[-2] is True and FAM.decode(FAM.encode(pin), "bf16", False) == pin
+    assert "frag_pin" not in FAM.encode(plain)
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
     assert ("bool kDsDouble = false,\n          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, "
-            "bool kDkLate = false,\n          bool kRoles = false>") in src
+            "bool kDkLate = false,\n          bool kFragPin = false, bool kRoles = false>") in src
     # a point from before the flags gets them off
-    point = {k: v for k, v in FAM.point(plain).items() if k not in FLAGS}
+    point = {k: v for k, v in FAM.point(plain).items() if k not in FLAGS + ("frag_pin",)}
     assert FAM.make(point, problem()) == FAM.make(FAM.point(plain), problem())
 
 
@@ -115,15 +121,19 @@ def test_rules_and_for_problem():
 
 def test_heuristic_switches(monkeypatch):
     # as shipped: dk_late (with dq_early and ds_double, on the plain grid) for plain unordered d128
-    # calls, measured; the rest off
-    assert not (sm90_bwd.HEURISTIC_DQ_EARLY or sm90_bwd.HEURISTIC_S_AHEAD or sm90_bwd.HEURISTIC_Q_ROTATE)
-    assert sm90_bwd.HEURISTIC_DK_LATE == {(128, False), (128, True)}
+    # calls, dk_late with dq_early on d64's dynamic tile, measured; the rest off
+    assert not (sm90_bwd.HEURISTIC_DQ_EARLY or sm90_bwd.HEURISTIC_S_AHEAD)
+    assert sm90_bwd.HEURISTIC_Q_ROTATE == {(64, "fp16")}
+    assert sm90_bwd.HEURISTIC_DK_LATE == {(128, False), (128, True), (64, False), (64, True)}
     for d, causal, det, dtype in itertools.product((64, 96, 128, 256), (False, True), (False, True), ("bf16", "fp16")):
         p = problem(d, causal, det, dtype)
         cfg = FAM.for_problem(FAM.heuristic(p), p)
-        late = d in (96, 128) and not det
-        assert (cfg.dq_early, cfg.dk_late) == (late, late) and not (cfg.s_ahead or cfg.q_rotate), cfg.name
-        assert cfg.ds_double == late and (not late or not cfg.dynamic) and cfg.problems() == []
+        late = d in (64, 96, 128) and not det
+        assert (cfg.dq_early, cfg.dk_late) == (late, late) and not cfg.s_ahead, cfg.name
+        assert cfg.q_rotate == (d == 64 and dtype == "fp16" and not causal and not det), cfg.name
+        assert cfg.ds_double == (late and d != 64) and cfg.problems() == []
+        assert cfg.dynamic == (d != 256 and not det), cfg.name
+        assert cfg.frag_pin == (d in (96, 128) and not det), cfg.name
         for feats in (("window",), ("varlen",), ("softcap",)):
             pf = problem(d, causal, det, dtype, features=feats)
             if FAM.supports((9, 0), pf):
@@ -194,3 +204,137 @@ def test_refused_s_ahead_kernels_spill():
         assert "s_ahead with dq_early" in " ".join(cfg.problems())
     reports = nvcc_compile(refused, "sm_90a", NVCC)
     assert all(r.spill_stores or r.spill_loads for r in reports), reports
+
+
+def test_frag_pin_rules():
+    """frag_pin: the head dim 64 / 128 tiles without softcap / ALiBi / dropout (refused elsewhere,
+    dropped by for_problem); off in the heuristic until measured (HEURISTIC_FRAG_PIN)."""
+    d256 = Sm90BwdConfig(64, 64, 2, 2, 256, "bf16", False, frag_pin=True)
+    assert "frag_pin with the shared-keys tile" in " ".join(d256.problems())
+    for feat in ("softcap", "alibi"):
+        assert "frag_pin" in " ".join(heur(frag_pin=True, **{feat: True}).problems())
+    for cfg in (heur(frag_pin=True), heur(True, frag_pin=True, dq_early=True, dk_late=True, ds_double=True),
+                Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True, True, frag_pin=True),
+                Sm90BwdConfig(128, 128, 2, 2, 64, "fp16", True, dq_writer=True, dynamic=True, frag_pin=True)):
+        assert cfg.problems() == [], cfg.name
+    assert not FAM.for_problem(heur(frag_pin=True), problem(features=("softcap",))).frag_pin
+    assert FAM.for_problem(heur(frag_pin=True), problem(deterministic=True)).frag_pin
+    # dk_late with the dynamic scheduler at d128: built with frag_pin only (without, ptxas spills)
+    dyn = heur(True, dynamic=True, ds_double=True, dq_early=True, dk_late=True)
+    assert "dk_late with dynamic" in " ".join(dyn.problems()) and dyn.replace(frag_pin=True).problems() == []
+    got = FAM.for_problem(dyn.replace(frag_pin=True), problem(causal=True))
+    assert got.dk_late and got.dynamic and got.frag_pin
+    assert not FAM.for_problem(dyn, problem(causal=True)).dk_late
+    assert sm90_bwd.HEURISTIC_FRAG_PIN == {(128, False), (128, True)}   # (with dk_late and the dynamic scheduler)
+    for d, causal in itertools.product((64, 128), (False, True)):
+        assert FAM.heuristic(problem(d, causal)).frag_pin == (d == 128)
+        assert not FAM.heuristic(problem(d, causal, deterministic=True)).frag_pin
+        assert not FAM.heuristic(problem(d, causal, features=("window",))).frag_pin
+
+
+@needs_nvcc
+def test_frag_pin_keeps_dv_one_group():
+    """Without frag_pin ptxas (nvcc 13.0) injects a warpgroup.arrive (C7519) before each of dV's k16
+    steps in session 15's d128 kernel (the plain grid); with it none, and no spills (the kernels of the timing's
+    pin variants compile clean: tests/test_sm90_bwd_d128_cpu.py's other compile tests)."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from cuflash.compile import kernel_param_decl, render_source
+
+    def log(cfg):
+        lines = [render_source("sm90_bwd"), '#line 1 "instantiations"',
+                 f"template __global__ void {cfg.kernel_name()}({kernel_param_decl(FAM, 'main', '')});"]
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp) / "k.cu"
+            src.write_text("\n".join(lines) + "\n")
+            out = subprocess.run([NVCC, "-cubin", "-arch=sm_90a", "-std=c++17", "-Xptxas", "-v", "-o",
+                                  str(Path(tmp) / "k.cubin"), str(src)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stderr + out.stdout
+
+    p = problem(128, False)
+    cfg = FAM.for_problem(FAM.heuristic(p), p).replace(frag_pin=False, dynamic=False)   # (session 15's kernel)
+    assert "C7519" in log(cfg)
+    pinned = log(cfg.replace(frag_pin=True))
+    assert "C7519" not in pinned and "0 bytes spill stores, 0 bytes spill loads" in pinned
+
+
+def test_bm80_rules():
+    """BM 80 (kDqSwap, FA3's non-causal d128 tile): bf16, head dim 128, 2 consumers, dq_writer,
+    non-causal plain unordered calls only; for_problem moves other calls to BM 64; outside the tuning
+    space and the heuristic until its GPU tests and timing have run."""
+    bm80 = heur().replace(BM=80)
+    assert bm80.problems() == [] and bm80.name.startswith("sm90bwd_bf16_d128_full_BM80_BN128")
+    assert bm80.replace(ds_double=True, dq_early=True, dk_late=True).problems() == []
+    assert bm80.dq_cols == 64 and bm80.dq_writer_bufs == 1
+    for change in (dict(causal=True), dict(dtype="fp16"), dict(frag_pin=True), dict(dq_writer=False),
+                   dict(deterministic=True, dq_writer=False), dict(window=True), dict(softcap=True),
+                   dict(dynamic=True), dict(q_rotate=True), dict(varlen=True)):
+        assert "BM=80" in " ".join(bm80.replace(**change).problems()), change
+    assert "BM must be 64 or 128" in " ".join(heur().replace(BM=96).problems())
+    assert FAM.for_problem(bm80, problem()).BM == 80
+    for p in (problem(causal=True), problem(deterministic=True), problem(dtype="fp16"),
+              problem(features=("softcap",))):
+        got = FAM.for_problem(bm80.replace(dtype=p.dtype, causal=p.causal), p)
+        assert got.BM == 64 and got.problems() == [], got.name
+    assert 80 not in FAM.space["BM"] and sm90_bwd.HEURISTIC_BM80 is False
+    for causal in (False, True):
+        assert FAM.heuristic(problem(causal=causal)).BM == 64
+
+
+def test_heuristic_hooks(monkeypatch):
+    """HEURISTIC_FRAG_PIN / HEURISTIC_BM80 / d128 in HEURISTIC_DYNAMIC, when switched on: frag_pin where
+    built (dk_late then keeps the dynamic scheduler at d128), BM 80 for bf16 non-causal d128 plain calls
+    (without frag_pin); every config valid."""
+    classes = frozenset(itertools.product((64, 128), (False, True)))
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_FRAG_PIN", classes)
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_DYNAMIC", classes)
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_DK_LATE", classes)
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_BM80", True)
+    assert sm90_bwd.HEURISTIC_STAGES3 == frozenset()
+    for d, causal, det, dtype in itertools.product((64, 128, 256), (False, True), (False, True), ("bf16", "fp16")):
+        p = problem(d, causal, det, dtype)
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        assert cfg.problems() == [] and cfg.stages == 2, cfg.name
+        bm80 = d == 128 and not causal and not det and dtype == "bf16"
+        assert cfg.BM == (80 if bm80 else 128 if d == 64 else 64), cfg.name
+        assert cfg.frag_pin == (d != 256 and not bm80 and not det), cfg.name
+        assert cfg.dk_late == (d != 256 and not det) and cfg.dynamic == (d != 256 and not det and not bm80), cfg.name
+        for feats in (("softcap",), ("window",)):
+            pf = problem(d, causal, det, dtype, features=feats)
+            if FAM.supports((9, 0), pf):
+                continue
+            cfg = FAM.for_problem(FAM.heuristic(pf), pf)
+            assert cfg.problems() == [] and cfg.BM != 80 and not cfg.dk_late, (feats, cfg.name)
+
+
+@needs_nvcc
+def test_bm80_compiles_clean():
+    """The BM 80 kernels of the timing script and the GPU tests (bf16, with and without the
+    heuristic's dq_early / dk_late / ds_double): zero spills, no serialized wgmma."""
+    cfgs = [heur().replace(BM=80), heur(ds_double=True, dq_early=True, dk_late=True).replace(BM=80)]
+    assert compile_clean(cfgs) == []
+
+
+@needs_nvcc
+def test_frag_pin_kernels_compile_clean():
+    """The frag_pin kernels of the timing and GPU tests at d128: the heuristic's with frag_pin, and dk_late
+    with the dynamic scheduler (bf16 / fp16, causal or not): zero spills."""
+    cfgs = [heur(c, dtype=dt, dynamic=True, ds_double=True, dq_early=True, dk_late=True, frag_pin=True)
+            for c in (False, True) for dt in ("bf16", "fp16")]
+    cfgs += [heur(True, ds_double=True, dq_early=True, dk_late=True, frag_pin=True)]
+    assert compile_clean(cfgs) == []
+
+
+def test_heuristic_stages3(monkeypatch):
+    """HEURISTIC_STAGES3 switched on for fp16 non-causal d128: stages 3 there on the plain grid with the
+    heuristic's other flags (one dq_writer tile), stages 2 elsewhere."""
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_STAGES3", frozenset({(128, False, "fp16")}))
+    for d, causal, det, dtype in itertools.product((64, 128), (False, True), (False, True), ("bf16", "fp16")):
+        p = problem(d, causal, det, dtype)
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        on = (d, causal, det, dtype) == (128, False, False, "fp16")
+        assert cfg.stages == (3 if on else 2) and cfg.problems() == [], cfg.name
+        assert not on or (cfg.dk_late and cfg.ds_double and cfg.dq_writer_bufs == 1 and not cfg.dynamic), cfg.name

@@ -3,8 +3,11 @@ backward at cuDNN's speed):
 
 * dq_early (kDqEarly): the dQ GEMM issued behind dV, dK without waiting for them; one wait for the
   three before the dQ part is stored and the Q/dO slot released;
-* dk_late (kDkLate, with dq_early, not with the dynamic scheduler): dK issued behind the dQ GEMM
-  (FlashAttention-3's order), waited for after the dQ part is staged;
+* dk_late (kDkLate, with dq_early; with the dynamic scheduler at d128 only with frag_pin): dK issued
+  behind the dQ GEMM (FlashAttention-3's order), waited for after the dQ part is staged;
+* frag_pin (kFragPin, session 16): Pᵀ's A fragments pinned at the wgmma fence (dV's k16 steps one
+  group); the heuristic's at d128 with dk_late and the dynamic scheduler;
+* BM 80 (kDqSwap, session 16, bf16 non-causal d128, off): the dQ part transposed, dQ_iᵀ = K_jᵀ dSᵀ;
 * q_rotate (kQRotate, non-causal): K/V block n visits the Q blocks from n % n_iters on, wrapping;
 * s_ahead (kSAhead, bf16 only): the next Q block's Sᵀ issued behind the dQ GEMM (its slot's fill
   waited for there), wgmma_wait<1> for the dQ part; the tile's first Sᵀ before the Q-block loop.
@@ -16,7 +19,12 @@ GQA / MQA in turn); fp16 with dq_early and two dS buffers (causal, dynamic); man
 a deterministic dq_early call (ordered red.add; bitwise reproducible over 3 calls). Errors: the 3x
 gradient rule against float64, outputs poisoned (NaN) before each launch.
 
-Compiles: 15 backward kernels and their forwards (tests/sm90_bwd_d128_precompile.py first).
+Session 16 adds: d64 dq_early + dk_late on odd shapes (bf16 / fp16), frag_pin (d128 bf16, d64 fp16
+with dk_late, d128 dk_late with the dynamic scheduler; 528 tiles; deterministic bitwise), BM 80, fp16
+d128 stages 3 and fp16 d64 q_rotate on the heuristic's kernel.
+
+Compiles: about 30 backward kernels and their forwards (tests/sm90_bwd_d128_precompile.py first; --pin
+for session 16's tests only).
 
 Run first: CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q -x tests/test_sm90_bwd_d128_gpu.py
 """
@@ -111,12 +119,13 @@ def test_many_tiles_per_cta(flag):
 
 
 def test_heuristic_is_dk_late():
-    """The heuristic's d128 kernel (HEURISTIC_DK_LATE): dq_early + dk_late + ds_double on the plain
-    grid (tests/test_sm90_bwd_gpu.py runs it on its grid)."""
+    """The heuristic's d128 kernel (HEURISTIC_DK_LATE, HEURISTIC_FRAG_PIN, HEURISTIC_DYNAMIC): dq_early +
+    dk_late + ds_double + frag_pin with the dynamic scheduler (tests/test_sm90_bwd_gpu.py runs it on its
+    grid)."""
     for causal in (False, True):
         p = problem("bf16", causal, 128, (1023, 1100), "gqa")
         cfg = heuristic(p)
-        assert cfg.dq_early and cfg.dk_late and cfg.ds_double and not cfg.dynamic, cfg.name
+        assert cfg.dq_early and cfg.dk_late and cfg.ds_double and cfg.dynamic and cfg.frag_pin, cfg.name
         run_case(p, cfg)
 
 
@@ -138,3 +147,80 @@ def test_dq_early_deterministic_bitwise():
         else:
             for a, b in zip(first, g):
                 assert torch.equal(a, b), "deterministic backward differs between runs"
+
+
+# frag_pin (kFragPin: Pᵀ's A fragments pinned at the wgmma fence, dV's k16 steps one group): on the
+# heuristic's d128 kernel (bf16) and on d64's dq_early + dk_late tile (fp16), both masks
+PIN = {"d128_bf16": (128, "bf16", {}), "d64_fp16_dkl": (64, "fp16", dict(dq_early=True, dk_late=True)),
+       "d128_bf16_dyn": (128, "bf16", dict(dynamic=True))}   # (dk_late with the dynamic scheduler)
+
+
+@pytest.mark.parametrize("seqlens", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", list(PIN))
+def test_frag_pin_odd_seqlens(case, causal, seqlens):
+    hdim, dtype, flags = PIN[case]
+    heads = list(HEADS)[SHAPES.index(seqlens) % len(HEADS)]
+    p = problem(dtype, causal, hdim, seqlens, heads)
+    cfg = FAM.for_problem(heuristic(p).replace(frag_pin=True, **flags), p)
+    assert cfg.frag_pin and all(getattr(cfg, k) for k in flags) and cfg.problems() == [], cfg.name
+    run_case(p, cfg)
+
+
+def test_frag_pin_dynamic_many_tiles():
+    """d128 dk_late with the dynamic scheduler (fits with frag_pin): 2 x 8 heads x 33 K/V blocks (s 4097,
+    GQA) = 528 tiles over the SMs' CTAs, causal: the ring's phases and dq_writer's tiles across tiles."""
+    from cuflash.problem import Problem
+
+    p = Problem("bwd", "bf16", 2, 4097, 4097, 8, 2, 128, True)
+    cfg = FAM.for_problem(heuristic(p).replace(dynamic=True, frag_pin=True), p)
+    assert cfg.dynamic and cfg.dk_late and cfg.frag_pin and cfg.problems() == [], cfg.name
+    run_case(p, cfg)
+
+
+def test_frag_pin_deterministic_bitwise():
+    """frag_pin on a deterministic d128 causal call (ordered red.add): bitwise equal over 3 calls."""
+    import torch
+
+    p = problem("bf16", True, 128, (1023, 1100), "gqa", deterministic=True)
+    cfg = FAM.for_problem(heuristic(p).replace(frag_pin=True), p)
+    assert cfg.deterministic and cfg.frag_pin and cfg.problems() == [], cfg.name
+    q, k, v, dout = inputs(p)
+    first = None
+    for _ in range(3):
+        _, g = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=True, deterministic=True,
+                                                             bwd_config=cfg), q, k, v, dout)
+        if first is None:
+            first = g
+            ref, low = reference_grads(q, k, v, dout, True, 1 / math.sqrt(128))
+            check_grads(g, ref, low)
+        else:
+            for a, b in zip(first, g):
+                assert torch.equal(a, b), "deterministic backward differs between runs"
+
+
+@pytest.mark.parametrize("seqlens", SHAPES + [(1023, 2049)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", ["bf16"])
+def test_bm80_odd_seqlens(dtype, seqlens):
+    """BM 80 (non-causal d128, FA3's tile there): the dQ part transposed (dQ_iᵀ = K_jᵀ dSᵀ, m64n80k16
+    with A transposed), staged transposed for the writer warp; Q blocks of 80 rows, so the last one
+    may end past the workspace's padded rows (1023: 13 x 80 = 1040 > 1024; 113: 160 > 128), where the
+    producer zero-fills LSE and D."""
+    heads = list(HEADS)[(SHAPES + [(1023, 2049)]).index(seqlens) % len(HEADS)]
+    p = problem(dtype, False, 128, seqlens, heads)
+    cfg = FAM.for_problem(heuristic(p).replace(BM=80, frag_pin=False, dynamic=False), p)
+    assert cfg.BM == 80 and cfg.problems() == [], cfg.name
+    run_case(p, cfg)
+
+
+@pytest.mark.parametrize("seqlens", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("case", ["d128_fp16_s3", "d64_fp16_rot"])
+def test_s3_and_d64_rot_odd_seqlens(case, seqlens):
+    """Non-causal: the heuristic's d128 kernel at stages 3 (one dq_writer staging tile then), fp16; d64's
+    heuristic kernel (dq_early + dk_late, dynamic) with q_rotate, fp16."""
+    heads = list(HEADS)[SHAPES.index(seqlens) % len(HEADS)]
+    hdim, flags = (128, dict(stages=3)) if case == "d128_fp16_s3" else (64, dict(q_rotate=True))
+    p = problem("fp16", False, hdim, seqlens, heads)
+    cfg = FAM.for_problem(heuristic(p).replace(**flags), p)
+    assert all(getattr(cfg, k) == v for k, v in flags.items()) and cfg.dk_late and cfg.problems() == [], cfg.name
+    run_case(p, cfg)

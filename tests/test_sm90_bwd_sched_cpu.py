@@ -198,7 +198,8 @@ def test_plan_writes_the_dq_map(monkeypatch, dq_writer):
     monkeypatch.setattr(sm90_fwd, "_MAP_CACHE", {})
     dt, launches = fake_launches(monkeypatch)
     p = problem(128, "bf16", False)
-    cfg = FAM.heuristic(p).replace(dq_writer=dq_writer)
+    # (the plain grid: the dynamic scheduler's plan zeroes a counter on the GPU)
+    cfg = FAM.heuristic(p).replace(dq_writer=dq_writer, dynamic=False)
     st_q, st_k = (300 * 8 * 128, 8 * 128, 128, 1), (200 * 2 * 128, 2 * 128, 128, 1)
     strides = {"dout": st_q, "q": st_q, "k": st_k, "v": st_k, "o": st_q, "dq": st_q, "dk": st_k, "dv": st_k}
     plan = launch.Plan(FAM, cfg, p, strides, 0.125, 0)

@@ -110,15 +110,36 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ring-breakdown", action="store_true",
                     help="ring: per-step breakdown (compute, merge / accumulate, exposed waits) "
                          "from one traced forward + backward per problem")
-    ap.add_argument("--ring-ab", nargs="+", default=[], choices=("early_send", "nccl_priority", "split_q", "reverse_bwd"),
-                    help="ring: also time the ring with one thing changed, per variant: "
+    ap.add_argument("--ring-ab", nargs="+", default=[], type=_ring_variant,
+                    help="ring: also time the ring with something changed, per variant: one of "
                          "early_send (cuflash.distributed.EARLY_SEND flipped), nccl_priority "
-                         "(a second NCCL group with high-priority streams), split_q, reverse_bwd "
-                         "(cuflash.distributed.SPLIT_Q, REVERSE_BWD flipped)")
+                         "(a second NCCL group with high-priority streams), nccl_ctasN (one whose "
+                         "NCCL kernels take at most N CTAs), split_q, reverse_bwd, fwd_dyn, "
+                         "lib_priority (cuflash.distributed.SPLIT_Q, REVERSE_BWD, FWD_DYNAMIC, "
+                         "PRIORITY_GROUP flipped), rotate (the ring order rotated by one rank), "
+                         "or several joined by '+' (bench/ring.py AB_VARIANTS)")
+    ap.add_argument("--ring-set", type=_ring_variant, default=None,
+                    help="ring: run everything with this variant (a --ring-ab name; 'none' or "
+                         "'' for as is); the records say ring_set")
+    ap.add_argument("--ring-ab-max", type=int, default=None,
+                    help="ring: run --ring-ab only at seqlens up to this (default every seqlen)")
+    ap.add_argument("--ring-rotate", type=int, default=0,
+                    help="ring: process (= ring rank) r runs on GPU (r + this) %% P (default 0), "
+                         "to tell a slow GPU from a slow ring position")
     ap.add_argument("--ring-light-from", type=int, default=524288,
                     help="ring: seqlens above run light (1 repetition, no transfer-free runs, "
                          "torch CP on cuDNN only; default 524288)")
     return ap
+
+
+def _ring_variant(name: str) -> str:
+    """--ring-ab's type: a variant name bench/ring.py knows (argparse reports a ValueError)."""
+    from .ring import parse_variant
+
+    if name in ("", "none"):  # --ring-set none: as is
+        return ""
+    parse_variant(name)
+    return name
 
 
 def modes_of(selected) -> list:
@@ -159,7 +180,8 @@ def run_mode(mode: str, a) -> object:
                        nheads=a.ring_heads, reps=a.reps or 3, budget_s=a.ring_budget_s,
                        torch_cp=not a.no_torch_cp, full_max=a.ring_full_max, out=a.out,
                        cp_backends=a.ring_cp_backends, breakdown=a.ring_breakdown,
-                       light_from=a.ring_light_from, ab=a.ring_ab)
+                       light_from=a.ring_light_from, ab=a.ring_ab, ab_max=a.ring_ab_max,
+                       rotate=a.ring_rotate, ring_set=a.ring_set)
     if mode == "decode":
         return mod.run(batches=a.decode_batches or mod.BATCHES, ctxs=a.decode_ctxs or mod.CTXS,
                        reps=a.reps or 10, out=a.out)

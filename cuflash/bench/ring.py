@@ -9,8 +9,10 @@ holds seqlen / P positions. A problem is skipped, with a record saying so, when 
 estimated time would pass --ring-budget-s (default 270 s; the estimate: the last problem of that
 mask scaled by seqlen², and by LIGHT_COST when it is light and that one was not). Problems above
 --ring-light-from (default 524288) run light, to fit the 1M problems in a ~5-minute run: one
-timed repetition, no transfer-free runs (comm_exposed_ms from the trace's waits instead), torch CP
-on its cuDNN backend only (flash runs at 0.6x its speed, measured every earlier run).
+timed repetition after a warm-up on a small ring (WARM_LOCAL positions per rank, the same
+kernels) and one full forward, no transfer-free runs (comm_exposed_ms from the trace's waits
+instead), no peak-memory run (its 1/P scaling is measured at the smaller seqlens), torch CP on
+its cuDNN backend only (flash runs at 0.6x its speed, measured every earlier run).
 
 Records (results/<gpu>x<P>/ring.{json,csv}), impl:
   ring           fwd_ms, bwd_ms (ring_forward / ring_backward, no autograd), tflops_per_gpu
@@ -41,9 +43,14 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  bwd_accum_ms (dQ / dK / dV additions), bwd_wait_ms, bwd_final_ms (the dK/dV
                  hop home, and waiting for the neighbour to finish its last step); trace_wait_ms
                  = max over ranks of fwd_wait + bwd_wait + bwd_final.
+                 The breakdown also prints every rank's timeline (GPU, per step: kernels'
+                 start and time, wait, the transfers' stretch on the side stream; timeline_lines)
+                 and the config of every call.
                  With --ring-ab NAME ...: alt_NAME_fwd_ms, alt_NAME_bwd_ms,
-                 alt_NAME_tflops_per_gpu of the same ring with one thing changed, in the same
-                 run (AB_VARIANTS: early_send, nccl_priority, split_q, reverse_bwd).
+                 alt_NAME_tflops_per_gpu of the same ring with something changed, in the same
+                 run (AB_VARIANTS, or several joined by '+'; --ring-ab-max: only up to that
+                 seqlen). --ring-set NAME: the whole run with a variant (ring_set in the
+                 records). --ring-rotate K: process r on GPU (r + K) mod the GPU count.
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
 """
@@ -81,7 +88,7 @@ CP_BACKENDS = ("flash", "cudnn")
 
 def run(seqlens=SEQLENS, causals=(True, False), procs=None, nheads=8, d=128, reps=3,
         budget_s=270.0, torch_cp=True, full_max=262144, out="results", cp_backends=CP_BACKENDS,
-        breakdown=False, light_from=LIGHT_FROM, ab=()):
+        breakdown=False, light_from=LIGHT_FROM, ab=(), ab_max=None, rotate=0, ring_set=None):
     """Spawn one process per GPU and run the mode; rank 0 writes the records."""
     import torch
     import torch.multiprocessing as mp
@@ -96,29 +103,36 @@ def run(seqlens=SEQLENS, causals=(True, False), procs=None, nheads=8, d=128, rep
     if procs < 2 or procs > n:
         raise _gpu.NoGPUError(f"bench ring needs 2 <= P <= {n} GPUs here, asked for P = {procs}")
     os.environ.update(NO_MULTICAST)  # inherited by the children before NCCL starts
+    ab = tuple(name for name in ab if name)
+    for name in ab + ((ring_set,) if ring_set else ()):
+        parse_variant(name)  # an unknown name fails here, not in every process
     opts = dict(seqlens=tuple(seqlens), causals=tuple(causals), nheads=nheads, d=d, reps=reps,
                 budget_s=budget_s, torch_cp=torch_cp, full_max=full_max, out=out,
                 cp_backends=tuple(cp_backends), breakdown=bool(breakdown),
-                light_from=light_from, ab=tuple(ab))
+                light_from=light_from, ab=tuple(ab), ab_max=ab_max, rotate=int(rotate),
+                ring_set=ring_set or None)
     print(f"bench ring: P = {procs} processes, seqlens {list(seqlens)}, causal {list(causals)}, "
-          f"budget {budget_s:.0f} s", flush=True)
+          f"budget {budget_s:.0f} s" + (f", rank r on GPU (r + {rotate}) % {n}" if rotate else ""),
+          flush=True)
     mp.spawn(_worker, args=(procs, _free_port(), opts), nprocs=procs, join=True)
 
 
 # ---------------------------------------------------------------------------------------
 # in each process
 
-def _init(rank, world, port):
+def _init(rank, world, port, rotate=0):
+    """This process's GPU (rank + rotate, modulo the GPUs) and the NCCL group."""
     import torch
     import torch.distributed as dist
 
     os.environ.update(NO_MULTICAST)
-    torch.cuda.set_device(rank)
+    gpu = (rank + rotate) % torch.cuda.device_count()
+    torch.cuda.set_device(gpu)
     # a rank that fails leaves the others in a collective: they time out instead of hanging
     kw = dict(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
               timeout=datetime.timedelta(seconds=600))
     try:
-        dist.init_process_group("nccl", device_id=torch.device("cuda", rank), **kw)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", gpu), **kw)
     except TypeError:  # an older torch: no device_id
         dist.init_process_group("nccl", **kw)
 
@@ -172,8 +186,19 @@ def _worker(rank, world, port, opts):
     import torch
     import torch.distributed as dist
 
-    _init(rank, world, port)
+    _init(rank, world, port, opts.get("rotate", 0))
     log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+    if opts.get("ring_set"):  # the whole run with a variant (flags flipped, its group)
+        spec = parse_variant(opts["ring_set"])
+        from .. import distributed as cfd
+
+        for flag in spec["flags"]:
+            setattr(cfd, flag, not getattr(cfd, flag))
+        if spec["lib_ctas"] is not None:
+            cfd.RING_MAX_CTAS = spec["lib_ctas"]
+        _MAIN["group"] = _variant_group(spec, world)
+        log(f"bench ring: as run = {opts['ring_set']} (flipped {spec['flags']}, group "
+            f"{'default' if _MAIN['group'] is None else 'its own'})")
     records, t_start = [], time.perf_counter()
     last = {}  # causal -> (seqlen, seconds) of the last problem measured
     try:
@@ -286,27 +311,44 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
     rec = dict(impl="ring", **base)
     try:
         # the forward keeps its last K/V block for the backward when REVERSE_BWD is on (as
-        # ring_flash_attn_func does); res: (out, lse[, k_last, v_last])
-        def fwd_g(group=None, comm=True):
-            return cfd.ring_forward(q, k, v, scale, causal, group, "zigzag", comm,
-                                    keep_last=cfd.REVERSE_BWD)
+        # ring_flash_attn_func does); res: (out, lse[, k_last, v_last]). n: the first n local
+        # positions only (a small ring with the same kernels: a variant's warm-up)
+        def fwd_g(group=None, comm=True, n=None):
+            return cfd.ring_forward(*(x[:, :n] for x in (q, k, v)), scale, causal, group,
+                                    "zigzag", comm, keep_last=cfd.REVERSE_BWD)
 
-        def bwd_g(res, group=None, comm=True):
-            return cfd.ring_backward(dout, q, k, v, res[0], res[1], scale, causal, group,
-                                     "zigzag", False, comm, kv_last=tuple(res[2:]) or None)
+        def bwd_g(res, group=None, comm=True, n=None):
+            return cfd.ring_backward(*(x[:, :n] for x in (dout, q, k, v)), res[0], res[1], scale,
+                                     causal, group, "zigzag", False, comm,
+                                     kv_last=tuple(res[2:]) or None)
 
-        res = fwd_g()  # warm-up: compiles
-        fwd = lambda comm=True: fwd_g(comm=comm)  # noqa: E731
-        bwd = lambda comm=True: bwd_g(res, comm=comm)  # noqa: E731
-        bwd()
+        main = _MAIN["group"]  # --ring-set's group, or None: the default one
+        if light:  # warm-up (compiles, the group's first transfers) on a small ring
+            n = min(s_local, WARM_LOCAL)
+            bwd_g(fwd_g(main, n=n), main, n=n)
+        res = fwd_g(main)  # (the full problem's warm-up)
+        fwd = lambda comm=True: fwd_g(main, comm=comm)  # noqa: E731
+        bwd = lambda comm=True: bwd_g(res, main, comm=comm)  # noqa: E731
+        if not light:
+            bwd()
         rec["fwd_ms"] = fwd_ms = _timed(fwd, reps)
         rec["bwd_ms"] = bwd_ms = _timed(bwd, reps)
         rec["reverse_bwd"] = cfd.REVERSE_BWD
-        for name in opts.get("ab", ()):  # the same ring with one thing changed (AB_VARIANTS)
-            rec.update(_variant(name, world, reps, f_fwd + f_bwd, rec, log, fwd_g, bwd_g))
+        rec["fwd_dynamic"] = cfd.FWD_DYNAMIC
+        rec["priority_group"] = cfd.PRIORITY_GROUP
+        rec["ring_max_ctas"] = cfd.RING_MAX_CTAS
+        rec["early_send"] = cfd.EARLY_SEND
+        if opts.get("ring_set"):
+            rec["ring_set"] = opts["ring_set"]
+        ab_max = opts.get("ab_max")
+        for name in opts.get("ab", ()) if ab_max is None or seqlen <= ab_max else ():
+            rec.update(_variant(name, world, reps, f_fwd + f_bwd, rec, log, fwd_g, bwd_g,
+                                min(s_local, WARM_LOCAL), bool(opts.get("breakdown"))))
         if opts.get("breakdown") or light:
             rec.update(_breakdown(world, fwd, bwd))
             log(_breakdown_line(rec))
+            for line in rec.pop("timeline_lines"):
+                log(line)
         if light:
             rec["comm_exposed_ms"] = rec["trace_wait_ms"]
         else:
@@ -317,17 +359,21 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         rec["bwd_tflops_per_gpu"] = f_bwd / world / bwd_ms / 1e9
         rec["tflops_per_gpu"] = (f_fwd + f_bwd) / world / (fwd_ms + bwd_ms) / 1e9
         del res
+        if light:  # (its 1/P scaling is measured below light_from)
+            raise _Done
         # peak memory of one autograd forward + backward
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-        o = cfd.ring_flash_attn_func(*leaves, causal=causal)
+        o = cfd.ring_flash_attn_func(*leaves, causal=causal, group=main)
         torch.autograd.grad(o, leaves, dout)
         torch.cuda.synchronize()
         del o, leaves
         rec["peak_bytes_per_gpu"] = int(_max_over_ranks(torch.cuda.max_memory_allocated() - before))
         rec["inputs_bytes_per_gpu"] = 4 * q.numel() * q.element_size()
+    except _Done:
+        pass
     except Exception as exc:  # noqa: BLE001 - a record says why
         rec["error"] = _short(exc)
     torch.cuda.empty_cache()
@@ -375,54 +421,129 @@ AB_VARIANTS = {
     "early_send": "cuflash.distributed.EARLY_SEND flipped",
     "nccl_priority": "the ring on a second NCCL group whose streams have high priority "
                      "(ProcessGroupNCCL.Options.is_high_priority_stream)",
+    "nccl_ctasN": "the ring on a second NCCL group whose kernels take at most N CTAs "
+                  "(ProcessGroupNCCL.Options.config.max_ctas; e.g. nccl_ctas4)",
+    "rotate": "the ring on a second NCCL group whose rank order is rotated by one (process r is "
+              "ring rank r - 1): a slow ring position moves to the next GPU, a slow GPU stays",
     "split_q": "cuflash.distributed.SPLIT_Q flipped (multi-chunk non-causal calls per q chunk)",
     "reverse_bwd": "cuflash.distributed.REVERSE_BWD flipped (the backward the other way round, "
                    "no last hop)",
+    "fwd_dyn": "cuflash.distributed.FWD_DYNAMIC flipped (static persistent forward calls on the "
+               "dynamic scheduler)",
+    "lib_priority": "cuflash.distributed.PRIORITY_GROUP flipped (the ring's own high-priority "
+                    "twin of the default group, made by the library)",
+    "lib_ctasN": "cuflash.distributed.RING_MAX_CTAS = N (the library's high-priority twin group "
+                 "with NCCL kernels of at most N CTAs; e.g. lib_ctas4)",
 }
+FLAG_VARIANTS = {"early_send": "EARLY_SEND", "split_q": "SPLIT_Q", "reverse_bwd": "REVERSE_BWD",
+                 "fwd_dyn": "FWD_DYNAMIC", "lib_priority": "PRIORITY_GROUP"}
+_MAIN: dict = {"group": None}  # the process's ring group under --ring-set (None: the default)
+WARM_LOCAL = 32768  # a variant's warm-up ring: this many local positions (the same kernels as
+# the bench's shards from 64k tokens per rank up: the heuristic's tiles change below 16k keys)
 _groups: dict = {}
 
 
-def _variant(name, world, reps, flops_total, rec, log, fwd, bwd) -> dict:
-    """alt_<name>_fwd_ms, alt_<name>_bwd_ms, alt_<name>_tflops_per_gpu: the ring timed with
-    AB_VARIANTS[name] (or alt_<name>_error)."""
+def parse_variant(name: str) -> dict:
+    """{"flags": [cuflash.distributed flags to flip], "priority": bool, "max_ctas": int or None,
+    "rotate": bool, "lib_ctas": int or None} of a --ring-ab name: AB_VARIANTS' names, several
+    joined by '+'; ValueError naming the part it does not know."""
+    out = {"flags": [], "priority": False, "max_ctas": None, "rotate": False, "lib_ctas": None}
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"ab: expected a variant name, got {name!r}")
+    for part in name.split("+"):
+        if part in FLAG_VARIANTS:
+            out["flags"].append(FLAG_VARIANTS[part])
+        elif part == "nccl_priority":
+            out["priority"] = True
+        elif part == "rotate":
+            out["rotate"] = True
+        elif part.startswith("nccl_ctas") and part[9:].isdigit() and int(part[9:]) >= 1:
+            out["max_ctas"] = int(part[9:])
+        elif part.startswith("lib_ctas") and part[8:].isdigit() and int(part[8:]) >= 1:
+            out["lib_ctas"] = int(part[8:])
+        else:
+            raise ValueError(f"ab: unknown variant {part!r} in {name!r} (known: "
+                             f"{', '.join(sorted(AB_VARIANTS))}; nccl_ctasN, lib_ctasN with N >= 1; "
+                             "several joined by '+')")
+    if len(set(out["flags"])) != len(out["flags"]):
+        raise ValueError(f"ab: {name!r} names a flag twice")
+    return out
+
+
+def _variant_group(spec: dict, world: int):
+    """The NCCL group of a variant (None: the default group), made once per kind (every rank
+    makes the same ones in the same order)."""
     import torch.distributed as dist
 
+    key = (spec["priority"], spec["max_ctas"], spec["rotate"])
+    if key == (False, None, False):
+        return None
+    if key not in _groups:
+        opts = dist.ProcessGroupNCCL.Options()
+        opts.is_high_priority_stream = spec["priority"]
+        if spec["max_ctas"] is not None:
+            opts.config.max_ctas = spec["max_ctas"]
+        ranks = list(range(world))
+        kw = {}
+        if spec["rotate"]:  # process r is the group's rank r - 1
+            import inspect
+
+            if "sort_ranks" not in inspect.signature(dist.new_group).parameters:  # every rank alike
+                raise ValueError("rotate: this torch's new_group has no sort_ranks (it orders "
+                                 "a group's ranks itself)")
+            ranks, kw = ranks[1:] + ranks[:1], {"sort_ranks": False}
+        _groups[key] = dist.new_group(ranks=ranks, backend="nccl", pg_options=opts, **kw)
+    return _groups[key]
+
+
+class _Done(Exception):
+    """The ring's record is complete (a light problem skips the peak-memory run)."""
+
+
+def _variant(name, world, reps, flops_total, rec, log, fwd, bwd, warm_local,
+             breakdown=False) -> dict:
+    """alt_<name>_fwd_ms, alt_<name>_bwd_ms, alt_<name>_tflops_per_gpu: the ring timed with the
+    variant ``name`` (parse_variant), after a warm-up ring of warm_local positions per rank (a
+    new group's first transfers, a new config's first load); or alt_<name>_error. breakdown:
+    one more traced forward and backward, its timeline logged (alt_<name>_trace_wait_ms)."""
     from .. import distributed as cfd
 
     key = f"alt_{name}"
     out = {}
-    saved, saved_split, saved_rev = cfd.EARLY_SEND, cfd.SPLIT_Q, cfd.REVERSE_BWD
+    flags = ("EARLY_SEND", "SPLIT_Q", "REVERSE_BWD", "FWD_DYNAMIC", "PRIORITY_GROUP",
+             "RING_MAX_CTAS")
+    saved = {f: getattr(cfd, f) for f in flags}
     try:
-        group = None
-        if name == "early_send":
-            cfd.EARLY_SEND = not saved
-        elif name == "split_q":
-            cfd.SPLIT_Q = not saved_split
-        elif name == "reverse_bwd":
-            cfd.REVERSE_BWD = not saved_rev
-        elif name == "nccl_priority":
-            group = _groups.get(name)
-            if group is None:
-                opts = dist.ProcessGroupNCCL.Options()
-                opts.is_high_priority_stream = True
-                group = _groups[name] = dist.new_group(backend="nccl", pg_options=opts)
-        else:
-            raise ValueError(f"ab: unknown variant {name!r} (known: {sorted(AB_VARIANTS)})")
-        res = fwd(group)  # (a new group's first transfers set it up)
-        bwd(res, group)
+        spec = parse_variant(name)
+        for flag in spec["flags"]:
+            setattr(cfd, flag, not saved[flag])
+        if spec["lib_ctas"] is not None:
+            cfd.RING_MAX_CTAS = spec["lib_ctas"]
+        own = spec["priority"] or spec["max_ctas"] is not None or spec["rotate"]
+        group = _variant_group(spec, world) if own else _MAIN["group"]
+        bwd(fwd(group, n=warm_local), group, n=warm_local)
+        res = fwd(group)
         out[f"{key}_fwd_ms"] = _timed(lambda: fwd(group), reps)
         out[f"{key}_bwd_ms"] = _timed(lambda: bwd(res, group), reps)
-        del res
         out[f"{key}_tflops_per_gpu"] = flops_total / world / (out[f"{key}_fwd_ms"] +
                                                               out[f"{key}_bwd_ms"]) / 1e9
-        log(f"  {name} ({AB_VARIANTS[name]}): fwd {out[f'{key}_fwd_ms']:.1f} ms bwd "
+        what = "; ".join(AB_VARIANTS.get(p) or AB_VARIANTS[p.rstrip("0123456789") + "N"]
+                         for p in name.split("+"))
+        log(f"  {name} ({what}): fwd {out[f'{key}_fwd_ms']:.1f} ms bwd "
             f"{out[f'{key}_bwd_ms']:.1f} ms, {out[f'{key}_tflops_per_gpu']:.0f} TFLOPs/GPU "
-            f"(as run: {rec['fwd_ms']:.1f} / {rec['bwd_ms']:.1f} ms, early_send={saved})")
+            f"(as run: {rec['fwd_ms']:.1f} / {rec['bwd_ms']:.1f} ms)")
+        if breakdown:
+            bd = _breakdown(world, lambda: fwd(group), lambda: bwd(res, group))
+            out[f"{key}_trace_wait_ms"] = bd["trace_wait_ms"]
+            for line in bd["timeline_lines"]:
+                log(f"  [{name}]{line[1:]}")
+        del res
     except Exception as exc:  # noqa: BLE001 - a field says why
         out[f"{key}_error"] = _short(exc)
         log(f"  {name}: {out[f'{key}_error']}")
     finally:
-        cfd.EARLY_SEND, cfd.SPLIT_Q, cfd.REVERSE_BWD = saved, saved_split, saved_rev
+        for flag, value in saved.items():
+            setattr(cfd, flag, value)
     return out
 
 
@@ -437,7 +558,8 @@ def _breakdown(world, fwd, bwd) -> dict:
     from .. import distributed as cfd
 
     times: dict = {}
-    for fn in (fwd, bwd):
+    mine_tl = {"gpu": torch.cuda.current_device()}
+    for name, fn in (("fwd", fwd), ("bwd", bwd)):
         dist.barrier()
         torch.cuda.synchronize()
         cfd.TRACE = []
@@ -446,6 +568,9 @@ def _breakdown(world, fwd, bwd) -> dict:
         finally:
             trace, cfd.TRACE = cfd.TRACE, None
         times.update(cfd.trace_summary(trace))
+        mine_tl[name] = cfd.trace_timeline(trace)
+    timelines = [None] * world
+    dist.all_gather_object(timelines, mine_tl)
     mine = torch.zeros(len(PHASES), world, dtype=torch.float64, device="cuda")
     for i, phase in enumerate(PHASES):
         for step, ms in enumerate(times.get(phase, [])[:world]):
@@ -460,7 +585,73 @@ def _breakdown(world, fwd, bwd) -> dict:
                                             for j, r in enumerate(per_rank))
     waits = [PHASES.index(p) for p in ("fwd_wait", "bwd_wait", "bwd_final")]
     out["trace_wait_ms"] = max(sum(sum(r[i]) for i in waits) for r in per_rank)
+    out["timeline_lines"] = timeline_lines(timelines)
     return out
+
+
+def _steps(spans, phase) -> dict:
+    """{step: (first start, last end, summed ms)} of one phase's spans."""
+    out: dict = {}
+    for ph, step, t0, t1 in spans:
+        if ph == phase:
+            a, b, total = out.get(step, (t0, t1, 0.0))
+            out[step] = (min(a, t0), max(b, t1), total + (t1 - t0))
+    return out
+
+
+def _runs(configs, phase) -> str:
+    """A phase's config names by step, equal neighbours joined: "s0 A; s1-3 B"."""
+    by_step: dict = {}
+    for ph, step, name in configs:
+        if ph == phase:
+            by_step.setdefault(step, [])
+            if name not in by_step[step]:
+                by_step[step].append(name)
+    runs: list = []  # [first step, last step, names]
+    for step in sorted(by_step):
+        names = " + ".join(by_step[step])
+        if runs and runs[-1][2] == names and runs[-1][1] == step - 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step, names])
+    return "; ".join(f"s{a}" + (f"-{b}" if b > a else "") + f" {n}" for a, b, n in runs)
+
+
+def timeline_lines(timelines) -> list:
+    """The traced forward and backward of every rank as lines, times in ms from the rank's own
+    origin (its ring call's first event): per step "s1 k28.3+53.1 w0.0 x3.2-80.9": the compute
+    stream's kernels start at 28.3 and run 53.1 ms in all, it waits 0.0 ms for the transfer,
+    and the side stream reaches the step's K/V transfer at 3.2 and sees it done at 80.9 (a
+    stretch much longer than its bytes need: it waited for its peer's kernel, or for SMs);
+    a..: the backward's dK/dV accumulator transfer, h..: the last hop home. Then each rank's
+    configs per step ("same on every rank" when they are)."""
+    lines = []
+    cfgs = {}
+    for r, tl in enumerate(timelines):
+        for op in ("fwd", "bwd"):
+            spans, configs = tl[op]
+            comp, wait = _steps(spans, f"{op}_compute"), _steps(spans, f"{op}_wait")
+            xfer = _steps(spans, f"{op}_xfer")
+            acc, home = _steps(spans, "bwd_acc_xfer"), _steps(spans, "bwd_home_xfer")
+            parts = []
+            for step in sorted(set(comp) | set(xfer) | set(acc) | set(home)):
+                p = f"s{step}"
+                if step in comp:
+                    p += f" k{comp[step][0]:.1f}+{comp[step][2]:.1f}"
+                if step in wait:
+                    p += f" w{wait[step][2]:.1f}"
+                for tag, d in (("x", xfer), ("a", acc), ("h", home)):
+                    if step in d:
+                        p += f" {tag}{d[step][0]:.1f}-{d[step][1]:.1f}"
+                parts.append(p)
+            lines.append(f"  timeline r{r} (GPU {tl['gpu']}) {op}: " + " | ".join(parts))
+            cfgs.setdefault(op, []).append(_runs(configs, f"{op}_config"))
+    for op, per_rank in cfgs.items():
+        if len(set(per_rank)) == 1:
+            lines.append(f"  configs {op} (same on every rank): {per_rank[0]}")
+        else:
+            lines += [f"  configs {op} r{r}: {c}" for r, c in enumerate(per_rank)]
+    return lines
 
 
 def _breakdown_line(rec) -> str:
@@ -475,7 +666,9 @@ def _line(rec, shard) -> str:
     eff = rec.get("efficiency")
     return (f"ring P={rec['P']} s={rec['seqlen']} causal={rec['causal']}: fwd {rec['fwd_ms']:.1f} ms "
             f"bwd {rec['bwd_ms']:.1f} ms, {rec['tflops_per_gpu']:.0f} TFLOPs/GPU, comm exposed "
-            f"{rec['comm_exposed_ms']:.1f} ms, peak {rec.get('peak_bytes_per_gpu', 0) / 2**30:.2f} GiB/GPU; "
+            f"{rec['comm_exposed_ms']:.1f} ms, peak "
+            + (f"{rec['peak_bytes_per_gpu'] / 2**30:.2f} GiB/GPU; " if "peak_bytes_per_gpu" in rec
+               else "not run; ") +
             f"1-GPU shard {shard.get('tflops', float('nan')):.0f} TFLOPs -> efficiency "
             f"{eff if eff is not None else float('nan'):.3f}")
 

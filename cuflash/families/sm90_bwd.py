@@ -50,20 +50,26 @@ dims 129..255 run it with zero-filled columns (192 included: no d192 kernel of i
 (Dropout runs there alone: with a window, softcap or ALiBi, and overlap_sdp, ptxas spills.)
 Schedules (issue 14, the short and causal backward): dynamic (name _dyn, kDynamic: a CTA per SM
 claims K/V-block tiles from a plan-owned counter, the next tile's loads overlap the last one's
-epilogue; dq_writer and stages 2 only) is the heuristic's for plain calls at d64
-(HEURISTIC_DYNAMIC, measured; d256's shared-keys tile runs one CTA per K/V block: the config
+epilogue; dq_writer and stages 2 only) is the heuristic's for plain calls at d64 and d128
+(HEURISTIC_DYNAMIC, measured; d128 with dk_late and frag_pin; d256's shared-keys tile runs one CTA per K/V block: the config
 refuses dynamic there); lpt (name _lpt, the longest-first launch order, causal; outside
 the space) is off (HEURISTIC_LPT); ds_double (name _ds2, two dS buffers at d128) is on with dk_late
 below only; tests/sm90_bwd_causal_timing.py times them.
 Main-loop flags (issue 14, the d128 backward at cuDNN's speed; in the space): dq_early (_dqe,
 kDqEarly: the dQ GEMM issued behind dV, dK, one wait for the three), dk_late (_dkl, kDkLate, with
 dq_early and dq_writer: dK issued behind the dQ GEMM, FlashAttention-3's order, waited for once the
-dQ part is staged; not with the dynamic scheduler at d128: it spills), s_ahead (_sah, kSAhead: the
+dQ part is staged; with the dynamic scheduler at d128 only with frag_pin: it spills otherwise), s_ahead (_sah, kSAhead: the
 next Q block's Sᵀ behind the dQ GEMM; measured slower), q_rotate (_rot, kQRotate, non-causal: K/V
-block n starts at Q block n % n_iters). The heuristic runs dq_early + dk_late + ds_double on the
-plain grid for plain unordered d128 calls (HEURISTIC_DK_LATE, measured: tests/sm90_bwd_d128_timing.py);
-calls with features run without the four (unmeasured there).
-Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB.
+block n starts at Q block n % n_iters), frag_pin (_pin, kFragPin: Pᵀ's fragments pinned at the wgmma
+fence, so that dV's k16 steps stay one group; HEURISTIC_FRAG_PIN). The heuristic runs dq_early + dk_late
++ ds_double + frag_pin with the dynamic scheduler for plain unordered d128 calls, dq_early + dk_late on
+d64's dynamic tile (HEURISTIC_DK_LATE, HEURISTIC_FRAG_PIN, HEURISTIC_DYNAMIC, measured:
+tests/sm90_bwd_d128_timing.py); calls with features run without them (unmeasured there).
+Head dim 128 has a second tile, FA3's non-causal one: BM 80 (kDqSwap; bf16, non-causal plain unordered
+calls with dq_writer; Sm90BwdConfig.bm80_refused): 80 queries are no whole wgmma m, so the dQ part is
+computed transposed, dQ_iᵀ = K_jᵀ dSᵀ (m64n80k16, A transposed), and staged transposed for the writer
+warp; outside the tuning space and the heuristic until measured (tests/sm90_bwd_d128_timing.py, bm80).
+Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB elsewhere.
 """
 from __future__ import annotations
 
@@ -97,7 +103,7 @@ MAX_ACCUM_REGS = 256
 # counts Sᵀ, dPᵀ, both fragment sets and the dQ part as live together, while the kernel's order
 # never holds them all. BM 128 at head dim 64 (FA3's d64 tile): 288 by the sum, the consumers'
 # peak is under their 240 registers.
-PTXAS_FITS = frozenset({(128, 128, 2, 64)})
+PTXAS_FITS = frozenset({(128, 128, 2, 64), (80, 128, 2, 128)})
 # Head dim 64 (real head dims <= 64): whether rank() puts this family above fa2_bwd, and the
 # heuristic's tile there as (BM, BN, consumers). Measured on the H100 (2026-11-26,
 # tests/sm90_bwd_d64_timing.py: d64, 32 heads, batch x seqlen 16k, 2k-16k, causal and not, bf16
@@ -126,7 +132,13 @@ D96_ABOVE_FA2 = True
 # * HEURISTIC_DS_DOUBLE: two dS buffers at head dim 128 (ds_double, kDsDouble: no barrier between
 #   the consumer warpgroups before the dS stores) for every d128 call: off; plain d128 calls take it
 #   with dk_late (HEURISTIC_DK_LATE below, measured; alone it was -1..+4%, session 15 round A).
-HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True)})
+# Session 16 (round B at 8f7ff6c, tests/sm90_bwd_d128_timing.py, b2b, rotated order; logs/session16_rounds/b1):
+#   d128 joined with dk_late (which fits there with frag_pin only: HEURISTIC_FRAG_PIN), x cuDNN at 2k / 4k /
+#   8k / 16k, against the plain-grid dk_late kernel: bf16 non-causal 0.961 / 0.974 / 0.994 / 1.035 -> 0.983 /
+#   1.001 / 1.028 / 1.040, causal 0.984 / 1.008 / 1.014 / 1.005 -> 1.010 / 1.035 / 1.032 / 1.052; fp16
+#   non-causal 0.954 / 0.960 / 0.991 / 1.022 -> 0.981 / 1.000 / 1.026 / 1.021, causal 0.987 / 1.020 / 1.064 /
+#   1.058 -> 1.008 / 1.026 / 1.030 / 1.044 (its GPU tests: odd shapes, 528 tiles, passed there).
+HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, False), (128, True)})
 # The schedule of a window-only call's backward (features ("window",), fixed lengths, not
 # deterministic), by kernel head dim: the config fields over the heuristic's; a head dim not
 # listed keeps the plain grid at stages 2. Measured on the H100 (tests/features_overhead_timing.py,
@@ -208,10 +220,44 @@ HEURISTIC_D256_ROLES = frozenset({"bf16"})
 #   behind the dQ GEMM; d128 bf16 only: the others spill): 0.77-0.87x cuDNN, 13-20% slower: off.
 # * HEURISTIC_Q_ROTATE, kernel head dims: q_rotate (kQRotate, non-causal: K/V block n from Q block
 #   n % n_iters on): -0.5..+3.9% (b2b), +0.1..-0.2% (flush): off; on top of dk_late (round B) -2.6..+2.1%.
-HEURISTIC_DK_LATE = frozenset({(128, False), (128, True)})
+#   Entries: a kernel head dim, or (head dim, dtype). Session 16 round C (at 1c09956, as below), q_rotate on
+#   d64's dk_late kernel ("hrot"), x cuDNN at 2k / 4k / 8k / 16k: fp16 0.975 / 0.995 / 0.996 / 1.026 ->
+#   1.039 / 1.023 / 1.058 / 1.113; bf16 1.144 / 1.136 / 1.143 / 1.074 -> 1.138 / 1.124 / 1.134 / 1.139: fp16.
+# * HEURISTIC_DK_LATE (session 16): head dim 64 joined (session 16, round A at d65554e, tests/sm90_bwd_d128_timing.py --hdim 128 64, b2b, rotated
+#   order; logs/session16_rounds/a2): its odd-shape GPU tests (test_d64_dk_late_odd_seqlens, bf16 / fp16, both
+#   masks) passed; dq_early + dk_late on its dynamic BM128 tile, x cuDNN at 2k / 4k / 8k / 16k, bf16 non-causal
+#   1.069 / 1.066 / 1.085 / 1.153 -> 1.110 / 1.122 / 1.171 / 1.205, causal 1.115 / 1.150 / 1.139 / 1.197 ->
+#   1.167 / 1.222 / 1.200 / 1.251; fp16 non-causal 0.999 / 0.977 / 1.008 / 1.103 -> 0.986 / 0.989 / 1.054 /
+#   1.116, causal 1.056 / 1.059 / 1.056 / 1.100 -> 1.104 / 1.116 / 1.119 / 1.147.
+HEURISTIC_DK_LATE = frozenset({(128, False), (128, True), (64, False), (64, True)})
 HEURISTIC_DQ_EARLY = frozenset()
 HEURISTIC_S_AHEAD = frozenset()
-HEURISTIC_Q_ROTATE = frozenset()
+HEURISTIC_Q_ROTATE = frozenset({(64, "fp16")})
+# * HEURISTIC_FRAG_PIN, (kernel head dim, causal): frag_pin (kFragPin: Pᵀ's A fragments pinned at the
+#   wgmma fence before dPᵀ and dV). Without it ptxas (nvcc 13.0) copies one fragment after the fence in
+#   every d64 / d128 kernel of the heuristic and injects a warpgroup.arrive before each of dV's four
+#   k16 steps (C7519), each closing its own group: the wait for dPᵀ (wgmma_wait<1>) then also waits
+#   for three of dV's four steps, so dSᵀ's math does not overlap dV. With it dV is one group (SASS
+#   checked; zero spills in the 12 heuristic kernels d64 / d128 x bf16 / fp16 x causal or not, and
+#   d64's dk_late ones). It also makes room for dk_late with the dynamic scheduler at d128 (16 bytes of
+#   spills without it, none with it: bf16 / fp16, causal or not). Off until measured
+#   (tests/sm90_bwd_d128_timing.py, variants *_pin, dyn_pin). Measured alone (session 16 round A, as above):
+#   d128 -1.0..+1.1% (bf16 / fp16, both masks: noise), d64 bf16 -3..-12% (slower: left off), d64 fp16
+#   -0.1..+5.8%; on top of d64's dk_late -0.4..+1.3% fp16, -6..-12% bf16. Its use: dk_late with the dynamic
+#   scheduler at d128 (dyn_pin, round B: HEURISTIC_DYNAMIC's numbers), so d128's plain calls take it.
+HEURISTIC_FRAG_PIN = frozenset({(128, False), (128, True)})
+# * HEURISTIC_BM80: whether plain bf16 non-causal d128 calls run the BM 80 tile (kDqSwap, FA3's tile
+#   there: 25% more queries per Q block, dQ_iᵀ = K_jᵀ dSᵀ; with the heuristic's dq_early / dk_late /
+#   ds_double, without frag_pin: that kernel spills). Round B (session 16; its GPU tests passed): x cuDNN
+#   0.915 / 0.928 / 0.962 / 0.968 at 2k / 4k / 8k / 16k against the plain-grid BM 64 kernel's 0.951 / 0.982 /
+#   0.999 / 1.034: slower, off.
+HEURISTIC_BM80 = False
+# * HEURISTIC_STAGES3, (kernel head dim, causal, dtype): 3 Q/dO ring slots on the plain grid (one dq_writer
+#   staging tile then: 227 KB) for plain unordered calls of the classes listed. Round A (session 16, with
+#   frag_pin: s3_pin) x cuDNN fp16 non-causal 0.943 / 0.958 / 0.989 / 1.010 -> 0.967 / 0.991 / 1.015 /
+#   1.021, bf16 non-causal -0.9..+2.3%, causal -0.8..-3.6%; below the dynamic scheduler's (HEURISTIC_DYNAMIC,
+#   round B) in those cells but 8k-16k. Off.
+HEURISTIC_STAGES3 = frozenset()
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -313,6 +359,7 @@ class Sm90BwdConfig(KernelConfig):
     dq_early: bool = False
     q_rotate: bool = False
     dk_late: bool = False
+    frag_pin: bool = False
     roles: bool = False
 
     family = "sm90_bwd"
@@ -333,7 +380,7 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_lpt' if self.lpt else ''}{'_dyn' if self.dynamic else ''}"
                 f"{'_ds2' if self.ds_double else ''}{'_cl2' if self.cluster else ''}{'_sah' if self.s_ahead else ''}"
                 f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
-                f"{'_dkl' if self.dk_late else ''}{'_rol' if self.roles else ''}")
+                f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -425,6 +472,17 @@ class Sm90BwdConfig(KernelConfig):
         each), the 16-bit fragments of Pᵀ and dSᵀ (s_cols / 4 each), the dQ part (dq_cols / 2)."""
         return self.dkv_cols + self.s_cols + self.s_cols // 2 + self.dq_cols // 2
 
+    def bm80_refused(self) -> bool:
+        """Whether BM 80 (kDqSwap: FA3's non-causal d128 tile, dQ_iᵀ = K_jᵀ dSᵀ by m64n80k16 with A
+        transposed, staged transposed for dq_writer) is unbuilt for this config: it is built for head
+        dim 128, 2 consumers, dq_writer, non-causal, fixed lengths, unordered, no feature, the plain grid
+        (static_assert in sm90_bwd.cu); bf16 only: ptxas (nvcc 13.0) spills the fp16 kernel (40 bytes,
+        with or without dq_early / dk_late / ds_double / frag_pin), and the bf16 one with frag_pin (36)."""
+        return (self.dtype != "bf16" or self.frag_pin or self.head_dim != 128 or self.consumers != 2 or self.BN != 128 or not self.dq_writer
+                or self.causal or self.window or self.varlen or self.deterministic or self.dynamic
+                or self.softcap or self.alibi or self.dropout or self.dq_bulk or self.overlap_sdp
+                or self.s_ahead or self.q_rotate or self.lpt or self.cluster)
+
     def overlap_sdp_spills(self) -> bool:
         """Whether overlap_sdp's kernel spills at head dim 128 (nvcc 13.0, sm_90a, BM 64): with
         softcap, ALiBi or dropout; plain, causal and window kernels fit
@@ -462,7 +520,7 @@ class Sm90BwdConfig(KernelConfig):
                         "overlap_sdp", "dq_writer", "varlen", "lpt", "dynamic", "ds_double"))
                     + (f", {b(self.roles)}, {b(self.s_ahead)}" if self.roles or self.s_ahead else "") + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
-        tail = self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.roles
+        tail = self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.frag_pin or self.roles
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -476,8 +534,10 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
         feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
         feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
-        feats += f", {b(self.q_rotate)}" if self.q_rotate or self.dk_late or self.roles else ""  # kQRotate
-        feats += f", {b(self.dk_late)}" if self.dk_late or self.roles else ""                 # kDkLate
+        later2 = self.dk_late or self.frag_pin or self.roles
+        feats += f", {b(self.q_rotate)}" if self.q_rotate or later2 else ""                   # kQRotate
+        feats += f", {b(self.dk_late)}" if later2 else ""                                     # kDkLate
+        feats += f", {b(self.frag_pin)}" if self.frag_pin or self.roles else ""               # kFragPin
         feats += ", true" if self.roles else ""                                               # kRoles last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
@@ -489,7 +549,8 @@ class Sm90BwdConfig(KernelConfig):
         return (self.BM, self.BN, self.stages, self.consumers, self.head_dim, self.dtype,
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
-                self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.roles)
+                self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.frag_pin,
+                self.roles)
 
     def _problems(self) -> list[str]:
         out = []
@@ -507,8 +568,13 @@ class Sm90BwdConfig(KernelConfig):
         elif self.BN != 64 * self.consumers and not self.shared_keys:
             out.append(f"BN={self.BN} must be 64 * consumers = {64 * self.consumers} "
                        "(each consumer warpgroup owns 64 keys)")
-        if self.BM not in (64, 128):
-            out.append(f"BM must be 64 or 128 (the wgmma N of S and dP), got {self.BM}")
+        if self.BM == 80 and self.bm80_refused():
+            out.append(f"BM=80 (the swapped dQ GEMM) is built for bf16, head_dim=128, 2 consumers, dq_writer, "
+                       f"non-causal fixed-length unordered calls without features, the plain grid, not with "
+                       f"dq_bulk / overlap_sdp / s_ahead / q_rotate / lpt / cluster / frag_pin (ptxas spills "
+                       f"fp16 and frag_pin; {self.name})")
+        elif self.BM not in (64, 80, 128):
+            out.append(f"BM must be 64 or 128 (the wgmma N of S and dP), or 80 at head dim 128, got {self.BM}")
         elif self.shared_keys and self.BM != 64:
             out.append(f"BN=64 with consumers=2 (shared keys) takes BM=64 (32 queries of Sᵀ per "
                        f"warpgroup), got BM={self.BM}")
@@ -571,8 +637,12 @@ class Sm90BwdConfig(KernelConfig):
         if self.dk_late and not (self.dq_early and self.dq_writer and not self.s_ahead):
             out.append("dk_late without dq_early and dq_writer, or with s_ahead: its dK GEMM is issued behind "
                        "dq_early's dQ GEMM and waited for after dq_writer's staging")
-        elif self.dk_late and self.dynamic and self.head_dim == 128:
-            out.append("dk_late with dynamic at head_dim=128: ptxas spills that kernel (8-32 bytes, nvcc 13.0)")
+        elif self.dk_late and self.dynamic and self.head_dim == 128 and not self.frag_pin:
+            out.append("dk_late with dynamic at head_dim=128 without frag_pin: ptxas spills that kernel (8-32 "
+                       "bytes, nvcc 13.0; with frag_pin it fits)")
+        if self.frag_pin and (self.shared_keys or self.softcap or self.alibi or self.dropout):
+            out.append("frag_pin with the shared-keys tile (head_dim=256: its dV GEMM is SS) or with softcap / "
+                       "ALiBi / dropout (unchecked): built for the head dim 64 / 128 tiles' RS dV GEMM")
         if self.q_rotate and (self.causal or self.window or self.deterministic or self.shared_keys):
             out.append("q_rotate with causal, a window, deterministic or the shared-keys tile (head_dim=256): "
                        "it rotates the unmasked, unordered Q-block loop of the head dim 64 / 128 tiles only")
@@ -635,7 +705,7 @@ class Sm90Backward(Family):
              "dq_bulk": (False, True), "overlap_sdp": (False, True), "dq_writer": (False, True),
              "dynamic": (False, True), "ds_double": (False, True), "dq_early": (False, True),
              "s_ahead": (False, True), "q_rotate": (False, True),
-             "dk_late": (False, True), "roles": (False, True)}
+             "dk_late": (False, True), "frag_pin": (False, True), "roles": (False, True)}
     # (lpt, the launch order, is a config field outside the space: measured no faster than the
     # plain order, alone or with the dynamic scheduler; HEURISTIC_LPT below)
     fixed = {"deterministic": False}
@@ -657,11 +727,16 @@ class Sm90Backward(Family):
     def enumerate(self, problem: Problem, max_smem: Optional[int] = None):
         """Family.enumerate, with the d 256 dq_writer kernel kept out of the tuning space while
         HEURISTIC_D256_DQ_WRITER is off for its racecheck hazards (a tuner would pick it: it
-        measured faster); bwd_config= still runs it."""
+        measured faster); bwd_config= still runs it. frag_pin is in the space at head dim 128 with
+        dk_late only (session 16: no faster elsewhere)."""
         for cfg, why in super().enumerate(problem, max_smem):
             if not why and cfg.shared_keys and cfg.dq_writer and not HEURISTIC_D256_DQ_WRITER:
                 why = ["dq_writer at head_dim=256: racecheck hazards (HEURISTIC_D256_DQ_WRITER), "
                        "outside the tuning space until fixed"]
+            if not why and cfg.frag_pin and not (cfg.head_dim == 128 and cfg.dk_late):
+                # (frag_pin alone measured -1..+1% at d128, slower at d64 bf16: in the space where it is
+                # the heuristic's, with dk_late at d128, which it lets run with the dynamic scheduler)
+                why = ["frag_pin outside head_dim=128 with dk_late: outside the tuning space (no faster there)"]
             yield cfg, why
 
     @property
@@ -787,10 +862,11 @@ class Sm90Backward(Family):
             config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
         if config.ds_double and (config.head_dim != 128 or config.softcap or config.alibi or config.dropout):
             config = config.replace(ds_double=False)   # a speed choice, where it is not built
-        if (config.s_ahead or config.dq_early or config.q_rotate or config.dk_late) and problem.features:
+        if (config.s_ahead or config.dq_early or config.q_rotate or config.dk_late or config.frag_pin) \
+                and problem.features:
             # a speed choice, measured on plain calls only (the kernels with a window, varlen are
             # built, their GPU tests and timing not done yet): calls with features run without
-            config = config.replace(s_ahead=False, dq_early=False, q_rotate=False, dk_late=False)
+            config = config.replace(s_ahead=False, dq_early=False, q_rotate=False, dk_late=False, frag_pin=False)
         if (config.s_ahead or config.dq_early) and ((config.shared_keys and not config.roles) or config.overlap_sdp
                                                     or config.softcap or config.alibi or config.dropout):
             config = config.replace(s_ahead=False, dq_early=False)   # a speed choice, where it is not built
@@ -804,9 +880,13 @@ class Sm90Backward(Family):
         if config.s_ahead and not config.roles and (config.dq_early or config.q_rotate or not config.dq_writer
                                                     or config.head_dim != 128 or config.dtype != "bf16"):
             config = config.replace(s_ahead=False)     # likewise (its kernel spills there)
-        if config.dk_late and ((config.dynamic and config.head_dim == 128)
+        if config.frag_pin and (config.shared_keys or config.softcap or config.alibi or config.dropout):
+            config = config.replace(frag_pin=False)    # a speed choice, where it is not built
+        if config.dk_late and ((config.dynamic and config.head_dim == 128 and not config.frag_pin)
                                or not (config.dq_early and config.dq_writer and not config.s_ahead)):
             config = config.replace(dk_late=False)     # a speed choice, where it is not built
+        if config.BM == 80 and config.bm80_refused():
+            config = config.replace(BM=64)               # a speed choice, where it is not built
         if config.dynamic and config.dynamic_spills():
             config = config.replace(dynamic=False)     # a speed choice: the combinations whose kernel spills
         if config.BM > 64 and config.bm128_spills():
@@ -824,13 +904,13 @@ class Sm90Backward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late",
-                               "roles")
+                               "frag_pin", "roles")
                          and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without dynamic or ds_double (tuned tables and recorded studies
         from before the flags) gets them off."""
-        for flag in ("dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate", "dk_late", "roles"):
+        for flag in ("dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate", "dk_late", "frag_pin", "roles"):
             if flag not in point:
                 point = {**point, flag: False}
         return super().make(point, problem)
@@ -868,16 +948,26 @@ class Sm90Backward(Family):
         if HEURISTIC_DS_DOUBLE and d == 128:
             cfg = cfg.replace(ds_double=True)           # (likewise: not with softcap, ALiBi, dropout)
         plain = d != 256 and not problem.features
+        if (d, causal) in HEURISTIC_FRAG_PIN and plain and not det and not cfg.replace(frag_pin=True).problems():
+            cfg = cfg.replace(frag_pin=True)            # (for_problem drops it with softcap, ALiBi, dropout)
         # (each where the config builds it: s_ahead not next to dq_early or q_rotate, bf16 only;
-        # dk_late with dq_early and ds_double, at d128 on the plain grid)
+        # dk_late with dq_early and ds_double, at d128 on the plain grid unless frag_pin lets it keep
+        # the dynamic scheduler)
         late = not det and (d, causal) in HEURISTIC_DK_LATE
-        for flags, on in (({"q_rotate": True}, not det and not causal and d in HEURISTIC_Q_ROTATE),
+        rotate = d in HEURISTIC_Q_ROTATE or (d, dtype) in HEURISTIC_Q_ROTATE
+        for flags, on in (({"q_rotate": True}, not det and not causal and rotate),
                           ({"dq_early": True}, not det and (d, causal) in HEURISTIC_DQ_EARLY),
                           ({"s_ahead": True}, not det and (d, causal, dtype) in HEURISTIC_S_AHEAD),
                           ({"dq_early": True, "dk_late": True, "ds_double": d == 128,
-                            "dynamic": cfg.dynamic and d != 128}, late)):
+                            "dynamic": cfg.dynamic and (d != 128 or cfg.frag_pin)}, late)):
             if plain and on and not cfg.replace(**flags).problems():
                 cfg = cfg.replace(**flags)
+        s3 = cfg.replace(stages=3, dynamic=False)      # (the dynamic scheduler runs stages 2 only)
+        if (d, causal, dtype) in HEURISTIC_STAGES3 and plain and not det and not s3.problems():
+            cfg = s3                                    # (first_fitting below: stages 2 where it does not fit)
+        bm80 = cfg.replace(BM=80, frag_pin=False, dynamic=False)   # (its plain grid, without frag_pin)
+        if HEURISTIC_BM80 and plain and not det and not bm80.problems():
+            cfg = bm80                                  # (bf16 non-causal d128 plain calls: bm80_refused)
         if tuple(problem.features) == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
