@@ -42,7 +42,7 @@ once they have: dq_bulk's and dq_writer's own staging tiles do not fit next to t
 writer warp's bulk reduce-adds and the consumer threads release the slot; HEURISTIC_D256_DQ_WRITER,
 on); roles (name _rol, kRoles: the two warpgroups split by operand instead, Sᵀ / Pᵀ / dV on one,
 dPᵀ / dSᵀ / dK on the other, all m64n64 or RS, Pᵀ handed over in shared memory; dq_writer only, plain
-unordered calls; HEURISTIC_D256_ROLES, on for bf16: 0.95-1.16x cuDNN), with s_ahead (the next Q block's
+unordered calls; HEURISTIC_D256_ROLES, on for bf16 and fp16: 0.95-1.22x cuDNN), with s_ahead (the next Q block's
 Sᵀ / dPᵀ behind the dQ GEMM); the lpt order for causal calls (HEURISTIC_D256_LPT); clusters of 2 CTAs
 sharing Q/dO by multicast (HEURISTIC_D256_CLUSTER, off: slower); every feature (dropout alone: see
 below; features run the query split). Head
@@ -188,11 +188,12 @@ HEURISTIC_D256_CLUSTER = False
 #   revs 00edc4f / 974c95b, x cuDNN's speed at 2k / 4k / 8k / 16k; logs/session16_rounds/b256_round_*.md):
 #   non-causal dq_writer 0.86 / 0.82 / 0.89 / 0.88 -> roles 1.03 / 1.00 / 1.10 / 1.16 (A), 1.02 / 1.09 /
 #   1.10 / 1.11 (B), 358-427 TFLOPs; causal 0.87 / 0.85 / 0.82 / 0.87 -> 0.98 / 1.01 / 0.99 / 1.05 (A),
-#   0.97 / 0.99 / 0.95 / 1.04 (B), 300-425 TFLOPs: on for bf16. fp16: its roles kernels pass the GPU
-#   tests but have not been timed (add "fp16" once tests/sm90_bwd_d256_timing.py --dtypes fp16 shows
-#   them faster). With s_ahead (round B): 0.81-0.90, slower than roles alone; in clusters of 2 CTAs
+#   0.97 / 0.99 / 0.95 / 1.04 (B), 300-425 TFLOPs: on for bf16. fp16 (round C, rev 1c09956,
+#   logs/session16_rounds/c1/b256.log): non-causal dq_writer 0.86 / 0.89 / 0.90 / 0.90 -> roles 1.05 /
+#   1.17 / 1.15 / 1.22, causal 0.89 / 0.87 / 0.84 / 0.87 -> 1.00 / 1.08 / 1.11 / 1.16 (the same run's
+#   bf16: 0.98-1.16): on for fp16 too. With s_ahead (round B): 0.81-0.90, slower than roles alone; in clusters of 2 CTAs
 #   0.82-0.92 (A, B), with s_ahead 0.65-0.74: neither in the heuristic.
-HEURISTIC_D256_ROLES = frozenset({"bf16"})
+HEURISTIC_D256_ROLES = frozenset({"bf16", "fp16"})
 # The main-loop flags of issue 14 (the d128 backward at cuDNN's speed), for plain unordered calls
 # (no feature, not deterministic) of the classes listed. Measured on the H100 (2026-11-26, session 15
 # round A at b082f22, tests/sm90_bwd_d128_timing.py: d128, dim 2048, batch x seqlen 16k, 2k-16k,
