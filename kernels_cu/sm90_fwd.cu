@@ -129,7 +129,8 @@
 //   kEmuExp2   0..4: that many quarters of S's 8-column tiles compute P's exp2 on the FMA / ALU
 //              pipes (exp2_emu.cuh: a polynomial, FlashAttention-4's trick) instead of the SFU's
 //              ex2.approx, which softcap's tanh.approx also needs; 0 (the default) is the
-//              plain kernel, the same code as before the parameter existed
+//              plain kernel, the same code as before the parameter existed. With kFoldCap the
+//              folded step's exp2s (softmax_fold.cuh softmax_row_update) take it
 //   kDynamic   the dynamic scheduler (needs kPersistent; params.tile_counter, params.sched_section)
 //   kTmaStore  the TMA-store epilogue (params.tma_o)
 //   (kDynamic and kTmaStore false, the defaults: the code of the kernel before they existed)
@@ -409,8 +410,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     static_assert(kFoldCap != 4 || Exp2PolyDegree<Elem>::value == 3,
                   "kFoldCap 4 prescales Q in bf16 (Exp2PolyDegree's 3 marks bf16): fp16 products underflow");
     static_assert(kFoldCap < 2 || kLazyRescale, "kFoldCap 2, 3, 4 run with kLazyRescale");
-    static_assert(!(kLazyRescale || kFoldCap) || (kEmuExp2 == 0 && !kDropout),
-                  "kLazyRescale / kFoldCap run the plain exp2 and no dropout (softmax_fold.cuh)");
+    static_assert(!(kLazyRescale || kFoldCap) || ((kEmuExp2 == 0 || kFoldCap != 0) && !kDropout),
+                  "kLazyRescale / kFoldCap run no dropout, and the software exp2 only with kFoldCap (softmax_fold.cuh)");
     static_assert(!kRescaleFirst || !(kLazyRescale || kFoldCap),
                   "kRescaleFirst rescales O every step: not with kLazyRescale / kFoldCap");
     static_assert(!kAlibiLinear || (kAlibi && !kSoftcap && !kDropout && kEmuExp2 == 0 && !kVarlen && !kTreeMax),
@@ -772,7 +773,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                         mx[0][0] = folded.cap(mx[0][0]);
                         mx[0][1] = folded.cap(mx[0][1]);
                     }
-                    softmax_step_max<kLazyRescale>(s_acc, m, l, mx, scale_log2, alpha, rescale);
+                    softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, mx, scale_log2,
+                                                                                       alpha, rescale);
                     return;
                 }
                 if constexpr (kFoldCap || (kFastAlibi && !kSoftcap)) folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
@@ -782,7 +784,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 if constexpr (kLazyRescale || kFoldCap) {
                     float mx[1][2];
                     softmax_rowmax(s_acc, mx);
-                    softmax_step_max<kLazyRescale>(s_acc, m, l, mx, scale_log2, alpha, rescale);
+                    softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, mx, scale_log2,
+                                                                                       alpha, rescale);
                 } else if constexpr (kEmuExp2 == 0 && kTreeMax)   // the same step, shorter chains
                     softmax_step_tree(s_acc, m, l, p.scale_log2, alpha);
                 else if constexpr (kEmuExp2 == 0)

@@ -198,6 +198,14 @@ ALIBI_LINEAR: frozenset = frozenset({(128, True), (128, False)})
 # with k = softcap·log2(e) stays >= 2^-100 over t in [-1, 1] (2k <= 100), so no visible score's
 # P underflows whatever the row's own max (above it the kernel computes the row max, as 2).
 FOLD_CAP = (0, 1, 2, 3, 4)
+# emu_exp2 with fold_cap (the folded step's exp2s, softmax_fold.cuh): the heuristic's quarters of S's
+# tiles on the software exp2 by (head dim, causal) with SOFTCAP_FOLD's fold_cap; 0 where not listed.
+# Why again after SOFTCAP_EMU_EXP2's measurement: folded (fold_cap 4, fixed max) a softcapped score
+# issues about as many instructions as a plain one (tanh in place of the max), but two SFU ops (tanh,
+# exp2) at 16 per SM clock, as long as its share of the two GEMMs at d128 (512 FLOPs at ~4096 per
+# clock), where the plain score's one takes half. To be measured (tests/features_overhead_timing.py,
+# candidates fold4_emu1 / fold4_emu2).
+SOFTCAP_FOLD_EMU_EXP2: dict = {}
 FIXED_MAX_LOG2_RANGE = 100.0
 
 
@@ -281,8 +289,9 @@ class Sm90FwdConfig(KernelConfig):
                max (t <= 1) where the cap allows it (softcap_fixed_m: no row max, no O rescale); 4, as 3
                with Q multiplied by softcap_in in shared memory once per tile (no multiply per
                score before the tanh; bf16 only).
-               2 and 3 act as 1 with ALiBi and need lazy_rescale; needs softcap, not with dropout
-               or emu_exp2 (SOFTCAP_FOLD)
+               2 and 3 act as 1 with ALiBi and need lazy_rescale; needs softcap, not with dropout;
+               with emu_exp2 the folded step's exp2s take the software exp2 (SOFTCAP_FOLD,
+               SOFTCAP_FOLD_EMU_EXP2)
     alibi_lin: ALiBi's bias as one FFMA per score (kAlibiLinear, softmax_fold.cuh AlibiLinear): the
                per-row part of a linear bias in the softmax's exponent offset; blocks across the
                diagonal (non-causal) take the exact distance. ALiBi alone (no softcap, dropout,
@@ -463,9 +472,9 @@ class Sm90FwdConfig(KernelConfig):
         elif self.fold_cap >= 2 and not self.lazy_rescale:
             out.append(f"fold_cap={self.fold_cap} needs lazy_rescale (without it ptxas, nvcc 13.0, "
                        "spilled ~300 bytes at BN 176)")
-        if (self.lazy_rescale or self.fold_cap) and (self.dropout or self.emu_exp2):
-            out.append("lazy_rescale / fold_cap run the plain exp2 without dropout "
-                       "(kernels_cu/softmax_fold.cuh): not with dropout or emu_exp2")
+        if (self.lazy_rescale or self.fold_cap) and (self.dropout or (self.emu_exp2 and not self.fold_cap)):
+            out.append("lazy_rescale / fold_cap run without dropout, and emu_exp2 only with fold_cap "
+                       "(kernels_cu/softmax_fold.cuh)")
         if (self.lazy_rescale or self.fold_cap) and (self.p_smem or self.tree_max or self.q_double):
             out.append("lazy_rescale / fold_cap with p_smem / tree_max / q_double: not designed together "
                        "(the feature variants' softmax step and the d64 plain-call options were written "
@@ -706,11 +715,11 @@ class Sm90Forward(Family):
             config = config.replace(dropout=dropout, varlen=varlen)
         if dropout and config.emu_exp2:   # not implemented with dropout: the plain exp2 (a speed knob)
             config = config.replace(emu_exp2=0)
-        # the softmax variants (speed knobs): fold_cap only with softcap, neither with dropout or
-        # emu_exp2 (kernels_cu/softmax_fold.cuh)
-        if config.fold_cap and ("softcap" not in problem.features or dropout or config.emu_exp2):
+        # the softmax variants (speed knobs): fold_cap only with softcap, neither with dropout,
+        # lazy_rescale with emu_exp2 only under fold_cap (kernels_cu/softmax_fold.cuh)
+        if config.fold_cap and ("softcap" not in problem.features or dropout):
             config = config.replace(fold_cap=0)
-        if config.lazy_rescale and (dropout or config.emu_exp2):
+        if config.lazy_rescale and (dropout or (config.emu_exp2 and not config.fold_cap)):
             config = config.replace(lazy_rescale=False)
         if config.p_smem and problem.features:   # plain calls only (a speed knob): P in registers
             config = config.replace(p_smem=False)
@@ -811,7 +820,8 @@ class Sm90Forward(Family):
             fold = SOFTCAP_FOLD.get(d, 0)
             fold = 3 if fold == 4 and problem.dtype != "bf16" else fold   # (4 prescales Q in bf16 only)
             if fold and feature_call and not cfg.emu_exp2:   # (2 and 3 run with lazy_rescale)
-                cfg = cfg.replace(fold_cap=fold, lazy_rescale=fold >= 2 or cfg.lazy_rescale)
+                cfg = cfg.replace(fold_cap=fold, lazy_rescale=fold >= 2 or cfg.lazy_rescale,
+                                  emu_exp2=SOFTCAP_FOLD_EMU_EXP2.get((d, bool(problem.causal)), 0))
         if FEATURE_LAZY_RESCALE and feature_call and not cfg.emu_exp2:
             cfg = cfg.replace(lazy_rescale=True)
         if (feature_call and (d, bool(problem.causal)) in ALIBI_LINEAR
