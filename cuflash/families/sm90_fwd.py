@@ -104,6 +104,16 @@ HEURISTIC_DYNAMIC = True
 # 0.93-0.99x the static tiles' time (d128 causal 1.295 -> 1.210 ms, d64 causal 1.856 -> 1.730,
 # d128 full 2.444 -> 2.410, d64 full 3.405 -> 3.362), forward + backward 0.98-1.00x.
 DROPOUT_DYNAMIC = True
+# Whether dropout calls apply the keep mask to P's packed fragments (drop_packed, kDropPacked): the
+# same mask bit for bit. The fp32 form (Dropout::zero_dropped) spends a compare and a select per
+# element, 4-5 instructions per element in the d128 BN 160 kernel's SASS (next to the Philox rounds'
+# ~3 and the plain softmax's ~7); the packed form 2. To be measured (tests/features_overhead_timing.py,
+# the dropout rows): off until then.
+DROPOUT_PACKED = False
+# BN of a drop_packed forward by head dim, where wider than DROPOUT_BN: the Philox rounds run after
+# the packing, where S's fp32 registers are dead, and d128 BN 192 compiles without a spill (nvcc
+# 13.0, sm_90a; 168 registers), also BN 128 with the TMA-store epilogue. Others: DROPOUT_BN.
+DROPOUT_PACKED_BN = {128: 192}
 # The dynamic scheduler (``dynamic``, kDynamic): bytes of K and V that a section of the tile order
 # keeps in L2 (the H100 has 50 MB; FA3 sizes its sections by 32 MB too), and the shared memory
 # its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
@@ -302,6 +312,10 @@ class Sm90FwdConfig(KernelConfig):
                dropout, varlen), not with lazy_rescale / fold_cap / p_smem / tree_max / q_double.
                Measured no faster on the heuristic's non-causal tiles (HEURISTIC_NC's note): off,
                outside the tuning space
+    drop_packed: dropout's keep mask applied to P's packed 16-bit fragments after the packing
+               (kDropPacked, kernels_cu/dropout_packed.cuh: a byte permute and an AND per two
+               elements, where the fp32 form compares and selects per element); the same mask and
+               bits. Set with dropout by for_problem from DROPOUT_PACKED, never tuned
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
@@ -332,6 +346,7 @@ class Sm90FwdConfig(KernelConfig):
     fold_cap: int = 0
     alibi_lin: bool = False
     rescale_first: bool = False
+    drop_packed: bool = False
     section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
@@ -351,7 +366,8 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_drop' if self.dropout else ''}"
                 f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{'_psmem' if self.p_smem else ''}{'_tree' if self.tree_max else ''}{'_q2' if self.q_double else ''}"
                 f"{name_suffix(self)}{'_varlen' if self.varlen else ''}{'_lazy' if self.lazy_rescale else ''}"
-                f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}")
+                f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}"
+                f"{'_dpk' if self.drop_packed else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -385,6 +401,13 @@ class Sm90FwdConfig(KernelConfig):
         d96 holds 96 columns of O (48 registers), not d128's 128."""
         return (self.head_dim + self.BN) // 2
 
+    @property
+    def dropout_bn_max(self) -> int:
+        """The widest BN of a dropout kernel at this head dim (DROPOUT_BN, or with drop_packed
+        DROPOUT_PACKED_BN where it lists the head dim)."""
+        bn = DROPOUT_BN.get(self.head_dim, 0)
+        return DROPOUT_PACKED_BN.get(self.head_dim, bn) if self.drop_packed else bn
+
     def kernel_name(self) -> str:
         # the trailing template parameters are written only up to the last one set, so a plain
         # config's name (the compile cache's key) is what it was before they existed
@@ -398,8 +421,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.lazy_rescale else 'false'}",                    # kLazyRescale
                 f"{self.fold_cap}",                                               # kFoldCap
                 f"{'true' if self.alibi_lin else 'false'}",                       # kAlibiLinear
-                f"{'true' if self.rescale_first else 'false'}"]                   # kRescaleFirst last
-        used = (12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{'true' if self.rescale_first else 'false'}",                   # kRescaleFirst
+                f"{'true' if self.drop_packed else 'false'}"]                     # kDropPacked last
+        used = (13 if self.drop_packed else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -414,7 +438,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
-                self.rescale_first)
+                self.rescale_first, self.drop_packed)
 
     def _problems(self) -> list[str]:
         out = []
@@ -434,9 +458,10 @@ class Sm90FwdConfig(KernelConfig):
         if self.dropout and self.BN % 32:
             out.append(f"dropout needs BN a multiple of 32 (one Philox call covers 32 keys, "
                        f"philox.cuh), got {self.BN}")
-        elif self.dropout and self.head_dim in DROPOUT_BN and self.BN > DROPOUT_BN[self.head_dim]:
+        elif self.dropout and self.head_dim in DROPOUT_BN and self.BN > self.dropout_bn_max:
             out.append(f"dropout at BN={self.BN}: the Philox rounds spill above "
-                       f"BN={DROPOUT_BN[self.head_dim]} at head_dim={self.head_dim} (DROPOUT_BN)")
+                       f"BN={self.dropout_bn_max} at head_dim={self.head_dim} "
+                       f"({'DROPOUT_PACKED_BN' if self.drop_packed else 'DROPOUT_BN'})")
         if self.emu_exp2 not in EMU_EXP2:
             out.append(f"emu_exp2 must be one of {EMU_EXP2} (quarters of S's 8-column tiles), "
                        f"got {self.emu_exp2}")
@@ -490,6 +515,9 @@ class Sm90FwdConfig(KernelConfig):
         if self.rescale_first and (self.window or self.softcap or self.alibi or self.dropout or self.varlen):
             out.append("rescale_first with window / softcap / ALiBi / dropout / varlen is not implemented "
                        "(those instantiations are unchecked for registers)")
+        if self.drop_packed and (not self.dropout or self.p_smem):
+            out.append("drop_packed applies dropout's keep mask to P's packed fragments in registers "
+                       "(kDropPacked): it needs dropout, and not p_smem")
         if self.section < 0 or self.section > MAX_SECTION:
             out.append(f"section must be 0 (the L2 rule) or 1..{MAX_SECTION} KV heads, got {self.section}")
         elif self.section and not self.dynamic:
@@ -715,6 +743,10 @@ class Sm90Forward(Family):
             config = config.replace(dropout=dropout, varlen=varlen)
         if dropout and config.emu_exp2:   # not implemented with dropout: the plain exp2 (a speed knob)
             config = config.replace(emu_exp2=0)
+        if config.drop_packed != (dropout and DROPOUT_PACKED and not config.p_smem):
+            # how dropout is applied (the same mask, the same bits): the module's switch, as the call's
+            # dropout flag itself
+            config = config.replace(drop_packed=dropout and DROPOUT_PACKED and not config.p_smem)
         # the softmax variants (speed knobs): fold_cap only with softcap, neither with dropout,
         # lazy_rescale with emu_exp2 only under fold_cap (kernels_cu/softmax_fold.cuh)
         if config.fold_cap and ("softcap" not in problem.features or dropout):
@@ -738,7 +770,8 @@ class Sm90Forward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
-                               "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first") and not v))
+                               "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
+                               "drop_packed") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
