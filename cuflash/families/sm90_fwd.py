@@ -743,10 +743,11 @@ class Sm90Forward(Family):
             config = config.replace(dropout=dropout, varlen=varlen)
         if dropout and config.emu_exp2:   # not implemented with dropout: the plain exp2 (a speed knob)
             config = config.replace(emu_exp2=0)
-        if config.drop_packed != (dropout and DROPOUT_PACKED and not config.p_smem):
-            # how dropout is applied (the same mask, the same bits): the module's switch, as the call's
-            # dropout flag itself
-            config = config.replace(drop_packed=dropout and DROPOUT_PACKED and not config.p_smem)
+        packed = dropout and not config.p_smem and (config.drop_packed or DROPOUT_PACKED)
+        if config.drop_packed != packed:
+            # how dropout is applied (the same mask, the same bits): the module's switch for configs
+            # without it (tuned tables carry no dropout), or the config's own; off without dropout
+            config = config.replace(drop_packed=packed)
         # the softmax variants (speed knobs): fold_cap only with softcap, neither with dropout,
         # lazy_rescale with emu_exp2 only under fold_cap (kernels_cu/softmax_fold.cuh)
         if config.fold_cap and ("softcap" not in problem.features or dropout):
