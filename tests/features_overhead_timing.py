@@ -66,7 +66,7 @@ def problem(feature, causal, seqlen=SEQLEN):
 
 # --quick: the heuristic and these candidates (by feature), and QUICK_BWD's backward variants of
 # the window (causal only unless --mask says otherwise)
-QUICK = {"window": (),
+QUICK = {"window": ("q2", "tree"),
          "softcap": ("fold4_emu1", "fold4_emu2"),
          "alibi": ("alin_lazy", "alin_bn160_tmao"),
          "dropout": ("dpk", "dpk_bn192", "dpk_tmao")}
@@ -97,7 +97,12 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
                     # one consumer warpgroup, BM 64: half the band's edge triangles (the computed
                     # share of a Q block's 9 blocks: 1.06x the visible keys, 1.12x at BM 128), no
                     # second warpgroup to overlap with
-                    ("c1_bm64_dyn_tmao", base.replace(BM=64, consumers=1, pingpong=False, **dyn))]
+                    ("c1_bm64_dyn_tmao", base.replace(BM=64, consumers=1, pingpong=False, **dyn)),
+                    # a window's tiles are short (9 K/V blocks at BN 128): two Q buffers, so a tile's
+                    # first S does not wait for its Q after the last tile's (q_double); the softmax
+                    # step with shorter chains, so a block's first ex2 issues sooner (tree_max)
+                    ("q2", heur.replace(q_double=True)),
+                    ("tree", heur.replace(tree_max=True))]
     elif feature == "softcap":
         base = base.replace(BN=176, persistent=False, emu_exp2=0)   # the shipped softcap tile
         lazy3 = dict(fold_cap=3, lazy_rescale=True)
