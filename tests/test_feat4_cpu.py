@@ -117,3 +117,14 @@ def test_new_instantiations_compile_without_spills():
     for cfg, rep in zip(cfgs, nvcc_compile(cfgs, "sm_90a")):
         assert rep.spill_stores == 0 and rep.spill_loads == 0, (cfg.name, rep)
         assert not any("serializ" in w for w in rep.warnings), (cfg.name, rep.warnings)
+
+
+def test_window_tiles_take_q_double_and_tree_max(monkeypatch):
+    """FEATURE_TILES' window entry may carry q_double / tree_max; they apply to a window alone."""
+    tiles = {128: dict(sm90_fwd.FEATURE_TILES[128], window=dict(sm90_fwd.FEATURE_TILES[128]["window"],
+                                                                 q_double=True, tree_max=True))}
+    monkeypatch.setattr(sm90_fwd, "FEATURE_TILES", tiles)
+    win = heuristic(problem(("window",), window=(1024, 0)))
+    assert win.q_double and win.tree_max and win.problems(MAX_SMEM) == [], win.problems(MAX_SMEM)
+    both = heuristic(problem(("alibi", "window"), window=(1024, 0)))
+    assert not both.q_double and not both.tree_max and both.problems(MAX_SMEM) == []

@@ -165,7 +165,8 @@ SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # tests/features_overhead_timing.py (bf16 d128 8k batch 2 x 16 heads, causal and not, against the
 # plain call of the same process; results/NVIDIA_H100_80GB_HBM3/features_overhead_timing.json):
 #   FEATURE_TILES         {head dim: {feature or "feature:causal" / "feature:full": {field: value}}}:
-#                         the tile / schedule fields (BN, persistent, dynamic, tma_store) of a call
+#                         the tile / schedule fields (BN, persistent, dynamic, tma_store; for a
+#                         window alone also q_double, tree_max) of a call
 #                         with that feature, over the heuristic's own (a window's entry first, then
 #                         softcap's, then ALiBi's: the first feature of the call that has one; a
 #                         mask's own entry before the feature's); tma_store only below 16k keys,
@@ -843,6 +844,10 @@ class Sm90Forward(Family):
                 persistent = VARLEN_PERSISTENT
         cfg = Sm90FwdConfig(128, bn, 2, 2, True, persistent, d, problem.dtype, bool(problem.causal),
                             dynamic=dynamic, tma_store=tma_store)
+        if tuple(problem.features) == ("window",) and not is_varlen(problem):
+            # FEATURE_TILES' q_double / tree_max for a window alone (with softcap / ALiBi their softmax
+            # variants exclude them: Sm90FwdConfig's rules)
+            cfg = cfg.replace(**{k: tiles[k] for k in ("q_double", "tree_max") if k in tiles})
         if (d == 64 and dynamic and not problem.features and problem.bucket >= HEURISTIC_D64_MIN_BUCKET
                 and HEURISTIC_D64.get(bool(problem.causal))):
             cfg = cfg.replace(**HEURISTIC_D64[bool(problem.causal)])   # (first_fitting: the fallbacks)
