@@ -123,8 +123,9 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
         variants += [("fold4_emu1", heur.replace(emu_exp2=1)), ("fold4_emu2", heur.replace(emu_exp2=2))]
     # (BN 160 with fold_cap 3 + dynamic + TMA store spills 88 bytes: nvcc 13.0)
     elif feature == "dropout":
-        # drop_packed (the keep mask on P's packed fragments: dropout_packed.cuh), at the heuristic's
-        # tile, at BN 192 (DROPOUT_PACKED_BN) and with the TMA-store epilogue (BN 160: no spill with it)
+        # drop_packed (the keep mask on P's packed fragments: dropout_packed.cuh; the heuristic's at
+        # d128 since session 16 round A, where "dpk" was measured against the fp32 form), at BN 192
+        # (DROPOUT_PACKED_BN) and with the TMA-store epilogue (BN 160: no spill with it)
         variants = [("dpk", heur.replace(drop_packed=True)),
                     ("dpk_bn192", heur.replace(drop_packed=True, BN=192)),
                     ("dpk_tmao", heur.replace(drop_packed=True, BN=160, tma_store=True))]

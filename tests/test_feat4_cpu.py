@@ -30,7 +30,7 @@ def heuristic(p):
 def test_drop_packed_rules_and_names():
     p = problem(("dropout",), dropout_p=0.1)
     cfg = heuristic(p)
-    assert cfg.dropout and cfg.drop_packed == sm90_fwd.DROPOUT_PACKED
+    assert cfg.dropout and cfg.drop_packed == (128 in sm90_fwd.DROPOUT_PACKED)
     packed = cfg.replace(drop_packed=True)
     assert packed.name == cfg.replace(drop_packed=False).name + "_dpk"
     assert packed.kernel_name().endswith(", true>") and packed.problems(MAX_SMEM) == []
@@ -50,10 +50,11 @@ def test_drop_packed_rules_and_names():
 
 def test_drop_packed_module_switch(monkeypatch):
     p = problem(("dropout",), dropout_p=0.1)
-    monkeypatch.setattr(sm90_fwd, "DROPOUT_PACKED", True)
+    monkeypatch.setattr(sm90_fwd, "DROPOUT_PACKED", frozenset({128}))
     assert heuristic(p).drop_packed
     assert not heuristic(problem()).drop_packed
-    monkeypatch.setattr(sm90_fwd, "DROPOUT_PACKED", False)
+    assert not heuristic(problem(("dropout",), d=64, dropout_p=0.1)).drop_packed
+    monkeypatch.setattr(sm90_fwd, "DROPOUT_PACKED", frozenset())
     assert not heuristic(p).drop_packed
 
 
@@ -92,7 +93,7 @@ def test_the_timing_scripts_candidates_are_valid():
             for key, _, cfg in timing.fwd_candidates(feature, causal, quick=True):
                 assert cfg.problems(MAX_SMEM) == [], (feature, key, cfg.problems(MAX_SMEM))
                 seen[(feature, causal, key)] = cfg
-    assert seen[("dropout", True, "dpk")].drop_packed
+    assert seen[("dropout", True, "heuristic")].drop_packed      # DROPOUT_PACKED (d128)
     assert seen[("softcap", False, "fold4_emu2")].emu_exp2 == 2
     assert ("alibi", True, "alin_bn160_tmao") not in seen        # spills causal (nvcc 13.0)
 

@@ -107,12 +107,16 @@ DROPOUT_DYNAMIC = True
 # Whether dropout calls apply the keep mask to P's packed fragments (drop_packed, kDropPacked): the
 # same mask bit for bit. The fp32 form (Dropout::zero_dropped) spends a compare and a select per
 # element, 4-5 instructions per element in the d128 BN 160 kernel's SASS (next to the Philox rounds'
-# ~3 and the plain softmax's ~7); the packed form 2. To be measured (tests/features_overhead_timing.py,
-# the dropout rows): off until then.
-DROPOUT_PACKED = False
+# ~3 and the plain softmax's ~7); the packed form 2 (256 fewer instructions in the kernel). Measured
+# on the H100 (tests/features_overhead_timing.py, session 16 round A, bf16 d128 8k, batch 2 x 16
+# heads, p 0.1, x the plain forward of the same process, causal / full): 1.588 / 1.686 -> 1.526 /
+# 1.625; at BN 192 1.551 / 1.647, with the TMA store (BN 160) 1.555 / 1.660: on at head dim 128 (the
+# kernel head dims listed), at the heuristic's BN; the others keep the fp32 form until measured.
+DROPOUT_PACKED: frozenset = frozenset({128})
 # BN of a drop_packed forward by head dim, where wider than DROPOUT_BN: the Philox rounds run after
 # the packing, where S's fp32 registers are dead, and d128 BN 192 compiles without a spill (nvcc
-# 13.0, sm_90a; 168 registers), also BN 128 with the TMA-store epilogue. Others: DROPOUT_BN.
+# 13.0, sm_90a; 168 registers), also BN 128 / 160 with the TMA-store epilogue. Others: DROPOUT_BN.
+# (BN 192 measured slower than the heuristic's 160: DROPOUT_PACKED's note.)
 DROPOUT_PACKED_BN = {128: 192}
 # The dynamic scheduler (``dynamic``, kDynamic): bytes of K and V that a section of the tile order
 # keeps in L2 (the H100 has 50 MB; FA3 sizes its sections by 32 MB too), and the shared memory
@@ -316,7 +320,8 @@ class Sm90FwdConfig(KernelConfig):
     drop_packed: dropout's keep mask applied to P's packed 16-bit fragments after the packing
                (kDropPacked, kernels_cu/dropout_packed.cuh: a byte permute and an AND per two
                elements, where the fp32 form compares and selects per element); the same mask and
-               bits. Set with dropout by for_problem from DROPOUT_PACKED, never tuned
+               bits. Set with dropout by for_problem from DROPOUT_PACKED (by head dim; a config's own
+               True kept), never tuned
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
@@ -744,7 +749,7 @@ class Sm90Forward(Family):
             config = config.replace(dropout=dropout, varlen=varlen)
         if dropout and config.emu_exp2:   # not implemented with dropout: the plain exp2 (a speed knob)
             config = config.replace(emu_exp2=0)
-        packed = dropout and not config.p_smem and (config.drop_packed or DROPOUT_PACKED)
+        packed = dropout and not config.p_smem and (config.drop_packed or config.head_dim in DROPOUT_PACKED)
         if config.drop_packed != packed:
             # how dropout is applied (the same mask, the same bits): the module's switch for configs
             # without it (tuned tables carry no dropout), or the config's own; off without dropout
