@@ -218,8 +218,11 @@ FOLD_CAP = (0, 1, 2, 3, 4)
 # Why again after SOFTCAP_EMU_EXP2's measurement: folded (fold_cap 4, fixed max) a softcapped score
 # issues about as many instructions as a plain one (tanh in place of the max), but two SFU ops (tanh,
 # exp2) at 16 per SM clock, as long as its share of the two GEMMs at d128 (512 FLOPs at ~4096 per
-# clock), where the plain score's one takes half. To be measured (tests/features_overhead_timing.py,
-# candidates fold4_emu1 / fold4_emu2).
+# clock), where the plain score's one takes half. Measured on the H100 (tests/features_overhead_timing.py,
+# session 16 round A, bf16 d128 8k, softcap 30, x the plain forward, causal / full): fold_cap 4 1.203 /
+# 1.271, with 1 quarter emulated 1.267 / 1.355, 2 quarters 1.324 / 1.421: off (the kernel pays for every
+# issued instruction, ~2% per instruction per score; results/NVIDIA_H100_80GB_HBM3/
+# features_overhead_session16.md).
 SOFTCAP_FOLD_EMU_EXP2: dict = {}
 FIXED_MAX_LOG2_RANGE = 100.0
 
