@@ -142,7 +142,8 @@ SHIPPED = {
     (("softcap",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold4",
     (("softcap",), False): "sm90fwd_bf16_d128_full_BM128_BN144_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold4",
     (("alibi",), True): "sm90fwd_bf16_d128_causal_BM128_BN176_s2_c2_pp_persist_dyn_alibi_alin",
-    (("alibi",), False): "sm90fwd_bf16_d128_full_BM128_BN176_s2_c2_pp_persist_dyn_alibi_alin",
+    # (session 16: BN 160 + TMA store, FEATURE_TILES "alibi:full")
+    (("alibi",), False): "sm90fwd_bf16_d128_full_BM128_BN160_s2_c2_pp_persist_dyn_tmao_alibi_alin",
 }
 
 
@@ -297,6 +298,8 @@ NVCC_CONFIGS = [
     cfg(True, 176, persistent=True, dynamic=True, alibi=True, alibi_lin=True),
     cfg(False, 176, alibi=True, alibi_lin=True),
     cfg(False, 128, persistent=True, dynamic=True, tma_store=True, window=True, alibi=True, alibi_lin=True),
+    # ALiBi full's shipped tile since session 16
+    cfg(False, 160, persistent=True, dynamic=True, tma_store=True, alibi=True, alibi_lin=True),
 ]
 
 

@@ -196,12 +196,16 @@ SCHED_RING_BYTES = 8 * 4 + 4 * 2
 #                1.12 (fwd + bwd 1.00 -> 1.01). Round A with alibi_lin (ALIBI_LINEAR): causal
 #                dynamic 1.13 -> 1.09 (fwd + bwd 1.04 -> 1.03); full static 1.15, dynamic 1.15,
 #                static + alibi_lin 1.13, dynamic + alibi_lin 1.11 (fwd + bwd 1.00 / 1.00 / 0.99 /
-#                0.99): both masks dynamic with alibi_lin
+#                0.99): both masks dynamic with alibi_lin. Session 16 (features_overhead_session16.md),
+#                full: BN 160 + TMA store 1.142 / 1.134 against BN 176's 1.152 / 1.147 (rounds A / B):
+#                "alibi:full" takes it (causal: that kernel spills 8 bytes, nvcc 13.0); lazy_rescale
+#                causal 1.137 / 1.148 against 1.089 / 1.099: off
 # (session 14: results/NVIDIA_H100_80GB_HBM3/features_overhead_timing.json; round A of session 15:
 # features_overhead_session15.md, rounds A and B.) Other head dims keep the static tiles and fold_cap 0 (unmeasured).
 FEATURE_TILES: dict = {128: {"window": dict(persistent=True, dynamic=True, tma_store=True),
                              "softcap:causal": dict(BN=128, persistent=True, dynamic=True, tma_store=True),
                              "softcap": dict(BN=144, persistent=True, dynamic=True, tma_store=True),
+                             "alibi:full": dict(BN=160, persistent=True, dynamic=True, tma_store=True),
                              "alibi": dict(persistent=True, dynamic=True)}}
 FEATURE_LAZY_RESCALE = False
 SOFTCAP_FOLD: dict = {128: 4}
