@@ -240,19 +240,26 @@ class PtxasReport:
     spill_stores: int
     spill_loads: int
     stack_bytes: int
-    warnings: tuple = ()  # ptxas warnings about this kernel (e.g. "wgmma ... serialized")
+    warnings: tuple = ()  # ptxas warnings about this kernel, and its wgmma-serialization infos
 
 
 _ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(\S+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS = re.compile(r"Used (\d+) registers")
+# wgmma serialization: ptxas 13 prints C7510-C7516 and C7520 as "info", not "warning" (C7519, an
+# injected warpgroup.arrive, is not a serialization and is not counted)
+_SERIALIZED = re.compile(r"\(C751[0-6]\)|\(C7520\)")
+
+
+def _is_serialized(line: str) -> bool:
+    return bool(_SERIALIZED.search(line)) or ("serialized" in line and "(C7519)" not in line)
 
 
 def parse_ptxas(log: str) -> list[PtxasReport]:
     """Per-kernel registers, spills and warnings from `nvcc -Xptxas -v` output."""
     reports, current, frame, warns = [], None, (0, 0, 0), {}
     for line in log.splitlines():
-        if "warning" in line and "ptxas" in line:
+        if "ptxas" in line and ("warning" in line or _is_serialized(line)):
             names = re.findall(r"'(_Z\S+)'", line)
             for n in names or [None]:
                 warns.setdefault(n, []).append(line.strip())

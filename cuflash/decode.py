@@ -521,14 +521,6 @@ class _TorchArrays:
         return tuple(x.stride())
 
     @staticmethod
-    def zeros_i32(n: int, like):
-        return sys.modules["torch"].zeros(n, dtype=sys.modules["torch"].int32, device=like.device)
-
-    @staticmethod
-    def address(x) -> int:
-        return x.data_ptr()
-
-    @staticmethod
     def capturing() -> bool:
         return sys.modules["torch"].cuda.is_current_stream_capturing()
 
@@ -588,17 +580,6 @@ class _CupyArrays:
     @staticmethod
     def strides(x) -> tuple:
         return tuple(s // x.itemsize for s in x.strides)
-
-    @staticmethod
-    def zeros_i32(n: int, like):
-        import cupy
-
-        with cupy.cuda.Device(like.device.id):
-            return cupy.zeros(n, cupy.int32)
-
-    @staticmethod
-    def address(x) -> int:
-        return x.data.ptr
 
     @staticmethod
     def capturing() -> bool:
@@ -720,28 +701,23 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
         # a chosen fused combine cannot allocate its zeroed split counters inside a CUDA-graph
         # capture: this call shape runs the separate combine launch (same splits) instead
         cfg = cfg.replace(fused_combine=False)
-    entry.counters = _split_counters(family, cfg, problem, arrays, q)
-    if entry.counters is not None:
-        strides["call"]["split_counters"] = arrays.address(entry.counters)
-    entry.plan = Plan(family, cfg, problem, strides, call.softmax_scale, dev)
+    _check_counters(family, cfg, problem, arrays)
+    entry.plan = Plan(family, cfg, problem, strides, call.softmax_scale, dev)  # it keeps the counters
+    entry.counters = entry.plan.counters.get("split_counters")
     entry.ws_bytes = entry.plan.workspace_bytes
     return entry
 
 
-def _split_counters(family, cfg, problem, arrays, q):
-    """The zeroed int32 counters a config keeps between calls (the fused combine's per-group
-    count of finished splits, reset to 0 by the kernel itself), allocated once with the call
-    shape's entry, never per call; None when the config needs none. Not during a CUDA-graph
-    capture: the zeroing would only run at replay, and eager calls share the buffer (a chosen
-    config drops fused_combine there, _gpu_entry; a given one raises here)."""
-    n = getattr(family, "counters", lambda c, p: 0)(cfg, problem)
-    if not n:
-        return None
-    if arrays.capturing():
+def _check_counters(family, cfg, problem, arrays):
+    """A config that keeps counters between calls (the fused combine's per-group count of
+    finished splits, reset to 0 by the kernel itself) has its plan zero them when it is made,
+    one buffer per CUDA stream (cuflash.launch.StreamCounters), never per call; not during a
+    CUDA-graph capture, where the zeroing would only run at replay (a chosen config drops
+    fused_combine there, _gpu_entry; a given one raises here, before any CUDA call)."""
+    if getattr(family, "counters", lambda c, p: 0)(cfg, problem) and arrays.capturing():
         raise RuntimeError(f"flash_attn_with_kvcache: {cfg.name} (fused combine) allocates its split "
                            "counters on a call shape's first call; make that call once before "
                            "capturing a CUDA graph")
-    return arrays.zeros_i32(n, q)
 
 
 def _numpy_kvcache(call: KVCacheCall, args: tuple, scalars: tuple) -> tuple:

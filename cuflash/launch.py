@@ -103,6 +103,63 @@ def _zeroed_i32(n: int, device: int, what: str):
     return buf
 
 
+def _stream_capturing(stream: int) -> bool:
+    """Whether the raw CUDA stream ``stream`` is capturing a graph (a legal query during capture)."""
+    from cupy_backends.cuda.api import runtime
+
+    try:
+        return runtime.streamIsCapturing(stream) != runtime.streamCaptureStatusNone
+    except runtime.CUDARuntimeError:  # no driver (a CPU test's faked launches): nothing captures
+        return False
+
+
+class StreamCounters:
+    """One plan's zeroed int32 counters (``n`` of them), one buffer per CUDA stream.
+
+    Kernels that count across CTAs (the fused decode combine's finished splits, the dynamic
+    scheduler's tile counter) reset their counters themselves when done, so a buffer is zeroed
+    once and reused by every later launch. Launches on one stream run in order and may share a
+    buffer; two calls of one plan on two streams may overlap and must not, or their counts mix.
+    ``address(stream)`` hands each raw stream its own buffer: a dict lookup on the hot path, an
+    allocation on a stream's first use. A spare buffer, zeroed when the plan is made (never during
+    a CUDA-graph capture: the zeroing would only run at replay), serves a stream first seen while
+    it captures (torch.cuda.graph's capture stream after an eager warm-up on another stream), and
+    is made again by the next first use outside a capture. A graph keeps the buffer of the stream
+    it was captured on: replay two graphs captured on one stream on one stream, not two at once.
+    """
+
+    def __init__(self, n: int, device: int, what: str):
+        self.n, self.device, self.what = n, device, what
+        self._by_stream: dict = {}   # raw stream -> buffer address (the hot path's lookup)
+        self.buffers: dict = {}      # raw stream -> buffer (kept alive with the plan)
+        self._spare = _zeroed_i32(n, device, what)
+        self._lock = threading.Lock()
+
+    def address(self, stream: int) -> int:
+        addr = self._by_stream.get(stream)
+        return addr if addr is not None else self._first_use(stream)
+
+    def _first_use(self, stream: int) -> int:
+        with self._lock:
+            addr = self._by_stream.get(stream)
+            if addr is not None:
+                return addr
+            capturing = _stream_capturing(stream)
+            buf, self._spare = self._spare, None
+            if buf is None:
+                if capturing:
+                    raise RuntimeError(
+                        f"{self.what}: this plan's counters for a new CUDA stream cannot be zeroed "
+                        "during a graph capture and its spare buffer is taken; make one call of this "
+                        "shape on the capturing stream, or eagerly on another new stream, before capturing")
+                buf = _zeroed_i32(self.n, self.device, self.what)
+            if not capturing:  # the spare for a stream first seen in a capture
+                self._spare = _zeroed_i32(self.n, self.device, self.what)
+            self.buffers[stream] = buf
+            addr = self._by_stream[stream] = int(buf.ptr)
+            return addr
+
+
 def _driver_launch():
     from cupy_backends.cuda.api import driver
 
@@ -133,15 +190,16 @@ class Plan:
         ws = family.workspace(config, problem, strides)
         self.workspace_bytes = ws["total"]
         static = family.static_params(config, problem, strides, ws, softmax_scale, sms)
-        # counters kept between calls (zeroed once here, reset by the kernels themselves), owned by
-        # the plan for its lifetime: their addresses are static fields like any other
-        counters = getattr(family, "zeroed_counters", None)
-        self._counters = []
-        for name, n in (counters(config, problem) if counters is not None else {}).items():
-            buf = _zeroed_i32(n, device, f"{config.name} ({name})")
-            self._counters.append(buf)
-            static[name] = int(buf.ptr)
         dtype = struct_dtype(family.params_struct)
+        # counters kept between calls (zeroed once, reset by the kernels themselves), owned by the
+        # plan for its lifetime, one buffer per CUDA stream (StreamCounters): each launch writes
+        # its stream's buffer address into the params
+        counters = getattr(family, "zeroed_counters", None)
+        self.counters = {}
+        for name, n in (counters(config, problem) if counters is not None else {}).items():
+            self.counters[name] = StreamCounters(n, device, f"{config.name} ({name})")
+            static[name] = 0
+        self._counter_fields = tuple((dtype.fields[name][1], sc.address) for name, sc in self.counters.items())
         n_ptr = len(family.pointer_fields)
         if dtype.names[:n_ptr] != tuple(family.pointer_fields):
             raise RuntimeError(f"{family.params_struct} must begin with the pointer fields "
@@ -207,6 +265,8 @@ class Plan:
         launch, argv = self._launch, self._argv_ptr
         with self._lock:  # the packed struct is shared; the driver copies it at each launch
             self._pack(self._bytes, 0, *ptrs)
+            for off, address in self._counter_fields:  # this stream's counters (none: no loop)
+                _U64.pack_into(self._bytes, off, address(stream))
             for fn, gx, gy, gz, threads, smem in self._calls:
                 launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
 
@@ -217,6 +277,8 @@ class Plan:
         launch, argv = self._launch, self._argv_ptr
         with self._lock:
             self._pack(self._bytes, 0, *ptrs)
+            for off, address in self._counter_fields:
+                _U64.pack_into(self._bytes, off, address(stream))
             self._write_call(self._bytes, ptrs)
             for fn, gx, gy, gz, threads, smem in self._calls:
                 launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
@@ -245,6 +307,8 @@ class Plan:
                 self._pack(self._bytes, 0, *ptrs)
                 struct.pack_into("<Q", self._bytes, offsets[0], cu_seqlens_q)
                 struct.pack_into("<Q", self._bytes, offsets[1], cu_seqlens_k)
+                for off, address in self._counter_fields:
+                    _U64.pack_into(self._bytes, off, address(stream))
                 if self._write_call is not None:   # sm90_fwd: the tensor maps of the packed tensors
                     self._write_call(self._bytes, ptrs)
                 for fn, gx, gy, gz, threads, smem in self._calls:
@@ -272,6 +336,8 @@ class Plan:
                 self._pack(self._bytes, 0, *ptrs)
                 for name, value in extra:
                     u64(self._bytes, self._field_offsets[name], value)
+                for off, address in self._counter_fields:
+                    u64(self._bytes, off, address(stream))
                 if self._write_call is not None:
                     self._write_call(self._bytes, ptrs)
                 try:

@@ -91,24 +91,65 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 3, reps: int = 20, back_t
 
 
 def time_interleaved(fns: dict, *, warmup: int = 3, reps: int = 20, back_to_back: int = 10,
-                     flush_l2: bool = False, device: int = 0) -> dict:
-    """``time_ms`` for several callables with their samples interleaved (A B C A B C ...), so
-    that clock and thermal drift hit all of them alike. Returns {name: Timing}."""
+                     flush_l2: bool = False, device: int = 0, order: str = "shuffle") -> dict:
+    """``time_ms`` for several callables with their samples interleaved, so that clock and
+    thermal drift hit all of them alike. Returns {name: Timing}.
+
+    ``order`` of the callables within each round of samples (ORDERS):
+    * "shuffle" (default): a new permutation every round (seeded: the same run, the same
+      orders), so every callable follows every other one about equally often;
+    * "rotate": the round's order shifted by one every round (each callable meets every
+      position of the round, but keeps its predecessor);
+    * "fixed": A B C A B C ...
+    Why: back to back, the H100's clock under sustained load depends on what ran just before: a
+    fast kernel right after a slow one (lower power: the clock recovered) runs faster. With the
+    bench's fixed order SDPA cuDNN always followed the slow SDPA flash row and the cuflash
+    forward always followed cuDNN (tests/sm90_fwd_cells_timing.py --order-check measures it; a
+    row after a slow row gained up to ~9% at 16k keys there)."""
     inner = 1 if flush_l2 else max(1, int(back_to_back))
     flush = l2_flusher(device) if flush_l2 else None
     for fn in fns.values():
         warm_up(fn, warmup)
-    return _sample(fns, reps, inner, flush)
+    return _sample(fns, reps, inner, flush, order)
 
 
-def _sample(fns: dict, reps: int, inner: int, flush) -> dict:
-    """{name: Timing}: ``reps`` samples of ``inner`` calls each, interleaved across ``fns``,
-    all queued before one synchronization."""
+ORDERS = ("shuffle", "rotate", "fixed")
+
+
+def round_orders(names: list, reps: int, order: str = "fixed") -> list:
+    """The order of ``names`` in each of ``reps`` rounds (time_interleaved's ``order``)."""
+    import random
+
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    names = list(names)
+    if order == "fixed" or len(names) < 2:
+        return [names] * reps
+    if order == "rotate":
+        return [names[r % len(names):] + names[:r % len(names)] for r in range(reps)]
+    rng = random.Random(len(names) * 1000 + reps)
+    out = []
+    for _ in range(reps):
+        perm = names[:]
+        rng.shuffle(perm)
+        out.append(perm)
+    return out
+
+
+def _sample(fns: dict, reps: int, inner: int, flush, order: str = "fixed") -> dict:
+    """{name: Timing}: ``reps`` samples of ``inner`` calls each, interleaved across ``fns`` in
+    ``order`` (round_orders), all queued before one synchronization; each Timing's samples in
+    sample order."""
     import cupy
 
     events = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
+    if order is True:            # (the earlier rotate=True)
+        order = "rotate"
+    elif order is False or order is None:
+        order = "fixed"
+    for names in round_orders(list(fns), reps, order):
+        for name in names:
+            fn = fns[name]
             a, b = cupy.cuda.Event(), cupy.cuda.Event()
             if flush is not None:
                 flush()

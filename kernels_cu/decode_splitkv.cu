@@ -59,6 +59,9 @@
 //             needs no CTA barrier per block: a warp waits for its own cp.async groups and its
 //             own lanes (__syncwarp), and the warps stream independently (false: the CTA loads
 //             every block together, one __syncthreads per block)
+//   kLean     each warp keeps Q's mma fragments in registers (read from shared memory once, not
+//             per block) and rescales O only when a row's running max grew in the block (false:
+//             the plain loop)
 #include "ptx.cuh"
 #include "ptx_decode.cuh"
 #include "params_decode.cuh"
@@ -326,16 +329,24 @@ struct DecodeRows {
 // the element-wise mask; before_pv() runs between P's packing and O += P V (the cp.async loop
 // issues its prefetch there, so the copies overlap the last MMAs). Both loops run this one body
 // (kernels compiled from it differ from the two copies it replaced by instruction scheduling
-// only: same registers, same instructions ±1%).
-template <int kMTiles, int kWarpN, int kHeadDim, int kRowBytes, class Elem, class BeforePV>
+// only: same registers, same instructions ±1%). kLean (the cp.async loop's option): Q's
+// fragments come from registers (q_frag, read once per CTA; else Q is re-read from shared memory
+// per block, q_lane) and O is rescaled only when some row's running max grew in this block
+// (a warp vote; the max settles after a few blocks, and alpha is exp2(0) = 1 otherwise).
+template <int kMTiles, int kWarpN, int kHeadDim, int kRowBytes, class Elem, bool kLean = false, class QFrag = int,
+          class BeforePV>
 __device__ __forceinline__ void attend_block(const DecodeParams& p, const DecodeRows<kMTiles>& rows, int r0,
                                              int g, int t, int offset, int block0, int warp, bool edge, u32 q_lane, u32 k_lane,
                                              u32 v_lane, float (&o_acc)[kMTiles][kHeadDim / 8][4],
-                                             float (&m)[kMTiles][2], float (&l)[kMTiles][2], BeforePV&& before_pv) {
+                                             float (&m)[kMTiles][2], float (&l)[kMTiles][2], BeforePV&& before_pv,
+                                             const QFrag& q_frag = 0) {
     constexpr int kNTilesS = kWarpN / 8, kNTilesO = kHeadDim / 8;
     // ---- S = Q K_wᵀ (kRows x kWarpN per warp) ----
     float s_acc[kMTiles][kNTilesS][4];
-    gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(s_acc, q_lane, k_lane);
+    if constexpr (kLean)
+        gemm_frags_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(s_acc, q_frag, k_lane);
+    else
+        gemm_rows_x_rows<kMTiles, kNTilesS, kHeadDim / 16, kRowBytes, Elem>(s_acc, q_lane, k_lane);
 
     const int key0 = block0 + warp * kWarpN;  // this warp's first key
 
@@ -370,7 +381,22 @@ __device__ __forceinline__ void attend_block(const DecodeParams& p, const Decode
     }
 
     // ---- online softmax, then O += P V_w ----
-    softmax_update(s_acc, o_acc, m, l, p.scale_log2);
+    if constexpr (kLean) {
+        float m_old[kMTiles][2], alpha[kMTiles][2];
+        bool grew = false;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) m_old[mt][half] = m[mt][half];
+        softmax_step(s_acc, m, l, p.scale_log2, alpha);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) grew |= m[mt][half] != m_old[mt][half];
+        if (__any_sync(0xffffffffu, grew)) softmax_rescale(o_acc, alpha);  // warp-uniform branch
+    } else {
+        softmax_update(s_acc, o_acc, m, l, p.scale_log2);
+    }
     u32 p_frag[kMTiles][kWarpN / 16][4];
     pack_a_frags<kMTiles, kWarpN / 16, Elem>(p_frag, s_acc);
     before_pv();
@@ -677,7 +703,7 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
 // ---- decode_splitkv: one split of one KV head's packed query rows -----------------------------
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
           bool kFusedCombine = false, bool kPagePrefetch = false, int kL2Prefetch = 0,
-          bool kWarpLoads = false, bool kPageGather = false>
+          bool kWarpLoads = false, bool kPageGather = false, bool kLean = false>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
@@ -845,6 +871,7 @@ decode_splitkv(const DecodeParams p) {
                        + ((lane >> 3) & 1) * 16;
     const u32 v_lane = smem_u32(v_smem) + (warp * kWarpN + (lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes
                        + (lane >> 4) * 16;
+    u32 q_frag[kLean ? kMTiles : 1][kLean ? kHeadDim / 16 : 1][4];  // kLean: Q's A fragments, read once
 
     for (int iter = 0; iter < n_iters; ++iter) {
         const int n = n_end - 1 - iter, slot = iter % kStages;
@@ -855,14 +882,16 @@ decode_splitkv(const DecodeParams p) {
         cp_async_wait<kStages - 2>();
         if (!kWarpLoads || iter == 0) __syncthreads();
         else __syncwarp();
+        if constexpr (kLean)
+            if (iter == 0) load_a_frags<kMTiles, kHeadDim / 16, kRowBytes>(q_frag, q_lane);  // Q landed
         // Prefetch into the slot freed by iteration iter - 1 (every warp, or with kWarpLoads every
         // lane of this warp, passed the barrier), between P's packing and O += P V.
-        attend_block<kMTiles, kWarpN, kHeadDim, kRowBytes, Elem>(
+        attend_block<kMTiles, kWarpN, kHeadDim, kRowBytes, Elem, kLean>(
             p, rows, r0, g, t, offset, n * kBlockN, warp, n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi,
             q_lane, k_lane + slot * Shape::kKVTile * 2, v_lane + slot * Shape::kKVTile * 2, o_acc, m, l, [&] {
                 if (iter + kStages - 1 < n_iters) load_kv(n - (kStages - 1), (iter + kStages - 1) % kStages);
                 cp_async_commit();
-            });
+            }, q_frag);
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the ring: the merge area overlays it

@@ -40,6 +40,42 @@ __device__ __forceinline__ void gemm_rows_x_rows(float (&acc)[kMT][kNT][4], u32 
     }
 }
 
+// A's fragments for gemm_frags_x_rows, read once (ldmatrix) from row-major A in shared memory:
+// a warp that multiplies the same A by many B tiles (decode's Q) keeps them in registers.
+template <int kMT, int kKSteps, int kRowBytes>
+__device__ __forceinline__ void load_a_frags(u32 (&a)[kMT][kKSteps][4], u32 a_lane) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) ldmatrix_x4(a[mt][kk], a_lane + mt * 16 * kRowBytes + kk * 32);
+}
+
+// gemm_rows_x_rows with A's fragments in registers (load_a_frags): acc = A Bᵀ, B rows from
+// shared memory.
+template <int kMT, int kNT, int kKSteps, int kRowBytes, class Elem>
+__device__ __forceinline__ void gemm_frags_x_rows(float (&acc)[kMT][kNT][4], const u32 (&a)[kMT][kKSteps][4],
+                                                  u32 b_lane) {
+    static_assert(kNT % 2 == 0, "B rows come 16 at a time (one ldmatrix.x4)");
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk)
+#pragma unroll
+        for (int np = 0; np < kNT / 2; ++np) {
+            u32 b[4];  // [0..1]: B rows 16np..16np+7, [2..3]: rows 16np+8..16np+15
+            ldmatrix_x4(b, b_lane + np * 16 * kRowBytes + kk * 32);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                mma_16816<Elem>(acc[mt][2 * np], a[mt][kk], b[0], b[1]);
+                mma_16816<Elem>(acc[mt][2 * np + 1], a[mt][kk], b[2], b[3]);
+            }
+        }
+}
+
 // The C layout of two adjacent n8 accumulator tiles equals the A layout of one k16 step:
 // rounding to 16 bits and packing turns an fp32 result (P, dS) into the A operand of the
 // next product without a trip through shared memory.

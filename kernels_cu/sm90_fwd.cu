@@ -199,6 +199,13 @@
 //              before the P V wgmma reads O. Meant for the tiles without pingpong (with it the other
 //              warpgroups' GEMMs fill that gap already). Not with kLazyRescale / kFoldCap. false
 //              (the default): the code of the kernel before it existed
+//   kTileOverlap the static persistent plain kernel (with or without pingpong): after issuing a
+//              tile's last O += P V, each consumer issues the next tile's S_0 = Q' K'_0ᵀ in the same
+//              turn (its Q' and K'_0 load while the last blocks run) and waits for the P V alone, so
+//              S_0 runs on the tensor cores during the epilogue instead of after it: the
+//              once-per-tile pipeline fill is hidden (short tiles, e.g. head dim 256 at 2k keys: 26
+//              blocks per tile). The next tile's first step then only waits for S_0. false (the
+//              default): the code of the kernel before it existed
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
@@ -379,7 +386,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
-          bool kDropPacked = false>
+          bool kTileOverlap = false, bool kDropPacked = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem, kQDouble>;
@@ -407,6 +414,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     auto v_empty = [&](int slot) { return bars + 8u * (2 + 3 * kStages + slot); };
     static_assert(!kPingpong || kConsumers >= 2, "pingpong needs two or three consumer warpgroups");
     static_assert(!kDynamic || kPersistent, "the dynamic scheduler runs a persistent grid (a CTA per SM)");
+    static_assert(!kTileOverlap || (kPersistent && !kDynamic && !kVarlen && !kQDouble && !kTmaStore
+                                    && !kPSmem && !kRescaleFirst && !kCausal && !kWindow && !kSoftcap && !kAlibi
+                                    && !kDropout && kEmuExp2 == 0 && !kLazyRescale && kFoldCap == 0),
+                  "kTileOverlap: the static persistent plain non-causal kernel (the next tile is tile + "
+                  "gridDim.x, every tile has keys, Q has one buffer)");
     // kVarlen skips tiles past a sequence's end, which the dynamic scheduler's pingpong count does
     // not allow for; and a TMA store of O would write a box's rows past the sequence's end, into
     // the next sequence's rows (TMA clips only at the packed tensor's end)
@@ -691,6 +703,19 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         if constexpr (kDynamic) return ring.take();
         else return tile + int(gridDim.x);
     };
+    if constexpr (kTileOverlap) {
+        // The first tile's S_0 = Q K_0ᵀ before the loop (the persistent grid has a CTA per tile at
+        // most: blockIdx.x is a tile, and non-causal with keys, it has blocks): each tile's last step
+        // issues the next one's, so one S GEMM is in flight on every path into the loop's head (ptxas
+        // serializes wgmmas whose accumulators meet other definitions there: C7515)
+        turn.start();
+        turn.begin();
+        mbarrier_wait(q_full, 0);
+        mbarrier_wait(k_full(0), 0);
+        wgmma_fence();
+        issue_s(0);
+        turn.end();
+    }
     for (int tile = blockIdx.x; tile < n_tiles; tile = next_tile(tile)) {
         const Sm90Tile at = tile_at(tile);
         const SeqSpan seq = seq_of(tile);                  // fixed lengths: (0, 0, seqlen_q, seqlen_k)
@@ -726,13 +751,18 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         // kAlibiLinear: ALiBi's bias as one FFMA per score (softmax_fold.cuh AlibiLinear); unused without
         const AlibiLinear alibi_lin(kAlibiLinear, p.alibi_slopes, p.alibi_batch_stride, at.batch, at.head,
                                     p.softmax_scale, p.seqlen_q, p.seqlen_k);
+        // O = 0 (kTileOverlap: once the tile's S_0, issued ahead, is done: no instruction but a wgmma
+        // may write a wgmma accumulator while one is in flight)
+        auto zero_o = [&]() {
 #pragma unroll
-        for (int nt = 0; nt < kOCols / 8; ++nt)
+            for (int nt = 0; nt < kOCols / 8; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) o_acc[0][nt][e] = 0.f;
+                for (int e = 0; e < 4; ++e) o_acc[0][nt][e] = 0.f;
+        };
+        if constexpr (!kTileOverlap) zero_o();
         softmax_init(m, l);
 
-        if (n_blocks > 0) {
+        if (kTileOverlap || n_blocks > 0) {   // (kTileOverlap: non-causal with keys, every tile has blocks)
             // the CTA's last turn: the last tile with keys ends it (Pingpong: end(true))
             bool last_tile = !kDynamic;
             if constexpr (!kDynamic)
@@ -818,8 +848,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             auto phase = [&](int j) { return u32((kv_iter + j) / kStages) & 1; };
             auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
 
-            if (!kDynamic && q_iter == 0) turn.start();  // the CTA's first tile with keys
-            mbarrier_wait(q_full_of(q_slot(q_iter)), q_fill(q_iter) & 1);
+            if (!kTileOverlap && !kDynamic && q_iter == 0) turn.start();  // the CTA's first tile with keys
+            if constexpr (!kTileOverlap) mbarrier_wait(q_full_of(q_slot(q_iter)), q_fill(q_iter) & 1);
             if constexpr (kFoldCap == 4) {
                 // Q_i·softcap_in in place (softmax_fold.cuh prescale_q): this warpgroup's rows, then
                 // visible to its wgmmas (async proxy) once all 128 threads have written theirs
@@ -829,14 +859,17 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             }
             if constexpr (kQDouble) q_buf_shift = q_slot(q_iter) ? u32(Shape::kQ2Offset) >> 4 : 0u;
             // j = 0 (the last K/V block): S, softmax; O is still zero, so no P V and no rescale
-            turn.begin();
-            mbarrier_wait(k_full(slot_of(0)), phase(0));
-            reg_fence(s_flat);
-            reg_fence(o_flat);
-            wgmma_fence();
-            issue_s(slot_of(0));
-            turn.end();
+            if constexpr (!kTileOverlap) {   // (kTileOverlap: S_0 was issued by the last step, or before the loop)
+                turn.begin();
+                mbarrier_wait(k_full(slot_of(0)), phase(0));
+                reg_fence(s_flat);
+                reg_fence(o_flat);
+                wgmma_fence();
+                issue_s(slot_of(0));
+                turn.end();
+            }
             wgmma_wait<0>();
+            if constexpr (kTileOverlap) zero_o();
             softmax_s(slot_of(0), 0);
             drop_p(0);
             pack_p();
@@ -880,8 +913,29 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             reg_fence(o_flat);
             wgmma_fence();
             issue_pv(last);
+            if constexpr (kTileOverlap) {
+                // The next tile's S_0 = Q' K'_0ᵀ right behind this last P V (in the same turn), so the
+                // tensor cores compute it while this tile's epilogue runs (the pipeline's fill, hidden
+                // once per tile). Its Q' and K'_0 are loading already: the producer went on to them
+                // once every consumer released Q and the K slot (this tile's last S, issued in an
+                // earlier turn of each warpgroup: no wait here depends on a later turn), and s_acc is
+                // free (P_{n-1} is in p_frag). The CTA's last tile issues the same GEMM on what is
+                // still in shared memory (its Q and last K block: nothing loads after them) and drops
+                // it: issued on every path, the S GEMM in flight is the same at the loop's head.
+                const bool has_next = tile + int(gridDim.x) < n_tiles;
+                if (has_next) {
+                    mbarrier_wait(q_full_of(q_slot(q_iter + 1)), q_fill(q_iter + 1) & 1);
+                    mbarrier_wait(k_full(slot_of(n_blocks)), phase(n_blocks));
+                }
+                reg_fence(s_flat);
+                wgmma_fence();
+                issue_s(slot_of(has_next ? n_blocks : n_blocks - 1));
+            }
             turn.end(last_tile);
-            wgmma_wait<0>();
+            if constexpr (kTileOverlap)
+                wgmma_wait<1>();                   // P_{n-1} V_{n-1} is in O (groups complete in order)
+            else
+                wgmma_wait<0>();
             reg_fence(o_flat);
             mbarrier_arrive(v_empty(last));
             kv_iter += n_blocks;
@@ -919,6 +973,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             }
         }
     }
+    if constexpr (kTileOverlap) wgmma_wait<0>();   // the last tile's dropped S GEMM
     if constexpr (kDynamic && kPingpong)
         if (wg == 0) named_barrier_sync(1, 256);   // the last warpgroup's final hand-over
     if constexpr (kTmaStore)

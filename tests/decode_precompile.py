@@ -8,10 +8,11 @@ their kernels on disk):
   * tests/test_decode_bandwidth_gpu.py: the l2_prefetch / warp_loads configs of its cases;
   * tests/gpu_sanitize.py --quick --families decode_splitkv: its decode shapes under each pass of
     decode_loops (the default selection, the bandwidth options, TMA_DEFAULT, TMA_PAGED_DEFAULT);
-  * tests/test_decode_latency_gpu.py: the split merge (plain and fused) and page_gather configs.
+  * tests/test_decode_latency_gpu.py: the split merge (plain and fused) and page_gather configs;
+  * tests/test_decode_resident_gpu.py: the 4-warp contiguous tiles and page 256 on the Hopper loop.
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only timing,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only timing,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -90,13 +91,13 @@ def bandwidth_test_configs():
     import test_decode_bandwidth_gpu as t
 
     out = [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype, page), page, l2=size, warp_loads=wl,
-                      SMALL_PAGE_TMA_MAX_KEYS=0)
+                      SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0)
            for b, sq, ctx, h, hk, d, dtype, _, page, size, wl in t.CASES]
     leftpad = _heuristic(_problem(3, 1, 2050, 32, 8, 128, page=48), 48, l2=0,   # forced: both options, 8 / 4 warps
-                         SMALL_PAGE_TMA_MAX_KEYS=0)
+                         SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0)
     out += [leftpad.replace(l2_prefetch=256, warp_loads=True, warps=w, stages=3) for w in (8, 4)]
     out.append(_heuristic(_problem(3, 2, 4098, 32, 8, 128, page=16), 16, small_page_warps=4, l2=0,
-                          SMALL_PAGE_TMA_MAX_KEYS=0))
+                          SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0))
     return out
 
 
@@ -108,9 +109,11 @@ def sanitize_configs():
     out = []
     for b, sq, lens, h, hk, d, page, new, _, _ in g.DECODE_SHAPES:
         p = _problem(b, sq, max(lens) + new, h, hk, d, page=page)
-        for switches in ({}, dict(l2=256, warp_loads=True, SMALL_PAGE_TMA_MAX_KEYS=0), dict(tma=True),
+        for switches in ({}, dict(l2=256, warp_loads=True, SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0), dict(tma=True),
                          dict(tma_paged=True),
-                         dict(FUSED_COMBINE_DEFAULT=True, PAGE_GATHER_DEFAULT=True, SMALL_PAGE_TMA_MAX_KEYS=0)):
+                         dict(FUSED_COMBINE_DEFAULT=True, PAGE_GATHER_DEFAULT=True, SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0),
+                         dict(CONTIGUOUS_WARPS=4, CONTIGUOUS_STAGES=3, SPLIT_RULE_RESIDENT_CONTIGUOUS=True,
+                              LARGE_PAGE_TMA_MAX_KEYS=1 << 20), dict(LEAN_DEFAULT=True, warp_loads=True)):
             for dtype in g.DTYPES:
                 out.append(_heuristic(p.replace(dtype=dtype), page, **switches))
     return out
@@ -142,7 +145,30 @@ def latency_test_configs():
     return out
 
 
-GROUPS = {"timing": timing_configs, "tma_tests": tma_test_configs,
+def resident_test_configs():
+    """tests/test_decode_resident_gpu.py: contiguous 4-warp tiles (3 / 2 / 6 stages), 6 x 2, and
+    page 256 on the Hopper loop, under the switches each test sets."""
+    import test_decode_resident_gpu as t
+
+    out = []
+    for case in t.CASES:
+        b, sq, ctx, h, hk, d, dtype, _ = case
+        for warps, stages in t.TILES:
+            if t.tiles_run((warps, stages), case):
+                out.append(_heuristic(_problem(b, sq, ctx + 1, h, hk, d, dtype), 0, CONTIGUOUS_WARPS=warps,
+                                      CONTIGUOUS_STAGES=stages, SPLIT_RULE_RESIDENT_CONTIGUOUS=True))
+    for case in t.CASES:                                                          # lean
+        b, sq, ctx, h, hk, d, dtype, _ = case
+        for wl in (False, True):
+            if not wl or (d == 128 and dtype == "bf16" and sq * h // hk <= 16):
+                out.append(_heuristic(_problem(b, sq, ctx + 1, h, hk, d, dtype), 0, LEAN_DEFAULT=True,
+                                      warp_loads=wl))
+    for b, sq, ctx, h, hk in (1, 1, 8192 + 113, 32, 8), (3, 2, 2049, 16, 2), (2, 4, 17, 8, 8):
+        out.append(_heuristic(_problem(b, sq, ctx + 1, h, hk, 128, page=256), 256, LARGE_PAGE_TMA_MAX_KEYS=1 << 20))
+    return out
+
+
+GROUPS = {"timing": timing_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

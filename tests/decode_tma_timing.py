@@ -1,6 +1,6 @@
 """Decode bandwidth on the H100 for picking decode_splitkv's defaults (issue 13): bf16, d 128, 32
-query heads on 8 KV heads, one query row, the cache full; batch 1 / 8 / 32 x context 8k / 32k /
-128k, each contiguous and paged (page 16 and 256, over a shuffled block table that views the same
+query heads on 8 KV heads, one query row, the cache full; batch 1 / 8 / 32 / 64 x context 8k /
+32k / 128k, each contiguous and paged (page 16 and 256, over a shuffled block table that views the same
 memory), CUDA-graph timing. In the same process, per cell:
 
   * ``sdpa_flash`` / ``sdpa_cudnn``: scaled_dot_product_attention (enable_gqa) on (b, h, s, d)
@@ -9,17 +9,21 @@ memory), CUDA-graph timing. In the same process, per cell:
     (``prop2`` ...): the config it would run with the module switches of each ``--propose``
     set (e.g. ``--propose "L2_PREFETCH_DEFAULT=256 SMALL_PAGE_WARPS=4"``);
   * every candidate of ``candidates``, forced through kvcache_with_config at its split rule's
-    count (``num_splits_for``):
+    count (``num_splits_for``; ``_res``: the count of the co-resident model, which fills every
+    resident CTA slot, SPLIT_RULE_RESIDENT_CONTIGUOUS; ``_xN``: N splits):
     - ``base``         the heuristic's tiles on the cp.async loop (8 warps x 16 keys, 3 stages:
                        one CTA per SM), no option;
-    - ``base_l2p256``  the K/V cp.asyncs with an L2 prefetch-size hint (``l2_prefetch``)
-                       (contiguous cells);
-    - ``l2p_fc``       base_l2p256 with the fused combine (the last split CTA of a group merges:
-                       one launch), at batch 1 also at twice the split count (``l2p_fc_x32``)
-                       (contiguous cells at batch <= 8, and the cold cell);
-    - ``base_pg``      the page ids of a K/V block read before its copies (``page_gather``), and
-                       ``w4s3`` / ``w4s3_pg``: 4 warps, 3 stages (64-key blocks, two CTAs per SM)
-                       without and with it (paged cells);
+    - contiguous cells, each with the L2 prefetch hint (256) and the fused combine: ``wl`` (the
+                       heuristic's tiles, each warp loading its own rows: ``warp_loads``), ``ln``
+                       (its tiles with ``lean``: Q's fragments in registers, O rescaled only when a
+                       row's max grew), ``w6s2`` (6 warps, 2 stages: 96-key
+                       blocks, two CTAs, 12 warps per SM; at batch <= 8 also ``w6s2_res``); ``fc_xN``
+                       the heuristic's tiles at other split counts (batch 1: half; batch >= 32 from
+                       32k: 2x and 4x); from batch 32 ``w4s3`` (4 warps, 3 stages: two CTAs per SM);
+                       where the heuristic's tiles are 4 x 3 (CONTIGUOUS_SMALL_TILE_MIN_GROUPS) only
+                       ``w8s3`` (8 warps, 3 stages);
+    - paged cells: at page 256 with at most 256k keys in all, ``tma4``: the Hopper loop, 4 warps,
+                       3 stages (LARGE_PAGE_TMA_MAX_KEYS);
   * the ``1x8k_cold`` cell: the graph cycles over 4 caches (134 MB, more than the 50 MB L2), so
     no call finds its K/V in L2 (1x8k's 34 MB fit: a replayed graph of one cache may hit);
   * ``--profile``: in the batch-1 contiguous cells, each of PROFILE_LABELS' graphs replays once
@@ -60,8 +64,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 HQ, HK, D = 32, 8, 128
 CELLS = {  # name: (batch, ctx, caches the graph cycles over), smallest K+V first
     "1x8k": (1, 8192, 1), "1x8k_cold": (1, 8192, 4), "1x32k": (1, 32768, 1), "8x8k": (8, 8192, 1),
-    "1x128k": (1, 131072, 1), "8x32k": (8, 32768, 1), "32x8k": (32, 8192, 1),
-    "8x128k": (8, 131072, 1), "32x32k": (32, 32768, 1), "32x128k": (32, 131072, 1),
+    "1x64k": (1, 65536, 1), "1x128k": (1, 131072, 1), "8x32k": (8, 32768, 1), "32x8k": (32, 8192, 1),
+    "64x8k": (64, 8192, 1), "8x128k": (8, 131072, 1), "32x32k": (32, 32768, 1), "64x32k": (64, 32768, 1),
+    "32x128k": (32, 131072, 1), "64x128k": (64, 131072, 1),
 }
 PAGES = (0, 16, 256)
 TOL = 1.6e-2                     # bf16 outputs of |O| <~ 1: a couple of ulps
@@ -69,7 +74,8 @@ TARGET_REPLAY_US = 2000.0        # calls per graph: about this long a replay
 SWITCH_NAMES = ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP_LOADS_DEFAULT",
                 "SMALL_PAGE_WARPS", "PAGED_SPLIT_RULE_RESIDENT", "FUSED_COMBINE_DEFAULT",
                 "PAGE_PREFETCH_DEFAULT", "PAGE_GATHER_DEFAULT", "COMBINE_LAUNCH_COST",
-                "SMALL_PAGE_TMA_MAX_KEYS")
+                "SMALL_PAGE_TMA_MAX_KEYS", "CONTIGUOUS_WARPS", "CONTIGUOUS_STAGES",
+                "SPLIT_RULE_RESIDENT_CONTIGUOUS", "LARGE_PAGE_TMA_MAX_KEYS", "LEAN_DEFAULT")
 
 
 def base_config(problem, arch=(9, 0)):
@@ -80,20 +86,52 @@ def base_config(problem, arch=(9, 0)):
         tma=False, fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, splits=0)
 
 
-def candidates(base, batch: int, page: int, cold: bool = False) -> list:
-    """(label, config, split multipliers) of the forced configs a cell times (see the docstring)."""
-    l2p = base.replace(l2_prefetch=256)
-    if cold:  # the options that might change what an L2 miss costs, and the one launch
-        return [("base", base, (1,)), ("base_l2p256", l2p, (1,)),
-                ("l2p_fc", l2p.replace(fused_combine=True), (1,))]
+def candidates(base, batch: int, page: int, cold: bool = False, ctx: int = 0) -> list:
+    """(label, config, split choices) of the forced configs a cell times (see the docstring); a
+    split choice is a multiplier of the config's split rule (1: the rule's count) or ``"res"``:
+    the rule's count under the co-resident model (SPLIT_RULE_RESIDENT_CONTIGUOUS)."""
+    opts = dict(l2_prefetch=256, fused_combine=True)
+    fc = base.replace(**opts)                               # the heuristic's contiguous config
+    w6s2 = base.replace(warps=6, stages=2, **opts)          # 109 KB: two CTAs (12 warps) per SM
+    if cold:  # where no call finds its K/V in L2
+        return [("base", base, (1,)), ("wl", fc.replace(warp_loads=True), (1,)), ("ln", fc.replace(lean=True), (1,))]
     if not page:
-        out = [("base", base, (1,)), ("base_l2p256", l2p, (1,))]
-        if batch <= 8:  # where the split count is > 1: the combine in the split kernel, more splits
-            out += [("l2p_fc", l2p.replace(fused_combine=True), (1, 2) if batch == 1 else (1,))]
+        few = batch <= 8  # where the split count is > 1: more splits fill the resident slots
+        if batch == 1:
+            splits = (0.5,)
+        elif batch >= 32 and ctx >= 32768:
+            splits = (2, 4)
+        else:
+            splits = ()
+        if base.warps != 8:  # the small tiles (CONTIGUOUS_SMALL_TILE_MIN_GROUPS) against 8 x 3
+            return [("base", base, (1,)), ("w8s3", base.replace(warps=8, stages=3, **opts), (1,))]
+        out = [("base", base, (1,)),
+               ("wl", fc.replace(warp_loads=True), (1,)),    # each warp loads its own rows: no CTA barrier
+               ("ln", fc.replace(lean=True), (1,)),          # Q's fragments in registers, lazy O rescale
+               ("w6s2", w6s2, (1, "res") if few else (1,))]
+        if splits:
+            out.append(("fc", fc, splits))                   # the heuristic's tiles at other split counts
+        if batch >= 32:
+            out.append(("w4s3", base.replace(warps=4, stages=3, **opts), (1,)))
         return out
-    w4 = base.replace(warps=4, stages=3)
-    return [("base", base, (1,)), ("base_pg", base.replace(page_gather=True), (1,)),
-            ("w4s3", w4, (1,)), ("w4s3_pg", w4.replace(page_gather=True), (1,))]
+    out = [("base", base, (1,))]
+    if page >= 128 and batch * ctx <= 262144:  # the Hopper loop at page 256 (LARGE_PAGE_TMA_MAX_KEYS)
+        out.append(("tma4", base.replace(tma=True, warps=4, stages=3, l2_prefetch=0, fused_combine=False,
+                                         split_cost=4), (1,)))
+    return out
+
+
+def resident_splits(cfg, problem, sms: int) -> int:
+    """The split rule's count for ``cfg`` under the co-resident model (every resident CTA slot
+    streams: SPLIT_RULE_RESIDENT_CONTIGUOUS, as PAGED_SPLIT_RULE_RESIDENT for paged caches)."""
+    from cuflash.families import decode_splitkv as mod
+
+    old = mod.SPLIT_RULE_RESIDENT_CONTIGUOUS, mod.PAGED_SPLIT_RULE_RESIDENT
+    mod.SPLIT_RULE_RESIDENT_CONTIGUOUS = mod.PAGED_SPLIT_RULE_RESIDENT = True
+    try:
+        return mod.num_splits_for(cfg, problem, sms)
+    finally:
+        mod.SPLIT_RULE_RESIDENT_CONTIGUOUS, mod.PAGED_SPLIT_RULE_RESIDENT = old
 
 
 def parse_switches(text: str) -> dict:
@@ -144,7 +182,7 @@ def all_configs(cells, pages, arch=(9, 0), proposals=()) -> list:
             base = base_config(p, arch)
             out.append(proposal_config({}, p, page, arch).replace(splits=0))
             out += [proposal_config(s, p, page, arch).replace(splits=0) for s in proposals]
-            out += [cfg.replace(splits=0) for _, cfg, _ in candidates(base, batch, page, rotate > 1)]
+            out += [cfg.replace(splits=0) for _, cfg, _ in candidates(base, batch, page, rotate > 1, ctx)]
     return list(dict.fromkeys(out))
 
 
@@ -286,7 +324,7 @@ def sdpa_fn(impl, q, kc, vc):
     return f
 
 
-PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "base_l2p256", "l2p_fc")
+PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "wl", "ln", "w6s2_res", "fc_x8")
 
 
 def run_cell(name, page, reps, repeat, proposals, log, profile=False) -> list:
@@ -333,10 +371,14 @@ def run_cell(name, page, reps, repeat, proposals, log, profile=False) -> list:
         cfg = proposal_config(switches, problem, page, sms=sms)
         jobs.append(("cuflash", "prop" if i == 0 else f"prop{i + 1}", cfg.name, cfg.splits,
                      forced(cfg, cfg.splits), HEURISTIC))
-    for label, cfg, mults in candidates(base, batch, page, rotate > 1):
+    for label, cfg, mults in candidates(base, batch, page, rotate > 1, ctx):
         rule = num_splits_for(cfg, problem, sms)
-        for s in dict.fromkeys(max(1, min(128, round(rule * m))) for m in mults):
-            jobs.append(("cuflash", label if s == rule else f"{label}_x{s}", cfg.name, s, forced(cfg, s),
+        choices = {}
+        for m in mults:
+            s = resident_splits(cfg, problem, sms) if m == "res" else max(1, min(128, round(rule * m)))
+            choices.setdefault(s, label if s == rule else f"{label}_res" if m == "res" else f"{label}_x{s}")
+        for s, job_label in choices.items():
+            jobs.append(("cuflash", job_label, cfg.name, s, forced(cfg, s),
                          HEURISTIC))
 
     records, graphs = [], []

@@ -12,7 +12,8 @@ epilogue, GQA reduction, through torch autograd) in every key-group layout its s
 (fa2_bwd: qsplit 1 and 2; sm90_fwd: persistent off and on) and in deterministic mode. Each
 decode family (op decode: flash_attn_with_kvcache) runs DECODE_SHAPES with num_splits 1, 3, 0,
 as selected by default, with decode_splitkv's bandwidth options (l2_prefetch, warp_loads), with
-its fused combine and page_gather, and, on
+its fused combine and page_gather, with 4-warp contiguous tiles and page 256 on the Hopper loop,
+with lean and warp_loads, and, on
 sm_90, on its Hopper loop (decode_splitkv_tma) both ways the heuristic can pick it (TMA_DEFAULT:
 the heuristic's tiles; TMA_PAGED_DEFAULT: 4 warps, 3 stages for small pages), whatever those
 switches say today.
@@ -103,10 +104,15 @@ def decode_loops(family) -> list:
     loops = [{}]
     if family.name != "decode_splitkv":
         return loops
-    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0,
+    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0,
                       L2_PREFETCH_DEFAULT=256, WARP_LOADS_DEFAULT=True))
-    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0,
+    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0,
                       FUSED_COMBINE_DEFAULT=True, PAGE_GATHER_DEFAULT=True))
+    # contiguous caches on 4-warp tiles (two CTAs per SM) with the co-resident split rule, and
+    # page 256 on the Hopper loop (issue 13, session 16: candidates, off by default)
+    loops.append(dict(TMA_DEFAULT=False, CONTIGUOUS_WARPS=4, CONTIGUOUS_STAGES=3,
+                      SPLIT_RULE_RESIDENT_CONTIGUOUS=True, LARGE_PAGE_TMA_MAX_KEYS=1 << 20))
+    loops.append(dict(TMA_DEFAULT=False, LEAN_DEFAULT=True, WARP_LOADS_DEFAULT=True))   # lean + warp_loads
     if _gpu.arch()[0] == 9:
         loops += [dict(TMA_DEFAULT=True, TMA_PAGED_DEFAULT=False),
                   dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=True)]

@@ -604,6 +604,21 @@ def test_parse_ptxas_older_format_and_noise():
     assert parse_ptxas("nvcc warning : something unrelated\n") == []
 
 
+def test_parse_ptxas_counts_serialization_infos():
+    # ptxas 13 prints wgmma serialization (C7510-C7516, C7520) as "info": it counts as a warning of
+    # the kernel it names; C7519 (an injected warpgroup.arrive) does not
+    log = ("ptxas info    : Compiling entry function '_Z1av' for 'sm_90a'\n"
+           "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are "
+           "serialized due to the presence of Extern calls in the function '_Z1av'\n"
+           "ptxas info    : Used 168 registers\n"
+           "ptxas info    : Compiling entry function '_Z1bv' for 'sm_90a'\n"
+           "ptxas info    : (C7519) Potential Performance Loss: warpgroup.arrive injected in '_Z1bv'\n"
+           "ptxas info    : Used 90 registers\n")
+    a, b = parse_ptxas(log)
+    assert len(a.warnings) == 1 and "C7515" in a.warnings[0]
+    assert b.warnings == ()
+
+
 # ---------------------------------------------------------------------------------------
 # the struct layout NumPy builds (cuflash/launch.py) is the one the compiler uses
 

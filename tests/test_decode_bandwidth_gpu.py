@@ -35,6 +35,7 @@ def _options(monkeypatch, l2: int, warp_loads: bool):
     monkeypatch.setattr(fam_mod, "TMA_DEFAULT", False)        # options of the cp.async loop
     monkeypatch.setattr(fam_mod, "TMA_PAGED_DEFAULT", False)
     monkeypatch.setattr(fam_mod, "SMALL_PAGE_TMA_MAX_KEYS", 0)   # small paged calls stay on it too
+    monkeypatch.setattr(fam_mod, "LARGE_PAGE_TMA_MAX_KEYS", 0)   # page 256 as well
     decode._drop_gpu_plans()  # plans made with other settings must not serve these calls
     monkeypatch.setattr(decode, "_gpu_plans", {})
 

@@ -22,8 +22,8 @@ def test_config_flags_are_appended_and_named():
     assert plain.name == "decode_bf16_d128_w8_n16_s3_m1_c4"  # plain names unchanged
     both = plain.replace(fused_combine=True, page_prefetch=True)
     assert both.name.endswith("_fc_pp") and plain.replace(fused_combine=True).name.endswith("_c4_fc")
-    assert plain.template_args() == (8, 16, 3, 1, 128, "bf16", False, False, 0, False, False)
-    assert both.template_args()[-5:] == (True, True, 0, False, False)
+    assert plain.template_args() == (8, 16, 3, 1, 128, "bf16", False, False, 0, False, False, False)
+    assert both.template_args()[-6:] == (True, True, 0, False, False, False)
     assert both.kernel_name() == "cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, true, true, 0, false>"
     assert plain.kernel_name().endswith("cuflash::bf16, false, false, 0, false>")
     for cfg in (plain, both, both.replace(splits=17)):
@@ -81,56 +81,92 @@ def test_params_field_and_refusal():
     p = P
     strides = {"call": {}}
     cfg = FAM.heuristic(p).replace(fused_combine=True, splits=4)
-    with pytest.raises(ValueError, match="split counters"):
-        FAM.static_params(cfg, p, strides, {}, 0.1, 132)
-    out = FAM.static_params(cfg, p, {"call": {"split_counters": 0xABC00}}, {}, 0.1, 132)
-    assert out["split_counters"] == 0xABC00
+    # the plan writes each launch's stream's counters there (zeroed_counters)
+    assert FAM.static_params(cfg, p, strides, {}, 0.1, 132)["split_counters"] == 0
+    assert FAM.zeroed_counters(cfg, p) == {"split_counters": 8}
+    assert FAM.zeroed_counters(cfg.replace(fused_combine=False), p) == {}
+    assert FAM.zeroed_counters(cfg.replace(splits=1), p) == {}
     plain = FAM.static_params(cfg.replace(fused_combine=False), p, strides, {}, 0.1, 132)
     assert plain["split_counters"] == 0
     assert FAM.static_params(cfg.replace(splits=1), p, strides, {}, 0.1, 132)["num_splits"] == 1
 
 
-def test_plan_packs_the_counters_address(monkeypatch):
+def test_plan_packs_the_counters_address_per_stream(monkeypatch):
+    """The plan keeps the fused combine's counters, one zeroed buffer per CUDA stream (a spare made
+    with the plan, for a stream first seen in a capture): each launch carries its stream's."""
     from cuflash import launch
 
-    calls = []
+    calls, allocs = [], []
+
+    def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        calls.append(((gx, gy, gz), stream, int(plan._record[0]["split_counters"])))
+
+    def zeroed(n, device, what):
+        allocs.append((n, what))
+        return SimpleNamespace(ptr=0x7000 + 0x100 * len(allocs))
+
     monkeypatch.setattr(launch, "get_kernels", lambda config, device: {
         role: SimpleNamespace(kernel=SimpleNamespace(ptr=1000 + i))
         for i, role in enumerate(FAM.kernel_names(config))})
     monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 132)
-    monkeypatch.setattr(launch, "_driver_launch", lambda: lambda *a: calls.append(a))
+    monkeypatch.setattr(launch, "_driver_launch", lambda: record)
     monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
+    monkeypatch.setattr(launch, "_zeroed_i32", zeroed)
+    monkeypatch.setattr(launch, "_stream_capturing", lambda stream: False)
     cfg = FAM.heuristic(P).replace(fused_combine=True, splits=9)
-    plan = launch.Plan(FAM, cfg, P, {"call": {"split_counters": 0x7000}}, 0.1, 0)
-    plan.run(tuple(range(0x1000, 0x1000 + 14 * 0x100, 0x100)), 0x900000, 0)
-    assert len(calls) == 1 and calls[0][1:4] == (9, 8, 1)  # main only
-    rec = plan._record[0]
-    assert int(rec["split_counters"]) == 0x7000 and int(rec["o_partial"]) == 0x900000
+    plan = launch.Plan(FAM, cfg, P, {"call": {}}, 0.1, 0)
+    assert allocs == [(8, f"{cfg.name} (split_counters)")]          # the spare, with the plan
+    ptrs = tuple(range(0x1000, 0x1000 + 14 * 0x100, 0x100))
+    for stream in (5, 5, 6, 5, 6):
+        plan.run(ptrs, 0x900000, stream)
+    assert [c[0] for c in calls] == [(9, 8, 1)] * 5                 # main only
+    by_stream = {}
+    for _, stream, addr in calls:
+        assert by_stream.setdefault(stream, addr) == addr            # one buffer per stream
+    assert by_stream[5] != by_stream[6] and len(allocs) == 3         # spare taken, refilled per new stream
+    assert set(plan.counters["split_counters"].buffers) == {5, 6}
+    assert int(plan._record[0]["o_partial"]) == 0x900000
+    plain = launch.Plan(FAM, cfg.replace(fused_combine=False), P, {"call": {}}, 0.1, 0)
+    assert plain.counters == {} and len(allocs) == 3
 
 
-def test_split_counters_are_allocated_once_zeroed_and_not_in_a_capture():
+def test_stream_counters_in_a_capture(monkeypatch):
+    """A stream first seen while it captures takes the spare (no zeroing in a capture) and makes
+    no new one; a second such stream is refused with a clear error, until an eager first use on
+    another stream has made a spare again."""
+    from cuflash import launch
+
+    allocs, capturing = [], set()
+    monkeypatch.setattr(launch, "_zeroed_i32", lambda n, device, what: allocs.append(n) or
+                        SimpleNamespace(ptr=0x100 * len(allocs)))
+    monkeypatch.setattr(launch, "_stream_capturing", lambda stream: stream in capturing)
+    sc = launch.StreamCounters(4, 0, "cfg (split_counters)")
+    capturing.update({11, 12})
+    assert sc.address(11) == 0x100 and allocs == [4]                # the spare
+    assert sc.address(11) == 0x100
+    with pytest.raises(RuntimeError, match="before capturing"):
+        sc.address(12)
+    assert sc.address(3) == 0x200 and len(allocs) == 3              # eager: a buffer and a new spare
+    assert sc.address(12) == 0x300 and len(allocs) == 3
+
+
+def test_split_counters_not_in_a_capture():
     from cuflash import decode
-
-    made = []
 
     class Arrays:
         capturing_now = False
-
-        def zeros_i32(self, n, like):
-            made.append(n)
-            return [0] * n
 
         def capturing(self):
             return self.capturing_now
 
     arrays = Arrays()
     cfg = FAM.heuristic(P).replace(fused_combine=True, splits=16)
-    assert decode._split_counters(FAM, cfg, P, arrays, None) == [0] * 8 and made == [8]
-    assert decode._split_counters(FAM, cfg.replace(fused_combine=False), P, arrays, None) is None
-    assert decode._split_counters(FAM, cfg.replace(splits=1), P, arrays, None) is None
+    decode._check_counters(FAM, cfg, P, arrays)
     arrays.capturing_now = True
+    decode._check_counters(FAM, cfg.replace(fused_combine=False), P, arrays)   # none needed
+    decode._check_counters(FAM, cfg.replace(splits=1), P, arrays)
     with pytest.raises(RuntimeError, match="before capturing"):
-        decode._split_counters(FAM, cfg, P, arrays, None)
+        decode._check_counters(FAM, cfg, P, arrays)
     assert "counters" in decode._GpuEntry.__slots__
 
 

@@ -23,7 +23,7 @@ PAGED = P.replace(features=("paged_kv",))
 def test_page_gather_names_and_template_arguments():
     pg = BASE.replace(page_gather=True)
     assert pg.name == BASE.name + "_pg"
-    assert BASE.template_args()[-1] is False and pg.template_args()[-1] is True
+    assert BASE.template_args()[-2] is False and pg.template_args()[-2] is True
     # the plain kernel's name expression is what it was (the trailing default is left out)
     assert BASE.kernel_name() == "cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, false, false, 0, false>"
     assert pg.kernel_name() == ("cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, false, false, 0, "
@@ -59,7 +59,7 @@ def test_page_gather_heuristic_switch(monkeypatch):
 
 def test_kernel_source():
     src = render_source("decode_splitkv")
-    assert "bool kWarpLoads = false, bool kPageGather = false>" in src
+    assert "bool kWarpLoads = false, bool kPageGather = false, bool kLean = false>" in src
     # the split merge: a batch's loads, then a fence that keeps ptxas from sinking them, then sums
     merge = src[src.index("void combine_row("):src.index("// ---- decode_splitkv_tma")]
     loads, fence, sums = (merge.index("load_partial4<kL2Only>(o_s"), merge.index("__threadfence_block();"),
@@ -95,8 +95,28 @@ def test_small_page_rule_by_call_size(monkeypatch):
     small, large = cfg_for(1, 32768), cfg_for(8, 32768)
     assert small.tma and (small.warps, small.stages) == (4, 3) and not small.fused_combine
     assert not large.tma and large.warps == 4 and large.fused_combine
-    assert not cfg_for(1, 8192, page=256).tma              # large pages: the contiguous tiles
+    assert not cfg_for(1, 16384, page=256).tma             # large pages: the contiguous tiles, but
+    assert cfg_for(1, 8192, page=256).tma                  # up to LARGE_PAGE_TMA_MAX_KEYS (8192)
+    assert not cfg_for(1, 8192, page=256, arch=(8, 0)).tma
     assert cfg_for(1, 8192, arch=(8, 0)).warps == 4         # no TMA below sm_90: the 4-warp rule
     assert not cfg_for(1, 8192, arch=(8, 0)).tma
     monkeypatch.setattr(mod, "SMALL_PAGE_TMA_MAX_KEYS", 0)
     assert not cfg_for(1, 8192).tma and cfg_for(1, 8192).warps == 4
+
+
+def test_small_tiles_from_many_groups(monkeypatch):
+    """Contiguous calls with at least CONTIGUOUS_SMALL_TILE_MIN_GROUPS (batch, KV head, row block)
+    groups take 4 warps x 3 stages (two CTAs per SM; measured at batch 64 x 8 KV heads); fewer
+    groups, paged caches and head dims above 128 keep their tiles; 0 turns it off."""
+    def heur(batch, seqlen_q=1, features=(), d=128):
+        return FAM.heuristic(Problem("decode", "bf16", batch, seqlen_q, 8192, 32, 8, d, False, False, features), (9, 0))
+
+    assert mod.CONTIGUOUS_SMALL_TILE_MIN_GROUPS == 512
+    assert (heur(64).warps, heur(64).stages) == (4, 3) and heur(64).fused_combine
+    assert heur(32).warps == 8 and heur(64, features=("paged_kv",)).warps == 8
+    d256 = heur(64, d=256)                          # above d 128: the heuristic's own shrink rule
+    two = heur(64, seqlen_q=5)                      # 20 packed rows: two row tiles, 512 groups
+    assert (two.warps, two.m_tiles) == (4, 2) and not two.problems(232448)
+    assert mod.ctas_per_sm(heur(64), 232448) == 2
+    monkeypatch.setattr(mod, "CONTIGUOUS_SMALL_TILE_MIN_GROUPS", 0)
+    assert heur(64).warps == 8 and heur(64, d=256) == d256

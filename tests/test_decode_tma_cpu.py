@@ -29,7 +29,7 @@ def problem(batch=2, seqlen_q=1, ctx=4096, h=32, hk=8, d=128, features=()):
 
 def test_config_field_names_threads_smem():
     plain = TMA.replace(tma=False)
-    assert [f.name for f in __import__("dataclasses").fields(DecodeConfig)][-4:] == ["tma", "l2_prefetch", "warp_loads", "page_gather"]
+    assert [f.name for f in __import__("dataclasses").fields(DecodeConfig)][-5:] == ["tma", "l2_prefetch", "warp_loads", "page_gather", "lean"]
     assert TMA.name == plain.name + "_tma" and plain.threads == 256 and TMA.threads == 288
     assert TMA.smem_bytes == plain.smem_bytes + 2 * 3 * 8         # full + empty mbarriers
     assert TMA.kernel_name() == "cuflash::decode_splitkv_tma<8, 16, 3, 1, 128, cuflash::bf16>"
@@ -53,7 +53,7 @@ def test_config_rules():
     assert "exceed the budget of 96" in why and not TMA.replace(m_tiles=2, warps=4).problems()
     for flag, value in (("fused_combine", True), ("page_prefetch", True), ("l2_prefetch", 256),
                         ("warp_loads", True), ("page_gather", True)):
-        assert "no fused_combine, no page_prefetch, no l2_prefetch, no warp_loads and no page_gather" in " ".join(
+        assert "no fused_combine, no page_prefetch, no l2_prefetch, no warp_loads, no page_gather and no lean" in " ".join(
             TMA.replace(**{flag: value}).problems())
     # 4 warps x 64-key blocks x 3 stages: two CTAs per SM (threads and shared memory)
     small = TMA.replace(warps=4, stages=3)
@@ -102,6 +102,7 @@ def test_call_config(monkeypatch):
     monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", True)
     monkeypatch.setattr(mod, "SMALL_PAGE_WARPS", 8)
     monkeypatch.setattr(mod, "SMALL_PAGE_TMA_MAX_KEYS", 0)
+    monkeypatch.setattr(mod, "LARGE_PAGE_TMA_MAX_KEYS", 0)
     p = problem(features=("paged_kv",))
     plain = TMA.replace(tma=False)
     with pytest.raises(ValueError, match="^k_cache: the tma loop"):
@@ -122,6 +123,15 @@ def test_call_config(monkeypatch):
     assert two.tma and two.m_tiles == 2 and not two.problems(232448)
     monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", False)
     assert FAM.call_config(plain, p, (9, 0), 16, chosen=True, heuristic=True) == plain
+    # page 256 takes the Hopper loop up to LARGE_PAGE_TMA_MAX_KEYS keys in all (batch x capacity)
+    keys = p.batch * p.seqlen_k
+    monkeypatch.setattr(mod, "LARGE_PAGE_TMA_MAX_KEYS", keys)
+    large = FAM.call_config(plain, p, (9, 0), 256, chosen=True, heuristic=True)
+    assert large.tma and (large.warps, large.stages) == (4, 3) and not large.fused_combine
+    assert FAM.call_config(plain, p, (8, 0), 256, chosen=True, heuristic=True) == plain
+    assert FAM.call_config(plain, p, (9, 0), 256, chosen=True, heuristic=False) == plain   # tuned
+    monkeypatch.setattr(mod, "LARGE_PAGE_TMA_MAX_KEYS", keys - 1)
+    assert FAM.call_config(plain, p, (9, 0), 256, chosen=True, heuristic=True) == plain
 
 
 def test_box_rows_and_map_args():
@@ -361,4 +371,5 @@ def test_sanitize_runs_the_hopper_loop(monkeypatch):
         assert FAM.heuristic(problem(), (9, 0)).tma
     assert (mod.TMA_DEFAULT, mod.TMA_PAGED_DEFAULT) == before
     monkeypatch.setattr(gpu_sanitize._gpu, "arch", lambda *a: (8, 0))
-    assert [d.get("TMA_DEFAULT") for d in gpu_sanitize.decode_loops(FAM)] == [None, False, False]
+    assert [d.get("TMA_DEFAULT") for d in gpu_sanitize.decode_loops(FAM)] == [None, False, False, False, False]
+    assert any(d.get("CONTIGUOUS_WARPS") == 4 and d.get("LARGE_PAGE_TMA_MAX_KEYS") for d in loops)

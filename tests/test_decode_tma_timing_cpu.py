@@ -15,7 +15,7 @@ def problem(batch=1, ctx=8192, page=0):
 
 
 def test_cells_cover_the_issue_grid():
-    grid = {(b, c) for b in (1, 8, 32) for c in (8192, 32768, 131072)}
+    grid = {(b, c) for b in (1, 8, 32, 64) for c in (8192, 32768, 131072)}
     warm = {(b, c) for b, c, rotate in dt.CELLS.values() if rotate == 1}
     assert grid <= warm and dt.PAGES == (0, 16, 256)
     sizes = [2 * b * c for b, c, _ in dt.CELLS.values()]
@@ -26,18 +26,40 @@ def test_cells_cover_the_issue_grid():
 def test_candidates_are_valid_and_named():
     base = dt.base_config(problem())
     assert not (base.tma or base.fused_combine or base.page_prefetch or base.l2_prefetch or base.warp_loads)
-    flat = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 0)}
-    assert list(flat) == ["base", "base_l2p256", "l2p_fc"]
-    assert flat["l2p_fc"][0].fused_combine and flat["l2p_fc"][0].l2_prefetch == 256 and flat["l2p_fc"][1] == (1, 2)
-    assert [x[0] for x in dt.candidates(base, 32, 0)] == ["base", "base_l2p256"]   # one split: no combine
-    paged = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 16)}
-    assert list(paged) == ["base", "base_pg", "w4s3", "w4s3_pg"]
-    assert (paged["w4s3"][0].warps, paged["w4s3"][0].stages) == (4, 3)
-    assert paged["base_pg"][0].page_gather and paged["w4s3_pg"][0].page_gather and not paged["w4s3"][0].page_gather
-    assert [x[0] for x in dt.candidates(base, 1, 0, cold=True)] == ["base", "base_l2p256", "l2p_fc"]
-    for page in (0, 16):
-        for label, cfg, _ in dt.candidates(base, 1, page):
+    flat = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 0, ctx=8192)}
+    assert list(flat) == ["base", "wl", "ln", "w6s2", "fc"]
+    for label, warps, stages, wl, lean in (("wl", 8, 3, True, False), ("ln", 8, 3, False, True),
+                                           ("w6s2", 6, 2, False, False),
+                                           ("fc", 8, 3, False, False)):
+        cfg = flat[label][0]
+        assert (cfg.warps, cfg.stages, cfg.fused_combine, cfg.l2_prefetch, cfg.warp_loads, cfg.lean) == \
+            (warps, stages, True, 256, wl, lean), label
+    assert flat["w6s2"][1] == (1, "res") and flat["fc"][1] == (0.5,)
+    assert [mod.ctas_per_sm(flat[k][0], 232448) for k in ("wl", "w6s2")] == [1, 2]
+    big = {label: mults for label, _, mults in dt.candidates(base, 32, 0, ctx=32768)}
+    assert big == {"base": (1,), "wl": (1,), "ln": (1,), "w6s2": (1,), "fc": (2, 4), "w4s3": (1,)}
+    assert "fc" not in {x[0] for x in dt.candidates(base, 8, 0, ctx=32768)}
+    small = dt.base_config(problem(64, 8192))                        # CONTIGUOUS_SMALL_TILE_MIN_GROUPS
+    assert (small.warps, small.stages) == (4, 3)
+    assert [(x[0], x[1].warps) for x in dt.candidates(small, 64, 0, ctx=8192)] == [("base", 4), ("w8s3", 8)]
+    paged = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 16, ctx=8192)}
+    assert list(paged) == ["base"]
+    large = {label: cfg for label, cfg, _ in dt.candidates(base, 1, 256, ctx=8192)}
+    assert list(large) == ["base", "tma4"] and large["tma4"].tma and large["tma4"].warps == 4
+    assert "tma4" not in {x[0] for x in dt.candidates(base, 32, 256, ctx=32768)}
+    assert [x[0] for x in dt.candidates(base, 1, 0, cold=True)] == ["base", "wl", "ln"]
+    for page in (0, 16, 256):
+        for label, cfg, _ in dt.candidates(base, 1, page, ctx=8192) + dt.candidates(base, 64, page, ctx=131072):
             assert not cfg.problems(232448), (label, cfg.problems(232448))
+
+
+def test_resident_splits_fill_the_slots():
+    base = dt.base_config(problem(1, 32768))
+    w4s3 = base.replace(warps=4, stages=3, fused_combine=True, l2_prefetch=256)
+    before = (mod.SPLIT_RULE_RESIDENT_CONTIGUOUS, mod.PAGED_SPLIT_RULE_RESIDENT)
+    assert mod.num_splits_for(w4s3, problem(1, 32768), 132) == 16       # 128 CTAs: one per SM
+    assert dt.resident_splits(w4s3, problem(1, 32768), 132) == 32       # 256: two per SM
+    assert (mod.SPLIT_RULE_RESIDENT_CONTIGUOUS, mod.PAGED_SPLIT_RULE_RESIDENT) == before
 
 
 def test_proposals():

@@ -165,11 +165,11 @@ RF = DYN.replace(head_dim=256, BN=80, pingpong=False, rescale_first=True)
 def test_rescale_first_field():
     assert RF.validate(227 * 1024) is RF
     assert RF.name == "sm90fwd_bf16_d256_full_BM128_BN80_s2_c2_persist_dyn_rf"
-    # kRescaleFirst is the last template argument, written only when set
+    # kRescaleFirst is the last template argument but tile_overlap's, written only when set
     assert RF.kernel_name().endswith(", true, false, false, false, false, false, false, 0, false, true>")   # (kAlibiLinear false before it)
     assert not DYN.kernel_name().endswith("0, false>") and DYN.kernel_name().endswith(", true>")
-    # (kDropPacked, appended after it in session 16, the last of template_args)
-    assert RF.template_args()[-2] is True and DYN.template_args()[-2] is False
+    # (tile_overlap, then kDropPacked after it: the last two of template_args)
+    assert RF.template_args()[-3] is True and DYN.template_args()[-3] is False
     assert RF.smem_bytes == RF.replace(rescale_first=False).smem_bytes
     assert "rescale_first" not in FAM.encode(RF.replace(rescale_first=False))
     assert FAM.encode(RF).endswith(",rescale_first=1")

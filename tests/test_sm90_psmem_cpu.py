@@ -116,6 +116,12 @@ def test_heuristic_switch(monkeypatch):
     assert FAM.heuristic(Problem("fwd", "bf16", 2, 1400, 1400, 16, 16, 64, False)).consumers == 2
     assert FAM.heuristic(Problem("fwd", "bf16", 2, 1500, 1500, 16, 16, 64, False)).consumers == 3
     assert FAM.heuristic(problem(head_dim=128)).consumers == 2
+    # HEURISTIC_D64_Q_DOUBLE: two Q buffers for causal calls of the 2048 bucket only (measured there)
+    for causal, s in ((True, 2048), (True, 2500), (True, 4096), (False, 2048)):
+        cfg = FAM.heuristic(Problem("fwd", "bf16", 4, s, s, 32, 32, 64, causal))
+        assert cfg.q_double == ((causal, cfg.consumers, Problem("fwd", "bf16", 4, s, s, 32, 32, 64, causal).bucket)
+                                == (True, 3, 2048)), cfg.name
+        assert cfg.validate(SMEM) is cfg
     soft = FAM.heuristic(problem(features=("softcap",), softcap=30.0))
     assert soft.consumers == 2 and not soft.p_smem
     # the switch is a module constant: off gives the 2-consumer tile, a p_smem tile is honoured

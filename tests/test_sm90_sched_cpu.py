@@ -162,8 +162,9 @@ def test_tile_order_is_a_permutation_heaviest_first(m_blocks, nheads, batch, sec
 
 
 def test_plan_allocates_a_zeroed_counter(monkeypatch):
-    """The plan allocates its counter once (zeroed_counters -> launch._zeroed_i32) and writes its
-    address into the params; the plain config allocates none."""
+    """The plan keeps its counter per CUDA stream (zeroed_counters -> launch.StreamCounters ->
+    launch._zeroed_i32: a spare with the plan, taken by a stream's first use and made again) and
+    writes the launch's stream's address into the params; the plain config allocates none."""
     launches, allocs = [], []
 
     def record(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
@@ -189,13 +190,16 @@ def test_plan_allocates_a_zeroed_counter(monkeypatch):
     assert allocs == [(1, 0, f"{DYN.name} (tile_counter)")]
     plan.run((1 << 20, 2 << 20, 3 << 20, 4 << 20, 5 << 20), 0, stream=7)
     plan.run((1 << 20, 2 << 20, 3 << 20, 4 << 20, 5 << 20), 0, stream=7)
-    assert len(allocs) == 1                                  # once per plan, not per call
+    assert len(allocs) == 2                                  # once per stream, not per call
+    plan.run((1 << 20, 2 << 20, 3 << 20, 4 << 20, 5 << 20), 0, stream=8)
+    assert len(allocs) == 3
     dt = launch.struct_dtype("Sm90FwdParams")
-    rec = np.frombuffer(launches[0]["raw"], dt)[0]
-    assert int(rec["tile_counter"]) == 0xC0DE01 and int(rec["sched_section"]) == 32
+    recs = [np.frombuffer(x["raw"], dt)[0] for x in launches]
+    assert int(recs[0]["tile_counter"]) == 0xC0DE01 and int(recs[0]["sched_section"]) == 32
+    assert int(recs[1]["tile_counter"]) == 0xC0DE01 and int(recs[2]["tile_counter"]) == 0xC0DE02
     assert launches[0]["grid"] == (132, 1, 1)                # one CTA per SM
     launch.Plan(FAM, DYN.replace(dynamic=False), p, strides, 0.1, 0)
-    assert len(allocs) == 1
+    assert len(allocs) == 3
 
 
 def test_counter_allocation_names_the_plan_when_it_fails(monkeypatch):

@@ -136,3 +136,44 @@ def test_tune_command_end_to_end(tmp_path, tuned_dir):
         fam, cfg, source = select.choose_on_device(
             Problem(op, "fp16", 1, 1000, 1000, 1, 1, 64, True), 0)
         assert source.startswith("tuned"), source
+
+
+def test_bench_timing_and_the_interleaved_re_time():
+    """The tuner's default timing (back-to-back samples, tuning/measure.py) and ``compare``:
+    both give finite times for the heuristic and a neighbour, and agree within 15%."""
+    from cuflash.tuning.measure import GpuMeasure
+
+    fam = registry.get("fa2_fwd")
+    p = bench_problem(fam, "bf16", 64, False, 512)
+    cfg = fam.heuristic(p, _gpu.arch(), _gpu.max_smem())
+    other = cfg.replace(stages=3) if not cfg.replace(stages=3).problems(_gpu.max_smem()) else cfg.replace(stages=2)
+    m = GpuMeasure(fam, p, reps=5, warmup=1, seed=0)
+    assert m.timing == "bench"
+    a, b = m(cfg), m(other)
+    assert a.ok and b.ok, (a, b)
+    assert a.extra["timing"] == "bench" and 2 <= a.extra["back_to_back"] <= 10
+    both = m.compare([cfg, other])
+    assert set(both) == {cfg, other} and all(0 < t < 100 for t in both.values())
+    assert abs(both[cfg] / a.median_ms - 1) < 0.15
+    flushed = GpuMeasure(fam, p, reps=5, warmup=1, seed=0, timing="flush")(cfg)
+    assert flushed.ok and flushed.extra["back_to_back"] == 1
+
+
+def test_tune_with_candidates_on_sm90(tmp_path, tuned_dir):
+    """The final tune's form (--candidates, bench timing, confirmation) on one sm90_fwd study."""
+    if tuple(_gpu.arch()) != (9, 0):
+        pytest.skip("sm90_fwd runs on sm_90 only")
+    from cuflash.tuning.cli import tune_main
+
+    lines = []
+    rc = tune_main(["--family", "sm90_fwd", "--dtype", "bf16", "--hdim", "256", "--causal", "false",
+                    "--seqlen", "2048", "--candidates", "2", "--reps", "5", "--no-progress", "--no-plots",
+                    "--out", str(tmp_path / "results"), "--storage", str(tmp_path / "j.log"),
+                    "--seed", "0"], log=lines.append)
+    text = "\n".join(lines)
+    print(text)
+    # the re-time runs only where the study would replace the heuristic
+    assert rc == 0 and "estimate: 1 studies" in text
+    assert "re-timed together: " in text or "best (is the heuristic)" in text or "heuristic kept" in text
+    (e,) = select.read_file(next(tuned_dir.glob("*.yaml"))).entries
+    assert e.family == "sm90_fwd" and e.env["timing"] == "bench"

@@ -10,18 +10,24 @@ from pathlib import Path
 from cuflash.problem import DTYPES, SEQLEN_BUCKETS, TUNE_DTYPES
 
 from .space import OP_NAMES, families_for, problem_name, space_size, tasks
-from .study import MIN_GAIN
+from .study import CONFIRM_TOP, MIN_GAIN
 
 TUNE_HELP = """Tune kernel configs for this GPU and store the winners in the tuned table.
 
 Every registered kernel family of the requested ops that supports the problem on this GPU
 is tuned (or only those named by --family). One optuna study per (op, family, dtype, head
 dim, causal, features, seqlen bucket), timed on the FlashAttention benchmark shape (heads =
-2048/d, batch x seqlen = 16k), single calls after an L2 flush. Studies are kept in a
-journal file: re-running the same command resumes. Each study's trials go to
-results/<gpu>/tuning/<study>.json (replayable: python -m cuflash.tuning.replay), plots
-next to them. The table keeps the heuristic unless the best config beats it by
---min-gain percent.
+2048/d, batch x seqlen = 16k), back to back as the bench times (--timing flush: single
+calls after an L2 flush). Studies are kept in a journal file: re-running the same command
+resumes. Each study's trials go to results/<gpu>/tuning/<study>.json (replayable: python -m
+cuflash.tuning.replay), plots next to them. The table keeps the heuristic unless the best
+config beats it by --min-gain percent, in a re-time of the heuristic and the study's fastest
+few together (interleaved, shuffled: --no-confirm skips it).
+
+--candidates N: instead of the sampler, each problem class (family, dtype, head dim, causal)
+gets one fixed list (its buckets' heuristics and N configs near them or drawn from the
+space: tuning.space.candidates), compiled up front; every study of the class measures it.
+A bounded run: the command prints its estimate per study before it starts.
 """
 
 
@@ -52,7 +58,8 @@ def tune_parser() -> argparse.ArgumentParser:
     ap.add_argument("--brute-force", action="store_true", help="measure every valid config")
     ap.add_argument("--sampler", choices=["tpe", "random"], default="tpe")
     ap.add_argument("--storage", default=None,
-                    help="optuna journal file (default results/<gpu>/tuning/studies.journal)")
+                    help="optuna journal file (default results/<gpu>/tuning/studies.journal); memory: "
+                         "in memory (no resume, no fsync per trial: a short run of many studies)")
     ap.add_argument("--seed", type=int, default=None, help="sampler and input seed")
     ap.add_argument("--table-dir", default=None,
                     help="where the tuned YAML goes (default $CUFLASH_TUNED_DIR or "
@@ -64,6 +71,15 @@ def tune_parser() -> argparse.ArgumentParser:
                          f"median (default {100 * MIN_GAIN:g}); below that the heuristic is kept "
                          "(timing noise never swaps it for an equal-speed config)")
     ap.add_argument("--reps", type=int, default=20, help="timed samples per config")
+    ap.add_argument("--timing", choices=["bench", "flush"], default="bench",
+                    help="bench (default): samples of back-to-back calls, as cuflash bench times; "
+                         "flush: single calls after an L2 flush (tuning/measure.py: why bench)")
+    ap.add_argument("--no-confirm", action="store_true",
+                    help="apply the margin to the study's own times (no interleaved re-time of "
+                         "the heuristic and the fastest few)")
+    ap.add_argument("--candidates", type=int, default=0, metavar="N",
+                    help="a fixed list per problem class: its heuristics + N configs "
+                         "(tuning.space.candidates), compiled up front; 0 (default): the sampler")
     ap.add_argument("--trial-timeout", type=float, default=60.0, help="seconds per config")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--no-plots", action="store_true")
@@ -117,6 +133,10 @@ def tune_main(argv=None, log=print) -> int:
         return refuse(f"--dtype must be among {', '.join(TUNE_DTYPES)}, got {bad}")
     if not 0 <= a.min_gain < 100:
         return refuse(f"--min-gain must be a percentage in [0, 100), got {a.min_gain:g}")
+    if a.candidates < 0:
+        return refuse(f"--candidates must be >= 0, got {a.candidates}")
+    if a.candidates and a.brute_force:
+        return refuse("--candidates and --brute-force: choose one")
     from cuflash import _gpu
 
     reason = _gpu.why_unavailable()
@@ -140,17 +160,22 @@ def tune_main(argv=None, log=print) -> int:
         return refuse("nothing to tune: no requested family supports the requested problems "
                       f"on {gpu_name} (sm_{arch[0]}{arch[1]})")
     out_dir = Path(a.out) / gpu_dir_name(device) / "tuning"
-    storage = a.storage or str(out_dir / "studies.journal")
-    sampler = "brute" if a.brute_force else a.sampler
+    storage = None if a.storage == "memory" else a.storage or str(out_dir / "studies.journal")
+    sampler = "brute" if a.brute_force else "candidates" if a.candidates else a.sampler
     used = list(dict.fromkeys(f for f, _ in todo))
     log(f"cuflash tune on {gpu_name} (sm_{arch[0]}{arch[1]}): {len(todo)} studies of "
-        f"{', '.join(f.name for f in used)}; {sampler}; journal {storage}")
+        f"{', '.join(f.name for f in used)}; {sampler}; timing {a.timing}; journal {storage or 'in memory'}")
     deadline = time.perf_counter() + a.timeout if a.timeout else None
     t_start = time.perf_counter()
-    envs = {f.name: m.env_record(f, device) for f in used}
+    envs = {f.name: dict(m.env_record(f, device), timing=a.timing) for f in used}
     gpu = {"name": gpu_name, "cc": "%d.%d" % arch}
+    points = class_candidates(todo, a.candidates, max_smem, arch, a.seed or 0) if a.candidates else None
+    if points is not None:
+        log(estimate_lines(todo, points, a.reps, not a.no_confirm))
     if not a.no_precompile:
-        _precompile(todo, max_smem, device, log, progress=not a.no_progress)
+        _precompile(todo, max_smem, device, log, progress=not a.no_progress,
+                    configs=None if points is None else list(dict.fromkeys(
+                        c for cands in points.values() for c in cands)))
     rows, written = [], set()
     for i, (fam, p) in enumerate(todo):
         left = None if deadline is None else deadline - time.perf_counter()
@@ -158,13 +183,19 @@ def tune_main(argv=None, log=print) -> int:
             log(f"time is up: {len(todo) - i} studies not run")
             break
         env = envs[fam.name]
-        measure = m.GpuMeasure(fam, p, device, reps=a.reps, timeout_s=a.trial_timeout, seed=a.seed)
+        measure = m.GpuMeasure(fam, p, device, reps=a.reps, timeout_s=a.trial_timeout, seed=a.seed,
+                               timing=a.timing)
         name = study_name_for(fam, p, gpu_name, env["code_hash"])
         log(f"[{i + 1}/{len(todo)}] {name}")
-        outcome = run_study(fam, p, measure, max_smem=max_smem, arch=arch, sampler=sampler,
+        t_study = time.perf_counter()
+        outcome = run_study(fam, p, measure, max_smem=max_smem, arch=arch,
+                            sampler="tpe" if sampler == "candidates" else sampler,
                             n_trials=a.trials, timeout=left, seed=a.seed, storage=storage,
                             study_name=name, progress=not a.no_progress,
-                            min_gain=a.min_gain / 100, log=log)
+                            min_gain=a.min_gain / 100, log=log,
+                            points=None if points is None else points[class_of(fam, p)],
+                            confirm=not a.no_confirm)
+        log(f"  ({time.perf_counter() - t_study:.1f} s)")
         log(outcome.summary())
         write_trials(out_dir / f"{name}.json", outcome, sampler=sampler, max_smem=max_smem,
                      gpu=gpu, env=env)
@@ -173,6 +204,9 @@ def tune_main(argv=None, log=print) -> int:
         entry = outcome.entry(env)
         if entry is not None:
             written.add(save_entries([entry], gpu_name, arch, a.table_dir))
+        elif outcome.ok and outcome.heuristic_outside_space:
+            log(f"  no table entry: the heuristic {outcome.default_config.name} has fields outside the "
+                "tuning space (its point would lose them); the heuristic serves this class")
         rows.append(outcome)
         if measure.fatal:
             log(format_table(rows))
@@ -184,12 +218,74 @@ def tune_main(argv=None, log=print) -> int:
     return 0
 
 
-def _precompile(todo, max_smem, device, log, progress: bool = True) -> None:
-    """Compile every valid config of every study in parallel (fills CuPy's disk cache)."""
+def class_of(fam, problem) -> tuple:
+    """A study's problem class: its key without the seqlen bucket (candidates are per class)."""
+    from .space import study_key
+
+    return study_key(fam, problem)[:-1]
+
+
+def class_candidates(todo, n: int, max_smem, arch, seed: int = 0) -> dict:
+    """{problem class: candidate configs} (tuning.space.candidates) for the studies ``todo``."""
+    from .space import candidates
+
+    by_class: dict = {}
+    for fam, p in todo:
+        by_class.setdefault(class_of(fam, p), (fam, []))[1].append(p)
+    return {key: candidates(fam, sorted(ps, key=lambda q: q.bucket), n, max_smem, arch, seed)
+            for key, (fam, ps) in by_class.items()}
+
+
+# Rough rates for the estimate (H100, TFLOP/s in the FlashAttention convention), and the host /
+# verification seconds per config and per study; compile seconds per kernel (sm_90a, NVRTC).
+EST_TFLOPS = {"fwd": 550.0, "bwd": 420.0, "decode": 50.0}
+EST_CONFIG_S, EST_VERIFY_S, EST_COMPILE_S = 0.1, 0.3, 10.0
+
+
+def estimate_s(fam, problem, n_configs: int, reps: int, confirm: bool, verify: bool = True) -> float:
+    """Seconds one study takes on the GPU, roughly: per config a warm-up (>= 50 ms), one probe call
+    and ``reps`` samples of back-to-back calls (measure.bench_calls), its first verification in
+    the process, and the confirming re-time (where it runs: half the studies, say)."""
+    from cuflash.registry import op_flops
+
+    from .measure import bench_calls
+
+    call_ms = op_flops(problem) / (EST_TFLOPS.get(problem.op, 300.0) * 1e9)
+    inner = bench_calls(call_ms)
+    per = max(0.05, 3 * call_ms / 1e3) + (1 + reps * inner) * call_ms / 1e3 + EST_CONFIG_S
+    total = n_configs * (per + (EST_VERIFY_S if verify else 0.0))
+    if confirm:   # only where the study would replace the heuristic: counted for half of them
+        total += 0.5 * min(n_configs, CONFIRM_TOP + 1) * per
+    return total
+
+
+def estimate_lines(todo, points: dict, reps: int, confirm: bool) -> str:
+    """The run's estimate, per study and in total (compile time not counted: printed apart)."""
+    import os
+
+    lines, total, verified = [], 0.0, set()
+    for fam, p in todo:
+        key = class_of(fam, p)
+        n = len(points[key])
+        t = estimate_s(fam, p, n, reps, confirm, verify=key not in verified)
+        verified.add(key)
+        total += t
+        lines.append(f"  estimate {problem_name(fam, p)}: {n} configs, ~{t:.1f} s")
+    kernels = len({c for cands in points.values() for c in cands})
+    procs = os.cpu_count() or 1
+    lines.append(f"estimate: {len(todo)} studies ~{total:.0f} s of timing; {kernels} kernels to compile "
+                 f"(~{kernels * EST_COMPILE_S / procs:.0f} s on {procs} processes, less if cached)")
+    return "\n".join(lines)
+
+
+def _precompile(todo, max_smem, device, log, progress: bool = True, configs=None) -> None:
+    """Compile every valid config of every study (or ``configs``) in parallel (fills CuPy's
+    disk cache)."""
     from cuflash.compile import precompile
 
     t0 = time.perf_counter()
-    configs = list(dict.fromkeys(cfg for fam, p in todo for cfg in fam.valid(p, max_smem)))
+    if configs is None:
+        configs = list(dict.fromkeys(cfg for fam, p in todo for cfg in fam.valid(p, max_smem)))
     step = max(1, len(configs) // 10)
 
     def report(done, total, res):
@@ -366,5 +462,5 @@ def supported_features(fam) -> list:
                                                       features=tuple(sorted(required | {f}))))]
 
 
-__all__ = ["tune_main", "tune_parser", "info_lines", "info_families_lines", "format_table",
+__all__ = ["tune_main", "tune_parser", "estimate_s", "estimate_lines", "class_candidates", "info_lines", "info_families_lines", "format_table",
            "config_in_force_lines", "gpu_dir_name"]

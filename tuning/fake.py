@@ -56,3 +56,18 @@ class FakeMeasure:
         if status:
             return TrialResult(status, reason=f"fake {status}", compile_s=0.0)
         return TrialResult(OK, model_ms(config), compile_s=0.0, extra={"fake": True})
+
+
+class FakeCompareMeasure(FakeMeasure):
+    """A FakeMeasure with ``compare`` (as GpuMeasure's): the configs re-timed together, by
+    ``model_ms`` unless ``confirm_ms`` ({config name: ms}) says otherwise (a study whose
+    sequential times disagree with the interleaved re-time)."""
+
+    def __init__(self, confirm_ms: Optional[dict] = None, **kw):
+        super().__init__(**kw)
+        self.confirm_ms = dict(confirm_ms or {})
+        self.compared: list = []
+
+    def compare(self, configs, reps=None) -> dict:
+        self.compared.append(list(configs))
+        return {c: self.confirm_ms.get(c.name, model_ms(c)) for c in configs}

@@ -113,5 +113,56 @@ def tasks(fams, dtypes, head_dims, causals, seqlens, arch, features: tuple = ())
     return todo, skipped
 
 
-__all__ = ["SEQLEN_BUCKETS", "OP_NAMES", "Problem", "bench_problem", "families_for", "point_key",
+def candidates(family, problems_of_class: list, n: int, max_smem: Optional[int] = None, arch=(9, 0),
+               seed: int = 0) -> list:
+    """A fixed, bounded list of configs for the studies of one problem class (same family,
+    dtype, head dim, causal, features; every seqlen bucket): the heuristic of each of
+    ``problems_of_class`` first, then ``n`` more valid configs: about two thirds one step away
+    from a heuristic (``family.neighbours``: a good default is usually one parameter away from
+    the best) and the rest drawn from the whole valid space, both shuffled by ``seed``. Every
+    study of the class measures the same list, so its kernels can be compiled up front and once.
+    Reads the family's space and rules only (no parameter names): any family's space works."""
+    import random
+
+    if not problems_of_class:
+        return []
+    rep = problems_of_class[-1]
+    valid = family.valid(rep, max_smem)
+    valid_keys = {point_key(family, c) for c in valid}
+    out, seen = [], set()
+
+    def add(cfg) -> bool:
+        k = point_key(family, cfg)
+        if k in seen:
+            return False
+        seen.add(k)
+        out.append(cfg)
+        return True
+
+    for p in problems_of_class:
+        add(family.heuristic(p, tuple(arch), max_smem))
+    heurs = list(out)
+    rng = random.Random(seed)
+    near = []
+    for h in heurs:
+        for point in family.neighbours(h):
+            cfg = family.make(point, rep)
+            if point_key(family, cfg) in valid_keys:
+                near.append(cfg)
+    near = list(dict.fromkeys(near))
+    rng.shuffle(near)
+    far = list(valid)
+    rng.shuffle(far)
+    n_near = min(len(near), -(-2 * n // 3))
+    picked = 0
+    for cfg in near[:n_near]:
+        picked += add(cfg)
+    for cfg in far + near[n_near:]:
+        if picked >= n:
+            break
+        picked += add(cfg)
+    return out
+
+
+__all__ = ["SEQLEN_BUCKETS", "candidates", "OP_NAMES", "Problem", "bench_problem", "families_for", "point_key",
            "problem_name", "problems", "seqlen_bucket", "space_size", "study_key", "tasks"]

@@ -13,6 +13,15 @@
   heuristic's measured median by at least ``min_gain`` (default 1%), so timing noise never
   swaps the heuristic for an equal-speed config. The runners-up and the summary still show
   the real best; the entry's ``note`` says that the heuristic was kept and why.
+* Confirmation: when the study's own times would replace the heuristic and the measure can
+  ``compare`` configs (``GpuMeasure.compare``: the heuristic and the study's fastest few
+  re-timed together, interleaved, in a new order each round), the margin rule reads
+  those times instead: trials timed minutes apart meet different
+  clocks (an H100 under sustained load drifts by a few percent), so a config that only ran
+  in a cooler phase does not replace the heuristic. ``StudyOutcome.confirmed`` keeps them.
+* Candidates: ``points`` gives the study a fixed list of configs (after the heuristic)
+  instead of the sampler's choice: a bounded budget whose kernels can be compiled up front
+  (``tuning.space.candidates``; ``cuflash tune --candidates N``).
 * Storage: optuna's JournalStorage on a JournalFileBackend file. The study name carries
   the study key (op, family, dtype, head dim, causal, features, bucket), the GPU, the
   family's version and its kernel code hash, so re-running the same command
@@ -40,6 +49,8 @@ RUNNERS_UP = 3
 # The best config replaces the heuristic in the tuned table only when it is at least this
 # much faster (fraction of the heuristic's time: heuristic_ms / best_ms - 1 >= MIN_GAIN).
 MIN_GAIN = 0.01
+# Configs re-timed together by the confirmation: the heuristic and the study's fastest few.
+CONFIRM_TOP = 2
 
 
 def open_storage(path):
@@ -96,6 +107,7 @@ class StudyOutcome:
     stopped_because: str = ""
     study: Any = dataclasses.field(default=None, repr=False)   # the optuna study
     min_gain: float = MIN_GAIN   # see choice()
+    confirmed: dict = dataclasses.field(default_factory=dict)   # {config: ms} re-timed together
 
     @property
     def ok(self) -> list:
@@ -116,6 +128,15 @@ class StudyOutcome:
         r = self.default_result
         return r.median_ms if r is not None and r.ok else None
 
+    @property
+    def heuristic_outside_space(self) -> bool:
+        """Whether the heuristic's config has fields outside the tuning space (e.g. a heuristic-only
+        switch): its point, made back into a config, is another config. The study measures the
+        heuristic itself for that point (Objective.overrides), and a table entry that keeps it is not
+        written (``entry``: None): the lookup would build the made config, not the heuristic."""
+        d = self.default_config
+        return d is not None and self.family.make(self.family.point(d), self.problem) != d
+
     def gain(self, ms: Optional[float]) -> Optional[float]:
         """How much faster ``ms`` is than the heuristic (0.05: 5%); None without both."""
         base = self.heuristic_ms
@@ -134,6 +155,9 @@ class StudyOutcome:
         if not self.ok:
             return None
         min_gain = self.min_gain if min_gain is None else min_gain
+        confirmed = self.confirmed_choice(min_gain)
+        if confirmed is not None:
+            return confirmed
         best, best_ms = self.best, self.best_ms
         if best == self.default_config:
             return best, best_ms, ""
@@ -149,6 +173,33 @@ class StudyOutcome:
         return (self.default_config, base,
                 f"heuristic kept: best {self.short(best)} is {gain * 100:+.1f}% vs heuristic "
                 f"(< min gain {min_gain * 100:.1f}%)")
+
+    def confirmed_choice(self, min_gain: float):
+        """``choice()`` from the confirming re-time (``confirmed``), or None without one (or when
+        it agrees with the study's own times: then ``choice`` says what it always said)."""
+        times = self.confirmed
+        base = times.get(self.default_config)
+        if base is None or len(times) < 2:
+            return None
+        top, top_ms = min(times.items(), key=lambda kv: kv[1])
+        gain = base / top_ms - 1
+        pick = top if top != self.default_config and gain >= min_gain else self.default_config
+        study_pick = self._study_choice(min_gain)
+        if study_pick == pick:
+            return None
+        if pick == self.default_config:
+            return (pick, base, f"heuristic kept: best {self.short(top)} is {gain * 100:+.1f}% vs "
+                                f"heuristic re-timed together (< min gain {min_gain * 100:.1f}%)"
+                    if top != pick else f"heuristic kept: the fastest re-timed together with "
+                                        f"{', '.join(self.short(c) for c in times if c != pick)}")
+        return pick, top_ms, f"{gain * 100:+.1f}% vs heuristic re-timed together"
+
+    def _study_choice(self, min_gain: float):
+        """The config ``choice`` picks from the study's own times."""
+        best, base = self.best, self.heuristic_ms
+        if best == self.default_config or base is None:
+            return best
+        return best if base / self.best_ms - 1 >= min_gain else self.default_config
 
     @property
     def chosen(self):
@@ -182,6 +233,8 @@ class StudyOutcome:
             return None
         chosen, chosen_ms, note = c
         fam = self.family
+        if self.heuristic_outside_space and fam.point(chosen) == fam.point(self.default_config):
+            return None   # the entry's point would lose the heuristic's other fields: it serves itself
         if stamp is None:
             stamp = ({"version": env.get("family_version", fam.version), "code_hash": env["code_hash"]}
                      if env.get("code_hash") else current_stamp(fam))
@@ -213,6 +266,10 @@ class StudyOutcome:
                 lines.append(f"  {i:>3}  {cfg.name:<44} {res.status:>10}  {res.reason[:60]}")
         if len(self.ranked) > top:
             lines.append(f"  ... {len(self.ranked) - top} more")
+        if self.confirmed:
+            lines.append("  re-timed together: " + ", ".join(
+                f"{self.short(c)}{' (heuristic)' if c == self.default_config else ''} {ms:.4f}"
+                for c, ms in sorted(self.confirmed.items(), key=lambda kv: kv[1])))
         c = self.choice()
         if c is not None:
             config, ms, note = c
@@ -268,7 +325,7 @@ def run_study(family, problem, measure, *, max_smem: Optional[int] = None,
               timeout: Optional[float] = None, seed: Optional[int] = None, storage=None,
               study_name: Optional[str] = None, progress: bool = False,
               restrictions: tuple = (), neighbours: bool = True, min_gain: float = MIN_GAIN,
-              log=print) -> StudyOutcome:
+              points: Optional[list] = None, confirm: bool = True, log=print) -> StudyOutcome:
     """Tune one registered ``family`` on ``problem`` (its benchmark shape, e.g. from
     ``tuning.space.bench_problem``). ``measure(config) -> TrialResult`` does the timing.
 
@@ -278,6 +335,10 @@ def run_study(family, problem, measure, *, max_smem: Optional[int] = None,
     neighbours: after the heuristic, measure its one-step neighbours before sampling.
     min_gain: the margin (fraction) by which the best must beat the heuristic to replace it
     in the tuned table (``StudyOutcome.choice``).
+    points: a fixed list of configs to measure after the heuristic (and nothing else: the
+    sampler and n_trials are not used; invalid ones are left out).
+    confirm: re-time the heuristic and the fastest CONFIRM_TOP configs together when the
+    study's times would replace the heuristic and the measure has ``compare`` (module doc).
     timeout: seconds for this call. storage: a journal file path (resumable) or None
     (in memory). study_name: default from the study key (give it the GPU and code hash
     through ``study_name_for`` to keep studies of different code apart).
@@ -287,11 +348,18 @@ def run_study(family, problem, measure, *, max_smem: Optional[int] = None,
 
     t0 = time.perf_counter()
     store = open_storage(storage) if storage is None or isinstance(storage, (str, Path)) else storage
-    space = list(family.enumerate(problem, max_smem))
     objective = Objective(family, problem, measure, max_smem, restrictions)
-    valid = [cfg for cfg, _ in space if not objective.check(family.point(cfg))[1]]
-    valid_points = {point_key(family, c) for c in valid}
     default = family.heuristic(problem, tuple(arch), max_smem)
+    if family.make(family.point(default), problem) != default:
+        # the heuristic has fields outside the space (a heuristic-only switch): its point measures
+        # the heuristic itself (StudyOutcome.heuristic_outside_space: no entry keeps it)
+        objective.overrides[point_key(family, default)] = default
+    # the valid points: the whole space's, or (points given) the fixed list's only, so a study of a
+    # large space (sm90_fwd: 20k points) does not pay for enumerating what it will not measure
+    space = ((objective.config(family.point(c)), None) for c in [default] + list(points)) \
+        if points is not None else family.enumerate(problem, max_smem)
+    valid = list(dict.fromkeys(cfg for cfg, _ in space if not objective.check(family.point(cfg))[1]))
+    valid_points = {point_key(family, c) for c in valid}
     name = study_name or study_name_for(family, problem)
     study = optuna.create_study(storage=store, study_name=name, direction="minimize",
                                 sampler=make_sampler(sampler, seed, len(valid)),
@@ -306,7 +374,9 @@ def run_study(family, problem, measure, *, max_smem: Optional[int] = None,
                if t.state != TrialState.FAIL}
     # The heuristic first, then (unless brute force) its one-step neighbours: a good default
     # is usually one parameter away from the best, and the sampler takes over from there.
-    if sampler == "brute":
+    if points is not None:
+        queue = [default] + list(points)
+    elif sampler == "brute":
         queue = [default] + valid
     elif neighbours:
         queue = [default] + [family.make(p, problem) for p in family.neighbours(default)]
@@ -321,7 +391,7 @@ def run_study(family, problem, measure, *, max_smem: Optional[int] = None,
     trials = study.get_trials(deepcopy=False)
     waiting = sum(t.state == TrialState.WAITING for t in trials)
     finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
-    if sampler == "brute":
+    if sampler == "brute" or points is not None:
         remaining = waiting
     else:
         budget = n_trials if n_trials is not None else 2 * max(1, len(valid))
@@ -349,11 +419,22 @@ def run_study(family, problem, measure, *, max_smem: Optional[int] = None,
                      else t.user_attrs.get("status", t.state.name.lower())
                      for t in trials if t.state != TrialState.WAITING)
     default_hit = objective.memo.get(point_key(family, default))
-    return StudyOutcome(problem, family, name, objective.measured(), default,
-                        default_hit[1] if default_hit else None, len(valid), dict(counts),
-                        sum(t.state != TrialState.WAITING for t in trials),
-                        time.perf_counter() - t0, objective.flops, stopped["why"], study,
-                        min_gain)
+    outcome = StudyOutcome(problem, family, name, objective.measured(), default,
+                           default_hit[1] if default_hit else None, len(valid), dict(counts),
+                           sum(t.state != TrialState.WAITING for t in trials),
+                           time.perf_counter() - t0, objective.flops, stopped["why"], study,
+                           min_gain)
+    compare = getattr(measure, "compare", None)
+    if (confirm and compare is not None and outcome.heuristic_ms is not None
+            and outcome._study_choice(min_gain) != default):
+        top = [c for c, _ in outcome.ok if c != default][:CONFIRM_TOP]
+        if top:
+            try:
+                outcome.confirmed = dict(compare([default] + top))
+            except Exception as exc:  # noqa: BLE001 - the study's own times still stand
+                log(f"{name}: confirmation failed ({exc.__class__.__name__}: {exc}); study times used")
+        outcome.wall_s = time.perf_counter() - t0
+    return outcome
 
 
 # ---------------------------------------------------------------------------------------
@@ -392,6 +473,8 @@ def write_trials(path, outcome: StudyOutcome, *, sampler: str, max_smem: Optiona
            "space": {k: list(v) for k, v in fam.space.items()},
            "default": fam.point(outcome.default_config), "n_valid": outcome.n_valid,
            "flops": outcome.flops, "wall_s": outcome.wall_s, "env": env or {},
+           "confirmed": [{"config": fam.point(c), "name": c.name, "median_ms": ms}
+                         for c, ms in outcome.confirmed.items()],
            "trials": trial_records(outcome.study, fam)}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

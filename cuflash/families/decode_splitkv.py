@@ -123,9 +123,11 @@ TMA_SPLIT_COST = 4
 L2_PREFETCH_SIZES = (0, 64, 128, 256)
 L2_PREFETCH_SPACE = (0, 128, 256)
 L2_PREFETCH_DEFAULT = 256
-# warp_loads: the heuristic's choice, and the tuning space's values: not yet run on a GPU (its GPU
-# tests, tests/test_decode_bandwidth_gpu.py, and racecheck, tests/gpu_sanitize.py, are written):
-# off and out of the space until they pass and a timing shows it faster.
+# warp_loads: the heuristic's choice, and the tuning space's values. Its GPU tests
+# (tests/test_decode_bandwidth_gpu.py) pass on the H100 (session 16 rounds C, D); racecheck not run.
+# Timed there (round C, logs/session16_rounds/c2/json_dec7, with the fused combine and the L2
+# hint): 1 x 8k 14.8 against 15.0 us, 1 x 32k 53.0 / 53.2, but 1 x 128k 190.6 / 187.4 and 32 x 8k
+# 374.2 / 363.6: off and out of the space.
 WARP_LOADS_DEFAULT = False
 WARP_LOADS_SPACE = (False,)
 # page_gather (paged caches: a K/V block's page ids read before its cp.asyncs, not one dependent
@@ -165,6 +167,48 @@ SMALL_PAGE_TMA_MAX_KEYS = 65536
 # with SMALL_PAGE_WARPS = 4 (4 warps at one CTA per SM is what lost above) and the Hopper loop for
 # the small calls where 4 warps still lost (SMALL_PAGE_TMA_MAX_KEYS; measured together there).
 PAGED_SPLIT_RULE_RESIDENT = True
+# Contiguous caches (issue 13, session 16): the heuristic's tiles at head dims up to 128
+# (CONTIGUOUS_WARPS warps of 16 keys, CONTIGUOUS_STAGES K/V blocks in the ring; 8 x 3: one CTA of
+# 213 KB per SM) and the split rule's model of co-resident CTAs (SPLIT_RULE_RESIDENT_CONTIGUOUS:
+# on, CTAs resident together stream side by side, as PAGED_SPLIT_RULE_RESIDENT for paged caches,
+# so the rule fills every resident slot; off: they share the SM's bandwidth). ncu on the H100
+# (session 16) showed 32 x 8k at one CTA per SM (1.94 waves), no CTA's prologue or epilogue
+# overlapping another's streaming. Timed in session 16 round A (tests/decode_tma_timing.py, each
+# with the fused combine and the L2 hint; logs/session16_rounds/a1/json_dec7): 4 x 3 (64-key
+# blocks, two CTAs per SM) ties 8 x 3 from batch 8 (8 x 32k 370.6 against 367.4 us, 32 x 32k
+# 1454 / 1449) and gains 1-2% only at batch 64 (64 x 8k 725 / 735, 64 x 32k 2886 / 2914), loses at
+# batch 1 (1 x 8k 18.1, or 16.7 with the co-resident rule's 32 splits, against 15.2; 1 x 128k
+# 192.1 / 187.0); 4 x 2 (three CTAs per SM) and 4 x 6 (one CTA, 5 blocks in flight: 1 x 8k 22.7)
+# lose. The proposal (4 warps + the co-resident rule) kept 8 x 3: 0.92 in the cold 1 x 8k cell.
+# So per-SM streaming is not bound by the ring's depth or by CTA turnover but by the warps' own
+# instruction latency (ncu: 0.34 issued per scheduler per cycle): 8, 3, off.
+CONTIGUOUS_WARPS = 8
+CONTIGUOUS_STAGES = 3
+SPLIT_RULE_RESIDENT_CONTIGUOUS = False
+# ... except for calls with at least this many (batch, KV head, row block) groups (0: never),
+# which take 4 warps x 3 stages (two CTAs per SM) at their split rule's count. H100, session 16
+# rounds A and C (logs/session16_rounds/a1, c2: json_dec7), 32:8 heads: at batch 64 (512 groups)
+# 64 x 8k 725 / 724 us against 735 / 735 for 8 x 3, 64 x 32k 2886 / 2891 against 2914 / 2927,
+# 64 x 128k 11596 / 11601 (9 splits) against 11822 / 11814 (1.0-1.9% faster); at batch 32 (256
+# groups) 0.4-1.7% slower (32 x 128k 5842 / 5835 against 5729 / 5736): on from 512.
+CONTIGUOUS_SMALL_TILE_MIN_GROUPS = 512
+# Pages of TMA_PAGED_MAX_PAGE keys or more (page 256): calls of at most this many cached keys in
+# all (batch x capacity) take the Hopper loop (4 warps, 3 stages) when the heuristic chose, as
+# small pages do under SMALL_PAGE_TMA_MAX_KEYS; 0: off (the cp.async loop's 8 warps, as
+# contiguous caches). H100, session 16 round A (tests/decode_tma_timing.py, bf16 d128 32:8 heads,
+# page 256, CUDA graphs; logs/session16_rounds/a1/json_dec7): 1 x 8k 15.4 us on the Hopper loop
+# (4 warps, 32 splits) against 18.7 for the cp.async loop (contiguous 15.2: 1.01x where it was
+# 1.23x), but 1 x 32k 56.0 against 54.5 and 8 x 32k 406.0 against 379.6: on up to 8192 keys.
+LARGE_PAGE_TMA_MAX_KEYS = 8192
+# lean (the cp.async loop): Q's mma fragments kept in registers (one ldmatrix pass per CTA, not
+# per block) and O rescaled only when a row's running max grew (a warp vote). ncu (session 16,
+# 32 x 8k) found the SMs issuing 0.34 instructions per cycle per scheduler at 2 warps each, which
+# this lowers; but cuDNN's kernel issues 0.15 and streams faster (session 16 round C ncu, see
+# tests/decode_ncu_probe.py): the issue rate is not what bounds it. Its GPU tests pass on the H100
+# (session 16 round D, tests/test_decode_resident_gpu.py); not timed: off and out of the tuning
+# space (the heuristic's choice and the space's values).
+LEAN_DEFAULT = False
+LEAN_SPACE = (False,)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -196,6 +240,9 @@ class DecodeConfig(KernelConfig):
     warp_loads: the cp.async loop's K/V rows are loaded by the warp that reads them (each warp its
               warp_n rows of every block), so the ring needs no CTA barrier per block and the
               warps stream independently; False: the CTA loads each block together
+    lean:     the cp.async loop's warps keep Q's mma fragments in registers (read once per CTA, not
+              per block) and rescale O only when a row's running max grew in the block (one row
+              tile up to d 128: the fragments' registers)
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -220,6 +267,7 @@ class DecodeConfig(KernelConfig):
     l2_prefetch: int = 0
     warp_loads: bool = False
     page_gather: bool = False
+    lean: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -242,7 +290,8 @@ class DecodeConfig(KernelConfig):
         split = f"_x{self.splits}" if self.splits else ""
         flags = (("_fc" if self.fused_combine else "") + ("_pp" if self.page_prefetch else "")
                  + ("_tma" if self.tma else "") + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
-                 + ("_wl" if self.warp_loads else "") + ("_pg" if self.page_gather else ""))
+                 + ("_wl" if self.warp_loads else "") + ("_pg" if self.page_gather else "")
+                 + ("_ln" if self.lean else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -262,7 +311,9 @@ class DecodeConfig(KernelConfig):
         if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
-        gather = f", {flag[True]}" if self.page_gather else ""  # the default (false) is left out
+        # the defaults (false) of the trailing flags are left out
+        gather = (f", {flag[self.page_gather]}, {flag[True]}" if self.lean
+                  else f", {flag[True]}" if self.page_gather else "")
         return (f"cuflash::decode_splitkv<{self.warps}, {self.warp_n}, {self.stages}, {self.m_tiles}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {flag[self.fused_combine]}, "
                 f"{flag[self.page_prefetch]}, {int(self.l2_prefetch)}, {flag[self.warp_loads]}{gather}>")
@@ -272,7 +323,7 @@ class DecodeConfig(KernelConfig):
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype)
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                 bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch),
-                bool(self.warp_loads), bool(self.page_gather))
+                bool(self.warp_loads), bool(self.page_gather), bool(self.lean))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -290,6 +341,10 @@ class DecodeConfig(KernelConfig):
         if not out and self.accum_regs > MAX_ACCUM_REGS:
             out.append(f"{self.accum_regs} fp32 accumulator registers per thread (O and S) "
                        f"exceed the budget of {MAX_ACCUM_REGS}: it would spill")
+        if not out and self.lean and self.accum_regs + self.m_tiles * self.head_dim // 4 > MAX_ACCUM_REGS:
+            out.append(f"lean: {self.accum_regs} fp32 accumulator registers per thread plus "
+                       f"{self.m_tiles * self.head_dim // 4} of Q's fragments exceed the budget of "
+                       f"{MAX_ACCUM_REGS}: it would spill (one row tile up to d 128 fits)")
         chunks = self.head_dim // 8
         lanes = 4 if chunks <= 4 else 8 if chunks <= 8 else 16 if chunks <= 16 else 32
         if not out and (32 * self.warps) % lanes:
@@ -301,9 +356,10 @@ class DecodeConfig(KernelConfig):
             if self.block_n > 256:
                 out.append(f"tma: warps * warp_n (the block's keys, one TMA box) must be <= 256, "
                            f"got {self.block_n}")
-            if self.fused_combine or self.page_prefetch or self.l2_prefetch or self.warp_loads or self.page_gather:
+            if (self.fused_combine or self.page_prefetch or self.l2_prefetch or self.warp_loads or self.page_gather
+                    or self.lean):
                 out.append("tma: the Hopper loop has no fused_combine, no page_prefetch, no "
-                           "l2_prefetch, no warp_loads and no page_gather (options of the cp.async loop)")
+                           "l2_prefetch, no warp_loads, no page_gather and no lean (options of the cp.async loop)")
             if not out and self.warps >= 8 and self.accum_regs > TMA_MAX_ACCUM_REGS_WIDE:
                 out.append(f"tma: {self.accum_regs} fp32 accumulator registers per thread exceed the "
                            f"budget of {TMA_MAX_ACCUM_REGS_WIDE} at {self.warps} warps plus the producer "
@@ -403,14 +459,17 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
     warps x 3 stages: 85 us at 1 x 32k with 128 CTAs, one per SM, against 64 for 8 warps; 1504
     us at 32 x 32k with two per SM, against 1663). There each round of c CTAs streams in
     parallel: ceil(per_sm / c) rounds of (ceil(blocks / s) + split_cost), which fills every
-    resident slot (PAGED_SPLIT_RULE_RESIDENT; with c = 1 both models agree)."""
+    resident slot (PAGED_SPLIT_RULE_RESIDENT; with c = 1 both models agree). Contiguous caches
+    take that model under SPLIT_RULE_RESIDENT_CONTIGUOUS (co-resident CTAs overlap each other's
+    prologue and epilogue with their streaming)."""
     groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
     if groups == 0:
         return 1
     blocks = -(-problem.seqlen_k // config.block_n)
     resident = ctas_per_sm(config, default_max_smem((9, 0)) if max_smem is None else max_smem)
     best, best_time = 1, None
-    parallel = PAGED_SPLIT_RULE_RESIDENT and resident > 1 and "paged_kv" in problem.features
+    paged = "paged_kv" in problem.features
+    parallel = resident > 1 and (PAGED_SPLIT_RULE_RESIDENT if paged else SPLIT_RULE_RESIDENT_CONTIGUOUS)
     for s in range(1, max(1, min(blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS)) + 1):
         per_sm = -(-groups * s // sm_count)
         if parallel:   # co-resident CTAs stream side by side (paged: latency-bound table reads)
@@ -436,7 +495,7 @@ class DecodeSplitKV(Family):
     space = {"warps": (2, 4, 8), "warp_n": (16, 32), "stages": (2, 3, 4, 6), "m_tiles": (1, 2),
              "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
              "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE,
-             "page_gather": PAGE_GATHER_SPACE}
+             "page_gather": PAGE_GATHER_SPACE, "lean": LEAN_SPACE}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -484,7 +543,13 @@ class DecodeSplitKV(Family):
         group = problem.nheads // max(problem.nheads_kv, 1)
         m_tiles = 2 if group * problem.seqlen_q > 16 and 64 <= d <= 128 else 1
         stages = 3 if d <= 128 else 2
-        cfg = DecodeConfig(8, 16, stages, m_tiles, 4, d, problem.dtype, bool(problem.causal),
+        warps = 8
+        if d <= 128 and "paged_kv" not in problem.features:  # contiguous caches: see CONTIGUOUS_WARPS
+            warps, stages = CONTIGUOUS_WARPS, CONTIGUOUS_STAGES
+            groups = problem.batch * problem.nheads_kv * -(-group * problem.seqlen_q // (16 * m_tiles))
+            if CONTIGUOUS_SMALL_TILE_MIN_GROUPS and groups >= CONTIGUOUS_SMALL_TILE_MIN_GROUPS:
+                warps, stages = 4, 3
+        cfg = DecodeConfig(warps, 16, stages, m_tiles, 4, d, problem.dtype, bool(problem.causal),
                            fused_combine=FUSED_COMBINE_DEFAULT,
                            page_prefetch=PAGE_PREFETCH_DEFAULT and "paged_kv" in problem.features,
                            l2_prefetch=0 if "paged_kv" in problem.features else L2_PREFETCH_DEFAULT,
@@ -494,7 +559,7 @@ class DecodeSplitKV(Family):
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
             tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False,
-                              tma=True, split_cost=TMA_SPLIT_COST)
+                              lean=False, tma=True, split_cost=TMA_SPLIT_COST)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
                 candidate = tma.replace(**shrink)
@@ -504,6 +569,8 @@ class DecodeSplitKV(Family):
                        {"warps": 2, "stages": 2, "m_tiles": 1}):
             candidate = cfg.replace(**shrink)
             if not candidate.problems(max_smem):
+                if LEAN_DEFAULT and not candidate.replace(lean=True).problems(max_smem):
+                    candidate = candidate.replace(lean=True)   # where Q's fragments fit (LEAN_DEFAULT)
                 return candidate
         return cfg.validate(max_smem)
 
@@ -511,7 +578,7 @@ class DecodeSplitKV(Family):
         """As Family.make; a point without ``tma``, ``l2_prefetch``, ``warp_loads`` or ``page_gather``
         (tuned tables and recorded studies from before them) gets False / 0 / False / False: the
         cp.async loop as it was."""
-        point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, **point}
+        point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -547,13 +614,15 @@ class DecodeSplitKV(Family):
             if not chosen:
                 raise ValueError(why)
             config = config.replace(tma=False)
-        small_call = problem.batch * problem.seqlen_k <= SMALL_PAGE_TMA_MAX_KEYS
-        if (chosen and heuristic and (TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE
-                and not config.tma and not config.page_prefetch):
+        keys = problem.batch * problem.seqlen_k
+        small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
+        large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
+        if (chosen and heuristic and not config.tma and not config.page_prefetch
+                and ((TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE or large_page_tma)):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
-                                 warp_loads=False, page_gather=False, fused_combine=False)
+                                 warp_loads=False, page_gather=False, fused_combine=False, lean=False)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
@@ -595,13 +664,18 @@ class DecodeSplitKV(Family):
     def counters(self, config, problem: Problem) -> int:
         """int32 counters the config needs kept between calls, zeroed once when allocated (the
         fused combine's per-(batch, KV head, row block) count of finished splits, which its last
-        CTA resets to 0): 0 when none. Not per-call workspace: ``cuflash.decode`` allocates them
-        with a call shape's plan and passes their address as ``strides["call"]["split_counters"]``.
-        One buffer per plan: two calls of one call shape must not run concurrently on two
-        streams (their counts would mix)."""
+        CTA resets to 0): 0 when none. Not per-call workspace: the plan keeps them
+        (``zeroed_counters``), one buffer per CUDA stream (cuflash.launch.StreamCounters), so
+        calls of one call shape on two streams may overlap."""
         if not config.fused_combine or _splits(config, problem) <= 1:
             return 0
         return problem.batch * problem.nheads_kv * row_blocks(config, problem)
+
+    def zeroed_counters(self, config, problem: Problem) -> dict:
+        """{params field: int32 count} of the counters a plan keeps between calls, per stream
+        (cuflash.launch.Plan writes the launch's stream's buffer into ``split_counters``)."""
+        n = self.counters(config, problem)
+        return {"split_counters": n} if n else {}
 
     def workspace(self, config, problem: Problem, strides: Optional[dict] = None) -> dict:
         p = problem
@@ -648,10 +722,7 @@ class DecodeSplitKV(Family):
             scale_log2=softmax_scale * LOG2E, softcap=call.get("softcap", 0.0),
             split_counters=call.get("split_counters", 0),
             tma_box_rows=tma_box_rows(config, call.get("page_size", 0)), tma_k=0, tma_v=0)
-        if self.counters(config, p) and not out["split_counters"]:
-            raise ValueError(f"{config.name}: fused_combine with {out['num_splits']} splits needs its "
-                             "zeroed split counters (strides['call']['split_counters'], allocated by "
-                             "cuflash.decode with the plan)")
+        # split_counters: the plan writes its launch stream's counters there (zeroed_counters)
         return out
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):

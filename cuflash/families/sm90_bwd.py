@@ -879,8 +879,8 @@ class Sm90Backward(Family):
 
     def zeroed_counters(self, config, problem: Problem) -> dict:
         """{params field: int32 count} of the counters a plan keeps between calls (cuflash.launch.Plan
-        zeroes them once; the kernel resets them): the dynamic scheduler's tile counter. One per
-        plan: two calls of one plan must not run at the same time on two streams."""
+        zeroes them once; the kernel resets them): the dynamic scheduler's tile counter. One buffer
+        per CUDA stream (cuflash.launch.StreamCounters): calls on two streams may overlap."""
         return {"tile_counter": 1} if config.dynamic else {}
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):

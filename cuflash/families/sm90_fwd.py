@@ -135,6 +135,11 @@ MAX_SECTION = 1024
 # (BM 192 leaves more of the last Q block empty) it is unmeasured: the 2-consumer tile stays.
 HEURISTIC_D64: dict = {False: dict(BM=192, consumers=3, BN=128), True: dict(BM=192, consumers=3, BN=128)}
 HEURISTIC_D64_MIN_BUCKET = 2048
+# q_double (two Q buffers: a tile's first S does not wait for its Q load) on that d64 tile, by (causal,
+# seqlen bucket). Measured on the H100 (session 16, tests/sm90_fwd_cells_timing.py, bf16, back to back,
+# samples interleaved, x SDPA cuDNN of the same rounds): causal 2k 0.986 / 0.987 / 0.984 -> 1.006 /
+# 1.001 / 1.013 in three rounds (tree_max: 1.001 / 0.982 / 0.964). Other buckets unmeasured.
+HEURISTIC_D64_Q_DOUBLE: frozenset = frozenset({(True, 2048)})
 # The heuristic's schedule for plain non-causal calls at head dims 128 and 256: changes to the dynamic
 # pingpong tile, from the seqlen bucket HEURISTIC_NC_MIN_BUCKET on ({} keeps it). Non-causal tiles are
 # all equally long, so the dynamic scheduler has no imbalance to fix, and its section order (several
@@ -163,6 +168,24 @@ HEURISTIC_D64_MIN_BUCKET = 2048
 # +-3% either way (flushed 674 / 702 / 710 / 704, back to back 612 / 650 / 668 / 666): left off.
 HEURISTIC_NC: dict = {128: dict(dynamic=False), 256: dict(dynamic=False, pingpong=False)}
 HEURISTIC_NC_MIN_BUCKET = 2048
+# tile_overlap (kTileOverlap) in the heuristic: the (head dim, causal) classes whose plain calls take it
+# where their config allows it (static persistent, no TMA store), from the seqlen bucket
+# HEURISTIC_NC_MIN_BUCKET on. Measured on the H100 (session 16 round B, tests/sm90_fwd_cells_timing.py,
+# bf16, x the same tile without it), the first version (S'_0 issued only when a next tile exists):
+# d256 full 2k / 4k 0.70 / 0.69, d128 full 2k 0.68 (pingpong 0.59), 16k 0.80 (0.65): correct (bit for
+# bit, the GPU test) but ptxas (nvcc 13.0) serialized the kernel's wgmmas ("(C7515) Potential
+# Performance Loss ... serialized due to non wgmma instructions defining accumulator registers",
+# reported as ptxas *info*, which cuflash.compile.parse_ptxas does not count): the loop's head joined
+# the path with S'_0 in flight and the one without. Now the tile loop is rotated (the first tile's S_0
+# before the loop; the last tile issues a dropped S GEMM), non-causal only: no C7515
+# (tests/test_sm90_tile_overlap_cpu.py). Round D (same script, bf16, x cuDNN, plain tile -> tile_overlap):
+# d256 full 2k 1.014 -> 1.005, 4k 1.063 -> 1.064; d128 full 16k 1.064 -> 1.066 (no pingpong), 1.060 ->
+# 1.051 (pingpong), 2k (BN 176) 0.984 -> 0.983 / 0.973 -> 0.973; d64 full 2k (the dynamic heuristic 1.047)
+# 1.049 / 1.086 with pingpong (one round): level within the rounds' noise (spread 0.1). Empty: off.
+HEURISTIC_TILE_OVERLAP: frozenset = frozenset()
+# Whether the tuning space has tile_overlap (False, True): off until its GPU test has passed on the H100
+# (a tuner verifies every config before timing it, but a kernel that hangs would stop the tune).
+TILE_OVERLAP_IN_SPACE = False
 SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # Calls with window / softcap / ALiBi (no dropout, fixed lengths): the schedule and softmax
 # variants the heuristic gives them, each switched on only by a measurement of
@@ -324,6 +347,14 @@ class Sm90FwdConfig(KernelConfig):
                dropout, varlen), not with lazy_rescale / fold_cap / p_smem / tree_max / q_double.
                Measured no faster on the heuristic's non-causal tiles (HEURISTIC_NC's note): off,
                outside the tuning space
+    tile_overlap: the next tile's S_0 = Q' K'_0ᵀ issued right behind a tile's last O += P V, so it runs
+               during the epilogue (kTileOverlap: the pipeline's fill hidden once per tile; short
+               tiles). Non-causal only (every tile has keys: the first tile's S_0 is issued before
+               the tile loop, the last tile issues a dropped one, so ptxas sees one S GEMM in flight
+               on every path: HEURISTIC_TILE_OVERLAP's note). The static persistent plain kernel
+               only (with or without pingpong; no dynamic, varlen, q_double, tma_store, p_smem,
+               rescale_first, features). Measured level with the plain tiles (HEURISTIC_TILE_OVERLAP's
+               note): off, outside the tuning space
     drop_packed: dropout's keep mask applied to P's packed 16-bit fragments after the packing
                (kDropPacked, kernels_cu/dropout_packed.cuh: a byte permute and an AND per two
                elements, where the fp32 form compares and selects per element); the same mask and
@@ -359,6 +390,7 @@ class Sm90FwdConfig(KernelConfig):
     fold_cap: int = 0
     alibi_lin: bool = False
     rescale_first: bool = False
+    tile_overlap: bool = False
     drop_packed: bool = False
     section: int = 0               # (last: a run-time param, not a template argument)
 
@@ -380,6 +412,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{'_psmem' if self.p_smem else ''}{'_tree' if self.tree_max else ''}{'_q2' if self.q_double else ''}"
                 f"{name_suffix(self)}{'_varlen' if self.varlen else ''}{'_lazy' if self.lazy_rescale else ''}"
                 f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}"
+                f"{'_tov' if self.tile_overlap else ''}"
                 f"{'_dpk' if self.drop_packed else ''}")
 
     @property
@@ -435,8 +468,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{self.fold_cap}",                                               # kFoldCap
                 f"{'true' if self.alibi_lin else 'false'}",                       # kAlibiLinear
                 f"{'true' if self.rescale_first else 'false'}",                   # kRescaleFirst
+                f"{'true' if self.tile_overlap else 'false'}",                    # kTileOverlap
                 f"{'true' if self.drop_packed else 'false'}"]                     # kDropPacked last
-        used = (13 if self.drop_packed else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+        used = (14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -451,7 +485,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
-                self.rescale_first, self.drop_packed)
+                self.rescale_first, self.tile_overlap, self.drop_packed)
 
     def _problems(self) -> list[str]:
         out = []
@@ -528,6 +562,20 @@ class Sm90FwdConfig(KernelConfig):
         if self.rescale_first and (self.window or self.softcap or self.alibi or self.dropout or self.varlen):
             out.append("rescale_first with window / softcap / ALiBi / dropout / varlen is not implemented "
                        "(those instantiations are unchecked for registers)")
+        if self.tile_overlap and not (self.persistent and not self.dynamic):
+            out.append("tile_overlap needs the static persistent schedule (the next tile is tile + grid "
+                       "size; the dynamic scheduler's is not known that early)")
+        if self.tile_overlap and self.causal:
+            out.append("tile_overlap is non-causal only (every tile must have keys: its S_0 is issued "
+                       "before the tile starts)")
+        if self.tile_overlap and (self.varlen or self.q_double or self.tma_store or self.p_smem
+                                  or self.rescale_first):
+            out.append("tile_overlap with varlen / q_double / tma_store / p_smem / rescale_first: not "
+                       "designed together (kTileOverlap's static_assert)")
+        if self.tile_overlap and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
+                                  or self.lazy_rescale or self.fold_cap):
+            out.append("tile_overlap with window / softcap / ALiBi / dropout (or their softmax variants) "
+                       "is not implemented: plain calls only")
         if self.drop_packed and (not self.dropout or self.p_smem):
             out.append("drop_packed applies dropout's keep mask to P's packed fragments in registers "
                        "(kDropPacked): it needs dropout, and not p_smem")
@@ -702,7 +750,8 @@ class Sm90Forward(Family):
     space = {"BM": (64, 128, 192), "BN": (64, 80, 96, 112, 128, 144, 160, 176, 192),
              "stages": (2, 3), "consumers": (1, 2, 3), "pingpong": (False, True),
              "persistent": (False, True), "emu_exp2": EMU_EXP2_SPACE, "dynamic": (False, True),
-             "tma_store": (False, True), "p_smem": (False, True)}
+             "tma_store": (False, True), "p_smem": (False, True),
+             **({"tile_overlap": (False, True)} if TILE_OVERLAP_IN_SPACE else {})}
     params_struct = "Sm90FwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90FwdParams"
     pointer_fields = ("q", "k", "v", "o", "lse")
@@ -771,6 +820,8 @@ class Sm90Forward(Family):
             config = config.replace(p_smem=False)
         if config.rescale_first and problem.features:   # likewise: O rescaled after the P V wait
             config = config.replace(rescale_first=False)
+        if config.tile_overlap and (problem.features or problem.seqlen_k == 0 or problem.seqlen_q == 0):
+            config = config.replace(tile_overlap=False)   # likewise; and without keys no S_0 to issue
         if config.alibi_lin and (tuple(f for f in problem.features if f != "window") != ("alibi",)
                                  or config.emu_exp2 or config.tree_max):
             config = config.replace(alibi_lin=False)   # a speed knob: ALiBi alone (a window may join)
@@ -785,7 +836,7 @@ class Sm90Forward(Family):
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
-                               "drop_packed") and not v))
+                               "tile_overlap", "drop_packed") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -863,9 +914,15 @@ class Sm90Forward(Family):
         if (d == 64 and dynamic and not problem.features and problem.bucket >= HEURISTIC_D64_MIN_BUCKET
                 and HEURISTIC_D64.get(bool(problem.causal))):
             cfg = cfg.replace(**HEURISTIC_D64[bool(problem.causal)])   # (first_fitting: the fallbacks)
+            if (bool(problem.causal), problem.bucket) in HEURISTIC_D64_Q_DOUBLE:
+                cfg = cfg.replace(q_double=True)
         if (dynamic and not problem.causal and not problem.features and d in HEURISTIC_NC
                 and problem.bucket >= HEURISTIC_NC_MIN_BUCKET):
             cfg = cfg.replace(**HEURISTIC_NC[d])   # static persistent (d256: without pingpong)
+        if ((d, bool(problem.causal)) in HEURISTIC_TILE_OVERLAP and not problem.features
+                and problem.bucket >= HEURISTIC_NC_MIN_BUCKET and cfg.persistent and not cfg.dynamic
+                and not cfg.tma_store):
+            cfg = cfg.replace(tile_overlap=True)   # the next tile's S_0 behind the last P V
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
             fold = SOFTCAP_FOLD.get(d, 0)
@@ -911,8 +968,8 @@ class Sm90Forward(Family):
     def zeroed_counters(self, config, problem: Problem) -> dict:
         """{params field: int32 count} of the counters a plan keeps between calls, zeroed once when
         the plan allocates them (cuflash.launch.Plan) and reset to 0 by the kernel itself: the
-        dynamic scheduler's tile counter. One per plan: two calls of one plan must not run at the
-        same time on two streams (their claims would mix)."""
+        dynamic scheduler's tile counter. One buffer per CUDA stream (cuflash.launch.StreamCounters),
+        so calls of one plan on two streams may overlap without mixing their claims."""
         return {"tile_counter": 1} if config.dynamic else {}
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
