@@ -1,8 +1,8 @@
 // ptx_sm90_store.cuh: the TMA store that sm90_fwd's tma_store epilogue needs beyond ptx_sm90.cuh
 // and ptx_sm90_bulk.cuh (whose bulk_commit_group / bulk_wait_group[_read] it pairs with), and the
-// stmatrix of its p_smem P tile, one small function per instruction with the reason it exists
-// (ptx.cuh's rules; a separate file, included by sm90_fwd.cu only, so that sm90_bwd's code hash
-// stays).
+// stmatrix of its p_smem P tile, and the byte permute with sign replication of its packed dropout
+// mask, one small function per instruction with the reason it exists (ptx.cuh's rules; a separate
+// file, included by sm90_fwd.cu only, so that sm90_bwd's code hash stays).
 //
 // cp.async.bulk.tensor (shared -> global) copies a box of shared memory, laid out as the tensor
 // map's swizzle says, into the tensor the map describes: one instruction from one thread per box,
@@ -47,6 +47,17 @@ __device__ __forceinline__ void ld_shared_v4(u32 addr, u32 (&r)[4]) {
 __device__ __forceinline__ void st_shared_v4(u32 addr, const u32 (&r)[4]) {
     asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
                  :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+
+// prmt in its default mode with the selector's sign bits: byte i of the result is byte sel[4i+2:4i]
+// of {b, a} (a = bytes 0..3), copied, or, where sel's nibble has bit 3 set, that byte's top bit
+// replicated over all 8 bits. dropout_packed.cuh turns keep flags (the top bit of a byte) into
+// 16-bit masks of packed P with it, one instruction per two elements (CUDA's __byte_perm
+// documents only the copy).
+__device__ __forceinline__ u32 prmt_sign(u32 a, u32 b, u32 sel) {
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
 }
 
 }  // namespace cuflash

@@ -129,7 +129,8 @@
 //   kEmuExp2   0..4: that many quarters of S's 8-column tiles compute P's exp2 on the FMA / ALU
 //              pipes (exp2_emu.cuh: a polynomial, FlashAttention-4's trick) instead of the SFU's
 //              ex2.approx, which softcap's tanh.approx also needs; 0 (the default) is the
-//              plain kernel, the same code as before the parameter existed
+//              plain kernel, the same code as before the parameter existed. With kFoldCap the
+//              folded step's exp2s (softmax_fold.cuh softmax_row_update) take it
 //   kDynamic   the dynamic scheduler (needs kPersistent; params.tile_counter, params.sched_section)
 //   kTmaStore  the TMA-store epilogue (params.tma_o)
 //   (kDynamic and kTmaStore false, the defaults: the code of the kernel before they existed)
@@ -144,6 +145,10 @@
 //              register holds P's A fragments (BN / 4 per thread), which is what lets three
 //              consumer warpgroups (160 registers each) take BN 192 at head dim 64; the price is
 //              the P tile's shared memory (BN · 128 bytes per warpgroup) and its stores. false
+//              (the default): the code of the kernel before it existed
+//   kDropPacked (kDropout only) the keep mask applied to P_j's packed 16-bit A fragments after
+//              pack_p (dropout_packed.cuh: a byte permute and an AND per two elements) instead of
+//              to the fp32 P_j before it; the same mask, the same bits. Not with kPSmem. false
 //              (the default): the code of the kernel before it existed
 //   kTreeMax   the online softmax's step with shorter dependency chains (softmax_tree.cuh: both
 //              rows' maxima as pairwise trees, their shuffles side by side, two partial row sums),
@@ -215,6 +220,7 @@
 #include "ptx_sm90_bulk.cuh"
 #include "ptx_sm90_store.cuh"
 #include "varlen.cuh"
+#include "dropout_packed.cuh"
 #include "softmax_fold.cuh"
 
 namespace cuflash {
@@ -380,7 +386,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
-          bool kTileOverlap = false>
+          bool kTileOverlap = false, bool kDropPacked = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem, kQDouble>;
@@ -422,8 +428,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     static_assert(kFoldCap != 4 || Exp2PolyDegree<Elem>::value == 3,
                   "kFoldCap 4 prescales Q in bf16 (Exp2PolyDegree's 3 marks bf16): fp16 products underflow");
     static_assert(kFoldCap < 2 || kLazyRescale, "kFoldCap 2, 3, 4 run with kLazyRescale");
-    static_assert(!(kLazyRescale || kFoldCap) || (kEmuExp2 == 0 && !kDropout),
-                  "kLazyRescale / kFoldCap run the plain exp2 and no dropout (softmax_fold.cuh)");
+    static_assert(!(kLazyRescale || kFoldCap) || ((kEmuExp2 == 0 || kFoldCap != 0) && !kDropout),
+                  "kLazyRescale / kFoldCap run no dropout, and the software exp2 only with kFoldCap (softmax_fold.cuh)");
+    static_assert(!kDropPacked || (kDropout && !kPSmem),
+                  "kDropPacked applies dropout to P's A fragments in registers: it needs kDropout, not kPSmem");
     static_assert(!kRescaleFirst || !(kLazyRescale || kFoldCap),
                   "kRescaleFirst rescales O every step: not with kLazyRescale / kFoldCap");
     static_assert(!kAlibiLinear || (kAlibi && !kSoftcap && !kDropout && kEmuExp2 == 0 && !kVarlen && !kTreeMax),
@@ -803,7 +811,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                         mx[0][0] = folded.cap(mx[0][0]);
                         mx[0][1] = folded.cap(mx[0][1]);
                     }
-                    softmax_step_max<kLazyRescale>(s_acc, m, l, mx, scale_log2, alpha, rescale);
+                    softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, mx, scale_log2,
+                                                                                       alpha, rescale);
                     return;
                 }
                 if constexpr (kFoldCap || (kFastAlibi && !kSoftcap)) folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
@@ -813,7 +822,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 if constexpr (kLazyRescale || kFoldCap) {
                     float mx[1][2];
                     softmax_rowmax(s_acc, mx);
-                    softmax_step_max<kLazyRescale>(s_acc, m, l, mx, scale_log2, alpha, rescale);
+                    softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, mx, scale_log2,
+                                                                                       alpha, rescale);
                 } else if constexpr (kEmuExp2 == 0 && kTreeMax)   // the same step, shorter chains
                     softmax_step_tree(s_acc, m, l, p.scale_log2, alpha);
                 else if constexpr (kEmuExp2 == 0)
@@ -825,9 +835,15 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             // O += P_j V_j takes (the epilogue divides by l (1 - p)). Run just before P_j is packed, once P_{j-1}'s
             // fragments are dead (their GEMM has completed): the Philox rounds need registers
             // that S_j, O and P_{j-1} together leave too few of (ptxas spilled with it in softmax_s)
+            // kDropPacked: the same mask on the packed fragments, after pack_p (dropout_packed.cuh)
             auto drop_p = [&](int j) {
-                if constexpr (kDropout)
+                if constexpr (kDropout && !kDropPacked)
                     dropout.zero_dropped(s_acc, at.batch * p.nheads + at.head, warp_row0, (n_end - 1 - j) * kBN, g, t);
+            };
+            auto drop_packed = [&](int j) {
+                if constexpr (kDropPacked)
+                    zero_dropped_packed(dropout, p_frag, at.batch * p.nheads + at.head, warp_row0,
+                                        (n_end - 1 - j) * kBN, g, t);
             };
             auto phase = [&](int j) { return u32((kv_iter + j) / kStages) & 1; };
             auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
@@ -857,6 +873,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             softmax_s(slot_of(0), 0);
             drop_p(0);
             pack_p();
+            drop_packed(0);
 
             for (int j = 1; j < n_blocks; ++j) {
                 const int slot = slot_of(j), prev = slot_of(j - 1);
@@ -886,6 +903,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                         softmax_rescale(o_acc, alpha); // O *= alpha_j: O now relative to m_j
                 drop_p(j);                         // kDropout: P_j ∘ Z
                 pack_p();                          // P_j: A fragments, or (kPSmem) the P tile
+                drop_packed(j);                    // kDropPacked: P_j ∘ Z on the fragments
             }
             // end: the last block's O += P V (the tile's final turn)
             const int last = slot_of(n_blocks - 1);

@@ -18,12 +18,19 @@
 // tanh is increasing, the row max of t is tanh of the row max of S: without ALiBi the max runs on
 // the raw S, independent of the tanhs (the ALU's FMNMX next to the SFU's tanh.approx instead of
 // after it).
+//
+// Software exp2 with the folded softcap (kEmu: sm90_fwd's kEmuExp2 with kFoldCap): a softcapped
+// score takes two SFU ops (tanh.approx, ex2.approx); at head dim 128 those alone take as long as
+// the score's share of the two GEMMs (2 ops at 16 per SM clock against 512 FLOPs at ~4096), where
+// the folded step issues about as many instructions per score as the plain one. kEmu of every
+// four 8-column tiles of P take exp2_emu.cuh's polynomial on the FMA / ALU pipes instead.
 #pragma once
 #include "ptx.cuh"
 #include "tile.cuh"
 #include "softmax.cuh"
 #include "score.cuh"
 #include "ptx_sm90_store.cuh"
+#include "exp2_emu.cuh"
 
 namespace cuflash {
 
@@ -53,7 +60,9 @@ __device__ __forceinline__ void softmax_rowmax(const float (&s)[kMT][kNTS][4], f
 // the block's row max, quad-reduced) is known: kLazy's move decision, alpha, m, and the row of s
 // turned into P in place with l gaining its sum. kShift: the row's scores are s + shift (the
 // exponent's offset takes -shift·scale_log2); without it the offset is m's alone.
-template <bool kLazy, bool kShift, int kMT, int kNTS>
+// kEmu, kDegree: exp2_emulated<kEmu>'s tiles take exp2_poly<kDegree> (header); kEmu 0, every exp2
+// on the SFU.
+template <bool kLazy, bool kShift, int kEmu = 0, int kDegree = 3, int kMT, int kNTS>
 __device__ __forceinline__ void softmax_row_update(float (&s)[kMT][kNTS][4], int mt, int half, float m_new,
                                                    float shift, float& m, float& l, float scale_log2,
                                                    float& alpha, bool& rescale) {
@@ -79,13 +88,16 @@ __device__ __forceinline__ void softmax_row_update(float (&s)[kMT][kNTS][4], int
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             float& x = s[mt][nt][2 * half + e];
-            x = exp2_scaled(x, scale_log2, offset_log2);
+            if (kEmu > 0 && exp2_emulated<kEmu>(nt))
+                x = exp2_poly<kDegree>(fmaf(x, scale_log2, -offset_log2));
+            else
+                x = exp2_scaled(x, scale_log2, offset_log2);
             row_sum += x;
         }
     l = l * alpha + row_sum;
 }
 
-template <bool kLazy, int kMT, int kNTS>
+template <bool kLazy, int kEmu = 0, int kDegree = 3, int kMT, int kNTS>
 __device__ __forceinline__ void softmax_step_max(float (&s)[kMT][kNTS][4], float (&m)[kMT][2],
                                                  float (&l)[kMT][2], const float (&mx)[kMT][2],
                                                  float scale_log2, float (&alpha)[kMT][2], bool& rescale) {
@@ -94,7 +106,7 @@ __device__ __forceinline__ void softmax_step_max(float (&s)[kMT][kNTS][4], float
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int half = 0; half < 2; ++half)
-            softmax_row_update<kLazy, false>(s, mt, half, fmaxf(m[mt][half], mx[mt][half]), 0.f, m[mt][half],
+            softmax_row_update<kLazy, false, kEmu, kDegree>(s, mt, half, fmaxf(m[mt][half], mx[mt][half]), 0.f, m[mt][half],
                                              l[mt][half], scale_log2, alpha[mt][half], rescale);
 }
 

@@ -1,6 +1,7 @@
-"""What window, softcap and ALiBi cost over the plain call on an H100 (issue 12's targets: window
-1024 at 8k <= 1.15x its visible fraction of the plain call; softcap and ALiBi <= 1.10x the plain
-call, forward and forward + backward). Not a test; about a minute with the compiles:
+"""What window, softcap, ALiBi and dropout cost over the plain call on an H100 (issue 12's targets:
+window 1024 at 8k <= 1.15x its visible fraction of the plain call; softcap, ALiBi and dropout 0.1
+<= 1.10x the plain call, forward and forward + backward). Not a test; about a minute with the
+compiles:
 
     timeout 300 python tests/features_overhead_timing.py --out /tmp/features_overhead.json
     python tests/features_overhead_timing.py --precompile     # only fill the kernel cache
@@ -15,12 +16,15 @@ Rows per mask, every one timed in the same process, samples interleaved
 (cuflash.timing.time_interleaved: CUDA events, warm-up, median):
   * plain: the plain call as selection runs it (tuned entry or heuristic), and SDPA cuDNN's
     plain call (SDPA takes none of the features);
-  * window (1024, 0) causal / (1024, 1024) not, softcap 30, ALiBi ((nheads,) slopes): for every
+  * window (1024, 0) causal / (1024, 1024) not, softcap 30, ALiBi ((nheads,) slopes), dropout 0.1:
+    for every
     candidate forward config of fwd_candidates (the heuristic's first, then the variants the
     heuristic's module constants choose between: sm90_fwd FEATURE_TILES, FEATURE_LAZY_RESCALE,
     SOFTCAP_FOLD), the forward alone and forward + backward (torch autograd, the
     backward by selection: sm90_bwd's heuristic); for the window also forward + backward with
-    the backward variants of bwd_candidates (the heuristic forward).
+    the backward variants of bwd_candidates (the heuristic forward);
+  * --bwd-pass: the backward alone (torch.autograd.grad of one forward's output, retained), per
+    forward + backward row, so a feature's forward + backward splits into its two halves.
 Columns: ms, x plain (the feature call over the plain call of the same pass), x cuDNN (over SDPA
 cuDNN's plain call of the same pass) and, for the window, x visible: x plain over the window's
 visible fraction of the plain call's score elements (cuflash.band.visible_fraction). The
@@ -41,7 +45,8 @@ from cuflash.problem import Problem  # noqa: E402
 BATCH, SEQLEN, HEADS, HEAD_DIM, DTYPE = 2, 8192, 16, 128, "bf16"
 CAP = 30.0
 WINDOW = {True: (1024, 0), False: (1024, 1024)}
-FEATURES = ("window", "softcap", "alibi")
+DROPOUT_P = 0.1
+FEATURES = ("window", "softcap", "alibi", "dropout")
 MAX_SMEM = 227 * 1024
 
 
@@ -54,15 +59,19 @@ def problem(feature, causal, seqlen=SEQLEN):
         return p.replace(features=("softcap",), softcap=CAP)
     if feature == "alibi":
         return p.replace(features=("alibi",))
+    if feature == "dropout":
+        return p.replace(features=("dropout",))
     return p
 
 
 # --quick: the heuristic and these candidates (by feature), and QUICK_BWD's backward variants of
 # the window (causal only unless --mask says otherwise)
-QUICK = {"window": ("dyn_tmao_bn64", "c1_bm64_dyn_tmao"),
-         "softcap": ("fold3_lazy_dyn_tmao_bn144", "fold4", "fold4_lazy_dyn_tmao_bn144"),
-         "alibi": ("dyn",)}
-QUICK_BWD = ("bwd_s3", "bwd_dyn_ovl", "bwd_dyn_ds2")
+# (session 16 round A measured fold4_emu1 / 2, alin_lazy, dpk* slower than or equal to the heuristic)
+QUICK = {"window": ("q2", "tree"),
+         "softcap": (),
+         "alibi": ("alin_bn160_tmao",),
+         "dropout": ()}
+QUICK_BWD = ()
 
 
 def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=False):
@@ -89,7 +98,12 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
                     # one consumer warpgroup, BM 64: half the band's edge triangles (the computed
                     # share of a Q block's 9 blocks: 1.06x the visible keys, 1.12x at BM 128), no
                     # second warpgroup to overlap with
-                    ("c1_bm64_dyn_tmao", base.replace(BM=64, consumers=1, pingpong=False, **dyn))]
+                    ("c1_bm64_dyn_tmao", base.replace(BM=64, consumers=1, pingpong=False, **dyn)),
+                    # a window's tiles are short (9 K/V blocks at BN 128): two Q buffers, so a tile's
+                    # first S does not wait for its Q after the last tile's (q_double); the softmax
+                    # step with shorter chains, so a block's first ex2 issues sooner (tree_max)
+                    ("q2", heur.replace(q_double=True)),
+                    ("tree", heur.replace(tree_max=True))]
     elif feature == "softcap":
         base = base.replace(BN=176, persistent=False, emu_exp2=0)   # the shipped softcap tile
         lazy3 = dict(fold_cap=3, lazy_rescale=True)
@@ -105,7 +119,17 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
                     # the heuristic's tile and at BN 144
                     ("fold4", heur.replace(fold_cap=4, lazy_rescale=True)),
                     ("fold4_lazy_dyn_tmao_bn144", base.replace(BN=144, **dyn, fold_cap=4, lazy_rescale=True))]
+        # the folded step's exp2s of 1 / 2 quarters of S's tiles on the FMA pipes (emu_exp2 with
+        # fold_cap: softmax_fold.cuh), the SFU's share of a score from two ops to 1.75 / 1.5
+        variants += [("fold4_emu1", heur.replace(emu_exp2=1)), ("fold4_emu2", heur.replace(emu_exp2=2))]
     # (BN 160 with fold_cap 3 + dynamic + TMA store spills 88 bytes: nvcc 13.0)
+    elif feature == "dropout":
+        # drop_packed (the keep mask on P's packed fragments: dropout_packed.cuh; the heuristic's at
+        # d128 since session 16 round A, where "dpk" was measured against the fp32 form), at BN 192
+        # (DROPOUT_PACKED_BN) and with the TMA-store epilogue (BN 160: no spill with it)
+        variants = [("dpk", heur.replace(drop_packed=True)),
+                    ("dpk_bn192", heur.replace(drop_packed=True, BN=192)),
+                    ("dpk_tmao", heur.replace(drop_packed=True, BN=160, tma_store=True))]
     elif feature == "alibi":
         base = base.replace(BN=176, persistent=False)
         variants = [("bn176", base),
@@ -114,7 +138,12 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
                     ("dyn_tmao_lazy_bn144", base.replace(BN=144, lazy_rescale=True, **dyn)),
                     # ALiBi's bias as one FFMA per score (alibi_lin, softmax_fold.cuh AlibiLinear)
                     ("alin", heur.replace(alibi_lin=True)),   # the heuristic's tile (causal: dynamic)
-                    ("dyn_alin", base.replace(persistent=True, dynamic=True, alibi_lin=True))]
+                    ("dyn_alin", base.replace(persistent=True, dynamic=True, alibi_lin=True)),
+                    # alibi_lin with lazy_rescale, and at the plain call's BN 160 with the TMA store
+                    # (non-causal: the causal kernel spills 8 bytes, nvcc 13.0)
+                    ("alin_lazy", heur.replace(alibi_lin=True, lazy_rescale=True))]
+        if not causal:
+            variants.append(("alin_bn160_tmao", heur.replace(alibi_lin=True, BN=160, tma_store=True)))
     # (BN 160, the plain call's tile, with ALiBi + dynamic + TMA store spills 8 bytes: nvcc 13.0)
     else:
         variants = []
@@ -161,7 +190,7 @@ def masks_of(mask, quick):
     return {"causal": (True,), "full": (False,), "both": (True, False)}[mask or ("causal" if quick else "both")]
 
 
-def all_configs(seqlen=SEQLEN, quick=False, mask=None, only_heuristic=False):
+def all_configs(seqlen=SEQLEN, quick=False, mask=None, only_heuristic=False, features=FEATURES, bwd=True):
     """Every kernel this script launches (forward candidates, selection's plain forward and the
     backward of each feature), for precompile."""
     from cuflash import _gpu, select
@@ -169,12 +198,14 @@ def all_configs(seqlen=SEQLEN, quick=False, mask=None, only_heuristic=False):
     arch, smem, name = _gpu.arch(), _gpu.max_smem(), _gpu.name()
     cfgs = []
     for causal in masks_of(mask, quick):
-        for feature in (None,) + FEATURES:
+        for feature in (None,) + tuple(features):
             p = problem(feature, causal, seqlen)
             cfgs += [c for _, _, c in fwd_candidates(feature, causal, seqlen, quick, only_heuristic)]
-            cfgs += [c for _, c in bwd_candidates(feature, causal, seqlen, quick, only_heuristic)]
+            if bwd:
+                cfgs += [c for _, c in bwd_candidates(feature, causal, seqlen, quick, only_heuristic)]
             cfgs.append(select.choose(p, arch, name, smem)[1])
-            cfgs.append(select.choose(p.replace(op="bwd"), arch, name, smem)[1])
+            if bwd:
+                cfgs.append(select.choose(p.replace(op="bwd"), arch, name, smem)[1])
     return list(dict.fromkeys(cfgs))
 
 
@@ -185,15 +216,23 @@ def main():
     ap.add_argument("--out", default="", help="write the rows as JSON here")
     ap.add_argument("--precompile", action="store_true", help="compile every kernel and stop")
     ap.add_argument("--no-bwd", action="store_true", help="forward rows only")
+    ap.add_argument("--bwd-pass", action="store_true",
+                    help="also time the backward alone (one retained forward per forward + backward row)")
     ap.add_argument("--tests-only", action="store_true",
                     help="with --precompile: only tests/test_features_opt_gpu.py's kernels")
     ap.add_argument("--heuristic-only", action="store_true",
                     help="time the heuristic's configs only (no candidates): the shipped defaults")
+    ap.add_argument("--features", default=",".join(FEATURES),
+                    help=f"comma-separated features to time (default: all of {','.join(FEATURES)})")
     ap.add_argument("--mask", choices=("causal", "full", "both"), default=None,
                     help="the masks to time (default: both; causal with --quick)")
     ap.add_argument("--quick", action="store_true",
                     help="causal only, the heuristic and QUICK's candidates (about 30 s with the compiles)")
     args = ap.parse_args()
+    features = tuple(f for f in args.features.split(",") if f)
+    unknown = [f for f in features if f not in FEATURES]
+    if unknown:
+        ap.error(f"--features: unknown {unknown}; known: {FEATURES}")
 
     import torch
     import torch.nn.functional as F
@@ -214,9 +253,10 @@ def main():
     if args.precompile and args.tests_only:
         cfgs = tests
     elif args.precompile:
-        cfgs = list(dict.fromkeys(all_configs(args.seqlen, args.quick, args.mask, args.heuristic_only) + tests))
+        cfgs = list(dict.fromkeys(all_configs(args.seqlen, args.quick, args.mask, args.heuristic_only, features,
+                                              not args.no_bwd) + tests))
     else:
-        cfgs = all_configs(args.seqlen, args.quick, args.mask, args.heuristic_only)
+        cfgs = all_configs(args.seqlen, args.quick, args.mask, args.heuristic_only, features, not args.no_bwd)
     failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]
     print(f"compiled {len(cfgs)} kernels; failed: {failed}")
     assert not failed, failed
@@ -235,11 +275,11 @@ def main():
         slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda",
                               dtype=torch.float32)
         kwargs = {None: {}, "window": dict(window_size=WINDOW[causal]), "softcap": dict(softcap=CAP),
-                  "alibi": dict(alibi_slopes=slopes)}
+                  "alibi": dict(alibi_slopes=slopes), "dropout": dict(dropout_p=DROPOUT_P)}
         vis = visible_fraction(s, s, causal, WINDOW[causal])
         entries = {"plain": (None, "selection", None)}
         bwd_entries = {}     # forward + backward only: the heuristic forward, a backward variant
-        for feature in FEATURES:
+        for feature in features:
             for key, label, cfg in fwd_candidates(feature, causal, s, args.quick, args.heuristic_only):
                 entries[f"{feature}:{key}"] = (feature, label, cfg)
             for key, bcfg in bwd_candidates(feature, causal, s, args.quick, args.heuristic_only):
@@ -276,6 +316,21 @@ def main():
             fns = {name: fwdbwd_fn(f, c) for name, (f, _, c) in entries.items()}
             fns.update({name: fwdbwd_fn(f, None, b) for name, (f, _, b) in bwd_entries.items()})
             passes.append(("fwdbwd", fns, sdpa_fwdbwd))
+            if args.bwd_pass:
+                # the backward alone: one forward each, its graph retained, then grad() repeatedly
+                # (dropout's backward regenerates the forward's mask from the saved RNG state)
+                def bwd_fn(feature, cfg, bcfg=None):
+                    out = cuflash.flash_attn_func(qg, kg, vg, causal=causal, config=cfg, bwd_config=bcfg,
+                                                  **kwargs[feature])
+                    return lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True)
+
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    sdpa_out = F.scaled_dot_product_attention(qgt, kgt, vgt, is_causal=causal)
+                dout_t = dout.transpose(1, 2)
+                bfns = {name: bwd_fn(f, c) for name, (f, _, c) in entries.items()}
+                bfns.update({name: bwd_fn(f, None, b) for name, (f, _, b) in bwd_entries.items()})
+                passes.append(("bwd", bfns, lambda: torch.autograd.grad(sdpa_out, (qgt, kgt, vgt), dout_t,
+                                                                         retain_graph=True)))
         for pass_name, fns, sdpa_fn in passes:
             fns = dict(fns, sdpa_cudnn=sdpa_fn)
             for name, fn in fns.items():   # compile / plan outside the timing; fail loudly here

@@ -50,11 +50,11 @@ def test_names_and_template_tail():
     assert c.kernel_name().endswith("false, 0, false, false, false, false, false, false, true>")
     c = cfg(softcap=True, fold_cap=1)
     assert c.kernel_name().endswith("false, false, false, false, false, false, false, 1>")   # kVarlen, kPSmem, kTreeMax, kQDouble
-    assert c.template_args()[-4:] == (False, 1, False, False)   # kLazyRescale, kFoldCap, kAlibiLinear, kRescaleFirst
+    assert c.template_args()[-6:] == (False, 1, False, False, False, False)   # kLazyRescale, kFoldCap, kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked
     # the ptxas report's mangled name parses back to the template arguments
     from cuflash.compile import _mangled_args
     mangled = ("_ZN7cuflash8sm90_fwdILi128ELi176ELi2ELi2ELb1ELb0ELi128ENS_4bf16ELb1ELb0ELb1ELb0ELb0ELi0ELb0"
-               "ELb0ELb0ELb0ELb0ELb0ELb1ELi2ELb0ELb0EEEvNS_13Sm90FwdParamsE")   # (kAlibiLinear, kRescaleFirst: false)
+               "ELb0ELb0ELb0ELb0ELb0ELb1ELi2ELb0ELb0ELb0ELb0EEEvNS_13Sm90FwdParamsE")   # (kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked: false)
     assert _mangled_args(mangled) == cfg(softcap=True, lazy_rescale=True, fold_cap=2).template_args()
 
 
@@ -65,8 +65,8 @@ def test_names_and_template_tail():
     (dict(softcap=True, fold_cap=4), "needs lazy_rescale"),
     (dict(softcap=True, fold_cap=2), "needs lazy_rescale"),
     (dict(softcap=True, fold_cap=3), "needs lazy_rescale"),
-    (dict(softcap=True, fold_cap=1, emu_exp2=1), "not with dropout or emu_exp2"),
-    (dict(lazy_rescale=True, dropout=True, BN=128), "not with dropout or emu_exp2"),
+    (dict(softcap=True, lazy_rescale=True, emu_exp2=1), "emu_exp2 only with fold_cap"),
+    (dict(lazy_rescale=True, dropout=True, BN=128), "run without dropout"),
     # main's d64 options (p_smem, tree_max, q_double) were not designed with the feature variants
     (dict(lazy_rescale=True, tree_max=True), "not designed together"),
     (dict(lazy_rescale=True, q_double=True), "not designed together"),
@@ -142,7 +142,8 @@ SHIPPED = {
     (("softcap",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold4",
     (("softcap",), False): "sm90fwd_bf16_d128_full_BM128_BN144_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold4",
     (("alibi",), True): "sm90fwd_bf16_d128_causal_BM128_BN176_s2_c2_pp_persist_dyn_alibi_alin",
-    (("alibi",), False): "sm90fwd_bf16_d128_full_BM128_BN176_s2_c2_pp_persist_dyn_alibi_alin",
+    # (session 16: BN 160 + TMA store, FEATURE_TILES "alibi:full")
+    (("alibi",), False): "sm90fwd_bf16_d128_full_BM128_BN160_s2_c2_pp_persist_dyn_tmao_alibi_alin",
 }
 
 
@@ -297,6 +298,8 @@ NVCC_CONFIGS = [
     cfg(True, 176, persistent=True, dynamic=True, alibi=True, alibi_lin=True),
     cfg(False, 176, alibi=True, alibi_lin=True),
     cfg(False, 128, persistent=True, dynamic=True, tma_store=True, window=True, alibi=True, alibi_lin=True),
+    # ALiBi full's shipped tile since session 16
+    cfg(False, 160, persistent=True, dynamic=True, tma_store=True, alibi=True, alibi_lin=True),
 ]
 
 

@@ -28,7 +28,8 @@ def drop_problem(op="fwd", d=128, causal=True, p=0.1, dtype="bf16", **kw):
 def test_selection_runs_the_dropout_forward_on_sm90():
     fam, cfg, source = choose(drop_problem(), (9, 0), dirs=[])
     assert fam.name == "sm90_fwd" and cfg.dropout and source.startswith("heuristic")
-    assert cfg.name == "sm90fwd_bf16_d128_causal_BM128_BN160_s2_c2_pp_persist_dyn_drop"   # DROPOUT_DYNAMIC
+    # DROPOUT_DYNAMIC; DROPOUT_PACKED at d128: the keep mask on P's packed fragments (_dpk)
+    assert cfg.name == "sm90fwd_bf16_d128_causal_BM128_BN160_s2_c2_pp_persist_dyn_drop_dpk"
     # elsewhere fa2_fwd, with its own dropout flag
     fam, cfg, _ = choose(drop_problem(), (8, 0), dirs=[])
     assert fam.name == "fa2_fwd" and cfg.dropout
@@ -52,9 +53,14 @@ def test_dropout_heuristic_config_and_kernel_names():
         cfg = FAM.for_problem(FAM.heuristic(p), p)
         assert cfg.dropout and cfg.BN == DROPOUT_BN[d] and cfg.problems(227 * 1024) == []
         # DROPOUT_DYNAMIC: the persistent grid with the dynamic scheduler, no TMA store
-        assert cfg.name.endswith("_pp_persist_dyn_drop") and cfg.persistent and cfg.dynamic
+        # (DROPOUT_PACKED's head dims: the same with drop_packed, _dpk, the last template argument)
+        packed = d in sm90_fwd.DROPOUT_PACKED
+        assert cfg.drop_packed == packed and cfg.kernel_name().endswith(", true>" if packed else ", 0, true>")
+        cfg_kernel = cfg.replace(drop_packed=False)
+        assert cfg.name == cfg_kernel.name + ("_dpk" if packed else "")
+        assert cfg_kernel.name.endswith("_pp_persist_dyn_drop") and cfg.persistent and cfg.dynamic
         assert not cfg.tma_store
-        assert cfg.kernel_name().endswith(f"cuflash::{dtype}, {str(causal).lower()}, false, false, false, true, 0, true>")
+        assert cfg_kernel.kernel_name().endswith(f"cuflash::{dtype}, {str(causal).lower()}, false, false, false, true, 0, true>")
         # kDropout, then kEmuExp2 (0 with dropout: tests/test_sm90_softcap_cpu.py)
         # (then kDynamic, kTmaStore, kVarlen and the feature variants, appended after them)
         args = dict(zip(type(cfg).__dataclass_fields__, cfg.template_args()))
@@ -63,7 +69,9 @@ def test_dropout_heuristic_config_and_kernel_names():
         with pytest.MonkeyPatch.context() as mp:   # the switch off: the static tiles of before
             mp.setattr(sm90_fwd, "DROPOUT_DYNAMIC", False)
             static = FAM.for_problem(FAM.heuristic(p), p)
-            assert static.name.endswith("_pp_drop") and static == cfg.replace(persistent=False, dynamic=False)
+            assert static == cfg.replace(persistent=False, dynamic=False)
+            static = static.replace(drop_packed=False)
+            assert static.name.endswith("_pp_drop")
             assert static.kernel_name().endswith(f"cuflash::{dtype}, {str(causal).lower()}, false, false, false, true>")
         # the call sets the flag both ways; the encoded form carries none (as the feature flags)
         plain = FAM.for_problem(cfg, p.replace(features=()))
@@ -159,5 +167,10 @@ def test_forced_dropout_config_wider_than_dropout_bn_is_refused():
     assert any("DROPOUT_BN" in why for why in wide.replace(dropout=True).problems(227 * 1024))
     ok = fam.for_problem(fam.heuristic(p), p)
     assert ok.dropout and ok.BN == DROPOUT_BN[128] and not ok.problems(227 * 1024)
+    # d128 applies the mask to P's packed fragments (DROPOUT_PACKED), which takes BN 192
+    # (DROPOUT_PACKED_BN); at d96 (fp32 form, DROPOUT_BN 160) a forced BN 192 is refused
+    assert fam.for_problem(wide, p).drop_packed and not fam.for_problem(wide, p).problems(227 * 1024)
+    p96 = p.replace(head_dim=96)
+    wide96 = fam.heuristic(p96.replace(features=(), dropout_p=0.0)).replace(BN=192, tma_store=False)
     with pytest.raises(ConfigError, match="DROPOUT_BN"):
-        fam.for_problem(wide, p).validate()
+        fam.for_problem(wide96, p96).validate()

@@ -168,7 +168,8 @@ def test_rescale_first_field():
     # kRescaleFirst is the last template argument but tile_overlap's, written only when set
     assert RF.kernel_name().endswith(", true, false, false, false, false, false, false, 0, false, true>")   # (kAlibiLinear false before it)
     assert not DYN.kernel_name().endswith("0, false>") and DYN.kernel_name().endswith(", true>")
-    assert RF.template_args()[-2] is True and DYN.template_args()[-2] is False   # (tile_overlap last)
+    # (tile_overlap, then kDropPacked after it: the last two of template_args)
+    assert RF.template_args()[-3] is True and DYN.template_args()[-3] is False
     assert RF.smem_bytes == RF.replace(rescale_first=False).smem_bytes
     assert "rescale_first" not in FAM.encode(RF.replace(rescale_first=False))
     assert FAM.encode(RF).endswith(",rescale_first=1")

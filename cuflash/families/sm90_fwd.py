@@ -104,6 +104,20 @@ HEURISTIC_DYNAMIC = True
 # 0.93-0.99x the static tiles' time (d128 causal 1.295 -> 1.210 ms, d64 causal 1.856 -> 1.730,
 # d128 full 2.444 -> 2.410, d64 full 3.405 -> 3.362), forward + backward 0.98-1.00x.
 DROPOUT_DYNAMIC = True
+# Whether dropout calls apply the keep mask to P's packed fragments (drop_packed, kDropPacked): the
+# same mask bit for bit. The fp32 form (Dropout::zero_dropped) spends a compare and a select per
+# element, 4-5 instructions per element in the d128 BN 160 kernel's SASS (next to the Philox rounds'
+# ~3 and the plain softmax's ~7); the packed form 2 (256 fewer instructions in the kernel). Measured
+# on the H100 (tests/features_overhead_timing.py, session 16 round A, bf16 d128 8k, batch 2 x 16
+# heads, p 0.1, x the plain forward of the same process, causal / full): 1.588 / 1.686 -> 1.526 /
+# 1.625; at BN 192 1.551 / 1.647, with the TMA store (BN 160) 1.555 / 1.660: on at head dim 128 (the
+# kernel head dims listed), at the heuristic's BN; the others keep the fp32 form until measured.
+DROPOUT_PACKED: frozenset = frozenset({128})
+# BN of a drop_packed forward by head dim, where wider than DROPOUT_BN: the Philox rounds run after
+# the packing, where S's fp32 registers are dead, and d128 BN 192 compiles without a spill (nvcc
+# 13.0, sm_90a; 168 registers), also BN 128 / 160 with the TMA-store epilogue. Others: DROPOUT_BN.
+# (BN 192 measured slower than the heuristic's 160: DROPOUT_PACKED's note.)
+DROPOUT_PACKED_BN = {128: 192}
 # The dynamic scheduler (``dynamic``, kDynamic): bytes of K and V that a section of the tile order
 # keeps in L2 (the H100 has 50 MB; FA3 sizes its sections by 32 MB too), and the shared memory
 # its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
@@ -178,7 +192,8 @@ SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # tests/features_overhead_timing.py (bf16 d128 8k batch 2 x 16 heads, causal and not, against the
 # plain call of the same process; results/NVIDIA_H100_80GB_HBM3/features_overhead_timing.json):
 #   FEATURE_TILES         {head dim: {feature or "feature:causal" / "feature:full": {field: value}}}:
-#                         the tile / schedule fields (BN, persistent, dynamic, tma_store) of a call
+#                         the tile / schedule fields (BN, persistent, dynamic, tma_store; for a
+#                         window alone also q_double, tree_max) of a call
 #                         with that feature, over the heuristic's own (a window's entry first, then
 #                         softcap's, then ALiBi's: the first feature of the call that has one; a
 #                         mask's own entry before the feature's); tma_store only below 16k keys,
@@ -204,12 +219,16 @@ SCHED_RING_BYTES = 8 * 4 + 4 * 2
 #                1.12 (fwd + bwd 1.00 -> 1.01). Round A with alibi_lin (ALIBI_LINEAR): causal
 #                dynamic 1.13 -> 1.09 (fwd + bwd 1.04 -> 1.03); full static 1.15, dynamic 1.15,
 #                static + alibi_lin 1.13, dynamic + alibi_lin 1.11 (fwd + bwd 1.00 / 1.00 / 0.99 /
-#                0.99): both masks dynamic with alibi_lin
+#                0.99): both masks dynamic with alibi_lin. Session 16 (features_overhead_session16.md),
+#                full: BN 160 + TMA store 1.142 / 1.134 against BN 176's 1.152 / 1.147 (rounds A / B):
+#                "alibi:full" takes it (causal: that kernel spills 8 bytes, nvcc 13.0); lazy_rescale
+#                causal 1.137 / 1.148 against 1.089 / 1.099: off
 # (session 14: results/NVIDIA_H100_80GB_HBM3/features_overhead_timing.json; round A of session 15:
 # features_overhead_session15.md, rounds A and B.) Other head dims keep the static tiles and fold_cap 0 (unmeasured).
 FEATURE_TILES: dict = {128: {"window": dict(persistent=True, dynamic=True, tma_store=True),
                              "softcap:causal": dict(BN=128, persistent=True, dynamic=True, tma_store=True),
                              "softcap": dict(BN=144, persistent=True, dynamic=True, tma_store=True),
+                             "alibi:full": dict(BN=160, persistent=True, dynamic=True, tma_store=True),
                              "alibi": dict(persistent=True, dynamic=True)}}
 FEATURE_LAZY_RESCALE = False
 SOFTCAP_FOLD: dict = {128: 4}
@@ -221,6 +240,17 @@ ALIBI_LINEAR: frozenset = frozenset({(128, True), (128, False)})
 # with k = softcap·log2(e) stays >= 2^-100 over t in [-1, 1] (2k <= 100), so no visible score's
 # P underflows whatever the row's own max (above it the kernel computes the row max, as 2).
 FOLD_CAP = (0, 1, 2, 3, 4)
+# emu_exp2 with fold_cap (the folded step's exp2s, softmax_fold.cuh): the heuristic's quarters of S's
+# tiles on the software exp2 by (head dim, causal) with SOFTCAP_FOLD's fold_cap; 0 where not listed.
+# Why again after SOFTCAP_EMU_EXP2's measurement: folded (fold_cap 4, fixed max) a softcapped score
+# issues about as many instructions as a plain one (tanh in place of the max), but two SFU ops (tanh,
+# exp2) at 16 per SM clock, as long as its share of the two GEMMs at d128 (512 FLOPs at ~4096 per
+# clock), where the plain score's one takes half. Measured on the H100 (tests/features_overhead_timing.py,
+# session 16 round A, bf16 d128 8k, softcap 30, x the plain forward, causal / full): fold_cap 4 1.203 /
+# 1.271, with 1 quarter emulated 1.267 / 1.355, 2 quarters 1.324 / 1.421: off (the kernel pays for every
+# issued instruction, ~2% per instruction per score; results/NVIDIA_H100_80GB_HBM3/
+# features_overhead_session16.md).
+SOFTCAP_FOLD_EMU_EXP2: dict = {}
 FIXED_MAX_LOG2_RANGE = 100.0
 
 
@@ -304,8 +334,9 @@ class Sm90FwdConfig(KernelConfig):
                max (t <= 1) where the cap allows it (softcap_fixed_m: no row max, no O rescale); 4, as 3
                with Q multiplied by softcap_in in shared memory once per tile (no multiply per
                score before the tanh; bf16 only).
-               2 and 3 act as 1 with ALiBi and need lazy_rescale; needs softcap, not with dropout
-               or emu_exp2 (SOFTCAP_FOLD)
+               2 and 3 act as 1 with ALiBi and need lazy_rescale; needs softcap, not with dropout;
+               with emu_exp2 the folded step's exp2s take the software exp2 (SOFTCAP_FOLD,
+               SOFTCAP_FOLD_EMU_EXP2)
     alibi_lin: ALiBi's bias as one FFMA per score (kAlibiLinear, softmax_fold.cuh AlibiLinear): the
                per-row part of a linear bias in the softmax's exponent offset; blocks across the
                diagonal (non-causal) take the exact distance. ALiBi alone (no softcap, dropout,
@@ -324,6 +355,11 @@ class Sm90FwdConfig(KernelConfig):
                only (with or without pingpong; no dynamic, varlen, q_double, tma_store, p_smem,
                rescale_first, features). Measured level with the plain tiles (HEURISTIC_TILE_OVERLAP's
                note): off, outside the tuning space
+    drop_packed: dropout's keep mask applied to P's packed 16-bit fragments after the packing
+               (kDropPacked, kernels_cu/dropout_packed.cuh: a byte permute and an AND per two
+               elements, where the fp32 form compares and selects per element); the same mask and
+               bits. Set with dropout by for_problem from DROPOUT_PACKED (by head dim; a config's own
+               True kept), never tuned
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
@@ -355,6 +391,7 @@ class Sm90FwdConfig(KernelConfig):
     alibi_lin: bool = False
     rescale_first: bool = False
     tile_overlap: bool = False
+    drop_packed: bool = False
     section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
@@ -375,7 +412,8 @@ class Sm90FwdConfig(KernelConfig):
                 f"{f'_emu{self.emu_exp2}' if self.emu_exp2 else ''}{'_psmem' if self.p_smem else ''}{'_tree' if self.tree_max else ''}{'_q2' if self.q_double else ''}"
                 f"{name_suffix(self)}{'_varlen' if self.varlen else ''}{'_lazy' if self.lazy_rescale else ''}"
                 f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}"
-                f"{'_tov' if self.tile_overlap else ''}")
+                f"{'_tov' if self.tile_overlap else ''}"
+                f"{'_dpk' if self.drop_packed else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -409,6 +447,13 @@ class Sm90FwdConfig(KernelConfig):
         d96 holds 96 columns of O (48 registers), not d128's 128."""
         return (self.head_dim + self.BN) // 2
 
+    @property
+    def dropout_bn_max(self) -> int:
+        """The widest BN of a dropout kernel at this head dim (DROPOUT_BN, or with drop_packed
+        DROPOUT_PACKED_BN where it lists the head dim)."""
+        bn = DROPOUT_BN.get(self.head_dim, 0)
+        return DROPOUT_PACKED_BN.get(self.head_dim, bn) if self.drop_packed else bn
+
     def kernel_name(self) -> str:
         # the trailing template parameters are written only up to the last one set, so a plain
         # config's name (the compile cache's key) is what it was before they existed
@@ -423,8 +468,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{self.fold_cap}",                                               # kFoldCap
                 f"{'true' if self.alibi_lin else 'false'}",                       # kAlibiLinear
                 f"{'true' if self.rescale_first else 'false'}",                   # kRescaleFirst
-                f"{'true' if self.tile_overlap else 'false'}"]                    # kTileOverlap last
-        used = (13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{'true' if self.tile_overlap else 'false'}",                    # kTileOverlap
+                f"{'true' if self.drop_packed else 'false'}"]                     # kDropPacked last
+        used = (14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -439,7 +485,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
-                self.rescale_first, self.tile_overlap)
+                self.rescale_first, self.tile_overlap, self.drop_packed)
 
     def _problems(self) -> list[str]:
         out = []
@@ -459,9 +505,10 @@ class Sm90FwdConfig(KernelConfig):
         if self.dropout and self.BN % 32:
             out.append(f"dropout needs BN a multiple of 32 (one Philox call covers 32 keys, "
                        f"philox.cuh), got {self.BN}")
-        elif self.dropout and self.head_dim in DROPOUT_BN and self.BN > DROPOUT_BN[self.head_dim]:
+        elif self.dropout and self.head_dim in DROPOUT_BN and self.BN > self.dropout_bn_max:
             out.append(f"dropout at BN={self.BN}: the Philox rounds spill above "
-                       f"BN={DROPOUT_BN[self.head_dim]} at head_dim={self.head_dim} (DROPOUT_BN)")
+                       f"BN={self.dropout_bn_max} at head_dim={self.head_dim} "
+                       f"({'DROPOUT_PACKED_BN' if self.drop_packed else 'DROPOUT_BN'})")
         if self.emu_exp2 not in EMU_EXP2:
             out.append(f"emu_exp2 must be one of {EMU_EXP2} (quarters of S's 8-column tiles), "
                        f"got {self.emu_exp2}")
@@ -497,9 +544,9 @@ class Sm90FwdConfig(KernelConfig):
         elif self.fold_cap >= 2 and not self.lazy_rescale:
             out.append(f"fold_cap={self.fold_cap} needs lazy_rescale (without it ptxas, nvcc 13.0, "
                        "spilled ~300 bytes at BN 176)")
-        if (self.lazy_rescale or self.fold_cap) and (self.dropout or self.emu_exp2):
-            out.append("lazy_rescale / fold_cap run the plain exp2 without dropout "
-                       "(kernels_cu/softmax_fold.cuh): not with dropout or emu_exp2")
+        if (self.lazy_rescale or self.fold_cap) and (self.dropout or (self.emu_exp2 and not self.fold_cap)):
+            out.append("lazy_rescale / fold_cap run without dropout, and emu_exp2 only with fold_cap "
+                       "(kernels_cu/softmax_fold.cuh)")
         if (self.lazy_rescale or self.fold_cap) and (self.p_smem or self.tree_max or self.q_double):
             out.append("lazy_rescale / fold_cap with p_smem / tree_max / q_double: not designed together "
                        "(the feature variants' softmax step and the d64 plain-call options were written "
@@ -529,6 +576,9 @@ class Sm90FwdConfig(KernelConfig):
                                   or self.lazy_rescale or self.fold_cap):
             out.append("tile_overlap with window / softcap / ALiBi / dropout (or their softmax variants) "
                        "is not implemented: plain calls only")
+        if self.drop_packed and (not self.dropout or self.p_smem):
+            out.append("drop_packed applies dropout's keep mask to P's packed fragments in registers "
+                       "(kDropPacked): it needs dropout, and not p_smem")
         if self.section < 0 or self.section > MAX_SECTION:
             out.append(f"section must be 0 (the L2 rule) or 1..{MAX_SECTION} KV heads, got {self.section}")
         elif self.section and not self.dynamic:
@@ -755,11 +805,16 @@ class Sm90Forward(Family):
             config = config.replace(dropout=dropout, varlen=varlen)
         if dropout and config.emu_exp2:   # not implemented with dropout: the plain exp2 (a speed knob)
             config = config.replace(emu_exp2=0)
-        # the softmax variants (speed knobs): fold_cap only with softcap, neither with dropout or
-        # emu_exp2 (kernels_cu/softmax_fold.cuh)
-        if config.fold_cap and ("softcap" not in problem.features or dropout or config.emu_exp2):
+        packed = dropout and not config.p_smem and (config.drop_packed or config.head_dim in DROPOUT_PACKED)
+        if config.drop_packed != packed:
+            # how dropout is applied (the same mask, the same bits): the module's switch for configs
+            # without it (tuned tables carry no dropout), or the config's own; off without dropout
+            config = config.replace(drop_packed=packed)
+        # the softmax variants (speed knobs): fold_cap only with softcap, neither with dropout,
+        # lazy_rescale with emu_exp2 only under fold_cap (kernels_cu/softmax_fold.cuh)
+        if config.fold_cap and ("softcap" not in problem.features or dropout):
             config = config.replace(fold_cap=0)
-        if config.lazy_rescale and (dropout or config.emu_exp2):
+        if config.lazy_rescale and (dropout or (config.emu_exp2 and not config.fold_cap)):
             config = config.replace(lazy_rescale=False)
         if config.p_smem and problem.features:   # plain calls only (a speed knob): P in registers
             config = config.replace(p_smem=False)
@@ -781,7 +836,7 @@ class Sm90Forward(Family):
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
-                               "tile_overlap") and not v))
+                               "tile_overlap", "drop_packed") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -852,6 +907,10 @@ class Sm90Forward(Family):
                 persistent = VARLEN_PERSISTENT
         cfg = Sm90FwdConfig(128, bn, 2, 2, True, persistent, d, problem.dtype, bool(problem.causal),
                             dynamic=dynamic, tma_store=tma_store)
+        if tuple(problem.features) == ("window",) and not is_varlen(problem):
+            # FEATURE_TILES' q_double / tree_max for a window alone (with softcap / ALiBi their softmax
+            # variants exclude them: Sm90FwdConfig's rules)
+            cfg = cfg.replace(**{k: tiles[k] for k in ("q_double", "tree_max") if k in tiles})
         if (d == 64 and dynamic and not problem.features and problem.bucket >= HEURISTIC_D64_MIN_BUCKET
                 and HEURISTIC_D64.get(bool(problem.causal))):
             cfg = cfg.replace(**HEURISTIC_D64[bool(problem.causal)])   # (first_fitting: the fallbacks)
@@ -869,7 +928,8 @@ class Sm90Forward(Family):
             fold = SOFTCAP_FOLD.get(d, 0)
             fold = 3 if fold == 4 and problem.dtype != "bf16" else fold   # (4 prescales Q in bf16 only)
             if fold and feature_call and not cfg.emu_exp2:   # (2 and 3 run with lazy_rescale)
-                cfg = cfg.replace(fold_cap=fold, lazy_rescale=fold >= 2 or cfg.lazy_rescale)
+                cfg = cfg.replace(fold_cap=fold, lazy_rescale=fold >= 2 or cfg.lazy_rescale,
+                                  emu_exp2=SOFTCAP_FOLD_EMU_EXP2.get((d, bool(problem.causal)), 0))
         if FEATURE_LAZY_RESCALE and feature_call and not cfg.emu_exp2:
             cfg = cfg.replace(lazy_rescale=True)
         if (feature_call and (d, bool(problem.causal)) in ALIBI_LINEAR
