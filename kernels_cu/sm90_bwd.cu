@@ -824,9 +824,12 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
         // memory bytes per Q block, the resource the shared-keys tile is bound by.
         // Named barriers (256 consumer threads; one side arrives, the other waits): Pᵀ written
         // (kPFullBar) / read (kPFreeBar), warpgroup 0's dQ GEMMs done (kDsFreeBar); dS written
-        // (kDsFullBar: both wait). An arrival is made only where its wait follows (no pending named barrier
-        // arrival at the CTA's end).
-        constexpr int kPFullBar = 6, kPFreeBar = 7, kDsFullBar = 8, kDsFreeBar = 9;
+        // (kDsFullBar: the dSᵀ side arrives, the P side waits; the dSᵀ side waits for its own warps'
+        // stores on kDsOwnBar, 128 threads: a barrier that both sides bar.sync at different
+        // instructions is what compute-sanitizer synccheck calls "divergent thread(s) in block").
+        // An arrival is made only where its wait follows (no pending named barrier arrival at the
+        // CTA's end).
+        constexpr int kPFullBar = 6, kPFreeBar = 7, kDsFullBar = 8, kDsFreeBar = 9, kDsOwnBar = 10;
         constexpr int kNT = kBM / 8;                            // n8 tiles of Sᵀ, dPᵀ (all BM queries)
         const int warp_key = warp * 16;                         // this warp's first key of K_j
         const int seqlen_k = p.seqlen_k;
@@ -947,8 +950,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         Wgmma<kHeadDim, Elem>::template rs<1>(acc, frag[0][kk], fresh(bt_desc).at(q_off + kk * 16 * 128), 1);
                     wgmma_commit();
                     fence_proxy_async_smem();                       // generic stores -> wgmma's reads
+                    named_barrier_arrive(kDsFullBar, kConsumerThreads);
                     // (a wait here too: this warpgroup's dQ GEMM reads all four warps' stores)
-                    named_barrier_sync(kDsFullBar, kConsumerThreads);
+                    named_barrier_sync(kDsOwnBar, 128);
                 }
                 // ---- dQ_i part = dS K_j, this warpgroup's 128 columns in two 64-column pieces (as the
                 // shared-keys path: red.add, or staged in the slot for the writer warp) ----
