@@ -324,6 +324,7 @@ def test_plan_run_with_writes_the_rng_pointer_for_the_launch_only():
     plan._pack = struct.Struct("<5Q").pack_into
     plan._field_offsets = {n: dtype.fields[n][1] for n in dtype.names[5:] if dtype.fields[n][0] == np.uint64}
     plan._write_call = None
+    plan._counter_fields = ()      # no cross-CTA counters (launch.StreamCounters)
     plan._lock = threading.Lock()
     plan._calls = ((111, 1, 1, 1, 128, 0),)
     plan.device = 0
