@@ -203,7 +203,9 @@ def test_no_entry_that_would_lose_the_heuristics_fields(monkeypatch):
     assert out.heuristic_outside_space and out.chosen.q_double
     assert seen[0] == real.replace(q_double=True)             # the heuristic itself was measured
     assert out.entry({}) is None
-    monkeypatch.undo()
+    # a heuristic inside the space (this problem's real one takes q_double: HEURISTIC_D64_Q_DOUBLE)
+    monkeypatch.setattr(type(fam), "heuristic", lambda self, problem, arch=(9, 0), max_smem=None:
+                        real.replace(q_double=False))
     out = run_study(fam, p, lambda cfg: TrialResult("ok", 1.0), max_smem=SMEM, points=pts,
                     log=lambda *a: None)
     assert not out.heuristic_outside_space and out.entry({}) is not None
