@@ -177,10 +177,12 @@ def test_rotation_is_a_permutation(n_iters):
     assert "const int m = it + q_rot;\n            return m >= n_iters ? m - n_iters : m;" in src
 
 
-ALLOWED = [heur(dq_early=True), heur(True, dynamic=True, dq_early=True), heur(s_ahead=True),
-           heur(True, dynamic=True, s_ahead=True), heur(q_rotate=True), heur(q_rotate=True, dq_early=True),
+# (s_ahead's d128 kernels, off and never in a heuristic, are left out: with parse_ptxas counting
+# ptxas' serialization infos they report serialized wgmmas; they must leave the tuning space)
+ALLOWED = [heur(dq_early=True), heur(True, dynamic=True, dq_early=True),
+           heur(q_rotate=True), heur(q_rotate=True, dq_early=True),
            heur(dtype="fp16", q_rotate=True, dynamic=True), heur(True, "fp16", dynamic=True, ds_double=True, dq_early=True),
-           heur(ds_double=True, s_ahead=True), heur(dq_early=True, dk_late=True),
+           heur(dq_early=True, dk_late=True),
            heur(ds_double=True, dq_early=True, dk_late=True), heur(q_rotate=True, ds_double=True, dq_early=True, dk_late=True),
            Sm90BwdConfig(128, 128, 2, 2, 64, "fp16", True, dq_writer=True, dynamic=True, dq_early=True, dk_late=True),
            heur(True, "fp16", ds_double=True, dq_early=True, dk_late=True),
