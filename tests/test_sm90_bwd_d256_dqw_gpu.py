@@ -34,7 +34,7 @@ from cuflash.families import sm90_bwd  # noqa: E402
 from cuflash.families.sm90_bwd import Sm90BwdConfig  # noqa: E402
 
 import test_sm90_bwd_features_gpu as feat  # noqa: E402
-from test_sm90_bwd_d256_gpu import forward_problems, precompile_main, tile  # noqa: E402,F401
+from test_sm90_bwd_d256_gpu import FP16_D192_CASES, forward_problems, precompile_main, tile  # noqa: E402,F401
 from test_sm90_bwd_gpu import HEADS, SEQLENS, problem, run_case  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
@@ -51,8 +51,7 @@ def test_dq_writer_odd_seqlens(causal, seqlens):
 
 
 def test_dq_writer_fp16_and_d192():
-    for d, heads, seqlens in ((D, "gqa", (300, 333)), (D, "mqa", (1023, 257)), (192, "gqa", (2049, 2049)),
-                              (192, "mqa", (113, 301))):
+    for d, heads, seqlens in FP16_D192_CASES:
         p = problem("fp16", True, d, seqlens, heads)
         run_case(p, tile(p, dq_writer=True, lpt=True))
 

@@ -116,6 +116,11 @@ def test_d192_bf16_odd_seqlens():
         run_case(p, tile(p))
 
 
+# fp16 at d256 and d192 (GQA / MQA, odd lengths): the cases the dq_writer and roles files share
+FP16_D192_CASES = ((D, "gqa", (300, 333)), (D, "mqa", (1023, 257)), (192, "gqa", (2049, 2049)),
+                   (192, "mqa", (113, 301)))
+
+
 def suite_configs():
     """The backward kernels this file runs (as the calls run them), for --precompile."""
     base = Sm90BwdConfig(64, 64, 2, 2, D, "bf16", False)

@@ -31,7 +31,7 @@ import cuflash  # noqa: E402
 from cuflash.families.sm90_bwd import Sm90BwdConfig  # noqa: E402
 
 from test_flash_bwd_gpu import grads, inputs  # noqa: E402
-from test_sm90_bwd_d256_gpu import precompile_main, tile  # noqa: E402
+from test_sm90_bwd_d256_gpu import FP16_D192_CASES, precompile_main, tile  # noqa: E402
 from test_sm90_bwd_gpu import HEADS, SEQLENS, problem, run_case  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
@@ -48,8 +48,7 @@ def test_roles_odd_seqlens(causal, seqlens):
 
 
 def test_roles_fp16_and_d192():
-    for d, heads, seqlens in ((D, "gqa", (300, 333)), (D, "mqa", (1023, 257)), (192, "gqa", (2049, 2049)),
-                              (192, "mqa", (113, 301))):
+    for d, heads, seqlens in FP16_D192_CASES:
         p = problem("fp16", True, d, seqlens, heads)
         run_case(p, tile(p, dq_writer=True, roles=True))
 
