@@ -635,6 +635,11 @@ class Sm90BwdConfig(KernelConfig):
                                                   or self.head_dim != 128 or self.dtype != "bf16"):
             out.append("s_ahead with dq_early or q_rotate, without dq_writer, at head dim 64 or in fp16: ptxas "
                        "spills those kernels (4-24 bytes, nvcc 13.0); bf16 head dim 128 with dq_writer only")
+        elif self.s_ahead:
+            # (the rest: bf16 head dim 128 with dq_writer; outside the tuning space too)
+            out.append("s_ahead: ptxas serializes the wgmmas of every kernel it builds (C7515, nvcc 13.0; "
+                       "bf16 head dim 128 with dq_writer, plain grid or dynamic, ds_double or not), and it "
+                       "measured 13-20% slower (HEURISTIC_S_AHEAD)")
         if self.dk_late and not (self.dq_early and self.dq_writer and not self.s_ahead):
             out.append("dk_late without dq_early and dq_writer, or with s_ahead: its dK GEMM is issued behind "
                        "dq_early's dQ GEMM and waited for after dq_writer's staging")
@@ -705,10 +710,11 @@ class Sm90Backward(Family):
     space = {"BM": (64, 128), "BN": (64, 128), "stages": (2, 3), "consumers": (1, 2),
              "dq_bulk": (False, True), "overlap_sdp": (False, True), "dq_writer": (False, True),
              "dynamic": (False, True), "ds_double": (False, True), "dq_early": (False, True),
-             "s_ahead": (False, True), "q_rotate": (False, True),
+             "q_rotate": (False, True),
              "dk_late": (False, True), "frag_pin": (False, True), "roles": (False, True)}
     # (lpt, the launch order, is a config field outside the space: measured no faster than the
-    # plain order, alone or with the dynamic scheduler; HEURISTIC_LPT below)
+    # plain order, alone or with the dynamic scheduler; HEURISTIC_LPT below. s_ahead too: every
+    # kernel it builds is serialized by ptxas (C7515) or spills, and the config refuses it)
     fixed = {"deterministic": False}
     params_struct = "Sm90BwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90BwdParams"
@@ -878,9 +884,8 @@ class Sm90Backward(Family):
         if config.q_rotate and (config.causal or config.window or config.deterministic or config.shared_keys
                                 or config.softcap or config.alibi or config.dropout):
             config = config.replace(q_rotate=False)    # a speed choice, where it is not built
-        if config.s_ahead and not config.roles and (config.dq_early or config.q_rotate or not config.dq_writer
-                                                    or config.head_dim != 128 or config.dtype != "bf16"):
-            config = config.replace(s_ahead=False)     # likewise (its kernel spills there)
+        if config.s_ahead:
+            config = config.replace(s_ahead=False)     # likewise (every kernel it builds spills or is serialized)
         if config.frag_pin and (config.shared_keys or config.softcap or config.alibi or config.dropout):
             config = config.replace(frag_pin=False)    # a speed choice, where it is not built
         if config.dk_late and ((config.dynamic and config.head_dim == 128 and not config.frag_pin)
@@ -911,10 +916,15 @@ class Sm90Backward(Family):
     def make(self, point, problem: Problem):
         """As Family.make; a point without dynamic or ds_double (tuned tables and recorded studies
         from before the flags) gets them off."""
-        for flag in ("dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate", "dk_late", "frag_pin", "roles"):
+        for flag in ("dynamic", "ds_double", "dq_early", "q_rotate", "dk_late", "frag_pin", "roles"):
             if flag not in point:
                 point = {**point, flag: False}
-        return super().make(point, problem)
+        # s_ahead left the space (refused: serialized); a recorded point that has it keeps its value
+        # (True: a config that problems() refuses)
+        s_ahead = bool(point.get("s_ahead", False))
+        point = {k: v for k, v in point.items() if k != "s_ahead"}
+        cfg = super().make(point, problem)
+        return cfg.replace(s_ahead=True) if s_ahead else cfg
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90BwdConfig:
         """Head dim 128: FA3's shape with 2 consumer warpgroups (BN = 128 keys) and Q blocks of
