@@ -447,6 +447,83 @@ struct Sm90BwdTileRing {
     }
 };
 
+// kDqConvert (with kDqWriter): fa2_bwd_convert_dq's work (dQ = scale · accumulator) inside the main
+// kernel, so that CTAs whose tiles are done (the SMs the dynamic scheduler leaves idle at the end
+// of the grid; in the plain grid every CTA at its end) convert the (head, batch) pairs that are
+// done while other tiles run, and the backward has no third launch. A pair is done once its n_kv
+// K/V tiles' dQ additions have completed: the writer warp counts each tile after its bulk
+// reduce-adds, and the count that completes the pair appends its jobs (kRows-row chunks of dQ) to
+// a queue; a CTA's consumers, once its tiles are done and its writer has counted the last, take
+// jobs off the queue and convert them until it is empty. No CTA waits for another's tiles (only
+// for a queue slot that the thread which reserved it is writing, a few instructions on): a job
+// appended after a CTA found the queue empty is taken by the CTA that appended it, whose consumers
+// look at the queue only after their writer's last count. Counters (the plan's zeroed int32
+// buffer p.tile_counter after the claim counter, all back to 0 when the launch ends): [1] queue
+// head, [2] queue tail, [3 + pair] the pair's tiles done, [3 + n_pairs + i] the i-th job queued,
+// plus 1 (0: not written yet); a job is pair · n_chunks + chunk.
+struct Sm90BwdDqQueue {
+    static constexpr int kRows = 256;               // dQ rows a job
+    int* c;
+    int n_pairs, n_chunks;
+    __device__ __forceinline__ Sm90BwdDqQueue(int* counters, int pairs, int seqlen_q)
+        : c(counters), n_pairs(pairs), n_chunks((seqlen_q + kRows - 1) / kRows) {}
+    // writer lane 0, once the tile's reduce-adds have completed (bulk_wait_group<0>)
+    __device__ __forceinline__ void tile_done(int pair, int n_kv) const {
+        fence_proxy_async_global();                 // the bulk additions before the count
+        __threadfence();
+        if (atomicAdd(c + 3 + pair, 1) != n_kv - 1) return;
+        atomicExch(c + 3 + pair, 0);                // the pair's last count (for the next launch)
+        __threadfence();
+        const int i = atomicAdd(c + 2, n_chunks);
+        for (int ch = 0; ch < n_chunks; ++ch) atomicExch(c + 3 + n_pairs + i + ch, pair * n_chunks + ch + 1);
+    }
+    // one consumer thread: the next job, -1 once the queue is empty
+    __device__ __forceinline__ int pop() const {
+        for (;;) {
+            const int h = ld_acquire_gpu(c + 1);
+            if (h >= ld_acquire_gpu(c + 2)) return -1;
+            if (atomicCAS(c + 1, h, h + 1) != h) continue;
+            int v;
+            while ((v = ld_acquire_gpu(c + 3 + n_pairs + h)) == 0) {}   // (its writer is between the atomics)
+            atomicExch(c + 3 + n_pairs + h, 0);
+            if (h == n_pairs * n_chunks - 1) {      // the last job: tail, then head back to 0 (a reader
+                atomicExch(c + 2, 0);               // that sees head 0 then sees tail 0)
+                __threadfence();
+                atomicExch(c + 1, 0);
+            }
+            __threadfence();
+            return v - 1;
+        }
+    }
+};
+
+// dQ[batch, rows, head, :] = scale · dq_accum[bh, rows] of one job (Sm90BwdDqQueue) by `threads`
+// threads (thread `tid` of them): fa2_bwd_convert_dq's arithmetic, 8 columns a thread per step;
+// the accumulator read through L2 (ld.global.cg: other SMs' additions)
+template <class Elem>
+__device__ __forceinline__ void sm90_bwd_convert_dq_job(const Sm90BwdParams& p, const Sm90BwdDqQueue& queue,
+                                                        int job, int tid, int threads) {
+    const int pair = job / queue.n_chunks, row0 = (job % queue.n_chunks) * Sm90BwdDqQueue::kRows;
+    const int head = pair % p.nheads, batch = pair / p.nheads;
+    const int chunks = p.head_dim / 8;
+    const float* acc_rows = p.dq_accum + (static_cast<i64>(pair) * p.seqlen_q_rounded + row0) * p.head_dim_rounded;
+    u16* dq = static_cast<u16*>(p.dq) + batch * p.dq_batch_stride + row0 * p.dq_row_stride + head * p.dq_head_stride;
+    const int n = min(Sm90BwdDqQueue::kRows, p.seqlen_q - row0) * chunks;
+#pragma unroll 4
+    for (int idx = tid; idx < n; idx += threads) {
+        const int row = idx / chunks, col = (idx % chunks) * 8;
+        const float4* acc = reinterpret_cast<const float4*>(acc_rows + static_cast<i64>(row) * p.head_dim_rounded + col);
+        const float4 a0 = __ldcg(acc), a1 = __ldcg(acc + 1);
+        const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        u32x4 out;
+        u32* words = &out.x;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            words[i] = pack2<Elem>(a[2 * i] * p.softmax_scale, a[2 * i + 1] * p.softmax_scale);
+        *reinterpret_cast<u32x4*>(dq + static_cast<i64>(row) * p.dq_row_stride + col) = out;
+    }
+}
+
 // The kernel's body (sm90_bwd, and sm90_bwd_cluster for kCluster, below, are its entry points).
 // kCluster (head dim 256 only): the two CTAs of a cluster (__cluster_dims__(2, 1, 1)) own K/V
 // blocks 2c and 2c + 1 of one (head, batch) and walk the same Q blocks (under the causal mask from
@@ -459,7 +536,7 @@ struct Sm90BwdTileRing {
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
-          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles>
+          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles, bool kDqConvert>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -502,6 +579,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                   "not with s_ahead");
     static_assert(!((kSAhead || kDqEarly) && ((kSharedKeys && !kRoles) || kOverlapSdp)) && !(kDqEarly && kSharedKeys),
                   "s_ahead / dq_early: the head dim 64 / 128 tiles (s_ahead: and roles), not with overlap_sdp");
+    static_assert(!kDqConvert || (kDqWriter && !kVarlen && !kDeterministic && !kCluster),
+                  "dq_convert: with dq_writer (its counts follow the writer's bulk additions), fixed lengths, "
+                  "unordered, one CTA a cluster");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
                   "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
     // BM 80 (head dim 128, 2 consumers; FA3's non-causal tile): 80 queries are not a whole wgmma m
@@ -515,6 +595,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                   "not with overlap_sdp / s_ahead / q_rotate");
     // kDqWriter's named barriers (consumer threads + the writer warp): tile b full, tile b free
     constexpr int kDqFullBar = 2, kDqEmptyBar = 4, kDqBarThreads = kConsumers * 128 + 32;
+    // kDqConvert: the writer's last tile counted (consumers + writer), the queue's pair read (consumers)
+    constexpr int kConvBar = 11, kConvPairBar = 12;
     constexpr int kChunks = Shape::kChunks;
     constexpr int kConsumerThreads = kConsumers * 128;
 
@@ -642,7 +724,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     if (warpgroup == 0) {
         // ---- producer: warp 0; lane 0 issues the TMA copies ----
         setmaxnreg_dec<Shape::kProducerRegs>();
-        if (kDqWriter && tid / 32 == 1 && (kDynamic || n_iters > 0)) {
+        if (kDqWriter && tid / 32 == 1 && (kDynamic || kDqConvert || n_iters > 0)) {   // (kDqConvert: every tile counts)
             // ---- dQ writer (warp 1): per Q block, once the consumers have staged dQ_i's part in
             // tile q % kBufs (q: the CTA's Q blocks so far; barrier kDqFullBar + tile), lane 0 adds
             // it to the accumulator by kHeadDim / 32 tensor bulk reduce-adds (one per 32-column box;
@@ -687,6 +769,13 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     if (!kSlotDq && !kDynamic && it + DqW::kBufs < n_iters)
                         named_barrier_arrive(kDqEmptyBar + buf, kDqBarThreads);
                 }
+                if constexpr (kDqConvert) {                    // the tile's additions complete: count it
+                    if (leader) {
+                        bulk_wait_group<0>();
+                        Sm90BwdDqQueue(p.tile_counter, p.batch * p.nheads, p.seqlen_q).tile_done(pair, n_kv);
+                    }
+                    __syncwarp();
+                }
                 if constexpr (!kDynamic) break;
                 q_done += n_iters;
                 const Sm90BwdTile next = ring_take();
@@ -695,6 +784,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 tile_range();
             }
             if (leader) bulk_wait_group<0>();                   // the additions done before the CTA ends
+            if constexpr (kDqConvert) named_barrier_arrive(kConvBar, kConsumerThreads + 32);   // last tile counted
         } else if (tid < 32 && (kDynamic || n_iters > 0)) {
             const int lane = tid;
             if (kDynamic && lane > 0) return;                  // kDynamic: lane 0 issues everything
@@ -812,6 +902,22 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     const int ctid = tid - 128;                                 // 0..kConsumerThreads-1
     const int warp = (tid / 32) % 4, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
+    // kDqConvert: the dQ convert of the pairs done (Sm90BwdDqQueue), once the writer has counted this
+    // CTA's last tile; each job's index handed over in shared memory (dS's buffer: no GEMM reads it now)
+    auto convert_done_pairs = [&]() {
+        named_barrier_sync(kConvBar, kConsumerThreads + 32);
+        volatile int* pair_word = reinterpret_cast<volatile int*>(ds_smem_ptr);
+        const Sm90BwdDqQueue queue(p.tile_counter, p.batch * p.nheads, p.seqlen_q);
+        for (;;) {
+            if (ctid == 0) *pair_word = queue.pop();
+            named_barrier_sync(kConvPairBar, kConsumerThreads);
+            const int job = *pair_word;
+            named_barrier_sync(kConvPairBar, kConsumerThreads);   // read by all before the next pop
+            if (job < 0) break;
+            __threadfence();
+            sm90_bwd_convert_dq_job<Elem>(p, queue, job, ctid, kConsumerThreads);
+        }
+    };
     if constexpr (kRoles) {
         // ---- kRoles (head dim 256, the shared-keys tile): the warpgroups split the products by
         // operand instead of by queries. Warpgroup 0 (the Pᵀ side): Sᵀ = K_j Q_iᵀ for all BM queries,
@@ -1046,6 +1152,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
         };
         if (wg == 0) run(Sm90BwdSide<true>{});
         else run(Sm90BwdSide<false>{});
+        if constexpr (kDqConvert) convert_done_pairs();
         return;
     }
 
@@ -1724,6 +1831,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     if constexpr (kDqBulk) {
         if (lane < 16) bulk_wait_group<0>();
     }
+    if constexpr (kDqConvert) convert_done_pairs();
 }
 
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
@@ -1731,12 +1839,12 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
           bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false,
-          bool kFragPin = false, bool kRoles = false>
+          bool kFragPin = false, bool kRoles = false, bool kDqConvert = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
-                  kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles>(p);
+                  kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles, kDqConvert>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the
@@ -1752,7 +1860,7 @@ sm90_bwd_cluster(const __grid_constant__ Sm90BwdParams p) {
     static_assert(kClusterSize == 2, "sm90_bwd_cluster: clusters of 2 CTAs");
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, true,
-                  kSAhead, false, false, false, false, kRoles>(p);
+                  kSAhead, false, false, false, false, kRoles, false>(p);
 }
 #endif
 

@@ -82,7 +82,7 @@ VARIANTS = {
     "old": old,
     "alt": lambda c: c.replace(dynamic=not c.dynamic, lpt=False),
     "dqe": lambda c: old(c).replace(dq_early=True),
-    "sah": lambda c: old(c).replace(s_ahead=True) if c.dtype == "bf16" else None,
+    # (sah, s_ahead: refused since session 17, its kernels serialized by ptxas)
     "ds2": lambda c: old(c).replace(ds_double=True),
     "dkl": lambda c: old(c).replace(dq_early=True, dk_late=True),
     # non-causal

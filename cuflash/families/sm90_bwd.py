@@ -259,6 +259,16 @@ HEURISTIC_BM80 = False
 #   1.021, bf16 non-causal -0.9..+2.3%, causal -0.8..-3.6%; below the dynamic scheduler's (HEURISTIC_DYNAMIC,
 #   round B) in those cells but 8k-16k. Off.
 HEURISTIC_STAGES3 = frozenset()
+# dq_convert (kDqConvert, name _dqc, session 17): the dQ convert (dQ = scale · accumulator) inside the main
+# kernel instead of fa2_bwd_convert_dq's launch: the writer warp counts each tile once its bulk reduce-adds
+# have completed, a pair's last tile queues its DQ_CONVERT_ROWS-row jobs, and CTAs whose tiles are done
+# (the dynamic scheduler's idle SMs at the end of the grid; in the plain grid each CTA at its end) convert
+# them (Sm90BwdDqQueue, kernels_cu/sm90_bwd.cu). At 2k the convert launch was 68 us of a 1.25-1.46 ms
+# backward (results/NVIDIA_H100_80GB_HBM3/logs/bwdpre_round_a3, d128 bf16).
+# * HEURISTIC_DQ_CONVERT, (kernel head dim, causal, dtype): the classes whose plain unordered calls take it
+#   (head dim 128 with the dynamic scheduler, 256 with roles). Off until measured (tests/sm90_bwd_2k_timing.py).
+HEURISTIC_DQ_CONVERT = frozenset()
+DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -362,6 +372,7 @@ class Sm90BwdConfig(KernelConfig):
     dk_late: bool = False
     frag_pin: bool = False
     roles: bool = False
+    dq_convert: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -381,7 +392,8 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_lpt' if self.lpt else ''}{'_dyn' if self.dynamic else ''}"
                 f"{'_ds2' if self.ds_double else ''}{'_cl2' if self.cluster else ''}{'_sah' if self.s_ahead else ''}"
                 f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
-                f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}")
+                f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}"
+                f"{'_dqc' if self.dq_convert else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -521,7 +533,8 @@ class Sm90BwdConfig(KernelConfig):
                         "overlap_sdp", "dq_writer", "varlen", "lpt", "dynamic", "ds_double"))
                     + (f", {b(self.roles)}, {b(self.s_ahead)}" if self.roles or self.s_ahead else "") + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
-        tail = self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.frag_pin or self.roles
+        tail = (self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.frag_pin or self.roles
+                or self.dq_convert)
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -535,11 +548,12 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
         feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
         feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
-        later2 = self.dk_late or self.frag_pin or self.roles
+        later2 = self.dk_late or self.frag_pin or self.roles or self.dq_convert
         feats += f", {b(self.q_rotate)}" if self.q_rotate or later2 else ""                   # kQRotate
         feats += f", {b(self.dk_late)}" if later2 else ""                                     # kDkLate
-        feats += f", {b(self.frag_pin)}" if self.frag_pin or self.roles else ""               # kFragPin
-        feats += ", true" if self.roles else ""                                               # kRoles last
+        feats += f", {b(self.frag_pin)}" if self.frag_pin or self.roles or self.dq_convert else ""   # kFragPin
+        feats += f", {b(self.roles)}" if self.roles or self.dq_convert else ""                # kRoles
+        feats += ", true" if self.dq_convert else ""                                          # kDqConvert last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -551,7 +565,7 @@ class Sm90BwdConfig(KernelConfig):
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
                 self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.frag_pin,
-                self.roles)
+                self.roles, self.dq_convert)
 
     def _problems(self) -> list[str]:
         out = []
@@ -661,6 +675,14 @@ class Sm90BwdConfig(KernelConfig):
             out.append("roles: the head_dim=256 tile's plain unordered backward with dq_writer only (no "
                        "deterministic, window, softcap, ALiBi, dropout, varlen, overlap_sdp or dynamic; with "
                        "red.add ptxas spills it, nvcc 13.0)")
+        if self.dq_convert and (not self.dq_writer or self.deterministic or self.varlen or self.cluster
+                                or self.window or self.softcap or self.alibi or self.dropout
+                                or self.head_dim == 64 or (self.head_dim == 128 and not self.dynamic)
+                                or (self.shared_keys and not self.roles)):
+            out.append("dq_convert: the dQ convert inside the main kernel, with dq_writer, for plain fixed-length "
+                       "unordered calls (no deterministic, varlen, window, softcap, ALiBi, dropout, cluster) of "
+                       "the head dim 128 tile with the dynamic scheduler or the head_dim=256 tile with roles "
+                       "(at head dim 64 ptxas spills the bf16 non-causal kernel, 8 bytes, nvcc 13.0)")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -901,6 +923,8 @@ class Sm90Backward(Family):
             # ALiBi)
             lighter = config.replace(overlap_sdp=False)
             config = lighter if not lighter.bm128_spills() else lighter.replace(BM=64, overlap_sdp=config.overlap_sdp)
+        if config.dq_convert and (problem.features or any("dq_convert" in w for w in config.problems())):
+            config = config.replace(dq_convert=False)  # a speed choice: plain calls on the dynamic scheduler only
         return config
 
     def _fields(self, config):
@@ -910,21 +934,21 @@ class Sm90Backward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late",
-                               "frag_pin", "roles")
+                               "frag_pin", "roles", "dq_convert")
                          and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without dynamic or ds_double (tuned tables and recorded studies
         from before the flags) gets them off."""
-        for flag in ("dynamic", "ds_double", "dq_early", "q_rotate", "dk_late", "frag_pin", "roles"):
-            if flag not in point:
+        for flag in ("dynamic", "ds_double", "dq_early", "q_rotate", "dk_late", "frag_pin", "roles", "dq_convert"):
+            if flag not in point and flag in self.space:
                 point = {**point, flag: False}
         # s_ahead left the space (refused: serialized); a recorded point that has it keeps its value
         # (True: a config that problems() refuses)
-        s_ahead = bool(point.get("s_ahead", False))
-        point = {k: v for k, v in point.items() if k != "s_ahead"}
-        cfg = super().make(point, problem)
-        return cfg.replace(s_ahead=True) if s_ahead else cfg
+        # (dq_convert likewise while it is outside the space)
+        out = {k: bool(point.get(k, False)) for k in ("s_ahead", "dq_convert") if k not in self.space}
+        cfg = super().make({k: v for k, v in point.items() if k not in out}, problem)
+        return cfg.replace(**{k: v for k, v in out.items() if v}) if any(out.values()) else cfg
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90BwdConfig:
         """Head dim 128: FA3's shape with 2 consumer warpgroups (BN = 128 keys) and Q blocks of
@@ -979,6 +1003,9 @@ class Sm90Backward(Family):
         bm80 = cfg.replace(BM=80, frag_pin=False, dynamic=False)   # (its plain grid, without frag_pin)
         if HEURISTIC_BM80 and plain and not det and not bm80.problems():
             cfg = bm80                                  # (bf16 non-causal d128 plain calls: bm80_refused)
+        dqc = cfg.replace(dq_convert=True)
+        if (d, causal, dtype) in HEURISTIC_DQ_CONVERT and not problem.features and not det and not dqc.problems():
+            cfg = dqc                                   # (the head dim 128 dynamic / 256 roles kernels)
         if tuple(problem.features) == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
@@ -1011,9 +1038,10 @@ class Sm90Backward(Family):
                # one CTA per (K/V block, head, batch), K/V blocks fastest (sm90_bwd.cu); dynamic: a CTA
                # per SM (one fits an SM), at most one per tile, claiming tiles
                LaunchSpec("main", (min(tiles, sm_count) if config.dynamic else tiles, 1, 1), config.threads,
-                          config.smem_bytes),
-               LaunchSpec("convert_dq", (-(-p.seqlen_q * per_row // EPILOGUE_THREADS), p.nheads, p.batch),
-                          EPILOGUE_THREADS)]
+                          config.smem_bytes)]
+        if not config.dq_convert:   # (dq_convert: the main kernel converts dQ itself)
+            out.append(LaunchSpec("convert_dq", (-(-p.seqlen_q * per_row // EPILOGUE_THREADS), p.nheads, p.batch),
+                                  EPILOGUE_THREADS))
         if p.nheads != p.nheads_kv:
             out.append(LaunchSpec("reduce_dkv", (-(-p.seqlen_k * per_row // EPILOGUE_THREADS),
                                                  p.nheads_kv, p.batch), EPILOGUE_THREADS))
@@ -1036,6 +1064,9 @@ class Sm90Backward(Family):
         """{params field: int32 count} of the counters a plan keeps between calls (cuflash.launch.Plan
         zeroes them once; the kernel resets them): the dynamic scheduler's tile counter. One buffer
         per CUDA stream (cuflash.launch.StreamCounters): calls on two streams may overlap."""
+        if config.dq_convert:   # + the dQ convert's queue head, tail, per-pair counts and job slots (Sm90BwdDqQueue)
+            pairs = problem.batch * problem.nheads
+            return {"tile_counter": 3 + pairs + pairs * -(-problem.seqlen_q // DQ_CONVERT_ROWS)}
         return {"tile_counter": 1} if config.dynamic else {}
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
