@@ -669,6 +669,9 @@ class Sm90BwdConfig(KernelConfig):
         elif self.q_rotate and (self.softcap or self.alibi or self.dropout):
             out.append("q_rotate with softcap / ALiBi / dropout: unchecked (one more register across the "
                        "loop in kernels near the register budget)")
+        elif self.q_rotate and self.dk_late and self.dynamic and self.head_dim == 128 and self.dtype == "fp16":
+            out.append("q_rotate with dk_late on the dynamic scheduler at head_dim=128 in fp16: ptxas spills that "
+                       "kernel (4 bytes of stores, 16 of loads, nvcc 13.0; ds_double or not)")
         if self.roles and (not self.shared_keys or not self.dq_writer or self.deterministic or self.window
                            or self.softcap or self.alibi or self.dropout or self.varlen or self.overlap_sdp
                            or self.dynamic):
@@ -906,6 +909,8 @@ class Sm90Backward(Family):
         if config.q_rotate and (config.causal or config.window or config.deterministic or config.shared_keys
                                 or config.softcap or config.alibi or config.dropout):
             config = config.replace(q_rotate=False)    # a speed choice, where it is not built
+        if config.q_rotate and config.dk_late and config.dynamic and config.head_dim == 128 and config.dtype == "fp16":
+            config = config.replace(q_rotate=False)    # likewise (that kernel spills)
         if config.s_ahead:
             config = config.replace(s_ahead=False)     # likewise (every kernel it builds spills or is serialized)
         if config.frag_pin and (config.shared_keys or config.softcap or config.alibi or config.dropout):
