@@ -459,8 +459,10 @@ struct Sm90BwdTileRing {
 // appended after a CTA found the queue empty is taken by the CTA that appended it, whose consumers
 // look at the queue only after their writer's last count. Counters (the plan's zeroed int32
 // buffer p.tile_counter after the claim counter, all back to 0 when the launch ends): [1] queue
-// head, [2] queue tail, [3 + pair] the pair's tiles done, [3 + n_pairs + i] the i-th job queued,
-// plus 1 (0: not written yet); a job is pair · n_chunks + chunk.
+// head, [2] queue tail, [3] CTAs that found the queue empty, [4 + pair] the pair's tiles done,
+// [4 + n_pairs + i] the i-th job queued, plus 1 (0: not written yet); a job is pair · n_chunks +
+// chunk. Head and tail only grow during a launch (no ABA for pop's compare-and-swap); the last CTA
+// to find the queue empty, when no CTA looks at it any more, sets them back to 0.
 struct Sm90BwdDqQueue {
     static constexpr int kRows = 256;               // dQ rows a job
     int* c;
@@ -471,26 +473,29 @@ struct Sm90BwdDqQueue {
     __device__ __forceinline__ void tile_done(int pair, int n_kv) const {
         fence_proxy_async_global();                 // the bulk additions before the count
         __threadfence();
-        if (atomicAdd(c + 3 + pair, 1) != n_kv - 1) return;
-        atomicExch(c + 3 + pair, 0);                // the pair's last count (for the next launch)
+        if (atomicAdd(c + 4 + pair, 1) != n_kv - 1) return;
+        atomicExch(c + 4 + pair, 0);                // the pair's last count (for the next launch)
         __threadfence();
         const int i = atomicAdd(c + 2, n_chunks);
-        for (int ch = 0; ch < n_chunks; ++ch) atomicExch(c + 3 + n_pairs + i + ch, pair * n_chunks + ch + 1);
+        for (int ch = 0; ch < n_chunks; ++ch) atomicExch(c + 4 + n_pairs + i + ch, pair * n_chunks + ch + 1);
     }
-    // one consumer thread: the next job, -1 once the queue is empty
+    // one consumer thread of each CTA: the next job, -1 once the queue is empty (then the CTA looks
+    // no more: the grid's last to get -1 resets head, tail and this count)
     __device__ __forceinline__ int pop() const {
         for (;;) {
             const int h = ld_acquire_gpu(c + 1);
-            if (h >= ld_acquire_gpu(c + 2)) return -1;
+            if (h >= ld_acquire_gpu(c + 2)) {
+                if (atomicAdd(c + 3, 1) == int(gridDim.x) - 1) {
+                    atomicExch(c + 1, 0);
+                    atomicExch(c + 2, 0);
+                    atomicExch(c + 3, 0);
+                }
+                return -1;
+            }
             if (atomicCAS(c + 1, h, h + 1) != h) continue;
             int v;
-            while ((v = ld_acquire_gpu(c + 3 + n_pairs + h)) == 0) {}   // (its writer is between the atomics)
-            atomicExch(c + 3 + n_pairs + h, 0);
-            if (h == n_pairs * n_chunks - 1) {      // the last job: tail, then head back to 0 (a reader
-                atomicExch(c + 2, 0);               // that sees head 0 then sees tail 0)
-                __threadfence();
-                atomicExch(c + 1, 0);
-            }
+            while ((v = ld_acquire_gpu(c + 4 + n_pairs + h)) == 0) {}   // (its writer is between the atomics)
+            atomicExch(c + 4 + n_pairs + h, 0);
             __threadfence();
             return v - 1;
         }

@@ -1071,7 +1071,7 @@ class Sm90Backward(Family):
         per CUDA stream (cuflash.launch.StreamCounters): calls on two streams may overlap."""
         if config.dq_convert:   # + the dQ convert's queue head, tail, per-pair counts and job slots (Sm90BwdDqQueue)
             pairs = problem.batch * problem.nheads
-            return {"tile_counter": 3 + pairs + pairs * -(-problem.seqlen_q // DQ_CONVERT_ROWS)}
+            return {"tile_counter": 4 + pairs + pairs * -(-problem.seqlen_q // DQ_CONVERT_ROWS)}
         return {"tile_counter": 1} if config.dynamic else {}
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
