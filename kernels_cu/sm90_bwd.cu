@@ -453,79 +453,110 @@ struct Sm90BwdTileRing {
 // done while other tiles run, and the backward has no third launch. A pair is done once its n_kv
 // K/V tiles' dQ additions have completed: the writer warp counts each tile after its bulk
 // reduce-adds, and the count that completes the pair appends its jobs (kRows-row chunks of dQ) to
-// a queue; a CTA's consumers, once its tiles are done and its writer has counted the last, take
-// jobs off the queue and convert them until it is empty. No CTA waits for another's tiles (only
-// for a queue slot that the thread which reserved it is writing, a few instructions on): a job
-// appended after a CTA found the queue empty is taken by the CTA that appended it, whose consumers
-// look at the queue only after their writer's last count. Counters (the plan's zeroed int32
-// buffer p.tile_counter after the claim counter, all back to 0 when the launch ends): [1] queue
-// head, [2] queue tail, [3] CTAs that found the queue empty, [4 + pair] the pair's tiles done,
-// [4 + n_pairs + i] the i-th job queued, plus 1 (0: not written yet); a job is pair · n_chunks +
-// chunk. Head and tail only grow during a launch (no ABA for pop's compare-and-swap); the last CTA
-// to find the queue empty, when no CTA looks at it any more, sets them back to 0.
+// queue pair % kQueues; a CTA's consumers, once its tiles are done and its writer has counted the
+// last, take jobs off the queues (from queue blockIdx.x % kQueues on: kQueues heads to share out
+// the compare-and-swaps, one queue's CTAs retry in turn) and convert them until every queue is
+// empty. No CTA waits for another's tiles (only for a queue slot that the thread which reserved it
+// is writing, a few instructions on): a job appended after a CTA found the queues empty is taken
+// by the CTA that appended it, whose consumers look only after their writer's last count.
+// Counters (the plan's zeroed int32 buffer p.tile_counter after the claim counter, all back to 0
+// when the launch ends): [1] CTAs that found every queue empty, [2 + 2k], [3 + 2k] queue k's head
+// and tail, [2 + 2·kQueues + pair] the pair's tiles done, then queue k's slots from
+// kCap · k on (kCap = ceil(n_pairs / kQueues) · n_chunks): the i-th job queued there, plus 1 (0: not
+// written yet); a job is pair · n_chunks + chunk. Heads and tails only grow during a launch (no ABA
+// for the compare-and-swap); the last CTA to find every queue empty, when no CTA looks at them any
+// more, sets them back to 0.
 struct Sm90BwdDqQueue {
     static constexpr int kRows = 256;               // dQ rows a job
+    static constexpr int kQueues = 16;
     int* c;
-    int n_pairs, n_chunks;
+    int n_pairs, n_chunks, cap;
     __device__ __forceinline__ Sm90BwdDqQueue(int* counters, int pairs, int seqlen_q)
-        : c(counters), n_pairs(pairs), n_chunks((seqlen_q + kRows - 1) / kRows) {}
+        : c(counters), n_pairs(pairs), n_chunks((seqlen_q + kRows - 1) / kRows),
+          cap((pairs + kQueues - 1) / kQueues * ((seqlen_q + kRows - 1) / kRows)) {}
+    __device__ __forceinline__ int* head(int k) const { return c + 2 + 2 * k; }
+    __device__ __forceinline__ int* tail(int k) const { return c + 3 + 2 * k; }
+    __device__ __forceinline__ int* slot(int k, int i) const { return c + 2 + 2 * kQueues + n_pairs + k * cap + i; }
     // writer lane 0, once the tile's reduce-adds have completed (bulk_wait_group<0>)
     __device__ __forceinline__ void tile_done(int pair, int n_kv) const {
+        int* done = c + 2 + 2 * kQueues + pair;
         fence_proxy_async_global();                 // the bulk additions before the count
         __threadfence();
-        if (atomicAdd(c + 4 + pair, 1) != n_kv - 1) return;
-        atomicExch(c + 4 + pair, 0);                // the pair's last count (for the next launch)
+        if (atomicAdd(done, 1) != n_kv - 1) return;
+        atomicExch(done, 0);                        // the pair's last count (for the next launch)
         __threadfence();
-        const int i = atomicAdd(c + 2, n_chunks);
-        for (int ch = 0; ch < n_chunks; ++ch) atomicExch(c + 4 + n_pairs + i + ch, pair * n_chunks + ch + 1);
+        const int k = pair % kQueues;
+        const int i = atomicAdd(tail(k), n_chunks);
+        for (int ch = 0; ch < n_chunks; ++ch) atomicExch(slot(k, i + ch), pair * n_chunks + ch + 1);
     }
-    // one consumer thread of each CTA: the next job, -1 once the queue is empty (then the CTA looks
-    // no more: the grid's last to get -1 resets head, tail and this count)
+    // one consumer thread of each CTA: the next job, -1 once every queue is empty (then the CTA looks
+    // no more: the grid's last to get -1 resets the heads, tails and this count)
     __device__ __forceinline__ int pop() const {
-        for (;;) {
-            const int h = ld_acquire_gpu(c + 1);
-            if (h >= ld_acquire_gpu(c + 2)) {
-                if (atomicAdd(c + 3, 1) == int(gridDim.x) - 1) {
-                    atomicExch(c + 1, 0);
-                    atomicExch(c + 2, 0);
-                    atomicExch(c + 3, 0);
-                }
-                return -1;
+        const int k0 = blockIdx.x % kQueues;
+        for (int n = 0; n < kQueues;) {
+            const int k = k0 + n < kQueues ? k0 + n : k0 + n - kQueues;
+            const int h = ld_acquire_gpu(head(k));
+            if (h >= ld_acquire_gpu(tail(k))) {
+                ++n;                                // (this queue is empty: the next)
+                continue;
             }
-            if (atomicCAS(c + 1, h, h + 1) != h) continue;
+            if (atomicCAS(head(k), h, h + 1) != h) continue;
             int v;
-            while ((v = ld_acquire_gpu(c + 4 + n_pairs + h)) == 0) {}   // (its writer is between the atomics)
-            atomicExch(c + 4 + n_pairs + h, 0);
+            while ((v = ld_acquire_gpu(slot(k, h))) == 0) {}   // (its writer is between the atomics)
+            atomicExch(slot(k, h), 0);
             __threadfence();
             return v - 1;
         }
+        if (atomicAdd(c + 1, 1) == int(gridDim.x) - 1) {
+            for (int k = 0; k < kQueues; ++k) {
+                atomicExch(head(k), 0);
+                atomicExch(tail(k), 0);
+            }
+            atomicExch(c + 1, 0);
+        }
+        return -1;
     }
 };
 
 // dQ[batch, rows, head, :] = scale · dq_accum[bh, rows] of one job (Sm90BwdDqQueue) by `threads`
-// threads (thread `tid` of them): fa2_bwd_convert_dq's arithmetic, 8 columns a thread per step;
-// the accumulator read through L2 (ld.global.cg: other SMs' additions)
+// threads (thread `tid` of them): fa2_bwd_convert_dq's arithmetic, 8 columns a thread per item, in
+// batches of kBatch items whose loads are all issued before the first store (a few SMs convert
+// what a grid of its own did: 32 KB in flight per thread group keeps the latency covered); the
+// accumulator read through L2 (ld.global.cg: other SMs' additions)
 template <class Elem>
 __device__ __forceinline__ void sm90_bwd_convert_dq_job(const Sm90BwdParams& p, const Sm90BwdDqQueue& queue,
                                                         int job, int tid, int threads) {
+    constexpr int kBatch = 8;
     const int pair = job / queue.n_chunks, row0 = (job % queue.n_chunks) * Sm90BwdDqQueue::kRows;
     const int head = pair % p.nheads, batch = pair / p.nheads;
     const int chunks = p.head_dim / 8;
     const float* acc_rows = p.dq_accum + (static_cast<i64>(pair) * p.seqlen_q_rounded + row0) * p.head_dim_rounded;
     u16* dq = static_cast<u16*>(p.dq) + batch * p.dq_batch_stride + row0 * p.dq_row_stride + head * p.dq_head_stride;
     const int n = min(Sm90BwdDqQueue::kRows, p.seqlen_q - row0) * chunks;
-#pragma unroll 4
-    for (int idx = tid; idx < n; idx += threads) {
-        const int row = idx / chunks, col = (idx % chunks) * 8;
-        const float4* acc = reinterpret_cast<const float4*>(acc_rows + static_cast<i64>(row) * p.head_dim_rounded + col);
-        const float4 a0 = __ldcg(acc), a1 = __ldcg(acc + 1);
-        const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-        u32x4 out;
-        u32* words = &out.x;
+    for (int base = tid; base < n; base += kBatch * threads) {
+        float4 a[kBatch][2];
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-            words[i] = pack2<Elem>(a[2 * i] * p.softmax_scale, a[2 * i + 1] * p.softmax_scale);
-        *reinterpret_cast<u32x4*>(dq + static_cast<i64>(row) * p.dq_row_stride + col) = out;
+        for (int b = 0; b < kBatch; ++b) {
+            const int idx = base + b * threads;
+            if (idx < n) {
+                const float4* acc = reinterpret_cast<const float4*>(
+                    acc_rows + static_cast<i64>(idx / chunks) * p.head_dim_rounded + (idx % chunks) * 8);
+                a[b][0] = __ldcg(acc);
+                a[b][1] = __ldcg(acc + 1);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int idx = base + b * threads;
+            if (idx < n) {
+                u32x4 out;
+                out.x = pack2<Elem>(a[b][0].x * p.softmax_scale, a[b][0].y * p.softmax_scale);
+                out.y = pack2<Elem>(a[b][0].z * p.softmax_scale, a[b][0].w * p.softmax_scale);
+                out.z = pack2<Elem>(a[b][1].x * p.softmax_scale, a[b][1].y * p.softmax_scale);
+                out.w = pack2<Elem>(a[b][1].z * p.softmax_scale, a[b][1].w * p.softmax_scale);
+                *reinterpret_cast<u32x4*>(dq + static_cast<i64>(idx / chunks) * p.dq_row_stride + (idx % chunks) * 8) = out;
+            }
+        }
     }
 }
 

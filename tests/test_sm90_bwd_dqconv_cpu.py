@@ -63,6 +63,7 @@ def test_field_name_template():
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
     assert "bool kFragPin = false, bool kRoles = false, bool kDqConvert = false>" in src
     assert f"static constexpr int kRows = {sm90_bwd.DQ_CONVERT_ROWS};" in src
+    assert f"static constexpr int kQueues = {sm90_bwd.DQ_CONVERT_QUEUES};" in src
 
 
 def test_rules_and_for_problem():
@@ -93,10 +94,11 @@ def test_plan_launches_and_counters():
     roles = [s.role for s in FAM.launches(cfg, p, 132)]
     assert roles == ["preprocess", "main"] and [s.role for s in FAM.launches(base, p, 132)][-1] == "convert_dq"
     pairs, chunks = p.batch * p.nheads, -(-p.seqlen_q // sm90_bwd.DQ_CONVERT_ROWS)
-    assert FAM.zeroed_counters(cfg, p) == {"tile_counter": 4 + pairs + pairs * chunks}
+    q = sm90_bwd.DQ_CONVERT_QUEUES
+    assert FAM.zeroed_counters(cfg, p) == {"tile_counter": 2 + 2 * q + pairs + q * (-(-pairs // q) * chunks)}
     assert FAM.zeroed_counters(base, p) == {"tile_counter": 1}
     d256 = dqc(problem(256, True))
-    assert FAM.zeroed_counters(d256, problem(256, True))["tile_counter"] == 4 + 64 + 64 * 8
+    assert FAM.zeroed_counters(d256, problem(256, True))["tile_counter"] == 2 + 32 + 64 + 16 * 4 * 8
     gqa = Problem("bwd", "bf16", 2, 1023, 1100, 4, 2, 128, True)
     assert [s.role for s in FAM.launches(dqc(gqa), gqa, 132)] == ["preprocess", "main", "reduce_dkv"]
 

@@ -267,8 +267,16 @@ HEURISTIC_STAGES3 = frozenset()
 # backward (results/NVIDIA_H100_80GB_HBM3/logs/bwdpre_round_a3, d128 bf16).
 # * HEURISTIC_DQ_CONVERT, (kernel head dim, causal, dtype): the classes whose plain unordered calls take it
 #   (head dim 128 with the dynamic scheduler, 256 with roles). Off until measured (tests/sm90_bwd_2k_timing.py).
+#   Round 1 (session 17, rev 552cee8: one queue, jobs taken by compare-and-swap, 2 loads in flight a thread),
+#   x cuDNN at 2k / 4k, heur -> dq_convert: d128 bf16 non-causal 0.995 / 0.987 -> 0.804 / 0.865, causal 1.010 /
+#   1.029 -> 0.724 / 0.854, fp16 0.978 / 0.973 -> 0.798 / 0.905, 0.996 / 1.000 -> 0.721 / 0.851; d256 bf16
+#   1.047 / 1.111 -> 1.038 / 1.079, causal 0.981 / 1.061 -> 0.922 / 0.986, fp16 1.087 / 1.145 -> 1.069 / 1.124,
+#   causal 1.019 / 1.078 -> 0.948 / 0.998. The d128 main kernel took 1630 us for 1196 + 68 of convert (the
+#   idle CTAs' compare-and-swaps on one queue head: one success per round trip; and too few loads in
+#   flight per SM). Round 2 has kQueues heads and batches of 8 items' loads.
 HEURISTIC_DQ_CONVERT = frozenset()
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
+DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -1070,8 +1078,8 @@ class Sm90Backward(Family):
         zeroes them once; the kernel resets them): the dynamic scheduler's tile counter. One buffer
         per CUDA stream (cuflash.launch.StreamCounters): calls on two streams may overlap."""
         if config.dq_convert:   # + the dQ convert's queue head, tail, per-pair counts and job slots (Sm90BwdDqQueue)
-            pairs = problem.batch * problem.nheads
-            return {"tile_counter": 4 + pairs + pairs * -(-problem.seqlen_q // DQ_CONVERT_ROWS)}
+            pairs, chunks, q = problem.batch * problem.nheads, -(-problem.seqlen_q // DQ_CONVERT_ROWS), DQ_CONVERT_QUEUES
+            return {"tile_counter": 2 + 2 * q + pairs + q * (-(-pairs // q) * chunks)}
         return {"tile_counter": 1} if config.dynamic else {}
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
