@@ -25,7 +25,6 @@ Success: every row prints, no NaN / MISMATCH; the summary line per case gives ea
 (cuDNN's time / ours: >= 1.0 is at least as fast). Not a test.
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -40,7 +39,8 @@ from cuflash.compile import precompile  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
 
-from sm90_bwd_causal_timing import candidate_fns, rel  # noqa: E402
+from sm90_bwd_causal_timing import against, candidate_fns, finish  # noqa: E402
+import sm90_bwd_d128_timing as d128_timing  # noqa: E402
 from sm90_bwd_d128_timing import time_rotated  # noqa: E402
 from sm90_bwd_pre_timing import by_role, kernel_times  # noqa: E402
 
@@ -64,19 +64,8 @@ def problem(s, causal, dtype, hdim, op="bwd"):
 
 
 def variants_for(p, names):
-    """{variant: config} for problem p (the ones that apply, as for_problem makes them; a variant whose
-    flags for_problem drops is left out)."""
-    heur = FAM.for_problem(FAM.heuristic(p, _gpu.arch(), _gpu.max_smem()), p)
-    out = {}
-    for name in names:
-        want = VARIANTS[name](heur)
-        if want is None:
-            continue
-        cfg = FAM.for_problem(want, p)
-        if cfg != want or cfg.problems(_gpu.max_smem()):
-            continue
-        out[name] = cfg
-    return out
+    """{variant: config} for problem p (sm90_bwd_d128_timing.variants_for with VARIANTS here)."""
+    return d128_timing.variants_for(p, names, VARIANTS)
 
 
 def main():
@@ -125,16 +114,8 @@ def main():
         for name in list(configs) + [n for n in fns if n not in configs]:
             src = same.get(name, name)
             t = times[src].median_ms
-            label = configs[name].name if name in configs else f"sdpa {name}"
-            if name in same:
-                label = f"(= {src})"
-            ddq = dkv = 0.0
-            flag = ""
+            label, ddq, dkv, flag = against(name, configs, same, results, "heur")
             if name in configs:
-                ref, got = results["heur"], results[src]
-                ddq = rel(got[0], ref[0])
-                dkv = max(rel(got[1], ref[1]), rel(got[2], ref[2]))
-                flag = "  MISMATCH" if ddq > 1e-2 or dkv > 0.0 else ""
                 line.append(f"{name} {t_cudnn / t:.3f}")
             print(f"{case:<26} {name:<8} {label:<66} {t:7.3f} {flops / t / 1e9:6.0f} {t_cudnn / t:7.3f} "
                   f"{ddq:8.1e} {dkv:8.1e}{flag}", flush=True)
@@ -150,13 +131,7 @@ def main():
                 rows.append(dict(dtype=dtype, hdim=d, causal=causal, seqlen=s, variant=name, breakdown_us=roles))
         del q, k, v, dout, fns, results
         torch.cuda.empty_cache()
-    print("\n".join(summary))
-    print(f"total {time.time() - t0:.0f} s", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(device=dev, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
-                           convention="FA: bwd FLOPs = 2.5 x 4 b h s^2 d (/2 causal)", rows=rows), f, indent=1)
-        print(f"wrote {args.out}")
+    finish(summary, t0, args.out, dev, rows)
 
 
 if __name__ == "__main__":
