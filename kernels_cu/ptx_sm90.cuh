@@ -71,12 +71,6 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const void* tmap, u32 bar, 
 __device__ __forceinline__ void fence_proxy_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
-// The same between the async proxy's global-memory writes (bulk reduce-adds, once their group has
-// completed) and this thread's later generic accesses, e.g. the release that tells other CTAs
-// the sums are final (sm90_bwd's kDqConvert).
-__device__ __forceinline__ void fence_proxy_async_global() {
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-}
 // Wait on named barrier `id` until `threads` threads (a multiple of 32) have arrived, its own
 // included: syncs a subset of the CTA without the producer, which __syncthreads (barrier 0)
 // would stall. The waiting half of a pingpong turn (sm90_fwd: 128 waiting + 128 arriving).

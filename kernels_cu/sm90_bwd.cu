@@ -336,6 +336,29 @@ struct Sm90BwdSlotDqStage {
     }
 };
 
+// Store this thread's part of a 64-column dQ piece into boxes box0, box0 + 1 of the ring slot at q_off
+// (Stage: Sm90BwdSlotDqStage), laid out as the kDqWriter tile: the thread's rows warp·16 + g (+ 8),
+// columns 8nt + 2t (+ 1) of the piece, the odd rows g storing fragment nt ^ 2 where the others store
+// nt (no bank conflicts: see the kDqWriter staging in sm90_bwd_body)
+template <class Stage>
+__device__ __forceinline__ void store_slot_dq_r2s(unsigned char* smem_ptr, u32 smem, u32 q_off, int box0,
+                                                  const float (&dq_part)[32], int warp, int g, int t) {
+    const bool odd = g % 2;
+    const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
+    const u32 row_off = (warp * 16 + g) * 128 + (t % 2) * 8;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const int ns = nt ^ 2;
+        unsigned char* box = smem_ptr + (Stage::box(smem, q_off, box0 + nt / 4) - smem);
+        const u32 off = row_off + (sw ^ ((2 * (nt % 4)) << 4));
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+            *reinterpret_cast<float2*>(box + off + half * 8 * 128)
+                = make_float2(odd ? dq_part[4 * ns + 2 * half] : dq_part[4 * nt + 2 * half],
+                              odd ? dq_part[4 * ns + 2 * half + 1] : dq_part[4 * nt + 2 * half + 1]);
+    }
+}
+
 // kRoles: a warpgroup's side as a type (the Pᵀ side or the dSᵀ side), so that each side's loop is
 // its own straight-line code (no wgmma under a run-time branch)
 template <bool kPSide>
@@ -1129,21 +1152,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         // dO_i's chunks, its dV was their last reader and the dSᵀ side's dPᵀ finished
                         // before dS was handed over; the dSᵀ side's in Q_i's, likewise), stored as the
                         // shared-keys path stores them
-                        const bool odd = g % 2;
-                        const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
-                        const u32 row_off = (warp * 16 + g) * 128 + (t % 2) * 8;
-#pragma unroll
-                        for (int nt = 0; nt < 8; ++nt) {
-                            const int ns = nt ^ 2;
-                            unsigned char* box = smem_ptr + (Sm90BwdSlotDqStage<Shape, true>::box(
-                                smem, q_off, 4 * wg + 2 * piece + nt / 4) - smem);
-                            const u32 off = row_off + (sw ^ ((2 * (nt % 4)) << 4));
-#pragma unroll
-                            for (int half = 0; half < 2; ++half)
-                                *reinterpret_cast<float2*>(box + off + half * 8 * 128)
-                                    = make_float2(odd ? dq_part[4 * ns + 2 * half] : dq_part[4 * nt + 2 * half],
-                                                  odd ? dq_part[4 * ns + 2 * half + 1] : dq_part[4 * nt + 2 * half + 1]);
-                        }
+                        store_slot_dq_r2s<Sm90BwdSlotDqStage<Shape, true>>(smem_ptr, smem, q_off, 4 * wg + 2 * piece,
+                                                                           dq_part, warp, g, t);
                     } else {
                         float* dq_rows = p.dq_accum + (bh * p.seqlen_q_rounded + row0 + warp * 16) * p.head_dim_rounded
                                          + wg * 128 + piece * 64;
@@ -1631,24 +1641,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     if constexpr (kSlotDq) {
                         // kSlotDq: into boxes 4wg + 2·piece, + 1 of the staging in this slot
                         // (Sm90BwdSlotDqStage: this warpgroup's dV, dK, the last readers of those
-                        // chunks, are done), stored as the kDqWriter tile below: this thread's rows
-                        // warp·16 + g (+ 8), columns 8nt + 2t (+ 1) of the piece, the odd rows g
-                        // storing fragment nt ^ 2 where the others store nt (no bank conflicts)
-                        const bool odd = g % 2;
-                        const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
-                        const u32 row_off = (warp * 16 + g) * 128 + (t % 2) * 8;
-#pragma unroll
-                        for (int nt = 0; nt < 8; ++nt) {
-                            const int ns = nt ^ 2;
-                            unsigned char* box = smem_ptr + (Sm90BwdSlotDqStage<Shape>::box(
-                                smem, q_off, 4 * wg + 2 * piece + nt / 4) - smem);
-                            const u32 off = row_off + (sw ^ ((2 * (nt % 4)) << 4));
-#pragma unroll
-                            for (int half = 0; half < 2; ++half)
-                                *reinterpret_cast<float2*>(box + off + half * 8 * 128)
-                                    = make_float2(odd ? dq_part[4 * ns + 2 * half] : dq_part[4 * nt + 2 * half],
-                                                  odd ? dq_part[4 * ns + 2 * half + 1] : dq_part[4 * nt + 2 * half + 1]);
-                        }
+                        // chunks, are done), stored as the kDqWriter tile below
+                        store_slot_dq_r2s<Sm90BwdSlotDqStage<Shape>>(smem_ptr, smem, q_off, 4 * wg + 2 * piece,
+                                                                     dq_part, warp, g, t);
                     } else {
 #pragma unroll
                         for (int j = 0; j < 4; ++j)
