@@ -104,9 +104,17 @@ def test_plan_launches_and_counters():
 
 
 def test_heuristic_switch(monkeypatch):
-    assert sm90_bwd.HEURISTIC_DQ_CONVERT == frozenset()
-    for d, causal, dtype in itertools.product((64, 128, 256), (False, True), ("bf16", "fp16")):
-        assert not heur(problem(d, causal, dtype)).dq_convert
+    # as shipped (session 17 round 2): d128 causal and fp16 non-causal, seqlen <= 4k
+    assert sm90_bwd.HEURISTIC_DQ_CONVERT == {(128, True, "bf16"), (128, True, "fp16"), (128, False, "fp16")}
+    assert sm90_bwd.DQ_CONVERT_MAX_SEQLEN == 4096
+    for d, causal, dtype in itertools.product((64, 96, 128, 256), (False, True), ("bf16", "fp16")):
+        on = d in (96, 128) and (causal or dtype == "fp16")
+        for s in (2048, 4096, 8192):
+            cfg = heur(problem(d, causal, dtype, seqlen=s))
+            assert cfg.dq_convert == (on and s <= 4096) and cfg.problems() == [], (s, cfg.name)
+        assert not heur(problem(d, causal, dtype, deterministic=True)).dq_convert
+        assert not heur(problem(d, causal, dtype, features=("window",), window=(128, 0))).dq_convert
+    assert [s.role for s in FAM.launches(heur(problem(128, True)), problem(128, True), 132)] == ["preprocess", "main"]
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DQ_CONVERT",
                         frozenset(itertools.product((64, 128, 256), (False, True), ("bf16", "fp16"))))
     for d, causal, dtype in itertools.product((64, 128, 192, 256), (False, True), ("bf16", "fp16")):

@@ -273,8 +273,15 @@ HEURISTIC_STAGES3 = frozenset()
 #   1.047 / 1.111 -> 1.038 / 1.079, causal 0.981 / 1.061 -> 0.922 / 0.986, fp16 1.087 / 1.145 -> 1.069 / 1.124,
 #   causal 1.019 / 1.078 -> 0.948 / 0.998. The d128 main kernel took 1630 us for 1196 + 68 of convert (the
 #   idle CTAs' compare-and-swaps on one queue head: one success per round trip; and too few loads in
-#   flight per SM). Round 2 has kQueues heads and batches of 8 items' loads.
-HEURISTIC_DQ_CONVERT = frozenset()
+#   flight per SM). Round 2 (rev 42d8854: kQueues heads, batches of 8 items' loads), heur -> dq_convert: d128
+#   bf16 non-causal 0.983 / 1.001 -> 0.973 / 0.995, causal 1.000 / 1.011 -> 1.024 / 1.070; fp16 non-causal
+#   0.983 / 0.995 -> 0.999 / 1.016, causal 0.969 / 1.024 -> 0.963 / 1.064 (per-kernel: the convert's 68 us go,
+#   the main kernel grows 14-88 us non-causal, shrinks 64 us at causal 4k, where the dynamic scheduler's
+#   uneven tail leaves SMs idle earlier); d256 (plain grid, roles) slower in all 8 cells (0.86-1.14 against
+#   0.98-1.18): off there. On for d128 causal (bf16, fp16) and fp16 non-causal, up to DQ_CONVERT_MAX_SEQLEN
+#   (measured at 2k and 4k only; longer sequences have fewer, larger pairs, converted at the end).
+HEURISTIC_DQ_CONVERT = frozenset({(128, True, "bf16"), (128, True, "fp16"), (128, False, "fp16")})
+DQ_CONVERT_MAX_SEQLEN = 4096
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
@@ -1017,7 +1024,8 @@ class Sm90Backward(Family):
         if HEURISTIC_BM80 and plain and not det and not bm80.problems():
             cfg = bm80                                  # (bf16 non-causal d128 plain calls: bm80_refused)
         dqc = cfg.replace(dq_convert=True)
-        if (d, causal, dtype) in HEURISTIC_DQ_CONVERT and not problem.features and not det and not dqc.problems():
+        if ((d, causal, dtype) in HEURISTIC_DQ_CONVERT and problem.seqlen_q <= DQ_CONVERT_MAX_SEQLEN
+                and not problem.features and not det and not dqc.problems()):
             cfg = dqc                                   # (the head dim 128 dynamic / 256 roles kernels)
         if tuple(problem.features) == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
