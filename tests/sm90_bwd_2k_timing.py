@@ -9,6 +9,7 @@ in one process, bf16 and fp16, head dims 64 / 128 / 256 (and 192, run by the d25
     dqc      dq_convert (kDqConvert): the dQ convert inside the main kernel (jobs of 256 rows, queued by a
              pair's last tile, taken by the CTAs whose tiles are done) instead of fa2_bwd_convert_dq's launch
              (head dim 128 with the dynamic scheduler; 256 / 192 with roles)
+    nodqc    the heuristic's kernel without dq_convert, where the heuristic has it (HEURISTIC_DQ_CONVERT)
     static   head dim 128: the plain grid (one CTA per K/V block) instead of the dynamic scheduler
     split    head dims 192 / 256: the query split (dq_writer, no roles), the kernel before roles
 
@@ -51,6 +52,7 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 VARIANTS = {
     "heur": lambda c: c,
     "dqc": lambda c: c.replace(dq_convert=True),
+    "nodqc": lambda c: c.replace(dq_convert=False) if c.dq_convert else None,
     "static": lambda c: c.replace(dynamic=False, frag_pin=False, dq_convert=False) if c.head_dim == 128 else None,
     "split": lambda c: c.replace(roles=False, dq_convert=False) if c.head_dim == 256 else None,
 }
@@ -125,7 +127,7 @@ def main():
                              mismatch=bool(flag)))
         summary.append(f"{case:<26} " + "  ".join(line) + "   (x cuDNN, b2b)")
         if args.breakdown:
-            for name in [n for n in ("heur", "dqc") if n in fns] + ["cudnn"]:
+            for name in [n for n in ("heur", "dqc", "nodqc") if n in fns] + ["cudnn"]:
                 roles = by_role(kernel_times(fns[name], 3))
                 print(f"{case:<26} {name:<8} GPU us by role: {roles}", flush=True)
                 rows.append(dict(dtype=dtype, hdim=d, causal=causal, seqlen=s, variant=name, breakdown_us=roles))

@@ -2,7 +2,7 @@
 dq_convert, and the forwards selection picks at its shapes) in parallel worker processes; with
 --timing also tests/sm90_bwd_2k_timing.py's default set. Not a test.
 
-    python tests/sm90_bwd_dqconv_precompile.py [--timing [--d192]]
+    python tests/sm90_bwd_dqconv_precompile.py [--timing [--d192] [--long]]   (--long: 8k, 16k too)
 """
 import os
 import sys
@@ -42,16 +42,16 @@ def test_configs():
     return list(dict.fromkeys(out))
 
 
-def timing_configs(d192=False):
+def timing_configs(d192=False, long=False):
     """sm90_bwd_2k_timing.py's kernels at --hdims 128 256 (and with d192: --hdims 192 --variants heur split
     dqc), 2k and 4k."""
     import sm90_bwd_2k_timing as t
 
     out = []
     for d in (128, 256) + ((192,) if d192 else ()):
-        names = ["heur", "split", "dqc"] if d == 192 else list(t.DEFAULT_VARIANTS)
+        names = ["heur", "split", "dqc"] if d == 192 else list(t.DEFAULT_VARIANTS) + ["nodqc"]
         for dtype in ("bf16", "fp16"):
-            for s in (2048, 4096):
+            for s in (2048, 4096) + ((8192, 16384) if long else ()):
                 for causal in (False, True):
                     p = t.problem(s, causal, dtype, d)
                     out += list(t.variants_for(p, names).values())
@@ -62,7 +62,8 @@ def timing_configs(d192=False):
 
 if __name__ == "__main__":
     t0 = time.time()
-    todo = test_configs() + (timing_configs("--d192" in sys.argv) if "--timing" in sys.argv else [])
+    todo = test_configs() + (timing_configs("--d192" in sys.argv, "--long" in sys.argv)
+                             if "--timing" in sys.argv else [])
     todo = list(dict.fromkeys(todo))
     errors = [(c.name, e) for c, _, e in precompile(todo) if e]
     print(f"{len(todo)} kernels in {time.time() - t0:.0f} s; errors: {errors}", flush=True)
