@@ -69,6 +69,13 @@ Head dim 128 has a second tile, FA3's non-causal one: BM 80 (kDqSwap; bf16, non-
 calls with dq_writer; Sm90BwdConfig.bm80_refused): 80 queries are no whole wgmma m, so the dQ part is
 computed transposed, dQ_iᵀ = K_jᵀ dSᵀ (m64n80k16, A transposed), and staged transposed for the writer
 warp; outside the tuning space and the heuristic until measured (tests/sm90_bwd_d128_timing.py, bm80).
+dq_convert (_dqc, kDqConvert, session 17; with dq_writer, plain unordered fixed-length calls, the d128
+dynamic tile or d256's roles): no convert_dq launch; the writer warp counts each tile once its bulk
+reduce-adds have completed, a pair's last tile queues its 256-row convert jobs, CTAs whose tiles are
+done convert them (Sm90BwdDqQueue; the plan's counter buffer grows to hold the queues). The heuristic's
+for d128 causal and fp16 non-causal calls up to 4k (HEURISTIC_DQ_CONVERT). s_ahead is refused and outside
+the tuning space (every kernel it builds is serialized by ptxas or spills); every valid point of the space
+is recorded clean in tests/sm90_bwd_space_clean.txt (tests/sm90_bwd_space_scan.py).
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB elsewhere.
 """
 from __future__ import annotations
