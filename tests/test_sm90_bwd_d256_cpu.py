@@ -474,7 +474,7 @@ def test_roles_kernel_source():
     assert body.count("named_barrier_arrive(kDsFullBar, kConsumerThreads);") == 1
     assert body.count("named_barrier_sync(kDsOwnBar, 128);") == 1
     # every consumer thread releases the slot once its GEMMs are done; the staging boxes of roles
-    assert "mbarrier_arrive(q_empty(slot));" in body and "Sm90BwdSlotDqStage<Shape, true>::box(" in body
+    assert "mbarrier_arrive(q_empty(slot));" in body and "store_slot_dq_r2s<Sm90BwdSlotDqStage<Shape, true>>(" in body
     assert "Sm90BwdSlotDqStage<Shape, kRoles>::box(smem, slot_off, b)" in src
 
 
