@@ -287,6 +287,11 @@ HEURISTIC_STAGES3 = frozenset()
 #   uneven tail leaves SMs idle earlier); d256 (plain grid, roles) slower in all 8 cells (0.86-1.14 against
 #   0.98-1.18): off there. On for d128 causal (bf16, fp16) and fp16 non-causal, up to DQ_CONVERT_MAX_SEQLEN
 #   (measured at 2k and 4k only; longer sequences have fewer, larger pairs, converted at the end).
+#   Round 3 (rev b16cda3, as switched on; nodqc = the same kernel without it), x cuDNN at 2k / 4k: bf16 causal
+#   0.985 / 1.027 -> 1.014 / 1.062, fp16 causal 0.981 / 1.016 -> 1.003 / 1.048, fp16 non-causal 0.978 / 0.996
+#   -> 0.968 / 1.008 (with round 2: +0.3% / +1.6%); at 8k / 16k dq_convert against the heuristic's kernel:
+#   bf16 causal 1.044 / 1.048 -> 1.011 / 1.055, non-causal 1.017 / 1.017 -> 1.014 / 1.008, fp16 causal 1.032 /
+#   1.043 -> 0.996 / 1.049, non-causal 1.011 / 1.011 -> 1.025 / 1.032: mixed, so the 4k cap stays.
 HEURISTIC_DQ_CONVERT = frozenset({(128, True, "bf16"), (128, True, "fp16"), (128, False, "fp16")})
 DQ_CONVERT_MAX_SEQLEN = 4096
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
