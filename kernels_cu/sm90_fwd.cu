@@ -150,6 +150,11 @@
 //              pack_p (dropout_packed.cuh: a byte permute and an AND per two elements) instead of
 //              to the fp32 P_j before it; the same mask, the same bits. Not with kPSmem. false
 //              (the default): the code of the kernel before it existed
+//   kDropEarly (kDropPacked only) P_j's Philox rounds run in the wait for S_j's wgmma (the mask
+//              depends on coordinates only) and leave the keep flags as byte signs, one register per
+//              4 elements (dropout_packed.cuh draw_keep_signs); after pack_p a permute and an AND per
+//              two elements apply them. The same mask, the same bits. false (the default): the code
+//              of the kernel before it existed
 //   kTreeMax   the online softmax's step with shorter dependency chains (softmax_tree.cuh: both
 //              rows' maxima as pairwise trees, their shuffles side by side, two partial row sums),
 //              so that the block's first ex2 issues sooner; not with kEmuExp2. false (the
@@ -386,7 +391,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
-          bool kTileOverlap = false, bool kDropPacked = false>
+          bool kTileOverlap = false, bool kDropPacked = false, bool kDropEarly = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem, kQDouble>;
@@ -432,6 +437,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                   "kLazyRescale / kFoldCap run no dropout, and the software exp2 only with kFoldCap (softmax_fold.cuh)");
     static_assert(!kDropPacked || (kDropout && !kPSmem),
                   "kDropPacked applies dropout to P's A fragments in registers: it needs kDropout, not kPSmem");
+    static_assert(!kDropEarly || kDropPacked,
+                  "kDropEarly applies its keep flags to P's packed fragments: it needs kDropPacked");
     static_assert(!kRescaleFirst || !(kLazyRescale || kFoldCap),
                   "kRescaleFirst rescales O every step: not with kLazyRescale / kFoldCap");
     static_assert(!kAlibiLinear || (kAlibi && !kSoftcap && !kDropout && kEmuExp2 == 0 && !kVarlen && !kTreeMax),
@@ -595,6 +602,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     Dropout dropout{};                                     // kDropout: this launch's keep mask and scale
     if constexpr (kDropout)
         dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
+    KeepSwar swar{};                                       // kDropEarly: the keep test on 4 bytes at once
+    if constexpr (kDropEarly) swar = KeepSwar::make(dropout.threshold);
 
     // S_j = Q_i K_jᵀ (64 x BN per warpgroup, fp32): issued, not waited for. kHeadDim / 16 steps:
     // d96 stops after chunk 1's second step, before its zero columns.
@@ -840,8 +849,18 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 if constexpr (kDropout && !kDropPacked)
                     dropout.zero_dropped(s_acc, at.batch * p.nheads + at.head, warp_row0, (n_end - 1 - j) * kBN, g, t);
             };
+            // kDropEarly: the keep flags of P_j drawn in the wait for S_j (draw_early, before the wgmma
+            // wait), applied after the packing (drop_packed): dropout_packed.cuh
+            u32 keep_signs[kDropEarly ? kBN / 32 : 1][4];
+            auto draw_early = [&](int j) {
+                if constexpr (kDropEarly)
+                    draw_keep_signs(dropout, swar, keep_signs, at.batch * p.nheads + at.head, warp_row0,
+                                    (n_end - 1 - j) * kBN, g, t);
+            };
             auto drop_packed = [&](int j) {
-                if constexpr (kDropPacked)
+                if constexpr (kDropEarly)
+                    and_keep_signs(p_frag, keep_signs);
+                else if constexpr (kDropPacked)
                     zero_dropped_packed(dropout, p_frag, at.batch * p.nheads + at.head, warp_row0,
                                         (n_end - 1 - j) * kBN, g, t);
             };
@@ -868,6 +887,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 issue_s(slot_of(0));
                 turn.end();
             }
+            draw_early(0);
             wgmma_wait<0>();
             if constexpr (kTileOverlap) zero_o();
             softmax_s(slot_of(0), 0);
@@ -893,6 +913,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 mbarrier_wait(v_full(prev), phase(j - 1));
                 issue_pv(prev);
                 turn.end();
+                draw_early(j);                     // kDropEarly: P_j's keep flags while S_j computes
                 wgmma_wait<1>();                   // S_j is ready; P_{j-1} V_{j-1} may still run
                 softmax_s(slot, j);
                 wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O

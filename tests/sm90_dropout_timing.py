@@ -4,14 +4,17 @@ at the FlashAttention benchmark's shape (batch x seqlen = 16k, 2048 / head_dim h
 
     timeout 300 python tests/sm90_dropout_timing.py --out /tmp/drop2_timing.json
     python tests/sm90_dropout_timing.py --hdims 128 --causal yes --seqlen 8192
+    timeout 120 python tests/sm90_dropout_timing.py --hdims 128 --reps 8 --out /tmp/drop4.json  # ~60 s
 
 Rows per case (head dim, mask): plain (what selection runs without dropout), dropout (what
 selection runs with it: sm90_fwd at DROPOUT_BN, the backward's dQ path of for_problem), the
 dropout forward on the persistent grid with the dynamic scheduler (as plain calls run), with
 --variants the dropout forward at the other BNs that compile without spills (multiples of 32,
 philox.cuh's 32-key layout) and fa2_fwd's dropout forward, and SDPA cuDNN with and without
-dropout, forward and forward + backward. "x plain"
-is ms / the plain cuflash call's ms of the same op. Every kernel is compiled first, in
+dropout, forward, backward alone (torch.autograd.grad of one retained forward) and forward +
+backward. The dropout forward's other form of the keep mask (drop_early, sm90_fwd DROPOUT_EARLY:
+the Philox rounds in the wait for S_j) is timed next to the heuristic's wherever it applies
+(drop_packed head dims). "x plain" is ms / the plain cuflash call's ms of the same op. Every kernel is compiled first, in
 parallel; samples are CUDA events, interleaved (cuflash.timing.time_interleaved), median.
 Not a test.
 """
@@ -62,6 +65,10 @@ def fwd_configs(d, causal, b, s, h, variants=False):
     drop = Problem("fwd", "bf16", b, s, s, h, h, d, causal, features=("dropout",), dropout_p=P)
     heur = sm90.for_problem(sm90.heuristic(drop), drop)
     out = [heur]
+    if heur.drop_packed:   # the other form of the keep mask (drop_early on / off)
+        other = heur.replace(drop_early=not heur.drop_early)
+        if not other.problems(227 * 1024):
+            out.append(other)
     for sched in (dict(persistent=False, dynamic=False), dict(persistent=True, dynamic=True)):
         other = heur.replace(tma_store=False, **sched)
         if other not in out and not other.problems(227 * 1024):
@@ -71,6 +78,31 @@ def fwd_configs(d, causal, b, s, h, variants=False):
     out += [heur.replace(BN=bn) for bn in (96, 128, 160, 192)
             if bn != heur.BN and not heur.replace(BN=bn).problems(227 * 1024)]
     return out + [fa2.for_problem(fa2.heuristic(drop), drop)]
+
+
+def timed_rows(rows, case, op, fns, op_names, plain, args, d, causal, b, s, h):
+    """Time fns (interleaved, shuffled rounds), print and append one row each."""
+    for key, fn in list(fns.items()):   # fail loudly here, outside the timing
+        try:
+            out = fn()
+            assert not out.isnan().any(), f"{op_names[key][1]}: NaN in the output"
+        except Exception as e:  # noqa: BLE001 (SDPA cuDNN may refuse a case)
+            print(f"{case:<26} {op:<7} {op_names[key][0]:<12} {op_names[key][1]:<64} skipped: "
+                  f"{type(e).__name__}: {str(e)[:80]}")
+            del fns[key]
+    torch.cuda.synchronize()
+    times = time_interleaved(fns, reps=args.reps, back_to_back=3, order="shuffle")
+    base = times["plain"].median_ms
+    flops = op_flops(plain) * {"fwd": 1, "bwd": 2.5, "fwdbwd": 3.5}[op]
+    for key, t in times.items():
+        impl, cfg = op_names[key]
+        row = dict(case=case, op=op, impl=impl, config=cfg, ms=t.median_ms,
+                   tflops=flops / t.median_ms / 1e9, x_plain=t.median_ms / base,
+                   head_dim=d, causal=causal, batch=b, seqlen=s, nheads=h,
+                   dropout_p=0.0 if key in ("plain", "cudnn") else P)
+        rows.append(row)
+        print(f"{case:<26} {op:<7} {impl:<12} {cfg[:64]:<64} {t.median_ms:8.3f} "
+              f"{row['tflops']:7.1f} {row['x_plain']:8.3f}")
 
 
 def main():
@@ -109,7 +141,7 @@ def main():
             "cudnn": ("sdpa_cudnn", "no dropout"),
             "cudnn_drop": ("sdpa_cudnn", f"dropout {P}"),
         }
-        for op in ("fwd", "fwdbwd"):
+        for op in ("fwd", "bwd", "fwdbwd"):
             def run(fn):
                 if op == "fwd":
                     with torch.no_grad():
@@ -117,6 +149,18 @@ def main():
                 out = fn()
                 torch.autograd.grad(out, (q, k, v), dout)
                 return out
+
+            if op == "bwd":
+                # the backward alone: one forward each (its graph retained), then only the grads
+                outs = {"plain": cuflash.flash_attn_func(q, k, v, causal=causal),
+                        "dropout": cuflash.flash_attn_func(q, k, v, P, causal=causal),
+                        "cudnn": sdpa(q, k, v, causal, 0.0), "cudnn_drop": sdpa(q, k, v, causal, P)}
+                fns = {key: (lambda o=o: (torch.autograd.grad(o, (q, k, v), dout, retain_graph=True), o)[1])
+                       for key, o in outs.items()}
+                op_names = {key: (names[key][0], names[key][1] if key.startswith("cudnn") else choose_on_device(
+                    (plain if key == "plain" else drop).replace(op="bwd"), 0)[1].name) for key in outs}
+                timed_rows(rows, case, op, fns, op_names, plain, args, d, causal, b, s, h)
+                continue
 
             fns = {"plain": lambda: run(lambda: cuflash.flash_attn_func(q, k, v, causal=causal)),
                    "dropout": lambda: run(lambda: cuflash.flash_attn_func(q, k, v, P, causal=causal)),
@@ -135,27 +179,7 @@ def main():
                 op_names["dropout"] = ("cuflash", op_names["dropout"][1] + " + " + bname)
                 op_names["plain"] = ("cuflash", op_names["plain"][1] + " + "
                                      + choose_on_device(plain.replace(op="bwd"), 0)[1].name)
-            for key, fn in list(fns.items()):   # fail loudly here, outside the timing
-                try:
-                    out = fn()
-                    assert not out.isnan().any(), f"{op_names[key][1]}: NaN in the output"
-                except Exception as e:  # noqa: BLE001 (SDPA cuDNN may refuse a case)
-                    print(f"{case:<26} {op:<7} {op_names[key][0]:<12} {op_names[key][1]:<64} skipped: "
-                          f"{type(e).__name__}: {str(e)[:80]}")
-                    del fns[key]
-            torch.cuda.synchronize()
-            times = time_interleaved(fns, reps=args.reps, back_to_back=3)
-            base = times["plain"].median_ms
-            flops = op_flops(plain) * (1 if op == "fwd" else 3.5)
-            for key, t in times.items():
-                impl, cfg = op_names[key]
-                row = dict(case=case, op=op, impl=impl, config=cfg, ms=t.median_ms,
-                           tflops=flops / t.median_ms / 1e9, x_plain=t.median_ms / base,
-                           head_dim=d, causal=causal, batch=b, seqlen=s, nheads=h,
-                           dropout_p=0.0 if key in ("plain", "cudnn") else P)
-                rows.append(row)
-                print(f"{case:<26} {op:<7} {impl:<12} {cfg[:64]:<64} {t.median_ms:8.3f} "
-                      f"{row['tflops']:7.1f} {row['x_plain']:8.3f}")
+            timed_rows(rows, case, op, fns, op_names, plain, args, d, causal, b, s, h)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": _gpu.name(0) if hasattr(_gpu, "name") else torch.cuda.get_device_name(0),

@@ -118,6 +118,11 @@ DROPOUT_PACKED: frozenset = frozenset({128})
 # 13.0, sm_90a; 168 registers), also BN 128 / 160 with the TMA-store epilogue. Others: DROPOUT_BN.
 # (BN 192 measured slower than the heuristic's 160: DROPOUT_PACKED's note.)
 DROPOUT_PACKED_BN = {128: 192}
+# Whether drop_packed calls draw the keep mask early (drop_early, kDropEarly; kernels_cu/
+# dropout_packed.cuh): P_j's Philox rounds in the wait for S_j's wgmma, the keep flags as byte signs
+# (one register per 4 elements), a permute and an AND per two elements after the packing. The same
+# mask bit for bit. By head dim (of DROPOUT_PACKED's); empty until measured on the H100.
+DROPOUT_EARLY: frozenset = frozenset()
 # The dynamic scheduler (``dynamic``, kDynamic): bytes of K and V that a section of the tile order
 # keeps in L2 (the H100 has 50 MB; FA3 sizes its sections by 32 MB too), and the shared memory
 # its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
@@ -360,6 +365,10 @@ class Sm90FwdConfig(KernelConfig):
                elements, where the fp32 form compares and selects per element); the same mask and
                bits. Set with dropout by for_problem from DROPOUT_PACKED (by head dim; a config's own
                True kept), never tuned
+    drop_early: (drop_packed only) P_j's Philox rounds drawn in the wait for S_j's wgmma, the keep
+               flags held as byte signs and applied after the packing (kDropEarly, dropout_packed.cuh
+               draw_keep_signs); the same mask and bits. Set with drop_packed by for_problem from
+               DROPOUT_EARLY (a config's own True kept), never tuned
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
@@ -392,6 +401,7 @@ class Sm90FwdConfig(KernelConfig):
     rescale_first: bool = False
     tile_overlap: bool = False
     drop_packed: bool = False
+    drop_early: bool = False
     section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
@@ -413,7 +423,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{name_suffix(self)}{'_varlen' if self.varlen else ''}{'_lazy' if self.lazy_rescale else ''}"
                 f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}"
                 f"{'_tov' if self.tile_overlap else ''}"
-                f"{'_dpk' if self.drop_packed else ''}")
+                f"{'_dpk' if self.drop_packed else ''}{'_dpe' if self.drop_early else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -469,8 +479,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.alibi_lin else 'false'}",                       # kAlibiLinear
                 f"{'true' if self.rescale_first else 'false'}",                   # kRescaleFirst
                 f"{'true' if self.tile_overlap else 'false'}",                    # kTileOverlap
-                f"{'true' if self.drop_packed else 'false'}"]                     # kDropPacked last
-        used = (14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{'true' if self.drop_packed else 'false'}",                     # kDropPacked
+                f"{'true' if self.drop_early else 'false'}"]                      # kDropEarly last
+        used = (15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -485,7 +496,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
-                self.rescale_first, self.tile_overlap, self.drop_packed)
+                self.rescale_first, self.tile_overlap, self.drop_packed, self.drop_early)
 
     def _problems(self) -> list[str]:
         out = []
@@ -576,6 +587,9 @@ class Sm90FwdConfig(KernelConfig):
                                   or self.lazy_rescale or self.fold_cap):
             out.append("tile_overlap with window / softcap / ALiBi / dropout (or their softmax variants) "
                        "is not implemented: plain calls only")
+        if self.drop_early and not self.drop_packed:
+            out.append("drop_early applies its keep flags to P's packed fragments (kDropEarly): it "
+                       "needs drop_packed")
         if self.drop_packed and (not self.dropout or self.p_smem):
             out.append("drop_packed applies dropout's keep mask to P's packed fragments in registers "
                        "(kDropPacked): it needs dropout, and not p_smem")
@@ -810,6 +824,9 @@ class Sm90Forward(Family):
             # how dropout is applied (the same mask, the same bits): the module's switch for configs
             # without it (tuned tables carry no dropout), or the config's own; off without dropout
             config = config.replace(drop_packed=packed)
+        early = packed and (config.drop_early or config.head_dim in DROPOUT_EARLY)
+        if config.drop_early != early:   # likewise (DROPOUT_EARLY), on drop_packed only
+            config = config.replace(drop_early=early)
         # the softmax variants (speed knobs): fold_cap only with softcap, neither with dropout,
         # lazy_rescale with emu_exp2 only under fold_cap (kernels_cu/softmax_fold.cuh)
         if config.fold_cap and ("softcap" not in problem.features or dropout):
@@ -836,7 +853,7 @@ class Sm90Forward(Family):
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
-                               "tile_overlap", "drop_packed") and not v))
+                               "tile_overlap", "drop_packed", "drop_early") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before

@@ -1,0 +1,142 @@
+"""sm90_fwd's drop_early (kDropEarly, kernels_cu/dropout_packed.cuh) without a GPU: the SWAR keep
+test against byte >= threshold for every byte and threshold (compiled for the host), the
+draw / apply walk lane by lane (NumPy, prmt's sign replication spelled out) against the mirror's
+keep mask, the config flag, and the instantiations' ptxas reports (no spills, no serialization)."""
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from cuflash import dropout, registry
+from cuflash.compile import kernel_dir
+from cuflash.families import sm90_fwd
+from cuflash.problem import Problem
+
+NVCC = os.environ.get("NVCC", "nvcc")
+needs_nvcc = pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not on PATH")
+FAM = registry.get("sm90_fwd")
+
+
+def drop_problem(causal=True, d=128, p=0.1, **kw):
+    return Problem("fwd", "bf16", 2, 8192, 8192, 16, 16, d, causal, features=("dropout",), dropout_p=p, **kw)
+
+
+def swar_signs(words, threshold):
+    """KeepSwar's arithmetic in NumPy (uint32 words -> byte-sign flags)."""
+    lo = 0x80 if threshold >= 256 else threshold & 0x7F
+    m = np.uint32(0xFFFFFFFF if threshold < 128 else 0)
+    w = np.asarray(words, np.uint32)
+    d = (w | np.uint32(0x80808080)) - np.uint32(lo * 0x01010101)
+    return (d & w) | ((d | w) & m)
+
+
+def test_swar_keep_test_is_byte_ge_threshold_numpy():
+    b = np.arange(256, dtype=np.uint32)
+    words = b | (np.roll(b, 1) << 8) | (np.roll(b, 7) << 16) | (np.roll(b, 100) << 24)
+    for thr in range(257):
+        s = swar_signs(words, thr)
+        for k in range(4):
+            got = (s >> np.uint32(8 * k + 7)) & 1
+            want = ((words >> np.uint32(8 * k)) & 0xFF) >= thr
+            assert np.array_equal(got.astype(bool), want), (thr, k)
+
+
+@needs_nvcc
+def test_swar_keep_test_is_byte_ge_threshold_cuh(tmp_path):
+    """KeepSwar (dropout_packed.cuh) compiled for the host: every byte in every lane position, every
+    threshold 0..256, against Dropout::keeps."""
+    src = tmp_path / "t.cu"
+    src.write_text('''#include "dropout_packed.cuh"
+#include <cstdio>
+using namespace cuflash;
+int main() {
+    for (u32 thr = 0; thr <= 256; ++thr) {
+        const KeepSwar swar = KeepSwar::make(thr);
+        Dropout d = Dropout::make(0, 0, 0.f);
+        d.threshold = thr;
+        for (u32 b = 0; b < 256; ++b) {
+            const u32 w = b | ((b * 7u + 3u) & 255u) << 8 | ((b ^ 0x5Au) << 16) | ((255u - b) << 24);
+            const u32 s = swar.signs(w);
+            for (int k = 0; k < 4; ++k)
+                if (((s >> (8 * k + 7)) & 1u) != (d.keeps(w, k) ? 1u : 0u)) { printf("bad %u %u %d\\n", thr, b, k); return 1; }
+        }
+    }
+    printf("ok\\n");
+}
+''')
+    exe = tmp_path / "t"
+    subprocess.run([NVCC, "-std=c++17", "-I", str(kernel_dir()), "-o", str(exe), str(src)], check=True,
+                   capture_output=True)
+    assert subprocess.run([str(exe)], capture_output=True, text=True).stdout.strip() == "ok"
+
+
+def prmt_sign(a, sel):
+    """prmt.b32 d, a, 0, sel with each selector nibble's bit 3 set: byte i of d is byte
+    (nibble i & 7) of (a, 0)'s sign replicated."""
+    out = 0
+    for i in range(4):
+        src = (sel >> (4 * i)) & 7
+        byte = (a >> (8 * src)) & 0xFF if src < 4 else 0
+        out |= (0xFF if byte & 0x80 else 0) << (8 * i)
+    return out
+
+
+@pytest.mark.parametrize("p", [0.17, 0.6])
+def test_draw_and_apply_walk_is_the_mirrors_mask(p):
+    """draw_keep_signs + and_keep_signs lane by lane on a warp's 16 x 64 tile at (query0, key0):
+    the fragment words' 16-bit masks (pack_a_frags' layout: tile nt's rows g / g + 8 in
+    frag[nt / 2][2 (nt % 2) + half], element e in the low / high 16 bits) are the mirror's mask."""
+    seed, offset, bh, query0, key0 = 0x1234_5678_9ABC_DEF0, (3 << 32) + 16, 5, 48, 96
+    thr = dropout.drop_threshold(p)
+    k0, k1 = seed & 0xFFFFFFFF, (seed >> 32) ^ (offset >> 32)
+    got = np.zeros((16, 64), bool)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for blk in range(2):
+            row, col = query0 + g, key0 + 32 * blk + 2 * t
+            words = dropout.philox4x32(4 * (col // 32) + (col % 8) // 2, 8 * (row // 16) + row % 8, bh,
+                                       offset & 0xFFFFFFFF, k0, k1)
+            for ct in range(4):
+                s = int(swar_signs(int(words[ct]), thr))
+                for half, sel in ((0, 0x9988), (1, 0xBBAA)):
+                    mask = prmt_sign(s, sel)
+                    nt = 4 * blk + ct
+                    for e in range(2):
+                        lanes16 = (mask >> (16 * e)) & 0xFFFF
+                        assert lanes16 in (0, 0xFFFF)
+                        got[g + 8 * half, 8 * nt + 2 * t + e] = lanes16 == 0xFFFF
+    want = dropout.keep_mask(seed, offset, p, 1, bh + 1, query0 + 16, key0 + 64)[0, bh, query0:, key0:]
+    assert np.array_equal(got, want)
+
+
+def test_drop_early_flag():
+    """Set with drop_packed from DROPOUT_EARLY (a config's own True kept), named _dpe, refused without
+    drop_packed, off without dropout; the kernel's last template argument."""
+    p = drop_problem()
+    heur = FAM.for_problem(FAM.heuristic(p), p)
+    assert heur.drop_packed and heur.drop_early == (128 in sm90_fwd.DROPOUT_EARLY)
+    early = FAM.for_problem(heur.replace(drop_early=True), p)
+    assert early.drop_early and early.name.endswith("_dpk_dpe") and not early.problems(227 * 1024)
+    assert early.kernel_name().endswith(", true, true>")
+    assert any("needs drop_packed" in w for w in early.replace(drop_packed=False).problems(227 * 1024))
+    plain = p.replace(features=(), dropout_p=0.0)
+    assert not FAM.for_problem(early, plain).drop_early
+    assert "dpe" not in FAM.for_problem(FAM.heuristic(plain), plain).kernel_name()
+
+
+@needs_nvcc
+def test_drop_early_instantiations_compile_without_spills():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cuflash.compile import nvcc_compile
+
+    cfgs = [FAM.for_problem(FAM.heuristic(p), p).replace(drop_early=True)
+            for p in (drop_problem(True), drop_problem(False))]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        reports = list(pool.map(lambda c: nvcc_compile([c], "sm_90a", NVCC)[0], cfgs))
+    bad = [f"{c.name}: {r}" for c, r in zip(cfgs, reports)
+           if r.spill_stores or r.spill_loads or r.stack_bytes
+           or any("C751" in w or "serialized" in w for w in r.warnings)]
+    assert not bad, "\n".join(bad)

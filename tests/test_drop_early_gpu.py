@@ -1,0 +1,127 @@
+"""sm90_fwd's drop_early (kDropEarly, kernels_cu/dropout_packed.cuh) on the GPU, sm_90 only:
+
+* the keep mask read back from the drop_early forward (d128, bf16) equals the NumPy mirror
+  (cuflash.dropout.keep_mask, Philox4x32-7), at the default p and at the thresholds' edges
+  (0, 154 and 256: the SWAR compare's three forms);
+* its output, LSE and gradients are bit for bit those of the drop_packed forward it replaces
+  (the same mask on the same packed P; the backward is the same kernel), on odd shapes
+  (seqlens 1, 17, 113, 1023, 2049; s_q != s_k both ways; GQA / MQA; causal and not), outputs
+  poisoned (NaN) before each launch;
+* deterministic: two calls with one seed give the same bits.
+
+6 compiles: forward drop_early and drop_packed, and the deterministic dropout backward, causal and not
+(tests/drop4_precompile.py compiles them in parallel first)."""
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+P_DROP = 0.17
+SEED = (0x9E37_79B9_7F4A_7C15, (7 << 32) + 1234)
+
+
+def require_sm90():
+    from cuflash import _gpu
+
+    if tuple(_gpu.arch(0)) != (9, 0):
+        pytest.skip(f"sm90_fwd needs sm_90, this GPU is sm_{''.join(map(str, _gpu.arch(0)))}")
+
+
+def configs(causal):
+    """(drop_early, drop_packed) forms of sm90_fwd's dropout heuristic (d128, bf16; one shape's, so
+    that every test shape runs the same two kernels) and the deterministic dropout backward."""
+    from cuflash import _gpu, registry, select
+
+    problem = problem_of(2, 1000, 1000, 4, 2, causal)
+    fam = registry.get("sm90_fwd")
+    heur = fam.for_problem(fam.heuristic(problem, _gpu.arch(0), _gpu.max_smem(0)), problem)
+    assert heur.dropout and heur.drop_packed, heur.name
+    early, packed = heur.replace(drop_early=True), heur.replace(drop_early=False)
+    assert not early.problems(227 * 1024) and not packed.problems(227 * 1024)
+    bp = problem.replace(op="bwd", deterministic=True)
+    return early, packed, select.choose(bp, _gpu.arch(0), "", _gpu.max_smem(0))[1]   # (fa2_bwd at d128)
+
+
+def problem_of(b, sq, sk, h, h_kv, causal, p=P_DROP):
+    from cuflash.problem import Problem
+
+    return Problem("fwd", "bf16", b, sq, sk, h, h_kv, 128, causal, features=("dropout",), dropout_p=p)
+
+
+def all_configs():
+    """Every kernel this file runs (tests/drop4_precompile.py compiles them first)."""
+    return [c for causal in (False, True) for c in configs(causal)]
+
+
+MASK_CASES = [(2, 200, 300, 4, 2, False), (1, 300, 177, 3, 1, True)]   # (b, sq, sk, h, h_kv, causal)
+
+
+@pytest.mark.usefixtures("poison_outputs")
+@pytest.mark.parametrize("case", MASK_CASES, ids=lambda c: "b{}_s{}x{}_h{}x{}_{}".format(
+    *c[:5], "causal" if c[5] else "full"))
+def test_drop_early_mask_is_the_mirrors(case):
+    import torch
+
+    from cuflash import dropout
+    from test_sm90_dropout_gpu import read_mask, visible_of
+
+    require_sm90()
+    b, sq, sk, h, h_kv, causal = case
+    early = configs(causal)[0]
+    got = read_mask((b, sq, h, 128), (b, sk, h_kv, 128), torch.bfloat16, causal, early)
+    visible = visible_of(sq, sk, causal)
+    want = torch.from_numpy(dropout.keep_mask(*SEED, P_DROP, b, h, sq, sk)).cuda() & visible
+    wrong = (got != want).nonzero()
+    assert wrong.shape[0] == 0, f"{early.name}: {wrong.shape[0]} mask bits differ, first (b, h, row, col) {wrong[:4].tolist()}"
+    assert got.any() and not got[..., ~visible].any()
+
+
+@pytest.mark.usefixtures("poison_outputs")
+@pytest.mark.parametrize("p_drop", [0.001, 0.6, 0.999])
+def test_drop_early_mask_at_the_thresholds_edges(p_drop):
+    """threshold 0 (all kept), 154 (>= 128: the AND form) and 256 (nothing kept)."""
+    import torch
+
+    from cuflash import dropout
+    from test_sm90_dropout_gpu import read_mask
+
+    require_sm90()
+    b, sq, sk, h = 1, 200, 300, 2
+    early = configs(False)[0]
+    got = read_mask((b, sq, h, 128), (b, sk, h, 128), torch.bfloat16, False, early, p=p_drop)
+    want = torch.from_numpy(dropout.keep_mask(*SEED, p_drop, b, h, sq, sk)).cuda()
+    wrong = (got != want).nonzero()
+    assert wrong.shape[0] == 0, f"p={p_drop}: {wrong.shape[0]} mask bits differ, first {wrong[:4].tolist()}"
+
+
+SHAPES = [(2, 113, 113, 4, 4), (1, 17, 1023, 4, 1), (1, 2049, 1023, 2, 2), (3, 1, 1, 4, 2),
+          (1, 1023, 2049, 4, 2)]
+
+
+@pytest.mark.usefixtures("poison_outputs")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_s{}x{}_h{}x{}".format(*s))
+def test_drop_early_equals_drop_packed_bit_for_bit(shape, causal):
+    import torch
+
+    import cuflash
+
+    require_sm90()
+    b, sq, sk, h, h_kv = shape
+    early, packed, bwd = configs(causal)
+    gen = torch.Generator(device="cuda").manual_seed(sq * 7919 + sk)
+    q = torch.randn(b, sq, h, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    k = torch.randn(b, sk, h_kv, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    v = torch.randn(b, sk, h_kv, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    dout = torch.randn(b, sq, h, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    res = {}
+    for name, cfg in (("early", early), ("early2", early), ("packed", packed)):
+        out, lse, _ = cuflash.flash_attn_func(q, k, v, P_DROP, causal=causal, dropout_seed=SEED, config=cfg,
+                                              bwd_config=bwd, deterministic=True, return_attn_probs=True)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        assert not out.isnan().any() and not lse.isnan().any(), f"{cfg.name}: unwritten (NaN) outputs"
+        assert not any(g.isnan().any() for g in grads), f"{cfg.name}: NaN gradients"
+        res[name] = (out, lse, *grads)
+    for a, c, what in zip(res["early"], res["packed"], ("out", "lse", "dq", "dk", "dv")):
+        assert torch.equal(a, c), f"{early.name}: {what} differs from {packed.name}'s"
+    for a, c, what in zip(res["early"], res["early2"], ("out", "lse", "dq", "dk", "dv")):
+        assert torch.equal(a, c), f"{early.name}: {what} differs between two calls (deterministic)"
