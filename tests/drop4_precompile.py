@@ -17,10 +17,25 @@ from cuflash.compile import precompile  # noqa: E402
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--timing", action="store_true", help="also sm90_dropout_timing.py's d128 kernels")
+    ap.add_argument("--masks", action="store_true",
+                    help="also test_sm90_dropout_gpu.py's mask and cross-family tests' kernels")
     args = ap.parse_args()
     import test_drop_early_gpu
 
     todo = test_drop_early_gpu.all_configs()
+    if args.masks:
+        import test_sm90_dropout_gpu as t
+        from cuflash.problem import Problem
+
+        for b, sq, sk, h, h_kv, causal, persistent in t.MASK_CASES:
+            p = Problem("fwd", "bf16", b, sq, sk, h, h_kv, 64, causal, features=("dropout",), dropout_p=t.P_DROP)
+            cfg = t.forced("sm90_fwd", p)
+            todo.append(cfg.replace(persistent=True) if persistent else cfg)
+            if not persistent:
+                todo.append(t.forced("fa2_fwd", p))
+        for fwd, bwd in t.CROSS:
+            p = Problem("fwd", "bf16", 2, 300, 417, 4, 2, 128, True, features=("dropout",), dropout_p=t.P_DROP)
+            todo += [t.forced(fwd, p), t.forced(bwd, p.replace(op="bwd"))]
     if args.timing:
         import sm90_dropout_timing as timing
         from cuflash.problem import Problem
