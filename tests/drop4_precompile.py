@@ -47,7 +47,7 @@ def main():
                 plain = Problem(op, "bf16", b, s, s, h, h, d, causal)
                 for p in (plain, plain.replace(features=("dropout",), dropout_p=timing.P)):
                     todo.append(choose_on_device(p, 0)[1])
-            todo += timing.fwd_configs(d, causal, b, s, h)
+            todo += timing.fwd_configs(d, causal, b, s, h) + timing.bwd_variants(d, causal, b, s, h)
     todo = list(dict.fromkeys(todo))
     t0 = time.time()
     res = precompile(todo, 0, processes=min(16, os.cpu_count() or 1))

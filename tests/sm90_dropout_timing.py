@@ -105,6 +105,17 @@ def timed_rows(rows, case, op, fns, op_names, plain, args, d, causal, b, s, h):
               f"{row['tflops']:7.1f} {row['x_plain']:8.3f}")
 
 
+def bwd_variants(d, causal, b, s, h):
+    """The dropout backwards to time next to selection's: sm90_bwd with the plain heuristic's speed
+    flags (DROPOUT_PLAIN_FLAGS) where they build (d128 non-causal), if selection does not run it."""
+    from cuflash.families import sm90_bwd
+
+    drop = Problem("bwd", "bf16", b, s, s, h, h, d, causal, features=("dropout",), dropout_p=P)
+    sel = choose_on_device(drop, 0)[1]
+    cfg = sel.replace(**sm90_bwd.DROPOUT_PLAIN_FLAGS) if sel.family == "sm90_bwd" else None
+    return [cfg] if cfg is not None and cfg != sel and cfg.dropout_plain() and not cfg.problems(227 * 1024) else []
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
@@ -123,7 +134,7 @@ def main():
             plain = Problem(op, "bf16", b, s, s, h, h, d, causal)
             for p in (plain, plain.replace(features=("dropout",), dropout_p=P)):
                 todo.append(choose_on_device(p, 0)[1])
-        todo += fwd_configs(d, causal, b, s, h, args.variants)
+        todo += fwd_configs(d, causal, b, s, h, args.variants) + bwd_variants(d, causal, b, s, h)
     precompile(list(dict.fromkeys(todo)), 0, processes=min(16, os.cpu_count() or 1))
 
     rows = []
@@ -155,10 +166,13 @@ def main():
                 outs = {"plain": cuflash.flash_attn_func(q, k, v, causal=causal),
                         "dropout": cuflash.flash_attn_func(q, k, v, P, causal=causal),
                         "cudnn": sdpa(q, k, v, causal, 0.0), "cudnn_drop": sdpa(q, k, v, causal, P)}
-                fns = {key: (lambda o=o: (torch.autograd.grad(o, (q, k, v), dout, retain_graph=True), o)[1])
-                       for key, o in outs.items()}
                 op_names = {key: (names[key][0], names[key][1] if key.startswith("cudnn") else choose_on_device(
                     (plain if key == "plain" else drop).replace(op="bwd"), 0)[1].name) for key in outs}
+                for i, bcfg in enumerate(bwd_variants(d, causal, b, s, h)):
+                    outs[f"b{i}"] = cuflash.flash_attn_func(q, k, v, P, causal=causal, bwd_config=bcfg)
+                    op_names[f"b{i}"] = ("cuflash", bcfg.name)
+                fns = {key: (lambda o=o: (torch.autograd.grad(o, (q, k, v), dout, retain_graph=True), o)[1])
+                       for key, o in outs.items()}
                 timed_rows(rows, case, op, fns, op_names, plain, args, d, causal, b, s, h)
                 continue
 
@@ -175,6 +189,10 @@ def main():
                     op_names[f"v{i}"] = ("cuflash", cfg.name + " + " + choose_on_device(
                         drop.replace(op="bwd"), 0)[1].name)
             if op == "fwdbwd":
+                for i, bcfg in enumerate(bwd_variants(d, causal, b, s, h)):
+                    fns[f"b{i}"] = (lambda bcfg=bcfg: run(lambda: cuflash.flash_attn_func(
+                        q, k, v, P, causal=causal, bwd_config=bcfg)))
+                    op_names[f"b{i}"] = ("cuflash", names["dropout"][1] + " + " + bcfg.name)
                 bname = choose_on_device(drop.replace(op="bwd"), 0)[1].name
                 op_names["dropout"] = ("cuflash", op_names["dropout"][1] + " + " + bname)
                 op_names["plain"] = ("cuflash", op_names["plain"][1] + " + "

@@ -140,3 +140,37 @@ def test_drop_early_instantiations_compile_without_spills():
            if r.spill_stores or r.spill_loads or r.stack_bytes
            or any("C751" in w or "serialized" in w for w in r.warnings)]
     assert not bad, "\n".join(bad)
+
+
+def test_dropout_plain_flags_bwd_config(monkeypatch):
+    """sm90_bwd DROPOUT_PLAIN: off, a d128 dropout call keeps the dropout backward's own flags; on,
+    the non-causal one takes DROPOUT_PLAIN_FLAGS (valid: dropout_plain), the causal one not; any
+    other subset of the flags with dropout stays refused."""
+    from cuflash.families import sm90_bwd
+    from cuflash.select import choose
+
+    p = drop_problem(False).replace(op="bwd")
+    off = choose(p, (9, 0), "", 227 * 1024)[1]
+    assert off.family == "sm90_bwd" and not off.dynamic and not off.dropout_plain()
+    monkeypatch.setattr(sm90_bwd, "DROPOUT_PLAIN", True)
+    on = choose(p, (9, 0), "", 227 * 1024)[1]
+    assert on.dropout_plain() and not on.problems(227 * 1024)
+    assert all(getattr(on, k) == v for k, v in sm90_bwd.DROPOUT_PLAIN_FLAGS.items())
+    causal = choose(drop_problem(True).replace(op="bwd"), (9, 0), "", 227 * 1024)[1]
+    assert not causal.dynamic and not causal.dropout_plain()
+    assert on.replace(frag_pin=False).problems(227 * 1024)
+    assert on.replace(causal=True).problems(227 * 1024)
+
+
+@needs_nvcc
+def test_dropout_plain_flags_bwd_compiles_without_spills():
+    from cuflash.compile import nvcc_compile
+    from cuflash.families import sm90_bwd
+
+    p = drop_problem(False).replace(op="bwd")
+    fam = registry.get("sm90_bwd")
+    cfg = fam.for_problem(fam.heuristic(p), p).replace(**sm90_bwd.DROPOUT_PLAIN_FLAGS)
+    assert cfg.dropout_plain()
+    r = nvcc_compile([cfg], "sm_90a", NVCC)[0]
+    assert not (r.spill_stores or r.spill_loads or r.stack_bytes), f"{cfg.name}: {r}"
+    assert not any("C751" in w or "serialized" in w for w in r.warnings), r.warnings

@@ -7,9 +7,13 @@
   (the same mask on the same packed P; the backward is the same kernel), on odd shapes
   (seqlens 1, 17, 113, 1023, 2049; s_q != s_k both ways; GQA / MQA; causal and not), outputs
   poisoned (NaN) before each launch;
-* deterministic: two calls with one seed give the same bits.
+* deterministic: two calls with one seed give the same bits;
+* sm90_bwd's dropout backward with the plain heuristic's speed flags (DROPOUT_PLAIN_FLAGS: dynamic,
+  ds_double, dq_early, dk_late, frag_pin) within 3x the error of plain low-precision attention's
+  gradients against the float64 reference with the mirror's mask.
 
-6 compiles: forward drop_early and drop_packed, and the deterministic dropout backward, causal and not
+7 compiles: forward drop_early and drop_packed, and the deterministic dropout backward, causal and not;
+sm90_bwd's dropout backward with the plain speed flags (sm90_bwd DROPOUT_PLAIN, non-causal)
 (tests/drop4_precompile.py compiles them in parallel first)."""
 import pytest
 
@@ -47,9 +51,23 @@ def problem_of(b, sq, sk, h, h_kv, causal, p=P_DROP):
     return Problem("fwd", "bf16", b, sq, sk, h, h_kv, 128, causal, features=("dropout",), dropout_p=p)
 
 
+def plain_bwd():
+    """sm90_bwd's dropout backward with the plain heuristic's speed flags (DROPOUT_PLAIN_FLAGS; d128
+    non-causal only) for the fixed shape of configs()."""
+    from cuflash import _gpu, registry
+    from cuflash.families import sm90_bwd
+
+    bp = problem_of(2, 1000, 1000, 4, 2, False).replace(op="bwd")
+    fam = registry.get("sm90_bwd")
+    cfg = fam.for_problem(fam.heuristic(bp, _gpu.arch(0), _gpu.max_smem(0)), bp).replace(
+        **sm90_bwd.DROPOUT_PLAIN_FLAGS)
+    assert cfg.dropout_plain() and not cfg.problems(227 * 1024), cfg.name
+    return cfg
+
+
 def all_configs():
     """Every kernel this file runs (tests/drop4_precompile.py compiles them first)."""
-    return [c for causal in (False, True) for c in configs(causal)]
+    return [c for causal in (False, True) for c in configs(causal)] + [plain_bwd()]
 
 
 MASK_CASES = [(2, 200, 300, 4, 2, False), (1, 300, 177, 3, 1, True)]   # (b, sq, sk, h, h_kv, causal)
@@ -125,3 +143,41 @@ def test_drop_early_equals_drop_packed_bit_for_bit(shape, causal):
         assert torch.equal(a, c), f"{early.name}: {what} differs from {packed.name}'s"
     for a, c, what in zip(res["early"], res["early2"], ("out", "lse", "dq", "dk", "dv")):
         assert torch.equal(a, c), f"{early.name}: {what} differs between two calls (deterministic)"
+
+
+@pytest.mark.usefixtures("poison_outputs")
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_s{}x{}_h{}x{}".format(*s))
+def test_dropout_plain_flags_backward_against_reference(shape):
+    import math
+
+    import torch
+
+    import cuflash
+    from cuflash import dropout
+    from test_dropout_gpu import attention_with_mask, max_err, rand_qkv
+
+    require_sm90()
+    b, sq, sk, h, h_kv = shape
+    d, causal, dtype = 128, False, torch.bfloat16
+    early, bcfg = configs(False)[0], plain_bwd()
+    q, k, v = rand_qkv(b, sq, sk, h, h_kv, d, dtype, grad=True)
+    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    scale = 1 / math.sqrt(d)
+    keep = torch.from_numpy(dropout.keep_mask(*SEED, P_DROP, b, h, sq, sk)).cuda()
+    out = cuflash.flash_attn_func(q, k, v, P_DROP, causal=causal, dropout_seed=SEED, config=early, bwd_config=bcfg)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    ref_out, _ = attention_with_mask(q, k, v, causal, scale, torch.float64, keep, P_DROP)
+    low_out, _ = attention_with_mask(q, k, v, causal, scale, dtype, keep, P_DROP)
+    err, base = max_err(out, ref_out), max_err(low_out, ref_out)
+    assert err <= 2 * base + 1e-5, f"{early.name} out: error {err:.3g} > 2 x plain {base:.3g}"
+    ref_g = torch.autograd.grad(ref_out, (q, k, v), dout.double())
+    low_g = torch.autograd.grad(low_out, (q, k, v), dout)
+    for what, a, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_g, low_g):
+        assert not a.isnan().any(), f"{bcfg.name} {what}: unwritten (NaN) elements"
+        e, bse = max_err(a, r), max_err(lo, r)
+        floor = torch.finfo(dtype).eps * max(1.0, r.abs().max().item())
+        if what in ("dq", "dk"):   # D's residual (test_dropout_gpu.py says why)
+            d_scale = (dout.double() * out.double()).sum(-1).abs().max().item()
+            other = k if what == "dq" else q
+            floor = max(floor, torch.finfo(dtype).eps * d_scale * other.abs().max().item() * scale)
+        assert e <= 3 * bse + floor, f"{bcfg.name} {what}: error {e:.3g} > 3 x plain {bse:.3g} + {floor:.3g}"
