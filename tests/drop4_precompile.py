@@ -1,7 +1,7 @@
 """Fill CuPy's kernel cache with the kernels of tests/test_drop_early_gpu.py (and, with
 --timing, tests/sm90_dropout_timing.py's d128 ones), in parallel worker processes; not a test:
 
-    timeout 120 python tests/drop4_precompile.py --timing
+    timeout 120 python tests/drop4_precompile.py --timing --quick   # (--masks: test_sm90_dropout_gpu's too)
 """
 import argparse
 import os
@@ -17,6 +17,7 @@ from cuflash.compile import precompile  # noqa: E402
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--timing", action="store_true", help="also sm90_dropout_timing.py's d128 kernels")
+    ap.add_argument("--quick", action="store_true", help="with --timing: sm90_dropout_timing.py --quick's")
     ap.add_argument("--masks", action="store_true",
                     help="also test_sm90_dropout_gpu.py's mask and cross-family tests' kernels")
     args = ap.parse_args()
@@ -47,7 +48,7 @@ def main():
                 plain = Problem(op, "bf16", b, s, s, h, h, d, causal)
                 for p in (plain, plain.replace(features=("dropout",), dropout_p=timing.P)):
                     todo.append(choose_on_device(p, 0)[1])
-            todo += timing.fwd_configs(d, causal, b, s, h) + timing.bwd_variants(d, causal, b, s, h)
+            todo += timing.fwd_configs(d, causal, b, s, h, quick=args.quick) + timing.bwd_variants(d, causal, b, s, h)
     todo = list(dict.fromkeys(todo))
     t0 = time.time()
     res = precompile(todo, 0, processes=min(16, os.cpu_count() or 1))
