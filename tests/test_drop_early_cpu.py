@@ -174,3 +174,21 @@ def test_dropout_plain_flags_bwd_compiles_without_spills():
     r = nvcc_compile([cfg], "sm_90a", NVCC)[0]
     assert not (r.spill_stores or r.spill_loads or r.stack_bytes), f"{cfg.name}: {r}"
     assert not any("C751" in w or "serialized" in w for w in r.warnings), r.warnings
+
+
+def test_varlen_small_head_dims_rank(monkeypatch):
+    """sm90_bwd VARLEN_SMALL_D: off, the varlen backward at d <= 96 ranks below fa2_bwd (selection
+    runs fa2_bwd); on, as the dense one (the 2-consumer tiles)."""
+    from cuflash.families import sm90_bwd
+    from cuflash.select import choose
+
+    fam = registry.get("sm90_bwd")
+    for d in (64, 96):
+        p = Problem("bwd", "bf16", 4, 2048, 2048, 16, 16, d, True, features=("varlen",))
+        monkeypatch.setattr(sm90_bwd, "VARLEN_SMALL_D", False)
+        assert fam.rank(p) < 0 and choose(p, (9, 0), "", 227 * 1024)[1].family == "fa2_bwd"
+        monkeypatch.setattr(sm90_bwd, "VARLEN_SMALL_D", True)
+        assert fam.rank(p) >= 0
+        assert choose(p, (9, 0), "", 227 * 1024)[1].family == ("sm90_bwd" if sm90_bwd.VARLEN_BWD else "fa2_bwd")
+    big = Problem("bwd", "bf16", 4, 2048, 2048, 16, 16, 128, True, features=("varlen",))
+    assert fam.rank(big) >= 0

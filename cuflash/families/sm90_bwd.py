@@ -263,6 +263,13 @@ HEURISTIC_STAGES3 = frozenset()
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
 DROPOUT_BY_DEFAULT = True
+# Whether rank() puts the varlen backward at head dims <= 96 above fa2_bwd (as the dense one: the
+# 2-consumer tiles, d64's BM 128 and d96 on the d128 kernel). Off: the varlen backward at d64 was
+# timed only with the one-consumer BM64 BN64 tile it had before (1.0-1.14x fa2_bwd's time, results/
+# NVIDIA_H100_80GB_HBM3/sm90_varlen_timing.json, configs ..._BM64_BN64_s2_c1_...); the 2-consumer
+# tiles' varlen kernels are built and tested (tests/test_sm90_varlen_gpu.py) but not yet timed:
+# tests/sm90_varlen_timing.py --hdims 64 96 --bwd-only.
+VARLEN_SMALL_D = False
 # Whether a dropout call (dropout alone, head dim 128, non-causal, unordered, fixed lengths) runs the
 # plain heuristic's speed flags (DROPOUT_PLAIN_FLAGS: the dynamic scheduler, ds_double, dq_early,
 # dk_late, frag_pin with dq_writer), the one set of them that ptxas builds without spills next to the
@@ -780,9 +787,8 @@ class Sm90Backward(Family):
         if "dropout" in problem.features and not DROPOUT_BY_DEFAULT:
             return -1
         d = problem.head_dim
-        if "varlen" in problem.features and d <= 96:
-            return -1   # varlen at d <= 96: fa2_bwd (measured faster than the one-consumer tile's
-            #             varlen; the 2-consumer tiles' varlen has not been timed)
+        if "varlen" in problem.features and d <= 96 and not VARLEN_SMALL_D:
+            return -1   # varlen at d <= 96: fa2_bwd until the 2-consumer tiles are timed (VARLEN_SMALL_D)
         if d > 128:
             above = D256_ABOVE_FA2 if d > 192 else D192_ABOVE_FA2
         else:
