@@ -78,13 +78,16 @@ struct KeepSwar {
 };
 
 // kDropEarly, part 1: the keep flags of a warp's P_j (rows query0 + g, + 8; the 32-key blocks from
-// key0) as byte signs, signs[blk][ct] for word ct of the thread's call of block blk (the layout
-// above); then pinned (asm volatile, as reg_fence pins accumulators) so that ptxas computes them here,
-// in the wait for S_j's wgmma, and not among the softmax's instructions that follow the wait.
-template <int kBlocks>
-__device__ __forceinline__ void draw_keep_signs(const Dropout& dropout, const KeepSwar& swar,
-                                                u32 (&signs)[kBlocks][4], int bh, int query0, int key0,
+// key0), keep[blk][ct] for word ct of the thread's call of block blk (the layout above): kWords 1, the
+// byte signs; kWords 2, the two fragment words' 16-bit masks already (rows g and g + 8: one permute
+// each, here instead of after the packing, for twice the registers). Then pinned (asm volatile, as
+// reg_fence pins accumulators) so that ptxas computes them here, in the wait for S_j's wgmma, and not
+// among the softmax's instructions that follow the wait.
+template <int kBlocks, int kWords>
+__device__ __forceinline__ void draw_keep_flags(const Dropout& dropout, const KeepSwar& swar,
+                                                u32 (&keep)[kBlocks][4][kWords], int bh, int query0, int key0,
                                                 int g, int t) {
+    static_assert(kWords == 1 || kWords == 2, "kWords: 1 (byte signs) or 2 (fragment masks)");
     // the blocks' first key pinned here: the rounds depend on it, so ptxas cannot hoist them above
     // this point (between the S and the P V wgmma issues, or above the turn's end)
     int col0 = key0 + 2 * t;
@@ -93,26 +96,42 @@ __device__ __forceinline__ void draw_keep_signs(const Dropout& dropout, const Ke
     for (int blk = 0; blk < kBlocks; ++blk) {
         const PhiloxWords w = dropout.draw(bh, query0 + g, col0 + 32 * blk);
 #pragma unroll
-        for (int ct = 0; ct < 4; ++ct) signs[blk][ct] = swar.signs(w.w[ct]);
+        for (int ct = 0; ct < 4; ++ct) {
+            const u32 signs = swar.signs(w.w[ct]);
+            if constexpr (kWords == 1) {
+                keep[blk][ct][0] = signs;
+            } else {
+                keep[blk][ct][0] = prmt_sign(signs, 0u, 0x9988u);   // row g: bytes 0, 1
+                keep[blk][ct][1] = prmt_sign(signs, 0u, 0xBBAAu);   // row g + 8: bytes 2, 3
+            }
+        }
     }
 #pragma unroll
     for (int blk = 0; blk < kBlocks; ++blk)
 #pragma unroll
-        for (int ct = 0; ct < 4; ++ct) asm volatile("" : "+r"(signs[blk][ct]) :: "memory");
+        for (int ct = 0; ct < 4; ++ct)
+#pragma unroll
+            for (int i = 0; i < kWords; ++i) asm volatile("" : "+r"(keep[blk][ct][i]) :: "memory");
 }
 
 // kDropEarly, part 2: P ∘ Z on the packed fragments (kK16 = 2 kBlocks): byte 2·half + e of word ct
-// is row g + 8·half, column e of fragment word frag[0][2·blk + ct / 2][2·(ct % 2) + half]; one
-// permute replicates bytes 0, 1 (2, 3) signs over the low and high 16 bits, one AND applies them.
-template <int kK16>
-__device__ __forceinline__ void and_keep_signs(u32 (&frag)[1][kK16][4], const u32 (&signs)[kK16 / 2][4]) {
+// is row g + 8·half, column e of fragment word frag[0][2·blk + ct / 2][2·(ct % 2) + half]; a
+// permute replicates bytes 0, 1 (2, 3) signs over the low and high 16 bits (kWords 1; kWords 2 did
+// it in part 1), one AND applies them.
+template <int kK16, int kWords>
+__device__ __forceinline__ void and_keep_flags(u32 (&frag)[1][kK16][4], const u32 (&keep)[kK16 / 2][4][kWords]) {
 #pragma unroll
     for (int blk = 0; blk < kK16 / 2; ++blk)
 #pragma unroll
         for (int ct = 0; ct < 4; ++ct) {
             u32 (&f)[4] = frag[0][2 * blk + ct / 2];
-            f[2 * (ct % 2)] &= prmt_sign(signs[blk][ct], 0u, 0x9988u);       // row g: bytes 0, 1
-            f[2 * (ct % 2) + 1] &= prmt_sign(signs[blk][ct], 0u, 0xBBAAu);   // row g + 8: bytes 2, 3
+            if constexpr (kWords == 1) {
+                f[2 * (ct % 2)] &= prmt_sign(keep[blk][ct][0], 0u, 0x9988u);       // row g: bytes 0, 1
+                f[2 * (ct % 2) + 1] &= prmt_sign(keep[blk][ct][0], 0u, 0xBBAAu);   // row g + 8: bytes 2, 3
+            } else {
+                f[2 * (ct % 2)] &= keep[blk][ct][0];
+                f[2 * (ct % 2) + 1] &= keep[blk][ct][1];
+            }
         }
 }
 

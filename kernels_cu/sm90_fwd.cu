@@ -151,10 +151,11 @@
 //              to the fp32 P_j before it; the same mask, the same bits. Not with kPSmem. false
 //              (the default): the code of the kernel before it existed
 //   kDropEarly (kDropPacked only) P_j's Philox rounds run in the wait for S_j's wgmma (the mask
-//              depends on coordinates only) and leave the keep flags as byte signs, one register per
-//              4 elements (dropout_packed.cuh draw_keep_signs); after pack_p a permute and an AND per
-//              two elements apply them. The same mask, the same bits. false (the default): the code
-//              of the kernel before it existed
+//              depends on coordinates only) and leave the keep flags (dropout_packed.cuh
+//              draw_keep_flags): 1, as byte signs, one register per 4 elements, and after pack_p a
+//              permute and an AND per two elements; 2, as the fragment words' masks, one register
+//              per 2 elements, and an AND per two. The same mask, the same bits. 0 (the default):
+//              the code of the kernel before it existed
 //   kTreeMax   the online softmax's step with shorter dependency chains (softmax_tree.cuh: both
 //              rows' maxima as pairwise trees, their shuffles side by side, two partial row sums),
 //              so that the block's first ex2 issues sooner; not with kEmuExp2. false (the
@@ -391,7 +392,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
-          bool kTileOverlap = false, bool kDropPacked = false, bool kDropEarly = false>
+          bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem, kQDouble>;
@@ -437,8 +438,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                   "kLazyRescale / kFoldCap run no dropout, and the software exp2 only with kFoldCap (softmax_fold.cuh)");
     static_assert(!kDropPacked || (kDropout && !kPSmem),
                   "kDropPacked applies dropout to P's A fragments in registers: it needs kDropout, not kPSmem");
-    static_assert(!kDropEarly || kDropPacked,
-                  "kDropEarly applies its keep flags to P's packed fragments: it needs kDropPacked");
+    static_assert(kDropEarly >= 0 && kDropEarly <= 2 && (!kDropEarly || kDropPacked),
+                  "kDropEarly (0, 1, 2) applies its keep flags to P's packed fragments: it needs kDropPacked");
     static_assert(!kRescaleFirst || !(kLazyRescale || kFoldCap),
                   "kRescaleFirst rescales O every step: not with kLazyRescale / kFoldCap");
     static_assert(!kAlibiLinear || (kAlibi && !kSoftcap && !kDropout && kEmuExp2 == 0 && !kVarlen && !kTreeMax),
@@ -851,15 +852,15 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             };
             // kDropEarly: the keep flags of P_j drawn in the wait for S_j (draw_early, before the wgmma
             // wait), applied after the packing (drop_packed): dropout_packed.cuh
-            u32 keep_signs[kDropEarly ? kBN / 32 : 1][4];
+            u32 keep_flags[kDropEarly ? kBN / 32 : 1][4][kDropEarly == 2 ? 2 : 1];
             auto draw_early = [&](int j) {
                 if constexpr (kDropEarly)
-                    draw_keep_signs(dropout, swar, keep_signs, at.batch * p.nheads + at.head, warp_row0,
+                    draw_keep_flags(dropout, swar, keep_flags, at.batch * p.nheads + at.head, warp_row0,
                                     (n_end - 1 - j) * kBN, g, t);
             };
             auto drop_packed = [&](int j) {
                 if constexpr (kDropEarly)
-                    and_keep_signs(p_frag, keep_signs);
+                    and_keep_flags(p_frag, keep_flags);
                 else if constexpr (kDropPacked)
                     zero_dropped_packed(dropout, p_frag, at.batch * p.nheads + at.head, warp_row0,
                                         (n_end - 1 - j) * kBN, g, t);

@@ -14,7 +14,7 @@ philox.cuh's 32-key layout) and fa2_fwd's dropout forward, and SDPA cuDNN with a
 dropout, forward, backward alone (torch.autograd.grad of one retained forward) and forward +
 backward. The dropout forward's other form of the keep mask (drop_early, sm90_fwd DROPOUT_EARLY:
 the Philox rounds in the wait for S_j) is timed next to the heuristic's wherever it applies
-(drop_packed head dims). "x plain" is ms / the plain cuflash call's ms of the same op. Every kernel is compiled first, in
+(drop_packed head dims), both forms (1: byte signs, 2: fragment masks). "x plain" is ms / the plain cuflash call's ms of the same op. Every kernel is compiled first, in
 parallel; samples are CUDA events, interleaved (cuflash.timing.time_interleaved), median.
 Not a test.
 """
@@ -30,6 +30,7 @@ import torch  # noqa: E402
 import cuflash  # noqa: E402
 from cuflash import _gpu, registry  # noqa: E402
 from cuflash.compile import precompile  # noqa: E402
+from cuflash.families import sm90_fwd  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
 from cuflash.select import choose_on_device  # noqa: E402
@@ -65,10 +66,13 @@ def fwd_configs(d, causal, b, s, h, variants=False, quick=False):
     drop = Problem("fwd", "bf16", b, s, s, h, h, d, causal, features=("dropout",), dropout_p=P)
     heur = sm90.for_problem(sm90.heuristic(drop), drop)
     out = [heur]
-    if heur.drop_packed:   # the other form of the keep mask (drop_early on / off)
-        other = heur.replace(drop_early=not heur.drop_early)
-        if not other.problems(227 * 1024):
-            out.append(other)
+    if heur.drop_packed:   # the other forms of the keep mask (drop_early 0, 1, 2)
+        for form in (0, 1, 2):
+            other = heur.replace(drop_early=form)
+            if form == 2 and other.problems(227 * 1024):   # the fragment masks' BN
+                other = other.replace(BN=sm90_fwd.DROP_EARLY_MASKS_BN)
+            if form != heur.drop_early and not other.problems(227 * 1024):
+                out.append(other)
     if quick:   # the heuristic and its other mask form only
         return out
     for sched in (dict(persistent=False, dynamic=False), dict(persistent=True, dynamic=True)):

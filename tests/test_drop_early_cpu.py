@@ -85,7 +85,7 @@ def prmt_sign(a, sel):
 
 @pytest.mark.parametrize("p", [0.17, 0.6])
 def test_draw_and_apply_walk_is_the_mirrors_mask(p):
-    """draw_keep_signs + and_keep_signs lane by lane on a warp's 16 x 64 tile at (query0, key0):
+    """draw_keep_flags + and_keep_flags lane by lane on a warp's 16 x 64 tile at (query0, key0):
     the fragment words' 16-bit masks (pack_a_frags' layout: tile nt's rows g / g + 8 in
     frag[nt / 2][2 (nt % 2) + half], element e in the low / high 16 bits) are the mirror's mask."""
     seed, offset, bh, query0, key0 = 0x1234_5678_9ABC_DEF0, (3 << 32) + 16, 5, 48, 96
@@ -116,10 +116,14 @@ def test_drop_early_flag():
     drop_packed, off without dropout; the kernel's last template argument."""
     p = drop_problem()
     heur = FAM.for_problem(FAM.heuristic(p), p)
-    assert heur.drop_packed and heur.drop_early == (128 in sm90_fwd.DROPOUT_EARLY)
-    early = FAM.for_problem(heur.replace(drop_early=True), p)
-    assert early.drop_early and early.name.endswith("_dpk_dpe") and not early.problems(227 * 1024)
-    assert early.kernel_name().endswith(", true, true>")
+    assert heur.drop_packed and heur.drop_early == sm90_fwd.DROPOUT_EARLY.get(128, 0)
+    early = FAM.for_problem(heur.replace(drop_early=1), p)
+    assert early.drop_early == 1 and early.name.endswith("_dpk_dpe") and not early.problems(227 * 1024)
+    assert early.kernel_name().endswith(", true, 1>")
+    assert any("drop_early 2" in w for w in heur.replace(drop_early=2).problems(227 * 1024))   # BN 160
+    two = FAM.for_problem(heur.replace(drop_early=2, BN=sm90_fwd.DROP_EARLY_MASKS_BN), p)
+    assert two.name.endswith("_dpk_dpe2") and two.kernel_name().endswith(", true, 2>") and not two.problems(227 * 1024)
+    assert early.replace(drop_early=3).problems(227 * 1024)
     assert any("needs drop_packed" in w for w in early.replace(drop_packed=False).problems(227 * 1024))
     plain = p.replace(features=(), dropout_p=0.0)
     assert not FAM.for_problem(early, plain).drop_early
@@ -132,8 +136,9 @@ def test_drop_early_instantiations_compile_without_spills():
 
     from cuflash.compile import nvcc_compile
 
-    cfgs = [FAM.for_problem(FAM.heuristic(p), p).replace(drop_early=True)
-            for p in (drop_problem(True), drop_problem(False))]
+    cfgs = [FAM.for_problem(FAM.heuristic(p), p).replace(drop_early=form, **bn)
+            for p in (drop_problem(True), drop_problem(False))
+            for form, bn in ((1, {}), (2, dict(BN=sm90_fwd.DROP_EARLY_MASKS_BN)))]
     with ThreadPoolExecutor(max_workers=2) as pool:
         reports = list(pool.map(lambda c: nvcc_compile([c], "sm_90a", NVCC)[0], cfgs))
     bad = [f"{c.name}: {r}" for c, r in zip(cfgs, reports)

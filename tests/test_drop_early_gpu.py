@@ -12,7 +12,7 @@
   ds_double, dq_early, dk_late, frag_pin) within 3x the error of plain low-precision attention's
   gradients against the float64 reference with the mirror's mask.
 
-7 compiles: forward drop_early and drop_packed, and the deterministic dropout backward, causal and not;
+10 compiles: forward drop_early (form 1 at the heuristic's BN, 2 at BN 128) and drop_packed at each (BN 128: full only), and the deterministic dropout backward, causal and not;
 sm90_bwd's dropout backward with the plain speed flags (sm90_bwd DROPOUT_PLAIN, non-causal)
 (tests/drop4_precompile.py compiles them in parallel first)."""
 import pytest
@@ -30,8 +30,8 @@ def require_sm90():
         pytest.skip(f"sm90_fwd needs sm_90, this GPU is sm_{''.join(map(str, _gpu.arch(0)))}")
 
 
-def configs(causal):
-    """(drop_early, drop_packed) forms of sm90_fwd's dropout heuristic (d128, bf16; one shape's, so
+def configs(causal, form=1):
+    """(drop_early ``form``, drop_packed) forms of sm90_fwd's dropout heuristic (d128, bf16; one shape's, so
     that every test shape runs the same two kernels) and the deterministic dropout backward."""
     from cuflash import _gpu, registry, select
 
@@ -39,7 +39,11 @@ def configs(causal):
     fam = registry.get("sm90_fwd")
     heur = fam.for_problem(fam.heuristic(problem, _gpu.arch(0), _gpu.max_smem(0)), problem)
     assert heur.dropout and heur.drop_packed, heur.name
-    early, packed = heur.replace(drop_early=True), heur.replace(drop_early=False)
+    if form == 2:   # the fragment masks' BN (sm90_fwd DROP_EARLY_MASKS_BN), for both forms compared
+        from cuflash.families.sm90_fwd import DROP_EARLY_MASKS_BN
+
+        heur = heur.replace(BN=DROP_EARLY_MASKS_BN)
+    early, packed = heur.replace(drop_early=form), heur.replace(drop_early=0)
     assert not early.problems(227 * 1024) and not packed.problems(227 * 1024)
     bp = problem.replace(op="bwd", deterministic=True)
     return early, packed, select.choose(bp, _gpu.arch(0), "", _gpu.max_smem(0))[1]   # (fa2_bwd at d128)
@@ -67,16 +71,18 @@ def plain_bwd():
 
 def all_configs():
     """Every kernel this file runs (tests/drop4_precompile.py compiles them first)."""
-    return [c for causal in (False, True) for c in configs(causal)] + [plain_bwd()]
+    out = [*configs(False, 1), *configs(False, 2), *configs(True, 1), configs(True, 2)[0]]
+    return list(dict.fromkeys(out)) + [plain_bwd()]
 
 
 MASK_CASES = [(2, 200, 300, 4, 2, False), (1, 300, 177, 3, 1, True)]   # (b, sq, sk, h, h_kv, causal)
 
 
 @pytest.mark.usefixtures("poison_outputs")
+@pytest.mark.parametrize("form", [1, 2])
 @pytest.mark.parametrize("case", MASK_CASES, ids=lambda c: "b{}_s{}x{}_h{}x{}_{}".format(
     *c[:5], "causal" if c[5] else "full"))
-def test_drop_early_mask_is_the_mirrors(case):
+def test_drop_early_mask_is_the_mirrors(case, form):
     import torch
 
     from cuflash import dropout
@@ -84,7 +90,7 @@ def test_drop_early_mask_is_the_mirrors(case):
 
     require_sm90()
     b, sq, sk, h, h_kv, causal = case
-    early = configs(causal)[0]
+    early = configs(causal, form)[0]
     got = read_mask((b, sq, h, 128), (b, sk, h_kv, 128), torch.bfloat16, causal, early)
     visible = visible_of(sq, sk, causal)
     want = torch.from_numpy(dropout.keep_mask(*SEED, P_DROP, b, h, sq, sk)).cuda() & visible
@@ -94,8 +100,9 @@ def test_drop_early_mask_is_the_mirrors(case):
 
 
 @pytest.mark.usefixtures("poison_outputs")
+@pytest.mark.parametrize("form", [1, 2])
 @pytest.mark.parametrize("p_drop", [0.001, 0.6, 0.999])
-def test_drop_early_mask_at_the_thresholds_edges(p_drop):
+def test_drop_early_mask_at_the_thresholds_edges(p_drop, form):
     """threshold 0 (all kept), 154 (>= 128: the AND form) and 256 (nothing kept)."""
     import torch
 
@@ -104,7 +111,7 @@ def test_drop_early_mask_at_the_thresholds_edges(p_drop):
 
     require_sm90()
     b, sq, sk, h = 1, 200, 300, 2
-    early = configs(False)[0]
+    early = configs(False, form)[0]
     got = read_mask((b, sq, h, 128), (b, sk, h, 128), torch.bfloat16, False, early, p=p_drop)
     want = torch.from_numpy(dropout.keep_mask(*SEED, p_drop, b, h, sq, sk)).cuda()
     wrong = (got != want).nonzero()
@@ -116,16 +123,19 @@ SHAPES = [(2, 113, 113, 4, 4), (1, 17, 1023, 4, 1), (1, 2049, 1023, 2, 2), (3, 1
 
 
 @pytest.mark.usefixtures("poison_outputs")
+@pytest.mark.parametrize("form", [1, 2])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_s{}x{}_h{}x{}".format(*s))
-def test_drop_early_equals_drop_packed_bit_for_bit(shape, causal):
+def test_drop_early_equals_drop_packed_bit_for_bit(shape, causal, form):
     import torch
 
     import cuflash
 
     require_sm90()
     b, sq, sk, h, h_kv = shape
-    early, packed, bwd = configs(causal)
+    if form == 2 and causal:
+        pytest.skip("form 2's causal kernel: the mask tests (the BN 128 drop_packed twin compiled for the full mask only)")
+    early, packed, bwd = configs(causal, form)
     gen = torch.Generator(device="cuda").manual_seed(sq * 7919 + sk)
     q = torch.randn(b, sq, h, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
     k = torch.randn(b, sk, h_kv, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()

@@ -121,8 +121,12 @@ DROPOUT_PACKED_BN = {128: 192}
 # Whether drop_packed calls draw the keep mask early (drop_early, kDropEarly; kernels_cu/
 # dropout_packed.cuh): P_j's Philox rounds in the wait for S_j's wgmma, the keep flags as byte signs
 # (one register per 4 elements), a permute and an AND per two elements after the packing. The same
-# mask bit for bit. By head dim (of DROPOUT_PACKED's); empty until measured on the H100.
-DROPOUT_EARLY: frozenset = frozenset()
+# mask bit for bit. {head dim (of DROPOUT_PACKED's): form (1 byte signs, 2 fragment masks)}; empty
+# until measured on the H100.
+DROPOUT_EARLY: dict = {}
+# The widest BN of drop_early 2 (the fragment masks: BN / 4 registers from the wait for S_j to the
+# packing): d128 BN 160 spilled 16 bytes, BN 128 none (nvcc 13.0, sm_90a).
+DROP_EARLY_MASKS_BN = 128
 # The dynamic scheduler (``dynamic``, kDynamic): bytes of K and V that a section of the tile order
 # keeps in L2 (the H100 has 50 MB; FA3 sizes its sections by 32 MB too), and the shared memory
 # its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
@@ -366,9 +370,11 @@ class Sm90FwdConfig(KernelConfig):
                bits. Set with dropout by for_problem from DROPOUT_PACKED (by head dim; a config's own
                True kept), never tuned
     drop_early: (drop_packed only) P_j's Philox rounds drawn in the wait for S_j's wgmma, the keep
-               flags held as byte signs and applied after the packing (kDropEarly, dropout_packed.cuh
-               draw_keep_signs); the same mask and bits. Set with drop_packed by for_problem from
-               DROPOUT_EARLY (a config's own True kept), never tuned
+               flags held and applied after the packing (kDropEarly, dropout_packed.cuh
+               draw_keep_flags): 1 as byte signs (a permute and an AND per two elements after the
+               packing), 2 as the fragment masks (an AND per two; twice the registers); 0 off. The same
+               mask and bits. Set with drop_packed by for_problem from DROPOUT_EARLY (a config's own
+               value kept), never tuned
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
@@ -401,7 +407,7 @@ class Sm90FwdConfig(KernelConfig):
     rescale_first: bool = False
     tile_overlap: bool = False
     drop_packed: bool = False
-    drop_early: bool = False
+    drop_early: int = 0
     section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
@@ -423,7 +429,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{name_suffix(self)}{'_varlen' if self.varlen else ''}{'_lazy' if self.lazy_rescale else ''}"
                 f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}"
                 f"{'_tov' if self.tile_overlap else ''}"
-                f"{'_dpk' if self.drop_packed else ''}{'_dpe' if self.drop_early else ''}")
+                f"{'_dpk' if self.drop_packed else ''}{'_dpe' if self.drop_early == 1 else f'_dpe{self.drop_early}' if self.drop_early else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -480,7 +486,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.rescale_first else 'false'}",                   # kRescaleFirst
                 f"{'true' if self.tile_overlap else 'false'}",                    # kTileOverlap
                 f"{'true' if self.drop_packed else 'false'}",                     # kDropPacked
-                f"{'true' if self.drop_early else 'false'}"]                      # kDropEarly last
+                f"{int(self.drop_early)}"]                                        # kDropEarly last
         used = (15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
@@ -496,7 +502,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
-                self.rescale_first, self.tile_overlap, self.drop_packed, self.drop_early)
+                self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early))
 
     def _problems(self) -> list[str]:
         out = []
@@ -587,6 +593,11 @@ class Sm90FwdConfig(KernelConfig):
                                   or self.lazy_rescale or self.fold_cap):
             out.append("tile_overlap with window / softcap / ALiBi / dropout (or their softmax variants) "
                        "is not implemented: plain calls only")
+        if self.drop_early not in (0, 1, 2):
+            out.append(f"drop_early must be 0 (off), 1 (byte signs) or 2 (fragment masks), got {self.drop_early}")
+        if self.drop_early == 2 and self.BN > DROP_EARLY_MASKS_BN:
+            out.append(f"drop_early 2 (fragment masks, BN / 4 registers held across the softmax) at "
+                       f"BN={self.BN}: ptxas spills above BN {DROP_EARLY_MASKS_BN} (nvcc 13.0)")
         if self.drop_early and not self.drop_packed:
             out.append("drop_early applies its keep flags to P's packed fragments (kDropEarly): it "
                        "needs drop_packed")
@@ -824,7 +835,7 @@ class Sm90Forward(Family):
             # how dropout is applied (the same mask, the same bits): the module's switch for configs
             # without it (tuned tables carry no dropout), or the config's own; off without dropout
             config = config.replace(drop_packed=packed)
-        early = packed and (config.drop_early or config.head_dim in DROPOUT_EARLY)
+        early = (config.drop_early or DROPOUT_EARLY.get(config.head_dim, 0)) if packed else 0
         if config.drop_early != early:   # likewise (DROPOUT_EARLY), on drop_packed only
             config = config.replace(drop_early=early)
         # the softmax variants (speed knobs): fold_cap only with softcap, neither with dropout,
