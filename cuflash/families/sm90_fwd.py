@@ -835,7 +835,10 @@ class Sm90Forward(Family):
             # how dropout is applied (the same mask, the same bits): the module's switch for configs
             # without it (tuned tables carry no dropout), or the config's own; off without dropout
             config = config.replace(drop_packed=packed)
-        early = (config.drop_early or DROPOUT_EARLY.get(config.head_dim, 0)) if packed else 0
+        # (DROPOUT_EARLY for dropout alone, fixed lengths: the kernels with window / softcap / ALiBi
+        # / varlen next to it are unchecked for registers)
+        early = (config.drop_early or (DROPOUT_EARLY.get(config.head_dim, 0)
+                                       if tuple(problem.features) == ("dropout",) else 0)) if packed else 0
         if config.drop_early != early:   # likewise (DROPOUT_EARLY), on drop_packed only
             config = config.replace(drop_early=early)
         # the softmax variants (speed knobs): fold_cap only with softcap, neither with dropout,
@@ -917,6 +920,8 @@ class Sm90Forward(Family):
                 bn, tma_store = 160, True
         if "dropout" in problem.features:   # (with a window too: window_tiles' BN is no wider)
             bn = min(bn, DROPOUT_BN[d])
+            if DROPOUT_EARLY.get(d) == 2 and tuple(problem.features) == ("dropout",):
+                bn = min(bn, DROP_EARLY_MASKS_BN)   # the fragment masks' registers
             if HEURISTIC_DYNAMIC and DROPOUT_DYNAMIC and tuple(problem.features) == ("dropout",):
                 persistent = dynamic = True   # (no TMA store: it spills with dropout at d128)
         feature_call = bool(problem.features) and "dropout" not in problem.features \
