@@ -197,3 +197,20 @@ def test_varlen_small_head_dims_rank(monkeypatch):
         assert choose(p, (9, 0), "", 227 * 1024)[1].family == ("sm90_bwd" if sm90_bwd.VARLEN_BWD else "fa2_bwd")
     big = Problem("bwd", "bf16", 4, 2048, 2048, 16, 16, 128, True, features=("varlen",))
     assert fam.rank(big) >= 0
+
+
+@pytest.mark.parametrize("form", [1, 2])
+def test_dropout_early_switch(monkeypatch, form):
+    """DROPOUT_EARLY {128: form}: dropout alone at d128 takes it (form 2 at DROP_EARLY_MASKS_BN), a
+    mix (a window too) or varlen does not; every config valid."""
+    monkeypatch.setattr(sm90_fwd, "DROPOUT_EARLY", {128: form})
+    for causal in (False, True):
+        p = drop_problem(causal)
+        cfg = FAM.for_problem(FAM.heuristic(p, (9, 0)), p)
+        assert cfg.drop_early == form and not cfg.problems(227 * 1024), cfg.name
+        assert cfg.BN == (sm90_fwd.DROP_EARLY_MASKS_BN if form == 2 else sm90_fwd.DROPOUT_BN[128])
+        mix = p.replace(features=("dropout", "window"), window=(256, 0))
+        mcfg = FAM.for_problem(FAM.heuristic(mix, (9, 0)), mix)
+        assert mcfg.drop_early == 0 and mcfg.drop_packed
+    d64 = drop_problem(d=64)
+    assert FAM.for_problem(FAM.heuristic(d64, (9, 0)), d64).drop_early == 0
