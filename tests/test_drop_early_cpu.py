@@ -214,3 +214,13 @@ def test_dropout_early_switch(monkeypatch, form):
         assert mcfg.drop_early == 0 and mcfg.drop_packed
     d64 = drop_problem(d=64)
     assert FAM.for_problem(FAM.heuristic(d64, (9, 0)), d64).drop_early == 0
+
+
+def test_drop_early_bn_limits():
+    """Form 1 up to DROP_EARLY_SIGNS_BN, form 2 up to DROP_EARLY_MASKS_BN; a wider dropout config
+    (drop_packed's BN 192, forced) keeps drop_early 0 under DROPOUT_EARLY."""
+    p = drop_problem(False)
+    heur = FAM.for_problem(FAM.heuristic(p), p)
+    wide = FAM.for_problem(heur.replace(BN=192, drop_early=0), p)
+    assert wide.drop_packed and wide.drop_early == 0 and not wide.problems(227 * 1024)
+    assert any("drop_early 1" in w for w in wide.replace(drop_early=1).problems(227 * 1024))

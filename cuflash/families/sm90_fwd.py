@@ -121,12 +121,20 @@ DROPOUT_PACKED_BN = {128: 192}
 # Whether drop_packed calls draw the keep mask early (drop_early, kDropEarly; kernels_cu/
 # dropout_packed.cuh): P_j's Philox rounds in the wait for S_j's wgmma, the keep flags as byte signs
 # (one register per 4 elements), a permute and an AND per two elements after the packing. The same
-# mask bit for bit. {head dim (of DROPOUT_PACKED's): form (1 byte signs, 2 fragment masks)}; empty
-# until measured on the H100.
-DROPOUT_EARLY: dict = {}
+# mask bit for bit. {head dim (of DROPOUT_PACKED's): form (1 byte signs, 2 fragment masks)}. Measured
+# on the H100 (session 17 round 1, tests/sm90_dropout_timing.py --quick, bf16 d128 8k, 2 x 16 heads,
+# p 0.1, x the plain call of the same process, full / causal): forward drop_packed 1.524 / 1.477,
+# form 1 (BN 160) 1.456 / 1.397, form 2 (BN 128) 1.444 / 1.411; forward + backward 1.595 / 1.581 ->
+# 1.543 / 1.571 (form 1), 1.569 / 1.551 (form 2). Form 1 at d128: the softmax section's instruction
+# count fell from 948 to 695 (plain 622) but the time only 4-5%: the Philox rounds still run on the
+# consumer warps.
+DROPOUT_EARLY: dict = {128: 1}
 # The widest BN of drop_early 2 (the fragment masks: BN / 4 registers from the wait for S_j to the
 # packing): d128 BN 160 spilled 16 bytes, BN 128 none (nvcc 13.0, sm_90a).
 DROP_EARLY_MASKS_BN = 128
+# ... and of drop_early 1 (the byte signs, BN / 8 registers): BN 160 compiles without spills at d128;
+# wider is unchecked (drop_packed's BN 192, a forced config's: the byte signs' registers on top).
+DROP_EARLY_SIGNS_BN = 160
 # The dynamic scheduler (``dynamic``, kDynamic): bytes of K and V that a section of the tile order
 # keeps in L2 (the H100 has 50 MB; FA3 sizes its sections by 32 MB too), and the shared memory
 # its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
@@ -595,6 +603,9 @@ class Sm90FwdConfig(KernelConfig):
                        "is not implemented: plain calls only")
         if self.drop_early not in (0, 1, 2):
             out.append(f"drop_early must be 0 (off), 1 (byte signs) or 2 (fragment masks), got {self.drop_early}")
+        if self.drop_early == 1 and self.BN > DROP_EARLY_SIGNS_BN:
+            out.append(f"drop_early 1 (byte signs) at BN={self.BN}: checked up to BN {DROP_EARLY_SIGNS_BN} "
+                       "(no spills, nvcc 13.0)")
         if self.drop_early == 2 and self.BN > DROP_EARLY_MASKS_BN:
             out.append(f"drop_early 2 (fragment masks, BN / 4 registers held across the softmax) at "
                        f"BN={self.BN}: ptxas spills above BN {DROP_EARLY_MASKS_BN} (nvcc 13.0)")
@@ -837,8 +848,12 @@ class Sm90Forward(Family):
             config = config.replace(drop_packed=packed)
         # (DROPOUT_EARLY for dropout alone, fixed lengths: the kernels with window / softcap / ALiBi
         # / varlen next to it are unchecked for registers)
-        early = (config.drop_early or (DROPOUT_EARLY.get(config.head_dim, 0)
-                                       if tuple(problem.features) == ("dropout",) else 0)) if packed else 0
+        early = config.drop_early
+        if packed and not early and tuple(problem.features) == ("dropout",):
+            early = DROPOUT_EARLY.get(config.head_dim, 0)
+            if config.BN > {0: config.BN, 1: DROP_EARLY_SIGNS_BN, 2: DROP_EARLY_MASKS_BN}[early]:
+                early = 0   # a wider tile than the form is built for (a tuned or forced config's BN)
+        early = early if packed else 0
         if config.drop_early != early:   # likewise (DROPOUT_EARLY), on drop_packed only
             config = config.replace(drop_early=early)
         # the softmax variants (speed knobs): fold_cap only with softcap, neither with dropout,
