@@ -83,7 +83,9 @@ struct KeepSwar {
 // each, here instead of after the packing, for twice the registers). Then pinned (asm volatile, as
 // reg_fence pins accumulators) so that ptxas computes them here, in the wait for S_j's wgmma, and not
 // among the softmax's instructions that follow the wait.
-template <int kBlocks, int kWords>
+// kRounds: the mask's (kPhiloxRounds); 0 only in sm90_fwd's timing form (kDropEarly 3: the counter as
+// the "random" words, not the canonical mask) that measures what the rounds cost.
+template <int kBlocks, int kWords, int kRounds = kPhiloxRounds>
 __device__ __forceinline__ void draw_keep_flags(const Dropout& dropout, const KeepSwar& swar,
                                                 u32 (&keep)[kBlocks][4][kWords], int bh, int query0, int key0,
                                                 int g, int t) {
@@ -94,7 +96,7 @@ __device__ __forceinline__ void draw_keep_flags(const Dropout& dropout, const Ke
     asm volatile("" : "+r"(col0) :: "memory");
 #pragma unroll
     for (int blk = 0; blk < kBlocks; ++blk) {
-        const PhiloxWords w = dropout.draw(bh, query0 + g, col0 + 32 * blk);
+        const PhiloxWords w = dropout.template draw<kRounds>(bh, query0 + g, col0 + 32 * blk);
 #pragma unroll
         for (int ct = 0; ct < 4; ++ct) {
             const u32 signs = swar.signs(w.w[ct]);

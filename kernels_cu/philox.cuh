@@ -96,10 +96,12 @@ struct Dropout {
     }
     // The call that covers element (row, col) of head bh (the canonical counter above): its
     // 16 keep bytes, those of rows g, g + 8 and columns 8w + 2t + e of the 16 x 32 block.
+    // (kRounds: the mask's; another count only for timing what the rounds cost: dropout_packed.cuh)
+    template <int kRounds = kPhiloxRounds>
     __host__ __device__ __forceinline__ PhiloxWords draw(int bh, int row, int col) const {
         const u32 c0 = 4u * (static_cast<u32>(col) / 32u) + (static_cast<u32>(col) % 8u) / 2u;
         const u32 c1 = 8u * (static_cast<u32>(row) / 16u) + static_cast<u32>(row) % 8u;
-        return philox4x32<kPhiloxRounds>(c0, c1, static_cast<u32>(bh), offset_lo, k0, k1);
+        return philox4x32<kRounds>(c0, c1, static_cast<u32>(bh), offset_lo, k0, k1);
     }
     // Whether byte b (0..3) of a word keeps its element.
     __host__ __device__ __forceinline__ bool keeps(u32 word, int b) const {

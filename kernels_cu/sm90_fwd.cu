@@ -154,7 +154,9 @@
 //              depends on coordinates only) and leave the keep flags (dropout_packed.cuh
 //              draw_keep_flags): 1, as byte signs, one register per 4 elements, and after pack_p a
 //              permute and an AND per two elements; 2, as the fragment words' masks, one register
-//              per 2 elements, and an AND per two. The same mask, the same bits. 0 (the default):
+//              per 2 elements, and an AND per two. The same mask, the same bits. 3: form 1 with the
+//              counters for Philox words (no rounds), NOT the mask: timing only (what the rounds
+//              cost; refused by the config unless sm90_fwd.py DROP_EARLY_TIMING). 0 (the default):
 //              the code of the kernel before it existed
 //   kTreeMax   the online softmax's step with shorter dependency chains (softmax_tree.cuh: both
 //              rows' maxima as pairwise trees, their shuffles side by side, two partial row sums),
@@ -438,8 +440,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                   "kLazyRescale / kFoldCap run no dropout, and the software exp2 only with kFoldCap (softmax_fold.cuh)");
     static_assert(!kDropPacked || (kDropout && !kPSmem),
                   "kDropPacked applies dropout to P's A fragments in registers: it needs kDropout, not kPSmem");
-    static_assert(kDropEarly >= 0 && kDropEarly <= 2 && (!kDropEarly || kDropPacked),
-                  "kDropEarly (0, 1, 2) applies its keep flags to P's packed fragments: it needs kDropPacked");
+    static_assert(kDropEarly >= 0 && kDropEarly <= 3 && (!kDropEarly || kDropPacked),
+                  "kDropEarly (0..3) applies its keep flags to P's packed fragments: it needs kDropPacked");
     static_assert(!kRescaleFirst || !(kLazyRescale || kFoldCap),
                   "kRescaleFirst rescales O every step: not with kLazyRescale / kFoldCap");
     static_assert(!kAlibiLinear || (kAlibi && !kSoftcap && !kDropout && kEmuExp2 == 0 && !kVarlen && !kTreeMax),
@@ -854,8 +856,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             // wait), applied after the packing (drop_packed): dropout_packed.cuh
             u32 keep_flags[kDropEarly ? kBN / 32 : 1][4][kDropEarly == 2 ? 2 : 1];
             auto draw_early = [&](int j) {
-                if constexpr (kDropEarly)
-                    draw_keep_flags(dropout, swar, keep_flags, at.batch * p.nheads + at.head, warp_row0,
+                if constexpr (kDropEarly)   // (3: form 1 without the Philox rounds, for timing only)
+                    draw_keep_flags<kBN / 32, kDropEarly == 2 ? 2 : 1, kDropEarly == 3 ? 0 : kPhiloxRounds>(
+                        dropout, swar, keep_flags, at.batch * p.nheads + at.head, warp_row0,
                                     (n_end - 1 - j) * kBN, g, t);
             };
             auto drop_packed = [&](int j) {

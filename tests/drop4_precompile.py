@@ -18,6 +18,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--timing", action="store_true", help="also sm90_dropout_timing.py's d128 kernels")
     ap.add_argument("--quick", action="store_true", help="with --timing: sm90_dropout_timing.py --quick's")
+    ap.add_argument("--rounds-cost", action="store_true", help="with --timing: its --rounds-cost form too")
     ap.add_argument("--masks", action="store_true",
                     help="also test_sm90_dropout_gpu.py's mask and cross-family tests' kernels")
     args = ap.parse_args()
@@ -48,7 +49,7 @@ def main():
                 plain = Problem(op, "bf16", b, s, s, h, h, d, causal)
                 for p in (plain, plain.replace(features=("dropout",), dropout_p=timing.P)):
                     todo.append(choose_on_device(p, 0)[1])
-            todo += timing.fwd_configs(d, causal, b, s, h, quick=args.quick) + timing.bwd_variants(d, causal, b, s, h)
+            todo += timing.fwd_configs(d, causal, b, s, h, quick=args.quick, rounds_cost=args.rounds_cost) + timing.bwd_variants(d, causal, b, s, h)
     todo = list(dict.fromkeys(todo))
     t0 = time.time()
     res = precompile(todo, 0, processes=min(16, os.cpu_count() or 1))

@@ -57,7 +57,7 @@ def cases(args):
             yield d, causal, max(1, 16384 // s), s, h
 
 
-def fwd_configs(d, causal, b, s, h, variants=False, quick=False):
+def fwd_configs(d, causal, b, s, h, variants=False, quick=False, rounds_cost=False):
     """The dropout forwards to time: sm90_fwd's heuristic (DROPOUT_BN), the same with the other
     schedule (a CTA per tile, or the persistent grid with the dynamic scheduler, which plain
     calls run); with ``variants`` also its other BNs that pass problems() (no spills, multiples
@@ -73,7 +73,10 @@ def fwd_configs(d, causal, b, s, h, variants=False, quick=False):
                 other = other.replace(BN=sm90_fwd.DROP_EARLY_MASKS_BN)
             if form != heur.drop_early and not other.problems(227 * 1024):
                 out.append(other)
-    if quick:   # the heuristic and its other mask form only
+    if rounds_cost and heur.drop_packed:   # drop_early 3: form 1 without the Philox rounds (NOT the mask)
+        sm90_fwd.DROP_EARLY_TIMING = True
+        out.append(heur.replace(drop_early=3))
+    if quick:   # the heuristic and its other mask forms only
         return out
     for sched in (dict(persistent=False, dynamic=False), dict(persistent=True, dynamic=True)):
         other = heur.replace(tma_store=False, **sched)
@@ -129,6 +132,9 @@ def main():
     ap.add_argument("--causal", choices=("yes", "no", "both"), default="both")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default="")
+    ap.add_argument("--rounds-cost", action="store_true",
+                    help="also the drop_early 3 timing form (form 1 without the Philox rounds: not the "
+                         "dropout mask), which measures what the rounds cost")
     ap.add_argument("--quick", action="store_true",
                     help="the dropout forward's heuristic and its other mask form only (no other schedules)")
     ap.add_argument("--variants", action="store_true",
@@ -142,7 +148,7 @@ def main():
             plain = Problem(op, "bf16", b, s, s, h, h, d, causal)
             for p in (plain, plain.replace(features=("dropout",), dropout_p=P)):
                 todo.append(choose_on_device(p, 0)[1])
-        todo += fwd_configs(d, causal, b, s, h, args.variants, args.quick) + bwd_variants(d, causal, b, s, h)
+        todo += fwd_configs(d, causal, b, s, h, args.variants, args.quick, args.rounds_cost) + bwd_variants(d, causal, b, s, h)
     precompile(list(dict.fromkeys(todo)), 0, processes=min(16, os.cpu_count() or 1))
 
     rows = []
@@ -189,7 +195,7 @@ def main():
                    "cudnn": lambda: run(lambda: sdpa(q, k, v, causal, 0.0)),
                    "cudnn_drop": lambda: run(lambda: sdpa(q, k, v, causal, P))}
             op_names = dict(names)
-            for i, cfg in enumerate(fwd_configs(d, causal, b, s, h, args.variants, args.quick)[1:]):
+            for i, cfg in enumerate(fwd_configs(d, causal, b, s, h, args.variants, args.quick, args.rounds_cost)[1:]):
                 fns[f"v{i}"] = (lambda cfg=cfg: run(lambda: cuflash.flash_attn_func(
                     q, k, v, P, causal=causal, config=cfg)))
                 op_names[f"v{i}"] = ("cuflash", cfg.name)

@@ -224,3 +224,13 @@ def test_drop_early_bn_limits():
     wide = FAM.for_problem(heur.replace(BN=192, drop_early=0), p)
     assert wide.drop_packed and wide.drop_early == 0 and not wide.problems(227 * 1024)
     assert any("drop_early 1" in w for w in wide.replace(drop_early=1).problems(227 * 1024))
+
+
+def test_timing_form_is_refused_unless_asked(monkeypatch):
+    """drop_early 3 (form 1 without the Philox rounds: not the mask) only with DROP_EARLY_TIMING."""
+    p = drop_problem(False)
+    heur = FAM.for_problem(FAM.heuristic(p), p)
+    assert any("timing form" in w for w in heur.replace(drop_early=3).problems(227 * 1024))
+    monkeypatch.setattr(sm90_fwd, "DROP_EARLY_TIMING", True)
+    three = heur.replace(drop_early=3)
+    assert not three.problems(227 * 1024) and three.name.endswith("_dpe3") and three.kernel_name().endswith(", 3>")

@@ -132,6 +132,9 @@ DROPOUT_EARLY: dict = {128: 1}
 # The widest BN of drop_early 2 (the fragment masks: BN / 4 registers from the wait for S_j to the
 # packing): d128 BN 160 spilled 16 bytes, BN 128 none (nvcc 13.0, sm_90a).
 DROP_EARLY_MASKS_BN = 128
+# drop_early 3: form 1 with the Philox counters for words (no rounds): NOT the dropout mask, a timing
+# form that measures what the rounds cost (tests/sm90_dropout_timing.py --rounds-cost sets this).
+DROP_EARLY_TIMING = False
 # ... and of drop_early 1 (the byte signs, BN / 8 registers): BN 160 compiles without spills at d128;
 # wider is unchecked (drop_packed's BN 192, a forced config's: the byte signs' registers on top).
 DROP_EARLY_SIGNS_BN = 160
@@ -601,9 +604,10 @@ class Sm90FwdConfig(KernelConfig):
                                   or self.lazy_rescale or self.fold_cap):
             out.append("tile_overlap with window / softcap / ALiBi / dropout (or their softmax variants) "
                        "is not implemented: plain calls only")
-        if self.drop_early not in (0, 1, 2):
-            out.append(f"drop_early must be 0 (off), 1 (byte signs) or 2 (fragment masks), got {self.drop_early}")
-        if self.drop_early == 1 and self.BN > DROP_EARLY_SIGNS_BN:
+        if self.drop_early not in (0, 1, 2) and not (self.drop_early == 3 and DROP_EARLY_TIMING):
+            out.append(f"drop_early must be 0 (off), 1 (byte signs) or 2 (fragment masks), got {self.drop_early}"
+                       " (3: a timing form, not the mask: DROP_EARLY_TIMING)")
+        if self.drop_early in (1, 3) and self.BN > DROP_EARLY_SIGNS_BN:
             out.append(f"drop_early 1 (byte signs) at BN={self.BN}: checked up to BN {DROP_EARLY_SIGNS_BN} "
                        "(no spills, nvcc 13.0)")
         if self.drop_early == 2 and self.BN > DROP_EARLY_MASKS_BN:
