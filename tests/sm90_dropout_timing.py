@@ -14,7 +14,8 @@ philox.cuh's 32-key layout) and fa2_fwd's dropout forward, and SDPA cuDNN with a
 dropout, forward, backward alone (torch.autograd.grad of one retained forward) and forward +
 backward. The dropout forward's other form of the keep mask (drop_early, sm90_fwd DROPOUT_EARLY:
 the Philox rounds in the wait for S_j) is timed next to the heuristic's wherever it applies
-(drop_packed head dims), both forms (1: byte signs, 2: fragment masks). "x plain" is ms / the plain cuflash call's ms of the same op. Every kernel is compiled first, in
+(drop_packed head dims), its forms (1: byte signs, 2: fragment masks; non-causal: 4, drawn by the
+producer warpgroup, on the static grid, next to form 1 on that grid). "x plain" is ms / the plain cuflash call's ms of the same op. Every kernel is compiled first, in
 parallel; samples are CUDA events, interleaved (cuflash.timing.time_interleaved), median.
 Not a test.
 """
@@ -73,6 +74,10 @@ def fwd_configs(d, causal, b, s, h, variants=False, quick=False, rounds_cost=Fal
                 other = other.replace(BN=sm90_fwd.DROP_EARLY_MASKS_BN)
             if form != heur.drop_early and not other.problems(227 * 1024):
                 out.append(other)
+    if heur.drop_packed and not causal:   # drop_early 4 (the producer warpgroup draws), static grid
+        four = heur.replace(drop_early=4, dynamic=False)
+        if not four.problems(227 * 1024):
+            out += [four, heur.replace(dynamic=False)]   # (and its form 1 twin on the same grid)
     if rounds_cost and heur.drop_packed:   # drop_early 3: form 1 without the Philox rounds (NOT the mask)
         sm90_fwd.DROP_EARLY_TIMING = True
         out.append(heur.replace(drop_early=3))

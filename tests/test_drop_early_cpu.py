@@ -139,6 +139,9 @@ def test_drop_early_instantiations_compile_without_spills():
     cfgs = [FAM.for_problem(FAM.heuristic(p), p).replace(drop_early=form, **bn)
             for p in (drop_problem(True), drop_problem(False))
             for form, bn in ((1, {}), (2, dict(BN=sm90_fwd.DROP_EARLY_MASKS_BN)))]
+    # form 4 (the producer warpgroup draws): the static grid, non-causal
+    cfgs.append(FAM.for_problem(FAM.heuristic(drop_problem(False)), drop_problem(False)).replace(
+        drop_early=4, dynamic=False))
     with ThreadPoolExecutor(max_workers=2) as pool:
         reports = list(pool.map(lambda c: nvcc_compile([c], "sm_90a", NVCC)[0], cfgs))
     bad = [f"{c.name}: {r}" for c, r in zip(cfgs, reports)
@@ -234,3 +237,14 @@ def test_timing_form_is_refused_unless_asked(monkeypatch):
     monkeypatch.setattr(sm90_fwd, "DROP_EARLY_TIMING", True)
     three = heur.replace(drop_early=3)
     assert not three.problems(227 * 1024) and three.name.endswith("_dpe3") and three.kernel_name().endswith(", 3>")
+
+
+def test_drop_early_producer_form_rules():
+    """drop_early 4: the static tile order, 2 consumers, non-causal; its shared memory counted."""
+    p = drop_problem(False)
+    heur = FAM.for_problem(FAM.heuristic(p), p)
+    four = heur.replace(drop_early=4, dynamic=False)
+    assert not four.problems(227 * 1024) and four.name.endswith("_dpk_dpe4")
+    assert four.smem_bytes == heur.replace(dynamic=False).smem_bytes + 2 * 128 * 5 * 16 + 2 * 16 + 16
+    for bad in (dict(dynamic=True), dict(causal=True)):
+        assert any("drop_early 4" in w for w in four.replace(**bad).problems(227 * 1024)), bad

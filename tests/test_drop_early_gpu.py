@@ -12,7 +12,8 @@
   ds_double, dq_early, dk_late, frag_pin) within 3x the error of plain low-precision attention's
   gradients against the float64 reference with the mirror's mask.
 
-10 compiles: forward drop_early (form 1 at the heuristic's BN, 2 at BN 128) and drop_packed at each (BN 128: full only), and the deterministic dropout backward, causal and not;
+12 compiles: forward drop_early (form 1 at the heuristic's BN, 2 at BN 128, 4 on the static grid:
+full only) and drop_packed at each (BN 128 and the static grid: full only), and the deterministic dropout backward, causal and not;
 sm90_bwd's dropout backward with the plain speed flags (sm90_bwd DROPOUT_PLAIN, non-causal)
 (tests/drop4_precompile.py compiles them in parallel first)."""
 import pytest
@@ -43,6 +44,8 @@ def configs(causal, form=1):
         from cuflash.families.sm90_fwd import DROP_EARLY_MASKS_BN
 
         heur = heur.replace(BN=DROP_EARLY_MASKS_BN)
+    if form == 4:   # the producer warpgroup draws: the static tile order (both forms compared)
+        heur = heur.replace(dynamic=False)
     early, packed = heur.replace(drop_early=form), heur.replace(drop_early=0)
     assert not early.problems(227 * 1024) and not packed.problems(227 * 1024)
     bp = problem.replace(op="bwd", deterministic=True)
@@ -71,7 +74,7 @@ def plain_bwd():
 
 def all_configs():
     """Every kernel this file runs (tests/drop4_precompile.py compiles them first)."""
-    out = [*configs(False, 1), *configs(False, 2), *configs(True, 1), configs(True, 2)[0]]
+    out = [*configs(False, 1), *configs(False, 2), *configs(True, 1), configs(True, 2)[0], *configs(False, 4)[:2]]
     return list(dict.fromkeys(out)) + [plain_bwd()]
 
 
@@ -79,7 +82,7 @@ MASK_CASES = [(2, 200, 300, 4, 2, False), (1, 300, 177, 3, 1, True)]   # (b, sq,
 
 
 @pytest.mark.usefixtures("poison_outputs")
-@pytest.mark.parametrize("form", [1, 2])
+@pytest.mark.parametrize("form", [1, 2, 4])
 @pytest.mark.parametrize("case", MASK_CASES, ids=lambda c: "b{}_s{}x{}_h{}x{}_{}".format(
     *c[:5], "causal" if c[5] else "full"))
 def test_drop_early_mask_is_the_mirrors(case, form):
@@ -90,6 +93,8 @@ def test_drop_early_mask_is_the_mirrors(case, form):
 
     require_sm90()
     b, sq, sk, h, h_kv, causal = case
+    if form == 4 and causal:
+        pytest.skip("drop_early 4: non-causal only")
     early = configs(causal, form)[0]
     got = read_mask((b, sq, h, 128), (b, sk, h_kv, 128), torch.bfloat16, causal, early)
     visible = visible_of(sq, sk, causal)
@@ -100,7 +105,7 @@ def test_drop_early_mask_is_the_mirrors(case, form):
 
 
 @pytest.mark.usefixtures("poison_outputs")
-@pytest.mark.parametrize("form", [1, 2])
+@pytest.mark.parametrize("form", [1, 2, 4])
 @pytest.mark.parametrize("p_drop", [0.001, 0.6, 0.999])
 def test_drop_early_mask_at_the_thresholds_edges(p_drop, form):
     """threshold 0 (all kept), 154 (>= 128: the AND form) and 256 (nothing kept)."""
@@ -123,7 +128,7 @@ SHAPES = [(2, 113, 113, 4, 4), (1, 17, 1023, 4, 1), (1, 2049, 1023, 2, 2), (3, 1
 
 
 @pytest.mark.usefixtures("poison_outputs")
-@pytest.mark.parametrize("form", [1, 2])
+@pytest.mark.parametrize("form", [1, 2, 4])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_s{}x{}_h{}x{}".format(*s))
 def test_drop_early_equals_drop_packed_bit_for_bit(shape, causal, form):
@@ -135,6 +140,8 @@ def test_drop_early_equals_drop_packed_bit_for_bit(shape, causal, form):
     b, sq, sk, h, h_kv = shape
     if form == 2 and causal:
         pytest.skip("form 2's causal kernel: the mask tests (the BN 128 drop_packed twin compiled for the full mask only)")
+    if form == 4 and causal:
+        pytest.skip("drop_early 4: non-causal only")
     early, packed, bwd = configs(causal, form)
     gen = torch.Generator(device="cuda").manual_seed(sq * 7919 + sk)
     q = torch.randn(b, sq, h, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()

@@ -383,8 +383,9 @@ class Sm90FwdConfig(KernelConfig):
     drop_early: (drop_packed only) P_j's Philox rounds drawn in the wait for S_j's wgmma, the keep
                flags held and applied after the packing (kDropEarly, dropout_packed.cuh
                draw_keep_flags): 1 as byte signs (a permute and an AND per two elements after the
-               packing), 2 as the fragment masks (an AND per two; twice the registers); 0 off. The same
-               mask and bits. Set with drop_packed by for_problem from DROPOUT_EARLY (a config's own
+               packing), 2 as the fragment masks (an AND per two; twice the registers); 4 form 1's
+               flags drawn by the producer warpgroup's warps 1-3 into shared memory (gen_bytes; not
+               with dynamic or varlen); 0 off. The same mask and bits. Set with drop_packed by for_problem from DROPOUT_EARLY (a config's own
                value kept), never tuned
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
@@ -454,7 +455,14 @@ class Sm90FwdConfig(KernelConfig):
         and 1024 bytes to align the base (as the kernel's Sm90FwdShape::kSmemBytes)."""
         return ((self.BM + 2 * self.stages * self.BN) * self.smem_cols * 2 + 8 * (2 + 4 * self.stages)
                 + (SCHED_RING_BYTES if self.dynamic else 0) + self.o_stage_bytes + self.p_tile_bytes
-                + (self.BM * self.smem_cols * 2 + 16 if self.q_double else 0) + 1024)
+                + (self.BM * self.smem_cols * 2 + 16 if self.q_double else 0) + self.gen_bytes + 1024)
+
+    @property
+    def gen_bytes(self) -> int:
+        """drop_early 4's drawn keep flags (16 bytes per consumer thread and 32-key block), their
+        mbarriers (2 per consumer warpgroup) and 16 bytes of alignment (kernel: Sm90FwdShape
+        kGenAllBytes); 0 otherwise."""
+        return self.consumers * 128 * (self.BN // 32) * 16 + 16 * self.consumers + 16 if self.drop_early == 4 else 0
 
     @property
     def o_stage_bytes(self) -> int:
@@ -604,10 +612,16 @@ class Sm90FwdConfig(KernelConfig):
                                   or self.lazy_rescale or self.fold_cap):
             out.append("tile_overlap with window / softcap / ALiBi / dropout (or their softmax variants) "
                        "is not implemented: plain calls only")
-        if self.drop_early not in (0, 1, 2) and not (self.drop_early == 3 and DROP_EARLY_TIMING):
-            out.append(f"drop_early must be 0 (off), 1 (byte signs) or 2 (fragment masks), got {self.drop_early}"
-                       " (3: a timing form, not the mask: DROP_EARLY_TIMING)")
-        if self.drop_early in (1, 3) and self.BN > DROP_EARLY_SIGNS_BN:
+        if self.drop_early not in (0, 1, 2, 4) and not (self.drop_early == 3 and DROP_EARLY_TIMING):
+            out.append(f"drop_early must be 0 (off), 1 (byte signs), 2 (fragment masks) or 4 (drawn by the "
+                       f"producer warpgroup), got {self.drop_early} (3: a timing form, not the mask: "
+                       "DROP_EARLY_TIMING)")
+        if self.drop_early == 4 and (self.dynamic or self.varlen or self.causal or self.window
+                                     or self.consumers != 2):
+            out.append("drop_early 4 (the producer warpgroup draws the keep flags): the static tile order "
+                       "only (not with dynamic or varlen), 2 consumer warpgroups, no causal / window mask "
+                       "(the causal kernel spilled 4 bytes in the drawing loop, nvcc 13.0)")
+        if self.drop_early in (1, 3, 4) and self.BN > DROP_EARLY_SIGNS_BN:
             out.append(f"drop_early 1 (byte signs) at BN={self.BN}: checked up to BN {DROP_EARLY_SIGNS_BN} "
                        "(no spills, nvcc 13.0)")
         if self.drop_early == 2 and self.BN > DROP_EARLY_MASKS_BN:
@@ -855,7 +869,7 @@ class Sm90Forward(Family):
         early = config.drop_early
         if packed and not early and tuple(problem.features) == ("dropout",):
             early = DROPOUT_EARLY.get(config.head_dim, 0)
-            if config.BN > {0: config.BN, 1: DROP_EARLY_SIGNS_BN, 2: DROP_EARLY_MASKS_BN}[early]:
+            if config.BN > {0: config.BN, 1: DROP_EARLY_SIGNS_BN, 2: DROP_EARLY_MASKS_BN, 4: DROP_EARLY_SIGNS_BN}[early]:
                 early = 0   # a wider tile than the form is built for (a tuned or forced config's BN)
         early = early if packed else 0
         if config.drop_early != early:   # likewise (DROPOUT_EARLY), on drop_packed only
