@@ -103,7 +103,7 @@ def new_instantiations():
     160 with the TMA store) and the folded softcap with emu_exp2 1 / 2."""
     out = []
     for causal in (True, False):
-        drop = heuristic(problem(("dropout",), causal, dropout_p=0.1)).replace(drop_packed=True)
+        drop = heuristic(problem(("dropout",), causal, dropout_p=0.1)).replace(drop_packed=True, drop_early=0)
         out += [drop, drop.replace(BN=192), drop.replace(BN=160, tma_store=True)]
         cap = heuristic(problem(("softcap",), causal, softcap=30.0))
         out += [cap.replace(emu_exp2=1), cap.replace(emu_exp2=2)]
