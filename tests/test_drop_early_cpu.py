@@ -185,21 +185,24 @@ def test_dropout_plain_flags_bwd_compiles_without_spills():
 
 
 def test_varlen_small_head_dims_rank(monkeypatch):
-    """sm90_bwd VARLEN_SMALL_D: off, the varlen backward at d <= 96 ranks below fa2_bwd (selection
-    runs fa2_bwd); on, as the dense one (the 2-consumer tiles)."""
+    """sm90_bwd VARLEN_SMALL_D ({64}: measured faster than fa2_bwd): the varlen backward at d <= 64 ranks
+    above fa2_bwd, at 65..96 below it; with the set empty both below (fa2_bwd)."""
     from cuflash.families import sm90_bwd
     from cuflash.select import choose
 
     fam = registry.get("sm90_bwd")
-    for d in (64, 96):
-        p = Problem("bwd", "bf16", 4, 2048, 2048, 16, 16, d, True, features=("varlen",))
-        monkeypatch.setattr(sm90_bwd, "VARLEN_SMALL_D", False)
-        assert fam.rank(p) < 0 and choose(p, (9, 0), "", 227 * 1024)[1].family == "fa2_bwd"
-        monkeypatch.setattr(sm90_bwd, "VARLEN_SMALL_D", True)
-        assert fam.rank(p) >= 0
-        assert choose(p, (9, 0), "", 227 * 1024)[1].family == ("sm90_bwd" if sm90_bwd.VARLEN_BWD else "fa2_bwd")
-    big = Problem("bwd", "bf16", 4, 2048, 2048, 16, 16, 128, True, features=("varlen",))
+    p64 = Problem("bwd", "bf16", 4, 2048, 2048, 16, 16, 64, True, features=("varlen",))
+    p96 = p64.replace(head_dim=96)
+    assert fam.rank(p64) >= 0 and fam.rank(p96) < 0
+    assert choose(p64, (9, 0), "", 227 * 1024)[1].family == ("sm90_bwd" if sm90_bwd.VARLEN_BWD else "fa2_bwd")
+    assert choose(p96, (9, 0), "", 227 * 1024)[1].family == "fa2_bwd"
+    monkeypatch.setattr(sm90_bwd, "VARLEN_SMALL_D", frozenset())
+    assert fam.rank(p64) < 0 and choose(p64, (9, 0), "", 227 * 1024)[1].family == "fa2_bwd"
+    monkeypatch.setattr(sm90_bwd, "VARLEN_SMALL_D", frozenset({64, 96}))
+    assert fam.rank(p96) >= 0
+    big = p64.replace(head_dim=128)
     assert fam.rank(big) >= 0
+    assert fam.rank(p64.replace(features=("dropout", "varlen"), dropout_p=0.1)) < 0   # (features: fa2_bwd)
 
 
 @pytest.mark.parametrize("form", [1, 2])

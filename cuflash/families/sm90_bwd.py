@@ -263,13 +263,15 @@ HEURISTIC_STAGES3 = frozenset()
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
 DROPOUT_BY_DEFAULT = True
-# Whether rank() puts the varlen backward at head dims <= 96 above fa2_bwd (as the dense one: the
-# 2-consumer tiles, d64's BM 128 and d96 on the d128 kernel). Off: the varlen backward at d64 was
-# timed only with the one-consumer BM64 BN64 tile it had before (1.0-1.14x fa2_bwd's time, results/
-# NVIDIA_H100_80GB_HBM3/sm90_varlen_timing.json, configs ..._BM64_BN64_s2_c1_...); the 2-consumer
-# tiles' varlen kernels are built and tested (tests/test_sm90_varlen_gpu.py) but not yet timed:
-# tests/sm90_varlen_timing.py --hdims 64 96 --bwd-only.
-VARLEN_SMALL_D = False
+# The head dims <= 96 at which rank() puts the varlen backward above fa2_bwd (as the dense one: the
+# 2-consumer tiles), by kernel head dim: 64 (head dims <= 64, the BM 128 tile) and 96 (65..96, the
+# d128 kernel). Before, the varlen backward at d64 was timed only with the one-consumer BM64 BN64
+# tile (1.0-1.14x fa2_bwd's time). Measured on the H100 (session 17 round 2, tests/sm90_varlen_timing.py
+# --hdims 64 --bwd-only, bf16, 16k tokens, 32 heads): the BM 128 tile's varlen backward in 0.71x /
+# 0.71x fa2_bwd's time (mixed lengths 512..8k, full / causal) and 0.86x / 0.91x (short, 64..1k);
+# its correctness: tests/test_sm90_varlen_gpu.py (d64 forced). 96: not timed, fa2_bwd. Plain varlen calls
+# only (the features' varlen backwards at d64 keep fa2_bwd: not timed).
+VARLEN_SMALL_D: frozenset = frozenset({64})
 # Whether a dropout call (dropout alone, head dim 128, non-causal, unordered, fixed lengths) runs the
 # plain heuristic's speed flags (DROPOUT_PLAIN_FLAGS: the dynamic scheduler, ds_double, dq_early,
 # dk_late, frag_pin with dq_writer), the one set of them that ptxas builds without spills next to the
@@ -788,8 +790,10 @@ class Sm90Backward(Family):
         if "dropout" in problem.features and not DROPOUT_BY_DEFAULT:
             return -1
         d = problem.head_dim
-        if "varlen" in problem.features and d <= 96 and not VARLEN_SMALL_D:
-            return -1   # varlen at d <= 96: fa2_bwd until the 2-consumer tiles are timed (VARLEN_SMALL_D)
+        if "varlen" in problem.features and d <= 96 and not (
+                tuple(problem.features) == ("varlen",) and (64 if d <= 64 else 96) in VARLEN_SMALL_D):
+            return -1   # varlen at d <= 96: fa2_bwd where the 2-consumer tiles are not timed (VARLEN_SMALL_D:
+            #             plain varlen calls; with window / softcap / ALiBi / dropout fa2_bwd as before)
         if d > 128:
             above = D256_ABOVE_FA2 if d > 192 else D192_ABOVE_FA2
         else:
