@@ -1169,7 +1169,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             // registers at a time: keep_bits_transposed), off the path from Sᵀ to dK, dV. With softcap
             // or ALiBi: before Sᵀ's accumulators are live (and while Q_i may still be landing): there
             // the Philox rounds next to dK, dV and Sᵀ spill the d128 kernel (nvcc 13.0)
-            constexpr bool kDrawUnderS = kDropout && !kSoftcap && !kAlibi && !kDqEarly;
+            constexpr bool kDrawUnderS = kDropout && !kSoftcap && !kAlibi && !kWindow && !kDqEarly;
             u32 keep_bits = 0;
             static_assert(!kDropout || kSN / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
             if constexpr (kDropout && !kDrawUnderS)
