@@ -128,6 +128,11 @@ DROPOUT_PACKED_BN = {128: 192}
 # 1.543 / 1.571 (form 1), 1.569 / 1.551 (form 2). Form 1 at d128: the softmax section's instruction
 # count fell from 948 to 695 (plain 622) but the time only 4-5%: the Philox rounds still run on the
 # consumer warps.
+# Form 4 (the producer warpgroup's warps 1-3 draw, static grid): correct on the H100 (round 3:
+# tests/test_drop_early_gpu.py) but 2.225x the plain forward against form 1's 1.449x on the same grid
+# (full, 8k): three warps of 40 registers do not draw a block's 1280 calls within a step, so the
+# consumers wait for them. Form 3 (no rounds, timing only): 1.122x / 1.077x (full / causal): the
+# rounds are the overhead; their home is still open.
 DROPOUT_EARLY: dict = {128: 1}
 # The widest BN of drop_early 2 (the fragment masks: BN / 4 registers from the wait for S_j to the
 # packing): d128 BN 160 spilled 16 bytes, BN 128 none (nvcc 13.0, sm_90a).
