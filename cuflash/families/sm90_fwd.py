@@ -187,6 +187,17 @@ HEURISTIC_TILE_OVERLAP: frozenset = frozenset()
 # (a tuner verifies every config before timing it, but a kernel that hangs would stop the tune).
 TILE_OVERLAP_IN_SPACE = False
 SCHED_RING_BYTES = 8 * 4 + 4 * 2
+# stream_tail (kStreamTail, kernels_cu/sm90_tail.cuh): the static persistent plain non-causal schedule
+# with its last stretch (the last n_tiles - G·(n_tiles // G - 1) tiles on G CTAs) cut by K/V blocks into
+# equal ranges, a tile cut in two joined through fp32 partials. The ideal gain is the last wave's idle
+# share: 1024 tiles on 132 SMs (every d256 non-causal cell of the benchmark at BM 128, and d128 at 2k:
+# 2048 tiles, 15.5 waves) run ceil(7.76) = 8 tiles per CTA where 7.76 would do: 3% (d128 2k: 3%).
+# The (head dim, seqlen bucket) classes of plain non-causal calls that take it (measured: the GPU round
+# of session 17, tests/sm90_fwd_cells_timing.py rows "st*"); empty until measured.
+HEURISTIC_STREAM_TAIL: frozenset = frozenset()
+# The most CTAs a stream_tail launch has (its grid is min(tiles, SMs, this)): the partials' slots, one per
+# CTA (an H100 has 132 SMs). Partials per slot: (head_dim / 8 + 1) float4 per consumer thread.
+STREAM_TAIL_MAX_CTAS = 144
 # Calls with window / softcap / ALiBi (no dropout, fixed lengths): the schedule and softmax
 # variants the heuristic gives them, each switched on only by a measurement of
 # tests/features_overhead_timing.py (bf16 d128 8k batch 2 x 16 heads, causal and not, against the
@@ -360,6 +371,12 @@ class Sm90FwdConfig(KernelConfig):
                elements, where the fp32 form compares and selects per element); the same mask and
                bits. Set with dropout by for_problem from DROPOUT_PACKED (by head dim; a config's own
                True kept), never tuned
+    stream_tail: the static persistent schedule with a balanced tail (kStreamTail,
+               kernels_cu/sm90_tail.cuh): the last stretch of tiles cut by K/V blocks into equal
+               ranges per CTA, the tiles cut in two merged through fp32 partials (the plan's zeroed
+               buffers, ``zeroed_counters``: per CTA slot (head_dim / 8 + 1) · 16 bytes per consumer
+               thread, 19 MB at d256 with 2 consumers); plain non-causal calls, fixed lengths, static
+               persistent, not with tile_overlap (HEURISTIC_STREAM_TAIL)
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
@@ -392,6 +409,7 @@ class Sm90FwdConfig(KernelConfig):
     rescale_first: bool = False
     tile_overlap: bool = False
     drop_packed: bool = False
+    stream_tail: bool = False
     section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
@@ -413,7 +431,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{name_suffix(self)}{'_varlen' if self.varlen else ''}{'_lazy' if self.lazy_rescale else ''}"
                 f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}"
                 f"{'_tov' if self.tile_overlap else ''}"
-                f"{'_dpk' if self.drop_packed else ''}")
+                f"{'_dpk' if self.drop_packed else ''}{'_st' if self.stream_tail else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -469,8 +487,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.alibi_lin else 'false'}",                       # kAlibiLinear
                 f"{'true' if self.rescale_first else 'false'}",                   # kRescaleFirst
                 f"{'true' if self.tile_overlap else 'false'}",                    # kTileOverlap
-                f"{'true' if self.drop_packed else 'false'}"]                     # kDropPacked last
-        used = (14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{'true' if self.drop_packed else 'false'}",                     # kDropPacked
+                f"{'true' if self.stream_tail else 'false'}"]                     # kStreamTail last
+        used = (15 if self.stream_tail else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -485,7 +504,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
-                self.rescale_first, self.tile_overlap, self.drop_packed)
+                self.rescale_first, self.tile_overlap, self.drop_packed, self.stream_tail)
 
     def _problems(self) -> list[str]:
         out = []
@@ -579,6 +598,15 @@ class Sm90FwdConfig(KernelConfig):
         if self.drop_packed and (not self.dropout or self.p_smem):
             out.append("drop_packed applies dropout's keep mask to P's packed fragments in registers "
                        "(kDropPacked): it needs dropout, and not p_smem")
+        if self.stream_tail and not (self.persistent and not self.dynamic):
+            out.append("stream_tail needs the static persistent schedule (its pieces are fixed per CTA)")
+        if self.stream_tail and (self.causal or self.varlen or self.tile_overlap):
+            out.append("stream_tail is for non-causal fixed-length calls without tile_overlap (every tile "
+                       "must have the same K/V blocks: kernels_cu/sm90_tail.cuh)")
+        if self.stream_tail and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
+                                 or self.lazy_rescale or self.fold_cap or self.alibi_lin):
+            out.append("stream_tail with window / softcap / ALiBi / dropout (or their softmax variants) "
+                       "is not implemented: plain calls only")
         if self.section < 0 or self.section > MAX_SECTION:
             out.append(f"section must be 0 (the L2 rule) or 1..{MAX_SECTION} KV heads, got {self.section}")
         elif self.section and not self.dynamic:
@@ -731,6 +759,35 @@ def sched_section(problem: Problem, kv_heads: int = 0) -> int:
     return max(1, min(kv_heads * group, problem.nheads * problem.batch))
 
 
+def stream_tail_buffers(config) -> dict:
+    """{params field: int32 count} of stream_tail's buffers (kernels_cu/sm90_tail.cuh): a flag per (slot,
+    consumer thread) and the fp32 partials, (head_dim / 8 + 1) float4 per (slot, consumer thread); a
+    slot per CTA, STREAM_TAIL_MAX_CTAS at most."""
+    threads = 128 * config.consumers
+    return {"tail_flags": STREAM_TAIL_MAX_CTAS * threads,
+            "tail_partial": STREAM_TAIL_MAX_CTAS * (config.head_dim // 8 + 1) * threads * 4}
+
+
+def stream_tail_pieces(n_tiles: int, n: int, grid: int) -> list:
+    """The host mirror of Sm90TailSchedule (kernels_cu/sm90_tail.cuh), for tests and tools: per CTA
+    (blockIdx.x) the list of its pieces (tile, jb, je), in order."""
+    waves = n_tiles // grid
+    dp_end = n_tiles if n == 0 else grid * (waves - 1)
+    units = (n_tiles - dp_end) * n
+    out = []
+    for b in range(grid):
+        pieces = [(t, 0, n) for t in range(b, dp_end, grid)]
+        r = grid - 1 - b
+        u, u_end = units * r // grid, units * (r + 1) // grid
+        while u < u_end:
+            t, jb = dp_end + u // n, u % n
+            je = min(n, jb + u_end - u)
+            pieces.append((t, jb, je))
+            u += je - jb
+        out.append(pieces)
+    return out
+
+
 def sectioned_tile(tile: int, m_blocks: int, nheads: int, n_hb: int, section: int) -> tuple:
     """(m_block, head, batch) of tile number ``tile`` in the dynamic scheduler's order: the host
     mirror of sm90_sectioned_tile (kernels_cu/sm90_fwd.cu), for tests and tools."""
@@ -822,6 +879,8 @@ class Sm90Forward(Family):
             config = config.replace(rescale_first=False)
         if config.tile_overlap and (problem.features or problem.seqlen_k == 0 or problem.seqlen_q == 0):
             config = config.replace(tile_overlap=False)   # likewise; and without keys no S_0 to issue
+        if config.stream_tail and (problem.features or problem.causal):
+            config = config.replace(stream_tail=False)    # likewise (plain non-causal calls only)
         if config.alibi_lin and (tuple(f for f in problem.features if f != "window") != ("alibi",)
                                  or config.emu_exp2 or config.tree_max):
             config = config.replace(alibi_lin=False)   # a speed knob: ALiBi alone (a window may join)
@@ -836,7 +895,7 @@ class Sm90Forward(Family):
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
-                               "tile_overlap", "drop_packed") and not v))
+                               "tile_overlap", "drop_packed", "stream_tail") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -923,6 +982,9 @@ class Sm90Forward(Family):
                 and problem.bucket >= HEURISTIC_NC_MIN_BUCKET and cfg.persistent and not cfg.dynamic
                 and not cfg.tma_store):
             cfg = cfg.replace(tile_overlap=True)   # the next tile's S_0 behind the last P V
+        if ((d, problem.bucket) in HEURISTIC_STREAM_TAIL and not problem.features and not problem.causal
+                and cfg.persistent and not cfg.dynamic and not cfg.tile_overlap):
+            cfg = cfg.replace(stream_tail=True)    # the last stretch balanced by K/V blocks
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
             fold = SOFTCAP_FOLD.get(d, 0)
@@ -950,6 +1012,8 @@ class Sm90Forward(Family):
         if tiles >= 2 ** 31:
             raise ValueError(f"batch * nheads * seqlen_q: too many Q blocks for one launch ({tiles})")
         grid = (min(tiles, sm_count) if config.persistent else tiles, 1, 1)
+        if getattr(config, "stream_tail", False):   # one partials slot per CTA (STREAM_TAIL_MAX_CTAS)
+            grid = (min(grid[0], STREAM_TAIL_MAX_CTAS), 1, 1)
         return [LaunchSpec("main", grid, config.threads, config.smem_bytes)]
 
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
@@ -963,14 +1027,18 @@ class Sm90Forward(Family):
                     **dropout_params(problem), tile_counter=0,
                     sched_section=sched_section(problem, config.section) if config.dynamic else 1,
                     cu_seqlens_q=0, cu_seqlens_k=0, total_q=total_q,
-                    softcap_fixed_m=softcap_fixed_m(problem) if config.fold_cap >= 3 else 2.0)
+                    softcap_fixed_m=softcap_fixed_m(problem) if config.fold_cap >= 3 else 2.0,
+                    tail_flags=0, tail_partial=0)
 
     def zeroed_counters(self, config, problem: Problem) -> dict:
         """{params field: int32 count} of the counters a plan keeps between calls, zeroed once when
         the plan allocates them (cuflash.launch.Plan) and reset to 0 by the kernel itself: the
         dynamic scheduler's tile counter. One buffer per CUDA stream (cuflash.launch.StreamCounters),
         so calls of one plan on two streams may overlap without mixing their claims."""
-        return {"tile_counter": 1} if config.dynamic else {}
+        out = {"tile_counter": 1} if config.dynamic else {}
+        if getattr(config, "stream_tail", False):
+            out.update(stream_tail_buffers(config))
+        return out
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
         """What cuflash.launch.Plan runs on every call after writing the pointers: the tensor
