@@ -34,11 +34,12 @@
 // 32 float4 are one 512-byte line) and one float4 (m row g, m row g + 8, l row g, l row g + 8),
 // l the thread's own columns' sum (quad_sum comes in the epilogue, as without the split).
 // Flag (s, c) is set to 1 by the writer thread (red.release: after its stores) and read by the
-// finisher thread with ld.acquire, which then reads the partial through L2 (ld.global.cg) and
+// finisher thread with ld.acquire, which then reads the partial through L2 (ld.global.cg, ptx_sm90_tail.cuh) and
 // sets the flag back to 0 for the next launch (a launch on the same stream runs after this one).
 #pragma once
 #include "ptx.cuh"
 #include "softmax.cuh"
+#include "ptx_sm90_tail.cuh"
 
 namespace cuflash {
 
@@ -112,10 +113,10 @@ struct Sm90TailPartials {
     __device__ __forceinline__ void merge(int slot, int c, float (&o)[1][kOCols / 8][4], float (&m)[1][2],
                                           float (&l)[1][2], float scale_log2) const {
         int* flag = flags + slot * kCThreads + c;
-        while (ld_acquire_gpu(flag) == 0) __nanosleep(32);   // (written long before: the writer's first piece)
+        while (ld_acquire_gpu(flag) == 0) nanosleep_ns(32);   // (written long before: the writer's first piece)
         *flag = 0;
         const float4* src = partial + i64(slot) * kSlotFloat4s + c;
-        const float4 ml = __ldcg(src + (kOCols / 8) * kCThreads);
+        const float4 ml = ld_cg_float4(src + (kOCols / 8) * kCThreads);
         const float m_part[2] = {ml.x, ml.y}, l_part[2] = {ml.z, ml.w};
         float mine[2], theirs[2];
 #pragma unroll
@@ -129,7 +130,7 @@ struct Sm90TailPartials {
         }
 #pragma unroll
         for (int nt = 0; nt < kOCols / 8; ++nt) {
-            const float4 x = __ldcg(src + nt * kCThreads);
+            const float4 x = ld_cg_float4(src + nt * kCThreads);
             o[0][nt][0] = o[0][nt][0] * mine[0] + x.x * theirs[0];
             o[0][nt][1] = o[0][nt][1] * mine[0] + x.y * theirs[0];
             o[0][nt][2] = o[0][nt][2] * mine[1] + x.z * theirs[1];
