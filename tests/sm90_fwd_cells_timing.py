@@ -168,6 +168,21 @@ def stream_tail_test_configs():
     return out
 
 
+def fp8_configs(cells):
+    """The configs tests/fp8_timing.py --ignore-stamps chooses for these cells (e4m3 and bf16)."""
+    from cuflash import _gpu, select
+    from cuflash.problem import Problem
+
+    select.stale_reasons = lambda entry, stamp: []
+    out = []
+    for d, c, s in (x.split(":") for x in cells.split(",")):
+        d, c, s = int(d), bool(int(c)), int(s)
+        for dtype in ("bf16", "e4m3"):
+            p = Problem("fwd", dtype, max(1, 16384 // s), s, s, 2048 // d, 2048 // d, d, c)
+            out.append(select.choose(p, _gpu.arch(), _gpu.name(), _gpu.max_smem())[1])
+    return out
+
+
 def order_check(reps):
     """The bench's callables (cuflash.bench.common: family_choices + op_callable, SDPA_IMPLS) timed
     in the fixed order, rotated and shuffled; rows of x cuDNN per regime."""
@@ -212,6 +227,9 @@ def main():
                     help="also compile tests/test_sm90_tile_overlap_gpu.py's kernels")
     ap.add_argument("--with-st-tests", action="store_true",
                     help="also compile tests/test_sm90_stream_tail_gpu.py's kernels")
+    ap.add_argument("--with-fp8", default="",
+                    help="also compile tests/fp8_timing.py's kernels of these cells, d:causal:seqlen,... "
+                         "(its tuned e4m3 entries, stamps ignored as its --ignore-stamps)")
     ap.add_argument("--tuner-check", action="store_true",
                     help="also time each cell's heuristic through tuning.measure.GpuMeasure in both modes")
     ap.add_argument("--order", default="shuffle", choices=["shuffle", "rotate", "fixed"],
@@ -248,6 +266,8 @@ def main():
     if args.with_st_tests:
         have = {c.kernel_name() for c in kernels if hasattr(c, "kernel_name")}
         kernels += [c for c in stream_tail_test_configs() if c.kernel_name() not in have]
+    if args.with_fp8:
+        kernels += fp8_configs(args.with_fp8)
     failed = [(c.name, e[-1500:]) for c, _, e in precompile(kernels) if e]
     print(f"compiled {len(kernels)} kernels in {time.time() - t0:.0f} s", flush=True)
     assert not failed, failed
