@@ -134,3 +134,49 @@ def test_kernels_compile_without_spills_or_serialization():
     assert 5 <= len(cfgs) <= 12
     for c, r in zip(cfgs, nvcc_compile(cfgs, "sm_90a")):
         assert r.spill_stores == 0 and r.spill_loads == 0 and not r.warnings, (c.name, r)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+def test_device_schedule_matches_the_mirror(tmp_path):
+    """kernels_cu/sm90_tail.cuh's Sm90TailSchedule, compiled for the host (g++, gridDim / blockIdx as
+    globals), gives every CTA the pieces of stream_tail_pieces (a mismatch would hang a finisher)."""
+    import subprocess
+
+    from cuflash.compile import kernel_dir
+
+    text = (kernel_dir() / "sm90_tail.cuh").read_text()
+    struct = re.search(r"struct Sm90TailSchedule \{.*?\n\};\n", text, re.S).group(0)
+    cases = [(1024, 26, 132), (2048, 13, 132), (272, 26, 132), (160, 1, 132), (144, 2, 132), (133, 7, 132),
+             (4, 26, 4), (1000, 0, 132), (300, 3, 7), (265, 1, 132), (816, 26, 132)]
+    src = tmp_path / "sched.cpp"
+    src.write_text("""#include <cstdio>
+#include <algorithm>
+#define __device__
+#define __forceinline__ inline
+using std::min;
+typedef long long i64;
+struct Dim { int x; } gridDim, blockIdx;
+""" + struct + """
+int main() {
+    int n_tiles, n, grid;
+    while (std::scanf("%d %d %d", &n_tiles, &n, &grid) == 3) {
+        gridDim.x = grid;
+        for (int b = 0; b < grid; ++b) {
+            blockIdx.x = b;
+            Sm90TailSchedule s(n_tiles, n);
+            std::printf("%d:", b);
+            for (int t = s.first(); t < n_tiles; t = s.next(t)) std::printf(" %d,%d,%d", t, s.jb, s.je);
+            std::printf("\\n");
+        }
+    }
+}
+""")
+    exe = tmp_path / "sched"
+    subprocess.run(["g++", "-std=c++17", "-O1", "-o", str(exe), str(src)], check=True)
+    out = subprocess.run([str(exe)], input="".join(f"{a} {b} {c}\n" for a, b, c in cases), capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    want = []
+    for n_tiles, n, grid in cases:
+        for b, pieces in enumerate(stream_tail_pieces(n_tiles, n, grid)):
+            want.append(f"{b}:" + "".join(f" {t},{jb},{je}" for t, jb, je in pieces))
+    assert out == want
