@@ -497,7 +497,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         }
     };
     // kStreamTail: the CTA's pieces (sm90_tail.cuh), the same on the producer's and the consumers' side
-    Sm90TailSchedule sched(n_tiles, kStreamTail ? kv_blocks(0) : 0);
+    Sm90TailSchedule sched(n_tiles, p.tail_n, p.tail_dp_end, p.tail_q, p.tail_rem, p.tail_magic, p.tail_shift);
     auto first_tile = [&]() { return kStreamTail ? sched.first() : int(blockIdx.x); };
     // a piece's loop blocks: n_end and n_blocks of its tile narrowed to [jb, je) (the loop's block
     // j is the tile's jb + j, block index n_end - 1 - j)
@@ -794,10 +794,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         if (kTileOverlap || n_blocks > 0) {   // (kTileOverlap: non-causal with keys, every tile has blocks)
             // the CTA's last turn: the last tile with keys ends it (Pingpong: end(true))
             bool last_tile = !kDynamic;
-            if constexpr (kStreamTail) {
-                Sm90TailSchedule peek = sched;             // (every piece has keys)
-                last_tile = peek.next(tile) >= n_tiles;
-            } else if constexpr (!kDynamic)
+            if constexpr (kStreamTail)
+                last_tile = sched.last(tile);              // (every piece has keys)
+            else if constexpr (!kDynamic)
                 for (int next = tile + gridDim.x; next < n_tiles && last_tile; next += gridDim.x)
                     last_tile = kv_blocks(next) == 0;
             // S_j has landed: release K_j (the S GEMM was its only reader) and, after the

@@ -44,44 +44,56 @@
 namespace cuflash {
 
 // The CTA's pieces in order: next() returns the next piece's tile (n_tiles when done) and sets jb,
-// je, the piece's loop blocks [jb, je) of its tile (a whole tile: 0, n).
+// je, the piece's loop blocks [jb, je) of its tile (a whole tile: 0, n). Every value is the same in
+// all threads of the CTA and derives from the params, gridDim and blockIdx by adds, multiplies and
+// compares only, so the compiler keeps the schedule, and with it the ring's iteration counters and
+// the wgmma descriptors built from them, in uniform registers: with the divisions of a first
+// version (the stretch's ranges, u / n) they went to per-thread registers, and every wgmma of the
+// kernel waited for R2UR moves of its descriptor (13-17% slower, session 17 round 1). The host
+// (cuflash/families/sm90_fwd.py stream_tail_params) computes the divisions instead:
+//   dp_end   tiles [0, dp_end) run data parallel (G (n_tiles / G - 1); n_tiles without keys)
+//   q, rem   the stretch's S·n units per range: q, and one more for the first rem ranges
+//   magic, shift  x / n = (x · magic) >> shift for 0 <= x < 2^31 (magic = ceil(2^shift / n),
+//            shift = 31 + ceil(log2 n): the error x (magic - 2^shift / n) / 2^shift < 2^-s <= 1 / n
+//            never carries floor(x / n) over; the host keeps S·n < 2^31)
 struct Sm90TailSchedule {
     int n_tiles;    // tiles of the launch
     int n;          // K/V blocks of every tile (0: no keys, every tile data parallel)
-    int dp_end;     // tiles [0, dp_end) run data parallel
+    int dp_end;
+    u32 magic;
+    int shift;
     int jb = 0, je = 0;
-    bool streaming = false;
-    i64 u = 0, u_end = 0;   // the CTA's stream units still to run, (tile - dp_end)·n + j
+    int u = 0, left = 0;   // the CTA's next stream unit, (tile - dp_end)·n + j, and the units left
 
-    __device__ __forceinline__ Sm90TailSchedule(int n_tiles_, int n_) : n_tiles(n_tiles_), n(n_) {
-        const int grid = int(gridDim.x);
-        const int waves = n_tiles / grid;                  // >= 1
-        dp_end = n == 0 ? n_tiles : grid * (waves - 1);
-        const i64 units = i64(n_tiles - dp_end) * n;
+    __device__ __forceinline__ Sm90TailSchedule(int n_tiles_, int n_, int dp_end_, int q, int rem, int magic_,
+                                                int shift_)
+        : n_tiles(n_tiles_), n(n_), dp_end(dp_end_), magic(u32(magic_)), shift(shift_) {
         const int r = range();
-        u = units * r / grid;
-        u_end = units * (r + 1) / grid;
+        u = r * q + min(r, rem);
+        left = q + (r < rem ? 1 : 0);
     }
     // this CTA's range of the stream stretch (reversed: header)
     __device__ __forceinline__ int range() const { return int(gridDim.x) - 1 - int(blockIdx.x); }
+    __device__ __forceinline__ int div_n(int x) const { return int((u64(u32(x)) * magic) >> shift); }
     __device__ __forceinline__ int first() { return next(int(blockIdx.x) - int(gridDim.x)); }
+    // (a stream tile plus the grid is past dp_end: once in the stretch, the stride never leads back)
     __device__ __forceinline__ int next(int tile) {
-        if (!streaming) {
-            const int t = tile + int(gridDim.x);
-            if (t < dp_end) {
-                jb = 0;
-                je = n;
-                return t;
-            }
-            streaming = true;
+        const int t = tile + int(gridDim.x);
+        if (t < dp_end) {
+            jb = 0;
+            je = n;
+            return t;
         }
-        if (u >= u_end) return n_tiles;
-        const int t = dp_end + int(u / n);
-        jb = int(u % n);
-        je = int(min(i64(n), i64(jb) + (u_end - u)));
+        if (left <= 0) return n_tiles;
+        const int i = div_n(u);
+        jb = u - i * n;
+        je = min(n, jb + left);
         u += je - jb;
-        return t;
+        left -= je - jb;
+        return dp_end + i;
     }
+    // whether the piece of `tile` (the one next() returned last) is the CTA's last
+    __device__ __forceinline__ bool last(int tile) const { return tile + int(gridDim.x) >= dp_end && left <= 0; }
     // the current piece's role
     __device__ __forceinline__ bool writer() const { return jb > 0; }
     __device__ __forceinline__ bool finisher() const { return jb == 0 && je < n; }
@@ -113,7 +125,10 @@ struct Sm90TailPartials {
     __device__ __forceinline__ void merge(int slot, int c, float (&o)[1][kOCols / 8][4], float (&m)[1][2],
                                           float (&l)[1][2], float scale_log2) const {
         int* flag = flags + slot * kCThreads + c;
-        while (ld_acquire_gpu(flag) == 0) nanosleep_ns(32);   // (written long before: the writer's first piece)
+        // (written long before: the writer's first piece). The warp waits as one (a vote per round):
+        // a per-thread spin is a divergent loop, after which ptxas kept the ring's counters and the
+        // wgmma descriptors of the whole tile loop in per-thread registers (R2UR before every wgmma)
+        while (!__all_sync(0xffffffffu, ld_acquire_gpu(flag) != 0)) nanosleep_ns(32);
         *flag = 0;
         const float4* src = partial + i64(slot) * kSlotFloat4s + c;
         const float4 ml = ld_cg_float4(src + (kOCols / 8) * kCThreads);

@@ -73,7 +73,7 @@ CANDIDATES = {
 # (head dim, causal, seqlen) -> the rows of that cell, bf16 (rows equal to the heuristic's config or an
 # earlier row's, or invalid, are left out)
 CELLS = {
-    (256, False, 2048): ("heur", "st", "st_pp", "tov"),
+    (256, False, 2048): ("heur", "st", "tov"),
     (256, False, 4096): ("heur", "st"),
     (256, False, 8192): ("heur", "st"),
     (256, False, 16384): ("heur", "st"),
@@ -85,7 +85,7 @@ CELLS = {
 # the fp16 cells' rows (fewer: the compile budget). tile_overlap (tov*, non-causal only): the version of
 # session 16's round B was serialized by ptxas (0.5-0.8x); these rows time the loop-rotated one
 FP16_CELLS = {
-    (256, False, 2048): ("heur", "st", "st_pp"),
+    (256, False, 2048): ("heur", "st"),
     (256, False, 4096): ("heur", "st"),
     (128, False, 2048): ("heur", "st"),
     (128, False, 16384): ("heur", "st"),

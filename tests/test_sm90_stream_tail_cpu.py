@@ -12,7 +12,7 @@ import pytest
 
 from cuflash import registry
 from cuflash.families import sm90_fwd
-from cuflash.families.sm90_fwd import Sm90FwdConfig, stream_tail_buffers, stream_tail_pieces
+from cuflash.families.sm90_fwd import Sm90FwdConfig, stream_tail_buffers, stream_tail_params, stream_tail_pieces
 from cuflash.problem import Problem
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -84,6 +84,7 @@ def test_field_name_template_and_encoding():
     (dict(causal=True), r"non-causal fixed-length"),
     (dict(varlen=True), r"non-causal fixed-length"),
     (dict(tile_overlap=True), r"non-causal fixed-length"),
+    (dict(pingpong=True), r"pingpong at head_dim=256 spills"),
     (dict(softcap=True), r"plain calls only"),
     (dict(dropout=True, BN=64), r"plain calls only"),
 ])
@@ -147,7 +148,8 @@ def test_device_schedule_matches_the_mirror(tmp_path):
     text = (kernel_dir() / "sm90_tail.cuh").read_text()
     struct = re.search(r"struct Sm90TailSchedule \{.*?\n\};\n", text, re.S).group(0)
     cases = [(1024, 26, 132), (2048, 13, 132), (272, 26, 132), (160, 1, 132), (144, 2, 132), (133, 7, 132),
-             (4, 26, 4), (1000, 0, 132), (300, 3, 7), (265, 1, 132), (816, 26, 132)]
+             (4, 26, 4), (1000, 0, 132), (300, 3, 7), (265, 1, 132), (816, 26, 132), (1024, 205, 132),
+             (2048, 94, 132), (1056, 1000, 132), (300, 12345, 144)]
     src = tmp_path / "sched.cpp"
     src.write_text("""#include <cstdio>
 #include <algorithm>
@@ -155,15 +157,17 @@ def test_device_schedule_matches_the_mirror(tmp_path):
 #define __forceinline__ inline
 using std::min;
 typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned long long u64;
 struct Dim { int x; } gridDim, blockIdx;
 """ + struct + """
 int main() {
-    int n_tiles, n, grid;
-    while (std::scanf("%d %d %d", &n_tiles, &n, &grid) == 3) {
+    int n_tiles, n, grid, dp_end, q, rem, magic, shift;
+    while (std::scanf("%d %d %d %d %d %d %d %d", &n_tiles, &n, &grid, &dp_end, &q, &rem, &magic, &shift) == 8) {
         gridDim.x = grid;
         for (int b = 0; b < grid; ++b) {
             blockIdx.x = b;
-            Sm90TailSchedule s(n_tiles, n);
+            Sm90TailSchedule s(n_tiles, n, dp_end, q, rem, magic, shift);
             std::printf("%d:", b);
             for (int t = s.first(); t < n_tiles; t = s.next(t)) std::printf(" %d,%d,%d", t, s.jb, s.je);
             std::printf("\\n");
@@ -173,10 +177,36 @@ int main() {
 """)
     exe = tmp_path / "sched"
     subprocess.run(["g++", "-std=c++17", "-O1", "-o", str(exe), str(src)], check=True)
-    out = subprocess.run([str(exe)], input="".join(f"{a} {b} {c}\n" for a, b, c in cases), capture_output=True,
+    def line(a, b, c):
+        tp = stream_tail_params(a, b, c)
+        return " ".join(str(x) for x in (a, b, c, tp["tail_dp_end"], tp["tail_q"], tp["tail_rem"], tp["tail_magic"],
+                                         tp["tail_shift"])) + "\n"
+
+    out = subprocess.run([str(exe)], input="".join(line(a, b, c) for a, b, c in cases), capture_output=True,
                          text=True, check=True).stdout.splitlines()
     want = []
     for n_tiles, n, grid in cases:
         for b, pieces in enumerate(stream_tail_pieces(n_tiles, n, grid)):
             want.append(f"{b}:" + "".join(f" {t},{jb},{je}" for t, jb, je in pieces))
     assert out == want
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 13, 26, 80, 205, 1000, 12345, 65535, 1 << 20, (1 << 24) + 1])
+def test_magic_division_is_exact(n):
+    import random
+
+    tp = stream_tail_params(132 * 2, n, 132) if n * 132 < 2 ** 31 else None
+    shift = 31 + (n - 1).bit_length()
+    magic = -(-(1 << shift) // n)
+    if tp is not None:
+        assert tp["tail_shift"] == shift and tp["tail_magic"] % 2 ** 32 == magic
+    rng = random.Random(n)
+    xs = [0, 1, n - 1, n, n + 1, 2 ** 31 - 1, 2 ** 31 - n] + [rng.randrange(2 ** 31) for _ in range(2000)]
+    for x in xs:
+        if 0 <= x < 2 ** 31:
+            assert (x * magic) >> shift == x // n, (x, n)
+
+
+def test_params_refuse_a_stretch_past_32_bits():
+    with pytest.raises(ValueError, match="2\\^31"):
+        stream_tail_params(264, 2 ** 24, 132)

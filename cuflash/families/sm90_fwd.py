@@ -600,6 +600,9 @@ class Sm90FwdConfig(KernelConfig):
                        "(kDropPacked): it needs dropout, and not p_smem")
         if self.stream_tail and not (self.persistent and not self.dynamic):
             out.append("stream_tail needs the static persistent schedule (its pieces are fixed per CTA)")
+        if self.stream_tail and self.pingpong and self.head_dim == 256:
+            out.append("stream_tail with pingpong at head_dim=256 spills 8 bytes (ptxas, nvcc 13.0); the d256 "
+                       "tiles run without pingpong")
         if self.stream_tail and (self.causal or self.varlen or self.tile_overlap):
             out.append("stream_tail is for non-causal fixed-length calls without tile_overlap (every tile "
                        "must have the same K/V blocks: kernels_cu/sm90_tail.cuh)")
@@ -768,17 +771,43 @@ def stream_tail_buffers(config) -> dict:
             "tail_partial": STREAM_TAIL_MAX_CTAS * (config.head_dim // 8 + 1) * threads * 4}
 
 
-def stream_tail_pieces(n_tiles: int, n: int, grid: int) -> list:
-    """The host mirror of Sm90TailSchedule (kernels_cu/sm90_tail.cuh), for tests and tools: per CTA
-    (blockIdx.x) the list of its pieces (tile, jb, je), in order."""
+def stream_tail_grid(tiles: int, sm_count: int) -> int:
+    """The persistent grid of a stream_tail launch: a CTA per SM, at most one per tile and
+    STREAM_TAIL_MAX_CTAS (the partials' slots)."""
+    return max(1, min(tiles, sm_count, STREAM_TAIL_MAX_CTAS))
+
+
+def stream_tail_params(n_tiles: int, n: int, grid: int) -> dict:
+    """params.tail_* of a stream_tail launch (kernels_cu/sm90_tail.cuh Sm90TailSchedule): the K/V blocks
+    per tile n, the data-parallel tiles, the stretch's units per range (q, and one more for the first
+    rem ranges) and the magic multiplier and shift of the division by n, so that the kernel's
+    schedule needs no division (which would move it out of the uniform registers)."""
     waves = n_tiles // grid
     dp_end = n_tiles if n == 0 else grid * (waves - 1)
     units = (n_tiles - dp_end) * n
+    if units >= 2 ** 31:
+        raise ValueError(f"stream_tail: {units} (tile, K/V block) units in the last stretch, more than the "
+                         "kernel's 32-bit schedule counts (2^31)")
+    magic = shift = 0
+    if n:
+        shift = 31 + (n - 1).bit_length()
+        magic = -(-(1 << shift) // n)
+        assert magic < 2 ** 32, (n, magic)
+    return {"tail_n": n, "tail_dp_end": dp_end, "tail_q": units // grid, "tail_rem": units % grid,
+            "tail_magic": magic - 2 ** 32 if magic >= 2 ** 31 else magic, "tail_shift": shift}
+
+
+def stream_tail_pieces(n_tiles: int, n: int, grid: int) -> list:
+    """The host mirror of Sm90TailSchedule (kernels_cu/sm90_tail.cuh), for tests and tools: per CTA
+    (blockIdx.x) the list of its pieces (tile, jb, je), in order."""
+    tp = stream_tail_params(n_tiles, n, grid)
+    dp_end, q, rem = tp["tail_dp_end"], tp["tail_q"], tp["tail_rem"]
     out = []
     for b in range(grid):
         pieces = [(t, 0, n) for t in range(b, dp_end, grid)]
         r = grid - 1 - b
-        u, u_end = units * r // grid, units * (r + 1) // grid
+        u = r * q + min(r, rem)
+        u_end = u + q + (1 if r < rem else 0)
         while u < u_end:
             t, jb = dp_end + u // n, u % n
             je = min(n, jb + u_end - u)
@@ -1013,7 +1042,7 @@ class Sm90Forward(Family):
             raise ValueError(f"batch * nheads * seqlen_q: too many Q blocks for one launch ({tiles})")
         grid = (min(tiles, sm_count) if config.persistent else tiles, 1, 1)
         if getattr(config, "stream_tail", False):   # one partials slot per CTA (STREAM_TAIL_MAX_CTAS)
-            grid = (min(grid[0], STREAM_TAIL_MAX_CTAS), 1, 1)
+            grid = (stream_tail_grid(tiles, sm_count), 1, 1)
         return [LaunchSpec("main", grid, config.threads, config.smem_bytes)]
 
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
@@ -1028,7 +1057,14 @@ class Sm90Forward(Family):
                     sched_section=sched_section(problem, config.section) if config.dynamic else 1,
                     cu_seqlens_q=0, cu_seqlens_k=0, total_q=total_q,
                     softcap_fixed_m=softcap_fixed_m(problem) if config.fold_cap >= 3 else 2.0,
-                    tail_flags=0, tail_partial=0)
+                    tail_flags=0, tail_partial=0, **self._tail_params(config, problem, sm_count))
+
+    def _tail_params(self, config, problem: Problem, sm_count: int) -> dict:
+        """params.tail_* (stream_tail_params) for a stream_tail config, zeros otherwise."""
+        if not getattr(config, "stream_tail", False):
+            return dict.fromkeys(("tail_n", "tail_dp_end", "tail_q", "tail_rem", "tail_magic", "tail_shift"), 0)
+        tiles = -(-problem.seqlen_q // config.BM) * problem.nheads * problem.batch
+        return stream_tail_params(tiles, -(-problem.seqlen_k // config.BN), stream_tail_grid(tiles, sm_count))
 
     def zeroed_counters(self, config, problem: Problem) -> dict:
         """{params field: int32 count} of the counters a plan keeps between calls, zeroed once when
