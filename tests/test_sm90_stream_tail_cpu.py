@@ -108,6 +108,9 @@ def test_buffers_grid_and_params():
     assert bufs == {"tail_flags": sm90_fwd.STREAM_TAIL_MAX_CTAS * 256,
                     "tail_partial": sm90_fwd.STREAM_TAIL_MAX_CTAS * 33 * 256 * 4}
     assert FAM.zeroed_counters(PLAIN, Problem("fwd", "bf16", 8, 2048, 2048, 8, 8, 256, False)) == {}
+    # a slot per CTA: fewer tiles than STREAM_TAIL_MAX_CTAS, fewer slots
+    assert FAM.zeroed_counters(ST, Problem("fwd", "bf16", 1, 113, 2048, 4, 4, 256, False)) == {
+        "tail_flags": 4 * 256, "tail_partial": 4 * 33 * 256 * 4}
     p = Problem("fwd", "bf16", 8, 2048, 2048, 8, 8, 256, False)
     assert FAM.launches(ST, p, 132)[0].grid == (132, 1, 1)
     assert FAM.launches(ST, p, 200)[0].grid == (sm90_fwd.STREAM_TAIL_MAX_CTAS, 1, 1)

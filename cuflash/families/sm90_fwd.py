@@ -192,9 +192,21 @@ SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # equal ranges, a tile cut in two joined through fp32 partials. The ideal gain is the last wave's idle
 # share: 1024 tiles on 132 SMs (every d256 non-causal cell of the benchmark at BM 128, and d128 at 2k:
 # 2048 tiles, 15.5 waves) run ceil(7.76) = 8 tiles per CTA where 7.76 would do: 3% (d128 2k: 3%).
-# The (head dim, seqlen bucket) classes of plain non-causal calls that take it (measured: the GPU round
-# of session 17, tests/sm90_fwd_cells_timing.py rows "st*"); empty until measured.
-HEURISTIC_STREAM_TAIL: frozenset = frozenset()
+# The (head dim, seqlen bucket) classes of plain non-causal calls that take it. Measured on the H100
+# (session 17, tests/sm90_fwd_cells_timing.py, dim 2048, batch x seqlen 16k, back to back, samples
+# interleaved in shuffled rounds, x SDPA cuDNN of the same rounds; results/NVIDIA_H100_80GB_HBM3/
+# stream_tail/), the heuristic's tile -> the same with stream_tail, bf16 (fp16):
+#   d128 2k 1.011 -> 1.027 (1.038 -> 1.053), 16k 1.057 -> 1.103 (1.051 -> 1.084);
+#   d256 2k 1.013 -> 1.003 (1.007 -> 0.999), 4k 1.040 -> 1.052 (1.042 -> 1.073), 8k 1.115 -> 1.119,
+#        16k 1.132 -> 1.147;
+#   ncu at locked clocks (one launch): d256 2k 476.0 -> 477.3 us, 4k 869.6 -> 862.6, d128 2k 490.0 -> 482.2.
+# d256 2k gains nothing: its pieces are 26 K/V blocks long, and the stretch's extra piece per CTA (a Q
+# load, a pipeline fill, the partial's store or merge) costs what the balanced tail saves (ideal 3%).
+# The first version (round 1: the schedule in per-thread registers, R2UR before every wgmma) was 10-17%
+# slower everywhere. Unmeasured buckets (d128 4k / 8k) and head dims keep the plain schedule. d64 2k
+# non-causal, static persistent with stream_tail against the dynamic heuristic: 1.046 -> 1.155 (bf16, one
+# round; fp16 and the static tile without stream_tail unmeasured): left off until measured in both dtypes.
+HEURISTIC_STREAM_TAIL: frozenset = frozenset({(128, 2048), (128, 16384), (256, 4096), (256, 8192), (256, 16384)})
 # The most CTAs a stream_tail launch has (its grid is min(tiles, SMs, this)): the partials' slots, one per
 # CTA (an H100 has 132 SMs). Partials per slot: (head_dim / 8 + 1) float4 per consumer thread.
 STREAM_TAIL_MAX_CTAS = 144
@@ -762,13 +774,14 @@ def sched_section(problem: Problem, kv_heads: int = 0) -> int:
     return max(1, min(kv_heads * group, problem.nheads * problem.batch))
 
 
-def stream_tail_buffers(config) -> dict:
+def stream_tail_buffers(config, tiles: int = STREAM_TAIL_MAX_CTAS) -> dict:
     """{params field: int32 count} of stream_tail's buffers (kernels_cu/sm90_tail.cuh): a flag per (slot,
     consumer thread) and the fp32 partials, (head_dim / 8 + 1) float4 per (slot, consumer thread); a
-    slot per CTA, STREAM_TAIL_MAX_CTAS at most."""
+    slot per CTA: at most one per tile and STREAM_TAIL_MAX_CTAS (the grid, stream_tail_grid, whatever
+    the GPU's SM count)."""
     threads = 128 * config.consumers
-    return {"tail_flags": STREAM_TAIL_MAX_CTAS * threads,
-            "tail_partial": STREAM_TAIL_MAX_CTAS * (config.head_dim // 8 + 1) * threads * 4}
+    slots = max(1, min(tiles, STREAM_TAIL_MAX_CTAS))
+    return {"tail_flags": slots * threads, "tail_partial": slots * (config.head_dim // 8 + 1) * threads * 4}
 
 
 def stream_tail_grid(tiles: int, sm_count: int) -> int:
@@ -1073,7 +1086,7 @@ class Sm90Forward(Family):
         so calls of one plan on two streams may overlap without mixing their claims."""
         out = {"tile_counter": 1} if config.dynamic else {}
         if getattr(config, "stream_tail", False):
-            out.update(stream_tail_buffers(config))
+            out.update(stream_tail_buffers(config, -(-problem.seqlen_q // config.BM) * problem.nheads * problem.batch))
         return out
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
