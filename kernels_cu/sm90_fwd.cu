@@ -218,6 +218,11 @@
 //              once-per-tile pipeline fill is hidden (short tiles, e.g. head dim 256 at 2k keys: 26
 //              blocks per tile). The next tile's first step then only waits for S_0. false (the
 //              default): the code of the kernel before it existed
+//   kStreamTail the static persistent plain non-causal kernel with a balanced tail (sm90_tail.cuh:
+//              the last n_tiles - G·(n_tiles / G - 1) tiles cut by K/V blocks into equal ranges
+//              per CTA, a tile cut in two joined through fp32 partials in params.tail_partial;
+//              a piece runs the tile loop below on its blocks [jb, je): n_end and n_blocks are the
+//              piece's). false (the default): the code of the kernel before it existed
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
@@ -234,6 +239,7 @@
 #include "varlen.cuh"
 #include "dropout_packed.cuh"
 #include "softmax_fold.cuh"
+#include "sm90_tail.cuh"
 
 namespace cuflash {
 
@@ -406,7 +412,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
-          bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0>
+          bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     // kDropEarly 4: one K/V block's keep flags, 16 bytes per consumer thread and 32-key block
@@ -469,6 +475,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                   "kRescaleFirst rescales O every step: not with kLazyRescale / kFoldCap");
     static_assert(!kAlibiLinear || (kAlibi && !kSoftcap && !kDropout && kEmuExp2 == 0 && !kVarlen && !kTreeMax),
                   "kAlibiLinear is ALiBi's bias alone (no softcap, dropout, emu_exp2, varlen, tree_max)");
+    static_assert(!kStreamTail || (kPersistent && !kDynamic && !kVarlen && !kTileOverlap && !kCausal && !kWindow
+                                   && !kSoftcap && !kAlibi && !kDropout && kEmuExp2 == 0 && !kLazyRescale
+                                   && kFoldCap == 0),
+                  "kStreamTail: the static persistent plain non-causal kernel (every tile has the same "
+                  "K/V blocks; sm90_tail.cuh)");
     Sm90TileRing<kConsumers> ring{smem + Shape::kRingOffset,
                                   reinterpret_cast<int*>(smem_raw + (smem - smem_u32(smem_raw)) +
                                                          Shape::kRingOffset + 32)};
@@ -516,6 +527,17 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                               - tile_mask.template kv_block_begin<kBM, kBN>(row0));
         } else {
             return max(0, mask.template kv_block_end<kBM, kBN>(row0) - mask.template kv_block_begin<kBM, kBN>(row0));
+        }
+    };
+    // kStreamTail: the CTA's pieces (sm90_tail.cuh), the same on the producer's and the consumers' side
+    Sm90TailSchedule sched(n_tiles, p.tail_n, p.tail_dp_end, p.tail_q, p.tail_rem, p.tail_magic, p.tail_shift);
+    auto first_tile = [&]() { return kStreamTail ? sched.first() : int(blockIdx.x); };
+    // a piece's loop blocks: n_end and n_blocks of its tile narrowed to [jb, je) (the loop's block
+    // j is the tile's jb + j, block index n_end - 1 - j)
+    auto narrow = [&](int& n_blocks, int& n_end) {
+        if constexpr (kStreamTail) {
+            n_end -= sched.jb;
+            n_blocks = sched.je - sched.jb;
         }
     };
 
@@ -592,12 +614,14 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             // next tile: the static stride, or kDynamic's claim (handed to the consumers)
             auto next_tile = [&](int tile) {
                 if constexpr (kDynamic) return ring.claim(p.tile_counter, n_tiles);
+                else if constexpr (kStreamTail) return sched.next(tile);
                 else return tile + int(gridDim.x);
             };
-            for (int tile = blockIdx.x; tile < n_tiles; tile = next_tile(tile)) {
+            for (int tile = first_tile(); tile < n_tiles; tile = next_tile(tile)) {
                 const Sm90Tile at = tile_at(tile);
                 const int head_kv = at.head / (p.nheads / p.nheads_kv);   // GQA / MQA
-                const int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
+                int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
+                narrow(n_blocks, n_end);
                 if (n_blocks == 0) continue;                 // nothing to load: O = 0
                 // TMA box rows and batch coordinate: kVarlen, the sequence's first row in the
                 // packed tensor (batch extent 1); fixed lengths, row 0 of batch at.batch
@@ -780,8 +804,12 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     if constexpr (kDynamic) turn.start();
     auto next_tile = [&](int tile) {
         if constexpr (kDynamic) return ring.take();
+        else if constexpr (kStreamTail) return sched.next(tile);
         else return tile + int(gridDim.x);
     };
+    // kStreamTail: the partials of the tiles cut in two (sm90_tail.cuh), per consumer thread
+    const Sm90TailPartials<Shape::kOCols, kConsumers * 128> partials{reinterpret_cast<float4*>(p.tail_partial),
+                                                                     p.tail_flags};
     if constexpr (kTileOverlap) {
         // The first tile's S_0 = Q K_0ᵀ before the loop (the persistent grid has a CTA per tile at
         // most: blockIdx.x is a tile, and non-causal with keys, it has blocks): each tile's last step
@@ -795,7 +823,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         issue_s(0);
         turn.end();
     }
-    for (int tile = blockIdx.x; tile < n_tiles; tile = next_tile(tile)) {
+    for (int tile = first_tile(); tile < n_tiles; tile = next_tile(tile)) {
         const Sm90Tile at = tile_at(tile);
         const SeqSpan seq = seq_of(tile);                  // fixed lengths: (0, 0, seqlen_q, seqlen_k)
         if constexpr (kVarlen)
@@ -803,7 +831,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         const Mask tile_mask = kVarlen ? seq_mask(seq) : mask;
         const int wg_row0 = at.m_block * kBM + wg * 64;
         const int warp_row0 = wg_row0 + warp * 16;         // this warp's 16 rows of S and O
-        const int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
+        int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
+        narrow(n_blocks, n_end);                           // kStreamTail: the piece's blocks
         const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes,
                                                p.alibi_batch_stride, at.batch, at.head,
                                                p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q,
@@ -844,7 +873,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         if (kTileOverlap || n_blocks > 0) {   // (kTileOverlap: non-causal with keys, every tile has blocks)
             // the CTA's last turn: the last tile with keys ends it (Pingpong: end(true))
             bool last_tile = !kDynamic;
-            if constexpr (!kDynamic)
+            if constexpr (kStreamTail)
+                last_tile = sched.last(tile);              // (every piece has keys)
+            else if constexpr (!kDynamic)
                 for (int next = tile + gridDim.x; next < n_tiles && last_tile; next += gridDim.x)
                     last_tile = kv_blocks(next) == 0;
             // S_j has landed: release K_j (the S GEMM was its only reader) and, after the
@@ -1050,6 +1081,15 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             ++q_iter;
         }
 
+        if constexpr (kStreamTail) {
+            // a tile cut in two (sm90_tail.cuh): its later blocks' piece stores its partial for the
+            // finisher, which runs the first blocks last in its CTA and merges it before the epilogue
+            if (sched.writer()) {
+                partials.store(sched.range(), tid - 128, o_acc, m, l);
+                continue;
+            }
+            if (sched.finisher()) partials.merge(sched.range() + 1, tid - 128, o_acc, m, l, p.scale_log2);
+        }
         if constexpr (kTmaStore) {
             store_o_tma(at, wg_row0, warp_row0);
             continue;
