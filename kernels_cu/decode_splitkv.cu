@@ -62,6 +62,13 @@
 //   kLean     each warp keeps Q's mma fragments in registers (read from shared memory once, not
 //             per block) and rescales O only when a row's running max grew in the block (false:
 //             the plain loop)
+//   kBulk     (sm_90) 0: K/V rows by 16-byte cp.asyncs; 1: each whole key row of a whole K/V block
+//             by one cp.async.bulk (the copy engine: one request per 256-byte row at d 128, not 16
+//             per thread), completing on the ring slot's mbarrier (kStages of them after the
+//             ring); 2: as 1 with an L2 evict-first policy on those copies. A block with rows
+//             past the row's end (or a head dim below kHeadDim) still takes the zero-filling
+//             cp.asyncs; its slot's barrier then gets a plain arrival, so every slot's phase
+//             flips once per block either way
 #include "ptx.cuh"
 #include "ptx_decode.cuh"
 #include "params_decode.cuh"
@@ -703,18 +710,24 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
 // ---- decode_splitkv: one split of one KV head's packed query rows -----------------------------
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
           bool kFusedCombine = false, bool kPagePrefetch = false, int kL2Prefetch = 0,
-          bool kWarpLoads = false, bool kPageGather = false, bool kLean = false>
+          bool kWarpLoads = false, bool kPageGather = false, bool kLean = false, int kBulk = 0>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
     constexpr int kThreads = Shape::kThreads, kBlockN = Shape::kBlockN, kRows = Shape::kRows;
     constexpr int kNTilesO = Shape::kNTilesO, kPitch = Shape::kPitch;
     constexpr int kRowBytes = kPitch * 2;
+    static_assert(kBulk >= 0 && kBulk <= 2, "kBulk: 0 (cp.async), 1 (bulk rows), 2 (bulk rows, evict-first)");
+    static_assert(!kBulk || (!kWarpLoads && !kPagePrefetch && !kPageGather),
+                  "the bulk rows are the CTA's loads: no warp_loads, page_prefetch or page_gather");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     u16* q_smem = reinterpret_cast<u16*>(smem_raw);       // [kRows][kPitch]
     u16* k_smem = q_smem + Shape::kQTile;                  // [kStages][kBlockN][kPitch]
     u16* v_smem = k_smem + kStages * Shape::kKVTile;       // [kStages][kBlockN][kPitch]
+    // kBulk: one mbarrier per ring slot after the ring, its phase flips once per block loaded
+    const u32 ring_bars = smem_u32(smem_raw + Shape::kSmemBytes);
+    auto ring_bar = [&](int slot) { return ring_bars + 8u * slot; };
 
     const int split = blockIdx.x, b = blockIdx.z;
     const int hkv = blockIdx.y / p.row_blocks, r0 = (blockIdx.y % p.row_blocks) * kRows;
@@ -794,7 +807,51 @@ decode_splitkv(const DecodeParams p) {
     };
     if constexpr (kPagePrefetch)
         if (p.block_table && n_end > n_begin) fetch_pages(n_end - 1);
+    if constexpr (kBulk) {  // the slots' barriers, set up before the prologue's loads use them
+        if (tid == 0) {
+            for (int s = 0; s < kStages; ++s) mbarrier_init(ring_bar(s), 1);
+            fence_mbarrier_init();
+        }
+        __syncthreads();
+    }
     auto load_kv = [&](int n, int slot) {
+        if constexpr (kBulk) {
+            // A whole block: thread 0 announces its bytes (one arrival), then thread i copies key
+            // rows i, i + kThreads, ... of K and V, one bulk copy each, completing as
+            // transactions on the slot's barrier (the tx-count may dip below zero before the
+            // announcement lands: the phase cannot complete before thread 0's arrival).
+            const int key0 = n * kBlockN;
+            if (key0 + kBlockN <= keys && p.head_dim >= kHeadDim) {
+                if (tid == 0) mbarrier_arrive_expect_tx(ring_bar(slot), 2 * kBlockN * kHeadDim * 2);
+                const u16* k_base = static_cast<const u16*>(p.k_cache) + hkv * p.k_head_stride;
+                const u16* v_base = static_cast<const u16*>(p.v_cache) + hkv * p.v_head_stride;
+                u64 policy = 0;
+                if constexpr (kBulk == 2) policy = l2_policy_evict_first();
+#pragma unroll
+                for (int r = tid; r < kBlockN; r += kThreads) {
+                    i64 k_off, v_off;
+                    if (p.block_table) {
+                        cache_offsets(p, b, rk.start + key0 + r, k_off, v_off);
+                    } else {
+                        k_off = k_row0 + static_cast<i64>(rk.start + key0 + r) * p.k_row_stride;
+                        v_off = v_row0 + static_cast<i64>(rk.start + key0 + r) * p.v_row_stride;
+                    }
+                    const u32 k_dst = smem_u32(k_smem + slot * Shape::kKVTile + r * kPitch);
+                    const u32 v_dst = smem_u32(v_smem + slot * Shape::kKVTile + r * kPitch);
+                    if constexpr (kBulk == 2) {
+                        bulk_load_1d_hint(k_dst, k_base + k_off, kHeadDim * 2, ring_bar(slot), policy);
+                        bulk_load_1d_hint(v_dst, v_base + v_off, kHeadDim * 2, ring_bar(slot), policy);
+                    } else {
+                        bulk_load_1d(k_dst, k_base + k_off, kHeadDim * 2, ring_bar(slot));
+                        bulk_load_1d(v_dst, v_base + v_off, kHeadDim * 2, ring_bar(slot));
+                    }
+                }
+                return;
+            }
+            // a block with rows past the end: the zero-filling cp.asyncs below (the consumers
+            // wait for their group too); the slot's phase completes on this arrival
+            if (tid == 0) mbarrier_arrive(ring_bar(slot));
+        }
         if (ld_col >= kHeadDim) return;
         const int key0 = n * kBlockN;
         const bool whole = key0 + kBlockN <= keys && p.head_dim >= kHeadDim;
@@ -880,6 +937,7 @@ decode_splitkv(const DecodeParams p) {
         // kWarpLoads: a warp's rows are its own (loaded and read by its lanes only), so its lanes'
         // barrier is enough, but for Q, which every thread loaded: the CTA's at iteration 0.
         cp_async_wait<kStages - 2>();
+        if constexpr (kBulk) mbarrier_wait(ring_bar(slot), (iter / kStages) & 1);  // its bulk rows
         if (!kWarpLoads || iter == 0) __syncthreads();
         else __syncwarp();
         if constexpr (kLean)

@@ -209,6 +209,15 @@ LARGE_PAGE_TMA_MAX_KEYS = 8192
 # space (the heuristic's choice and the space's values).
 LEAN_DEFAULT = False
 LEAN_SPACE = (False,)
+# bulk (the cp.async loop, sm_90): 0: 16-byte cp.asyncs; 1: one cp.async.bulk per whole key row
+# (256 bytes at d 128) on a per-slot mbarrier; 2: as 1 with an L2 evict-first policy. Session 16's
+# ncu (32 x 8k) saw cuflash's 16-byte copies look each 32-byte L2 sector up twice where cuDNN's
+# kernel looks it up once. Not yet timed (session 17 round A, tests/decode_tma_timing.py ``bk1``,
+# ``bk2``): off and out of the tuning space until measured.
+BULK_DEFAULT = 0
+BULK_PAGED_DEFAULT = 0    # the same for paged caches (a table read per row, then its bulk copy)
+BULK_SPACE = (0,)
+BULK_VALUES = (0, 1, 2)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -243,6 +252,9 @@ class DecodeConfig(KernelConfig):
     lean:     the cp.async loop's warps keep Q's mma fragments in registers (read once per CTA, not
               per block) and rescale O only when a row's running max grew in the block (one row
               tile up to d 128: the fragments' registers)
+    bulk:     (sm_90) the cp.async loop's whole K/V blocks arrive by one cp.async.bulk per key row
+              on a per-slot mbarrier (1), with an L2 evict-first policy (2); 0: 16-byte cp.asyncs.
+              No warp_loads, page_prefetch or page_gather with it
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -268,6 +280,7 @@ class DecodeConfig(KernelConfig):
     warp_loads: bool = False
     page_gather: bool = False
     lean: bool = False
+    bulk: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -291,16 +304,16 @@ class DecodeConfig(KernelConfig):
         flags = (("_fc" if self.fused_combine else "") + ("_pp" if self.page_prefetch else "")
                  + ("_tma" if self.tma else "") + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
                  + ("_wl" if self.warp_loads else "") + ("_pg" if self.page_gather else "")
-                 + ("_ln" if self.lean else ""))
+                 + ("_ln" if self.lean else "") + (f"_bk{self.bulk}" if self.bulk else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
     @property
     def smem_bytes(self) -> int:
         """Q tile plus `stages` (K, V) blocks, rows padded by 8 elements (tma: plus the ring's
-        full and empty mbarriers, 8 bytes each)."""
+        full and empty mbarriers, 8 bytes each; bulk: one mbarrier per slot)."""
         tiles = (self.rows + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
-        return tiles + (2 * self.stages * 8 if self.tma else 0)
+        return tiles + (2 * self.stages * 8 if self.tma else self.stages * 8 if self.bulk else 0)
 
     @property
     def accum_regs(self) -> int:
@@ -312,7 +325,8 @@ class DecodeConfig(KernelConfig):
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
         # the defaults (false) of the trailing flags are left out
-        gather = (f", {flag[self.page_gather]}, {flag[True]}" if self.lean
+        gather = (f", {flag[self.page_gather]}, {flag[self.lean]}, {int(self.bulk)}" if self.bulk
+                  else f", {flag[self.page_gather]}, {flag[True]}" if self.lean
                   else f", {flag[True]}" if self.page_gather else "")
         return (f"cuflash::decode_splitkv<{self.warps}, {self.warp_n}, {self.stages}, {self.m_tiles}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {flag[self.fused_combine]}, "
@@ -323,7 +337,7 @@ class DecodeConfig(KernelConfig):
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype)
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                 bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch),
-                bool(self.warp_loads), bool(self.page_gather), bool(self.lean))
+                bool(self.warp_loads), bool(self.page_gather), bool(self.lean), int(self.bulk))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -336,6 +350,11 @@ class DecodeConfig(KernelConfig):
         if self.l2_prefetch not in L2_PREFETCH_SIZES:
             out.append(f"l2_prefetch must be one of {L2_PREFETCH_SIZES} (bytes; 0: no hint), "
                        f"got {self.l2_prefetch}")
+        if self.bulk not in BULK_VALUES:
+            out.append(f"bulk must be one of {BULK_VALUES} (0: 16-byte cp.asyncs), got {self.bulk}")
+        elif self.bulk and (self.tma or self.warp_loads or self.page_prefetch or self.page_gather):
+            out.append("bulk: the bulk rows are the CTA's own loads of the cp.async loop: no tma, "
+                       "warp_loads, page_prefetch or page_gather with it")
         if not 0 <= self.splits <= MAX_SPLITS:
             out.append(f"splits must be in 0..{MAX_SPLITS} (0: heuristic), got {self.splits}")
         if not out and self.accum_regs > MAX_ACCUM_REGS:
@@ -495,7 +514,7 @@ class DecodeSplitKV(Family):
     space = {"warps": (2, 4, 8), "warp_n": (16, 32), "stages": (2, 3, 4, 6), "m_tiles": (1, 2),
              "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
              "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE,
-             "page_gather": PAGE_GATHER_SPACE, "lean": LEAN_SPACE}
+             "page_gather": PAGE_GATHER_SPACE, "lean": LEAN_SPACE, "bulk": BULK_SPACE}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -555,11 +574,14 @@ class DecodeSplitKV(Family):
                            l2_prefetch=0 if "paged_kv" in problem.features else L2_PREFETCH_DEFAULT,
                            warp_loads=WARP_LOADS_DEFAULT,
                            page_gather=PAGE_GATHER_DEFAULT and "paged_kv" in problem.features)
+        bulk = BULK_PAGED_DEFAULT if "paged_kv" in problem.features else BULK_DEFAULT
+        if bulk and tuple(arch)[0] == 9 and not (cfg.warp_loads or cfg.page_prefetch or cfg.page_gather):
+            cfg = cfg.replace(bulk=bulk)   # sm_90 only (BULK_DEFAULT)
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
             tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False,
-                              lean=False, tma=True, split_cost=TMA_SPLIT_COST)
+                              lean=False, bulk=0, tma=True, split_cost=TMA_SPLIT_COST)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
                 candidate = tma.replace(**shrink)
@@ -578,13 +600,16 @@ class DecodeSplitKV(Family):
         """As Family.make; a point without ``tma``, ``l2_prefetch``, ``warp_loads`` or ``page_gather``
         (tuned tables and recorded studies from before them) gets False / 0 / False / False: the
         cp.async loop as it was."""
-        point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False, **point}
+        point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
+                 "bulk": 0, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
         """'' when ``config``'s Hopper loop (``tma``) can run ``problem`` (a call with caches of
         ``page_size`` keys per page, 0: contiguous) on ``arch``, else why not (naming the
-        argument). A config without tma runs everywhere the family does."""
+        argument). A config without tma runs everywhere the family does, but bulk needs sm_90."""
+        if getattr(config, "bulk", 0) and tuple(arch)[0] != 9:
+            return f"config: {config.name} (bulk) needs sm_90 (cp.async.bulk), got sm_{arch[0]}{arch[1]}"
         if not getattr(config, "tma", False):
             return ""
         if tuple(arch)[0] != 9:
@@ -613,7 +638,7 @@ class DecodeSplitKV(Family):
         if why:
             if not chosen:
                 raise ValueError(why)
-            config = config.replace(tma=False)
+            config = config.replace(tma=False, bulk=0)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
@@ -622,7 +647,7 @@ class DecodeSplitKV(Family):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
-                                 warp_loads=False, page_gather=False, fused_combine=False, lean=False)
+                                 warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
