@@ -1,15 +1,22 @@
 """One call each of SDPA cuDNN and a few decode_splitkv configs (bf16, d 128, 32:8 heads, one query
 token), each inside its own profiler range, for ncu --profile-from-start off (issue 13: where the
-last 3-4% of HBM bandwidth against cuDNN goes). Not a test.
+last HBM bandwidth against cuDNN goes). Not a test.
 
     ncu --profile-from-start off --metrics gpu__time_duration.sum,dram__bytes_read.sum,\
-dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,\
+dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,\
 lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,lts__t_sectors_srcunit_tex_op_read_lookup_miss.sum,\
-smsp__issue_active.avg.per_cycle_active python tests/decode_ncu_probe.py 32 8192
+smsp__issue_active.avg.per_cycle_active,launch__grid_size,launch__block_size,\
+launch__registers_per_thread,launch__shared_mem_per_block_dynamic,launch__occupancy_limit_shared_mem \
+python tests/decode_ncu_probe.py 32 8192
 
-ncu names each kernel: cuDNN's, then decode_splitkv<warps, warp_n, stages, m_tiles, d, bf16,
-fused_combine, page_prefetch, l2_prefetch, warp_loads, ...> for the heuristic's config, its tiles
-without options (``base``), and with warp_loads (``wl``), in that order.
+``--cache-control none`` on the ncu line measures a warm L2 (each profiled call follows two
+unprofiled ones on the same cache), as the CUDA-graph timing of 1 x 8k (34 MB of K/V in the
+50 MB L2) sees it; ncu's default (``all``) flushes the caches before each profiled kernel.
+
+ncu names each kernel: cuDNN's (its main kernel and its reduction), then decode_splitkv<warps,
+warp_n, stages, m_tiles, d, bf16, fused_combine, page_prefetch, l2_prefetch, warp_loads, ...,
+bulk> for the heuristic's config, its tiles with bulk rows (``bk1``) and with bulk rows and the
+L2 evict-first policy (``bk2``), in that order.
 """
 import os
 import sys
@@ -23,6 +30,7 @@ def main():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from cuflash.decode import flash_attn_with_kvcache, kvcache_with_config
+    from cuflash.families.decode_splitkv import num_splits_for
     from cuflash.problem import Problem
     from cuflash.registry import get
 
@@ -30,8 +38,11 @@ def main():
     q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     kc, vc = (torch.randn(b, ctx, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     lens = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
-    heur = get("decode_splitkv").heuristic(Problem("decode", "bf16", b, 1, ctx, 32, 8, 128, False, False, ()))
-    base = heur.replace(fused_combine=False, l2_prefetch=0)
+    problem = Problem("decode", "bf16", b, 1, ctx, 32, 8, 128, False, False, ())
+    heur = get("decode_splitkv").heuristic(problem)
+    bk1 = heur.replace(bulk=1, l2_prefetch=0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"splits: heuristic {num_splits_for(heur, problem, sms)}, bk1 {num_splits_for(bk1, problem, sms)}")
 
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -40,8 +51,8 @@ def main():
 
     runs = [("sdpa_cudnn", cudnn),
             ("heuristic", lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)),
-            ("base", lambda: kvcache_with_config(base, q, kc, vc, cache_seqlens=lens)),
-            ("wl", lambda: kvcache_with_config(heur.replace(warp_loads=True), q, kc, vc, cache_seqlens=lens))]
+            ("bk1", lambda: kvcache_with_config(bk1, q, kc, vc, cache_seqlens=lens)),
+            ("bk2", lambda: kvcache_with_config(bk1.replace(bulk=2), q, kc, vc, cache_seqlens=lens))]
     for name, f in runs:
         for i in range(3):
             torch.cuda.synchronize()

@@ -83,7 +83,7 @@ def base_config(problem, arch=(9, 0)):
     from cuflash.registry import get
 
     return get("decode_splitkv").heuristic(problem, arch).replace(
-        tma=False, fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, splits=0)
+        tma=False, fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, bulk=0, splits=0)
 
 
 def candidates(base, batch: int, page: int, cold: bool = False, ctx: int = 0) -> list:

@@ -576,7 +576,7 @@ class DecodeSplitKV(Family):
                            page_gather=PAGE_GATHER_DEFAULT and "paged_kv" in problem.features)
         bulk = BULK_PAGED_DEFAULT if "paged_kv" in problem.features else BULK_DEFAULT
         if bulk and tuple(arch)[0] == 9 and not (cfg.warp_loads or cfg.page_prefetch or cfg.page_gather):
-            cfg = cfg.replace(bulk=bulk)   # sm_90 only (BULK_DEFAULT)
+            cfg = cfg.replace(bulk=bulk, l2_prefetch=0)   # sm_90 only; whole blocks take no cp.async hint
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
