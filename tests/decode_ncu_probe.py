@@ -7,7 +7,7 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,\
 lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,lts__t_sectors_srcunit_tex_op_read_lookup_miss.sum,\
 smsp__issue_active.avg.per_cycle_active,launch__grid_size,launch__block_size,\
 launch__registers_per_thread,launch__shared_mem_per_block_dynamic,launch__occupancy_limit_shared_mem \
-python tests/decode_ncu_probe.py 32 8192
+python tests/decode_ncu_probe.py 32 8192 [1 8192 ...]   (batch ctx pairs)
 
 ``--cache-control none`` on the ncu line measures a warm L2 (each profiled call follows two
 unprofiled ones on the same cache), as the CUDA-graph timing of 1 x 8k (34 MB of K/V in the
@@ -25,6 +25,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 
 def main():
+    shapes = [(int(a), int(c)) for a, c in zip(sys.argv[1::2], sys.argv[2::2])]  # (batch, ctx) pairs
+    for b, ctx in shapes:
+        profile_shape(b, ctx)
+
+
+def profile_shape(b, ctx):
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -34,7 +40,6 @@ def main():
     from cuflash.problem import Problem
     from cuflash.registry import get
 
-    b, ctx = int(sys.argv[1]), int(sys.argv[2])
     q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     kc, vc = (torch.randn(b, ctx, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     lens = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
@@ -42,7 +47,7 @@ def main():
     heur = get("decode_splitkv").heuristic(problem)
     bk1 = heur.replace(bulk=1, l2_prefetch=0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"splits: heuristic {num_splits_for(heur, problem, sms)}, bk1 {num_splits_for(bk1, problem, sms)}")
+    print(f"{b} x {ctx}: splits: heuristic {num_splits_for(heur, problem, sms)}, bk1 {num_splits_for(bk1, problem, sms)}")
 
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -62,7 +67,7 @@ def main():
             torch.cuda.synchronize()
             if i == 2:
                 torch.cuda.profiler.stop()
-        print(f"profiled {name}", flush=True)
+        print(f"profiled {name} {b} x {ctx}", flush=True)
 
 
 if __name__ == "__main__":
