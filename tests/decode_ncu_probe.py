@@ -24,7 +24,33 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
 
+def table(lines) -> str:
+    """ncu --csv output (other lines skipped) as one line per profiled kernel: its short name,
+    grid and block, then each metric's value (units as ncu gives them)."""
+    import csv
+
+    rows = list(csv.reader(line for line in lines if line.startswith('"')))
+    if not rows:
+        return "no ncu csv rows"
+    head, out, order = rows[0], {}, []
+    col = {name: head.index(name) for name in ("ID", "Kernel Name", "Metric Name", "Metric Unit", "Metric Value")}
+    extra = [c for c in ("Grid Size", "Block Size") if c in head]
+    for r in rows[1:]:
+        key = r[col["ID"]]
+        if key not in out:
+            name = r[col["Kernel Name"]].replace("void ", "").replace("cuflash::", "")
+            name = name.split("(")[0] if name.startswith("decode") else name[:60]
+            out[key] = [name + " " + " ".join(f"{c.split()[0].lower()} {r[head.index(c)]}" for c in extra)]
+            order.append(key)
+        metric = r[col["Metric Name"]].replace("launch__", "").replace(".avg.pct_of_peak_sustained_elapsed", "%")
+        out[key].append(f"{metric}={r[col['Metric Value']]}{r[col['Metric Unit']] if r[col['Metric Unit']] not in ('', '%') else ''}")
+    return "\n".join("  ".join(out[k]) for k in order)
+
+
 def main():
+    if sys.argv[1:2] == ["--table"]:  # ncu --csv output on stdin -> one line per kernel
+        print(table(sys.stdin.read().splitlines()))
+        return
     shapes = [(int(a), int(c)) for a, c in zip(sys.argv[1::2], sys.argv[2::2])]  # (batch, ctx) pairs
     for b, ctx in shapes:
         profile_shape(b, ctx)

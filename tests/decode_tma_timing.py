@@ -17,7 +17,8 @@ memory), CUDA-graph timing. In the same process, per cell:
                        rows by cp.async.bulk: ``bulk`` 1; batch 1 also at twice the splits),
                        ``bk2`` (the same with an L2 evict-first policy), ``w4bk1`` (bulk rows on
                        4 warps x 3 stages, two CTAs per SM; batch <= 8 at the co-resident rule's
-                       count), at batch 1 ``fc_xN`` (the heuristic's tiles at half the splits);
+                       count), at batch <= 8 ``w4s6bk1`` (bulk rows, 4 warps x 6 stages: one CTA
+                       per SM with 5 blocks in flight), at batch 1 ``fc_xN`` (the heuristic's tiles at half the splits);
                        where the heuristic's tiles are 4 x 3 (CONTIGUOUS_SMALL_TILE_MIN_GROUPS):
                        ``w8s3`` (8 warps, 3 stages), ``bk1`` and ``w8bk1``;
     - paged cells: ``bk1`` (bulk rows, one table read per row), at page 16 ``w4bk1`` (4 warps,
@@ -110,6 +111,8 @@ def candidates(base, batch: int, page: int, cold: bool = False, ctx: int = 0) ->
                ("bk1", bk1, (1, 2) if batch == 1 else (1,)),  # bulk rows (batch 1: also twice the splits)
                ("bk2", bk1.replace(bulk=2), (1,)),           # bulk rows, L2 evict-first
                ("w4bk1", bk1.replace(warps=4, stages=3), ("res",) if few else (1,))]  # two CTAs per SM
+        if few:  # one CTA per SM, 5 of 6 64-key blocks in flight (bulk: one copy per row and thread)
+            out.append(("w4s6bk1", bk1.replace(warps=4, stages=6), (1,)))
         if batch == 1:
             out.append(("fc", fc, splits))                   # the heuristic's tiles at half the splits
         return out

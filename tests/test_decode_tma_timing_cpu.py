@@ -27,7 +27,7 @@ def test_candidates_are_valid_and_named():
     base = dt.base_config(problem())
     assert not (base.tma or base.fused_combine or base.page_prefetch or base.l2_prefetch or base.warp_loads)
     flat = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 0, ctx=8192)}
-    assert list(flat) == ["base", "bk1", "bk2", "w4bk1", "fc"]
+    assert list(flat) == ["base", "bk1", "bk2", "w4bk1", "w4s6bk1", "fc"]
     for label, warps, stages, bulk, l2 in (("bk1", 8, 3, 1, 0), ("bk2", 8, 3, 2, 0), ("w4bk1", 4, 3, 1, 0),
                                            ("fc", 8, 3, 0, 256)):
         cfg = flat[label][0]
