@@ -69,6 +69,8 @@
 //             past the row's end (or a head dim below kHeadDim) still takes the zero-filling
 //             cp.asyncs; its slot's barrier then gets a plain arrival, so every slot's phase
 //             flips once per block either way
+//   kEarlyMerge  (kFusedCombine) the merging CTA issues its first batch of partial-O loads before
+//             the splits' LSE loads, overlapping the two L2 round trips (combine_row's kEarly)
 #include "ptx.cuh"
 #include "ptx_decode.cuh"
 #include "params_decode.cuh"
@@ -230,12 +232,28 @@ __device__ __forceinline__ f32x4 load_partial4(const float* addr) {
 // the first is used (one L2 round trip per batch, not per split: H100, 1 x 8k, 16 splits, the
 // combine took 6.3 us when each split's load waited for the previous one's sum). A split whose
 // weight is 0 (no keys, its O_s never written) is not loaded; the predicate is warp-uniform.
-template <int kHeadDim, class Elem, bool kL2Only>
+// kEarly: the first batch of O_s loads (the first 16 splits of the first column pass) is issued
+// before the LSE loads (they depend on the split count only, not on the weights), so the two
+// L2 round trips overlap (false: the LSE first, then the O_s batches).
+template <int kHeadDim, class Elem, bool kL2Only, bool kEarly = false>
 __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, int lane) {
     constexpr int kPerLane = 4;     // 128 splits at most (DecodeConfig / flash-attn's limit)
     constexpr int kLoadBatch = 16;  // O_s loads in flight per lane
+    constexpr int kQuads = kHeadDim / 4;
     const int rows_all = p.batch * p.nheads * p.seqlen_q;
     const int qi = row_id % p.seqlen_q, h = (row_id / p.seqlen_q) % p.nheads, b = row_id / (p.seqlen_q * p.nheads);
+    const float* o_s = p.o_partial + static_cast<i64>(row_id) * p.head_dim_rounded;
+    const i64 split_stride = static_cast<i64>(rows_all) * p.head_dim_rounded;
+    f32x4 x_early[kEarly ? kLoadBatch : 1];
+    if constexpr (kEarly) {
+        const int col = lane * 4;
+        const bool mine = lane < kQuads && col < p.head_dim;
+#pragma unroll
+        for (int i = 0; i < kLoadBatch; ++i)
+            x_early[i] = i < p.num_splits && mine ? load_partial4<kL2Only>(o_s + i * split_stride + col)
+                                                  : f32x4{0.f, 0.f, 0.f, 0.f};
+        __threadfence_block();  // keeps ptxas from sinking them below the LSE loads
+    }
     const float* lse_s = p.lse_partial + row_id;
     float lse_lane[kPerLane];
     float lse_max = neg_inf();
@@ -260,12 +278,9 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, i
     for (int k = 0; k < kPerLane; ++k) wt_lane[k] = sum > 0.f ? expf(lse_lane[k] - lse) : 0.f;
 
     u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride;
-    const float* o_s = p.o_partial + static_cast<i64>(row_id) * p.head_dim_rounded;
-    const i64 split_stride = static_cast<i64>(rows_all) * p.head_dim_rounded;
     // Columns: 4 per lane per pass. Every lane runs every pass, so the weight shuffles below
     // always have the whole warp (head dims under 128 leave lanes without columns: they shuffle,
     // and neither load nor store).
-    constexpr int kQuads = kHeadDim / 4;
 #pragma unroll
     for (int q0 = 0; q0 < kQuads; q0 += 32) {
         const int col = (q0 + lane) * 4;
@@ -286,7 +301,8 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, i
                 // loads its unwritten partial, which the weight 0 then discards by a select
 #pragma unroll
                 for (int i = 0; i < kLoadBatch; ++i)
-                    x[i] = i0 + i < n && mine ? load_partial4<kL2Only>(o_s + (32 * k + i0 + i) * split_stride + col)
+                    x[i] = kEarly && q0 == 0 && k == 0 && i0 == 0 ? x_early[kEarly ? i : 0]   // loaded already
+                         : i0 + i < n && mine ? load_partial4<kL2Only>(o_s + (32 * k + i0 + i) * split_stride + col)
                                               : f32x4{0.f, 0.f, 0.f, 0.f};
                 // ptxas sinks each load to just before its use (2-3 in flight); no load moves below
                 // a fence, so all of the batch's are issued before the first is waited for
@@ -710,7 +726,8 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
 // ---- decode_splitkv: one split of one KV head's packed query rows -----------------------------
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
           bool kFusedCombine = false, bool kPagePrefetch = false, int kL2Prefetch = 0,
-          bool kWarpLoads = false, bool kPageGather = false, bool kLean = false, int kBulk = 0>
+          bool kWarpLoads = false, bool kPageGather = false, bool kLean = false, int kBulk = 0,
+          bool kEarlyMerge = false>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
@@ -977,7 +994,7 @@ decode_splitkv(const DecodeParams p) {
         __threadfence();
         for (int r = warp; r < rows_valid; r += kWarps) {
             const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
-            combine_row<kHeadDim, Elem, true>(p, (b * p.nheads + h) * p.seqlen_q + qi, lane);
+            combine_row<kHeadDim, Elem, true, kEarlyMerge>(p, (b * p.nheads + h) * p.seqlen_q + qi, lane);
         }
     }
 }

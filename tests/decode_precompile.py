@@ -116,7 +116,7 @@ def sanitize_configs():
                          dict(CONTIGUOUS_WARPS=4, CONTIGUOUS_STAGES=3, SPLIT_RULE_RESIDENT_CONTIGUOUS=True,
                               LARGE_PAGE_TMA_MAX_KEYS=1 << 20), dict(LEAN_DEFAULT=True, warp_loads=True),
                          dict(SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0, BULK_DEFAULT=1,
-                              BULK_PAGED_DEFAULT=1)):
+                              BULK_PAGED_DEFAULT=1, EARLY_MERGE_DEFAULT=True)):
             for dtype in g.DTYPES:
                 out.append(_heuristic(p.replace(dtype=dtype), page, **switches))
     return out
@@ -182,6 +182,8 @@ def bulk_test_configs():
            for b, sq, ctx, h, hk, d, dtype, _, page, bulk in t.CASES]
     out.append(_heuristic(_problem(3, 1, 2050, 32, 8, 128, page=48), 48, BULK_PAGED_DEFAULT=1, **sw))
     out.append(_heuristic(_problem(1, 1, 16384, 32, 8, 128), 0, BULK_DEFAULT=1, **sw))
+    for bulk in (0, 1):                                                           # early_merge
+        out.append(_heuristic(_problem(3, 2, 8191, 32, 8, 128), 0, BULK_DEFAULT=bulk, EARLY_MERGE_DEFAULT=True, **sw))
     return out
 
 

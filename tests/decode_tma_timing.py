@@ -84,7 +84,8 @@ def base_config(problem, arch=(9, 0)):
     from cuflash.registry import get
 
     return get("decode_splitkv").heuristic(problem, arch).replace(
-        tma=False, fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, bulk=0, splits=0)
+        tma=False, fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, bulk=0,
+        early_merge=False, splits=0)
 
 
 def candidates(base, batch: int, page: int, cold: bool = False, ctx: int = 0) -> list:
@@ -110,7 +111,9 @@ def candidates(base, batch: int, page: int, cold: bool = False, ctx: int = 0) ->
         out = [("base", base, (1,)),
                ("bk1", bk1, (1, 2) if batch == 1 else (1,)),  # bulk rows (batch 1: also twice the splits)
                ("bk2", bk1.replace(bulk=2), (1,)),           # bulk rows, L2 evict-first
-               ("w4bk1", bk1.replace(warps=4, stages=3), ("res",) if few else (1,))]  # two CTAs per SM
+               ("bk1em", bk1.replace(early_merge=True), (1,)),  # and the merge's early partial-O loads
+               # two CTAs per SM; batch 1 also at 33 splits (264 CTAs: every slot of 132 SMs)
+               ("w4bk1", bk1.replace(warps=4, stages=3), ("res", 33 / 16) if batch == 1 else ("res",) if few else (1,))]
         if few:  # one CTA per SM, 5 of 6 64-key blocks in flight (bulk: one copy per row and thread)
             out.append(("w4s6bk1", bk1.replace(warps=4, stages=6), (1,)))
         if batch == 1:

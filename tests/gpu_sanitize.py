@@ -116,9 +116,11 @@ def decode_loops(family) -> list:
     if _gpu.arch()[0] == 9:
         loops += [dict(TMA_DEFAULT=True, TMA_PAGED_DEFAULT=False),
                   dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=True),
-                  # the cp.async loop's bulk rows (cp.async.bulk on per-slot mbarriers; session 17)
+                  # the cp.async loop's bulk rows (cp.async.bulk on per-slot mbarriers) and the fused
+                  # combine's early loads (session 17)
                   dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0,
-                       LARGE_PAGE_TMA_MAX_KEYS=0, BULK_DEFAULT=1, BULK_PAGED_DEFAULT=1)]
+                       LARGE_PAGE_TMA_MAX_KEYS=0, BULK_DEFAULT=1, BULK_PAGED_DEFAULT=1,
+                       EARLY_MERGE_DEFAULT=True)]
     return loops
 
 

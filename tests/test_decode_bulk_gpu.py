@@ -11,7 +11,8 @@ reference wrote them). Odd contexts (1, 17, 113, 1023, 2049: ragged last blocks)
 cache_seqlens (0 included), GQA 1 / 4 / 8, seqlen_q 1..4 (causal), head dims 64 / 128, contiguous
 and paged (page 16; page 48 with cache_leftpad and an appended token: rows of one block on
 several pages), num_splits 0 / 1 / 3 (fused combine, no split, separate-combine counts).
-Compiles: at most 7 kernel sets.
+early_merge (the fused combine's early partial-O loads) with and without bulk. Compiles: at most
+9 kernel sets.
 
     CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q -x tests/test_decode_bulk_gpu.py
 """
@@ -101,3 +102,20 @@ def test_bulk_repeated_calls_flip_every_phase(monkeypatch):
         check_call(dict(args, k_cache=args["k_cache"].clone(), v_cache=args["v_cache"].clone()),
                    "bf16", f"bulk 1, 16k, splits {splits}", num_splits=splits)
     _ran(1)
+
+
+@pytest.mark.parametrize("bulk", [0, 1])
+def test_early_merge(monkeypatch, bulk):
+    """early_merge (the fused combine's merging CTA issues its first partial-O loads before the LSE
+    loads): 17 splits (a second load batch), 3 splits, the heuristic's count, per-batch lengths
+    (0 included: splits without keys), GQA 4 with seqlen_q 2."""
+    _options(monkeypatch, bulk)
+    monkeypatch.setattr(fam_mod, "EARLY_MERGE_DEFAULT", True)
+    rng = np.random.default_rng()
+    args = make_case(rng, 3, 2, [8191, 0, 4000], 32, 8, 128, "bf16")
+    for splits in (17, 3, 0):
+        check_call(dict(args, k_cache=args["k_cache"].clone(), v_cache=args["v_cache"].clone()),
+                   "bf16", f"early merge, bulk {bulk}, splits {splits}", causal=True, num_splits=splits)
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert plans and all(p.config.early_merge and p.config.bulk == bulk for p in plans), \
+        [p.config.name for p in plans]

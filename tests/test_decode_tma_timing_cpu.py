@@ -27,16 +27,16 @@ def test_candidates_are_valid_and_named():
     base = dt.base_config(problem())
     assert not (base.tma or base.fused_combine or base.page_prefetch or base.l2_prefetch or base.warp_loads)
     flat = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 0, ctx=8192)}
-    assert list(flat) == ["base", "bk1", "bk2", "w4bk1", "w4s6bk1", "fc"]
+    assert list(flat) == ["base", "bk1", "bk2", "bk1em", "w4bk1", "w4s6bk1", "fc"]
     for label, warps, stages, bulk, l2 in (("bk1", 8, 3, 1, 0), ("bk2", 8, 3, 2, 0), ("w4bk1", 4, 3, 1, 0),
                                            ("fc", 8, 3, 0, 256)):
         cfg = flat[label][0]
         assert (cfg.warps, cfg.stages, cfg.fused_combine, cfg.l2_prefetch, cfg.bulk) == \
             (warps, stages, True, l2, bulk), label
-    assert flat["w4bk1"][1] == ("res",) and flat["fc"][1] == (0.5,) and flat["bk1"][1] == (1, 2)
+    assert flat["w4bk1"][1] == ("res", 33 / 16) and flat["fc"][1] == (0.5,) and flat["bk1"][1] == (1, 2)
     assert [mod.ctas_per_sm(flat[k][0], 232448) for k in ("bk1", "w4bk1")] == [1, 2]
     big = {label: mults for label, _, mults in dt.candidates(base, 32, 0, ctx=32768)}
-    assert big == {"base": (1,), "bk1": (1,), "bk2": (1,), "w4bk1": (1,)}
+    assert big == {"base": (1,), "bk1": (1,), "bk2": (1,), "bk1em": (1,), "w4bk1": (1,)}
     assert "fc" not in {x[0] for x in dt.candidates(base, 8, 0, ctx=32768)}
     small = dt.base_config(problem(64, 8192))                        # CONTIGUOUS_SMALL_TILE_MIN_GROUPS
     assert (small.warps, small.stages) == (4, 3)

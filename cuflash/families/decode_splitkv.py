@@ -218,6 +218,11 @@ BULK_DEFAULT = 0
 BULK_PAGED_DEFAULT = 0    # the same for paged caches (a table read per row, then its bulk copy)
 BULK_SPACE = (0,)
 BULK_VALUES = (0, 1, 2)
+# early_merge (fused combine): the merging CTA issues its first batch of partial-O loads before the
+# LSE loads (one L2 round trip fewer on the batch-1 critical path). Not yet timed (session 17,
+# tests/decode_tma_timing.py ``bk1em``): off and out of the tuning space.
+EARLY_MERGE_DEFAULT = False
+EARLY_MERGE_SPACE = (False,)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -255,6 +260,8 @@ class DecodeConfig(KernelConfig):
     bulk:     (sm_90) the cp.async loop's whole K/V blocks arrive by one cp.async.bulk per key row
               on a per-slot mbarrier (1), with an L2 evict-first policy (2); 0: 16-byte cp.asyncs.
               No warp_loads, page_prefetch or page_gather with it
+    early_merge: (fused_combine) the merging CTA issues its first partial-O loads before the LSE
+              loads (the two L2 round trips overlap)
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -281,6 +288,7 @@ class DecodeConfig(KernelConfig):
     page_gather: bool = False
     lean: bool = False
     bulk: int = 0
+    early_merge: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -304,7 +312,8 @@ class DecodeConfig(KernelConfig):
         flags = (("_fc" if self.fused_combine else "") + ("_pp" if self.page_prefetch else "")
                  + ("_tma" if self.tma else "") + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
                  + ("_wl" if self.warp_loads else "") + ("_pg" if self.page_gather else "")
-                 + ("_ln" if self.lean else "") + (f"_bk{self.bulk}" if self.bulk else ""))
+                 + ("_ln" if self.lean else "") + (f"_bk{self.bulk}" if self.bulk else "")
+                 + ("_em" if self.early_merge else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -324,10 +333,11 @@ class DecodeConfig(KernelConfig):
         if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
-        # the defaults (false) of the trailing flags are left out
-        gather = (f", {flag[self.page_gather]}, {flag[self.lean]}, {int(self.bulk)}" if self.bulk
-                  else f", {flag[self.page_gather]}, {flag[True]}" if self.lean
-                  else f", {flag[True]}" if self.page_gather else "")
+        # the defaults (false, 0) of the trailing flags are left out
+        trailing = [flag[self.page_gather], flag[self.lean], str(int(self.bulk)), flag[self.early_merge]]
+        while trailing and trailing[-1] in ("false", "0"):
+            trailing.pop()
+        gather = "".join(f", {x}" for x in trailing)
         return (f"cuflash::decode_splitkv<{self.warps}, {self.warp_n}, {self.stages}, {self.m_tiles}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {flag[self.fused_combine]}, "
                 f"{flag[self.page_prefetch]}, {int(self.l2_prefetch)}, {flag[self.warp_loads]}{gather}>")
@@ -337,7 +347,8 @@ class DecodeConfig(KernelConfig):
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype)
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                 bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch),
-                bool(self.warp_loads), bool(self.page_gather), bool(self.lean), int(self.bulk))
+                bool(self.warp_loads), bool(self.page_gather), bool(self.lean), int(self.bulk),
+                bool(self.early_merge))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -355,6 +366,8 @@ class DecodeConfig(KernelConfig):
         elif self.bulk and (self.tma or self.warp_loads or self.page_prefetch or self.page_gather):
             out.append("bulk: the bulk rows are the CTA's own loads of the cp.async loop: no tma, "
                        "warp_loads, page_prefetch or page_gather with it")
+        if self.early_merge and (self.tma or not self.fused_combine):
+            out.append("early_merge: an option of the fused combine (fused_combine, no tma)")
         if not 0 <= self.splits <= MAX_SPLITS:
             out.append(f"splits must be in 0..{MAX_SPLITS} (0: heuristic), got {self.splits}")
         if not out and self.accum_regs > MAX_ACCUM_REGS:
@@ -514,7 +527,8 @@ class DecodeSplitKV(Family):
     space = {"warps": (2, 4, 8), "warp_n": (16, 32), "stages": (2, 3, 4, 6), "m_tiles": (1, 2),
              "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
              "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE,
-             "page_gather": PAGE_GATHER_SPACE, "lean": LEAN_SPACE, "bulk": BULK_SPACE}
+             "page_gather": PAGE_GATHER_SPACE, "lean": LEAN_SPACE, "bulk": BULK_SPACE,
+             "early_merge": EARLY_MERGE_SPACE}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -577,11 +591,13 @@ class DecodeSplitKV(Family):
         bulk = BULK_PAGED_DEFAULT if "paged_kv" in problem.features else BULK_DEFAULT
         if bulk and tuple(arch)[0] == 9 and not (cfg.warp_loads or cfg.page_prefetch or cfg.page_gather):
             cfg = cfg.replace(bulk=bulk, l2_prefetch=0)   # sm_90 only; whole blocks take no cp.async hint
+        if EARLY_MERGE_DEFAULT and cfg.fused_combine:
+            cfg = cfg.replace(early_merge=True)
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
             tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False,
-                              lean=False, bulk=0, tma=True, split_cost=TMA_SPLIT_COST)
+                              lean=False, bulk=0, early_merge=False, tma=True, split_cost=TMA_SPLIT_COST)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
                 candidate = tma.replace(**shrink)
@@ -601,7 +617,7 @@ class DecodeSplitKV(Family):
         (tuned tables and recorded studies from before them) gets False / 0 / False / False: the
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
-                 "bulk": 0, **point}
+                 "bulk": 0, "early_merge": False, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -647,7 +663,8 @@ class DecodeSplitKV(Family):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
-                                 warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0)
+                                 warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
+                                 early_merge=False)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
