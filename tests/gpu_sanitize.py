@@ -121,7 +121,8 @@ def decode_loops(family) -> list:
                   dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0,
                        LARGE_PAGE_TMA_MAX_KEYS=0, BULK_DEFAULT=1, BULK_PAGED_DEFAULT=1,
                        EARLY_MERGE_DEFAULT=True)]
-    return loops
+    only = os.environ.get("SANITIZE_DECODE_SWITCH")  # e.g. BULK_DEFAULT: only the passes that set it
+    return [x for x in loops if only in x] if only else loops
 
 
 def sanitize_decode(family):
