@@ -13,17 +13,17 @@ memory), CUDA-graph timing. In the same process, per cell:
     resident CTA slot, SPLIT_RULE_RESIDENT_CONTIGUOUS; ``_xN``: N splits):
     - ``base``         the heuristic's tiles on the cp.async loop (8 warps x 16 keys, 3 stages:
                        one CTA per SM), no option;
-    - contiguous cells, each with the fused combine: ``bk1`` (the heuristic's tiles, whole key
-                       rows by cp.async.bulk: ``bulk`` 1; batch 1 also at twice the splits),
-                       ``bk2`` (the same with an L2 evict-first policy), ``w4bk1`` (bulk rows on
-                       4 warps x 3 stages, two CTAs per SM; batch <= 8 at the co-resident rule's
-                       count), at batch <= 8 ``w4s6bk1`` (bulk rows, 4 warps x 6 stages: one CTA
-                       per SM with 5 blocks in flight), at batch 1 ``fc_xN`` (the heuristic's tiles at half the splits);
-                       where the heuristic's tiles are 4 x 3 (CONTIGUOUS_SMALL_TILE_MIN_GROUPS):
-                       ``w8s3`` (8 warps, 3 stages), ``bk1`` and ``w8bk1``;
-    - paged cells: ``bk1`` (bulk rows, one table read per row), at page 16 ``w4bk1`` (4 warps,
-                       3 stages), at page 256 with at most 256k keys in all, ``tma4``: the Hopper
-                       loop, 4 warps, 3 stages (LARGE_PAGE_TMA_MAX_KEYS);
+    - contiguous cells with more than one split (batch <= 8), each with the L2 prefetch hint (256)
+                       and the fused combine: ``em`` (the heuristic's tiles with early_merge: the
+                       merging CTA's first partial-O loads before its LSE loads), ``w4em`` (4
+                       warps x 3 stages, two CTAs per SM, at the co-resident rule's count; batch 1
+                       also 33 splits), ``w4n32em`` (4 warps of 32 keys, 2 stages: 128-key blocks
+                       as cuDNN's kernel); where the heuristic's tiles are 4 x 3
+                       (CONTIGUOUS_SMALL_TILE_MIN_GROUPS): ``w8s3`` (8 warps, 3 stages);
+    - paged cells: at page 256 with at most 256k keys in all, ``tma4``: the Hopper loop, 4 warps,
+                       3 stages (LARGE_PAGE_TMA_MAX_KEYS);
+    (session 17 round A timed the bulk rows, ``bulk`` 1 / 2, against these: slower everywhere; see
+    BULK_DEFAULT's note)
   * the ``1x8k_cold`` cell: the graph cycles over 4 caches (134 MB, more than the 50 MB L2), so
     no call finds its K/V in L2 (1x8k's 34 MB fit: a replayed graph of one cache may hit);
   * ``--profile``: in the batch-1 contiguous cells, each of PROFILE_LABELS' graphs replays once
@@ -94,34 +94,21 @@ def candidates(base, batch: int, page: int, cold: bool = False, ctx: int = 0) ->
     the rule's count under the co-resident model (SPLIT_RULE_RESIDENT_CONTIGUOUS)."""
     opts = dict(l2_prefetch=256, fused_combine=True)
     fc = base.replace(**opts)                               # the heuristic's contiguous config
-    bk1 = fc.replace(bulk=1, l2_prefetch=0)                 # whole key rows by cp.async.bulk
+    em = fc.replace(early_merge=True)                       # the merge's early partial-O loads
     if cold:  # where no call finds its K/V in L2
-        return [("base", base, (1,)), ("bk1", bk1, (1,)), ("bk2", bk1.replace(bulk=2), (1,))]
+        return [("base", base, (1,)), ("em", em, (1,))]
     if not page:
-        few = batch <= 8  # where the split count is > 1: more splits fill the resident slots
-        if batch == 1:
-            splits = (0.5,)
-        elif batch >= 32 and ctx >= 32768:
-            splits = (2, 4)
-        else:
-            splits = ()
         if base.warps != 8:  # the small tiles (CONTIGUOUS_SMALL_TILE_MIN_GROUPS) against 8 x 3
-            return [("base", base, (1,)), ("w8s3", base.replace(warps=8, stages=3, **opts), (1,)),
-                    ("bk1", bk1, (1,)), ("w8bk1", bk1.replace(warps=8, stages=3), (1,))]
-        out = [("base", base, (1,)),
-               ("bk1", bk1, (1, 2) if batch == 1 else (1,)),  # bulk rows (batch 1: also twice the splits)
-               ("bk2", bk1.replace(bulk=2), (1,)),           # bulk rows, L2 evict-first
-               ("bk1em", bk1.replace(early_merge=True), (1,)),  # and the merge's early partial-O loads
-               # two CTAs per SM; batch 1 also at 33 splits (264 CTAs: every slot of 132 SMs)
-               ("w4bk1", bk1.replace(warps=4, stages=3), ("res", 33 / 16) if batch == 1 else ("res",) if few else (1,))]
-        if few:  # one CTA per SM, 5 of 6 64-key blocks in flight (bulk: one copy per row and thread)
-            out.append(("w4s6bk1", bk1.replace(warps=4, stages=6), (1,)))
-        if batch == 1:
-            out.append(("fc", fc, splits))                   # the heuristic's tiles at half the splits
-        return out
-    out = [("base", base, (1,)), ("bk1", base.replace(bulk=1), (1,))]   # bulk rows, a table read per row
-    if page < 128:
-        out.append(("w4bk1", base.replace(bulk=1, warps=4, stages=3), (1,)))
+            return [("base", base, (1,)), ("w8s3", base.replace(warps=8, stages=3, **opts), (1,))]
+        if batch > 8:    # one split: the merge does not run
+            return [("base", base, (1,))]
+        # two CTAs per SM (64-key blocks) with the early merge, at the co-resident rule's count and
+        # at batch 1 also 33 splits (264 CTAs: every slot of 132 SMs, as cuDNN's 256 CTAs of 4
+        # warps); 4 warps of 32 keys (128-key blocks as cuDNN's kernel, one CTA per SM)
+        return [("base", base, (1,)), ("em", em, (1,)),
+                ("w4em", em.replace(warps=4, stages=3), ("res", 33 / 16) if batch == 1 else ("res",)),
+                ("w4n32em", em.replace(warps=4, warp_n=32, stages=2), (1,))]
+    out = [("base", base, (1,))]
     if page >= 128 and batch * ctx <= 262144:  # the Hopper loop at page 256 (LARGE_PAGE_TMA_MAX_KEYS)
         out.append(("tma4", base.replace(tma=True, warps=4, stages=3, l2_prefetch=0, fused_combine=False,
                                          split_cost=4), (1,)))
@@ -331,7 +318,7 @@ def sdpa_fn(impl, q, kc, vc):
     return f
 
 
-PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "bk1", "bk2", "w4bk1_res", "bk1_x32")
+PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "em", "w4em_res", "w4em_x33", "w4n32em")
 
 
 def run_cell(name, page, reps, repeat, proposals, log, profile=False) -> list:

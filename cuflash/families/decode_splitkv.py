@@ -212,8 +212,17 @@ LEAN_SPACE = (False,)
 # bulk (the cp.async loop, sm_90): 0: 16-byte cp.asyncs; 1: one cp.async.bulk per whole key row
 # (256 bytes at d 128) on a per-slot mbarrier; 2: as 1 with an L2 evict-first policy. Session 16's
 # ncu (32 x 8k) saw cuflash's 16-byte copies look each 32-byte L2 sector up twice where cuDNN's
-# kernel looks it up once. Not yet timed (session 17 round A, tests/decode_tma_timing.py ``bk1``,
-# ``bk2``): off and out of the tuning space until measured.
+# kernel looks it up once. Timed on the H100 (session 17 round A, tests/decode_tma_timing.py, bf16
+# d 128 32:8 heads, CUDA graphs, fused combine; logs in notes/gpu_result_dec8.md): slower in every
+# cell. The heuristic's 8 x 3 tiles: 1 x 8k 18.6 / 18.8 us (bulk 1 / 2) against 15.0, 1 x 32k
+# 56.6 / 56.2 against 53.2, 1 x 128k 197.2 / 201.0 against 187.4, 8 x 32k 385.6 / 388.5 against
+# 369.2, 32 x 8k 386.7 / 394.2 against 367.5, 32 x 32k 1538 / 1566 against 1467; 4 x 3 (two CTAs
+# per SM) 381.5 at 32 x 8k, 4 x 6 27.8 at 1 x 8k; paged (a table read per row) 0.94-1.00 of the
+# cp.async loop's 8 warps, page 16 on 4 warps 1.01-1.06 of it but behind the heuristic's choice
+# (1 x 32k 60.8 against 57.5 us, 32 x 32k 1589 against 1510). ncu (1 x 32k): the bulk rows halve
+# the L2 lookups (1.27 M hits against 4.14 M) yet DRAM throughput falls from 66% to 56% of peak:
+# the copy engine's per-row requests stream slower than the SMs' own 16-byte copies here. Its GPU
+# tests pass (tests/test_decode_bulk_gpu.py). Off and out of the tuning space.
 BULK_DEFAULT = 0
 BULK_PAGED_DEFAULT = 0    # the same for paged caches (a table read per row, then its bulk copy)
 BULK_SPACE = (0,)
