@@ -47,9 +47,13 @@ def test_validation():
 
 
 def test_heuristic_switches(monkeypatch):
-    assert mod.BULK_DEFAULT == 0 and mod.BULK_PAGED_DEFAULT == 0 and not mod.EARLY_MERGE_DEFAULT
-    assert FAM.space["bulk"] == (0,) and FAM.space["early_merge"] == (False,)
-    assert FAM.heuristic(P, (9, 0)).bulk == 0
+    assert mod.BULK_DEFAULT == 0 and mod.BULK_PAGED_DEFAULT == 0 and mod.EARLY_MERGE_DEFAULT   # measured
+    assert FAM.space["bulk"] == (0,) and FAM.space["early_merge"] == (False, True)
+    heur = FAM.heuristic(P, (9, 0))
+    assert heur.bulk == 0 and heur.early_merge and heur.fused_combine and not heur.problems(232448)
+    monkeypatch.setattr(mod, "FUSED_COMBINE_DEFAULT", False)
+    assert not FAM.heuristic(P, (9, 0)).early_merge          # an option of the fused combine only
+    monkeypatch.setattr(mod, "FUSED_COMBINE_DEFAULT", True)
     monkeypatch.setattr(mod, "BULK_DEFAULT", 1)
     monkeypatch.setattr(mod, "EARLY_MERGE_DEFAULT", True)
     flat = FAM.heuristic(P, (9, 0))
