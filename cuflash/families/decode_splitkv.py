@@ -229,12 +229,14 @@ BULK_SPACE = (0,)
 BULK_VALUES = (0, 1, 2)
 # early_merge (fused combine): the merging CTA issues its first batch of partial-O loads before the
 # LSE loads (one L2 round trip fewer on the critical path of calls with more than one split).
-# H100, session 17 round 2 (tests/decode_tma_timing.py, bf16 d 128 32:8 heads, CUDA graphs; the
-# same config with and without it, on the bulk rows: notes/gpu_result_dec8_b.md): 1 x 8k 18.2
-# against 18.4 us, 1 x 32k 54.7 / 55.6, 8 x 8k 99.2 / 102.5, 1 x 128k 196.3 / 198.5, 8 x 32k
-# 365.1 / 364.0; at one split (batch 32) the merge does not run (385.0 / 387.3, 1515 / 1517). The
-# merge's code is the same on the cp.async loop (combine_row); its GPU tests pass there and on the
-# bulk rows (tests/test_decode_bulk_gpu.py::test_early_merge). On, and in the tuning space.
+# H100 (tests/decode_tma_timing.py, bf16 d 128 32:8 heads, CUDA graphs, shuffled rounds): session
+# 17 round 3 (notes/gpu_result_dec8_c.md), the heuristic with it (prop) against without: 1 x 8k
+# 15.0 against 15.2 us, 1 x 32k 53.7 / 53.8, 8 x 8k 97.9 / 97.9, 1 x 128k 187.5 / 188.1, 8 x 32k
+# 369.8 / 370.4, cold-L2 1 x 8k 20.7 / 21.1 (geomean 1.005, no cell slower); round 2 on the bulk
+# rows: 1 x 8k 18.2 / 18.4, 1 x 32k 54.7 / 55.6, 8 x 8k 99.2 / 102.5. At one split (batch >= 32)
+# the merge does not run. GPU tests pass on both loops (tests/test_decode_bulk_gpu.py::
+# test_early_merge); racecheck clean (round 3, gpu_sanitize.py --quick, SANITIZE_DECODE_SWITCH=
+# BULK_DEFAULT: the bulk + early-merge pass). On, and in the tuning space.
 EARLY_MERGE_DEFAULT = True
 EARLY_MERGE_SPACE = (False, True)
 
