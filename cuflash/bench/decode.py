@@ -15,6 +15,8 @@ Why interleaved (session 17): timed one impl after another, with a fresh allocat
 size, the bench put page 16 at 0.88-0.95x and page 256 at 0.87-0.97x of the contiguous time at
 batch >= 8, where tests/decode_tma_timing.py (alternating order, one memory) measured 1.01-1.08x
 (the H100's clock under sustained load depends on what ran just before: cuflash.timing).
+Interleaved on one memory (session 17 round 3, batch 1 / 8 x 8k / 32k): page 16 1.05-1.10x and
+page 256 1.01-1.03x the contiguous time.
 
 Writes results/<gpu>/decode.{json,csv,png}: records {impl, batch, ctx, hq, hk, d, page_size, us,
 kv_TBps} (+ error for an impl that could not run), the png plots kv_TBps against ctx per batch.
