@@ -1165,11 +1165,14 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             const int q0 = row0 + q_col0;                           // this warpgroup's first query of Sᵀ
             const u32 q_off = slot * Shape::kQBytes;               // this slot's Q_i, dO_i (bytes)
             // kDropout: the keep mask Z of this thread's Pᵀ elements, one bit each (bit 4nt + e of
-            // element (nt, e)), drawn before Sᵀ's accumulators are live (and while Q_i may still be
-            // landing): the Philox rounds next to dK, dV and Sᵀ would spill the d128 kernel
+            // element (nt, e)). Dropout alone: drawn while Sᵀ's GEMM runs (the rounds take a call's few
+            // registers at a time: keep_bits_transposed), off the path from Sᵀ to dK, dV. With softcap
+            // or ALiBi: before Sᵀ's accumulators are live (and while Q_i may still be landing): there
+            // the Philox rounds next to dK, dV and Sᵀ spill the d128 kernel (nvcc 13.0)
+            constexpr bool kDrawUnderS = kDropout && !kSoftcap && !kAlibi && !kWindow && !kDqEarly;
             u32 keep_bits = 0;
             static_assert(!kDropout || kSN / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
-            if constexpr (kDropout)
+            if constexpr (kDropout && !kDrawUnderS)
                 keep_bits = dropout.keep_bits_transposed<kSN / 8>(static_cast<int>(bh), key0 + warp_key, q0, g, t);
             // ---- Sᵀ = K_j Q_iᵀ (kSAhead: already issued, behind the last Q block's dQ GEMM or
             // before the loop) ----
@@ -1177,6 +1180,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 mbarrier_wait(q_full(slot), phase);
                 issue_s(slot);
             }
+            if constexpr (kDrawUnderS)
+                keep_bits = dropout.keep_bits_transposed<kSN / 8>(static_cast<int>(bh), key0 + warp_key, q0, g, t);
             if constexpr (kOverlapSdp) {
                 // dPᵀ = V_j dO_iᵀ right behind Sᵀ (its own group): the tensor cores run it while this
                 // thread turns Sᵀ into Pᵀ below; only Sᵀ is waited for here

@@ -263,6 +263,24 @@ HEURISTIC_STAGES3 = frozenset()
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
 DROPOUT_BY_DEFAULT = True
+# The head dims <= 96 at which rank() puts the varlen backward above fa2_bwd (as the dense one: the
+# 2-consumer tiles), by kernel head dim: 64 (head dims <= 64, the BM 128 tile) and 96 (65..96, the
+# d128 kernel). Before, the varlen backward at d64 was timed only with the one-consumer BM64 BN64
+# tile (1.0-1.14x fa2_bwd's time). Measured on the H100 (session 17 round 2, tests/sm90_varlen_timing.py
+# --hdims 64 --bwd-only, bf16, 16k tokens, 32 heads): the BM 128 tile's varlen backward in 0.71x /
+# 0.71x fa2_bwd's time (mixed lengths 512..8k, full / causal) and 0.86x / 0.91x (short, 64..1k);
+# its correctness: tests/test_sm90_varlen_gpu.py (d64 forced). 96: not timed, fa2_bwd. Plain varlen calls
+# only (the features' varlen backwards at d64 keep fa2_bwd: not timed).
+VARLEN_SMALL_D: frozenset = frozenset({64})
+# Whether a dropout call (dropout alone, head dim 128, non-causal, unordered, fixed lengths) runs the
+# plain heuristic's speed flags (DROPOUT_PLAIN_FLAGS: the dynamic scheduler, ds_double, dq_early,
+# dk_late, frag_pin with dq_writer), the one set of them that ptxas builds without spills next to the
+# keep bits (nvcc 13.0, sm_90a; causal spills 20-32 bytes with every subset tried). Its GPU test
+# (tests/test_drop_early_gpu.py) passed on the H100 (session 17 round 1), but it measured no faster:
+# backward d128 8k full 7.812 ms against 7.818 (1.61x the plain backward either way). Off.
+DROPOUT_PLAIN = False
+DROPOUT_PLAIN_FLAGS = dict(dq_writer=True, dq_bulk=False, dynamic=True, ds_double=True, dq_early=True,
+                           dk_late=True, frag_pin=True)
 # Variable-length batches (varlen, kVarlen): whether supports() takes them. On since the GPU
 # round of 2026-11-26 (H100, rev 583b8f4): tests/test_sm90_varlen_gpu.py, test_varlen_gpu.py and
 # test_varlen_features_gpu.py with it on, and memcheck (tests/sm90_varlen_sanitize.py), passed;
@@ -500,7 +518,16 @@ class Sm90BwdConfig(KernelConfig):
         consumers' red.add or dq_bulk paths), at stages > 2, with dropout (d128; d64's BM 128 tile
         has no dropout anyway). tests/test_sm90_bwd_causal_cpu.py holds the allowed ones to zero
         spills."""
-        return not self.dq_writer or self.stages > 2 or self.dropout
+        return not self.dq_writer or self.stages > 2 or (self.dropout and not self.dropout_plain())
+
+    def dropout_plain(self) -> bool:
+        """Whether this is the dropout kernel with the plain heuristic's speed flags that ptxas builds
+        without spills (DROPOUT_PLAIN_FLAGS; dropout alone, head dim 128, non-causal, BM 64, 2 stages,
+        unordered, fixed lengths). tests/test_drop_early_cpu.py holds it to ptxas."""
+        return (self.dropout and self.head_dim == 128 and not self.causal and self.BM == 64 and self.stages == 2
+                and not (self.window or self.softcap or self.alibi or self.varlen or self.deterministic
+                         or self.overlap_sdp or self.s_ahead or self.q_rotate or self.lpt or self.roles)
+                and all(getattr(self, k) == v for k, v in DROPOUT_PLAIN_FLAGS.items()))
 
     def bm128_spills(self) -> bool:
         """Whether the BM 128 tile (head dim 64, PTXAS_FITS) spills (nvcc 13.0, sm_90a): with
@@ -612,7 +639,8 @@ class Sm90BwdConfig(KernelConfig):
         if not out and self.dynamic and self.dynamic_spills():
             out.append("dynamic without dq_writer, at stages > 2 or with dropout: ptxas spills that "
                        "kernel (nvcc 13.0)")
-        if self.ds_double and (self.head_dim != 128 or self.softcap or self.alibi or self.dropout):
+        if self.ds_double and (self.head_dim != 128 or self.softcap or self.alibi
+                               or (self.dropout and not self.dropout_plain())):
             out.append("ds_double at head dim 64 (ptxas spills its dynamic kernel; dq_writer loses its "
                        "second staging tile) or with softcap / ALiBi / dropout (unchecked): head dim 128 "
                        "without them only")
@@ -628,7 +656,8 @@ class Sm90BwdConfig(KernelConfig):
             out.append(f"{what} with the shared-keys tile (head_dim=256; "
                        "s_ahead: without roles) or overlap_sdp: built for the head dim 64 / 128 tiles' order of "
                        "GEMMs only")
-        elif (self.s_ahead or self.dq_early) and (self.softcap or self.alibi or self.dropout):
+        elif (self.s_ahead or self.dq_early) and (self.softcap or self.alibi
+                                                  or (self.dropout and not self.dropout_plain())):
             out.append(f"{'s_ahead' if self.s_ahead else 'dq_early'} with softcap / ALiBi / dropout: "
                        "unchecked (more accumulators live; those kernels are near the register budget)")
         elif self.s_ahead and not self.roles and (self.dq_early or self.q_rotate or not self.dq_writer
@@ -641,7 +670,8 @@ class Sm90BwdConfig(KernelConfig):
         elif self.dk_late and self.dynamic and self.head_dim == 128 and not self.frag_pin:
             out.append("dk_late with dynamic at head_dim=128 without frag_pin: ptxas spills that kernel (8-32 "
                        "bytes, nvcc 13.0; with frag_pin it fits)")
-        if self.frag_pin and (self.shared_keys or self.softcap or self.alibi or self.dropout):
+        if self.frag_pin and (self.shared_keys or self.softcap or self.alibi
+                              or (self.dropout and not self.dropout_plain())):
             out.append("frag_pin with the shared-keys tile (head_dim=256: its dV GEMM is SS) or with softcap / "
                        "ALiBi / dropout (unchecked): built for the head dim 64 / 128 tiles' RS dV GEMM")
         if self.q_rotate and (self.causal or self.window or self.deterministic or self.shared_keys):
@@ -760,9 +790,10 @@ class Sm90Backward(Family):
         if "dropout" in problem.features and not DROPOUT_BY_DEFAULT:
             return -1
         d = problem.head_dim
-        if "varlen" in problem.features and d <= 96:
-            return -1   # varlen at d <= 96: fa2_bwd (measured faster than the one-consumer tile's
-            #             varlen; the 2-consumer tiles' varlen has not been timed)
+        if "varlen" in problem.features and d <= 96 and not (
+                tuple(problem.features) == ("varlen",) and (64 if d <= 64 else 96) in VARLEN_SMALL_D):
+            return -1   # varlen at d <= 96: fa2_bwd where the 2-consumer tiles are not timed (VARLEN_SMALL_D:
+            #             plain varlen calls; with window / softcap / ALiBi / dropout fa2_bwd as before)
         if d > 128:
             above = D256_ABOVE_FA2 if d > 192 else D192_ABOVE_FA2
         else:
@@ -886,6 +917,11 @@ class Sm90Backward(Family):
         if config.dk_late and ((config.dynamic and config.head_dim == 128 and not config.frag_pin)
                                or not (config.dq_early and config.dq_writer and not config.s_ahead)):
             config = config.replace(dk_late=False)     # a speed choice, where it is not built
+        if DROPOUT_PLAIN and config.dropout:
+            # dropout alone at d128, non-causal, unordered: the plain heuristic's flags
+            plain = config.replace(**DROPOUT_PLAIN_FLAGS)
+            if plain.dropout_plain() and not plain.problems(MAX_SMEM):
+                return plain
         if config.BM == 80 and config.bm80_refused():
             config = config.replace(BM=64)               # a speed choice, where it is not built
         if config.dynamic and config.dynamic_spills():

@@ -118,6 +118,31 @@ DROPOUT_PACKED: frozenset = frozenset({128})
 # 13.0, sm_90a; 168 registers), also BN 128 / 160 with the TMA-store epilogue. Others: DROPOUT_BN.
 # (BN 192 measured slower than the heuristic's 160: DROPOUT_PACKED's note.)
 DROPOUT_PACKED_BN = {128: 192}
+# Whether drop_packed calls draw the keep mask early (drop_early, kDropEarly; kernels_cu/
+# dropout_packed.cuh): P_j's Philox rounds in the wait for S_j's wgmma, the keep flags as byte signs
+# (one register per 4 elements), a permute and an AND per two elements after the packing. The same
+# mask bit for bit. {head dim (of DROPOUT_PACKED's): form (1 byte signs, 2 fragment masks)}. Measured
+# on the H100 (session 17 round 1, tests/sm90_dropout_timing.py --quick, bf16 d128 8k, 2 x 16 heads,
+# p 0.1, x the plain call of the same process, full / causal): forward drop_packed 1.524 / 1.477,
+# form 1 (BN 160) 1.456 / 1.397, form 2 (BN 128) 1.444 / 1.411; forward + backward 1.595 / 1.581 ->
+# 1.543 / 1.571 (form 1), 1.569 / 1.551 (form 2). Form 1 at d128: the softmax section's instruction
+# count fell from 948 to 695 (plain 622) but the time only 4-5%: the Philox rounds still run on the
+# consumer warps.
+# Form 4 (the producer warpgroup's warps 1-3 draw, static grid): correct on the H100 (round 3:
+# tests/test_drop_early_gpu.py) but 2.225x the plain forward against form 1's 1.449x on the same grid
+# (full, 8k): three warps of 40 registers do not draw a block's 1280 calls within a step, so the
+# consumers wait for them. Form 3 (no rounds, timing only): 1.122x / 1.077x (full / causal): the
+# rounds are the overhead; their home is still open.
+DROPOUT_EARLY: dict = {128: 1}
+# The widest BN of drop_early 2 (the fragment masks: BN / 4 registers from the wait for S_j to the
+# packing): d128 BN 160 spilled 16 bytes, BN 128 none (nvcc 13.0, sm_90a).
+DROP_EARLY_MASKS_BN = 128
+# drop_early 3: form 1 with the Philox counters for words (no rounds): NOT the dropout mask, a timing
+# form that measures what the rounds cost (tests/sm90_dropout_timing.py --rounds-cost sets this).
+DROP_EARLY_TIMING = False
+# ... and of drop_early 1 (the byte signs, BN / 8 registers): BN 160 compiles without spills at d128;
+# wider is unchecked (drop_packed's BN 192, a forced config's: the byte signs' registers on top).
+DROP_EARLY_SIGNS_BN = 160
 # The dynamic scheduler (``dynamic``, kDynamic): bytes of K and V that a section of the tile order
 # keeps in L2 (the H100 has 50 MB; FA3 sizes its sections by 32 MB too), and the shared memory
 # its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
@@ -360,6 +385,13 @@ class Sm90FwdConfig(KernelConfig):
                elements, where the fp32 form compares and selects per element); the same mask and
                bits. Set with dropout by for_problem from DROPOUT_PACKED (by head dim; a config's own
                True kept), never tuned
+    drop_early: (drop_packed only) P_j's Philox rounds drawn in the wait for S_j's wgmma, the keep
+               flags held and applied after the packing (kDropEarly, dropout_packed.cuh
+               draw_keep_flags): 1 as byte signs (a permute and an AND per two elements after the
+               packing), 2 as the fragment masks (an AND per two; twice the registers); 4 form 1's
+               flags drawn by the producer warpgroup's warps 1-3 into shared memory (gen_bytes; not
+               with dynamic or varlen); 0 off. The same mask and bits. Set with drop_packed by for_problem from DROPOUT_EARLY (a config's own
+               value kept), never tuned
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
@@ -392,6 +424,7 @@ class Sm90FwdConfig(KernelConfig):
     rescale_first: bool = False
     tile_overlap: bool = False
     drop_packed: bool = False
+    drop_early: int = 0
     section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
@@ -413,7 +446,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{name_suffix(self)}{'_varlen' if self.varlen else ''}{'_lazy' if self.lazy_rescale else ''}"
                 f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}"
                 f"{'_tov' if self.tile_overlap else ''}"
-                f"{'_dpk' if self.drop_packed else ''}")
+                f"{'_dpk' if self.drop_packed else ''}{'_dpe' if self.drop_early == 1 else f'_dpe{self.drop_early}' if self.drop_early else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -427,7 +460,14 @@ class Sm90FwdConfig(KernelConfig):
         and 1024 bytes to align the base (as the kernel's Sm90FwdShape::kSmemBytes)."""
         return ((self.BM + 2 * self.stages * self.BN) * self.smem_cols * 2 + 8 * (2 + 4 * self.stages)
                 + (SCHED_RING_BYTES if self.dynamic else 0) + self.o_stage_bytes + self.p_tile_bytes
-                + (self.BM * self.smem_cols * 2 + 16 if self.q_double else 0) + 1024)
+                + (self.BM * self.smem_cols * 2 + 16 if self.q_double else 0) + self.gen_bytes + 1024)
+
+    @property
+    def gen_bytes(self) -> int:
+        """drop_early 4's drawn keep flags (16 bytes per consumer thread and 32-key block), their
+        mbarriers (2 per consumer warpgroup) and 16 bytes of alignment (kernel: Sm90FwdShape
+        kGenAllBytes); 0 otherwise."""
+        return self.consumers * 128 * (self.BN // 32) * 16 + 16 * self.consumers + 16 if self.drop_early == 4 else 0
 
     @property
     def o_stage_bytes(self) -> int:
@@ -469,8 +509,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.alibi_lin else 'false'}",                       # kAlibiLinear
                 f"{'true' if self.rescale_first else 'false'}",                   # kRescaleFirst
                 f"{'true' if self.tile_overlap else 'false'}",                    # kTileOverlap
-                f"{'true' if self.drop_packed else 'false'}"]                     # kDropPacked last
-        used = (14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{'true' if self.drop_packed else 'false'}",                     # kDropPacked
+                f"{int(self.drop_early)}"]                                        # kDropEarly last
+        used = (15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -485,7 +526,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
-                self.rescale_first, self.tile_overlap, self.drop_packed)
+                self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early))
 
     def _problems(self) -> list[str]:
         out = []
@@ -576,6 +617,24 @@ class Sm90FwdConfig(KernelConfig):
                                   or self.lazy_rescale or self.fold_cap):
             out.append("tile_overlap with window / softcap / ALiBi / dropout (or their softmax variants) "
                        "is not implemented: plain calls only")
+        if self.drop_early not in (0, 1, 2, 4) and not (self.drop_early == 3 and DROP_EARLY_TIMING):
+            out.append(f"drop_early must be 0 (off), 1 (byte signs), 2 (fragment masks) or 4 (drawn by the "
+                       f"producer warpgroup), got {self.drop_early} (3: a timing form, not the mask: "
+                       "DROP_EARLY_TIMING)")
+        if self.drop_early == 4 and (self.dynamic or self.varlen or self.causal or self.window
+                                     or self.consumers != 2):
+            out.append("drop_early 4 (the producer warpgroup draws the keep flags): the static tile order "
+                       "only (not with dynamic or varlen), 2 consumer warpgroups, no causal / window mask "
+                       "(the causal kernel spilled 4 bytes in the drawing loop, nvcc 13.0)")
+        if self.drop_early in (1, 3, 4) and self.BN > DROP_EARLY_SIGNS_BN:
+            out.append(f"drop_early 1 (byte signs) at BN={self.BN}: checked up to BN {DROP_EARLY_SIGNS_BN} "
+                       "(no spills, nvcc 13.0)")
+        if self.drop_early == 2 and self.BN > DROP_EARLY_MASKS_BN:
+            out.append(f"drop_early 2 (fragment masks, BN / 4 registers held across the softmax) at "
+                       f"BN={self.BN}: ptxas spills above BN {DROP_EARLY_MASKS_BN} (nvcc 13.0)")
+        if self.drop_early and not self.drop_packed:
+            out.append("drop_early applies its keep flags to P's packed fragments (kDropEarly): it "
+                       "needs drop_packed")
         if self.drop_packed and (not self.dropout or self.p_smem):
             out.append("drop_packed applies dropout's keep mask to P's packed fragments in registers "
                        "(kDropPacked): it needs dropout, and not p_smem")
@@ -810,6 +869,16 @@ class Sm90Forward(Family):
             # how dropout is applied (the same mask, the same bits): the module's switch for configs
             # without it (tuned tables carry no dropout), or the config's own; off without dropout
             config = config.replace(drop_packed=packed)
+        # (DROPOUT_EARLY for dropout alone, fixed lengths: the kernels with window / softcap / ALiBi
+        # / varlen next to it are unchecked for registers)
+        early = config.drop_early
+        if packed and not early and tuple(problem.features) == ("dropout",):
+            early = DROPOUT_EARLY.get(config.head_dim, 0)
+            if config.BN > {0: config.BN, 1: DROP_EARLY_SIGNS_BN, 2: DROP_EARLY_MASKS_BN, 4: DROP_EARLY_SIGNS_BN}[early]:
+                early = 0   # a wider tile than the form is built for (a tuned or forced config's BN)
+        early = early if packed else 0
+        if config.drop_early != early:   # likewise (DROPOUT_EARLY), on drop_packed only
+            config = config.replace(drop_early=early)
         # the softmax variants (speed knobs): fold_cap only with softcap, neither with dropout,
         # lazy_rescale with emu_exp2 only under fold_cap (kernels_cu/softmax_fold.cuh)
         if config.fold_cap and ("softcap" not in problem.features or dropout):
@@ -836,7 +905,7 @@ class Sm90Forward(Family):
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
-                               "tile_overlap", "drop_packed") and not v))
+                               "tile_overlap", "drop_packed", "drop_early") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -889,6 +958,8 @@ class Sm90Forward(Family):
                 bn, tma_store = 160, True
         if "dropout" in problem.features:   # (with a window too: window_tiles' BN is no wider)
             bn = min(bn, DROPOUT_BN[d])
+            if DROPOUT_EARLY.get(d) == 2 and tuple(problem.features) == ("dropout",):
+                bn = min(bn, DROP_EARLY_MASKS_BN)   # the fragment masks' registers
             if HEURISTIC_DYNAMIC and DROPOUT_DYNAMIC and tuple(problem.features) == ("dropout",):
                 persistent = dynamic = True   # (no TMA store: it spills with dropout at d128)
         feature_call = bool(problem.features) and "dropout" not in problem.features \
