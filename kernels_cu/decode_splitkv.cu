@@ -62,6 +62,15 @@
 //   kLean     each warp keeps Q's mma fragments in registers (read from shared memory once, not
 //             per block) and rescales O only when a row's running max grew in the block (false:
 //             the plain loop)
+//   kBulk     (sm_90) 0: K/V rows by 16-byte cp.asyncs; 1: each whole key row of a whole K/V block
+//             by one cp.async.bulk (the copy engine: one request per 256-byte row at d 128, not 16
+//             per thread), completing on the ring slot's mbarrier (kStages of them after the
+//             ring); 2: as 1 with an L2 evict-first policy on those copies. A block with rows
+//             past the row's end (or a head dim below kHeadDim) still takes the zero-filling
+//             cp.asyncs; its slot's barrier then gets a plain arrival, so every slot's phase
+//             flips once per block either way
+//   kEarlyMerge  (kFusedCombine) the merging CTA issues its first batch of partial-O loads before
+//             the splits' LSE loads, overlapping the two L2 round trips (combine_row's kEarly)
 #include "ptx.cuh"
 #include "ptx_decode.cuh"
 #include "params_decode.cuh"
@@ -223,12 +232,28 @@ __device__ __forceinline__ f32x4 load_partial4(const float* addr) {
 // the first is used (one L2 round trip per batch, not per split: H100, 1 x 8k, 16 splits, the
 // combine took 6.3 us when each split's load waited for the previous one's sum). A split whose
 // weight is 0 (no keys, its O_s never written) is not loaded; the predicate is warp-uniform.
-template <int kHeadDim, class Elem, bool kL2Only>
+// kEarly: the first batch of O_s loads (the first 16 splits of the first column pass) is issued
+// before the LSE loads (they depend on the split count only, not on the weights), so the two
+// L2 round trips overlap (false: the LSE first, then the O_s batches).
+template <int kHeadDim, class Elem, bool kL2Only, bool kEarly = false>
 __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, int lane) {
     constexpr int kPerLane = 4;     // 128 splits at most (DecodeConfig / flash-attn's limit)
     constexpr int kLoadBatch = 16;  // O_s loads in flight per lane
+    constexpr int kQuads = kHeadDim / 4;
     const int rows_all = p.batch * p.nheads * p.seqlen_q;
     const int qi = row_id % p.seqlen_q, h = (row_id / p.seqlen_q) % p.nheads, b = row_id / (p.seqlen_q * p.nheads);
+    const float* o_s = p.o_partial + static_cast<i64>(row_id) * p.head_dim_rounded;
+    const i64 split_stride = static_cast<i64>(rows_all) * p.head_dim_rounded;
+    f32x4 x_early[kEarly ? kLoadBatch : 1];
+    if constexpr (kEarly) {
+        const int col = lane * 4;
+        const bool mine = lane < kQuads && col < p.head_dim;
+#pragma unroll
+        for (int i = 0; i < kLoadBatch; ++i)
+            x_early[i] = i < p.num_splits && mine ? load_partial4<kL2Only>(o_s + i * split_stride + col)
+                                                  : f32x4{0.f, 0.f, 0.f, 0.f};
+        __threadfence_block();  // keeps ptxas from sinking them below the LSE loads
+    }
     const float* lse_s = p.lse_partial + row_id;
     float lse_lane[kPerLane];
     float lse_max = neg_inf();
@@ -253,12 +278,9 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, i
     for (int k = 0; k < kPerLane; ++k) wt_lane[k] = sum > 0.f ? expf(lse_lane[k] - lse) : 0.f;
 
     u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride;
-    const float* o_s = p.o_partial + static_cast<i64>(row_id) * p.head_dim_rounded;
-    const i64 split_stride = static_cast<i64>(rows_all) * p.head_dim_rounded;
     // Columns: 4 per lane per pass. Every lane runs every pass, so the weight shuffles below
     // always have the whole warp (head dims under 128 leave lanes without columns: they shuffle,
     // and neither load nor store).
-    constexpr int kQuads = kHeadDim / 4;
 #pragma unroll
     for (int q0 = 0; q0 < kQuads; q0 += 32) {
         const int col = (q0 + lane) * 4;
@@ -279,7 +301,8 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, i
                 // loads its unwritten partial, which the weight 0 then discards by a select
 #pragma unroll
                 for (int i = 0; i < kLoadBatch; ++i)
-                    x[i] = i0 + i < n && mine ? load_partial4<kL2Only>(o_s + (32 * k + i0 + i) * split_stride + col)
+                    x[i] = kEarly && q0 == 0 && k == 0 && i0 == 0 ? x_early[kEarly ? i : 0]   // loaded already
+                         : i0 + i < n && mine ? load_partial4<kL2Only>(o_s + (32 * k + i0 + i) * split_stride + col)
                                               : f32x4{0.f, 0.f, 0.f, 0.f};
                 // ptxas sinks each load to just before its use (2-3 in flight); no load moves below
                 // a fence, so all of the batch's are issued before the first is waited for
@@ -703,18 +726,25 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
 // ---- decode_splitkv: one split of one KV head's packed query rows -----------------------------
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
           bool kFusedCombine = false, bool kPagePrefetch = false, int kL2Prefetch = 0,
-          bool kWarpLoads = false, bool kPageGather = false, bool kLean = false>
+          bool kWarpLoads = false, bool kPageGather = false, bool kLean = false, int kBulk = 0,
+          bool kEarlyMerge = false>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
     constexpr int kThreads = Shape::kThreads, kBlockN = Shape::kBlockN, kRows = Shape::kRows;
     constexpr int kNTilesO = Shape::kNTilesO, kPitch = Shape::kPitch;
     constexpr int kRowBytes = kPitch * 2;
+    static_assert(kBulk >= 0 && kBulk <= 2, "kBulk: 0 (cp.async), 1 (bulk rows), 2 (bulk rows, evict-first)");
+    static_assert(!kBulk || (!kWarpLoads && !kPagePrefetch && !kPageGather),
+                  "the bulk rows are the CTA's loads: no warp_loads, page_prefetch or page_gather");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     u16* q_smem = reinterpret_cast<u16*>(smem_raw);       // [kRows][kPitch]
     u16* k_smem = q_smem + Shape::kQTile;                  // [kStages][kBlockN][kPitch]
     u16* v_smem = k_smem + kStages * Shape::kKVTile;       // [kStages][kBlockN][kPitch]
+    // kBulk: one mbarrier per ring slot after the ring, its phase flips once per block loaded
+    const u32 ring_bars = smem_u32(smem_raw + Shape::kSmemBytes);
+    auto ring_bar = [&](int slot) { return ring_bars + 8u * slot; };
 
     const int split = blockIdx.x, b = blockIdx.z;
     const int hkv = blockIdx.y / p.row_blocks, r0 = (blockIdx.y % p.row_blocks) * kRows;
@@ -794,7 +824,51 @@ decode_splitkv(const DecodeParams p) {
     };
     if constexpr (kPagePrefetch)
         if (p.block_table && n_end > n_begin) fetch_pages(n_end - 1);
+    if constexpr (kBulk) {  // the slots' barriers, set up before the prologue's loads use them
+        if (tid == 0) {
+            for (int s = 0; s < kStages; ++s) mbarrier_init(ring_bar(s), 1);
+            fence_mbarrier_init();
+        }
+        __syncthreads();
+    }
     auto load_kv = [&](int n, int slot) {
+        if constexpr (kBulk) {
+            // A whole block: thread 0 announces its bytes (one arrival), then thread i copies key
+            // rows i, i + kThreads, ... of K and V, one bulk copy each, completing as
+            // transactions on the slot's barrier (the tx-count may dip below zero before the
+            // announcement lands: the phase cannot complete before thread 0's arrival).
+            const int key0 = n * kBlockN;
+            if (key0 + kBlockN <= keys && p.head_dim >= kHeadDim) {
+                if (tid == 0) mbarrier_arrive_expect_tx(ring_bar(slot), 2 * kBlockN * kHeadDim * 2);
+                const u16* k_base = static_cast<const u16*>(p.k_cache) + hkv * p.k_head_stride;
+                const u16* v_base = static_cast<const u16*>(p.v_cache) + hkv * p.v_head_stride;
+                u64 policy = 0;
+                if constexpr (kBulk == 2) policy = l2_policy_evict_first();
+#pragma unroll
+                for (int r = tid; r < kBlockN; r += kThreads) {
+                    i64 k_off, v_off;
+                    if (p.block_table) {
+                        cache_offsets(p, b, rk.start + key0 + r, k_off, v_off);
+                    } else {
+                        k_off = k_row0 + static_cast<i64>(rk.start + key0 + r) * p.k_row_stride;
+                        v_off = v_row0 + static_cast<i64>(rk.start + key0 + r) * p.v_row_stride;
+                    }
+                    const u32 k_dst = smem_u32(k_smem + slot * Shape::kKVTile + r * kPitch);
+                    const u32 v_dst = smem_u32(v_smem + slot * Shape::kKVTile + r * kPitch);
+                    if constexpr (kBulk == 2) {
+                        bulk_load_1d_hint(k_dst, k_base + k_off, kHeadDim * 2, ring_bar(slot), policy);
+                        bulk_load_1d_hint(v_dst, v_base + v_off, kHeadDim * 2, ring_bar(slot), policy);
+                    } else {
+                        bulk_load_1d(k_dst, k_base + k_off, kHeadDim * 2, ring_bar(slot));
+                        bulk_load_1d(v_dst, v_base + v_off, kHeadDim * 2, ring_bar(slot));
+                    }
+                }
+                return;
+            }
+            // a block with rows past the end: the zero-filling cp.asyncs below (the consumers
+            // wait for their group too); the slot's phase completes on this arrival
+            if (tid == 0) mbarrier_arrive(ring_bar(slot));
+        }
         if (ld_col >= kHeadDim) return;
         const int key0 = n * kBlockN;
         const bool whole = key0 + kBlockN <= keys && p.head_dim >= kHeadDim;
@@ -880,6 +954,7 @@ decode_splitkv(const DecodeParams p) {
         // kWarpLoads: a warp's rows are its own (loaded and read by its lanes only), so its lanes'
         // barrier is enough, but for Q, which every thread loaded: the CTA's at iteration 0.
         cp_async_wait<kStages - 2>();
+        if constexpr (kBulk) mbarrier_wait(ring_bar(slot), (iter / kStages) & 1);  // its bulk rows
         if (!kWarpLoads || iter == 0) __syncthreads();
         else __syncwarp();
         if constexpr (kLean)
@@ -919,7 +994,7 @@ decode_splitkv(const DecodeParams p) {
         __threadfence();
         for (int r = warp; r < rows_valid; r += kWarps) {
             const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
-            combine_row<kHeadDim, Elem, true>(p, (b * p.nheads + h) * p.seqlen_q + qi, lane);
+            combine_row<kHeadDim, Elem, true, kEarlyMerge>(p, (b * p.nheads + h) * p.seqlen_q + qi, lane);
         }
     }
 }

@@ -54,4 +54,20 @@ __device__ __forceinline__ void bulk_load_1d(u32 dst, const void* src, u32 bytes
                  :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+// An L2 eviction policy that marks the lines it touches evict-first (createpolicy, fraction
+// 1.0): a K/V stream read once per call need not push other data out of L2 (decode's kBulk 2).
+__device__ __forceinline__ u64 l2_policy_evict_first() {
+    u64 policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
+// bulk_load_1d with an L2 cache policy (l2_policy_evict_first): one whole K or V row of the
+// cp.async loop's bulk path (kBulk 2), the copy engine's request instead of 16-byte cp.asyncs.
+__device__ __forceinline__ void bulk_load_1d_hint(u32 dst, const void* src, u32 bytes, u32 bar, u64 policy) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1], %2, [%3], %4;"
+                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy) : "memory");
+}
+
 }  // namespace cuflash

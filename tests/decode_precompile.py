@@ -3,6 +3,7 @@ that the decode GPU round compiles (not a test; run it first so the tests and th
 their kernels on disk):
 
   * tests/decode_tma_timing.py's candidates (every cell and page size);
+  * tests/test_decode_bulk_gpu.py: the bulk configs of its cases;
   * tests/test_decode_tma_gpu.py: the Hopper loop's configs of its grid, leftpad, page-crossing,
     ring-depth and small-page tests;
   * tests/test_decode_bandwidth_gpu.py: the l2_prefetch / warp_loads configs of its cases;
@@ -12,7 +13,7 @@ their kernels on disk):
   * tests/test_decode_resident_gpu.py: the 4-warp contiguous tiles and page 256 on the Hopper loop.
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only timing,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -113,7 +114,9 @@ def sanitize_configs():
                          dict(tma_paged=True),
                          dict(FUSED_COMBINE_DEFAULT=True, PAGE_GATHER_DEFAULT=True, SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0),
                          dict(CONTIGUOUS_WARPS=4, CONTIGUOUS_STAGES=3, SPLIT_RULE_RESIDENT_CONTIGUOUS=True,
-                              LARGE_PAGE_TMA_MAX_KEYS=1 << 20), dict(LEAN_DEFAULT=True, warp_loads=True)):
+                              LARGE_PAGE_TMA_MAX_KEYS=1 << 20), dict(LEAN_DEFAULT=True, warp_loads=True),
+                         dict(SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0, BULK_DEFAULT=1,
+                              BULK_PAGED_DEFAULT=1, EARLY_MERGE_DEFAULT=True)):
             for dtype in g.DTYPES:
                 out.append(_heuristic(p.replace(dtype=dtype), page, **switches))
     return out
@@ -168,7 +171,23 @@ def resident_test_configs():
     return out
 
 
-GROUPS = {"timing": timing_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
+def bulk_test_configs():
+    """tests/test_decode_bulk_gpu.py: its grid, page 48 leftpad + append, and the 16k ring-wrap
+    case, each under BULK_DEFAULT / BULK_PAGED_DEFAULT as the test sets them."""
+    import test_decode_bulk_gpu as t
+
+    sw = dict(SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0)
+    out = [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype, page), page or 0, BULK_DEFAULT=bulk,
+                      BULK_PAGED_DEFAULT=bulk, **sw)
+           for b, sq, ctx, h, hk, d, dtype, _, page, bulk in t.CASES]
+    out.append(_heuristic(_problem(3, 1, 2050, 32, 8, 128, page=48), 48, BULK_PAGED_DEFAULT=1, **sw))
+    out.append(_heuristic(_problem(1, 1, 16384, 32, 8, 128), 0, BULK_DEFAULT=1, **sw))
+    for bulk in (0, 1):                                                           # early_merge
+        out.append(_heuristic(_problem(3, 2, 8191, 32, 8, 128), 0, BULK_DEFAULT=bulk, EARLY_MERGE_DEFAULT=True, **sw))
+    return out
+
+
+GROUPS = {"timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

@@ -13,17 +13,17 @@ memory), CUDA-graph timing. In the same process, per cell:
     resident CTA slot, SPLIT_RULE_RESIDENT_CONTIGUOUS; ``_xN``: N splits):
     - ``base``         the heuristic's tiles on the cp.async loop (8 warps x 16 keys, 3 stages:
                        one CTA per SM), no option;
-    - contiguous cells, each with the L2 prefetch hint (256) and the fused combine: ``wl`` (the
-                       heuristic's tiles, each warp loading its own rows: ``warp_loads``), ``ln``
-                       (its tiles with ``lean``: Q's fragments in registers, O rescaled only when a
-                       row's max grew), ``w6s2`` (6 warps, 2 stages: 96-key
-                       blocks, two CTAs, 12 warps per SM; at batch <= 8 also ``w6s2_res``); ``fc_xN``
-                       the heuristic's tiles at other split counts (batch 1: half; batch >= 32 from
-                       32k: 2x and 4x); from batch 32 ``w4s3`` (4 warps, 3 stages: two CTAs per SM);
-                       where the heuristic's tiles are 4 x 3 (CONTIGUOUS_SMALL_TILE_MIN_GROUPS) only
-                       ``w8s3`` (8 warps, 3 stages);
+    - contiguous cells with more than one split (batch <= 8), each with the L2 prefetch hint (256)
+                       and the fused combine: ``em`` (the heuristic's tiles with early_merge: the
+                       merging CTA's first partial-O loads before its LSE loads), ``w4em`` (4
+                       warps x 3 stages, two CTAs per SM, at the co-resident rule's count; batch 1
+                       also 33 splits), ``w4n32em`` (4 warps of 32 keys, 2 stages: 128-key blocks
+                       as cuDNN's kernel); where the heuristic's tiles are 4 x 3
+                       (CONTIGUOUS_SMALL_TILE_MIN_GROUPS): ``w8s3`` (8 warps, 3 stages);
     - paged cells: at page 256 with at most 256k keys in all, ``tma4``: the Hopper loop, 4 warps,
                        3 stages (LARGE_PAGE_TMA_MAX_KEYS);
+    (session 17 round A timed the bulk rows, ``bulk`` 1 / 2, against these: slower everywhere; see
+    BULK_DEFAULT's note)
   * the ``1x8k_cold`` cell: the graph cycles over 4 caches (134 MB, more than the 50 MB L2), so
     no call finds its K/V in L2 (1x8k's 34 MB fit: a replayed graph of one cache may hit);
   * ``--profile``: in the batch-1 contiguous cells, each of PROFILE_LABELS' graphs replays once
@@ -31,8 +31,8 @@ memory), CUDA-graph timing. In the same process, per cell:
     the last end and the idle gaps between kernels (where the fixed costs go).
 
 Each timing is a CUDA graph of n calls (about 2 ms a replay); every record's graph is captured
-once, then the cell's graphs replay ``--repeat`` times in alternating order (forward, backward,
-...), ``--reps`` replays each time; ``us`` is the median over the repeats' medians and ``spread``
+once, then the cell's graphs replay ``--repeat`` times in shuffled order (a new permutation per
+round: cuflash.timing.round_orders), ``--reps`` replays each time; ``us`` is the median over the repeats' medians and ``spread``
 the largest over the smallest (a noisy cell shows there). Every cuflash output is compared with
 the heuristic's on the same cache (max |diff| <= 1.6e-2, bf16), and the heuristic with SDPA
 cuDNN on contiguous cells; a mismatch shows as ``BAD``. Prints one table per cell (fastest
@@ -75,7 +75,8 @@ SWITCH_NAMES = ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP
                 "SMALL_PAGE_WARPS", "PAGED_SPLIT_RULE_RESIDENT", "FUSED_COMBINE_DEFAULT",
                 "PAGE_PREFETCH_DEFAULT", "PAGE_GATHER_DEFAULT", "COMBINE_LAUNCH_COST",
                 "SMALL_PAGE_TMA_MAX_KEYS", "CONTIGUOUS_WARPS", "CONTIGUOUS_STAGES",
-                "SPLIT_RULE_RESIDENT_CONTIGUOUS", "LARGE_PAGE_TMA_MAX_KEYS", "LEAN_DEFAULT")
+                "SPLIT_RULE_RESIDENT_CONTIGUOUS", "LARGE_PAGE_TMA_MAX_KEYS", "LEAN_DEFAULT",
+                "BULK_DEFAULT", "BULK_PAGED_DEFAULT", "EARLY_MERGE_DEFAULT")
 
 
 def base_config(problem, arch=(9, 0)):
@@ -83,7 +84,8 @@ def base_config(problem, arch=(9, 0)):
     from cuflash.registry import get
 
     return get("decode_splitkv").heuristic(problem, arch).replace(
-        tma=False, fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, splits=0)
+        tma=False, fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, bulk=0,
+        early_merge=False, splits=0)
 
 
 def candidates(base, batch: int, page: int, cold: bool = False, ctx: int = 0) -> list:
@@ -92,28 +94,20 @@ def candidates(base, batch: int, page: int, cold: bool = False, ctx: int = 0) ->
     the rule's count under the co-resident model (SPLIT_RULE_RESIDENT_CONTIGUOUS)."""
     opts = dict(l2_prefetch=256, fused_combine=True)
     fc = base.replace(**opts)                               # the heuristic's contiguous config
-    w6s2 = base.replace(warps=6, stages=2, **opts)          # 109 KB: two CTAs (12 warps) per SM
+    em = fc.replace(early_merge=True)                       # the merge's early partial-O loads
     if cold:  # where no call finds its K/V in L2
-        return [("base", base, (1,)), ("wl", fc.replace(warp_loads=True), (1,)), ("ln", fc.replace(lean=True), (1,))]
+        return [("base", base, (1,)), ("em", em, (1,))]
     if not page:
-        few = batch <= 8  # where the split count is > 1: more splits fill the resident slots
-        if batch == 1:
-            splits = (0.5,)
-        elif batch >= 32 and ctx >= 32768:
-            splits = (2, 4)
-        else:
-            splits = ()
         if base.warps != 8:  # the small tiles (CONTIGUOUS_SMALL_TILE_MIN_GROUPS) against 8 x 3
             return [("base", base, (1,)), ("w8s3", base.replace(warps=8, stages=3, **opts), (1,))]
-        out = [("base", base, (1,)),
-               ("wl", fc.replace(warp_loads=True), (1,)),    # each warp loads its own rows: no CTA barrier
-               ("ln", fc.replace(lean=True), (1,)),          # Q's fragments in registers, lazy O rescale
-               ("w6s2", w6s2, (1, "res") if few else (1,))]
-        if splits:
-            out.append(("fc", fc, splits))                   # the heuristic's tiles at other split counts
-        if batch >= 32:
-            out.append(("w4s3", base.replace(warps=4, stages=3, **opts), (1,)))
-        return out
+        if batch > 8:    # one split: the merge does not run
+            return [("base", base, (1,))]
+        # two CTAs per SM (64-key blocks) with the early merge, at the co-resident rule's count and
+        # at batch 1 also 33 splits (264 CTAs: every slot of 132 SMs, as cuDNN's 256 CTAs of 4
+        # warps); 4 warps of 32 keys (128-key blocks as cuDNN's kernel, one CTA per SM)
+        return [("base", base, (1,)), ("em", em, (1,)),
+                ("w4em", em.replace(warps=4, stages=3), ("res", 33 / 16) if batch == 1 else ("res",)),
+                ("w4n32em", em.replace(warps=4, warp_n=32, stages=2), (1,))]
     out = [("base", base, (1,))]
     if page >= 128 and batch * ctx <= 262144:  # the Hopper loop at page 256 (LARGE_PAGE_TMA_MAX_KEYS)
         out.append(("tma4", base.replace(tma=True, warps=4, stages=3, l2_prefetch=0, fused_combine=False,
@@ -324,7 +318,7 @@ def sdpa_fn(impl, q, kc, vc):
     return f
 
 
-PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "wl", "ln", "w6s2_res", "fc_x8")
+PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "em", "w4em_res", "w4em_x33", "w4n32em")
 
 
 def run_cell(name, page, reps, repeat, proposals, log, profile=False) -> list:
@@ -401,8 +395,9 @@ def run_cell(name, page, reps, repeat, proposals, log, profile=False) -> list:
             rec["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
             graphs.append(None)
         records.append(rec)
-    for r in range(repeat):
-        order = range(len(jobs)) if r % 2 == 0 else reversed(range(len(jobs)))
+    from cuflash.timing import round_orders
+
+    for order in round_orders(list(range(len(jobs))), repeat, "shuffle"):  # shuffled rounds
         for i in order:
             if graphs[i] is not None:
                 try:

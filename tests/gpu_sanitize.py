@@ -115,8 +115,14 @@ def decode_loops(family) -> list:
     loops.append(dict(TMA_DEFAULT=False, LEAN_DEFAULT=True, WARP_LOADS_DEFAULT=True))   # lean + warp_loads
     if _gpu.arch()[0] == 9:
         loops += [dict(TMA_DEFAULT=True, TMA_PAGED_DEFAULT=False),
-                  dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=True)]
-    return loops
+                  dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=True),
+                  # the cp.async loop's bulk rows (cp.async.bulk on per-slot mbarriers) and the fused
+                  # combine's early loads (session 17)
+                  dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0,
+                       LARGE_PAGE_TMA_MAX_KEYS=0, BULK_DEFAULT=1, BULK_PAGED_DEFAULT=1,
+                       EARLY_MERGE_DEFAULT=True)]
+    only = os.environ.get("SANITIZE_DECODE_SWITCH")  # e.g. BULK_DEFAULT: only the passes that set it
+    return [x for x in loops if only in x] if only else loops
 
 
 def sanitize_decode(family):

@@ -23,7 +23,7 @@ PAGED = P.replace(features=("paged_kv",))
 def test_page_gather_names_and_template_arguments():
     pg = BASE.replace(page_gather=True)
     assert pg.name == BASE.name + "_pg"
-    assert BASE.template_args()[-2] is False and pg.template_args()[-2] is True
+    assert BASE.template_args()[10] is False and pg.template_args()[10] is True  # kPageGather
     # the plain kernel's name expression is what it was (the trailing default is left out)
     assert BASE.kernel_name() == "cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, false, false, 0, false>"
     assert pg.kernel_name() == ("cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, false, false, 0, "
@@ -59,7 +59,7 @@ def test_page_gather_heuristic_switch(monkeypatch):
 
 def test_kernel_source():
     src = render_source("decode_splitkv")
-    assert "bool kWarpLoads = false, bool kPageGather = false, bool kLean = false>" in src
+    assert "bool kWarpLoads = false, bool kPageGather = false, bool kLean = false, int kBulk = 0,\n          bool kEarlyMerge = false>" in src
     # the split merge: a batch's loads, then a fence that keeps ptxas from sinking them, then sums
     merge = src[src.index("void combine_row("):src.index("// ---- decode_splitkv_tma")]
     loads, fence, sums = (merge.index("load_partial4<kL2Only>(o_s"), merge.index("__threadfence_block();"),

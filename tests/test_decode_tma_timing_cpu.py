@@ -27,27 +27,23 @@ def test_candidates_are_valid_and_named():
     base = dt.base_config(problem())
     assert not (base.tma or base.fused_combine or base.page_prefetch or base.l2_prefetch or base.warp_loads)
     flat = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 0, ctx=8192)}
-    assert list(flat) == ["base", "wl", "ln", "w6s2", "fc"]
-    for label, warps, stages, wl, lean in (("wl", 8, 3, True, False), ("ln", 8, 3, False, True),
-                                           ("w6s2", 6, 2, False, False),
-                                           ("fc", 8, 3, False, False)):
+    assert list(flat) == ["base", "em", "w4em", "w4n32em"]
+    for label, warps, warp_n, stages in (("em", 8, 16, 3), ("w4em", 4, 16, 3), ("w4n32em", 4, 32, 2)):
         cfg = flat[label][0]
-        assert (cfg.warps, cfg.stages, cfg.fused_combine, cfg.l2_prefetch, cfg.warp_loads, cfg.lean) == \
-            (warps, stages, True, 256, wl, lean), label
-    assert flat["w6s2"][1] == (1, "res") and flat["fc"][1] == (0.5,)
-    assert [mod.ctas_per_sm(flat[k][0], 232448) for k in ("wl", "w6s2")] == [1, 2]
-    big = {label: mults for label, _, mults in dt.candidates(base, 32, 0, ctx=32768)}
-    assert big == {"base": (1,), "wl": (1,), "ln": (1,), "w6s2": (1,), "fc": (2, 4), "w4s3": (1,)}
-    assert "fc" not in {x[0] for x in dt.candidates(base, 8, 0, ctx=32768)}
+        assert (cfg.warps, cfg.warp_n, cfg.stages, cfg.fused_combine, cfg.l2_prefetch, cfg.early_merge) == \
+            (warps, warp_n, stages, True, 256, True), label
+    assert flat["w4em"][1] == ("res", 33 / 16)
+    assert [mod.ctas_per_sm(flat[k][0], 232448) for k in ("em", "w4em", "w4n32em")] == [1, 2, 1]
+    assert {label: m for label, _, m in dt.candidates(base, 8, 0, ctx=32768)}["w4em"] == ("res",)
+    assert [x[0] for x in dt.candidates(base, 32, 0, ctx=32768)] == ["base"]
     small = dt.base_config(problem(64, 8192))                        # CONTIGUOUS_SMALL_TILE_MIN_GROUPS
     assert (small.warps, small.stages) == (4, 3)
     assert [(x[0], x[1].warps) for x in dt.candidates(small, 64, 0, ctx=8192)] == [("base", 4), ("w8s3", 8)]
-    paged = {label: (cfg, mults) for label, cfg, mults in dt.candidates(base, 1, 16, ctx=8192)}
-    assert list(paged) == ["base"]
+    assert [x[0] for x in dt.candidates(base, 1, 16, ctx=8192)] == ["base"]
     large = {label: cfg for label, cfg, _ in dt.candidates(base, 1, 256, ctx=8192)}
     assert list(large) == ["base", "tma4"] and large["tma4"].tma and large["tma4"].warps == 4
     assert "tma4" not in {x[0] for x in dt.candidates(base, 32, 256, ctx=32768)}
-    assert [x[0] for x in dt.candidates(base, 1, 0, cold=True)] == ["base", "wl", "ln"]
+    assert [x[0] for x in dt.candidates(base, 1, 0, cold=True)] == ["base", "em"]
     for page in (0, 16, 256):
         for label, cfg, _ in dt.candidates(base, 1, page, ctx=8192) + dt.candidates(base, 64, page, ctx=131072):
             assert not cfg.problems(232448), (label, cfg.problems(232448))
@@ -81,7 +77,7 @@ def test_proposals():
 def test_all_configs_is_a_short_compile_list():
     prop = [dt.parse_switches("L2_PREFETCH_DEFAULT=256 SMALL_PAGE_WARPS=4")]
     configs = dt.all_configs(list(dt.CELLS), list(dt.PAGES), proposals=prop)
-    assert len(configs) <= 10 and len(set(configs)) == len(configs)
+    assert len(configs) <= 14 and len(set(configs)) == len(configs)
     assert all(c.splits == 0 for c in configs)
 
 

@@ -5,8 +5,18 @@ cache full to ``ctx`` keys; batch x context over --decode-batches x --decode-ctx
 "cuflash" (contiguous cache, num_splits=0), "cuflash_page16" and "cuflash_page256" (paged over a
 shuffled block table), "sdpa_flash" and "sdpa_cudnn" (scaled_dot_product_attention with
 enable_gqa on (b, h, s, d) views of the same cache). Each impl is timed by CUDA-graph replay:
-one graph of 20 calls, replayed `reps` times, the median replay / 20 is ``us``.
-kv_TBps = K + V bytes read (2 · batch · ctx · hk · d · 2) / time.
+one graph of 20 calls per impl; the impls of a (batch, ctx) cell replay in shuffled rounds
+(cuflash.timing.round_orders, ``reps`` replays per impl spread over ``rounds`` rounds), and ``us`` is the
+median replay / 20 over all rounds. The paged caches view the contiguous cache's memory (pages
+of one row are its consecutive ``page`` keys, listed in a shuffled block table), so every impl
+reads the same bytes. kv_TBps = K + V bytes read (2 · batch · ctx · hk · d · 2) / time.
+
+Why interleaved (session 17): timed one impl after another, with a fresh allocation per page
+size, the bench put page 16 at 0.88-0.95x and page 256 at 0.87-0.97x of the contiguous time at
+batch >= 8, where tests/decode_tma_timing.py (alternating order, one memory) measured 1.01-1.08x
+(the H100's clock under sustained load depends on what ran just before: cuflash.timing).
+Interleaved on one memory (session 17 round 3, batch 1 / 8 x 8k / 32k): page 16 1.05-1.10x and
+page 256 1.01-1.03x the contiguous time.
 
 Writes results/<gpu>/decode.{json,csv,png}: records {impl, batch, ctx, hq, hk, d, page_size, us,
 kv_TBps} (+ error for an impl that could not run), the png plots kv_TBps against ctx per batch.
@@ -95,8 +105,29 @@ def time_graph(f, reps: int) -> float:
     return times[len(times) // 2]
 
 
-def run(batches=BATCHES, ctxs=CTXS, reps: int = 10, out="results", pages=(16, 256), log=print) -> list:
+def paged_view(kc, vc, page: int, gen=None):
+    """(k pages, v pages, block_table) viewing the contiguous (batch, ctx, hk, d) caches kc, vc as
+    (batch · ctx / page, page, hk, d) pages, with row b's table listing its own pages (b · blocks
+    .. (b + 1) · blocks - 1) in a shuffled order. A paged call then reads the very bytes of the
+    contiguous one, keys in another order (one query row: the output does not depend on the
+    order but for rounding). ctx must be a multiple of page."""
     import torch
+
+    batch, ctx = kc.shape[0], kc.shape[1]
+    if ctx % page:
+        raise ValueError(f"page: the context {ctx} must be a multiple of the page size {page}")
+    blocks = ctx // page
+    perm = torch.stack([torch.randperm(blocks, device=kc.device, generator=gen) for _ in range(batch)])
+    table = (perm + torch.arange(batch, device=kc.device)[:, None] * blocks).to(torch.int32)
+    return (kc.reshape(batch * blocks, page, *kc.shape[2:]), vc.reshape(batch * blocks, page, *vc.shape[2:]),
+            table)
+
+
+def run(batches=BATCHES, ctxs=CTXS, reps: int = 10, out="results", pages=(16, 256), log=print,
+        rounds: int = 5) -> list:
+    import torch
+
+    from ..timing import round_orders
 
     _gpu.require("bench --mode decode")
     dt = torch.bfloat16
@@ -109,26 +140,47 @@ def run(batches=BATCHES, ctxs=CTXS, reps: int = 10, out="results", pages=(16, 25
                 continue
             q = torch.randn(batch, 1, HQ, D, device="cuda", dtype=dt)
             seqlens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-            for page in (0,) + tuple(pages):
-                impls = ["cuflash", "sdpa_flash", "sdpa_cudnn"] if not page else [f"cuflash_page{page}"]
+            try:
+                kc, vc, _ = _cache(batch, ctx, 0, dt)
+            except torch.OutOfMemoryError as exc:
+                log(f"batch {batch} ctx {ctx}: {short(exc)}")
+                continue
+            caches = {0: (kc, vc, None)}
+            caches.update({page: None for page in pages})   # paged views of the same memory
+            impls = [("cuflash", 0), ("sdpa_flash", 0), ("sdpa_cudnn", 0)] + [(f"cuflash_page{p}", p) for p in pages]
+            recs, graphs = {}, {}
+            for impl, page in impls:
+                recs[impl] = dict(impl=impl, batch=batch, ctx=ctx, hq=HQ, hk=HK, d=D, page_size=page)
+            for impl, page in impls:
                 try:
-                    kc, vc, table = _cache(batch, ctx, page, dt)
-                except torch.OutOfMemoryError as exc:
-                    log(f"batch {batch} ctx {ctx} page {page}: {short(exc)}")
-                    continue
-                for impl in impls:
-                    rec = dict(impl=impl, batch=batch, ctx=ctx, hq=HQ, hk=HK, d=D, page_size=page)
-                    try:
-                        us = time_graph(_fn(impl, q, kc, vc, table, seqlens), reps)
-                        rec.update(us=us, kv_TBps=kv_bytes / (us * 1e-6) / 1e12)
-                        log(f"{impl:16s} b{batch:<3d} ctx {ctx:>6d}: {us:9.1f} us  "
-                            f"{rec['kv_TBps']:.2f} TB/s")
-                    except Exception as exc:  # noqa: BLE001 - a record says why
-                        rec.update(us=None, kv_TBps=None, error=short(exc))
-                        log(f"{impl:16s} b{batch:<3d} ctx {ctx:>6d}: {short(exc)}")
-                    records.append(rec)
-                del kc, vc, table
-                torch.cuda.empty_cache()
+                    if page and caches[page] is None:
+                        caches[page] = paged_view(kc, vc, page)
+                    ck, cv, table = caches[page]
+                    f = _fn(impl, q, ck, cv, table, seqlens)
+                    graphs[impl] = capture_graph(f, GRAPH_CALLS)
+                except Exception as exc:  # noqa: BLE001 - a record says why
+                    recs[impl].update(us=None, kv_TBps=None, error=short(exc))
+                    log(f"{impl:16s} b{batch:<3d} ctx {ctx:>6d}: {short(exc)}")
+            samples = {name: [] for name in graphs}
+            for order in round_orders(list(graphs), rounds, "shuffle"):
+                for name in order:
+                    for _ in range(-(-reps // rounds)):   # reps replays in all, over the rounds
+                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        start.record()
+                        graphs[name].replay()
+                        end.record()
+                        end.synchronize()
+                        samples[name].append(start.elapsed_time(end) * 1e3 / GRAPH_CALLS)
+            for impl, page in impls:
+                rec = recs[impl]
+                if impl in samples and samples[impl]:
+                    t = sorted(samples[impl])
+                    us = t[len(t) // 2]
+                    rec.update(us=us, kv_TBps=kv_bytes / (us * 1e-6) / 1e12)
+                    log(f"{impl:16s} b{batch:<3d} ctx {ctx:>6d}: {us:9.1f} us  {rec['kv_TBps']:.2f} TB/s")
+                records.append(rec)
+            del kc, vc, caches, graphs
+            torch.cuda.empty_cache()
     path = results_dir(out)
     write_json(path / f"{STEM}.json", records)
     _csv(records, path / f"{STEM}.csv")

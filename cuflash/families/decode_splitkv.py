@@ -209,6 +209,36 @@ LARGE_PAGE_TMA_MAX_KEYS = 8192
 # space (the heuristic's choice and the space's values).
 LEAN_DEFAULT = False
 LEAN_SPACE = (False,)
+# bulk (the cp.async loop, sm_90): 0: 16-byte cp.asyncs; 1: one cp.async.bulk per whole key row
+# (256 bytes at d 128) on a per-slot mbarrier; 2: as 1 with an L2 evict-first policy. Session 16's
+# ncu (32 x 8k) saw cuflash's 16-byte copies look each 32-byte L2 sector up twice where cuDNN's
+# kernel looks it up once. Timed on the H100 (session 17 round A, tests/decode_tma_timing.py, bf16
+# d 128 32:8 heads, CUDA graphs, fused combine; logs in notes/gpu_result_dec8.md): slower in every
+# cell. The heuristic's 8 x 3 tiles: 1 x 8k 18.6 / 18.8 us (bulk 1 / 2) against 15.0, 1 x 32k
+# 56.6 / 56.2 against 53.2, 1 x 128k 197.2 / 201.0 against 187.4, 8 x 32k 385.6 / 388.5 against
+# 369.2, 32 x 8k 386.7 / 394.2 against 367.5, 32 x 32k 1538 / 1566 against 1467; 4 x 3 (two CTAs
+# per SM) 381.5 at 32 x 8k, 4 x 6 27.8 at 1 x 8k; paged (a table read per row) 0.94-1.00 of the
+# cp.async loop's 8 warps, page 16 on 4 warps 1.01-1.06 of it but behind the heuristic's choice
+# (1 x 32k 60.8 against 57.5 us, 32 x 32k 1589 against 1510). ncu (1 x 32k): the bulk rows halve
+# the L2 lookups (1.27 M hits against 4.14 M) yet DRAM throughput falls from 66% to 56% of peak:
+# the copy engine's per-row requests stream slower than the SMs' own 16-byte copies here. Its GPU
+# tests pass (tests/test_decode_bulk_gpu.py). Off and out of the tuning space.
+BULK_DEFAULT = 0
+BULK_PAGED_DEFAULT = 0    # the same for paged caches (a table read per row, then its bulk copy)
+BULK_SPACE = (0,)
+BULK_VALUES = (0, 1, 2)
+# early_merge (fused combine): the merging CTA issues its first batch of partial-O loads before the
+# LSE loads (one L2 round trip fewer on the critical path of calls with more than one split).
+# H100 (tests/decode_tma_timing.py, bf16 d 128 32:8 heads, CUDA graphs, shuffled rounds): session
+# 17 round 3 (notes/gpu_result_dec8_c.md), the heuristic with it (prop) against without: 1 x 8k
+# 15.0 against 15.2 us, 1 x 32k 53.7 / 53.8, 8 x 8k 97.9 / 97.9, 1 x 128k 187.5 / 188.1, 8 x 32k
+# 369.8 / 370.4, cold-L2 1 x 8k 20.7 / 21.1 (geomean 1.005, no cell slower); round 2 on the bulk
+# rows: 1 x 8k 18.2 / 18.4, 1 x 32k 54.7 / 55.6, 8 x 8k 99.2 / 102.5. At one split (batch >= 32)
+# the merge does not run. GPU tests pass on both loops (tests/test_decode_bulk_gpu.py::
+# test_early_merge); racecheck clean (round 3, gpu_sanitize.py --quick, SANITIZE_DECODE_SWITCH=
+# BULK_DEFAULT: the bulk + early-merge pass). On, and in the tuning space.
+EARLY_MERGE_DEFAULT = True
+EARLY_MERGE_SPACE = (False, True)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -243,6 +273,11 @@ class DecodeConfig(KernelConfig):
     lean:     the cp.async loop's warps keep Q's mma fragments in registers (read once per CTA, not
               per block) and rescale O only when a row's running max grew in the block (one row
               tile up to d 128: the fragments' registers)
+    bulk:     (sm_90) the cp.async loop's whole K/V blocks arrive by one cp.async.bulk per key row
+              on a per-slot mbarrier (1), with an L2 evict-first policy (2); 0: 16-byte cp.asyncs.
+              No warp_loads, page_prefetch or page_gather with it
+    early_merge: (fused_combine) the merging CTA issues its first partial-O loads before the LSE
+              loads (the two L2 round trips overlap)
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -268,6 +303,8 @@ class DecodeConfig(KernelConfig):
     warp_loads: bool = False
     page_gather: bool = False
     lean: bool = False
+    bulk: int = 0
+    early_merge: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -291,16 +328,17 @@ class DecodeConfig(KernelConfig):
         flags = (("_fc" if self.fused_combine else "") + ("_pp" if self.page_prefetch else "")
                  + ("_tma" if self.tma else "") + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
                  + ("_wl" if self.warp_loads else "") + ("_pg" if self.page_gather else "")
-                 + ("_ln" if self.lean else ""))
+                 + ("_ln" if self.lean else "") + (f"_bk{self.bulk}" if self.bulk else "")
+                 + ("_em" if self.early_merge else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
     @property
     def smem_bytes(self) -> int:
         """Q tile plus `stages` (K, V) blocks, rows padded by 8 elements (tma: plus the ring's
-        full and empty mbarriers, 8 bytes each)."""
+        full and empty mbarriers, 8 bytes each; bulk: one mbarrier per slot)."""
         tiles = (self.rows + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
-        return tiles + (2 * self.stages * 8 if self.tma else 0)
+        return tiles + (2 * self.stages * 8 if self.tma else self.stages * 8 if self.bulk else 0)
 
     @property
     def accum_regs(self) -> int:
@@ -311,9 +349,11 @@ class DecodeConfig(KernelConfig):
         if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
-        # the defaults (false) of the trailing flags are left out
-        gather = (f", {flag[self.page_gather]}, {flag[True]}" if self.lean
-                  else f", {flag[True]}" if self.page_gather else "")
+        # the defaults (false, 0) of the trailing flags are left out
+        trailing = [flag[self.page_gather], flag[self.lean], str(int(self.bulk)), flag[self.early_merge]]
+        while trailing and trailing[-1] in ("false", "0"):
+            trailing.pop()
+        gather = "".join(f", {x}" for x in trailing)
         return (f"cuflash::decode_splitkv<{self.warps}, {self.warp_n}, {self.stages}, {self.m_tiles}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {flag[self.fused_combine]}, "
                 f"{flag[self.page_prefetch]}, {int(self.l2_prefetch)}, {flag[self.warp_loads]}{gather}>")
@@ -323,7 +363,8 @@ class DecodeConfig(KernelConfig):
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype)
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                 bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch),
-                bool(self.warp_loads), bool(self.page_gather), bool(self.lean))
+                bool(self.warp_loads), bool(self.page_gather), bool(self.lean), int(self.bulk),
+                bool(self.early_merge))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -336,6 +377,13 @@ class DecodeConfig(KernelConfig):
         if self.l2_prefetch not in L2_PREFETCH_SIZES:
             out.append(f"l2_prefetch must be one of {L2_PREFETCH_SIZES} (bytes; 0: no hint), "
                        f"got {self.l2_prefetch}")
+        if self.bulk not in BULK_VALUES:
+            out.append(f"bulk must be one of {BULK_VALUES} (0: 16-byte cp.asyncs), got {self.bulk}")
+        elif self.bulk and (self.tma or self.warp_loads or self.page_prefetch or self.page_gather):
+            out.append("bulk: the bulk rows are the CTA's own loads of the cp.async loop: no tma, "
+                       "warp_loads, page_prefetch or page_gather with it")
+        if self.early_merge and (self.tma or not self.fused_combine):
+            out.append("early_merge: an option of the fused combine (fused_combine, no tma)")
         if not 0 <= self.splits <= MAX_SPLITS:
             out.append(f"splits must be in 0..{MAX_SPLITS} (0: heuristic), got {self.splits}")
         if not out and self.accum_regs > MAX_ACCUM_REGS:
@@ -495,7 +543,8 @@ class DecodeSplitKV(Family):
     space = {"warps": (2, 4, 8), "warp_n": (16, 32), "stages": (2, 3, 4, 6), "m_tiles": (1, 2),
              "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
              "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE,
-             "page_gather": PAGE_GATHER_SPACE, "lean": LEAN_SPACE}
+             "page_gather": PAGE_GATHER_SPACE, "lean": LEAN_SPACE, "bulk": BULK_SPACE,
+             "early_merge": EARLY_MERGE_SPACE}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -555,11 +604,16 @@ class DecodeSplitKV(Family):
                            l2_prefetch=0 if "paged_kv" in problem.features else L2_PREFETCH_DEFAULT,
                            warp_loads=WARP_LOADS_DEFAULT,
                            page_gather=PAGE_GATHER_DEFAULT and "paged_kv" in problem.features)
+        bulk = BULK_PAGED_DEFAULT if "paged_kv" in problem.features else BULK_DEFAULT
+        if bulk and tuple(arch)[0] == 9 and not (cfg.warp_loads or cfg.page_prefetch or cfg.page_gather):
+            cfg = cfg.replace(bulk=bulk, l2_prefetch=0)   # sm_90 only; whole blocks take no cp.async hint
+        if EARLY_MERGE_DEFAULT and cfg.fused_combine:
+            cfg = cfg.replace(early_merge=True)
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
             tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False,
-                              lean=False, tma=True, split_cost=TMA_SPLIT_COST)
+                              lean=False, bulk=0, early_merge=False, tma=True, split_cost=TMA_SPLIT_COST)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
                 candidate = tma.replace(**shrink)
@@ -578,13 +632,16 @@ class DecodeSplitKV(Family):
         """As Family.make; a point without ``tma``, ``l2_prefetch``, ``warp_loads`` or ``page_gather``
         (tuned tables and recorded studies from before them) gets False / 0 / False / False: the
         cp.async loop as it was."""
-        point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False, **point}
+        point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
+                 "bulk": 0, "early_merge": False, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
         """'' when ``config``'s Hopper loop (``tma``) can run ``problem`` (a call with caches of
         ``page_size`` keys per page, 0: contiguous) on ``arch``, else why not (naming the
-        argument). A config without tma runs everywhere the family does."""
+        argument). A config without tma runs everywhere the family does, but bulk needs sm_90."""
+        if getattr(config, "bulk", 0) and tuple(arch)[0] != 9:
+            return f"config: {config.name} (bulk) needs sm_90 (cp.async.bulk), got sm_{arch[0]}{arch[1]}"
         if not getattr(config, "tma", False):
             return ""
         if tuple(arch)[0] != 9:
@@ -613,7 +670,7 @@ class DecodeSplitKV(Family):
         if why:
             if not chosen:
                 raise ValueError(why)
-            config = config.replace(tma=False)
+            config = config.replace(tma=False, bulk=0)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
@@ -622,7 +679,8 @@ class DecodeSplitKV(Family):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
-                                 warp_loads=False, page_gather=False, fused_combine=False, lean=False)
+                                 warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
+                                 early_merge=False)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
