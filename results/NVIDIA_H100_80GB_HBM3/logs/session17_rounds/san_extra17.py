@@ -1,4 +1,4 @@
-"""compute-sanitizer shapes for the shipped defaults (session 16: d128 dynamic + frag_pin, d64 dk_late / q_rotate, d256 roles + dq_writer), by default selection through torch:
+"""compute-sanitizer shapes for the shipped defaults (session 17 adds stream_tail, dq_convert, drop_early, varlen d64 on sm90_bwd; session 16: d128 dynamic + frag_pin, d64 dk_late / q_rotate, d256 roles + dq_writer), by default selection through torch:
 sm90_bwd d128 (dq_early / dk_late / ds_double heuristic) and d256 / d192 (dq_writer), the
 non-causal sm90_fwd tiles (HEURISTIC_NC), the d128 feature defaults (window, softcap, ALiBi),
 and decode (batch 1 contiguous, pages of 16 and 256)."""
@@ -51,4 +51,40 @@ for batch, ctx, page in ((1, 8192, 0), (2, 3000, 16), (3, 5000, 256), (1, 20000,
         cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=bt)
     torch.cuda.synchronize()
     print("ok decode", (batch, ctx, page), flush=True)
+
+# session 17: stream_tail (d128 non-causal 2k, d256 non-causal 4k: more tiles than SMs, so the last
+# stretch is cut by K/V blocks), dq_convert (d128 causal / fp16 non-causal up to 4k), drop_early (d128
+# dropout), varlen at d64 on sm90_bwd
+for dt, d, s, h, causal, bwd in ((bf, 128, 2048, 10, False, True), (torch.float16, 128, 2048, 10, False, True),
+                                 (bf, 256, 4096, 5, False, False), (bf, 128, 1000, 4, True, True),
+                                 (torch.float16, 128, 1500, 4, True, True)):
+    q = torch.randn(1, s, h, d, device=dev, dtype=dt, requires_grad=True)
+    k = torch.randn(1, s, h, d, device=dev, dtype=dt, requires_grad=True)
+    v = torch.randn(1, s, h, d, device=dev, dtype=dt, requires_grad=True)
+    for _ in range(2):
+        o = cuflash.flash_attn_func(q, k, v, causal=causal)
+        if bwd:
+            o.float().square().sum().backward()
+    torch.cuda.synchronize()
+    print("ok s17", (str(dt), d, s, h, causal, bwd), flush=True)
+for causal in (False, True):
+    q = torch.randn(1, 700, 4, 128, device=dev, dtype=bf, requires_grad=True)
+    k = torch.randn(1, 900, 2, 128, device=dev, dtype=bf, requires_grad=True)
+    v = torch.randn(1, 900, 2, 128, device=dev, dtype=bf, requires_grad=True)
+    for _ in range(2):
+        o = cuflash.flash_attn_func(q, k, v, dropout_p=0.1, causal=causal)
+        o.float().square().sum().backward()
+    torch.cuda.synchronize()
+    print("ok dropout", causal, flush=True)
+lens = [0, 17, 300, 1023, 5]
+cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=dev, dtype=torch.int32)
+tot = int(cu[-1])
+q = torch.randn(tot, 4, 64, device=dev, dtype=bf, requires_grad=True)
+k = torch.randn(tot, 2, 64, device=dev, dtype=bf, requires_grad=True)
+v = torch.randn(tot, 2, 64, device=dev, dtype=bf, requires_grad=True)
+for _ in range(2):
+    o = cuflash.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    o.float().square().sum().backward()
+torch.cuda.synchronize()
+print("ok varlen d64", flush=True)
 print("sanitize extra done")
