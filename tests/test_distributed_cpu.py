@@ -363,6 +363,10 @@ def test_bench_ring_cli():
     for bad in ("nccl_ctas0", "fast", "fwd_dyn+", "fwd_dyn+fwd_dyn"):
         with pytest.raises(SystemExit):  # argparse: the type's ValueError, exit 2
             bench.parser().parse_args(["--mode", "ring", "--ring-ab", bad])
+    a = bench.parser().parse_args(["--mode", "ring", "--ring-ab", "fwd_grid1", "--ring-ab-seqlens",
+                                   "524288", "--ring-ab-causal", "no"])
+    assert a.ring_ab == ["fwd_grid1"] and a.ring_ab_seqlens == [524288] and a.ring_ab_causal == "no"
+    assert bench.parser().parse_args(["--mode", "ring"]).ring_ab_causal == "both"
     a = bench.parser().parse_args(["--mode", "ring", "--ring-breakdown", "--ring-light-from", "0"])
     assert a.ring_breakdown and a.ring_light_from == 0 and a.ring_seqlens is None
     assert "ring" not in bench.modes_of(["all"])
@@ -373,10 +377,18 @@ def test_bench_ring_parse_variant():
 
     assert ring.parse_variant("nccl_priority+fwd_dyn+nccl_ctas4") == {
         "flags": ["FWD_DYNAMIC"], "priority": True, "max_ctas": 4, "rotate": False,
-        "lib_ctas": None}
+        "lib_ctas": None, "grid_steps": None}
     assert ring.parse_variant("rotate+early_send+lib_priority+lib_ctas2") == {
         "flags": ["EARLY_SEND", "PRIORITY_GROUP"], "priority": False, "max_ctas": None,
-        "rotate": True, "lib_ctas": 2}
+        "rotate": True, "lib_ctas": 2, "grid_steps": None}
+    assert ring.parse_variant("fwd_grid1+lib_ctas4") == {
+        "flags": [], "priority": False, "max_ctas": None, "rotate": False, "lib_ctas": 4,
+        "grid_steps": 1}
+    assert ring.parse_variant("fwd_grid0")["grid_steps"] == 0
+    with pytest.raises(ValueError, match="^ab: unknown variant 'fwd_grid2' in 'fwd_grid1"):
+        ring.parse_variant("fwd_grid1+fwd_grid2")
+    with pytest.raises(ValueError, match="^ab: unknown variant 'fwd_grid'"):
+        ring.parse_variant("fwd_grid")
     for flag in ring.FLAG_VARIANTS.values():  # every flag a variant flips exists
         assert isinstance(getattr(cfd, flag), bool)
     with pytest.raises(ValueError, match="^ab: unknown variant 'nccl_ctasx'"):
@@ -654,7 +666,65 @@ def test_bench_ring_variant_flow(monkeypatch):
     ring._variant("lib_ctas2", 2, 3, 8e9, rec, logged.append,
                   lambda *a, **k: seen.append(cfd.RING_MAX_CTAS), lambda *a, **k: None, 64)
     assert set(seen) == {2} and cfd.RING_MAX_CTAS is None
+    seen = []
+    ring._variant("fwd_grid2+lib_ctas4", 2, 3, 8e9, rec, logged.append,
+                  lambda *a, **k: seen.append((cfd.FWD_GRID_STEPS, cfd.RING_MAX_CTAS)),
+                  lambda *a, **k: None, 64)
+    assert set(seen) == {(2, 4)} and cfd.FWD_GRID_STEPS == 0 and cfd.RING_MAX_CTAS is None
+    assert logged[-1].startswith("  fwd_grid2+lib_ctas4 (cuflash.distributed.FWD_GRID_STEPS = N")
     assert logged[0].startswith("  fwd_dyn+lib_priority (") and \
         logged[1] == "  [fwd_dyn+lib_priority] timeline r0 (GPU 0) fwd: s0 k0.0+1.0"
     out = ring._variant("nope", 2, 3, 8e9, rec, logged.append, fwd, bwd, 64)
     assert list(out) == ["alt_nope_error"] and "unknown variant 'nope'" in out["alt_nope_error"]
+
+
+def test_bench_ring_ab_here():
+    """--ring-ab's problems: every one by default; --ring-ab-max, --ring-ab-seqlens and
+    --ring-ab-causal each narrow them."""
+    from cuflash.bench import ring
+
+    assert ring.ab_here({}, 1 << 20, True) and ring.ab_here({"ab_causals": (True, False)}, 8, False)
+    opts = {"ab_max": 524288, "ab_seqlens": (262144, 524288, 1048576), "ab_causals": (False,)}
+    assert ring.ab_here(opts, 524288, False)
+    assert not ring.ab_here(opts, 524288, True) and not ring.ab_here(opts, 1048576, False)
+    assert not ring.ab_here(dict(opts, ab_max=None), 131072, False)
+    assert ring.ab_here(dict(opts, ab_max=None), 1048576, False)
+
+
+def test_forward_config_grid_and_dynamic(monkeypatch):
+    """block_forward's config changes (no GPU: selection and the device's shared memory stubbed):
+    FWD_GRID_STEPS puts a non-causal call of the first steps on a grid of one CTA per tile where
+    selection picks a persistent schedule (static or dynamic), leaves causal calls and later
+    steps to FWD_DYNAMIC; FWD_DYNAMIC alone moves a static persistent config to the dynamic
+    scheduler. The plain instantiation is untouched when both are off."""
+    from cuflash import _gpu, select
+    from cuflash.families.sm90_fwd import Sm90FwdConfig
+
+    static = Sm90FwdConfig(128, 176, 2, 2, True, True, 128, "bf16", False)
+    dyn = static.replace(dynamic=True)
+
+    class Fam:
+        @staticmethod
+        def fits(config, problem):
+            return None
+
+    picks = {}
+    monkeypatch.setattr(select, "choose_on_device",
+                        lambda problem, dev: (Fam, picks[bool(problem.causal)], None))
+    monkeypatch.setattr(_gpu, "max_smem", lambda dev=None: 232448)
+    monkeypatch.setattr(cfd, "_dynamic_configs", {})
+    q = torch.zeros(1, 4096, 2, 128, dtype=torch.bfloat16)
+    picks[False], picks[True] = static, dyn.replace(causal=True)
+    grid = cfd._forward_config(q, q, q, 0.1, False, True)
+    assert not grid.persistent and not grid.dynamic and grid.BN == 176 and grid.pingpong
+    assert cfd._forward_config(q, q, q, 0.1, False, False) == dyn
+    causal = cfd._forward_config(q, q, q, 0.1, True, False)
+    assert causal is None  # already dynamic: selection's own
+    monkeypatch.setattr(cfd, "_dynamic_configs", {})
+    picks[False] = dyn
+    assert cfd._forward_config(q, q, q, 0.1, False, True) == grid  # from the dynamic one too
+    assert cfd._forward_config(q, q, q, 0.1, False, False) is None
+    picks[False] = grid
+    monkeypatch.setattr(cfd, "_dynamic_configs", {})
+    assert cfd._forward_config(q, q, q, 0.1, False, True) is None  # already a grid
+    assert cfd.FWD_GRID_STEPS == 0  # off until measured (bench --ring-ab fwd_gridN)

@@ -320,7 +320,9 @@ def test_ring_varlen_matches_single_gpu(world):
 
 
 # the straggler fixes' code paths at full size: FWD_DYNAMIC needs a call on the static persistent
-# schedule (non-causal, >= 2k keys: 2048 positions per rank), PRIORITY_GROUP the default group
+# schedule (non-causal, >= 2k keys: 2048 positions per rank), PRIORITY_GROUP the default group;
+# FWD_GRID_STEPS = 1 runs the first case's step 0 on a grid of one CTA per tile (its later steps
+# static persistent, FWD_DYNAMIC being off there)
 FLAG_CASES = [(1, 1024, 2, 1, 128, False, "zigzag", "bf16"),
               (1, 1024, 2, 2, 128, True, "zigzag", "bf16")]
 
@@ -329,7 +331,7 @@ def _sizes_worker(rank, world, port):
     """P = world, world - 1, ..., 2 in one set of processes (the smaller rings on subgroups of
     the first P ranks, which also checks the ring's group argument), dense and varlen cases;
     the varlen calls alone on rank 0 (P = 1); and at P = world the cases again with
-    FWD_DYNAMIC and PRIORITY_GROUP flipped."""
+    FWD_DYNAMIC and PRIORITY_GROUP flipped and FWD_GRID_STEPS = 1."""
     import torch.distributed as dist
 
     from cuflash import distributed as cfd
@@ -347,15 +349,21 @@ def _sizes_worker(rank, world, port):
         if rank == 0:
             failures += _varlen_checks(0, 1, one, VARLEN_CASES)
         dist.barrier()
-        saved = cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP
-        cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP = not saved[0], not saved[1]
+        saved = cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS
+        cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS = not saved[0], not saved[1], 1
         try:
-            tag = f" FWD_DYNAMIC={cfd.FWD_DYNAMIC} PRIORITY_GROUP={cfd.PRIORITY_GROUP}"
+            tag = (f" FWD_DYNAMIC={cfd.FWD_DYNAMIC} PRIORITY_GROUP={cfd.PRIORITY_GROUP} "
+                   f"FWD_GRID_STEPS={cfd.FWD_GRID_STEPS}")
             failures += _dense_checks(rank, world, None, FLAG_CASES + CASES[:1], first_extra=False,
                                       tag=tag)
             failures += _varlen_checks(rank, world, None, VARLEN_CASES[:1], tag=tag)
+            grid = [c.name for key, c in cfd._dynamic_configs.items() if key[-1] and c is not None]
+            print(f"rank {rank}/{world}{tag}: grid configs run {grid}", flush=True)
+            if not grid or any("persist" in name for name in grid):
+                failures.append(f"rank {rank}: FWD_GRID_STEPS=1 ran no non-causal call on a grid "
+                                f"of one CTA per tile (configs {grid})")
         finally:
-            cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP = saved
+            cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS = saved
         dist.barrier()
     finally:
         dist.destroy_process_group()

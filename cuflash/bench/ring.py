@@ -49,8 +49,10 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  With --ring-ab NAME ...: alt_NAME_fwd_ms, alt_NAME_bwd_ms,
                  alt_NAME_tflops_per_gpu of the same ring with something changed, in the same
                  run (AB_VARIANTS, or several joined by '+'; --ring-ab-max: only up to that
-                 seqlen). --ring-set NAME: the whole run with a variant (ring_set in the
-                 records). --ring-rotate K: process r on GPU (r + K) mod the GPU count.
+                 seqlen, --ring-ab-seqlens: only at those, --ring-ab-causal yes / no: only with
+                 that mask). --ring-set NAME: the whole run with a variant (ring_set in the
+                 records; the settings it ran with: reverse_bwd, fwd_dynamic, priority_group,
+                 ring_max_ctas, early_send, fwd_grid_steps). --ring-rotate K: process r on GPU (r + K) mod the GPU count.
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
 """
@@ -88,7 +90,8 @@ CP_BACKENDS = ("flash", "cudnn")
 
 def run(seqlens=SEQLENS, causals=(True, False), procs=None, nheads=8, d=128, reps=3,
         budget_s=270.0, torch_cp=True, full_max=262144, out="results", cp_backends=CP_BACKENDS,
-        breakdown=False, light_from=LIGHT_FROM, ab=(), ab_max=None, rotate=0, ring_set=None):
+        breakdown=False, light_from=LIGHT_FROM, ab=(), ab_max=None, rotate=0, ring_set=None,
+        ab_seqlens=None, ab_causals=(True, False)):
     """Spawn one process per GPU and run the mode; rank 0 writes the records."""
     import torch
     import torch.multiprocessing as mp
@@ -110,6 +113,8 @@ def run(seqlens=SEQLENS, causals=(True, False), procs=None, nheads=8, d=128, rep
                 budget_s=budget_s, torch_cp=torch_cp, full_max=full_max, out=out,
                 cp_backends=tuple(cp_backends), breakdown=bool(breakdown),
                 light_from=light_from, ab=tuple(ab), ab_max=ab_max, rotate=int(rotate),
+                ab_seqlens=None if ab_seqlens is None else tuple(ab_seqlens),
+                ab_causals=tuple(bool(c) for c in ab_causals),
                 ring_set=ring_set or None)
     print(f"bench ring: P = {procs} processes, seqlens {list(seqlens)}, causal {list(causals)}, "
           f"budget {budget_s:.0f} s" + (f", rank r on GPU (r + {rotate}) % {n}" if rotate else ""),
@@ -192,10 +197,7 @@ def _worker(rank, world, port, opts):
         spec = parse_variant(opts["ring_set"])
         from .. import distributed as cfd
 
-        for flag in spec["flags"]:
-            setattr(cfd, flag, not getattr(cfd, flag))
-        if spec["lib_ctas"] is not None:
-            cfd.RING_MAX_CTAS = spec["lib_ctas"]
+        apply_variant(spec)
         _MAIN["group"] = _variant_group(spec, world)
         log(f"bench ring: as run = {opts['ring_set']} (flipped {spec['flags']}, group "
             f"{'default' if _MAIN['group'] is None else 'its own'})")
@@ -338,10 +340,10 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         rec["priority_group"] = cfd.PRIORITY_GROUP
         rec["ring_max_ctas"] = cfd.RING_MAX_CTAS
         rec["early_send"] = cfd.EARLY_SEND
+        rec["fwd_grid_steps"] = cfd.FWD_GRID_STEPS
         if opts.get("ring_set"):
             rec["ring_set"] = opts["ring_set"]
-        ab_max = opts.get("ab_max")
-        for name in opts.get("ab", ()) if ab_max is None or seqlen <= ab_max else ():
+        for name in opts.get("ab", ()) if ab_here(opts, seqlen, causal) else ():
             rec.update(_variant(name, world, reps, f_fwd + f_bwd, rec, log, fwd_g, bwd_g,
                                 min(s_local, WARM_LOCAL), bool(opts.get("breakdown"))))
         if opts.get("breakdown") or light:
@@ -417,6 +419,14 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
     return recs
 
 
+def ab_here(opts: dict, seqlen: int, causal: bool) -> bool:
+    """Whether --ring-ab's variants run on this problem: seqlen <= --ring-ab-max, seqlen in
+    --ring-ab-seqlens and the mask in --ring-ab-causal, each where given."""
+    ab_max, ab_seqlens = opts.get("ab_max"), opts.get("ab_seqlens")
+    return ((ab_max is None or seqlen <= ab_max) and (ab_seqlens is None or seqlen in ab_seqlens)
+            and bool(causal) in opts.get("ab_causals", (True, False)))
+
+
 AB_VARIANTS = {
     "early_send": "cuflash.distributed.EARLY_SEND flipped",
     "nccl_priority": "the ring on a second NCCL group whose streams have high priority "
@@ -434,6 +444,9 @@ AB_VARIANTS = {
                     "twin of the default group, made by the library)",
     "lib_ctasN": "cuflash.distributed.RING_MAX_CTAS = N (the library's high-priority twin group "
                  "with NCCL kernels of at most N CTAs; e.g. lib_ctas4)",
+    "fwd_gridN": "cuflash.distributed.FWD_GRID_STEPS = N (the forward's first N steps run their "
+                 "non-causal calls on a grid of one CTA per tile, not persistent; e.g. fwd_grid1; "
+                 "fwd_grid0: none)",
 }
 FLAG_VARIANTS = {"early_send": "EARLY_SEND", "split_q": "SPLIT_Q", "reverse_bwd": "REVERSE_BWD",
                  "fwd_dyn": "FWD_DYNAMIC", "lib_priority": "PRIORITY_GROUP"}
@@ -445,9 +458,10 @@ _groups: dict = {}
 
 def parse_variant(name: str) -> dict:
     """{"flags": [cuflash.distributed flags to flip], "priority": bool, "max_ctas": int or None,
-    "rotate": bool, "lib_ctas": int or None} of a --ring-ab name: AB_VARIANTS' names, several
-    joined by '+'; ValueError naming the part it does not know."""
-    out = {"flags": [], "priority": False, "max_ctas": None, "rotate": False, "lib_ctas": None}
+    "rotate": bool, "lib_ctas": int or None, "grid_steps": int or None} of a --ring-ab name:
+    AB_VARIANTS' names, several joined by '+'; ValueError naming the part it does not know."""
+    out = {"flags": [], "priority": False, "max_ctas": None, "rotate": False, "lib_ctas": None,
+           "grid_steps": None}
     if not isinstance(name, str) or not name:
         raise ValueError(f"ab: expected a variant name, got {name!r}")
     for part in name.split("+"):
@@ -461,13 +475,28 @@ def parse_variant(name: str) -> dict:
             out["max_ctas"] = int(part[9:])
         elif part.startswith("lib_ctas") and part[8:].isdigit() and int(part[8:]) >= 1:
             out["lib_ctas"] = int(part[8:])
+        elif part.startswith("fwd_grid") and part[8:].isdigit() and out["grid_steps"] is None:
+            out["grid_steps"] = int(part[8:])
         else:
             raise ValueError(f"ab: unknown variant {part!r} in {name!r} (known: "
-                             f"{', '.join(sorted(AB_VARIANTS))}; nccl_ctasN, lib_ctasN with N >= 1; "
-                             "several joined by '+')")
+                             f"{', '.join(sorted(AB_VARIANTS))}; nccl_ctasN, lib_ctasN with N >= 1, "
+                             "fwd_gridN with N >= 0, once; several joined by '+')")
     if len(set(out["flags"])) != len(out["flags"]):
         raise ValueError(f"ab: {name!r} names a flag twice")
     return out
+
+
+def apply_variant(spec: dict) -> None:
+    """Set cuflash.distributed's module settings to a parsed variant's (flags flipped from their
+    current values, RING_MAX_CTAS, FWD_GRID_STEPS); the caller saves and restores them."""
+    from .. import distributed as cfd
+
+    for flag in spec["flags"]:
+        setattr(cfd, flag, not getattr(cfd, flag))
+    if spec["lib_ctas"] is not None:
+        cfd.RING_MAX_CTAS = spec["lib_ctas"]
+    if spec.get("grid_steps") is not None:
+        cfd.FWD_GRID_STEPS = spec["grid_steps"]
 
 
 def _variant_group(spec: dict, world: int):
@@ -511,14 +540,11 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd, warm_local,
     key = f"alt_{name}"
     out = {}
     flags = ("EARLY_SEND", "SPLIT_Q", "REVERSE_BWD", "FWD_DYNAMIC", "PRIORITY_GROUP",
-             "RING_MAX_CTAS")
+             "RING_MAX_CTAS", "FWD_GRID_STEPS")
     saved = {f: getattr(cfd, f) for f in flags}
     try:
         spec = parse_variant(name)
-        for flag in spec["flags"]:
-            setattr(cfd, flag, not saved[flag])
-        if spec["lib_ctas"] is not None:
-            cfd.RING_MAX_CTAS = spec["lib_ctas"]
+        apply_variant(spec)
         own = spec["priority"] or spec["max_ctas"] is not None or spec["rotate"]
         group = _variant_group(spec, world) if own else _MAIN["group"]
         bwd(fwd(group, n=warm_local), group, n=warm_local)
