@@ -728,3 +728,52 @@ def test_forward_config_grid_and_dynamic(monkeypatch):
     monkeypatch.setattr(cfd, "_dynamic_configs", {})
     assert cfd._forward_config(q, q, q, 0.1, False, True) is None  # already a grid
     assert cfd.FWD_GRID_STEPS == 0  # off until measured (bench --ring-ab fwd_gridN)
+
+
+def test_bench_ring_tables(tmp_path, capsys):
+    """The README's ring table and the peak-memory table from ring.json records: a row per ring
+    record (skipped ones say so), torch CP by backend (none named: flash), the 1/P ratios; the
+    README block between the markers rewritten, GPU kind and P from the folder names."""
+    import json
+
+    from cuflash.bench import ring
+
+    assert ring.gpu_of_dir("NVIDIA_H200x4") == ("H200", 4)
+    assert ring.gpu_of_dir("NVIDIA_H100_80GB_HBM3x2") == ("H100", 2)
+    assert ring.gpu_of_dir("logs") == ("logs", None)
+    gib = 2 ** 30
+    two = [{"impl": "ring", "P": 2, "seqlen": 262144, "causal": False, "tflops_per_gpu": 540.4,
+            "efficiency": 0.987, "peak_bytes_per_gpu": 5 * gib},
+           {"impl": "ring", "P": 2, "seqlen": 262144, "causal": True, "tflops_per_gpu": 530.0},
+           {"impl": "torch_cp", "seqlen": 262144, "causal": False, "backend": "cudnn",
+            "tflops_per_gpu": 520.2},
+           {"impl": "torch_cp", "seqlen": 262144, "causal": False, "tflops_per_gpu": 315.0},
+           {"impl": "cuflash_1gpu", "P": 1, "seqlen": 262144, "causal": False, "peak_bytes": 3 * gib},
+           {"impl": "ring", "P": 2, "seqlen": 1048576, "causal": False, "skipped": "budget"}]
+    four = [{"impl": "ring", "P": 4, "seqlen": 262144, "causal": False, "tflops_per_gpu": 500.0,
+             "peak_bytes_per_gpu": 2.75 * gib}]
+    runs = [("H200", 2, "", two), ("H200", 4, "earlier ring", four)]
+    lines = ring.table_lines(runs)
+    assert lines[2] == "| 2 H200 | 256k | causal | 530 | — | — | — | — |"
+    assert lines[3] == "| 2 H200 | 256k | non-causal | 540 | 0.99 | 315 | 520 | 5.00 |"
+    assert lines[4] == "| 2 H200 | 1M | non-causal | skipped | — | — | — | — |"
+    assert lines[5] == "| 4 H200 (earlier ring) | 256k | non-causal | 500 | — | — | — | 2.75 |"
+    mem = ring.memory_lines(runs)
+    assert mem[0] == "| GPU | seqlen | mask | P = 1 | P = 2 | P = 4 |"
+    assert mem[2] == "| H200 | 256k | non-causal | 3.00 | 5.00 (3.33) | 2.75 (3.67) |" and len(mem) == 3
+    text = "intro\n" + ring.README_START + "\nold\n" + ring.README_END + "\nrest\n"
+    assert ring.replace_block(text, ["a", "b"]) == ("intro\n" + ring.README_START + "\na\nb\n"
+                                                    + ring.README_END + "\nrest\n")
+    with pytest.raises(ValueError, match="^readme: expected the markers"):
+        ring.replace_block("no markers", ["a"])
+    folder = tmp_path / "NVIDIA_H200x2" / "logs"
+    folder.mkdir(parents=True)
+    (folder / "ring.json").write_text(json.dumps({"records": two}))
+    readme = tmp_path / "README.md"
+    readme.write_text(text)
+    assert ring.main(["--table", f"{folder / 'ring.json'}=new"]) == 0
+    assert "| 2 H200 (new) | 256k | non-causal | 540 |" in capsys.readouterr().out
+    assert ring.main(["--table", str(folder / "ring.json"), "--readme", str(readme)]) == 0
+    body = readme.read_text()
+    assert body.startswith("intro\n" + ring.README_START + "\n| GPUs |") and body.endswith(
+        ring.README_END + "\nrest\n") and "| 2 H200 | 1M | non-causal | skipped |" in body

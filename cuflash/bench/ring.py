@@ -276,18 +276,147 @@ def plot(records, path, title=None) -> bool:
                       title=title or f"ring attention, P = {P}, bf16 d128 8 heads (fwd + bwd)")
 
 
-if __name__ == "__main__":  # re-plot a run's records: python -m cuflash.bench.ring ring.json ...
-    import sys
+def gpu_of_dir(name: str) -> tuple:
+    """(GPU short name, P) of a results folder name: "NVIDIA_H200x4" -> ("H200", 4),
+    "NVIDIA_H100_80GB_HBM3x2" -> ("H100", 2); (the name, None) when it has no "x<P>" end."""
+    import re
+
+    m = re.fullmatch(r"(.*)x(\d+)", name)
+    base, P = (m.group(1), int(m.group(2))) if m else (name, None)
+    words = [w for w in base.replace("_", " ").split() if w.upper() != "NVIDIA"]
+    short = next((w for w in words if re.fullmatch(r"[A-Z]+\d+[A-Za-z]*", w)), " ".join(words))
+    return short or name, P
+
+
+def _seqlen_label(n: int) -> str:
+    return f"{n >> 20}M" if n % (1 << 20) == 0 else f"{n >> 10}k" if n % 1024 == 0 else str(n)
+
+
+def table_lines(runs) -> list:
+    """Markdown rows of the README's ring table from bench ring records. runs: [(gpu, P, note,
+    records)], e.g. ("H200", 4, "", ring.json's records). One row per ring record that ran:
+    | GPUs | seqlen | mask | cuflash ring | efficiency | torch CP, flash | torch CP, cuDNN |
+    peak GiB/GPU |, TFLOPs/s per GPU (fwd + bwd); "—" where the run has no such record (torch
+    CP records from before --ring-cp-backends name no backend: SDPA's default ran, flash at
+    these shapes, ~315 TFLOPs/GPU in every such run). Skipped problems: a row saying so."""
+    lines = ["| GPUs | seqlen | mask | cuflash ring | efficiency | torch CP, flash | "
+             "torch CP, cuDNN | peak GiB/GPU |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    dash = "—"
+    for gpu, P, note, records in runs:
+        who = f"{P} {gpu}" + (f" ({note})" if note else "")
+        cp = {}
+        for r in records:
+            if r.get("impl") == "torch_cp" and r.get("tflops_per_gpu") is not None:
+                cp[(r["seqlen"], bool(r["causal"]), r.get("backend", "flash"))] = r["tflops_per_gpu"]
+        rings = [r for r in records if r.get("impl") == "ring"]
+        for r in sorted(rings, key=lambda r: (r["seqlen"], not r["causal"])):
+            key = (r["seqlen"], bool(r["causal"]))
+            mask = "causal" if r["causal"] else "non-causal"
+            if r.get("tflops_per_gpu") is None:
+                why = r.get("skipped") and "skipped" or r.get("error") and "error" or "not run"
+                lines.append(f"| {who} | {_seqlen_label(r['seqlen'])} | {mask} | {why} | {dash} | "
+                             f"{dash} | {dash} | {dash} |")
+                continue
+            eff = r.get("efficiency")
+            peak = r.get("peak_bytes_per_gpu")
+            cells = [f"{r['tflops_per_gpu']:.0f}", dash if eff is None else f"{eff:.2f}"]
+            cells += [dash if (*key, b) not in cp else f"{cp[(*key, b)]:.0f}" for b in ("flash", "cudnn")]
+            cells.append(dash if peak is None else f"{peak / 2**30:.2f}")
+            lines.append(f"| {who} | {_seqlen_label(r['seqlen'])} | {mask} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def memory_lines(runs) -> list:
+    """Markdown rows of peak memory per GPU against P (the 1/P check): per GPU kind, seqlen and
+    mask, the single-GPU whole-sequence peak (cuflash_1gpu) and each P's ring peak_bytes_per_gpu
+    in GiB, with (ratio) = peak x P / (the smallest P's peak x that P): 1.00 is exactly 1/P."""
+    table: dict = {}
+    for gpu, P, _note, records in runs:
+        for r in records:
+            key = (gpu, r.get("seqlen"), bool(r.get("causal")))
+            if r.get("impl") == "ring" and r.get("peak_bytes_per_gpu") is not None:
+                table.setdefault(key, {})[P] = r["peak_bytes_per_gpu"]
+            elif r.get("impl") == "cuflash_1gpu" and r.get("peak_bytes") is not None:
+                table.setdefault(key, {})[1] = r["peak_bytes"]
+    Ps = sorted({p for row in table.values() for p in row})
+    lines = ["| GPU | seqlen | mask | " + " | ".join(f"P = {p}" for p in Ps) + " |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in Ps) + " |"]
+    for (gpu, seqlen, causal), row in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1],
+                                                                            not kv[0][2])):
+        if len(row) < 2:
+            continue
+        p0 = min(row)
+        cells = []
+        for p in Ps:
+            if p not in row:
+                cells.append("—")
+                continue
+            ratio = row[p] * p / (row[p0] * p0)
+            cells.append(f"{row[p] / 2**30:.2f}" + ("" if p == p0 else f" ({ratio:.2f})"))
+        lines.append(f"| {gpu} | {_seqlen_label(seqlen)} | {'causal' if causal else 'non-causal'} | "
+                     + " | ".join(cells) + " |")
+    return lines
+
+
+README_START, README_END = "<!-- ring-table: start -->", "<!-- ring-table: end -->"
+
+
+def replace_block(text: str, lines: list) -> str:
+    """text with the lines between README_START and README_END replaced by ``lines``;
+    ValueError when the markers are missing or out of order."""
+    a, b = text.find(README_START), text.find(README_END)
+    if a < 0 or b < a:
+        raise ValueError(f"readme: expected the markers {README_START!r} ... {README_END!r}")
+    a += len(README_START)
+    return text[:a] + "\n" + "\n".join(lines) + "\n" + text[b:]
+
+
+def main(argv=None) -> int:
+    """python -m cuflash.bench.ring ring.json ...: re-plot each run's records (ring.png beside
+    it). --table [--readme README.md]: print the README's ring table (and the peak-memory table)
+    from the given ring.json files, each as PATH or PATH=NOTE (NOTE: the row's note, e.g. "earlier
+    ring"); GPU kind and P from the folder name (results/NVIDIA_H200x4/ring.json), or from a
+    folder above it for a copy under logs/; with --readme, the block between its ring-table
+    markers is rewritten instead."""
+    import argparse
     from pathlib import Path
 
     from .common import read_records
 
-    for name in sys.argv[1:]:
-        recs = read_records(name)
-        gpu = Path(name).resolve().parent.name
-        if plot(recs, Path(name).with_suffix(".png"), title=f"ring attention on {gpu}, bf16 d128 "
-                f"8 heads, fwd + bwd (P = {next((r['P'] for r in recs if r['impl'] == 'ring'), '?')})"):
-            print(f"wrote {Path(name).with_suffix('.png')}")
+    ap = argparse.ArgumentParser(prog="python -m cuflash.bench.ring")
+    ap.add_argument("files", nargs="+", help="ring.json files (PATH or PATH=NOTE with --table)")
+    ap.add_argument("--table", action="store_true", help="print the markdown tables, no plots")
+    ap.add_argument("--readme", default=None, help="with --table: rewrite this file's ring table")
+    a = ap.parse_args(argv)
+    if not a.table:
+        for name in a.files:
+            recs = read_records(name)
+            gpu = Path(name).resolve().parent.name
+            P = next((r["P"] for r in recs if r["impl"] == "ring"), "?")
+            if plot(recs, Path(name).with_suffix(".png"), title=f"ring attention on {gpu}, bf16 "
+                    f"d128 8 heads, fwd + bwd (P = {P})"):
+                print(f"wrote {Path(name).with_suffix('.png')}")
+        return 0
+    runs = []
+    for spec in a.files:
+        path, _, note = spec.partition("=")
+        recs = read_records(path)
+        gpu, P = None, None
+        for folder in Path(path).resolve().parents:
+            gpu, P = gpu_of_dir(folder.name)
+            if P is not None:
+                break
+        P = next((r["P"] for r in recs if r.get("impl") == "ring"), P)
+        runs.append((gpu, P, note, recs))
+    lines = table_lines(runs) + ["", "Peak memory per GPU (GiB; in brackets: peak x P over the "
+                                      "smallest P's, 1.00 = exactly 1/P):", ""] + memory_lines(runs)
+    if a.readme:
+        text = Path(a.readme).read_text()
+        Path(a.readme).write_text(replace_block(text, lines))
+        print(f"wrote {a.readme} ({len(lines)} lines between the ring-table markers)")
+    else:
+        print("\n".join(lines))
+    return 0
 
 
 def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
@@ -826,3 +955,9 @@ def _torch_cp(rank, world, seqlen, causal, opts, base, log, backend="flash") -> 
             cp_opts.enable_load_balance = saved
     torch.cuda.empty_cache()
     return rec
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
