@@ -7,7 +7,8 @@ batch 1, d 128, bf16, --ring-heads heads (default 8), total seqlen --ring-seqlen
 256k, 512k, 1M), at each seqlen causal (zigzag layout) then non-causal (--causal); each rank
 holds seqlen / P positions. A problem is skipped, with a record saying so, when the run's
 estimated time would pass --ring-budget-s (default 270 s; the estimate: the last problem of that
-mask scaled by seqlen², and by LIGHT_COST when it is light and that one was not). Problems above
+mask, less its --ring-ab variants' time (ab_seconds), scaled by seqlen², and by LIGHT_COST when it
+is light and that one was not). Problems above
 --ring-light-from (default 524288) run light, to fit the 1M problems in a ~5-minute run: one
 timed repetition after a warm-up on a small ring (WARM_LOCAL positions per rank, the same
 kernels) and one full forward, no transfer-free runs (comm_exposed_ms from the trace's waits
@@ -226,10 +227,14 @@ def _worker(rank, world, port, opts):
                         f"{spent:.0f} s spent of {opts['budget_s']:.0f})")
                     continue
                 t0 = time.perf_counter()
-                records += _measure(rank, world, seqlen, causal, opts, log, base)
+                new = _measure(rank, world, seqlen, causal, opts, log, base)
                 if seqlen <= opts["full_max"]:
-                    records += _full(rank, seqlen, causal, opts, base, log)
-                last[causal] = (seqlen, _max_over_ranks(time.perf_counter() - t0))
+                    new += _full(rank, seqlen, causal, opts, base, log)
+                records += new
+                # the estimates scale the problem's own time: --ring-ab's variants (timed on
+                # chosen problems only) are left out
+                ab_s = sum(r.get("ab_seconds", 0.0) for r in new)
+                last[causal] = (seqlen, _max_over_ranks(time.perf_counter() - t0 - ab_s))
                 torch.cuda.empty_cache()
         if rank == 0:
             _write(records, world, opts["out"], log)
@@ -472,9 +477,11 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         rec["fwd_grid_steps"] = cfd.FWD_GRID_STEPS
         if opts.get("ring_set"):
             rec["ring_set"] = opts["ring_set"]
+        t_ab = time.perf_counter()
         for name in opts.get("ab", ()) if ab_here(opts, seqlen, causal) else ():
             rec.update(_variant(name, world, reps, f_fwd + f_bwd, rec, log, fwd_g, bwd_g,
                                 min(s_local, WARM_LOCAL), bool(opts.get("breakdown"))))
+            rec["ab_seconds"] = time.perf_counter() - t_ab  # (left out of the budget's estimates)
         if opts.get("breakdown") or light:
             rec.update(_breakdown(world, fwd, bwd))
             log(_breakdown_line(rec))
