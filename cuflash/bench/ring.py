@@ -12,8 +12,10 @@ is light and that one was not). Problems above
 --ring-light-from (default 524288) run light, to fit the 1M problems in a ~5-minute run: one
 timed repetition after a warm-up on a small ring (WARM_LOCAL positions per rank, the same
 kernels) and one full forward, no transfer-free runs (comm_exposed_ms from the trace's waits
-instead), no peak-memory run (its 1/P scaling is measured at the smaller seqlens), torch CP on
-its cuDNN backend only (flash runs at 0.6x its speed, measured every earlier run).
+instead), no peak-memory run (its 1/P scaling is measured at the smaller seqlens), the shard
+baseline warmed up on WARM_LOCAL positions too where selection runs the same configs there
+(cuflash_shard's warm_local), torch CP on its cuDNN backend only (flash runs at 0.6x its speed,
+measured every earlier run).
 
 Records (results/<gpu>x<P>/ring.{json,csv}), impl:
   ring           fwd_ms, bwd_ms (ring_forward / ring_backward, no autograd), tflops_per_gpu
@@ -528,8 +530,18 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         def sbwd():
             torch.autograd.grad(holder["o"], leaves, dout, retain_graph=True)
 
-        sfwd()
-        sbwd()
+        if light and _same_kernels(b, h, s_local, min(s_local, WARM_LOCAL), d, causal):
+            # warm-up on the first WARM_LOCAL positions: the same configs, loaded; a light
+            # problem's full-size warm-up would cost as much as its timed run (one repetition;
+            # the timed forward's output is the backward's input)
+            small = [x[:, :WARM_LOCAL].detach().requires_grad_() for x in (q, k, v)]
+            o = flash_attn_func(*small, causal=causal)
+            torch.autograd.grad(o, small, dout[:, :WARM_LOCAL])
+            shard["warm_local"] = min(s_local, WARM_LOCAL)
+            del o, small
+        else:
+            sfwd()
+            sbwd()
         shard["fwd_ms"] = _timed(sfwd, reps)
         shard["bwd_ms"] = _timed(sbwd, reps)
         sf, sb = flops(b, h, s_local, d, causal), flops(b, h, s_local, d, causal, "bwd")
@@ -833,6 +845,22 @@ def _line(rec, shard) -> str:
                else "not run; ") +
             f"1-GPU shard {shard.get('tflops', float('nan')):.0f} TFLOPs -> efficiency "
             f"{eff if eff is not None else float('nan'):.3f}")
+
+
+def _same_kernels(b, h, s_big, s_small, d, causal) -> bool:
+    """Whether selection runs single-GPU cuflash's forward and backward on the same configs at
+    s_small positions as at s_big (bf16; batch b, h heads, head dim d, self-attention): a
+    warm-up at s_small then loads the big problem's kernels."""
+    import torch
+
+    from .. import select
+    from ..problem import Problem
+
+    dev = torch.cuda.current_device()
+    return all(select.choose_on_device(Problem(op, "bf16", b, s_small, s_small, h, h, d, causal),
+                                       dev)[1] ==
+               select.choose_on_device(Problem(op, "bf16", b, s_big, s_big, h, h, d, causal),
+                                       dev)[1] for op in ("fwd", "bwd"))
 
 
 def _full(rank, seqlen, causal, opts, base, log) -> list:
