@@ -329,7 +329,8 @@ FLAG_CASES = [(1, 1024, 2, 1, 128, False, "zigzag", "bf16"),
 
 def _sizes_worker(rank, world, port):
     """P = world, world - 1, ..., 2 in one set of processes (the smaller rings on subgroups of
-    the first P ranks, which also checks the ring's group argument), dense and varlen cases;
+    the first P ranks, which also checks the ring's group argument), dense and varlen cases
+    (at P = world FLAG_CASES too: the defaults' FWD_DYNAMIC switch at full size);
     the varlen calls alone on rank 0 (P = 1); and at P = world the cases again with
     FWD_DYNAMIC and PRIORITY_GROUP flipped and FWD_GRID_STEPS = 1."""
     import torch.distributed as dist
@@ -342,7 +343,8 @@ def _sizes_worker(rank, world, port):
         for P in range(world, 1, -1):
             group = None if P == world else dist.new_group(list(range(P)))  # every rank makes it
             if rank < P:
-                failures += _dense_checks(rank, P, group, CASES, first_extra=P == world)
+                failures += _dense_checks(rank, P, group, CASES + (FLAG_CASES if P == world else []),
+                                          first_extra=P == world)
                 failures += _varlen_checks(rank, P, group, VARLEN_CASES)
             dist.barrier()
         one = dist.new_group([0])
