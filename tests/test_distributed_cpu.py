@@ -777,3 +777,46 @@ def test_bench_ring_tables(tmp_path, capsys):
     body = readme.read_text()
     assert body.startswith("intro\n" + ring.README_START + "\n| GPUs |") and body.endswith(
         ring.README_END + "\nrest\n") and "| 2 H200 | 1M | non-causal | skipped |" in body
+
+
+def test_bench_ring_worker_loop(monkeypatch):
+    """bench ring's per-process loop without GPUs (the measurements, collectives and CUDA calls
+    stubbed): problems in the order given, the budget's estimates scaled from the last problem
+    (less its A/B seconds; light <-> full by LIGHT_COST), skipped problems recorded, the records
+    rewritten after every problem and once more (with the plot) at the end."""
+    import torch.distributed as dist
+
+    from cuflash.bench import ring
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(ring.time, "perf_counter", lambda: clock["t"])
+    cost = {(1 << 20, True): 40.0, (1 << 20, False): 80.0, (1 << 19, True): 10.0,
+            (1 << 19, False): 20.0, (1 << 18, True): 8.0, (1 << 18, False): 16.0}
+    seen, writes = [], []
+
+    def measure(rank, world, seqlen, causal, opts, log, base):
+        seen.append((seqlen, causal))
+        ab = 7.0 if (seqlen, causal) == (1 << 19, False) else 0.0
+        clock["t"] += cost[(seqlen, causal)] + ab
+        return [dict(impl="ring", **base, tflops_per_gpu=1.0, **({"ab_seconds": ab} if ab else {}))]
+
+    monkeypatch.setattr(ring, "_init", lambda *a: None)
+    monkeypatch.setattr(ring, "_measure", measure)
+    monkeypatch.setattr(ring, "_agree", lambda value: value)
+    monkeypatch.setattr(ring, "_max_over_ranks", lambda x: x)
+    monkeypatch.setattr(ring, "_write", lambda records, world, out, log, png=True:
+                        writes.append((len(records), png)))
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: None)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    opts = dict(seqlens=(1 << 20, 1 << 19, 1 << 18), causals=(True, False), budget_s=175.0,
+                full_max=0, out="unused", light_from=1 << 18, d=128, nheads=8)
+    ring._worker(0, 2, 0, opts)
+    # 1M causal 40 s; 1M non-causal est 80 -> 120 s; 512k causal est 10 -> 130; 512k non-causal
+    # est 20 (its 7 s of A/B not in the estimate of what follows) -> 157; 256k causal est
+    # 10 / 4 / LIGHT_COST = 5.6 -> 165; 256k non-causal est 20 / 4 / 0.45 = 11.1 -> 176 > 175
+    assert seen == [(1 << 20, True), (1 << 20, False), (1 << 19, True), (1 << 19, False),
+                    (1 << 18, True)]
+    assert writes == [(1, False), (2, False), (3, False), (4, False), (5, False), (6, True)]
+    assert ring._light_factor(True, False) == ring.LIGHT_COST
+    assert ring._light_factor(False, True) == 1 / ring.LIGHT_COST and ring._light_factor(True, True) == 1

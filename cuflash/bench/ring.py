@@ -5,10 +5,12 @@ One process per GPU (``torch.multiprocessing.spawn``, NCCL, NVLink multicast off
 NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1). Problems:
 batch 1, d 128, bf16, --ring-heads heads (default 8), total seqlen --ring-seqlens (default
 256k, 512k, 1M), at each seqlen causal (zigzag layout) then non-causal (--causal); each rank
-holds seqlen / P positions. A problem is skipped, with a record saying so, when the run's
+holds seqlen / P positions (in the order given: descending puts the largest first, so that a
+tight budget skips the small ones; ring.json / .csv are rewritten after every problem). A
+problem is skipped, with a record saying so, when the run's
 estimated time would pass --ring-budget-s (default 270 s; the estimate: the last problem of that
 mask, less its --ring-ab variants' time (ab_seconds), scaled by seqlen², and by LIGHT_COST when it
-is light and that one was not). Problems above
+is light and that one was not, by 1 / LIGHT_COST the other way round). Problems above
 --ring-light-from (default 524288) run light, to fit the 1M problems in a ~5-minute run: one
 timed repetition after a warm-up on a small ring (WARM_LOCAL positions per rank, the same
 kernels) and one full forward, no transfer-free runs (comm_exposed_ms from the trace's waits
@@ -207,7 +209,8 @@ def _worker(rank, world, port, opts):
     records, t_start = [], time.perf_counter()
     last = {}  # causal -> (seqlen, seconds) of the last problem measured
     try:
-        # seqlens ascending, at each causal first (long-context training), then the next mask
+        # seqlens in the order given, at each causal first (long-context training), then the
+        # next mask
         for seqlen in opts["seqlens"]:
             for causal in opts["causals"]:
                 spent = time.perf_counter() - t_start
@@ -216,8 +219,8 @@ def _worker(rank, world, port, opts):
                     other = last[not causal]  # (a causal problem is half a full one's work)
                     prev = (other[0], other[1] * (0.5 if causal else 2.0))
                 light = seqlen > opts.get("light_from", LIGHT_FROM)
-                est = None if prev is None else prev[1] * (seqlen / prev[0]) ** 2 * (
-                    LIGHT_COST if light and prev[0] <= opts.get("light_from", LIGHT_FROM) else 1.0)
+                est = None if prev is None else prev[1] * (seqlen / prev[0]) ** 2 * _light_factor(
+                    light, prev[0] > opts.get("light_from", LIGHT_FROM))
                 go = _agree(est is None or spent + est <= opts["budget_s"])
                 base = dict(P=world, seqlen=seqlen, causal=causal, d=opts["d"],
                             nheads=opts["nheads"], batch=1)
@@ -238,6 +241,8 @@ def _worker(rank, world, port, opts):
                 ab_s = sum(r.get("ab_seconds", 0.0) for r in new)
                 last[causal] = (seqlen, _max_over_ranks(time.perf_counter() - t0 - ab_s))
                 torch.cuda.empty_cache()
+                if rank == 0:  # the records so far (a run cut short by a timeout keeps them)
+                    _write(records, world, opts["out"], lambda *a: None, png=False)
         if rank == 0:
             _write(records, world, opts["out"], log)
         dist.barrier()
@@ -245,13 +250,19 @@ def _worker(rank, world, port, opts):
         dist.destroy_process_group()
 
 
-def _write(records, world, out, log):
+def _light_factor(light: bool, prev_light: bool) -> float:
+    """The budget estimate's factor for a problem scaled from one of another kind: LIGHT_COST
+    from a full problem to a light one, its inverse from a light one to a full one."""
+    return 1.0 if light == prev_light else LIGHT_COST if light else 1.0 / LIGHT_COST
+
+
+def _write(records, world, out, log, png: bool = True):
     from pathlib import Path
 
     from .common import gpu_dir_name, write
 
     path = write(records, Path(out) / f"{gpu_dir_name(0)}x{world}", STEM, log=log, P=world)
-    if plot(records, path / f"{STEM}.png"):
+    if png and plot(records, path / f"{STEM}.png"):
         log(f"wrote {path / STEM}.png")
 
 
