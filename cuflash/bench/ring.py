@@ -243,7 +243,10 @@ def _worker(rank, world, port, opts):
                 last[causal] = (seqlen, _max_over_ranks(time.perf_counter() - t0 - ab_s))
                 torch.cuda.empty_cache()
                 if rank == 0:  # the records so far (a run cut short by a timeout keeps them)
-                    _write(records, world, opts["out"], lambda *a: None, png=False)
+                    try:
+                        _write(records, world, opts["out"], lambda *a: None, png=False)
+                    except Exception as exc:  # noqa: BLE001 - the run goes on; the end writes again
+                        log(f"bench ring: could not write the records so far ({_short(exc)})")
         if rank == 0:
             _write(records, world, opts["out"], log)
         dist.barrier()
