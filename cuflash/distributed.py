@@ -29,10 +29,11 @@ side stream and names each call's config (bench --mode ring --ring-breakdown: pe
 timelines). Transfers run NCCL kernels, which need SMs of their own on both ends at once while
 the attention kernels fill the GPU: ``PRIORITY_GROUP`` (transfers on a high-priority twin of
 the default group; ``ring_group`` builds such a group to pass in) and ``FWD_DYNAMIC`` (no
-static persistent forward, whose late CTAs would end a step late) remove the 4-GPU straggler
-(both on; bench --ring-ab flips them); ``FWD_GRID_STEPS`` (off) runs the first forward steps'
-non-causal calls on a grid of one CTA per tile, so that the chained transfers find SMs during
-the first step instead of spinning through later ones. Each step calls
+static persistent forward, whose late CTAs would end a step late; from 3 ranks up,
+``FWD_DYNAMIC_MIN_WORLD``) remove the 4-GPU straggler (both on; bench --ring-ab flips them);
+``FWD_GRID_STEPS`` (off) runs the first forward steps' non-causal calls on a grid of one CTA
+per tile, so that the chained transfers find SMs during the first step instead of spinning
+through later ones. Each step calls
 cuflash's backward (``torch_ops.backward_impl``) with the GLOBAL merged out and lse: with
 P = exp(S - lse_global) and D = rowsum(dO * O_global), every block's dS = P * (dP - D) is
 exactly its share of the full gradient (the ring-attention identity), so no rescaling is
@@ -254,14 +255,15 @@ def first_partial(block_out: Tensor, block_lse: Tensor, acc) -> tuple:
 # ---------------------------------------------------------------------------------------
 # one block: cuflash's forward and backward (CUDA: kernels; CPU: the float64 reference)
 
-def block_forward(q, k, v, scale: float, causal: bool, step: int = 0):
+def block_forward(q, k, v, scale: float, causal: bool, step: int = 0, world: int = 0):
     """(out, lse) of q against one K/V block: cuflash's torch forward (no autograd); with
-    FWD_DYNAMIC on the dynamic scheduler where selection picks the static persistent one, and
-    for a non-causal call of the ring's first FWD_GRID_STEPS steps on a grid of one CTA per tile
-    where selection picks a persistent one. step: the ring step (FWD_GRID_STEPS; TRACE's config
-    record)."""
+    FWD_DYNAMIC on the dynamic scheduler where selection picks the static persistent one (in a
+    ring of at least FWD_DYNAMIC_MIN_WORLD ranks; world 0: any), and for a non-causal call of the
+    ring's first FWD_GRID_STEPS steps on a grid of one CTA per tile where selection picks a
+    persistent one. step: the ring step (FWD_GRID_STEPS; TRACE's config record)."""
     grid = step < FWD_GRID_STEPS and not causal
-    config = _forward_config(q, k, v, scale, causal, grid) if (FWD_DYNAMIC or grid) and \
+    dynamic = FWD_DYNAMIC and (world == 0 or world >= FWD_DYNAMIC_MIN_WORLD)
+    config = _forward_config(q, k, v, scale, causal, grid) if (dynamic or grid) and \
         q.is_cuda else None
     out, lse, entry = torch_ops._forward(q, k, v, scale, causal, config, None)
     if TRACE is not None and q.is_cuda:
@@ -475,6 +477,13 @@ RING_MAX_CTAS: Optional[int] = None
 # forward 524 -> 460 ms alone (the single-GPU shard's four steps: 441), 518 -> 533 TFLOPs/GPU;
 # on.
 FWD_DYNAMIC = True
+# The smallest ring FWD_DYNAMIC applies to. With 2 ranks the forward has one transfer, queued
+# before the first step's kernels, so no CTA starts more than that transfer late (3-6 ms), and
+# the static persistent schedule is the faster one there: 2 x H100, 512k tokens non-causal (the
+# 4-GPU 1M cell's call shape, 256k x 256k; session 17, results/NVIDIA_H100_80GB_HBM3x2/logs/
+# session17_ring4/ring2.log): forward 939 ms on the dynamic scheduler, 896 static (the shard's
+# 2 x 447), 559 -> 565 TFLOPs/GPU fwd + bwd (grid of one CTA per tile, FWD_GRID_STEPS: 914 ms).
+FWD_DYNAMIC_MIN_WORLD = 3
 
 # How many of the dense ring's first forward steps run their non-causal calls on a grid of one CTA
 # per tile where selection picks a persistent schedule (0: none; bench --ring-ab fwd_gridN). A
@@ -765,7 +774,7 @@ def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: 
             qs, ks = _slices(call, q_len, q_len)
             with _Span("fwd_compute", i, q):
                 o_b, lse_b = block_forward(q[:, qs], k_cur[:, ks], v_cur[:, ks], scale, call.causal,
-                                           i)
+                                           i, world)
             with _Span("fwd_merge", i, q):
                 if not run and _covers(call, nq):
                     run["out"], run["lse"] = first_partial(o_b, lse_b, acc)

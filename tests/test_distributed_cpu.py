@@ -820,3 +820,32 @@ def test_bench_ring_worker_loop(monkeypatch):
     assert writes == [(1, False), (2, False), (3, False), (4, False), (5, False), (6, True)]
     assert ring._light_factor(True, False) == ring.LIGHT_COST
     assert ring._light_factor(False, True) == 1 / ring.LIGHT_COST and ring._light_factor(True, True) == 1
+
+
+def test_block_forward_schedule_flags(monkeypatch):
+    """Which config changes block_forward asks for: FWD_DYNAMIC from FWD_DYNAMIC_MIN_WORLD ranks
+    up (world 0: any ring), FWD_GRID_STEPS for the non-causal calls of the first steps; neither:
+    selection's own config (no _forward_config call)."""
+    from cuflash import torch_ops
+
+    asked = []
+    monkeypatch.setattr(cfd, "_forward_config",
+                        lambda q, k, v, scale, causal, grid=False: asked.append((causal, grid)) or "cfg")
+    monkeypatch.setattr(torch_ops, "_forward", lambda q, k, v, scale, causal, config, _: (config, None, None))
+
+    class Cuda:
+        is_cuda = True
+
+    q = Cuda()
+    assert cfd.FWD_DYNAMIC and cfd.FWD_DYNAMIC_MIN_WORLD == 3 and cfd.FWD_GRID_STEPS == 0
+    assert cfd.block_forward(q, q, q, 0.1, False, 0, 2)[0] is None
+    assert asked == []  # 2 ranks: static persistent as selected
+    assert cfd.block_forward(q, q, q, 0.1, False, 1, 2)[0] is None
+    assert cfd.block_forward(q, q, q, 0.1, False, 0, 3)[0] == "cfg" and asked == [(False, False)]
+    assert cfd.block_forward(q, q, q, 0.1, True, 0)[0] == "cfg" and asked[-1] == (True, False)
+    monkeypatch.setattr(cfd, "FWD_GRID_STEPS", 1)
+    asked.clear()
+    cfd.block_forward(q, q, q, 0.1, False, 0, 2)
+    cfd.block_forward(q, q, q, 0.1, False, 1, 2)
+    cfd.block_forward(q, q, q, 0.1, True, 0, 4)
+    assert asked == [(False, True), (True, False)]

@@ -330,15 +330,17 @@ FLAG_CASES = [(1, 1024, 2, 1, 128, False, "zigzag", "bf16"),
 def _sizes_worker(rank, world, port):
     """P = world, world - 1, ..., 2 in one set of processes (the smaller rings on subgroups of
     the first P ranks, which also checks the ring's group argument), dense and varlen cases
-    (at P = world FLAG_CASES too: the defaults' FWD_DYNAMIC switch at full size);
-    the varlen calls alone on rank 0 (P = 1); and at P = world the cases again with
-    FWD_DYNAMIC and PRIORITY_GROUP flipped and FWD_GRID_STEPS = 1."""
+    (at P = world FLAG_CASES too: the defaults' FWD_DYNAMIC switch at full size, from P = 2 up:
+    FWD_DYNAMIC_MIN_WORLD lowered to 2 for these passes); the varlen calls alone on rank 0
+    (P = 1); and at P = world the cases again with FWD_DYNAMIC and PRIORITY_GROUP flipped and
+    FWD_GRID_STEPS = 1."""
     import torch.distributed as dist
 
     from cuflash import distributed as cfd
 
     _init_rank(rank, world, port)
     failures = []
+    min_world, cfd.FWD_DYNAMIC_MIN_WORLD = cfd.FWD_DYNAMIC_MIN_WORLD, 2
     try:
         for P in range(world, 1, -1):
             group = None if P == world else dist.new_group(list(range(P)))  # every rank makes it
@@ -368,6 +370,7 @@ def _sizes_worker(rank, world, port):
             cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS = saved
         dist.barrier()
     finally:
+        cfd.FWD_DYNAMIC_MIN_WORLD = min_world
         dist.destroy_process_group()
     if failures:
         raise AssertionError("\n".join(failures))

@@ -487,7 +487,7 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         rec["fwd_ms"] = fwd_ms = _timed(fwd, reps)
         rec["bwd_ms"] = bwd_ms = _timed(bwd, reps)
         rec["reverse_bwd"] = cfd.REVERSE_BWD
-        rec["fwd_dynamic"] = cfd.FWD_DYNAMIC
+        rec["fwd_dynamic"] = cfd.FWD_DYNAMIC and world >= cfd.FWD_DYNAMIC_MIN_WORLD
         rec["priority_group"] = cfd.PRIORITY_GROUP
         rec["ring_max_ctas"] = cfd.RING_MAX_CTAS
         rec["early_send"] = cfd.EARLY_SEND
@@ -601,7 +601,8 @@ AB_VARIANTS = {
     "split_q": "cuflash.distributed.SPLIT_Q flipped (multi-chunk non-causal calls per q chunk)",
     "reverse_bwd": "cuflash.distributed.REVERSE_BWD flipped (the backward the other way round, "
                    "no last hop)",
-    "fwd_dyn": "cuflash.distributed.FWD_DYNAMIC flipped (static persistent forward calls on the "
+    "fwd_dyn": "cuflash.distributed.FWD_DYNAMIC flipped (from FWD_DYNAMIC_MIN_WORLD ranks up: "
+               "static persistent forward calls on the "
                "dynamic scheduler)",
     "lib_priority": "cuflash.distributed.PRIORITY_GROUP flipped (the ring's own high-priority "
                     "twin of the default group, made by the library)",
