@@ -964,8 +964,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     the sequences' numbers of keys (its differences; its last value need not be anything).
     Any page_block_size >= 1 (flash-attn requires a multiple of 256). Page ids are checked
     (0 <= id < num_blocks, enough columns for each sequence) where cu_seqlens are; the kernels
-    clamp them besides, so no id reads outside k, v. Window, softcap and ALiBi apply; dropout
-    raises UnsupportedFeature (flash-attn's paged kernel silently runs without it); a backward
+    clamp them besides, so no id reads outside k, v. Window, softcap and ALiBi apply. Dropout
+    (flash-attn's paged kernel silently runs without it) gathers the sequences' keys and values
+    from their pages (a copy) and runs the varlen call on them: the same mask and result as that
+    call, its backward too (torch autograd through the gather into k, v); not while the lengths
+    cannot be read (torch.compile tracing, CUDA graph capture: UnsupportedFeature naming
+    dropout_p and block_table). Without dropout a backward
     through it raises NotImplementedError naming block_table (flash-attn's fails too), also
     under torch.compile (op cuflash::varlen_fwd_paged; the graph compiles, the backward raises
     when it runs). torch CPU tensors under torch.compile: block_table through the op's CPU
@@ -974,7 +978,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if block_table is not None:
         return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                             return_attn_probs, block_table)
+                             return_attn_probs, block_table, deterministic, dropout_seed)
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_varlen_tensor(name, x)
     tq, tk, tv, scale, problem = check_qkv(q[None], k[None], v[None], softmax_scale, causal)
@@ -1009,8 +1013,30 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         return (out, lse, _no_probs(q)) if return_attn_probs else out
     from . import torch_ops
 
-    out, lse, mask = torch_ops.attention_reference(q, k, v, scale, feats, (cu_q, cu_k, max_q, max_k))
+    keep = None
+    if "dropout" in feats.features and dropout_seed is not None:
+        # the kernels' keep mask of the seed (sequence i's: the dense call of it alone at batch
+        # index i), as flash_attn_func's CPU path takes it
+        keep = _varlen_seed_mask(dropout_seed, feats.dropout_p, cu_q, cu_k, nheads, max_q, max_k)
+    out, lse, mask = torch_ops.attention_reference(q, k, v, scale, feats, (cu_q, cu_k, max_q, max_k), keep)
     return (out, lse, _no_probs(q) if mask is None else mask) if return_attn_probs else out
+
+
+def _varlen_seed_mask(dropout_seed, p: float, cu_q, cu_k, nheads: int, max_q: int, max_k: int):
+    """bool (batch, nheads, max_q, max_k) torch CPU tensor: sequence i's keep mask of the seed
+    (cuflash.dropout.keep_mask at batch index i) in its top-left corner, False elsewhere."""
+    import torch
+
+    from . import dropout
+
+    seed, offset = check_dropout_seed(dropout_seed)
+    nseq = len(cu_q) - 1
+    out = np.zeros((nseq, nheads, max_q, max_k), bool)
+    for i in range(nseq):
+        lq, lk = int(cu_q[i + 1] - cu_q[i]), int(cu_k[i + 1] - cu_k[i])
+        if lq and lk:
+            out[i, :, :lq, :lk] = dropout.keep_mask(seed, offset, p, 1, nheads, lq, lk, first_batch=i)[0]
+    return torch.from_numpy(out)
 
 
 def _varlen_gpu(q, k, v, tq: _Tensor, cu_seqlens_q, cu_seqlens_k, max_q: int, max_k: int,
@@ -1131,11 +1157,45 @@ def check_block_table(block_table, tq: _Tensor, nseq: int, num_pages: int, page:
                              f"[0, {num_pages}) (k has {num_pages} pages)")
 
 
+def _gather_pages(cache, block_table, lens_k, kind: str):
+    """varlen.gather_paged on q's kind of array: the page ids read on the host, the rows indexed
+    where the cache lives."""
+    from . import varlen
+
+    ids = _host_ints(block_table, kind)
+    if kind == "cupy":
+        import cupy
+
+        page = int(cache.shape[1])
+        idx = [(ids[b][np.arange(n) // page], np.arange(n) % page) for b, n in enumerate(int(x) for x in lens_k)]
+        pages = np.concatenate([i[0] for i in idx] + [np.zeros(0, np.int64)]).astype(np.int64)
+        within = np.concatenate([i[1] for i in idx] + [np.zeros(0, np.int64)]).astype(np.int64)
+        return cupy.ascontiguousarray(cache[cupy.asarray(pages), cupy.asarray(within)])
+    if kind == "torch":
+        return varlen.gather_paged(cache, ids, lens_k, xp="torch").contiguous()
+    return np.ascontiguousarray(varlen.gather_paged(cache, ids, lens_k))
+
+
+def _cu_like(values, like, kind: str):
+    """int32 cumulative lengths as an array of ``like``'s kind and device."""
+    values = np.asarray(values, np.int32)
+    if kind == "torch":
+        import torch
+
+        return torch.as_tensor(values, device=like.device)
+    if kind == "cupy":
+        import cupy
+
+        return cupy.asarray(values)
+    return values
+
+
 def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                   softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-                  block_table):
+                  block_table, deterministic=False, dropout_seed=None):
     """flash_attn_varlen_func with block_table: validated (every error names its argument),
-    then fa2_fwd_paged (GPU) or the float64 reference on the gathered keys (torch CPU)."""
+    then fa2_fwd_paged (GPU) or the float64 reference on the gathered keys (torch CPU); with
+    dropout the varlen call on the gathered keys (any kind, a backward too)."""
     _check_varlen_tensor("q", q)
     for name, x in (("k", k), ("v", v)):
         _check_array(name, x, 4, "num_blocks, page_block_size, nheads_k, headdim: a paged cache "
@@ -1163,10 +1223,20 @@ def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     if nseq > GRID_LIMIT:
         raise ValueError(f"cu_seqlens_q: batch ({nseq}) must be <= {GRID_LIMIT} (CUDA grid limit)")
     problem = feature_problem(problem.replace(batch=nseq, seqlen_q=max_q, seqlen_k=max_k), feats)
-    if "dropout" in feats.features:  # no paged kernel has it
-        raise UnsupportedFeature(f"dropout_p={dropout_p!r}, block_table: dropout with a paged K/V "
-                                 "cache is not implemented (flash-attn's paged path is inference: "
-                                 "its paged kernel ignores dropout_p; pass dropout_p=0)")
+    if "dropout" in feats.features:
+        # no paged kernel draws the mask: the keys and values gathered from their pages (a copy of
+        # total_k rows), then the varlen call on them, whose mask it is (sequence i's at batch index
+        # i), with its backward (torch autograd reaches k, v through the gather)
+        if cu_k is None:   # the lengths are not readable now (torch.compile tracing, graph capture)
+            raise UnsupportedFeature(f"dropout_p={dropout_p!r}, block_table: dropout with a paged K/V "
+                                     "cache gathers the pages by the sequence lengths, which cannot be "
+                                     "read while torch.compile traces or a CUDA graph is captured "
+                                     "(check_cu_seqlens); pass dropout_p=0 or run it eagerly")
+        kp, vp = (_gather_pages(x, block_table, np.diff(cu_k), tq.kind) for x in (k, v))
+        cu_gathered = _cu_like(np.concatenate([[0], np.cumsum(np.diff(cu_k))]), cu_seqlens_k, tq.kind)
+        return flash_attn_varlen_func(q, kp, vp, cu_seqlens_q, cu_gathered, max_seqlen_q, max_seqlen_k,
+                                      dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                      deterministic, return_attn_probs, dropout_seed=dropout_seed)
     if _is_torch_cpu(tq) and cu_k is None:  # torch.compile tracing: the op's CPU impl
         from . import varlen_torch
 

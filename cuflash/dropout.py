@@ -1,6 +1,6 @@
 """Dropout's keep mask, the NumPy mirror of ``kernels_cu/philox.cuh``.
 
-The kernels draw the mask from Philox4x32-10, keyed by the call's (seed, offset) and counted
+The kernels draw the mask from Philox4x32-7 (``PHILOX_ROUNDS``), keyed by the call's (seed, offset) and counted
 by the element's (batch·nheads + head, query row, key column): the forward and the backward
 regenerate the same mask without storing it, whatever their tiling. This module computes the
 same mask on the host, bit for bit, for the tests and for ``return_attn_probs`` (S_dmask).
@@ -24,11 +24,16 @@ _W0, _W1 = 0x9E3779B9, 0xBB67AE85
 _LO = np.uint64(0xFFFFFFFF)
 
 
-def philox4x32_10(c0, c1, c2, c3, k0: int, k1: int) -> tuple:
-    """Philox4x32-10 on arrays of 32-bit counters (any broadcastable shapes), key (k0, k1)."""
+# Rounds of the mask's Philox (philox.cuh kPhiloxRounds): 7, the fewest that pass BigCrush
+# (Salmon et al.); 10 until 0.2.0.dev0 (CHANGELOG: the masks of a given seed changed).
+PHILOX_ROUNDS = 7
+
+
+def philox4x32(c0, c1, c2, c3, k0: int, k1: int, rounds: int = PHILOX_ROUNDS) -> tuple:
+    """Philox4x32-R on arrays of 32-bit counters (any broadcastable shapes), key (k0, k1)."""
     c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) & _LO for c in np.broadcast_arrays(c0, c1, c2, c3))
     k0, k1 = int(k0) & 0xFFFFFFFF, int(k1) & 0xFFFFFFFF
-    for _ in range(10):
+    for _ in range(rounds):
         p0, p1 = _M0 * c0, _M1 * c2                      # exact: < 2^64
         hi0, lo0, hi1, lo1 = p0 >> np.uint64(32), p0 & _LO, p1 >> np.uint64(32), p1 & _LO
         c0, c1, c2, c3 = hi1 ^ c1 ^ np.uint64(k0), lo1, hi0 ^ c3 ^ np.uint64(k1), lo0
@@ -54,7 +59,7 @@ def keep_mask(seed: int, offset: int, p: float, batch: int, nheads: int, seqlen_
     c1 = np.arange(8 * -(-seqlen_q // 16), dtype=np.uint64)[None, :, None]
     c0 = np.arange(4 * -(-seqlen_k // 32), dtype=np.uint64)[None, None, :]
     bh = np.arange(first_batch * nheads, (first_batch + batch) * nheads, dtype=np.uint64)[:, None, None]
-    words = philox4x32_10(c0, c1, bh, np.uint64(offset & 0xFFFFFFFF), k0, k1)
+    words = philox4x32(c0, c1, bh, np.uint64(offset & 0xFFFFFFFF), k0, k1)
     raw = np.stack(words, axis=-1).astype("<u4").view(np.uint8).reshape(*words[0].shape, 16)
     # element (row, col): call (c1, c0), byte 4·word + b
     row_call = 8 * (rows // 16) + rows % 8

@@ -544,10 +544,11 @@ def dropout_keep_mask(shape, dropout_p: float) -> Tensor:
     return torch.rand(shape, dtype=torch.float32) >= dropout_p
 
 
-def attention_reference(q, k, v, softmax_scale: float, feats, varlen=None):
+def attention_reference(q, k, v, softmax_scale: float, feats, varlen=None, keep=None):
     """(out, lse, S_dmask) of a torch CPU call with features (``cuflash.api.FeatureArgs``),
     validated by the caller. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    with the offsets as host int64 arrays; q, k, v then (total, nheads, headdim)."""
+    with the offsets as host int64 arrays; q, k, v then (total, nheads, headdim). keep: the
+    dropout keep mask to use (bool tensor of the S_dmask shape), else one drawn by torch.rand."""
     kw = {}
     if feats.window_size != (-1, -1):
         kw["window_size"] = feats.window_size
@@ -562,7 +563,7 @@ def attention_reference(q, k, v, softmax_scale: float, feats, varlen=None):
             shape = (b, h, sq, k.shape[1])
         else:
             shape = (len(varlen[0]) - 1, q.shape[1], varlen[2], varlen[3])
-        mask = dropout_keep_mask(shape, feats.dropout_p)
+        mask = dropout_keep_mask(shape, feats.dropout_p) if keep is None else keep
         kw["dropout_p"] = feats.dropout_p
         if varlen is None:
             kw["dropout_mask"] = mask.numpy()

@@ -11,32 +11,46 @@
 
 namespace cuflash {
 
-// acc = A Bᵀ where A (kMT·16 rows) and B (kNT·8 rows) are both stored row-major with the
-// reduction dimension (kKSteps·16 wide) along the row: e.g. S = Q Kᵀ, or Sᵀ = K Qᵀ.
-template <int kMT, int kNT, int kKSteps, int kRowBytes, class Elem>
-__device__ __forceinline__ void gemm_rows_x_rows(float (&acc)[kMT][kNT][4], u32 a_lane, u32 b_lane) {
-    static_assert(kNT % 2 == 0, "B rows come 16 at a time (one ldmatrix.x4)");
+// acc = 0 (kMT x kNT accumulator tiles).
+template <int kMT, int kNT>
+__device__ __forceinline__ void zero_acc(float (&acc)[kMT][kNT][4]) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+}
+
+// One k16 step kk of acc += A Bᵀ: A's fragments of the step in registers (a[mt][ka]), B's kNT·8 rows from
+// row-major shared memory, 16 at a time (one ldmatrix.x4), the step's 32 bytes of each row.
+template <int kMT, int kNT, int kKA, int kRowBytes, class Elem>
+__device__ __forceinline__ void mma_step_x_rows(float (&acc)[kMT][kNT][4], const u32 (&a)[kMT][kKA][4], int ka,
+                                                u32 b_lane, int kk) {
+    static_assert(kNT % 2 == 0, "B rows come 16 at a time (one ldmatrix.x4)");
+#pragma unroll
+    for (int np = 0; np < kNT / 2; ++np) {
+        u32 b[4];  // [0..1]: B rows 16np..16np+7, [2..3]: rows 16np+8..16np+15
+        ldmatrix_x4(b, b_lane + np * 16 * kRowBytes + kk * 32);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+            mma_16816<Elem>(acc[mt][2 * np], a[mt][ka], b[0], b[1]);
+            mma_16816<Elem>(acc[mt][2 * np + 1], a[mt][ka], b[2], b[3]);
+        }
+    }
+}
+
+// acc = A Bᵀ where A (kMT·16 rows) and B (kNT·8 rows) are both stored row-major with the
+// reduction dimension (kKSteps·16 wide) along the row: e.g. S = Q Kᵀ, or Sᵀ = K Qᵀ.
+template <int kMT, int kNT, int kKSteps, int kRowBytes, class Elem>
+__device__ __forceinline__ void gemm_rows_x_rows(float (&acc)[kMT][kNT][4], u32 a_lane, u32 b_lane) {
+    zero_acc(acc);
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
-        u32 a[kMT][4];
+        u32 a[kMT][1][4];
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) ldmatrix_x4(a[mt], a_lane + mt * 16 * kRowBytes + kk * 32);
-#pragma unroll
-        for (int np = 0; np < kNT / 2; ++np) {
-            u32 b[4];  // [0..1]: B rows 16np..16np+7, [2..3]: rows 16np+8..16np+15
-            ldmatrix_x4(b, b_lane + np * 16 * kRowBytes + kk * 32);
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-                mma_16816<Elem>(acc[mt][2 * np], a[mt], b[0], b[1]);
-                mma_16816<Elem>(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
-            }
-        }
+        for (int mt = 0; mt < kMT; ++mt) ldmatrix_x4(a[mt][0], a_lane + mt * 16 * kRowBytes + kk * 32);
+        mma_step_x_rows<kMT, kNT, 1, kRowBytes, Elem>(acc, a, 0, b_lane, kk);
     }
 }
 
@@ -55,25 +69,9 @@ __device__ __forceinline__ void load_a_frags(u32 (&a)[kMT][kKSteps][4], u32 a_la
 template <int kMT, int kNT, int kKSteps, int kRowBytes, class Elem>
 __device__ __forceinline__ void gemm_frags_x_rows(float (&acc)[kMT][kNT][4], const u32 (&a)[kMT][kKSteps][4],
                                                   u32 b_lane) {
-    static_assert(kNT % 2 == 0, "B rows come 16 at a time (one ldmatrix.x4)");
+    zero_acc(acc);
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk)
-#pragma unroll
-        for (int np = 0; np < kNT / 2; ++np) {
-            u32 b[4];  // [0..1]: B rows 16np..16np+7, [2..3]: rows 16np+8..16np+15
-            ldmatrix_x4(b, b_lane + np * 16 * kRowBytes + kk * 32);
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-                mma_16816<Elem>(acc[mt][2 * np], a[mt][kk], b[0], b[1]);
-                mma_16816<Elem>(acc[mt][2 * np + 1], a[mt][kk], b[2], b[3]);
-            }
-        }
+    for (int kk = 0; kk < kKSteps; ++kk) mma_step_x_rows<kMT, kNT, kKSteps, kRowBytes, Elem>(acc, a, kk, b_lane, kk);
 }
 
 // The C layout of two adjacent n8 accumulator tiles equals the A layout of one k16 step:
@@ -92,25 +90,33 @@ __device__ __forceinline__ void pack_a_frags(u32 (&frag)[kMT][kK16][4], const fl
         }
 }
 
+// One k16 step kk of acc += A B: A's fragments of the step in registers (a[mt][ka]), B with the
+// reduction dimension down its rows (kBRowBytes apart; the step's 16 rows), kNT·8 columns read 16
+// at a time with ldmatrix.x4.trans.
+template <int kMT, int kNT, int kKA, int kBRowBytes, class Elem>
+__device__ __forceinline__ void mma_step_x_rows_t(float (&acc)[kMT][kNT][4], const u32 (&a)[kMT][kKA][4], int ka,
+                                                  u32 bt_lane, int kk) {
+    static_assert(kNT % 2 == 0, "B columns come 16 at a time (one ldmatrix.x4.trans)");
+#pragma unroll
+    for (int dp = 0; dp < kNT / 2; ++dp) {
+        u32 b[4];  // [0..1]: columns 16dp..16dp+7, [2..3]: columns 16dp+8..16dp+15
+        ldmatrix_x4_trans(b, bt_lane + kk * 16 * kBRowBytes + dp * 32);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+            mma_16816<Elem>(acc[mt][2 * dp], a[mt][ka], b[0], b[1]);
+            mma_16816<Elem>(acc[mt][2 * dp + 1], a[mt][ka], b[2], b[3]);
+        }
+    }
+}
+
 // acc += A B where A is in registers (packed fragments, kK16 steps of 16) and B is stored
 // row-major with the reduction dimension down its rows (kK16·16 rows, kNT·8 columns), read
 // with ldmatrix.trans: e.g. O += P V, dV += Pᵀ dO, dK += dSᵀ Q.
 template <int kMT, int kNT, int kK16, int kRowBytes, class Elem>
 __device__ __forceinline__ void gemm_frags_x_rows_t(float (&acc)[kMT][kNT][4], const u32 (&frag)[kMT][kK16][4],
                                                     u32 bt_lane) {
-    static_assert(kNT % 2 == 0, "B columns come 16 at a time (one ldmatrix.x4.trans)");
 #pragma unroll
-    for (int kk = 0; kk < kK16; ++kk)
-#pragma unroll
-        for (int dp = 0; dp < kNT / 2; ++dp) {
-            u32 b[4];  // [0..1]: columns 16dp..16dp+7, [2..3]: columns 16dp+8..16dp+15
-            ldmatrix_x4_trans(b, bt_lane + kk * 16 * kRowBytes + dp * 32);
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-                mma_16816<Elem>(acc[mt][2 * dp], frag[mt][kk], b[0], b[1]);
-                mma_16816<Elem>(acc[mt][2 * dp + 1], frag[mt][kk], b[2], b[3]);
-            }
-        }
+    for (int kk = 0; kk < kK16; ++kk) mma_step_x_rows_t<kMT, kNT, kK16, kRowBytes, Elem>(acc, frag, kk, bt_lane, kk);
 }
 
 // acc += A B where A (kMT·16 rows, k along the row, kARowBytes apart) and B (k down its rows,
@@ -118,22 +124,12 @@ __device__ __forceinline__ void gemm_frags_x_rows_t(float (&acc)[kMT][kNT][4], c
 // Pᵀ stored keys x queries.
 template <int kMT, int kNT, int kK16, int kARowBytes, int kBRowBytes, class Elem>
 __device__ __forceinline__ void gemm_rows_x_rows_t(float (&acc)[kMT][kNT][4], u32 a_lane, u32 bt_lane) {
-    static_assert(kNT % 2 == 0, "B columns come 16 at a time (one ldmatrix.x4.trans)");
 #pragma unroll
     for (int kk = 0; kk < kK16; ++kk) {
-        u32 a[kMT][4];
+        u32 a[kMT][1][4];
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) ldmatrix_x4(a[mt], a_lane + mt * 16 * kARowBytes + kk * 32);
-#pragma unroll
-        for (int dp = 0; dp < kNT / 2; ++dp) {
-            u32 b[4];  // [0..1]: columns 16dp..16dp+7, [2..3]: columns 16dp+8..16dp+15
-            ldmatrix_x4_trans(b, bt_lane + kk * 16 * kBRowBytes + dp * 32);
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-                mma_16816<Elem>(acc[mt][2 * dp], a[mt], b[0], b[1]);
-                mma_16816<Elem>(acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
-            }
-        }
+        for (int mt = 0; mt < kMT; ++mt) ldmatrix_x4(a[mt][0], a_lane + mt * 16 * kARowBytes + kk * 32);
+        mma_step_x_rows_t<kMT, kNT, 1, kBRowBytes, Elem>(acc, a, 0, bt_lane, kk);
     }
 }
 

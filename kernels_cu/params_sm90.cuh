@@ -76,6 +76,16 @@ struct Sm90FwdParams {
     // allows it for this cap (no score's P can underflow: 2·softcap·log2(e) <= 100), else 2 (any
     // value > 1): the kernel computes the row max
     float softcap_fixed_m;
+    // the balanced tail (kStreamTail, sm90_tail.cuh; appended, unused by a kernel built without it):
+    // the plan's buffers, zeroed once, the flags reset by the kernel
+    int* tail_flags;          // int32, per (slot, consumer thread): a writer's partial is ready
+    float* tail_partial;      // fp32 partials of the tiles cut in two (per slot and thread)
+    int tail_n;               // K/V blocks per tile
+    int tail_dp_end;          // tiles [0, tail_dp_end) run data parallel
+    int tail_q;               // units (tile, block) per range of the stretch: tail_q, +1 for the first
+    int tail_rem;             //   tail_rem ranges
+    int tail_magic;           // x / tail_n = (x · (u32) tail_magic) >> tail_shift for 0 <= x < 2^31
+    int tail_shift;
 };
 
 }  // namespace cuflash

@@ -2,7 +2,7 @@
 //
 // Dropout keeps P_ij with probability 1 - p and scales the kept ones by 1 / (1 - p). The
 // backward must drop exactly what the forward dropped without storing the mask, so the mask is
-// a pure function of the element's coordinates: a counter-based generator, Philox4x32-10
+// a pure function of the element's coordinates: a counter-based generator, Philox4x32-7
 // (Salmon et al., SC'11), evaluated where the element is computed, by the forward and the
 // backward alike, whatever their tiling.
 //
@@ -23,9 +23,12 @@
 // block, i.e. half the bytes (one column parity) of two calls; the lanes g and g ^ 1 need the
 // same two calls, so each draws one and hands the other the half it needs (one shuffle):
 // one call per 8 elements where a warp holds 16 keys of a 32-key block (50% of the bytes used).
-// Ten rounds, as Random123, cuRAND, C++26's philox4x32 and flash-attn use: Salmon et al. report
-// 7 as the fewest rounds of Philox4x32 that pass TestU01's BigCrush and recommend 10 for a
-// safety margin; 7 would cut the generator's cost by 30% at the price of that margin.
+// Seven rounds (kPhiloxRounds): Salmon et al. report 7 as the fewest rounds of Philox4x32 that
+// pass TestU01's BigCrush (Random123 ships known answers for 7 and 10; flash-attn 2 draws its
+// dropout mask from a reduced-round Philox as well). Ten, the library default, would cost 43%
+// more multiplies per keep byte on the softmax's critical path; the mask is a regularizer, not
+// a Monte Carlo estimate, so BigCrush's bar is the margin that matters (CHANGELOG: the masks of
+// a given seed changed when the rounds went from 10 to 7).
 #pragma once
 
 #include "ptx.cuh"
@@ -42,14 +45,14 @@ __host__ __device__ __forceinline__ u32 mul_hi_u32(u32 a, u32 b) {
 #endif
 }
 
-// Philox4x32-10: ten rounds of two 32x32 -> 64-bit products and a Feistel-like mix, the key
-// bumped by the golden-ratio Weyl constants between rounds.
-__host__ __device__ __forceinline__ PhiloxWords philox4x32_10(u32 c0, u32 c1, u32 c2, u32 c3,
-                                                               u32 k0, u32 k1) {
+// Philox4x32-R: R rounds of two 32x32 -> 64-bit products and a Feistel-like mix, the key
+// bumped by the golden-ratio Weyl constants between rounds (R = 10 only for the known answers).
+template <int kRounds>
+__host__ __device__ __forceinline__ PhiloxWords philox4x32(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1) {
     constexpr u32 kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;   // round multipliers
     constexpr u32 kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;   // key schedule (Weyl) increments
 #pragma unroll
-    for (int round = 0; round < 10; ++round) {
+    for (int round = 0; round < kRounds; ++round) {
         const u32 hi0 = mul_hi_u32(kM0, c0), lo0 = kM0 * c0;
         const u32 hi1 = mul_hi_u32(kM1, c2), lo1 = kM1 * c2;
         c0 = hi1 ^ c1 ^ k0;
@@ -61,6 +64,9 @@ __host__ __device__ __forceinline__ PhiloxWords philox4x32_10(u32 c0, u32 c1, u3
     }
     return {{c0, c1, c2, c3}};
 }
+
+// The rounds of the dropout mask (cuflash/dropout.py PHILOX_ROUNDS: the same number).
+constexpr int kPhiloxRounds = 7;
 
 // The per-call dropout state: the keep test and the scale of kept values.
 struct Dropout {
@@ -90,10 +96,12 @@ struct Dropout {
     }
     // The call that covers element (row, col) of head bh (the canonical counter above): its
     // 16 keep bytes, those of rows g, g + 8 and columns 8w + 2t + e of the 16 x 32 block.
+    // (kRounds: the mask's; another count only for timing what the rounds cost: dropout_packed.cuh)
+    template <int kRounds = kPhiloxRounds>
     __host__ __device__ __forceinline__ PhiloxWords draw(int bh, int row, int col) const {
         const u32 c0 = 4u * (static_cast<u32>(col) / 32u) + (static_cast<u32>(col) % 8u) / 2u;
         const u32 c1 = 8u * (static_cast<u32>(row) / 16u) + static_cast<u32>(row) % 8u;
-        return philox4x32_10(c0, c1, static_cast<u32>(bh), offset_lo, k0, k1);
+        return philox4x32<kRounds>(c0, c1, static_cast<u32>(bh), offset_lo, k0, k1);
     }
     // Whether byte b (0..3) of a word keeps its element.
     __host__ __device__ __forceinline__ bool keeps(u32 word, int b) const {

@@ -136,6 +136,14 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(kPending) : "memory");
 }
+// gridDim.x read where it is used (volatile: not hoisted into a register held across a loop, as
+// the kDropEarly 4 drawing warps' 40 registers could not hold it next to the Philox key schedule)
+__device__ __forceinline__ int grid_dim_x_volatile() {
+    int n;
+    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(n));
+    return n;
+}
+
 // Not an instruction: pins each accumulator register at this point of the program, so the
 // compiler neither reads nor writes it between a wgmma's issue and its wait (CUTLASS's
 // warpgroup_fence_operand). Without it ptxas may move accumulator accesses across the wait.

@@ -74,34 +74,32 @@ __device__ __forceinline__ void reg_fence_frag(u32 (&r)[4]) {
 // only as N. Not in the generated block above (its forms transpose B only).
 template <int N, class Elem>
 struct WgmmaTransA;  // N = 80 only
-template <> struct WgmmaTransA<80, bf16> {
-    static __device__ __forceinline__ void ss(float (&d)[40], u64 desc_a, u64 desc_b, int scale_d) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, "
-            "%40, %41, p, 1, 1, 1, 0;\n}\n"
-          :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-          : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-    }
+// (one definition for both 16-bit types: TYPE is the PTX type name, "bf16" or "f16")
+#define CUFLASH_WGMMA_TRANS_A_80(ELEM, TYPE)                                                              \
+template <> struct WgmmaTransA<80, ELEM> {                                                                \
+    static __device__ __forceinline__ void ss(float (&d)[40], u64 desc_a, u64 desc_b, int scale_d) {      \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"                                         \
+            "wgmma.mma_async.sync.aligned.m64n80k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, " \
+            "%40, %41, p, 1, 1, 1, 0;\n}\n"                                                                \
+          :                                                                                                \
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),      \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]) \
+          : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                                       \
+    }                                                                                                      \
 };
-template <> struct WgmmaTransA<80, fp16> {
-    static __device__ __forceinline__ void ss(float (&d)[40], u64 desc_a, u64 desc_b, int scale_d) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, "
-            "%40, %41, p, 1, 1, 1, 0;\n}\n"
-          :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-          : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-    }
-};
+CUFLASH_WGMMA_TRANS_A_80(bf16, "bf16")
+CUFLASH_WGMMA_TRANS_A_80(fp16, "f16")
+#undef CUFLASH_WGMMA_TRANS_A_80
+
+// Orders the async proxy's global-memory writes (bulk reduce-adds, once their group has completed)
+// before this thread's later generic accesses, e.g. the release that tells other CTAs the sums are
+// final (kDqConvert's tile counts); the global counterpart of fence_proxy_async_smem.
+__device__ __forceinline__ void fence_proxy_async_global() {
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+}
 
 // `bytes` (a multiple of 16) of contiguous global memory at `src` into shared memory at `dst` (both
 // 16-byte aligned) by the copy engine, completing as transactions on mbarrier `bar`: the dynamic

@@ -336,6 +336,29 @@ struct Sm90BwdSlotDqStage {
     }
 };
 
+// Store this thread's part of a 64-column dQ piece into boxes box0, box0 + 1 of the ring slot at q_off
+// (Stage: Sm90BwdSlotDqStage), laid out as the kDqWriter tile: the thread's rows warp·16 + g (+ 8),
+// columns 8nt + 2t (+ 1) of the piece, the odd rows g storing fragment nt ^ 2 where the others store
+// nt (no bank conflicts: see the kDqWriter staging in sm90_bwd_body)
+template <class Stage>
+__device__ __forceinline__ void store_slot_dq_r2s(unsigned char* smem_ptr, u32 smem, u32 q_off, int box0,
+                                                  const float (&dq_part)[32], int warp, int g, int t) {
+    const bool odd = g % 2;
+    const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
+    const u32 row_off = (warp * 16 + g) * 128 + (t % 2) * 8;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const int ns = nt ^ 2;
+        unsigned char* box = smem_ptr + (Stage::box(smem, q_off, box0 + nt / 4) - smem);
+        const u32 off = row_off + (sw ^ ((2 * (nt % 4)) << 4));
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+            *reinterpret_cast<float2*>(box + off + half * 8 * 128)
+                = make_float2(odd ? dq_part[4 * ns + 2 * half] : dq_part[4 * nt + 2 * half],
+                              odd ? dq_part[4 * ns + 2 * half + 1] : dq_part[4 * nt + 2 * half + 1]);
+    }
+}
+
 // kRoles: a warpgroup's side as a type (the Pᵀ side or the dSᵀ side), so that each side's loop is
 // its own straight-line code (no wgmma under a run-time branch)
 template <bool kPSide>
@@ -447,6 +470,119 @@ struct Sm90BwdTileRing {
     }
 };
 
+// kDqConvert (with kDqWriter): fa2_bwd_convert_dq's work (dQ = scale · accumulator) inside the main
+// kernel, so that CTAs whose tiles are done (the SMs the dynamic scheduler leaves idle at the end
+// of the grid; in the plain grid every CTA at its end) convert the (head, batch) pairs that are
+// done while other tiles run, and the backward has no third launch. A pair is done once its n_kv
+// K/V tiles' dQ additions have completed: the writer warp counts each tile after its bulk
+// reduce-adds, and the count that completes the pair appends its jobs (kRows-row chunks of dQ) to
+// queue pair % kQueues; a CTA's consumers, once its tiles are done and its writer has counted the
+// last, take jobs off the queues (from queue blockIdx.x % kQueues on: kQueues heads to share out
+// the compare-and-swaps, one queue's CTAs retry in turn) and convert them until every queue is
+// empty. No CTA waits for another's tiles (only for a queue slot that the thread which reserved it
+// is writing, a few instructions on): a job appended after a CTA found the queues empty is taken
+// by the CTA that appended it, whose consumers look only after their writer's last count.
+// Counters (the plan's zeroed int32 buffer p.tile_counter after the claim counter, all back to 0
+// when the launch ends): [1] CTAs that found every queue empty, [2 + 2k], [3 + 2k] queue k's head
+// and tail, [2 + 2·kQueues + pair] the pair's tiles done, then queue k's slots from
+// kCap · k on (kCap = ceil(n_pairs / kQueues) · n_chunks): the i-th job queued there, plus 1 (0: not
+// written yet); a job is pair · n_chunks + chunk. Heads and tails only grow during a launch (no ABA
+// for the compare-and-swap); the last CTA to find every queue empty, when no CTA looks at them any
+// more, sets them back to 0.
+struct Sm90BwdDqQueue {
+    static constexpr int kRows = 256;               // dQ rows a job
+    static constexpr int kQueues = 16;
+    int* c;
+    int n_pairs, n_chunks, cap;
+    __device__ __forceinline__ Sm90BwdDqQueue(int* counters, int pairs, int seqlen_q)
+        : c(counters), n_pairs(pairs), n_chunks((seqlen_q + kRows - 1) / kRows),
+          cap((pairs + kQueues - 1) / kQueues * ((seqlen_q + kRows - 1) / kRows)) {}
+    __device__ __forceinline__ int* head(int k) const { return c + 2 + 2 * k; }
+    __device__ __forceinline__ int* tail(int k) const { return c + 3 + 2 * k; }
+    __device__ __forceinline__ int* slot(int k, int i) const { return c + 2 + 2 * kQueues + n_pairs + k * cap + i; }
+    // writer lane 0, once the tile's reduce-adds have completed (bulk_wait_group<0>)
+    __device__ __forceinline__ void tile_done(int pair, int n_kv) const {
+        int* done = c + 2 + 2 * kQueues + pair;
+        fence_proxy_async_global();                 // the bulk additions before the count
+        __threadfence();
+        if (atomicAdd(done, 1) != n_kv - 1) return;
+        atomicExch(done, 0);                        // the pair's last count (for the next launch)
+        __threadfence();
+        const int k = pair % kQueues;
+        const int i = atomicAdd(tail(k), n_chunks);
+        for (int ch = 0; ch < n_chunks; ++ch) atomicExch(slot(k, i + ch), pair * n_chunks + ch + 1);
+    }
+    // one consumer thread of each CTA: the next job, -1 once every queue is empty (then the CTA looks
+    // no more: the grid's last to get -1 resets the heads, tails and this count)
+    __device__ __forceinline__ int pop() const {
+        const int k0 = blockIdx.x % kQueues;
+        for (int n = 0; n < kQueues;) {
+            const int k = k0 + n < kQueues ? k0 + n : k0 + n - kQueues;
+            const int h = ld_acquire_gpu(head(k));
+            if (h >= ld_acquire_gpu(tail(k))) {
+                ++n;                                // (this queue is empty: the next)
+                continue;
+            }
+            if (atomicCAS(head(k), h, h + 1) != h) continue;
+            int v;
+            while ((v = ld_acquire_gpu(slot(k, h))) == 0) {}   // (its writer is between the atomics)
+            atomicExch(slot(k, h), 0);
+            __threadfence();
+            return v - 1;
+        }
+        if (atomicAdd(c + 1, 1) == int(gridDim.x) - 1) {
+            for (int k = 0; k < kQueues; ++k) {
+                atomicExch(head(k), 0);
+                atomicExch(tail(k), 0);
+            }
+            atomicExch(c + 1, 0);
+        }
+        return -1;
+    }
+};
+
+// dQ[batch, rows, head, :] = scale · dq_accum[bh, rows] of one job (Sm90BwdDqQueue) by `threads`
+// threads (thread `tid` of them): fa2_bwd_convert_dq's arithmetic, 8 columns a thread per item, in
+// batches of kBatch items whose loads are all issued before the first store (a few SMs convert
+// what a grid of its own did: 32 KB in flight per thread group keeps the latency covered); the
+// accumulator read through L2 (ld.global.cg: other SMs' additions)
+template <class Elem>
+__device__ __forceinline__ void sm90_bwd_convert_dq_job(const Sm90BwdParams& p, const Sm90BwdDqQueue& queue,
+                                                        int job, int tid, int threads) {
+    constexpr int kBatch = 8;
+    const int pair = job / queue.n_chunks, row0 = (job % queue.n_chunks) * Sm90BwdDqQueue::kRows;
+    const int head = pair % p.nheads, batch = pair / p.nheads;
+    const int chunks = p.head_dim / 8;
+    const float* acc_rows = p.dq_accum + (static_cast<i64>(pair) * p.seqlen_q_rounded + row0) * p.head_dim_rounded;
+    u16* dq = static_cast<u16*>(p.dq) + batch * p.dq_batch_stride + row0 * p.dq_row_stride + head * p.dq_head_stride;
+    const int n = min(Sm90BwdDqQueue::kRows, p.seqlen_q - row0) * chunks;
+    for (int base = tid; base < n; base += kBatch * threads) {
+        float4 a[kBatch][2];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int idx = base + b * threads;
+            if (idx < n) {
+                const float4* acc = reinterpret_cast<const float4*>(
+                    acc_rows + static_cast<i64>(idx / chunks) * p.head_dim_rounded + (idx % chunks) * 8);
+                a[b][0] = __ldcg(acc);
+                a[b][1] = __ldcg(acc + 1);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int idx = base + b * threads;
+            if (idx < n) {
+                u32x4 out;
+                out.x = pack2<Elem>(a[b][0].x * p.softmax_scale, a[b][0].y * p.softmax_scale);
+                out.y = pack2<Elem>(a[b][0].z * p.softmax_scale, a[b][0].w * p.softmax_scale);
+                out.z = pack2<Elem>(a[b][1].x * p.softmax_scale, a[b][1].y * p.softmax_scale);
+                out.w = pack2<Elem>(a[b][1].z * p.softmax_scale, a[b][1].w * p.softmax_scale);
+                *reinterpret_cast<u32x4*>(dq + static_cast<i64>(idx / chunks) * p.dq_row_stride + (idx % chunks) * 8) = out;
+            }
+        }
+    }
+}
+
 // The kernel's body (sm90_bwd, and sm90_bwd_cluster for kCluster, below, are its entry points).
 // kCluster (head dim 256 only): the two CTAs of a cluster (__cluster_dims__(2, 1, 1)) own K/V
 // blocks 2c and 2c + 1 of one (head, batch) and walk the same Q blocks (under the causal mask from
@@ -459,7 +595,7 @@ struct Sm90BwdTileRing {
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
-          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles>
+          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles, bool kDqConvert>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -502,6 +638,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                   "not with s_ahead");
     static_assert(!((kSAhead || kDqEarly) && ((kSharedKeys && !kRoles) || kOverlapSdp)) && !(kDqEarly && kSharedKeys),
                   "s_ahead / dq_early: the head dim 64 / 128 tiles (s_ahead: and roles), not with overlap_sdp");
+    static_assert(!kDqConvert || (kDqWriter && !kVarlen && !kDeterministic && !kCluster),
+                  "dq_convert: with dq_writer (its counts follow the writer's bulk additions), fixed lengths, "
+                  "unordered, one CTA a cluster");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
                   "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
     // BM 80 (head dim 128, 2 consumers; FA3's non-causal tile): 80 queries are not a whole wgmma m
@@ -515,6 +654,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                   "not with overlap_sdp / s_ahead / q_rotate");
     // kDqWriter's named barriers (consumer threads + the writer warp): tile b full, tile b free
     constexpr int kDqFullBar = 2, kDqEmptyBar = 4, kDqBarThreads = kConsumers * 128 + 32;
+    // kDqConvert: the writer's last tile counted (consumers + writer), the queue's pair read (consumers)
+    constexpr int kConvBar = 11, kConvPairBar = 12;
     constexpr int kChunks = Shape::kChunks;
     constexpr int kConsumerThreads = kConsumers * 128;
 
@@ -642,7 +783,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     if (warpgroup == 0) {
         // ---- producer: warp 0; lane 0 issues the TMA copies ----
         setmaxnreg_dec<Shape::kProducerRegs>();
-        if (kDqWriter && tid / 32 == 1 && (kDynamic || n_iters > 0)) {
+        if (kDqWriter && tid / 32 == 1 && (kDynamic || kDqConvert || n_iters > 0)) {   // (kDqConvert: every tile counts)
             // ---- dQ writer (warp 1): per Q block, once the consumers have staged dQ_i's part in
             // tile q % kBufs (q: the CTA's Q blocks so far; barrier kDqFullBar + tile), lane 0 adds
             // it to the accumulator by kHeadDim / 32 tensor bulk reduce-adds (one per 32-column box;
@@ -687,6 +828,13 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     if (!kSlotDq && !kDynamic && it + DqW::kBufs < n_iters)
                         named_barrier_arrive(kDqEmptyBar + buf, kDqBarThreads);
                 }
+                if constexpr (kDqConvert) {                    // the tile's additions complete: count it
+                    if (leader) {
+                        bulk_wait_group<0>();
+                        Sm90BwdDqQueue(p.tile_counter, p.batch * p.nheads, p.seqlen_q).tile_done(pair, n_kv);
+                    }
+                    __syncwarp();
+                }
                 if constexpr (!kDynamic) break;
                 q_done += n_iters;
                 const Sm90BwdTile next = ring_take();
@@ -695,6 +843,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 tile_range();
             }
             if (leader) bulk_wait_group<0>();                   // the additions done before the CTA ends
+            if constexpr (kDqConvert) named_barrier_arrive(kConvBar, kConsumerThreads + 32);   // last tile counted
         } else if (tid < 32 && (kDynamic || n_iters > 0)) {
             const int lane = tid;
             if (kDynamic && lane > 0) return;                  // kDynamic: lane 0 issues everything
@@ -812,6 +961,22 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     const int ctid = tid - 128;                                 // 0..kConsumerThreads-1
     const int warp = (tid / 32) % 4, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
+    // kDqConvert: the dQ convert of the pairs done (Sm90BwdDqQueue), once the writer has counted this
+    // CTA's last tile; each job's index handed over in shared memory (dS's buffer: no GEMM reads it now)
+    auto convert_done_pairs = [&]() {
+        named_barrier_sync(kConvBar, kConsumerThreads + 32);
+        volatile int* pair_word = reinterpret_cast<volatile int*>(ds_smem_ptr);
+        const Sm90BwdDqQueue queue(p.tile_counter, p.batch * p.nheads, p.seqlen_q);
+        for (;;) {
+            if (ctid == 0) *pair_word = queue.pop();
+            named_barrier_sync(kConvPairBar, kConsumerThreads);
+            const int job = *pair_word;
+            named_barrier_sync(kConvPairBar, kConsumerThreads);   // read by all before the next pop
+            if (job < 0) break;
+            __threadfence();
+            sm90_bwd_convert_dq_job<Elem>(p, queue, job, ctid, kConsumerThreads);
+        }
+    };
     if constexpr (kRoles) {
         // ---- kRoles (head dim 256, the shared-keys tile): the warpgroups split the products by
         // operand instead of by queries. Warpgroup 0 (the Pᵀ side): Sᵀ = K_j Q_iᵀ for all BM queries,
@@ -987,21 +1152,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         // dO_i's chunks, its dV was their last reader and the dSᵀ side's dPᵀ finished
                         // before dS was handed over; the dSᵀ side's in Q_i's, likewise), stored as the
                         // shared-keys path stores them
-                        const bool odd = g % 2;
-                        const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
-                        const u32 row_off = (warp * 16 + g) * 128 + (t % 2) * 8;
-#pragma unroll
-                        for (int nt = 0; nt < 8; ++nt) {
-                            const int ns = nt ^ 2;
-                            unsigned char* box = smem_ptr + (Sm90BwdSlotDqStage<Shape, true>::box(
-                                smem, q_off, 4 * wg + 2 * piece + nt / 4) - smem);
-                            const u32 off = row_off + (sw ^ ((2 * (nt % 4)) << 4));
-#pragma unroll
-                            for (int half = 0; half < 2; ++half)
-                                *reinterpret_cast<float2*>(box + off + half * 8 * 128)
-                                    = make_float2(odd ? dq_part[4 * ns + 2 * half] : dq_part[4 * nt + 2 * half],
-                                                  odd ? dq_part[4 * ns + 2 * half + 1] : dq_part[4 * nt + 2 * half + 1]);
-                        }
+                        store_slot_dq_r2s<Sm90BwdSlotDqStage<Shape, true>>(smem_ptr, smem, q_off, 4 * wg + 2 * piece,
+                                                                           dq_part, warp, g, t);
                     } else {
                         float* dq_rows = p.dq_accum + (bh * p.seqlen_q_rounded + row0 + warp * 16) * p.head_dim_rounded
                                          + wg * 128 + piece * 64;
@@ -1046,6 +1198,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
         };
         if (wg == 0) run(Sm90BwdSide<true>{});
         else run(Sm90BwdSide<false>{});
+        if constexpr (kDqConvert) convert_done_pairs();
         return;
     }
 
@@ -1165,11 +1318,14 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             const int q0 = row0 + q_col0;                           // this warpgroup's first query of Sᵀ
             const u32 q_off = slot * Shape::kQBytes;               // this slot's Q_i, dO_i (bytes)
             // kDropout: the keep mask Z of this thread's Pᵀ elements, one bit each (bit 4nt + e of
-            // element (nt, e)), drawn before Sᵀ's accumulators are live (and while Q_i may still be
-            // landing): the Philox rounds next to dK, dV and Sᵀ would spill the d128 kernel
+            // element (nt, e)). Dropout alone: drawn while Sᵀ's GEMM runs (the rounds take a call's few
+            // registers at a time: keep_bits_transposed), off the path from Sᵀ to dK, dV. With softcap
+            // or ALiBi: before Sᵀ's accumulators are live (and while Q_i may still be landing): there
+            // the Philox rounds next to dK, dV and Sᵀ spill the d128 kernel (nvcc 13.0)
+            constexpr bool kDrawUnderS = kDropout && !kSoftcap && !kAlibi && !kWindow && !kDqEarly;
             u32 keep_bits = 0;
             static_assert(!kDropout || kSN / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
-            if constexpr (kDropout)
+            if constexpr (kDropout && !kDrawUnderS)
                 keep_bits = dropout.keep_bits_transposed<kSN / 8>(static_cast<int>(bh), key0 + warp_key, q0, g, t);
             // ---- Sᵀ = K_j Q_iᵀ (kSAhead: already issued, behind the last Q block's dQ GEMM or
             // before the loop) ----
@@ -1177,6 +1333,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 mbarrier_wait(q_full(slot), phase);
                 issue_s(slot);
             }
+            if constexpr (kDrawUnderS)
+                keep_bits = dropout.keep_bits_transposed<kSN / 8>(static_cast<int>(bh), key0 + warp_key, q0, g, t);
             if constexpr (kOverlapSdp) {
                 // dPᵀ = V_j dO_iᵀ right behind Sᵀ (its own group): the tensor cores run it while this
                 // thread turns Sᵀ into Pᵀ below; only Sᵀ is waited for here
@@ -1488,24 +1646,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     if constexpr (kSlotDq) {
                         // kSlotDq: into boxes 4wg + 2·piece, + 1 of the staging in this slot
                         // (Sm90BwdSlotDqStage: this warpgroup's dV, dK, the last readers of those
-                        // chunks, are done), stored as the kDqWriter tile below: this thread's rows
-                        // warp·16 + g (+ 8), columns 8nt + 2t (+ 1) of the piece, the odd rows g
-                        // storing fragment nt ^ 2 where the others store nt (no bank conflicts)
-                        const bool odd = g % 2;
-                        const u32 sw = ((t / 2) ^ g ^ (odd ? 4 : 0)) << 4;
-                        const u32 row_off = (warp * 16 + g) * 128 + (t % 2) * 8;
-#pragma unroll
-                        for (int nt = 0; nt < 8; ++nt) {
-                            const int ns = nt ^ 2;
-                            unsigned char* box = smem_ptr + (Sm90BwdSlotDqStage<Shape>::box(
-                                smem, q_off, 4 * wg + 2 * piece + nt / 4) - smem);
-                            const u32 off = row_off + (sw ^ ((2 * (nt % 4)) << 4));
-#pragma unroll
-                            for (int half = 0; half < 2; ++half)
-                                *reinterpret_cast<float2*>(box + off + half * 8 * 128)
-                                    = make_float2(odd ? dq_part[4 * ns + 2 * half] : dq_part[4 * nt + 2 * half],
-                                                  odd ? dq_part[4 * ns + 2 * half + 1] : dq_part[4 * nt + 2 * half + 1]);
-                        }
+                        // chunks, are done), stored as the kDqWriter tile below
+                        store_slot_dq_r2s<Sm90BwdSlotDqStage<Shape>>(smem_ptr, smem, q_off, 4 * wg + 2 * piece,
+                                                                     dq_part, warp, g, t);
                     } else {
 #pragma unroll
                         for (int j = 0; j < 4; ++j)
@@ -1724,6 +1867,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     if constexpr (kDqBulk) {
         if (lane < 16) bulk_wait_group<0>();
     }
+    if constexpr (kDqConvert) convert_done_pairs();
 }
 
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
@@ -1731,12 +1875,12 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
           bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false,
-          bool kFragPin = false, bool kRoles = false>
+          bool kFragPin = false, bool kRoles = false, bool kDqConvert = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
-                  kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles>(p);
+                  kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles, kDqConvert>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the
@@ -1752,7 +1896,7 @@ sm90_bwd_cluster(const __grid_constant__ Sm90BwdParams p) {
     static_assert(kClusterSize == 2, "sm90_bwd_cluster: clusters of 2 CTAs");
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, true,
-                  kSAhead, false, false, false, false, kRoles>(p);
+                  kSAhead, false, false, false, false, kRoles, false>(p);
 }
 #endif
 

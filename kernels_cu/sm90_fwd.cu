@@ -150,6 +150,18 @@
 //              pack_p (dropout_packed.cuh: a byte permute and an AND per two elements) instead of
 //              to the fp32 P_j before it; the same mask, the same bits. Not with kPSmem. false
 //              (the default): the code of the kernel before it existed
+//   kDropEarly (kDropPacked only) P_j's Philox rounds run in the wait for S_j's wgmma (the mask
+//              depends on coordinates only) and leave the keep flags (dropout_packed.cuh
+//              draw_keep_flags): 1, as byte signs, one register per 4 elements, and after pack_p a
+//              permute and an AND per two elements; 2, as the fragment words' masks, one register
+//              per 2 elements, and an AND per two. The same mask, the same bits. 3: form 1 with the
+//              counters for Philox words (no rounds), NOT the mask: timing only (what the rounds
+//              cost; refused by the config unless sm90_fwd.py DROP_EARLY_TIMING). 4: form 1's flags
+//              drawn by the producer warpgroup's warps 1-3 (otherwise idle) into shared memory, one
+//              K/V block ahead at most (Shape kGenBytes, full / empty mbarriers), the consumers load
+//              them (16-byte loads) in the wait for S_j: their warps carry no Philox round (static
+//              tile order only: not with kDynamic or kVarlen). 0 (the default): the code of the
+//              kernel before it existed
 //   kTreeMax   the online softmax's step with shorter dependency chains (softmax_tree.cuh: both
 //              rows' maxima as pairwise trees, their shuffles side by side, two partial row sums),
 //              so that the block's first ex2 issues sooner; not with kEmuExp2. false (the
@@ -206,6 +218,11 @@
 //              once-per-tile pipeline fill is hidden (short tiles, e.g. head dim 256 at 2k keys: 26
 //              blocks per tile). The next tile's first step then only waits for S_0. false (the
 //              default): the code of the kernel before it existed
+//   kStreamTail the static persistent plain non-causal kernel with a balanced tail (sm90_tail.cuh:
+//              the last n_tiles - G·(n_tiles / G - 1) tiles cut by K/V blocks into equal ranges
+//              per CTA, a tile cut in two joined through fp32 partials in params.tail_partial;
+//              a piece runs the tile loop below on its blocks [jb, je): n_end and n_blocks are the
+//              piece's). false (the default): the code of the kernel before it existed
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
@@ -222,11 +239,12 @@
 #include "varlen.cuh"
 #include "dropout_packed.cuh"
 #include "softmax_fold.cuh"
+#include "sm90_tail.cuh"
 
 namespace cuflash {
 
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, bool kDynamic = false,
-          bool kTmaStore = false, bool kPSmem = false, bool kQDouble = false>
+          bool kTmaStore = false, bool kPSmem = false, bool kQDouble = false, int kGenBytes = 0>
 struct Sm90FwdShape {
     static constexpr int kThreads = (kConsumers + 1) * 128;
     // 64-column (128-byte) swizzle atoms; d96: two, the second half used (header)
@@ -266,11 +284,19 @@ struct Sm90FwdShape {
     static constexpr int kRingBytes = kDynamic ? 8 * 4 + 4 * 2 : 0;
     static constexpr int kQ2BarOffset = kRingOffset + kRingBytes;
     static constexpr int kQ2BarBytes = kQDouble ? 2 * 8 : 0;
+    // kDropEarly 4: the keep flags of one K/V block that the producer warpgroup's warps 1-3 draw
+    // for the consumers (kGenBytes: 16 bytes per consumer thread and 32-key block, one part per
+    // consumer warpgroup), 16-byte aligned, then a full and an empty mbarrier per part; none without it
+    static constexpr int kGenOffset = (kQ2BarOffset + kQ2BarBytes + 15) / 16 * 16;
+    static constexpr int kGenBarOffset = kGenOffset + kGenBytes;
+    static constexpr int kGenAllBytes = kGenBytes ? kGenBarOffset + 16 * kConsumers - (kQ2BarOffset + kQ2BarBytes) : 0;
     // + 1024: the dynamic shared memory base is aligned up to 1024 bytes at run time
-    static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + kRingBytes + kQ2BarBytes + 1024;
+    static constexpr int kSmemBytes = kBarOffset + 8 * kBarriers + kRingBytes + kQ2BarBytes + kGenAllBytes + 1024;
     // Registers per thread after setmaxnreg (FA3's splits): the producer only issues TMA.
-    static constexpr int kProducerRegs = kConsumers == 1 ? 56 : kConsumers == 2 ? 24 : 32;
-    static constexpr int kConsumerRegs = kConsumers == 1 ? 256 : kConsumers == 2 ? 240 : 160;
+    // (kDropEarly 4, kGenBytes: the producer warpgroup's warps 1-3 run the Philox rounds: 40 with 2
+    // consumers, which keep 232; 24 / 32 spilled the drawing loop, nvcc 13.0)
+    static constexpr int kProducerRegs = kConsumers == 1 ? 56 : kConsumers == 2 ? (kGenBytes ? 40 : 24) : 32;
+    static constexpr int kConsumerRegs = kConsumers == 1 ? 256 : kConsumers == 2 ? (kGenBytes ? 232 : 240) : 160;
 
     static_assert(kConsumers >= 1 && kConsumers <= 3, "consumers must be 1, 2 or 3");
     static_assert(kBM == 64 * kConsumers, "BM must be 64 * consumers: each consumer warpgroup owns 64 rows");
@@ -386,10 +412,13 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
-          bool kTileOverlap = false, bool kDropPacked = false>
+          bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
-    using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem, kQDouble>;
+    // kDropEarly 4: one K/V block's keep flags, 16 bytes per consumer thread and 32-key block
+    static constexpr int kGenBytes = kDropEarly == 4 ? kConsumers * 128 * (kBN / 32) * 16 : 0;
+    using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem, kQDouble,
+                               kGenBytes>;
     using Mask = BandMask<kCausal, kWindow>;
     constexpr int kChunks = Shape::kChunks;
 
@@ -432,10 +461,25 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                   "kLazyRescale / kFoldCap run no dropout, and the software exp2 only with kFoldCap (softmax_fold.cuh)");
     static_assert(!kDropPacked || (kDropout && !kPSmem),
                   "kDropPacked applies dropout to P's A fragments in registers: it needs kDropout, not kPSmem");
+    static_assert(kDropEarly >= 0 && kDropEarly <= 4 && (!kDropEarly || kDropPacked),
+                  "kDropEarly (0..4) applies its keep flags to P's packed fragments: it needs kDropPacked");
+    static_assert(kDropEarly != 4 || (!kDynamic && !kVarlen),
+                  "kDropEarly 4: the drawing warps walk the static tile order (no kDynamic, no kVarlen)");
+    // kDropEarly 4: the drawn flags, warpgroup w's part, and its mbarriers (full: the 96 drawing
+    // threads have stored it; empty: the warpgroup's 128 threads have copied their flags)
+    constexpr int kGenPartBytes = 128 * (kBN / 32) * 16;
+    auto gen_part = [&](int w) { return smem + Shape::kGenOffset + u32(w * kGenPartBytes); };
+    auto gen_full = [&](int w) { return smem + Shape::kGenBarOffset + 16u * w; };
+    auto gen_empty = [&](int w) { return smem + Shape::kGenBarOffset + 16u * w + 8u; };
     static_assert(!kRescaleFirst || !(kLazyRescale || kFoldCap),
                   "kRescaleFirst rescales O every step: not with kLazyRescale / kFoldCap");
     static_assert(!kAlibiLinear || (kAlibi && !kSoftcap && !kDropout && kEmuExp2 == 0 && !kVarlen && !kTreeMax),
                   "kAlibiLinear is ALiBi's bias alone (no softcap, dropout, emu_exp2, varlen, tree_max)");
+    static_assert(!kStreamTail || (kPersistent && !kDynamic && !kVarlen && !kTileOverlap && !kCausal && !kWindow
+                                   && !kSoftcap && !kAlibi && !kDropout && kEmuExp2 == 0 && !kLazyRescale
+                                   && kFoldCap == 0),
+                  "kStreamTail: the static persistent plain non-causal kernel (every tile has the same "
+                  "K/V blocks; sm90_tail.cuh)");
     Sm90TileRing<kConsumers> ring{smem + Shape::kRingOffset,
                                   reinterpret_cast<int*>(smem_raw + (smem - smem_u32(smem_raw)) +
                                                          Shape::kRingOffset + 32)};
@@ -485,6 +529,17 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             return max(0, mask.template kv_block_end<kBM, kBN>(row0) - mask.template kv_block_begin<kBM, kBN>(row0));
         }
     };
+    // kStreamTail: the CTA's pieces (sm90_tail.cuh), the same on the producer's and the consumers' side
+    Sm90TailSchedule sched(n_tiles, p.tail_n, p.tail_dp_end, p.tail_q, p.tail_rem, p.tail_magic, p.tail_shift);
+    auto first_tile = [&]() { return kStreamTail ? sched.first() : int(blockIdx.x); };
+    // a piece's loop blocks: n_end and n_blocks of its tile narrowed to [jb, je) (the loop's block
+    // j is the tile's jb + j, block index n_end - 1 - j)
+    auto narrow = [&](int& n_blocks, int& n_end) {
+        if constexpr (kStreamTail) {
+            n_end -= sched.jb;
+            n_blocks = sched.je - sched.jb;
+        }
+    };
 
     if (tid == 0) {
         prefetch_tensormap(&p.tma_q);
@@ -504,6 +559,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             mbarrier_init(v_empty(s), kConsumers * 128);
         }
         if constexpr (kDynamic) ring.init();
+        if constexpr (kDropEarly == 4)
+            for (int w = 0; w < kConsumers; ++w) {
+                mbarrier_init(gen_full(w), 96);             // the producer warpgroup's warps 1-3
+                mbarrier_init(gen_empty(w), 128);           // the warpgroup's threads
+            }
         fence_mbarrier_init();                              // visible to TMA's complete_tx
     }
     __syncthreads();                                        // and to every thread
@@ -511,17 +571,57 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     if (warpgroup == 0) {
         // ---- producer: one thread issues every TMA copy ----
         setmaxnreg_dec<Shape::kProducerRegs>();
+        if constexpr (kDropEarly == 4) {
+            if (tid >= 32) {
+                // ---- kDropEarly 4: warps 1-3 draw every consumer thread's keep flags of each K/V
+                // block, in the consumers' order (tiles, then blocks from the last), warpgroup by
+                // warpgroup, each part one block ahead of its warpgroup at most: the Philox rounds
+                // leave the consumers' warps ----
+                const int gt = tid - 32;                    // 0..95
+                const Dropout dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
+                const KeepSwar swar = KeepSwar::make(dropout.threshold);
+                constexpr int kCalls = 128 * (kBN / 32);    // per K/V block and consumer warpgroup
+                int gen_iter = 0;
+                for (int tile = blockIdx.x; tile < n_tiles; tile += grid_dim_x_volatile()) {
+                    const Sm90Tile at = tile_at(tile);
+                    const int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
+                    const int bh = at.batch * p.nheads + at.head;
+                    for (int j = 0; j < n_blocks; ++j, ++gen_iter) {
+                        const int key0 = (n_end - 1 - j) * kBN;
+                        for (int w = 0; w < kConsumers; ++w) {
+                            // the part's last block copied by every thread of the warpgroup
+                            if (gen_iter > 0) mbarrier_wait(gen_empty(w), (gen_iter - 1) & 1);
+#pragma unroll 1
+                            for (int c = gt; c < kCalls; c += 96) {
+                                // call c: 32-key block blk of the warpgroup's thread ct (rows g, g + 8
+                                // of its warp's 16, columns 2t, 2t + 1 of each 8: Dropout::zero_dropped's)
+                                const int blk = c / 128, ct = c % 128, lane_c = ct % 32;
+                                const int row = at.m_block * kBM + w * 64 + (ct / 32) * 16 + lane_c / 4;
+                                const PhiloxWords pw = dropout.draw(bh, row, key0 + 32 * blk + 2 * (lane_c % 4));
+                                const u32 flags[4] = {swar.signs(pw.w[0]), swar.signs(pw.w[1]),
+                                                      swar.signs(pw.w[2]), swar.signs(pw.w[3])};
+                                st_shared_v4(gen_part(w) + c * 16, flags);
+                            }
+                            mbarrier_arrive(gen_full(w));   // (release: the stores above are visible)
+                        }
+                    }
+                }
+                return;
+            }
+        }
         if (tid == 0) {
             int kv_iter = 0, q_iter = 0;   // the CTA's K/V iterations and tiles with keys so far
             // next tile: the static stride, or kDynamic's claim (handed to the consumers)
             auto next_tile = [&](int tile) {
                 if constexpr (kDynamic) return ring.claim(p.tile_counter, n_tiles);
+                else if constexpr (kStreamTail) return sched.next(tile);
                 else return tile + int(gridDim.x);
             };
-            for (int tile = blockIdx.x; tile < n_tiles; tile = next_tile(tile)) {
+            for (int tile = first_tile(); tile < n_tiles; tile = next_tile(tile)) {
                 const Sm90Tile at = tile_at(tile);
                 const int head_kv = at.head / (p.nheads / p.nheads_kv);   // GQA / MQA
-                const int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
+                int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
+                narrow(n_blocks, n_end);
                 if (n_blocks == 0) continue;                 // nothing to load: O = 0
                 // TMA box rows and batch coordinate: kVarlen, the sequence's first row in the
                 // packed tensor (batch extent 1); fixed lengths, row 0 of batch at.batch
@@ -595,6 +695,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     Dropout dropout{};                                     // kDropout: this launch's keep mask and scale
     if constexpr (kDropout)
         dropout = Dropout::load(p.rng_state, p.dropout_threshold, p.dropout_scale);
+    KeepSwar swar{};                                       // kDropEarly: the keep test on 4 bytes at once
+    if constexpr (kDropEarly) swar = KeepSwar::make(dropout.threshold);
 
     // S_j = Q_i K_jᵀ (64 x BN per warpgroup, fp32): issued, not waited for. kHeadDim / 16 steps:
     // d96 stops after chunk 1's second step, before its zero columns.
@@ -695,14 +797,19 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     };
 
     int kv_iter = 0, q_iter = 0;    // as the producer counts them: ring slots and Q's phases
+    [[maybe_unused]] int gen_iter = 0;   // kDropEarly 4: the K/V blocks whose drawn flags were taken
     // kDynamic: the pingpong turns cannot see whether a tile is the CTA's last with keys (the
     // next one is not claimed yet), so every turn hands over, the first turn is given before the
     // loop, and warpgroup 0 takes the one hand-over left after it (Pingpong's count, header).
     if constexpr (kDynamic) turn.start();
     auto next_tile = [&](int tile) {
         if constexpr (kDynamic) return ring.take();
+        else if constexpr (kStreamTail) return sched.next(tile);
         else return tile + int(gridDim.x);
     };
+    // kStreamTail: the partials of the tiles cut in two (sm90_tail.cuh), per consumer thread
+    const Sm90TailPartials<Shape::kOCols, kConsumers * 128> partials{reinterpret_cast<float4*>(p.tail_partial),
+                                                                     p.tail_flags};
     if constexpr (kTileOverlap) {
         // The first tile's S_0 = Q K_0ᵀ before the loop (the persistent grid has a CTA per tile at
         // most: blockIdx.x is a tile, and non-causal with keys, it has blocks): each tile's last step
@@ -716,7 +823,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         issue_s(0);
         turn.end();
     }
-    for (int tile = blockIdx.x; tile < n_tiles; tile = next_tile(tile)) {
+    for (int tile = first_tile(); tile < n_tiles; tile = next_tile(tile)) {
         const Sm90Tile at = tile_at(tile);
         const SeqSpan seq = seq_of(tile);                  // fixed lengths: (0, 0, seqlen_q, seqlen_k)
         if constexpr (kVarlen)
@@ -724,7 +831,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         const Mask tile_mask = kVarlen ? seq_mask(seq) : mask;
         const int wg_row0 = at.m_block * kBM + wg * 64;
         const int warp_row0 = wg_row0 + warp * 16;         // this warp's 16 rows of S and O
-        const int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
+        int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
+        narrow(n_blocks, n_end);                           // kStreamTail: the piece's blocks
         const ScoreMod<kSoftcap, kAlibi> score(p.softcap_in, p.softcap_out, p.alibi_slopes,
                                                p.alibi_batch_stride, at.batch, at.head,
                                                p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q,
@@ -765,7 +873,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         if (kTileOverlap || n_blocks > 0) {   // (kTileOverlap: non-causal with keys, every tile has blocks)
             // the CTA's last turn: the last tile with keys ends it (Pingpong: end(true))
             bool last_tile = !kDynamic;
-            if constexpr (!kDynamic)
+            if constexpr (kStreamTail)
+                last_tile = sched.last(tile);              // (every piece has keys)
+            else if constexpr (!kDynamic)
                 for (int next = tile + gridDim.x; next < n_tiles && last_tile; next += gridDim.x)
                     last_tile = kv_blocks(next) == 0;
             // S_j has landed: release K_j (the S GEMM was its only reader) and, after the
@@ -840,8 +950,35 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 if constexpr (kDropout && !kDropPacked)
                     dropout.zero_dropped(s_acc, at.batch * p.nheads + at.head, warp_row0, (n_end - 1 - j) * kBN, g, t);
             };
+            // kDropEarly: the keep flags of P_j drawn in the wait for S_j (draw_early, before the wgmma
+            // wait), applied after the packing (drop_packed): dropout_packed.cuh
+            u32 keep_flags[kDropEarly ? kBN / 32 : 1][4][kDropEarly == 2 ? 2 : 1];
+            (void)keep_flags;
+            auto draw_early = [&](int j) {
+                if constexpr (kDropEarly == 4) {
+                    // the flags the producer warpgroup drew (call blk of this thread at c = blk · 128 +
+                    // its index in the warpgroup: 16-byte loads, a warp's 512 bytes contiguous), then
+                    // this warpgroup's part released
+                    mbarrier_wait(gen_full(wg), u32(gen_iter) & 1);
+                    const int ct = tid % 128;
+#pragma unroll
+                    for (int blk = 0; blk < kBN / 32; ++blk) {
+                        u32 f[4];
+                        ld_shared_v4(gen_part(wg) + (blk * 128 + ct) * 16, f);
+#pragma unroll
+                        for (int ct4 = 0; ct4 < 4; ++ct4) keep_flags[blk][ct4][0] = f[ct4];
+                    }
+                    mbarrier_arrive(gen_empty(wg));
+                    ++gen_iter;
+                } else if constexpr (kDropEarly)   // (3: form 1 without the Philox rounds, for timing only)
+                    draw_keep_flags<kBN / 32, kDropEarly == 2 ? 2 : 1, kDropEarly == 3 ? 0 : kPhiloxRounds>(
+                        dropout, swar, keep_flags, at.batch * p.nheads + at.head, warp_row0,
+                                    (n_end - 1 - j) * kBN, g, t);
+            };
             auto drop_packed = [&](int j) {
-                if constexpr (kDropPacked)
+                if constexpr (kDropEarly)
+                    and_keep_flags(p_frag, keep_flags);
+                else if constexpr (kDropPacked)
                     zero_dropped_packed(dropout, p_frag, at.batch * p.nheads + at.head, warp_row0,
                                         (n_end - 1 - j) * kBN, g, t);
             };
@@ -868,6 +1005,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 issue_s(slot_of(0));
                 turn.end();
             }
+            draw_early(0);
             wgmma_wait<0>();
             if constexpr (kTileOverlap) zero_o();
             softmax_s(slot_of(0), 0);
@@ -893,6 +1031,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 mbarrier_wait(v_full(prev), phase(j - 1));
                 issue_pv(prev);
                 turn.end();
+                draw_early(j);                     // kDropEarly: P_j's keep flags while S_j computes
                 wgmma_wait<1>();                   // S_j is ready; P_{j-1} V_{j-1} may still run
                 softmax_s(slot, j);
                 wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
@@ -942,6 +1081,15 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             ++q_iter;
         }
 
+        if constexpr (kStreamTail) {
+            // a tile cut in two (sm90_tail.cuh): its later blocks' piece stores its partial for the
+            // finisher, which runs the first blocks last in its CTA and merges it before the epilogue
+            if (sched.writer()) {
+                partials.store(sched.range(), tid - 128, o_acc, m, l);
+                continue;
+            }
+            if (sched.finisher()) partials.merge(sched.range() + 1, tid - 128, o_acc, m, l, p.scale_log2);
+        }
         if constexpr (kTmaStore) {
             store_o_tma(at, wg_row0, warp_row0);
             continue;

@@ -117,6 +117,32 @@ def candidate_fns(configs: dict, q, k, v, dout, causal: bool, flash: bool) -> tu
     return fns, same, results
 
 
+def against(name, configs, same, results, base, dkv_tol=0.0):
+    """(label, dq diff, dk/dv diff, flag) of row `name` next to variant `base`: the config's name (or
+    "sdpa <name>", or "(= <earlier>)"), the relative differences of its gradients from base's (0 for
+    SDPA's rows) and "  MISMATCH" past 1e-2 (dq) / dkv_tol (dk, dv)."""
+    src = same.get(name, name)
+    label = f"(= {src})" if name in same else configs[name].name if name in configs else f"sdpa {name}"
+    if name not in configs:
+        return label, 0.0, 0.0, ""
+    ref, got = results[base], results[src]
+    ddq = rel(got[0], ref[0])
+    dkv = max(rel(got[1], ref[1]), rel(got[2], ref[2]))
+    return label, ddq, dkv, "  MISMATCH" if ddq > 1e-2 or dkv > dkv_tol else ""
+
+
+def finish(summary, t0, out, dev, rows):
+    """The timing scripts' ending: the summary lines, the total time, and the rows as JSON to `out` (with
+    the device, torch and cuDNN versions and the FLOPs convention)."""
+    print("\n".join(summary))
+    print(f"total {time.time() - t0:.0f} s", flush=True)
+    if out:
+        with open(out, "w") as f:
+            json.dump(dict(device=dev, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
+                           convention="FA: bwd FLOPs = 2.5 x 4 b h s^2 d (/2 causal)", rows=rows), f, indent=1)
+        print(f"wrote {out}")
+
+
 def rel(a, b):
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
 
@@ -167,16 +193,7 @@ def main():
                 for name in list(configs) + [n for n in fns if n not in configs]:
                     src = same.get(name, name)
                     t, m = times[src].median_ms, mains[src]
-                    label = (configs[name].name if name in configs else f"sdpa {name}")
-                    if name in same:
-                        label = f"(= {src})"
-                    ddq = dkv = 0.0
-                    flag = ""
-                    if name in configs:
-                        ref, got = results["plain"], results[src]
-                        ddq = rel(got[0], ref[0])
-                        dkv = max(rel(got[1], ref[1]), rel(got[2], ref[2]))
-                        flag = "  MISMATCH" if ddq > 1e-2 or dkv > 0 else ""
+                    label, ddq, dkv, flag = against(name, configs, same, results, "plain")
                     print(f"{case:<24} {name:<8} {label:<58} {t:7.3f} {flops / t / 1e9:6.0f} {m:8.1f} "
                           f"{t_cudnn / t:7.3f} {m_cudnn / m:6.3f} {ddq:8.1e} {dkv:8.1e}{flag}", flush=True)
                     rows.append(dict(hdim=d, causal=causal, seqlen=s, batch=b, heads=h, variant=name,
@@ -188,13 +205,7 @@ def main():
                 summary.append(f"{case:<24} " + "  ".join(line) + "   (x cuDNN: main / whole)")
                 del q, k, v, dout, fns, results
                 torch.cuda.empty_cache()
-    print("\n".join(summary))
-    print(f"total {time.time() - t0:.0f} s", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(device=dev, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
-                           convention="FA: bwd FLOPs = 2.5 x 4 b h s^2 d (/2 causal)", rows=rows), f, indent=1)
-        print(f"wrote {args.out}")
+    finish(summary, t0, args.out, dev, rows)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def test_configs(pin_only=False):
     arch, name, smem = _gpu.arch(), _gpu.name(), _gpu.max_smem()
     fam = registry.get("sm90_bwd")
     cases = [("bf16", c, False, flags) for c in (False, True)
-             for flags in (dict(dq_early=True), dict(s_ahead=True))]
+             for flags in (dict(dq_early=True),)]
     cases += [("fp16", True, False, dict(dq_early=True, ds_double=True)), ("bf16", True, True, dict(dq_early=True))]
     cases += [("bf16", False, False, flags) for flags in (dict(q_rotate=True), dict(q_rotate=True, dq_early=True),
                                                           dict(q_rotate=True, dynamic=True))]

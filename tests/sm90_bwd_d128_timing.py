@@ -46,7 +46,6 @@ Success: every row prints, no NaN / MISMATCH; the summary line per case gives ea
 x cuDNN (cuDNN's time / ours: >= 1.0 is at least as fast). Not a test.
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -62,7 +61,7 @@ from cuflash.compile import precompile  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
 
-from sm90_bwd_causal_timing import candidate_fns, rel  # noqa: E402
+from sm90_bwd_causal_timing import against, candidate_fns, finish  # noqa: E402
 from sm90_bwd_pre_timing import by_role, kernel_times  # noqa: E402
 
 TOKENS, DIM = 16384, 2048
@@ -82,7 +81,7 @@ VARIANTS = {
     "old": old,
     "alt": lambda c: c.replace(dynamic=not c.dynamic, lpt=False),
     "dqe": lambda c: old(c).replace(dq_early=True),
-    "sah": lambda c: old(c).replace(s_ahead=True) if c.dtype == "bf16" else None,
+    # (sah, s_ahead: refused since session 17, its kernels serialized by ptxas)
     "ds2": lambda c: old(c).replace(ds_double=True),
     "dkl": lambda c: old(c).replace(dq_early=True, dk_late=True),
     # non-causal
@@ -167,13 +166,15 @@ def problem(s, causal, dtype="bf16", op="bwd"):
     return Problem(op, dtype, b, s, s, DIM // HDIM, DIM // HDIM, HDIM, causal)
 
 
-def variants_for(p, names):
+def variants_for(p, names, variants=None):
     """{variant: config} for problem p (the ones that apply, as for_problem makes them; a variant
-    whose flags for_problem drops is left out)."""
+    whose flags for_problem drops is left out); `variants`: {name: heuristic config -> config or
+    None}, VARIANTS by default."""
+    variants = VARIANTS if variants is None else variants
     heur = FAM.for_problem(FAM.heuristic(p, _gpu.arch(), _gpu.max_smem()), p)
     out = {}
     for name in names:
-        want = VARIANTS[name](heur)
+        want = variants[name](heur)
         if want is None:
             continue
         cfg = FAM.for_problem(want, p)
@@ -243,18 +244,9 @@ def main():
                 for name in list(configs) + [n for n in fns if n not in configs]:
                     src = same.get(name, name)
                     t = {m: times[m][src].median_ms for m in args.methods}
-                    label = configs[name].name if name in configs else f"sdpa {name}"
-                    if name in same:
-                        label = f"(= {src})"
-                    ddq = dkv = 0.0
-                    flag = ""
-                    if name in configs:
-                        ref, got = results["heur"], results[src]
-                        ddq = rel(got[0], ref[0])
-                        dkv = max(rel(got[1], ref[1]), rel(got[2], ref[2]))
-                        # (q_rotate sums dK_j, dV_j over the Q blocks in another order: within 1e-2 too)
-                        dkv_tol = 1e-2 if configs[name].q_rotate != configs["heur"].q_rotate else 0.0
-                        flag = "  MISMATCH" if ddq > 1e-2 or dkv > dkv_tol else ""
+                    # (q_rotate sums dK_j, dV_j over the Q blocks in another order: within 1e-2 too)
+                    rot = name in configs and configs[name].q_rotate != configs["heur"].q_rotate
+                    label, ddq, dkv, flag = against(name, configs, same, results, "heur", 1e-2 if rot else 0.0)
                     vals = "".join(f" {t[m]:9.3f} {flops / t[m] / 1e9:6.0f} {t_cudnn[m] / t[m]:7.3f}"
                                    for m in args.methods)
                     print(f"{case:<26} {name:<11} {label:<62}{vals} {ddq:8.1e} {dkv:8.1e}{flag}", flush=True)
@@ -275,13 +267,7 @@ def main():
                                          breakdown_us=roles))
                 del q, k, v, dout, fns, results
                 torch.cuda.empty_cache()
-    print("\n".join(summary))
-    print(f"total {time.time() - t0:.0f} s", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(device=dev, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
-                           convention="FA: bwd FLOPs = 2.5 x 4 b h s^2 d (/2 causal)", rows=rows), f, indent=1)
-        print(f"wrote {args.out}")
+    finish(summary, t0, args.out, dev, rows)
 
 
 if __name__ == "__main__":

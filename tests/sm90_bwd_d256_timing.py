@@ -34,7 +34,6 @@ HEURISTIC_D256_CLUSTER in cuflash/families/sm90_bwd.py; --out writes the rows an
 The default variants are sm90_dqw and sm90_rol (with the heuristic's row where it differs from both).
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -53,6 +52,8 @@ from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
 from cuflash.select import choose  # noqa: E402
 from cuflash.timing import time_interleaved  # noqa: E402
+
+from sm90_bwd_causal_timing import finish  # noqa: E402
 
 TOKENS, HEADS = 16384, 8
 # name: flags of the d256 tile; the "_lpt" ones run causal cases only
@@ -220,13 +221,7 @@ def main():
                                    f"x cuDNN (speed): {vs}")
                     del q, k, v, dout, fns, results
                     torch.cuda.empty_cache()
-    print("\n".join(summary))
-    print(f"total {time.time() - t0:.0f} s", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(device=dev, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
-                           convention="FA: bwd FLOPs = 2.5 x 4 b h s^2 d (/2 causal)", rows=rows), f, indent=1)
-        print(f"wrote {args.out}")
+    finish(summary, t0, args.out, dev, rows)
 
 
 if __name__ == "__main__":

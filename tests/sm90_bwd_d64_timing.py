@@ -25,7 +25,6 @@ Success: every row prints, no NaN / MISMATCH; the last lines rank the variants p
 (x cuDNN: time / cuDNN's time, < 1 is faster), and --out writes the rows and the device as JSON.
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -43,6 +42,8 @@ from cuflash.families.sm90_bwd import Sm90BwdConfig  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
 from cuflash.timing import time_interleaved  # noqa: E402
+
+from sm90_bwd_causal_timing import finish  # noqa: E402
 
 TOKENS, D = 16384, 64
 # name: (BM, BN, stages, consumers, flags)
@@ -177,13 +178,7 @@ def main():
                                + "   (x cuDNN speed, fastest first)")
                 del q, k, v, dout, fns, results
                 torch.cuda.empty_cache()
-    print("\n".join(summary))
-    print(f"total {time.time() - t0:.0f} s", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(device=dev, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
-                           convention="FA: bwd FLOPs = 2.5 x 4 b h s^2 d (/2 causal)", rows=rows), f, indent=1)
-        print(f"wrote {args.out}")
+    finish(summary, t0, args.out, dev, rows)
 
 
 if __name__ == "__main__":

@@ -4,14 +4,18 @@ at the FlashAttention benchmark's shape (batch x seqlen = 16k, 2048 / head_dim h
 
     timeout 300 python tests/sm90_dropout_timing.py --out /tmp/drop2_timing.json
     python tests/sm90_dropout_timing.py --hdims 128 --causal yes --seqlen 8192
+    timeout 120 python tests/sm90_dropout_timing.py --hdims 128 --reps 8 --out /tmp/drop4.json  # ~60 s
 
 Rows per case (head dim, mask): plain (what selection runs without dropout), dropout (what
 selection runs with it: sm90_fwd at DROPOUT_BN, the backward's dQ path of for_problem), the
 dropout forward on the persistent grid with the dynamic scheduler (as plain calls run), with
 --variants the dropout forward at the other BNs that compile without spills (multiples of 32,
 philox.cuh's 32-key layout) and fa2_fwd's dropout forward, and SDPA cuDNN with and without
-dropout, forward and forward + backward. "x plain"
-is ms / the plain cuflash call's ms of the same op. Every kernel is compiled first, in
+dropout, forward, backward alone (torch.autograd.grad of one retained forward) and forward +
+backward. The dropout forward's other form of the keep mask (drop_early, sm90_fwd DROPOUT_EARLY:
+the Philox rounds in the wait for S_j) is timed next to the heuristic's wherever it applies
+(drop_packed head dims), its forms (1: byte signs, 2: fragment masks; non-causal: 4, drawn by the
+producer warpgroup, on the static grid, next to form 1 on that grid). "x plain" is ms / the plain cuflash call's ms of the same op. Every kernel is compiled first, in
 parallel; samples are CUDA events, interleaved (cuflash.timing.time_interleaved), median.
 Not a test.
 """
@@ -27,6 +31,7 @@ import torch  # noqa: E402
 import cuflash  # noqa: E402
 from cuflash import _gpu, registry  # noqa: E402
 from cuflash.compile import precompile  # noqa: E402
+from cuflash.families import sm90_fwd  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
 from cuflash.select import choose_on_device  # noqa: E402
@@ -53,7 +58,7 @@ def cases(args):
             yield d, causal, max(1, 16384 // s), s, h
 
 
-def fwd_configs(d, causal, b, s, h, variants=False):
+def fwd_configs(d, causal, b, s, h, variants=False, quick=False, rounds_cost=False):
     """The dropout forwards to time: sm90_fwd's heuristic (DROPOUT_BN), the same with the other
     schedule (a CTA per tile, or the persistent grid with the dynamic scheduler, which plain
     calls run); with ``variants`` also its other BNs that pass problems() (no spills, multiples
@@ -62,6 +67,22 @@ def fwd_configs(d, causal, b, s, h, variants=False):
     drop = Problem("fwd", "bf16", b, s, s, h, h, d, causal, features=("dropout",), dropout_p=P)
     heur = sm90.for_problem(sm90.heuristic(drop), drop)
     out = [heur]
+    if heur.drop_packed:   # the other forms of the keep mask (drop_early 0, 1, 2)
+        for form in (0, 1, 2):
+            other = heur.replace(drop_early=form)
+            if form == 2 and other.problems(227 * 1024):   # the fragment masks' BN
+                other = other.replace(BN=sm90_fwd.DROP_EARLY_MASKS_BN)
+            if form != heur.drop_early and not other.problems(227 * 1024):
+                out.append(other)
+    if heur.drop_packed and not causal:   # drop_early 4 (the producer warpgroup draws), static grid
+        four = heur.replace(drop_early=4, dynamic=False)
+        if not four.problems(227 * 1024):
+            out += [four, heur.replace(dynamic=False)]   # (and its form 1 twin on the same grid)
+    if rounds_cost and heur.drop_packed:   # drop_early 3: form 1 without the Philox rounds (NOT the mask)
+        sm90_fwd.DROP_EARLY_TIMING = True
+        out.append(heur.replace(drop_early=3))
+    if quick:   # the heuristic and its other mask forms only
+        return out
     for sched in (dict(persistent=False, dynamic=False), dict(persistent=True, dynamic=True)):
         other = heur.replace(tma_store=False, **sched)
         if other not in out and not other.problems(227 * 1024):
@@ -73,6 +94,42 @@ def fwd_configs(d, causal, b, s, h, variants=False):
     return out + [fa2.for_problem(fa2.heuristic(drop), drop)]
 
 
+def timed_rows(rows, case, op, fns, op_names, plain, args, d, causal, b, s, h):
+    """Time fns (interleaved, shuffled rounds), print and append one row each."""
+    for key, fn in list(fns.items()):   # fail loudly here, outside the timing
+        try:
+            out = fn()
+            assert not out.isnan().any(), f"{op_names[key][1]}: NaN in the output"
+        except Exception as e:  # noqa: BLE001 (SDPA cuDNN may refuse a case)
+            print(f"{case:<26} {op:<7} {op_names[key][0]:<12} {op_names[key][1]:<64} skipped: "
+                  f"{type(e).__name__}: {str(e)[:80]}")
+            del fns[key]
+    torch.cuda.synchronize()
+    times = time_interleaved(fns, reps=args.reps, back_to_back=3, order="shuffle")
+    base = times["plain"].median_ms
+    flops = op_flops(plain) * {"fwd": 1, "bwd": 2.5, "fwdbwd": 3.5}[op]
+    for key, t in times.items():
+        impl, cfg = op_names[key]
+        row = dict(case=case, op=op, impl=impl, config=cfg, ms=t.median_ms,
+                   tflops=flops / t.median_ms / 1e9, x_plain=t.median_ms / base,
+                   head_dim=d, causal=causal, batch=b, seqlen=s, nheads=h,
+                   dropout_p=0.0 if key in ("plain", "cudnn") else P)
+        rows.append(row)
+        print(f"{case:<26} {op:<7} {impl:<12} {cfg[:64]:<64} {t.median_ms:8.3f} "
+              f"{row['tflops']:7.1f} {row['x_plain']:8.3f}")
+
+
+def bwd_variants(d, causal, b, s, h):
+    """The dropout backwards to time next to selection's: sm90_bwd with the plain heuristic's speed
+    flags (DROPOUT_PLAIN_FLAGS) where they build (d128 non-causal), if selection does not run it."""
+    from cuflash.families import sm90_bwd
+
+    drop = Problem("bwd", "bf16", b, s, s, h, h, d, causal, features=("dropout",), dropout_p=P)
+    sel = choose_on_device(drop, 0)[1]
+    cfg = sel.replace(**sm90_bwd.DROPOUT_PLAIN_FLAGS) if sel.family == "sm90_bwd" else None
+    return [cfg] if cfg is not None and cfg != sel and cfg.dropout_plain() and not cfg.problems(227 * 1024) else []
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
@@ -80,6 +137,11 @@ def main():
     ap.add_argument("--causal", choices=("yes", "no", "both"), default="both")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default="")
+    ap.add_argument("--rounds-cost", action="store_true",
+                    help="also the drop_early 3 timing form (form 1 without the Philox rounds: not the "
+                         "dropout mask), which measures what the rounds cost")
+    ap.add_argument("--quick", action="store_true",
+                    help="the dropout forward's heuristic and its other mask form only (no other schedules)")
     ap.add_argument("--variants", action="store_true",
                     help="also time the dropout forward at its other BNs and fa2_fwd's")
     args = ap.parse_args()
@@ -91,7 +153,7 @@ def main():
             plain = Problem(op, "bf16", b, s, s, h, h, d, causal)
             for p in (plain, plain.replace(features=("dropout",), dropout_p=P)):
                 todo.append(choose_on_device(p, 0)[1])
-        todo += fwd_configs(d, causal, b, s, h, args.variants)
+        todo += fwd_configs(d, causal, b, s, h, args.variants, args.quick, args.rounds_cost) + bwd_variants(d, causal, b, s, h)
     precompile(list(dict.fromkeys(todo)), 0, processes=min(16, os.cpu_count() or 1))
 
     rows = []
@@ -109,7 +171,7 @@ def main():
             "cudnn": ("sdpa_cudnn", "no dropout"),
             "cudnn_drop": ("sdpa_cudnn", f"dropout {P}"),
         }
-        for op in ("fwd", "fwdbwd"):
+        for op in ("fwd", "bwd", "fwdbwd"):
             def run(fn):
                 if op == "fwd":
                     with torch.no_grad():
@@ -118,12 +180,27 @@ def main():
                 torch.autograd.grad(out, (q, k, v), dout)
                 return out
 
+            if op == "bwd":
+                # the backward alone: one forward each (its graph retained), then only the grads
+                outs = {"plain": cuflash.flash_attn_func(q, k, v, causal=causal),
+                        "dropout": cuflash.flash_attn_func(q, k, v, P, causal=causal),
+                        "cudnn": sdpa(q, k, v, causal, 0.0), "cudnn_drop": sdpa(q, k, v, causal, P)}
+                op_names = {key: (names[key][0], names[key][1] if key.startswith("cudnn") else choose_on_device(
+                    (plain if key == "plain" else drop).replace(op="bwd"), 0)[1].name) for key in outs}
+                for i, bcfg in enumerate(bwd_variants(d, causal, b, s, h)):
+                    outs[f"b{i}"] = cuflash.flash_attn_func(q, k, v, P, causal=causal, bwd_config=bcfg)
+                    op_names[f"b{i}"] = ("cuflash", bcfg.name)
+                fns = {key: (lambda o=o: (torch.autograd.grad(o, (q, k, v), dout, retain_graph=True), o)[1])
+                       for key, o in outs.items()}
+                timed_rows(rows, case, op, fns, op_names, plain, args, d, causal, b, s, h)
+                continue
+
             fns = {"plain": lambda: run(lambda: cuflash.flash_attn_func(q, k, v, causal=causal)),
                    "dropout": lambda: run(lambda: cuflash.flash_attn_func(q, k, v, P, causal=causal)),
                    "cudnn": lambda: run(lambda: sdpa(q, k, v, causal, 0.0)),
                    "cudnn_drop": lambda: run(lambda: sdpa(q, k, v, causal, P))}
             op_names = dict(names)
-            for i, cfg in enumerate(fwd_configs(d, causal, b, s, h, args.variants)[1:]):
+            for i, cfg in enumerate(fwd_configs(d, causal, b, s, h, args.variants, args.quick, args.rounds_cost)[1:]):
                 fns[f"v{i}"] = (lambda cfg=cfg: run(lambda: cuflash.flash_attn_func(
                     q, k, v, P, causal=causal, config=cfg)))
                 op_names[f"v{i}"] = ("cuflash", cfg.name)
@@ -131,31 +208,15 @@ def main():
                     op_names[f"v{i}"] = ("cuflash", cfg.name + " + " + choose_on_device(
                         drop.replace(op="bwd"), 0)[1].name)
             if op == "fwdbwd":
+                for i, bcfg in enumerate(bwd_variants(d, causal, b, s, h)):
+                    fns[f"b{i}"] = (lambda bcfg=bcfg: run(lambda: cuflash.flash_attn_func(
+                        q, k, v, P, causal=causal, bwd_config=bcfg)))
+                    op_names[f"b{i}"] = ("cuflash", names["dropout"][1] + " + " + bcfg.name)
                 bname = choose_on_device(drop.replace(op="bwd"), 0)[1].name
                 op_names["dropout"] = ("cuflash", op_names["dropout"][1] + " + " + bname)
                 op_names["plain"] = ("cuflash", op_names["plain"][1] + " + "
                                      + choose_on_device(plain.replace(op="bwd"), 0)[1].name)
-            for key, fn in list(fns.items()):   # fail loudly here, outside the timing
-                try:
-                    out = fn()
-                    assert not out.isnan().any(), f"{op_names[key][1]}: NaN in the output"
-                except Exception as e:  # noqa: BLE001 (SDPA cuDNN may refuse a case)
-                    print(f"{case:<26} {op:<7} {op_names[key][0]:<12} {op_names[key][1]:<64} skipped: "
-                          f"{type(e).__name__}: {str(e)[:80]}")
-                    del fns[key]
-            torch.cuda.synchronize()
-            times = time_interleaved(fns, reps=args.reps, back_to_back=3)
-            base = times["plain"].median_ms
-            flops = op_flops(plain) * (1 if op == "fwd" else 3.5)
-            for key, t in times.items():
-                impl, cfg = op_names[key]
-                row = dict(case=case, op=op, impl=impl, config=cfg, ms=t.median_ms,
-                           tflops=flops / t.median_ms / 1e9, x_plain=t.median_ms / base,
-                           head_dim=d, causal=causal, batch=b, seqlen=s, nheads=h,
-                           dropout_p=0.0 if key in ("plain", "cudnn") else P)
-                rows.append(row)
-                print(f"{case:<26} {op:<7} {impl:<12} {cfg[:64]:<64} {t.median_ms:8.3f} "
-                      f"{row['tflops']:7.1f} {row['x_plain']:8.3f}")
+            timed_rows(rows, case, op, fns, op_names, plain, args, d, causal, b, s, h)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": _gpu.name(0) if hasattr(_gpu, "name") else torch.cuda.get_device_name(0),

@@ -1,7 +1,8 @@
-"""Timing of sm90_fwd's last forward cells against SDPA cuDNN on an H100 (issue 11): the cells below
-or at 1.0x in the last bench (d256 non-causal 2k, d128 non-causal 16k) and the marginal ones (d256
-non-causal 4k, d256 causal 2k, d64 causal 2k), each with candidate configs made of the family's
-existing knobs. Not a test; < 90 s with its compiles (done first, in parallel):
+"""Timing of sm90_fwd's last forward cells against SDPA cuDNN on an H100 (issue 11): the cell below
+1.0x in the last bench (d256 non-causal 2k) and the other non-causal cells whose tiles leave a partial
+last wave (1024 tiles on 132 SMs at d256, 2048 at d128 2k), each with the heuristic and stream_tail
+(st*: the last stretch balanced by K/V blocks, kernels_cu/sm90_tail.cuh), and controls (d256 causal 2k,
+d64 full 2k). Not a test; < 90 s with its compiles (done first, in parallel):
 
     timeout 300 python tests/sm90_fwd_cells_timing.py --out /tmp/cells_timing.json
 
@@ -64,25 +65,31 @@ CANDIDATES = {
     "tov_pp": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=True, tma_store=False),
     "tov_pp_bn176": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=True, tma_store=False,
                          BN=176),
+    # stream_tail (kStreamTail): the static persistent schedule with the last stretch cut by K/V blocks
+    "st": dict(stream_tail=True),
+    "st_pp": dict(stream_tail=True, pingpong=True),
+    "st_static": dict(stream_tail=True, dynamic=False, persistent=True),
+    "nost": dict(stream_tail=False),       # the heuristic's tile without it (where HEURISTIC_STREAM_TAIL has it)
 }
 # (head dim, causal, seqlen) -> the rows of that cell, bf16 (rows equal to the heuristic's config or an
 # earlier row's, or invalid, are left out)
 CELLS = {
-    (256, False, 2048): ("heur", "tov", "pp", "grid", "rf"),
-    (256, False, 4096): ("heur", "tov", "pp"),
-    (128, False, 2048): ("heur", "tov_pp_bn176", "tov_bn176", "bn176_nopp", "bn176"),
-    (128, False, 16384): ("heur", "tov_pp", "tov", "rf", "nopp", "bn160_tmao"),
-    (256, True, 2048): ("heur", "nopp", "bn64"),
-    (64, True, 2048): ("heur", "q2", "tree"),
-    (64, False, 2048): ("heur", "tov_pp", "tov"),
+    (256, False, 2048): ("heur", "st", "tov"),
+    (256, False, 4096): ("heur", "st", "nost"),
+    (256, False, 8192): ("heur", "st", "nost"),
+    (256, False, 16384): ("heur", "st", "nost"),
+    (128, False, 2048): ("heur", "st", "nost"),
+    (128, False, 16384): ("heur", "st", "nost"),
+    (64, False, 2048): ("heur", "st_static"),
+    (256, True, 2048): ("heur",),
 }
 # the fp16 cells' rows (fewer: the compile budget). tile_overlap (tov*, non-causal only): the version of
 # session 16's round B was serialized by ptxas (0.5-0.8x); these rows time the loop-rotated one
 FP16_CELLS = {
-    (256, False, 2048): ("heur", "tov", "pp"),
-    (128, False, 16384): ("heur", "tov_pp", "rf", "nopp"),
-    (256, True, 2048): ("heur", "nopp"),
-    (64, True, 2048): ("heur", "q2", "tree"),
+    (256, False, 2048): ("heur", "st"),
+    (256, False, 4096): ("heur", "st", "nost"),
+    (128, False, 2048): ("heur", "st", "nost"),
+    (128, False, 16384): ("heur", "st", "nost"),
 }
 
 
@@ -141,8 +148,39 @@ def test_kernel_configs():
                                                          for q2 in ({}, {"q_double": False})]
     for dtype, d, causal, change in cases:
         p = cuflash.Problem("fwd", dtype, 2, 2049, 2049, 16, 4, d, causal)
-        cfg = fam.for_problem(fam.heuristic(p), p).replace(persistent=True, tma_store=False).replace(**change)
+        cfg = fam.for_problem(fam.heuristic(p), p).replace(persistent=True, tma_store=False, stream_tail=False).replace(**change)
         out.append(cfg.replace(section=0))
+    return out
+
+
+def stream_tail_test_configs():
+    """The kernels of tests/test_sm90_stream_tail_gpu.py."""
+    import cuflash
+    from cuflash import registry
+
+    import test_sm90_stream_tail_gpu as t
+
+    fam = registry.get("sm90_fwd")
+    out = []
+    for dtype, d, causal, change in t.KERNELS:
+        p = cuflash.Problem("fwd", dtype, 2, 2049, 2049, 16, 4, d, causal)
+        cfg = fam.for_problem(fam.heuristic(p), p).replace(persistent=True, tma_store=False, stream_tail=False).replace(**change)
+        out.append(cfg.replace(section=0))
+    return out
+
+
+def fp8_configs(cells):
+    """The configs tests/fp8_timing.py --ignore-stamps chooses for these cells (e4m3 and bf16)."""
+    from cuflash import _gpu, select
+    from cuflash.problem import Problem
+
+    select.stale_reasons = lambda entry, stamp: []
+    out = []
+    for d, c, s in (x.split(":") for x in cells.split(",")):
+        d, c, s = int(d), bool(int(c)), int(s)
+        for dtype in ("bf16", "e4m3"):
+            p = Problem("fwd", dtype, max(1, 16384 // s), s, s, 2048 // d, 2048 // d, d, c)
+            out.append(select.choose(p, _gpu.arch(), _gpu.name(), _gpu.max_smem())[1])
     return out
 
 
@@ -188,6 +226,11 @@ def main():
     ap.add_argument("--precompile-only", action="store_true")
     ap.add_argument("--with-tests", action="store_true",
                     help="also compile tests/test_sm90_tile_overlap_gpu.py's kernels")
+    ap.add_argument("--with-st-tests", action="store_true",
+                    help="also compile tests/test_sm90_stream_tail_gpu.py's kernels")
+    ap.add_argument("--with-fp8", default="",
+                    help="also compile tests/fp8_timing.py's kernels of these cells, d:causal:seqlen,... "
+                         "(its tuned e4m3 entries, stamps ignored as its --ignore-stamps)")
     ap.add_argument("--tuner-check", action="store_true",
                     help="also time each cell's heuristic through tuning.measure.GpuMeasure in both modes")
     ap.add_argument("--order", default="shuffle", choices=["shuffle", "rotate", "fixed"],
@@ -221,6 +264,11 @@ def main():
     if args.with_tests:
         have = {c.kernel_name() for c in kernels if hasattr(c, "kernel_name")}
         kernels += [c for c in test_kernel_configs() if c.kernel_name() not in have]
+    if args.with_st_tests:
+        have = {c.kernel_name() for c in kernels if hasattr(c, "kernel_name")}
+        kernels += [c for c in stream_tail_test_configs() if c.kernel_name() not in have]
+    if args.with_fp8:
+        kernels += fp8_configs(args.with_fp8)
     failed = [(c.name, e[-1500:]) for c, _, e in precompile(kernels) if e]
     print(f"compiled {len(kernels)} kernels in {time.time() - t0:.0f} s", flush=True)
     assert not failed, failed

@@ -3,6 +3,7 @@ against sm90_fwd (a CTA per tile, and persistent) and against the padded dense s
 Not a test; < 3 min:
 
     timeout 300 python tests/sm90_varlen_timing.py --out /tmp/sm90_varlen_timing.json
+    timeout 120 python tests/sm90_varlen_timing.py --hdims 64 96 --bwd-only --reps 8   # sm90_bwd VARLEN_SMALL_D
 
 Cases, bf16, heads = 2048 / d (16 at d128, 32 at d64), 16k tokens in all: "mixed", sequences
 of 512..8k tokens, and "short", sequences of 64..1k (random lengths, fixed seed), causal and
@@ -135,12 +136,15 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default="", help="write the rows as JSON here")
     ap.add_argument("--no-bwd", action="store_true", help="forward rows only")
+    ap.add_argument("--bwd-only", action="store_true", help="the backward rows only")
+    ap.add_argument("--hdims", type=int, nargs="+", default=[128, 64])
     args = ap.parse_args()
-    cases = [(kind, d, causal) for kind in ("mixed", "short") for d in (128, 64) for causal in (False, True)]
+    cases = [(kind, d, causal) for kind in ("mixed", "short") for d in args.hdims for causal in (False, True)]
     built = [case_rows(*c) for c in cases]
     from cuflash.compile import precompile
 
-    cfgs = sorted({cfg for _, rows, _, brows in built for _, cfg, _ in (*rows.values(), *brows.values())
+    cfgs = sorted({cfg for _, rows, _, brows in built
+                   for _, cfg, _ in ((*brows.values(),) if args.bwd_only else (*rows.values(), *brows.values()))
                    if cfg is not None}, key=lambda c: c.name)
     failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]
     assert not failed, failed
@@ -148,8 +152,8 @@ def main():
     print(f"{'case':<22} {'row':<22} {'config':<56} {'ms':>8} {'TFLOPs':>7} {'x fa2':>7}")
     for (kind, d, causal), (info, fwd_rows, fb_rows, b_rows) in zip(cases, built):
         case = f"{kind} d{d} {'causal' if causal else 'full'}"
-        outs = {key: fn() for key, (_, _, fn) in fwd_rows.items()}   # compile and check, untimed
-        for key in ("sm90_varlen", "sm90_varlen_persist", "selection"):
+        outs = {} if args.bwd_only else {key: fn() for key, (_, _, fn) in fwd_rows.items()}   # compile, check
+        for key in outs.keys() & {"sm90_varlen", "sm90_varlen_persist", "selection"}:
             assert not outs[key].isnan().any(), f"{case} {key}: NaN"
             diff = (outs[key].float() - outs["fa2_varlen"].float()).abs().max().item()
             assert diff < 0.05, f"{case} {key}: differs from fa2_fwd by {diff}"
@@ -158,7 +162,7 @@ def main():
             assert not gb.isnan().any(), f"{case}: NaN in sm90_bwd's dq"
             diff = (ga.float() - gb.float()).abs().max().item() / max(ga.float().abs().max().item(), 1e-6)
             print(f"{case:<22} dq sm90_bwd vs fa2_bwd: max rel diff {diff:.2e}")
-        groups = [fwd_rows] if args.no_bwd else [fwd_rows, fb_rows, b_rows]
+        groups = [fwd_rows] if args.no_bwd else [b_rows] if args.bwd_only else [fwd_rows, fb_rows, b_rows]
         for rows in groups:
             for _, _, fn in rows.values():
                 fn()

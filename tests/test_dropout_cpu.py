@@ -15,22 +15,31 @@ from cuflash.compile import kernel_dir
 
 NVCC = os.environ.get("NVCC", "nvcc")
 
-# Random123's known answers for Philox4x32-10: (counter, key) -> output
-KAT = [((0, 0, 0, 0, 0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
-       ((0xFFFFFFFF,) * 6, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-       ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344, 0xA4093822, 0x299F31D0),
+# Random123's known answers (its kat_vectors file) for Philox4x32-R: (rounds, counter + key) ->
+# output; 7 rounds are the mask's (dropout.PHILOX_ROUNDS), 10 check the round loop once more
+KAT = [(7, (0, 0, 0, 0, 0, 0), (0x5F6FB709, 0x0D893F64, 0x4F121F81, 0x4F730A48)),
+       (7, (0xFFFFFFFF,) * 6, (0x5207DDC2, 0x45165E59, 0x4D8EE751, 0x8C52F662)),
+       (7, (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344, 0xA4093822, 0x299F31D0),
+        (0x4DFCCABA, 0x190A87F0, 0xC47362BA, 0xB6B5242A)),
+       (10, (0, 0, 0, 0, 0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+       (10, (0xFFFFFFFF,) * 6, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+       (10, (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344, 0xA4093822, 0x299F31D0),
         (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1))]
 
 
-@pytest.mark.parametrize("args,want", KAT)
-def test_numpy_philox_known_answers(args, want):
-    assert tuple(int(x) for x in dropout.philox4x32_10(*args)) == want
+def test_mask_rounds_are_seven():
+    assert dropout.PHILOX_ROUNDS == 7
+
+
+@pytest.mark.parametrize("rounds,args,want", KAT)
+def test_numpy_philox_known_answers(rounds, args, want):
+    assert tuple(int(x) for x in dropout.philox4x32(*args, rounds=rounds)) == want
 
 
 def _philox_bytes(seed, offset, bh, c0, c1):
     """The 16 keep bytes of one call (counter words c0, c1 of head bh), as philox.cuh draws them."""
     seed, offset = seed & (2 ** 64 - 1), offset & (2 ** 64 - 1)
-    words = dropout.philox4x32_10(c0, c1, bh, offset & 0xFFFFFFFF, seed & 0xFFFFFFFF,
+    words = dropout.philox4x32(c0, c1, bh, offset & 0xFFFFFFFF, seed & 0xFFFFFFFF,
                                   (seed >> 32) ^ (offset >> 32))
     return np.array([int(w) for w in words], "<u4").view(np.uint8)
 
@@ -141,7 +150,9 @@ def test_philox_cuh_matches_the_numpy_mirror(tmp_path):
 #include <cstdio>
 using namespace cuflash;
 int main() {{
-    auto r = philox4x32_10(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u);
+    auto r = philox4x32<kPhiloxRounds>(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u);
+    printf("%08x %08x %08x %08x\\n", r.w[0], r.w[1], r.w[2], r.w[3]);
+    r = philox4x32<10>(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u);
     printf("%08x %08x %08x %08x\\n", r.w[0], r.w[1], r.w[2], r.w[3]);
     const Dropout d = Dropout::make({seed}ull, {offset}ull, {p}f);
     for (int h = 0; h < {bh}; ++h)
@@ -160,8 +171,9 @@ int main() {{
     subprocess.run([NVCC, "-I", str(kernel_dir()), "-o", str(exe), str(src)], check=True,
                    capture_output=True)
     lines = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
-    assert lines[:4] == ["d16cfe09", "94fdcceb", "5001e420", "24126ea1"]
-    got = np.array([[c == "1" for c in line] for line in lines[4:]]).reshape(1, bh, sq, sk)
+    assert lines[:8] == ["4dfccaba", "190a87f0", "c47362ba", "b6b5242a",
+                         "d16cfe09", "94fdcceb", "5001e420", "24126ea1"]
+    got = np.array([[c == "1" for c in line] for line in lines[8:]]).reshape(1, bh, sq, sk)
     assert np.array_equal(got, dropout.keep_mask(seed, offset, p, 1, bh, sq, sk))
 
 

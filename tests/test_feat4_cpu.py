@@ -29,14 +29,15 @@ def heuristic(p):
 
 def test_drop_packed_rules_and_names():
     p = problem(("dropout",), dropout_p=0.1)
-    cfg = heuristic(p)
+    cfg = heuristic(p).replace(drop_early=0)   # (drop_early: tests/test_drop_early_cpu.py)
     assert cfg.dropout and cfg.drop_packed == (128 in sm90_fwd.DROPOUT_PACKED)
     packed = cfg.replace(drop_packed=True)
     assert packed.name == cfg.replace(drop_packed=False).name + "_dpk"
     assert packed.kernel_name().endswith(", true>") and packed.problems(MAX_SMEM) == []
     # the template tail stops at the last argument set: without it the kernel name is unchanged
     assert "true, 0, true>" in cfg.replace(drop_packed=False).kernel_name()
-    assert packed.template_args()[-1] is True and cfg.replace(drop_packed=False).template_args()[-1] is False
+    # (kDropEarly and kStreamTail after it)
+    assert packed.template_args()[-3] is True and cfg.replace(drop_packed=False).template_args()[-3] is False
     # BN: DROPOUT_PACKED_BN at d128 (192), DROPOUT_BN without drop_packed (160)
     assert packed.replace(BN=192).problems(MAX_SMEM) == []
     assert any("DROPOUT_BN" in m for m in cfg.replace(drop_packed=False, BN=192).problems(MAX_SMEM))
@@ -103,7 +104,7 @@ def new_instantiations():
     160 with the TMA store) and the folded softcap with emu_exp2 1 / 2."""
     out = []
     for causal in (True, False):
-        drop = heuristic(problem(("dropout",), causal, dropout_p=0.1)).replace(drop_packed=True)
+        drop = heuristic(problem(("dropout",), causal, dropout_p=0.1)).replace(drop_packed=True, drop_early=0)
         out += [drop, drop.replace(BN=192), drop.replace(BN=160, tma_store=True)]
         cap = heuristic(problem(("softcap",), causal, softcap=30.0))
         out += [cap.replace(emu_exp2=1), cap.replace(emu_exp2=2)]

@@ -313,7 +313,7 @@ def fake_encoder(monkeypatch):
 def test_plan_launches_and_writes_tensor_maps(monkeypatch, fake_encoder, copy):
     dt, launches = fake_launches(monkeypatch)
     p = problem(72, "fp16", True)
-    cfg = FAM.heuristic(p).replace(dq_writer=False, dynamic=False)   # its dQ map: test_sm90_bwd_sched_cpu.py;
+    cfg = FAM.heuristic(p).replace(dq_writer=False, dynamic=False, dq_convert=False)   # its dQ map: test_sm90_bwd_sched_cpu.py;
     # the plain grid (the dynamic scheduler: test_sm90_bwd_causal_cpu.py)
     q_st, k_st = (300 * 8 * 72, 8 * 72, 72, 1), (200 * 2 * 72, 2 * 72, 72, 1)
     do_st = (0, 8 * 72 * 2, 72 * 2, 2) if copy else q_st

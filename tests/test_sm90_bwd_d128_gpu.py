@@ -9,8 +9,7 @@ backward at cuDNN's speed):
   group); the heuristic's at d128 with dk_late and the dynamic scheduler;
 * BM 80 (kDqSwap, session 16, bf16 non-causal d128, off): the dQ part transposed, dQ_iᵀ = K_jᵀ dSᵀ;
 * q_rotate (kQRotate, non-causal): K/V block n visits the Q blocks from n % n_iters on, wrapping;
-* s_ahead (kSAhead, bf16 only): the next Q block's Sᵀ issued behind the dQ GEMM (its slot's fill
-  waited for there), wgmma_wait<1> for the dQ part; the tile's first Sᵀ before the Q-block loop.
+* (s_ahead, kSAhead: refused since session 17, ptxas serializes its wgmmas (C7515); not tested.)
 
 Each on the heuristic's kernel (non-causal: the plain grid; causal: the dynamic scheduler), on the
 odd shapes of test_sm90_bwd_gpu.py (seqlens 1, 17, 113, 1023, 2049, s_q != s_k both ways; MHA /
@@ -43,7 +42,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
 FAM = registry.get("sm90_bwd")
 SHAPES = [(1, 1), (17, 17), (113, 113), (1023, 1023), (2049, 2049), (113, 301), (301, 113)]
-FLAGS = {"dqe": dict(dq_early=True), "sah": dict(s_ahead=True)}
+FLAGS = {"dqe": dict(dq_early=True)}   # (s_ahead left: refused, its kernels serialized by ptxas)
 ROTATE = {"rot": dict(q_rotate=True), "dqe_rot": dict(q_rotate=True, dq_early=True),
           "rot_dyn": dict(q_rotate=True, dynamic=True)}
 

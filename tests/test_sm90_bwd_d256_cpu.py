@@ -420,7 +420,7 @@ def test_roles_config(monkeypatch):
     cfg = D256.replace(dq_writer=True, roles=True)
     assert cfg.problems() == [] and cfg.name == "sm90bwd_bf16_d256_full_BM64_BN64_s2_c2_dqw_rol"
     assert cfg.kernel_name().endswith(", false, false, false, false, false, true>")
-    assert cfg.template_args()[-1] is True and len(cfg.template_args()) == len(D256.template_args())
+    assert cfg.template_args()[-2] is True and len(cfg.template_args()) == len(D256.template_args())   # (kDqConvert last)
     cl = cfg.replace(cluster=True, causal=True)
     assert cl.problems() == [] and cl.kernel_name().endswith(", false, false, false, false, true, false>")
     assert cl.template_args()[-2:] == (True, False)
@@ -474,7 +474,7 @@ def test_roles_kernel_source():
     assert body.count("named_barrier_arrive(kDsFullBar, kConsumerThreads);") == 1
     assert body.count("named_barrier_sync(kDsOwnBar, 128);") == 1
     # every consumer thread releases the slot once its GEMMs are done; the staging boxes of roles
-    assert "mbarrier_arrive(q_empty(slot));" in body and "Sm90BwdSlotDqStage<Shape, true>::box(" in body
+    assert "mbarrier_arrive(q_empty(slot));" in body and "store_slot_dq_r2s<Sm90BwdSlotDqStage<Shape, true>>(" in body
     assert "Sm90BwdSlotDqStage<Shape, kRoles>::box(smem, slot_off, b)" in src
 
 

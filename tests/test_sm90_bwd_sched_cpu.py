@@ -249,7 +249,7 @@ def test_kernel_source_order():
                   "continue;"])
     # the writer warp: wait for the tile, the bulk ops, commit, wait until read, release; at the
     # end wait for the whole operation
-    writer = src[src.index("if (kDqWriter && tid / 32 == 1 && (kDynamic || n_iters > 0)) {"):]
+    writer = src[src.index("if (kDqWriter && tid / 32 == 1 && (kDynamic || kDqConvert || n_iters > 0)) {"):]
     _after(writer, ["named_barrier_sync(kDqFullBar + buf, kDqBarThreads)", "bulk_reduce_add_tensor_3d(",
                     "bulk_commit_group()", "bulk_wait_group_read<0>()", "__syncwarp()",
                     "if (!kSlotDq && !kDynamic && it + DqW::kBufs < n_iters)",

@@ -242,8 +242,9 @@ def test_head_dim_of_and_heuristic():
     # d128 below 16k keys: BN 160 with the TMA-store epilogue; from 16k BN 176 without it
     assert FAM.heuristic(problem(128)) == GOOD.replace(BN=160, tma_store=True, **dyn)
     assert FAM.heuristic(problem(128, seqlen_k=16384, causal=True)) == GOOD.replace(BN=176, causal=True, **dyn)
-    # (non-causal from the 2048 bucket: HEURISTIC_NC's static persistent schedule, tests/test_sm90_fwdnc_cpu.py)
-    assert FAM.heuristic(problem(128, seqlen_k=16384)) == GOOD.replace(BN=176, persistent=True)
+    # (non-causal from the 2048 bucket: HEURISTIC_NC's static persistent schedule, tests/test_sm90_fwdnc_cpu.py;
+    # at 16k with stream_tail, HEURISTIC_STREAM_TAIL: tests/test_sm90_stream_tail_cpu.py)
+    assert FAM.heuristic(problem(128, seqlen_k=16384)) == GOOD.replace(BN=176, persistent=True, stream_tail=True)
     assert FAM.heuristic(problem(64)).BN == 192
     assert FAM.heuristic(problem(192)).BN == 112
     assert FAM.heuristic(problem(96)) == GOOD.replace(head_dim=96, BN=176, **dyn)

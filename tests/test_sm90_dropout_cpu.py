@@ -28,8 +28,9 @@ def drop_problem(op="fwd", d=128, causal=True, p=0.1, dtype="bf16", **kw):
 def test_selection_runs_the_dropout_forward_on_sm90():
     fam, cfg, source = choose(drop_problem(), (9, 0), dirs=[])
     assert fam.name == "sm90_fwd" and cfg.dropout and source.startswith("heuristic")
-    # DROPOUT_DYNAMIC; DROPOUT_PACKED at d128: the keep mask on P's packed fragments (_dpk)
-    assert cfg.name == "sm90fwd_bf16_d128_causal_BM128_BN160_s2_c2_pp_persist_dyn_drop_dpk"
+    # DROPOUT_DYNAMIC; DROPOUT_PACKED at d128: the keep mask on P's packed fragments (_dpk), drawn in
+    # the wait for S_j (DROPOUT_EARLY: _dpe)
+    assert cfg.name == "sm90fwd_bf16_d128_causal_BM128_BN160_s2_c2_pp_persist_dyn_drop_dpk_dpe"
     # elsewhere fa2_fwd, with its own dropout flag
     fam, cfg, _ = choose(drop_problem(), (8, 0), dirs=[])
     assert fam.name == "fa2_fwd" and cfg.dropout
@@ -54,10 +55,13 @@ def test_dropout_heuristic_config_and_kernel_names():
         assert cfg.dropout and cfg.BN == DROPOUT_BN[d] and cfg.problems(227 * 1024) == []
         # DROPOUT_DYNAMIC: the persistent grid with the dynamic scheduler, no TMA store
         # (DROPOUT_PACKED's head dims: the same with drop_packed, _dpk, the last template argument)
+        # (DROPOUT_EARLY's: then drop_early, _dpe, its form the last template argument)
         packed = d in sm90_fwd.DROPOUT_PACKED
-        assert cfg.drop_packed == packed and cfg.kernel_name().endswith(", true>" if packed else ", 0, true>")
-        cfg_kernel = cfg.replace(drop_packed=False)
-        assert cfg.name == cfg_kernel.name + ("_dpk" if packed else "")
+        early = sm90_fwd.DROPOUT_EARLY.get(d, 0) if packed else 0
+        assert cfg.drop_packed == packed and cfg.drop_early == early
+        assert cfg.kernel_name().endswith(f", true, {early}>" if early else ", true>" if packed else ", 0, true>")
+        cfg_kernel = cfg.replace(drop_packed=False, drop_early=0)
+        assert cfg.name == cfg_kernel.name + ("_dpk" if packed else "") + ("_dpe" if early == 1 else f"_dpe{early}" if early else "")
         assert cfg_kernel.name.endswith("_pp_persist_dyn_drop") and cfg.persistent and cfg.dynamic
         assert not cfg.tma_store
         assert cfg_kernel.kernel_name().endswith(f"cuflash::{dtype}, {str(causal).lower()}, false, false, false, true, 0, true>")
@@ -70,7 +74,7 @@ def test_dropout_heuristic_config_and_kernel_names():
             mp.setattr(sm90_fwd, "DROPOUT_DYNAMIC", False)
             static = FAM.for_problem(FAM.heuristic(p), p)
             assert static == cfg.replace(persistent=False, dynamic=False)
-            static = static.replace(drop_packed=False)
+            static = static.replace(drop_packed=False, drop_early=0)
             assert static.name.endswith("_pp_drop")
             assert static.kernel_name().endswith(f"cuflash::{dtype}, {str(causal).lower()}, false, false, false, true>")
         # the call sets the flag both ways; the encoded form carries none (as the feature flags)

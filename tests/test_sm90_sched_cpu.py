@@ -229,7 +229,7 @@ def sched_configs():
     out = []
     for d, causal in itertools.product(sm90_fwd.HEAD_DIMS, (False, True)):
         p = Problem("fwd", "bf16", 2, 2048, 2048, 16, 16, d, causal)
-        out.append(FAM.heuristic(p).replace(persistent=True, dynamic=True))
+        out.append(FAM.heuristic(p).replace(persistent=True, dynamic=True, stream_tail=False))
     base = DYN
     out += [base.replace(pingpong=False), base.replace(head_dim=64, BM=192, consumers=3, BN=96),
             base.replace(BM=64, consumers=1, pingpong=False, BN=128, causal=False),

@@ -55,6 +55,26 @@ def test_torch_cpu_paged_equals_the_packed_call(kw):
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(window_size=(3, 1))])
+def test_torch_cpu_paged_dropout_is_the_gathered_call(kw):
+    """dropout with block_table: the varlen call on the keys gathered from their pages (its mask,
+    its output, its gradients, reaching the paged k, v through the gather)."""
+    q, kc, vc, table, cu_q, cu_k = paged_inputs(dtype=torch.float64)
+    q, kc, vc = (x.requires_grad_() for x in (q, kc, vc))
+    seed = (1234, 5)
+    out, lse, mask = cuflash.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, max(LENS_Q), max(LENS_K), 0.3,
+                                                    return_attn_probs=True, block_table=table,
+                                                    dropout_seed=seed, **kw)
+    kp, vp = (varlen.gather_paged(x, table, LENS_K, xp="torch") for x in (kc, vc))
+    want, want_lse, want_mask = cuflash.flash_attn_varlen_func(q, kp, vp, cu_q, cu_k, max(LENS_Q), max(LENS_K),
+                                                               0.3, return_attn_probs=True, dropout_seed=seed, **kw)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse) and torch.equal(mask, want_mask)
+    assert not mask[mask.any(-1).any(-1).any(-1)].all()   # something dropped
+    g = torch.autograd.grad(out.sum(), (q, kc, vc))
+    gw = torch.autograd.grad(want.sum(), (q, kc, vc))
+    assert all(torch.equal(a, b) for a, b in zip(g, gw)) and g[1].abs().sum() > 0
+
+
 def test_paged_validation_names_the_argument():
     q, kc, vc, table, cu_q, cu_k = paged_inputs()
     call = lambda **kw: cuflash.flash_attn_varlen_func(  # noqa: E731
@@ -85,8 +105,8 @@ def test_paged_validation_names_the_argument():
         call(cu_k=torch.tensor([0, 7, 5, 9, 9], dtype=torch.int32))
     with pytest.raises(ValueError, match="^max_seqlen_k=5 is less than the longest"):
         call(max_k=5)
-    with pytest.raises(api.UnsupportedFeature, match="^dropout_p=0.1, block_table"):
-        call(dropout_p=0.1)
+    with pytest.raises(ValueError, match="^block_table: sequence 3 has 19 keys"):   # dropout validates first too
+        call(block_table=table[:, :4], dropout_p=0.1)
     # unused columns (-1 here) are never read: no error for them
     call()
 

@@ -69,6 +69,13 @@ Head dim 128 has a second tile, FA3's non-causal one: BM 80 (kDqSwap; bf16, non-
 calls with dq_writer; Sm90BwdConfig.bm80_refused): 80 queries are no whole wgmma m, so the dQ part is
 computed transposed, dQ_iᵀ = K_jᵀ dSᵀ (m64n80k16, A transposed), and staged transposed for the writer
 warp; outside the tuning space and the heuristic until measured (tests/sm90_bwd_d128_timing.py, bm80).
+dq_convert (_dqc, kDqConvert, session 17; with dq_writer, plain unordered fixed-length calls, the d128
+dynamic tile or d256's roles): no convert_dq launch; the writer warp counts each tile once its bulk
+reduce-adds have completed, a pair's last tile queues its 256-row convert jobs, CTAs whose tiles are
+done convert them (Sm90BwdDqQueue; the plan's counter buffer grows to hold the queues). The heuristic's
+for d128 causal and fp16 non-causal calls up to 4k (HEURISTIC_DQ_CONVERT). s_ahead is refused and outside
+the tuning space (every kernel it builds is serialized by ptxas or spills); every valid point of the space
+is recorded clean in tests/sm90_bwd_space_clean.txt (tests/sm90_bwd_space_scan.py).
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB elsewhere.
 """
 from __future__ import annotations
@@ -259,10 +266,58 @@ HEURISTIC_BM80 = False
 #   1.021, bf16 non-causal -0.9..+2.3%, causal -0.8..-3.6%; below the dynamic scheduler's (HEURISTIC_DYNAMIC,
 #   round B) in those cells but 8k-16k. Off.
 HEURISTIC_STAGES3 = frozenset()
+# dq_convert (kDqConvert, name _dqc, session 17): the dQ convert (dQ = scale · accumulator) inside the main
+# kernel instead of fa2_bwd_convert_dq's launch: the writer warp counts each tile once its bulk reduce-adds
+# have completed, a pair's last tile queues its DQ_CONVERT_ROWS-row jobs, and CTAs whose tiles are done
+# (the dynamic scheduler's idle SMs at the end of the grid; in the plain grid each CTA at its end) convert
+# them (Sm90BwdDqQueue, kernels_cu/sm90_bwd.cu). At 2k the convert launch was 68 us of a 1.25-1.46 ms
+# backward (results/NVIDIA_H100_80GB_HBM3/logs/bwdpre_round_a3, d128 bf16).
+# * HEURISTIC_DQ_CONVERT, (kernel head dim, causal, dtype): the classes whose plain unordered calls take it
+#   (head dim 128 with the dynamic scheduler, 256 with roles). Off until measured (tests/sm90_bwd_2k_timing.py).
+#   Round 1 (session 17, rev 552cee8: one queue, jobs taken by compare-and-swap, 2 loads in flight a thread),
+#   x cuDNN at 2k / 4k, heur -> dq_convert: d128 bf16 non-causal 0.995 / 0.987 -> 0.804 / 0.865, causal 1.010 /
+#   1.029 -> 0.724 / 0.854, fp16 0.978 / 0.973 -> 0.798 / 0.905, 0.996 / 1.000 -> 0.721 / 0.851; d256 bf16
+#   1.047 / 1.111 -> 1.038 / 1.079, causal 0.981 / 1.061 -> 0.922 / 0.986, fp16 1.087 / 1.145 -> 1.069 / 1.124,
+#   causal 1.019 / 1.078 -> 0.948 / 0.998. The d128 main kernel took 1630 us for 1196 + 68 of convert (the
+#   idle CTAs' compare-and-swaps on one queue head: one success per round trip; and too few loads in
+#   flight per SM). Round 2 (rev 42d8854: kQueues heads, batches of 8 items' loads), heur -> dq_convert: d128
+#   bf16 non-causal 0.983 / 1.001 -> 0.973 / 0.995, causal 1.000 / 1.011 -> 1.024 / 1.070; fp16 non-causal
+#   0.983 / 0.995 -> 0.999 / 1.016, causal 0.969 / 1.024 -> 0.963 / 1.064 (per-kernel: the convert's 68 us go,
+#   the main kernel grows 14-88 us non-causal, shrinks 64 us at causal 4k, where the dynamic scheduler's
+#   uneven tail leaves SMs idle earlier); d256 (plain grid, roles) slower in all 8 cells (0.86-1.14 against
+#   0.98-1.18): off there. On for d128 causal (bf16, fp16) and fp16 non-causal, up to DQ_CONVERT_MAX_SEQLEN
+#   (measured at 2k and 4k only; longer sequences have fewer, larger pairs, converted at the end).
+#   Round 3 (rev b16cda3, as switched on; nodqc = the same kernel without it), x cuDNN at 2k / 4k: bf16 causal
+#   0.985 / 1.027 -> 1.014 / 1.062, fp16 causal 0.981 / 1.016 -> 1.003 / 1.048, fp16 non-causal 0.978 / 0.996
+#   -> 0.968 / 1.008 (with round 2: +0.3% / +1.6%); at 8k / 16k dq_convert against the heuristic's kernel:
+#   bf16 causal 1.044 / 1.048 -> 1.011 / 1.055, non-causal 1.017 / 1.017 -> 1.014 / 1.008, fp16 causal 1.032 /
+#   1.043 -> 0.996 / 1.049, non-causal 1.011 / 1.011 -> 1.025 / 1.032: mixed, so the 4k cap stays.
+HEURISTIC_DQ_CONVERT = frozenset({(128, True, "bf16"), (128, True, "fp16"), (128, False, "fp16")})
+DQ_CONVERT_MAX_SEQLEN = 4096
+DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
+DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
 DROPOUT_BY_DEFAULT = True
+# The head dims <= 96 at which rank() puts the varlen backward above fa2_bwd (as the dense one: the
+# 2-consumer tiles), by kernel head dim: 64 (head dims <= 64, the BM 128 tile) and 96 (65..96, the
+# d128 kernel). Before, the varlen backward at d64 was timed only with the one-consumer BM64 BN64
+# tile (1.0-1.14x fa2_bwd's time). Measured on the H100 (session 17 round 2, tests/sm90_varlen_timing.py
+# --hdims 64 --bwd-only, bf16, 16k tokens, 32 heads): the BM 128 tile's varlen backward in 0.71x /
+# 0.71x fa2_bwd's time (mixed lengths 512..8k, full / causal) and 0.86x / 0.91x (short, 64..1k);
+# its correctness: tests/test_sm90_varlen_gpu.py (d64 forced). 96: not timed, fa2_bwd. Plain varlen calls
+# only (the features' varlen backwards at d64 keep fa2_bwd: not timed).
+VARLEN_SMALL_D: frozenset = frozenset({64})
+# Whether a dropout call (dropout alone, head dim 128, non-causal, unordered, fixed lengths) runs the
+# plain heuristic's speed flags (DROPOUT_PLAIN_FLAGS: the dynamic scheduler, ds_double, dq_early,
+# dk_late, frag_pin with dq_writer), the one set of them that ptxas builds without spills next to the
+# keep bits (nvcc 13.0, sm_90a; causal spills 20-32 bytes with every subset tried). Its GPU test
+# (tests/test_drop_early_gpu.py) passed on the H100 (session 17 round 1), but it measured no faster:
+# backward d128 8k full 7.812 ms against 7.818 (1.61x the plain backward either way). Off.
+DROPOUT_PLAIN = False
+DROPOUT_PLAIN_FLAGS = dict(dq_writer=True, dq_bulk=False, dynamic=True, ds_double=True, dq_early=True,
+                           dk_late=True, frag_pin=True)
 # Variable-length batches (varlen, kVarlen): whether supports() takes them. On since the GPU
 # round of 2026-11-26 (H100, rev 583b8f4): tests/test_sm90_varlen_gpu.py, test_varlen_gpu.py and
 # test_varlen_features_gpu.py with it on, and memcheck (tests/sm90_varlen_sanitize.py), passed;
@@ -362,6 +417,7 @@ class Sm90BwdConfig(KernelConfig):
     dk_late: bool = False
     frag_pin: bool = False
     roles: bool = False
+    dq_convert: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -381,7 +437,8 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_lpt' if self.lpt else ''}{'_dyn' if self.dynamic else ''}"
                 f"{'_ds2' if self.ds_double else ''}{'_cl2' if self.cluster else ''}{'_sah' if self.s_ahead else ''}"
                 f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
-                f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}")
+                f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}"
+                f"{'_dqc' if self.dq_convert else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -500,7 +557,16 @@ class Sm90BwdConfig(KernelConfig):
         consumers' red.add or dq_bulk paths), at stages > 2, with dropout (d128; d64's BM 128 tile
         has no dropout anyway). tests/test_sm90_bwd_causal_cpu.py holds the allowed ones to zero
         spills."""
-        return not self.dq_writer or self.stages > 2 or self.dropout
+        return not self.dq_writer or self.stages > 2 or (self.dropout and not self.dropout_plain())
+
+    def dropout_plain(self) -> bool:
+        """Whether this is the dropout kernel with the plain heuristic's speed flags that ptxas builds
+        without spills (DROPOUT_PLAIN_FLAGS; dropout alone, head dim 128, non-causal, BM 64, 2 stages,
+        unordered, fixed lengths). tests/test_drop_early_cpu.py holds it to ptxas."""
+        return (self.dropout and self.head_dim == 128 and not self.causal and self.BM == 64 and self.stages == 2
+                and not (self.window or self.softcap or self.alibi or self.varlen or self.deterministic
+                         or self.overlap_sdp or self.s_ahead or self.q_rotate or self.lpt or self.roles)
+                and all(getattr(self, k) == v for k, v in DROPOUT_PLAIN_FLAGS.items()))
 
     def bm128_spills(self) -> bool:
         """Whether the BM 128 tile (head dim 64, PTXAS_FITS) spills (nvcc 13.0, sm_90a): with
@@ -521,7 +587,8 @@ class Sm90BwdConfig(KernelConfig):
                         "overlap_sdp", "dq_writer", "varlen", "lpt", "dynamic", "ds_double"))
                     + (f", {b(self.roles)}, {b(self.s_ahead)}" if self.roles or self.s_ahead else "") + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
-        tail = self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.frag_pin or self.roles
+        tail = (self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.frag_pin or self.roles
+                or self.dq_convert)
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -535,11 +602,12 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
         feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
         feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
-        later2 = self.dk_late or self.frag_pin or self.roles
+        later2 = self.dk_late or self.frag_pin or self.roles or self.dq_convert
         feats += f", {b(self.q_rotate)}" if self.q_rotate or later2 else ""                   # kQRotate
         feats += f", {b(self.dk_late)}" if later2 else ""                                     # kDkLate
-        feats += f", {b(self.frag_pin)}" if self.frag_pin or self.roles else ""               # kFragPin
-        feats += ", true" if self.roles else ""                                               # kRoles last
+        feats += f", {b(self.frag_pin)}" if self.frag_pin or self.roles or self.dq_convert else ""   # kFragPin
+        feats += f", {b(self.roles)}" if self.roles or self.dq_convert else ""                # kRoles
+        feats += ", true" if self.dq_convert else ""                                          # kDqConvert last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -551,7 +619,7 @@ class Sm90BwdConfig(KernelConfig):
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
                 self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.frag_pin,
-                self.roles)
+                self.roles, self.dq_convert)
 
     def _problems(self) -> list[str]:
         out = []
@@ -612,7 +680,8 @@ class Sm90BwdConfig(KernelConfig):
         if not out and self.dynamic and self.dynamic_spills():
             out.append("dynamic without dq_writer, at stages > 2 or with dropout: ptxas spills that "
                        "kernel (nvcc 13.0)")
-        if self.ds_double and (self.head_dim != 128 or self.softcap or self.alibi or self.dropout):
+        if self.ds_double and (self.head_dim != 128 or self.softcap or self.alibi
+                               or (self.dropout and not self.dropout_plain())):
             out.append("ds_double at head dim 64 (ptxas spills its dynamic kernel; dq_writer loses its "
                        "second staging tile) or with softcap / ALiBi / dropout (unchecked): head dim 128 "
                        "without them only")
@@ -628,20 +697,27 @@ class Sm90BwdConfig(KernelConfig):
             out.append(f"{what} with the shared-keys tile (head_dim=256; "
                        "s_ahead: without roles) or overlap_sdp: built for the head dim 64 / 128 tiles' order of "
                        "GEMMs only")
-        elif (self.s_ahead or self.dq_early) and (self.softcap or self.alibi or self.dropout):
+        elif (self.s_ahead or self.dq_early) and (self.softcap or self.alibi
+                                                  or (self.dropout and not self.dropout_plain())):
             out.append(f"{'s_ahead' if self.s_ahead else 'dq_early'} with softcap / ALiBi / dropout: "
                        "unchecked (more accumulators live; those kernels are near the register budget)")
         elif self.s_ahead and not self.roles and (self.dq_early or self.q_rotate or not self.dq_writer
                                                   or self.head_dim != 128 or self.dtype != "bf16"):
             out.append("s_ahead with dq_early or q_rotate, without dq_writer, at head dim 64 or in fp16: ptxas "
                        "spills those kernels (4-24 bytes, nvcc 13.0); bf16 head dim 128 with dq_writer only")
+        elif self.s_ahead:
+            # (the rest: bf16 head dim 128 with dq_writer; outside the tuning space too)
+            out.append("s_ahead: ptxas serializes the wgmmas of every kernel it builds (C7515, nvcc 13.0; "
+                       "bf16 head dim 128 with dq_writer, plain grid or dynamic, ds_double or not), and it "
+                       "measured 13-20% slower (HEURISTIC_S_AHEAD)")
         if self.dk_late and not (self.dq_early and self.dq_writer and not self.s_ahead):
             out.append("dk_late without dq_early and dq_writer, or with s_ahead: its dK GEMM is issued behind "
                        "dq_early's dQ GEMM and waited for after dq_writer's staging")
         elif self.dk_late and self.dynamic and self.head_dim == 128 and not self.frag_pin:
             out.append("dk_late with dynamic at head_dim=128 without frag_pin: ptxas spills that kernel (8-32 "
                        "bytes, nvcc 13.0; with frag_pin it fits)")
-        if self.frag_pin and (self.shared_keys or self.softcap or self.alibi or self.dropout):
+        if self.frag_pin and (self.shared_keys or self.softcap or self.alibi
+                              or (self.dropout and not self.dropout_plain())):
             out.append("frag_pin with the shared-keys tile (head_dim=256: its dV GEMM is SS) or with softcap / "
                        "ALiBi / dropout (unchecked): built for the head dim 64 / 128 tiles' RS dV GEMM")
         if self.q_rotate and (self.causal or self.window or self.deterministic or self.shared_keys):
@@ -650,12 +726,23 @@ class Sm90BwdConfig(KernelConfig):
         elif self.q_rotate and (self.softcap or self.alibi or self.dropout):
             out.append("q_rotate with softcap / ALiBi / dropout: unchecked (one more register across the "
                        "loop in kernels near the register budget)")
+        elif self.q_rotate and self.dk_late and self.dynamic and self.head_dim == 128 and self.dtype == "fp16":
+            out.append("q_rotate with dk_late on the dynamic scheduler at head_dim=128 in fp16: ptxas spills that "
+                       "kernel (4 bytes of stores, 16 of loads, nvcc 13.0; ds_double or not)")
         if self.roles and (not self.shared_keys or not self.dq_writer or self.deterministic or self.window
                            or self.softcap or self.alibi or self.dropout or self.varlen or self.overlap_sdp
                            or self.dynamic):
             out.append("roles: the head_dim=256 tile's plain unordered backward with dq_writer only (no "
                        "deterministic, window, softcap, ALiBi, dropout, varlen, overlap_sdp or dynamic; with "
                        "red.add ptxas spills it, nvcc 13.0)")
+        if self.dq_convert and (not self.dq_writer or self.deterministic or self.varlen or self.cluster
+                                or self.window or self.softcap or self.alibi or self.dropout
+                                or self.head_dim == 64 or (self.head_dim == 128 and not self.dynamic)
+                                or (self.shared_keys and not self.roles)):
+            out.append("dq_convert: the dQ convert inside the main kernel, with dq_writer, for plain fixed-length "
+                       "unordered calls (no deterministic, varlen, window, softcap, ALiBi, dropout, cluster) of "
+                       "the head dim 128 tile with the dynamic scheduler or the head_dim=256 tile with roles "
+                       "(at head dim 64 ptxas spills the bf16 non-causal kernel, 8 bytes, nvcc 13.0)")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -705,10 +792,11 @@ class Sm90Backward(Family):
     space = {"BM": (64, 128), "BN": (64, 128), "stages": (2, 3), "consumers": (1, 2),
              "dq_bulk": (False, True), "overlap_sdp": (False, True), "dq_writer": (False, True),
              "dynamic": (False, True), "ds_double": (False, True), "dq_early": (False, True),
-             "s_ahead": (False, True), "q_rotate": (False, True),
+             "q_rotate": (False, True),
              "dk_late": (False, True), "frag_pin": (False, True), "roles": (False, True)}
     # (lpt, the launch order, is a config field outside the space: measured no faster than the
-    # plain order, alone or with the dynamic scheduler; HEURISTIC_LPT below)
+    # plain order, alone or with the dynamic scheduler; HEURISTIC_LPT below. s_ahead too: every
+    # kernel it builds is serialized by ptxas (C7515) or spills, and the config refuses it)
     fixed = {"deterministic": False}
     params_struct = "Sm90BwdParams"
     kernel_param_decl = "const __grid_constant__ cuflash::Sm90BwdParams"
@@ -760,9 +848,10 @@ class Sm90Backward(Family):
         if "dropout" in problem.features and not DROPOUT_BY_DEFAULT:
             return -1
         d = problem.head_dim
-        if "varlen" in problem.features and d <= 96:
-            return -1   # varlen at d <= 96: fa2_bwd (measured faster than the one-consumer tile's
-            #             varlen; the 2-consumer tiles' varlen has not been timed)
+        if "varlen" in problem.features and d <= 96 and not (
+                tuple(problem.features) == ("varlen",) and (64 if d <= 64 else 96) in VARLEN_SMALL_D):
+            return -1   # varlen at d <= 96: fa2_bwd where the 2-consumer tiles are not timed (VARLEN_SMALL_D:
+            #             plain varlen calls; with window / softcap / ALiBi / dropout fa2_bwd as before)
         if d > 128:
             above = D256_ABOVE_FA2 if d > 192 else D192_ABOVE_FA2
         else:
@@ -878,14 +967,20 @@ class Sm90Backward(Family):
         if config.q_rotate and (config.causal or config.window or config.deterministic or config.shared_keys
                                 or config.softcap or config.alibi or config.dropout):
             config = config.replace(q_rotate=False)    # a speed choice, where it is not built
-        if config.s_ahead and not config.roles and (config.dq_early or config.q_rotate or not config.dq_writer
-                                                    or config.head_dim != 128 or config.dtype != "bf16"):
-            config = config.replace(s_ahead=False)     # likewise (its kernel spills there)
+        if config.q_rotate and config.dk_late and config.dynamic and config.head_dim == 128 and config.dtype == "fp16":
+            config = config.replace(q_rotate=False)    # likewise (that kernel spills)
+        if config.s_ahead:
+            config = config.replace(s_ahead=False)     # likewise (every kernel it builds spills or is serialized)
         if config.frag_pin and (config.shared_keys or config.softcap or config.alibi or config.dropout):
             config = config.replace(frag_pin=False)    # a speed choice, where it is not built
         if config.dk_late and ((config.dynamic and config.head_dim == 128 and not config.frag_pin)
                                or not (config.dq_early and config.dq_writer and not config.s_ahead)):
             config = config.replace(dk_late=False)     # a speed choice, where it is not built
+        if DROPOUT_PLAIN and config.dropout:
+            # dropout alone at d128, non-causal, unordered: the plain heuristic's flags
+            plain = config.replace(**DROPOUT_PLAIN_FLAGS)
+            if plain.dropout_plain() and not plain.problems(MAX_SMEM):
+                return plain
         if config.BM == 80 and config.bm80_refused():
             config = config.replace(BM=64)               # a speed choice, where it is not built
         if config.dynamic and config.dynamic_spills():
@@ -896,6 +991,8 @@ class Sm90Backward(Family):
             # ALiBi)
             lighter = config.replace(overlap_sdp=False)
             config = lighter if not lighter.bm128_spills() else lighter.replace(BM=64, overlap_sdp=config.overlap_sdp)
+        if config.dq_convert and (problem.features or any("dq_convert" in w for w in config.problems())):
+            config = config.replace(dq_convert=False)  # a speed choice: plain calls on the dynamic scheduler only
         return config
 
     def _fields(self, config):
@@ -905,16 +1002,21 @@ class Sm90Backward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late",
-                               "frag_pin", "roles")
+                               "frag_pin", "roles", "dq_convert")
                          and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without dynamic or ds_double (tuned tables and recorded studies
         from before the flags) gets them off."""
-        for flag in ("dynamic", "ds_double", "s_ahead", "dq_early", "q_rotate", "dk_late", "frag_pin", "roles"):
-            if flag not in point:
+        for flag in ("dynamic", "ds_double", "dq_early", "q_rotate", "dk_late", "frag_pin", "roles", "dq_convert"):
+            if flag not in point and flag in self.space:
                 point = {**point, flag: False}
-        return super().make(point, problem)
+        # s_ahead left the space (refused: serialized); a recorded point that has it keeps its value
+        # (True: a config that problems() refuses)
+        # (dq_convert likewise while it is outside the space)
+        out = {k: bool(point.get(k, False)) for k in ("s_ahead", "dq_convert") if k not in self.space}
+        cfg = super().make({k: v for k, v in point.items() if k not in out}, problem)
+        return cfg.replace(**{k: v for k, v in out.items() if v}) if any(out.values()) else cfg
 
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> Sm90BwdConfig:
         """Head dim 128: FA3's shape with 2 consumer warpgroups (BN = 128 keys) and Q blocks of
@@ -969,6 +1071,10 @@ class Sm90Backward(Family):
         bm80 = cfg.replace(BM=80, frag_pin=False, dynamic=False)   # (its plain grid, without frag_pin)
         if HEURISTIC_BM80 and plain and not det and not bm80.problems():
             cfg = bm80                                  # (bf16 non-causal d128 plain calls: bm80_refused)
+        dqc = cfg.replace(dq_convert=True)
+        if ((d, causal, dtype) in HEURISTIC_DQ_CONVERT and problem.seqlen_q <= DQ_CONVERT_MAX_SEQLEN
+                and not problem.features and not det and not dqc.problems()):
+            cfg = dqc                                   # (the head dim 128 dynamic / 256 roles kernels)
         if tuple(problem.features) == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
@@ -1001,9 +1107,10 @@ class Sm90Backward(Family):
                # one CTA per (K/V block, head, batch), K/V blocks fastest (sm90_bwd.cu); dynamic: a CTA
                # per SM (one fits an SM), at most one per tile, claiming tiles
                LaunchSpec("main", (min(tiles, sm_count) if config.dynamic else tiles, 1, 1), config.threads,
-                          config.smem_bytes),
-               LaunchSpec("convert_dq", (-(-p.seqlen_q * per_row // EPILOGUE_THREADS), p.nheads, p.batch),
-                          EPILOGUE_THREADS)]
+                          config.smem_bytes)]
+        if not config.dq_convert:   # (dq_convert: the main kernel converts dQ itself)
+            out.append(LaunchSpec("convert_dq", (-(-p.seqlen_q * per_row // EPILOGUE_THREADS), p.nheads, p.batch),
+                                  EPILOGUE_THREADS))
         if p.nheads != p.nheads_kv:
             out.append(LaunchSpec("reduce_dkv", (-(-p.seqlen_k * per_row // EPILOGUE_THREADS),
                                                  p.nheads_kv, p.batch), EPILOGUE_THREADS))
@@ -1026,6 +1133,9 @@ class Sm90Backward(Family):
         """{params field: int32 count} of the counters a plan keeps between calls (cuflash.launch.Plan
         zeroes them once; the kernel resets them): the dynamic scheduler's tile counter. One buffer
         per CUDA stream (cuflash.launch.StreamCounters): calls on two streams may overlap."""
+        if config.dq_convert:   # + the dQ convert's queue head, tail, per-pair counts and job slots (Sm90BwdDqQueue)
+            pairs, chunks, q = problem.batch * problem.nheads, -(-problem.seqlen_q // DQ_CONVERT_ROWS), DQ_CONVERT_QUEUES
+            return {"tile_counter": 2 + 2 * q + pairs + q * (-(-pairs // q) * chunks)}
         return {"tile_counter": 1} if config.dynamic else {}
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):

@@ -118,6 +118,31 @@ DROPOUT_PACKED: frozenset = frozenset({128})
 # 13.0, sm_90a; 168 registers), also BN 128 / 160 with the TMA-store epilogue. Others: DROPOUT_BN.
 # (BN 192 measured slower than the heuristic's 160: DROPOUT_PACKED's note.)
 DROPOUT_PACKED_BN = {128: 192}
+# Whether drop_packed calls draw the keep mask early (drop_early, kDropEarly; kernels_cu/
+# dropout_packed.cuh): P_j's Philox rounds in the wait for S_j's wgmma, the keep flags as byte signs
+# (one register per 4 elements), a permute and an AND per two elements after the packing. The same
+# mask bit for bit. {head dim (of DROPOUT_PACKED's): form (1 byte signs, 2 fragment masks)}. Measured
+# on the H100 (session 17 round 1, tests/sm90_dropout_timing.py --quick, bf16 d128 8k, 2 x 16 heads,
+# p 0.1, x the plain call of the same process, full / causal): forward drop_packed 1.524 / 1.477,
+# form 1 (BN 160) 1.456 / 1.397, form 2 (BN 128) 1.444 / 1.411; forward + backward 1.595 / 1.581 ->
+# 1.543 / 1.571 (form 1), 1.569 / 1.551 (form 2). Form 1 at d128: the softmax section's instruction
+# count fell from 948 to 695 (plain 622) but the time only 4-5%: the Philox rounds still run on the
+# consumer warps.
+# Form 4 (the producer warpgroup's warps 1-3 draw, static grid): correct on the H100 (round 3:
+# tests/test_drop_early_gpu.py) but 2.225x the plain forward against form 1's 1.449x on the same grid
+# (full, 8k): three warps of 40 registers do not draw a block's 1280 calls within a step, so the
+# consumers wait for them. Form 3 (no rounds, timing only): 1.122x / 1.077x (full / causal): the
+# rounds are the overhead; their home is still open.
+DROPOUT_EARLY: dict = {128: 1}
+# The widest BN of drop_early 2 (the fragment masks: BN / 4 registers from the wait for S_j to the
+# packing): d128 BN 160 spilled 16 bytes, BN 128 none (nvcc 13.0, sm_90a).
+DROP_EARLY_MASKS_BN = 128
+# drop_early 3: form 1 with the Philox counters for words (no rounds): NOT the dropout mask, a timing
+# form that measures what the rounds cost (tests/sm90_dropout_timing.py --rounds-cost sets this).
+DROP_EARLY_TIMING = False
+# ... and of drop_early 1 (the byte signs, BN / 8 registers): BN 160 compiles without spills at d128;
+# wider is unchecked (drop_packed's BN 192, a forced config's: the byte signs' registers on top).
+DROP_EARLY_SIGNS_BN = 160
 # The dynamic scheduler (``dynamic``, kDynamic): bytes of K and V that a section of the tile order
 # keeps in L2 (the H100 has 50 MB; FA3 sizes its sections by 32 MB too), and the shared memory
 # its tile ring takes (2 full + 2 empty mbarriers, 2 int32 tile indices: Sm90FwdShape::kRingBytes).
@@ -187,6 +212,29 @@ HEURISTIC_TILE_OVERLAP: frozenset = frozenset()
 # (a tuner verifies every config before timing it, but a kernel that hangs would stop the tune).
 TILE_OVERLAP_IN_SPACE = False
 SCHED_RING_BYTES = 8 * 4 + 4 * 2
+# stream_tail (kStreamTail, kernels_cu/sm90_tail.cuh): the static persistent plain non-causal schedule
+# with its last stretch (the last n_tiles - G·(n_tiles // G - 1) tiles on G CTAs) cut by K/V blocks into
+# equal ranges, a tile cut in two joined through fp32 partials. The ideal gain is the last wave's idle
+# share: 1024 tiles on 132 SMs (every d256 non-causal cell of the benchmark at BM 128, and d128 at 2k:
+# 2048 tiles, 15.5 waves) run ceil(7.76) = 8 tiles per CTA where 7.76 would do: 3% (d128 2k: 3%).
+# The (head dim, seqlen bucket) classes of plain non-causal calls that take it. Measured on the H100
+# (session 17, tests/sm90_fwd_cells_timing.py, dim 2048, batch x seqlen 16k, back to back, samples
+# interleaved in shuffled rounds, x SDPA cuDNN of the same rounds; results/NVIDIA_H100_80GB_HBM3/
+# stream_tail/), the heuristic's tile -> the same with stream_tail, bf16 (fp16):
+#   d128 2k 1.011 -> 1.027 (1.038 -> 1.053), 16k 1.057 -> 1.103 (1.051 -> 1.084);
+#   d256 2k 1.013 -> 1.003 (1.007 -> 0.999), 4k 1.040 -> 1.052 (1.042 -> 1.073), 8k 1.115 -> 1.119,
+#        16k 1.132 -> 1.147;
+#   ncu at locked clocks (one launch): d256 2k 476.0 -> 477.3 us, 4k 869.6 -> 862.6, d128 2k 490.0 -> 482.2.
+# d256 2k gains nothing: its pieces are 26 K/V blocks long, and the stretch's extra piece per CTA (a Q
+# load, a pipeline fill, the partial's store or merge) costs what the balanced tail saves (ideal 3%).
+# The first version (round 1: the schedule in per-thread registers, R2UR before every wgmma) was 10-17%
+# slower everywhere. Unmeasured buckets (d128 4k / 8k) and head dims keep the plain schedule. d64 2k
+# non-causal, static persistent with stream_tail against the dynamic heuristic: 1.046 -> 1.155 (bf16, one
+# round; fp16 and the static tile without stream_tail unmeasured): left off until measured in both dtypes.
+HEURISTIC_STREAM_TAIL: frozenset = frozenset({(128, 2048), (128, 16384), (256, 4096), (256, 8192), (256, 16384)})
+# The most CTAs a stream_tail launch has (its grid is min(tiles, SMs, this)): the partials' slots, one per
+# CTA (an H100 has 132 SMs). Partials per slot: (head_dim / 8 + 1) float4 per consumer thread.
+STREAM_TAIL_MAX_CTAS = 144
 # Calls with window / softcap / ALiBi (no dropout, fixed lengths): the schedule and softmax
 # variants the heuristic gives them, each switched on only by a measurement of
 # tests/features_overhead_timing.py (bf16 d128 8k batch 2 x 16 heads, causal and not, against the
@@ -360,6 +408,19 @@ class Sm90FwdConfig(KernelConfig):
                elements, where the fp32 form compares and selects per element); the same mask and
                bits. Set with dropout by for_problem from DROPOUT_PACKED (by head dim; a config's own
                True kept), never tuned
+    drop_early: (drop_packed only) P_j's Philox rounds drawn in the wait for S_j's wgmma, the keep
+               flags held and applied after the packing (kDropEarly, dropout_packed.cuh
+               draw_keep_flags): 1 as byte signs (a permute and an AND per two elements after the
+               packing), 2 as the fragment masks (an AND per two; twice the registers); 4 form 1's
+               flags drawn by the producer warpgroup's warps 1-3 into shared memory (gen_bytes; not
+               with dynamic or varlen); 0 off. The same mask and bits. Set with drop_packed by for_problem from DROPOUT_EARLY (a config's own
+               value kept), never tuned
+    stream_tail: the static persistent schedule with a balanced tail (kStreamTail,
+               kernels_cu/sm90_tail.cuh): the last stretch of tiles cut by K/V blocks into equal
+               ranges per CTA, the tiles cut in two merged through fp32 partials (the plan's zeroed
+               buffers, ``zeroed_counters``: per CTA slot (head_dim / 8 + 1) · 16 bytes per consumer
+               thread, 19 MB at d256 with 2 consumers); plain non-causal calls, fixed lengths, static
+               persistent, not with tile_overlap (HEURISTIC_STREAM_TAIL)
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
@@ -392,6 +453,8 @@ class Sm90FwdConfig(KernelConfig):
     rescale_first: bool = False
     tile_overlap: bool = False
     drop_packed: bool = False
+    drop_early: int = 0
+    stream_tail: bool = False
     section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
@@ -413,7 +476,8 @@ class Sm90FwdConfig(KernelConfig):
                 f"{name_suffix(self)}{'_varlen' if self.varlen else ''}{'_lazy' if self.lazy_rescale else ''}"
                 f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}"
                 f"{'_tov' if self.tile_overlap else ''}"
-                f"{'_dpk' if self.drop_packed else ''}")
+                f"{'_dpk' if self.drop_packed else ''}{'_dpe' if self.drop_early == 1 else f'_dpe{self.drop_early}' if self.drop_early else ''}"
+                f"{'_st' if self.stream_tail else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -427,7 +491,14 @@ class Sm90FwdConfig(KernelConfig):
         and 1024 bytes to align the base (as the kernel's Sm90FwdShape::kSmemBytes)."""
         return ((self.BM + 2 * self.stages * self.BN) * self.smem_cols * 2 + 8 * (2 + 4 * self.stages)
                 + (SCHED_RING_BYTES if self.dynamic else 0) + self.o_stage_bytes + self.p_tile_bytes
-                + (self.BM * self.smem_cols * 2 + 16 if self.q_double else 0) + 1024)
+                + (self.BM * self.smem_cols * 2 + 16 if self.q_double else 0) + self.gen_bytes + 1024)
+
+    @property
+    def gen_bytes(self) -> int:
+        """drop_early 4's drawn keep flags (16 bytes per consumer thread and 32-key block), their
+        mbarriers (2 per consumer warpgroup) and 16 bytes of alignment (kernel: Sm90FwdShape
+        kGenAllBytes); 0 otherwise."""
+        return self.consumers * 128 * (self.BN // 32) * 16 + 16 * self.consumers + 16 if self.drop_early == 4 else 0
 
     @property
     def o_stage_bytes(self) -> int:
@@ -469,8 +540,10 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.alibi_lin else 'false'}",                       # kAlibiLinear
                 f"{'true' if self.rescale_first else 'false'}",                   # kRescaleFirst
                 f"{'true' if self.tile_overlap else 'false'}",                    # kTileOverlap
-                f"{'true' if self.drop_packed else 'false'}"]                     # kDropPacked last
-        used = (14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{'true' if self.drop_packed else 'false'}",                     # kDropPacked
+                f"{int(self.drop_early)}",                                        # kDropEarly
+                f"{'true' if self.stream_tail else 'false'}"]                     # kStreamTail last
+        used = (16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -485,7 +558,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
-                self.rescale_first, self.tile_overlap, self.drop_packed)
+                self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail)
 
     def _problems(self) -> list[str]:
         out = []
@@ -576,9 +649,39 @@ class Sm90FwdConfig(KernelConfig):
                                   or self.lazy_rescale or self.fold_cap):
             out.append("tile_overlap with window / softcap / ALiBi / dropout (or their softmax variants) "
                        "is not implemented: plain calls only")
+        if self.drop_early not in (0, 1, 2, 4) and not (self.drop_early == 3 and DROP_EARLY_TIMING):
+            out.append(f"drop_early must be 0 (off), 1 (byte signs), 2 (fragment masks) or 4 (drawn by the "
+                       f"producer warpgroup), got {self.drop_early} (3: a timing form, not the mask: "
+                       "DROP_EARLY_TIMING)")
+        if self.drop_early == 4 and (self.dynamic or self.varlen or self.causal or self.window
+                                     or self.consumers != 2):
+            out.append("drop_early 4 (the producer warpgroup draws the keep flags): the static tile order "
+                       "only (not with dynamic or varlen), 2 consumer warpgroups, no causal / window mask "
+                       "(the causal kernel spilled 4 bytes in the drawing loop, nvcc 13.0)")
+        if self.drop_early in (1, 3, 4) and self.BN > DROP_EARLY_SIGNS_BN:
+            out.append(f"drop_early 1 (byte signs) at BN={self.BN}: checked up to BN {DROP_EARLY_SIGNS_BN} "
+                       "(no spills, nvcc 13.0)")
+        if self.drop_early == 2 and self.BN > DROP_EARLY_MASKS_BN:
+            out.append(f"drop_early 2 (fragment masks, BN / 4 registers held across the softmax) at "
+                       f"BN={self.BN}: ptxas spills above BN {DROP_EARLY_MASKS_BN} (nvcc 13.0)")
+        if self.drop_early and not self.drop_packed:
+            out.append("drop_early applies its keep flags to P's packed fragments (kDropEarly): it "
+                       "needs drop_packed")
         if self.drop_packed and (not self.dropout or self.p_smem):
             out.append("drop_packed applies dropout's keep mask to P's packed fragments in registers "
                        "(kDropPacked): it needs dropout, and not p_smem")
+        if self.stream_tail and not (self.persistent and not self.dynamic):
+            out.append("stream_tail needs the static persistent schedule (its pieces are fixed per CTA)")
+        if self.stream_tail and self.pingpong and self.head_dim == 256:
+            out.append("stream_tail with pingpong at head_dim=256 spills 8 bytes (ptxas, nvcc 13.0); the d256 "
+                       "tiles run without pingpong")
+        if self.stream_tail and (self.causal or self.varlen or self.tile_overlap):
+            out.append("stream_tail is for non-causal fixed-length calls without tile_overlap (every tile "
+                       "must have the same K/V blocks: kernels_cu/sm90_tail.cuh)")
+        if self.stream_tail and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
+                                 or self.lazy_rescale or self.fold_cap or self.alibi_lin):
+            out.append("stream_tail with window / softcap / ALiBi / dropout (or their softmax variants) "
+                       "is not implemented: plain calls only")
         if self.section < 0 or self.section > MAX_SECTION:
             out.append(f"section must be 0 (the L2 rule) or 1..{MAX_SECTION} KV heads, got {self.section}")
         elif self.section and not self.dynamic:
@@ -731,6 +834,62 @@ def sched_section(problem: Problem, kv_heads: int = 0) -> int:
     return max(1, min(kv_heads * group, problem.nheads * problem.batch))
 
 
+def stream_tail_buffers(config, tiles: int = STREAM_TAIL_MAX_CTAS) -> dict:
+    """{params field: int32 count} of stream_tail's buffers (kernels_cu/sm90_tail.cuh): a flag per (slot,
+    consumer thread) and the fp32 partials, (head_dim / 8 + 1) float4 per (slot, consumer thread); a
+    slot per CTA: at most one per tile and STREAM_TAIL_MAX_CTAS (the grid, stream_tail_grid, whatever
+    the GPU's SM count)."""
+    threads = 128 * config.consumers
+    slots = max(1, min(tiles, STREAM_TAIL_MAX_CTAS))
+    return {"tail_flags": slots * threads, "tail_partial": slots * (config.head_dim // 8 + 1) * threads * 4}
+
+
+def stream_tail_grid(tiles: int, sm_count: int) -> int:
+    """The persistent grid of a stream_tail launch: a CTA per SM, at most one per tile and
+    STREAM_TAIL_MAX_CTAS (the partials' slots)."""
+    return max(1, min(tiles, sm_count, STREAM_TAIL_MAX_CTAS))
+
+
+def stream_tail_params(n_tiles: int, n: int, grid: int) -> dict:
+    """params.tail_* of a stream_tail launch (kernels_cu/sm90_tail.cuh Sm90TailSchedule): the K/V blocks
+    per tile n, the data-parallel tiles, the stretch's units per range (q, and one more for the first
+    rem ranges) and the magic multiplier and shift of the division by n, so that the kernel's
+    schedule needs no division (which would move it out of the uniform registers)."""
+    waves = n_tiles // grid
+    dp_end = n_tiles if n == 0 else grid * (waves - 1)
+    units = (n_tiles - dp_end) * n
+    if units >= 2 ** 31:
+        raise ValueError(f"stream_tail: {units} (tile, K/V block) units in the last stretch, more than the "
+                         "kernel's 32-bit schedule counts (2^31)")
+    magic = shift = 0
+    if n:
+        shift = 31 + (n - 1).bit_length()
+        magic = -(-(1 << shift) // n)
+        assert magic < 2 ** 32, (n, magic)
+    return {"tail_n": n, "tail_dp_end": dp_end, "tail_q": units // grid, "tail_rem": units % grid,
+            "tail_magic": magic - 2 ** 32 if magic >= 2 ** 31 else magic, "tail_shift": shift}
+
+
+def stream_tail_pieces(n_tiles: int, n: int, grid: int) -> list:
+    """The host mirror of Sm90TailSchedule (kernels_cu/sm90_tail.cuh), for tests and tools: per CTA
+    (blockIdx.x) the list of its pieces (tile, jb, je), in order."""
+    tp = stream_tail_params(n_tiles, n, grid)
+    dp_end, q, rem = tp["tail_dp_end"], tp["tail_q"], tp["tail_rem"]
+    out = []
+    for b in range(grid):
+        pieces = [(t, 0, n) for t in range(b, dp_end, grid)]
+        r = grid - 1 - b
+        u = r * q + min(r, rem)
+        u_end = u + q + (1 if r < rem else 0)
+        while u < u_end:
+            t, jb = dp_end + u // n, u % n
+            je = min(n, jb + u_end - u)
+            pieces.append((t, jb, je))
+            u += je - jb
+        out.append(pieces)
+    return out
+
+
 def sectioned_tile(tile: int, m_blocks: int, nheads: int, n_hb: int, section: int) -> tuple:
     """(m_block, head, batch) of tile number ``tile`` in the dynamic scheduler's order: the host
     mirror of sm90_sectioned_tile (kernels_cu/sm90_fwd.cu), for tests and tools."""
@@ -810,6 +969,16 @@ class Sm90Forward(Family):
             # how dropout is applied (the same mask, the same bits): the module's switch for configs
             # without it (tuned tables carry no dropout), or the config's own; off without dropout
             config = config.replace(drop_packed=packed)
+        # (DROPOUT_EARLY for dropout alone, fixed lengths: the kernels with window / softcap / ALiBi
+        # / varlen next to it are unchecked for registers)
+        early = config.drop_early
+        if packed and not early and tuple(problem.features) == ("dropout",):
+            early = DROPOUT_EARLY.get(config.head_dim, 0)
+            if config.BN > {0: config.BN, 1: DROP_EARLY_SIGNS_BN, 2: DROP_EARLY_MASKS_BN, 4: DROP_EARLY_SIGNS_BN}[early]:
+                early = 0   # a wider tile than the form is built for (a tuned or forced config's BN)
+        early = early if packed else 0
+        if config.drop_early != early:   # likewise (DROPOUT_EARLY), on drop_packed only
+            config = config.replace(drop_early=early)
         # the softmax variants (speed knobs): fold_cap only with softcap, neither with dropout,
         # lazy_rescale with emu_exp2 only under fold_cap (kernels_cu/softmax_fold.cuh)
         if config.fold_cap and ("softcap" not in problem.features or dropout):
@@ -822,6 +991,8 @@ class Sm90Forward(Family):
             config = config.replace(rescale_first=False)
         if config.tile_overlap and (problem.features or problem.seqlen_k == 0 or problem.seqlen_q == 0):
             config = config.replace(tile_overlap=False)   # likewise; and without keys no S_0 to issue
+        if config.stream_tail and (problem.features or problem.causal):
+            config = config.replace(stream_tail=False)    # likewise (plain non-causal calls only)
         if config.alibi_lin and (tuple(f for f in problem.features if f != "window") != ("alibi",)
                                  or config.emu_exp2 or config.tree_max):
             config = config.replace(alibi_lin=False)   # a speed knob: ALiBi alone (a window may join)
@@ -836,7 +1007,7 @@ class Sm90Forward(Family):
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
-                               "tile_overlap", "drop_packed") and not v))
+                               "tile_overlap", "drop_packed", "drop_early", "stream_tail") and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -889,6 +1060,8 @@ class Sm90Forward(Family):
                 bn, tma_store = 160, True
         if "dropout" in problem.features:   # (with a window too: window_tiles' BN is no wider)
             bn = min(bn, DROPOUT_BN[d])
+            if DROPOUT_EARLY.get(d) == 2 and tuple(problem.features) == ("dropout",):
+                bn = min(bn, DROP_EARLY_MASKS_BN)   # the fragment masks' registers
             if HEURISTIC_DYNAMIC and DROPOUT_DYNAMIC and tuple(problem.features) == ("dropout",):
                 persistent = dynamic = True   # (no TMA store: it spills with dropout at d128)
         feature_call = bool(problem.features) and "dropout" not in problem.features \
@@ -923,6 +1096,9 @@ class Sm90Forward(Family):
                 and problem.bucket >= HEURISTIC_NC_MIN_BUCKET and cfg.persistent and not cfg.dynamic
                 and not cfg.tma_store):
             cfg = cfg.replace(tile_overlap=True)   # the next tile's S_0 behind the last P V
+        if ((d, problem.bucket) in HEURISTIC_STREAM_TAIL and not problem.features and not problem.causal
+                and cfg.persistent and not cfg.dynamic and not cfg.tile_overlap):
+            cfg = cfg.replace(stream_tail=True)    # the last stretch balanced by K/V blocks
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
             fold = SOFTCAP_FOLD.get(d, 0)
@@ -950,6 +1126,8 @@ class Sm90Forward(Family):
         if tiles >= 2 ** 31:
             raise ValueError(f"batch * nheads * seqlen_q: too many Q blocks for one launch ({tiles})")
         grid = (min(tiles, sm_count) if config.persistent else tiles, 1, 1)
+        if getattr(config, "stream_tail", False):   # one partials slot per CTA (STREAM_TAIL_MAX_CTAS)
+            grid = (stream_tail_grid(tiles, sm_count), 1, 1)
         return [LaunchSpec("main", grid, config.threads, config.smem_bytes)]
 
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
@@ -963,14 +1141,25 @@ class Sm90Forward(Family):
                     **dropout_params(problem), tile_counter=0,
                     sched_section=sched_section(problem, config.section) if config.dynamic else 1,
                     cu_seqlens_q=0, cu_seqlens_k=0, total_q=total_q,
-                    softcap_fixed_m=softcap_fixed_m(problem) if config.fold_cap >= 3 else 2.0)
+                    softcap_fixed_m=softcap_fixed_m(problem) if config.fold_cap >= 3 else 2.0,
+                    tail_flags=0, tail_partial=0, **self._tail_params(config, problem, sm_count))
+
+    def _tail_params(self, config, problem: Problem, sm_count: int) -> dict:
+        """params.tail_* (stream_tail_params) for a stream_tail config, zeros otherwise."""
+        if not getattr(config, "stream_tail", False):
+            return dict.fromkeys(("tail_n", "tail_dp_end", "tail_q", "tail_rem", "tail_magic", "tail_shift"), 0)
+        tiles = -(-problem.seqlen_q // config.BM) * problem.nheads * problem.batch
+        return stream_tail_params(tiles, -(-problem.seqlen_k // config.BN), stream_tail_grid(tiles, sm_count))
 
     def zeroed_counters(self, config, problem: Problem) -> dict:
         """{params field: int32 count} of the counters a plan keeps between calls, zeroed once when
         the plan allocates them (cuflash.launch.Plan) and reset to 0 by the kernel itself: the
         dynamic scheduler's tile counter. One buffer per CUDA stream (cuflash.launch.StreamCounters),
         so calls of one plan on two streams may overlap without mixing their claims."""
-        return {"tile_counter": 1} if config.dynamic else {}
+        out = {"tile_counter": 1} if config.dynamic else {}
+        if getattr(config, "stream_tail", False):
+            out.update(stream_tail_buffers(config, -(-problem.seqlen_q // config.BM) * problem.nheads * problem.batch))
+        return out
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
         """What cuflash.launch.Plan runs on every call after writing the pointers: the tensor

@@ -1,0 +1,140 @@
+"""Timing of sm90_bwd at the short seqlens on an H100 (issue 14: >= 1.0x SDPA cuDNN in every cell seqlen
+>= 2k; the three cells below were 2k: bf16 / fp16 d128 non-causal, bf16 d256 causal): per case the
+heuristic's kernel ("heur") and the candidates of session 17 next to SDPA cuDNN (and flash with --flash),
+in one process, bf16 and fp16, head dims 64 / 128 / 256 (and 192, run by the d256 kernel: --hdims 192),
+2k and 4k, causal and not, dim 2048 (heads = 2048 / d), batch x seqlen = 16k; the backward alone
+(torch.autograd.grad of one forward's output, retain_graph; SDPA the same way), back-to-back samples of
+10 calls in an order rotated per sample (sm90_bwd_d128_timing.time_rotated), median. Candidates:
+
+    dqc      dq_convert (kDqConvert): the dQ convert inside the main kernel (jobs of 256 rows, queued by a
+             pair's last tile, taken by the CTAs whose tiles are done) instead of fa2_bwd_convert_dq's launch
+             (head dim 128 with the dynamic scheduler; 256 / 192 with roles)
+    nodqc    the heuristic's kernel without dq_convert, where the heuristic has it (HEURISTIC_DQ_CONVERT)
+    static   head dim 128: the plain grid (one CTA per K/V block) instead of the dynamic scheduler
+    split    head dims 192 / 256: the query split (dq_writer, no roles), the kernel before roles
+
+--breakdown adds the GPU time per kernel role (preprocess / main / dQ convert; torch.profiler, mean of 3
+calls) of heur, dqc and cuDNN at each case. Every kernel is compiled first in parallel processes
+(cuflash.compile.precompile). dk, dv of every variant against heur's must be equal bit for bit (the
+same sums in the same order; dq_convert changes only where dQ is converted), dq within 1e-2 relative
+(fp32 additions in another order); else the row says MISMATCH.
+
+    timeout 100 python tests/sm90_bwd_2k_timing.py --out /tmp/b2k_2k.json
+    timeout 100 python tests/sm90_bwd_2k_timing.py --hdims 192 256 --seqlens 2048 4096 8192 --breakdown
+
+Success: every row prints, no NaN / MISMATCH; the summary line per case gives each variant's x cuDNN
+(cuDNN's time / ours: >= 1.0 is at least as fast). Not a test.
+"""
+import argparse
+import os
+import sys
+import time
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_here, os.path.dirname(_here)]  # this folder; cuflash from the checkout
+
+import torch  # noqa: E402
+
+from cuflash import _gpu, registry, select  # noqa: E402
+from cuflash.compile import precompile  # noqa: E402
+from cuflash.problem import Problem  # noqa: E402
+from cuflash.registry import op_flops  # noqa: E402
+
+from sm90_bwd_causal_timing import against, candidate_fns, finish  # noqa: E402
+import sm90_bwd_d128_timing as d128_timing  # noqa: E402
+from sm90_bwd_d128_timing import time_rotated  # noqa: E402
+from sm90_bwd_pre_timing import by_role, kernel_times  # noqa: E402
+
+TOKENS, DIM = 16384, 2048
+FAM = registry.get("sm90_bwd")
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# name: the config of a case from the heuristic's (None: not for this case)
+VARIANTS = {
+    "heur": lambda c: c,
+    "dqc": lambda c: c.replace(dq_convert=True),
+    "nodqc": lambda c: c.replace(dq_convert=False) if c.dq_convert else None,
+    "static": lambda c: c.replace(dynamic=False, frag_pin=False, dq_convert=False) if c.head_dim == 128 else None,
+    "split": lambda c: c.replace(roles=False, dq_convert=False) if c.head_dim == 256 else None,
+}
+DEFAULT_VARIANTS = ("heur", "dqc")
+
+
+def problem(s, causal, dtype, hdim, op="bwd"):
+    b = max(1, TOKENS // s)
+    heads = DIM // hdim if DIM % hdim == 0 else 8 if hdim > 128 else DIM // hdim
+    return Problem(op, dtype, b, s, s, heads, heads, hdim, causal)
+
+
+def variants_for(p, names):
+    """{variant: config} for problem p (sm90_bwd_d128_timing.variants_for with VARIANTS here)."""
+    return d128_timing.variants_for(p, names, VARIANTS)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=list(TORCH_DTYPES))
+    ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128, 256], choices=(64, 128, 192, 256))
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096])
+    ap.add_argument("--causal", choices=("yes", "no", "both"), default="both")
+    ap.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--back-to-back", type=int, default=10, help="calls per sample (the bench's 10)")
+    ap.add_argument("--breakdown", action="store_true", help="GPU time per kernel role of heur, dqc, cuDNN")
+    ap.add_argument("--flash", action="store_true", help="SDPA flash too")
+    ap.add_argument("--out", default=None, help="JSON file for the rows")
+    args = ap.parse_args()
+    causals = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]
+    names = ["heur"] + [n for n in args.variants if n != "heur"]
+    dev, t0 = torch.cuda.get_device_name(), time.time()
+    cases = [(d, dt, s, c) for d in args.hdims for dt in args.dtypes for s in args.seqlens for c in causals]
+    todo = []
+    for d, dtype, s, causal in cases:
+        p = problem(s, causal, dtype, d)
+        todo += list(variants_for(p, names).values())
+        todo.append(select.choose(problem(s, causal, dtype, d, op="fwd"), _gpu.arch(), _gpu.name(),
+                                  _gpu.max_smem())[1])
+    todo = list(dict.fromkeys(todo))
+    errors = [(c.name, e) for c, _, e in precompile(todo) if e]
+    assert not errors, errors
+    print(f"{dev}  sm90_bwd short seqlens (backward alone), torch {torch.__version__}, "
+          f"cuDNN {torch.backends.cudnn.version()}; {len(todo)} kernels ready in {time.time() - t0:.0f} s",
+          flush=True)
+    print(f"{'case':<26} {'variant':<8} {'kernel':<66} {'ms':>7} {'TFLOPs':>6} {'x cuDNN':>7} "
+          f"{'dq diff':>8} {'dkv diff':>8}", flush=True)
+    rows, summary = [], []
+    for d, dtype, s, causal in cases:
+        p = problem(s, causal, dtype, d)
+        b, h = p.batch, p.nheads
+        q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=TORCH_DTYPES[dtype]) for _ in range(4))
+        configs = variants_for(p, names)
+        fns, same, results = candidate_fns(configs, q, k, v, dout, causal, args.flash)
+        times = time_rotated(fns, args.reps, args.back_to_back, False)
+        case = f"{dtype} d{d} {'causal' if causal else 'full'} b{b} s{s}"
+        flops = op_flops(p)
+        t_cudnn = times["cudnn"].median_ms
+        line = []
+        for name in list(configs) + [n for n in fns if n not in configs]:
+            src = same.get(name, name)
+            t = times[src].median_ms
+            label, ddq, dkv, flag = against(name, configs, same, results, "heur")
+            if name in configs:
+                line.append(f"{name} {t_cudnn / t:.3f}")
+            print(f"{case:<26} {name:<8} {label:<66} {t:7.3f} {flops / t / 1e9:6.0f} {t_cudnn / t:7.3f} "
+                  f"{ddq:8.1e} {dkv:8.1e}{flag}", flush=True)
+            rows.append(dict(dtype=dtype, hdim=d, causal=causal, seqlen=s, batch=b, heads=h, variant=name,
+                             kernel=label, ms=t, tflops=flops / t / 1e9, x_cudnn=t_cudnn / t,
+                             samples=list(times[src].samples), dq_rel_diff=ddq, dkv_rel_diff=dkv,
+                             mismatch=bool(flag)))
+        summary.append(f"{case:<26} " + "  ".join(line) + "   (x cuDNN, b2b)")
+        if args.breakdown:
+            for name in [n for n in ("heur", "dqc", "nodqc") if n in fns] + ["cudnn"]:
+                roles = by_role(kernel_times(fns[name], 3))
+                print(f"{case:<26} {name:<8} GPU us by role: {roles}", flush=True)
+                rows.append(dict(dtype=dtype, hdim=d, causal=causal, seqlen=s, variant=name, breakdown_us=roles))
+        del q, k, v, dout, fns, results
+        torch.cuda.empty_cache()
+    finish(summary, t0, args.out, dev, rows)
+
+
+if __name__ == "__main__":
+    main()
