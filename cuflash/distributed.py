@@ -29,8 +29,11 @@ side stream and names each call's config (bench --mode ring --ring-breakdown: pe
 timelines). Transfers run NCCL kernels, which need SMs of their own on both ends at once while
 the attention kernels fill the GPU: ``PRIORITY_GROUP`` (transfers on a high-priority twin of
 the default group; ``ring_group`` builds such a group to pass in) and ``FWD_DYNAMIC`` (no
-static persistent forward, whose late CTAs would end a step late) remove the 4-GPU straggler
-(both on; bench --ring-ab flips them). Each step calls
+static persistent forward, whose late CTAs would end a step late; from 3 ranks up,
+``FWD_DYNAMIC_MIN_WORLD``) remove the 4-GPU straggler (both on; bench --ring-ab flips them);
+``FWD_GRID_STEPS`` (off) runs the first forward steps' non-causal calls on a grid of one CTA
+per tile, so that the chained transfers find SMs during the first step instead of spinning
+through later ones. Each step calls
 cuflash's backward (``torch_ops.backward_impl``) with the GLOBAL merged out and lse: with
 P = exp(S - lse_global) and D = rowsum(dO * O_global), every block's dS = P * (dP - D) is
 exactly its share of the full gradient (the ring-attention identity), so no rescaling is
@@ -252,11 +255,16 @@ def first_partial(block_out: Tensor, block_lse: Tensor, acc) -> tuple:
 # ---------------------------------------------------------------------------------------
 # one block: cuflash's forward and backward (CUDA: kernels; CPU: the float64 reference)
 
-def block_forward(q, k, v, scale: float, causal: bool, step: int = 0):
+def block_forward(q, k, v, scale: float, causal: bool, step: int = 0, world: int = 0):
     """(out, lse) of q against one K/V block: cuflash's torch forward (no autograd); with
-    FWD_DYNAMIC on the dynamic scheduler where selection picks the static persistent one.
-    step: the ring step, for TRACE's config record."""
-    config = _forward_config(q, k, v, scale, causal) if FWD_DYNAMIC and q.is_cuda else None
+    FWD_DYNAMIC on the dynamic scheduler where selection picks the static persistent one (in a
+    ring of at least FWD_DYNAMIC_MIN_WORLD ranks; world 0: any), and for a non-causal call of the
+    ring's first FWD_GRID_STEPS steps on a grid of one CTA per tile where selection picks a
+    persistent one. step: the ring step (FWD_GRID_STEPS; TRACE's config record)."""
+    grid = step < FWD_GRID_STEPS and not causal
+    dynamic = FWD_DYNAMIC and (world == 0 or world >= FWD_DYNAMIC_MIN_WORLD)
+    config = _forward_config(q, k, v, scale, causal, grid) if (dynamic or grid) and \
+        q.is_cuda else None
     out, lse, entry = torch_ops._forward(q, k, v, scale, causal, config, None)
     if TRACE is not None and q.is_cuda:
         _trace_config("fwd_config", step, entry.plan.config if entry is not None and
@@ -267,17 +275,22 @@ def block_forward(q, k, v, scale: float, causal: bool, step: int = 0):
 _dynamic_configs: dict = {}
 
 
-def _forward_config(q, k, v, scale: float, causal: bool):
-    """The config selection picks for this forward call, on the dynamic scheduler when it is
-    a static persistent one that the dynamic scheduler can run (None: selection's own, i.e.
-    the call is not on the static persistent schedule). Cached per call shape."""
-    key = (q.shape, k.shape, q.dtype, q.device, causal)
+def _forward_config(q, k, v, scale: float, causal: bool, grid: bool = False):
+    """The config selection picks for this forward call, changed: grid=False, on the dynamic
+    scheduler when it is a static persistent one that the dynamic scheduler can run; grid=True,
+    on a grid of one CTA per tile (no persistent schedule, static or dynamic) when it is
+    persistent (FWD_GRID_STEPS). None: selection's own (nothing to change, or the changed config
+    does not fit). Cached per call shape."""
+    key = (q.shape, k.shape, q.dtype, q.device, causal, grid)
     if key not in _dynamic_configs:
         problem = api.check_qkv(q, k, v, scale, causal)[4]
         fam, cfg, _ = select.choose_on_device(problem, q.device.index)
         alt = None
-        if getattr(cfg, "persistent", False) and getattr(cfg, "dynamic", None) is False:
+        if grid and getattr(cfg, "persistent", False):
+            alt = cfg.replace(persistent=False, dynamic=False, tile_overlap=False, section=0)
+        elif not grid and getattr(cfg, "persistent", False) and getattr(cfg, "dynamic", None) is False:
             alt = cfg.replace(dynamic=True)
+        if alt is not None:
             from . import _gpu
 
             if alt.problems(_gpu.max_smem(q.device.index)) or fam.fits(alt, problem):
@@ -464,6 +477,29 @@ RING_MAX_CTAS: Optional[int] = None
 # forward 524 -> 460 ms alone (the single-GPU shard's four steps: 441), 518 -> 533 TFLOPs/GPU;
 # on.
 FWD_DYNAMIC = True
+# The smallest ring FWD_DYNAMIC applies to. With 2 ranks the forward has one transfer, queued
+# before the first step's kernels, so no CTA starts more than that transfer late (3-6 ms), and
+# the static persistent schedule is the faster one there: 2 x H100, 512k tokens non-causal (the
+# 4-GPU 1M cell's call shape, 256k x 256k; session 17, results/NVIDIA_H100_80GB_HBM3x2/logs/
+# session17_ring4/ring2.log): forward 939 ms on the dynamic scheduler, 896 static (the shard's
+# 2 x 447), 559 -> 565 TFLOPs/GPU fwd + bwd (grid of one CTA per tile, FWD_GRID_STEPS: 914 ms).
+FWD_DYNAMIC_MIN_WORLD = 3
+
+# How many of the dense ring's first forward steps run their non-causal calls on a grid of one CTA
+# per tile where selection picks a persistent schedule (0: none; bench --ring-ab fwd_gridN). A
+# persistent forward holds every SM for its whole step, so a transfer queued during it (EARLY_SEND
+# chains them: the block received is sent on at once) gets SMs only when the step ends, and each
+# rank's transfer kernel, at high priority (PRIORITY_GROUP), then takes its SMs first and spins
+# there until the slowest neighbour's kernel runs. The 1M-token non-causal timeline (4 x H200,
+# session 16, results/NVIDIA_H200x4/logs/session16_ring3/ring3.log): every rank's step-2 transfer
+# ran from 517.6 to 1023.3 ms, the whole of step 1, waiting for the rank whose step-1 kernel had
+# filled its SMs first; step 1 took 27-76 ms more than step 0 on every rank (fwd 2100 ms against
+# the shard's 4 x 459). On a grid, tiles retire all the time (one tile is 3.7 ms there), so each
+# transfer's kernel gets SMs within a tile of being queued on every rank and the chained transfers
+# all end in the first step; the later steps run persistent with no transfer left to wait for.
+# Causal calls keep their schedule (the causal 1M forward ran at the shard's speed, 941 against
+# 4 x 234 ms). Unmeasured: off.
+FWD_GRID_STEPS = 0
 
 _priority_groups: dict = {}
 
@@ -738,7 +774,7 @@ def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: 
             qs, ks = _slices(call, q_len, q_len)
             with _Span("fwd_compute", i, q):
                 o_b, lse_b = block_forward(q[:, qs], k_cur[:, ks], v_cur[:, ks], scale, call.causal,
-                                           i)
+                                           i, world)
             with _Span("fwd_merge", i, q):
                 if not run and _covers(call, nq):
                     run["out"], run["lse"] = first_partial(o_b, lse_b, acc)

@@ -11,7 +11,9 @@ half-block steps (2 x 1 and 1 x 2 chunks, not causal), the varlen-free contiguou
 1 x 1 chunk calls, and the single-GPU flash_attn_func calls next to them (the whole test
 sequence, the bench's per-GPU shard), forward and backward (and deterministic for the test's
 first case), and the varlen test's calls (one chunk of every sequence against one chunk, and
-the whole batch on one GPU).
+the whole batch on one GPU). Forward configs also as cuflash.distributed's flags would change
+them: on the dynamic scheduler (FWD_DYNAMIC) and, non-causal, on a grid of one CTA per tile
+(FWD_GRID_STEPS; --no-grid skips these).
 """
 import argparse
 import os
@@ -72,6 +74,9 @@ def main(argv=None) -> int:
     ap.add_argument("--procs", type=int, nargs="+", default=[2])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[262144, 524288])
     ap.add_argument("--processes", type=int, default=None)
+    ap.add_argument("--no-grid", dest="grid", action="store_false",
+                    help="skip the non-persistent forward configs of FWD_GRID_STEPS (bench "
+                         "--ring-ab fwd_gridN)")
     a = ap.parse_args(argv)
     arch, smem, name = _gpu.arch(), _gpu.max_smem(), _gpu.name()
     configs = []
@@ -85,6 +90,12 @@ def main(argv=None) -> int:
         if p.op == "fwd" and not p.features and getattr(cfg, "persistent", False) \
                 and getattr(cfg, "dynamic", None) is False:  # distributed.FWD_DYNAMIC's config
             alt = cfg.replace(dynamic=True)
+            if not alt.problems(smem):
+                configs.append(alt)
+        if a.grid and p.op == "fwd" and not p.features and not p.causal and p.seqlen_k >= 2048 \
+                and getattr(cfg, "persistent", False):  # distributed.FWD_GRID_STEPS' config (the
+            # bench's calls and the GPU test's FLAG_CASES: the small cases never run it)
+            alt = cfg.replace(persistent=False, dynamic=False, tile_overlap=False, section=0)
             if not alt.problems(smem):
                 configs.append(alt)
     configs = list(dict.fromkeys(configs))

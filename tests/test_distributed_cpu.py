@@ -363,6 +363,10 @@ def test_bench_ring_cli():
     for bad in ("nccl_ctas0", "fast", "fwd_dyn+", "fwd_dyn+fwd_dyn"):
         with pytest.raises(SystemExit):  # argparse: the type's ValueError, exit 2
             bench.parser().parse_args(["--mode", "ring", "--ring-ab", bad])
+    a = bench.parser().parse_args(["--mode", "ring", "--ring-ab", "fwd_grid1", "--ring-ab-seqlens",
+                                   "524288", "--ring-ab-causal", "no"])
+    assert a.ring_ab == ["fwd_grid1"] and a.ring_ab_seqlens == [524288] and a.ring_ab_causal == "no"
+    assert bench.parser().parse_args(["--mode", "ring"]).ring_ab_causal == "both"
     a = bench.parser().parse_args(["--mode", "ring", "--ring-breakdown", "--ring-light-from", "0"])
     assert a.ring_breakdown and a.ring_light_from == 0 and a.ring_seqlens is None
     assert "ring" not in bench.modes_of(["all"])
@@ -373,10 +377,18 @@ def test_bench_ring_parse_variant():
 
     assert ring.parse_variant("nccl_priority+fwd_dyn+nccl_ctas4") == {
         "flags": ["FWD_DYNAMIC"], "priority": True, "max_ctas": 4, "rotate": False,
-        "lib_ctas": None}
+        "lib_ctas": None, "grid_steps": None}
     assert ring.parse_variant("rotate+early_send+lib_priority+lib_ctas2") == {
         "flags": ["EARLY_SEND", "PRIORITY_GROUP"], "priority": False, "max_ctas": None,
-        "rotate": True, "lib_ctas": 2}
+        "rotate": True, "lib_ctas": 2, "grid_steps": None}
+    assert ring.parse_variant("fwd_grid1+lib_ctas4") == {
+        "flags": [], "priority": False, "max_ctas": None, "rotate": False, "lib_ctas": 4,
+        "grid_steps": 1}
+    assert ring.parse_variant("fwd_grid0")["grid_steps"] == 0
+    with pytest.raises(ValueError, match="^ab: unknown variant 'fwd_grid2' in 'fwd_grid1"):
+        ring.parse_variant("fwd_grid1+fwd_grid2")
+    with pytest.raises(ValueError, match="^ab: unknown variant 'fwd_grid'"):
+        ring.parse_variant("fwd_grid")
     for flag in ring.FLAG_VARIANTS.values():  # every flag a variant flips exists
         assert isinstance(getattr(cfd, flag), bool)
     with pytest.raises(ValueError, match="^ab: unknown variant 'nccl_ctasx'"):
@@ -654,7 +666,186 @@ def test_bench_ring_variant_flow(monkeypatch):
     ring._variant("lib_ctas2", 2, 3, 8e9, rec, logged.append,
                   lambda *a, **k: seen.append(cfd.RING_MAX_CTAS), lambda *a, **k: None, 64)
     assert set(seen) == {2} and cfd.RING_MAX_CTAS is None
+    seen = []
+    ring._variant("fwd_grid2+lib_ctas4", 2, 3, 8e9, rec, logged.append,
+                  lambda *a, **k: seen.append((cfd.FWD_GRID_STEPS, cfd.RING_MAX_CTAS)),
+                  lambda *a, **k: None, 64)
+    assert set(seen) == {(2, 4)} and cfd.FWD_GRID_STEPS == 0 and cfd.RING_MAX_CTAS is None
+    assert logged[-1].startswith("  fwd_grid2+lib_ctas4 (cuflash.distributed.FWD_GRID_STEPS = N")
     assert logged[0].startswith("  fwd_dyn+lib_priority (") and \
         logged[1] == "  [fwd_dyn+lib_priority] timeline r0 (GPU 0) fwd: s0 k0.0+1.0"
     out = ring._variant("nope", 2, 3, 8e9, rec, logged.append, fwd, bwd, 64)
     assert list(out) == ["alt_nope_error"] and "unknown variant 'nope'" in out["alt_nope_error"]
+
+
+def test_bench_ring_ab_here():
+    """--ring-ab's problems: every one by default; --ring-ab-max, --ring-ab-seqlens and
+    --ring-ab-causal each narrow them."""
+    from cuflash.bench import ring
+
+    assert ring.ab_here({}, 1 << 20, True) and ring.ab_here({"ab_causals": (True, False)}, 8, False)
+    opts = {"ab_max": 524288, "ab_seqlens": (262144, 524288, 1048576), "ab_causals": (False,)}
+    assert ring.ab_here(opts, 524288, False)
+    assert not ring.ab_here(opts, 524288, True) and not ring.ab_here(opts, 1048576, False)
+    assert not ring.ab_here(dict(opts, ab_max=None), 131072, False)
+    assert ring.ab_here(dict(opts, ab_max=None), 1048576, False)
+
+
+def test_forward_config_grid_and_dynamic(monkeypatch):
+    """block_forward's config changes (no GPU: selection and the device's shared memory stubbed):
+    FWD_GRID_STEPS puts a non-causal call of the first steps on a grid of one CTA per tile where
+    selection picks a persistent schedule (static or dynamic), leaves causal calls and later
+    steps to FWD_DYNAMIC; FWD_DYNAMIC alone moves a static persistent config to the dynamic
+    scheduler. The plain instantiation is untouched when both are off."""
+    from cuflash import _gpu, select
+    from cuflash.families.sm90_fwd import Sm90FwdConfig
+
+    static = Sm90FwdConfig(128, 176, 2, 2, True, True, 128, "bf16", False)
+    dyn = static.replace(dynamic=True)
+
+    class Fam:
+        @staticmethod
+        def fits(config, problem):
+            return None
+
+    picks = {}
+    monkeypatch.setattr(select, "choose_on_device",
+                        lambda problem, dev: (Fam, picks[bool(problem.causal)], None))
+    monkeypatch.setattr(_gpu, "max_smem", lambda dev=None: 232448)
+    monkeypatch.setattr(cfd, "_dynamic_configs", {})
+    q = torch.zeros(1, 4096, 2, 128, dtype=torch.bfloat16)
+    picks[False], picks[True] = static, dyn.replace(causal=True)
+    grid = cfd._forward_config(q, q, q, 0.1, False, True)
+    assert not grid.persistent and not grid.dynamic and grid.BN == 176 and grid.pingpong
+    assert cfd._forward_config(q, q, q, 0.1, False, False) == dyn
+    causal = cfd._forward_config(q, q, q, 0.1, True, False)
+    assert causal is None  # already dynamic: selection's own
+    monkeypatch.setattr(cfd, "_dynamic_configs", {})
+    picks[False] = dyn
+    assert cfd._forward_config(q, q, q, 0.1, False, True) == grid  # from the dynamic one too
+    assert cfd._forward_config(q, q, q, 0.1, False, False) is None
+    picks[False] = grid
+    monkeypatch.setattr(cfd, "_dynamic_configs", {})
+    assert cfd._forward_config(q, q, q, 0.1, False, True) is None  # already a grid
+    assert cfd.FWD_GRID_STEPS == 0  # off until measured (bench --ring-ab fwd_gridN)
+
+
+def test_bench_ring_tables(tmp_path, capsys):
+    """The README's ring table and the peak-memory table from ring.json records: a row per ring
+    record (skipped ones say so), torch CP by backend (none named: flash), the 1/P ratios; the
+    README block between the markers rewritten, GPU kind and P from the folder names."""
+    import json
+
+    from cuflash.bench import ring
+
+    assert ring.gpu_of_dir("NVIDIA_H200x4") == ("H200", 4)
+    assert ring.gpu_of_dir("NVIDIA_H100_80GB_HBM3x2") == ("H100", 2)
+    assert ring.gpu_of_dir("logs") == ("logs", None)
+    gib = 2 ** 30
+    two = [{"impl": "ring", "P": 2, "seqlen": 262144, "causal": False, "tflops_per_gpu": 540.4,
+            "efficiency": 0.987, "peak_bytes_per_gpu": 5 * gib},
+           {"impl": "ring", "P": 2, "seqlen": 262144, "causal": True, "tflops_per_gpu": 530.0},
+           {"impl": "torch_cp", "seqlen": 262144, "causal": False, "backend": "cudnn",
+            "tflops_per_gpu": 520.2},
+           {"impl": "torch_cp", "seqlen": 262144, "causal": False, "tflops_per_gpu": 315.0},
+           {"impl": "cuflash_1gpu", "P": 1, "seqlen": 262144, "causal": False, "peak_bytes": 3 * gib},
+           {"impl": "ring", "P": 2, "seqlen": 1048576, "causal": False, "skipped": "budget"}]
+    four = [{"impl": "ring", "P": 4, "seqlen": 262144, "causal": False, "tflops_per_gpu": 500.0,
+             "peak_bytes_per_gpu": 2.75 * gib}]
+    runs = [("H200", 2, "", two), ("H200", 4, "earlier ring", four)]
+    lines = ring.table_lines(runs)
+    assert lines[2] == "| 2 H200 | 256k | causal | 530 | — | — | — | — |"
+    assert lines[3] == "| 2 H200 | 256k | non-causal | 540 | 0.99 | 315 | 520 | 5.00 |"
+    assert lines[4] == "| 2 H200 | 1M | non-causal | skipped | — | — | — | — |"
+    assert lines[5] == "| 4 H200 (earlier ring) | 256k | non-causal | 500 | — | — | — | 2.75 |"
+    mem = ring.memory_lines(runs)
+    assert mem[0] == "| GPU | seqlen | mask | P = 1 | P = 2 | P = 4 |"
+    assert mem[2] == "| H200 | 256k | non-causal | 3.00 | 5.00 (3.33) | 2.75 (3.67) |" and len(mem) == 3
+    text = "intro\n" + ring.README_START + "\nold\n" + ring.README_END + "\nrest\n"
+    assert ring.replace_block(text, ["a", "b"]) == ("intro\n" + ring.README_START + "\na\nb\n"
+                                                    + ring.README_END + "\nrest\n")
+    with pytest.raises(ValueError, match="^readme: expected the markers"):
+        ring.replace_block("no markers", ["a"])
+    folder = tmp_path / "NVIDIA_H200x2" / "logs"
+    folder.mkdir(parents=True)
+    (folder / "ring.json").write_text(json.dumps({"records": two}))
+    readme = tmp_path / "README.md"
+    readme.write_text(text)
+    assert ring.main(["--table", f"{folder / 'ring.json'}=new"]) == 0
+    assert "| 2 H200 (new) | 256k | non-causal | 540 |" in capsys.readouterr().out
+    assert ring.main(["--table", str(folder / "ring.json"), "--readme", str(readme)]) == 0
+    body = readme.read_text()
+    assert body.startswith("intro\n" + ring.README_START + "\n| GPUs |") and body.endswith(
+        ring.README_END + "\nrest\n") and "| 2 H200 | 1M | non-causal | skipped |" in body
+
+
+def test_bench_ring_worker_loop(monkeypatch):
+    """bench ring's per-process loop without GPUs (the measurements, collectives and CUDA calls
+    stubbed): problems in the order given, the budget's estimates scaled from the last problem
+    (less its A/B seconds; light <-> full by LIGHT_COST), skipped problems recorded, the records
+    rewritten after every problem and once more (with the plot) at the end."""
+    import torch.distributed as dist
+
+    from cuflash.bench import ring
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(ring.time, "perf_counter", lambda: clock["t"])
+    cost = {(1 << 20, True): 40.0, (1 << 20, False): 80.0, (1 << 19, True): 10.0,
+            (1 << 19, False): 20.0, (1 << 18, True): 8.0, (1 << 18, False): 16.0}
+    seen, writes = [], []
+
+    def measure(rank, world, seqlen, causal, opts, log, base):
+        seen.append((seqlen, causal))
+        ab = 7.0 if (seqlen, causal) == (1 << 19, False) else 0.0
+        clock["t"] += cost[(seqlen, causal)] + ab
+        return [dict(impl="ring", **base, tflops_per_gpu=1.0, **({"ab_seconds": ab} if ab else {}))]
+
+    monkeypatch.setattr(ring, "_init", lambda *a: None)
+    monkeypatch.setattr(ring, "_measure", measure)
+    monkeypatch.setattr(ring, "_agree", lambda value: value)
+    monkeypatch.setattr(ring, "_max_over_ranks", lambda x: x)
+    monkeypatch.setattr(ring, "_write", lambda records, world, out, log, png=True:
+                        writes.append((len(records), png)))
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: None)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    opts = dict(seqlens=(1 << 20, 1 << 19, 1 << 18), causals=(True, False), budget_s=175.0,
+                full_max=0, out="unused", light_from=1 << 18, d=128, nheads=8)
+    ring._worker(0, 2, 0, opts)
+    # 1M causal 40 s; 1M non-causal est 80 -> 120 s; 512k causal est 10 -> 130; 512k non-causal
+    # est 20 (its 7 s of A/B not in the estimate of what follows) -> 157; 256k causal est
+    # 10 / 4 / LIGHT_COST = 5.6 -> 165; 256k non-causal est 20 / 4 / 0.45 = 11.1 -> 176 > 175
+    assert seen == [(1 << 20, True), (1 << 20, False), (1 << 19, True), (1 << 19, False),
+                    (1 << 18, True)]
+    assert writes == [(1, False), (2, False), (3, False), (4, False), (5, False), (6, True)]
+    assert ring._light_factor(True, False) == ring.LIGHT_COST
+    assert ring._light_factor(False, True) == 1 / ring.LIGHT_COST and ring._light_factor(True, True) == 1
+
+
+def test_block_forward_schedule_flags(monkeypatch):
+    """Which config changes block_forward asks for: FWD_DYNAMIC from FWD_DYNAMIC_MIN_WORLD ranks
+    up (world 0: any ring), FWD_GRID_STEPS for the non-causal calls of the first steps; neither:
+    selection's own config (no _forward_config call)."""
+    from cuflash import torch_ops
+
+    asked = []
+    monkeypatch.setattr(cfd, "_forward_config",
+                        lambda q, k, v, scale, causal, grid=False: asked.append((causal, grid)) or "cfg")
+    monkeypatch.setattr(torch_ops, "_forward", lambda q, k, v, scale, causal, config, _: (config, None, None))
+
+    class Cuda:
+        is_cuda = True
+
+    q = Cuda()
+    assert cfd.FWD_DYNAMIC and cfd.FWD_DYNAMIC_MIN_WORLD == 3 and cfd.FWD_GRID_STEPS == 0
+    assert cfd.block_forward(q, q, q, 0.1, False, 0, 2)[0] is None
+    assert asked == []  # 2 ranks: static persistent as selected
+    assert cfd.block_forward(q, q, q, 0.1, False, 1, 2)[0] is None
+    assert cfd.block_forward(q, q, q, 0.1, False, 0, 3)[0] == "cfg" and asked == [(False, False)]
+    assert cfd.block_forward(q, q, q, 0.1, True, 0)[0] == "cfg" and asked[-1] == (True, False)
+    monkeypatch.setattr(cfd, "FWD_GRID_STEPS", 1)
+    asked.clear()
+    cfd.block_forward(q, q, q, 0.1, False, 0, 2)
+    cfd.block_forward(q, q, q, 0.1, False, 1, 2)
+    cfd.block_forward(q, q, q, 0.1, True, 0, 4)
+    assert asked == [(False, True), (True, False)]

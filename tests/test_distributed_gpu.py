@@ -320,44 +320,57 @@ def test_ring_varlen_matches_single_gpu(world):
 
 
 # the straggler fixes' code paths at full size: FWD_DYNAMIC needs a call on the static persistent
-# schedule (non-causal, >= 2k keys: 2048 positions per rank), PRIORITY_GROUP the default group
+# schedule (non-causal, >= 2k keys: 2048 positions per rank), PRIORITY_GROUP the default group;
+# FWD_GRID_STEPS = 1 runs the first case's step 0 on a grid of one CTA per tile (its later steps
+# static persistent, FWD_DYNAMIC being off there)
 FLAG_CASES = [(1, 1024, 2, 1, 128, False, "zigzag", "bf16"),
               (1, 1024, 2, 2, 128, True, "zigzag", "bf16")]
 
 
 def _sizes_worker(rank, world, port):
     """P = world, world - 1, ..., 2 in one set of processes (the smaller rings on subgroups of
-    the first P ranks, which also checks the ring's group argument), dense and varlen cases;
-    the varlen calls alone on rank 0 (P = 1); and at P = world the cases again with
-    FWD_DYNAMIC and PRIORITY_GROUP flipped."""
+    the first P ranks, which also checks the ring's group argument), dense and varlen cases
+    (at P = world FLAG_CASES too: the defaults' FWD_DYNAMIC switch at full size, from P = 2 up:
+    FWD_DYNAMIC_MIN_WORLD lowered to 2 for these passes); the varlen calls alone on rank 0
+    (P = 1); and at P = world the cases again with FWD_DYNAMIC and PRIORITY_GROUP flipped and
+    FWD_GRID_STEPS = 1."""
     import torch.distributed as dist
 
     from cuflash import distributed as cfd
 
     _init_rank(rank, world, port)
     failures = []
+    min_world, cfd.FWD_DYNAMIC_MIN_WORLD = cfd.FWD_DYNAMIC_MIN_WORLD, 2
     try:
         for P in range(world, 1, -1):
             group = None if P == world else dist.new_group(list(range(P)))  # every rank makes it
             if rank < P:
-                failures += _dense_checks(rank, P, group, CASES, first_extra=P == world)
+                failures += _dense_checks(rank, P, group, CASES + (FLAG_CASES if P == world else []),
+                                          first_extra=P == world)
                 failures += _varlen_checks(rank, P, group, VARLEN_CASES)
             dist.barrier()
         one = dist.new_group([0])
         if rank == 0:
             failures += _varlen_checks(0, 1, one, VARLEN_CASES)
         dist.barrier()
-        saved = cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP
-        cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP = not saved[0], not saved[1]
+        saved = cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS
+        cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS = not saved[0], not saved[1], 1
         try:
-            tag = f" FWD_DYNAMIC={cfd.FWD_DYNAMIC} PRIORITY_GROUP={cfd.PRIORITY_GROUP}"
+            tag = (f" FWD_DYNAMIC={cfd.FWD_DYNAMIC} PRIORITY_GROUP={cfd.PRIORITY_GROUP} "
+                   f"FWD_GRID_STEPS={cfd.FWD_GRID_STEPS}")
             failures += _dense_checks(rank, world, None, FLAG_CASES + CASES[:1], first_extra=False,
                                       tag=tag)
             failures += _varlen_checks(rank, world, None, VARLEN_CASES[:1], tag=tag)
+            grid = [c.name for key, c in cfd._dynamic_configs.items() if key[-1] and c is not None]
+            print(f"rank {rank}/{world}{tag}: grid configs run {grid}", flush=True)
+            if not grid or any("persist" in name for name in grid):
+                failures.append(f"rank {rank}: FWD_GRID_STEPS=1 ran no non-causal call on a grid "
+                                f"of one CTA per tile (configs {grid})")
         finally:
-            cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP = saved
+            cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS = saved
         dist.barrier()
     finally:
+        cfd.FWD_DYNAMIC_MIN_WORLD = min_world
         dist.destroy_process_group()
     if failures:
         raise AssertionError("\n".join(failures))

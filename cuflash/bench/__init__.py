@@ -116,13 +116,18 @@ def parser() -> argparse.ArgumentParser:
                          "(a second NCCL group with high-priority streams), nccl_ctasN (one whose "
                          "NCCL kernels take at most N CTAs), split_q, reverse_bwd, fwd_dyn, "
                          "lib_priority (cuflash.distributed.SPLIT_Q, REVERSE_BWD, FWD_DYNAMIC, "
-                         "PRIORITY_GROUP flipped), rotate (the ring order rotated by one rank), "
+                         "PRIORITY_GROUP flipped), lib_ctasN (RING_MAX_CTAS = N), fwd_gridN "
+                         "(FWD_GRID_STEPS = N), rotate (the ring order rotated by one rank), "
                          "or several joined by '+' (bench/ring.py AB_VARIANTS)")
     ap.add_argument("--ring-set", type=_ring_variant, default=None,
                     help="ring: run everything with this variant (a --ring-ab name; 'none' or "
                          "'' for as is); the records say ring_set")
     ap.add_argument("--ring-ab-max", type=int, default=None,
                     help="ring: run --ring-ab only at seqlens up to this (default every seqlen)")
+    ap.add_argument("--ring-ab-seqlens", type=int, nargs="+", default=None,
+                    help="ring: run --ring-ab only at these seqlens (default every seqlen)")
+    ap.add_argument("--ring-ab-causal", choices=("yes", "no", "both"), default="both",
+                    help="ring: run --ring-ab only with this mask (default both)")
     ap.add_argument("--ring-rotate", type=int, default=0,
                     help="ring: process (= ring rank) r runs on GPU (r + this) %% P (default 0), "
                          "to tell a slow GPU from a slow ring position")
@@ -181,7 +186,9 @@ def run_mode(mode: str, a) -> object:
                        torch_cp=not a.no_torch_cp, full_max=a.ring_full_max, out=a.out,
                        cp_backends=a.ring_cp_backends, breakdown=a.ring_breakdown,
                        light_from=a.ring_light_from, ab=a.ring_ab, ab_max=a.ring_ab_max,
-                       rotate=a.ring_rotate, ring_set=a.ring_set)
+                       rotate=a.ring_rotate, ring_set=a.ring_set, ab_seqlens=a.ring_ab_seqlens,
+                       ab_causals={"both": (True, False), "yes": (True,),
+                                   "no": (False,)}[a.ring_ab_causal])
     if mode == "decode":
         return mod.run(batches=a.decode_batches or mod.BATCHES, ctxs=a.decode_ctxs or mod.CTXS,
                        reps=a.reps or 10, out=a.out)

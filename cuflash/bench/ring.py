@@ -5,14 +5,19 @@ One process per GPU (``torch.multiprocessing.spawn``, NCCL, NVLink multicast off
 NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1). Problems:
 batch 1, d 128, bf16, --ring-heads heads (default 8), total seqlen --ring-seqlens (default
 256k, 512k, 1M), at each seqlen causal (zigzag layout) then non-causal (--causal); each rank
-holds seqlen / P positions. A problem is skipped, with a record saying so, when the run's
+holds seqlen / P positions (in the order given: descending puts the largest first, so that a
+tight budget skips the small ones; ring.json / .csv are rewritten after every problem). A
+problem is skipped, with a record saying so, when the run's
 estimated time would pass --ring-budget-s (default 270 s; the estimate: the last problem of that
-mask scaled by seqlen², and by LIGHT_COST when it is light and that one was not). Problems above
+mask, less its --ring-ab variants' time (ab_seconds), scaled by seqlen², and by LIGHT_COST when it
+is light and that one was not, by 1 / LIGHT_COST the other way round). Problems above
 --ring-light-from (default 524288) run light, to fit the 1M problems in a ~5-minute run: one
 timed repetition after a warm-up on a small ring (WARM_LOCAL positions per rank, the same
 kernels) and one full forward, no transfer-free runs (comm_exposed_ms from the trace's waits
-instead), no peak-memory run (its 1/P scaling is measured at the smaller seqlens), torch CP on
-its cuDNN backend only (flash runs at 0.6x its speed, measured every earlier run).
+instead), no peak-memory run (its 1/P scaling is measured at the smaller seqlens), the shard
+baseline warmed up on WARM_LOCAL positions too where selection runs the same configs there
+(cuflash_shard's warm_local), torch CP on its cuDNN backend only (flash runs at 0.6x its speed,
+measured every earlier run).
 
 Records (results/<gpu>x<P>/ring.{json,csv}), impl:
   ring           fwd_ms, bwd_ms (ring_forward / ring_backward, no autograd), tflops_per_gpu
@@ -49,8 +54,11 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  With --ring-ab NAME ...: alt_NAME_fwd_ms, alt_NAME_bwd_ms,
                  alt_NAME_tflops_per_gpu of the same ring with something changed, in the same
                  run (AB_VARIANTS, or several joined by '+'; --ring-ab-max: only up to that
-                 seqlen). --ring-set NAME: the whole run with a variant (ring_set in the
-                 records). --ring-rotate K: process r on GPU (r + K) mod the GPU count.
+                 seqlen, --ring-ab-seqlens: only at those, --ring-ab-causal yes / no: only with
+                 that mask). --ring-set NAME: the whole run with a variant (ring_set in the
+                 records; the settings it ran with: reverse_bwd, fwd_dynamic, priority_group,
+                 ring_max_ctas, early_send, fwd_grid_steps). --ring-rotate K: process r on GPU
+                 (r + K) mod the GPU count.
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
 """
@@ -88,7 +96,8 @@ CP_BACKENDS = ("flash", "cudnn")
 
 def run(seqlens=SEQLENS, causals=(True, False), procs=None, nheads=8, d=128, reps=3,
         budget_s=270.0, torch_cp=True, full_max=262144, out="results", cp_backends=CP_BACKENDS,
-        breakdown=False, light_from=LIGHT_FROM, ab=(), ab_max=None, rotate=0, ring_set=None):
+        breakdown=False, light_from=LIGHT_FROM, ab=(), ab_max=None, rotate=0, ring_set=None,
+        ab_seqlens=None, ab_causals=(True, False)):
     """Spawn one process per GPU and run the mode; rank 0 writes the records."""
     import torch
     import torch.multiprocessing as mp
@@ -110,6 +119,8 @@ def run(seqlens=SEQLENS, causals=(True, False), procs=None, nheads=8, d=128, rep
                 budget_s=budget_s, torch_cp=torch_cp, full_max=full_max, out=out,
                 cp_backends=tuple(cp_backends), breakdown=bool(breakdown),
                 light_from=light_from, ab=tuple(ab), ab_max=ab_max, rotate=int(rotate),
+                ab_seqlens=None if ab_seqlens is None else tuple(ab_seqlens),
+                ab_causals=tuple(bool(c) for c in ab_causals),
                 ring_set=ring_set or None)
     print(f"bench ring: P = {procs} processes, seqlens {list(seqlens)}, causal {list(causals)}, "
           f"budget {budget_s:.0f} s" + (f", rank r on GPU (r + {rotate}) % {n}" if rotate else ""),
@@ -192,17 +203,15 @@ def _worker(rank, world, port, opts):
         spec = parse_variant(opts["ring_set"])
         from .. import distributed as cfd
 
-        for flag in spec["flags"]:
-            setattr(cfd, flag, not getattr(cfd, flag))
-        if spec["lib_ctas"] is not None:
-            cfd.RING_MAX_CTAS = spec["lib_ctas"]
+        apply_variant(spec)
         _MAIN["group"] = _variant_group(spec, world)
         log(f"bench ring: as run = {opts['ring_set']} (flipped {spec['flags']}, group "
             f"{'default' if _MAIN['group'] is None else 'its own'})")
     records, t_start = [], time.perf_counter()
     last = {}  # causal -> (seqlen, seconds) of the last problem measured
     try:
-        # seqlens ascending, at each causal first (long-context training), then the next mask
+        # seqlens in the order given, at each causal first (long-context training), then the
+        # next mask
         for seqlen in opts["seqlens"]:
             for causal in opts["causals"]:
                 spent = time.perf_counter() - t_start
@@ -211,8 +220,8 @@ def _worker(rank, world, port, opts):
                     other = last[not causal]  # (a causal problem is half a full one's work)
                     prev = (other[0], other[1] * (0.5 if causal else 2.0))
                 light = seqlen > opts.get("light_from", LIGHT_FROM)
-                est = None if prev is None else prev[1] * (seqlen / prev[0]) ** 2 * (
-                    LIGHT_COST if light and prev[0] <= opts.get("light_from", LIGHT_FROM) else 1.0)
+                est = None if prev is None else prev[1] * (seqlen / prev[0]) ** 2 * _light_factor(
+                    light, prev[0] > opts.get("light_from", LIGHT_FROM))
                 go = _agree(est is None or spent + est <= opts["budget_s"])
                 base = dict(P=world, seqlen=seqlen, causal=causal, d=opts["d"],
                             nheads=opts["nheads"], batch=1)
@@ -224,11 +233,20 @@ def _worker(rank, world, port, opts):
                         f"{spent:.0f} s spent of {opts['budget_s']:.0f})")
                     continue
                 t0 = time.perf_counter()
-                records += _measure(rank, world, seqlen, causal, opts, log, base)
+                new = _measure(rank, world, seqlen, causal, opts, log, base)
                 if seqlen <= opts["full_max"]:
-                    records += _full(rank, seqlen, causal, opts, base, log)
-                last[causal] = (seqlen, _max_over_ranks(time.perf_counter() - t0))
+                    new += _full(rank, seqlen, causal, opts, base, log)
+                records += new
+                # the estimates scale the problem's own time: --ring-ab's variants (timed on
+                # chosen problems only) are left out
+                ab_s = sum(r.get("ab_seconds", 0.0) for r in new)
+                last[causal] = (seqlen, _max_over_ranks(time.perf_counter() - t0 - ab_s))
                 torch.cuda.empty_cache()
+                if rank == 0:  # the records so far (a run cut short by a timeout keeps them)
+                    try:
+                        _write(records, world, opts["out"], lambda *a: None, png=False)
+                    except Exception as exc:  # noqa: BLE001 - the run goes on; the end writes again
+                        log(f"bench ring: could not write the records so far ({_short(exc)})")
         if rank == 0:
             _write(records, world, opts["out"], log)
         dist.barrier()
@@ -236,13 +254,19 @@ def _worker(rank, world, port, opts):
         dist.destroy_process_group()
 
 
-def _write(records, world, out, log):
+def _light_factor(light: bool, prev_light: bool) -> float:
+    """The budget estimate's factor for a problem scaled from one of another kind: LIGHT_COST
+    from a full problem to a light one, its inverse from a light one to a full one."""
+    return 1.0 if light == prev_light else LIGHT_COST if light else 1.0 / LIGHT_COST
+
+
+def _write(records, world, out, log, png: bool = True):
     from pathlib import Path
 
     from .common import gpu_dir_name, write
 
     path = write(records, Path(out) / f"{gpu_dir_name(0)}x{world}", STEM, log=log, P=world)
-    if plot(records, path / f"{STEM}.png"):
+    if png and plot(records, path / f"{STEM}.png"):
         log(f"wrote {path / STEM}.png")
 
 
@@ -274,18 +298,147 @@ def plot(records, path, title=None) -> bool:
                       title=title or f"ring attention, P = {P}, bf16 d128 8 heads (fwd + bwd)")
 
 
-if __name__ == "__main__":  # re-plot a run's records: python -m cuflash.bench.ring ring.json ...
-    import sys
+def gpu_of_dir(name: str) -> tuple:
+    """(GPU short name, P) of a results folder name: "NVIDIA_H200x4" -> ("H200", 4),
+    "NVIDIA_H100_80GB_HBM3x2" -> ("H100", 2); (the name, None) when it has no "x<P>" end."""
+    import re
+
+    m = re.fullmatch(r"(.*)x(\d+)", name)
+    base, P = (m.group(1), int(m.group(2))) if m else (name, None)
+    words = [w for w in base.replace("_", " ").split() if w.upper() != "NVIDIA"]
+    short = next((w for w in words if re.fullmatch(r"[A-Z]+\d+[A-Za-z]*", w)), " ".join(words))
+    return short or name, P
+
+
+def _seqlen_label(n: int) -> str:
+    return f"{n >> 20}M" if n % (1 << 20) == 0 else f"{n >> 10}k" if n % 1024 == 0 else str(n)
+
+
+def table_lines(runs) -> list:
+    """Markdown rows of the README's ring table from bench ring records. runs: [(gpu, P, note,
+    records)], e.g. ("H200", 4, "", ring.json's records). One row per ring record that ran:
+    | GPUs | seqlen | mask | cuflash ring | efficiency | torch CP, flash | torch CP, cuDNN |
+    peak GiB/GPU |, TFLOPs/s per GPU (fwd + bwd); "—" where the run has no such record (torch
+    CP records from before --ring-cp-backends name no backend: SDPA's default ran, flash at
+    these shapes, ~315 TFLOPs/GPU in every such run). Skipped problems: a row saying so."""
+    lines = ["| GPUs | seqlen | mask | cuflash ring | efficiency | torch CP, flash | "
+             "torch CP, cuDNN | peak GiB/GPU |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    dash = "—"
+    for gpu, P, note, records in runs:
+        who = f"{P} {gpu}" + (f" ({note})" if note else "")
+        cp = {}
+        for r in records:
+            if r.get("impl") == "torch_cp" and r.get("tflops_per_gpu") is not None:
+                cp[(r["seqlen"], bool(r["causal"]), r.get("backend", "flash"))] = r["tflops_per_gpu"]
+        rings = [r for r in records if r.get("impl") == "ring"]
+        for r in sorted(rings, key=lambda r: (r["seqlen"], not r["causal"])):
+            key = (r["seqlen"], bool(r["causal"]))
+            mask = "causal" if r["causal"] else "non-causal"
+            if r.get("tflops_per_gpu") is None:
+                why = r.get("skipped") and "skipped" or r.get("error") and "error" or "not run"
+                lines.append(f"| {who} | {_seqlen_label(r['seqlen'])} | {mask} | {why} | {dash} | "
+                             f"{dash} | {dash} | {dash} |")
+                continue
+            eff = r.get("efficiency")
+            peak = r.get("peak_bytes_per_gpu")
+            cells = [f"{r['tflops_per_gpu']:.0f}", dash if eff is None else f"{eff:.2f}"]
+            cells += [dash if (*key, b) not in cp else f"{cp[(*key, b)]:.0f}" for b in ("flash", "cudnn")]
+            cells.append(dash if peak is None else f"{peak / 2**30:.2f}")
+            lines.append(f"| {who} | {_seqlen_label(r['seqlen'])} | {mask} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def memory_lines(runs) -> list:
+    """Markdown rows of peak memory per GPU against P (the 1/P check): per GPU kind, seqlen and
+    mask, the single-GPU whole-sequence peak (cuflash_1gpu) and each P's ring peak_bytes_per_gpu
+    in GiB, with (ratio) = peak x P / (the smallest P's peak x that P): 1.00 is exactly 1/P."""
+    table: dict = {}
+    for gpu, P, _note, records in runs:
+        for r in records:
+            key = (gpu, r.get("seqlen"), bool(r.get("causal")))
+            if r.get("impl") == "ring" and r.get("peak_bytes_per_gpu") is not None:
+                table.setdefault(key, {})[P] = r["peak_bytes_per_gpu"]
+            elif r.get("impl") == "cuflash_1gpu" and r.get("peak_bytes") is not None:
+                table.setdefault(key, {})[1] = r["peak_bytes"]
+    Ps = sorted({p for row in table.values() for p in row})
+    lines = ["| GPU | seqlen | mask | " + " | ".join(f"P = {p}" for p in Ps) + " |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in Ps) + " |"]
+    for (gpu, seqlen, causal), row in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1],
+                                                                            not kv[0][2])):
+        if len(row) < 2:
+            continue
+        p0 = min(row)
+        cells = []
+        for p in Ps:
+            if p not in row:
+                cells.append("—")
+                continue
+            ratio = row[p] * p / (row[p0] * p0)
+            cells.append(f"{row[p] / 2**30:.2f}" + ("" if p == p0 else f" ({ratio:.2f})"))
+        lines.append(f"| {gpu} | {_seqlen_label(seqlen)} | {'causal' if causal else 'non-causal'} | "
+                     + " | ".join(cells) + " |")
+    return lines
+
+
+README_START, README_END = "<!-- ring-table: start -->", "<!-- ring-table: end -->"
+
+
+def replace_block(text: str, lines: list) -> str:
+    """text with the lines between README_START and README_END replaced by ``lines``;
+    ValueError when the markers are missing or out of order."""
+    a, b = text.find(README_START), text.find(README_END)
+    if a < 0 or b < a:
+        raise ValueError(f"readme: expected the markers {README_START!r} ... {README_END!r}")
+    a += len(README_START)
+    return text[:a] + "\n" + "\n".join(lines) + "\n" + text[b:]
+
+
+def main(argv=None) -> int:
+    """python -m cuflash.bench.ring ring.json ...: re-plot each run's records (ring.png beside
+    it). --table [--readme README.md]: print the README's ring table (and the peak-memory table)
+    from the given ring.json files, each as PATH or PATH=NOTE (NOTE: the row's note, e.g. "earlier
+    ring"); GPU kind and P from the folder name (results/NVIDIA_H200x4/ring.json), or from a
+    folder above it for a copy under logs/; with --readme, the block between its ring-table
+    markers is rewritten instead."""
+    import argparse
     from pathlib import Path
 
     from .common import read_records
 
-    for name in sys.argv[1:]:
-        recs = read_records(name)
-        gpu = Path(name).resolve().parent.name
-        if plot(recs, Path(name).with_suffix(".png"), title=f"ring attention on {gpu}, bf16 d128 "
-                f"8 heads, fwd + bwd (P = {next((r['P'] for r in recs if r['impl'] == 'ring'), '?')})"):
-            print(f"wrote {Path(name).with_suffix('.png')}")
+    ap = argparse.ArgumentParser(prog="python -m cuflash.bench.ring")
+    ap.add_argument("files", nargs="+", help="ring.json files (PATH or PATH=NOTE with --table)")
+    ap.add_argument("--table", action="store_true", help="print the markdown tables, no plots")
+    ap.add_argument("--readme", default=None, help="with --table: rewrite this file's ring table")
+    a = ap.parse_args(argv)
+    if not a.table:
+        for name in a.files:
+            recs = read_records(name)
+            gpu = Path(name).resolve().parent.name
+            P = next((r["P"] for r in recs if r["impl"] == "ring"), "?")
+            if plot(recs, Path(name).with_suffix(".png"), title=f"ring attention on {gpu}, bf16 "
+                    f"d128 8 heads, fwd + bwd (P = {P})"):
+                print(f"wrote {Path(name).with_suffix('.png')}")
+        return 0
+    runs = []
+    for spec in a.files:
+        path, _, note = spec.partition("=")
+        recs = read_records(path)
+        gpu, P = None, None
+        for folder in Path(path).resolve().parents:
+            gpu, P = gpu_of_dir(folder.name)
+            if P is not None:
+                break
+        P = next((r["P"] for r in recs if r.get("impl") == "ring"), P)
+        runs.append((gpu, P, note, recs))
+    lines = table_lines(runs) + ["", "Peak memory per GPU (GiB; in brackets: peak x P over the "
+                                      "smallest P's, 1.00 = exactly 1/P):", ""] + memory_lines(runs)
+    if a.readme:
+        text = Path(a.readme).read_text()
+        Path(a.readme).write_text(replace_block(text, lines))
+        print(f"wrote {a.readme} ({len(lines)} lines between the ring-table markers)")
+    else:
+        print("\n".join(lines))
+    return 0
 
 
 def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
@@ -334,16 +487,18 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         rec["fwd_ms"] = fwd_ms = _timed(fwd, reps)
         rec["bwd_ms"] = bwd_ms = _timed(bwd, reps)
         rec["reverse_bwd"] = cfd.REVERSE_BWD
-        rec["fwd_dynamic"] = cfd.FWD_DYNAMIC
+        rec["fwd_dynamic"] = cfd.FWD_DYNAMIC and world >= cfd.FWD_DYNAMIC_MIN_WORLD
         rec["priority_group"] = cfd.PRIORITY_GROUP
         rec["ring_max_ctas"] = cfd.RING_MAX_CTAS
         rec["early_send"] = cfd.EARLY_SEND
+        rec["fwd_grid_steps"] = cfd.FWD_GRID_STEPS
         if opts.get("ring_set"):
             rec["ring_set"] = opts["ring_set"]
-        ab_max = opts.get("ab_max")
-        for name in opts.get("ab", ()) if ab_max is None or seqlen <= ab_max else ():
+        t_ab = time.perf_counter()
+        for name in opts.get("ab", ()) if ab_here(opts, seqlen, causal) else ():
             rec.update(_variant(name, world, reps, f_fwd + f_bwd, rec, log, fwd_g, bwd_g,
                                 min(s_local, WARM_LOCAL), bool(opts.get("breakdown"))))
+            rec["ab_seconds"] = time.perf_counter() - t_ab  # (left out of the budget's estimates)
         if opts.get("breakdown") or light:
             rec.update(_breakdown(world, fwd, bwd))
             log(_breakdown_line(rec))
@@ -390,8 +545,18 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         def sbwd():
             torch.autograd.grad(holder["o"], leaves, dout, retain_graph=True)
 
-        sfwd()
-        sbwd()
+        if light and _same_kernels(b, h, s_local, min(s_local, WARM_LOCAL), d, causal):
+            # warm-up on the first WARM_LOCAL positions: the same configs, loaded; a light
+            # problem's full-size warm-up would cost as much as its timed run (one repetition;
+            # the timed forward's output is the backward's input)
+            small = [x[:, :WARM_LOCAL].detach().requires_grad_() for x in (q, k, v)]
+            o = flash_attn_func(*small, causal=causal)
+            torch.autograd.grad(o, small, dout[:, :WARM_LOCAL])
+            shard["warm_local"] = min(s_local, WARM_LOCAL)
+            del o, small
+        else:
+            sfwd()
+            sbwd()
         shard["fwd_ms"] = _timed(sfwd, reps)
         shard["bwd_ms"] = _timed(sbwd, reps)
         sf, sb = flops(b, h, s_local, d, causal), flops(b, h, s_local, d, causal, "bwd")
@@ -417,6 +582,14 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
     return recs
 
 
+def ab_here(opts: dict, seqlen: int, causal: bool) -> bool:
+    """Whether --ring-ab's variants run on this problem: seqlen <= --ring-ab-max, seqlen in
+    --ring-ab-seqlens and the mask in --ring-ab-causal, each where given."""
+    ab_max, ab_seqlens = opts.get("ab_max"), opts.get("ab_seqlens")
+    return ((ab_max is None or seqlen <= ab_max) and (ab_seqlens is None or seqlen in ab_seqlens)
+            and bool(causal) in opts.get("ab_causals", (True, False)))
+
+
 AB_VARIANTS = {
     "early_send": "cuflash.distributed.EARLY_SEND flipped",
     "nccl_priority": "the ring on a second NCCL group whose streams have high priority "
@@ -428,12 +601,16 @@ AB_VARIANTS = {
     "split_q": "cuflash.distributed.SPLIT_Q flipped (multi-chunk non-causal calls per q chunk)",
     "reverse_bwd": "cuflash.distributed.REVERSE_BWD flipped (the backward the other way round, "
                    "no last hop)",
-    "fwd_dyn": "cuflash.distributed.FWD_DYNAMIC flipped (static persistent forward calls on the "
+    "fwd_dyn": "cuflash.distributed.FWD_DYNAMIC flipped (from FWD_DYNAMIC_MIN_WORLD ranks up: "
+               "static persistent forward calls on the "
                "dynamic scheduler)",
     "lib_priority": "cuflash.distributed.PRIORITY_GROUP flipped (the ring's own high-priority "
                     "twin of the default group, made by the library)",
     "lib_ctasN": "cuflash.distributed.RING_MAX_CTAS = N (the library's high-priority twin group "
                  "with NCCL kernels of at most N CTAs; e.g. lib_ctas4)",
+    "fwd_gridN": "cuflash.distributed.FWD_GRID_STEPS = N (the forward's first N steps run their "
+                 "non-causal calls on a grid of one CTA per tile, not persistent; e.g. fwd_grid1; "
+                 "fwd_grid0: none)",
 }
 FLAG_VARIANTS = {"early_send": "EARLY_SEND", "split_q": "SPLIT_Q", "reverse_bwd": "REVERSE_BWD",
                  "fwd_dyn": "FWD_DYNAMIC", "lib_priority": "PRIORITY_GROUP"}
@@ -445,9 +622,10 @@ _groups: dict = {}
 
 def parse_variant(name: str) -> dict:
     """{"flags": [cuflash.distributed flags to flip], "priority": bool, "max_ctas": int or None,
-    "rotate": bool, "lib_ctas": int or None} of a --ring-ab name: AB_VARIANTS' names, several
-    joined by '+'; ValueError naming the part it does not know."""
-    out = {"flags": [], "priority": False, "max_ctas": None, "rotate": False, "lib_ctas": None}
+    "rotate": bool, "lib_ctas": int or None, "grid_steps": int or None} of a --ring-ab name:
+    AB_VARIANTS' names, several joined by '+'; ValueError naming the part it does not know."""
+    out = {"flags": [], "priority": False, "max_ctas": None, "rotate": False, "lib_ctas": None,
+           "grid_steps": None}
     if not isinstance(name, str) or not name:
         raise ValueError(f"ab: expected a variant name, got {name!r}")
     for part in name.split("+"):
@@ -461,13 +639,28 @@ def parse_variant(name: str) -> dict:
             out["max_ctas"] = int(part[9:])
         elif part.startswith("lib_ctas") and part[8:].isdigit() and int(part[8:]) >= 1:
             out["lib_ctas"] = int(part[8:])
+        elif part.startswith("fwd_grid") and part[8:].isdigit() and out["grid_steps"] is None:
+            out["grid_steps"] = int(part[8:])
         else:
             raise ValueError(f"ab: unknown variant {part!r} in {name!r} (known: "
-                             f"{', '.join(sorted(AB_VARIANTS))}; nccl_ctasN, lib_ctasN with N >= 1; "
-                             "several joined by '+')")
+                             f"{', '.join(sorted(AB_VARIANTS))}; nccl_ctasN, lib_ctasN with N >= 1, "
+                             "fwd_gridN with N >= 0, once; several joined by '+')")
     if len(set(out["flags"])) != len(out["flags"]):
         raise ValueError(f"ab: {name!r} names a flag twice")
     return out
+
+
+def apply_variant(spec: dict) -> None:
+    """Set cuflash.distributed's module settings to a parsed variant's (flags flipped from their
+    current values, RING_MAX_CTAS, FWD_GRID_STEPS); the caller saves and restores them."""
+    from .. import distributed as cfd
+
+    for flag in spec["flags"]:
+        setattr(cfd, flag, not getattr(cfd, flag))
+    if spec["lib_ctas"] is not None:
+        cfd.RING_MAX_CTAS = spec["lib_ctas"]
+    if spec.get("grid_steps") is not None:
+        cfd.FWD_GRID_STEPS = spec["grid_steps"]
 
 
 def _variant_group(spec: dict, world: int):
@@ -511,14 +704,11 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd, warm_local,
     key = f"alt_{name}"
     out = {}
     flags = ("EARLY_SEND", "SPLIT_Q", "REVERSE_BWD", "FWD_DYNAMIC", "PRIORITY_GROUP",
-             "RING_MAX_CTAS")
+             "RING_MAX_CTAS", "FWD_GRID_STEPS")
     saved = {f: getattr(cfd, f) for f in flags}
     try:
         spec = parse_variant(name)
-        for flag in spec["flags"]:
-            setattr(cfd, flag, not saved[flag])
-        if spec["lib_ctas"] is not None:
-            cfd.RING_MAX_CTAS = spec["lib_ctas"]
+        apply_variant(spec)
         own = spec["priority"] or spec["max_ctas"] is not None or spec["rotate"]
         group = _variant_group(spec, world) if own else _MAIN["group"]
         bwd(fwd(group, n=warm_local), group, n=warm_local)
@@ -673,6 +863,22 @@ def _line(rec, shard) -> str:
             f"{eff if eff is not None else float('nan'):.3f}")
 
 
+def _same_kernels(b, h, s_big, s_small, d, causal) -> bool:
+    """Whether selection runs single-GPU cuflash's forward and backward on the same configs at
+    s_small positions as at s_big (bf16; batch b, h heads, head dim d, self-attention): a
+    warm-up at s_small then loads the big problem's kernels."""
+    import torch
+
+    from .. import select
+    from ..problem import Problem
+
+    dev = torch.cuda.current_device()
+    return all(select.choose_on_device(Problem(op, "bf16", b, s_small, s_small, h, h, d, causal),
+                                       dev)[1] ==
+               select.choose_on_device(Problem(op, "bf16", b, s_big, s_big, h, h, d, causal),
+                                       dev)[1] for op in ("fwd", "bwd"))
+
+
 def _full(rank, seqlen, causal, opts, base, log) -> list:
     """Single-GPU cuflash on the whole sequence, on rank 0 (the others wait)."""
     import torch
@@ -800,3 +1006,9 @@ def _torch_cp(rank, world, seqlen, causal, opts, base, log, backend="flash") -> 
             cp_opts.enable_load_balance = saved
     torch.cuda.empty_cache()
     return rec
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
