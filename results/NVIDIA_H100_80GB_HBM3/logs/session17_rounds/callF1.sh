@@ -17,7 +17,6 @@ bg pre_feat 150 python3 tests/feat4_precompile.py
 bg pre_dec 150 python3 tests/decode_precompile.py --only resident_tests,bandwidth_tests,latency_tests,bulk_tests --processes 4
 bg pre_dqc 150 python3 tests/sm90_bwd_dqconv_precompile.py --timing --long
 bg pre_drop 150 python3 tests/drop4_precompile.py --timing --quick --masks
-FEAT5_PRE
 wait; echo "phase1 done $(el)s" >> $L/steps.log
 # phase 2: GPU tests in parallel groups
 PT="python3 -m pytest -m gpu -q -p no:cacheprovider --maxfail=30"
@@ -26,7 +25,6 @@ bg t_bwd 230 $PT tests/test_sm90_bwd_d128_gpu.py tests/test_sm90_bwd_gpu.py test
 bg t_d256 230 $PT tests/test_sm90_bwd_d256_roles_gpu.py tests/test_sm90_bwd_d256_gpu.py
 bg t_fwd 230 $PT tests/test_sm90_tile_overlap_gpu.py tests/test_sm90_d64_q2_gpu.py tests/test_feat4_gpu.py tests/test_feature_defaults_gpu.py tests/test_sm90_fwdnc_gpu.py tests/test_sm90_stream_tail_gpu.py
 bg t_drop 230 $PT tests/test_drop_early_gpu.py tests/test_dropout_paged_gpu.py tests/test_sm90_dropout_gpu.py
-FEAT5_TEST
 bg t_dec 230 $PT tests/test_decode_resident_gpu.py tests/test_stream_counters_gpu.py tests/test_decode_fused_gpu.py tests/test_decode_bandwidth_gpu.py tests/test_decode_bulk_gpu.py tests/test_decode_gpu.py
 wait; echo "phase2 done $(el)s" >> $L/steps.log
 # phase 3: sanitizers in parallel
