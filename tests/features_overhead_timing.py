@@ -128,7 +128,7 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
         # d128 since session 16 round A, where "dpk" was measured against the fp32 form), at BN 192
         # (DROPOUT_PACKED_BN) and with the TMA-store epilogue (BN 160: no spill with it)
         variants = [("dpk", heur.replace(drop_packed=True)),
-                    ("dpk_bn192", heur.replace(drop_packed=True, BN=192)),
+                    ("dpk_bn192", heur.replace(drop_packed=True, BN=192, drop_early=0)),
                     ("dpk_tmao", heur.replace(drop_packed=True, BN=160, tma_store=True))]
     elif feature == "alibi":
         base = base.replace(BN=176, persistent=False)

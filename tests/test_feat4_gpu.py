@@ -44,7 +44,7 @@ def dropout_configs():
     """(id, config): the drop_packed kernels this file and the timing script's dropout rows run."""
     causal, full = heuristic(("dropout",), True), heuristic(("dropout",), False)
     return [("dpk_full", full.replace(drop_packed=True)),
-            ("dpk_bn192_causal", causal.replace(drop_packed=True, BN=192)),
+            ("dpk_bn192_causal", causal.replace(drop_packed=True, BN=192, drop_early=0)),   # (drop_early: BN <= 160)
             ("dpk_tmao_causal", causal.replace(drop_packed=True, BN=160, tma_store=True))]
 
 
