@@ -251,6 +251,10 @@ def test_fixed_max_bound():
     assert f(prob(("softcap",), softcap=34.7)) == 2.0
     assert f(prob(("softcap",), softcap=50.0)) == 2.0      # Gemma 2's attention cap: the row max
     assert f(prob(("window",))) == 2.0
+    # fp16: P (fp16 into the P V GEMM) stays normal only while 2k <= 14 (FIXED_MAX_LOG2_RANGE_FP16)
+    assert f(prob(("softcap",), softcap=30.0).replace(dtype="fp16")) == 2.0
+    assert f(prob(("softcap",), softcap=4.8).replace(dtype="fp16")) == 1.0     # 2 · 4.8 · log2(e) = 13.9
+    assert f(prob(("softcap",), softcap=4.9).replace(dtype="fp16")) == 2.0
     # the params carry it only for fold_cap 3
     p = prob(("softcap",))
     fields = FAM.static_params(cfg(softcap=True, fold_cap=3, lazy_rescale=True), p, _strides(p), {},

@@ -300,13 +300,20 @@ FOLD_CAP = (0, 1, 2, 3, 4)
 # features_overhead_session16.md).
 SOFTCAP_FOLD_EMU_EXP2: dict = {}
 FIXED_MAX_LOG2_RANGE = 100.0
+# fp16 calls: P goes to the P V GEMM as fp16, whose normal range ends at 2^-14, so the fixed max holds
+# only where every P = exp2(k (t - 1)) stays a normal fp16 number (2k <= 14: softcap <= 4.85); above it
+# the row max (session 17: with the bf16 range, softcap 20 / 30 put every P of random scores near 2^-29
+# .. 2^-43, flushed to 0 in fp16: O = 0, the backward's dQ off by up to 1.5; tests/test_bwd_feature_sched_gpu.py)
+FIXED_MAX_LOG2_RANGE_FP16 = 14.0
 
 
 def softcap_fixed_m(problem: Problem) -> float:
     """params.softcap_fixed_m of a call: 1 (t's upper bound) where the cap allows a fixed running max
-    (FIXED_MAX_LOG2_RANGE), else 2 (the kernel computes the row max); 2 without softcap."""
+    (FIXED_MAX_LOG2_RANGE; fp16: FIXED_MAX_LOG2_RANGE_FP16), else 2 (the kernel computes the row max);
+    2 without softcap."""
     cap = problem.softcap if "softcap" in problem.features else 0.0
-    if cap > 0 and 2 * cap * math.log2(math.e) <= FIXED_MAX_LOG2_RANGE:
+    limit = FIXED_MAX_LOG2_RANGE_FP16 if problem.dtype == "fp16" else FIXED_MAX_LOG2_RANGE
+    if cap > 0 and 2 * cap * math.log2(math.e) <= limit:
         return 1.0
     return 2.0
 
