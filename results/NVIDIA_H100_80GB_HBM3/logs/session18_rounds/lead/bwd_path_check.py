@@ -25,7 +25,7 @@ for d, causal, s in ((128, True, 2048), (64, False, 2048), (128, False, 8192)):
     heur = fam.for_problem(fam.heuristic(prob, _gpu.arch(0), _gpu.max_smem(0)), prob)
     e = [e for e in ents if e["key"]["family"] == "sm90_bwd" and e["key"]["head_dim"] == d
          and e["key"]["causal"] == causal and e["key"]["seqlen"] == s and e["key"]["dtype"] == "bf16"][0]
-    tuned = fam.for_problem(type(heur)(**e["config"]), prob)
+    tuned = fam.for_problem(type(heur)(**{"head_dim": d, "dtype": "bf16", "causal": causal, **e["config"]}), prob)
     tq, tk, tv, tdo = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     tout, tlse, _ = cuflash.flash_attn_func(tq, tk, tv, causal=causal, return_attn_probs=True)
     cq, ck, cv, cdo, cout, clse = (cupy.from_dlpack(x) for x in (tq, tk, tv, tdo, tout, tlse))
