@@ -364,6 +364,7 @@ class _Ring:
         self.world = dist.get_world_size(group)
         to_global = (lambda r: r) if group is None or group is dist.group.WORLD else \
             (lambda r: dist.get_global_rank(group, r))
+        self.to_global = to_global
         self.next = to_global((self.rank + 1) % self.world)
         self.prev = to_global((self.rank - 1) % self.world)
         self.stream = None
@@ -373,7 +374,8 @@ class _Ring:
                 self.stream = _side_streams[device] = torch.cuda.Stream(device)
 
     def start(self, tensors: Sequence[Tensor], after_current: bool = True,
-              reverse: bool = False, trace: Optional[tuple] = None) -> tuple:
+              reverse: bool = False, trace: Optional[tuple] = None, peers=None,
+              recv_like: Optional[Sequence[Tensor]] = None) -> tuple:
         """Send each tensor to the next rank and receive one like it from the previous
         (reverse: to the previous, from the next); returns (received tensors, pending
         requests). The received tensors may be read only after ``finish``.
@@ -390,19 +392,32 @@ class _Ring:
         trace: (phase, step) to time the transfer under TRACE: CUDA events on the side stream
         when it reaches the transfer (the transfer may start: its inputs are ready and the
         earlier transfers queued) and when the transfer is done (the side stream waits for it
-        first; it would wait for the next one anyway, NCCL's stream being in order)."""
+        first; it would wait for the next one anyway, NCCL's stream being in order).
+
+        peers: (to, from) group ranks instead of the ring neighbours (DKV_HOME's shares);
+        recv_like: the tensors to receive are shaped like these instead of like ``tensors``
+        (either list may then be empty: nothing sent, or nothing received)."""
+        new = torch.empty_like if recv_like is None else \
+            (lambda t: torch.empty(t.shape, dtype=t.dtype, device=t.device))
+        like = tensors if recv_like is None else recv_like
+        if peers is None:
+            to, frm = (self.prev, self.next) if reverse else (self.next, self.prev)
+        else:
+            to, frm = (self.to_global(r) for r in peers)
+        if not tensors and not like:
+            return [], []
         if self.stream is None:
-            recv = [torch.empty_like(t) for t in tensors]
-            return recv, dist.batch_isend_irecv(self._ops(tensors, recv, reverse))
+            recv = [new(t) for t in like]
+            return recv, dist.batch_isend_irecv(self._ops(tensors, recv, to, frm))
         current = torch.cuda.current_stream(self.stream.device)
         if after_current:
-            recv = [torch.empty_like(t) for t in tensors]
+            recv = [new(t) for t in like]
             # the side stream starts after what the current stream has queued (the tensors
             # sent are ready); NCCL then runs on its own streams after the side stream
             self.stream.wait_stream(current)
         else:
             with torch.cuda.stream(self.stream):
-                recv = [torch.empty_like(t) for t in tensors]
+                recv = [new(t) for t in like]
             for r in recv:
                 r.record_stream(current)
         timed = trace is not None and TRACE is not None
@@ -410,7 +425,7 @@ class _Ring:
             if timed:
                 ready = torch.cuda.Event(enable_timing=True)
                 ready.record()
-            reqs = dist.batch_isend_irecv(self._ops(tensors, recv, reverse))
+            reqs = dist.batch_isend_irecv(self._ops(tensors, recv, to, frm))
             if timed:
                 for req in reqs:
                     req.wait()
@@ -421,12 +436,16 @@ class _Ring:
             t.record_stream(self.stream)
         return recv, reqs
 
-    def _ops(self, tensors, recv, reverse: bool = False) -> list:
-        to, frm = (self.prev, self.next) if reverse else (self.next, self.prev)
+    def _ops(self, tensors, recv, to: int, frm: int) -> list:
+        """Send each of ``tensors`` to global rank ``to``, receive each of ``recv`` from ``frm``
+        (in list order: the peer's sends and receives pair up by their order; a send and a
+        receive of the same index side by side, then the longer list's rest)."""
         ops = []
-        for t, r in zip(tensors, recv):
-            ops.append(dist.P2POp(dist.isend, t, to, self.group))
-            ops.append(dist.P2POp(dist.irecv, r, frm, self.group))
+        for i in range(max(len(tensors), len(recv))):
+            if i < len(tensors):
+                ops.append(dist.P2POp(dist.isend, tensors[i], to, self.group))
+            if i < len(recv):
+                ops.append(dist.P2POp(dist.irecv, recv[i], frm, self.group))
         return ops
 
     def finish(self, reqs) -> None:
@@ -452,6 +471,18 @@ EARLY_SEND = True
 # own block: its accumulator is home when the step ends, with no last hop (the cost: that
 # block, as large as the local K/V, kept from the forward to the backward).
 REVERSE_BWD = False
+
+# Whether the backward sends each step's dK/dV shares of a block straight home, to the block's
+# owner, in the kernels' dtype (k's), where one fp32 accumulator per rank sums them
+# (_rotate_backward_home), instead of passing the block's fp32 accumulator on with the block.
+# The same sum of the same rounded shares (in another order), so the same error. Per step the
+# wire carries the K/V block and the shares (4 bytes a K/V value, not 6 with an fp32
+# accumulator); a rank adds a share one step after it was made instead of waiting at every step
+# end for its neighbour's additions (no chain of additions around the ring); with 2 ranks no
+# accumulator is in flight during a step at all (4 bytes a K/V value less at the peak). The
+# shares do not go to a neighbour: step s's go s hops back (one node's NVSwitch: every pair at
+# the same bandwidth). Unmeasured: off.
+DKV_HOME = False
 
 _side_streams: dict = {}
 
@@ -731,6 +762,90 @@ def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=Non
     return tuple(dkv)
 
 
+def _add_shares(home, shares, k: Tensor, v: Tensor, acc):
+    """home (fp32 dK, dV of a block, or None: none yet) plus shares [(index, dk, dv)] (index as
+    _rotate_backward's); a first share covering the whole block becomes home itself."""
+    for index, dk_b, dv_b in shares:
+        if home is None and index is None:
+            home = (dk_b.to(acc), dv_b.to(acc))
+            continue
+        if home is None:
+            home = (torch.zeros(k.shape, dtype=acc, device=k.device),
+                    torch.zeros(v.shape, dtype=acc, device=v.device))
+        if index is None:
+            home[0].add_(dk_b)
+            home[1].add_(dv_b)
+        else:
+            home[0][index] += dk_b
+            home[1][index] += dv_b
+    return home
+
+
+def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, share_index,
+                          first=None) -> tuple:
+    """The backward ring with DKV_HOME: K/V blocks travel as in _rotate_backward; the dK/dV
+    shares ``step_fn`` returns for another rank's block go to that rank at the start of the next
+    step (while it computes), and the shares other ranks made of the local block come back the
+    same way; the local block's fp32 accumulator stays home. share_index(rank): the indices, in
+    order, of the shares ``rank`` makes of the local block (what its step_fn returns for it), so
+    that they can be received. The last step's shares go home after the loop (the forward
+    direction: the last block is rank + 1's; first given (REVERSE_BWD): the last block is the
+    local one, nothing left to send). Returns the local (dK, dV) in k's dtype."""
+    world, rank = ring.world, ring.rank
+    k, v = kv
+    reverse = first is not None
+    if reverse:
+        kv = tuple(first)
+    # the block of step s, and the rank that holds the local block at its step s
+    owner = (lambda s: (rank + 1 + s) % world) if reverse else (lambda s: (rank - s) % world)
+    holder = (lambda s: (rank - 1 - s) % world) if reverse else (lambda s: (rank + s) % world)
+
+    def exchange(step: int, shares: list, trace: tuple):
+        """Send the shares step ``step`` made (of owner(step)'s block); receive those
+        holder(step) made of the local block: (received [(index, dk, dv)], requests)."""
+        out = [t for _, dk_b, dv_b in shares for t in (dk_b, dv_b)]
+        index = share_index(holder(step)) if holder(step) != rank else []
+        like = [x[i] if i is not None else x for i in index for x in (k, v)]
+        got, reqs = ring.start(out, trace=trace, peers=(owner(step), holder(step)),
+                               recv_like=like)
+        return [(i, got[2 * j], got[2 * j + 1]) for j, i in enumerate(index)], reqs
+
+    home = None  # the local block's fp32 (dK, dV)
+    made = None  # (step, shares) of another rank's block, made by the last step
+    for step in range(world):
+        pending, recv_kv, incoming = [], [], []
+        if comm and step + 1 < world:
+            recv_kv, reqs = ring.start(kv, after_current=not (EARLY_SEND and step > 0),
+                                       reverse=reverse, trace=("bwd_xfer", step))
+            pending += reqs
+        if comm and made is not None:
+            incoming, reqs = exchange(*made, trace=("bwd_acc_xfer", step))
+            pending += reqs
+        made = None
+        src = owner(step)
+        shares = step_fn(step, src, *kv)
+        if pending:
+            with _Span("bwd_wait", step, k):
+                ring.finish(pending)
+        if comm and step + 1 < world:
+            kv = tuple(recv_kv)
+        with _Span("bwd_accum", step, k):
+            if src == rank or not comm:  # (comm=False: every step sees the local block)
+                home = _add_shares(home, shares, k, v, acc)
+            else:
+                made = (step, shares)
+            home = _add_shares(home, incoming, k, v, acc)
+        del shares, recv_kv, incoming
+    with _Span("bwd_final", world - 1, k):
+        if made is not None:  # the last step's shares (rank + 1's block) go home
+            incoming, reqs = exchange(*made, trace=("bwd_home_xfer", world - 1))
+            ring.finish(reqs)
+            home = _add_shares(home, incoming, k, v, acc)
+        if home is None:  # (no share at all: not with a ring's own block, kept for safety)
+            return torch.zeros_like(k), torch.zeros_like(v)
+        return home[0].to(k.dtype), home[1].to(v.dtype)
+
+
 # Whether the dense rings run a step's non-causal call over several q chunks as one call per q
 # chunk (the same work in smaller calls; bench --ring-ab split_q times it against one call).
 SPLIT_Q = False
@@ -743,6 +858,14 @@ def _dense_calls(q_chunks: tuple, k_chunks: tuple, causal: bool) -> list:
         return calls
     return [Call(i, i + 1, c.k0, c.k1, False) if not c.causal else c
             for c in calls for i in (range(c.q0, c.q1) if not c.causal else (c.q0,))]
+
+
+def _share_index(call: Call, n_k: int, k_len: int):
+    """Where a dense call's dK/dV share goes in the block (n_k chunks of k_len positions): None
+    for the whole block, else (slice(None), the call's k positions)."""
+    if _covers(call, n_k, True):
+        return None
+    return slice(None), slice(call.k0 * k_len, call.k1 * k_len)
 
 
 def _covers(call: Call, n_chunks: int, of_k: bool = False) -> bool:
@@ -832,13 +955,20 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
                     if not grad:
                         grad["dq"] = torch.zeros(q.shape, dtype=acc, device=q.device)
                     grad["dq"][:, qs] += dq_b
-            parts.append((None if _covers(call, len(k_chunks), True) else (slice(None), ks),
-                          dk_b, dv_b))
+            parts.append((_share_index(call, len(k_chunks), q_len), dk_b, dv_b))
         return parts
 
+    def share_index(holder: int) -> list:  # DKV_HOME: where the shares of holder's steps go
+        k_chunks = chunk_ids(rank, world, layout)
+        return [_share_index(call, len(k_chunks), q_len)
+                for call in _dense_calls(chunk_ids(holder, world, layout), k_chunks, causal)]
+
     _trace_origin(q)
-    dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step,
-                              None if kv_last is None else _sendable(*kv_last))
+    first = None if kv_last is None else _sendable(*kv_last)
+    if DKV_HOME:
+        dk, dv = _rotate_backward_home(ring, _sendable(k, v), comm, acc, step, share_index, first)
+    else:
+        dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step, first)
     dq = grad["dq"].to(q.dtype) if grad else torch.zeros_like(q)
     return dq, dk, dv
 
@@ -1163,7 +1293,14 @@ def ring_varlen_backward(dout, q, k, v, out, lse, chunks: VarlenChunks, scale: f
             parts.append((ks, dk_b, dv_b))
         return parts
 
-    dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step)
+    def share_index(holder: int) -> list:  # DKV_HOME: where the shares of holder's steps go
+        return [_rows(call, n)[1] for call in varlen_step_calls(
+            chunk_ids(holder, world, layout), chunk_ids(rank, world, layout), causal)]
+
+    if DKV_HOME:
+        dk, dv = _rotate_backward_home(ring, _sendable(k, v), comm, acc, step, share_index)
+    else:
+        dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

@@ -75,6 +75,20 @@ def _worker(rank, world, port, cases):
             _check_case(rank, world, cases[2], seed=4003, strided=True)
         finally:
             cfd.EARLY_SEND, cfd.SPLIT_Q, cfd.REVERSE_BWD = flip()
+        saved = cfd.DKV_HOME, cfd.REVERSE_BWD
+        try:  # dK/dV shares sent home (DKV_HOME): dense (contiguous causal: steps that make no
+            # share at all), varlen, and with the backward the other way round
+            cfd.DKV_HOME = not saved[0]
+            _check_case(rank, world, cases[1], seed=5000)
+            _check_case(rank, world, cases[3], seed=5001)
+            _check_case(rank, world, cases[2], seed=5002, strided=True)
+            _check_varlen_case(rank, world, VARLEN_CASES[0], seed=5003)
+            _check_varlen_case(rank, world, VARLEN_CASES[1], seed=5004)
+            cfd.REVERSE_BWD = not saved[1]
+            _check_case(rank, world, cases[1], seed=5005)
+            _check_case(rank, world, cases[4], seed=5006)
+        finally:
+            cfd.DKV_HOME, cfd.REVERSE_BWD = saved
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -332,8 +332,8 @@ def _sizes_worker(rank, world, port):
     the first P ranks, which also checks the ring's group argument), dense and varlen cases
     (at P = world FLAG_CASES too: the defaults' FWD_DYNAMIC switch at full size, from P = 2 up:
     FWD_DYNAMIC_MIN_WORLD lowered to 2 for these passes); the varlen calls alone on rank 0
-    (P = 1); and at P = world the cases again with FWD_DYNAMIC and PRIORITY_GROUP flipped and
-    FWD_GRID_STEPS = 1."""
+    (P = 1); and at P = world the cases again with FWD_DYNAMIC, PRIORITY_GROUP and DKV_HOME
+    flipped and FWD_GRID_STEPS = 1."""
     import torch.distributed as dist
 
     from cuflash import distributed as cfd
@@ -353,11 +353,12 @@ def _sizes_worker(rank, world, port):
         if rank == 0:
             failures += _varlen_checks(0, 1, one, VARLEN_CASES)
         dist.barrier()
-        saved = cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS
-        cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS = not saved[0], not saved[1], 1
+        saved = cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS, cfd.DKV_HOME
+        cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS, cfd.DKV_HOME = \
+            not saved[0], not saved[1], 1, not saved[3]
         try:
             tag = (f" FWD_DYNAMIC={cfd.FWD_DYNAMIC} PRIORITY_GROUP={cfd.PRIORITY_GROUP} "
-                   f"FWD_GRID_STEPS={cfd.FWD_GRID_STEPS}")
+                   f"FWD_GRID_STEPS={cfd.FWD_GRID_STEPS} DKV_HOME={cfd.DKV_HOME}")
             failures += _dense_checks(rank, world, None, FLAG_CASES + CASES[:1], first_extra=False,
                                       tag=tag)
             failures += _varlen_checks(rank, world, None, VARLEN_CASES[:1], tag=tag)
@@ -367,7 +368,7 @@ def _sizes_worker(rank, world, port):
                 failures.append(f"rank {rank}: FWD_GRID_STEPS=1 ran no non-causal call on a grid "
                                 f"of one CTA per tile (configs {grid})")
         finally:
-            cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS = saved
+            cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS, cfd.DKV_HOME = saved
         dist.barrier()
     finally:
         cfd.FWD_DYNAMIC_MIN_WORLD = min_world

@@ -57,7 +57,7 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  seqlen, --ring-ab-seqlens: only at those, --ring-ab-causal yes / no: only with
                  that mask). --ring-set NAME: the whole run with a variant (ring_set in the
                  records; the settings it ran with: reverse_bwd, fwd_dynamic, priority_group,
-                 ring_max_ctas, early_send, fwd_grid_steps). --ring-rotate K: process r on GPU
+                 ring_max_ctas, early_send, fwd_grid_steps, dkv_home). --ring-rotate K: process r on GPU
                  (r + K) mod the GPU count.
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
@@ -492,6 +492,7 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         rec["ring_max_ctas"] = cfd.RING_MAX_CTAS
         rec["early_send"] = cfd.EARLY_SEND
         rec["fwd_grid_steps"] = cfd.FWD_GRID_STEPS
+        rec["dkv_home"] = cfd.DKV_HOME
         if opts.get("ring_set"):
             rec["ring_set"] = opts["ring_set"]
         t_ab = time.perf_counter()
@@ -604,6 +605,9 @@ AB_VARIANTS = {
     "fwd_dyn": "cuflash.distributed.FWD_DYNAMIC flipped (from FWD_DYNAMIC_MIN_WORLD ranks up: "
                "static persistent forward calls on the "
                "dynamic scheduler)",
+    "dkv_home": "cuflash.distributed.DKV_HOME flipped (the backward's dK/dV shares sent "
+                "straight to the block's owner in k's dtype, summed there in fp32, instead of an "
+                "fp32 accumulator travelling with the block)",
     "lib_priority": "cuflash.distributed.PRIORITY_GROUP flipped (the ring's own high-priority "
                     "twin of the default group, made by the library)",
     "lib_ctasN": "cuflash.distributed.RING_MAX_CTAS = N (the library's high-priority twin group "
@@ -613,7 +617,7 @@ AB_VARIANTS = {
                  "fwd_grid0: none)",
 }
 FLAG_VARIANTS = {"early_send": "EARLY_SEND", "split_q": "SPLIT_Q", "reverse_bwd": "REVERSE_BWD",
-                 "fwd_dyn": "FWD_DYNAMIC", "lib_priority": "PRIORITY_GROUP"}
+                 "fwd_dyn": "FWD_DYNAMIC", "lib_priority": "PRIORITY_GROUP", "dkv_home": "DKV_HOME"}
 _MAIN: dict = {"group": None}  # the process's ring group under --ring-set (None: the default)
 WARM_LOCAL = 32768  # a variant's warm-up ring: this many local positions (the same kernels as
 # the bench's shards from 64k tokens per rank up: the heuristic's tiles change below 16k keys)
@@ -704,7 +708,7 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd, warm_local,
     key = f"alt_{name}"
     out = {}
     flags = ("EARLY_SEND", "SPLIT_Q", "REVERSE_BWD", "FWD_DYNAMIC", "PRIORITY_GROUP",
-             "RING_MAX_CTAS", "FWD_GRID_STEPS")
+             "RING_MAX_CTAS", "FWD_GRID_STEPS", "DKV_HOME")
     saved = {f: getattr(cfd, f) for f in flags}
     try:
         spec = parse_variant(name)
