@@ -255,14 +255,20 @@ def first_partial(block_out: Tensor, block_lse: Tensor, acc) -> tuple:
 # ---------------------------------------------------------------------------------------
 # one block: cuflash's forward and backward (CUDA: kernels; CPU: the float64 reference)
 
-def block_forward(q, k, v, scale: float, causal: bool, step: int = 0, world: int = 0):
+def block_forward(q, k, v, scale: float, causal: bool, step: int = 0, world: int = 0,
+                  ring_causal: bool = True):
     """(out, lse) of q against one K/V block: cuflash's torch forward (no autograd); with
     FWD_DYNAMIC on the dynamic scheduler where selection picks the static persistent one (in a
     ring of at least FWD_DYNAMIC_MIN_WORLD ranks; world 0: any), and for a non-causal call of the
     ring's first FWD_GRID_STEPS steps on a grid of one CTA per tile where selection picks a
-    persistent one. step: the ring step (FWD_GRID_STEPS; TRACE's config record)."""
-    grid = step < FWD_GRID_STEPS and not causal
-    dynamic = FWD_DYNAMIC and (world == 0 or world >= FWD_DYNAMIC_MIN_WORLD)
+    persistent one. In a non-causal ring (ring_causal False) of at least FWD_DYNAMIC_MIN_WORLD
+    ranks with FWD_FULL_GRID_STEPS: the first FWD_FULL_GRID_STEPS steps on that grid, the later
+    ones as selected (no FWD_DYNAMIC). step: the ring step (FWD_GRID_STEPS; TRACE's config
+    record)."""
+    big = world == 0 or world >= FWD_DYNAMIC_MIN_WORLD
+    full_grid = FWD_FULL_GRID_STEPS > 0 and big and not ring_causal
+    grid = not causal and (step < FWD_GRID_STEPS or (full_grid and step < FWD_FULL_GRID_STEPS))
+    dynamic = FWD_DYNAMIC and big and not full_grid
     config = _forward_config(q, k, v, scale, causal, grid) if (dynamic or grid) and \
         q.is_cuda else None
     out, lse, entry = torch_ops._forward(q, k, v, scale, causal, config, None)
@@ -531,6 +537,18 @@ FWD_DYNAMIC_MIN_WORLD = 3
 # Causal calls keep their schedule (the causal 1M forward ran at the shard's speed, 941 against
 # 4 x 234 ms). Unmeasured: off.
 FWD_GRID_STEPS = 0
+
+# Non-causal rings of at least FWD_DYNAMIC_MIN_WORLD ranks: how many first steps run on a grid of
+# one CTA per tile (as FWD_GRID_STEPS), the later steps then on the config selection picks (the
+# static persistent one: FWD_DYNAMIC is left to causal rings there; 0: off, FWD_DYNAMIC and
+# FWD_GRID_STEPS as they are). On the grid every transfer of the forward gets its SMs within a
+# tile and the chained transfers end in the first step (FWD_GRID_STEPS' note), so that the later
+# steps have none left to make room for and the static persistent schedule, the faster one for a
+# non-causal call (2 x H100, 256k x 256k: 896 ms static, 939 dynamic), has nothing to straggle
+# behind. Causal rings keep FWD_DYNAMIC: their step 0 is the causal call, on which the dynamic
+# scheduler is the faster one (4 x H200, 1M tokens: 213 ms, the static shard's 234). Unmeasured:
+# off.
+FWD_FULL_GRID_STEPS = 0
 
 _priority_groups: dict = {}
 
@@ -897,7 +915,7 @@ def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: 
             qs, ks = _slices(call, q_len, q_len)
             with _Span("fwd_compute", i, q):
                 o_b, lse_b = block_forward(q[:, qs], k_cur[:, ks], v_cur[:, ks], scale, call.causal,
-                                           i, world)
+                                           i, world, causal)
             with _Span("fwd_merge", i, q):
                 if not run and _covers(call, nq):
                     run["out"], run["lse"] = first_partial(o_b, lse_b, acc)

@@ -863,3 +863,15 @@ def test_block_forward_schedule_flags(monkeypatch):
     cfd.block_forward(q, q, q, 0.1, False, 1, 2)
     cfd.block_forward(q, q, q, 0.1, True, 0, 4)
     assert asked == [(False, True), (True, False)]
+    # FWD_FULL_GRID_STEPS: non-causal rings from FWD_DYNAMIC_MIN_WORLD ranks up only; the first
+    # steps on the grid, the later ones as selected (no FWD_DYNAMIC); causal rings unchanged
+    monkeypatch.setattr(cfd, "FWD_GRID_STEPS", 0)
+    monkeypatch.setattr(cfd, "FWD_FULL_GRID_STEPS", 1)
+    asked.clear()
+    assert cfd.block_forward(q, q, q, 0.1, False, 0, 4, False)[0] == "cfg"
+    assert cfd.block_forward(q, q, q, 0.1, False, 1, 4, False)[0] is None
+    assert cfd.block_forward(q, q, q, 0.1, False, 0, 2, False)[0] is None
+    assert asked == [(False, True)]
+    cfd.block_forward(q, q, q, 0.1, False, 1, 4, True)   # a causal ring's half-block call
+    cfd.block_forward(q, q, q, 0.1, True, 0, 4, True)
+    assert asked[1:] == [(False, False), (True, False)]

@@ -57,7 +57,7 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  seqlen, --ring-ab-seqlens: only at those, --ring-ab-causal yes / no: only with
                  that mask). --ring-set NAME: the whole run with a variant (ring_set in the
                  records; the settings it ran with: reverse_bwd, fwd_dynamic, priority_group,
-                 ring_max_ctas, early_send, fwd_grid_steps, dkv_home). --ring-rotate K: process r on GPU
+                 ring_max_ctas, early_send, fwd_grid_steps, dkv_home, fwd_full_grid_steps). --ring-rotate K: process r on GPU
                  (r + K) mod the GPU count.
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
@@ -493,6 +493,7 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         rec["early_send"] = cfd.EARLY_SEND
         rec["fwd_grid_steps"] = cfd.FWD_GRID_STEPS
         rec["dkv_home"] = cfd.DKV_HOME
+        rec["fwd_full_grid_steps"] = cfd.FWD_FULL_GRID_STEPS
         if opts.get("ring_set"):
             rec["ring_set"] = opts["ring_set"]
         t_ab = time.perf_counter()
@@ -608,6 +609,9 @@ AB_VARIANTS = {
     "dkv_home": "cuflash.distributed.DKV_HOME flipped (the backward's dK/dV shares sent "
                 "straight to the block's owner in k's dtype, summed there in fp32, instead of an "
                 "fp32 accumulator travelling with the block)",
+    "fwd_fullgridN": "cuflash.distributed.FWD_FULL_GRID_STEPS = N (non-causal rings from "
+                     "FWD_DYNAMIC_MIN_WORLD ranks up: the first N forward steps on a grid of one "
+                     "CTA per tile, the later ones static persistent; e.g. fwd_fullgrid1)",
     "lib_priority": "cuflash.distributed.PRIORITY_GROUP flipped (the ring's own high-priority "
                     "twin of the default group, made by the library)",
     "lib_ctasN": "cuflash.distributed.RING_MAX_CTAS = N (the library's high-priority twin group "
@@ -645,10 +649,13 @@ def parse_variant(name: str) -> dict:
             out["lib_ctas"] = int(part[8:])
         elif part.startswith("fwd_grid") and part[8:].isdigit() and out["grid_steps"] is None:
             out["grid_steps"] = int(part[8:])
+        elif part.startswith("fwd_fullgrid") and part[12:].isdigit() \
+                and out.get("full_grid_steps") is None:
+            out["full_grid_steps"] = int(part[12:])
         else:
             raise ValueError(f"ab: unknown variant {part!r} in {name!r} (known: "
                              f"{', '.join(sorted(AB_VARIANTS))}; nccl_ctasN, lib_ctasN with N >= 1, "
-                             "fwd_gridN with N >= 0, once; several joined by '+')")
+                             "fwd_gridN, fwd_fullgridN with N >= 0, once; several joined by '+')")
     if len(set(out["flags"])) != len(out["flags"]):
         raise ValueError(f"ab: {name!r} names a flag twice")
     return out
@@ -665,6 +672,8 @@ def apply_variant(spec: dict) -> None:
         cfd.RING_MAX_CTAS = spec["lib_ctas"]
     if spec.get("grid_steps") is not None:
         cfd.FWD_GRID_STEPS = spec["grid_steps"]
+    if spec.get("full_grid_steps") is not None:
+        cfd.FWD_FULL_GRID_STEPS = spec["full_grid_steps"]
 
 
 def _variant_group(spec: dict, world: int):
@@ -708,7 +717,7 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd, warm_local,
     key = f"alt_{name}"
     out = {}
     flags = ("EARLY_SEND", "SPLIT_Q", "REVERSE_BWD", "FWD_DYNAMIC", "PRIORITY_GROUP",
-             "RING_MAX_CTAS", "FWD_GRID_STEPS", "DKV_HOME")
+             "RING_MAX_CTAS", "FWD_GRID_STEPS", "DKV_HOME", "FWD_FULL_GRID_STEPS")
     saved = {f: getattr(cfd, f) for f in flags}
     try:
         spec = parse_variant(name)
