@@ -490,6 +490,15 @@ REVERSE_BWD = False
 # the same bandwidth). Unmeasured: off.
 DKV_HOME = False
 
+# With the shares sent home (the backward takes DKV_HOME's path whatever DKV_HOME says): each
+# step's shares leave right after the step's kernels and the next step's kernels wait for the
+# exchange, instead of travelling during the next step. No share is then in flight while a step
+# runs: the peak per GPU loses the two share buffers (4 bytes per local K/V value: 16 instead of
+# 20 local bf16 q-sized tensors, the same at every P), for a transfer between the steps that is
+# exposed (the shares, k's dtype, once each way; the whole GPU free for it) and a wait at every
+# step for the rank it exchanges with. Unmeasured: off.
+BWD_LOW_MEMORY = False
+
 _side_streams: dict = {}
 
 # Whether the rings move blocks over a process group of their own whose NCCL streams have high
@@ -808,7 +817,9 @@ def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, shar
     order, of the shares ``rank`` makes of the local block (what its step_fn returns for it), so
     that they can be received. The last step's shares go home after the loop (the forward
     direction: the last block is rank + 1's; first given (REVERSE_BWD): the last block is the
-    local one, nothing left to send). Returns the local (dK, dV) in k's dtype."""
+    local one, nothing left to send). BWD_LOW_MEMORY: every step's shares go home right after
+    its kernels, and the next step's kernels wait for them. Returns the local (dK, dV) in k's
+    dtype."""
     world, rank = ring.world, ring.rank
     k, v = kv
     reverse = first is not None
@@ -854,6 +865,13 @@ def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, shar
                 made = (step, shares)
             home = _add_shares(home, incoming, k, v, acc)
         del shares, recv_kv, incoming
+        if BWD_LOW_MEMORY and made is not None and step + 1 < world:  # home now, waited for
+            with _Span("bwd_wait", step, k):
+                incoming, reqs = exchange(*made, trace=("bwd_acc_xfer", step))
+                ring.finish(reqs)
+            with _Span("bwd_accum", step, k):
+                home = _add_shares(home, incoming, k, v, acc)
+            made = incoming = None
     with _Span("bwd_final", world - 1, k):
         if made is not None:  # the last step's shares (rank + 1's block) go home
             incoming, reqs = exchange(*made, trace=("bwd_home_xfer", world - 1))
@@ -983,7 +1001,7 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
 
     _trace_origin(q)
     first = None if kv_last is None else _sendable(*kv_last)
-    if DKV_HOME:
+    if DKV_HOME or BWD_LOW_MEMORY:
         dk, dv = _rotate_backward_home(ring, _sendable(k, v), comm, acc, step, share_index, first)
     else:
         dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step, first)
@@ -1315,7 +1333,7 @@ def ring_varlen_backward(dout, q, k, v, out, lse, chunks: VarlenChunks, scale: f
         return [_rows(call, n)[1] for call in varlen_step_calls(
             chunk_ids(holder, world, layout), chunk_ids(rank, world, layout), causal)]
 
-    if DKV_HOME:
+    if DKV_HOME or BWD_LOW_MEMORY:
         dk, dv = _rotate_backward_home(ring, _sendable(k, v), comm, acc, step, share_index)
     else:
         dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step)

@@ -6,7 +6,7 @@ cuflash.distributed, issue 15).
 
 One spawn of --procs processes; rings of P = procs and P = 2 (the first two ranks), every
 rank holding --local positions (so X is the same for every P), causal (zigzag) and not, with
-DKV_HOME off and on. For each: the peak of one autograd forward + backward above the inputs
+DKV_HOME off and on and BWD_LOW_MEMORY on (dkv_home "low"). For each: the peak of one autograd forward + backward above the inputs
 (q, k, v, dout: 4 X), as bench --mode ring counts it, and single-GPU flash_attn_func on the same
 --local positions (its peak above its inputs). With --phases, rank 0 also prints live memory
 (X) after every block call and transfer start, and the peak since the previous record, for
@@ -100,8 +100,8 @@ def _worker(rank, world, port, opts):
     pair = dist.new_group([0, 1])  # every rank makes it
     for P, group in ((world, None), (2, pair)):
         for causal in (False, True):
-            for home in (False, True):
-                cfd.DKV_HOME = home
+            for home in (False, True, "low"):
+                cfd.DKV_HOME, cfd.BWD_LOW_MEMORY = home is True, home == "low"
                 if rank < P:
                     def run():
                         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
@@ -126,7 +126,7 @@ def _worker(rank, world, port, opts):
                         print("  " + " | ".join(f"{w} s{s} {a:.2f}/{p:.2f}" for w, s, a, p in log),
                               flush=True)
                 dist.barrier()
-    cfd.DKV_HOME = False
+    cfd.DKV_HOME = cfd.BWD_LOW_MEMORY = False
     if rank == 0:
         def single():
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]

@@ -87,8 +87,15 @@ def _worker(rank, world, port, cases):
             cfd.REVERSE_BWD = not saved[1]
             _check_case(rank, world, cases[1], seed=5005)
             _check_case(rank, world, cases[4], seed=5006)
+            # BWD_LOW_MEMORY (the shares home right after their step), either direction
+            cfd.BWD_LOW_MEMORY, cfd.DKV_HOME = True, False
+            _check_case(rank, world, cases[2], seed=5007)
+            cfd.REVERSE_BWD = saved[1]
+            _check_case(rank, world, cases[1], seed=5008)
+            _check_case(rank, world, cases[3], seed=5009)
+            _check_varlen_case(rank, world, VARLEN_CASES[4], seed=5010)
         finally:
-            cfd.DKV_HOME, cfd.REVERSE_BWD = saved
+            cfd.DKV_HOME, cfd.REVERSE_BWD, cfd.BWD_LOW_MEMORY = *saved, False
         dist.barrier()
     finally:
         dist.destroy_process_group()

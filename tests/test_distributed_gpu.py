@@ -362,6 +362,10 @@ def _sizes_worker(rank, world, port):
             failures += _dense_checks(rank, world, None, FLAG_CASES + CASES[:1], first_extra=False,
                                       tag=tag)
             failures += _varlen_checks(rank, world, None, VARLEN_CASES[:1], tag=tag)
+            cfd.BWD_LOW_MEMORY = True  # (the shares sent home, right after their step)
+            failures += _dense_checks(rank, world, None, CASES[:2], first_extra=False,
+                                      tag=tag + " BWD_LOW_MEMORY=True")
+            cfd.BWD_LOW_MEMORY = False
             grid = [c.name for key, c in cfd._dynamic_configs.items() if key[-1] and c is not None]
             print(f"rank {rank}/{world}{tag}: grid configs run {grid}", flush=True)
             if not grid or any("persist" in name for name in grid):
@@ -369,6 +373,7 @@ def _sizes_worker(rank, world, port):
                                 f"of one CTA per tile (configs {grid})")
         finally:
             cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS, cfd.DKV_HOME = saved
+            cfd.BWD_LOW_MEMORY = False
         dist.barrier()
     finally:
         cfd.FWD_DYNAMIC_MIN_WORLD = min_world

@@ -57,7 +57,8 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  seqlen, --ring-ab-seqlens: only at those, --ring-ab-causal yes / no: only with
                  that mask). --ring-set NAME: the whole run with a variant (ring_set in the
                  records; the settings it ran with: reverse_bwd, fwd_dynamic, priority_group,
-                 ring_max_ctas, early_send, fwd_grid_steps, dkv_home, fwd_full_grid_steps). --ring-rotate K: process r on GPU
+                 ring_max_ctas, early_send, fwd_grid_steps, dkv_home, bwd_low_memory,
+                 fwd_full_grid_steps). --ring-rotate K: process r on GPU
                  (r + K) mod the GPU count.
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
@@ -493,6 +494,7 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         rec["early_send"] = cfd.EARLY_SEND
         rec["fwd_grid_steps"] = cfd.FWD_GRID_STEPS
         rec["dkv_home"] = cfd.DKV_HOME
+        rec["bwd_low_memory"] = cfd.BWD_LOW_MEMORY
         rec["fwd_full_grid_steps"] = cfd.FWD_FULL_GRID_STEPS
         if opts.get("ring_set"):
             rec["ring_set"] = opts["ring_set"]
@@ -609,6 +611,8 @@ AB_VARIANTS = {
     "dkv_home": "cuflash.distributed.DKV_HOME flipped (the backward's dK/dV shares sent "
                 "straight to the block's owner in k's dtype, summed there in fp32, instead of an "
                 "fp32 accumulator travelling with the block)",
+    "bwd_lowmem": "cuflash.distributed.BWD_LOW_MEMORY flipped (the shares sent home as with "
+                  "DKV_HOME, right after their step, waited for: none in flight during a step)",
     "fwd_fullgridN": "cuflash.distributed.FWD_FULL_GRID_STEPS = N (non-causal rings from "
                      "FWD_DYNAMIC_MIN_WORLD ranks up: the first N forward steps on a grid of one "
                      "CTA per tile, the later ones static persistent; e.g. fwd_fullgrid1)",
@@ -621,7 +625,8 @@ AB_VARIANTS = {
                  "fwd_grid0: none)",
 }
 FLAG_VARIANTS = {"early_send": "EARLY_SEND", "split_q": "SPLIT_Q", "reverse_bwd": "REVERSE_BWD",
-                 "fwd_dyn": "FWD_DYNAMIC", "lib_priority": "PRIORITY_GROUP", "dkv_home": "DKV_HOME"}
+                 "fwd_dyn": "FWD_DYNAMIC", "lib_priority": "PRIORITY_GROUP", "dkv_home": "DKV_HOME",
+                 "bwd_lowmem": "BWD_LOW_MEMORY"}
 _MAIN: dict = {"group": None}  # the process's ring group under --ring-set (None: the default)
 WARM_LOCAL = 32768  # a variant's warm-up ring: this many local positions (the same kernels as
 # the bench's shards from 64k tokens per rank up: the heuristic's tiles change below 16k keys)
@@ -717,7 +722,8 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd, warm_local,
     key = f"alt_{name}"
     out = {}
     flags = ("EARLY_SEND", "SPLIT_Q", "REVERSE_BWD", "FWD_DYNAMIC", "PRIORITY_GROUP",
-             "RING_MAX_CTAS", "FWD_GRID_STEPS", "DKV_HOME", "FWD_FULL_GRID_STEPS")
+             "RING_MAX_CTAS", "FWD_GRID_STEPS", "DKV_HOME", "FWD_FULL_GRID_STEPS",
+             "BWD_LOW_MEMORY")
     saved = {f: getattr(cfd, f) for f in flags}
     try:
         spec = parse_variant(name)
