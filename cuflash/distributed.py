@@ -39,6 +39,26 @@ P = exp(S - lse_global) and D = rowsum(dO * O_global), every block's dS = P * (d
 exactly its share of the full gradient (the ring-attention identity), so no rescaling is
 needed.
 
+Memory per GPU (issue 15). In units of X = one local bf16 tensor of q's shape (batch ·
+seqlen/P · nheads · headdim · 2 bytes; GQA's K/V blocks are smaller), the backward's peak is
+reached during a step's kernels and holds: out (saved by the forward, 1), the fp32 dQ
+accumulator (2), the K/V block in hand (2) and the next one arriving (2, steps 0 .. P-2), the
+fp32 dK/dV accumulator leaving with the previous block (4) and the one arriving for the block in
+hand (4, steps 1 ..), the kernels' dq, dk, dv (3; 2 for a causal ring's half-block calls) and
+their workspace (the fp32 dQ sums, 2). With P >= 3 every middle step holds all of it; with
+P = 2 no step has a K/V block and an accumulator arriving at once (2 less). That adds to 20 X
+(18 at P = 2); the measured peaks are 2 X above it at every P (tests/ring_memory_probe.py prints
+the live memory after every block call and transfer). Nothing in it is independent of the
+sequence length: the peak is c_P · X, X = S/P · h · d · 2 bytes, falling as 1/P from P = 3 on
+(4 x H200, results/NVIDIA_H200x4/ring.json: 2.96, 5.92 GB at 256k, 512k non-causal, 22.06 X
+each; 2 x H200: 5.39 GB at 256k, 20.06 X; single-GPU cuflash on the whole sequence: 6.05 X of
+its own). DKV_HOME keeps one fp32 accumulator at home and moves bf16 shares
+(4 + 2 + 2 instead of 4 + 4 in flight: the same peak from P = 3 on, 4 less at P = 2, where no
+share travels during a step); BWD_LOW_MEMORY moves the shares between the steps instead, so that
+none is in flight during a step's kernels (4 less at every P). What is left needs the backward
+kernels to add into the ring's accumulators instead of writing dq, dk, dv of their own (3 X
+less: dq and the workspace's dQ sums; 2 more with dK/dV added in the kernels' epilogue).
+
 Causal: the sequence is cut into 2P chunks of equal length; the zigzag layout (the
 default) gives rank i the chunks i and 2P-1-i, so that every rank has the same amount of
 unmasked work (``zigzag_shard`` / ``zigzag_unshard``); ``layout="contiguous"`` gives rank i
