@@ -740,6 +740,19 @@ def _rotate_forward(ring: _Ring, kv: tuple, comm: bool, step_fn) -> tuple:
     return kv  # the block of the last step: rank + 1's (comm=False: the local one)
 
 
+def _step_and_receive(ring: _Ring, step_fn, step: int, src: int, kv: tuple, recv_kv, pending,
+                      comm: bool) -> tuple:
+    """A backward step: step_fn on the block in hand, then the compute stream waits for the
+    step's transfers (bwd_wait). Returns (the step's dK/dV shares, the next step's block)."""
+    shares = step_fn(step, src, *kv)
+    if pending:
+        with _Span("bwd_wait", step, kv[0]):
+            ring.finish(pending)
+    if comm and step + 1 < ring.world:
+        kv = tuple(recv_kv)
+    return shares, kv
+
+
 def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=None) -> tuple:
     """The backward ring: K/V blocks travel as in the forward, each with its fp32 dK/dV
     accumulator one step behind. ``step_fn(step, src, k_block, v_block)`` adds dQ's share
@@ -777,12 +790,7 @@ def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=Non
                 recv_kv, recv_acc = both[:2], both[2:]
             pending += reqs
         src = (ring.rank + 1 + step) % world if reverse else (ring.rank - step) % world
-        parts = step_fn(step, src, *kv)
-        if pending:
-            with _Span("bwd_wait", step, k):
-                ring.finish(pending)
-        if comm and step + 1 < world:
-            kv = tuple(recv_kv)
+        parts, kv = _step_and_receive(ring, step_fn, step, src, kv, recv_kv, pending, comm)
         with _Span("bwd_accum", step, k):
             if comm and step > 0:  # the block's accumulator as it left the previous rank
                 dk_acc, dv_acc = recv_acc
@@ -872,12 +880,7 @@ def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, shar
             pending += reqs
         made = None
         src = owner(step)
-        shares = step_fn(step, src, *kv)
-        if pending:
-            with _Span("bwd_wait", step, k):
-                ring.finish(pending)
-        if comm and step + 1 < world:
-            kv = tuple(recv_kv)
+        shares, kv = _step_and_receive(ring, step_fn, step, src, kv, recv_kv, pending, comm)
         with _Span("bwd_accum", step, k):
             if src == rank or not comm:  # (comm=False: every step sees the local block)
                 home = _add_shares(home, shares, k, v, acc)
