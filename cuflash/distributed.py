@@ -20,9 +20,12 @@ the step's computation (gloo on CPU: the same calls, no streams); a received blo
 behind the previous transfer only, not behind the step's kernels (``EARLY_SEND``).
 
 Backward (the same ring). dQ stays local (fp32 accumulator). The K/V blocks rotate as in the
-forward; the dK/dV accumulator (fp32) of the block in hand travels with it one step behind
-and, after the last step, one more hop returns it to the block's owner, rounded to k's dtype
-first (the rounding the owner does anyway). With ``REVERSE_BWD`` the forward keeps its last
+forward. By default (``BWD_LOW_MEMORY``) each step's dK/dV shares of another rank's block go
+straight home to that rank, in k's dtype, right after the step's kernels, and each rank sums the
+shares of its own block in one fp32 accumulator; otherwise the dK/dV accumulator (fp32) of the
+block in hand travels with it one step behind and, after the last step, one more hop returns it
+to the block's owner, rounded to k's dtype first (the rounding the owner does anyway;
+``DKV_HOME``: the shares go home during the next step instead). With ``REVERSE_BWD`` the forward keeps its last
 block and the backward runs the ring the other way round from it, ending on the rank's own
 block: no last hop. ``TRACE`` times every step's phases with CUDA events, every transfer on the
 side stream and names each call's config (bench --mode ring --ring-breakdown: per-rank
@@ -41,23 +44,24 @@ needed.
 
 Memory per GPU (issue 15). In units of X = one local bf16 tensor of q's shape (batch ·
 seqlen/P · nheads · headdim · 2 bytes; GQA's K/V blocks are smaller), the backward's peak is
-reached during a step's kernels and holds: out (saved by the forward, 1), the fp32 dQ
+reached during a step's kernels. With an fp32 dK/dV accumulator travelling with each block
+(BWD_LOW_MEMORY and DKV_HOME off) it holds: out (saved by the forward, 1), the fp32 dQ
 accumulator (2), the K/V block in hand (2) and the next one arriving (2, steps 0 .. P-2), the
-fp32 dK/dV accumulator leaving with the previous block (4) and the one arriving for the block in
-hand (4, steps 1 ..), the kernels' dq, dk, dv (3; 2 for a causal ring's half-block calls) and
-their workspace (the fp32 dQ sums, 2). With P >= 3 every middle step holds all of it; with
-P = 2 no step has a K/V block and an accumulator arriving at once (2 less). That adds to 20 X
-(18 at P = 2); the measured peaks are 2 X above it at every P (tests/ring_memory_probe.py prints
-the live memory after every block call and transfer). Nothing in it is independent of the
-sequence length: the peak is c_P · X, X = S/P · h · d · 2 bytes, falling as 1/P from P = 3 on
-(4 x H200, results/NVIDIA_H200x4/ring.json: 2.96, 5.92 GB at 256k, 512k non-causal, 22.06 X
-each; 2 x H200: 5.39 GB at 256k, 20.06 X; single-GPU cuflash on the whole sequence: 6.05 X of
-its own). DKV_HOME keeps one fp32 accumulator at home and moves bf16 shares
-(4 + 2 + 2 instead of 4 + 4 in flight: the same peak from P = 3 on, 4 less at P = 2, where no
-share travels during a step); BWD_LOW_MEMORY moves the shares between the steps instead, so that
-none is in flight during a step's kernels (4 less at every P). What is left needs the backward
-kernels to add into the ring's accumulators instead of writing dq, dk, dv of their own (3 X
-less: dq and the workspace's dQ sums; 2 more with dK/dV added in the kernels' epilogue).
+accumulator leaving with the previous block (4) and the one arriving for the block in hand (4,
+steps 1 ..), the kernels' dq, dk, dv (3; 2 for a causal ring's half-block calls) and their
+workspace (the fp32 dQ sums, 2): 20 X from P = 3 on, 18 at P = 2 (no step has a K/V block and an
+accumulator arriving at once); measured (tests/ring_memory_probe.py, 4 x H200, 32k positions per
+rank, non-causal, above the inputs) 22.06 X at P = 4 (a K/V block sent two steps earlier still
+held at step 2) and 18.06 at P = 2; single-GPU cuflash 6.05 X. Nothing is independent of the
+sequence length (results/NVIDIA_H200x4/ring.json: 2.96, 5.92 GB at 256k, 512k tokens: 22.06 X
+each). With BWD_LOW_MEMORY (on) one fp32 accumulator stays home and the shares (k's dtype) go
+home between the steps: 16.06 X at P = 4, 15.03 at P = 2 (causal 15.06, 14.04): the home
+accumulator (4) in place of the two travelling ones (8), the rest as above. What is left needs
+the backward kernels to add into the ring's accumulators instead of writing dq, dk, dv of their
+own (3 X less: dq and the workspace's dQ sums; 2 more with dK/dV added in the epilogue). Peaks
+are torch's max_memory_allocated: a buffer still in flight on the side stream after Python let
+go of it (record_stream) is not counted there, though its memory is not reused before the
+transfer ends.
 
 Causal: the sequence is cut into 2P chunks of equal length; the zigzag layout (the
 default) gives rank i the chunks i and 2P-1-i, so that every rank has the same amount of
@@ -276,19 +280,22 @@ def first_partial(block_out: Tensor, block_lse: Tensor, acc) -> tuple:
 # one block: cuflash's forward and backward (CUDA: kernels; CPU: the float64 reference)
 
 def block_forward(q, k, v, scale: float, causal: bool, step: int = 0, world: int = 0,
-                  ring_causal: bool = True):
+                  ring_causal: Optional[bool] = None):
     """(out, lse) of q against one K/V block: cuflash's torch forward (no autograd); with
     FWD_DYNAMIC on the dynamic scheduler where selection picks the static persistent one (in a
-    ring of at least FWD_DYNAMIC_MIN_WORLD ranks; world 0: any), and for a non-causal call of the
+    non-causal ring, ring_causal False (None: the call's causal), or with FWD_DYNAMIC_CAUSAL in any,
+    of at least FWD_DYNAMIC_MIN_WORLD ranks; world 0: any), and for a non-causal call of the
     ring's first FWD_GRID_STEPS steps on a grid of one CTA per tile where selection picks a
     persistent one. In a non-causal ring (ring_causal False) of at least FWD_DYNAMIC_MIN_WORLD
     ranks with FWD_FULL_GRID_STEPS: the first FWD_FULL_GRID_STEPS steps on that grid, the later
     ones as selected (no FWD_DYNAMIC). step: the ring step (FWD_GRID_STEPS; TRACE's config
     record)."""
+    if ring_causal is None:
+        ring_causal = causal
     big = world == 0 or world >= FWD_DYNAMIC_MIN_WORLD
     full_grid = FWD_FULL_GRID_STEPS > 0 and big and not ring_causal
     grid = not causal and (step < FWD_GRID_STEPS or (full_grid and step < FWD_FULL_GRID_STEPS))
-    dynamic = FWD_DYNAMIC and big and not full_grid
+    dynamic = FWD_DYNAMIC and big and not full_grid and (FWD_DYNAMIC_CAUSAL or not ring_causal)
     config = _forward_config(q, k, v, scale, causal, grid) if (dynamic or grid) and \
         q.is_cuda else None
     out, lse, entry = torch_ops._forward(q, k, v, scale, causal, config, None)
@@ -312,10 +319,13 @@ def _forward_config(q, k, v, scale: float, causal: bool, grid: bool = False):
         problem = api.check_qkv(q, k, v, scale, causal)[4]
         fam, cfg, _ = select.choose_on_device(problem, q.device.index)
         alt = None
+        # stream_tail (a static persistent schedule's balanced last stretch) goes with the static
+        # schedule: off in both changed configs (with it on, neither is a valid config)
+        tail = {"stream_tail": False} if getattr(cfg, "stream_tail", False) else {}
         if grid and getattr(cfg, "persistent", False):
-            alt = cfg.replace(persistent=False, dynamic=False, tile_overlap=False, section=0)
+            alt = cfg.replace(persistent=False, dynamic=False, tile_overlap=False, section=0, **tail)
         elif not grid and getattr(cfg, "persistent", False) and getattr(cfg, "dynamic", None) is False:
-            alt = cfg.replace(dynamic=True)
+            alt = cfg.replace(dynamic=True, **tail)
         if alt is not None:
             from . import _gpu
 
@@ -516,8 +526,15 @@ DKV_HOME = False
 # runs: the peak per GPU loses the two share buffers (4 bytes per local K/V value: 16 instead of
 # 20 local bf16 q-sized tensors, the same at every P), for a transfer between the steps that is
 # exposed (the shares, k's dtype, once each way; the whole GPU free for it) and a wait at every
-# step for the rank it exchanges with. Unmeasured: off.
-BWD_LOW_MEMORY = False
+# step for the rank it exchanges with. Faster too where the step kernels hold every SM (selection's
+# dynamic persistent backward): an accumulator transfer queued during a step got SMs on one rank and
+# spun there through the whole step waiting for its peer (4 x H200, 1M tokens non-causal, session 18
+# round 1: rank 0's steps 1 and 2 1494 and 1484 ms against 1310-1347 on the others). Measured there,
+# same processes, one repetition each: 1M non-causal backward 5640 -> 5278 ms (DKV_HOME alone 5645),
+# 512 -> 537 TFLOPs/GPU fwd + bwd; 1M causal 2691 (DKV_HOME) / 2769 (as is, warm) -> 2590 ms; peak
+# per GPU (32k positions per rank, tests/ring_memory_probe.py) 22.06 -> 16.06 X at P = 4, 18.06 ->
+# 15.03 X at P = 2 (non-causal). On.
+BWD_LOW_MEMORY = True
 
 _side_streams: dict = {}
 
@@ -541,7 +558,9 @@ RING_MAX_CTAS: Optional[int] = None
 # starts late, its SM held by a transfer's kernel, then computes one tile instead of a fixed
 # 1/132 of the step, so the step does not end a transfer's wait later. Measured as above:
 # forward 524 -> 460 ms alone (the single-GPU shard's four steps: 441), 518 -> 533 TFLOPs/GPU;
-# on.
+# on (non-causal rings; causal ones with FWD_DYNAMIC_CAUSAL). Selection's static configs with
+# stream_tail run it without their balanced tail (_forward_config; until session 18 such a
+# config kept it from applying at all).
 FWD_DYNAMIC = True
 # The smallest ring FWD_DYNAMIC applies to. With 2 ranks the forward has one transfer, queued
 # before the first step's kernels, so no CTA starts more than that transfer late (3-6 ms), and
@@ -550,6 +569,14 @@ FWD_DYNAMIC = True
 # session17_ring4/ring2.log): forward 939 ms on the dynamic scheduler, 896 static (the shard's
 # 2 x 447), 559 -> 565 TFLOPs/GPU fwd + bwd (grid of one CTA per tile, FWD_GRID_STEPS: 914 ms).
 FWD_DYNAMIC_MIN_WORLD = 3
+# Whether FWD_DYNAMIC applies to causal rings too (their half-block steps are non-causal calls). Off:
+# 4 x H200, 1M tokens causal (session 18 round 1), the half-block steps on selection's static
+# persistent schedule (with stream_tail) ran the forward in 892 ms, no rank straggling (each step
+# 210-231 ms; the single-GPU shard 217); on the dynamic scheduler it took 941 ms in session 16. The
+# non-causal ring of the same run straggled without it (one rank's step 1 739 ms, the others' 454-461:
+# selection's stream_tail configs had kept FWD_DYNAMIC from applying at all, fixed in
+# _forward_config).
+FWD_DYNAMIC_CAUSAL = False
 
 # How many of the dense ring's first forward steps run their non-causal calls on a grid of one CTA
 # per tile where selection picks a persistent schedule (0: none; bench --ring-ab fwd_gridN). A

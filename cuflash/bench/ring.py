@@ -13,11 +13,10 @@ mask, less its --ring-ab variants' time (ab_seconds), scaled by seqlen², and by
 is light and that one was not, by 1 / LIGHT_COST the other way round). Problems above
 --ring-light-from (default 524288) run light, to fit the 1M problems in a ~5-minute run: one
 timed repetition after a warm-up on a small ring (WARM_LOCAL positions per rank, the same
-kernels) and one full forward, no transfer-free runs (comm_exposed_ms from the trace's waits
-instead), no peak-memory run (its 1/P scaling is measured at the smaller seqlens), the shard
-baseline warmed up on WARM_LOCAL positions too where selection runs the same configs there
-(cuflash_shard's warm_local), torch CP on its cuDNN backend only (flash runs at 0.6x its speed,
-measured every earlier run).
+kernels) and one full forward and backward (a process's first full-size backward is slow), no
+transfer-free runs (comm_exposed_ms from the trace's waits instead), no peak-memory run (its 1/P
+scaling is measured at the smaller seqlens), torch CP on its cuDNN backend only (flash runs at
+0.6x its speed, measured every earlier run).
 
 Records (results/<gpu>x<P>/ring.{json,csv}), impl:
   ring           fwd_ms, bwd_ms (ring_forward / ring_backward, no autograd), tflops_per_gpu
@@ -483,8 +482,8 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         res = fwd_g(main)  # (the full problem's warm-up)
         fwd = lambda comm=True: fwd_g(main, comm=comm)  # noqa: E731
         bwd = lambda comm=True: bwd_g(res, main, comm=comm)  # noqa: E731
-        if not light:
-            bwd()
+        bwd()  # (light too: a first full-size backward in the process ran 3222 ms where the
+        # same ring warm took 2691-2769, session 18 round 1, 4 x H200 1M causal)
         rec["fwd_ms"] = fwd_ms = _timed(fwd, reps)
         rec["bwd_ms"] = bwd_ms = _timed(bwd, reps)
         rec["reverse_bwd"] = cfd.REVERSE_BWD
@@ -549,18 +548,8 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         def sbwd():
             torch.autograd.grad(holder["o"], leaves, dout, retain_graph=True)
 
-        if light and _same_kernels(b, h, s_local, min(s_local, WARM_LOCAL), d, causal):
-            # warm-up on the first WARM_LOCAL positions: the same configs, loaded; a light
-            # problem's full-size warm-up would cost as much as its timed run (one repetition;
-            # the timed forward's output is the backward's input)
-            small = [x[:, :WARM_LOCAL].detach().requires_grad_() for x in (q, k, v)]
-            o = flash_attn_func(*small, causal=causal)
-            torch.autograd.grad(o, small, dout[:, :WARM_LOCAL])
-            shard["warm_local"] = min(s_local, WARM_LOCAL)
-            del o, small
-        else:
-            sfwd()
-            sbwd()
+        sfwd()  # a full-size warm-up, light problems too (as the ring's)
+        sbwd()
         shard["fwd_ms"] = _timed(sfwd, reps)
         shard["bwd_ms"] = _timed(sbwd, reps)
         sf, sb = flops(b, h, s_local, d, causal), flops(b, h, s_local, d, causal, "bwd")
@@ -880,22 +869,6 @@ def _line(rec, shard) -> str:
                else "not run; ") +
             f"1-GPU shard {shard.get('tflops', float('nan')):.0f} TFLOPs -> efficiency "
             f"{eff if eff is not None else float('nan'):.3f}")
-
-
-def _same_kernels(b, h, s_big, s_small, d, causal) -> bool:
-    """Whether selection runs single-GPU cuflash's forward and backward on the same configs at
-    s_small positions as at s_big (bf16; batch b, h heads, head dim d, self-attention): a
-    warm-up at s_small then loads the big problem's kernels."""
-    import torch
-
-    from .. import select
-    from ..problem import Problem
-
-    dev = torch.cuda.current_device()
-    return all(select.choose_on_device(Problem(op, "bf16", b, s_small, s_small, h, h, d, causal),
-                                       dev)[1] ==
-               select.choose_on_device(Problem(op, "bf16", b, s_big, s_big, h, h, d, causal),
-                                       dev)[1] for op in ("fwd", "bwd"))
 
 
 def _full(rank, seqlen, causal, opts, base, log) -> list:
