@@ -560,7 +560,9 @@ RING_MAX_CTAS: Optional[int] = None
 # forward 524 -> 460 ms alone (the single-GPU shard's four steps: 441), 518 -> 533 TFLOPs/GPU;
 # on (non-causal rings; causal ones with FWD_DYNAMIC_CAUSAL). Selection's static configs with
 # stream_tail run it without their balanced tail (_forward_config; until session 18 such a
-# config kept it from applying at all).
+# config kept it from applying at all). Session 18, 4 x H200, 1M tokens non-causal: forward 2079
+# ms with it (steps 465-588 ms), 2061 without (static stream_tail: one rank's step 1 739 ms, the
+# rest 419-461); 512k: 462 ms with it (the shard's 4 x 105, torch CP 490).
 FWD_DYNAMIC = True
 # The smallest ring FWD_DYNAMIC applies to. With 2 ranks the forward has one transfer, queued
 # before the first step's kernels, so no CTA starts more than that transfer late (3-6 ms), and
@@ -602,8 +604,13 @@ FWD_GRID_STEPS = 0
 # steps have none left to make room for and the static persistent schedule, the faster one for a
 # non-causal call (2 x H100, 256k x 256k: 896 ms static, 939 dynamic), has nothing to straggle
 # behind. Causal rings keep FWD_DYNAMIC: their step 0 is the causal call, on which the dynamic
-# scheduler is the faster one (4 x H200, 1M tokens: 213 ms, the static shard's 234). Unmeasured:
-# off.
+# scheduler is the faster one (4 x H200, 1M tokens: 213 ms, the static shard's 234). Unmeasured
+# (session 18's round 1 ran it while the stream_tail configs refused the grid: a no-op): off. The
+# cell it is for: 4 x H200, 1M tokens non-causal, the one torch CP still wins (session 18 final:
+# forward 2079 ms on the dynamic scheduler, 2061 static with one rank's step 1 at 739; the static
+# stream_tail steps of the ranks that did not straggle 419-461, the shard 451, torch CP's forward
+# 1962; the backward at the shard's speed). A/B: bench --ring-ab fwd_fullgrid1 --ring-ab-seqlens
+# 1048576 --ring-ab-causal no.
 FWD_FULL_GRID_STEPS = 0
 
 _priority_groups: dict = {}

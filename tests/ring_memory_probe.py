@@ -70,13 +70,16 @@ def _instrument(cfd, torch, log: list, X: int):
     return undo
 
 
-def _peak(torch, fn) -> int:
+def _peak(torch, fn, log=(), X: int = 1) -> int:
+    """Peak allocated during fn() above what was allocated before; with a phase log (whose records
+    reset the peak statistic) the largest of its peaks counts too."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     fn()
     torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - before
+    top = max([torch.cuda.max_memory_allocated()] + [int(rec[3] * X) for rec in log])
+    return top - before
 
 
 def _worker(rank, world, port, opts):
@@ -112,7 +115,7 @@ def _worker(rank, world, port, opts):
                     undo = _instrument(cfd, torch, log, X) if (
                         opts["phases"] and rank == 0 and not causal) else None
                     try:
-                        peak = _peak(torch, run)
+                        peak = _peak(torch, run, log, X)
                     finally:
                         if undo:
                             undo()
