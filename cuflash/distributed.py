@@ -20,9 +20,12 @@ the step's computation (gloo on CPU: the same calls, no streams); a received blo
 behind the previous transfer only, not behind the step's kernels (``EARLY_SEND``).
 
 Backward (the same ring). dQ stays local (fp32 accumulator). The K/V blocks rotate as in the
-forward; the dK/dV accumulator (fp32) of the block in hand travels with it one step behind
-and, after the last step, one more hop returns it to the block's owner, rounded to k's dtype
-first (the rounding the owner does anyway). With ``REVERSE_BWD`` the forward keeps its last
+forward. By default (``BWD_LOW_MEMORY``) each step's dK/dV shares of another rank's block go
+straight home to that rank, in k's dtype, right after the step's kernels, and each rank sums the
+shares of its own block in one fp32 accumulator; otherwise the dK/dV accumulator (fp32) of the
+block in hand travels with it one step behind and, after the last step, one more hop returns it
+to the block's owner, rounded to k's dtype first (the rounding the owner does anyway;
+``DKV_HOME``: the shares go home during the next step instead). With ``REVERSE_BWD`` the forward keeps its last
 block and the backward runs the ring the other way round from it, ending on the rank's own
 block: no last hop. ``TRACE`` times every step's phases with CUDA events, every transfer on the
 side stream and names each call's config (bench --mode ring --ring-breakdown: per-rank
@@ -38,6 +41,27 @@ cuflash's backward (``torch_ops.backward_impl``) with the GLOBAL merged out and 
 P = exp(S - lse_global) and D = rowsum(dO * O_global), every block's dS = P * (dP - D) is
 exactly its share of the full gradient (the ring-attention identity), so no rescaling is
 needed.
+
+Memory per GPU (issue 15). In units of X = one local bf16 tensor of q's shape (batch ·
+seqlen/P · nheads · headdim · 2 bytes; GQA's K/V blocks are smaller), the backward's peak is
+reached during a step's kernels. With an fp32 dK/dV accumulator travelling with each block
+(BWD_LOW_MEMORY and DKV_HOME off) it holds: out (saved by the forward, 1), the fp32 dQ
+accumulator (2), the K/V block in hand (2) and the next one arriving (2, steps 0 .. P-2), the
+accumulator leaving with the previous block (4) and the one arriving for the block in hand (4,
+steps 1 ..), the kernels' dq, dk, dv (3; 2 for a causal ring's half-block calls) and their
+workspace (the fp32 dQ sums, 2): 20 X from P = 3 on, 18 at P = 2 (no step has a K/V block and an
+accumulator arriving at once); measured (tests/ring_memory_probe.py, 4 x H200, 32k positions per
+rank, non-causal, above the inputs) 22.06 X at P = 4 (a K/V block sent two steps earlier still
+held at step 2) and 18.06 at P = 2; single-GPU cuflash 6.05 X. Nothing is independent of the
+sequence length (results/NVIDIA_H200x4/ring.json: 2.96, 5.92 GB at 256k, 512k tokens: 22.06 X
+each). With BWD_LOW_MEMORY (on) one fp32 accumulator stays home and the shares (k's dtype) go
+home between the steps: 16.06 X at P = 4, 15.03 at P = 2 (causal 15.06, 14.04): the home
+accumulator (4) in place of the two travelling ones (8), the rest as above. What is left needs
+the backward kernels to add into the ring's accumulators instead of writing dq, dk, dv of their
+own (3 X less: dq and the workspace's dQ sums; 2 more with dK/dV added in the epilogue). Peaks
+are torch's max_memory_allocated: a buffer still in flight on the side stream after Python let
+go of it (record_stream) is not counted there, though its memory is not reused before the
+transfer ends.
 
 Causal: the sequence is cut into 2P chunks of equal length; the zigzag layout (the
 default) gives rank i the chunks i and 2P-1-i, so that every rank has the same amount of
@@ -255,14 +279,23 @@ def first_partial(block_out: Tensor, block_lse: Tensor, acc) -> tuple:
 # ---------------------------------------------------------------------------------------
 # one block: cuflash's forward and backward (CUDA: kernels; CPU: the float64 reference)
 
-def block_forward(q, k, v, scale: float, causal: bool, step: int = 0, world: int = 0):
+def block_forward(q, k, v, scale: float, causal: bool, step: int = 0, world: int = 0,
+                  ring_causal: Optional[bool] = None):
     """(out, lse) of q against one K/V block: cuflash's torch forward (no autograd); with
     FWD_DYNAMIC on the dynamic scheduler where selection picks the static persistent one (in a
-    ring of at least FWD_DYNAMIC_MIN_WORLD ranks; world 0: any), and for a non-causal call of the
+    non-causal ring, ring_causal False (None: the call's causal), or with FWD_DYNAMIC_CAUSAL in any,
+    of at least FWD_DYNAMIC_MIN_WORLD ranks; world 0: any), and for a non-causal call of the
     ring's first FWD_GRID_STEPS steps on a grid of one CTA per tile where selection picks a
-    persistent one. step: the ring step (FWD_GRID_STEPS; TRACE's config record)."""
-    grid = step < FWD_GRID_STEPS and not causal
-    dynamic = FWD_DYNAMIC and (world == 0 or world >= FWD_DYNAMIC_MIN_WORLD)
+    persistent one. In a non-causal ring (ring_causal False) of at least FWD_DYNAMIC_MIN_WORLD
+    ranks with FWD_FULL_GRID_STEPS: the first FWD_FULL_GRID_STEPS steps on that grid, the later
+    ones as selected (no FWD_DYNAMIC). step: the ring step (FWD_GRID_STEPS; TRACE's config
+    record)."""
+    if ring_causal is None:
+        ring_causal = causal
+    big = world == 0 or world >= FWD_DYNAMIC_MIN_WORLD
+    full_grid = FWD_FULL_GRID_STEPS > 0 and big and not ring_causal
+    grid = not causal and (step < FWD_GRID_STEPS or (full_grid and step < FWD_FULL_GRID_STEPS))
+    dynamic = FWD_DYNAMIC and big and not full_grid and (FWD_DYNAMIC_CAUSAL or not ring_causal)
     config = _forward_config(q, k, v, scale, causal, grid) if (dynamic or grid) and \
         q.is_cuda else None
     out, lse, entry = torch_ops._forward(q, k, v, scale, causal, config, None)
@@ -286,10 +319,13 @@ def _forward_config(q, k, v, scale: float, causal: bool, grid: bool = False):
         problem = api.check_qkv(q, k, v, scale, causal)[4]
         fam, cfg, _ = select.choose_on_device(problem, q.device.index)
         alt = None
+        # stream_tail (a static persistent schedule's balanced last stretch) goes with the static
+        # schedule: off in both changed configs (with it on, neither is a valid config)
+        tail = {"stream_tail": False} if getattr(cfg, "stream_tail", False) else {}
         if grid and getattr(cfg, "persistent", False):
-            alt = cfg.replace(persistent=False, dynamic=False, tile_overlap=False, section=0)
+            alt = cfg.replace(persistent=False, dynamic=False, tile_overlap=False, section=0, **tail)
         elif not grid and getattr(cfg, "persistent", False) and getattr(cfg, "dynamic", None) is False:
-            alt = cfg.replace(dynamic=True)
+            alt = cfg.replace(dynamic=True, **tail)
         if alt is not None:
             from . import _gpu
 
@@ -364,6 +400,7 @@ class _Ring:
         self.world = dist.get_world_size(group)
         to_global = (lambda r: r) if group is None or group is dist.group.WORLD else \
             (lambda r: dist.get_global_rank(group, r))
+        self.to_global = to_global
         self.next = to_global((self.rank + 1) % self.world)
         self.prev = to_global((self.rank - 1) % self.world)
         self.stream = None
@@ -373,7 +410,8 @@ class _Ring:
                 self.stream = _side_streams[device] = torch.cuda.Stream(device)
 
     def start(self, tensors: Sequence[Tensor], after_current: bool = True,
-              reverse: bool = False, trace: Optional[tuple] = None) -> tuple:
+              reverse: bool = False, trace: Optional[tuple] = None, peers=None,
+              recv_like: Optional[Sequence[Tensor]] = None) -> tuple:
         """Send each tensor to the next rank and receive one like it from the previous
         (reverse: to the previous, from the next); returns (received tensors, pending
         requests). The received tensors may be read only after ``finish``.
@@ -390,19 +428,32 @@ class _Ring:
         trace: (phase, step) to time the transfer under TRACE: CUDA events on the side stream
         when it reaches the transfer (the transfer may start: its inputs are ready and the
         earlier transfers queued) and when the transfer is done (the side stream waits for it
-        first; it would wait for the next one anyway, NCCL's stream being in order)."""
+        first; it would wait for the next one anyway, NCCL's stream being in order).
+
+        peers: (to, from) group ranks instead of the ring neighbours (DKV_HOME's shares);
+        recv_like: the tensors to receive are shaped like these instead of like ``tensors``
+        (either list may then be empty: nothing sent, or nothing received)."""
+        new = torch.empty_like if recv_like is None else \
+            (lambda t: torch.empty(t.shape, dtype=t.dtype, device=t.device))
+        like = tensors if recv_like is None else recv_like
+        if peers is None:
+            to, frm = (self.prev, self.next) if reverse else (self.next, self.prev)
+        else:
+            to, frm = (self.to_global(r) for r in peers)
+        if not tensors and not like:
+            return [], []
         if self.stream is None:
-            recv = [torch.empty_like(t) for t in tensors]
-            return recv, dist.batch_isend_irecv(self._ops(tensors, recv, reverse))
+            recv = [new(t) for t in like]
+            return recv, dist.batch_isend_irecv(self._ops(tensors, recv, to, frm))
         current = torch.cuda.current_stream(self.stream.device)
         if after_current:
-            recv = [torch.empty_like(t) for t in tensors]
+            recv = [new(t) for t in like]
             # the side stream starts after what the current stream has queued (the tensors
             # sent are ready); NCCL then runs on its own streams after the side stream
             self.stream.wait_stream(current)
         else:
             with torch.cuda.stream(self.stream):
-                recv = [torch.empty_like(t) for t in tensors]
+                recv = [new(t) for t in like]
             for r in recv:
                 r.record_stream(current)
         timed = trace is not None and TRACE is not None
@@ -410,7 +461,7 @@ class _Ring:
             if timed:
                 ready = torch.cuda.Event(enable_timing=True)
                 ready.record()
-            reqs = dist.batch_isend_irecv(self._ops(tensors, recv, reverse))
+            reqs = dist.batch_isend_irecv(self._ops(tensors, recv, to, frm))
             if timed:
                 for req in reqs:
                     req.wait()
@@ -421,12 +472,16 @@ class _Ring:
             t.record_stream(self.stream)
         return recv, reqs
 
-    def _ops(self, tensors, recv, reverse: bool = False) -> list:
-        to, frm = (self.prev, self.next) if reverse else (self.next, self.prev)
+    def _ops(self, tensors, recv, to: int, frm: int) -> list:
+        """Send each of ``tensors`` to global rank ``to``, receive each of ``recv`` from ``frm``
+        (in list order: the peer's sends and receives pair up by their order; a send and a
+        receive of the same index side by side, then the longer list's rest)."""
         ops = []
-        for t, r in zip(tensors, recv):
-            ops.append(dist.P2POp(dist.isend, t, to, self.group))
-            ops.append(dist.P2POp(dist.irecv, r, frm, self.group))
+        for i in range(max(len(tensors), len(recv))):
+            if i < len(tensors):
+                ops.append(dist.P2POp(dist.isend, tensors[i], to, self.group))
+            if i < len(recv):
+                ops.append(dist.P2POp(dist.irecv, recv[i], frm, self.group))
         return ops
 
     def finish(self, reqs) -> None:
@@ -453,6 +508,34 @@ EARLY_SEND = True
 # block, as large as the local K/V, kept from the forward to the backward).
 REVERSE_BWD = False
 
+# Whether the backward sends each step's dK/dV shares of a block straight home, to the block's
+# owner, in the kernels' dtype (k's), where one fp32 accumulator per rank sums them
+# (_rotate_backward_home), instead of passing the block's fp32 accumulator on with the block.
+# The same sum of the same rounded shares (in another order), so the same error. Per step the
+# wire carries the K/V block and the shares (4 bytes a K/V value, not 6 with an fp32
+# accumulator); a rank adds a share one step after it was made instead of waiting at every step
+# end for its neighbour's additions (no chain of additions around the ring); with 2 ranks no
+# accumulator is in flight during a step at all (4 bytes a K/V value less at the peak). The
+# shares do not go to a neighbour: step s's go s hops back (one node's NVSwitch: every pair at
+# the same bandwidth). Unmeasured: off.
+DKV_HOME = False
+
+# With the shares sent home (the backward takes DKV_HOME's path whatever DKV_HOME says): each
+# step's shares leave right after the step's kernels and the next step's kernels wait for the
+# exchange, instead of travelling during the next step. No share is then in flight while a step
+# runs: the peak per GPU loses the two share buffers (4 bytes per local K/V value: 16 instead of
+# 20 local bf16 q-sized tensors, the same at every P), for a transfer between the steps that is
+# exposed (the shares, k's dtype, once each way; the whole GPU free for it) and a wait at every
+# step for the rank it exchanges with. Faster too where the step kernels hold every SM (selection's
+# dynamic persistent backward): an accumulator transfer queued during a step got SMs on one rank and
+# spun there through the whole step waiting for its peer (4 x H200, 1M tokens non-causal, session 18
+# round 1: rank 0's steps 1 and 2 1494 and 1484 ms against 1310-1347 on the others). Measured there,
+# same processes, one repetition each: 1M non-causal backward 5640 -> 5278 ms (DKV_HOME alone 5645),
+# 512 -> 537 TFLOPs/GPU fwd + bwd; 1M causal 2691 (DKV_HOME) / 2769 (as is, warm) -> 2590 ms; peak
+# per GPU (32k positions per rank, tests/ring_memory_probe.py) 22.06 -> 16.06 X at P = 4, 18.06 ->
+# 15.03 X at P = 2 (non-causal). On.
+BWD_LOW_MEMORY = True
+
 _side_streams: dict = {}
 
 # Whether the rings move blocks over a process group of their own whose NCCL streams have high
@@ -475,7 +558,11 @@ RING_MAX_CTAS: Optional[int] = None
 # starts late, its SM held by a transfer's kernel, then computes one tile instead of a fixed
 # 1/132 of the step, so the step does not end a transfer's wait later. Measured as above:
 # forward 524 -> 460 ms alone (the single-GPU shard's four steps: 441), 518 -> 533 TFLOPs/GPU;
-# on.
+# on (non-causal rings; causal ones with FWD_DYNAMIC_CAUSAL). Selection's static configs with
+# stream_tail run it without their balanced tail (_forward_config; until session 18 such a
+# config kept it from applying at all). Session 18, 4 x H200, 1M tokens non-causal: forward 2079
+# ms with it (steps 465-588 ms), 2061 without (static stream_tail: one rank's step 1 739 ms, the
+# rest 419-461); 512k: 462 ms with it (the shard's 4 x 105, torch CP 490).
 FWD_DYNAMIC = True
 # The smallest ring FWD_DYNAMIC applies to. With 2 ranks the forward has one transfer, queued
 # before the first step's kernels, so no CTA starts more than that transfer late (3-6 ms), and
@@ -484,6 +571,14 @@ FWD_DYNAMIC = True
 # session17_ring4/ring2.log): forward 939 ms on the dynamic scheduler, 896 static (the shard's
 # 2 x 447), 559 -> 565 TFLOPs/GPU fwd + bwd (grid of one CTA per tile, FWD_GRID_STEPS: 914 ms).
 FWD_DYNAMIC_MIN_WORLD = 3
+# Whether FWD_DYNAMIC applies to causal rings too (their half-block steps are non-causal calls). Off:
+# 4 x H200, 1M tokens causal (session 18 round 1), the half-block steps on selection's static
+# persistent schedule (with stream_tail) ran the forward in 892 ms, no rank straggling (each step
+# 210-231 ms; the single-GPU shard 217); on the dynamic scheduler it took 941 ms in session 16. The
+# non-causal ring of the same run straggled without it (one rank's step 1 739 ms, the others' 454-461:
+# selection's stream_tail configs had kept FWD_DYNAMIC from applying at all, fixed in
+# _forward_config).
+FWD_DYNAMIC_CAUSAL = False
 
 # How many of the dense ring's first forward steps run their non-causal calls on a grid of one CTA
 # per tile where selection picks a persistent schedule (0: none; bench --ring-ab fwd_gridN). A
@@ -500,6 +595,23 @@ FWD_DYNAMIC_MIN_WORLD = 3
 # Causal calls keep their schedule (the causal 1M forward ran at the shard's speed, 941 against
 # 4 x 234 ms). Unmeasured: off.
 FWD_GRID_STEPS = 0
+
+# Non-causal rings of at least FWD_DYNAMIC_MIN_WORLD ranks: how many first steps run on a grid of
+# one CTA per tile (as FWD_GRID_STEPS), the later steps then on the config selection picks (the
+# static persistent one: FWD_DYNAMIC is left to causal rings there; 0: off, FWD_DYNAMIC and
+# FWD_GRID_STEPS as they are). On the grid every transfer of the forward gets its SMs within a
+# tile and the chained transfers end in the first step (FWD_GRID_STEPS' note), so that the later
+# steps have none left to make room for and the static persistent schedule, the faster one for a
+# non-causal call (2 x H100, 256k x 256k: 896 ms static, 939 dynamic), has nothing to straggle
+# behind. Causal rings keep FWD_DYNAMIC: their step 0 is the causal call, on which the dynamic
+# scheduler is the faster one (4 x H200, 1M tokens: 213 ms, the static shard's 234). Unmeasured
+# (session 18's round 1 ran it while the stream_tail configs refused the grid: a no-op): off. The
+# cell it is for: 4 x H200, 1M tokens non-causal, the one torch CP still wins (session 18 final:
+# forward 2079 ms on the dynamic scheduler, 2061 static with one rank's step 1 at 739; the static
+# stream_tail steps of the ranks that did not straggle 419-461, the shard 451, torch CP's forward
+# 1962; the backward at the shard's speed). A/B: bench --ring-ab fwd_fullgrid1 --ring-ab-seqlens
+# 1048576 --ring-ab-causal no.
+FWD_FULL_GRID_STEPS = 0
 
 _priority_groups: dict = {}
 
@@ -662,6 +774,19 @@ def _rotate_forward(ring: _Ring, kv: tuple, comm: bool, step_fn) -> tuple:
     return kv  # the block of the last step: rank + 1's (comm=False: the local one)
 
 
+def _step_and_receive(ring: _Ring, step_fn, step: int, src: int, kv: tuple, recv_kv, pending,
+                      comm: bool) -> tuple:
+    """A backward step: step_fn on the block in hand, then the compute stream waits for the
+    step's transfers (bwd_wait). Returns (the step's dK/dV shares, the next step's block)."""
+    shares = step_fn(step, src, *kv)
+    if pending:
+        with _Span("bwd_wait", step, kv[0]):
+            ring.finish(pending)
+    if comm and step + 1 < ring.world:
+        kv = tuple(recv_kv)
+    return shares, kv
+
+
 def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=None) -> tuple:
     """The backward ring: K/V blocks travel as in the forward, each with its fp32 dK/dV
     accumulator one step behind. ``step_fn(step, src, k_block, v_block)`` adds dQ's share
@@ -699,12 +824,7 @@ def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=Non
                 recv_kv, recv_acc = both[:2], both[2:]
             pending += reqs
         src = (ring.rank + 1 + step) % world if reverse else (ring.rank - step) % world
-        parts = step_fn(step, src, *kv)
-        if pending:
-            with _Span("bwd_wait", step, k):
-                ring.finish(pending)
-        if comm and step + 1 < world:
-            kv = tuple(recv_kv)
+        parts, kv = _step_and_receive(ring, step_fn, step, src, kv, recv_kv, pending, comm)
         with _Span("bwd_accum", step, k):
             if comm and step > 0:  # the block's accumulator as it left the previous rank
                 dk_acc, dv_acc = recv_acc
@@ -731,6 +851,94 @@ def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=Non
     return tuple(dkv)
 
 
+def _add_shares(home, shares, k: Tensor, v: Tensor, acc):
+    """home (fp32 dK, dV of a block, or None: none yet) plus shares [(index, dk, dv)] (index as
+    _rotate_backward's); a first share covering the whole block becomes home itself."""
+    for index, dk_b, dv_b in shares:
+        if home is None and index is None:
+            home = (dk_b.to(acc), dv_b.to(acc))
+            continue
+        if home is None:
+            home = (torch.zeros(k.shape, dtype=acc, device=k.device),
+                    torch.zeros(v.shape, dtype=acc, device=v.device))
+        if index is None:
+            home[0].add_(dk_b)
+            home[1].add_(dv_b)
+        else:
+            home[0][index] += dk_b
+            home[1][index] += dv_b
+    return home
+
+
+def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, share_index,
+                          first=None) -> tuple:
+    """The backward ring with DKV_HOME: K/V blocks travel as in _rotate_backward; the dK/dV
+    shares ``step_fn`` returns for another rank's block go to that rank at the start of the next
+    step (while it computes), and the shares other ranks made of the local block come back the
+    same way; the local block's fp32 accumulator stays home. share_index(rank): the indices, in
+    order, of the shares ``rank`` makes of the local block (what its step_fn returns for it), so
+    that they can be received. The last step's shares go home after the loop (the forward
+    direction: the last block is rank + 1's; first given (REVERSE_BWD): the last block is the
+    local one, nothing left to send). BWD_LOW_MEMORY: every step's shares go home right after
+    its kernels, and the next step's kernels wait for them. Returns the local (dK, dV) in k's
+    dtype."""
+    world, rank = ring.world, ring.rank
+    k, v = kv
+    reverse = first is not None
+    if reverse:
+        kv = tuple(first)
+    # the block of step s, and the rank that holds the local block at its step s
+    owner = (lambda s: (rank + 1 + s) % world) if reverse else (lambda s: (rank - s) % world)
+    holder = (lambda s: (rank - 1 - s) % world) if reverse else (lambda s: (rank + s) % world)
+
+    def exchange(step: int, shares: list, trace: tuple):
+        """Send the shares step ``step`` made (of owner(step)'s block); receive those
+        holder(step) made of the local block: (received [(index, dk, dv)], requests)."""
+        out = [t for _, dk_b, dv_b in shares for t in (dk_b, dv_b)]
+        index = share_index(holder(step)) if holder(step) != rank else []
+        like = [x[i] if i is not None else x for i in index for x in (k, v)]
+        got, reqs = ring.start(out, trace=trace, peers=(owner(step), holder(step)),
+                               recv_like=like)
+        return [(i, got[2 * j], got[2 * j + 1]) for j, i in enumerate(index)], reqs
+
+    home = None  # the local block's fp32 (dK, dV)
+    made = None  # (step, shares) of another rank's block, made by the last step
+    for step in range(world):
+        pending, recv_kv, incoming = [], [], []
+        if comm and step + 1 < world:
+            recv_kv, reqs = ring.start(kv, after_current=not (EARLY_SEND and step > 0),
+                                       reverse=reverse, trace=("bwd_xfer", step))
+            pending += reqs
+        if comm and made is not None:
+            incoming, reqs = exchange(*made, trace=("bwd_acc_xfer", step))
+            pending += reqs
+        made = None
+        src = owner(step)
+        shares, kv = _step_and_receive(ring, step_fn, step, src, kv, recv_kv, pending, comm)
+        with _Span("bwd_accum", step, k):
+            if src == rank or not comm:  # (comm=False: every step sees the local block)
+                home = _add_shares(home, shares, k, v, acc)
+            else:
+                made = (step, shares)
+            home = _add_shares(home, incoming, k, v, acc)
+        del shares, recv_kv, incoming
+        if BWD_LOW_MEMORY and made is not None and step + 1 < world:  # home now, waited for
+            with _Span("bwd_wait", step, k):
+                incoming, reqs = exchange(*made, trace=("bwd_acc_xfer", step))
+                ring.finish(reqs)
+            with _Span("bwd_accum", step, k):
+                home = _add_shares(home, incoming, k, v, acc)
+            made = incoming = None
+    with _Span("bwd_final", world - 1, k):
+        if made is not None:  # the last step's shares (rank + 1's block) go home
+            incoming, reqs = exchange(*made, trace=("bwd_home_xfer", world - 1))
+            ring.finish(reqs)
+            home = _add_shares(home, incoming, k, v, acc)
+        if home is None:  # (no share at all: not with a ring's own block, kept for safety)
+            return torch.zeros_like(k), torch.zeros_like(v)
+        return home[0].to(k.dtype), home[1].to(v.dtype)
+
+
 # Whether the dense rings run a step's non-causal call over several q chunks as one call per q
 # chunk (the same work in smaller calls; bench --ring-ab split_q times it against one call).
 SPLIT_Q = False
@@ -743,6 +951,14 @@ def _dense_calls(q_chunks: tuple, k_chunks: tuple, causal: bool) -> list:
         return calls
     return [Call(i, i + 1, c.k0, c.k1, False) if not c.causal else c
             for c in calls for i in (range(c.q0, c.q1) if not c.causal else (c.q0,))]
+
+
+def _share_index(call: Call, n_k: int, k_len: int):
+    """Where a dense call's dK/dV share goes in the block (n_k chunks of k_len positions): None
+    for the whole block, else (slice(None), the call's k positions)."""
+    if _covers(call, n_k, True):
+        return None
+    return slice(None), slice(call.k0 * k_len, call.k1 * k_len)
 
 
 def _covers(call: Call, n_chunks: int, of_k: bool = False) -> bool:
@@ -774,7 +990,7 @@ def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: 
             qs, ks = _slices(call, q_len, q_len)
             with _Span("fwd_compute", i, q):
                 o_b, lse_b = block_forward(q[:, qs], k_cur[:, ks], v_cur[:, ks], scale, call.causal,
-                                           i, world)
+                                           i, world, causal)
             with _Span("fwd_merge", i, q):
                 if not run and _covers(call, nq):
                     run["out"], run["lse"] = first_partial(o_b, lse_b, acc)
@@ -832,13 +1048,20 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
                     if not grad:
                         grad["dq"] = torch.zeros(q.shape, dtype=acc, device=q.device)
                     grad["dq"][:, qs] += dq_b
-            parts.append((None if _covers(call, len(k_chunks), True) else (slice(None), ks),
-                          dk_b, dv_b))
+            parts.append((_share_index(call, len(k_chunks), q_len), dk_b, dv_b))
         return parts
 
+    def share_index(holder: int) -> list:  # DKV_HOME: where the shares of holder's steps go
+        k_chunks = chunk_ids(rank, world, layout)
+        return [_share_index(call, len(k_chunks), q_len)
+                for call in _dense_calls(chunk_ids(holder, world, layout), k_chunks, causal)]
+
     _trace_origin(q)
-    dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step,
-                              None if kv_last is None else _sendable(*kv_last))
+    first = None if kv_last is None else _sendable(*kv_last)
+    if DKV_HOME or BWD_LOW_MEMORY:
+        dk, dv = _rotate_backward_home(ring, _sendable(k, v), comm, acc, step, share_index, first)
+    else:
+        dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step, first)
     dq = grad["dq"].to(q.dtype) if grad else torch.zeros_like(q)
     return dq, dk, dv
 
@@ -1163,7 +1386,14 @@ def ring_varlen_backward(dout, q, k, v, out, lse, chunks: VarlenChunks, scale: f
             parts.append((ks, dk_b, dv_b))
         return parts
 
-    dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step)
+    def share_index(holder: int) -> list:  # DKV_HOME: where the shares of holder's steps go
+        return [_rows(call, n)[1] for call in varlen_step_calls(
+            chunk_ids(holder, world, layout), chunk_ids(rank, world, layout), causal)]
+
+    if DKV_HOME or BWD_LOW_MEMORY:
+        dk, dv = _rotate_backward_home(ring, _sendable(k, v), comm, acc, step, share_index)
+    else:
+        dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

@@ -87,15 +87,17 @@ def main(argv=None) -> int:
             print(f"skip {p}: {exc}", flush=True)
             continue
         configs.append(cfg)
+        # (distributed._forward_config: stream_tail goes with the static schedule)
+        tail = {"stream_tail": False} if getattr(cfg, "stream_tail", False) else {}
         if p.op == "fwd" and not p.features and getattr(cfg, "persistent", False) \
                 and getattr(cfg, "dynamic", None) is False:  # distributed.FWD_DYNAMIC's config
-            alt = cfg.replace(dynamic=True)
+            alt = cfg.replace(dynamic=True, **tail)
             if not alt.problems(smem):
                 configs.append(alt)
         if a.grid and p.op == "fwd" and not p.features and not p.causal and p.seqlen_k >= 2048 \
                 and getattr(cfg, "persistent", False):  # distributed.FWD_GRID_STEPS' config (the
             # bench's calls and the GPU test's FLAG_CASES: the small cases never run it)
-            alt = cfg.replace(persistent=False, dynamic=False, tile_overlap=False, section=0)
+            alt = cfg.replace(persistent=False, dynamic=False, tile_overlap=False, section=0, **tail)
             if not alt.problems(smem):
                 configs.append(alt)
     configs = list(dict.fromkeys(configs))

@@ -75,6 +75,28 @@ def _worker(rank, world, port, cases):
             _check_case(rank, world, cases[2], seed=4003, strided=True)
         finally:
             cfd.EARLY_SEND, cfd.SPLIT_Q, cfd.REVERSE_BWD = flip()
+        saved = cfd.DKV_HOME, cfd.REVERSE_BWD, cfd.BWD_LOW_MEMORY
+        try:  # dK/dV shares sent home during the next step (DKV_HOME, BWD_LOW_MEMORY off): dense
+            # (contiguous causal: steps that make no share at all), varlen, and with the
+            # backward the other way round
+            cfd.DKV_HOME, cfd.BWD_LOW_MEMORY = True, False
+            _check_case(rank, world, cases[1], seed=5000)
+            _check_case(rank, world, cases[3], seed=5001)
+            _check_case(rank, world, cases[2], seed=5002, strided=True)
+            _check_varlen_case(rank, world, VARLEN_CASES[0], seed=5003)
+            _check_varlen_case(rank, world, VARLEN_CASES[1], seed=5004)
+            cfd.REVERSE_BWD = not saved[1]
+            _check_case(rank, world, cases[1], seed=5005)
+            _check_case(rank, world, cases[4], seed=5006)
+            # the other path: an fp32 accumulator travelling with the block (both off)
+            cfd.BWD_LOW_MEMORY, cfd.DKV_HOME = False, False
+            _check_case(rank, world, cases[2], seed=5007)
+            cfd.REVERSE_BWD = saved[1]
+            _check_case(rank, world, cases[1], seed=5008)
+            _check_case(rank, world, cases[3], seed=5009)
+            _check_varlen_case(rank, world, VARLEN_CASES[4], seed=5010)
+        finally:
+            cfd.DKV_HOME, cfd.REVERSE_BWD, cfd.BWD_LOW_MEMORY = saved
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -451,6 +473,7 @@ def test_ring_group_checks_max_ctas_and_flags_default_off():
     import torch.distributed as dist
 
     assert cfd.PRIORITY_GROUP and cfd.FWD_DYNAMIC and cfd.RING_MAX_CTAS is None
+    assert cfd.BWD_LOW_MEMORY and not cfd.DKV_HOME and not cfd.FWD_DYNAMIC_CAUSAL
     for bad in (0, 2.0, True):
         with pytest.raises(ValueError, match="^max_ctas"):
             cfd.ring_group(max_ctas=bad)
@@ -842,10 +865,28 @@ def test_block_forward_schedule_flags(monkeypatch):
     assert asked == []  # 2 ranks: static persistent as selected
     assert cfd.block_forward(q, q, q, 0.1, False, 1, 2)[0] is None
     assert cfd.block_forward(q, q, q, 0.1, False, 0, 3)[0] == "cfg" and asked == [(False, False)]
+    # a causal ring (the call's causal by default) only with FWD_DYNAMIC_CAUSAL
+    assert cfd.block_forward(q, q, q, 0.1, True, 0)[0] is None and len(asked) == 1
+    assert cfd.block_forward(q, q, q, 0.1, False, 1, 4, True)[0] is None and len(asked) == 1
+    monkeypatch.setattr(cfd, "FWD_DYNAMIC_CAUSAL", True)
     assert cfd.block_forward(q, q, q, 0.1, True, 0)[0] == "cfg" and asked[-1] == (True, False)
+    monkeypatch.setattr(cfd, "FWD_DYNAMIC_CAUSAL", False)
     monkeypatch.setattr(cfd, "FWD_GRID_STEPS", 1)
     asked.clear()
     cfd.block_forward(q, q, q, 0.1, False, 0, 2)
     cfd.block_forward(q, q, q, 0.1, False, 1, 2)
     cfd.block_forward(q, q, q, 0.1, True, 0, 4)
-    assert asked == [(False, True), (True, False)]
+    cfd.block_forward(q, q, q, 0.1, False, 1, 4)
+    assert asked == [(False, True), (False, False)]
+    # FWD_FULL_GRID_STEPS: non-causal rings from FWD_DYNAMIC_MIN_WORLD ranks up only; the first
+    # steps on the grid, the later ones as selected (no FWD_DYNAMIC); causal rings unchanged
+    monkeypatch.setattr(cfd, "FWD_GRID_STEPS", 0)
+    monkeypatch.setattr(cfd, "FWD_FULL_GRID_STEPS", 1)
+    asked.clear()
+    assert cfd.block_forward(q, q, q, 0.1, False, 0, 4, False)[0] == "cfg"
+    assert cfd.block_forward(q, q, q, 0.1, False, 1, 4, False)[0] is None
+    assert cfd.block_forward(q, q, q, 0.1, False, 0, 2, False)[0] is None
+    assert asked == [(False, True)]
+    cfd.block_forward(q, q, q, 0.1, False, 0, 4, True)   # a causal ring's half-block calls
+    cfd.block_forward(q, q, q, 0.1, True, 0, 4, True)
+    assert asked == [(False, True)]

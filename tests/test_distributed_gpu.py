@@ -332,8 +332,9 @@ def _sizes_worker(rank, world, port):
     the first P ranks, which also checks the ring's group argument), dense and varlen cases
     (at P = world FLAG_CASES too: the defaults' FWD_DYNAMIC switch at full size, from P = 2 up:
     FWD_DYNAMIC_MIN_WORLD lowered to 2 for these passes); the varlen calls alone on rank 0
-    (P = 1); and at P = world the cases again with FWD_DYNAMIC and PRIORITY_GROUP flipped and
-    FWD_GRID_STEPS = 1."""
+    (P = 1); and at P = world the cases again with FWD_DYNAMIC and PRIORITY_GROUP flipped,
+    FWD_GRID_STEPS = 1 and the backward's other two paths (DKV_HOME's shares home during the next
+    step; the fp32 accumulator travelling with the block)."""
     import torch.distributed as dist
 
     from cuflash import distributed as cfd
@@ -353,21 +354,29 @@ def _sizes_worker(rank, world, port):
         if rank == 0:
             failures += _varlen_checks(0, 1, one, VARLEN_CASES)
         dist.barrier()
-        saved = cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS
-        cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS = not saved[0], not saved[1], 1
+        saved = cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS, cfd.DKV_HOME, \
+            cfd.BWD_LOW_MEMORY
+        # (the backward's shares home during the next step: DKV_HOME, BWD_LOW_MEMORY off)
+        cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS, cfd.DKV_HOME, cfd.BWD_LOW_MEMORY = \
+            not saved[0], not saved[1], 1, True, False
         try:
             tag = (f" FWD_DYNAMIC={cfd.FWD_DYNAMIC} PRIORITY_GROUP={cfd.PRIORITY_GROUP} "
-                   f"FWD_GRID_STEPS={cfd.FWD_GRID_STEPS}")
+                   f"FWD_GRID_STEPS={cfd.FWD_GRID_STEPS} DKV_HOME={cfd.DKV_HOME} "
+                   f"BWD_LOW_MEMORY={cfd.BWD_LOW_MEMORY}")
             failures += _dense_checks(rank, world, None, FLAG_CASES + CASES[:1], first_extra=False,
                                       tag=tag)
             failures += _varlen_checks(rank, world, None, VARLEN_CASES[:1], tag=tag)
+            cfd.DKV_HOME = False  # (an fp32 accumulator travelling with the block)
+            failures += _dense_checks(rank, world, None, CASES[:2], first_extra=False,
+                                      tag=tag.replace("DKV_HOME=True", "DKV_HOME=False"))
             grid = [c.name for key, c in cfd._dynamic_configs.items() if key[-1] and c is not None]
             print(f"rank {rank}/{world}{tag}: grid configs run {grid}", flush=True)
             if not grid or any("persist" in name for name in grid):
                 failures.append(f"rank {rank}: FWD_GRID_STEPS=1 ran no non-causal call on a grid "
                                 f"of one CTA per tile (configs {grid})")
         finally:
-            cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS = saved
+            cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS, cfd.DKV_HOME, \
+                cfd.BWD_LOW_MEMORY = saved
         dist.barrier()
     finally:
         cfd.FWD_DYNAMIC_MIN_WORLD = min_world

@@ -13,11 +13,10 @@ mask, less its --ring-ab variants' time (ab_seconds), scaled by seqlen², and by
 is light and that one was not, by 1 / LIGHT_COST the other way round). Problems above
 --ring-light-from (default 524288) run light, to fit the 1M problems in a ~5-minute run: one
 timed repetition after a warm-up on a small ring (WARM_LOCAL positions per rank, the same
-kernels) and one full forward, no transfer-free runs (comm_exposed_ms from the trace's waits
-instead), no peak-memory run (its 1/P scaling is measured at the smaller seqlens), the shard
-baseline warmed up on WARM_LOCAL positions too where selection runs the same configs there
-(cuflash_shard's warm_local), torch CP on its cuDNN backend only (flash runs at 0.6x its speed,
-measured every earlier run).
+kernels) and one full forward and backward (a process's first full-size backward is slow), no
+transfer-free runs (comm_exposed_ms from the trace's waits instead), no peak-memory run (its 1/P
+scaling is measured at the smaller seqlens), torch CP on its cuDNN backend only (flash runs at
+0.6x its speed, measured every earlier run).
 
 Records (results/<gpu>x<P>/ring.{json,csv}), impl:
   ring           fwd_ms, bwd_ms (ring_forward / ring_backward, no autograd), tflops_per_gpu
@@ -57,7 +56,8 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  seqlen, --ring-ab-seqlens: only at those, --ring-ab-causal yes / no: only with
                  that mask). --ring-set NAME: the whole run with a variant (ring_set in the
                  records; the settings it ran with: reverse_bwd, fwd_dynamic, priority_group,
-                 ring_max_ctas, early_send, fwd_grid_steps). --ring-rotate K: process r on GPU
+                 ring_max_ctas, early_send, fwd_grid_steps, dkv_home, bwd_low_memory,
+                 fwd_full_grid_steps). --ring-rotate K: process r on GPU
                  (r + K) mod the GPU count.
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
@@ -482,8 +482,8 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         res = fwd_g(main)  # (the full problem's warm-up)
         fwd = lambda comm=True: fwd_g(main, comm=comm)  # noqa: E731
         bwd = lambda comm=True: bwd_g(res, main, comm=comm)  # noqa: E731
-        if not light:
-            bwd()
+        bwd()  # (light too: a first full-size backward in the process ran 3222 ms where the
+        # same ring warm took 2691-2769, session 18 round 1, 4 x H200 1M causal)
         rec["fwd_ms"] = fwd_ms = _timed(fwd, reps)
         rec["bwd_ms"] = bwd_ms = _timed(bwd, reps)
         rec["reverse_bwd"] = cfd.REVERSE_BWD
@@ -492,6 +492,9 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         rec["ring_max_ctas"] = cfd.RING_MAX_CTAS
         rec["early_send"] = cfd.EARLY_SEND
         rec["fwd_grid_steps"] = cfd.FWD_GRID_STEPS
+        rec["dkv_home"] = cfd.DKV_HOME
+        rec["bwd_low_memory"] = cfd.BWD_LOW_MEMORY
+        rec["fwd_full_grid_steps"] = cfd.FWD_FULL_GRID_STEPS
         if opts.get("ring_set"):
             rec["ring_set"] = opts["ring_set"]
         t_ab = time.perf_counter()
@@ -545,18 +548,8 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         def sbwd():
             torch.autograd.grad(holder["o"], leaves, dout, retain_graph=True)
 
-        if light and _same_kernels(b, h, s_local, min(s_local, WARM_LOCAL), d, causal):
-            # warm-up on the first WARM_LOCAL positions: the same configs, loaded; a light
-            # problem's full-size warm-up would cost as much as its timed run (one repetition;
-            # the timed forward's output is the backward's input)
-            small = [x[:, :WARM_LOCAL].detach().requires_grad_() for x in (q, k, v)]
-            o = flash_attn_func(*small, causal=causal)
-            torch.autograd.grad(o, small, dout[:, :WARM_LOCAL])
-            shard["warm_local"] = min(s_local, WARM_LOCAL)
-            del o, small
-        else:
-            sfwd()
-            sbwd()
+        sfwd()  # a full-size warm-up, light problems too (as the ring's)
+        sbwd()
         shard["fwd_ms"] = _timed(sfwd, reps)
         shard["bwd_ms"] = _timed(sbwd, reps)
         sf, sb = flops(b, h, s_local, d, causal), flops(b, h, s_local, d, causal, "bwd")
@@ -604,6 +597,14 @@ AB_VARIANTS = {
     "fwd_dyn": "cuflash.distributed.FWD_DYNAMIC flipped (from FWD_DYNAMIC_MIN_WORLD ranks up: "
                "static persistent forward calls on the "
                "dynamic scheduler)",
+    "dkv_home": "cuflash.distributed.DKV_HOME flipped (the backward's dK/dV shares sent "
+                "straight to the block's owner in k's dtype, summed there in fp32, instead of an "
+                "fp32 accumulator travelling with the block)",
+    "bwd_lowmem": "cuflash.distributed.BWD_LOW_MEMORY flipped (the shares sent home as with "
+                  "DKV_HOME, right after their step, waited for: none in flight during a step)",
+    "fwd_fullgridN": "cuflash.distributed.FWD_FULL_GRID_STEPS = N (non-causal rings from "
+                     "FWD_DYNAMIC_MIN_WORLD ranks up: the first N forward steps on a grid of one "
+                     "CTA per tile, the later ones static persistent; e.g. fwd_fullgrid1)",
     "lib_priority": "cuflash.distributed.PRIORITY_GROUP flipped (the ring's own high-priority "
                     "twin of the default group, made by the library)",
     "lib_ctasN": "cuflash.distributed.RING_MAX_CTAS = N (the library's high-priority twin group "
@@ -613,7 +614,8 @@ AB_VARIANTS = {
                  "fwd_grid0: none)",
 }
 FLAG_VARIANTS = {"early_send": "EARLY_SEND", "split_q": "SPLIT_Q", "reverse_bwd": "REVERSE_BWD",
-                 "fwd_dyn": "FWD_DYNAMIC", "lib_priority": "PRIORITY_GROUP"}
+                 "fwd_dyn": "FWD_DYNAMIC", "lib_priority": "PRIORITY_GROUP", "dkv_home": "DKV_HOME",
+                 "bwd_lowmem": "BWD_LOW_MEMORY"}
 _MAIN: dict = {"group": None}  # the process's ring group under --ring-set (None: the default)
 WARM_LOCAL = 32768  # a variant's warm-up ring: this many local positions (the same kernels as
 # the bench's shards from 64k tokens per rank up: the heuristic's tiles change below 16k keys)
@@ -641,10 +643,13 @@ def parse_variant(name: str) -> dict:
             out["lib_ctas"] = int(part[8:])
         elif part.startswith("fwd_grid") and part[8:].isdigit() and out["grid_steps"] is None:
             out["grid_steps"] = int(part[8:])
+        elif part.startswith("fwd_fullgrid") and part[12:].isdigit() \
+                and out.get("full_grid_steps") is None:
+            out["full_grid_steps"] = int(part[12:])
         else:
             raise ValueError(f"ab: unknown variant {part!r} in {name!r} (known: "
                              f"{', '.join(sorted(AB_VARIANTS))}; nccl_ctasN, lib_ctasN with N >= 1, "
-                             "fwd_gridN with N >= 0, once; several joined by '+')")
+                             "fwd_gridN, fwd_fullgridN with N >= 0, once; several joined by '+')")
     if len(set(out["flags"])) != len(out["flags"]):
         raise ValueError(f"ab: {name!r} names a flag twice")
     return out
@@ -661,6 +666,8 @@ def apply_variant(spec: dict) -> None:
         cfd.RING_MAX_CTAS = spec["lib_ctas"]
     if spec.get("grid_steps") is not None:
         cfd.FWD_GRID_STEPS = spec["grid_steps"]
+    if spec.get("full_grid_steps") is not None:
+        cfd.FWD_FULL_GRID_STEPS = spec["full_grid_steps"]
 
 
 def _variant_group(spec: dict, world: int):
@@ -704,7 +711,8 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd, warm_local,
     key = f"alt_{name}"
     out = {}
     flags = ("EARLY_SEND", "SPLIT_Q", "REVERSE_BWD", "FWD_DYNAMIC", "PRIORITY_GROUP",
-             "RING_MAX_CTAS", "FWD_GRID_STEPS")
+             "RING_MAX_CTAS", "FWD_GRID_STEPS", "DKV_HOME", "FWD_FULL_GRID_STEPS",
+             "BWD_LOW_MEMORY")
     saved = {f: getattr(cfd, f) for f in flags}
     try:
         spec = parse_variant(name)
@@ -861,22 +869,6 @@ def _line(rec, shard) -> str:
                else "not run; ") +
             f"1-GPU shard {shard.get('tflops', float('nan')):.0f} TFLOPs -> efficiency "
             f"{eff if eff is not None else float('nan'):.3f}")
-
-
-def _same_kernels(b, h, s_big, s_small, d, causal) -> bool:
-    """Whether selection runs single-GPU cuflash's forward and backward on the same configs at
-    s_small positions as at s_big (bf16; batch b, h heads, head dim d, self-attention): a
-    warm-up at s_small then loads the big problem's kernels."""
-    import torch
-
-    from .. import select
-    from ..problem import Problem
-
-    dev = torch.cuda.current_device()
-    return all(select.choose_on_device(Problem(op, "bf16", b, s_small, s_small, h, h, d, causal),
-                                       dev)[1] ==
-               select.choose_on_device(Problem(op, "bf16", b, s_big, s_big, h, h, d, causal),
-                                       dev)[1] for op in ("fwd", "bwd"))
 
 
 def _full(rank, seqlen, causal, opts, base, log) -> list:
