@@ -1,0 +1,242 @@
+// sm90_fwd_common.cuh: what the Hopper forward kernels share, sm90_fwd.cu (bf16 / fp16) and
+// sm90_fwd_fp8.cu (e4m3): the tile numbering, the pingpong turns of the consumer warpgroups, the
+// mbarriers of Q and of the K/V ring with the producer's and the consumers' steps on them, and the
+// epilogue that stores O and LSE from registers. sm90_fwd.cu's header explains the algorithm and
+// the handshake; each kernel file keeps its own GEMMs, softmax and features.
+#pragma once
+#include "ptx.cuh"
+#include "ptx_sm90.cuh"
+#include "softmax.cuh"
+
+namespace cuflash {
+
+// Pingpong turns of consumer warpgroup wg (sm90_fwd.cu header: why arrivals equal waits). A turn
+// is the code between begin() (wait on named barrier 1 + wg for the hand-over) and end() (hand
+// over to the next warpgroup, round robin). start(): the last warpgroup gives warpgroup 0 the
+// first turn; end(true) marks the final turn, whose hand-over the last warpgroup skips. Without
+// kOn every member is a no-op.
+template <bool kOn, int kConsumers>
+struct Pingpong {
+    int wg;
+    __device__ __forceinline__ explicit Pingpong(int wg_) : wg(wg_) {}
+    __device__ __forceinline__ void start() const {
+        if (kOn && wg == kConsumers - 1) named_barrier_arrive(1, 256);
+    }
+    __device__ __forceinline__ void begin() const { if (kOn) named_barrier_sync(1 + wg, 256); }
+    __device__ __forceinline__ void end(bool last = false) const {
+        if (kOn && !(last && wg == kConsumers - 1)) named_barrier_arrive(1 + (wg + 1) % kConsumers, 256);
+    }
+};
+
+// Tile `tile` of the grid's numbering (sm90_fwd.cu header): its Q block, head and batch.
+struct Sm90Tile {
+    int m_block, head, batch;
+    __device__ __forceinline__ Sm90Tile(int tile, int m_blocks, int nheads) {
+        m_block = m_blocks - 1 - tile % m_blocks;
+        const int hb = tile / m_blocks;
+        head = hb % nheads;
+        batch = hb / nheads;
+    }
+};
+
+// The mbarriers of Q and of the K/V ring (sm90_fwd.cu header: the producer / consumer handshake),
+// 8 bytes each from `base`: Q full, Q empty, then K full, V full, K empty, V empty, kStages each.
+// An iteration `it` is a K/V block in the CTA's order (counted across its tiles): it uses slot
+// it % kStages, whose fill number it / kStages gives the phases.
+//   full   one arrival (the producer's expect_tx with the tile's bytes) and the bytes themselves
+//   empty  kConsumers · 128 arrivals, one per consumer thread after its last read of the tile
+template <int kStages>
+struct Sm90FwdBars {
+    static constexpr int kCount = 2 + 4 * kStages;
+    u32 base;
+    __device__ __forceinline__ u32 q_full() const { return base; }
+    __device__ __forceinline__ u32 q_empty() const { return base + 8u; }
+    __device__ __forceinline__ u32 k_full(int slot) const { return base + 8u * (2 + slot); }
+    __device__ __forceinline__ u32 v_full(int slot) const { return base + 8u * (2 + kStages + slot); }
+    __device__ __forceinline__ u32 k_empty(int slot) const { return base + 8u * (2 + 2 * kStages + slot); }
+    __device__ __forceinline__ u32 v_empty(int slot) const { return base + 8u * (2 + 3 * kStages + slot); }
+    static __device__ __forceinline__ int slot(int it) { return it % kStages; }
+    static __device__ __forceinline__ u32 phase(int it) { return u32(it / kStages) & 1; }
+
+    // thread 0, before the CTA's __syncthreads (and fence_mbarrier_init): Q's, then the ring's
+    __device__ __forceinline__ void init_q(int consumer_threads) const {
+        mbarrier_init(q_full(), 1);                         // the producer's expect_tx arrival
+        mbarrier_init(q_empty(), consumer_threads);         // every consumer thread releases Q
+    }
+    __device__ __forceinline__ void init_ring(int consumer_threads) const {
+        for (int s = 0; s < kStages; ++s) {
+            mbarrier_init(k_full(s), 1);
+            mbarrier_init(v_full(s), 1);
+            mbarrier_init(k_empty(s), consumer_threads);    // every consumer thread releases
+            mbarrier_init(v_empty(s), consumer_threads);
+        }
+    }
+
+    // ---- producer ----
+    // Iteration it's fill of its slot. Slot reuse: before it, the consumers must have released the
+    // slot's previous fill (iteration it - kStages: the slot's release it / kStages - 1, with
+    // parity reuse_phase), K and V apart (a slot's next K tile can load while its V_j is still read).
+    struct Fill {
+        int it, slot;
+        u32 reuse_phase;
+    };
+    static __device__ __forceinline__ Fill fill(int it) {
+        const u32 reuse_phase = (it / kStages - 1) & 1;
+        return Fill{it, it % kStages, reuse_phase};
+    }
+    // wait for the release (from the second round of the ring on), then announce the bytes
+    static __device__ __forceinline__ void acquire(u32 full, u32 empty, const Fill& f, int bytes) {
+        if (f.it >= kStages) mbarrier_wait(empty, f.reuse_phase);
+        mbarrier_arrive_expect_tx(full, bytes);
+    }
+    __device__ __forceinline__ void acquire_k(const Fill& f, int bytes) const {
+        acquire(k_full(f.slot), k_empty(f.slot), f, bytes);
+    }
+    __device__ __forceinline__ void acquire_v(const Fill& f, int bytes) const {
+        acquire(v_full(f.slot), v_empty(f.slot), f, bytes);
+    }
+
+    // ---- consumers ----
+    // S = Q K_itᵀ once K_it has landed: reg_fence keeps the reads of the old S (packed into P) and
+    // the rescale of O above the wgmma; wgmma_fence orders those register writes before its reads.
+    template <int kS, int kO, class IssueS>
+    __device__ __forceinline__ void issue_s(int it, float (&s_flat)[kS], float (&o_flat)[kO], IssueS&& issue) const {
+        mbarrier_wait(k_full(slot(it)), phase(it));
+        reg_fence(s_flat);
+        reg_fence(o_flat);
+        wgmma_fence();
+        issue(slot(it));
+    }
+    __device__ __forceinline__ void wait_v(int it) const { mbarrier_wait(v_full(slot(it)), phase(it)); }
+    // O += P V_it once V_it has landed
+    template <class IssuePv>
+    __device__ __forceinline__ void issue_pv(int it, IssuePv&& issue) const {
+        wait_v(it);
+        issue(slot(it));
+    }
+    // the P V GEMM of iteration it is in O (wgmma groups complete in order): V_it's slot may be refilled
+    template <int kO>
+    __device__ __forceinline__ void pv_done(int it, float (&o_flat)[kO]) const {
+        wgmma_wait<0>();
+        reg_fence(o_flat);
+        mbarrier_arrive(v_empty(slot(it)));
+    }
+};
+
+// A hook the kernel leaves empty (sm90_consume_blocks' optional steps)
+struct Sm90Skip {
+    template <class... A>
+    __device__ __forceinline__ void operator()(A...) const {}
+};
+
+// One tile's K/V loop on the consumer side, FA3's pipeline (sm90_fwd.cu header), over the CTA's
+// iterations kv_iter .. kv_iter + n_blocks - 1 (j counts the tile's blocks in loop order):
+//   j = 0       issue S_0 (kIssueFirst: else the kernel issued it ahead), wait, softmax -> P_0
+//   j = 1..n-1  issue S_j and O += P_{j-1} V_{j-1} in one turn, wait for S_j, softmax under the P V
+//               GEMM, wait for it, release V_{j-1}, rescale O, P_j to the A operand
+//   end         O += P_{n-1} V_{n-1} (the tile's final turn), wait (kLastWait groups may stay in flight)
+// The kernel's parts:
+//   issue_s(slot), issue_pv(slot)  S = Q K_slotᵀ, O += P V_slot: issued and committed, not waited for
+//   softmax_s(slot, j)             S_j has landed: release K_j (and Q after the tile's last S), mask,
+//                                  the online softmax step (P_j, m, l, alpha)
+//   to_p(j)                        P_j to the A operand of the next P V (with the kernel's dropout)
+//   rescale_o()                    O *= alpha_j, once P_{j-1} V_{j-1} is in O
+// and its optional steps (Sm90Skip where it has none):
+//   draw(j)                        work for block j under the wait for S_j
+//   first_landed()                 right after S_0 is waited for
+//   rescale_first(in_loop)         O *= alpha before the P V GEMM is issued (in_loop: behind S_j)
+//   after_last_pv()                behind the last P V, in the same turn
+template <bool kIssueFirst, int kLastWait, int kStages, class Turn, int kS, int kO, class IssueS, class IssuePv,
+          class SoftmaxS, class ToP, class RescaleO, class Draw, class FirstLanded, class RescaleFirst,
+          class AfterLastPv>
+__device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages>& bar, const Turn& turn, int kv_iter,
+                                                    int n_blocks, bool last_tile, float (&s_flat)[kS],
+                                                    float (&o_flat)[kO], IssueS&& issue_s, IssuePv&& issue_pv,
+                                                    SoftmaxS&& softmax_s, ToP&& to_p, RescaleO&& rescale_o,
+                                                    Draw&& draw, FirstLanded&& first_landed,
+                                                    RescaleFirst&& rescale_first, AfterLastPv&& after_last_pv) {
+    auto phase = [&](int j) { return u32((kv_iter + j) / kStages) & 1; };
+    auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
+    // j = 0 (the last K/V block): S, softmax; O is still zero, so no P V and no rescale
+    if constexpr (kIssueFirst) {
+        turn.begin();
+        mbarrier_wait(bar.k_full(slot_of(0)), phase(0));
+        reg_fence(s_flat);
+        reg_fence(o_flat);
+        wgmma_fence();
+        issue_s(slot_of(0));
+        turn.end();
+    }
+    draw(0);
+    wgmma_wait<0>();
+    first_landed();
+    softmax_s(slot_of(0), 0);
+    to_p(0);
+
+    for (int j = 1; j < n_blocks; ++j) {
+        const int slot = slot_of(j), prev = slot_of(j - 1);
+        turn.begin();
+        mbarrier_wait(bar.k_full(slot), phase(j));
+        // reg_fence keeps the reads of the old S (packed into P_{j-1}) and the rescale
+        // of O above the wgmma; wgmma_fence orders those register writes before its reads.
+        reg_fence(s_flat);
+        reg_fence(o_flat);
+        wgmma_fence();
+        issue_s(slot);
+        rescale_first(true);
+        mbarrier_wait(bar.v_full(prev), phase(j - 1));
+        issue_pv(prev);
+        turn.end();
+        draw(j);
+        wgmma_wait<1>();                   // S_j is ready; P_{j-1} V_{j-1} may still run
+        softmax_s(slot, j);
+        wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
+        reg_fence(o_flat);
+        mbarrier_arrive(bar.v_empty(prev));    // V_{j-1}'s slot may be refilled
+        rescale_o();
+        to_p(j);
+    }
+    // end: the last block's O += P V (the tile's final turn)
+    const int last = slot_of(n_blocks - 1);
+    turn.begin();
+    mbarrier_wait(bar.v_full(last), phase(n_blocks - 1));
+    rescale_first(false);
+    reg_fence(o_flat);
+    wgmma_fence();
+    issue_pv(last);
+    after_last_pv();
+    turn.end(last_tile);
+    wgmma_wait<kLastWait>();
+    reg_fence(o_flat);
+    mbarrier_arrive(bar.v_empty(last));
+}
+
+// The register epilogue: O = acc · o_factor(l_row) (1 / l and the kernel's factors) stored from
+// registers, two columns (4 bytes) per store, skipping rows >= row_end and columns >= p.head_dim;
+// LSE = m · lse_scale + log l by the quad's first thread. Thread (g, t) of a warp holds rows
+// warp_row0 + g + 8·half of O's 64 x kOCols accumulator tile (sm90_fwd.cu: the accumulator layout).
+template <int kOCols, class Out, class Params>
+__device__ __forceinline__ void store_o_lse(const Params& p, const float (&o_acc)[1][kOCols / 8][4],
+                                            const float (&m)[1][2], const float (&l)[1][2], u16* o_gmem,
+                                            float* lse_gmem, int row_end, float lse_scale, int warp_row0, int g,
+                                            int t, float factor) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const float l_row = quad_sum(l[0][half]);
+        const float inv_l = softmax_inv_l(l_row) * factor;
+        const int r = warp_row0 + g + 8 * half;
+        if (r < row_end) {
+            u16* o_row = o_gmem + r * p.o_row_stride;
+#pragma unroll
+            for (int nt = 0; nt < kOCols / 8; ++nt) {
+                const int col = nt * 8 + 2 * t;
+                if (col < p.head_dim)
+                    *reinterpret_cast<u32*>(o_row + col) =
+                        pack2<Out>(o_acc[0][nt][2 * half] * inv_l, o_acc[0][nt][2 * half + 1] * inv_l);
+            }
+            if (t == 0) lse_gmem[r] = softmax_lse(m[0][half], l_row, lse_scale);
+        }
+    }
+}
+
+}  // namespace cuflash
