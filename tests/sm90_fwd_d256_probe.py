@@ -137,8 +137,10 @@ def profile_rows(fns, calls):
             torch.cuda.synchronize()
         evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         evs.sort(key=lambda e: e.time_range.start)
-        if not evs:
-            out[key] = dict(error="no kernels seen")
+        if not evs:   # (the averages, as tests/fp8_timing.py reads them)
+            avg = {e.key[:160]: getattr(e, "device_time_total", 0) / calls for e in prof.key_averages()}
+            out[key] = dict(error="no kernel events", kernels={k: dict(count=calls, median_us=v)
+                                                                for k, v in avg.items() if v})
             continue
         kernels = {}
         for e in evs:
@@ -216,7 +218,7 @@ def main():
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
 
         cell = f"{dtype} d{d} s{s} {'causal' if causal else 'full'}"
-        ref = cudnn()
+        ref = cudnn().transpose(1, 2)                      # (batch, seqlen, heads, d), as cuflash's
         for key, fn in fns.items():
             out = fn()
             err = (out.float() - ref.float()).abs().max().item()
@@ -238,7 +240,11 @@ def main():
         times = time_interleaved(fns, reps=args.reps, back_to_back=args.b2b, order="shuffle")
         flops = op_flops(problem)
         base = times["sdpa_cudnn"].median_ms
-        prof = profile_rows(fns, args.prof_calls)
+        try:
+            prof = profile_rows(fns, args.prof_calls)
+        except Exception as exc:  # noqa: BLE001 - the other views still count
+            print(f"profiler failed: {exc!r}", flush=True)
+            prof = {}
         sus = {key: sampler.run(fn, args.sustain_ms) for key, fn in fns.items()}
         # the sustained runs once more in the reverse order (the clock depends on what ran before)
         sus2 = {key: sampler.run(fns[key], args.sustain_ms) for key in reversed(list(fns))}
