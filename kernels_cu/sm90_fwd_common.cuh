@@ -1,8 +1,8 @@
 // sm90_fwd_common.cuh: what the Hopper forward kernels share, sm90_fwd.cu (bf16 / fp16) and
 // sm90_fwd_fp8.cu (e4m3): the tile numbering, the pingpong turns of the consumer warpgroups, the
-// mbarriers of Q and of the K/V ring with the producer's and the consumers' steps on them, and the
-// epilogue that stores O and LSE from registers. sm90_fwd.cu's header explains the algorithm and
-// the handshake; each kernel file keeps its own GEMMs, softmax and features.
+// mbarriers of Q and of the K/V ring, and the consumers' loop over a tile's K/V blocks. sm90_fwd.cu's
+// header explains the algorithm and the handshake; each kernel file keeps its own GEMMs, softmax,
+// features, producer and epilogue.
 #pragma once
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
@@ -55,8 +55,6 @@ struct Sm90FwdBars {
     __device__ __forceinline__ u32 v_full(int slot) const { return base + 8u * (2 + kStages + slot); }
     __device__ __forceinline__ u32 k_empty(int slot) const { return base + 8u * (2 + 2 * kStages + slot); }
     __device__ __forceinline__ u32 v_empty(int slot) const { return base + 8u * (2 + 3 * kStages + slot); }
-    static __device__ __forceinline__ int slot(int it) { return it % kStages; }
-    static __device__ __forceinline__ u32 phase(int it) { return u32(it / kStages) & 1; }
 
     // thread 0, before the CTA's __syncthreads (and fence_mbarrier_init): Q's, then the ring's
     __device__ __forceinline__ void init_q(int consumer_threads) const {
@@ -70,56 +68,6 @@ struct Sm90FwdBars {
             mbarrier_init(k_empty(s), consumer_threads);    // every consumer thread releases
             mbarrier_init(v_empty(s), consumer_threads);
         }
-    }
-
-    // ---- producer ----
-    // Iteration it's fill of its slot. Slot reuse: before it, the consumers must have released the
-    // slot's previous fill (iteration it - kStages: the slot's release it / kStages - 1, with
-    // parity reuse_phase), K and V apart (a slot's next K tile can load while its V_j is still read).
-    struct Fill {
-        int it, slot;
-        u32 reuse_phase;
-    };
-    static __device__ __forceinline__ Fill fill(int it) {
-        const u32 reuse_phase = (it / kStages - 1) & 1;
-        return Fill{it, it % kStages, reuse_phase};
-    }
-    // wait for the release (from the second round of the ring on), then announce the bytes
-    static __device__ __forceinline__ void acquire(u32 full, u32 empty, const Fill& f, int bytes) {
-        if (f.it >= kStages) mbarrier_wait(empty, f.reuse_phase);
-        mbarrier_arrive_expect_tx(full, bytes);
-    }
-    __device__ __forceinline__ void acquire_k(const Fill& f, int bytes) const {
-        acquire(k_full(f.slot), k_empty(f.slot), f, bytes);
-    }
-    __device__ __forceinline__ void acquire_v(const Fill& f, int bytes) const {
-        acquire(v_full(f.slot), v_empty(f.slot), f, bytes);
-    }
-
-    // ---- consumers ----
-    // S = Q K_itᵀ once K_it has landed: reg_fence keeps the reads of the old S (packed into P) and
-    // the rescale of O above the wgmma; wgmma_fence orders those register writes before its reads.
-    template <int kS, int kO, class IssueS>
-    __device__ __forceinline__ void issue_s(int it, float (&s_flat)[kS], float (&o_flat)[kO], IssueS&& issue) const {
-        mbarrier_wait(k_full(slot(it)), phase(it));
-        reg_fence(s_flat);
-        reg_fence(o_flat);
-        wgmma_fence();
-        issue(slot(it));
-    }
-    __device__ __forceinline__ void wait_v(int it) const { mbarrier_wait(v_full(slot(it)), phase(it)); }
-    // O += P V_it once V_it has landed
-    template <class IssuePv>
-    __device__ __forceinline__ void issue_pv(int it, IssuePv&& issue) const {
-        wait_v(it);
-        issue(slot(it));
-    }
-    // the P V GEMM of iteration it is in O (wgmma groups complete in order): V_it's slot may be refilled
-    template <int kO>
-    __device__ __forceinline__ void pv_done(int it, float (&o_flat)[kO]) const {
-        wgmma_wait<0>();
-        reg_fence(o_flat);
-        mbarrier_arrive(v_empty(slot(it)));
     }
 };
 
@@ -209,34 +157,6 @@ __device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages>& 
     wgmma_wait<kLastWait>();
     reg_fence(o_flat);
     mbarrier_arrive(bar.v_empty(last));
-}
-
-// The register epilogue: O = acc · o_factor(l_row) (1 / l and the kernel's factors) stored from
-// registers, two columns (4 bytes) per store, skipping rows >= row_end and columns >= p.head_dim;
-// LSE = m · lse_scale + log l by the quad's first thread. Thread (g, t) of a warp holds rows
-// warp_row0 + g + 8·half of O's 64 x kOCols accumulator tile (sm90_fwd.cu: the accumulator layout).
-template <int kOCols, class Out, class Params>
-__device__ __forceinline__ void store_o_lse(const Params& p, const float (&o_acc)[1][kOCols / 8][4],
-                                            const float (&m)[1][2], const float (&l)[1][2], u16* o_gmem,
-                                            float* lse_gmem, int row_end, float lse_scale, int warp_row0, int g,
-                                            int t, float factor) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const float l_row = quad_sum(l[0][half]);
-        const float inv_l = softmax_inv_l(l_row) * factor;
-        const int r = warp_row0 + g + 8 * half;
-        if (r < row_end) {
-            u16* o_row = o_gmem + r * p.o_row_stride;
-#pragma unroll
-            for (int nt = 0; nt < kOCols / 8; ++nt) {
-                const int col = nt * 8 + 2 * t;
-                if (col < p.head_dim)
-                    *reinterpret_cast<u32*>(o_row + col) =
-                        pack2<Out>(o_acc[0][nt][2 * half] * inv_l, o_acc[0][nt][2 * half + 1] * inv_l);
-            }
-            if (t == 0) lse_gmem[r] = softmax_lse(m[0][half], l_row, lse_scale);
-        }
-    }
 }
 
 }  // namespace cuflash
