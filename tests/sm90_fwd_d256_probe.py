@@ -16,7 +16,6 @@ Rows: --rows key=change,... where change is a comma-free ';'-joined list of fiel
 heuristic's config (e.g. bn64=BN:64;tma_store:0), or a key of tests/sm90_fwd_cells_timing.CANDIDATES.
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -195,11 +194,9 @@ def main():
         return
 
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    import cuflash
     from cuflash.registry import op_flops
+    from sm90_fwd_cells_timing import cell_calls, write_rows
     from cuflash.timing import time_interleaved
 
     sampler = None if args.ncu else NvmlSampler()
@@ -207,16 +204,7 @@ def main():
     for dtype, rows in cells:
         problem, cfgs = configs(dtype, args.hdim, args.seqlen, args.causal, rows)
         d, s, causal = args.hdim, args.seqlen, args.causal
-        tdt = torch.bfloat16 if dtype == "bf16" else torch.float16
-        q, k, v = (torch.randn(problem.batch, s, problem.nheads, d, device="cuda", dtype=tdt) for _ in range(3))
-        fns = {key: (lambda cfg=cfg: cuflash.flash_attn_func(q, k, v, causal=causal, config=cfg))
-               for key, cfg in cfgs.items()}
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-
+        fns, cudnn = cell_calls(problem, cfgs)
         cell = f"{dtype} d{d} s{s} {'causal' if causal else 'full'}"
         ref = cudnn().transpose(1, 2)                      # (batch, seqlen, heads, d), as cuflash's
         for key, fn in fns.items():
@@ -262,15 +250,11 @@ def main():
                   f"{sus2[key].get('power_w', 0):.0f} W", flush=True)
             for kn, kv in p.get("kernels", {}).items():
                 print(f"    {kv['count']:3d} x {kv['median_us']:8.1f} us  {kn}", flush=True)
-        del q, k, v, qt, kt, vt, fns, ref
+        del fns, cudnn, ref
         torch.cuda.empty_cache()
     print(f"total {time.time() - t0:.0f} s")
     if args.out:
-        env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                   cudnn=torch.backends.cudnn.version(), cuflash=cuflash.__version__)
-        with open(args.out, "w") as f:
-            json.dump(dict(env=env, rows=results), f, indent=1)
-        print(f"wrote {args.out}")
+        write_rows(args.out, results)
 
 
 if __name__ == "__main__":
