@@ -101,7 +101,11 @@
 // dim; d128's layout keeps one layout for the family at the cost of 64 bytes of shared memory
 // per row that hold zeros (d96 tiles are sized by the d128 shared-memory rule).
 //
-// Layouts of the tensors: Sm90FwdParams in params_sm90.cuh.
+// Layouts of the tensors: Sm90FwdParams in params_sm90.cuh. The parts the FP8 forward
+// (sm90_fwd_fp8.cu) shares with this kernel are in sm90_fwd_common.cuh: the tile numbering
+// (Sm90Tile), the pingpong turns (Pingpong), the mbarriers (Sm90FwdBars) and the consumers' K/V
+// loop of the pipeline below (sm90_consume_blocks), to which this file gives its GEMMs, softmax
+// and features.
 //
 // Template parameters (cuflash/families/sm90_fwd.py Sm90FwdConfig is the host-side mirror; it
 // validates the same rules before compiling):
@@ -240,6 +244,7 @@
 #include "dropout_packed.cuh"
 #include "softmax_fold.cuh"
 #include "sm90_tail.cuh"
+#include "sm90_fwd_common.cuh"
 
 namespace cuflash {
 
@@ -277,7 +282,7 @@ struct Sm90FwdShape {
     static constexpr int kQ2Offset = kPOffset + kPBytes;
     static constexpr int kQ2Bytes = kQDouble ? kQBytes : 0;
     static constexpr int kBarOffset = kQ2Offset + kQ2Bytes;
-    static constexpr int kBarriers = 2 + 4 * kStages;       // Q full, Q empty; K/V full, K/V empty per slot
+    static constexpr int kBarriers = Sm90FwdBars<kStages>::kCount;   // Q full, Q empty; K/V full, K/V empty per slot
     // kDynamic: the tile ring after the barriers (Sm90TileRing: its 2 full and 2 empty mbarriers,
     // then its 2 tile indices)
     static constexpr int kRingOffset = kBarOffset + 8 * kBarriers;
@@ -308,35 +313,6 @@ struct Sm90FwdShape {
     static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the H100's 227 KB");
     static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
                   "the register split exceeds the register file");
-};
-
-// Pingpong turns of consumer warpgroup wg (header: why arrivals equal waits). A turn is the
-// code between begin() (wait on named barrier 1 + wg for the hand-over) and end() (hand over to
-// the next warpgroup, round robin). start(): the last warpgroup gives warpgroup 0 the first
-// turn; end(true) marks the final turn, whose hand-over the last warpgroup skips. Without kOn
-// every member is a no-op.
-template <bool kOn, int kConsumers>
-struct Pingpong {
-    int wg;
-    __device__ __forceinline__ explicit Pingpong(int wg_) : wg(wg_) {}
-    __device__ __forceinline__ void start() const {
-        if (kOn && wg == kConsumers - 1) named_barrier_arrive(1, 256);
-    }
-    __device__ __forceinline__ void begin() const { if (kOn) named_barrier_sync(1 + wg, 256); }
-    __device__ __forceinline__ void end(bool last = false) const {
-        if (kOn && !(last && wg == kConsumers - 1)) named_barrier_arrive(1 + (wg + 1) % kConsumers, 256);
-    }
-};
-
-// Tile `tile` of the grid's numbering (header): its Q block, head and batch.
-struct Sm90Tile {
-    int m_block, head, batch;
-    __device__ __forceinline__ Sm90Tile(int tile, int m_blocks, int nheads) {
-        m_block = m_blocks - 1 - tile % m_blocks;
-        const int hb = tile / m_blocks;
-        head = hb % nheads;
-        batch = hb / nheads;
-    }
 };
 
 // kDynamic's tile order (header: the dynamic scheduler). The (head, batch) pairs hb = head +
@@ -427,20 +403,16 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     const u32 q_smem = smem;
     const u32 k_smem = smem + Shape::kKOffset;
     const u32 v_smem = smem + Shape::kVOffset;
-    const u32 bars = smem + Shape::kBarOffset;
-    const u32 q_full = bars, q_empty = bars + 8u;
+    const Sm90FwdBars<kStages> bar{smem + Shape::kBarOffset};   // Q's and the K/V ring's (sm90_fwd_common.cuh)
     // kQDouble: Q's buffer b (0: q_smem, 1: the second one) and its mbarriers. The n-th tile with
     // keys uses buffer n % 2, whose fills are numbered n / 2 (phases as Q's: header). Without it
-    // every tile uses buffer 0, q_full / q_empty, and the code is the single buffer's.
+    // every tile uses buffer 0, bar.q_full() / bar.q_empty(), and the code is the single buffer's.
     auto q_buf = [&](int b) { return kQDouble && b ? smem + Shape::kQ2Offset : q_smem; };
+    const u32 q_full = bar.q_full(), q_empty = bar.q_empty();
     auto q_full_of = [&](int b) { return kQDouble && b ? smem + Shape::kQ2BarOffset : q_full; };
     auto q_empty_of = [&](int b) { return kQDouble && b ? smem + Shape::kQ2BarOffset + 8u : q_empty; };
     auto q_slot = [&](int q_iter) { return kQDouble ? q_iter & 1 : 0; };       // buffer of tile q_iter
     auto q_fill = [&](int q_iter) { return kQDouble ? q_iter >> 1 : q_iter; }; // its fill number
-    auto k_full = [&](int slot) { return bars + 8u * (2 + slot); };
-    auto v_full = [&](int slot) { return bars + 8u * (2 + kStages + slot); };
-    auto k_empty = [&](int slot) { return bars + 8u * (2 + 2 * kStages + slot); };
-    auto v_empty = [&](int slot) { return bars + 8u * (2 + 3 * kStages + slot); };
     static_assert(!kPingpong || kConsumers >= 2, "pingpong needs two or three consumer warpgroups");
     static_assert(!kDynamic || kPersistent, "the dynamic scheduler runs a persistent grid (a CTA per SM)");
     static_assert(!kTileOverlap || (kPersistent && !kDynamic && !kVarlen && !kQDouble && !kTmaStore
@@ -546,18 +518,12 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         prefetch_tensormap(&p.tma_k);
         prefetch_tensormap(&p.tma_v);
         if constexpr (kTmaStore) prefetch_tensormap(&p.tma_o);
-        mbarrier_init(q_full, 1);                           // the producer's expect_tx arrival
-        mbarrier_init(q_empty, kConsumers * 128);           // every consumer thread releases Q
+        bar.init_q(kConsumers * 128);
         if constexpr (kQDouble) {
             mbarrier_init(q_full_of(1), 1);
             mbarrier_init(q_empty_of(1), kConsumers * 128);
         }
-        for (int s = 0; s < kStages; ++s) {
-            mbarrier_init(k_full(s), 1);
-            mbarrier_init(v_full(s), 1);
-            mbarrier_init(k_empty(s), kConsumers * 128);    // every consumer thread releases
-            mbarrier_init(v_empty(s), kConsumers * 128);
-        }
+        bar.init_ring(kConsumers * 128);
         if constexpr (kDynamic) ring.init();
         if constexpr (kDropEarly == 4)
             for (int w = 0; w < kConsumers; ++w) {
@@ -644,18 +610,18 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                     // kv_iter - kStages (the slot's release kv_iter / kStages - 1), K and V apart.
                     const u32 reuse_phase = (kv_iter / kStages - 1) & 1;
                     const int key0 = k_row0 + (n_end - 1 - j) * kBN;
-                    if (kv_iter >= kStages) mbarrier_wait(k_empty(slot), reuse_phase);
-                    mbarrier_arrive_expect_tx(k_full(slot), Shape::kKVBytes);
+                    if (kv_iter >= kStages) mbarrier_wait(bar.k_empty(slot), reuse_phase);
+                    mbarrier_arrive_expect_tx(bar.k_full(slot), Shape::kKVBytes);
 #pragma unroll
                     for (int c = 0; c < kChunks; ++c)
                         tma_load_4d(k_smem + slot * Shape::kKVBytes + c * Shape::kKVChunkBytes, &p.tma_k,
-                                    k_full(slot), c * 64, key0, head_kv, tma_batch);
-                    if (kv_iter >= kStages) mbarrier_wait(v_empty(slot), reuse_phase);
-                    mbarrier_arrive_expect_tx(v_full(slot), Shape::kKVBytes);
+                                    bar.k_full(slot), c * 64, key0, head_kv, tma_batch);
+                    if (kv_iter >= kStages) mbarrier_wait(bar.v_empty(slot), reuse_phase);
+                    mbarrier_arrive_expect_tx(bar.v_full(slot), Shape::kKVBytes);
 #pragma unroll
                     for (int c = 0; c < kChunks; ++c)
                         tma_load_4d(v_smem + slot * Shape::kKVBytes + c * Shape::kKVChunkBytes, &p.tma_v,
-                                    v_full(slot), c * 64, key0, head_kv, tma_batch);
+                                    bar.v_full(slot), c * 64, key0, head_kv, tma_batch);
                 }
             }
         }
@@ -817,8 +783,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         // serializes wgmmas whose accumulators meet other definitions there: C7515)
         turn.start();
         turn.begin();
-        mbarrier_wait(q_full, 0);
-        mbarrier_wait(k_full(0), 0);
+        mbarrier_wait(bar.q_full(), 0);
+        mbarrier_wait(bar.k_full(0), 0);
         wgmma_fence();
         issue_s(0);
         turn.end();
@@ -885,10 +851,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             auto softmax_s = [&](int slot, int j) {
                 const int n_block = n_end - 1 - j;
                 reg_fence(s_flat);
-                mbarrier_arrive(k_empty(slot));
+                mbarrier_arrive(bar.k_empty(slot));
                 if (j == n_blocks - 1) {
                     if constexpr (kQDouble) mbarrier_arrive(q_empty_of(q_slot(q_iter)));
-                    else mbarrier_arrive(q_empty);
+                    else mbarrier_arrive(bar.q_empty());
                 }
                 if constexpr (kAlibiLinear) {
                     // causal: every visible key is at or left of its row's diagonal key (σ = +1 on
@@ -995,88 +961,56 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 named_barrier_sync(4 + wg, 128);
             }
             if constexpr (kQDouble) q_buf_shift = q_slot(q_iter) ? u32(Shape::kQ2Offset) >> 4 : 0u;
-            // j = 0 (the last K/V block): S, softmax; O is still zero, so no P V and no rescale
-            if constexpr (!kTileOverlap) {   // (kTileOverlap: S_0 was issued by the last step, or before the loop)
-                turn.begin();
-                mbarrier_wait(k_full(slot_of(0)), phase(0));
-                reg_fence(s_flat);
-                reg_fence(o_flat);
-                wgmma_fence();
-                issue_s(slot_of(0));
-                turn.end();
-            }
-            draw_early(0);
-            wgmma_wait<0>();
-            if constexpr (kTileOverlap) zero_o();
-            softmax_s(slot_of(0), 0);
-            drop_p(0);
-            pack_p();
-            drop_packed(0);
-
-            for (int j = 1; j < n_blocks; ++j) {
-                const int slot = slot_of(j), prev = slot_of(j - 1);
-                turn.begin();
-                mbarrier_wait(k_full(slot), phase(j));
-                // reg_fence keeps the reads of the old S (packed into P_{j-1}) and the rescale
-                // of O above the wgmma; wgmma_fence orders those register writes before its reads.
-                reg_fence(s_flat);
-                reg_fence(o_flat);
-                wgmma_fence();
-                issue_s(slot);
-                if constexpr (kRescaleFirst) {
-                    softmax_rescale(o_acc, alpha);     // O *= alpha_{j-1}, under S_j's GEMM
-                    reg_fence(o_flat);
-                    wgmma_fence();                     // the multiplies, before P V reads O
-                }
-                mbarrier_wait(v_full(prev), phase(j - 1));
-                issue_pv(prev);
-                turn.end();
-                draw_early(j);                     // kDropEarly: P_j's keep flags while S_j computes
-                wgmma_wait<1>();                   // S_j is ready; P_{j-1} V_{j-1} may still run
-                softmax_s(slot, j);
-                wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
-                reg_fence(o_flat);
-                mbarrier_arrive(v_empty(prev));    // V_{j-1}'s slot may be refilled
-                if constexpr (!kRescaleFirst)      // (kRescaleFirst: in step j + 1, under S_{j+1})
-                    if (!kLazyRescale || rescale)  // kLazyRescale: only when m moved
-                        softmax_rescale(o_acc, alpha); // O *= alpha_j: O now relative to m_j
+            // the tile's K/V blocks (sm90_fwd_common.cuh: the steps, FA3's pipeline), with this
+            // kernel's parts. kTileOverlap: S_0 was issued by the last step (or before the loop), and
+            // the last P V stays in flight behind the next tile's S_0.
+            auto to_p = [&](int j) {
                 drop_p(j);                         // kDropout: P_j ∘ Z
                 pack_p();                          // P_j: A fragments, or (kPSmem) the P tile
                 drop_packed(j);                    // kDropPacked: P_j ∘ Z on the fragments
-            }
-            // end: the last block's O += P V (the tile's final turn)
-            const int last = slot_of(n_blocks - 1);
-            turn.begin();
-            mbarrier_wait(v_full(last), phase(n_blocks - 1));
-            if constexpr (kRescaleFirst) softmax_rescale(o_acc, alpha);   // O *= alpha_{n-1}
-            reg_fence(o_flat);
-            wgmma_fence();
-            issue_pv(last);
-            if constexpr (kTileOverlap) {
-                // The next tile's S_0 = Q' K'_0ᵀ right behind this last P V (in the same turn), so the
-                // tensor cores compute it while this tile's epilogue runs (the pipeline's fill, hidden
-                // once per tile). Its Q' and K'_0 are loading already: the producer went on to them
-                // once every consumer released Q and the K slot (this tile's last S, issued in an
-                // earlier turn of each warpgroup: no wait here depends on a later turn), and s_acc is
-                // free (P_{n-1} is in p_frag). The CTA's last tile issues the same GEMM on what is
-                // still in shared memory (its Q and last K block: nothing loads after them) and drops
-                // it: issued on every path, the S GEMM in flight is the same at the loop's head.
-                const bool has_next = tile + int(gridDim.x) < n_tiles;
-                if (has_next) {
-                    mbarrier_wait(q_full_of(q_slot(q_iter + 1)), q_fill(q_iter + 1) & 1);
-                    mbarrier_wait(k_full(slot_of(n_blocks)), phase(n_blocks));
+            };
+            auto rescale_o = [&]() {
+                if constexpr (!kRescaleFirst)      // (kRescaleFirst: in step j + 1, under S_{j+1})
+                    if (!kLazyRescale || rescale)  // kLazyRescale: only when m moved
+                        softmax_rescale(o_acc, alpha); // O *= alpha_j: O now relative to m_j
+            };
+            auto first_landed = [&]() {
+                if constexpr (kTileOverlap) zero_o();
+            };
+            auto rescale_first = [&](bool in_loop) {
+                if constexpr (kRescaleFirst) {
+                    softmax_rescale(o_acc, alpha);     // O *= alpha_{j-1}, under S_j's GEMM (or the last)
+                    if (in_loop) {
+                        reg_fence(o_flat);
+                        wgmma_fence();                 // the multiplies, before P V reads O
+                    }
                 }
-                reg_fence(s_flat);
-                wgmma_fence();
-                issue_s(slot_of(has_next ? n_blocks : n_blocks - 1));
-            }
-            turn.end(last_tile);
-            if constexpr (kTileOverlap)
-                wgmma_wait<1>();                   // P_{n-1} V_{n-1} is in O (groups complete in order)
-            else
-                wgmma_wait<0>();
-            reg_fence(o_flat);
-            mbarrier_arrive(v_empty(last));
+            };
+            auto after_last_pv = [&]() {
+                if constexpr (kTileOverlap) {
+                    // The next tile's S_0 = Q' K'_0ᵀ right behind this last P V (in the same turn), so the
+                    // tensor cores compute it while this tile's epilogue runs (the pipeline's fill, hidden
+                    // once per tile). Its Q' and K'_0 are loading already: the producer went on to them
+                    // once every consumer released Q and the K slot (this tile's last S, issued in an
+                    // earlier turn of each warpgroup: no wait here depends on a later turn), and s_acc is
+                    // free (P_{n-1} is in p_frag). The CTA's last tile issues the same GEMM on what is
+                    // still in shared memory (its Q and last K block: nothing loads after them) and drops
+                    // it: issued on every path, the S GEMM in flight is the same at the loop's head.
+                    const bool has_next = tile + int(gridDim.x) < n_tiles;
+                    if (has_next) {
+                        mbarrier_wait(q_full_of(q_slot(q_iter + 1)), q_fill(q_iter + 1) & 1);
+                        mbarrier_wait(bar.k_full(slot_of(n_blocks)), phase(n_blocks));
+                    }
+                    reg_fence(s_flat);
+                    wgmma_fence();
+                    issue_s(slot_of(has_next ? n_blocks : n_blocks - 1));
+                }
+            };
+            // (kDropEarly: P_j's keep flags drawn while S_j computes; kTileOverlap: P_{n-1} V_{n-1} is in
+            // O once one group is left, the groups completing in order)
+            sm90_consume_blocks<!kTileOverlap, kTileOverlap ? 1 : 0>(
+                bar, turn, kv_iter, n_blocks, last_tile, s_flat, o_flat, issue_s, issue_pv, softmax_s, to_p, rescale_o,
+                draw_early, first_landed, rescale_first, after_last_pv);
             kv_iter += n_blocks;
             ++q_iter;
         }

@@ -54,8 +54,7 @@
 #include "params_sm90_fp8.cuh"
 #include "mask.cuh"
 #include "softmax.cuh"
-// sm90_fwd.cu for its Pingpong (consumer turns) and Sm90Tile (tile numbering), shared as they are
-#include "sm90_fwd.cu"
+#include "sm90_fwd_common.cuh"
 
 namespace cuflash {
 
@@ -97,12 +96,7 @@ sm90_fwd_fp8(const __grid_constant__ Sm90FwdFp8Params p) {
     const u32 q_smem = smem;
     const u32 k_smem = smem + Shape::kKOffset;
     const u32 v_smem = smem + Shape::kVOffset;
-    const u32 bars = smem + Shape::kBarOffset;
-    const u32 q_full = bars, q_empty = bars + 8u;
-    auto k_full = [&](int slot) { return bars + 8u * (2 + slot); };
-    auto v_full = [&](int slot) { return bars + 8u * (2 + kStages + slot); };
-    auto k_empty = [&](int slot) { return bars + 8u * (2 + 2 * kStages + slot); };
-    auto v_empty = [&](int slot) { return bars + 8u * (2 + 3 * kStages + slot); };
+    const Sm90FwdBars<kStages> bar{smem + Shape::kBarOffset};
     static_assert(!kPingpong || kConsumers >= 2, "pingpong needs two or three consumer warpgroups");
 
     const int tid = threadIdx.x, warpgroup = tid / 128;
@@ -117,14 +111,8 @@ sm90_fwd_fp8(const __grid_constant__ Sm90FwdFp8Params p) {
         prefetch_tensormap(&p.tma_q);
         prefetch_tensormap(&p.tma_k);
         prefetch_tensormap(&p.tma_v);
-        mbarrier_init(q_full, 1);
-        mbarrier_init(q_empty, kConsumers * 128);
-        for (int s = 0; s < kStages; ++s) {
-            mbarrier_init(k_full(s), 1);
-            mbarrier_init(v_full(s), 1);
-            mbarrier_init(k_empty(s), kConsumers * 128);
-            mbarrier_init(v_empty(s), kConsumers * 128);
-        }
+        bar.init_q(kConsumers * 128);
+        bar.init_ring(kConsumers * 128);
         fence_mbarrier_init();
     }
     __syncthreads();
@@ -139,26 +127,26 @@ sm90_fwd_fp8(const __grid_constant__ Sm90FwdFp8Params p) {
                 const int head_kv = at.head / (p.nheads / p.nheads_kv);
                 const int n_blocks = kv_blocks(tile);
                 if (n_blocks == 0) continue;
-                if (q_iter > 0) mbarrier_wait(q_empty, (q_iter - 1) & 1);
-                mbarrier_arrive_expect_tx(q_full, Shape::kQBytes);
+                if (q_iter > 0) mbarrier_wait(bar.q_empty(), (q_iter - 1) & 1);
+                mbarrier_arrive_expect_tx(bar.q_full(), Shape::kQBytes);
 #pragma unroll
                 for (int c = 0; c < kChunks; ++c)
-                    tma_load_4d(q_smem + c * Shape::kQChunkBytes, &p.tma_q, q_full, c * 128,
+                    tma_load_4d(q_smem + c * Shape::kQChunkBytes, &p.tma_q, bar.q_full(), c * 128,
                                 at.m_block * kBM, at.head, at.batch);
                 ++q_iter;
                 for (int j = 0; j < n_blocks; ++j, ++kv_iter) {
                     const int slot = kv_iter % kStages;
                     const u32 reuse_phase = (kv_iter / kStages - 1) & 1;
                     const int key0 = (n_blocks - 1 - j) * kBN;
-                    if (kv_iter >= kStages) mbarrier_wait(k_empty(slot), reuse_phase);
-                    mbarrier_arrive_expect_tx(k_full(slot), Shape::kKBytes);
+                    if (kv_iter >= kStages) mbarrier_wait(bar.k_empty(slot), reuse_phase);
+                    mbarrier_arrive_expect_tx(bar.k_full(slot), Shape::kKBytes);
 #pragma unroll
                     for (int c = 0; c < kChunks; ++c)
                         tma_load_4d(k_smem + slot * Shape::kKBytes + c * Shape::kKChunkBytes, &p.tma_k,
-                                    k_full(slot), c * 128, key0, head_kv, at.batch);
-                    if (kv_iter >= kStages) mbarrier_wait(v_empty(slot), reuse_phase);
-                    mbarrier_arrive_expect_tx(v_full(slot), Shape::kVBytes);
-                    tma_load_4d(v_smem + slot * Shape::kVBytes, &p.tma_v, v_full(slot), key0, 0,
+                                    bar.k_full(slot), c * 128, key0, head_kv, at.batch);
+                    if (kv_iter >= kStages) mbarrier_wait(bar.v_empty(slot), reuse_phase);
+                    mbarrier_arrive_expect_tx(bar.v_full(slot), Shape::kVBytes);
+                    tma_load_4d(v_smem + slot * Shape::kVBytes, &p.tma_v, bar.v_full(slot), key0, 0,
                                 head_kv, at.batch);
                 }
             }
@@ -248,57 +236,18 @@ sm90_fwd_fp8(const __grid_constant__ Sm90FwdFp8Params p) {
             auto softmax_s = [&](int slot, int j) {
                 const int n_block = n_blocks - 1 - j;
                 reg_fence(s_flat);
-                mbarrier_arrive(k_empty(slot));
-                if (j == n_blocks - 1) mbarrier_arrive(q_empty);
+                mbarrier_arrive(bar.k_empty(slot));
+                if (j == n_blocks - 1) mbarrier_arrive(bar.q_empty());
                 if (mask.template needs_mask<kBN>(wg_row0, n_block))
                     mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
                 softmax_step(s_acc, m, l, scale_log2, alpha);
             };
-            auto phase = [&](int j) { return u32((kv_iter + j) / kStages) & 1; };
-            auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
-
             if (q_iter == 0) turn.start();
-            mbarrier_wait(q_full, q_iter & 1);
-            turn.begin();
-            mbarrier_wait(k_full(slot_of(0)), phase(0));
-            reg_fence(s_flat);
-            reg_fence(o_flat);
-            wgmma_fence();
-            issue_s(slot_of(0));
-            turn.end();
-            wgmma_wait<0>();
-            softmax_s(slot_of(0), 0);
-            pack_p();
-
-            for (int j = 1; j < n_blocks; ++j) {
-                const int slot = slot_of(j), prev = slot_of(j - 1);
-                turn.begin();
-                mbarrier_wait(k_full(slot), phase(j));
-                reg_fence(s_flat);
-                reg_fence(o_flat);
-                wgmma_fence();
-                issue_s(slot);
-                mbarrier_wait(v_full(prev), phase(j - 1));
-                issue_pv(prev);
-                turn.end();
-                wgmma_wait<1>();
-                softmax_s(slot, j);
-                wgmma_wait<0>();
-                reg_fence(o_flat);
-                mbarrier_arrive(v_empty(prev));
-                softmax_rescale(o_acc, alpha);
-                pack_p();
-            }
-            const int last = slot_of(n_blocks - 1);
-            turn.begin();
-            mbarrier_wait(v_full(last), phase(n_blocks - 1));
-            reg_fence(o_flat);
-            wgmma_fence();
-            issue_pv(last);
-            turn.end(last_tile);
-            wgmma_wait<0>();
-            reg_fence(o_flat);
-            mbarrier_arrive(v_empty(last));
+            mbarrier_wait(bar.q_full(), q_iter & 1);
+            // sm90_fwd's steps without its features
+            sm90_consume_blocks<true, 0>(bar, turn, kv_iter, n_blocks, last_tile, s_flat, o_flat, issue_s, issue_pv,
+                                         softmax_s, [&](int) { pack_p(); }, [&]() { softmax_rescale(o_acc, alpha); },
+                                         Sm90Skip{}, Sm90Skip{}, Sm90Skip{}, Sm90Skip{});
             kv_iter += n_blocks;
             ++q_iter;
         }

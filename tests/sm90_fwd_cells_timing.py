@@ -121,6 +121,43 @@ def cell_configs(dtype, d, causal, s, rows, quiet=False):
     return problem, out
 
 
+def cell_calls(problem, cfgs):
+    """({row: cuflash's call with that config}, SDPA cuDNN's call) on new random inputs of the cell's
+    shape (q, k, v (batch, seqlen, heads, head_dim); cuDNN takes their (batch, heads, seqlen, d) views)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import cuflash
+
+    tdt = torch.bfloat16 if problem.dtype == "bf16" else torch.float16
+    shape = (problem.batch, problem.seqlen_q, problem.nheads, problem.head_dim)
+    q, k, v = (torch.randn(*shape, device="cuda", dtype=tdt) for _ in range(3))
+    causal = bool(problem.causal)
+    fns = {key: (lambda cfg=cfg: cuflash.flash_attn_func(q, k, v, causal=causal, config=cfg))
+           for key, cfg in cfgs.items()}
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+    return fns, cudnn
+
+
+def write_rows(path, rows):
+    """rows as JSON with the run's environment (device, torch, cuDNN, cuflash)."""
+    import torch
+
+    import cuflash
+
+    env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+               cudnn=torch.backends.cudnn.version(), cuflash=cuflash.__version__)
+    with open(path, "w") as f:
+        json.dump(dict(env=env, rows=rows), f, indent=1)
+    print(f"wrote {path}")
+
+
 def cells_of(dtypes):
     return [(dt, d, c, s, rows) for dt in dtypes
             for (d, c, s), rows in (CELLS if dt == "bf16" else FP16_CELLS).items()]
@@ -276,10 +313,7 @@ def main():
         return
 
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    import cuflash
     from cuflash.registry import op_flops
     from cuflash.timing import time_interleaved
 
@@ -287,15 +321,7 @@ def main():
     print(f"{'cell':<22} {'row':<11} {'config':<68} {'ms':>8} {'TFLOPs':>7} {'x cuDNN':>8} {'spread':>6}")
     for dtype, d, causal, s, rows in cells_of(dtypes):
         problem, cfgs = cell_configs(dtype, d, causal, s, rows)
-        tdt = torch.bfloat16 if dtype == "bf16" else torch.float16
-        q, k, v = (torch.randn(problem.batch, s, problem.nheads, d, device="cuda", dtype=tdt) for _ in range(3))
-        fns = {key: (lambda cfg=cfg: cuflash.flash_attn_func(q, k, v, causal=causal, config=cfg))
-               for key, cfg in cfgs.items()}
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        fns, cudnn = cell_calls(problem, cfgs)
 
         cell = f"{dtype} d{d} s{s} {'causal' if causal else 'full'}"
         ref = None
@@ -335,17 +361,13 @@ def main():
                 results.append(dict(cell=cell, dtype=dtype, head_dim=d, causal=causal, seqlen=s,
                                     row=f"tuner_{mode}", config=cfgs["heur"].name, median_ms=r.median_ms,
                                     tflops=tf, x_cudnn=tf / base, regime=f"tuner_{mode}"))
-        del q, k, v, qt, kt, vt, fns, ref
+        del fns, cudnn, ref
         torch.cuda.empty_cache()
     if args.order_check:
         results += order_check(args.reps)
     print(f"total {time.time() - t0:.0f} s")
     if args.out:
-        env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                   cudnn=torch.backends.cudnn.version(), cuflash=cuflash.__version__)
-        with open(args.out, "w") as f:
-            json.dump(dict(env=env, rows=results), f, indent=1)
-        print(f"wrote {args.out}")
+        write_rows(args.out, results)
 
 
 if __name__ == "__main__":

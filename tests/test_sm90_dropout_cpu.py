@@ -121,10 +121,17 @@ def test_kernel_source_applies_dropout_after_the_softmax_and_before_the_pack():
 
     src = (kernel_dir() / "sm90_fwd.cu").read_text()
     assert "bool kDropout = false" in src and '#include "philox.cuh"' in src
-    body = src[src.index("for (int j = 1; j < n_blocks; ++j)"):]
-    assert body.index("softmax_s(slot, j)") < body.index("drop_p(j)") < body.index("pack_p()")
-    first = src[src.index("softmax_s(slot_of(0), 0);"):]
-    assert first.index("drop_p(0)") < first.index("pack_p()")
+    # the K/V loop (sm90_fwd_common.cuh sm90_consume_blocks) runs softmax_s, then to_p, at j = 0 and
+    # in every later step; sm90_fwd's to_p is drop_p, pack_p, drop_packed
+    loop = (kernel_dir() / "sm90_fwd_common.cuh").read_text()
+    loop = loop[loop.index("void sm90_consume_blocks("):]
+    body = loop[loop.index("for (int j = 1; j < n_blocks; ++j)"):]
+    assert body.index("softmax_s(slot, j)") < body.index("to_p(j)")
+    first = loop[loop.index("softmax_s(slot_of(0), 0);"):]
+    assert first.index("to_p(0)") < first.index("for (int j = 1;")
+    to_p = src[src.index("auto to_p = [&](int j) {"):]
+    to_p = to_p[:to_p.index("};")]
+    assert to_p.index("drop_p(j)") < to_p.index("pack_p()") < to_p.index("drop_packed(j)")
     pack_p = src[src.index("auto pack_p = [&]() {"):]
     assert "pack_a_frags<1, kBN / 16, Elem>(p_frag, s_acc);" in pack_p[:pack_p.index("\n    };")]
     assert "dropout.zero_dropped(s_acc, at.batch * p.nheads + at.head, warp_row0," in src

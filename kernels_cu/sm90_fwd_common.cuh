@@ -1,0 +1,162 @@
+// sm90_fwd_common.cuh: what the Hopper forward kernels share, sm90_fwd.cu (bf16 / fp16) and
+// sm90_fwd_fp8.cu (e4m3): the tile numbering, the pingpong turns of the consumer warpgroups, the
+// mbarriers of Q and of the K/V ring, and the consumers' loop over a tile's K/V blocks. sm90_fwd.cu's
+// header explains the algorithm and the handshake; each kernel file keeps its own GEMMs, softmax,
+// features, producer and epilogue.
+#pragma once
+#include "ptx.cuh"
+#include "ptx_sm90.cuh"
+#include "softmax.cuh"
+
+namespace cuflash {
+
+// Pingpong turns of consumer warpgroup wg (sm90_fwd.cu header: why arrivals equal waits). A turn
+// is the code between begin() (wait on named barrier 1 + wg for the hand-over) and end() (hand
+// over to the next warpgroup, round robin). start(): the last warpgroup gives warpgroup 0 the
+// first turn; end(true) marks the final turn, whose hand-over the last warpgroup skips. Without
+// kOn every member is a no-op.
+template <bool kOn, int kConsumers>
+struct Pingpong {
+    int wg;
+    __device__ __forceinline__ explicit Pingpong(int wg_) : wg(wg_) {}
+    __device__ __forceinline__ void start() const {
+        if (kOn && wg == kConsumers - 1) named_barrier_arrive(1, 256);
+    }
+    __device__ __forceinline__ void begin() const { if (kOn) named_barrier_sync(1 + wg, 256); }
+    __device__ __forceinline__ void end(bool last = false) const {
+        if (kOn && !(last && wg == kConsumers - 1)) named_barrier_arrive(1 + (wg + 1) % kConsumers, 256);
+    }
+};
+
+// Tile `tile` of the grid's numbering (sm90_fwd.cu header): its Q block, head and batch.
+struct Sm90Tile {
+    int m_block, head, batch;
+    __device__ __forceinline__ Sm90Tile(int tile, int m_blocks, int nheads) {
+        m_block = m_blocks - 1 - tile % m_blocks;
+        const int hb = tile / m_blocks;
+        head = hb % nheads;
+        batch = hb / nheads;
+    }
+};
+
+// The mbarriers of Q and of the K/V ring (sm90_fwd.cu header: the producer / consumer handshake),
+// 8 bytes each from `base`: Q full, Q empty, then K full, V full, K empty, V empty, kStages each.
+// An iteration `it` is a K/V block in the CTA's order (counted across its tiles): it uses slot
+// it % kStages, whose fill number it / kStages gives the phases.
+//   full   one arrival (the producer's expect_tx with the tile's bytes) and the bytes themselves
+//   empty  kConsumers · 128 arrivals, one per consumer thread after its last read of the tile
+template <int kStages>
+struct Sm90FwdBars {
+    static constexpr int kCount = 2 + 4 * kStages;
+    u32 base;
+    __device__ __forceinline__ u32 q_full() const { return base; }
+    __device__ __forceinline__ u32 q_empty() const { return base + 8u; }
+    __device__ __forceinline__ u32 k_full(int slot) const { return base + 8u * (2 + slot); }
+    __device__ __forceinline__ u32 v_full(int slot) const { return base + 8u * (2 + kStages + slot); }
+    __device__ __forceinline__ u32 k_empty(int slot) const { return base + 8u * (2 + 2 * kStages + slot); }
+    __device__ __forceinline__ u32 v_empty(int slot) const { return base + 8u * (2 + 3 * kStages + slot); }
+
+    // thread 0, before the CTA's __syncthreads (and fence_mbarrier_init): Q's, then the ring's
+    __device__ __forceinline__ void init_q(int consumer_threads) const {
+        mbarrier_init(q_full(), 1);                         // the producer's expect_tx arrival
+        mbarrier_init(q_empty(), consumer_threads);         // every consumer thread releases Q
+    }
+    __device__ __forceinline__ void init_ring(int consumer_threads) const {
+        for (int s = 0; s < kStages; ++s) {
+            mbarrier_init(k_full(s), 1);
+            mbarrier_init(v_full(s), 1);
+            mbarrier_init(k_empty(s), consumer_threads);    // every consumer thread releases
+            mbarrier_init(v_empty(s), consumer_threads);
+        }
+    }
+};
+
+// A hook the kernel leaves empty (sm90_consume_blocks' optional steps)
+struct Sm90Skip {
+    template <class... A>
+    __device__ __forceinline__ void operator()(A...) const {}
+};
+
+// One tile's K/V loop on the consumer side, FA3's pipeline (sm90_fwd.cu header), over the CTA's
+// iterations kv_iter .. kv_iter + n_blocks - 1 (j counts the tile's blocks in loop order):
+//   j = 0       issue S_0 (kIssueFirst: else the kernel issued it ahead), wait, softmax -> P_0
+//   j = 1..n-1  issue S_j and O += P_{j-1} V_{j-1} in one turn, wait for S_j, softmax under the P V
+//               GEMM, wait for it, release V_{j-1}, rescale O, P_j to the A operand
+//   end         O += P_{n-1} V_{n-1} (the tile's final turn), wait (kLastWait groups may stay in flight)
+// The kernel's parts:
+//   issue_s(slot), issue_pv(slot)  S = Q K_slotᵀ, O += P V_slot: issued and committed, not waited for
+//   softmax_s(slot, j)             S_j has landed: release K_j (and Q after the tile's last S), mask,
+//                                  the online softmax step (P_j, m, l, alpha)
+//   to_p(j)                        P_j to the A operand of the next P V (with the kernel's dropout)
+//   rescale_o()                    O *= alpha_j, once P_{j-1} V_{j-1} is in O
+// and its optional steps (Sm90Skip where it has none):
+//   draw(j)                        work for block j under the wait for S_j
+//   first_landed()                 right after S_0 is waited for
+//   rescale_first(in_loop)         O *= alpha before the P V GEMM is issued (in_loop: behind S_j)
+//   after_last_pv()                behind the last P V, in the same turn
+template <bool kIssueFirst, int kLastWait, int kStages, class Turn, int kS, int kO, class IssueS, class IssuePv,
+          class SoftmaxS, class ToP, class RescaleO, class Draw, class FirstLanded, class RescaleFirst,
+          class AfterLastPv>
+__device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages>& bar, const Turn& turn, int kv_iter,
+                                                    int n_blocks, bool last_tile, float (&s_flat)[kS],
+                                                    float (&o_flat)[kO], IssueS&& issue_s, IssuePv&& issue_pv,
+                                                    SoftmaxS&& softmax_s, ToP&& to_p, RescaleO&& rescale_o,
+                                                    Draw&& draw, FirstLanded&& first_landed,
+                                                    RescaleFirst&& rescale_first, AfterLastPv&& after_last_pv) {
+    auto phase = [&](int j) { return u32((kv_iter + j) / kStages) & 1; };
+    auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
+    // j = 0 (the last K/V block): S, softmax; O is still zero, so no P V and no rescale
+    if constexpr (kIssueFirst) {
+        turn.begin();
+        mbarrier_wait(bar.k_full(slot_of(0)), phase(0));
+        reg_fence(s_flat);
+        reg_fence(o_flat);
+        wgmma_fence();
+        issue_s(slot_of(0));
+        turn.end();
+    }
+    draw(0);
+    wgmma_wait<0>();
+    first_landed();
+    softmax_s(slot_of(0), 0);
+    to_p(0);
+
+    for (int j = 1; j < n_blocks; ++j) {
+        const int slot = slot_of(j), prev = slot_of(j - 1);
+        turn.begin();
+        mbarrier_wait(bar.k_full(slot), phase(j));
+        // reg_fence keeps the reads of the old S (packed into P_{j-1}) and the rescale
+        // of O above the wgmma; wgmma_fence orders those register writes before its reads.
+        reg_fence(s_flat);
+        reg_fence(o_flat);
+        wgmma_fence();
+        issue_s(slot);
+        rescale_first(true);
+        mbarrier_wait(bar.v_full(prev), phase(j - 1));
+        issue_pv(prev);
+        turn.end();
+        draw(j);
+        wgmma_wait<1>();                   // S_j is ready; P_{j-1} V_{j-1} may still run
+        softmax_s(slot, j);
+        wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
+        reg_fence(o_flat);
+        mbarrier_arrive(bar.v_empty(prev));    // V_{j-1}'s slot may be refilled
+        rescale_o();
+        to_p(j);
+    }
+    // end: the last block's O += P V (the tile's final turn)
+    const int last = slot_of(n_blocks - 1);
+    turn.begin();
+    mbarrier_wait(bar.v_full(last), phase(n_blocks - 1));
+    rescale_first(false);
+    reg_fence(o_flat);
+    wgmma_fence();
+    issue_pv(last);
+    after_last_pv();
+    turn.end(last_tile);
+    wgmma_wait<kLastWait>();
+    reg_fence(o_flat);
+    mbarrier_arrive(bar.v_empty(last));
+}
+
+}  // namespace cuflash
