@@ -192,7 +192,10 @@
 //              the tanh (tanh(-inf) = -1); 3, as 2, but where the host allows it for the call's cap
 //              (params.softcap_fixed_m <= 1: 2·softcap·log2(e) <= 100, so P = exp2(k (t - 1)) >=
 //              2^-100 never underflows) the running max is that fixed value (t <= 1), no row max
-//              and, with kLazyRescale, no O rescale after the first block; 4, as 3 with Q_i
+//              and, with kLazyRescale, no O rescale after the first block; there l sums P as the
+//              P V GEMM takes it, rounded to 16 bits (softmax_fold.cuh add_rowsum_rounded: no P is
+//              exactly 1 under the fixed max, so O must be a convex combination of V's rows by
+//              construction: O = V at one key); 4, as 3 with Q_i
 //              prescaled by softcap_in in shared memory once per tile (softmax_fold.cuh
 //              prescale_q: no multiply per score before the tanh; bf16 only). 2, 3 and 4 need
 //              kLazyRescale. 0 and kLazyRescale false, the defaults: the code of the kernel
@@ -846,6 +849,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         const float scale_log2 = kFoldCap ? p.scale_log2 * p.softcap_out : p.scale_log2;
         // kFoldCap 3, 4: the running max is the host's fixed value when it allows one (uniform per launch)
         const bool fixed_max = kFoldCap >= 3 && p.softcap_fixed_m <= 1.f;
+        // with the fixed max, l sums the rounded P that the P V GEMM takes (softmax_fold.cuh
+        // add_rowsum_rounded: O an exact convex combination of V's rows, O = V at one key)
+        constexpr bool kSumRoundedP = kFoldCap >= 3;
         // ALiBi's bias from fp32 distances (softmax_fold.cuh FoldedScoreMod::apply) in the kernels with
         // the feature variants (kLazyRescale or kFoldCap); ScoreMod's integer ones otherwise
         constexpr bool kFastAlibi = kAlibi && (kLazyRescale || kFoldCap != 0);
@@ -911,6 +917,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                         folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
                         if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
                         mx[0][0] = mx[0][1] = p.softcap_fixed_m;
+                        if constexpr (kSumRoundedP) {   // l: after the packing (sum_p)
+                            softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value, false>(
+                                s_acc, m, l, mx, scale_log2, alpha, rescale);
+                            return;
+                        }
                     } else {
                         // the row max on the raw S (tanh is increasing: softmax_fold.cuh), masked
                         // first; the mask again after the tanh, which maps -inf to -1
@@ -982,6 +993,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                     zero_dropped_packed(dropout, p_frag, at.batch * p.nheads + at.head, warp_row0,
                                         (n_end - 1 - j) * kBN, g, t);
             };
+            // kSumRoundedP with the fixed max: l += the row sums of P_j as packed (softmax_s left them out)
+            auto sum_p = [&]() {
+                if constexpr (kSumRoundedP)
+                    if (fixed_max) add_rowsum_rounded<Elem>(p_frag, l);
+            };
             auto phase = [&](int j) { return u32((kv_iter + j) / kStages) & 1; };
             auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
 
@@ -1011,6 +1027,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             softmax_s(slot_of(0), 0);
             drop_p(0);
             pack_p();
+            sum_p();
             drop_packed(0);
 
             for (int j = 1; j < n_blocks; ++j) {
@@ -1042,6 +1059,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                         softmax_rescale(o_acc, alpha); // O *= alpha_j: O now relative to m_j
                 drop_p(j);                         // kDropout: P_j ∘ Z
                 pack_p();                          // P_j: A fragments, or (kPSmem) the P tile
+                sum_p();                           // kSumRoundedP: l += Σ P̃_j (the fixed max)
                 drop_packed(j);                    // kDropPacked: P_j ∘ Z on the fragments
             }
             // end: the last block's O += P V (the tile's final turn)

@@ -62,7 +62,9 @@ __device__ __forceinline__ void softmax_rowmax(const float (&s)[kMT][kNTS][4], f
 // exponent's offset takes -shift·scale_log2); without it the offset is m's alone.
 // kEmu, kDegree: exp2_emulated<kEmu>'s tiles take exp2_poly<kDegree> (header); kEmu 0, every exp2
 // on the SFU.
-template <bool kLazy, bool kShift, int kEmu = 0, int kDegree = 3, int kMT, int kNTS>
+// kSum false: l only takes alpha here, P's sum comes later from the rounded fragments
+// (add_rowsum_rounded).
+template <bool kLazy, bool kShift, int kEmu = 0, int kDegree = 3, bool kSum = true, int kMT, int kNTS>
 __device__ __forceinline__ void softmax_row_update(float (&s)[kMT][kNTS][4], int mt, int half, float m_new,
                                                    float shift, float& m, float& l, float scale_log2,
                                                    float& alpha, bool& rescale) {
@@ -92,12 +94,12 @@ __device__ __forceinline__ void softmax_row_update(float (&s)[kMT][kNTS][4], int
                 x = exp2_poly<kDegree>(fmaf(x, scale_log2, -offset_log2));
             else
                 x = exp2_scaled(x, scale_log2, offset_log2);
-            row_sum += x;
+            if constexpr (kSum) row_sum += x;
         }
-    l = l * alpha + row_sum;
+    l = kSum ? l * alpha + row_sum : l * alpha;
 }
 
-template <bool kLazy, int kEmu = 0, int kDegree = 3, int kMT, int kNTS>
+template <bool kLazy, int kEmu = 0, int kDegree = 3, bool kSum = true, int kMT, int kNTS>
 __device__ __forceinline__ void softmax_step_max(float (&s)[kMT][kNTS][4], float (&m)[kMT][2],
                                                  float (&l)[kMT][2], const float (&mx)[kMT][2],
                                                  float scale_log2, float (&alpha)[kMT][2], bool& rescale) {
@@ -106,8 +108,30 @@ __device__ __forceinline__ void softmax_step_max(float (&s)[kMT][kNTS][4], float
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int half = 0; half < 2; ++half)
-            softmax_row_update<kLazy, false, kEmu, kDegree>(s, mt, half, fmaxf(m[mt][half], mx[mt][half]), 0.f, m[mt][half],
+            softmax_row_update<kLazy, false, kEmu, kDegree, kSum>(s, mt, half, fmaxf(m[mt][half], mx[mt][half]), 0.f, m[mt][half],
                                              l[mt][half], scale_log2, alpha[mt][half], rescale);
+}
+
+// l from the P that the P V GEMM takes (kFoldCap 3, 4 with the fixed running max): with m fixed at
+// t's bound 1, no P = exp2(k (t - 1)) is 1 and each one is rounded to 16 bits for the GEMM, so an
+// l summed from the fp32 P (softmax_row_update) leaves O = Σ bf16(P_j) V_j / Σ P_j off a convex
+// combination of V's rows by P's rounding (2^-9 relative in bf16): at seqlen_k = 1, O = V (1 + δ)
+// and dQ = dS K with dS = P (dO·V - dO·O) != 0 (the backward's D). Summed from the rounded
+// fragments, O = Σ P̃_j V_j / Σ P̃_j exactly (O = V at one key) and the LSE is log Σ P̃_j.
+// frag: pack_a_frags's layout, registers 0 and 2 of a k16 step are row g (half 0), 1 and 3 row
+// g + 8; two partial sums per row.
+template <class Elem, int kK16>
+__device__ __forceinline__ void add_rowsum_rounded(const u32 (&frag)[1][kK16][4], float (&l)[1][2]) {
+    float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < kK16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const u32 w = frag[0][kk][r];
+            sum[r & 1][r >> 1] += to_float<Elem>(u16(w)) + to_float<Elem>(u16(w >> 16));
+        }
+    l[0][0] += sum[0][0] + sum[0][1];
+    l[0][1] += sum[1][0] + sum[1][1];
 }
 
 // ScoreMod in the folded form (header): apply() gives t = tanh(S·softcap_in) (minus

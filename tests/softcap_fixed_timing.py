@@ -1,0 +1,133 @@
+"""What the fixed-max softcap fix (l from the rounded P, softmax_fold.cuh add_rowsum_rounded) costs,
+on an H100. Not a test:
+
+    cp -r kernels_cu /tmp/k_old && sed -i 's/kSumRoundedP = kFoldCap >= 3;/kSumRoundedP = false;/' \\
+        /tmp/k_old/sm90_fwd.cu                        # the kernel before the fix (same SASS)
+    python tests/softcap_fixed_timing.py --precompile [--tests] [--old /tmp/k_old]
+    timeout 120 python tests/softcap_fixed_timing.py [--old /tmp/k_old] --out /tmp/softcap_fixed.json
+
+Shape: issue 12's (bf16, d128, batch 2 x 16 heads x 8k), causal and not. Rows, timed in one process
+with samples interleaved (cuflash.timing.time_interleaved: CUDA events, warm-up, median):
+  plain      the plain forward (selection)
+  cap30      softcap 30, sm90_fwd's heuristic (fold_cap 4, fixed max; this checkout's kernel)
+  cap30_old  the same config compiled from --old (the kernel sources before the fix)
+  cap80      softcap 80, the same kernel: 2·80·log2(e) > FIXED_MAX_LOG2_RANGE, the row max runs
+  extra rows named by --variants: softcap 30 with the heuristic's fields replaced (KEY=FIELD=VALUE,...)
+Columns: ms and x plain (over the plain forward of the same pass).
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+
+B, S, H, D = 2, 8192, 16, 128
+
+
+def parse_variants(text):
+    """'name:field=value,field=value;name2:...' -> {name: {field: value}}"""
+    out = {}
+    for item in filter(None, (text or "").split(";")):
+        name, _, fields = item.partition(":")
+        kv = {}
+        for f in filter(None, fields.split(",")):
+            k, _, v = f.partition("=")
+            kv[k] = True if v == "True" else False if v == "False" else int(v)
+        out[name] = kv
+    return out
+
+
+def configs(causal, variants):
+    from cuflash import registry
+    from cuflash.problem import Problem
+
+    fam = registry.get("sm90_fwd")
+    plain = Problem("fwd", "bf16", B, S, S, H, H, D, causal)
+    cap = plain.replace(features=("softcap",), softcap=30.0)
+    heur = fam.for_problem(fam.heuristic(cap, (9, 0), 227 * 1024), cap)
+    extra = {name: heur.replace(**kv) for name, kv in variants.items()}
+    return plain, heur, extra
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--old", default="", help="kernel sources before the fix (a kernels_cu copy)")
+    ap.add_argument("--precompile", action="store_true")
+    ap.add_argument("--tests", action="store_true", help="--precompile: also the GPU tests' kernels")
+    ap.add_argument("--variants", default="")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    variants = parse_variants(args.variants)
+    from cuflash import compile as cc
+    from cuflash import registry
+
+    if args.precompile:
+        fam = registry.get("sm90_fwd")
+        cfgs, olds = [], []
+        for causal in (True, False):
+            plain, heur, extra = configs(causal, variants)
+            olds.append(heur)
+            cfgs += [heur, fam.for_problem(fam.heuristic(plain, (9, 0), 227 * 1024), plain), *extra.values()]
+        if args.tests:   # tests/test_softcap_fixed_max_gpu.py's kernels and the backward tests'
+            from cuflash.problem import Problem
+
+            for causal in (True, False):
+                for dt in ("bf16", "fp16"):
+                    p = Problem("fwd", dt, 2, 1023, 1023, 4, 2, D, causal, features=("softcap",), softcap=4.0)
+                    cfgs.append(fam.for_problem(fam.heuristic(p, (9, 0), 227 * 1024), p))
+                    for name in ("sm90_bwd", "fa2_bwd"):
+                        bf = registry.get(name)
+                        pb = p.replace(op="bwd")
+                        cfgs.append(bf.for_problem(bf.heuristic(pb, (9, 0), 227 * 1024), pb))
+        bad = [(c.name, e) for c, _, e in cc.precompile(cfgs) if e]
+        if args.old:
+            os.environ["CUFLASH_KERNEL_DIR"] = args.old   # the spawned workers read it at import
+            bad += [(c.name, e) for c, _, e in cc.precompile(olds) if e]
+        print("precompiled", len(cfgs), "failed", bad, flush=True)
+        return
+
+    import torch
+
+    import cuflash
+    from cuflash.registry import op_flops
+    from cuflash.timing import time_interleaved
+
+    rows = []
+    for causal in (True, False):
+        plain, heur, extra = configs(causal, variants)
+        q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        fns = {"plain": lambda: cuflash.flash_attn_func(q, k, v, causal=causal),
+               "cap30": lambda: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0),
+               "cap80": lambda: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=80.0)}
+        for name, cfg in extra.items():
+            fns[name] = lambda cfg=cfg: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0, config=cfg)
+        for fn in fns.values():
+            assert not fn().isnan().any()
+        if args.old:
+            # plans built while the override names the old sources hold the old kernels; keyed by
+            # config (given here, None in cap30), they stay apart from cap30's (no on_change drop)
+            cc._override = args.old
+            old = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0, config=heur)
+            cc._override = ""
+            fns["cap30_old"] = lambda: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0, config=heur)
+            new = fns["cap30"]()
+            print("old vs new max |diff|", (old.float() - new.float()).abs().max().item(), flush=True)
+        torch.cuda.synchronize()
+        times = time_interleaved(fns, reps=args.reps, back_to_back=3)
+        base = times["plain"].median_ms
+        for key, t in times.items():
+            tflops = op_flops(plain) / t.median_ms / 1e9
+            print(f"{'causal' if causal else 'full':7s} {key:12s} {t.median_ms:8.3f} ms {tflops:7.1f} TFLOPs "
+                  f"x plain {t.median_ms / base:6.3f}  {heur.name if key.startswith('cap30') else ''}", flush=True)
+            rows.append(dict(causal=causal, row=key, median_ms=t.median_ms, x_plain=t.median_ms / base,
+                             spread=t.spread, config=heur.name))
+    if args.out:
+        env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
+        with open(args.out, "w") as f:
+            json.dump(dict(env=env, shape=[B, S, H, D], rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
