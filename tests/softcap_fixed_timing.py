@@ -1,16 +1,16 @@
 """What the fixed-max softcap fix (l from the rounded P, softmax_fold.cuh add_rowsum_rounded) costs,
 on an H100. Not a test:
 
-    cp -r kernels_cu /tmp/k_old && sed -i 's/kSumRoundedP = kFoldCap >= 3;/kSumRoundedP = false;/' \\
-        /tmp/k_old/sm90_fwd.cu                        # the kernel before the fix (same SASS)
-    python tests/softcap_fixed_timing.py --precompile [--tests] [--old /tmp/k_old]
-    timeout 120 python tests/softcap_fixed_timing.py [--old /tmp/k_old] --out /tmp/softcap_fixed.json
+    python tests/softcap_fixed_timing.py --precompile [--tests] [--kvariants old,...]
+    timeout 120 python tests/softcap_fixed_timing.py [--kvariants old,...] --out /tmp/softcap_fixed.json
+    ncu --profile-from-start off --section ... python tests/softcap_fixed_timing.py --profile
 
 Shape: issue 12's (bf16, d128, batch 2 x 16 heads x 8k), causal and not. Rows, timed in one process
 with samples interleaved (cuflash.timing.time_interleaved: CUDA events, warm-up, median):
   plain      the plain forward (selection)
   cap30      softcap 30, sm90_fwd's heuristic (fold_cap 4, fixed max; this checkout's kernel)
-  cap30_old  the same config compiled from --old (the kernel sources before the fix)
+  cap30_NAME the same config compiled from a kernels_cu copy with KVARIANTS[NAME]'s edits ("old":
+             the kernel sources before the fix, SASS identical to the previous commit's)
   cap80      softcap 80, the same kernel: 2·80·log2(e) > FIXED_MAX_LOG2_RANGE, the row max runs
   extra rows named by --variants: softcap 30 with the heuristic's fields replaced (KEY=FIELD=VALUE,...)
 Columns: ms and x plain (over the plain forward of the same pass).
@@ -23,6 +23,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
 B, S, H, D = 2, 8192, 16, 128
+# kernel-source variants (--kvariants): edits of a kernels_cu copy, {name: [(file, old, new)]}, each
+# timed as softcap 30 at the heuristic's config compiled from its copy
+KVARIANTS = {
+    # the kernel before the fix (SASS identical to the previous commit's)
+    "old": [("sm90_fwd.cu", "kSumRoundedP = kFoldCap >= 3;", "kSumRoundedP = false;")],
+}
 
 
 def parse_variants(text):
@@ -50,9 +56,29 @@ def configs(causal, variants):
     return plain, heur, extra
 
 
+def variant_dir(name, root="/tmp"):
+    """A kernels_cu copy with KVARIANTS[name]'s edits (each must match once)."""
+    import shutil
+    from pathlib import Path
+
+    from cuflash import compile as cc
+
+    dst = Path(root) / f"cuflash_kv_{name}"
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(cc._kernel_dir(""), dst)
+    for fname, old, new in KVARIANTS[name]:
+        text = (dst / fname).read_text()
+        assert text.count(old) == 1, f"variant {name}: {old!r} found {text.count(old)} times in {fname}"
+        (dst / fname).write_text(text.replace(old, new))
+    return str(dst)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--old", default="", help="kernel sources before the fix (a kernels_cu copy)")
+    ap.add_argument("--kvariants", default="old", help="comma-separated KVARIANTS names")
+    ap.add_argument("--profile", action="store_true",
+                    help="one call each of plain and cap30 (full) in a profiler range (ncu --profile-from-start off)")
     ap.add_argument("--precompile", action="store_true")
     ap.add_argument("--tests", action="store_true", help="--precompile: also the GPU tests' kernels")
     ap.add_argument("--variants", default="")
@@ -82,8 +108,8 @@ def main():
                         pb = p.replace(op="bwd")
                         cfgs.append(bf.for_problem(bf.heuristic(pb, (9, 0), 227 * 1024), pb))
         bad = [(c.name, e) for c, _, e in cc.precompile(cfgs) if e]
-        if args.old:
-            os.environ["CUFLASH_KERNEL_DIR"] = args.old   # the spawned workers read it at import
+        for name in filter(None, args.kvariants.split(",")):
+            os.environ["CUFLASH_KERNEL_DIR"] = variant_dir(name)   # the spawned workers read it at import
             bad += [(c.name, e) for c, _, e in cc.precompile(olds) if e]
         print("precompiled", len(cfgs), "failed", bad, flush=True)
         return
@@ -105,15 +131,30 @@ def main():
             fns[name] = lambda cfg=cfg: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0, config=cfg)
         for fn in fns.values():
             assert not fn().isnan().any()
-        if args.old:
-            # plans built while the override names the old sources hold the old kernels; keyed by
-            # config (given here, None in cap30), they stay apart from cap30's (no on_change drop)
-            cc._override = args.old
-            old = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0, config=heur)
+        if args.profile:
+            if causal:
+                continue
+            for key in ("plain", "cap30"):
+                fns[key]()
+                torch.cuda.synchronize()
+                torch.cuda.profiler.start()
+                fns[key]()
+                torch.cuda.synchronize()
+                torch.cuda.profiler.stop()
+                print("profiled", key, flush=True)
+            return
+        new = fns["cap30"]()
+        for i, name in enumerate(filter(None, args.kvariants.split(",")), start=1):
+            # a plan built while the override names the variant's sources holds its kernels; the plan
+            # caches key on (problem, strides, scale, config), so each variant takes the scale times
+            # (1 + i 2^-20) (same kernel, same time) to keep its own plan (no on_change drop)
+            scale = D ** -0.5 * (1 + i * 2.0 ** -20)
+            cc._override = variant_dir(name)
+            out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0, config=heur, softmax_scale=scale)
             cc._override = ""
-            fns["cap30_old"] = lambda: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0, config=heur)
-            new = fns["cap30"]()
-            print("old vs new max |diff|", (old.float() - new.float()).abs().max().item(), flush=True)
+            fns[f"cap30_{name}"] = (lambda scale=scale: cuflash.flash_attn_func(
+                q, k, v, causal=causal, softcap=30.0, config=heur, softmax_scale=scale))
+            print(f"{name}: max |O - O(cap30)| {(out.float() - new.float()).abs().max().item():.3g}", flush=True)
         torch.cuda.synchronize()
         times = time_interleaved(fns, reps=args.reps, back_to_back=3)
         base = times["plain"].median_ms
