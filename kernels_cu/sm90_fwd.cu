@@ -197,7 +197,10 @@
 //              exactly 1 under the fixed max, so O must be a convex combination of V's rows by
 //              construction: O = V at one key); 4, as 3 with Q_i
 //              prescaled by softcap_in in shared memory once per tile (softmax_fold.cuh
-//              prescale_q: no multiply per score before the tanh; bf16 only). 2, 3 and 4 need
+//              prescale_q: no multiply per score before the tanh; bf16 only); 5, as 4, but with the
+//              fixed max the exponent k (t - 1) = -2k / (1 + e^{2x}) comes from ex2, FFMA and rcp
+//              instead of tanh.approx and FFMA (softmax_fold.cuh softcap_fixed_exponent; Q_i prescaled
+//              by softcap_in·2 log2(e) there), the row-max calls as 4. 2 to 5 need
 //              kLazyRescale. 0 and kLazyRescale false, the defaults: the code of the kernel
 //              before they existed
 //   kAlibiLinear ALiBi's bias as one FFMA per score (softmax_fold.cuh AlibiLinear): on blocks whose keys
@@ -455,10 +458,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     // not allow for; and a TMA store of O would write a box's rows past the sequence's end, into
     // the next sequence's rows (TMA clips only at the packed tensor's end)
     static_assert(!kVarlen || (!kDynamic && !kTmaStore), "varlen runs without kDynamic and kTmaStore");
-    static_assert(kFoldCap >= 0 && kFoldCap <= 4 && (!kFoldCap || kSoftcap),
-                  "kFoldCap (0..4) folds the softcap: it needs kSoftcap");
-    static_assert(kFoldCap != 4 || Exp2PolyDegree<Elem>::value == 3,
-                  "kFoldCap 4 prescales Q in bf16 (Exp2PolyDegree's 3 marks bf16): fp16 products underflow");
+    static_assert(kFoldCap >= 0 && kFoldCap <= 5 && (!kFoldCap || kSoftcap),
+                  "kFoldCap (0..5) folds the softcap: it needs kSoftcap");
+    static_assert(kFoldCap < 4 || Exp2PolyDegree<Elem>::value == 3,
+                  "kFoldCap 4, 5 prescale Q in bf16 (Exp2PolyDegree's 3 marks bf16): fp16 products underflow");
+    static_assert(kFoldCap != 5 || kEmuExp2 == 0, "kFoldCap 5 runs its exp2s on the SFU");
     static_assert(kFoldCap < 2 || kLazyRescale, "kFoldCap 2, 3, 4 run with kLazyRescale");
     static_assert(!(kLazyRescale || kFoldCap) || ((kEmuExp2 == 0 || kFoldCap != 0) && !kDropout),
                   "kLazyRescale / kFoldCap run no dropout, and the software exp2 only with kFoldCap (softmax_fold.cuh)");
@@ -852,6 +856,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         // with the fixed max, l sums the rounded P that the P V GEMM takes (softmax_fold.cuh
         // add_rowsum_rounded: O an exact convex combination of V's rows, O = V at one key)
         constexpr bool kSumRoundedP = kFoldCap >= 3;
+        // kFoldCap 5 with the fixed max: c = -1 / (2k) of softcap_fixed_exponent, and Q's prescale
+        const float fold5_c = kFoldCap == 5 ? -0.5f * rcp_approx(scale_log2) : 0.f;
+        const float q_prescale = kFoldCap == 5 && fixed_max ? p.softcap_in * 2.8853900817779268f : p.softcap_in;
         // ALiBi's bias from fp32 distances (softmax_fold.cuh FoldedScoreMod::apply) in the kernels with
         // the feature variants (kLazyRescale or kFoldCap); ScoreMod's integer ones otherwise
         constexpr bool kFastAlibi = kAlibi && (kLazyRescale || kFoldCap != 0);
@@ -860,7 +867,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         // (kFastAlibi); unused without them
         // (kFoldCap 4: S arrives as S·softcap_in, Q prescaled: the tanh's factor is 1, no multiply)
         const FoldedScoreMod<kSoftcap && kFoldCap != 0, kAlibi && (kFoldCap != 0 || kFastAlibi)> folded(
-            kFoldCap == 4 ? 1.f : p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride, at.batch, at.head,
+            kFoldCap >= 4 ? 1.f : p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride, at.batch, at.head,
             p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q, kVarlen ? seq.seqlen_k : p.seqlen_k);
         // kAlibiLinear: ALiBi's bias as one FFMA per score (softmax_fold.cuh AlibiLinear); unused without
         const AlibiLinear alibi_lin(kAlibiLinear, p.alibi_slopes, p.alibi_batch_stride, at.batch, at.head,
@@ -914,9 +921,15 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                     float mx[1][2];
                     if (kFoldCap >= 3 && fixed_max) {
                         // t <= 1: the host's fixed max (params_sm90.cuh softcap_fixed_m), no row max
-                        folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
+                        // (kFoldCap 5: the exponents k (t - 1) without the tanh, masked to -inf)
+                        if constexpr (kFoldCap == 5) softcap_fixed_exponent(s_acc, fold5_c);
+                        else folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
                         if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
                         mx[0][0] = mx[0][1] = p.softcap_fixed_m;
+                        if constexpr (kFoldCap == 5) {   // P = 2^s, m fixed; l: after the packing (sum_p)
+                            softmax_step_fixed(s_acc, m, p.softcap_fixed_m, alpha, rescale);
+                            return;
+                        }
                         if constexpr (kSumRoundedP) {   // l: after the packing (sum_p)
                             softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value, false>(
                                 s_acc, m, l, mx, scale_log2, alpha, rescale);
@@ -1003,10 +1016,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
 
             if (!kTileOverlap && !kDynamic && q_iter == 0) turn.start();  // the CTA's first tile with keys
             if constexpr (!kTileOverlap) mbarrier_wait(q_full_of(q_slot(q_iter)), q_fill(q_iter) & 1);
-            if constexpr (kFoldCap == 4) {
-                // Q_i·softcap_in in place (softmax_fold.cuh prescale_q): this warpgroup's rows, then
+            if constexpr (kFoldCap >= 4) {
+                // Q_i·softcap_in in place (softmax_fold.cuh prescale_q; kFoldCap 5 with the fixed max
+                // times 2 log2(e), softcap_fixed_exponent's y): this warpgroup's rows, then
                 // visible to its wgmmas (async proxy) once all 128 threads have written theirs
-                prescale_q<kChunks, Shape::kQChunkBytes>(q_smem + wg * 64 * 128, p.softcap_in, tid % 128);
+                prescale_q<kChunks, Shape::kQChunkBytes>(q_smem + wg * 64 * 128, q_prescale, tid % 128);
                 fence_proxy_async_smem();
                 named_barrier_sync(4 + wg, 128);
             }

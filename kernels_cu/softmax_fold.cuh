@@ -134,6 +134,47 @@ __device__ __forceinline__ void add_rowsum_rounded(const u32 (&frag)[1][kK16][4]
     l[0][1] += sum[1][0] + sum[1][1];
 }
 
+// The folded softcap's fixed-max exponent without the tanh (kFoldCap 5). With x = S·softcap_in,
+// t - 1 = tanh(x) - 1 = -2 / (1 + e^{2x}), so the exponent of P = exp2(k (t - 1)) (m fixed at 1,
+// k = softcap·log2(e)) is 1 / (c (1 + 2^y)) with y = 2 log2(e) x and c = -1 / (2k): ex2, one FFMA,
+// rcp on the SFU in place of tanh.approx and the exponent's FFMA (worth it only where MUFU.TANH
+// costs more than two MUFU.EX2: tests/mufu_microbench.py), and more exact (tanh.approx's 2^-11 relative
+// error is k·2^-11 in the exponent, up to 2% in P at cap 30; ex2 and rcp's 2^-22 are 10^-5).
+// s: y on entry (Q prescaled by softcap_in·2 log2(e)), the exponent on return (0 for y = +inf: t = 1;
+// -2k for y = -inf: t = -1; a masked score takes -inf after this, P = 0).
+template <int kMT, int kNT>
+__device__ __forceinline__ void softcap_fixed_exponent(float (&s)[kMT][kNT][4], float c) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][nt][e] = rcp_approx(fmaf(exp2_approx(s[mt][nt][e]), c, c));
+}
+
+// kFoldCap 5's softmax step under the fixed max: s holds the exponents (softcap_fixed_exponent, the
+// masked ones -inf), P = 2^s in place; m takes the fixed value, O and l keep their scale (alpha 1: at
+// the first block both are still 0), and l gains the rounded P's sum after the packing
+// (add_rowsum_rounded).
+template <int kMT, int kNTS>
+__device__ __forceinline__ void softmax_step_fixed(float (&s)[kMT][kNTS][4], float (&m)[kMT][2], float m_fixed,
+                                                   float (&alpha)[kMT][2], bool& rescale) {
+    rescale = false;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            m[mt][half] = m_fixed;
+            alpha[mt][half] = 1.f;
+        }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNTS; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][nt][e] = exp2_approx(s[mt][nt][e]);
+}
+
 // ScoreMod in the folded form (header): apply() gives t = tanh(S·softcap_in) (minus
 // slope / softcap_out·|i + offset - j| with ALiBi); unit() is the factor the softmax's scales
 // take (softcap_out with kSoftcap, else 1: then it is ScoreMod exactly); cap() maps a row max of

@@ -8,9 +8,10 @@ D = dO·O left dQ off by 0.01-0.05 where the reference's is 0 (test_sm90_bwd_fea
 test_softcap and test_features_gpu.py::test_backward[fa2_bwd-bf16-d128-softcap*] failed at
 seqlen_k = 1). Now l sums the rounded P (softmax_fold.cuh add_rowsum_rounded).
 
-Cases: the default forward (selection: sm90_fwd's softcap heuristic, fold_cap 4 bf16 / 3 fp16 at
-d128) and the default backward, bf16 with caps 30 and 5 (fixed max) and fp16 with cap 4 (fixed
-max: 2·4·log2(e) <= FIXED_MAX_LOG2_RANGE_FP16) and 30 (row max), causal and not; seqlen_k = 1 (O
+Cases: sm90_fwd's softcap heuristic (fold_cap 4 bf16 / 3 fp16 at d128; fold_cap 5, the exponent
+without the tanh, forced for bf16) and the default backward, bf16 with caps 30 and 5 (fixed max;
+50: fold_cap 5's row-max side) and fp16 with cap 4 (fixed max: 2·4·log2(e) <=
+FIXED_MAX_LOG2_RANGE_FP16) and 30 (row max), causal and not; seqlen_k = 1 (O
 must equal V bit for bit, like plain attention's: P = 1 there) and small key counts (one K/V
 block: 2, 17, 113) and a few blocks (300), s_q != s_k, MHA / GQA / MQA. Errors within 2x (3x for
 gradients) plain attention's in the same precision against float64 (test_features_gpu.check_close),
@@ -29,14 +30,15 @@ from test_features_gpu import check_close, feature_attention, grads, inputs  # n
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
-# (dtype, cap, whether the call runs the fixed max)
-CAPS = [("bf16", 30.0, True), ("bf16", 5.0, True), ("fp16", 4.0, True), ("fp16", 30.0, False)]
-CAP_IDS = [f"{dt}-cap{c:g}" for dt, c, _ in CAPS]
+# (dtype, cap, whether the call runs the fixed max, fold_cap forced or None: the heuristic's)
+CAPS = [("bf16", 30.0, True, None), ("bf16", 5.0, True, None), ("fp16", 4.0, True, None),
+        ("fp16", 30.0, False, None), ("bf16", 30.0, True, 5), ("bf16", 5.0, True, 5), ("bf16", 50.0, False, 5)]
+CAP_IDS = [f"{dt}-cap{c:g}" + (f"-fold{f}" if f else "") for dt, c, _, f in CAPS]
 # (seqlen_q, seqlen_k, heads)
 SMALL = [(1, 2, "mha"), (17, 17, "gqa"), (113, 113, "mqa"), (17, 300, "gqa"), (300, 17, "mha")]
 
 
-def fwd_config(dtype, q, k, causal, cap, fixed):
+def fwd_config(dtype, q, k, causal, cap, fixed, fold=None):
     """sm90_fwd's heuristic for the call (what selection runs without a tuned entry), checked to be
     the path under test."""
     import torch
@@ -44,6 +46,9 @@ def fwd_config(dtype, q, k, causal, cap, fixed):
     (b, sq, h, d), (sk, hkv) = q.shape, k.shape[1:3]
     p = cuflash.Problem("fwd", dtype, b, sq, sk, h, hkv, d, causal, features=("softcap",), softcap=cap)
     cfg = device_heuristic(registry.get("sm90_fwd"), p)
+    if fold is not None:
+        cfg = cfg.replace(fold_cap=fold)
+        assert not cfg.problems(), cfg.problems()
     assert cfg.fold_cap >= 3, f"{cfg.name}: the test expects the folded softcap with the fixed max"
     assert (sm90_fwd.softcap_fixed_m(p) <= 1) == fixed, f"{cfg.name} cap {cap}: fixed max expected {fixed}"
     assert torch.cuda.get_device_capability() >= (9, 0)
@@ -51,8 +56,8 @@ def fwd_config(dtype, q, k, causal, cap, fixed):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dtype,cap,fixed", CAPS, ids=CAP_IDS)
-def test_one_key_output_is_v(dtype, cap, fixed, causal):
+@pytest.mark.parametrize("dtype,cap,fixed,fold", CAPS, ids=CAP_IDS)
+def test_one_key_output_is_v(dtype, cap, fixed, fold, causal):
     """One visible key: O = V exactly (every query row), LSE = cap·tanh(s·scale / cap) within 1e-2."""
     import torch
 
@@ -60,7 +65,7 @@ def test_one_key_output_is_v(dtype, cap, fixed, causal):
         if causal and sq > 1:
             continue   # bottom-right causal: rows above the last see no key (O = 0 elsewhere)
         q, k, v, _ = inputs(2, sq, 1, heads, 128, dtype)
-        cfg = fwd_config(dtype, q, k, causal, cap, fixed)
+        cfg = fwd_config(dtype, q, k, causal, cap, fixed, fold)
         out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=cap, config=cfg,
                                               return_attn_probs=True)
         rep = q.shape[2] // k.shape[2]
@@ -73,8 +78,8 @@ def test_one_key_output_is_v(dtype, cap, fixed, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dtype,cap,fixed", CAPS, ids=CAP_IDS)
-def test_small_keys_fwd_bwd(dtype, cap, fixed, causal):
+@pytest.mark.parametrize("dtype,cap,fixed,fold", CAPS, ids=CAP_IDS)
+def test_small_keys_fwd_bwd(dtype, cap, fixed, fold, causal):
     """seqlen_k 1 and small: forward within 2x, gradients (default backward) within 3x the plain
     low-precision error against float64; at seqlen_k = 1 the reference dQ is 0."""
     import torch
@@ -84,7 +89,7 @@ def test_small_keys_fwd_bwd(dtype, cap, fixed, causal):
         if causal and sk == 1 and sq > 1:
             sq = 1
         q, k, v, dout = inputs(2, sq, sk, heads, 128, dtype)
-        cfg = fwd_config(dtype, q, k, causal, cap, fixed)
+        cfg = fwd_config(dtype, q, k, causal, cap, fixed, fold)
         what = f"{cfg.name} cap {cap:g} {sq}x{sk} {heads}"
         out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=cap, config=cfg)
         ref = feature_attention(q, k, v, scale, causal, (-1, -1), cap, None, torch.float64)[0]
