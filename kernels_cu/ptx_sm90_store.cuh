@@ -1,7 +1,7 @@
 // ptx_sm90_store.cuh: the TMA store that sm90_fwd's tma_store epilogue needs beyond ptx_sm90.cuh
 // and ptx_sm90_bulk.cuh (whose bulk_commit_group / bulk_wait_group[_read] it pairs with), and the
 // stmatrix of its p_smem P tile, and the byte permute with sign replication of its packed dropout
-// mask, the reciprocal of its tanh-free softcap (kFoldCap 5), one small function per instruction with the reason it exists (ptx.cuh's rules; a separate
+// mask, one small function per instruction with the reason it exists (ptx.cuh's rules; a separate
 // file, included by sm90_fwd.cu only, so that sm90_bwd's code hash stays).
 //
 // cp.async.bulk.tensor (shared -> global) copies a box of shared memory, laid out as the tensor
@@ -58,15 +58,6 @@ __device__ __forceinline__ u32 prmt_sign(u32 a, u32 b, u32 sel) {
     u32 d;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
     return d;
-}
-
-// 1 / x on the special-function unit, one MUFU.RCP (max relative error 2^-23; 1 / ±0 = ±inf,
-// 1 / ±inf = ±0): the folded softcap's exponent k (t - 1) = -2k / (1 + e^{2x}) without the tanh,
-// where 1.f / x compiles to the IEEE division's fix-up sequence.
-__device__ __forceinline__ float rcp_approx(float x) {
-    float y;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
 }
 
 }  // namespace cuflash

@@ -192,15 +192,12 @@
 //              the tanh (tanh(-inf) = -1); 3, as 2, but where the host allows it for the call's cap
 //              (params.softcap_fixed_m <= 1: 2·softcap·log2(e) <= 100, so P = exp2(k (t - 1)) >=
 //              2^-100 never underflows) the running max is that fixed value (t <= 1), no row max
-//              and, with kLazyRescale, no O rescale after the first block; there l sums P as the
-//              P V GEMM takes it, rounded to 16 bits (softmax_fold.cuh add_rowsum_rounded: no P is
-//              exactly 1 under the fixed max, so O must be a convex combination of V's rows by
-//              construction: O = V at one key); 4, as 3 with Q_i
+//              and, with kLazyRescale, no O rescale after the first block (and O normalized by the
+//              sum of P as rounded for the P V GEMM, lr, the LSE by l's: no P is exactly 1 there, so
+//              O is a convex combination of V's rows by construction, O = V at one key;
+//              softmax_fold.cuh add_rounded); 4, as 3 with Q_i
 //              prescaled by softcap_in in shared memory once per tile (softmax_fold.cuh
-//              prescale_q: no multiply per score before the tanh; bf16 only); 5, as 4, but with the
-//              fixed max the exponent k (t - 1) = -2k / (1 + e^{2x}) comes from ex2, FFMA and rcp
-//              instead of tanh.approx and FFMA (softmax_fold.cuh softcap_fixed_exponent; Q_i prescaled
-//              by softcap_in·2 log2(e) there), the row-max calls as 4. 2 to 5 need
+//              prescale_q: no multiply per score before the tanh; bf16 only). 2, 3 and 4 need
 //              kLazyRescale. 0 and kLazyRescale false, the defaults: the code of the kernel
 //              before they existed
 //   kAlibiLinear ALiBi's bias as one FFMA per score (softmax_fold.cuh AlibiLinear): on blocks whose keys
@@ -458,11 +455,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     // not allow for; and a TMA store of O would write a box's rows past the sequence's end, into
     // the next sequence's rows (TMA clips only at the packed tensor's end)
     static_assert(!kVarlen || (!kDynamic && !kTmaStore), "varlen runs without kDynamic and kTmaStore");
-    static_assert(kFoldCap >= 0 && kFoldCap <= 5 && (!kFoldCap || kSoftcap),
-                  "kFoldCap (0..5) folds the softcap: it needs kSoftcap");
-    static_assert(kFoldCap < 4 || Exp2PolyDegree<Elem>::value == 3,
-                  "kFoldCap 4, 5 prescale Q in bf16 (Exp2PolyDegree's 3 marks bf16): fp16 products underflow");
-    static_assert(kFoldCap != 5 || kEmuExp2 == 0, "kFoldCap 5 runs its exp2s on the SFU");
+    static_assert(kFoldCap >= 0 && kFoldCap <= 4 && (!kFoldCap || kSoftcap),
+                  "kFoldCap (0..4) folds the softcap: it needs kSoftcap");
+    static_assert(kFoldCap != 4 || Exp2PolyDegree<Elem>::value == 3,
+                  "kFoldCap 4 prescales Q in bf16 (Exp2PolyDegree's 3 marks bf16): fp16 products underflow");
     static_assert(kFoldCap < 2 || kLazyRescale, "kFoldCap 2, 3, 4 run with kLazyRescale");
     static_assert(!(kLazyRescale || kFoldCap) || ((kEmuExp2 == 0 || kFoldCap != 0) && !kDropout),
                   "kLazyRescale / kFoldCap run no dropout, and the software exp2 only with kFoldCap (softmax_fold.cuh)");
@@ -694,6 +690,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     float o_acc[1][kOCols / 8][4];
     float m[1][2];  // running row max of the raw scores S (not yet scaled)
     float l[1][2];  // running row sum of P, this thread's columns only
+    // kFoldCap 3, 4 with the fixed max (kRoundedL): the running row sum of P as rounded for the P V
+    // GEMM, O's normalizer (l keeps the LSE's; softmax_fold.cuh add_rounded)
+    float lr[1][2];
+    constexpr bool kRoundedL = kFoldCap >= 3;
+    auto rounded_l = [&]() { return kRoundedL && p.softcap_fixed_m <= 1.f; };   // (uniform per launch)
     float (&o_flat)[kOCols / 2] = reinterpret_cast<float (&)[kOCols / 2]>(o_acc);
     float s_acc[1][kBN / 8][4];                            // S_j (64 x BN), then P_j (fp32)
     float (&s_flat)[kBN / 2] = reinterpret_cast<float (&)[kBN / 2]>(s_acc);
@@ -783,7 +784,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const float l_row = quad_sum(l[0][half]);
-            float inv_l = softmax_inv_l(l_row);
+            // (kRoundedL: O / Σ P̃, a convex combination of V's rows; the LSE from l)
+            float inv_l = softmax_inv_l(rounded_l() ? quad_sum(lr[0][half]) : l_row);
             if constexpr (kDropout) inv_l *= dropout.scale;   // as the plain epilogue: O = (P ∘ Z) V / (l (1 - p))
             const int row = warp * 16 + g + 8 * half;       // in the warpgroup's 64; row % 8 == g
 #pragma unroll
@@ -853,12 +855,6 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         const float scale_log2 = kFoldCap ? p.scale_log2 * p.softcap_out : p.scale_log2;
         // kFoldCap 3, 4: the running max is the host's fixed value when it allows one (uniform per launch)
         const bool fixed_max = kFoldCap >= 3 && p.softcap_fixed_m <= 1.f;
-        // with the fixed max, l sums the rounded P that the P V GEMM takes (softmax_fold.cuh
-        // add_rowsum_rounded: O an exact convex combination of V's rows, O = V at one key)
-        constexpr bool kSumRoundedP = kFoldCap >= 3;
-        // kFoldCap 5 with the fixed max: c = -1 / (2k) of softcap_fixed_exponent, and Q's prescale
-        const float fold5_c = kFoldCap == 5 ? -0.5f * rcp_approx(scale_log2) : 0.f;
-        const float q_prescale = kFoldCap == 5 && fixed_max ? p.softcap_in * 2.8853900817779268f : p.softcap_in;
         // ALiBi's bias from fp32 distances (softmax_fold.cuh FoldedScoreMod::apply) in the kernels with
         // the feature variants (kLazyRescale or kFoldCap); ScoreMod's integer ones otherwise
         constexpr bool kFastAlibi = kAlibi && (kLazyRescale || kFoldCap != 0);
@@ -867,7 +863,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         // (kFastAlibi); unused without them
         // (kFoldCap 4: S arrives as S·softcap_in, Q prescaled: the tanh's factor is 1, no multiply)
         const FoldedScoreMod<kSoftcap && kFoldCap != 0, kAlibi && (kFoldCap != 0 || kFastAlibi)> folded(
-            kFoldCap >= 4 ? 1.f : p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride, at.batch, at.head,
+            kFoldCap == 4 ? 1.f : p.softcap_in, p.softcap_out, p.alibi_slopes, p.alibi_batch_stride, at.batch, at.head,
             p.softmax_scale, kVarlen ? seq.seqlen_q : p.seqlen_q, kVarlen ? seq.seqlen_k : p.seqlen_k);
         // kAlibiLinear: ALiBi's bias as one FFMA per score (softmax_fold.cuh AlibiLinear); unused without
         const AlibiLinear alibi_lin(kAlibiLinear, p.alibi_slopes, p.alibi_batch_stride, at.batch, at.head,
@@ -882,6 +878,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         };
         if constexpr (!kTileOverlap) zero_o();
         softmax_init(m, l);
+        if constexpr (kRoundedL) lr[0][0] = lr[0][1] = 0.f;
 
         if (kTileOverlap || n_blocks > 0) {   // (kTileOverlap: non-causal with keys, every tile has blocks)
             // the CTA's last turn: the last tile with keys ends it (Pingpong: end(true))
@@ -921,20 +918,13 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                     float mx[1][2];
                     if (kFoldCap >= 3 && fixed_max) {
                         // t <= 1: the host's fixed max (params_sm90.cuh softcap_fixed_m), no row max
-                        // (kFoldCap 5: the exponents k (t - 1) without the tanh, masked to -inf)
-                        if constexpr (kFoldCap == 5) softcap_fixed_exponent(s_acc, fold5_c);
-                        else folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
+                        folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
                         if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
                         mx[0][0] = mx[0][1] = p.softcap_fixed_m;
-                        if constexpr (kFoldCap == 5) {   // P = 2^s, m fixed; l: after the packing (sum_p)
-                            softmax_step_fixed(s_acc, m, p.softcap_fixed_m, alpha, rescale);
-                            return;
-                        }
-                        if constexpr (kSumRoundedP) {   // l: after the packing (sum_p)
-                            softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value, false>(
-                                s_acc, m, l, mx, scale_log2, alpha, rescale);
-                            return;
-                        }
+                        // l and, rounded as the GEMM takes P, lr (no P is exactly 1 under the fixed max)
+                        softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value, Elem>(
+                            s_acc, m, l, lr, mx, scale_log2, alpha, rescale);
+                        return;
                     } else {
                         // the row max on the raw S (tanh is increasing: softmax_fold.cuh), masked
                         // first; the mask again after the tanh, which maps -inf to -1
@@ -945,7 +935,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                         mx[0][0] = folded.cap(mx[0][0]);
                         mx[0][1] = folded.cap(mx[0][1]);
                     }
-                    softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, mx, scale_log2,
+                    softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, l, mx, scale_log2,
                                                                                        alpha, rescale);
                     return;
                 }
@@ -956,7 +946,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 if constexpr (kLazyRescale || kFoldCap) {
                     float mx[1][2];
                     softmax_rowmax(s_acc, mx);
-                    softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, mx, scale_log2,
+                    softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, l, mx, scale_log2,
                                                                                        alpha, rescale);
                 } else if constexpr (kEmuExp2 == 0 && kTreeMax)   // the same step, shorter chains
                     softmax_step_tree(s_acc, m, l, p.scale_log2, alpha);
@@ -1006,21 +996,15 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                     zero_dropped_packed(dropout, p_frag, at.batch * p.nheads + at.head, warp_row0,
                                         (n_end - 1 - j) * kBN, g, t);
             };
-            // kSumRoundedP with the fixed max: l += the row sums of P_j as packed (softmax_s left them out)
-            auto sum_p = [&]() {
-                if constexpr (kSumRoundedP)
-                    if (fixed_max) add_rowsum_rounded<Elem>(p_frag, l);
-            };
             auto phase = [&](int j) { return u32((kv_iter + j) / kStages) & 1; };
             auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
 
             if (!kTileOverlap && !kDynamic && q_iter == 0) turn.start();  // the CTA's first tile with keys
             if constexpr (!kTileOverlap) mbarrier_wait(q_full_of(q_slot(q_iter)), q_fill(q_iter) & 1);
-            if constexpr (kFoldCap >= 4) {
-                // Q_i·softcap_in in place (softmax_fold.cuh prescale_q; kFoldCap 5 with the fixed max
-                // times 2 log2(e), softcap_fixed_exponent's y): this warpgroup's rows, then
+            if constexpr (kFoldCap == 4) {
+                // Q_i·softcap_in in place (softmax_fold.cuh prescale_q): this warpgroup's rows, then
                 // visible to its wgmmas (async proxy) once all 128 threads have written theirs
-                prescale_q<kChunks, Shape::kQChunkBytes>(q_smem + wg * 64 * 128, q_prescale, tid % 128);
+                prescale_q<kChunks, Shape::kQChunkBytes>(q_smem + wg * 64 * 128, p.softcap_in, tid % 128);
                 fence_proxy_async_smem();
                 named_barrier_sync(4 + wg, 128);
             }
@@ -1041,7 +1025,6 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             softmax_s(slot_of(0), 0);
             drop_p(0);
             pack_p();
-            sum_p();
             drop_packed(0);
 
             for (int j = 1; j < n_blocks; ++j) {
@@ -1073,7 +1056,6 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                         softmax_rescale(o_acc, alpha); // O *= alpha_j: O now relative to m_j
                 drop_p(j);                         // kDropout: P_j ∘ Z
                 pack_p();                          // P_j: A fragments, or (kPSmem) the P tile
-                sum_p();                           // kSumRoundedP: l += Σ P̃_j (the fixed max)
                 drop_packed(j);                    // kDropPacked: P_j ∘ Z on the fragments
             }
             // end: the last block's O += P V (the tile's final turn)
@@ -1137,7 +1119,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const float l_row = quad_sum(l[0][half]);
-            float inv_l = softmax_inv_l(l_row);
+            // (kRoundedL: O / Σ P̃, a convex combination of V's rows; the LSE from l)
+            float inv_l = softmax_inv_l(rounded_l() ? quad_sum(lr[0][half]) : l_row);
             if constexpr (kDropout) inv_l *= dropout.scale;   // O = (P ∘ Z) V / (l (1 - p))
             const int r = warp_row0 + g + 8 * half;
             if (r < (kVarlen ? seq.seqlen_q : p.seqlen_q)) {

@@ -1,4 +1,4 @@
-"""What the fixed-max softcap fix (l from the rounded P, softmax_fold.cuh add_rowsum_rounded) costs,
+"""What the fixed-max softcap fix (O normalized by the rounded P's sum, softmax_fold.cuh add_rounded) costs,
 on an H100. Not a test:
 
     python tests/softcap_fixed_timing.py --precompile [--tests] [--kvariants old,...]
@@ -27,8 +27,24 @@ B, S, H, D = 2, 8192, 16, 128
 # timed as softcap 30 at the heuristic's config compiled from its copy
 KVARIANTS = {
     # the kernel before the fix (SASS identical to the previous commit's)
-    "old": [("sm90_fwd.cu", "kSumRoundedP = kFoldCap >= 3;", "kSumRoundedP = false;")],
+    "old": [("sm90_fwd.cu", "constexpr bool kRoundedL = kFoldCap >= 3;", "constexpr bool kRoundedL = false;"),
+            ("sm90_fwd.cu", """                        // l and, rounded as the GEMM takes P, lr (no P is exactly 1 under the fixed max)
+                        softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value, Elem>(
+                            s_acc, m, l, lr, mx, scale_log2, alpha, rescale);
+                        return;
+""", "")],
+    # two partial sums per row (even / odd 8-column tiles) for l and lr: shorter FADD chains
+    "split": [("softmax_fold.cuh", "    float row_sum = 0.f, row_sum_rounded = 0.f;\n",
+               "    float row_sum = 0.f, row_sum_rounded = 0.f, row_sum_odd = 0.f, row_sum_rounded_odd = 0.f;\n"),
+              ("softmax_fold.cuh", "            row_sum += x;\n        }\n        add_rounded<RoundTo>(row_sum_rounded,",
+               "            (nt % 2 ? row_sum_odd : row_sum) += x;\n        }\n"
+               "        add_rounded<RoundTo>(nt % 2 ? row_sum_rounded_odd : row_sum_rounded,"),
+              ("softmax_fold.cuh", "    l = l * alpha + row_sum;\n",
+               "    l = l * alpha + (row_sum + row_sum_odd);\n"),
+              ("softmax_fold.cuh", "lr = lr * alpha + row_sum_rounded;",
+               "lr = lr * alpha + (row_sum_rounded + row_sum_rounded_odd);")],
 }
+KVARIANTS["old_split"] = KVARIANTS["old"] + KVARIANTS["split"]
 
 
 def parse_variants(text):

@@ -287,7 +287,7 @@ ALIBI_LINEAR: frozenset = frozenset({(128, True), (128, False)})
 # largest cap whose fold_cap 3 / 4 runs the fixed max: P = exp2(k (t - 1))
 # with k = softcap·log2(e) stays >= 2^-100 over t in [-1, 1] (2k <= 100), so no visible score's
 # P underflows whatever the row's own max (above it the kernel computes the row max, as 2).
-FOLD_CAP = (0, 1, 2, 3, 4, 5)
+FOLD_CAP = (0, 1, 2, 3, 4)
 # emu_exp2 with fold_cap (the folded step's exp2s, softmax_fold.cuh): the heuristic's quarters of S's
 # tiles on the software exp2 by (head dim, causal) with SOFTCAP_FOLD's fold_cap; 0 where not listed.
 # Why again after SOFTCAP_EMU_EXP2's measurement: folded (fold_cap 4, fixed max) a softcapped score
@@ -388,9 +388,7 @@ class Sm90FwdConfig(KernelConfig):
                the row max taken on the raw S, apart from the tanhs; 3, as 2, but a fixed running
                max (t <= 1) where the cap allows it (softcap_fixed_m: no row max, no O rescale); 4, as 3
                with Q multiplied by softcap_in in shared memory once per tile (no multiply per
-               score before the tanh; bf16 only); 5, as 4, but with the fixed max the exponent
-               k (t - 1) = -2k / (1 + e^{2x}) from ex2, an FFMA and rcp, no tanh (softmax_fold.cuh
-               softcap_fixed_exponent; bf16 only).
+               score before the tanh; bf16 only).
                2 and 3 act as 1 with ALiBi and need lazy_rescale; needs softcap, not with dropout;
                with emu_exp2 the folded step's exp2s take the software exp2 (SOFTCAP_FOLD,
                SOFTCAP_FOLD_EMU_EXP2)
@@ -620,11 +618,9 @@ class Sm90FwdConfig(KernelConfig):
             out.append(f"fold_cap must be one of {FOLD_CAP}, got {self.fold_cap}")
         elif self.fold_cap and not self.softcap:
             out.append("fold_cap folds the softcap into the softmax's scale: it needs softcap")
-        elif self.fold_cap >= 4 and self.dtype != "bf16":
-            out.append(f"fold_cap={self.fold_cap} prescales Q by softcap_in in 16-bit: bf16 only (fp16's "
-                       "products of small entries fall to subnormals)")
-        elif self.fold_cap == 5 and self.emu_exp2:
-            out.append("fold_cap=5 runs its exp2s on the SFU (emu_exp2 0)")
+        elif self.fold_cap == 4 and self.dtype != "bf16":
+            out.append("fold_cap=4 prescales Q by softcap_in in 16-bit: bf16 only (fp16's products of "
+                       "small entries fall to subnormals)")
         elif self.fold_cap >= 2 and not self.lazy_rescale:
             out.append(f"fold_cap={self.fold_cap} needs lazy_rescale (without it ptxas, nvcc 13.0, "
                        "spilled ~300 bytes at BN 176)")
@@ -1113,7 +1109,7 @@ class Sm90Forward(Family):
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
             fold = SOFTCAP_FOLD.get(d, 0)
-            fold = 3 if fold >= 4 and problem.dtype != "bf16" else fold   # (4, 5 prescale Q in bf16 only)
+            fold = 3 if fold == 4 and problem.dtype != "bf16" else fold   # (4 prescales Q in bf16 only)
             if fold and feature_call and not cfg.emu_exp2:   # (2 and 3 run with lazy_rescale)
                 cfg = cfg.replace(fold_cap=fold, lazy_rescale=fold >= 2 or cfg.lazy_rescale,
                                   emu_exp2=SOFTCAP_FOLD_EMU_EXP2.get((d, bool(problem.causal)), 0))
