@@ -693,10 +693,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     // kFoldCap 3, 4 with the fixed max (kRoundedL): the running row sum of P as rounded for the P V
     // GEMM, O's normalizer (l keeps the LSE's; softmax_fold.cuh add_rounded)
     float lr[1][2];
-    // kFirstMax (instead of lr): the first K/V block of a tile runs the row max (clamped to t's bound
-    // minus 64 / k: later P <= 2^64), the later ones keep that m, no max, no rescale
-    constexpr bool kFirstMax = false;
-    constexpr bool kRoundedL = kFoldCap >= 3 && !kFirstMax;
+    constexpr bool kRoundedL = kFoldCap >= 3;
     auto rounded_l = [&]() { return kRoundedL && p.softcap_fixed_m <= 1.f; };   // (uniform per launch)
     float (&o_flat)[kOCols / 2] = reinterpret_cast<float (&)[kOCols / 2]>(o_acc);
     float s_acc[1][kBN / 8][4];                            // S_j (64 x BN), then P_j (fp32)
@@ -919,23 +916,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 if constexpr (kFoldCap >= 2 && !kAlibi) {
                     const bool masked = tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block);
                     float mx[1][2];
-                    if (kFoldCap >= 3 && fixed_max && kFirstMax && j == 0) {
-                        // kFirstMax: the tile's first block takes its row max (its max key P = 1), no
-                        // lower than t's bound minus 64 / k, which later blocks keep (P <= 2^64 there)
-                        if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
-                        softmax_rowmax(s_acc, mx);
-                        folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
-                        if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
-                        const float floor_t = p.softcap_fixed_m - __fdividef(64.f, scale_log2);
-                        mx[0][0] = fmaxf(folded.cap(mx[0][0]), floor_t);
-                        mx[0][1] = fmaxf(folded.cap(mx[0][1]), floor_t);
-                    } else if (kFoldCap >= 3 && fixed_max) {
+                    if (kFoldCap >= 3 && fixed_max) {
                         // t <= 1: the host's fixed max (params_sm90.cuh softcap_fixed_m), no row max
-                        // (kFirstMax: the first block's, kept)
                         folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
                         if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
-                        mx[0][0] = kFirstMax ? m[0][0] : p.softcap_fixed_m;
-                        mx[0][1] = kFirstMax ? m[0][1] : p.softcap_fixed_m;
+                        mx[0][0] = mx[0][1] = p.softcap_fixed_m;
                         if constexpr (kRoundedL) {
                             // l and, rounded as the GEMM takes P, lr (no P is exactly 1 under the fixed max)
                             softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value, Elem>(
