@@ -196,7 +196,10 @@
 //              the tanh (tanh(-inf) = -1); 3, as 2, but where the host allows it for the call's cap
 //              (params.softcap_fixed_m <= 1: 2·softcap·log2(e) <= 100, so P = exp2(k (t - 1)) >=
 //              2^-100 never underflows) the running max is that fixed value (t <= 1), no row max
-//              and, with kLazyRescale, no O rescale after the first block; 4, as 3 with Q_i
+//              and, with kLazyRescale, no O rescale after the first block (and O normalized by the
+//              sum of P as rounded for the P V GEMM, lr, the LSE by l's: no P is exactly 1 there, so
+//              O is a convex combination of V's rows by construction, O = V at one key;
+//              softmax_fold.cuh add_rounded); 4, as 3 with Q_i
 //              prescaled by softcap_in in shared memory once per tile (softmax_fold.cuh
 //              prescale_q: no multiply per score before the tanh; bf16 only). 2, 3 and 4 need
 //              kLazyRescale. 0 and kLazyRescale false, the defaults: the code of the kernel
@@ -653,6 +656,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     float o_acc[1][kOCols / 8][4];
     float m[1][2];  // running row max of the raw scores S (not yet scaled)
     float l[1][2];  // running row sum of P, this thread's columns only
+    // kFoldCap 3, 4 with the fixed max (kRoundedL): the running row sum of P as rounded for the P V
+    // GEMM, O's normalizer (l keeps the LSE's; softmax_fold.cuh add_rounded)
+    float lr[1][2];
+    constexpr bool kRoundedL = kFoldCap >= 3;
+    auto rounded_l = [&]() { return kRoundedL && p.softcap_fixed_m <= 1.f; };   // (uniform per launch)
     float (&o_flat)[kOCols / 2] = reinterpret_cast<float (&)[kOCols / 2]>(o_acc);
     float s_acc[1][kBN / 8][4];                            // S_j (64 x BN), then P_j (fp32)
     float (&s_flat)[kBN / 2] = reinterpret_cast<float (&)[kBN / 2]>(s_acc);
@@ -742,7 +750,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const float l_row = quad_sum(l[0][half]);
-            float inv_l = softmax_inv_l(l_row);
+            // (kRoundedL: O / Σ P̃, a convex combination of V's rows; the LSE from l)
+            float inv_l = softmax_inv_l(rounded_l() ? quad_sum(lr[0][half]) : l_row);
             if constexpr (kDropout) inv_l *= dropout.scale;   // as the plain epilogue: O = (P ∘ Z) V / (l (1 - p))
             const int row = warp * 16 + g + 8 * half;       // in the warpgroup's 64; row % 8 == g
 #pragma unroll
@@ -835,6 +844,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         };
         if constexpr (!kTileOverlap) zero_o();
         softmax_init(m, l);
+        if constexpr (kRoundedL) lr[0][0] = lr[0][1] = 0.f;
 
         if (kTileOverlap || n_blocks > 0) {   // (kTileOverlap: non-causal with keys, every tile has blocks)
             // the CTA's last turn: the last tile with keys ends it (Pingpong: end(true))
@@ -877,6 +887,12 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                         folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
                         if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
                         mx[0][0] = mx[0][1] = p.softcap_fixed_m;
+                        if constexpr (kRoundedL) {
+                            // l and, rounded as the GEMM takes P, lr (no P is exactly 1 under the fixed max)
+                            softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value, Elem>(
+                                s_acc, m, l, lr, mx, scale_log2, alpha, rescale);
+                            return;
+                        }
                     } else {
                         // the row max on the raw S (tanh is increasing: softmax_fold.cuh), masked
                         // first; the mask again after the tanh, which maps -inf to -1
@@ -887,7 +903,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                         mx[0][0] = folded.cap(mx[0][0]);
                         mx[0][1] = folded.cap(mx[0][1]);
                     }
-                    softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, mx, scale_log2,
+                    softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, l, mx, scale_log2,
                                                                                        alpha, rescale);
                     return;
                 }
@@ -898,7 +914,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 if constexpr (kLazyRescale || kFoldCap) {
                     float mx[1][2];
                     softmax_rowmax(s_acc, mx);
-                    softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, mx, scale_log2,
+                    softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, l, mx, scale_log2,
                                                                                        alpha, rescale);
                 } else if constexpr (kEmuExp2 == 0 && kTreeMax)   // the same step, shorter chains
                     softmax_step_tree(s_acc, m, l, p.scale_log2, alpha);
@@ -1039,7 +1055,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const float l_row = quad_sum(l[0][half]);
-            float inv_l = softmax_inv_l(l_row);
+            // (kRoundedL: O / Σ P̃, a convex combination of V's rows; the LSE from l)
+            float inv_l = softmax_inv_l(rounded_l() ? quad_sum(lr[0][half]) : l_row);
             if constexpr (kDropout) inv_l *= dropout.scale;   // O = (P ∘ Z) V / (l (1 - p))
             const int r = warp_row0 + g + 8 * half;
             if (r < (kVarlen ? seq.seqlen_q : p.seqlen_q)) {

@@ -52,6 +52,25 @@ __device__ __forceinline__ void softmax_rowmax(const float (&s)[kMT][kNTS][4], f
         }
 }
 
+// Where O's normalization must sum the P that the P V GEMM takes (sm90_fwd kFoldCap 3, 4 with the
+// fixed running max m = 1, t's bound): no P = exp2(k (t - 1)) is then exactly 1, and each one goes
+// to the GEMM rounded to 16 bits, so O = Σ P̃_j V_j / Σ P_j is off a convex combination of V's
+// rows by P's rounding (2^-9 relative in bf16): at seqlen_k = 1, O = V (1 + δ) and the backward's
+// dQ = dS K with dS = P (dO·V - dO·O) != 0. O / Σ P̃_j is a convex combination by construction
+// (O = V at one key), while the LSE keeps log Σ P_j (the backward recomputes the unrounded P from
+// it). add_rounded<RoundTo>(sum, x0, x1): sum += x0 + x1 as RoundTo (bf16 / fp16) holds them, one
+// cvt pair and two widenings; RoundTo void: nothing (RoundedSum<void>::kOn false).
+template <class RoundTo> struct RoundedSum { static constexpr bool kOn = true; };
+template <> struct RoundedSum<void> { static constexpr bool kOn = false; };
+
+template <class RoundTo>
+__device__ __forceinline__ void add_rounded(float& sum, float x0, float x1) {
+    if constexpr (RoundedSum<RoundTo>::kOn) {
+        const u32 w = pack2<RoundTo>(x0, x1);
+        sum += to_float<RoundTo>(u16(w)) + to_float<RoundTo>(u16(w >> 16));
+    }
+}
+
 // softmax_step's second half, with the block's row max given (mx, quad-reduced, in the units of
 // s). kLazy: m moves only by more than kLazyRescaleLog2 (header); `rescale` says whether any of
 // this thread's rows moved (alpha != 1), i.e. whether O needs softmax_rescale. Without kLazy it
@@ -62,9 +81,11 @@ __device__ __forceinline__ void softmax_rowmax(const float (&s)[kMT][kNTS][4], f
 // exponent's offset takes -shift·scale_log2); without it the offset is m's alone.
 // kEmu, kDegree: exp2_emulated<kEmu>'s tiles take exp2_poly<kDegree> (header); kEmu 0, every exp2
 // on the SFU.
-template <bool kLazy, bool kShift, int kEmu = 0, int kDegree = 3, int kMT, int kNTS>
+// RoundTo (bf16 / fp16; void: none): lr also gains the row's P as the P V GEMM takes them, rounded to
+// that type (two fp32 sums then: l for the LSE, lr for O's normalization; header of add_rounded).
+template <bool kLazy, bool kShift, int kEmu = 0, int kDegree = 3, class RoundTo = void, int kMT, int kNTS>
 __device__ __forceinline__ void softmax_row_update(float (&s)[kMT][kNTS][4], int mt, int half, float m_new,
-                                                   float shift, float& m, float& l, float scale_log2,
+                                                   float shift, float& m, float& l, float& lr, float scale_log2,
                                                    float& alpha, bool& rescale) {
     bool move = true;
     if constexpr (kLazy) {
@@ -82,9 +103,9 @@ __device__ __forceinline__ void softmax_row_update(float (&s)[kMT][kNTS][4], int
     float offset_log2 = m_scaled;
     if constexpr (kShift)
         offset_log2 = fmaf(-shift, scale_log2, m_scaled);
-    float row_sum = 0.f;
+    float row_sum = 0.f, row_sum_rounded = 0.f;
 #pragma unroll
-    for (int nt = 0; nt < kNTS; ++nt)
+    for (int nt = 0; nt < kNTS; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             float& x = s[mt][nt][2 * half + e];
@@ -94,20 +115,25 @@ __device__ __forceinline__ void softmax_row_update(float (&s)[kMT][kNTS][4], int
                 x = exp2_scaled(x, scale_log2, offset_log2);
             row_sum += x;
         }
+        add_rounded<RoundTo>(row_sum_rounded, s[mt][nt][2 * half], s[mt][nt][2 * half + 1]);
+    }
     l = l * alpha + row_sum;
+    if constexpr (RoundedSum<RoundTo>::kOn) lr = lr * alpha + row_sum_rounded;
 }
 
-template <bool kLazy, int kEmu = 0, int kDegree = 3, int kMT, int kNTS>
+// lr: RoundTo's rounded row sums (softmax_row_update); with RoundTo void, untouched (pass l)
+template <bool kLazy, int kEmu = 0, int kDegree = 3, class RoundTo = void, int kMT, int kNTS>
 __device__ __forceinline__ void softmax_step_max(float (&s)[kMT][kNTS][4], float (&m)[kMT][2],
-                                                 float (&l)[kMT][2], const float (&mx)[kMT][2],
+                                                 float (&l)[kMT][2], float (&lr)[kMT][2], const float (&mx)[kMT][2],
                                                  float scale_log2, float (&alpha)[kMT][2], bool& rescale) {
     rescale = !kLazy;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int half = 0; half < 2; ++half)
-            softmax_row_update<kLazy, false, kEmu, kDegree>(s, mt, half, fmaxf(m[mt][half], mx[mt][half]), 0.f, m[mt][half],
-                                             l[mt][half], scale_log2, alpha[mt][half], rescale);
+            softmax_row_update<kLazy, false, kEmu, kDegree, RoundTo>(s, mt, half, fmaxf(m[mt][half], mx[mt][half]), 0.f,
+                                                                     m[mt][half], l[mt][half], lr[mt][half],
+                                                                     scale_log2, alpha[mt][half], rescale);
 }
 
 // ScoreMod in the folded form (header): apply() gives t = tanh(S·softcap_in) (minus
@@ -271,7 +297,7 @@ __device__ __forceinline__ void softmax_step_shift(float (&s)[kMT][kNTS][4], con
             for (int nt = 0; nt < kNTS; ++nt)
                 x = fmaxf(x, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
             softmax_row_update<kLazy, true>(s, mt, half, fmaxf(m[mt][half], quad_max(x + shift[mt][half])),
-                                            shift[mt][half], m[mt][half], l[mt][half], scale_log2,
+                                            shift[mt][half], m[mt][half], l[mt][half], l[mt][half], scale_log2,
                                             alpha[mt][half], rescale);
         }
 }

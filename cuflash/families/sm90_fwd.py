@@ -262,7 +262,10 @@ STREAM_TAIL_MAX_CTAS = 144
 #                fold_cap 4 (Q prescaled by softcap_in: no multiply per score before the tanh):
 #                causal BN 128 1.29 -> 1.21 (fwd + bwd 1.22 -> 1.17; BN 144 1.24 / 1.16), full
 #                BN 144 1.36 -> 1.28 (1.23 -> 1.17): SOFTCAP_FOLD 4 (fp16 calls take 3: the
-#                prescale is bf16 only)
+#                prescale is bf16 only). Session 18 (tests/softcap_fixed_timing.py, forward only): the
+#                fixed max's O normalized by the rounded P's sum (a correctness fix, lr) 1.18 / 1.28 ->
+#                1.28 / 1.42; no pingpong, two partial row sums, a tanh-free exponent (ex2 + rcp) and
+#                the first block's row max kept were no faster or not exact (CHANGELOG)
 #   ALiBi:       causal BN 176 static 1.19 -> dynamic 1.14 (fwd + bwd 1.05 -> 1.04); full 1.11 ->
 #                1.12 (fwd + bwd 1.00 -> 1.01). Round A with alibi_lin (ALIBI_LINEAR): causal
 #                dynamic 1.13 -> 1.09 (fwd + bwd 1.04 -> 1.03); full static 1.15, dynamic 1.15,

@@ -1,0 +1,29 @@
+"""sm90_fwd's fixed-max softcap kernels (the softcap heuristic: fold_cap 4 bf16 / 3 fp16, d128) on
+edge shapes, for compute-sanitizer (memcheck, racecheck, synccheck); not a test, a few seconds
+without the sanitizer:
+
+    compute-sanitizer --tool synccheck python tests/softcap_fixed_sanitize.py
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+
+import torch  # noqa: E402
+
+import cuflash  # noqa: E402
+
+# (batch, seqlen_q, seqlen_k, nheads, nheads_kv): one key, ragged blocks, GQA, more tiles than a block
+SHAPES = [(1, 1, 1, 2, 2), (1, 17, 113, 4, 1), (2, 203, 113, 4, 2), (1, 1, 300, 2, 2), (1, 300, 17, 2, 1)]
+# (dtype, cap): bf16 at caps 30 and 5, fp16 at 4 (fixed max), and fp16 at 30 (the row max)
+CAPS = [(torch.bfloat16, 30.0), (torch.bfloat16, 5.0), (torch.float16, 4.0), (torch.float16, 30.0)]
+
+for dtype, cap in CAPS:
+    for causal in (False, True):
+        for b, sq, sk, h, hkv in SHAPES:
+            q = torch.randn(b, sq, h, 128, device="cuda", dtype=dtype)
+            k, v = (torch.randn(b, sk, hkv, 128, device="cuda", dtype=dtype) for _ in range(2))
+            out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=cap)
+            assert not out.isnan().any(), (dtype, cap, causal, sq, sk)
+torch.cuda.synchronize()
+print("softcap_fixed_sanitize: done", flush=True)

@@ -1,0 +1,186 @@
+"""What the fixed-max softcap fix (O normalized by the rounded P's sum, softmax_fold.cuh add_rounded) costs,
+on an H100. Not a test:
+
+    python tests/softcap_fixed_timing.py --precompile [--tests] [--kvariants old,...]
+    timeout 120 python tests/softcap_fixed_timing.py [--kvariants old,...] --out /tmp/softcap_fixed.json
+    ncu --profile-from-start off --section ... python tests/softcap_fixed_timing.py --profile
+
+Shape: issue 12's (bf16, d128, batch 2 x 16 heads x 8k), causal and not. Rows, timed in one process
+with samples interleaved (cuflash.timing.time_interleaved: CUDA events, warm-up, median):
+  plain      the plain forward (selection)
+  cap30      softcap 30, sm90_fwd's heuristic (fold_cap 4, fixed max; this checkout's kernel)
+  cap30_NAME the same config compiled from a kernels_cu copy with KVARIANTS[NAME]'s edits ("old":
+             the kernel sources before the fix, SASS identical to the previous commit's)
+  cap80      softcap 80, the same kernel: 2·80·log2(e) > FIXED_MAX_LOG2_RANGE, the row max runs
+  extra rows named by --variants: softcap 30 with the heuristic's fields replaced (KEY=FIELD=VALUE,...)
+Columns: ms and x plain (over the plain forward of the same pass).
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+
+B, S, H, D = 2, 8192, 16, 128
+# kernel-source variants (--kvariants): edits of a kernels_cu copy, {name: [(file, old, new)]}, each
+# timed as softcap 30 at the heuristic's config compiled from its copy
+KVARIANTS = {
+    # the kernel before the fix (SASS identical to the previous commit's)
+    "old": [("sm90_fwd.cu", "constexpr bool kRoundedL = kFoldCap >= 3;", "constexpr bool kRoundedL = false;")],
+    # two partial sums per row (even / odd 8-column tiles) for l and lr: shorter FADD chains
+    "split": [("softmax_fold.cuh", "    float row_sum = 0.f, row_sum_rounded = 0.f;\n",
+               "    float row_sum = 0.f, row_sum_rounded = 0.f, row_sum_odd = 0.f, row_sum_rounded_odd = 0.f;\n"),
+              ("softmax_fold.cuh", "            row_sum += x;\n        }\n        add_rounded<RoundTo>(row_sum_rounded,",
+               "            (nt % 2 ? row_sum_odd : row_sum) += x;\n        }\n"
+               "        add_rounded<RoundTo>(nt % 2 ? row_sum_rounded_odd : row_sum_rounded,"),
+              ("softmax_fold.cuh", "    l = l * alpha + row_sum;\n",
+               "    l = l * alpha + (row_sum + row_sum_odd);\n"),
+              ("softmax_fold.cuh", "lr = lr * alpha + row_sum_rounded;",
+               "lr = lr * alpha + (row_sum_rounded + row_sum_rounded_odd);")],
+}
+KVARIANTS["old_split"] = KVARIANTS["old"] + KVARIANTS["split"]
+
+
+def parse_variants(text):
+    """'name:field=value,field=value;name2:...' -> {name: {field: value}}"""
+    out = {}
+    for item in filter(None, (text or "").split(";")):
+        name, _, fields = item.partition(":")
+        kv = {}
+        for f in filter(None, fields.split(",")):
+            k, _, v = f.partition("=")
+            kv[k] = True if v == "True" else False if v == "False" else int(v)
+        out[name] = kv
+    return out
+
+
+def configs(causal, variants):
+    from cuflash import registry
+    from cuflash.problem import Problem
+
+    fam = registry.get("sm90_fwd")
+    plain = Problem("fwd", "bf16", B, S, S, H, H, D, causal)
+    cap = plain.replace(features=("softcap",), softcap=30.0)
+    heur = fam.for_problem(fam.heuristic(cap, (9, 0), 227 * 1024), cap)
+    extra = {name: heur.replace(**kv) for name, kv in variants.items()}
+    return plain, heur, extra
+
+
+def variant_dir(name, root="/tmp"):
+    """A kernels_cu copy with KVARIANTS[name]'s edits (each must match once)."""
+    import shutil
+    from pathlib import Path
+
+    from cuflash import compile as cc
+
+    dst = Path(root) / f"cuflash_kv_{name}"
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(cc._kernel_dir(""), dst)
+    for fname, old, new in KVARIANTS[name]:
+        text = (dst / fname).read_text()
+        assert text.count(old) == 1, f"variant {name}: {old!r} found {text.count(old)} times in {fname}"
+        (dst / fname).write_text(text.replace(old, new))
+    return str(dst)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kvariants", default="old", help="comma-separated KVARIANTS names")
+    ap.add_argument("--profile", action="store_true",
+                    help="one call each of plain and cap30 (full) in a profiler range (ncu --profile-from-start off)")
+    ap.add_argument("--precompile", action="store_true")
+    ap.add_argument("--tests", action="store_true", help="--precompile: also the GPU tests' kernels")
+    ap.add_argument("--variants", default="")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    variants = parse_variants(args.variants)
+    from cuflash import compile as cc
+    from cuflash import registry
+
+    if args.precompile:
+        fam = registry.get("sm90_fwd")
+        cfgs, olds = [], []
+        for causal in (True, False):
+            plain, heur, extra = configs(causal, variants)
+            olds.append(heur)
+            cfgs += [heur, fam.for_problem(fam.heuristic(plain, (9, 0), 227 * 1024), plain), *extra.values()]
+        if args.tests:   # tests/test_softcap_fixed_max_gpu.py's kernels and the backward tests'
+            from cuflash.problem import Problem
+
+            for causal in (True, False):
+                for dt in ("bf16", "fp16"):
+                    p = Problem("fwd", dt, 2, 1023, 1023, 4, 2, D, causal, features=("softcap",), softcap=4.0)
+                    cfgs.append(fam.for_problem(fam.heuristic(p, (9, 0), 227 * 1024), p))
+                    olds.append(cfgs[-1])
+                    for name in ("sm90_bwd", "fa2_bwd"):
+                        bf = registry.get(name)
+                        pb = p.replace(op="bwd")
+                        cfgs.append(bf.for_problem(bf.heuristic(pb, (9, 0), 227 * 1024), pb))
+        bad = [(c.name, e) for c, _, e in cc.precompile(cfgs) if e]
+        for name in filter(None, args.kvariants.split(",")):
+            os.environ["CUFLASH_KERNEL_DIR"] = variant_dir(name)   # the spawned workers read it at import
+            bad += [(c.name, e) for c, _, e in cc.precompile(olds) if e]
+        print("precompiled", len(cfgs), "failed", bad, flush=True)
+        return
+
+    import torch
+
+    import cuflash
+    from cuflash.registry import op_flops
+    from cuflash.timing import time_interleaved
+
+    rows = []
+    for causal in (True, False):
+        plain, heur, extra = configs(causal, variants)
+        q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        fns = {"plain": lambda: cuflash.flash_attn_func(q, k, v, causal=causal),
+               "cap30": lambda: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0),
+               "cap80": lambda: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=80.0)}
+        for name, cfg in extra.items():
+            fns[name] = lambda cfg=cfg: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0, config=cfg)
+        for fn in fns.values():
+            assert not fn().isnan().any()
+        if args.profile:
+            if causal:
+                continue
+            for key in ("plain", "cap30"):
+                fns[key]()
+                torch.cuda.synchronize()
+                torch.cuda.profiler.start()
+                fns[key]()
+                torch.cuda.synchronize()
+                torch.cuda.profiler.stop()
+                print("profiled", key, flush=True)
+            return
+        new = fns["cap30"]()
+        for i, name in enumerate(filter(None, args.kvariants.split(",")), start=1):
+            # a plan built while the override names the variant's sources holds its kernels; the plan
+            # caches key on (problem, strides, scale, config), so each variant takes the scale times
+            # (1 + i 2^-20) (same kernel, same time) to keep its own plan (no on_change drop)
+            scale = D ** -0.5 * (1 + i * 2.0 ** -20)
+            cc._override = variant_dir(name)
+            out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0, config=heur, softmax_scale=scale)
+            cc._override = ""
+            fns[f"cap30_{name}"] = (lambda scale=scale: cuflash.flash_attn_func(
+                q, k, v, causal=causal, softcap=30.0, config=heur, softmax_scale=scale))
+            print(f"{name}: max |O - O(cap30)| {(out.float() - new.float()).abs().max().item():.3g}", flush=True)
+        torch.cuda.synchronize()
+        times = time_interleaved(fns, reps=args.reps, back_to_back=3)
+        base = times["plain"].median_ms
+        for key, t in times.items():
+            tflops = op_flops(plain) / t.median_ms / 1e9
+            print(f"{'causal' if causal else 'full':7s} {key:12s} {t.median_ms:8.3f} ms {tflops:7.1f} TFLOPs "
+                  f"x plain {t.median_ms / base:6.3f}  {heur.name if key.startswith('cap30') else ''}", flush=True)
+            rows.append(dict(causal=causal, row=key, median_ms=t.median_ms, x_plain=t.median_ms / base,
+                             spread=t.spread, config=heur.name))
+    if args.out:
+        env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
+        with open(args.out, "w") as f:
+            json.dump(dict(env=env, shape=[B, S, H, D], rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
