@@ -11,6 +11,8 @@ and where it goes. Not a test; prints a table and writes JSON (--out).
    one ``new_empty`` of the output, torch's raw-stream query and the CUDA runtime's getDevice.
 
     python tests/decode_host_timing.py --out /tmp/dec9_host.json [--calls 2000] [--repeat 2]
+        [--old-decode OLD.py]   # another checkout's cuflash/decode.py (git show REV:cuflash/decode.py),
+                                # loaded as cuflash._decode_old: its call timed in the same rounds
 """
 from __future__ import annotations
 
@@ -37,7 +39,19 @@ class _NoLaunch:
         return None
 
 
-def pieces() -> dict:
+def load_decode(path: str):
+    """A cuflash/decode.py file (another revision's) as the module cuflash._decode_old: its
+    relative imports resolve to this checkout's cuflash (plans, launches, kernels)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cuflash._decode_old", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def pieces(old=None) -> dict:
     """{name: (fn, context)} of the decode call's pieces (see the docstring)."""
     from cupy_backends.cuda.api import runtime
 
@@ -60,7 +74,11 @@ def pieces() -> dict:
     stream = torch._C._cuda_getCurrentRawStream(q.device.index)
     plans, plan = decode._gpu_plans, entry.plan
     null = contextlib.nullcontext
-    return {
+    more = {}
+    if old is not None:  # the other revision's call on the same tensors (its own plan cache)
+        old.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
+        more["old_call"] = (lambda: old.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens), null)
+    return {**more,
         "cuflash_call": (lambda: decode.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens), null),
         "cuflash_call_lse": (lambda: decode.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens,
                                                                     return_softmax_lse=True), null),
@@ -80,7 +98,9 @@ def main(argv=None):
     ap.add_argument("--out", help="JSON file for the records")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--old-decode", help="another revision's cuflash/decode.py, timed beside this one")
     a = ap.parse_args(argv)
+    old = load_decode(a.old_decode) if a.old_decode and os.path.getsize(a.old_decode) else None
     records = []
     for r in range(a.repeat):
         recs = host_records("torch_decode", calls=a.calls)
@@ -93,7 +113,7 @@ def main(argv=None):
             f"{k} {v:.1f} (median {med[k]:.1f})" for k, v in us.items() if v)
               + (f"; cuflash / cudnn {us['cuflash'] / us['sdpa_cudnn']:.2f} (median "
                  f"{med['cuflash'] / med['sdpa_cudnn']:.2f})" if us.get("cuflash") and us.get("sdpa_cudnn") else ""))
-    fns = pieces()
+    fns = pieces(old)
     from cuflash.bench.overhead import decode_call
     for impl in ("sdpa_cudnn", "sdpa_flash"):
         fn, _, context = decode_call(impl)
