@@ -132,3 +132,16 @@ def test_host_profile_script_runs():
     import decode_host_profile
 
     decode_host_profile.main(["--calls", "20", "--rounds", "1"])
+
+
+def test_host_timing_loads_another_revisions_decode(tmp_path):
+    """tests/decode_host_timing.py --old-decode: a decode.py file loads as cuflash._decode_old, its
+    own plan cache, this checkout's cuflash beneath."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import decode_host_timing
+
+    path = tmp_path / "decode.py"
+    path.write_text(open(decode.__file__).read())
+    old = decode_host_timing.load_decode(str(path))
+    assert old.__name__ == "cuflash._decode_old" and old._gpu_plans is not decode._gpu_plans
+    assert old.api is decode.api
