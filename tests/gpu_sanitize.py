@@ -122,6 +122,9 @@ def decode_loops(family) -> list:
                        LARGE_PAGE_TMA_MAX_KEYS=0, BULK_DEFAULT=1, BULK_PAGED_DEFAULT=1,
                        EARLY_MERGE_DEFAULT=True)]
     only = os.environ.get("SANITIZE_DECODE_SWITCH")  # e.g. BULK_DEFAULT: only the passes that set it
+    picked = os.environ.get("SANITIZE_DECODE_PASSES")  # e.g. 0,6: those passes of the list, by index
+    if picked:
+        loops = [loops[int(i)] for i in picked.split(",")]
     return [x for x in loops if only in x] if only else loops
 
 
