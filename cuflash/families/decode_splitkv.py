@@ -162,7 +162,7 @@ SMALL_PAGE_WARPS = 4
 # (1x8k 16.3 against 15.3 us, 1x32k 58.5 / 53.1, 8x8k 109.1 / 97.8, 8x32k 388.9 / 368.7, 32x32k
 # 1520 / 1462, 32x128k 5935 / 5776), where the 8-warp loop was 1.14-1.28. Page 256 and contiguous
 # caches keep their configs. On. Session 18 round 1 (tests/decode_tma_timing.py --no-candidates
-# --propose, page 16, CUDA graphs; notes/r1_dec9/dec9_page16.json in the lead's results): the
+# --propose, page 16, CUDA graphs; logs/session18_dec9/r1/dec9_page16.json): the
 # calls of 65536 keys run faster on the 4-warp rule than on the Hopper loop, 8 x 8k 103.5 against
 # 107.1 us (contiguous 97.6: 1.060 against 1.098), 1 x 64k 105.9 against 109.0 (contiguous 96.6:
 # 1.095 against 1.128); 1 x 128k on the Hopper loop lost (208.2 against 199.7): 32768.
