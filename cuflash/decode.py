@@ -365,8 +365,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                 cache_leftpad, block_table, alibi_slopes)
         scalars = (softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits)
-        out, lse = (_run_cached(_cupy_plans, args, scalars, _cupy_array(), _CupyArrays) if cupy_input
-                    else _run_cached(_gpu_plans, args, scalars))
+        # without return_softmax_lse no LSE tensor is made (the kernels skip its store)
+        out, lse = (_run_cached(_cupy_plans, args, scalars, _cupy_array(), _CupyArrays,
+                                want_lse=return_softmax_lse) if cupy_input
+                    else _run_cached(_gpu_plans, args, scalars, want_lse=return_softmax_lse))
         return (out, lse) if return_softmax_lse else out
     call = check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
@@ -414,10 +416,6 @@ def _raise_unsupported(call: KVCacheCall) -> None:
 _gpu_plans: dict = {}
 
 
-def _tensor_class():
-    return sys.modules["torch"].Tensor
-
-
 def _drop_gpu_plans() -> None:
     _gpu_plans.clear()
     _cupy_plans.clear()
@@ -432,32 +430,65 @@ def _register_drop() -> None:
 _register_drop()
 
 
-_SCALAR_TYPES = (int, float, bool, tuple)
+_SCALAR_TYPES = frozenset((int, float, bool, tuple, type(None)))
 
 
 def _gpu_key(args, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
              array_class=None):
     """Everything validation reads of a call, as one tuple (None: do not cache, e.g. a 0-d
     tensor scale, hashable by identity, which would key a plan per call). An unhashable
-    argument makes the lookup raise TypeError: the caller validates, which names it. Values
-    of device tensors are never read: they are the kernel's to clamp."""
-    scalars = (softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits)
-    for x in scalars:
-        if x is not None and x.__class__ not in _SCALAR_TYPES:
-            return None
+    argument makes the lookup raise TypeError, an argument that is no tensor where one belongs
+    the key raise AttributeError: the caller validates, which names it. Values of device tensors
+    are never read: they are the kernel's to clamp."""
+    sc, wc, cc, nc = softmax_scale.__class__, window_size.__class__, softcap.__class__, num_splits.__class__
+    if not {sc, causal.__class__, wc, cc, rotary_interleaved.__class__, nc} <= _SCALAR_TYPES:
+        return None
     # and the classes validation tells apart: True == 1 == 1.0 and (-1.0, -1) == (-1, -1) hash
     # alike, but a bool scale or softcap, a bool or float num_splits and a float window bound
     # are rejected (the flags take bools and ints alike: their values suffice)
     w = window_size
-    scalars += (softmax_scale.__class__, softcap.__class__, num_splits.__class__,
-                (w[0].__class__, w[1].__class__) if w.__class__ is tuple and len(w) == 2 else None)
+    scalars = (softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits, sc, cc, nc,
+               (w[0].__class__, w[1].__class__) if wc is tuple and len(w) == 2 else None)
     if array_class is not None:  # CuPy arrays: shape, byte strides, dtype, device
         return (*[None if x is None else (x.shape, x.strides, x.dtype, x.device.id)
                   if isinstance(x, array_class) else (x.__class__, x) for x in args], *scalars)
-    tensor = _tensor_class()
-    # subclasses (nn.Parameter) too, by layout; an int cache_seqlens by value
-    return (*[None if x is None else (x.shape, x.stride(), x.dtype, x.device)
-              if isinstance(x, tensor) else (x.__class__, x) for x in args], *scalars)
+    return _torch_key(args) + scalars
+
+
+def _layout(x) -> tuple:
+    """A torch tensor's part of the plan key: class (subclasses such as nn.Parameter key their
+    own plans), shape, strides, dtype, device; the strides as True for a contiguous tensor with
+    elements (is_contiguous() costs a third of stride(); the strides of size-1 dimensions, which
+    it ignores, are never validated, nor multiplied by a non-zero index). Anything else raises
+    AttributeError, or keys a tuple that only a validated call of its class could have stored."""
+    shape = x.shape
+    return (x.__class__, shape, True if x.is_contiguous() and 0 not in shape else x.stride(),
+            x.dtype, x.device)
+
+
+def _torch_key(args) -> tuple:
+    """The torch call's arguments as a key (the hot path): q, k_cache, v_cache as _layout's
+    fields, inline; the optional ones one tuple or None each, so no two argument patterns key
+    alike; an int cache_seqlens by class and value."""
+    (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+     cache_leftpad, block_table, alibi_slopes) = args
+    if cache_seqlens is not None:
+        cache_seqlens = (_layout(cache_seqlens) if isinstance(cache_seqlens, sys.modules["torch"].Tensor)
+                         else (cache_seqlens.__class__, cache_seqlens))
+    qs, ks, vs = q.shape, k_cache.shape, v_cache.shape
+    return (q.__class__, qs, True if q.is_contiguous() and 0 not in qs else q.stride(),
+            q.dtype, q.device,
+            k_cache.__class__, ks, True if k_cache.is_contiguous() and 0 not in ks else k_cache.stride(),
+            k_cache.dtype, k_cache.device,
+            v_cache.__class__, vs, True if v_cache.is_contiguous() and 0 not in vs else v_cache.stride(),
+            v_cache.dtype, v_cache.device,
+            cache_seqlens, k if k is None else _layout(k), v if v is None else _layout(v),
+            rotary_cos if rotary_cos is None else _layout(rotary_cos),
+            rotary_sin if rotary_sin is None else _layout(rotary_sin),
+            cache_batch_idx if cache_batch_idx is None else _layout(cache_batch_idx),
+            cache_leftpad if cache_leftpad is None else _layout(cache_leftpad),
+            block_table if block_table is None else _layout(block_table),
+            alibi_slopes if alibi_slopes is None else _layout(alibi_slopes))
 
 
 class _GpuEntry:
@@ -467,13 +498,15 @@ class _GpuEntry:
     __slots__ = ("plan", "out_shape", "lse_shape", "ws_bytes", "contiguous", "empty", "device",
                  "raw_stream", "slots", "f32", "u8", "counters")
 
-    def run(self, args):
+    def run(self, args, want_lse=True):
+        """(out, lse) of one call (lse None without want_lse: no tensor, the kernels store none)."""
         q = args[0]
-        out = q.new_empty(*self.out_shape)
-        lse = q.new_empty(*self.lse_shape, dtype=self.f32)
+        out = q.new_empty(*self.out_shape)  # (a tuple argument parses slower than its items)
+        lse = q.new_empty(*self.lse_shape, dtype=self.f32) if want_lse else None
         if self.empty:
             out.zero_()
-            lse.fill_(float("inf"))
+            if want_lse:
+                lse.fill_(float("inf"))
             return out, lse
         if self.contiguous:  # small index / table / rotary tensors the kernels read densely
             args = list(args)
@@ -488,10 +521,11 @@ class _GpuEntry:
                              f"must start on a 16-byte boundary (got address {ptrs[i]:#x})")
         if api.POISON_OUTPUTS:
             out.fill_(float("nan"))
-            lse.fill_(float("nan"))
+            if want_lse:
+                lse.fill_(float("nan"))
         ws = q.new_empty(self.ws_bytes, dtype=self.u8) if self.ws_bytes else None
-        self.plan.run((*ptrs, out.data_ptr(), lse.data_ptr()), 0 if ws is None else ws.data_ptr(),
-                      self.raw_stream(self.device))
+        self.plan.run((*ptrs, out.data_ptr(), lse.data_ptr() if want_lse else 0),
+                      0 if ws is None else ws.data_ptr(), self.raw_stream(self.device))
         return out, lse
 
 
@@ -534,18 +568,19 @@ class _CupyEntry(_GpuEntry):
     CuPy's current stream of the arrays' device."""
     __slots__ = ()
 
-    def run(self, args):
+    def run(self, args, want_lse=True):
         import cupy
 
         if cupy.cuda.runtime.getDevice() != self.device:
             with cupy.cuda.Device(self.device):
-                return self.run(args)
+                return self.run(args, want_lse)
         q = args[0]
         out = cupy.empty(self.out_shape, q.dtype)
-        lse = cupy.empty(self.lse_shape, cupy.float32)
+        lse = cupy.empty(self.lse_shape, cupy.float32) if want_lse else None
         if self.empty:
             out.fill(0)
-            lse.fill(np.inf)
+            if want_lse:
+                lse.fill(np.inf)
             return out, lse
         if self.contiguous:
             args = list(args)
@@ -560,10 +595,11 @@ class _CupyEntry(_GpuEntry):
                              f"must start on a 16-byte boundary (got address {ptrs[i]:#x})")
         if api.POISON_OUTPUTS:
             out.view(cupy.uint16).fill(0x7FFF)  # a NaN in bf16 and fp16 alike
-            lse.fill(np.nan)
+            if want_lse:
+                lse.fill(np.nan)
         ws = cupy.empty(self.ws_bytes, cupy.uint8) if self.ws_bytes else None
-        self.plan.run((*ptrs, out.data.ptr, lse.data.ptr), 0 if ws is None else ws.data.ptr,
-                      cupy.cuda.get_current_stream().ptr)
+        self.plan.run((*ptrs, out.data.ptr, lse.data.ptr if want_lse else 0),
+                      0 if ws is None else ws.data.ptr, cupy.cuda.get_current_stream().ptr)
         return out, lse
 
 
@@ -611,22 +647,22 @@ def kvcache_with_config(config, q, k_cache, v_cache, k=None, v=None, rotary_cos=
 
 
 def _run_cached(plans: dict, args: tuple, scalars: tuple, array_class=None, arrays=None,
-                config=None):
+                config=None, want_lse=True):
     """Run a call through its cached entry in ``plans`` (made, validated, on first sight): torch
     tensors, or CuPy arrays (array_class cupy.ndarray, arrays the _CupyArrays adapter class);
-    a forced ``config`` keys the entry too."""
-    key = _gpu_key(args, *scalars, array_class)
-    if key is not None and config is not None:
-        key += (config,)
+    a forced ``config`` keys the entry too. (out, lse); lse None without ``want_lse``."""
     try:
+        key = _gpu_key(args, *scalars, array_class)
+        if key is not None and config is not None:
+            key += (config,)
         entry = plans.get(key) if key is not None else None
-    except TypeError:  # an unhashable argument: validation (_gpu_entry) names it
-        entry = key = None
+    except (TypeError, AttributeError):  # an unhashable argument, or no tensor where one belongs:
+        entry = key = None                # validation (_gpu_entry) names it
     if entry is None:
         entry = _gpu_entry(args, *scalars, config, arrays=None if arrays is None else arrays())
         if key is not None:
             plans[key] = entry
-    return entry.run(args)
+    return entry.run(args, want_lse)
 
 
 def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,

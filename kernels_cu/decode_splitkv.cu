@@ -272,7 +272,7 @@ __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, i
 #pragma unroll
     for (int d = 16; d >= 1; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
     const float lse = sum > 0.f ? lse_max + logf(sum) : pos_inf();
-    if (lane == 0) p.lse[row_id] = lse;
+    if (lane == 0 && p.lse != nullptr) p.lse[row_id] = lse;  // nullptr: the caller wants no LSE
     float wt_lane[kPerLane];  // exp(lse_s - lse): 0 for a split without keys, and for all when none has
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) wt_lane[k] = sum > 0.f ? expf(lse_lane[k] - lse) : 0.f;
@@ -488,7 +488,7 @@ __device__ __forceinline__ void merge_warps_store(const DecodeParams& p, float* 
             u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride + col;
             *reinterpret_cast<u32x2*>(o) = u32x2{pack2<Elem>(o4[0] * inv_l, o4[1] * inv_l),
                                                  pack2<Elem>(o4[2] * inv_l, o4[3] * inv_l)};
-            if (col == 0) p.lse[row_id] = softmax_lse(m_row, l_row, p.softmax_scale);
+            if (col == 0 && p.lse != nullptr) p.lse[row_id] = softmax_lse(m_row, l_row, p.softmax_scale);
         } else {
             float* o = p.o_partial + (static_cast<i64>(split) * rows_all + row_id) * p.head_dim_rounded + col;
             *reinterpret_cast<f32x4*>(o) = f32x4{o4[0] * inv_l, o4[1] * inv_l, o4[2] * inv_l, o4[3] * inv_l};

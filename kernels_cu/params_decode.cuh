@@ -18,7 +18,7 @@ namespace cuflash {
 //   cache_seqlens, cache_batch_idx, cache_leftpad : int32 (batch,), each may be null
 //   block_table     : int32 (batch, max_blocks), row stride block_table_stride; null: not paged
 //   alibi_slopes    : fp32 (batch, nheads) with batch stride alibi_batch_stride (0: (nheads,))
-//   lse             : (batch, nheads, seqlen_q), fp32, contiguous, natural log
+//   lse             : (batch, nheads, seqlen_q), fp32, contiguous, natural log; null: not written
 // fp32 workspace (num_splits > 1), row R = (b·nheads + h)·seqlen_q + i:
 //   o_partial       : (num_splits, batch·nheads·seqlen_q, head_dim_rounded), O / l per split
 //   lse_partial     : (num_splits, batch·nheads·seqlen_q), -inf for a split without keys

@@ -13,7 +13,7 @@ their kernels on disk):
   * tests/test_decode_resident_gpu.py: the 4-warp contiguous tiles and page 256 on the Hopper loop.
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -187,7 +187,24 @@ def bulk_test_configs():
     return out
 
 
-GROUPS = {"timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
+def host_test_configs():
+    """tests/test_decode_host_gpu.py: its cases under the fused-combine switch each sets (the graph
+    and stride tests, and tests/decode_host_timing.py, run the first's kernel set)."""
+    import test_decode_host_gpu as t
+
+    return [_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0,
+                       FUSED_COMBINE_DEFAULT=fused)
+            for b, sq, lens, h, hk, d, dtype, page, _, fused in t.CASES]
+
+
+def core_test_configs():
+    """tests/test_decode_gpu.py's grid (contiguous caches, the heuristic's configs)."""
+    import test_decode_gpu as t
+
+    return [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype)) for b, sq, ctx, h, hk, d, dtype, _ in t.CASES]
+
+
+GROUPS = {"core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

@@ -88,10 +88,15 @@ def base_config(problem, arch=(9, 0)):
         early_merge=False, splits=0)
 
 
+CANDIDATES = True   # --no-candidates: the heuristic, the proposals and SDPA only
+
+
 def candidates(base, batch: int, page: int, cold: bool = False, ctx: int = 0) -> list:
     """(label, config, split choices) of the forced configs a cell times (see the docstring); a
     split choice is a multiplier of the config's split rule (1: the rule's count) or ``"res"``:
     the rule's count under the co-resident model (SPLIT_RULE_RESIDENT_CONTIGUOUS)."""
+    if not CANDIDATES:
+        return []
     opts = dict(l2_prefetch=256, fused_combine=True)
     fc = base.replace(**opts)                               # the heuristic's contiguous config
     em = fc.replace(early_merge=True)                       # the merge's early partial-O loads
@@ -567,6 +572,8 @@ def main():
     ap.add_argument("--processes", type=int, default=0, help="compile workers (0: one per kernel set)")
     ap.add_argument("--compact", action="store_true",
                     help="print one line per cell (label us, fastest first) instead of the per-record log and the tables")
+    ap.add_argument("--no-candidates", action="store_true",
+                    help="time the heuristic, the --propose sets and SDPA only (a short run)")
     ap.add_argument("--precompile", action="store_true", help="compile the kernels and stop")
     ap.add_argument("--no-precompile", action="store_true",
                     help="skip the parallel compile step (tests/decode_precompile.py ran already)")
@@ -574,6 +581,9 @@ def main():
     if not a.precompile and not a.out:
         ap.error("--out is required (or --precompile)")
     proposals = [parse_switches(p) for p in a.propose]
+    if a.no_candidates:
+        global CANDIDATES
+        CANDIDATES = False
     t0 = time.time()
     import torch
 

@@ -122,13 +122,17 @@ def decode_loops(family) -> list:
                        LARGE_PAGE_TMA_MAX_KEYS=0, BULK_DEFAULT=1, BULK_PAGED_DEFAULT=1,
                        EARLY_MERGE_DEFAULT=True)]
     only = os.environ.get("SANITIZE_DECODE_SWITCH")  # e.g. BULK_DEFAULT: only the passes that set it
+    picked = os.environ.get("SANITIZE_DECODE_PASSES")  # e.g. 0,6: those passes of the list, by index
+    if picked:
+        loops = [loops[int(i)] for i in picked.split(",")]
     return [x for x in loops if only in x] if only else loops
 
 
 def sanitize_decode(family):
     """flash_attn_with_kvcache on edge shapes (empty rows, paged with odd page sizes, append +
-    rotary, leftpad), num_splits 1, 3 and 0, for the decode family (the API selects it), once
-    per pass of ``decode_loops`` (decode_splitkv on sm_90: its Hopper loop too)."""
+    rotary, leftpad), num_splits 1, 3 and 0 (3 with the LSE returned, the others without: a null
+    lse), for the decode family (the API selects it), once per pass of ``decode_loops``
+    (decode_splitkv on sm_90: its Hopper loop too)."""
     runs = 0
     for switches in decode_loops(family):
         with decode_loop(switches):
@@ -168,7 +172,8 @@ def _sanitize_decode_pass(family, paged_only: bool = False):
                     kw["cache_leftpad"] = torch.tensor([n // 3 for n in lens], dtype=torch.int32,
                                                        device="cuda")
                 q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
-                cuflash.flash_attn_with_kvcache(q, kc, vc, **kw)
+                # the LSE stored (one split count) and skipped (a null lse: the others)
+                cuflash.flash_attn_with_kvcache(q, kc, vc, return_softmax_lse=splits == 3, **kw)
                 runs += 1
     return runs
 

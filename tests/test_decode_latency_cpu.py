@@ -84,15 +84,16 @@ def test_nvcc_zero_spills(arch):
 
 
 def test_small_page_rule_by_call_size(monkeypatch):
-    """SMALL_PAGE_TMA_MAX_KEYS (on: 65536, measured): small paged calls take the Hopper loop,
+    """SMALL_PAGE_TMA_MAX_KEYS (on: 32768, measured): small paged calls take the Hopper loop,
     larger ones the 4-warp cp.async loop (SMALL_PAGE_WARPS = 4); 0 leaves the 4-warp rule alone."""
     def cfg_for(batch, ctx, page=16, arch=(9, 0)):
         p = Problem("decode", "bf16", batch, 1, ctx, 32, 8, 128, False, False, ("paged_kv",))
         return FAM.call_config(FAM.heuristic(p, arch), p, arch, page, chosen=True, heuristic=True)
 
-    assert (mod.SMALL_PAGE_TMA_MAX_KEYS, mod.SMALL_PAGE_WARPS, mod.PAGED_SPLIT_RULE_RESIDENT) == (65536, 4, True)
+    assert (mod.SMALL_PAGE_TMA_MAX_KEYS, mod.SMALL_PAGE_WARPS, mod.PAGED_SPLIT_RULE_RESIDENT) == (32768, 4, True)
     monkeypatch.setattr(mod, "TMA_PAGED_DEFAULT", False)
     small, large = cfg_for(1, 32768), cfg_for(8, 32768)
+    assert not cfg_for(1, 65536).tma and not cfg_for(8, 8192).tma   # 65536 keys: the 4-warp rule
     assert small.tma and (small.warps, small.stages) == (4, 3) and not small.fused_combine
     assert not large.tma and large.warps == 4 and large.fused_combine
     assert not cfg_for(1, 16384, page=256).tma             # large pages: the contiguous tiles, but

@@ -161,8 +161,12 @@ SMALL_PAGE_WARPS = 4
 # 9 page-16 cells, worst 1.047 (32 x 128k), none slower; page 16 over contiguous now 1.03-1.12
 # (1x8k 16.3 against 15.3 us, 1x32k 58.5 / 53.1, 8x8k 109.1 / 97.8, 8x32k 388.9 / 368.7, 32x32k
 # 1520 / 1462, 32x128k 5935 / 5776), where the 8-warp loop was 1.14-1.28. Page 256 and contiguous
-# caches keep their configs. On.
-SMALL_PAGE_TMA_MAX_KEYS = 65536
+# caches keep their configs. On. Session 18 round 1 (tests/decode_tma_timing.py --no-candidates
+# --propose, page 16, CUDA graphs; logs/session18_dec9/r1/dec9_page16.json): the
+# calls of 65536 keys run faster on the 4-warp rule than on the Hopper loop, 8 x 8k 103.5 against
+# 107.1 us (contiguous 97.6: 1.060 against 1.098), 1 x 64k 105.9 against 109.0 (contiguous 96.6:
+# 1.095 against 1.128); 1 x 128k on the Hopper loop lost (208.2 against 199.7): 32768.
+SMALL_PAGE_TMA_MAX_KEYS = 32768
 # num_splits_for's model for paged caches with two or more resident CTAs per SM (see there): on,
 # with SMALL_PAGE_WARPS = 4 (4 warps at one CTA per SM is what lost above) and the Hopper loop for
 # the small calls where 4 warps still lost (SMALL_PAGE_TMA_MAX_KEYS; measured together there).
