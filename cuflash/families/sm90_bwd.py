@@ -163,6 +163,17 @@ WINDOW_BWD = {128: dict(dynamic=True, ds_double=True)}
 # dims of WINDOW_BWD (run by tests/test_feature_defaults_gpu.py); any other call with features keeps
 # the plain grid.
 DYNAMIC_FEATURES = frozenset({("window",)})
+# The feature backward with the plain call's schedule (issue 12 / 14: a feature's backward at the plain
+# call's speed). FEATURE_SCHED_FLAGS are the plain heuristic's schedule fields (the dynamic scheduler,
+# two dS buffers, the dQ GEMM early, dK late, Pᵀ's fragments pinned); FEATURE_SCHED_BUILT the feature
+# sets (by kernel head dim) whose kernels with them are built and checked: zero spills, no wgmma
+# serialization (nvcc 13.0, sm_90a; BM 64, 2 consumers, dq_writer, bf16 / fp16, causal or not:
+# tests/test_bwd_feature_sched_cpu.py), so that bwd_config= and tuned entries keep those fields there.
+# FEATURE_SCHED: the feature sets whose heuristic takes the plain call's schedule fields (where the
+# config builds them); off until measured.
+FEATURE_SCHED_FLAGS = ("dynamic", "ds_double", "dq_early", "dk_late", "frag_pin")
+FEATURE_SCHED_BUILT = {128: frozenset({("softcap",), ("alibi",), ("window",)})}
+FEATURE_SCHED: dict = {}
 HEURISTIC_LPT = False
 HEURISTIC_DS_DOUBLE = False
 # Head dim 256 (the shared-keys tile, head dims 129..256; issue 14's d256 round): whether the
@@ -568,6 +579,15 @@ class Sm90BwdConfig(KernelConfig):
                          or self.overlap_sdp or self.s_ahead or self.q_rotate or self.lpt or self.roles)
                 and all(getattr(self, k) == v for k, v in DROPOUT_PLAIN_FLAGS.items()))
 
+    def feature_sched_built(self) -> bool:
+        """Whether this is a window / softcap / ALiBi kernel whose feature set FEATURE_SCHED_BUILT lists
+        at its head dim, on the tile that builds the plain schedule fields with them (BM 64, 2
+        consumers, dq_writer; fixed lengths, unordered, no dropout)."""
+        feats = tuple(f for f in ("alibi", "softcap", "window") if getattr(self, f))
+        return (bool(feats) and feats in FEATURE_SCHED_BUILT.get(self.head_dim, ()) and self.BM == 64
+                and self.consumers == 2 and self.dq_writer
+                and not (self.dropout or self.varlen or self.deterministic or self.shared_keys))
+
     def bm128_spills(self) -> bool:
         """Whether the BM 128 tile (head dim 64, PTXAS_FITS) spills (nvcc 13.0, sm_90a): with
         softcap or ALiBi, and with overlap_sdp next to a window, at stages > 2 or without
@@ -680,7 +700,7 @@ class Sm90BwdConfig(KernelConfig):
         if not out and self.dynamic and self.dynamic_spills():
             out.append("dynamic without dq_writer, at stages > 2 or with dropout: ptxas spills that "
                        "kernel (nvcc 13.0)")
-        if self.ds_double and (self.head_dim != 128 or self.softcap or self.alibi
+        if self.ds_double and (self.head_dim != 128 or ((self.softcap or self.alibi) and not self.feature_sched_built())
                                or (self.dropout and not self.dropout_plain())):
             out.append("ds_double at head dim 64 (ptxas spills its dynamic kernel; dq_writer loses its "
                        "second staging tile) or with softcap / ALiBi / dropout (unchecked): head dim 128 "
@@ -697,8 +717,8 @@ class Sm90BwdConfig(KernelConfig):
             out.append(f"{what} with the shared-keys tile (head_dim=256; "
                        "s_ahead: without roles) or overlap_sdp: built for the head dim 64 / 128 tiles' order of "
                        "GEMMs only")
-        elif (self.s_ahead or self.dq_early) and (self.softcap or self.alibi
-                                                  or (self.dropout and not self.dropout_plain())):
+        elif (self.s_ahead or (self.dq_early and not self.feature_sched_built())) and (
+                self.softcap or self.alibi or (self.dropout and not self.dropout_plain())):
             out.append(f"{'s_ahead' if self.s_ahead else 'dq_early'} with softcap / ALiBi / dropout: "
                        "unchecked (more accumulators live; those kernels are near the register budget)")
         elif self.s_ahead and not self.roles and (self.dq_early or self.q_rotate or not self.dq_writer
@@ -716,7 +736,7 @@ class Sm90BwdConfig(KernelConfig):
         elif self.dk_late and self.dynamic and self.head_dim == 128 and not self.frag_pin:
             out.append("dk_late with dynamic at head_dim=128 without frag_pin: ptxas spills that kernel (8-32 "
                        "bytes, nvcc 13.0; with frag_pin it fits)")
-        if self.frag_pin and (self.shared_keys or self.softcap or self.alibi
+        if self.frag_pin and (self.shared_keys or ((self.softcap or self.alibi) and not self.feature_sched_built())
                               or (self.dropout and not self.dropout_plain())):
             out.append("frag_pin with the shared-keys tile (head_dim=256: its dV GEMM is SS) or with softcap / "
                        "ALiBi / dropout (unchecked): built for the head dim 64 / 128 tiles' RS dV GEMM")
@@ -782,6 +802,17 @@ class Sm90BwdConfig(KernelConfig):
                        f"thread (dK, dV, S, dP, P, dS, dQ) exceed the budget of {MAX_ACCUM_REGS}: "
                        "it would spill")
         return out
+
+
+def feature_sched_kept(config, problem: Problem) -> bool:
+    """Whether a config for ``problem`` keeps the plain schedule fields (FEATURE_SCHED_FLAGS) with its
+    features: a fixed-length unordered call without dropout whose feature set FEATURE_SCHED_BUILT lists
+    at the config's head dim, on the tile that builds them (Sm90BwdConfig.feature_sched_built)."""
+    feats = tuple(problem.features)
+    if not feats or "dropout" in feats or is_varlen(problem) or problem.deterministic:
+        return False
+    return config.replace(window="window" in feats, softcap="softcap" in feats,
+                          alibi="alibi" in feats).feature_sched_built()
 
 
 class Sm90Backward(Family):
@@ -922,9 +953,11 @@ class Sm90Backward(Family):
             config = config.replace(varlen=is_varlen(problem))
         if config.lpt and (config.varlen or not config.causal):
             config = config.replace(lpt=False)         # a speed choice: varlen, non-causal keep the plain order
+        sched = feature_sched_kept(config, problem)
         if config.dynamic and (config.varlen or config.deterministic or config.shared_keys
-                               or (problem.features and (tuple(problem.features) not in DYNAMIC_FEATURES
-                                                         or config.head_dim not in WINDOW_BWD))):
+                               or (problem.features and not sched
+                                   and (tuple(problem.features) not in DYNAMIC_FEATURES
+                                        or config.head_dim not in WINDOW_BWD))):
             # likewise: a CTA per K/V block (with features the dynamic kernels are built but not
             # measured or run on a GPU yet: calls with features keep the plain grid, except the
             # sets of DYNAMIC_FEATURES when a config asks for it)
@@ -950,15 +983,20 @@ class Sm90Backward(Family):
                 config = config.replace(dq_writer=path == "dq_writer", dq_bulk=path == "dq_bulk")
         if config.overlap_sdp and config.overlap_sdp_refused():
             config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
-        if config.ds_double and (config.head_dim != 128 or config.softcap or config.alibi or config.dropout):
+        sched = sched and feature_sched_kept(config, problem)    # (the tile may have changed above)
+        if config.ds_double and (config.head_dim != 128 or ((config.softcap or config.alibi) and not sched)
+                                 or config.dropout):
             config = config.replace(ds_double=False)   # a speed choice, where it is not built
         if (config.s_ahead or config.dq_early or config.q_rotate or config.dk_late or config.frag_pin) \
                 and problem.features:
-            # a speed choice, measured on plain calls only (the kernels with a window, varlen are
-            # built, their GPU tests and timing not done yet): calls with features run without
-            config = config.replace(s_ahead=False, dq_early=False, q_rotate=False, dk_late=False, frag_pin=False)
+            # a speed choice, measured on plain calls only: calls with features run without, except
+            # the feature sets of FEATURE_SCHED_BUILT, which keep dq_early, dk_late and frag_pin
+            keep = dict(dq_early=config.dq_early, dk_late=config.dk_late, frag_pin=config.frag_pin) if sched else {}
+            config = config.replace(**{**dict(s_ahead=False, dq_early=False, q_rotate=False, dk_late=False,
+                                              frag_pin=False), **keep})
         if (config.s_ahead or config.dq_early) and ((config.shared_keys and not config.roles) or config.overlap_sdp
-                                                    or config.softcap or config.alibi or config.dropout):
+                                                    or ((config.softcap or config.alibi) and not sched)
+                                                    or config.dropout):
             config = config.replace(s_ahead=False, dq_early=False)   # a speed choice, where it is not built
         if config.dq_early and config.shared_keys:
             config = config.replace(dq_early=False)
@@ -971,7 +1009,8 @@ class Sm90Backward(Family):
             config = config.replace(q_rotate=False)    # likewise (that kernel spills)
         if config.s_ahead:
             config = config.replace(s_ahead=False)     # likewise (every kernel it builds spills or is serialized)
-        if config.frag_pin and (config.shared_keys or config.softcap or config.alibi or config.dropout):
+        if config.frag_pin and (config.shared_keys or ((config.softcap or config.alibi) and not sched)
+                                or config.dropout):
             config = config.replace(frag_pin=False)    # a speed choice, where it is not built
         if config.dk_late and ((config.dynamic and config.head_dim == 128 and not config.frag_pin)
                                or not (config.dq_early and config.dq_writer and not config.s_ahead)):
@@ -1075,7 +1114,14 @@ class Sm90Backward(Family):
         if ((d, causal, dtype) in HEURISTIC_DQ_CONVERT and problem.seqlen_q <= DQ_CONVERT_MAX_SEQLEN
                 and not problem.features and not det and not dqc.problems()):
             cfg = dqc                                   # (the head dim 128 dynamic / 256 roles kernels)
-        if tuple(problem.features) == ("window",) and not det and d in WINDOW_BWD:
+        feats = tuple(problem.features)
+        if feats in FEATURE_SCHED.get(d, ()) and not det and not is_varlen(problem):
+            # the plain call's schedule fields (FEATURE_SCHED: measured per feature set)
+            plain_cfg = self.heuristic(problem.replace(features=()), arch, max_smem)
+            sched = cfg.replace(**{f: getattr(plain_cfg, f) for f in FEATURE_SCHED_FLAGS})
+            if not sched.replace(**{f: f in feats for f in ("alibi", "softcap", "window")}).problems(max_smem):
+                return sched
+        if feats == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
 
