@@ -14,7 +14,7 @@ Columns: ms, x plain (over the plain call of the same pass), x visible (the wind
 visible fraction, cuflash.band.visible_fraction), and the backward config. The configs selection
 picks (plain and feature calls) are printed first.
 
-    timeout 80 python tests/sm90_bwd_features_timing.py --out /tmp/feat_bwd.json
+    timeout 80 python tests/sm90_bwd_features_timing.py --out /tmp/feat_bwd.json [--breakdown]
     python tests/sm90_bwd_features_timing.py --precompile        # compile every kernel and stop
     python tests/sm90_bwd_features_timing.py --variants heur plain --features softcap --mask full
 """
@@ -100,6 +100,9 @@ def main():
     ap.add_argument("--features", nargs="+", default=list(FEATURES), choices=FEATURES)
     ap.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--mask", choices=("causal", "full", "both"), default="both")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also the backward's GPU time by kernel role (preprocess / main / convert / other; "
+                         "torch.profiler, mean of 3 calls) of the plain call's and the window's backward rows")
     ap.add_argument("--passes", nargs="+", default=["fwd", "bwd", "fwdbwd"], choices=("fwd", "bwd", "fwdbwd"))
     args = ap.parse_args()
     masks = {"causal": (True,), "full": (False,), "both": (False, True)}[args.mask]
@@ -156,6 +159,16 @@ def main():
             passes.append(("bwd", {n: bwd_fn(f, c) for n, (f, _, c) in entries.items()}))
         if "fwdbwd" in args.passes:
             passes.append(("fwdbwd", {n: fwdbwd_fn(f, c) for n, (f, _, c) in entries.items()}))
+        if args.breakdown:
+            from sm90_bwd_pre_timing import by_role, kernel_times
+            for name, (feature, variant, cfg) in entries.items():
+                if feature not in (None, "window"):
+                    continue    # (the window's and the plain call's: the rest have the plain call's kernels)
+                roles = by_role(kernel_times(bwd_fn(feature, cfg), 3))
+                print(f"{mask:<7} breakdown {name:<16} " + " ".join(f"{k} {v:.0f}us" for k, v in sorted(roles.items())),
+                      flush=True)
+                rows.append(dict(mask=mask, pass_="breakdown", feature=feature or "plain", variant=variant,
+                                 config=cfg.name if cfg is not None else "", roles=roles))
         for pass_name, fns in passes:
             for fn in fns.values():
                 fn()

@@ -568,7 +568,15 @@ class Sm90BwdConfig(KernelConfig):
         consumers' red.add or dq_bulk paths), at stages > 2, with dropout (d128; d64's BM 128 tile
         has no dropout anyway). tests/test_sm90_bwd_causal_cpu.py holds the allowed ones to zero
         spills."""
-        return not self.dq_writer or self.stages > 2 or (self.dropout and not self.dropout_plain())
+        return (not self.dq_writer or self.stages > 2 or (self.dropout and not self.dropout_plain())
+                or self.feature_sched_spills())
+
+    def feature_sched_spills(self) -> bool:
+        """Whether a window / softcap / ALiBi kernel with dk_late spills on the dynamic scheduler: in fp16
+        (nvcc 13.0, sm_90a: window 8-12 bytes of stores, softcap causal 8, ALiBi 8; bf16 none, and the
+        plain grid none in either dtype; tests/test_bwd_feature_sched_cpu.py)."""
+        return (self.dynamic and self.dk_late and self.dtype == "fp16"
+                and (self.window or self.softcap or self.alibi))
 
     def dropout_plain(self) -> bool:
         """Whether this is the dropout kernel with the plain heuristic's speed flags that ptxas builds
@@ -698,8 +706,8 @@ class Sm90BwdConfig(KernelConfig):
             out.append(f"dynamic at head_dim={self.head_dim} (the shared-keys tile): its kernel runs one CTA "
                        "per K/V block only (the dynamic scheduler is unbuilt there; the lpt order is built)")
         if not out and self.dynamic and self.dynamic_spills():
-            out.append("dynamic without dq_writer, at stages > 2 or with dropout: ptxas spills that "
-                       "kernel (nvcc 13.0)")
+            out.append("dynamic without dq_writer, at stages > 2, with dropout, or in fp16 with dk_late next to a "
+                       "window / softcap / ALiBi: ptxas spills that kernel (nvcc 13.0)")
         if self.ds_double and (self.head_dim != 128 or ((self.softcap or self.alibi) and not self.feature_sched_built())
                                or (self.dropout and not self.dropout_plain())):
             out.append("ds_double at head dim 64 (ptxas spills its dynamic kernel; dq_writer loses its "
@@ -1119,8 +1127,9 @@ class Sm90Backward(Family):
             # the plain call's schedule fields (FEATURE_SCHED: measured per feature set)
             plain_cfg = self.heuristic(problem.replace(features=()), arch, max_smem)
             sched = cfg.replace(**{f: getattr(plain_cfg, f) for f in FEATURE_SCHED_FLAGS})
-            if not sched.replace(**{f: f in feats for f in ("alibi", "softcap", "window")}).problems(max_smem):
-                return sched
+            for c in (sched, sched.replace(dynamic=False)):   # (the plain grid where the dynamic kernel spills)
+                if not c.replace(**{f: f in feats for f in ("alibi", "softcap", "window")}).problems(max_smem):
+                    return c
         if feats == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
