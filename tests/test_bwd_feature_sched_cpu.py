@@ -29,8 +29,8 @@ def test_given_plain_config_keeps_the_schedule_fields(feats):
         p = problem(feats, dtype, causal)
         got = FAM.for_problem(plain_config(p), p)
         assert got.dq_early and got.dk_late and got.frag_pin and got.ds_double, got.name
-        # fp16: the plain grid (the dynamic kernel spills next to the features)
-        assert got.dynamic == (dtype == "bf16"), got.name
+        # fp16 and bf16 ALiBi causal: the plain grid (the dynamic kernel spills there)
+        assert got.dynamic == (dtype == "bf16" and not (feats == ("alibi",) and causal)), got.name
         assert got.problems(227 * 1024) == [] and (got.window, got.softcap, got.alibi) == tuple(
             f in feats for f in ("window", "softcap", "alibi"))
         assert not got.dq_convert   # (dq_convert stays a plain call's)
@@ -75,19 +75,43 @@ def test_heuristic_off_by_default_and_on_per_feature_set(monkeypatch):
             q = p.replace(dtype=dtype)
             on = FAM.for_problem(FAM.heuristic(q), q)
             assert on == FAM.for_problem(plain_config(q), q), (on.name, dtype)
-            assert on.dk_late and on.dynamic == (dtype == "bf16")
+            assert on.dk_late and on.dynamic == (dtype == "bf16" and not (feats == ("alibi",) and causal))
         monkeypatch.undo()
 
 
 def test_ptxas_feature_sched_kernels_no_spills_no_serialized_wgmma():
-    """Every built feature kernel with the plain fields (bf16: dynamic and plain grid; fp16: plain grid)
-    compiles with zero spills and no serialized wgmma (nvcc 13.0, sm_90a): one nvcc run."""
+    """Every built feature kernel with the plain fields (dynamic where feature_sched_spills allows it, and the
+    plain grid), and score_fold's (bf16 softcap), compiles with zero spills and no serialized wgmma (nvcc
+    13.0, sm_90a): one nvcc run."""
     from cuflash.compile import nvcc_compile
 
     cfgs = []
     for (feat,), causal, dtype in itertools.product(SINGLE, (False, True), ("bf16", "fp16")):
         c = sm90_bwd.Sm90BwdConfig(64, 128, 2, 2, 128, dtype, causal, dq_writer=True, **FLAGS, **{feat: True})
         cfgs += [c] * (dtype == "bf16") + [c.replace(dynamic=False)]
+    cfgs = [c.replace(dynamic=c.dynamic and not c.feature_sched_spills()) for c in cfgs]
+    cfgs += [sm90_bwd.Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", causal, dq_writer=True, softcap=True, score_fold=True,
+                                    **dict(FLAGS, dynamic=dyn)) for causal in (False, True) for dyn in (False, True)]
+    cfgs = list(dict.fromkeys(cfgs))
     for c, r in zip(cfgs, nvcc_compile(cfgs, "sm_90a")):
         assert c.problems(227 * 1024) == [], c.name
         assert (r.spill_stores, r.spill_loads, r.warnings) == (0, 0, ()), (c.name, r)
+
+
+def test_score_fold_config():
+    """score_fold (kScoreFold, the last template argument): softcap without dropout on the head dim 64 / 128
+    tiles; name _sfold; a plain config's kernel name is unchanged; for_problem drops it where not built."""
+    c = sm90_bwd.Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True, dq_writer=True, softcap=True, score_fold=True)
+    assert c.name.endswith("_cap_dqw_sfold") and c.problems(227 * 1024) == []
+    assert c.kernel_name().endswith(", false, false, false, false, false, false, false, false, true>")
+    assert c.template_args()[-1] is True and len(c.template_args()) == 27
+    assert c.replace(score_fold=False).kernel_name().endswith("cuflash::bf16, true, false, false, true, false, false, "
+                                                              "false, false, true>")
+    for bad in (dict(softcap=False), dict(dropout=True)):
+        assert any("score_fold" in w for w in c.replace(**bad).problems()), bad
+    p = problem(("alibi",))
+    assert not FAM.for_problem(c, p).score_fold
+    p = problem(("softcap",))
+    assert FAM.for_problem(c, p).score_fold
+    assert FAM.decode(FAM.encode(c), "bf16", True).score_fold
+    assert "score_fold" not in dict(FAM._fields(c.replace(score_fold=False)))

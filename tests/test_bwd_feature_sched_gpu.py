@@ -7,9 +7,10 @@ Gradients within 3x the error of plain attention with the same features in the s
 against float64 (test_features_gpu.feature_attention), fresh random inputs, outputs poisoned (NaN)
 before each launch; odd seqlens (1, 17, 113, 1023, 2049), s_q != s_k both ways, MHA / GQA / MQA, and
 one shape with more K/V-block tiles than the H100 has SMs (the dynamic scheduler's claims go round).
-Variants: "plain" (the plain heuristic's fields: dynamic, ds_double, dq_early, dk_late, frag_pin;
+Variants (PAIRS): "plain" (the plain heuristic's fields: dynamic, ds_double, dq_early, dk_late, frag_pin;
 the heuristic's with FEATURE_SCHED on for the feature: tests/test_bwd_feature_sched_cpu.py) and
-"grid" (the same on the plain grid).
+"grid" (the same on the plain grid); with softcap also "sfold" and "grid_sfold" (score_fold, kScoreFold:
+softcap's factor folded into Pᵀ's recomputation and the thread words).
 
 Compiles: per (feature, mask, variant) one backward kernel (bf16 d128; fp16 for two) and the forwards.
 
@@ -42,7 +43,11 @@ CASES = {
     "window_full": ("window", False, None, 0.0, None),
     "window_causal": ("window", True, None, 0.0, None),
 }
-VARIANTS = {"plain": {}, "grid": dict(dynamic=False)}
+VARIANTS = {"plain": {}, "grid": dict(dynamic=False), "sfold": dict(score_fold=True),
+            "grid_sfold": dict(dynamic=False, score_fold=True)}
+# (variant, case) pairs: every case plain and on the grid, score_fold with softcap
+PAIRS = [(v, c) for c in CASES for v in ("plain", "grid")] + [
+    (v, c) for c in ("softcap_full", "softcap_causal") for v in ("sfold", "grid_sfold")]
 
 
 def variant_config(dtype, causal, feature, variant):
@@ -57,7 +62,8 @@ def variant_config(dtype, causal, feature, variant):
     got = FAM.for_problem(cfg, p)
     assert got.dq_early and got.dk_late and got.frag_pin and got.ds_double, got.name
     # (fp16: the plain grid, where the dynamic kernel spills: Sm90BwdConfig.feature_sched_spills)
-    assert got.dynamic == (variant != "grid" and not got.replace(dynamic=True).feature_sched_spills()), got.name
+    assert got.dynamic == ("grid" not in variant and not got.replace(dynamic=True).feature_sched_spills()), got.name
+    assert got.score_fold == ("sfold" in variant), got.name
     return cfg, got
 
 
@@ -84,8 +90,7 @@ def check(dtype, case, variant, shapes=SHAPES):
                 check_close(a, r, b, 3, f"{what} {name}")
 
 
-@pytest.mark.parametrize("variant", ["plain", "grid"])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("variant,case", PAIRS, ids=[f"{c}-{v}" for v, c in PAIRS])
 def test_bf16(case, variant):
     check("bf16", case, variant)
 
@@ -98,9 +103,8 @@ def test_fp16(case):
 def all_test_configs():
     """Every backward config this file launches (for precompile), after for_problem."""
     out = []
-    for dtype, cases, variants in (("bf16", list(CASES), ("plain", "grid")),
-                                   ("fp16", ["softcap_causal", "alibi_full", "window_full"], ("plain",))):
-        for case in cases:
-            for variant in variants:
-                out.append(variant_config(dtype, CASES[case][1], CASES[case][0], variant)[1])
+    pairs = [("bf16", v, c) for v, c in PAIRS] + [("fp16", "plain", c) for c in ("softcap_causal", "alibi_full",
+                                                                                  "window_full")]
+    for dtype, variant, case in pairs:
+        out.append(variant_config(dtype, CASES[case][1], CASES[case][0], variant)[1])
     return list(dict.fromkeys(out))

@@ -429,6 +429,7 @@ class Sm90BwdConfig(KernelConfig):
     frag_pin: bool = False
     roles: bool = False
     dq_convert: bool = False
+    score_fold: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -449,7 +450,7 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_ds2' if self.ds_double else ''}{'_cl2' if self.cluster else ''}{'_sah' if self.s_ahead else ''}"
                 f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
                 f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}"
-                f"{'_dqc' if self.dq_convert else ''}")
+                f"{'_dqc' if self.dq_convert else ''}{'_sfold' if self.score_fold else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -572,11 +573,11 @@ class Sm90BwdConfig(KernelConfig):
                 or self.feature_sched_spills())
 
     def feature_sched_spills(self) -> bool:
-        """Whether a window / softcap / ALiBi kernel with dk_late spills on the dynamic scheduler: in fp16
-        (nvcc 13.0, sm_90a: window 8-12 bytes of stores, softcap causal 8, ALiBi 8; bf16 none, and the
-        plain grid none in either dtype; tests/test_bwd_feature_sched_cpu.py)."""
-        return (self.dynamic and self.dk_late and self.dtype == "fp16"
-                and (self.window or self.softcap or self.alibi))
+        """Whether a window / softcap / ALiBi kernel with dk_late spills on the dynamic scheduler (nvcc 13.0,
+        sm_90a; 8-12 bytes of stores): in fp16 (window, softcap causal, ALiBi), in bf16 ALiBi causal and a
+        window without ds_double; the plain grid's spill in neither dtype (tests/test_bwd_feature_sched_cpu.py)."""
+        return (self.dynamic and self.dk_late and (self.window or self.softcap or self.alibi)
+                and (self.dtype == "fp16" or (self.alibi and self.causal) or (self.window and not self.ds_double)))
 
     def dropout_plain(self) -> bool:
         """Whether this is the dropout kernel with the plain heuristic's speed flags that ptxas builds
@@ -616,7 +617,7 @@ class Sm90BwdConfig(KernelConfig):
                     + (f", {b(self.roles)}, {b(self.s_ahead)}" if self.roles or self.s_ahead else "") + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
         tail = (self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.frag_pin or self.roles
-                or self.dq_convert)
+                or self.dq_convert or self.score_fold)
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -630,12 +631,14 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
         feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
         feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
-        later2 = self.dk_late or self.frag_pin or self.roles or self.dq_convert
+        later2 = self.dk_late or self.frag_pin or self.roles or self.dq_convert or self.score_fold
+        later3 = self.dq_convert or self.score_fold
         feats += f", {b(self.q_rotate)}" if self.q_rotate or later2 else ""                   # kQRotate
         feats += f", {b(self.dk_late)}" if later2 else ""                                     # kDkLate
-        feats += f", {b(self.frag_pin)}" if self.frag_pin or self.roles or self.dq_convert else ""   # kFragPin
-        feats += f", {b(self.roles)}" if self.roles or self.dq_convert else ""                # kRoles
-        feats += ", true" if self.dq_convert else ""                                          # kDqConvert last
+        feats += f", {b(self.frag_pin)}" if self.frag_pin or self.roles or later3 else ""     # kFragPin
+        feats += f", {b(self.roles)}" if self.roles or later3 else ""                         # kRoles
+        feats += f", {b(self.dq_convert)}" if later3 else ""                                  # kDqConvert
+        feats += ", true" if self.score_fold else ""                                          # kScoreFold last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -647,7 +650,7 @@ class Sm90BwdConfig(KernelConfig):
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
                 self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.frag_pin,
-                self.roles, self.dq_convert)
+                self.roles, self.dq_convert, self.score_fold)
 
     def _problems(self) -> list[str]:
         out = []
@@ -706,8 +709,9 @@ class Sm90BwdConfig(KernelConfig):
             out.append(f"dynamic at head_dim={self.head_dim} (the shared-keys tile): its kernel runs one CTA "
                        "per K/V block only (the dynamic scheduler is unbuilt there; the lpt order is built)")
         if not out and self.dynamic and self.dynamic_spills():
-            out.append("dynamic without dq_writer, at stages > 2, with dropout, or in fp16 with dk_late next to a "
-                       "window / softcap / ALiBi: ptxas spills that kernel (nvcc 13.0)")
+            out.append("dynamic without dq_writer, at stages > 2, with dropout, or with dk_late next to a window / "
+                       "softcap / ALiBi in fp16 (bf16: ALiBi causal, a window without ds_double): ptxas spills that "
+                       "kernel (nvcc 13.0)")
         if self.ds_double and (self.head_dim != 128 or ((self.softcap or self.alibi) and not self.feature_sched_built())
                                or (self.dropout and not self.dropout_plain())):
             out.append("ds_double at head dim 64 (ptxas spills its dynamic kernel; dq_writer loses its "
@@ -771,6 +775,10 @@ class Sm90BwdConfig(KernelConfig):
                        "unordered calls (no deterministic, varlen, window, softcap, ALiBi, dropout, cluster) of "
                        "the head dim 128 tile with the dynamic scheduler or the head_dim=256 tile with roles "
                        "(at head dim 64 ptxas spills the bf16 non-causal kernel, 8 bytes, nvcc 13.0)")
+        if self.score_fold and (not self.softcap or self.dropout or self.shared_keys):
+            out.append("score_fold without softcap, with dropout or at head_dim=256: it folds softcap's factor "
+                       "into the thread words of Pᵀ (dropout's words are the signed Pᵀ; the shared-keys tile keeps "
+                       "its words in registers)")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -1038,6 +1046,8 @@ class Sm90Backward(Family):
             # ALiBi)
             lighter = config.replace(overlap_sdp=False)
             config = lighter if not lighter.bm128_spills() else lighter.replace(BM=64, overlap_sdp=config.overlap_sdp)
+        if config.score_fold and (not config.softcap or config.dropout or config.shared_keys):
+            config = config.replace(score_fold=False)  # a speed choice, where it is not built
         if config.dq_convert and (problem.features or any("dq_convert" in w for w in config.problems())):
             config = config.replace(dq_convert=False)  # a speed choice: plain calls on the dynamic scheduler only
         return config
@@ -1049,7 +1059,7 @@ class Sm90Backward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late",
-                               "frag_pin", "roles", "dq_convert")
+                               "frag_pin", "roles", "dq_convert", "score_fold")
                          and not v))
 
     def make(self, point, problem: Problem):
@@ -1061,7 +1071,7 @@ class Sm90Backward(Family):
         # s_ahead left the space (refused: serialized); a recorded point that has it keeps its value
         # (True: a config that problems() refuses)
         # (dq_convert likewise while it is outside the space)
-        out = {k: bool(point.get(k, False)) for k in ("s_ahead", "dq_convert") if k not in self.space}
+        out = {k: bool(point.get(k, False)) for k in ("s_ahead", "dq_convert", "score_fold") if k not in self.space}
         cfg = super().make({k: v for k, v in point.items() if k not in out}, problem)
         return cfg.replace(**{k: v for k, v in out.items() if v}) if any(out.values()) else cfg
 
