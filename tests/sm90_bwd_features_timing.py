@@ -185,6 +185,8 @@ def main():
                 x_plain = t.median_ms / plain
                 x_vis = x_plain / vis if feature == "window" else None
                 cname = cfg.name if cfg is not None else ""
+                if pass_name == "fwd":
+                    cname = chosen(problem(feature, causal, "fwd", s)).name
                 print(f"{mask:<7} {pass_name:<7} {feature or 'plain':<8} {variant:<6} {t.median_ms:8.3f} "
                       f"{x_plain:7.3f} {'' if x_vis is None else f'{x_vis:7.3f}':>7}  {cname}", flush=True)
                 rows.append(dict(mask=mask, pass_=pass_name, feature=feature or "plain", variant=variant,
