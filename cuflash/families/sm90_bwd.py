@@ -597,6 +597,12 @@ class Sm90BwdConfig(KernelConfig):
                 and self.consumers == 2 and self.dq_writer
                 and not (self.dropout or self.varlen or self.deterministic or self.shared_keys))
 
+    def window_dq_convert(self) -> bool:
+        """Whether this window kernel builds dq_convert: a window alone in bf16 with the plain schedule fields on
+        the dynamic scheduler (zero spills, nvcc 13.0; fp16 spills 20 bytes; tests/test_bwd_feature_sched_cpu.py)."""
+        return (self.window and not (self.softcap or self.alibi) and self.dtype == "bf16" and self.feature_sched_built()
+                and self.dynamic and self.ds_double and self.dk_late)
+
     def bm128_spills(self) -> bool:
         """Whether the BM 128 tile (head dim 64, PTXAS_FITS) spills (nvcc 13.0, sm_90a): with
         softcap or ALiBi, and with overlap_sdp next to a window, at stages > 2 or without
@@ -768,11 +774,13 @@ class Sm90BwdConfig(KernelConfig):
                        "deterministic, window, softcap, ALiBi, dropout, varlen, overlap_sdp or dynamic; with "
                        "red.add ptxas spills it, nvcc 13.0)")
         if self.dq_convert and (not self.dq_writer or self.deterministic or self.varlen or self.cluster
-                                or self.window or self.softcap or self.alibi or self.dropout
+                                or (self.window and not self.window_dq_convert()) or self.softcap or self.alibi
+                                or self.dropout
                                 or self.head_dim == 64 or (self.head_dim == 128 and not self.dynamic)
                                 or (self.shared_keys and not self.roles)):
             out.append("dq_convert: the dQ convert inside the main kernel, with dq_writer, for plain fixed-length "
-                       "unordered calls (no deterministic, varlen, window, softcap, ALiBi, dropout, cluster) of "
+                       "unordered calls (no deterministic, varlen, softcap, ALiBi, dropout, cluster; a window in bf16 "
+                       "with the plain schedule fields only: window_dq_convert) of "
                        "the head dim 128 tile with the dynamic scheduler or the head_dim=256 tile with roles "
                        "(at head dim 64 ptxas spills the bf16 non-causal kernel, 8 bytes, nvcc 13.0)")
         if self.score_fold and (not self.softcap or self.dropout or self.shared_keys):
@@ -1048,7 +1056,8 @@ class Sm90Backward(Family):
             config = lighter if not lighter.bm128_spills() else lighter.replace(BM=64, overlap_sdp=config.overlap_sdp)
         if config.score_fold and (not config.softcap or config.dropout or config.shared_keys):
             config = config.replace(score_fold=False)  # a speed choice, where it is not built
-        if config.dq_convert and (problem.features or any("dq_convert" in w for w in config.problems())):
+        if config.dq_convert and ((problem.features and tuple(problem.features) != ("window",))
+                                  or any("dq_convert" in w for w in config.problems())):
             config = config.replace(dq_convert=False)  # a speed choice: plain calls on the dynamic scheduler only
         return config
 
