@@ -45,7 +45,7 @@ VARIANTS = {
     "heur_sfold": dict(score_fold=True),                      # selection's + score_fold (softcap only)
     "dqc": dict(PLAIN, dq_convert=True),                      # + dq_convert (window bf16 only)
 }
-DEFAULT_VARIANTS = ("heur", "plain", "grid", "sfold")
+DEFAULT_VARIANTS = ("heur", "plain", "grid", "sfold", "dqc")
 
 
 def problem(feature, causal, op="fwd", seqlen=SEQLEN):
