@@ -591,10 +591,14 @@ class Sm90BwdConfig(KernelConfig):
     def feature_sched_built(self) -> bool:
         """Whether this is a window / softcap / ALiBi kernel whose feature set FEATURE_SCHED_BUILT lists
         at its head dim, on the tile that builds the plain schedule fields with them (BM 64, 2
-        consumers, dq_writer; fixed lengths, unordered, no dropout)."""
+        consumers, dq_writer; fixed lengths, unordered, no dropout); with softcap or ALiBi only with
+        ds_double, dq_early, dk_late and frag_pin all on (the combination whose kernels are checked)."""
         feats = tuple(f for f in ("alibi", "softcap", "window") if getattr(self, f))
+        # (softcap / ALiBi: the plain call's four main-loop fields together, the combination checked; a
+        # window took any of them before)
+        whole = self.ds_double and self.dq_early and self.dk_late and self.frag_pin
         return (bool(feats) and feats in FEATURE_SCHED_BUILT.get(self.head_dim, ()) and self.BM == 64
-                and self.consumers == 2 and self.dq_writer
+                and self.consumers == 2 and self.dq_writer and (whole or feats == ("window",))
                 and not (self.dropout or self.varlen or self.deterministic or self.shared_keys))
 
     def window_dq_convert(self) -> bool:
@@ -783,10 +787,10 @@ class Sm90BwdConfig(KernelConfig):
                        "with the plain schedule fields only: window_dq_convert) of "
                        "the head dim 128 tile with the dynamic scheduler or the head_dim=256 tile with roles "
                        "(at head dim 64 ptxas spills the bf16 non-causal kernel, 8 bytes, nvcc 13.0)")
-        if self.score_fold and (not self.softcap or self.dropout or self.shared_keys):
-            out.append("score_fold without softcap, with dropout or at head_dim=256: it folds softcap's factor "
+        if self.score_fold and (not self.softcap or self.dropout or self.head_dim != 128):
+            out.append("score_fold without softcap, with dropout or at head_dim != 128: it folds softcap's factor "
                        "into the thread words of Pᵀ (dropout's words are the signed Pᵀ; the shared-keys tile keeps "
-                       "its words in registers)")
+                       "its words in registers; head dim 64 unchecked)")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -1054,7 +1058,7 @@ class Sm90Backward(Family):
             # ALiBi)
             lighter = config.replace(overlap_sdp=False)
             config = lighter if not lighter.bm128_spills() else lighter.replace(BM=64, overlap_sdp=config.overlap_sdp)
-        if config.score_fold and (not config.softcap or config.dropout or config.shared_keys):
+        if config.score_fold and (not config.softcap or config.dropout or config.head_dim != 128):
             config = config.replace(score_fold=False)  # a speed choice, where it is not built
         if config.dq_convert and ((problem.features and tuple(problem.features) != ("window",))
                                   or any("dq_convert" in w for w in config.problems())):
