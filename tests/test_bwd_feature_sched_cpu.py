@@ -102,8 +102,7 @@ def test_ptxas_feature_sched_kernels_no_spills_no_serialized_wgmma():
 
 
 def test_score_fold_config():
-    """score_fold (kScoreFold, the last template argument): softcap without dropout on the head dim 64 / 128
-    tiles; name _sfold; a plain config's kernel name is unchanged; for_problem drops it where not built."""
+    """score_fold (kScoreFold, the last template argument): softcap without dropout at head dim 128; name _sfold; a plain config's kernel name is unchanged; for_problem drops it where not built."""
     c = sm90_bwd.Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True, dq_writer=True, softcap=True, score_fold=True)
     assert c.name.endswith("_cap_dqw_sfold") and c.problems(227 * 1024) == []
     assert c.kernel_name().endswith(", false, false, false, false, false, false, false, false, true>")
