@@ -66,12 +66,12 @@ def test_config_rules():
     assert not base.feature_sched_built()
 
 
-def test_heuristic_off_by_default_and_on_per_feature_set(monkeypatch):
+def test_heuristic_per_feature_set(monkeypatch):
     for feats, causal in itertools.product(SINGLE, (False, True)):
         p = problem(feats, causal=causal)
         off = FAM.for_problem(FAM.heuristic(p), p)
-        assert feats in sm90_bwd.FEATURE_SCHED.get(128, ()) or not off.dk_late, off.name
-        monkeypatch.setattr(sm90_bwd, "FEATURE_SCHED", {128: frozenset({feats})})
+        assert feats in sm90_bwd.FEATURE_SCHED.get((128, "bf16"), ()) or not off.dk_late, off.name
+        monkeypatch.setattr(sm90_bwd, "FEATURE_SCHED", {(128, dt): frozenset({feats}) for dt in ("bf16", "fp16")})
         for dtype in ("bf16", "fp16"):
             q = p.replace(dtype=dtype)
             on = FAM.for_problem(FAM.heuristic(q), q)

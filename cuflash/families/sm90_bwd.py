@@ -169,11 +169,17 @@ DYNAMIC_FEATURES = frozenset({("window",)})
 # sets (by kernel head dim) whose kernels with them are built and checked: zero spills, no wgmma
 # serialization (nvcc 13.0, sm_90a; BM 64, 2 consumers, dq_writer, bf16 / fp16, causal or not:
 # tests/test_bwd_feature_sched_cpu.py), so that bwd_config= and tuned entries keep those fields there.
-# FEATURE_SCHED: the feature sets whose heuristic takes the plain call's schedule fields (where the
-# config builds them); off until measured.
+# FEATURE_SCHED, by (kernel head dim, dtype): the feature sets whose heuristic takes the plain call's schedule
+# fields (where the config builds them: the plain grid where the dynamic kernel spills, feature_sched_spills).
+# Measured on the H100 (session 18 round 1, tests/sm90_bwd_features_timing.py: bf16 d128, batch 2 x 16 heads
+# x 8k, backward alone over the plain call's, same process; results/NVIDIA_H100_80GB_HBM3/logs/session18_feat6):
+# full / causal, the heuristic before -> with the plain fields: ALiBi 1.094 / 1.104 -> 1.016 / 1.031 (the plain
+# grid's 1.032 / 1.033), forward + backward 1.090 / 1.085 -> 1.045 / 1.034; window 1024 x its visible share
+# 1.286 / 1.552 -> 1.270 / 1.482 (the plain grid 1.322 / 1.559), forward + backward 1.350 / 1.620 -> 1.337 /
+# 1.575; softcap 30 1.242 / 1.264 -> 1.114 / 1.136 (round 1: its GPU test failed, dQ; off until fixed).
 FEATURE_SCHED_FLAGS = ("dynamic", "ds_double", "dq_early", "dk_late", "frag_pin")
 FEATURE_SCHED_BUILT = {128: frozenset({("softcap",), ("alibi",), ("window",)})}
-FEATURE_SCHED: dict = {}
+FEATURE_SCHED: dict = {(128, "bf16"): frozenset({("alibi",), ("window",)})}
 HEURISTIC_LPT = False
 HEURISTIC_DS_DOUBLE = False
 # Head dim 256 (the shared-keys tile, head dims 129..256; issue 14's d256 round): whether the
@@ -1146,15 +1152,15 @@ class Sm90Backward(Family):
                 and not problem.features and not det and not dqc.problems()):
             cfg = dqc                                   # (the head dim 128 dynamic / 256 roles kernels)
         feats = tuple(problem.features)
-        if feats in FEATURE_SCHED.get(d, ()) and not det and not is_varlen(problem):
-            # the plain call's schedule fields (FEATURE_SCHED: measured per feature set)
+        if feats == ("window",) and not det and d in WINDOW_BWD:
+            cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
+        if feats in FEATURE_SCHED.get((d, dtype), ()) and not det and not is_varlen(problem):
+            # the plain call's schedule fields on top (FEATURE_SCHED: measured per feature set)
             plain_cfg = self.heuristic(problem.replace(features=()), arch, max_smem)
-            sched = cfg.replace(**{f: getattr(plain_cfg, f) for f in FEATURE_SCHED_FLAGS})
+            sched = cfg.replace(**{f: getattr(plain_cfg, f) or getattr(cfg, f) for f in FEATURE_SCHED_FLAGS})
             for c in (sched, sched.replace(dynamic=False)):   # (the plain grid where the dynamic kernel spills)
                 if not c.replace(**{f: f in feats for f in ("alibi", "softcap", "window")}).problems(max_smem):
                     return c
-        if feats == ("window",) and not det and d in WINDOW_BWD:
-            cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
 
     def kernel_names(self, config) -> dict:
