@@ -28,11 +28,9 @@ sys.path[:0] = [_here, os.path.dirname(_here)]  # the checkout
 
 from cuflash import registry  # noqa: E402
 from cuflash.band import visible_fraction  # noqa: E402
-from cuflash.problem import Problem  # noqa: E402
 
-BATCH, SEQLEN, HEADS, HEAD_DIM, DTYPE = 2, 8192, 16, 128, "bf16"
-CAP = 30.0
-WINDOW = {True: (1024, 0), False: (1024, 1024)}
+import features_overhead_timing as overhead  # noqa: E402
+from features_overhead_timing import BATCH, CAP, HEAD_DIM, HEADS, SEQLEN, WINDOW  # noqa: E402
 FEATURES = ("softcap", "alibi", "window")
 PLAIN = dict(dynamic=True, ds_double=True, dq_early=True, dk_late=True, frag_pin=True)
 # variant: the schedule fields over selection's backward config (None: selection's own)
@@ -49,14 +47,8 @@ DEFAULT_VARIANTS = ("heur", "plain", "grid", "sfold", "dqc")
 
 
 def problem(feature, causal, op="fwd", seqlen=SEQLEN):
-    p = Problem(op, DTYPE, BATCH, seqlen, seqlen, HEADS, HEADS, HEAD_DIM, causal)
-    if feature == "window":
-        return p.replace(features=("window",), window=WINDOW[causal])
-    if feature == "softcap":
-        return p.replace(features=("softcap",), softcap=CAP)
-    if feature == "alibi":
-        return p.replace(features=("alibi",))
-    return p
+    """features_overhead_timing's Problem of one (feature, mask), for op."""
+    return overhead.problem(feature, causal, seqlen).replace(op=op)
 
 
 def chosen(p):
