@@ -29,6 +29,9 @@ def test_configs():
                 p = Problem("fwd", dtype, 2, sq, sk, h, hkv, 128, causal, features=(feature,),
                             window=window or (64, 64), softcap=softcap)
                 cfgs.append(timing.chosen(p))
+                fcfg = gpu_test.forward_config(dtype, causal, feature, sq, sk, heads, softcap)
+                if fcfg is not None:
+                    cfgs.append(fcfg)
     return cfgs
 
 

@@ -5,6 +5,7 @@ tests/bwd_feature_sched_precompile.py compiles nothing here):
 
     compute-sanitizer --tool racecheck python tests/bwd_feature_sched_sanitize.py [--quick]
     compute-sanitizer --tool synccheck python tests/bwd_feature_sched_sanitize.py [--quick]
+    ... --only=softcap_causal-plain,alibi_full-plain     # those (case-variant) pairs only
 
 One small shape per kernel (--quick: bf16, the dynamic scheduler's kernels only), backward twice
 (the second call sees the counters its first call reset); gradients checked for NaN (poisoned) and
@@ -25,11 +26,14 @@ import test_bwd_feature_sched_gpu as gpu_test  # noqa: E402
 
 def main():
     quick = "--quick" in sys.argv
+    only = [a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--only=")]
     api.POISON_OUTPUTS = True
     torch.manual_seed(0)
     pairs = [("bf16", v, c) for v, c in gpu_test.PAIRS if not (quick and "grid" in v)]
     if not quick:
         pairs += [("fp16", "plain", c) for c in ("softcap_causal", "alibi_full", "window_full")]
+    if only:   # --only=case-variant,...: those pairs (bf16)
+        pairs = [p for p in pairs if f"{p[2]}-{p[1]}" in only[0]]
     # (b, sq, sk, h, hkv): a ragged last block, GQA
     b, sq, sk, h, hkv = 1, 300, 257, 4, 2
     for dtype, variant, case in pairs:

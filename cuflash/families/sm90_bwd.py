@@ -76,6 +76,14 @@ done convert them (Sm90BwdDqQueue; the plan's counter buffer grows to hold the q
 for d128 causal and fp16 non-causal calls up to 4k (HEURISTIC_DQ_CONVERT). s_ahead is refused and outside
 the tuning space (every kernel it builds is serialized by ptxas or spills); every valid point of the space
 is recorded clean in tests/sm90_bwd_space_clean.txt (tests/sm90_bwd_space_scan.py).
+Feature backwards with the plain call's schedule (session 18): window, softcap and ALiBi at d128 keep the plain
+heuristic's fields (FEATURE_SCHED_BUILT; the plain grid where the dynamic kernel spills: feature_sched_spills),
+the heuristic's for bf16 (FEATURE_SCHED, measured); a window alone in bf16 also builds dq_convert
+(window_dq_convert; measured mixed: outside the heuristic). score_fold (_sfold, kScoreFold, softcap at d128, last
+template argument; outside the space and the heuristic): softcap's tanh in place in Sᵀ, the mask as t = -inf
+before the exp2, softcap_out folded into the exponent's FFMA and the thread words holding Pᵀ ∘ (1 - t²), so
+dSᵀ reads one word and no Pᵀ fragment; measured slower (session 18 round 2, bf16 d128 8k, backward x the plain
+call's, full / causal: 1.110 / 1.085 without it, 1.189 / 1.184 with it).
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB elsewhere.
 """
 from __future__ import annotations
@@ -176,10 +184,13 @@ DYNAMIC_FEATURES = frozenset({("window",)})
 # full / causal, the heuristic before -> with the plain fields: ALiBi 1.094 / 1.104 -> 1.016 / 1.031 (the plain
 # grid's 1.032 / 1.033), forward + backward 1.090 / 1.085 -> 1.045 / 1.034; window 1024 x its visible share
 # 1.286 / 1.552 -> 1.270 / 1.482 (the plain grid 1.322 / 1.559), forward + backward 1.350 / 1.620 -> 1.337 /
-# 1.575; softcap 30 1.242 / 1.264 -> 1.114 / 1.136 (round 1: its GPU test failed, dQ; off until fixed).
+# 1.575; softcap 30 1.242 / 1.264 -> 1.114 / 1.136, forward + backward 1.250 / 1.236 -> 1.154 / 1.134 (round 2:
+# 1.223 / 1.230 -> 1.110 / 1.085, 1.187 / 1.265 -> 1.103 / 1.122). (Round 1's softcap GPU test failure, dQ at
+# 17 x 1, is the forward's: its fixed running max leaves the one visible key's P != 1, rounded in P V and not in
+# l; every softcap backward, the shipped one too, had it: tests/bwd_feature_sched_diag.py, round 2.)
 FEATURE_SCHED_FLAGS = ("dynamic", "ds_double", "dq_early", "dk_late", "frag_pin")
 FEATURE_SCHED_BUILT = {128: frozenset({("softcap",), ("alibi",), ("window",)})}
-FEATURE_SCHED: dict = {(128, "bf16"): frozenset({("alibi",), ("window",)})}
+FEATURE_SCHED: dict = {(128, "bf16"): frozenset({("alibi",), ("softcap",), ("window",)})}
 HEURISTIC_LPT = False
 HEURISTIC_DS_DOUBLE = False
 # Head dim 256 (the shared-keys tile, head dims 129..256; issue 14's d256 round): whether the
