@@ -41,9 +41,8 @@ VARIANTS = {
     "dyn": dict(dynamic=True),                                # the dynamic scheduler alone
     "sfold": dict(PLAIN, score_fold=True),                    # + score_fold (softcap only)
     "heur_sfold": dict(score_fold=True),                      # selection's + score_fold (softcap only)
-    "dqc": dict(PLAIN, dq_convert=True),                      # + dq_convert (window bf16 only)
 }
-DEFAULT_VARIANTS = ("heur", "plain", "grid", "sfold", "dqc")
+DEFAULT_VARIANTS = ("heur", "plain", "grid", "sfold")
 
 
 def problem(feature, causal, op="fwd", seqlen=SEQLEN):

@@ -33,8 +33,7 @@ def test_given_plain_config_keeps_the_schedule_fields(feats):
         assert got.dynamic == (dtype == "bf16" and not (feats == ("alibi",) and causal)), got.name
         assert got.problems(227 * 1024) == [] and (got.window, got.softcap, got.alibi) == tuple(
             f in feats for f in ("window", "softcap", "alibi"))
-        # (dq_convert: kept by a window alone in bf16 on the dynamic scheduler, window_dq_convert)
-        assert got.dq_convert == (plain_config(p).dq_convert and got.window_dq_convert()), got.name
+        assert not got.dq_convert   # (dq_convert stays a plain call's)
 
 
 @pytest.mark.parametrize("feats", [("alibi", "softcap"), ("softcap", "window"), ("alibi", "softcap", "window"),
@@ -82,7 +81,7 @@ def test_heuristic_per_feature_set(monkeypatch):
 
 def test_ptxas_feature_sched_kernels_no_spills_no_serialized_wgmma():
     """Every built feature kernel with the plain fields (dynamic where feature_sched_spills allows it, and the
-    plain grid), score_fold's (bf16 softcap) and the window's with dq_convert (bf16), compiles with zero spills and no serialized wgmma (nvcc
+    plain grid) and score_fold's (bf16 softcap) compile with zero spills and no serialized wgmma (nvcc
     13.0, sm_90a): one nvcc run."""
     from cuflash.compile import nvcc_compile
 
@@ -93,8 +92,6 @@ def test_ptxas_feature_sched_kernels_no_spills_no_serialized_wgmma():
     cfgs = [c.replace(dynamic=c.dynamic and not c.feature_sched_spills()) for c in cfgs]
     cfgs += [sm90_bwd.Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", causal, dq_writer=True, softcap=True, score_fold=True,
                                     **dict(FLAGS, dynamic=dyn)) for causal in (False, True) for dyn in (False, True)]
-    cfgs += [sm90_bwd.Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", causal, dq_writer=True, window=True, dq_convert=True,
-                                    **FLAGS) for causal in (False, True)]
     cfgs = list(dict.fromkeys(cfgs))
     for c, r in zip(cfgs, nvcc_compile(cfgs, "sm_90a")):
         assert c.problems(227 * 1024) == [], c.name

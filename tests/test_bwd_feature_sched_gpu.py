@@ -10,8 +10,7 @@ one shape with more K/V-block tiles than the H100 has SMs (the dynamic scheduler
 Variants (PAIRS): "plain" (the plain heuristic's fields: dynamic, ds_double, dq_early, dk_late, frag_pin;
 the heuristic's with FEATURE_SCHED on for the feature: tests/test_bwd_feature_sched_cpu.py) and
 "grid" (the same on the plain grid); with softcap also "sfold" and "grid_sfold" (score_fold, kScoreFold:
-softcap's factor folded into Pᵀ's recomputation and the thread words); with a window "dqc" (dq_convert: the dQ
-convert inside the main kernel).
+softcap's factor folded into Pᵀ's recomputation and the thread words).
 
 Compiles: per (feature, mask, variant) one backward kernel (bf16 d128; fp16 for two) and the forwards.
 
@@ -45,12 +44,10 @@ CASES = {
     "window_causal": ("window", True, None, 0.0, None),
 }
 VARIANTS = {"plain": {}, "grid": dict(dynamic=False), "sfold": dict(score_fold=True),
-            "grid_sfold": dict(dynamic=False, score_fold=True), "dqc": dict(dq_convert=True)}
-# (variant, case) pairs: every case plain and on the grid, score_fold with softcap (off: measured slower),
-# dq_convert with a window
+            "grid_sfold": dict(dynamic=False, score_fold=True)}
+# (variant, case) pairs: every case plain and on the grid, score_fold with softcap (off: measured slower)
 PAIRS = [(v, c) for c in CASES for v in ("plain", "grid")] + [
-    ("sfold", c) for c in ("softcap_full", "softcap_causal")] + [
-    ("dqc", c) for c in ("window_full", "window_causal")]
+    ("sfold", c) for c in ("softcap_full", "softcap_causal")]
 
 
 def variant_config(dtype, causal, feature, variant):
@@ -66,7 +63,7 @@ def variant_config(dtype, causal, feature, variant):
     assert got.dq_early and got.dk_late and got.frag_pin and got.ds_double, got.name
     # (fp16: the plain grid, where the dynamic kernel spills: Sm90BwdConfig.feature_sched_spills)
     assert got.dynamic == ("grid" not in variant and not got.replace(dynamic=True).feature_sched_spills()), got.name
-    assert got.score_fold == ("sfold" in variant) and got.dq_convert == (variant == "dqc"), got.name
+    assert got.score_fold == ("sfold" in variant) and not got.dq_convert, got.name
     return got, got
 
 

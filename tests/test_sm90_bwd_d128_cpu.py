@@ -58,16 +58,17 @@ def test_fields_names_template_encoding():
     assert plain.replace(dq_early=True, dk_late=True).kernel_name() == (plain.kernel_name()[:-1] + tail
                                                                         + ", false, true, false, true>")
     assert plain.replace(q_rotate=True, dq_early=True).template_args()[19:24] == (False, True, True, False, False)
-    assert len(plain.template_args()) == 26   # (kRoles, then kDqConvert last)
+    assert len(plain.template_args()) == 27   # (kRoles, kDqConvert, then kScoreFold last)
     # frag_pin (kFragPin) after kDkLate
     pin = plain.replace(frag_pin=True)
     assert pin.name == plain.name + "_pin" and pin.problems() == [] and FAM.space["frag_pin"] == (False, True)
     assert pin.kernel_name() == plain.kernel_name()[:-1] + tail + ", false, false, false, false, true>"
-    assert pin.template_args()[-3] is True and FAM.decode(FAM.encode(pin), "bf16", False) == pin
+    assert pin.template_args()[-4] is True and FAM.decode(FAM.encode(pin), "bf16", False) == pin
     assert "frag_pin" not in FAM.encode(plain)
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
     assert ("bool kDsDouble = false,\n          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, "
-            "bool kDkLate = false,\n          bool kFragPin = false, bool kRoles = false, bool kDqConvert = false>") in src
+            "bool kDkLate = false,\n          bool kFragPin = false, bool kRoles = false, bool kDqConvert = false, "
+            "bool kScoreFold = false>") in src
     # a point from before the flags gets them off
     point = {k: v for k, v in FAM.point(plain).items() if k not in FLAGS + ("frag_pin",)}
     assert FAM.make(point, problem()) == FAM.make(FAM.point(plain), problem())
@@ -143,7 +144,12 @@ def test_heuristic_switches(monkeypatch):
             if FAM.supports((9, 0), pf):
                 continue
             cfg = FAM.for_problem(FAM.heuristic(pf), pf)
-            assert not (cfg.dq_early or cfg.dk_late or cfg.s_ahead or cfg.q_rotate), (feats, cfg.name)
+            # (but the feature sets of sm90_bwd.FEATURE_SCHED: the plain call's fields, dq_early and dk_late
+            # among them; tests/test_bwd_feature_sched_cpu.py)
+            sched = feats in sm90_bwd.FEATURE_SCHED.get((FAM.head_dim_of(d), dtype), ()) and not det
+            assert (cfg.dq_early, cfg.dk_late) == (sched, sched), (feats, cfg.name)
+            assert not (cfg.s_ahead or cfg.q_rotate), (feats, cfg.name)
+    monkeypatch.setattr(sm90_bwd, "FEATURE_SCHED", {})
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DK_LATE", frozenset())
     classes = frozenset(itertools.product((64, 128), (False, True)))
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DQ_EARLY", classes)
@@ -235,7 +241,9 @@ def test_frag_pin_rules():
     for d, causal in itertools.product((64, 128), (False, True)):
         assert FAM.heuristic(problem(d, causal)).frag_pin == (d == 128)
         assert not FAM.heuristic(problem(d, causal, deterministic=True)).frag_pin
-        assert not FAM.heuristic(problem(d, causal, features=("window",))).frag_pin
+        assert not FAM.heuristic(problem(d, causal, features=("window",), dtype="fp16")).frag_pin
+        # (bf16 d128: FEATURE_SCHED's plain fields, frag_pin among them)
+        assert FAM.heuristic(problem(d, causal, features=("window",))).frag_pin == (d == 128)
 
 
 @needs_nvcc
@@ -299,6 +307,7 @@ def test_heuristic_hooks(monkeypatch):
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DYNAMIC", classes)
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DK_LATE", classes)
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_BM80", True)
+    monkeypatch.setattr(sm90_bwd, "FEATURE_SCHED", {})   # (features: the plain grid's own fields below)
     assert sm90_bwd.HEURISTIC_STAGES3 == frozenset()
     for d, causal, det, dtype in itertools.product((64, 128, 256), (False, True), (False, True), ("bf16", "fp16")):
         p = problem(d, causal, det, dtype)

@@ -78,8 +78,7 @@ the tuning space (every kernel it builds is serialized by ptxas or spills); ever
 is recorded clean in tests/sm90_bwd_space_clean.txt (tests/sm90_bwd_space_scan.py).
 Feature backwards with the plain call's schedule (session 18): window, softcap and ALiBi at d128 keep the plain
 heuristic's fields (FEATURE_SCHED_BUILT; the plain grid where the dynamic kernel spills: feature_sched_spills),
-the heuristic's for bf16 (FEATURE_SCHED, measured); a window alone in bf16 also builds dq_convert
-(window_dq_convert; measured mixed: outside the heuristic). score_fold (_sfold, kScoreFold, softcap at d128, last
+the heuristic's for bf16 (FEATURE_SCHED, measured). score_fold (_sfold, kScoreFold, softcap at d128, last
 template argument; outside the space and the heuristic): softcap's tanh in place in Sᵀ, the mask as t = -inf
 before the exp2, softcap_out folded into the exponent's FFMA and the thread words holding Pᵀ ∘ (1 - t²), so
 dSᵀ reads one word and no Pᵀ fragment; measured slower (session 18 round 2, bf16 d128 8k, backward x the plain
@@ -187,7 +186,9 @@ DYNAMIC_FEATURES = frozenset({("window",)})
 # 1.575; softcap 30 1.242 / 1.264 -> 1.114 / 1.136, forward + backward 1.250 / 1.236 -> 1.154 / 1.134 (round 2:
 # 1.223 / 1.230 -> 1.110 / 1.085, 1.187 / 1.265 -> 1.103 / 1.122). (Round 1's softcap GPU test failure, dQ at
 # 17 x 1, is the forward's: its fixed running max leaves the one visible key's P != 1, rounded in P V and not in
-# l; every softcap backward, the shipped one too, had it: tests/bwd_feature_sched_diag.py, round 2.)
+# l; every softcap backward, the shipped one too, had it: tests/bwd_feature_sched_diag.py, round 2.) A window's
+# dq_convert next to the plain fields (built in bf16, zero spills; round 2): bwd x visible 1.259 / 1.440 -> 1.245 /
+# 1.478, forward + backward 1.318 / 1.563 -> 1.285 / 1.587: mixed, not kept (for_problem drops it with features).
 FEATURE_SCHED_FLAGS = ("dynamic", "ds_double", "dq_early", "dk_late", "frag_pin")
 FEATURE_SCHED_BUILT = {128: frozenset({("softcap",), ("alibi",), ("window",)})}
 FEATURE_SCHED: dict = {(128, "bf16"): frozenset({("alibi",), ("softcap",), ("window",)})}
@@ -618,12 +619,6 @@ class Sm90BwdConfig(KernelConfig):
                 and self.consumers == 2 and self.dq_writer and (whole or feats == ("window",))
                 and not (self.dropout or self.varlen or self.deterministic or self.shared_keys))
 
-    def window_dq_convert(self) -> bool:
-        """Whether this window kernel builds dq_convert: a window alone in bf16 with the plain schedule fields on
-        the dynamic scheduler (zero spills, nvcc 13.0; fp16 spills 20 bytes; tests/test_bwd_feature_sched_cpu.py)."""
-        return (self.window and not (self.softcap or self.alibi) and self.dtype == "bf16" and self.feature_sched_built()
-                and self.dynamic and self.ds_double and self.dk_late)
-
     def bm128_spills(self) -> bool:
         """Whether the BM 128 tile (head dim 64, PTXAS_FITS) spills (nvcc 13.0, sm_90a): with
         softcap or ALiBi, and with overlap_sdp next to a window, at stages > 2 or without
@@ -795,13 +790,11 @@ class Sm90BwdConfig(KernelConfig):
                        "deterministic, window, softcap, ALiBi, dropout, varlen, overlap_sdp or dynamic; with "
                        "red.add ptxas spills it, nvcc 13.0)")
         if self.dq_convert and (not self.dq_writer or self.deterministic or self.varlen or self.cluster
-                                or (self.window and not self.window_dq_convert()) or self.softcap or self.alibi
-                                or self.dropout
+                                or self.window or self.softcap or self.alibi or self.dropout
                                 or self.head_dim == 64 or (self.head_dim == 128 and not self.dynamic)
                                 or (self.shared_keys and not self.roles)):
             out.append("dq_convert: the dQ convert inside the main kernel, with dq_writer, for plain fixed-length "
-                       "unordered calls (no deterministic, varlen, softcap, ALiBi, dropout, cluster; a window in bf16 "
-                       "with the plain schedule fields only: window_dq_convert) of "
+                       "unordered calls (no deterministic, varlen, window, softcap, ALiBi, dropout, cluster) of "
                        "the head dim 128 tile with the dynamic scheduler or the head_dim=256 tile with roles "
                        "(at head dim 64 ptxas spills the bf16 non-causal kernel, 8 bytes, nvcc 13.0)")
         if self.score_fold and (not self.softcap or self.dropout or self.head_dim != 128):
@@ -1077,8 +1070,7 @@ class Sm90Backward(Family):
             config = lighter if not lighter.bm128_spills() else lighter.replace(BM=64, overlap_sdp=config.overlap_sdp)
         if config.score_fold and (not config.softcap or config.dropout or config.head_dim != 128):
             config = config.replace(score_fold=False)  # a speed choice, where it is not built
-        if config.dq_convert and ((problem.features and tuple(problem.features) != ("window",))
-                                  or any("dq_convert" in w for w in config.problems())):
+        if config.dq_convert and (problem.features or any("dq_convert" in w for w in config.problems())):
             config = config.replace(dq_convert=False)  # a speed choice: plain calls on the dynamic scheduler only
         return config
 
