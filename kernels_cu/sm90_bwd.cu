@@ -162,11 +162,6 @@
 //              without it ptxas copies one of them after the fence and injects a warpgroup.arrive
 //              before each of dV's k16 steps (C7519), each step then its own group, so the wait
 //              for dPᵀ also waits for 3 of dV's 4 steps
-//   kScoreFold (appended after kDqConvert; softcap without dropout, head dims 64 / 128): softcap's
-//              factor folded into the recomputation of Pᵀ: the exponent takes tanh(Sᵀ·softcap_in)
-//              through one FFMA (softcap_out folded into its scale), 1 - tanh² stays in registers
-//              past the mask, and the thread words hold Pᵀ ∘ (1 - tanh²) instead of 1 - tanh², so
-//              dSᵀ is that ∘ (dPᵀ - D_i): neither Pᵀ's fragment nor a second factor is unpacked
 //
 // Head dim 256 (kSharedKeys: kBN 64 with 2 consumers, kBM 64; Sm90BwdShape). dK_j, dV_j of 64
 // keys x 256 fp32 would take 256 registers per thread in one warpgroup, so both warpgroups take
@@ -600,8 +595,7 @@ __device__ __forceinline__ void sm90_bwd_convert_dq_job(const Sm90BwdParams& p, 
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
-          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles, bool kDqConvert,
-          bool kScoreFold = false>
+          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles, bool kDqConvert>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -647,9 +641,6 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     static_assert(!kDqConvert || (kDqWriter && !kVarlen && !kDeterministic && !kCluster),
                   "dq_convert: with dq_writer (its counts follow the writer's bulk additions), fixed lengths, "
                   "unordered, one CTA a cluster");
-    static_assert(!kScoreFold || (kSoftcap && !kDropout && !kSharedKeys),
-                  "score_fold: softcap's words carry Pᵀ ∘ (1 - tanh²) (not with dropout's words; the head dim 64 / "
-                  "128 tiles)");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
                   "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
     // BM 80 (head dim 128, 2 consumers; FA3's non-causal tile): 80 queries are not a whole wgmma m
@@ -1416,41 +1407,6 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         s_acc[0][nt][e] = exp2_scaled(s_acc[0][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
                 }
                 if constexpr (kOverlapSdp) hide(0.f);
-            } else if constexpr (kScoreFold) {
-                // kScoreFold (softcap): softcap's factor folded into the exponent and into the words.
-                // t = tanh(Sᵀ·softcap_in) per element, in place; the mask hides elements as t = -inf
-                // (before the exp2, as for plain scores); then Pᵀ = exp2(t·cap_log2 - LSE) with
-                // cap_log2 = softcap_out·scale·log2e (ALiBi: t less slope / softcap_out per key of
-                // distance): one FFMA where the modifier's form takes a multiply more. The words get
-                // Pᵀ ∘ (1 - t²), rounded once to 16 bits (a hidden element: 0 ∘ max(1 - t², 0) = 0), so
-                // dSᵀ = that ∘ (dPᵀ - D_i), with neither Pᵀ's fragment nor a second factor unpacked.
-                // No register more than the plain form: t lives in Sᵀ's accumulators.
-                const float cap_log2 = score.softcap_out * p.scale_log2;
-                const float slope_t = kAlibi ? score.slope / score.softcap_out : 0.f;
-#pragma unroll
-                for (int i = 0; i < kSN / 2; ++i) s_flat[i] = tanh_approx(s_flat[i] * score.softcap_in);
-                hide(neg_inf());
-#pragma unroll
-                for (int nt = 0; nt < kSN / 8; ++nt) {
-                    const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
-#pragma unroll
-                    for (int half = 0; half < 2; ++half) {
-                        float pd[2];
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            float& s = s_acc[0][nt][2 * half + e];
-                            const float th = s;
-                            float u = th;
-                            if constexpr (kAlibi) {
-                                const int key = key0 + warp_key + g + 8 * half;
-                                u = fmaf(-slope_t, fabsf(static_cast<float>(q0 + nt * 8 + 2 * t + e + score.offset - key)), u);
-                            }
-                            s = exp2_scaled(u, cap_log2, e ? lse.y : lse.x);
-                            pd[e] = s * fmaxf(fmaf(-th, th, 1.f), 0.f);
-                        }
-                        thread_word(kCapWord0 + 2 * nt + half) = pack2<Elem>(pd[0], pd[1]);
-                    }
-                }
             } else {
                 // Sᵀ through the score modifiers (score.cuh, raw units) on the way to the exp2, the
                 // mask after it (hidden elements -> 0, whatever their modified score). Element
@@ -1543,16 +1499,12 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
                         const float z = P > 0.f ? p.dropout_scale : 0.f;
                         dp_acc[0][nt][e] = fabsf(P) * (dp_acc[0][nt][e] * z - (e % 2 ? D.y : D.x));
-                    } else if constexpr (kScoreFold) {   // dS = (P ∘ (1 - tanh²)) ∘ (dP - D), from the words
-                        const u32 pair = thread_word(kCapWord0 + 2 * nt + e / 2);
-                        const float Pd = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
-                        dp_acc[0][nt][e] = Pd * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
                     } else {
                         const u32 pair = p_frag[0][nt / 2][2 * (nt % 2) + e / 2];
                         const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
                         dp_acc[0][nt][e] = P * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
                     }
-                    if constexpr (kSoftcap && !kScoreFold) {  // d(softcap·tanh(x / softcap))/dx = 1 - tanh²
+                    if constexpr (kSoftcap) {  // d(softcap·tanh(x / softcap))/dx = 1 - tanh²
                         const u32 dtanh = thread_word(kCapWord0 + 2 * nt + e / 2);
                         dp_acc[0][nt][e] *= to_float<Elem>(u16(e % 2 ? dtanh >> 16 : dtanh & 0xFFFFu));
                     }
@@ -1923,12 +1875,12 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
           bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false,
-          bool kFragPin = false, bool kRoles = false, bool kDqConvert = false, bool kScoreFold = false>
+          bool kFragPin = false, bool kRoles = false, bool kDqConvert = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
-                  kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles, kDqConvert, kScoreFold>(p);
+                  kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles, kDqConvert>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the

@@ -28,7 +28,6 @@ SUBSETS = {
     "ds2_dqe_dkl_pin": dict(W, ds_double=True, dq_early=True, dk_late=True, frag_pin=True),
     "dyn_ds2": dict(W, dynamic=True, ds_double=True),
     "plain": dict(W, dynamic=True, ds_double=True, dq_early=True, dk_late=True, frag_pin=True),
-    "plain_sfold": dict(W, dynamic=True, ds_double=True, dq_early=True, dk_late=True, frag_pin=True, score_fold=True),
     "dqb": dict(dq_bulk=True),
     "redadd": dict(),
 }

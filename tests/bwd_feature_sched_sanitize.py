@@ -1,5 +1,5 @@
 """Shapes for compute-sanitizer over sm90_bwd's feature kernels with the plain schedule fields
-(FEATURE_SCHED_BUILT), score_fold and the window's dq_convert: run under it, not under pytest (the
+(FEATURE_SCHED_BUILT): run under it, not under pytest (the
 kernels of tests/test_bwd_feature_sched_gpu.py, so a CuPy cache filled by that run or by
 tests/bwd_feature_sched_precompile.py compiles nothing here):
 

@@ -39,10 +39,8 @@ VARIANTS = {
     "plain": PLAIN,                                           # the plain call's fields
     "grid": dict(PLAIN, dynamic=False),                       # ... on the plain grid
     "dyn": dict(dynamic=True),                                # the dynamic scheduler alone
-    "sfold": dict(PLAIN, score_fold=True),                    # + score_fold (softcap only)
-    "heur_sfold": dict(score_fold=True),                      # selection's + score_fold (softcap only)
 }
-DEFAULT_VARIANTS = ("heur", "plain", "grid", "sfold")
+DEFAULT_VARIANTS = ("heur", "plain", "grid")
 
 
 def problem(feature, causal, op="fwd", seqlen=SEQLEN):

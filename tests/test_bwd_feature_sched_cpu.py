@@ -81,8 +81,7 @@ def test_heuristic_per_feature_set(monkeypatch):
 
 def test_ptxas_feature_sched_kernels_no_spills_no_serialized_wgmma():
     """Every built feature kernel with the plain fields (dynamic where feature_sched_spills allows it, and the
-    plain grid) and score_fold's (bf16 softcap) compile with zero spills and no serialized wgmma (nvcc
-    13.0, sm_90a): one nvcc run."""
+    plain grid) compiles with zero spills and no serialized wgmma (nvcc 13.0, sm_90a): one nvcc run."""
     from cuflash.compile import nvcc_compile
 
     cfgs = []
@@ -90,27 +89,8 @@ def test_ptxas_feature_sched_kernels_no_spills_no_serialized_wgmma():
         c = sm90_bwd.Sm90BwdConfig(64, 128, 2, 2, 128, dtype, causal, dq_writer=True, **FLAGS, **{feat: True})
         cfgs += [c] * (dtype == "bf16") + [c.replace(dynamic=False)]
     cfgs = [c.replace(dynamic=c.dynamic and not c.feature_sched_spills()) for c in cfgs]
-    cfgs += [sm90_bwd.Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", causal, dq_writer=True, softcap=True, score_fold=True,
-                                    **dict(FLAGS, dynamic=dyn)) for causal in (False, True) for dyn in (False, True)]
     cfgs = list(dict.fromkeys(cfgs))
     for c, r in zip(cfgs, nvcc_compile(cfgs, "sm_90a")):
         assert c.problems(227 * 1024) == [], c.name
         assert (r.spill_stores, r.spill_loads, r.warnings) == (0, 0, ()), (c.name, r)
 
-
-def test_score_fold_config():
-    """score_fold (kScoreFold, the last template argument): softcap without dropout at head dim 128; name _sfold; a plain config's kernel name is unchanged; for_problem drops it where not built."""
-    c = sm90_bwd.Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", True, dq_writer=True, softcap=True, score_fold=True)
-    assert c.name.endswith("_cap_dqw_sfold") and c.problems(227 * 1024) == []
-    assert c.kernel_name().endswith(", false, false, false, false, false, false, false, false, true>")
-    assert c.template_args()[-1] is True and len(c.template_args()) == 27
-    assert c.replace(score_fold=False).kernel_name().endswith("cuflash::bf16, true, false, false, true, false, false, "
-                                                              "false, false, true>")
-    for bad in (dict(softcap=False), dict(dropout=True)):
-        assert any("score_fold" in w for w in c.replace(**bad).problems()), bad
-    p = problem(("alibi",))
-    assert not FAM.for_problem(c, p).score_fold
-    p = problem(("softcap",))
-    assert FAM.for_problem(c, p).score_fold
-    assert FAM.decode(FAM.encode(c), "bf16", True).score_fold
-    assert "score_fold" not in dict(FAM._fields(c.replace(score_fold=False)))

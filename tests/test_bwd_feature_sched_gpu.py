@@ -9,8 +9,7 @@ before each launch; odd seqlens (1, 17, 113, 1023, 2049), s_q != s_k both ways, 
 one shape with more K/V-block tiles than the H100 has SMs (the dynamic scheduler's claims go round).
 Variants (PAIRS): "plain" (the plain heuristic's fields: dynamic, ds_double, dq_early, dk_late, frag_pin;
 the heuristic's with FEATURE_SCHED on for the feature: tests/test_bwd_feature_sched_cpu.py) and
-"grid" (the same on the plain grid); with softcap also "sfold" and "grid_sfold" (score_fold, kScoreFold:
-softcap's factor folded into Pᵀ's recomputation and the thread words).
+"grid" (the same on the plain grid).
 
 Compiles: per (feature, mask, variant) one backward kernel (bf16 d128; fp16 for two) and the forwards.
 
@@ -22,7 +21,7 @@ import cuflash
 from cuflash import registry
 from cuflash.problem import Problem
 
-from test_features_gpu import HEADS, check_close, feature_attention, grads, inputs, slopes_for  # noqa: E402
+from test_features_gpu import HEADS, check_feature_grads, grads, inputs, slopes_for  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
@@ -43,11 +42,9 @@ CASES = {
     "window_full": ("window", False, None, 0.0, None),
     "window_causal": ("window", True, None, 0.0, None),
 }
-VARIANTS = {"plain": {}, "grid": dict(dynamic=False), "sfold": dict(score_fold=True),
-            "grid_sfold": dict(dynamic=False, score_fold=True)}
-# (variant, case) pairs: every case plain and on the grid, score_fold with softcap (off: measured slower)
-PAIRS = [(v, c) for c in CASES for v in ("plain", "grid")] + [
-    ("sfold", c) for c in ("softcap_full", "softcap_causal")]
+VARIANTS = {"plain": {}, "grid": dict(dynamic=False)}
+# (variant, case) pairs: every case plain and on the grid
+PAIRS = [(v, c) for c in CASES for v in ("plain", "grid")]
 
 
 def variant_config(dtype, causal, feature, variant):
@@ -63,7 +60,7 @@ def variant_config(dtype, causal, feature, variant):
     assert got.dq_early and got.dk_late and got.frag_pin and got.ds_double, got.name
     # (fp16: the plain grid, where the dynamic kernel spills: Sm90BwdConfig.feature_sched_spills)
     assert got.dynamic == ("grid" not in variant and not got.replace(dynamic=True).feature_sched_spills()), got.name
-    assert got.score_fold == ("sfold" in variant) and not got.dq_convert, got.name
+    assert not got.dq_convert, got.name
     return got, got
 
 
@@ -86,8 +83,6 @@ def forward_config(dtype, causal, feature, sq, sk, heads, softcap):
 
 
 def check(dtype, case, variant, shapes=SHAPES):
-    import torch
-
     feature, causal, window, softcap, alibi = CASES[case]
     cfg, got = variant_config(dtype, causal, feature, variant)
     windows = [(w[0], 0 if causal else w[1]) for w in WINDOWS if not (causal and w[0] < 0)] \
@@ -98,16 +93,9 @@ def check(dtype, case, variant, shapes=SHAPES):
             slopes = slopes_for(alibi, 2, q.shape[2])
             kw = dict(causal=causal, window_size=w, softcap=softcap, alibi_slopes=slopes)
             fcfg = forward_config(dtype, causal, feature, sq, sk, heads, softcap)
-            ours = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, config=fcfg, bwd_config=cfg, **kw),
-                         q, k, v, dout)
-            scale = 128 ** -0.5
-            ref = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, w, softcap, slopes,
-                                                          torch.float64)[0], q, k, v, dout.double())
-            low = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, w, softcap, slopes,
-                                                          q.dtype)[0], q, k, v, dout)
-            what = f"{got.name} window={w} softcap={softcap} alibi={alibi} {sq}x{sk} {heads}"
-            for name, a, r, b in zip(("dq", "dk", "dv"), ours, ref, low):
-                check_close(a, r, b, 3, f"{what} {name}")
+            check_feature_grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, config=fcfg, bwd_config=cfg, **kw),
+                                q, k, v, dout, causal, w, softcap, slopes,
+                                f"{got.name} window={w} softcap={softcap} alibi={alibi} {sq}x{sk} {heads}")
 
 
 @pytest.mark.parametrize("variant,case", PAIRS, ids=[f"{c}-{v}" for v, c in PAIRS])

@@ -181,6 +181,21 @@ def grads(fn, q, k, v, dout):
     return torch.autograd.grad(out, (q, k, v), dout)
 
 
+def check_feature_grads(call, q, k, v, dout, causal, window, softcap, slopes, what):
+    """dq, dk, dv of call(q, k, v) (an attention output) within 3x the error of feature_attention in
+    q's dtype, against it in float64 (head dim scale)."""
+    import torch
+
+    ours = grads(call, q, k, v, dout)
+    scale = q.shape[-1] ** -0.5
+    ref = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, softcap, slopes,
+                                                  torch.float64)[0], q, k, v, dout.double())
+    low = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, softcap, slopes,
+                                                  q.dtype)[0], q, k, v, dout)
+    for name, a, r, b in zip(("dq", "dk", "dv"), ours, ref, low):
+        check_close(a, r, b, 3, f"{what} {name}")
+
+
 def bwd_params():
     out = []
     for dtype, d in DTYPE_DIMS:

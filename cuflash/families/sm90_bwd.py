@@ -78,11 +78,11 @@ the tuning space (every kernel it builds is serialized by ptxas or spills); ever
 is recorded clean in tests/sm90_bwd_space_clean.txt (tests/sm90_bwd_space_scan.py).
 Feature backwards with the plain call's schedule (session 18): window, softcap and ALiBi at d128 keep the plain
 heuristic's fields (FEATURE_SCHED_BUILT; the plain grid where the dynamic kernel spills: feature_sched_spills),
-the heuristic's for bf16 (FEATURE_SCHED, measured). score_fold (_sfold, kScoreFold, softcap at d128, last
-template argument; outside the space and the heuristic): softcap's tanh in place in Sᵀ, the mask as t = -inf
-before the exp2, softcap_out folded into the exponent's FFMA and the thread words holding Pᵀ ∘ (1 - t²), so
-dSᵀ reads one word and no Pᵀ fragment; measured slower (session 18 round 2, bf16 d128 8k, backward x the plain
-call's, full / causal: 1.110 / 1.085 without it, 1.189 / 1.184 with it).
+the heuristic's for bf16 (FEATURE_SCHED, measured). Tried and removed (session 18): a score fold for softcap
+(its tanh in place in Sᵀ, the mask as t = -inf before the exp2, softcap_out folded into the exponent's FFMA, the
+thread words holding Pᵀ ∘ (1 - t²) so that dSᵀ reads one word and no Pᵀ fragment): measured slower (round 2,
+bf16 d128 8k, backward x the plain call's, full / causal: 1.110 / 1.085 without it, 1.189 / 1.184 with it;
+logs/session18_feat6/r2), and it changed the family's code stamp.
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB elsewhere.
 """
 from __future__ import annotations
@@ -447,7 +447,6 @@ class Sm90BwdConfig(KernelConfig):
     frag_pin: bool = False
     roles: bool = False
     dq_convert: bool = False
-    score_fold: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -468,7 +467,7 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_ds2' if self.ds_double else ''}{'_cl2' if self.cluster else ''}{'_sah' if self.s_ahead else ''}"
                 f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
                 f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}"
-                f"{'_dqc' if self.dq_convert else ''}{'_sfold' if self.score_fold else ''}")
+                f"{'_dqc' if self.dq_convert else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -639,7 +638,7 @@ class Sm90BwdConfig(KernelConfig):
                     + (f", {b(self.roles)}, {b(self.s_ahead)}" if self.roles or self.s_ahead else "") + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
         tail = (self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.frag_pin or self.roles
-                or self.dq_convert or self.score_fold)
+                or self.dq_convert)
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -653,14 +652,12 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
         feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
         feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
-        later2 = self.dk_late or self.frag_pin or self.roles or self.dq_convert or self.score_fold
-        later3 = self.dq_convert or self.score_fold
+        later2 = self.dk_late or self.frag_pin or self.roles or self.dq_convert
         feats += f", {b(self.q_rotate)}" if self.q_rotate or later2 else ""                   # kQRotate
         feats += f", {b(self.dk_late)}" if later2 else ""                                     # kDkLate
-        feats += f", {b(self.frag_pin)}" if self.frag_pin or self.roles or later3 else ""     # kFragPin
-        feats += f", {b(self.roles)}" if self.roles or later3 else ""                         # kRoles
-        feats += f", {b(self.dq_convert)}" if later3 else ""                                  # kDqConvert
-        feats += ", true" if self.score_fold else ""                                          # kScoreFold last
+        feats += f", {b(self.frag_pin)}" if self.frag_pin or self.roles or self.dq_convert else ""   # kFragPin
+        feats += f", {b(self.roles)}" if self.roles or self.dq_convert else ""                # kRoles
+        feats += ", true" if self.dq_convert else ""                                          # kDqConvert last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -672,7 +669,7 @@ class Sm90BwdConfig(KernelConfig):
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
                 self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.frag_pin,
-                self.roles, self.dq_convert, self.score_fold)
+                self.roles, self.dq_convert)
 
     def _problems(self) -> list[str]:
         out = []
@@ -797,10 +794,6 @@ class Sm90BwdConfig(KernelConfig):
                        "unordered calls (no deterministic, varlen, window, softcap, ALiBi, dropout, cluster) of "
                        "the head dim 128 tile with the dynamic scheduler or the head_dim=256 tile with roles "
                        "(at head dim 64 ptxas spills the bf16 non-causal kernel, 8 bytes, nvcc 13.0)")
-        if self.score_fold and (not self.softcap or self.dropout or self.head_dim != 128):
-            out.append("score_fold without softcap, with dropout or at head_dim != 128: it folds softcap's factor "
-                       "into the thread words of Pᵀ (dropout's words are the signed Pᵀ; the shared-keys tile keeps "
-                       "its words in registers; head dim 64 unchecked)")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -1068,8 +1061,6 @@ class Sm90Backward(Family):
             # ALiBi)
             lighter = config.replace(overlap_sdp=False)
             config = lighter if not lighter.bm128_spills() else lighter.replace(BM=64, overlap_sdp=config.overlap_sdp)
-        if config.score_fold and (not config.softcap or config.dropout or config.head_dim != 128):
-            config = config.replace(score_fold=False)  # a speed choice, where it is not built
         if config.dq_convert and (problem.features or any("dq_convert" in w for w in config.problems())):
             config = config.replace(dq_convert=False)  # a speed choice: plain calls on the dynamic scheduler only
         return config
@@ -1081,7 +1072,7 @@ class Sm90Backward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late",
-                               "frag_pin", "roles", "dq_convert", "score_fold")
+                               "frag_pin", "roles", "dq_convert")
                          and not v))
 
     def make(self, point, problem: Problem):
@@ -1093,7 +1084,7 @@ class Sm90Backward(Family):
         # s_ahead left the space (refused: serialized); a recorded point that has it keeps its value
         # (True: a config that problems() refuses)
         # (dq_convert likewise while it is outside the space)
-        out = {k: bool(point.get(k, False)) for k in ("s_ahead", "dq_convert", "score_fold") if k not in self.space}
+        out = {k: bool(point.get(k, False)) for k in ("s_ahead", "dq_convert") if k not in self.space}
         cfg = super().make({k: v for k, v in point.items() if k not in out}, problem)
         return cfg.replace(**{k: v for k, v in out.items() if v}) if any(out.values()) else cfg
 
