@@ -186,7 +186,10 @@ DYNAMIC_FEATURES = frozenset({("window",)})
 # 1.575; softcap 30 1.242 / 1.264 -> 1.114 / 1.136, forward + backward 1.250 / 1.236 -> 1.154 / 1.134 (round 2:
 # 1.223 / 1.230 -> 1.110 / 1.085, 1.187 / 1.265 -> 1.103 / 1.122). (Round 1's softcap GPU test failure, dQ at
 # 17 x 1, is the forward's: its fixed running max leaves the one visible key's P != 1, rounded in P V and not in
-# l; every softcap backward, the shipped one too, had it: tests/bwd_feature_sched_diag.py, round 2.) A window's
+# l; every softcap backward, the shipped one too, had it: tests/bwd_feature_sched_diag.py, round 2.) Round 3, as
+# shipped (rev 4ab1de1; its GPU tests, 15, passed; synccheck 0 errors), backward x plain / forward + backward x plain,
+# full / causal: softcap 1.106 / 1.121, 1.176 / 1.135; ALiBi 1.001 / 0.994, 1.068 / 1.053; window x visible 1.261 /
+# 1.450, 1.357 / 1.582. A window's
 # dq_convert next to the plain fields (built in bf16, zero spills; round 2): bwd x visible 1.259 / 1.440 -> 1.245 /
 # 1.478, forward + backward 1.318 / 1.563 -> 1.285 / 1.587: mixed, not kept (for_problem drops it with features).
 FEATURE_SCHED_FLAGS = ("dynamic", "ds_double", "dq_early", "dk_late", "frag_pin")
