@@ -206,8 +206,6 @@ def bwd_params():
 
 @pytest.mark.parametrize("dtype,d,case", bwd_params())
 def test_backward(dtype, d, case):
-    import torch
-
     _, causal, window, softcap, alibi = case
     fam = registry.get("fa2_bwd")
     for (sq, sk), heads in zip(SEQLENS[1:4], ("mha", "gqa", "mqa")):
@@ -215,14 +213,8 @@ def test_backward(dtype, d, case):
         slopes = slopes_for(alibi, 2, q.shape[2])
         cfg = device_heuristic(fam, problem_of("bwd", q, k, case))
         kw = dict(causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes)
-        ours = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, bwd_config=cfg, **kw), q, k, v, dout)
-        scale = d ** -0.5
-        ref = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, softcap, slopes,
-                                                      torch.float64)[0], q, k, v, dout.double())
-        low = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, softcap, slopes,
-                                                      q.dtype)[0], q, k, v, dout)
-        for name, a, r, b in zip(("dq", "dk", "dv"), ours, ref, low):
-            check_close(a, r, b, 3, f"{cfg.name} {sq}x{sk} {heads} {name}")
+        check_feature_grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, bwd_config=cfg, **kw),
+                            q, k, v, dout, causal, window, softcap, slopes, f"{cfg.name} {sq}x{sk} {heads}")
 
 
 def test_deterministic_backward_is_bitwise_reproducible():
