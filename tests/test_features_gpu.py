@@ -181,6 +181,21 @@ def grads(fn, q, k, v, dout):
     return torch.autograd.grad(out, (q, k, v), dout)
 
 
+def check_feature_grads(call, q, k, v, dout, causal, window, softcap, slopes, what):
+    """dq, dk, dv of call(q, k, v) (an attention output) within 3x the error of feature_attention in
+    q's dtype, against it in float64 (head dim scale)."""
+    import torch
+
+    ours = grads(call, q, k, v, dout)
+    scale = q.shape[-1] ** -0.5
+    ref = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, softcap, slopes,
+                                                  torch.float64)[0], q, k, v, dout.double())
+    low = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, softcap, slopes,
+                                                  q.dtype)[0], q, k, v, dout)
+    for name, a, r, b in zip(("dq", "dk", "dv"), ours, ref, low):
+        check_close(a, r, b, 3, f"{what} {name}")
+
+
 def bwd_params():
     out = []
     for dtype, d in DTYPE_DIMS:
@@ -191,8 +206,6 @@ def bwd_params():
 
 @pytest.mark.parametrize("dtype,d,case", bwd_params())
 def test_backward(dtype, d, case):
-    import torch
-
     _, causal, window, softcap, alibi = case
     fam = registry.get("fa2_bwd")
     for (sq, sk), heads in zip(SEQLENS[1:4], ("mha", "gqa", "mqa")):
@@ -200,14 +213,8 @@ def test_backward(dtype, d, case):
         slopes = slopes_for(alibi, 2, q.shape[2])
         cfg = device_heuristic(fam, problem_of("bwd", q, k, case))
         kw = dict(causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes)
-        ours = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, bwd_config=cfg, **kw), q, k, v, dout)
-        scale = d ** -0.5
-        ref = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, softcap, slopes,
-                                                      torch.float64)[0], q, k, v, dout.double())
-        low = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, softcap, slopes,
-                                                      q.dtype)[0], q, k, v, dout)
-        for name, a, r, b in zip(("dq", "dk", "dv"), ours, ref, low):
-            check_close(a, r, b, 3, f"{cfg.name} {sq}x{sk} {heads} {name}")
+        check_feature_grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, bwd_config=cfg, **kw),
+                            q, k, v, dout, causal, window, softcap, slopes, f"{cfg.name} {sq}x{sk} {heads}")
 
 
 def test_deterministic_backward_is_bitwise_reproducible():

@@ -183,6 +183,9 @@ def test_features_supported_and_set_by_the_call(feats):
         own = dict(sm90_bwd.WINDOW_BWD.get(FAM.head_dim_of(d), {})) if feats == ("window",) and not det else {}
         own["ds_double"] = True
         own["frag_pin"] = own["dynamic"] = True   # (d128 plain calls: dk_late with the dynamic scheduler)
+        # (and the plain schedule fields, which a given config keeps where sm90_bwd.FEATURE_SCHED_BUILT
+        # lists the feature set: tests/test_bwd_feature_sched_cpu.py)
+        own["dq_early"] = own["dk_late"] = True
         assert fam is FAM and source == "given" and got.replace(**{k: getattr(cfg, k) for k in own}) == cfg
         # with dropout: run where it compiles without spills (not deterministic, no window with
         # softcap / ALiBi at d128: dropout_dq_path, tests/test_dropmix_cpu.py), else refused by

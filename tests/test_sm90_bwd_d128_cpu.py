@@ -143,7 +143,12 @@ def test_heuristic_switches(monkeypatch):
             if FAM.supports((9, 0), pf):
                 continue
             cfg = FAM.for_problem(FAM.heuristic(pf), pf)
-            assert not (cfg.dq_early or cfg.dk_late or cfg.s_ahead or cfg.q_rotate), (feats, cfg.name)
+            # (but the feature sets of sm90_bwd.FEATURE_SCHED: the plain call's fields, dq_early and dk_late
+            # among them; tests/test_bwd_feature_sched_cpu.py)
+            sched = feats in sm90_bwd.FEATURE_SCHED.get((FAM.head_dim_of(d), dtype), ()) and not det
+            assert (cfg.dq_early, cfg.dk_late) == (sched, sched), (feats, cfg.name)
+            assert not (cfg.s_ahead or cfg.q_rotate), (feats, cfg.name)
+    monkeypatch.setattr(sm90_bwd, "FEATURE_SCHED", {})
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DK_LATE", frozenset())
     classes = frozenset(itertools.product((64, 128), (False, True)))
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DQ_EARLY", classes)
@@ -235,7 +240,9 @@ def test_frag_pin_rules():
     for d, causal in itertools.product((64, 128), (False, True)):
         assert FAM.heuristic(problem(d, causal)).frag_pin == (d == 128)
         assert not FAM.heuristic(problem(d, causal, deterministic=True)).frag_pin
-        assert not FAM.heuristic(problem(d, causal, features=("window",))).frag_pin
+        assert not FAM.heuristic(problem(d, causal, features=("window",), dtype="fp16")).frag_pin
+        # (bf16 d128: FEATURE_SCHED's plain fields, frag_pin among them)
+        assert FAM.heuristic(problem(d, causal, features=("window",))).frag_pin == (d == 128)
 
 
 @needs_nvcc
@@ -299,6 +306,7 @@ def test_heuristic_hooks(monkeypatch):
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DYNAMIC", classes)
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DK_LATE", classes)
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_BM80", True)
+    monkeypatch.setattr(sm90_bwd, "FEATURE_SCHED", {})   # (features: the plain grid's own fields below)
     assert sm90_bwd.HEURISTIC_STAGES3 == frozenset()
     for d, causal, det, dtype in itertools.product((64, 128, 256), (False, True), (False, True), ("bf16", "fp16")):
         p = problem(d, causal, det, dtype)

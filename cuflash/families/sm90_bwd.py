@@ -76,6 +76,13 @@ done convert them (Sm90BwdDqQueue; the plan's counter buffer grows to hold the q
 for d128 causal and fp16 non-causal calls up to 4k (HEURISTIC_DQ_CONVERT). s_ahead is refused and outside
 the tuning space (every kernel it builds is serialized by ptxas or spills); every valid point of the space
 is recorded clean in tests/sm90_bwd_space_clean.txt (tests/sm90_bwd_space_scan.py).
+Feature backwards with the plain call's schedule (session 18): window, softcap and ALiBi at d128 keep the plain
+heuristic's fields (FEATURE_SCHED_BUILT; the plain grid where the dynamic kernel spills: feature_sched_spills),
+the heuristic's for bf16 (FEATURE_SCHED, measured). Tried and removed (session 18): a score fold for softcap
+(its tanh in place in Sᵀ, the mask as t = -inf before the exp2, softcap_out folded into the exponent's FFMA, the
+thread words holding Pᵀ ∘ (1 - t²) so that dSᵀ reads one word and no Pᵀ fragment): measured slower (round 2,
+bf16 d128 8k, backward x the plain call's, full / causal: 1.110 / 1.085 without it, 1.189 / 1.184 with it;
+logs/session18_feat6/r2), and it changed the family's code stamp.
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB elsewhere.
 """
 from __future__ import annotations
@@ -163,6 +170,31 @@ WINDOW_BWD = {128: dict(dynamic=True, ds_double=True)}
 # dims of WINDOW_BWD (run by tests/test_feature_defaults_gpu.py); any other call with features keeps
 # the plain grid.
 DYNAMIC_FEATURES = frozenset({("window",)})
+# The feature backward with the plain call's schedule (issue 12 / 14: a feature's backward at the plain
+# call's speed). FEATURE_SCHED_FLAGS are the plain heuristic's schedule fields (the dynamic scheduler,
+# two dS buffers, the dQ GEMM early, dK late, Pᵀ's fragments pinned); FEATURE_SCHED_BUILT the feature
+# sets (by kernel head dim) whose kernels with them are built and checked: zero spills, no wgmma
+# serialization (nvcc 13.0, sm_90a; BM 64, 2 consumers, dq_writer, bf16 / fp16, causal or not:
+# tests/test_bwd_feature_sched_cpu.py), so that bwd_config= and tuned entries keep those fields there.
+# FEATURE_SCHED, by (kernel head dim, dtype): the feature sets whose heuristic takes the plain call's schedule
+# fields (where the config builds them: the plain grid where the dynamic kernel spills, feature_sched_spills).
+# Measured on the H100 (session 18 round 1, tests/sm90_bwd_features_timing.py: bf16 d128, batch 2 x 16 heads
+# x 8k, backward alone over the plain call's, same process; results/NVIDIA_H100_80GB_HBM3/logs/session18_feat6):
+# full / causal, the heuristic before -> with the plain fields: ALiBi 1.094 / 1.104 -> 1.016 / 1.031 (the plain
+# grid's 1.032 / 1.033), forward + backward 1.090 / 1.085 -> 1.045 / 1.034; window 1024 x its visible share
+# 1.286 / 1.552 -> 1.270 / 1.482 (the plain grid 1.322 / 1.559), forward + backward 1.350 / 1.620 -> 1.337 /
+# 1.575; softcap 30 1.242 / 1.264 -> 1.114 / 1.136, forward + backward 1.250 / 1.236 -> 1.154 / 1.134 (round 2:
+# 1.223 / 1.230 -> 1.110 / 1.085, 1.187 / 1.265 -> 1.103 / 1.122). (Round 1's softcap GPU test failure, dQ at
+# 17 x 1, is the forward's: its fixed running max leaves the one visible key's P != 1, rounded in P V and not in
+# l; every softcap backward, the shipped one too, had it: tests/bwd_feature_sched_diag.py, round 2.) Round 3, as
+# shipped (rev 4ab1de1; its GPU tests, 15, passed; synccheck 0 errors), backward x plain / forward + backward x plain,
+# full / causal: softcap 1.106 / 1.121, 1.176 / 1.135; ALiBi 1.001 / 0.994, 1.068 / 1.053; window x visible 1.261 /
+# 1.450, 1.357 / 1.582. A window's
+# dq_convert next to the plain fields (built in bf16, zero spills; round 2): bwd x visible 1.259 / 1.440 -> 1.245 /
+# 1.478, forward + backward 1.318 / 1.563 -> 1.285 / 1.587: mixed, not kept (for_problem drops it with features).
+FEATURE_SCHED_FLAGS = ("dynamic", "ds_double", "dq_early", "dk_late", "frag_pin")
+FEATURE_SCHED_BUILT = {128: frozenset({("softcap",), ("alibi",), ("window",)})}
+FEATURE_SCHED: dict = {(128, "bf16"): frozenset({("alibi",), ("softcap",), ("window",)})}
 HEURISTIC_LPT = False
 HEURISTIC_DS_DOUBLE = False
 # Head dim 256 (the shared-keys tile, head dims 129..256; issue 14's d256 round): whether the
@@ -557,7 +589,15 @@ class Sm90BwdConfig(KernelConfig):
         consumers' red.add or dq_bulk paths), at stages > 2, with dropout (d128; d64's BM 128 tile
         has no dropout anyway). tests/test_sm90_bwd_causal_cpu.py holds the allowed ones to zero
         spills."""
-        return not self.dq_writer or self.stages > 2 or (self.dropout and not self.dropout_plain())
+        return (not self.dq_writer or self.stages > 2 or (self.dropout and not self.dropout_plain())
+                or self.feature_sched_spills())
+
+    def feature_sched_spills(self) -> bool:
+        """Whether a window / softcap / ALiBi kernel with dk_late spills on the dynamic scheduler (nvcc 13.0,
+        sm_90a; 8-12 bytes of stores): in fp16 (window, softcap causal, ALiBi), in bf16 ALiBi causal and a
+        window without ds_double; the plain grid's spill in neither dtype (tests/test_bwd_feature_sched_cpu.py)."""
+        return (self.dynamic and self.dk_late and (self.window or self.softcap or self.alibi)
+                and (self.dtype == "fp16" or (self.alibi and self.causal) or (self.window and not self.ds_double)))
 
     def dropout_plain(self) -> bool:
         """Whether this is the dropout kernel with the plain heuristic's speed flags that ptxas builds
@@ -567,6 +607,19 @@ class Sm90BwdConfig(KernelConfig):
                 and not (self.window or self.softcap or self.alibi or self.varlen or self.deterministic
                          or self.overlap_sdp or self.s_ahead or self.q_rotate or self.lpt or self.roles)
                 and all(getattr(self, k) == v for k, v in DROPOUT_PLAIN_FLAGS.items()))
+
+    def feature_sched_built(self) -> bool:
+        """Whether this is a window / softcap / ALiBi kernel whose feature set FEATURE_SCHED_BUILT lists
+        at its head dim, on the tile that builds the plain schedule fields with them (BM 64, 2
+        consumers, dq_writer; fixed lengths, unordered, no dropout); with softcap or ALiBi only with
+        ds_double, dq_early, dk_late and frag_pin all on (the combination whose kernels are checked)."""
+        feats = tuple(f for f in ("alibi", "softcap", "window") if getattr(self, f))
+        # (softcap / ALiBi: the plain call's four main-loop fields together, the combination checked; a
+        # window took any of them before)
+        whole = self.ds_double and self.dq_early and self.dk_late and self.frag_pin
+        return (bool(feats) and feats in FEATURE_SCHED_BUILT.get(self.head_dim, ()) and self.BM == 64
+                and self.consumers == 2 and self.dq_writer and (whole or feats == ("window",))
+                and not (self.dropout or self.varlen or self.deterministic or self.shared_keys))
 
     def bm128_spills(self) -> bool:
         """Whether the BM 128 tile (head dim 64, PTXAS_FITS) spills (nvcc 13.0, sm_90a): with
@@ -678,9 +731,10 @@ class Sm90BwdConfig(KernelConfig):
             out.append(f"dynamic at head_dim={self.head_dim} (the shared-keys tile): its kernel runs one CTA "
                        "per K/V block only (the dynamic scheduler is unbuilt there; the lpt order is built)")
         if not out and self.dynamic and self.dynamic_spills():
-            out.append("dynamic without dq_writer, at stages > 2 or with dropout: ptxas spills that "
+            out.append("dynamic without dq_writer, at stages > 2, with dropout, or with dk_late next to a window / "
+                       "softcap / ALiBi in fp16 (bf16: ALiBi causal, a window without ds_double): ptxas spills that "
                        "kernel (nvcc 13.0)")
-        if self.ds_double and (self.head_dim != 128 or self.softcap or self.alibi
+        if self.ds_double and (self.head_dim != 128 or ((self.softcap or self.alibi) and not self.feature_sched_built())
                                or (self.dropout and not self.dropout_plain())):
             out.append("ds_double at head dim 64 (ptxas spills its dynamic kernel; dq_writer loses its "
                        "second staging tile) or with softcap / ALiBi / dropout (unchecked): head dim 128 "
@@ -697,8 +751,8 @@ class Sm90BwdConfig(KernelConfig):
             out.append(f"{what} with the shared-keys tile (head_dim=256; "
                        "s_ahead: without roles) or overlap_sdp: built for the head dim 64 / 128 tiles' order of "
                        "GEMMs only")
-        elif (self.s_ahead or self.dq_early) and (self.softcap or self.alibi
-                                                  or (self.dropout and not self.dropout_plain())):
+        elif (self.s_ahead or (self.dq_early and not self.feature_sched_built())) and (
+                self.softcap or self.alibi or (self.dropout and not self.dropout_plain())):
             out.append(f"{'s_ahead' if self.s_ahead else 'dq_early'} with softcap / ALiBi / dropout: "
                        "unchecked (more accumulators live; those kernels are near the register budget)")
         elif self.s_ahead and not self.roles and (self.dq_early or self.q_rotate or not self.dq_writer
@@ -716,7 +770,7 @@ class Sm90BwdConfig(KernelConfig):
         elif self.dk_late and self.dynamic and self.head_dim == 128 and not self.frag_pin:
             out.append("dk_late with dynamic at head_dim=128 without frag_pin: ptxas spills that kernel (8-32 "
                        "bytes, nvcc 13.0; with frag_pin it fits)")
-        if self.frag_pin and (self.shared_keys or self.softcap or self.alibi
+        if self.frag_pin and (self.shared_keys or ((self.softcap or self.alibi) and not self.feature_sched_built())
                               or (self.dropout and not self.dropout_plain())):
             out.append("frag_pin with the shared-keys tile (head_dim=256: its dV GEMM is SS) or with softcap / "
                        "ALiBi / dropout (unchecked): built for the head dim 64 / 128 tiles' RS dV GEMM")
@@ -782,6 +836,17 @@ class Sm90BwdConfig(KernelConfig):
                        f"thread (dK, dV, S, dP, P, dS, dQ) exceed the budget of {MAX_ACCUM_REGS}: "
                        "it would spill")
         return out
+
+
+def feature_sched_kept(config, problem: Problem) -> bool:
+    """Whether a config for ``problem`` keeps the plain schedule fields (FEATURE_SCHED_FLAGS) with its
+    features: a fixed-length unordered call without dropout whose feature set FEATURE_SCHED_BUILT lists
+    at the config's head dim, on the tile that builds them (Sm90BwdConfig.feature_sched_built)."""
+    feats = tuple(problem.features)
+    if not feats or "dropout" in feats or is_varlen(problem) or problem.deterministic:
+        return False
+    return config.replace(window="window" in feats, softcap="softcap" in feats,
+                          alibi="alibi" in feats).feature_sched_built()
 
 
 class Sm90Backward(Family):
@@ -922,9 +987,11 @@ class Sm90Backward(Family):
             config = config.replace(varlen=is_varlen(problem))
         if config.lpt and (config.varlen or not config.causal):
             config = config.replace(lpt=False)         # a speed choice: varlen, non-causal keep the plain order
+        sched = feature_sched_kept(config, problem)
         if config.dynamic and (config.varlen or config.deterministic or config.shared_keys
-                               or (problem.features and (tuple(problem.features) not in DYNAMIC_FEATURES
-                                                         or config.head_dim not in WINDOW_BWD))):
+                               or (problem.features and not sched
+                                   and (tuple(problem.features) not in DYNAMIC_FEATURES
+                                        or config.head_dim not in WINDOW_BWD))):
             # likewise: a CTA per K/V block (with features the dynamic kernels are built but not
             # measured or run on a GPU yet: calls with features keep the plain grid, except the
             # sets of DYNAMIC_FEATURES when a config asks for it)
@@ -950,15 +1017,20 @@ class Sm90Backward(Family):
                 config = config.replace(dq_writer=path == "dq_writer", dq_bulk=path == "dq_bulk")
         if config.overlap_sdp and config.overlap_sdp_refused():
             config = config.replace(overlap_sdp=False)  # the combinations whose kernel spills
-        if config.ds_double and (config.head_dim != 128 or config.softcap or config.alibi or config.dropout):
+        sched = sched and feature_sched_kept(config, problem)    # (the tile may have changed above)
+        if config.ds_double and (config.head_dim != 128 or ((config.softcap or config.alibi) and not sched)
+                                 or config.dropout):
             config = config.replace(ds_double=False)   # a speed choice, where it is not built
         if (config.s_ahead or config.dq_early or config.q_rotate or config.dk_late or config.frag_pin) \
                 and problem.features:
-            # a speed choice, measured on plain calls only (the kernels with a window, varlen are
-            # built, their GPU tests and timing not done yet): calls with features run without
-            config = config.replace(s_ahead=False, dq_early=False, q_rotate=False, dk_late=False, frag_pin=False)
+            # a speed choice, measured on plain calls only: calls with features run without, except
+            # the feature sets of FEATURE_SCHED_BUILT, which keep dq_early, dk_late and frag_pin
+            keep = dict(dq_early=config.dq_early, dk_late=config.dk_late, frag_pin=config.frag_pin) if sched else {}
+            config = config.replace(**{**dict(s_ahead=False, dq_early=False, q_rotate=False, dk_late=False,
+                                              frag_pin=False), **keep})
         if (config.s_ahead or config.dq_early) and ((config.shared_keys and not config.roles) or config.overlap_sdp
-                                                    or config.softcap or config.alibi or config.dropout):
+                                                    or ((config.softcap or config.alibi) and not sched)
+                                                    or config.dropout):
             config = config.replace(s_ahead=False, dq_early=False)   # a speed choice, where it is not built
         if config.dq_early and config.shared_keys:
             config = config.replace(dq_early=False)
@@ -971,7 +1043,8 @@ class Sm90Backward(Family):
             config = config.replace(q_rotate=False)    # likewise (that kernel spills)
         if config.s_ahead:
             config = config.replace(s_ahead=False)     # likewise (every kernel it builds spills or is serialized)
-        if config.frag_pin and (config.shared_keys or config.softcap or config.alibi or config.dropout):
+        if config.frag_pin and (config.shared_keys or ((config.softcap or config.alibi) and not sched)
+                                or config.dropout):
             config = config.replace(frag_pin=False)    # a speed choice, where it is not built
         if config.dk_late and ((config.dynamic and config.head_dim == 128 and not config.frag_pin)
                                or not (config.dq_early and config.dq_writer and not config.s_ahead)):
@@ -1075,8 +1148,16 @@ class Sm90Backward(Family):
         if ((d, causal, dtype) in HEURISTIC_DQ_CONVERT and problem.seqlen_q <= DQ_CONVERT_MAX_SEQLEN
                 and not problem.features and not det and not dqc.problems()):
             cfg = dqc                                   # (the head dim 128 dynamic / 256 roles kernels)
-        if tuple(problem.features) == ("window",) and not det and d in WINDOW_BWD:
+        feats = tuple(problem.features)
+        if feats == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
+        if feats in FEATURE_SCHED.get((d, dtype), ()) and not det and not is_varlen(problem):
+            # the plain call's schedule fields on top (FEATURE_SCHED: measured per feature set)
+            plain_cfg = self.heuristic(problem.replace(features=()), arch, max_smem)
+            sched = cfg.replace(**{f: getattr(plain_cfg, f) or getattr(cfg, f) for f in FEATURE_SCHED_FLAGS})
+            for c in (sched, sched.replace(dynamic=False)):   # (the plain grid where the dynamic kernel spills)
+                if not c.replace(**{f: f in feats for f in ("alibi", "softcap", "window")}).problems(max_smem):
+                    return c
         return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
 
     def kernel_names(self, config) -> dict:
