@@ -595,7 +595,8 @@ __device__ __forceinline__ void sm90_bwd_convert_dq_job(const Sm90BwdParams& p, 
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
-          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles, bool kDqConvert>
+          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles, bool kDqConvert,
+          bool kDqFirst>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -640,6 +641,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                   "s_ahead / dq_early: the head dim 64 / 128 tiles (s_ahead: and roles), not with overlap_sdp");
     static_assert(!kDqConvert || (kDqWriter && !kVarlen && !kDeterministic && !kCluster),
                   "dq_convert: with dq_writer (its counts follow the writer's bulk additions), fixed lengths, "
+                  "unordered, one CTA a cluster");
+    static_assert(!kDqFirst || (kDqWriter && !kVarlen && !kDeterministic && !kCluster),
+                  "dq_first: with dq_writer (its first part of a Q block is a tensor store), fixed lengths, "
                   "unordered, one CTA a cluster");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
                   "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
@@ -805,6 +809,22 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         const u32 tile = smem + DqW::kOffset + buf * DqW::kTileBytes;
                         const u32 slot_off = kSlotDq ? u32(q % kStages) * Shape::kQBytes : 0u;
                         const int row0 = m_block_at(it) * kBM;
+                        // kDqFirst: the Q block's ticket (dq_semaphore, zeroed by the preprocess): 0 no
+                        // part yet, 1 the first part being stored, 2 stored. The CTA that takes it from 0
+                        // stores its part (the accumulator is not zeroed), completes the store and
+                        // publishes 2; every other one waits for 2 before its reduce-adds. The storer
+                        // is past every wait of its own, so the wait always ends.
+                        // (the ticket's address is derived at each use: kept live across the bulk
+                        // issues, it spills the fp16 d128 dq_convert kernel under the 24 registers)
+                        auto ticket = [&]() { return p.dq_semaphore + bh * (p.seqlen_q_rounded / 16) + m_block_at(it); };
+                        bool first = false;
+                        if constexpr (kDqFirst) {
+                            first = atomicCAS(ticket(), 0, 1) == 0;
+                            if (!first) {
+                                while (ld_acquire_gpu(ticket()) != 2) {}
+                                fence_proxy_async_global();     // the stored part before these additions
+                            }
+                        }
 #pragma unroll
                         for (int b = 0; b < kHeadDim / 32; ++b) {
                             u32 src = tile + b * DqW::kBoxBytes;
@@ -812,10 +832,18 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                             if constexpr (kVarlen)   // the map's rows: (nheads, ws_rows), head `head`'s
                                 bulk_reduce_add_tensor_3d(&p.tma_dq, src, 32 * b,
                                                           static_cast<int>(ws_row0() - i64(head) * p.ws_rows) + row0, head);
+                            else if (kDqFirst && first)
+                                bulk_store_tensor_3d(&p.tma_dq, src, 32 * b, row0, pair);
                             else
                                 bulk_reduce_add_tensor_3d(&p.tma_dq, src, 32 * b, row0, pair);
                         }
                         bulk_commit_group();
+                        if (kDqFirst && first) {
+                            bulk_wait_group<0>();               // written (and read)
+                            fence_proxy_async_global();         // the async proxy's stores before the release
+                            __threadfence();
+                            atomicExch(ticket(), 2);
+                        }
                         bulk_wait_group_read<0>();              // the tile may be rewritten
                         if constexpr (kDynamic) mbarrier_arrive(dq_empty(buf));
                         if constexpr (kSlotDq) mbarrier_arrive(q_empty(q % kStages));   // the slot may be refilled
@@ -1875,12 +1903,12 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
           bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false,
-          bool kFragPin = false, bool kRoles = false, bool kDqConvert = false>
+          bool kFragPin = false, bool kRoles = false, bool kDqConvert = false, bool kDqFirst = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
-                  kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles, kDqConvert>(p);
+                  kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles, kDqConvert, kDqFirst>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the
@@ -1896,7 +1924,7 @@ sm90_bwd_cluster(const __grid_constant__ Sm90BwdParams p) {
     static_assert(kClusterSize == 2, "sm90_bwd_cluster: clusters of 2 CTAs");
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, true,
-                  kSAhead, false, false, false, false, kRoles, false>(p);
+                  kSAhead, false, false, false, false, kRoles, false, false>(p);
 }
 #endif
 
