@@ -16,6 +16,8 @@ in one process, bf16 and fp16, head dims 64 / 128 / 256 (and 192, run by the d25
              bytes), each Q block's first dQ part stored instead of added
     dqf_nodqc  dq_first without dq_convert, where the heuristic has dq_convert
     nodqf    the heuristic's kernel without dq_first, where the heuristic has it (HEURISTIC_DQ_FIRST)
+    lpt, dqf_lpt  head dims 192 / 256, causal: the longest-first launch order (kLpt) with roles (measured
+             before roles only: HEURISTIC_D256_LPT), without / with dq_first
 
 --breakdown adds the GPU time per kernel role (preprocess / main / dQ convert; torch.profiler, mean of 3
 calls) of heur, dqc and cuDNN at each case. Every kernel is compiled first in parallel processes
@@ -62,6 +64,8 @@ VARIANTS = {
     "dqf": lambda c: c.replace(dq_first=True),
     "dqf_nodqc": lambda c: c.replace(dq_first=True, dq_convert=False) if c.dq_convert else None,
     "nodqf": lambda c: c.replace(dq_first=False) if c.dq_first else None,
+    "lpt": lambda c: c.replace(lpt=True) if c.causal and c.head_dim == 256 else None,
+    "dqf_lpt": lambda c: c.replace(lpt=True, dq_first=True) if c.causal and c.head_dim == 256 else None,
 }
 DEFAULT_VARIANTS = ("heur", "dqc")
 
