@@ -162,6 +162,13 @@
 //              without it ptxas copies one of them after the fence and injects a warpgroup.arrive
 //              before each of dV's k16 steps (C7519), each step then its own group, so the wait
 //              for dPᵀ also waits for 3 of dV's 4 steps
+//   kDqFirst   (appended last; with kDqWriter, fixed lengths, unordered) the dQ accumulator is not
+//              zeroed (fa2_bwd_preprocess<Elem, false, false>): the writer warp stores a Q block's
+//              first dQ part by tensor bulk stores instead of adding it. The Q block's ticket
+//              (dq_semaphore[bh][m_block], zeroed by the preprocess) goes 0 -> 1 by compare-and-swap
+//              for the storer, which waits for its stores to complete and publishes 2; the other
+//              CTAs' writers wait for 2 before their reduce-adds. The call must give every query row
+//              a part (the host's dq_first_covers: not with causal seqlen_q > seqlen_k, windows)
 //
 // Head dim 256 (kSharedKeys: kBN 64 with 2 consumers, kBM 64; Sm90BwdShape). dK_j, dV_j of 64
 // keys x 256 fp32 would take 256 registers per thread in one warpgroup, so both warpgroups take
