@@ -101,14 +101,6 @@ __device__ __forceinline__ void fence_proxy_async_global() {
     asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
-// Store a box of fp32 at shared address `src` into the tensor of map `tmap` at (c0 innermost, c1,
-// c2): dq_first's first dQ part of a Q block, written over the accumulator's unzeroed bytes (the
-// store form of bulk_reduce_add_tensor_3d, same map and swizzle); part of this thread's next bulk group.
-__device__ __forceinline__ void bulk_store_tensor_3d(const void* tmap, u32 src, int c0, int c1, int c2) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];"
-                 :: "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(src) : "memory");
-}
-
 // `bytes` (a multiple of 16) of contiguous global memory at `src` into shared memory at `dst` (both
 // 16-byte aligned) by the copy engine, completing as transactions on mbarrier `bar`: the dynamic
 // scheduler's producer loads a Q block's LSE and D rows so, one thread for the whole slot (the 32

@@ -12,8 +12,8 @@ in one process, bf16 and fp16, head dims 64 / 128 / 256 (and 192, run by the d25
     nodqc    the heuristic's kernel without dq_convert, where the heuristic has it (HEURISTIC_DQ_CONVERT)
     static   head dim 128: the plain grid (one CTA per K/V block) instead of the dynamic scheduler
     split    head dims 192 / 256: the query split (dq_writer, no roles), the kernel before roles
-    dqf      dq_first (kDqFirst, session 18): no zeroed dQ accumulator (the preprocess writes half the
-             bytes), each Q block's first dQ part stored instead of added
+    dqf      dq_first (kDqFirst, session 18): the preprocess does not zero the dQ accumulator (half its
+             bytes); the first CTA to reach a Q block zeroes its rows in the main kernel (producer warp 2)
     dqf_nodqc  dq_first without dq_convert, where the heuristic has dq_convert
     nodqf    the heuristic's kernel without dq_first, where the heuristic has it (HEURISTIC_DQ_FIRST)
     lpt, dqf_lpt  head dims 192 / 256, causal: the longest-first launch order (kLpt) with roles (measured

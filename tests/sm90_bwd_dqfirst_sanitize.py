@@ -1,5 +1,6 @@
-"""Shapes for compute-sanitizer over sm90_bwd's dq_first (kDqFirst: the writer warp's tensor bulk store of a Q
-block's first dQ part, the per-Q-block tickets): run under it, not under pytest.
+"""Shapes for compute-sanitizer over sm90_bwd's dq_first (kDqFirst: producer warp 2 zeroing the dQ accumulator's
+Q blocks, the per-Q-block tickets, one more taker of the dynamic scheduler's tile ring): run under it, not under
+pytest.
 
     compute-sanitizer --tool memcheck python tests/sm90_bwd_dqfirst_sanitize.py
     compute-sanitizer --tool racecheck python tests/sm90_bwd_dqfirst_sanitize.py
@@ -21,8 +22,9 @@ from cuflash import _gpu, api, registry  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 
 CASES = [  # (dtype, head dim, batch, seqlen_q, seqlen_k, nheads, nheads_kv, causal)
-    ("bf16", 128, 2, 1100, 1100, 8, 2, False),   # the dynamic scheduler: 144 tiles on 132 CTAs
+    ("bf16", 128, 1, 600, 600, 32, 8, False),    # the dynamic scheduler: 160 tiles on 132 CTAs
     ("bf16", 256, 1, 300, 333, 2, 2, True),      # roles: dQ staged in the ring slot
+    ("bf16", 128, 2, 1100, 1100, 8, 2, False),   # 144 tiles of 18 Q blocks
     ("fp16", 128, 1, 700, 900, 4, 4, True),      # with dq_convert
     ("bf16", 64, 1, 1023, 1023, 4, 1, False),    # the BM 128 tile
 ]

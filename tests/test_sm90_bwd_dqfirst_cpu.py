@@ -1,5 +1,5 @@
-"""sm90_bwd's dq_first (kDqFirst, session 18: no zeroed dQ accumulator, each Q block's first dQ part stored
-by the writer warp) without a GPU: the config field, its name and template argument (appended last), the
+"""sm90_bwd's dq_first (kDqFirst, session 18: no zeroing preprocess, the first CTA to reach a Q block zeroes
+its dQ accumulator rows in the main kernel) without a GPU: the config field, its name and template argument (appended last), the
 rules (dq_writer, fixed lengths, unordered, no cluster), for_problem dropping it where a query row gets no
 dQ part (causal with seqlen_q > seqlen_k, features, varlen, deterministic), the plan (the preprocess without
 the zeroing, the tickets in dq_semaphore's place), the heuristic switch (HEURISTIC_DQ_FIRST) and, with nvcc,
@@ -69,7 +69,8 @@ def test_field_name_template():
 def test_rules_and_for_problem():
     why = lambda c: " ".join(c.problems())   # noqa: E731
     cfg = dqf(problem())
-    for change in (dict(dq_writer=False), dict(varlen=True, dynamic=False), dict(deterministic=True, dq_writer=False)):
+    for change in (dict(dq_writer=False), dict(varlen=True, dynamic=False), dict(deterministic=True, dq_writer=False),
+                   dict(BM=80, dynamic=False, frag_pin=False)):
         assert "dq_first" in why(cfg.replace(**change)), change
     assert "dq_first" in why(Sm90BwdConfig(64, 64, 2, 2, 256, "bf16", False, dq_writer=True, cluster=True,
                                            dq_first=True))

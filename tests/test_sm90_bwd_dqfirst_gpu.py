@@ -1,7 +1,7 @@
 """sm90_bwd's dq_first (kDqFirst, session 18) on an H100, forced with bwd_config=: the preprocess leaves
-the fp32 dQ accumulator unzeroed (fa2_bwd_preprocess<Elem, false, false>), and the writer warp stores each
-Q block's first dQ part by a tensor bulk store (the Q block's ticket in dq_semaphore taken 0 -> 1, published
-2 once the store has completed; the other CTAs' writers wait for 2 before their reduce-adds).
+the fp32 dQ accumulator unzeroed (fa2_bwd_preprocess<Elem, false, false>), and the first CTA to reach a Q
+block zeroes its rows in the main kernel (producer warp 2; the Q block's ticket in dq_semaphore taken 0 -> 1,
+published 2 once the zeros are fenced; the writers wait for 2 before their reduce-adds).
 
 * every tile kind that has the writer warp: head dim 128 (the dynamic scheduler; with dq_convert for fp16
   causal), 256 with roles (the plain grid, dQ staged in the ring slot), 64 (the BM 128 dynamic tile), bf16
@@ -9,7 +9,7 @@ Q block's first dQ part by a tensor bulk store (the Q block's ticket in dq_semap
   GQA / MQA in turn. Causal with s_q > s_k drops dq_first (for_problem: its first query rows get no dQ
   part), and the call stays right;
 * many tiles per CTA, the same plan called 3 times in a row (the tickets must be zeroed by each call's
-  preprocess; the accumulator keeps the last call's sums, which an unstored Q block would add to): dk, dv
+  preprocess; the accumulator keeps the last call's sums, which an unzeroed Q block would add to): dk, dv
   equal bit for bit to the kernel without dq_first (dQ's path only changes), dq within the 3x rule;
 * a dout with a non-contiguous head dim (the preprocess's dout copy, without the zeroing).
 

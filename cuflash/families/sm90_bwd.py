@@ -78,8 +78,9 @@ the tuning space (every kernel it builds is serialized by ptxas or spills); ever
 is recorded clean in tests/sm90_bwd_space_clean.txt (tests/sm90_bwd_space_scan.py).
 dq_first (_dqf, kDqFirst, session 18; with dq_writer, fixed-length unordered calls where every query row gets
 a dQ part: dq_first_covers): the preprocess does not zero the fp32 dQ accumulator (fa2_bwd_preprocess's
-kZeroDq false: half its bytes); the writer warp stores each Q block's first dQ part (a tensor bulk store; a
-per-Q-block ticket in dq_semaphore's place) and adds the rest. HEURISTIC_DQ_FIRST; outside the tuning space.
+kZeroDq false: half its bytes); the first CTA to reach a Q block zeroes its rows during the main kernel
+(producer warp 2; a per-Q-block ticket in dq_semaphore's place, which the writer checks before its
+reduce-adds). HEURISTIC_DQ_FIRST; outside the tuning space.
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB elsewhere.
 """
 from __future__ import annotations
@@ -299,11 +300,17 @@ HEURISTIC_STAGES3 = frozenset()
 HEURISTIC_DQ_CONVERT = frozenset({(128, True, "bf16"), (128, True, "fp16"), (128, False, "fp16")})
 DQ_CONVERT_MAX_SEQLEN = 4096
 # dq_first (kDqFirst, name _dqf, session 18): the preprocess leaves the fp32 dQ accumulator unzeroed (half
-# of its bytes: at batch x seqlen 16k, dim 2048, 128 MB of zeros, about 45 us of its 95), and the writer
-# warp stores each Q block's first dQ part (a tensor bulk store instead of the reduce-add: the Q block's
-# ticket in dq_semaphore, taken 0 -> 1 by compare-and-swap, published 2 once the store has completed;
-# the other CTAs' writers wait for 2 before adding). Calls where some query row gets no part (causal with
+# of its bytes: at batch x seqlen 16k, dim 2048, 128 MB of zeros, about 45 us of its 95), and the first CTA
+# to reach a Q block zeroes its rows while the main kernel computes (producer warp 2, otherwise idle: the Q
+# block's ticket in dq_semaphore taken 0 -> 1 by compare-and-swap, published 2 once the zeros are fenced;
+# the writers wait for 2 before their reduce-adds). Calls where some query row gets no part (causal with
 # seqlen_q > seqlen_k, windows, varlen) keep the zeroed accumulator (dq_first_covers).
+# Round 1 (session 18, rev 4608b7b, an earlier form: the first CTA's writer stored its dQ part by a tensor
+# bulk store, the others waited for the store to complete), x cuDNN heur -> dq_first, 2k / 4k: d128 bf16
+# non-causal 0.987 / 1.004 -> 1.007 / 1.002, causal 1.023 / 1.067 -> 1.071 / 1.109; fp16 non-causal 0.979 /
+# 1.008 -> 1.007 / 1.020, causal 1.005 / 1.059 -> 1.058 / 1.075; d256 (roles) bf16 non-causal 1.078 / 1.096
+# -> 1.028 / 1.046, causal 0.998 / 1.052 -> 1.023 / 1.030, fp16 non-causal 2k 1.084 -> 1.030 (the waits for
+# the store held the ring slot that d256 stages dQ in).
 # * HEURISTIC_DQ_FIRST, kernel head dims whose plain unordered dq_writer calls take it.
 HEURISTIC_DQ_FIRST: frozenset = frozenset()
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
@@ -758,9 +765,11 @@ class Sm90BwdConfig(KernelConfig):
                        "unordered calls (no deterministic, varlen, window, softcap, ALiBi, dropout, cluster) of "
                        "the head dim 128 tile with the dynamic scheduler or the head_dim=256 tile with roles "
                        "(at head dim 64 ptxas spills the bf16 non-causal kernel, 8 bytes, nvcc 13.0)")
-        if self.dq_first and (not self.dq_writer or self.deterministic or self.varlen or self.cluster):
-            out.append("dq_first: each Q block's first dQ part stored by the writer warp (no zeroed accumulator), "
-                       "with dq_writer, for fixed-length unordered calls (no deterministic, varlen or cluster)")
+        if self.dq_first and (not self.dq_writer or self.deterministic or self.varlen or self.cluster
+                              or self.BM % 64):
+            out.append("dq_first: the dQ accumulator zeroed in the main kernel (no zeroing preprocess), with "
+                       "dq_writer, for fixed-length unordered calls (no deterministic, varlen or cluster), BM 64 "
+                       "or 128")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -1231,9 +1240,8 @@ class Sm90Backward(Family):
 
 
 def dq_first_covers(problem: Problem) -> bool:
-    """Whether every query row of the call gets a dQ part from some K/V block (dq_first stores each
-    Q block's first part over an unzeroed accumulator, so a row that no K/V block adds to would keep
-    garbage): fixed lengths, unordered, no feature, and not causal or seqlen_q <= seqlen_k (under the
+    """Whether every query row of the call gets a dQ part from some K/V block (dq_first zeroes only
+    the Q blocks that some K/V block visits, so a row that no K/V block adds to would keep garbage): fixed lengths, unordered, no feature, and not causal or seqlen_q <= seqlen_k (under the
     bottom-right causal mask every query then sees key 0)."""
     return (not problem.features and not problem.deterministic and not is_varlen(problem)
             and problem.seqlen_k > 0 and (not problem.causal or problem.seqlen_q <= problem.seqlen_k))
