@@ -37,7 +37,7 @@ def main():
     cases = CASES[:2] if "--quick" in sys.argv else CASES
     for dtype, d, b, sq, sk, h, hkv, causal in cases:
         p = Problem("bwd", dtype, b, sq, sk, h, hkv, d, causal)
-        base = fam.for_problem(fam.heuristic(p, _gpu.arch()), p)
+        base = fam.for_problem(fam.heuristic(p, _gpu.arch()).replace(dq_first=False), p)
         cfg = fam.for_problem(base.replace(dq_first=True), p)
         assert cfg.dq_first and not cfg.problems(), cfg.name
         torch.manual_seed(0)

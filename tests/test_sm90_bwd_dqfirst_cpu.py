@@ -38,13 +38,17 @@ def heur(p):
     return FAM.for_problem(FAM.heuristic(p), p)
 
 
+def plain(p):
+    return heur(p).replace(dq_first=False)
+
+
 def dqf(p):
     return FAM.for_problem(FAM.heuristic(p).replace(dq_first=True), p)
 
 
 def test_field_name_template():
     p = problem()
-    cfg, base = dqf(p), heur(p)
+    cfg, base = dqf(p), plain(p)
     assert cfg.dq_first and cfg.problems() == [] and cfg.name == base.name + "_dqf"
     # kDqFirst last: kRoles, kDqConvert written out before it; the other kernels keep their name expressions
     assert cfg.kernel_name() == base.kernel_name()[:-1] + ", false, false, true>"
@@ -57,13 +61,13 @@ def test_field_name_template():
     pre = (kernel_dir() / "fa2_bwd.cu").read_text()
     assert "template <class Elem, bool kVarlen = false, bool kZeroDq = true>" in pre
     # the preprocess without the zeroing; the other kernels' names unchanged
-    names, plain = FAM.kernel_names(cfg), FAM.kernel_names(base)
+    names, plain_names = FAM.kernel_names(cfg), FAM.kernel_names(base)
     assert names["preprocess"] == "cuflash::fa2_bwd_preprocess<cuflash::bf16, false, false>"
-    assert plain["preprocess"] == "cuflash::fa2_bwd_preprocess<cuflash::bf16>"
+    assert plain_names["preprocess"] == "cuflash::fa2_bwd_preprocess<cuflash::bf16>"
     assert {k: v for k, v in names.items() if k not in ("main", "preprocess")} == \
-        {k: v for k, v in plain.items() if k not in ("main", "preprocess")}
+        {k: v for k, v in plain_names.items() if k not in ("main", "preprocess")}
     d256 = dqf(problem(256, True))
-    assert d256.roles and d256.kernel_name() == heur(problem(256, True)).kernel_name()[:-1] + ", false, true>"
+    assert d256.roles and d256.kernel_name() == plain(problem(256, True)).kernel_name()[:-1] + ", false, true>"
 
 
 def test_rules_and_for_problem():
@@ -90,19 +94,31 @@ def test_rules_and_for_problem():
 
 def test_plan_workspace():
     p = problem()
-    cfg, base = dqf(p), heur(p)
-    ws, plain = FAM.workspace(cfg, p), FAM.workspace(base, p)
-    assert "dq_semaphore" not in plain
+    cfg, base = dqf(p), plain(p)
+    ws, plain_ws = FAM.workspace(cfg, p), FAM.workspace(base, p)
+    assert "dq_semaphore" not in plain_ws
     rows = -(-p.seqlen_q // 128) * 128
-    assert ws["dq_semaphore"] == plain["total"] and ws["total"] >= plain["total"] + p.batch * p.nheads * rows // 16 * 4
+    assert ws["dq_semaphore"] == plain_ws["total"] and \
+        ws["total"] >= plain_ws["total"] + p.batch * p.nheads * rows // 16 * 4
     assert {k: v for k, v in ws.items() if k not in ("dq_semaphore", "total")} == \
-        {k: v for k, v in plain.items() if k != "total"}
+        {k: v for k, v in plain_ws.items() if k != "total"}
     assert [s.role for s in FAM.launches(cfg, p, 132)] == [s.role for s in FAM.launches(base, p, 132)]
 
 
 def test_heuristic_switch(monkeypatch):
-    assert sm90_bwd.HEURISTIC_DQ_FIRST <= {64, 128, 256}
-    monkeypatch.setattr(sm90_bwd, "HEURISTIC_DQ_FIRST", frozenset({64, 128, 256}))
+    # as shipped (session 18 round 3): d128 bf16 non-causal, d128 causal, up to 2k
+    assert sm90_bwd.HEURISTIC_DQ_FIRST == {(128, False, "bf16"), (128, True, "bf16"), (128, True, "fp16")}
+    assert sm90_bwd.DQ_FIRST_MAX_SEQLEN == 2048
+    for d, causal, dtype in itertools.product((64, 96, 128, 192, 256), (False, True), ("bf16", "fp16")):
+        on = d in (96, 128) and (causal or dtype == "bf16")
+        for s in (1024, 2048, 4096):
+            cfg = heur(problem(d, causal, dtype, seqlens=(s, s)))
+            assert cfg.dq_first == (on and s <= 2048) and cfg.problems() == [], (s, cfg.name)
+        assert not heur(problem(d, causal, dtype, deterministic=True)).dq_first
+        assert not heur(problem(d, causal, dtype, features=("window",), window=(128, 0))).dq_first
+        assert heur(problem(d, causal, dtype, seqlens=(1100, 1023))).dq_first == (on and not causal)
+    every = frozenset(itertools.product((64, 128, 256), (False, True), ("bf16", "fp16")))
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_DQ_FIRST", every)
     for d, causal, dtype in itertools.product((64, 128, 192, 256), (False, True), ("bf16", "fp16")):
         assert heur(problem(d, causal, dtype)).dq_first
         assert not heur(problem(d, causal, dtype, deterministic=True)).dq_first

@@ -58,7 +58,7 @@ def test_many_tiles_repeated_calls(d):
     contended); 3 calls of one plan."""
     p = Problem("bwd", "bf16", 2, 4097, 4097, 8, 2, d, False)
     cfg = with_dq_first(p)
-    base = FAM.for_problem(heuristic(p), p)
+    base = FAM.for_problem(heuristic(p).replace(dq_first=False), p)
     assert not base.dq_first
     q, k, v, dout = inputs(p)
     ref, low = reference_grads(q, k, v, dout, False, 1 / math.sqrt(d))

@@ -311,8 +311,15 @@ DQ_CONVERT_MAX_SEQLEN = 4096
 # 1.008 -> 1.007 / 1.020, causal 1.005 / 1.059 -> 1.058 / 1.075; d256 (roles) bf16 non-causal 1.078 / 1.096
 # -> 1.028 / 1.046, causal 0.998 / 1.052 -> 1.023 / 1.030, fp16 non-causal 2k 1.084 -> 1.030 (the waits for
 # the store held the ring slot that d256 stages dQ in).
-# * HEURISTIC_DQ_FIRST, kernel head dims whose plain unordered dq_writer calls take it.
-HEURISTIC_DQ_FIRST: frozenset = frozenset()
+# Round 3 (rev e08148d, this form; its 39 GPU tests passed, racecheck 0 hazards, synccheck 0 errors on
+# tests/sm90_bwd_dqfirst_sanitize.py --quick), x cuDNN at 2k, heur -> dq_first: d128 bf16 non-causal 0.992 ->
+# 1.004, causal 1.026 -> 1.060; fp16 non-causal 0.992 -> 0.983 (0.991 without dq_convert), causal 1.011 ->
+# 1.042; d256 bf16 non-causal 1.038 -> 1.005 (slower again: off at d256). Longer sequences not measured in
+# this form (the preprocess's saving is a fixed ~45 us: 3% at 2k, under 1% from 8k): capped at 2k.
+# * HEURISTIC_DQ_FIRST, (kernel head dim, causal, dtype): the classes whose plain unordered dq_writer calls
+#   take it, up to DQ_FIRST_MAX_SEQLEN.
+HEURISTIC_DQ_FIRST: frozenset = frozenset({(128, False, "bf16"), (128, True, "bf16"), (128, True, "fp16")})
+DQ_FIRST_MAX_SEQLEN = 2048
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
@@ -1106,7 +1113,8 @@ class Sm90Backward(Family):
                 and not problem.features and not det and not dqc.problems()):
             cfg = dqc                                   # (the head dim 128 dynamic / 256 roles kernels)
         dqf = cfg.replace(dq_first=True)
-        if d in HEURISTIC_DQ_FIRST and dq_first_covers(problem) and not dqf.problems():
+        if ((d, causal, dtype) in HEURISTIC_DQ_FIRST and problem.seqlen_q <= DQ_FIRST_MAX_SEQLEN
+                and dq_first_covers(problem) and not dqf.problems()):
             cfg = dqf
         if tuple(problem.features) == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
