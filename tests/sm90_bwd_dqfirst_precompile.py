@@ -13,34 +13,18 @@ import time
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_here, os.path.dirname(_here)]  # this folder; cuflash from the checkout
 
-from cuflash import _gpu, registry, select  # noqa: E402
+from cuflash import _gpu, select  # noqa: E402
 from cuflash.compile import precompile  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 
-HEADS = {"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)}   # test_sm90_bwd_gpu.HEADS
-SHAPES = [(1, 1), (17, 17), (113, 113), (1023, 1023), (2049, 2049), (113, 301), (301, 113)]
 CLASSES = [(128, "bf16", False), (128, "fp16", True), (256, "bf16", True), (256, "fp16", False), (64, "bf16", True)]
 
 
 def test_configs():
-    arch, name, smem = _gpu.arch(), _gpu.name(), _gpu.max_smem()
-    fam = registry.get("sm90_bwd")
-    out = []
+    from sm90_bwd_dqconv_precompile import flag_configs
 
-    def add(p, dq_first=True):
-        out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(dq_first=dq_first), p))
-        out.append(select.choose(p.replace(op="fwd", deterministic=False), arch, name, smem)[1])
-
-    for d, dtype, causal in CLASSES:
-        for i, (sq, sk) in enumerate(SHAPES):
-            h, hkv = list(HEADS.values())[i % len(HEADS)]
-            add(Problem("bwd", dtype, 2, sq, sk, h, hkv, d, causal))
-    for d in (64, 128, 256):
-        p = Problem("bwd", "bf16", 2, 4097, 4097, 8, 2, d, False)
-        add(p)
-        add(p, False)
-    add(Problem("bwd", "bf16", 2, 257, 257, 4, 2, 128, True))
-    return out
+    many = [(Problem("bwd", "bf16", 2, 4097, 4097, 8, 2, d, False), on) for d in (64, 128, 256) for on in (True, False)]
+    return flag_configs("dq_first", CLASSES, many + [(Problem("bwd", "bf16", 2, 257, 257, 4, 2, 128, True), True)])
 
 
 def timing_configs(hdims, dtypes, seqlens, variants, causals=(False, True)):
