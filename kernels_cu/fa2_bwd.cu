@@ -106,7 +106,10 @@ __device__ __forceinline__ bool rows_16b(const BwdParams& p) {
            && base % 16 == 0;
 }
 
-template <class Elem, bool kVarlen = false>
+// kZeroDq (appended; true: every kernel before it): false for sm90_bwd's dq_first, whose main
+// kernel stores each Q block's first dQ part instead of adding it (the accumulator is not zeroed
+// here; its per-Q-block tickets, dq_semaphore, are, as the deterministic turn counters)
+template <class Elem, bool kVarlen = false, bool kZeroDq = true>
 __global__ void __launch_bounds__(kPrepThreads)
 fa2_bwd_preprocess(const BwdParams p) {
     const int head = blockIdx.y, batch = blockIdx.z;
@@ -162,7 +165,7 @@ fa2_bwd_preprocess(const BwdParams p) {
                     d_o_c[k] = *reinterpret_cast<const u32x4*>(d_o + col);
                 }
             }
-            if (k0 == 0) zero_dq();
+            if (kZeroDq && k0 == 0) zero_dq();
 #pragma unroll
             for (int k = 0; k < kPrepGroupChunks; ++k) {
                 if (live && 8 * (kPrepRowThreads * (k0 + k) + g) < p.head_dim) {
@@ -187,7 +190,7 @@ fa2_bwd_preprocess(const BwdParams p) {
         if (g == 0 && r < rows) store_row(r, lane_D[0] + lane_D[1]);
     } else {
         // any strides: a warp per row, lane L adding columns L, L+32, ... (the order above)
-        zero_dq();
+        if constexpr (kZeroDq) zero_dq();
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         for (int r = warp; r < rows; r += kPrepThreads / 32) {
             const int row = row0 + r;

@@ -21,7 +21,7 @@
 // the grouped order of fa2_bwd instead (sm90_bwd_lpt_tile: K/V block 0 of a few pairs, then
 // block 1, ...), which keeps both properties and evens out the causal tail.
 //
-// Producer (warp 0 of warpgroup 0; the other 3 warps exit, but for kDqWriter's warp 1): lane 0
+// Producer (warp 0 of warpgroup 0; the other 3 warps exit, but for kDqWriter's warp 1 and kDqFirst's warp 2): lane 0
 // issues the TMA copies, K_j and V_j once (one barrier, kv_full), then per Q block Q_i and dO_i into one slot of a ring of
 // kStages slots; the 32 lanes copy the block's rows of LSE·log2e and D (kBM / 2 chunks of 16
 // bytes) by cp.async into the same slot, wait for them, and arrive on the slot's q_full.
@@ -162,6 +162,13 @@
 //              without it ptxas copies one of them after the fence and injects a warpgroup.arrive
 //              before each of dV's k16 steps (C7519), each step then its own group, so the wait
 //              for dPᵀ also waits for 3 of dV's 4 steps
+//   kDqFirst   (appended last; with kDqWriter, fixed lengths, unordered) the dQ accumulator is not
+//              zeroed by the preprocess (fa2_bwd_preprocess<Elem, false, false>, half its bytes): the
+//              first CTA to reach a Q block zeroes its rows (producer warp 2, otherwise idle, ahead of
+//              the writer's additions; the Q block's ticket in dq_semaphore), during the main kernel's
+//              compute. Only
+//              rows some K/V block adds to are zeroed: the host's dq_first_covers (not causal with
+//              seqlen_q > seqlen_k, windows)
 //
 // Head dim 256 (kSharedKeys: kBN 64 with 2 consumers, kBM 64; Sm90BwdShape). dK_j, dV_j of 64
 // keys x 256 fp32 would take 256 registers per thread in one warpgroup, so both warpgroups take
@@ -595,7 +602,8 @@ __device__ __forceinline__ void sm90_bwd_convert_dq_job(const Sm90BwdParams& p, 
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
-          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles, bool kDqConvert>
+          bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles, bool kDqConvert,
+          bool kDqFirst>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -641,6 +649,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     static_assert(!kDqConvert || (kDqWriter && !kVarlen && !kDeterministic && !kCluster),
                   "dq_convert: with dq_writer (its counts follow the writer's bulk additions), fixed lengths, "
                   "unordered, one CTA a cluster");
+    static_assert(!kDqFirst || (kDqWriter && !kVarlen && !kDeterministic && !kCluster && kBM % 64 == 0),
+                  "dq_first: with dq_writer (its warp zeroes the Q blocks' rows), fixed lengths, unordered, one "
+                  "CTA a cluster, BM 64 or 128 (whole Q blocks within the padded rows)");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
                   "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
     // BM 80 (head dim 128, 2 consumers; FA3's non-causal tile): 80 queries are not a whole wgmma m
@@ -678,7 +689,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     // barriers (mbarriers here, one arrival: the writer's, once the bulk op has read the tile; an
     // arrival that no wait follows is harmless, unlike a named barrier's at the end of the CTA)
     const u32 kv_empty = bars + 8u * (1 + 2 * kStages);
-    using Ring = Sm90BwdTileRing<kConsumers * 128 + (kDqWriter ? 32 : 0)>;
+    using Ring = Sm90BwdTileRing<kConsumers * 128 + (kDqWriter ? 32 : 0) + (kDqFirst ? 32 : 0)>;   // (its takers)
     Ring ring;
     constexpr int kRingOffset = Shape::kBarOffset + 8 * (4 + 2 * kStages);   // its 4 mbarriers, then 2 slots
     static_assert(!kDynamic || kRingOffset + 8 * 4 + 24 == Shape::kBarEnd, "the ring's slots end the barrier area");
@@ -717,6 +728,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
         if (key0 >= seq.seqlen_k) return;
     // first row of (batch, head) in the fp32 workspace (lse_log2, D; dq_accum in rows of
     // head_dim_rounded floats); kVarlen: within head `head`'s ws_rows rows (for tma_dq)
+    // kDqFirst: the ticket of Q block m_block of this tile's pair (fixed lengths: pair is bh)
+    auto dq_ticket = [&](int m_block) { return p.dq_semaphore + pair * (p.seqlen_q_rounded / 16) + m_block; };
     auto ws_row0 = [&]() -> i64 {
         return kVarlen ? ws_row_offset<kVarlen>(p, batch, head, seq) : bh * p.seqlen_q_rounded;
     };
@@ -805,6 +818,10 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         const u32 tile = smem + DqW::kOffset + buf * DqW::kTileBytes;
                         const u32 slot_off = kSlotDq ? u32(q % kStages) * Shape::kQBytes : 0u;
                         const int row0 = m_block_at(it) * kBM;
+                        if constexpr (kDqFirst) {   // the Q block's rows zeroed (warp 2's zero_rows, here or in another CTA)
+                            while (ld_acquire_gpu(dq_ticket(m_block_at(it))) != 2) {}
+                            fence_proxy_async_global();         // the zeros before these additions
+                        }
 #pragma unroll
                         for (int b = 0; b < kHeadDim / 32; ++b) {
                             u32 src = tile + b * DqW::kBoxBytes;
@@ -844,6 +861,35 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             }
             if (leader) bulk_wait_group<0>();                   // the additions done before the CTA ends
             if constexpr (kDqConvert) named_barrier_arrive(kConvBar, kConsumerThreads + 32);   // last tile counted
+        } else if (kDqFirst && tid / 32 == 2 && (kDynamic || n_iters > 0)) {
+            // ---- kDqFirst's zeroing warp (warp 2): the accumulator is not zeroed by the preprocess;
+            // the first CTA to reach a Q block zeroes its rows. The Q block's ticket (dq_semaphore[pair]
+            // [m_block], zeroed by the preprocess): 0 untouched, 1 being zeroed, 2 zeroed. This warp goes
+            // through its tile's Q blocks in order (kDynamic: every tile it takes, as the writer),
+            // takes each ticket 0 -> 1 by compare-and-swap, and the winner's 32 lanes store the zeros,
+            // fence, and lane 0 publishes 2. The writers wait for 2 before their reduce-adds: long set
+            // by then (this warp does no other work, the first addition follows a Q block's compute),
+            // and a ticket at 1 is in a zeroing that waits for nothing.
+            const int lane = tid % 32;
+            for (;;) {
+                for (int it = 0; it < n_iters; ++it) {
+                    const int m_block = m_block_at(it);
+                    int won = lane == 0 ? int(atomicCAS(dq_ticket(m_block), 0, 1) == 0) : 0;
+                    if (__shfl_sync(0xffffffffu, won, 0)) {
+                        float4* rows = reinterpret_cast<float4*>(p.dq_accum)
+                                       + (i64(pair) * p.seqlen_q_rounded + m_block * kBM) * (kHeadDim / 4);
+                        for (int i = lane; i < kBM * kHeadDim / 4; i += 32) rows[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+                        __threadfence();
+                        __syncwarp();
+                        if (lane == 0) atomicExch(dq_ticket(m_block), 2);
+                    }
+                }
+                if constexpr (!kDynamic) break;
+                const Sm90BwdTile next = ring_take();
+                if (next.n_block < 0) break;
+                enter_tile(next);
+                tile_range();
+            }
         } else if (tid < 32 && (kDynamic || n_iters > 0)) {
             const int lane = tid;
             if (kDynamic && lane > 0) return;                  // kDynamic: lane 0 issues everything
@@ -1875,12 +1921,12 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
           bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false,
-          bool kFragPin = false, bool kRoles = false, bool kDqConvert = false>
+          bool kFragPin = false, bool kRoles = false, bool kDqConvert = false, bool kDqFirst = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
-                  kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles, kDqConvert>(p);
+                  kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles, kDqConvert, kDqFirst>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the
@@ -1896,7 +1942,7 @@ sm90_bwd_cluster(const __grid_constant__ Sm90BwdParams p) {
     static_assert(kClusterSize == 2, "sm90_bwd_cluster: clusters of 2 CTAs");
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, true,
-                  kSAhead, false, false, false, false, kRoles, false>(p);
+                  kSAhead, false, false, false, false, kRoles, false, false>(p);
 }
 #endif
 

@@ -12,6 +12,12 @@ in one process, bf16 and fp16, head dims 64 / 128 / 256 (and 192, run by the d25
     nodqc    the heuristic's kernel without dq_convert, where the heuristic has it (HEURISTIC_DQ_CONVERT)
     static   head dim 128: the plain grid (one CTA per K/V block) instead of the dynamic scheduler
     split    head dims 192 / 256: the query split (dq_writer, no roles), the kernel before roles
+    dqf      dq_first (kDqFirst, session 18): the preprocess does not zero the dQ accumulator (half its
+             bytes); the first CTA to reach a Q block zeroes its rows in the main kernel (producer warp 2)
+    dqf_nodqc  dq_first without dq_convert, where the heuristic has dq_convert
+    nodqf    the heuristic's kernel without dq_first, where the heuristic has it (HEURISTIC_DQ_FIRST)
+    lpt, dqf_lpt  head dims 192 / 256, causal: the longest-first launch order (kLpt) with roles (measured
+             before roles only: HEURISTIC_D256_LPT), without / with dq_first
 
 --breakdown adds the GPU time per kernel role (preprocess / main / dQ convert; torch.profiler, mean of 3
 calls) of heur, dqc and cuDNN at each case. Every kernel is compiled first in parallel processes
@@ -55,6 +61,11 @@ VARIANTS = {
     "nodqc": lambda c: c.replace(dq_convert=False) if c.dq_convert else None,
     "static": lambda c: c.replace(dynamic=False, frag_pin=False, dq_convert=False) if c.head_dim == 128 else None,
     "split": lambda c: c.replace(roles=False, dq_convert=False) if c.head_dim == 256 else None,
+    "dqf": lambda c: c.replace(dq_first=True),
+    "dqf_nodqc": lambda c: c.replace(dq_first=True, dq_convert=False) if c.dq_convert else None,
+    "nodqf": lambda c: c.replace(dq_first=False) if c.dq_first else None,
+    "lpt": lambda c: c.replace(lpt=True) if c.causal and c.head_dim == 256 else None,
+    "dqf_lpt": lambda c: c.replace(lpt=True, dq_first=True) if c.causal and c.head_dim == 256 else None,
 }
 DEFAULT_VARIANTS = ("heur", "dqc")
 
@@ -127,7 +138,7 @@ def main():
                              mismatch=bool(flag)))
         summary.append(f"{case:<26} " + "  ".join(line) + "   (x cuDNN, b2b)")
         if args.breakdown:
-            for name in [n for n in ("heur", "dqc", "nodqc") if n in fns] + ["cudnn"]:
+            for name in [n for n in ("heur", "dqc", "nodqc", "dqf", "nodqf") if n in fns] + ["cudnn"]:
                 roles = by_role(kernel_times(fns[name], 3))
                 print(f"{case:<26} {name:<8} GPU us by role: {roles}", flush=True)
                 rows.append(dict(dtype=dtype, hdim=d, causal=causal, seqlen=s, variant=name, breakdown_us=roles))

@@ -20,26 +20,25 @@ SHAPES = [(1, 1), (17, 17), (113, 113), (1023, 1023), (2049, 2049), (113, 301), 
 CLASSES = [(128, "bf16", False), (128, "fp16", True), (256, "bf16", True), (256, "fp16", False)]
 
 
-def test_configs():
+def flag_configs(flag, classes, extra=()):
+    """The heuristic's kernels with config field `flag` on at the odd shapes of `classes` ((kernel head dim,
+    dtype, causal): SHAPES, MHA / GQA / MQA in turn) and at the problems `extra` ((problem, on) pairs), and
+    the forwards selection picks there (tests/test_sm90_bwd_dqconv_gpu.py's, and dq_first's)."""
     arch, name, smem = _gpu.arch(), _gpu.name(), _gpu.max_smem()
     fam = registry.get("sm90_bwd")
+    problems = [(Problem("bwd", dtype, 2, sq, sk, *list(HEADS.values())[i % len(HEADS)], d, causal), True)
+                for d, dtype, causal in classes for i, (sq, sk) in enumerate(SHAPES)]
     out = []
-
-    def add(p, dq_convert=True):
-        out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(dq_convert=dq_convert), p))
+    for p, on in problems + list(extra):
+        out.append(fam.for_problem(fam.heuristic(p, arch, smem).replace(**{flag: on}), p))
         out.append(select.choose(p.replace(op="fwd", deterministic=False), arch, name, smem)[1])
-
-    for d, dtype, causal in CLASSES:
-        for i, (sq, sk) in enumerate(SHAPES):
-            h, hkv = list(HEADS.values())[i % len(HEADS)]
-            add(Problem("bwd", dtype, 2, sq, sk, h, hkv, d, causal))
-    add(Problem("bwd", "bf16", 2, 1023, 1100, 4, 2, 192, True))
-    for d in (128, 256):
-        p = Problem("bwd", "bf16", 2, 4097, 4097, 8, 2, d, True)
-        add(p)
-        add(p, False)
-    add(Problem("bwd", "bf16", 2, 1023, 1100, 4, 2, 128, False, True))
     return list(dict.fromkeys(out))
+
+
+def test_configs():
+    many = [(Problem("bwd", "bf16", 2, 4097, 4097, 8, 2, d, True), on) for d in (128, 256) for on in (True, False)]
+    return flag_configs("dq_convert", CLASSES, [(Problem("bwd", "bf16", 2, 1023, 1100, 4, 2, 192, True), True)] + many
+                        + [(Problem("bwd", "bf16", 2, 1023, 1100, 4, 2, 128, False, True), True)])
 
 
 def timing_configs(d192=False, long=False):

@@ -42,14 +42,22 @@ def test_preprocess_launch(family, seqlen_q):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_workspace_layout_unchanged(family):
     """lse_log2, D: (batch, nheads, seqlen_q_rounded) fp32; dq_accum (batch, nheads,
-    seqlen_q_rounded, head_dim); pieces 256-byte aligned, in this order."""
+    seqlen_q_rounded, head_dim); pieces 256-byte aligned, in this order. (sm90_bwd's dq_first, on in
+    its heuristic here, adds its tickets after them: int32 (batch, nheads, seqlen_q_rounded / 16).)"""
     fam = registry.get(family)
     p = Problem("bwd", "bf16", 2, 300, 200, 4, 4, 128, False)
     cfg = fam.for_problem(fam.heuristic(p, (9, 0), 227 * 1024), p)
+    tickets = getattr(cfg, "dq_first", False)
+    if tickets:
+        cfg = cfg.replace(dq_first=False)
     ws = fam.workspace(cfg, p)
     bh, rows = 8, 384
     assert ws["lse_log2"] == 0 and ws["D"] == bh * rows * 4
     assert ws["dq_accum"] == 2 * bh * rows * 4 and ws["total"] == 2 * bh * rows * 4 + bh * rows * 128 * 4
+    assert tickets == (family == "sm90_bwd")
+    if tickets:
+        with_tickets = fam.workspace(cfg.replace(dq_first=True), p)
+        assert with_tickets == dict(ws, dq_semaphore=ws["total"], total=ws["total"] + bh * rows // 16 * 4)
 
 
 # ---------------------------------------------------------------------------------------

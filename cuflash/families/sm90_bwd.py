@@ -83,6 +83,11 @@ the heuristic's for bf16 (FEATURE_SCHED, measured). Tried and removed (session 1
 thread words holding Pᵀ ∘ (1 - t²) so that dSᵀ reads one word and no Pᵀ fragment): measured slower (round 2,
 bf16 d128 8k, backward x the plain call's, full / causal: 1.110 / 1.085 without it, 1.189 / 1.184 with it;
 logs/session18_feat6/r2), and it changed the family's code stamp.
+dq_first (_dqf, kDqFirst, session 18; with dq_writer, fixed-length unordered calls where every query row gets
+a dQ part: dq_first_covers): the preprocess does not zero the fp32 dQ accumulator (fa2_bwd_preprocess's
+kZeroDq false: half its bytes); the first CTA to reach a Q block zeroes its rows during the main kernel
+(producer warp 2; a per-Q-block ticket in dq_semaphore's place, which the writer checks before its
+reduce-adds). HEURISTIC_DQ_FIRST; outside the tuning space.
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB elsewhere.
 """
 from __future__ import annotations
@@ -326,6 +331,27 @@ HEURISTIC_STAGES3 = frozenset()
 #   1.043 -> 0.996 / 1.049, non-causal 1.011 / 1.011 -> 1.025 / 1.032: mixed, so the 4k cap stays.
 HEURISTIC_DQ_CONVERT = frozenset({(128, True, "bf16"), (128, True, "fp16"), (128, False, "fp16")})
 DQ_CONVERT_MAX_SEQLEN = 4096
+# dq_first (kDqFirst, name _dqf, session 18): the preprocess leaves the fp32 dQ accumulator unzeroed (half
+# of its bytes: at batch x seqlen 16k, dim 2048, 128 MB of zeros, about 45 us of its 95), and the first CTA
+# to reach a Q block zeroes its rows while the main kernel computes (producer warp 2, otherwise idle: the Q
+# block's ticket in dq_semaphore taken 0 -> 1 by compare-and-swap, published 2 once the zeros are fenced;
+# the writers wait for 2 before their reduce-adds). Calls where some query row gets no part (causal with
+# seqlen_q > seqlen_k, windows, varlen) keep the zeroed accumulator (dq_first_covers).
+# Round 1 (session 18, rev 4608b7b, an earlier form: the first CTA's writer stored its dQ part by a tensor
+# bulk store, the others waited for the store to complete), x cuDNN heur -> dq_first, 2k / 4k: d128 bf16
+# non-causal 0.987 / 1.004 -> 1.007 / 1.002, causal 1.023 / 1.067 -> 1.071 / 1.109; fp16 non-causal 0.979 /
+# 1.008 -> 1.007 / 1.020, causal 1.005 / 1.059 -> 1.058 / 1.075; d256 (roles) bf16 non-causal 1.078 / 1.096
+# -> 1.028 / 1.046, causal 0.998 / 1.052 -> 1.023 / 1.030, fp16 non-causal 2k 1.084 -> 1.030 (the waits for
+# the store held the ring slot that d256 stages dQ in).
+# Round 3 (rev e08148d, this form; its 39 GPU tests passed, racecheck 0 hazards, synccheck 0 errors on
+# tests/sm90_bwd_dqfirst_sanitize.py --quick), x cuDNN at 2k, heur -> dq_first: d128 bf16 non-causal 0.992 ->
+# 1.004, causal 1.026 -> 1.060; fp16 non-causal 0.992 -> 0.983 (0.991 without dq_convert), causal 1.011 ->
+# 1.042; d256 bf16 non-causal 1.038 -> 1.005 (slower again: off at d256). Longer sequences not measured in
+# this form (the preprocess's saving is a fixed ~45 us: 3% at 2k, under 1% from 8k): capped at 2k.
+# * HEURISTIC_DQ_FIRST, (kernel head dim, causal, dtype): the classes whose plain unordered dq_writer calls
+#   take it, up to DQ_FIRST_MAX_SEQLEN.
+HEURISTIC_DQ_FIRST: frozenset = frozenset({(128, False, "bf16"), (128, True, "bf16"), (128, True, "fp16")})
+DQ_FIRST_MAX_SEQLEN = 2048
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
@@ -450,6 +476,7 @@ class Sm90BwdConfig(KernelConfig):
     frag_pin: bool = False
     roles: bool = False
     dq_convert: bool = False
+    dq_first: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -470,7 +497,7 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_ds2' if self.ds_double else ''}{'_cl2' if self.cluster else ''}{'_sah' if self.s_ahead else ''}"
                 f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
                 f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}"
-                f"{'_dqc' if self.dq_convert else ''}")
+                f"{'_dqc' if self.dq_convert else ''}{'_dqf' if self.dq_first else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -641,7 +668,7 @@ class Sm90BwdConfig(KernelConfig):
                     + (f", {b(self.roles)}, {b(self.s_ahead)}" if self.roles or self.s_ahead else "") + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
         tail = (self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.frag_pin or self.roles
-                or self.dq_convert)
+                or self.dq_convert or self.dq_first)
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -655,12 +682,14 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
         feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
         feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
-        later2 = self.dk_late or self.frag_pin or self.roles or self.dq_convert
+        later2 = self.dk_late or self.frag_pin or self.roles or self.dq_convert or self.dq_first
+        later3 = self.roles or self.dq_convert or self.dq_first
         feats += f", {b(self.q_rotate)}" if self.q_rotate or later2 else ""                   # kQRotate
         feats += f", {b(self.dk_late)}" if later2 else ""                                     # kDkLate
-        feats += f", {b(self.frag_pin)}" if self.frag_pin or self.roles or self.dq_convert else ""   # kFragPin
-        feats += f", {b(self.roles)}" if self.roles or self.dq_convert else ""                # kRoles
-        feats += ", true" if self.dq_convert else ""                                          # kDqConvert last
+        feats += f", {b(self.frag_pin)}" if self.frag_pin or later3 else ""                  # kFragPin
+        feats += f", {b(self.roles)}" if later3 else ""                                       # kRoles
+        feats += f", {b(self.dq_convert)}" if self.dq_convert or self.dq_first else ""        # kDqConvert
+        feats += ", true" if self.dq_first else ""                                            # kDqFirst last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -672,7 +701,7 @@ class Sm90BwdConfig(KernelConfig):
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
                 self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.frag_pin,
-                self.roles, self.dq_convert)
+                self.roles, self.dq_convert, self.dq_first)
 
     def _problems(self) -> list[str]:
         out = []
@@ -797,6 +826,11 @@ class Sm90BwdConfig(KernelConfig):
                        "unordered calls (no deterministic, varlen, window, softcap, ALiBi, dropout, cluster) of "
                        "the head dim 128 tile with the dynamic scheduler or the head_dim=256 tile with roles "
                        "(at head dim 64 ptxas spills the bf16 non-causal kernel, 8 bytes, nvcc 13.0)")
+        if self.dq_first and (not self.dq_writer or self.deterministic or self.varlen or self.cluster
+                              or self.BM % 64):
+            out.append("dq_first: the dQ accumulator zeroed in the main kernel (no zeroing preprocess), with "
+                       "dq_writer, for fixed-length unordered calls (no deterministic, varlen or cluster), BM 64 "
+                       "or 128")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -1066,6 +1100,8 @@ class Sm90Backward(Family):
             config = lighter if not lighter.bm128_spills() else lighter.replace(BM=64, overlap_sdp=config.overlap_sdp)
         if config.dq_convert and (problem.features or any("dq_convert" in w for w in config.problems())):
             config = config.replace(dq_convert=False)  # a speed choice: plain calls on the dynamic scheduler only
+        if config.dq_first and (not dq_first_covers(problem) or any("dq_first" in w for w in config.problems())):
+            config = config.replace(dq_first=False)    # rows no K/V block adds to need the zeroed accumulator
         return config
 
     def _fields(self, config):
@@ -1075,19 +1111,20 @@ class Sm90Backward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late",
-                               "frag_pin", "roles", "dq_convert")
+                               "frag_pin", "roles", "dq_convert", "dq_first")
                          and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without dynamic or ds_double (tuned tables and recorded studies
         from before the flags) gets them off."""
-        for flag in ("dynamic", "ds_double", "dq_early", "q_rotate", "dk_late", "frag_pin", "roles", "dq_convert"):
+        for flag in ("dynamic", "ds_double", "dq_early", "q_rotate", "dk_late", "frag_pin", "roles", "dq_convert",
+                     "dq_first"):
             if flag not in point and flag in self.space:
                 point = {**point, flag: False}
         # s_ahead left the space (refused: serialized); a recorded point that has it keeps its value
         # (True: a config that problems() refuses)
         # (dq_convert likewise while it is outside the space)
-        out = {k: bool(point.get(k, False)) for k in ("s_ahead", "dq_convert") if k not in self.space}
+        out = {k: bool(point.get(k, False)) for k in ("s_ahead", "dq_convert", "dq_first") if k not in self.space}
         cfg = super().make({k: v for k, v in point.items() if k not in out}, problem)
         return cfg.replace(**{k: v for k, v in out.items() if v}) if any(out.values()) else cfg
 
@@ -1148,6 +1185,10 @@ class Sm90Backward(Family):
         if ((d, causal, dtype) in HEURISTIC_DQ_CONVERT and problem.seqlen_q <= DQ_CONVERT_MAX_SEQLEN
                 and not problem.features and not det and not dqc.problems()):
             cfg = dqc                                   # (the head dim 128 dynamic / 256 roles kernels)
+        dqf = cfg.replace(dq_first=True)
+        if ((d, causal, dtype) in HEURISTIC_DQ_FIRST and problem.seqlen_q <= DQ_FIRST_MAX_SEQLEN
+                and dq_first_covers(problem) and not dqf.problems()):
+            cfg = dqf
         feats = tuple(problem.features)
         if feats == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
@@ -1162,16 +1203,25 @@ class Sm90Backward(Family):
 
     def kernel_names(self, config) -> dict:
         targs = f"cuflash::{config.dtype}" + (", true" if config.varlen else "")   # fa2_bwd's kVarlen
+        # dq_first: the preprocess without the accumulator's zeroing (kZeroDq false; never varlen)
+        pre = f"cuflash::{config.dtype}, false, false" if config.dq_first else targs
         return {"main": config.kernel_name(),
-                "preprocess": f"cuflash::fa2_bwd_preprocess<{targs}>",
+                "preprocess": f"cuflash::fa2_bwd_preprocess<{pre}>",
                 "convert_dq": f"cuflash::fa2_bwd_convert_dq<{targs}>",
                 "reduce_dkv": f"cuflash::fa2_bwd_reduce_dkv<{targs}>"}
 
     def workspace(self, config, problem: Problem, strides: Optional[dict] = None) -> dict:
         """fa2_bwd's workspace (the shared kernels read it): fp32 lse_log2, D, dQ accumulators
         (head_dim_rounded = the kernel's head dim), dK/dV ones under GQA, dQ turn counters when
-        deterministic, and dout_copy when TMA cannot read dout in place."""
-        return FA2Backward.workspace(self, config, problem, strides)
+        deterministic, and dout_copy when TMA cannot read dout in place; with dq_first the
+        per-Q-block tickets in dq_semaphore's place (int32, seqlen_q_rounded / 16 a pair, zeroed by
+        the preprocess), after the rest."""
+        ws = FA2Backward.workspace(self, config, problem, strides)
+        if config.dq_first and "dq_semaphore" not in ws:
+            rows = -(-problem.seqlen_q // ROW_PAD) * ROW_PAD
+            ws["dq_semaphore"] = ws["total"]
+            ws["total"] += -(-(problem.batch * problem.nheads * (rows // 16) * 4) // 256) * 256
+        return ws
 
     def launches(self, config, problem: Problem, sm_count: int) -> list:
         p = problem
@@ -1276,6 +1326,14 @@ class Sm90Backward(Family):
             buf[dq_off:dq_off + 128] = blob
 
         return write_dq
+
+
+def dq_first_covers(problem: Problem) -> bool:
+    """Whether every query row of the call gets a dQ part from some K/V block (dq_first zeroes only
+    the Q blocks that some K/V block visits, so a row that no K/V block adds to would keep garbage): fixed lengths, unordered, no feature, and not causal or seqlen_q <= seqlen_k (under the
+    bottom-right causal mask every query then sees key 0)."""
+    return (not problem.features and not problem.deterministic and not is_varlen(problem)
+            and problem.seqlen_k > 0 and (not problem.causal or problem.seqlen_q <= problem.seqlen_k))
 
 
 def lpt_tile(tile: int, n_kv: int, n_pairs: int, group: int) -> tuple:
