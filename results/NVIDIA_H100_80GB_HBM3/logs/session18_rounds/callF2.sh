@@ -8,7 +8,7 @@ nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,driver_version --format=cs
 cat REV > $L/rev.txt
 R=$OUT/res; mkdir -p $R
 step() { local name=$1 t=$2; shift 2; timeout "$t" "$@" > $L/$name.log 2>&1; echo "$name rc=$? at $(el)s :: $(tail -1 $L/$name.log | cut -c1-150)" >> $L/steps.log; }
-step fwdbwd 230 python3 -m cuflash bench --mode fwdbwd --dtypes bf16 fp16 --hdims 64 128 256 --seqlens 2048 4096 8192 16384 --out $R
+step fwdbwd 265 python3 -m cuflash bench --mode fwdbwd --dtypes bf16 fp16 --hdims 64 128 256 --seqlens 2048 4096 8192 16384 --out $R
 step fwd 120 python3 -m cuflash bench --mode fwd --dtypes bf16 fp16 --hdims 64 128 256 --seqlens 2048 4096 8192 16384 --out $R
 step decode 50 python3 -m cuflash bench --mode decode --out $R
 step overhead 30 python3 -m cuflash bench --mode overhead --out $R
