@@ -657,9 +657,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     float m[1][2];  // running row max of the raw scores S (not yet scaled)
     float l[1][2];  // running row sum of P, this thread's columns only
     // kFoldCap 3, 4 with the fixed max (kRoundedL): the running row sum of P as rounded for the P V
-    // GEMM, O's normalizer (l keeps the LSE's; softmax_fold.cuh add_rounded)
+    // GEMM, O's normalizer (l keeps the LSE's; softmax_fold.cuh add_rounded). Not with ALiBi: its
+    // scores take the row-max step (softmax_s), which sums l only
     float lr[1][2];
-    constexpr bool kRoundedL = kFoldCap >= 3;
+    constexpr bool kRoundedL = kFoldCap >= 3 && !kAlibi;
     auto rounded_l = [&]() { return kRoundedL && p.softcap_fixed_m <= 1.f; };   // (uniform per launch)
     float (&o_flat)[kOCols / 2] = reinterpret_cast<float (&)[kOCols / 2]>(o_acc);
     float s_acc[1][kBN / 8][4];                            // S_j (64 x BN), then P_j (fp32)
