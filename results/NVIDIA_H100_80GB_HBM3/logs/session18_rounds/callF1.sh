@@ -2,12 +2,8 @@
 # session 18 final round F1 at the merged main: precompile, GPU tests (core heuristic grid + every merged
 # branch's tests), sanitizers (memcheck every family + the new default paths; racecheck; synccheck)
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" CUPY_CACHE_DIR=/tmp/cupy_cache
-L=$OUT/logs; mkdir -p $L; S=$(date +%s); el() { echo $(( $(date +%s) - S )); }
+source results/NVIDIA_H100_80GB_HBM3/scripts/round_env.sh
 X=results/NVIDIA_H100_80GB_HBM3/logs/session18_rounds
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,driver_version --format=csv > $L/gpu.txt 2>&1
-cat REV > $L/rev.txt 2>/dev/null
-bg() { local name=$1 t=$2; shift 2; ( timeout "$t" "$@" > $L/$name.log 2>&1; echo "$name rc=$? at $(el)s :: $(tail -1 $L/$name.log | cut -c1-150)" >> $L/steps.log ) & }
 # phase 1: precompiles in parallel
 bg pre_core 120 python3 tests/gpu_precompile.py --no-space --processes 6
 bg pre_d128 120 python3 tests/sm90_bwd_d128_precompile.py --no-tests --grid --d64 --rot
