@@ -9,6 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import cuflash  # noqa: E402
 from cuflash import decode  # noqa: E402
 
 SCALARS = (None, False, (-1, -1), 0.0, True, 0)
@@ -127,10 +128,16 @@ def test_kvcache_returns_out_alone_through_the_no_lse_run(monkeypatch):
     assert seen == [False, True]
 
 
-def test_host_profile_script_runs():
+def test_host_profile_script_runs(monkeypatch):
+    """The script stubs the GPU queries and the launch (setattr, for good: it is a script); here
+    through monkeypatch, so that no later test meets a stubbed cuflash._gpu.require."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import decode_host_profile
 
+    stub = decode_host_profile.stub_gpu
+    monkeypatch.setattr(decode_host_profile, "stub_gpu",
+                        lambda pkg=cuflash, monkeypatch_attr=None: stub(pkg, monkeypatch.setattr))
+    monkeypatch.setattr(decode, "_gpu_plans", {})   # its plans hold the stubbed kernels
     decode_host_profile.main(["--calls", "20", "--rounds", "1"])
 
 
