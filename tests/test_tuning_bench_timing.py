@@ -136,6 +136,10 @@ def test_tune_with_candidates_compiles_and_measures_the_fixed_lists(monkeypatch,
     from cuflash.families import sm90_fwd
 
     monkeypatch.setattr(sm90_fwd, "HEURISTIC_STREAM_TAIL", frozenset())
+    # the same for the backward's dq_first (the heuristic's up to 2k, outside the space)
+    from cuflash.families import sm90_bwd
+
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_DQ_FIRST", frozenset())
     from cuflash import compile as cucompile
 
     seen = []
