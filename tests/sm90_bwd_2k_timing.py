@@ -27,6 +27,11 @@ same sums in the same order; dq_convert changes only where dQ is converted), dq 
 
     timeout 100 python tests/sm90_bwd_2k_timing.py --out /tmp/b2k_2k.json
     timeout 100 python tests/sm90_bwd_2k_timing.py --hdims 192 256 --seqlens 2048 4096 8192 --breakdown
+    timeout 80 python tests/sm90_bwd_2k_timing.py --cells bf16:256:causal:2048:dqf,lpt fp16:128:full:16384
+
+--cells replaces the cross product of --dtypes / --hdims / --seqlens / --causal by a list of cases, each
+dtype:head_dim:full|causal:seqlen, optionally :variant,variant,... (the case's own variants, heur always
+first; else --variants), run in the order given (put the most wanted first: a timeout cuts the rest).
 
 Success: every row prints, no NaN / MISMATCH; the summary line per case gives each variant's x cuDNN
 (cuDNN's time / ours: >= 1.0 is at least as fast). Not a test.
@@ -66,8 +71,12 @@ VARIANTS = {
     "nodqf": lambda c: c.replace(dq_first=False) if c.dq_first else None,
     "lpt": lambda c: c.replace(lpt=True) if c.causal and c.head_dim == 256 else None,
     "dqf_lpt": lambda c: c.replace(lpt=True, dq_first=True) if c.causal and c.head_dim == 256 else None,
+    "tab": lambda c: None,   # (variants_for: the --table-dir entry)
 }
 DEFAULT_VARIANTS = ("heur", "dqc")
+# "tab": the tuned entry that selection would take for the case from the table files in --table-dir
+# (cuflash.select.lookup over those files only), as for_problem makes it; left out where none applies
+TABLE_DIRS: list = []
 
 
 def problem(s, causal, dtype, hdim, op="bwd"):
@@ -78,7 +87,29 @@ def problem(s, causal, dtype, hdim, op="bwd"):
 
 def variants_for(p, names):
     """{variant: config} for problem p (sm90_bwd_d128_timing.variants_for with VARIANTS here)."""
-    return d128_timing.variants_for(p, names, VARIANTS)
+    out = d128_timing.variants_for(p, [n for n in names if n != "tab"], VARIANTS)
+    if "tab" in names and TABLE_DIRS:
+        cfg, _ = select.lookup(FAM, p, _gpu.name(), _gpu.arch(), _gpu.max_smem(), TABLE_DIRS)
+        if cfg is not None and not FAM.for_problem(cfg, p).problems(_gpu.max_smem()):
+            out["tab"] = FAM.for_problem(cfg, p)
+    return out
+
+
+def parse_cells(cells, default_names):
+    """([(head_dim, dtype, seqlen, causal)], [variant names per case]) from --cells' strings
+    dtype:head_dim:full|causal:seqlen[:variant,...] (heur first in every case)."""
+    cases, names = [], []
+    for cell in cells:
+        parts = cell.split(":")
+        if len(parts) not in (4, 5) or parts[0] not in TORCH_DTYPES or parts[2] not in ("full", "causal"):
+            raise ValueError(f"--cells: {cell!r} is not dtype:head_dim:full|causal:seqlen[:variant,...]")
+        own = parts[4].split(",") if len(parts) == 5 else list(default_names)
+        unknown = [n for n in own if n not in VARIANTS]
+        if unknown:
+            raise ValueError(f"--cells: {cell!r} names unknown variants {unknown} (known: {list(VARIANTS)})")
+        cases.append((int(parts[1]), parts[0], int(parts[3]), parts[2] == "causal"))
+        names.append(["heur"] + [n for n in own if n != "heur"])
+    return cases, names
 
 
 def main():
@@ -88,6 +119,9 @@ def main():
     ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096])
     ap.add_argument("--causal", choices=("yes", "no", "both"), default="both")
     ap.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--table-dir", default=None, help="a folder of tuned tables for the variant tab")
+    ap.add_argument("--cells", nargs="+", default=None,
+                    help="cases dtype:head_dim:full|causal:seqlen[:variant,...] instead of the cross product")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--back-to-back", type=int, default=10, help="calls per sample (the bench's 10)")
     ap.add_argument("--breakdown", action="store_true", help="GPU time per kernel role of heur, dqc, cuDNN")
@@ -95,11 +129,17 @@ def main():
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     args = ap.parse_args()
     causals = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]
+    if args.table_dir:
+        TABLE_DIRS.append(args.table_dir)
     names = ["heur"] + [n for n in args.variants if n != "heur"]
     dev, t0 = torch.cuda.get_device_name(), time.time()
-    cases = [(d, dt, s, c) for d in args.hdims for dt in args.dtypes for s in args.seqlens for c in causals]
+    if args.cells:
+        cases, case_names = parse_cells(args.cells, names)
+    else:
+        cases = [(d, dt, s, c) for d in args.hdims for dt in args.dtypes for s in args.seqlens for c in causals]
+        case_names = [names] * len(cases)
     todo = []
-    for d, dtype, s, causal in cases:
+    for (d, dtype, s, causal), names in zip(cases, case_names):
         p = problem(s, causal, dtype, d)
         todo += list(variants_for(p, names).values())
         todo.append(select.choose(problem(s, causal, dtype, d, op="fwd"), _gpu.arch(), _gpu.name(),
@@ -113,7 +153,7 @@ def main():
     print(f"{'case':<26} {'variant':<8} {'kernel':<66} {'ms':>7} {'TFLOPs':>6} {'x cuDNN':>7} "
           f"{'dq diff':>8} {'dkv diff':>8}", flush=True)
     rows, summary = [], []
-    for d, dtype, s, causal in cases:
+    for (d, dtype, s, causal), names in zip(cases, case_names):
         p = problem(s, causal, dtype, d)
         b, h = p.batch, p.nheads
         q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=TORCH_DTYPES[dtype]) for _ in range(4))
