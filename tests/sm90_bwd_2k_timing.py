@@ -18,10 +18,12 @@ in one process, bf16 and fp16, head dims 64 / 128 / 256 (and 192, run by the d25
     nodqf    the heuristic's kernel without dq_first, where the heuristic has it (HEURISTIC_DQ_FIRST)
     lpt, dqf_lpt  head dims 192 / 256, causal: the longest-first launch order (kLpt) with roles (measured
              before roles only: HEURISTIC_D256_LPT), without / with dq_first
+    tab      the tuned entry selection would take from the tables in --table-dir (a tuner's output,
+             before it ships), as for_problem makes it
 
 --breakdown adds the GPU time per kernel role (preprocess / main / dQ convert; torch.profiler, mean of 3
-calls) of heur, dqc and cuDNN at each case. Every kernel is compiled first in parallel processes
-(cuflash.compile.precompile). dk, dv of every variant against heur's must be equal bit for bit (the
+calls) of the variants run and cuDNN at each case (--breakdown N: the first N cases only). Every kernel is
+compiled first in parallel processes (cuflash.compile.precompile). dk, dv of every variant against heur's must be equal bit for bit (the
 same sums in the same order; dq_convert changes only where dQ is converted), dq within 1e-2 relative
 (fp32 additions in another order); else the row says MISMATCH.
 
@@ -124,7 +126,8 @@ def main():
                     help="cases dtype:head_dim:full|causal:seqlen[:variant,...] instead of the cross product")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--back-to-back", type=int, default=10, help="calls per sample (the bench's 10)")
-    ap.add_argument("--breakdown", action="store_true", help="GPU time per kernel role of heur, dqc, cuDNN")
+    ap.add_argument("--breakdown", nargs="?", type=int, const=-1, default=0, metavar="N",
+                    help="GPU time per kernel role of heur, dqc, dqf, ..., cuDNN (in the first N cases only: --breakdown N)")
     ap.add_argument("--flash", action="store_true", help="SDPA flash too")
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     args = ap.parse_args()
@@ -153,7 +156,7 @@ def main():
     print(f"{'case':<26} {'variant':<8} {'kernel':<66} {'ms':>7} {'TFLOPs':>6} {'x cuDNN':>7} "
           f"{'dq diff':>8} {'dkv diff':>8}", flush=True)
     rows, summary = [], []
-    for (d, dtype, s, causal), names in zip(cases, case_names):
+    for i, ((d, dtype, s, causal), names) in enumerate(zip(cases, case_names)):
         p = problem(s, causal, dtype, d)
         b, h = p.batch, p.nheads
         q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=TORCH_DTYPES[dtype]) for _ in range(4))
@@ -177,8 +180,9 @@ def main():
                              samples=list(times[src].samples), dq_rel_diff=ddq, dkv_rel_diff=dkv,
                              mismatch=bool(flag)))
         summary.append(f"{case:<26} " + "  ".join(line) + "   (x cuDNN, b2b)")
-        if args.breakdown:
-            for name in [n for n in ("heur", "dqc", "nodqc", "dqf", "nodqf") if n in fns] + ["cudnn"]:
+        if args.breakdown and (args.breakdown < 0 or i < args.breakdown):
+            for name in [n for n in ("heur", "dqc", "nodqc", "dqf", "nodqf", "dqf_nodqc", "lpt", "dqf_lpt", "tab")
+                         if n in fns] + ["cudnn"]:
                 roles = by_role(kernel_times(fns[name], 3))
                 print(f"{case:<26} {name:<8} GPU us by role: {roles}", flush=True)
                 rows.append(dict(dtype=dtype, hdim=d, causal=causal, seqlen=s, variant=name, breakdown_us=roles))
