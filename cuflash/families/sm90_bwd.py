@@ -73,7 +73,7 @@ dq_convert (_dqc, kDqConvert, session 17; with dq_writer, plain unordered fixed-
 dynamic tile or d256's roles): no convert_dq launch; the writer warp counts each tile once its bulk
 reduce-adds have completed, a pair's last tile queues its 256-row convert jobs, CTAs whose tiles are
 done convert them (Sm90BwdDqQueue; the plan's counter buffer grows to hold the queues). The heuristic's
-for d128 causal and fp16 non-causal calls up to 4k (HEURISTIC_DQ_CONVERT). s_ahead is refused and outside
+for d128 causal calls up to 4k (HEURISTIC_DQ_CONVERT). s_ahead is refused and outside
 the tuning space (every kernel it builds is serialized by ptxas or spills); every valid point of the space
 is recorded clean in tests/sm90_bwd_space_clean.txt (tests/sm90_bwd_space_scan.py).
 Feature backwards with the plain call's schedule (session 18): window, softcap and ALiBi at d128 keep the plain
@@ -87,7 +87,7 @@ dq_first (_dqf, kDqFirst, session 18; with dq_writer, fixed-length unordered cal
 a dQ part: dq_first_covers): the preprocess does not zero the fp32 dQ accumulator (fa2_bwd_preprocess's
 kZeroDq false: half its bytes); the first CTA to reach a Q block zeroes its rows during the main kernel
 (producer warp 2; a per-Q-block ticket in dq_semaphore's place, which the writer checks before its
-reduce-adds). HEURISTIC_DQ_FIRST; outside the tuning space.
+reduce-adds). HEURISTIC_DQ_FIRST (d128 up to 2k, fp16 non-causal 4k; d256 causal); outside the tuning space.
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB elsewhere.
 """
 from __future__ import annotations
@@ -329,7 +329,9 @@ HEURISTIC_STAGES3 = frozenset()
 #   -> 0.968 / 1.008 (with round 2: +0.3% / +1.6%); at 8k / 16k dq_convert against the heuristic's kernel:
 #   bf16 causal 1.044 / 1.048 -> 1.011 / 1.055, non-causal 1.017 / 1.017 -> 1.014 / 1.008, fp16 causal 1.032 /
 #   1.043 -> 0.996 / 1.049, non-causal 1.011 / 1.011 -> 1.025 / 1.032: mixed, so the 4k cap stays.
-HEURISTIC_DQ_CONVERT = frozenset({(128, True, "bf16"), (128, True, "fp16"), (128, False, "fp16")})
+#   Session 19: fp16 non-causal left (its kernel spills 4 bytes, nvcc 13.0; dq_first without dq_convert there
+#   as fast: HEURISTIC_DQ_FIRST below).
+HEURISTIC_DQ_CONVERT = frozenset({(128, True, "bf16"), (128, True, "fp16")})
 DQ_CONVERT_MAX_SEQLEN = 4096
 # dq_first (kDqFirst, name _dqf, session 18): the preprocess leaves the fp32 dQ accumulator unzeroed (half
 # of its bytes: at batch x seqlen 16k, dim 2048, 128 MB of zeros, about 45 us of its 95), and the first CTA
@@ -348,10 +350,21 @@ DQ_CONVERT_MAX_SEQLEN = 4096
 # 1.004, causal 1.026 -> 1.060; fp16 non-causal 0.992 -> 0.983 (0.991 without dq_convert), causal 1.011 ->
 # 1.042; d256 bf16 non-causal 1.038 -> 1.005 (slower again: off at d256). Longer sequences not measured in
 # this form (the preprocess's saving is a fixed ~45 us: 3% at 2k, under 1% from 8k): capped at 2k.
+# Session 19 (round 1, rev 6516728, tests/sm90_bwd_2k_timing.py --cells, b2b, 5 rotated samples; logs/
+# session19_bwd15/r1.log), x cuDNN heur -> dq_first, with the GPU time per kernel (torch.profiler, us):
+# d256 causal (roles) bf16 2k 0.980 -> 1.008 (preprocess 98 -> 55, main 972 -> 977), 16k 1.105 -> 1.129; fp16 2k
+# 1.009 -> 1.036 (the samples within 0.5%; lpt, alone or with dq_first, 0.90-0.97 at 2k: off). fp16 d128
+# non-causal (its dq_convert kernel spills 4 bytes, nvcc 13.0): heur (dq_convert) / without it / dq_first
+# with dq_convert / dq_first without dq_convert at 2k 0.995 / 0.988 / 0.991 / 1.001, at 4k 1.005 / 0.987 /
+# 0.993 / 1.001 (its samples spread 4-10%: the fp16 d128 cells throttle), kernels at 2k pre + main + convert
+# 93 + 1303 / 95 + 1223 + 67 / 53 + 1292 / 55 + 1225 + 68 (cuDNN 94 + 1205 + 74): dq_first without dq_convert
+# there, up to 4k.
 # * HEURISTIC_DQ_FIRST, (kernel head dim, causal, dtype): the classes whose plain unordered dq_writer calls
-#   take it, up to DQ_FIRST_MAX_SEQLEN.
-HEURISTIC_DQ_FIRST: frozenset = frozenset({(128, False, "bf16"), (128, True, "bf16"), (128, True, "fp16")})
+#   take it, up to DQ_FIRST_MAX_SEQLEN or the class's own cap in DQ_FIRST_MAX_SEQLEN_BY (None: every seqlen).
+HEURISTIC_DQ_FIRST: frozenset = frozenset({(128, False, "bf16"), (128, True, "bf16"), (128, True, "fp16"),
+                                           (128, False, "fp16"), (256, True, "bf16"), (256, True, "fp16")})
 DQ_FIRST_MAX_SEQLEN = 2048
+DQ_FIRST_MAX_SEQLEN_BY: dict = {(128, False, "fp16"): 4096, (256, True, "bf16"): None, (256, True, "fp16"): None}
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
@@ -1186,7 +1199,8 @@ class Sm90Backward(Family):
                 and not problem.features and not det and not dqc.problems()):
             cfg = dqc                                   # (the head dim 128 dynamic / 256 roles kernels)
         dqf = cfg.replace(dq_first=True)
-        if ((d, causal, dtype) in HEURISTIC_DQ_FIRST and problem.seqlen_q <= DQ_FIRST_MAX_SEQLEN
+        cap = DQ_FIRST_MAX_SEQLEN_BY.get((d, causal, dtype), DQ_FIRST_MAX_SEQLEN)
+        if ((d, causal, dtype) in HEURISTIC_DQ_FIRST and (cap is None or problem.seqlen_q <= cap)
                 and dq_first_covers(problem) and not dqf.problems()):
             cfg = dqf
         feats = tuple(problem.features)
