@@ -18,6 +18,8 @@ in one process, bf16 and fp16, head dims 64 / 128 / 256 (and 192, run by the d25
     nodqf    the heuristic's kernel without dq_first, where the heuristic has it (HEURISTIC_DQ_FIRST)
     lpt, dqf_lpt  head dims 192 / 256, causal: the longest-first launch order (kLpt) with roles (measured
              before roles only: HEURISTIC_D256_LPT), without / with dq_first
+    dqc_nodqf  head dim 128, non-causal, where the heuristic has dq_first without dq_convert: the other way
+             round (fp16's heuristic before session 19)
     nodyn    head dim 128: the heuristic's kernel on the plain grid (frag_pin kept; without dq_convert, which
              needs the dynamic scheduler there)
     tab      the tuned entry selection would take from the tables in --table-dir (a tuner's output,
@@ -75,6 +77,8 @@ VARIANTS = {
     "nodqf": lambda c: c.replace(dq_first=False) if c.dq_first else None,
     "lpt": lambda c: c.replace(lpt=True) if c.causal and c.head_dim == 256 else None,
     "dqf_lpt": lambda c: c.replace(lpt=True, dq_first=True) if c.causal and c.head_dim == 256 else None,
+    "dqc_nodqf": lambda c: c.replace(dq_convert=True, dq_first=False) if c.dq_first and not c.dq_convert
+    and c.head_dim == 128 and not c.causal else None,
     "nodyn": lambda c: c.replace(dynamic=False, dq_convert=False) if c.dynamic and c.head_dim == 128 else None,
     "tab": lambda c: None,   # (variants_for: the --table-dir entry)
 }
