@@ -20,6 +20,7 @@ in one process, bf16 and fp16, head dims 64 / 128 / 256 (and 192, run by the d25
              before roles only: HEURISTIC_D256_LPT), without / with dq_first
     dqc_nodqf  head dim 128, non-causal, where the heuristic has dq_first without dq_convert: the other way
              round (fp16's heuristic before session 19)
+    dyn      head dims 64 / 128 where the heuristic runs the plain grid: the dynamic scheduler
     nodyn    head dim 128: the heuristic's kernel on the plain grid (frag_pin kept; without dq_convert, which
              needs the dynamic scheduler there)
     tab      the tuned entry selection would take from the tables in --table-dir (a tuner's output,
@@ -79,6 +80,7 @@ VARIANTS = {
     "dqf_lpt": lambda c: c.replace(lpt=True, dq_first=True) if c.causal and c.head_dim == 256 else None,
     "dqc_nodqf": lambda c: c.replace(dq_convert=True, dq_first=False) if c.dq_first and not c.dq_convert
     and c.head_dim == 128 and not c.causal else None,
+    "dyn": lambda c: c.replace(dynamic=True) if not c.dynamic and c.head_dim in (64, 128) else None,
     "nodyn": lambda c: c.replace(dynamic=False, dq_convert=False) if c.dynamic and c.head_dim == 128 else None,
     "tab": lambda c: None,   # (variants_for: the --table-dir entry)
 }

@@ -87,7 +87,8 @@ dq_first (_dqf, kDqFirst, session 18; with dq_writer, fixed-length unordered cal
 a dQ part: dq_first_covers): the preprocess does not zero the fp32 dQ accumulator (fa2_bwd_preprocess's
 kZeroDq false: half its bytes); the first CTA to reach a Q block zeroes its rows during the main kernel
 (producer warp 2; a per-Q-block ticket in dq_semaphore's place, which the writer checks before its
-reduce-adds). HEURISTIC_DQ_FIRST (d128 up to 2k, fp16 non-causal 4k; d256 causal); outside the tuning space.
+reduce-adds). HEURISTIC_DQ_FIRST (up to 2k: d128, d256 causal, d64 but bf16 causal; fp16 d128 non-causal up to
+4k); outside the tuning space.
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB elsewhere.
 """
 from __future__ import annotations
@@ -158,6 +159,14 @@ D96_ABOVE_FA2 = True
 #   non-causal 0.954 / 0.960 / 0.991 / 1.022 -> 0.981 / 1.000 / 1.026 / 1.021, causal 0.987 / 1.020 / 1.064 /
 #   1.058 -> 1.008 / 1.026 / 1.030 / 1.044 (its GPU tests: odd shapes, 528 tiles, passed there).
 HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, False), (128, True)})
+# * DYNAMIC_MAX_SEQLEN_BY, (kernel head dim, causal, dtype): the longest seqlen_q at which a class of
+#   HEURISTIC_DYNAMIC keeps the dynamic scheduler (longer: the plain grid, the rest of the heuristic's fields
+#   kept). fp16 d128 causal: the plain grid's kernel (dq_early, dk_late, ds_double, frag_pin) against the
+#   dynamic one, x cuDNN at 8k / 16k: session 16 round B 1.064 / 1.058 against 1.030 / 1.044; session 19's
+#   tune (CuPy path, logs/session19_rounds/l1) +1.3% / +4.3%; session 19 round 2 (b2b, same process as
+#   cuDNN; logs/session19_bwd15/r2.log) 1.029 / 1.060 against 1.024 / 1.043. (bf16 causal: the dynamic
+#   kernel wins at every seqlen, session 16.)
+DYNAMIC_MAX_SEQLEN_BY: dict = {(128, True, "fp16"): 4096}
 # The schedule of a window-only call's backward (features ("window",), fixed lengths, not
 # deterministic), by kernel head dim: the config fields over the heuristic's; a head dim not
 # listed keeps the plain grid at stages 2. Measured on the H100 (tests/features_overhead_timing.py,
@@ -350,21 +359,28 @@ DQ_CONVERT_MAX_SEQLEN = 4096
 # 1.004, causal 1.026 -> 1.060; fp16 non-causal 0.992 -> 0.983 (0.991 without dq_convert), causal 1.011 ->
 # 1.042; d256 bf16 non-causal 1.038 -> 1.005 (slower again: off at d256). Longer sequences not measured in
 # this form (the preprocess's saving is a fixed ~45 us: 3% at 2k, under 1% from 8k): capped at 2k.
-# Session 19 (round 1, rev 6516728, tests/sm90_bwd_2k_timing.py --cells, b2b, 5 rotated samples; logs/
-# session19_bwd15/r1.log), x cuDNN heur -> dq_first, with the GPU time per kernel (torch.profiler, us):
-# d256 causal (roles) bf16 2k 0.980 -> 1.008 (preprocess 98 -> 55, main 972 -> 977), 16k 1.105 -> 1.129; fp16 2k
-# 1.009 -> 1.036 (the samples within 0.5%; lpt, alone or with dq_first, 0.90-0.97 at 2k: off). fp16 d128
-# non-causal (its dq_convert kernel spills 4 bytes, nvcc 13.0): heur (dq_convert) / without it / dq_first
-# with dq_convert / dq_first without dq_convert at 2k 0.995 / 0.988 / 0.991 / 1.001, at 4k 1.005 / 0.987 /
-# 0.993 / 1.001 (its samples spread 4-10%: the fp16 d128 cells throttle), kernels at 2k pre + main + convert
-# 93 + 1303 / 95 + 1223 + 67 / 53 + 1292 / 55 + 1225 + 68 (cuDNN 94 + 1205 + 74): dq_first without dq_convert
-# there, up to 4k.
+# Session 19 (tests/sm90_bwd_2k_timing.py --cells, b2b, 5 rotated samples, x cuDNN in the same process; logs/
+# session19_bwd15/r1.log at rev 6516728, r2.log at 70c7721), without -> with dq_first:
+# * d256 causal (roles): bf16 2k 0.980 -> 1.008 (r1; GPU us: preprocess 98 -> 55, main 972 -> 977), 0.970 -> 0.995
+#   (r2), fp16 2k 1.009 -> 1.036 (r1); above 2k within the noise: 4k bf16 1.065 -> 1.071, fp16 1.076 -> 1.070; 8k
+#   1.036 -> 1.042, 1.082 -> 1.070; 16k bf16 1.105 -> 1.129. On up to 2k (the preprocess's saving is a fixed
+#   ~43 us). lpt (alone or with dq_first) 0.90-0.97 at 2k: off (HEURISTIC_D256_LPT).
+# * fp16 d128 non-causal (its dq_convert kernel spills 4 bytes, nvcc 13.0; HEURISTIC_DQ_CONVERT): dq_convert /
+#   neither / dq_first at 2k 0.995 / 0.988 / 1.001 (r1), 0.997 / 0.989 / 1.011 and 0.993 / 0.985 / 1.009 (r2,
+#   two passes); 4k 1.005 / 0.987 / 1.001 (r1), 1.015 / 0.997 / 1.010 (r2); GPU us at 2k pre + main + convert
+#   93 + 1303 / 95 + 1223 + 67 / 55 + 1225 + 68 (cuDNN 94 + 1205 + 74; its b2b samples spread 4-10%: the fp16
+#   d128 cells run at the power limit). dq_first in place of dq_convert up to 4k.
+# * d64 (the BM 128 dynamic tile) at 2k: bf16 non-causal 1.096 -> 1.125, fp16 non-causal 1.028 -> 1.093, fp16
+#   causal 1.104 -> 1.128 (r2); bf16 causal 4k 1.181 -> 1.163: on up to 2k in the three classes measured.
+# * d128 at 4k (r2): bf16 causal 1.060 -> 1.080, fp16 causal 1.062 -> 1.065, bf16 non-causal 1.003 -> 0.996:
+#   the 2k cap stays.
 # * HEURISTIC_DQ_FIRST, (kernel head dim, causal, dtype): the classes whose plain unordered dq_writer calls
 #   take it, up to DQ_FIRST_MAX_SEQLEN or the class's own cap in DQ_FIRST_MAX_SEQLEN_BY (None: every seqlen).
 HEURISTIC_DQ_FIRST: frozenset = frozenset({(128, False, "bf16"), (128, True, "bf16"), (128, True, "fp16"),
-                                           (128, False, "fp16"), (256, True, "bf16"), (256, True, "fp16")})
+                                           (128, False, "fp16"), (256, True, "bf16"), (256, True, "fp16"),
+                                           (64, False, "bf16"), (64, False, "fp16"), (64, True, "fp16")})
 DQ_FIRST_MAX_SEQLEN = 2048
-DQ_FIRST_MAX_SEQLEN_BY: dict = {(128, False, "fp16"): 4096, (256, True, "bf16"): None, (256, True, "fp16"): None}
+DQ_FIRST_MAX_SEQLEN_BY: dict = {(128, False, "fp16"): 4096}
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
@@ -1169,7 +1185,9 @@ class Sm90Backward(Family):
             cfg = cfg.replace(cluster=True)             # (for_problem drops it where it does not run)
         if causal and (HEURISTIC_D256_LPT if d == 256 else HEURISTIC_LPT):
             cfg = cfg.replace(lpt=True)                 # (for_problem drops it under varlen)
-        if (d, causal) in HEURISTIC_DYNAMIC and d != 256 and not det and not problem.features:
+        dyn_cap = DYNAMIC_MAX_SEQLEN_BY.get((d, causal, dtype))
+        if ((d, causal) in HEURISTIC_DYNAMIC and d != 256 and not det and not problem.features
+                and (dyn_cap is None or problem.seqlen_q <= dyn_cap)):
             cfg = cfg.replace(dynamic=True)             # (for_problem drops it where it does not run)
         if HEURISTIC_DS_DOUBLE and d == 128:
             cfg = cfg.replace(ds_double=True)           # (likewise: not with softcap, ALiBi, dropout)
