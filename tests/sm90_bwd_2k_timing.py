@@ -28,9 +28,9 @@ in one process, bf16 and fp16, head dims 64 / 128 / 256 (and 192, run by the d25
 
 --breakdown adds the GPU time per kernel role (preprocess / main / dQ convert; torch.profiler, mean of 3
 calls) of the variants run and cuDNN at each case (--breakdown N: the first N cases only). Every kernel is
-compiled first in parallel processes (cuflash.compile.precompile). dk, dv of every variant against heur's must be equal bit for bit (the
-same sums in the same order; dq_convert changes only where dQ is converted), dq within 1e-2 relative
-(fp32 additions in another order); else the row says MISMATCH.
+compiled first in parallel processes (cuflash.compile.precompile). dk, dv of every variant against heur's
+must be equal bit for bit (the same sums in the same order; dq_convert changes only where dQ is converted),
+dq within 1e-2 relative (fp32 additions in another order); else the row says MISMATCH.
 
     timeout 100 python tests/sm90_bwd_2k_timing.py --out /tmp/b2k_2k.json
     timeout 100 python tests/sm90_bwd_2k_timing.py --hdims 192 256 --seqlens 2048 4096 8192 --breakdown
@@ -136,7 +136,7 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--back-to-back", type=int, default=10, help="calls per sample (the bench's 10)")
     ap.add_argument("--breakdown", nargs="?", type=int, const=-1, default=0, metavar="N",
-                    help="GPU time per kernel role of heur, dqc, dqf, ..., cuDNN (in the first N cases only: --breakdown N)")
+                    help="GPU time per kernel role of each variant and cuDNN (--breakdown N: the first N cases only)")
     ap.add_argument("--flash", action="store_true", help="SDPA flash too")
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     args = ap.parse_args()

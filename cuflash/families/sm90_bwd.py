@@ -87,8 +87,8 @@ dq_first (_dqf, kDqFirst, session 18; with dq_writer, fixed-length unordered cal
 a dQ part: dq_first_covers): the preprocess does not zero the fp32 dQ accumulator (fa2_bwd_preprocess's
 kZeroDq false: half its bytes); the first CTA to reach a Q block zeroes its rows during the main kernel
 (producer warp 2; a per-Q-block ticket in dq_semaphore's place, which the writer checks before its
-reduce-adds). HEURISTIC_DQ_FIRST (up to 2k: d128, d256 causal, d64 but bf16 causal; fp16 d128 non-causal up to
-4k); outside the tuning space.
+reduce-adds). HEURISTIC_DQ_FIRST (up to 2k: d64, d128, d256 causal; fp16 d128 non-causal up to 4k); outside
+the tuning space.
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB elsewhere.
 """
 from __future__ import annotations
@@ -164,8 +164,8 @@ HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, False), (128, True
 #   kept). fp16 d128 causal: the plain grid's kernel (dq_early, dk_late, ds_double, frag_pin) against the
 #   dynamic one, x cuDNN at 8k / 16k: session 16 round B 1.064 / 1.058 against 1.030 / 1.044; session 19's
 #   tune (CuPy path, logs/session19_rounds/l1) +1.3% / +4.3%; session 19 round 2 (b2b, same process as
-#   cuDNN; logs/session19_bwd15/r2.log) 1.029 / 1.060 against 1.024 / 1.043. (bf16 causal: the dynamic
-#   kernel wins at every seqlen, session 16.)
+#   cuDNN; logs/session19_bwd15/r2.log) 1.029 / 1.060 against 1.024 / 1.043, round 3 (as shipped, r3.log)
+#   1.049 / 1.057 against 1.026 / 1.033. (bf16 causal: the dynamic kernel wins at every seqlen, session 16.)
 DYNAMIC_MAX_SEQLEN_BY: dict = {(128, True, "fp16"): 4096}
 # The schedule of a window-only call's backward (features ("window",), fixed lengths, not
 # deterministic), by kernel head dim: the config fields over the heuristic's; a head dim not
@@ -371,14 +371,19 @@ DQ_CONVERT_MAX_SEQLEN = 4096
 #   93 + 1303 / 95 + 1223 + 67 / 55 + 1225 + 68 (cuDNN 94 + 1205 + 74; its b2b samples spread 4-10%: the fp16
 #   d128 cells run at the power limit). dq_first in place of dq_convert up to 4k.
 # * d64 (the BM 128 dynamic tile) at 2k: bf16 non-causal 1.096 -> 1.125, fp16 non-causal 1.028 -> 1.093, fp16
-#   causal 1.104 -> 1.128 (r2); bf16 causal 4k 1.181 -> 1.163: on up to 2k in the three classes measured.
+#   causal 1.104 -> 1.128 (r2); bf16 causal 1.150 -> 1.212 (r3); bf16 causal 4k 1.181 -> 1.163 (r2): on up to 2k.
+# Round 3 (rev 7800b98, as shipped but bf16 d64 causal; r3.log), without -> with: d256 causal 2k bf16 0.980 ->
+# 1.007, fp16 0.994 -> 1.020; fp16 d128 non-causal 2k (dq_convert / neither / dq_first) 0.986 / 0.995 / 1.015;
+# d64 2k bf16 non-causal 1.113 -> 1.137, fp16 1.038 -> 1.061, fp16 causal 1.108 -> 1.140. Its GPU tests (dq_first
+# at odd shapes, the d64 classes, fp16 non-causal with q_rotate among them) passed.
 # * d128 at 4k (r2): bf16 causal 1.060 -> 1.080, fp16 causal 1.062 -> 1.065, bf16 non-causal 1.003 -> 0.996:
 #   the 2k cap stays.
 # * HEURISTIC_DQ_FIRST, (kernel head dim, causal, dtype): the classes whose plain unordered dq_writer calls
 #   take it, up to DQ_FIRST_MAX_SEQLEN or the class's own cap in DQ_FIRST_MAX_SEQLEN_BY (None: every seqlen).
 HEURISTIC_DQ_FIRST: frozenset = frozenset({(128, False, "bf16"), (128, True, "bf16"), (128, True, "fp16"),
                                            (128, False, "fp16"), (256, True, "bf16"), (256, True, "fp16"),
-                                           (64, False, "bf16"), (64, False, "fp16"), (64, True, "fp16")})
+                                           (64, False, "bf16"), (64, False, "fp16"), (64, True, "bf16"),
+                                           (64, True, "fp16")})
 DQ_FIRST_MAX_SEQLEN = 2048
 DQ_FIRST_MAX_SEQLEN_BY: dict = {(128, False, "fp16"): 4096}
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
