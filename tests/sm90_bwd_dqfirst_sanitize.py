@@ -8,7 +8,8 @@ pytest.
 
 Each config runs its shape twice (the second call's tickets zeroed by its own preprocess, its accumulator
 holding the first call's sums), the gradients checked for NaN (outputs poisoned) and against the same
-kernel without dq_first (dk, dv equal bit for bit, and between the two calls; dq within 1e-2 relative: unordered fp32 additions). --quick: the first two cases; --cases i,j,...: those of CASES.
+kernel without dq_first (dk, dv equal bit for bit, and between the two calls; dq within 1e-2 relative: unordered
+fp32 additions). --quick: the first two cases; --cases i,j,...: those of CASES.
 """
 import os
 import sys
