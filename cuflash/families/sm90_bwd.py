@@ -372,12 +372,12 @@ DQ_CONVERT_MAX_SEQLEN = 4096
 #   d128 cells run at the power limit). dq_first in place of dq_convert up to 4k.
 # * d64 (the BM 128 dynamic tile) at 2k: bf16 non-causal 1.096 -> 1.125, fp16 non-causal 1.028 -> 1.093, fp16
 #   causal 1.104 -> 1.128 (r2); bf16 causal 1.150 -> 1.212 (r3); bf16 causal 4k 1.181 -> 1.163 (r2): on up to 2k.
+# * d128 at 4k (r2): bf16 causal 1.060 -> 1.080, fp16 causal 1.062 -> 1.065, bf16 non-causal 1.003 -> 0.996:
+#   the 2k cap stays.
 # Round 3 (rev 7800b98, as shipped but bf16 d64 causal; r3.log), without -> with: d256 causal 2k bf16 0.980 ->
 # 1.007, fp16 0.994 -> 1.020; fp16 d128 non-causal 2k (dq_convert / neither / dq_first) 0.986 / 0.995 / 1.015;
 # d64 2k bf16 non-causal 1.113 -> 1.137, fp16 1.038 -> 1.061, fp16 causal 1.108 -> 1.140. Its GPU tests (dq_first
 # at odd shapes, the d64 classes, fp16 non-causal with q_rotate among them) passed.
-# * d128 at 4k (r2): bf16 causal 1.060 -> 1.080, fp16 causal 1.062 -> 1.065, bf16 non-causal 1.003 -> 0.996:
-#   the 2k cap stays.
 # * HEURISTIC_DQ_FIRST, (kernel head dim, causal, dtype): the classes whose plain unordered dq_writer calls
 #   take it, up to DQ_FIRST_MAX_SEQLEN or the class's own cap in DQ_FIRST_MAX_SEQLEN_BY (None: every seqlen).
 HEURISTIC_DQ_FIRST: frozenset = frozenset({(128, False, "bf16"), (128, True, "bf16"), (128, True, "fp16"),
