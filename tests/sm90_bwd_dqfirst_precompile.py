@@ -52,19 +52,15 @@ if __name__ == "__main__":
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096])
     ap.add_argument("--variants", nargs="+", default=["dqf"])
-    ap.add_argument("--wide", action="store_true", help="the wide-epilogue and roles GPU tests' kernels too")
+    ap.add_argument("--wide", action="store_true", help="test_sm90_bwd_gpu.py's wide-epilogue kernels too")
     args = ap.parse_args()
     t0 = time.time()
     todo = ([] if args.no_tests else test_configs()) + (
         timing_configs(args.hdims, args.dtypes, args.seqlens, args.variants) if args.timing else [])
-    if args.wide:   # (and tests/test_sm90_bwd_d256_roles_gpu.py's roles kernels, plain and in clusters)
-        from cuflash.families.sm90_bwd import Sm90BwdConfig
+    if args.wide:
         from test_sm90_bwd_gpu import wide_configs
 
-        todo += wide_configs() + [Sm90BwdConfig(64, 64, 2, 2, 256, dtype, causal, dq_writer=True, roles=True,
-                                                cluster=cluster)
-                                  for dtype in ("bf16", "fp16") for causal in (False, True) for cluster in (False, True)
-                                  if not (cluster and dtype == "fp16")]
+        todo += wide_configs()
     todo = list(dict.fromkeys(todo))
     errors = [(c.name, e) for c, _, e in precompile(todo) if e]
     print(f"{len(todo)} kernels in {time.time() - t0:.0f} s; errors: {errors}", flush=True)
