@@ -1890,15 +1890,12 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
         // ---- epilogue: dK_j = scale · Σ dSᵀ Q, dV_j = Σ Pᵀ dO ----
         // MHA: straight into dk, dv. GQA / MQA: fp32 per query head, summed by fa2_bwd_reduce_dkv.
         const bool grouped = p.nheads != p.nheads_kv;
-        // kRoles (head dim 256's plain grid, where a CTA's epilogue delays the next CTA on its SM), MHA with dk,
-        // dv 16-byte aligned (rows, heads, batches; whole 8-column groups): 16 bytes a lane (quad_transpose);
-        // otherwise 4 bytes a lane, below (the other tiles: their feature kernels spill with it, nvcc 13.0)
-        bool wide = false;
-        if constexpr (kRoles)
-            wide = !grouped && p.head_dim % 8 == 0
-                   && ((reinterpret_cast<u64>(p.dk) | reinterpret_cast<u64>(p.dv)) % 16 == 0)
-                   && ((p.dk_batch_stride | p.dk_row_stride | p.dk_head_stride | p.dv_batch_stride
-                        | p.dv_row_stride | p.dv_head_stride) % 8 == 0);
+        // MHA with dk, dv 16-byte aligned (rows, heads, batches; whole 8-column groups): 16 bytes a lane
+        // (quad_transpose); otherwise 4 bytes a lane, below
+        const bool wide = !grouped && p.head_dim % 8 == 0
+                          && ((reinterpret_cast<u64>(p.dk) | reinterpret_cast<u64>(p.dv)) % 16 == 0)
+                          && ((p.dk_batch_stride | p.dk_row_stride | p.dk_head_stride | p.dv_batch_stride
+                               | p.dv_row_stride | p.dv_head_stride) % 8 == 0);
         if (wide) {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {

@@ -24,7 +24,7 @@ in one process, bf16 and fp16, head dims 64 / 128 / 256 (and 192, run by the d25
     nodyn    head dim 128: the heuristic's kernel on the plain grid (frag_pin kept; without dq_convert, which
              needs the dynamic scheduler there)
     narrow   the heuristic's config compiled from a copy of kernels_cu/ whose epilogue stores dK, dV 4 bytes
-             a lane (the kernel before session 19's 16-byte stores: quad_transpose, roles kernels only), the source switched
+             a lane (the kernel before session 19's 16-byte stores: quad_transpose), the source switched
              (cuflash.compile.set_kernel_dir) ahead of each of its samples and back after, one untimed call
              each way; its dk, dv must equal heur's bit for bit
     tab      the tuned entry selection would take from the tables in --table-dir (a tuner's output,
@@ -113,7 +113,7 @@ def variants_for(p, names):
     return out
 
 
-NARROW_PATCH = ("            wide = !grouped", "            wide = false && !grouped")
+NARROW_PATCH = ("        const bool wide = !grouped", "        const bool wide = false && !grouped")
 
 
 def narrow_dir():

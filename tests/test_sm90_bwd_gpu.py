@@ -72,10 +72,9 @@ def test_smaller_real_head_dims(hdim):
     run_case(problem("fp16", False, hdim, (200, 190), "gqa"))
 
 
-# The epilogue's 16-byte dK / dV stores (session 19: quad_transpose; the roles kernels, MHA with 16-byte aligned
-# dk, dv): the heuristic's kernels at real head dims below the kernel's (a lane's 8-column group past head_dim is
-# not stored), keys past seqlen_k in the last K/V block, both dtypes, causal or not (the head dim 64 / 128 rows
-# keep the 4-byte stores)
+# The epilogue's 16-byte dK / dV stores (session 19: quad_transpose, MHA with 16-byte aligned dk, dv): the
+# heuristic's kernels at real head dims below the kernel's (a lane's 8-column group past head_dim is not
+# stored), keys past seqlen_k in the last K/V block, both dtypes, causal or not
 WIDE = [(40, "bf16", False), (72, "fp16", True), (96, "bf16", True), (120, "fp16", False), (160, "bf16", True),
         (192, "fp16", False), (256, "fp16", True), (64, "fp16", False), (128, "bf16", False)]
 
