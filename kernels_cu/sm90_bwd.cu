@@ -398,21 +398,6 @@ struct Sm90BwdTile {
     int n_block, pair;
 };
 
-// The epilogue's 16-byte stores: the four lanes t = 0..3 of a quad (one accumulator row g) hold, for four
-// 8-column groups j, the packed pair of columns 2t, 2t + 1 (wgmma's m64nN layout). Transposed in the quad
-// (two exchanges, lane ^ 1 then lane ^ 2), lane t holds the whole group t, columns 0..7 in order: one
-// 16-byte store per lane instead of four 4-byte ones (each warp store then writes 64 contiguous bytes of
-// each of its 8 rows, a quarter of the L1 wavefronts). Every lane of the warp takes part (shfl_sync).
-__device__ __forceinline__ void quad_transpose(u32 (&x)[4], int t) {
-    const bool odd = t & 1, high = t & 2;
-    u32 r0 = __shfl_xor_sync(0xffffffffu, odd ? x[0] : x[1], 1);
-    u32 r1 = __shfl_xor_sync(0xffffffffu, odd ? x[2] : x[3], 1);
-    if (odd) { x[0] = r0; x[2] = r1; } else { x[1] = r0; x[3] = r1; }
-    r0 = __shfl_xor_sync(0xffffffffu, high ? x[0] : x[2], 2);
-    r1 = __shfl_xor_sync(0xffffffffu, high ? x[1] : x[3], 2);
-    if (high) { x[0] = r0; x[1] = r1; } else { x[2] = r0; x[3] = r1; }
-}
-
 // kLpt's launch order (blockIdx.x -> tile), fa2_bwd's: the pairs in groups of `group` (the
 // params' head_group; the last group may be smaller); groups one after the other, inside one the
 // K/V block the slow index from block 0 (under the causal mask the one the most Q blocks see) and
@@ -1890,44 +1875,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
         // ---- epilogue: dK_j = scale · Σ dSᵀ Q, dV_j = Σ Pᵀ dO ----
         // MHA: straight into dk, dv. GQA / MQA: fp32 per query head, summed by fa2_bwd_reduce_dkv.
         const bool grouped = p.nheads != p.nheads_kv;
-        // MHA with dk, dv 16-byte aligned (rows, heads, batches; whole 8-column groups): 16 bytes a lane
-        // (quad_transpose); otherwise 4 bytes a lane, below
-        const bool wide = !grouped && p.head_dim % 8 == 0
-                          && ((reinterpret_cast<u64>(p.dk) | reinterpret_cast<u64>(p.dv)) % 16 == 0)
-                          && ((p.dk_batch_stride | p.dk_row_stride | p.dk_head_stride | p.dv_batch_stride
-                               | p.dv_row_stride | p.dv_head_stride) % 8 == 0);
-        if (wide) {
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int key = key0 + warp_key + g + 8 * half;
-                const bool inside = key < (kVarlen ? seq.seqlen_k : p.seqlen_k);
-                const int row = kVarlen ? seq.k_start + key : key;   // kVarlen: batch strides 0
-                u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + row * p.dk_row_stride
-                          + head * p.dk_head_stride;
-                u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + row * p.dv_row_stride
-                          + head * p.dv_head_stride;
-#pragma unroll
-                for (int q4 = 0; q4 < kDkvN / 32; ++q4) {         // 8-column groups 4·q4 .. 4·q4 + 3
-                    u32 k4[4], v4[4];
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const int nt = 4 * q4 + j;
-                        k4[j] = pack2<Elem>(dk_acc[4 * nt + 2 * half] * p.softmax_scale,
-                                            dk_acc[4 * nt + 2 * half + 1] * p.softmax_scale);
-                        v4[j] = pack2<Elem>(dv_acc[4 * nt + 2 * half], dv_acc[4 * nt + 2 * half + 1]);
-                    }
-                    quad_transpose(k4, t);
-                    quad_transpose(v4, t);
-                    const int col = dkv_col0 + (4 * q4 + t) * 8;   // this lane's group after the exchange
-                    if (inside && col < p.head_dim) {
-                        *reinterpret_cast<u32x4*>(dk + col) = u32x4{k4[0], k4[1], k4[2], k4[3]};
-                        *reinterpret_cast<u32x4*>(dv + col) = u32x4{v4[0], v4[1], v4[2], v4[3]};
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int half = 0; half < 2 && !wide; ++half) {
+        for (int half = 0; half < 2; ++half) {
             const int key = key0 + warp_key + g + 8 * half;
             if (key >= (kVarlen ? seq.seqlen_k : p.seqlen_k)) continue;
 #pragma unroll

@@ -23,10 +23,6 @@ in one process, bf16 and fp16, head dims 64 / 128 / 256 (and 192, run by the d25
     dyn      head dims 64 / 128 where the heuristic runs the plain grid: the dynamic scheduler
     nodyn    head dim 128: the heuristic's kernel on the plain grid (frag_pin kept; without dq_convert, which
              needs the dynamic scheduler there)
-    narrow   the heuristic's config compiled from a copy of kernels_cu/ whose epilogue stores dK, dV 4 bytes
-             a lane (the kernel before session 19's 16-byte stores: quad_transpose), the source switched
-             (cuflash.compile.set_kernel_dir) ahead of each of its samples and back after, one untimed call
-             each way; its dk, dv must equal heur's bit for bit
     tab      the tuned entry selection would take from the tables in --table-dir (a tuner's output,
              before it ships), as for_problem makes it
 
@@ -57,14 +53,12 @@ sys.path[:0] = [_here, os.path.dirname(_here)]  # this folder; cuflash from the 
 
 import torch  # noqa: E402
 
-import cuflash  # noqa: E402
 from cuflash import _gpu, registry, select  # noqa: E402
-from cuflash.bench.common import grad_fn  # noqa: E402
-from cuflash.compile import precompile, set_kernel_dir  # noqa: E402
+from cuflash.compile import precompile  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
 
-from sm90_bwd_causal_timing import against, candidate_fns, finish, rel  # noqa: E402
+from sm90_bwd_causal_timing import against, candidate_fns, finish  # noqa: E402
 import sm90_bwd_d128_timing as d128_timing  # noqa: E402
 from sm90_bwd_d128_timing import time_rotated  # noqa: E402
 from sm90_bwd_pre_timing import by_role, kernel_times  # noqa: E402
@@ -89,7 +83,6 @@ VARIANTS = {
     "dyn": lambda c: c.replace(dynamic=True) if not c.dynamic and c.head_dim in (64, 128) else None,
     "nodyn": lambda c: c.replace(dynamic=False, dq_convert=False) if c.dynamic and c.head_dim == 128 else None,
     "tab": lambda c: None,   # (variants_for: the --table-dir entry)
-    "narrow": lambda c: None,   # (main: heur's config from narrow_dir())
 }
 DEFAULT_VARIANTS = ("heur", "dqc")
 # "tab": the tuned entry that selection would take for the case from the table files in --table-dir
@@ -111,25 +104,6 @@ def variants_for(p, names):
         if cfg is not None and not FAM.for_problem(cfg, p).problems(_gpu.max_smem()):
             out["tab"] = FAM.for_problem(cfg, p)
     return out
-
-
-NARROW_PATCH = ("        const bool wide = !grouped", "        const bool wide = false && !grouped")
-
-
-def narrow_dir():
-    """A copy of kernels_cu/ whose sm90_bwd epilogue never takes the 16-byte stores (the variant narrow)."""
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    from cuflash.compile import kernel_dir
-
-    dst = Path(tempfile.mkdtemp(prefix="cuflash_narrow_")) / "kernels_cu"
-    shutil.copytree(kernel_dir(), dst)
-    src = (dst / "sm90_bwd.cu").read_text()
-    assert src.count(NARROW_PATCH[0]) == 1, "sm90_bwd.cu changed: update NARROW_PATCH"
-    (dst / "sm90_bwd.cu").write_text(src.replace(*NARROW_PATCH))
-    return dst
 
 
 def parse_cells(cells, default_names):
@@ -185,14 +159,6 @@ def main():
     todo = list(dict.fromkeys(todo))
     errors = [(c.name, e) for c, _, e in precompile(todo) if e]
     assert not errors, errors
-    narrow = narrow_dir() if any("narrow" in n for n in case_names) else None
-    if narrow is not None:   # heur's kernels of those cases from the copy
-        set_kernel_dir(narrow)
-        errors = [(c.name, e) for c, _, e in precompile(list(dict.fromkeys(
-            variants_for(problem(s, causal, dtype, d), ["heur"])["heur"]
-            for (d, dtype, s, causal), n in zip(cases, case_names) if "narrow" in n))) if e]
-        set_kernel_dir(None)
-        assert not errors, errors
     print(f"{dev}  sm90_bwd short seqlens (backward alone), torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}; {len(todo)} kernels ready in {time.time() - t0:.0f} s",
           flush=True)
@@ -205,29 +171,7 @@ def main():
         q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=TORCH_DTYPES[dtype]) for _ in range(4))
         configs = variants_for(p, names)
         fns, same, results = candidate_fns(configs, q, k, v, dout, causal, args.flash)
-        before = {}
-        if "narrow" in names:
-            cfg = configs["heur"]
-            set_kernel_dir(narrow)
-            fns["narrow"] = grad_fn(lambda q, k, v, cfg=cfg: cuflash.flash_attn_func(
-                q, k, v, causal=causal, bwd_config=cfg), q, k, v, dout)
-            results["narrow"] = fns["narrow"]()
-            set_kernel_dir(None)
-            fns["heur"]()
-            source = [None]
-
-            def switch(path):
-                if source[0] != path:
-                    set_kernel_dir(path)   # (drops the plans: each cuflash callable of these sources is
-                    source[0] = path       # called once, untimed, to build its own again)
-                    for n in fns:
-                        if n not in ("cudnn", "flash") and (n == "narrow") == (path is not None):
-                            fns[n]()
-
-            before = {n: (lambda n=n: switch(narrow if n == "narrow" else None)) for n in fns}
-        times = time_rotated(fns, args.reps, args.back_to_back, False, before)
-        if "narrow" in names:
-            set_kernel_dir(None)
+        times = time_rotated(fns, args.reps, args.back_to_back, False)
         case = f"{dtype} d{d} {'causal' if causal else 'full'} b{b} s{s}"
         flops = op_flops(p)
         t_cudnn = times["cudnn"].median_ms
@@ -236,12 +180,7 @@ def main():
             src = same.get(name, name)
             t = times[src].median_ms
             label, ddq, dkv, flag = against(name, configs, same, results, "heur")
-            if name == "narrow":   # heur's config, the 4-byte epilogue: dk, dv bit for bit
-                label = configs["heur"].name + " (4-byte epilogue)"
-                ddq = rel(results["narrow"][0], results["heur"][0])
-                dkv = max(rel(results["narrow"][i], results["heur"][i]) for i in (1, 2))
-                flag = "  MISMATCH" if ddq > 1e-2 or dkv > 0 else ""
-            if name in configs or name == "narrow":
+            if name in configs:
                 line.append(f"{name} {t_cudnn / t:.3f}")
             print(f"{case:<26} {name:<8} {label:<66} {t:7.3f} {flops / t / 1e9:6.0f} {t_cudnn / t:7.3f} "
                   f"{ddq:8.1e} {dkv:8.1e}{flag}", flush=True)

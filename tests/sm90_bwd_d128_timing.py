@@ -128,12 +128,10 @@ def names_for(dtype, names):
     return list(VARIANTS) if "all" in names else list(names)
 
 
-def time_rotated(fns, reps, back_to_back, flush_l2, before=None):
+def time_rotated(fns, reps, back_to_back, flush_l2):
     """As cuflash.timing.time_interleaved, but sample r runs the callables in an order rotated by r
     (A B C, B C A, C A B, ...), so that none always runs right after the same one (the H100's clock
-    sinks under sustained load: a fixed order hands the drift to the same candidate each time).
-    before: {name: callable} run ahead of that name's warm-up and of each of its samples, outside the
-    timed span (sm90_bwd_2k_timing's kernel-source switch)."""
+    sinks under sustained load: a fixed order hands the drift to the same candidate each time)."""
     import statistics
 
     import cupy
@@ -141,17 +139,12 @@ def time_rotated(fns, reps, back_to_back, flush_l2, before=None):
 
     inner = 1 if flush_l2 else max(1, int(back_to_back))
     flush = l2_flusher() if flush_l2 else None
-    before = before or {}
-    for name, fn in fns.items():
-        if name in before:
-            before[name]()
+    for fn in fns.values():
         warm_up(fn, 2)
     names = list(fns)
     events = {name: [] for name in names}
     for r in range(reps):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            if name in before:
-                before[name]()
             a, b = cupy.cuda.Event(), cupy.cuda.Event()
             if flush is not None:
                 flush()

@@ -3,7 +3,7 @@ dq_first, and the forwards selection picks at its shapes) in parallel worker pro
 tests/sm90_bwd_2k_timing.py's kernels of the given cases. Not a test.
 
     python tests/sm90_bwd_dqfirst_precompile.py [--no-tests] [--timing --hdims 128 256 --dtypes bf16 fp16
-        --seqlens 2048 4096 --variants heur dqf] [--wide]
+        --seqlens 2048 4096 --variants heur dqf]
 """
 import argparse
 import os
@@ -52,15 +52,10 @@ if __name__ == "__main__":
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096])
     ap.add_argument("--variants", nargs="+", default=["dqf"])
-    ap.add_argument("--wide", action="store_true", help="test_sm90_bwd_gpu.py's wide-epilogue kernels too")
     args = ap.parse_args()
     t0 = time.time()
     todo = ([] if args.no_tests else test_configs()) + (
         timing_configs(args.hdims, args.dtypes, args.seqlens, args.variants) if args.timing else [])
-    if args.wide:
-        from test_sm90_bwd_gpu import wide_configs
-
-        todo += wide_configs()
     todo = list(dict.fromkeys(todo))
     errors = [(c.name, e) for c, _, e in precompile(todo) if e]
     print(f"{len(todo)} kernels in {time.time() - t0:.0f} s; errors: {errors}", flush=True)

@@ -72,31 +72,6 @@ def test_smaller_real_head_dims(hdim):
     run_case(problem("fp16", False, hdim, (200, 190), "gqa"))
 
 
-# The epilogue's 16-byte dK / dV stores (session 19: quad_transpose, MHA with 16-byte aligned dk, dv): the
-# heuristic's kernels at real head dims below the kernel's (a lane's 8-column group past head_dim is not
-# stored), keys past seqlen_k in the last K/V block, both dtypes, causal or not
-WIDE = [(40, "bf16", False), (72, "fp16", True), (96, "bf16", True), (120, "fp16", False), (160, "bf16", True),
-        (192, "fp16", False), (256, "fp16", True), (64, "fp16", False), (128, "bf16", False)]
-
-
-@pytest.mark.parametrize("hdim,dtype,causal", WIDE, ids=lambda x: str(x))
-def test_wide_epilogue_real_head_dims(hdim, dtype, causal):
-    run_case(problem(dtype, causal, hdim, (200, 190) if not causal else (190, 200)))
-
-
-def wide_configs():
-    """The kernels test_wide_epilogue_real_head_dims runs, and the forwards selection picks there (for
-    cuflash.compile.precompile; tests/sm90_bwd_dqfirst_precompile.py --wide)."""
-    from cuflash import _gpu, select
-
-    out = []
-    for hdim, dtype, causal in WIDE:
-        p = problem(dtype, causal, hdim, (200, 190) if not causal else (190, 200))
-        out.append(FAM.for_problem(FAM.heuristic(p, _gpu.arch(), _gpu.max_smem()), p))
-        out.append(select.choose(p.replace(op="fwd"), _gpu.arch(), _gpu.name(), _gpu.max_smem())[1])
-    return list(dict.fromkeys(out))
-
-
 def _space():
     out = []
     for d in (64, 128):
