@@ -97,6 +97,15 @@ def _worker(rank, world, port, cases):
             _check_varlen_case(rank, world, VARLEN_CASES[4], seed=5010)
         finally:
             cfd.DKV_HOME, cfd.REVERSE_BWD, cfd.BWD_LOW_MEMORY = saved
+        saved = cfd.DQ_IN_WORKSPACE
+        try:  # dQ summed in an accumulator of the ring's own (rounded shares added)
+            cfd.DQ_IN_WORKSPACE = False
+            _check_case(rank, world, cases[1], seed=6000)
+            _check_case(rank, world, cases[4], seed=6001)
+        finally:
+            cfd.DQ_IN_WORKSPACE = saved
+        for i, case in enumerate((cases[0], cases[1], cases[2])):
+            _check_lazy_home_bits(rank, world, case, seed=7000 + i)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -137,6 +146,28 @@ def _check_case(rank, world, case, seed, strided=False):
     want_lse = _shard(torch.from_numpy(ref_lse), rank, world, layout, dim=2)
     assert lse.dtype == torch.float32
     assert (lse.double() - want_lse).abs().max().item() <= 1e-5 * (1 + want_lse.abs().max().item())
+
+
+def _check_lazy_home_bits(rank, world, case, seed):
+    """HOME_LAZY_FP32 on and off give the same bits (bf16 inputs: the home accumulator kept in k's
+    dtype until a second share, the last of two added there, rounds as the fp32 sum does)."""
+    q, k, v, dout = _full_inputs(case, world, seed)
+    layout = case[6]
+    grads = []
+    saved = cfd.HOME_LAZY_FP32
+    try:
+        for lazy in (True, False):
+            cfd.HOME_LAZY_FP32 = lazy
+            leaves = [_shard(x, rank, world, layout).to(torch.bfloat16).requires_grad_()
+                      for x in (q, k, v)]
+            out = cfd.ring_flash_attn_func(*leaves, causal=case[5], layout=layout)
+            out.backward(_shard(dout, rank, world, layout).to(torch.bfloat16))
+            grads.append([x.grad for x in leaves])
+    finally:
+        cfd.HOME_LAZY_FP32 = saved
+    for name, a, b in zip(("dq", "dk", "dv"), *grads):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b), \
+            f"rank {rank}/{world} case {case}: {name} differs with HOME_LAZY_FP32"
 
 
 # varlen: (sequence lengths in chunks, nheads, nheads_kv, headdim, causal, layout, dtype);
