@@ -528,7 +528,8 @@ class _DqSum:
             grown = self.ws.new_empty(plan.workspace_bytes)
             grown[:self.ws.numel()].copy_(self.ws)
             self.ws, self.acc = grown, _ws_dq(grown, self.plan)
-        if deterministic:  # the dQ turn counters start at 0 (the skipped preprocess zeroes them)
+        if deterministic and "dq_semaphore" in plan.workspace_offsets:
+            # the dQ turn counters start at 0 (the preprocess, not run here, zeroes them)
             off = plan.workspace_offsets["dq_semaphore"]
             nxt = min([o for n, o in plan.workspace_offsets.items() if o > off] + [self.ws.numel()])
             self.ws[off:nxt].zero_()
@@ -538,9 +539,8 @@ class _DqSum:
         """A call over some rows: its own workspace (zeroed sums), its rows added in (fp32)."""
         ws = q.new_empty(plan.workspace_bytes, dtype=torch.uint8)
         dk, dv = self._launch(plan, _FIRST_ROLES, ws, dout, q, k, v, out, lse)[1:]
-        part = _ws_dq(ws, plan)
-        n = rows.stop - rows.start
-        self.acc[:, :, rows, :part.shape[-1]] += part[:, :, :n]
+        d, n = q.shape[-1], rows.stop - rows.start  # (the kernel's head dim may be larger)
+        self.acc[:, :, rows, :d] += _ws_dq(ws, plan)[:, :, :n, :d]
         return dk, dv
 
     def result(self) -> Tensor:
