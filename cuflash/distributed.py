@@ -56,9 +56,21 @@ held at step 2) and 18.06 at P = 2; single-GPU cuflash 6.05 X. Nothing is indepe
 sequence length (results/NVIDIA_H200x4/ring.json: 2.96, 5.92 GB at 256k, 512k tokens: 22.06 X
 each). With BWD_LOW_MEMORY (on) one fp32 accumulator stays home and the shares (k's dtype) go
 home between the steps: 16.06 X at P = 4, 15.03 at P = 2 (causal 15.06, 14.04): the home
-accumulator (4) in place of the two travelling ones (8), the rest as above. What is left needs
-the backward kernels to add into the ring's accumulators instead of writing dq, dk, dv of their
-own (3 X less: dq and the workspace's dQ sums; 2 more with dK/dV added in the epilogue). Peaks
+accumulator (4) in place of the two travelling ones (8), the rest as above. With
+DQ_IN_WORKSPACE (on) the kernels sum dQ in their own workspace, one for the whole ring: the ring's
+dQ accumulator is the workspace's (2), and no call has a dq or a workspace of its own (3 X less;
+a causal ring's half-block calls over some rows keep a workspace of their own, 1). With
+HOME_LAZY_FP32 (on) the home accumulator is the first share itself (2, k's dtype) until a
+second share comes: with 2 ranks for good (the second one is the last), and the last step's
+block is dropped before the last exchange. Model: P >= 3, at a middle step's kernels: out 1,
+dQ sums 2, the block in hand 2 and the next 2, home 4, the kernels' dk, dv 2 = 13 X (an exchange
+between steps: the same with the shares leaving and arriving, 2 + 2, in place of the next block
+and dk, dv); P = 2: out 1, dQ sums 2, the block 2, home 2, dk, dv 2 = 9 X (the last exchange:
+the shares leaving and arriving in place of the block and dk, dv). PROBE_NUMBERS. The
+floor of this design is out, the dQ sums, the blocks in hand and the home sums: every term
+scales with seqlen / P. dK/dV added into the home accumulator by the kernels' epilogue would
+not lower the peak: only the rank's own block is added at home (step 0, not the peak step); the
+shares of the others' blocks must be written out anyway, to be sent. Peaks
 are torch's max_memory_allocated: a buffer still in flight on the side stream after Python let
 go of it (record_stream) is not counted there, though its memory is not reused before the
 transfer ends.

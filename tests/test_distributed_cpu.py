@@ -921,3 +921,40 @@ def test_block_forward_schedule_flags(monkeypatch):
     cfd.block_forward(q, q, q, 0.1, False, 0, 4, True)   # a causal ring's half-block calls
     cfd.block_forward(q, q, q, 0.1, True, 0, 4, True)
     assert asked == [(False, True)]
+
+
+def test_plan_run_roles_launches_only_those_roles(monkeypatch):
+    """launch.Plan.run_roles (DQ_IN_WORKSPACE's launches): only the named roles' kernels, in the
+    plan's order, with the workspace pieces' addresses packed as run() packs them."""
+    from types import SimpleNamespace
+
+    from cuflash import _gpu, launch
+    from cuflash.families.fa2_bwd import FAMILY as fam
+    from cuflash.problem import Problem
+
+    problem = Problem("bwd", "bf16", 1, 256, 256, 2, 2, 64, False)
+    config = fam.heuristic(problem, (8, 0))
+    roles = [spec.role for spec in fam.launches(config, problem, 108)]
+    ptr_of = {role: 1000 + i for i, role in enumerate(roles)}
+    monkeypatch.setattr(launch, "get_kernels", lambda cfg, dev: {
+        r: SimpleNamespace(kernel=SimpleNamespace(ptr=ptr_of[r])) for r in roles})
+    monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 108)
+    launched = []
+    monkeypatch.setattr(launch, "_driver_launch", lambda: lambda fn, *a: launched.append(fn))
+    monkeypatch.setattr(launch, "_device_fns", lambda: ((lambda: 0), (lambda d: None)))
+    strides = {name: (256 * 2 * 64, 2 * 64, 64, 1) for name in ("dout", "q", "k", "v", "o", "dq",
+                                                                "dk", "dv")}
+    plan = launch.Plan(fam, config, problem, strides, 0.125, 0)
+    assert roles[:3] == ["preprocess", "main", "convert_dq"]
+    plan.run_roles(("main",), tuple(range(1, 10)), 1 << 20, 0)
+    assert launched == [ptr_of["main"]]
+    launched.clear()
+    plan.run_roles(("convert_dq", "preprocess"), tuple(range(1, 10)), 1 << 20, 0)
+    assert launched == [ptr_of["preprocess"], ptr_of["convert_dq"]]
+    # the workspace pieces follow the op's tensors at the plan's offsets
+    names = fam.pointer_fields
+    packed = plan._record[names[names.index("dq_accum")]]
+    assert packed == (1 << 20) + plan.workspace_offsets["dq_accum"]
+    launched.clear()
+    plan.run(tuple(range(1, 10)), 1 << 20, 0)
+    assert launched == [ptr_of[r] for r in roles]
