@@ -958,3 +958,106 @@ def test_plan_run_roles_launches_only_those_roles(monkeypatch):
     launched.clear()
     plan.run(tuple(range(1, 10)), 1 << 20, 0)
     assert launched == [ptr_of[r] for r in roles]
+
+
+class _FakeAccPlan:
+    """A stand-in for a backward Plan on CPU float32 tensors (test_dq_sum_orchestration): the
+    fa2_bwd workspace layout, and run_roles doing each role's work through the pointers (the
+    float64 block gradient for main, unscaled dQ added into the workspace's accumulator)."""
+
+    def __init__(self, dout, q, k, causal, scale, det):
+        from types import SimpleNamespace
+
+        b, sq, h, d = q.shape
+        self.shapes = (q.shape, k.shape)
+        self.dout_strides = dout.stride()  # (a real plan is made for dout's strides too)
+        self.causal, self.scale, self.device = causal, scale, 0
+        rows = -(-sq // 128) * 128
+        self.problem = SimpleNamespace(batch=b, nheads=h, seqlen_q=sq)
+        self.config = SimpleNamespace(head_dim=d, name="fake", dq_first=False, dq_convert=False)
+        sizes = {"lse_log2": b * h * rows * 4, "D": b * h * rows * 4,
+                 "dq_accum": b * h * rows * d * 4}
+        if det:
+            sizes["dq_semaphore"] = b * h * (rows // 16) * 4
+        self.workspace_offsets, total = {}, 0
+        for name, size in sizes.items():
+            self.workspace_offsets[name] = total
+            total += -(-size // 256) * 256
+        self.workspace_offsets["total"] = self.workspace_bytes = total
+        self.rows = rows
+        self.ran = []
+
+    @staticmethod
+    def _view(ptr, shape):
+        import ctypes
+
+        n = int(np.prod(shape))
+        return np.frombuffer((ctypes.c_float * n).from_address(ptr), np.float32).reshape(shape)
+
+    def run_roles(self, roles, ptrs, ws, stream):
+        qs, ks = self.shapes
+        b, sq, h, d = qs
+        acc = self._view(ws + self.workspace_offsets["dq_accum"], (b, h, self.rows, d))
+        self.ran.append(tuple(r for r in ("preprocess", "main", "convert_dq") if r in roles))
+        if "preprocess" in roles:
+            acc[...] = 0.0
+        if "main" in roles:
+            t = [torch.from_numpy(self._view(p, s).copy()) for p, s in
+                 zip(ptrs[1:5], (qs, ks, ks, qs))]
+            st = self.dout_strides
+            extent = 1 + sum((n - 1) * s for n, s in zip(qs, st))
+            t.insert(0, torch.from_numpy(self._view(ptrs[0], (extent,))).as_strided(qs, st).clone())
+            lse = torch.from_numpy(self._view(ptrs[5], (b, h, sq)).copy())
+            dq, dk, dv = cfd.reference_block_backward(*t, lse, self.scale, self.causal)
+            acc[:, :, :sq] += (dq.double() / self.scale).permute(0, 2, 1, 3).numpy()
+            self._view(ptrs[7], ks)[...] = dk.numpy()
+            self._view(ptrs[8], ks)[...] = dv.numpy()
+        if "convert_dq" in roles:
+            self._view(ptrs[6], qs)[...] = (acc[:, :, :sq] * self.scale).transpose(0, 2, 1, 3)
+
+
+def test_dq_sum_orchestration(monkeypatch):
+    """_DqSum's workspace path (DQ_IN_WORKSPACE; CUDA only, here on a CPU stand-in plan): the
+    first all-rows call runs the preprocess, later all-rows calls the main kernel alone on the
+    same workspace, some-rows calls their own workspace added in, one convert at the end; dq, dk,
+    dv as the plain path's (float32 here, so to rounding)."""
+    from cuflash import torch_ops
+
+    plans = {}
+
+    def fake_plan(dout, q, k, v, out, lse, scale, causal, det):
+        key = (q.shape, k.shape, causal, det)
+        if key not in plans:
+            plans[key] = _FakeAccPlan(dout, q, k, causal, scale, det)
+        return plans[key]
+
+    monkeypatch.setattr(cfd, "_acc_plan", fake_plan)
+    monkeypatch.setattr(torch_ops, "_raw_stream", lambda device: 0)
+    g = torch.Generator().manual_seed(5)
+    b, n, h, hk, d = 2, 96, 4, 2, 16
+    q, dout, out = (torch.randn(b, n, h, d, generator=g) for _ in range(3))
+    blocks = [(torch.randn(b, n, hk, d, generator=g), torch.randn(b, n, hk, d, generator=g))
+              for _ in range(3)]
+    lse = torch.randn(b, h, n, generator=g).abs() + 8
+    scale = d ** -0.5
+    half = n // 2
+    calls = [(slice(0, n), slice(0, n), True, True), (slice(0, n), slice(0, half), False, True),
+             (slice(half, n), slice(0, n), False, False), (slice(0, n), slice(0, n), False, True)]
+    for det in (False, True):
+        sums = cfd._DqSum(q, scale, False)
+        sums.in_workspace = True  # (CPU: the stand-in plans)
+        plain = cfd._DqSum(q, scale, False)
+        for (rows, ks, causal, all_rows), (k, v) in zip(calls, blocks + blocks[:1]):
+            args = (dout[:, rows], q[:, rows], k[:, ks], v[:, ks], out[:, rows],
+                    lse[:, :, rows].contiguous(), causal, det, rows, all_rows)
+            got, want = sums.block(*args), plain.block(*args)
+            for a, w in zip(got, want):
+                assert torch.allclose(a, w, atol=1e-5), (rows, ks)
+        assert sums.ws is not None and plain.ws is None
+        assert torch.allclose(sums.result(), plain.result(), atol=1e-5)
+        first = plans[((b, n, h, d), (b, n, hk, d), True, det)]
+        assert first.ran == [("preprocess", "main"), ("convert_dq",)]
+        assert plans[((b, n, h, d), (b, half, hk, d), False, det)].ran == [("main",)]
+        assert plans[((b, half, h, d), (b, n, hk, d), False, det)].ran == [("preprocess", "main")]
+        assert plans[((b, n, h, d), (b, n, hk, d), False, det)].ran == [("main",)]
+        plans.clear()
