@@ -154,3 +154,64 @@ def test_dq_sums_in_workspace(case):
                 assert torch.equal(a, c) and torch.equal(b, d)
     finally:
         api.POISON_OUTPUTS = saved
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ring_of_one_process_uses_the_workspace(causal):
+    """A ring of one process (NCCL, world 1: the rank's own block only) through autograd, with the
+    dQ sums in the workspace: output and gradients as single-GPU flash_attn_func's (its error
+    against the float64 reference bounds the ring's, 2x plus one ulp); deterministic twice:
+    the same bits."""
+    torch = _torch()
+    import datetime
+    import os
+    import socket
+
+    import torch.distributed as dist
+
+    import cuflash
+    from cuflash import distributed as cfd
+
+    os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                       "NVSHMEM_DISABLE_NVLS": "1"})
+    made = not dist.is_initialized()
+    if made:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                world_size=1, device_id=torch.device("cuda", 0),
+                                timeout=datetime.timedelta(seconds=60))
+    try:
+        g = torch.Generator(device="cuda").manual_seed(3)
+        q, k, v, dout = (torch.randn(1, 512, 4, 128, device="cuda", dtype=torch.bfloat16,
+                                     generator=g) for _ in range(4))
+        ref = [x.double().requires_grad_() for x in (q, k, v)]
+        from cuflash import reference
+
+        o_ref = torch.from_numpy(reference.attention_naive(
+            *(x.detach().cpu().numpy() for x in ref), causal=causal)).cuda()
+        grads_ref = [torch.from_numpy(x).cuda() for x in reference.attention_backward_naive(
+            dout.double().cpu().numpy(), *(x.detach().cpu().numpy() for x in ref), causal=causal)]
+        runs = []
+        for fn in ("ring", "ring", "single"):
+            leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+            if fn == "ring":
+                o = cfd.ring_flash_attn_func(*leaves, causal=causal, deterministic=True)
+            else:
+                o = cuflash.flash_attn_func(*leaves, causal=causal, deterministic=True)
+            o.backward(dout)
+            runs.append([o.detach()] + [x.grad for x in leaves])
+        for a, b in zip(runs[0], runs[1]):
+            assert torch.equal(a, b), "deterministic ring of one: two runs differ"
+        for name, got, single, want in zip(("out", "dq", "dk", "dv"), runs[0], runs[2],
+                                           [o_ref] + grads_ref):
+            e_ring = (got.double() - want).abs().max().item()
+            e_single = (single.double() - want).abs().max().item()
+            ulp = 2.0 ** -7 * want.abs().max().item()
+            print(f"ring of one, causal={causal}: {name} error {e_ring:.3e}, single GPU "
+                  f"{e_single:.3e}")
+            assert e_ring <= 2 * e_single + ulp, (name, e_ring, e_single)
+    finally:
+        if made:
+            dist.destroy_process_group()
