@@ -825,10 +825,11 @@ def ring_group(ranks=None, high_priority: bool = True, max_ctas: Optional[int] =
 def _transfer_group(group, device: torch.device):
     """The group the ring moves blocks over: ``group``, or with PRIORITY_GROUP (CUDA tensors,
     group None) the default group's high-priority twin (ring_group with RING_MAX_CTAS, made
-    once per RING_MAX_CTAS)."""
+    once per RING_MAX_CTAS and default group: a default group made anew after
+    destroy_process_group gets a twin of its own)."""
     if not PRIORITY_GROUP or device.type != "cuda" or group not in (None, dist.group.WORLD):
         return group
-    key = ("world", RING_MAX_CTAS)
+    key = ("world", RING_MAX_CTAS, dist.group.WORLD)
     twin = _priority_groups.get(key)
     if twin is None:
         twin = _priority_groups[key] = ring_group(max_ctas=RING_MAX_CTAS)
