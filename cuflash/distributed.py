@@ -66,7 +66,8 @@ block is dropped before the last exchange. Model: P >= 3, at a middle step's ker
 dQ sums 2, the block in hand 2 and the next 2, home 4, the kernels' dk, dv 2 = 13 X (an exchange
 between steps: the same with the shares leaving and arriving, 2 + 2, in place of the next block
 and dk, dv); P = 2: out 1, dQ sums 2, the block 2, home 2, dk, dv 2 = 9 X (the last exchange:
-the shares leaving and arriving in place of the block and dk, dv). PROBE_NUMBERS. The
+the shares leaving and arriving in place of the block and dk, dv). Not yet measured on several
+GPUs (tests/ring_memory_probe.py --variants low low+dq low+dq+lazy --whole). The
 floor of this design is out, the dQ sums, the blocks in hand and the home sums: every term
 scales with seqlen / P. dK/dV added into the home accumulator by the kernels' epilogue would
 not lower the peak: only the rank's own block is added at home (step 0, not the peak step); the
