@@ -36,7 +36,9 @@ static persistent forward, whose late CTAs would end a step late; from 3 ranks u
 ``FWD_DYNAMIC_MIN_WORLD``) remove the 4-GPU straggler (both on; bench --ring-ab flips them);
 ``FWD_GRID_STEPS`` (off) runs the first forward steps' non-causal calls on a grid of one CTA
 per tile, so that the chained transfers find SMs during the first step instead of spinning
-through later ones. Each step calls
+through later ones; ``FWD_FULL_GRID_STEPS`` (1, non-causal rings from 3 ranks: in place of
+FWD_DYNAMIC there) runs the first step on that grid and the later ones static persistent, with
+every transfer done in the first step. Each step calls
 cuflash's backward (``torch_ops.backward_impl``) with the GLOBAL merged out and lse: with
 P = exp(S - lse_global) and D = rowsum(dO * O_global), every block's dS = P * (dP - D) is
 exactly its share of the full gradient (the ring-attention identity), so no rescaling is
@@ -794,14 +796,17 @@ FWD_GRID_STEPS = 0
 # steps have none left to make room for and the static persistent schedule, the faster one for a
 # non-causal call (2 x H100, 256k x 256k: 896 ms static, 939 dynamic), has nothing to straggle
 # behind. Causal rings keep FWD_DYNAMIC: their step 0 is the causal call, on which the dynamic
-# scheduler is the faster one (4 x H200, 1M tokens: 213 ms, the static shard's 234). Unmeasured
-# (session 18's round 1 ran it while the stream_tail configs refused the grid: a no-op): off. The
-# cell it is for: 4 x H200, 1M tokens non-causal, the one torch CP still wins (session 18 final:
-# forward 2079 ms on the dynamic scheduler, 2061 static with one rank's step 1 at 739; the static
-# stream_tail steps of the ranks that did not straggle 419-461, the shard 451, torch CP's forward
-# 1962; the backward at the shard's speed). A/B: bench --ring-ab fwd_fullgrid1 --ring-ab-seqlens
-# 1048576 --ring-ab-causal no.
-FWD_FULL_GRID_STEPS = 0
+# scheduler is the faster one (4 x H200, 1M tokens: 213 ms, the static shard's 234). The cell it
+# is for: 1M tokens non-causal at P = 4, the one torch CP still won (session 18 final, 4 x H200:
+# forward 2079 ms on the dynamic scheduler, 2061 static with one rank's step 1 at 739; torch CP's
+# forward 1962). Measured (session 19, 4 x H100 (the call asked for H200s), same processes, bench
+# --ring-ab fwd_fullgrid1 fwd_fullgrid4 --ring-ab-seqlens 1048576 --ring-ab-causal no; results/
+# NVIDIA_H100_80GB_HBM3x4/logs/session19_ring6/): forward 1976 ms as it was (dynamic), 1777 with
+# 1 grid step, 1835 with all 4 on the grid; 553 -> 571 TFLOPs/GPU fwd + bwd. The final bench ran with
+# it (--ring-set fwd_fullgrid1): 1M non-causal forward 1782 ms (steps: grid 469-498, then static
+# 418-438), 569 TFLOPs/GPU against torch CP on cuDNN's 540 (its forward 1963), efficiency 1.00;
+# 512k 570 / 537, 256k 548 / 520. 1: on (FWD_DYNAMIC then runs the causal rings' calls only).
+FWD_FULL_GRID_STEPS = 1
 
 _priority_groups: dict = {}
 

@@ -892,6 +892,8 @@ def test_block_forward_schedule_flags(monkeypatch):
 
     q = Cuda()
     assert cfd.FWD_DYNAMIC and cfd.FWD_DYNAMIC_MIN_WORLD == 3 and cfd.FWD_GRID_STEPS == 0
+    assert cfd.FWD_FULL_GRID_STEPS == 1  # (the default since session 19; FWD_DYNAMIC alone first)
+    monkeypatch.setattr(cfd, "FWD_FULL_GRID_STEPS", 0)
     assert cfd.block_forward(q, q, q, 0.1, False, 0, 2)[0] is None
     assert asked == []  # 2 ranks: static persistent as selected
     assert cfd.block_forward(q, q, q, 0.1, False, 1, 2)[0] is None
