@@ -68,8 +68,13 @@ block is dropped before the last exchange. Model: P >= 3, at a middle step's ker
 dQ sums 2, the block in hand 2 and the next 2, home 4, the kernels' dk, dv 2 = 13 X (an exchange
 between steps: the same with the shares leaving and arriving, 2 + 2, in place of the next block
 and dk, dv); P = 2: out 1, dQ sums 2, the block 2, home 2, dk, dv 2 = 9 X (the last exchange:
-the shares leaving and arriving in place of the block and dk, dv). Not yet measured on several
-GPUs (tests/ring_memory_probe.py --variants low low+dq low+dq+lazy --whole). The
+the shares leaving and arriving in place of the block and dk, dv). Measured (session 19,
+tests/ring_memory_probe.py --whole, 4 x H100, 32k positions per rank; non-causal / causal):
+P = 4 16.06 / 15.06 X (BWD_LOW_MEMORY alone) -> 13.06 / 14.09 (DQ_IN_WORKSPACE; HOME_LAZY_FP32
+changes nothing there); P = 2 14.06 / 13.06 -> 11.06 / 12.09 -> 9.06 / 10.09; single-GPU
+flash_attn_func on the whole sequence of the 2-rank ring 12.09 X, of the 4-rank one 24.19 X.
+bench --mode ring at 256k tokens (GiB per GPU, non-causal / causal): P = 1 3.02, P = 2 2.27 /
+2.52, P = 4 1.63 / 1.76 (session 18: 3.76 / 3.51 and 2.01 / 1.88). The
 floor of this design is out, the dQ sums, the blocks in hand and the home sums: every term
 scales with seqlen / P. dK/dV added into the home accumulator by the kernels' epilogue would
 not lower the peak: only the rank's own block is added at home (step 0, not the peak step); the
@@ -423,7 +428,9 @@ def reference_block_backward(dout, q, k, v, out, lse, scale: float, causal: bool
 # 64k block calls, 8 heads, d128, alternated, median of 5): 315.4 -> 300.9 ms, peak above the inputs
 # 13.03 -> 11.03 X (the calls' dK/dV, kept, included); dQ error against the float64 block gradients
 # (tests/test_distributed_dqsum_gpu.py) 1.84e-3 / 2.31e-3 / 1.12e-3 / 3.74e-3 against the old path's
-# 1.86e-3 / 3.48e-3 / 1.28e-3 / 3.23e-3. On.
+# 1.86e-3 / 3.48e-3 / 1.28e-3 / 3.23e-3. 4 x H100, 1M tokens non-causal at P = 4, same processes
+# (bench --ring-ab dq_ws): backward 5174.5 ms without it, 5144.6 with it; peak per GPU 16.06 -> 13.06
+# X (module docstring). On.
 DQ_IN_WORKSPACE = True
 
 _FIRST_ROLES = ("preprocess", "main", "reduce_dkv")  # (reduce_dkv: GQA / MQA only)
@@ -1051,7 +1058,10 @@ def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=Non
 # the kernels wrote it or it arrived) until a second share comes, and with 2 shares in all (2
 # ranks) for good: the second is then added in k's dtype (torch adds two bf16 tensors in fp32 and
 # rounds once: the bits of the fp32 sum rounded at the end). The fp32 accumulator (4 bytes per K/V
-# value) exists only from the second of 3 or more shares on. Same results, bitwise.
+# value) exists only from the second of 3 or more shares on. Same results, bitwise (tests/
+# test_distributed_cpu.py, bf16). Measured (session 19, tests/ring_memory_probe.py, 4 x H100, 32k
+# positions per rank): P = 2 11.06 -> 9.06 X non-causal, 12.09 -> 10.09 causal; P = 4 unchanged
+# (13.06: its peak step holds the fp32 sums anyway). On.
 HOME_LAZY_FP32 = True
 
 
