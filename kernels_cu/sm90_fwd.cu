@@ -608,10 +608,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 sm90_load_q<QTile>(q_buf(qb), q_full_of(qb), q_empty_of(qb), q_fill(q_iter), &p.tma_q, q_row0, at.head,
                                    tma_batch);
                 ++q_iter;
-                // the tile's K/V blocks from the last, into the ring (sm90_fwd_common.cuh: slot reuse)
-                for (int j = 0; j < n_blocks; ++j, ++kv_iter)
-                    sm90_fill_kv<KVTile, KVTile>(bar, kv_iter, k_smem, v_smem, &p.tma_k, &p.tma_v,
-                                                 k_row0 + (n_end - 1 - j) * kBN, head_kv, tma_batch);
+                // the tile's K/V blocks from the last (block j: keys k_row0 + (n_end - 1 - j) · kBN on),
+                // into the ring (sm90_fwd_common.cuh: slot reuse)
+                auto key0 = [&](int j) { return k_row0 + (n_end - 1 - j) * kBN; };
+                sm90_fill_kv<KVTile, KVTile>(bar, kv_iter, n_blocks, key0, k_smem, v_smem, &p.tma_k, &p.tma_v, head_kv,
+                                             tma_batch);
             }
         }
         return;

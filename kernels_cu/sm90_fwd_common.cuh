@@ -100,23 +100,27 @@ __device__ __forceinline__ void sm90_load_q(u32 dst, u32 full, u32 empty, int fi
     QTile::load(dst, tma_q, full, row0, head, batch);
 }
 
-// The producer thread's fill of the K/V ring for the CTA's K/V iteration `it`: K_j and V_j, keys
-// key0.. of kv head `head_kv`, into slot it % kStages (KTile / VTile: their boxes, the slot's bytes
-// apart). Slot reuse: from the ring's second round on, the consumers must have released the
-// tiles of iteration it - kStages (the slot's release it / kStages - 1), K and V apart, so that a
-// slot's next K tile can load while its V_j is still read.
-template <class KTile, class VTile, int kStages>
-__device__ __forceinline__ void sm90_fill_kv(const Sm90FwdBars<kStages>& bar, int it, u32 k_smem, u32 v_smem,
-                                             const void* tma_k, const void* tma_v, int key0, int head_kv,
-                                             int batch) {
-    const int slot = it % kStages;
-    const u32 reuse_phase = (it / kStages - 1) & 1;
-    if (it >= kStages) mbarrier_wait(bar.k_empty(slot), reuse_phase);
-    mbarrier_arrive_expect_tx(bar.k_full(slot), KTile::kBytes);
-    KTile::load(k_smem + slot * KTile::kBytes, tma_k, bar.k_full(slot), key0, head_kv, batch);
-    if (it >= kStages) mbarrier_wait(bar.v_empty(slot), reuse_phase);
-    mbarrier_arrive_expect_tx(bar.v_full(slot), VTile::kBytes);
-    VTile::load(v_smem + slot * VTile::kBytes, tma_v, bar.v_full(slot), key0, head_kv, batch);
+// The producer thread's fill of the K/V ring with a tile's n_blocks K/V blocks, in the consumers'
+// order (block j's keys from key0(j) on, of kv head head_kv), at the CTA's K/V iterations it, it + 1,
+// ... (it is advanced past them): K_j and V_j into slot it % kStages (KTile / VTile: their TMA
+// boxes, each slot's tiles kBytes apart). Slot reuse: from the ring's second round on, the
+// consumers must have released the tiles of iteration it - kStages (the slot's release
+// it / kStages - 1), K and V apart, so that a slot's next K tile can load while its V_j is still read.
+template <class KTile, class VTile, int kStages, class Key0>
+__device__ __forceinline__ void sm90_fill_kv(const Sm90FwdBars<kStages>& bar, int& it, int n_blocks, Key0&& key0,
+                                             u32 k_smem, u32 v_smem, const void* tma_k, const void* tma_v,
+                                             int head_kv, int batch) {
+    for (int j = 0; j < n_blocks; ++j, ++it) {
+        const int slot = it % kStages;
+        const u32 reuse_phase = (it / kStages - 1) & 1;
+        const int key = key0(j);
+        if (it >= kStages) mbarrier_wait(bar.k_empty(slot), reuse_phase);
+        mbarrier_arrive_expect_tx(bar.k_full(slot), KTile::kBytes);
+        KTile::load(k_smem + slot * KTile::kBytes, tma_k, bar.k_full(slot), key, head_kv, batch);
+        if (it >= kStages) mbarrier_wait(bar.v_empty(slot), reuse_phase);
+        mbarrier_arrive_expect_tx(bar.v_full(slot), VTile::kBytes);
+        VTile::load(v_smem + slot * VTile::kBytes, tma_v, bar.v_full(slot), key, head_kv, batch);
+    }
 }
 
 // ---- consumers ----

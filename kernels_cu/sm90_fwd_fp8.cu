@@ -144,9 +144,9 @@ sm90_fwd_fp8(const __grid_constant__ Sm90FwdFp8Params p) {
                 sm90_load_q<QTile>(q_smem, bar.q_full(), bar.q_empty(), q_iter, &p.tma_q, at.m_block * kBM, at.head,
                                    at.batch);
                 ++q_iter;
-                for (int j = 0; j < n_blocks; ++j, ++kv_iter)   // the tile's K/V blocks from the last
-                    sm90_fill_kv<KTile, VTile>(bar, kv_iter, k_smem, v_smem, &p.tma_k, &p.tma_v,
-                                               (n_blocks - 1 - j) * kBN, head_kv, at.batch);
+                // the tile's K/V blocks from the last, into the ring
+                sm90_fill_kv<KTile, VTile>(bar, kv_iter, n_blocks, [&](int j) { return (n_blocks - 1 - j) * kBN; },
+                                           k_smem, v_smem, &p.tma_k, &p.tma_v, head_kv, at.batch);
             }
         }
         return;
