@@ -57,7 +57,7 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  that mask). --ring-set NAME: the whole run with a variant (ring_set in the
                  records; the settings it ran with: reverse_bwd, fwd_dynamic, priority_group,
                  ring_max_ctas, early_send, fwd_grid_steps, dkv_home, bwd_low_memory,
-                 fwd_full_grid_steps). --ring-rotate K: process r on GPU
+                 fwd_full_grid_steps, dq_in_workspace, home_lazy_fp32). --ring-rotate K: process r on GPU
                  (r + K) mod the GPU count.
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
