@@ -70,7 +70,7 @@ def _instrument(cfd, torch, log: list, X: int):
 
     def sums_block(self, *a, **kw):  # (DQ_IN_WORKSPACE: the ring's block calls)
         out = saved[4](self, *a, **kw)
-        record("bwd_block", a[9] if len(a) > 9 else kw.get("step", 0))
+        record("bwd_block", a[10] if len(a) > 10 else kw.get("step", 0))
         return out
 
     def start(self, tensors, *a, **kw):
