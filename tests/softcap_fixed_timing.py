@@ -26,8 +26,10 @@ B, S, H, D = 2, 8192, 16, 128
 # kernel-source variants (--kvariants): edits of a kernels_cu copy, {name: [(file, old, new)]}, each
 # timed as softcap 30 at the heuristic's config compiled from its copy
 KVARIANTS = {
-    # the kernel before the fix (SASS identical to the previous commit's)
-    "old": [("sm90_fwd.cu", "constexpr bool kRoundedL = kFoldCap >= 3;", "constexpr bool kRoundedL = false;")],
+    # the kernel before the session-18 fix: no rounded sum, O / l
+    "old": [("sm90_fwd.cu", "constexpr bool kRoundedL = kFoldCap >= 3 && !kAlibi;", "constexpr bool kRoundedL = false;")],
+    # the session-18 fix as it was: the rounded sum on the CUDA cores (add_rounded), not the tensor cores
+    "addsum": [("sm90_fwd.cu", "constexpr bool kRowSumMma = kRoundedL;", "constexpr bool kRowSumMma = false;")],
     # two partial sums per row (even / odd 8-column tiles) for l and lr: shorter FADD chains
     "split": [("softmax_fold.cuh", "    float row_sum = 0.f, row_sum_rounded = 0.f;\n",
                "    float row_sum = 0.f, row_sum_rounded = 0.f, row_sum_odd = 0.f, row_sum_rounded_odd = 0.f;\n"),
@@ -40,6 +42,7 @@ KVARIANTS = {
                "lr = lr * alpha + (row_sum_rounded + row_sum_rounded_odd);")],
 }
 KVARIANTS["old_split"] = KVARIANTS["old"] + KVARIANTS["split"]
+KVARIANTS["addsum_split"] = KVARIANTS["addsum"] + KVARIANTS["split"]
 
 
 def parse_variants(text):
@@ -93,6 +96,8 @@ def main():
     ap.add_argument("--precompile", action="store_true")
     ap.add_argument("--tests", action="store_true", help="--precompile: also the GPU tests' kernels")
     ap.add_argument("--variants", default="")
+    ap.add_argument("--kv-bases", default="cap30",
+                    help="rows the kernel-source variants are made for: cap30 (the heuristic) and --variants names")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -114,12 +119,21 @@ def main():
                 for dt in ("bf16", "fp16"):
                     p = Problem("fwd", dt, 2, 1023, 1023, 4, 2, D, causal, features=("softcap",), softcap=4.0)
                     cfgs.append(fam.for_problem(fam.heuristic(p, (9, 0), 227 * 1024), p))
-                    olds.append(cfgs[-1])
+                    for sq, sk in ((1, 1), (2, 1), (1, 2), (3, 3), (5, 2), (2, 7), (17, 300)):   # tiny shapes
+                        for cap in (5.0, 30.0):
+                            for fold in (None, 3, 4):
+                                pt = p.replace(seqlen_q=sq, seqlen_k=sk, softcap=cap, nheads=2, nheads_kv=2)
+                                c = fam.for_problem(fam.heuristic(pt, (9, 0), 227 * 1024), pt)
+                                cfgs.append(c if fold is None else c.replace(fold_cap=fold))
                     for name in ("sm90_bwd", "fa2_bwd"):
                         bf = registry.get(name)
                         pb = p.replace(op="bwd")
                         cfgs.append(bf.for_problem(bf.heuristic(pb, (9, 0), 227 * 1024), pb))
+        cfgs = list({c.name: c for c in cfgs if not c.problems()}.values())
         bad = [(c.name, e) for c, _, e in cc.precompile(cfgs) if e]
+        for causal in (True, False):
+            _, _, extra = configs(causal, variants)
+            olds += [extra[b] for b in args.kv_bases.split(",") if b in extra]
         for name in filter(None, args.kvariants.split(",")):
             os.environ["CUFLASH_KERNEL_DIR"] = variant_dir(name)   # the spawned workers read it at import
             bad += [(c.name, e) for c, _, e in cc.precompile(olds) if e]
@@ -156,26 +170,33 @@ def main():
                 print("profiled", key, flush=True)
             return
         new = fns["cap30"]()
-        for i, name in enumerate(filter(None, args.kvariants.split(",")), start=1):
-            # a plan built while the override names the variant's sources holds its kernels; the plan
-            # caches key on (problem, strides, scale, config), so each variant takes the scale times
-            # (1 + i 2^-20) (same kernel, same time) to keep its own plan (no on_change drop)
-            scale = D ** -0.5 * (1 + i * 2.0 ** -20)
-            cc._override = variant_dir(name)
-            out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0, config=heur, softmax_scale=scale)
-            cc._override = ""
-            fns[f"cap30_{name}"] = (lambda scale=scale: cuflash.flash_attn_func(
-                q, k, v, causal=causal, softcap=30.0, config=heur, softmax_scale=scale))
-            print(f"{name}: max |O - O(cap30)| {(out.float() - new.float()).abs().max().item():.3g}", flush=True)
+        i = 0
+        for name in filter(None, args.kvariants.split(",")):
+            for base in args.kv_bases.split(","):
+                cfg = heur if base == "cap30" else extra[base]
+                i += 1
+                # a plan built while the override names the variant's sources holds its kernels; the plan
+                # caches key on (problem, strides, scale, config), so each variant takes the scale times
+                # (1 + i 2^-20) (same kernel, same time) to keep its own plan (no on_change drop)
+                scale = D ** -0.5 * (1 + i * 2.0 ** -20)
+                cc._override = variant_dir(name)
+                out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0, config=cfg, softmax_scale=scale)
+                cc._override = ""
+                fns[f"{base}_{name}"] = (lambda scale=scale, cfg=cfg: cuflash.flash_attn_func(
+                    q, k, v, causal=causal, softcap=30.0, config=cfg, softmax_scale=scale))
+                print(f"{base}_{name}: max |O - O(cap30)| {(out.float() - new.float()).abs().max().item():.3g}",
+                      flush=True)
         torch.cuda.synchronize()
         times = time_interleaved(fns, reps=args.reps, back_to_back=3)
         base = times["plain"].median_ms
         for key, t in times.items():
             tflops = op_flops(plain) / t.median_ms / 1e9
-            print(f"{'causal' if causal else 'full':7s} {key:12s} {t.median_ms:8.3f} ms {tflops:7.1f} TFLOPs "
-                  f"x plain {t.median_ms / base:6.3f}  {heur.name if key.startswith('cap30') else ''}", flush=True)
+            cfg = extra.get(key.split("_")[0], heur) if key != "plain" else plain
+            name = getattr(cfg, "name", "")
+            print(f"{'causal' if causal else 'full':7s} {key:14s} {t.median_ms:8.3f} ms {tflops:7.1f} TFLOPs "
+                  f"x plain {t.median_ms / base:6.3f}  {name if key != 'plain' else ''}", flush=True)
             rows.append(dict(causal=causal, row=key, median_ms=t.median_ms, x_plain=t.median_ms / base,
-                             spread=t.spread, config=heur.name))
+                             spread=t.spread, config=name))
     if args.out:
         env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
         with open(args.out, "w") as f:

@@ -282,7 +282,7 @@ FEATURE_TILES: dict = {128: {"window": dict(persistent=True, dynamic=True, tma_s
                              "alibi:full": dict(BN=160, persistent=True, dynamic=True, tma_store=True),
                              "alibi": dict(persistent=True, dynamic=True)}}
 FEATURE_LAZY_RESCALE = False
-SOFTCAP_FOLD: dict = {128: 4}
+SOFTCAP_FOLD: dict = {128: 3}
 # ALiBi's bias as one FFMA per score (alibi_lin, kAlibiLinear) for calls with ALiBi alone (or with a
 # window), fixed lengths: the (head dim, causal) classes that take it (measured above).
 ALIBI_LINEAR: frozenset = frozenset({(128, True), (128, False)})
@@ -501,7 +501,14 @@ class Sm90FwdConfig(KernelConfig):
         and 1024 bytes to align the base (as the kernel's Sm90FwdShape::kSmemBytes)."""
         return ((self.BM + 2 * self.stages * self.BN) * self.smem_cols * 2 + 8 * (2 + 4 * self.stages)
                 + (SCHED_RING_BYTES if self.dynamic else 0) + self.o_stage_bytes + self.p_tile_bytes
-                + (self.BM * self.smem_cols * 2 + 16 if self.q_double else 0) + self.gen_bytes + 1024)
+                + (self.BM * self.smem_cols * 2 + 16 if self.q_double else 0) + self.gen_bytes + self.ones_bytes
+                + 1024)
+
+    @property
+    def ones_bytes(self) -> int:
+        """fold_cap 3 / 4 without ALiBi: the block of ones of the row sum on the tensor cores (kernel:
+        Sm90FwdShape kOnesRegion, ptx_sm90_rowsum.cuh kOnesBytes); 0 otherwise."""
+        return 256 if self.fold_cap >= 3 and not self.alibi else 0
 
     @property
     def gen_bytes(self) -> int:
