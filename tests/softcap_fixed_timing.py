@@ -66,7 +66,9 @@ def configs(causal, variants):
     plain = Problem("fwd", "bf16", B, S, S, H, H, D, causal)
     cap = plain.replace(features=("softcap",), softcap=30.0)
     heur = fam.for_problem(fam.heuristic(cap, (9, 0), 227 * 1024), cap)
-    extra = {name: heur.replace(**kv) for name, kv in variants.items()}
+    # (a name ending in "@full" / "@causal": that mask's row only)
+    mask = "causal" if causal else "full"
+    extra = {name: heur.replace(**kv) for name, kv in variants.items() if name.partition("@")[2] in ("", mask)}
     return plain, heur, extra
 
 
@@ -102,6 +104,10 @@ def main():
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     variants = parse_variants(args.variants)
+    if any(kv.get("fold_cap") == 4 for kv in variants.values()):
+        from cuflash.families import sm90_fwd
+
+        sm90_fwd.FOLD4_TIMING = True   # fold_cap 4 is refused otherwise (its LSE: sm90_fwd.py)
     from cuflash import compile as cc
     from cuflash import registry
 
@@ -113,6 +119,7 @@ def main():
             olds.append(heur)
             cfgs += [heur, fam.for_problem(fam.heuristic(plain, (9, 0), 227 * 1024), plain), *extra.values()]
         if args.tests:   # tests/test_softcap_fixed_max_gpu.py's kernels and the backward tests'
+            from cuflash.families import sm90_fwd
             from cuflash.problem import Problem
 
             for causal in (True, False):
@@ -121,7 +128,7 @@ def main():
                     cfgs.append(fam.for_problem(fam.heuristic(p, (9, 0), 227 * 1024), p))
                     for sq, sk in ((1, 1), (2, 1), (1, 2), (3, 3), (5, 2), (2, 7), (17, 300)):   # tiny shapes
                         for cap in (5.0, 30.0):
-                            for fold in (None, 3, 4):
+                            for fold in (None, 3) + ((4,) if sm90_fwd.FOLD4_TIMING else ()):
                                 pt = p.replace(seqlen_q=sq, seqlen_k=sk, softcap=cap, nheads=2, nheads_kv=2)
                                 c = fam.for_problem(fam.heuristic(pt, (9, 0), 227 * 1024), pt)
                                 cfgs.append(c if fold is None else c.replace(fold_cap=fold))
@@ -191,7 +198,8 @@ def main():
         base = times["plain"].median_ms
         for key, t in times.items():
             tflops = op_flops(plain) / t.median_ms / 1e9
-            cfg = extra.get(key.split("_")[0], heur) if key != "plain" else plain
+            cfg = extra.get(key.rsplit("_", 1)[0] if key.endswith(tuple(args.kvariants.split(","))) else key, heur) \
+                if key != "plain" else plain
             name = getattr(cfg, "name", "")
             print(f"{'causal' if causal else 'full':7s} {key:14s} {t.median_ms:8.3f} ms {tflops:7.1f} TFLOPs "
                   f"x plain {t.median_ms / base:6.3f}  {name if key != 'plain' else ''}", flush=True)
