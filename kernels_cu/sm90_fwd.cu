@@ -197,11 +197,13 @@
 //              (params.softcap_fixed_m <= 1: 2·softcap·log2(e) <= 100, so P = exp2(k (t - 1)) >=
 //              2^-100 never underflows) the running max is that fixed value (t <= 1), no row max
 //              and, with kLazyRescale, no O rescale after the first block (and O normalized by the
-//              sum of P as rounded for the P V GEMM, lr, the LSE by l's: no P is exactly 1 there, so
-//              O is a convex combination of V's rows by construction, O = V at one key;
-//              softmax_fold.cuh add_rounded); 4, as 3 with Q_i
+//              sum of P as rounded for the P V GEMM, the LSE by l's: no P is exactly 1 there, so
+//              O is a convex combination of V's rows by construction, O = V at one key; the sum
+//              runs on the tensor cores beside O, kRowSumMma: ptx_sm90_rowsum.cuh); 4, as 3 with Q_i
 //              prescaled by softcap_in in shared memory once per tile (softmax_fold.cuh
-//              prescale_q: no multiply per score before the tanh; bf16 only). 2, 3 and 4 need
+//              prescale_q: no multiply per score before the tanh; bf16 only; the host refuses it
+//              outside timing: the forward's LSE then comes from the rounded Q·softcap_in, which no
+//              backward recomputes). 2, 3 and 4 need
 //              kLazyRescale. 0 and kLazyRescale false, the defaults: the code of the kernel
 //              before they existed
 //   kAlibiLinear ALiBi's bias as one FFMA per score (softmax_fold.cuh AlibiLinear): on blocks whose keys

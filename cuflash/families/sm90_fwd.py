@@ -393,12 +393,14 @@ class Sm90FwdConfig(KernelConfig):
                running max moves only by more than 2^8 in P, and O is rescaled only then; with
                window / softcap / ALiBi (FEATURE_LAZY_RESCALE), not with dropout or emu_exp2; with
                it (or fold_cap) ALiBi's bias comes from fp32 distances (no I2F per score)
-    fold_cap:  0..3: softcap folded into the softmax's scale (kFoldCap, softmax_fold.cuh): 1, the
+    fold_cap:  0..4: softcap folded into the softmax's scale (kFoldCap, softmax_fold.cuh): 1, the
                scores kept as t = tanh(S·scale / softcap) (one multiply fewer per score); 2, also
                the row max taken on the raw S, apart from the tanhs; 3, as 2, but a fixed running
-               max (t <= 1) where the cap allows it (softcap_fixed_m: no row max, no O rescale); 4, as 3
+               max (t <= 1) where the cap allows it (softcap_fixed_m: no row max, no O rescale; O
+               normalized by the rounded P's row sum, summed on the tensor cores: ones_bytes); 4, as 3
                with Q multiplied by softcap_in in shared memory once per tile (no multiply per
-               score before the tanh; bf16 only).
+               score before the tanh; bf16 only; refused unless FOLD4_TIMING: its LSE is not the
+               backward's).
                2 and 3 act as 1 with ALiBi and need lazy_rescale; needs softcap, not with dropout;
                with emu_exp2 the folded step's exp2s take the software exp2 (SOFTCAP_FOLD,
                SOFTCAP_FOLD_EMU_EXP2)
