@@ -916,12 +916,14 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                         folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
                         if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
                         mx[0][0] = mx[0][1] = p.softcap_fixed_m;
-                        if constexpr (kRoundedL && !kRowSumMma) {
-                            // l and, rounded as the GEMM takes P, lr (no P is exactly 1 under the fixed max)
-                            softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value, Elem>(
-                                s_acc, m, l, lr, mx, scale_log2, alpha, rescale);
-                            return;
-                        }
+                        // l and, kRoundedL without kRowSumMma, lr: the row sums of P as rounded for the
+                        // GEMM (no P is exactly 1 under the fixed max). The step inside this branch: with
+                        // it after the branch's end, ptxas (nvcc 13.0) moved its exp2s below the wait for
+                        // P_{j-1} V_{j-1} (the step then overlaps only the other warpgroup's GEMMs)
+                        softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value,
+                                         typename RoundToIf<kRoundedL && !kRowSumMma, Elem>::type>(
+                            s_acc, m, l, lr, mx, scale_log2, alpha, rescale);
+                        return;
                     } else {
                         // the row max on the raw S (tanh is increasing: softmax_fold.cuh), masked
                         // first; the mask again after the tanh, which maps -inf to -1

@@ -65,6 +65,9 @@ __device__ __forceinline__ void softmax_rowmax(const float (&s)[kMT][kNTS][4], f
 // cvt pair and two widenings; RoundTo void: nothing (RoundedSum<void>::kOn false).
 template <class RoundTo> struct RoundedSum { static constexpr bool kOn = true; };
 template <> struct RoundedSum<void> { static constexpr bool kOn = false; };
+// RoundTo for a compile-time choice: Elem where kOn, else void (no rounded sum)
+template <bool kOn, class Elem> struct RoundToIf { using type = Elem; };
+template <class Elem> struct RoundToIf<false, Elem> { using type = void; };
 
 template <class RoundTo>
 __device__ __forceinline__ void add_rounded(float& sum, float x0, float x1) {
