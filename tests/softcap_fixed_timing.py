@@ -41,6 +41,14 @@ KVARIANTS = {
               ("softmax_fold.cuh", "lr = lr * alpha + row_sum_rounded;",
                "lr = lr * alpha + (row_sum_rounded + row_sum_rounded_odd);")],
 }
+# timing-only diagnostics (NOT the softcap): one SFU op per score fewer, either the tanh (t = S·softcap_in)
+# or the exp2 (P = the exponent's FFMA alone); what the two SFU ops cost
+KVARIANTS["notanh"] = [("softmax_fold.cuh", "                        if (kSoftcap) s = tanh_approx(s * softcap_in);\n"
+                        "                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);",
+                        "                        if (kSoftcap) s = s * softcap_in;\n"
+                        "                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);")]
+KVARIANTS["noex2"] = [("softmax_fold.cuh", "                x = exp2_scaled(x, scale_log2, offset_log2);",
+                       "                x = fmaf(x, scale_log2, -offset_log2);")]
 KVARIANTS["old_split"] = KVARIANTS["old"] + KVARIANTS["split"]
 KVARIANTS["addsum_split"] = KVARIANTS["addsum"] + KVARIANTS["split"]
 
@@ -92,7 +100,8 @@ def variant_dir(name, root="/tmp"):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kvariants", default="old", help="comma-separated KVARIANTS names")
+    ap.add_argument("--kvariants", default="old",
+                    help="comma-separated KVARIANTS names, each optionally NAME:BASE+BASE (else --kv-bases)")
     ap.add_argument("--profile", action="store_true",
                     help="one call each of plain and cap30 (full) in a profiler range (ncu --profile-from-start off)")
     ap.add_argument("--precompile", action="store_true")
@@ -104,6 +113,9 @@ def main():
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     variants = parse_variants(args.variants)
+    # {kernel-source variant: the rows (cap30, --variants names) it is made for}
+    kvariants = {n.partition(":")[0]: (n.partition(":")[2] or args.kv_bases).split("+")
+                 for n in filter(None, args.kvariants.split(","))}
     if any(kv.get("fold_cap") == 4 for kv in variants.values()):
         from cuflash.families import sm90_fwd
 
@@ -126,9 +138,10 @@ def main():
                 for dt in ("bf16", "fp16"):
                     p = Problem("fwd", dt, 2, 1023, 1023, 4, 2, D, causal, features=("softcap",), softcap=4.0)
                     cfgs.append(fam.for_problem(fam.heuristic(p, (9, 0), 227 * 1024), p))
-                    for sq, sk in ((1, 1), (2, 1), (1, 2), (3, 3), (5, 2), (2, 7), (17, 300)):   # tiny shapes
+                    for sq, sk in ((1, 1), (2, 1), (1, 2), (3, 3), (5, 2), (2, 7), (17, 300)) * (dt == "bf16"):
+                        # (tests/test_softcap_seeds_gpu.py's tiny shapes: bf16)
                         for cap in (5.0, 30.0):
-                            for fold in (None, 3) + ((4,) if sm90_fwd.FOLD4_TIMING else ()):
+                            for fold in (None, 0, 3) + ((4,) if sm90_fwd.FOLD4_TIMING else ()):
                                 pt = p.replace(seqlen_q=sq, seqlen_k=sk, softcap=cap, nheads=2, nheads_kv=2)
                                 c = fam.for_problem(fam.heuristic(pt, (9, 0), 227 * 1024), pt)
                                 cfgs.append(c if fold is None else c.replace(fold_cap=fold))
@@ -138,12 +151,13 @@ def main():
                         cfgs.append(bf.for_problem(bf.heuristic(pb, (9, 0), 227 * 1024), pb))
         cfgs = list({c.name: c for c in cfgs if not c.problems()}.values())
         bad = [(c.name, e) for c, _, e in cc.precompile(cfgs) if e]
-        for causal in (True, False):
-            _, _, extra = configs(causal, variants)
-            olds += [extra[b] for b in args.kv_bases.split(",") if b in extra]
-        for name in filter(None, args.kvariants.split(",")):
+        for name, bases in kvariants.items():
+            these = []
+            for causal in (True, False):
+                _, heur, extra = configs(causal, variants)
+                these += [heur if b == "cap30" else extra[b] for b in bases if b == "cap30" or b in extra]
             os.environ["CUFLASH_KERNEL_DIR"] = variant_dir(name)   # the spawned workers read it at import
-            bad += [(c.name, e) for c, _, e in cc.precompile(olds) if e]
+            bad += [(c.name, e) for c, _, e in cc.precompile(these) if e]
         print("precompiled", len(cfgs), "failed", bad, flush=True)
         return
 
@@ -178,8 +192,10 @@ def main():
             return
         new = fns["cap30"]()
         i = 0
-        for name in filter(None, args.kvariants.split(",")):
-            for base in args.kv_bases.split(","):
+        for name, bases in kvariants.items():
+            for base in bases:
+                if base != "cap30" and base not in extra:
+                    continue
                 cfg = heur if base == "cap30" else extra[base]
                 i += 1
                 # a plan built while the override names the variant's sources holds its kernels; the plan
@@ -198,7 +214,7 @@ def main():
         base = times["plain"].median_ms
         for key, t in times.items():
             tflops = op_flops(plain) / t.median_ms / 1e9
-            cfg = extra.get(key.rsplit("_", 1)[0] if key.endswith(tuple(args.kvariants.split(","))) else key, heur) \
+            cfg = extra.get(key.rsplit("_", 1)[0] if key.endswith(tuple(kvariants)) else key, heur) \
                 if key != "plain" else plain
             name = getattr(cfg, "name", "")
             print(f"{'causal' if causal else 'full':7s} {key:14s} {t.median_ms:8.3f} ms {tflops:7.1f} TFLOPs "

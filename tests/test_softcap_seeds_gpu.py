@@ -25,7 +25,8 @@ SEEDS = int(os.environ.get("CUFLASH_SOFTCAP_SEEDS", "24"))
 # (seqlen_q, seqlen_k): one key (P = 1 exactly in the reference), two, a few, s_q != s_k
 SHAPES = [(1, 1), (2, 1), (1, 2), (3, 3), (5, 2), (2, 7)]
 # fold_cap forced, None: the heuristic's. CUFLASH_SOFTCAP_FOLDS="3,4" adds others (4 is refused by
-# the config since session 19: sm90_fwd.FOLD4_TIMING turns it back on, for timing and this check)
+# the config since session 19: sm90_fwd.FOLD4_TIMING turns it back on, for timing and this check;
+# 0: the unfolded softcap step, for comparison)
 FOLDS = [None] + [int(f) for f in filter(None, os.environ.get("CUFLASH_SOFTCAP_FOLDS", "3").split(","))]
 
 
@@ -47,7 +48,8 @@ def test_tiny_shapes_many_seeds(cap, causal, fold, monkeypatch):
             torch.manual_seed(seed)
             q, k, v, dout = (torch.randn(1, s, 2, 128, device="cuda", dtype=torch.bfloat16)
                              for s in (sq, sk, sk, sq))
-            cfg = fwd_config("bf16", q, k, causal, cap, True, fold)
+            cfg = fwd_config("bf16", q, k, causal, cap, True, fold) if fold != 0 else \
+                fwd_config("bf16", q, k, causal, cap, True).replace(fold_cap=0)   # (0: the unfolded step)
             what = f"{cfg.name} seed {seed} {sq}x{sk}"
             call = lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=cap, config=cfg)  # noqa: E731
             ref = lambda q, k, v: feature_attention(q, k, v, scale, causal, (-1, -1), cap, None, torch.float64)[0]  # noqa: E731
@@ -60,4 +62,5 @@ def test_tiny_shapes_many_seeds(cap, causal, fold, monkeypatch):
                     check_close(a, r, b, 3, f"{what} {name}")
             except AssertionError as e:
                 fails.append(str(e))
-    assert not fails, f"{len(fails)} of {SEEDS * len(SHAPES)} failed:\n" + "\n".join(fails[:8])
+    assert not fails, f"{len(fails)} of {SEEDS * len(SHAPES)} failed:\n" + "\n".join(
+        f.split("\n")[0].replace("sm90fwd_bf16_d128_", "") for f in fails[:12])
