@@ -49,6 +49,26 @@ KVARIANTS["notanh"] = [("softmax_fold.cuh", "                        if (kSoftca
                         "                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);")]
 KVARIANTS["noex2"] = [("softmax_fold.cuh", "                x = exp2_scaled(x, scale_log2, offset_log2);",
                        "                x = fmaf(x, scale_log2, -offset_log2);")]
+# the tanh of one 8-column tile in 4 on the FMA / ALU pipes (timing only, a candidate: results are
+# compared with the SFU's by the max |O - O(cap30)| line): tanh|y| = (1 - u) / (1 + u) with
+# u = 2^(-2 log2(e) |y|) by exp2_poly<4> (2.9e-6), 1 / (1 + u) on [1/2, 1] from the linear start
+# 24/17 - 8/17 d (1/17) and two Newton steps (1.2e-5): ~21 instructions in place of one MUFU.TANH
+_TANH_EMU = """
+__device__ __forceinline__ float tanh_emu(float y) {
+    const float u = exp2_poly<4>(-2.885390082f * fabsf(y));
+    const float d = 1.f + u;
+    float r = fmaf(-0.470588235f, d, 1.411764706f);
+    r = r * fmaf(-d, r, 2.f);
+    r = r * fmaf(-d, r, 2.f);
+    return copysignf((1.f - u) * r, y);
+}
+"""
+KVARIANTS["emutanh"] = [
+    ("softmax_fold.cuh", "constexpr float kLazyRescaleLog2 = 8.f;\n", "constexpr float kLazyRescaleLog2 = 8.f;\n" + _TANH_EMU),
+    ("softmax_fold.cuh", "                        if (kSoftcap) s = tanh_approx(s * softcap_in);\n"
+     "                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);",
+     "                        if (kSoftcap) s = nt % 4 == 3 ? tanh_emu(s * softcap_in) : tanh_approx(s * softcap_in);\n"
+     "                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);")]
 KVARIANTS["old_split"] = KVARIANTS["old"] + KVARIANTS["split"]
 KVARIANTS["addsum_split"] = KVARIANTS["addsum"] + KVARIANTS["split"]
 
