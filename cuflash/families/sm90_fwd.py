@@ -265,7 +265,12 @@ STREAM_TAIL_MAX_CTAS = 144
 #                prescale is bf16 only). Session 18 (tests/softcap_fixed_timing.py, forward only): the
 #                fixed max's O normalized by the rounded P's sum (a correctness fix, lr) 1.18 / 1.28 ->
 #                1.28 / 1.42; no pingpong, two partial row sums, a tanh-free exponent (ex2 + rcp) and
-#                the first block's row max kept were no faster or not exact (CHANGELOG)
+#                the first block's row max kept were no faster or not exact (CHANGELOG). Session 19
+#                (softcap_fixed_timing.py, results/NVIDIA_H100_80GB_HBM3/softcap_session19.md): fold_cap 4
+#                refused (its LSE is not the backward's: SOFTCAP_FOLD 3), the rounded sum on the tensor
+#                cores: fold 3 1.46 / 1.49 -> 1.38 / 1.45 (fold 4 1.31 / 1.44 -> 1.30 / 1.38); one SFU op
+#                per score fewer (timing-only kernels, not the softcap): without the tanh 1.01 / 1.07,
+#                without the exp2 1.07 / 1.11; a quarter of the tanhs on the FMA pipes 1.51 / 1.50
 #   ALiBi:       causal BN 176 static 1.19 -> dynamic 1.14 (fwd + bwd 1.05 -> 1.04); full 1.11 ->
 #                1.12 (fwd + bwd 1.00 -> 1.01). Round A with alibi_lin (ALIBI_LINEAR): causal
 #                dynamic 1.13 -> 1.09 (fwd + bwd 1.04 -> 1.03); full static 1.15, dynamic 1.15,
