@@ -642,16 +642,16 @@ class Sm90FwdConfig(KernelConfig):
             out.append(f"fold_cap must be one of {FOLD_CAP}, got {self.fold_cap}")
         elif self.fold_cap and not self.softcap:
             out.append("fold_cap folds the softcap into the softmax's scale: it needs softcap")
-        elif self.fold_cap == 4 and not FOLD4_TIMING:
-            out.append("fold_cap=4 computes the scores from Q·softcap_in rounded to bf16, so the forward's "
-                       "LSE is not the one of the scores every backward recomputes from Q (dV off at one "
-                       "key): refused (sm90_fwd.FOLD4_TIMING allows it for timing)")
         elif self.fold_cap == 4 and self.dtype != "bf16":
             out.append("fold_cap=4 prescales Q by softcap_in in 16-bit: bf16 only (fp16's products of "
                        "small entries fall to subnormals)")
         elif self.fold_cap >= 2 and not self.lazy_rescale:
             out.append(f"fold_cap={self.fold_cap} needs lazy_rescale (without it ptxas, nvcc 13.0, "
                        "spilled ~300 bytes at BN 176)")
+        if self.fold_cap == 4 and not FOLD4_TIMING:
+            out.append("fold_cap=4 computes the scores from Q·softcap_in rounded to bf16, so the forward's "
+                       "LSE is not the one of the scores every backward recomputes from Q (dV off at one "
+                       "key): refused (sm90_fwd.FOLD4_TIMING allows it for timing)")
         if (self.lazy_rescale or self.fold_cap) and (self.dropout or (self.emu_exp2 and not self.fold_cap)):
             out.append("lazy_rescale / fold_cap run without dropout, and emu_exp2 only with fold_cap "
                        "(kernels_cu/softmax_fold.cuh)")
