@@ -103,9 +103,10 @@
 //
 // Layouts of the tensors: Sm90FwdParams in params_sm90.cuh. The parts the FP8 forward
 // (sm90_fwd_fp8.cu) shares with this kernel are in sm90_fwd_common.cuh: the tile numbering
-// (Sm90Tile), the pingpong turns (Pingpong), the mbarriers (Sm90FwdBars) and the consumers' K/V
-// loop of the pipeline below (sm90_consume_blocks), to which this file gives its GEMMs, softmax
-// and features.
+// (Sm90Tile), the pingpong turns (Pingpong), the mbarriers (Sm90FwdBars), the producer's loads of
+// Q and of a K/V ring slot (sm90_load_q, sm90_fill_kv, with the tiles' TMA boxes: Sm90RowTile),
+// the consumers' K/V loop of the pipeline below (sm90_consume_blocks), to which this file gives
+// its GEMMs, softmax and features, and the register epilogue (sm90_store_o_lse).
 //
 // Template parameters (cuflash/families/sm90_fwd.py Sm90FwdConfig is the host-side mirror; it
 // validates the same rules before compiling):
@@ -414,6 +415,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                                kGenBytes, kRoundedL ? kOnesBytes : 0>;
     using Mask = BandMask<kCausal, kWindow>;
     constexpr int kChunks = Shape::kChunks;
+    // the producer's tiles: Q_i, K_j and V_j as kChunks boxes of 64 columns (d96: the second one
+    // half zeros, header)
+    using QTile = Sm90RowTile<kChunks, 64, Shape::kQChunkBytes>;
+    using KVTile = Sm90RowTile<kChunks, 64, Shape::kKVChunkBytes>;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 smem = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -619,33 +624,15 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 const int tma_batch = kVarlen ? 0 : at.batch;
                 // Q's buffer is free once the consumers' last S GEMM of its previous tile is done
                 // (kQDouble: the tile before the previous one, long done: the load runs ahead)
-                const int qb = q_slot(q_iter), q_n = q_fill(q_iter);
-                if (q_n > 0) mbarrier_wait(q_empty_of(qb), (q_n - 1) & 1);
-                mbarrier_arrive_expect_tx(q_full_of(qb), Shape::kQBytes);
-#pragma unroll
-                for (int c = 0; c < kChunks; ++c)
-                    tma_load_4d(q_buf(qb) + c * Shape::kQChunkBytes, &p.tma_q, q_full_of(qb), c * 64,
-                                q_row0, at.head, tma_batch);
+                const int qb = q_slot(q_iter);
+                sm90_load_q<QTile>(q_buf(qb), q_full_of(qb), q_empty_of(qb), q_fill(q_iter), &p.tma_q, q_row0, at.head,
+                                   tma_batch);
                 ++q_iter;
-                for (int j = 0; j < n_blocks; ++j, ++kv_iter) {
-                    const int slot = kv_iter % kStages;
-                    // Slot reuse: wait until the consumers released the tiles of iteration
-                    // kv_iter - kStages (the slot's release kv_iter / kStages - 1), K and V apart.
-                    const u32 reuse_phase = (kv_iter / kStages - 1) & 1;
-                    const int key0 = k_row0 + (n_end - 1 - j) * kBN;
-                    if (kv_iter >= kStages) mbarrier_wait(bar.k_empty(slot), reuse_phase);
-                    mbarrier_arrive_expect_tx(bar.k_full(slot), Shape::kKVBytes);
-#pragma unroll
-                    for (int c = 0; c < kChunks; ++c)
-                        tma_load_4d(k_smem + slot * Shape::kKVBytes + c * Shape::kKVChunkBytes, &p.tma_k,
-                                    bar.k_full(slot), c * 64, key0, head_kv, tma_batch);
-                    if (kv_iter >= kStages) mbarrier_wait(bar.v_empty(slot), reuse_phase);
-                    mbarrier_arrive_expect_tx(bar.v_full(slot), Shape::kKVBytes);
-#pragma unroll
-                    for (int c = 0; c < kChunks; ++c)
-                        tma_load_4d(v_smem + slot * Shape::kKVBytes + c * Shape::kKVChunkBytes, &p.tma_v,
-                                    bar.v_full(slot), c * 64, key0, head_kv, tma_batch);
-                }
+                // the tile's K/V blocks from the last (block j: keys k_row0 + (n_end - 1 - j) · kBN on),
+                // into the ring (sm90_fwd_common.cuh: slot reuse)
+                auto key0 = [&](int j) { return k_row0 + (n_end - 1 - j) * kBN; };
+                sm90_fill_kv<KVTile, KVTile>(bar, kv_iter, n_blocks, key0, k_smem, v_smem, &p.tma_k, &p.tma_v, head_kv,
+                                             tma_batch);
             }
         }
         return;
@@ -759,6 +746,18 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         }
     };
 
+    // The epilogues' factors, read where a row is stored. O's: 1 / l (kRoundedL: 1 / Σ P̃, so that O
+    // is a convex combination of V's rows; the LSE still from l), kDropout times 1 / (1 - p): O =
+    // (P ∘ Z) V / (l (1 - p)). The LSE's scale: softmax_scale (kFoldCap: times softcap_out, S being
+    // kept as t = tanh(S·softcap_in)).
+    // (kRoundedL: O / Σ P̃, a convex combination of V's rows; the LSE from l)
+    auto o_factor = [&](int half, float l_row) {
+        float inv_l = softmax_inv_l(rounded_l() ? lr_row(half) : l_row);
+        if constexpr (kDropout) inv_l *= dropout.scale;
+        return inv_l;
+    };
+    auto lse_scale = [&]() { return kFoldCap ? p.softmax_scale * p.softcap_out : p.softmax_scale; };
+
     // kTmaStore's epilogue: O = acc / l written into this warpgroup's staging tile (128-byte
     // swizzle: 16-byte unit u of row r at u ^ (r % 8); a warp's 32 four-byte stores of one column
     // step hit 32 different banks), then one thread stores the tile by TMA (rows past seqlen_q
@@ -775,16 +774,14 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const float l_row = quad_sum(l[0][half]);
-            // (kRoundedL: O / Σ P̃, a convex combination of V's rows; the LSE from l)
-            float inv_l = softmax_inv_l(rounded_l() ? lr_row(half) : l_row);
-            if constexpr (kDropout) inv_l *= dropout.scale;   // as the plain epilogue: O = (P ∘ Z) V / (l (1 - p))
+            const float inv_l = o_factor(half, l_row);
             const int row = warp * 16 + g + 8 * half;       // in the warpgroup's 64; row % 8 == g
 #pragma unroll
             for (int nt = 0; nt < kOCols / 8; ++nt)
                 st_shared_u32(o_stage + (nt / 8) * Shape::kOStageChunkBytes + row * 128 + (((nt % 8) ^ g) * 16) + 4 * t,
                               pack2<Elem>(o_acc[0][nt][2 * half] * inv_l, o_acc[0][nt][2 * half + 1] * inv_l));
             const int r = warp_row0 + g + 8 * half;
-            if (t == 0 && r < p.seqlen_q) lse_gmem[r] = softmax_lse(m[0][half], l_row, kFoldCap ? p.softmax_scale * p.softcap_out : p.softmax_scale);
+            if (t == 0 && r < p.seqlen_q) lse_gmem[r] = softmax_lse(m[0][half], l_row, lse_scale());
         }
         fence_proxy_async_smem();                           // the stores, visible to TMA
         named_barrier_sync(4 + wg, 128);
@@ -1085,33 +1082,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             store_o_tma(at, wg_row0, warp_row0);
             continue;
         }
-        // ---- epilogue: O = acc / l (delayed normalization), LSE = m·scale + log l ----
-        // Each thread stores its O fragment straight from registers, two columns (4 bytes) per
-        // store, skipping rows past seqlen_q and columns past head_dim. A Q block with no
-        // visible key (n_blocks = 0) stores O = 0 and LSE = +inf.
-        // kVarlen: rows from the sequence's first (o_batch_stride is 0), LSE (nheads, total_q)
-        u16* o_gmem = static_cast<u16*>(p.o) + at.batch * p.o_batch_stride + at.head * p.o_head_stride
-                      + static_cast<i64>(seq.q_start) * p.o_row_stride;
-        float* lse_gmem = p.lse + lse_offset<kVarlen>(p, at.batch, at.head, seq);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const float l_row = quad_sum(l[0][half]);
-            // (kRoundedL: O / Σ P̃, a convex combination of V's rows; the LSE from l)
-            float inv_l = softmax_inv_l(rounded_l() ? lr_row(half) : l_row);
-            if constexpr (kDropout) inv_l *= dropout.scale;   // O = (P ∘ Z) V / (l (1 - p))
-            const int r = warp_row0 + g + 8 * half;
-            if (r < (kVarlen ? seq.seqlen_q : p.seqlen_q)) {
-                u16* o_row = o_gmem + r * p.o_row_stride;
-#pragma unroll
-                for (int nt = 0; nt < kOCols / 8; ++nt) {
-                    const int col = nt * 8 + 2 * t;
-                    if (col < p.head_dim)
-                        *reinterpret_cast<u32*>(o_row + col) =
-                            pack2<Elem>(o_acc[0][nt][2 * half] * inv_l, o_acc[0][nt][2 * half + 1] * inv_l);
-                }
-                if (t == 0) lse_gmem[r] = softmax_lse(m[0][half], l_row, kFoldCap ? p.softmax_scale * p.softcap_out : p.softmax_scale);
-            }
-        }
+        // ---- epilogue: O = acc / l (delayed normalization), LSE = m·scale + log l, from registers
+        // (sm90_fwd_common.cuh). A Q block with no visible key (n_blocks = 0) stores O = 0 and LSE = +inf.
+        sm90_store_o_lse<Elem, kOCols, kVarlen>(p, at, seq, o_acc, m, l, o_factor, lse_scale, warp_row0, g, t);
     }
     if constexpr (kTileOverlap) wgmma_wait<0>();   // the last tile's dropped S GEMM
     if constexpr (kDynamic && kPingpong)
