@@ -306,8 +306,9 @@ FOLD_CAP = (0, 1, 2, 3, 4)
 # 1.271, with 1 quarter emulated 1.267 / 1.355, 2 quarters 1.324 / 1.421: off (the kernel pays for every
 # issued instruction, ~2% per instruction per score; results/NVIDIA_H100_80GB_HBM3/
 # features_overhead_session16.md). Session 19, fold_cap 3 with the row sum on the tensor cores
-# (tests/softcap_fixed_timing.py, results/NVIDIA_H100_80GB_HBM3/softcap_session19.md, rounds 2 / 3):
-# emu 1 full (BN 144) 1.445 -> 1.388 / 1.438 -> 1.373, causal (BN 128) 1.384 -> 1.443 / 1.402 -> 1.438:
+# (tests/softcap_fixed_timing.py, results/NVIDIA_H100_80GB_HBM3/softcap_session19.md, rounds 2 / 3 / 4):
+# emu 1 full (BN 144) 1.445 -> 1.388 / 1.438 -> 1.373 / 1.409 -> 1.360 (emu 2 1.398, BN 128 + emu 1
+# 1.511), causal (BN 128) 1.384 -> 1.443 / 1.402 -> 1.438:
 # full takes 1, bf16 softcap alone (emu 2 spills 4 bytes at BN 144, nvcc 13.0; BN 160 + emu 1 76).
 SOFTCAP_FOLD_EMU_EXP2: dict = {(128, False): 1}
 FIXED_MAX_LOG2_RANGE = 100.0
