@@ -77,13 +77,26 @@ def _kind(x) -> str:
     return "cupy" if mod == "cupy" else mod
 
 
-def dtype_name(x) -> Optional[str]:
-    """'bf16' / 'fp16' (torch CPU tensors: also 'fp32' / 'fp64'), None for anything else."""
-    name = str(x.dtype).replace("torch.", "")
-    names = {"bfloat16": "bf16", "float16": "fp16"}
-    if _kind(x) == "torch" and x.device.type == "cpu":  # the reference computes in float64
-        names.update({"float32": "fp32", "float64": "fp64"})
-    return names.get(name)
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16"}
+_DTYPE_NAMES_CPU = {**_DTYPE_NAMES, "float32": "fp32", "float64": "fp64"}  # the reference: float64
+# dtype_name by (dtype, torch CPU tensor): str(numpy dtype) alone took ~1/5 of a tiny CuPy
+# backward's host time (9 arrays described per call; cProfile, H100 host, session 19)
+_dtype_name_cache: dict = {}
+
+
+def dtype_name(x, kind: Optional[str] = None) -> Optional[str]:
+    """'bf16' / 'fp16' (torch CPU tensors: also 'fp32' / 'fp64'), None for anything else.
+    kind: _kind(x), when the caller has it."""
+    kind = _kind(x) if kind is None else kind
+    key = (x.dtype, kind == "torch" and x.device.type == "cpu")
+    try:
+        return _dtype_name_cache[key]
+    except KeyError:
+        names = _DTYPE_NAMES_CPU if key[1] else _DTYPE_NAMES
+        name = _dtype_name_cache[key] = names.get(str(x.dtype).replace("torch.", ""))
+        return name
+    except TypeError:  # an unhashable dtype-like attribute: no caching
+        return (_DTYPE_NAMES_CPU if key[1] else _DTYPE_NAMES).get(str(x.dtype).replace("torch.", ""))
 
 
 def _check_array(name: str, x, ndim: int, dims: str) -> str:
@@ -99,7 +112,7 @@ def _check_array(name: str, x, ndim: int, dims: str) -> str:
 
 def describe(name: str, x) -> _Tensor:
     kind = _check_array(name, x, 4, "batch, seqlen, nheads, headdim")
-    dtype = dtype_name(x)
+    dtype = dtype_name(x, kind)
     if dtype is None:
         raise TypeError(f"{name}: dtype must be float16 or bfloat16, got {x.dtype} "
                         "(fp32 inputs are not supported yet; cast explicitly)")
@@ -1439,6 +1452,12 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
     a pair (seed, offset), or for torch an int64 (2,) state tensor on q's device); the
     kernels regenerate the forward's keep mask from them, with window, softcap and ALiBi too.
     """
+    if type(q) is _CUPY_NDARRAY and config is None and dropout_p == 0 and not softcap \
+            and alibi_slopes is None and _plain_scale(softmax_scale) and _bwd_plans:
+        grads = _backward_cupy_cached(dout, q, k, v, out, lse, softmax_scale, causal, deterministic,
+                                      window_size)
+        if grads is not None:
+            return grads
     tq, tk, tv, softmax_scale, problem = check_qkv(q, k, v, softmax_scale, causal, "bwd", deterministic)
     tdo, to = check_bwd_tensors(tq, dout, out, lse)
     if softcap or alibi_slopes is not None or tuple(window_size) != (-1, -1):
@@ -1495,7 +1514,101 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
         grads = flash_attn_backward(*(pad_head_dim(x, padded) for x in (dout, q, k, v, out)), lse,
                                     softmax_scale, causal, deterministic, config=config)
         return tuple(slice_head_dim(g, head_dim) for g in grads)
-    return _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem, softmax_scale, config)
+    _last_bwd_plan[0] = None
+    grads = _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem, softmax_scale, config)
+    if config is None and not softcap and alibi_slopes is None and tuple(window_size) == (-1, -1):
+        _register_bwd_plan(dout, q, k, v, out, lse, tq, tdo, problem, softmax_scale, causal, deterministic)
+    return grads
+
+
+def _register_bwd_plan(dout, q, k, v, out, lse, tq, tdo, problem, softmax_scale, causal, deterministic):
+    """Keep the plan the plain CuPy backward just ran for repeat calls of the same arrays'
+    layout (_bwd_plans): only where the fast path would run exactly what the validated one did
+    (a plain scale, a contiguous LSE, a dout read in place, bool causal / deterministic)."""
+    global _CUPY_NDARRAY
+    _CUPY_NDARRAY = _cupy_ndarray_class()
+    plan = _last_bwd_plan[0]
+    if plan is None or p_empty(problem) or not _plain_scale(softmax_scale) \
+            or causal.__class__ not in (bool, int) or deterministic.__class__ not in (bool, int) \
+            or not all(type(x) is _CUPY_NDARRAY for x in (dout, q, k, v, out, lse)) \
+            or tuple(lse.strides) != tuple(4 * n for n in out_strides(lse.shape)) or layout_problem(tdo):
+        return
+    key = _bwd_key(dout, q, k, v, out, lse, softmax_scale, causal, deterministic)
+    if key is not None:
+        _bwd_plans[key] = _CupyBackward(plan, (q.shape, k.shape, v.shape), q.dtype, tq.device)
+
+
+def p_empty(problem: Problem) -> bool:
+    """Whether a problem has no attention weight (no query heads, rows or keys)."""
+    return problem.batch == 0 or problem.nheads == 0 or problem.seqlen_q == 0 or problem.seqlen_k == 0
+
+
+# CuPy backward plans of plain calls (no features, no explicit config), by the six arrays' shapes,
+# strides, dtypes and devices, the scale, causal and deterministic: a repeat call skips validation
+# and selection (the CuPy forward's _cupy_plans, for the backward). Session 19: the CuPy backward
+# took 110-170 µs of host time per call against the forward's 12-15 (H100 host, tiny problem).
+_bwd_plans: dict = {}
+_last_bwd_plan: list = [None]   # the plan _backward_cupy ran last (registered by the caller)
+
+
+def _bwd_key(dout, q, k, v, out, lse, softmax_scale, causal, deterministic):
+    arrays = (dout, q, k, v, out, lse)
+    try:
+        key = tuple((x.shape, x.strides, x.dtype, x.data.device_id) for x in arrays) + (
+            softmax_scale, bool(causal), bool(deterministic))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _backward_cupy_cached(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, window_size):
+    """flash_attn_backward for a repeat plain CuPy call (its plan in _bwd_plans), or None (the
+    validated path then runs, and registers the plan)."""
+    if window_size != (-1, -1) and tuple(window_size) != (-1, -1):
+        return None
+    if causal.__class__ not in (bool, int) or deterministic.__class__ not in (bool, int):
+        return None
+    if not all(type(x) is _CUPY_NDARRAY for x in (dout, k, v, out, lse)):
+        return None
+    key = _bwd_key(dout, q, k, v, out, lse, softmax_scale, causal, deterministic)
+    plan = None if key is None else _bwd_plans.get(key)
+    if plan is None:
+        return None
+    ptrs = (dout.data.ptr, q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr, lse.data.ptr)
+    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
+        return None
+    return plan.backward_ptrs(ptrs)
+
+
+class _CupyBackward:
+    """A backward plan for CuPy arrays of one shape: allocate dq, dk, dv (one pool allocation,
+    256-byte aligned parts) and the workspace, launch."""
+
+    def __init__(self, plan, shapes, dtype, device):
+        cupy = _cupy()
+        self.plan, self.shapes, self.dtype, self.device = plan, shapes, dtype, device
+        sizes = [int(np.prod(sh)) * np.dtype(dtype).itemsize for sh in shapes]
+        self._offsets, off = [], 0
+        for n in sizes:
+            self._offsets.append(off)
+            off += -(-n // 256) * 256
+        self._bytes, self._ws_bytes = off, max(plan.workspace_bytes, 1)
+        self._alloc, self._ndarray, self._stream = cupy.cuda.alloc, cupy.ndarray, cupy.cuda.get_current_stream
+        self._get_device = cupy.cuda.runtime.getDevice
+
+    def backward_ptrs(self, ptrs: tuple):
+        if self._get_device() != self.device:
+            with _cupy().cuda.Device(self.device):
+                return self.backward_ptrs(ptrs)
+        mem = self._alloc(self._bytes)
+        grads = tuple(self._ndarray(sh, self.dtype, mem + off) for sh, off in zip(self.shapes, self._offsets))
+        if POISON_OUTPUTS:
+            for g in grads:
+                g.view(_cupy().uint16).fill(0x7FFF)
+        workspace = self._alloc(self._ws_bytes)   # released to the pool after the launch (stream order)
+        self.plan.run_current(ptrs + tuple(g.data.ptr for g in grads), workspace.ptr, self._stream().ptr)
+        return grads
 
 
 def _backward_seed(dropout_seed, q) -> tuple:
@@ -1581,6 +1694,7 @@ def _plain_scale(softmax_scale) -> bool:
 def _drop_plans() -> None:
     _cupy_plans.clear()
     _feature_plans.clear()
+    _bwd_plans.clear()
 
 
 compile_mod.on_change(_drop_plans)
@@ -1767,6 +1881,7 @@ def _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem: Problem, scale: fl
         # synchronization every call (6-27% of a 2k backward, session 18)
         plan = feature_plan(p, strides, scale, dq.device.id, config) if rng is None \
             else make_plan(p, strides, scale, dq.device.id, config)
+        _last_bwd_plan[0] = plan
         if POISON_OUTPUTS:
             for x in (dq, dk, dv):
                 x.view(cupy.uint16).fill(0x7FFF)

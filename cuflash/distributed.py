@@ -36,7 +36,9 @@ static persistent forward, whose late CTAs would end a step late; from 3 ranks u
 ``FWD_DYNAMIC_MIN_WORLD``) remove the 4-GPU straggler (both on; bench --ring-ab flips them);
 ``FWD_GRID_STEPS`` (off) runs the first forward steps' non-causal calls on a grid of one CTA
 per tile, so that the chained transfers find SMs during the first step instead of spinning
-through later ones. Each step calls
+through later ones; ``FWD_FULL_GRID_STEPS`` (1, non-causal rings from 3 ranks: in place of
+FWD_DYNAMIC there) runs the first step on that grid and the later ones static persistent, with
+every transfer done in the first step. Each step calls
 cuflash's backward (``torch_ops.backward_impl``) with the GLOBAL merged out and lse: with
 P = exp(S - lse_global) and D = rowsum(dO * O_global), every block's dS = P * (dP - D) is
 exactly its share of the full gradient (the ring-attention identity), so no rescaling is
@@ -56,9 +58,27 @@ held at step 2) and 18.06 at P = 2; single-GPU cuflash 6.05 X. Nothing is indepe
 sequence length (results/NVIDIA_H200x4/ring.json: 2.96, 5.92 GB at 256k, 512k tokens: 22.06 X
 each). With BWD_LOW_MEMORY (on) one fp32 accumulator stays home and the shares (k's dtype) go
 home between the steps: 16.06 X at P = 4, 15.03 at P = 2 (causal 15.06, 14.04): the home
-accumulator (4) in place of the two travelling ones (8), the rest as above. What is left needs
-the backward kernels to add into the ring's accumulators instead of writing dq, dk, dv of their
-own (3 X less: dq and the workspace's dQ sums; 2 more with dK/dV added in the epilogue). Peaks
+accumulator (4) in place of the two travelling ones (8), the rest as above. With
+DQ_IN_WORKSPACE (on) the kernels sum dQ in their own workspace, one for the whole ring: the ring's
+dQ accumulator is the workspace's (2), and no call has a dq or a workspace of its own (3 X less;
+a causal ring's half-block calls over some rows keep a workspace of their own, 1). With
+HOME_LAZY_FP32 (on) the home accumulator is the first share itself (2, k's dtype) until a
+second share comes: with 2 ranks for good (the second one is the last), and the last step's
+block is dropped before the last exchange. Model: P >= 3, at a middle step's kernels: out 1,
+dQ sums 2, the block in hand 2 and the next 2, home 4, the kernels' dk, dv 2 = 13 X (an exchange
+between steps: the same with the shares leaving and arriving, 2 + 2, in place of the next block
+and dk, dv); P = 2: out 1, dQ sums 2, the block 2, home 2, dk, dv 2 = 9 X (the last exchange:
+the shares leaving and arriving in place of the block and dk, dv). Measured (session 19,
+tests/ring_memory_probe.py --whole, 4 x H100, 32k positions per rank; non-causal / causal):
+P = 4 16.06 / 15.06 X (BWD_LOW_MEMORY alone) -> 13.06 / 14.09 (DQ_IN_WORKSPACE; HOME_LAZY_FP32
+changes nothing there); P = 2 14.06 / 13.06 -> 11.06 / 12.09 -> 9.06 / 10.09; single-GPU
+flash_attn_func on the whole sequence of the 2-rank ring 12.09 X, of the 4-rank one 24.19 X.
+bench --mode ring at 256k tokens (GiB per GPU, non-causal / causal): P = 1 3.02, P = 2 2.27 /
+2.52, P = 4 1.63 / 1.76 (session 18: 3.76 / 3.51 and 2.01 / 1.88). The
+floor of this design is out, the dQ sums, the blocks in hand and the home sums: every term
+scales with seqlen / P. dK/dV added into the home accumulator by the kernels' epilogue would
+not lower the peak: only the rank's own block is added at home (step 0, not the peak step); the
+shares of the others' blocks must be written out anyway, to be sent. Peaks
 are torch's max_memory_allocated: a buffer still in flight on the side stream after Python let
 go of it (record_stream) is not counted there, though its memory is not reused before the
 transfer ends.
@@ -388,6 +408,185 @@ def reference_block_backward(dout, q, k, v, out, lse, scale: float, causal: bool
 
 
 # ---------------------------------------------------------------------------------------
+# dQ summed over a ring's block calls (DQ_IN_WORKSPACE)
+
+# Whether the dense ring's backward sums dQ in the backward kernels' own fp32 accumulator: the
+# workspace of the first call that covers every local q row (step 0's, the rank's own block) stays
+# for the whole ring; its preprocess zeroes the accumulator and writes LSE·log2e and D =
+# rowsum(dO∘O) (the same rows, out and dout for every block); every later call over all the rows
+# runs the main kernel alone on it (adding its dQ share, as the kernel adds its K/V blocks'), and
+# after the last step one launch of the dQ convert (dQ = scale · accumulator) writes dq. A call
+# over some rows only (a causal ring's half-block steps) runs with a workspace of its own, and its
+# accumulator rows are added in (fp32, exact). The calls run with dq_first and dq_convert off
+# (dq_first zeroes a Q block's rows in the main kernel; dq_convert converts after every call). Off:
+# every call allocates its workspace (fp32 dQ sums, 2 X) and dq (1 X), and dq (rounded to q's
+# dtype) is added into a separate fp32 accumulator (2 X): 3 X more at the peak (module docstring).
+# The same sums in another rounding (dQ's shares are no longer rounded to q's dtype before they are
+# added: closer to single-GPU attention, which sums every K/V block in that accumulator);
+# deterministic calls stay bitwise reproducible (the turn counters are zeroed before each call).
+# Measured (session 19 round 1, 1 x H100, tests/ring_dqsum_timing.py: one rank's 4 non-causal 64k x
+# 64k block calls, 8 heads, d128, alternated, median of 5): 315.4 -> 300.9 ms, peak above the inputs
+# 13.03 -> 11.03 X (the calls' dK/dV, kept, included); dQ error against the float64 block gradients
+# (tests/test_distributed_dqsum_gpu.py) 1.84e-3 / 2.31e-3 / 1.12e-3 / 3.74e-3 against the old path's
+# 1.86e-3 / 3.48e-3 / 1.28e-3 / 3.23e-3. 4 x H100, 1M tokens non-causal at P = 4, same processes
+# (bench --ring-ab dq_ws): backward 5174.5 ms without it, 5144.6 with it; peak per GPU 16.06 -> 13.06
+# X (module docstring). On.
+DQ_IN_WORKSPACE = True
+
+_FIRST_ROLES = ("preprocess", "main", "reduce_dkv")  # (reduce_dkv: GQA / MQA only)
+_LATER_ROLES = ("main", "reduce_dkv")
+_acc_plans: dict = {}
+
+
+def _acc_plan(dout, q, k, v, out, lse, scale: float, causal: bool, deterministic: bool):
+    """The backward plan of one ring block call that adds into a dQ accumulator (DQ_IN_WORKSPACE):
+    the config selection picks, with dq_first and dq_convert off; None where the call runs no
+    single plan on these tensors (reference, padding, copies, dout copied by the preprocess,
+    misaligned pointers): the caller takes the plain path."""
+    key = torch_ops._bwd_key(dout, q, k, v, out, lse, scale, causal, deterministic, "ring_acc")
+    if key not in _acc_plans:
+        plan = None
+        try:
+            problem = api.check_qkv(q, k, v, scale, causal, "bwd", deterministic)[4]
+            cfg = select.choose_on_device(problem, q.device.index)[1]
+            flags = {f: False for f in ("dq_first", "dq_convert") if getattr(cfg, f, False)}
+            plan = torch_ops._bwd_verdict(dout, q, k, v, out, lse, scale, causal, deterministic,
+                                          cfg.replace(**flags) if flags else None)
+        except (ValueError, TypeError, select.UnsupportedProblem):
+            plan = None
+        if plan.__class__ is str or plan is None or "dout_copy" in plan.workspace_offsets or \
+                getattr(plan.config, "dq_first", False) or getattr(plan.config, "dq_convert", False):
+            plan = None
+        _acc_plans[key] = plan
+    plan = _acc_plans[key]
+    if plan is not None and (dout.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr()
+                             | out.data_ptr()) & 15:
+        return None
+    return plan
+
+
+def _same_rows(a, b) -> bool:
+    """Whether two backward plans lay out the workspace's per-row pieces (LSE·log2e, D, the dQ
+    accumulator) alike: the same rows, head dim and offsets (one workspace serves both)."""
+    pa, pb = a.problem, b.problem
+    wa, wb = a.workspace_offsets, b.workspace_offsets
+    return ((pa.batch, pa.nheads, pa.seqlen_q, a.config.head_dim)
+            == (pb.batch, pb.nheads, pb.seqlen_q, b.config.head_dim)
+            and all(wa.get(n) == wb.get(n) for n in ("lse_log2", "D", "dq_accum")))
+
+
+def _ws_dq(ws: Tensor, plan) -> Tensor:
+    """The fp32 dQ accumulator in a backward workspace, (batch, nheads, rows, kernel head dim)
+    (rows: seqlen_q rounded up to the workspace's row padding), unscaled."""
+    from .families.fa2_bwd import ROW_PAD
+
+    p = plan.problem
+    rows, hd = -(-p.seqlen_q // ROW_PAD) * ROW_PAD, plan.config.head_dim
+    off = plan.workspace_offsets["dq_accum"]
+    return ws[off:off + p.batch * p.nheads * rows * hd * 4].view(torch.float32).view(
+        p.batch, p.nheads, rows, hd)
+
+
+class _DqSum:
+    """dQ of the local q summed over a ring backward's block calls: ``block`` runs one call (its
+    dK, dV returned) and adds its dQ share, ``result`` gives dq in q's dtype. The sums are kept
+    unscaled (dQ = softmax_scale · acc), (batch, nheads, rows, head dim) as the kernels keep them:
+    with ``in_workspace`` (DQ_IN_WORKSPACE, CUDA) in the first all-rows call's workspace, otherwise
+    in an accumulator of their own (q's accumulation dtype) into which each call's dq is added."""
+
+    def __init__(self, q: Tensor, scale: float, in_workspace: bool):
+        self.q, self.scale = q, scale
+        self.in_workspace = bool(in_workspace) and q.is_cuda
+        self.acc = None   # the unscaled sums, once a call has run
+        self.ws = None    # in_workspace: the workspace (uint8) that holds acc
+        self.plan = None  # in_workspace: the plan whose preprocess filled ws (its convert writes dq)
+        self.ptrs = None  # that call's input pointers (the convert's writer encodes them)
+
+    def block(self, dout, q, k, v, out, lse, causal: bool, deterministic: bool, rows: slice,
+              all_rows: bool, step: int = 0) -> tuple:
+        """(dk, dv) of q's ``rows`` (a slice of the local rows; all_rows: every one) on one K/V
+        block given the GLOBAL out and lse; the call's dQ goes into the sums."""
+        if self.in_workspace:
+            q, k, v, out, lse = (x.contiguous() for x in (q, k, v, out, lse))
+            plan = _acc_plan(dout, q, k, v, out, lse, self.scale, causal, deterministic)
+            if plan is not None:
+                if TRACE is not None:
+                    _trace_config("bwd_config", step, plan.config)
+                if all_rows and (self.ws is not None or self.acc is None) and \
+                        (self.plan is None or _same_rows(plan, self.plan)):
+                    return self._shared(plan, dout, q, k, v, out, lse, deterministic)
+                if self.acc is not None:
+                    return self._own(plan, dout, q, k, v, out, lse, rows)
+        dq, dk, dv = block_backward(dout, q, k, v, out, lse, self.scale, causal, deterministic,
+                                    step)
+        self._sums()[:, :, rows, :dq.shape[-1]] += dq.transpose(1, 2).to(self._dtype()) / self.scale
+        return dk, dv
+
+    def _dtype(self):
+        return _acc_dtype(self.q.dtype)
+
+    def _sums(self) -> Tensor:
+        if self.acc is None:
+            b, n, h, d = self.q.shape
+            self.acc = torch.zeros((b, h, n, d), dtype=self._dtype(), device=self.q.device)
+        return self.acc
+
+    def _launch(self, plan, roles, ws: Tensor, dout, q, k, v, out, lse) -> tuple:
+        dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
+        if api.POISON_OUTPUTS:
+            dk.fill_(math.nan)
+            dv.fill_(math.nan)
+        ptrs = (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                lse.data_ptr())
+        # dq 0: no launch among roles writes dq (dq_convert off; the convert runs in result)
+        plan.run_roles(roles, ptrs + (0, dk.data_ptr(), dv.data_ptr()), ws.data_ptr(),
+                       torch_ops._raw_stream(plan.device))
+        return ptrs, dk, dv
+
+    def _shared(self, plan, dout, q, k, v, out, lse, deterministic: bool) -> tuple:
+        """An all-rows call on the shared workspace: the first runs the preprocess (zeroed sums,
+        LSE·log2e, D), the later ones the main kernel alone."""
+        if self.ws is None:
+            self.ws = q.new_empty(plan.workspace_bytes, dtype=torch.uint8)
+            ptrs, dk, dv = self._launch(plan, _FIRST_ROLES, self.ws, dout, q, k, v, out, lse)
+            self.plan, self.ptrs, self.acc = plan, ptrs, _ws_dq(self.ws, plan)
+            return dk, dv
+        if plan.workspace_bytes > self.ws.numel():  # (GQA: a longer block's dK/dV sums)
+            grown = self.ws.new_empty(plan.workspace_bytes)
+            grown[:self.ws.numel()].copy_(self.ws)
+            self.ws, self.acc = grown, _ws_dq(grown, self.plan)
+        if deterministic and "dq_semaphore" in plan.workspace_offsets:
+            # the dQ turn counters start at 0 (the preprocess, not run here, zeroes them)
+            off = plan.workspace_offsets["dq_semaphore"]
+            nxt = min([o for n, o in plan.workspace_offsets.items() if o > off] + [self.ws.numel()])
+            self.ws[off:nxt].zero_()
+        return self._launch(plan, _LATER_ROLES, self.ws, dout, q, k, v, out, lse)[1:]
+
+    def _own(self, plan, dout, q, k, v, out, lse, rows: slice) -> tuple:
+        """A call over some rows: its own workspace (zeroed sums), its rows added in (fp32)."""
+        ws = q.new_empty(plan.workspace_bytes, dtype=torch.uint8)
+        dk, dv = self._launch(plan, _FIRST_ROLES, ws, dout, q, k, v, out, lse)[1:]
+        d, n = q.shape[-1], rows.stop - rows.start  # (the kernel's head dim may be larger)
+        self.acc[:, :, rows, :d] += _ws_dq(ws, plan)[:, :, :n, :d]
+        return dk, dv
+
+    def result(self) -> Tensor:
+        """dq in q's dtype (q's shape): the convert launch on the shared workspace, else the sums
+        scaled and rounded."""
+        q = self.q
+        if self.acc is None:
+            return torch.zeros_like(q)
+        if self.ws is not None:
+            dq = q.new_empty(q.shape)
+            plan = self.plan
+            plan.run_roles(("convert_dq",), self.ptrs + (dq.data_ptr(), 0, 0), self.ws.data_ptr(),
+                           torch_ops._raw_stream(plan.device))
+            return dq
+        d = q.shape[-1]
+        return (self.acc[..., :d] * self.scale).transpose(1, 2).to(q.dtype).contiguous()
+
+
+# ---------------------------------------------------------------------------------------
 # the ring: send the block in hand to rank + 1, receive the next from rank - 1
 
 class _Ring:
@@ -604,14 +803,17 @@ FWD_GRID_STEPS = 0
 # steps have none left to make room for and the static persistent schedule, the faster one for a
 # non-causal call (2 x H100, 256k x 256k: 896 ms static, 939 dynamic), has nothing to straggle
 # behind. Causal rings keep FWD_DYNAMIC: their step 0 is the causal call, on which the dynamic
-# scheduler is the faster one (4 x H200, 1M tokens: 213 ms, the static shard's 234). Unmeasured
-# (session 18's round 1 ran it while the stream_tail configs refused the grid: a no-op): off. The
-# cell it is for: 4 x H200, 1M tokens non-causal, the one torch CP still wins (session 18 final:
-# forward 2079 ms on the dynamic scheduler, 2061 static with one rank's step 1 at 739; the static
-# stream_tail steps of the ranks that did not straggle 419-461, the shard 451, torch CP's forward
-# 1962; the backward at the shard's speed). A/B: bench --ring-ab fwd_fullgrid1 --ring-ab-seqlens
-# 1048576 --ring-ab-causal no.
-FWD_FULL_GRID_STEPS = 0
+# scheduler is the faster one (4 x H200, 1M tokens: 213 ms, the static shard's 234). The cell it
+# is for: 1M tokens non-causal at P = 4, the one torch CP still won (session 18 final, 4 x H200:
+# forward 2079 ms on the dynamic scheduler, 2061 static with one rank's step 1 at 739; torch CP's
+# forward 1962). Measured (session 19, 4 x H100 (the call asked for H200s), same processes, bench
+# --ring-ab fwd_fullgrid1 fwd_fullgrid4 --ring-ab-seqlens 1048576 --ring-ab-causal no; results/
+# NVIDIA_H100_80GB_HBM3x4/logs/session19_ring6/): forward 1976 ms as it was (dynamic), 1777 with
+# 1 grid step, 1835 with all 4 on the grid; 553 -> 571 TFLOPs/GPU fwd + bwd. The final bench ran with
+# it (--ring-set fwd_fullgrid1): 1M non-causal forward 1782 ms (steps: grid 469-498, then static
+# 418-438), 569 TFLOPs/GPU against torch CP on cuDNN's 540 (its forward 1963), efficiency 1.00;
+# 512k 570 / 537, 256k 548 / 520. 1: on (FWD_DYNAMIC then runs the causal rings' calls only).
+FWD_FULL_GRID_STEPS = 1
 
 _priority_groups: dict = {}
 
@@ -636,10 +838,11 @@ def ring_group(ranks=None, high_priority: bool = True, max_ctas: Optional[int] =
 def _transfer_group(group, device: torch.device):
     """The group the ring moves blocks over: ``group``, or with PRIORITY_GROUP (CUDA tensors,
     group None) the default group's high-priority twin (ring_group with RING_MAX_CTAS, made
-    once per RING_MAX_CTAS)."""
+    once per RING_MAX_CTAS and default group: a default group made anew after
+    destroy_process_group gets a twin of its own)."""
     if not PRIORITY_GROUP or device.type != "cuda" or group not in (None, dist.group.WORLD):
         return group
-    key = ("world", RING_MAX_CTAS)
+    key = ("world", RING_MAX_CTAS, dist.group.WORLD)
     twin = _priority_groups.get(key)
     if twin is None:
         twin = _priority_groups[key] = ring_group(max_ctas=RING_MAX_CTAS)
@@ -851,16 +1054,38 @@ def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=Non
     return tuple(dkv)
 
 
-def _add_shares(home, shares, k: Tensor, v: Tensor, acc):
-    """home (fp32 dK, dV of a block, or None: none yet) plus shares [(index, dk, dv)] (index as
-    _rotate_backward's); a first share covering the whole block becomes home itself."""
+# Whether the home accumulator of _rotate_backward_home stays the first share itself (k's dtype, as
+# the kernels wrote it or it arrived) until a second share comes, and with 2 shares in all (2
+# ranks) for good: the second is then added in k's dtype (torch adds two bf16 tensors in fp32 and
+# rounds once: the bits of the fp32 sum rounded at the end). The fp32 accumulator (4 bytes per K/V
+# value) exists only from the second of 3 or more shares on. Same results, bitwise (tests/
+# test_distributed_cpu.py, bf16). Measured (session 19, tests/ring_memory_probe.py, 4 x H100, 32k
+# positions per rank): P = 2 11.06 -> 9.06 X non-causal, 12.09 -> 10.09 causal; P = 4 unchanged
+# (13.06: its peak step holds the fp32 sums anyway). On.
+HOME_LAZY_FP32 = True
+
+
+def _add_shares(home, shares, k: Tensor, v: Tensor, acc, left: Optional[list] = None):
+    """home (dK, dV of a block: fp32, or with HOME_LAZY_FP32 its first share in k's dtype; None:
+    none yet) plus shares [(index, dk, dv)] (index as _rotate_backward's); a first share
+    covering the whole block becomes home itself. left: [how many shares are still to come,
+    these included] (counted down; None: unknown): the last share is added into a home still in
+    k's dtype there, any other turns it into fp32 first."""
     for index, dk_b, dv_b in shares:
+        if left is not None:
+            left[0] -= 1
         if home is None and index is None:
-            home = (dk_b.to(acc), dv_b.to(acc))
+            home = (dk_b, dv_b) if HOME_LAZY_FP32 else (dk_b.to(acc), dv_b.to(acc))
             continue
         if home is None:
             home = (torch.zeros(k.shape, dtype=acc, device=k.device),
                     torch.zeros(v.shape, dtype=acc, device=v.device))
+        elif home[0].dtype != acc and (left is None or left[0] > 0):
+            dk_h, dv_h = home
+            home = None
+            dk_h = dk_h.to(acc)  # one tensor at a time (the k-dtype one freed before the next)
+            dv_h = dv_h.to(acc)
+            home = (dk_h, dv_h)
         if index is None:
             home[0].add_(dk_b)
             home[1].add_(dv_b)
@@ -901,8 +1126,10 @@ def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, shar
                                recv_like=like)
         return [(i, got[2 * j], got[2 * j + 1]) for j, i in enumerate(index)], reqs
 
-    home = None  # the local block's fp32 (dK, dV)
+    home = None  # the local block's (dK, dV): fp32 (HOME_LAZY_FP32: the first share until a second)
     made = None  # (step, shares) of another rank's block, made by the last step
+    # how many shares the local block gets in all (each rank's calls on it; comm=False: unknown)
+    left = [sum(len(share_index(r)) for r in range(world))] if comm else None
     for step in range(world):
         pending, recv_kv, incoming = [], [], []
         if comm and step + 1 < world:
@@ -917,23 +1144,27 @@ def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, shar
         shares, kv = _step_and_receive(ring, step_fn, step, src, kv, recv_kv, pending, comm)
         with _Span("bwd_accum", step, k):
             if src == rank or not comm:  # (comm=False: every step sees the local block)
-                home = _add_shares(home, shares, k, v, acc)
+                home = _add_shares(home, shares, k, v, acc, left)
             else:
                 made = (step, shares)
-            home = _add_shares(home, incoming, k, v, acc)
+            home = _add_shares(home, incoming, k, v, acc, left)
         del shares, recv_kv, incoming
         if BWD_LOW_MEMORY and made is not None and step + 1 < world:  # home now, waited for
             with _Span("bwd_wait", step, k):
                 incoming, reqs = exchange(*made, trace=("bwd_acc_xfer", step))
                 ring.finish(reqs)
+            made = None  # (the shares sent: the side stream holds them until they are gone)
             with _Span("bwd_accum", step, k):
-                home = _add_shares(home, incoming, k, v, acc)
-            made = incoming = None
+                home = _add_shares(home, incoming, k, v, acc, left)
+            incoming = None
+    kv = None  # the last step's block: not needed for the last exchange
     with _Span("bwd_final", world - 1, k):
         if made is not None:  # the last step's shares (rank + 1's block) go home
             incoming, reqs = exchange(*made, trace=("bwd_home_xfer", world - 1))
             ring.finish(reqs)
-            home = _add_shares(home, incoming, k, v, acc)
+            made = None
+            home = _add_shares(home, incoming, k, v, acc, left)
+            incoming = None
         if home is None:  # (no share at all: not with a ring's own block, kept for safety)
             return torch.zeros_like(k), torch.zeros_like(v)
         return home[0].to(k.dtype), home[1].to(v.dtype)
@@ -1026,8 +1257,14 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
     q_len = q.shape[1] // nq
     acc = _acc_dtype(q.dtype)
     dout, out, lse = dout.contiguous(), out.contiguous(), lse.contiguous()
-    grad = {}  # "dq": the fp32 accumulator, once it exists
+    grad = {}  # "dq": the fp32 accumulator, once it exists (DQ_IN_WORKSPACE off)
     lse_rows = {}  # (q0, q1) -> those rows of lse, contiguous once (the kernels read it dense)
+    # DQ_IN_WORKSPACE: the sums in the kernels' workspace of the first call, which must then cover
+    # every row (step 0's block: the rank's own, or rank + 1's with kv_last)
+    first_src = rank if kv_last is None else (rank + 1) % world
+    first_calls = _dense_calls(q_chunks, chunk_ids(first_src, world, layout), causal)
+    sums = _DqSum(q, scale, DQ_IN_WORKSPACE and bool(first_calls)
+                  and _covers(first_calls[0], nq)) if DQ_IN_WORKSPACE else None
 
     def step(i, src, k_cur, v_cur):
         parts = []
@@ -1037,6 +1274,13 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
             lse_q = lse_rows.get((call.q0, call.q1))
             if lse_q is None:
                 lse_q = lse_rows[call.q0, call.q1] = lse[:, :, qs].contiguous()
+            if sums is not None:
+                with _Span("bwd_compute", i, q):
+                    dk_b, dv_b = sums.block(dout[:, qs], q[:, qs], k_cur[:, ks], v_cur[:, ks],
+                                            out[:, qs], lse_q, call.causal, deterministic, qs,
+                                            _covers(call, nq), i)
+                parts.append((_share_index(call, len(k_chunks), q_len), dk_b, dv_b))
+                continue
             with _Span("bwd_compute", i, q):
                 dq_b, dk_b, dv_b = block_backward(dout[:, qs], q[:, qs], k_cur[:, ks],
                                                   v_cur[:, ks], out[:, qs], lse_q, scale,
@@ -1062,6 +1306,9 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
         dk, dv = _rotate_backward_home(ring, _sendable(k, v), comm, acc, step, share_index, first)
     else:
         dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step, first)
+    if sums is not None:
+        with _Span("bwd_final", world - 1, q):
+            return sums.result(), dk, dv
     dq = grad["dq"].to(q.dtype) if grad else torch.zeros_like(q)
     return dq, dk, dv
 

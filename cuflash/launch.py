@@ -234,6 +234,8 @@ class Plan:
         # run() for a caller that has checked that the plan's device is current (one
         # runtime call less on its hot path)
         self.run_current = self._run
+        self._role_calls: dict = {}  # run_roles: frozenset of roles -> those launches
+        self.workspace_offsets = dict(ws)  # byte offsets of the workspace pieces, and 'total'
         # byte offsets of the params' other pointer fields (e.g. rng_state), for run_with
         self._field_offsets = {name: dtype.fields[name][1] for name in dtype.names[n_ptr:]
                                if dtype.fields[name][0] == np.uint64}
@@ -259,7 +261,7 @@ class Plan:
                 self._record[name] = value
             self.run(ptrs, workspace_ptr, stream)
 
-    def _run_plain(self, ptrs: tuple, workspace_ptr: int, stream: int) -> None:
+    def _run_plain(self, ptrs: tuple, workspace_ptr: int, stream: int, calls=None) -> None:
         if self._ws_offsets:
             ptrs = ptrs + tuple(workspace_ptr + off if off >= 0 else 0 for off in self._ws_offsets)
         launch, argv = self._launch, self._argv_ptr
@@ -267,10 +269,10 @@ class Plan:
             self._pack(self._bytes, 0, *ptrs)
             for off, address in self._counter_fields:  # this stream's counters (none: no loop)
                 _U64.pack_into(self._bytes, off, address(stream))
-            for fn, gx, gy, gz, threads, smem in self._calls:
+            for fn, gx, gy, gz, threads, smem in (self._calls if calls is None else calls):
                 launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
 
-    def _run_with_writer(self, ptrs: tuple, workspace_ptr: int, stream: int) -> None:
+    def _run_with_writer(self, ptrs: tuple, workspace_ptr: int, stream: int, calls=None) -> None:
         """run(), plus the family's per-call writer after the pointers (see __init__)."""
         if self._ws_offsets:
             ptrs = ptrs + tuple(workspace_ptr + off if off >= 0 else 0 for off in self._ws_offsets)
@@ -280,8 +282,26 @@ class Plan:
             for off, address in self._counter_fields:
                 _U64.pack_into(self._bytes, off, address(stream))
             self._write_call(self._bytes, ptrs)
-            for fn, gx, gy, gz, threads, smem in self._calls:
+            for fn, gx, gy, gz, threads, smem in (self._calls if calls is None else calls):
                 launch(fn, gx, gy, gz, threads, 1, 1, smem, stream, argv, 0)
+
+    def run_roles(self, roles, ptrs: tuple, workspace_ptr: int, stream: int) -> None:
+        """run(), launching only the launches whose role is in ``roles`` (in the plan's order),
+        e.g. a backward's main kernel alone on a workspace whose preprocess already ran
+        (cuflash.distributed's ring adds every step's dQ into one accumulator this way)."""
+        key = frozenset(roles)
+        calls = self._role_calls.get(key)
+        if calls is None:
+            calls = self._role_calls[key] = tuple(
+                c for c, spec in zip(self._calls, self.launches) if spec.role in key)
+        current = self._get_device()
+        if current != self.device:
+            self._set_device(self.device)
+        try:
+            self._run(ptrs, workspace_ptr, stream, calls)
+        finally:
+            if current != self.device:
+                self._set_device(current)
 
     # ---- variable-length batches ----
     def run_varlen(self, ptrs: tuple, workspace_ptr: int, stream: int, cu_seqlens_q: int,

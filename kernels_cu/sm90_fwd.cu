@@ -103,9 +103,10 @@
 //
 // Layouts of the tensors: Sm90FwdParams in params_sm90.cuh. The parts the FP8 forward
 // (sm90_fwd_fp8.cu) shares with this kernel are in sm90_fwd_common.cuh: the tile numbering
-// (Sm90Tile), the pingpong turns (Pingpong), the mbarriers (Sm90FwdBars) and the consumers' K/V
-// loop of the pipeline below (sm90_consume_blocks), to which this file gives its GEMMs, softmax
-// and features.
+// (Sm90Tile), the pingpong turns (Pingpong), the mbarriers (Sm90FwdBars), the producer's loads of
+// Q and of a K/V ring slot (sm90_load_q, sm90_fill_kv, with the tiles' TMA boxes: Sm90RowTile),
+// the consumers' K/V loop of the pipeline below (sm90_consume_blocks), to which this file gives
+// its GEMMs, softmax and features, and the register epilogue (sm90_store_o_lse).
 //
 // Template parameters (cuflash/families/sm90_fwd.py Sm90FwdConfig is the host-side mirror; it
 // validates the same rules before compiling):
@@ -197,11 +198,13 @@
 //              (params.softcap_fixed_m <= 1: 2·softcap·log2(e) <= 100, so P = exp2(k (t - 1)) >=
 //              2^-100 never underflows) the running max is that fixed value (t <= 1), no row max
 //              and, with kLazyRescale, no O rescale after the first block (and O normalized by the
-//              sum of P as rounded for the P V GEMM, lr, the LSE by l's: no P is exactly 1 there, so
-//              O is a convex combination of V's rows by construction, O = V at one key;
-//              softmax_fold.cuh add_rounded); 4, as 3 with Q_i
+//              sum of P as rounded for the P V GEMM, the LSE by l's: no P is exactly 1 there, so
+//              O is a convex combination of V's rows by construction, O = V at one key; the sum
+//              runs on the tensor cores beside O, kRowSumMma: ptx_sm90_rowsum.cuh); 4, as 3 with Q_i
 //              prescaled by softcap_in in shared memory once per tile (softmax_fold.cuh
-//              prescale_q: no multiply per score before the tanh; bf16 only). 2, 3 and 4 need
+//              prescale_q: no multiply per score before the tanh; bf16 only; the host refuses it
+//              outside timing: the forward's LSE then comes from the rounded Q·softcap_in, which no
+//              backward recomputes). 2, 3 and 4 need
 //              kLazyRescale. 0 and kLazyRescale false, the defaults: the code of the kernel
 //              before they existed
 //   kAlibiLinear ALiBi's bias as one FFMA per score (softmax_fold.cuh AlibiLinear): on blocks whose keys
@@ -248,11 +251,13 @@
 #include "softmax_fold.cuh"
 #include "sm90_tail.cuh"
 #include "sm90_fwd_common.cuh"
+#include "ptx_sm90_rowsum.cuh"
 
 namespace cuflash {
 
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, bool kDynamic = false,
-          bool kTmaStore = false, bool kPSmem = false, bool kQDouble = false, int kGenBytes = 0>
+          bool kTmaStore = false, bool kPSmem = false, bool kQDouble = false, int kGenBytes = 0,
+          int kOnesRegion = 0>
 struct Sm90FwdShape {
     static constexpr int kThreads = (kConsumers + 1) * 128;
     // 64-column (128-byte) swizzle atoms; d96: two, the second half used (header)
@@ -284,7 +289,10 @@ struct Sm90FwdShape {
     // mbarriers after the tile ring; none without it
     static constexpr int kQ2Offset = kPOffset + kPBytes;
     static constexpr int kQ2Bytes = kQDouble ? kQBytes : 0;
-    static constexpr int kBarOffset = kQ2Offset + kQ2Bytes;
+    // kOnesRegion: the row sum's block of ones (ptx_sm90_rowsum.cuh; kFoldCap 3 / 4 without ALiBi)
+    // before the mbarriers; none without it
+    static constexpr int kOnesOffset = kQ2Offset + kQ2Bytes;
+    static constexpr int kBarOffset = kOnesOffset + kOnesRegion;
     static constexpr int kBarriers = Sm90FwdBars<kStages>::kCount;   // Q full, Q empty; K/V full, K/V empty per slot
     // kDynamic: the tile ring after the barriers (Sm90TileRing: its 2 full and 2 empty mbarriers,
     // then its 2 tile indices)
@@ -396,10 +404,21 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     // kDropEarly 4: one K/V block's keep flags, 16 bytes per consumer thread and 32-key block
     static constexpr int kGenBytes = kDropEarly == 4 ? kConsumers * 128 * (kBN / 32) * 16 : 0;
+    // kFoldCap 3, 4 with the fixed max (kRoundedL): O's normalizer is the running row sum of P as
+    // rounded for the P V GEMM (l keeps the LSE's; softmax_fold.cuh RoundedSum's note), summed by
+    // the tensor cores beside O (kRowSumMma: ptx_sm90_rowsum.cuh, its block of ones in shared
+    // memory) or, kRowSumMma false, on the CUDA cores in the softmax step (add_rounded). Not with
+    // ALiBi: its scores take the row-max step (softmax_s), which sums l only
+    constexpr bool kRoundedL = kFoldCap >= 3 && !kAlibi;
+    constexpr bool kRowSumMma = kRoundedL;
     using Shape = Sm90FwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kTmaStore, kPSmem, kQDouble,
-                               kGenBytes>;
+                               kGenBytes, kRoundedL ? kOnesBytes : 0>;
     using Mask = BandMask<kCausal, kWindow>;
     constexpr int kChunks = Shape::kChunks;
+    // the producer's tiles: Q_i, K_j and V_j as kChunks boxes of 64 columns (d96: the second one
+    // half zeros, header)
+    using QTile = Sm90RowTile<kChunks, 64, Shape::kQChunkBytes>;
+    using KVTile = Sm90RowTile<kChunks, 64, Shape::kKVChunkBytes>;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 smem = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -533,6 +552,12 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 mbarrier_init(gen_full(w), 96);             // the producer warpgroup's warps 1-3
                 mbarrier_init(gen_empty(w), 128);           // the warpgroup's threads
             }
+        if constexpr (kRowSumMma) {
+            // the row sum's block of ones, then visible to the wgmmas (async proxy)
+            const u32 one2[4] = {ones_pair<Elem>(), ones_pair<Elem>(), ones_pair<Elem>(), ones_pair<Elem>()};
+            for (int i = 0; i < kOnesBytes / 16; ++i) st_shared_v4(smem + Shape::kOnesOffset + 16 * i, one2);
+            fence_proxy_async_smem();
+        }
         fence_mbarrier_init();                              // visible to TMA's complete_tx
     }
     __syncthreads();                                        // and to every thread
@@ -599,33 +624,15 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 const int tma_batch = kVarlen ? 0 : at.batch;
                 // Q's buffer is free once the consumers' last S GEMM of its previous tile is done
                 // (kQDouble: the tile before the previous one, long done: the load runs ahead)
-                const int qb = q_slot(q_iter), q_n = q_fill(q_iter);
-                if (q_n > 0) mbarrier_wait(q_empty_of(qb), (q_n - 1) & 1);
-                mbarrier_arrive_expect_tx(q_full_of(qb), Shape::kQBytes);
-#pragma unroll
-                for (int c = 0; c < kChunks; ++c)
-                    tma_load_4d(q_buf(qb) + c * Shape::kQChunkBytes, &p.tma_q, q_full_of(qb), c * 64,
-                                q_row0, at.head, tma_batch);
+                const int qb = q_slot(q_iter);
+                sm90_load_q<QTile>(q_buf(qb), q_full_of(qb), q_empty_of(qb), q_fill(q_iter), &p.tma_q, q_row0, at.head,
+                                   tma_batch);
                 ++q_iter;
-                for (int j = 0; j < n_blocks; ++j, ++kv_iter) {
-                    const int slot = kv_iter % kStages;
-                    // Slot reuse: wait until the consumers released the tiles of iteration
-                    // kv_iter - kStages (the slot's release kv_iter / kStages - 1), K and V apart.
-                    const u32 reuse_phase = (kv_iter / kStages - 1) & 1;
-                    const int key0 = k_row0 + (n_end - 1 - j) * kBN;
-                    if (kv_iter >= kStages) mbarrier_wait(bar.k_empty(slot), reuse_phase);
-                    mbarrier_arrive_expect_tx(bar.k_full(slot), Shape::kKVBytes);
-#pragma unroll
-                    for (int c = 0; c < kChunks; ++c)
-                        tma_load_4d(k_smem + slot * Shape::kKVBytes + c * Shape::kKVChunkBytes, &p.tma_k,
-                                    bar.k_full(slot), c * 64, key0, head_kv, tma_batch);
-                    if (kv_iter >= kStages) mbarrier_wait(bar.v_empty(slot), reuse_phase);
-                    mbarrier_arrive_expect_tx(bar.v_full(slot), Shape::kKVBytes);
-#pragma unroll
-                    for (int c = 0; c < kChunks; ++c)
-                        tma_load_4d(v_smem + slot * Shape::kKVBytes + c * Shape::kKVChunkBytes, &p.tma_v,
-                                    bar.v_full(slot), c * 64, key0, head_kv, tma_batch);
-                }
+                // the tile's K/V blocks from the last (block j: keys k_row0 + (n_end - 1 - j) · kBN on),
+                // into the ring (sm90_fwd_common.cuh: slot reuse)
+                auto key0 = [&](int j) { return k_row0 + (n_end - 1 - j) * kBN; };
+                sm90_fill_kv<KVTile, KVTile>(bar, kv_iter, n_blocks, key0, k_smem, v_smem, &p.tma_k, &p.tma_v, head_kv,
+                                             tma_batch);
             }
         }
         return;
@@ -656,12 +663,14 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     float o_acc[1][kOCols / 8][4];
     float m[1][2];  // running row max of the raw scores S (not yet scaled)
     float l[1][2];  // running row sum of P, this thread's columns only
-    // kFoldCap 3, 4 with the fixed max (kRoundedL): the running row sum of P as rounded for the P V
-    // GEMM, O's normalizer (l keeps the LSE's; softmax_fold.cuh add_rounded). Not with ALiBi: its
-    // scores take the row-max step (softmax_s), which sums l only
+    // kRoundedL (above): the running row sum of P as rounded for the P V GEMM, O's normalizer.
+    // kRowSumMma: lr_acc, the m64n8 wgmma's accumulator (every column the row's sum: element
+    // 2·half + e is row g + 8·half); else lr, this thread's columns (quad-summed at the end)
     float lr[1][2];
-    constexpr bool kRoundedL = kFoldCap >= 3 && !kAlibi;
+    float lr_acc[4];
+    const u64 ones_desc = smem_desc_ones(smem + Shape::kOnesOffset);
     auto rounded_l = [&]() { return kRoundedL && p.softcap_fixed_m <= 1.f; };   // (uniform per launch)
+    auto lr_row = [&](int half) { return kRowSumMma ? lr_acc[2 * half] : quad_sum(lr[0][half]); };
     float (&o_flat)[kOCols / 2] = reinterpret_cast<float (&)[kOCols / 2]>(o_acc);
     float s_acc[1][kBN / 8][4];                            // S_j (64 x BN), then P_j (fp32)
     float (&s_flat)[kBN / 2] = reinterpret_cast<float (&)[kBN / 2]>(s_acc);
@@ -701,6 +710,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                     o_flat, p_desc + (u64((kk / 4) * Shape::kPChunkBytes + (kk % 4) * 32) >> 4), v_desc + v_off, 1);
             else
                 Wgmma<kOCols, Elem>::template rs<1>(o_flat, p_frag[0][kk], v_desc + v_off, 1);
+            if constexpr (kRowSumMma)   // Σ P̃ += P_{j-1}'s k16 step times ones (ptx_sm90_rowsum.cuh)
+                Wgmma<8, Elem>::template rs<0>(lr_acc, p_frag[0][kk], ones_desc, 1);
         }
         wgmma_commit();
     };
@@ -735,6 +746,18 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         }
     };
 
+    // The epilogues' factors, read where a row is stored. O's: 1 / l (kRoundedL: 1 / Σ P̃, so that O
+    // is a convex combination of V's rows; the LSE still from l), kDropout times 1 / (1 - p): O =
+    // (P ∘ Z) V / (l (1 - p)). The LSE's scale: softmax_scale (kFoldCap: times softcap_out, S being
+    // kept as t = tanh(S·softcap_in)).
+    // (kRoundedL: O / Σ P̃, a convex combination of V's rows; the LSE from l)
+    auto o_factor = [&](int half, float l_row) {
+        float inv_l = softmax_inv_l(rounded_l() ? lr_row(half) : l_row);
+        if constexpr (kDropout) inv_l *= dropout.scale;
+        return inv_l;
+    };
+    auto lse_scale = [&]() { return kFoldCap ? p.softmax_scale * p.softcap_out : p.softmax_scale; };
+
     // kTmaStore's epilogue: O = acc / l written into this warpgroup's staging tile (128-byte
     // swizzle: 16-byte unit u of row r at u ^ (r % 8); a warp's 32 four-byte stores of one column
     // step hit 32 different banks), then one thread stores the tile by TMA (rows past seqlen_q
@@ -751,16 +774,14 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const float l_row = quad_sum(l[0][half]);
-            // (kRoundedL: O / Σ P̃, a convex combination of V's rows; the LSE from l)
-            float inv_l = softmax_inv_l(rounded_l() ? quad_sum(lr[0][half]) : l_row);
-            if constexpr (kDropout) inv_l *= dropout.scale;   // as the plain epilogue: O = (P ∘ Z) V / (l (1 - p))
+            const float inv_l = o_factor(half, l_row);
             const int row = warp * 16 + g + 8 * half;       // in the warpgroup's 64; row % 8 == g
 #pragma unroll
             for (int nt = 0; nt < kOCols / 8; ++nt)
                 st_shared_u32(o_stage + (nt / 8) * Shape::kOStageChunkBytes + row * 128 + (((nt % 8) ^ g) * 16) + 4 * t,
                               pack2<Elem>(o_acc[0][nt][2 * half] * inv_l, o_acc[0][nt][2 * half + 1] * inv_l));
             const int r = warp_row0 + g + 8 * half;
-            if (t == 0 && r < p.seqlen_q) lse_gmem[r] = softmax_lse(m[0][half], l_row, kFoldCap ? p.softmax_scale * p.softcap_out : p.softmax_scale);
+            if (t == 0 && r < p.seqlen_q) lse_gmem[r] = softmax_lse(m[0][half], l_row, lse_scale());
         }
         fence_proxy_async_smem();                           // the stores, visible to TMA
         named_barrier_sync(4 + wg, 128);
@@ -845,7 +866,11 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         };
         if constexpr (!kTileOverlap) zero_o();
         softmax_init(m, l);
-        if constexpr (kRoundedL) lr[0][0] = lr[0][1] = 0.f;
+        if constexpr (kRoundedL && !kRowSumMma) lr[0][0] = lr[0][1] = 0.f;
+        if constexpr (kRowSumMma) {
+            lr_acc[0] = lr_acc[1] = lr_acc[2] = lr_acc[3] = 0.f;
+            reg_fence(lr_acc);   // (before the wgmma fence of the tile's first P V)
+        }
 
         if (kTileOverlap || n_blocks > 0) {   // (kTileOverlap: non-causal with keys, every tile has blocks)
             // the CTA's last turn: the last tile with keys ends it (Pingpong: end(true))
@@ -888,12 +913,14 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                         folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
                         if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());
                         mx[0][0] = mx[0][1] = p.softcap_fixed_m;
-                        if constexpr (kRoundedL) {
-                            // l and, rounded as the GEMM takes P, lr (no P is exactly 1 under the fixed max)
-                            softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value, Elem>(
-                                s_acc, m, l, lr, mx, scale_log2, alpha, rescale);
-                            return;
-                        }
+                        // l and, kRoundedL without kRowSumMma, lr: the row sums of P as rounded for the
+                        // GEMM (no P is exactly 1 under the fixed max). The step inside this branch: with
+                        // it after the branch's end, ptxas (nvcc 13.0) moved its exp2s below the wait for
+                        // P_{j-1} V_{j-1} (the step then overlaps only the other warpgroup's GEMMs)
+                        softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value,
+                                         typename RoundToIf<kRoundedL && !kRowSumMma, Elem>::type>(
+                            s_acc, m, l, lr, mx, scale_log2, alpha, rescale);
+                        return;
                     } else {
                         // the row max on the raw S (tanh is increasing: softmax_fold.cuh), masked
                         // first; the mask again after the tanh, which maps -inf to -1
@@ -987,9 +1014,18 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 drop_packed(j);                    // kDropPacked: P_j ∘ Z on the fragments
             };
             auto rescale_o = [&]() {
+                if constexpr (kRowSumMma) reg_fence(lr_acc);   // (after the P V wait, as O)
                 if constexpr (!kRescaleFirst)      // (kRescaleFirst: in step j + 1, under S_{j+1})
-                    if (!kLazyRescale || rescale)  // kLazyRescale: only when m moved
+                    if (!kLazyRescale || rescale) {  // kLazyRescale: only when m moved
                         softmax_rescale(o_acc, alpha); // O *= alpha_j: O now relative to m_j
+                        if constexpr (kRowSumMma) {    // and its row sum of P̃ with it
+                            lr_acc[0] *= alpha[0][0];
+                            lr_acc[1] *= alpha[0][0];
+                            lr_acc[2] *= alpha[0][1];
+                            lr_acc[3] *= alpha[0][1];
+                        }
+                    }
+                if constexpr (kRowSumMma) reg_fence(lr_acc);   // (before the next wgmma fence)
             };
             auto first_landed = [&]() {
                 if constexpr (kTileOverlap) zero_o();
@@ -1030,6 +1066,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
                 draw_early, first_landed, rescale_first, after_last_pv);
             kv_iter += n_blocks;
             ++q_iter;
+            if constexpr (kRowSumMma) reg_fence(lr_acc);   // (read below, after the last P V's wait)
         }
 
         if constexpr (kStreamTail) {
@@ -1045,33 +1082,9 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             store_o_tma(at, wg_row0, warp_row0);
             continue;
         }
-        // ---- epilogue: O = acc / l (delayed normalization), LSE = m·scale + log l ----
-        // Each thread stores its O fragment straight from registers, two columns (4 bytes) per
-        // store, skipping rows past seqlen_q and columns past head_dim. A Q block with no
-        // visible key (n_blocks = 0) stores O = 0 and LSE = +inf.
-        // kVarlen: rows from the sequence's first (o_batch_stride is 0), LSE (nheads, total_q)
-        u16* o_gmem = static_cast<u16*>(p.o) + at.batch * p.o_batch_stride + at.head * p.o_head_stride
-                      + static_cast<i64>(seq.q_start) * p.o_row_stride;
-        float* lse_gmem = p.lse + lse_offset<kVarlen>(p, at.batch, at.head, seq);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const float l_row = quad_sum(l[0][half]);
-            // (kRoundedL: O / Σ P̃, a convex combination of V's rows; the LSE from l)
-            float inv_l = softmax_inv_l(rounded_l() ? quad_sum(lr[0][half]) : l_row);
-            if constexpr (kDropout) inv_l *= dropout.scale;   // O = (P ∘ Z) V / (l (1 - p))
-            const int r = warp_row0 + g + 8 * half;
-            if (r < (kVarlen ? seq.seqlen_q : p.seqlen_q)) {
-                u16* o_row = o_gmem + r * p.o_row_stride;
-#pragma unroll
-                for (int nt = 0; nt < kOCols / 8; ++nt) {
-                    const int col = nt * 8 + 2 * t;
-                    if (col < p.head_dim)
-                        *reinterpret_cast<u32*>(o_row + col) =
-                            pack2<Elem>(o_acc[0][nt][2 * half] * inv_l, o_acc[0][nt][2 * half + 1] * inv_l);
-                }
-                if (t == 0) lse_gmem[r] = softmax_lse(m[0][half], l_row, kFoldCap ? p.softmax_scale * p.softcap_out : p.softmax_scale);
-            }
-        }
+        // ---- epilogue: O = acc / l (delayed normalization), LSE = m·scale + log l, from registers
+        // (sm90_fwd_common.cuh). A Q block with no visible key (n_blocks = 0) stores O = 0 and LSE = +inf.
+        sm90_store_o_lse<Elem, kOCols, kVarlen>(p, at, seq, o_acc, m, l, o_factor, lse_scale, warp_row0, g, t);
     }
     if constexpr (kTileOverlap) wgmma_wait<0>();   // the last tile's dropped S GEMM
     if constexpr (kDynamic && kPingpong)

@@ -1,12 +1,14 @@
 // sm90_fwd_common.cuh: what the Hopper forward kernels share, sm90_fwd.cu (bf16 / fp16) and
 // sm90_fwd_fp8.cu (e4m3): the tile numbering, the pingpong turns of the consumer warpgroups, the
-// mbarriers of Q and of the K/V ring, and the consumers' loop over a tile's K/V blocks. sm90_fwd.cu's
-// header explains the algorithm and the handshake; each kernel file keeps its own GEMMs, softmax,
-// features, producer and epilogue.
+// mbarriers of Q and of the K/V ring, the producer's loads of Q and of a ring slot, the consumers'
+// loop over a tile's K/V blocks, and the epilogue that stores O and LSE from registers.
+// sm90_fwd.cu's header explains the algorithm and the handshake; each kernel file keeps its own
+// GEMMs, softmax, features, tile order and shared-memory layout.
 #pragma once
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "softmax.cuh"
+#include "varlen.cuh"
 
 namespace cuflash {
 
@@ -71,6 +73,57 @@ struct Sm90FwdBars {
     }
 };
 
+// ---- producer ----
+// A tile that TMA loads as kBoxes boxes of one 128-byte swizzled row each (kBoxCols elements: 64
+// of 16 bits, 128 e4m3), box b into dst + b · kBoxBytes from column b · kBoxCols: Q_i (rows are
+// queries), K_j and V_j (rows are keys). kBytes, the boxes' bytes with TMA's zero fill (columns
+// past the real head dim, rows past the sequence's end), is what the full mbarrier expects.
+template <int kBoxes, int kBoxCols, int kBoxBytes>
+struct Sm90RowTile {
+    static constexpr int kBytes = kBoxes * kBoxBytes;
+    // rows row0.. of (head, batch) of the tensor map's rank-4 tensor, completing on mbarrier `full`
+    static __device__ __forceinline__ void load(u32 dst, const void* map, u32 full, int row0, int head, int batch) {
+#pragma unroll
+        for (int b = 0; b < kBoxes; ++b)
+            tma_load_4d(dst + b * kBoxBytes, map, full, b * kBoxCols, row0, head, batch);
+    }
+};
+
+// The producer thread's load of Q_i into a Q buffer whose mbarriers are (full, empty), its fill
+// number `fill` (phases: sm90_fwd.cu header): the buffer is free once every consumer thread released
+// fill - 1 (the last S GEMM of that tile has completed), then Q's bytes are announced and loaded.
+template <class QTile>
+__device__ __forceinline__ void sm90_load_q(u32 dst, u32 full, u32 empty, int fill, const void* tma_q, int row0,
+                                            int head, int batch) {
+    if (fill > 0) mbarrier_wait(empty, (fill - 1) & 1);
+    mbarrier_arrive_expect_tx(full, QTile::kBytes);
+    QTile::load(dst, tma_q, full, row0, head, batch);
+}
+
+// The producer thread's fill of the K/V ring with a tile's n_blocks K/V blocks, in the consumers'
+// order (block j's keys from key0(j) on, of kv head head_kv), at the CTA's K/V iterations it, it + 1,
+// ... (it is advanced past them): K_j and V_j into slot it % kStages (KTile / VTile: their TMA
+// boxes, each slot's tiles kBytes apart). Slot reuse: from the ring's second round on, the
+// consumers must have released the tiles of iteration it - kStages (the slot's release
+// it / kStages - 1), K and V apart, so that a slot's next K tile can load while its V_j is still read.
+template <class KTile, class VTile, int kStages, class Key0>
+__device__ __forceinline__ void sm90_fill_kv(const Sm90FwdBars<kStages>& bar, int& it, int n_blocks, Key0&& key0,
+                                             u32 k_smem, u32 v_smem, const void* tma_k, const void* tma_v,
+                                             int head_kv, int batch) {
+    for (int j = 0; j < n_blocks; ++j, ++it) {
+        const int slot = it % kStages;
+        const u32 reuse_phase = (it / kStages - 1) & 1;
+        const int key = key0(j);
+        if (it >= kStages) mbarrier_wait(bar.k_empty(slot), reuse_phase);
+        mbarrier_arrive_expect_tx(bar.k_full(slot), KTile::kBytes);
+        KTile::load(k_smem + slot * KTile::kBytes, tma_k, bar.k_full(slot), key, head_kv, batch);
+        if (it >= kStages) mbarrier_wait(bar.v_empty(slot), reuse_phase);
+        mbarrier_arrive_expect_tx(bar.v_full(slot), VTile::kBytes);
+        VTile::load(v_smem + slot * VTile::kBytes, tma_v, bar.v_full(slot), key, head_kv, batch);
+    }
+}
+
+// ---- consumers ----
 // A hook the kernel leaves empty (sm90_consume_blocks' optional steps)
 struct Sm90Skip {
     template <class... A>
@@ -157,6 +210,45 @@ __device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages>& 
     wgmma_wait<kLastWait>();
     reg_fence(o_flat);
     mbarrier_arrive(bar.v_empty(last));
+}
+
+// The register epilogue of one warp's rows of tile `at`: O = acc · o_factor(half, l_row) (1 / l
+// and the kernel's factors; l_row = quad_sum(l), the row's whole sum) stored straight from
+// registers, two columns (4 bytes) per store, skipping rows past seqlen_q and columns past
+// head_dim; LSE = m · lse_scale() + log l by the quad's first thread. Thread (g, t) holds rows
+// warp_row0 + g + 8·half of O's 64 x kOCols accumulator tile, columns 8·nt + 2t + e (sm90_fwd.cu:
+// the accumulator layout). A row with no visible key (l = 0) stores O = 0 and LSE = +inf.
+// kVarlen: the rows of sequence seq (varlen.cuh), else seq is seq_span<false>'s constants.
+// Why the pointers and row bound are computed here from p and the factors come as callables, not
+// as values: with them computed by the caller, nvcc 13.0 placed the address and scale arithmetic
+// elsewhere (d256: a 64-bit address rebuilt at each of the 64 stores); evaluated where each kernel
+// had them, the SASS is the kernels' own.
+template <class Out, int kOCols, bool kVarlen, class Params, class OFactor, class LseScale>
+__device__ __forceinline__ void sm90_store_o_lse(const Params& p, const Sm90Tile& at, const SeqSpan& seq,
+                                                 const float (&o_acc)[1][kOCols / 8][4], const float (&m)[1][2],
+                                                 const float (&l)[1][2], OFactor&& o_factor, LseScale&& lse_scale,
+                                                 int warp_row0, int g, int t) {
+    // kVarlen: rows from the sequence's first (o_batch_stride is 0), LSE (nheads, total_q)
+    u16* o_gmem = static_cast<u16*>(p.o) + at.batch * p.o_batch_stride + at.head * p.o_head_stride
+                  + static_cast<i64>(seq.q_start) * p.o_row_stride;
+    float* lse_gmem = p.lse + lse_offset<kVarlen>(p, at.batch, at.head, seq);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const float l_row = quad_sum(l[0][half]);
+        const float inv_l = o_factor(half, l_row);
+        const int r = warp_row0 + g + 8 * half;
+        if (r < (kVarlen ? seq.seqlen_q : p.seqlen_q)) {
+            u16* o_row = o_gmem + r * p.o_row_stride;
+#pragma unroll
+            for (int nt = 0; nt < kOCols / 8; ++nt) {
+                const int col = nt * 8 + 2 * t;
+                if (col < p.head_dim)
+                    *reinterpret_cast<u32*>(o_row + col) =
+                        pack2<Out>(o_acc[0][nt][2 * half] * inv_l, o_acc[0][nt][2 * half + 1] * inv_l);
+            }
+            if (t == 0) lse_gmem[r] = softmax_lse(m[0][half], l_row, lse_scale());
+        }
+    }
 }
 
 }  // namespace cuflash

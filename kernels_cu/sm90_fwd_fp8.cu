@@ -83,6 +83,16 @@ struct Sm90FwdFp8Shape {
     static_assert(kSmemBytes <= 227 * 1024, "shared memory exceeds the H100's 227 KB");
 };
 
+// Vᵀ_j as the producer loads it: one box of kHeadDim rows (head-dim columns of V) x kBN keys (the
+// prepare kernel's Vᵀ, keys innermost), keys key0.. of (head, batch); kBytes: the box's bytes.
+template <int kBytes_>
+struct Sm90VtTile {
+    static constexpr int kBytes = kBytes_;
+    static __device__ __forceinline__ void load(u32 dst, const void* map, u32 full, int key0, int head, int batch) {
+        tma_load_4d(dst, map, full, key0, 0, head, batch);
+    }
+};
+
 template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
           class Out, bool kCausal>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
@@ -90,6 +100,10 @@ sm90_fwd_fp8(const __grid_constant__ Sm90FwdFp8Params p) {
     using Shape = Sm90FwdFp8Shape<kBM, kBN, kStages, kConsumers, kHeadDim>;
     using Mask = CausalMask<kCausal>;
     constexpr int kChunks = Shape::kChunks;
+    // the producer's tiles: Q_i and K_j as kChunks boxes of 128 e4m3 columns, Vᵀ_j one box
+    using QTile = Sm90RowTile<kChunks, 128, Shape::kQChunkBytes>;
+    using KTile = Sm90RowTile<kChunks, 128, Shape::kKChunkBytes>;
+    using VTile = Sm90VtTile<Shape::kVBytes>;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 smem = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -127,28 +141,12 @@ sm90_fwd_fp8(const __grid_constant__ Sm90FwdFp8Params p) {
                 const int head_kv = at.head / (p.nheads / p.nheads_kv);
                 const int n_blocks = kv_blocks(tile);
                 if (n_blocks == 0) continue;
-                if (q_iter > 0) mbarrier_wait(bar.q_empty(), (q_iter - 1) & 1);
-                mbarrier_arrive_expect_tx(bar.q_full(), Shape::kQBytes);
-#pragma unroll
-                for (int c = 0; c < kChunks; ++c)
-                    tma_load_4d(q_smem + c * Shape::kQChunkBytes, &p.tma_q, bar.q_full(), c * 128,
-                                at.m_block * kBM, at.head, at.batch);
+                sm90_load_q<QTile>(q_smem, bar.q_full(), bar.q_empty(), q_iter, &p.tma_q, at.m_block * kBM, at.head,
+                                   at.batch);
                 ++q_iter;
-                for (int j = 0; j < n_blocks; ++j, ++kv_iter) {
-                    const int slot = kv_iter % kStages;
-                    const u32 reuse_phase = (kv_iter / kStages - 1) & 1;
-                    const int key0 = (n_blocks - 1 - j) * kBN;
-                    if (kv_iter >= kStages) mbarrier_wait(bar.k_empty(slot), reuse_phase);
-                    mbarrier_arrive_expect_tx(bar.k_full(slot), Shape::kKBytes);
-#pragma unroll
-                    for (int c = 0; c < kChunks; ++c)
-                        tma_load_4d(k_smem + slot * Shape::kKBytes + c * Shape::kKChunkBytes, &p.tma_k,
-                                    bar.k_full(slot), c * 128, key0, head_kv, at.batch);
-                    if (kv_iter >= kStages) mbarrier_wait(bar.v_empty(slot), reuse_phase);
-                    mbarrier_arrive_expect_tx(bar.v_full(slot), Shape::kVBytes);
-                    tma_load_4d(v_smem + slot * Shape::kVBytes, &p.tma_v, bar.v_full(slot), key0, 0,
-                                head_kv, at.batch);
-                }
+                // the tile's K/V blocks from the last, into the ring
+                sm90_fill_kv<KTile, VTile>(bar, kv_iter, n_blocks, [&](int j) { return (n_blocks - 1 - j) * kBN; },
+                                           k_smem, v_smem, &p.tma_k, &p.tma_v, head_kv, at.batch);
             }
         }
         return;
@@ -254,25 +252,9 @@ sm90_fwd_fp8(const __grid_constant__ Sm90FwdFp8Params p) {
 
         // ---- epilogue: O = acc · dv / (256 · l), LSE = m · scale · dq · dk + log l ----
         const float v_descale = p.v_descale[dsc] * (1.f / kPScale);
-        u16* o_gmem = static_cast<u16*>(p.o) + at.batch * p.o_batch_stride + at.head * p.o_head_stride;
-        float* lse_gmem = p.lse + (static_cast<i64>(at.batch) * p.nheads + at.head) * p.seqlen_q;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const float l_row = quad_sum(l[0][half]);
-            const float o_scale = softmax_inv_l(l_row) * v_descale;
-            const int r = warp_row0 + g + 8 * half;
-            if (r < p.seqlen_q) {
-                u16* o_row = o_gmem + r * p.o_row_stride;
-#pragma unroll
-                for (int nt = 0; nt < kHeadDim / 8; ++nt) {
-                    const int col = nt * 8 + 2 * t;
-                    if (col < p.head_dim)
-                        *reinterpret_cast<u32*>(o_row + col) =
-                            pack2<Out>(o_acc[0][nt][2 * half] * o_scale, o_acc[0][nt][2 * half + 1] * o_scale);
-                }
-                if (t == 0) lse_gmem[r] = softmax_lse(m[0][half], l_row, p.softmax_scale * qk_descale);
-            }
-        }
+        sm90_store_o_lse<Out, kHeadDim, false>(p, at, seq_span<false>(p, at.batch), o_acc, m, l,
+                                               [&](int, float l_row) { return softmax_inv_l(l_row) * v_descale; },
+                                               [&]() { return p.softmax_scale * qk_descale; }, warp_row0, g, t);
     }
 }
 

@@ -58,10 +58,16 @@ __device__ __forceinline__ void softmax_rowmax(const float (&s)[kMT][kNTS][4], f
 // rows by P's rounding (2^-9 relative in bf16): at seqlen_k = 1, O = V (1 + δ) and the backward's
 // dQ = dS K with dS = P (dO·V - dO·O) != 0. O / Σ P̃_j is a convex combination by construction
 // (O = V at one key), while the LSE keeps log Σ P_j (the backward recomputes the unrounded P from
-// it). add_rounded<RoundTo>(sum, x0, x1): sum += x0 + x1 as RoundTo (bf16 / fp16) holds them, one
+// it). sm90_fwd sums Σ P̃_j on the tensor cores (kRowSumMma, ptx_sm90_rowsum.cuh: P̃ times a block
+// of ones beside O += P̃ V); this is the CUDA-core form, kept for timing (tests/softcap_fixed_timing.py
+// "addsum": 2.4 instructions more per score, SASS of the d128 tiles, nvcc 13.0).
+// add_rounded<RoundTo>(sum, x0, x1): sum += x0 + x1 as RoundTo (bf16 / fp16) holds them, one
 // cvt pair and two widenings; RoundTo void: nothing (RoundedSum<void>::kOn false).
 template <class RoundTo> struct RoundedSum { static constexpr bool kOn = true; };
 template <> struct RoundedSum<void> { static constexpr bool kOn = false; };
+// RoundTo for a compile-time choice: Elem where kOn, else void (no rounded sum)
+template <bool kOn, class Elem> struct RoundToIf { using type = Elem; };
+template <class Elem> struct RoundToIf<false, Elem> { using type = void; };
 
 template <class RoundTo>
 __device__ __forceinline__ void add_rounded(float& sum, float x0, float x1) {

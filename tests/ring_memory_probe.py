@@ -5,12 +5,16 @@ cuflash.distributed, issue 15).
     python tests/ring_memory_probe.py [--local 32768] [--heads 8] [--procs 4]
 
 One spawn of --procs processes; rings of P = procs and P = 2 (the first two ranks), every
-rank holding --local positions (so X is the same for every P), causal (zigzag) and not, with
-DKV_HOME off and on and BWD_LOW_MEMORY on (dkv_home "low"). For each: the peak of one autograd forward + backward above the inputs
-(q, k, v, dout: 4 X), as bench --mode ring counts it, and single-GPU flash_attn_func on the same
---local positions (its peak above its inputs). With --phases, rank 0 also prints live memory
-(X) after every block call and transfer start, and the peak since the previous record, for
-P = procs and P = 2 non-causal: which buffers are live at the peak.
+rank holding --local positions (so X is the same for every P), causal (zigzag) and not, with the
+backward's memory flags of VARIANTS (--variants: some of them): "low" (BWD_LOW_MEMORY, session
+18's default), "low+dq" (DQ_IN_WORKSPACE too), "low+dq+lazy" (and HOME_LAZY_FP32: the defaults
+since session 19), "travel" (an fp32 accumulator travelling with each block). For each: the peak
+of one autograd forward + backward above the inputs (q, k, v, dout: 4 X), as bench --mode ring
+counts it, and single-GPU flash_attn_func on the same --local positions (its peak above its
+inputs) and, with --whole, on P x --local positions (the sequence a ring of P ranks splits; in
+units of the ring's X: what a ring's peak is to be 1/P of). With --phases, rank 0 also prints
+live memory (X) after every block call and transfer start, and the peak since the previous
+record, for P = procs and P = 2 non-causal: which buffers are live at the peak.
 """
 import argparse
 import datetime
@@ -26,6 +30,16 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
                 "NVSHMEM_DISABLE_NVLS": "1"}
 
 
+# variant -> cuflash.distributed flags (the others as the module has them)
+VARIANTS = {
+    "travel": dict(DKV_HOME=False, BWD_LOW_MEMORY=False, DQ_IN_WORKSPACE=False, HOME_LAZY_FP32=False),
+    "low": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=False, HOME_LAZY_FP32=False),
+    "low+dq": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True, HOME_LAZY_FP32=False),
+    "low+dq+lazy": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True,
+                        HOME_LAZY_FP32=True),
+}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -35,7 +49,8 @@ def _free_port() -> int:
 def _instrument(cfd, torch, log: list, X: int):
     """Wrap the ring's block calls and transfers to append (what, step, live X, peak X since the
     last record); returns a function that undoes it."""
-    saved = cfd.block_forward, cfd.block_backward, cfd._Ring.start, cfd._Ring.finish
+    saved = cfd.block_forward, cfd.block_backward, cfd._Ring.start, cfd._Ring.finish, \
+        cfd._DqSum.block
 
     def record(what, step):
         torch.cuda.synchronize()
@@ -53,6 +68,11 @@ def _instrument(cfd, torch, log: list, X: int):
         record("bwd_block", a[9] if len(a) > 9 else kw.get("step", 0))
         return out
 
+    def sums_block(self, *a, **kw):  # (DQ_IN_WORKSPACE: the ring's block calls)
+        out = saved[4](self, *a, **kw)
+        record("bwd_block", a[10] if len(a) > 10 else kw.get("step", 0))
+        return out
+
     def start(self, tensors, *a, **kw):
         out = saved[2](self, tensors, *a, **kw)
         trace = kw.get("trace") or (a[2] if len(a) > 2 else None)
@@ -64,9 +84,11 @@ def _instrument(cfd, torch, log: list, X: int):
         record("finish", -1)
 
     cfd.block_forward, cfd.block_backward, cfd._Ring.start, cfd._Ring.finish = fwd, bwd, start, finish
+    cfd._DqSum.block = sums_block
 
     def undo():
-        cfd.block_forward, cfd.block_backward, cfd._Ring.start, cfd._Ring.finish = saved
+        cfd.block_forward, cfd.block_backward, cfd._Ring.start, cfd._Ring.finish, \
+            cfd._DqSum.block = saved
     return undo
 
 
@@ -101,10 +123,12 @@ def _worker(rank, world, port, opts):
                      for _ in range(4))
     rows = []
     pair = dist.new_group([0, 1])  # every rank makes it
+    saved = {f: getattr(cfd, f) for f in VARIANTS["low"]}
     for P, group in ((world, None), (2, pair)):
         for causal in (False, True):
-            for home in (False, True, "low"):
-                cfd.DKV_HOME, cfd.BWD_LOW_MEMORY = home is True, home == "low"
+            for home in opts["variants"]:
+                for flag, value in VARIANTS[home].items():
+                    setattr(cfd, flag, value)
                 if rank < P:
                     def run():
                         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
@@ -121,24 +145,34 @@ def _worker(rank, world, port, opts):
                             undo()
                     t = torch.tensor([float(peak)], device="cuda")
                     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-                    rows.append(dict(P=P, causal=causal, dkv_home=home, local=n, X_bytes=X,
+                    rows.append(dict(P=P, causal=causal, dkv_home=home, variant=home, local=n, X_bytes=X,
                                      peak_bytes=int(t.item()), peak_X=round(t.item() / X, 3)))
                     if log:
-                        print(f"phases P={P} causal={causal} DKV_HOME={home} (live X, peak X "
+                        print(f"phases P={P} causal={causal} variant={home} (live X, peak X "
                               "since the last record):", flush=True)
                         print("  " + " | ".join(f"{w} s{s} {a:.2f}/{p:.2f}" for w, s, a, p in log),
                               flush=True)
                 dist.barrier()
-    cfd.DKV_HOME = cfd.BWD_LOW_MEMORY = False
+    for flag, value in saved.items():
+        setattr(cfd, flag, value)
     if rank == 0:
-        def single():
-            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-            o = cuflash.flash_attn_func(*leaves, causal=False)
-            torch.autograd.grad(o, leaves, dout)
-        single()
-        peak = _peak(torch, single)
-        rows.append(dict(P=1, causal=False, dkv_home=None, local=n, X_bytes=X, peak_bytes=peak,
-                         peak_X=round(peak / X, 3)))
+        for scale in sorted({1} | ({2, world} if opts["whole"] else set())):
+            if scale == 1:
+                sq, sk, sv, sd = q, k, v, dout
+            else:  # the whole sequence of a ring of `scale` ranks
+                sq, sk, sv, sd = (torch.randn(1, n * scale, h, d, device="cuda",
+                                              dtype=torch.bfloat16, generator=g) for _ in range(4))
+
+            def single():
+                leaves = [x.detach().requires_grad_() for x in (sq, sk, sv)]
+                o = cuflash.flash_attn_func(*leaves, causal=False)
+                torch.autograd.grad(o, leaves, sd)
+            single()
+            peak = _peak(torch, single)
+            rows.append(dict(P=1, causal=False, dkv_home=None, local=n * scale, X_bytes=X,
+                             peak_bytes=peak, peak_X=round(peak / X, 3),
+                             whole_of_P=scale if scale > 1 else None))
+            del sq, sk, sv, sd
         for r in rows:
             print(json.dumps(r), flush=True)
         if opts["out"]:
@@ -155,6 +189,11 @@ def main():
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--phases", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS),
+                    default=["low", "low+dq", "low+dq+lazy"])
+    ap.add_argument("--whole", action="store_true",
+                    help="also single-GPU attention on the whole sequence of a ring of 2 and of "
+                         "--procs ranks")
     a = ap.parse_args()
     import torch.multiprocessing as mp
 

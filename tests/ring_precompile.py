@@ -13,7 +13,8 @@ sequence, the bench's per-GPU shard), forward and backward (and deterministic fo
 first case), and the varlen test's calls (one chunk of every sequence against one chunk, and
 the whole batch on one GPU). Forward configs also as cuflash.distributed's flags would change
 them: on the dynamic scheduler (FWD_DYNAMIC) and, non-causal, on a grid of one CTA per tile
-(FWD_GRID_STEPS; --no-grid skips these).
+(FWD_GRID_STEPS; --no-grid skips these); backward configs also with dq_first and dq_convert off
+(DQ_IN_WORKSPACE's calls).
 """
 import argparse
 import os
@@ -87,6 +88,12 @@ def main(argv=None) -> int:
             print(f"skip {p}: {exc}", flush=True)
             continue
         configs.append(cfg)
+        flags = {f: False for f in ("dq_first", "dq_convert") if getattr(cfg, f, False)}
+        if p.op == "bwd" and flags:  # distributed.DQ_IN_WORKSPACE's config (_acc_plan)
+            try:
+                configs.append(select.choose(p, arch, name, smem, cfg.replace(**flags))[1])
+            except ValueError as exc:
+                print(f"skip the dQ-in-workspace config of {p}: {exc}", flush=True)
         # (distributed._forward_config: stream_tail goes with the static schedule)
         tail = {"stream_tail": False} if getattr(cfg, "stream_tail", False) else {}
         if p.op == "fwd" and not p.features and getattr(cfg, "persistent", False) \

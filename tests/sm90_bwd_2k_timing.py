@@ -54,18 +54,17 @@ sys.path[:0] = [_here, os.path.dirname(_here)]  # this folder; cuflash from the 
 import torch  # noqa: E402
 
 from cuflash import _gpu, registry, select  # noqa: E402
-from cuflash.compile import precompile  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
 
-from sm90_bwd_causal_timing import against, candidate_fns, finish  # noqa: E402
+from bwd_timing_common import CAUSALS, TORCH_DTYPES, compile_first, finish  # noqa: E402
+from sm90_bwd_causal_timing import against, candidate_fns  # noqa: E402
 import sm90_bwd_d128_timing as d128_timing  # noqa: E402
 from sm90_bwd_d128_timing import time_rotated  # noqa: E402
 from sm90_bwd_pre_timing import by_role, kernel_times  # noqa: E402
 
 TOKENS, DIM = 16384, 2048
 FAM = registry.get("sm90_bwd")
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # name: the config of a case from the heuristic's (None: not for this case)
 VARIANTS = {
     "heur": lambda c: c,
@@ -140,7 +139,7 @@ def main():
     ap.add_argument("--flash", action="store_true", help="SDPA flash too")
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     args = ap.parse_args()
-    causals = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]
+    causals = CAUSALS[args.causal]
     if args.table_dir:
         TABLE_DIRS.append(args.table_dir)
     names = ["heur"] + [n for n in args.variants if n != "heur"]
@@ -156,12 +155,7 @@ def main():
         todo += list(variants_for(p, names).values())
         todo.append(select.choose(problem(s, causal, dtype, d, op="fwd"), _gpu.arch(), _gpu.name(),
                                   _gpu.max_smem())[1])
-    todo = list(dict.fromkeys(todo))
-    errors = [(c.name, e) for c, _, e in precompile(todo) if e]
-    assert not errors, errors
-    print(f"{dev}  sm90_bwd short seqlens (backward alone), torch {torch.__version__}, "
-          f"cuDNN {torch.backends.cudnn.version()}; {len(todo)} kernels ready in {time.time() - t0:.0f} s",
-          flush=True)
+    compile_first(todo, "sm90_bwd short seqlens (backward alone)", t0)
     print(f"{'case':<26} {'variant':<8} {'kernel':<66} {'ms':>7} {'TFLOPs':>6} {'x cuDNN':>7} "
           f"{'dq diff':>8} {'dkv diff':>8}", flush=True)
     rows, summary = [], []

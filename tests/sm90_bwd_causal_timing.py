@@ -25,7 +25,6 @@ ratios to cuDNN (x cuDNN = cuDNN's time / ours: >= 1.0 is at least as fast) of e
 --out writes the rows and the device as JSON.
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -38,11 +37,11 @@ import torch  # noqa: E402
 import cuflash  # noqa: E402
 from cuflash import _gpu, registry, select  # noqa: E402
 from cuflash.bench.common import grad_fn  # noqa: E402
-from cuflash.compile import precompile  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
 from cuflash.timing import time_interleaved  # noqa: E402
 
+from bwd_timing_common import CAUSALS, compile_first, finish, first_calls, grad_diffs, sdpa_fn  # noqa: E402
 from sm90_bwd_pre_timing import by_role, kernel_times  # noqa: E402
 
 TOKENS, DIM = 16384, 2048
@@ -77,21 +76,6 @@ def variants_for(p, names):
     return out
 
 
-def sdpa_fn(q, k, v, dout, causal, backend):
-    """SDPA with one backend, (b, s, h, d) tensors viewed as (b, h, s, d); the backward alone."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
-
-    def f(q, k, v):
-        with sdpa_kernel(be):
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
-        return out.transpose(1, 2)
-
-    return grad_fn(f, q, k, v, dout)
-
-
 def candidate_fns(configs: dict, q, k, v, dout, causal: bool, flash: bool) -> tuple:
     """(fns, same, results) for timing the backward of each named config next to SDPA cuDNN (and
     flash): fns {name: gradient callable}, one per distinct config, plus "cudnn" / "flash"; same
@@ -108,13 +92,7 @@ def candidate_fns(configs: dict, q, k, v, dout, causal: bool, flash: bool) -> tu
     fns["cudnn"] = sdpa_fn(q, k, v, dout, causal, "cudnn")
     if flash:
         fns["flash"] = sdpa_fn(q, k, v, dout, causal, "flash")
-    results = {}
-    for name, fn in fns.items():
-        g = fn()
-        assert not any(x.isnan().any() for x in g), f"{name}: NaN in the gradients"
-        results[name] = g
-    torch.cuda.synchronize()
-    return fns, same, results
+    return fns, same, first_calls(fns)
 
 
 def against(name, configs, same, results, base, dkv_tol=0.0):
@@ -125,26 +103,8 @@ def against(name, configs, same, results, base, dkv_tol=0.0):
     label = f"(= {src})" if name in same else configs[name].name if name in configs else f"sdpa {name}"
     if name not in configs:
         return label, 0.0, 0.0, ""
-    ref, got = results[base], results[src]
-    ddq = rel(got[0], ref[0])
-    dkv = max(rel(got[1], ref[1]), rel(got[2], ref[2]))
+    ddq, dkv = grad_diffs(results[src], results[base])
     return label, ddq, dkv, "  MISMATCH" if ddq > 1e-2 or dkv > dkv_tol else ""
-
-
-def finish(summary, t0, out, dev, rows):
-    """The timing scripts' ending: the summary lines, the total time, and the rows as JSON to `out` (with
-    the device, torch and cuDNN versions and the FLOPs convention)."""
-    print("\n".join(summary))
-    print(f"total {time.time() - t0:.0f} s", flush=True)
-    if out:
-        with open(out, "w") as f:
-            json.dump(dict(device=dev, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
-                           convention="FA: bwd FLOPs = 2.5 x 4 b h s^2 d (/2 causal)", rows=rows), f, indent=1)
-        print(f"wrote {out}")
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
 
 
 def main():
@@ -157,7 +117,7 @@ def main():
     ap.add_argument("--no-flash", action="store_true", help="skip SDPA flash")
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     args = ap.parse_args()
-    causals = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]
+    causals = CAUSALS[args.causal]
     names = ["plain"] + [n for n in args.variants if n != "plain"]
     dev, t0 = torch.cuda.get_device_name(), time.time()
 
@@ -168,11 +128,7 @@ def main():
                 todo += list(variants_for(problem(d, s, causal), names).values())
                 fwd = problem(d, s, causal, op="fwd")
                 todo.append(select.choose(fwd, _gpu.arch(), _gpu.name(), _gpu.max_smem())[1])
-    errors = [(c.name, e) for c, _, e in precompile(todo) if e]
-    assert not errors, errors
-    print(f"{dev}  sm90_bwd launch order / scheduler (bf16, backward), torch {torch.__version__}, "
-          f"cuDNN {torch.backends.cudnn.version()}; {len(set(todo))} kernels ready in {time.time() - t0:.0f} s",
-          flush=True)
+    compile_first(todo, "sm90_bwd launch order / scheduler (bf16, backward)", t0)
     print(f"{'case':<24} {'variant':<8} {'kernel':<58} {'bwd ms':>7} {'TFLOPs':>6} {'main us':>8} "
           f"{'x cuDNN':>7} {'main x':>6} {'dq diff':>8} {'dkv diff':>8}", flush=True)
     rows, summary = [], []

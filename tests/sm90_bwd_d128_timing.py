@@ -57,17 +57,16 @@ import torch  # noqa: E402
 
 import cuflash  # noqa: E402
 from cuflash import _gpu, registry, select  # noqa: E402
-from cuflash.compile import precompile  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
 
-from sm90_bwd_causal_timing import against, candidate_fns, finish  # noqa: E402
+from bwd_timing_common import CAUSALS, TORCH_DTYPES, compile_first, finish  # noqa: E402
+from sm90_bwd_causal_timing import against, candidate_fns  # noqa: E402
 from sm90_bwd_pre_timing import by_role, kernel_times  # noqa: E402
 
 TOKENS, DIM = 16384, 2048
 HDIM = 128           # --hdim sets it (64: the BM128 BN128 tile)
 FAM = registry.get("sm90_bwd")
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # name: the config of a case from the heuristic's (None: not for this case)
 def old(c):
     """The heuristic's kernel before dk_late (session 14): dQ by the writer warp, one dS buffer; the
@@ -212,18 +211,13 @@ def main():
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     args = ap.parse_args()
     global HDIM
-    causals = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]
+    causals = CAUSALS[args.causal]
     names = None if args.variants is None else ["heur"] + [n for n in args.variants if n != "heur"]
     dev, t0 = torch.cuda.get_device_name(), time.time()
     todo = []
     for HDIM in args.hdim:
         todo += all_configs(args.dtypes, causals, args.seqlens, names)
-    todo = list(dict.fromkeys(todo))
-    errors = [(c.name, e) for c, _, e in precompile(todo) if e]
-    assert not errors, errors
-    print(f"{dev}  sm90_bwd d128 candidates (backward alone), torch {torch.__version__}, "
-          f"cuDNN {torch.backends.cudnn.version()}; {len(todo)} kernels ready in {time.time() - t0:.0f} s",
-          flush=True)
+    compile_first(todo, "sm90_bwd d128 candidates (backward alone)", t0)
     cols = "".join(f" {m + ' ms':>9} {'TFLOPs':>6} {'x cuDNN':>7}" for m in args.methods)
     print(f"{'case':<26} {'variant':<11} {'kernel':<62}{cols} {'dq diff':>8} {'dkv diff':>8}", flush=True)
     rows, summary = [], []

@@ -46,14 +46,14 @@ import torch  # noqa: E402
 import cuflash  # noqa: E402
 from cuflash import _gpu, registry  # noqa: E402
 from cuflash.bench.common import grad_fn  # noqa: E402
-from cuflash.compile import precompile  # noqa: E402
 from cuflash.families.sm90_bwd import Sm90BwdConfig  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
 from cuflash.select import choose  # noqa: E402
 from cuflash.timing import time_interleaved  # noqa: E402
 
-from sm90_bwd_causal_timing import finish  # noqa: E402
+from bwd_timing_common import (CAUSALS, TORCH_DTYPES, compile_first, finish, first_calls,  # noqa: E402
+                               grad_diffs, sdpa_fn)
 
 TOKENS, HEADS = 16384, 8
 # name: flags of the d256 tile; the "_lpt" ones run causal cases only
@@ -63,7 +63,6 @@ VARIANTS = {"sm90": {}, "sm90_dqw": dict(dq_writer=True), "sm90_lpt": dict(lpt=T
             "sm90_rol": dict(dq_writer=True, roles=True), "sm90_rol_cl2": dict(dq_writer=True, roles=True, cluster=True),
             "sm90_rol_lpt": dict(dq_writer=True, roles=True, lpt=True)}
 DEFAULT_VARIANTS = ["sm90_dqw", "sm90_rol"]   # (the query split with dq_writer, roles)
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def sm90_kernels(names, p):
@@ -82,25 +81,6 @@ def sm90_kernels(names, p):
     if heur not in out.values():
         out = {"heuristic": heur, **out}
     return out
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
-
-
-def sdpa_fn(q, k, v, dout, causal, backend):
-    """SDPA with one backend, (b, s, h, d) tensors viewed as (b, h, s, d); the backward alone."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
-
-    def f(q, k, v):
-        with sdpa_kernel(be):
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
-        return out.transpose(1, 2)
-
-    return grad_fn(f, q, k, v, dout)
 
 
 def test_kernels():
@@ -129,7 +109,7 @@ def main():
                     help="compile tests/test_sm90_bwd_d256_dqw_gpu.py's and _roles_gpu.py's kernels in the same pool")
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     args = ap.parse_args()
-    causals = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]
+    causals = CAUSALS[args.causal]
     fa2 = registry.get("fa2_bwd")
     dev = torch.cuda.get_device_name()
     cc = torch.cuda.get_device_capability()
@@ -147,11 +127,7 @@ def main():
                         todo.append(fa2.for_problem(fa2.heuristic(bwd, cc), bwd))
                         todo.append(choose(bwd, cc, _gpu.name(), _gpu.max_smem(), family=fa2)[1])
                     todo.append(choose(bwd.replace(op="fwd"), cc, _gpu.name(), _gpu.max_smem())[1])
-    todo = list(dict.fromkeys(todo))
-    errors = [(c.name, e) for c, _, e in precompile(todo) if e]
-    assert not errors, errors
-    print(f"{dev}  sm90_bwd d256 tile (backward alone), torch {torch.__version__}; "
-          f"{len(todo)} kernels compiled in {time.time() - t0:.0f} s", flush=True)
+    compile_first(todo, "sm90_bwd d256 tile (backward alone)", t0, cudnn=False, verb="compiled")
     if args.precompile_only:
         return
     print(f"{'case':<28} {'variant':<12} {'kernel':<52} {'ms':>8} {'TFLOPs':>7} {'x fa2':>6} "
@@ -180,19 +156,8 @@ def main():
                             fns[f"sdpa_{backend}"] = sdpa_fn(q, k, v, dout, causal, backend)
                         except RuntimeError as e:
                             print(f"sdpa_{backend}: skipped ({str(e).splitlines()[0][:120]})", flush=True)
-                    results = {}
-                    for name, fn in list(fns.items()):   # compile / load outside the timing, fail loudly here
-                        try:
-                            g = fn()
-                        except RuntimeError as e:
-                            if not name.startswith("sdpa"):
-                                raise
-                            print(f"{name}: skipped ({str(e).splitlines()[0][:120]})", flush=True)
-                            del fns[name]
-                            continue
-                        assert not any(x.isnan().any() for x in g), f"{name}: NaN in the gradients"
-                        results[name] = g
-                    torch.cuda.synchronize()
+                    # (compile / load outside the timing; an SDPA backend that fails is left out)
+                    results = first_calls(fns, optional=[n for n in fns if n.startswith("sdpa")])
                     times = time_interleaved(fns, warmup=args.warmup, reps=args.reps, back_to_back=1)
                     case = f"{dtype} d{d} {'causal' if causal else 'full'} b{b} s{s}"
                     flops = op_flops(p)
@@ -203,8 +168,7 @@ def main():
                     for name in fns:
                         t = times[name].median_ms
                         label = kernels[name].name if name in kernels else name
-                        ddq = rel(results[name][0], ref[0])
-                        dkv = max(rel(results[name][1], ref[1]), rel(results[name][2], ref[2]))
+                        ddq, dkv = grad_diffs(results[name], ref)
                         flag = "  MISMATCH" if name in ours and max(ddq, dkv) > 1e-2 else ""
                         print(f"{case:<28} {name:<12} {label:<52} {t:8.3f} {flops / t / 1e9:7.1f} "
                               f"{t / t_fa2:6.3f} {t / t_cudnn:7.3f} {ddq:8.1e} {dkv:8.1e}{flag}", flush=True)

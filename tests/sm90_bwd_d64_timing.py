@@ -37,13 +37,13 @@ import torch  # noqa: E402
 import cuflash  # noqa: E402
 from cuflash import registry  # noqa: E402
 from cuflash.bench.common import grad_fn  # noqa: E402
-from cuflash.compile import precompile  # noqa: E402
 from cuflash.families.sm90_bwd import Sm90BwdConfig  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
 from cuflash.timing import time_interleaved  # noqa: E402
 
-from sm90_bwd_causal_timing import finish  # noqa: E402
+from bwd_timing_common import (CAUSALS, TORCH_DTYPES, compile_first, finish, first_calls,  # noqa: E402
+                               grad_diffs, sdpa_fn)
 
 TOKENS, D = 16384, 64
 # name: (BM, BN, stages, consumers, flags)
@@ -60,7 +60,6 @@ VARIANTS = {
     "fa3_ovl_dqw": (128, 128, 2, 2, dict(overlap_sdp=True, dq_writer=True)),
     "fa3_s3_dqw": (128, 128, 3, 2, dict(dq_writer=True)),
 }
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def config(name, dtype, causal):
@@ -77,25 +76,6 @@ def kernels_for(names, p):
     return {name: config(name, p.dtype, p.causal) for name in names}
 
 
-def rel(a, b):
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
-
-
-def sdpa_fn(q, k, v, dout, causal, backend):
-    """SDPA with one backend, (b, s, h, d) tensors viewed as (b, h, s, d); the backward alone."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
-
-    def f(q, k, v):
-        with sdpa_kernel(be):
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
-        return out.transpose(1, 2)
-
-    return grad_fn(f, q, k, v, dout)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=list(TORCH_DTYPES))
@@ -107,7 +87,7 @@ def main():
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     args = ap.parse_args()
     variants = ["c1_dqw"] + [v for v in args.variants if v != "c1_dqw"]
-    causals = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]
+    causals = CAUSALS[args.causal]
     sm90, fa2 = registry.get("sm90_bwd"), registry.get("fa2_bwd")
     dev = torch.cuda.get_device_name()
     cc = torch.cuda.get_device_capability()
@@ -125,10 +105,7 @@ def main():
                 assert not bad and sm90.for_problem(cfg, p) == cfg, (cfg.name, bad)
                 todo.append(cfg)
             todo.append(fa2.for_problem(fa2.heuristic(p, cc), p))
-    errors = [(c.name, e) for c, _, e in precompile(todo) if e]
-    assert not errors, errors
-    print(f"{dev}  sm90_bwd d{hdim} (backward alone), torch {torch.__version__}; "
-          f"{len(todo)} kernels compiled in {time.time() - t0:.0f} s", flush=True)
+    compile_first(todo, f"sm90_bwd d{hdim} (backward alone)", t0, cudnn=False, verb="compiled")
     print(f"{'case':<28} {'variant':<15} {'kernel':<52} {'ms':>8} {'TFLOPs':>7} {'x c1':>6} "
           f"{'x cuDNN':>7} {'dq diff':>8} {'dkv diff':>8}", flush=True)
     rows, summary = [], []
@@ -148,12 +125,7 @@ def main():
                     q, k, v, causal=causal, bwd_config=fa2_cfg), q, k, v, dout)
                 fns["sdpa_cudnn"] = sdpa_fn(q, k, v, dout, causal, "cudnn")
                 fns["sdpa_flash"] = sdpa_fn(q, k, v, dout, causal, "flash")
-                results = {}
-                for name, fn in fns.items():   # compile / load outside the timing, fail loudly here
-                    g = fn()
-                    assert not any(x.isnan().any() for x in g), f"{name}: NaN in the gradients"
-                    results[name] = g
-                torch.cuda.synchronize()
+                results = first_calls(fns)   # (compile / load outside the timing)
                 times = time_interleaved(fns, warmup=3, reps=args.reps, back_to_back=1)
                 case = f"{dtype} d{hdim} {'causal' if causal else 'full'} b{b} s{s}"
                 flops = op_flops(p)
@@ -163,8 +135,7 @@ def main():
                 for name in fns:
                     t = times[name].median_ms
                     label = kernels[name].name if name in kernels else fa2_cfg.name if name == "fa2_bwd" else name
-                    ddq = rel(results[name][0], ref[0])
-                    dkv = max(rel(results[name][1], ref[1]), rel(results[name][2], ref[2]))
+                    ddq, dkv = grad_diffs(results[name], ref)
                     flag = "  MISMATCH" if name in kernels and max(ddq, dkv) > 1e-2 else ""
                     print(f"{case:<28} {name:<15} {label:<52} {t:8.3f} {flops / t / 1e9:7.1f} {t / t_c1:6.3f} "
                           f"{t / t_cudnn:7.3f} {ddq:8.1e} {dkv:8.1e}{flag}", flush=True)

@@ -17,7 +17,8 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_here, os.path.dirname(_here)]  # this folder; cuflash from the checkout
 
 import torch  # noqa: E402
 
@@ -28,9 +29,7 @@ from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
 from cuflash.timing import time_interleaved  # noqa: E402
 
-
-def rel(a, b):
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
+from bwd_timing_common import CAUSALS, first_calls, grad_diffs  # noqa: E402
 
 
 def main():
@@ -42,7 +41,7 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
     fam = registry.get("sm90_bwd")
-    causals = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]
+    causals = CAUSALS[args.causal]
     print(f"{torch.cuda.get_device_name()}  sm90_bwd dq_bulk timing (bf16, backward alone)")
     print(f"{'case':<28} {'kernel':<52} {'ms':>8} {'TFLOPs':>7} {'x red':>6} {'dq diff':>8} {'dkv diff':>8}")
     for d in args.hdims:
@@ -60,20 +59,13 @@ def main():
                             configs.append(cfg)
                 fns = {cfg.name: grad_fn(lambda q, k, v, cfg=cfg: cuflash.flash_attn_func(
                     q, k, v, causal=causal, bwd_config=cfg), q, k, v, dout) for cfg in configs}
-                results = {}
-                for name, fn in fns.items():   # compile outside the timing, and fail loudly here
-                    g = fn()
-                    assert not any(x.isnan().any() for x in g), f"{name}: NaN in the gradients"
-                    results[name] = g
-                torch.cuda.synchronize()
+                results = first_calls(fns)   # (compile outside the timing)
                 times = time_interleaved(fns, reps=args.reps, back_to_back=3)
                 case = f"d{d} {'causal' if causal else 'full'} b{b} s{s} h{h}"
                 for cfg in configs:
                     red = cfg.replace(dq_bulk=False).name
                     t, t_red = times[cfg.name].median_ms, times[red].median_ms
-                    ref, got = results[red], results[cfg.name]
-                    ddq = rel(got[0], ref[0])
-                    dkv = max(rel(got[1], ref[1]), rel(got[2], ref[2]))
+                    ddq, dkv = grad_diffs(results[cfg.name], results[red])
                     tflops = op_flops(p) / t / 1e9
                     print(f"{case:<28} {cfg.name:<52} {t:8.3f} {tflops:7.1f} {t / t_red:6.3f} {ddq:8.1e} {dkv:8.1e}")
 

@@ -22,7 +22,8 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_here, os.path.dirname(_here)]  # this folder; cuflash from the checkout
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -30,6 +31,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import cuflash  # noqa: E402
+
+from bwd_timing_common import CAUSALS  # noqa: E402
 
 
 def kernel_times(fn, reps):
@@ -150,7 +153,7 @@ def main():
     ap.add_argument("--out", default=None, help="JSON file of all rows")
     ap.add_argument("--ab", action="store_true", help="sm90_bwd's new vs old shared stores (see above)")
     args = ap.parse_args()
-    causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]
+    causals = CAUSALS[args.causal]
     if args.ab:
         rows = ab(args, causals)
         if args.out:

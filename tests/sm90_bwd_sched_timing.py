@@ -20,7 +20,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_here, os.path.dirname(_here)]  # this folder; cuflash from the checkout
 
 import torch  # noqa: E402
 
@@ -31,25 +32,10 @@ from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import op_flops  # noqa: E402
 from cuflash.timing import time_interleaved  # noqa: E402
 
+from bwd_timing_common import CAUSALS, first_calls, grad_diffs, sdpa_fn  # noqa: E402
+
 VARIANTS = {"plain": {}, "overlap_sdp": dict(overlap_sdp=True), "dq_writer": dict(dq_writer=True),
             "both": dict(overlap_sdp=True, dq_writer=True)}
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
-
-
-def cudnn_fn(q, k, v, dout, causal):
-    """SDPA's cuDNN backend, (b, s, h, d) tensors viewed as (b, h, s, d); the backward alone."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def f(q, k, v):
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
-        return out.transpose(1, 2)
-
-    return grad_fn(f, q, k, v, dout)
 
 
 def main():
@@ -61,7 +47,7 @@ def main():
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     args = ap.parse_args()
     fam = registry.get("sm90_bwd")
-    causals = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]
+    causals = CAUSALS[args.causal]
     dev = torch.cuda.get_device_name()
     print(f"{dev}  sm90_bwd schedule flags (bf16, backward alone), torch {torch.__version__}", flush=True)
     print(f"{'case':<26} {'variant':<12} {'kernel':<56} {'ms':>8} {'TFLOPs':>7} {'x plain':>7} "
@@ -80,13 +66,8 @@ def main():
                     kernels.setdefault(cfg.name, cfg)
                 fns = {name: grad_fn(lambda q, k, v, cfg=cfg: cuflash.flash_attn_func(
                     q, k, v, causal=causal, bwd_config=cfg), q, k, v, dout) for name, cfg in kernels.items()}
-                fns["cudnn"] = cudnn_fn(q, k, v, dout, causal)
-                results = {}
-                for name, fn in fns.items():   # compile outside the timing, and fail loudly here
-                    g = fn()
-                    assert not any(x.isnan().any() for x in g), f"{name}: NaN in the gradients"
-                    results[name] = g
-                torch.cuda.synchronize()
+                fns["cudnn"] = sdpa_fn(q, k, v, dout, causal, "cudnn")
+                results = first_calls(fns)   # (compile outside the timing)
                 times = time_interleaved(fns, reps=args.reps, back_to_back=3)
                 case = f"d{d} {'causal' if causal else 'full'} b{b} s{s} h{h}"
                 flops = op_flops(p)
@@ -97,9 +78,7 @@ def main():
                                  kernel="sdpa_cudnn", ms=t_cudnn, tflops=flops / t_cudnn / 1e9))
                 for name, cfg in configs.items():
                     t = times[cfg.name].median_ms
-                    ref, got = results[base.name], results[cfg.name]
-                    ddq = rel(got[0], ref[0])
-                    dkv = max(rel(got[1], ref[1]), rel(got[2], ref[2]))
+                    ddq, dkv = grad_diffs(results[cfg.name], results[base.name])
                     same = next((n for n, c in configs.items() if c == cfg), name)
                     label = cfg.name if same == name else f"(= {same})"
                     print(f"{case:<26} {name:<12} {label:<56} {t:8.3f} {flops / t / 1e9:7.1f} "

@@ -1,4 +1,4 @@
-"""sm90_fwd's fixed-max softcap kernels (the softcap heuristic: fold_cap 4 bf16 / 3 fp16, d128) on
+"""sm90_fwd's fixed-max softcap kernels (the softcap heuristic: fold_cap 3, d128) on
 edge shapes, for compute-sanitizer (memcheck, racecheck, synccheck); not a test, a few seconds
 without the sanitizer:
 

@@ -26,8 +26,10 @@ B, S, H, D = 2, 8192, 16, 128
 # kernel-source variants (--kvariants): edits of a kernels_cu copy, {name: [(file, old, new)]}, each
 # timed as softcap 30 at the heuristic's config compiled from its copy
 KVARIANTS = {
-    # the kernel before the fix (SASS identical to the previous commit's)
-    "old": [("sm90_fwd.cu", "constexpr bool kRoundedL = kFoldCap >= 3;", "constexpr bool kRoundedL = false;")],
+    # the kernel before the session-18 fix: no rounded sum, O / l
+    "old": [("sm90_fwd.cu", "constexpr bool kRoundedL = kFoldCap >= 3 && !kAlibi;", "constexpr bool kRoundedL = false;")],
+    # the session-18 fix as it was: the rounded sum on the CUDA cores (add_rounded), not the tensor cores
+    "addsum": [("sm90_fwd.cu", "constexpr bool kRowSumMma = kRoundedL;", "constexpr bool kRowSumMma = false;")],
     # two partial sums per row (even / odd 8-column tiles) for l and lr: shorter FADD chains
     "split": [("softmax_fold.cuh", "    float row_sum = 0.f, row_sum_rounded = 0.f;\n",
                "    float row_sum = 0.f, row_sum_rounded = 0.f, row_sum_odd = 0.f, row_sum_rounded_odd = 0.f;\n"),
@@ -39,7 +41,36 @@ KVARIANTS = {
               ("softmax_fold.cuh", "lr = lr * alpha + row_sum_rounded;",
                "lr = lr * alpha + (row_sum_rounded + row_sum_rounded_odd);")],
 }
+# timing-only diagnostics (NOT the softcap): one SFU op per score fewer, either the tanh (t = S·softcap_in)
+# or the exp2 (P = the exponent's FFMA alone); what the two SFU ops cost
+KVARIANTS["notanh"] = [("softmax_fold.cuh", "                        if (kSoftcap) s = tanh_approx(s * softcap_in);\n"
+                        "                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);",
+                        "                        if (kSoftcap) s = s * softcap_in;\n"
+                        "                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);")]
+KVARIANTS["noex2"] = [("softmax_fold.cuh", "                x = exp2_scaled(x, scale_log2, offset_log2);",
+                       "                x = fmaf(x, scale_log2, -offset_log2);")]
+# the tanh of one 8-column tile in 4 on the FMA / ALU pipes (timing only, a candidate: results are
+# compared with the SFU's by the max |O - O(cap30)| line): tanh|y| = (1 - u) / (1 + u) with
+# u = 2^(-2 log2(e) |y|) by exp2_poly<4> (2.9e-6), 1 / (1 + u) on [1/2, 1] from the linear start
+# 24/17 - 8/17 d (1/17) and two Newton steps (1.2e-5): ~21 instructions in place of one MUFU.TANH
+_TANH_EMU = """
+__device__ __forceinline__ float tanh_emu(float y) {
+    const float u = exp2_poly<4>(-2.885390082f * fabsf(y));
+    const float d = 1.f + u;
+    float r = fmaf(-0.470588235f, d, 1.411764706f);
+    r = r * fmaf(-d, r, 2.f);
+    r = r * fmaf(-d, r, 2.f);
+    return copysignf((1.f - u) * r, y);
+}
+"""
+KVARIANTS["emutanh"] = [
+    ("softmax_fold.cuh", "constexpr float kLazyRescaleLog2 = 8.f;\n", "constexpr float kLazyRescaleLog2 = 8.f;\n" + _TANH_EMU),
+    ("softmax_fold.cuh", "                        if (kSoftcap) s = tanh_approx(s * softcap_in);\n"
+     "                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);",
+     "                        if (kSoftcap) s = nt % 4 == 3 ? tanh_emu(s * softcap_in) : tanh_approx(s * softcap_in);\n"
+     "                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);")]
 KVARIANTS["old_split"] = KVARIANTS["old"] + KVARIANTS["split"]
+KVARIANTS["addsum_split"] = KVARIANTS["addsum"] + KVARIANTS["split"]
 
 
 def parse_variants(text):
@@ -63,7 +94,9 @@ def configs(causal, variants):
     plain = Problem("fwd", "bf16", B, S, S, H, H, D, causal)
     cap = plain.replace(features=("softcap",), softcap=30.0)
     heur = fam.for_problem(fam.heuristic(cap, (9, 0), 227 * 1024), cap)
-    extra = {name: heur.replace(**kv) for name, kv in variants.items()}
+    # (a name ending in "@full" / "@causal": that mask's row only)
+    mask = "causal" if causal else "full"
+    extra = {name: heur.replace(**kv) for name, kv in variants.items() if name.partition("@")[2] in ("", mask)}
     return plain, heur, extra
 
 
@@ -87,16 +120,26 @@ def variant_dir(name, root="/tmp"):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kvariants", default="old", help="comma-separated KVARIANTS names")
+    ap.add_argument("--kvariants", default="old",
+                    help="comma-separated KVARIANTS names, each optionally NAME:BASE+BASE (else --kv-bases)")
     ap.add_argument("--profile", action="store_true",
                     help="one call each of plain and cap30 (full) in a profiler range (ncu --profile-from-start off)")
     ap.add_argument("--precompile", action="store_true")
     ap.add_argument("--tests", action="store_true", help="--precompile: also the GPU tests' kernels")
     ap.add_argument("--variants", default="")
+    ap.add_argument("--kv-bases", default="cap30",
+                    help="rows the kernel-source variants are made for: cap30 (the heuristic) and --variants names")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     variants = parse_variants(args.variants)
+    # {kernel-source variant: the rows (cap30, --variants names) it is made for}
+    kvariants = {n.partition(":")[0]: (n.partition(":")[2] or args.kv_bases).split("+")
+                 for n in filter(None, args.kvariants.split(","))}
+    if any(kv.get("fold_cap") == 4 for kv in variants.values()):
+        from cuflash.families import sm90_fwd
+
+        sm90_fwd.FOLD4_TIMING = True   # fold_cap 4 is refused otherwise (its LSE: sm90_fwd.py)
     from cuflash import compile as cc
     from cuflash import registry
 
@@ -108,21 +151,33 @@ def main():
             olds.append(heur)
             cfgs += [heur, fam.for_problem(fam.heuristic(plain, (9, 0), 227 * 1024), plain), *extra.values()]
         if args.tests:   # tests/test_softcap_fixed_max_gpu.py's kernels and the backward tests'
+            from cuflash.families import sm90_fwd
             from cuflash.problem import Problem
 
             for causal in (True, False):
                 for dt in ("bf16", "fp16"):
                     p = Problem("fwd", dt, 2, 1023, 1023, 4, 2, D, causal, features=("softcap",), softcap=4.0)
                     cfgs.append(fam.for_problem(fam.heuristic(p, (9, 0), 227 * 1024), p))
-                    olds.append(cfgs[-1])
+                    for sq, sk in ((1, 1), (2, 1), (1, 2), (3, 3), (5, 2), (2, 7), (17, 300)) * (dt == "bf16"):
+                        # (tests/test_softcap_seeds_gpu.py's tiny shapes: bf16)
+                        for cap in (5.0, 30.0):
+                            for fold in (None, 0, 3) + ((4,) if sm90_fwd.FOLD4_TIMING else ()):
+                                pt = p.replace(seqlen_q=sq, seqlen_k=sk, softcap=cap, nheads=2, nheads_kv=2)
+                                c = fam.for_problem(fam.heuristic(pt, (9, 0), 227 * 1024), pt)
+                                cfgs.append(c if fold is None else c.replace(fold_cap=fold))
                     for name in ("sm90_bwd", "fa2_bwd"):
                         bf = registry.get(name)
                         pb = p.replace(op="bwd")
                         cfgs.append(bf.for_problem(bf.heuristic(pb, (9, 0), 227 * 1024), pb))
+        cfgs = list({c.name: c for c in cfgs if not c.problems()}.values())
         bad = [(c.name, e) for c, _, e in cc.precompile(cfgs) if e]
-        for name in filter(None, args.kvariants.split(",")):
+        for name, bases in kvariants.items():
+            these = []
+            for causal in (True, False):
+                _, heur, extra = configs(causal, variants)
+                these += [heur if b == "cap30" else extra[b] for b in bases if b == "cap30" or b in extra]
             os.environ["CUFLASH_KERNEL_DIR"] = variant_dir(name)   # the spawned workers read it at import
-            bad += [(c.name, e) for c, _, e in cc.precompile(olds) if e]
+            bad += [(c.name, e) for c, _, e in cc.precompile(these) if e]
         print("precompiled", len(cfgs), "failed", bad, flush=True)
         return
 
@@ -156,26 +211,36 @@ def main():
                 print("profiled", key, flush=True)
             return
         new = fns["cap30"]()
-        for i, name in enumerate(filter(None, args.kvariants.split(",")), start=1):
-            # a plan built while the override names the variant's sources holds its kernels; the plan
-            # caches key on (problem, strides, scale, config), so each variant takes the scale times
-            # (1 + i 2^-20) (same kernel, same time) to keep its own plan (no on_change drop)
-            scale = D ** -0.5 * (1 + i * 2.0 ** -20)
-            cc._override = variant_dir(name)
-            out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0, config=heur, softmax_scale=scale)
-            cc._override = ""
-            fns[f"cap30_{name}"] = (lambda scale=scale: cuflash.flash_attn_func(
-                q, k, v, causal=causal, softcap=30.0, config=heur, softmax_scale=scale))
-            print(f"{name}: max |O - O(cap30)| {(out.float() - new.float()).abs().max().item():.3g}", flush=True)
+        i = 0
+        for name, bases in kvariants.items():
+            for base in bases:
+                if base != "cap30" and base not in extra:
+                    continue
+                cfg = heur if base == "cap30" else extra[base]
+                i += 1
+                # a plan built while the override names the variant's sources holds its kernels; the plan
+                # caches key on (problem, strides, scale, config), so each variant takes the scale times
+                # (1 + i 2^-20) (same kernel, same time) to keep its own plan (no on_change drop)
+                scale = D ** -0.5 * (1 + i * 2.0 ** -20)
+                cc._override = variant_dir(name)
+                out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0, config=cfg, softmax_scale=scale)
+                cc._override = ""
+                fns[f"{base}_{name}"] = (lambda scale=scale, cfg=cfg: cuflash.flash_attn_func(
+                    q, k, v, causal=causal, softcap=30.0, config=cfg, softmax_scale=scale))
+                print(f"{base}_{name}: max |O - O(cap30)| {(out.float() - new.float()).abs().max().item():.3g}",
+                      flush=True)
         torch.cuda.synchronize()
         times = time_interleaved(fns, reps=args.reps, back_to_back=3)
         base = times["plain"].median_ms
         for key, t in times.items():
             tflops = op_flops(plain) / t.median_ms / 1e9
-            print(f"{'causal' if causal else 'full':7s} {key:12s} {t.median_ms:8.3f} ms {tflops:7.1f} TFLOPs "
-                  f"x plain {t.median_ms / base:6.3f}  {heur.name if key.startswith('cap30') else ''}", flush=True)
+            cfg = extra.get(key.rsplit("_", 1)[0] if key.endswith(tuple(kvariants)) else key, heur) \
+                if key != "plain" else plain
+            name = getattr(cfg, "name", "")
+            print(f"{'causal' if causal else 'full':7s} {key:14s} {t.median_ms:8.3f} ms {tflops:7.1f} TFLOPs "
+                  f"x plain {t.median_ms / base:6.3f}  {name if key != 'plain' else ''}", flush=True)
             rows.append(dict(causal=causal, row=key, median_ms=t.median_ms, x_plain=t.median_ms / base,
-                             spread=t.spread, config=heur.name))
+                             spread=t.spread, config=name))
     if args.out:
         env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
         with open(args.out, "w") as f:

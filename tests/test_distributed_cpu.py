@@ -97,6 +97,15 @@ def _worker(rank, world, port, cases):
             _check_varlen_case(rank, world, VARLEN_CASES[4], seed=5010)
         finally:
             cfd.DKV_HOME, cfd.REVERSE_BWD, cfd.BWD_LOW_MEMORY = saved
+        saved = cfd.DQ_IN_WORKSPACE
+        try:  # dQ summed in an accumulator of the ring's own (rounded shares added)
+            cfd.DQ_IN_WORKSPACE = False
+            _check_case(rank, world, cases[1], seed=6000)
+            _check_case(rank, world, cases[4], seed=6001)
+        finally:
+            cfd.DQ_IN_WORKSPACE = saved
+        for i, case in enumerate((cases[0], cases[1], cases[2])):
+            _check_lazy_home_bits(rank, world, case, seed=7000 + i)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -137,6 +146,28 @@ def _check_case(rank, world, case, seed, strided=False):
     want_lse = _shard(torch.from_numpy(ref_lse), rank, world, layout, dim=2)
     assert lse.dtype == torch.float32
     assert (lse.double() - want_lse).abs().max().item() <= 1e-5 * (1 + want_lse.abs().max().item())
+
+
+def _check_lazy_home_bits(rank, world, case, seed):
+    """HOME_LAZY_FP32 on and off give the same bits (bf16 inputs: the home accumulator kept in k's
+    dtype until a second share, the last of two added there, rounds as the fp32 sum does)."""
+    q, k, v, dout = _full_inputs(case, world, seed)
+    layout = case[6]
+    grads = []
+    saved = cfd.HOME_LAZY_FP32
+    try:
+        for lazy in (True, False):
+            cfd.HOME_LAZY_FP32 = lazy
+            leaves = [_shard(x, rank, world, layout).to(torch.bfloat16).requires_grad_()
+                      for x in (q, k, v)]
+            out = cfd.ring_flash_attn_func(*leaves, causal=case[5], layout=layout)
+            out.backward(_shard(dout, rank, world, layout).to(torch.bfloat16))
+            grads.append([x.grad for x in leaves])
+    finally:
+        cfd.HOME_LAZY_FP32 = saved
+    for name, a, b in zip(("dq", "dk", "dv"), *grads):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b), \
+            f"rank {rank}/{world} case {case}: {name} differs with HOME_LAZY_FP32"
 
 
 # varlen: (sequence lengths in chunks, nheads, nheads_kv, headdim, causal, layout, dtype);
@@ -861,6 +892,8 @@ def test_block_forward_schedule_flags(monkeypatch):
 
     q = Cuda()
     assert cfd.FWD_DYNAMIC and cfd.FWD_DYNAMIC_MIN_WORLD == 3 and cfd.FWD_GRID_STEPS == 0
+    assert cfd.FWD_FULL_GRID_STEPS == 1  # (the default since session 19; FWD_DYNAMIC alone first)
+    monkeypatch.setattr(cfd, "FWD_FULL_GRID_STEPS", 0)
     assert cfd.block_forward(q, q, q, 0.1, False, 0, 2)[0] is None
     assert asked == []  # 2 ranks: static persistent as selected
     assert cfd.block_forward(q, q, q, 0.1, False, 1, 2)[0] is None
@@ -890,3 +923,143 @@ def test_block_forward_schedule_flags(monkeypatch):
     cfd.block_forward(q, q, q, 0.1, False, 0, 4, True)   # a causal ring's half-block calls
     cfd.block_forward(q, q, q, 0.1, True, 0, 4, True)
     assert asked == [(False, True)]
+
+
+def test_plan_run_roles_launches_only_those_roles(monkeypatch):
+    """launch.Plan.run_roles (DQ_IN_WORKSPACE's launches): only the named roles' kernels, in the
+    plan's order, with the workspace pieces' addresses packed as run() packs them."""
+    from types import SimpleNamespace
+
+    from cuflash import _gpu, launch
+    from cuflash.families.fa2_bwd import FAMILY as fam
+    from cuflash.problem import Problem
+
+    problem = Problem("bwd", "bf16", 1, 256, 256, 2, 2, 64, False)
+    config = fam.heuristic(problem, (8, 0))
+    roles = [spec.role for spec in fam.launches(config, problem, 108)]
+    ptr_of = {role: 1000 + i for i, role in enumerate(roles)}
+    monkeypatch.setattr(launch, "get_kernels", lambda cfg, dev: {
+        r: SimpleNamespace(kernel=SimpleNamespace(ptr=ptr_of[r])) for r in roles})
+    monkeypatch.setattr(_gpu, "sm_count", lambda device=0: 108)
+    launched = []
+    monkeypatch.setattr(launch, "_driver_launch", lambda: lambda fn, *a: launched.append(fn))
+    monkeypatch.setattr(launch, "_device_fns", lambda: ((lambda: 0), (lambda d: None)))
+    strides = {name: (256 * 2 * 64, 2 * 64, 64, 1) for name in ("dout", "q", "k", "v", "o", "dq",
+                                                                "dk", "dv")}
+    plan = launch.Plan(fam, config, problem, strides, 0.125, 0)
+    assert roles[:3] == ["preprocess", "main", "convert_dq"]
+    plan.run_roles(("main",), tuple(range(1, 10)), 1 << 20, 0)
+    assert launched == [ptr_of["main"]]
+    launched.clear()
+    plan.run_roles(("convert_dq", "preprocess"), tuple(range(1, 10)), 1 << 20, 0)
+    assert launched == [ptr_of["preprocess"], ptr_of["convert_dq"]]
+    # the workspace pieces follow the op's tensors at the plan's offsets
+    names = fam.pointer_fields
+    packed = plan._record[names[names.index("dq_accum")]]
+    assert packed == (1 << 20) + plan.workspace_offsets["dq_accum"]
+    launched.clear()
+    plan.run(tuple(range(1, 10)), 1 << 20, 0)
+    assert launched == [ptr_of[r] for r in roles]
+
+
+class _FakeAccPlan:
+    """A stand-in for a backward Plan on CPU float32 tensors (test_dq_sum_orchestration): the
+    fa2_bwd workspace layout, and run_roles doing each role's work through the pointers (the
+    float64 block gradient for main, unscaled dQ added into the workspace's accumulator)."""
+
+    def __init__(self, dout, q, k, causal, scale, det):
+        from types import SimpleNamespace
+
+        b, sq, h, d = q.shape
+        self.shapes = (q.shape, k.shape)
+        self.dout_strides = dout.stride()  # (a real plan is made for dout's strides too)
+        self.causal, self.scale, self.device = causal, scale, 0
+        rows = -(-sq // 128) * 128
+        self.problem = SimpleNamespace(batch=b, nheads=h, seqlen_q=sq)
+        self.config = SimpleNamespace(head_dim=d, name="fake", dq_first=False, dq_convert=False)
+        sizes = {"lse_log2": b * h * rows * 4, "D": b * h * rows * 4,
+                 "dq_accum": b * h * rows * d * 4}
+        if det:
+            sizes["dq_semaphore"] = b * h * (rows // 16) * 4
+        self.workspace_offsets, total = {}, 0
+        for name, size in sizes.items():
+            self.workspace_offsets[name] = total
+            total += -(-size // 256) * 256
+        self.workspace_offsets["total"] = self.workspace_bytes = total
+        self.rows = rows
+        self.ran = []
+
+    @staticmethod
+    def _view(ptr, shape):
+        import ctypes
+
+        n = int(np.prod(shape))
+        return np.frombuffer((ctypes.c_float * n).from_address(ptr), np.float32).reshape(shape)
+
+    def run_roles(self, roles, ptrs, ws, stream):
+        qs, ks = self.shapes
+        b, sq, h, d = qs
+        acc = self._view(ws + self.workspace_offsets["dq_accum"], (b, h, self.rows, d))
+        self.ran.append(tuple(r for r in ("preprocess", "main", "convert_dq") if r in roles))
+        if "preprocess" in roles:
+            acc[...] = 0.0
+        if "main" in roles:
+            t = [torch.from_numpy(self._view(p, s).copy()) for p, s in
+                 zip(ptrs[1:5], (qs, ks, ks, qs))]
+            st = self.dout_strides
+            extent = 1 + sum((n - 1) * s for n, s in zip(qs, st))
+            t.insert(0, torch.from_numpy(self._view(ptrs[0], (extent,))).as_strided(qs, st).clone())
+            lse = torch.from_numpy(self._view(ptrs[5], (b, h, sq)).copy())
+            dq, dk, dv = cfd.reference_block_backward(*t, lse, self.scale, self.causal)
+            acc[:, :, :sq] += (dq.double() / self.scale).permute(0, 2, 1, 3).numpy()
+            self._view(ptrs[7], ks)[...] = dk.numpy()
+            self._view(ptrs[8], ks)[...] = dv.numpy()
+        if "convert_dq" in roles:
+            self._view(ptrs[6], qs)[...] = (acc[:, :, :sq] * self.scale).transpose(0, 2, 1, 3)
+
+
+def test_dq_sum_orchestration(monkeypatch):
+    """_DqSum's workspace path (DQ_IN_WORKSPACE; CUDA only, here on a CPU stand-in plan): the
+    first all-rows call runs the preprocess, later all-rows calls the main kernel alone on the
+    same workspace, some-rows calls their own workspace added in, one convert at the end; dq, dk,
+    dv as the plain path's (float32 here, so to rounding)."""
+    from cuflash import torch_ops
+
+    plans = {}
+
+    def fake_plan(dout, q, k, v, out, lse, scale, causal, det):
+        key = (q.shape, k.shape, causal, det)
+        if key not in plans:
+            plans[key] = _FakeAccPlan(dout, q, k, causal, scale, det)
+        return plans[key]
+
+    monkeypatch.setattr(cfd, "_acc_plan", fake_plan)
+    monkeypatch.setattr(torch_ops, "_raw_stream", lambda device: 0)
+    g = torch.Generator().manual_seed(5)
+    b, n, h, hk, d = 2, 96, 4, 2, 16
+    q, dout, out = (torch.randn(b, n, h, d, generator=g) for _ in range(3))
+    blocks = [(torch.randn(b, n, hk, d, generator=g), torch.randn(b, n, hk, d, generator=g))
+              for _ in range(3)]
+    lse = torch.randn(b, h, n, generator=g).abs() + 8
+    scale = d ** -0.5
+    half = n // 2
+    calls = [(slice(0, n), slice(0, n), True, True), (slice(0, n), slice(0, half), False, True),
+             (slice(half, n), slice(0, n), False, False), (slice(0, n), slice(0, n), False, True)]
+    for det in (False, True):
+        sums = cfd._DqSum(q, scale, False)
+        sums.in_workspace = True  # (CPU: the stand-in plans)
+        plain = cfd._DqSum(q, scale, False)
+        for (rows, ks, causal, all_rows), (k, v) in zip(calls, blocks + blocks[:1]):
+            args = (dout[:, rows], q[:, rows], k[:, ks], v[:, ks], out[:, rows],
+                    lse[:, :, rows].contiguous(), causal, det, rows, all_rows)
+            got, want = sums.block(*args), plain.block(*args)
+            for a, w in zip(got, want):
+                assert torch.allclose(a, w, atol=1e-5), (rows, ks)
+        assert sums.ws is not None and plain.ws is None
+        assert torch.allclose(sums.result(), plain.result(), atol=1e-5)
+        first = plans[((b, n, h, d), (b, n, hk, d), True, det)]
+        assert first.ran == [("preprocess", "main"), ("convert_dq",)]
+        assert plans[((b, n, h, d), (b, half, hk, d), False, det)].ran == [("main",)]
+        assert plans[((b, half, h, d), (b, n, hk, d), False, det)].ran == [("preprocess", "main")]
+        assert plans[((b, n, h, d), (b, n, hk, d), False, det)].ran == [("main",)]
+        plans.clear()

@@ -334,7 +334,8 @@ def _sizes_worker(rank, world, port):
     FWD_DYNAMIC_MIN_WORLD lowered to 2 for these passes); the varlen calls alone on rank 0
     (P = 1); and at P = world the cases again with FWD_DYNAMIC and PRIORITY_GROUP flipped,
     FWD_GRID_STEPS = 1 and the backward's other two paths (DKV_HOME's shares home during the next
-    step; the fp32 accumulator travelling with the block)."""
+    step; the fp32 accumulator travelling with the block), with DQ_IN_WORKSPACE and HOME_LAZY_FP32
+    flipped."""
     import torch.distributed as dist
 
     from cuflash import distributed as cfd
@@ -355,14 +356,17 @@ def _sizes_worker(rank, world, port):
             failures += _varlen_checks(0, 1, one, VARLEN_CASES)
         dist.barrier()
         saved = cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS, cfd.DKV_HOME, \
-            cfd.BWD_LOW_MEMORY
-        # (the backward's shares home during the next step: DKV_HOME, BWD_LOW_MEMORY off)
-        cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS, cfd.DKV_HOME, cfd.BWD_LOW_MEMORY = \
-            not saved[0], not saved[1], 1, True, False
+            cfd.BWD_LOW_MEMORY, cfd.DQ_IN_WORKSPACE, cfd.HOME_LAZY_FP32
+        # (the backward's shares home during the next step: DKV_HOME, BWD_LOW_MEMORY off; dQ
+        # summed apart from the kernels' workspace; the home sums in fp32 from the first share)
+        cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS, cfd.DKV_HOME, cfd.BWD_LOW_MEMORY, \
+            cfd.DQ_IN_WORKSPACE, cfd.HOME_LAZY_FP32 = \
+            not saved[0], not saved[1], 1, True, False, not saved[5], not saved[6]
         try:
             tag = (f" FWD_DYNAMIC={cfd.FWD_DYNAMIC} PRIORITY_GROUP={cfd.PRIORITY_GROUP} "
                    f"FWD_GRID_STEPS={cfd.FWD_GRID_STEPS} DKV_HOME={cfd.DKV_HOME} "
-                   f"BWD_LOW_MEMORY={cfd.BWD_LOW_MEMORY}")
+                   f"BWD_LOW_MEMORY={cfd.BWD_LOW_MEMORY} DQ_IN_WORKSPACE={cfd.DQ_IN_WORKSPACE} "
+                   f"HOME_LAZY_FP32={cfd.HOME_LAZY_FP32}")
             failures += _dense_checks(rank, world, None, FLAG_CASES + CASES[:1], first_extra=False,
                                       tag=tag)
             failures += _varlen_checks(rank, world, None, VARLEN_CASES[:1], tag=tag)
@@ -376,7 +380,7 @@ def _sizes_worker(rank, world, port):
                                 f"of one CTA per tile (configs {grid})")
         finally:
             cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS, cfd.DKV_HOME, \
-                cfd.BWD_LOW_MEMORY = saved
+                cfd.BWD_LOW_MEMORY, cfd.DQ_IN_WORKSPACE, cfd.HOME_LAZY_FP32 = saved
         dist.barrier()
     finally:
         cfd.FWD_DYNAMIC_MIN_WORLD = min_world

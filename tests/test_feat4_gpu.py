@@ -64,7 +64,7 @@ def test_the_variants_are_what_they_say():
         assert cfg.dropout and cfg.drop_packed and not cfg.problems(227 * 1024), (name, cfg.problems())
         assert cfg.BN == (192 if "bn192" in name else 160) and cfg.tma_store == ("tmao" in name)
     for name, cfg in softcap_configs():
-        assert cfg.fold_cap == 4 and cfg.lazy_rescale and cfg.emu_exp2 in (1, 2), name
+        assert cfg.fold_cap == 3 and cfg.lazy_rescale and cfg.emu_exp2 in (1, 2), name
         assert not cfg.problems(227 * 1024), (name, cfg.problems())
 
 

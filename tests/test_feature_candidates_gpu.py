@@ -1,5 +1,5 @@
 """The candidates tests/features_overhead_timing.py --quick times next to the shipped defaults
-(window: BN 64, BM 64 with one consumer warpgroup; softcap: fold_cap 4 (Q prescaled); window backward on the dynamic scheduler with
+(window: BN 64, BM 64 with one consumer warpgroup; softcap: fold_cap 3 with the row sum on the tensor cores; window backward on the dynamic scheduler with
 overlap_sdp or two dS buffers), run for correctness on an H100, so that a candidate that measures faster can be
 switched on with its kernel already checked. No compile of its own after the timing's precompile
 (the same configs).
@@ -32,13 +32,14 @@ FORWARD = [
      [((1024, 0), 0.0, None), ((0, 0), 0.0, None), ((300, 0), 0.0, None)]),
     ("win_c1_bm64_full", lambda: default_configs(("window",), False).replace(BM=64, consumers=1, pingpong=False),
      [((300, 129), 0.0, None), ((0, 5), 0.0, None), ((-1, 64), 0.0, None)]),
-    # fold_cap 4: Q prescaled by softcap_in in shared memory (the fixed max at 30 and 5, the row max
-    # at 50), at the heuristic's tiles (causal BN 128, full BN 144) and causal BN 144
-    ("cap_fold4_causal", lambda: default_configs(("softcap",), True).replace(fold_cap=4),
+    # the softcap heuristic (fold_cap 3 since session 19: fold 4's LSE is not the backward's), its
+    # row sum on the tensor cores (the fixed max at 30 and 5, the row max at 50), at the heuristic's
+    # tiles (causal BN 128, full BN 144) and full BN 160
+    ("cap_fold3_causal", lambda: default_configs(("softcap",), True),
      [((-1, -1), 30.0, None), ((-1, -1), 5.0, None), ((-1, -1), 50.0, None)]),
-    ("cap_fold4_bn144_causal", lambda: default_configs(("softcap",), True).replace(BN=144, fold_cap=4),
+    ("cap_fold3_full", lambda: default_configs(("softcap",), False),
      [((-1, -1), 30.0, None), ((-1, -1), 50.0, None)]),
-    ("cap_fold4_full", lambda: default_configs(("softcap",), False).replace(fold_cap=4),
+    ("cap_fold3_bn160_full", lambda: default_configs(("softcap",), False).replace(BN=160),
      [((-1, -1), 30.0, None), ((-1, -1), 50.0, None)]),
 ]
 

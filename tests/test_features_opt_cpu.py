@@ -139,8 +139,8 @@ def test_switches_on(monkeypatch, features, causal):
 SHIPPED = {
     (("window",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
     (("window",), False): "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
-    (("softcap",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold4",
-    (("softcap",), False): "sm90fwd_bf16_d128_full_BM128_BN144_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold4",
+    (("softcap",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3",
+    (("softcap",), False): "sm90fwd_bf16_d128_full_BM128_BN144_s2_c2_pp_persist_dyn_tmao_emu1_cap_lazy_fold3",
     (("alibi",), True): "sm90fwd_bf16_d128_causal_BM128_BN176_s2_c2_pp_persist_dyn_alibi_alin",
     # (session 16: BN 160 + TMA store, FEATURE_TILES "alibi:full")
     (("alibi",), False): "sm90fwd_bf16_d128_full_BM128_BN160_s2_c2_pp_persist_dyn_tmao_alibi_alin",
@@ -229,15 +229,19 @@ def test_folded_softcap_is_the_same_exponent():
     assert np.isclose(scale * (cap / scale), cap)
 
 
-def test_fold4_is_bf16_only_in_the_heuristic():
-    p = prob(("softcap",)).replace(dtype="fp16")
-    c = FAM.for_problem(FAM.heuristic(p), p)
-    assert c.fold_cap == 3 and not c.problems(227 * 1024)
-    assert FAM.for_problem(FAM.heuristic(prob(("softcap",))), prob(("softcap",))).fold_cap == 4
+def test_heuristic_folds_3_in_both_dtypes():
+    """fold_cap 3 (session 19; fold 4 refused: its LSE is not the backward's)."""
+    for dtype in ("fp16", "bf16"):
+        p = prob(("softcap",)).replace(dtype=dtype)
+        c = FAM.for_problem(FAM.heuristic(p), p)
+        assert c.fold_cap == 3 and not c.problems(227 * 1024)
+        assert c.ones_bytes == 256 and c.smem_bytes == c.replace(fold_cap=1).smem_bytes + 256
 
 
-def test_fold4_fields():
+def test_fold4_fields(monkeypatch):
     c = cfg(softcap=True, fold_cap=4, lazy_rescale=True)
+    assert any("FOLD4_TIMING" in m for m in c.problems())
+    monkeypatch.setattr(sm90_fwd, "FOLD4_TIMING", True)
     assert c.name.endswith("_cap_lazy_fold4") and not c.problems()
     assert c.kernel_name().endswith("true, 4>")
     p = prob(("softcap",))
@@ -343,16 +347,17 @@ NVCC_CONFIGS = [
     cfg(True, 176, softcap=True, fold_cap=1),
     cfg(False, 160, persistent=True, dynamic=True, tma_store=True, alibi=True, lazy_rescale=True),
     cfg(True, 128, persistent=True, window=True, softcap=True, alibi=True, fold_cap=1, lazy_rescale=True),
-    # fold_cap 4 (Q prescaled), causal: the timing's candidate
-    cfg(True, 144, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=4, lazy_rescale=True),
+    # fold_cap 3, causal: the softcap heuristic's tile (the fixed max's row sum on the tensor cores)
+    cfg(True, 128, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True),
     # alibi_lin: the timing's candidates and the window's tile
     cfg(True, 176, persistent=True, dynamic=True, alibi=True, alibi_lin=True),
     cfg(False, 176, alibi=True, alibi_lin=True),
     cfg(False, 128, persistent=True, dynamic=True, tma_store=True, window=True, alibi=True, alibi_lin=True),
     # ALiBi full's shipped tile since session 16
     cfg(False, 160, persistent=True, dynamic=True, tma_store=True, alibi=True, alibi_lin=True),
-    # fold_cap 4 at the softcap heuristic's full tile (the fixed max's rounded row sums, lr)
-    cfg(False, 144, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=4, lazy_rescale=True),
+    # fold_cap 3 at the softcap heuristic's full tile, and BN 160 (tests/softcap_fixed_timing.py's bn160@full)
+    cfg(False, 144, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True),
+    cfg(False, 160, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True),
 ]
 
 

@@ -31,6 +31,10 @@ WGMMA_N = (64, 80, 96, 112, 128, 144, 160, 176, 192, 256)
 # sm90_fwd's code hash stays): 32 for the dQ part at head dim 64 split over two consumer
 # warpgroups (Sm90BwdConfig.dq_cols).
 WGMMA_N_BWD = (32,)
+# Widths only sm90_fwd's row sum on the tensor cores takes (kFoldCap 3 / 4 with the fixed max:
+# Σ P̃ as P̃ times a column block of ones), generated into ptx_sm90_rowsum.cuh (its own file, so that
+# the other sm90 families' code hashes stay).
+WGMMA_N_ROWSUM = (8,)
 _TYPES = (("bf16", "bf16"), ("fp16", "f16"))
 BEGIN = "// ---- generated wgmma wrappers: begin ----\n"
 END = "// ---- generated wgmma wrappers: end ----\n"
@@ -74,7 +78,8 @@ def _header_path(name="ptx_sm90.cuh"):
 
 
 def write_wrappers():
-    for name, widths in (("ptx_sm90.cuh", WGMMA_N), ("ptx_sm90_bwd.cuh", WGMMA_N_BWD)):
+    for name, widths in (("ptx_sm90.cuh", WGMMA_N), ("ptx_sm90_bwd.cuh", WGMMA_N_BWD),
+                         ("ptx_sm90_rowsum.cuh", WGMMA_N_ROWSUM)):
         path = _header_path(name)
         text = path.read_text()
         head, rest = text.split(BEGIN)
@@ -113,7 +118,10 @@ def test_wgmma_block_is_generated():
     bwd = _header_path("ptx_sm90_bwd.cuh").read_text()
     assert bwd.split(BEGIN)[1].split(END)[0] == wgmma_wrappers(WGMMA_N_BWD), \
         "ptx_sm90_bwd.cuh's wgmma block is stale: python tests/test_sm90_cpu.py --write"
-    assert not set(WGMMA_N) & set(WGMMA_N_BWD)
+    rowsum = _header_path("ptx_sm90_rowsum.cuh").read_text()
+    assert rowsum.split(BEGIN)[1].split(END)[0] == wgmma_wrappers(WGMMA_N_ROWSUM), \
+        "ptx_sm90_rowsum.cuh's wgmma block is stale: python tests/test_sm90_cpu.py --write"
+    assert not set(WGMMA_N) & set(WGMMA_N_BWD) and not set(WGMMA_N_ROWSUM) & (set(WGMMA_N) | set(WGMMA_N_BWD))
     # every S width (BN) and every O width (head dim) the family can instantiate has a wrapper
     assert set(FAM.space["BN"]) | set(HEAD_DIMS) <= set(WGMMA_N)
 

@@ -6,10 +6,10 @@ the P V GEMM takes rounded to 16 bits; before session 18 l summed the unrounded 
 visible key O = V·P̃/P != V (2^-9 relative in bf16) and the backward's dS = P (dO·V - D) with
 D = dO·O left dQ off by 0.01-0.05 where the reference's is 0 (test_sm90_bwd_features_gpu.py::
 test_softcap and test_features_gpu.py::test_backward[fa2_bwd-bf16-d128-softcap*] failed at
-seqlen_k = 1). Now O is normalized by the sum of the rounded P, the LSE by the fp32 P's
-(softmax_fold.cuh add_rounded).
+seqlen_k = 1). Now O is normalized by the sum of the rounded P, the LSE by the fp32 P's (since
+session 19 summed on the tensor cores: ptx_sm90_rowsum.cuh; session 18's softmax_fold.cuh add_rounded).
 
-Cases: sm90_fwd's softcap heuristic (fold_cap 4 bf16 / 3 fp16 at d128; fold_cap 3 forced for bf16)
+Cases: sm90_fwd's softcap heuristic (fold_cap 3 at d128 since session 19; fold_cap 3 also forced for bf16)
 and the default backward, bf16 with caps 30 and 5 (fixed max) and fp16 with cap 4 (fixed max:
 2·4·log2(e) <= FIXED_MAX_LOG2_RANGE_FP16) and 30 (row max), causal and not; seqlen_k = 1 (O
 must equal V bit for bit, like plain attention's: P = 1 there) and small key counts (one K/V

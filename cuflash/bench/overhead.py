@@ -9,6 +9,9 @@ heads, d 64, causal, bf16. Paths:
 * torch_fwdbwd: inputs requiring grad, ``out = f(q, k, v); out.sum().backward()``;
 * cupy_fwd:     CuPy arrays, fp16 (cuflash only: SDPA has no CuPy path; CuPy has no
                 bf16 type of its own).
+* cupy_fwdbwd:  the same, ``out, lse, _ = flash_attn_func(q, k, v, causal=True,
+                return_attn_probs=True)`` then ``flash_attn_backward(dout, q, k, v, out, lse,
+                causal=True)`` (cuflash only).
 * torch_decode: one decode step (issue 13's host budget: <= 1.3x SDPA's), bf16 d 128, one
                 query row of 32 heads over a cache of DECODE_CTX keys on 8 KV heads:
                 ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=<int32 tensor>)``
@@ -43,7 +46,8 @@ from .common import REF, fields, median, results_dir, sdpa_backend, short, torch
 TINY = Problem("fwd", "bf16", 1, 128, 128, 4, 4, 64, True)
 EAGER = Problem("fwd", "bf16", 8, 2048, 2048, 16, 16, 128, True)
 IMPLS = ("cuflash", "sdpa_flash", "sdpa_cudnn")
-HOST_PATHS = ("torch_fwd", "torch_fwdbwd", "cupy_fwd", "torch_decode")
+HOST_PATHS = ("torch_fwd", "torch_fwdbwd", "cupy_fwd", "cupy_fwdbwd", "torch_decode")
+CUPY_PATHS = ("cupy_fwd", "cupy_fwdbwd")
 DECODE_CTX = 256   # keys in the decode step's cache: GPU work far below the host cost
 DECODE = Problem("fwd", "bf16", 1, 1, DECODE_CTX, 32, 8, 128, False)
 EAGER_PATHS = ("eager_fwd", "eager_fwdbwd")
@@ -55,18 +59,23 @@ def call(impl: str, path: str, p: Problem):
     a fresh one each time: sdpa_kernel's can be entered once)."""
     import torch
 
-    from ..api import flash_attn_func
+    from ..api import flash_attn_backward, flash_attn_func
 
-    if path == "cupy_fwd":
+    if path in CUPY_PATHS:
         if impl != "cuflash":
             raise NotImplementedError(f"{impl} has no CuPy path")
         import cupy
 
         shape = (p.batch, p.seqlen_q, p.nheads, p.head_dim)
-        q, k, v = (cupy.random.standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
-                   for _ in range(3))  # fp16: CuPy has no bf16 of its own; the host cost is the same
-        return (lambda: flash_attn_func(q, k, v, causal=p.causal),
-                cupy.cuda.Device().synchronize, contextlib.nullcontext)
+        q, k, v, dout = (cupy.random.standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
+                         for _ in range(4))  # fp16: CuPy has no bf16 of its own; the host cost is the same
+        if path == "cupy_fwd":
+            fn = lambda: flash_attn_func(q, k, v, causal=p.causal)  # noqa: E731
+        else:
+            def fn():
+                out, lse, _ = flash_attn_func(q, k, v, causal=p.causal, return_attn_probs=True)
+                return flash_attn_backward(dout, q, k, v, out, lse, causal=p.causal)
+        return fn, cupy.cuda.Device().synchronize, contextlib.nullcontext
     if path == "torch_decode":
         return decode_call(impl)
     if impl == "cuflash":
@@ -121,11 +130,11 @@ def host_records(path: str, p: Problem = TINY, calls: int = 2000, rounds: int = 
     us_median the median round."""
     from ..timing import host_us_interleaved
 
-    if path == "cupy_fwd":
+    if path in CUPY_PATHS:
         p = p.replace(dtype="fp16")
     if path == "torch_decode":
         p = DECODE
-    impls = [i for i in IMPLS if path != "cupy_fwd" or i == "cuflash"]
+    impls = [i for i in IMPLS if path not in CUPY_PATHS or i == "cuflash"]
     recs, fns, sync = {}, {}, None
     for impl in impls:
         recs[impl] = dict(impl=impl, path=path, **_problem_fields(p), calls=calls,

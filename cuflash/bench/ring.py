@@ -57,7 +57,7 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  that mask). --ring-set NAME: the whole run with a variant (ring_set in the
                  records; the settings it ran with: reverse_bwd, fwd_dynamic, priority_group,
                  ring_max_ctas, early_send, fwd_grid_steps, dkv_home, bwd_low_memory,
-                 fwd_full_grid_steps). --ring-rotate K: process r on GPU
+                 fwd_full_grid_steps, dq_in_workspace, home_lazy_fp32). --ring-rotate K: process r on GPU
                  (r + K) mod the GPU count.
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
@@ -494,6 +494,8 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         rec["fwd_grid_steps"] = cfd.FWD_GRID_STEPS
         rec["dkv_home"] = cfd.DKV_HOME
         rec["bwd_low_memory"] = cfd.BWD_LOW_MEMORY
+        rec["dq_in_workspace"] = cfd.DQ_IN_WORKSPACE
+        rec["home_lazy_fp32"] = cfd.HOME_LAZY_FP32
         rec["fwd_full_grid_steps"] = cfd.FWD_FULL_GRID_STEPS
         if opts.get("ring_set"):
             rec["ring_set"] = opts["ring_set"]
@@ -602,6 +604,10 @@ AB_VARIANTS = {
                 "fp32 accumulator travelling with the block)",
     "bwd_lowmem": "cuflash.distributed.BWD_LOW_MEMORY flipped (the shares sent home as with "
                   "DKV_HOME, right after their step, waited for: none in flight during a step)",
+    "dq_ws": "cuflash.distributed.DQ_IN_WORKSPACE flipped (the backward's dQ summed in the "
+             "kernels' own fp32 accumulator, one workspace for every step, one convert at the end)",
+    "home_lazy": "cuflash.distributed.HOME_LAZY_FP32 flipped (the home dK/dV sums kept in k's "
+                 "dtype until a second share arrives)",
     "fwd_fullgridN": "cuflash.distributed.FWD_FULL_GRID_STEPS = N (non-causal rings from "
                      "FWD_DYNAMIC_MIN_WORLD ranks up: the first N forward steps on a grid of one "
                      "CTA per tile, the later ones static persistent; e.g. fwd_fullgrid1)",
@@ -615,7 +621,8 @@ AB_VARIANTS = {
 }
 FLAG_VARIANTS = {"early_send": "EARLY_SEND", "split_q": "SPLIT_Q", "reverse_bwd": "REVERSE_BWD",
                  "fwd_dyn": "FWD_DYNAMIC", "lib_priority": "PRIORITY_GROUP", "dkv_home": "DKV_HOME",
-                 "bwd_lowmem": "BWD_LOW_MEMORY"}
+                 "bwd_lowmem": "BWD_LOW_MEMORY", "dq_ws": "DQ_IN_WORKSPACE",
+                 "home_lazy": "HOME_LAZY_FP32"}
 _MAIN: dict = {"group": None}  # the process's ring group under --ring-set (None: the default)
 WARM_LOCAL = 32768  # a variant's warm-up ring: this many local positions (the same kernels as
 # the bench's shards from 64k tokens per rank up: the heuristic's tiles change below 16k keys)
@@ -712,7 +719,7 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd, warm_local,
     out = {}
     flags = ("EARLY_SEND", "SPLIT_Q", "REVERSE_BWD", "FWD_DYNAMIC", "PRIORITY_GROUP",
              "RING_MAX_CTAS", "FWD_GRID_STEPS", "DKV_HOME", "FWD_FULL_GRID_STEPS",
-             "BWD_LOW_MEMORY")
+             "BWD_LOW_MEMORY", "DQ_IN_WORKSPACE", "HOME_LAZY_FP32")
     saved = {f: getattr(cfd, f) for f in flags}
     try:
         spec = parse_variant(name)
