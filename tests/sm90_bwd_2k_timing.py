@@ -18,15 +18,27 @@ in one process, bf16 and fp16, head dims 64 / 128 / 256 (and 192, run by the d25
     nodqf    the heuristic's kernel without dq_first, where the heuristic has it (HEURISTIC_DQ_FIRST)
     lpt, dqf_lpt  head dims 192 / 256, causal: the longest-first launch order (kLpt) with roles (measured
              before roles only: HEURISTIC_D256_LPT), without / with dq_first
+    dqc_nodqf  head dim 128, non-causal, where the heuristic has dq_first without dq_convert: the other way
+             round (fp16's heuristic before session 19)
+    dyn      head dims 64 / 128 where the heuristic runs the plain grid: the dynamic scheduler
+    nodyn    head dim 128: the heuristic's kernel on the plain grid (frag_pin kept; without dq_convert, which
+             needs the dynamic scheduler there)
+    tab      the tuned entry selection would take from the tables in --table-dir (a tuner's output,
+             before it ships), as for_problem makes it
 
 --breakdown adds the GPU time per kernel role (preprocess / main / dQ convert; torch.profiler, mean of 3
-calls) of heur, dqc and cuDNN at each case. Every kernel is compiled first in parallel processes
-(cuflash.compile.precompile). dk, dv of every variant against heur's must be equal bit for bit (the
-same sums in the same order; dq_convert changes only where dQ is converted), dq within 1e-2 relative
-(fp32 additions in another order); else the row says MISMATCH.
+calls) of the variants run and cuDNN at each case (--breakdown N: the first N cases only). Every kernel is
+compiled first in parallel processes (cuflash.compile.precompile). dk, dv of every variant against heur's
+must be equal bit for bit (the same sums in the same order; dq_convert changes only where dQ is converted),
+dq within 1e-2 relative (fp32 additions in another order); else the row says MISMATCH.
 
     timeout 100 python tests/sm90_bwd_2k_timing.py --out /tmp/b2k_2k.json
     timeout 100 python tests/sm90_bwd_2k_timing.py --hdims 192 256 --seqlens 2048 4096 8192 --breakdown
+    timeout 80 python tests/sm90_bwd_2k_timing.py --cells bf16:256:causal:2048:dqf,lpt fp16:128:full:16384
+
+--cells replaces the cross product of --dtypes / --hdims / --seqlens / --causal by a list of cases, each
+dtype:head_dim:full|causal:seqlen, optionally :variant,variant,... (the case's own variants, heur always
+first; else --variants), run in the order given (put the most wanted first: a timeout cuts the rest).
 
 Success: every row prints, no NaN / MISMATCH; the summary line per case gives each variant's x cuDNN
 (cuDNN's time / ours: >= 1.0 is at least as fast). Not a test.
@@ -65,8 +77,16 @@ VARIANTS = {
     "nodqf": lambda c: c.replace(dq_first=False) if c.dq_first else None,
     "lpt": lambda c: c.replace(lpt=True) if c.causal and c.head_dim == 256 else None,
     "dqf_lpt": lambda c: c.replace(lpt=True, dq_first=True) if c.causal and c.head_dim == 256 else None,
+    "dqc_nodqf": lambda c: c.replace(dq_convert=True, dq_first=False) if c.dq_first and not c.dq_convert
+    and c.head_dim == 128 and not c.causal else None,
+    "dyn": lambda c: c.replace(dynamic=True) if not c.dynamic and c.head_dim in (64, 128) else None,
+    "nodyn": lambda c: c.replace(dynamic=False, dq_convert=False) if c.dynamic and c.head_dim == 128 else None,
+    "tab": lambda c: None,   # (variants_for: the --table-dir entry)
 }
 DEFAULT_VARIANTS = ("heur", "dqc")
+# "tab": the tuned entry that selection would take for the case from the table files in --table-dir
+# (cuflash.select.lookup over those files only), as for_problem makes it; left out where none applies
+TABLE_DIRS: list = []
 
 
 def problem(s, causal, dtype, hdim, op="bwd"):
@@ -77,7 +97,29 @@ def problem(s, causal, dtype, hdim, op="bwd"):
 
 def variants_for(p, names):
     """{variant: config} for problem p (sm90_bwd_d128_timing.variants_for with VARIANTS here)."""
-    return d128_timing.variants_for(p, names, VARIANTS)
+    out = d128_timing.variants_for(p, [n for n in names if n != "tab"], VARIANTS)
+    if "tab" in names and TABLE_DIRS:
+        cfg, _ = select.lookup(FAM, p, _gpu.name(), _gpu.arch(), _gpu.max_smem(), TABLE_DIRS)
+        if cfg is not None and not FAM.for_problem(cfg, p).problems(_gpu.max_smem()):
+            out["tab"] = FAM.for_problem(cfg, p)
+    return out
+
+
+def parse_cells(cells, default_names):
+    """([(head_dim, dtype, seqlen, causal)], [variant names per case]) from --cells' strings
+    dtype:head_dim:full|causal:seqlen[:variant,...] (heur first in every case)."""
+    cases, names = [], []
+    for cell in cells:
+        parts = cell.split(":")
+        if len(parts) not in (4, 5) or parts[0] not in TORCH_DTYPES or parts[2] not in ("full", "causal"):
+            raise ValueError(f"--cells: {cell!r} is not dtype:head_dim:full|causal:seqlen[:variant,...]")
+        own = parts[4].split(",") if len(parts) == 5 else list(default_names)
+        unknown = [n for n in own if n not in VARIANTS]
+        if unknown:
+            raise ValueError(f"--cells: {cell!r} names unknown variants {unknown} (known: {list(VARIANTS)})")
+        cases.append((int(parts[1]), parts[0], int(parts[3]), parts[2] == "causal"))
+        names.append(["heur"] + [n for n in own if n != "heur"])
+    return cases, names
 
 
 def main():
@@ -87,18 +129,28 @@ def main():
     ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096])
     ap.add_argument("--causal", choices=("yes", "no", "both"), default="both")
     ap.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--table-dir", default=None, help="a folder of tuned tables for the variant tab")
+    ap.add_argument("--cells", nargs="+", default=None,
+                    help="cases dtype:head_dim:full|causal:seqlen[:variant,...] instead of the cross product")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--back-to-back", type=int, default=10, help="calls per sample (the bench's 10)")
-    ap.add_argument("--breakdown", action="store_true", help="GPU time per kernel role of heur, dqc, cuDNN")
+    ap.add_argument("--breakdown", nargs="?", type=int, const=-1, default=0, metavar="N",
+                    help="GPU time per kernel role of each variant and cuDNN (--breakdown N: the first N cases only)")
     ap.add_argument("--flash", action="store_true", help="SDPA flash too")
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     args = ap.parse_args()
     causals = CAUSALS[args.causal]
+    if args.table_dir:
+        TABLE_DIRS.append(args.table_dir)
     names = ["heur"] + [n for n in args.variants if n != "heur"]
     dev, t0 = torch.cuda.get_device_name(), time.time()
-    cases = [(d, dt, s, c) for d in args.hdims for dt in args.dtypes for s in args.seqlens for c in causals]
+    if args.cells:
+        cases, case_names = parse_cells(args.cells, names)
+    else:
+        cases = [(d, dt, s, c) for d in args.hdims for dt in args.dtypes for s in args.seqlens for c in causals]
+        case_names = [names] * len(cases)
     todo = []
-    for d, dtype, s, causal in cases:
+    for (d, dtype, s, causal), names in zip(cases, case_names):
         p = problem(s, causal, dtype, d)
         todo += list(variants_for(p, names).values())
         todo.append(select.choose(problem(s, causal, dtype, d, op="fwd"), _gpu.arch(), _gpu.name(),
@@ -107,7 +159,7 @@ def main():
     print(f"{'case':<26} {'variant':<8} {'kernel':<66} {'ms':>7} {'TFLOPs':>6} {'x cuDNN':>7} "
           f"{'dq diff':>8} {'dkv diff':>8}", flush=True)
     rows, summary = [], []
-    for d, dtype, s, causal in cases:
+    for i, ((d, dtype, s, causal), names) in enumerate(zip(cases, case_names)):
         p = problem(s, causal, dtype, d)
         b, h = p.batch, p.nheads
         q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=TORCH_DTYPES[dtype]) for _ in range(4))
@@ -131,8 +183,9 @@ def main():
                              samples=list(times[src].samples), dq_rel_diff=ddq, dkv_rel_diff=dkv,
                              mismatch=bool(flag)))
         summary.append(f"{case:<26} " + "  ".join(line) + "   (x cuDNN, b2b)")
-        if args.breakdown:
-            for name in [n for n in ("heur", "dqc", "nodqc", "dqf", "nodqf") if n in fns] + ["cudnn"]:
+        if args.breakdown and (args.breakdown < 0 or i < args.breakdown):
+            for name in [n for n in ("heur", "dqc", "nodqc", "dqf", "nodqf", "dqf_nodqc", "lpt", "dqf_lpt", "tab")
+                         if n in fns] + ["cudnn"]:
                 roles = by_role(kernel_times(fns[name], 3))
                 print(f"{case:<26} {name:<8} GPU us by role: {roles}", flush=True)
                 rows.append(dict(dtype=dtype, hdim=d, causal=causal, seqlen=s, variant=name, breakdown_us=roles))

@@ -17,7 +17,9 @@ from cuflash import _gpu, select  # noqa: E402
 from cuflash.compile import precompile  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 
-CLASSES = [(128, "bf16", False), (128, "fp16", True), (256, "bf16", True), (256, "fp16", False), (64, "bf16", True)]
+# (tests/test_sm90_bwd_dqfirst_gpu.py's classes)
+CLASSES = [(128, "bf16", False), (128, "fp16", True), (256, "bf16", True), (256, "fp16", False), (64, "bf16", True),
+           (128, "fp16", False), (256, "fp16", True), (64, "fp16", False)]
 
 
 def test_configs():

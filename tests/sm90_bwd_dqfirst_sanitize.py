@@ -8,7 +8,8 @@ pytest.
 
 Each config runs its shape twice (the second call's tickets zeroed by its own preprocess, its accumulator
 holding the first call's sums), the gradients checked for NaN (outputs poisoned) and against the same
-kernel without dq_first (dk, dv equal bit for bit, and between the two calls; dq within 1e-2 relative: unordered fp32 additions). --quick: the first two cases.
+kernel without dq_first (dk, dv equal bit for bit, and between the two calls; dq within 1e-2 relative: unordered
+fp32 additions). --quick: the first two cases; --cases i,j,...: those of CASES.
 """
 import os
 import sys
@@ -27,6 +28,8 @@ CASES = [  # (dtype, head dim, batch, seqlen_q, seqlen_k, nheads, nheads_kv, cau
     ("bf16", 128, 2, 1100, 1100, 8, 2, False),   # 144 tiles of 18 Q blocks
     ("fp16", 128, 1, 700, 900, 4, 4, True),      # with dq_convert
     ("bf16", 64, 1, 1023, 1023, 4, 1, False),    # the BM 128 tile
+    ("fp16", 128, 1, 700, 700, 4, 4, False),     # without dq_convert (the heuristic's since session 19)
+    ("fp16", 64, 1, 700, 700, 4, 2, False),      # the BM 128 tile with q_rotate
 ]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -35,6 +38,8 @@ def main():
     api.POISON_OUTPUTS = True
     fam = registry.get("sm90_bwd")
     cases = CASES[:2] if "--quick" in sys.argv else CASES
+    if "--cases" in sys.argv:   # --cases i,j,...: those of CASES (0-based)
+        cases = [CASES[int(i)] for i in sys.argv[sys.argv.index("--cases") + 1].split(",")]
     for dtype, d, b, sq, sk, h, hkv, causal in cases:
         p = Problem("bwd", dtype, b, sq, sk, h, hkv, d, causal)
         base = fam.for_problem(fam.heuristic(p, _gpu.arch()).replace(dq_first=False), p)

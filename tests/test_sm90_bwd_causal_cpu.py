@@ -139,6 +139,14 @@ def test_dynamic_and_ds_double_heuristic_switches(monkeypatch):
         cfg = FAM.for_problem(FAM.heuristic(p), p)
         assert cfg.dynamic == ((d, causal) in sm90_bwd.HEURISTIC_DYNAMIC and not det) and cfg.problems() == []
     assert sm90_bwd.HEURISTIC_DYNAMIC == {(64, False), (64, True), (128, False), (128, True)}
+    # (session 19) fp16 d128 causal: the plain grid above 4k, the rest of the heuristic's fields kept
+    assert sm90_bwd.DYNAMIC_MAX_SEQLEN_BY == {(128, True, "fp16"): 4096}
+    for d, causal, dtype, s in itertools.product((64, 96, 128), (False, True), ("bf16", "fp16"), (4096, 8192)):
+        p = Problem("bwd", dtype, 2, s, s, 16, 16, d, causal)
+        cfg = FAM.for_problem(FAM.heuristic(p), p)
+        plain = d > 64 and causal and dtype == "fp16" and s > 4096
+        assert cfg.dynamic == (not plain) and cfg.problems() == [], cfg.name
+        assert cfg.dk_late == cfg.dq_early == (d in (64, 96, 128)) and cfg.frag_pin == (d > 64), cfg.name
     d96 = FAM.for_problem(FAM.heuristic(problem(96, True)), problem(96, True))   # the d128 kernel
     assert d96.dk_late and d96.ds_double and d96.dynamic and d96.frag_pin
     assert FAM.for_problem(FAM.heuristic(problem(128, False)), problem(128, False)).dynamic

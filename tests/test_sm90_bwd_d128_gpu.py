@@ -151,7 +151,8 @@ def test_dq_early_deterministic_bitwise():
 # frag_pin (kFragPin: Pᵀ's A fragments pinned at the wgmma fence, dV's k16 steps one group): on the
 # heuristic's d128 kernel (bf16) and on d64's dq_early + dk_late tile (fp16), both masks
 PIN = {"d128_bf16": (128, "bf16", {}), "d64_fp16_dkl": (64, "fp16", dict(dq_early=True, dk_late=True)),
-       "d128_bf16_dyn": (128, "bf16", dict(dynamic=True))}   # (dk_late with the dynamic scheduler)
+       "d128_bf16_dyn": (128, "bf16", dict(dynamic=True)),   # (dk_late with the dynamic scheduler)
+       "d128_fp16_plain": (128, "fp16", dict(dynamic=False))}   # (the heuristic's fp16 causal kernel above 4k)
 
 
 @pytest.mark.parametrize("seqlens", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -162,7 +163,7 @@ def test_frag_pin_odd_seqlens(case, causal, seqlens):
     heads = list(HEADS)[SHAPES.index(seqlens) % len(HEADS)]
     p = problem(dtype, causal, hdim, seqlens, heads)
     cfg = FAM.for_problem(heuristic(p).replace(frag_pin=True, **flags), p)
-    assert cfg.frag_pin and all(getattr(cfg, k) for k in flags) and cfg.problems() == [], cfg.name
+    assert cfg.frag_pin and all(getattr(cfg, k) == v for k, v in flags.items()) and cfg.problems() == [], cfg.name
     run_case(p, cfg)
 
 

@@ -106,11 +106,12 @@ def test_plan_launches_and_counters():
 
 
 def test_heuristic_switch(monkeypatch):
-    # as shipped (session 17 round 2): d128 causal and fp16 non-causal, seqlen <= 4k
-    assert sm90_bwd.HEURISTIC_DQ_CONVERT == {(128, True, "bf16"), (128, True, "fp16"), (128, False, "fp16")}
+    # as shipped (session 17 round 2; fp16 non-causal left in session 19, its kernel spills): d128 causal,
+    # seqlen <= 4k
+    assert sm90_bwd.HEURISTIC_DQ_CONVERT == {(128, True, "bf16"), (128, True, "fp16")}
     assert sm90_bwd.DQ_CONVERT_MAX_SEQLEN == 4096
     for d, causal, dtype in itertools.product((64, 96, 128, 256), (False, True), ("bf16", "fp16")):
-        on = d in (96, 128) and (causal or dtype == "fp16")
+        on = d in (96, 128) and causal
         for s in (2048, 4096, 8192):
             cfg = heur(problem(d, causal, dtype, seqlen=s))
             assert cfg.dq_convert == (on and s <= 4096) and cfg.problems() == [], (s, cfg.name)

@@ -106,14 +106,20 @@ def test_plan_workspace():
 
 
 def test_heuristic_switch(monkeypatch):
-    # as shipped (session 18 round 3): d128 bf16 non-causal, d128 causal, up to 2k
-    assert sm90_bwd.HEURISTIC_DQ_FIRST == {(128, False, "bf16"), (128, True, "bf16"), (128, True, "fp16")}
+    # as shipped (session 18 round 3, session 19 rounds 1-3): up to 2k d64, d128, d256 causal; fp16 d128
+    # non-causal up to 4k
+    assert sm90_bwd.HEURISTIC_DQ_FIRST == {(128, False, "bf16"), (128, True, "bf16"), (128, True, "fp16"),
+                                           (128, False, "fp16"), (256, True, "bf16"), (256, True, "fp16"),
+                                           (64, False, "bf16"), (64, False, "fp16"), (64, True, "bf16"),
+                                           (64, True, "fp16")}
     assert sm90_bwd.DQ_FIRST_MAX_SEQLEN == 2048
     for d, causal, dtype in itertools.product((64, 96, 128, 192, 256), (False, True), ("bf16", "fp16")):
-        on = d in (96, 128) and (causal or dtype == "bf16")
-        for s in (1024, 2048, 4096):
+        on = d in (64, 96, 128) or (d in (192, 256) and causal)
+        cap = 4096 if d in (96, 128) and (causal, dtype) == (False, "fp16") else 2048
+        for s in (1024, 2048, 4096, 16384):
             cfg = heur(problem(d, causal, dtype, seqlens=(s, s)))
-            assert cfg.dq_first == (on and s <= 2048) and cfg.problems() == [], (s, cfg.name)
+            assert cfg.dq_first == (on and (cap is None or s <= cap)) and cfg.problems() == [], (s, cfg.name)
+            assert not (cfg.dq_first and cfg.dq_convert and (causal, dtype) == (False, "fp16")), cfg.name
         assert not heur(problem(d, causal, dtype, deterministic=True)).dq_first
         assert not heur(problem(d, causal, dtype, features=("window",), window=(128, 0))).dq_first
         assert heur(problem(d, causal, dtype, seqlens=(1100, 1023))).dq_first == (on and not causal)

@@ -34,7 +34,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 FAM = registry.get("sm90_bwd")
 SHAPES = [(1, 1), (17, 17), (113, 113), (1023, 1023), (2049, 2049), (113, 301), (301, 113)]
 # (kernel head dim, dtype, causal)
-CLASSES = [(128, "bf16", False), (128, "fp16", True), (256, "bf16", True), (256, "fp16", False), (64, "bf16", True)]
+# (session 19: fp16 d128 non-causal, the heuristic's without dq_convert, fp16 d256 causal and fp16 d64
+# non-causal, with q_rotate, joined)
+CLASSES = [(128, "bf16", False), (128, "fp16", True), (256, "bf16", True), (256, "fp16", False), (64, "bf16", True),
+           (128, "fp16", False), (256, "fp16", True), (64, "fp16", False)]
 
 
 def with_dq_first(p):

@@ -73,7 +73,7 @@ dq_convert (_dqc, kDqConvert, session 17; with dq_writer, plain unordered fixed-
 dynamic tile or d256's roles): no convert_dq launch; the writer warp counts each tile once its bulk
 reduce-adds have completed, a pair's last tile queues its 256-row convert jobs, CTAs whose tiles are
 done convert them (Sm90BwdDqQueue; the plan's counter buffer grows to hold the queues). The heuristic's
-for d128 causal and fp16 non-causal calls up to 4k (HEURISTIC_DQ_CONVERT). s_ahead is refused and outside
+for d128 causal calls up to 4k (HEURISTIC_DQ_CONVERT). s_ahead is refused and outside
 the tuning space (every kernel it builds is serialized by ptxas or spills); every valid point of the space
 is recorded clean in tests/sm90_bwd_space_clean.txt (tests/sm90_bwd_space_scan.py).
 Feature backwards with the plain call's schedule (session 18): window, softcap and ALiBi at d128 keep the plain
@@ -87,7 +87,8 @@ dq_first (_dqf, kDqFirst, session 18; with dq_writer, fixed-length unordered cal
 a dQ part: dq_first_covers): the preprocess does not zero the fp32 dQ accumulator (fa2_bwd_preprocess's
 kZeroDq false: half its bytes); the first CTA to reach a Q block zeroes its rows during the main kernel
 (producer warp 2; a per-Q-block ticket in dq_semaphore's place, which the writer checks before its
-reduce-adds). HEURISTIC_DQ_FIRST; outside the tuning space.
+reduce-adds). HEURISTIC_DQ_FIRST (up to 2k: d64, d128, d256 causal; fp16 d128 non-causal up to 4k); outside
+the tuning space.
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB elsewhere.
 """
 from __future__ import annotations
@@ -158,6 +159,14 @@ D96_ABOVE_FA2 = True
 #   non-causal 0.954 / 0.960 / 0.991 / 1.022 -> 0.981 / 1.000 / 1.026 / 1.021, causal 0.987 / 1.020 / 1.064 /
 #   1.058 -> 1.008 / 1.026 / 1.030 / 1.044 (its GPU tests: odd shapes, 528 tiles, passed there).
 HEURISTIC_DYNAMIC = frozenset({(64, False), (64, True), (128, False), (128, True)})
+# * DYNAMIC_MAX_SEQLEN_BY, (kernel head dim, causal, dtype): the longest seqlen_q at which a class of
+#   HEURISTIC_DYNAMIC keeps the dynamic scheduler (longer: the plain grid, the rest of the heuristic's fields
+#   kept). fp16 d128 causal: the plain grid's kernel (dq_early, dk_late, ds_double, frag_pin) against the
+#   dynamic one, x cuDNN at 8k / 16k: session 16 round B 1.064 / 1.058 against 1.030 / 1.044; session 19's
+#   tune (CuPy path, logs/session19_rounds/l1) +1.3% / +4.3%; session 19 round 2 (b2b, same process as
+#   cuDNN; logs/session19_bwd15/r2.log) 1.029 / 1.060 against 1.024 / 1.043, round 3 (as shipped, r3.log)
+#   1.049 / 1.057 against 1.026 / 1.033. (bf16 causal: the dynamic kernel wins at every seqlen, session 16.)
+DYNAMIC_MAX_SEQLEN_BY: dict = {(128, True, "fp16"): 4096}
 # The schedule of a window-only call's backward (features ("window",), fixed lengths, not
 # deterministic), by kernel head dim: the config fields over the heuristic's; a head dim not
 # listed keeps the plain grid at stages 2. Measured on the H100 (tests/features_overhead_timing.py,
@@ -329,7 +338,9 @@ HEURISTIC_STAGES3 = frozenset()
 #   -> 0.968 / 1.008 (with round 2: +0.3% / +1.6%); at 8k / 16k dq_convert against the heuristic's kernel:
 #   bf16 causal 1.044 / 1.048 -> 1.011 / 1.055, non-causal 1.017 / 1.017 -> 1.014 / 1.008, fp16 causal 1.032 /
 #   1.043 -> 0.996 / 1.049, non-causal 1.011 / 1.011 -> 1.025 / 1.032: mixed, so the 4k cap stays.
-HEURISTIC_DQ_CONVERT = frozenset({(128, True, "bf16"), (128, True, "fp16"), (128, False, "fp16")})
+#   Session 19: fp16 non-causal left (its kernel spills 4 bytes, nvcc 13.0; dq_first without dq_convert there
+#   as fast: HEURISTIC_DQ_FIRST below).
+HEURISTIC_DQ_CONVERT = frozenset({(128, True, "bf16"), (128, True, "fp16")})
 DQ_CONVERT_MAX_SEQLEN = 4096
 # dq_first (kDqFirst, name _dqf, session 18): the preprocess leaves the fp32 dQ accumulator unzeroed (half
 # of its bytes: at batch x seqlen 16k, dim 2048, 128 MB of zeros, about 45 us of its 95), and the first CTA
@@ -348,10 +359,33 @@ DQ_CONVERT_MAX_SEQLEN = 4096
 # 1.004, causal 1.026 -> 1.060; fp16 non-causal 0.992 -> 0.983 (0.991 without dq_convert), causal 1.011 ->
 # 1.042; d256 bf16 non-causal 1.038 -> 1.005 (slower again: off at d256). Longer sequences not measured in
 # this form (the preprocess's saving is a fixed ~45 us: 3% at 2k, under 1% from 8k): capped at 2k.
+# Session 19 (tests/sm90_bwd_2k_timing.py --cells, b2b, 5 rotated samples, x cuDNN in the same process; logs/
+# session19_bwd15/r1.log at rev 6516728, r2.log at 70c7721), without -> with dq_first:
+# * d256 causal (roles): bf16 2k 0.980 -> 1.008 (r1; GPU us: preprocess 98 -> 55, main 972 -> 977), 0.970 -> 0.995
+#   (r2), fp16 2k 1.009 -> 1.036 (r1); above 2k within the noise: 4k bf16 1.065 -> 1.071, fp16 1.076 -> 1.070; 8k
+#   1.036 -> 1.042, 1.082 -> 1.070; 16k bf16 1.105 -> 1.129. On up to 2k (the preprocess's saving is a fixed
+#   ~43 us). lpt (alone or with dq_first) 0.90-0.97 at 2k: off (HEURISTIC_D256_LPT).
+# * fp16 d128 non-causal (its dq_convert kernel spills 4 bytes, nvcc 13.0; HEURISTIC_DQ_CONVERT): dq_convert /
+#   neither / dq_first at 2k 0.995 / 0.988 / 1.001 (r1), 0.997 / 0.989 / 1.011 and 0.993 / 0.985 / 1.009 (r2,
+#   two passes); 4k 1.005 / 0.987 / 1.001 (r1), 1.015 / 0.997 / 1.010 (r2); GPU us at 2k pre + main + convert
+#   93 + 1303 / 95 + 1223 + 67 / 55 + 1225 + 68 (cuDNN 94 + 1205 + 74; its b2b samples spread 4-10%: the fp16
+#   d128 cells run at the power limit). dq_first in place of dq_convert up to 4k.
+# * d64 (the BM 128 dynamic tile) at 2k: bf16 non-causal 1.096 -> 1.125, fp16 non-causal 1.028 -> 1.093, fp16
+#   causal 1.104 -> 1.128 (r2); bf16 causal 1.150 -> 1.212 (r3); bf16 causal 4k 1.181 -> 1.163 (r2): on up to 2k.
+# * d128 at 4k (r2): bf16 causal 1.060 -> 1.080, fp16 causal 1.062 -> 1.065, bf16 non-causal 1.003 -> 0.996:
+#   the 2k cap stays.
+# Round 3 (rev 7800b98, as shipped but bf16 d64 causal; r3.log), without -> with: d256 causal 2k bf16 0.980 ->
+# 1.007, fp16 0.994 -> 1.020; fp16 d128 non-causal 2k (dq_convert / neither / dq_first) 0.986 / 0.995 / 1.015;
+# d64 2k bf16 non-causal 1.113 -> 1.137, fp16 1.038 -> 1.061, fp16 causal 1.108 -> 1.140. Its GPU tests (dq_first
+# at odd shapes, the d64 classes, fp16 non-causal with q_rotate among them) passed.
 # * HEURISTIC_DQ_FIRST, (kernel head dim, causal, dtype): the classes whose plain unordered dq_writer calls
-#   take it, up to DQ_FIRST_MAX_SEQLEN.
-HEURISTIC_DQ_FIRST: frozenset = frozenset({(128, False, "bf16"), (128, True, "bf16"), (128, True, "fp16")})
+#   take it, up to DQ_FIRST_MAX_SEQLEN or the class's own cap in DQ_FIRST_MAX_SEQLEN_BY (None: every seqlen).
+HEURISTIC_DQ_FIRST: frozenset = frozenset({(128, False, "bf16"), (128, True, "bf16"), (128, True, "fp16"),
+                                           (128, False, "fp16"), (256, True, "bf16"), (256, True, "fp16"),
+                                           (64, False, "bf16"), (64, False, "fp16"), (64, True, "bf16"),
+                                           (64, True, "fp16")})
 DQ_FIRST_MAX_SEQLEN = 2048
+DQ_FIRST_MAX_SEQLEN_BY: dict = {(128, False, "fp16"): 4096}
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
@@ -1156,7 +1190,9 @@ class Sm90Backward(Family):
             cfg = cfg.replace(cluster=True)             # (for_problem drops it where it does not run)
         if causal and (HEURISTIC_D256_LPT if d == 256 else HEURISTIC_LPT):
             cfg = cfg.replace(lpt=True)                 # (for_problem drops it under varlen)
-        if (d, causal) in HEURISTIC_DYNAMIC and d != 256 and not det and not problem.features:
+        dyn_cap = DYNAMIC_MAX_SEQLEN_BY.get((d, causal, dtype))
+        if ((d, causal) in HEURISTIC_DYNAMIC and d != 256 and not det and not problem.features
+                and (dyn_cap is None or problem.seqlen_q <= dyn_cap)):
             cfg = cfg.replace(dynamic=True)             # (for_problem drops it where it does not run)
         if HEURISTIC_DS_DOUBLE and d == 128:
             cfg = cfg.replace(ds_double=True)           # (likewise: not with softcap, ALiBi, dropout)
@@ -1186,7 +1222,8 @@ class Sm90Backward(Family):
                 and not problem.features and not det and not dqc.problems()):
             cfg = dqc                                   # (the head dim 128 dynamic / 256 roles kernels)
         dqf = cfg.replace(dq_first=True)
-        if ((d, causal, dtype) in HEURISTIC_DQ_FIRST and problem.seqlen_q <= DQ_FIRST_MAX_SEQLEN
+        cap = DQ_FIRST_MAX_SEQLEN_BY.get((d, causal, dtype), DQ_FIRST_MAX_SEQLEN)
+        if ((d, causal, dtype) in HEURISTIC_DQ_FIRST and (cap is None or problem.seqlen_q <= cap)
                 and dq_first_covers(problem) and not dqf.problems()):
             cfg = dqf
         feats = tuple(problem.features)
