@@ -79,8 +79,9 @@ def _kind(x) -> str:
 
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16"}
 _DTYPE_NAMES_CPU = {**_DTYPE_NAMES, "float32": "fp32", "float64": "fp64"}  # the reference: float64
-# dtype_name by (dtype, torch CPU tensor): str(numpy dtype) alone took ~1/5 of a tiny CuPy
-# backward's host time (9 arrays described per call; cProfile, H100 host, session 19)
+# dtype_name of NumPy / CuPy arrays by dtype: str(numpy dtype) alone took ~1/5 of a tiny CuPy
+# backward's host time (9 arrays described per call; cProfile, H100 host, session 19). Torch dtypes
+# never meet this dict: torch.compile(fullgraph=True) cannot compare its NumPy keys (a graph break).
 _dtype_name_cache: dict = {}
 
 
@@ -88,15 +89,16 @@ def dtype_name(x, kind: Optional[str] = None) -> Optional[str]:
     """'bf16' / 'fp16' (torch CPU tensors: also 'fp32' / 'fp64'), None for anything else.
     kind: _kind(x), when the caller has it."""
     kind = _kind(x) if kind is None else kind
-    key = (x.dtype, kind == "torch" and x.device.type == "cpu")
+    if kind == "torch":
+        names = _DTYPE_NAMES_CPU if x.device.type == "cpu" else _DTYPE_NAMES
+        return names.get(str(x.dtype).replace("torch.", ""))
     try:
-        return _dtype_name_cache[key]
+        return _dtype_name_cache[x.dtype]
     except KeyError:
-        names = _DTYPE_NAMES_CPU if key[1] else _DTYPE_NAMES
-        name = _dtype_name_cache[key] = names.get(str(x.dtype).replace("torch.", ""))
+        name = _dtype_name_cache[x.dtype] = _DTYPE_NAMES.get(str(x.dtype))
         return name
     except TypeError:  # an unhashable dtype-like attribute: no caching
-        return (_DTYPE_NAMES_CPU if key[1] else _DTYPE_NAMES).get(str(x.dtype).replace("torch.", ""))
+        return _DTYPE_NAMES.get(str(x.dtype))
 
 
 def _check_array(name: str, x, ndim: int, dims: str) -> str:
@@ -1458,6 +1460,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
                                       window_size)
         if grads is not None:
             return grads
+    scale_arg = softmax_scale   # the caller's (None: the default), which keys the repeat-call plans
     tq, tk, tv, softmax_scale, problem = check_qkv(q, k, v, softmax_scale, causal, "bwd", deterministic)
     tdo, to = check_bwd_tensors(tq, dout, out, lse)
     if softcap or alibi_slopes is not None or tuple(window_size) != (-1, -1):
@@ -1517,7 +1520,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
     _last_bwd_plan[0] = None
     grads = _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem, softmax_scale, config)
     if config is None and not softcap and alibi_slopes is None and tuple(window_size) == (-1, -1):
-        _register_bwd_plan(dout, q, k, v, out, lse, tq, tdo, problem, softmax_scale, causal, deterministic)
+        _register_bwd_plan(dout, q, k, v, out, lse, tq, tdo, problem, scale_arg, causal, deterministic)
     return grads
 
 

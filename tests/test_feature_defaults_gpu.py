@@ -91,7 +91,7 @@ def test_the_defaults_are_the_switched_ones():
     win = default_configs(("window",), True)
     assert win.dynamic and win.tma_store and win.BN == 128
     cap = default_configs(("softcap",), False)
-    assert cap.fold_cap == 4 and cap.lazy_rescale and cap.dynamic and cap.tma_store and cap.BN == 144
+    assert cap.fold_cap == 3 and cap.lazy_rescale and cap.dynamic and cap.tma_store and cap.BN == 144
     assert default_configs(("softcap",), True).BN == 128
     for causal in (True, False):
         alibi = default_configs(("alibi",), causal)
