@@ -195,3 +195,23 @@ def torch_attention(q, k, v, causal, scale, dtype):
     lse = torch.where(l[..., 0] > 0, (m + torch.log(l))[..., 0], torch.full_like(l[..., 0], math.inf))
     p = p / torch.where(l > 0, l, torch.ones_like(l))
     return (p.to(dtype) @ v).transpose(1, 2), lse
+
+
+@pytest.fixture
+def count_validation(monkeypatch):
+    """Counts api.check_qkv calls (the first-call validation of a shape: "fwd" / "bwd"), with fresh
+    repeat-call plan caches (torch's forward and backward, the CuPy backward's)."""
+    from cuflash import api, torch_ops
+
+    monkeypatch.setattr(torch_ops, "_fwd_plans", {})
+    monkeypatch.setattr(torch_ops, "_bwd_plans", {})
+    monkeypatch.setattr(api, "_bwd_plans", {})
+    calls = []
+    real = api.check_qkv
+
+    def counting(*args, **kwargs):
+        calls.append(args[5] if len(args) > 5 else kwargs.get("op", "fwd"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "check_qkv", counting)
+    return calls

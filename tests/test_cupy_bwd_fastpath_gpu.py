@@ -11,20 +11,6 @@ from cuflash import api
 pytestmark = [pytest.mark.gpu]
 
 
-@pytest.fixture
-def fresh(monkeypatch):
-    monkeypatch.setattr(api, "_bwd_plans", {})
-    calls = []
-    real = api.check_qkv
-
-    def counting(*a, **kw):
-        calls.append(a[5] if len(a) > 5 else kw.get("op", "fwd"))
-        return real(*a, **kw)
-
-    monkeypatch.setattr(api, "check_qkv", counting)
-    return calls
-
-
 def _arrays(shape_q, shape_k, dtype, seed):
     import cupy
 
@@ -37,19 +23,19 @@ def _arrays(shape_q, shape_k, dtype, seed):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shapes", [((2, 129, 4, 64), (2, 77, 2, 64)), ((1, 300, 8, 128), (1, 300, 8, 128))])
-def test_repeat_call_same_gradients(fresh, causal, shapes):
+def test_repeat_call_same_gradients(count_validation, causal, shapes):
     """Bit for bit with deterministic=True (the dQ sums in a fixed order); without it the dQ sums'
     order varies from call to call, so dq is compared to a tolerance there."""
     q, k, v, dout = _arrays(*shapes, np.float16, 0)
     out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
     first = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True)
-    n_bwd = fresh.count("bwd")
+    n_bwd = count_validation.count("bwd")
     assert len(api._bwd_plans) == 1
     for _ in range(3):
         again = cuflash.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True)
         for a, b in zip(first, again):
             assert bool((a == b).all())
-    assert fresh.count("bwd") == n_bwd, "a repeat call was validated again"
+    assert count_validation.count("bwd") == n_bwd, "a repeat call was validated again"
     # new arrays of the same layout: the cached plan, their own values (against a validated call)
     q2, k2, v2, dout2 = _arrays(*shapes, np.float16, 1)
     out2, lse2, _ = cuflash.flash_attn_func(q2, k2, v2, causal=causal, return_attn_probs=True)
@@ -59,16 +45,16 @@ def test_repeat_call_same_gradients(fresh, causal, shapes):
     for a, b in zip(fast, slow):
         assert bool((a == b).all())
     # the unordered backward: its own plan, one validation for any number of calls
-    n_bwd = fresh.count("bwd")
+    n_bwd = count_validation.count("bwd")
     grads = [cuflash.flash_attn_backward(dout2, q2, k2, v2, out2, lse2, causal=causal) for _ in range(3)]
-    assert fresh.count("bwd") == n_bwd + 1
+    assert count_validation.count("bwd") == n_bwd + 1
     for g in grads[1:]:
         for a, b, ref in zip(g, grads[0], slow):
             scale = float(abs(ref.astype(np.float32)).max()) + 1e-6
             assert float(abs(a.astype(np.float32) - b.astype(np.float32)).max()) <= 1e-2 * scale
 
 
-def test_differing_calls_get_their_own_plan(fresh):
+def test_differing_calls_get_their_own_plan(count_validation):
     import cupy
 
     q, k, v, dout = _arrays((1, 200, 4, 64), (1, 200, 4, 64), np.float16, 2)
@@ -79,10 +65,10 @@ def test_differing_calls_get_their_own_plan(fresh):
     assert not bool((base[0] == causal[0]).all())
     assert len(api._bwd_plans) == 2
     # a window that means plain causal (left unbounded, right 0) and a scale: validated each time
-    n = fresh.count("bwd")
+    n = count_validation.count("bwd")
     cuflash.flash_attn_backward(dout, q, k, v, outc, lsec, window_size=(-1, 0))
     cuflash.flash_attn_backward(dout, q, k, v, outc, lsec, window_size=(-1, 0))
-    assert fresh.count("bwd") == n + 2
+    assert count_validation.count("bwd") == n + 2
     cuflash.flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=0.1)
     assert len(api._bwd_plans) == 3
     # deterministic: its own plan; bitwise equal twice

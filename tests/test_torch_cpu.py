@@ -238,22 +238,6 @@ def test_backward_bad_input_names_the_argument():
 # ---------------------------------------------------------------------------------------
 # the hot path: a repeat call of one shape finds its plan without validating again
 
-@pytest.fixture
-def count_validation(monkeypatch):
-    """Counts api.check_qkv calls (the first-call validation of a shape); fresh plan caches."""
-    monkeypatch.setattr(torch_ops, "_fwd_plans", {})
-    monkeypatch.setattr(torch_ops, "_bwd_plans", {})
-    calls = []
-    real = api.check_qkv
-
-    def counting(*args, **kwargs):
-        calls.append(args[5] if len(args) > 5 else kwargs.get("op", "fwd"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(api, "check_qkv", counting)
-    return calls
-
-
 def test_repeat_forward_call_is_not_validated_again(count_validation):
     q, k, v = qkv(1, 5, 6, 2, 2, 8, grad=False)
     first = flash_attn_func(q, k, v, causal=True)
