@@ -1517,33 +1517,23 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: Optional[float] 
         grads = flash_attn_backward(*(pad_head_dim(x, padded) for x in (dout, q, k, v, out)), lse,
                                     softmax_scale, causal, deterministic, config=config)
         return tuple(slice_head_dim(g, head_dim) for g in grads)
-    _last_bwd_plan[0] = None
-    grads = _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem, softmax_scale, config)
-    if config is None and not softcap and alibi_slopes is None and tuple(window_size) == (-1, -1):
-        _register_bwd_plan(dout, q, k, v, out, lse, tq, tdo, problem, scale_arg, causal, deterministic)
-    return grads
+    plain = config is None and not softcap and alibi_slopes is None and tuple(window_size) == (-1, -1)
+    key = _repeat_key(dout, q, k, v, out, lse, tdo, scale_arg, causal, deterministic) if plain else None
+    return _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem, softmax_scale, config, repeat_key=key)
 
 
-def _register_bwd_plan(dout, q, k, v, out, lse, tq, tdo, problem, softmax_scale, causal, deterministic):
-    """Keep the plan the plain CuPy backward just ran for repeat calls of the same arrays'
-    layout (_bwd_plans): only where the fast path would run exactly what the validated one did
-    (a plain scale, a contiguous LSE, a dout read in place, bool causal / deterministic)."""
+def _repeat_key(dout, q, k, v, out, lse, tdo, softmax_scale, causal, deterministic):
+    """The _bwd_plans key under which a plain CuPy backward keeps its plan for repeat calls of the
+    same arrays' layout, or None where the fast path would not run exactly what the validated one
+    does (a scale that is not a plain number, a non-contiguous LSE, a dout copied, non-bool flags)."""
     global _CUPY_NDARRAY
     _CUPY_NDARRAY = _cupy_ndarray_class()
-    plan = _last_bwd_plan[0]
-    if plan is None or p_empty(problem) or not _plain_scale(softmax_scale) \
-            or causal.__class__ not in (bool, int) or deterministic.__class__ not in (bool, int) \
+    if not _plain_scale(softmax_scale) or causal.__class__ not in (bool, int) \
+            or deterministic.__class__ not in (bool, int) \
             or not all(type(x) is _CUPY_NDARRAY for x in (dout, q, k, v, out, lse)) \
             or tuple(lse.strides) != tuple(4 * n for n in out_strides(lse.shape)) or layout_problem(tdo):
-        return
-    key = _bwd_key(dout, q, k, v, out, lse, softmax_scale, causal, deterministic)
-    if key is not None:
-        _bwd_plans[key] = _CupyBackward(plan, (q.shape, k.shape, v.shape), q.dtype, tq.device)
-
-
-def p_empty(problem: Problem) -> bool:
-    """Whether a problem has no attention weight (no query heads, rows or keys)."""
-    return problem.batch == 0 or problem.nheads == 0 or problem.seqlen_q == 0 or problem.seqlen_k == 0
+        return None
+    return _bwd_key(dout, q, k, v, out, lse, softmax_scale, causal, deterministic)
 
 
 # CuPy backward plans of plain calls (no features, no explicit config), by the six arrays' shapes,
@@ -1551,7 +1541,6 @@ def p_empty(problem: Problem) -> bool:
 # and selection (the CuPy forward's _cupy_plans, for the backward). Session 19: the CuPy backward
 # took 110-170 µs of host time per call against the forward's 12-15 (H100 host, tiny problem).
 _bwd_plans: dict = {}
-_last_bwd_plan: list = [None]   # the plan _backward_cupy ran last (registered by the caller)
 
 
 def _bwd_key(dout, q, k, v, out, lse, softmax_scale, causal, deterministic):
@@ -1858,7 +1847,9 @@ def _run_numpy(q, k, v, problem: Problem, scale: float, config):
 
 
 def _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem: Problem, scale: float, config,
-                   slopes=None, rng=None):
+                   slopes=None, rng=None, repeat_key=None):
+    """repeat_key: where given (a plain call, _repeat_key), the plan is kept in _bwd_plans for repeat
+    calls of the same layout."""
     import cupy
 
     p = problem
@@ -1884,7 +1875,8 @@ def _backward_cupy(dout, q, k, v, out, lse, tdo, to, problem: Problem, scale: fl
         # synchronization every call (6-27% of a 2k backward, session 18)
         plan = feature_plan(p, strides, scale, dq.device.id, config) if rng is None \
             else make_plan(p, strides, scale, dq.device.id, config)
-        _last_bwd_plan[0] = plan
+        if repeat_key is not None:
+            _bwd_plans[repeat_key] = _CupyBackward(plan, (q.shape, k.shape, v.shape), q.dtype, dq.device.id)
         if POISON_OUTPUTS:
             for x in (dq, dk, dv):
                 x.view(cupy.uint16).fill(0x7FFF)

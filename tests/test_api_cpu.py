@@ -493,7 +493,7 @@ def fake_cupy(monkeypatch):
     monkeypatch.setattr(_gpu, "require", lambda what: None)
     # the validated CuPy backward only: its repeat-call plans (api._bwd_plans, which allocate from
     # CuPy's pool) are tested on the GPU (tests/test_cupy_bwd_fastpath_gpu.py)
-    monkeypatch.setattr(api, "_register_bwd_plan", lambda *a, **kw: None)
+    monkeypatch.setattr(api, "_repeat_key", lambda *a, **kw: None)
     monkeypatch.setattr(api, "_bwd_plans", {})
     return fake
 

@@ -1,35 +1,23 @@
 """Does one eager forward + backward wait for the GPU inside its host path? (bench overhead's
-eager_fwdbwd shape: b=8 s=2k h=16 d=128 causal bf16). Per implementation, medians over 20 calls of:
-the forward call's host time, the backward() call's host time (no synchronize before it), the final
-synchronize's wait, and the whole call; a backward() whose host time reaches the GPU's forward +
-backward time waited for the GPU inside it."""
-import contextlib
+eager_fwdbwd shape: b=8 s=2k h=16 d=128 causal bf16; the calls of eager_gap_profile.make). Per
+implementation, medians over 20 calls of: the forward call's host time, the backward() call's host time
+(no synchronize before it), the final synchronize's wait, and the whole call; a backward() whose host
+time reaches the GPU's forward + backward time waited for the GPU inside it."""
 import statistics
 import time
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from cuflash import flash_attn_func
+from eager_gap_profile import make
 
-b, s, h, d = 8, 2048, 16, 128
 for impl in ("cuflash", "cudnn", "flash"):
-    if impl == "cuflash":
-        shape, ctx = (b, s, h, d), contextlib.nullcontext
-        f = lambda q, k, v: flash_attn_func(q, k, v, causal=True)  # noqa: E731
-    else:
-        shape = (b, h, s, d)
-        be = SDPBackend.CUDNN_ATTENTION if impl == "cudnn" else SDPBackend.FLASH_ATTENTION
-        ctx = lambda: sdpa_kernel(be)  # noqa: E731
-        f = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    call, ctx = make(impl)
     rows = []
     with ctx():
         for i in range(25):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            out = f(q, k, v)
+            out = call.forward()
             t1 = time.perf_counter()
             out.sum().backward()
             t2 = time.perf_counter()
