@@ -169,6 +169,9 @@
 //              compute. Only
 //              rows some K/V block adds to are zeroed: the host's dq_first_covers (not causal with
 //              seqlen_q > seqlen_k, windows)
+//   kWideEpi   (appended after kDqFirst; plain fixed-length unordered calls) the epilogue stores dK_j, dV_j
+//              16 bytes a lane (quad_transpose: a quad's lanes exchange their column pairs) where the call is
+//              MHA with 16-byte aligned dk, dv; 4 bytes a lane otherwise (and without it)
 //
 // Head dim 256 (kSharedKeys: kBN 64 with 2 consumers, kBM 64; Sm90BwdShape). dK_j, dV_j of 64
 // keys x 256 fp32 would take 256 registers per thread in one warpgroup, so both warpgroups take
@@ -398,6 +401,48 @@ struct Sm90BwdTile {
     int n_block, pair;
 };
 
+// kWideEpi's 16-byte dK / dV stores: the four lanes t = 0..3 of a quad (one accumulator row) hold, for four
+// 8-column groups j, the packed pair of columns 2t, 2t + 1 (wgmma's m64nN layout: x[j]). Transposed in the quad
+// (two exchanges, lane ^ 1 then lane ^ 2), lane t holds the whole group t, its columns 0..7 in order: one
+// 16-byte store a lane instead of four 4-byte ones (a warp's store writes 64 contiguous bytes of each of its
+// 8 rows). Every lane of the warp takes part (shfl_sync).
+__device__ __forceinline__ void quad_transpose(u32 (&x)[4], int t) {
+    const bool odd = t & 1, high = t & 2;
+    u32 r0 = __shfl_xor_sync(0xffffffffu, odd ? x[0] : x[1], 1);
+    u32 r1 = __shfl_xor_sync(0xffffffffu, odd ? x[2] : x[3], 1);
+    if (odd) { x[0] = r0; x[2] = r1; } else { x[1] = r0; x[3] = r1; }
+    r0 = __shfl_xor_sync(0xffffffffu, high ? x[0] : x[2], 2);
+    r1 = __shfl_xor_sync(0xffffffffu, high ? x[1] : x[3], 2);
+    if (high) { x[0] = r0; x[1] = r1; } else { x[2] = r0; x[3] = r1; }
+}
+
+// kWideEpi: one accumulator row half (`half`: row g or g + 8 of the lane's quad) of kCols columns, scaled,
+// packed and stored 16 bytes a lane at row pointer `row` (columns col0 ..; groups at or past head_dim not
+// stored; `inside`: the row is a key inside seqlen_k). Every lane of the warp calls it (quad_transpose).
+template <int kCols, class Elem>
+__device__ __forceinline__ void store_row_wide(u16* row, const float* acc, int half, float scale, int col0,
+                                               int head_dim, bool inside, int t) {
+#pragma unroll
+    for (int q4 = 0; q4 < kCols / 32; ++q4) {                  // 8-column groups 4·q4 .. 4·q4 + 3
+        u32 x[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            x[j] = pack2<Elem>(acc[4 * (4 * q4 + j) + 2 * half] * scale, acc[4 * (4 * q4 + j) + 2 * half + 1] * scale);
+        quad_transpose(x, t);
+        const int col = col0 + (4 * q4 + t) * 8;               // this lane's group after the exchange
+        if (inside && col < head_dim) *reinterpret_cast<u32x4*>(row + col) = u32x4{x[0], x[1], x[2], x[3]};
+    }
+}
+
+// kWideEpi's condition at run time: MHA with dk, dv 16-byte aligned (pointers; batch / row / head strides in
+// whole 8-element groups; head_dim whole 8-column groups)
+__device__ __forceinline__ bool wide_epi_fits(const Sm90BwdParams& p) {
+    return p.nheads == p.nheads_kv && p.head_dim % 8 == 0
+           && ((reinterpret_cast<u64>(p.dk) | reinterpret_cast<u64>(p.dv)) % 16 == 0)
+           && ((p.dk_batch_stride | p.dk_row_stride | p.dk_head_stride | p.dv_batch_stride | p.dv_row_stride
+                | p.dv_head_stride) % 8 == 0);
+}
+
 // kLpt's launch order (blockIdx.x -> tile), fa2_bwd's: the pairs in groups of `group` (the
 // params' head_group; the last group may be smaller); groups one after the other, inside one the
 // K/V block the slow index from block 0 (under the causal mask the one the most Q blocks see) and
@@ -603,7 +648,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
           bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles, bool kDqConvert,
-          bool kDqFirst>
+          bool kDqFirst, bool kWideEpi = false>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -637,6 +682,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                   "kRoles: the head-dim-256 tile's plain unordered backward (fixed lengths, no feature)");
     static_assert(!(kSAhead && kSharedKeys) || kRoles, "s_ahead at head dim 256: with roles only");
     static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
+    static_assert(!kWideEpi || !(kVarlen || kDeterministic || kWindow || kSoftcap || kAlibi || kDropout || kCluster),
+                  "kWideEpi: the plain fixed-length unordered backward (no feature, no cluster)");
     static_assert(!(kDynamic && (kVarlen || kDeterministic)),
                   "the dynamic scheduler runs fixed-length, unordered backwards");
     static_assert(!(kQRotate && (kCausal || kWindow || kDeterministic || kSharedKeys)),
@@ -1221,8 +1268,24 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             const bool grouped = p.nheads != p.nheads_kv;
             const float scale = kPSide ? 1.f : p.softmax_scale;
             float* accum = kPSide ? p.dv_accum : p.dk_accum;
+            // kWideEpi (where wide_epi_fits): 16 bytes a lane (store_row_wide); otherwise 4 bytes a lane, below
+            bool wide = false;
+            if constexpr (kWideEpi) {
+                wide = wide_epi_fits(p);
+                if (wide) {
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
+                    for (int half = 0; half < 2; ++half) {
+                        const int key = key0 + warp_key + g + 8 * half;
+                        u16* out = kPSide ? static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_row_stride
+                                                + head * p.dv_head_stride
+                                          : static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_row_stride
+                                                + head * p.dk_head_stride;
+                        store_row_wide<kHeadDim, Elem>(out, acc, half, scale, 0, p.head_dim, key < seqlen_k, t);
+                    }
+                }
+            }
+#pragma unroll
+            for (int half = 0; half < 2 && !wide; ++half) {
                 const int key = key0 + warp_key + g + 8 * half;
                 if (key >= seqlen_k) continue;
 #pragma unroll
@@ -1875,8 +1938,26 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
         // ---- epilogue: dK_j = scale · Σ dSᵀ Q, dV_j = Σ Pᵀ dO ----
         // MHA: straight into dk, dv. GQA / MQA: fp32 per query head, summed by fa2_bwd_reduce_dkv.
         const bool grouped = p.nheads != p.nheads_kv;
+        // kWideEpi (where wide_epi_fits): 16 bytes a lane (store_row_wide); otherwise 4 bytes a lane, below
+        bool wide = false;
+        if constexpr (kWideEpi) {
+            wide = wide_epi_fits(p);
+            if (wide) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
+                for (int half = 0; half < 2; ++half) {
+                    const int key = key0 + warp_key + g + 8 * half;
+                    const bool inside = key < p.seqlen_k;
+                    u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_row_stride
+                              + head * p.dk_head_stride;
+                    u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_row_stride
+                              + head * p.dv_head_stride;
+                    store_row_wide<kDkvN, Elem>(dk, dk_acc, half, p.softmax_scale, dkv_col0, p.head_dim, inside, t);
+                    store_row_wide<kDkvN, Elem>(dv, dv_acc, half, 1.f, dkv_col0, p.head_dim, inside, t);
+                }
+            }
+        }
+#pragma unroll
+        for (int half = 0; half < 2 && !wide; ++half) {
             const int key = key0 + warp_key + g + 8 * half;
             if (key >= (kVarlen ? seq.seqlen_k : p.seqlen_k)) continue;
 #pragma unroll
@@ -1921,12 +2002,13 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDropout = false, bool kDqBulk = false, bool kOverlapSdp = false, bool kDqWriter = false,
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
           bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false,
-          bool kFragPin = false, bool kRoles = false, bool kDqConvert = false, bool kDqFirst = false>
+          bool kFragPin = false, bool kRoles = false, bool kDqConvert = false, bool kDqFirst = false,
+          bool kWideEpi = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
-                  kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles, kDqConvert, kDqFirst>(p);
+                  kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles, kDqConvert, kDqFirst, kWideEpi>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the

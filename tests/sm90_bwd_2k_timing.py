@@ -23,6 +23,9 @@ in one process, bf16 and fp16, head dims 64 / 128 / 256 (and 192, run by the d25
     dyn      head dims 64 / 128 where the heuristic runs the plain grid: the dynamic scheduler
     nodyn    head dim 128: the heuristic's kernel on the plain grid (frag_pin kept; without dq_convert, which
              needs the dynamic scheduler there)
+    w16      wide_epi (kWideEpi, session 20): the epilogue's 16-byte dK / dV stores (quad_transpose)
+    now16    the heuristic's kernel without wide_epi, where the heuristic has it (HEURISTIC_WIDE_EPI)
+    dqf_w16  dq_first and wide_epi; nodyn_w16  head dim 128: the plain grid (as nodyn) with wide_epi
     tab      the tuned entry selection would take from the tables in --table-dir (a tuner's output,
              before it ships), as for_problem makes it
 
@@ -81,6 +84,11 @@ VARIANTS = {
     and c.head_dim == 128 and not c.causal else None,
     "dyn": lambda c: c.replace(dynamic=True) if not c.dynamic and c.head_dim in (64, 128) else None,
     "nodyn": lambda c: c.replace(dynamic=False, dq_convert=False) if c.dynamic and c.head_dim == 128 else None,
+    "w16": lambda c: c.replace(wide_epi=True) if not c.wide_epi else None,
+    "now16": lambda c: c.replace(wide_epi=False) if c.wide_epi else None,
+    "dqf_w16": lambda c: c.replace(dq_first=True, wide_epi=True) if not (c.dq_first and c.wide_epi) else None,
+    "nodyn_w16": lambda c: c.replace(dynamic=False, dq_convert=False, wide_epi=True)
+    if c.dynamic and c.head_dim == 128 else None,
     "tab": lambda c: None,   # (variants_for: the --table-dir entry)
 }
 DEFAULT_VARIANTS = ("heur", "dqc")
@@ -184,7 +192,8 @@ def main():
                              mismatch=bool(flag)))
         summary.append(f"{case:<26} " + "  ".join(line) + "   (x cuDNN, b2b)")
         if args.breakdown and (args.breakdown < 0 or i < args.breakdown):
-            for name in [n for n in ("heur", "dqc", "nodqc", "dqf", "nodqf", "dqf_nodqc", "lpt", "dqf_lpt", "tab")
+            for name in [n for n in ("heur", "dqc", "nodqc", "dqf", "nodqf", "dqf_nodqc", "lpt", "dqf_lpt", "w16",
+                                     "now16", "dqf_w16", "tab")
                          if n in fns] + ["cudnn"]:
                 roles = by_role(kernel_times(fns[name], 3))
                 print(f"{case:<26} {name:<8} GPU us by role: {roles}", flush=True)

@@ -72,6 +72,40 @@ def test_smaller_real_head_dims(hdim):
     run_case(problem("fp16", False, hdim, (200, 190), "gqa"))
 
 
+# wide_epi (session 20: the epilogue's 16-byte dK / dV stores, quad_transpose; MHA with 16-byte aligned dk, dv),
+# forced on the heuristic's kernels: real head dims below the kernel's (a lane's 8-column group past head_dim is
+# not stored), keys past seqlen_k in the last K/V block, both dtypes, causal or not, the dynamic / plain grid /
+# roles tiles; a GQA row keeps the 4-byte fp32 stores (the runtime check)
+WIDE = [(40, "bf16", False, "mha"), (72, "fp16", True, "mha"), (96, "bf16", True, "mha"),
+        (120, "fp16", False, "mha"), (160, "bf16", True, "mha"), (192, "fp16", False, "mha"),
+        (256, "fp16", True, "mha"), (256, "bf16", False, "mha"), (64, "fp16", False, "mha"),
+        (128, "bf16", False, "mha"), (128, "bf16", True, "mha"), (128, "fp16", True, "gqa")]
+
+
+def wide_case(hdim, dtype, causal, heads):
+    p = problem(dtype, causal, hdim, (200, 190) if not causal else (190, 200), heads)
+    cfg = heuristic(p).replace(wide_epi=True)
+    assert not cfg.problems(), cfg.problems()
+    return p, cfg
+
+
+@pytest.mark.parametrize("hdim,dtype,causal,heads", WIDE, ids=lambda x: str(x))
+def test_wide_epilogue(hdim, dtype, causal, heads):
+    run_case(*wide_case(hdim, dtype, causal, heads))
+
+
+def wide_configs():
+    """The kernels test_wide_epilogue runs, and the forwards selection picks there (for
+    cuflash.compile.precompile)."""
+    from cuflash import _gpu, select
+
+    out = []
+    for row in WIDE:
+        p, cfg = wide_case(*row)
+        out += [cfg, select.choose(p.replace(op="fwd"), _gpu.arch(), _gpu.name(), _gpu.max_smem())[1]]
+    return list(dict.fromkeys(out))
+
+
 def _space():
     out = []
     for d in (64, 128):

@@ -386,6 +386,16 @@ HEURISTIC_DQ_FIRST: frozenset = frozenset({(128, False, "bf16"), (128, True, "bf
                                            (64, True, "fp16")})
 DQ_FIRST_MAX_SEQLEN = 2048
 DQ_FIRST_MAX_SEQLEN_BY: dict = {(128, False, "fp16"): 4096}
+# wide_epi (kWideEpi, name _w16, session 20): the epilogue stores dK_j, dV_j 16 bytes a lane (quad_transpose: the
+# four lanes of an accumulator row exchange their column pairs) instead of 4, for plain fixed-length unordered
+# MHA calls with 16-byte aligned dk, dv. Session 19 (bwd15, round 4, every MHA kernel, reverted for want of a
+# round): fp16 d128 non-causal 2k 1.070 vs 1.001 x cuDNN (one pass), d256 causal 2k no change (bf16 1.016 vs
+# 1.017); the d128 ALiBi kernel spilled 8 bytes with it, so it is a flag now, plain calls only.
+# * HEURISTIC_WIDE_EPI, (kernel head dim, causal, dtype): the classes whose plain calls take it, up to the
+#   class's cap in WIDE_EPI_MAX_SEQLEN_BY (absent: every seqlen). Off until measured (tests/sm90_bwd_2k_timing.py,
+#   variants w16 / now16).
+HEURISTIC_WIDE_EPI: frozenset = frozenset()
+WIDE_EPI_MAX_SEQLEN_BY: dict = {}
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
@@ -511,6 +521,7 @@ class Sm90BwdConfig(KernelConfig):
     roles: bool = False
     dq_convert: bool = False
     dq_first: bool = False
+    wide_epi: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -531,7 +542,7 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_ds2' if self.ds_double else ''}{'_cl2' if self.cluster else ''}{'_sah' if self.s_ahead else ''}"
                 f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
                 f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}"
-                f"{'_dqc' if self.dq_convert else ''}{'_dqf' if self.dq_first else ''}")
+                f"{'_dqc' if self.dq_convert else ''}{'_dqf' if self.dq_first else ''}{'_w16' if self.wide_epi else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -702,7 +713,7 @@ class Sm90BwdConfig(KernelConfig):
                     + (f", {b(self.roles)}, {b(self.s_ahead)}" if self.roles or self.s_ahead else "") + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
         tail = (self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.frag_pin or self.roles
-                or self.dq_convert or self.dq_first)
+                or self.dq_convert or self.dq_first or self.wide_epi)
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -716,14 +727,15 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
         feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
         feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
-        later2 = self.dk_late or self.frag_pin or self.roles or self.dq_convert or self.dq_first
-        later3 = self.roles or self.dq_convert or self.dq_first
+        later2 = self.dk_late or self.frag_pin or self.roles or self.dq_convert or self.dq_first or self.wide_epi
+        later3 = self.roles or self.dq_convert or self.dq_first or self.wide_epi
         feats += f", {b(self.q_rotate)}" if self.q_rotate or later2 else ""                   # kQRotate
         feats += f", {b(self.dk_late)}" if later2 else ""                                     # kDkLate
         feats += f", {b(self.frag_pin)}" if self.frag_pin or later3 else ""                  # kFragPin
         feats += f", {b(self.roles)}" if later3 else ""                                       # kRoles
-        feats += f", {b(self.dq_convert)}" if self.dq_convert or self.dq_first else ""        # kDqConvert
-        feats += ", true" if self.dq_first else ""                                            # kDqFirst last
+        feats += f", {b(self.dq_convert)}" if self.dq_convert or self.dq_first or self.wide_epi else ""  # kDqConvert
+        feats += f", {b(self.dq_first)}" if self.dq_first or self.wide_epi else ""           # kDqFirst
+        feats += ", true" if self.wide_epi else ""                                            # kWideEpi last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -735,7 +747,7 @@ class Sm90BwdConfig(KernelConfig):
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
                 self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.frag_pin,
-                self.roles, self.dq_convert, self.dq_first)
+                self.roles, self.dq_convert, self.dq_first, self.wide_epi)
 
     def _problems(self) -> list[str]:
         out = []
@@ -865,6 +877,11 @@ class Sm90BwdConfig(KernelConfig):
             out.append("dq_first: the dQ accumulator zeroed in the main kernel (no zeroing preprocess), with "
                        "dq_writer, for fixed-length unordered calls (no deterministic, varlen or cluster), BM 64 "
                        "or 128")
+        if self.wide_epi and (self.deterministic or self.varlen or self.cluster or self.window or self.softcap
+                              or self.alibi or self.dropout):
+            out.append("wide_epi: the 16-byte dK / dV epilogue stores, for plain fixed-length unordered calls (no "
+                       "deterministic, varlen, cluster, window, softcap, ALiBi, dropout: the d128 ALiBi kernel spilled "
+                       "8 bytes with them, session 19)")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -1136,6 +1153,8 @@ class Sm90Backward(Family):
             config = config.replace(dq_convert=False)  # a speed choice: plain calls on the dynamic scheduler only
         if config.dq_first and (not dq_first_covers(problem) or any("dq_first" in w for w in config.problems())):
             config = config.replace(dq_first=False)    # rows no K/V block adds to need the zeroed accumulator
+        if config.wide_epi and (problem.features or any("wide_epi" in w for w in config.problems())):
+            config = config.replace(wide_epi=False)    # a speed choice: plain fixed-length unordered calls only
         return config
 
     def _fields(self, config):
@@ -1145,7 +1164,7 @@ class Sm90Backward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late",
-                               "frag_pin", "roles", "dq_convert", "dq_first")
+                               "frag_pin", "roles", "dq_convert", "dq_first", "wide_epi")
                          and not v))
 
     def make(self, point, problem: Problem):
@@ -1158,7 +1177,8 @@ class Sm90Backward(Family):
         # s_ahead left the space (refused: serialized); a recorded point that has it keeps its value
         # (True: a config that problems() refuses)
         # (dq_convert likewise while it is outside the space)
-        out = {k: bool(point.get(k, False)) for k in ("s_ahead", "dq_convert", "dq_first") if k not in self.space}
+        out = {k: bool(point.get(k, False)) for k in ("s_ahead", "dq_convert", "dq_first", "wide_epi")
+               if k not in self.space}
         cfg = super().make({k: v for k, v in point.items() if k not in out}, problem)
         return cfg.replace(**{k: v for k, v in out.items() if v}) if any(out.values()) else cfg
 
@@ -1226,6 +1246,11 @@ class Sm90Backward(Family):
         if ((d, causal, dtype) in HEURISTIC_DQ_FIRST and (cap is None or problem.seqlen_q <= cap)
                 and dq_first_covers(problem) and not dqf.problems()):
             cfg = dqf
+        w16 = cfg.replace(wide_epi=True)
+        w16_cap = WIDE_EPI_MAX_SEQLEN_BY.get((d, causal, dtype))
+        if ((d, causal, dtype) in HEURISTIC_WIDE_EPI and (w16_cap is None or problem.seqlen_q <= w16_cap)
+                and not problem.features and not det and not is_varlen(problem) and not w16.problems()):
+            cfg = w16
         feats = tuple(problem.features)
         if feats == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
