@@ -261,8 +261,7 @@ struct Sm90BwdShape {
     static_assert(!kSharedKeys || kBM == 64, "shared keys: BM must be 64 (32 queries of Sᵀ per warpgroup)");
     static_assert(kHeadDim <= 128 || kSharedKeys,
                   "head dim 256: BN 64 with 2 consumers (dK_j, dV_j split by columns over the warpgroups)");
-    static_assert(!kSharedKeys || (!kDynamic && kDsBufs == 1),
-                  "shared keys (head dim 256): the plain grid and one dS buffer (no kDynamic, kDsDouble)");
+    static_assert(!kSharedKeys || kDsBufs == 1, "shared keys (head dim 256): one dS buffer (no kDsDouble)");
     static_assert(kBM == 64 || kBM == 128 || (kBM == 80 && kHeadDim == 128 && kConsumers == 2 && !kSharedKeys),
                   "BM must be 64 or 128 (the wgmma N of S and dP), or 80 at head dim 128 with 2 consumers "
                   "(the swapped dQ GEMM)");
@@ -672,13 +671,15 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     // more than the consumer threads')
     // (2 stages: the consumers reach Q block q + 2, and its barrier parity again, only once the
     // writer has released Q block q's slot)
-    static_assert(!(kSharedKeys && kDqWriter) || (kStages == 2 && !kDynamic && !kDeterministic),
-                  "shared keys with dq_writer: 2 stages (the writer's barriers by parity), the plain grid, unordered");
+    // (kDynamic: the parity of the CTA's Q block count, which runs on across its tiles)
+    static_assert(!(kSharedKeys && kDqWriter) || (kStages == 2 && !kDeterministic),
+                  "shared keys with dq_writer: 2 stages (the writer's barriers by parity), unordered");
+    static_assert(!(kSharedKeys && kDynamic) || kRoles, "kDynamic at head dim 256: with kRoles only");
     constexpr bool kSlotDq = kSharedKeys && kDqWriter;
     static_assert(!kCluster || (kSharedKeys && !kWindow && !kVarlen && !kDeterministic && !kDynamic && !kLpt),
                   "kCluster: the head-dim-256 tile, fixed lengths, no window, unordered, the plain order");
     static_assert(!kRoles || (kSharedKeys && !kDeterministic && !kWindow && !kSoftcap && !kAlibi && !kDropout
-                              && !kVarlen && !kOverlapSdp && !kDynamic),
+                              && !kVarlen && !kOverlapSdp),
                   "kRoles: the head-dim-256 tile's plain unordered backward (fixed lengths, no feature)");
     static_assert(!(kSAhead && kSharedKeys) || kRoles, "s_ahead at head dim 256: with roles only");
     static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
@@ -1122,13 +1123,16 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 }
                 wgmma_commit();
             };
-#pragma unroll
-            for (int i = 0; i < kHeadDim / 2; ++i) acc[i] = 0.f;
-            if (n_iters > 0) mbarrier_wait(kv_full, 0u);
+            // the ring position (slot, fill parity) and kDynamic's counts run on across the CTA's tiles
             int slot = 0;
             u32 phase = 0;
+            int q_done = 0, kv_loads = 0;                       // kDynamic: Q blocks, K/V loads of earlier tiles
+          for (;;) {                                            // kDynamic: tile after tile; else once
+#pragma unroll
+            for (int i = 0; i < kHeadDim / 2; ++i) acc[i] = 0.f;
+            if (n_iters > 0) mbarrier_wait(kv_full, kDynamic ? u32(kv_loads) & 1 : 0u);
             if constexpr (kSAhead)
-                if (n_iters > 0) issue_sp(0, 0u);
+                if (n_iters > 0) issue_sp(slot, phase);
             for (int it = 0; it < n_iters; ++it, slot = slot + 1 == kStages ? 0 : slot + 1, phase ^= slot == 0) {
                 const int m_block = m_block_at(it), row0 = m_block * kBM;
                 const u32 q_off = slot * Shape::kQBytes;
@@ -1260,7 +1264,13 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 if (kPSide && it + 1 < n_iters) named_barrier_arrive(kDsFreeBar, kConsumerThreads);
                 if constexpr (kSlotDq) {
                     fence_proxy_async_smem();                       // generic stores -> the bulk op's reads
-                    named_barrier_arrive(kDqFullBar + (it & 1), kDqBarThreads);
+                    named_barrier_arrive(kDqFullBar + ((q_done + it) & 1), kDqBarThreads);   // (the writer's q & 1)
+                }
+            }
+            if constexpr (kDynamic) {
+                if (n_iters > 0) {                                  // K_j, V_j read for the last time
+                    mbarrier_arrive(kv_empty);
+                    ++kv_loads;
                 }
             }
             // ---- epilogue: dV_j (P side) or dK_j = scale · Σ dSᵀ Q, all 256 columns (MHA straight
@@ -1304,6 +1314,13 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     }
                 }
             }
+            if constexpr (!kDynamic) break;
+            q_done += n_iters;
+            const Sm90BwdTile next = ring_take();
+            if (next.n_block < 0) break;
+            enter_tile(next);
+            tile_range();
+          }   // the tile loop
         };
         if (wg == 0) run(Sm90BwdSide<true>{});
         else run(Sm90BwdSide<false>{});

@@ -63,7 +63,7 @@ def test_fields_names_template_encoding():
     pin = plain.replace(frag_pin=True)
     assert pin.name == plain.name + "_pin" and pin.problems() == [] and FAM.space["frag_pin"] == (False, True)
     assert pin.kernel_name() == plain.kernel_name()[:-1] + tail + ", false, false, false, false, true>"
-    assert pin.template_args()[-4] is True and FAM.decode(FAM.encode(pin), "bf16", False) == pin
+    assert pin.template_args()[-5] is True and FAM.decode(FAM.encode(pin), "bf16", False) == pin
     assert "frag_pin" not in FAM.encode(plain)
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
     assert ("bool kDsDouble = false,\n          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, "

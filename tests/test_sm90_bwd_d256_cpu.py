@@ -82,6 +82,9 @@ def test_tile_names_split_and_shared_memory():
     (dict(dynamic=True), "dynamic at head_dim=256"),
     (dict(dynamic=True, dq_writer=True), "dynamic at head_dim=256"),
     (dict(lpt=True), "lpt without causal"),
+    (dict(dq_writer=True, roles=True, dynamic=True, deterministic=True), "dq_writer with deterministic"),
+    (dict(wide_epi=True, softcap=True), "wide_epi: the 16-byte"),
+    (dict(wide_epi=True, deterministic=True), "wide_epi: the 16-byte"),
 ])
 def test_each_rule(change, pattern):
     with pytest.raises(ConfigError, match=pattern):
@@ -96,7 +99,9 @@ def test_what_it_allows():
                   dict(varlen=True, deterministic=True),
                   dict(dtype="fp16", causal=True), dict(dq_writer=True), dict(dq_writer=True, causal=True, lpt=True),
                   dict(dq_writer=True, dropout=True), dict(dq_writer=True, varlen=True, window=True),
-                  dict(causal=True, lpt=True), dict(causal=True, lpt=True, deterministic=True)):
+                  dict(causal=True, lpt=True), dict(causal=True, lpt=True, deterministic=True),
+                  dict(dq_writer=True, roles=True, dynamic=True), dict(dq_writer=True, roles=True, dynamic=True,
+                                                                       causal=True, dq_first=True, wide_epi=True)):
         assert D256.replace(**flags).problems() == [], flags
 
 
@@ -420,7 +425,7 @@ def test_roles_config(monkeypatch):
     cfg = D256.replace(dq_writer=True, roles=True)
     assert cfg.problems() == [] and cfg.name == "sm90bwd_bf16_d256_full_BM64_BN64_s2_c2_dqw_rol"
     assert cfg.kernel_name().endswith(", false, false, false, false, false, true>")
-    assert cfg.template_args()[-3] is True and len(cfg.template_args()) == len(D256.template_args())   # (kDqConvert, kDqFirst last)
+    assert cfg.template_args()[-4] is True and len(cfg.template_args()) == len(D256.template_args())   # (kDqConvert, kDqFirst, kWideEpi last)
     cl = cfg.replace(cluster=True, causal=True)
     assert cl.problems() == [] and cl.kernel_name().endswith(", false, false, false, false, true, false>")
     assert cl.template_args()[-2:] == (True, False)

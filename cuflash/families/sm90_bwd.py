@@ -247,6 +247,12 @@ HEURISTIC_D256_CLUSTER = False
 #   bf16: 0.98-1.16): on for fp16 too. With s_ahead (round B): 0.81-0.90, slower than roles alone; in clusters of 2 CTAs
 #   0.82-0.92 (A, B), with s_ahead 0.65-0.74: neither in the heuristic.
 HEURISTIC_D256_ROLES = frozenset({"bf16", "fp16"})
+# * HEURISTIC_D256_DYNAMIC, {(causal, dtype): shortest seqlen_q}: the classes whose roles calls (plain, unordered,
+#   fixed lengths) run the dynamic scheduler (session 20: kDynamic with kRoles, a CTA per SM claiming K/V-block
+#   tiles, the next tile's K_j, V_j loads behind the last one's epilogue; the plain grid starts one CTA per K/V
+#   block, 2048 at batch x seqlen 16k, each with its loads and pipeline fill exposed). Off until measured
+#   (tests/sm90_bwd_2k_timing.py, variant dyn).
+HEURISTIC_D256_DYNAMIC: dict = {}
 # The main-loop flags of issue 14 (the d128 backward at cuDNN's speed), for plain unordered calls
 # (no feature, not deterministic) of the classes listed. Measured on the H100 (2026-11-26, session 15
 # round A at b082f22, tests/sm90_bwd_d128_timing.py: d128, dim 2048, batch x seqlen 16k, 2k-16k,
@@ -802,9 +808,9 @@ class Sm90BwdConfig(KernelConfig):
                              or self.dynamic or self.lpt):
             out.append("cluster: the head_dim=256 tile only, without a window, varlen, deterministic, dynamic "
                        "or lpt (both CTAs of a cluster walk the same Q blocks, in the plain grid)")
-        if self.dynamic and self.shared_keys:
-            out.append(f"dynamic at head_dim={self.head_dim} (the shared-keys tile): its kernel runs one CTA "
-                       "per K/V block only (the dynamic scheduler is unbuilt there; the lpt order is built)")
+        if self.dynamic and self.shared_keys and not self.roles:
+            out.append(f"dynamic at head_dim={self.head_dim} (the shared-keys tile) without roles: that kernel runs "
+                       "one CTA per K/V block only (the dynamic scheduler is built with roles there)")
         if not out and self.dynamic and self.dynamic_spills():
             out.append("dynamic without dq_writer, at stages > 2, with dropout, or with dk_late next to a window / "
                        "softcap / ALiBi in fp16 (bf16: ALiBi causal, a window without ds_double): ptxas spills that "
@@ -859,10 +865,9 @@ class Sm90BwdConfig(KernelConfig):
             out.append("q_rotate with dk_late on the dynamic scheduler at head_dim=128 in fp16: ptxas spills that "
                        "kernel (4 bytes of stores, 16 of loads, nvcc 13.0; ds_double or not)")
         if self.roles and (not self.shared_keys or not self.dq_writer or self.deterministic or self.window
-                           or self.softcap or self.alibi or self.dropout or self.varlen or self.overlap_sdp
-                           or self.dynamic):
+                           or self.softcap or self.alibi or self.dropout or self.varlen or self.overlap_sdp):
             out.append("roles: the head_dim=256 tile's plain unordered backward with dq_writer only (no "
-                       "deterministic, window, softcap, ALiBi, dropout, varlen, overlap_sdp or dynamic; with "
+                       "deterministic, window, softcap, ALiBi, dropout, varlen or overlap_sdp; with "
                        "red.add ptxas spills it, nvcc 13.0)")
         if self.dq_convert and (not self.dq_writer or self.deterministic or self.varlen or self.cluster
                                 or self.window or self.softcap or self.alibi or self.dropout
@@ -972,6 +977,9 @@ class Sm90Backward(Family):
             if not why and cfg.shared_keys and cfg.dq_writer and not HEURISTIC_D256_DQ_WRITER:
                 why = ["dq_writer at head_dim=256: racecheck hazards (HEURISTIC_D256_DQ_WRITER), "
                        "outside the tuning space until fixed"]
+            if not why and cfg.dynamic and cfg.shared_keys:
+                why = ["dynamic at head_dim=256 (with roles, session 20): outside the tuning space until measured "
+                       "(HEURISTIC_D256_DYNAMIC)"]
             if not why and cfg.frag_pin and not (cfg.head_dim == 128 and cfg.dk_late):
                 # (frag_pin alone measured -1..+1% at d128, slower at d64 bf16: in the space where it is
                 # the heuristic's, with dk_late at d128, which it lets run with the dynamic scheduler)
@@ -1073,7 +1081,7 @@ class Sm90Backward(Family):
         if config.lpt and (config.varlen or not config.causal):
             config = config.replace(lpt=False)         # a speed choice: varlen, non-causal keep the plain order
         sched = feature_sched_kept(config, problem)
-        if config.dynamic and (config.varlen or config.deterministic or config.shared_keys
+        if config.dynamic and (config.varlen or config.deterministic or (config.shared_keys and not config.roles)
                                or (problem.features and not sched
                                    and (tuple(problem.features) not in DYNAMIC_FEATURES
                                         or config.head_dim not in WINDOW_BWD))):
@@ -1092,9 +1100,10 @@ class Sm90Backward(Family):
             config = config.replace(cluster=False)     # a speed choice: those calls run one CTA per K/V block
         if config.dq_writer and problem.deterministic:
             config = config.replace(dq_writer=False)   # the ordered additions keep red.add
-        if config.roles and (problem.deterministic or problem.features or config.overlap_sdp or config.dynamic
-                             or not config.dq_writer):
+        if config.roles and (problem.deterministic or problem.features or config.overlap_sdp or not config.dq_writer):
             config = config.replace(roles=False)       # a speed choice: built for plain unordered calls
+        if config.dynamic and config.shared_keys and not config.roles:
+            config = config.replace(dynamic=False)     # (head dim 256: the dynamic scheduler with roles only)
         if config.dropout and config.head_dim == 128 and not problem.deterministic:
             # d128 dropout: the dQ path that compiles without spills for these features
             path = config.dropout_dq_path()
@@ -1214,6 +1223,10 @@ class Sm90Backward(Family):
         if ((d, causal) in HEURISTIC_DYNAMIC and d != 256 and not det and not problem.features
                 and (dyn_cap is None or problem.seqlen_q <= dyn_cap)):
             cfg = cfg.replace(dynamic=True)             # (for_problem drops it where it does not run)
+        d256_dyn = HEURISTIC_D256_DYNAMIC.get((causal, dtype))
+        if (d == 256 and cfg.roles and d256_dyn is not None and problem.seqlen_q >= d256_dyn and not det
+                and not is_varlen(problem) and not cfg.replace(dynamic=True).problems()):
+            cfg = cfg.replace(dynamic=True)             # (roles' dynamic kernel, HEURISTIC_D256_DYNAMIC)
         if HEURISTIC_DS_DOUBLE and d == 128:
             cfg = cfg.replace(ds_double=True)           # (likewise: not with softcap, ALiBi, dropout)
         plain = d != 256 and not problem.features
