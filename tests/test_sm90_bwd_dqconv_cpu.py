@@ -55,7 +55,7 @@ def test_field_name_template():
     assert cfg.dq_convert and cfg.problems() == [] and cfg.name == base.name + "_dqc"
     # kDqConvert last: kRoles written out before it; the other kernels keep their name expressions
     assert cfg.kernel_name() == base.kernel_name()[:-1] + ", false, true>"
-    assert len(cfg.template_args()) == 27 and cfg.template_args()[-2] is True   # (kDqFirst last)
+    assert len(cfg.template_args()) == 28 and cfg.template_args()[-3] is True   # (kDqFirst, kWideEpi last)
     d256 = dqc(problem(256, True))
     assert d256.roles and d256.kernel_name() == heur(problem(256, True)).kernel_name()[:-1] + ", true>"
     assert FAM.decode(FAM.encode(cfg), "bf16", False) == cfg and "dq_convert" not in FAM.encode(base)
@@ -63,7 +63,7 @@ def test_field_name_template():
     assert "dq_convert" not in FAM.space
     assert FAM.make(FAM.point(cfg), p) == FAM.make(FAM.point(base), p)
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
-    assert "bool kFragPin = false, bool kRoles = false, bool kDqConvert = false, bool kDqFirst = false>" in src
+    assert "bool kFragPin = false, bool kRoles = false, bool kDqConvert = false, bool kDqFirst = false," in src
     assert f"static constexpr int kRows = {sm90_bwd.DQ_CONVERT_ROWS};" in src
     assert f"static constexpr int kQueues = {sm90_bwd.DQ_CONVERT_QUEUES};" in src
 
