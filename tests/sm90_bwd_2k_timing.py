@@ -22,7 +22,8 @@ in one process, bf16 and fp16, head dims 64 / 128 / 256 (and 192, run by the d25
              round (fp16's heuristic before session 19)
     dyn      head dims 64 / 128 where the heuristic runs the plain grid: the dynamic scheduler; head dim 256
              (roles): the dynamic scheduler (session 20); dqf_dyn with dq_first too; nod256 roles' plain grid
-             where the heuristic runs the dynamic one
+             where the heuristic runs the dynamic one; dyn_lpt (causal) the dynamic scheduler claiming tiles in
+             the lpt order (longest first across groups of pairs)
     nodyn    head dim 128: the heuristic's kernel on the plain grid (frag_pin kept; without dq_convert, which
              needs the dynamic scheduler there)
     w16      wide_epi (kWideEpi, session 20): the epilogue's 16-byte dK / dV stores (quad_transpose)
@@ -87,6 +88,7 @@ VARIANTS = {
     "dyn": lambda c: c.replace(dynamic=True) if not c.dynamic and (c.head_dim in (64, 128) or c.roles) else None,
     "dqf_dyn": lambda c: c.replace(dynamic=True, dq_first=True) if c.roles and not (c.dynamic and c.dq_first) else None,
     "nod256": lambda c: c.replace(dynamic=False) if c.dynamic and c.roles else None,
+    "dyn_lpt": lambda c: c.replace(dynamic=True, lpt=True) if c.roles and c.causal else None,
     "nodyn": lambda c: c.replace(dynamic=False, dq_convert=False) if c.dynamic and c.head_dim == 128 else None,
     "w16": lambda c: c.replace(wide_epi=True) if not c.wide_epi else None,
     "now16": lambda c: c.replace(wide_epi=False) if c.wide_epi else None,
@@ -197,7 +199,7 @@ def main():
         summary.append(f"{case:<26} " + "  ".join(line) + "   (x cuDNN, b2b)")
         if args.breakdown and (args.breakdown < 0 or i < args.breakdown):
             for name in [n for n in ("heur", "dqc", "nodqc", "dqf", "nodqf", "dqf_nodqc", "lpt", "dqf_lpt", "w16",
-                                     "now16", "dqf_w16", "dyn", "dqf_dyn", "nod256", "tab")
+                                     "now16", "dqf_w16", "dyn", "dqf_dyn", "nod256", "dyn_lpt", "tab")
                          if n in fns] + ["cudnn"]:
                 roles = by_role(kernel_times(fns[name], 3))
                 print(f"{case:<26} {name:<8} GPU us by role: {roles}", flush=True)
