@@ -10,7 +10,7 @@ under racecheck / synccheck / memcheck.
 
 --only SUBSTR keeps the cases whose config name contains SUBSTR (both modes).
 
-Success: one "ok" line per kernel (6 without --only), and compute-sanitizer's "RACECHECK SUMMARY:
+Success: one "ok" line per kernel (8 without --only), and compute-sanitizer's "RACECHECK SUMMARY:
 0 hazards displayed (0 errors, 0 warnings)" (synccheck / memcheck: "ERROR SUMMARY: 0 errors"). Session 16's racecheck of
 the dq_writer kernel before the fix (consumers' q_empty arrivals) reported 20482 WAR hazards on the
 LSE row of a ring slot (producer cp.async vs the consumers' LSE read).
@@ -28,7 +28,12 @@ from cuflash.problem import Problem  # noqa: E402
 # count (a CTA past seqlen_k) too
 CASES = [(False, 300, 300, {}), (True, 200, 260, {}),
          (False, 300, 200, dict(cluster=True)), (True, 260, 130, dict(cluster=True)),
-         (False, 300, 300, dict(roles=True)), (True, 200, 260, dict(roles=True))]
+         (False, 300, 300, dict(roles=True)), (True, 200, 260, dict(roles=True)),
+         # roles on the dynamic scheduler (session 20): more tiles than SMs (160 / 144 of 132), so that CTAs
+         # take several (the ring position, the writer's parity and kv_empty across tiles)
+         (False, 600, 600, dict(roles=True, dynamic=True)), (True, 1100, 1100, dict(roles=True, dynamic=True))]
+# (batch, heads) of a case: 1 x 2, or more where the dynamic scheduler needs more tiles than SMs
+SHAPES = {(False, 600, 600): (4, 4), (True, 1100, 1100): (4, 2)}
 
 
 def selected():
@@ -49,7 +54,8 @@ def main():
 
         todo = configs()
         for (causal, sq, sk, _), _ in selected():
-            fp = Problem("fwd", "bf16", 1, sq, sk, 2, 2, 256, causal)
+            b, h = SHAPES.get((causal, sq, sk), (1, 2))
+            fp = Problem("fwd", "bf16", b, sq, sk, h, h, 256, causal)
             todo.append(select.choose(fp, _gpu.arch(), _gpu.name(), _gpu.max_smem())[1])
         res = precompile(list(dict.fromkeys(todo)))
         for c, secs, err in res:
@@ -61,7 +67,8 @@ def main():
 
     torch.manual_seed(0)
     for (causal, sq, sk, _), cfg in selected():
-        q, k, v = (torch.randn(1, s, 2, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        b, h = SHAPES.get((causal, sq, sk), (1, 2))
+        q, k, v = (torch.randn(b, s, h, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                    for s in (sq, sk, sk))
         o = cuflash.flash_attn_func(q, k, v, causal=causal, bwd_config=cfg)
         o.float().square().sum().backward()
