@@ -78,7 +78,7 @@ def test_d256_dynamic_dkv_repeatable():
             assert torch.equal(first[1], g[1]) and torch.equal(first[2], g[2]), cfg.name
 
 
-def suite_configs(cells=(), wide=True):
+def suite_configs(cells=(), wide=True, dyn=True):
     """The kernels this file and test_sm90_bwd_gpu.py::test_wide_epilogue run (backwards and the forwards
     selection picks at their shapes), and with `cells` (tests/sm90_bwd_2k_timing.py's --cells strings) that
     script's kernels of those cases, for --precompile."""
@@ -88,7 +88,7 @@ def suite_configs(cells=(), wide=True):
 
     fwd = lambda p: select.choose(p.replace(op="fwd"), _gpu.arch(), _gpu.name(), _gpu.max_smem())[1]  # noqa: E731
     out = []
-    for d, dtype, causal, heads, seqlens, batch, dqf in CASES:
+    for d, dtype, causal, heads, seqlens, batch, dqf in CASES if dyn else ():
         p = problem(dtype, causal, d, seqlens, heads, batch=batch)
         out += [Sm90BwdConfig(64, 64, 2, 2, 256, dtype, causal, dq_writer=True, roles=True, dynamic=True,
                               dq_first=dqf), fwd(p)]
@@ -101,14 +101,14 @@ def suite_configs(cells=(), wide=True):
 
 
 def precompile_cli(argv) -> int:
-    """--precompile [--no-wide] [--cells CELL ...]: compile suite_configs in parallel worker processes, one line per kernel."""
+    """--precompile [--no-wide] [--no-dyn] [--cells CELL ...]: compile suite_configs in parallel worker processes, one line per kernel."""
     import time
 
     from cuflash.compile import precompile
 
     t0 = time.time()
     cells = argv[argv.index("--cells") + 1:] if "--cells" in argv else []
-    configs = suite_configs(cells, "--no-wide" not in argv)
+    configs = suite_configs(cells, "--no-wide" not in argv, "--no-dyn" not in argv)
     res = precompile(configs)
     for c, secs, err in res:
         print(f"{c.name:<72} {secs:6.1f} s {err[:300] if err else 'ok'}")

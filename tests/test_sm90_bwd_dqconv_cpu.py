@@ -40,8 +40,9 @@ def problem(head_dim=128, causal=False, dtype="bf16", deterministic=False, featu
 
 def heur(p):
     """The heuristic's config without dq_first (session 18, on at some 2k classes: it is appended after
-    dq_convert in names and template arguments; tests/test_sm90_bwd_dqfirst_cpu.py holds it)."""
-    return FAM.for_problem(FAM.heuristic(p).replace(dq_first=False), p)
+    dq_convert in names and template arguments; tests/test_sm90_bwd_dqfirst_cpu.py holds it) and wide_epi
+    (session 20, appended after dq_first; tests/test_sm90_bwd_wide_dyn_cpu.py)."""
+    return FAM.for_problem(FAM.heuristic(p).replace(dq_first=False, wide_epi=False), p)
 
 
 def dqc(p):

@@ -38,12 +38,13 @@ def heur(p):
     return FAM.for_problem(FAM.heuristic(p), p)
 
 
+# (plain, dqf: without wide_epi, appended after dq_first; tests/test_sm90_bwd_wide_dyn_cpu.py holds it)
 def plain(p):
-    return heur(p).replace(dq_first=False)
+    return heur(p).replace(dq_first=False, wide_epi=False)
 
 
 def dqf(p):
-    return FAM.for_problem(FAM.heuristic(p).replace(dq_first=True), p)
+    return FAM.for_problem(FAM.heuristic(p).replace(dq_first=True, wide_epi=False), p)
 
 
 def test_field_name_template():

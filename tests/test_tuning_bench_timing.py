@@ -140,6 +140,7 @@ def test_tune_with_candidates_compiles_and_measures_the_fixed_lists(monkeypatch,
     from cuflash.families import sm90_bwd
 
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DQ_FIRST", frozenset())
+    monkeypatch.setattr(sm90_bwd, "HEURISTIC_WIDE_EPI", frozenset())   # (wide_epi likewise, session 20)
     from cuflash import compile as cucompile
 
     seen = []

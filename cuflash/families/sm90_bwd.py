@@ -398,9 +398,13 @@ DQ_FIRST_MAX_SEQLEN_BY: dict = {(128, False, "fp16"): 4096}
 # round): fp16 d128 non-causal 2k 1.070 vs 1.001 x cuDNN (one pass), d256 causal 2k no change (bf16 1.016 vs
 # 1.017); the d128 ALiBi kernel spilled 8 bytes with it, so it is a flag now, plain calls only.
 # * HEURISTIC_WIDE_EPI, (kernel head dim, causal, dtype): the classes whose plain calls take it, up to the
-#   class's cap in WIDE_EPI_MAX_SEQLEN_BY (absent: every seqlen). Off until measured (tests/sm90_bwd_2k_timing.py,
-#   variants w16 / now16).
-HEURISTIC_WIDE_EPI: frozenset = frozenset()
+#   class's cap in WIDE_EPI_MAX_SEQLEN_BY (absent: every seqlen). Session 20 round 1 (rev f84f2ab, tests/
+#   sm90_bwd_2k_timing.py --cells, b2b, x cuDNN in the same process; logs/session20_bwd16/r1.md), heur -> w16,
+#   two passes: bf16 d128 non-causal 2k 0.990 -> 1.074, 1.002 -> 1.085 (GPU us, main kernel 1347 -> 1161); 8k
+#   1.027 -> 1.044 (main 5446 -> 5087); bf16 d256 causal 8k (roles) 1.028 -> 1.071, 1.044 -> 1.059 (main 3344 ->
+#   3228); dK, dV bitwise equal.
+HEURISTIC_WIDE_EPI: frozenset = frozenset((d, c, dt) for d in (64, 128, 256) for c in (False, True)
+                                          for dt in ("bf16", "fp16"))
 WIDE_EPI_MAX_SEQLEN_BY: dict = {}
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
@@ -1261,7 +1265,9 @@ class Sm90Backward(Family):
             cfg = dqf
         w16 = cfg.replace(wide_epi=True)
         w16_cap = WIDE_EPI_MAX_SEQLEN_BY.get((d, causal, dtype))
+        # (MHA with whole 8-column groups only: the kernel's 4-byte stores serve the rest, wide_epi_fits)
         if ((d, causal, dtype) in HEURISTIC_WIDE_EPI and (w16_cap is None or problem.seqlen_q <= w16_cap)
+                and problem.nheads == problem.nheads_kv and problem.head_dim % 8 == 0
                 and not problem.features and not det and not is_varlen(problem) and not w16.problems()):
             cfg = w16
         feats = tuple(problem.features)
