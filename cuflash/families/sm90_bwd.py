@@ -250,8 +250,10 @@ HEURISTIC_D256_ROLES = frozenset({"bf16", "fp16"})
 # * HEURISTIC_D256_DYNAMIC, {(causal, dtype): shortest seqlen_q}: the classes whose roles calls (plain, unordered,
 #   fixed lengths) run the dynamic scheduler (session 20: kDynamic with kRoles, a CTA per SM claiming K/V-block
 #   tiles, the next tile's K_j, V_j loads behind the last one's epilogue; the plain grid starts one CTA per K/V
-#   block, 2048 at batch x seqlen 16k, each with its loads and pipeline fill exposed). Off until measured
-#   (tests/sm90_bwd_2k_timing.py, variant dyn).
+#   block, 2048 at batch x seqlen 16k, each with its loads and pipeline fill exposed). Measured slower (session 20
+#   round 1, rev f84f2ab, bf16 causal, x cuDNN heur -> dyn; logs/session20_bwd16/r1.md): 8k 1.028 -> 1.003 and
+#   1.044 -> 0.993 (GPU us, main kernel 3344 -> 3494), 2k (with dq_first) 1.030 -> 1.010; its GPU tests (8, odd
+#   shapes, more tiles than SMs) passed. Off.
 HEURISTIC_D256_DYNAMIC: dict = {}
 # The main-loop flags of issue 14 (the d128 backward at cuDNN's speed), for plain unordered calls
 # (no feature, not deterministic) of the classes listed. Measured on the H100 (2026-11-26, session 15
