@@ -89,6 +89,12 @@ kZeroDq false: half its bytes); the first CTA to reach a Q block zeroes its rows
 (producer warp 2; a per-Q-block ticket in dq_semaphore's place, which the writer checks before its
 reduce-adds). HEURISTIC_DQ_FIRST (up to 2k: d64, d128, d256 causal; fp16 d128 non-causal up to 4k); outside
 the tuning space.
+wide_epi (_w16, kWideEpi, session 20; plain fixed-length unordered calls): the epilogue stores dK_j, dV_j 16 bytes a
+lane (quad_transpose: the four lanes of an accumulator row exchange their column pairs) instead of 4, where the call
+is MHA with 16-byte aligned dk, dv (checked in the kernel; else the 4-byte stores); on both epilogues (the generic
+one and roles'). HEURISTIC_WIDE_EPI; outside the tuning space. The roles tile also runs on the dynamic scheduler
+(dynamic with roles at head dim 256, session 20): built and tested, measured slower (HEURISTIC_D256_DYNAMIC, off;
+outside the tuning space).
 Not implemented yet: a d96 / d192 kernel of their own (96 runs the d128 kernel), swap-AB elsewhere.
 """
 from __future__ import annotations
