@@ -21,10 +21,10 @@ if __name__ == "__main__":   # --precompile: cuflash and the tests' helpers from
 
 import pytest  # noqa: E402
 
-import cuflash  # noqa: E402
 from cuflash.families.sm90_bwd import Sm90BwdConfig  # noqa: E402
 
-from test_flash_bwd_gpu import grads, inputs  # noqa: E402
+from test_sm90_bwd_d256_gpu import precompile_main  # noqa: E402
+from test_sm90_bwd_d256_roles_gpu import assert_dkv_repeatable  # noqa: E402
 from test_sm90_bwd_gpu import problem, run_case, wide_configs  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
@@ -64,18 +64,8 @@ def test_d256_dynamic(case):
 
 def test_d256_dynamic_dkv_repeatable():
     """dK, dV bitwise equal over 3 calls (whichever CTA takes a tile, its sums run in one order)."""
-    import torch
-
     p = problem("bf16", True, 256, (1023, 1100), "gqa", batch=8)
-    cfg = dyn_tile(p)
-    q, k, v, dout = inputs(p)
-    first = None
-    for _ in range(3):
-        _, g = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=True, bwd_config=cfg), q, k, v, dout)
-        if first is None:
-            first = g
-        else:
-            assert torch.equal(first[1], g[1]) and torch.equal(first[2], g[2]), cfg.name
+    assert_dkv_repeatable(p, dyn_tile(p))
 
 
 def suite_configs(cells=(), wide=True, dyn=True):
@@ -101,19 +91,9 @@ def suite_configs(cells=(), wide=True, dyn=True):
 
 
 def precompile_cli(argv) -> int:
-    """--precompile [--no-wide] [--no-dyn] [--cells CELL ...]: compile suite_configs in parallel worker processes, one line per kernel."""
-    import time
-
-    from cuflash.compile import precompile
-
-    t0 = time.time()
+    """--precompile [--no-wide] [--no-dyn] [--cells CELL ...]: compile suite_configs in parallel worker processes."""
     cells = argv[argv.index("--cells") + 1:] if "--cells" in argv else []
-    configs = suite_configs(cells, "--no-wide" not in argv, "--no-dyn" not in argv)
-    res = precompile(configs)
-    for c, secs, err in res:
-        print(f"{c.name:<72} {secs:6.1f} s {err[:300] if err else 'ok'}")
-    print(f"{len(configs)} kernels in {time.time() - t0:.0f} s; errors: {sum(bool(e) for _, _, e in res)}")
-    return 1 if any(e for _, _, e in res) else 0
+    return precompile_main(suite_configs(cells, "--no-wide" not in argv, "--no-dyn" not in argv), forwards=False)
 
 
 if __name__ == "__main__" and "--precompile" in sys.argv:

@@ -146,10 +146,10 @@ def forward_problems():
     return out
 
 
-def precompile_main(configs) -> int:
-    """Compile ``configs`` and the forwards of forward_problems() in parallel worker processes (the
-    --precompile entry of this file and of test_sm90_bwd_d256_dqw_gpu.py); prints one line per
-    kernel, returns the exit code."""
+def precompile_main(configs, forwards=True) -> int:
+    """Compile ``configs`` (and with `forwards` the forwards of forward_problems()) in parallel worker
+    processes (the --precompile entry of this file, test_sm90_bwd_d256_dqw_gpu.py and
+    test_sm90_bwd_d256_dyn_gpu.py); prints one line per kernel, returns the exit code."""
     import time
 
     from cuflash import _gpu, select
@@ -158,7 +158,7 @@ def precompile_main(configs) -> int:
     t0 = time.time()
     assert all(c.problems() == [] for c in configs), [c.name for c in configs if c.problems()]
     arch, smem, name = _gpu.arch(), _gpu.max_smem(), _gpu.name()
-    for fp in forward_problems():
+    for fp in forward_problems() if forwards else ():
         try:
             configs.append(select.choose(fp, arch, name, smem)[1])
         except ValueError as e:

@@ -63,10 +63,14 @@ def test_roles_cluster():
 
 def test_roles_dkv_repeatable():
     """dK, dV bitwise equal over 3 calls (per-CTA sums in a fixed order; dQ's additions are unordered)."""
+    p = problem("bf16", True, D, (1023, 1100), "gqa")
+    assert_dkv_repeatable(p, tile(p, dq_writer=True, roles=True))
+
+
+def assert_dkv_repeatable(p, cfg):
+    """dK, dV of 3 calls of config cfg on problem p (causal) bitwise equal."""
     import torch
 
-    p = problem("bf16", True, D, (1023, 1100), "gqa")
-    cfg = tile(p, dq_writer=True, roles=True)
     q, k, v, dout = inputs(p)
     first = None
     for _ in range(3):
