@@ -433,18 +433,6 @@ __device__ __forceinline__ void store_row_wide(u16* row, const float* acc, int h
     }
 }
 
-// kWideEpi: a warp's 16 accumulator rows (keys key0 + g, key0 + g + 8 of the lane's quad) by store_row_wide, each
-// at row(key) (dK's or dV's row pointer of that key); keys at or past seqlen_k not stored
-template <int kCols, class Elem, class Row>
-__device__ __forceinline__ void store_rows_wide(Row row, const float* acc, float scale, int col0, int head_dim,
-                                                int key0, int seqlen_k, int g, int t) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int key = key0 + g + 8 * half;
-        store_row_wide<kCols, Elem>(row(key), acc, half, scale, col0, head_dim, key < seqlen_k, t);
-    }
-}
-
 // kWideEpi's condition at run time: MHA with dk, dv 16-byte aligned (pointers; batch / row / head strides in
 // whole 8-element groups; head_dim whole 8-column groups)
 __device__ __forceinline__ bool wide_epi_fits(const Sm90BwdParams& p) {
@@ -825,11 +813,6 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
         enter_tile(next);
         tile_range();
         return true;
-    };
-    // kWideEpi: row `key` of this tile's (batch, head) in dv (v) or dk, 16-bit elements (MHA)
-    auto dkv_row = [&](bool v, int key) {
-        return v ? static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_row_stride + head * p.dv_head_stride
-                 : static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_row_stride + head * p.dk_head_stride;
     };
     // the Q block of the tile's it-th iteration
     auto m_block_at = [&](int it) {
@@ -1305,13 +1288,21 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             const bool grouped = p.nheads != p.nheads_kv;
             const float scale = kPSide ? 1.f : p.softmax_scale;
             float* accum = kPSide ? p.dv_accum : p.dk_accum;
-            // kWideEpi (where wide_epi_fits): 16 bytes a lane (store_rows_wide); otherwise 4 bytes a lane, below
+            // kWideEpi (where wide_epi_fits): 16 bytes a lane (store_row_wide); otherwise 4 bytes a lane, below
             bool wide = false;
             if constexpr (kWideEpi) {
                 wide = wide_epi_fits(p);
-                if (wide)
-                    store_rows_wide<kHeadDim, Elem>([&](int key) { return dkv_row(kPSide, key); }, acc, scale, 0,
-                                                    p.head_dim, key0 + warp_key, seqlen_k, g, t);
+                if (wide) {
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const int key = key0 + warp_key + g + 8 * half;
+                        u16* out = kPSide ? static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_row_stride
+                                                + head * p.dv_head_stride
+                                          : static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_row_stride
+                                                + head * p.dk_head_stride;
+                        store_row_wide<kHeadDim, Elem>(out, acc, half, scale, 0, p.head_dim, key < seqlen_k, t);
+                    }
+                }
             }
 #pragma unroll
             for (int half = 0; half < 2 && !wide; ++half) {
@@ -1970,15 +1961,22 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
         // ---- epilogue: dK_j = scale · Σ dSᵀ Q, dV_j = Σ Pᵀ dO ----
         // MHA: straight into dk, dv. GQA / MQA: fp32 per query head, summed by fa2_bwd_reduce_dkv.
         const bool grouped = p.nheads != p.nheads_kv;
-        // kWideEpi (where wide_epi_fits): 16 bytes a lane (store_rows_wide); otherwise 4 bytes a lane, below
+        // kWideEpi (where wide_epi_fits): 16 bytes a lane (store_row_wide); otherwise 4 bytes a lane, below
         bool wide = false;
         if constexpr (kWideEpi) {
             wide = wide_epi_fits(p);
             if (wide) {
-                store_rows_wide<kDkvN, Elem>([&](int key) { return dkv_row(false, key); }, dk_acc, p.softmax_scale,
-                                             dkv_col0, p.head_dim, key0 + warp_key, p.seqlen_k, g, t);
-                store_rows_wide<kDkvN, Elem>([&](int key) { return dkv_row(true, key); }, dv_acc, 1.f, dkv_col0,
-                                             p.head_dim, key0 + warp_key, p.seqlen_k, g, t);
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int key = key0 + warp_key + g + 8 * half;
+                    const bool inside = key < p.seqlen_k;
+                    u16* dk = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_row_stride
+                              + head * p.dk_head_stride;
+                    u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_row_stride
+                              + head * p.dv_head_stride;
+                    store_row_wide<kDkvN, Elem>(dk, dk_acc, half, p.softmax_scale, dkv_col0, p.head_dim, inside, t);
+                    store_row_wide<kDkvN, Elem>(dv, dv_acc, half, 1.f, dkv_col0, p.head_dim, inside, t);
+                }
             }
         }
 #pragma unroll

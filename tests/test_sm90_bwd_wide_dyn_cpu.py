@@ -1,7 +1,7 @@
 """sm90_bwd's session-20 flags, on the CPU: wide_epi (kWideEpi, name _w16: the epilogue's 16-byte dK / dV
 stores, plain fixed-length unordered calls) and the dynamic scheduler on head dim 256's roles tile
 (kDynamic with kRoles). Names, template arguments, the rules, for_problem dropping them where they do
-not run, both outside the tuning space and off in the heuristic until measured; with nvcc, their kernels
+not run, both outside the tuning space, the heuristic's switches; with nvcc, their kernels
 compile clean (zero spills, no serialized wgmma; nvcc 13.0, sm_90a)."""
 import os
 import shutil
@@ -63,15 +63,26 @@ def test_for_problem_and_space():
         assert not (cfg.dynamic and cfg.shared_keys) or why, cfg.name
 
 
-def test_heuristic_off_until_measured(monkeypatch):
-    assert not any(heur(problem(d, c, dt, s)).wide_epi or (d == 256 and heur(problem(d, c, dt, s)).dynamic)
-                   for d in (128, 256) for c in (False, True) for dt in ("bf16", "fp16") for s in (2048, 8192)) \
-        or sm90_bwd.HEURISTIC_WIDE_EPI or sm90_bwd.HEURISTIC_D256_DYNAMIC
+def test_heuristic_switches(monkeypatch):
+    """wide_epi for plain MHA calls of HEURISTIC_WIDE_EPI's classes (measured, session 20), not with GQA, features,
+    deterministic; the d256 dynamic scheduler per HEURISTIC_D256_DYNAMIC (measured slower: empty)."""
+    on = sm90_bwd.HEURISTIC_WIDE_EPI
+    for d in (64, 128, 256):
+        for c in (False, True):
+            for dt in ("bf16", "fp16"):
+                for s in (2048, 8192):
+                    cfg = heur(problem(d, c, dt, s))
+                    assert cfg.wide_epi == ((d, c, dt) in on), cfg.name
+                    assert not (d == 256 and cfg.dynamic), cfg.name
+    assert (128, False, "bf16") in on and (256, True, "bf16") in on and not sm90_bwd.HEURISTIC_D256_DYNAMIC
+    gqa = Problem("bwd", "bf16", 2, 2048, 2048, 16, 4, 128, False)
+    assert not heur(gqa).wide_epi
+    assert not heur(problem(128, False, features=("softcap",), softcap=30.0)).wide_epi
+    assert not heur(problem(128, False, deterministic=True)).wide_epi
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_DYNAMIC", {(True, "bf16"): 4096})
-    monkeypatch.setattr(sm90_bwd, "HEURISTIC_WIDE_EPI", frozenset({(256, True, "bf16")}))
-    assert heur(problem()).dynamic and heur(problem()).wide_epi
+    monkeypatch.setattr(sm90_bwd, "WIDE_EPI_MAX_SEQLEN_BY", {(256, True, "bf16"): 4096})
+    assert heur(problem()).dynamic and not heur(problem()).wide_epi
     assert not heur(problem(seqlen=2048)).dynamic and heur(problem(seqlen=2048)).wide_epi
-    assert not heur(problem(features=("softcap",), softcap=30.0)).wide_epi
 
 
 @needs_nvcc
