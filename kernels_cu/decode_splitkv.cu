@@ -71,6 +71,15 @@
 //             flips once per block either way
 //   kEarlyMerge  (kFusedCombine) the merging CTA issues its first batch of partial-O loads before
 //             the splits' LSE loads, overlapping the two L2 round trips (combine_row's kEarly)
+//   kRingFill  when the cp.async loop's ring slots are filled. 0: the prologue loads kStages - 1
+//             blocks; iteration i loads block i + kStages - 1 into the slot iteration i - 1 read
+//             (at i = 0 the ring's last slot, still empty), between P's packing and O += P V.
+//             So the last slot's block is requested only after block 0 arrived. 1: the prologue
+//             fills every slot (the first kStages blocks all requested at the kernel's start);
+//             iteration 0 loads nothing, iteration i >= 1 the same block as with 0 at the same
+//             place. 2: as 1, with each iteration's load issued right after its barrier, before S
+//             (the slot is free from there on). A split of few blocks (1 x 8k: 4 per CTA) has
+//             3 of them requested at once, not 2
 #include "ptx.cuh"
 #include "ptx_decode.cuh"
 #include "params_decode.cuh"
@@ -727,7 +736,7 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
           bool kFusedCombine = false, bool kPagePrefetch = false, int kL2Prefetch = 0,
           bool kWarpLoads = false, bool kPageGather = false, bool kLean = false, int kBulk = 0,
-          bool kEarlyMerge = false>
+          bool kEarlyMerge = false, int kRingFill = 0>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
@@ -737,6 +746,7 @@ decode_splitkv(const DecodeParams p) {
     static_assert(kBulk >= 0 && kBulk <= 2, "kBulk: 0 (cp.async), 1 (bulk rows), 2 (bulk rows, evict-first)");
     static_assert(!kBulk || (!kWarpLoads && !kPagePrefetch && !kPageGather),
                   "the bulk rows are the CTA's loads: no warp_loads, page_prefetch or page_gather");
+    static_assert(kRingFill >= 0 && kRingFill <= 2, "kRingFill: 0 (kStages - 1 blocks ahead), 1 (all slots), 2 (1, loads before S)");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     u16* q_smem = reinterpret_cast<u16*>(smem_raw);       // [kRows][kPitch]
@@ -920,8 +930,11 @@ decode_splitkv(const DecodeParams p) {
         if constexpr (kPagePrefetch)
             if (p.block_table && n - 1 >= n_begin) fetch_pages(n - 1);  // the next block it loads
     };
+    // The prologue: blocks n_end - 1, n_end - 2, ... into slots 0, 1, ...: kStages - 1 of them, or
+    // (kRingFill) every slot
+    constexpr int kPrologue = kRingFill ? kStages : kStages - 1;
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
+    for (int s = 0; s < kPrologue; ++s) {
         if (s < n_iters) load_kv(n_end - 1 - s, s);
         cp_async_commit();  // committed even when empty, so group counting stays uniform
     }
@@ -949,23 +962,33 @@ decode_splitkv(const DecodeParams p) {
 
     for (int iter = 0; iter < n_iters; ++iter) {
         const int n = n_end - 1 - iter, slot = iter % kStages;
-        // Block n (and Q at iter 0) landed once at most kStages - 2 newer groups are in flight;
-        // the barrier also frees the slot of iteration iter - 1 for the prefetch below.
-        // kWarpLoads: a warp's rows are its own (loaded and read by its lanes only), so its lanes'
-        // barrier is enough, but for Q, which every thread loaded: the CTA's at iteration 0.
-        cp_async_wait<kStages - 2>();
+        // Block n (and Q at iter 0) landed once at most kStages - 2 newer groups are in flight
+        // (kRingFill: kStages - 1 at iteration 0, whose prologue committed one block more and
+        // which commits none); the barrier also frees the slot of iteration iter - 1 for the
+        // prefetch below. kWarpLoads: a warp's rows are its own (loaded and read by its lanes
+        // only), so its lanes' barrier is enough, but for Q, which every thread loaded: the
+        // CTA's at iteration 0.
+        if (kRingFill && iter == 0) cp_async_wait<kStages - 1>();
+        else cp_async_wait<kStages - 2>();
         if constexpr (kBulk) mbarrier_wait(ring_bar(slot), (iter / kStages) & 1);  // its bulk rows
         if (!kWarpLoads || iter == 0) __syncthreads();
         else __syncwarp();
         if constexpr (kLean)
             if (iter == 0) load_a_frags<kMTiles, kHeadDim / 16, kRowBytes>(q_frag, q_lane);  // Q landed
-        // Prefetch into the slot freed by iteration iter - 1 (every warp, or with kWarpLoads every
-        // lane of this warp, passed the barrier), between P's packing and O += P V.
+        // Prefetch block n - (kStages - 1) into the slot freed by iteration iter - 1 (every warp, or
+        // with kWarpLoads every lane of this warp, passed the barrier), between P's packing and
+        // O += P V, or (kRingFill 2) here, before S. kRingFill: iteration 0 has none (the
+        // prologue loaded it) and commits no group.
+        auto prefetch = [&] {
+            if (kRingFill && iter == 0) return;
+            if (iter + kStages - 1 < n_iters) load_kv(n - (kStages - 1), (iter + kStages - 1) % kStages);
+            cp_async_commit();
+        };
+        if constexpr (kRingFill == 2) prefetch();
         attend_block<kMTiles, kWarpN, kHeadDim, kRowBytes, Elem, kLean>(
             p, rows, r0, g, t, offset, n * kBlockN, warp, n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi,
             q_lane, k_lane + slot * Shape::kKVTile * 2, v_lane + slot * Shape::kKVTile * 2, o_acc, m, l, [&] {
-                if (iter + kStages - 1 < n_iters) load_kv(n - (kStages - 1), (iter + kStages - 1) % kStages);
-                cp_async_commit();
+                if constexpr (kRingFill != 2) prefetch();
             }, q_frag);
     }
     cp_async_wait<0>();

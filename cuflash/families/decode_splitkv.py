@@ -243,6 +243,14 @@ BULK_VALUES = (0, 1, 2)
 # BULK_DEFAULT: the bulk + early-merge pass). On, and in the tuning space.
 EARLY_MERGE_DEFAULT = True
 EARLY_MERGE_SPACE = (False, True)
+# ring_fill (the cp.async loop): 0: the prologue loads stages - 1 K/V blocks and each iteration
+# the next, before O += P V; 1: the prologue fills every ring slot (one block more requested at
+# the start: a third more at 3 stages, where a batch-1 CTA streams only 4 blocks at 8k keys);
+# 2: as 1, each iteration's load issued before S. The heuristic's choice and the tuning space's
+# values: 0 until timed (session 20).
+RING_FILL_DEFAULT = 0
+RING_FILL_SPACE = (0,)
+RING_FILL_VALUES = (0, 1, 2)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -282,6 +290,9 @@ class DecodeConfig(KernelConfig):
               No warp_loads, page_prefetch or page_gather with it
     early_merge: (fused_combine) the merging CTA issues its first partial-O loads before the LSE
               loads (the two L2 round trips overlap)
+    ring_fill: (the cp.async loop) 0: the prologue loads stages - 1 K/V blocks, each iteration
+              the next before O += P V; 1: the prologue fills every slot; 2: as 1, with each
+              iteration's load issued before S (kernels_cu/decode_splitkv.cu, kRingFill)
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -309,6 +320,7 @@ class DecodeConfig(KernelConfig):
     lean: bool = False
     bulk: int = 0
     early_merge: bool = False
+    ring_fill: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -333,7 +345,7 @@ class DecodeConfig(KernelConfig):
                  + ("_tma" if self.tma else "") + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
                  + ("_wl" if self.warp_loads else "") + ("_pg" if self.page_gather else "")
                  + ("_ln" if self.lean else "") + (f"_bk{self.bulk}" if self.bulk else "")
-                 + ("_em" if self.early_merge else ""))
+                 + ("_em" if self.early_merge else "") + (f"_rf{self.ring_fill}" if self.ring_fill else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -354,7 +366,8 @@ class DecodeConfig(KernelConfig):
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
         # the defaults (false, 0) of the trailing flags are left out
-        trailing = [flag[self.page_gather], flag[self.lean], str(int(self.bulk)), flag[self.early_merge]]
+        trailing = [flag[self.page_gather], flag[self.lean], str(int(self.bulk)), flag[self.early_merge],
+                    str(int(self.ring_fill))]
         while trailing and trailing[-1] in ("false", "0"):
             trailing.pop()
         gather = "".join(f", {x}" for x in trailing)
@@ -368,7 +381,7 @@ class DecodeConfig(KernelConfig):
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                 bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch),
                 bool(self.warp_loads), bool(self.page_gather), bool(self.lean), int(self.bulk),
-                bool(self.early_merge))
+                bool(self.early_merge), int(self.ring_fill))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -388,6 +401,11 @@ class DecodeConfig(KernelConfig):
                        "warp_loads, page_prefetch or page_gather with it")
         if self.early_merge and (self.tma or not self.fused_combine):
             out.append("early_merge: an option of the fused combine (fused_combine, no tma)")
+        if self.ring_fill not in RING_FILL_VALUES:
+            out.append(f"ring_fill must be one of {RING_FILL_VALUES} (0: stages - 1 blocks ahead), "
+                       f"got {self.ring_fill}")
+        elif self.ring_fill and self.tma:
+            out.append("ring_fill: an option of the cp.async loop (no tma)")
         if not 0 <= self.splits <= MAX_SPLITS:
             out.append(f"splits must be in 0..{MAX_SPLITS} (0: heuristic), got {self.splits}")
         if not out and self.accum_regs > MAX_ACCUM_REGS:
@@ -548,7 +566,7 @@ class DecodeSplitKV(Family):
              "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
              "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE,
              "page_gather": PAGE_GATHER_SPACE, "lean": LEAN_SPACE, "bulk": BULK_SPACE,
-             "early_merge": EARLY_MERGE_SPACE}
+             "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -613,11 +631,13 @@ class DecodeSplitKV(Family):
             cfg = cfg.replace(bulk=bulk, l2_prefetch=0)   # sm_90 only; whole blocks take no cp.async hint
         if EARLY_MERGE_DEFAULT and cfg.fused_combine:
             cfg = cfg.replace(early_merge=True)
+        if RING_FILL_DEFAULT:
+            cfg = cfg.replace(ring_fill=RING_FILL_DEFAULT)
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
             tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False,
-                              lean=False, bulk=0, early_merge=False, tma=True, split_cost=TMA_SPLIT_COST)
+                              lean=False, bulk=0, early_merge=False, ring_fill=0, tma=True, split_cost=TMA_SPLIT_COST)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
                 candidate = tma.replace(**shrink)
@@ -637,7 +657,7 @@ class DecodeSplitKV(Family):
         (tuned tables and recorded studies from before them) gets False / 0 / False / False: the
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
-                 "bulk": 0, "early_merge": False, **point}
+                 "bulk": 0, "early_merge": False, "ring_fill": 0, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -684,7 +704,7 @@ class DecodeSplitKV(Family):
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
-                                 early_merge=False)
+                                 early_merge=False, ring_fill=0)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
