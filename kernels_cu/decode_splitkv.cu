@@ -80,6 +80,16 @@
 //             place. 2: as 1, with each iteration's load issued right after its barrier, before S
 //             (the slot is free from there on). A split of few blocks (1 x 8k: 4 per CTA) has
 //             3 of them requested at once, not 2
+//   kDynamic  (kFusedCombine, kRingFill >= 1; no kBulk, kPagePrefetch or kWarpLoads) the splits of
+//             a (batch, KV head, row block) group share its K/V blocks dynamically instead of in
+//             equal runs: split s's prologue takes the group's blocks s, s + num_splits, ...
+//             (counted from the top), and each later block is claimed, one at a time, from the
+//             group's claim counter (an atomic add by thread 0, one iteration before its
+//             load, into a smem ring of 2·kStages block ids read after a barrier); a CTA stops at
+//             its first claim past the group's blocks. A CTA that streams faster takes more
+//             blocks, so the group's CTAs end together (a static split ends with its slowest
+//             CTA). The last CTA of the group (the fused combine's count) sets the claim counter
+//             back to 0 (split_counters' second half)
 #include "ptx.cuh"
 #include "ptx_decode.cuh"
 #include "params_decode.cuh"
@@ -736,7 +746,7 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
           bool kFusedCombine = false, bool kPagePrefetch = false, int kL2Prefetch = 0,
           bool kWarpLoads = false, bool kPageGather = false, bool kLean = false, int kBulk = 0,
-          bool kEarlyMerge = false, int kRingFill = 0>
+          bool kEarlyMerge = false, int kRingFill = 0, bool kDynamic = false>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
@@ -747,6 +757,9 @@ decode_splitkv(const DecodeParams p) {
     static_assert(!kBulk || (!kWarpLoads && !kPagePrefetch && !kPageGather),
                   "the bulk rows are the CTA's loads: no warp_loads, page_prefetch or page_gather");
     static_assert(kRingFill >= 0 && kRingFill <= 2, "kRingFill: 0 (kStages - 1 blocks ahead), 1 (all slots), 2 (1, loads before S)");
+    static_assert(!kDynamic || (kFusedCombine && kRingFill && !kBulk && !kPagePrefetch && !kWarpLoads),
+                  "kDynamic: the fused combine resets its claim counter; its prologue fills the ring; no bulk, no page "
+                  "prefetch, no warp loads (the claimed ids need the CTA's barrier)");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     u16* q_smem = reinterpret_cast<u16*>(smem_raw);       // [kRows][kPitch]
@@ -754,6 +767,8 @@ decode_splitkv(const DecodeParams p) {
     u16* v_smem = k_smem + kStages * Shape::kKVTile;       // [kStages][kBlockN][kPitch]
     // kBulk: one mbarrier per ring slot after the ring, its phase flips once per block loaded
     const u32 ring_bars = smem_u32(smem_raw + Shape::kSmemBytes);
+    // kDynamic: the block ids of loads j = 0, 1, ... at claim_ids[j % (2·kStages)] (-1: none left)
+    int* claim_ids = reinterpret_cast<int*>(smem_raw + Shape::kSmemBytes);
     auto ring_bar = [&](int slot) { return ring_bars + 8u * slot; };
 
     const int split = blockIdx.x, b = blockIdx.z;
@@ -783,6 +798,10 @@ decode_splitkv(const DecodeParams p) {
     const int n_end = min(min(n_blocks_row, (split + 1) * per_split),
                           key_hi <= 0 ? 0 : (key_hi + kBlockN - 1) / kBlockN);
     const int n_iters = max(n_end - n_begin, 0);
+    // kDynamic: the group's blocks [g_lo, g_hi), taken from the top: the c-th is g_hi - 1 - c
+    const int g_lo = key_lo / kBlockN, g_hi = min(n_blocks_row, key_hi <= 0 ? 0 : (key_hi + kBlockN - 1) / kBlockN);
+    const int g_blocks = max(g_hi - g_lo, 0);
+    auto group_block = [&](int c) { return c < g_blocks ? g_hi - 1 - c : -1; };
 
     // Q tile: packed row r is query i = (r0 + r) / group of head hkv·group + (r0 + r) % group.
     const u16* q_base = static_cast<const u16*>(p.q_rot ? p.q_rot : p.q);
@@ -932,12 +951,23 @@ decode_splitkv(const DecodeParams p) {
     };
     // The prologue: blocks n_end - 1, n_end - 2, ... into slots 0, 1, ...: kStages - 1 of them, or
     // (kRingFill) every slot
+    // (kRingFill) every slot; kDynamic: the group's blocks split, split + num_splits, ...
     constexpr int kPrologue = kRingFill ? kStages : kStages - 1;
 #pragma unroll
     for (int s = 0; s < kPrologue; ++s) {
-        if (s < n_iters) load_kv(n_end - 1 - s, s);
+        if constexpr (kDynamic) {
+            const int n = group_block(s * p.num_splits + split);
+            if (n >= 0) load_kv(n, s);
+            if (tid == 0) claim_ids[s] = n;  // read after the loop's barriers
+        } else {
+            if (s < n_iters) load_kv(n_end - 1 - s, s);
+        }
         cp_async_commit();  // committed even when empty, so group counting stays uniform
     }
+    // kDynamic: thread 0's claims; with one split, no other CTA shares the group (no atomics)
+    int* claim_counter = p.split_counters + static_cast<i64>(gridDim.z) * gridDim.y + static_cast<i64>(b) * gridDim.y
+                         + blockIdx.y;
+    int next_claim = kPrologue;  // one split: the next block in order
 
     const DecodeRows<kMTiles> rows(p, b, hkv, r0, g, keys, offset);
 
@@ -960,8 +990,9 @@ decode_splitkv(const DecodeParams p) {
                        + (lane >> 4) * 16;
     u32 q_frag[kLean ? kMTiles : 1][kLean ? kHeadDim / 16 : 1][4];  // kLean: Q's A fragments, read once
 
-    for (int iter = 0; iter < n_iters; ++iter) {
-        const int n = n_end - 1 - iter, slot = iter % kStages;
+    for (int iter = 0; kDynamic || iter < n_iters; ++iter) {
+        int n = n_end - 1 - iter;
+        const int slot = iter % kStages;
         // Block n (and Q at iter 0) landed once at most kStages - 2 newer groups are in flight
         // (kRingFill: kStages - 1 at iteration 0, whose prologue committed one block more and
         // which commits none); the barrier also frees the slot of iteration iter - 1 for the
@@ -973,6 +1004,13 @@ decode_splitkv(const DecodeParams p) {
         if constexpr (kBulk) mbarrier_wait(ring_bar(slot), (iter / kStages) & 1);  // its bulk rows
         if (!kWarpLoads || iter == 0) __syncthreads();
         else __syncwarp();
+        int claimed = -1;  // kDynamic: thread 0's claim for load iter + kStages, stored at the end
+        if constexpr (kDynamic) {
+            n = claim_ids[iter % (2 * kStages)];  // written kStages iterations ago (or by the prologue)
+            if (n < 0) break;                     // CTA-uniform: no block left for this split
+            if (tid == 0 && claim_ids[(iter + kStages - 1) % (2 * kStages)] >= 0)
+                claimed = p.num_splits > 1 ? atomicAdd(claim_counter, 1) + kPrologue * p.num_splits : next_claim++;
+        }
         if constexpr (kLean)
             if (iter == 0) load_a_frags<kMTiles, kHeadDim / 16, kRowBytes>(q_frag, q_lane);  // Q landed
         // Prefetch block n - (kStages - 1) into the slot freed by iteration iter - 1 (every warp, or
@@ -981,7 +1019,12 @@ decode_splitkv(const DecodeParams p) {
         // prologue loaded it) and commits no group.
         auto prefetch = [&] {
             if (kRingFill && iter == 0) return;
-            if (iter + kStages - 1 < n_iters) load_kv(n - (kStages - 1), (iter + kStages - 1) % kStages);
+            if constexpr (kDynamic) {
+                const int nn = claim_ids[(iter + kStages - 1) % (2 * kStages)];  // thread 0 wrote it last iteration
+                if (nn >= 0) load_kv(nn, (iter + kStages - 1) % kStages);
+            } else {
+                if (iter + kStages - 1 < n_iters) load_kv(n - (kStages - 1), (iter + kStages - 1) % kStages);
+            }
             cp_async_commit();
         };
         if constexpr (kRingFill == 2) prefetch();
@@ -990,6 +1033,8 @@ decode_splitkv(const DecodeParams p) {
             q_lane, k_lane + slot * Shape::kKVTile * 2, v_lane + slot * Shape::kKVTile * 2, o_acc, m, l, [&] {
                 if constexpr (kRingFill != 2) prefetch();
             }, q_frag);
+        if constexpr (kDynamic)  // an entry last read kStages iterations ago; the next barrier publishes it
+            if (tid == 0) claim_ids[(iter + kStages) % (2 * kStages)] = claimed >= 0 ? group_block(claimed) : -1;
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the ring: the merge area overlays it
@@ -1007,8 +1052,12 @@ decode_splitkv(const DecodeParams p) {
         if (tid == 0) {
             int* counter = p.split_counters + (static_cast<i64>(b) * gridDim.y + blockIdx.y);
             const bool last = atom_add_acq_rel_gpu(counter, 1) == p.num_splits - 1;
-            // every split has counted: back to 0 for the next call (and the next graph replay)
-            if (last) *counter = 0;
+            // every split has counted: back to 0 for the next call (and the next graph replay);
+            // kDynamic: every split has made its last claim too
+            if (last) {
+                *counter = 0;
+                if constexpr (kDynamic) *claim_counter = 0;
+            }
             *last_flag = last;
         }
         __syncthreads();

@@ -251,6 +251,14 @@ EARLY_MERGE_SPACE = (False, True)
 RING_FILL_DEFAULT = 0
 RING_FILL_SPACE = (0,)
 RING_FILL_VALUES = (0, 1, 2)
+# dynamic (the cp.async loop with the fused combine and ring_fill): the splits of a (batch, KV
+# head, row block) group claim its K/V blocks one at a time from a counter instead of taking
+# equal runs, so the CTAs that stream faster take more and the group's CTAs end together. ncu
+# (H100, session 16, 1 x 8k, 16 splits, one CTA per SM): the SMs were active 28.8k cycles on
+# average against 39.4k for the busiest, of a 43.4k-cycle kernel. The heuristic's choice and the
+# tuning space's values: off until timed (session 20).
+DYNAMIC_DEFAULT = False
+DYNAMIC_SPACE = (False,)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -293,6 +301,9 @@ class DecodeConfig(KernelConfig):
     ring_fill: (the cp.async loop) 0: the prologue loads stages - 1 K/V blocks, each iteration
               the next before O += P V; 1: the prologue fills every slot; 2: as 1, with each
               iteration's load issued before S (kernels_cu/decode_splitkv.cu, kRingFill)
+    dynamic:  (fused_combine, ring_fill >= 1; no bulk, page_prefetch, warp_loads or tma) a group's
+              splits claim its K/V blocks one at a time from a counter (kept with the fused
+              combine's, ``counters``) instead of taking equal runs (kDynamic)
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -321,6 +332,7 @@ class DecodeConfig(KernelConfig):
     bulk: int = 0
     early_merge: bool = False
     ring_fill: int = 0
+    dynamic: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -345,7 +357,8 @@ class DecodeConfig(KernelConfig):
                  + ("_tma" if self.tma else "") + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
                  + ("_wl" if self.warp_loads else "") + ("_pg" if self.page_gather else "")
                  + ("_ln" if self.lean else "") + (f"_bk{self.bulk}" if self.bulk else "")
-                 + ("_em" if self.early_merge else "") + (f"_rf{self.ring_fill}" if self.ring_fill else ""))
+                 + ("_em" if self.early_merge else "") + (f"_rf{self.ring_fill}" if self.ring_fill else "")
+                 + ("_dyn" if self.dynamic else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -354,7 +367,8 @@ class DecodeConfig(KernelConfig):
         """Q tile plus `stages` (K, V) blocks, rows padded by 8 elements (tma: plus the ring's
         full and empty mbarriers, 8 bytes each; bulk: one mbarrier per slot)."""
         tiles = (self.rows + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
-        return tiles + (2 * self.stages * 8 if self.tma else self.stages * 8 if self.bulk else 0)
+        claims = 2 * self.stages * 4 if self.dynamic else 0   # the claimed block ids' ring
+        return tiles + (2 * self.stages * 8 if self.tma else self.stages * 8 if self.bulk else 0) + claims
 
     @property
     def accum_regs(self) -> int:
@@ -367,7 +381,7 @@ class DecodeConfig(KernelConfig):
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
         # the defaults (false, 0) of the trailing flags are left out
         trailing = [flag[self.page_gather], flag[self.lean], str(int(self.bulk)), flag[self.early_merge],
-                    str(int(self.ring_fill))]
+                    str(int(self.ring_fill)), flag[self.dynamic]]
         while trailing and trailing[-1] in ("false", "0"):
             trailing.pop()
         gather = "".join(f", {x}" for x in trailing)
@@ -381,7 +395,7 @@ class DecodeConfig(KernelConfig):
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                 bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch),
                 bool(self.warp_loads), bool(self.page_gather), bool(self.lean), int(self.bulk),
-                bool(self.early_merge), int(self.ring_fill))
+                bool(self.early_merge), int(self.ring_fill), bool(self.dynamic))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -406,6 +420,10 @@ class DecodeConfig(KernelConfig):
                        f"got {self.ring_fill}")
         elif self.ring_fill and self.tma:
             out.append("ring_fill: an option of the cp.async loop (no tma)")
+        if self.dynamic and (not self.fused_combine or not self.ring_fill or self.bulk or self.page_prefetch
+                             or self.warp_loads or self.tma):
+            out.append("dynamic: needs fused_combine and ring_fill >= 1, and no bulk, page_prefetch, "
+                       "warp_loads or tma")
         if not 0 <= self.splits <= MAX_SPLITS:
             out.append(f"splits must be in 0..{MAX_SPLITS} (0: heuristic), got {self.splits}")
         if not out and self.accum_regs > MAX_ACCUM_REGS:
@@ -566,7 +584,7 @@ class DecodeSplitKV(Family):
              "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
              "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE,
              "page_gather": PAGE_GATHER_SPACE, "lean": LEAN_SPACE, "bulk": BULK_SPACE,
-             "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE}
+             "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE, "dynamic": DYNAMIC_SPACE}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -633,11 +651,14 @@ class DecodeSplitKV(Family):
             cfg = cfg.replace(early_merge=True)
         if RING_FILL_DEFAULT:
             cfg = cfg.replace(ring_fill=RING_FILL_DEFAULT)
+        if DYNAMIC_DEFAULT and cfg.fused_combine and cfg.ring_fill and not (cfg.bulk or cfg.page_prefetch or cfg.warp_loads):
+            cfg = cfg.replace(dynamic=True)
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
             tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False,
-                              lean=False, bulk=0, early_merge=False, ring_fill=0, tma=True, split_cost=TMA_SPLIT_COST)
+                              lean=False, bulk=0, early_merge=False, ring_fill=0, dynamic=False, tma=True,
+                              split_cost=TMA_SPLIT_COST)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
                 candidate = tma.replace(**shrink)
@@ -657,7 +678,7 @@ class DecodeSplitKV(Family):
         (tuned tables and recorded studies from before them) gets False / 0 / False / False: the
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
-                 "bulk": 0, "early_merge": False, "ring_fill": 0, **point}
+                 "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": False, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -704,7 +725,7 @@ class DecodeSplitKV(Family):
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
-                                 early_merge=False, ring_fill=0)
+                                 early_merge=False, ring_fill=0, dynamic=False)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
@@ -746,12 +767,14 @@ class DecodeSplitKV(Family):
     def counters(self, config, problem: Problem) -> int:
         """int32 counters the config needs kept between calls, zeroed once when allocated (the
         fused combine's per-(batch, KV head, row block) count of finished splits, which its last
-        CTA resets to 0): 0 when none. Not per-call workspace: the plan keeps them
+        CTA resets to 0; ``dynamic``: as many again, the groups' block-claim counters, which that
+        CTA also resets): 0 when none. Not per-call workspace: the plan keeps them
         (``zeroed_counters``), one buffer per CUDA stream (cuflash.launch.StreamCounters), so
         calls of one call shape on two streams may overlap."""
         if not config.fused_combine or _splits(config, problem) <= 1:
             return 0
-        return problem.batch * problem.nheads_kv * row_blocks(config, problem)
+        groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
+        return 2 * groups if getattr(config, "dynamic", False) else groups   # dynamic: + the claim counters
 
     def zeroed_counters(self, config, problem: Problem) -> dict:
         """{params field: int32 count} of the counters a plan keeps between calls, per stream
