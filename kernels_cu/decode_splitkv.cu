@@ -950,8 +950,7 @@ decode_splitkv(const DecodeParams p) {
             if (p.block_table && n - 1 >= n_begin) fetch_pages(n - 1);  // the next block it loads
     };
     // The prologue: blocks n_end - 1, n_end - 2, ... into slots 0, 1, ...: kStages - 1 of them, or
-    // (kRingFill) every slot
-    // (kRingFill) every slot; kDynamic: the group's blocks split, split + num_splits, ...
+    // (kRingFill) every slot; kDynamic: the group's blocks split, split + num_splits, ... (from the top)
     constexpr int kPrologue = kRingFill ? kStages : kStages - 1;
 #pragma unroll
     for (int s = 0; s < kPrologue; ++s) {

@@ -324,7 +324,8 @@ def sdpa_fn(impl, q, kc, vc):
     return f
 
 
-PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "em", "w4em_res", "w4em_x33", "w4n32em")
+PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "em", "w4em_res", "w4em_x33", "w4n32em") + tuple(
+    f"prop{i}" for i in range(2, 8))
 
 
 def run_cell(name, page, reps, repeat, proposals, log, profile=False) -> list:

@@ -372,5 +372,5 @@ def test_sanitize_runs_the_hopper_loop(monkeypatch):
         assert FAM.heuristic(problem(), (9, 0)).tma
     assert (mod.TMA_DEFAULT, mod.TMA_PAGED_DEFAULT) == before
     monkeypatch.setattr(gpu_sanitize._gpu, "arch", lambda *a: (8, 0))
-    assert [d.get("TMA_DEFAULT") for d in gpu_sanitize.decode_loops(FAM)] == [None, False, False, False, False]
+    assert [d.get("TMA_DEFAULT") for d in gpu_sanitize.decode_loops(FAM)] == [None, False, False, False, False, False]
     assert any(d.get("CONTIGUOUS_WARPS") == 4 and d.get("LARGE_PAGE_TMA_MAX_KEYS") for d in loops)
