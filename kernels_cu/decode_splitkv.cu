@@ -80,16 +80,19 @@
 //             place. 2: as 1, with each iteration's load issued right after its barrier, before S
 //             (the slot is free from there on). A split of few blocks (1 x 8k: 4 per CTA) has
 //             3 of them requested at once, not 2
-//   kDynamic  (kFusedCombine, kRingFill >= 1; no kBulk, kPagePrefetch or kWarpLoads) the splits of
-//             a (batch, KV head, row block) group share its K/V blocks dynamically instead of in
-//             equal runs: split s's prologue takes the group's blocks s, s + num_splits, ...
+//   kDynamic  (kRingFill >= 1; no kBulk, kPagePrefetch or kWarpLoads) 0: a split's K/V blocks are
+//             one run of the row's blocks (the row's blocks in num_splits equal runs). 1 (with
+//             kFusedCombine): the splits of a (batch, KV head, row block) group share its blocks
+//             dynamically: split s's prologue takes the group's blocks s, s + num_splits, ...
 //             (counted from the top), and each later block is claimed, one at a time, from the
-//             group's claim counter (an atomic add by thread 0, one iteration before its
-//             load, into a smem ring of 2·kStages block ids read after a barrier); a CTA stops at
-//             its first claim past the group's blocks. A CTA that streams faster takes more
-//             blocks, so the group's CTAs end together (a static split ends with its slowest
-//             CTA). The last CTA of the group (the fused combine's count) sets the claim counter
-//             back to 0 (split_counters' second half)
+//             group's claim counter (an atomic add by thread 0, one iteration before its load,
+//             into a smem ring of 2·kStages block ids read after a barrier); a CTA stops at its
+//             first claim past the group's blocks. A CTA that streams faster takes more blocks,
+//             so the group's CTAs end together (a static split ends with its slowest CTA). The
+//             last CTA of the group (the fused combine's count) sets the claim counter back to 0
+//             (split_counters' second half). 2: the same interleaved order without claims: split
+//             s takes the group's blocks s, s + num_splits, s + 2·num_splits, ... (the splits
+//             sweep the row's keys side by side, as the claims do, each with a fixed share)
 #include "ptx.cuh"
 #include "ptx_decode.cuh"
 #include "params_decode.cuh"
@@ -746,7 +749,7 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
           bool kFusedCombine = false, bool kPagePrefetch = false, int kL2Prefetch = 0,
           bool kWarpLoads = false, bool kPageGather = false, bool kLean = false, int kBulk = 0,
-          bool kEarlyMerge = false, int kRingFill = 0, bool kDynamic = false>
+          bool kEarlyMerge = false, int kRingFill = 0, int kDynamic = 0>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
@@ -757,9 +760,11 @@ decode_splitkv(const DecodeParams p) {
     static_assert(!kBulk || (!kWarpLoads && !kPagePrefetch && !kPageGather),
                   "the bulk rows are the CTA's loads: no warp_loads, page_prefetch or page_gather");
     static_assert(kRingFill >= 0 && kRingFill <= 2, "kRingFill: 0 (kStages - 1 blocks ahead), 1 (all slots), 2 (1, loads before S)");
-    static_assert(!kDynamic || (kFusedCombine && kRingFill && !kBulk && !kPagePrefetch && !kWarpLoads),
-                  "kDynamic: the fused combine resets its claim counter; its prologue fills the ring; no bulk, no page "
-                  "prefetch, no warp loads (the claimed ids need the CTA's barrier)");
+    static_assert(kDynamic >= 0 && kDynamic <= 2, "kDynamic: 0 (equal runs), 1 (claims), 2 (interleaved)");
+    static_assert(!kDynamic || (kRingFill && !kBulk && !kPagePrefetch && !kWarpLoads),
+                  "kDynamic: its prologue fills the ring; no bulk, no page prefetch, no warp loads (the block ids "
+                  "need the CTA's barrier)");
+    static_assert(kDynamic != 1 || kFusedCombine, "kDynamic 1: the fused combine's last CTA resets the claim counter");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     u16* q_smem = reinterpret_cast<u16*>(smem_raw);       // [kRows][kPitch]
@@ -963,7 +968,7 @@ decode_splitkv(const DecodeParams p) {
         }
         cp_async_commit();  // committed even when empty, so group counting stays uniform
     }
-    // kDynamic: thread 0's claims; with one split, no other CTA shares the group (no atomics)
+    // kDynamic 1: thread 0's claims; with one split, no other CTA shares the group (no atomics)
     int* claim_counter = p.split_counters + static_cast<i64>(gridDim.z) * gridDim.y + static_cast<i64>(b) * gridDim.y
                          + blockIdx.y;
     int next_claim = kPrologue;  // one split: the next block in order
@@ -1008,7 +1013,8 @@ decode_splitkv(const DecodeParams p) {
             n = claim_ids[iter % (2 * kStages)];  // written kStages iterations ago (or by the prologue)
             if (n < 0) break;                     // CTA-uniform: no block left for this split
             if (tid == 0 && claim_ids[(iter + kStages - 1) % (2 * kStages)] >= 0)
-                claimed = p.num_splits > 1 ? atomicAdd(claim_counter, 1) + kPrologue * p.num_splits : next_claim++;
+                claimed = kDynamic == 2 ? (iter + kStages) * p.num_splits + split
+                        : p.num_splits > 1 ? atomicAdd(claim_counter, 1) + kPrologue * p.num_splits : next_claim++;
         }
         if constexpr (kLean)
             if (iter == 0) load_a_frags<kMTiles, kHeadDim / 16, kRowBytes>(q_frag, q_lane);  // Q landed
@@ -1055,7 +1061,7 @@ decode_splitkv(const DecodeParams p) {
             // kDynamic: every split has made its last claim too
             if (last) {
                 *counter = 0;
-                if constexpr (kDynamic) *claim_counter = 0;
+                if constexpr (kDynamic == 1) *claim_counter = 0;
             }
             *last_flag = last;
         }

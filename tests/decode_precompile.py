@@ -118,7 +118,8 @@ def sanitize_configs():
                          dict(SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0, BULK_DEFAULT=1,
                               BULK_PAGED_DEFAULT=1, EARLY_MERGE_DEFAULT=True),
                          dict(SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0, FUSED_COMBINE_DEFAULT=True,
-                              RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=True, LEAN_DEFAULT=True)):
+                              RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=1, DYNAMIC_MAX_GROUPS=1 << 30, DYNAMIC_MIN_KEYS=0,
+                              LEAN_DEFAULT=True)):
             for dtype in g.DTYPES:
                 out.append(_heuristic(p.replace(dtype=dtype), page, **switches))
     return out
@@ -211,13 +212,14 @@ def ringfill_test_configs():
     mode, and the window / lean and CUDA-graph cases."""
     import test_decode_ringfill_gpu as t
 
-    sw = dict(SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0)
+    sw = dict(SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0, DYNAMIC_MAX_GROUPS=1 << 30, DYNAMIC_MIN_KEYS=0)
     out = [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype, page), page or 0, RING_FILL_DEFAULT=rf,
                       DYNAMIC_DEFAULT=dyn, **sw)
            for b, sq, ctx, h, hk, d, dtype, _, page in t.CASES for rf, dyn in t.MODES]
     for lean in (False, True):
-        out.append(_heuristic(_problem(3, 2, 16384, 32, 8, 128), 0, RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=True,
+        out.append(_heuristic(_problem(3, 2, 16384, 32, 8, 128), 0, RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=1,
                               LEAN_DEFAULT=lean, **sw))
+    out.append(_heuristic(_problem(1, 1, 131072, 32, 8, 128), 0))   # the heuristic's own dynamic call
     return out
 
 

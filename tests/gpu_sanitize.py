@@ -124,7 +124,8 @@ def decode_loops(family) -> list:
     # the cp.async loop's full-ring prologue with loads before S, and the splits' dynamic block
     # claims (session 20), with lean
     loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0,
-                      FUSED_COMBINE_DEFAULT=True, RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=True, LEAN_DEFAULT=True))
+                      FUSED_COMBINE_DEFAULT=True, RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=1, DYNAMIC_MAX_GROUPS=1 << 30,
+                      DYNAMIC_MIN_KEYS=0, LEAN_DEFAULT=True))
     only = os.environ.get("SANITIZE_DECODE_SWITCH")  # e.g. BULK_DEFAULT: only the passes that set it
     picked = os.environ.get("SANITIZE_DECODE_PASSES")  # e.g. 0,6: those passes of the list, by index
     if picked:

@@ -32,9 +32,11 @@ def _poison(monkeypatch):
         pytest.skip("needs a GPU")
 
 
-def _options(monkeypatch, ring_fill: int, dynamic: bool, lean: bool = False):
+def _options(monkeypatch, ring_fill: int, dynamic: int, lean: bool = False):
     monkeypatch.setattr(fam_mod, "RING_FILL_DEFAULT", ring_fill)
     monkeypatch.setattr(fam_mod, "DYNAMIC_DEFAULT", dynamic)
+    monkeypatch.setattr(fam_mod, "DYNAMIC_MAX_GROUPS", 1 << 30)   # every call shape, not only batch 1 from 64k
+    monkeypatch.setattr(fam_mod, "DYNAMIC_MIN_KEYS", 0)
     monkeypatch.setattr(fam_mod, "LEAN_DEFAULT", lean)
     monkeypatch.setattr(fam_mod, "TMA_DEFAULT", False)           # options of the cp.async loop
     monkeypatch.setattr(fam_mod, "TMA_PAGED_DEFAULT", False)
@@ -44,11 +46,12 @@ def _options(monkeypatch, ring_fill: int, dynamic: bool, lean: bool = False):
     monkeypatch.setattr(decode, "_gpu_plans", {})
 
 
-def _ran(ring_fill: int, dynamic: bool):
+def _ran(ring_fill: int, dynamic: int):
     plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
     assert plans and all(p.config.ring_fill == ring_fill and not p.config.tma for p in plans), \
         [p.config.name for p in plans]
-    assert all(p.config.dynamic == (dynamic and p.config.fused_combine) for p in plans), [p.config.name for p in plans]
+    assert all(p.config.dynamic == (dynamic if dynamic == 2 or p.config.fused_combine else 0) for p in plans), \
+        [p.config.name for p in plans]
 
 
 # (batch, seqlen_q, context, nheads, nheads_kv, d, dtype, num_splits, page)
@@ -63,14 +66,14 @@ CASES = [
     (3, 1, 2049, 32, 8, 128, "bf16", 0, 16),
     (3, 3, 1023, 16, 2, 128, "bf16", 3, 16),
 ]
-MODES = [(1, False), (2, False), (1, True), (2, True)]
+MODES = [(2, 0), (1, 1), (2, 1), (1, 2)]   # (ring_fill, dynamic): 1 is the heuristic's (DYNAMIC_DEFAULT)
 
 
 def _ids(c):
     return f"b{c[0]}_q{c[1]}_ctx{c[2]}_h{c[3]}x{c[4]}_d{c[5]}_{c[6]}_split{c[7]}_page{c[8] or 0}"
 
 
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: f"rf{m[0]}{'_dyn' if m[1] else ''}")
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: f"rf{m[0]}_dyn{m[1]}")
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_ringfill_grid(monkeypatch, case, mode):
     b, sq, ctx, h, hk, d, dtype, splits, page = case
@@ -89,21 +92,21 @@ def test_ringfill_grid(monkeypatch, case, mode):
 def test_dynamic_window_repeated(monkeypatch, lean):
     """A local window (the group's blocks start above block 0; causal with seqlen_q 2) and the
     plain rows, each called three times on one plan: every call finds its claim counters at 0."""
-    _options(monkeypatch, 2, True, lean=lean)
+    _options(monkeypatch, 2, 1, lean=lean)
     rng = np.random.default_rng()
     args = make_case(rng, 3, 2, [16384 - 5, 0, 4000], 32, 8, 128, "bf16")
     for splits in (17, 0, 0):
         for kw in ({"window_size": (3000, 0), "causal": True}, {"causal": True}):
             check_call(dict(args, k_cache=args["k_cache"].clone(), v_cache=args["v_cache"].clone()),
                        "bf16", f"dynamic, splits {splits}, {kw}", num_splits=splits, **kw)
-    _ran(2, True)
+    _ran(2, 1)
 
 
 def test_dynamic_cuda_graph(monkeypatch):
     """A captured call (per-batch cache_seqlens, num_splits=0, the fused combine's counters made
     before the capture) replayed with new lengths and queries: each replay matches an eager call
     on the same inputs within bf16 rounding (the blocks' order differs between calls)."""
-    _options(monkeypatch, 2, True)
+    _options(monkeypatch, 2, 1)
     torch = _torch()
     rng = np.random.default_rng()
     args = make_case(rng, 2, 1, [30000, 9000], 32, 8, 128, "bf16")
@@ -125,4 +128,17 @@ def test_dynamic_cuda_graph(monkeypatch):
         torch.cuda.synchronize()
         err = (out.float() - eager.float()).abs().max().item()
         assert err <= 1.6e-2, f"step {step}: replay differs from eager by {err}"
-    _ran(2, True)
+    _ran(2, 1)
+
+
+def test_heuristic_dynamic_1x128k(monkeypatch):
+    """The heuristic's own choice (no switch set): batch 1 x 8 KV heads at 128k keys runs the
+    dynamic claims (DYNAMIC_DEFAULT), against the reference, twice on one plan."""
+    decode._drop_gpu_plans()
+    monkeypatch.setattr(decode, "_gpu_plans", {})
+    rng = np.random.default_rng()
+    args = make_case(rng, 1, 1, [131072 - 7], 32, 8, 128, "bf16")
+    for _ in range(2):
+        check_call(args, "bf16", "heuristic 1 x 128k")
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert plans and all(p.config.dynamic == fam_mod.DYNAMIC_DEFAULT for p in plans), [p.config.name for p in plans]

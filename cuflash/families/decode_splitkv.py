@@ -251,14 +251,25 @@ EARLY_MERGE_SPACE = (False, True)
 RING_FILL_DEFAULT = 0
 RING_FILL_SPACE = (0,)
 RING_FILL_VALUES = (0, 1, 2)
-# dynamic (the cp.async loop with the fused combine and ring_fill): the splits of a (batch, KV
-# head, row block) group claim its K/V blocks one at a time from a counter instead of taking
-# equal runs, so the CTAs that stream faster take more and the group's CTAs end together. ncu
-# (H100, session 16, 1 x 8k, 16 splits, one CTA per SM): the SMs were active 28.8k cycles on
-# average against 39.4k for the busiest, of a 43.4k-cycle kernel. The heuristic's choice and the
-# tuning space's values: off until timed (session 20).
-DYNAMIC_DEFAULT = False
-DYNAMIC_SPACE = (False,)
+# dynamic (the cp.async loop with ring_fill; no bulk, page_prefetch, warp_loads): 1 (with the
+# fused combine): the splits of a (batch, KV head, row block) group claim its K/V blocks one at a
+# time from a counter instead of taking equal runs, so the CTAs that stream faster take more and
+# the group's CTAs end together; 2: the claims' interleaved order (split s takes the group's
+# blocks s, s + splits, ...) without claims. ncu (H100, session 16, 1 x 8k, 16 splits, one CTA per
+# SM, cold L2): the SMs were active 28.8k cycles on average against 39.4k for the busiest.
+# The heuristic's choice: DYNAMIC_DEFAULT on contiguous caches for calls of at most
+# DYNAMIC_MAX_GROUPS groups and at least DYNAMIC_MIN_KEYS cached keys (ring_fill at least 1 there).
+# H100, session 20 round 1 (tests/decode_tma_timing.py --no-candidates, bf16 d 128 32:8 heads,
+# CUDA graphs, 3 shuffled repeats; logs/session20_dec10/r1): with ring_fill 1, 1 x 128k 181.8 us
+# against 187.8 for the heuristic (cuDNN 180.9), 1 x 64k 96.7 against 97.5 (cuDNN 95.7), but
+# 1 x 32k 53.6 / 53.0, 1 x 8k 17.0 / 15.1, 8 x 8k 98.5 / 97.3, 8 x 32k 365.9 / 366.3 (2 splits),
+# and paged (page 16, the 4-warp rule's two CTAs per SM) 12-29% slower (1 x 128k 234 / 200): on
+# for batch 1 x 8 KV heads from 64k keys.
+DYNAMIC_DEFAULT = 1
+DYNAMIC_MAX_GROUPS = 8
+DYNAMIC_MIN_KEYS = 65536
+DYNAMIC_SPACE = (0,)
+DYNAMIC_VALUES = (0, 1, 2)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -301,9 +312,10 @@ class DecodeConfig(KernelConfig):
     ring_fill: (the cp.async loop) 0: the prologue loads stages - 1 K/V blocks, each iteration
               the next before O += P V; 1: the prologue fills every slot; 2: as 1, with each
               iteration's load issued before S (kernels_cu/decode_splitkv.cu, kRingFill)
-    dynamic:  (fused_combine, ring_fill >= 1; no bulk, page_prefetch, warp_loads or tma) a group's
-              splits claim its K/V blocks one at a time from a counter (kept with the fused
-              combine's, ``counters``) instead of taking equal runs (kDynamic)
+    dynamic:  (ring_fill >= 1; no bulk, page_prefetch, warp_loads or tma) 0: each split one run of
+              the row's K/V blocks; 1 (fused_combine): a group's splits claim its blocks one at a
+              time from a counter (kept with the fused combine's, ``counters``); 2: split s takes
+              the group's blocks s, s + splits, ... (kDynamic)
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -332,7 +344,7 @@ class DecodeConfig(KernelConfig):
     bulk: int = 0
     early_merge: bool = False
     ring_fill: int = 0
-    dynamic: bool = False
+    dynamic: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -358,7 +370,7 @@ class DecodeConfig(KernelConfig):
                  + ("_wl" if self.warp_loads else "") + ("_pg" if self.page_gather else "")
                  + ("_ln" if self.lean else "") + (f"_bk{self.bulk}" if self.bulk else "")
                  + ("_em" if self.early_merge else "") + (f"_rf{self.ring_fill}" if self.ring_fill else "")
-                 + ("_dyn" if self.dynamic else ""))
+                 + ("_dyn" if self.dynamic == 1 else "_ilv" if self.dynamic == 2 else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -367,7 +379,7 @@ class DecodeConfig(KernelConfig):
         """Q tile plus `stages` (K, V) blocks, rows padded by 8 elements (tma: plus the ring's
         full and empty mbarriers, 8 bytes each; bulk: one mbarrier per slot)."""
         tiles = (self.rows + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
-        claims = 2 * self.stages * 4 if self.dynamic else 0   # the claimed block ids' ring
+        claims = 2 * self.stages * 4 if self.dynamic else 0   # the block ids' ring
         return tiles + (2 * self.stages * 8 if self.tma else self.stages * 8 if self.bulk else 0) + claims
 
     @property
@@ -381,7 +393,7 @@ class DecodeConfig(KernelConfig):
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
         # the defaults (false, 0) of the trailing flags are left out
         trailing = [flag[self.page_gather], flag[self.lean], str(int(self.bulk)), flag[self.early_merge],
-                    str(int(self.ring_fill)), flag[self.dynamic]]
+                    str(int(self.ring_fill)), str(int(self.dynamic))]
         while trailing and trailing[-1] in ("false", "0"):
             trailing.pop()
         gather = "".join(f", {x}" for x in trailing)
@@ -395,7 +407,7 @@ class DecodeConfig(KernelConfig):
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                 bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch),
                 bool(self.warp_loads), bool(self.page_gather), bool(self.lean), int(self.bulk),
-                bool(self.early_merge), int(self.ring_fill), bool(self.dynamic))
+                bool(self.early_merge), int(self.ring_fill), int(self.dynamic))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -420,9 +432,11 @@ class DecodeConfig(KernelConfig):
                        f"got {self.ring_fill}")
         elif self.ring_fill and self.tma:
             out.append("ring_fill: an option of the cp.async loop (no tma)")
-        if self.dynamic and (not self.fused_combine or not self.ring_fill or self.bulk or self.page_prefetch
-                             or self.warp_loads or self.tma):
-            out.append("dynamic: needs fused_combine and ring_fill >= 1, and no bulk, page_prefetch, "
+        if self.dynamic not in DYNAMIC_VALUES:
+            out.append(f"dynamic must be one of {DYNAMIC_VALUES} (0: equal runs), got {self.dynamic}")
+        elif self.dynamic and (not self.ring_fill or self.bulk or self.page_prefetch or self.warp_loads or self.tma
+                               or (self.dynamic == 1 and not self.fused_combine)):
+            out.append("dynamic: needs ring_fill >= 1 (and fused_combine for 1), and no bulk, page_prefetch, "
                        "warp_loads or tma")
         if not 0 <= self.splits <= MAX_SPLITS:
             out.append(f"splits must be in 0..{MAX_SPLITS} (0: heuristic), got {self.splits}")
@@ -651,13 +665,16 @@ class DecodeSplitKV(Family):
             cfg = cfg.replace(early_merge=True)
         if RING_FILL_DEFAULT:
             cfg = cfg.replace(ring_fill=RING_FILL_DEFAULT)
-        if DYNAMIC_DEFAULT and cfg.fused_combine and cfg.ring_fill and not (cfg.bulk or cfg.page_prefetch or cfg.warp_loads):
-            cfg = cfg.replace(dynamic=True)
+        groups = problem.batch * problem.nheads_kv * -(-group * problem.seqlen_q // (16 * cfg.m_tiles))
+        if (DYNAMIC_DEFAULT and "paged_kv" not in problem.features and groups <= DYNAMIC_MAX_GROUPS
+                and problem.seqlen_k >= DYNAMIC_MIN_KEYS and (cfg.fused_combine or DYNAMIC_DEFAULT == 2)
+                and not (cfg.bulk or cfg.page_prefetch or cfg.warp_loads)):
+            cfg = cfg.replace(dynamic=DYNAMIC_DEFAULT, ring_fill=max(cfg.ring_fill, 1))   # see DYNAMIC_DEFAULT
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
             tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False,
-                              lean=False, bulk=0, early_merge=False, ring_fill=0, dynamic=False, tma=True,
+                              lean=False, bulk=0, early_merge=False, ring_fill=0, dynamic=0, tma=True,
                               split_cost=TMA_SPLIT_COST)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
@@ -678,7 +695,7 @@ class DecodeSplitKV(Family):
         (tuned tables and recorded studies from before them) gets False / 0 / False / False: the
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
-                 "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": False, **point}
+                 "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -725,7 +742,7 @@ class DecodeSplitKV(Family):
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
-                                 early_merge=False, ring_fill=0, dynamic=False)
+                                 early_merge=False, ring_fill=0, dynamic=0)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
@@ -774,7 +791,7 @@ class DecodeSplitKV(Family):
         if not config.fused_combine or _splits(config, problem) <= 1:
             return 0
         groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
-        return 2 * groups if getattr(config, "dynamic", False) else groups   # dynamic: + the claim counters
+        return 2 * groups if getattr(config, "dynamic", 0) == 1 else groups   # dynamic 1: + the claim counters
 
     def zeroed_counters(self, config, problem: Problem) -> dict:
         """{params field: int32 count} of the counters a plan keeps between calls, per stream
