@@ -80,7 +80,7 @@ def test_params_field_and_refusal():
     assert dtype.names[:len(FAM.pointer_fields)] == FAM.pointer_fields
     p = P
     strides = {"call": {}}
-    cfg = FAM.heuristic(p).replace(fused_combine=True, splits=4)
+    cfg = FAM.heuristic(p).replace(fused_combine=True, splits=4, dynamic=0)   # dynamic 1: twice (the claims)
     # the plan writes each launch's stream's counters there (zeroed_counters)
     assert FAM.static_params(cfg, p, strides, {}, 0.1, 132)["split_counters"] == 0
     assert FAM.zeroed_counters(cfg, p) == {"split_counters": 8}
@@ -113,7 +113,7 @@ def test_plan_packs_the_counters_address_per_stream(monkeypatch):
     monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
     monkeypatch.setattr(launch, "_zeroed_i32", zeroed)
     monkeypatch.setattr(launch, "_stream_capturing", lambda stream: False)
-    cfg = FAM.heuristic(P).replace(fused_combine=True, splits=9)
+    cfg = FAM.heuristic(P).replace(fused_combine=True, splits=9, dynamic=0)   # dynamic 1: twice (the claims)
     plan = launch.Plan(FAM, cfg, P, {"call": {}}, 0.1, 0)
     assert allocs == [(8, f"{cfg.name} (split_counters)")]          # the spare, with the plan
     ptrs = tuple(range(0x1000, 0x1000 + 14 * 0x100, 0x100))
