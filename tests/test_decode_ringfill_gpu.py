@@ -20,7 +20,7 @@ import pytest
 from cuflash import _gpu, api, decode
 from cuflash.families import decode_splitkv as fam_mod
 
-from test_decode_gpu import _torch, check_call, make_case
+from test_decode_gpu import _torch, check_call, check_ragged_case, make_case
 
 pytestmark = [pytest.mark.gpu]
 
@@ -79,12 +79,7 @@ def test_ringfill_grid(monkeypatch, case, mode):
     b, sq, ctx, h, hk, d, dtype, splits, page = case
     ring_fill, dynamic = mode
     _options(monkeypatch, ring_fill, dynamic)
-    rng = np.random.default_rng()
-    lens = [ctx] + [int(rng.integers(0, ctx + 1)) for _ in range(b - 1)]
-    if b > 2:
-        lens[2] = 0
-    args = make_case(rng, b, sq, lens, h, hk, d, dtype, page=page)
-    check_call(args, dtype, _ids(case), causal=sq > 1, num_splits=splits)
+    check_ragged_case(b, sq, ctx, h, hk, d, dtype, splits, page, _ids(case))
     _ran(ring_fill, dynamic)
 
 
