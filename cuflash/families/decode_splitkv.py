@@ -34,7 +34,9 @@ The number of splits is the config's ``splits`` (1..128), fixed before a plan is
 (``num_splits_for``) for ``num_splits=0``. It depends on shapes only (batch, heads, the
 cache capacity, the SM count), never on tensor values: the per-row split boundaries are
 computed on the device from ``cache_seqlens``, so a captured CUDA graph stays valid when the
-lengths change.
+lengths change. With ``dynamic`` 1 (the heuristic's for batch 1 x 8 KV heads from 64k cached keys,
+DYNAMIC_DEFAULT) a group's splits share its blocks by claims from a counter instead (the fused
+combine's last CTA resets it, so replays find it at 0 too).
 """
 from __future__ import annotations
 
