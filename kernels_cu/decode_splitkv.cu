@@ -90,7 +90,9 @@
 //             first claim past the group's blocks. A CTA that streams faster takes more blocks,
 //             so the group's CTAs end together (a static split ends with its slowest CTA). The
 //             last CTA of the group (the fused combine's count) sets the claim counter back to 0
-//             (split_counters' second half). 2: the same interleaved order without claims: split
+//             (split_counters' second half). A group of fewer than kClaimMinBlocks blocks per
+//             split (the row's keys, known on the device only) takes the equal runs of 0 instead,
+//             through the same ring of ids. 2: the same interleaved order without claims: split
 //             s takes the group's blocks s, s + num_splits, s + 2·num_splits, ... (the splits
 //             sweep the row's keys side by side, as the claims do, each with a fixed share)
 #include "ptx.cuh"
@@ -807,6 +809,17 @@ decode_splitkv(const DecodeParams p) {
     const int g_lo = key_lo / kBlockN, g_hi = min(n_blocks_row, key_hi <= 0 ? 0 : (key_hi + kBlockN - 1) / kBlockN);
     const int g_blocks = max(g_hi - g_lo, 0);
     auto group_block = [&](int c) { return c < g_blocks ? g_hi - 1 - c : -1; };
+    // kDynamic 1: the claims where the group has at least kClaimMinBlocks blocks per split (uniform
+    // over the group's CTAs). H100, session 20 (bf16 d 128 32:8 heads, 16 splits, CUDA graphs):
+    // claims against equal runs at 64 blocks per split (1 x 128k) 184.0 / 191.0 us, at 32 (1 x 64k)
+    // 97.2 / 98.2, but at 16 (1 x 32k) 53.6 / 53.0 and at 4 (1 x 8k) 17.0 / 15.1.
+    constexpr int kClaimMinBlocks = 32;
+    const bool claims = kDynamic == 1 && p.num_splits > 1 && g_blocks >= kClaimMinBlocks * p.num_splits;
+    // the block id of load j without claims: kDynamic 2's interleaved order, else the equal runs
+    auto fixed_block = [&](int j) {
+        if constexpr (kDynamic == 2) return group_block(j * p.num_splits + split);
+        else return j < n_iters ? n_end - 1 - j : -1;
+    };
 
     // Q tile: packed row r is query i = (r0 + r) / group of head hkv·group + (r0 + r) % group.
     const u16* q_base = static_cast<const u16*>(p.q_rot ? p.q_rot : p.q);
@@ -960,7 +973,7 @@ decode_splitkv(const DecodeParams p) {
 #pragma unroll
     for (int s = 0; s < kPrologue; ++s) {
         if constexpr (kDynamic) {
-            const int n = group_block(s * p.num_splits + split);
+            const int n = claims ? group_block(s * p.num_splits + split) : fixed_block(s);
             if (n >= 0) load_kv(n, s);
             if (tid == 0) claim_ids[s] = n;  // read after the loop's barriers
         } else {
@@ -968,10 +981,9 @@ decode_splitkv(const DecodeParams p) {
         }
         cp_async_commit();  // committed even when empty, so group counting stays uniform
     }
-    // kDynamic 1: thread 0's claims; with one split, no other CTA shares the group (no atomics)
+    // kDynamic 1: the group's claim counter (split_counters' second half; read only with claims)
     int* claim_counter = p.split_counters + static_cast<i64>(gridDim.z) * gridDim.y + static_cast<i64>(b) * gridDim.y
                          + blockIdx.y;
-    int next_claim = kPrologue;  // one split: the next block in order
 
     const DecodeRows<kMTiles> rows(p, b, hkv, r0, g, keys, offset);
 
@@ -1008,13 +1020,13 @@ decode_splitkv(const DecodeParams p) {
         if constexpr (kBulk) mbarrier_wait(ring_bar(slot), (iter / kStages) & 1);  // its bulk rows
         if (!kWarpLoads || iter == 0) __syncthreads();
         else __syncwarp();
-        int claimed = -1;  // kDynamic: thread 0's claim for load iter + kStages, stored at the end
+        int next_id = -1;  // kDynamic: thread 0's block id for load iter + kStages, stored at the end
         if constexpr (kDynamic) {
             n = claim_ids[iter % (2 * kStages)];  // written kStages iterations ago (or by the prologue)
             if (n < 0) break;                     // CTA-uniform: no block left for this split
             if (tid == 0 && claim_ids[(iter + kStages - 1) % (2 * kStages)] >= 0)
-                claimed = kDynamic == 2 ? (iter + kStages) * p.num_splits + split
-                        : p.num_splits > 1 ? atomicAdd(claim_counter, 1) + kPrologue * p.num_splits : next_claim++;
+                next_id = claims ? group_block(atomicAdd(claim_counter, 1) + kPrologue * p.num_splits)
+                                 : fixed_block(iter + kStages);
         }
         if constexpr (kLean)
             if (iter == 0) load_a_frags<kMTiles, kHeadDim / 16, kRowBytes>(q_frag, q_lane);  // Q landed
@@ -1039,7 +1051,7 @@ decode_splitkv(const DecodeParams p) {
                 if constexpr (kRingFill != 2) prefetch();
             }, q_frag);
         if constexpr (kDynamic)  // an entry last read kStages iterations ago; the next barrier publishes it
-            if (tid == 0) claim_ids[(iter + kStages) % (2 * kStages)] = claimed >= 0 ? group_block(claimed) : -1;
+            if (tid == 0) claim_ids[(iter + kStages) % (2 * kStages)] = next_id;
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the ring: the merge area overlays it
@@ -1061,7 +1073,7 @@ decode_splitkv(const DecodeParams p) {
             // kDynamic: every split has made its last claim too
             if (last) {
                 *counter = 0;
-                if constexpr (kDynamic == 1) *claim_counter = 0;
+                if (claims) *claim_counter = 0;
             }
             *last_flag = last;
         }

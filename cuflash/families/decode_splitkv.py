@@ -266,7 +266,13 @@ RING_FILL_VALUES = (0, 1, 2)
 # against 187.8 for the heuristic (cuDNN 180.9), 1 x 64k 96.7 against 97.5 (cuDNN 95.7), but
 # 1 x 32k 53.6 / 53.0, 1 x 8k 17.0 / 15.1, 8 x 8k 98.5 / 97.3, 8 x 32k 365.9 / 366.3 (2 splits),
 # and paged (page 16, the 4-warp rule's two CTAs per SM) 12-29% slower (1 x 128k 234 / 200): on
-# for batch 1 x 8 KV heads from 64k keys.
+# for batch 1 x 8 KV heads from 64k keys. Round 2 (logs/session20_dec10/r2, same script, with this
+# rule; against DYNAMIC_DEFAULT=0 in the same process): 1 x 128k 184.0 against 191.0 us (cuDNN
+# 182.6), 1 x 64k 97.2 / 98.2 (cuDNN 95.1); the interleaved order alone (2) 190.3 / 98.5 there and
+# 0.96-1.03 elsewhere: the gain is the claims'. The capacity decides here; the kernel then takes
+# the claims only for groups of at least 32 K/V blocks per split (kClaimMinBlocks: the row's
+# keys, known on the device), else equal runs, so a large cache holding few keys keeps the
+# static split's cost.
 DYNAMIC_DEFAULT = 1
 DYNAMIC_MAX_GROUPS = 8
 DYNAMIC_MIN_KEYS = 65536
