@@ -216,10 +216,9 @@ def ringfill_test_configs():
     out = [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype, page), page or 0, RING_FILL_DEFAULT=rf,
                       DYNAMIC_DEFAULT=dyn, **sw)
            for b, sq, ctx, h, hk, d, dtype, _, page in t.CASES for rf, dyn in t.MODES]
-    for lean in (False, True):
-        out.append(_heuristic(_problem(3, 2, 70000, 32, 8, 128), 0, RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=1,
-                              LEAN_DEFAULT=lean, **sw))
-    out.append(_heuristic(_problem(1, 1, 131072, 32, 8, 128), 0))   # the heuristic's own dynamic call
+    out.append(_heuristic(_problem(3, 2, 40000, 32, 8, 128), 0, RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=1,
+                          LEAN_DEFAULT=True, **sw))
+    out.append(_heuristic(_problem(1, 1, 65536, 32, 8, 128), 0))   # the heuristic's own dynamic call
     return out
 
 
@@ -231,10 +230,10 @@ def claims_test_configs():
     sw = dict(SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0, DYNAMIC_MAX_GROUPS=1 << 30, DYNAMIC_MIN_KEYS=0)
     out = [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype, page), page or 0, RING_FILL_DEFAULT=1, DYNAMIC_DEFAULT=1, **sw)
            for b, sq, ctx, h, hk, d, dtype, _, page in t.CASES]
-    for lean in (False, True):
-        out.append(_heuristic(_problem(3, 2, 70000, 32, 8, 128), 0, RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=1,
-                              LEAN_DEFAULT=lean, **sw))
-    out.append(_heuristic(_problem(1, 1, 131072, 32, 8, 128), 0))   # the heuristic's own dynamic call
+    out.append(_heuristic(_problem(3, 2, 40000, 32, 8, 128), 0, RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=1,
+                          LEAN_DEFAULT=True, **sw))
+    out.append(_heuristic(_problem(1, 1, 131072, 32, 8, 128), 0, RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=1, **sw))  # graph
+    out.append(_heuristic(_problem(1, 1, 65536, 32, 8, 128), 0))   # the heuristic's own dynamic call
     return out
 
 
