@@ -736,7 +736,8 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
             and getattr(family, "counters", lambda c, p: 0)(cfg, problem)):
         # a chosen fused combine cannot allocate its zeroed split counters inside a CUDA-graph
         # capture: this call shape runs the separate combine launch (same splits) instead
-        cfg = cfg.replace(fused_combine=False, **({"early_merge": False} if getattr(cfg, "early_merge", False) else {}))
+        cfg = cfg.replace(fused_combine=False, **({"early_merge": False} if getattr(cfg, "early_merge", False) else {}),
+                          **({"dynamic": 0} if getattr(cfg, "dynamic", 0) == 1 else {}))
     _check_counters(family, cfg, problem, arrays)
     entry.plan = Plan(family, cfg, problem, strides, call.softmax_scale, dev)  # it keeps the counters
     entry.counters = entry.plan.counters.get("split_counters")

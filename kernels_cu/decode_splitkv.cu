@@ -71,6 +71,30 @@
 //             flips once per block either way
 //   kEarlyMerge  (kFusedCombine) the merging CTA issues its first batch of partial-O loads before
 //             the splits' LSE loads, overlapping the two L2 round trips (combine_row's kEarly)
+//   kRingFill  when the cp.async loop's ring slots are filled. 0: the prologue loads kStages - 1
+//             blocks; iteration i loads block i + kStages - 1 into the slot iteration i - 1 read
+//             (at i = 0 the ring's last slot, still empty), between P's packing and O += P V.
+//             So the last slot's block is requested only after block 0 arrived. 1: the prologue
+//             fills every slot (the first kStages blocks all requested at the kernel's start);
+//             iteration 0 loads nothing, iteration i >= 1 the same block as with 0 at the same
+//             place. 2: as 1, with each iteration's load issued right after its barrier, before S
+//             (the slot is free from there on). A split of few blocks (1 x 8k: 4 per CTA) has
+//             3 of them requested at once, not 2
+//   kDynamic  (kRingFill >= 1; no kBulk, kPagePrefetch or kWarpLoads) 0: a split's K/V blocks are
+//             one run of the row's blocks (the row's blocks in num_splits equal runs). 1 (with
+//             kFusedCombine): the splits of a (batch, KV head, row block) group share its blocks
+//             dynamically: split s's prologue takes the group's blocks s, s + num_splits, ...
+//             (counted from the top), and each later block is claimed, one at a time, from the
+//             group's claim counter (an atomic add by thread 0, one iteration before its load,
+//             into a smem ring of 2·kStages block ids read after a barrier); a CTA stops at its
+//             first claim past the group's blocks. A CTA that streams faster takes more blocks,
+//             so the group's CTAs end together (a static split ends with its slowest CTA). The
+//             last CTA of the group (the fused combine's count) sets the claim counter back to 0
+//             (split_counters' second half). A group of fewer than kClaimMinBlocks blocks per
+//             split (the row's keys, known on the device only) takes the equal runs of 0 instead,
+//             through the same ring of ids. 2: the same interleaved order without claims: split
+//             s takes the group's blocks s, s + num_splits, s + 2·num_splits, ... (the splits
+//             sweep the row's keys side by side, as the claims do, each with a fixed share)
 #include "ptx.cuh"
 #include "ptx_decode.cuh"
 #include "params_decode.cuh"
@@ -727,7 +751,7 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
           bool kFusedCombine = false, bool kPagePrefetch = false, int kL2Prefetch = 0,
           bool kWarpLoads = false, bool kPageGather = false, bool kLean = false, int kBulk = 0,
-          bool kEarlyMerge = false>
+          bool kEarlyMerge = false, int kRingFill = 0, int kDynamic = 0>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
@@ -737,6 +761,12 @@ decode_splitkv(const DecodeParams p) {
     static_assert(kBulk >= 0 && kBulk <= 2, "kBulk: 0 (cp.async), 1 (bulk rows), 2 (bulk rows, evict-first)");
     static_assert(!kBulk || (!kWarpLoads && !kPagePrefetch && !kPageGather),
                   "the bulk rows are the CTA's loads: no warp_loads, page_prefetch or page_gather");
+    static_assert(kRingFill >= 0 && kRingFill <= 2, "kRingFill: 0 (kStages - 1 blocks ahead), 1 (all slots), 2 (1, loads before S)");
+    static_assert(kDynamic >= 0 && kDynamic <= 2, "kDynamic: 0 (equal runs), 1 (claims), 2 (interleaved)");
+    static_assert(!kDynamic || (kRingFill && !kBulk && !kPagePrefetch && !kWarpLoads),
+                  "kDynamic: its prologue fills the ring; no bulk, no page prefetch, no warp loads (the block ids "
+                  "need the CTA's barrier)");
+    static_assert(kDynamic != 1 || kFusedCombine, "kDynamic 1: the fused combine's last CTA resets the claim counter");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     u16* q_smem = reinterpret_cast<u16*>(smem_raw);       // [kRows][kPitch]
@@ -744,6 +774,8 @@ decode_splitkv(const DecodeParams p) {
     u16* v_smem = k_smem + kStages * Shape::kKVTile;       // [kStages][kBlockN][kPitch]
     // kBulk: one mbarrier per ring slot after the ring, its phase flips once per block loaded
     const u32 ring_bars = smem_u32(smem_raw + Shape::kSmemBytes);
+    // kDynamic: the block ids of loads j = 0, 1, ... at claim_ids[j % (2·kStages)] (-1: none left)
+    int* claim_ids = reinterpret_cast<int*>(smem_raw + Shape::kSmemBytes);
     auto ring_bar = [&](int slot) { return ring_bars + 8u * slot; };
 
     const int split = blockIdx.x, b = blockIdx.z;
@@ -773,6 +805,21 @@ decode_splitkv(const DecodeParams p) {
     const int n_end = min(min(n_blocks_row, (split + 1) * per_split),
                           key_hi <= 0 ? 0 : (key_hi + kBlockN - 1) / kBlockN);
     const int n_iters = max(n_end - n_begin, 0);
+    // kDynamic: the group's blocks [g_lo, g_hi), taken from the top: the c-th is g_hi - 1 - c
+    const int g_lo = key_lo / kBlockN, g_hi = min(n_blocks_row, key_hi <= 0 ? 0 : (key_hi + kBlockN - 1) / kBlockN);
+    const int g_blocks = max(g_hi - g_lo, 0);
+    auto group_block = [&](int c) { return c < g_blocks ? g_hi - 1 - c : -1; };
+    // kDynamic 1: the claims where the group has at least kClaimMinBlocks blocks per split (uniform
+    // over the group's CTAs). H100, session 20 (bf16 d 128 32:8 heads, 16 splits, CUDA graphs):
+    // claims against equal runs at 64 blocks per split (1 x 128k) 184.0 / 191.0 us, at 32 (1 x 64k)
+    // 97.2 / 98.2, but at 16 (1 x 32k) 53.6 / 53.0 and at 4 (1 x 8k) 17.0 / 15.1.
+    constexpr int kClaimMinBlocks = 32;
+    const bool claims = kDynamic == 1 && p.num_splits > 1 && g_blocks >= kClaimMinBlocks * p.num_splits;
+    // the block id of load j without claims: kDynamic 2's interleaved order, else the equal runs
+    auto fixed_block = [&](int j) {
+        if constexpr (kDynamic == 2) return group_block(j * p.num_splits + split);
+        else return j < n_iters ? n_end - 1 - j : -1;
+    };
 
     // Q tile: packed row r is query i = (r0 + r) / group of head hkv·group + (r0 + r) % group.
     const u16* q_base = static_cast<const u16*>(p.q_rot ? p.q_rot : p.q);
@@ -920,11 +967,23 @@ decode_splitkv(const DecodeParams p) {
         if constexpr (kPagePrefetch)
             if (p.block_table && n - 1 >= n_begin) fetch_pages(n - 1);  // the next block it loads
     };
+    // The prologue: blocks n_end - 1, n_end - 2, ... into slots 0, 1, ...: kStages - 1 of them, or
+    // (kRingFill) every slot; kDynamic: the group's blocks split, split + num_splits, ... (from the top)
+    constexpr int kPrologue = kRingFill ? kStages : kStages - 1;
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-        if (s < n_iters) load_kv(n_end - 1 - s, s);
+    for (int s = 0; s < kPrologue; ++s) {
+        if constexpr (kDynamic) {
+            const int n = claims ? group_block(s * p.num_splits + split) : fixed_block(s);
+            if (n >= 0) load_kv(n, s);
+            if (tid == 0) claim_ids[s] = n;  // read after the loop's barriers
+        } else {
+            if (s < n_iters) load_kv(n_end - 1 - s, s);
+        }
         cp_async_commit();  // committed even when empty, so group counting stays uniform
     }
+    // kDynamic 1: the group's claim counter (split_counters' second half; read only with claims)
+    int* claim_counter = p.split_counters + static_cast<i64>(gridDim.z) * gridDim.y + static_cast<i64>(b) * gridDim.y
+                         + blockIdx.y;
 
     const DecodeRows<kMTiles> rows(p, b, hkv, r0, g, keys, offset);
 
@@ -947,26 +1006,52 @@ decode_splitkv(const DecodeParams p) {
                        + (lane >> 4) * 16;
     u32 q_frag[kLean ? kMTiles : 1][kLean ? kHeadDim / 16 : 1][4];  // kLean: Q's A fragments, read once
 
-    for (int iter = 0; iter < n_iters; ++iter) {
-        const int n = n_end - 1 - iter, slot = iter % kStages;
-        // Block n (and Q at iter 0) landed once at most kStages - 2 newer groups are in flight;
-        // the barrier also frees the slot of iteration iter - 1 for the prefetch below.
-        // kWarpLoads: a warp's rows are its own (loaded and read by its lanes only), so its lanes'
-        // barrier is enough, but for Q, which every thread loaded: the CTA's at iteration 0.
-        cp_async_wait<kStages - 2>();
+    for (int iter = 0; kDynamic || iter < n_iters; ++iter) {
+        int n = n_end - 1 - iter;
+        const int slot = iter % kStages;
+        // Block n (and Q at iter 0) landed once at most kStages - 2 newer groups are in flight
+        // (kRingFill: kStages - 1 at iteration 0, whose prologue committed one block more and
+        // which commits none); the barrier also frees the slot of iteration iter - 1 for the
+        // prefetch below. kWarpLoads: a warp's rows are its own (loaded and read by its lanes
+        // only), so its lanes' barrier is enough, but for Q, which every thread loaded: the
+        // CTA's at iteration 0.
+        if (kRingFill && iter == 0) cp_async_wait<kStages - 1>();
+        else cp_async_wait<kStages - 2>();
         if constexpr (kBulk) mbarrier_wait(ring_bar(slot), (iter / kStages) & 1);  // its bulk rows
         if (!kWarpLoads || iter == 0) __syncthreads();
         else __syncwarp();
+        int next_id = -1;  // kDynamic: thread 0's block id for load iter + kStages, stored at the end
+        if constexpr (kDynamic) {
+            n = claim_ids[iter % (2 * kStages)];  // written kStages iterations ago (or by the prologue)
+            if (n < 0) break;                     // CTA-uniform: no block left for this split
+            if (tid == 0 && claim_ids[(iter + kStages - 1) % (2 * kStages)] >= 0)
+                next_id = claims ? group_block(atomicAdd(claim_counter, 1) + kPrologue * p.num_splits)
+                                 : fixed_block(iter + kStages);
+        }
         if constexpr (kLean)
             if (iter == 0) load_a_frags<kMTiles, kHeadDim / 16, kRowBytes>(q_frag, q_lane);  // Q landed
-        // Prefetch into the slot freed by iteration iter - 1 (every warp, or with kWarpLoads every
-        // lane of this warp, passed the barrier), between P's packing and O += P V.
+        // Prefetch block n - (kStages - 1) into the slot freed by iteration iter - 1 (every warp, or
+        // with kWarpLoads every lane of this warp, passed the barrier), between P's packing and
+        // O += P V, or (kRingFill 2) here, before S. kRingFill: iteration 0 has none (the
+        // prologue loaded it) and commits no group.
+        auto prefetch = [&] {
+            if (kRingFill && iter == 0) return;
+            if constexpr (kDynamic) {
+                const int nn = claim_ids[(iter + kStages - 1) % (2 * kStages)];  // thread 0 wrote it last iteration
+                if (nn >= 0) load_kv(nn, (iter + kStages - 1) % kStages);
+            } else {
+                if (iter + kStages - 1 < n_iters) load_kv(n - (kStages - 1), (iter + kStages - 1) % kStages);
+            }
+            cp_async_commit();
+        };
+        if constexpr (kRingFill == 2) prefetch();
         attend_block<kMTiles, kWarpN, kHeadDim, kRowBytes, Elem, kLean>(
             p, rows, r0, g, t, offset, n * kBlockN, warp, n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi,
             q_lane, k_lane + slot * Shape::kKVTile * 2, v_lane + slot * Shape::kKVTile * 2, o_acc, m, l, [&] {
-                if (iter + kStages - 1 < n_iters) load_kv(n - (kStages - 1), (iter + kStages - 1) % kStages);
-                cp_async_commit();
+                if constexpr (kRingFill != 2) prefetch();
             }, q_frag);
+        if constexpr (kDynamic)  // an entry last read kStages iterations ago; the next barrier publishes it
+            if (tid == 0) claim_ids[(iter + kStages) % (2 * kStages)] = next_id;
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the ring: the merge area overlays it
@@ -984,8 +1069,12 @@ decode_splitkv(const DecodeParams p) {
         if (tid == 0) {
             int* counter = p.split_counters + (static_cast<i64>(b) * gridDim.y + blockIdx.y);
             const bool last = atom_add_acq_rel_gpu(counter, 1) == p.num_splits - 1;
-            // every split has counted: back to 0 for the next call (and the next graph replay)
-            if (last) *counter = 0;
+            // every split has counted: back to 0 for the next call (and the next graph replay);
+            // kDynamic: every split has made its last claim too
+            if (last) {
+                *counter = 0;
+                if (claims) *claim_counter = 0;
+            }
             *last_flag = last;
         }
         __syncthreads();

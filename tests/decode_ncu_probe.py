@@ -16,7 +16,10 @@ unprofiled ones on the same cache), as the CUDA-graph timing of 1 x 8k (34 MB of
 ncu names each kernel: cuDNN's (its main kernel and its reduction), then decode_splitkv<warps,
 warp_n, stages, m_tiles, d, bf16, fused_combine, page_prefetch, l2_prefetch, warp_loads, ...,
 bulk> for the heuristic's config, its tiles with bulk rows (``bk1``) and with bulk rows and the
-L2 evict-first policy (``bk2``), in that order.
+L2 evict-first policy (``bk2``), in that order; with ``--ring``, instead of the bulk rows, the
+heuristic's config with ring_fill 2 (``rf2``: the prologue fills the ring, loads before S) and
+with the dynamic block claims too (``rf2dyn``): ``sm__cycles_active.avg`` / ``.max`` then show
+how evenly the SMs' CTAs end.
 """
 import os
 import sys
@@ -51,7 +54,8 @@ def main():
     if sys.argv[1:2] == ["--table"]:  # ncu --csv output on stdin -> one line per kernel
         print(table(sys.stdin.read().splitlines()))
         return
-    shapes = [(int(a), int(c)) for a, c in zip(sys.argv[1::2], sys.argv[2::2])]  # (batch, ctx) pairs
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    shapes = [(int(a), int(c)) for a, c in zip(args[0::2], args[1::2])]  # (batch, ctx) pairs
     for b, ctx in shapes:
         profile_shape(b, ctx)
 
@@ -81,9 +85,14 @@ def profile_shape(b, ctx):
                                                   enable_gqa=True)
 
     runs = [("sdpa_cudnn", cudnn),
-            ("heuristic", lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)),
-            ("bk1", lambda: kvcache_with_config(bk1, q, kc, vc, cache_seqlens=lens)),
-            ("bk2", lambda: kvcache_with_config(bk1.replace(bulk=2), q, kc, vc, cache_seqlens=lens))]
+            ("heuristic", lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens))]
+    if "--ring" in sys.argv:  # the full-ring prologue (loads before S) and the dynamic block claims
+        rf2 = heur.replace(ring_fill=2)
+        runs += [("rf2", lambda: kvcache_with_config(rf2, q, kc, vc, cache_seqlens=lens)),
+                 ("rf2dyn", lambda: kvcache_with_config(rf2.replace(dynamic=True), q, kc, vc, cache_seqlens=lens))]
+    else:
+        runs += [("bk1", lambda: kvcache_with_config(bk1, q, kc, vc, cache_seqlens=lens)),
+                 ("bk2", lambda: kvcache_with_config(bk1.replace(bulk=2), q, kc, vc, cache_seqlens=lens))]
     for name, f in runs:
         for i in range(3):
             torch.cuda.synchronize()

@@ -13,7 +13,7 @@ their kernels on disk):
   * tests/test_decode_resident_gpu.py: the 4-warp contiguous tiles and page 256 on the Hopper loop.
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -116,7 +116,10 @@ def sanitize_configs():
                          dict(CONTIGUOUS_WARPS=4, CONTIGUOUS_STAGES=3, SPLIT_RULE_RESIDENT_CONTIGUOUS=True,
                               LARGE_PAGE_TMA_MAX_KEYS=1 << 20), dict(LEAN_DEFAULT=True, warp_loads=True),
                          dict(SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0, BULK_DEFAULT=1,
-                              BULK_PAGED_DEFAULT=1, EARLY_MERGE_DEFAULT=True)):
+                              BULK_PAGED_DEFAULT=1, EARLY_MERGE_DEFAULT=True),
+                         dict(SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0, FUSED_COMBINE_DEFAULT=True,
+                              RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=1, DYNAMIC_MAX_GROUPS=1 << 30, DYNAMIC_MIN_KEYS=0,
+                              LEAN_DEFAULT=True)):
             for dtype in g.DTYPES:
                 out.append(_heuristic(p.replace(dtype=dtype), page, **switches))
     return out
@@ -204,7 +207,37 @@ def core_test_configs():
     return [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype)) for b, sq, ctx, h, hk, d, dtype, _ in t.CASES]
 
 
-GROUPS = {"core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
+def ringfill_test_configs():
+    """tests/test_decode_ringfill_gpu.py: its grid under each (RING_FILL_DEFAULT, DYNAMIC_DEFAULT)
+    mode, and the window / lean and CUDA-graph cases."""
+    import test_decode_ringfill_gpu as t
+
+    sw = dict(SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0, DYNAMIC_MAX_GROUPS=1 << 30, DYNAMIC_MIN_KEYS=0)
+    out = [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype, page), page or 0, RING_FILL_DEFAULT=rf,
+                      DYNAMIC_DEFAULT=dyn, **sw)
+           for b, sq, ctx, h, hk, d, dtype, _, page in t.CASES for rf, dyn in t.MODES]
+    out.append(_heuristic(_problem(3, 2, 40000, 32, 8, 128), 0, RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=1,
+                          LEAN_DEFAULT=True, **sw))
+    out.append(_heuristic(_problem(1, 1, 65536, 32, 8, 128), 0))   # the heuristic's own dynamic call
+    return out
+
+
+def claims_test_configs():
+    """tests/test_decode_ringfill_gpu.py's dynamic-claims cases only (ring_fill 1 + dynamic 1: the
+    heuristic's; its -k "rf1_dyn1 or window or graph or heuristic")."""
+    import test_decode_ringfill_gpu as t
+
+    sw = dict(SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0, DYNAMIC_MAX_GROUPS=1 << 30, DYNAMIC_MIN_KEYS=0)
+    out = [_heuristic(_problem(b, sq, ctx, h, hk, d, dtype, page), page or 0, RING_FILL_DEFAULT=1, DYNAMIC_DEFAULT=1, **sw)
+           for b, sq, ctx, h, hk, d, dtype, _, page in t.CASES]
+    out.append(_heuristic(_problem(3, 2, 40000, 32, 8, 128), 0, RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=1,
+                          LEAN_DEFAULT=True, **sw))
+    out.append(_heuristic(_problem(1, 1, 131072, 32, 8, 128), 0, RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=1, **sw))  # graph
+    out.append(_heuristic(_problem(1, 1, 65536, 32, 8, 128), 0))   # the heuristic's own dynamic call
+    return out
+
+
+GROUPS = {"claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

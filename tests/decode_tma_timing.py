@@ -76,7 +76,8 @@ SWITCH_NAMES = ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP
                 "PAGE_PREFETCH_DEFAULT", "PAGE_GATHER_DEFAULT", "COMBINE_LAUNCH_COST",
                 "SMALL_PAGE_TMA_MAX_KEYS", "CONTIGUOUS_WARPS", "CONTIGUOUS_STAGES",
                 "SPLIT_RULE_RESIDENT_CONTIGUOUS", "LARGE_PAGE_TMA_MAX_KEYS", "LEAN_DEFAULT",
-                "BULK_DEFAULT", "BULK_PAGED_DEFAULT", "EARLY_MERGE_DEFAULT")
+                "BULK_DEFAULT", "BULK_PAGED_DEFAULT", "EARLY_MERGE_DEFAULT", "RING_FILL_DEFAULT",
+                "DYNAMIC_DEFAULT", "DYNAMIC_MAX_GROUPS", "DYNAMIC_MIN_KEYS")
 
 
 def base_config(problem, arch=(9, 0)):
@@ -323,7 +324,8 @@ def sdpa_fn(impl, q, kc, vc):
     return f
 
 
-PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "em", "w4em_res", "w4em_x33", "w4n32em")
+PROFILE_LABELS = ("sdpa_cudnn", "heuristic", "prop", "base", "em", "w4em_res", "w4em_x33", "w4n32em") + tuple(
+    f"prop{i}" for i in range(2, 8))
 
 
 def run_cell(name, page, reps, repeat, proposals, log, profile=False) -> list:

@@ -13,7 +13,7 @@ epilogue, GQA reduction, through torch autograd) in every key-group layout its s
 decode family (op decode: flash_attn_with_kvcache) runs DECODE_SHAPES with num_splits 1, 3, 0,
 as selected by default, with decode_splitkv's bandwidth options (l2_prefetch, warp_loads), with
 its fused combine and page_gather, with 4-warp contiguous tiles and page 256 on the Hopper loop,
-with lean and warp_loads, and, on
+with lean and warp_loads, with ring_fill 2 + dynamic + lean, and, on
 sm_90, on its Hopper loop (decode_splitkv_tma) both ways the heuristic can pick it (TMA_DEFAULT:
 the heuristic's tiles; TMA_PAGED_DEFAULT: 4 warps, 3 stages for small pages), whatever those
 switches say today.
@@ -121,6 +121,11 @@ def decode_loops(family) -> list:
                   dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0,
                        LARGE_PAGE_TMA_MAX_KEYS=0, BULK_DEFAULT=1, BULK_PAGED_DEFAULT=1,
                        EARLY_MERGE_DEFAULT=True)]
+    # the cp.async loop's full-ring prologue with loads before S, and the splits' dynamic block
+    # claims (session 20), with lean
+    loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0,
+                      FUSED_COMBINE_DEFAULT=True, RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=1, DYNAMIC_MAX_GROUPS=1 << 30,
+                      DYNAMIC_MIN_KEYS=0, LEAN_DEFAULT=True))
     only = os.environ.get("SANITIZE_DECODE_SWITCH")  # e.g. BULK_DEFAULT: only the passes that set it
     picked = os.environ.get("SANITIZE_DECODE_PASSES")  # e.g. 0,6: those passes of the list, by index
     if picked:

@@ -22,8 +22,8 @@ def test_names_and_template_arguments():
     assert BASE.name == "decode_bf16_d128_w8_n16_s3_m1_c4"          # plain names unchanged
     both = BASE.replace(l2_prefetch=256, warp_loads=True)
     assert both.name == "decode_bf16_d128_w8_n16_s3_m1_c4_l2p256_wl"
-    assert BASE.template_args()[-6:] == (0, False, False, False, 0, False)
-    assert both.template_args()[-6:] == (256, True, False, False, 0, False)
+    assert BASE.template_args()[-8:-2] == (0, False, False, False, 0, False)
+    assert both.template_args()[-8:-2] == (256, True, False, False, 0, False)
     assert both.kernel_name() == ("cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, false, false, "
                                   "256, true>")
     for cfg in (BASE, both, both.replace(splits=9, fused_combine=True)):
@@ -72,7 +72,8 @@ def test_heuristic_switches(monkeypatch):
 
 def test_kernel_source_flags():
     src = render_source("decode_splitkv")
-    assert "int kL2Prefetch = 0" in src and "bool kWarpLoads = false, bool kPageGather = false, bool kLean = false, int kBulk = 0,\n          bool kEarlyMerge = false>" in src
+    assert "int kL2Prefetch = 0" in src and ("bool kWarpLoads = false, bool kPageGather = false, bool kLean = false, int kBulk = 0,\n"
+                                                 "          bool kEarlyMerge = false, int kRingFill = 0") in src
     assert "if (!kWarpLoads || iter == 0) __syncthreads();" in src
 
 

@@ -22,8 +22,8 @@ def test_config_flags_are_appended_and_named():
     assert plain.name == "decode_bf16_d128_w8_n16_s3_m1_c4"  # plain names unchanged
     both = plain.replace(fused_combine=True, page_prefetch=True)
     assert both.name.endswith("_fc_pp") and plain.replace(fused_combine=True).name.endswith("_c4_fc")
-    assert plain.template_args() == (8, 16, 3, 1, 128, "bf16", False, False, 0, False, False, False, 0, False)
-    assert both.template_args()[-8:] == (True, True, 0, False, False, False, 0, False)
+    assert plain.template_args() == (8, 16, 3, 1, 128, "bf16", False, False, 0, False, False, False, 0, False, 0, False)
+    assert both.template_args()[-10:-2] == (True, True, 0, False, False, False, 0, False)
     assert both.kernel_name() == "cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, true, true, 0, false>"
     assert plain.kernel_name().endswith("cuflash::bf16, false, false, 0, false>")
     for cfg in (plain, both, both.replace(splits=17)):
@@ -80,7 +80,7 @@ def test_params_field_and_refusal():
     assert dtype.names[:len(FAM.pointer_fields)] == FAM.pointer_fields
     p = P
     strides = {"call": {}}
-    cfg = FAM.heuristic(p).replace(fused_combine=True, splits=4)
+    cfg = FAM.heuristic(p).replace(fused_combine=True, splits=4, dynamic=0)   # dynamic 1: twice (the claims)
     # the plan writes each launch's stream's counters there (zeroed_counters)
     assert FAM.static_params(cfg, p, strides, {}, 0.1, 132)["split_counters"] == 0
     assert FAM.zeroed_counters(cfg, p) == {"split_counters": 8}
@@ -113,7 +113,7 @@ def test_plan_packs_the_counters_address_per_stream(monkeypatch):
     monkeypatch.setattr(launch, "_device_fns", lambda: (lambda: 0, lambda device: None))
     monkeypatch.setattr(launch, "_zeroed_i32", zeroed)
     monkeypatch.setattr(launch, "_stream_capturing", lambda stream: False)
-    cfg = FAM.heuristic(P).replace(fused_combine=True, splits=9)
+    cfg = FAM.heuristic(P).replace(fused_combine=True, splits=9, dynamic=0)   # dynamic 1: twice (the claims)
     plan = launch.Plan(FAM, cfg, P, {"call": {}}, 0.1, 0)
     assert allocs == [(8, f"{cfg.name} (split_counters)")]          # the spare, with the plan
     ptrs = tuple(range(0x1000, 0x1000 + 14 * 0x100, 0x100))

@@ -154,6 +154,17 @@ def lowp_of(args, k_new, v_new, q_rot, dtype, **kw):
     return out, lse
 
 
+def check_ragged_case(b, sq, ctx, h, hk, d, dtype, splits, page, what):
+    """One option grid's case: row 0 holds ctx keys, the others random lengths (row 2, if any,
+    none), causal when seqlen_q > 1, num_splits ``splits``, against the reference (check_call)."""
+    rng = np.random.default_rng()
+    lens = [ctx] + [int(rng.integers(0, ctx + 1)) for _ in range(b - 1)]
+    if b > 2:
+        lens[2] = 0
+    args = make_case(rng, b, sq, lens, h, hk, d, dtype, page=page)
+    check_call(args, dtype, what, causal=sq > 1, num_splits=splits)
+
+
 def check_call(args, dtype, what="", **kw):
     """Run the call on copies of the caches, compare with the reference (see the docstring)."""
     torch = _torch()

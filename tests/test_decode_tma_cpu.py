@@ -29,7 +29,8 @@ def problem(batch=2, seqlen_q=1, ctx=4096, h=32, hk=8, d=128, features=()):
 
 def test_config_field_names_threads_smem():
     plain = TMA.replace(tma=False)
-    assert [f.name for f in __import__("dataclasses").fields(DecodeConfig)][-7:] == ["tma", "l2_prefetch", "warp_loads", "page_gather", "lean", "bulk", "early_merge"]
+    assert [f.name for f in __import__("dataclasses").fields(DecodeConfig)][-9:] == ["tma", "l2_prefetch", "warp_loads", "page_gather", "lean", "bulk", "early_merge",
+                                                                                   "ring_fill", "dynamic"]
     assert TMA.name == plain.name + "_tma" and plain.threads == 256 and TMA.threads == 288
     assert TMA.smem_bytes == plain.smem_bytes + 2 * 3 * 8         # full + empty mbarriers
     assert TMA.kernel_name() == "cuflash::decode_splitkv_tma<8, 16, 3, 1, 128, cuflash::bf16>"
@@ -371,5 +372,5 @@ def test_sanitize_runs_the_hopper_loop(monkeypatch):
         assert FAM.heuristic(problem(), (9, 0)).tma
     assert (mod.TMA_DEFAULT, mod.TMA_PAGED_DEFAULT) == before
     monkeypatch.setattr(gpu_sanitize._gpu, "arch", lambda *a: (8, 0))
-    assert [d.get("TMA_DEFAULT") for d in gpu_sanitize.decode_loops(FAM)] == [None, False, False, False, False]
+    assert [d.get("TMA_DEFAULT") for d in gpu_sanitize.decode_loops(FAM)] == [None, False, False, False, False, False]
     assert any(d.get("CONTIGUOUS_WARPS") == 4 and d.get("LARGE_PAGE_TMA_MAX_KEYS") for d in loops)

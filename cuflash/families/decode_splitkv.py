@@ -34,7 +34,9 @@ The number of splits is the config's ``splits`` (1..128), fixed before a plan is
 (``num_splits_for``) for ``num_splits=0``. It depends on shapes only (batch, heads, the
 cache capacity, the SM count), never on tensor values: the per-row split boundaries are
 computed on the device from ``cache_seqlens``, so a captured CUDA graph stays valid when the
-lengths change.
+lengths change. With ``dynamic`` 1 (the heuristic's for batch 1 x 8 KV heads from 64k cached keys,
+DYNAMIC_DEFAULT) a group's splits share its blocks by claims from a counter instead (the fused
+combine's last CTA resets it, so replays find it at 0 too).
 """
 from __future__ import annotations
 
@@ -243,6 +245,39 @@ BULK_VALUES = (0, 1, 2)
 # BULK_DEFAULT: the bulk + early-merge pass). On, and in the tuning space.
 EARLY_MERGE_DEFAULT = True
 EARLY_MERGE_SPACE = (False, True)
+# ring_fill (the cp.async loop): 0: the prologue loads stages - 1 K/V blocks and each iteration
+# the next, before O += P V; 1: the prologue fills every ring slot (one block more requested at
+# the start: a third more at 3 stages, where a batch-1 CTA streams only 4 blocks at 8k keys);
+# 2: as 1, each iteration's load issued before S. The heuristic's choice and the tuning space's
+# values: 0 until timed (session 20).
+RING_FILL_DEFAULT = 0
+RING_FILL_SPACE = (0,)
+RING_FILL_VALUES = (0, 1, 2)
+# dynamic (the cp.async loop with ring_fill; no bulk, page_prefetch, warp_loads): 1 (with the
+# fused combine): the splits of a (batch, KV head, row block) group claim its K/V blocks one at a
+# time from a counter instead of taking equal runs, so the CTAs that stream faster take more and
+# the group's CTAs end together; 2: the claims' interleaved order (split s takes the group's
+# blocks s, s + splits, ...) without claims. ncu (H100, session 16, 1 x 8k, 16 splits, one CTA per
+# SM, cold L2): the SMs were active 28.8k cycles on average against 39.4k for the busiest.
+# The heuristic's choice: DYNAMIC_DEFAULT on contiguous caches for calls of at most
+# DYNAMIC_MAX_GROUPS groups and at least DYNAMIC_MIN_KEYS cached keys (ring_fill at least 1 there).
+# H100, session 20 round 1 (tests/decode_tma_timing.py --no-candidates, bf16 d 128 32:8 heads,
+# CUDA graphs, 3 shuffled repeats; logs/session20_dec10/r1): with ring_fill 1, 1 x 128k 181.8 us
+# against 187.8 for the heuristic (cuDNN 180.9), 1 x 64k 96.7 against 97.5 (cuDNN 95.7), but
+# 1 x 32k 53.6 / 53.0, 1 x 8k 17.0 / 15.1, 8 x 8k 98.5 / 97.3, 8 x 32k 365.9 / 366.3 (2 splits),
+# and paged (page 16, the 4-warp rule's two CTAs per SM) 12-29% slower (1 x 128k 234 / 200): on
+# for batch 1 x 8 KV heads from 64k keys. Round 2 (logs/session20_dec10/r2, same script, with this
+# rule; against DYNAMIC_DEFAULT=0 in the same process): 1 x 128k 184.0 against 191.0 us (cuDNN
+# 182.6), 1 x 64k 97.2 / 98.2 (cuDNN 95.1); the interleaved order alone (2) 190.3 / 98.5 there and
+# 0.96-1.03 elsewhere: the gain is the claims'. The capacity decides here; the kernel then takes
+# the claims only for groups of at least 32 K/V blocks per split (kClaimMinBlocks: the row's
+# keys, known on the device), else equal runs, so a large cache holding few keys keeps the
+# static split's cost.
+DYNAMIC_DEFAULT = 1
+DYNAMIC_MAX_GROUPS = 8
+DYNAMIC_MIN_KEYS = 65536
+DYNAMIC_SPACE = (0,)
+DYNAMIC_VALUES = (0, 1, 2)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -282,6 +317,13 @@ class DecodeConfig(KernelConfig):
               No warp_loads, page_prefetch or page_gather with it
     early_merge: (fused_combine) the merging CTA issues its first partial-O loads before the LSE
               loads (the two L2 round trips overlap)
+    ring_fill: (the cp.async loop) 0: the prologue loads stages - 1 K/V blocks, each iteration
+              the next before O += P V; 1: the prologue fills every slot; 2: as 1, with each
+              iteration's load issued before S (kernels_cu/decode_splitkv.cu, kRingFill)
+    dynamic:  (ring_fill >= 1; no bulk, page_prefetch, warp_loads or tma) 0: each split one run of
+              the row's K/V blocks; 1 (fused_combine): a group's splits claim its blocks one at a
+              time from a counter (kept with the fused combine's, ``counters``); 2: split s takes
+              the group's blocks s, s + splits, ... (kDynamic)
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -309,6 +351,8 @@ class DecodeConfig(KernelConfig):
     lean: bool = False
     bulk: int = 0
     early_merge: bool = False
+    ring_fill: int = 0
+    dynamic: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -333,7 +377,8 @@ class DecodeConfig(KernelConfig):
                  + ("_tma" if self.tma else "") + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
                  + ("_wl" if self.warp_loads else "") + ("_pg" if self.page_gather else "")
                  + ("_ln" if self.lean else "") + (f"_bk{self.bulk}" if self.bulk else "")
-                 + ("_em" if self.early_merge else ""))
+                 + ("_em" if self.early_merge else "") + (f"_rf{self.ring_fill}" if self.ring_fill else "")
+                 + ("_dyn" if self.dynamic == 1 else "_ilv" if self.dynamic == 2 else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -342,7 +387,8 @@ class DecodeConfig(KernelConfig):
         """Q tile plus `stages` (K, V) blocks, rows padded by 8 elements (tma: plus the ring's
         full and empty mbarriers, 8 bytes each; bulk: one mbarrier per slot)."""
         tiles = (self.rows + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
-        return tiles + (2 * self.stages * 8 if self.tma else self.stages * 8 if self.bulk else 0)
+        claims = 2 * self.stages * 4 if self.dynamic else 0   # the block ids' ring
+        return tiles + (2 * self.stages * 8 if self.tma else self.stages * 8 if self.bulk else 0) + claims
 
     @property
     def accum_regs(self) -> int:
@@ -354,7 +400,8 @@ class DecodeConfig(KernelConfig):
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
         # the defaults (false, 0) of the trailing flags are left out
-        trailing = [flag[self.page_gather], flag[self.lean], str(int(self.bulk)), flag[self.early_merge]]
+        trailing = [flag[self.page_gather], flag[self.lean], str(int(self.bulk)), flag[self.early_merge],
+                    str(int(self.ring_fill)), str(int(self.dynamic))]
         while trailing and trailing[-1] in ("false", "0"):
             trailing.pop()
         gather = "".join(f", {x}" for x in trailing)
@@ -368,7 +415,7 @@ class DecodeConfig(KernelConfig):
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                 bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch),
                 bool(self.warp_loads), bool(self.page_gather), bool(self.lean), int(self.bulk),
-                bool(self.early_merge))
+                bool(self.early_merge), int(self.ring_fill), int(self.dynamic))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -388,6 +435,17 @@ class DecodeConfig(KernelConfig):
                        "warp_loads, page_prefetch or page_gather with it")
         if self.early_merge and (self.tma or not self.fused_combine):
             out.append("early_merge: an option of the fused combine (fused_combine, no tma)")
+        if self.ring_fill not in RING_FILL_VALUES:
+            out.append(f"ring_fill must be one of {RING_FILL_VALUES} (0: stages - 1 blocks ahead), "
+                       f"got {self.ring_fill}")
+        elif self.ring_fill and self.tma:
+            out.append("ring_fill: an option of the cp.async loop (no tma)")
+        if self.dynamic not in DYNAMIC_VALUES:
+            out.append(f"dynamic must be one of {DYNAMIC_VALUES} (0: equal runs), got {self.dynamic}")
+        elif self.dynamic and (not self.ring_fill or self.bulk or self.page_prefetch or self.warp_loads or self.tma
+                               or (self.dynamic == 1 and not self.fused_combine)):
+            out.append("dynamic: needs ring_fill >= 1 (and fused_combine for 1), and no bulk, page_prefetch, "
+                       "warp_loads or tma")
         if not 0 <= self.splits <= MAX_SPLITS:
             out.append(f"splits must be in 0..{MAX_SPLITS} (0: heuristic), got {self.splits}")
         if not out and self.accum_regs > MAX_ACCUM_REGS:
@@ -548,7 +606,7 @@ class DecodeSplitKV(Family):
              "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
              "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE,
              "page_gather": PAGE_GATHER_SPACE, "lean": LEAN_SPACE, "bulk": BULK_SPACE,
-             "early_merge": EARLY_MERGE_SPACE}
+             "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE, "dynamic": DYNAMIC_SPACE}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -613,11 +671,19 @@ class DecodeSplitKV(Family):
             cfg = cfg.replace(bulk=bulk, l2_prefetch=0)   # sm_90 only; whole blocks take no cp.async hint
         if EARLY_MERGE_DEFAULT and cfg.fused_combine:
             cfg = cfg.replace(early_merge=True)
+        if RING_FILL_DEFAULT:
+            cfg = cfg.replace(ring_fill=RING_FILL_DEFAULT)
+        groups = problem.batch * problem.nheads_kv * -(-group * problem.seqlen_q // (16 * cfg.m_tiles))
+        if (DYNAMIC_DEFAULT and "paged_kv" not in problem.features and groups <= DYNAMIC_MAX_GROUPS
+                and problem.seqlen_k >= DYNAMIC_MIN_KEYS and (cfg.fused_combine or DYNAMIC_DEFAULT == 2)
+                and not (cfg.bulk or cfg.page_prefetch or cfg.warp_loads)):
+            cfg = cfg.replace(dynamic=DYNAMIC_DEFAULT, ring_fill=max(cfg.ring_fill, 1))   # see DYNAMIC_DEFAULT
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
             tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False,
-                              lean=False, bulk=0, early_merge=False, tma=True, split_cost=TMA_SPLIT_COST)
+                              lean=False, bulk=0, early_merge=False, ring_fill=0, dynamic=0, tma=True,
+                              split_cost=TMA_SPLIT_COST)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
                 candidate = tma.replace(**shrink)
@@ -637,7 +703,7 @@ class DecodeSplitKV(Family):
         (tuned tables and recorded studies from before them) gets False / 0 / False / False: the
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
-                 "bulk": 0, "early_merge": False, **point}
+                 "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -684,7 +750,7 @@ class DecodeSplitKV(Family):
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
-                                 early_merge=False)
+                                 early_merge=False, ring_fill=0, dynamic=0)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
@@ -726,12 +792,14 @@ class DecodeSplitKV(Family):
     def counters(self, config, problem: Problem) -> int:
         """int32 counters the config needs kept between calls, zeroed once when allocated (the
         fused combine's per-(batch, KV head, row block) count of finished splits, which its last
-        CTA resets to 0): 0 when none. Not per-call workspace: the plan keeps them
+        CTA resets to 0; ``dynamic``: as many again, the groups' block-claim counters, which that
+        CTA also resets): 0 when none. Not per-call workspace: the plan keeps them
         (``zeroed_counters``), one buffer per CUDA stream (cuflash.launch.StreamCounters), so
         calls of one call shape on two streams may overlap."""
         if not config.fused_combine or _splits(config, problem) <= 1:
             return 0
-        return problem.batch * problem.nheads_kv * row_blocks(config, problem)
+        groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
+        return 2 * groups if getattr(config, "dynamic", 0) == 1 else groups   # dynamic 1: + the claim counters
 
     def zeroed_counters(self, config, problem: Problem) -> dict:
         """{params field: int32 count} of the counters a plan keeps between calls, per stream
