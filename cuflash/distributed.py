@@ -503,11 +503,17 @@ class _DqSum:
         self.ptrs = None  # that call's input pointers (the convert's writer encodes them)
 
     def block(self, dout, q, k, v, out, lse, causal: bool, deterministic: bool, rows: slice,
-              all_rows: bool, step: int = 0) -> tuple:
+              all_rows: bool, step: int = 0, strided: bool = False) -> tuple:
         """(dk, dv) of q's ``rows`` (a slice of the local rows; all_rows: every one) on one K/V
-        block given the GLOBAL out and lse; the call's dQ goes into the sums."""
+        block given the GLOBAL out and lse; the call's dQ goes into the sums. strided: q, k, v,
+        out are head-group views (BWD_HEAD_GROUPS), read by the kernels through their strides
+        (no copy; the same row stride as the whole tensors); a call that runs no single plan on
+        them takes the plain path (copies)."""
         if self.in_workspace:
-            q, k, v, out, lse = (x.contiguous() for x in (q, k, v, out, lse))
+            if strided:
+                lse = lse.contiguous()
+            else:
+                q, k, v, out, lse = (x.contiguous() for x in (q, k, v, out, lse))
             plan = _acc_plan(dout, q, k, v, out, lse, self.scale, causal, deterministic)
             if plan is not None:
                 if TRACE is not None:
@@ -689,6 +695,29 @@ class _Ring:
             req.wait()
         if self.stream is not None:
             torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+
+    def swap(self, tensors: Sequence[Tensor], in_place: bool, trace: Optional[tuple] = None) -> tuple:
+        """Send each tensor to the next rank and receive one like it from the previous, after the
+        current stream's work, waited for (the current stream waits). in_place: into the tensors
+        themselves, BWD_SWAP_PIECES pieces along the positions each (a piece received into a
+        scratch piece, then copied over the piece just sent: one scratch piece of memory);
+        otherwise into new tensors. Returns the received tensors."""
+        if not in_place:
+            recv, reqs = self.start(tensors, trace=trace)
+            with _Span("bwd_wait", trace[1] if trace else 0, tensors[0]):
+                self.finish(reqs)
+            return tuple(recv)
+        for t in tensors:
+            for sl in _row_pieces(t.shape, BWD_SWAP_PIECES):
+                piece = t[:, sl]
+                if not piece.is_contiguous():
+                    piece = piece.contiguous()
+                got, reqs = self.start([piece], trace=trace)
+                with _Span("bwd_wait", trace[1] if trace else 0, t):
+                    self.finish(reqs)
+                t[:, sl].copy_(got[0])
+                del got, piece
+        return tuple(tensors)
 
 
 # Whether the rings send a received K/V block on without waiting for the current stream
@@ -1170,6 +1199,127 @@ def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, shar
         return home[0].to(k.dtype), home[1].to(v.dtype)
 
 
+# Whether the dense ring's backward, from BWD_MIN_MEMORY_MIN_WORLD ranks up (BWD_LOW_MEMORY on, the
+# forward's direction), keeps no buffer whose size is a whole K/V block besides the block in hand and
+# the home sums (_rotate_backward_min): the next block is not received during a step's kernels but
+# after them, into the block in hand itself (_Ring.swap: piece by piece, each piece received into a
+# scratch piece and copied over the one just sent; BWD_SWAP_PIECES); a step's calls run per group
+# of heads (BWD_HEAD_GROUPS), each group's dK/dV shares going home right after its calls, dK before
+# dV, the shares arriving for the local block received piece by piece (BWD_SHARE_PIECES) and added
+# into the home sums (fp32 from the start: 3 or more shares). The peak per GPU (module docstring's
+# units) at a step's kernels is then out 1, dQ sums 2, home 4, the block in hand 2 and one group's
+# kernel dK, dV 2/G: 9 + 2/G X whatever P, where the path it replaces holds 13 X from P = 3 on (the
+# next block arriving, 2, and the whole step's dK, dV, 2). The costs: the block's transfer is
+# exposed (2 X per step on the wire, no longer under the kernels: 256 MiB at 256k tokens and P = 4,
+# about 1 ms against an 83 ms step; 1 GiB at 1M, 3-4 ms against 1290 ms) plus the pieces' copies,
+# and each step's calls are G calls over h/G heads (the same tiles). Exact: the same block calls and
+# the same shares, summed in fp32 (in another order). P = 2 keeps the path it has (9 X already: its
+# home sums stay in k's dtype, HOME_LAZY_FP32). Unmeasured on GPUs at the time of writing: on, with
+# the old path one flag away for bench --ring-ab bwd_minmem.
+BWD_MIN_MEMORY = True
+BWD_MIN_MEMORY_MIN_WORLD = 3
+# How many groups of heads a step's backward calls are split into under BWD_MIN_MEMORY (the largest
+# divisor of nheads_kv not above it is used; 1: whole calls): one group's dK, dV (2/G X) live at a
+# time. 2: the calls keep half the heads (8-head bench: 4 heads, 2048 tiles of 128 rows at 256k
+# tokens and P = 4), the peak 10 X.
+BWD_HEAD_GROUPS = 2
+# Pieces per K/V tensor in BWD_MIN_MEMORY's in-place exchange of the block (a scratch piece of
+# 1/pieces of the tensor), and per dK / dV share in the exchange of the shares.
+BWD_SWAP_PIECES = 4
+BWD_SHARE_PIECES = 2
+
+
+def _head_groups(nheads_kv: int, wanted: int) -> int:
+    """The largest divisor of nheads_kv that is at most ``wanted`` (at least 1)."""
+    return max(g for g in range(1, max(1, min(int(wanted), nheads_kv)) + 1) if nheads_kv % g == 0)
+
+
+def _row_pieces(shape, pieces: int) -> list:
+    """Slices along dim 1 (positions) cutting a tensor of ``shape`` into at most ``pieces`` pieces
+    (none empty; the same cut on every rank for the same shape)."""
+    n = shape[1]
+    step = max(1, -(-n // max(1, pieces)))
+    return [slice(i, min(n, i + step)) for i in range(0, n, step)]
+
+
+@dataclass(frozen=True)
+class _Like:
+    """What _Ring.start's recv_like reads of a tensor: its shape, dtype and device."""
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device
+
+
+def _exchange_pieces(ring: _Ring, outgoing: list, incoming: list, peers: tuple, step: int,
+                     dtype) -> None:
+    """Send the tensors of ``outgoing`` to peers[0] while receiving those of ``incoming`` from
+    peers[1], piece by piece (BWD_SHARE_PIECES pieces along the positions of each tensor, one
+    piece each way at a time). incoming: [(target view, add)]: each piece (``dtype``, the
+    senders' tensors') received is added into (add) or copied over (not add) its part of the
+    target. An outgoing tensor is let go once its
+    last piece has left (the list's entry set to None). Both ends cut a tensor of one shape alike,
+    so the pieces pair up in order."""
+    sends = [(j, sl) for j, t in enumerate(outgoing) for sl in _row_pieces(t.shape, BWD_SHARE_PIECES)]
+    recvs = [(tgt, add, sl) for tgt, add in incoming for sl in _row_pieces(tgt.shape, BWD_SHARE_PIECES)]
+    for i in range(max(len(sends), len(recvs))):
+        out, like = [], []
+        if i < len(sends):
+            j, sl = sends[i]
+            piece = outgoing[j][:, sl]
+            out.append(piece if piece.is_contiguous() else piece.contiguous())
+        if i < len(recvs):
+            tgt, add, sl = recvs[i]
+            like.append(_Like(tgt[:, sl].shape, dtype, tgt.device))  # (start reads these alone)
+        got, reqs = ring.start(out, trace=("bwd_acc_xfer", step), peers=peers, recv_like=like)
+        with _Span("bwd_wait", step, like[0] if like else out[0]):
+            ring.finish(reqs)
+        if like:
+            tgt, add, sl = recvs[i]
+            if add:
+                tgt[:, sl].add_(got[0])
+            else:
+                tgt[:, sl].copy_(got[0])
+        del out, got
+        if i < len(sends) and (i + 1 == len(sends) or sends[i + 1][0] != sends[i][0]):
+            outgoing[sends[i][0]] = None  # its last piece has left
+
+
+def _rotate_backward_min(ring: _Ring, kv: tuple, acc, step_fn, share_index, groups: int) -> tuple:
+    """The backward ring with BWD_MIN_MEMORY (forward direction, comm on): step s runs
+    ``step_fn(step, src, k_block, v_block, g)`` for each head group g (shares [(index, dk, dv)],
+    index covering the group's heads), sends each group's shares of another rank's block home at
+    once (dK, then dV, piece by piece) while receiving those holder(s) made of the local block for
+    that group (share_index(holder, g)), added into the fp32 home sums; then the block in hand is
+    exchanged for the next one in place (step 0's block is the local k, v: received into new
+    buffers). Returns the local (dK, dV) in k's dtype."""
+    world, rank = ring.world, ring.rank
+    k, v = kv
+    home = (torch.zeros(k.shape, dtype=acc, device=k.device),
+            torch.zeros(v.shape, dtype=acc, device=v.device))
+    for step in range(world):
+        src, holder = (rank - step) % world, (rank + step) % world
+        for g in range(groups):
+            shares = step_fn(step, src, *kv, g)
+            with _Span("bwd_accum", step, k):
+                if src == rank:
+                    for index, dk_b, dv_b in shares:
+                        home[0][index].add_(dk_b)
+                        home[1][index].add_(dv_b)
+                    shares = None
+                    continue
+            outgoing = [t for _, dk_b, dv_b in shares for t in (dk_b, dv_b)]
+            shares = None
+            incoming = [(home[j][index], True) for index in share_index(holder, g)
+                        for j in (0, 1)]
+            _exchange_pieces(ring, outgoing, incoming, (src, holder), step, k.dtype)
+            del outgoing, incoming
+        if step + 1 < world:
+            kv = ring.swap(kv, in_place=step > 0, trace=("bwd_xfer", step))
+    kv = None
+    with _Span("bwd_final", world - 1, k):
+        return home[0].to(k.dtype), home[1].to(v.dtype)
+
+
 # Whether the dense rings run a step's non-causal call over several q chunks as one call per q
 # chunk (the same work in smaller calls; bench --ring-ab split_q times it against one call).
 SPLIT_Q = False
@@ -1265,6 +1415,35 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
     first_calls = _dense_calls(q_chunks, chunk_ids(first_src, world, layout), causal)
     sums = _DqSum(q, scale, DQ_IN_WORKSPACE and bool(first_calls)
                   and _covers(first_calls[0], nq)) if DQ_IN_WORKSPACE else None
+    minimal = (BWD_MIN_MEMORY and BWD_LOW_MEMORY and not DKV_HOME and comm and kv_last is None
+               and world >= BWD_MIN_MEMORY_MIN_WORLD)
+    if minimal:  # BWD_MIN_MEMORY: the calls per head group, each group's dQ summed on its own
+        groups = _head_groups(k.shape[2], BWD_HEAD_GROUPS)
+        hq, hk = q.shape[2] // groups, k.shape[2] // groups
+        heads = [(slice(g * hq, (g + 1) * hq), slice(g * hk, (g + 1) * hk)) for g in range(groups)]
+        in_ws = DQ_IN_WORKSPACE and bool(first_calls) and _covers(first_calls[0], nq)
+        group_sums = [_DqSum(q[:, :, hs], scale, in_ws) for hs, _ in heads]
+
+    def group_step(i, src, k_cur, v_cur, g):
+        """A step's calls on head group g (BWD_MIN_MEMORY): dQ into the group's sums; returns the
+        group's dK/dV shares [(index, dk, dv)], index covering the group's k heads."""
+        hs, hks = heads[g]
+        parts = []
+        k_chunks = chunk_ids(src, world, layout)
+        for call in _dense_calls(q_chunks, k_chunks, causal):
+            qs, ks = _slices(call, q_len, q_len)
+            lse_q = lse_rows.get((call.q0, call.q1))
+            if lse_q is None:
+                lse_q = lse_rows[call.q0, call.q1] = lse[:, :, qs].contiguous()
+            with _Span("bwd_compute", i, q):
+                dk_b, dv_b = group_sums[g].block(
+                    dout[:, qs, hs], q[:, qs, hs], k_cur[:, ks, hks], v_cur[:, ks, hks],
+                    out[:, qs, hs], lse_q[:, hs], call.causal, deterministic, qs,
+                    _covers(call, nq), i, strided=groups > 1)
+            where = _share_index(call, len(k_chunks), q_len)
+            parts.append(((slice(None), slice(None) if where is None else where[1], hks),
+                          dk_b, dv_b))
+        return parts
 
     def step(i, src, k_cur, v_cur):
         parts = []
@@ -1300,8 +1479,20 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
         return [_share_index(call, len(k_chunks), q_len)
                 for call in _dense_calls(chunk_ids(holder, world, layout), k_chunks, causal)]
 
+    def group_share_index(holder: int, g: int) -> list:  # BWD_MIN_MEMORY: holder's shares, group g
+        return [(slice(None), slice(None) if where is None else where[1], heads[g][1])
+                for where in share_index(holder)]
+
     _trace_origin(q)
     first = None if kv_last is None else _sendable(*kv_last)
+    if minimal:
+        dk, dv = _rotate_backward_min(ring, _sendable(k, v), acc, group_step, group_share_index,
+                                      groups)
+        with _Span("bwd_final", world - 1, q):
+            dq = torch.empty_like(q)
+            for (hs, _), sums_g in zip(heads, group_sums):
+                dq[:, :, hs] = sums_g.result()
+        return dq, dk, dv
     if DKV_HOME or BWD_LOW_MEMORY:
         dk, dv = _rotate_backward_home(ring, _sendable(k, v), comm, acc, step, share_index, first)
     else:

@@ -31,12 +31,23 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 
 
 # variant -> cuflash.distributed flags (the others as the module has them)
+_OLD = dict(BWD_MIN_MEMORY=False, BWD_HEAD_GROUPS=2)
 VARIANTS = {
-    "travel": dict(DKV_HOME=False, BWD_LOW_MEMORY=False, DQ_IN_WORKSPACE=False, HOME_LAZY_FP32=False),
-    "low": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=False, HOME_LAZY_FP32=False),
-    "low+dq": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True, HOME_LAZY_FP32=False),
+    "travel": dict(DKV_HOME=False, BWD_LOW_MEMORY=False, DQ_IN_WORKSPACE=False, HOME_LAZY_FP32=False,
+                   **_OLD),
+    "low": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=False, HOME_LAZY_FP32=False,
+                **_OLD),
+    "low+dq": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True, HOME_LAZY_FP32=False,
+                   **_OLD),
     "low+dq+lazy": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True,
-                        HOME_LAZY_FP32=True),
+                        HOME_LAZY_FP32=True, **_OLD),
+    # BWD_MIN_MEMORY (from 3 ranks; P = 2 runs low+dq+lazy) with 1, 2 (the default), 4 head groups
+    "min1": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True, HOME_LAZY_FP32=True,
+                 BWD_MIN_MEMORY=True, BWD_HEAD_GROUPS=1),
+    "min2": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True, HOME_LAZY_FP32=True,
+                 BWD_MIN_MEMORY=True, BWD_HEAD_GROUPS=2),
+    "min4": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True, HOME_LAZY_FP32=True,
+                 BWD_MIN_MEMORY=True, BWD_HEAD_GROUPS=4),
 }
 
 
@@ -104,6 +115,147 @@ def _peak(torch, fn, log=(), X: int = 1) -> int:
     return top - before
 
 
+def _single_rows(torch, cuflash, inputs, g, scales, X: int) -> list:
+    """Rows of single-GPU flash_attn_func's peak above its inputs (non-causal): on the local
+    inputs (q, k, v, dout) and on the whole sequence of a ring of each of ``scales`` ranks."""
+    rows = []
+    _, n, h, d = inputs[0].shape
+    for scale in sorted({1} | set(scales)):
+        if scale == 1:
+            sq, sk, sv, sd = inputs
+        else:  # the whole sequence of a ring of `scale` ranks
+            sq, sk, sv, sd = (torch.randn(1, n * scale, h, d, device="cuda",
+                                          dtype=torch.bfloat16, generator=g) for _ in range(4))
+
+        def single():
+            leaves = [x.detach().requires_grad_() for x in (sq, sk, sv)]
+            o = cuflash.flash_attn_func(*leaves, causal=False)
+            torch.autograd.grad(o, leaves, sd)
+        single()
+        peak = _peak(torch, single)
+        rows.append(dict(P=1, causal=False, dkv_home=None, local=n * scale, X_bytes=X,
+                         peak_bytes=peak, peak_X=round(peak / X, 3),
+                         whole_of_P=scale if scale > 1 else None))
+        del sq, sk, sv, sd
+    return rows
+
+
+def _print_phases(log, P, causal, name) -> None:
+    print(f"phases P={P} causal={causal} variant={name} (live X, peak X since the last record):",
+          flush=True)
+    print("  " + " | ".join(f"{w} s{s} {a:.2f}/{p:.2f}" for w, s, a, p in log), flush=True)
+
+
+def simulated_ring(cfd, torch, world: int, rank: int = 0):
+    """A stand-in for cuflash.distributed._Ring: rank ``rank`` of a ring of ``world`` in one
+    process, every transfer replaced by a buffer allocated on the current stream, as a transfer's
+    would be (a K/V block: a copy of the one sent, so that the forward's values stay finite; the
+    dK/dV shares: zeros). The ring's buffers, calls and their shapes are those of that rank of a
+    real ring; the values are not (nothing is checked)."""
+    class SimulatedRing(cfd._Ring):
+        def __init__(self, group, device):
+            self.group, self.rank, self.world, self.stream = group, rank, world, None
+            self.to_global = lambda r: r
+            self.next, self.prev = (rank + 1) % world, (rank - 1) % world
+
+        def start(self, tensors, after_current=True, reverse=False, trace=None, peers=None,
+                  recv_like=None):
+            if recv_like is not None:
+                return [torch.zeros(t.shape, dtype=t.dtype, device=t.device)
+                        for t in recv_like], []
+            return [t.clone() for t in tensors], []
+
+        def finish(self, reqs):
+            pass
+    return SimulatedRing
+
+
+def simulate(opts) -> None:
+    """--simulate: rank 0 of rings of each given size in this process (simulated_ring), every
+    variant's peak above the inputs in units of X, causal and not, and its backward's time (CUDA
+    events, median of 3, the variants alternated); single-GPU flash_attn_func on the local
+    positions and, with --whole, on the sequence of each ring size."""
+    import random
+
+    import torch
+    import torch.distributed as dist
+
+    import cuflash
+    from cuflash import distributed as cfd
+
+    os.environ.update(NO_MULTICAST)
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
+                            world_size=1, device_id=torch.device("cuda", 0))
+    n, h, d = opts["local"], opts["heads"], 128
+    X = n * h * d * 2
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, dout = (torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                     for _ in range(4))
+    rows = []
+    saved_ring = cfd._Ring
+    saved = {f: getattr(cfd, f) for f in VARIANTS["low"]}
+
+    def setup(name):
+        for flag, value in VARIANTS[name].items():
+            setattr(cfd, flag, value)
+
+    try:
+        for P in opts["simulate"]:
+            cfd._Ring = simulated_ring(cfd, torch, P)
+            for causal in (False, True):
+                def run():
+                    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+                    o = cfd.ring_flash_attn_func(*leaves, causal=causal)
+                    torch.autograd.grad(o, leaves, dout)
+
+                def bwd_ms():
+                    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+                    o = cfd.ring_flash_attn_func(*leaves, causal=causal)
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    torch.autograd.grad(o, leaves, dout)
+                    b.record()
+                    b.synchronize()
+                    return a.elapsed_time(b)
+                times = {name: [] for name in opts["variants"]}
+                for name in opts["variants"]:
+                    setup(name)
+                    run()  # warm-up (compiles)
+                    log = []
+                    undo = _instrument(cfd, torch, log, X) if opts["phases"] and not causal else None
+                    try:
+                        peak = _peak(torch, run, log, X)
+                    finally:
+                        if undo:
+                            undo()
+                    rows.append(dict(P=P, causal=causal, variant=name, local=n, X_bytes=X,
+                                     peak_bytes=peak, peak_X=round(peak / X, 3), simulated=True))
+                    if log:
+                        _print_phases(log, P, causal, name)
+                for _ in range(3):
+                    order = list(times)
+                    random.shuffle(order)
+                    for name in order:
+                        setup(name)
+                        times[name].append(bwd_ms())
+                for r in rows:
+                    if r["P"] == P and r["causal"] == causal and r["variant"] in times:
+                        r["bwd_ms"] = round(sorted(times[r["variant"]])[1], 2)
+    finally:
+        cfd._Ring = saved_ring
+        for flag, value in saved.items():
+            setattr(cfd, flag, value)
+    rows += _single_rows(torch, cuflash, (q, k, v, dout), g,
+                         set(opts["simulate"]) if opts["whole"] else set(), X)
+    for r in rows:
+        print(json.dumps(r), flush=True)
+    if opts["out"]:
+        with open(opts["out"], "w") as f:
+            json.dump(rows, f, indent=1)
+    dist.destroy_process_group()
+
+
 def _worker(rank, world, port, opts):
     import torch
     import torch.distributed as dist
@@ -148,31 +300,12 @@ def _worker(rank, world, port, opts):
                     rows.append(dict(P=P, causal=causal, dkv_home=home, variant=home, local=n, X_bytes=X,
                                      peak_bytes=int(t.item()), peak_X=round(t.item() / X, 3)))
                     if log:
-                        print(f"phases P={P} causal={causal} variant={home} (live X, peak X "
-                              "since the last record):", flush=True)
-                        print("  " + " | ".join(f"{w} s{s} {a:.2f}/{p:.2f}" for w, s, a, p in log),
-                              flush=True)
+                        _print_phases(log, P, causal, home)
                 dist.barrier()
     for flag, value in saved.items():
         setattr(cfd, flag, value)
     if rank == 0:
-        for scale in sorted({1} | ({2, world} if opts["whole"] else set())):
-            if scale == 1:
-                sq, sk, sv, sd = q, k, v, dout
-            else:  # the whole sequence of a ring of `scale` ranks
-                sq, sk, sv, sd = (torch.randn(1, n * scale, h, d, device="cuda",
-                                              dtype=torch.bfloat16, generator=g) for _ in range(4))
-
-            def single():
-                leaves = [x.detach().requires_grad_() for x in (sq, sk, sv)]
-                o = cuflash.flash_attn_func(*leaves, causal=False)
-                torch.autograd.grad(o, leaves, sd)
-            single()
-            peak = _peak(torch, single)
-            rows.append(dict(P=1, causal=False, dkv_home=None, local=n * scale, X_bytes=X,
-                             peak_bytes=peak, peak_X=round(peak / X, 3),
-                             whole_of_P=scale if scale > 1 else None))
-            del sq, sk, sv, sd
+        rows += _single_rows(torch, cuflash, (q, k, v, dout), g, {2, world} if opts["whole"] else set(), X)
         for r in rows:
             print(json.dumps(r), flush=True)
         if opts["out"]:
@@ -190,11 +323,17 @@ def main():
     ap.add_argument("--phases", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS),
-                    default=["low", "low+dq", "low+dq+lazy"])
+                    default=["low+dq+lazy", "min2"])
+    ap.add_argument("--simulate", type=int, nargs="+", default=None, metavar="P",
+                    help="one process on one GPU: rank 0 of rings of these sizes, every transfer "
+                         "replaced by a copy made on the GPU (simulated_ring: the same buffers, "
+                         "wrong values); also the backward's time per variant")
     ap.add_argument("--whole", action="store_true",
                     help="also single-GPU attention on the whole sequence of a ring of 2 and of "
                          "--procs ranks")
     a = ap.parse_args()
+    if a.simulate:
+        return simulate(vars(a))
     import torch.multiprocessing as mp
 
     os.environ.update(NO_MULTICAST)

@@ -106,6 +106,24 @@ def _worker(rank, world, port, cases):
             cfd.DQ_IN_WORKSPACE = saved
         for i, case in enumerate((cases[0], cases[1], cases[2])):
             _check_lazy_home_bits(rank, world, case, seed=7000 + i)
+        saved = (cfd.BWD_MIN_MEMORY, cfd.BWD_HEAD_GROUPS, cfd.BWD_SWAP_PIECES,
+                 cfd.BWD_SHARE_PIECES)
+        try:  # BWD_MIN_MEMORY (on from 3 ranks) off: the block received during the step, whole
+            # calls; then on with whole calls (1 group), 4 groups (GQA 4/2 heads: 2 used), and
+            # pieces longer than the tensors (1 piece) and of one position each
+            cfd.BWD_MIN_MEMORY = False
+            _check_case(rank, world, cases[1], seed=8000)
+            _check_case(rank, world, cases[2], seed=8001)
+            cfd.BWD_MIN_MEMORY, cfd.BWD_HEAD_GROUPS = True, 1
+            _check_case(rank, world, cases[0], seed=8002)
+            _check_case(rank, world, cases[1], seed=8003, strided=True)
+            cfd.BWD_HEAD_GROUPS, cfd.BWD_SWAP_PIECES, cfd.BWD_SHARE_PIECES = 4, 1, 1000
+            _check_case(rank, world, cases[2], seed=8004)
+            _check_case(rank, world, cases[5], seed=8005)
+            _check_case(rank, world, cases[4], seed=8006)
+        finally:
+            (cfd.BWD_MIN_MEMORY, cfd.BWD_HEAD_GROUPS, cfd.BWD_SWAP_PIECES,
+             cfd.BWD_SHARE_PIECES) = saved
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -292,6 +310,17 @@ def test_step_calls_cover_exactly_the_visible_pairs(world, layout, causal):
         assert len(set(work)) == 1  # the zigzag layout balances the causal work
 
 
+def test_min_memory_helpers():
+    assert [cfd._head_groups(hk, 2) for hk in (1, 2, 3, 8)] == [1, 2, 1, 2]
+    assert [cfd._head_groups(hk, 4) for hk in (6, 8, 5)] == [3, 4, 1]
+    assert cfd._head_groups(8, 0) == 1
+    assert cfd._row_pieces((1, 10, 2, 8), 4) == [slice(0, 3), slice(3, 6), slice(6, 9),
+                                                 slice(9, 10)]
+    assert cfd._row_pieces((1, 3, 2, 8), 1000) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+    assert cfd._row_pieces((1, 3, 2, 8), 1) == [slice(0, 3)]
+    assert cfd._row_pieces((1, 0, 2, 8), 4) == []
+
+
 def test_step_calls_zigzag_shapes():
     # P = 4, rank 1 holds chunks (1, 6)
     assert cfd.step_calls((1, 6), (1, 6), True) == [cfd.Call(0, 2, 0, 2, True)]
@@ -446,6 +475,16 @@ def test_bench_ring_parse_variant():
         assert isinstance(getattr(cfd, flag), bool)
     with pytest.raises(ValueError, match="^ab: unknown variant 'nccl_ctasx'"):
         ring.parse_variant("fwd_dyn+nccl_ctasx")
+    spec = ring.parse_variant("bwd_minmem+bwd_groups4")
+    assert spec["flags"] == ["BWD_MIN_MEMORY"] and spec["head_groups"] == 4
+    with pytest.raises(ValueError, match="^ab: unknown variant 'bwd_groups0'"):
+        ring.parse_variant("bwd_groups0")
+    saved = cfd.BWD_HEAD_GROUPS, cfd.BWD_MIN_MEMORY
+    try:
+        ring.apply_variant(spec)
+        assert cfd.BWD_HEAD_GROUPS == 4 and cfd.BWD_MIN_MEMORY is not saved[1]
+    finally:
+        cfd.BWD_HEAD_GROUPS, cfd.BWD_MIN_MEMORY = saved
 
 
 def test_bench_ring_timeline_lines():
