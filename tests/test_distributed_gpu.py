@@ -335,7 +335,7 @@ def _sizes_worker(rank, world, port):
     (P = 1); and at P = world the cases again with FWD_DYNAMIC and PRIORITY_GROUP flipped,
     FWD_GRID_STEPS = 1 and the backward's other two paths (DKV_HOME's shares home during the next
     step; the fp32 accumulator travelling with the block), with DQ_IN_WORKSPACE and HOME_LAZY_FP32
-    flipped."""
+    flipped; then BWD_MIN_MEMORY off, and on with whole calls (BWD_HEAD_GROUPS = 1)."""
     import torch.distributed as dist
 
     from cuflash import distributed as cfd
@@ -381,6 +381,18 @@ def _sizes_worker(rank, world, port):
         finally:
             cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS, cfd.DKV_HOME, \
                 cfd.BWD_LOW_MEMORY, cfd.DQ_IN_WORKSPACE, cfd.HOME_LAZY_FP32 = saved
+        dist.barrier()
+        saved = cfd.BWD_MIN_MEMORY, cfd.BWD_HEAD_GROUPS
+        try:  # (from 3 ranks: BWD_MIN_MEMORY off, the block received during the step; on with
+            # whole calls)
+            cfd.BWD_MIN_MEMORY = False
+            failures += _dense_checks(rank, world, None, CASES[:1] + FLAG_CASES[1:],
+                                      first_extra=False, tag=" BWD_MIN_MEMORY=False")
+            cfd.BWD_MIN_MEMORY, cfd.BWD_HEAD_GROUPS = True, 1
+            failures += _dense_checks(rank, world, None, CASES[2:3], first_extra=False,
+                                      tag=" BWD_HEAD_GROUPS=1")
+        finally:
+            cfd.BWD_MIN_MEMORY, cfd.BWD_HEAD_GROUPS = saved
         dist.barrier()
     finally:
         cfd.FWD_DYNAMIC_MIN_WORLD = min_world
