@@ -1019,7 +1019,8 @@ def _step_and_receive(ring: _Ring, step_fn, step: int, src: int, kv: tuple, recv
     return shares, kv
 
 
-def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=None) -> tuple:
+def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=None,
+                     like: Optional[tuple] = None) -> tuple:
     """The backward ring: K/V blocks travel as in the forward, each with its fp32 dK/dV
     accumulator one step behind. ``step_fn(step, src, k_block, v_block)`` adds dQ's share
     itself and returns this rank's share of the block's dK, dV as [(index, dk_b, dv_b)]
@@ -1032,9 +1033,11 @@ def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=Non
 
     first: (REVERSE_BWD) the block of rank + 1, which the forward ended with: the ring runs
     the other way round from it (blocks rank + 1, rank + 2, ..., rank; transfers to rank - 1),
-    and the last step's block is the local one, so no last hop."""
+    and the last step's block is the local one, so no last hop. like: the local (k, v) whose
+    shape, dtype and device the results take (default kv; not kept alive as blocks: kv may be a
+    copy made to be sent, let go after its transfer)."""
     world = ring.world
-    k, v = kv
+    k, v = kv if like is None else like
     reverse = first is not None
     if reverse:
         kv = tuple(first)
@@ -1125,7 +1128,7 @@ def _add_shares(home, shares, k: Tensor, v: Tensor, acc, left: Optional[list] = 
 
 
 def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, share_index,
-                          first=None) -> tuple:
+                          first=None, like: Optional[tuple] = None) -> tuple:
     """The backward ring with DKV_HOME: K/V blocks travel as in _rotate_backward; the dK/dV
     shares ``step_fn`` returns for another rank's block go to that rank at the start of the next
     step (while it computes), and the shares other ranks made of the local block come back the
@@ -1135,9 +1138,9 @@ def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, shar
     direction: the last block is rank + 1's; first given (REVERSE_BWD): the last block is the
     local one, nothing left to send). BWD_LOW_MEMORY: every step's shares go home right after
     its kernels, and the next step's kernels wait for them. Returns the local (dK, dV) in k's
-    dtype."""
+    dtype. like: as _rotate_backward's."""
     world, rank = ring.world, ring.rank
-    k, v = kv
+    k, v = kv if like is None else like
     reverse = first is not None
     if reverse:
         kv = tuple(first)
@@ -1199,32 +1202,39 @@ def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, shar
         return home[0].to(k.dtype), home[1].to(v.dtype)
 
 
+# How many groups of heads the dense ring's backward runs in turn (ring_backward's _by_head_groups;
+# the largest divisor of nheads_kv not above it is used; 1: all heads at once): the whole ring
+# (every step, every transfer) on the first group's heads of q, dout, out (views, read in place
+# through their strides) and of k, v (copies of the group's heads, to be sent), then on the next
+# group's, each group's gradients written into dq, dk, dv, allocated first. Everything the ring
+# holds besides out scales with the heads of a group: in units of X (module docstring) the peak is
+# out 1 + dq, dk, dv 3 + the one-group ring's peak without out (12 X from P = 3 on, 8 at P = 2) / G:
+# 4 + 12 / G from P = 3 on, 4 + 8 / G at P = 2 (single-GPU flash_attn_func on the same local
+# shard: 6.05), where G = 1 holds 13 and 9. The same block calls on fewer heads each (the same
+# tiles; a call's grid is 1/G as large), G times the transfers at 1/G the bytes (the same bytes
+# in all): exact, each head's sums the same additions as with G = 1 (the kernels keep heads
+# apart; selection may pick another config for the smaller calls). Unmeasured at the time of
+# writing: 4.
+BWD_HEAD_GROUPS = 4
+
 # Whether the dense ring's backward, from BWD_MIN_MEMORY_MIN_WORLD ranks up (BWD_LOW_MEMORY on, the
 # forward's direction), keeps no buffer whose size is a whole K/V block besides the block in hand and
 # the home sums (_rotate_backward_min): the next block is not received during a step's kernels but
 # after them, into the block in hand itself (_Ring.swap: piece by piece, each piece received into a
-# scratch piece and copied over the one just sent; BWD_SWAP_PIECES); a step's calls run per group
-# of heads (BWD_HEAD_GROUPS), each group's dK/dV shares going home right after its calls, dK before
-# dV, the shares arriving for the local block received piece by piece (BWD_SHARE_PIECES) and added
-# into the home sums (fp32 from the start: 3 or more shares). The peak per GPU (module docstring's
-# units) at a step's kernels is then out 1, dQ sums 2, home 4, the block in hand 2 and one group's
-# kernel dK, dV 2/G: 9 + 2/G X whatever P, where the path it replaces holds 13 X from P = 3 on (the
-# next block arriving, 2, and the whole step's dK, dV, 2). The costs: the block's transfer is
-# exposed (2 X per step on the wire, no longer under the kernels: 256 MiB at 256k tokens and P = 4,
-# about 1 ms against an 83 ms step; 1 GiB at 1M, 3-4 ms against 1290 ms) plus the pieces' copies,
-# and each step's calls are G calls over h/G heads (the same tiles). Exact: the same block calls and
-# the same shares, summed in fp32 (in another order). P = 2 keeps the path it has (9 X already: its
-# home sums stay in k's dtype, HOME_LAZY_FP32). Unmeasured on GPUs at the time of writing: on, with
-# the old path one flag away for bench --ring-ab bwd_minmem.
-BWD_MIN_MEMORY = True
+# scratch piece and copied over the one just sent; BWD_SWAP_PIECES); a step's dK/dV shares go home
+# right after its kernels, dK before dV, the shares arriving for the local block received piece by
+# piece (BWD_SHARE_PIECES) and added into the home sums (fp32 from the start: 3 or more shares).
+# The ring's peak without out is then the dQ sums 2, home 4, the block in hand 2 and the step's dK,
+# dV 2 (+ a piece): 10 X in place of 12 (per head group: BWD_HEAD_GROUPS divides both). The cost:
+# the block's transfer is exposed (2 X per step no longer under the kernels: 256 MiB at 256k tokens
+# and P = 4, about 1 ms against an 83 ms step; 1 GiB at 1M, 3-4 ms against 1290 ms) plus the pieces'
+# copies. Exact: the same block calls and shares, summed in fp32 (in another order). P = 2 keeps the
+# path it has (home sums in k's dtype, HOME_LAZY_FP32). Unmeasured: off (bench --ring-ab
+# bwd_minmem).
+BWD_MIN_MEMORY = False
 BWD_MIN_MEMORY_MIN_WORLD = 3
-# How many groups of heads a step's backward calls are split into under BWD_MIN_MEMORY (the largest
-# divisor of nheads_kv not above it is used; 1: whole calls): one group's dK, dV (2/G X) live at a
-# time. 2: the calls keep half the heads (8-head bench: 4 heads, 2048 tiles of 128 rows at 256k
-# tokens and P = 4), the peak 10 X.
-BWD_HEAD_GROUPS = 2
 # Pieces per K/V tensor in BWD_MIN_MEMORY's in-place exchange of the block (a scratch piece of
-# 1/pieces of the tensor), and per dK / dV share in the exchange of the shares.
+# 1/pieces of the tensor), and per dK / dV share in its exchange of the shares.
 BWD_SWAP_PIECES = 4
 BWD_SHARE_PIECES = 2
 
@@ -1284,35 +1294,35 @@ def _exchange_pieces(ring: _Ring, outgoing: list, incoming: list, peers: tuple, 
             outgoing[sends[i][0]] = None  # its last piece has left
 
 
-def _rotate_backward_min(ring: _Ring, kv: tuple, acc, step_fn, share_index, groups: int) -> tuple:
-    """The backward ring with BWD_MIN_MEMORY (forward direction, comm on): step s runs
-    ``step_fn(step, src, k_block, v_block, g)`` for each head group g (shares [(index, dk, dv)],
-    index covering the group's heads), sends each group's shares of another rank's block home at
-    once (dK, then dV, piece by piece) while receiving those holder(s) made of the local block for
-    that group (share_index(holder, g)), added into the fp32 home sums; then the block in hand is
-    exchanged for the next one in place (step 0's block is the local k, v: received into new
-    buffers). Returns the local (dK, dV) in k's dtype."""
+def _rotate_backward_min(ring: _Ring, kv: tuple, acc, step_fn, share_index,
+                         like: Optional[tuple] = None) -> tuple:
+    """The backward ring with BWD_MIN_MEMORY (the forward's direction, comm on): step s runs
+    ``step_fn(step, src, k_block, v_block)`` (shares [(index, dk, dv)] as _rotate_backward's),
+    sends the shares of another rank's block home at once (dK, then dV, piece by piece) while
+    receiving those holder(s) made of the local block (share_index(holder)), added into the fp32
+    home sums; then the block in hand is exchanged for the next one in place (step 0's block is
+    the local k, v: received into new buffers). Returns the local (dK, dV) in k's dtype. like: as
+    _rotate_backward's."""
     world, rank = ring.world, ring.rank
-    k, v = kv
+    k, v = kv if like is None else like
     home = (torch.zeros(k.shape, dtype=acc, device=k.device),
             torch.zeros(v.shape, dtype=acc, device=v.device))
+    part = lambda j, index: home[j] if index is None else home[j][index]  # noqa: E731
     for step in range(world):
         src, holder = (rank - step) % world, (rank + step) % world
-        for g in range(groups):
-            shares = step_fn(step, src, *kv, g)
+        shares = step_fn(step, src, *kv)
+        if src == rank:
             with _Span("bwd_accum", step, k):
-                if src == rank:
-                    for index, dk_b, dv_b in shares:
-                        home[0][index].add_(dk_b)
-                        home[1][index].add_(dv_b)
-                    shares = None
-                    continue
+                for index, dk_b, dv_b in shares:
+                    part(0, index).add_(dk_b)
+                    part(1, index).add_(dv_b)
+        else:
             outgoing = [t for _, dk_b, dv_b in shares for t in (dk_b, dv_b)]
             shares = None
-            incoming = [(home[j][index], True) for index in share_index(holder, g)
-                        for j in (0, 1)]
+            incoming = [(part(j, index), True) for index in share_index(holder) for j in (0, 1)]
             _exchange_pieces(ring, outgoing, incoming, (src, holder), step, k.dtype)
             del outgoing, incoming
+        shares = None
         if step + 1 < world:
             kv = ring.swap(kv, in_place=step > 0, trace=("bwd_xfer", step))
     kv = None
@@ -1394,19 +1404,49 @@ def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: 
     return (*res, *last) if keep_last else res
 
 
+def _by_head_groups(groups: int, dout, q, k, v, out, lse, kv_last, backward) -> tuple:
+    """(dq, dk, dv) of a ring backward run once per group of heads (BWD_HEAD_GROUPS): group g's
+    heads of q, dout, out, lse and of k, v (kv_last) as views, ``backward(dout, q, k, v, out, lse,
+    kv_last)`` on them, its gradients written into the whole ones."""
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    hq, hk = q.shape[2] // groups, k.shape[2] // groups
+    for g in range(groups):
+        hs, hks = slice(g * hq, (g + 1) * hq), slice(g * hk, (g + 1) * hk)
+        last = None if kv_last is None else tuple(x[:, :, hks] for x in kv_last)
+        grads = backward(dout[:, :, hs], q[:, :, hs], k[:, :, hks], v[:, :, hks], out[:, :, hs],
+                         lse[:, hs], last)
+        for whole, part, heads in zip((dq, dk, dv), grads, (hs, hks, hks)):
+            whole[:, :, heads] = part
+        del grads
+    return dq, dk, dv
+
+
 def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, layout: str,
-                  deterministic: bool = False, comm: bool = True, kv_last=None):
+                  deterministic: bool = False, comm: bool = True, kv_last=None,
+                  head_views: bool = False):
     """(dq, dk, dv) of the local shards, out and lse: ring_forward's (global) results. dQ's
     fp32 accumulator starts as the first share covering every row (step 0's). kv_last:
     ring_forward's (k_last, v_last) (keep_last): the ring runs the other way round from that
-    block, with no last hop (REVERSE_BWD); None: the forward's direction."""
+    block, with no last hop (REVERSE_BWD); None: the forward's direction. With BWD_HEAD_GROUPS
+    the ring runs once per group of heads (_by_head_groups), on head views (head_views: the
+    kernels read q, dout, out through their strides, no copy)."""
+    groups = 1 if head_views else _head_groups(k.shape[2], BWD_HEAD_GROUPS)
+    if groups > 1:
+        return _by_head_groups(
+            groups, dout if dout.is_contiguous() else dout.contiguous(), q, k, v,
+            out.contiguous(), lse, kv_last,
+            lambda dout, q, k, v, out, lse, last: ring_backward(
+                dout, q, k, v, out, lse, scale, causal, group, layout, deterministic, comm, last,
+                head_views=True))
     ring = _Ring(group, q.device)
     world, rank = ring.world, ring.rank
     q_chunks = chunk_ids(rank, world, layout)
     nq = len(q_chunks)
     q_len = q.shape[1] // nq
     acc = _acc_dtype(q.dtype)
-    dout, out, lse = dout.contiguous(), out.contiguous(), lse.contiguous()
+    if not head_views:
+        dout, out = dout.contiguous(), out.contiguous()
+    lse = lse.contiguous()
     grad = {}  # "dq": the fp32 accumulator, once it exists (DQ_IN_WORKSPACE off)
     lse_rows = {}  # (q0, q1) -> those rows of lse, contiguous once (the kernels read it dense)
     # DQ_IN_WORKSPACE: the sums in the kernels' workspace of the first call, which must then cover
@@ -1415,35 +1455,6 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
     first_calls = _dense_calls(q_chunks, chunk_ids(first_src, world, layout), causal)
     sums = _DqSum(q, scale, DQ_IN_WORKSPACE and bool(first_calls)
                   and _covers(first_calls[0], nq)) if DQ_IN_WORKSPACE else None
-    minimal = (BWD_MIN_MEMORY and BWD_LOW_MEMORY and not DKV_HOME and comm and kv_last is None
-               and world >= BWD_MIN_MEMORY_MIN_WORLD)
-    if minimal:  # BWD_MIN_MEMORY: the calls per head group, each group's dQ summed on its own
-        groups = _head_groups(k.shape[2], BWD_HEAD_GROUPS)
-        hq, hk = q.shape[2] // groups, k.shape[2] // groups
-        heads = [(slice(g * hq, (g + 1) * hq), slice(g * hk, (g + 1) * hk)) for g in range(groups)]
-        in_ws = DQ_IN_WORKSPACE and bool(first_calls) and _covers(first_calls[0], nq)
-        group_sums = [_DqSum(q[:, :, hs], scale, in_ws) for hs, _ in heads]
-
-    def group_step(i, src, k_cur, v_cur, g):
-        """A step's calls on head group g (BWD_MIN_MEMORY): dQ into the group's sums; returns the
-        group's dK/dV shares [(index, dk, dv)], index covering the group's k heads."""
-        hs, hks = heads[g]
-        parts = []
-        k_chunks = chunk_ids(src, world, layout)
-        for call in _dense_calls(q_chunks, k_chunks, causal):
-            qs, ks = _slices(call, q_len, q_len)
-            lse_q = lse_rows.get((call.q0, call.q1))
-            if lse_q is None:
-                lse_q = lse_rows[call.q0, call.q1] = lse[:, :, qs].contiguous()
-            with _Span("bwd_compute", i, q):
-                dk_b, dv_b = group_sums[g].block(
-                    dout[:, qs, hs], q[:, qs, hs], k_cur[:, ks, hks], v_cur[:, ks, hks],
-                    out[:, qs, hs], lse_q[:, hs], call.causal, deterministic, qs,
-                    _covers(call, nq), i, strided=groups > 1)
-            where = _share_index(call, len(k_chunks), q_len)
-            parts.append(((slice(None), slice(None) if where is None else where[1], hks),
-                          dk_b, dv_b))
-        return parts
 
     def step(i, src, k_cur, v_cur):
         parts = []
@@ -1457,7 +1468,7 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
                 with _Span("bwd_compute", i, q):
                     dk_b, dv_b = sums.block(dout[:, qs], q[:, qs], k_cur[:, ks], v_cur[:, ks],
                                             out[:, qs], lse_q, call.causal, deterministic, qs,
-                                            _covers(call, nq), i)
+                                            _covers(call, nq), i, strided=head_views)
                 parts.append((_share_index(call, len(k_chunks), q_len), dk_b, dv_b))
                 continue
             with _Span("bwd_compute", i, q):
@@ -1479,24 +1490,16 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
         return [_share_index(call, len(k_chunks), q_len)
                 for call in _dense_calls(chunk_ids(holder, world, layout), k_chunks, causal)]
 
-    def group_share_index(holder: int, g: int) -> list:  # BWD_MIN_MEMORY: holder's shares, group g
-        return [(slice(None), slice(None) if where is None else where[1], heads[g][1])
-                for where in share_index(holder)]
-
     _trace_origin(q)
     first = None if kv_last is None else _sendable(*kv_last)
-    if minimal:
-        dk, dv = _rotate_backward_min(ring, _sendable(k, v), acc, group_step, group_share_index,
-                                      groups)
-        with _Span("bwd_final", world - 1, q):
-            dq = torch.empty_like(q)
-            for (hs, _), sums_g in zip(heads, group_sums):
-                dq[:, :, hs] = sums_g.result()
-        return dq, dk, dv
-    if DKV_HOME or BWD_LOW_MEMORY:
-        dk, dv = _rotate_backward_home(ring, _sendable(k, v), comm, acc, step, share_index, first)
+    if (BWD_MIN_MEMORY and BWD_LOW_MEMORY and not DKV_HOME and comm and kv_last is None
+            and world >= BWD_MIN_MEMORY_MIN_WORLD):
+        dk, dv = _rotate_backward_min(ring, _sendable(k, v), acc, step, share_index, like=(k, v))
+    elif DKV_HOME or BWD_LOW_MEMORY:
+        dk, dv = _rotate_backward_home(ring, _sendable(k, v), comm, acc, step, share_index, first,
+                                       like=(k, v))
     else:
-        dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step, first)
+        dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step, first, like=(k, v))
     if sums is not None:
         with _Span("bwd_final", world - 1, q):
             return sums.result(), dk, dv

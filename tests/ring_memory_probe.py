@@ -7,14 +7,23 @@ cuflash.distributed, issue 15).
 One spawn of --procs processes; rings of P = procs and P = 2 (the first two ranks), every
 rank holding --local positions (so X is the same for every P), causal (zigzag) and not, with the
 backward's memory flags of VARIANTS (--variants: some of them): "low" (BWD_LOW_MEMORY, session
-18's default), "low+dq" (DQ_IN_WORKSPACE too), "low+dq+lazy" (and HOME_LAZY_FP32: the defaults
-since session 19), "travel" (an fp32 accumulator travelling with each block). For each: the peak
+18's default), "low+dq" (DQ_IN_WORKSPACE too), "low+dq+lazy" (and HOME_LAZY_FP32: session 19's
+defaults), "travel" (an fp32 accumulator travelling with each block), all heads at once; "g2",
+"g4", "g8" (low+dq+lazy, the ring once per group of heads: BWD_HEAD_GROUPS), "min1", "min4"
+(BWD_MIN_MEMORY with all heads / 4 groups). For each: the peak
 of one autograd forward + backward above the inputs (q, k, v, dout: 4 X), as bench --mode ring
 counts it, and single-GPU flash_attn_func on the same --local positions (its peak above its
 inputs) and, with --whole, on P x --local positions (the sequence a ring of P ranks splits; in
 units of the ring's X: what a ring's peak is to be 1/P of). With --phases, rank 0 also prints
 live memory (X) after every block call and transfer start, and the peak since the previous
 record, for P = procs and P = 2 non-causal: which buffers are live at the peak.
+
+    python tests/ring_memory_probe.py --simulate 4 2 [--local 65536] [--variants ...]
+
+--simulate: no process group of several GPUs: one process on one GPU plays rank 0 of rings of
+those sizes (simulated_ring: every transfer a buffer made on the GPU, the same buffers and calls
+as that rank of a real ring), giving each variant's peak and its backward's time (no NVLink, so
+the cost of the smaller calls and of the copies, not of the transfers).
 """
 import argparse
 import datetime
@@ -31,23 +40,23 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 
 
 # variant -> cuflash.distributed flags (the others as the module has them)
-_OLD = dict(BWD_MIN_MEMORY=False, BWD_HEAD_GROUPS=2)
+_LAZY = dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True, HOME_LAZY_FP32=True)
+_ALL_HEADS = dict(BWD_MIN_MEMORY=False, BWD_HEAD_GROUPS=1)
 VARIANTS = {
     "travel": dict(DKV_HOME=False, BWD_LOW_MEMORY=False, DQ_IN_WORKSPACE=False, HOME_LAZY_FP32=False,
-                   **_OLD),
+                   **_ALL_HEADS),
     "low": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=False, HOME_LAZY_FP32=False,
-                **_OLD),
+                **_ALL_HEADS),
     "low+dq": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True, HOME_LAZY_FP32=False,
-                   **_OLD),
-    "low+dq+lazy": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True,
-                        HOME_LAZY_FP32=True, **_OLD),
-    # BWD_MIN_MEMORY (from 3 ranks; P = 2 runs low+dq+lazy) with 1, 2 (the default), 4 head groups
-    "min1": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True, HOME_LAZY_FP32=True,
-                 BWD_MIN_MEMORY=True, BWD_HEAD_GROUPS=1),
-    "min2": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True, HOME_LAZY_FP32=True,
-                 BWD_MIN_MEMORY=True, BWD_HEAD_GROUPS=2),
-    "min4": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True, HOME_LAZY_FP32=True,
-                 BWD_MIN_MEMORY=True, BWD_HEAD_GROUPS=4),
+                   **_ALL_HEADS),
+    "low+dq+lazy": dict(**_LAZY, **_ALL_HEADS),  # (session 19's defaults)
+    # BWD_HEAD_GROUPS: the backward's ring once per group of heads
+    "g2": dict(**_LAZY, BWD_MIN_MEMORY=False, BWD_HEAD_GROUPS=2),
+    "g4": dict(**_LAZY, BWD_MIN_MEMORY=False, BWD_HEAD_GROUPS=4),
+    "g8": dict(**_LAZY, BWD_MIN_MEMORY=False, BWD_HEAD_GROUPS=8),
+    # BWD_MIN_MEMORY (from 3 ranks: no block received during a step), all heads / 4 groups
+    "min1": dict(**_LAZY, BWD_MIN_MEMORY=True, BWD_HEAD_GROUPS=1),
+    "min4": dict(**_LAZY, BWD_MIN_MEMORY=True, BWD_HEAD_GROUPS=4),
 }
 
 
@@ -323,7 +332,7 @@ def main():
     ap.add_argument("--phases", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS),
-                    default=["low+dq+lazy", "min2"])
+                    default=["low+dq+lazy", "g4"])
     ap.add_argument("--simulate", type=int, nargs="+", default=None, metavar="P",
                     help="one process on one GPU: rank 0 of rings of these sizes, every transfer "
                          "replaced by a copy made on the GPU (simulated_ring: the same buffers, "

@@ -108,19 +108,22 @@ def _worker(rank, world, port, cases):
             _check_lazy_home_bits(rank, world, case, seed=7000 + i)
         saved = (cfd.BWD_MIN_MEMORY, cfd.BWD_HEAD_GROUPS, cfd.BWD_SWAP_PIECES,
                  cfd.BWD_SHARE_PIECES)
-        try:  # BWD_MIN_MEMORY (on from 3 ranks) off: the block received during the step, whole
-            # calls; then on with whole calls (1 group), 4 groups (GQA 4/2 heads: 2 used), and
-            # pieces longer than the tensors (1 piece) and of one position each
-            cfd.BWD_MIN_MEMORY = False
-            _check_case(rank, world, cases[1], seed=8000)
-            _check_case(rank, world, cases[2], seed=8001)
-            cfd.BWD_MIN_MEMORY, cfd.BWD_HEAD_GROUPS = True, 1
-            _check_case(rank, world, cases[0], seed=8002)
-            _check_case(rank, world, cases[1], seed=8003, strided=True)
+        try:  # the backward on all heads at once (BWD_HEAD_GROUPS 1; the cases above ran it per
+            # group of heads where nheads_kv allows), the same bits per head as per group; then
+            # BWD_MIN_MEMORY (from 3 ranks) with whole heads, with groups (the GQA case: 2 of 4),
+            # and pieces longer than the tensors (1 piece) and of one position each
+            for i, case in enumerate((cases[0], cases[2])):
+                _check_head_group_bits(rank, world, case, seed=8000 + i)
+            cfd.BWD_HEAD_GROUPS = 1
+            _check_case(rank, world, cases[1], seed=8002)
+            _check_case(rank, world, cases[2], seed=8003, strided=True)
+            cfd.BWD_MIN_MEMORY = True
+            _check_case(rank, world, cases[0], seed=8004)
+            _check_case(rank, world, cases[1], seed=8005, strided=True)
             cfd.BWD_HEAD_GROUPS, cfd.BWD_SWAP_PIECES, cfd.BWD_SHARE_PIECES = 4, 1, 1000
-            _check_case(rank, world, cases[2], seed=8004)
-            _check_case(rank, world, cases[5], seed=8005)
-            _check_case(rank, world, cases[4], seed=8006)
+            _check_case(rank, world, cases[2], seed=8006)
+            _check_case(rank, world, cases[5], seed=8007)
+            _check_case(rank, world, cases[4], seed=8008)
         finally:
             (cfd.BWD_MIN_MEMORY, cfd.BWD_HEAD_GROUPS, cfd.BWD_SWAP_PIECES,
              cfd.BWD_SHARE_PIECES) = saved
@@ -186,6 +189,28 @@ def _check_lazy_home_bits(rank, world, case, seed):
     for name, a, b in zip(("dq", "dk", "dv"), *grads):
         assert a.dtype == torch.bfloat16 and torch.equal(a, b), \
             f"rank {rank}/{world} case {case}: {name} differs with HOME_LAZY_FP32"
+
+
+def _check_head_group_bits(rank, world, case, seed):
+    """BWD_HEAD_GROUPS 1 and 2 give the same bits (bf16 inputs: each head's sums are the same
+    additions either way)."""
+    q, k, v, dout = _full_inputs(case, world, seed)
+    layout = case[6]
+    grads = []
+    saved = cfd.BWD_HEAD_GROUPS
+    try:
+        for groups in (1, 2):
+            cfd.BWD_HEAD_GROUPS = groups
+            leaves = [_shard(x, rank, world, layout).to(torch.bfloat16).requires_grad_()
+                      for x in (q, k, v)]
+            out = cfd.ring_flash_attn_func(*leaves, causal=case[5], layout=layout)
+            out.backward(_shard(dout, rank, world, layout).to(torch.bfloat16))
+            grads.append([x.grad for x in leaves])
+    finally:
+        cfd.BWD_HEAD_GROUPS = saved
+    for name, a, b in zip(("dq", "dk", "dv"), *grads):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b), \
+            f"rank {rank}/{world} case {case}: {name} differs with BWD_HEAD_GROUPS"
 
 
 # varlen: (sequence lengths in chunks, nheads, nheads_kv, headdim, causal, layout, dtype);

@@ -335,7 +335,8 @@ def _sizes_worker(rank, world, port):
     (P = 1); and at P = world the cases again with FWD_DYNAMIC and PRIORITY_GROUP flipped,
     FWD_GRID_STEPS = 1 and the backward's other two paths (DKV_HOME's shares home during the next
     step; the fp32 accumulator travelling with the block), with DQ_IN_WORKSPACE and HOME_LAZY_FP32
-    flipped; then BWD_MIN_MEMORY off, and on with whole calls (BWD_HEAD_GROUPS = 1)."""
+    flipped; then the backward on all heads at once (BWD_HEAD_GROUPS = 1; the passes before ran it
+    per group of heads), and BWD_MIN_MEMORY on (all heads; per group)."""
     import torch.distributed as dist
 
     from cuflash import distributed as cfd
@@ -383,14 +384,17 @@ def _sizes_worker(rank, world, port):
                 cfd.BWD_LOW_MEMORY, cfd.DQ_IN_WORKSPACE, cfd.HOME_LAZY_FP32 = saved
         dist.barrier()
         saved = cfd.BWD_MIN_MEMORY, cfd.BWD_HEAD_GROUPS
-        try:  # (from 3 ranks: BWD_MIN_MEMORY off, the block received during the step; on with
-            # whole calls)
-            cfd.BWD_MIN_MEMORY = False
+        try:  # (the backward on all heads at once, as before BWD_HEAD_GROUPS; BWD_MIN_MEMORY on,
+            # per head group and with all heads)
+            cfd.BWD_HEAD_GROUPS = 1
             failures += _dense_checks(rank, world, None, CASES[:1] + FLAG_CASES[1:],
-                                      first_extra=False, tag=" BWD_MIN_MEMORY=False")
-            cfd.BWD_MIN_MEMORY, cfd.BWD_HEAD_GROUPS = True, 1
+                                      first_extra=False, tag=" BWD_HEAD_GROUPS=1")
+            cfd.BWD_MIN_MEMORY = True
             failures += _dense_checks(rank, world, None, CASES[2:3], first_extra=False,
-                                      tag=" BWD_HEAD_GROUPS=1")
+                                      tag=" BWD_MIN_MEMORY=True BWD_HEAD_GROUPS=1")
+            cfd.BWD_HEAD_GROUPS = saved[1]
+            failures += _dense_checks(rank, world, None, CASES[:1], first_extra=False,
+                                      tag=f" BWD_MIN_MEMORY=True BWD_HEAD_GROUPS={saved[1]}")
         finally:
             cfd.BWD_MIN_MEMORY, cfd.BWD_HEAD_GROUPS = saved
         dist.barrier()

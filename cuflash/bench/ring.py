@@ -612,10 +612,10 @@ AB_VARIANTS = {
     "home_lazy": "cuflash.distributed.HOME_LAZY_FP32 flipped (the home dK/dV sums kept in k's "
                  "dtype until a second share arrives)",
     "bwd_minmem": "cuflash.distributed.BWD_MIN_MEMORY flipped (from 3 ranks: the next K/V block "
-                  "received after a step's kernels into the block in hand, the calls per head "
-                  "group, their shares home piece by piece)",
-    "bwd_groupsN": "cuflash.distributed.BWD_HEAD_GROUPS = N (BWD_MIN_MEMORY's head groups per "
-                   "step; e.g. bwd_groups1: whole calls)",
+                  "received after a step's kernels into the block in hand, the shares home piece "
+                  "by piece)",
+    "bwd_groupsN": "cuflash.distributed.BWD_HEAD_GROUPS = N (the backward's ring run once per "
+                   "group of heads, N groups; e.g. bwd_groups1: all heads at once)",
     "fwd_fullgridN": "cuflash.distributed.FWD_FULL_GRID_STEPS = N (non-causal rings from "
                      "FWD_DYNAMIC_MIN_WORLD ranks up: the first N forward steps on a grid of one "
                      "CTA per tile, the later ones static persistent; e.g. fwd_fullgrid1)",
