@@ -74,9 +74,18 @@ P = 4 16.06 / 15.06 X (BWD_LOW_MEMORY alone) -> 13.06 / 14.09 (DQ_IN_WORKSPACE; 
 changes nothing there); P = 2 14.06 / 13.06 -> 11.06 / 12.09 -> 9.06 / 10.09; single-GPU
 flash_attn_func on the whole sequence of the 2-rank ring 12.09 X, of the 4-rank one 24.19 X.
 bench --mode ring at 256k tokens (GiB per GPU, non-causal / causal): P = 1 3.02, P = 2 2.27 /
-2.52, P = 4 1.63 / 1.76 (session 18: 3.76 / 3.51 and 2.01 / 1.88). The
-floor of this design is out, the dQ sums, the blocks in hand and the home sums: every term
-scales with seqlen / P. dK/dV added into the home accumulator by the kernels' epilogue would
+2.52, P = 4 1.63 / 1.76 (session 18: 3.76 / 3.51 and 2.01 / 1.88). Where the P = 4 peak's 13 X
+come from (probe --phases, a middle step's kernels): out 1, the dQ sums 2 (the shared workspace),
+the home sums 4 (fp32 from the second share on: 3 or more shares), the block in hand 2, the next
+block arriving 2, the kernels' dK, dV shares 2; at P = 2 the next block is not there (the last
+step) and the home sums stay bf16 (2): 9. With BWD_HEAD_GROUPS (G = 4, on) the backward's ring
+runs once per group of heads: all but out scales with 1/G, and dq, dk, dv (3) are allocated
+first: 1 + 3 + 12 / G = 7 X at P >= 3 (G = 8: 5.5), 1 + 3 + 8 / G = 6 at P = 2, against
+single-GPU flash_attn_func's 6.05 on the same local shard: per-rank X that no longer grows with
+P, bytes per GPU ~1/P of one GPU on the whole sequence (24.19 X at 4 ranks' X). BWD_MIN_MEMORY
+(off) also drops the next block and keeps the shares in pieces (10 X in place of 12 per group),
+for an exposed block transfer. The floor of this design is out, the gradients, the dQ sums, the
+blocks in hand and the home sums: every term scales with seqlen / P. dK/dV added into the home accumulator by the kernels' epilogue would
 not lower the peak: only the rank's own block is added at home (step 0, not the peak step); the
 shares of the others' blocks must be written out anyway, to be sent. Peaks
 are torch's max_memory_allocated: a buffer still in flight on the side stream after Python let
