@@ -85,12 +85,12 @@ single-GPU flash_attn_func's 6.05 on the same local shard: per-rank X that no lo
 P, bytes per GPU ~1/P of one GPU on the whole sequence (24.19 X at 4 ranks' X). BWD_MIN_MEMORY
 (off) also drops the next block and keeps the shares in pieces (10 X in place of 12 per group),
 for an exposed block transfer. The floor of this design is out, the gradients, the dQ sums, the
-blocks in hand and the home sums: every term scales with seqlen / P. dK/dV added into the home accumulator by the kernels' epilogue would
-not lower the peak: only the rank's own block is added at home (step 0, not the peak step); the
-shares of the others' blocks must be written out anyway, to be sent. Peaks
-are torch's max_memory_allocated: a buffer still in flight on the side stream after Python let
-go of it (record_stream) is not counted there, though its memory is not reused before the
-transfer ends.
+blocks in hand and the home sums: every term scales with seqlen / P. dK/dV added into the home
+accumulator by the kernels' epilogue would not lower the peak: only the rank's own block is added
+at home (step 0, not the peak step); the shares of the others' blocks must be written out anyway,
+to be sent. Peaks are torch's max_memory_allocated: a buffer still in flight on the side stream
+after Python let go of it (record_stream) is not counted there, though its memory is not reused
+before the transfer ends.
 
 Causal: the sequence is cut into 2P chunks of equal length; the zigzag layout (the
 default) gives rank i the chunks i and 2P-1-i, so that every rank has the same amount of
@@ -705,7 +705,8 @@ class _Ring:
         if self.stream is not None:
             torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
 
-    def swap(self, tensors: Sequence[Tensor], in_place: bool, trace: Optional[tuple] = None) -> tuple:
+    def swap(self, tensors: Sequence[Tensor], in_place: bool,
+             trace: Optional[tuple] = None) -> tuple:
         """Send each tensor to the next rank and receive one like it from the previous, after the
         current stream's work, waited for (the current stream waits). in_place: into the tensors
         themselves, BWD_SWAP_PIECES pieces along the positions each (a piece received into a
@@ -1226,20 +1227,20 @@ def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, shar
 # writing: 4.
 BWD_HEAD_GROUPS = 4
 
-# Whether the dense ring's backward, from BWD_MIN_MEMORY_MIN_WORLD ranks up (BWD_LOW_MEMORY on, the
-# forward's direction), keeps no buffer whose size is a whole K/V block besides the block in hand and
-# the home sums (_rotate_backward_min): the next block is not received during a step's kernels but
-# after them, into the block in hand itself (_Ring.swap: piece by piece, each piece received into a
-# scratch piece and copied over the one just sent; BWD_SWAP_PIECES); a step's dK/dV shares go home
-# right after its kernels, dK before dV, the shares arriving for the local block received piece by
-# piece (BWD_SHARE_PIECES) and added into the home sums (fp32 from the start: 3 or more shares).
-# The ring's peak without out is then the dQ sums 2, home 4, the block in hand 2 and the step's dK,
-# dV 2 (+ a piece): 10 X in place of 12 (per head group: BWD_HEAD_GROUPS divides both). The cost:
-# the block's transfer is exposed (2 X per step no longer under the kernels: 256 MiB at 256k tokens
-# and P = 4, about 1 ms against an 83 ms step; 1 GiB at 1M, 3-4 ms against 1290 ms) plus the pieces'
-# copies. Exact: the same block calls and shares, summed in fp32 (in another order). P = 2 keeps the
-# path it has (home sums in k's dtype, HOME_LAZY_FP32). Unmeasured: off (bench --ring-ab
-# bwd_minmem).
+# Whether the dense ring's backward, from BWD_MIN_MEMORY_MIN_WORLD ranks up (BWD_LOW_MEMORY on,
+# the forward's direction), keeps no buffer whose size is a whole K/V block besides the block in
+# hand and the home sums (_rotate_backward_min): the next block is not received during a step's
+# kernels but after them, into the block in hand itself (_Ring.swap: piece by piece, each piece
+# received into a scratch piece and copied over the one just sent; BWD_SWAP_PIECES); a step's dK/dV
+# shares go home right after its kernels, dK before dV, the shares arriving for the local block
+# received piece by piece (BWD_SHARE_PIECES) and added into the home sums (fp32 from the start: 3 or
+# more shares). The ring's peak without out is then the dQ sums 2, home 4, the block in hand 2 and
+# the step's dK, dV 2 (+ a piece): 10 X in place of 12 (per head group: BWD_HEAD_GROUPS divides
+# both). The cost: the block's transfer is exposed (2 X per step no longer under the kernels: 256
+# MiB at 256k tokens and P = 4, about 1 ms against an 83 ms step; 1 GiB at 1M, 3-4 ms against 1290
+# ms) plus the pieces' copies. Exact: the same block calls and shares, summed in fp32 (in another
+# order). P = 2 keeps the path it has (home sums in k's dtype, HOME_LAZY_FP32). Unmeasured: off
+# (bench --ring-ab bwd_minmem).
 BWD_MIN_MEMORY = False
 BWD_MIN_MEMORY_MIN_WORLD = 3
 # Pieces per K/V tensor in BWD_MIN_MEMORY's in-place exchange of the block (a scratch piece of
@@ -1278,8 +1279,10 @@ def _exchange_pieces(ring: _Ring, outgoing: list, incoming: list, peers: tuple, 
     target. An outgoing tensor is let go once its
     last piece has left (the list's entry set to None). Both ends cut a tensor of one shape alike,
     so the pieces pair up in order."""
-    sends = [(j, sl) for j, t in enumerate(outgoing) for sl in _row_pieces(t.shape, BWD_SHARE_PIECES)]
-    recvs = [(tgt, add, sl) for tgt, add in incoming for sl in _row_pieces(tgt.shape, BWD_SHARE_PIECES)]
+    sends = [(j, sl) for j, t in enumerate(outgoing)
+             for sl in _row_pieces(t.shape, BWD_SHARE_PIECES)]
+    recvs = [(tgt, add, sl) for tgt, add in incoming
+             for sl in _row_pieces(tgt.shape, BWD_SHARE_PIECES)]
     for i in range(max(len(sends), len(recvs))):
         out, like = [], []
         if i < len(sends):

@@ -43,8 +43,8 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 _LAZY = dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True, HOME_LAZY_FP32=True)
 _ALL_HEADS = dict(BWD_MIN_MEMORY=False, BWD_HEAD_GROUPS=1)
 VARIANTS = {
-    "travel": dict(DKV_HOME=False, BWD_LOW_MEMORY=False, DQ_IN_WORKSPACE=False, HOME_LAZY_FP32=False,
-                   **_ALL_HEADS),
+    "travel": dict(DKV_HOME=False, BWD_LOW_MEMORY=False, DQ_IN_WORKSPACE=False,
+                   HOME_LAZY_FP32=False, **_ALL_HEADS),
     "low": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=False, HOME_LAZY_FP32=False,
                 **_ALL_HEADS),
     "low+dq": dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True, HOME_LAZY_FP32=False,
@@ -149,6 +149,14 @@ def _single_rows(torch, cuflash, inputs, g, scales, X: int) -> list:
     return rows
 
 
+def _write_rows(rows, out) -> None:
+    for r in rows:
+        print(json.dumps(r), flush=True)
+    if out:
+        with open(out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def _print_phases(log, P, causal, name) -> None:
     print(f"phases P={P} causal={causal} variant={name} (live X, peak X since the last record):",
           flush=True)
@@ -221,7 +229,7 @@ def simulate(opts) -> None:
                 def bwd_ms():
                     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
                     o = cfd.ring_flash_attn_func(*leaves, causal=causal)
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a, b = (torch.cuda.Event(enable_timing=True) for _ in range(2))
                     a.record()
                     torch.autograd.grad(o, leaves, dout)
                     b.record()
@@ -232,7 +240,8 @@ def simulate(opts) -> None:
                     setup(name)
                     run()  # warm-up (compiles)
                     log = []
-                    undo = _instrument(cfd, torch, log, X) if opts["phases"] and not causal else None
+                    undo = _instrument(cfd, torch, log, X) if opts["phases"] and not causal \
+                        else None
                     try:
                         peak = _peak(torch, run, log, X)
                     finally:
@@ -257,11 +266,7 @@ def simulate(opts) -> None:
             setattr(cfd, flag, value)
     rows += _single_rows(torch, cuflash, (q, k, v, dout), g,
                          set(opts["simulate"]) if opts["whole"] else set(), X)
-    for r in rows:
-        print(json.dumps(r), flush=True)
-    if opts["out"]:
-        with open(opts["out"], "w") as f:
-            json.dump(rows, f, indent=1)
+    _write_rows(rows, opts["out"])
     dist.destroy_process_group()
 
 
@@ -314,12 +319,9 @@ def _worker(rank, world, port, opts):
     for flag, value in saved.items():
         setattr(cfd, flag, value)
     if rank == 0:
-        rows += _single_rows(torch, cuflash, (q, k, v, dout), g, {2, world} if opts["whole"] else set(), X)
-        for r in rows:
-            print(json.dumps(r), flush=True)
-        if opts["out"]:
-            with open(opts["out"], "w") as f:
-                json.dump(rows, f, indent=1)
+        rows += _single_rows(torch, cuflash, (q, k, v, dout), g,
+                             {2, world} if opts["whole"] else set(), X)
+        _write_rows(rows, opts["out"])
     dist.barrier()
     dist.destroy_process_group()
 

@@ -169,48 +169,37 @@ def _check_case(rank, world, case, seed, strided=False):
     assert (lse.double() - want_lse).abs().max().item() <= 1e-5 * (1 + want_lse.abs().max().item())
 
 
+def _check_same_bits(rank, world, case, seed, flag, values):
+    """The cuflash.distributed setting ``flag`` at each of ``values`` gives the same bits (bf16
+    inputs)."""
+    q, k, v, dout = _full_inputs(case, world, seed)
+    layout = case[6]
+    grads = []
+    saved = getattr(cfd, flag)
+    try:
+        for value in values:
+            setattr(cfd, flag, value)
+            leaves = [_shard(x, rank, world, layout).to(torch.bfloat16).requires_grad_()
+                      for x in (q, k, v)]
+            out = cfd.ring_flash_attn_func(*leaves, causal=case[5], layout=layout)
+            out.backward(_shard(dout, rank, world, layout).to(torch.bfloat16))
+            grads.append([x.grad for x in leaves])
+    finally:
+        setattr(cfd, flag, saved)
+    for name, a, b in zip(("dq", "dk", "dv"), *grads):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b), \
+            f"rank {rank}/{world} case {case}: {name} differs with {flag} {values}"
+
+
 def _check_lazy_home_bits(rank, world, case, seed):
     """HOME_LAZY_FP32 on and off give the same bits (bf16 inputs: the home accumulator kept in k's
     dtype until a second share, the last of two added there, rounds as the fp32 sum does)."""
-    q, k, v, dout = _full_inputs(case, world, seed)
-    layout = case[6]
-    grads = []
-    saved = cfd.HOME_LAZY_FP32
-    try:
-        for lazy in (True, False):
-            cfd.HOME_LAZY_FP32 = lazy
-            leaves = [_shard(x, rank, world, layout).to(torch.bfloat16).requires_grad_()
-                      for x in (q, k, v)]
-            out = cfd.ring_flash_attn_func(*leaves, causal=case[5], layout=layout)
-            out.backward(_shard(dout, rank, world, layout).to(torch.bfloat16))
-            grads.append([x.grad for x in leaves])
-    finally:
-        cfd.HOME_LAZY_FP32 = saved
-    for name, a, b in zip(("dq", "dk", "dv"), *grads):
-        assert a.dtype == torch.bfloat16 and torch.equal(a, b), \
-            f"rank {rank}/{world} case {case}: {name} differs with HOME_LAZY_FP32"
+    _check_same_bits(rank, world, case, seed, "HOME_LAZY_FP32", (True, False))
 
 
 def _check_head_group_bits(rank, world, case, seed):
-    """BWD_HEAD_GROUPS 1 and 2 give the same bits (bf16 inputs: each head's sums are the same
-    additions either way)."""
-    q, k, v, dout = _full_inputs(case, world, seed)
-    layout = case[6]
-    grads = []
-    saved = cfd.BWD_HEAD_GROUPS
-    try:
-        for groups in (1, 2):
-            cfd.BWD_HEAD_GROUPS = groups
-            leaves = [_shard(x, rank, world, layout).to(torch.bfloat16).requires_grad_()
-                      for x in (q, k, v)]
-            out = cfd.ring_flash_attn_func(*leaves, causal=case[5], layout=layout)
-            out.backward(_shard(dout, rank, world, layout).to(torch.bfloat16))
-            grads.append([x.grad for x in leaves])
-    finally:
-        cfd.BWD_HEAD_GROUPS = saved
-    for name, a, b in zip(("dq", "dk", "dv"), *grads):
-        assert a.dtype == torch.bfloat16 and torch.equal(a, b), \
-            f"rank {rank}/{world} case {case}: {name} differs with BWD_HEAD_GROUPS"
+    """BWD_HEAD_GROUPS 1 and 2 give the same bits (each head's sums are the same additions)."""
+    _check_same_bits(rank, world, case, seed, "BWD_HEAD_GROUPS", (1, 2))
 
 
 # varlen: (sequence lengths in chunks, nheads, nheads_kv, headdim, causal, layout, dtype);

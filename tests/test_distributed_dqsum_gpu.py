@@ -4,8 +4,9 @@ a whole block, on a half block, and some rows only), added into one _DqSum, agai
 block gradients (the global out and lse given) and against the plain path (each call's dq
 rounded to q's dtype, summed in fp32), whose error bounds the new one (2x, plus one ulp of the
 largest value). dK and dV of every call must match the plain path's; deterministic calls must
-be bitwise reproducible. The same calls per group of heads (BWD_MIN_MEMORY: strided head views
-read in place, one _DqSum per group) within the same bounds. Outputs are NaN-poisoned before each launch.
+be bitwise reproducible. The same calls per group of heads (BWD_HEAD_GROUPS: strided head views
+read in place, one _DqSum per group) within the same bounds. Outputs are NaN-poisoned before each
+launch.
 
     timeout 120 python -m pytest -q -s tests/test_distributed_dqsum_gpu.py
 """
@@ -101,7 +102,7 @@ def _run(torch, cfd, case, q, dout, blocks, out, lse, scale, in_workspace):
 
 
 def _run_groups(torch, cfd, case, q, dout, blocks, out, lse, scale, groups):
-    """_run's workspace path per head group as BWD_MIN_MEMORY makes the calls: one _DqSum per
+    """_run's workspace path per head group as BWD_HEAD_GROUPS makes the calls: one _DqSum per
     group on head views of q (strided, read in place), dq and every call's dK, dV put together."""
     _, _, h, hk, _, causal, det = case
     calls = _calls(q.shape[1], causal)
@@ -172,7 +173,7 @@ def test_dq_sums_in_workspace(case):
                 ea, eb = _err(torch, a, r), _err(torch, b, r)
                 ulp = 2.0 ** -7 * r.abs().max().item()
                 assert math.isfinite(ea) and ea <= 2 * eb + ulp, (i, name, ea, eb)
-        if case[3] % 2 == 0:  # BWD_MIN_MEMORY's head groups: strided views, the same bounds
+        if case[3] % 2 == 0:  # BWD_HEAD_GROUPS' head groups: strided views, the same bounds
             dq_g, grads_g, sums_g = _run_groups(torch, cfd, case, q, dout, blocks, out, lse,
                                                 scale, 2)
             assert all(x.ws is not None for x in sums_g), "a head group left the workspace path"
