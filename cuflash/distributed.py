@@ -1328,6 +1328,7 @@ def _rotate_backward_min(ring: _Ring, kv: tuple, acc, step_fn, share_index,
                 for index, dk_b, dv_b in shares:
                     part(0, index).add_(dk_b)
                     part(1, index).add_(dv_b)
+                dk_b = dv_b = None  # (the loop's names would keep the last share alive)
         else:
             outgoing = [t for _, dk_b, dv_b in shares for t in (dk_b, dv_b)]
             shares = None
@@ -1429,7 +1430,7 @@ def _by_head_groups(groups: int, dout, q, k, v, out, lse, kv_last, backward) -> 
                          lse[:, hs], last)
         for whole, part, heads in zip((dq, dk, dv), grads, (hs, hks, hks)):
             whole[:, :, heads] = part
-        del grads
+        del grads, part  # (the loop's name would keep the group's dv alive)
     return dq, dk, dv
 
 
