@@ -80,17 +80,17 @@ the home sums 4 (fp32 from the second share on: 3 or more shares), the block in 
 block arriving 2, the kernels' dK, dV shares 2; at P = 2 the next block is not there (the last
 step) and the home sums stay bf16 (2): 9. With BWD_HEAD_GROUPS (G = 4, on) the backward's ring
 runs once per group of heads: all but out scales with 1/G, and dq, dk, dv (3) are allocated
-first: 1 + 3 + 12 / G = 7 X at P >= 3 (G = 8: 5.5), 1 + 3 + 8 / G = 6 at P = 2, against
-single-GPU flash_attn_func's 6.05 on the same local shard: per-rank X that no longer grows with
-P, bytes per GPU ~1/P of one GPU on the whole sequence (24.19 X at 4 ranks' X). BWD_MIN_MEMORY
-(off) also drops the next block and keeps the shares in pieces (10 X in place of 12 per group),
-for an exposed block transfer. The floor of this design is out, the gradients, the dQ sums, the
-blocks in hand and the home sums: every term scales with seqlen / P. dK/dV added into the home
-accumulator by the kernels' epilogue would not lower the peak: only the rank's own block is added
-at home (step 0, not the peak step); the shares of the others' blocks must be written out anyway,
-to be sent. Peaks are torch's max_memory_allocated: a buffer still in flight on the side stream
-after Python let go of it (record_stream) is not counted there, though its memory is not reused
-before the transfer ends.
+first: 1 + 3 + 12 / G = 7 X at P >= 3, 1 + 3 + 8 / G = 6 at P = 2. Measured (session 20,
+ring_memory_probe.py --simulate, 64k positions per rank, non-causal / causal): P = 4 7.16 / 7.30 X,
+the forward's peak from G = 4 on (the fp32 running out, the block in hand and the next, a block's
+out: 7.16), P = 2 6.04 / 6.30, against single-GPU flash_attn_func's 6.05 on the same local shard:
+bytes per GPU 0.30x (P = 4) and 0.50x (P = 2) of one GPU on the whole sequence. The floor of this
+design is out, the gradients, the dQ sums, the blocks in hand and the home sums: every term scales
+with seqlen / P. dK/dV added into the home accumulator by the kernels' epilogue would not lower the
+peak: only the rank's own block is added at home (step 0, not the peak step); the shares of the
+others' blocks must be written out anyway, to be sent. Peaks are torch's max_memory_allocated: a
+buffer still in flight on the side stream after Python let go of it (record_stream) is not counted
+there, though its memory is not reused before the transfer ends.
 
 Causal: the sequence is cut into 2P chunks of equal length; the zigzag layout (the
 default) gives rank i the chunks i and 2P-1-i, so that every rank has the same amount of
@@ -705,30 +705,6 @@ class _Ring:
         if self.stream is not None:
             torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
 
-    def swap(self, tensors: Sequence[Tensor], in_place: bool,
-             trace: Optional[tuple] = None) -> tuple:
-        """Send each tensor to the next rank and receive one like it from the previous, after the
-        current stream's work, waited for (the current stream waits). in_place: into the tensors
-        themselves, BWD_SWAP_PIECES pieces along the positions each (a piece received into a
-        scratch piece, then copied over the piece just sent: one scratch piece of memory);
-        otherwise into new tensors. Returns the received tensors."""
-        if not in_place:
-            recv, reqs = self.start(tensors, trace=trace)
-            with _Span("bwd_wait", trace[1] if trace else 0, tensors[0]):
-                self.finish(reqs)
-            return tuple(recv)
-        for t in tensors:
-            for sl in _row_pieces(t.shape, BWD_SWAP_PIECES):
-                piece = t[:, sl]
-                if not piece.is_contiguous():
-                    piece = piece.contiguous()
-                got, reqs = self.start([piece], trace=trace)
-                with _Span("bwd_wait", trace[1] if trace else 0, t):
-                    self.finish(reqs)
-                t[:, sl].copy_(got[0])
-                del got, piece
-        return tuple(tensors)
-
 
 # Whether the rings send a received K/V block on without waiting for the current stream
 # (_Ring.start's after_current=False): the block's transfer is queued behind the earlier
@@ -1217,130 +1193,26 @@ def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, shar
 # (every step, every transfer) on the first group's heads of q, dout, out (views, read in place
 # through their strides) and of k, v (copies of the group's heads, to be sent), then on the next
 # group's, each group's gradients written into dq, dk, dv, allocated first. Everything the ring
-# holds besides out scales with the heads of a group: in units of X (module docstring) the peak is
-# out 1 + dq, dk, dv 3 + the one-group ring's peak without out (12 X from P = 3 on, 8 at P = 2) / G:
-# 4 + 12 / G from P = 3 on, 4 + 8 / G at P = 2 (single-GPU flash_attn_func on the same local
-# shard: 6.05), where G = 1 holds 13 and 9. The same block calls on fewer heads each (the same
-# tiles; a call's grid is 1/G as large), G times the transfers at 1/G the bytes (the same bytes
-# in all): exact, each head's sums the same additions as with G = 1 (the kernels keep heads
-# apart; selection may pick another config for the smaller calls). Unmeasured at the time of
-# writing: 4.
+# holds besides out scales with the heads of a group: in units of X (module docstring) the
+# backward's peak is out 1 + dq, dk, dv 3 + the one-group ring's peak without out (12 X from P = 3
+# on, 8 at P = 2) / G: 4 + 12 / G from P = 3 on, 4 + 8 / G at P = 2, where G = 1 holds 13 and 9.
+# The same block calls on fewer heads each (a call's grid 1/G as large), G times the transfers at
+# 1/G the bytes (the same bytes in all): exact, each head's sums the same additions as with G = 1
+# (the kernels keep heads apart; selection may pick another config for the smaller calls).
+# Measured (session 20 round 2, 1 x H100, tests/ring_memory_probe.py --simulate: rank 0 of a ring
+# in one process, transfers made on-GPU copies, 64k positions per rank = the 256k bench cell at
+# P = 4, 8 heads; peak above the inputs in X, non-causal / causal; the backward's ms, variants
+# alternated, median of 3): P = 4 G = 1 13.06 / 14.09 X (323.4 / 160.1 ms), G = 2 10.05 / 10.56
+# (317.5 / 159.9), G = 4 7.16 / 7.30 (318.8 / 162.5), G = 8 7.16 / 6.59 (317.0 / 163.3); P = 2
+# G = 1 9.06 / 10.09, G = 2 8.05 / 8.56, G = 4 6.04 / 6.30, G = 8 5.16 / 5.16 (159.6, 160.3,
+# 159.6 ms non-causal for G = 1, 4, 8). From G = 4 on a P = 4 rank's peak is the forward's (7.16 X:
+# the fp32 running out 2, the block in hand 2 and the next 2, a block's out 1), not the
+# backward's; single-GPU flash_attn_func on the same local shard: 6.05 X. 4: on.
 BWD_HEAD_GROUPS = 4
-
-# Whether the dense ring's backward, from BWD_MIN_MEMORY_MIN_WORLD ranks up (BWD_LOW_MEMORY on,
-# the forward's direction), keeps no buffer whose size is a whole K/V block besides the block in
-# hand and the home sums (_rotate_backward_min): the next block is not received during a step's
-# kernels but after them, into the block in hand itself (_Ring.swap: piece by piece, each piece
-# received into a scratch piece and copied over the one just sent; BWD_SWAP_PIECES); a step's dK/dV
-# shares go home right after its kernels, dK before dV, the shares arriving for the local block
-# received piece by piece (BWD_SHARE_PIECES) and added into the home sums (fp32 from the start: 3 or
-# more shares). The ring's peak without out is then the dQ sums 2, home 4, the block in hand 2 and
-# the step's dK, dV 2 (+ a piece): 10 X in place of 12 (per head group: BWD_HEAD_GROUPS divides
-# both). The cost: the block's transfer is exposed (2 X per step no longer under the kernels: 256
-# MiB at 256k tokens and P = 4, about 1 ms against an 83 ms step; 1 GiB at 1M, 3-4 ms against 1290
-# ms) plus the pieces' copies. Exact: the same block calls and shares, summed in fp32 (in another
-# order). P = 2 keeps the path it has (home sums in k's dtype, HOME_LAZY_FP32). Unmeasured: off
-# (bench --ring-ab bwd_minmem).
-BWD_MIN_MEMORY = False
-BWD_MIN_MEMORY_MIN_WORLD = 3
-# Pieces per K/V tensor in BWD_MIN_MEMORY's in-place exchange of the block (a scratch piece of
-# 1/pieces of the tensor), and per dK / dV share in its exchange of the shares.
-BWD_SWAP_PIECES = 4
-BWD_SHARE_PIECES = 2
-
 
 def _head_groups(nheads_kv: int, wanted: int) -> int:
     """The largest divisor of nheads_kv that is at most ``wanted`` (at least 1)."""
     return max(g for g in range(1, max(1, min(int(wanted), nheads_kv)) + 1) if nheads_kv % g == 0)
-
-
-def _row_pieces(shape, pieces: int) -> list:
-    """Slices along dim 1 (positions) cutting a tensor of ``shape`` into at most ``pieces`` pieces
-    (none empty; the same cut on every rank for the same shape)."""
-    n = shape[1]
-    step = max(1, -(-n // max(1, pieces)))
-    return [slice(i, min(n, i + step)) for i in range(0, n, step)]
-
-
-@dataclass(frozen=True)
-class _Like:
-    """What _Ring.start's recv_like reads of a tensor: its shape, dtype and device."""
-    shape: tuple
-    dtype: torch.dtype
-    device: torch.device
-
-
-def _exchange_pieces(ring: _Ring, outgoing: list, incoming: list, peers: tuple, step: int,
-                     dtype) -> None:
-    """Send the tensors of ``outgoing`` to peers[0] while receiving those of ``incoming`` from
-    peers[1], piece by piece (BWD_SHARE_PIECES pieces along the positions of each tensor, one
-    piece each way at a time). incoming: [(target view, add)]: each piece (``dtype``, the
-    senders' tensors') received is added into (add) or copied over (not add) its part of the
-    target. An outgoing tensor is let go once its
-    last piece has left (the list's entry set to None). Both ends cut a tensor of one shape alike,
-    so the pieces pair up in order."""
-    sends = [(j, sl) for j, t in enumerate(outgoing)
-             for sl in _row_pieces(t.shape, BWD_SHARE_PIECES)]
-    recvs = [(tgt, add, sl) for tgt, add in incoming
-             for sl in _row_pieces(tgt.shape, BWD_SHARE_PIECES)]
-    for i in range(max(len(sends), len(recvs))):
-        out, like = [], []
-        if i < len(sends):
-            j, sl = sends[i]
-            piece = outgoing[j][:, sl]
-            out.append(piece if piece.is_contiguous() else piece.contiguous())
-        if i < len(recvs):
-            tgt, add, sl = recvs[i]
-            like.append(_Like(tgt[:, sl].shape, dtype, tgt.device))  # (start reads these alone)
-        got, reqs = ring.start(out, trace=("bwd_acc_xfer", step), peers=peers, recv_like=like)
-        with _Span("bwd_wait", step, like[0] if like else out[0]):
-            ring.finish(reqs)
-        if like:
-            tgt, add, sl = recvs[i]
-            if add:
-                tgt[:, sl].add_(got[0])
-            else:
-                tgt[:, sl].copy_(got[0])
-        del out, got
-        if i < len(sends) and (i + 1 == len(sends) or sends[i + 1][0] != sends[i][0]):
-            outgoing[sends[i][0]] = None  # its last piece has left
-
-
-def _rotate_backward_min(ring: _Ring, kv: tuple, acc, step_fn, share_index,
-                         like: Optional[tuple] = None) -> tuple:
-    """The backward ring with BWD_MIN_MEMORY (the forward's direction, comm on): step s runs
-    ``step_fn(step, src, k_block, v_block)`` (shares [(index, dk, dv)] as _rotate_backward's),
-    sends the shares of another rank's block home at once (dK, then dV, piece by piece) while
-    receiving those holder(s) made of the local block (share_index(holder)), added into the fp32
-    home sums; then the block in hand is exchanged for the next one in place (step 0's block is
-    the local k, v: received into new buffers). Returns the local (dK, dV) in k's dtype. like: as
-    _rotate_backward's."""
-    world, rank = ring.world, ring.rank
-    k, v = kv if like is None else like
-    home = (torch.zeros(k.shape, dtype=acc, device=k.device),
-            torch.zeros(v.shape, dtype=acc, device=v.device))
-    part = lambda j, index: home[j] if index is None else home[j][index]  # noqa: E731
-    for step in range(world):
-        src, holder = (rank - step) % world, (rank + step) % world
-        shares = step_fn(step, src, *kv)
-        if src == rank:
-            with _Span("bwd_accum", step, k):
-                for index, dk_b, dv_b in shares:
-                    part(0, index).add_(dk_b)
-                    part(1, index).add_(dv_b)
-                dk_b = dv_b = None  # (the loop's names would keep the last share alive)
-        else:
-            outgoing = [t for _, dk_b, dv_b in shares for t in (dk_b, dv_b)]
-            shares = None
-            incoming = [(part(j, index), True) for index in share_index(holder) for j in (0, 1)]
-            _exchange_pieces(ring, outgoing, incoming, (src, holder), step, k.dtype)
-            del outgoing, incoming
-        shares = None
-        if step + 1 < world:
-            kv = ring.swap(kv, in_place=step > 0, trace=("bwd_xfer", step))
-    kv = None
-    with _Span("bwd_final", world - 1, k):
-        return home[0].to(k.dtype), home[1].to(v.dtype)
 
 
 # Whether the dense rings run a step's non-causal call over several q chunks as one call per q
@@ -1505,10 +1377,7 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
 
     _trace_origin(q)
     first = None if kv_last is None else _sendable(*kv_last)
-    if (BWD_MIN_MEMORY and BWD_LOW_MEMORY and not DKV_HOME and comm and kv_last is None
-            and world >= BWD_MIN_MEMORY_MIN_WORLD):
-        dk, dv = _rotate_backward_min(ring, _sendable(k, v), acc, step, share_index, like=(k, v))
-    elif DKV_HOME or BWD_LOW_MEMORY:
+    if DKV_HOME or BWD_LOW_MEMORY:
         dk, dv = _rotate_backward_home(ring, _sendable(k, v), comm, acc, step, share_index, first,
                                        like=(k, v))
     else:

@@ -9,8 +9,8 @@ rank holding --local positions (so X is the same for every P), causal (zigzag) a
 backward's memory flags of VARIANTS (--variants: some of them): "low" (BWD_LOW_MEMORY, session
 18's default), "low+dq" (DQ_IN_WORKSPACE too), "low+dq+lazy" (and HOME_LAZY_FP32: session 19's
 defaults), "travel" (an fp32 accumulator travelling with each block), all heads at once; "g2",
-"g4", "g8" (low+dq+lazy, the ring once per group of heads: BWD_HEAD_GROUPS), "min1", "min4"
-(BWD_MIN_MEMORY with all heads / 4 groups). For each: the peak
+"g4", "g8" (low+dq+lazy, the backward's ring once per group of heads: BWD_HEAD_GROUPS; g4 the
+default). For each: the peak
 of one autograd forward + backward above the inputs (q, k, v, dout: 4 X), as bench --mode ring
 counts it, and single-GPU flash_attn_func on the same --local positions (its peak above its
 inputs) and, with --whole, on P x --local positions (the sequence a ring of P ranks splits; in
@@ -41,7 +41,7 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 
 # variant -> cuflash.distributed flags (the others as the module has them)
 _LAZY = dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True, HOME_LAZY_FP32=True)
-_ALL_HEADS = dict(BWD_MIN_MEMORY=False, BWD_HEAD_GROUPS=1)
+_ALL_HEADS = dict(BWD_HEAD_GROUPS=1)
 VARIANTS = {
     "travel": dict(DKV_HOME=False, BWD_LOW_MEMORY=False, DQ_IN_WORKSPACE=False,
                    HOME_LAZY_FP32=False, **_ALL_HEADS),
@@ -51,12 +51,9 @@ VARIANTS = {
                    **_ALL_HEADS),
     "low+dq+lazy": dict(**_LAZY, **_ALL_HEADS),  # (session 19's defaults)
     # BWD_HEAD_GROUPS: the backward's ring once per group of heads
-    "g2": dict(**_LAZY, BWD_MIN_MEMORY=False, BWD_HEAD_GROUPS=2),
-    "g4": dict(**_LAZY, BWD_MIN_MEMORY=False, BWD_HEAD_GROUPS=4),
-    "g8": dict(**_LAZY, BWD_MIN_MEMORY=False, BWD_HEAD_GROUPS=8),
-    # BWD_MIN_MEMORY (from 3 ranks: no block received during a step), all heads / 4 groups
-    "min1": dict(**_LAZY, BWD_MIN_MEMORY=True, BWD_HEAD_GROUPS=1),
-    "min4": dict(**_LAZY, BWD_MIN_MEMORY=True, BWD_HEAD_GROUPS=4),
+    "g2": dict(**_LAZY, BWD_HEAD_GROUPS=2),
+    "g4": dict(**_LAZY, BWD_HEAD_GROUPS=4),
+    "g8": dict(**_LAZY, BWD_HEAD_GROUPS=8),
 }
 
 

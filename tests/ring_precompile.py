@@ -14,8 +14,8 @@ first case), and the varlen test's calls (one chunk of every sequence against on
 the whole batch on one GPU). Forward configs also as cuflash.distributed's flags would change
 them: on the dynamic scheduler (FWD_DYNAMIC) and, non-causal, on a grid of one CTA per tile
 (FWD_GRID_STEPS; --no-grid skips these); backward configs also with dq_first and dq_convert off
-(DQ_IN_WORKSPACE's calls), and from 3 ranks the backward calls per head group (BWD_MIN_MEMORY,
---head-groups).
+(DQ_IN_WORKSPACE's calls), and the backward calls per group of heads (BWD_HEAD_GROUPS: the
+--head-groups counts, default 4).
 """
 import argparse
 import os
@@ -40,7 +40,7 @@ def _shapes(P: int, chunk: int, layout: str, causal: bool) -> list:
     return out
 
 
-def problems(procs, seqlens, head_groups=(2,)) -> list:
+def problems(procs, seqlens, head_groups=(4,)) -> list:
     from test_distributed_gpu import CASES, FLAG_CASES, VARLEN_CASES
 
     from cuflash import distributed as cfd
@@ -70,11 +70,11 @@ def problems(procs, seqlens, head_groups=(2,)) -> list:
                 for sq, sk, c in shapes:
                     for op in ("fwd", "bwd"):
                         probs.append(Problem(op, "bf16", 1, sq, sk, 8, 8, 128, c))
-        if P >= cfd.BWD_MIN_MEMORY_MIN_WORLD:  # BWD_MIN_MEMORY's backward calls per head group
-            for p in probs[start:]:
+        for p in probs[start:]:  # the backward's calls per head group (BWD_HEAD_GROUPS)
+            if p.op == "bwd" and not p.features:
                 for want in head_groups:
                     g = cfd._head_groups(p.nheads_kv, want)
-                    if p.op == "bwd" and not p.features and g > 1:
+                    if g > 1:
                         probs.append(Problem("bwd", p.dtype, p.batch, p.seqlen_q, p.seqlen_k,
                                              p.nheads // g, p.nheads_kv // g, p.head_dim,
                                              p.causal, p.deterministic))
@@ -86,9 +86,9 @@ def main(argv=None) -> int:
     ap.add_argument("--procs", type=int, nargs="+", default=[2])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[262144, 524288])
     ap.add_argument("--processes", type=int, default=None)
-    ap.add_argument("--head-groups", type=int, nargs="*", default=[2],
-                    help="from 3 ranks: the backward calls of BWD_MIN_MEMORY per so many head "
-                         "groups too (bench --ring-ab bwd_groupsN)")
+    ap.add_argument("--head-groups", type=int, nargs="*", default=[4],
+                    help="the backward calls per so many groups of heads too (BWD_HEAD_GROUPS; "
+                         "bench --ring-ab bwd_groupsN)")
     ap.add_argument("--no-grid", dest="grid", action="store_false",
                     help="skip the non-persistent forward configs of FWD_GRID_STEPS (bench "
                          "--ring-ab fwd_gridN)")

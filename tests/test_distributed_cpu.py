@@ -106,27 +106,20 @@ def _worker(rank, world, port, cases):
             cfd.DQ_IN_WORKSPACE = saved
         for i, case in enumerate((cases[0], cases[1], cases[2])):
             _check_lazy_home_bits(rank, world, case, seed=7000 + i)
-        saved = (cfd.BWD_MIN_MEMORY, cfd.BWD_HEAD_GROUPS, cfd.BWD_SWAP_PIECES,
-                 cfd.BWD_SHARE_PIECES)
+        saved = cfd.BWD_HEAD_GROUPS
         try:  # the backward on all heads at once (BWD_HEAD_GROUPS 1; the cases above ran it per
-            # group of heads where nheads_kv allows), the same bits per head as per group; then
-            # BWD_MIN_MEMORY (from 3 ranks) with whole heads, with groups (the GQA case: 2 of 4),
-            # and pieces longer than the tensors (1 piece) and of one position each
+            # group of heads where nheads_kv allows): the same bits per head as per group; then
+            # more groups than heads (GQA 4 / 2 heads: 2 groups)
             for i, case in enumerate((cases[0], cases[2])):
                 _check_head_group_bits(rank, world, case, seed=8000 + i)
             cfd.BWD_HEAD_GROUPS = 1
             _check_case(rank, world, cases[1], seed=8002)
             _check_case(rank, world, cases[2], seed=8003, strided=True)
-            cfd.BWD_MIN_MEMORY = True
-            _check_case(rank, world, cases[0], seed=8004)
+            cfd.BWD_HEAD_GROUPS = 16
+            _check_case(rank, world, cases[2], seed=8004)
             _check_case(rank, world, cases[1], seed=8005, strided=True)
-            cfd.BWD_HEAD_GROUPS, cfd.BWD_SWAP_PIECES, cfd.BWD_SHARE_PIECES = 4, 1, 1000
-            _check_case(rank, world, cases[2], seed=8006)
-            _check_case(rank, world, cases[5], seed=8007)
-            _check_case(rank, world, cases[4], seed=8008)
         finally:
-            (cfd.BWD_MIN_MEMORY, cfd.BWD_HEAD_GROUPS, cfd.BWD_SWAP_PIECES,
-             cfd.BWD_SHARE_PIECES) = saved
+            cfd.BWD_HEAD_GROUPS = saved
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -324,15 +317,10 @@ def test_step_calls_cover_exactly_the_visible_pairs(world, layout, causal):
         assert len(set(work)) == 1  # the zigzag layout balances the causal work
 
 
-def test_min_memory_helpers():
+def test_head_groups():
     assert [cfd._head_groups(hk, 2) for hk in (1, 2, 3, 8)] == [1, 2, 1, 2]
     assert [cfd._head_groups(hk, 4) for hk in (6, 8, 5)] == [3, 4, 1]
-    assert cfd._head_groups(8, 0) == 1
-    assert cfd._row_pieces((1, 10, 2, 8), 4) == [slice(0, 3), slice(3, 6), slice(6, 9),
-                                                 slice(9, 10)]
-    assert cfd._row_pieces((1, 3, 2, 8), 1000) == [slice(0, 1), slice(1, 2), slice(2, 3)]
-    assert cfd._row_pieces((1, 3, 2, 8), 1) == [slice(0, 3)]
-    assert cfd._row_pieces((1, 0, 2, 8), 4) == []
+    assert cfd._head_groups(8, 0) == 1 and cfd._head_groups(2, 16) == 2
 
 
 def test_step_calls_zigzag_shapes():
@@ -489,16 +477,16 @@ def test_bench_ring_parse_variant():
         assert isinstance(getattr(cfd, flag), bool)
     with pytest.raises(ValueError, match="^ab: unknown variant 'nccl_ctasx'"):
         ring.parse_variant("fwd_dyn+nccl_ctasx")
-    spec = ring.parse_variant("bwd_minmem+bwd_groups4")
-    assert spec["flags"] == ["BWD_MIN_MEMORY"] and spec["head_groups"] == 4
+    spec = ring.parse_variant("dq_ws+bwd_groups1")
+    assert spec["flags"] == ["DQ_IN_WORKSPACE"] and spec["head_groups"] == 1
     with pytest.raises(ValueError, match="^ab: unknown variant 'bwd_groups0'"):
         ring.parse_variant("bwd_groups0")
-    saved = cfd.BWD_HEAD_GROUPS, cfd.BWD_MIN_MEMORY
+    saved = cfd.BWD_HEAD_GROUPS, cfd.DQ_IN_WORKSPACE
     try:
         ring.apply_variant(spec)
-        assert cfd.BWD_HEAD_GROUPS == 4 and cfd.BWD_MIN_MEMORY is not saved[1]
+        assert cfd.BWD_HEAD_GROUPS == 1 and cfd.DQ_IN_WORKSPACE is not saved[1]
     finally:
-        cfd.BWD_HEAD_GROUPS, cfd.BWD_MIN_MEMORY = saved
+        cfd.BWD_HEAD_GROUPS, cfd.DQ_IN_WORKSPACE = saved
 
 
 def test_bench_ring_timeline_lines():

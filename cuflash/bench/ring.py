@@ -57,9 +57,8 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  that mask). --ring-set NAME: the whole run with a variant (ring_set in the
                  records; the settings it ran with: reverse_bwd, fwd_dynamic, priority_group,
                  ring_max_ctas, early_send, fwd_grid_steps, dkv_home, bwd_low_memory,
-                 fwd_full_grid_steps, dq_in_workspace, home_lazy_fp32, bwd_min_memory,
-                 bwd_head_groups). --ring-rotate K: process r on GPU
-                 (r + K) mod the GPU count.
+                 fwd_full_grid_steps, dq_in_workspace, home_lazy_fp32, bwd_head_groups).
+                 --ring-rotate K: process r on GPU (r + K) mod the GPU count.
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
 """
@@ -497,7 +496,6 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         rec["bwd_low_memory"] = cfd.BWD_LOW_MEMORY
         rec["dq_in_workspace"] = cfd.DQ_IN_WORKSPACE
         rec["home_lazy_fp32"] = cfd.HOME_LAZY_FP32
-        rec["bwd_min_memory"] = cfd.BWD_MIN_MEMORY and world >= cfd.BWD_MIN_MEMORY_MIN_WORLD
         rec["bwd_head_groups"] = cfd.BWD_HEAD_GROUPS
         rec["fwd_full_grid_steps"] = cfd.FWD_FULL_GRID_STEPS
         if opts.get("ring_set"):
@@ -611,9 +609,6 @@ AB_VARIANTS = {
              "kernels' own fp32 accumulator, one workspace for every step, one convert at the end)",
     "home_lazy": "cuflash.distributed.HOME_LAZY_FP32 flipped (the home dK/dV sums kept in k's "
                  "dtype until a second share arrives)",
-    "bwd_minmem": "cuflash.distributed.BWD_MIN_MEMORY flipped (from 3 ranks: the next K/V block "
-                  "received after a step's kernels into the block in hand, the shares home piece "
-                  "by piece)",
     "bwd_groupsN": "cuflash.distributed.BWD_HEAD_GROUPS = N (the backward's ring run once per "
                    "group of heads, N groups; e.g. bwd_groups1: all heads at once)",
     "fwd_fullgridN": "cuflash.distributed.FWD_FULL_GRID_STEPS = N (non-causal rings from "
@@ -630,7 +625,7 @@ AB_VARIANTS = {
 FLAG_VARIANTS = {"early_send": "EARLY_SEND", "split_q": "SPLIT_Q", "reverse_bwd": "REVERSE_BWD",
                  "fwd_dyn": "FWD_DYNAMIC", "lib_priority": "PRIORITY_GROUP", "dkv_home": "DKV_HOME",
                  "bwd_lowmem": "BWD_LOW_MEMORY", "dq_ws": "DQ_IN_WORKSPACE",
-                 "home_lazy": "HOME_LAZY_FP32", "bwd_minmem": "BWD_MIN_MEMORY"}
+                 "home_lazy": "HOME_LAZY_FP32"}
 _MAIN: dict = {"group": None}  # the process's ring group under --ring-set (None: the default)
 WARM_LOCAL = 32768  # a variant's warm-up ring: this many local positions (the same kernels as
 # the bench's shards from 64k tokens per rank up: the heuristic's tiles change below 16k keys)
@@ -733,8 +728,7 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd, warm_local,
     out = {}
     flags = ("EARLY_SEND", "SPLIT_Q", "REVERSE_BWD", "FWD_DYNAMIC", "PRIORITY_GROUP",
              "RING_MAX_CTAS", "FWD_GRID_STEPS", "DKV_HOME", "FWD_FULL_GRID_STEPS",
-             "BWD_LOW_MEMORY", "DQ_IN_WORKSPACE", "HOME_LAZY_FP32", "BWD_MIN_MEMORY",
-             "BWD_HEAD_GROUPS")
+             "BWD_LOW_MEMORY", "DQ_IN_WORKSPACE", "HOME_LAZY_FP32", "BWD_HEAD_GROUPS")
     saved = {f: getattr(cfd, f) for f in flags}
     try:
         spec = parse_variant(name)
