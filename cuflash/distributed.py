@@ -1210,6 +1210,7 @@ def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, shar
 # backward's; single-GPU flash_attn_func on the same local shard: 6.05 X. 4: on.
 BWD_HEAD_GROUPS = 4
 
+
 def _head_groups(nheads_kv: int, wanted: int) -> int:
     """The largest divisor of nheads_kv that is at most ``wanted`` (at least 1)."""
     return max(g for g in range(1, max(1, min(int(wanted), nheads_kv)) + 1) if nheads_kv % g == 0)
