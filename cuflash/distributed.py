@@ -1211,6 +1211,17 @@ def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, shar
 BWD_HEAD_GROUPS = 4
 
 
+# How many groups of heads the dense ring's forward runs in turn (ring_forward's
+# _forward_by_head_groups; as BWD_HEAD_GROUPS: the whole ring on each group's heads, q as views, k,
+# v copied to be sent, out and lse allocated first). The forward's peak (in X) is out 1 + the one-
+# group ring's (the fp32 running out 2, the block in hand 2 and the next arriving 2, a block's out
+# 1) / G: 1 + 7 / G from P = 3 on, where G = 1 holds 7.16, the P = 4 peak once BWD_HEAD_GROUPS is 4
+# (session 20, 4 x H200 probe: 7.16 X at P = 4 for BWD_HEAD_GROUPS 4 and 8 alike). Exact (the
+# kernels keep heads apart). Not measured on several GPUs (G times the forward's transfers, each
+# group's first step on FWD_FULL_GRID_STEPS' grid): 1, off.
+FWD_HEAD_GROUPS = 1
+
+
 def _head_groups(nheads_kv: int, wanted: int) -> int:
     """The largest divisor of nheads_kv that is at most ``wanted`` (at least 1)."""
     return max(g for g in range(1, max(1, min(int(wanted), nheads_kv)) + 1) if nheads_kv % g == 0)
@@ -1243,8 +1254,29 @@ def _covers(call: Call, n_chunks: int, of_k: bool = False) -> bool:
     return (call.k0, call.k1) == (0, n_chunks) if of_k else (call.q0, call.q1) == (0, n_chunks)
 
 
+def _forward_by_head_groups(groups: int, q, k, v, keep_last: bool, forward) -> tuple:
+    """ring_forward's results run once per group of heads (FWD_HEAD_GROUPS): ``forward(q, k, v)``
+    on group g's heads (views), its out, lse (and with keep_last its last K/V block) written into
+    the whole ones."""
+    b, n, h, _ = q.shape
+    whole = [torch.empty(q.shape, dtype=q.dtype, device=q.device),
+             torch.empty((b, h, n), dtype=torch.float32, device=q.device)]
+    if keep_last:
+        whole += [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (k, v)]
+    hq, hk = h // groups, k.shape[2] // groups
+    for g in range(groups):
+        hs, hks = slice(g * hq, (g + 1) * hq), slice(g * hk, (g + 1) * hk)
+        res = forward(q[:, :, hs], k[:, :, hks], v[:, :, hks])
+        whole[0][:, :, hs] = res[0]
+        whole[1][:, hs] = res[1]
+        for i in range(2, len(whole)):
+            whole[i][:, :, hks] = res[i]
+        del res
+    return tuple(whole)
+
+
 def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: bool = True,
-                 keep_last: bool = False):
+                 keep_last: bool = False, head_views: bool = False):
     """(out, lse) of the local q over the whole sequence's K/V (no autograd). out: q's
     dtype; lse: fp32 (batch, nheads, seqlen_local), +inf for rows with no key.
     keep_last: (out, lse, k_last, v_last), the K/V block of the last step (rank + 1's), for
@@ -1253,7 +1285,14 @@ def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: 
     block: wrong results, the same work; for timing the computation alone).
     The running result starts as the first partial that covers every row (the rank's own
     block, step 0: one call over all its rows, causal or not) instead of an empty result
-    merged into."""
+    merged into. With FWD_HEAD_GROUPS the ring runs once per group of heads
+    (_forward_by_head_groups; head_views: q is such a group's view, read in place)."""
+    groups = 1 if head_views else _head_groups(k.shape[2], FWD_HEAD_GROUPS)
+    if groups > 1:
+        return _forward_by_head_groups(
+            groups, q, k, v, keep_last,
+            lambda q, k, v: ring_forward(q, k, v, scale, causal, group, layout, comm, keep_last,
+                                         head_views=True))
     ring = _Ring(group, q.device)
     world, rank = ring.world, ring.rank
     q_chunks = chunk_ids(rank, world, layout)

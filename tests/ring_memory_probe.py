@@ -10,7 +10,7 @@ backward's memory flags of VARIANTS (--variants: some of them): "low" (BWD_LOW_M
 18's default), "low+dq" (DQ_IN_WORKSPACE too), "low+dq+lazy" (and HOME_LAZY_FP32: session 19's
 defaults), "travel" (an fp32 accumulator travelling with each block), all heads at once; "g2",
 "g4", "g8" (low+dq+lazy, the backward's ring once per group of heads: BWD_HEAD_GROUPS; g4 the
-default). For each: the peak
+default), "g4f4", "g8f4" (the forward's ring per 4 groups too: FWD_HEAD_GROUPS). For each: the peak
 of one autograd forward + backward above the inputs (q, k, v, dout: 4 X), as bench --mode ring
 counts it, and single-GPU flash_attn_func on the same --local positions (its peak above its
 inputs) and, with --whole, on P x --local positions (the sequence a ring of P ranks splits; in
@@ -22,8 +22,8 @@ record, for P = procs and P = 2 non-causal: which buffers are live at the peak.
 
 --simulate: no process group of several GPUs: one process on one GPU plays rank 0 of rings of
 those sizes (simulated_ring: every transfer a buffer made on the GPU, the same buffers and calls
-as that rank of a real ring), giving each variant's peak and its backward's time (no NVLink, so
-the cost of the smaller calls and of the copies, not of the transfers).
+as that rank of a real ring), giving each variant's peak and its forward's and backward's times
+(no NVLink, so the cost of the smaller calls and of the copies, not of the transfers).
 """
 import argparse
 import datetime
@@ -41,7 +41,7 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 
 # variant -> cuflash.distributed flags (the others as the module has them)
 _LAZY = dict(DKV_HOME=False, BWD_LOW_MEMORY=True, DQ_IN_WORKSPACE=True, HOME_LAZY_FP32=True)
-_ALL_HEADS = dict(BWD_HEAD_GROUPS=1)
+_ALL_HEADS = dict(BWD_HEAD_GROUPS=1, FWD_HEAD_GROUPS=1)
 VARIANTS = {
     "travel": dict(DKV_HOME=False, BWD_LOW_MEMORY=False, DQ_IN_WORKSPACE=False,
                    HOME_LAZY_FP32=False, **_ALL_HEADS),
@@ -51,9 +51,12 @@ VARIANTS = {
                    **_ALL_HEADS),
     "low+dq+lazy": dict(**_LAZY, **_ALL_HEADS),  # (session 19's defaults)
     # BWD_HEAD_GROUPS: the backward's ring once per group of heads
-    "g2": dict(**_LAZY, BWD_HEAD_GROUPS=2),
-    "g4": dict(**_LAZY, BWD_HEAD_GROUPS=4),
-    "g8": dict(**_LAZY, BWD_HEAD_GROUPS=8),
+    "g2": dict(**_LAZY, BWD_HEAD_GROUPS=2, FWD_HEAD_GROUPS=1),
+    "g4": dict(**_LAZY, BWD_HEAD_GROUPS=4, FWD_HEAD_GROUPS=1),
+    "g8": dict(**_LAZY, BWD_HEAD_GROUPS=8, FWD_HEAD_GROUPS=1),
+    # and the forward's ring once per group of heads too (FWD_HEAD_GROUPS)
+    "g4f4": dict(**_LAZY, BWD_HEAD_GROUPS=4, FWD_HEAD_GROUPS=4),
+    "g8f4": dict(**_LAZY, BWD_HEAD_GROUPS=8, FWD_HEAD_GROUPS=4),
 }
 
 
@@ -186,9 +189,9 @@ def simulated_ring(cfd, torch, world: int, rank: int = 0):
 
 def simulate(opts) -> None:
     """--simulate: rank 0 of rings of each given size in this process (simulated_ring), every
-    variant's peak above the inputs in units of X, causal and not, and its backward's time (CUDA
-    events, median of 3, the variants alternated); single-GPU flash_attn_func on the local
-    positions and, with --whole, on the sequence of each ring size."""
+    variant's peak above the inputs in units of X, causal and not, and its forward's and
+    backward's times (CUDA events, median of 3, the variants alternated); single-GPU
+    flash_attn_func on the local positions and, with --whole, on the sequence of each ring size."""
     import random
 
     import torch
@@ -223,15 +226,16 @@ def simulate(opts) -> None:
                     o = cfd.ring_flash_attn_func(*leaves, causal=causal)
                     torch.autograd.grad(o, leaves, dout)
 
-                def bwd_ms():
+                def ms():  # (forward, backward)
                     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-                    o = cfd.ring_flash_attn_func(*leaves, causal=causal)
-                    a, b = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                    a, b, c = (torch.cuda.Event(enable_timing=True) for _ in range(3))
                     a.record()
-                    torch.autograd.grad(o, leaves, dout)
+                    o = cfd.ring_flash_attn_func(*leaves, causal=causal)
                     b.record()
-                    b.synchronize()
-                    return a.elapsed_time(b)
+                    torch.autograd.grad(o, leaves, dout)
+                    c.record()
+                    c.synchronize()
+                    return a.elapsed_time(b), b.elapsed_time(c)
                 times = {name: [] for name in opts["variants"]}
                 for name in opts["variants"]:
                     setup(name)
@@ -253,10 +257,11 @@ def simulate(opts) -> None:
                     random.shuffle(order)
                     for name in order:
                         setup(name)
-                        times[name].append(bwd_ms())
+                        times[name].append(ms())
                 for r in rows:
                     if r["P"] == P and r["causal"] == causal and r["variant"] in times:
-                        r["bwd_ms"] = round(sorted(times[r["variant"]])[1], 2)
+                        for i, key in enumerate(("fwd_ms", "bwd_ms")):
+                            r[key] = round(sorted(t[i] for t in times[r["variant"]])[1], 2)
     finally:
         cfd._Ring = saved_ring
         for flag, value in saved.items():
@@ -335,7 +340,7 @@ def main():
     ap.add_argument("--simulate", type=int, nargs="+", default=None, metavar="P",
                     help="one process on one GPU: rank 0 of rings of these sizes, every transfer "
                          "replaced by a copy made on the GPU (simulated_ring: the same buffers, "
-                         "wrong values); also the backward's time per variant")
+                         "wrong values); also the forward's and backward's times per variant")
     ap.add_argument("--whole", action="store_true",
                     help="also single-GPU attention on the whole sequence of a ring of 2 and of "
                          "--procs ranks")

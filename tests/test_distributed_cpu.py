@@ -120,6 +120,17 @@ def _worker(rank, world, port, cases):
             _check_case(rank, world, cases[1], seed=8005, strided=True)
         finally:
             cfd.BWD_HEAD_GROUPS = saved
+        saved = cfd.FWD_HEAD_GROUPS, cfd.REVERSE_BWD
+        try:  # the forward's ring per group of heads too (FWD_HEAD_GROUPS), and with the backward
+            # the other way round (the forward keeps its last block, per group)
+            cfd.FWD_HEAD_GROUPS = 4
+            _check_case(rank, world, cases[0], seed=8100)
+            _check_case(rank, world, cases[2], seed=8101, strided=True)
+            cfd.REVERSE_BWD = True
+            _check_case(rank, world, cases[1], seed=8102)
+            _check_case(rank, world, cases[3], seed=8103)
+        finally:
+            cfd.FWD_HEAD_GROUPS, cfd.REVERSE_BWD = saved
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -477,16 +488,18 @@ def test_bench_ring_parse_variant():
         assert isinstance(getattr(cfd, flag), bool)
     with pytest.raises(ValueError, match="^ab: unknown variant 'nccl_ctasx'"):
         ring.parse_variant("fwd_dyn+nccl_ctasx")
-    spec = ring.parse_variant("dq_ws+bwd_groups1")
+    spec = ring.parse_variant("dq_ws+bwd_groups1+fwd_groups4")
     assert spec["flags"] == ["DQ_IN_WORKSPACE"] and spec["head_groups"] == 1
+    assert spec["fwd_head_groups"] == 4
     with pytest.raises(ValueError, match="^ab: unknown variant 'bwd_groups0'"):
         ring.parse_variant("bwd_groups0")
-    saved = cfd.BWD_HEAD_GROUPS, cfd.DQ_IN_WORKSPACE
+    saved = cfd.BWD_HEAD_GROUPS, cfd.DQ_IN_WORKSPACE, cfd.FWD_HEAD_GROUPS
     try:
         ring.apply_variant(spec)
         assert cfd.BWD_HEAD_GROUPS == 1 and cfd.DQ_IN_WORKSPACE is not saved[1]
+        assert cfd.FWD_HEAD_GROUPS == 4
     finally:
-        cfd.BWD_HEAD_GROUPS, cfd.DQ_IN_WORKSPACE = saved
+        cfd.BWD_HEAD_GROUPS, cfd.DQ_IN_WORKSPACE, cfd.FWD_HEAD_GROUPS = saved
 
 
 def test_bench_ring_timeline_lines():

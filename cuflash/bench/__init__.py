@@ -120,7 +120,8 @@ def parser() -> argparse.ArgumentParser:
                          "DKV_HOME, BWD_LOW_MEMORY, DQ_IN_WORKSPACE, HOME_LAZY_FP32 flipped), "
                          "lib_ctasN (RING_MAX_CTAS = N), fwd_gridN "
                          "(FWD_GRID_STEPS = N), fwd_fullgridN (FWD_FULL_GRID_STEPS = N), "
-                         "bwd_groupsN (BWD_HEAD_GROUPS = N), rotate (the ring order rotated by "
+                         "bwd_groupsN, fwd_groupsN (BWD_HEAD_GROUPS, FWD_HEAD_GROUPS = N), "
+                         "rotate (the ring order rotated by "
                          "one rank), "
                          "or several joined by '+' (bench/ring.py AB_VARIANTS)")
     ap.add_argument("--ring-set", type=_ring_variant, default=None,
