@@ -14,8 +14,8 @@ first case), and the varlen test's calls (one chunk of every sequence against on
 the whole batch on one GPU). Forward configs also as cuflash.distributed's flags would change
 them: on the dynamic scheduler (FWD_DYNAMIC) and, non-causal, on a grid of one CTA per tile
 (FWD_GRID_STEPS; --no-grid skips these); backward configs also with dq_first and dq_convert off
-(DQ_IN_WORKSPACE's calls), and the backward calls per group of heads (BWD_HEAD_GROUPS: the
---head-groups counts, default 4).
+(DQ_IN_WORKSPACE's calls), and the calls per group of heads (BWD_HEAD_GROUPS, FWD_HEAD_GROUPS:
+the --head-groups counts, default 4).
 """
 import argparse
 import os
@@ -70,12 +70,12 @@ def problems(procs, seqlens, head_groups=(4,)) -> list:
                 for sq, sk, c in shapes:
                     for op in ("fwd", "bwd"):
                         probs.append(Problem(op, "bf16", 1, sq, sk, 8, 8, 128, c))
-        for p in probs[start:]:  # the backward's calls per head group (BWD_HEAD_GROUPS)
-            if p.op == "bwd" and not p.features:
+        for p in probs[start:]:  # the calls per head group (BWD_HEAD_GROUPS, FWD_HEAD_GROUPS)
+            if not p.features:
                 for want in head_groups:
                     g = cfd._head_groups(p.nheads_kv, want)
                     if g > 1:
-                        probs.append(Problem("bwd", p.dtype, p.batch, p.seqlen_q, p.seqlen_k,
+                        probs.append(Problem(p.op, p.dtype, p.batch, p.seqlen_q, p.seqlen_k,
                                              p.nheads // g, p.nheads_kv // g, p.head_dim,
                                              p.causal, p.deterministic))
     return list(dict.fromkeys(probs))
@@ -87,8 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlens", type=int, nargs="+", default=[262144, 524288])
     ap.add_argument("--processes", type=int, default=None)
     ap.add_argument("--head-groups", type=int, nargs="*", default=[4],
-                    help="the backward calls per so many groups of heads too (BWD_HEAD_GROUPS; "
-                         "bench --ring-ab bwd_groupsN)")
+                    help="the calls per so many groups of heads too (BWD_HEAD_GROUPS, "
+                         "FWD_HEAD_GROUPS; bench --ring-ab bwd_groupsN, fwd_groupsN)")
     ap.add_argument("--no-grid", dest="grid", action="store_false",
                     help="skip the non-persistent forward configs of FWD_GRID_STEPS (bench "
                          "--ring-ab fwd_gridN)")
