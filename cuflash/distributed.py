@@ -81,16 +81,19 @@ block arriving 2, the kernels' dK, dV shares 2; at P = 2 the next block is not t
 step) and the home sums stay bf16 (2): 9. With BWD_HEAD_GROUPS (G = 4, on) the backward's ring
 runs once per group of heads: all but out scales with 1/G, and dq, dk, dv (3) are allocated
 first: 1 + 3 + 12 / G = 7 X at P >= 3, 1 + 3 + 8 / G = 6 at P = 2. Measured (session 20,
-ring_memory_probe.py --simulate, 64k positions per rank, non-causal / causal): P = 4 7.16 / 7.30 X,
-the forward's peak from G = 4 on (the fp32 running out, the block in hand and the next, a block's
-out: 7.16), P = 2 6.04 / 6.30, against single-GPU flash_attn_func's 6.05 on the same local shard:
-bytes per GPU 0.30x (P = 4) and 0.50x (P = 2) of one GPU on the whole sequence. The floor of this
-design is out, the gradients, the dQ sums, the blocks in hand and the home sums: every term scales
-with seqlen / P. dK/dV added into the home accumulator by the kernels' epilogue would not lower the
-peak: only the rank's own block is added at home (step 0, not the peak step); the shares of the
-others' blocks must be written out anyway, to be sent. Peaks are torch's max_memory_allocated: a
-buffer still in flight on the side stream after Python let go of it (record_stream) is not counted
-there, though its memory is not reused before the transfer ends.
+ring_memory_probe.py --simulate, 64k positions per rank, and the 4 x H200 probe, 32k, alike;
+non-causal / causal): P = 4 7.16 / 7.30 X, the forward's peak from G = 4 on (the fp32 running out,
+the block in hand and the next, a block's out: 7.16), P = 2 6.04 / 6.30, against single-GPU
+flash_attn_func's 6.05 on the same local shard: bytes per GPU 0.30x (P = 4) and 0.50x (P = 2) of
+one GPU on the whole sequence (bench --mode ring at 256k, 4 x H200: 0.90 / 0.91 GiB per GPU at P =
+4, 1.51 / 1.57 at P = 2, 3.02 on one GPU). FWD_HEAD_GROUPS (off) runs the forward's ring per group
+of heads too: 1 + 7 / G for the forward. The floor of this design is out, the gradients, the dQ
+sums, the blocks in hand and the home sums: every term scales with seqlen / P. dK/dV added into the
+home accumulator by the kernels' epilogue would not lower the peak: only the rank's own block is
+added at home (step 0, not the peak step); the shares of the others' blocks must be written out
+anyway, to be sent. Peaks are torch's max_memory_allocated: a buffer still in flight on the side
+stream after Python let go of it (record_stream) is not counted there, though its memory is not
+reused before the transfer ends.
 
 Causal: the sequence is cut into 2P chunks of equal length; the zigzag layout (the
 default) gives rank i the chunks i and 2P-1-i, so that every rank has the same amount of
@@ -1207,7 +1210,11 @@ def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, shar
 # G = 1 9.06 / 10.09, G = 2 8.05 / 8.56, G = 4 6.04 / 6.30, G = 8 5.16 / 5.16 (159.6, 160.3,
 # 159.6 ms non-causal for G = 1, 4, 8). From G = 4 on a P = 4 rank's peak is the forward's (7.16 X:
 # the fp32 running out 2, the block in hand 2 and the next 2, a block's out 1), not the
-# backward's; single-GPU flash_attn_func on the same local shard: 6.05 X. 4: on.
+# backward's; single-GPU flash_attn_func on the same local shard: 6.05 X. 4 x H200 (session 20,
+# results/NVIDIA_H200x4/logs/session20_ring7/): the real probe (32k per rank) gives the same peaks
+# to the digit; bench --mode ring at 256k: 0.90 / 0.91 GiB per GPU at P = 4, 1.51 / 1.57 at P = 2,
+# 3.02 on one GPU; backward, same processes (--ring-ab bwd_groups1 bwd_groups2), 1M non-causal P =
+# 4: 5225.6 ms (G = 4), 5362.4 (G = 1), 5264.9 (G = 2); 256k: 334.5, 331.7, 339.1. 4: on.
 BWD_HEAD_GROUPS = 4
 
 
