@@ -74,14 +74,26 @@ P = 4 16.06 / 15.06 X (BWD_LOW_MEMORY alone) -> 13.06 / 14.09 (DQ_IN_WORKSPACE; 
 changes nothing there); P = 2 14.06 / 13.06 -> 11.06 / 12.09 -> 9.06 / 10.09; single-GPU
 flash_attn_func on the whole sequence of the 2-rank ring 12.09 X, of the 4-rank one 24.19 X.
 bench --mode ring at 256k tokens (GiB per GPU, non-causal / causal): P = 1 3.02, P = 2 2.27 /
-2.52, P = 4 1.63 / 1.76 (session 18: 3.76 / 3.51 and 2.01 / 1.88). The
-floor of this design is out, the dQ sums, the blocks in hand and the home sums: every term
-scales with seqlen / P. dK/dV added into the home accumulator by the kernels' epilogue would
-not lower the peak: only the rank's own block is added at home (step 0, not the peak step); the
-shares of the others' blocks must be written out anyway, to be sent. Peaks
-are torch's max_memory_allocated: a buffer still in flight on the side stream after Python let
-go of it (record_stream) is not counted there, though its memory is not reused before the
-transfer ends.
+2.52, P = 4 1.63 / 1.76 (session 18: 3.76 / 3.51 and 2.01 / 1.88). Where the P = 4 peak's 13 X
+come from (probe --phases, a middle step's kernels): out 1, the dQ sums 2 (the shared workspace),
+the home sums 4 (fp32 from the second share on: 3 or more shares), the block in hand 2, the next
+block arriving 2, the kernels' dK, dV shares 2; at P = 2 the next block is not there (the last
+step) and the home sums stay bf16 (2): 9. With BWD_HEAD_GROUPS (G = 4, on) the backward's ring
+runs once per group of heads: all but out scales with 1/G, and dq, dk, dv (3) are allocated
+first: 1 + 3 + 12 / G = 7 X at P >= 3, 1 + 3 + 8 / G = 6 at P = 2. Measured (session 20,
+ring_memory_probe.py --simulate, 64k positions per rank, and the 4 x H200 probe, 32k, alike;
+non-causal / causal): P = 4 7.16 / 7.30 X, the forward's peak from G = 4 on (the fp32 running out,
+the block in hand and the next, a block's out: 7.16), P = 2 6.04 / 6.30, against single-GPU
+flash_attn_func's 6.05 on the same local shard: bytes per GPU 0.30x (P = 4) and 0.50x (P = 2) of
+one GPU on the whole sequence (bench --mode ring at 256k, 4 x H200: 0.90 / 0.91 GiB per GPU at P =
+4, 1.51 / 1.57 at P = 2, 3.02 on one GPU). FWD_HEAD_GROUPS (off) runs the forward's ring per group
+of heads too: 1 + 7 / G for the forward. The floor of this design is out, the gradients, the dQ
+sums, the blocks in hand and the home sums: every term scales with seqlen / P. dK/dV added into the
+home accumulator by the kernels' epilogue would not lower the peak: only the rank's own block is
+added at home (step 0, not the peak step); the shares of the others' blocks must be written out
+anyway, to be sent. Peaks are torch's max_memory_allocated: a buffer still in flight on the side
+stream after Python let go of it (record_stream) is not counted there, though its memory is not
+reused before the transfer ends.
 
 Causal: the sequence is cut into 2P chunks of equal length; the zigzag layout (the
 default) gives rank i the chunks i and 2P-1-i, so that every rank has the same amount of
@@ -503,11 +515,17 @@ class _DqSum:
         self.ptrs = None  # that call's input pointers (the convert's writer encodes them)
 
     def block(self, dout, q, k, v, out, lse, causal: bool, deterministic: bool, rows: slice,
-              all_rows: bool, step: int = 0) -> tuple:
+              all_rows: bool, step: int = 0, strided: bool = False) -> tuple:
         """(dk, dv) of q's ``rows`` (a slice of the local rows; all_rows: every one) on one K/V
-        block given the GLOBAL out and lse; the call's dQ goes into the sums."""
+        block given the GLOBAL out and lse; the call's dQ goes into the sums. strided: q, k, v,
+        out are head-group views (BWD_HEAD_GROUPS), read by the kernels through their strides
+        (no copy; the same row stride as the whole tensors); a call that runs no single plan on
+        them takes the plain path (copies)."""
         if self.in_workspace:
-            q, k, v, out, lse = (x.contiguous() for x in (q, k, v, out, lse))
+            if strided:
+                lse = lse.contiguous()
+            else:
+                q, k, v, out, lse = (x.contiguous() for x in (q, k, v, out, lse))
             plan = _acc_plan(dout, q, k, v, out, lse, self.scale, causal, deterministic)
             if plan is not None:
                 if TRACE is not None:
@@ -990,7 +1008,8 @@ def _step_and_receive(ring: _Ring, step_fn, step: int, src: int, kv: tuple, recv
     return shares, kv
 
 
-def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=None) -> tuple:
+def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=None,
+                     like: Optional[tuple] = None) -> tuple:
     """The backward ring: K/V blocks travel as in the forward, each with its fp32 dK/dV
     accumulator one step behind. ``step_fn(step, src, k_block, v_block)`` adds dQ's share
     itself and returns this rank's share of the block's dK, dV as [(index, dk_b, dv_b)]
@@ -1003,9 +1022,11 @@ def _rotate_backward(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, first=Non
 
     first: (REVERSE_BWD) the block of rank + 1, which the forward ended with: the ring runs
     the other way round from it (blocks rank + 1, rank + 2, ..., rank; transfers to rank - 1),
-    and the last step's block is the local one, so no last hop."""
+    and the last step's block is the local one, so no last hop. like: the local (k, v) whose
+    shape, dtype and device the results take (default kv; not kept alive as blocks: kv may be a
+    copy made to be sent, let go after its transfer)."""
     world = ring.world
-    k, v = kv
+    k, v = kv if like is None else like
     reverse = first is not None
     if reverse:
         kv = tuple(first)
@@ -1096,7 +1117,7 @@ def _add_shares(home, shares, k: Tensor, v: Tensor, acc, left: Optional[list] = 
 
 
 def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, share_index,
-                          first=None) -> tuple:
+                          first=None, like: Optional[tuple] = None) -> tuple:
     """The backward ring with DKV_HOME: K/V blocks travel as in _rotate_backward; the dK/dV
     shares ``step_fn`` returns for another rank's block go to that rank at the start of the next
     step (while it computes), and the shares other ranks made of the local block come back the
@@ -1106,9 +1127,9 @@ def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, shar
     direction: the last block is rank + 1's; first given (REVERSE_BWD): the last block is the
     local one, nothing left to send). BWD_LOW_MEMORY: every step's shares go home right after
     its kernels, and the next step's kernels wait for them. Returns the local (dK, dV) in k's
-    dtype."""
+    dtype. like: as _rotate_backward's."""
     world, rank = ring.world, ring.rank
-    k, v = kv
+    k, v = kv if like is None else like
     reverse = first is not None
     if reverse:
         kv = tuple(first)
@@ -1170,6 +1191,49 @@ def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, shar
         return home[0].to(k.dtype), home[1].to(v.dtype)
 
 
+# How many groups of heads the dense ring's backward runs in turn (ring_backward's _by_head_groups;
+# the largest divisor of nheads_kv not above it is used; 1: all heads at once): the whole ring
+# (every step, every transfer) on the first group's heads of q, dout, out (views, read in place
+# through their strides) and of k, v (copies of the group's heads, to be sent), then on the next
+# group's, each group's gradients written into dq, dk, dv, allocated first. Everything the ring
+# holds besides out scales with the heads of a group: in units of X (module docstring) the
+# backward's peak is out 1 + dq, dk, dv 3 + the one-group ring's peak without out (12 X from P = 3
+# on, 8 at P = 2) / G: 4 + 12 / G from P = 3 on, 4 + 8 / G at P = 2, where G = 1 holds 13 and 9.
+# The same block calls on fewer heads each (a call's grid 1/G as large), G times the transfers at
+# 1/G the bytes (the same bytes in all): exact, each head's sums the same additions as with G = 1
+# (the kernels keep heads apart; selection may pick another config for the smaller calls).
+# Measured (session 20 round 2, 1 x H100, tests/ring_memory_probe.py --simulate: rank 0 of a ring
+# in one process, transfers made on-GPU copies, 64k positions per rank = the 256k bench cell at
+# P = 4, 8 heads; peak above the inputs in X, non-causal / causal; the backward's ms, variants
+# alternated, median of 3): P = 4 G = 1 13.06 / 14.09 X (323.4 / 160.1 ms), G = 2 10.05 / 10.56
+# (317.5 / 159.9), G = 4 7.16 / 7.30 (318.8 / 162.5), G = 8 7.16 / 6.59 (317.0 / 163.3); P = 2
+# G = 1 9.06 / 10.09, G = 2 8.05 / 8.56, G = 4 6.04 / 6.30, G = 8 5.16 / 5.16 (159.6, 160.3,
+# 159.6 ms non-causal for G = 1, 4, 8). From G = 4 on a P = 4 rank's peak is the forward's (7.16 X:
+# the fp32 running out 2, the block in hand 2 and the next 2, a block's out 1), not the
+# backward's; single-GPU flash_attn_func on the same local shard: 6.05 X. 4 x H200 (session 20,
+# results/NVIDIA_H200x4/logs/session20_ring7/): the real probe (32k per rank) gives the same peaks
+# to the digit; bench --mode ring at 256k: 0.90 / 0.91 GiB per GPU at P = 4, 1.51 / 1.57 at P = 2,
+# 3.02 on one GPU; backward, same processes (--ring-ab bwd_groups1 bwd_groups2), 1M non-causal P =
+# 4: 5225.6 ms (G = 4), 5362.4 (G = 1), 5264.9 (G = 2); 256k: 334.5, 331.7, 339.1. 4: on.
+BWD_HEAD_GROUPS = 4
+
+
+# How many groups of heads the dense ring's forward runs in turn (ring_forward's
+# _forward_by_head_groups; as BWD_HEAD_GROUPS: the whole ring on each group's heads, q as views, k,
+# v copied to be sent, out and lse allocated first). The forward's peak (in X) is out 1 + the one-
+# group ring's (the fp32 running out 2, the block in hand 2 and the next arriving 2, a block's out
+# 1) / G: 1 + 7 / G from P = 3 on, where G = 1 holds 7.16, the P = 4 peak once BWD_HEAD_GROUPS is 4
+# (session 20, 4 x H200 probe: 7.16 X at P = 4 for BWD_HEAD_GROUPS 4 and 8 alike). Exact (the
+# kernels keep heads apart). Not measured on several GPUs (G times the forward's transfers, each
+# group's first step on FWD_FULL_GRID_STEPS' grid): 1, off.
+FWD_HEAD_GROUPS = 1
+
+
+def _head_groups(nheads_kv: int, wanted: int) -> int:
+    """The largest divisor of nheads_kv that is at most ``wanted`` (at least 1)."""
+    return max(g for g in range(1, max(1, min(int(wanted), nheads_kv)) + 1) if nheads_kv % g == 0)
+
+
 # Whether the dense rings run a step's non-causal call over several q chunks as one call per q
 # chunk (the same work in smaller calls; bench --ring-ab split_q times it against one call).
 SPLIT_Q = False
@@ -1197,8 +1261,29 @@ def _covers(call: Call, n_chunks: int, of_k: bool = False) -> bool:
     return (call.k0, call.k1) == (0, n_chunks) if of_k else (call.q0, call.q1) == (0, n_chunks)
 
 
+def _forward_by_head_groups(groups: int, q, k, v, keep_last: bool, forward) -> tuple:
+    """ring_forward's results run once per group of heads (FWD_HEAD_GROUPS): ``forward(q, k, v)``
+    on group g's heads (views), its out, lse (and with keep_last its last K/V block) written into
+    the whole ones."""
+    b, n, h, _ = q.shape
+    whole = [torch.empty(q.shape, dtype=q.dtype, device=q.device),
+             torch.empty((b, h, n), dtype=torch.float32, device=q.device)]
+    if keep_last:
+        whole += [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (k, v)]
+    hq, hk = h // groups, k.shape[2] // groups
+    for g in range(groups):
+        hs, hks = slice(g * hq, (g + 1) * hq), slice(g * hk, (g + 1) * hk)
+        res = forward(q[:, :, hs], k[:, :, hks], v[:, :, hks])
+        whole[0][:, :, hs] = res[0]
+        whole[1][:, hs] = res[1]
+        for i in range(2, len(whole)):
+            whole[i][:, :, hks] = res[i]
+        del res
+    return tuple(whole)
+
+
 def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: bool = True,
-                 keep_last: bool = False):
+                 keep_last: bool = False, head_views: bool = False):
     """(out, lse) of the local q over the whole sequence's K/V (no autograd). out: q's
     dtype; lse: fp32 (batch, nheads, seqlen_local), +inf for rows with no key.
     keep_last: (out, lse, k_last, v_last), the K/V block of the last step (rank + 1's), for
@@ -1207,7 +1292,14 @@ def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: 
     block: wrong results, the same work; for timing the computation alone).
     The running result starts as the first partial that covers every row (the rank's own
     block, step 0: one call over all its rows, causal or not) instead of an empty result
-    merged into."""
+    merged into. With FWD_HEAD_GROUPS the ring runs once per group of heads
+    (_forward_by_head_groups; head_views: q is such a group's view, read in place)."""
+    groups = 1 if head_views else _head_groups(k.shape[2], FWD_HEAD_GROUPS)
+    if groups > 1:
+        return _forward_by_head_groups(
+            groups, q, k, v, keep_last,
+            lambda q, k, v: ring_forward(q, k, v, scale, causal, group, layout, comm, keep_last,
+                                         head_views=True))
     ring = _Ring(group, q.device)
     world, rank = ring.world, ring.rank
     q_chunks = chunk_ids(rank, world, layout)
@@ -1244,19 +1336,49 @@ def ring_forward(q, k, v, scale: float, causal: bool, group, layout: str, comm: 
     return (*res, *last) if keep_last else res
 
 
+def _by_head_groups(groups: int, dout, q, k, v, out, lse, kv_last, backward) -> tuple:
+    """(dq, dk, dv) of a ring backward run once per group of heads (BWD_HEAD_GROUPS): group g's
+    heads of q, dout, out, lse and of k, v (kv_last) as views, ``backward(dout, q, k, v, out, lse,
+    kv_last)`` on them, its gradients written into the whole ones."""
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    hq, hk = q.shape[2] // groups, k.shape[2] // groups
+    for g in range(groups):
+        hs, hks = slice(g * hq, (g + 1) * hq), slice(g * hk, (g + 1) * hk)
+        last = None if kv_last is None else tuple(x[:, :, hks] for x in kv_last)
+        grads = backward(dout[:, :, hs], q[:, :, hs], k[:, :, hks], v[:, :, hks], out[:, :, hs],
+                         lse[:, hs], last)
+        for whole, part, heads in zip((dq, dk, dv), grads, (hs, hks, hks)):
+            whole[:, :, heads] = part
+        del grads, part  # (the loop's name would keep the group's dv alive)
+    return dq, dk, dv
+
+
 def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, layout: str,
-                  deterministic: bool = False, comm: bool = True, kv_last=None):
+                  deterministic: bool = False, comm: bool = True, kv_last=None,
+                  head_views: bool = False):
     """(dq, dk, dv) of the local shards, out and lse: ring_forward's (global) results. dQ's
     fp32 accumulator starts as the first share covering every row (step 0's). kv_last:
     ring_forward's (k_last, v_last) (keep_last): the ring runs the other way round from that
-    block, with no last hop (REVERSE_BWD); None: the forward's direction."""
+    block, with no last hop (REVERSE_BWD); None: the forward's direction. With BWD_HEAD_GROUPS
+    the ring runs once per group of heads (_by_head_groups), on head views (head_views: the
+    kernels read q, dout, out through their strides, no copy)."""
+    groups = 1 if head_views else _head_groups(k.shape[2], BWD_HEAD_GROUPS)
+    if groups > 1:
+        return _by_head_groups(
+            groups, dout if dout.is_contiguous() else dout.contiguous(), q, k, v,
+            out.contiguous(), lse, kv_last,
+            lambda dout, q, k, v, out, lse, last: ring_backward(
+                dout, q, k, v, out, lse, scale, causal, group, layout, deterministic, comm, last,
+                head_views=True))
     ring = _Ring(group, q.device)
     world, rank = ring.world, ring.rank
     q_chunks = chunk_ids(rank, world, layout)
     nq = len(q_chunks)
     q_len = q.shape[1] // nq
     acc = _acc_dtype(q.dtype)
-    dout, out, lse = dout.contiguous(), out.contiguous(), lse.contiguous()
+    if not head_views:
+        dout, out = dout.contiguous(), out.contiguous()
+    lse = lse.contiguous()
     grad = {}  # "dq": the fp32 accumulator, once it exists (DQ_IN_WORKSPACE off)
     lse_rows = {}  # (q0, q1) -> those rows of lse, contiguous once (the kernels read it dense)
     # DQ_IN_WORKSPACE: the sums in the kernels' workspace of the first call, which must then cover
@@ -1278,7 +1400,7 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
                 with _Span("bwd_compute", i, q):
                     dk_b, dv_b = sums.block(dout[:, qs], q[:, qs], k_cur[:, ks], v_cur[:, ks],
                                             out[:, qs], lse_q, call.causal, deterministic, qs,
-                                            _covers(call, nq), i)
+                                            _covers(call, nq), i, strided=head_views)
                 parts.append((_share_index(call, len(k_chunks), q_len), dk_b, dv_b))
                 continue
             with _Span("bwd_compute", i, q):
@@ -1303,9 +1425,10 @@ def ring_backward(dout, q, k, v, out, lse, scale: float, causal: bool, group, la
     _trace_origin(q)
     first = None if kv_last is None else _sendable(*kv_last)
     if DKV_HOME or BWD_LOW_MEMORY:
-        dk, dv = _rotate_backward_home(ring, _sendable(k, v), comm, acc, step, share_index, first)
+        dk, dv = _rotate_backward_home(ring, _sendable(k, v), comm, acc, step, share_index, first,
+                                       like=(k, v))
     else:
-        dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step, first)
+        dk, dv = _rotate_backward(ring, _sendable(k, v), comm, acc, step, first, like=(k, v))
     if sums is not None:
         with _Span("bwd_final", world - 1, q):
             return sums.result(), dk, dv

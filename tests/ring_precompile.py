@@ -14,7 +14,8 @@ first case), and the varlen test's calls (one chunk of every sequence against on
 the whole batch on one GPU). Forward configs also as cuflash.distributed's flags would change
 them: on the dynamic scheduler (FWD_DYNAMIC) and, non-causal, on a grid of one CTA per tile
 (FWD_GRID_STEPS; --no-grid skips these); backward configs also with dq_first and dq_convert off
-(DQ_IN_WORKSPACE's calls).
+(DQ_IN_WORKSPACE's calls), and the calls per group of heads (BWD_HEAD_GROUPS, FWD_HEAD_GROUPS:
+the --head-groups counts, default 4).
 """
 import argparse
 import os
@@ -39,13 +40,15 @@ def _shapes(P: int, chunk: int, layout: str, causal: bool) -> list:
     return out
 
 
-def problems(procs, seqlens) -> list:
+def problems(procs, seqlens, head_groups=(4,)) -> list:
     from test_distributed_gpu import CASES, FLAG_CASES, VARLEN_CASES
 
+    from cuflash import distributed as cfd
     from cuflash.bench.ring import WARM_LOCAL
 
     probs = []
     for P in procs:
+        start = len(probs)
         for i, (b, n, h, hk, d, causal, layout, dt) in enumerate(CASES + FLAG_CASES):
             for sq, sk, c in _shapes(P, n, layout, causal):
                 for op in ("fwd", "bwd"):
@@ -67,7 +70,15 @@ def problems(procs, seqlens) -> list:
                 for sq, sk, c in shapes:
                     for op in ("fwd", "bwd"):
                         probs.append(Problem(op, "bf16", 1, sq, sk, 8, 8, 128, c))
-    return probs
+        for p in probs[start:]:  # the calls per head group (BWD_HEAD_GROUPS, FWD_HEAD_GROUPS)
+            if not p.features:
+                for want in head_groups:
+                    g = cfd._head_groups(p.nheads_kv, want)
+                    if g > 1:
+                        probs.append(Problem(p.op, p.dtype, p.batch, p.seqlen_q, p.seqlen_k,
+                                             p.nheads // g, p.nheads_kv // g, p.head_dim,
+                                             p.causal, p.deterministic))
+    return list(dict.fromkeys(probs))
 
 
 def main(argv=None) -> int:
@@ -75,13 +86,16 @@ def main(argv=None) -> int:
     ap.add_argument("--procs", type=int, nargs="+", default=[2])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[262144, 524288])
     ap.add_argument("--processes", type=int, default=None)
+    ap.add_argument("--head-groups", type=int, nargs="*", default=[4],
+                    help="the calls per so many groups of heads too (BWD_HEAD_GROUPS, "
+                         "FWD_HEAD_GROUPS; bench --ring-ab bwd_groupsN, fwd_groupsN)")
     ap.add_argument("--no-grid", dest="grid", action="store_false",
                     help="skip the non-persistent forward configs of FWD_GRID_STEPS (bench "
                          "--ring-ab fwd_gridN)")
     a = ap.parse_args(argv)
     arch, smem, name = _gpu.arch(), _gpu.max_smem(), _gpu.name()
     configs = []
-    for p in problems(a.procs, a.seqlens):
+    for p in problems(a.procs, a.seqlens, a.head_groups):
         try:
             cfg = select.choose(p, arch, name, smem)[1]
         except ValueError as exc:

@@ -106,6 +106,31 @@ def _worker(rank, world, port, cases):
             cfd.DQ_IN_WORKSPACE = saved
         for i, case in enumerate((cases[0], cases[1], cases[2])):
             _check_lazy_home_bits(rank, world, case, seed=7000 + i)
+        saved = cfd.BWD_HEAD_GROUPS
+        try:  # the backward on all heads at once (BWD_HEAD_GROUPS 1; the cases above ran it per
+            # group of heads where nheads_kv allows): the same bits per head as per group; then
+            # more groups than heads (GQA 4 / 2 heads: 2 groups)
+            for i, case in enumerate((cases[0], cases[2])):
+                _check_head_group_bits(rank, world, case, seed=8000 + i)
+            cfd.BWD_HEAD_GROUPS = 1
+            _check_case(rank, world, cases[1], seed=8002)
+            _check_case(rank, world, cases[2], seed=8003, strided=True)
+            cfd.BWD_HEAD_GROUPS = 16
+            _check_case(rank, world, cases[2], seed=8004)
+            _check_case(rank, world, cases[1], seed=8005, strided=True)
+        finally:
+            cfd.BWD_HEAD_GROUPS = saved
+        saved = cfd.FWD_HEAD_GROUPS, cfd.REVERSE_BWD
+        try:  # the forward's ring per group of heads too (FWD_HEAD_GROUPS), and with the backward
+            # the other way round (the forward keeps its last block, per group)
+            cfd.FWD_HEAD_GROUPS = 4
+            _check_case(rank, world, cases[0], seed=8100)
+            _check_case(rank, world, cases[2], seed=8101, strided=True)
+            cfd.REVERSE_BWD = True
+            _check_case(rank, world, cases[1], seed=8102)
+            _check_case(rank, world, cases[3], seed=8103)
+        finally:
+            cfd.FWD_HEAD_GROUPS, cfd.REVERSE_BWD = saved
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -148,26 +173,37 @@ def _check_case(rank, world, case, seed, strided=False):
     assert (lse.double() - want_lse).abs().max().item() <= 1e-5 * (1 + want_lse.abs().max().item())
 
 
-def _check_lazy_home_bits(rank, world, case, seed):
-    """HOME_LAZY_FP32 on and off give the same bits (bf16 inputs: the home accumulator kept in k's
-    dtype until a second share, the last of two added there, rounds as the fp32 sum does)."""
+def _check_same_bits(rank, world, case, seed, flag, values):
+    """The cuflash.distributed setting ``flag`` at each of ``values`` gives the same bits (bf16
+    inputs)."""
     q, k, v, dout = _full_inputs(case, world, seed)
     layout = case[6]
     grads = []
-    saved = cfd.HOME_LAZY_FP32
+    saved = getattr(cfd, flag)
     try:
-        for lazy in (True, False):
-            cfd.HOME_LAZY_FP32 = lazy
+        for value in values:
+            setattr(cfd, flag, value)
             leaves = [_shard(x, rank, world, layout).to(torch.bfloat16).requires_grad_()
                       for x in (q, k, v)]
             out = cfd.ring_flash_attn_func(*leaves, causal=case[5], layout=layout)
             out.backward(_shard(dout, rank, world, layout).to(torch.bfloat16))
             grads.append([x.grad for x in leaves])
     finally:
-        cfd.HOME_LAZY_FP32 = saved
+        setattr(cfd, flag, saved)
     for name, a, b in zip(("dq", "dk", "dv"), *grads):
         assert a.dtype == torch.bfloat16 and torch.equal(a, b), \
-            f"rank {rank}/{world} case {case}: {name} differs with HOME_LAZY_FP32"
+            f"rank {rank}/{world} case {case}: {name} differs with {flag} {values}"
+
+
+def _check_lazy_home_bits(rank, world, case, seed):
+    """HOME_LAZY_FP32 on and off give the same bits (bf16 inputs: the home accumulator kept in k's
+    dtype until a second share, the last of two added there, rounds as the fp32 sum does)."""
+    _check_same_bits(rank, world, case, seed, "HOME_LAZY_FP32", (True, False))
+
+
+def _check_head_group_bits(rank, world, case, seed):
+    """BWD_HEAD_GROUPS 1 and 2 give the same bits (each head's sums are the same additions)."""
+    _check_same_bits(rank, world, case, seed, "BWD_HEAD_GROUPS", (1, 2))
 
 
 # varlen: (sequence lengths in chunks, nheads, nheads_kv, headdim, causal, layout, dtype);
@@ -290,6 +326,12 @@ def test_step_calls_cover_exactly_the_visible_pairs(world, layout, causal):
     assert np.array_equal(covered, visible.astype(int))
     if causal and layout == "zigzag":
         assert len(set(work)) == 1  # the zigzag layout balances the causal work
+
+
+def test_head_groups():
+    assert [cfd._head_groups(hk, 2) for hk in (1, 2, 3, 8)] == [1, 2, 1, 2]
+    assert [cfd._head_groups(hk, 4) for hk in (6, 8, 5)] == [3, 4, 1]
+    assert cfd._head_groups(8, 0) == 1 and cfd._head_groups(2, 16) == 2
 
 
 def test_step_calls_zigzag_shapes():
@@ -446,6 +488,18 @@ def test_bench_ring_parse_variant():
         assert isinstance(getattr(cfd, flag), bool)
     with pytest.raises(ValueError, match="^ab: unknown variant 'nccl_ctasx'"):
         ring.parse_variant("fwd_dyn+nccl_ctasx")
+    spec = ring.parse_variant("dq_ws+bwd_groups1+fwd_groups4")
+    assert spec["flags"] == ["DQ_IN_WORKSPACE"] and spec["head_groups"] == 1
+    assert spec["fwd_head_groups"] == 4
+    with pytest.raises(ValueError, match="^ab: unknown variant 'bwd_groups0'"):
+        ring.parse_variant("bwd_groups0")
+    saved = cfd.BWD_HEAD_GROUPS, cfd.DQ_IN_WORKSPACE, cfd.FWD_HEAD_GROUPS
+    try:
+        ring.apply_variant(spec)
+        assert cfd.BWD_HEAD_GROUPS == 1 and cfd.DQ_IN_WORKSPACE is not saved[1]
+        assert cfd.FWD_HEAD_GROUPS == 4
+    finally:
+        cfd.BWD_HEAD_GROUPS, cfd.DQ_IN_WORKSPACE, cfd.FWD_HEAD_GROUPS = saved
 
 
 def test_bench_ring_timeline_lines():

@@ -4,7 +4,9 @@ a whole block, on a half block, and some rows only), added into one _DqSum, agai
 block gradients (the global out and lse given) and against the plain path (each call's dq
 rounded to q's dtype, summed in fp32), whose error bounds the new one (2x, plus one ulp of the
 largest value). dK and dV of every call must match the plain path's; deterministic calls must
-be bitwise reproducible. Outputs are NaN-poisoned before each launch.
+be bitwise reproducible. The same calls per group of heads (BWD_HEAD_GROUPS: strided head views
+read in place, one _DqSum per group) within the same bounds. Outputs are NaN-poisoned before each
+launch.
 
     timeout 120 python -m pytest -q -s tests/test_distributed_dqsum_gpu.py
 """
@@ -99,6 +101,31 @@ def _run(torch, cfd, case, q, dout, blocks, out, lse, scale, in_workspace):
     return dq, grads, sums
 
 
+def _run_groups(torch, cfd, case, q, dout, blocks, out, lse, scale, groups):
+    """_run's workspace path per head group as BWD_HEAD_GROUPS makes the calls: one _DqSum per
+    group on head views of q (strided, read in place), dq and every call's dK, dV put together."""
+    _, _, h, hk, _, causal, det = case
+    calls = _calls(q.shape[1], causal)
+    dq = torch.full(q.shape, math.nan, dtype=q.dtype, device="cuda")
+    grads = [tuple(torch.full(k[:, ks].shape, math.nan, dtype=k.dtype, device="cuda")
+                   for _ in range(2)) for (_, ks, _, _), (k, _) in zip(calls, blocks)]
+    all_sums = []
+    for g in range(groups):
+        hs, hks = slice(g * h // groups, (g + 1) * h // groups), \
+            slice(g * hk // groups, (g + 1) * hk // groups)
+        sums = cfd._DqSum(q[:, :, hs], scale, True)
+        for i, ((rows, ks, call_causal, all_rows), (k, v)) in enumerate(zip(calls, blocks)):
+            lse_q = lse[:, hs][:, :, rows].contiguous()
+            dk_b, dv_b = sums.block(dout[:, rows, hs], q[:, rows, hs], k[:, ks, hks],
+                                    v[:, ks, hks], out[:, rows, hs], lse_q, call_causal, det,
+                                    rows, all_rows, strided=True)
+            grads[i][0][:, :, hks] = dk_b
+            grads[i][1][:, :, hks] = dv_b
+        dq[:, :, hs] = sums.result()
+        all_sums.append(sums)
+    return dq, grads, all_sums
+
+
 def _reference(torch, cfd, case, q, dout, blocks, out, lse, scale):
     calls = _calls(q.shape[1], case[5])
     cpu = lambda x: x.cpu()  # noqa: E731
@@ -146,6 +173,19 @@ def test_dq_sums_in_workspace(case):
                 ea, eb = _err(torch, a, r), _err(torch, b, r)
                 ulp = 2.0 ** -7 * r.abs().max().item()
                 assert math.isfinite(ea) and ea <= 2 * eb + ulp, (i, name, ea, eb)
+        if case[3] % 2 == 0:  # BWD_HEAD_GROUPS' head groups: strided views, the same bounds
+            dq_g, grads_g, sums_g = _run_groups(torch, cfd, case, q, dout, blocks, out, lse,
+                                                scale, 2)
+            assert all(x.ws is not None for x in sums_g), "a head group left the workspace path"
+            e_g = _err(torch, dq_g, ref_dq)
+            print(f"{case}: dq error in 2 head groups {e_g:.3e}")
+            assert math.isfinite(e_g) and e_g <= 2 * e_old + 2.0 ** -7 * ref_dq.abs().max().item()
+            for i, ((dk_n, dv_n), (dk_o, dv_o), (dk_r, dv_r)) in enumerate(
+                    zip(grads_g, grads_old, ref_grads)):
+                for name, a, b, r in (("dk", dk_n, dk_o, dk_r), ("dv", dv_n, dv_o, dv_r)):
+                    ea, eb = _err(torch, a, r), _err(torch, b, r)
+                    assert math.isfinite(ea) and ea <= 2 * eb + 2.0 ** -7 * r.abs().max().item(), \
+                        ("groups", i, name, ea, eb)
         if case[6]:  # deterministic: the same bits again
             dq_again, grads_again, _ = _run(torch, cfd, case, q, dout, blocks, out, lse, scale,
                                             True)

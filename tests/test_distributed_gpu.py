@@ -335,7 +335,9 @@ def _sizes_worker(rank, world, port):
     (P = 1); and at P = world the cases again with FWD_DYNAMIC and PRIORITY_GROUP flipped,
     FWD_GRID_STEPS = 1 and the backward's other two paths (DKV_HOME's shares home during the next
     step; the fp32 accumulator travelling with the block), with DQ_IN_WORKSPACE and HOME_LAZY_FP32
-    flipped."""
+    flipped; then the backward on all heads at once (BWD_HEAD_GROUPS = 1; the passes before ran it
+    per group of heads where nheads_kv allows), and the forward per group of heads
+    (FWD_HEAD_GROUPS = 4)."""
     import torch.distributed as dist
 
     from cuflash import distributed as cfd
@@ -381,6 +383,18 @@ def _sizes_worker(rank, world, port):
         finally:
             cfd.FWD_DYNAMIC, cfd.PRIORITY_GROUP, cfd.FWD_GRID_STEPS, cfd.DKV_HOME, \
                 cfd.BWD_LOW_MEMORY, cfd.DQ_IN_WORKSPACE, cfd.HOME_LAZY_FP32 = saved
+        dist.barrier()
+        saved = cfd.BWD_HEAD_GROUPS, cfd.FWD_HEAD_GROUPS
+        try:  # (the backward on all heads at once, as before BWD_HEAD_GROUPS; the forward per
+            # group of heads, FWD_HEAD_GROUPS)
+            cfd.BWD_HEAD_GROUPS = 1
+            failures += _dense_checks(rank, world, None, CASES[:1] + CASES[2:3] + FLAG_CASES[1:],
+                                      first_extra=False, tag=" BWD_HEAD_GROUPS=1")
+            cfd.BWD_HEAD_GROUPS, cfd.FWD_HEAD_GROUPS = saved[0], 4
+            failures += _dense_checks(rank, world, None, CASES[:1] + FLAG_CASES[1:],
+                                      first_extra=False, tag=" FWD_HEAD_GROUPS=4")
+        finally:
+            cfd.BWD_HEAD_GROUPS, cfd.FWD_HEAD_GROUPS = saved
         dist.barrier()
     finally:
         cfd.FWD_DYNAMIC_MIN_WORLD = min_world

@@ -115,10 +115,14 @@ def parser() -> argparse.ArgumentParser:
                          "early_send (cuflash.distributed.EARLY_SEND flipped), nccl_priority "
                          "(a second NCCL group with high-priority streams), nccl_ctasN (one whose "
                          "NCCL kernels take at most N CTAs), split_q, reverse_bwd, fwd_dyn, "
-                         "lib_priority, dkv_home, bwd_lowmem (cuflash.distributed.SPLIT_Q, "
-                         "REVERSE_BWD, FWD_DYNAMIC, PRIORITY_GROUP, DKV_HOME, BWD_LOW_MEMORY "
-                         "flipped), lib_ctasN (RING_MAX_CTAS = N), fwd_gridN "
-                         "(FWD_GRID_STEPS = N), fwd_fullgridN (FWD_FULL_GRID_STEPS = N), rotate (the ring order rotated by one rank), "
+                         "lib_priority, dkv_home, bwd_lowmem, dq_ws, home_lazy "
+                         "(cuflash.distributed.SPLIT_Q, REVERSE_BWD, FWD_DYNAMIC, PRIORITY_GROUP, "
+                         "DKV_HOME, BWD_LOW_MEMORY, DQ_IN_WORKSPACE, HOME_LAZY_FP32 flipped), "
+                         "lib_ctasN (RING_MAX_CTAS = N), fwd_gridN "
+                         "(FWD_GRID_STEPS = N), fwd_fullgridN (FWD_FULL_GRID_STEPS = N), "
+                         "bwd_groupsN, fwd_groupsN (BWD_HEAD_GROUPS, FWD_HEAD_GROUPS = N), "
+                         "rotate (the ring order rotated by "
+                         "one rank), "
                          "or several joined by '+' (bench/ring.py AB_VARIANTS)")
     ap.add_argument("--ring-set", type=_ring_variant, default=None,
                     help="ring: run everything with this variant (a --ring-ab name; 'none' or "

@@ -57,8 +57,9 @@ Records (results/<gpu>x<P>/ring.{json,csv}), impl:
                  that mask). --ring-set NAME: the whole run with a variant (ring_set in the
                  records; the settings it ran with: reverse_bwd, fwd_dynamic, priority_group,
                  ring_max_ctas, early_send, fwd_grid_steps, dkv_home, bwd_low_memory,
-                 fwd_full_grid_steps, dq_in_workspace, home_lazy_fp32). --ring-rotate K: process r on GPU
-                 (r + K) mod the GPU count.
+                 fwd_full_grid_steps, dq_in_workspace, home_lazy_fp32, bwd_head_groups,
+                 fwd_head_groups).
+                 --ring-rotate K: process r on GPU (r + K) mod the GPU count.
 Times are medians over ranks' CUDA-event timings of max-over-ranks per repetition; FLOPs are
 cuflash.registry.op_flops (4·b·h·s²·d, ÷2 causal, ×2.5 backward).
 """
@@ -496,6 +497,8 @@ def _measure(rank, world, seqlen, causal, opts, log, base) -> list:
         rec["bwd_low_memory"] = cfd.BWD_LOW_MEMORY
         rec["dq_in_workspace"] = cfd.DQ_IN_WORKSPACE
         rec["home_lazy_fp32"] = cfd.HOME_LAZY_FP32
+        rec["bwd_head_groups"] = cfd.BWD_HEAD_GROUPS
+        rec["fwd_head_groups"] = cfd.FWD_HEAD_GROUPS
         rec["fwd_full_grid_steps"] = cfd.FWD_FULL_GRID_STEPS
         if opts.get("ring_set"):
             rec["ring_set"] = opts["ring_set"]
@@ -608,6 +611,10 @@ AB_VARIANTS = {
              "kernels' own fp32 accumulator, one workspace for every step, one convert at the end)",
     "home_lazy": "cuflash.distributed.HOME_LAZY_FP32 flipped (the home dK/dV sums kept in k's "
                  "dtype until a second share arrives)",
+    "bwd_groupsN": "cuflash.distributed.BWD_HEAD_GROUPS = N (the backward's ring run once per "
+                   "group of heads, N groups; e.g. bwd_groups1: all heads at once)",
+    "fwd_groupsN": "cuflash.distributed.FWD_HEAD_GROUPS = N (the forward's ring run once per group "
+                   "of heads, N groups; e.g. fwd_groups4)",
     "fwd_fullgridN": "cuflash.distributed.FWD_FULL_GRID_STEPS = N (non-causal rings from "
                      "FWD_DYNAMIC_MIN_WORLD ranks up: the first N forward steps on a grid of one "
                      "CTA per tile, the later ones static persistent; e.g. fwd_fullgrid1)",
@@ -653,10 +660,17 @@ def parse_variant(name: str) -> dict:
         elif part.startswith("fwd_fullgrid") and part[12:].isdigit() \
                 and out.get("full_grid_steps") is None:
             out["full_grid_steps"] = int(part[12:])
+        elif part.startswith("bwd_groups") and part[10:].isdigit() and int(part[10:]) >= 1 \
+                and out.get("head_groups") is None:
+            out["head_groups"] = int(part[10:])
+        elif part.startswith("fwd_groups") and part[10:].isdigit() and int(part[10:]) >= 1 \
+                and out.get("fwd_head_groups") is None:
+            out["fwd_head_groups"] = int(part[10:])
         else:
             raise ValueError(f"ab: unknown variant {part!r} in {name!r} (known: "
                              f"{', '.join(sorted(AB_VARIANTS))}; nccl_ctasN, lib_ctasN with N >= 1, "
-                             "fwd_gridN, fwd_fullgridN with N >= 0, once; several joined by '+')")
+                             "fwd_gridN, fwd_fullgridN with N >= 0, bwd_groupsN, fwd_groupsN "
+                             "with N >= 1, once; several joined by '+')")
     if len(set(out["flags"])) != len(out["flags"]):
         raise ValueError(f"ab: {name!r} names a flag twice")
     return out
@@ -675,6 +689,10 @@ def apply_variant(spec: dict) -> None:
         cfd.FWD_GRID_STEPS = spec["grid_steps"]
     if spec.get("full_grid_steps") is not None:
         cfd.FWD_FULL_GRID_STEPS = spec["full_grid_steps"]
+    if spec.get("head_groups") is not None:
+        cfd.BWD_HEAD_GROUPS = spec["head_groups"]
+    if spec.get("fwd_head_groups") is not None:
+        cfd.FWD_HEAD_GROUPS = spec["fwd_head_groups"]
 
 
 def _variant_group(spec: dict, world: int):
@@ -719,7 +737,8 @@ def _variant(name, world, reps, flops_total, rec, log, fwd, bwd, warm_local,
     out = {}
     flags = ("EARLY_SEND", "SPLIT_Q", "REVERSE_BWD", "FWD_DYNAMIC", "PRIORITY_GROUP",
              "RING_MAX_CTAS", "FWD_GRID_STEPS", "DKV_HOME", "FWD_FULL_GRID_STEPS",
-             "BWD_LOW_MEMORY", "DQ_IN_WORKSPACE", "HOME_LAZY_FP32")
+             "BWD_LOW_MEMORY", "DQ_IN_WORKSPACE", "HOME_LAZY_FP32", "BWD_HEAD_GROUPS",
+             "FWD_HEAD_GROUPS")
     saved = {f: getattr(cfd, f) for f in flags}
     try:
         spec = parse_variant(name)
