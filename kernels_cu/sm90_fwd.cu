@@ -233,6 +233,14 @@
 //              per CTA, a tile cut in two joined through fp32 partials in params.tail_partial;
 //              a piece runs the tile loop below on its blocks [jb, je): n_end and n_blocks are the
 //              piece's). false (the default): the code of the kernel before it existed
+//   kPvOverlap the consumers' K/V loop rotated (sm90_fwd_common.cuh sm90_consume_blocks kRotate): the
+//              same steps in the same order, block j's finish (the wait for P_{j-1} V_{j-1}, the V
+//              release, O *= alpha_j, P_j's packing) at the head of the next iteration, so that
+//              ptxas keeps the softmax of S_j above that wait and it runs under this warpgroup's own
+//              P_{j-1} V_{j-1} GEMM, FA3's intra-warpgroup overlap (without it nvcc 13.0 puts the
+//              wait first: the step overlaps only the other warpgroups' GEMMs). Plain calls only (no
+//              window, softcap, ALiBi, dropout). false (the default): the code of the kernel before it
+//              existed
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
@@ -399,7 +407,8 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
-          bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false>
+          bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
+          bool kPvOverlap = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     // kDropEarly 4: one K/V block's keep flags, 16 bytes per consumer thread and 32-key block
@@ -1061,7 +1070,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             };
             // (kDropEarly: P_j's keep flags drawn while S_j computes; kTileOverlap: P_{n-1} V_{n-1} is in
             // O once one group is left, the groups completing in order)
-            sm90_consume_blocks<!kTileOverlap, kTileOverlap ? 1 : 0>(
+            sm90_consume_blocks<!kTileOverlap, kTileOverlap ? 1 : 0, kPvOverlap>(
                 bar, turn, kv_iter, n_blocks, last_tile, s_flat, o_flat, issue_s, issue_pv, softmax_s, to_p, rescale_o,
                 draw_early, first_landed, rescale_first, after_last_pv);
             kv_iter += n_blocks;

@@ -147,7 +147,16 @@ struct Sm90Skip {
 //   first_landed()                 right after S_0 is waited for
 //   rescale_first(in_loop)         O *= alpha before the P V GEMM is issued (in_loop: behind S_j)
 //   after_last_pv()                behind the last P V, in the same turn
-template <bool kIssueFirst, int kLastWait, int kStages, class Turn, int kS, int kO, class IssueS, class IssuePv,
+// kRotate: the same steps in the same order, with the loop rotated: block j - 1's finish (wait for
+// P_{j-2} V_{j-2}, release V_{j-2}, rescale O, P_{j-1} to the A operand) runs at the head of
+// iteration j (and, for the last block, after the loop), so softmax_s(j) ends its iteration and
+// the next wait for a P V sits across the loop's back edge. Why: ptxas (nvcc 13.0) schedules
+// inside a basic block, and there it put the wait for P_{j-1} V_{j-1} (WARPGROUP.DEPBAR.LE gsb0,
+// 0x0) above softmax_s(j)'s row max and exp2s (the whole step of the plain kernel after the wait:
+// it overlapped only the other warpgroups' GEMMs, not its own P V). j = 1's head waits with no
+// group in flight (no-op) and neither releases nor rescales (block 0 had no P V before it).
+// false (the default): the loop as before, the code of the kernels before the parameter existed.
+template <bool kIssueFirst, int kLastWait, bool kRotate = false, int kStages, class Turn, int kS, int kO, class IssueS, class IssuePv,
           class SoftmaxS, class ToP, class RescaleO, class Draw, class FirstLanded, class RescaleFirst,
           class AfterLastPv>
 __device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages>& bar, const Turn& turn, int kv_iter,
@@ -172,10 +181,21 @@ __device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages>& 
     wgmma_wait<0>();
     first_landed();
     softmax_s(slot_of(0), 0);
-    to_p(0);
+    if constexpr (!kRotate) to_p(0);
+    // kRotate: block jj's finish, once its softmax has run (jj >= 1: P_{jj-1} V_{jj-1} was issued)
+    auto finish = [&](int jj) {
+        wgmma_wait<0>();                   // P_{jj-1} V_{jj-1} is in O (jj = 0: no group in flight)
+        reg_fence(o_flat);
+        if (jj > 0) {
+            mbarrier_arrive(bar.v_empty(slot_of(jj - 1)));   // V_{jj-1}'s slot may be refilled
+            rescale_o();
+        }
+        to_p(jj);
+    };
 
     for (int j = 1; j < n_blocks; ++j) {
         const int slot = slot_of(j), prev = slot_of(j - 1);
+        if constexpr (kRotate) finish(j - 1);
         turn.begin();
         mbarrier_wait(bar.k_full(slot), phase(j));
         // reg_fence keeps the reads of the old S (packed into P_{j-1}) and the rescale
@@ -191,12 +211,15 @@ __device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages>& 
         draw(j);
         wgmma_wait<1>();                   // S_j is ready; P_{j-1} V_{j-1} may still run
         softmax_s(slot, j);
-        wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
-        reg_fence(o_flat);
-        mbarrier_arrive(bar.v_empty(prev));    // V_{j-1}'s slot may be refilled
-        rescale_o();
-        to_p(j);
+        if constexpr (!kRotate) {
+            wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
+            reg_fence(o_flat);
+            mbarrier_arrive(bar.v_empty(prev));    // V_{j-1}'s slot may be refilled
+            rescale_o();
+            to_p(j);
+        }
     }
+    if constexpr (kRotate) finish(n_blocks - 1);
     // end: the last block's O += P V (the tile's final turn)
     const int last = slot_of(n_blocks - 1);
     turn.begin();

@@ -449,6 +449,11 @@ class Sm90FwdConfig(KernelConfig):
                buffers, ``zeroed_counters``: per CTA slot (head_dim / 8 + 1) · 16 bytes per consumer
                thread, 19 MB at d256 with 2 consumers); plain non-causal calls, fixed lengths, static
                persistent, not with tile_overlap (HEURISTIC_STREAM_TAIL)
+    pv_overlap: the consumers' K/V loop rotated (kPvOverlap, kernels_cu/sm90_fwd_common.cuh kRotate):
+               block j's finish (the wait for P_{j-1} V_{j-1}, O's rescale, P_j's packing) at the head of
+               the next iteration, so that ptxas keeps the softmax of S_j above that wait: it runs under
+               the warpgroup's own P V GEMM (FA3's intra-warpgroup overlap). The same steps in the
+               same order; plain calls only (no window, softcap, ALiBi, dropout)
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
@@ -483,6 +488,7 @@ class Sm90FwdConfig(KernelConfig):
     drop_packed: bool = False
     drop_early: int = 0
     stream_tail: bool = False
+    pv_overlap: bool = False
     section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
@@ -505,7 +511,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}"
                 f"{'_tov' if self.tile_overlap else ''}"
                 f"{'_dpk' if self.drop_packed else ''}{'_dpe' if self.drop_early == 1 else f'_dpe{self.drop_early}' if self.drop_early else ''}"
-                f"{'_st' if self.stream_tail else ''}")
+                f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -577,8 +583,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.tile_overlap else 'false'}",                    # kTileOverlap
                 f"{'true' if self.drop_packed else 'false'}",                     # kDropPacked
                 f"{int(self.drop_early)}",                                        # kDropEarly
-                f"{'true' if self.stream_tail else 'false'}"]                     # kStreamTail last
-        used = (16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{'true' if self.stream_tail else 'false'}",                     # kStreamTail
+                f"{'true' if self.pv_overlap else 'false'}"]                      # kPvOverlap last
+        used = (17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -593,7 +600,8 @@ class Sm90FwdConfig(KernelConfig):
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
-                self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail)
+                self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail,
+                self.pv_overlap)
 
     def _problems(self) -> list[str]:
         out = []
@@ -720,6 +728,10 @@ class Sm90FwdConfig(KernelConfig):
         if self.stream_tail and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
                                  or self.lazy_rescale or self.fold_cap or self.alibi_lin):
             out.append("stream_tail with window / softcap / ALiBi / dropout (or their softmax variants) "
+                       "is not implemented: plain calls only")
+        if self.pv_overlap and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
+                                or self.lazy_rescale or self.fold_cap or self.alibi_lin):
+            out.append("pv_overlap with window / softcap / ALiBi / dropout (or their softmax variants) "
                        "is not implemented: plain calls only")
         if self.section < 0 or self.section > MAX_SECTION:
             out.append(f"section must be 0 (the L2 rule) or 1..{MAX_SECTION} KV heads, got {self.section}")
@@ -1032,6 +1044,8 @@ class Sm90Forward(Family):
             config = config.replace(tile_overlap=False)   # likewise; and without keys no S_0 to issue
         if config.stream_tail and (problem.features or problem.causal):
             config = config.replace(stream_tail=False)    # likewise (plain non-causal calls only)
+        if config.pv_overlap and problem.features:
+            config = config.replace(pv_overlap=False)     # likewise (plain calls only)
         if config.alibi_lin and (tuple(f for f in problem.features if f != "window") != ("alibi",)
                                  or config.emu_exp2 or config.tree_max):
             config = config.replace(alibi_lin=False)   # a speed knob: ALiBi alone (a window may join)
@@ -1046,7 +1060,8 @@ class Sm90Forward(Family):
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
-                               "tile_overlap", "drop_packed", "drop_early", "stream_tail") and not v))
+                               "tile_overlap", "drop_packed", "drop_early", "stream_tail", "pv_overlap")
+                               and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
