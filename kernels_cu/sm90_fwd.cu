@@ -402,15 +402,14 @@ struct Sm90TileRing {
     }
 };
 
+// The kernel's body (sm90_fwd, and sm90_fwd_cluster for kCluster, below, are its entry points; p is
+// the entry point's __grid_constant__ parameter).
 template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
-          class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
-          bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
-          bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
-          bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
-          bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
-          bool kPvOverlap = false>
-__global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
-sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
+          class Elem, bool kCausal, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, int kEmuExp2,
+          bool kDynamic, bool kTmaStore, bool kVarlen, bool kPSmem, bool kTreeMax, bool kQDouble,
+          bool kLazyRescale, int kFoldCap, bool kAlibiLinear, bool kRescaleFirst, bool kTileOverlap,
+          bool kDropPacked, int kDropEarly, bool kStreamTail, bool kPvOverlap, bool kCluster>
+__device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     // kDropEarly 4: one K/V block's keep flags, 16 bytes per consumer thread and 32-key block
     static constexpr int kGenBytes = kDropEarly == 4 ? kConsumers * 128 * (kBN / 32) * 16 : 0;
     // kFoldCap 3, 4 with the fixed max (kRoundedL): O's normalizer is the running row sum of P as
@@ -427,14 +426,22 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     // the producer's tiles: Q_i, K_j and V_j as kChunks boxes of 64 columns (d96: the second one
     // half zeros, header)
     using QTile = Sm90RowTile<kChunks, 64, Shape::kQChunkBytes>;
-    using KVTile = Sm90RowTile<kChunks, 64, Shape::kKVChunkBytes>;
+    // (kCluster: each CTA of the cluster loads half of K_j's and V_j's chunks into both, sm90_fwd_common.cuh)
+    using KVTile = Sm90RowTile<kChunks, 64, Shape::kKVChunkBytes, kCluster>;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 smem = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const u32 q_smem = smem;
     const u32 k_smem = smem + Shape::kKOffset;
     const u32 v_smem = smem + Shape::kVOffset;
-    const Sm90FwdBars<kStages> bar{smem + Shape::kBarOffset};   // Q's and the K/V ring's (sm90_fwd_common.cuh)
+    // kCluster: the CTA's K/V iterations (its static persistent tiles, every one with all ceil(seqlen_k / BN)
+    // blocks: non-causal, fixed lengths), after which no remote release is sent (Sm90FwdBars)
+    auto pair_kv_total = [&]() {
+        const int n_tiles = (p.seqlen_q + kBM - 1) / kBM * p.nheads * p.batch;
+        return (n_tiles - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x) * ((p.seqlen_k + kBN - 1) / kBN);
+    };
+    // Q's and the K/V ring's (sm90_fwd_common.cuh)
+    const Sm90FwdBars<kStages, kCluster> bar{smem + Shape::kBarOffset, kCluster ? pair_kv_total() : 0};
     // kQDouble: Q's buffer b (0: q_smem, 1: the second one) and its mbarriers. The n-th tile with
     // keys uses buffer n % 2, whose fills are numbered n / 2 (phases as Q's: header). Without it
     // every tile uses buffer 0, bar.q_full() / bar.q_empty(), and the code is the single buffer's.
@@ -445,6 +452,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     auto q_slot = [&](int q_iter) { return kQDouble ? q_iter & 1 : 0; };       // buffer of tile q_iter
     auto q_fill = [&](int q_iter) { return kQDouble ? q_iter >> 1 : q_iter; }; // its fill number
     static_assert(!kPingpong || kConsumers >= 2, "pingpong needs two or three consumer warpgroups");
+    static_assert(!kCluster || (kPersistent && !kDynamic && !kVarlen && !kCausal && !kWindow && !kStreamTail
+                                && !kTileOverlap && !kQDouble && !kSoftcap && !kAlibi && !kDropout && kChunks % 2 == 0),
+                  "kCluster: the static persistent plain non-causal kernel (both CTAs of a cluster walk adjacent "
+                  "Q blocks of the same heads, with the same K/V blocks), an even number of column chunks");
     static_assert(!kDynamic || kPersistent, "the dynamic scheduler runs a persistent grid (a CTA per SM)");
     static_assert(!kTileOverlap || (kPersistent && !kDynamic && !kVarlen && !kQDouble && !kTmaStore
                                     && !kPSmem && !kRescaleFirst && !kCausal && !kWindow && !kSoftcap && !kAlibi
@@ -554,7 +565,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             mbarrier_init(q_full_of(1), 1);
             mbarrier_init(q_empty_of(1), kConsumers * 128);
         }
-        bar.init_ring(kConsumers * 128);
+        bar.init_ring(kConsumers * 128 * (kCluster ? 2 : 1));   // (kCluster: the partner's releases too)
         if constexpr (kDynamic) ring.init();
         if constexpr (kDropEarly == 4)
             for (int w = 0; w < kConsumers; ++w) {
@@ -570,6 +581,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         fence_mbarrier_init();                              // visible to TMA's complete_tx
     }
     __syncthreads();                                        // and to every thread
+    if constexpr (kCluster) cluster_sync();     // both CTAs' barriers initialised before any multicast
 
     if (warpgroup == 0) {
         // ---- producer: one thread issues every TMA copy ----
@@ -896,7 +908,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             auto softmax_s = [&](int slot, int j) {
                 const int n_block = n_end - 1 - j;
                 reg_fence(s_flat);
-                mbarrier_arrive(bar.k_empty(slot));
+                bar.release(bar.k_empty(slot), kv_iter + j);   // (kCluster: the partner's too)
                 if (j == n_blocks - 1) {
                     if constexpr (kQDouble) mbarrier_arrive(q_empty_of(q_slot(q_iter)));
                     else mbarrier_arrive(bar.q_empty());
@@ -1100,6 +1112,38 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         if (wg == 0) named_barrier_sync(1, 256);   // the last warpgroup's final hand-over
     if constexpr (kTmaStore)
         if (o_issuer) bulk_wait_group<0>();        // no store may read shared memory after the exit
+}
+
+
+template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
+          class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
+          bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
+          bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
+          bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
+          bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
+          bool kPvOverlap = false>
+__global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
+sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
+    sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
+                  kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
+                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false>(p);
+}
+
+// kCluster's entry point: a cluster of 2 CTAs (adjacent Q blocks of one head, sharing their K/V loads);
+// kClusterSize (2) leads the template arguments so that its instantiations differ from sm90_fwd's.
+template <int kClusterSize, int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
+          class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
+          bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
+          bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
+          bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
+          bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
+          bool kPvOverlap = false>
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 128, 1)
+sm90_fwd_cluster(const __grid_constant__ Sm90FwdParams p) {
+    static_assert(kClusterSize == 2, "sm90_fwd_cluster: clusters of 2 CTAs");
+    sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
+                  kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
+                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true>(p);
 }
 
 }  // namespace cuflash

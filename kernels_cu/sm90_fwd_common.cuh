@@ -7,6 +7,7 @@
 #pragma once
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
+#include "ptx_sm90_cluster.cuh"
 #include "softmax.cuh"
 #include "varlen.cuh"
 
@@ -47,10 +48,23 @@ struct Sm90Tile {
 // it % kStages, whose fill number it / kStages gives the phases.
 //   full   one arrival (the producer's expect_tx with the tile's bytes) and the bytes themselves
 //   empty  kConsumers · 128 arrivals, one per consumer thread after its last read of the tile
-template <int kStages>
+// kPair (sm90_fwd's kCluster: the two CTAs of a cluster fill each other's K/V slots by multicast,
+// Sm90RowTile's kPair): a slot's K or V is refilled by both producers, so its empty mbarrier counts both
+// CTAs' consumer threads (init_ring's count twice), each releasing its own CTA's and the partner's
+// (release); none to the partner for the CTA's last kStages iterations (it + kStages >= kv_total),
+// which nothing refills, so that no arrival reaches a CTA that has finished. Both CTAs run the same
+// iterations (the same tiles' K/V blocks).
+template <int kStages, bool kPair = false>
 struct Sm90FwdBars {
     static constexpr int kCount = 2 + 4 * kStages;
     u32 base;
+    int kv_total = 0;   // kPair: the CTA's K/V iterations
+    // a consumer thread's release of K or V slot `empty` after its last read of iteration it
+    __device__ __forceinline__ void release(u32 empty, int it) const {
+        mbarrier_arrive(empty);
+        if constexpr (kPair)
+            if (it + kStages < kv_total) mbarrier_arrive_remote(mapa_shared(empty, cluster_ctarank() ^ 1u));
+    }
     __device__ __forceinline__ u32 q_full() const { return base; }
     __device__ __forceinline__ u32 q_empty() const { return base + 8u; }
     __device__ __forceinline__ u32 k_full(int slot) const { return base + 8u * (2 + slot); }
@@ -78,14 +92,27 @@ struct Sm90FwdBars {
 // of 16 bits, 128 e4m3), box b into dst + b · kBoxBytes from column b · kBoxCols: Q_i (rows are
 // queries), K_j and V_j (rows are keys). kBytes, the boxes' bytes with TMA's zero fill (columns
 // past the real head dim, rows past the sequence's end), is what the full mbarrier expects.
-template <int kBoxes, int kBoxCols, int kBoxBytes>
+// kPair (sm90_fwd's kCluster; kBoxes even): the two CTAs of a cluster load half the boxes each, CTA
+// rank r boxes r · kBoxes / 2 .. (r + 1) · kBoxes / 2 - 1, multicast into both CTAs' shared memory
+// at dst, each box's bytes completing on the mbarrier `full` of both CTAs: each CTA's full mbarrier
+// still expects the whole tile (kBytes) from its own producer's expect_tx.
+template <int kBoxes, int kBoxCols, int kBoxBytes, bool kPair = false>
 struct Sm90RowTile {
+    static_assert(!kPair || kBoxes % 2 == 0, "a tile shared by two CTAs needs an even number of boxes");
     static constexpr int kBytes = kBoxes * kBoxBytes;
     // rows row0.. of (head, batch) of the tensor map's rank-4 tensor, completing on mbarrier `full`
     static __device__ __forceinline__ void load(u32 dst, const void* map, u32 full, int row0, int head, int batch) {
+        if constexpr (kPair) {
+            const int b0 = int(cluster_ctarank()) * (kBoxes / 2);
 #pragma unroll
-        for (int b = 0; b < kBoxes; ++b)
-            tma_load_4d(dst + b * kBoxBytes, map, full, b * kBoxCols, row0, head, batch);
+            for (int i = 0; i < kBoxes / 2; ++i)
+                tma_load_4d_multicast(dst + (b0 + i) * kBoxBytes, map, full, (b0 + i) * kBoxCols, row0, head, batch,
+                                      3);
+        } else {
+#pragma unroll
+            for (int b = 0; b < kBoxes; ++b)
+                tma_load_4d(dst + b * kBoxBytes, map, full, b * kBoxCols, row0, head, batch);
+        }
     }
 };
 
@@ -106,8 +133,8 @@ __device__ __forceinline__ void sm90_load_q(u32 dst, u32 full, u32 empty, int fi
 // boxes, each slot's tiles kBytes apart). Slot reuse: from the ring's second round on, the
 // consumers must have released the tiles of iteration it - kStages (the slot's release
 // it / kStages - 1), K and V apart, so that a slot's next K tile can load while its V_j is still read.
-template <class KTile, class VTile, int kStages, class Key0>
-__device__ __forceinline__ void sm90_fill_kv(const Sm90FwdBars<kStages>& bar, int& it, int n_blocks, Key0&& key0,
+template <class KTile, class VTile, int kStages, bool kPair, class Key0>
+__device__ __forceinline__ void sm90_fill_kv(const Sm90FwdBars<kStages, kPair>& bar, int& it, int n_blocks, Key0&& key0,
                                              u32 k_smem, u32 v_smem, const void* tma_k, const void* tma_v,
                                              int head_kv, int batch) {
     for (int j = 0; j < n_blocks; ++j, ++it) {
@@ -156,10 +183,10 @@ struct Sm90Skip {
 // it overlapped only the other warpgroups' GEMMs, not its own P V). j = 1's head waits with no
 // group in flight (no-op) and neither releases nor rescales (block 0 had no P V before it).
 // false (the default): the loop as before, the code of the kernels before the parameter existed.
-template <bool kIssueFirst, int kLastWait, bool kRotate = false, int kStages, class Turn, int kS, int kO, class IssueS, class IssuePv,
-          class SoftmaxS, class ToP, class RescaleO, class Draw, class FirstLanded, class RescaleFirst,
-          class AfterLastPv>
-__device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages>& bar, const Turn& turn, int kv_iter,
+template <bool kIssueFirst, int kLastWait, bool kRotate = false, int kStages, bool kPair, class Turn, int kS, int kO,
+          class IssueS, class IssuePv, class SoftmaxS, class ToP, class RescaleO, class Draw, class FirstLanded,
+          class RescaleFirst, class AfterLastPv>
+__device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages, kPair>& bar, const Turn& turn, int kv_iter,
                                                     int n_blocks, bool last_tile, float (&s_flat)[kS],
                                                     float (&o_flat)[kO], IssueS&& issue_s, IssuePv&& issue_pv,
                                                     SoftmaxS&& softmax_s, ToP&& to_p, RescaleO&& rescale_o,
@@ -187,7 +214,7 @@ __device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages>& 
         wgmma_wait<0>();                   // P_{jj-1} V_{jj-1} is in O (jj = 0: no group in flight)
         reg_fence(o_flat);
         if (jj > 0) {
-            mbarrier_arrive(bar.v_empty(slot_of(jj - 1)));   // V_{jj-1}'s slot may be refilled
+            bar.release(bar.v_empty(slot_of(jj - 1)), kv_iter + jj - 1);   // V_{jj-1}'s slot may be refilled
             rescale_o();
         }
         to_p(jj);
@@ -214,7 +241,7 @@ __device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages>& 
         if constexpr (!kRotate) {
             wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
             reg_fence(o_flat);
-            mbarrier_arrive(bar.v_empty(prev));    // V_{j-1}'s slot may be refilled
+            bar.release(bar.v_empty(prev), kv_iter + j - 1);    // V_{j-1}'s slot may be refilled
             rescale_o();
             to_p(j);
         }
@@ -232,7 +259,7 @@ __device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages>& 
     turn.end(last_tile);
     wgmma_wait<kLastWait>();
     reg_fence(o_flat);
-    mbarrier_arrive(bar.v_empty(last));
+    bar.release(bar.v_empty(last), kv_iter + n_blocks - 1);
 }
 
 // The register epilogue of one warp's rows of tile `at`: O = acc · o_factor(half, l_row) (1 / l

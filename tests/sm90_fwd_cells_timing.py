@@ -76,16 +76,21 @@ CANDIDATES = {
                     pv_overlap=True),
     "st_pvo": dict(stream_tail=True, pv_overlap=True),
     "nost_pvo": dict(stream_tail=False, pv_overlap=True),
+    # cluster (kCluster): clusters of 2 CTAs sharing every K/V load by TMA multicast (static persistent, no stream_tail)
+    "cl": dict(cluster=True),
+    "cl_pvo": dict(cluster=True, pv_overlap=True),
+    "nost_cl": dict(stream_tail=False, cluster=True),
+    "nost_cl_pvo": dict(stream_tail=False, cluster=True, pv_overlap=True),
 }
 # (head dim, causal, seqlen) -> the rows of that cell, bf16 (rows equal to the heuristic's config or an
 # earlier row's, or invalid, are left out)
 CELLS = {
-    (256, False, 2048): ("heur", "st", "tov", "pvo", "tov_pvo", "st_pvo"),
-    (256, False, 4096): ("heur", "st", "nost", "pvo", "nost_pvo"),
+    (256, False, 2048): ("heur", "st", "tov", "pvo", "tov_pvo", "st_pvo", "cl", "cl_pvo"),
+    (256, False, 4096): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl"),
     (256, False, 8192): ("heur", "st", "nost", "pvo"),
     (256, False, 16384): ("heur", "st", "nost", "pvo"),
     (128, False, 2048): ("heur", "st", "nost", "pvo"),
-    (128, False, 16384): ("heur", "st", "nost", "pvo", "nost_pvo"),
+    (128, False, 16384): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl"),
     (64, False, 2048): ("heur", "st_static", "pvo"),
     (256, True, 2048): ("heur", "pvo"),
     (128, True, 8192): ("heur", "pvo"),
@@ -95,7 +100,7 @@ CELLS = {
 # the fp16 cells' rows (fewer: the compile budget). tile_overlap (tov*, non-causal only): the version of
 # session 16's round B was serialized by ptxas (0.5-0.8x); these rows time the loop-rotated one
 FP16_CELLS = {
-    (256, False, 2048): ("heur", "st", "pvo"),
+    (256, False, 2048): ("heur", "st", "pvo", "cl"),
     (256, False, 4096): ("heur", "st", "nost"),
     (128, False, 2048): ("heur", "st", "nost"),
     (128, False, 16384): ("heur", "st", "nost"),

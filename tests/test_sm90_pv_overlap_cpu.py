@@ -109,3 +109,51 @@ def test_softmax_under_the_own_pv_in_sass():
     for c in cfgs[1:]:
         # BN / 2 exp2s of P, alpha's two (and the first block's l init none): the whole step
         assert softmax_between_waits(by[tuple(c.template_args())]) == [dict(ex2=c.BN // 2 + 2, shfl=4)], c.name
+
+
+# ---- cluster (kCluster: clusters of 2 CTAs sharing each K/V load by multicast) ----
+CL = PLAIN.replace(cluster=True)
+
+
+def test_cluster_name_template_and_encoding():
+    assert CL.validate(227 * 1024) is CL and CL.name == PLAIN.name + "_cl2"
+    assert CL.kernel_name() == ("cuflash::sm90_fwd_cluster<2, 128, 80, 2, 2, false, true, 256, cuflash::bf16, false, "
+                                "false, false, false>")
+    assert CL.template_args() == (2,) + PLAIN.template_args()
+    assert "cluster" not in FAM.encode(PLAIN) and FAM.encode(CL).endswith(",cluster=1")
+    assert FAM.decode(FAM.encode(CL), "bf16", False) == CL and "cluster" not in FAM.space
+
+
+@pytest.mark.parametrize("change,pattern", [
+    (dict(persistent=False), r"static persistent"), (dict(dynamic=True), r"static persistent"),
+    (dict(causal=True), r"non-causal"), (dict(stream_tail=True), r"non-causal"),
+    (dict(tile_overlap=True), r"non-causal"), (dict(q_double=True), r"non-causal"),
+    (dict(head_dim=192, BN=112), r"must be even"), (dict(head_dim=64, BN=128), r"must be even"),
+    (dict(softcap=True), r"plain calls only"),
+])
+def test_cluster_rules(change, pattern):
+    why = CL.replace(**change).problems(227 * 1024)
+    assert any(re.search(pattern, w) for w in why), why
+
+
+def test_cluster_for_problem_and_grid():
+    even = Problem("fwd", "bf16", 8, 2048, 2048, 8, 8, 256, False)          # 16 Q blocks per head
+    assert FAM.for_problem(CL, even) == CL
+    assert FAM.for_problem(CL, Problem("fwd", "bf16", 1, 2049, 2048, 8, 8, 256, False)).cluster is False  # 17
+    assert FAM.for_problem(CL, Problem("fwd", "bf16", 1, 2048, 2048, 8, 8, 256, True)).cluster is False
+    soft = Problem("fwd", "bf16", 1, 2048, 2048, 8, 8, 256, False, features=("softcap",), softcap=30.0)
+    assert FAM.for_problem(CL, soft).cluster is False
+    assert FAM.launches(CL, even, 132)[0].grid == (132, 1, 1)
+    assert FAM.launches(CL, even, 131)[0].grid == (130, 1, 1)                     # an even grid
+    small = Problem("fwd", "bf16", 1, 256, 256, 1, 1, 256, False)                # 2 tiles
+    assert FAM.launches(CL, small, 132)[0].grid == (2, 1, 1)
+
+
+@needs_nvcc
+def test_cluster_kernels_compile_without_spills():
+    from cuflash.compile import nvcc_compile
+
+    cfgs = [CL, CL.replace(pv_overlap=True), CL.replace(head_dim=128, BN=176, pingpong=True),
+            CL.replace(dtype="fp16")]
+    for r in nvcc_compile(cfgs, "sm_90a"):
+        assert r.spill_stores == 0 and r.spill_loads == 0 and not r.warnings, r

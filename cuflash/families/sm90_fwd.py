@@ -454,6 +454,12 @@ class Sm90FwdConfig(KernelConfig):
                the next iteration, so that ptxas keeps the softmax of S_j above that wait: it runs under
                the warpgroup's own P V GEMM (FA3's intra-warpgroup overlap). The same steps in the
                same order; plain calls only (no window, softcap, ALiBi, dropout)
+    cluster:   clusters of 2 CTAs (sm90_fwd_cluster, kCluster): the static persistent grid's CTAs 2c and
+               2c + 1 take adjacent Q blocks of one head at every step, and each loads half of every
+               K_j's and V_j's column chunks by TMA multicast into both (one L2 read feeds two SMs); a
+               ring slot is refilled once both CTAs released it. Non-causal plain fixed-length calls,
+               an even number of Q blocks (for_problem drops it otherwise), head dims 96 / 128 / 256;
+               not with stream_tail, tile_overlap, q_double
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
@@ -489,6 +495,7 @@ class Sm90FwdConfig(KernelConfig):
     drop_early: int = 0
     stream_tail: bool = False
     pv_overlap: bool = False
+    cluster: bool = False
     section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
@@ -511,7 +518,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}"
                 f"{'_tov' if self.tile_overlap else ''}"
                 f"{'_dpk' if self.drop_packed else ''}{'_dpe' if self.drop_early == 1 else f'_dpe{self.drop_early}' if self.drop_early else ''}"
-                f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}")
+                f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}{'_cl2' if self.cluster else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -589,13 +596,17 @@ class Sm90FwdConfig(KernelConfig):
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
-        return (f"cuflash::sm90_fwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
+        # cluster: sm90_fwd_cluster, its cluster size (2) first, then every argument of sm90_fwd
+        entry = "sm90_fwd_cluster<2, " if self.cluster else "sm90_fwd<"
+        return (f"cuflash::{entry}{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{'true' if self.pingpong else 'false'}, {'true' if self.persistent else 'false'}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, "
                 f"{'true' if self.causal else 'false'}{template_suffix(self)}"
                 f"{''.join(', ' + a for a in tail[:used])}>")
 
     def template_args(self) -> tuple:
+        if self.cluster:   # (sm90_fwd_cluster's leading cluster size)
+            return (2,) + self.replace(cluster=False).template_args()
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
@@ -728,6 +739,19 @@ class Sm90FwdConfig(KernelConfig):
         if self.stream_tail and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
                                  or self.lazy_rescale or self.fold_cap or self.alibi_lin):
             out.append("stream_tail with window / softcap / ALiBi / dropout (or their softmax variants) "
+                       "is not implemented: plain calls only")
+        if self.cluster and not (self.persistent and not self.dynamic):
+            out.append("cluster needs the static persistent schedule (both CTAs of a cluster walk adjacent Q "
+                       "blocks of the same heads: tile + grid, the grid even)")
+        if self.cluster and (self.causal or self.varlen or self.stream_tail or self.tile_overlap or self.q_double):
+            out.append("cluster is for non-causal fixed-length calls without stream_tail, tile_overlap or "
+                       "q_double (both CTAs of a cluster must load the same K/V blocks)")
+        if self.cluster and self.smem_cols // 64 % 2:
+            out.append(f"cluster at head_dim={self.head_dim}: each CTA loads half of a K/V tile's 64-column "
+                       "chunks, which must be even (head dims 96, 128, 256)")
+        if self.cluster and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
+                             or self.lazy_rescale or self.fold_cap or self.alibi_lin):
+            out.append("cluster with window / softcap / ALiBi / dropout (or their softmax variants) "
                        "is not implemented: plain calls only")
         if self.pv_overlap and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
                                 or self.lazy_rescale or self.fold_cap or self.alibi_lin):
@@ -1046,6 +1070,9 @@ class Sm90Forward(Family):
             config = config.replace(stream_tail=False)    # likewise (plain non-causal calls only)
         if config.pv_overlap and problem.features:
             config = config.replace(pv_overlap=False)     # likewise (plain calls only)
+        if config.cluster and (problem.features or problem.causal or is_varlen(problem)
+                               or -(-problem.seqlen_q // config.BM) % 2):
+            config = config.replace(cluster=False)        # likewise; and the pairs of Q blocks need an even count
         if config.alibi_lin and (tuple(f for f in problem.features if f != "window") != ("alibi",)
                                  or config.emu_exp2 or config.tree_max):
             config = config.replace(alibi_lin=False)   # a speed knob: ALiBi alone (a window may join)
@@ -1060,7 +1087,7 @@ class Sm90Forward(Family):
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
-                               "tile_overlap", "drop_packed", "drop_early", "stream_tail", "pv_overlap")
+                               "tile_overlap", "drop_packed", "drop_early", "stream_tail", "pv_overlap", "cluster")
                                and not v))
 
     def make(self, point, problem: Problem):
@@ -1182,6 +1209,8 @@ class Sm90Forward(Family):
         if tiles >= 2 ** 31:
             raise ValueError(f"batch * nheads * seqlen_q: too many Q blocks for one launch ({tiles})")
         grid = (min(tiles, sm_count) if config.persistent else tiles, 1, 1)
+        if getattr(config, "cluster", False):       # clusters of 2 CTAs (tiles is even: for_problem)
+            grid = (max(2, grid[0] // 2 * 2), 1, 1)
         if getattr(config, "stream_tail", False):   # one partials slot per CTA (STREAM_TAIL_MAX_CTAS)
             grid = (stream_tail_grid(tiles, sm_count), 1, 1)
         return [LaunchSpec("main", grid, config.threads, config.smem_bytes)]
