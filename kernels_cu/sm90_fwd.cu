@@ -241,6 +241,15 @@
 //              wait first: the step overlaps only the other warpgroups' GEMMs). Plain calls only (no
 //              window, softcap, ALiBi, dropout). false (the default): the code of the kernel before it
 //              existed
+//   kCluster   (the entry point sm90_fwd_cluster, __cluster_dims__(2, 1, 1); not a template parameter of
+//              sm90_fwd) clusters of two CTAs on the static persistent grid: CTAs 2c and 2c + 1 take
+//              tiles 2c + i·G and 2c + 1 + i·G, adjacent Q blocks of one (head, batch) at every step
+//              (the host keeps G and the Q blocks per head even), so they walk the same K/V blocks; each
+//              CTA's producer loads half of every K_j's and V_j's 64-column chunks by TMA multicast into
+//              both CTAs (Sm90RowTile's kPair: one L2 read feeds two SMs), and a slot's empty mbarrier
+//              counts both CTAs' consumer releases (Sm90FwdBars' kPair: remote arrivals, none for the
+//              CTA's last kStages iterations, which nothing refills). A cluster barrier after the
+//              mbarriers' init, before any multicast. Plain non-causal fixed-length calls only
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
