@@ -18,6 +18,7 @@ import cuflash
 
 from test_features_gpu import inputs  # noqa: E402
 from test_sm90_fwdnc_gpu import check  # noqa: E402
+from test_sm90_pv_overlap_gpu import equal_bit_for_bit  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
@@ -41,7 +42,7 @@ def config(k, cluster=True):
 
 
 def used(cfg, q, kk):
-    """The config the call runs (for_problem may drop the cluster: it must not here)."""
+    """The config a call on q, kk runs (for_problem may drop the cluster: it must not here)."""
     from cuflash import registry
 
     p = cuflash.Problem("fwd", cfg.dtype, q.shape[0], q.shape[1], kk.shape[1], q.shape[2], kk.shape[2], cfg.head_dim,
@@ -61,14 +62,5 @@ def test_forward(k):
 
 @pytest.mark.parametrize("k", KERNELS, ids=kid)
 def test_equals_the_plain_kernel_bit_for_bit(k):
-    import torch
-
-    t = {"bf16": torch.bfloat16, "fp16": torch.float16}[k[0]]
-    for sq, sk in ((2048, 1500), (2000, 2049)):
-        q = torch.randn(3, sq, 16, k[1], device="cuda", dtype=t)
-        kk, v = (torch.randn(3, sk, 4, k[1], device="cuda", dtype=t) for _ in range(2))
-        cfg_c = config(k)
-        assert used(cfg_c, q, kk).cluster
-        _, out_c, lse_c = check((k[0], k[1], False, {}), q, kk, v, "cluster", cfg=cfg_c)
-        cfg, out, lse = check((k[0], k[1], False, {}), q, kk, v, "plain", cfg=config(k, False))
-        assert torch.equal(out_c, out) and torch.equal(lse_c, lse), f"{cfg_c.name}: differs from {cfg.name}"
+    # (2048 and 2000 rows: 16 Q blocks, the cluster stays on)
+    equal_bit_for_bit((k[0], k[1], False, {}), config(k), config(k, False), ((2048, 1500), (2000, 2049)))

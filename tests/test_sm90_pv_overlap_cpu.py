@@ -6,7 +6,6 @@ S_j (WARPGROUP.DEPBAR.LE gsb0, 0x1) and the wait for P_{j-1} V_{j-1} (... 0x0), 
 ptxas put the second wait first; no spills, no serialized wgmma."""
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -14,17 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from cuflash import registry
-from cuflash.families.sm90_fwd import Sm90FwdConfig
 from cuflash.problem import Problem
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-FAM = registry.get("sm90_fwd")
-NVCC = os.environ.get("NVCC", "nvcc")
-needs_nvcc = pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not on PATH")
-PLAIN = Sm90FwdConfig(BM=128, BN=80, stages=2, consumers=2, pingpong=False, persistent=True, head_dim=256,
-                      dtype="bf16", causal=False)
+from test_sm90_tile_overlap_cpu import FAM, NVCC, PLAIN, needs_nvcc  # noqa: E402  (PLAIN: the d256 tile)
+
 PVO = PLAIN.replace(pv_overlap=True)
 
 
