@@ -247,8 +247,8 @@
 //              (the host keeps G and the Q blocks per head even), so they walk the same K/V blocks; each
 //              CTA's producer loads half of every K_j's and V_j's 64-column chunks by TMA multicast into
 //              both CTAs (Sm90RowTile's kPair: one L2 read feeds two SMs), and a slot's empty mbarrier
-//              counts both CTAs' consumer releases (Sm90FwdBars' kPair: remote arrivals, none for the
-//              CTA's last kStages iterations, which nothing refills). A cluster barrier after the
+//              counts the partner's consumer warps' releases too (Sm90FwdBars' kPair: remote arrivals,
+//              none for the CTA's last kStages iterations, which nothing refills). A cluster barrier after the
 //              mbarriers' init, before any multicast. Plain non-causal fixed-length calls only
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
@@ -574,7 +574,8 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
             mbarrier_init(q_full_of(1), 1);
             mbarrier_init(q_empty_of(1), kConsumers * 128);
         }
-        bar.init_ring(kConsumers * 128 * (kCluster ? 2 : 1));   // (kCluster: the partner's releases too)
+        // (kCluster: the partner's releases too, one per consumer warp)
+        bar.init_ring(kConsumers * 128 + bar.remote_arrivals(kConsumers * 128));
         if constexpr (kDynamic) ring.init();
         if constexpr (kDropEarly == 4)
             for (int w = 0; w < kConsumers; ++w) {

@@ -49,21 +49,28 @@ struct Sm90Tile {
 //   full   one arrival (the producer's expect_tx with the tile's bytes) and the bytes themselves
 //   empty  kConsumers · 128 arrivals, one per consumer thread after its last read of the tile
 // kPair (sm90_fwd's kCluster: the two CTAs of a cluster fill each other's K/V slots by multicast,
-// Sm90RowTile's kPair): a slot's K or V is refilled by both producers, so its empty mbarrier counts both
-// CTAs' consumer threads (init_ring's count twice), each releasing its own CTA's and the partner's
-// (release); none to the partner for the CTA's last kStages iterations (it + kStages >= kv_total),
-// which nothing refills, so that no arrival reaches a CTA that has finished. Both CTAs run the same
-// iterations (the same tiles' K/V blocks).
+// Sm90RowTile's kPair): a slot's K or V is refilled by both producers, so its empty mbarrier counts the
+// partner CTA's consumers too: each consumer warp's lane 0 releases the partner's slot (release) once
+// the warp is past its wait for the GEMM that read it (wgmma waits are warp-collective: the whole
+// warp is), one remote arrival per warp instead of per thread; init_ring's count is then
+// consumer_threads + consumer_threads / 32 (remote_arrivals). None to the partner for the CTA's last
+// kStages iterations (it + kStages >= kv_total), which nothing refills, so that no arrival reaches a
+// CTA that has finished. Both CTAs run the same iterations (the same tiles' K/V blocks).
 template <int kStages, bool kPair = false>
 struct Sm90FwdBars {
     static constexpr int kCount = 2 + 4 * kStages;
     u32 base;
     int kv_total = 0;   // kPair: the CTA's K/V iterations
+    // kPair: the partner's arrivals on an empty mbarrier, one per consumer warp
+    static __device__ __forceinline__ constexpr int remote_arrivals(int consumer_threads) {
+        return kPair ? consumer_threads / 32 : 0;
+    }
     // a consumer thread's release of K or V slot `empty` after its last read of iteration it
     __device__ __forceinline__ void release(u32 empty, int it) const {
         mbarrier_arrive(empty);
         if constexpr (kPair)
-            if (it + kStages < kv_total) mbarrier_arrive_remote(mapa_shared(empty, cluster_ctarank() ^ 1u));
+            if ((threadIdx.x & 31) == 0 && it + kStages < kv_total)
+                mbarrier_arrive_remote(mapa_shared(empty, cluster_ctarank() ^ 1u));
     }
     __device__ __forceinline__ u32 q_full() const { return base; }
     __device__ __forceinline__ u32 q_empty() const { return base + 8u; }

@@ -101,9 +101,9 @@ CELLS = {
 # session 16's round B was serialized by ptxas (0.5-0.8x); these rows time the loop-rotated one
 FP16_CELLS = {
     (256, False, 2048): ("heur", "st", "pvo", "cl"),
-    (256, False, 4096): ("heur", "st", "nost"),
+    (256, False, 4096): ("heur", "st", "nost", "nost_cl"),
     (128, False, 2048): ("heur", "st", "nost"),
-    (128, False, 16384): ("heur", "st", "nost"),
+    (128, False, 16384): ("heur", "st", "nost", "nost_cl"),
 }
 
 
