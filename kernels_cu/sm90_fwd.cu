@@ -239,8 +239,8 @@
 //              ptxas keeps the softmax of S_j above that wait and it runs under this warpgroup's own
 //              P_{j-1} V_{j-1} GEMM, FA3's intra-warpgroup overlap (without it nvcc 13.0 puts the
 //              wait first: the step overlaps only the other warpgroups' GEMMs). Plain calls only (no
-//              window, softcap, ALiBi, dropout). false (the default): the code of the kernel before it
-//              existed
+//              window, softcap, ALiBi, dropout); measured no faster (sm90_fwd.py PV_OVERLAP's note).
+//              false (the default): the code of the kernel before it existed
 //   kCluster   (the entry point sm90_fwd_cluster, __cluster_dims__(2, 1, 1); not a template parameter of
 //              sm90_fwd) clusters of two CTAs on the static persistent grid: CTAs 2c and 2c + 1 take
 //              tiles 2c + i·G and 2c + 1 + i·G, adjacent Q blocks of one (head, batch) at every step
@@ -250,6 +250,7 @@
 //              counts the partner's consumer warps' releases too (Sm90FwdBars' kPair: remote arrivals,
 //              none for the CTA's last kStages iterations, which nothing refills). A cluster barrier after the
 //              mbarriers' init, before any multicast. Plain non-causal fixed-length calls only
+//              (measurements: cuflash/families/sm90_fwd.py HEURISTIC_CLUSTER's note)
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"

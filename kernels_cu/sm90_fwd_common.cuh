@@ -190,6 +190,7 @@ struct Sm90Skip {
 // it overlapped only the other warpgroups' GEMMs, not its own P V). j = 1's head waits with no
 // group in flight (no-op) and neither releases nor rescales (block 0 had no P V before it).
 // false (the default): the loop as before, the code of the kernels before the parameter existed.
+// (Measured no faster on the H100: cuflash/families/sm90_fwd.py PV_OVERLAP's note.)
 template <bool kIssueFirst, int kLastWait, bool kRotate = false, int kStages, bool kPair, class Turn, int kS, int kO,
           class IssueS, class IssuePv, class SoftmaxS, class ToP, class RescaleO, class Draw, class FirstLanded,
           class RescaleFirst, class AfterLastPv>
