@@ -232,6 +232,17 @@ SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # non-causal, static persistent with stream_tail against the dynamic heuristic: 1.046 -> 1.155 (bf16, one
 # round; fp16 and the static tile without stream_tail unmeasured): left off until measured in both dtypes.
 HEURISTIC_STREAM_TAIL: frozenset = frozenset({(128, 2048), (128, 16384), (256, 4096), (256, 8192), (256, 16384)})
+# pv_overlap (kPvOverlap: the consumers' K/V loop rotated so that ptxas keeps the softmax of S_j above the
+# wait for the warpgroup's own P_{j-1} V_{j-1}; without it nvcc 13.0 puts that wait first and the step
+# overlaps only the other warpgroups' GEMMs: tests/test_sm90_pv_overlap_cpu.py reads the SASS). Measured
+# on the H100 (session 20 round 1, tests/sm90_fwd_cells_timing.py, back to back, 30 shuffled samples, x SDPA
+# cuDNN of the same rounds; results/NVIDIA_H100_80GB_HBM3/logs/session20_fwd13/round1.log), the heuristic's
+# tile -> the same with pv_overlap: bf16 d256 full 2k 1.010 -> 1.008 (with tile_overlap 1.004 -> 1.014),
+# 4k (stream_tail) 1.063 -> 1.039; d128 full 16k 1.113 -> 1.089; d128 causal 8k 1.179 -> 1.160; d64 full
+# 4k 1.067 -> 1.051; fp16 d256 full 2k 1.020 -> 1.002. No faster anywhere (the two consumer warpgroups'
+# GEMMs already fill the tensor cores under each other's softmax): off, outside the tuning space. The
+# (head dim, causal) classes of plain calls that take it: none.
+PV_OVERLAP: frozenset = frozenset()
 # The most CTAs a stream_tail launch has (its grid is min(tiles, SMs, this)): the partials' slots, one per
 # CTA (an H100 has 132 SMs). Partials per slot: (head_dim / 8 + 1) float4 per consumer thread.
 STREAM_TAIL_MAX_CTAS = 144
@@ -1180,6 +1191,8 @@ class Sm90Forward(Family):
         if ((d, problem.bucket) in HEURISTIC_STREAM_TAIL and not problem.features and not problem.causal
                 and cfg.persistent and not cfg.dynamic and not cfg.tile_overlap):
             cfg = cfg.replace(stream_tail=True)    # the last stretch balanced by K/V blocks
+        if (d, bool(problem.causal)) in PV_OVERLAP and not problem.features:
+            cfg = cfg.replace(pv_overlap=True)     # the softmax under the warpgroup's own P V
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
             fold = SOFTCAP_FOLD.get(d, 0)
