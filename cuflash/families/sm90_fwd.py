@@ -243,6 +243,11 @@ HEURISTIC_STREAM_TAIL: frozenset = frozenset({(128, 2048), (128, 16384), (256, 4
 # GEMMs already fill the tensor cores under each other's softmax): off, outside the tuning space. The
 # (head dim, causal) classes of plain calls that take it: none.
 PV_OVERLAP: frozenset = frozenset()
+# cluster (kCluster, sm90_fwd_cluster: clusters of 2 CTAs on adjacent Q blocks of one head, each loading half
+# of every K_j / V_j by TMA multicast into both: half the K/V bytes through L2). The (head dim, seqlen
+# bucket) classes of plain non-causal calls that take it (instead of stream_tail where that is on; for_problem
+# drops it where a call's Q blocks per head are odd). Measured on the H100: see the note below the set.
+HEURISTIC_CLUSTER: frozenset = frozenset()
 # The most CTAs a stream_tail launch has (its grid is min(tiles, SMs, this)): the partials' slots, one per
 # CTA (an H100 has 132 SMs). Partials per slot: (head_dim / 8 + 1) float4 per consumer thread.
 STREAM_TAIL_MAX_CTAS = 144
@@ -1191,6 +1196,9 @@ class Sm90Forward(Family):
         if ((d, problem.bucket) in HEURISTIC_STREAM_TAIL and not problem.features and not problem.causal
                 and cfg.persistent and not cfg.dynamic and not cfg.tile_overlap):
             cfg = cfg.replace(stream_tail=True)    # the last stretch balanced by K/V blocks
+        if ((d, problem.bucket) in HEURISTIC_CLUSTER and not problem.features and not problem.causal
+                and cfg.persistent and not cfg.dynamic and not cfg.tile_overlap):
+            cfg = cfg.replace(cluster=True, stream_tail=False)   # K/V loads shared by 2 CTAs
         if (d, bool(problem.causal)) in PV_OVERLAP and not problem.features:
             cfg = cfg.replace(pv_overlap=True)     # the softmax under the warpgroup's own P V
         if "softcap" in problem.features and "dropout" not in problem.features:
