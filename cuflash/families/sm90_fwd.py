@@ -246,7 +246,15 @@ PV_OVERLAP: frozenset = frozenset()
 # cluster (kCluster, sm90_fwd_cluster: clusters of 2 CTAs on adjacent Q blocks of one head, each loading half
 # of every K_j / V_j by TMA multicast into both: half the K/V bytes through L2). The (head dim, seqlen
 # bucket) classes of plain non-causal calls that take it (instead of stream_tail where that is on; for_problem
-# drops it where a call's Q blocks per head are odd). Measured on the H100: see the note below the set.
+# drops it where a call's Q blocks per head are odd). Correct (tests/test_sm90_fwd_cluster_gpu.py: bit for bit
+# the plain kernel's output; compute-sanitizer synccheck and racecheck clean, tests/sm90_fwd_cluster_sanitize.py)
+# but slower everywhere measured: H100, session 20 round 2 (tests/sm90_fwd_cells_timing.py, back to back, 30
+# shuffled samples, x SDPA cuDNN of the same rounds; results/NVIDIA_H100_80GB_HBM3/logs/session20_fwd13/
+# round2.log), the static persistent tile -> the same in clusters: bf16 d256 full 2k 1.008 -> 0.705, 4k
+# 1.051 -> 0.718 (the heuristic, stream_tail, 1.065); d128 full 16k (BN 176, pingpong) 1.110 -> 0.791; fp16
+# d256 full 2k 1.000 -> 0.712. Each ring slot's refill now waits for the slower CTA of the pair and a remote
+# release, with 2 stages (all d256 fits) too short to hide it (reading; not profiled). None: off, outside the
+# tuning space.
 HEURISTIC_CLUSTER: frozenset = frozenset()
 # The most CTAs a stream_tail launch has (its grid is min(tiles, SMs, this)): the partials' slots, one per
 # CTA (an H100 has 132 SMs). Partials per slot: (head_dim / 8 + 1) float4 per consumer thread.
@@ -469,13 +477,15 @@ class Sm90FwdConfig(KernelConfig):
                block j's finish (the wait for P_{j-1} V_{j-1}, O's rescale, P_j's packing) at the head of
                the next iteration, so that ptxas keeps the softmax of S_j above that wait: it runs under
                the warpgroup's own P V GEMM (FA3's intra-warpgroup overlap). The same steps in the
-               same order; plain calls only (no window, softcap, ALiBi, dropout)
+               same order; plain calls only (no window, softcap, ALiBi, dropout). Measured no faster
+               (PV_OVERLAP's note): off, outside the tuning space
     cluster:   clusters of 2 CTAs (sm90_fwd_cluster, kCluster): the static persistent grid's CTAs 2c and
                2c + 1 take adjacent Q blocks of one head at every step, and each loads half of every
                K_j's and V_j's column chunks by TMA multicast into both (one L2 read feeds two SMs); a
                ring slot is refilled once both CTAs released it. Non-causal plain fixed-length calls,
                an even number of Q blocks (for_problem drops it otherwise), head dims 96 / 128 / 256;
-               not with stream_tail, tile_overlap, q_double
+               not with stream_tail, tile_overlap, q_double. Measured 20-30% slower (HEURISTIC_CLUSTER's
+               note): off, outside the tuning space
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
