@@ -16,16 +16,13 @@ import pytest
 
 import cuflash
 
-from test_features_gpu import inputs  # noqa: E402
-from test_sm90_fwdnc_gpu import check  # noqa: E402
-from test_sm90_pv_overlap_gpu import equal_bit_for_bit  # noqa: E402
+from test_sm90_pv_overlap_gpu import equal_bit_for_bit, forward_grid  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
 # (dtype, head dim, seqlen of the benchmark cell whose heuristic kernel is the base, changes)
 KERNELS = [("bf16", 256, 2048, {}), ("fp16", 256, 2048, {}), ("bf16", 128, 16384, {"stream_tail": False})]
 SEQLENS = [(200, 1), (256, 17), (1000, 113), (2048, 1023), (200, 2049), (1000, 2049), (2048, 2048)]
-HEADS = ("mha", "gqa", "mqa")
 
 
 def kid(k):
@@ -52,11 +49,7 @@ def used(cfg, q, kk):
 @pytest.mark.parametrize("k", KERNELS, ids=kid)
 def test_forward(k):
     cfg = config(k)
-    for i, (sq, sk) in enumerate(SEQLENS):
-        heads = HEADS[i % 3]
-        q, kk, v, _ = inputs(2, sq, sk, heads, k[1], k[0])
-        assert used(cfg, q, kk).cluster
-        check((k[0], k[1], False, {}), q, kk, v, f"{sq}x{sk} {heads}", cfg=cfg)
+    forward_grid((k[0], k[1], False, {}), cfg, SEQLENS, lambda q, kk: used(cfg, q, kk).cluster)
 
 
 @pytest.mark.parametrize("k", KERNELS, ids=kid)

@@ -42,13 +42,19 @@ def cell_config(c, pv_overlap=True):
     return fam.for_problem(fam.heuristic(p), p).replace(pv_overlap=pv_overlap, section=0).validate(227 * 1024)
 
 
+def forward_grid(k, cfg, seqlens, runs=lambda q, kk: True):
+    """cfg against the reference on batch 2 of each (seqlen_q, seqlen_k), heads MHA / GQA / MQA in turn;
+    runs(q, kk): whether the call runs cfg as given (asserted first)."""
+    for i, (sq, sk) in enumerate(seqlens):
+        heads = HEADS[i % 3]
+        q, kk, v, _ = inputs(2, sq, sk, heads, k[1], k[0])
+        assert runs(q, kk), f"{cfg.name} {sq}x{sk}: the call would not run it"
+        check(k, q, kk, v, f"{sq}x{sk} {heads}", cfg=cfg)
+
+
 @pytest.mark.parametrize("c", CELLS, ids=cid)
 def test_forward(c):
-    cfg = cell_config(c)
-    for i, (sq, sk) in enumerate(SEQLENS):
-        heads = HEADS[i % 3]
-        q, kk, v, _ = inputs(2, sq, sk, heads, c[1], c[0])
-        check((c[0], c[1], c[2], {}), q, kk, v, f"{sq}x{sk} {heads}", cfg=cfg)
+    forward_grid((c[0], c[1], c[2], {}), cell_config(c), SEQLENS)
 
 
 def equal_bit_for_bit(k, cfg_a, cfg_b, shapes=((2049, 1500), (1500, 2049))):
