@@ -233,6 +233,24 @@
 //              per CTA, a tile cut in two joined through fp32 partials in params.tail_partial;
 //              a piece runs the tile loop below on its blocks [jb, je): n_end and n_blocks are the
 //              piece's). false (the default): the code of the kernel before it existed
+//   kPvOverlap the consumers' K/V loop rotated (sm90_fwd_common.cuh sm90_consume_blocks kRotate): the
+//              same steps in the same order, block j's finish (the wait for P_{j-1} V_{j-1}, the V
+//              release, O *= alpha_j, P_j's packing) at the head of the next iteration, so that
+//              ptxas keeps the softmax of S_j above that wait and it runs under this warpgroup's own
+//              P_{j-1} V_{j-1} GEMM, FA3's intra-warpgroup overlap (without it nvcc 13.0 puts the
+//              wait first: the step overlaps only the other warpgroups' GEMMs). Plain calls only (no
+//              window, softcap, ALiBi, dropout); measured no faster (sm90_fwd.py PV_OVERLAP's note).
+//              false (the default): the code of the kernel before it existed
+//   kCluster   (the entry point sm90_fwd_cluster, __cluster_dims__(2, 1, 1); not a template parameter of
+//              sm90_fwd) clusters of two CTAs on the static persistent grid: CTAs 2c and 2c + 1 take
+//              tiles 2c + i·G and 2c + 1 + i·G, adjacent Q blocks of one (head, batch) at every step
+//              (the host keeps G and the Q blocks per head even), so they walk the same K/V blocks; each
+//              CTA's producer loads half of every K_j's and V_j's 64-column chunks by TMA multicast into
+//              both CTAs (Sm90RowTile's kPair: one L2 read feeds two SMs), and a slot's empty mbarrier
+//              counts the partner's consumer warps' releases too (Sm90FwdBars' kPair: remote arrivals,
+//              none for the CTA's last kStages iterations, which nothing refills). A cluster barrier after the
+//              mbarriers' init, before any multicast. Plain non-causal fixed-length calls only
+//              (measurements: cuflash/families/sm90_fwd.py HEURISTIC_CLUSTER's note)
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
 #include "params_sm90.cuh"
@@ -394,14 +412,14 @@ struct Sm90TileRing {
     }
 };
 
+// The kernel's body (sm90_fwd, and sm90_fwd_cluster for kCluster, below, are its entry points; p is
+// the entry point's __grid_constant__ parameter).
 template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
-          class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
-          bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
-          bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
-          bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
-          bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false>
-__global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
-sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
+          class Elem, bool kCausal, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, int kEmuExp2,
+          bool kDynamic, bool kTmaStore, bool kVarlen, bool kPSmem, bool kTreeMax, bool kQDouble,
+          bool kLazyRescale, int kFoldCap, bool kAlibiLinear, bool kRescaleFirst, bool kTileOverlap,
+          bool kDropPacked, int kDropEarly, bool kStreamTail, bool kPvOverlap, bool kCluster>
+__device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     // kDropEarly 4: one K/V block's keep flags, 16 bytes per consumer thread and 32-key block
     static constexpr int kGenBytes = kDropEarly == 4 ? kConsumers * 128 * (kBN / 32) * 16 : 0;
     // kFoldCap 3, 4 with the fixed max (kRoundedL): O's normalizer is the running row sum of P as
@@ -418,14 +436,22 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     // the producer's tiles: Q_i, K_j and V_j as kChunks boxes of 64 columns (d96: the second one
     // half zeros, header)
     using QTile = Sm90RowTile<kChunks, 64, Shape::kQChunkBytes>;
-    using KVTile = Sm90RowTile<kChunks, 64, Shape::kKVChunkBytes>;
+    // (kCluster: each CTA of the cluster loads half of K_j's and V_j's chunks into both, sm90_fwd_common.cuh)
+    using KVTile = Sm90RowTile<kChunks, 64, Shape::kKVChunkBytes, kCluster>;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 smem = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const u32 q_smem = smem;
     const u32 k_smem = smem + Shape::kKOffset;
     const u32 v_smem = smem + Shape::kVOffset;
-    const Sm90FwdBars<kStages> bar{smem + Shape::kBarOffset};   // Q's and the K/V ring's (sm90_fwd_common.cuh)
+    // kCluster: the CTA's K/V iterations (its static persistent tiles, every one with all ceil(seqlen_k / BN)
+    // blocks: non-causal, fixed lengths), after which no remote release is sent (Sm90FwdBars)
+    auto pair_kv_total = [&]() {
+        const int n_tiles = (p.seqlen_q + kBM - 1) / kBM * p.nheads * p.batch;
+        return (n_tiles - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x) * ((p.seqlen_k + kBN - 1) / kBN);
+    };
+    // Q's and the K/V ring's (sm90_fwd_common.cuh)
+    const Sm90FwdBars<kStages, kCluster> bar{smem + Shape::kBarOffset, kCluster ? pair_kv_total() : 0};
     // kQDouble: Q's buffer b (0: q_smem, 1: the second one) and its mbarriers. The n-th tile with
     // keys uses buffer n % 2, whose fills are numbered n / 2 (phases as Q's: header). Without it
     // every tile uses buffer 0, bar.q_full() / bar.q_empty(), and the code is the single buffer's.
@@ -436,6 +462,10 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     auto q_slot = [&](int q_iter) { return kQDouble ? q_iter & 1 : 0; };       // buffer of tile q_iter
     auto q_fill = [&](int q_iter) { return kQDouble ? q_iter >> 1 : q_iter; }; // its fill number
     static_assert(!kPingpong || kConsumers >= 2, "pingpong needs two or three consumer warpgroups");
+    static_assert(!kCluster || (kPersistent && !kDynamic && !kVarlen && !kCausal && !kWindow && !kStreamTail
+                                && !kTileOverlap && !kQDouble && !kSoftcap && !kAlibi && !kDropout && kChunks % 2 == 0),
+                  "kCluster: the static persistent plain non-causal kernel (both CTAs of a cluster walk adjacent "
+                  "Q blocks of the same heads, with the same K/V blocks), an even number of column chunks");
     static_assert(!kDynamic || kPersistent, "the dynamic scheduler runs a persistent grid (a CTA per SM)");
     static_assert(!kTileOverlap || (kPersistent && !kDynamic && !kVarlen && !kQDouble && !kTmaStore
                                     && !kPSmem && !kRescaleFirst && !kCausal && !kWindow && !kSoftcap && !kAlibi
@@ -545,7 +575,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             mbarrier_init(q_full_of(1), 1);
             mbarrier_init(q_empty_of(1), kConsumers * 128);
         }
-        bar.init_ring(kConsumers * 128);
+        // (kCluster: the partner's releases too, one per consumer warp)
+        bar.init_ring(kConsumers * 128 + bar.remote_arrivals(kConsumers * 128));
         if constexpr (kDynamic) ring.init();
         if constexpr (kDropEarly == 4)
             for (int w = 0; w < kConsumers; ++w) {
@@ -561,6 +592,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         fence_mbarrier_init();                              // visible to TMA's complete_tx
     }
     __syncthreads();                                        // and to every thread
+    if constexpr (kCluster) cluster_sync();     // both CTAs' barriers initialised before any multicast
 
     if (warpgroup == 0) {
         // ---- producer: one thread issues every TMA copy ----
@@ -887,7 +919,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             auto softmax_s = [&](int slot, int j) {
                 const int n_block = n_end - 1 - j;
                 reg_fence(s_flat);
-                mbarrier_arrive(bar.k_empty(slot));
+                bar.release(bar.k_empty(slot), kv_iter + j);   // (kCluster: the partner's too)
                 if (j == n_blocks - 1) {
                     if constexpr (kQDouble) mbarrier_arrive(q_empty_of(q_slot(q_iter)));
                     else mbarrier_arrive(bar.q_empty());
@@ -1061,7 +1093,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             };
             // (kDropEarly: P_j's keep flags drawn while S_j computes; kTileOverlap: P_{n-1} V_{n-1} is in
             // O once one group is left, the groups completing in order)
-            sm90_consume_blocks<!kTileOverlap, kTileOverlap ? 1 : 0>(
+            sm90_consume_blocks<!kTileOverlap, kTileOverlap ? 1 : 0, kPvOverlap>(
                 bar, turn, kv_iter, n_blocks, last_tile, s_flat, o_flat, issue_s, issue_pv, softmax_s, to_p, rescale_o,
                 draw_early, first_landed, rescale_first, after_last_pv);
             kv_iter += n_blocks;
@@ -1091,6 +1123,38 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         if (wg == 0) named_barrier_sync(1, 256);   // the last warpgroup's final hand-over
     if constexpr (kTmaStore)
         if (o_issuer) bulk_wait_group<0>();        // no store may read shared memory after the exit
+}
+
+
+template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
+          class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
+          bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
+          bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
+          bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
+          bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
+          bool kPvOverlap = false>
+__global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
+sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
+    sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
+                  kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
+                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false>(p);
+}
+
+// kCluster's entry point: a cluster of 2 CTAs (adjacent Q blocks of one head, sharing their K/V loads);
+// kClusterSize (2) leads the template arguments so that its instantiations differ from sm90_fwd's.
+template <int kClusterSize, int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
+          class Elem, bool kCausal, bool kWindow = false, bool kSoftcap = false, bool kAlibi = false,
+          bool kDropout = false, int kEmuExp2 = 0, bool kDynamic = false, bool kTmaStore = false,
+          bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
+          bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
+          bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
+          bool kPvOverlap = false>
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 128, 1)
+sm90_fwd_cluster(const __grid_constant__ Sm90FwdParams p) {
+    static_assert(kClusterSize == 2, "sm90_fwd_cluster: clusters of 2 CTAs");
+    sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
+                  kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
+                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true>(p);
 }
 
 }  // namespace cuflash

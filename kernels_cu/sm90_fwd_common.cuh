@@ -7,6 +7,7 @@
 #pragma once
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
+#include "ptx_sm90_cluster.cuh"
 #include "softmax.cuh"
 #include "varlen.cuh"
 
@@ -47,10 +48,30 @@ struct Sm90Tile {
 // it % kStages, whose fill number it / kStages gives the phases.
 //   full   one arrival (the producer's expect_tx with the tile's bytes) and the bytes themselves
 //   empty  kConsumers · 128 arrivals, one per consumer thread after its last read of the tile
-template <int kStages>
+// kPair (sm90_fwd's kCluster: the two CTAs of a cluster fill each other's K/V slots by multicast,
+// Sm90RowTile's kPair): a slot's K or V is refilled by both producers, so its empty mbarrier counts the
+// partner CTA's consumers too: each consumer warp's lane 0 releases the partner's slot (release) once
+// the warp is past its wait for the GEMM that read it (wgmma waits are warp-collective: the whole
+// warp is), one remote arrival per warp instead of per thread; init_ring's count is then
+// consumer_threads + consumer_threads / 32 (remote_arrivals). None to the partner for the CTA's last
+// kStages iterations (it + kStages >= kv_total), which nothing refills, so that no arrival reaches a
+// CTA that has finished. Both CTAs run the same iterations (the same tiles' K/V blocks).
+template <int kStages, bool kPair = false>
 struct Sm90FwdBars {
     static constexpr int kCount = 2 + 4 * kStages;
     u32 base;
+    int kv_total = 0;   // kPair: the CTA's K/V iterations
+    // kPair: the partner's arrivals on an empty mbarrier, one per consumer warp
+    static __device__ __forceinline__ constexpr int remote_arrivals(int consumer_threads) {
+        return kPair ? consumer_threads / 32 : 0;
+    }
+    // a consumer thread's release of K or V slot `empty` after its last read of iteration it
+    __device__ __forceinline__ void release(u32 empty, int it) const {
+        mbarrier_arrive(empty);
+        if constexpr (kPair)
+            if ((threadIdx.x & 31) == 0 && it + kStages < kv_total)
+                mbarrier_arrive_remote(mapa_shared(empty, cluster_ctarank() ^ 1u));
+    }
     __device__ __forceinline__ u32 q_full() const { return base; }
     __device__ __forceinline__ u32 q_empty() const { return base + 8u; }
     __device__ __forceinline__ u32 k_full(int slot) const { return base + 8u * (2 + slot); }
@@ -78,14 +99,27 @@ struct Sm90FwdBars {
 // of 16 bits, 128 e4m3), box b into dst + b · kBoxBytes from column b · kBoxCols: Q_i (rows are
 // queries), K_j and V_j (rows are keys). kBytes, the boxes' bytes with TMA's zero fill (columns
 // past the real head dim, rows past the sequence's end), is what the full mbarrier expects.
-template <int kBoxes, int kBoxCols, int kBoxBytes>
+// kPair (sm90_fwd's kCluster; kBoxes even): the two CTAs of a cluster load half the boxes each, CTA
+// rank r boxes r · kBoxes / 2 .. (r + 1) · kBoxes / 2 - 1, multicast into both CTAs' shared memory
+// at dst, each box's bytes completing on the mbarrier `full` of both CTAs: each CTA's full mbarrier
+// still expects the whole tile (kBytes) from its own producer's expect_tx.
+template <int kBoxes, int kBoxCols, int kBoxBytes, bool kPair = false>
 struct Sm90RowTile {
+    static_assert(!kPair || kBoxes % 2 == 0, "a tile shared by two CTAs needs an even number of boxes");
     static constexpr int kBytes = kBoxes * kBoxBytes;
     // rows row0.. of (head, batch) of the tensor map's rank-4 tensor, completing on mbarrier `full`
     static __device__ __forceinline__ void load(u32 dst, const void* map, u32 full, int row0, int head, int batch) {
+        if constexpr (kPair) {
+            const int b0 = int(cluster_ctarank()) * (kBoxes / 2);
 #pragma unroll
-        for (int b = 0; b < kBoxes; ++b)
-            tma_load_4d(dst + b * kBoxBytes, map, full, b * kBoxCols, row0, head, batch);
+            for (int i = 0; i < kBoxes / 2; ++i)
+                tma_load_4d_multicast(dst + (b0 + i) * kBoxBytes, map, full, (b0 + i) * kBoxCols, row0, head, batch,
+                                      3);
+        } else {
+#pragma unroll
+            for (int b = 0; b < kBoxes; ++b)
+                tma_load_4d(dst + b * kBoxBytes, map, full, b * kBoxCols, row0, head, batch);
+        }
     }
 };
 
@@ -106,8 +140,8 @@ __device__ __forceinline__ void sm90_load_q(u32 dst, u32 full, u32 empty, int fi
 // boxes, each slot's tiles kBytes apart). Slot reuse: from the ring's second round on, the
 // consumers must have released the tiles of iteration it - kStages (the slot's release
 // it / kStages - 1), K and V apart, so that a slot's next K tile can load while its V_j is still read.
-template <class KTile, class VTile, int kStages, class Key0>
-__device__ __forceinline__ void sm90_fill_kv(const Sm90FwdBars<kStages>& bar, int& it, int n_blocks, Key0&& key0,
+template <class KTile, class VTile, int kStages, bool kPair, class Key0>
+__device__ __forceinline__ void sm90_fill_kv(const Sm90FwdBars<kStages, kPair>& bar, int& it, int n_blocks, Key0&& key0,
                                              u32 k_smem, u32 v_smem, const void* tma_k, const void* tma_v,
                                              int head_kv, int batch) {
     for (int j = 0; j < n_blocks; ++j, ++it) {
@@ -147,10 +181,20 @@ struct Sm90Skip {
 //   first_landed()                 right after S_0 is waited for
 //   rescale_first(in_loop)         O *= alpha before the P V GEMM is issued (in_loop: behind S_j)
 //   after_last_pv()                behind the last P V, in the same turn
-template <bool kIssueFirst, int kLastWait, int kStages, class Turn, int kS, int kO, class IssueS, class IssuePv,
-          class SoftmaxS, class ToP, class RescaleO, class Draw, class FirstLanded, class RescaleFirst,
-          class AfterLastPv>
-__device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages>& bar, const Turn& turn, int kv_iter,
+// kRotate: the same steps in the same order, with the loop rotated: block j - 1's finish (wait for
+// P_{j-2} V_{j-2}, release V_{j-2}, rescale O, P_{j-1} to the A operand) runs at the head of
+// iteration j (and, for the last block, after the loop), so softmax_s(j) ends its iteration and
+// the next wait for a P V sits across the loop's back edge. Why: ptxas (nvcc 13.0) schedules
+// inside a basic block, and there it put the wait for P_{j-1} V_{j-1} (WARPGROUP.DEPBAR.LE gsb0,
+// 0x0) above softmax_s(j)'s row max and exp2s (the whole step of the plain kernel after the wait:
+// it overlapped only the other warpgroups' GEMMs, not its own P V). j = 1's head waits with no
+// group in flight (no-op) and neither releases nor rescales (block 0 had no P V before it).
+// false (the default): the loop as before, the code of the kernels before the parameter existed.
+// (Measured no faster on the H100: cuflash/families/sm90_fwd.py PV_OVERLAP's note.)
+template <bool kIssueFirst, int kLastWait, bool kRotate = false, int kStages, bool kPair, class Turn, int kS, int kO,
+          class IssueS, class IssuePv, class SoftmaxS, class ToP, class RescaleO, class Draw, class FirstLanded,
+          class RescaleFirst, class AfterLastPv>
+__device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages, kPair>& bar, const Turn& turn, int kv_iter,
                                                     int n_blocks, bool last_tile, float (&s_flat)[kS],
                                                     float (&o_flat)[kO], IssueS&& issue_s, IssuePv&& issue_pv,
                                                     SoftmaxS&& softmax_s, ToP&& to_p, RescaleO&& rescale_o,
@@ -172,10 +216,21 @@ __device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages>& 
     wgmma_wait<0>();
     first_landed();
     softmax_s(slot_of(0), 0);
-    to_p(0);
+    if constexpr (!kRotate) to_p(0);
+    // kRotate: block jj's finish, once its softmax has run (jj >= 1: P_{jj-1} V_{jj-1} was issued)
+    auto finish = [&](int jj) {
+        wgmma_wait<0>();                   // P_{jj-1} V_{jj-1} is in O (jj = 0: no group in flight)
+        reg_fence(o_flat);
+        if (jj > 0) {
+            bar.release(bar.v_empty(slot_of(jj - 1)), kv_iter + jj - 1);   // V_{jj-1}'s slot may be refilled
+            rescale_o();
+        }
+        to_p(jj);
+    };
 
     for (int j = 1; j < n_blocks; ++j) {
         const int slot = slot_of(j), prev = slot_of(j - 1);
+        if constexpr (kRotate) finish(j - 1);
         turn.begin();
         mbarrier_wait(bar.k_full(slot), phase(j));
         // reg_fence keeps the reads of the old S (packed into P_{j-1}) and the rescale
@@ -191,12 +246,15 @@ __device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages>& 
         draw(j);
         wgmma_wait<1>();                   // S_j is ready; P_{j-1} V_{j-1} may still run
         softmax_s(slot, j);
-        wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
-        reg_fence(o_flat);
-        mbarrier_arrive(bar.v_empty(prev));    // V_{j-1}'s slot may be refilled
-        rescale_o();
-        to_p(j);
+        if constexpr (!kRotate) {
+            wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O
+            reg_fence(o_flat);
+            bar.release(bar.v_empty(prev), kv_iter + j - 1);    // V_{j-1}'s slot may be refilled
+            rescale_o();
+            to_p(j);
+        }
     }
+    if constexpr (kRotate) finish(n_blocks - 1);
     // end: the last block's O += P V (the tile's final turn)
     const int last = slot_of(n_blocks - 1);
     turn.begin();
@@ -209,7 +267,7 @@ __device__ __forceinline__ void sm90_consume_blocks(const Sm90FwdBars<kStages>& 
     turn.end(last_tile);
     wgmma_wait<kLastWait>();
     reg_fence(o_flat);
-    mbarrier_arrive(bar.v_empty(last));
+    bar.release(bar.v_empty(last), kv_iter + n_blocks - 1);
 }
 
 // The register epilogue of one warp's rows of tile `at`: O = acc · o_factor(half, l_row) (1 / l

@@ -70,26 +70,40 @@ CANDIDATES = {
     "st_pp": dict(stream_tail=True, pingpong=True),
     "st_static": dict(stream_tail=True, dynamic=False, persistent=True),
     "nost": dict(stream_tail=False),       # the heuristic's tile without it (where HEURISTIC_STREAM_TAIL has it)
+    # pv_overlap (kPvOverlap): the K/V loop rotated, the softmax of S_j under the warpgroup's own P V
+    "pvo": dict(pv_overlap=True),
+    "tov_pvo": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=False, tma_store=False,
+                    pv_overlap=True),
+    "st_pvo": dict(stream_tail=True, pv_overlap=True),
+    "nost_pvo": dict(stream_tail=False, pv_overlap=True),
+    # cluster (kCluster): clusters of 2 CTAs sharing every K/V load by TMA multicast (static persistent, no stream_tail)
+    "cl": dict(cluster=True),
+    "cl_pvo": dict(cluster=True, pv_overlap=True),
+    "nost_cl": dict(stream_tail=False, cluster=True),
+    "nost_cl_pvo": dict(stream_tail=False, cluster=True, pv_overlap=True),
 }
 # (head dim, causal, seqlen) -> the rows of that cell, bf16 (rows equal to the heuristic's config or an
 # earlier row's, or invalid, are left out)
 CELLS = {
-    (256, False, 2048): ("heur", "st", "tov"),
-    (256, False, 4096): ("heur", "st", "nost"),
-    (256, False, 8192): ("heur", "st", "nost"),
-    (256, False, 16384): ("heur", "st", "nost"),
-    (128, False, 2048): ("heur", "st", "nost"),
-    (128, False, 16384): ("heur", "st", "nost"),
-    (64, False, 2048): ("heur", "st_static"),
-    (256, True, 2048): ("heur",),
+    (256, False, 2048): ("heur", "st", "tov", "pvo", "tov_pvo", "st_pvo", "cl", "cl_pvo"),
+    (256, False, 4096): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl"),
+    (256, False, 8192): ("heur", "st", "nost", "pvo"),
+    (256, False, 16384): ("heur", "st", "nost", "pvo"),
+    (128, False, 2048): ("heur", "st", "nost", "pvo"),
+    (128, False, 16384): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl"),
+    (64, False, 2048): ("heur", "st_static", "pvo"),
+    (256, True, 2048): ("heur", "pvo"),
+    (128, True, 8192): ("heur", "pvo"),
+    (64, False, 4096): ("heur", "pvo"),
+    (64, True, 4096): ("heur", "pvo"),
 }
 # the fp16 cells' rows (fewer: the compile budget). tile_overlap (tov*, non-causal only): the version of
 # session 16's round B was serialized by ptxas (0.5-0.8x); these rows time the loop-rotated one
 FP16_CELLS = {
-    (256, False, 2048): ("heur", "st"),
-    (256, False, 4096): ("heur", "st", "nost"),
+    (256, False, 2048): ("heur", "st", "pvo", "cl"),
+    (256, False, 4096): ("heur", "st", "nost", "nost_cl"),
     (128, False, 2048): ("heur", "st", "nost"),
-    (128, False, 16384): ("heur", "st", "nost"),
+    (128, False, 16384): ("heur", "st", "nost", "nost_cl"),
 }
 
 
@@ -260,6 +274,7 @@ def main():
     ap.add_argument("--b2b", type=int, default=10, help="back-to-back calls per sample (the bench's 10)")
     ap.add_argument("--dtype", default="bf16,fp16")
     ap.add_argument("--only", default="", help="cells as d:causal:seqlen,... (e.g. 256:0:2048)")
+    ap.add_argument("--rows", default="", help="only these rows of each cell, e.g. heur,pvo (default: all)")
     ap.add_argument("--precompile-only", action="store_true")
     ap.add_argument("--with-tests", action="store_true",
                     help="also compile tests/test_sm90_tile_overlap_gpu.py's kernels")
@@ -284,6 +299,11 @@ def main():
             for k in list(table):
                 if k not in keep:
                     del table[k]
+    if args.rows:
+        keep_rows = args.rows.split(",")
+        for table in (CELLS, FP16_CELLS):
+            for k, rows in table.items():
+                table[k] = tuple(r for r in rows if r in keep_rows)
 
     from cuflash.compile import precompile
 

@@ -71,11 +71,12 @@ def config_for(k, q, kk, section=0):
     return cfg.replace(section=section if cfg.dynamic else 0).validate(227 * 1024)
 
 
-def check(k, q, kk, v, what, section=0):
+def check(k, q, kk, v, what, section=0, cfg=None):
+    """The call with config ``cfg`` (default: config_for's) against the float64 reference."""
     import torch
 
     causal = k[2]
-    cfg = config_for(k, q, kk, section)
+    cfg = cfg or config_for(k, q, kk, section)
     out, lse, _ = cuflash.flash_attn_func(q, kk, v, causal=causal, config=cfg, return_attn_probs=True)
     scale = k[1] ** -0.5
     ref, ref_lse = feature_attention(q, kk, v, scale, causal, (-1, -1), 0.0, None, torch.float64)

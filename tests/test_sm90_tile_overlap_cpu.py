@@ -32,8 +32,8 @@ def test_field_name_template_and_encoding():
     # the plain kernel's name is what it was (no trailing flags); tile_overlap is the 25th argument
     assert PLAIN.kernel_name() == "cuflash::sm90_fwd<128, 80, 2, 2, false, true, 256, cuflash::bf16, false, false, false, false>"
     assert TOV.kernel_name().endswith(", false, true>") and TOV.kernel_name().count(",") == 24
-    # (kDropPacked, kDropEarly and kStreamTail come after it)
-    assert TOV.template_args()[-4] is True and PLAIN.template_args()[-4] is False
+    # (kDropPacked, kDropEarly, kStreamTail and kPvOverlap come after it)
+    assert TOV.template_args()[-5] is True and PLAIN.template_args()[-5] is False
     assert "tile_overlap" not in FAM.encode(PLAIN) and FAM.encode(TOV).endswith(",tile_overlap=1")
     assert FAM.decode(FAM.encode(TOV), "bf16", False) == TOV
     assert "tile_overlap" not in FAM.space and FAM.make(FAM.point(TOV), Problem(

@@ -232,6 +232,30 @@ SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # non-causal, static persistent with stream_tail against the dynamic heuristic: 1.046 -> 1.155 (bf16, one
 # round; fp16 and the static tile without stream_tail unmeasured): left off until measured in both dtypes.
 HEURISTIC_STREAM_TAIL: frozenset = frozenset({(128, 2048), (128, 16384), (256, 4096), (256, 8192), (256, 16384)})
+# pv_overlap (kPvOverlap: the consumers' K/V loop rotated so that ptxas keeps the softmax of S_j above the
+# wait for the warpgroup's own P_{j-1} V_{j-1}; without it nvcc 13.0 puts that wait first and the step
+# overlaps only the other warpgroups' GEMMs: tests/test_sm90_pv_overlap_cpu.py reads the SASS). Measured
+# on the H100 (session 20 round 1, tests/sm90_fwd_cells_timing.py, back to back, 30 shuffled samples, x SDPA
+# cuDNN of the same rounds; results/NVIDIA_H100_80GB_HBM3/logs/session20_fwd13/round1.log), the heuristic's
+# tile -> the same with pv_overlap: bf16 d256 full 2k 1.010 -> 1.008 (with tile_overlap 1.004 -> 1.014),
+# 4k (stream_tail) 1.063 -> 1.039; d128 full 16k 1.113 -> 1.089; d128 causal 8k 1.179 -> 1.160; d64 full
+# 4k 1.067 -> 1.051; fp16 d256 full 2k 1.020 -> 1.002. No faster anywhere (the two consumer warpgroups'
+# GEMMs already fill the tensor cores under each other's softmax): off, outside the tuning space. The
+# (head dim, causal) classes of plain calls that take it: none.
+PV_OVERLAP: frozenset = frozenset()
+# cluster (kCluster, sm90_fwd_cluster: clusters of 2 CTAs on adjacent Q blocks of one head, each loading half
+# of every K_j / V_j by TMA multicast into both: half the K/V bytes through L2). The (head dim, seqlen
+# bucket) classes of plain non-causal calls that take it (instead of stream_tail where that is on; for_problem
+# drops it where a call's Q blocks per head are odd). Correct (tests/test_sm90_fwd_cluster_gpu.py: bit for bit
+# the plain kernel's output; compute-sanitizer synccheck and racecheck clean, tests/sm90_fwd_cluster_sanitize.py)
+# but slower everywhere measured: H100, session 20 round 2 (tests/sm90_fwd_cells_timing.py, back to back, 30
+# shuffled samples, x SDPA cuDNN of the same rounds; results/NVIDIA_H100_80GB_HBM3/logs/session20_fwd13/
+# round2.log), the static persistent tile -> the same in clusters: bf16 d256 full 2k 1.008 -> 0.705, 4k
+# 1.051 -> 0.718 (the heuristic, stream_tail, 1.065); d128 full 16k (BN 176, pingpong) 1.110 -> 0.791; fp16
+# d256 full 2k 1.000 -> 0.712. Each ring slot's refill now waits for the slower CTA of the pair and a remote
+# release, with 2 stages (all d256 fits) too short to hide it (reading; not profiled). None: off, outside the
+# tuning space.
+HEURISTIC_CLUSTER: frozenset = frozenset()
 # The most CTAs a stream_tail launch has (its grid is min(tiles, SMs, this)): the partials' slots, one per
 # CTA (an H100 has 132 SMs). Partials per slot: (head_dim / 8 + 1) float4 per consumer thread.
 STREAM_TAIL_MAX_CTAS = 144
@@ -449,6 +473,19 @@ class Sm90FwdConfig(KernelConfig):
                buffers, ``zeroed_counters``: per CTA slot (head_dim / 8 + 1) · 16 bytes per consumer
                thread, 19 MB at d256 with 2 consumers); plain non-causal calls, fixed lengths, static
                persistent, not with tile_overlap (HEURISTIC_STREAM_TAIL)
+    pv_overlap: the consumers' K/V loop rotated (kPvOverlap, kernels_cu/sm90_fwd_common.cuh kRotate):
+               block j's finish (the wait for P_{j-1} V_{j-1}, O's rescale, P_j's packing) at the head of
+               the next iteration, so that ptxas keeps the softmax of S_j above that wait: it runs under
+               the warpgroup's own P V GEMM (FA3's intra-warpgroup overlap). The same steps in the
+               same order; plain calls only (no window, softcap, ALiBi, dropout). Measured no faster
+               (PV_OVERLAP's note): off, outside the tuning space
+    cluster:   clusters of 2 CTAs (sm90_fwd_cluster, kCluster): the static persistent grid's CTAs 2c and
+               2c + 1 take adjacent Q blocks of one head at every step, and each loads half of every
+               K_j's and V_j's column chunks by TMA multicast into both (one L2 read feeds two SMs); a
+               ring slot is refilled once both CTAs released it. Non-causal plain fixed-length calls,
+               an even number of Q blocks (for_problem drops it otherwise), head dims 96 / 128 / 256;
+               not with stream_tail, tile_overlap, q_double. Measured 20-30% slower (HEURISTIC_CLUSTER's
+               note): off, outside the tuning space
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
@@ -483,6 +520,8 @@ class Sm90FwdConfig(KernelConfig):
     drop_packed: bool = False
     drop_early: int = 0
     stream_tail: bool = False
+    pv_overlap: bool = False
+    cluster: bool = False
     section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
@@ -505,7 +544,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}"
                 f"{'_tov' if self.tile_overlap else ''}"
                 f"{'_dpk' if self.drop_packed else ''}{'_dpe' if self.drop_early == 1 else f'_dpe{self.drop_early}' if self.drop_early else ''}"
-                f"{'_st' if self.stream_tail else ''}")
+                f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}{'_cl2' if self.cluster else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -577,23 +616,29 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.tile_overlap else 'false'}",                    # kTileOverlap
                 f"{'true' if self.drop_packed else 'false'}",                     # kDropPacked
                 f"{int(self.drop_early)}",                                        # kDropEarly
-                f"{'true' if self.stream_tail else 'false'}"]                     # kStreamTail last
-        used = (16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{'true' if self.stream_tail else 'false'}",                     # kStreamTail
+                f"{'true' if self.pv_overlap else 'false'}"]                      # kPvOverlap last
+        used = (17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
-        return (f"cuflash::sm90_fwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
+        # cluster: sm90_fwd_cluster, its cluster size (2) first, then every argument of sm90_fwd
+        entry = "sm90_fwd_cluster<2, " if self.cluster else "sm90_fwd<"
+        return (f"cuflash::{entry}{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{'true' if self.pingpong else 'false'}, {'true' if self.persistent else 'false'}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, "
                 f"{'true' if self.causal else 'false'}{template_suffix(self)}"
                 f"{''.join(', ' + a for a in tail[:used])}>")
 
     def template_args(self) -> tuple:
+        if self.cluster:   # (sm90_fwd_cluster's leading cluster size)
+            return (2,) + self.replace(cluster=False).template_args()
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
-                self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail)
+                self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail,
+                self.pv_overlap)
 
     def _problems(self) -> list[str]:
         out = []
@@ -720,6 +765,23 @@ class Sm90FwdConfig(KernelConfig):
         if self.stream_tail and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
                                  or self.lazy_rescale or self.fold_cap or self.alibi_lin):
             out.append("stream_tail with window / softcap / ALiBi / dropout (or their softmax variants) "
+                       "is not implemented: plain calls only")
+        if self.cluster and not (self.persistent and not self.dynamic):
+            out.append("cluster needs the static persistent schedule (both CTAs of a cluster walk adjacent Q "
+                       "blocks of the same heads: tile + grid, the grid even)")
+        if self.cluster and (self.causal or self.varlen or self.stream_tail or self.tile_overlap or self.q_double):
+            out.append("cluster is for non-causal fixed-length calls without stream_tail, tile_overlap or "
+                       "q_double (both CTAs of a cluster must load the same K/V blocks)")
+        if self.cluster and self.smem_cols // 64 % 2:
+            out.append(f"cluster at head_dim={self.head_dim}: each CTA loads half of a K/V tile's 64-column "
+                       "chunks, which must be even (head dims 96, 128, 256)")
+        if self.cluster and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
+                             or self.lazy_rescale or self.fold_cap or self.alibi_lin):
+            out.append("cluster with window / softcap / ALiBi / dropout (or their softmax variants) "
+                       "is not implemented: plain calls only")
+        if self.pv_overlap and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
+                                or self.lazy_rescale or self.fold_cap or self.alibi_lin):
+            out.append("pv_overlap with window / softcap / ALiBi / dropout (or their softmax variants) "
                        "is not implemented: plain calls only")
         if self.section < 0 or self.section > MAX_SECTION:
             out.append(f"section must be 0 (the L2 rule) or 1..{MAX_SECTION} KV heads, got {self.section}")
@@ -1032,6 +1094,11 @@ class Sm90Forward(Family):
             config = config.replace(tile_overlap=False)   # likewise; and without keys no S_0 to issue
         if config.stream_tail and (problem.features or problem.causal):
             config = config.replace(stream_tail=False)    # likewise (plain non-causal calls only)
+        if config.pv_overlap and problem.features:
+            config = config.replace(pv_overlap=False)     # likewise (plain calls only)
+        if config.cluster and (problem.features or problem.causal or is_varlen(problem)
+                               or -(-problem.seqlen_q // config.BM) % 2):
+            config = config.replace(cluster=False)        # likewise; and the pairs of Q blocks need an even count
         if config.alibi_lin and (tuple(f for f in problem.features if f != "window") != ("alibi",)
                                  or config.emu_exp2 or config.tree_max):
             config = config.replace(alibi_lin=False)   # a speed knob: ALiBi alone (a window may join)
@@ -1046,7 +1113,8 @@ class Sm90Forward(Family):
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
-                               "tile_overlap", "drop_packed", "drop_early", "stream_tail") and not v))
+                               "tile_overlap", "drop_packed", "drop_early", "stream_tail", "pv_overlap", "cluster")
+                               and not v))
 
     def make(self, point, problem: Problem):
         """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
@@ -1138,6 +1206,11 @@ class Sm90Forward(Family):
         if ((d, problem.bucket) in HEURISTIC_STREAM_TAIL and not problem.features and not problem.causal
                 and cfg.persistent and not cfg.dynamic and not cfg.tile_overlap):
             cfg = cfg.replace(stream_tail=True)    # the last stretch balanced by K/V blocks
+        if ((d, problem.bucket) in HEURISTIC_CLUSTER and not problem.features and not problem.causal
+                and cfg.persistent and not cfg.dynamic and not cfg.tile_overlap):
+            cfg = cfg.replace(cluster=True, stream_tail=False)   # K/V loads shared by 2 CTAs
+        if (d, bool(problem.causal)) in PV_OVERLAP and not problem.features:
+            cfg = cfg.replace(pv_overlap=True)     # the softmax under the warpgroup's own P V
         if "softcap" in problem.features and "dropout" not in problem.features:
             cfg = cfg.replace(softcap=True, emu_exp2=SOFTCAP_EMU_EXP2)   # exp2s off the SFU
             fold = SOFTCAP_FOLD.get(d, 0)
@@ -1167,6 +1240,8 @@ class Sm90Forward(Family):
         if tiles >= 2 ** 31:
             raise ValueError(f"batch * nheads * seqlen_q: too many Q blocks for one launch ({tiles})")
         grid = (min(tiles, sm_count) if config.persistent else tiles, 1, 1)
+        if getattr(config, "cluster", False):       # clusters of 2 CTAs (tiles is even: for_problem)
+            grid = (max(2, grid[0] // 2 * 2), 1, 1)
         if getattr(config, "stream_tail", False):   # one partials slot per CTA (STREAM_TAIL_MAX_CTAS)
             grid = (stream_tail_grid(tiles, sm_count), 1, 1)
         return [LaunchSpec("main", grid, config.threads, config.smem_bytes)]
