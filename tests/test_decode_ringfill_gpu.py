@@ -136,7 +136,7 @@ def test_heuristic_dynamic_1x64k(monkeypatch):
     decode._drop_gpu_plans()
     monkeypatch.setattr(decode, "_gpu_plans", {})
     rng = np.random.default_rng()
-    args = make_case(rng, 1, 1, [65536 - 7], 32, 8, 128, "bf16")
+    args = make_case(rng, 1, 1, [65536 + 9], 32, 8, 128, "bf16")   # >= DYNAMIC_MIN_KEYS
     for _ in range(2):
         check_call(args, "bf16", "heuristic 1 x 64k")
     plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
