@@ -1214,8 +1214,11 @@ def _rotate_backward_home(ring: _Ring, kv: tuple, comm: bool, acc, step_fn, shar
 # results/NVIDIA_H200x4/logs/session20_ring7/): the real probe (32k per rank) gives the same peaks
 # to the digit; bench --mode ring at 256k: 0.90 / 0.91 GiB per GPU at P = 4, 1.51 / 1.57 at P = 2,
 # 3.02 on one GPU; backward, same processes (--ring-ab bwd_groups1 bwd_groups2), 1M non-causal P =
-# 4: 5225.6 ms (G = 4), 5362.4 (G = 1), 5264.9 (G = 2); 256k: 334.5, 331.7, 339.1. 4: on.
-BWD_HEAD_GROUPS = 4
+# 4: 5225.6 ms (G = 4), 5362.4 (G = 1), 5264.9 (G = 2); 256k: 334.5, 331.7, 339.1. With the
+# forward's ring per 4 groups too (FWD_HEAD_GROUPS), 8 groups here take a P = 4 rank to 5.54 / 5.66 X
+# (4 groups: 7.04 X, the backward's own peak): 4 x H200, the lead's second call of session 20
+# (results/NVIDIA_H200x4/logs/session20_lead/), see FWD_HEAD_GROUPS. 8: on.
+BWD_HEAD_GROUPS = 8
 
 
 # How many groups of heads the dense ring's forward runs in turn (ring_forward's
@@ -1224,9 +1227,17 @@ BWD_HEAD_GROUPS = 4
 # group ring's (the fp32 running out 2, the block in hand 2 and the next arriving 2, a block's out
 # 1) / G: 1 + 7 / G from P = 3 on, where G = 1 holds 7.16, the P = 4 peak once BWD_HEAD_GROUPS is 4
 # (session 20, 4 x H200 probe: 7.16 X at P = 4 for BWD_HEAD_GROUPS 4 and 8 alike). Exact (the
-# kernels keep heads apart). Not measured on several GPUs (G times the forward's transfers, each
-# group's first step on FWD_FULL_GRID_STEPS' grid): 1, off.
-FWD_HEAD_GROUPS = 1
+# kernels keep heads apart). G times the forward's transfers, each group's first step on
+# FWD_FULL_GRID_STEPS' grid. Measured with BWD_HEAD_GROUPS = 8 ("g8f4") against 4 and 1 ("g4", the
+# default before), 4 x H200, session 20 (results/NVIDIA_H200x4/logs/session20_lead/): the real
+# probe (32k per rank, peak above the inputs in X, non-causal / causal) P = 4 5.54 / 5.66 against
+# 7.16 / 7.30, P = 2 5.04 / 5.16 against 6.04 / 6.30 (single GPU on the same shard 6.05); bench
+# --mode ring at 256k, peak GiB per GPU 0.69 / 0.71 at P = 4 and 1.26 / 1.29 at P = 2 (one GPU on
+# the whole 256k: 3.02; 0.92-0.94x and 0.83-0.85x of 1/P); TFLOPs per GPU, the same processes
+# (--ring-set bwd_groups8+fwd_groups4 --ring-ab bwd_groups4+fwd_groups1), non-causal / causal:
+# P = 4 557.1 / 543.2 against 556.2 / 545.8, P = 2 570.5 / 574.7 against 576.1 / 576.7 (-1.0% to
+# +0.2%). 4: on.
+FWD_HEAD_GROUPS = 4
 
 
 def _head_groups(nheads_kv: int, wanted: int) -> int:

@@ -40,7 +40,7 @@ def _shapes(P: int, chunk: int, layout: str, causal: bool) -> list:
     return out
 
 
-def problems(procs, seqlens, head_groups=(4,)) -> list:
+def problems(procs, seqlens, head_groups=(4, 8)) -> list:
     from test_distributed_gpu import CASES, FLAG_CASES, VARLEN_CASES
 
     from cuflash import distributed as cfd
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--procs", type=int, nargs="+", default=[2])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[262144, 524288])
     ap.add_argument("--processes", type=int, default=None)
-    ap.add_argument("--head-groups", type=int, nargs="*", default=[4],
+    ap.add_argument("--head-groups", type=int, nargs="*", default=[4, 8],
                     help="the calls per so many groups of heads too (BWD_HEAD_GROUPS, "
                          "FWD_HEAD_GROUPS; bench --ring-ab bwd_groupsN, fwd_groupsN)")
     ap.add_argument("--no-grid", dest="grid", action="store_false",

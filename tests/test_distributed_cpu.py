@@ -121,8 +121,11 @@ def _worker(rank, world, port, cases):
         finally:
             cfd.BWD_HEAD_GROUPS = saved
         saved = cfd.FWD_HEAD_GROUPS, cfd.REVERSE_BWD
-        try:  # the forward's ring per group of heads too (FWD_HEAD_GROUPS), and with the backward
-            # the other way round (the forward keeps its last block, per group)
+        try:  # the forward's ring on all heads at once (FWD_HEAD_GROUPS 1; the cases above ran it
+            # per group of heads), and per group with the backward the other way round (the
+            # forward keeps its last block, per group)
+            cfd.FWD_HEAD_GROUPS = 1
+            _check_case(rank, world, cases[0], seed=8099)
             cfd.FWD_HEAD_GROUPS = 4
             _check_case(rank, world, cases[0], seed=8100)
             _check_case(rank, world, cases[2], seed=8101, strided=True)
