@@ -17,21 +17,14 @@ from cuflash.problem import Problem
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from test_sm90_tile_overlap_cpu import FAM, NVCC, PLAIN, needs_nvcc  # noqa: E402  (PLAIN: the d256 tile)
+from test_sm90_tile_overlap_cpu import FAM, NVCC, PLAIN, check_flag_field, needs_nvcc  # noqa: E402  (PLAIN: the d256 tile)
 
 PVO = PLAIN.replace(pv_overlap=True)
 
 
 def test_field_name_template_and_encoding():
-    assert not PLAIN.pv_overlap and PVO.validate(227 * 1024) is PVO
-    assert PVO.name == PLAIN.name + "_pvo"
-    # the plain kernel's name is what it was (no trailing flags); pv_overlap is the 29th and last argument
-    assert PLAIN.kernel_name() == "cuflash::sm90_fwd<128, 80, 2, 2, false, true, 256, cuflash::bf16, false, false, false, false>"
-    assert PVO.kernel_name().endswith(", false, true>") and PVO.kernel_name().count(",") == 28
-    assert PVO.template_args()[-1] is True and PLAIN.template_args()[-1] is False
-    assert "pv_overlap" not in FAM.encode(PLAIN) and FAM.encode(PVO).endswith(",pv_overlap=1")
-    assert FAM.decode(FAM.encode(PVO), "bf16", False) == PVO
-    assert "pv_overlap" not in FAM.space
+    # pv_overlap is the 29th and last argument
+    assert check_flag_field("pv_overlap", "_pvo", 1, 28) == PVO
 
 
 @pytest.mark.parametrize("change", [dict(softcap=True), dict(dropout=True, BN=64), dict(window=True),

@@ -26,17 +26,27 @@ def test_with_pingpong_too():
     assert TOV.replace(pingpong=True).problems(227 * 1024) == []
 
 
-def test_field_name_template_and_encoding():
-    assert not PLAIN.tile_overlap and TOV.validate(227 * 1024) is TOV
-    assert TOV.name == PLAIN.name + "_tov"
-    # the plain kernel's name is what it was (no trailing flags); tile_overlap is the 25th argument
+def check_flag_field(flag: str, suffix: str, arg_from_end: int, commas: int):
+    """A schedule flag of sm90_fwd's config: off in PLAIN and outside the tuning space; on, the
+    config validates, its name gains `suffix`, its kernel name ends with the flag's true (the plain
+    kernel's name keeps no trailing flags) with `commas` template commas, template_args()[-arg_from_end]
+    is the flag, and the encoding carries `flag=1` and decodes back."""
+    on = PLAIN.replace(**{flag: True})
+    assert not getattr(PLAIN, flag) and on.validate(227 * 1024) is on
+    assert on.name == PLAIN.name + suffix
     assert PLAIN.kernel_name() == "cuflash::sm90_fwd<128, 80, 2, 2, false, true, 256, cuflash::bf16, false, false, false, false>"
-    assert TOV.kernel_name().endswith(", false, true>") and TOV.kernel_name().count(",") == 24
-    # (kDropPacked, kDropEarly, kStreamTail and kPvOverlap come after it)
-    assert TOV.template_args()[-5] is True and PLAIN.template_args()[-5] is False
-    assert "tile_overlap" not in FAM.encode(PLAIN) and FAM.encode(TOV).endswith(",tile_overlap=1")
-    assert FAM.decode(FAM.encode(TOV), "bf16", False) == TOV
-    assert "tile_overlap" not in FAM.space and FAM.make(FAM.point(TOV), Problem(
+    assert on.kernel_name().endswith(", false, true>") and on.kernel_name().count(",") == commas
+    assert on.template_args()[-arg_from_end] is True and PLAIN.template_args()[-arg_from_end] is False
+    assert flag not in FAM.encode(PLAIN) and FAM.encode(on).endswith(f",{flag}=1")
+    assert FAM.decode(FAM.encode(on), "bf16", False) == on
+    assert flag not in FAM.space
+    return on
+
+
+def test_field_name_template_and_encoding():
+    # tile_overlap is the 25th argument (kDropPacked, kDropEarly, kStreamTail and kPvOverlap come after it)
+    check_flag_field("tile_overlap", "_tov", 5, 24)
+    assert FAM.make(FAM.point(TOV), Problem(
         "fwd", "bf16", 1, 2048, 2048, 8, 8, 256, False)).tile_overlap is False
 
 
