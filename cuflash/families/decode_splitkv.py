@@ -673,7 +673,7 @@ class DecodeSplitKV(Family):
             cfg = cfg.replace(early_merge=True)
         if RING_FILL_DEFAULT:
             cfg = cfg.replace(ring_fill=RING_FILL_DEFAULT)
-        groups = problem.batch * problem.nheads_kv * -(-group * problem.seqlen_q // (16 * cfg.m_tiles))
+        groups = problem.batch * problem.nheads_kv * row_blocks(cfg, problem)
         if (DYNAMIC_DEFAULT and "paged_kv" not in problem.features and groups <= DYNAMIC_MAX_GROUPS
                 and problem.seqlen_k >= DYNAMIC_MIN_KEYS and (cfg.fused_combine or DYNAMIC_DEFAULT == 2)
                 and not (cfg.bulk or cfg.page_prefetch or cfg.warp_loads)):

@@ -762,10 +762,6 @@ class Sm90FwdConfig(KernelConfig):
         if self.stream_tail and (self.causal or self.varlen or self.tile_overlap):
             out.append("stream_tail is for non-causal fixed-length calls without tile_overlap (every tile "
                        "must have the same K/V blocks: kernels_cu/sm90_tail.cuh)")
-        if self.stream_tail and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
-                                 or self.lazy_rescale or self.fold_cap or self.alibi_lin):
-            out.append("stream_tail with window / softcap / ALiBi / dropout (or their softmax variants) "
-                       "is not implemented: plain calls only")
         if self.cluster and not (self.persistent and not self.dynamic):
             out.append("cluster needs the static persistent schedule (both CTAs of a cluster walk adjacent Q "
                        "blocks of the same heads: tile + grid, the grid even)")
@@ -775,14 +771,12 @@ class Sm90FwdConfig(KernelConfig):
         if self.cluster and self.smem_cols // 64 % 2:
             out.append(f"cluster at head_dim={self.head_dim}: each CTA loads half of a K/V tile's 64-column "
                        "chunks, which must be even (head dims 96, 128, 256)")
-        if self.cluster and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
-                             or self.lazy_rescale or self.fold_cap or self.alibi_lin):
-            out.append("cluster with window / softcap / ALiBi / dropout (or their softmax variants) "
-                       "is not implemented: plain calls only")
-        if self.pv_overlap and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
-                                or self.lazy_rescale or self.fold_cap or self.alibi_lin):
-            out.append("pv_overlap with window / softcap / ALiBi / dropout (or their softmax variants) "
-                       "is not implemented: plain calls only")
+        if self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2 or self.lazy_rescale \
+                or self.fold_cap or self.alibi_lin:
+            for flag in ("stream_tail", "cluster", "pv_overlap"):   # schedules built for plain calls
+                if getattr(self, flag):
+                    out.append(f"{flag} with window / softcap / ALiBi / dropout (or their softmax variants) "
+                               "is not implemented: plain calls only")
         if self.section < 0 or self.section > MAX_SECTION:
             out.append(f"section must be 0 (the L2 rule) or 1..{MAX_SECTION} KV heads, got {self.section}")
         elif self.section and not self.dynamic:
