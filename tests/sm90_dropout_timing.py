@@ -121,13 +121,24 @@ def timed_rows(rows, case, op, fns, op_names, plain, args, d, causal, b, s, h):
 
 def bwd_variants(d, causal, b, s, h):
     """The dropout backwards to time next to selection's: sm90_bwd with the plain heuristic's speed
-    flags (DROPOUT_PLAIN_FLAGS) where they build (d128 non-causal), if selection does not run it."""
+    flags (DROPOUT_PLAIN_FLAGS) where they build (d128 non-causal), if selection does not run it,
+    and selection's with the other drop_packed forms."""
     from cuflash.families import sm90_bwd
 
     drop = Problem("bwd", "bf16", b, s, s, h, h, d, causal, features=("dropout",), dropout_p=P)
     sel = choose_on_device(drop, 0)[1]
-    cfg = sel.replace(**sm90_bwd.DROPOUT_PLAIN_FLAGS) if sel.family == "sm90_bwd" else None
-    return [cfg] if cfg is not None and cfg != sel and cfg.dropout_plain() and not cfg.problems(227 * 1024) else []
+    if sel.family != "sm90_bwd":
+        return []
+    out = []
+    cfg = sel.replace(**sm90_bwd.DROPOUT_PLAIN_FLAGS)
+    if cfg != sel and cfg.dropout_plain() and not cfg.problems(227 * 1024):
+        out.append(cfg)
+    # drop_packed's forms (kDropPacked: the keep mask on Pᵀ's packed words) other than selection's
+    for form in (0, 1, 2):
+        other = sel.replace(drop_packed=form)
+        if form != sel.drop_packed and not other.problems(227 * 1024):
+            out.append(other)
+    return out
 
 
 def main():

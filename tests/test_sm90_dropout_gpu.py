@@ -146,7 +146,7 @@ def test_sm90_dropout_forward_backward_against_reference(flags, shape):
     from cuflash import dropout
     from cuflash.problem import Problem
     from cuflash.select import choose_on_device
-    from test_dropout_gpu import attention_with_mask, dtype_of, max_err, rand_qkv
+    from test_dropout_gpu import attention_with_mask, check_dropout_grads, dtype_of, max_err, rand_qkv
 
     require_sm90()
     name, d, causal = flags
@@ -173,17 +173,7 @@ def test_sm90_dropout_forward_backward_against_reference(flags, shape):
     if finite.any():
         assert max_err(lse[finite], ref_lse[finite]) < 1e-3
 
-    ref_g = torch.autograd.grad(ref_out, (q, k, v), dout.double())
-    low_g = torch.autograd.grad(low_out, (q, k, v), dout)
-    for what, a, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_g, low_g):
-        assert not a.isnan().any(), f"{what}: unwritten (NaN) elements"
-        e, bse = max_err(a, r), max_err(lo, r)
-        floor = torch.finfo(dtype).eps * max(1.0, r.abs().max().item())
-        if what in ("dq", "dk"):   # D = rowsum(dO∘O) from the rounded O (test_dropout_gpu.py says why)
-            d_scale = (dout.double() * out.double()).sum(-1).abs().max().item()
-            other = k if what == "dq" else q
-            floor = max(floor, torch.finfo(dtype).eps * d_scale * other.abs().max().item() * scale)
-        assert e <= 3 * bse + floor, f"{what}: error {e:.3g} > 3 x plain {bse:.3g} + {floor:.3g}"
+    check_dropout_grads((dq, dk, dv), ref_out, low_out, q, k, v, dout, out, scale)
 
     # S_dmask (from the LSE and the mirror's mask): its sign is the mask where P > 0
     assert s_dmask.shape == (b, h, sq, sk)
@@ -207,7 +197,7 @@ def test_forward_and_backward_of_different_families_share_the_mask(fwd, bwd, sha
     import cuflash
     from cuflash import dropout
     from cuflash.problem import Problem
-    from test_dropout_gpu import attention_with_mask, max_err, rand_qkv
+    from test_dropout_gpu import attention_with_mask, check_dropout_grads, max_err, rand_qkv
 
     require_sm90()
     b, sq, sk, h, h_kv = shape
@@ -226,15 +216,4 @@ def test_forward_and_backward_of_different_families_share_the_mask(fwd, bwd, sha
     low_out, _ = attention_with_mask(q, k, v, causal, scale, dtype, keep, P_DROP)
     err, base = max_err(out, ref_out), max_err(low_out, ref_out)
     assert err <= 2 * base + 1e-5, f"{fcfg.name} out: error {err:.3g} > 2 x plain {base:.3g}"
-    ref_g = torch.autograd.grad(ref_out, (q, k, v), dout.double())
-    low_g = torch.autograd.grad(low_out, (q, k, v), dout)
-    for what, a, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_g, low_g):
-        assert not a.isnan().any(), f"{bcfg.name} {what}: unwritten (NaN) elements"
-        e, bse = max_err(a, r), max_err(lo, r)
-        floor = torch.finfo(dtype).eps * max(1.0, r.abs().max().item())
-        if what in ("dq", "dk"):   # D's residual (test_dropout_gpu.py says why)
-            d_scale = (dout.double() * out.double()).sum(-1).abs().max().item()
-            other = k if what == "dq" else q
-            floor = max(floor, torch.finfo(dtype).eps * d_scale * other.abs().max().item() * scale)
-        assert e <= 3 * bse + floor, \
-            f"{fcfg.name} + {bcfg.name} {what}: error {e:.3g} > 3 x plain {bse:.3g} + {floor:.3g}"
+    check_dropout_grads((dq, dk, dv), ref_out, low_out, q, k, v, dout, out, scale, f"{fcfg.name} + {bcfg.name}")
