@@ -1,0 +1,52 @@
+"""Fill CuPy's kernel cache with the kernels of tests/test_sm90_bwd_drop_packed_gpu.py, the drop_early
+forms 5 and 6 of tests/test_drop_early_gpu.py and, with --timing, tests/sm90_dropout_timing.py's d128
+8k ones (--forms 5 6), in parallel worker processes; not a test:
+
+    timeout 150 python tests/drop6_precompile.py --timing [--quick]
+"""
+import argparse
+import os
+import sys
+import time
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_here, os.path.dirname(_here)]  # the checkout (and the tests' modules)
+
+from cuflash.compile import precompile  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--timing", action="store_true", help="also sm90_dropout_timing.py's d128 8k kernels")
+    ap.add_argument("--quick", action="store_true",
+                    help="test_sm90_bwd_drop_packed_gpu.py's bf16 d128 kernels only (pytest -k d128_bf16)")
+    args = ap.parse_args()
+    import test_drop_early_gpu
+    import test_sm90_bwd_drop_packed_gpu as packed
+
+    todo = [c for flags in packed.FLAGS if not args.quick or flags[:2] == (128, "bf16")
+            for c in (lambda f, p, b: [f, b, *p])(*packed.configs(*flags))]
+    for causal in (False, True):
+        for form in (5, 6):
+            todo += test_drop_early_gpu.configs(causal, form)
+    if args.timing:
+        import sm90_dropout_timing as timing
+        from cuflash.problem import Problem
+        from cuflash.select import choose_on_device
+
+        for causal in (False, True):
+            b, s, h, d = 2, 8192, 16, 128
+            for op in ("fwd", "bwd"):
+                plain = Problem(op, "bf16", b, s, s, h, h, d, causal)
+                for p in (plain, plain.replace(features=("dropout",), dropout_p=timing.P)):
+                    todo.append(choose_on_device(p, 0)[1])
+            todo += timing.fwd_configs(d, causal, b, s, h, forms=(5, 6)) + timing.bwd_variants(d, causal, b, s, h)
+    todo = list(dict.fromkeys(todo))
+    t0 = time.time()
+    res = precompile(todo, 0, processes=min(16, os.cpu_count() or 1))
+    failed = [(c.name, err[:300]) for c, _, err in res if err]
+    print(f"compiled {len(todo)} kernels in {time.time() - t0:.0f} s; failed: {failed}")
+
+
+if __name__ == "__main__":
+    main()
