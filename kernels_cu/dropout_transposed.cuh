@@ -27,9 +27,10 @@ namespace cuflash {
 // The keep flags of a thread's elements of one 16-key tile of Pᵀ (kNT / 2 blocks of 16 queries from
 // query0; key0 + g its first key), as above. One Philox call per block and thread (visit_transposed's
 // count); the blocks run one at a time (not unrolled), so one call's state is live, not kNT / 2.
-// kOpaqueKeys: the Philox key made opaque per call (opaque_u32), so that ptxas derives the rounds'
-// keys (k + r·W) inside the call instead of holding all 14 in registers across the kernel's loop
-// (12 more adds per call, 12 registers fewer: sm90_bwd's kDropPacked 2 needs them for stmatrix).
+// kOpaqueKeys: the Philox key passed through opaque_u32 per call. In the SASS ptxas still holds the
+// rounds' keys in registers (the loop's instructions are the same 48), but it allocates the d128
+// kernel of sm90_bwd's kDropPacked 2 (dS by stmatrix) without the 8-byte spill it has without
+// (nvcc 13.0, sm_90a; a ptxas choice, checked by tests/test_sm90_bwd_drop_packed_cpu.py).
 template <int kNT, bool kOpaqueKeys = false>
 __device__ __forceinline__ u32 keep_flags_transposed(const Dropout& dropout, const KeepSwar& swar, int bh,
                                                      int key0, int query0, int g, int t) {

@@ -112,8 +112,10 @@
 //              16-bit words, a permute and two LOP3s per two elements; dV_j += (Pᵀ ∘ Z) dO_i
 //              with the 1 / (1 - p) in the epilogue. The same mask; dV rounds Pᵀ, not Pᵀ / (1 - p),
 //              to 16 bits. 2: also dS stored by stmatrix (as without dropout) instead of per
-//              element, the registers it needs freed by deriving the Philox round keys per call
-//              (kOpaqueKeys). 0 (the default): the code of the kernel before it existed
+//              element (built without spills with the Philox key opaque per call: kOpaqueKeys).
+//              Warp pairs sharing the Philox calls through shared memory (each drawing half of a
+//              32-key block's calls) were tried: 985 instructions per Q block against 2's 993 in
+//              the d128 SASS, not kept. 0 (the default): the code of the kernel before it existed
 //   kDqBulk    (appended last) the dQ_i part goes to global memory FlashAttention-3's way: each
 //              warp stores its 16 rows x kDqN fp32 fragments to its rows of a staging tile
 //              (Sm90BwdDqStage, past the thread words), fence.proxy.async, and lanes 0..15 each
@@ -1719,7 +1721,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             if constexpr (kDropout && !kSharedKeys && kDropPacked != 2) {
                 // dropout: per element, 16-bit stores (stmatrix's four-register operand makes ptxas
                 // spill this kernel at d128, nvcc 13.0; kDropPacked 1's too, 8 bytes; kDropPacked 2
-                // frees the registers: dropout_transposed.cuh kOpaqueKeys); query 16kk + 8·(r / 2) + 2t (+1), key
+                // does not: dropout_transposed.cuh kOpaqueKeys); query 16kk + 8·(r / 2) + 2t (+1), key
                 // warp_key + g + 8·(r % 2), the offsets recomputed (the dropout state takes registers)
 #pragma unroll
                 for (int kk = 0; kk < kSN / 16; ++kk)
