@@ -144,6 +144,17 @@ def bwd_variants(d, causal, b, s, h):
     return out
 
 
+def case_configs(d, causal, b, s, h, **fwd_kw):
+    """Every kernel a case times: selection's plain and dropout forward and backward, fwd_configs(**fwd_kw)
+    and bwd_variants (for the precompile scripts too)."""
+    todo = []
+    for op in ("fwd", "bwd"):
+        plain = Problem(op, "bf16", b, s, s, h, h, d, causal)
+        for p in (plain, plain.replace(features=("dropout",), dropout_p=P)):
+            todo.append(choose_on_device(p, 0)[1])
+    return todo + fwd_configs(d, causal, b, s, h, **fwd_kw) + bwd_variants(d, causal, b, s, h)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
@@ -165,14 +176,9 @@ def main():
     args = ap.parse_args()
 
     # compile everything first, in parallel (selection's plain and dropout kernels, the variants)
-    todo = []
-    for d, causal, b, s, h in cases(args):
-        for op in ("fwd", "bwd"):
-            plain = Problem(op, "bf16", b, s, s, h, h, d, causal)
-            for p in (plain, plain.replace(features=("dropout",), dropout_p=P)):
-                todo.append(choose_on_device(p, 0)[1])
-        todo += (fwd_configs(d, causal, b, s, h, args.variants, args.quick, args.rounds_cost, args.forms)
-                 + bwd_variants(d, causal, b, s, h))
+    todo = [c for d, causal, b, s, h in cases(args)
+            for c in case_configs(d, causal, b, s, h, variants=args.variants, quick=args.quick,
+                                  rounds_cost=args.rounds_cost, forms=args.forms)]
     precompile(list(dict.fromkeys(todo)), 0, processes=min(16, os.cpu_count() or 1))
 
     rows = []

@@ -131,6 +131,17 @@ def rand_qkv(b, sq, sk, h, h_kv, d, dtype, grad=False):
     return tuple(x.requires_grad_(grad) for x in (q, k, v))
 
 
+def dropout_case(b, sq, sk, h, h_kv, d, dtype, seed, p=P_DROP):
+    """Fresh inputs (q, k, v requiring grad), dO, the softmax scale and the keep mask of an explicit
+    dropout seed (bool (b, h, sq, sk), the mirror's) for a dropout call against the reference."""
+    import torch
+
+    q, k, v = rand_qkv(b, sq, sk, h, h_kv, d, dtype, grad=True)
+    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    keep = torch.from_numpy(dropout.keep_mask(*seed, p, b, h, sq, sk)).cuda()
+    return q, k, v, dout, 1 / math.sqrt(d), keep
+
+
 def max_err(a, ref):
     return (a.double() - ref.double()).abs().max().item()
 

@@ -11,9 +11,8 @@
 
 12 compiles of sm90_bwd (drop_packed 1 and 2 and the backward without it, per (head dim, dtype,
 causal)) and selection's 4 dropout forwards (tests/drop6_precompile.py compiles them in parallel first)."""
-import math
-
 import pytest
+from test_dropout_gpu import SHAPES_GRID   # seqlens 1, 17, 113, 1023, 2049; s_q != s_k both ways; GQA / MQA
 
 pytestmark = pytest.mark.gpu
 
@@ -22,8 +21,6 @@ SEED = (0x9E37_79B9_7F4A_7C15, (7 << 32) + 1234)
 FORMS = (1, 2)   # drop_packed's forms
 # (head dim, dtype, causal)
 FLAGS = [(128, "bf16", True), (128, "bf16", False), (64, "bf16", True), (128, "fp16", False)]
-SHAPES = [(2, 113, 113, 4, 4), (1, 17, 1023, 4, 1), (1, 2049, 1023, 2, 2), (3, 1, 1, 4, 2),
-          (1, 1023, 2049, 4, 2)]
 
 
 def require_sm90():
@@ -58,25 +55,20 @@ def all_configs():
     return out
 
 
-@pytest.mark.usefixtures("poison_outputs")
+@pytest.mark.parametrize("shape", SHAPES_GRID, ids=lambda s: "b{}_s{}x{}_h{}x{}".format(*s))
 @pytest.mark.parametrize("flags", FLAGS, ids=lambda f: f"d{f[0]}_{f[1]}_{'causal' if f[2] else 'full'}")
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_s{}x{}_h{}x{}".format(*s))
+@pytest.mark.usefixtures("poison_outputs")
 def test_drop_packed_backward_against_reference(flags, shape):
     import torch
 
     import cuflash
-    from cuflash import dropout
-    from test_dropout_gpu import attention_with_mask, check_dropout_grads, dtype_of, rand_qkv
+    from test_dropout_gpu import attention_with_mask, check_dropout_grads, dropout_case, dtype_of
 
     require_sm90()
     d, name, causal = flags
     dtype = dtype_of(name)
-    b, sq, sk, h, h_kv = shape
     fcfg, packed, base = configs(d, name, causal)
-    q, k, v = rand_qkv(b, sq, sk, h, h_kv, d, dtype, grad=True)
-    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
-    scale = 1 / math.sqrt(d)
-    keep = torch.from_numpy(dropout.keep_mask(*SEED, P_DROP, b, h, sq, sk)).cuda()
+    q, k, v, dout, scale, keep = dropout_case(*shape, d, dtype, SEED, P_DROP)
     grads = {}
     for bcfg in (*packed, base):
         out = cuflash.flash_attn_func(q, k, v, P_DROP, causal=causal, dropout_seed=SEED, config=fcfg,

@@ -11,7 +11,6 @@
 
 9 compiles (5 for the mask, 2 forward + 2 backward for the reference grid); the thresholds'
 edges reuse the first mask case's."""
-import math
 
 import numpy as np
 import pytest
@@ -143,10 +142,9 @@ def test_sm90_dropout_forward_backward_against_reference(flags, shape):
     import torch
 
     import cuflash
-    from cuflash import dropout
     from cuflash.problem import Problem
     from cuflash.select import choose_on_device
-    from test_dropout_gpu import attention_with_mask, check_dropout_grads, dtype_of, max_err, rand_qkv
+    from test_dropout_gpu import attention_with_mask, check_dropout_grads, dropout_case, dtype_of, max_err
 
     require_sm90()
     name, d, causal = flags
@@ -155,10 +153,7 @@ def test_sm90_dropout_forward_backward_against_reference(flags, shape):
     fam, cfg, _ = choose_on_device(Problem("fwd", name, b, sq, sk, h, h_kv, d, causal,
                                            features=("dropout",), dropout_p=P_DROP), 0)
     assert fam.name == "sm90_fwd" and cfg.dropout, cfg.name
-    q, k, v = rand_qkv(b, sq, sk, h, h_kv, d, dtype, grad=True)
-    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
-    scale = 1 / math.sqrt(d)
-    keep = torch.from_numpy(dropout.keep_mask(*SEED, P_DROP, b, h, sq, sk)).cuda()
+    q, k, v, dout, scale, keep = dropout_case(b, sq, sk, h, h_kv, d, dtype, SEED, P_DROP)
     out, lse, s_dmask = cuflash.flash_attn_func(q, k, v, P_DROP, causal=causal, return_attn_probs=True,
                                                 dropout_seed=SEED)
     assert not out.isnan().any() and not lse.isnan().any()
@@ -195,9 +190,8 @@ def test_forward_and_backward_of_different_families_share_the_mask(fwd, bwd, sha
     import torch
 
     import cuflash
-    from cuflash import dropout
     from cuflash.problem import Problem
-    from test_dropout_gpu import attention_with_mask, check_dropout_grads, max_err, rand_qkv
+    from test_dropout_gpu import attention_with_mask, check_dropout_grads, dropout_case, max_err
 
     require_sm90()
     b, sq, sk, h, h_kv = shape
@@ -205,10 +199,7 @@ def test_forward_and_backward_of_different_families_share_the_mask(fwd, bwd, sha
     problem = Problem("fwd", "bf16", b, sq, sk, h, h_kv, d, causal, features=("dropout",), dropout_p=P_DROP)
     fcfg, bcfg = forced(fwd, problem), forced(bwd, problem.replace(op="bwd"))
     assert fcfg.family == fwd and bcfg.family == bwd and fcfg.dropout and bcfg.dropout
-    q, k, v = rand_qkv(b, sq, sk, h, h_kv, d, dtype, grad=True)
-    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
-    scale = 1 / math.sqrt(d)
-    keep = torch.from_numpy(dropout.keep_mask(*SEED, P_DROP, b, h, sq, sk)).cuda()
+    q, k, v, dout, scale, keep = dropout_case(b, sq, sk, h, h_kv, d, dtype, SEED, P_DROP)
     out = cuflash.flash_attn_func(q, k, v, P_DROP, causal=causal, dropout_seed=SEED, config=fcfg,
                                   bwd_config=bcfg)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
