@@ -116,51 +116,6 @@ __device__ __forceinline__ void draw_keep_flags(const Dropout& dropout, const Ke
             for (int i = 0; i < kWords; ++i) asm volatile("" : "+r"(keep[blk][ct][i]) :: "memory");
 }
 
-// kDropEarly 5, 6: form 1's draw with the calls' counters derived once per K/V block instead of per
-// call (Dropout::draw's, with key0 % 32 == 0: c0 = key0 / 8 + 4·blk + t, the row's c1 once; about 5
-// instructions per call fewer). 5 holds the byte signs as form 1; 6 the Philox words as they are,
-// compared after the packing by set_ge_f16x2_mask (and_keep_words: a spreading permute, the compare
-// and an AND per two elements, where form 1 takes 3 instructions per 4 bytes for the signs and a
-// permute and an AND per two elements). The same mask and bits.
-template <int kBlocks, int kForm>
-__device__ __forceinline__ void draw_keep_words(const Dropout& dropout, const KeepSwar& swar,
-                                                u32 (&keep)[kBlocks][4][1], int bh, int query0, int key0,
-                                                int g, int t) {
-    static_assert(kForm == 5 || kForm == 6, "drop_early 5 (byte signs) or 6 (the words)");
-    // the blocks' first counter pinned here (as draw_keep_flags pins its first key)
-    u32 c0 = static_cast<u32>(key0) / 8u + static_cast<u32>(t);
-    asm volatile("" : "+r"(c0) :: "memory");
-    const u32 row = static_cast<u32>(query0 + g);
-    const u32 c1 = 8u * (row / 16u) + row % 8u;
-#pragma unroll
-    for (int blk = 0; blk < kBlocks; ++blk) {
-        const PhiloxWords w = philox4x32<kPhiloxRounds>(c0 + 4u * blk, c1, static_cast<u32>(bh), dropout.offset_lo,
-                                                        dropout.k0, dropout.k1);
-#pragma unroll
-        for (int ct = 0; ct < 4; ++ct) keep[blk][ct][0] = kForm == 5 ? swar.signs(w.w[ct]) : w.w[ct];
-    }
-#pragma unroll
-    for (int blk = 0; blk < kBlocks; ++blk)
-#pragma unroll
-        for (int ct = 0; ct < 4; ++ct) asm volatile("" : "+r"(keep[blk][ct][0]) :: "memory");
-}
-
-// kDropEarly 6, part 2: P ∘ Z on the packed fragments from the Philox words: bytes 0, 1 (row g) and
-// 2, 3 (row g + 8) of word ct spread into 16-bit lanes (fp16 denormals 0..255) and compared with the
-// threshold (threshold2: it in both lanes; 256 = 0x0100 keeps nothing) into the fragment word's mask.
-template <int kK16>
-__device__ __forceinline__ void and_keep_words(u32 (&frag)[1][kK16][4], const u32 (&keep)[kK16 / 2][4][1],
-                                               u32 threshold2) {
-#pragma unroll
-    for (int blk = 0; blk < kK16 / 2; ++blk)
-#pragma unroll
-        for (int ct = 0; ct < 4; ++ct) {
-            u32 (&f)[4] = frag[0][2 * blk + ct / 2];
-            f[2 * (ct % 2)] &= set_ge_f16x2_mask(__byte_perm(keep[blk][ct][0], 0u, 0x4140u), threshold2);
-            f[2 * (ct % 2) + 1] &= set_ge_f16x2_mask(__byte_perm(keep[blk][ct][0], 0u, 0x4342u), threshold2);
-        }
-}
-
 // kDropEarly, part 2: P ∘ Z on the packed fragments (kK16 = 2 kBlocks): byte 2·half + e of word ct
 // is row g + 8·half, column e of fragment word frag[0][2·blk + ct / 2][2·(ct % 2) + half]; a
 // permute replicates bytes 0, 1 (2, 3) signs over the low and high 16 bits (kWords 1; kWords 2 did

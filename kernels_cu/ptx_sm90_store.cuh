@@ -60,15 +60,4 @@ __device__ __forceinline__ u32 prmt_sign(u32 a, u32 b, u32 sel) {
     return d;
 }
 
-// set.ge on two fp16 lanes with an integer result: each 16-bit half of the result is 0xFFFF where
-// a's lane >= b's, else 0 (denormals compared as they are: no .ftz). dropout_packed.cuh's drop_early 6
-// compares keep bytes spread into 16-bit lanes (non-negative fp16 denormals, ordered as the bytes)
-// with the threshold and gets P's fragment masks in one instruction per two elements (CUDA has no
-// intrinsic for the .u32 form).
-__device__ __forceinline__ u32 set_ge_f16x2_mask(u32 a, u32 b) {
-    u32 d;
-    asm("set.ge.u32.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-
 }  // namespace cuflash

@@ -27,11 +27,9 @@ def main():
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     dout = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
     drop = Problem("fwd", "bf16", b, s, s, h, h, d, causal, features=("dropout",), dropout_p=P)
-    fcfg = choose_on_device(drop, 0)[1]
     bcfg = choose_on_device(drop.replace(op="bwd"), 0)[1]
-    fwd, bwd = registry.get("sm90_fwd"), registry.get("sm90_bwd")
+    bwd = registry.get("sm90_bwd")
     calls = [("plain", {}, None), ("dropout", {}, P)]
-    calls += [(f"dpe{f}", dict(config=fwd.for_problem(fcfg.replace(drop_early=f), drop)), P) for f in (5, 6)]
     calls += [(f"dpk{f}", dict(bwd_config=bwd.for_problem(bcfg.replace(drop_packed=f), drop.replace(op="bwd"))), P)
               for f in (1, 2)]
     for name, kw, p in calls:   # compile and warm up outside the profiled range
@@ -45,9 +43,6 @@ def main():
         torch.cuda.cudart().cudaProfilerStart()
         if name.startswith("dpk"):   # the backward's variants: only the backward profiled
             torch.autograd.grad(out, (q, k, v), dout)
-        elif name.startswith("dpe"):
-            with torch.no_grad():
-                cuflash.flash_attn_func(q, k, v, p, causal=causal, **kw)
         else:
             out2 = cuflash.flash_attn_func(q, k, v, p or 0.0, causal=causal, **kw)
             torch.autograd.grad(out2, (q, k, v), dout)

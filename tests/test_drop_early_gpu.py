@@ -12,8 +12,8 @@
   ds_double, dq_early, dk_late, frag_pin) within 3x the error of plain low-precision attention's
   gradients against the float64 reference with the mirror's mask.
 
-16 compiles: forward drop_early (form 1 at the heuristic's BN, 2 at BN 128, 4 on the static grid:
-full only; 5 and 6, the counters per block, 6 comparing after the packing, at the heuristic's BN) and drop_packed at each (BN 128 and the static grid: full only), and the deterministic dropout backward, causal and not;
+12 compiles: forward drop_early (form 1 at the heuristic's BN, 2 at BN 128, 4 on the static grid:
+full only) and drop_packed at each (BN 128 and the static grid: full only), and the deterministic dropout backward, causal and not;
 sm90_bwd's dropout backward with the plain speed flags (sm90_bwd DROPOUT_PLAIN, non-causal)
 (tests/drop4_precompile.py compiles them in parallel first)."""
 import pytest
@@ -74,17 +74,15 @@ def plain_bwd():
 
 def all_configs():
     """Every kernel this file runs (tests/drop4_precompile.py compiles them first)."""
-    out = [*configs(False, 1), *configs(False, 2), *configs(True, 1), configs(True, 2)[0], *configs(False, 4)[:2],
-           *(configs(causal, form)[0] for causal in (False, True) for form in (5, 6))]
+    out = [*configs(False, 1), *configs(False, 2), *configs(True, 1), configs(True, 2)[0], *configs(False, 4)[:2]]
     return list(dict.fromkeys(out)) + [plain_bwd()]
 
 
 MASK_CASES = [(2, 200, 300, 4, 2, False), (1, 300, 177, 3, 1, True)]   # (b, sq, sk, h, h_kv, causal)
-FORMS = (1, 2, 4, 5, 6)   # drop_early's forms (3 is a timing form, not the mask)
 
 
 @pytest.mark.usefixtures("poison_outputs")
-@pytest.mark.parametrize("form", FORMS, ids=lambda f: f"form{f}")
+@pytest.mark.parametrize("form", [1, 2, 4])
 @pytest.mark.parametrize("case", MASK_CASES, ids=lambda c: "b{}_s{}x{}_h{}x{}_{}".format(
     *c[:5], "causal" if c[5] else "full"))
 def test_drop_early_mask_is_the_mirrors(case, form):
@@ -107,7 +105,7 @@ def test_drop_early_mask_is_the_mirrors(case, form):
 
 
 @pytest.mark.usefixtures("poison_outputs")
-@pytest.mark.parametrize("form", FORMS, ids=lambda f: f"form{f}")
+@pytest.mark.parametrize("form", [1, 2, 4])
 @pytest.mark.parametrize("p_drop", [0.001, 0.6, 0.999])
 def test_drop_early_mask_at_the_thresholds_edges(p_drop, form):
     """threshold 0 (all kept), 154 (>= 128: the AND form) and 256 (nothing kept)."""
@@ -130,7 +128,7 @@ SHAPES = [(2, 113, 113, 4, 4), (1, 17, 1023, 4, 1), (1, 2049, 1023, 2, 2), (3, 1
 
 
 @pytest.mark.usefixtures("poison_outputs")
-@pytest.mark.parametrize("form", FORMS, ids=lambda f: f"form{f}")
+@pytest.mark.parametrize("form", [1, 2, 4])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_s{}x{}_h{}x{}".format(*s))
 def test_drop_early_equals_drop_packed_bit_for_bit(shape, causal, form):
@@ -173,7 +171,7 @@ def test_dropout_plain_flags_backward_against_reference(shape):
 
     import cuflash
     from cuflash import dropout
-    from test_dropout_gpu import attention_with_mask, check_dropout_grads, max_err, rand_qkv
+    from test_dropout_gpu import attention_with_mask, max_err, rand_qkv
 
     require_sm90()
     b, sq, sk, h, h_kv = shape
@@ -189,4 +187,14 @@ def test_dropout_plain_flags_backward_against_reference(shape):
     low_out, _ = attention_with_mask(q, k, v, causal, scale, dtype, keep, P_DROP)
     err, base = max_err(out, ref_out), max_err(low_out, ref_out)
     assert err <= 2 * base + 1e-5, f"{early.name} out: error {err:.3g} > 2 x plain {base:.3g}"
-    check_dropout_grads((dq, dk, dv), ref_out, low_out, q, k, v, dout, out, scale, bcfg.name)
+    ref_g = torch.autograd.grad(ref_out, (q, k, v), dout.double())
+    low_g = torch.autograd.grad(low_out, (q, k, v), dout)
+    for what, a, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_g, low_g):
+        assert not a.isnan().any(), f"{bcfg.name} {what}: unwritten (NaN) elements"
+        e, bse = max_err(a, r), max_err(lo, r)
+        floor = torch.finfo(dtype).eps * max(1.0, r.abs().max().item())
+        if what in ("dq", "dk"):   # D's residual (test_dropout_gpu.py says why)
+            d_scale = (dout.double() * out.double()).sum(-1).abs().max().item()
+            other = k if what == "dq" else q
+            floor = max(floor, torch.finfo(dtype).eps * d_scale * other.abs().max().item() * scale)
+        assert e <= 3 * bse + floor, f"{bcfg.name} {what}: error {e:.3g} > 3 x plain {bse:.3g} + {floor:.3g}"

@@ -1,7 +1,6 @@
-"""sm90_bwd's drop_packed (kDropPacked, kernels_cu/dropout_transposed.cuh) and sm90_fwd's drop_early
-5 / 6 without a GPU: the draw / apply walks lane by lane in NumPy (prmt, the lane shuffle and fp16
-lane compares spelled out) against the mirror's keep mask (cuflash.dropout), the config flags, and
-the instantiations' ptxas reports (no spills)."""
+"""sm90_bwd's drop_packed (kDropPacked, kernels_cu/dropout_transposed.cuh) without a GPU: the draw /
+apply walk lane by lane in NumPy (prmt and the lane shuffle spelled out) against the mirror's keep
+mask (cuflash.dropout), the config flag, and the instantiations' ptxas reports (no spills)."""
 import os
 import shutil
 
@@ -14,7 +13,7 @@ from cuflash.problem import Problem
 
 NVCC = os.environ.get("NVCC", "nvcc")
 needs_nvcc = pytest.mark.skipif(shutil.which(NVCC) is None, reason="nvcc is not on PATH")
-BWD, FWD = registry.get("sm90_bwd"), registry.get("sm90_fwd")
+BWD = registry.get("sm90_bwd")
 M32 = 0xFFFFFFFF
 
 
@@ -89,40 +88,6 @@ def test_transposed_flags_and_packed_words_are_the_mirrors_mask(p):
         assert np.array_equal(got, want.T), (p, key0)
 
 
-def fp16_ge_mask(a, b):
-    """set.ge.u32.f16x2 on lanes that are non-negative fp16 denormals or zeros (0x0000..0x0100): the
-    bit patterns' order."""
-    out = 0
-    for i in range(2):
-        la, lb = (a >> (16 * i)) & 0xFFFF, (b >> (16 * i)) & 0xFFFF
-        assert la <= 0x0100 and lb <= 0x0100
-        out |= (0xFFFF if la >= lb else 0) << (16 * i)
-    return out
-
-
-@pytest.mark.parametrize("p", [0.001, 0.17, 0.6, 0.999])
-def test_drop_early_6_walk_is_the_mirrors_mask(p):
-    """draw_keep_words (counter c0 = key0 / 8 + 4·blk + t) + and_keep_words: the spread bytes compared
-    as fp16 lanes with the threshold give the fragment masks of the mirror's mask."""
-    seed, offset, bh, query0, key0 = 0x0BAD_F00D_1234_5678, (9 << 32) + 7, 3, 32, 160
-    thr = dropout.drop_threshold(p)
-    k0, k1 = seed & M32, (seed >> 32) ^ (offset >> 32)
-    got = np.zeros((16, 64), bool)
-    for lane in range(32):
-        g, t = lane // 4, lane % 4
-        row = query0 + g
-        for blk in range(2):
-            words = dropout.philox4x32(key0 // 8 + 4 * blk + t, 8 * (row // 16) + row % 8, bh, offset & M32, k0, k1)
-            assert [int(x) for x in words] == words_of(seed, offset, bh, row, key0 + 32 * blk + 2 * t)
-            for ct in range(4):
-                for half, sel in ((0, 0x4140), (1, 0x4342)):
-                    mask = fp16_ge_mask(prmt(int(words[ct]), 0, sel), thr * 0x00010001)
-                    for e in range(2):
-                        got[g + 8 * half, 8 * (4 * blk + ct) + 2 * t + e] = (mask >> (16 * e)) & 0xFFFF == 0xFFFF
-    want = dropout.keep_mask(seed, offset, p, 1, bh + 1, query0 + 16, key0 + 64)[0, bh, query0:, key0:]
-    assert np.array_equal(got, want)
-
-
 def drop_problem(op="bwd", causal=True, d=128, dtype="bf16", features=("dropout",), **kw):
     return Problem(op, dtype, 2, 1000, 1000, 8, 2, d, causal, features=features, dropout_p=0.1, **kw)
 
@@ -153,21 +118,9 @@ def test_drop_packed_flag(monkeypatch):
     assert not plain.kernel_name().endswith(", 0>")
 
 
-def test_drop_early_5_6_flags():
-    """drop_early 5 / 6: legal at the heuristic's BN 160 (DROP_EARLY_SIGNS_BN), named _dpe5 / _dpe6."""
-    p = drop_problem("fwd")
-    heur = FWD.for_problem(FWD.heuristic(p), p)
-    for form in (5, 6):
-        cfg = FWD.for_problem(heur.replace(drop_early=form), p)
-        assert cfg.drop_early == form and cfg.name.endswith(f"_dpe{form}") and not cfg.problems(227 * 1024)
-        assert cfg.kernel_name().endswith(f", true, {form}>")
-        assert cfg.replace(BN=192).problems(227 * 1024)
-
-
 @needs_nvcc
 def test_drop_packed_instantiations_compile_without_spills():
-    """drop_packed 1 and 2 at the GPU test's (head dim, dtype, causal) and drop_early 5 / 6 (d128
-    bf16): no spills (ptxas, sm_90a)."""
+    """drop_packed 1 and 2 at the GPU test's (head dim, dtype, causal): no spills (ptxas, sm_90a)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from cuflash.compile import nvcc_compile
@@ -177,9 +130,6 @@ def test_drop_packed_instantiations_compile_without_spills():
         p = drop_problem(causal=causal, d=d, dtype=dtype)
         base = BWD.for_problem(BWD.heuristic(p), p)
         cfgs += [BWD.for_problem(base.replace(drop_packed=f), p) for f in (1, 2)]
-    pf = drop_problem("fwd")
-    heur = FWD.for_problem(FWD.heuristic(pf), pf)
-    cfgs += [heur.replace(drop_early=f) for f in (5, 6)]
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
         reports = list(pool.map(lambda c: nvcc_compile([c], "sm_90a", NVCC)[0], cfgs))
     for c, r in zip(cfgs, reports):

@@ -132,7 +132,12 @@ DROPOUT_PACKED_BN = {128: 192}
 # tests/test_drop_early_gpu.py) but 2.225x the plain forward against form 1's 1.449x on the same grid
 # (full, 8k): three warps of 40 registers do not draw a block's 1280 calls within a step, so the
 # consumers wait for them. Form 3 (no rounds, timing only): 1.122x / 1.077x (full / causal): the
-# rounds are the overhead; their home is still open.
+# rounds are the overhead; their home is still open. Session 21 (an H200, full / causal, x plain):
+# form 1 with the calls' counters derived once per K/V block 1.504 / 1.357 against form 1's 1.442 /
+# 1.353, and that with the Philox words compared after the packing as fp16 lanes (set.ge.u32.f16x2:
+# 12% fewer instructions, the compare on the path from S_j to P_j V_j) 1.473 / 1.416: neither
+# faster, both removed. ncu (causal): form 1 410M instructions against the plain call's 272M, issue
+# active 41% (plain 38%), tensor pipe 56% of the time (plain 78%).
 DROPOUT_EARLY: dict = {128: 1}
 # The widest BN of drop_early 2 (the fragment masks: BN / 4 registers from the wait for S_j to the
 # packing): d128 BN 160 spilled 16 bytes, BN 128 none (nvcc 13.0, sm_90a).
@@ -465,9 +470,7 @@ class Sm90FwdConfig(KernelConfig):
                draw_keep_flags): 1 as byte signs (a permute and an AND per two elements after the
                packing), 2 as the fragment masks (an AND per two; twice the registers); 4 form 1's
                flags drawn by the producer warpgroup's warps 1-3 into shared memory (gen_bytes; not
-               with dynamic or varlen); 5 form 1 with the calls' counters derived once per K/V block;
-               6 5's draw holding the Philox words, compared after the packing (fp16 lane compares);
-               0 off. The same mask and bits. Set with drop_packed by for_problem from DROPOUT_EARLY (a config's own
+               with dynamic or varlen); 0 off. The same mask and bits. Set with drop_packed by for_problem from DROPOUT_EARLY (a config's own
                value kept), never tuned
     stream_tail: the static persistent schedule with a balanced tail (kStreamTail,
                kernels_cu/sm90_tail.cuh): the last stretch of tiles cut by K/V blocks into equal
@@ -735,17 +738,16 @@ class Sm90FwdConfig(KernelConfig):
                                   or self.lazy_rescale or self.fold_cap):
             out.append("tile_overlap with window / softcap / ALiBi / dropout (or their softmax variants) "
                        "is not implemented: plain calls only")
-        if self.drop_early not in (0, 1, 2, 4, 5, 6) and not (self.drop_early == 3 and DROP_EARLY_TIMING):
-            out.append(f"drop_early must be 0 (off), 1 (byte signs), 2 (fragment masks), 4 (drawn by the "
-                       f"producer warpgroup), 5 (1 with the counters per block) or 6 (5 with the words "
-                       f"compared after the packing), got {self.drop_early} (3: a timing form, not the mask: "
+        if self.drop_early not in (0, 1, 2, 4) and not (self.drop_early == 3 and DROP_EARLY_TIMING):
+            out.append(f"drop_early must be 0 (off), 1 (byte signs), 2 (fragment masks) or 4 (drawn by the "
+                       f"producer warpgroup), got {self.drop_early} (3: a timing form, not the mask: "
                        "DROP_EARLY_TIMING)")
         if self.drop_early == 4 and (self.dynamic or self.varlen or self.causal or self.window
                                      or self.consumers != 2):
             out.append("drop_early 4 (the producer warpgroup draws the keep flags): the static tile order "
                        "only (not with dynamic or varlen), 2 consumer warpgroups, no causal / window mask "
                        "(the causal kernel spilled 4 bytes in the drawing loop, nvcc 13.0)")
-        if self.drop_early in (1, 3, 4, 5, 6) and self.BN > DROP_EARLY_SIGNS_BN:
+        if self.drop_early in (1, 3, 4) and self.BN > DROP_EARLY_SIGNS_BN:
             out.append(f"drop_early 1 (byte signs) at BN={self.BN}: checked up to BN {DROP_EARLY_SIGNS_BN} "
                        "(no spills, nvcc 13.0)")
         if self.drop_early == 2 and self.BN > DROP_EARLY_MASKS_BN:
@@ -1072,7 +1074,7 @@ class Sm90Forward(Family):
         early = config.drop_early
         if packed and not early and tuple(problem.features) == ("dropout",):
             early = DROPOUT_EARLY.get(config.head_dim, 0)
-            if config.BN > {0: config.BN, 2: DROP_EARLY_MASKS_BN}.get(early, DROP_EARLY_SIGNS_BN):
+            if config.BN > {0: config.BN, 1: DROP_EARLY_SIGNS_BN, 2: DROP_EARLY_MASKS_BN, 4: DROP_EARLY_SIGNS_BN}[early]:
                 early = 0   # a wider tile than the form is built for (a tuned or forced config's BN)
         early = early if packed else 0
         if config.drop_early != early:   # likewise (DROPOUT_EARLY), on drop_packed only
