@@ -173,6 +173,8 @@ def main():
                     help="time the dropout forward's heuristic with these drop_early forms only (no other "
                          "schedules or mask forms)")
     ap.add_argument("--sdpa-flash", action="store_true", help="also SDPA's flash backend, with and without dropout")
+    ap.add_argument("--ops", nargs="+", default=["fwd", "bwd", "fwdbwd"], choices=("fwd", "bwd", "fwdbwd"),
+                    help="the ops to time (all three unless given)")
     args = ap.parse_args()
 
     # compile everything first, in parallel (selection's plain and dropout kernels, the variants)
@@ -198,7 +200,7 @@ def main():
         }
         if args.sdpa_flash:
             names.update(flash=("sdpa_flash", "no dropout"), flash_drop=("sdpa_flash", f"dropout {P}"))
-        for op in ("fwd", "bwd", "fwdbwd"):
+        for op in args.ops:
             def run(fn):
                 if op == "fwd":
                     with torch.no_grad():
