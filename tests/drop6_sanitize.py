@@ -25,7 +25,10 @@ SEED = packed_test.SEED
 
 
 def main():
+    from cuflash.families import sm90_bwd
+
     api.POISON_OUTPUTS = True
+    sm90_bwd.DROPOUT_PACKED = {}   # the backward without drop_packed too (a config's 0 would take the default)
     torch.manual_seed(0)
     b, sq, sk, h, hkv, p = 1, 300, 257, 4, 2, packed_test.P_DROP
     q = torch.randn(b, sq, h, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)

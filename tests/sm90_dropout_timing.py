@@ -176,6 +176,11 @@ def main():
     ap.add_argument("--ops", nargs="+", default=["fwd", "bwd", "fwdbwd"], choices=("fwd", "bwd", "fwdbwd"),
                     help="the ops to time (all three unless given)")
     args = ap.parse_args()
+    # selection's dropout backward without drop_packed (the kernel before it), its forms as variants:
+    # for_problem keeps a config's own form but turns a 0 into the module's default
+    from cuflash.families import sm90_bwd
+
+    sm90_bwd.DROPOUT_PACKED = {}
 
     # compile everything first, in parallel (selection's plain and dropout kernels, the variants)
     todo = [c for d, causal, b, s, h in cases(args)

@@ -110,6 +110,8 @@ def test_drop_packed_flag(monkeypatch):
             mixed = cfg.replace(**{f: True for f in other})
             assert any("drop_packed" in w for w in mixed.problems(227 * 1024)), other
         assert any("drop_packed" in w for w in cfg.replace(deterministic=True).problems(227 * 1024))
+        # not with the plain call's speed fields (DROPOUT_PLAIN_FLAGS): unchecked kernels
+        assert any("drop_packed" in w for w in cfg.replace(**sm90_bwd.DROPOUT_PLAIN_FLAGS).problems(227 * 1024))
     monkeypatch.setattr(sm90_bwd, "DROPOUT_PACKED", {128: 2})
     assert BWD.for_problem(BWD.heuristic(p), p).drop_packed == 2
     assert BWD.for_problem(BWD.heuristic(drop_problem(d=64)), drop_problem(d=64)).drop_packed == 0

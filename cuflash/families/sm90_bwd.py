@@ -933,10 +933,14 @@ class Sm90BwdConfig(KernelConfig):
             out.append(f"drop_packed must be 0, 1 or 2, got {self.drop_packed}")
         elif self.drop_packed and not (self.dropout and not (self.window or self.softcap or self.alibi)
                                        and not self.deterministic and not self.varlen and not self.cluster
-                                       and self.head_dim in (64, 128) and not self.shared_keys):
+                                       and self.head_dim in (64, 128) and not self.shared_keys
+                                       and not (self.dynamic or self.ds_double or self.dq_early or self.dk_late
+                                                or self.frag_pin or self.s_ahead or self.overlap_sdp)):
             out.append("drop_packed: the keep mask on Pᵀ's packed words (kDropPacked, kernels_cu/"
                        "dropout_transposed.cuh), for dropout alone (no window, softcap, ALiBi), fixed lengths, "
-                       "unordered, head dims 64 / 128 (the kernels checked for spills)")
+                       "unordered, head dims 64 / 128, the plain grid without the plain call's speed fields "
+                       "(dynamic, ds_double, dq_early, dk_late, frag_pin, s_ahead, overlap_sdp: the kernels "
+                       "checked for spills)")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
