@@ -1471,8 +1471,10 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             // (kDropPacked: the keep flags as byte signs instead, dropout_transposed.cuh)
             u32 keep_bits = 0;
             static_assert(!kDropout || kSN / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
-            auto draw_keep = [&]() {
-                if constexpr (kDropPacked)
+            auto draw_keep = [&]() -> u32 {
+                if constexpr (!kDropout)   // (discarded: the plain kernels instantiate no keep test)
+                    return 0u;
+                else if constexpr (kDropPacked)
                     return keep_flags_transposed<kSN / 8, kDropPacked == 2>(dropout, KeepSwar::make(dropout.threshold),
                                                           static_cast<int>(bh), key0 + warp_key, q0, g, t);
                 else
