@@ -1,6 +1,7 @@
 """sm90_bwd's drop_packed (kDropPacked, kernels_cu/dropout_transposed.cuh) without a GPU: the draw /
 apply walk lane by lane in NumPy (prmt and the lane shuffle spelled out) against the mirror's keep
 mask (cuflash.dropout), the config flag, and the instantiations' ptxas reports (no spills)."""
+import itertools
 import os
 import shutil
 
@@ -122,16 +123,18 @@ def test_drop_packed_flag(monkeypatch):
 
 @needs_nvcc
 def test_drop_packed_instantiations_compile_without_spills():
-    """drop_packed 1 and 2 at the GPU test's (head dim, dtype, causal): no spills (ptxas, sm_90a)."""
+    """drop_packed 2 (DROPOUT_PACKED's form) at head dims 64 and 128, bf16 and fp16, causal and not, and
+    form 1 at d128 bf16 causal: no spills (ptxas, sm_90a)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from cuflash.compile import nvcc_compile
 
     cfgs = []
-    for d, dtype, causal in ((128, "bf16", True), (128, "bf16", False), (64, "bf16", True), (128, "fp16", False)):
+    for d, dtype, causal in itertools.product((64, 128), ("bf16", "fp16"), (False, True)):
         p = drop_problem(causal=causal, d=d, dtype=dtype)
         base = BWD.for_problem(BWD.heuristic(p), p)
-        cfgs += [BWD.for_problem(base.replace(drop_packed=f), p) for f in (1, 2)]
+        cfgs += [BWD.for_problem(base.replace(drop_packed=f), p)
+                 for f in ((1, 2) if (d, dtype, causal) == (128, "bf16", True) else (2,))]
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
         reports = list(pool.map(lambda c: nvcc_compile([c], "sm_90a", NVCC)[0], cfgs))
     for c, r in zip(cfgs, reports):

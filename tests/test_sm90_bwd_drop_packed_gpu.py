@@ -6,11 +6,11 @@
   128, bf16 and fp16, causal and not, odd shapes (seqlens 1, 17, 113, 1023, 2049; s_q != s_k both
   ways; GQA / MQA), outputs poisoned (NaN) before each launch;
 * dK bit for bit that of the backward it replaces (the same signed Pᵀ words feed dSᵀ, and dK_j's
-  sum runs in one CTA in a fixed order), both forms (2: dS stored by stmatrix); dV within the reference rule (it rounds Pᵀ ∘ Z, not
-  Pᵀ ∘ Z / (1 - p), to 16 bits).
+  sum runs in one CTA in a fixed order), both forms (2: dS stored by stmatrix); dV within the
+  reference rule (it rounds Pᵀ ∘ Z, not Pᵀ ∘ Z / (1 - p), to 16 bits).
 
-12 compiles of sm90_bwd (drop_packed 1 and 2 and the backward without it, per (head dim, dtype,
-causal)) and selection's 4 dropout forwards (tests/drop6_precompile.py compiles them in parallel first)."""
+15 compiles of sm90_bwd (drop_packed 1 and 2 and the backward without it, per (head dim, dtype,
+causal)) and selection's 5 dropout forwards (tests/drop6_precompile.py compiles them in parallel first)."""
 import pytest
 from test_dropout_gpu import SHAPES_GRID   # seqlens 1, 17, 113, 1023, 2049; s_q != s_k both ways; GQA / MQA
 
@@ -20,7 +20,7 @@ P_DROP = 0.17
 SEED = (0x9E37_79B9_7F4A_7C15, (7 << 32) + 1234)
 FORMS = (1, 2)   # drop_packed's forms
 # (head dim, dtype, causal)
-FLAGS = [(128, "bf16", True), (128, "bf16", False), (64, "bf16", True), (128, "fp16", False)]
+FLAGS = [(128, "bf16", True), (128, "bf16", False), (64, "bf16", True), (64, "bf16", False), (128, "fp16", False)]
 
 
 def require_sm90():

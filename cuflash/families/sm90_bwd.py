@@ -449,12 +449,15 @@ DROPOUT_PLAIN = False
 # permute and two LOP3s per two elements, dV's 1 / (1 - p) in the epilogue; form 2 (_dpk2) also
 # stores dS by stmatrix (built without spills with the Philox key opaque per call). The same mask.
 # {head dim: form} (dropout alone, fixed lengths, unordered: Sm90BwdConfig.problems); a config's own
-# form is kept. Measured (session 21 round 1, an H200, tests/sm90_dropout_timing.py, bf16 d128 8k,
-# 2 x 16 heads, p 0.1, x the plain call of the same process, full / causal; logs/session21_drp6/):
-# backward 1.590 / 1.612 -> form 1 1.538 / 1.552, form 2 1.496 / 1.498 (7.239 -> 6.811 ms, 3.887 ->
-# 3.611 ms); forward + backward 1.539 / 1.588 -> 1.446 / 1.450 with form 2. ncu (causal): 1241M ->
-# 1045M instructions, 4.87 -> 4.41 ms. On at d128 (form 2).
-DROPOUT_PACKED: dict = {128: 2}
+# form is kept. Measured (session 21, an H200, tests/sm90_dropout_timing.py, bf16 8k, batch x seqlen
+# 16k, 2048 / d heads, p 0.1, x the plain call of the same process, full / causal;
+# logs/session21_drp6/): round 1, d128 backward 1.590 / 1.612 -> form 1 1.538 / 1.552, form 2 1.496 /
+# 1.498, forward + backward 1.539 / 1.588 -> 1.446 / 1.450 (form 2); ncu (causal): 1241M -> 1045M
+# instructions, 4.87 -> 4.41 ms. Round 3, backward, form 0 -> 1 -> 2: d128 1.614 -> 1.546 -> 1.442 /
+# 1.650 -> 1.573 -> 1.480, d64 2.140 -> 1.993 -> 1.882 / 2.063 -> 1.917 -> 1.884; forward + backward
+# d128 1.572 / 1.572 -> 1.441 / 1.464, d64 1.981 / 1.944 -> 1.788 / 1.798 (form 2). On at d64 and
+# d128 (form 2).
+DROPOUT_PACKED: dict = {64: 2, 128: 2}
 DROPOUT_PLAIN_FLAGS = dict(dq_writer=True, dq_bulk=False, dynamic=True, ds_double=True, dq_early=True,
                            dk_late=True, frag_pin=True)
 # Variable-length batches (varlen, kVarlen): whether supports() takes them. On since the GPU
