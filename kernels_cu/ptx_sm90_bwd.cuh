@@ -10,6 +10,9 @@
 #pragma once
 #include "ptx_sm90.cuh"
 #include "ptx_sm90_cluster.cuh"
+// (stmatrix_x4, which sm90_bwd at head dim 256 stores a warpgroup's Pᵀ and dSᵀ fragments with, and
+// prmt_sign for its packed dropout mask: ptx_sm90_store.cuh)
+#include "ptx_sm90_store.cuh"
 
 namespace cuflash {
 
@@ -125,15 +128,6 @@ __device__ __forceinline__ int grid_ctas() {
 __device__ __forceinline__ u32 opaque_u32(u32 x) {
     asm volatile("" : "+r"(x));
     return x;
-}
-
-// Four 8x8 16-bit matrices in mma fragment layout (thread (g, t) holds row g, columns 2t, 2t + 1
-// of each: register i is matrix i), stored as they are: lane l gives the address of row l % 8 of
-// matrix l / 8 (16 bytes). sm90_bwd at head dim 256: a warpgroup's Pᵀ and dSᵀ fragments to shared
-// memory, where both warpgroups read them as wgmma A operands (keys x queries, K-major).
-__device__ __forceinline__ void stmatrix_x4(u32 addr, const u32 (&r)[4]) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
-                 :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
 }
 
 }  // namespace cuflash

@@ -2,7 +2,7 @@
 // and ptx_sm90_bulk.cuh (whose bulk_commit_group / bulk_wait_group[_read] it pairs with), and the
 // stmatrix of its p_smem P tile, and the byte permute with sign replication of its packed dropout
 // mask, one small function per instruction with the reason it exists (ptx.cuh's rules; a separate
-// file, included by sm90_fwd.cu only, so that sm90_bwd's code hash stays).
+// file; sm90_bwd includes it too, through ptx_sm90_bwd.cuh, for stmatrix_x4 and prmt_sign).
 //
 // cp.async.bulk.tensor (shared -> global) copies a box of shared memory, laid out as the tensor
 // map's swizzle says, into the tensor the map describes: one instruction from one thread per box,

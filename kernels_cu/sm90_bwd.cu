@@ -107,6 +107,15 @@
 //              forward's), the dropped elements of Pᵀ negated (the sign carries Z);
 //              dV_j += (Pᵀ ∘ Z / (1 - p)) dO_i and dSᵀ = |Pᵀ| ∘ (Z ∘ dPᵀ / (1 - p) - D_i), the
 //              signed Pᵀ waiting for dSᵀ in the thread's shared-memory words (as softcap's).
+//   kDropPacked (appended last; kDropout alone, head dims 64 / 128, unordered) 1: the keep mask as
+//              byte signs (dropout_transposed.cuh: no per-element keep bits) applied to Pᵀ's packed
+//              16-bit words, a permute and two LOP3s per two elements; dV_j += (Pᵀ ∘ Z) dO_i
+//              with the 1 / (1 - p) in the epilogue. The same mask; dV rounds Pᵀ, not Pᵀ / (1 - p),
+//              to 16 bits. 2: also dS stored by stmatrix (as without dropout) instead of per
+//              element (built without spills with the Philox key opaque per call: kOpaqueKeys).
+//              Warp pairs sharing the Philox calls through shared memory (each drawing half of a
+//              32-key block's calls) were tried: 985 instructions per Q block against 2's 993 in
+//              the d128 SASS, not kept. 0 (the default): the code of the kernel before it existed
 //   kDqBulk    (appended last) the dQ_i part goes to global memory FlashAttention-3's way: each
 //              warp stores its 16 rows x kDqN fp32 fragments to its rows of a staging tile
 //              (Sm90BwdDqStage, past the thread words), fence.proxy.async, and lanes 0..15 each
@@ -208,6 +217,7 @@
 #include "params_sm90_bwd.cuh"
 #include "ptx_sm90_bulk.cuh"
 #include "ptx_sm90_bwd.cuh"
+#include "dropout_transposed.cuh"
 
 namespace cuflash {
 
@@ -647,7 +657,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
           bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles, bool kDqConvert,
-          bool kDqFirst, bool kWideEpi = false>
+          bool kDqFirst, bool kWideEpi = false, int kDropPacked = 0>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -685,6 +695,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
     static_assert(!kWideEpi || !(kVarlen || kDeterministic || kWindow || kSoftcap || kAlibi || kDropout || kCluster),
                   "kWideEpi: the plain fixed-length unordered backward (no feature, no cluster)");
+    static_assert(kDropPacked >= 0 && kDropPacked <= 2
+                  && (!kDropPacked || (kDropout && !kSharedKeys && !kDeterministic && !kWindow && !kSoftcap && !kAlibi)),
+                  "kDropPacked (0..2): dropout alone on the head dim 64 / 128 tiles, unordered (dropout_transposed.cuh)");
     static_assert(!(kDynamic && (kVarlen || kDeterministic)),
                   "the dynamic scheduler runs fixed-length, unordered backwards");
     static_assert(!(kQRotate && (kCausal || kWindow || kDeterministic || kSharedKeys)),
@@ -1455,18 +1468,26 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             // or ALiBi: before Sᵀ's accumulators are live (and while Q_i may still be landing): there
             // the Philox rounds next to dK, dV and Sᵀ spill the d128 kernel (nvcc 13.0)
             constexpr bool kDrawUnderS = kDropout && !kSoftcap && !kAlibi && !kWindow && !kDqEarly;
+            // (kDropPacked: the keep flags as byte signs instead, dropout_transposed.cuh)
             u32 keep_bits = 0;
             static_assert(!kDropout || kSN / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");
-            if constexpr (kDropout && !kDrawUnderS)
-                keep_bits = dropout.keep_bits_transposed<kSN / 8>(static_cast<int>(bh), key0 + warp_key, q0, g, t);
+            auto draw_keep = [&]() -> u32 {
+                if constexpr (!kDropout)   // (discarded: the plain kernels instantiate no keep test)
+                    return 0u;
+                else if constexpr (kDropPacked)
+                    return keep_flags_transposed<kSN / 8, kDropPacked == 2>(dropout, KeepSwar::make(dropout.threshold),
+                                                          static_cast<int>(bh), key0 + warp_key, q0, g, t);
+                else
+                    return dropout.keep_bits_transposed<kSN / 8>(static_cast<int>(bh), key0 + warp_key, q0, g, t);
+            };
+            if constexpr (kDropout && !kDrawUnderS) keep_bits = draw_keep();
             // ---- Sᵀ = K_j Q_iᵀ (kSAhead: already issued, behind the last Q block's dQ GEMM or
             // before the loop) ----
             if constexpr (!kSAhead) {
                 mbarrier_wait(q_full(slot), phase);
                 issue_s(slot);
             }
-            if constexpr (kDrawUnderS)
-                keep_bits = dropout.keep_bits_transposed<kSN / 8>(static_cast<int>(bh), key0 + warp_key, q0, g, t);
+            if constexpr (kDrawUnderS) keep_bits = draw_keep();
             if constexpr (kOverlapSdp) {
                 // dPᵀ = V_j dO_iᵀ right behind Sᵀ (its own group): the tensor cores run it while this
                 // thread turns Sᵀ into Pᵀ below; only Sᵀ is waited for here
@@ -1565,7 +1586,21 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 }
                 hide(0.f);
             }
-            if constexpr (kDropout) {
+            if constexpr (kDropPacked) {
+                // ---- dropout on the packed words (dropout_transposed.cuh): Pᵀ packed as it is, then per
+                // word the signed Pᵀ to this thread's words for dSᵀ and Pᵀ ∘ Z for dV (its 1 / (1 - p)
+                // in the epilogue) ----
+                pack_a_frags<1, kSN / 16, Elem>(p_frag, s_acc);
+#pragma unroll
+                for (int nt = 0; nt < kSN / 8; ++nt)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        u32& word = p_frag[0][nt / 2][2 * (nt % 2) + half];
+                        u32 signed_p;
+                        word = drop_packed_word(word, keep_bits, nt / 2, 2 * half + nt % 2, signed_p);
+                        thread_word(kPWord0 + 2 * nt + half) = signed_p;
+                    }
+            } else if constexpr (kDropout) {
                 // ---- dropout: the dropped elements of Pᵀ negated (Pᵀ >= 0, so the sign is ¬Z, as
                 // Dropout::negate_dropped_transposed; a hidden element, 0, stays a zero), the signed
                 // Pᵀ to this thread's words for dSᵀ, and Pᵀ ∘ Z / (1 - p), its positive part
@@ -1586,7 +1621,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             // Pᵀ as 16-bit A fragments: the fp32 Pᵀ dies here, before dPᵀ's accumulators are born
             // (with dK, dV in registers the d128 kernel has no room for both), so dS below uses
             // Pᵀ rounded to 16 bits, as the dV product does (and as attention in 16 bits would).
-            pack_a_frags<1, kSN / 16, Elem>(p_frag, s_acc);
+            // (kDropPacked: packed above)
+            if constexpr (!kDropPacked) pack_a_frags<1, kSN / 16, Elem>(p_frag, s_acc);
 
             // ---- dPᵀ = V_j dO_iᵀ (SS; kOverlapSdp: already issued behind Sᵀ), then dV_j += Pᵀ dO_i
             // (RS; dO_i MN-major, queries 16kk..16kk+15 per step) ----
@@ -1684,9 +1720,10 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     stmatrix_x4(smem + Shape::kDstOffset + pt_store_offset(kk), ds_frag[0][kk]);
                 }
             }
-            if constexpr (kDropout && !kSharedKeys) {
+            if constexpr (kDropout && !kSharedKeys && kDropPacked != 2) {
                 // dropout: per element, 16-bit stores (stmatrix's four-register operand makes ptxas
-                // spill this kernel at d128, nvcc 13.0); query 16kk + 8·(r / 2) + 2t (+1), key
+                // spill this kernel at d128, nvcc 13.0; kDropPacked 1's too, 8 bytes; kDropPacked 2
+                // does not: dropout_transposed.cuh kOpaqueKeys); query 16kk + 8·(r / 2) + 2t (+1), key
                 // warp_key + g + 8·(r % 2), the offsets recomputed (the dropout state takes registers)
 #pragma unroll
                 for (int kk = 0; kk < kSN / 16; ++kk)
@@ -1988,7 +2025,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 const int col = dkv_col0 + nt * 8 + 2 * t;          // (kSharedKeys: this warpgroup's columns)
                 const float dk0 = dk_acc[4 * nt + 2 * half] * p.softmax_scale;
                 const float dk1 = dk_acc[4 * nt + 2 * half + 1] * p.softmax_scale;
-                const float dv0 = dv_acc[4 * nt + 2 * half], dv1 = dv_acc[4 * nt + 2 * half + 1];
+                // (kDropPacked: dV_j = Σ (Pᵀ ∘ Z) dO takes the 1 / (1 - p) here)
+                const float dv_scale = kDropPacked ? p.dropout_scale : 1.f;
+                const float dv0 = dv_acc[4 * nt + 2 * half] * dv_scale, dv1 = dv_acc[4 * nt + 2 * half + 1] * dv_scale;
                 if (grouped) {
                     // kVarlen: (nheads, total_k) rows, the sequence's from k_start on (dkv_row_offset)
                     const i64 off = ((kVarlen ? dkv_row_offset<kVarlen>(p, batch, head, seq) : bh * p.seqlen_k) + key)
@@ -2026,12 +2065,13 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
           bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false,
           bool kFragPin = false, bool kRoles = false, bool kDqConvert = false, bool kDqFirst = false,
-          bool kWideEpi = false>
+          bool kWideEpi = false, int kDropPacked = 0>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
-                  kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles, kDqConvert, kDqFirst, kWideEpi>(p);
+                  kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles, kDqConvert, kDqFirst, kWideEpi,
+                  kDropPacked>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the

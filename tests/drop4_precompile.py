@@ -40,16 +40,9 @@ def main():
             todo += [t.forced(fwd, p), t.forced(bwd, p.replace(op="bwd"))]
     if args.timing:
         import sm90_dropout_timing as timing
-        from cuflash.problem import Problem
-        from cuflash.select import choose_on_device
 
         for causal in (False, True):
-            b, s, h, d = 2, 8192, 16, 128
-            for op in ("fwd", "bwd"):
-                plain = Problem(op, "bf16", b, s, s, h, h, d, causal)
-                for p in (plain, plain.replace(features=("dropout",), dropout_p=timing.P)):
-                    todo.append(choose_on_device(p, 0)[1])
-            todo += timing.fwd_configs(d, causal, b, s, h, quick=args.quick, rounds_cost=args.rounds_cost) + timing.bwd_variants(d, causal, b, s, h)
+            todo += timing.case_configs(128, causal, 2, 8192, 16, quick=args.quick, rounds_cost=args.rounds_cost)
     todo = list(dict.fromkeys(todo))
     t0 = time.time()
     res = precompile(todo, 0, processes=min(16, os.cpu_count() or 1))

@@ -40,11 +40,11 @@ from cuflash.timing import time_interleaved  # noqa: E402
 P = 0.1
 
 
-def sdpa(q, k, v, causal, p):
-    """SDPA's cuDNN backend on (b, s, h, d) inputs (its causal is top-left: s_q = s_k here)."""
+def sdpa(q, k, v, causal, p, backend="cudnn"):
+    """SDPA's cuDNN (or flash) backend on (b, s, h, d) inputs (its causal is top-left: s_q = s_k here)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+    with sdpa_kernel({"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]):
         return torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=p,
             is_causal=causal).transpose(1, 2)
@@ -58,15 +58,18 @@ def cases(args):
             yield d, causal, max(1, 16384 // s), s, h
 
 
-def fwd_configs(d, causal, b, s, h, variants=False, quick=False, rounds_cost=False):
+def fwd_configs(d, causal, b, s, h, variants=False, quick=False, rounds_cost=False, forms=None):
     """The dropout forwards to time: sm90_fwd's heuristic (DROPOUT_BN), the same with the other
     schedule (a CTA per tile, or the persistent grid with the dynamic scheduler, which plain
     calls run); with ``variants`` also its other BNs that pass problems() (no spills, multiples
-    of 32) and fa2_fwd's heuristic."""
+    of 32) and fa2_fwd's heuristic; with ``forms`` only the heuristic with those drop_early forms."""
     sm90, fa2 = registry.get("sm90_fwd"), registry.get("fa2_fwd")
     drop = Problem("fwd", "bf16", b, s, s, h, h, d, causal, features=("dropout",), dropout_p=P)
     heur = sm90.for_problem(sm90.heuristic(drop), drop)
     out = [heur]
+    if forms is not None:
+        return out + [c for c in (heur.replace(drop_early=f) for f in forms if heur.drop_packed)
+                      if c != heur and not c.problems(227 * 1024)]
     if heur.drop_packed:   # the other forms of the keep mask (drop_early 0, 1, 2)
         for form in (0, 1, 2):
             other = heur.replace(drop_early=form)
@@ -113,7 +116,7 @@ def timed_rows(rows, case, op, fns, op_names, plain, args, d, causal, b, s, h):
         row = dict(case=case, op=op, impl=impl, config=cfg, ms=t.median_ms,
                    tflops=flops / t.median_ms / 1e9, x_plain=t.median_ms / base,
                    head_dim=d, causal=causal, batch=b, seqlen=s, nheads=h,
-                   dropout_p=0.0 if key in ("plain", "cudnn") else P)
+                   dropout_p=0.0 if key in ("plain", "cudnn", "flash") else P)
         rows.append(row)
         print(f"{case:<26} {op:<7} {impl:<12} {cfg[:64]:<64} {t.median_ms:8.3f} "
               f"{row['tflops']:7.1f} {row['x_plain']:8.3f}")
@@ -121,13 +124,35 @@ def timed_rows(rows, case, op, fns, op_names, plain, args, d, causal, b, s, h):
 
 def bwd_variants(d, causal, b, s, h):
     """The dropout backwards to time next to selection's: sm90_bwd with the plain heuristic's speed
-    flags (DROPOUT_PLAIN_FLAGS) where they build (d128 non-causal), if selection does not run it."""
+    flags (DROPOUT_PLAIN_FLAGS) where they build (d128 non-causal), if selection does not run it,
+    and selection's with the other drop_packed forms."""
     from cuflash.families import sm90_bwd
 
     drop = Problem("bwd", "bf16", b, s, s, h, h, d, causal, features=("dropout",), dropout_p=P)
     sel = choose_on_device(drop, 0)[1]
-    cfg = sel.replace(**sm90_bwd.DROPOUT_PLAIN_FLAGS) if sel.family == "sm90_bwd" else None
-    return [cfg] if cfg is not None and cfg != sel and cfg.dropout_plain() and not cfg.problems(227 * 1024) else []
+    if sel.family != "sm90_bwd":
+        return []
+    out = []
+    cfg = sel.replace(**sm90_bwd.DROPOUT_PLAIN_FLAGS)
+    if cfg != sel and cfg.dropout_plain() and not cfg.problems(227 * 1024):
+        out.append(cfg)
+    # drop_packed's forms (kDropPacked: the keep mask on Pᵀ's packed words) other than selection's
+    for form in (0, 1, 2):
+        other = sel.replace(drop_packed=form)
+        if form != sel.drop_packed and not other.problems(227 * 1024):
+            out.append(other)
+    return out
+
+
+def case_configs(d, causal, b, s, h, **fwd_kw):
+    """Every kernel a case times: selection's plain and dropout forward and backward, fwd_configs(**fwd_kw)
+    and bwd_variants (for the precompile scripts too)."""
+    todo = []
+    for op in ("fwd", "bwd"):
+        plain = Problem(op, "bf16", b, s, s, h, h, d, causal)
+        for p in (plain, plain.replace(features=("dropout",), dropout_p=P)):
+            todo.append(choose_on_device(p, 0)[1])
+    return todo + fwd_configs(d, causal, b, s, h, **fwd_kw) + bwd_variants(d, causal, b, s, h)
 
 
 def main():
@@ -144,16 +169,23 @@ def main():
                     help="the dropout forward's heuristic and its other mask form only (no other schedules)")
     ap.add_argument("--variants", action="store_true",
                     help="also time the dropout forward at its other BNs and fa2_fwd's")
+    ap.add_argument("--forms", type=int, nargs="*", default=None,
+                    help="time the dropout forward's heuristic with these drop_early forms only (no other "
+                         "schedules or mask forms)")
+    ap.add_argument("--sdpa-flash", action="store_true", help="also SDPA's flash backend, with and without dropout")
+    ap.add_argument("--ops", nargs="+", default=["fwd", "bwd", "fwdbwd"], choices=("fwd", "bwd", "fwdbwd"),
+                    help="the ops to time (all three unless given)")
     args = ap.parse_args()
+    # selection's dropout backward without drop_packed (the kernel before it), its forms as variants:
+    # for_problem keeps a config's own form but turns a 0 into the module's default
+    from cuflash.families import sm90_bwd
+
+    sm90_bwd.DROPOUT_PACKED = {}
 
     # compile everything first, in parallel (selection's plain and dropout kernels, the variants)
-    todo = []
-    for d, causal, b, s, h in cases(args):
-        for op in ("fwd", "bwd"):
-            plain = Problem(op, "bf16", b, s, s, h, h, d, causal)
-            for p in (plain, plain.replace(features=("dropout",), dropout_p=P)):
-                todo.append(choose_on_device(p, 0)[1])
-        todo += fwd_configs(d, causal, b, s, h, args.variants, args.quick, args.rounds_cost) + bwd_variants(d, causal, b, s, h)
+    todo = [c for d, causal, b, s, h in cases(args)
+            for c in case_configs(d, causal, b, s, h, variants=args.variants, quick=args.quick,
+                                  rounds_cost=args.rounds_cost, forms=args.forms)]
     precompile(list(dict.fromkeys(todo)), 0, processes=min(16, os.cpu_count() or 1))
 
     rows = []
@@ -171,7 +203,9 @@ def main():
             "cudnn": ("sdpa_cudnn", "no dropout"),
             "cudnn_drop": ("sdpa_cudnn", f"dropout {P}"),
         }
-        for op in ("fwd", "bwd", "fwdbwd"):
+        if args.sdpa_flash:
+            names.update(flash=("sdpa_flash", "no dropout"), flash_drop=("sdpa_flash", f"dropout {P}"))
+        for op in args.ops:
             def run(fn):
                 if op == "fwd":
                     with torch.no_grad():
@@ -185,7 +219,9 @@ def main():
                 outs = {"plain": cuflash.flash_attn_func(q, k, v, causal=causal),
                         "dropout": cuflash.flash_attn_func(q, k, v, P, causal=causal),
                         "cudnn": sdpa(q, k, v, causal, 0.0), "cudnn_drop": sdpa(q, k, v, causal, P)}
-                op_names = {key: (names[key][0], names[key][1] if key.startswith("cudnn") else choose_on_device(
+                if args.sdpa_flash:
+                    outs.update(flash=sdpa(q, k, v, causal, 0.0, "flash"), flash_drop=sdpa(q, k, v, causal, P, "flash"))
+                op_names = {key: (names[key][0], names[key][1] if key.startswith(("cudnn", "flash")) else choose_on_device(
                     (plain if key == "plain" else drop).replace(op="bwd"), 0)[1].name) for key in outs}
                 for i, bcfg in enumerate(bwd_variants(d, causal, b, s, h)):
                     outs[f"b{i}"] = cuflash.flash_attn_func(q, k, v, P, causal=causal, bwd_config=bcfg)
@@ -199,8 +235,12 @@ def main():
                    "dropout": lambda: run(lambda: cuflash.flash_attn_func(q, k, v, P, causal=causal)),
                    "cudnn": lambda: run(lambda: sdpa(q, k, v, causal, 0.0)),
                    "cudnn_drop": lambda: run(lambda: sdpa(q, k, v, causal, P))}
+            if args.sdpa_flash:
+                fns.update(flash=lambda: run(lambda: sdpa(q, k, v, causal, 0.0, "flash")),
+                           flash_drop=lambda: run(lambda: sdpa(q, k, v, causal, P, "flash")))
             op_names = dict(names)
-            for i, cfg in enumerate(fwd_configs(d, causal, b, s, h, args.variants, args.quick, args.rounds_cost)[1:]):
+            for i, cfg in enumerate(fwd_configs(d, causal, b, s, h, args.variants, args.quick, args.rounds_cost,
+                                                args.forms)[1:]):
                 fns[f"v{i}"] = (lambda cfg=cfg: run(lambda: cuflash.flash_attn_func(
                     q, k, v, P, causal=causal, config=cfg)))
                 op_names[f"v{i}"] = ("cuflash", cfg.name)

@@ -131,8 +131,43 @@ def rand_qkv(b, sq, sk, h, h_kv, d, dtype, grad=False):
     return tuple(x.requires_grad_(grad) for x in (q, k, v))
 
 
+def dropout_case(b, sq, sk, h, h_kv, d, dtype, seed, p=P_DROP):
+    """Fresh inputs (q, k, v requiring grad), dO, the softmax scale and the keep mask of an explicit
+    dropout seed (bool (b, h, sq, sk), the mirror's) for a dropout call against the reference."""
+    import torch
+
+    q, k, v = rand_qkv(b, sq, sk, h, h_kv, d, dtype, grad=True)
+    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    keep = torch.from_numpy(dropout.keep_mask(*seed, p, b, h, sq, sk)).cuda()
+    return q, k, v, dout, 1 / math.sqrt(d), keep
+
+
 def max_err(a, ref):
     return (a.double() - ref.double()).abs().max().item()
+
+
+def check_dropout_grads(grads, ref_out, low_out, q, k, v, dout, out, scale, name=""):
+    """The gradients (dq, dk, dv) of a dropout call with output ``out`` within 3x the error of plain
+    low-precision attention's (``low_out``, attention_with_mask in q's dtype) against the float64
+    reference's (``ref_out``), both with the call's keep mask; no unwritten (NaN) element."""
+    import torch
+
+    dtype = q.dtype
+    ref_g = torch.autograd.grad(ref_out, (q, k, v), dout.double())
+    low_g = torch.autograd.grad(low_out, (q, k, v), dout)
+    for what, a, r, lo in zip(("dq", "dk", "dv"), grads, ref_g, low_g):
+        assert not a.isnan().any(), f"{name} {what}: unwritten (NaN) elements"
+        e, bse = max_err(a, r), max_err(lo, r)
+        floor = torch.finfo(dtype).eps * max(1.0, r.abs().max().item())
+        if what in ("dq", "dk"):
+            # D = rowsum(dO∘O) is taken from O rounded to the input dtype (FlashAttention's
+            # preprocess), so dS = P∘(dP∘Z/(1-p) - D) keeps a residual of about eps·|dO||O| per
+            # row even where it is 0 exactly (one visible key: the plain baseline's error is 0);
+            # dQ = dS K and dK = dSᵀ Q carry it
+            d_scale = (dout.double() * out.double()).sum(-1).abs().max().item()
+            other = k if what == "dq" else q
+            floor = max(floor, torch.finfo(dtype).eps * d_scale * other.abs().max().item() * scale)
+        assert e <= 3 * bse + floor, f"{name} {what}: error {e:.3g} > 3 x plain {bse:.3g} + {floor:.3g}"
 
 
 # (dtype, head dim, causal): 6 forward + 6 backward compiles; head dim 59 runs padded to 64
@@ -174,21 +209,7 @@ def test_dropout_forward_backward_against_reference(flags, shape):
     assert torch.equal(torch.isfinite(lse), finite)
     assert max_err(lse[finite], ref_lse[finite]) < 1e-3 if finite.any() else True
 
-    ref_g = torch.autograd.grad(ref_out, (q, k, v), dout.double())
-    low_g = torch.autograd.grad(low_out, (q, k, v), dout)
-    for what, a, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_g, low_g):
-        assert not a.isnan().any(), f"{what}: unwritten (NaN) elements"
-        e, bse = max_err(a, r), max_err(lo, r)
-        floor = torch.finfo(dtype).eps * max(1.0, r.abs().max().item())
-        if what in ("dq", "dk"):
-            # D = rowsum(dO∘O) is taken from O rounded to the input dtype (FlashAttention's
-            # preprocess), so dS = P∘(dP∘Z/(1-p) - D) keeps a residual of about eps·|dO||O| per
-            # row even where it is 0 exactly (one visible key: the plain baseline's error is 0);
-            # dQ = dS K and dK = dSᵀ Q carry it
-            d_scale = (dout.double() * out.double()).sum(-1).abs().max().item()
-            other = k if what == "dq" else q
-            floor = max(floor, torch.finfo(dtype).eps * d_scale * other.abs().max().item() * scale)
-        assert e <= 3 * bse + floor, f"{what}: error {e:.3g} > 3 x plain {bse:.3g} + {floor:.3g}"
+    check_dropout_grads((dq, dk, dv), ref_out, low_out, q, k, v, dout, out, scale)
 
     # S_dmask: the probabilities, dropped ones negated: its sign is the mask where P > 0
     assert s_dmask.shape == (b, h, sq, sk) and s_dmask.dtype == torch.float32

@@ -11,7 +11,6 @@
 
 9 compiles (5 for the mask, 2 forward + 2 backward for the reference grid); the thresholds'
 edges reuse the first mask case's."""
-import math
 
 import numpy as np
 import pytest
@@ -143,10 +142,9 @@ def test_sm90_dropout_forward_backward_against_reference(flags, shape):
     import torch
 
     import cuflash
-    from cuflash import dropout
     from cuflash.problem import Problem
     from cuflash.select import choose_on_device
-    from test_dropout_gpu import attention_with_mask, dtype_of, max_err, rand_qkv
+    from test_dropout_gpu import attention_with_mask, check_dropout_grads, dropout_case, dtype_of, max_err
 
     require_sm90()
     name, d, causal = flags
@@ -155,10 +153,7 @@ def test_sm90_dropout_forward_backward_against_reference(flags, shape):
     fam, cfg, _ = choose_on_device(Problem("fwd", name, b, sq, sk, h, h_kv, d, causal,
                                            features=("dropout",), dropout_p=P_DROP), 0)
     assert fam.name == "sm90_fwd" and cfg.dropout, cfg.name
-    q, k, v = rand_qkv(b, sq, sk, h, h_kv, d, dtype, grad=True)
-    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
-    scale = 1 / math.sqrt(d)
-    keep = torch.from_numpy(dropout.keep_mask(*SEED, P_DROP, b, h, sq, sk)).cuda()
+    q, k, v, dout, scale, keep = dropout_case(b, sq, sk, h, h_kv, d, dtype, SEED, P_DROP)
     out, lse, s_dmask = cuflash.flash_attn_func(q, k, v, P_DROP, causal=causal, return_attn_probs=True,
                                                 dropout_seed=SEED)
     assert not out.isnan().any() and not lse.isnan().any()
@@ -173,17 +168,7 @@ def test_sm90_dropout_forward_backward_against_reference(flags, shape):
     if finite.any():
         assert max_err(lse[finite], ref_lse[finite]) < 1e-3
 
-    ref_g = torch.autograd.grad(ref_out, (q, k, v), dout.double())
-    low_g = torch.autograd.grad(low_out, (q, k, v), dout)
-    for what, a, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_g, low_g):
-        assert not a.isnan().any(), f"{what}: unwritten (NaN) elements"
-        e, bse = max_err(a, r), max_err(lo, r)
-        floor = torch.finfo(dtype).eps * max(1.0, r.abs().max().item())
-        if what in ("dq", "dk"):   # D = rowsum(dO∘O) from the rounded O (test_dropout_gpu.py says why)
-            d_scale = (dout.double() * out.double()).sum(-1).abs().max().item()
-            other = k if what == "dq" else q
-            floor = max(floor, torch.finfo(dtype).eps * d_scale * other.abs().max().item() * scale)
-        assert e <= 3 * bse + floor, f"{what}: error {e:.3g} > 3 x plain {bse:.3g} + {floor:.3g}"
+    check_dropout_grads((dq, dk, dv), ref_out, low_out, q, k, v, dout, out, scale)
 
     # S_dmask (from the LSE and the mirror's mask): its sign is the mask where P > 0
     assert s_dmask.shape == (b, h, sq, sk)
@@ -205,9 +190,8 @@ def test_forward_and_backward_of_different_families_share_the_mask(fwd, bwd, sha
     import torch
 
     import cuflash
-    from cuflash import dropout
     from cuflash.problem import Problem
-    from test_dropout_gpu import attention_with_mask, max_err, rand_qkv
+    from test_dropout_gpu import attention_with_mask, check_dropout_grads, dropout_case, max_err
 
     require_sm90()
     b, sq, sk, h, h_kv = shape
@@ -215,10 +199,7 @@ def test_forward_and_backward_of_different_families_share_the_mask(fwd, bwd, sha
     problem = Problem("fwd", "bf16", b, sq, sk, h, h_kv, d, causal, features=("dropout",), dropout_p=P_DROP)
     fcfg, bcfg = forced(fwd, problem), forced(bwd, problem.replace(op="bwd"))
     assert fcfg.family == fwd and bcfg.family == bwd and fcfg.dropout and bcfg.dropout
-    q, k, v = rand_qkv(b, sq, sk, h, h_kv, d, dtype, grad=True)
-    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
-    scale = 1 / math.sqrt(d)
-    keep = torch.from_numpy(dropout.keep_mask(*SEED, P_DROP, b, h, sq, sk)).cuda()
+    q, k, v, dout, scale, keep = dropout_case(b, sq, sk, h, h_kv, d, dtype, SEED, P_DROP)
     out = cuflash.flash_attn_func(q, k, v, P_DROP, causal=causal, dropout_seed=SEED, config=fcfg,
                                   bwd_config=bcfg)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
@@ -226,15 +207,4 @@ def test_forward_and_backward_of_different_families_share_the_mask(fwd, bwd, sha
     low_out, _ = attention_with_mask(q, k, v, causal, scale, dtype, keep, P_DROP)
     err, base = max_err(out, ref_out), max_err(low_out, ref_out)
     assert err <= 2 * base + 1e-5, f"{fcfg.name} out: error {err:.3g} > 2 x plain {base:.3g}"
-    ref_g = torch.autograd.grad(ref_out, (q, k, v), dout.double())
-    low_g = torch.autograd.grad(low_out, (q, k, v), dout)
-    for what, a, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_g, low_g):
-        assert not a.isnan().any(), f"{bcfg.name} {what}: unwritten (NaN) elements"
-        e, bse = max_err(a, r), max_err(lo, r)
-        floor = torch.finfo(dtype).eps * max(1.0, r.abs().max().item())
-        if what in ("dq", "dk"):   # D's residual (test_dropout_gpu.py says why)
-            d_scale = (dout.double() * out.double()).sum(-1).abs().max().item()
-            other = k if what == "dq" else q
-            floor = max(floor, torch.finfo(dtype).eps * d_scale * other.abs().max().item() * scale)
-        assert e <= 3 * bse + floor, \
-            f"{fcfg.name} + {bcfg.name} {what}: error {e:.3g} > 3 x plain {bse:.3g} + {floor:.3g}"
+    check_dropout_grads((dq, dk, dv), ref_out, low_out, q, k, v, dout, out, scale, f"{fcfg.name} + {bcfg.name}")

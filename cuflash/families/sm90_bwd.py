@@ -444,6 +444,20 @@ VARLEN_SMALL_D: frozenset = frozenset({64})
 # (tests/test_drop_early_gpu.py) passed on the H100 (session 17 round 1), but it measured no faster:
 # backward d128 8k full 7.812 ms against 7.818 (1.61x the plain backward either way). Off.
 DROPOUT_PLAIN = False
+# Whether dropout calls apply the keep mask to Pᵀ's packed words (drop_packed, kDropPacked, name _dpk;
+# kernels_cu/dropout_transposed.cuh): the keep flags as byte signs (no per-element keep bits), a
+# permute and two LOP3s per two elements, dV's 1 / (1 - p) in the epilogue; form 2 (_dpk2) also
+# stores dS by stmatrix (built without spills with the Philox key opaque per call). The same mask.
+# {head dim: form} (dropout alone, fixed lengths, unordered: Sm90BwdConfig.problems); a config's own
+# form is kept. Measured (session 21, an H200, tests/sm90_dropout_timing.py, bf16 8k, batch x seqlen
+# 16k, 2048 / d heads, p 0.1, x the plain call of the same process, full / causal;
+# logs/session21_drp6/): round 1, d128 backward 1.590 / 1.612 -> form 1 1.538 / 1.552, form 2 1.496 /
+# 1.498, forward + backward 1.539 / 1.588 -> 1.446 / 1.450 (form 2); ncu (causal): 1241M -> 1045M
+# instructions, 4.87 -> 4.41 ms. Round 3, backward, form 0 -> 1 -> 2: d128 1.614 -> 1.546 -> 1.442 /
+# 1.650 -> 1.573 -> 1.480, d64 2.140 -> 1.993 -> 1.882 / 2.063 -> 1.917 -> 1.884; forward + backward
+# d128 1.572 / 1.572 -> 1.441 / 1.464, d64 1.981 / 1.944 -> 1.788 / 1.798 (form 2). On at d64 and
+# d128 (form 2).
+DROPOUT_PACKED: dict = {64: 2, 128: 2}
 DROPOUT_PLAIN_FLAGS = dict(dq_writer=True, dq_bulk=False, dynamic=True, ds_double=True, dq_early=True,
                            dk_late=True, frag_pin=True)
 # Variable-length batches (varlen, kVarlen): whether supports() takes them. On since the GPU
@@ -517,6 +531,12 @@ class Sm90BwdConfig(KernelConfig):
                    block than the query split). Plain unordered calls with dq_writer only (name _rol;
                    for_problem drops it for deterministic calls and calls with features). With s_ahead
                    (built, refused: ptxas serializes its wgmmas, C7518; measured slower)
+    drop_packed:   dropout's keep mask on Pᵀ's packed 16-bit words (kDropPacked, kernels_cu/
+                   dropout_transposed.cuh: byte-sign keep flags, a permute and two LOP3s per two
+                   elements, dV's 1 / (1 - p) in the epilogue); 2 also dS stored by stmatrix; the
+                   same mask. Dropout alone, fixed lengths, unordered, head dims 64 / 128 (name _dpk,
+                   _dpk2). Set by for_problem from DROPOUT_PACKED (a config's own form kept), never
+                   tuned
     """
 
     BM: int
@@ -548,6 +568,7 @@ class Sm90BwdConfig(KernelConfig):
     dq_convert: bool = False
     dq_first: bool = False
     wide_epi: bool = False
+    drop_packed: int = 0
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -568,7 +589,8 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_ds2' if self.ds_double else ''}{'_cl2' if self.cluster else ''}{'_sah' if self.s_ahead else ''}"
                 f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
                 f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}"
-                f"{'_dqc' if self.dq_convert else ''}{'_dqf' if self.dq_first else ''}{'_w16' if self.wide_epi else ''}")
+                f"{'_dqc' if self.dq_convert else ''}{'_dqf' if self.dq_first else ''}{'_w16' if self.wide_epi else ''}"
+                f"{'_dpk' if self.drop_packed == 1 else f'_dpk{self.drop_packed}' if self.drop_packed else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -739,7 +761,7 @@ class Sm90BwdConfig(KernelConfig):
                     + (f", {b(self.roles)}, {b(self.s_ahead)}" if self.roles or self.s_ahead else "") + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
         tail = (self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.frag_pin or self.roles
-                or self.dq_convert or self.dq_first or self.wide_epi)
+                or self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed)
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -753,15 +775,18 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
         feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
         feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
-        later2 = self.dk_late or self.frag_pin or self.roles or self.dq_convert or self.dq_first or self.wide_epi
-        later3 = self.roles or self.dq_convert or self.dq_first or self.wide_epi
+        later2 = (self.dk_late or self.frag_pin or self.roles or self.dq_convert or self.dq_first or self.wide_epi
+                  or self.drop_packed)
+        later3 = self.roles or self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed
         feats += f", {b(self.q_rotate)}" if self.q_rotate or later2 else ""                   # kQRotate
         feats += f", {b(self.dk_late)}" if later2 else ""                                     # kDkLate
         feats += f", {b(self.frag_pin)}" if self.frag_pin or later3 else ""                  # kFragPin
         feats += f", {b(self.roles)}" if later3 else ""                                       # kRoles
-        feats += f", {b(self.dq_convert)}" if self.dq_convert or self.dq_first or self.wide_epi else ""  # kDqConvert
-        feats += f", {b(self.dq_first)}" if self.dq_first or self.wide_epi else ""           # kDqFirst
-        feats += ", true" if self.wide_epi else ""                                            # kWideEpi last
+        feats += (f", {b(self.dq_convert)}" if self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed
+                  else "")                                                                    # kDqConvert
+        feats += f", {b(self.dq_first)}" if self.dq_first or self.wide_epi or self.drop_packed else ""  # kDqFirst
+        feats += f", {b(self.wide_epi)}" if self.wide_epi or self.drop_packed else ""        # kWideEpi
+        feats += f", {int(self.drop_packed)}" if self.drop_packed else ""                     # kDropPacked last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -773,7 +798,7 @@ class Sm90BwdConfig(KernelConfig):
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
                 self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.frag_pin,
-                self.roles, self.dq_convert, self.dq_first, self.wide_epi)
+                self.roles, self.dq_convert, self.dq_first, self.wide_epi, int(self.drop_packed))
 
     def _problems(self) -> list[str]:
         out = []
@@ -907,6 +932,18 @@ class Sm90BwdConfig(KernelConfig):
             out.append("wide_epi: the 16-byte dK / dV epilogue stores, for plain fixed-length unordered calls (no "
                        "deterministic, varlen, cluster, window, softcap, ALiBi, dropout: the d128 ALiBi kernel spilled "
                        "8 bytes with them, session 19)")
+        if self.drop_packed not in (0, 1, 2):
+            out.append(f"drop_packed must be 0, 1 or 2, got {self.drop_packed}")
+        elif self.drop_packed and not (self.dropout and not (self.window or self.softcap or self.alibi)
+                                       and not self.deterministic and not self.varlen and not self.cluster
+                                       and self.head_dim in (64, 128) and not self.shared_keys
+                                       and not (self.dynamic or self.ds_double or self.dq_early or self.dk_late
+                                                or self.frag_pin or self.s_ahead or self.overlap_sdp)):
+            out.append("drop_packed: the keep mask on Pᵀ's packed words (kDropPacked, kernels_cu/"
+                       "dropout_transposed.cuh), for dropout alone (no window, softcap, ALiBi), fixed lengths, "
+                       "unordered, head dims 64 / 128, the plain grid without the plain call's speed fields "
+                       "(dynamic, ds_double, dq_early, dk_late, frag_pin, s_ahead, overlap_sdp: the kernels "
+                       "checked for spills)")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -946,6 +983,17 @@ class Sm90BwdConfig(KernelConfig):
                        f"thread (dK, dV, S, dP, P, dS, dQ) exceed the budget of {MAX_ACCUM_REGS}: "
                        "it would spill")
         return out
+
+
+def with_drop_packed(config):
+    """config with drop_packed as for_problem sets it: on for dropout calls at DROPOUT_PACKED's head
+    dims (or where the config asks for it), off where the kernel is not built (problems())."""
+    packed = (config.drop_packed or DROPOUT_PACKED.get(config.head_dim, 0)) if config.dropout else 0
+    if packed != config.drop_packed:
+        config = config.replace(drop_packed=packed)
+    if config.drop_packed and any("drop_packed" in w for w in config.problems()):
+        config = config.replace(drop_packed=0)
+    return config
 
 
 def feature_sched_kept(config, problem: Problem) -> bool:
@@ -1167,7 +1215,7 @@ class Sm90Backward(Family):
             # dropout alone at d128, non-causal, unordered: the plain heuristic's flags
             plain = config.replace(**DROPOUT_PLAIN_FLAGS)
             if plain.dropout_plain() and not plain.problems(MAX_SMEM):
-                return plain
+                return with_drop_packed(plain)
         if config.BM == 80 and config.bm80_refused():
             config = config.replace(BM=64)               # a speed choice, where it is not built
         if config.dynamic and config.dynamic_spills():
@@ -1184,7 +1232,7 @@ class Sm90Backward(Family):
             config = config.replace(dq_first=False)    # rows no K/V block adds to need the zeroed accumulator
         if config.wide_epi and (problem.features or any("wide_epi" in w for w in config.problems())):
             config = config.replace(wide_epi=False)    # a speed choice: plain fixed-length unordered calls only
-        return config
+        return with_drop_packed(config)
 
     def _fields(self, config):
         # dropout and varlen are not encoded (as sm90_fwd's): the call sets them (for_problem), so
@@ -1193,7 +1241,7 @@ class Sm90Backward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late",
-                               "frag_pin", "roles", "dq_convert", "dq_first", "wide_epi")
+                               "frag_pin", "roles", "dq_convert", "dq_first", "wide_epi", "drop_packed")
                          and not v))
 
     def make(self, point, problem: Problem):

@@ -132,7 +132,12 @@ DROPOUT_PACKED_BN = {128: 192}
 # tests/test_drop_early_gpu.py) but 2.225x the plain forward against form 1's 1.449x on the same grid
 # (full, 8k): three warps of 40 registers do not draw a block's 1280 calls within a step, so the
 # consumers wait for them. Form 3 (no rounds, timing only): 1.122x / 1.077x (full / causal): the
-# rounds are the overhead; their home is still open.
+# rounds are the overhead; their home is still open. Session 21 (an H200, full / causal, x plain):
+# form 1 with the calls' counters derived once per K/V block 1.504 / 1.357 against form 1's 1.442 /
+# 1.353, and that with the Philox words compared after the packing as fp16 lanes (set.ge.u32.f16x2:
+# 12% fewer instructions, the compare on the path from S_j to P_j V_j) 1.473 / 1.416: neither
+# faster, both removed. ncu (causal): form 1 410M instructions against the plain call's 272M, issue
+# active 41% (plain 38%), tensor pipe 56% of the time (plain 78%).
 DROPOUT_EARLY: dict = {128: 1}
 # The widest BN of drop_early 2 (the fragment masks: BN / 4 registers from the wait for S_j to the
 # packing): d128 BN 160 spilled 16 bytes, BN 128 none (nvcc 13.0, sm_90a).
