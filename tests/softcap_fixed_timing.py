@@ -23,6 +23,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
 B, S, H, D = 2, 8192, 16, 128
+DTYPE = "bf16"   # --dtype
 # kernel-source variants (--kvariants): edits of a kernels_cu copy, {name: [(file, old, new)]}, each
 # timed as softcap 30 at the heuristic's config compiled from its copy
 KVARIANTS = {
@@ -70,6 +71,49 @@ KVARIANTS["emutanh"] = [
      "                        if (kSoftcap) s = nt % 4 == 3 ? tanh_emu(s * softcap_in) : tanh_approx(s * softcap_in);\n"
      "                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);")]
 KVARIANTS["old_split"] = KVARIANTS["old"] + KVARIANTS["split"]
+# session 21 (cap8): element-level fractions of the folded step's exp2s on exp2_poly (e16_N: N of every
+# 16 elements 2·nt + e of a thread's row, the last of each group: a row's first keys stay on the SFU),
+# replacing kEmu's tile pattern (so the full mask's heuristic emu 1 is replaced too)
+_E16 = "            if (kEmu > 0 && exp2_emulated<kEmu>(nt))"
+for _n in (2, 3, 4, 6, 8):
+    KVARIANTS[f"e16_{_n}"] = [("softmax_fold.cuh", _E16,
+                              f"            if ((((2 * nt + e) + 1) * {_n}) / 16 != ((2 * nt + e) * {_n}) / 16)")]
+# and the tanhs: N of every 16 elements (offset by 8 from e16's: other elements) take tanh_emu (above)
+_T16 = ("                        if (kSoftcap) s = tanh_approx(s * softcap_in);\n"
+        "                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);")
+for _n in (1, 2, 4):
+    KVARIANTS[f"t16_{_n}"] = [
+        ("softmax_fold.cuh", "constexpr float kLazyRescaleLog2 = 8.f;\n", "constexpr float kLazyRescaleLog2 = 8.f;\n" + _TANH_EMU),
+        ("softmax_fold.cuh", _T16,
+         f"                        if (kSoftcap) s = (((2 * nt + e) + 9) * {_n}) / 16 != (((2 * nt + e) + 8) * {_n}) / 16"
+         " ? tanh_emu(s * softcap_in) : tanh_approx(s * softcap_in);\n"
+         "                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);")]
+KVARIANTS["e16_4_t16_2"] = KVARIANTS["e16_4"] + KVARIANTS["t16_2"]
+KVARIANTS["e16_2_t16_1"] = KVARIANTS["e16_2"] + KVARIANTS["t16_1"]
+# the fixed-max step without the mask's branch between the tanhs and the exp2s: the masked block (the
+# causal diagonal's, a ragged end) takes its own copy of the step, so that the unmasked block's tanhs,
+# exp2s and the FMA-pipe work around them are one basic block that ptxas can interleave (with the
+# branch, SASS shows the 64 MUFU.TANH in one burst, then the 64 MUFU.EX2). The masked copy masks S
+# before the tanh too (tanh(-inf) = -1, masked again after): with the same tanhs in both copies,
+# the compiler hoisted them above the branch (nvcc 13.0)
+_STEP = ("softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value, "
+         "typename RoundToIf<kRoundedL && !kRowSumMma, Elem>::type>(s_acc, m, l, lr, mx, scale_log2, alpha, rescale)")
+KVARIANTS["nosplit"] = [("sm90_fwd.cu",
+    "                        folded.apply(s_acc, warp_row0, n_block * kBN, g, t);\n"
+    "                        if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());\n"
+    "                        mx[0][0] = mx[0][1] = p.softcap_fixed_m;\n",
+    "                        mx[0][0] = mx[0][1] = p.softcap_fixed_m;\n"
+    "                        if (masked) {\n"
+    "                            tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());\n"
+    "                            folded.apply(s_acc, warp_row0, n_block * kBN, g, t);\n"
+    "                            tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());\n"
+    f"                            {_STEP};\n"
+    "                            return;\n"
+    "                        }\n"
+    "                        folded.apply(s_acc, warp_row0, n_block * kBN, g, t);\n")]
+for _n in (2, 4, 6, 8):
+    KVARIANTS[f"nosplit_e16_{_n}"] = KVARIANTS["nosplit"] + KVARIANTS[f"e16_{_n}"]
+KVARIANTS["nosplit_t16_2"] = KVARIANTS["nosplit"] + KVARIANTS["t16_2"]
 KVARIANTS["addsum_split"] = KVARIANTS["addsum"] + KVARIANTS["split"]
 
 
@@ -91,7 +135,7 @@ def configs(causal, variants):
     from cuflash.problem import Problem
 
     fam = registry.get("sm90_fwd")
-    plain = Problem("fwd", "bf16", B, S, S, H, H, D, causal)
+    plain = Problem("fwd", DTYPE, B, S, S, H, H, D, causal)
     cap = plain.replace(features=("softcap",), softcap=30.0)
     heur = fam.for_problem(fam.heuristic(cap, (9, 0), 227 * 1024), cap)
     # (a name ending in "@full" / "@causal": that mask's row only)
@@ -100,8 +144,10 @@ def configs(causal, variants):
     return plain, heur, extra
 
 
-def variant_dir(name, root="/tmp"):
-    """A kernels_cu copy with KVARIANTS[name]'s edits (each must match once)."""
+def variant_dir(name, root=""):
+    """A kernels_cu copy with KVARIANTS[name]'s edits (each must match once), under root (default
+    $CUFLASH_KV_ROOT, else /tmp)."""
+    root = root or os.environ.get("CUFLASH_KV_ROOT", "/tmp")
     import shutil
     from pathlib import Path
 
@@ -131,7 +177,10 @@ def main():
                     help="rows the kernel-source variants are made for: cap30 (the heuristic) and --variants names")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default="")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     args = ap.parse_args()
+    global DTYPE
+    DTYPE = args.dtype
     variants = parse_variants(args.variants)
     # {kernel-source variant: the rows (cap30, --variants names) it is made for}
     kvariants = {n.partition(":")[0]: (n.partition(":")[2] or args.kv_bases).split("+")
@@ -190,7 +239,8 @@ def main():
     rows = []
     for causal in (True, False):
         plain, heur, extra = configs(causal, variants)
-        q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16 if DTYPE == "bf16" else torch.float16)
+                   for _ in range(3))
         fns = {"plain": lambda: cuflash.flash_attn_func(q, k, v, causal=causal),
                "cap30": lambda: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0),
                "cap80": lambda: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=80.0)}
@@ -237,9 +287,9 @@ def main():
             cfg = extra.get(key.rsplit("_", 1)[0] if key.endswith(tuple(kvariants)) else key, heur) \
                 if key != "plain" else plain
             name = getattr(cfg, "name", "")
-            print(f"{'causal' if causal else 'full':7s} {key:14s} {t.median_ms:8.3f} ms {tflops:7.1f} TFLOPs "
+            print(f"{DTYPE} {'causal' if causal else 'full':7s} {key:14s} {t.median_ms:8.3f} ms {tflops:7.1f} TFLOPs "
                   f"x plain {t.median_ms / base:6.3f}  {name if key != 'plain' else ''}", flush=True)
-            rows.append(dict(causal=causal, row=key, median_ms=t.median_ms, x_plain=t.median_ms / base,
+            rows.append(dict(dtype=DTYPE, causal=causal, row=key, median_ms=t.median_ms, x_plain=t.median_ms / base,
                              spread=t.spread, config=name))
     if args.out:
         env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
