@@ -114,6 +114,30 @@ KVARIANTS["nosplit"] = [("sm90_fwd.cu",
 for _n in (2, 4, 6, 8):
     KVARIANTS[f"nosplit_e16_{_n}"] = KVARIANTS["nosplit"] + KVARIANTS[f"e16_{_n}"]
 KVARIANTS["nosplit_t16_2"] = KVARIANTS["nosplit"] + KVARIANTS["t16_2"]
+# the same for the row-max step (softcap_fixed_m > 1: fp16 at cap > 4.85, bf16 at cap > 34.7): the masked
+# block takes its own copy (row max, tanh, mask, step), so the unmasked block's tanhs and exp2s share
+# one basic block
+_MAXSTEP = ("softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, l, mx, scale_log2,\n"
+            "                                                                                       alpha, rescale);")
+KVARIANTS["nosplitmax"] = [("sm90_fwd.cu",
+    "                        if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());\n"
+    "                        softmax_rowmax(s_acc, mx);\n"
+    "                        folded.apply(s_acc, warp_row0, n_block * kBN, g, t);\n"
+    "                        if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());\n",
+    "                        if (masked) {\n"
+    "                            tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());\n"
+    "                            softmax_rowmax(s_acc, mx);\n"
+    "                            folded.apply(s_acc, warp_row0, n_block * kBN, g, t);\n"
+    "                            tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());\n"
+    "                            mx[0][0] = folded.cap(mx[0][0]);\n"
+    "                            mx[0][1] = folded.cap(mx[0][1]);\n"
+    "                            " + _MAXSTEP + "\n"
+    "                            return;\n"
+    "                        }\n"
+    "                        softmax_rowmax(s_acc, mx);\n"
+    "                        folded.apply(s_acc, warp_row0, n_block * kBN, g, t);\n")]
+KVARIANTS["nosplit_both"] = KVARIANTS["nosplit"] + KVARIANTS["nosplitmax"]
+KVARIANTS["nosplitmax_e16_4"] = KVARIANTS["nosplitmax"] + KVARIANTS["e16_4"]
 KVARIANTS["addsum_split"] = KVARIANTS["addsum"] + KVARIANTS["split"]
 
 

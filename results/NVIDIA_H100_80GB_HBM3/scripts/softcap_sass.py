@@ -64,9 +64,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kvariants", default="")
     ap.add_argument("--variants", default="")
+    ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--ops", default="MUFU.TANH,MUFU.EX2,FFMA,FMUL,FADD,FMNMX,IMAD,SHF,LOP3,F2FP,FSEL,HGMMA")
     args = ap.parse_args()
     variants = sft.parse_variants(args.variants)
+    sft.DTYPE = args.dtype
     ops = args.ops.split(",")
     print(f"{'row':28s} {'mask':6s} {'total':>6s} " + " ".join(f"{o:>9s}" for o in ops) + "  regs spill")
     for causal in (True, False):
