@@ -343,6 +343,11 @@ FIXED_MAX_LOG2_RANGE = 100.0
 # backward (a prescale per Q block visit, or a prescaled copy of Q and a dK factor) for the forward's
 # one multiply per score. True: allowed, for timing (tests/softcap_fixed_timing.py) only.
 FOLD4_TIMING = False
+# masked_copy (kMaskedCopy) with fold_cap >= 2 by (head dim, dtype, causal): the folded softcap step's
+# masked blocks in a copy of their own, so an unmasked block's tanhs and exp2s are one basic block
+# (without it SASS issues the block's 64 MUFU.TANH in one burst, the mask's branch, then its 64
+# MUFU.EX2). Measured: see the entries (session 21, tests/softcap_fixed_timing.py).
+MASKED_COPY: dict = {}
 # fp16 calls: P goes to the P V GEMM as fp16, whose normal range ends at 2^-14, so the fixed max holds
 # only where every P = exp2(k (t - 1)) stays a normal fp16 number (2k <= 14: softcap <= 4.85); above it
 # the row max (session 17: with the bf16 range, softcap 20 / 30 put every P of random scores near 2^-29
@@ -479,6 +484,9 @@ class Sm90FwdConfig(KernelConfig):
                the warpgroup's own P V GEMM (FA3's intra-warpgroup overlap). The same steps in the
                same order; plain calls only (no window, softcap, ALiBi, dropout). Measured no faster
                (PV_OVERLAP's note): off, outside the tuning space
+    masked_copy: the folded softcap step (fold_cap >= 2, no ALiBi) with the masked blocks in a copy of
+               their own (kMaskedCopy), so that an unmasked block's tanhs and exp2s share one basic
+               block that ptxas interleaves (MASKED_COPY)
     cluster:   clusters of 2 CTAs (sm90_fwd_cluster, kCluster): the static persistent grid's CTAs 2c and
                2c + 1 take adjacent Q blocks of one head at every step, and each loads half of every
                K_j's and V_j's column chunks by TMA multicast into both (one L2 read feeds two SMs); a
@@ -521,6 +529,7 @@ class Sm90FwdConfig(KernelConfig):
     drop_early: int = 0
     stream_tail: bool = False
     pv_overlap: bool = False
+    masked_copy: bool = False
     cluster: bool = False
     section: int = 0               # (last: a run-time param, not a template argument)
 
@@ -544,7 +553,8 @@ class Sm90FwdConfig(KernelConfig):
                 f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}"
                 f"{'_tov' if self.tile_overlap else ''}"
                 f"{'_dpk' if self.drop_packed else ''}{'_dpe' if self.drop_early == 1 else f'_dpe{self.drop_early}' if self.drop_early else ''}"
-                f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}{'_cl2' if self.cluster else ''}")
+                f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}{'_cl2' if self.cluster else ''}"
+                f"{'_mcp' if self.masked_copy else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -617,8 +627,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.drop_packed else 'false'}",                     # kDropPacked
                 f"{int(self.drop_early)}",                                        # kDropEarly
                 f"{'true' if self.stream_tail else 'false'}",                     # kStreamTail
-                f"{'true' if self.pv_overlap else 'false'}"]                      # kPvOverlap last
-        used = (17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{'true' if self.pv_overlap else 'false'}",                      # kPvOverlap
+                f"{'true' if self.masked_copy else 'false'}"]                     # kMaskedCopy last
+        used = (18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -638,7 +649,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
                 self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail,
-                self.pv_overlap)
+                self.pv_overlap, self.masked_copy)
 
     def _problems(self) -> list[str]:
         out = []
@@ -704,6 +715,9 @@ class Sm90FwdConfig(KernelConfig):
         if (self.lazy_rescale or self.fold_cap) and (self.dropout or (self.emu_exp2 and not self.fold_cap)):
             out.append("lazy_rescale / fold_cap run without dropout, and emu_exp2 only with fold_cap "
                        "(kernels_cu/softmax_fold.cuh)")
+        if self.masked_copy and (self.fold_cap < 2 or self.alibi):
+            out.append("masked_copy copies the folded softcap step: it needs fold_cap >= 2 and no ALiBi "
+                       "(kMaskedCopy, kernels_cu/sm90_fwd.cu)")
         if (self.lazy_rescale or self.fold_cap) and (self.p_smem or self.tree_max or self.q_double):
             out.append("lazy_rescale / fold_cap with p_smem / tree_max / q_double: not designed together "
                        "(the feature variants' softmax step and the d64 plain-call options were written "
@@ -1078,6 +1092,8 @@ class Sm90Forward(Family):
         # lazy_rescale with emu_exp2 only under fold_cap (kernels_cu/softmax_fold.cuh)
         if config.fold_cap and ("softcap" not in problem.features or dropout):
             config = config.replace(fold_cap=0)
+        if config.masked_copy and (config.fold_cap < 2 or "alibi" in problem.features):
+            config = config.replace(masked_copy=False)   # (a speed knob of the folded softcap step)
         if config.lazy_rescale and (dropout or (config.emu_exp2 and not config.fold_cap)):
             config = config.replace(lazy_rescale=False)
         if config.p_smem and problem.features:   # plain calls only (a speed knob): P in registers
@@ -1107,7 +1123,8 @@ class Sm90Forward(Family):
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
-                               "tile_overlap", "drop_packed", "drop_early", "stream_tail", "pv_overlap", "cluster")
+                               "tile_overlap", "drop_packed", "drop_early", "stream_tail", "pv_overlap", "cluster",
+                               "masked_copy")
                                and not v))
 
     def make(self, point, problem: Problem):
@@ -1214,6 +1231,9 @@ class Sm90Forward(Family):
                 emu = SOFTCAP_FOLD_EMU_EXP2.get((d, bool(problem.causal)), 0) \
                     if problem.dtype == "bf16" and tuple(problem.features) == ("softcap",) else 0
                 cfg = cfg.replace(fold_cap=fold, lazy_rescale=fold >= 2 or cfg.lazy_rescale, emu_exp2=emu)
+                if fold >= 2 and "alibi" not in problem.features \
+                        and MASKED_COPY.get((d, problem.dtype, bool(problem.causal))):
+                    cfg = cfg.replace(masked_copy=True)
         if FEATURE_LAZY_RESCALE and feature_call and not cfg.emu_exp2:
             cfg = cfg.replace(lazy_rescale=True)
         if (feature_call and (d, bool(problem.causal)) in ALIBI_LINEAR
