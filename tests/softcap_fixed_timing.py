@@ -231,6 +231,9 @@ def main():
                 for dt in ("bf16", "fp16"):
                     p = Problem("fwd", dt, 2, 1023, 1023, 4, 2, D, causal, features=("softcap",), softcap=4.0)
                     cfgs.append(fam.for_problem(fam.heuristic(p, (9, 0), 227 * 1024), p))
+                    for cap in (30.0,):   # (fp16 at cap 30: the row-max step)
+                        pc = p.replace(softcap=cap)
+                        cfgs.append(fam.for_problem(fam.heuristic(pc, (9, 0), 227 * 1024), pc))
                     for sq, sk in ((1, 1), (2, 1), (1, 2), (3, 3), (5, 2), (2, 7), (17, 300)) * (dt == "bf16"):
                         # (tests/test_softcap_seeds_gpu.py's tiny shapes: bf16)
                         for cap in (5.0, 30.0):
@@ -242,6 +245,10 @@ def main():
                         bf = registry.get(name)
                         pb = p.replace(op="bwd")
                         cfgs.append(bf.for_problem(bf.heuristic(pb, (9, 0), 227 * 1024), pb))
+        # the tests' CUFLASH_SOFTCAP_FIELDS (test_softcap_fixed_max_gpu.forced_fields): those kernels too
+        forced = parse_variants("forced:" + os.environ.get("CUFLASH_SOFTCAP_FIELDS", ""))["forced"]
+        if forced and args.tests:
+            cfgs += [c.replace(**forced) for c in cfgs if c.softcap]
         cfgs = list({c.name: c for c in cfgs if not c.problems()}.values())
         bad = [(c.name, e) for c, _, e in cc.precompile(cfgs) if e]
         for name, bases in kvariants.items():
