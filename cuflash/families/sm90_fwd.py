@@ -529,8 +529,8 @@ class Sm90FwdConfig(KernelConfig):
     drop_early: int = 0
     stream_tail: bool = False
     pv_overlap: bool = False
-    masked_copy: bool = False
     cluster: bool = False
+    masked_copy: bool = False
     section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
