@@ -75,7 +75,7 @@ KVARIANTS["old_split"] = KVARIANTS["old"] + KVARIANTS["split"]
 # 16 elements 2·nt + e of a thread's row, the last of each group: a row's first keys stay on the SFU),
 # replacing kEmu's tile pattern (so the full mask's heuristic emu 1 is replaced too)
 _E16 = "            if (kEmu > 0 && exp2_emulated<kEmu>(nt))"
-for _n in (2, 3, 4, 6, 8):
+for _n in (1, 2, 3, 4, 6, 8):
     KVARIANTS[f"e16_{_n}"] = [("softmax_fold.cuh", _E16,
                               f"            if ((((2 * nt + e) + 1) * {_n}) / 16 != ((2 * nt + e) * {_n}) / 16)")]
 # and the tanhs: N of every 16 elements (offset by 8 from e16's: other elements) take tanh_emu (above)
@@ -276,7 +276,9 @@ def main():
                "cap30": lambda: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0),
                "cap80": lambda: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=80.0)}
         for name, cfg in extra.items():
-            fns[name] = lambda cfg=cfg: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0, config=cfg)
+            # (a --variants name with "cap80" in it: softcap 80, the row-max step; else 30)
+            cap = 80.0 if "cap80" in name else 30.0
+            fns[name] = lambda cfg=cfg, cap=cap: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=cap, config=cfg)
         for fn in fns.values():
             assert not fn().isnan().any()
         if args.profile:
