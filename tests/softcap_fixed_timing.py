@@ -194,6 +194,8 @@ def main():
                     help="comma-separated KVARIANTS names, each optionally NAME:BASE+BASE (else --kv-bases)")
     ap.add_argument("--profile", action="store_true",
                     help="one call each of plain and cap30 (full) in a profiler range (ncu --profile-from-start off)")
+    ap.add_argument("--profile-rows", default="plain,cap30", help="--profile: the rows profiled")
+    ap.add_argument("--profile-mask", default="full", choices=("full", "causal"), help="--profile: the mask")
     ap.add_argument("--precompile", action="store_true")
     ap.add_argument("--tests", action="store_true", help="--precompile: also the GPU tests' kernels")
     ap.add_argument("--variants", default="")
@@ -282,9 +284,9 @@ def main():
         for fn in fns.values():
             assert not fn().isnan().any()
         if args.profile:
-            if causal:
+            if (args.profile_mask == "full") == causal:
                 continue
-            for key in ("plain", "cap30"):
+            for key in args.profile_rows.split(","):   # (plain, cap30, cap80 and --variants names)
                 fns[key]()
                 torch.cuda.synchronize()
                 torch.cuda.profiler.start()
