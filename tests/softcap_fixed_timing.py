@@ -18,6 +18,7 @@ Columns: ms and x plain (over the plain forward of the same pass).
 import argparse
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
@@ -250,7 +251,7 @@ def main():
         # the tests' CUFLASH_SOFTCAP_FIELDS (test_softcap_fixed_max_gpu.forced_fields): those kernels too
         forced = parse_variants("forced:" + os.environ.get("CUFLASH_SOFTCAP_FIELDS", ""))["forced"]
         if forced and args.tests:
-            cfgs += [c.replace(**forced) for c in cfgs if c.softcap]
+            cfgs += [c.replace(**forced) for c in cfgs if c.family == "sm90_fwd" and c.softcap and c.fold_cap >= 3]
         cfgs = list({c.name: c for c in cfgs if not c.problems()}.values())
         bad = [(c.name, e) for c, _, e in cc.precompile(cfgs) if e]
         for name, bases in kvariants.items():
@@ -278,8 +279,8 @@ def main():
                "cap30": lambda: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0),
                "cap80": lambda: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=80.0)}
         for name, cfg in extra.items():
-            # (a --variants name with "cap80" in it: softcap 80, the row-max step; else 30)
-            cap = 80.0 if "cap80" in name else 30.0
+            # (a --variants name with "capN" in it: softcap N, e.g. cap80 the row-max step; else 30)
+            cap = float(re.search(r"cap(\d+)", name).group(1)) if re.search(r"cap(\d+)", name) else 30.0
             fns[name] = lambda cfg=cfg, cap=cap: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=cap, config=cfg)
         for fn in fns.values():
             assert not fn().isnan().any()

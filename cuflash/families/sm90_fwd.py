@@ -343,11 +343,18 @@ FIXED_MAX_LOG2_RANGE = 100.0
 # backward (a prescale per Q block visit, or a prescaled copy of Q and a dK factor) for the forward's
 # one multiply per score. True: allowed, for timing (tests/softcap_fixed_timing.py) only.
 FOLD4_TIMING = False
-# masked_copy (kMaskedCopy) with fold_cap >= 2 by (head dim, dtype, causal): the folded softcap step's
-# masked blocks in a copy of their own, so an unmasked block's tanhs and exp2s are one basic block
+# masked_copy (kMaskedCopy) with fold_cap >= 3 by (head dim, dtype, causal): the folded softcap step's
+# masked blocks in a copy of their own, so that an unmasked block's tanhs and exp2s are one basic block
 # (without it SASS issues the block's 64 MUFU.TANH in one burst, the mask's branch, then its 64
-# MUFU.EX2). Measured: see the entries (session 21, tests/softcap_fixed_timing.py).
-MASKED_COPY: dict = {}
+# MUFU.EX2: the exp2s wait for the last tanh, and the software exp2's FMA work has only the exp2s'
+# burst to hide under). 1 copies the fixed-max step, 2 the row-max step too. Measured (session 21,
+# tests/softcap_fixed_timing.py, d128 8k, x the plain forward of the same process, on one H200 of a
+# 4-GPU host: results/NVIDIA_H100_80GB_HBM3/softcap_session21.md): bf16 cap 30 (fixed max) causal
+# 1.405 -> 1.232 (1), full 1.360 -> 1.315 (1, with emu_exp2 1); the row-max copy (2) at bf16 cap 80
+# causal 1.435 -> 1.481, full 1.403 -> 1.403, fp16 cap 30 causal 1.380 -> 1.414 / 1.441 -> 1.469,
+# full 1.521 -> 1.360 / 1.498 -> 1.344 (two runs).
+MASKED_COPY: dict = {(128, "bf16", True): 1, (128, "bf16", False): 1, (128, "fp16", False): 2}
+MASKED_COPY_VALUES = (0, 1, 2)
 # fp16 calls: P goes to the P V GEMM as fp16, whose normal range ends at 2^-14, so the fixed max holds
 # only where every P = exp2(k (t - 1)) stays a normal fp16 number (2k <= 14: softcap <= 4.85); above it
 # the row max (session 17: with the bf16 range, softcap 20 / 30 put every P of random scores near 2^-29
@@ -484,9 +491,10 @@ class Sm90FwdConfig(KernelConfig):
                the warpgroup's own P V GEMM (FA3's intra-warpgroup overlap). The same steps in the
                same order; plain calls only (no window, softcap, ALiBi, dropout). Measured no faster
                (PV_OVERLAP's note): off, outside the tuning space
-    masked_copy: the folded softcap step (fold_cap >= 2, no ALiBi) with the masked blocks in a copy of
-               their own (kMaskedCopy), so that an unmasked block's tanhs and exp2s share one basic
-               block that ptxas interleaves (MASKED_COPY)
+    masked_copy: 0..2: the folded softcap step (fold_cap >= 3, no ALiBi) with the masked blocks in a
+               copy of their own (kMaskedCopy), so that an unmasked block's tanhs and exp2s share one
+               basic block that ptxas interleaves: 1, the fixed-max step; 2, the row-max step too
+               (MASKED_COPY). Outside the tuning space
     cluster:   clusters of 2 CTAs (sm90_fwd_cluster, kCluster): the static persistent grid's CTAs 2c and
                2c + 1 take adjacent Q blocks of one head at every step, and each loads half of every
                K_j's and V_j's column chunks by TMA multicast into both (one L2 read feeds two SMs); a
@@ -530,7 +538,7 @@ class Sm90FwdConfig(KernelConfig):
     stream_tail: bool = False
     pv_overlap: bool = False
     cluster: bool = False
-    masked_copy: bool = False
+    masked_copy: int = 0
     section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
@@ -554,7 +562,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_tov' if self.tile_overlap else ''}"
                 f"{'_dpk' if self.drop_packed else ''}{'_dpe' if self.drop_early == 1 else f'_dpe{self.drop_early}' if self.drop_early else ''}"
                 f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}{'_cl2' if self.cluster else ''}"
-                f"{'_mcp' if self.masked_copy else ''}")
+                f"{f'_mcp{self.masked_copy}' if self.masked_copy else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -628,7 +636,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{int(self.drop_early)}",                                        # kDropEarly
                 f"{'true' if self.stream_tail else 'false'}",                     # kStreamTail
                 f"{'true' if self.pv_overlap else 'false'}",                      # kPvOverlap
-                f"{'true' if self.masked_copy else 'false'}"]                     # kMaskedCopy last
+                f"{self.masked_copy}"]                                            # kMaskedCopy last
         used = (18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
@@ -715,8 +723,10 @@ class Sm90FwdConfig(KernelConfig):
         if (self.lazy_rescale or self.fold_cap) and (self.dropout or (self.emu_exp2 and not self.fold_cap)):
             out.append("lazy_rescale / fold_cap run without dropout, and emu_exp2 only with fold_cap "
                        "(kernels_cu/softmax_fold.cuh)")
-        if self.masked_copy and (self.fold_cap < 2 or self.alibi):
-            out.append("masked_copy copies the folded softcap step: it needs fold_cap >= 2 and no ALiBi "
+        if self.masked_copy not in MASKED_COPY_VALUES:
+            out.append(f"masked_copy must be one of {MASKED_COPY_VALUES}, got {self.masked_copy}")
+        elif self.masked_copy and (self.fold_cap < 3 or self.alibi):
+            out.append("masked_copy copies the folded softcap step: it needs fold_cap >= 3 and no ALiBi "
                        "(kMaskedCopy, kernels_cu/sm90_fwd.cu)")
         if (self.lazy_rescale or self.fold_cap) and (self.p_smem or self.tree_max or self.q_double):
             out.append("lazy_rescale / fold_cap with p_smem / tree_max / q_double: not designed together "
@@ -1092,8 +1102,8 @@ class Sm90Forward(Family):
         # lazy_rescale with emu_exp2 only under fold_cap (kernels_cu/softmax_fold.cuh)
         if config.fold_cap and ("softcap" not in problem.features or dropout):
             config = config.replace(fold_cap=0)
-        if config.masked_copy and (config.fold_cap < 2 or "alibi" in problem.features):
-            config = config.replace(masked_copy=False)   # (a speed knob of the folded softcap step)
+        if config.masked_copy and (config.fold_cap < 3 or "alibi" in problem.features):
+            config = config.replace(masked_copy=0)   # (a speed knob of the folded softcap step)
         if config.lazy_rescale and (dropout or (config.emu_exp2 and not config.fold_cap)):
             config = config.replace(lazy_rescale=False)
         if config.p_smem and problem.features:   # plain calls only (a speed knob): P in registers
@@ -1231,9 +1241,8 @@ class Sm90Forward(Family):
                 emu = SOFTCAP_FOLD_EMU_EXP2.get((d, bool(problem.causal)), 0) \
                     if problem.dtype == "bf16" and tuple(problem.features) == ("softcap",) else 0
                 cfg = cfg.replace(fold_cap=fold, lazy_rescale=fold >= 2 or cfg.lazy_rescale, emu_exp2=emu)
-                if fold >= 2 and "alibi" not in problem.features \
-                        and MASKED_COPY.get((d, problem.dtype, bool(problem.causal))):
-                    cfg = cfg.replace(masked_copy=True)
+                if fold >= 3 and tuple(problem.features) == ("softcap",):   # (where measured: softcap alone)
+                    cfg = cfg.replace(masked_copy=MASKED_COPY.get((d, problem.dtype, bool(problem.causal)), 0))
         if FEATURE_LAZY_RESCALE and feature_call and not cfg.emu_exp2:
             cfg = cfg.replace(lazy_rescale=True)
         if (feature_call and (d, bool(problem.causal)) in ALIBI_LINEAR
