@@ -358,6 +358,14 @@ NVCC_CONFIGS = [
     # fold_cap 3 at the softcap heuristic's full tile, and BN 160 (tests/softcap_fixed_timing.py's bn160@full)
     cfg(False, 144, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True),
     cfg(False, 160, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True),
+    # masked_copy (session 21): the softcap heuristic's tiles, bf16 causal / full (emu_exp2 1) with the
+    # fixed-max step's copy, fp16 full with the row-max step's too
+    cfg(True, 128, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True,
+        masked_copy=1),
+    cfg(False, 144, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True,
+        emu_exp2=1, masked_copy=1),
+    cfg(False, 144, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True,
+        masked_copy=2, dtype="fp16"),
 ]
 
 
