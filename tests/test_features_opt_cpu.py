@@ -139,8 +139,8 @@ def test_switches_on(monkeypatch, features, causal):
 SHIPPED = {
     (("window",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
     (("window",), False): "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
-    (("softcap",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3",
-    (("softcap",), False): "sm90fwd_bf16_d128_full_BM128_BN144_s2_c2_pp_persist_dyn_tmao_emu1_cap_lazy_fold3",
+    (("softcap",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3_mcp1",
+    (("softcap",), False): "sm90fwd_bf16_d128_full_BM128_BN144_s2_c2_pp_persist_dyn_tmao_emu1_cap_lazy_fold3_mcp1",
     (("alibi",), True): "sm90fwd_bf16_d128_causal_BM128_BN176_s2_c2_pp_persist_dyn_alibi_alin",
     # (session 16: BN 160 + TMA store, FEATURE_TILES "alibi:full")
     (("alibi",), False): "sm90fwd_bf16_d128_full_BM128_BN160_s2_c2_pp_persist_dyn_tmao_alibi_alin",
