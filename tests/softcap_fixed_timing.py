@@ -91,54 +91,8 @@ for _n in (1, 2, 4):
          "                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);")]
 KVARIANTS["e16_4_t16_2"] = KVARIANTS["e16_4"] + KVARIANTS["t16_2"]
 KVARIANTS["e16_2_t16_1"] = KVARIANTS["e16_2"] + KVARIANTS["t16_1"]
-# the fixed-max step without the mask's branch between the tanhs and the exp2s: the masked block (the
-# causal diagonal's, a ragged end) takes its own copy of the step, so that the unmasked block's tanhs,
-# exp2s and the FMA-pipe work around them are one basic block that ptxas can interleave (with the
-# branch, SASS shows the 64 MUFU.TANH in one burst, then the 64 MUFU.EX2). The masked copy masks S
-# before the tanh too (tanh(-inf) = -1, masked again after): with the same tanhs in both copies,
-# the compiler hoisted them above the branch (nvcc 13.0)
-_STEP = ("softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value, "
-         "typename RoundToIf<kRoundedL && !kRowSumMma, Elem>::type>(s_acc, m, l, lr, mx, scale_log2, alpha, rescale)")
-KVARIANTS["nosplit"] = [("sm90_fwd.cu",
-    "                        folded.apply(s_acc, warp_row0, n_block * kBN, g, t);\n"
-    "                        if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());\n"
-    "                        mx[0][0] = mx[0][1] = p.softcap_fixed_m;\n",
-    "                        mx[0][0] = mx[0][1] = p.softcap_fixed_m;\n"
-    "                        if (masked) {\n"
-    "                            tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());\n"
-    "                            folded.apply(s_acc, warp_row0, n_block * kBN, g, t);\n"
-    "                            tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());\n"
-    f"                            {_STEP};\n"
-    "                            return;\n"
-    "                        }\n"
-    "                        folded.apply(s_acc, warp_row0, n_block * kBN, g, t);\n")]
-for _n in (2, 4, 6, 8):
-    KVARIANTS[f"nosplit_e16_{_n}"] = KVARIANTS["nosplit"] + KVARIANTS[f"e16_{_n}"]
-KVARIANTS["nosplit_t16_2"] = KVARIANTS["nosplit"] + KVARIANTS["t16_2"]
-# the same for the row-max step (softcap_fixed_m > 1: fp16 at cap > 4.85, bf16 at cap > 34.7): the masked
-# block takes its own copy (row max, tanh, mask, step), so the unmasked block's tanhs and exp2s share
-# one basic block
-_MAXSTEP = ("softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, l, mx, scale_log2,\n"
-            "                                                                                       alpha, rescale);")
-KVARIANTS["nosplitmax"] = [("sm90_fwd.cu",
-    "                        if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());\n"
-    "                        softmax_rowmax(s_acc, mx);\n"
-    "                        folded.apply(s_acc, warp_row0, n_block * kBN, g, t);\n"
-    "                        if (masked) tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());\n",
-    "                        if (masked) {\n"
-    "                            tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());\n"
-    "                            softmax_rowmax(s_acc, mx);\n"
-    "                            folded.apply(s_acc, warp_row0, n_block * kBN, g, t);\n"
-    "                            tile_mask.apply(s_acc, warp_row0, n_block * kBN, g, t, neg_inf());\n"
-    "                            mx[0][0] = folded.cap(mx[0][0]);\n"
-    "                            mx[0][1] = folded.cap(mx[0][1]);\n"
-    "                            " + _MAXSTEP + "\n"
-    "                            return;\n"
-    "                        }\n"
-    "                        softmax_rowmax(s_acc, mx);\n"
-    "                        folded.apply(s_acc, warp_row0, n_block * kBN, g, t);\n")]
-KVARIANTS["nosplit_both"] = KVARIANTS["nosplit"] + KVARIANTS["nosplitmax"]
-KVARIANTS["nosplitmax_e16_4"] = KVARIANTS["nosplitmax"] + KVARIANTS["e16_4"]
+# (session 21's round-1 kvariants "nosplit" / "nosplitmax", the masked blocks' own copy of the fixed-max /
+# row-max step, are sm90_fwd's masked_copy 1 / 2 since: --variants 'mc1:masked_copy=1', SASS identical)
 KVARIANTS["addsum_split"] = KVARIANTS["addsum"] + KVARIANTS["split"]
 
 
