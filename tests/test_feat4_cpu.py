@@ -77,6 +77,9 @@ def test_emu_exp2_with_fold_cap():
 def test_fold_emu_module_switch(monkeypatch):
     p = problem(("softcap",), softcap=30.0)
     monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD_EMU_EXP2", {(128, True): 2})
+    # (not with the masked blocks' copy of the step, MASKED_COPY's note: the shipped heuristic's)
+    assert heuristic(p).emu_exp2 == 0 and heuristic(p).masked_copy == 1
+    monkeypatch.setattr(sm90_fwd, "MASKED_COPY", {})
     assert heuristic(p).emu_exp2 == 2 and heuristic(p).fold_cap == 3
     assert heuristic(problem(("softcap",), causal=False, softcap=30.0)).emu_exp2 == 0
 

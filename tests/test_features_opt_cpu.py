@@ -140,7 +140,7 @@ SHIPPED = {
     (("window",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
     (("window",), False): "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
     (("softcap",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3_mcp1",
-    (("softcap",), False): "sm90fwd_bf16_d128_full_BM128_BN144_s2_c2_pp_persist_dyn_tmao_emu1_cap_lazy_fold3_mcp1",
+    (("softcap",), False): "sm90fwd_bf16_d128_full_BM128_BN144_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3_mcp1",
     (("alibi",), True): "sm90fwd_bf16_d128_causal_BM128_BN176_s2_c2_pp_persist_dyn_alibi_alin",
     # (session 16: BN 160 + TMA store, FEATURE_TILES "alibi:full")
     (("alibi",), False): "sm90fwd_bf16_d128_full_BM128_BN160_s2_c2_pp_persist_dyn_tmao_alibi_alin",
@@ -358,12 +358,16 @@ NVCC_CONFIGS = [
     # fold_cap 3 at the softcap heuristic's full tile, and BN 160 (tests/softcap_fixed_timing.py's bn160@full)
     cfg(False, 144, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True),
     cfg(False, 160, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True),
-    # masked_copy (session 21): the softcap heuristic's tiles, bf16 causal / full (emu_exp2 1) with the
-    # fixed-max step's copy, fp16 full with the row-max step's too
+    # masked_copy (session 21): the softcap heuristic's tiles, bf16 causal / full (and full with emu_exp2 1)
+    # and fp16 causal with the fixed-max step's copy, fp16 full with the row-max step's too
     cfg(True, 128, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True,
         masked_copy=1),
     cfg(False, 144, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True,
+        masked_copy=1),
+    cfg(False, 144, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True,
         emu_exp2=1, masked_copy=1),
+    cfg(True, 128, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True,
+        masked_copy=1, dtype="fp16"),
     cfg(False, 144, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True,
         masked_copy=2, dtype="fp16"),
 ]

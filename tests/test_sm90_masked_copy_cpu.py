@@ -59,7 +59,7 @@ def test_heuristic_switch(monkeypatch):
     assert heuristic(problem()).masked_copy == 1
     assert heuristic(problem(causal=False)).masked_copy == 1
     assert heuristic(problem("fp16", causal=False)).masked_copy == 2
-    assert heuristic(problem("fp16", causal=True)).masked_copy == 0
+    assert heuristic(problem("fp16", causal=True)).masked_copy == 1
     # softcap alone (where measured): not with a window
     assert heuristic(problem(features=("softcap", "window"))).masked_copy == 0
     monkeypatch.setattr(sm90_fwd, "MASKED_COPY", {})
