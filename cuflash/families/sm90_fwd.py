@@ -334,6 +334,8 @@ FOLD_CAP = (0, 1, 2, 3, 4)
 # emu 1 full (BN 144) 1.445 -> 1.388 / 1.438 -> 1.373 / 1.409 -> 1.360 (emu 2 1.398, BN 128 + emu 1
 # 1.511), causal (BN 128) 1.384 -> 1.443 / 1.402 -> 1.438:
 # full takes 1, bf16 softcap alone (emu 2 spills 4 bytes at BN 144, nvcc 13.0; BN 160 + emu 1 76).
+# Session 21: not under masked_copy (MASKED_COPY's note: with the copy, emu 0 measured faster at full,
+# 1.316 -> 1.253), so the shipped heuristic takes it only where MASKED_COPY is 0.
 SOFTCAP_FOLD_EMU_EXP2: dict = {(128, False): 1}
 FIXED_MAX_LOG2_RANGE = 100.0
 # fold_cap 4 (Q prescaled by softcap_in in shared memory, bf16) is refused by the config: its scores
