@@ -241,6 +241,12 @@
 //              wait first: the step overlaps only the other warpgroups' GEMMs). Plain calls only (no
 //              window, softcap, ALiBi, dropout); measured no faster (sm90_fwd.py PV_OVERLAP's note).
 //              false (the default): the code of the kernel before it existed
+//   kMaskedCopy 0..2, with kFoldCap >= 3 (no kAlibi): the folded softcap step's masked blocks (the
+//              causal diagonal's, a ragged end) run a copy of their own of the step, so that an
+//              unmasked block's tanhs, exp2s and their FMA-pipe work are one basic block (with the
+//              mask's branch between the tanhs and the exp2s, ptxas issues the block's tanhs in one SFU
+//              burst, then its exp2s): 1, the fixed-max step; 2, the row-max step too. 0 (the
+//              default): the code of the kernel before it existed
 //   kCluster   (the entry point sm90_fwd_cluster, __cluster_dims__(2, 1, 1); not a template parameter of
 //              sm90_fwd) clusters of two CTAs on the static persistent grid: CTAs 2c and 2c + 1 take
 //              tiles 2c + i·G and 2c + 1 + i·G, adjacent Q blocks of one (head, batch) at every step
@@ -418,7 +424,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           class Elem, bool kCausal, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, int kEmuExp2,
           bool kDynamic, bool kTmaStore, bool kVarlen, bool kPSmem, bool kTreeMax, bool kQDouble,
           bool kLazyRescale, int kFoldCap, bool kAlibiLinear, bool kRescaleFirst, bool kTileOverlap,
-          bool kDropPacked, int kDropEarly, bool kStreamTail, bool kPvOverlap, bool kCluster>
+          bool kDropPacked, int kDropEarly, bool kStreamTail, bool kPvOverlap, bool kCluster, int kMaskedCopy>
 __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     // kDropEarly 4: one K/V block's keep flags, 16 bytes per consumer thread and 32-key block
     static constexpr int kGenBytes = kDropEarly == 4 ? kConsumers * 128 * (kBN / 32) * 16 : 0;
@@ -481,6 +487,8 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     static_assert(kFoldCap != 4 || Exp2PolyDegree<Elem>::value == 3,
                   "kFoldCap 4 prescales Q in bf16 (Exp2PolyDegree's 3 marks bf16): fp16 products underflow");
     static_assert(kFoldCap < 2 || kLazyRescale, "kFoldCap 2, 3, 4 run with kLazyRescale");
+    static_assert(kMaskedCopy >= 0 && kMaskedCopy <= 2 && (kMaskedCopy == 0 || (kFoldCap >= 3 && !kAlibi)),
+                  "kMaskedCopy (0..2) copies the folded softcap step (kFoldCap >= 3, no kAlibi)");
     static_assert(!(kLazyRescale || kFoldCap) || ((kEmuExp2 == 0 || kFoldCap != 0) && !kDropout),
                   "kLazyRescale / kFoldCap run no dropout, and the software exp2 only with kFoldCap (softmax_fold.cuh)");
     static_assert(!kDropPacked || (kDropout && !kPSmem),
@@ -937,6 +945,43 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                     softmax_step_shift<kLazyRescale>(s_acc, shift, m, l, scale_log2, alpha, rescale);
                     return;
                 }
+                if constexpr (kFoldCap >= 3 && !kAlibi && kMaskedCopy > 0) if (kMaskedCopy == 2 || fixed_max) {
+                    // kMaskedCopy: the folded steps below (1: the fixed max's; 2: the row max's too), with
+                    // the masked blocks (the causal diagonal's, a ragged end) in a copy of their own, so
+                    // that an unmasked block's tanhs, exp2s and the FMA-pipe work around them are one
+                    // basic block that ptxas interleaves (below, the mask's branch between the tanhs and
+                    // the exp2s splits them: SASS has the block's 64 MUFU.TANH in one burst, then its 64
+                    // MUFU.EX2). The masked copy masks S before the tanhs too (tanh(-inf) = -1: masked
+                    // again after them); with the same tanhs in both copies the compiler hoisted them
+                    // above the branch (nvcc 13.0).
+                    const int key0 = n_block * kBN;
+                    auto folded_step = [&](auto masked_tag) {
+                        constexpr bool kMasked = decltype(masked_tag)::value;
+                        float mx[1][2];
+                        if (kMasked) tile_mask.apply(s_acc, warp_row0, key0, g, t, neg_inf());
+                        if (kMaskedCopy == 1 || fixed_max) {   // the fixed max (below)
+                            folded.apply(s_acc, warp_row0, key0, g, t);
+                            if (kMasked) tile_mask.apply(s_acc, warp_row0, key0, g, t, neg_inf());
+                            mx[0][0] = mx[0][1] = p.softcap_fixed_m;
+                            softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value,
+                                             typename RoundToIf<kRoundedL && !kRowSumMma, Elem>::type>(
+                                s_acc, m, l, lr, mx, scale_log2, alpha, rescale);
+                        } else if constexpr (kMaskedCopy == 2) {   // the row max on the raw S (below)
+                            softmax_rowmax(s_acc, mx);
+                            folded.apply(s_acc, warp_row0, key0, g, t);
+                            if (kMasked) tile_mask.apply(s_acc, warp_row0, key0, g, t, neg_inf());
+                            mx[0][0] = folded.cap(mx[0][0]);
+                            mx[0][1] = folded.cap(mx[0][1]);
+                            softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(
+                                s_acc, m, l, l, mx, scale_log2, alpha, rescale);
+                        }
+                    };
+                    if (tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block))
+                        folded_step(BoolTag<true>{});
+                    else
+                        folded_step(BoolTag<false>{});
+                    return;
+                }
                 if constexpr (kFoldCap >= 2 && !kAlibi) {
                     const bool masked = tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block);
                     float mx[1][2];
@@ -1132,12 +1177,12 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
-          bool kPvOverlap = false>
+          bool kPvOverlap = false, int kMaskedCopy = 0>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
-                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false>(p);
+                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false, kMaskedCopy>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent Q blocks of one head, sharing their K/V loads);
@@ -1148,13 +1193,13 @@ template <int kClusterSize, int kBM, int kBN, int kStages, int kConsumers, bool 
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
-          bool kPvOverlap = false>
+          bool kPvOverlap = false, int kMaskedCopy = 0>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd_cluster(const __grid_constant__ Sm90FwdParams p) {
     static_assert(kClusterSize == 2, "sm90_fwd_cluster: clusters of 2 CTAs");
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
-                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true>(p);
+                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true, kMaskedCopy>(p);
 }
 
 }  // namespace cuflash

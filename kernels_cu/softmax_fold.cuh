@@ -36,6 +36,9 @@ namespace cuflash {
 
 constexpr float kLazyRescaleLog2 = 8.f;
 
+// A compile-time bool as a value (a generic lambda's argument picks its copy: sm90_fwd's kMaskedCopy)
+template <bool kValue> struct BoolTag { static constexpr bool value = kValue; };
+
 // The row max of one block of S, quad-reduced: mx[mt][half] of row 16·mt + g + 8·half (-inf where
 // every element is -inf): softmax_step's first half.
 template <int kMT, int kNTS>

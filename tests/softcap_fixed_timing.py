@@ -18,11 +18,13 @@ Columns: ms and x plain (over the plain forward of the same pass).
 import argparse
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
 B, S, H, D = 2, 8192, 16, 128
+DTYPE = "bf16"   # --dtype
 # kernel-source variants (--kvariants): edits of a kernels_cu copy, {name: [(file, old, new)]}, each
 # timed as softcap 30 at the heuristic's config compiled from its copy
 KVARIANTS = {
@@ -70,6 +72,27 @@ KVARIANTS["emutanh"] = [
      "                        if (kSoftcap) s = nt % 4 == 3 ? tanh_emu(s * softcap_in) : tanh_approx(s * softcap_in);\n"
      "                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);")]
 KVARIANTS["old_split"] = KVARIANTS["old"] + KVARIANTS["split"]
+# session 21 (cap8): element-level fractions of the folded step's exp2s on exp2_poly (e16_N: N of every
+# 16 elements 2·nt + e of a thread's row, the last of each group: a row's first keys stay on the SFU),
+# replacing kEmu's tile pattern (so the full mask's heuristic emu 1 is replaced too)
+_E16 = "            if (kEmu > 0 && exp2_emulated<kEmu>(nt))"
+for _n in (1, 2, 3, 4, 6, 8):
+    KVARIANTS[f"e16_{_n}"] = [("softmax_fold.cuh", _E16,
+                              f"            if ((((2 * nt + e) + 1) * {_n}) / 16 != ((2 * nt + e) * {_n}) / 16)")]
+# and the tanhs: N of every 16 elements (offset by 8 from e16's: other elements) take tanh_emu (above)
+_T16 = ("                        if (kSoftcap) s = tanh_approx(s * softcap_in);\n"
+        "                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);")
+for _n in (1, 2, 4):
+    KVARIANTS[f"t16_{_n}"] = [
+        ("softmax_fold.cuh", "constexpr float kLazyRescaleLog2 = 8.f;\n", "constexpr float kLazyRescaleLog2 = 8.f;\n" + _TANH_EMU),
+        ("softmax_fold.cuh", _T16,
+         f"                        if (kSoftcap) s = (((2 * nt + e) + 9) * {_n}) / 16 != (((2 * nt + e) + 8) * {_n}) / 16"
+         " ? tanh_emu(s * softcap_in) : tanh_approx(s * softcap_in);\n"
+         "                        if (kAlibi) s = fmaf(-slope, fabsf(r - static_cast<float>(nt * 8 + e)), s);")]
+KVARIANTS["e16_4_t16_2"] = KVARIANTS["e16_4"] + KVARIANTS["t16_2"]
+KVARIANTS["e16_2_t16_1"] = KVARIANTS["e16_2"] + KVARIANTS["t16_1"]
+# (session 21's round-1 kvariants "nosplit" / "nosplitmax", the masked blocks' own copy of the fixed-max /
+# row-max step, are sm90_fwd's masked_copy 1 / 2 since: --variants 'mc1:masked_copy=1', SASS identical)
 KVARIANTS["addsum_split"] = KVARIANTS["addsum"] + KVARIANTS["split"]
 
 
@@ -91,7 +114,7 @@ def configs(causal, variants):
     from cuflash.problem import Problem
 
     fam = registry.get("sm90_fwd")
-    plain = Problem("fwd", "bf16", B, S, S, H, H, D, causal)
+    plain = Problem("fwd", DTYPE, B, S, S, H, H, D, causal)
     cap = plain.replace(features=("softcap",), softcap=30.0)
     heur = fam.for_problem(fam.heuristic(cap, (9, 0), 227 * 1024), cap)
     # (a name ending in "@full" / "@causal": that mask's row only)
@@ -100,8 +123,10 @@ def configs(causal, variants):
     return plain, heur, extra
 
 
-def variant_dir(name, root="/tmp"):
-    """A kernels_cu copy with KVARIANTS[name]'s edits (each must match once)."""
+def variant_dir(name, root=""):
+    """A kernels_cu copy with KVARIANTS[name]'s edits (each must match once), under root (default
+    $CUFLASH_KV_ROOT, else /tmp)."""
+    root = root or os.environ.get("CUFLASH_KV_ROOT", "/tmp")
     import shutil
     from pathlib import Path
 
@@ -124,6 +149,8 @@ def main():
                     help="comma-separated KVARIANTS names, each optionally NAME:BASE+BASE (else --kv-bases)")
     ap.add_argument("--profile", action="store_true",
                     help="one call each of plain and cap30 (full) in a profiler range (ncu --profile-from-start off)")
+    ap.add_argument("--profile-rows", default="plain,cap30", help="--profile: the rows profiled")
+    ap.add_argument("--profile-mask", default="full", choices=("full", "causal"), help="--profile: the mask")
     ap.add_argument("--precompile", action="store_true")
     ap.add_argument("--tests", action="store_true", help="--precompile: also the GPU tests' kernels")
     ap.add_argument("--variants", default="")
@@ -131,7 +158,10 @@ def main():
                     help="rows the kernel-source variants are made for: cap30 (the heuristic) and --variants names")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default="")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     args = ap.parse_args()
+    global DTYPE
+    DTYPE = args.dtype
     variants = parse_variants(args.variants)
     # {kernel-source variant: the rows (cap30, --variants names) it is made for}
     kvariants = {n.partition(":")[0]: (n.partition(":")[2] or args.kv_bases).split("+")
@@ -158,6 +188,9 @@ def main():
                 for dt in ("bf16", "fp16"):
                     p = Problem("fwd", dt, 2, 1023, 1023, 4, 2, D, causal, features=("softcap",), softcap=4.0)
                     cfgs.append(fam.for_problem(fam.heuristic(p, (9, 0), 227 * 1024), p))
+                    for cap in (30.0,):   # (fp16 at cap 30: the row-max step)
+                        pc = p.replace(softcap=cap)
+                        cfgs.append(fam.for_problem(fam.heuristic(pc, (9, 0), 227 * 1024), pc))
                     for sq, sk in ((1, 1), (2, 1), (1, 2), (3, 3), (5, 2), (2, 7), (17, 300)) * (dt == "bf16"):
                         # (tests/test_softcap_seeds_gpu.py's tiny shapes: bf16)
                         for cap in (5.0, 30.0):
@@ -169,6 +202,10 @@ def main():
                         bf = registry.get(name)
                         pb = p.replace(op="bwd")
                         cfgs.append(bf.for_problem(bf.heuristic(pb, (9, 0), 227 * 1024), pb))
+        # the tests' CUFLASH_SOFTCAP_FIELDS (test_softcap_fixed_max_gpu.forced_fields): those kernels too
+        forced = parse_variants("forced:" + os.environ.get("CUFLASH_SOFTCAP_FIELDS", ""))["forced"]
+        if forced and args.tests:
+            cfgs += [c.replace(**forced) for c in cfgs if c.family == "sm90_fwd" and c.softcap and c.fold_cap >= 3]
         cfgs = list({c.name: c for c in cfgs if not c.problems()}.values())
         bad = [(c.name, e) for c, _, e in cc.precompile(cfgs) if e]
         for name, bases in kvariants.items():
@@ -190,18 +227,21 @@ def main():
     rows = []
     for causal in (True, False):
         plain, heur, extra = configs(causal, variants)
-        q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16 if DTYPE == "bf16" else torch.float16)
+                   for _ in range(3))
         fns = {"plain": lambda: cuflash.flash_attn_func(q, k, v, causal=causal),
                "cap30": lambda: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0),
                "cap80": lambda: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=80.0)}
         for name, cfg in extra.items():
-            fns[name] = lambda cfg=cfg: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=30.0, config=cfg)
+            # (a --variants name with "capN" in it: softcap N, e.g. cap80 the row-max step; else 30)
+            cap = float(re.search(r"cap(\d+)", name).group(1)) if re.search(r"cap(\d+)", name) else 30.0
+            fns[name] = lambda cfg=cfg, cap=cap: cuflash.flash_attn_func(q, k, v, causal=causal, softcap=cap, config=cfg)
         for fn in fns.values():
             assert not fn().isnan().any()
         if args.profile:
-            if causal:
+            if (args.profile_mask == "full") == causal:
                 continue
-            for key in ("plain", "cap30"):
+            for key in args.profile_rows.split(","):   # (plain, cap30, cap80 and --variants names)
                 fns[key]()
                 torch.cuda.synchronize()
                 torch.cuda.profiler.start()
@@ -237,9 +277,9 @@ def main():
             cfg = extra.get(key.rsplit("_", 1)[0] if key.endswith(tuple(kvariants)) else key, heur) \
                 if key != "plain" else plain
             name = getattr(cfg, "name", "")
-            print(f"{'causal' if causal else 'full':7s} {key:14s} {t.median_ms:8.3f} ms {tflops:7.1f} TFLOPs "
+            print(f"{DTYPE} {'causal' if causal else 'full':7s} {key:14s} {t.median_ms:8.3f} ms {tflops:7.1f} TFLOPs "
                   f"x plain {t.median_ms / base:6.3f}  {name if key != 'plain' else ''}", flush=True)
-            rows.append(dict(causal=causal, row=key, median_ms=t.median_ms, x_plain=t.median_ms / base,
+            rows.append(dict(dtype=DTYPE, causal=causal, row=key, median_ms=t.median_ms, x_plain=t.median_ms / base,
                              spread=t.spread, config=name))
     if args.out:
         env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)

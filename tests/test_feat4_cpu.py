@@ -36,8 +36,8 @@ def test_drop_packed_rules_and_names():
     assert packed.kernel_name().endswith(", true>") and packed.problems(MAX_SMEM) == []
     # the template tail stops at the last argument set: without it the kernel name is unchanged
     assert "true, 0, true>" in cfg.replace(drop_packed=False).kernel_name()
-    # (kDropEarly, kStreamTail and kPvOverlap after it)
-    assert packed.template_args()[-4] is True and cfg.replace(drop_packed=False).template_args()[-4] is False
+    # (kDropEarly, kStreamTail, kPvOverlap and kMaskedCopy after it)
+    assert packed.template_args()[-5] is True and cfg.replace(drop_packed=False).template_args()[-5] is False
     # BN: DROPOUT_PACKED_BN at d128 (192), DROPOUT_BN without drop_packed (160)
     assert packed.replace(BN=192).problems(MAX_SMEM) == []
     assert any("DROPOUT_BN" in m for m in cfg.replace(drop_packed=False, BN=192).problems(MAX_SMEM))
@@ -77,6 +77,9 @@ def test_emu_exp2_with_fold_cap():
 def test_fold_emu_module_switch(monkeypatch):
     p = problem(("softcap",), softcap=30.0)
     monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD_EMU_EXP2", {(128, True): 2})
+    # (not with the masked blocks' copy of the step, MASKED_COPY's note: the shipped heuristic's)
+    assert heuristic(p).emu_exp2 == 0 and heuristic(p).masked_copy == 1
+    monkeypatch.setattr(sm90_fwd, "MASKED_COPY", {})
     assert heuristic(p).emu_exp2 == 2 and heuristic(p).fold_cap == 3
     assert heuristic(problem(("softcap",), causal=False, softcap=30.0)).emu_exp2 == 0
 

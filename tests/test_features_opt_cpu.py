@@ -50,11 +50,11 @@ def test_names_and_template_tail():
     assert c.kernel_name().endswith("false, 0, false, false, false, false, false, false, true>")
     c = cfg(softcap=True, fold_cap=1)
     assert c.kernel_name().endswith("false, false, false, false, false, false, false, 1>")   # kVarlen, kPSmem, kTreeMax, kQDouble
-    assert c.template_args()[-9:] == (False, 1, False, False, False, False, 0, False, False)   # kLazyRescale, kFoldCap, kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap
+    assert c.template_args()[-10:] == (False, 1, False, False, False, False, 0, False, False, 0)   # kLazyRescale, kFoldCap, kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, kMaskedCopy
     # the ptxas report's mangled name parses back to the template arguments
     from cuflash.compile import _mangled_args
     mangled = ("_ZN7cuflash8sm90_fwdILi128ELi176ELi2ELi2ELb1ELb0ELi128ENS_4bf16ELb1ELb0ELb1ELb0ELb0ELi0ELb0"
-               "ELb0ELb0ELb0ELb0ELb0ELb1ELi2ELb0ELb0ELb0ELb0ELi0ELb0ELb0EEEvNS_13Sm90FwdParamsE")   # (kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked: false; kDropEarly 0; kStreamTail, kPvOverlap false)
+               "ELb0ELb0ELb0ELb0ELb0ELb1ELi2ELb0ELb0ELb0ELb0ELi0ELb0ELb0ELi0EEEvNS_13Sm90FwdParamsE")   # (kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked: false; kDropEarly 0; kStreamTail, kPvOverlap false; kMaskedCopy 0)
     assert _mangled_args(mangled) == cfg(softcap=True, lazy_rescale=True, fold_cap=2).template_args()
 
 
@@ -139,8 +139,8 @@ def test_switches_on(monkeypatch, features, causal):
 SHIPPED = {
     (("window",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
     (("window",), False): "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
-    (("softcap",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3",
-    (("softcap",), False): "sm90fwd_bf16_d128_full_BM128_BN144_s2_c2_pp_persist_dyn_tmao_emu1_cap_lazy_fold3",
+    (("softcap",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3_mcp1",
+    (("softcap",), False): "sm90fwd_bf16_d128_full_BM128_BN144_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3_mcp1",
     (("alibi",), True): "sm90fwd_bf16_d128_causal_BM128_BN176_s2_c2_pp_persist_dyn_alibi_alin",
     # (session 16: BN 160 + TMA store, FEATURE_TILES "alibi:full")
     (("alibi",), False): "sm90fwd_bf16_d128_full_BM128_BN160_s2_c2_pp_persist_dyn_tmao_alibi_alin",
@@ -358,6 +358,18 @@ NVCC_CONFIGS = [
     # fold_cap 3 at the softcap heuristic's full tile, and BN 160 (tests/softcap_fixed_timing.py's bn160@full)
     cfg(False, 144, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True),
     cfg(False, 160, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True),
+    # masked_copy (session 21): the softcap heuristic's tiles, bf16 causal / full (and full with emu_exp2 1)
+    # and fp16 causal with the fixed-max step's copy, fp16 full with the row-max step's too
+    cfg(True, 128, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True,
+        masked_copy=1),
+    cfg(False, 144, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True,
+        masked_copy=1),
+    cfg(False, 144, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True,
+        emu_exp2=1, masked_copy=1),
+    cfg(True, 128, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True,
+        masked_copy=1, dtype="fp16"),
+    cfg(False, 144, persistent=True, dynamic=True, tma_store=True, softcap=True, fold_cap=3, lazy_rescale=True,
+        masked_copy=2, dtype="fp16"),
 ]
 
 

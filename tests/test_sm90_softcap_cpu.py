@@ -164,9 +164,9 @@ def test_plain_names_and_encoding_unchanged():
     # tree_max's and q_double's fields after it, then the softmax variants of feature calls)
     fields = list(Sm90FwdConfig.__dataclass_fields__)
     assert fields[fields.index("dropout") + 1] == "emu_exp2"
-    assert fields[-15:] == ["varlen", "p_smem", "tree_max", "q_double", "lazy_rescale", "fold_cap",
+    assert fields[-16:] == ["varlen", "p_smem", "tree_max", "q_double", "lazy_rescale", "fold_cap",
                             "alibi_lin", "rescale_first", "tile_overlap", "drop_packed", "drop_early",
-                            "stream_tail", "pv_overlap", "cluster", "section"]
+                            "stream_tail", "pv_overlap", "cluster", "masked_copy", "section"]
     # (section: run time, not a template argument; cluster: sm90_fwd_cluster, the entry point)
 
 
@@ -216,7 +216,7 @@ def test_heuristic():
     for d in HEAD_DIMS:
         cfg = FAM.for_problem(FAM.heuristic(cap_problem(d=d)), cap_problem(d=d))
         assert cfg.softcap and cfg.emu_exp2 == SOFTCAP_EMU_EXP2 and not cfg.problems(), cfg.name
-        emu = cfg.replace(emu_exp2=2, fold_cap=0, lazy_rescale=False)   # what the tuner may pick
+        emu = cfg.replace(emu_exp2=2, fold_cap=0, lazy_rescale=False, masked_copy=0)   # what the tuner may pick
         assert not emu.problems(), emu.name
         plain = FAM.for_problem(FAM.heuristic(cap_problem(d=d, features=())), cap_problem(d=d, features=()))
         assert plain.emu_exp2 == 0 and not plain.softcap

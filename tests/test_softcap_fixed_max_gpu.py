@@ -15,9 +15,11 @@ and the default backward, bf16 with caps 30 and 5 (fixed max) and fp16 with cap 
 must equal V bit for bit, like plain attention's: P = 1 there) and small key counts (one K/V
 block: 2, 17, 113) and a few blocks (300), s_q != s_k, MHA / GQA / MQA. Errors within 2x (3x for
 gradients) plain attention's in the same precision against float64 (test_features_gpu.check_close),
-outputs NaN-poisoned before each launch.
+outputs NaN-poisoned before each launch. CUFLASH_SOFTCAP_FIELDS forces config fields on top of the
+heuristic's (forced_fields: the speed knobs' other values, e.g. masked_copy=True).
 """
 import math
+import os
 
 import pytest
 
@@ -38,9 +40,17 @@ CAP_IDS = [f"{dt}-cap{c:g}" + (f"-fold{f}" if f else "") for dt, c, _, f in CAPS
 SMALL = [(1, 2, "mha"), (17, 17, "gqa"), (113, 113, "mqa"), (17, 300, "gqa"), (300, 17, "mha")]
 
 
+def forced_fields() -> dict:
+    """CUFLASH_SOFTCAP_FIELDS="field=value,...": sm90_fwd config fields forced on every softcap call of
+    these tests (a speed knob under test, e.g. masked_copy=True or emu_exp2=2); {} without it."""
+    from softcap_fixed_timing import parse_variants
+
+    return parse_variants("forced:" + os.environ.get("CUFLASH_SOFTCAP_FIELDS", ""))["forced"]
+
+
 def fwd_config(dtype, q, k, causal, cap, fixed, fold=None):
     """sm90_fwd's heuristic for the call (what selection runs without a tuned entry), checked to be
-    the path under test."""
+    the path under test; with forced_fields() on top."""
     import torch
 
     (b, sq, h, d), (sk, hkv) = q.shape, k.shape[1:3]
@@ -48,6 +58,9 @@ def fwd_config(dtype, q, k, causal, cap, fixed, fold=None):
     cfg = device_heuristic(registry.get("sm90_fwd"), p)
     if fold is not None:
         cfg = cfg.replace(fold_cap=fold)
+        assert not cfg.problems(), cfg.problems()
+    if forced_fields():
+        cfg = cfg.replace(**forced_fields())
         assert not cfg.problems(), cfg.problems()
     assert cfg.fold_cap >= 3, f"{cfg.name}: the test expects the folded softcap with the fixed max"
     assert (sm90_fwd.softcap_fixed_m(p) <= 1) == fixed, f"{cfg.name} cap {cap}: fixed max expected {fixed}"

@@ -339,6 +339,8 @@ FOLD_CAP = (0, 1, 2, 3, 4)
 # emu 1 full (BN 144) 1.445 -> 1.388 / 1.438 -> 1.373 / 1.409 -> 1.360 (emu 2 1.398, BN 128 + emu 1
 # 1.511), causal (BN 128) 1.384 -> 1.443 / 1.402 -> 1.438:
 # full takes 1, bf16 softcap alone (emu 2 spills 4 bytes at BN 144, nvcc 13.0; BN 160 + emu 1 76).
+# Session 21: not under masked_copy (MASKED_COPY's note: with the copy, emu 0 measured faster at full,
+# 1.316 -> 1.253), so the shipped heuristic takes it only where MASKED_COPY is 0.
 SOFTCAP_FOLD_EMU_EXP2: dict = {(128, False): 1}
 FIXED_MAX_LOG2_RANGE = 100.0
 # fold_cap 4 (Q prescaled by softcap_in in shared memory, bf16) is refused by the config: its scores
@@ -348,6 +350,26 @@ FIXED_MAX_LOG2_RANGE = 100.0
 # backward (a prescale per Q block visit, or a prescaled copy of Q and a dK factor) for the forward's
 # one multiply per score. True: allowed, for timing (tests/softcap_fixed_timing.py) only.
 FOLD4_TIMING = False
+# masked_copy (kMaskedCopy) with fold_cap >= 3 by (head dim, dtype, causal): the folded softcap step's
+# masked blocks in a copy of their own, so that an unmasked block's tanhs and exp2s are one basic block
+# (without it SASS issues the block's 64 MUFU.TANH in one burst, the mask's branch, then its 64
+# MUFU.EX2: the exp2s wait for the last tanh, and the software exp2's FMA work has only the exp2s'
+# burst to hide under). 1 copies the fixed-max step, 2 the row-max step too. Measured (session 21,
+# tests/softcap_fixed_timing.py, d128 8k, x the plain forward of the same process, on one H200 of a
+# 4-GPU host: results/NVIDIA_H100_80GB_HBM3/softcap_session21.md): bf16 cap 30 (fixed max) causal
+# 1.405 -> 1.232 (1), full 1.360 -> 1.315 (1, with emu_exp2 1); the row-max copy (2) at bf16 cap 80
+# causal 1.435 -> 1.481, full 1.403 -> 1.403, fp16 cap 30 causal 1.380 -> 1.414 / 1.441 -> 1.469,
+# full 1.521 -> 1.360 / 1.498 -> 1.344 (two runs). Round 4, the shipped choice against main's kernel in
+# one run: bf16 cap 30 causal 1.410 -> 1.228 (1); full 1.372 (emu_exp2 1) -> 1.316 (1, emu 1) and 1.253
+# (1, emu 0: with the copy the software exp2 no longer pays, as in round 3, 1.349 -> 1.323: the
+# heuristic drops SOFTCAP_FOLD_EMU_EXP2 under the copy); fp16 cap 4 (fixed max) causal 1.404 -> 1.256
+# (1), full 1.459 -> 1.327 (2); fp16 cap 30 (row max) full 1.502 -> 1.355 (2), causal 1.447 -> 1.483
+# with 2, so causal takes 1 (the row-max step as main's). The row-max step under 1 (bf16 above cap
+# 34.7, fp16 causal above 4.85) is main's source; its timing was not compared in one run (bf16 cap 80:
+# 1.435 / 1.449 main in rounds 1 / 3, 1.466 with 1 in round 4, causal).
+MASKED_COPY: dict = {(128, "bf16", True): 1, (128, "bf16", False): 1, (128, "fp16", True): 1,
+                     (128, "fp16", False): 2}
+MASKED_COPY_VALUES = (0, 1, 2)
 # fp16 calls: P goes to the P V GEMM as fp16, whose normal range ends at 2^-14, so the fixed max holds
 # only where every P = exp2(k (t - 1)) stays a normal fp16 number (2k <= 14: softcap <= 4.85); above it
 # the row max (session 17: with the bf16 range, softcap 20 / 30 put every P of random scores near 2^-29
@@ -484,6 +506,10 @@ class Sm90FwdConfig(KernelConfig):
                the warpgroup's own P V GEMM (FA3's intra-warpgroup overlap). The same steps in the
                same order; plain calls only (no window, softcap, ALiBi, dropout). Measured no faster
                (PV_OVERLAP's note): off, outside the tuning space
+    masked_copy: 0..2: the folded softcap step (fold_cap >= 3, no ALiBi) with the masked blocks in a
+               copy of their own (kMaskedCopy), so that an unmasked block's tanhs and exp2s share one
+               basic block that ptxas interleaves: 1, the fixed-max step; 2, the row-max step too
+               (MASKED_COPY). Outside the tuning space
     cluster:   clusters of 2 CTAs (sm90_fwd_cluster, kCluster): the static persistent grid's CTAs 2c and
                2c + 1 take adjacent Q blocks of one head at every step, and each loads half of every
                K_j's and V_j's column chunks by TMA multicast into both (one L2 read feeds two SMs); a
@@ -527,6 +553,7 @@ class Sm90FwdConfig(KernelConfig):
     stream_tail: bool = False
     pv_overlap: bool = False
     cluster: bool = False
+    masked_copy: int = 0
     section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
@@ -549,7 +576,8 @@ class Sm90FwdConfig(KernelConfig):
                 f"{f'_fold{self.fold_cap}' if self.fold_cap else ''}{'_alin' if self.alibi_lin else ''}{f'_sec{self.section}' if self.section else ''}{'_rf' if self.rescale_first else ''}"
                 f"{'_tov' if self.tile_overlap else ''}"
                 f"{'_dpk' if self.drop_packed else ''}{'_dpe' if self.drop_early == 1 else f'_dpe{self.drop_early}' if self.drop_early else ''}"
-                f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}{'_cl2' if self.cluster else ''}")
+                f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}{'_cl2' if self.cluster else ''}"
+                f"{f'_mcp{self.masked_copy}' if self.masked_copy else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -622,8 +650,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.drop_packed else 'false'}",                     # kDropPacked
                 f"{int(self.drop_early)}",                                        # kDropEarly
                 f"{'true' if self.stream_tail else 'false'}",                     # kStreamTail
-                f"{'true' if self.pv_overlap else 'false'}"]                      # kPvOverlap last
-        used = (17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{'true' if self.pv_overlap else 'false'}",                      # kPvOverlap
+                f"{self.masked_copy}"]                                            # kMaskedCopy last
+        used = (18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -643,7 +672,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
                 self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail,
-                self.pv_overlap)
+                self.pv_overlap, self.masked_copy)
 
     def _problems(self) -> list[str]:
         out = []
@@ -709,6 +738,11 @@ class Sm90FwdConfig(KernelConfig):
         if (self.lazy_rescale or self.fold_cap) and (self.dropout or (self.emu_exp2 and not self.fold_cap)):
             out.append("lazy_rescale / fold_cap run without dropout, and emu_exp2 only with fold_cap "
                        "(kernels_cu/softmax_fold.cuh)")
+        if self.masked_copy not in MASKED_COPY_VALUES:
+            out.append(f"masked_copy must be one of {MASKED_COPY_VALUES}, got {self.masked_copy}")
+        elif self.masked_copy and (self.fold_cap < 3 or self.alibi):
+            out.append("masked_copy copies the folded softcap step: it needs fold_cap >= 3 and no ALiBi "
+                       "(kMaskedCopy, kernels_cu/sm90_fwd.cu)")
         if (self.lazy_rescale or self.fold_cap) and (self.p_smem or self.tree_max or self.q_double):
             out.append("lazy_rescale / fold_cap with p_smem / tree_max / q_double: not designed together "
                        "(the feature variants' softmax step and the d64 plain-call options were written "
@@ -1083,6 +1117,8 @@ class Sm90Forward(Family):
         # lazy_rescale with emu_exp2 only under fold_cap (kernels_cu/softmax_fold.cuh)
         if config.fold_cap and ("softcap" not in problem.features or dropout):
             config = config.replace(fold_cap=0)
+        if config.masked_copy and (config.fold_cap < 3 or "alibi" in problem.features):
+            config = config.replace(masked_copy=0)   # (a speed knob of the folded softcap step)
         if config.lazy_rescale and (dropout or (config.emu_exp2 and not config.fold_cap)):
             config = config.replace(lazy_rescale=False)
         if config.p_smem and problem.features:   # plain calls only (a speed knob): P in registers
@@ -1112,7 +1148,8 @@ class Sm90Forward(Family):
                 if k not in ("dropout", "varlen")
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
-                               "tile_overlap", "drop_packed", "drop_early", "stream_tail", "pv_overlap", "cluster")
+                               "tile_overlap", "drop_packed", "drop_early", "stream_tail", "pv_overlap", "cluster",
+                               "masked_copy")
                                and not v))
 
     def make(self, point, problem: Problem):
@@ -1215,10 +1252,14 @@ class Sm90Forward(Family):
             fold = SOFTCAP_FOLD.get(d, 0)
             fold = 3 if fold == 4 and problem.dtype != "bf16" else fold   # (4 prescales Q in bf16 only)
             if fold and feature_call and not cfg.emu_exp2:   # (2 and 3 run with lazy_rescale)
-                # (the software exp2 where measured: bf16 softcap alone)
+                # the masked blocks' own copy of the step (where measured: softcap alone), and the
+                # software exp2 where measured: bf16 softcap alone, not with the copy (MASKED_COPY's note)
+                copy = MASKED_COPY.get((d, problem.dtype, bool(problem.causal)), 0) \
+                    if fold >= 3 and tuple(problem.features) == ("softcap",) else 0
                 emu = SOFTCAP_FOLD_EMU_EXP2.get((d, bool(problem.causal)), 0) \
-                    if problem.dtype == "bf16" and tuple(problem.features) == ("softcap",) else 0
-                cfg = cfg.replace(fold_cap=fold, lazy_rescale=fold >= 2 or cfg.lazy_rescale, emu_exp2=emu)
+                    if problem.dtype == "bf16" and tuple(problem.features) == ("softcap",) and not copy else 0
+                cfg = cfg.replace(fold_cap=fold, lazy_rescale=fold >= 2 or cfg.lazy_rescale, emu_exp2=emu,
+                                  masked_copy=copy)
         if FEATURE_LAZY_RESCALE and feature_call and not cfg.emu_exp2:
             cfg = cfg.replace(lazy_rescale=True)
         if (feature_call and (d, bool(problem.causal)) in ALIBI_LINEAR
