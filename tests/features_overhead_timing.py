@@ -68,11 +68,12 @@ def problem(feature, causal, seqlen=SEQLEN):
 # the window (causal only unless --mask says otherwise)
 # (session 16 round A measured emu1 / 2 (then with fold_cap 4), alin_lazy, dpk* slower than or equal to the
 # heuristic)
-QUICK = {"window": ("q2", "tree"),
+QUICK = {"window": ("tov", "tov_notmao", "tov_static", "tov_static_notmao", "tov_q2", "tov_q2_notmao",
+                    "tov_s3_notmao"),
          "softcap": (),
          "alibi": ("alin_bn160_tmao",),
          "dropout": ()}
-QUICK_BWD = ()
+QUICK_BWD = ("bwd_dqf",)
 
 
 def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=False):
@@ -104,7 +105,19 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
                     # first S does not wait for its Q after the last tile's (q_double); the softmax
                     # step with shorter chains, so a block's first ex2 issues sooner (tree_max)
                     ("q2", heur.replace(q_double=True)),
-                    ("tree", heur.replace(tree_max=True))]
+                    ("tree", heur.replace(tree_max=True)),
+                    # the next tile's S_0 issued behind the last P V (tile_overlap, session 21), on the
+                    # heuristic's dynamic + TMA-store schedule, without the TMA store, and static
+                    ("tov", heur.replace(tile_overlap=True)),
+                    ("tov_notmao", heur.replace(tile_overlap=True, tma_store=False)),
+                    ("tov_static", heur.replace(tile_overlap=True, dynamic=False)),
+                    ("tov_static_notmao", heur.replace(tile_overlap=True, dynamic=False, tma_store=False)),
+                    # and with two Q buffers (the next tile's Q loads under the current tile, so its S_0
+                    # behind the last P V does not wait for it)
+                    ("tov_q2", heur.replace(tile_overlap=True, q_double=True)),
+                    ("tov_q2_notmao", heur.replace(tile_overlap=True, q_double=True, tma_store=False)),
+                    # three K/V stages (fits without the TMA store's staging tiles)
+                    ("tov_s3_notmao", heur.replace(tile_overlap=True, stages=3, tma_store=False))]
     elif feature == "softcap":
         base = base.replace(BN=176, persistent=False, emu_exp2=0)   # the shipped softcap tile
         lazy3 = dict(fold_cap=3, lazy_rescale=True)
@@ -175,7 +188,9 @@ def bwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
                     ("bwd_s3_ds2", dict(stages=3, ds_double=True, dynamic=False)),
                     ("bwd_dyn", dict(stages=2, dynamic=True)),      # (sm90_bwd WINDOW_BWD's)
                     ("bwd_dyn_ovl", dict(stages=2, dynamic=True, overlap_sdp=True)),
-                    ("bwd_dyn_ds2", dict(stages=2, dynamic=True, ds_double=True))):
+                    ("bwd_dyn_ds2", dict(stages=2, dynamic=True, ds_double=True)),
+                    # dq_first (the accumulator zeroed in the main kernel, not by the preprocess: session 21)
+                    ("bwd_dqf", dict(dq_first=True))):
         if quick and key not in QUICK_BWD:
             continue
         cfg = fam.for_problem(heur.replace(**kw), p)

@@ -190,6 +190,12 @@ WINDOW_BWD = {128: dict(dynamic=True, ds_double=True)}
 # dims of WINDOW_BWD (run by tests/test_feature_defaults_gpu.py); any other call with features keeps
 # the plain grid.
 DYNAMIC_FEATURES = frozenset({("window",)})
+# dq_first for a window-only backward (the dQ accumulator zeroed by the first K/V block to reach a Q block,
+# not by the preprocess: a fixed ~45 us at batch 2 x 16 heads x 8k, d128, against a window backward of
+# ~0.95 ms), by (kernel head dim, dtype), where every Q block gets a dQ part (dq_first_covers, with the
+# call's bounds: for_bounds). Session 21 (win3): to be measured (tests/features_overhead_timing.py
+# bwd_dqf); empty: off.
+WINDOW_DQ_FIRST: frozenset = frozenset()
 # The feature backward with the plain call's schedule (issue 12 / 14: a feature's backward at the plain
 # call's speed). FEATURE_SCHED_FLAGS are the plain heuristic's schedule fields (the dynamic scheduler,
 # two dS buffers, the dQ GEMM early, dK late, Pᵀ's fragments pinned); FEATURE_SCHED_BUILT the feature
@@ -1180,10 +1186,18 @@ class Sm90Backward(Family):
             config = lighter if not lighter.bm128_spills() else lighter.replace(BM=64, overlap_sdp=config.overlap_sdp)
         if config.dq_convert and (problem.features or any("dq_convert" in w for w in config.problems())):
             config = config.replace(dq_convert=False)  # a speed choice: plain calls on the dynamic scheduler only
-        if config.dq_first and (not dq_first_covers(problem) or any("dq_first" in w for w in config.problems())):
+        if config.dq_first and (not dq_first_covers(problem, config.BM, config.BN)
+                                or any("dq_first" in w for w in config.problems())):
             config = config.replace(dq_first=False)    # rows no K/V block adds to need the zeroed accumulator
         if config.wide_epi and (problem.features or any("wide_epi" in w for w in config.problems())):
             config = config.replace(wide_epi=False)    # a speed choice: plain fixed-length unordered calls only
+        return config
+
+    def for_bounds(self, config, problem: Problem):
+        """dq_first off where some Q block gets no dQ part (dq_first_covers with the call's window
+        bounds and lengths: the choice, cached per class and bucket, cannot see them)."""
+        if config.dq_first and not dq_first_covers(problem, config.BM, config.BN):
+            config = config.replace(dq_first=False)
         return config
 
     def _fields(self, config):
@@ -1277,7 +1291,7 @@ class Sm90Backward(Family):
         dqf = cfg.replace(dq_first=True)
         cap = DQ_FIRST_MAX_SEQLEN_BY.get((d, causal, dtype), DQ_FIRST_MAX_SEQLEN)
         if ((d, causal, dtype) in HEURISTIC_DQ_FIRST and (cap is None or problem.seqlen_q <= cap)
-                and dq_first_covers(problem) and not dqf.problems()):
+                and dq_first_covers(problem, cfg.BM, cfg.BN) and not dqf.problems()):
             cfg = dqf
         w16 = cfg.replace(wide_epi=True)
         w16_cap = WIDE_EPI_MAX_SEQLEN_BY.get((d, causal, dtype))
@@ -1289,6 +1303,10 @@ class Sm90Backward(Family):
         feats = tuple(problem.features)
         if feats == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
+        wdqf = cfg.replace(dq_first=True)
+        if (feats == ("window",) and (d, dtype) in WINDOW_DQ_FIRST and dq_first_covers(problem, cfg.BM, cfg.BN)
+                and not wdqf.problems()):
+            cfg = wdqf                                  # (for_bounds drops it where a Q block gets no part)
         if feats in FEATURE_SCHED.get((d, dtype), ()) and not det and not is_varlen(problem):
             # the plain call's schedule fields on top (FEATURE_SCHED: measured per feature set)
             plain_cfg = self.heuristic(problem.replace(features=()), arch, max_smem)
@@ -1425,12 +1443,21 @@ class Sm90Backward(Family):
         return write_dq
 
 
-def dq_first_covers(problem: Problem) -> bool:
+def dq_first_covers(problem: Problem, BM: int = 64, BN: int = 128) -> bool:
     """Whether every query row of the call gets a dQ part from some K/V block (dq_first zeroes only
-    the Q blocks that some K/V block visits, so a row that no K/V block adds to would keep garbage): fixed lengths, unordered, no feature, and not causal or seqlen_q <= seqlen_k (under the
-    bottom-right causal mask every query then sees key 0)."""
-    return (not problem.features and not problem.deterministic and not is_varlen(problem)
-            and problem.seqlen_k > 0 and (not problem.causal or problem.seqlen_q <= problem.seqlen_k))
+    the Q blocks that some K/V block visits, so a row that no K/V block adds to would keep garbage):
+    fixed lengths, unordered, no feature but a window, and every Q block of BM rows in some K/V block's
+    range at BN keys (cuflash.band every_q_block_visited: under the bottom-right causal mask, seqlen_q
+    <= seqlen_k, every query then sees key 0; under a window, the call's bounds decide)."""
+    from ..band import Band, every_q_block_visited
+
+    if (problem.features not in ((), ("window",)) or problem.deterministic or is_varlen(problem)
+            or problem.seqlen_k <= 0):
+        return False
+    if problem.features == ():
+        return not problem.causal or problem.seqlen_q <= problem.seqlen_k
+    return every_q_block_visited(Band(problem.seqlen_q, problem.seqlen_k, bool(problem.causal),
+                                      tuple(problem.window)), BM, BN)
 
 
 def lpt_tile(tile: int, n_kv: int, n_pairs: int, group: int) -> tuple:

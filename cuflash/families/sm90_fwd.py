@@ -311,6 +311,13 @@ FEATURE_TILES: dict = {128: {"window": dict(persistent=True, dynamic=True, tma_s
                              "alibi:full": dict(BN=160, persistent=True, dynamic=True, tma_store=True),
                              "alibi": dict(persistent=True, dynamic=True)}}
 FEATURE_LAZY_RESCALE = False
+# tile_overlap for a window alone (fixed lengths), by (kernel head dim, causal): the schedule fields
+# (dynamic, tma_store) that go with it. A window's tile visits few K/V blocks (9 at 1024 and BN 128), so the
+# once-per-tile pipeline fill (the first S with no P V beside it, during the last tile's epilogue) weighs
+# ~24% of its forward (features_overhead_session16.md's model); kTileOverlap issues the next tile's S_0
+# behind the last P V. Every tile must have keys: for_bounds drops it per call where one has none.
+# Session 21 (win3): to be measured (tests/features_overhead_timing.py tov*); empty: off.
+WINDOW_TILE_OVERLAP: dict = {}
 SOFTCAP_FOLD: dict = {128: 3}
 # ALiBi's bias as one FFMA per score (alibi_lin, kAlibiLinear) for calls with ALiBi alone (or with a
 # window), fixed lengths: the (head dim, causal) classes that take it (measured above).
@@ -719,20 +726,23 @@ class Sm90FwdConfig(KernelConfig):
         if self.rescale_first and (self.window or self.softcap or self.alibi or self.dropout or self.varlen):
             out.append("rescale_first with window / softcap / ALiBi / dropout / varlen is not implemented "
                        "(those instantiations are unchecked for registers)")
-        if self.tile_overlap and not (self.persistent and not self.dynamic):
+        # (a window's tile_overlap: persistent, static or dynamic, with or without the TMA store, causal
+        # or not; every tile must have keys, which the call's run-time bounds decide: for_bounds)
+        if self.tile_overlap and not (self.persistent and (self.window or not self.dynamic)):
             out.append("tile_overlap needs the static persistent schedule (the next tile is tile + grid "
-                       "size; the dynamic scheduler's is not known that early)")
-        if self.tile_overlap and self.causal:
+                       "size; the dynamic scheduler's is not known that early), or with a window the "
+                       "persistent one, static or dynamic (the next tile taken behind the last P V)")
+        if self.tile_overlap and self.causal and not self.window:
             out.append("tile_overlap is non-causal only (every tile must have keys: its S_0 is issued "
-                       "before the tile starts)")
-        if self.tile_overlap and (self.varlen or self.q_double or self.tma_store or self.p_smem
-                                  or self.rescale_first):
-            out.append("tile_overlap with varlen / q_double / tma_store / p_smem / rescale_first: not "
-                       "designed together (kTileOverlap's static_assert)")
-        if self.tile_overlap and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
+                       "before the tile starts), or causal with a window (for_bounds checks the keys)")
+        if self.tile_overlap and (self.varlen or ((self.q_double or self.tma_store) and not self.window)
+                                  or self.p_smem or self.rescale_first):
+            out.append("tile_overlap with varlen / q_double or tma_store (but with a window) / p_smem / "
+                       "rescale_first: not designed together (kTileOverlap's static_assert)")
+        if self.tile_overlap and (self.softcap or self.alibi or self.dropout or self.emu_exp2
                                   or self.lazy_rescale or self.fold_cap):
-            out.append("tile_overlap with window / softcap / ALiBi / dropout (or their softmax variants) "
-                       "is not implemented: plain calls only")
+            out.append("tile_overlap with softcap / ALiBi / dropout (or their softmax variants) "
+                       "is not implemented: plain and window calls only")
         if self.drop_early not in (0, 1, 2, 4) and not (self.drop_early == 3 and DROP_EARLY_TIMING):
             out.append(f"drop_early must be 0 (off), 1 (byte signs), 2 (fragment masks) or 4 (drawn by the "
                        f"producer warpgroup), got {self.drop_early} (3: a timing form, not the mask: "
@@ -900,6 +910,18 @@ def window_tiles(head_dim: int) -> tuple:
     Depends only on the head dim, so the choice cache (keyed by the problem class, not the
     window's run-time bounds) stays right."""
     return (128 if head_dim <= 128 else 64), True
+
+
+def tile_overlap_fits(config, problem: Problem) -> bool:
+    """Whether every tile of ``problem`` (fixed lengths; its window bounds) visits a K/V block at
+    ``config``'s BM, BN: tile_overlap's rule (kernels_cu/sm90_fwd.cu kTileOverlap)."""
+    from ..band import Band, every_q_block_has_keys
+
+    if is_varlen(problem):
+        return False
+    window = tuple(problem.window) if "window" in problem.features else (-1, -1)
+    return every_q_block_has_keys(Band(problem.seqlen_q, problem.seqlen_k, bool(problem.causal), window),
+                                  config.BM, config.BN)
 
 
 def feature_tiles(problem: Problem, head_dim: int) -> dict:
@@ -1084,7 +1106,8 @@ class Sm90Forward(Family):
             config = config.replace(p_smem=False)
         if config.rescale_first and problem.features:   # likewise: O rescaled after the P V wait
             config = config.replace(rescale_first=False)
-        if config.tile_overlap and (problem.features or problem.seqlen_k == 0 or problem.seqlen_q == 0):
+        if config.tile_overlap and (problem.features not in ((), ("window",)) or is_varlen(problem)
+                                    or problem.seqlen_k == 0 or problem.seqlen_q == 0):
             config = config.replace(tile_overlap=False)   # likewise; and without keys no S_0 to issue
         if config.stream_tail and (problem.features or problem.causal):
             config = config.replace(stream_tail=False)    # likewise (plain non-causal calls only)
@@ -1097,6 +1120,13 @@ class Sm90Forward(Family):
                                  or config.emu_exp2 or config.tree_max):
             config = config.replace(alibi_lin=False)   # a speed knob: ALiBi alone (a window may join)
         return self.with_features(config, problem)
+
+    def for_bounds(self, config, problem: Problem):
+        """tile_overlap off where a tile would have no K/V block (its S_0 is issued before the tile
+        starts: cuflash.band every_q_block_has_keys, with the call's window bounds and lengths)."""
+        if config.tile_overlap and not tile_overlap_fits(config, problem):
+            config = config.replace(tile_overlap=False)
+        return config
 
     def _fields(self, config):
         # dropout and varlen are not encoded either: the call sets them (for_problem), so the
@@ -1185,6 +1215,9 @@ class Sm90Forward(Family):
             # FEATURE_TILES' q_double / tree_max for a window alone (with softcap / ALiBi their softmax
             # variants exclude them: Sm90FwdConfig's rules)
             cfg = cfg.replace(**{k: tiles[k] for k in ("q_double", "tree_max") if k in tiles})
+            over = WINDOW_TILE_OVERLAP.get((d, bool(problem.causal)))
+            if over is not None and cfg.persistent and not cfg.replace(tile_overlap=True, **over).problems():
+                cfg = cfg.replace(tile_overlap=True, **over)   # (for_bounds: off where a tile has no keys)
         if (d == 64 and dynamic and not problem.features and problem.bucket >= HEURISTIC_D64_MIN_BUCKET
                 and HEURISTIC_D64.get(bool(problem.causal))):
             cfg = cfg.replace(**HEURISTIC_D64[bool(problem.causal)])   # (first_fitting: the fallbacks)
