@@ -73,7 +73,7 @@ QUICK = {"window": ("tov", "tov_notmao", "tov_static", "tov_static_notmao", "tov
          "softcap": (),
          "alibi": ("alin_bn160_tmao",),
          "dropout": ()}
-QUICK_BWD = ("bwd_dqf",)
+QUICK_BWD = ("bwd_dqf", "bwd_w16", "bwd_dqf_w16")
 
 
 def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=False):
@@ -190,7 +190,10 @@ def bwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
                     ("bwd_dyn_ovl", dict(stages=2, dynamic=True, overlap_sdp=True)),
                     ("bwd_dyn_ds2", dict(stages=2, dynamic=True, ds_double=True)),
                     # dq_first (the accumulator zeroed in the main kernel, not by the preprocess: session 21)
-                    ("bwd_dqf", dict(dq_first=True))):
+                    ("bwd_dqf", dict(dq_first=True)),
+                    # the 16-byte dK / dV epilogue stores (wide_epi, MHA: this shape), alone and with dq_first
+                    ("bwd_w16", dict(wide_epi=True)),
+                    ("bwd_dqf_w16", dict(dq_first=True, wide_epi=True))):
         if quick and key not in QUICK_BWD:
             continue
         cfg = fam.for_problem(heur.replace(**kw), p)

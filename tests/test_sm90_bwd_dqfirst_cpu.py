@@ -83,8 +83,11 @@ def test_rules_and_for_problem():
     assert dq_first_covers(problem()) and dq_first_covers(problem(causal=True, seqlens=(113, 301)))
     assert not dq_first_covers(problem(causal=True, seqlens=(301, 113)))
     assert dq_first_covers(problem(seqlens=(301, 113)))
+    # a window: where every Q block is in some K/V block's band (session 21: the call's bounds decide)
+    assert dqf(problem(features=("window",), window=(128, 0))).dq_first
     for q in (problem(deterministic=True), problem(features=("softcap",), softcap=5.0),
-              problem(features=("window",), window=(128, 0)), problem(causal=True, seqlens=(301, 113)),
+              problem(features=("window",), window=(128, 0), seqlens=(301, 113)),
+              problem(causal=True, seqlens=(301, 113)),
               problem(64, True, seqlens=(2049, 17))):
         got = dqf(q)
         assert not got.dq_first and got.problems() == [], got.name

@@ -135,3 +135,32 @@ def test_backward_dq_first_repeated_calls():
         for name, a, r, b in zip(("dq", "dk", "dv"), got, ref, low):
             check_close(a, r, b, 3, f"{cfg.name} call {call} {name}")
         assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), f"call {call}: dk / dv differ"
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_backward_wide_epi(causal):
+    """wide_epi (16-byte dK / dV stores) with a window, alone and with dq_first, MHA (the kernel's 16-byte
+    path) and GQA (its 4-byte fallback): gradients within the 3x rule, dk / dv bit for bit the heuristic
+    kernel's (only the stores change)."""
+    import torch
+
+    for window in BWD_BANDS[causal][:2]:
+        for (sq, sk), heads in (((1023, 1023), "mha"), ((113, 1023), "mha"), ((1023, 1023), "gqa")):
+            q, k, v, dout = inputs(2, sq, sk, heads, 128, "bf16")
+            p = problem_of("bwd", q, k, case_of(causal, window))
+            base = device_heuristic(BWD, p)
+            kw = dict(causal=causal, window_size=window)
+            want = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, bwd_config=base, **kw), q, k, v, dout)
+            scale = 128 ** -0.5
+            ref = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, 0.0, None,
+                                                          torch.float64)[0], q, k, v, dout.double())
+            low = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, 0.0, None,
+                                                          q.dtype)[0], q, k, v, dout)
+            for extra in (dict(wide_epi=True), dict(wide_epi=True, dq_first=True)):
+                cfg = BWD.for_problem(base.replace(**extra), p)
+                assert cfg.wide_epi and cfg.problems() == [], cfg.name
+                got = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, bwd_config=cfg, **kw), q, k, v, dout)
+                what = f"{cfg.name} window={window} {sq}x{sk} {heads}"
+                for name, a, r, b in zip(("dq", "dk", "dv"), got, ref, low):
+                    check_close(a, r, b, 3, f"{what} {name}")
+                assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), f"{what}: dk / dv differ"

@@ -196,6 +196,11 @@ DYNAMIC_FEATURES = frozenset({("window",)})
 # call's bounds: for_bounds). Session 21 (win3): to be measured (tests/features_overhead_timing.py
 # bwd_dqf); empty: off.
 WINDOW_DQ_FIRST: frozenset = frozenset()
+# wide_epi (16-byte dK / dV epilogue stores, MHA) for a window-only backward, by (kernel head dim, dtype): the
+# epilogue is per K/V tile, and a window's tile visits few Q blocks (17 at 1024, BM 64), so it weighs more than
+# in the plain call (where it took the 8k non-causal main kernel 5446 -> 5087 us, HEURISTIC_WIDE_EPI's note).
+# Session 21 (win3): to be measured (tests/features_overhead_timing.py bwd_w16); empty: off.
+WINDOW_WIDE_EPI: frozenset = frozenset()
 # The feature backward with the plain call's schedule (issue 12 / 14: a feature's backward at the plain
 # call's speed). FEATURE_SCHED_FLAGS are the plain heuristic's schedule fields (the dynamic scheduler,
 # two dS buffers, the dQ GEMM early, dK late, Pᵀ's fragments pinned); FEATURE_SCHED_BUILT the feature
@@ -908,10 +913,10 @@ class Sm90BwdConfig(KernelConfig):
             out.append("dq_first: the dQ accumulator zeroed in the main kernel (no zeroing preprocess), with "
                        "dq_writer, for fixed-length unordered calls (no deterministic, varlen or cluster), BM 64 "
                        "or 128")
-        if self.wide_epi and (self.deterministic or self.varlen or self.cluster or self.window or self.softcap
+        if self.wide_epi and (self.deterministic or self.varlen or self.cluster or self.softcap
                               or self.alibi or self.dropout):
-            out.append("wide_epi: the 16-byte dK / dV epilogue stores, for plain fixed-length unordered calls (no "
-                       "deterministic, varlen, cluster, window, softcap, ALiBi, dropout: the d128 ALiBi kernel spilled "
+            out.append("wide_epi: the 16-byte dK / dV epilogue stores, for plain or windowed fixed-length unordered "
+                       "calls (no deterministic, varlen, cluster, softcap, ALiBi, dropout: the d128 ALiBi kernel spilled "
                        "8 bytes with them, session 19)")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
@@ -1189,8 +1194,9 @@ class Sm90Backward(Family):
         if config.dq_first and (not dq_first_covers(problem, config.BM, config.BN)
                                 or any("dq_first" in w for w in config.problems())):
             config = config.replace(dq_first=False)    # rows no K/V block adds to need the zeroed accumulator
-        if config.wide_epi and (problem.features or any("wide_epi" in w for w in config.problems())):
-            config = config.replace(wide_epi=False)    # a speed choice: plain fixed-length unordered calls only
+        if config.wide_epi and (problem.features not in ((), ("window",))
+                                or any("wide_epi" in w for w in config.problems())):
+            config = config.replace(wide_epi=False)    # a speed choice: plain (or windowed) fixed-length unordered calls
         return config
 
     def for_bounds(self, config, problem: Problem):
@@ -1291,7 +1297,7 @@ class Sm90Backward(Family):
         dqf = cfg.replace(dq_first=True)
         cap = DQ_FIRST_MAX_SEQLEN_BY.get((d, causal, dtype), DQ_FIRST_MAX_SEQLEN)
         if ((d, causal, dtype) in HEURISTIC_DQ_FIRST and (cap is None or problem.seqlen_q <= cap)
-                and dq_first_covers(problem, cfg.BM, cfg.BN) and not dqf.problems()):
+                and not problem.features and dq_first_covers(problem, cfg.BM, cfg.BN) and not dqf.problems()):
             cfg = dqf
         w16 = cfg.replace(wide_epi=True)
         w16_cap = WIDE_EPI_MAX_SEQLEN_BY.get((d, causal, dtype))
@@ -1307,6 +1313,10 @@ class Sm90Backward(Family):
         if (feats == ("window",) and (d, dtype) in WINDOW_DQ_FIRST and dq_first_covers(problem, cfg.BM, cfg.BN)
                 and not wdqf.problems()):
             cfg = wdqf                                  # (for_bounds drops it where a Q block gets no part)
+        ww16 = cfg.replace(wide_epi=True)
+        if (feats == ("window",) and (d, dtype) in WINDOW_WIDE_EPI and not det and not is_varlen(problem)
+                and problem.nheads == problem.nheads_kv and problem.head_dim % 8 == 0 and not ww16.problems()):
+            cfg = ww16                                  # (the kernel checks MHA and alignment again per call)
         if feats in FEATURE_SCHED.get((d, dtype), ()) and not det and not is_varlen(problem):
             # the plain call's schedule fields on top (FEATURE_SCHED: measured per feature set)
             plain_cfg = self.heuristic(problem.replace(features=()), arch, max_smem)
