@@ -73,7 +73,7 @@ QUICK = {"window": ("tov", "tov_notmao", "tov_static", "tov_static_notmao", "tov
          "softcap": (),
          "alibi": ("alin_bn160_tmao",),
          "dropout": ()}
-QUICK_BWD = ("bwd_dqf", "bwd_w16", "bwd_dqf_w16")
+QUICK_BWD = ("bwd_dqf", "bwd_w16", "bwd_dqf_w16", "bwd_dqf_w16_dqc")
 
 
 def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=False):
@@ -193,7 +193,9 @@ def bwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
                     ("bwd_dqf", dict(dq_first=True)),
                     # the 16-byte dK / dV epilogue stores (wide_epi, MHA: this shape), alone and with dq_first
                     ("bwd_w16", dict(wide_epi=True)),
-                    ("bwd_dqf_w16", dict(dq_first=True, wide_epi=True))):
+                    ("bwd_dqf_w16", dict(dq_first=True, wide_epi=True)),
+                    # and the dQ convert inside the main kernel (dq_convert: no third launch)
+                    ("bwd_dqf_w16_dqc", dict(dq_first=True, wide_epi=True, dq_convert=True))):
         if quick and key not in QUICK_BWD:
             continue
         cfg = fam.for_problem(heur.replace(**kw), p)

@@ -10,6 +10,7 @@ forced with config= / bwd_config=.
 * sm90_bwd dq_first with a window (the accumulator zeroed by the first K/V block to reach a Q block), on the
   window backward's heuristic config: odd shapes and bands, s_q != s_k both ways; dropped by for_bounds where a
   Q block gets no dQ part; 3 calls of one plan, dK / dV equal bit for bit to the kernel without dq_first.
+* sm90_bwd wide_epi (16-byte dK / dV stores) and dq_convert (the dQ convert in the main kernel) with a window.
 
 Errors vs the float64 reference within 2x (forward) / 3x (gradients) of plain attention with the same window
 in the same low precision (test_features_gpu's rule), outputs NaN-poisoned before each launch.
@@ -139,9 +140,9 @@ def test_backward_dq_first_repeated_calls():
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_backward_wide_epi(causal):
-    """wide_epi (16-byte dK / dV stores) with a window, alone and with dq_first, MHA (the kernel's 16-byte
-    path) and GQA (its 4-byte fallback): gradients within the 3x rule, dk / dv bit for bit the heuristic
-    kernel's (only the stores change)."""
+    """wide_epi (16-byte dK / dV stores) with a window, alone, with dq_first and with dq_convert too (the dQ
+    convert in the main kernel), MHA (the kernel's 16-byte path) and GQA (its 4-byte fallback): gradients
+    within the 3x rule, dk / dv bit for bit the heuristic kernel's (only the stores and dQ's path change)."""
     import torch
 
     for window in BWD_BANDS[causal][:2]:
@@ -156,7 +157,8 @@ def test_backward_wide_epi(causal):
                                                           torch.float64)[0], q, k, v, dout.double())
             low = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, 0.0, None,
                                                           q.dtype)[0], q, k, v, dout)
-            for extra in (dict(wide_epi=True), dict(wide_epi=True, dq_first=True)):
+            for extra in (dict(wide_epi=True), dict(wide_epi=True, dq_first=True),
+                          dict(wide_epi=True, dq_first=True, dq_convert=True)):
                 cfg = BWD.for_problem(base.replace(**extra), p)
                 assert cfg.wide_epi and cfg.problems() == [], cfg.name
                 got = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, bwd_config=cfg, **kw), q, k, v, dout)
@@ -164,3 +166,25 @@ def test_backward_wide_epi(causal):
                 for name, a, r, b in zip(("dq", "dk", "dv"), got, ref, low):
                     check_close(a, r, b, 3, f"{what} {name}")
                 assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), f"{what}: dk / dv differ"
+
+
+def all_test_configs():
+    """The kernels these tests launch (for precompile; no GPU needed): every forward schedule by mask, the
+    forward those backward tests run (the window heuristic's), and the backward variants."""
+    from cuflash.problem import Problem
+
+    out = []
+    for causal in (True, False):
+        window = BANDS[causal][0]
+        for sq, sk in ((2049, 2049), (1023, 1023)):
+            fp = Problem("fwd", "bf16", 2, sq, sk, 6, 2, 128, causal, features=("window",), window=window)
+            heur = FWD.for_problem(FWD.heuristic(fp), fp)
+            out.append(heur)
+            out += [FWD.for_problem(heur.replace(persistent=True, tile_overlap=True, **s), fp)
+                    for s in SCHEDULES.values()]
+            bp = fp.replace(op="bwd")
+            base = BWD.for_problem(BWD.heuristic(bp), bp)
+            out += [base] + [BWD.for_problem(base.replace(**x), bp)
+                             for x in (dict(dq_first=True), dict(wide_epi=True), dict(wide_epi=True, dq_first=True),
+                                       dict(wide_epi=True, dq_first=True, dq_convert=True))]
+    return list(dict.fromkeys(out))

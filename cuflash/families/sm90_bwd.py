@@ -901,11 +901,11 @@ class Sm90BwdConfig(KernelConfig):
                        "deterministic, window, softcap, ALiBi, dropout, varlen or overlap_sdp; with "
                        "red.add ptxas spills it, nvcc 13.0)")
         if self.dq_convert and (not self.dq_writer or self.deterministic or self.varlen or self.cluster
-                                or self.window or self.softcap or self.alibi or self.dropout
+                                or self.softcap or self.alibi or self.dropout
                                 or self.head_dim == 64 or (self.head_dim == 128 and not self.dynamic)
                                 or (self.shared_keys and not self.roles)):
-            out.append("dq_convert: the dQ convert inside the main kernel, with dq_writer, for plain fixed-length "
-                       "unordered calls (no deterministic, varlen, window, softcap, ALiBi, dropout, cluster) of "
+            out.append("dq_convert: the dQ convert inside the main kernel, with dq_writer, for plain or windowed "
+                       "fixed-length unordered calls (no deterministic, varlen, softcap, ALiBi, dropout, cluster) of "
                        "the head dim 128 tile with the dynamic scheduler or the head_dim=256 tile with roles "
                        "(at head dim 64 ptxas spills the bf16 non-causal kernel, 8 bytes, nvcc 13.0)")
         if self.dq_first and (not self.dq_writer or self.deterministic or self.varlen or self.cluster
@@ -1189,8 +1189,9 @@ class Sm90Backward(Family):
             # ALiBi)
             lighter = config.replace(overlap_sdp=False)
             config = lighter if not lighter.bm128_spills() else lighter.replace(BM=64, overlap_sdp=config.overlap_sdp)
-        if config.dq_convert and (problem.features or any("dq_convert" in w for w in config.problems())):
-            config = config.replace(dq_convert=False)  # a speed choice: plain calls on the dynamic scheduler only
+        if config.dq_convert and (problem.features not in ((), ("window",))
+                                  or any("dq_convert" in w for w in config.problems())):
+            config = config.replace(dq_convert=False)  # a speed choice: plain (or windowed) calls, dynamic scheduler
         if config.dq_first and (not dq_first_covers(problem, config.BM, config.BN)
                                 or any("dq_first" in w for w in config.problems())):
             config = config.replace(dq_first=False)    # rows no K/V block adds to need the zeroed accumulator
