@@ -102,3 +102,41 @@ def test_heuristic_switches():
         assert b.dq_first == ((128, "bf16") in sm90_bwd.WINDOW_DQ_FIRST), b.name
         plain = FWD.for_problem(FWD.heuristic(fp.replace(features=(), window=(-1, -1))), fp.replace(features=()))
         assert not (plain.tile_overlap and plain.causal), plain.name
+
+
+def test_ptxas_new_window_kernels_no_spills_not_serialized():
+    """The window's new kernels (tests/test_window_overlap_gpu.py's and the timing candidates): zero spills and no
+    serialized wgmma (ptxas's C7510-C7516 *info* lines, which parse_ptxas does not count), one nvcc run a family
+    (nvcc 13.0, sm_90a)."""
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from cuflash.compile import kernel_param_decl, parse_ptxas, render_source
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    import features_overhead_timing as timing
+    import test_window_overlap_gpu as gpu_test
+
+    cfgs = gpu_test.all_test_configs() + [c for causal in (True, False)
+                                          for _, _, c in timing.fwd_candidates("window", causal, quick=True)]
+    cfgs += [c for causal in (True, False) for _, c in timing.bwd_candidates("window", causal, quick=True)]
+    for fam in (FWD, BWD):
+        mine = [c for c in dict.fromkeys(cfgs) if registry.family_of(c) is fam]
+        assert mine
+        exprs = [fam.kernel_names(c)["main"] for c in mine]
+        lines = [render_source(fam.name), '#line 1 "inst"'] + [
+            f"template __global__ void {e}({kernel_param_decl(fam, 'main', e)});" for e in exprs]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "k.cu"
+            path.write_text("\n".join(lines) + "\n")
+            proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90a", "-std=c++17", "-Xptxas", "-v", "-o",
+                                   str(Path(tmp) / "k.cubin"), str(path)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        log = proc.stderr + proc.stdout
+        assert not re.search(r"\(C751[0-6]\)|serialized", log), log[-2000:]
+        reports = parse_ptxas(log)
+        assert len(reports) == len(exprs) and all(r.spill_stores == r.spill_loads == 0 for r in reports), reports

@@ -742,7 +742,7 @@ class Sm90FwdConfig(KernelConfig):
         if self.tile_overlap and (self.softcap or self.alibi or self.dropout or self.emu_exp2
                                   or self.lazy_rescale or self.fold_cap):
             out.append("tile_overlap with softcap / ALiBi / dropout (or their softmax variants) "
-                       "is not implemented: plain and window calls only")
+                       "is not implemented: plain calls only (or a window alone)")
         if self.drop_early not in (0, 1, 2, 4) and not (self.drop_early == 3 and DROP_EARLY_TIMING):
             out.append(f"drop_early must be 0 (off), 1 (byte signs), 2 (fragment masks) or 4 (drawn by the "
                        f"producer warpgroup), got {self.drop_early} (3: a timing form, not the mask: "
