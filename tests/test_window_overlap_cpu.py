@@ -140,3 +140,26 @@ def test_ptxas_new_window_kernels_no_spills_not_serialized():
         assert not re.search(r"\(C751[0-6]\)|serialized", log), log[-2000:]
         reports = parse_ptxas(log)
         assert len(reports) == len(exprs) and all(r.spill_stores == r.spill_loads == 0 for r in reports), reports
+
+
+def test_heuristic_switches_on(monkeypatch):
+    """With the switches on, a window call's heuristic takes the flags (MHA: wide_epi), and for_bounds still
+    drops tile_overlap / dq_first where the call's bounds leave a Q block without keys."""
+    monkeypatch.setattr(sm90_fwd, "WINDOW_TILE_OVERLAP", {(128, True): dict(dynamic=True, tma_store=True),
+                                                          (128, False): dict(dynamic=False, tma_store=False)})
+    for name in ("WINDOW_DQ_FIRST", "WINDOW_WIDE_EPI", "WINDOW_DQ_CONVERT"):
+        monkeypatch.setattr(sm90_bwd, name, frozenset({(128, "bf16")}))
+    for causal in (True, False):
+        fp, bp = window_problem("fwd", causal), window_problem("bwd", causal)
+        f = FWD.for_problem(FWD.heuristic(fp), fp)
+        assert f.tile_overlap and f.dynamic == causal and f.tma_store == causal and not f.problems(), f.name
+        b = BWD.for_problem(BWD.heuristic(bp), bp)
+        assert b.dq_first and b.wide_epi and b.dq_convert and b.dynamic and not b.problems(), b.name
+        gqa = bp.replace(nheads_kv=4)
+        assert not BWD.for_problem(BWD.heuristic(gqa), gqa).wide_epi
+        bad_f = window_problem("fwd", causal, 2049, 1500, (256, 0) if causal else (0, 0))
+        assert not FWD.for_bounds(f, bad_f).tile_overlap
+        bad_b = window_problem("bwd", causal, 1023, 113, (17, 0) if causal else (0, 0))
+        assert not BWD.for_bounds(b, bad_b).dq_first
+        fp16 = bp.replace(dtype="fp16")
+        assert not BWD.for_problem(BWD.heuristic(fp16), fp16).dq_first

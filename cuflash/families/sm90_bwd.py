@@ -201,6 +201,10 @@ WINDOW_DQ_FIRST: frozenset = frozenset()
 # in the plain call (where it took the 8k non-causal main kernel 5446 -> 5087 us, HEURISTIC_WIDE_EPI's note).
 # Session 21 (win3): to be measured (tests/features_overhead_timing.py bwd_w16); empty: off.
 WINDOW_WIDE_EPI: frozenset = frozenset()
+# dq_convert (the dQ convert inside the main kernel, no third launch) for a window-only backward, by (kernel head
+# dim, dtype). Session 18 measured it beside the plain schedule fields without dq_first (FEATURE_SCHED's note:
+# mixed). Session 21 (win3): to be measured with dq_first and wide_epi (bwd_dqf_w16_dqc); empty: off.
+WINDOW_DQ_CONVERT: frozenset = frozenset()
 # The feature backward with the plain call's schedule (issue 12 / 14: a feature's backward at the plain
 # call's speed). FEATURE_SCHED_FLAGS are the plain heuristic's schedule fields (the dynamic scheduler,
 # two dS buffers, the dQ GEMM early, dK late, Pᵀ's fragments pinned); FEATURE_SCHED_BUILT the feature
@@ -1318,6 +1322,9 @@ class Sm90Backward(Family):
         if (feats == ("window",) and (d, dtype) in WINDOW_WIDE_EPI and not det and not is_varlen(problem)
                 and problem.nheads == problem.nheads_kv and problem.head_dim % 8 == 0 and not ww16.problems()):
             cfg = ww16                                  # (the kernel checks MHA and alignment again per call)
+        wdqc = cfg.replace(dq_convert=True)
+        if feats == ("window",) and (d, dtype) in WINDOW_DQ_CONVERT and not det and not wdqc.problems():
+            cfg = wdqc                                  # (the dynamic kernel's: first_fitting may drop dynamic)
         if feats in FEATURE_SCHED.get((d, dtype), ()) and not det and not is_varlen(problem):
             # the plain call's schedule fields on top (FEATURE_SCHED: measured per feature set)
             plain_cfg = self.heuristic(problem.replace(features=()), arch, max_smem)

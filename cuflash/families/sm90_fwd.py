@@ -1216,8 +1216,9 @@ class Sm90Forward(Family):
             # variants exclude them: Sm90FwdConfig's rules)
             cfg = cfg.replace(**{k: tiles[k] for k in ("q_double", "tree_max") if k in tiles})
             over = WINDOW_TILE_OVERLAP.get((d, bool(problem.causal)))
-            if over is not None and cfg.persistent and not cfg.replace(tile_overlap=True, **over).problems():
-                cfg = cfg.replace(tile_overlap=True, **over)   # (for_bounds: off where a tile has no keys)
+            if over is not None and cfg.persistent and not cfg.replace(window=True, tile_overlap=True, **over).problems():
+                # (with_features sets the window flag again; for_bounds: off where a tile has no keys)
+                cfg = cfg.replace(window=True, tile_overlap=True, **over)
         if (d == 64 and dynamic and not problem.features and problem.bucket >= HEURISTIC_D64_MIN_BUCKET
                 and HEURISTIC_D64.get(bool(problem.causal))):
             cfg = cfg.replace(**HEURISTIC_D64[bool(problem.causal)])   # (first_fitting: the fallbacks)
