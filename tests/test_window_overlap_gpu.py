@@ -17,7 +17,6 @@ in the same low precision (test_features_gpu's rule), outputs NaN-poisoned befor
 
 Run first: CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q -x tests/test_window_overlap_gpu.py
 """
-import math
 
 import pytest
 
@@ -27,6 +26,7 @@ from cuflash.band import Band, every_q_block_has_keys, every_q_block_visited
 
 from conftest import device_heuristic  # noqa: E402
 from test_features_gpu import check_close, feature_attention, grads, inputs, problem_of  # noqa: E402
+from test_features_opt_gpu import check_forward  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
@@ -64,21 +64,29 @@ def test_forward_tile_overlap(causal, sched):
             keeps = every_q_block_has_keys(band, cfg.BM, cfg.BN)
             assert FWD.for_bounds(cfg, p).tile_overlap == keeps
             checked, dropped = checked + keeps, dropped + (not keeps)
-            out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, config=cfg,
-                                                  return_attn_probs=True)
-            scale = 128 ** -0.5
-            ref, ref_lse = feature_attention(q, k, v, scale, causal, window, 0.0, None, torch.float64)
-            low, _ = feature_attention(q, k, v, scale, causal, window, 0.0, None, q.dtype)
             what = f"{cfg.name} window={window} {sq}x{sk} (tile_overlap {keeps})"
-            check_close(out, ref, low, 2, what)
-            finite = torch.isfinite(ref_lse)
-            assert torch.equal(torch.isfinite(lse), finite), f"{what}: LSE = +inf rows differ"
-            if finite.any():
-                assert (lse[finite].double() - ref_lse[finite]).abs().max().item() < 1e-2, what
+            out = check_forward(cfg, q, k, v, causal, window, 0.0, None, what)
             # the same plan again (the dynamic scheduler's counter reset by the launch's last claim)
             out2 = cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, config=cfg)
             assert torch.equal(out2, out), f"{what}: second call differs"
     assert checked and dropped, (checked, dropped)   # both paths walked
+
+
+def reference_grads(q, k, v, dout, causal, window):
+    """(float64 gradients, low-precision gradients) of plain attention with the window (head dim 128)."""
+    import torch
+
+    scale = 128 ** -0.5
+    ref = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, 0.0, None, torch.float64)[0],
+                q, k, v, dout.double())
+    low = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, 0.0, None, q.dtype)[0],
+                q, k, v, dout)
+    return ref, low
+
+
+def check_grads(got, refs, what):
+    for name, a, r, b in zip(("dq", "dk", "dv"), got, *refs):
+        check_close(a, r, b, 3, f"{what} {name}")
 
 
 def window_bwd_config(p):
@@ -88,8 +96,6 @@ def window_bwd_config(p):
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_backward_dq_first(causal):
-    import torch
-
     checked = dropped = 0
     for window in BWD_BANDS[causal]:
         for sq, sk in [(113, 1023), (1023, 113), (1023, 1023)]:
@@ -101,14 +107,7 @@ def test_backward_dq_first(causal):
             checked, dropped = checked + keeps, dropped + (not keeps)
             kw = dict(causal=causal, window_size=window)
             ours = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, bwd_config=cfg, **kw), q, k, v, dout)
-            scale = 128 ** -0.5
-            ref = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, 0.0, None,
-                                                          torch.float64)[0], q, k, v, dout.double())
-            low = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, 0.0, None,
-                                                          q.dtype)[0], q, k, v, dout)
-            what = f"{cfg.name} window={window} {sq}x{sk}"
-            for name, a, r, b in zip(("dq", "dk", "dv"), ours, ref, low):
-                check_close(a, r, b, 3, f"{what} {name}")
+            check_grads(ours, reference_grads(q, k, v, dout, causal, window), f"{cfg.name} window={window} {sq}x{sk}")
     assert checked and dropped, (checked, dropped)
 
 
@@ -125,16 +124,11 @@ def test_backward_dq_first_repeated_calls():
     base = cfg.replace(dq_first=False)
     assert cfg.dq_first
     kw = dict(causal=True, window_size=(1024, 0))
-    scale = 1 / math.sqrt(128)
-    ref = grads(lambda q, k, v: feature_attention(q, k, v, scale, True, (1024, 0), 0.0, None,
-                                                  torch.float64)[0], q, k, v, dout.double())
-    low = grads(lambda q, k, v: feature_attention(q, k, v, scale, True, (1024, 0), 0.0, None, q.dtype)[0],
-                q, k, v, dout)
+    refs = reference_grads(q, k, v, dout, True, (1024, 0))
     want = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, bwd_config=base, **kw), q, k, v, dout)
     for call in range(3):
         got = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, bwd_config=cfg, **kw), q, k, v, dout)
-        for name, a, r, b in zip(("dq", "dk", "dv"), got, ref, low):
-            check_close(a, r, b, 3, f"{cfg.name} call {call} {name}")
+        check_grads(got, refs, f"{cfg.name} call {call}")
         assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), f"call {call}: dk / dv differ"
 
 
@@ -152,19 +146,14 @@ def test_backward_wide_epi(causal):
             base = device_heuristic(BWD, p)
             kw = dict(causal=causal, window_size=window)
             want = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, bwd_config=base, **kw), q, k, v, dout)
-            scale = 128 ** -0.5
-            ref = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, 0.0, None,
-                                                          torch.float64)[0], q, k, v, dout.double())
-            low = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, 0.0, None,
-                                                          q.dtype)[0], q, k, v, dout)
+            refs = reference_grads(q, k, v, dout, causal, window)
             for extra in (dict(wide_epi=True), dict(wide_epi=True, dq_first=True),
                           dict(wide_epi=True, dq_first=True, dq_convert=True)):
                 cfg = BWD.for_problem(base.replace(**extra), p)
                 assert cfg.wide_epi and cfg.problems() == [], cfg.name
                 got = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, bwd_config=cfg, **kw), q, k, v, dout)
                 what = f"{cfg.name} window={window} {sq}x{sk} {heads}"
-                for name, a, r, b in zip(("dq", "dk", "dv"), got, ref, low):
-                    check_close(a, r, b, 3, f"{what} {name}")
+                check_grads(got, refs, what)
                 assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), f"{what}: dk / dv differ"
 
 
