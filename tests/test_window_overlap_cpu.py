@@ -98,7 +98,7 @@ def test_heuristic_switches():
         fp, bp = window_problem("fwd", causal), window_problem("bwd", causal)
         f = FWD.for_problem(FWD.heuristic(fp), fp)
         b = BWD.for_problem(BWD.heuristic(bp), bp)
-        assert f.tile_overlap == ((128, causal) in sm90_fwd.WINDOW_TILE_OVERLAP), f.name
+        assert f.tile_overlap == ((128, causal, "bf16") in sm90_fwd.WINDOW_TILE_OVERLAP), f.name
         assert b.dq_first == ((128, "bf16") in sm90_bwd.WINDOW_DQ_FIRST), b.name
         plain = FWD.for_problem(FWD.heuristic(fp.replace(features=(), window=(-1, -1))), fp.replace(features=()))
         assert not (plain.tile_overlap and plain.causal), plain.name
@@ -145,8 +145,8 @@ def test_ptxas_new_window_kernels_no_spills_not_serialized():
 def test_heuristic_switches_on(monkeypatch):
     """With the switches on, a window call's heuristic takes the flags (MHA: wide_epi), and for_bounds still
     drops tile_overlap / dq_first where the call's bounds leave a Q block without keys."""
-    monkeypatch.setattr(sm90_fwd, "WINDOW_TILE_OVERLAP", {(128, True): dict(dynamic=True, tma_store=True),
-                                                          (128, False): dict(dynamic=False, tma_store=False)})
+    monkeypatch.setattr(sm90_fwd, "WINDOW_TILE_OVERLAP", {(128, True, "bf16"): dict(dynamic=True, tma_store=True),
+                                                          (128, False, "bf16"): dict(dynamic=False, tma_store=False)})
     for name in ("WINDOW_DQ_FIRST", "WINDOW_WIDE_EPI", "WINDOW_DQ_CONVERT"):
         monkeypatch.setattr(sm90_bwd, name, frozenset({(128, "bf16")}))
     for causal in (True, False):
@@ -163,3 +163,6 @@ def test_heuristic_switches_on(monkeypatch):
         assert not BWD.for_bounds(b, bad_b).dq_first
         fp16 = bp.replace(dtype="fp16")
         assert not BWD.for_problem(BWD.heuristic(fp16), fp16).dq_first
+        assert not FWD.for_problem(FWD.heuristic(fp.replace(dtype="fp16")), fp.replace(dtype="fp16")).tile_overlap
+        long = window_problem("fwd", causal, 32768, 32768)
+        assert not FWD.for_problem(FWD.heuristic(long), long).tma_store

@@ -16,7 +16,15 @@ from cuflash.compile import precompile  # noqa: E402
 
 if __name__ == "__main__":
     t0 = time.time()
+    from cuflash import registry
+    from cuflash.problem import Problem
+
+    bwd = registry.get("sm90_bwd")
+    # tests/test_sm90_bwd_features_gpu.py's window kernels: the plain class's heuristic with the window's flags
+    feat = [bwd.for_problem(bwd.heuristic(p.replace(features=())), p)
+            for causal in (False, True)
+            for p in [Problem("bwd", "bf16", 2, 1023, 1023, 4, 2, 128, causal, features=("window",), window=(64, 64))]]
     cfgs = list(dict.fromkeys(timing.all_configs(quick=True, mask="both", features=("window",))
-                              + gpu_test.all_test_configs()))
+                              + gpu_test.all_test_configs() + feat))
     failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]
     print(f"compiled {len(cfgs)} kernels in {time.time() - t0:.0f} s; failed: {failed}")

@@ -190,20 +190,21 @@ WINDOW_BWD = {128: dict(dynamic=True, ds_double=True)}
 # dims of WINDOW_BWD (run by tests/test_feature_defaults_gpu.py); any other call with features keeps
 # the plain grid.
 DYNAMIC_FEATURES = frozenset({("window",)})
-# dq_first for a window-only backward (the dQ accumulator zeroed by the first K/V block to reach a Q block,
-# not by the preprocess: a fixed ~45 us at batch 2 x 16 heads x 8k, d128, against a window backward of
-# ~0.95 ms), by (kernel head dim, dtype), where every Q block gets a dQ part (dq_first_covers, with the
-# call's bounds: for_bounds). Session 21 (win3): to be measured (tests/features_overhead_timing.py
-# bwd_dqf); empty: off.
-WINDOW_DQ_FIRST: frozenset = frozenset()
-# wide_epi (16-byte dK / dV epilogue stores, MHA) for a window-only backward, by (kernel head dim, dtype): the
-# epilogue is per K/V tile, and a window's tile visits few Q blocks (17 at 1024, BM 64), so it weighs more than
-# in the plain call (where it took the 8k non-causal main kernel 5446 -> 5087 us, HEURISTIC_WIDE_EPI's note).
-# Session 21 (win3): to be measured (tests/features_overhead_timing.py bwd_w16); empty: off.
-WINDOW_WIDE_EPI: frozenset = frozenset()
-# dq_convert (the dQ convert inside the main kernel, no third launch) for a window-only backward, by (kernel head
-# dim, dtype). Session 18 measured it beside the plain schedule fields without dq_first (FEATURE_SCHED's note:
-# mixed). Session 21 (win3): to be measured with dq_first and wide_epi (bwd_dqf_w16_dqc); empty: off.
+# A window-only backward's dQ and epilogue paths, by (kernel head dim, dtype), each where measured better:
+# * WINDOW_DQ_FIRST: dq_first (the dQ accumulator zeroed by the first K/V block to reach a Q block, not by the
+#   preprocess: a fixed ~45 us at batch 2 x 16 heads x 8k, d128, against a window backward of ~0.9 ms), where
+#   every Q block gets a dQ part (dq_first_covers with the call's bounds: for_bounds drops it per call);
+# * WINDOW_WIDE_EPI: wide_epi (16-byte dK / dV epilogue stores, MHA; the kernel checks MHA and alignment per
+#   call): the epilogue is per K/V tile, and a window's tile visits few Q blocks (17 at 1024, BM 64);
+# * WINDOW_DQ_CONVERT: dq_convert (the dQ convert inside the main kernel, no third launch).
+# Measured (session 21, win3, round 1: tests/features_overhead_timing.py --quick --mask both --features window
+# --bwd-pass, bf16 d128 batch 2 x 16 heads x 8k, window 1024 causal / 1024 x 1024 full, x the plain call in
+# the same process over the visible share; on an H200; logs/session21_win3/round1.md), backward alone, causal /
+# full: the heuristic before 1.420 / 1.223, dq_first 1.391 / 1.204, wide_epi 1.322 / 1.174, both 1.278 /
+# 1.157, both + dq_convert 1.324 / 1.163; forward + backward 1.512 / 1.300 -> both 1.416 / 1.233 (+ dq_convert
+# 1.447 / 1.240). dq_first and wide_epi on for bf16 d128 (fp16 not measured); dq_convert off.
+WINDOW_DQ_FIRST: frozenset = frozenset({(128, "bf16")})
+WINDOW_WIDE_EPI: frozenset = frozenset({(128, "bf16")})
 WINDOW_DQ_CONVERT: frozenset = frozenset()
 # The feature backward with the plain call's schedule (issue 12 / 14: a feature's backward at the plain
 # call's speed). FEATURE_SCHED_FLAGS are the plain heuristic's schedule fields (the dynamic scheduler,

@@ -311,13 +311,19 @@ FEATURE_TILES: dict = {128: {"window": dict(persistent=True, dynamic=True, tma_s
                              "alibi:full": dict(BN=160, persistent=True, dynamic=True, tma_store=True),
                              "alibi": dict(persistent=True, dynamic=True)}}
 FEATURE_LAZY_RESCALE = False
-# tile_overlap for a window alone (fixed lengths), by (kernel head dim, causal): the schedule fields
-# (dynamic, tma_store) that go with it. A window's tile visits few K/V blocks (9 at 1024 and BN 128), so the
-# once-per-tile pipeline fill (the first S with no P V beside it, during the last tile's epilogue) weighs
-# ~24% of its forward (features_overhead_session16.md's model); kTileOverlap issues the next tile's S_0
-# behind the last P V. Every tile must have keys: for_bounds drops it per call where one has none.
-# Session 21 (win3): to be measured (tests/features_overhead_timing.py tov*); empty: off.
-WINDOW_TILE_OVERLAP: dict = {}
+# tile_overlap for a window alone (fixed lengths), by (kernel head dim, causal, dtype): the schedule fields
+# (dynamic, tma_store) that go with it (tma_store below 16k keys only, as the plain call's). A window's tile
+# visits few K/V blocks (9 at 1024 and BN 128), so the once-per-tile pipeline fill (the first S with no P V
+# beside it, during the last tile's epilogue) weighs ~24% of its forward (features_overhead_session16.md's
+# model); kTileOverlap issues the next tile's S_0 behind the last P V. Every tile must have keys: for_bounds
+# drops it per call where one has none.
+# Measured (session 21, win3, round 1: tests/features_overhead_timing.py --quick --mask both --features window,
+# bf16 d128 batch 2 x 16 heads x 8k, window 1024 causal / 1024 x 1024 full, forward x the plain call over the
+# visible share; an H200; logs/session21_win3/round1.md), causal / full: the heuristic (dynamic + TMA store)
+# 1.338 / 1.213; with tile_overlap 1.328 / 1.230, static + TMA store + tile_overlap 1.311 / 1.175, dynamic +
+# two Q buffers 1.323 / 1.235; without the TMA store 1.41-1.44 / 1.23-1.29 (three stages 1.409 / 1.248).
+WINDOW_TILE_OVERLAP: dict = {(128, True, "bf16"): dict(dynamic=False, tma_store=True),
+                             (128, False, "bf16"): dict(dynamic=False, tma_store=True)}
 SOFTCAP_FOLD: dict = {128: 3}
 # ALiBi's bias as one FFMA per score (alibi_lin, kAlibiLinear) for calls with ALiBi alone (or with a
 # window), fixed lengths: the (head dim, causal) classes that take it (measured above).
@@ -1215,7 +1221,9 @@ class Sm90Forward(Family):
             # FEATURE_TILES' q_double / tree_max for a window alone (with softcap / ALiBi their softmax
             # variants exclude them: Sm90FwdConfig's rules)
             cfg = cfg.replace(**{k: tiles[k] for k in ("q_double", "tree_max") if k in tiles})
-            over = WINDOW_TILE_OVERLAP.get((d, bool(problem.causal)))
+            over = WINDOW_TILE_OVERLAP.get((d, bool(problem.causal), problem.dtype))
+            if over is not None:   # (the TMA store below 16k keys only, as the plain call's)
+                over = dict(over, tma_store=over.get("tma_store", cfg.tma_store) and problem.seqlen_k < 16384)
             if over is not None and cfg.persistent and not cfg.replace(window=True, tile_overlap=True, **over).problems():
                 # (with_features sets the window flag again; for_bounds: off where a tile has no keys)
                 cfg = cfg.replace(window=True, tile_overlap=True, **over)
