@@ -125,7 +125,9 @@ def test_heuristic_switch(monkeypatch):
             assert cfg.dq_first == (on and (cap is None or s <= cap)) and cfg.problems() == [], (s, cfg.name)
             assert not (cfg.dq_first and cfg.dq_convert and (causal, dtype) == (False, "fp16")), cfg.name
         assert not heur(problem(d, causal, dtype, deterministic=True)).dq_first
-        assert not heur(problem(d, causal, dtype, features=("window",), window=(128, 0))).dq_first
+        # (a window alone: sm90_bwd.WINDOW_DQ_FIRST's classes, session 21)
+        assert heur(problem(d, causal, dtype, features=("window",), window=(128, 0))).dq_first == (
+            (FAM.head_dim_of(d), dtype) in sm90_bwd.WINDOW_DQ_FIRST)
         assert heur(problem(d, causal, dtype, seqlens=(1100, 1023))).dq_first == (on and not causal)
     every = frozenset(itertools.product((64, 128, 256), (False, True), ("bf16", "fp16")))
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DQ_FIRST", every)

@@ -24,6 +24,10 @@ if __name__ == "__main__":
     feat = [bwd.for_problem(bwd.heuristic(p.replace(features=())), p)
             for causal in (False, True)
             for p in [Problem("bwd", "bf16", 2, 1023, 1023, 4, 2, 128, causal, features=("window",), window=(64, 64))]]
+    import test_feature_defaults_gpu as defaults_test
+
+    # and the defaults' window kernels (tests/test_feature_defaults_gpu.py's window-only cases)
+    feat += [c for c in defaults_test.all_test_configs() if c.window and not (c.softcap or c.alibi)]
     cfgs = list(dict.fromkeys(timing.all_configs(quick=True, mask="both", features=("window",))
                               + gpu_test.all_test_configs() + feat))
     failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]

@@ -1221,12 +1221,6 @@ class Sm90Forward(Family):
             # FEATURE_TILES' q_double / tree_max for a window alone (with softcap / ALiBi their softmax
             # variants exclude them: Sm90FwdConfig's rules)
             cfg = cfg.replace(**{k: tiles[k] for k in ("q_double", "tree_max") if k in tiles})
-            over = WINDOW_TILE_OVERLAP.get((d, bool(problem.causal), problem.dtype))
-            if over is not None:   # (the TMA store below 16k keys only, as the plain call's)
-                over = dict(over, tma_store=over.get("tma_store", cfg.tma_store) and problem.seqlen_k < 16384)
-            if over is not None and cfg.persistent and not cfg.replace(window=True, tile_overlap=True, **over).problems():
-                # (with_features sets the window flag again; for_bounds: off where a tile has no keys)
-                cfg = cfg.replace(window=True, tile_overlap=True, **over)
         if (d == 64 and dynamic and not problem.features and problem.bucket >= HEURISTIC_D64_MIN_BUCKET
                 and HEURISTIC_D64.get(bool(problem.causal))):
             cfg = cfg.replace(**HEURISTIC_D64[bool(problem.causal)])   # (first_fitting: the fallbacks)
@@ -1261,6 +1255,14 @@ class Sm90Forward(Family):
         if (feature_call and (d, bool(problem.causal)) in ALIBI_LINEAR
                 and tuple(f for f in problem.features if f != "window") == ("alibi",)):
             cfg = cfg.replace(alibi=True, alibi_lin=True)   # (with_features sets the flag again)
+        over = WINDOW_TILE_OVERLAP.get((d, bool(problem.causal), problem.dtype)) \
+            if tuple(problem.features) == ("window",) and not is_varlen(problem) else None
+        if over is not None:   # (the TMA store below 16k keys only, as the plain call's)
+            over = dict(over, tma_store=over.get("tma_store", cfg.tma_store) and problem.seqlen_k < 16384)
+            # (with_features sets the window flag again; where the config's other choices rule it out, as
+            # lazy_rescale does, none; for_bounds: off per call where a tile has no keys)
+            if cfg.persistent and not cfg.replace(window=True, tile_overlap=True, **over).problems():
+                cfg = cfg.replace(window=True, tile_overlap=True, **over)
         return first_fitting(cfg, ({"tma_store": False}, {"BN": 64, "tma_store": False},
                                    {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False,
                                     "tma_store": False, "p_smem": False}),
