@@ -226,8 +226,12 @@
 //              turn (its Q' and K'_0 load while the last blocks run) and waits for the P V alone, so
 //              S_0 runs on the tensor cores during the epilogue instead of after it: the
 //              once-per-tile pipeline fill is hidden (short tiles, e.g. head dim 256 at 2k keys: 26
-//              blocks per tile). The next tile's first step then only waits for S_0. false (the
-//              default): the code of the kernel before it existed
+//              blocks per tile). The next tile's first step then only waits for S_0. With kWindow also
+//              causal, with kTmaStore, kQDouble (S_0 reads the next tile's Q buffer) and kDynamic (the
+//              next tile taken from the ring right there, behind the last P V: the producer claimed it
+//              once it had issued this tile's last loads); every tile must have keys (a window's short
+//              tiles, 9 K/V blocks at 1024 and BN 128: the host drops the flag per call where a tile has
+//              none, sm90_fwd.py for_bounds). false (the default): the code of the kernel before it existed
 //   kStreamTail the static persistent plain non-causal kernel with a balanced tail (sm90_tail.cuh:
 //              the last n_tiles - G·(n_tiles / G - 1) tiles cut by K/V blocks into equal ranges
 //              per CTA, a tile cut in two joined through fp32 partials in params.tail_partial;

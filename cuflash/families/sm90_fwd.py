@@ -467,7 +467,9 @@ class Sm90FwdConfig(KernelConfig):
                on every path: HEURISTIC_TILE_OVERLAP's note). The static persistent plain kernel
                only (with or without pingpong; no dynamic, varlen, q_double, tma_store, p_smem,
                rescale_first, features). Measured level with the plain tiles (HEURISTIC_TILE_OVERLAP's
-               note): off, outside the tuning space
+               note): off, outside the tuning space. With a window alone also causal, dynamic (the
+               next tile taken behind the last P V), tma_store and q_double; every tile must have keys
+               (for_bounds drops it per call where one has none); WINDOW_TILE_OVERLAP's classes take it
     drop_packed: dropout's keep mask applied to P's packed 16-bit fragments after the packing
                (kDropPacked, kernels_cu/dropout_packed.cuh: a byte permute and an AND per two
                elements, where the fp32 form compares and selects per element); the same mask and
