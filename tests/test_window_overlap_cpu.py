@@ -166,3 +166,16 @@ def test_heuristic_switches_on(monkeypatch):
         assert not FWD.for_problem(FWD.heuristic(fp.replace(dtype="fp16")), fp.replace(dtype="fp16")).tile_overlap
         long = window_problem("fwd", causal, 32768, 32768)
         assert not FWD.for_problem(FWD.heuristic(long), long).tma_store
+
+
+def test_window_default_given_to_a_plain_call():
+    """A window call whose band reaches past every key runs as the plain call (cuflash.api), with the config
+    given for the window: its tile_overlap schedule (causal, static + TMA store) is not the plain kernel's, so
+    for_problem drops the flag and the config stays valid (session 21's round 3 found it: ConfigError)."""
+    for causal in (True, False):
+        cfg = FWD.for_problem(FWD.heuristic(window_problem("fwd", causal)), window_problem("fwd", causal))
+        assert cfg.tile_overlap and cfg.window
+        plain = Problem("fwd", "bf16", 2, 17, 1, 4, 2, 128, causal)
+        got = FWD.for_problem(cfg, plain)
+        assert not got.window and got.problems() == [], got.name
+        assert got.tile_overlap == (not causal and not got.dynamic and not got.tma_store and not got.q_double)

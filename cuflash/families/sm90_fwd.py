@@ -1127,7 +1127,12 @@ class Sm90Forward(Family):
         if config.alibi_lin and (tuple(f for f in problem.features if f != "window") != ("alibi",)
                                  or config.emu_exp2 or config.tree_max):
             config = config.replace(alibi_lin=False)   # a speed knob: ALiBi alone (a window may join)
-        return self.with_features(config, problem)
+        config = self.with_features(config, problem)
+        if config.tile_overlap and any("tile_overlap" in w for w in config.problems()):
+            # a window's tile_overlap schedule (causal, dynamic, TMA store, two Q buffers) given to a call
+            # without the window (e.g. one reaching past every key, which the API runs as the plain call)
+            config = config.replace(tile_overlap=False)
+        return config
 
     def for_bounds(self, config, problem: Problem):
         """tile_overlap off where a tile would have no K/V block (its S_0 is issued before the tile
