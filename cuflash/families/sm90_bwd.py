@@ -202,7 +202,8 @@ DYNAMIC_FEATURES = frozenset({("window",)})
 # the same process over the visible share; on an H200; logs/session21_win3/round1.md), backward alone, causal /
 # full: the heuristic before 1.420 / 1.223, dq_first 1.391 / 1.204, wide_epi 1.322 / 1.174, both 1.278 /
 # 1.157, both + dq_convert 1.324 / 1.163; forward + backward 1.512 / 1.300 -> both 1.416 / 1.233 (+ dq_convert
-# 1.447 / 1.240). dq_first and wide_epi on for bf16 d128 (fp16 not measured); dq_convert off.
+# 1.447 / 1.240). dq_first and wide_epi on for bf16 d128 (fp16 not measured); dq_convert off. Round 3 (as shipped,
+# round3.md): backward alone 1.408 / 1.236 -> 1.273 / 1.159, forward + backward 1.508 / 1.287 -> 1.414 / 1.230.
 WINDOW_DQ_FIRST: frozenset = frozenset({(128, "bf16")})
 WINDOW_WIDE_EPI: frozenset = frozenset({(128, "bf16")})
 WINDOW_DQ_CONVERT: frozenset = frozenset()
