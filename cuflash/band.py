@@ -170,3 +170,38 @@ def aligned_bn(BM: int, candidates) -> list:
     multiple of it, the band's edges fall on block boundaries, so a Q block visits exactly
     (BM + left + right) / BN blocks and no block only for a sliver of the band."""
     return sorted((bn for bn in candidates if BM % bn == 0), reverse=True)
+
+
+def every_q_block_has_keys(band: Band, BM: int, BN: int) -> bool:
+    """Whether every Q block of BM rows visits at least one K/V block of BN keys (the forward's
+    range, mask.cuh kv_block_begin / kv_block_end). sm90_fwd's tile_overlap issues a tile's first
+    S = Q K_0ᵀ before the tile starts, so it runs only where this holds (a tile without keys has
+    no S_0: families/sm90_fwd.py for_bounds)."""
+    m_blocks = -(-band.seqlen_q // BM)
+    return band.seqlen_k > 0 and all(len(band.kv_blocks(m * BM, BM, BN)) for m in range(m_blocks))
+
+
+def every_q_block_visited(band: Band, BM: int, BN: int) -> bool:
+    """Whether every Q block of BM rows lies in the backward's Q-block range of some K/V block of BN
+    keys (mask.cuh q_block_begin / q_block_end under a window, CausalMask's q_block_begin otherwise).
+    sm90_bwd's dq_first zeroes the dQ accumulator rows of the Q blocks some K/V block visits only
+    (families/sm90_bwd.py dq_first_covers)."""
+    m_blocks = -(-band.seqlen_q // BM)
+    n_kv = -(-band.seqlen_k // BN)
+    if m_blocks == 0:
+        return True
+    # the ranges' union, by a difference array (O(m_blocks + n_kv))
+    diff = [0] * (m_blocks + 1)
+    for n in range(n_kv):
+        key0 = n * BN
+        begin = band.q_block_begin(key0, BM)
+        end = band.q_block_end(key0, BM, BN, m_blocks)
+        if begin < end:
+            diff[begin] += 1
+            diff[end] -= 1
+    depth = 0
+    for m in range(m_blocks):
+        depth += diff[m]
+        if depth <= 0:
+            return False
+    return True

@@ -184,6 +184,7 @@ class Plan:
     """
 
     def __init__(self, family, config, problem, strides: dict, softmax_scale: float, device: int):
+        config = family.for_bounds(config, problem)   # (flags the call's exact bounds rule out)
         self.family, self.config, self.problem, self.device = family, config, problem, device
         kernels = get_kernels(config, device)
         sms = _gpu.sm_count(device)

@@ -178,7 +178,7 @@
 //              compute. Only
 //              rows some K/V block adds to are zeroed: the host's dq_first_covers (not causal with
 //              seqlen_q > seqlen_k, windows)
-//   kWideEpi   (appended after kDqFirst; plain fixed-length unordered calls) the epilogue stores dK_j, dV_j
+//   kWideEpi   (appended after kDqFirst; plain or windowed fixed-length unordered calls) the epilogue stores dK_j, dV_j
 //              16 bytes a lane (quad_transpose: a quad's lanes exchange their column pairs) where the call is
 //              MHA with 16-byte aligned dk, dv; 4 bytes a lane otherwise (and without it)
 //
@@ -693,8 +693,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                   "kRoles: the head-dim-256 tile's plain unordered backward (fixed lengths, no feature)");
     static_assert(!(kSAhead && kSharedKeys) || kRoles, "s_ahead at head dim 256: with roles only");
     static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
-    static_assert(!kWideEpi || !(kVarlen || kDeterministic || kWindow || kSoftcap || kAlibi || kDropout || kCluster),
-                  "kWideEpi: the plain fixed-length unordered backward (no feature, no cluster)");
+    static_assert(!kWideEpi || !(kVarlen || kDeterministic || kSoftcap || kAlibi || kDropout || kCluster),
+                  "kWideEpi: the plain or windowed fixed-length unordered backward (no other feature, no cluster)");
     static_assert(kDropPacked >= 0 && kDropPacked <= 2
                   && (!kDropPacked || (kDropout && !kSharedKeys && !kDeterministic && !kWindow && !kSoftcap && !kAlibi)),
                   "kDropPacked (0..2): dropout alone on the head dim 64 / 128 tiles, unordered (dropout_transposed.cuh)");

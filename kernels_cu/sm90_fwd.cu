@@ -226,8 +226,12 @@
 //              turn (its Q' and K'_0 load while the last blocks run) and waits for the P V alone, so
 //              S_0 runs on the tensor cores during the epilogue instead of after it: the
 //              once-per-tile pipeline fill is hidden (short tiles, e.g. head dim 256 at 2k keys: 26
-//              blocks per tile). The next tile's first step then only waits for S_0. false (the
-//              default): the code of the kernel before it existed
+//              blocks per tile). The next tile's first step then only waits for S_0. With kWindow also
+//              causal, with kTmaStore, kQDouble (S_0 reads the next tile's Q buffer) and kDynamic (the
+//              next tile taken from the ring right there, behind the last P V: the producer claimed it
+//              once it had issued this tile's last loads); every tile must have keys (a window's short
+//              tiles, 9 K/V blocks at 1024 and BN 128: the host drops the flag per call where a tile has
+//              none, sm90_fwd.py for_bounds). false (the default): the code of the kernel before it existed
 //   kStreamTail the static persistent plain non-causal kernel with a balanced tail (sm90_tail.cuh:
 //              the last n_tiles - G·(n_tiles / G - 1) tiles cut by K/V blocks into equal ranges
 //              per CTA, a tile cut in two joined through fp32 partials in params.tail_partial;
@@ -473,11 +477,13 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                   "kCluster: the static persistent plain non-causal kernel (both CTAs of a cluster walk adjacent "
                   "Q blocks of the same heads, with the same K/V blocks), an even number of column chunks");
     static_assert(!kDynamic || kPersistent, "the dynamic scheduler runs a persistent grid (a CTA per SM)");
-    static_assert(!kTileOverlap || (kPersistent && !kDynamic && !kVarlen && !kQDouble && !kTmaStore
-                                    && !kPSmem && !kRescaleFirst && !kCausal && !kWindow && !kSoftcap && !kAlibi
+    static_assert(!kTileOverlap || (kPersistent && !kVarlen && !kPSmem && !kRescaleFirst && !kSoftcap && !kAlibi
                                     && !kDropout && kEmuExp2 == 0 && !kLazyRescale && kFoldCap == 0),
-                  "kTileOverlap: the static persistent plain non-causal kernel (the next tile is tile + "
-                  "gridDim.x, every tile has keys, Q has one buffer)");
+                  "kTileOverlap: the persistent kernel without softmax variants (every tile has keys: the host "
+                  "checks it, sm90_fwd.py tile_overlap_fits)");
+    static_assert(!kTileOverlap || ((!kCausal && !kDynamic && !kTmaStore && !kQDouble) || kWindow),
+                  "kTileOverlap with a causal mask, the dynamic scheduler, the TMA-store epilogue or two Q "
+                  "buffers: windowed calls only (the plain kernel's form is the static non-causal one)");
     // kVarlen skips tiles past a sequence's end, which the dynamic scheduler's pingpong count does
     // not allow for; and a TMA store of O would write a box's rows past the sequence's end, into
     // the next sequence's rows (TMA clips only at the packed tensor's end)
@@ -839,8 +845,11 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     // next one is not claimed yet), so every turn hands over, the first turn is given before the
     // loop, and warpgroup 0 takes the one hand-over left after it (Pingpong's count, header).
     if constexpr (kDynamic) turn.start();
+    // kTileOverlap with kDynamic: the next tile, taken from the ring behind the last P V (after_last_pv)
+    [[maybe_unused]] int taken_tile = 0;
     auto next_tile = [&](int tile) {
-        if constexpr (kDynamic) return ring.take();
+        if constexpr (kDynamic && kTileOverlap) return taken_tile;
+        else if constexpr (kDynamic) return ring.take();
         else if constexpr (kStreamTail) return sched.next(tile);
         else return tile + int(gridDim.x);
     };
@@ -849,10 +858,11 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                                                                      p.tail_flags};
     if constexpr (kTileOverlap) {
         // The first tile's S_0 = Q K_0ᵀ before the loop (the persistent grid has a CTA per tile at
-        // most: blockIdx.x is a tile, and non-causal with keys, it has blocks): each tile's last step
-        // issues the next one's, so one S GEMM is in flight on every path into the loop's head (ptxas
-        // serializes wgmmas whose accumulators meet other definitions there: C7515)
-        turn.start();
+        // most: blockIdx.x is a tile, and with keys (the host's rule), it has blocks): each tile's last
+        // step issues the next one's, so one S GEMM is in flight on every path into the loop's head
+        // (ptxas serializes wgmmas whose accumulators meet other definitions there: C7515).
+        // (kDynamic: the first turn was given above)
+        if constexpr (!kDynamic) turn.start();
         turn.begin();
         mbarrier_wait(bar.q_full(), 0);
         mbarrier_wait(bar.k_full(0), 0);
@@ -1126,10 +1136,20 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                     // free (P_{n-1} is in p_frag). The CTA's last tile issues the same GEMM on what is
                     // still in shared memory (its Q and last K block: nothing loads after them) and drops
                     // it: issued on every path, the S GEMM in flight is the same at the loop's head.
-                    const bool has_next = tile + int(gridDim.x) < n_tiles;
+                    // (kDynamic: the next tile is taken here, its claim made by the producer once it
+                    // had issued this tile's last loads; the loop's next_tile returns it)
+                    bool has_next;
+                    if constexpr (kDynamic) {
+                        taken_tile = ring.take();
+                        has_next = taken_tile < n_tiles;
+                    } else {
+                        has_next = tile + int(gridDim.x) < n_tiles;
+                    }
                     if (has_next) {
                         mbarrier_wait(q_full_of(q_slot(q_iter + 1)), q_fill(q_iter + 1) & 1);
                         mbarrier_wait(bar.k_full(slot_of(n_blocks)), phase(n_blocks));
+                        // kQDouble: S_0 reads the next tile's Q buffer (the loop's head sets the same)
+                        if constexpr (kQDouble) q_buf_shift = q_slot(q_iter + 1) ? u32(Shape::kQ2Offset) >> 4 : 0u;
                     }
                     reg_fence(s_flat);
                     wgmma_fence();

@@ -68,11 +68,11 @@ def problem(feature, causal, seqlen=SEQLEN):
 # the window (causal only unless --mask says otherwise)
 # (session 16 round A measured emu1 / 2 (then with fold_cap 4), alin_lazy, dpk* slower than or equal to the
 # heuristic)
-QUICK = {"window": ("q2", "tree"),
+QUICK = {"window": ("prev", "static_tmao", "tov"),
          "softcap": (),
          "alibi": ("alin_bn160_tmao",),
          "dropout": ()}
-QUICK_BWD = ()
+QUICK_BWD = ("bwd_prev",)
 
 
 def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=False):
@@ -84,7 +84,8 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
     base = heur.replace(dynamic=False, tma_store=False, lazy_rescale=False, fold_cap=0)
     dyn = dict(persistent=True, dynamic=True, tma_store=True)
     if feature == "window":
-        base = base.replace(BN=128, persistent=True)      # window_tiles' shape, static schedule
+        base = base.replace(BN=128, persistent=True, tile_overlap=False)   # window_tiles' shape, static schedule
+        tov = heur.replace(persistent=True, dynamic=True, tma_store=True, tile_overlap=True)
         variants = [("static", base),
                     ("dyn_tmao", base.replace(**dyn)),
                     ("dyn_tmao_lazy", base.replace(**dyn, lazy_rescale=True)),
@@ -103,8 +104,23 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
                     # a window's tiles are short (9 K/V blocks at BN 128): two Q buffers, so a tile's
                     # first S does not wait for its Q after the last tile's (q_double); the softmax
                     # step with shorter chains, so a block's first ex2 issues sooner (tree_max)
-                    ("q2", heur.replace(q_double=True)),
-                    ("tree", heur.replace(tree_max=True))]
+                    ("q2", heur.replace(q_double=True, tile_overlap=False)),
+                    ("tree", heur.replace(tree_max=True, tile_overlap=False)),
+                    # the next tile's S_0 issued behind the last P V (tile_overlap, session 21), on the
+                    # dynamic + TMA-store schedule (the heuristic's before it), without the TMA store, and
+                    # static; "prev" / "static_tmao": those schedules without it
+                    ("prev", tov.replace(tile_overlap=False)),
+                    ("static_tmao", tov.replace(tile_overlap=False, dynamic=False)),
+                    ("tov", tov),
+                    ("tov_notmao", tov.replace(tma_store=False)),
+                    ("tov_static", tov.replace(dynamic=False)),
+                    ("tov_static_notmao", tov.replace(dynamic=False, tma_store=False)),
+                    # and with two Q buffers (the next tile's Q loads under the current tile, so its S_0
+                    # behind the last P V does not wait for it)
+                    ("tov_q2", tov.replace(q_double=True)),
+                    ("tov_q2_notmao", tov.replace(q_double=True, tma_store=False)),
+                    # three K/V stages (fits without the TMA store's staging tiles)
+                    ("tov_s3_notmao", tov.replace(stages=3, tma_store=False))]
     elif feature == "softcap":
         base = base.replace(BN=176, persistent=False, emu_exp2=0)   # the shipped softcap tile
         lazy3 = dict(fold_cap=3, lazy_rescale=True)
@@ -169,13 +185,21 @@ def bwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
     p = problem(feature, causal, seqlen).replace(op="bwd")
     heur = fam.for_problem(fam.heuristic(p), p)
     out = []
-    for key, kw in (("bwd_dqb", dict(dq_writer=False, dq_bulk=True, dynamic=False)),
+    for key, kw in (("bwd_prev", dict(dq_first=False, wide_epi=False)),   # (the heuristic's before session 21)
+                    ("bwd_dqb", dict(dq_writer=False, dq_bulk=True, dynamic=False)),
                     ("bwd_s2", dict(stages=2, dynamic=False)),
                     ("bwd_s3", dict(stages=3, dynamic=False)), ("bwd_s3_ovl", dict(stages=3, overlap_sdp=True, dynamic=False)),
                     ("bwd_s3_ds2", dict(stages=3, ds_double=True, dynamic=False)),
                     ("bwd_dyn", dict(stages=2, dynamic=True)),      # (sm90_bwd WINDOW_BWD's)
                     ("bwd_dyn_ovl", dict(stages=2, dynamic=True, overlap_sdp=True)),
-                    ("bwd_dyn_ds2", dict(stages=2, dynamic=True, ds_double=True))):
+                    ("bwd_dyn_ds2", dict(stages=2, dynamic=True, ds_double=True)),
+                    # dq_first (the accumulator zeroed in the main kernel, not by the preprocess: session 21)
+                    ("bwd_dqf", dict(dq_first=True, wide_epi=False)),
+                    # the 16-byte dK / dV epilogue stores (wide_epi, MHA: this shape), alone and with dq_first
+                    ("bwd_w16", dict(wide_epi=True, dq_first=False)),
+                    ("bwd_dqf_w16", dict(dq_first=True, wide_epi=True)),
+                    # and the dQ convert inside the main kernel (dq_convert: no third launch)
+                    ("bwd_dqf_w16_dqc", dict(dq_first=True, wide_epi=True, dq_convert=True))):
         if quick and key not in QUICK_BWD:
             continue
         cfg = fam.for_problem(heur.replace(**kw), p)

@@ -89,7 +89,8 @@ def all_test_configs():
 def test_the_defaults_are_the_switched_ones():
     """What this file runs is what the switches give (a guard against testing the wrong kernel)."""
     win = default_configs(("window",), True)
-    assert win.dynamic and win.tma_store and win.BN == 128
+    # (session 21: the static persistent schedule with tile_overlap; its backward with dq_first and wide_epi)
+    assert not win.dynamic and win.tile_overlap and win.tma_store and win.BN == 128
     cap = default_configs(("softcap",), False)
     assert cap.fold_cap == 3 and cap.lazy_rescale and cap.dynamic and cap.tma_store and cap.BN == 144
     assert default_configs(("softcap",), True).BN == 128
@@ -97,7 +98,7 @@ def test_the_defaults_are_the_switched_ones():
         alibi = default_configs(("alibi",), causal)
         assert alibi.dynamic and alibi.alibi_lin
         bwd = default_configs(("window",), causal, "bwd")
-        assert bwd.dynamic and bwd.ds_double and bwd.stages == 2
+        assert bwd.dynamic and bwd.ds_double and bwd.stages == 2 and bwd.dq_first and bwd.wide_epi
 
 
 @pytest.mark.parametrize("kernel", FORWARD, ids=[k[0] for k in FORWARD])

@@ -94,6 +94,7 @@ def test_for_problem_drops_what_the_call_cannot_take():
 
 def test_switches_off_keep_the_old_heuristic(monkeypatch):
     monkeypatch.setattr(sm90_fwd, "FEATURE_TILES", {})
+    monkeypatch.setattr(sm90_fwd, "WINDOW_TILE_OVERLAP", {})
     monkeypatch.setattr(sm90_fwd, "FEATURE_LAZY_RESCALE", False)
     monkeypatch.setattr(sm90_fwd, "SOFTCAP_FOLD", {})
     for causal in (True, False):
@@ -137,8 +138,9 @@ def test_switches_on(monkeypatch, features, causal):
 
 # The shipped switches (the measured defaults, sm90_fwd FEATURE_TILES' note): bf16 d128 8k
 SHIPPED = {
-    (("window",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
-    (("window",), False): "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2_pp_persist_dyn_tmao_win",
+    # (session 21: the static persistent schedule with tile_overlap, WINDOW_TILE_OVERLAP)
+    (("window",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_tmao_win_tov",
+    (("window",), False): "sm90fwd_bf16_d128_full_BM128_BN128_s2_c2_pp_persist_tmao_win_tov",
     (("softcap",), True): "sm90fwd_bf16_d128_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3_mcp1",
     (("softcap",), False): "sm90fwd_bf16_d128_full_BM128_BN144_s2_c2_pp_persist_dyn_tmao_cap_lazy_fold3_mcp1",
     (("alibi",), True): "sm90fwd_bf16_d128_causal_BM128_BN176_s2_c2_pp_persist_dyn_alibi_alin",

@@ -91,6 +91,7 @@ def check_forward(config, q, k, v, causal, window, softcap, slopes, what):
         err = (lse[finite].double() - ref_lse[finite]).abs().max().item()
         assert err < 1e-2 * max(1.0, ref_lse[finite].abs().max().item()), f"{what}: LSE error {err:.3g}"
     assert (lse[~finite] == math.inf).all(), f"{what}: rows with no key must have LSE = +inf"
+    return out
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=[k[0] for k in KERNELS])

@@ -186,6 +186,9 @@ def test_features_supported_and_set_by_the_call(feats):
         # (and the plain schedule fields, which a given config keeps where sm90_bwd.FEATURE_SCHED_BUILT
         # lists the feature set: tests/test_bwd_feature_sched_cpu.py)
         own["dq_early"] = own["dk_late"] = True
+        # (and, with a window alone, a given config's dq_first, wide_epi and dq_convert: session 21)
+        if feats == ("window",):
+            own["dq_first"] = own["wide_epi"] = own["dq_convert"] = True
         assert fam is FAM and source == "given" and got.replace(**{k: getattr(cfg, k) for k in own}) == cfg
         # with dropout: run where it compiles without spills (not deterministic, no window with
         # softcap / ALiBi at d128: dropout_dq_path, tests/test_dropmix_cpu.py), else refused by

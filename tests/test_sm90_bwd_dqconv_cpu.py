@@ -73,19 +73,21 @@ def test_rules_and_for_problem():
     p = problem()
     cfg = dqc(p)
     why = lambda c: " ".join(c.problems())   # noqa: E731
-    for change in (dict(dynamic=False, frag_pin=False), dict(dq_writer=False), dict(window=True),
+    for change in (dict(dynamic=False, frag_pin=False), dict(dq_writer=False),
                    dict(softcap=True), dict(varlen=True, dynamic=False), dict(dropout=True)):
         assert "dq_convert" in why(cfg.replace(**change)), change
+    assert "dq_convert" not in why(cfg.replace(window=True))   # (a window's: session 21)
     assert "dq_convert" in why(Sm90BwdConfig(128, 128, 2, 2, 64, "bf16", False, dq_writer=True, dynamic=True,
                                              dq_convert=True))                  # head dim 64: spills
     assert "dq_convert" in why(Sm90BwdConfig(64, 64, 2, 2, 256, "bf16", False, dq_writer=True,
                                              dq_convert=True))                  # d256 without roles
     assert "dq_convert" in why(Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False, True, dq_convert=True))
     # for_problem drops it where it is not built
-    for q in (problem(deterministic=True), problem(features=("softcap",), softcap=5.0), problem(64),
-              problem(features=("window",), window=(128, 0))):
+    for q in (problem(deterministic=True), problem(features=("softcap",), softcap=5.0), problem(64)):
         got = FAM.for_problem(FAM.heuristic(q).replace(dq_convert=True), q)
         assert not got.dq_convert and got.problems() == [], got.name
+    q = problem(features=("window",), window=(128, 0))   # kept with a window (session 21)
+    assert FAM.for_problem(FAM.heuristic(q).replace(dq_convert=True), q).dq_convert
     for d, causal, dtype in itertools.product((128, 192, 256), (False, True), ("bf16", "fp16")):
         got = dqc(problem(d, causal, dtype))
         assert got.dq_convert and got.problems() == [], got.name

@@ -83,8 +83,11 @@ def test_rules_and_for_problem():
     assert dq_first_covers(problem()) and dq_first_covers(problem(causal=True, seqlens=(113, 301)))
     assert not dq_first_covers(problem(causal=True, seqlens=(301, 113)))
     assert dq_first_covers(problem(seqlens=(301, 113)))
+    # a window: where every Q block is in some K/V block's band (session 21: the call's bounds decide)
+    assert dqf(problem(features=("window",), window=(128, 0))).dq_first
     for q in (problem(deterministic=True), problem(features=("softcap",), softcap=5.0),
-              problem(features=("window",), window=(128, 0)), problem(causal=True, seqlens=(301, 113)),
+              problem(features=("window",), window=(128, 0), seqlens=(301, 113)),
+              problem(causal=True, seqlens=(301, 113)),
               problem(64, True, seqlens=(2049, 17))):
         got = dqf(q)
         assert not got.dq_first and got.problems() == [], got.name
@@ -122,7 +125,9 @@ def test_heuristic_switch(monkeypatch):
             assert cfg.dq_first == (on and (cap is None or s <= cap)) and cfg.problems() == [], (s, cfg.name)
             assert not (cfg.dq_first and cfg.dq_convert and (causal, dtype) == (False, "fp16")), cfg.name
         assert not heur(problem(d, causal, dtype, deterministic=True)).dq_first
-        assert not heur(problem(d, causal, dtype, features=("window",), window=(128, 0))).dq_first
+        # (a window alone: sm90_bwd.WINDOW_DQ_FIRST's classes, session 21)
+        assert heur(problem(d, causal, dtype, features=("window",), window=(128, 0))).dq_first == (
+            (FAM.head_dim_of(d), dtype) in sm90_bwd.WINDOW_DQ_FIRST)
         assert heur(problem(d, causal, dtype, seqlens=(1100, 1023))).dq_first == (on and not causal)
     every = frozenset(itertools.product((64, 128, 256), (False, True), ("bf16", "fp16")))
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DQ_FIRST", every)

@@ -180,6 +180,12 @@ class Family:
         its feature flags."""
         return self.with_features(config, problem)
 
+    def for_bounds(self, config, problem: Problem):
+        """``config`` less the flags that ``problem``'s exact run-time values (window bounds, each
+        side's length) rule out. Applied to every plan (cuflash.launch.Plan), after the choice,
+        which is cached per problem class and seqlen bucket and so cannot see them."""
+        return config
+
     # ---- configs ----
     def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None):
         raise NotImplementedError

@@ -190,6 +190,23 @@ WINDOW_BWD = {128: dict(dynamic=True, ds_double=True)}
 # dims of WINDOW_BWD (run by tests/test_feature_defaults_gpu.py); any other call with features keeps
 # the plain grid.
 DYNAMIC_FEATURES = frozenset({("window",)})
+# A window-only backward's dQ and epilogue paths, by (kernel head dim, dtype), each where measured better:
+# * WINDOW_DQ_FIRST: dq_first (the dQ accumulator zeroed by the first K/V block to reach a Q block, not by the
+#   preprocess: a fixed ~45 us at batch 2 x 16 heads x 8k, d128, against a window backward of ~0.9 ms), where
+#   every Q block gets a dQ part (dq_first_covers with the call's bounds: for_bounds drops it per call);
+# * WINDOW_WIDE_EPI: wide_epi (16-byte dK / dV epilogue stores, MHA; the kernel checks MHA and alignment per
+#   call): the epilogue is per K/V tile, and a window's tile visits few Q blocks (17 at 1024, BM 64);
+# * WINDOW_DQ_CONVERT: dq_convert (the dQ convert inside the main kernel, no third launch).
+# Measured (session 21, win3, round 1: tests/features_overhead_timing.py --quick --mask both --features window
+# --bwd-pass, bf16 d128 batch 2 x 16 heads x 8k, window 1024 causal / 1024 x 1024 full, x the plain call in
+# the same process over the visible share; on an H200; logs/session21_win3/round1.md), backward alone, causal /
+# full: the heuristic before 1.420 / 1.223, dq_first 1.391 / 1.204, wide_epi 1.322 / 1.174, both 1.278 /
+# 1.157, both + dq_convert 1.324 / 1.163; forward + backward 1.512 / 1.300 -> both 1.416 / 1.233 (+ dq_convert
+# 1.447 / 1.240). dq_first and wide_epi on for bf16 d128 (fp16 not measured); dq_convert off. Round 3 (as shipped,
+# round3.md): backward alone 1.408 / 1.236 -> 1.273 / 1.159, forward + backward 1.508 / 1.287 -> 1.414 / 1.230.
+WINDOW_DQ_FIRST: frozenset = frozenset({(128, "bf16")})
+WINDOW_WIDE_EPI: frozenset = frozenset({(128, "bf16")})
+WINDOW_DQ_CONVERT: frozenset = frozenset()
 # The feature backward with the plain call's schedule (issue 12 / 14: a feature's backward at the plain
 # call's speed). FEATURE_SCHED_FLAGS are the plain heuristic's schedule fields (the dynamic scheduler,
 # two dS buffers, the dQ GEMM early, dK late, Pᵀ's fragments pinned); FEATURE_SCHED_BUILT the feature
@@ -915,11 +932,11 @@ class Sm90BwdConfig(KernelConfig):
                        "deterministic, window, softcap, ALiBi, dropout, varlen or overlap_sdp; with "
                        "red.add ptxas spills it, nvcc 13.0)")
         if self.dq_convert and (not self.dq_writer or self.deterministic or self.varlen or self.cluster
-                                or self.window or self.softcap or self.alibi or self.dropout
+                                or self.softcap or self.alibi or self.dropout
                                 or self.head_dim == 64 or (self.head_dim == 128 and not self.dynamic)
                                 or (self.shared_keys and not self.roles)):
-            out.append("dq_convert: the dQ convert inside the main kernel, with dq_writer, for plain fixed-length "
-                       "unordered calls (no deterministic, varlen, window, softcap, ALiBi, dropout, cluster) of "
+            out.append("dq_convert: the dQ convert inside the main kernel, with dq_writer, for plain or windowed "
+                       "fixed-length unordered calls (no deterministic, varlen, softcap, ALiBi, dropout, cluster) of "
                        "the head dim 128 tile with the dynamic scheduler or the head_dim=256 tile with roles "
                        "(at head dim 64 ptxas spills the bf16 non-causal kernel, 8 bytes, nvcc 13.0)")
         if self.dq_first and (not self.dq_writer or self.deterministic or self.varlen or self.cluster
@@ -927,10 +944,10 @@ class Sm90BwdConfig(KernelConfig):
             out.append("dq_first: the dQ accumulator zeroed in the main kernel (no zeroing preprocess), with "
                        "dq_writer, for fixed-length unordered calls (no deterministic, varlen or cluster), BM 64 "
                        "or 128")
-        if self.wide_epi and (self.deterministic or self.varlen or self.cluster or self.window or self.softcap
+        if self.wide_epi and (self.deterministic or self.varlen or self.cluster or self.softcap
                               or self.alibi or self.dropout):
-            out.append("wide_epi: the 16-byte dK / dV epilogue stores, for plain fixed-length unordered calls (no "
-                       "deterministic, varlen, cluster, window, softcap, ALiBi, dropout: the d128 ALiBi kernel spilled "
+            out.append("wide_epi: the 16-byte dK / dV epilogue stores, for plain or windowed fixed-length unordered "
+                       "calls (no deterministic, varlen, cluster, softcap, ALiBi, dropout: the d128 ALiBi kernel spilled "
                        "8 bytes with them, session 19)")
         if self.drop_packed not in (0, 1, 2):
             out.append(f"drop_packed must be 0, 1 or 2, got {self.drop_packed}")
@@ -1226,13 +1243,23 @@ class Sm90Backward(Family):
             # ALiBi)
             lighter = config.replace(overlap_sdp=False)
             config = lighter if not lighter.bm128_spills() else lighter.replace(BM=64, overlap_sdp=config.overlap_sdp)
-        if config.dq_convert and (problem.features or any("dq_convert" in w for w in config.problems())):
-            config = config.replace(dq_convert=False)  # a speed choice: plain calls on the dynamic scheduler only
-        if config.dq_first and (not dq_first_covers(problem) or any("dq_first" in w for w in config.problems())):
+        if config.dq_convert and (problem.features not in ((), ("window",))
+                                  or any("dq_convert" in w for w in config.problems())):
+            config = config.replace(dq_convert=False)  # a speed choice: plain (or windowed) calls, dynamic scheduler
+        if config.dq_first and (not dq_first_covers(problem, config.BM, config.BN)
+                                or any("dq_first" in w for w in config.problems())):
             config = config.replace(dq_first=False)    # rows no K/V block adds to need the zeroed accumulator
-        if config.wide_epi and (problem.features or any("wide_epi" in w for w in config.problems())):
-            config = config.replace(wide_epi=False)    # a speed choice: plain fixed-length unordered calls only
+        if config.wide_epi and (problem.features not in ((), ("window",))
+                                or any("wide_epi" in w for w in config.problems())):
+            config = config.replace(wide_epi=False)    # a speed choice: plain (or windowed) fixed-length unordered calls
         return with_drop_packed(config)
+
+    def for_bounds(self, config, problem: Problem):
+        """dq_first off where some Q block gets no dQ part (dq_first_covers with the call's window
+        bounds and lengths: the choice, cached per class and bucket, cannot see them)."""
+        if config.dq_first and not dq_first_covers(problem, config.BM, config.BN):
+            config = config.replace(dq_first=False)
+        return config
 
     def _fields(self, config):
         # dropout and varlen are not encoded (as sm90_fwd's): the call sets them (for_problem), so
@@ -1325,7 +1352,7 @@ class Sm90Backward(Family):
         dqf = cfg.replace(dq_first=True)
         cap = DQ_FIRST_MAX_SEQLEN_BY.get((d, causal, dtype), DQ_FIRST_MAX_SEQLEN)
         if ((d, causal, dtype) in HEURISTIC_DQ_FIRST and (cap is None or problem.seqlen_q <= cap)
-                and dq_first_covers(problem) and not dqf.problems()):
+                and not problem.features and dq_first_covers(problem, cfg.BM, cfg.BN) and not dqf.problems()):
             cfg = dqf
         w16 = cfg.replace(wide_epi=True)
         w16_cap = WIDE_EPI_MAX_SEQLEN_BY.get((d, causal, dtype))
@@ -1337,6 +1364,17 @@ class Sm90Backward(Family):
         feats = tuple(problem.features)
         if feats == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
+        wdqf = cfg.replace(dq_first=True)
+        if (feats == ("window",) and (d, dtype) in WINDOW_DQ_FIRST and dq_first_covers(problem, cfg.BM, cfg.BN)
+                and not wdqf.problems()):
+            cfg = wdqf                                  # (for_bounds drops it where a Q block gets no part)
+        ww16 = cfg.replace(wide_epi=True)
+        if (feats == ("window",) and (d, dtype) in WINDOW_WIDE_EPI and not det and not is_varlen(problem)
+                and problem.nheads == problem.nheads_kv and problem.head_dim % 8 == 0 and not ww16.problems()):
+            cfg = ww16                                  # (the kernel checks MHA and alignment again per call)
+        wdqc = cfg.replace(dq_convert=True)
+        if feats == ("window",) and (d, dtype) in WINDOW_DQ_CONVERT and not det and not wdqc.problems():
+            cfg = wdqc                                  # (the dynamic kernel's: first_fitting may drop dynamic)
         if feats in FEATURE_SCHED.get((d, dtype), ()) and not det and not is_varlen(problem):
             # the plain call's schedule fields on top (FEATURE_SCHED: measured per feature set)
             plain_cfg = self.heuristic(problem.replace(features=()), arch, max_smem)
@@ -1473,12 +1511,21 @@ class Sm90Backward(Family):
         return write_dq
 
 
-def dq_first_covers(problem: Problem) -> bool:
+def dq_first_covers(problem: Problem, BM: int = 64, BN: int = 128) -> bool:
     """Whether every query row of the call gets a dQ part from some K/V block (dq_first zeroes only
-    the Q blocks that some K/V block visits, so a row that no K/V block adds to would keep garbage): fixed lengths, unordered, no feature, and not causal or seqlen_q <= seqlen_k (under the
-    bottom-right causal mask every query then sees key 0)."""
-    return (not problem.features and not problem.deterministic and not is_varlen(problem)
-            and problem.seqlen_k > 0 and (not problem.causal or problem.seqlen_q <= problem.seqlen_k))
+    the Q blocks that some K/V block visits, so a row that no K/V block adds to would keep garbage):
+    fixed lengths, unordered, no feature but a window, and every Q block of BM rows in some K/V block's
+    range at BN keys (cuflash.band every_q_block_visited: under the bottom-right causal mask, seqlen_q
+    <= seqlen_k, every query then sees key 0; under a window, the call's bounds decide)."""
+    from ..band import Band, every_q_block_visited
+
+    if (problem.features not in ((), ("window",)) or problem.deterministic or is_varlen(problem)
+            or problem.seqlen_k <= 0):
+        return False
+    if problem.features == ():
+        return not problem.causal or problem.seqlen_q <= problem.seqlen_k
+    return every_q_block_visited(Band(problem.seqlen_q, problem.seqlen_k, bool(problem.causal),
+                                      tuple(problem.window)), BM, BN)
 
 
 def lpt_tile(tile: int, n_kv: int, n_pairs: int, group: int) -> tuple:

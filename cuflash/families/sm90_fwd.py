@@ -316,6 +316,22 @@ FEATURE_TILES: dict = {128: {"window": dict(persistent=True, dynamic=True, tma_s
                              "alibi:full": dict(BN=160, persistent=True, dynamic=True, tma_store=True),
                              "alibi": dict(persistent=True, dynamic=True)}}
 FEATURE_LAZY_RESCALE = False
+# tile_overlap for a window alone (fixed lengths), by (kernel head dim, causal, dtype): the schedule fields
+# (dynamic, tma_store) that go with it (tma_store below 16k keys only, as the plain call's). A window's tile
+# visits few K/V blocks (9 at 1024 and BN 128), so the once-per-tile pipeline fill (the first S with no P V
+# beside it, during the last tile's epilogue) weighs ~24% of its forward (features_overhead_session16.md's
+# model); kTileOverlap issues the next tile's S_0 behind the last P V. Every tile must have keys: for_bounds
+# drops it per call where one has none.
+# Measured (session 21, win3, round 1: tests/features_overhead_timing.py --quick --mask both --features window,
+# bf16 d128 batch 2 x 16 heads x 8k, window 1024 causal / 1024 x 1024 full, forward x the plain call over the
+# visible share; an H200; logs/session21_win3/round1.md), causal / full: the heuristic (dynamic + TMA store)
+# 1.338 / 1.213; with tile_overlap 1.328 / 1.230, static + TMA store + tile_overlap 1.311 / 1.175, dynamic +
+# two Q buffers 1.323 / 1.235; without the TMA store 1.41-1.44 / 1.23-1.29 (three stages 1.409 / 1.248).
+# Round 3 (as shipped; round3.md): static + TMA store + tile_overlap 1.325 / 1.173, the former default 1.338 /
+# 1.213, static + TMA store alone 1.314 / 1.192, dynamic + tile_overlap 1.325 / 1.238: static + TMA store +
+# tile_overlap on (causal within the noise of static alone; full ahead in both rounds). bf16 only (measured).
+WINDOW_TILE_OVERLAP: dict = {(128, True, "bf16"): dict(dynamic=False, tma_store=True),
+                             (128, False, "bf16"): dict(dynamic=False, tma_store=True)}
 SOFTCAP_FOLD: dict = {128: 3}
 # ALiBi's bias as one FFMA per score (alibi_lin, kAlibiLinear) for calls with ALiBi alone (or with a
 # window), fixed lengths: the (head dim, causal) classes that take it (measured above).
@@ -481,7 +497,9 @@ class Sm90FwdConfig(KernelConfig):
                on every path: HEURISTIC_TILE_OVERLAP's note). The static persistent plain kernel
                only (with or without pingpong; no dynamic, varlen, q_double, tma_store, p_smem,
                rescale_first, features). Measured level with the plain tiles (HEURISTIC_TILE_OVERLAP's
-               note): off, outside the tuning space
+               note): off, outside the tuning space. With a window alone also causal, dynamic (the
+               next tile taken behind the last P V), tma_store and q_double; every tile must have keys
+               (for_bounds drops it per call where one has none); WINDOW_TILE_OVERLAP's classes take it
     drop_packed: dropout's keep mask applied to P's packed 16-bit fragments after the packing
                (kDropPacked, kernels_cu/dropout_packed.cuh: a byte permute and an AND per two
                elements, where the fp32 form compares and selects per element); the same mask and
@@ -758,20 +776,23 @@ class Sm90FwdConfig(KernelConfig):
         if self.rescale_first and (self.window or self.softcap or self.alibi or self.dropout or self.varlen):
             out.append("rescale_first with window / softcap / ALiBi / dropout / varlen is not implemented "
                        "(those instantiations are unchecked for registers)")
-        if self.tile_overlap and not (self.persistent and not self.dynamic):
+        # (a window's tile_overlap: persistent, static or dynamic, with or without the TMA store, causal
+        # or not; every tile must have keys, which the call's run-time bounds decide: for_bounds)
+        if self.tile_overlap and not (self.persistent and (self.window or not self.dynamic)):
             out.append("tile_overlap needs the static persistent schedule (the next tile is tile + grid "
-                       "size; the dynamic scheduler's is not known that early)")
-        if self.tile_overlap and self.causal:
+                       "size; the dynamic scheduler's is not known that early), or with a window the "
+                       "persistent one, static or dynamic (the next tile taken behind the last P V)")
+        if self.tile_overlap and self.causal and not self.window:
             out.append("tile_overlap is non-causal only (every tile must have keys: its S_0 is issued "
-                       "before the tile starts)")
-        if self.tile_overlap and (self.varlen or self.q_double or self.tma_store or self.p_smem
-                                  or self.rescale_first):
-            out.append("tile_overlap with varlen / q_double / tma_store / p_smem / rescale_first: not "
-                       "designed together (kTileOverlap's static_assert)")
-        if self.tile_overlap and (self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2
+                       "before the tile starts), or causal with a window (for_bounds checks the keys)")
+        if self.tile_overlap and (self.varlen or ((self.q_double or self.tma_store) and not self.window)
+                                  or self.p_smem or self.rescale_first):
+            out.append("tile_overlap with varlen / q_double or tma_store (but with a window) / p_smem / "
+                       "rescale_first: not designed together (kTileOverlap's static_assert)")
+        if self.tile_overlap and (self.softcap or self.alibi or self.dropout or self.emu_exp2
                                   or self.lazy_rescale or self.fold_cap):
-            out.append("tile_overlap with window / softcap / ALiBi / dropout (or their softmax variants) "
-                       "is not implemented: plain calls only")
+            out.append("tile_overlap with softcap / ALiBi / dropout (or their softmax variants) "
+                       "is not implemented: plain calls only (or a window alone)")
         if self.drop_early not in (0, 1, 2, 4) and not (self.drop_early == 3 and DROP_EARLY_TIMING):
             out.append(f"drop_early must be 0 (off), 1 (byte signs), 2 (fragment masks) or 4 (drawn by the "
                        f"producer warpgroup), got {self.drop_early} (3: a timing form, not the mask: "
@@ -939,6 +960,18 @@ def window_tiles(head_dim: int) -> tuple:
     Depends only on the head dim, so the choice cache (keyed by the problem class, not the
     window's run-time bounds) stays right."""
     return (128 if head_dim <= 128 else 64), True
+
+
+def tile_overlap_fits(config, problem: Problem) -> bool:
+    """Whether every tile of ``problem`` (fixed lengths; its window bounds) visits a K/V block at
+    ``config``'s BM, BN: tile_overlap's rule (kernels_cu/sm90_fwd.cu kTileOverlap)."""
+    from ..band import Band, every_q_block_has_keys
+
+    if is_varlen(problem):
+        return False
+    window = tuple(problem.window) if "window" in problem.features else (-1, -1)
+    return every_q_block_has_keys(Band(problem.seqlen_q, problem.seqlen_k, bool(problem.causal), window),
+                                  config.BM, config.BN)
 
 
 def feature_tiles(problem: Problem, head_dim: int) -> dict:
@@ -1125,7 +1158,8 @@ class Sm90Forward(Family):
             config = config.replace(p_smem=False)
         if config.rescale_first and problem.features:   # likewise: O rescaled after the P V wait
             config = config.replace(rescale_first=False)
-        if config.tile_overlap and (problem.features or problem.seqlen_k == 0 or problem.seqlen_q == 0):
+        if config.tile_overlap and (problem.features not in ((), ("window",)) or is_varlen(problem)
+                                    or problem.seqlen_k == 0 or problem.seqlen_q == 0):
             config = config.replace(tile_overlap=False)   # likewise; and without keys no S_0 to issue
         if config.stream_tail and (problem.features or problem.causal):
             config = config.replace(stream_tail=False)    # likewise (plain non-causal calls only)
@@ -1137,7 +1171,19 @@ class Sm90Forward(Family):
         if config.alibi_lin and (tuple(f for f in problem.features if f != "window") != ("alibi",)
                                  or config.emu_exp2 or config.tree_max):
             config = config.replace(alibi_lin=False)   # a speed knob: ALiBi alone (a window may join)
-        return self.with_features(config, problem)
+        config = self.with_features(config, problem)
+        if config.tile_overlap and any("tile_overlap" in w for w in config.problems()):
+            # a window's tile_overlap schedule (causal, dynamic, TMA store, two Q buffers) given to a call
+            # without the window (e.g. one reaching past every key, which the API runs as the plain call)
+            config = config.replace(tile_overlap=False)
+        return config
+
+    def for_bounds(self, config, problem: Problem):
+        """tile_overlap off where a tile would have no K/V block (its S_0 is issued before the tile
+        starts: cuflash.band every_q_block_has_keys, with the call's window bounds and lengths)."""
+        if config.tile_overlap and not tile_overlap_fits(config, problem):
+            config = config.replace(tile_overlap=False)
+        return config
 
     def _fields(self, config):
         # dropout and varlen are not encoded either: the call sets them (for_problem), so the
@@ -1265,6 +1311,14 @@ class Sm90Forward(Family):
         if (feature_call and (d, bool(problem.causal)) in ALIBI_LINEAR
                 and tuple(f for f in problem.features if f != "window") == ("alibi",)):
             cfg = cfg.replace(alibi=True, alibi_lin=True)   # (with_features sets the flag again)
+        over = WINDOW_TILE_OVERLAP.get((d, bool(problem.causal), problem.dtype)) \
+            if tuple(problem.features) == ("window",) and not is_varlen(problem) else None
+        if over is not None:   # (the TMA store below 16k keys only, as the plain call's)
+            over = dict(over, tma_store=over.get("tma_store", cfg.tma_store) and problem.seqlen_k < 16384)
+            # (with_features sets the window flag again; where the config's other choices rule it out, as
+            # lazy_rescale does, none; for_bounds: off per call where a tile has no keys)
+            if cfg.persistent and not cfg.replace(window=True, tile_overlap=True, **over).problems():
+                cfg = cfg.replace(window=True, tile_overlap=True, **over)
         return first_fitting(cfg, ({"tma_store": False}, {"BN": 64, "tma_store": False},
                                    {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False,
                                     "tma_store": False, "p_smem": False}),
