@@ -1248,7 +1248,9 @@ decode_splitkv(const DecodeParams p) {
 // first cache position and cache row; the loader and the compute side each walk the items with a
 // cursor. The Q tiles: kStages buffers, segment k in buffer k % kStages, loaded with the
 // segment's first block (the loader runs kStages - 1 items ahead: at most kStages segments live).
-// Rows without keys (O = 0, LSE = +inf) are written by CTA b % C.
+// Rows without keys (O = 0, LSE = +inf) are written by CTA b % grid. With fewer items than CTAs,
+// C = W CTAs take one item each (every range holds an item, so a group's pieces are those of the
+// CTAs from its first item's owner to its last's).
 constexpr int kStreamMaxBatch = 128;
 
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem, int kL2Prefetch>
@@ -1302,15 +1304,16 @@ decode_splitkv_stream(const DecodeParams p) {
     }
     __syncthreads();
 
-    const int total = row_prefix[p.batch], ctas = gridDim.x, c = blockIdx.x;
-    const int w_begin = static_cast<int>(static_cast<i64>(c) * total / ctas);
-    const int w_end = static_cast<int>(static_cast<i64>(c + 1) * total / ctas);
+    // the ranges: C = min(grid, W) CTAs (so that no range is empty), [c·W/C, (c+1)·W/C) each
+    const int total = row_prefix[p.batch], ctas = min(static_cast<int>(gridDim.x), total), c = blockIdx.x;
+    const int w_begin = c < ctas ? static_cast<int>(static_cast<i64>(c) * total / ctas) : 0;
+    const int w_end = c < ctas ? static_cast<int>(static_cast<i64>(c + 1) * total / ctas) : 0;
     const int n_items = w_end - w_begin;
     // the CTA whose range holds item w: the last c with c·W/C <= w
     auto owner = [&](int w) { return static_cast<int>((static_cast<i64>(w + 1) * ctas + total - 1) / total) - 1; };
 
-    // rows without keys: O = 0, LSE = +inf (flash-attn's convention), by CTA b % C
-    for (int b = c; b < p.batch; b += ctas) {
+    // rows without keys: O = 0, LSE = +inf (flash-attn's convention), by CTA b % grid
+    for (int b = c; b < p.batch; b += gridDim.x) {
         if (row_keys[b] > 0) continue;
         for (int i = tid; i < p.nheads * p.seqlen_q * (p.head_dim / 2); i += kThreads) {
             const int col = 2 * (i % (p.head_dim / 2)), hq = i / (p.head_dim / 2), h = hq % p.nheads, qi = hq / p.nheads;

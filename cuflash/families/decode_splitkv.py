@@ -810,20 +810,20 @@ class DecodeSplitKV(Family):
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
-        if (chosen and heuristic and not config.tma and not config.page_prefetch
+        if (chosen and heuristic and not config.tma and not config.page_prefetch and not config.stream
                 and ((TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE or large_page_tma)):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
-                                 early_merge=False, ring_fill=0, dynamic=0, stream=False)
+                                 early_merge=False, ring_fill=0, dynamic=0)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
         if (chosen and heuristic and SMALL_PAGE_WARPS != 8 and SMALL_PAGE_WARPS != config.warps
-                and 0 < page_size < TMA_PAGED_MAX_PAGE and not config.tma):  # 8: off, the contiguous tiles
+                and 0 < page_size < TMA_PAGED_MAX_PAGE and not config.tma and not config.stream):  # 8: off
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
-            small = config.replace(warps=SMALL_PAGE_WARPS, stages=3 if config.head_dim <= 128 else 2, stream=False)
+            small = config.replace(warps=SMALL_PAGE_WARPS, stages=3 if config.head_dim <= 128 else 2)
             if not small.problems(max_smem):
                 return small
         return config
