@@ -1252,6 +1252,7 @@ decode_splitkv(const DecodeParams p) {
 // C = W CTAs take one item each (every range holds an item, so a group's pieces are those of the
 // CTAs from its first item's owner to its last's).
 constexpr int kStreamMaxBatch = 128;
+constexpr int kStreamPerLane = 5;  // the merge of a group's pieces: 160 at most (STREAM_MAX_CTAS)
 
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem, int kL2Prefetch>
 __global__ void __launch_bounds__(kWarps * 32)
@@ -1333,8 +1334,7 @@ decode_splitkv_stream(const DecodeParams p) {
         cu.start = row_start[b];
         cu.blocks = (cu.keys + kBlockN - 1) / kBlockN;
     };
-    auto advance = [&](Cursor& cu) {  // to the next item (one exists)
-        if (++cu.j < cu.blocks) return;
+    auto next_group = [&](Cursor& cu) {  // to the next group's first block (one exists)
         cu.j = 0;
         if (++cu.gl < per_row) return;
         cu.gl = 0;
@@ -1357,30 +1357,42 @@ decode_splitkv_stream(const DecodeParams p) {
     }
 
     // ---- the loader: items in order, kStages - 1 ahead of the compute side ----
+    // Its group's state is set once per group (set_group): the head's K / V base (contiguous: at
+    // the cache row's first position) and its next block n (counting down to 0).
     const int ld_row = tid / kLanesPerRow, ld_col = (tid % kLanesPerRow) * 8;
     const u16* q_base = static_cast<const u16*>(p.q_rot ? p.q_rot : p.q);
     const i64 qh_stride = p.q_rot ? p.head_dim : p.q_head_stride;
     const i64 qr_stride = p.q_rot ? static_cast<i64>(p.nheads) * p.head_dim : p.q_row_stride;
     const i64 qb_stride = p.q_rot ? qr_stride * p.seqlen_q : p.q_batch_stride;
-    auto load_q = [&](const Cursor& cu, int buf) {  // the group's Q tile (packed rows) into buffer buf
-        const int hkv = cu.gl / p.row_blocks, r0 = (cu.gl % p.row_blocks) * kRows;
+    Cursor ld = first;
+    int ld_n = 0, ld_hkv = 0, ld_seg = 0;
+    const u16* ld_k = nullptr;
+    const u16* ld_v = nullptr;
+    auto set_group = [&] {
+        ld_hkv = ld.gl / p.row_blocks;
+        ld_n = ld.blocks - 1 - ld.j;
+        ld_k = static_cast<const u16*>(p.k_cache) + ld_hkv * p.k_head_stride + ld_col;
+        ld_v = static_cast<const u16*>(p.v_cache) + ld_hkv * p.v_head_stride + ld_col;
+        if (!p.block_table) {
+            ld_k += static_cast<i64>(row_cache[ld.b]) * p.k_batch_stride + static_cast<i64>(ld.start) * p.k_row_stride;
+            ld_v += static_cast<i64>(row_cache[ld.b]) * p.v_batch_stride + static_cast<i64>(ld.start) * p.v_row_stride;
+        }
+    };
+    auto load_q = [&](int buf) {  // the loader's group's Q tile (packed rows) into buffer buf
+        const int r0 = (ld.gl % p.row_blocks) * kRows;
         const int rows_valid = min(kRows, p.group * p.seqlen_q - r0);
         for (int i = tid; i < kRows * kChunks; i += kThreads) {
             const int r = i / kChunks, col = (i % kChunks) * 8;
             const bool valid = r < rows_valid && col < p.head_dim;
-            const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
-            const u16* src = valid ? q_base + cu.b * qb_stride + qi * qr_stride + h * qh_stride + col : q_base;
+            const int pr = r0 + r, qi = pr / p.group, h = ld_hkv * p.group + pr % p.group;
+            const u16* src = valid ? q_base + ld.b * qb_stride + qi * qr_stride + h * qh_stride + col : q_base;
             cp_async_16(smem_u32(q_smem + buf * Shape::kQTile + r * kPitch + col), src, valid);
         }
     };
-    auto load_kv = [&](const Cursor& cu, int slot) {  // the item's K and V block into ring slot `slot`
+    auto load_kv = [&](int slot) {  // block ld_n of the loader's group into ring slot `slot`
         if (ld_col >= kHeadDim) return;
-        const int hkv = cu.gl / p.row_blocks, key0 = (cu.blocks - 1 - cu.j) * kBlockN;
-        const bool whole = key0 + kBlockN <= cu.keys && p.head_dim >= kHeadDim;
-        const u16* k_cache = static_cast<const u16*>(p.k_cache) + hkv * p.k_head_stride + ld_col;
-        const u16* v_cache = static_cast<const u16*>(p.v_cache) + hkv * p.v_head_stride + ld_col;
-        const i64 k_row0 = static_cast<i64>(row_cache[cu.b]) * p.k_batch_stride;
-        const i64 v_row0 = static_cast<i64>(row_cache[cu.b]) * p.v_batch_stride;
+        const int key0 = ld_n * kBlockN;
+        const bool whole = key0 + kBlockN <= ld.keys && p.head_dim >= kHeadDim;
         const u32 k_dst = smem_u32(ring + slot * kSlot + ld_row * kPitch + ld_col);
         const u32 v_dst = k_dst + Shape::kKVTile * 2;
 #pragma unroll
@@ -1388,102 +1400,103 @@ decode_splitkv_stream(const DecodeParams p) {
             const int row = ld_row + pass * kRowsPerPass;
             if (kBlockN % kRowsPerPass != 0 && row >= kBlockN) break;
             const int j = key0 + row;
-            const bool valid = whole || (j < cu.keys && ld_col < p.head_dim);
+            const bool valid = whole || (j < ld.keys && ld_col < p.head_dim);
             i64 k_off = 0, v_off = 0;
             if (valid) {
                 if (p.block_table) {
-                    cache_offsets(p, cu.b, cu.start + j, k_off, v_off);
+                    cache_offsets(p, ld.b, ld.start + j, k_off, v_off);
                 } else {
-                    k_off = k_row0 + static_cast<i64>(cu.start + j) * p.k_row_stride;
-                    v_off = v_row0 + static_cast<i64>(cu.start + j) * p.v_row_stride;
+                    k_off = static_cast<i64>(j) * p.k_row_stride;
+                    v_off = static_cast<i64>(j) * p.v_row_stride;
                 }
             }
             const u32 off = pass * kRowsPerPass * kRowBytes;
             if (whole) {
-                cp_async_16_l2<kL2Prefetch>(k_dst + off, k_cache + k_off);
-                cp_async_16_l2<kL2Prefetch>(v_dst + off, v_cache + v_off);
+                cp_async_16_l2<kL2Prefetch>(k_dst + off, ld_k + k_off);
+                cp_async_16_l2<kL2Prefetch>(v_dst + off, ld_v + v_off);
             } else {
-                cp_async_16(k_dst + off, k_cache + k_off, valid);
-                cp_async_16(v_dst + off, v_cache + v_off, valid);
+                cp_async_16(k_dst + off, ld_k + k_off, valid);
+                cp_async_16(v_dst + off, ld_v + v_off, valid);
             }
         }
     };
-    Cursor ld = first;
-    int ld_next = 0, ld_seg = 0;  // items handed to the loader; its segment
-    auto load_next = [&] {        // the next item into its slot (with its group's Q tile when it starts a segment)
+    int ld_next = 0, ld_slot = 0;  // items handed to the loader; the ring slot of the next
+    auto load_next = [&] {         // the next item into its slot (with its group's Q tile when it starts a segment)
         if (ld_next < n_items) {
-            if (ld_next > 0) {
-                advance(ld);
-                if (ld.j == 0) ++ld_seg;
+            bool starts = ld_next == 0;
+            if (starts) {
+                set_group();
+            } else if (--ld_n < 0) {
+                next_group(ld);
+                set_group();
+                ++ld_seg;
+                starts = true;
             }
-            if (ld_next == 0 || ld.j == 0) load_q(ld, ld_seg % kStages);
-            load_kv(ld, ld_next % kStages);
+            if (starts) load_q(ld_seg % kStages);
+            load_kv(ld_slot);
             ++ld_next;
+            ld_slot = ld_slot + 1 == kStages ? 0 : ld_slot + 1;
         }
         cp_async_commit();  // committed even when empty, so group counting stays uniform
     };
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) load_next();
 
-    // ---- the compute side ----
+    // ---- the compute side: segment after segment ----
     const u32 q_lane = smem_u32(q_smem) + ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes + (lane >> 4) * 16;
     const u32 k_lane = smem_u32(ring) + (warp * kWarpN + (lane & 7) + (lane >> 4) * 8) * kRowBytes
                        + ((lane >> 3) & 1) * 16;
     const u32 v_lane = smem_u32(ring) + Shape::kKVTile * 2
                        + (warp * kWarpN + (lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes + (lane >> 4) * 16;
-    float o_acc[kMTiles][kNTilesO][4];
-    float m[kMTiles][2], l[kMTiles][2];
     Cursor cu = first;
-    int seg = 0, seg_j0 = first.j;  // the compute side's segment and its first block index
-    DecodeRows<kMTiles> rows(p, first.b, first.gl / p.row_blocks, (first.gl % p.row_blocks) * kRows, g, first.keys,
-                             first.keys - p.seqlen_q);
-    for (int it = 0; it < n_items; ++it) {
-        if (it > 0) {
-            advance(cu);
-            if (cu.j == 0) {
-                ++seg;
-                seg_j0 = 0;
-            }
-        }
+    int it = 0, slot = 0;
+    for (int seg = 0; it < n_items; ++seg) {
+        if (seg > 0) next_group(cu);
         const int hkv = cu.gl / p.row_blocks, r0 = (cu.gl % p.row_blocks) * kRows;
-        const int offset = cu.keys - p.seqlen_q;  // query i's diagonal key: i + offset
-        if (it == 0 || cu.j == 0) {  // a segment starts: a fresh (m, l, O)
-            if (it > 0) rows = DecodeRows<kMTiles>(p, cu.b, hkv, r0, g, cu.keys, offset);
+        const int keys = cu.keys, offset = keys - p.seqlen_q;  // query i's diagonal key: i + offset
+        const int j0 = cu.j, seg_len = min(cu.blocks - j0, n_items - it);
+        const DecodeRows<kMTiles> rows(p, cu.b, hkv, r0, g, keys, offset);
+        float o_acc[kMTiles][kNTilesO][4];
+        float m[kMTiles][2], l[kMTiles][2];
 #pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt)
+        for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-                for (int nt = 0; nt < kNTilesO; ++nt)
+            for (int nt = 0; nt < kNTilesO; ++nt)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
-            softmax_init(m, l);
+                for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
+        softmax_init(m, l);
+        const u32 q_seg = q_lane + (seg % kStages) * Shape::kQTile * 2;
+        int n = cu.blocks - 1 - j0;  // the item's block
+        for (int k = 0; k < seg_len; ++k, --n) {
+            // this item's block (and its segment's Q tile) landed; the barrier also frees the
+            // slot of the item before for the load below
+            cp_async_wait<kStages - 2>();
+            __syncthreads();
+            attend_block<kMTiles, kWarpN, kHeadDim, kRowBytes, Elem>(
+                p, rows, r0, g, t, offset, n * kBlockN, warp, (n + 1) * kBlockN > keys, q_seg,
+                k_lane + slot * kSlot * 2, v_lane + slot * kSlot * 2, o_acc, m, l, load_next);
+            slot = slot + 1 == kStages ? 0 : slot + 1;
         }
-        // this item's block (and its segment's Q tile) landed; the barrier also frees the slot
-        // of item it - 1 for the load below
-        cp_async_wait<kStages - 2>();
-        __syncthreads();
-        const int slot = it % kStages, n = cu.blocks - 1 - cu.j;
-        attend_block<kMTiles, kWarpN, kHeadDim, kRowBytes, Elem>(
-            p, rows, r0, g, t, offset, n * kBlockN, warp, (n + 1) * kBlockN > cu.keys,
-            q_lane + (seg % kStages) * Shape::kQTile * 2, k_lane + slot * kSlot * 2, v_lane + slot * kSlot * 2,
-            o_acc, m, l, load_next);
-        if (it < n_items - 1 && cu.j < cu.blocks - 1) continue;
-        // ---- the segment ends: the warps' merge over this item's slot, then O or the partial ----
+        it += seg_len;
+        cu.j = j0 + seg_len - 1;
+        // ---- the segment ends: the warps' merge over its last item's slot, then O or the partial ----
+        const int last_slot = slot == 0 ? kStages - 1 : slot - 1;
         __syncthreads();  // every warp is done with the slot
         const int rows_valid = min(kRows, p.group * p.seqlen_q - r0);
-        const bool whole = seg_j0 == 0 && cu.j == cu.blocks - 1;  // the whole group in this segment
+        const bool whole = j0 == 0 && j0 + seg_len == cu.blocks;  // the whole group in this segment
         const int piece_slot = 2 * c + (seg == 0 ? 0 : 1);
+        const int b = cu.b;
         merge_warps<Shape, kMergePitch>(
-            p, reinterpret_cast<float*>(ring + slot * kSlot), o_acc, m, l, tid, warp, g, t, rows_valid,
+            p, reinterpret_cast<float*>(ring + last_slot * kSlot), o_acc, m, l, tid, warp, g, t, rows_valid,
             [] { __syncthreads(); },
             [&](int r, int col, const float (&o4)[4], float inv_l, float m_row, float l_row) {
                 const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
                 if (whole) {
-                    u16* o = static_cast<u16*>(p.o) + cu.b * p.o_batch_stride + qi * p.o_row_stride
-                             + h * p.o_head_stride + col;
+                    u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride + col;
                     *reinterpret_cast<u32x2*>(o) = u32x2{pack2<Elem>(o4[0] * inv_l, o4[1] * inv_l),
                                                          pack2<Elem>(o4[2] * inv_l, o4[3] * inv_l)};
                     if (col == 0 && p.lse != nullptr)
-                        p.lse[(cu.b * p.nheads + h) * p.seqlen_q + qi] = softmax_lse(m_row, l_row, p.softmax_scale);
+                        p.lse[(b * p.nheads + h) * p.seqlen_q + qi] = softmax_lse(m_row, l_row, p.softmax_scale);
                 } else {
                     float* o = p.o_partial + (static_cast<i64>(piece_slot) * kRows + r) * p.head_dim_rounded + col;
                     *reinterpret_cast<f32x4*>(o) = f32x4{o4[0] * inv_l, o4[1] * inv_l, o4[2] * inv_l, o4[3] * inv_l};
@@ -1491,15 +1504,14 @@ decode_splitkv_stream(const DecodeParams p) {
                         p.lse_partial[piece_slot * kRows + r] = l_row == 0.f ? neg_inf() : m_row * p.softmax_scale + logf(l_row);
                 }
             });
-        if (whole) continue;  // the next iteration's barrier orders the merge's reads before the slot's next load
+        if (whole) continue;  // the next item's barrier orders the merge's reads before the slot's next load
         // ---- a piece: the last of the group's CTAs to finish merges the pieces ----
-        const int gi = cu.b * per_row + cu.gl;
-        const int w_first = row_prefix[cu.b] + cu.gl * cu.blocks;  // the group's first item
+        const int w_first = row_prefix[b] + cu.gl * cu.blocks;  // the group's first item
         const int c_first = owner(w_first), pieces = owner(w_first + cu.blocks - 1) - c_first + 1;
         __threadfence();  // release: this CTA's partial stores, before thread 0 counts it done
         __syncthreads();
         if (tid == 0) {
-            int* counter = p.split_counters + gi;
+            int* counter = p.split_counters + b * per_row + cu.gl;
             const bool last = atom_add_acq_rel_gpu(counter, 1) == pieces - 1;
             if (last) *counter = 0;  // every piece has counted: back to 0 for the next call
             *last_flag = last;
@@ -1510,13 +1522,15 @@ decode_splitkv_stream(const DecodeParams p) {
         // piece s is CTA c_first + s's: its range's first segment (slot 2c), but for s = 0 the
         // last one (2c + 1) when that CTA's range began before the group
         const bool first_later = static_cast<int>(static_cast<i64>(c_first) * total / ctas) < w_first;
-        auto slot_of = [&](int s) { return 2 * (c_first + s) + (s == 0 && first_later ? 1 : 0); };
         for (int r = warp; r < rows_valid; r += kWarps) {
             const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
-            combine_pieces<kHeadDim, Elem, true, true, 8>(
-                p, (cu.b * p.nheads + h) * p.seqlen_q + qi, lane, pieces,
-                [&](int s) { return p.lse_partial + slot_of(s) * kRows + r; },
-                [&](int s) { return p.o_partial + (static_cast<i64>(slot_of(s)) * kRows + r) * p.head_dim_rounded; });
+            combine_pieces<kHeadDim, Elem, true, true, kStreamPerLane>(
+                p, (b * p.nheads + h) * p.seqlen_q + qi, lane, pieces,
+                [&](int s) { return p.lse_partial + (2 * (c_first + s) + (s == 0 && first_later)) * kRows + r; },
+                [&](int s) {
+                    return p.o_partial
+                           + (static_cast<i64>(2 * (c_first + s) + (s == 0 && first_later)) * kRows + r) * p.head_dim_rounded;
+                });
         }
     }
 }

@@ -354,6 +354,8 @@ def run_cell(name, page, reps, repeat, proposals, log, profile=False) -> list:
     heur_cfg = planned_config([k for k in decode_mod._gpu_plans if k not in before])
 
     def forced(cfg, splits):
+        if getattr(cfg, "stream", False):   # its CTA count (may pass flash-attn's 128-split limit) in the config
+            cfg, splits = cfg.replace(splits=splits), 0
         return [lambda q=q, kc=kc, vc=vc, t=t: kvcache_with_config(
             cfg, q, kc, vc, cache_seqlens=seqlens, block_table=t, num_splits=splits) for q, kc, vc, t in sets]
 

@@ -44,8 +44,8 @@ def test_validation_and_call_checks():
                 STREAM.replace(ring_fill=1, dynamic=1), STREAM.replace(lean=True), STREAM.replace(bulk=1, l2_prefetch=0)):
         assert any("stream:" in x for x in bad.problems(232448)), bad.name
     assert any("ring slot" in x for x in STREAM.replace(m_tiles=2).problems(232448))
-    assert any("splits (CTAs)" in x for x in STREAM.replace(splits=257).problems(232448))
-    assert not STREAM.replace(splits=200).problems(232448)   # more than MAX_SPLITS CTAs is fine
+    assert any("splits (CTAs)" in x for x in STREAM.replace(splits=161).problems(232448))
+    assert not STREAM.replace(splits=150).problems(232448)   # more than MAX_SPLITS CTAs is fine
     assert stream_problem(STREAM, P) == "" and stream_problem(BASE, P.replace(batch=1000)) == ""
     assert "window" in stream_problem(STREAM, P.replace(features=("window",)))
     assert "causal" in stream_problem(STREAM, P.replace(seqlen_q=2, causal=True))

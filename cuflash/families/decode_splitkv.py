@@ -291,7 +291,7 @@ STREAM_PAGED = False      # the heuristic's stream on paged caches too
 STREAM_FORCE_CTAS = 0     # tests: this many CTAs instead of the resident slots (0: the slots)
 STREAM_SPACE = (False,)
 STREAM_MAX_BATCH = 128    # kStreamMaxBatch: the per-row prefix the kernel keeps in shared memory
-STREAM_MAX_CTAS = 256     # the merge of a group's pieces: 8 per lane of one warp
+STREAM_MAX_CTAS = 160     # kStreamPerLane: the merge of a group's pieces, 5 per lane of one warp
 STREAM_SMEM_INTS = 4 * STREAM_MAX_BATCH + 2
 
 @dataclasses.dataclass(frozen=True, order=True)
