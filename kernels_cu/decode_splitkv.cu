@@ -95,6 +95,10 @@
 //             through the same ring of ids. 2: the same interleaved order without claims: split
 //             s takes the group's blocks s, s + num_splits, s + 2·num_splits, ... (the splits
 //             sweep the row's keys side by side, as the claims do, each with a fixed share)
+//   kLightFence  (kFusedCombine) the count of finished splits without a fence per thread: the CTA's
+//             barrier, then thread 0's acq_rel atomic (release cumulativity over the barrier, as
+//             CUTLASS's stream-K semaphore), and on the merging CTA thread 0's acquire then the
+//             barrier (false: __threadfence by every thread on both sides)
 #include "ptx.cuh"
 #include "ptx_decode.cuh"
 #include "params_decode.cuh"
@@ -890,7 +894,7 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
           bool kFusedCombine = false, bool kPagePrefetch = false, int kL2Prefetch = 0,
           bool kWarpLoads = false, bool kPageGather = false, bool kLean = false, int kBulk = 0,
-          bool kEarlyMerge = false, int kRingFill = 0, int kDynamic = 0>
+          bool kEarlyMerge = false, int kRingFill = 0, int kDynamic = 0, bool kLightFence = false>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
@@ -1202,7 +1206,10 @@ decode_splitkv(const DecodeParams p) {
         // ---- the last split of this (batch, KV head, row block) to finish merges the group ----
         // Release: every thread's partial stores are visible GPU-wide before thread 0 counts
         // the CTA done (the threadfence-reduction pattern; the atomic is acq_rel on top).
-        __threadfence();
+        // kLightFence: the CTA barrier, then thread 0's acq_rel atomic alone (a release is
+        // cumulative over the writes the barrier ordered before it, as CUTLASS's stream-K
+        // semaphore relies on): no thread waits on its own stores' fence.
+        if constexpr (!kLightFence) __threadfence();
         __syncthreads();
         int* last_flag = reinterpret_cast<int*>(q_smem);  // the Q tile is read no more
         if (tid == 0) {
@@ -1219,7 +1226,8 @@ decode_splitkv(const DecodeParams p) {
         __syncthreads();
         if (!*last_flag) return;
         // Acquire: the other splits' partials, read below from L2 (ld.global.cg), not a stale L1.
-        __threadfence();
+        // kLightFence: thread 0's acquire, then the barrier, orders them.
+        if constexpr (!kLightFence) __threadfence();
         for (int r = warp; r < rows_valid; r += kWarps) {
             const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
             combine_row<kHeadDim, Elem, true, kEarlyMerge>(p, (b * p.nheads + h) * p.seqlen_q + qi, lane);
@@ -1262,7 +1270,10 @@ decode_splitkv_stream(const DecodeParams p) {
     constexpr int kNTilesO = Shape::kNTilesO, kPitch = Shape::kPitch;
     constexpr int kRowBytes = kPitch * 2;
     constexpr int kSlot = 2 * Shape::kKVTile;  // elements of one ring slot: the K block, then the V block
-    constexpr int kMergePitch = kHeadDim;      // unpadded: the merge fits one slot
+    // the warps' merge overlays one ring slot: fp32 O rows padded by 4 words where that fits (rows g
+    // of a warp's 64-bit fragment stores then start 4 banks apart: 2-way conflicts; unpadded, all
+    // in bank 0: 8-way; H200 ncu, 1 x 32k: 197k conflicts against 461 for decode_splitkv)
+    constexpr int kMergePitch = kWarps * kRows * (kHeadDim + 4 + 2) * 4 <= kSlot * 2 ? kHeadDim + 4 : kHeadDim;
     static_assert(kWarps * kRows * (kMergePitch + 2) * 4 <= kSlot * 2, "the warps' merge overlays one ring slot");
     constexpr int kChunks = kHeadDim / 8;      // 16-byte chunks per row
     constexpr int kLanesPerRow = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
@@ -1508,8 +1519,7 @@ decode_splitkv_stream(const DecodeParams p) {
         // ---- a piece: the last of the group's CTAs to finish merges the pieces ----
         const int w_first = row_prefix[b] + cu.gl * cu.blocks;  // the group's first item
         const int c_first = owner(w_first), pieces = owner(w_first + cu.blocks - 1) - c_first + 1;
-        __threadfence();  // release: this CTA's partial stores, before thread 0 counts it done
-        __syncthreads();
+        __syncthreads();  // release: the partial stores, before thread 0's acq_rel count (kLightFence)
         if (tid == 0) {
             int* counter = p.split_counters + b * per_row + cu.gl;
             const bool last = atom_add_acq_rel_gpu(counter, 1) == pieces - 1;
@@ -1517,8 +1527,7 @@ decode_splitkv_stream(const DecodeParams p) {
             *last_flag = last;
         }
         __syncthreads();
-        if (!*last_flag) continue;
-        __threadfence();  // acquire: the other pieces, read from L2 below
+        if (!*last_flag) continue;  // acquire: thread 0's count, then the barrier (kLightFence)
         // piece s is CTA c_first + s's: its range's first segment (slot 2c), but for s = 0 the
         // last one (2c + 1) when that CTA's range began before the group
         const bool first_later = static_cast<int>(static_cast<i64>(c_first) * total / ctas) < w_first;

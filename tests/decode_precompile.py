@@ -238,15 +238,18 @@ def claims_test_configs():
 
 
 def stream_test_configs():
-    """tests/test_decode_stream_gpu.py (STREAM_DEFAULT, contiguous and page 16) and
-    tests/decode_stream_sanitize.py."""
+    """tests/test_decode_stream_gpu.py (STREAM_DEFAULT, contiguous and page 16; LIGHT_FENCE_DEFAULT)
+    and tests/decode_stream_sanitize.py."""
     import test_decode_stream_gpu as t
 
     sw = dict(STREAM_DEFAULT=True, STREAM_PAGED=True, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0,
               LARGE_PAGE_TMA_MAX_KEYS=0, SMALL_PAGE_WARPS=8)
     return [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
                        **sw)
-            for b, sq, lens, h, hk, d, dtype, page, extra in t.CASES]
+            for b, sq, lens, h, hk, d, dtype, page, extra in t.CASES] + [
+        _heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0, **dict(sw, STREAM_DEFAULT=False),
+                   LIGHT_FENCE_DEFAULT=True)
+        for b, sq, lens, h, hk, d, dtype, page, extra in t.LF_CASES]
 
 
 GROUPS = {"stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,

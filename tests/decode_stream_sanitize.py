@@ -2,7 +2,7 @@
 32:8 heads, one query row: batch 3 with 3000, 0 and 17 keys (a row without items, a group shorter
 than a range) on 3 CTAs (ranges over several groups, pieces merged by the last CTA) and on the
 resident slots, contiguous and paged (page 16), each twice (the second call finds the counters
-reset).
+reset); then the split kernel with light_fence (3 splits), twice.
 
     compute-sanitizer --tool racecheck python tests/decode_stream_sanitize.py
 """
@@ -37,8 +37,12 @@ def main():
                 else:
                     kvcache_with_config(cfg, q, kc, vc, cache_seqlens=lens, num_splits=ctas)
                 runs += 1
+    lf = cfg.replace(stream=False, light_fence=True)   # the split kernel's light-fence count
+    for _ in range(2):
+        kvcache_with_config(lf, q, kc, vc, cache_seqlens=lens, num_splits=3)
+        runs += 1
     torch.cuda.synchronize()
-    print(f"stream sanitize done: {runs} runs ({cfg.name})")
+    print(f"stream sanitize done: {runs} runs ({cfg.name}, {lf.name})")
 
 
 if __name__ == "__main__":

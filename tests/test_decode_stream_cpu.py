@@ -28,7 +28,9 @@ def test_names_template_arguments_smem_counters_workspace():
     assert BASE.kernel_name().endswith("256, false, false, false, 0, true>")   # unchanged without it
     # the ring, a Q tile per slot, the per-row prefix (4 arrays of 128 ints and 2)
     assert STREAM.smem_bytes == BASE.smem_bytes + 2 * 16 * 136 * 2 + 4 * (4 * 128 + 2) == 224008
-    assert FAM.split_count(STREAM, P, 132) == 132 and FAM.split_count(STREAM.replace(warps=4), P, 132) == 132
+    # the resident slots, or their largest multiple of the groups (STREAM_WHOLE_GROUPS): 8 groups -> 128
+    assert FAM.split_count(STREAM, P, 132) == 128 and FAM.split_count(STREAM, P.replace(batch=32), 132) == 132
+    assert FAM.split_count(STREAM, P.replace(batch=3, seqlen_k=1000), 132) == 120
     assert FAM.launches(STREAM, P, 132)[-1].grid == (132, 1, 1) and len(FAM.launches(STREAM, P, 132)) == 1
     assert FAM.counters(STREAM, P) == 8
     ws = FAM.workspace(STREAM, P.replace(batch=64))
@@ -71,7 +73,7 @@ def test_heuristic_switch(monkeypatch):
     assert FAM.heuristic(P.replace(features=("paged_kv",)), (9, 0)).stream
 
 
-POINTS = [STREAM, STREAM.replace(head_dim=64, dtype="fp16", l2_prefetch=0), STREAM.replace(warps=4, l2_prefetch=0),
+POINTS = [STREAM, BASE.replace(light_fence=True), BASE.replace(ring_fill=1, dynamic=1, light_fence=True), STREAM.replace(head_dim=64, dtype="fp16", l2_prefetch=0), STREAM.replace(warps=4, l2_prefetch=0),
           STREAM.replace(stages=2)]
 
 
@@ -148,3 +150,20 @@ def test_partition_mirror(seed):
         else:
             assert not any(w for _, w, _ in ws) and pieces == len(ws) and pieces <= ctas
             assert sorted(read_slots) == sorted(s for _, _, s in ws), (gi, ws, read_slots)
+
+
+def test_light_fence_names_validation_switch(monkeypatch):
+    """light_fence (kLightFence, the split kernel's fused combine counted without per-thread fences):
+    a trailing template argument (left out when false), validation, the heuristic's switch."""
+    lf = BASE.replace(light_fence=True)
+    assert lf.name.endswith("_em_lf") and lf.kernel_name().endswith("0, true, 0, 0, true>")
+    assert lf.template_args()[-1] is True and BASE.template_args()[-1] is False
+    assert not lf.problems(232448) and FAM.decode(FAM.encode(lf), "bf16", False) == lf
+    for bad in (lf.replace(fused_combine=False, early_merge=False), lf.replace(stream=True)):
+        assert any("light_fence" in x for x in bad.problems(232448)), bad.name
+    assert not FAM.heuristic(P, (9, 0)).light_fence
+    monkeypatch.setattr(mod, "LIGHT_FENCE_DEFAULT", True)
+    assert FAM.heuristic(P, (9, 0)).light_fence
+    assert not FAM.heuristic(P.replace(batch=64), (9, 0)).problems(232448)
+    monkeypatch.setattr(mod, "STREAM_DEFAULT", True)
+    assert not FAM.heuristic(P, (9, 0)).light_fence   # the stream kernel has no such option

@@ -111,3 +111,23 @@ def test_stream_cuda_graph(monkeypatch):
         err = (got.float() - eager.float()).abs().max().item()
         assert err <= 1.6e-2, f"step {step}: replay differs from eager by {err}"
     _ran_stream()
+
+
+LF_CASES = [(1, 1, [8192], 32, 8, 128, "bf16", None, {}), (3, 1, [17, 0, 5000], 32, 8, 128, "bf16", None, {}),
+            (2, 1, [70000, 3000], 32, 8, 128, "bf16", None, {}), (2, 2, [2049, 900], 32, 8, 128, "bf16", None, {})]
+
+
+@pytest.mark.parametrize("case", LF_CASES, ids=_ids)
+def test_light_fence(monkeypatch, case):
+    """light_fence (the split kernel's fused combine counted without per-thread fences, the
+    heuristic's switch LIGHT_FENCE_DEFAULT), with the dynamic claims where the heuristic takes them."""
+    b, sq, lens, h, hk, d, dtype, page, extra = case
+    _options(monkeypatch, stream=False)
+    monkeypatch.setattr(fam_mod, "LIGHT_FENCE_DEFAULT", True)
+    rng = np.random.default_rng()
+    args = make_case(rng, b, sq, lens, h, hk, d, dtype, page=page, **extra)
+    for splits in (0, 3):
+        check_call(dict(args, k_cache=args["k_cache"].clone(), v_cache=args["v_cache"].clone()), dtype,
+                   _ids(case), causal=True, num_splits=splits)
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert plans and all(p.config.light_fence for p in plans if p.config.fused_combine), [p.config.name for p in plans]

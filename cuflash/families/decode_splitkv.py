@@ -289,10 +289,19 @@ DYNAMIC_VALUES = (0, 1, 2)
 STREAM_DEFAULT = False
 STREAM_PAGED = False      # the heuristic's stream on paged caches too
 STREAM_FORCE_CTAS = 0     # tests: this many CTAs instead of the resident slots (0: the slots)
+# the CTA count: with at most as many groups as resident slots, the largest multiple of the groups
+# (8 groups on 132 SMs: 128 CTAs, 16 per group). H200 (session 21 round 3, CUDA graphs, 32:8 heads):
+# 128 CTAs against 132 at 1 x 32k 44.3 / 52.8 us, 1 x 128k 141.5 / 149.9, 8 x 32k 269.5 / 273.5
+STREAM_WHOLE_GROUPS = True
 STREAM_SPACE = (False,)
 STREAM_MAX_BATCH = 128    # kStreamMaxBatch: the per-row prefix the kernel keeps in shared memory
 STREAM_MAX_CTAS = 160     # kStreamPerLane: the merge of a group's pieces, 5 per lane of one warp
 STREAM_SMEM_INTS = 4 * STREAM_MAX_BATCH + 2
+# light_fence (the split kernel's fused combine): the count of finished splits without a
+# __threadfence per thread on either side (the CTA barrier and thread 0's acq_rel atomic; the
+# stream kernel always counts so). The heuristic's choice: off until timed.
+LIGHT_FENCE_DEFAULT = False
+LIGHT_FENCE_SPACE = (False,)
 
 @dataclasses.dataclass(frozen=True, order=True)
 class DecodeConfig(KernelConfig):
@@ -342,6 +351,8 @@ class DecodeConfig(KernelConfig):
               blocks as one list in equal ranges over ``splits`` CTAs (the SMs' resident slots),
               a group's pieces merged by its last CTA; calls without a window (causal only at
               seqlen_q 1), at most STREAM_MAX_BATCH rows
+    light_fence: (fused_combine, the split kernel) the finished splits' count without a fence per
+              thread: the CTA barrier and thread 0's acq_rel atomic (kLightFence)
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -372,6 +383,7 @@ class DecodeConfig(KernelConfig):
     ring_fill: int = 0
     dynamic: int = 0
     stream: bool = False
+    light_fence: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -398,7 +410,7 @@ class DecodeConfig(KernelConfig):
                  + ("_ln" if self.lean else "") + (f"_bk{self.bulk}" if self.bulk else "")
                  + ("_em" if self.early_merge else "") + (f"_rf{self.ring_fill}" if self.ring_fill else "")
                  + ("_dyn" if self.dynamic == 1 else "_ilv" if self.dynamic == 2 else "")
-                 + ("_stk" if self.stream else ""))
+                 + ("_stk" if self.stream else "") + ("_lf" if self.light_fence else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -426,7 +438,7 @@ class DecodeConfig(KernelConfig):
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}, {int(self.l2_prefetch)}>")
         # the defaults (false, 0) of the trailing flags are left out
         trailing = [flag[self.page_gather], flag[self.lean], str(int(self.bulk)), flag[self.early_merge],
-                    str(int(self.ring_fill)), str(int(self.dynamic))]
+                    str(int(self.ring_fill)), str(int(self.dynamic)), flag[self.light_fence]]
         while trailing and trailing[-1] in ("false", "0"):
             trailing.pop()
         gather = "".join(f", {x}" for x in trailing)
@@ -443,7 +455,7 @@ class DecodeConfig(KernelConfig):
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                 bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch),
                 bool(self.warp_loads), bool(self.page_gather), bool(self.lean), int(self.bulk),
-                bool(self.early_merge), int(self.ring_fill), int(self.dynamic))
+                bool(self.early_merge), int(self.ring_fill), int(self.dynamic), bool(self.light_fence))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -474,6 +486,9 @@ class DecodeConfig(KernelConfig):
                                or (self.dynamic == 1 and not self.fused_combine)):
             out.append("dynamic: needs ring_fill >= 1 (and fused_combine for 1), and no bulk, page_prefetch, "
                        "warp_loads or tma")
+        if self.light_fence and (self.tma or self.stream or not self.fused_combine):
+            out.append("light_fence: an option of the split kernel's fused combine (fused_combine; the stream "
+                       "kernel always counts so)")
         if self.stream:
             if (not self.fused_combine or self.tma or self.bulk or self.page_prefetch or self.page_gather
                     or self.warp_loads or self.lean or self.ring_fill or self.dynamic):
@@ -611,7 +626,11 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
     prologue and epilogue with their streaming)."""
     if getattr(config, "stream", False):   # the SMs' resident CTA slots (decode_splitkv_stream)
         resident = ctas_per_sm(config, default_max_smem((9, 0)) if max_smem is None else max_smem)
-        return STREAM_FORCE_CTAS or max(2, min(sm_count * resident, STREAM_MAX_CTAS))
+        slots = max(2, min(sm_count * resident, STREAM_MAX_CTAS))
+        groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
+        if STREAM_WHOLE_GROUPS and 0 < groups <= slots:   # ranges that do not cross groups (if the keys are equal)
+            slots = max(2, slots // groups * groups)
+        return STREAM_FORCE_CTAS or slots
     groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
     if groups == 0:
         return 1
@@ -660,7 +679,7 @@ class DecodeSplitKV(Family):
              "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE,
              "page_gather": PAGE_GATHER_SPACE, "lean": LEAN_SPACE, "bulk": BULK_SPACE,
              "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE, "dynamic": DYNAMIC_SPACE,
-             "stream": STREAM_SPACE}
+             "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -725,6 +744,8 @@ class DecodeSplitKV(Family):
             cfg = cfg.replace(bulk=bulk, l2_prefetch=0)   # sm_90 only; whole blocks take no cp.async hint
         if EARLY_MERGE_DEFAULT and cfg.fused_combine:
             cfg = cfg.replace(early_merge=True)
+        if LIGHT_FENCE_DEFAULT and cfg.fused_combine:
+            cfg = cfg.replace(light_fence=True)
         if RING_FILL_DEFAULT:
             cfg = cfg.replace(ring_fill=RING_FILL_DEFAULT)
         groups = problem.batch * problem.nheads_kv * row_blocks(cfg, problem)
@@ -735,7 +756,7 @@ class DecodeSplitKV(Family):
         if (STREAM_DEFAULT and ("paged_kv" not in problem.features or STREAM_PAGED) and cfg.fused_combine
                 and not cfg.bulk and d <= 128 and m_tiles == 1
                 and not stream_problem(cfg.replace(stream=True, ring_fill=0, dynamic=0), problem)):
-            cfg = cfg.replace(stream=True, ring_fill=0, dynamic=0, lean=False, warps=CONTIGUOUS_WARPS,
+            cfg = cfg.replace(stream=True, ring_fill=0, dynamic=0, lean=False, light_fence=False, warps=CONTIGUOUS_WARPS,
                               stages=CONTIGUOUS_STAGES)   # see STREAM_DEFAULT
             if cfg.problems(max_smem):
                 cfg = cfg.replace(stream=False)
@@ -744,7 +765,7 @@ class DecodeSplitKV(Family):
             # a ring as deep in bytes
             tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False,
                               lean=False, bulk=0, early_merge=False, ring_fill=0, dynamic=0, tma=True,
-                              split_cost=TMA_SPLIT_COST, stream=False)
+                              split_cost=TMA_SPLIT_COST, stream=False, light_fence=False)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
                 candidate = tma.replace(**shrink)
@@ -764,7 +785,8 @@ class DecodeSplitKV(Family):
         (tuned tables and recorded studies from before them) gets False / 0 / False / False: the
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
-                 "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, **point}
+                 "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
+                 **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -816,7 +838,7 @@ class DecodeSplitKV(Family):
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
-                                 early_merge=False, ring_fill=0, dynamic=0)
+                                 early_merge=False, ring_fill=0, dynamic=0, light_fence=False)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
