@@ -31,7 +31,7 @@ def test_names_template_arguments_smem_counters_workspace():
     # the resident slots, or their largest multiple of the groups (STREAM_WHOLE_GROUPS): 8 groups -> 128
     assert FAM.split_count(STREAM, P, 132) == 128 and FAM.split_count(STREAM, P.replace(batch=32), 132) == 132
     assert FAM.split_count(STREAM, P.replace(batch=3, seqlen_k=1000), 132) == 120
-    assert FAM.launches(STREAM, P, 132)[-1].grid == (132, 1, 1) and len(FAM.launches(STREAM, P, 132)) == 1
+    assert FAM.launches(STREAM, P, 132)[-1].grid == (128, 1, 1) and len(FAM.launches(STREAM, P, 132)) == 1
     assert FAM.counters(STREAM, P) == 8
     ws = FAM.workspace(STREAM, P.replace(batch=64))
     assert ws["lse_partial"] == mod.STREAM_MAX_CTAS * 2 * 16 * 128 * 4   # 2 pieces of 16 rows per CTA, any batch
