@@ -1469,12 +1469,7 @@ decode_splitkv_stream(const DecodeParams p) {
         const DecodeRows<kMTiles> rows(p, cu.b, hkv, r0, g, keys, offset);
         float o_acc[kMTiles][kNTilesO][4];
         float m[kMTiles][2], l[kMTiles][2];
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < kNTilesO; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
+        zero_acc(o_acc);
         softmax_init(m, l);
         const u32 q_seg = q_lane + (seg % kStages) * Shape::kQTile * 2;
         int n = cu.blocks - 1 - j0;  // the item's block

@@ -16,19 +16,13 @@ CUDA-graph replays (the counters back at 0 after every call).
 import numpy as np
 import pytest
 
-from cuflash import _gpu, api, decode
+from cuflash import decode
 from cuflash.families import decode_splitkv as fam_mod
 
 from test_decode_gpu import _torch, check_call, make_case
+from test_decode_ringfill_gpu import _poison  # noqa: F401  (autouse: outputs poisoned, skip without a GPU)
 
 pytestmark = [pytest.mark.gpu]
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    monkeypatch.setattr(api, "POISON_OUTPUTS", True)
-    if not _gpu.available():
-        pytest.skip("needs a GPU")
 
 
 def _options(monkeypatch, stream: bool = True):
