@@ -88,7 +88,7 @@ def profile_shape(b, ctx):
     runs = [("sdpa_cudnn", cudnn),
             ("heuristic", lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens))]
     if "--stream" in sys.argv:  # decode_splitkv_stream (stream-K) on every SM, and on 128 CTAs
-        st = heur.replace(stream=True, ring_fill=0, dynamic=0, fused_combine=True, early_merge=True)
+        st = heur.replace(stream=True, ring_fill=0, dynamic=0, fused_combine=True, early_merge=True, light_fence=False)
         runs += [("stream", lambda: kvcache_with_config(st, q, kc, vc, cache_seqlens=lens)),
                  ("stream128", lambda: kvcache_with_config(st.replace(splits=128), q, kc, vc, cache_seqlens=lens))]
     elif "--ring" in sys.argv:  # the full-ring prologue (loads before S) and the dynamic block claims

@@ -20,7 +20,7 @@ from cuflash.registry import get  # noqa: E402
 
 def main():
     p = Problem("decode", "bf16", 3, 1, 3000, 32, 8, 128)
-    cfg = get("decode_splitkv").heuristic(p).replace(fused_combine=True, early_merge=True, ring_fill=0, dynamic=0,
+    cfg = get("decode_splitkv").heuristic(p).replace(fused_combine=True, early_merge=True, ring_fill=0, dynamic=0, light_fence=False,
                                                       stream=True)
     q = torch.randn(3, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     kc, vc = (torch.randn(3, 3008, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))

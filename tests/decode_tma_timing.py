@@ -87,7 +87,7 @@ def base_config(problem, arch=(9, 0)):
 
     return get("decode_splitkv").heuristic(problem, arch).replace(
         tma=False, fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, bulk=0,
-        early_merge=False, splits=0)
+        early_merge=False, light_fence=False, stream=False, splits=0)
 
 
 CANDIDATES = True   # --no-candidates: the heuristic, the proposals and SDPA only

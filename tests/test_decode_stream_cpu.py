@@ -161,9 +161,8 @@ def test_light_fence_names_validation_switch(monkeypatch):
     assert not lf.problems(232448) and FAM.decode(FAM.encode(lf), "bf16", False) == lf
     for bad in (lf.replace(fused_combine=False, early_merge=False), lf.replace(stream=True)):
         assert any("light_fence" in x for x in bad.problems(232448)), bad.name
-    assert not FAM.heuristic(P, (9, 0)).light_fence
-    monkeypatch.setattr(mod, "LIGHT_FENCE_DEFAULT", True)
-    assert FAM.heuristic(P, (9, 0)).light_fence
+    assert mod.LIGHT_FENCE_DEFAULT is True and FAM.heuristic(P, (9, 0)).light_fence   # contiguous caches
+    assert not FAM.heuristic(P.replace(features=("paged_kv",)), (9, 0)).light_fence    # paged: not timed
     assert not FAM.heuristic(P.replace(batch=64), (9, 0)).problems(232448)
     monkeypatch.setattr(mod, "STREAM_DEFAULT", True)
     assert not FAM.heuristic(P, (9, 0)).light_fence   # the stream kernel has no such option

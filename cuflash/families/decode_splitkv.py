@@ -285,7 +285,12 @@ DYNAMIC_VALUES = (0, 1, 2)
 # split kernel gives every group the same number of CTAs, which leaves SMs idle (8 groups x 16
 # splits = 128 CTAs on 132 SMs; 32 x 8 groups on 132 SMs take 1.94 waves). Runs calls without a
 # window (causal only at seqlen_q 1) of at most STREAM_MAX_BATCH batch rows. The heuristic's
-# choice (contiguous caches, the contiguous tiles): off until timed.
+# choice (contiguous caches, the contiguous tiles): off. H200 (session 21 round 4,
+# tests/decode_tma_timing.py --no-candidates --propose "STREAM_DEFAULT=1", CUDA graphs, against the
+# heuristic in the same process; logs/session21_dec11/r4): 1 x 8k 16.9 against 14.7 us, 1 x 32k 43.2 /
+# 40.2, 8 x 32k 271.9 / 268.6, 32 x 8k 272.1 / 264.8; faster than the claims at 1 x 64k (76.0 / 82.8)
+# and 1 x 128k (139.8 / 158.9) but slower than equal runs there (72.6 / 136.9). Idle SMs and partial
+# waves are not what keeps decode_splitkv under cuDNN.
 STREAM_DEFAULT = False
 STREAM_PAGED = False      # the heuristic's stream on paged caches too
 STREAM_FORCE_CTAS = 0     # tests: this many CTAs instead of the resident slots (0: the slots)
@@ -299,8 +304,13 @@ STREAM_MAX_CTAS = 160     # kStreamPerLane: the merge of a group's pieces, 5 per
 STREAM_SMEM_INTS = 4 * STREAM_MAX_BATCH + 2
 # light_fence (the split kernel's fused combine): the count of finished splits without a
 # __threadfence per thread on either side (the CTA barrier and thread 0's acq_rel atomic; the
-# stream kernel always counts so). The heuristic's choice: off until timed.
-LIGHT_FENCE_DEFAULT = False
+# stream kernel always counts so). The heuristic's choice, for contiguous caches (paged ones not
+# timed): on. H200 (session 21 round 4, tests/decode_tma_timing.py --no-candidates --propose
+# "LIGHT_FENCE_DEFAULT=1", bf16 d 128 32:8 heads, CUDA graphs, 3 shuffled repeats, against the
+# heuristic in the same process; logs/session21_dec11/r4): 1 x 8k 14.4 against 14.7 us, 1 x 32k
+# 40.0 / 40.2, 1 x 64k 82.5 / 82.8, 1 x 128k 157.0 / 158.9, 8 x 32k (2 splits) 268.8 / 268.6; at 32 x
+# 8k (one split: no count) 266.5 / 264.8, the same code run (geomean 1.007); racecheck clean.
+LIGHT_FENCE_DEFAULT = True
 LIGHT_FENCE_SPACE = (False,)
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -744,7 +754,7 @@ class DecodeSplitKV(Family):
             cfg = cfg.replace(bulk=bulk, l2_prefetch=0)   # sm_90 only; whole blocks take no cp.async hint
         if EARLY_MERGE_DEFAULT and cfg.fused_combine:
             cfg = cfg.replace(early_merge=True)
-        if LIGHT_FENCE_DEFAULT and cfg.fused_combine:
+        if LIGHT_FENCE_DEFAULT and cfg.fused_combine and "paged_kv" not in problem.features:
             cfg = cfg.replace(light_fence=True)
         if RING_FILL_DEFAULT:
             cfg = cfg.replace(ring_fill=RING_FILL_DEFAULT)
