@@ -713,6 +713,8 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
                                  (11, alibi_slopes))
                   if isinstance(x, arrays.array) and not arrays.is_contiguous(x)]
     entry.contiguous = tuple(contiguous)
+    if config is None and call.num_splits and getattr(cfg, "stream", False):
+        cfg = cfg.replace(stream=False)   # the caller's split count: the split kernel runs it
     splits = (getattr(cfg, "splits", 0) or call.num_splits
               or family.split_count(cfg, problem, _gpu.sm_count(dev), _gpu.max_smem(dev)))
     if sq == 0:
@@ -737,7 +739,11 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
         # a chosen fused combine cannot allocate its zeroed split counters inside a CUDA-graph
         # capture: this call shape runs the separate combine launch (same splits) instead
         cfg = cfg.replace(fused_combine=False, **({"early_merge": False} if getattr(cfg, "early_merge", False) else {}),
-                          **({"dynamic": 0} if getattr(cfg, "dynamic", 0) == 1 else {}))
+                          **({"dynamic": 0} if getattr(cfg, "dynamic", 0) == 1 else {}),
+                          **({"light_fence": False} if getattr(cfg, "light_fence", False) else {}),
+                          **({"stream": False, "splits": call.num_splits or family.split_count(
+                              cfg.replace(stream=False, splits=0), problem, _gpu.sm_count(dev), _gpu.max_smem(dev))}
+                             if getattr(cfg, "stream", False) else {}))
     _check_counters(family, cfg, problem, arrays)
     entry.plan = Plan(family, cfg, problem, strides, call.softmax_scale, dev)  # it keeps the counters
     entry.counters = entry.plan.counters.get("split_counters")

@@ -95,6 +95,10 @@
 //             through the same ring of ids. 2: the same interleaved order without claims: split
 //             s takes the group's blocks s, s + num_splits, s + 2·num_splits, ... (the splits
 //             sweep the row's keys side by side, as the claims do, each with a fixed share)
+//   kLightFence  (kFusedCombine) the count of finished splits without a fence per thread: the CTA's
+//             barrier, then thread 0's acq_rel atomic (release cumulativity over the barrier, as
+//             CUTLASS's stream-K semaphore), and on the merging CTA thread 0's acquire then the
+//             barrier (false: __threadfence by every thread on both sides)
 #include "ptx.cuh"
 #include "ptx_decode.cuh"
 #include "params_decode.cuh"
@@ -259,6 +263,90 @@ __device__ __forceinline__ f32x4 load_partial4(const float* addr) {
 // kEarly: the first batch of O_s loads (the first 16 splits of the first column pass) is issued
 // before the LSE loads (they depend on the split count only, not on the weights), so the two
 // L2 round trips overlap (false: the LSE first, then the O_s batches).
+// combine_pieces merges n_pieces partials of one row: piece s's LSE at lse_at(s), its O at o_at(s)
+// (a float pointer to the row's head_dim_rounded values); kPerLane · 32 pieces at most. combine_row
+// is it over the splits of decode_splitkv's workspace (split s of row R at s · rows + R).
+template <int kHeadDim, class Elem, bool kL2Only, bool kEarly = false, int kPerLane = 4, class LseAt, class OAt>
+__device__ __forceinline__ void combine_pieces(const DecodeParams& p, int row_id, int lane, int n_pieces,
+                                               LseAt&& lse_at, OAt&& o_at) {
+    constexpr int kLoadBatch = 16;  // O_s loads in flight per lane
+    constexpr int kQuads = kHeadDim / 4;
+    const int qi = row_id % p.seqlen_q, h = (row_id / p.seqlen_q) % p.nheads, b = row_id / (p.seqlen_q * p.nheads);
+    f32x4 x_early[kEarly ? kLoadBatch : 1];
+    if constexpr (kEarly) {
+        const int col = lane * 4;
+        const bool mine = lane < kQuads && col < p.head_dim;
+#pragma unroll
+        for (int i = 0; i < kLoadBatch; ++i)
+            x_early[i] = i < n_pieces && mine ? load_partial4<kL2Only>(o_at(i) + col) : f32x4{0.f, 0.f, 0.f, 0.f};
+        __threadfence_block();  // keeps ptxas from sinking them below the LSE loads
+    }
+    float lse_lane[kPerLane];
+    float lse_max = neg_inf();
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+        const int s = lane + 32 * k;
+        lse_lane[k] = s < n_pieces ? load_partial<kL2Only>(lse_at(s)) : neg_inf();
+        lse_max = fmaxf(lse_max, lse_lane[k]);
+    }
+#pragma unroll
+    for (int d = 16; d >= 1; d /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, d));
+    float sum = 0.f;
+    if (lse_max != neg_inf())
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k) sum += expf(lse_lane[k] - lse_max);  // exp(-inf) = 0
+#pragma unroll
+    for (int d = 16; d >= 1; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    const float lse = sum > 0.f ? lse_max + logf(sum) : pos_inf();
+    if (lane == 0 && p.lse != nullptr) p.lse[row_id] = lse;  // nullptr: the caller wants no LSE
+    float wt_lane[kPerLane];  // exp(lse_s - lse): 0 for a split without keys, and for all when none has
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) wt_lane[k] = sum > 0.f ? expf(lse_lane[k] - lse) : 0.f;
+
+    u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride;
+    // Columns: 4 per lane per pass. Every lane runs every pass, so the weight shuffles below
+    // always have the whole warp (head dims under 128 leave lanes without columns: they shuffle,
+    // and neither load nor store).
+#pragma unroll
+    for (int q0 = 0; q0 < kQuads; q0 += 32) {
+        const int col = (q0 + lane) * 4;
+        const bool mine = q0 + lane < kQuads && col < p.head_dim;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k) {
+            if (32 * k >= n_pieces) break;
+            const int n = min(32, n_pieces - 32 * k);
+            for (int i0 = 0; i0 < n; i0 += kLoadBatch) {
+                float wt[kLoadBatch];
+                f32x4 x[kLoadBatch];
+#pragma unroll
+                for (int i = 0; i < kLoadBatch; ++i)  // the batch's weights (0 past the splits)
+                    wt[i] = i0 + i < n ? __shfl_sync(0xffffffffu, wt_lane[k], (i0 + i) & 31) : 0.f;
+                // the batch's loads, back to back: predicated on the split's existence only (not
+                // on its weight, which would tie each load to its shuffle); a split without keys
+                // loads its unwritten partial, which the weight 0 then discards by a select
+#pragma unroll
+                for (int i = 0; i < kLoadBatch; ++i)
+                    x[i] = kEarly && q0 == 0 && k == 0 && i0 == 0 ? x_early[kEarly ? i : 0]   // loaded already
+                         : i0 + i < n && mine ? load_partial4<kL2Only>(o_at(32 * k + i0 + i) + col)
+                                              : f32x4{0.f, 0.f, 0.f, 0.f};
+                // ptxas sinks each load to just before its use (2-3 in flight); no load moves below
+                // a fence, so all of the batch's are issued before the first is waited for
+                __threadfence_block();
+#pragma unroll
+                for (int i = 0; i < kLoadBatch; ++i) {  // then their sum
+                    if (wt[i] == 0.f) continue;
+                    acc[0] += wt[i] * x[i].x; acc[1] += wt[i] * x[i].y;
+                    acc[2] += wt[i] * x[i].z; acc[3] += wt[i] * x[i].w;
+                }
+            }
+        }
+        if (mine)
+            *reinterpret_cast<u32x2*>(o + col) = u32x2{pack2<Elem>(acc[0], acc[1]), pack2<Elem>(acc[2], acc[3])};
+    }
+}
+
+
 template <int kHeadDim, class Elem, bool kL2Only, bool kEarly = false>
 __device__ __forceinline__ void combine_row(const DecodeParams& p, int row_id, int lane) {
     constexpr int kPerLane = 4;     // 128 splits at most (DecodeConfig / flash-attn's limit)
@@ -448,6 +536,61 @@ __device__ __forceinline__ void attend_block(const DecodeParams& p, const Decode
     pack_a_frags<kMTiles, kWarpN / 16, Elem>(p_frag, s_acc);
     before_pv();
     gemm_frags_x_rows_t<kMTiles, kNTilesO, kWarpN / 16, kRowBytes, Elem>(o_acc, p_frag, v_lane);
+}
+
+// The warps' merge: each warp saw other keys of the same rows. Every warp writes its (m, l, O)
+// into merge_smem (o_merge [kWarps][kRows][kMergePitch] unnormalized O, m_merge / l_merge
+// [kWarps][kRows]; it overlays the K/V ring, which the caller made free); sync() (the consumers'
+// barrier); then per row r < rows_valid and 4 columns col < head_dim, O = Σ_w exp(scale·(m_w - M))
+// O_w and l = Σ_w exp(..) l_w go to store(r, col, O, 1 / l, M, l).
+template <class Shape, int kMergePitch, class Sync, class Store>
+__device__ __forceinline__ void merge_warps(const DecodeParams& p, float* merge_smem,
+                                            const float (&o_acc)[Shape::kRows / 16][Shape::kNTilesO][4],
+                                            const float (&m)[Shape::kRows / 16][2], const float (&l)[Shape::kRows / 16][2],
+                                            int tid, int warp, int g, int t, int rows_valid, Sync&& sync, Store&& store) {
+    constexpr int kWarps = Shape::kThreads / 32, kRows = Shape::kRows, kMTiles = kRows / 16;
+    constexpr int kNTilesO = Shape::kNTilesO, kHeadDim = Shape::kNTilesO * 8;
+    float* o_merge = merge_smem;
+    float* m_merge = o_merge + kWarps * kRows * kMergePitch;
+    float* l_merge = m_merge + kWarps * kRows;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = mt * 16 + g + 8 * half;
+            const float l_row = quad_sum(l[mt][half]);
+            if (t == 0) {
+                m_merge[warp * kRows + r] = m[mt][half];  // m is uniform across the quad
+                l_merge[warp * kRows + r] = l_row;
+            }
+            float* o_row = o_merge + (warp * kRows + r) * kMergePitch;
+#pragma unroll
+            for (int nt = 0; nt < kNTilesO; ++nt) {
+                o_row[nt * 8 + 2 * t] = o_acc[mt][nt][2 * half];
+                o_row[nt * 8 + 2 * t + 1] = o_acc[mt][nt][2 * half + 1];
+            }
+        }
+    sync();
+
+    constexpr int kQuads = kHeadDim / 4;  // 4 columns per thread per step
+    for (int c = tid; c < kRows * kQuads; c += Shape::kThreads) {
+        const int r = c / kQuads, col = (c % kQuads) * 4;
+        if (r >= rows_valid || col >= p.head_dim) continue;
+        // row max over the warps, then each warp's weight exp(scale·(m_w - M)); -inf: no keys
+        float m_row = neg_inf();
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) m_row = fmaxf(m_row, m_merge[w * kRows + r]);
+        const float m_scaled = m_row == neg_inf() ? 0.f : m_row * p.scale_log2;
+        float l_row = 0.f, o4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            const float wt = exp2_approx(m_merge[w * kRows + r] * p.scale_log2 - m_scaled);
+            l_row += wt * l_merge[w * kRows + r];
+            const f32x4 x = *reinterpret_cast<const f32x4*>(o_merge + (w * kRows + r) * kMergePitch + col);
+            o4[0] += wt * x.x; o4[1] += wt * x.y; o4[2] += wt * x.z; o4[3] += wt * x.w;
+        }
+        store(r, col, o4, softmax_inv_l(l_row), m_row, l_row);
+    }
 }
 
 // The warps' merge and the CTA's output: each warp saw other keys of the same rows. Every warp
@@ -751,7 +894,7 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
 template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem,
           bool kFusedCombine = false, bool kPagePrefetch = false, int kL2Prefetch = 0,
           bool kWarpLoads = false, bool kPageGather = false, bool kLean = false, int kBulk = 0,
-          bool kEarlyMerge = false, int kRingFill = 0, int kDynamic = 0>
+          bool kEarlyMerge = false, int kRingFill = 0, int kDynamic = 0, bool kLightFence = false>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv(const DecodeParams p) {
     using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
@@ -1063,7 +1206,10 @@ decode_splitkv(const DecodeParams p) {
         // ---- the last split of this (batch, KV head, row block) to finish merges the group ----
         // Release: every thread's partial stores are visible GPU-wide before thread 0 counts
         // the CTA done (the threadfence-reduction pattern; the atomic is acq_rel on top).
-        __threadfence();
+        // kLightFence: the CTA barrier, then thread 0's acq_rel atomic alone (a release is
+        // cumulative over the writes the barrier ordered before it, as CUTLASS's stream-K
+        // semaphore relies on): no thread waits on its own stores' fence.
+        if constexpr (!kLightFence) __threadfence();
         __syncthreads();
         int* last_flag = reinterpret_cast<int*>(q_smem);  // the Q tile is read no more
         if (tid == 0) {
@@ -1080,10 +1226,315 @@ decode_splitkv(const DecodeParams p) {
         __syncthreads();
         if (!*last_flag) return;
         // Acquire: the other splits' partials, read below from L2 (ld.global.cg), not a stale L1.
-        __threadfence();
+        // kLightFence: thread 0's acquire, then the barrier, orders them.
+        if constexpr (!kLightFence) __threadfence();
         for (int r = warp; r < rows_valid; r += kWarps) {
             const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
             combine_row<kHeadDim, Elem, true, kEarlyMerge>(p, (b * p.nheads + h) * p.seqlen_q + qi, lane);
+        }
+    }
+}
+
+// ---- decode_splitkv_stream: every group's K/V blocks as one stream over the CTAs (stream-K) -----
+// The (batch, KV head, row block) groups' K/V blocks, group after group (b, then hkv, then the row
+// block: the fused combine's group index), make one list of W items; CTA c of C takes items
+// [c·W/C, (c+1)·W/C). So every CTA of the grid (C = SMs x resident CTAs) streams the same number of
+// blocks, whatever the group count (the split kernel gives each group the same number of CTAs:
+// 8 groups x 16 splits leave 4 of 132 SMs idle, and each CTA streams 1/128 of the keys, not 1/132).
+// A CTA's range crosses group boundaries: a run of one group's blocks (a segment) starts with a
+// fresh (m, l, O) and that group's Q tile, and ends with the warps' merge, which overlays the ring
+// slot the segment's last block used (free until the next iteration's load). A segment that holds
+// its whole group writes O and LSE; only the first and the last segment of a range can be part of
+// a group, and they write an fp32 partial (O / l, LSE) into workspace slot 2c (the range's first
+// segment) or 2c + 1 (its last), kRows rows of head_dim_rounded. The group's pieces are those of
+// CTAs owner(first item) .. owner(last item); the last of them to count itself done (split_counters,
+// the fused combine's counter per group, reset by it) merges them (combine_pieces).
+// Keys: the visible range of every row is [0, keys) (the host runs this kernel without windows,
+// and with causal masks only at seqlen_q 1), so a batch row's groups all have its ceil(keys /
+// kBlockN) blocks; a block's keys come from the top (the ragged block first), as in decode_splitkv.
+// Per batch row (at most kStreamMaxBatch) the CTA keeps in shared memory its items' prefix, keys,
+// first cache position and cache row; the loader and the compute side each walk the items with a
+// cursor. The Q tiles: kStages buffers, segment k in buffer k % kStages, loaded with the
+// segment's first block (the loader runs kStages - 1 items ahead: at most kStages segments live).
+// Rows without keys (O = 0, LSE = +inf) are written by CTA b % grid. With fewer items than CTAs,
+// C = W CTAs take one item each (every range holds an item, so a group's pieces are those of the
+// CTAs from its first item's owner to its last's).
+constexpr int kStreamMaxBatch = 128;
+constexpr int kStreamPerLane = 5;  // the merge of a group's pieces: 160 at most (STREAM_MAX_CTAS)
+
+template <int kWarps, int kWarpN, int kStages, int kMTiles, int kHeadDim, class Elem, int kL2Prefetch>
+__global__ void __launch_bounds__(kWarps * 32)
+decode_splitkv_stream(const DecodeParams p) {
+    using Shape = DecodeShape<kWarps, kWarpN, kStages, kMTiles, kHeadDim>;
+    constexpr int kThreads = Shape::kThreads, kBlockN = Shape::kBlockN, kRows = Shape::kRows;
+    constexpr int kNTilesO = Shape::kNTilesO, kPitch = Shape::kPitch;
+    constexpr int kRowBytes = kPitch * 2;
+    constexpr int kSlot = 2 * Shape::kKVTile;  // elements of one ring slot: the K block, then the V block
+    // the warps' merge overlays one ring slot: fp32 O rows padded by 4 words where that fits (rows g
+    // of a warp's 64-bit fragment stores then start 4 banks apart: 2-way conflicts; unpadded, all
+    // in bank 0: 8-way; H200 ncu, 1 x 32k: 197k conflicts against 461 for decode_splitkv)
+    constexpr int kMergePitch = kWarps * kRows * (kHeadDim + 4 + 2) * 4 <= kSlot * 2 ? kHeadDim + 4 : kHeadDim;
+    static_assert(kWarps * kRows * (kMergePitch + 2) * 4 <= kSlot * 2, "the warps' merge overlays one ring slot");
+    constexpr int kChunks = kHeadDim / 8;      // 16-byte chunks per row
+    constexpr int kLanesPerRow = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+    constexpr int kRowsPerPass = kThreads / kLanesPerRow;
+    static_assert(kThreads % kLanesPerRow == 0, "the loaders must cover whole rows per pass");
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    u16* ring = reinterpret_cast<u16*>(smem_raw);                       // [kStages][K, V][kBlockN][kPitch]
+    u16* q_smem = ring + kStages * kSlot;                                // [kStages][kRows][kPitch]
+    int* row_prefix = reinterpret_cast<int*>(q_smem + kStages * Shape::kQTile);  // [kStreamMaxBatch + 1]
+    int* row_keys = row_prefix + kStreamMaxBatch + 1;
+    int* row_start = row_keys + kStreamMaxBatch;
+    int* row_cache = row_start + kStreamMaxBatch;
+    int* last_flag = row_cache + kStreamMaxBatch;
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int per_row = p.nheads_kv * p.row_blocks;  // groups per batch row
+    if (warp == 0) {  // each batch row's keys, and the prefix of items over the rows (a warp scan)
+        int carry = 0;
+        if (lane == 0) row_prefix[0] = 0;
+        for (int b0 = 0; b0 < p.batch; b0 += 32) {
+            const int b = b0 + lane;
+            int items = 0;
+            if (b < p.batch) {
+                const RowKeys rk(p, b);
+                items = (rk.keys + kBlockN - 1) / kBlockN * per_row;
+                row_keys[b] = rk.keys;
+                row_start[b] = rk.start;
+                const int row_b = p.cache_batch_idx ? p.cache_batch_idx[b] : b;
+                row_cache[b] = min(max(row_b, 0), p.num_pages - 1);
+            }
+#pragma unroll
+            for (int d = 1; d < 32; d *= 2) {
+                const int x = __shfl_up_sync(0xffffffffu, items, d);
+                if (lane >= d) items += x;
+            }
+            if (b < p.batch) row_prefix[b + 1] = carry + items;
+            carry += __shfl_sync(0xffffffffu, items, 31);
+        }
+    }
+    __syncthreads();
+
+    // the ranges: C = min(grid, W) CTAs (so that no range is empty), [c·W/C, (c+1)·W/C) each
+    const int total = row_prefix[p.batch], ctas = min(static_cast<int>(gridDim.x), total), c = blockIdx.x;
+    const int w_begin = c < ctas ? static_cast<int>(static_cast<i64>(c) * total / ctas) : 0;
+    const int w_end = c < ctas ? static_cast<int>(static_cast<i64>(c + 1) * total / ctas) : 0;
+    const int n_items = w_end - w_begin;
+    // the CTA whose range holds item w: the last c with c·W/C <= w
+    auto owner = [&](int w) { return static_cast<int>((static_cast<i64>(w + 1) * ctas + total - 1) / total) - 1; };
+
+    // rows without keys: O = 0, LSE = +inf (flash-attn's convention), by CTA b % grid
+    for (int b = c; b < p.batch; b += gridDim.x) {
+        if (row_keys[b] > 0) continue;
+        for (int i = tid; i < p.nheads * p.seqlen_q * (p.head_dim / 2); i += kThreads) {
+            const int col = 2 * (i % (p.head_dim / 2)), hq = i / (p.head_dim / 2), h = hq % p.nheads, qi = hq / p.nheads;
+            u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride + col;
+            *reinterpret_cast<u32*>(o) = 0u;
+            if (col == 0 && p.lse != nullptr) p.lse[(b * p.nheads + h) * p.seqlen_q + qi] = pos_inf();
+        }
+    }
+    if (n_items <= 0) return;
+
+    // A cursor on the items: batch row b, group gl of the row (hkv · row_blocks + row block), block j
+    // of the group (from the top: block blocks - 1 - j), and the row's blocks, keys, first position.
+    struct Cursor { int b, gl, j, blocks, keys, start; };
+    auto set_row = [&](Cursor& cu, int b) {
+        cu.b = b;
+        cu.keys = row_keys[b];
+        cu.start = row_start[b];
+        cu.blocks = (cu.keys + kBlockN - 1) / kBlockN;
+    };
+    auto next_group = [&](Cursor& cu) {  // to the next group's first block (one exists)
+        cu.j = 0;
+        if (++cu.gl < per_row) return;
+        cu.gl = 0;
+        int b = cu.b + 1;
+        while (row_keys[b] <= 0) ++b;  // rows without keys have no items
+        set_row(cu, b);
+    };
+    Cursor first;
+    {   // item w_begin: the last row whose prefix is <= it (binary search)
+        int lo = 0, hi = p.batch - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (row_prefix[mid] <= w_begin) lo = mid;
+            else hi = mid - 1;
+        }
+        set_row(first, lo);
+        const int local = w_begin - row_prefix[lo];
+        first.gl = local / first.blocks;
+        first.j = local % first.blocks;
+    }
+
+    // ---- the loader: items in order, kStages - 1 ahead of the compute side ----
+    // Its group's state is set once per group (set_group): the head's K / V base (contiguous: at
+    // the cache row's first position) and its next block n (counting down to 0).
+    const int ld_row = tid / kLanesPerRow, ld_col = (tid % kLanesPerRow) * 8;
+    const u16* q_base = static_cast<const u16*>(p.q_rot ? p.q_rot : p.q);
+    const i64 qh_stride = p.q_rot ? p.head_dim : p.q_head_stride;
+    const i64 qr_stride = p.q_rot ? static_cast<i64>(p.nheads) * p.head_dim : p.q_row_stride;
+    const i64 qb_stride = p.q_rot ? qr_stride * p.seqlen_q : p.q_batch_stride;
+    Cursor ld = first;
+    int ld_n = 0, ld_hkv = 0, ld_seg = 0;
+    const u16* ld_k = nullptr;
+    const u16* ld_v = nullptr;
+    auto set_group = [&] {
+        ld_hkv = ld.gl / p.row_blocks;
+        ld_n = ld.blocks - 1 - ld.j;
+        ld_k = static_cast<const u16*>(p.k_cache) + ld_hkv * p.k_head_stride + ld_col;
+        ld_v = static_cast<const u16*>(p.v_cache) + ld_hkv * p.v_head_stride + ld_col;
+        if (!p.block_table) {
+            ld_k += static_cast<i64>(row_cache[ld.b]) * p.k_batch_stride + static_cast<i64>(ld.start) * p.k_row_stride;
+            ld_v += static_cast<i64>(row_cache[ld.b]) * p.v_batch_stride + static_cast<i64>(ld.start) * p.v_row_stride;
+        }
+    };
+    auto load_q = [&](int buf) {  // the loader's group's Q tile (packed rows) into buffer buf
+        const int r0 = (ld.gl % p.row_blocks) * kRows;
+        const int rows_valid = min(kRows, p.group * p.seqlen_q - r0);
+        for (int i = tid; i < kRows * kChunks; i += kThreads) {
+            const int r = i / kChunks, col = (i % kChunks) * 8;
+            const bool valid = r < rows_valid && col < p.head_dim;
+            const int pr = r0 + r, qi = pr / p.group, h = ld_hkv * p.group + pr % p.group;
+            const u16* src = valid ? q_base + ld.b * qb_stride + qi * qr_stride + h * qh_stride + col : q_base;
+            cp_async_16(smem_u32(q_smem + buf * Shape::kQTile + r * kPitch + col), src, valid);
+        }
+    };
+    auto load_kv = [&](int slot) {  // block ld_n of the loader's group into ring slot `slot`
+        if (ld_col >= kHeadDim) return;
+        const int key0 = ld_n * kBlockN;
+        const bool whole = key0 + kBlockN <= ld.keys && p.head_dim >= kHeadDim;
+        const u32 k_dst = smem_u32(ring + slot * kSlot + ld_row * kPitch + ld_col);
+        const u32 v_dst = k_dst + Shape::kKVTile * 2;
+#pragma unroll
+        for (int pass = 0; pass * kRowsPerPass < kBlockN; ++pass) {
+            const int row = ld_row + pass * kRowsPerPass;
+            if (kBlockN % kRowsPerPass != 0 && row >= kBlockN) break;
+            const int j = key0 + row;
+            const bool valid = whole || (j < ld.keys && ld_col < p.head_dim);
+            i64 k_off = 0, v_off = 0;
+            if (valid) {
+                if (p.block_table) {
+                    cache_offsets(p, ld.b, ld.start + j, k_off, v_off);
+                } else {
+                    k_off = static_cast<i64>(j) * p.k_row_stride;
+                    v_off = static_cast<i64>(j) * p.v_row_stride;
+                }
+            }
+            const u32 off = pass * kRowsPerPass * kRowBytes;
+            if (whole) {
+                cp_async_16_l2<kL2Prefetch>(k_dst + off, ld_k + k_off);
+                cp_async_16_l2<kL2Prefetch>(v_dst + off, ld_v + v_off);
+            } else {
+                cp_async_16(k_dst + off, ld_k + k_off, valid);
+                cp_async_16(v_dst + off, ld_v + v_off, valid);
+            }
+        }
+    };
+    int ld_next = 0, ld_slot = 0;  // items handed to the loader; the ring slot of the next
+    auto load_next = [&] {         // the next item into its slot (with its group's Q tile when it starts a segment)
+        if (ld_next < n_items) {
+            bool starts = ld_next == 0;
+            if (starts) {
+                set_group();
+            } else if (--ld_n < 0) {
+                next_group(ld);
+                set_group();
+                ++ld_seg;
+                starts = true;
+            }
+            if (starts) load_q(ld_seg % kStages);
+            load_kv(ld_slot);
+            ++ld_next;
+            ld_slot = ld_slot + 1 == kStages ? 0 : ld_slot + 1;
+        }
+        cp_async_commit();  // committed even when empty, so group counting stays uniform
+    };
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) load_next();
+
+    // ---- the compute side: segment after segment ----
+    const u32 q_lane = smem_u32(q_smem) + ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes + (lane >> 4) * 16;
+    const u32 k_lane = smem_u32(ring) + (warp * kWarpN + (lane & 7) + (lane >> 4) * 8) * kRowBytes
+                       + ((lane >> 3) & 1) * 16;
+    const u32 v_lane = smem_u32(ring) + Shape::kKVTile * 2
+                       + (warp * kWarpN + (lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes + (lane >> 4) * 16;
+    Cursor cu = first;
+    int it = 0, slot = 0;
+    for (int seg = 0; it < n_items; ++seg) {
+        if (seg > 0) next_group(cu);
+        const int hkv = cu.gl / p.row_blocks, r0 = (cu.gl % p.row_blocks) * kRows;
+        const int keys = cu.keys, offset = keys - p.seqlen_q;  // query i's diagonal key: i + offset
+        const int j0 = cu.j, seg_len = min(cu.blocks - j0, n_items - it);
+        const DecodeRows<kMTiles> rows(p, cu.b, hkv, r0, g, keys, offset);
+        float o_acc[kMTiles][kNTilesO][4];
+        float m[kMTiles][2], l[kMTiles][2];
+        zero_acc(o_acc);
+        softmax_init(m, l);
+        const u32 q_seg = q_lane + (seg % kStages) * Shape::kQTile * 2;
+        int n = cu.blocks - 1 - j0;  // the item's block
+        for (int k = 0; k < seg_len; ++k, --n) {
+            // this item's block (and its segment's Q tile) landed; the barrier also frees the
+            // slot of the item before for the load below
+            cp_async_wait<kStages - 2>();
+            __syncthreads();
+            attend_block<kMTiles, kWarpN, kHeadDim, kRowBytes, Elem>(
+                p, rows, r0, g, t, offset, n * kBlockN, warp, (n + 1) * kBlockN > keys, q_seg,
+                k_lane + slot * kSlot * 2, v_lane + slot * kSlot * 2, o_acc, m, l, load_next);
+            slot = slot + 1 == kStages ? 0 : slot + 1;
+        }
+        it += seg_len;
+        cu.j = j0 + seg_len - 1;
+        // ---- the segment ends: the warps' merge over its last item's slot, then O or the partial ----
+        const int last_slot = slot == 0 ? kStages - 1 : slot - 1;
+        __syncthreads();  // every warp is done with the slot
+        const int rows_valid = min(kRows, p.group * p.seqlen_q - r0);
+        const bool whole = j0 == 0 && j0 + seg_len == cu.blocks;  // the whole group in this segment
+        const int piece_slot = 2 * c + (seg == 0 ? 0 : 1);
+        const int b = cu.b;
+        merge_warps<Shape, kMergePitch>(
+            p, reinterpret_cast<float*>(ring + last_slot * kSlot), o_acc, m, l, tid, warp, g, t, rows_valid,
+            [] { __syncthreads(); },
+            [&](int r, int col, const float (&o4)[4], float inv_l, float m_row, float l_row) {
+                const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
+                if (whole) {
+                    u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride + col;
+                    *reinterpret_cast<u32x2*>(o) = u32x2{pack2<Elem>(o4[0] * inv_l, o4[1] * inv_l),
+                                                         pack2<Elem>(o4[2] * inv_l, o4[3] * inv_l)};
+                    if (col == 0 && p.lse != nullptr)
+                        p.lse[(b * p.nheads + h) * p.seqlen_q + qi] = softmax_lse(m_row, l_row, p.softmax_scale);
+                } else {
+                    float* o = p.o_partial + (static_cast<i64>(piece_slot) * kRows + r) * p.head_dim_rounded + col;
+                    *reinterpret_cast<f32x4*>(o) = f32x4{o4[0] * inv_l, o4[1] * inv_l, o4[2] * inv_l, o4[3] * inv_l};
+                    if (col == 0)
+                        p.lse_partial[piece_slot * kRows + r] = l_row == 0.f ? neg_inf() : m_row * p.softmax_scale + logf(l_row);
+                }
+            });
+        if (whole) continue;  // the next item's barrier orders the merge's reads before the slot's next load
+        // ---- a piece: the last of the group's CTAs to finish merges the pieces ----
+        const int w_first = row_prefix[b] + cu.gl * cu.blocks;  // the group's first item
+        const int c_first = owner(w_first), pieces = owner(w_first + cu.blocks - 1) - c_first + 1;
+        __syncthreads();  // release: the partial stores, before thread 0's acq_rel count (kLightFence)
+        if (tid == 0) {
+            int* counter = p.split_counters + b * per_row + cu.gl;
+            const bool last = atom_add_acq_rel_gpu(counter, 1) == pieces - 1;
+            if (last) *counter = 0;  // every piece has counted: back to 0 for the next call
+            *last_flag = last;
+        }
+        __syncthreads();
+        if (!*last_flag) continue;  // acquire: thread 0's count, then the barrier (kLightFence)
+        // piece s is CTA c_first + s's: its range's first segment (slot 2c), but for s = 0 the
+        // last one (2c + 1) when that CTA's range began before the group
+        const bool first_later = static_cast<int>(static_cast<i64>(c_first) * total / ctas) < w_first;
+        for (int r = warp; r < rows_valid; r += kWarps) {
+            const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
+            combine_pieces<kHeadDim, Elem, true, true, kStreamPerLane>(
+                p, (b * p.nheads + h) * p.seqlen_q + qi, lane, pieces,
+                [&](int s) { return p.lse_partial + (2 * (c_first + s) + (s == 0 && first_later)) * kRows + r; },
+                [&](int s) {
+                    return p.o_partial
+                           + (static_cast<i64>(2 * (c_first + s) + (s == 0 && first_later)) * kRows + r) * p.head_dim_rounded;
+                });
         }
     }
 }

@@ -19,7 +19,8 @@ bulk> for the heuristic's config, its tiles with bulk rows (``bk1``) and with bu
 L2 evict-first policy (``bk2``), in that order; with ``--ring``, instead of the bulk rows, the
 heuristic's config with ring_fill 2 (``rf2``: the prologue fills the ring, loads before S) and
 with the dynamic block claims too (``rf2dyn``): ``sm__cycles_active.avg`` / ``.max`` then show
-how evenly the SMs' CTAs end.
+how evenly the SMs' CTAs end; with ``--stream``, instead, decode_splitkv_stream (stream-K) on
+the SMs' slots (``stream``) and on 128 CTAs (``stream128``).
 """
 import os
 import sys
@@ -86,7 +87,11 @@ def profile_shape(b, ctx):
 
     runs = [("sdpa_cudnn", cudnn),
             ("heuristic", lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens))]
-    if "--ring" in sys.argv:  # the full-ring prologue (loads before S) and the dynamic block claims
+    if "--stream" in sys.argv:  # decode_splitkv_stream (stream-K) on every SM, and on 128 CTAs
+        st = heur.replace(stream=True, ring_fill=0, dynamic=0, fused_combine=True, early_merge=True, light_fence=False)
+        runs += [("stream", lambda: kvcache_with_config(st, q, kc, vc, cache_seqlens=lens)),
+                 ("stream128", lambda: kvcache_with_config(st.replace(splits=128), q, kc, vc, cache_seqlens=lens))]
+    elif "--ring" in sys.argv:  # the full-ring prologue (loads before S) and the dynamic block claims
         rf2 = heur.replace(ring_fill=2)
         runs += [("rf2", lambda: kvcache_with_config(rf2, q, kc, vc, cache_seqlens=lens)),
                  ("rf2dyn", lambda: kvcache_with_config(rf2.replace(dynamic=True), q, kc, vc, cache_seqlens=lens))]

@@ -13,7 +13,7 @@ their kernels on disk):
   * tests/test_decode_resident_gpu.py: the 4-warp contiguous tiles and page 256 on the Hopper loop.
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -237,7 +237,22 @@ def claims_test_configs():
     return out
 
 
-GROUPS = {"claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
+def stream_test_configs():
+    """tests/test_decode_stream_gpu.py (STREAM_DEFAULT, contiguous and page 16; LIGHT_FENCE_DEFAULT)
+    and tests/decode_stream_sanitize.py."""
+    import test_decode_stream_gpu as t
+
+    sw = dict(STREAM_DEFAULT=True, STREAM_PAGED=True, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0,
+              LARGE_PAGE_TMA_MAX_KEYS=0, SMALL_PAGE_WARPS=8)
+    return [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
+                       **sw)
+            for b, sq, lens, h, hk, d, dtype, page, extra in t.CASES] + [
+        _heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0, **dict(sw, STREAM_DEFAULT=False),
+                   LIGHT_FENCE_DEFAULT=True)
+        for b, sq, lens, h, hk, d, dtype, page, extra in t.LF_CASES]
+
+
+GROUPS = {"stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

@@ -77,7 +77,8 @@ SWITCH_NAMES = ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP
                 "SMALL_PAGE_TMA_MAX_KEYS", "CONTIGUOUS_WARPS", "CONTIGUOUS_STAGES",
                 "SPLIT_RULE_RESIDENT_CONTIGUOUS", "LARGE_PAGE_TMA_MAX_KEYS", "LEAN_DEFAULT",
                 "BULK_DEFAULT", "BULK_PAGED_DEFAULT", "EARLY_MERGE_DEFAULT", "RING_FILL_DEFAULT",
-                "DYNAMIC_DEFAULT", "DYNAMIC_MAX_GROUPS", "DYNAMIC_MIN_KEYS")
+                "DYNAMIC_DEFAULT", "DYNAMIC_MAX_GROUPS", "DYNAMIC_MIN_KEYS", "STREAM_DEFAULT", "STREAM_PAGED",
+                "STREAM_FORCE_CTAS", "LIGHT_FENCE_DEFAULT", "STREAM_WHOLE_GROUPS")
 
 
 def base_config(problem, arch=(9, 0)):
@@ -86,7 +87,7 @@ def base_config(problem, arch=(9, 0)):
 
     return get("decode_splitkv").heuristic(problem, arch).replace(
         tma=False, fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, bulk=0,
-        early_merge=False, splits=0)
+        early_merge=False, light_fence=False, stream=False, splits=0)
 
 
 CANDIDATES = True   # --no-candidates: the heuristic, the proposals and SDPA only
@@ -353,6 +354,8 @@ def run_cell(name, page, reps, repeat, proposals, log, profile=False) -> list:
     heur_cfg = planned_config([k for k in decode_mod._gpu_plans if k not in before])
 
     def forced(cfg, splits):
+        if getattr(cfg, "stream", False):   # its CTA count (may pass flash-attn's 128-split limit) in the config
+            cfg, splits = cfg.replace(splits=splits), 0
         return [lambda q=q, kc=kc, vc=vc, t=t: kvcache_with_config(
             cfg, q, kc, vc, cache_seqlens=seqlens, block_table=t, num_splits=splits) for q, kc, vc, t in sets]
 

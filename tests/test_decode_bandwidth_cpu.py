@@ -22,8 +22,8 @@ def test_names_and_template_arguments():
     assert BASE.name == "decode_bf16_d128_w8_n16_s3_m1_c4"          # plain names unchanged
     both = BASE.replace(l2_prefetch=256, warp_loads=True)
     assert both.name == "decode_bf16_d128_w8_n16_s3_m1_c4_l2p256_wl"
-    assert BASE.template_args()[-8:-2] == (0, False, False, False, 0, False)
-    assert both.template_args()[-8:-2] == (256, True, False, False, 0, False)
+    assert BASE.template_args()[-9:-3] == (0, False, False, False, 0, False)
+    assert both.template_args()[-9:-3] == (256, True, False, False, 0, False)
     assert both.kernel_name() == ("cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, false, false, "
                                   "256, true>")
     for cfg in (BASE, both, both.replace(splits=9, fused_combine=True)):

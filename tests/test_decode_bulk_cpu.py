@@ -24,7 +24,7 @@ def test_names_template_arguments_smem():
     assert BASE.replace(early_merge=True).kernel_name().endswith("false, false, false, 0, true>")
     assert BASE.kernel_name().endswith("cuflash::bf16, true, false, 0, false>")   # plain names unchanged
     assert BASE.replace(lean=True).kernel_name().endswith("0, false, false, true>")
-    assert bk.template_args()[-4:-2] == (1, False) and BASE.template_args()[-4:-2] == (0, False)
+    assert bk.template_args()[-5:-3] == (1, False) and BASE.template_args()[-5:-3] == (0, False)
     assert bk.smem_bytes == BASE.smem_bytes + 3 * 8        # one mbarrier per ring slot
     for cfg in (bk, bk.replace(bulk=2, early_merge=True, splits=7)):
         assert FAM.decode(FAM.encode(cfg), "bf16", False) == cfg

@@ -22,8 +22,9 @@ def test_config_flags_are_appended_and_named():
     assert plain.name == "decode_bf16_d128_w8_n16_s3_m1_c4"  # plain names unchanged
     both = plain.replace(fused_combine=True, page_prefetch=True)
     assert both.name.endswith("_fc_pp") and plain.replace(fused_combine=True).name.endswith("_c4_fc")
-    assert plain.template_args() == (8, 16, 3, 1, 128, "bf16", False, False, 0, False, False, False, 0, False, 0, False)
-    assert both.template_args()[-10:-2] == (True, True, 0, False, False, False, 0, False)
+    assert plain.template_args() == (8, 16, 3, 1, 128, "bf16", False, False, 0, False, False, False, 0, False, 0, False,
+                                    False)
+    assert both.template_args()[-11:-3] == (True, True, 0, False, False, False, 0, False)
     assert both.kernel_name() == "cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, true, true, 0, false>"
     assert plain.kernel_name().endswith("cuflash::bf16, false, false, 0, false>")
     for cfg in (plain, both, both.replace(splits=17)):

@@ -60,7 +60,7 @@ def test_page_gather_heuristic_switch(monkeypatch):
 def test_kernel_source():
     src = render_source("decode_splitkv")
     assert ("bool kWarpLoads = false, bool kPageGather = false, bool kLean = false, int kBulk = 0,\n"
-            "          bool kEarlyMerge = false, int kRingFill = 0, int kDynamic = 0>") in src
+            "          bool kEarlyMerge = false, int kRingFill = 0, int kDynamic = 0, bool kLightFence = false>") in src
     # the split merge: a batch's loads, then a fence that keeps ptxas from sinking them, then sums
     merge = src[src.index("void combine_row("):src.index("// ---- decode_splitkv_tma")]
     loads, fence, sums = (merge.index("load_partial4<kL2Only>(o_s"), merge.index("__threadfence_block();"),

@@ -25,7 +25,7 @@ def test_names_template_arguments_smem_counters():
     assert BASE.kernel_name().endswith("256, false, false, false, 0, true>")   # unchanged without them
     assert rf.kernel_name().endswith("256, false, false, false, 0, true, 2>")
     assert dyn.kernel_name().endswith("0, true, 1, 1>")
-    assert rf.template_args()[-2:] == (2, False) and dyn.template_args()[-2:] == (1, True)
+    assert rf.template_args()[-3:-1] == (2, False) and dyn.template_args()[-3:-1] == (1, True)
     assert rf.smem_bytes == BASE.smem_bytes and dyn.smem_bytes == BASE.smem_bytes + 2 * 3 * 4
     groups = P.batch * P.nheads_kv
     assert FAM.counters(BASE, P) == groups and FAM.counters(dyn, P) == 2 * groups

@@ -77,7 +77,7 @@ def test_proposals():
 def test_all_configs_is_a_short_compile_list():
     prop = [dt.parse_switches("L2_PREFETCH_DEFAULT=256 SMALL_PAGE_WARPS=4")]
     configs = dt.all_configs(list(dt.CELLS), list(dt.PAGES), proposals=prop)
-    assert len(configs) <= 14 and len(set(configs)) == len(configs)
+    assert len(configs) <= 16 and len(set(configs)) == len(configs)   # 16: the heuristic's light_fence kernels besides the candidates'
     assert all(c.splits == 0 for c in configs)
 
 

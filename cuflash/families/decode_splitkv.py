@@ -279,6 +279,39 @@ DYNAMIC_MIN_KEYS = 65536
 DYNAMIC_SPACE = (0,)
 DYNAMIC_VALUES = (0, 1, 2)
 
+# stream (decode_splitkv_stream, stream-K): every group's K/V blocks as one list, cut into equal
+# ranges over C = SMs x resident CTAs (at most STREAM_MAX_CTAS); a range crosses group boundaries,
+# and a group's pieces are merged by the last of its CTAs (the fused combine's counters). The
+# split kernel gives every group the same number of CTAs, which leaves SMs idle (8 groups x 16
+# splits = 128 CTAs on 132 SMs; 32 x 8 groups on 132 SMs take 1.94 waves). Runs calls without a
+# window (causal only at seqlen_q 1) of at most STREAM_MAX_BATCH batch rows. The heuristic's
+# choice (contiguous caches, the contiguous tiles): off. H200 (session 21 round 4,
+# tests/decode_tma_timing.py --no-candidates --propose "STREAM_DEFAULT=1", CUDA graphs, against the
+# heuristic in the same process; logs/session21_dec11/r4): 1 x 8k 16.9 against 14.7 us, 1 x 32k 43.2 /
+# 40.2, 8 x 32k 271.9 / 268.6, 32 x 8k 272.1 / 264.8; faster than the claims at 1 x 64k (76.0 / 82.8)
+# and 1 x 128k (139.8 / 158.9) but slower than equal runs there (72.6 / 136.9). Idle SMs and partial
+# waves are not what keeps decode_splitkv under cuDNN.
+STREAM_DEFAULT = False
+STREAM_PAGED = False      # the heuristic's stream on paged caches too
+STREAM_FORCE_CTAS = 0     # tests: this many CTAs instead of the resident slots (0: the slots)
+# the CTA count: with at most as many groups as resident slots, the largest multiple of the groups
+# (8 groups on 132 SMs: 128 CTAs, 16 per group). H200 (session 21 round 3, CUDA graphs, 32:8 heads):
+# 128 CTAs against 132 at 1 x 32k 44.3 / 52.8 us, 1 x 128k 141.5 / 149.9, 8 x 32k 269.5 / 273.5
+STREAM_WHOLE_GROUPS = True
+STREAM_SPACE = (False,)
+STREAM_MAX_BATCH = 128    # kStreamMaxBatch: the per-row prefix the kernel keeps in shared memory
+STREAM_MAX_CTAS = 160     # kStreamPerLane: the merge of a group's pieces, 5 per lane of one warp
+STREAM_SMEM_INTS = 4 * STREAM_MAX_BATCH + 2
+# light_fence (the split kernel's fused combine): the count of finished splits without a
+# __threadfence per thread on either side (the CTA barrier and thread 0's acq_rel atomic; the
+# stream kernel always counts so). The heuristic's choice, for contiguous caches (paged ones not
+# timed): on. H200 (session 21 round 4, tests/decode_tma_timing.py --no-candidates --propose
+# "LIGHT_FENCE_DEFAULT=1", bf16 d 128 32:8 heads, CUDA graphs, 3 shuffled repeats, against the
+# heuristic in the same process; logs/session21_dec11/r4): 1 x 8k 14.4 against 14.7 us, 1 x 32k
+# 40.0 / 40.2, 1 x 64k 82.5 / 82.8, 1 x 128k 157.0 / 158.9, 8 x 32k (2 splits) 268.8 / 268.6; at 32 x
+# 8k (one split: no count) 266.5 / 264.8, the same code run (geomean 1.007); racecheck clean.
+LIGHT_FENCE_DEFAULT = True
+LIGHT_FENCE_SPACE = (False,)
 
 @dataclasses.dataclass(frozen=True, order=True)
 class DecodeConfig(KernelConfig):
@@ -324,6 +357,12 @@ class DecodeConfig(KernelConfig):
               the row's K/V blocks; 1 (fused_combine): a group's splits claim its blocks one at a
               time from a counter (kept with the fused combine's, ``counters``); 2: split s takes
               the group's blocks s, s + splits, ... (kDynamic)
+    stream:   (fused_combine; no other option of the loop) decode_splitkv_stream: every group's K/V
+              blocks as one list in equal ranges over ``splits`` CTAs (the SMs' resident slots),
+              a group's pieces merged by its last CTA; calls without a window (causal only at
+              seqlen_q 1), at most STREAM_MAX_BATCH rows
+    light_fence: (fused_combine, the split kernel) the finished splits' count without a fence per
+              thread: the CTA barrier and thread 0's acq_rel atomic (kLightFence)
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -353,6 +392,8 @@ class DecodeConfig(KernelConfig):
     early_merge: bool = False
     ring_fill: int = 0
     dynamic: int = 0
+    stream: bool = False
+    light_fence: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -378,7 +419,8 @@ class DecodeConfig(KernelConfig):
                  + ("_wl" if self.warp_loads else "") + ("_pg" if self.page_gather else "")
                  + ("_ln" if self.lean else "") + (f"_bk{self.bulk}" if self.bulk else "")
                  + ("_em" if self.early_merge else "") + (f"_rf{self.ring_fill}" if self.ring_fill else "")
-                 + ("_dyn" if self.dynamic == 1 else "_ilv" if self.dynamic == 2 else ""))
+                 + ("_dyn" if self.dynamic == 1 else "_ilv" if self.dynamic == 2 else "")
+                 + ("_stk" if self.stream else "") + ("_lf" if self.light_fence else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -387,6 +429,8 @@ class DecodeConfig(KernelConfig):
         """Q tile plus `stages` (K, V) blocks, rows padded by 8 elements (tma: plus the ring's
         full and empty mbarriers, 8 bytes each; bulk: one mbarrier per slot)."""
         tiles = (self.rows + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
+        if self.stream:   # a Q tile per ring slot, the per-row prefix
+            return tiles + (self.stages - 1) * self.rows * (self.head_dim + 8) * 2 + 4 * STREAM_SMEM_INTS
         claims = 2 * self.stages * 4 if self.dynamic else 0   # the block ids' ring
         return tiles + (2 * self.stages * 8 if self.tma else self.stages * 8 if self.bulk else 0) + claims
 
@@ -399,9 +443,12 @@ class DecodeConfig(KernelConfig):
         if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
+        if self.stream:
+            return (f"cuflash::decode_splitkv_stream<{self.warps}, {self.warp_n}, {self.stages}, "
+                    f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}, {int(self.l2_prefetch)}>")
         # the defaults (false, 0) of the trailing flags are left out
         trailing = [flag[self.page_gather], flag[self.lean], str(int(self.bulk)), flag[self.early_merge],
-                    str(int(self.ring_fill)), str(int(self.dynamic))]
+                    str(int(self.ring_fill)), str(int(self.dynamic)), flag[self.light_fence]]
         while trailing and trailing[-1] in ("false", "0"):
             trailing.pop()
         gather = "".join(f", {x}" for x in trailing)
@@ -410,12 +457,15 @@ class DecodeConfig(KernelConfig):
                 f"{flag[self.page_prefetch]}, {int(self.l2_prefetch)}, {flag[self.warp_loads]}{gather}>")
 
     def template_args(self) -> tuple:
+        if self.stream:
+            return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
+                    int(self.l2_prefetch))
         if self.tma:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype)
         return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                 bool(self.fused_combine), bool(self.page_prefetch), int(self.l2_prefetch),
                 bool(self.warp_loads), bool(self.page_gather), bool(self.lean), int(self.bulk),
-                bool(self.early_merge), int(self.ring_fill), int(self.dynamic))
+                bool(self.early_merge), int(self.ring_fill), int(self.dynamic), bool(self.light_fence))
 
     def _problems(self) -> list[str]:
         out = self._common_problems(MAX_HEAD_DIM)
@@ -446,7 +496,19 @@ class DecodeConfig(KernelConfig):
                                or (self.dynamic == 1 and not self.fused_combine)):
             out.append("dynamic: needs ring_fill >= 1 (and fused_combine for 1), and no bulk, page_prefetch, "
                        "warp_loads or tma")
-        if not 0 <= self.splits <= MAX_SPLITS:
+        if self.light_fence and (self.tma or self.stream or not self.fused_combine):
+            out.append("light_fence: an option of the split kernel's fused combine (fused_combine; the stream "
+                       "kernel always counts so)")
+        if self.stream:
+            if (not self.fused_combine or self.tma or self.bulk or self.page_prefetch or self.page_gather
+                    or self.warp_loads or self.lean or self.ring_fill or self.dynamic):
+                out.append("stream: needs fused_combine (its counters), and no tma, bulk, page_prefetch, "
+                           "page_gather, warp_loads, lean, ring_fill or dynamic")
+            if self.rows * (self.head_dim + 2) > self.warp_n * (self.head_dim + 8):
+                out.append("stream: the warps' merge must fit one ring slot (m_tiles 2 needs warp_n 32)")
+            if not 0 <= self.splits <= STREAM_MAX_CTAS:
+                out.append(f"stream: splits (CTAs) must be in 0..{STREAM_MAX_CTAS}, got {self.splits}")
+        elif not 0 <= self.splits <= MAX_SPLITS:
             out.append(f"splits must be in 0..{MAX_SPLITS} (0: heuristic), got {self.splits}")
         if not out and self.accum_regs > MAX_ACCUM_REGS:
             out.append(f"{self.accum_regs} fp32 accumulator registers per thread (O and S) "
@@ -572,6 +634,13 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
     resident slot (PAGED_SPLIT_RULE_RESIDENT; with c = 1 both models agree). Contiguous caches
     take that model under SPLIT_RULE_RESIDENT_CONTIGUOUS (co-resident CTAs overlap each other's
     prologue and epilogue with their streaming)."""
+    if getattr(config, "stream", False):   # the SMs' resident CTA slots (decode_splitkv_stream)
+        resident = ctas_per_sm(config, default_max_smem((9, 0)) if max_smem is None else max_smem)
+        slots = max(2, min(sm_count * resident, STREAM_MAX_CTAS))
+        groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
+        if STREAM_WHOLE_GROUPS and 0 < groups <= slots:   # ranges that do not cross groups (if the keys are equal)
+            slots = max(2, slots // groups * groups)
+        return STREAM_FORCE_CTAS or slots
     groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
     if groups == 0:
         return 1
@@ -593,6 +662,19 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
     return best
 
 
+def stream_problem(config, problem: Problem) -> str:
+    """'' when ``config``'s stream kernel (``stream``) can run ``problem``, else why not (naming the
+    argument); '' for a config without it."""
+    if not getattr(config, "stream", False):
+        return ""
+    if "window" in problem.features or (problem.causal and problem.seqlen_q > 1):
+        return ("window_size: the stream kernel (config stream) runs calls without a window, and causal "
+                "ones at seqlen_q 1 only")
+    if problem.batch > STREAM_MAX_BATCH:
+        return f"q: the stream kernel (config stream) runs at most {STREAM_MAX_BATCH} batch rows, got {problem.batch}"
+    return ""
+
+
 def _splits(config, problem: Problem, sm_count: int = 132) -> int:
     return config.splits or num_splits_for(config, problem, sm_count)
 
@@ -606,7 +688,8 @@ class DecodeSplitKV(Family):
              "split_cost": (2, 4, 8), "fused_combine": (False, True), "page_prefetch": (False, True),
              "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE,
              "page_gather": PAGE_GATHER_SPACE, "lean": LEAN_SPACE, "bulk": BULK_SPACE,
-             "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE, "dynamic": DYNAMIC_SPACE}
+             "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE, "dynamic": DYNAMIC_SPACE,
+             "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -671,6 +754,8 @@ class DecodeSplitKV(Family):
             cfg = cfg.replace(bulk=bulk, l2_prefetch=0)   # sm_90 only; whole blocks take no cp.async hint
         if EARLY_MERGE_DEFAULT and cfg.fused_combine:
             cfg = cfg.replace(early_merge=True)
+        if LIGHT_FENCE_DEFAULT and cfg.fused_combine and "paged_kv" not in problem.features:
+            cfg = cfg.replace(light_fence=True)
         if RING_FILL_DEFAULT:
             cfg = cfg.replace(ring_fill=RING_FILL_DEFAULT)
         groups = problem.batch * problem.nheads_kv * row_blocks(cfg, problem)
@@ -678,12 +763,19 @@ class DecodeSplitKV(Family):
                 and problem.seqlen_k >= DYNAMIC_MIN_KEYS and (cfg.fused_combine or DYNAMIC_DEFAULT == 2)
                 and not (cfg.bulk or cfg.page_prefetch or cfg.warp_loads)):
             cfg = cfg.replace(dynamic=DYNAMIC_DEFAULT, ring_fill=max(cfg.ring_fill, 1))   # see DYNAMIC_DEFAULT
+        if (STREAM_DEFAULT and ("paged_kv" not in problem.features or STREAM_PAGED) and cfg.fused_combine
+                and not cfg.bulk and d <= 128 and m_tiles == 1
+                and not stream_problem(cfg.replace(stream=True, ring_fill=0, dynamic=0), problem)):
+            cfg = cfg.replace(stream=True, ring_fill=0, dynamic=0, lean=False, light_fence=False, warps=CONTIGUOUS_WARPS,
+                              stages=CONTIGUOUS_STAGES)   # see STREAM_DEFAULT
+            if cfg.problems(max_smem):
+                cfg = cfg.replace(stream=False)
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
             tma = cfg.replace(fused_combine=False, page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False,
                               lean=False, bulk=0, early_merge=False, ring_fill=0, dynamic=0, tma=True,
-                              split_cost=TMA_SPLIT_COST)
+                              split_cost=TMA_SPLIT_COST, stream=False, light_fence=False)
             for shrink in ({}, {"warps": 4, "stages": 2 * stages}, {"warps": 4, "stages": stages},
                            {"warps": 4, "stages": 2}):
                 candidate = tma.replace(**shrink)
@@ -703,7 +795,8 @@ class DecodeSplitKV(Family):
         (tuned tables and recorded studies from before them) gets False / 0 / False / False: the
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
-                 "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, **point}
+                 "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
+                 **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -736,6 +829,11 @@ class DecodeSplitKV(Family):
         and the heuristic's choice (``heuristic``) without the cp.async loop's options takes, for
         small pages (TMA_PAGED_MAX_PAGE), the Hopper loop on sm_90 (TMA_PAGED_DEFAULT) or else
         the cp.async loop with SMALL_PAGE_WARPS warps (4: 3 stages, two CTAs per SM)."""
+        why = stream_problem(config, problem)
+        if why:
+            if not chosen:
+                raise ValueError(why)
+            config = config.replace(stream=False)
         why = self.tma_problem(config, problem, arch, page_size)
         if why:
             if not chosen:
@@ -744,18 +842,18 @@ class DecodeSplitKV(Family):
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
-        if (chosen and heuristic and not config.tma and not config.page_prefetch
+        if (chosen and heuristic and not config.tma and not config.page_prefetch and not config.stream
                 and ((TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE or large_page_tma)):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
-                                 early_merge=False, ring_fill=0, dynamic=0)
+                                 early_merge=False, ring_fill=0, dynamic=0, light_fence=False)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
         if (chosen and heuristic and SMALL_PAGE_WARPS != 8 and SMALL_PAGE_WARPS != config.warps
-                and 0 < page_size < TMA_PAGED_MAX_PAGE and not config.tma):  # 8: off, the contiguous tiles
+                and 0 < page_size < TMA_PAGED_MAX_PAGE and not config.tma and not config.stream):  # 8: off
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             small = config.replace(warps=SMALL_PAGE_WARPS, stages=3 if config.head_dim <= 128 else 2)
             if not small.problems(max_smem):
@@ -777,8 +875,8 @@ class DecodeSplitKV(Family):
         out = []
         if "append" in p.features:  # first: the main kernel reads what it writes
             out.append(LaunchSpec("append", (APPEND_CTAS, p.batch), APPEND_THREADS, 0))
-        out.append(LaunchSpec("main", (splits, p.nheads_kv * row_blocks(config, p), p.batch),
-                              config.threads, config.smem_bytes))
+        grid = (splits, 1, 1) if getattr(config, "stream", False) else (splits, p.nheads_kv * row_blocks(config, p), p.batch)
+        out.append(LaunchSpec("main", grid, config.threads, config.smem_bytes))
         if splits > 1 and not config.fused_combine:
             rows = p.batch * p.nheads * p.seqlen_q
             out.append(LaunchSpec("combine", (-(-rows // COMBINE_ROWS),), 32 * COMBINE_ROWS, 0))
@@ -812,6 +910,8 @@ class DecodeSplitKV(Family):
         splits = _splits(config, p)
         out, end = {}, 0
         rows = p.batch * p.nheads * p.seqlen_q
+        if getattr(config, "stream", False):   # 2 pieces of kRows rows per CTA, for any SM count
+            splits, rows = STREAM_MAX_CTAS, 2 * config.rows
         if splits > 1:
             out["o_partial"] = end
             end = -(-(end + splits * rows * config.head_dim * 4) // ALIGN) * ALIGN
