@@ -332,6 +332,29 @@ def test_decode_cuda_graph():
         assert torch.equal(static["k_cache"], kc) and torch.equal(static["v_cache"], vc)
 
 
+
+def replays_match_eager(static, lengths, replays=3, tol=1.6e-2):
+    """Capture flash_attn_with_kvcache(**static) (no appended tokens) in a CUDA graph; then for each
+    entry of ``lengths`` set cache_seqlens and fresh queries, replay, and check the graph's output against
+    an eager call on the same inputs within ``tol`` (the splits' order may differ between calls)."""
+    torch = _torch()
+    flash_attn_with_kvcache(**static)      # warm-up: plan, counters, kernels
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flash_attn_with_kvcache(**static)
+    for step, lens in enumerate(lengths):
+        static["cache_seqlens"].copy_(torch.tensor(lens, dtype=torch.int32))
+        static["q"].copy_(torch.randn_like(static["q"]))
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+        got = out.clone()
+        eager = flash_attn_with_kvcache(**static)
+        torch.cuda.synchronize()
+        err = (got.float() - eager.float()).abs().max().item()
+        assert err <= tol, f"step {step}: replay differs from eager by {err}"
+
 def test_decode_empty_and_errors():
     torch = _torch()
     rng = np.random.default_rng()

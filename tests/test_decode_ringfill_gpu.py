@@ -20,7 +20,7 @@ import pytest
 from cuflash import _gpu, api, decode
 from cuflash.families import decode_splitkv as fam_mod
 
-from test_decode_gpu import _torch, check_call, check_ragged_case, make_case
+from test_decode_gpu import _torch, check_call, check_ragged_case, make_case, replays_match_eager
 
 pytestmark = [pytest.mark.gpu]
 
@@ -105,27 +105,11 @@ def test_dynamic_cuda_graph(monkeypatch):
     before the capture) replayed with new lengths and queries: each replay matches an eager call
     on the same inputs within bf16 rounding (the blocks' order differs between calls)."""
     _options(monkeypatch, 2, 1)
-    torch = _torch()
     rng = np.random.default_rng()
     args = make_case(rng, 1, 1, [131072], 32, 8, 128, "bf16")
     cap = args["k_cache"].shape[1]
-    static = dict(args)
-    decode.flash_attn_with_kvcache(**static)      # warm-up: plan, counters, kernels
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = decode.flash_attn_with_kvcache(**static)
-    for step in range(4):
-        lens = rng.integers(70000, cap, size=1)   # >= 32 blocks per split: the claims
-        static["cache_seqlens"].copy_(torch.tensor(lens, dtype=torch.int32))
-        static["q"].copy_(torch.randn_like(static["q"]))
-        for _ in range(3):
-            graph.replay()
-        torch.cuda.synchronize()
-        eager = decode.flash_attn_with_kvcache(**static)
-        torch.cuda.synchronize()
-        err = (out.float() - eager.float()).abs().max().item()
-        assert err <= 1.6e-2, f"step {step}: replay differs from eager by {err}"
+    lengths = [rng.integers(70000, cap, size=1) for _ in range(4)]   # >= 32 blocks per split: the claims
+    replays_match_eager(dict(args), lengths)
     _ran(2, 1)
 
 

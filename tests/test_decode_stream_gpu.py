@@ -19,7 +19,7 @@ import pytest
 from cuflash import decode
 from cuflash.families import decode_splitkv as fam_mod
 
-from test_decode_gpu import _torch, check_call, make_case
+from test_decode_gpu import _torch, check_call, make_case, replays_match_eager
 from test_decode_ringfill_gpu import _poison  # noqa: F401  (autouse: outputs poisoned, skip without a GPU)
 
 pytestmark = [pytest.mark.gpu]
@@ -82,28 +82,11 @@ def test_stream_cuda_graph(monkeypatch):
     with new lengths and queries (all rows empty first: no CTA has items): each replay matches an
     eager call on the same inputs within bf16 rounding."""
     _options(monkeypatch)
-    torch = _torch()
     rng = np.random.default_rng()
     args = make_case(rng, 4, 1, [65536, 1000, 30000, 5], 32, 8, 128, "bf16")
     cap = args["k_cache"].shape[1]
-    static = dict(args)
-    decode.flash_attn_with_kvcache(**static)      # warm-up: plan, counters, kernels
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = decode.flash_attn_with_kvcache(**static)
-    for step in range(4):
-        lens = rng.integers(0, cap, size=4) if step else np.zeros(4, np.int64)   # step 0: no items at all
-        static["cache_seqlens"].copy_(torch.tensor(lens, dtype=torch.int32))
-        static["q"].copy_(torch.randn_like(static["q"]))
-        for _ in range(3):
-            graph.replay()
-        torch.cuda.synchronize()
-        got = out.clone()
-        eager = decode.flash_attn_with_kvcache(**static)
-        torch.cuda.synchronize()
-        err = (got.float() - eager.float()).abs().max().item()
-        assert err <= 1.6e-2, f"step {step}: replay differs from eager by {err}"
+    lengths = [np.zeros(4, np.int64)] + [rng.integers(0, cap, size=4) for _ in range(3)]   # first: no items at all
+    replays_match_eager(dict(args), lengths)
     _ran_stream()
 
 
