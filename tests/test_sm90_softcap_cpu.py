@@ -244,9 +244,10 @@ def emu_configs():
         for dtype in ("bf16", "fp16"):
             for causal in (False, True):
                 p = cap_problem(d=d, dtype=dtype, causal=causal)
-                # (fold_cap and lazy_rescale, the d128 heuristic's, do not run with emu_exp2)
+                # (fold_cap, lazy_rescale and masked_copy, the d128 heuristic's, do not run with emu_exp2)
                 out.append(FAM.for_problem(FAM.heuristic(p), p).replace(emu_exp2=2, fold_cap=0,
-                                                                        lazy_rescale=False))
+                                                                        lazy_rescale=False,
+                                                                        masked_copy=0))
     for dtype in ("bf16", "fp16"):
         p = cap_problem(d=64, dtype=dtype, causal=dtype == "bf16")
         out += [FAM.for_problem(FAM.heuristic(p), p).replace(emu_exp2=e) for e in (1, 3)]
