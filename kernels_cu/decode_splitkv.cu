@@ -265,7 +265,10 @@ __device__ __forceinline__ f32x4 load_partial4(const float* addr) {
 // L2 round trips overlap (false: the LSE first, then the O_s batches).
 // combine_pieces merges n_pieces partials of one row: piece s's LSE at lse_at(s), its O at o_at(s)
 // (a float pointer to the row's head_dim_rounded values); kPerLane · 32 pieces at most. combine_row
-// is it over the splits of decode_splitkv's workspace (split s of row R at s · rows + R).
+// below is the same merge over the splits of decode_splitkv's workspace (split s of row R at s · rows + R),
+// kept as its own copy: written as a call of this one, ptxas schedules the default decode kernels
+// differently (session 21, cuobjdump sm_90a), and those kernels are the measured ones. Only the stream-K
+// kernel (off by default) calls combine_pieces; fold the two together when the defaults are re-timed.
 template <int kHeadDim, class Elem, bool kL2Only, bool kEarly = false, int kPerLane = 4, class LseAt, class OAt>
 __device__ __forceinline__ void combine_pieces(const DecodeParams& p, int row_id, int lane, int n_pieces,
                                                LseAt&& lse_at, OAt&& o_at) {

@@ -287,7 +287,7 @@ DYNAMIC_VALUES = (0, 1, 2)
 # window (causal only at seqlen_q 1) of at most STREAM_MAX_BATCH batch rows. The heuristic's
 # choice (contiguous caches, the contiguous tiles): off. H200 (session 21 round 4,
 # tests/decode_tma_timing.py --no-candidates --propose "STREAM_DEFAULT=1", CUDA graphs, against the
-# heuristic in the same process; logs/session21_dec11/r4): 1 x 8k 16.9 against 14.7 us, 1 x 32k 43.2 /
+# heuristic in the same process; results/NVIDIA_H200/logs/session21_dec11/r4): 1 x 8k 16.9 against 14.7 us, 1 x 32k 43.2 /
 # 40.2, 8 x 32k 271.9 / 268.6, 32 x 8k 272.1 / 264.8; faster than the claims at 1 x 64k (76.0 / 82.8)
 # and 1 x 128k (139.8 / 158.9) but slower than equal runs there (72.6 / 136.9). Idle SMs and partial
 # waves are not what keeps decode_splitkv under cuDNN.
@@ -307,7 +307,7 @@ STREAM_SMEM_INTS = 4 * STREAM_MAX_BATCH + 2
 # stream kernel always counts so). The heuristic's choice, for contiguous caches (paged ones not
 # timed): on. H200 (session 21 round 4, tests/decode_tma_timing.py --no-candidates --propose
 # "LIGHT_FENCE_DEFAULT=1", bf16 d 128 32:8 heads, CUDA graphs, 3 shuffled repeats, against the
-# heuristic in the same process; logs/session21_dec11/r4): 1 x 8k 14.4 against 14.7 us, 1 x 32k
+# heuristic in the same process; results/NVIDIA_H200/logs/session21_dec11/r4): 1 x 8k 14.4 against 14.7 us, 1 x 32k
 # 40.0 / 40.2, 1 x 64k 82.5 / 82.8, 1 x 128k 157.0 / 158.9, 8 x 32k (2 splits) 268.8 / 268.6; at 32 x
 # 8k (one split: no count) 266.5 / 264.8, the same code run (geomean 1.007); racecheck clean.
 LIGHT_FENCE_DEFAULT = True

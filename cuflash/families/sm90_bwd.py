@@ -199,7 +199,7 @@ DYNAMIC_FEATURES = frozenset({("window",)})
 # * WINDOW_DQ_CONVERT: dq_convert (the dQ convert inside the main kernel, no third launch).
 # Measured (session 21, win3, round 1: tests/features_overhead_timing.py --quick --mask both --features window
 # --bwd-pass, bf16 d128 batch 2 x 16 heads x 8k, window 1024 causal / 1024 x 1024 full, x the plain call in
-# the same process over the visible share; on an H200; logs/session21_win3/round1.md), backward alone, causal /
+# the same process over the visible share; on an H200; results/NVIDIA_H200/logs/session21_win3/round1.md), backward alone, causal /
 # full: the heuristic before 1.420 / 1.223, dq_first 1.391 / 1.204, wide_epi 1.322 / 1.174, both 1.278 /
 # 1.157, both + dq_convert 1.324 / 1.163; forward + backward 1.512 / 1.300 -> both 1.416 / 1.233 (+ dq_convert
 # 1.447 / 1.240). dq_first and wide_epi on for bf16 d128 (fp16 not measured); dq_convert off. Round 3 (as shipped,
@@ -468,7 +468,7 @@ DROPOUT_PLAIN = False
 # {head dim: form} (dropout alone, fixed lengths, unordered: Sm90BwdConfig.problems); a config's own
 # form is kept. Measured (session 21, an H200, tests/sm90_dropout_timing.py, bf16 8k, batch x seqlen
 # 16k, 2048 / d heads, p 0.1, x the plain call of the same process, full / causal;
-# logs/session21_drp6/): round 1, d128 backward 1.590 / 1.612 -> form 1 1.538 / 1.552, form 2 1.496 /
+# results/NVIDIA_H200/logs/session21_drp6/): round 1, d128 backward 1.590 / 1.612 -> form 1 1.538 / 1.552, form 2 1.496 /
 # 1.498, forward + backward 1.539 / 1.588 -> 1.446 / 1.450 (form 2); ncu (causal): 1241M -> 1045M
 # instructions, 4.87 -> 4.41 ms. Round 3, backward, form 0 -> 1 -> 2: d128 1.614 -> 1.546 -> 1.442 /
 # 1.650 -> 1.573 -> 1.480, d64 2.140 -> 1.993 -> 1.882 / 2.063 -> 1.917 -> 1.884; forward + backward

@@ -324,7 +324,7 @@ FEATURE_LAZY_RESCALE = False
 # drops it per call where one has none.
 # Measured (session 21, win3, round 1: tests/features_overhead_timing.py --quick --mask both --features window,
 # bf16 d128 batch 2 x 16 heads x 8k, window 1024 causal / 1024 x 1024 full, forward x the plain call over the
-# visible share; an H200; logs/session21_win3/round1.md), causal / full: the heuristic (dynamic + TMA store)
+# visible share; an H200; results/NVIDIA_H200/logs/session21_win3/round1.md), causal / full: the heuristic (dynamic + TMA store)
 # 1.338 / 1.213; with tile_overlap 1.328 / 1.230, static + TMA store + tile_overlap 1.311 / 1.175, dynamic +
 # two Q buffers 1.323 / 1.235; without the TMA store 1.41-1.44 / 1.23-1.29 (three stages 1.409 / 1.248).
 # Round 3 (as shipped; round3.md): static + TMA store + tile_overlap 1.325 / 1.173, the former default 1.338 /
@@ -372,7 +372,7 @@ FOLD4_TIMING = False
 # MUFU.EX2: the exp2s wait for the last tanh, and the software exp2's FMA work has only the exp2s'
 # burst to hide under). 1 copies the fixed-max step, 2 the row-max step too. Measured (session 21,
 # tests/softcap_fixed_timing.py, d128 8k, x the plain forward of the same process, on one H200 of a
-# 4-GPU host: results/NVIDIA_H100_80GB_HBM3/softcap_session21.md): bf16 cap 30 (fixed max) causal
+# 4-GPU host: results/NVIDIA_H200/softcap_session21.md): bf16 cap 30 (fixed max) causal
 # 1.405 -> 1.232 (1), full 1.360 -> 1.315 (1, with emu_exp2 1); the row-max copy (2) at bf16 cap 80
 # causal 1.435 -> 1.481, full 1.403 -> 1.403, fp16 cap 30 causal 1.380 -> 1.414 / 1.441 -> 1.469,
 # full 1.521 -> 1.360 / 1.498 -> 1.344 (two runs). Round 4, the shipped choice against main's kernel in
