@@ -131,18 +131,29 @@ SHAPES = [(2, 113, 113, 4, 4), (1, 17, 1023, 4, 1), (1, 2049, 1023, 2, 2), (3, 1
 @pytest.mark.parametrize("form", [1, 2, 4])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_s{}x{}_h{}x{}".format(*s))
-def test_drop_early_equals_drop_packed_bit_for_bit(shape, causal, form):
+def test_drop_early_equals_drop_packed_bit_for_bit(shape, causal, form, monkeypatch):
     import torch
 
     import cuflash
+    from cuflash import api
+    from cuflash.families import sm90_fwd
 
     require_sm90()
+    # for_problem gives a dropout-alone config without drop_early DROPOUT_EARLY's form, so the
+    # drop_packed twin (drop_early 0) would run form 1 too: keep each config's own form here, and
+    # build the plans afresh (a cached plan may carry the switch's form)
+    monkeypatch.setattr(sm90_fwd, "DROPOUT_EARLY", {})
+    api._drop_plans()
+    monkeypatch.setattr(api, "_feature_plans", {})
     b, sq, sk, h, h_kv = shape
     if form == 2 and causal:
         pytest.skip("form 2's causal kernel: the mask tests (the BN 128 drop_packed twin compiled for the full mask only)")
     if form == 4 and causal:
         pytest.skip("drop_early 4: non-causal only")
     early, packed, bwd = configs(causal, form)
+    problem = problem_of(b, sq, sk, h, h_kv, causal)
+    fam = cuflash.registry.get("sm90_fwd")
+    assert fam.for_problem(packed, problem).drop_early == 0 and fam.for_problem(early, problem).drop_early == form
     gen = torch.Generator(device="cuda").manual_seed(sq * 7919 + sk)
     q = torch.randn(b, sq, h, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
     k = torch.randn(b, sk, h_kv, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
