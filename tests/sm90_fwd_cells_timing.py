@@ -81,16 +81,32 @@ CANDIDATES = {
     "cl_pvo": dict(cluster=True, pv_overlap=True),
     "nost_cl": dict(stream_tail=False, cluster=True),
     "nost_cl_pvo": dict(stream_tail=False, cluster=True, pv_overlap=True),
+    # lazy_rescale (kLazyRescale, FA4's: O rescaled only when a row's max moves by > 2^8) on the plain call,
+    # and even_waves (the static persistent grid sized to equal tile counts: 128 CTAs of 8 tiles for 1024)
+    "lazy": dict(lazy_rescale=True),
+    "ev": dict(even_waves=True),
+    "lazy_ev": dict(lazy_rescale=True, even_waves=True),
+    "nost_lazy": dict(stream_tail=False, lazy_rescale=True),
+    "nost_ev": dict(stream_tail=False, even_waves=True),
+    "nost_lazy_ev": dict(stream_tail=False, lazy_rescale=True, even_waves=True),
+    # rag_keys (kRagKeys): the ragged last K/V block's P V at rag_keys / 16 steps (-1: the call's)
+    "rag": dict(rag_keys=-1),
+    "lazy_rag": dict(rag_keys=-1, lazy_rescale=True),
+    "lazy_rag_ev": dict(rag_keys=-1, lazy_rescale=True, even_waves=True),
+    "nost_rag": dict(stream_tail=False, rag_keys=-1),
+    "nost_lazy_rag": dict(stream_tail=False, rag_keys=-1, lazy_rescale=True),
 }
 # (head dim, causal, seqlen) -> the rows of that cell, bf16 (rows equal to the heuristic's config or an
 # earlier row's, or invalid, are left out)
 CELLS = {
-    (256, False, 2048): ("heur", "st", "tov", "pvo", "tov_pvo", "st_pvo", "cl", "cl_pvo"),
-    (256, False, 4096): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl"),
+    (256, False, 2048): ("heur", "st", "tov", "pvo", "tov_pvo", "st_pvo", "cl", "cl_pvo", "lazy", "ev", "lazy_ev",
+                         "tree", "rag", "lazy_rag", "lazy_rag_ev"),
+    (256, False, 4096): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl", "nost_lazy", "nost_ev", "nost_lazy_ev",
+                         "nost_rag", "nost_lazy_rag"),
     (256, False, 8192): ("heur", "st", "nost", "pvo"),
     (256, False, 16384): ("heur", "st", "nost", "pvo"),
     (128, False, 2048): ("heur", "st", "nost", "pvo"),
-    (128, False, 16384): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl"),
+    (128, False, 16384): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl", "nost_lazy", "nost_ev"),
     (64, False, 2048): ("heur", "st_static", "pvo"),
     (256, True, 2048): ("heur", "pvo"),
     (128, True, 8192): ("heur", "pvo"),
@@ -100,10 +116,12 @@ CELLS = {
 # the fp16 cells' rows (fewer: the compile budget). tile_overlap (tov*, non-causal only): the version of
 # session 16's round B was serialized by ptxas (0.5-0.8x); these rows time the loop-rotated one
 FP16_CELLS = {
-    (256, False, 2048): ("heur", "st", "pvo", "cl"),
-    (256, False, 4096): ("heur", "st", "nost", "nost_cl"),
+    (256, False, 2048): ("heur", "st", "pvo", "cl", "lazy", "ev", "lazy_ev", "tree", "rag", "lazy_rag",
+                         "lazy_rag_ev"),
+    (256, False, 4096): ("heur", "st", "nost", "nost_cl", "nost_lazy", "nost_ev", "nost_lazy_ev",
+                         "nost_rag", "nost_lazy_rag"),
     (128, False, 2048): ("heur", "st", "nost"),
-    (128, False, 16384): ("heur", "st", "nost", "nost_cl"),
+    (128, False, 16384): ("heur", "st", "nost", "nost_cl", "nost_lazy", "nost_ev"),
 }
 
 
@@ -124,6 +142,8 @@ def cell_configs(dtype, d, causal, s, rows, quiet=False):
             if not quiet:
                 print(f"  skipped {key}: {exc}")
             continue
+        if getattr(cfg, "rag_keys", 0) == -1:   # the call's ragged block (sm90_fwd for_problem)
+            cfg = fam.for_problem(cfg, problem)
         if key != "heur" and (cfg == heur or cfg in out.values()):
             continue
         why = cfg.problems(227 * 1024)

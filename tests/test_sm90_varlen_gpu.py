@@ -271,3 +271,16 @@ def test_sm90_varlen_backward_forced(varlen_bwd_on, dtype, causal, deterministic
         again = varlen_torch.backward(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, scale, causal,
                                       deterministic, cfg)
         assert all(torch.equal(a, b) for a, b in zip(grads, again))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm90_varlen_backward_d96_selected(varlen_bwd_on, monkeypatch, causal):
+    """Head dim 96 with sm90_bwd.VARLEN_SMALL_D holding 96: selection runs the varlen backward on
+    sm90_bwd's d128 kernel (columns 96..127 zero-filled), through autograd, GQA."""
+    need_sm90()
+    from cuflash.families import sm90_bwd
+
+    monkeypatch.setattr(sm90_bwd, "VARLEN_SMALL_D", sm90_bwd.VARLEN_SMALL_D | {96})
+    check_varlen(LENS_Q, LENS_K, 6, 2, 96, "bf16", causal, what=f"sm90_bwd d96 causal={causal}: ")
+    bwd = [p for p in varlen._plans.values() if p.family.op == "bwd"]
+    assert bwd and all(p.family.name == "sm90_bwd" and p.config.varlen for p in bwd)

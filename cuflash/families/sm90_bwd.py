@@ -454,6 +454,9 @@ DROPOUT_BY_DEFAULT = True
 # its correctness: tests/test_sm90_varlen_gpu.py (d64 forced). 96: not timed, fa2_bwd. Plain varlen calls
 # only (the features' varlen backwards at d64 keep fa2_bwd: not timed).
 VARLEN_SMALL_D: frozenset = frozenset({64})
+# The same for varlen calls with features (window, softcap, ALiBi, dropout: VARLEN_FEATURES), by kernel
+# head dim: 64 (head dims <= 64) and 96 (65..96). Empty: fa2_bwd runs them, as before the constant existed.
+VARLEN_SMALL_D_FEATURES: frozenset = frozenset()
 # Whether a dropout call (dropout alone, head dim 128, non-causal, unordered, fixed lengths) runs the
 # plain heuristic's speed flags (DROPOUT_PLAIN_FLAGS: the dynamic scheduler, ds_double, dq_early,
 # dk_late, frag_pin with dq_writer), the one set of them that ptxas builds without spills next to the
@@ -1091,10 +1094,10 @@ class Sm90Backward(Family):
         if "dropout" in problem.features and not DROPOUT_BY_DEFAULT:
             return -1
         d = problem.head_dim
-        if "varlen" in problem.features and d <= 96 and not (
-                tuple(problem.features) == ("varlen",) and (64 if d <= 64 else 96) in VARLEN_SMALL_D):
+        if "varlen" in problem.features and d <= 96 and (64 if d <= 64 else 96) not in (
+                VARLEN_SMALL_D if tuple(problem.features) == ("varlen",) else VARLEN_SMALL_D_FEATURES):
             return -1   # varlen at d <= 96: fa2_bwd where the 2-consumer tiles are not timed (VARLEN_SMALL_D:
-            #             plain varlen calls; with window / softcap / ALiBi / dropout fa2_bwd as before)
+            #             plain varlen calls; VARLEN_SMALL_D_FEATURES: with window / softcap / ALiBi / dropout)
         if d > 128:
             above = D256_ABOVE_FA2 if d > 192 else D192_ABOVE_FA2
         else:

@@ -535,10 +535,23 @@ class Sm90FwdConfig(KernelConfig):
                an even number of Q blocks (for_problem drops it otherwise), head dims 96 / 128 / 256;
                not with stream_tail, tile_overlap, q_double. Measured 20-30% slower (HEURISTIC_CLUSTER's
                note): off, outside the tuning space
+    rag_keys:  0, or the keys of the ragged last K/V block (a multiple of 16 below BN; -1: the call's,
+               seqlen_k % BN where that is a multiple of 16, else 0, set by for_problem): that block (the
+               first the loop visits) runs its P V at rag_keys / 16 k16 steps (kRagKeys,
+               kernels_cu/sm90_fwd.cu), not over the zero-filled keys' full width. The
+               kernel checks per tile that the block holds at most rag_keys keys (else the full width).
+               Plain non-causal fixed-length calls; not with tile_overlap, stream_tail, cluster,
+               pv_overlap, p_smem (for_problem drops it)
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
                the kernel, its name expression and its SASS are the same for every value
+    even_waves: the static persistent grid sized so that every CTA takes the same number of tiles
+               give or take one in the fewest waves (even_waves_grid: 1024 tiles on 132 SMs ->
+               128 CTAs of 8 tiles, where 132 CTAs run 100 x 8 + 32 x 7: the same 8 waves, 4 SMs
+               idle instead of 32 CTAs idle in the last one). The launch's grid only: the kernel,
+               its name expression and its SASS are those of the config without it. Static
+               persistent only (no dynamic, stream_tail, cluster)
     """
 
     BM: int
@@ -572,7 +585,9 @@ class Sm90FwdConfig(KernelConfig):
     pv_overlap: bool = False
     cluster: bool = False
     masked_copy: int = 0
-    section: int = 0               # (last: a run-time param, not a template argument)
+    rag_keys: int = 0
+    section: int = 0               # (a run-time param, not a template argument)
+    even_waves: bool = False       # (last: the launch's grid, not a template argument)
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -595,7 +610,8 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_tov' if self.tile_overlap else ''}"
                 f"{'_dpk' if self.drop_packed else ''}{'_dpe' if self.drop_early == 1 else f'_dpe{self.drop_early}' if self.drop_early else ''}"
                 f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}{'_cl2' if self.cluster else ''}"
-                f"{f'_mcp{self.masked_copy}' if self.masked_copy else ''}")
+                f"{f'_mcp{self.masked_copy}' if self.masked_copy else ''}{f'_rag{self.rag_keys}' if self.rag_keys else ''}"
+                f"{'_ev' if self.even_waves else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -669,8 +685,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{int(self.drop_early)}",                                        # kDropEarly
                 f"{'true' if self.stream_tail else 'false'}",                     # kStreamTail
                 f"{'true' if self.pv_overlap else 'false'}",                      # kPvOverlap
-                f"{self.masked_copy}"]                                            # kMaskedCopy last
-        used = (18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{self.masked_copy}",                                            # kMaskedCopy
+                f"{self.rag_keys}"]                                               # kRagKeys last
+        used = (19 if self.rag_keys else 18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -690,7 +707,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
                 self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail,
-                self.pv_overlap, self.masked_copy)
+                self.pv_overlap, self.masked_copy, self.rag_keys)
 
     def _problems(self) -> list[str]:
         out = []
@@ -837,6 +854,18 @@ class Sm90FwdConfig(KernelConfig):
                 if getattr(self, flag):
                     out.append(f"{flag} with window / softcap / ALiBi / dropout (or their softmax variants) "
                                "is not implemented: plain calls only")
+        if self.rag_keys not in (-1, 0) and (self.rag_keys % 16 or not 0 < self.rag_keys < self.BN):
+            out.append(f"rag_keys must be 0, -1 (the call's) or a multiple of 16 below BN={self.BN}, got {self.rag_keys}")
+        if self.rag_keys and (self.causal or self.window or self.softcap or self.alibi or self.dropout or self.varlen
+                              or self.tile_overlap or self.stream_tail or self.cluster or self.pv_overlap
+                              or self.p_smem or self.fold_cap or self.emu_exp2):
+            out.append("rag_keys narrows the ragged last K/V block of plain non-causal fixed-length calls: not with "
+                       "causal / window / softcap / ALiBi / dropout / varlen, tile_overlap, stream_tail, cluster, "
+                       "pv_overlap, p_smem (kRagKeys' static_assert)")
+        if self.even_waves and not (self.persistent and not self.dynamic and not self.stream_tail
+                                    and not self.cluster):
+            out.append("even_waves sizes the static persistent grid: it needs persistent, and not dynamic, "
+                       "stream_tail or cluster (their grids are their own)")
         if self.section < 0 or self.section > MAX_SECTION:
             out.append(f"section must be 0 (the L2 rule) or 1..{MAX_SECTION} KV heads, got {self.section}")
         elif self.section and not self.dynamic:
@@ -1017,6 +1046,14 @@ def stream_tail_grid(tiles: int, sm_count: int) -> int:
     return max(1, min(tiles, sm_count, STREAM_TAIL_MAX_CTAS))
 
 
+def even_waves_grid(tiles: int, sm_count: int) -> int:
+    """even_waves' static persistent grid: the fewest CTAs that still finish ``tiles`` in the waves
+    of a CTA per SM (ceil(tiles / sm_count)), so every CTA takes that many tiles or one fewer: 1024 tiles
+    on 132 SMs, 128 CTAs of 8 (not 100 of 8 and 32 of 7)."""
+    waves = -(-tiles // max(1, sm_count))
+    return max(1, -(-tiles // max(1, waves)))
+
+
 def stream_tail_params(n_tiles: int, n: int, grid: int) -> dict:
     """params.tail_* of a stream_tail launch (kernels_cu/sm90_tail.cuh Sm90TailSchedule): the K/V blocks
     per tile n, the data-parallel tiles, the stretch's units per range (q, and one more for the first
@@ -1168,6 +1205,13 @@ class Sm90Forward(Family):
         if config.cluster and (problem.features or problem.causal or is_varlen(problem)
                                or -(-problem.seqlen_q // config.BM) % 2):
             config = config.replace(cluster=False)        # likewise; and the pairs of Q blocks need an even count
+        if config.rag_keys:   # the call's ragged block (a speed knob): plain non-causal fixed lengths only
+            rag = problem.seqlen_k % config.BN
+            plain = not (problem.features or problem.causal or is_varlen(problem) or config.tile_overlap
+                         or config.stream_tail or config.cluster or config.pv_overlap or config.p_smem)
+            rag = rag if plain and rag % 16 == 0 else 0
+            if config.rag_keys != rag:
+                config = config.replace(rag_keys=rag)
         if config.alibi_lin and (tuple(f for f in problem.features if f != "window") != ("alibi",)
                                  or config.emu_exp2 or config.tree_max):
             config = config.replace(alibi_lin=False)   # a speed knob: ALiBi alone (a window may join)
@@ -1195,7 +1239,7 @@ class Sm90Forward(Family):
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
                                "tile_overlap", "drop_packed", "drop_early", "stream_tail", "pv_overlap", "cluster",
-                               "masked_copy")
+                               "masked_copy", "rag_keys", "even_waves")
                                and not v))
 
     def make(self, point, problem: Problem):
@@ -1338,6 +1382,8 @@ class Sm90Forward(Family):
             grid = (max(2, grid[0] // 2 * 2), 1, 1)
         if getattr(config, "stream_tail", False):   # one partials slot per CTA (STREAM_TAIL_MAX_CTAS)
             grid = (stream_tail_grid(tiles, sm_count), 1, 1)
+        if getattr(config, "even_waves", False):    # static persistent: the same tile count per CTA
+            grid = (even_waves_grid(tiles, sm_count), 1, 1)
         return [LaunchSpec("main", grid, config.threads, config.smem_bytes)]
 
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:

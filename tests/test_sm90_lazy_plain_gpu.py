@@ -1,0 +1,124 @@
+"""sm90_fwd's lazy rescale (kLazyRescale, kernels_cu/softmax_fold.cuh: FlashAttention-4's, O rescaled only
+when a row's max moves by more than 2^8 in P) on plain calls, and even_waves (the static persistent grid
+sized to equal tile counts per CTA), on the GPU, the FlashAttention way: fresh random inputs, outputs
+poisoned (NaN) before each launch, error against the float64 reference within 2x the error of plain
+attention in the same low precision.
+
+* the timed cells' tiles (tests/sm90_fwd_cells_timing.py's lazy / nost_lazy rows: d256 non-causal 2k
+  bf16 / fp16, d128 non-causal 16k) with lazy_rescale, over seqlens 1, 17, 113, 1023, 2049 with
+  s_q != s_k both ways, MHA / GQA / MQA;
+* the same with keys whose scale grows toward the first key (the K/V blocks are visited from the last):
+  the running max moves past the 2^8 threshold on many blocks, so the rescale branch runs;
+* even_waves: bit for bit the config without it (the same kernel; only the grid differs), many tiles
+  per CTA;
+* rag_keys (kRagKeys: the ragged last K/V block at its own width) at d256, bf16 / fp16: seqlen_k % 80 of
+  48, 16, 64, 32 and one 48-key block against the reference, and bit for bit the full-width block.
+
+    CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q tests/test_sm90_lazy_plain_gpu.py
+"""
+import pytest
+
+import cuflash
+
+from test_features_gpu import inputs  # noqa: E402
+from test_sm90_fwdnc_gpu import check  # noqa: E402
+from test_sm90_pv_overlap_gpu import HEADS, SEQLENS, cid, equal_bit_for_bit  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
+
+# (dtype, head dim, causal, seqlen of the benchmark cell whose tile is tested)
+CELLS = [("bf16", 256, False, 2048), ("fp16", 256, False, 2048), ("bf16", 128, False, 16384)]
+
+
+def cell_config(c, **change):
+    """The heuristic's config of the benchmark cell c without stream_tail, with ``change``."""
+    from cuflash import registry
+
+    fam = registry.get("sm90_fwd")
+    p = cuflash.Problem.fa_convention("fwd", c[0], c[1], c[2], c[3])
+    cfg = fam.for_problem(fam.heuristic(p), p).replace(stream_tail=False, section=0)
+    return cfg.replace(**change).validate(227 * 1024)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _precompiled():
+    """The kernels this file uses, compiled up front in parallel worker processes (CuPy's disk cache)."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        return
+    from cuflash import registry
+    from cuflash.compile import precompile
+
+    fam = registry.get("sm90_fwd")
+    cfgs = [cell_config(c, **ch) for c in CELLS for ch in ({}, {"lazy_rescale": True})]
+    for c in CELLS[:2]:
+        for sk in sorted({sk for _, sk in RAG_SEQLENS}):
+            p = cuflash.Problem("fwd", c[0], 2, 1024, sk, 16, 4, c[1], c[2])
+            cfgs += [fam.for_problem(cell_config(c, rag_keys=-1, **ch), p) for ch in ({}, {"lazy_rescale": True})]
+    cfgs = list({cfg.kernel_name(): cfg for cfg in cfgs}.values())
+    failed = [(cfg.name, e[-1500:]) for cfg, _, e in precompile(cfgs) if e]
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("c", CELLS, ids=cid)
+def test_lazy_forward(c):
+    k = (c[0], c[1], c[2], {})
+    cfg = cell_config(c, lazy_rescale=True)
+    for i, (sq, sk) in enumerate(SEQLENS):
+        q, kk, v, _ = inputs(2, sq, sk, HEADS[i % 3], c[1], c[0])
+        check(k, q, kk, v, f"{sq}x{sk} {HEADS[i % 3]}", cfg=cfg)
+
+
+@pytest.mark.parametrize("c", CELLS, ids=cid)
+def test_lazy_forward_growing_max(c):
+    """Keys scaled by up to 8x toward the first key: the scores' row max grows block after block (in
+    the kernel's order, from the last block), by more than the threshold on many of them."""
+    import torch
+
+    k = (c[0], c[1], c[2], {})
+    cfg = cell_config(c, lazy_rescale=True)
+    for sq, sk in ((1023, 2049), (2049, 2049)):
+        q, kk, v, _ = inputs(2, sq, sk, "gqa", c[1], c[0])
+        ramp = torch.linspace(8.0, 1.0, sk, device="cuda").view(1, sk, 1, 1)
+        kk = (kk.float() * ramp).to(kk.dtype)
+        check(k, q, kk, v, f"{sq}x{sk} growing max", cfg=cfg)
+
+
+@pytest.mark.parametrize("c", CELLS, ids=cid)
+def test_even_waves_bit_for_bit(c):
+    k = (c[0], c[1], c[2], {})
+    plain = cell_config(c)
+    assert plain.replace(even_waves=True).kernel_name() == plain.kernel_name()
+    equal_bit_for_bit(k, cell_config(c, even_waves=True), plain)
+    equal_bit_for_bit(k, cell_config(c, even_waves=True, lazy_rescale=True), cell_config(c, lazy_rescale=True))
+
+
+# rag_keys (kRagKeys: the ragged last K/V block's P V at rag_keys / 16 steps):
+# seqlen_k % 80 = 48, 16, 64, 32; one block of 48 keys; a length whose remainder is no multiple of 16 (off)
+RAG_SEQLENS = [(2049, 2048), (1023, 4096), (300, 1024), (17, 1632), (200, 48), (1023, 2049)]
+
+
+@pytest.mark.parametrize("c", CELLS[:2], ids=cid)
+def test_rag_keys_forward(c):
+    from cuflash import registry
+
+    k = (c[0], c[1], c[2], {})
+    cfg = cell_config(c, rag_keys=-1)
+    fam = registry.get("sm90_fwd")
+    for i, (sq, sk) in enumerate(RAG_SEQLENS):
+        q, kk, v, _ = inputs(2, sq, sk, HEADS[i % 3], c[1], c[0])
+        p = cuflash.Problem("fwd", c[0], 2, sq, sk, q.shape[2], kk.shape[2], c[1], c[2])
+        want = sk % cfg.BN if sk % cfg.BN % 16 == 0 else 0
+        assert fam.for_problem(cfg, p).rag_keys == want
+        check(k, q, kk, v, f"{sq}x{sk} {HEADS[i % 3]}", cfg=cfg)
+
+
+@pytest.mark.parametrize("c", CELLS[:2], ids=cid)
+def test_rag_keys_bit_for_bit(c):
+    """The skipped P V steps would add P = 0 times zero-filled V rows: the same O and LSE as the
+    full-width block."""
+    k = (c[0], c[1], c[2], {})
+    shapes = ((2049, 2048), (1500, 4096))
+    equal_bit_for_bit(k, cell_config(c, rag_keys=-1), cell_config(c), shapes)
+    equal_bit_for_bit(k, cell_config(c, rag_keys=-1, lazy_rescale=True), cell_config(c, lazy_rescale=True), shapes)
