@@ -65,7 +65,7 @@ def test_names_and_encoding():
                                "true, false, false, false, false, 0, false, false, true>")
     assert v.name == cfg.name + "_varlen"
     args = dict(zip(type(v).__dataclass_fields__, v.template_args()))   # (the feature variants after it)
-    assert args["varlen"] is True and len(v.template_args()) == len(type(v).__dataclass_fields__) - 2   # (section: run time; cluster: the entry point)
+    assert args["varlen"] is True and len(v.template_args()) == len(type(v).__dataclass_fields__) - 3   # (section: run time; cluster: the entry point; even_waves: the grid)
     drop = cfg.replace(dropout=True, varlen=True, BN=128)
     assert drop.kernel_name().endswith("false, false, false, true, 0, false, false, true>")
     # varlen is the call's, not encoded (a tuned entry or a torch-op config string never carries it)
