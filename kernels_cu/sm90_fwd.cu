@@ -260,6 +260,15 @@
 //              full width: an N = 64 wgmma into s_acc's first columns on that path made ptxas serialize
 //              the kernel's wgmmas (C7515, nvcc 13.0). 0 (the default): the code of the kernel before
 //              it existed
+//   kPrefetch  the static persistent schedule's producer, once it has issued a tile's Q load, asks TMA to
+//              bring the CTA's next tile's Q_i into L2 (ptx_sm90_prefetch.cuh: no shared memory, nothing
+//              waited for), so that the next tile's Q load, issued when this tile's last S frees the
+//              buffer, reads L2, not DRAM (the CTAs of a wave switch tiles together: their Q loads, 64 KB
+//              each at d256, otherwise hit DRAM in one burst while the consumers wait for S_0; the next
+//              tile's first K/V blocks are shared by the 16 CTAs of its head). Also the first kStages K/V
+//              blocks: ptxas spilled in the producer's 24 registers (nvcc 13.0). Fixed lengths, not with
+//              kDynamic / kStreamTail / kCluster / kVarlen. false (the default): the code of the kernel
+//              before it existed
 //   kCluster   (the entry point sm90_fwd_cluster, __cluster_dims__(2, 1, 1); not a template parameter of
 //              sm90_fwd) clusters of two CTAs on the static persistent grid: CTAs 2c and 2c + 1 take
 //              tiles 2c + i·G and 2c + 1 + i·G, adjacent Q blocks of one (head, batch) at every step
@@ -289,6 +298,7 @@
 #include "sm90_tail.cuh"
 #include "sm90_fwd_common.cuh"
 #include "ptx_sm90_rowsum.cuh"
+#include "ptx_sm90_prefetch.cuh"
 
 namespace cuflash {
 
@@ -438,7 +448,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kDynamic, bool kTmaStore, bool kVarlen, bool kPSmem, bool kTreeMax, bool kQDouble,
           bool kLazyRescale, int kFoldCap, bool kAlibiLinear, bool kRescaleFirst, bool kTileOverlap,
           bool kDropPacked, int kDropEarly, bool kStreamTail, bool kPvOverlap, bool kCluster, int kMaskedCopy,
-          int kRagKeys>
+          int kRagKeys, bool kPrefetch>
 __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     // kDropEarly 4: one K/V block's keep flags, 16 bytes per consumer thread and 32-key block
     static constexpr int kGenBytes = kDropEarly == 4 ? kConsumers * 128 * (kBN / 32) * 16 : 0;
@@ -510,6 +520,8 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                                     && !kCluster && !kPvOverlap && !kPSmem && !kRowSumMma),
                   "kRagKeys: a multiple of 16 below kBN, plain non-causal fixed-length calls without tile_overlap, "
                   "stream_tail, cluster, pv_overlap or p_smem");
+    static_assert(!kPrefetch || (kPersistent && !kDynamic && !kStreamTail && !kCluster && !kVarlen),
+                  "kPrefetch: the static persistent schedule (the next tile is tile + gridDim.x), fixed lengths");
     static_assert(!(kLazyRescale || kFoldCap) || ((kEmuExp2 == 0 || kFoldCap != 0) && !kDropout),
                   "kLazyRescale / kFoldCap run no dropout, and the software exp2 only with kFoldCap (softmax_fold.cuh)");
     static_assert(!kDropPacked || (kDropout && !kPSmem),
@@ -689,6 +701,16 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                 sm90_load_q<QTile>(q_buf(qb), q_full_of(qb), q_empty_of(qb), q_fill(q_iter), &p.tma_q, q_row0, at.head,
                                    tma_batch);
                 ++q_iter;
+                if constexpr (kPrefetch) {
+                    // the CTA's next tile's Q into L2 (header: kPrefetch)
+                    const int next = tile + int(gridDim.x);
+                    if (next < n_tiles) {
+                        const Sm90Tile nt = tile_at(next);
+#pragma unroll
+                        for (int b = 0; b < kChunks; ++b)
+                            tma_prefetch_4d(&p.tma_q, b * 64, nt.m_block * kBM, nt.head, nt.batch);
+                    }
+                }
                 // the tile's K/V blocks from the last (block j: keys k_row0 + (n_end - 1 - j) · kBN on),
                 // into the ring (sm90_fwd_common.cuh: slot reuse)
                 auto key0 = [&](int j) { return k_row0 + (n_end - 1 - j) * kBN; };
@@ -1227,13 +1249,13 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
-          bool kPvOverlap = false, int kMaskedCopy = 0, int kRagKeys = 0>
+          bool kPvOverlap = false, int kMaskedCopy = 0, int kRagKeys = 0, bool kPrefetch = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
                   kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false, kMaskedCopy,
-                  kRagKeys>(p);
+                  kRagKeys, kPrefetch>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent Q blocks of one head, sharing their K/V loads);
@@ -1244,14 +1266,14 @@ template <int kClusterSize, int kBM, int kBN, int kStages, int kConsumers, bool 
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
-          bool kPvOverlap = false, int kMaskedCopy = 0, int kRagKeys = 0>
+          bool kPvOverlap = false, int kMaskedCopy = 0, int kRagKeys = 0, bool kPrefetch = false>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd_cluster(const __grid_constant__ Sm90FwdParams p) {
     static_assert(kClusterSize == 2, "sm90_fwd_cluster: clusters of 2 CTAs");
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
                   kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true, kMaskedCopy,
-                  kRagKeys>(p);
+                  kRagKeys, kPrefetch>(p);
 }
 
 }  // namespace cuflash

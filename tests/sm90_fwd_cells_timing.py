@@ -95,18 +95,25 @@ CANDIDATES = {
     "lazy_rag_ev": dict(rag_keys=-1, lazy_rescale=True, even_waves=True),
     "nost_rag": dict(stream_tail=False, rag_keys=-1),
     "nost_lazy_rag": dict(stream_tail=False, rag_keys=-1, lazy_rescale=True),
+    # prefetch (kPrefetch): the next tile's Q into L2 by TMA prefetches (static persistent)
+    "pf": dict(prefetch=True),
+    "lazy_pf": dict(prefetch=True, lazy_rescale=True),
+    "lazy_rag_pf": dict(prefetch=True, lazy_rescale=True, rag_keys=-1),
+    "tov_pf": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=False, tma_store=False, prefetch=True),
+    "nost_pf": dict(stream_tail=False, prefetch=True),
+    "nost_lazy_pf": dict(stream_tail=False, prefetch=True, lazy_rescale=True),
 }
 # (head dim, causal, seqlen) -> the rows of that cell, bf16 (rows equal to the heuristic's config or an
 # earlier row's, or invalid, are left out)
 CELLS = {
     (256, False, 2048): ("heur", "st", "tov", "pvo", "tov_pvo", "st_pvo", "cl", "cl_pvo", "lazy", "ev", "lazy_ev",
-                         "tree", "rag", "lazy_rag", "lazy_rag_ev"),
+                         "tree", "rag", "lazy_rag", "lazy_rag_ev", "pf", "lazy_pf", "lazy_rag_pf", "tov_pf"),
     (256, False, 4096): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl", "nost_lazy", "nost_ev", "nost_lazy_ev",
-                         "nost_rag", "nost_lazy_rag"),
+                         "nost_rag", "nost_lazy_rag", "nost_pf", "nost_lazy_pf"),
     (256, False, 8192): ("heur", "st", "nost", "pvo"),
     (256, False, 16384): ("heur", "st", "nost", "pvo"),
     (128, False, 2048): ("heur", "st", "nost", "pvo"),
-    (128, False, 16384): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl", "nost_lazy", "nost_ev"),
+    (128, False, 16384): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl", "nost_lazy", "nost_ev", "nost_pf"),
     (64, False, 2048): ("heur", "st_static", "pvo"),
     (256, True, 2048): ("heur", "pvo"),
     (128, True, 8192): ("heur", "pvo"),
@@ -117,11 +124,11 @@ CELLS = {
 # session 16's round B was serialized by ptxas (0.5-0.8x); these rows time the loop-rotated one
 FP16_CELLS = {
     (256, False, 2048): ("heur", "st", "pvo", "cl", "lazy", "ev", "lazy_ev", "tree", "rag", "lazy_rag",
-                         "lazy_rag_ev"),
+                         "lazy_rag_ev", "pf", "lazy_pf", "lazy_rag_pf", "tov", "tov_pf"),
     (256, False, 4096): ("heur", "st", "nost", "nost_cl", "nost_lazy", "nost_ev", "nost_lazy_ev",
-                         "nost_rag", "nost_lazy_rag"),
+                         "nost_rag", "nost_lazy_rag", "nost_pf", "nost_lazy_pf"),
     (128, False, 2048): ("heur", "st", "nost"),
-    (128, False, 16384): ("heur", "st", "nost", "nost_cl", "nost_lazy", "nost_ev"),
+    (128, False, 16384): ("heur", "st", "nost", "nost_cl", "nost_lazy", "nost_ev", "nost_pf"),
 }
 
 

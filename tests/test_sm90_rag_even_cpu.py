@@ -1,7 +1,8 @@
-"""sm90_fwd's rag_keys (kRagKeys: the ragged last K/V block's P V at its own k16 steps) and even_waves (the
-static persistent grid at equal tile counts) without a GPU: the fields' rules, names, template argument
-and encoding (the plain kernel's name unchanged), for_problem resolving rag_keys=-1 to the call's ragged
-block, even_waves' grid, and the nvcc build (sm_90a) without spills or serialized wgmma."""
+"""sm90_fwd's rag_keys (kRagKeys: the ragged last K/V block's P V at its own k16 steps), prefetch (kPrefetch:
+the next tile's Q into L2 by TMA) and even_waves (the static persistent grid at equal
+tile counts) without a GPU: the fields' rules, names, template arguments and encoding (the plain kernel's
+name unchanged), for_problem resolving rag_keys=-1 to the call's ragged block, even_waves' grid, and the
+nvcc build (sm_90a) without spills or serialized wgmma."""
 import os
 import sys
 
@@ -16,6 +17,7 @@ from test_sm90_tile_overlap_cpu import FAM, PLAIN, needs_nvcc  # noqa: E402  (PL
 
 RAG = PLAIN.replace(rag_keys=48)
 EV = PLAIN.replace(even_waves=True)
+PF = PLAIN.replace(prefetch=True)
 
 
 def cell(seqlen_k, causal=False, **kw):
@@ -25,8 +27,8 @@ def cell(seqlen_k, causal=False, **kw):
 def test_rag_keys_name_template_and_encoding():
     assert RAG.validate(227 * 1024) is RAG and RAG.name == PLAIN.name + "_rag48"
     assert PLAIN.kernel_name() == "cuflash::sm90_fwd<128, 80, 2, 2, false, true, 256, cuflash::bf16, false, false, false, false>"
-    assert RAG.kernel_name().endswith(", false, 0, 48>") and RAG.template_args()[-1] == 48
-    assert PLAIN.template_args()[-1] == 0
+    assert RAG.kernel_name().endswith(", false, 0, 48>") and RAG.template_args()[-2] == 48
+    assert PLAIN.template_args()[-2] == 0 and PLAIN.template_args()[-1] is False
     assert "rag_keys" not in FAM.encode(PLAIN) and FAM.encode(RAG).endswith(",rag_keys=48")
     assert FAM.decode(FAM.encode(RAG), "bf16", False) == RAG
     assert FAM.decode(FAM.encode(PLAIN.replace(rag_keys=-1)), "bf16", False).rag_keys == -1
@@ -86,10 +88,29 @@ def test_even_waves_name_encoding_rules():
         assert any("even_waves sizes the static persistent grid" in w for w in why), (change, why)
 
 
+def test_prefetch_name_template_encoding_rules():
+    assert PF.validate(227 * 1024) is PF and PF.name == PLAIN.name + "_pf"
+    assert PF.kernel_name().endswith(", 0, 0, true>") and PF.template_args()[-1] is True
+    assert "prefetch" not in FAM.encode(PLAIN) and FAM.encode(PF).endswith(",prefetch=1")
+    assert FAM.decode(FAM.encode(PF), "bf16", False) == PF and "prefetch" not in FAM.space
+    for change in (dict(dynamic=True), dict(persistent=False), dict(stream_tail=True), dict(cluster=True),
+                   dict(varlen=True)):
+        why = PF.replace(**change).problems(227 * 1024)
+        assert any("prefetch needs the static persistent schedule" in w for w in why), (change, why)
+    for change in (dict(tile_overlap=True), dict(lazy_rescale=True, rag_keys=48), dict(causal=True),
+                   dict(head_dim=128, BN=176, pingpong=True), dict(softcap=True)):
+        assert PF.replace(**change).problems(227 * 1024) == [], change
+    assert FAM.for_problem(PF, cell(2048)) == PF
+    varlen = Problem("fwd", "bf16", 8, 2048, 2048, 8, 8, 256, False, features=("varlen",))
+    assert FAM.for_problem(PF, varlen).prefetch is False
+
+
 @needs_nvcc
 def test_rag_keys_kernels_compile_without_spills():
     from cuflash.compile import nvcc_compile
 
-    cfgs = [RAG, RAG.replace(lazy_rescale=True), RAG.replace(rag_keys=16, dtype="fp16"), RAG.replace(rag_keys=64)]
+    cfgs = [RAG, RAG.replace(lazy_rescale=True), RAG.replace(rag_keys=16, dtype="fp16"), RAG.replace(rag_keys=64),
+            PF, PF.replace(lazy_rescale=True, rag_keys=48), PF.replace(tile_overlap=True),
+            PF.replace(head_dim=128, BN=176, pingpong=True)]
     for r in nvcc_compile(cfgs, "sm_90a"):
         assert r.spill_stores == 0 and r.spill_loads == 0 and not r.warnings, r

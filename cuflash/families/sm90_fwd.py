@@ -542,6 +542,10 @@ class Sm90FwdConfig(KernelConfig):
                kernel checks per tile that the block holds at most rag_keys keys (else the full width).
                Plain non-causal fixed-length calls; not with tile_overlap, stream_tail, cluster,
                pv_overlap, p_smem (for_problem drops it)
+    prefetch:  the producer brings the CTA's next tile's Q into L2 by TMA prefetches once it has issued a
+               tile's Q load (kPrefetch, kernels_cu/ptx_sm90_prefetch.cuh), so the next tile's Q load reads
+               L2, not DRAM in every SM's burst at the tile switch.
+               Static persistent fixed-length calls (not dynamic, stream_tail, cluster, varlen)
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
@@ -586,6 +590,7 @@ class Sm90FwdConfig(KernelConfig):
     cluster: bool = False
     masked_copy: int = 0
     rag_keys: int = 0
+    prefetch: bool = False
     section: int = 0               # (a run-time param, not a template argument)
     even_waves: bool = False       # (last: the launch's grid, not a template argument)
 
@@ -611,6 +616,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_dpk' if self.drop_packed else ''}{'_dpe' if self.drop_early == 1 else f'_dpe{self.drop_early}' if self.drop_early else ''}"
                 f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}{'_cl2' if self.cluster else ''}"
                 f"{f'_mcp{self.masked_copy}' if self.masked_copy else ''}{f'_rag{self.rag_keys}' if self.rag_keys else ''}"
+                f"{'_pf' if self.prefetch else ''}"
                 f"{'_ev' if self.even_waves else ''}")
 
     @property
@@ -686,8 +692,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.stream_tail else 'false'}",                     # kStreamTail
                 f"{'true' if self.pv_overlap else 'false'}",                      # kPvOverlap
                 f"{self.masked_copy}",                                            # kMaskedCopy
-                f"{self.rag_keys}"]                                               # kRagKeys last
-        used = (19 if self.rag_keys else 18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{self.rag_keys}",                                               # kRagKeys
+                f"{'true' if self.prefetch else 'false'}"]                        # kPrefetch last
+        used = (20 if self.prefetch else 19 if self.rag_keys else 18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -707,7 +714,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
                 self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail,
-                self.pv_overlap, self.masked_copy, self.rag_keys)
+                self.pv_overlap, self.masked_copy, self.rag_keys, self.prefetch)
 
     def _problems(self) -> list[str]:
         out = []
@@ -862,6 +869,10 @@ class Sm90FwdConfig(KernelConfig):
             out.append("rag_keys narrows the ragged last K/V block of plain non-causal fixed-length calls: not with "
                        "causal / window / softcap / ALiBi / dropout / varlen, tile_overlap, stream_tail, cluster, "
                        "pv_overlap, p_smem (kRagKeys' static_assert)")
+        if self.prefetch and not (self.persistent and not self.dynamic and not self.stream_tail and not self.cluster
+                                  and not self.varlen):
+            out.append("prefetch needs the static persistent schedule (the next tile is tile + grid size), fixed "
+                       "lengths: not dynamic, stream_tail, cluster or varlen")
         if self.even_waves and not (self.persistent and not self.dynamic and not self.stream_tail
                                     and not self.cluster):
             out.append("even_waves sizes the static persistent grid: it needs persistent, and not dynamic, "
@@ -1212,6 +1223,8 @@ class Sm90Forward(Family):
             rag = rag if plain and rag % 16 == 0 else 0
             if config.rag_keys != rag:
                 config = config.replace(rag_keys=rag)
+        if config.prefetch and is_varlen(problem):
+            config = config.replace(prefetch=False)       # (a speed knob: fixed lengths only)
         if config.alibi_lin and (tuple(f for f in problem.features if f != "window") != ("alibi",)
                                  or config.emu_exp2 or config.tree_max):
             config = config.replace(alibi_lin=False)   # a speed knob: ALiBi alone (a window may join)
@@ -1239,7 +1252,7 @@ class Sm90Forward(Family):
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
                                "tile_overlap", "drop_packed", "drop_early", "stream_tail", "pv_overlap", "cluster",
-                               "masked_copy", "rag_keys", "even_waves")
+                               "masked_copy", "rag_keys", "prefetch", "even_waves")
                                and not v))
 
     def make(self, point, problem: Problem):

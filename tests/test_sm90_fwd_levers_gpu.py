@@ -1,6 +1,7 @@
-"""sm90_fwd's lazy rescale (kLazyRescale, kernels_cu/softmax_fold.cuh: FlashAttention-4's, O rescaled only
-when a row's max moves by more than 2^8 in P) on plain calls, and even_waves (the static persistent grid
-sized to equal tile counts per CTA), on the GPU, the FlashAttention way: fresh random inputs, outputs
+"""sm90_fwd's levers for the d256 non-causal cells (issue 11) on the GPU: lazy rescale (kLazyRescale,
+kernels_cu/softmax_fold.cuh: FlashAttention-4's, O rescaled only when a row's max moves by more than 2^8 in
+P) on plain calls, even_waves (the static persistent grid sized to equal tile counts per CTA), rag_keys
+(kRagKeys) and prefetch (kPrefetch: the next tile's Q into L2), the FlashAttention way: fresh random inputs, outputs
 poisoned (NaN) before each launch, error against the float64 reference within 2x the error of plain
 attention in the same low precision.
 
@@ -12,9 +13,11 @@ attention in the same low precision.
 * even_waves: bit for bit the config without it (the same kernel; only the grid differs), many tiles
   per CTA;
 * rag_keys (kRagKeys: the ragged last K/V block at its own width) at d256, bf16 / fp16: seqlen_k % 80 of
-  48, 16, 64, 32 and one 48-key block against the reference, and bit for bit the full-width block.
+  48, 16, 64, 32 and one 48-key block against the reference, and bit for bit the full-width block;
+* prefetch: bit for bit the config without it (L2 hints only), alone, with tile_overlap and with
+  lazy_rescale + rag_keys.
 
-    CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q tests/test_sm90_lazy_plain_gpu.py
+    CUDA_LAUNCH_BLOCKING=1 timeout 300 python -m pytest -q tests/test_sm90_fwd_levers_gpu.py
 """
 import pytest
 
@@ -51,11 +54,13 @@ def _precompiled():
     from cuflash.compile import precompile
 
     fam = registry.get("sm90_fwd")
-    cfgs = [cell_config(c, **ch) for c in CELLS for ch in ({}, {"lazy_rescale": True})]
+    cfgs = [cell_config(c, **ch) for c in CELLS for ch in ({}, {"lazy_rescale": True}, {"prefetch": True})]
+    cfgs += [cell_config(c, tile_overlap=True, **ch) for c in CELLS[:2] for ch in ({}, {"prefetch": True})]
     for c in CELLS[:2]:
         for sk in sorted({sk for _, sk in RAG_SEQLENS}):
             p = cuflash.Problem("fwd", c[0], 2, 1024, sk, 16, 4, c[1], c[2])
-            cfgs += [fam.for_problem(cell_config(c, rag_keys=-1, **ch), p) for ch in ({}, {"lazy_rescale": True})]
+            cfgs += [fam.for_problem(cell_config(c, rag_keys=-1, **ch), p)
+                     for ch in ({}, {"lazy_rescale": True}, {"lazy_rescale": True, "prefetch": True})]
     cfgs = list({cfg.kernel_name(): cfg for cfg in cfgs}.values())
     failed = [(cfg.name, e[-1500:]) for cfg, _, e in precompile(cfgs) if e]
     assert not failed, failed
@@ -122,3 +127,14 @@ def test_rag_keys_bit_for_bit(c):
     shapes = ((2049, 2048), (1500, 4096))
     equal_bit_for_bit(k, cell_config(c, rag_keys=-1), cell_config(c), shapes)
     equal_bit_for_bit(k, cell_config(c, rag_keys=-1, lazy_rescale=True), cell_config(c, lazy_rescale=True), shapes)
+
+
+@pytest.mark.parametrize("c", CELLS, ids=cid)
+def test_prefetch_bit_for_bit(c):
+    k = (c[0], c[1], c[2], {})
+    equal_bit_for_bit(k, cell_config(c, prefetch=True), cell_config(c))
+    if c[1] == 256:
+        equal_bit_for_bit(k, cell_config(c, prefetch=True, tile_overlap=True), cell_config(c, tile_overlap=True))
+        shapes = ((2049, 2048), (1500, 4096))
+        equal_bit_for_bit(k, cell_config(c, prefetch=True, lazy_rescale=True, rag_keys=-1),
+                          cell_config(c, lazy_rescale=True, rag_keys=-1), shapes)
