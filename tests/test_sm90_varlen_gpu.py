@@ -19,7 +19,8 @@ sm90_bwd first there), forced by config= at head dim 64 (deterministic too), wit
 attention's gradient error (test_flash_bwd_gpu.check_grads).
 
 Compiles: 9 sm90_fwd varlen forwards, 2 fa2_fwd varlen forwards (the comparison), 2 fa2_bwd
-varlen backwards (autograd), 4 sm90_bwd varlen backwards.
+varlen backwards (autograd), 6 sm90_bwd varlen backwards (2 of them the d128 kernel at head dim 96, which
+selection runs there with sm90_bwd.VARLEN_SMALL_D holding 96).
 """
 import math
 
@@ -67,6 +68,8 @@ def _precompiled():
     for causal in (False, True):
         p = Problem("bwd", "bf16", 3, 1024, 1024, 6, 2, 128, causal, False, ("varlen",))
         cfgs += [fam_b.for_problem(fam_b.heuristic(p), p), fa2_b.for_problem(fa2_b.heuristic(p), p)]
+        p = Problem("bwd", "bf16", 3, 1024, 1024, 6, 2, 96, causal, False, ("varlen",))   # (the d96 test's)
+        cfgs.append(fam_b.for_problem(fam_b.heuristic(p), p))
     pf = Problem("fwd", "bf16", 3, 1024, 1024, 6, 2, 128, True, False, ("varlen",))
     cfgs.append(registry.get("fa2_fwd").for_problem(FwdConfig(128, 32, 4, 2, 128, "bf16", True), pf))
     failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]
