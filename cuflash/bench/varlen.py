@@ -152,6 +152,7 @@ def main(argv=None) -> int:
     parser.add_argument("--features", nargs="*", default=[],
                         help="also time each of these features on both calls (window softcap alibi dropout)")
     parser.add_argument("--no-plain", action="store_true", help="only the --features records")
+    parser.add_argument("--causal", choices=["both", "0", "1"], default="both", help="the masks timed")
     args = parser.parse_args(argv)
     from .common import results_dir, write
 
@@ -159,7 +160,7 @@ def main(argv=None) -> int:
     feats = ([] if args.no_plain else [""]) + list(args.features)
     for mix in args.mixes:
         for d in args.hdims:
-            for causal in (False, True):
+            for causal in {"both": (False, True), "0": (False,), "1": (True,)}[args.causal]:
                 for feature in feats:
                     records += run_one(mix, args.dtype, d, causal, args.tokens, reps=args.reps, feature=feature)
     write(records, results_dir(args.out), STEM)
