@@ -43,33 +43,33 @@ def cell_config(c, **change):
     return cfg.replace(**change).validate(227 * 1024)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _precompiled():
-    """The kernels this file uses, compiled up front in parallel worker processes (CuPy's disk cache)."""
-    import torch
+_WARM = set()
 
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        return
+
+def warm(cfgs, seqlens_k=()):
+    """The test's kernels compiled up front in parallel worker processes (CuPy's disk cache); with
+    seqlens_k, each config as for_problem resolves it for those key lengths (rag_keys=-1)."""
     from cuflash import registry
     from cuflash.compile import precompile
 
     fam = registry.get("sm90_fwd")
-    cfgs = [cell_config(c, **ch) for c in CELLS for ch in ({}, {"lazy_rescale": True}, {"prefetch": True})]
-    cfgs += [cell_config(c, tile_overlap=True, **ch) for c in CELLS[:2] for ch in ({}, {"prefetch": True})]
-    for c in CELLS[:2]:
-        for sk in sorted({sk for _, sk in RAG_SEQLENS}):
-            p = cuflash.Problem("fwd", c[0], 2, 1024, sk, 16, 4, c[1], c[2])
-            cfgs += [fam.for_problem(cell_config(c, rag_keys=-1, **ch), p)
-                     for ch in ({}, {"lazy_rescale": True}, {"lazy_rescale": True, "prefetch": True})]
-    cfgs = list({cfg.kernel_name(): cfg for cfg in cfgs}.values())
-    failed = [(cfg.name, e[-1500:]) for cfg, _, e in precompile(cfgs) if e]
+    out = {}
+    for cfg in cfgs:
+        for sk in seqlens_k or (None,):
+            c = cfg if sk is None else fam.for_problem(cfg, cuflash.Problem(
+                "fwd", cfg.dtype, 2, 1024, sk, 16, 4, cfg.head_dim, cfg.causal))
+            if c.kernel_name() not in _WARM:
+                out[c.kernel_name()] = c
+    failed = [(cfg.name, e[-1500:]) for cfg, _, e in precompile(list(out.values())) if e]
     assert not failed, failed
+    _WARM.update(out)
 
 
 @pytest.mark.parametrize("c", CELLS, ids=cid)
 def test_lazy_forward(c):
     k = (c[0], c[1], c[2], {})
     cfg = cell_config(c, lazy_rescale=True)
+    warm([cfg])
     for i, (sq, sk) in enumerate(SEQLENS):
         q, kk, v, _ = inputs(2, sq, sk, HEADS[i % 3], c[1], c[0])
         check(k, q, kk, v, f"{sq}x{sk} {HEADS[i % 3]}", cfg=cfg)
@@ -83,6 +83,7 @@ def test_lazy_forward_growing_max(c):
 
     k = (c[0], c[1], c[2], {})
     cfg = cell_config(c, lazy_rescale=True)
+    warm([cfg])
     for sq, sk in ((1023, 2049), (2049, 2049)):
         q, kk, v, _ = inputs(2, sq, sk, "gqa", c[1], c[0])
         ramp = torch.linspace(8.0, 1.0, sk, device="cuda").view(1, sk, 1, 1)
@@ -94,6 +95,7 @@ def test_lazy_forward_growing_max(c):
 def test_even_waves_bit_for_bit(c):
     k = (c[0], c[1], c[2], {})
     plain = cell_config(c)
+    warm([plain, cell_config(c, lazy_rescale=True)])
     assert plain.replace(even_waves=True).kernel_name() == plain.kernel_name()
     equal_bit_for_bit(k, cell_config(c, even_waves=True), plain)
     equal_bit_for_bit(k, cell_config(c, even_waves=True, lazy_rescale=True), cell_config(c, lazy_rescale=True))
@@ -110,6 +112,7 @@ def test_rag_keys_forward(c):
 
     k = (c[0], c[1], c[2], {})
     cfg = cell_config(c, rag_keys=-1)
+    warm([cfg], [sk for _, sk in RAG_SEQLENS])
     fam = registry.get("sm90_fwd")
     for i, (sq, sk) in enumerate(RAG_SEQLENS):
         q, kk, v, _ = inputs(2, sq, sk, HEADS[i % 3], c[1], c[0])
@@ -125,6 +128,8 @@ def test_rag_keys_bit_for_bit(c):
     full-width block."""
     k = (c[0], c[1], c[2], {})
     shapes = ((2049, 2048), (1500, 4096))
+    warm([cell_config(c, rag_keys=-1, **ch) for ch in ({}, {"lazy_rescale": True})], [2048, 4096])
+    warm([cell_config(c), cell_config(c, lazy_rescale=True)])
     equal_bit_for_bit(k, cell_config(c, rag_keys=-1), cell_config(c), shapes)
     equal_bit_for_bit(k, cell_config(c, rag_keys=-1, lazy_rescale=True), cell_config(c, lazy_rescale=True), shapes)
 
@@ -132,6 +137,10 @@ def test_rag_keys_bit_for_bit(c):
 @pytest.mark.parametrize("c", CELLS, ids=cid)
 def test_prefetch_bit_for_bit(c):
     k = (c[0], c[1], c[2], {})
+    warm([cell_config(c), cell_config(c, prefetch=True)])
+    if c[1] == 256:
+        warm([cell_config(c, tile_overlap=True, **ch) for ch in ({}, {"prefetch": True})])
+        warm([cell_config(c, lazy_rescale=True, rag_keys=-1, **ch) for ch in ({}, {"prefetch": True})], [2048, 4096])
     equal_bit_for_bit(k, cell_config(c, prefetch=True), cell_config(c))
     if c[1] == 256:
         equal_bit_for_bit(k, cell_config(c, prefetch=True, tile_overlap=True), cell_config(c, tile_overlap=True))
