@@ -59,7 +59,7 @@ CANDIDATES = {
     "q2": dict(q_double=True),
     "tree": dict(tree_max=True),
     # tile_overlap (kTileOverlap): the next tile's S_0 behind the last P V; static persistent, no pingpong
-    "tov": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=False, tma_store=False),
+    "tov": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=False, tma_store=False, lazy_rescale=False),
     "tov_bn176": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=False, tma_store=False,
                       BN=176),
     "tov_pp": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=True, tma_store=False),
@@ -99,7 +99,12 @@ CANDIDATES = {
     "pf": dict(prefetch=True),
     "lazy_pf": dict(prefetch=True, lazy_rescale=True),
     "lazy_rag_pf": dict(prefetch=True, lazy_rescale=True, rag_keys=-1),
-    "tov_pf": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=False, tma_store=False, prefetch=True),
+    "tov_pf": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=False, tma_store=False, prefetch=True,
+                   lazy_rescale=False),
+    # the heuristic before HEURISTIC_LAZY (d256 2k / 4k: its lazy_rescale off; 4k: with stream_tail)
+    "nolazy": dict(lazy_rescale=False),
+    "nolazy_pf": dict(lazy_rescale=False, prefetch=True),
+    "st_nolazy": dict(lazy_rescale=False, stream_tail=True),
     "nost_pf": dict(stream_tail=False, prefetch=True),
     "nost_lazy_pf": dict(stream_tail=False, prefetch=True, lazy_rescale=True),
 }
@@ -107,15 +112,17 @@ CANDIDATES = {
 # earlier row's, or invalid, are left out)
 CELLS = {
     (256, False, 2048): ("heur", "st", "tov", "pvo", "tov_pvo", "st_pvo", "cl", "cl_pvo", "lazy", "ev", "lazy_ev",
-                         "tree", "rag", "lazy_rag", "lazy_rag_ev", "pf", "lazy_pf", "lazy_rag_pf", "tov_pf"),
+                         "tree", "rag", "lazy_rag", "lazy_rag_ev", "pf", "lazy_pf", "lazy_rag_pf", "tov_pf", "nolazy",
+                         "nolazy_pf"),
     (256, False, 4096): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl", "nost_lazy", "nost_ev", "nost_lazy_ev",
-                         "nost_rag", "nost_lazy_rag", "nost_pf", "nost_lazy_pf"),
-    (256, False, 8192): ("heur", "st", "nost", "pvo"),
-    (256, False, 16384): ("heur", "st", "nost", "pvo"),
+                         "nost_rag", "nost_lazy_rag", "nost_pf", "nost_lazy_pf", "st_nolazy", "nolazy"),
+    (256, False, 8192): ("heur", "st", "nost", "pvo", "nost_lazy", "nost_pf", "nost_lazy_pf"),
+    (256, False, 16384): ("heur", "st", "nost", "pvo", "nost_lazy", "nost_pf", "nost_lazy_pf"),
     (128, False, 2048): ("heur", "st", "nost", "pvo"),
     (128, False, 16384): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl", "nost_lazy", "nost_ev", "nost_pf"),
     (64, False, 2048): ("heur", "st_static", "pvo"),
-    (256, True, 2048): ("heur", "pvo"),
+    (256, True, 2048): ("heur", "pvo", "lazy"),
+    (256, True, 8192): ("heur", "lazy"),
     (128, True, 8192): ("heur", "pvo"),
     (64, False, 4096): ("heur", "pvo"),
     (64, True, 4096): ("heur", "pvo"),
@@ -124,9 +131,11 @@ CELLS = {
 # session 16's round B was serialized by ptxas (0.5-0.8x); these rows time the loop-rotated one
 FP16_CELLS = {
     (256, False, 2048): ("heur", "st", "pvo", "cl", "lazy", "ev", "lazy_ev", "tree", "rag", "lazy_rag",
-                         "lazy_rag_ev", "pf", "lazy_pf", "lazy_rag_pf", "tov", "tov_pf"),
+                         "lazy_rag_ev", "pf", "lazy_pf", "lazy_rag_pf", "tov", "tov_pf", "nolazy",
+                         "nolazy_pf"),
+    (256, True, 2048): ("heur", "lazy"),
     (256, False, 4096): ("heur", "st", "nost", "nost_cl", "nost_lazy", "nost_ev", "nost_lazy_ev",
-                         "nost_rag", "nost_lazy_rag", "nost_pf", "nost_lazy_pf"),
+                         "nost_rag", "nost_lazy_rag", "nost_pf", "nost_lazy_pf", "st_nolazy", "nolazy"),
     (128, False, 2048): ("heur", "st", "nost"),
     (128, False, 16384): ("heur", "st", "nost", "nost_cl", "nost_lazy", "nost_ev", "nost_pf"),
 }

@@ -2,7 +2,10 @@
 backwards at kernel head dims 64 / 96 on sm90_bwd) and VARLEN_SMALL_D_FEATURES (with window / softcap /
 ALiBi / dropout), so that the GPU tests run through selection what the switches would ship. Not a test:
 
-    python tests/sm90_varlen_bwd_switches.py --small-d 64,96 --features-d 64 -- -q tests/test_varlen_features_gpu.py
+    python tests/sm90_varlen_bwd_switches.py --small-d 64,96 --features 64:window,softcap,alibi -- -q \
+        tests/test_varlen_features_gpu.py
+
+(without --small-d / --features the module's own values: what ships).
 
 --parallel N runs the collected test ids N processes at a time (each compiles its own kernels: a cold
 cache's compiles overlap), printing each one's summary line.
@@ -19,10 +22,20 @@ def dims(text):
     return frozenset(int(x) for x in text.split(",") if x)
 
 
+def feature_sets(text):
+    """'64:window,softcap;96:alibi' -> {64: {("window",), ("softcap",)}, 96: {("alibi",)}} (single features)."""
+    out = {}
+    for part in filter(None, text.split(";")):
+        d, feats = part.split(":")
+        out[int(d)] = frozenset((f,) for f in feats.split(",") if f)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--small-d", default="64", help="sm90_bwd.VARLEN_SMALL_D, kernel head dims (64, 96)")
-    ap.add_argument("--features-d", default="", help="sm90_bwd.VARLEN_SMALL_D_FEATURES, kernel head dims")
+    ap.add_argument("--small-d", default=None, help="sm90_bwd.VARLEN_SMALL_D, kernel head dims (64,96)")
+    ap.add_argument("--features", default=None,
+                    help="sm90_bwd.VARLEN_SMALL_D_FEATURES as 'd:feature,feature;d:...' (single features)")
     ap.add_argument("--parallel", type=int, default=0, help="run the test ids this many processes at a time")
     ap.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = ap.parse_args()
@@ -31,8 +44,10 @@ def main():
         ids = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *rest], capture_output=True,
                              text=True).stdout.split()
         ids = [i for i in ids if "::" in i]
-        me = [sys.executable, os.path.abspath(__file__), "--small-d", args.small_d, "--features-d", args.features_d,
-              "--", "-q", "-p", "no:cacheprovider"]
+        me = [sys.executable, os.path.abspath(__file__)]
+        me += ["--small-d", args.small_d] if args.small_d is not None else []
+        me += ["--features", args.features] if args.features is not None else []
+        me += ["--", "-q", "-p", "no:cacheprovider"]
         procs, bad = [], 0
         for i in range(0, len(ids), args.parallel):
             batch = [(t, subprocess.Popen(me + [t], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -49,10 +64,12 @@ def main():
         sys.exit(1 if bad else 0)
     from cuflash.families import sm90_bwd
 
-    sm90_bwd.VARLEN_SMALL_D = dims(args.small_d)
-    sm90_bwd.VARLEN_SMALL_D_FEATURES = dims(args.features_d)
+    if args.small_d is not None:
+        sm90_bwd.VARLEN_SMALL_D = dims(args.small_d)
+    if args.features is not None:
+        sm90_bwd.VARLEN_SMALL_D_FEATURES = feature_sets(args.features)
     print(f"sm90_bwd.VARLEN_SMALL_D = {sorted(sm90_bwd.VARLEN_SMALL_D)}, "
-          f"VARLEN_SMALL_D_FEATURES = {sorted(sm90_bwd.VARLEN_SMALL_D_FEATURES)}", flush=True)
+          f"VARLEN_SMALL_D_FEATURES = {sm90_bwd.VARLEN_SMALL_D_FEATURES}", flush=True)
     import pytest
 
     sys.exit(pytest.main(rest))
