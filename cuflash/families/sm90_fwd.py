@@ -238,16 +238,21 @@ SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # round; fp16 and the static tile without stream_tail unmeasured): left off until measured in both dtypes.
 HEURISTIC_STREAM_TAIL: frozenset = frozenset({(128, 2048), (128, 16384), (256, 4096), (256, 8192), (256, 16384)})
 # lazy_rescale (kLazyRescale, softmax_fold.cuh: FlashAttention-4's, O rescaled only when a row's max moves by more
-# than 2^8 in P) on plain non-causal calls: the (head dim, seqlen bucket) classes whose static persistent tile takes
-# it, in place of stream_tail (the two exclude each other). Applied by class_switches to the heuristic's config and to
-# tuned entries' (make: the table's points carry only the space's fields), not to a config= given. At d256 the
-# rescale is 128 FMULs per thread and K/V block (a third of the block's non-GEMM instructions); on random inputs
-# the max moves past the threshold on no block after the first few. Measured (session 22, fwd14 round 1, an H200:
-# tests/sm90_fwd_cells_timing.py, dim 2048, batch x seqlen 16k, 30 shuffled samples of 10 back-to-back calls, x SDPA
-# cuDNN of the same rounds; results/NVIDIA_H100_80GB_HBM3/logs/session22_fwd14/), bf16 (fp16):
-#   d256 2k 1.019 -> 1.048 (1.018 -> 1.045); 4k static 1.071 -> 1.103 (1.059 -> 1.089), stream_tail 1.078 (1.073);
-#   d128 16k static 1.062 -> 1.042 (1.066 -> 1.047): not at d128.
-HEURISTIC_LAZY: frozenset = frozenset({(256, 2048), (256, 4096)})
+# than 2^8 in P) on plain calls: the (head dim, causal, seqlen bucket) classes whose tile takes it (non-causal: the
+# static persistent one, in place of stream_tail: the two exclude each other; causal: the dynamic one). Applied by
+# class_switches to the heuristic's config and to tuned entries' (make: the table's points carry only the space's
+# fields), not to a config= given. At d256 the rescale is 128 FMULs per thread and K/V block (a third of the block's
+# non-GEMM instructions); on random inputs the max moves past the threshold on no block after the first few.
+# Measured (session 22, fwd14, an H200: tests/sm90_fwd_cells_timing.py, dim 2048, batch x seqlen 16k, 30 shuffled
+# samples of 10 back-to-back calls, x SDPA cuDNN of the same rounds; results/NVIDIA_H100_80GB_HBM3/logs/
+# session22_fwd14/), the tile without -> with it, bf16 (fp16):
+#   round 1: d256 2k 1.019 -> 1.048 (1.018 -> 1.045); 4k 1.071 -> 1.103 (1.059 -> 1.089), stream_tail 1.078 (1.073);
+#            d128 16k 1.062 -> 1.042 (1.066 -> 1.047): not at d128;
+#   round 2: d256 2k 1.024 -> 1.051 (1.009 -> 1.046); 4k 1.070 -> 1.100 (1.054 -> 1.084), stream_tail 1.078 (1.070);
+#            8k 1.111 -> 1.137, stream_tail 1.125; 16k 1.122 -> 1.169, stream_tail 1.141; causal 2k (dynamic,
+#            pingpong) 1.042 -> 1.094 (1.047 -> 1.098).
+HEURISTIC_LAZY: frozenset = frozenset({(256, causal, bucket) for causal in (False, True)
+                                       for bucket in (2048, 4096, 8192, 16384)})
 # pv_overlap (kPvOverlap: the consumers' K/V loop rotated so that ptxas keeps the softmax of S_j above the
 # wait for the warpgroup's own P_{j-1} V_{j-1}; without it nvcc 13.0 puts that wait first and the step
 # overlaps only the other warpgroups' GEMMs: tests/test_sm90_pv_overlap_cpu.py reads the SASS). Measured
@@ -1393,12 +1398,13 @@ class Sm90Forward(Family):
                                                  max_smem), problem)
 
     def class_switches(self, config, problem: Problem):
-        """``config`` with the speed switches measured for ``problem``'s class (HEURISTIC_LAZY), for the
-        heuristic's config and tuned entries' (make); a config= given keeps its own fields."""
-        if ((config.head_dim, problem.bucket) in HEURISTIC_LAZY and not problem.features and not problem.causal
-                and config.persistent and not config.dynamic and not config.lazy_rescale
-                and not (config.tile_overlap or config.cluster or config.p_smem)):
-            config = config.replace(lazy_rescale=True, stream_tail=False)
+        """``config`` with the speed switches measured for ``problem``'s class (HEURISTIC_LAZY: lazy_rescale,
+        stream_tail off), for the heuristic's config and tuned entries' (make), where the config allows it;
+        a config= given keeps its own fields."""
+        if ((config.head_dim, bool(problem.causal), problem.bucket) in HEURISTIC_LAZY and not problem.features
+                and not config.lazy_rescale):
+            lazy = config.replace(lazy_rescale=True, stream_tail=False)
+            config = config if lazy.problems() else lazy
         return config
 
     def make(self, point, problem: Problem):
