@@ -1,4 +1,5 @@
-"""sm90_fwd's rag_keys (kRagKeys: the ragged last K/V block's P V at its own k16 steps), prefetch (kPrefetch:
+"""sm90_fwd's lazy_rescale on plain d256 calls (HEURISTIC_LAZY, class_switches: the heuristic's and the tuned
+entries' configs), rag_keys (kRagKeys: the ragged last K/V block's P V at its own k16 steps), prefetch (kPrefetch:
 the next tile's Q into L2 by TMA) and even_waves (the static persistent grid at equal
 tile counts) without a GPU: the fields' rules, names, template arguments and encoding (the plain kernel's
 name unchanged), for_problem resolving rag_keys=-1 to the call's ragged block, even_waves' grid, and the
@@ -103,6 +104,39 @@ def test_prefetch_name_template_encoding_rules():
     assert FAM.for_problem(PF, cell(2048)) == PF
     varlen = Problem("fwd", "bf16", 8, 2048, 2048, 8, 8, 256, False, features=("varlen",))
     assert FAM.for_problem(PF, varlen).prefetch is False
+
+
+def selected(dtype, d, causal, s, config=None):
+    from cuflash import select
+
+    p = Problem.fa_convention("fwd", dtype, d, causal, s)
+    return select.choose(p, (9, 0), "NVIDIA H100 80GB HBM3", 227 * 1024, config=config)[1]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_lazy_rescale_for_d256_plain_calls(causal):
+    for dtype in ("bf16", "fp16"):
+        for s in (2048, 4096, 8192, 16384):
+            cfg = selected(dtype, 256, causal, s)       # (the tuned entries' configs, through make)
+            assert cfg.lazy_rescale and not cfg.stream_tail and cfg.problems(227 * 1024) == [], cfg.name
+            p = Problem.fa_convention("fwd", dtype, 256, causal, s)
+            heur = FAM.for_problem(FAM.heuristic(p), p)
+            assert heur.lazy_rescale and not heur.stream_tail, heur.name
+    assert not selected("bf16", 128, causal, 16384).lazy_rescale        # (measured slower at d128)
+    assert not selected("bf16", 256, causal, 2048, config=PLAIN.replace(causal=causal)).lazy_rescale  # given
+    p = Problem("fwd", "bf16", 8, 2048, 2048, 8, 8, 256, causal, features=("window",), window=(256, 0))
+    cfg = PLAIN.replace(causal=causal, window=True)
+    assert FAM.class_switches(cfg, p) is cfg                            # (feature calls: their own rules)
+
+
+@needs_nvcc
+def test_selected_d256_kernels_compile_without_spills():
+    from cuflash.compile import nvcc_compile
+
+    cfgs = {c.kernel_name(): c for c in (selected(dt, 256, causal, s) for dt in ("bf16", "fp16")
+                                         for causal in (False, True) for s in (2048, 8192))}
+    for r in nvcc_compile(list(cfgs.values()), "sm_90a"):
+        assert r.spill_stores == 0 and r.spill_loads == 0 and not r.warnings, r
 
 
 @needs_nvcc
