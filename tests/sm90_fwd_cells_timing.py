@@ -242,7 +242,8 @@ def test_kernel_configs():
                                                          for q2 in ({}, {"q_double": False})]
     for dtype, d, causal, change in cases:
         p = cuflash.Problem("fwd", dtype, 2, 2049, 2049, 16, 4, d, causal)
-        cfg = fam.for_problem(fam.heuristic(p), p).replace(persistent=True, tma_store=False, stream_tail=False).replace(**change)
+        cfg = fam.for_problem(fam.heuristic(p), p).replace(persistent=True, tma_store=False, stream_tail=False,
+                                                           lazy_rescale=False).replace(**change)
         out.append(cfg.replace(section=0))
     return out
 
@@ -258,7 +259,8 @@ def stream_tail_test_configs():
     out = []
     for dtype, d, causal, change in t.KERNELS:
         p = cuflash.Problem("fwd", dtype, 2, 2049, 2049, 16, 4, d, causal)
-        cfg = fam.for_problem(fam.heuristic(p), p).replace(persistent=True, tma_store=False, stream_tail=False).replace(**change)
+        cfg = fam.for_problem(fam.heuristic(p), p).replace(persistent=True, tma_store=False, stream_tail=False,
+                                                           lazy_rescale=False).replace(**change)
         out.append(cfg.replace(section=0))
     return out
 

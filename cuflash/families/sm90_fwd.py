@@ -1272,8 +1272,8 @@ class Sm90Forward(Family):
                                and not v))
 
     def make(self, point, problem: Problem):
-        """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
-        the knob) gets 0, the plain kernel."""
+        """As Family.make, with class_switches' speed switches; a point without emu_exp2 (tuned tables and
+        recorded studies from before the knob) gets 0, the plain kernel."""
         if "emu_exp2" not in point:
             point = {**point, "emu_exp2": 0}
         if "dynamic" not in point:      # likewise from before the dynamic scheduler: off
@@ -1282,7 +1282,8 @@ class Sm90Forward(Family):
             point = {**point, "tma_store": False}
         if "p_smem" not in point:       # and before P through shared memory
             point = {**point, "p_smem": False}
-        return super().make(point, problem)
+        # the class's speed switches (HEURISTIC_LAZY): the points carry only the space's fields
+        return self.class_switches(super().make(point, problem), problem)
 
     def head_dim_of(self, head_dim: int) -> int:
         """64, 96, 128, 192 or 256: the first compiled head dim >= the real one (65..96 -> 96)."""
@@ -1406,9 +1407,6 @@ class Sm90Forward(Family):
             lazy = config.replace(lazy_rescale=True, stream_tail=False)
             config = config if lazy.problems() else lazy
         return config
-
-    def make(self, point, problem: Problem):
-        return self.class_switches(super().make(point, problem), problem)
 
     def kernel_names(self, config) -> dict:
         return {"main": config.kernel_name()}
