@@ -250,7 +250,11 @@ HEURISTIC_STREAM_TAIL: frozenset = frozenset({(128, 2048), (128, 16384), (256, 4
 #            d128 16k 1.062 -> 1.042 (1.066 -> 1.047): not at d128;
 #   round 2: d256 2k 1.024 -> 1.051 (1.009 -> 1.046); 4k 1.070 -> 1.100 (1.054 -> 1.084), stream_tail 1.078 (1.070);
 #            8k 1.111 -> 1.137, stream_tail 1.125; 16k 1.122 -> 1.169, stream_tail 1.141; causal 2k (dynamic,
-#            pingpong) 1.042 -> 1.094 (1.047 -> 1.098).
+#            pingpong) 1.042 -> 1.094 (1.047 -> 1.098);
+#   round 3: d256 2k 1.020 -> 1.049 (1.017 -> 1.046); 4k stream_tail 1.083 -> 1.105 (1.086 -> 1.101); 8k stream_tail
+#            1.140 -> 1.150 (1.124 -> 1.143); 16k stream_tail 1.152 -> 1.183 (1.143 -> 1.169); causal 2k 1.042 ->
+#            1.094 (1.046 -> 1.094), 4k 1.137 -> 1.207 (1.139 -> 1.204), 8k 1.204 -> 1.289 (1.206 -> 1.292),
+#            16k 1.252 -> 1.353 (1.246 -> 1.342).
 HEURISTIC_LAZY: frozenset = frozenset({(256, causal, bucket) for causal in (False, True)
                                        for bucket in (2048, 4096, 8192, 16384)})
 # pv_overlap (kPvOverlap: the consumers' K/V loop rotated so that ptxas keeps the softmax of S_j above the
