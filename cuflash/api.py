@@ -1319,7 +1319,7 @@ def _varlen_features_gpu(q, k, v, tq: _Tensor, cu_seqlens_q, cu_seqlens_k, max_q
                                                         dropout_seed)
         if not return_attn_probs:
             return out
-        probs = None if rng is None else varlen_torch.dropout_probs(
+        probs = _no_probs(q) if rng is None else varlen_torch.dropout_probs(   # (empty: flash-attn 2.8's)
             q, k, lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, feats.causal,
             feats.dropout_p, rng, feats.window_size, feats.softcap, feats.alibi_slopes)
         return out, lse, probs
@@ -1349,7 +1349,7 @@ def _varlen_features_gpu(q, k, v, tq: _Tensor, cu_seqlens_q, cu_seqlens_k, max_q
         out = out if padded == d else slice_head_dim(out, d)
     if not return_attn_probs:
         return out
-    probs = None
+    probs = _no_probs(q)   # (without dropout empty, flash-attn 2.8's)
     if seed_offset is not None:
         from .dropout import varlen_dropout_probs_host
 

@@ -251,6 +251,24 @@
 //              mask's branch between the tanhs and the exp2s, ptxas issues the block's tanhs in one SFU
 //              burst, then its exp2s): 1, the fixed-max step; 2, the row-max step too. 0 (the
 //              default): the code of the kernel before it existed
+//   kRagKeys   0, or a multiple of 16 below kBN (plain non-causal fixed-length calls, not with
+//              kTileOverlap / kStreamTail / kCluster / kPvOverlap): a tile's first K/V block in loop order,
+//              the last one (n_end - 1), holds at most kRagKeys keys (seqlen_k - (n_end - 1)·kBN, checked per
+//              tile at run time: else the full-width path), the others zero-filled by TMA and masked. Its
+//              O += P V takes kRagKeys / 16 k16 steps, not kBN / 16 (P is 0 on the rest): d256 at 2k keys,
+//              BN 80, 2048 = 25·80 + 48, 3 steps of 5 (0.8% of the tile's GEMM work). Its S GEMM stays
+//              full width: an N = 64 wgmma into s_acc's first columns on that path made ptxas serialize
+//              the kernel's wgmmas (C7515, nvcc 13.0). 0 (the default): the code of the kernel before
+//              it existed
+//   kPrefetch  the static persistent schedule's producer, once it has issued a tile's Q load, asks TMA to
+//              bring the CTA's next tile's Q_i into L2 (ptx_sm90_prefetch.cuh: no shared memory, nothing
+//              waited for), so that the next tile's Q load, issued when this tile's last S frees the
+//              buffer, reads L2, not DRAM (the CTAs of a wave switch tiles together: their Q loads, 64 KB
+//              each at d256, otherwise hit DRAM in one burst while the consumers wait for S_0; the next
+//              tile's first K/V blocks are shared by the 16 CTAs of its head). Also the first kStages K/V
+//              blocks: ptxas spilled in the producer's 24 registers (nvcc 13.0). Fixed lengths, not with
+//              kDynamic / kStreamTail / kCluster / kVarlen. false (the default): the code of the kernel
+//              before it existed
 //   kCluster   (the entry point sm90_fwd_cluster, __cluster_dims__(2, 1, 1); not a template parameter of
 //              sm90_fwd) clusters of two CTAs on the static persistent grid: CTAs 2c and 2c + 1 take
 //              tiles 2c + i·G and 2c + 1 + i·G, adjacent Q blocks of one (head, batch) at every step
@@ -280,6 +298,7 @@
 #include "sm90_tail.cuh"
 #include "sm90_fwd_common.cuh"
 #include "ptx_sm90_rowsum.cuh"
+#include "ptx_sm90_prefetch.cuh"
 
 namespace cuflash {
 
@@ -428,7 +447,8 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           class Elem, bool kCausal, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, int kEmuExp2,
           bool kDynamic, bool kTmaStore, bool kVarlen, bool kPSmem, bool kTreeMax, bool kQDouble,
           bool kLazyRescale, int kFoldCap, bool kAlibiLinear, bool kRescaleFirst, bool kTileOverlap,
-          bool kDropPacked, int kDropEarly, bool kStreamTail, bool kPvOverlap, bool kCluster, int kMaskedCopy>
+          bool kDropPacked, int kDropEarly, bool kStreamTail, bool kPvOverlap, bool kCluster, int kMaskedCopy,
+          int kRagKeys, bool kPrefetch>
 __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     // kDropEarly 4: one K/V block's keep flags, 16 bytes per consumer thread and 32-key block
     static constexpr int kGenBytes = kDropEarly == 4 ? kConsumers * 128 * (kBN / 32) * 16 : 0;
@@ -495,6 +515,13 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     static_assert(kFoldCap < 2 || kLazyRescale, "kFoldCap 2, 3, 4 run with kLazyRescale");
     static_assert(kMaskedCopy >= 0 && kMaskedCopy <= 2 && (kMaskedCopy == 0 || (kFoldCap >= 3 && !kAlibi)),
                   "kMaskedCopy (0..2) copies the folded softcap step (kFoldCap >= 3, no kAlibi)");
+    static_assert(kRagKeys == 0 || (kRagKeys % 16 == 0 && kRagKeys > 0 && kRagKeys < kBN && !kCausal && !kWindow
+                                    && !kSoftcap && !kAlibi && !kDropout && !kVarlen && !kTileOverlap && !kStreamTail
+                                    && !kCluster && !kPvOverlap && !kPSmem && !kRowSumMma),
+                  "kRagKeys: a multiple of 16 below kBN, plain non-causal fixed-length calls without tile_overlap, "
+                  "stream_tail, cluster, pv_overlap or p_smem");
+    static_assert(!kPrefetch || (kPersistent && !kDynamic && !kStreamTail && !kCluster && !kVarlen),
+                  "kPrefetch: the static persistent schedule (the next tile is tile + gridDim.x), fixed lengths");
     static_assert(!(kLazyRescale || kFoldCap) || ((kEmuExp2 == 0 || kFoldCap != 0) && !kDropout),
                   "kLazyRescale / kFoldCap run no dropout, and the software exp2 only with kFoldCap (softmax_fold.cuh)");
     static_assert(!kDropPacked || (kDropout && !kPSmem),
@@ -674,6 +701,16 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                 sm90_load_q<QTile>(q_buf(qb), q_full_of(qb), q_empty_of(qb), q_fill(q_iter), &p.tma_q, q_row0, at.head,
                                    tma_batch);
                 ++q_iter;
+                if constexpr (kPrefetch) {
+                    // the CTA's next tile's Q into L2 (header: kPrefetch)
+                    const int next = tile + int(gridDim.x);
+                    if (next < n_tiles) {
+                        const Sm90Tile nt = tile_at(next);
+#pragma unroll
+                        for (int b = 0; b < kChunks; ++b)
+                            tma_prefetch_4d(&p.tma_q, b * 64, nt.m_block * kBM, nt.head, nt.batch);
+                    }
+                }
                 // the tile's K/V blocks from the last (block j: keys k_row0 + (n_end - 1 - j) · kBN on),
                 // into the ring (sm90_fwd_common.cuh: slot reuse)
                 auto key0 = [&](int j) { return k_row0 + (n_end - 1 - j) * kBN; };
@@ -730,6 +767,8 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
 
     // S_j = Q_i K_jᵀ (64 x BN per warpgroup, fp32): issued, not waited for. kHeadDim / 16 steps:
     // d96 stops after chunk 1's second step, before its zero columns.
+    // kRagKeys: the tile's first P V (its ragged last K/V block's) still to issue at kRagKeys / 16 steps
+    bool rag_pv = false;
     auto issue_s = [&](int slot) {
         const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;  // descriptor address units
 #pragma unroll
@@ -748,6 +787,17 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     // Q: chunk kk / 4, 32 bytes per step inside it), so no register holds P.
     auto issue_pv = [&](int slot) {
         const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;
+        if constexpr (kRagKeys > 0) {
+            if (rag_pv) {   // the ragged block: P is 0 past its kRagKeys keys
+                rag_pv = false;
+#pragma unroll
+                for (int kk = 0; kk < kRagKeys / 16; ++kk)
+                    Wgmma<kOCols, Elem>::template rs<1>(o_flat, p_frag[0][kk], v_desc + slot_off + (u64(kk * 16 * 128) >> 4),
+                                                        1);
+                wgmma_commit();
+                return;
+            }
+        }
 #pragma unroll
         for (int kk = 0; kk < kBN / 16; ++kk) {
             const u64 v_off = slot_off + (u64(kk * 16 * 128) >> 4);
@@ -1158,6 +1208,8 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
             };
             // (kDropEarly: P_j's keep flags drawn while S_j computes; kTileOverlap: P_{n-1} V_{n-1} is in
             // O once one group is left, the groups completing in order)
+            if constexpr (kRagKeys > 0)   // the first block in loop order holds at most kRagKeys keys
+                rag_pv = p.seqlen_k - (n_end - 1) * kBN <= kRagKeys;
             sm90_consume_blocks<!kTileOverlap, kTileOverlap ? 1 : 0, kPvOverlap>(
                 bar, turn, kv_iter, n_blocks, last_tile, s_flat, o_flat, issue_s, issue_pv, softmax_s, to_p, rescale_o,
                 draw_early, first_landed, rescale_first, after_last_pv);
@@ -1197,12 +1249,13 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
-          bool kPvOverlap = false, int kMaskedCopy = 0>
+          bool kPvOverlap = false, int kMaskedCopy = 0, int kRagKeys = 0, bool kPrefetch = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
-                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false, kMaskedCopy>(p);
+                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false, kMaskedCopy,
+                  kRagKeys, kPrefetch>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent Q blocks of one head, sharing their K/V loads);
@@ -1213,13 +1266,14 @@ template <int kClusterSize, int kBM, int kBN, int kStages, int kConsumers, bool 
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
-          bool kPvOverlap = false, int kMaskedCopy = 0>
+          bool kPvOverlap = false, int kMaskedCopy = 0, int kRagKeys = 0, bool kPrefetch = false>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd_cluster(const __grid_constant__ Sm90FwdParams p) {
     static_assert(kClusterSize == 2, "sm90_fwd_cluster: clusters of 2 CTAs");
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
-                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true, kMaskedCopy>(p);
+                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true, kMaskedCopy,
+                  kRagKeys, kPrefetch>(p);
 }
 
 }  // namespace cuflash

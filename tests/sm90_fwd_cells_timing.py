@@ -59,7 +59,7 @@ CANDIDATES = {
     "q2": dict(q_double=True),
     "tree": dict(tree_max=True),
     # tile_overlap (kTileOverlap): the next tile's S_0 behind the last P V; static persistent, no pingpong
-    "tov": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=False, tma_store=False),
+    "tov": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=False, tma_store=False, lazy_rescale=False),
     "tov_bn176": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=False, tma_store=False,
                       BN=176),
     "tov_pp": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=True, tma_store=False),
@@ -81,18 +81,50 @@ CANDIDATES = {
     "cl_pvo": dict(cluster=True, pv_overlap=True),
     "nost_cl": dict(stream_tail=False, cluster=True),
     "nost_cl_pvo": dict(stream_tail=False, cluster=True, pv_overlap=True),
+    # lazy_rescale (kLazyRescale, FA4's: O rescaled only when a row's max moves by > 2^8) on the plain call,
+    # and even_waves (the static persistent grid sized to equal tile counts: 128 CTAs of 8 tiles for 1024)
+    "lazy": dict(lazy_rescale=True),
+    "ev": dict(even_waves=True),
+    "lazy_ev": dict(lazy_rescale=True, even_waves=True),
+    "nost_lazy": dict(stream_tail=False, lazy_rescale=True),
+    "nost_ev": dict(stream_tail=False, even_waves=True),
+    "nost_lazy_ev": dict(stream_tail=False, lazy_rescale=True, even_waves=True),
+    # rag_keys (kRagKeys): the ragged last K/V block's P V at rag_keys / 16 steps (-1: the call's)
+    "rag": dict(rag_keys=-1),
+    "lazy_rag": dict(rag_keys=-1, lazy_rescale=True),
+    "lazy_rag_ev": dict(rag_keys=-1, lazy_rescale=True, even_waves=True),
+    "nost_rag": dict(stream_tail=False, rag_keys=-1),
+    "nost_lazy_rag": dict(stream_tail=False, rag_keys=-1, lazy_rescale=True),
+    # prefetch (kPrefetch): the next tile's Q into L2 by TMA prefetches (static persistent)
+    "pf": dict(prefetch=True),
+    "lazy_pf": dict(prefetch=True, lazy_rescale=True),
+    "lazy_rag_pf": dict(prefetch=True, lazy_rescale=True, rag_keys=-1),
+    "tov_pf": dict(tile_overlap=True, dynamic=False, persistent=True, pingpong=False, tma_store=False, prefetch=True,
+                   lazy_rescale=False),
+    # the heuristic before HEURISTIC_LAZY (d256 2k / 4k: its lazy_rescale off; 4k: with stream_tail)
+    "nolazy": dict(lazy_rescale=False),
+    "nolazy_pf": dict(lazy_rescale=False, prefetch=True),
+    "st_nolazy": dict(lazy_rescale=False, stream_tail=True),
+    "nost_pf": dict(stream_tail=False, prefetch=True),
+    "nost_lazy_pf": dict(stream_tail=False, prefetch=True, lazy_rescale=True),
 }
 # (head dim, causal, seqlen) -> the rows of that cell, bf16 (rows equal to the heuristic's config or an
 # earlier row's, or invalid, are left out)
 CELLS = {
-    (256, False, 2048): ("heur", "st", "tov", "pvo", "tov_pvo", "st_pvo", "cl", "cl_pvo"),
-    (256, False, 4096): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl"),
-    (256, False, 8192): ("heur", "st", "nost", "pvo"),
-    (256, False, 16384): ("heur", "st", "nost", "pvo"),
+    (256, False, 2048): ("heur", "st", "tov", "pvo", "tov_pvo", "st_pvo", "cl", "cl_pvo", "lazy", "ev", "lazy_ev",
+                         "tree", "rag", "lazy_rag", "lazy_rag_ev", "pf", "lazy_pf", "lazy_rag_pf", "tov_pf", "nolazy",
+                         "nolazy_pf"),
+    (256, False, 4096): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl", "nost_lazy", "nost_ev", "nost_lazy_ev",
+                         "nost_rag", "nost_lazy_rag", "nost_pf", "nost_lazy_pf", "st_nolazy", "nolazy"),
+    (256, False, 8192): ("heur", "st", "nost", "pvo", "nost_lazy", "nost_pf", "nost_lazy_pf", "nolazy", "st_nolazy"),
+    (256, False, 16384): ("heur", "st", "nost", "pvo", "nost_lazy", "nost_pf", "nost_lazy_pf", "nolazy", "st_nolazy"),
     (128, False, 2048): ("heur", "st", "nost", "pvo"),
-    (128, False, 16384): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl"),
+    (128, False, 16384): ("heur", "st", "nost", "pvo", "nost_pvo", "nost_cl", "nost_lazy", "nost_ev", "nost_pf"),
     (64, False, 2048): ("heur", "st_static", "pvo"),
-    (256, True, 2048): ("heur", "pvo"),
+    (256, True, 2048): ("heur", "pvo", "lazy", "nolazy"),
+    (256, True, 4096): ("heur", "lazy", "nolazy"),
+    (256, True, 8192): ("heur", "lazy", "nolazy"),
+    (256, True, 16384): ("heur", "lazy", "nolazy"),
     (128, True, 8192): ("heur", "pvo"),
     (64, False, 4096): ("heur", "pvo"),
     (64, True, 4096): ("heur", "pvo"),
@@ -100,10 +132,19 @@ CELLS = {
 # the fp16 cells' rows (fewer: the compile budget). tile_overlap (tov*, non-causal only): the version of
 # session 16's round B was serialized by ptxas (0.5-0.8x); these rows time the loop-rotated one
 FP16_CELLS = {
-    (256, False, 2048): ("heur", "st", "pvo", "cl"),
-    (256, False, 4096): ("heur", "st", "nost", "nost_cl"),
+    (256, False, 2048): ("heur", "st", "pvo", "cl", "lazy", "ev", "lazy_ev", "tree", "rag", "lazy_rag",
+                         "lazy_rag_ev", "pf", "lazy_pf", "lazy_rag_pf", "tov", "tov_pf", "nolazy",
+                         "nolazy_pf"),
+    (256, True, 2048): ("heur", "lazy", "nolazy"),
+    (256, True, 4096): ("heur", "nolazy"),
+    (256, True, 8192): ("heur", "nolazy"),
+    (256, True, 16384): ("heur", "nolazy"),
+    (256, False, 8192): ("heur", "nolazy", "st_nolazy"),
+    (256, False, 16384): ("heur", "nolazy", "st_nolazy"),
+    (256, False, 4096): ("heur", "st", "nost", "nost_cl", "nost_lazy", "nost_ev", "nost_lazy_ev",
+                         "nost_rag", "nost_lazy_rag", "nost_pf", "nost_lazy_pf", "st_nolazy", "nolazy"),
     (128, False, 2048): ("heur", "st", "nost"),
-    (128, False, 16384): ("heur", "st", "nost", "nost_cl"),
+    (128, False, 16384): ("heur", "st", "nost", "nost_cl", "nost_lazy", "nost_ev", "nost_pf"),
 }
 
 
@@ -124,6 +165,8 @@ def cell_configs(dtype, d, causal, s, rows, quiet=False):
             if not quiet:
                 print(f"  skipped {key}: {exc}")
             continue
+        if getattr(cfg, "rag_keys", 0) == -1:   # the call's ragged block (sm90_fwd for_problem)
+            cfg = fam.for_problem(cfg, problem)
         if key != "heur" and (cfg == heur or cfg in out.values()):
             continue
         why = cfg.problems(227 * 1024)
@@ -199,7 +242,8 @@ def test_kernel_configs():
                                                          for q2 in ({}, {"q_double": False})]
     for dtype, d, causal, change in cases:
         p = cuflash.Problem("fwd", dtype, 2, 2049, 2049, 16, 4, d, causal)
-        cfg = fam.for_problem(fam.heuristic(p), p).replace(persistent=True, tma_store=False, stream_tail=False).replace(**change)
+        cfg = fam.for_problem(fam.heuristic(p), p).replace(persistent=True, tma_store=False, stream_tail=False,
+                                                           lazy_rescale=False).replace(**change)
         out.append(cfg.replace(section=0))
     return out
 
@@ -215,7 +259,8 @@ def stream_tail_test_configs():
     out = []
     for dtype, d, causal, change in t.KERNELS:
         p = cuflash.Problem("fwd", dtype, 2, 2049, 2049, 16, 4, d, causal)
-        cfg = fam.for_problem(fam.heuristic(p), p).replace(persistent=True, tma_store=False, stream_tail=False).replace(**change)
+        cfg = fam.for_problem(fam.heuristic(p), p).replace(persistent=True, tma_store=False, stream_tail=False,
+                                                           lazy_rescale=False).replace(**change)
         out.append(cfg.replace(section=0))
     return out
 

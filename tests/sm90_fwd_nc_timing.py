@@ -68,9 +68,10 @@ def case_configs(d, s, dtype, rows_wanted, quiet=False):
     fam = registry.get("sm90_fwd")
     h, b = 2048 // d, 16384 // s
     problem = Problem("fwd", dtype, b, s, s, h, h, d, False)
-    # the heuristic's tile as it was before stream_tail (session 17: HEURISTIC_STREAM_TAIL, timed by
-    # tests/sm90_fwd_cells_timing.py), so that this study's rows and kernels stay what they were
-    heur = fam.heuristic(problem).replace(stream_tail=False)
+    # the heuristic's tile as it was before stream_tail and lazy_rescale (session 17: HEURISTIC_STREAM_TAIL;
+    # session 22: HEURISTIC_LAZY; both timed by tests/sm90_fwd_cells_timing.py), so that this study's rows and
+    # kernels stay what they were
+    heur = fam.heuristic(problem).replace(stream_tail=False, lazy_rescale=False)
     base = heur
     out = {}
     for key in rows_wanted:

@@ -131,6 +131,27 @@ def case_rows(kind, d, causal):
     return dict(lens=lens, h=h, flops=flops(lens, h, d, causal)), fwd_rows, fb_rows, b_rows
 
 
+def case_configs(cases, bwd_only=False) -> list:
+    """The kernels of case_rows' forced rows (without tensors): fa2_fwd's varlen forward (the backward
+    rows' out and LSE), sm90_fwd's two schedules, fa2_bwd's and sm90_bwd's varlen backwards."""
+    out = {}
+    for kind, d, causal in cases:
+        lens = lengths(kind)
+        p = Problem("fwd", "bf16", len(lens), max(lens), max(lens), 2048 // d, 2048 // d, d, causal, False,
+                    ("varlen",))
+        fa2, sm90 = registry.get("fa2_fwd"), registry.get("sm90_fwd")
+        cfgs = [fa2.for_problem(fa2.heuristic(p), p)]
+        if not bwd_only:
+            c = sm90.for_problem(sm90.heuristic(p), p)
+            cfgs += [c.replace(persistent=False), c.replace(persistent=True)]
+        pb = p.replace(op="bwd")
+        for name in ("fa2_bwd", "sm90_bwd"):
+            fam = registry.get(name)
+            cfgs.append(fam.for_problem(fam.heuristic(pb), pb))
+        out.update({c.name: c for c in cfgs})
+    return list(out.values())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=10)
@@ -138,8 +159,15 @@ def main():
     ap.add_argument("--no-bwd", action="store_true", help="forward rows only")
     ap.add_argument("--bwd-only", action="store_true", help="the backward rows only")
     ap.add_argument("--hdims", type=int, nargs="+", default=[128, 64])
+    ap.add_argument("--precompile-only", action="store_true",
+                    help="compile the cases' kernels (the forward fa2_fwd varlen rows use, the backwards) and stop")
     args = ap.parse_args()
     cases = [(kind, d, causal) for kind in ("mixed", "short") for d in args.hdims for causal in (False, True)]
+    if args.precompile_only:
+        from cuflash.compile import precompile
+
+        print(f"compiled {len(precompile(case_configs(cases, args.bwd_only)))} kernels")
+        return
     built = [case_rows(*c) for c in cases]
     from cuflash.compile import precompile
 

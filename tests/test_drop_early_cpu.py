@@ -185,24 +185,32 @@ def test_dropout_plain_flags_bwd_compiles_without_spills():
 
 
 def test_varlen_small_head_dims_rank(monkeypatch):
-    """sm90_bwd VARLEN_SMALL_D ({64}: measured faster than fa2_bwd): the varlen backward at d <= 64 ranks
-    above fa2_bwd, at 65..96 below it; with the set empty both below (fa2_bwd)."""
+    """sm90_bwd VARLEN_SMALL_D ({64, 96}: measured faster than fa2_bwd): the varlen backward at d <= 96 ranks
+    above fa2_bwd; with the set empty below it (fa2_bwd). VARLEN_SMALL_D_FEATURES ({64: window, softcap,
+    ALiBi}): those features alone at d <= 64 rank above fa2_bwd, dropout, pairs and 65..96 below it."""
     from cuflash.families import sm90_bwd
     from cuflash.select import choose
 
     fam = registry.get("sm90_bwd")
     p64 = Problem("bwd", "bf16", 4, 2048, 2048, 16, 16, 64, True, features=("varlen",))
     p96 = p64.replace(head_dim=96)
-    assert fam.rank(p64) >= 0 and fam.rank(p96) < 0
-    assert choose(p64, (9, 0), "", 227 * 1024)[1].family == ("sm90_bwd" if sm90_bwd.VARLEN_BWD else "fa2_bwd")
-    assert choose(p96, (9, 0), "", 227 * 1024)[1].family == "fa2_bwd"
+    assert fam.rank(p64) >= 0 and fam.rank(p96) >= 0
+    want = "sm90_bwd" if sm90_bwd.VARLEN_BWD else "fa2_bwd"
+    assert choose(p64, (9, 0), "", 227 * 1024)[1].family == want
+    assert choose(p96, (9, 0), "", 227 * 1024)[1].family == want
+    monkeypatch.setattr(sm90_bwd, "VARLEN_SMALL_D", frozenset({64}))
+    assert fam.rank(p96) < 0 and choose(p96, (9, 0), "", 227 * 1024)[1].family == "fa2_bwd"
     monkeypatch.setattr(sm90_bwd, "VARLEN_SMALL_D", frozenset())
     assert fam.rank(p64) < 0 and choose(p64, (9, 0), "", 227 * 1024)[1].family == "fa2_bwd"
-    monkeypatch.setattr(sm90_bwd, "VARLEN_SMALL_D", frozenset({64, 96}))
-    assert fam.rank(p96) >= 0
-    big = p64.replace(head_dim=128)
-    assert fam.rank(big) >= 0
-    assert fam.rank(p64.replace(features=("dropout", "varlen"), dropout_p=0.1)) < 0   # (features: fa2_bwd)
+    assert fam.rank(p64.replace(head_dim=128)) >= 0
+    feat = lambda *f, **kw: p64.replace(features=tuple(sorted(f + ("varlen",))), **kw)  # noqa: E731
+    for f, kw in ((("window",), dict(window=(256, 0))), (("softcap",), dict(softcap=30.0)), (("alibi",), {})):
+        assert fam.rank(feat(*f, **kw)) >= 0, f                      # (VARLEN_SMALL_D_FEATURES: on at d64)
+        assert fam.rank(feat(*f, **kw).replace(head_dim=96)) < 0, f  # (65..96 with features: not timed)
+    assert fam.rank(feat("dropout", dropout_p=0.1)) < 0                # (measured no faster: fa2_bwd)
+    assert fam.rank(feat("softcap", "window", softcap=30.0, window=(256, 0))) < 0   # (pairs: not timed)
+    monkeypatch.setattr(sm90_bwd, "VARLEN_SMALL_D_FEATURES", {})
+    assert fam.rank(feat("window", window=(256, 0))) < 0
 
 
 @pytest.mark.parametrize("form", [1, 2])

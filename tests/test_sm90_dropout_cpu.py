@@ -69,7 +69,7 @@ def test_dropout_heuristic_config_and_kernel_names():
         # (then kDynamic, kTmaStore, kVarlen and the feature variants, appended after them)
         args = dict(zip(type(cfg).__dataclass_fields__, cfg.template_args()))
         assert (args["dropout"], args["emu_exp2"]) == (True, 0)
-        assert len(cfg.template_args()) == len(type(cfg).__dataclass_fields__) - 2   # (section: run time; cluster: the entry point)
+        assert len(cfg.template_args()) == len(type(cfg).__dataclass_fields__) - 3   # (section: run time; cluster: the entry point; even_waves: the grid)
         with pytest.MonkeyPatch.context() as mp:   # the switch off: the static tiles of before
             mp.setattr(sm90_fwd, "DROPOUT_DYNAMIC", False)
             static = FAM.for_problem(FAM.heuristic(p), p)

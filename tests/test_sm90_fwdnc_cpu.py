@@ -171,7 +171,7 @@ def test_rescale_first_field():
     assert not DYN.kernel_name().endswith("0, false>") and DYN.kernel_name().endswith(", true>")
     # (tile_overlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap and kMaskedCopy after it: the last six of
     # template_args)
-    assert RF.template_args()[-7] is True and DYN.template_args()[-7] is False
+    assert RF.template_args()[-9] is True and DYN.template_args()[-9] is False
     assert RF.smem_bytes == RF.replace(rescale_first=False).smem_bytes
     assert "rescale_first" not in FAM.encode(RF.replace(rescale_first=False))
     assert FAM.encode(RF).endswith(",rescale_first=1")

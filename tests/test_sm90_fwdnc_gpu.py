@@ -56,10 +56,11 @@ def kid(k):
 
 
 def tile_of(heuristic, change):
-    """The heuristic's config, persistent, without stream_tail (which the heuristic sets for some
-    non-causal cells: HEURISTIC_STREAM_TAIL), with ``change`` (tests/sm90_fwd_nc_timing.py --with-tests
-    compiles the same)."""
-    return heuristic.replace(persistent=True, tma_store=False, stream_tail=False).replace(**change)
+    """The heuristic's config, persistent, without stream_tail and lazy_rescale (which the heuristic sets
+    for some cells: HEURISTIC_STREAM_TAIL, HEURISTIC_LAZY), with ``change`` (tests/sm90_fwd_nc_timing.py
+    --with-tests compiles the same)."""
+    return heuristic.replace(persistent=True, tma_store=False, stream_tail=False,
+                             lazy_rescale=False).replace(**change)
 
 
 def config_for(k, q, kk, section=0):

@@ -36,8 +36,8 @@ def test_name_template_arguments_and_shared_memory():
     assert tree.name.endswith("_psmem_tree") and tree.kernel_name().endswith("false, false, true, true>")
     assert PS.replace(p_smem=False, tree_max=True).kernel_name().endswith("true, false, false, false, true>")
     args = dict(zip(type(PS).__dataclass_fields__, PS.template_args()))   # (by field name: the feature
-    assert len(PS.template_args()) == len(type(PS).__dataclass_fields__) - 2  # variants' flags follow; section: run time;
-    # cluster: sm90_fwd_cluster's leading cluster size)
+    assert len(PS.template_args()) == len(type(PS).__dataclass_fields__) - 3  # variants' flags follow; section: run time;
+    # cluster: sm90_fwd_cluster's leading cluster size; even_waves: the grid)
     assert (args["p_smem"], args["tree_max"], args["q_double"]) == (True, False, False)
     # the P tiles: 3 warpgroups x 64 rows x 3 chunks of 64 keys x 2 bytes; BN 176 also takes 3 chunks
     assert PS.p_tile_bytes == 3 * 64 * 192 * 2

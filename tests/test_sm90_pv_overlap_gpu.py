@@ -39,7 +39,8 @@ def cell_config(c, pv_overlap=True):
 
     fam = registry.get("sm90_fwd")
     p = cuflash.Problem.fa_convention("fwd", c[0], c[1], c[2], c[3])
-    return fam.for_problem(fam.heuristic(p), p).replace(pv_overlap=pv_overlap, section=0).validate(227 * 1024)
+    return fam.for_problem(fam.heuristic(p), p).replace(pv_overlap=pv_overlap, lazy_rescale=False, section=0).validate(
+        227 * 1024)   # (lazy_rescale: HEURISTIC_LAZY's, since session 22; the study's tile without it)
 
 
 def forward_grid(k, cfg, seqlens, runs=lambda q, kk: True):

@@ -39,7 +39,7 @@ def test_config_name_and_template_arguments():
                                  "false, false, false, false, 0, true>")
     args = dict(zip(type(DYN).__dataclass_fields__, DYN.template_args()))   # (kVarlen and the feature
     assert (args["dynamic"], args["tma_store"]) == (True, False)              # variants after them)
-    assert len(DYN.template_args()) == len(type(DYN).__dataclass_fields__) - 2   # (section: run time; cluster: the entry point)
+    assert len(DYN.template_args()) == len(type(DYN).__dataclass_fields__) - 3   # (section: run time; cluster: the entry point; even_waves: the grid)
     plain = DYN.replace(dynamic=False)
     assert plain.kernel_name() == "cuflash::sm90_fwd<128, 176, 2, 2, true, true, 128, cuflash::bf16, true, false, false, false>"
     # the ring: 4 mbarriers and 2 tile indices on top of the plain kernel's shared memory

@@ -72,7 +72,7 @@ def test_field_name_template_and_encoding():
     assert PLAIN.kernel_name() == ("cuflash::sm90_fwd<128, 80, 2, 2, false, true, 256, cuflash::bf16, false, "
                                    "false, false, false>")
     assert ST.kernel_name().endswith(", false, 0, true>") and ST.kernel_name().count(",") == 27
-    assert ST.template_args()[-3] is True and PLAIN.template_args()[-3] is False   # (kPvOverlap, kMaskedCopy after)
+    assert ST.template_args()[-5] is True and PLAIN.template_args()[-5] is False   # (kPvOverlap, kMaskedCopy, kRagKeys, kPrefetch after)
     assert "stream_tail" not in FAM.encode(PLAIN) and FAM.encode(ST).endswith(",stream_tail=1")
     assert FAM.decode(FAM.encode(ST), "bf16", False) == ST
     assert "stream_tail" not in FAM.space
@@ -121,6 +121,7 @@ def test_heuristic_takes_it_only_where_listed(monkeypatch):
     p = Problem.fa_convention("fwd", "bf16", 256, False, 2048)
     assert FAM.heuristic(p).stream_tail is (( 256, p.bucket) in sm90_fwd.HEURISTIC_STREAM_TAIL)
     monkeypatch.setattr(sm90_fwd, "HEURISTIC_STREAM_TAIL", frozenset({(256, p.bucket)}))
+    monkeypatch.setattr(sm90_fwd, "HEURISTIC_LAZY", frozenset())   # (lazy_rescale replaces it where listed)
     cfg = FAM.heuristic(p)
     assert cfg.stream_tail and not cfg.problems(227 * 1024)
     assert not FAM.heuristic(Problem.fa_convention("fwd", "bf16", 256, True, 2048)).stream_tail

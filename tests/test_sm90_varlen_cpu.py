@@ -65,7 +65,7 @@ def test_names_and_encoding():
                                "true, false, false, false, false, 0, false, false, true>")
     assert v.name == cfg.name + "_varlen"
     args = dict(zip(type(v).__dataclass_fields__, v.template_args()))   # (the feature variants after it)
-    assert args["varlen"] is True and len(v.template_args()) == len(type(v).__dataclass_fields__) - 2   # (section: run time; cluster: the entry point)
+    assert args["varlen"] is True and len(v.template_args()) == len(type(v).__dataclass_fields__) - 3   # (section: run time; cluster: the entry point; even_waves: the grid)
     drop = cfg.replace(dropout=True, varlen=True, BN=128)
     assert drop.kernel_name().endswith("false, false, false, true, 0, false, false, true>")
     # varlen is the call's, not encoded (a tuned entry or a torch-op config string never carries it)
@@ -228,9 +228,10 @@ def test_bwd_varlen_switch(monkeypatch):
 def test_bwd_varlen_selection_and_names(varlen_bwd_on):
     fam, cfg, _ = choose(bproblem(128), (9, 0))
     assert fam.name == "sm90_bwd" and cfg.varlen and cfg.name.endswith("_varlen")
-    assert choose(bproblem(64), (9, 0))[0].name == "sm90_bwd"         # rank(): VARLEN_SMALL_D {64}
-    assert choose(bproblem(96), (9, 0))[0].name == "fa2_bwd"          # (65..96: fa2_bwd, not timed)
-    assert choose(bproblem(64, feats=("window",)), (9, 0))[0].name == "fa2_bwd"   # (features: fa2_bwd)
+    assert choose(bproblem(64), (9, 0))[0].name == "sm90_bwd"         # rank(): VARLEN_SMALL_D {64, 96}
+    assert choose(bproblem(96), (9, 0))[0].name == "sm90_bwd"
+    assert choose(bproblem(64, feats=("window",)), (9, 0))[0].name == "sm90_bwd"   # (VARLEN_SMALL_D_FEATURES)
+    assert choose(bproblem(64, feats=("dropout",)), (9, 0))[0].name == "fa2_bwd"   # (dropout: fa2_bwd)
     assert "deterministic varlen" in BWD.supports((9, 0), bproblem(128, det=True))
     assert BWD.supports((9, 0), bproblem(64, det=True)) == ""
     for feats in (("window",), ("dropout",), ("alibi", "softcap")):

@@ -19,7 +19,8 @@ sm90_bwd first there), forced by config= at head dim 64 (deterministic too), wit
 attention's gradient error (test_flash_bwd_gpu.check_grads).
 
 Compiles: 9 sm90_fwd varlen forwards, 2 fa2_fwd varlen forwards (the comparison), 2 fa2_bwd
-varlen backwards (autograd), 4 sm90_bwd varlen backwards.
+varlen backwards (autograd), 6 sm90_bwd varlen backwards (2 of them the d128 kernel at head dim 96, which
+selection runs there with sm90_bwd.VARLEN_SMALL_D holding 96).
 """
 import math
 
@@ -67,6 +68,8 @@ def _precompiled():
     for causal in (False, True):
         p = Problem("bwd", "bf16", 3, 1024, 1024, 6, 2, 128, causal, False, ("varlen",))
         cfgs += [fam_b.for_problem(fam_b.heuristic(p), p), fa2_b.for_problem(fa2_b.heuristic(p), p)]
+        p = Problem("bwd", "bf16", 3, 1024, 1024, 6, 2, 96, causal, False, ("varlen",))   # (the d96 test's)
+        cfgs.append(fam_b.for_problem(fam_b.heuristic(p), p))
     pf = Problem("fwd", "bf16", 3, 1024, 1024, 6, 2, 128, True, False, ("varlen",))
     cfgs.append(registry.get("fa2_fwd").for_problem(FwdConfig(128, 32, 4, 2, 128, "bf16", True), pf))
     failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]
@@ -271,3 +274,16 @@ def test_sm90_varlen_backward_forced(varlen_bwd_on, dtype, causal, deterministic
         again = varlen_torch.backward(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, scale, causal,
                                       deterministic, cfg)
         assert all(torch.equal(a, b) for a, b in zip(grads, again))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm90_varlen_backward_d96_selected(varlen_bwd_on, monkeypatch, causal):
+    """Head dim 96 with sm90_bwd.VARLEN_SMALL_D holding 96: selection runs the varlen backward on
+    sm90_bwd's d128 kernel (columns 96..127 zero-filled), through autograd, GQA."""
+    need_sm90()
+    from cuflash.families import sm90_bwd
+
+    monkeypatch.setattr(sm90_bwd, "VARLEN_SMALL_D", sm90_bwd.VARLEN_SMALL_D | {96})
+    check_varlen(LENS_Q, LENS_K, 6, 2, 96, "bf16", causal, what=f"sm90_bwd d96 causal={causal}: ")
+    bwd = [p for p in varlen._plans.values() if p.family.op == "bwd"]
+    assert bwd and all(p.family.name == "sm90_bwd" and p.config.varlen for p in bwd)

@@ -11,8 +11,10 @@ low-precision error (3x plus one ulp of the largest gradient for dQ, dK, dV), ou
 (NaN) before each launch. Lengths include 0 and 1 and s_q != s_k per sequence; GQA / MQA;
 bf16 and fp16; head dims 64, 128 and 72 (a kernel head dim of 80).
 
-Compile count: 9 (forward, backward) pairs, one per CASES / DROP_CASES entry and the
-deterministic one; the other tests reuse them. A few minutes on an H100 with a cold cache.
+Compile count: 10 (forward, backward) pairs, one per CASES / DROP_CASES entry and the
+deterministic one; the other tests reuse them. A few minutes on an H100 with a cold cache. On the H100
+the varlen backwards of window, softcap or ALiBi alone at head dims <= 64 run on sm90_bwd
+(sm90_bwd.VARLEN_SMALL_D_FEATURES), the others on fa2_bwd.
 """
 import math
 
@@ -41,6 +43,8 @@ CASES = [
     ("alibi_h_fp16_d64_gqa", "fp16", 64, False, (-1, -1), 0.0, "h", "gqa"),
     ("all_bh_causal_bf16_d72_gqa", "bf16", 72, True, (129, -1), 10.0, "bh", "gqa"),
     ("window_right_only_alibi_bh_bf16_d64_mha", "bf16", 64, False, (-1, 13), 0.0, "bh", "mha"),
+    # softcap alone at d64: its varlen backward on sm90_bwd (VARLEN_SMALL_D_FEATURES)
+    ("softcap_full_fp16_d64_mqa", "fp16", 64, False, (-1, -1), 30.0, None, "mqa"),
 ]
 P_DROP = 0.17
 # (id, dtype, head dim, causal, heads)

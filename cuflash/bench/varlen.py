@@ -11,7 +11,12 @@ Forward alone and forward + backward (``torch.autograd.grad`` of the output). cu
 while timing (api.CHECK_CU_SEQLENS off: no sync per call). FLOPs count the
 real tokens only, Σ_b 4·s_b²·h·d (÷2 causal; backward 2.5x), so TFLOPs compare the useful work.
 
-Run: ``python -m cuflash.bench.varlen [--out results] [--hdims 64 128] [--reps 20]``; writes
+``--features window softcap alibi dropout`` adds, per feature, the same records with that feature on both
+cuflash calls (FEATURE_ARGS: window 256 left (non-causal also 256 right), softcap 30, ALiBi slopes per
+head, dropout 0.1; no nested-tensor SDPA row), "feature" naming it ("" for the plain call); TFLOPs still
+count the full attention of the real tokens (a window's visible share is smaller).
+
+Run: ``python -m cuflash.bench.varlen [--out results] [--hdims 64 128] [--reps 20] [--features ...]``; writes
 results/<gpu>/bench_varlen.{json,csv} (common.write) and prints one line per record.
 """
 from __future__ import annotations
@@ -38,13 +43,30 @@ def lengths(mix: str, tokens: int, seed: int = 0) -> list:
     return out
 
 
+def feature_args(feature: str, causal: bool, nheads: int) -> dict:
+    """The keyword arguments of a cuflash call with this one feature ('' : none)."""
+    import torch
+
+    if feature == "window":
+        return dict(window_size=(256, 0 if causal else 256))
+    if feature == "softcap":
+        return dict(softcap=30.0)
+    if feature == "alibi":
+        return dict(alibi_slopes=torch.tensor([2.0 ** (-8 * (i + 1) / nheads) for i in range(nheads)],
+                                              device="cuda", dtype=torch.float32))
+    if feature == "dropout":
+        return dict(dropout_p=0.1)
+    assert not feature, feature
+    return {}
+
+
 def flops(lens, nheads, head_dim, causal, bwd=False) -> float:
     f = sum(4.0 * s * s * nheads * head_dim for s in lens) / (2 if causal else 1)
     return f * (3.5 if bwd else 1.0)  # fwd + bwd = 1 + 2.5
 
 
 def run_one(mix: str, dtype: str, head_dim: int, causal: bool, tokens: int = 16384,
-            model_dim: int = 2048, reps: int = 20, log=print) -> list:
+            model_dim: int = 2048, reps: int = 20, log=print, feature: str = "") -> list:
     import torch
 
     import cuflash
@@ -64,12 +86,16 @@ def run_one(mix: str, dtype: str, head_dim: int, causal: bool, tokens: int = 163
         x.requires_grad_()
 
     # impl -> (forward callable, dout, the inputs the gradients are taken of)
+    kw = feature_args(feature, causal, h)
     fns = {
-        "cuflash:varlen": (lambda: cuflash.flash_attn_varlen_func(q, k, v, cu, cu, smax, smax, causal=causal),
+        "cuflash:varlen": (lambda: cuflash.flash_attn_varlen_func(q, k, v, cu, cu, smax, smax, causal=causal, **kw),
                            do, (q, k, v)),
-        "cuflash:padded": (lambda: cuflash.flash_attn_func(qp, kp, vp, causal=causal), dop, (qp, kp, vp)),
+        "cuflash:padded": (lambda: cuflash.flash_attn_func(qp, kp, vp, causal=causal, **kw), dop, (qp, kp, vp)),
     }
+    nested_error = "not timed with a feature" if feature else ""
     try:  # jagged nested tensors (B, j, h, d), seen by SDPA as (B, h, j, d)
+        if feature:
+            raise NotImplementedError(nested_error)
         offsets = cu.to(torch.int64)
 
         def nest(x, grad):
@@ -101,7 +127,7 @@ def run_one(mix: str, dtype: str, head_dim: int, causal: bool, tokens: int = 163
         api.CHECK_CU_SEQLENS = check
     for name in fns:
         fm, bm = fwd_t[name].median_ms, both_t[name].median_ms
-        records.append(dict(impl=name, mix=mix, dtype=dtype, hdim=head_dim, causal=causal,
+        records.append(dict(impl=name, mix=mix, dtype=dtype, hdim=head_dim, causal=causal, feature=feature,
                             nheads=h, tokens=tokens, batch=b, max_seqlen=smax,
                             padded_tokens=b * smax, fwd_ms=fm,
                             fwd_tflops=flops(lens, h, head_dim, causal) / fm / 1e9,
@@ -109,7 +135,7 @@ def run_one(mix: str, dtype: str, head_dim: int, causal: bool, tokens: int = 163
                             fwdbwd_tflops=flops(lens, h, head_dim, causal, True) / bm / 1e9))
     if nested_error:
         records.append(dict(impl="sdpa:nested", mix=mix, dtype=dtype, hdim=head_dim, causal=causal,
-                            error=nested_error))
+                            feature=feature, error=nested_error))
     for r in records:
         log("  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
     return records
@@ -123,14 +149,20 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--features", nargs="*", default=[],
+                        help="also time each of these features on both calls (window softcap alibi dropout)")
+    parser.add_argument("--no-plain", action="store_true", help="only the --features records")
+    parser.add_argument("--causal", choices=["both", "0", "1"], default="both", help="the masks timed")
     args = parser.parse_args(argv)
     from .common import results_dir, write
 
     records = []
+    feats = ([] if args.no_plain else [""]) + list(args.features)
     for mix in args.mixes:
         for d in args.hdims:
-            for causal in (False, True):
-                records += run_one(mix, args.dtype, d, causal, args.tokens, reps=args.reps)
+            for causal in {"both": (False, True), "0": (False,), "1": (True,)}[args.causal]:
+                for feature in feats:
+                    records += run_one(mix, args.dtype, d, causal, args.tokens, reps=args.reps, feature=feature)
     write(records, results_dir(args.out), STEM)
     return 0
 

@@ -451,9 +451,20 @@ DROPOUT_BY_DEFAULT = True
 # tile (1.0-1.14x fa2_bwd's time). Measured on the H100 (session 17 round 2, tests/sm90_varlen_timing.py
 # --hdims 64 --bwd-only, bf16, 16k tokens, 32 heads): the BM 128 tile's varlen backward in 0.71x /
 # 0.71x fa2_bwd's time (mixed lengths 512..8k, full / causal) and 0.86x / 0.91x (short, 64..1k);
-# its correctness: tests/test_sm90_varlen_gpu.py (d64 forced). 96: not timed, fa2_bwd. Plain varlen calls
-# only (the features' varlen backwards at d64 keep fa2_bwd: not timed).
-VARLEN_SMALL_D: frozenset = frozenset({64})
+# its correctness: tests/test_sm90_varlen_gpu.py (d64 forced). 96 (session 22, fwd14 round 1, an H200, the
+# same script --hdims 96 --bwd-only, 21 heads; results/NVIDIA_H100_80GB_HBM3/logs/session22_fwd14/): the d128
+# kernel (BM 64) in 0.595 / 0.609x fa2_bwd's time (mixed, full / causal) and 0.725 / 0.776x (short); its
+# correctness: tests/test_sm90_varlen_gpu.py test_sm90_varlen_backward_d96_selected. Plain varlen calls
+# only (with features: VARLEN_SMALL_D_FEATURES).
+VARLEN_SMALL_D: frozenset = frozenset({64, 96})
+# The same for varlen calls with features: {kernel head dim: the feature sets (besides varlen) whose varlen
+# backward rank() puts above fa2_bwd}; any other set at head dims <= 96 keeps fa2_bwd. Measured (session 22,
+# fwd14 round 1, an H200, tests/sm90_varlen_bwd_features_timing.py: bf16 d64, 32 heads, 16k tokens, the
+# backward alone, sm90_bwd's heuristic tile x fa2_bwd's time, mixed (512..8k) full / causal, short (64..1k)
+# full / causal): window 256 0.664 / 0.795, 0.735 / 0.853; softcap 30 0.817 / 0.789, 0.893 / 0.929; ALiBi
+# 0.781 / 0.717, 0.871 / 0.888; dropout 0.1 0.997 / 1.021, 1.039 / 1.106 (not faster: fa2_bwd). Head dims
+# 65..96 with features and the feature pairs: not timed (fa2_bwd).
+VARLEN_SMALL_D_FEATURES: dict = {64: frozenset({("window",), ("softcap",), ("alibi",)})}
 # Whether a dropout call (dropout alone, head dim 128, non-causal, unordered, fixed lengths) runs the
 # plain heuristic's speed flags (DROPOUT_PLAIN_FLAGS: the dynamic scheduler, ds_double, dq_early,
 # dk_late, frag_pin with dq_writer), the one set of them that ptxas builds without spills next to the
@@ -1091,10 +1102,11 @@ class Sm90Backward(Family):
         if "dropout" in problem.features and not DROPOUT_BY_DEFAULT:
             return -1
         d = problem.head_dim
-        if "varlen" in problem.features and d <= 96 and not (
-                tuple(problem.features) == ("varlen",) and (64 if d <= 64 else 96) in VARLEN_SMALL_D):
-            return -1   # varlen at d <= 96: fa2_bwd where the 2-consumer tiles are not timed (VARLEN_SMALL_D:
-            #             plain varlen calls; with window / softcap / ALiBi / dropout fa2_bwd as before)
+        if "varlen" in problem.features and d <= 96:
+            small, others = 64 if d <= 64 else 96, tuple(f for f in problem.features if f != "varlen")
+            if not (small in VARLEN_SMALL_D if not others else others in VARLEN_SMALL_D_FEATURES.get(small, ())):
+                return -1   # fa2_bwd where the 2-consumer tiles are not timed (VARLEN_SMALL_D: plain varlen
+                #             calls; VARLEN_SMALL_D_FEATURES: with window / softcap / ALiBi / dropout)
         if d > 128:
             above = D256_ABOVE_FA2 if d > 192 else D192_ABOVE_FA2
         else:

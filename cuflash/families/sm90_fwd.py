@@ -237,6 +237,26 @@ SCHED_RING_BYTES = 8 * 4 + 4 * 2
 # non-causal, static persistent with stream_tail against the dynamic heuristic: 1.046 -> 1.155 (bf16, one
 # round; fp16 and the static tile without stream_tail unmeasured): left off until measured in both dtypes.
 HEURISTIC_STREAM_TAIL: frozenset = frozenset({(128, 2048), (128, 16384), (256, 4096), (256, 8192), (256, 16384)})
+# lazy_rescale (kLazyRescale, softmax_fold.cuh: FlashAttention-4's, O rescaled only when a row's max moves by more
+# than 2^8 in P) on plain calls: the (head dim, causal, seqlen bucket) classes whose tile takes it (non-causal: the
+# static persistent one, in place of stream_tail: the two exclude each other; causal: the dynamic one). Applied by
+# class_switches to the heuristic's config and to tuned entries' (make: the table's points carry only the space's
+# fields), not to a config= given. At d256 the rescale is 128 FMULs per thread and K/V block (a third of the block's
+# non-GEMM instructions); on random inputs the max moves past the threshold on no block after the first few.
+# Measured (session 22, fwd14, an H200: tests/sm90_fwd_cells_timing.py, dim 2048, batch x seqlen 16k, 30 shuffled
+# samples of 10 back-to-back calls, x SDPA cuDNN of the same rounds; results/NVIDIA_H100_80GB_HBM3/logs/
+# session22_fwd14/), the tile without -> with it, bf16 (fp16):
+#   round 1: d256 2k 1.019 -> 1.048 (1.018 -> 1.045); 4k 1.071 -> 1.103 (1.059 -> 1.089), stream_tail 1.078 (1.073);
+#            d128 16k 1.062 -> 1.042 (1.066 -> 1.047): not at d128;
+#   round 2: d256 2k 1.024 -> 1.051 (1.009 -> 1.046); 4k 1.070 -> 1.100 (1.054 -> 1.084), stream_tail 1.078 (1.070);
+#            8k 1.111 -> 1.137, stream_tail 1.125; 16k 1.122 -> 1.169, stream_tail 1.141; causal 2k (dynamic,
+#            pingpong) 1.042 -> 1.094 (1.047 -> 1.098);
+#   round 3: d256 2k 1.020 -> 1.049 (1.017 -> 1.046); 4k stream_tail 1.083 -> 1.105 (1.086 -> 1.101); 8k stream_tail
+#            1.140 -> 1.150 (1.124 -> 1.143); 16k stream_tail 1.152 -> 1.183 (1.143 -> 1.169); causal 2k 1.042 ->
+#            1.094 (1.046 -> 1.094), 4k 1.137 -> 1.207 (1.139 -> 1.204), 8k 1.204 -> 1.289 (1.206 -> 1.292),
+#            16k 1.252 -> 1.353 (1.246 -> 1.342).
+HEURISTIC_LAZY: frozenset = frozenset({(256, causal, bucket) for causal in (False, True)
+                                       for bucket in (2048, 4096, 8192, 16384)})
 # pv_overlap (kPvOverlap: the consumers' K/V loop rotated so that ptxas keeps the softmax of S_j above the
 # wait for the warpgroup's own P_{j-1} V_{j-1}; without it nvcc 13.0 puts that wait first and the step
 # overlaps only the other warpgroups' GEMMs: tests/test_sm90_pv_overlap_cpu.py reads the SASS). Measured
@@ -535,10 +555,27 @@ class Sm90FwdConfig(KernelConfig):
                an even number of Q blocks (for_problem drops it otherwise), head dims 96 / 128 / 256;
                not with stream_tail, tile_overlap, q_double. Measured 20-30% slower (HEURISTIC_CLUSTER's
                note): off, outside the tuning space
+    rag_keys:  0, or the keys of the ragged last K/V block (a multiple of 16 below BN; -1: the call's,
+               seqlen_k % BN where that is a multiple of 16, else 0, set by for_problem): that block (the
+               first the loop visits) runs its P V at rag_keys / 16 k16 steps (kRagKeys,
+               kernels_cu/sm90_fwd.cu), not over the zero-filled keys' full width. The
+               kernel checks per tile that the block holds at most rag_keys keys (else the full width).
+               Plain non-causal fixed-length calls; not with tile_overlap, stream_tail, cluster,
+               pv_overlap, p_smem (for_problem drops it)
+    prefetch:  the producer brings the CTA's next tile's Q into L2 by TMA prefetches once it has issued a
+               tile's Q load (kPrefetch, kernels_cu/ptx_sm90_prefetch.cuh), so the next tile's Q load reads
+               L2, not DRAM in every SM's burst at the tile switch.
+               Static persistent fixed-length calls (not dynamic, stream_tail, cluster, varlen)
     section:   KV heads per section of the dynamic scheduler's tile order (needs dynamic): 0, as many
                as fit SCHED_L2_BYTES of K and V (sched_section); n > 0, n KV heads (1: head-major,
                every CTA of a wave on one KV head's K/V). A run-time param (params.sched_section):
                the kernel, its name expression and its SASS are the same for every value
+    even_waves: the static persistent grid sized so that every CTA takes the same number of tiles
+               give or take one in the fewest waves (even_waves_grid: 1024 tiles on 132 SMs ->
+               128 CTAs of 8 tiles, where 132 CTAs run 100 x 8 + 32 x 7: the same 8 waves, 4 SMs
+               idle instead of 32 CTAs idle in the last one). The launch's grid only: the kernel,
+               its name expression and its SASS are those of the config without it. Static
+               persistent only (no dynamic, stream_tail, cluster)
     """
 
     BM: int
@@ -572,7 +609,10 @@ class Sm90FwdConfig(KernelConfig):
     pv_overlap: bool = False
     cluster: bool = False
     masked_copy: int = 0
-    section: int = 0               # (last: a run-time param, not a template argument)
+    rag_keys: int = 0
+    prefetch: bool = False
+    section: int = 0               # (a run-time param, not a template argument)
+    even_waves: bool = False       # (last: the launch's grid, not a template argument)
 
     family = "sm90_fwd"
     _what = "sm90 forward"
@@ -595,7 +635,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_tov' if self.tile_overlap else ''}"
                 f"{'_dpk' if self.drop_packed else ''}{'_dpe' if self.drop_early == 1 else f'_dpe{self.drop_early}' if self.drop_early else ''}"
                 f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}{'_cl2' if self.cluster else ''}"
-                f"{f'_mcp{self.masked_copy}' if self.masked_copy else ''}")
+                f"{f'_mcp{self.masked_copy}' if self.masked_copy else ''}{f'_rag{self.rag_keys}' if self.rag_keys else ''}"
+                f"{'_pf' if self.prefetch else ''}"
+                f"{'_ev' if self.even_waves else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -669,8 +711,10 @@ class Sm90FwdConfig(KernelConfig):
                 f"{int(self.drop_early)}",                                        # kDropEarly
                 f"{'true' if self.stream_tail else 'false'}",                     # kStreamTail
                 f"{'true' if self.pv_overlap else 'false'}",                      # kPvOverlap
-                f"{self.masked_copy}"]                                            # kMaskedCopy last
-        used = (18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{self.masked_copy}",                                            # kMaskedCopy
+                f"{self.rag_keys}",                                               # kRagKeys
+                f"{'true' if self.prefetch else 'false'}"]                        # kPrefetch last
+        used = (20 if self.prefetch else 19 if self.rag_keys else 18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -690,7 +734,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
                 self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail,
-                self.pv_overlap, self.masked_copy)
+                self.pv_overlap, self.masked_copy, self.rag_keys, self.prefetch)
 
     def _problems(self) -> list[str]:
         out = []
@@ -837,6 +881,22 @@ class Sm90FwdConfig(KernelConfig):
                 if getattr(self, flag):
                     out.append(f"{flag} with window / softcap / ALiBi / dropout (or their softmax variants) "
                                "is not implemented: plain calls only")
+        if self.rag_keys not in (-1, 0) and (self.rag_keys % 16 or not 0 < self.rag_keys < self.BN):
+            out.append(f"rag_keys must be 0, -1 (the call's) or a multiple of 16 below BN={self.BN}, got {self.rag_keys}")
+        if self.rag_keys and (self.causal or self.window or self.softcap or self.alibi or self.dropout or self.varlen
+                              or self.tile_overlap or self.stream_tail or self.cluster or self.pv_overlap
+                              or self.p_smem or self.fold_cap or self.emu_exp2):
+            out.append("rag_keys narrows the ragged last K/V block of plain non-causal fixed-length calls: not with "
+                       "causal / window / softcap / ALiBi / dropout / varlen, tile_overlap, stream_tail, cluster, "
+                       "pv_overlap, p_smem (kRagKeys' static_assert)")
+        if self.prefetch and not (self.persistent and not self.dynamic and not self.stream_tail and not self.cluster
+                                  and not self.varlen):
+            out.append("prefetch needs the static persistent schedule (the next tile is tile + grid size), fixed "
+                       "lengths: not dynamic, stream_tail, cluster or varlen")
+        if self.even_waves and not (self.persistent and not self.dynamic and not self.stream_tail
+                                    and not self.cluster):
+            out.append("even_waves sizes the static persistent grid: it needs persistent, and not dynamic, "
+                       "stream_tail or cluster (their grids are their own)")
         if self.section < 0 or self.section > MAX_SECTION:
             out.append(f"section must be 0 (the L2 rule) or 1..{MAX_SECTION} KV heads, got {self.section}")
         elif self.section and not self.dynamic:
@@ -1017,6 +1077,14 @@ def stream_tail_grid(tiles: int, sm_count: int) -> int:
     return max(1, min(tiles, sm_count, STREAM_TAIL_MAX_CTAS))
 
 
+def even_waves_grid(tiles: int, sm_count: int) -> int:
+    """even_waves' static persistent grid: the fewest CTAs that still finish ``tiles`` in the waves
+    of a CTA per SM (ceil(tiles / sm_count)), so every CTA takes that many tiles or one fewer: 1024 tiles
+    on 132 SMs, 128 CTAs of 8 (not 100 of 8 and 32 of 7)."""
+    waves = -(-tiles // max(1, sm_count))
+    return max(1, -(-tiles // max(1, waves)))
+
+
 def stream_tail_params(n_tiles: int, n: int, grid: int) -> dict:
     """params.tail_* of a stream_tail launch (kernels_cu/sm90_tail.cuh Sm90TailSchedule): the K/V blocks
     per tile n, the data-parallel tiles, the stretch's units per range (q, and one more for the first
@@ -1168,6 +1236,15 @@ class Sm90Forward(Family):
         if config.cluster and (problem.features or problem.causal or is_varlen(problem)
                                or -(-problem.seqlen_q // config.BM) % 2):
             config = config.replace(cluster=False)        # likewise; and the pairs of Q blocks need an even count
+        if config.rag_keys:   # the call's ragged block (a speed knob): plain non-causal fixed lengths only
+            rag = problem.seqlen_k % config.BN
+            plain = not (problem.features or problem.causal or is_varlen(problem) or config.tile_overlap
+                         or config.stream_tail or config.cluster or config.pv_overlap or config.p_smem)
+            rag = rag if plain and rag % 16 == 0 else 0
+            if config.rag_keys != rag:
+                config = config.replace(rag_keys=rag)
+        if config.prefetch and is_varlen(problem):
+            config = config.replace(prefetch=False)       # (a speed knob: fixed lengths only)
         if config.alibi_lin and (tuple(f for f in problem.features if f != "window") != ("alibi",)
                                  or config.emu_exp2 or config.tree_max):
             config = config.replace(alibi_lin=False)   # a speed knob: ALiBi alone (a window may join)
@@ -1195,12 +1272,12 @@ class Sm90Forward(Family):
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
                                "tile_overlap", "drop_packed", "drop_early", "stream_tail", "pv_overlap", "cluster",
-                               "masked_copy")
+                               "masked_copy", "rag_keys", "prefetch", "even_waves")
                                and not v))
 
     def make(self, point, problem: Problem):
-        """As Family.make; a point without emu_exp2 (tuned tables and recorded studies from before
-        the knob) gets 0, the plain kernel."""
+        """As Family.make, with class_switches' speed switches; a point without emu_exp2 (tuned tables and
+        recorded studies from before the knob) gets 0, the plain kernel."""
         if "emu_exp2" not in point:
             point = {**point, "emu_exp2": 0}
         if "dynamic" not in point:      # likewise from before the dynamic scheduler: off
@@ -1209,7 +1286,8 @@ class Sm90Forward(Family):
             point = {**point, "tma_store": False}
         if "p_smem" not in point:       # and before P through shared memory
             point = {**point, "p_smem": False}
-        return super().make(point, problem)
+        # the class's speed switches (HEURISTIC_LAZY): the points carry only the space's fields
+        return self.class_switches(super().make(point, problem), problem)
 
     def head_dim_of(self, head_dim: int) -> int:
         """64, 96, 128, 192 or 256: the first compiled head dim >= the real one (65..96 -> 96)."""
@@ -1319,10 +1397,20 @@ class Sm90Forward(Family):
             # lazy_rescale does, none; for_bounds: off per call where a tile has no keys)
             if cfg.persistent and not cfg.replace(window=True, tile_overlap=True, **over).problems():
                 cfg = cfg.replace(window=True, tile_overlap=True, **over)
-        return first_fitting(cfg, ({"tma_store": False}, {"BN": 64, "tma_store": False},
-                                   {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False,
-                                    "tma_store": False, "p_smem": False}),
-                             max_smem)
+        return self.class_switches(first_fitting(cfg, ({"tma_store": False}, {"BN": 64, "tma_store": False},
+                                                       {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False,
+                                                        "tma_store": False, "p_smem": False}),
+                                                 max_smem), problem)
+
+    def class_switches(self, config, problem: Problem):
+        """``config`` with the speed switches measured for ``problem``'s class (HEURISTIC_LAZY: lazy_rescale,
+        stream_tail off), for the heuristic's config and tuned entries' (make), where the config allows it;
+        a config= given keeps its own fields."""
+        if ((config.head_dim, bool(problem.causal), problem.bucket) in HEURISTIC_LAZY and not problem.features
+                and not config.lazy_rescale):
+            lazy = config.replace(lazy_rescale=True, stream_tail=False)
+            config = config if lazy.problems() else lazy
+        return config
 
     def kernel_names(self, config) -> dict:
         return {"main": config.kernel_name()}
@@ -1338,6 +1426,8 @@ class Sm90Forward(Family):
             grid = (max(2, grid[0] // 2 * 2), 1, 1)
         if getattr(config, "stream_tail", False):   # one partials slot per CTA (STREAM_TAIL_MAX_CTAS)
             grid = (stream_tail_grid(tiles, sm_count), 1, 1)
+        if getattr(config, "even_waves", False):    # static persistent: the same tile count per CTA
+            grid = (even_waves_grid(tiles, sm_count), 1, 1)
         return [LaunchSpec("main", grid, config.threads, config.smem_bytes)]
 
     def static_params(self, config, problem, strides, workspace, softmax_scale, sm_count) -> dict:
