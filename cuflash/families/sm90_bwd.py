@@ -944,11 +944,10 @@ class Sm90BwdConfig(KernelConfig):
             out.append("dq_first: the dQ accumulator zeroed in the main kernel (no zeroing preprocess), with "
                        "dq_writer, for fixed-length unordered calls (no deterministic, varlen or cluster), BM 64 "
                        "or 128")
-        if self.wide_epi and (self.deterministic or self.varlen or self.cluster or self.softcap
-                              or self.alibi or self.dropout):
-            out.append("wide_epi: the 16-byte dK / dV epilogue stores, for plain or windowed fixed-length unordered "
-                       "calls (no deterministic, varlen, cluster, softcap, ALiBi, dropout: the d128 ALiBi kernel spilled "
-                       "8 bytes with them, session 19)")
+        if self.wide_epi and (self.deterministic or self.varlen or self.cluster or self.alibi or self.dropout):
+            out.append("wide_epi: the 16-byte dK / dV epilogue stores, for plain, windowed or softcapped fixed-length "
+                       "unordered calls (no deterministic, varlen, cluster, ALiBi, dropout: the d128 ALiBi kernel "
+                       "spilled 8 bytes with them, session 19)")
         if self.drop_packed not in (0, 1, 2):
             out.append(f"drop_packed must be 0, 1 or 2, got {self.drop_packed}")
         elif self.drop_packed and not (self.dropout and not (self.window or self.softcap or self.alibi)
@@ -1249,7 +1248,7 @@ class Sm90Backward(Family):
         if config.dq_first and (not dq_first_covers(problem, config.BM, config.BN)
                                 or any("dq_first" in w for w in config.problems())):
             config = config.replace(dq_first=False)    # rows no K/V block adds to need the zeroed accumulator
-        if config.wide_epi and (problem.features not in ((), ("window",))
+        if config.wide_epi and (problem.features not in ((), ("window",), ("softcap",))
                                 or any("wide_epi" in w for w in config.problems())):
             config = config.replace(wide_epi=False)    # a speed choice: plain (or windowed) fixed-length unordered calls
         return with_drop_packed(config)

@@ -692,6 +692,12 @@ class Sm90FwdConfig(KernelConfig):
                 self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail,
                 self.pv_overlap, self.masked_copy)
 
+    def softcap_overlap_ok(self) -> bool:
+        """pv_overlap's rotated loop around the folded softcap step (fold_cap >= 3, softcap alone):
+        the one feature step it is allowed with (SOFTCAP_PV_OVERLAP)."""
+        return (self.softcap and self.fold_cap >= 3 and not (self.window or self.alibi or self.dropout
+                                                             or self.alibi_lin))
+
     def _problems(self) -> list[str]:
         out = []
         if self.head_dim not in HEAD_DIMS:
@@ -834,6 +840,8 @@ class Sm90FwdConfig(KernelConfig):
         if self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2 or self.lazy_rescale \
                 or self.fold_cap or self.alibi_lin:
             for flag in ("stream_tail", "cluster", "pv_overlap"):   # schedules built for plain calls
+                if flag == "pv_overlap" and self.softcap_overlap_ok():
+                    continue   # (and the folded softcap step's: SOFTCAP_PV_OVERLAP)
                 if getattr(self, flag):
                     out.append(f"{flag} with window / softcap / ALiBi / dropout (or their softmax variants) "
                                "is not implemented: plain calls only")
@@ -1163,8 +1171,9 @@ class Sm90Forward(Family):
             config = config.replace(tile_overlap=False)   # likewise; and without keys no S_0 to issue
         if config.stream_tail and (problem.features or problem.causal):
             config = config.replace(stream_tail=False)    # likewise (plain non-causal calls only)
-        if config.pv_overlap and problem.features:
-            config = config.replace(pv_overlap=False)     # likewise (plain calls only)
+        if config.pv_overlap and problem.features and not (
+                tuple(problem.features) == ("softcap",) and config.fold_cap >= 3 and not dropout):
+            config = config.replace(pv_overlap=False)     # likewise (plain calls, the folded softcap step)
         if config.cluster and (problem.features or problem.causal or is_varlen(problem)
                                or -(-problem.seqlen_q // config.BM) % 2):
             config = config.replace(cluster=False)        # likewise; and the pairs of Q blocks need an even count
