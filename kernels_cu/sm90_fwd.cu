@@ -428,7 +428,8 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           class Elem, bool kCausal, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, int kEmuExp2,
           bool kDynamic, bool kTmaStore, bool kVarlen, bool kPSmem, bool kTreeMax, bool kQDouble,
           bool kLazyRescale, int kFoldCap, bool kAlibiLinear, bool kRescaleFirst, bool kTileOverlap,
-          bool kDropPacked, int kDropEarly, bool kStreamTail, bool kPvOverlap, bool kCluster, int kMaskedCopy>
+          bool kDropPacked, int kDropEarly, bool kStreamTail, bool kPvOverlap, bool kCluster, int kMaskedCopy,
+          bool kSAhead>
 __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     // kDropEarly 4: one K/V block's keep flags, 16 bytes per consumer thread and 32-key block
     static constexpr int kGenBytes = kDropEarly == 4 ? kConsumers * 128 * (kBN / 32) * 16 : 0;
@@ -495,6 +496,10 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     static_assert(kFoldCap < 2 || kLazyRescale, "kFoldCap 2, 3, 4 run with kLazyRescale");
     static_assert(kMaskedCopy >= 0 && kMaskedCopy <= 2 && (kMaskedCopy == 0 || (kFoldCap >= 3 && !kAlibi)),
                   "kMaskedCopy (0..2) copies the folded softcap step (kFoldCap >= 3, no kAlibi)");
+    static_assert(!kSAhead || (kFoldCap >= 3 && !kAlibi && !kDropout && !kTileOverlap && !kPvOverlap && !kPSmem
+                               && !kRescaleFirst && !kStreamTail && !kCluster),
+                  "kSAhead runs the folded softcap step (kFoldCap >= 3) alone: no ALiBi, dropout, tile_overlap, "
+                  "pv_overlap, P in shared memory, rescale_first, stream_tail or cluster");
     static_assert(!(kLazyRescale || kFoldCap) || ((kEmuExp2 == 0 || kFoldCap != 0) && !kDropout),
                   "kLazyRescale / kFoldCap run no dropout, and the software exp2 only with kFoldCap (softmax_fold.cuh)");
     static_assert(!kDropPacked || (kDropout && !kPSmem),
@@ -720,6 +725,8 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     float (&o_flat)[kOCols / 2] = reinterpret_cast<float (&)[kOCols / 2]>(o_acc);
     float s_acc[1][kBN / 8][4];                            // S_j (64 x BN), then P_j (fp32)
     float (&s_flat)[kBN / 2] = reinterpret_cast<float (&)[kBN / 2]>(s_acc);
+    // kSAhead: S_{j+1}, issued before the softmax of S_j (moved into s_acc once it has landed)
+    float s_next[kSAhead ? kBN / 2 : 1];
     u32 p_frag[1][kBN / 16][4];                            // P_{j-1} as 16-bit A fragments
     float alpha[1][2];                                     // O's rescale for block j, per row
     Dropout dropout{};                                     // kDropout: this launch's keep mask and scale
@@ -730,18 +737,20 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
 
     // S_j = Q_i K_jᵀ (64 x BN per warpgroup, fp32): issued, not waited for. kHeadDim / 16 steps:
     // d96 stops after chunk 1's second step, before its zero columns.
-    auto issue_s = [&](int slot) {
+    // (kSAhead: into s_next, issue_s_ahead)
+    auto issue_s_into = [&](float (&acc)[kBN / 2], int slot) {
         const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;  // descriptor address units
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
             // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
             const u64 q_off = u64((kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32) >> 4;
             const u64 k_off = u64((kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32) >> 4;
-            Wgmma<kBN, Elem>::template ss<0>(s_flat, q_desc + (kQDouble ? q_buf_shift + q_off : q_off),
+            Wgmma<kBN, Elem>::template ss<0>(acc, q_desc + (kQDouble ? q_buf_shift + q_off : q_off),
                                              k_desc + slot_off + k_off, kk > 0);
         }
         wgmma_commit();
     };
+    auto issue_s = [&](int slot) { issue_s_into(s_flat, slot); };
     // O += P_{j-1} V_{j-1}: issued, not waited for (keys 16kk..16kk+15: 16 rows of 128 B). One
     // wgmma with N = kOCols per k16 step; d96's reads chunk 0 and half of chunk 1 (header).
     // kPSmem: A = P_{j-1} from this warpgroup's P tile in shared memory (wgmma SS; K-major like
@@ -1158,9 +1167,26 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
             };
             // (kDropEarly: P_j's keep flags drawn while S_j computes; kTileOverlap: P_{n-1} V_{n-1} is in
             // O once one group is left, the groups completing in order)
-            sm90_consume_blocks<!kTileOverlap, kTileOverlap ? 1 : 0, kPvOverlap>(
-                bar, turn, kv_iter, n_blocks, last_tile, s_flat, o_flat, issue_s, issue_pv, softmax_s, to_p, rescale_o,
-                draw_early, first_landed, rescale_first, after_last_pv);
+            if constexpr (kSAhead) {
+                // S_{j+1} issued before the softmax of S_j, into s_next (sm90_fwd_common.cuh
+                // sm90_consume_blocks_ahead); moved into s_acc once landed
+                auto issue_s_ahead = [&](int slot) {
+                    if constexpr (kSAhead) issue_s_into(s_next, slot);
+                };
+                auto take_s_ahead = [&]() {
+                    if constexpr (kSAhead) {
+                        reg_fence(s_next);
+#pragma unroll
+                        for (int i = 0; i < kBN / 2; ++i) s_flat[i] = s_next[i];
+                    }
+                };
+                sm90_consume_blocks_ahead(bar, turn, kv_iter, n_blocks, last_tile, s_flat, s_next, o_flat, issue_s,
+                                          issue_s_ahead, take_s_ahead, issue_pv, softmax_s, to_p, rescale_o);
+            } else {
+                sm90_consume_blocks<!kTileOverlap, kTileOverlap ? 1 : 0, kPvOverlap>(
+                    bar, turn, kv_iter, n_blocks, last_tile, s_flat, o_flat, issue_s, issue_pv, softmax_s, to_p, rescale_o,
+                    draw_early, first_landed, rescale_first, after_last_pv);
+            }
             kv_iter += n_blocks;
             ++q_iter;
             if constexpr (kRowSumMma) reg_fence(lr_acc);   // (read below, after the last P V's wait)
@@ -1197,12 +1223,12 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
-          bool kPvOverlap = false, int kMaskedCopy = 0>
+          bool kPvOverlap = false, int kMaskedCopy = 0, bool kSAhead = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
-                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false, kMaskedCopy>(p);
+                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false, kMaskedCopy, kSAhead>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent Q blocks of one head, sharing their K/V loads);
@@ -1213,13 +1239,13 @@ template <int kClusterSize, int kBM, int kBN, int kStages, int kConsumers, bool 
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
-          bool kPvOverlap = false, int kMaskedCopy = 0>
+          bool kPvOverlap = false, int kMaskedCopy = 0, bool kSAhead = false>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd_cluster(const __grid_constant__ Sm90FwdParams p) {
     static_assert(kClusterSize == 2, "sm90_fwd_cluster: clusters of 2 CTAs");
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
-                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true, kMaskedCopy>(p);
+                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true, kMaskedCopy, kSAhead>(p);
 }
 
 }  // namespace cuflash

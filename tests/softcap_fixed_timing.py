@@ -251,6 +251,13 @@ def main():
                 print("profiled", key, flush=True)
             return
         new = fns["cap30"]()
+        ref80 = fns["cap80"]()
+        for name in extra:   # a --variants row against the heuristic's output at its softcap (30, or 80)
+            cap = re.search(r"cap(\d+)", name)
+            base_out = new if not cap or cap.group(1) == "30" else ref80 if cap.group(1) == "80" else None
+            if base_out is not None:
+                print(f"{name}: max |O - O(heuristic)| {(fns[name]().float() - base_out.float()).abs().max().item():.3g}",
+                      flush=True)
         i = 0
         for name, bases in kvariants.items():
             for base in bases:
