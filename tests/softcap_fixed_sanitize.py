@@ -3,6 +3,8 @@ edge shapes, for compute-sanitizer (memcheck, racecheck, synccheck); not a test,
 without the sanitizer:
 
     compute-sanitizer --tool synccheck python tests/softcap_fixed_sanitize.py
+    CUFLASH_SOFTCAP_FIELDS=s_ahead=1,BN=96,stages=3 compute-sanitizer ... (those fields forced on the
+    heuristic's config, as tests/test_softcap_fixed_max_gpu.py forced_fields)
 """
 import os
 import sys
@@ -12,6 +14,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch  # noqa: E402
 
 import cuflash  # noqa: E402
+from cuflash import registry  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from softcap_fixed_timing import parse_variants  # noqa: E402
+
+FORCED = parse_variants("forced:" + os.environ.get("CUFLASH_SOFTCAP_FIELDS", ""))["forced"]
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_kv): one key, ragged blocks, GQA, more tiles than a block
 SHAPES = [(1, 1, 1, 2, 2), (1, 17, 113, 4, 1), (2, 203, 113, 4, 2), (1, 1, 300, 2, 2), (1, 300, 17, 2, 1)]
@@ -23,7 +31,14 @@ for dtype, cap in CAPS:
         for b, sq, sk, h, hkv in SHAPES:
             q = torch.randn(b, sq, h, 128, device="cuda", dtype=dtype)
             k, v = (torch.randn(b, sk, hkv, 128, device="cuda", dtype=dtype) for _ in range(2))
-            out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=cap)
+            cfg = None
+            if FORCED:   # the heuristic's config with the forced fields (its fold_cap >= 3 kernels only)
+                fam = registry.get("sm90_fwd")
+                p = cuflash.Problem("fwd", "bf16" if dtype == torch.bfloat16 else "fp16", b, sq, sk, h, hkv, 128,
+                                    causal, features=("softcap",), softcap=cap)
+                cfg = fam.for_problem(fam.heuristic(p, (9, 0), 227 * 1024), p).replace(**FORCED)
+                assert not cfg.problems(), cfg.problems()
+            out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=cap, config=cfg)
             assert not out.isnan().any(), (dtype, cap, causal, sq, sk)
 torch.cuda.synchronize()
 print("softcap_fixed_sanitize: done", flush=True)

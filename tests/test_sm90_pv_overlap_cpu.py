@@ -23,8 +23,8 @@ PVO = PLAIN.replace(pv_overlap=True)
 
 
 def test_field_name_template_and_encoding():
-    # pv_overlap is the 29th argument (kMaskedCopy after it)
-    assert check_flag_field("pv_overlap", "_pvo", 2, 28) == PVO
+    # pv_overlap is the 29th argument (kMaskedCopy and kSAhead after it)
+    assert check_flag_field("pv_overlap", "_pvo", 3, 28) == PVO
 
 
 @pytest.mark.parametrize("change", [dict(softcap=True), dict(dropout=True, BN=64), dict(window=True),

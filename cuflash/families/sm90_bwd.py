@@ -439,6 +439,13 @@ DQ_FIRST_MAX_SEQLEN_BY: dict = {(128, False, "fp16"): 4096}
 HEURISTIC_WIDE_EPI: frozenset = frozenset({(128, False, "bf16"), (128, False, "fp16"), (128, True, "bf16"),
                                            (256, True, "bf16")})
 WIDE_EPI_MAX_SEQLEN_BY: dict = {}
+# * SOFTCAP_WIDE_EPI, (kernel head dim, causal, dtype): the classes whose softcap calls (softcap alone, MHA,
+#   fixed lengths, unordered) take wide_epi too. Measured (session 22, cap9, round 1: tests/softcap_bwd_timing.py,
+#   bf16 d128 batch 2 x 16 heads x 8k, softcap 30, x the plain call of the same process, 8 interleaved samples;
+#   on an H200; results/NVIDIA_H100_80GB_HBM3/logs/session22_cap9/round1.md), the heuristic -> with wide_epi:
+#   causal backward alone 1.152 -> 1.126, forward + backward 1.171 -> 1.158; full 1.137 -> 1.137, 1.150 -> 1.168
+#   (not kept). Zero spills in bf16 / fp16, causal / full (nvcc 13.0).
+SOFTCAP_WIDE_EPI: frozenset = frozenset({(128, True, "bf16")})
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
@@ -1361,6 +1368,10 @@ class Sm90Backward(Family):
                 and not problem.features and not det and not is_varlen(problem) and not w16.problems()):
             cfg = w16
         feats = tuple(problem.features)
+        cw16 = cfg.replace(wide_epi=True)
+        if (feats == ("softcap",) and (d, causal, dtype) in SOFTCAP_WIDE_EPI and not det and not is_varlen(problem)
+                and problem.nheads == problem.nheads_kv and problem.head_dim % 8 == 0 and not cw16.problems()):
+            cfg = cw16                                  # (the kernel checks MHA and alignment again per call)
         if feats == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
         wdqf = cfg.replace(dq_first=True)
