@@ -429,7 +429,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kDynamic, bool kTmaStore, bool kVarlen, bool kPSmem, bool kTreeMax, bool kQDouble,
           bool kLazyRescale, int kFoldCap, bool kAlibiLinear, bool kRescaleFirst, bool kTileOverlap,
           bool kDropPacked, int kDropEarly, bool kStreamTail, bool kPvOverlap, bool kCluster, int kMaskedCopy,
-          bool kSAhead>
+          bool kSAhead, bool kDeferMax>
 __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     // kDropEarly 4: one K/V block's keep flags, 16 bytes per consumer thread and 32-key block
     static constexpr int kGenBytes = kDropEarly == 4 ? kConsumers * 128 * (kBN / 32) * 16 : 0;
@@ -500,6 +500,9 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                                && !kRescaleFirst && !kStreamTail && !kCluster),
                   "kSAhead runs the folded softcap step (kFoldCap >= 3) alone: no ALiBi, dropout, tile_overlap, "
                   "pv_overlap, P in shared memory, rescale_first, stream_tail or cluster");
+    static_assert(!kDeferMax || (kFoldCap >= 3 && !kAlibi && kLazyRescale && !kDropout && !kStreamTail),
+                  "kDeferMax defers the folded softcap row max (kFoldCap >= 3, kLazyRescale; O normalized by the "
+                  "tensor cores' row sum): no ALiBi, dropout or stream_tail");
     static_assert(!(kLazyRescale || kFoldCap) || ((kEmuExp2 == 0 || kFoldCap != 0) && !kDropout),
                   "kLazyRescale / kFoldCap run no dropout, and the software exp2 only with kFoldCap (softmax_fold.cuh)");
     static_assert(!kDropPacked || (kDropout && !kPSmem),
@@ -720,7 +723,8 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     float lr[1][2];
     float lr_acc[4];
     const u64 ones_desc = smem_desc_ones(smem + Shape::kOnesOffset);
-    auto rounded_l = [&]() { return kRoundedL && p.softcap_fixed_m <= 1.f; };   // (uniform per launch)
+    // (uniform per launch; kDeferMax: always, O and Σ P̃ miss the last deferred factor alike, l has it)
+    auto rounded_l = [&]() { return kRoundedL && (kDeferMax || p.softcap_fixed_m <= 1.f); };
     auto lr_row = [&](int half) { return kRowSumMma ? lr_acc[2 * half] : quad_sum(lr[0][half]); };
     float (&o_flat)[kOCols / 2] = reinterpret_cast<float (&)[kOCols / 2]>(o_acc);
     float s_acc[1][kBN / 8][4];                            // S_j (64 x BN), then P_j (fp32)
@@ -906,6 +910,35 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
         // the feature variants (kLazyRescale or kFoldCap); ScoreMod's integer ones otherwise
         constexpr bool kFastAlibi = kAlibi && (kLazyRescale || kFoldCap != 0);
         bool rescale = true;                               // kLazyRescale: O needs alpha this block
+        // kDeferMax: whether this warp's next row-max step may defer its max (softmax_fold.cuh
+        // softmax_step_deferred: every row's m within kDeferRangeLog2 of t's bound), and the factor
+        // that step's O takes (the previous deferred step's move; 1 after a step that was not deferred)
+        bool defer_ok = false;
+        float alpha_def[1][2] = {{1.f, 1.f}};
+        // the row-max step once mx (the block's row max of t) is known: deferred where defer_ok
+        auto row_max_step = [&](float (&mx)[1][2]) {
+            if constexpr (kDeferMax) {
+                if (defer_ok) {
+                    softmax_step_deferred<kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, mx, scale_log2, alpha,
+                                                                                alpha_def, rescale);
+                } else {
+                    softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, l, mx,
+                                                                                       scale_log2, alpha, rescale);
+                    // (a deferred factor still due: O takes it with this one; m never falls, so once a warp
+                    // defers it keeps deferring, and this is for completeness)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        rescale |= alpha_def[0][half] != 1.f;
+                        alpha[0][half] *= alpha_def[0][half];
+                        alpha_def[0][half] = 1.f;
+                    }
+                }
+                defer_ok = __all_sync(0xffffffffu, deferred_fits(m, scale_log2));
+            } else {
+                softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, l, mx, scale_log2,
+                                                                                   alpha, rescale);
+            }
+        };
         // kFoldCap's form of the same modifiers (softmax_fold.cuh), and ALiBi's fp32 distances
         // (kFastAlibi); unused without them
         // (kFoldCap 4: S arrives as S·softcap_in, Q prescaled: the tanh's factor is 1, no multiply)
@@ -991,8 +1024,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                             if (kMasked) tile_mask.apply(s_acc, warp_row0, key0, g, t, neg_inf());
                             mx[0][0] = folded.cap(mx[0][0]);
                             mx[0][1] = folded.cap(mx[0][1]);
-                            softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(
-                                s_acc, m, l, l, mx, scale_log2, alpha, rescale);
+                            row_max_step(mx);
                         }
                     };
                     if (tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block))
@@ -1027,8 +1059,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                         mx[0][0] = folded.cap(mx[0][0]);
                         mx[0][1] = folded.cap(mx[0][1]);
                     }
-                    softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, l, mx, scale_log2,
-                                                                                       alpha, rescale);
+                    row_max_step(mx);
                     return;
                 }
                 if constexpr (kFoldCap || (kFastAlibi && !kSoftcap)) folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
@@ -1223,12 +1254,14 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
-          bool kPvOverlap = false, int kMaskedCopy = 0, bool kSAhead = false>
+          bool kPvOverlap = false, int kMaskedCopy = 0, bool kSAhead = false,
+          bool kDeferMax = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
-                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false, kMaskedCopy, kSAhead>(p);
+                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false, kMaskedCopy, kSAhead,
+                  kDeferMax>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent Q blocks of one head, sharing their K/V loads);
@@ -1239,13 +1272,15 @@ template <int kClusterSize, int kBM, int kBN, int kStages, int kConsumers, bool 
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
-          bool kPvOverlap = false, int kMaskedCopy = 0, bool kSAhead = false>
+          bool kPvOverlap = false, int kMaskedCopy = 0, bool kSAhead = false,
+          bool kDeferMax = false>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd_cluster(const __grid_constant__ Sm90FwdParams p) {
     static_assert(kClusterSize == 2, "sm90_fwd_cluster: clusters of 2 CTAs");
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
-                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true, kMaskedCopy, kSAhead>(p);
+                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true, kMaskedCopy, kSAhead,
+                  kDeferMax>(p);
 }
 
 }  // namespace cuflash

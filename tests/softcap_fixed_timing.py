@@ -251,10 +251,11 @@ def main():
                 print("profiled", key, flush=True)
             return
         new = fns["cap30"]()
-        ref80 = fns["cap80"]()
-        for name in extra:   # a --variants row against the heuristic's output at its softcap (30, or 80)
+        for name in extra:   # a --variants row against the heuristic's output at its softcap (30, 80, or
+            # a row named capN alone: the heuristic's config at softcap N)
             cap = re.search(r"cap(\d+)", name)
-            base_out = new if not cap or cap.group(1) == "30" else ref80 if cap.group(1) == "80" else None
+            ref = "cap30" if not cap else f"cap{cap.group(1)}"
+            base_out = fns[ref]() if ref in fns and ref != name else None
             if base_out is not None:
                 print(f"{name}: max |O - O(heuristic)| {(fns[name]().float() - base_out.float()).abs().max().item():.3g}",
                       flush=True)

@@ -573,6 +573,7 @@ class Sm90FwdConfig(KernelConfig):
     cluster: bool = False
     masked_copy: int = 0
     s_ahead: bool = False
+    defer_max: bool = False
     section: int = 0               # (last: a run-time param, not a template argument)
 
     family = "sm90_fwd"
@@ -596,7 +597,8 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_tov' if self.tile_overlap else ''}"
                 f"{'_dpk' if self.drop_packed else ''}{'_dpe' if self.drop_early == 1 else f'_dpe{self.drop_early}' if self.drop_early else ''}"
                 f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}{'_cl2' if self.cluster else ''}"
-                f"{f'_mcp{self.masked_copy}' if self.masked_copy else ''}{'_sah' if self.s_ahead else ''}")
+                f"{f'_mcp{self.masked_copy}' if self.masked_copy else ''}{'_sah' if self.s_ahead else ''}"
+                f"{'_dmx' if self.defer_max else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -671,8 +673,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.stream_tail else 'false'}",                     # kStreamTail
                 f"{'true' if self.pv_overlap else 'false'}",                      # kPvOverlap
                 f"{self.masked_copy}",                                            # kMaskedCopy
-                f"{'true' if self.s_ahead else 'false'}"]                         # kSAhead last
-        used = (19 if self.s_ahead else 18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{'true' if self.s_ahead else 'false'}",                         # kSAhead
+                f"{'true' if self.defer_max else 'false'}"]                       # kDeferMax last
+        used = (20 if self.defer_max else 19 if self.s_ahead else 18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -692,7 +695,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
                 self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail,
-                self.pv_overlap, self.masked_copy, self.s_ahead)
+                self.pv_overlap, self.masked_copy, self.s_ahead, self.defer_max)
 
     def softcap_overlap_ok(self) -> bool:
         """pv_overlap's rotated loop around the folded softcap step (fold_cap >= 3, softcap alone):
@@ -769,6 +772,10 @@ class Sm90FwdConfig(KernelConfig):
                                                                     or self.cluster)):
             out.append("s_ahead issues S_{j+1} before the folded softcap step of S_j (kSAhead): softcap alone with "
                        "fold_cap >= 3, not with tile_overlap, pv_overlap, p_smem, rescale_first, stream_tail or cluster")
+        if self.defer_max and not (self.softcap and self.fold_cap >= 3 and self.lazy_rescale
+                                   and not (self.alibi or self.dropout or self.stream_tail)):
+            out.append("defer_max defers the folded softcap step's row max (kDeferMax): softcap with fold_cap >= 3 "
+                       "and lazy_rescale, not with ALiBi, dropout or stream_tail")
         if self.masked_copy not in MASKED_COPY_VALUES:
             out.append(f"masked_copy must be one of {MASKED_COPY_VALUES}, got {self.masked_copy}")
         elif self.masked_copy and (self.fold_cap < 3 or self.alibi):
@@ -1168,7 +1175,10 @@ class Sm90Forward(Family):
         if config.masked_copy and (config.fold_cap < 3 or "alibi" in problem.features):
             config = config.replace(masked_copy=0)   # (a speed knob of the folded softcap step)
         if config.s_ahead and not (tuple(problem.features) == ("softcap",) and config.fold_cap >= 3 and not dropout):
-            config = config.replace(s_ahead=False)   # likewise (SOFTCAP_S_AHEAD)
+            config = config.replace(s_ahead=False)   # likewise (a speed knob of the folded softcap step)
+        if config.defer_max and (config.fold_cap < 3 or not config.lazy_rescale or "alibi" in problem.features
+                                 or dropout):
+            config = config.replace(defer_max=False)   # likewise (SOFTCAP_DEFER_MAX)
         if config.lazy_rescale and (dropout or (config.emu_exp2 and not config.fold_cap)):
             config = config.replace(lazy_rescale=False)
         if config.p_smem and problem.features:   # plain calls only (a speed knob): P in registers
@@ -1213,7 +1223,7 @@ class Sm90Forward(Family):
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
                                "tile_overlap", "drop_packed", "drop_early", "stream_tail", "pv_overlap", "cluster",
-                               "masked_copy", "s_ahead")
+                               "masked_copy", "s_ahead", "defer_max")
                                and not v))
 
     def make(self, point, problem: Problem):
