@@ -911,7 +911,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
         constexpr bool kFastAlibi = kAlibi && (kLazyRescale || kFoldCap != 0);
         bool rescale = true;                               // kLazyRescale: O needs alpha this block
         // kDeferMax: whether this warp's next row-max step may defer its max (softmax_fold.cuh
-        // softmax_step_deferred: every row's m within kDeferRangeLog2 of t's bound), and the factor
+        // softmax_step_deferred: every row's m within DeferRangeLog2 of t's bound), and the factor
         // that step's O takes (the previous deferred step's move; 1 after a step that was not deferred)
         bool defer_ok = false;
         float alpha_def[1][2] = {{1.f, 1.f}};
@@ -933,7 +933,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                         alpha_def[0][half] = 1.f;
                     }
                 }
-                defer_ok = __all_sync(0xffffffffu, deferred_fits(m, scale_log2));
+                defer_ok = __all_sync(0xffffffffu, deferred_fits<Elem>(m, scale_log2));
             } else {
                 softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, l, mx, scale_log2,
                                                                                    alpha, rescale);

@@ -153,9 +153,11 @@ __device__ __forceinline__ void softmax_step_max(float (&s)[kMT][kNTS][4], float
 // rescale, after P_{j-1} V_{j-1}) is the previous step's factor, alpha_next this one's (for P_j V_j,
 // taken by O in the next step). O's last factor is never applied: O is normalized by the row sum of
 // the P̃ the GEMM took, which the tensor cores keep with O's scale (sm90_fwd.cu kRowSumMma).
-// The caller's condition (sm90_fwd.cu defer_ok): every row's m > -inf and (1 - m)·scale_log2 <=
-// kDeferRangeLog2, which bounds the block's P by 2^kDeferRangeLog2 (t <= 1 for every score).
-constexpr float kDeferRangeLog2 = 100.f;
+// The caller's condition (sm90_fwd.cu defer_ok, deferred_fits): every row's m > -inf and (1 - m)·scale_log2 <=
+// DeferRangeLog2<Elem>, which bounds the block's P by 2^DeferRangeLog2 (t <= 1 for every score): bf16 100
+// (P V's fp32 sums stay finite below |V|·BN < 2^27), fp16 15 (P itself must stay below fp16's 65504).
+template <class Elem> struct DeferRangeLog2 { static constexpr float value = 100.f; };
+template <> struct DeferRangeLog2<fp16> { static constexpr float value = 15.f; };
 template <int kEmu = 0, int kDegree = 3, int kMT, int kNTS>
 __device__ __forceinline__ void softmax_step_deferred(float (&s)[kMT][kNTS][4], float (&m)[kMT][2],
                                                       float (&l)[kMT][2], const float (&mx)[kMT][2],
@@ -192,15 +194,15 @@ __device__ __forceinline__ void softmax_step_deferred(float (&s)[kMT][kNTS][4], 
 }
 
 // sm90_fwd.cu kDeferMax's condition for the next block, per thread (the caller takes it warp-wide):
-// both rows have a max, within kDeferRangeLog2 of t's bound 1
-template <int kMT>
+// both rows have a max, within DeferRangeLog2<Elem> of t's bound 1
+template <class Elem, int kMT>
 __device__ __forceinline__ bool deferred_fits(const float (&m)[kMT][2], float scale_log2) {
     bool ok = true;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int half = 0; half < 2; ++half)
-            ok = ok && m[mt][half] != neg_inf() && (1.f - m[mt][half]) * scale_log2 <= kDeferRangeLog2;
+            ok = ok && m[mt][half] != neg_inf() && (1.f - m[mt][half]) * scale_log2 <= DeferRangeLog2<Elem>::value;
     return ok;
 }
 
