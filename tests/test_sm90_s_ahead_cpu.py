@@ -83,7 +83,8 @@ def test_sass_step_under_both_gemms():
         pytest.skip("cuobjdump / nvdisasm not found (pip download nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
     cuobj, nvd_dir = tools
     full = CAP.replace(causal=False)
-    cfgs = [sah(), sah(full), sah(CAP.replace(dtype="fp16")), sah(BN=112, tma_store=False), sah(BN=64, stages=4)]
+    # (BN 112, stages 3 without the TMA store, spills 8 bytes: ptxas, nvcc 13.0; round 1 timed it, 1.338 x plain)
+    cfgs = [sah(), sah(full), sah(CAP.replace(dtype="fp16")), sah(BN=64, stages=4)]
     lines = [render_source("sm90_fwd"), '#line 1 "inst"']
     lines += [f"template __global__ void {c.kernel_name()}({kernel_param_decl(FAM, 'main')});" for c in cfgs]
     with tempfile.TemporaryDirectory() as tmp:
