@@ -528,6 +528,12 @@ class Sm90FwdConfig(KernelConfig):
                copy of their own (kMaskedCopy), so that an unmasked block's tanhs and exp2s share one
                basic block that ptxas interleaves: 1, the fixed-max step; 2, the row-max step too
                (MASKED_COPY). Outside the tuning space
+    s_ahead:   the folded softcap step's S_{j+1} issued before the softmax of S_j, into a second accumulator
+               (kSAhead, kernels_cu/sm90_fwd_common.cuh sm90_consume_blocks_ahead); 3 stages and BN <= 112
+               (registers). Measured slower (session 22): off, outside the tuning space
+    defer_max: the folded softcap row-max step's exp2s from the running max as it was, the block's max
+               taken after them (kDeferMax, kernels_cu/softmax_fold.cuh softmax_step_deferred); softcap
+               with fold_cap >= 3 and lazy_rescale (SOFTCAP_DEFER_MAX). Outside the tuning space
     cluster:   clusters of 2 CTAs (sm90_fwd_cluster, kCluster): the static persistent grid's CTAs 2c and
                2c + 1 take adjacent Q blocks of one head at every step, and each loads half of every
                K_j's and V_j's column chunks by TMA multicast into both (one L2 read feeds two SMs); a
