@@ -171,24 +171,16 @@ __device__ __forceinline__ void softmax_step_deferred(float (&s)[kMT][kNTS][4], 
             alpha[mt][half] = alpha_next[mt][half];          // the previous step's move, for O
             rescale |= alpha[mt][half] != 1.f;
             const float m_old = m[mt][half];
-            const float offset_log2 = m_old * scale_log2;
-            float row_sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < kNTS; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float& x = s[mt][nt][2 * half + e];
-                    if (kEmu > 0 && exp2_emulated<kEmu>(nt))
-                        x = exp2_poly<kDegree>(fmaf(x, scale_log2, -offset_log2));
-                    else
-                        x = exp2_scaled(x, scale_log2, offset_log2);
-                    row_sum += x;
-                }
+            // the block's P from m_old (softmax_row_update with m_new = m_old: no move, l += the row's sum)
+            float unmoved = 1.f;
+            bool moved = false;
+            softmax_row_update<true, false, kEmu, kDegree>(s, mt, half, m_old, 0.f, m[mt][half], l[mt][half],
+                                                           l[mt][half], scale_log2, unmoved, moved);
             const float m_max = fmaxf(m_old, mx[mt][half]);
             const bool move = (m_max - m_old) * scale_log2 > kLazyRescaleLog2;
             const float a = move ? exp2_approx((m_old - m_max) * scale_log2) : 1.f;
             m[mt][half] = move ? m_max : m_old;
-            l[mt][half] = (l[mt][half] + row_sum) * a;
+            l[mt][half] *= a;
             alpha_next[mt][half] = a;
         }
 }

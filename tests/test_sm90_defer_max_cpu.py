@@ -3,11 +3,7 @@ the block's max taken after them, softmax_fold.cuh softmax_step_deferred) withou
 name, template argument and encoding, for_problem, and its kernels compiling without spills or serialized
 wgmma (nvcc -cubin sm_90a)."""
 import os
-import re
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -15,7 +11,8 @@ from cuflash.problem import Problem
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from test_sm90_tile_overlap_cpu import FAM, NVCC, needs_nvcc  # noqa: E402
+from test_sm90_pv_overlap_cpu import compile_clean  # noqa: E402
+from test_sm90_tile_overlap_cpu import FAM, needs_nvcc  # noqa: E402
 
 GEMMA = Problem("fwd", "bf16", 2, 8192, 8192, 16, 16, 128, True, features=("softcap",), softcap=50.0)
 
@@ -51,19 +48,6 @@ def test_for_problem():
 
 @needs_nvcc
 def test_kernels_compile_clean():
-    from cuflash.compile import kernel_param_decl, render_source
-
-    cfgs = [heuristic().replace(defer_max=True), heuristic().replace(defer_max=True, masked_copy=2),
-            heuristic(GEMMA.replace(causal=False)).replace(defer_max=True),
-            heuristic(GEMMA.replace(dtype="fp16", softcap=30.0)).replace(defer_max=True)]
-    lines = [render_source("sm90_fwd"), '#line 1 "inst"']
-    lines += [f"template __global__ void {c.kernel_name()}({kernel_param_decl(FAM, 'main')});" for c in cfgs]
-    with tempfile.TemporaryDirectory() as tmp:
-        src, out = Path(tmp) / "k.cu", Path(tmp) / "k.cubin"
-        src.write_text("\n".join(lines) + "\n")
-        proc = subprocess.run([NVCC, "-cubin", "-arch=sm_90a", "-std=c++17", "-Xptxas", "-v", "-o", str(out),
-                               str(src)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    log = proc.stderr + proc.stdout
-    assert not re.search(r"\(C751[0-6]\)|serialized", log), log[-2000:]
-    assert log.count("bytes spill") == 2 * len(cfgs) and not re.search(r"[1-9]\d* bytes spill", log), log[-2000:]
+    compile_clean([heuristic().replace(defer_max=True), heuristic().replace(defer_max=True, masked_copy=2),
+                   heuristic(GEMMA.replace(causal=False)).replace(defer_max=True),
+                   heuristic(GEMMA.replace(dtype="fp16", softcap=30.0)).replace(defer_max=True)], sass=False)

@@ -5,11 +5,7 @@ the SASS (nvcc -cubin sm_90a, cuobjdump): in the loop, the S_{j+1} wgmmas are is
 step's tanhs and exp2s, which all run before the next wait (WARPGROUP.DEPBAR.LE gsb0, 0x0); no spills, no
 serialized wgmma."""
 import os
-import re
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +13,8 @@ from cuflash.problem import Problem
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from test_sm90_tile_overlap_cpu import FAM, NVCC, needs_nvcc  # noqa: E402
+from test_sm90_pv_overlap_cpu import compile_clean  # noqa: E402
+from test_sm90_tile_overlap_cpu import FAM, needs_nvcc  # noqa: E402
 
 CAP = Problem("fwd", "bf16", 2, 8192, 8192, 16, 16, 128, True, features=("softcap",), softcap=30.0)
 
@@ -74,31 +71,10 @@ def loop_steps(sass: str) -> list:
 
 @needs_nvcc
 def test_sass_step_under_both_gemms():
-    from cuflash.compile import _mangled_args, kernel_param_decl, render_source
-
-    from test_sm90_softcap_cpu import _cuobjdump
-
-    tools = _cuobjdump()
-    if tools is None:
-        pytest.skip("cuobjdump / nvdisasm not found (pip download nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
-    cuobj, nvd_dir = tools
     full = CAP.replace(causal=False)
     # (BN 112, stages 3 without the TMA store, spills 8 bytes: ptxas, nvcc 13.0; round 1 timed it, 1.338 x plain)
     cfgs = [sah(), sah(full), sah(CAP.replace(dtype="fp16")), sah(BN=64, stages=4)]
-    lines = [render_source("sm90_fwd"), '#line 1 "inst"']
-    lines += [f"template __global__ void {c.kernel_name()}({kernel_param_decl(FAM, 'main')});" for c in cfgs]
-    with tempfile.TemporaryDirectory() as tmp:
-        src, out = Path(tmp) / "k.cu", Path(tmp) / "k.cubin"
-        src.write_text("\n".join(lines) + "\n")
-        proc = subprocess.run([NVCC, "-cubin", "-arch=sm_90a", "-std=c++17", "-Xptxas", "-v", "-o", str(out),
-                               str(src)], capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        log = proc.stderr + proc.stdout
-        assert not re.search(r"\(C751[0-6]\)|serialized", log), log[-2000:]
-        assert "bytes spill" in log and not re.search(r"[1-9]\d* bytes spill", log), log[-2000:]
-        env = {**os.environ, "PATH": nvd_dir + os.pathsep + os.environ.get("PATH", "")}
-        sass = subprocess.run([cuobj, "-sass", str(out)], check=True, capture_output=True, text=True, env=env).stdout
-    by = {_mangled_args(fn.split("\n")[0].strip()): fn for fn in sass.split("Function : ")[1:]}
+    by = compile_clean(cfgs)
     for c in cfgs:
         steps = loop_steps(by[tuple(c.template_args())])
         # the loop's turn: O += P V (BN / 16 k16 steps, each with its row-sum wgmma), then S_{j+1} (head
