@@ -23,8 +23,9 @@ FORCED = parse_variants("forced:" + os.environ.get("CUFLASH_SOFTCAP_FIELDS", "")
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_kv): one key, ragged blocks, GQA, more tiles than a block
 SHAPES = [(1, 1, 1, 2, 2), (1, 17, 113, 4, 1), (2, 203, 113, 4, 2), (1, 1, 300, 2, 2), (1, 300, 17, 2, 1)]
-# (dtype, cap): bf16 at caps 30 and 5, fp16 at 4 (fixed max), and fp16 at 30 (the row max)
-CAPS = [(torch.bfloat16, 30.0), (torch.bfloat16, 5.0), (torch.float16, 4.0), (torch.float16, 30.0)]
+# (dtype, cap): bf16 at caps 30 and 5, fp16 at 4 (fixed max), fp16 at 30 and bf16 at 50 (Gemma 2's; the row max)
+CAPS = [(torch.bfloat16, 30.0), (torch.bfloat16, 5.0), (torch.float16, 4.0), (torch.float16, 30.0),
+        (torch.bfloat16, 50.0)]
 
 for dtype, cap in CAPS:
     for causal in (False, True):

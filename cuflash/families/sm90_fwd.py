@@ -386,6 +386,10 @@ FOLD4_TIMING = False
 MASKED_COPY: dict = {(128, "bf16", True): 1, (128, "bf16", False): 1, (128, "fp16", True): 1,
                      (128, "fp16", False): 2}
 MASKED_COPY_VALUES = (0, 1, 2)
+# defer_max (kDeferMax) by (head dim, dtype, causal), for calls past the fixed max's range (softcap_fixed_m 2: bf16
+# caps above 34.7, fp16 above 4.85; Gemma 2's 50): the row-max step's exp2s from the running max as it was, the
+# block's max taken after them (kernels_cu/softmax_fold.cuh softmax_step_deferred). Softcap alone, fold_cap >= 3.
+SOFTCAP_DEFER_MAX: frozenset = frozenset()
 # fp16 calls: P goes to the P V GEMM as fp16, whose normal range ends at 2^-14, so the fixed max holds
 # only where every P = exp2(k (t - 1)) stays a normal fp16 number (2k <= 14: softcap <= 4.85); above it
 # the row max (session 17: with the bf16 range, softcap 20 / 30 put every P of random scores near 2^-29
@@ -1338,8 +1342,10 @@ class Sm90Forward(Family):
                     if fold >= 3 and tuple(problem.features) == ("softcap",) else 0
                 emu = SOFTCAP_FOLD_EMU_EXP2.get((d, bool(problem.causal)), 0) \
                     if problem.dtype == "bf16" and tuple(problem.features) == ("softcap",) and not copy else 0
+                defer = (fold >= 3 and tuple(problem.features) == ("softcap",) and softcap_fixed_m(problem) > 1
+                         and (d, problem.dtype, bool(problem.causal)) in SOFTCAP_DEFER_MAX)
                 cfg = cfg.replace(fold_cap=fold, lazy_rescale=fold >= 2 or cfg.lazy_rescale, emu_exp2=emu,
-                                  masked_copy=copy)
+                                  masked_copy=copy, defer_max=defer)
         if FEATURE_LAZY_RESCALE and feature_call and not cfg.emu_exp2:
             cfg = cfg.replace(lazy_rescale=True)
         if (feature_call and (d, bool(problem.causal)) in ALIBI_LINEAR
