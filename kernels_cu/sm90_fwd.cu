@@ -196,7 +196,9 @@
 //              without kAlibi, else as 1), the masked blocks masked before the max and again after
 //              the tanh (tanh(-inf) = -1); 3, as 2, but where the host allows it for the call's cap
 //              (params.softcap_fixed_m <= 1: 2·softcap·log2(e) <= 100, so P = exp2(k (t - 1)) >=
-//              2^-100 never underflows) the running max is that fixed value (t <= 1), no row max
+//              2^-100 never underflows; up to 160 in bf16 the host lowers the fixed value below 1 so
+//              that P spans [2^-100, 2^60] at most: sm90_fwd.py FIXED_MAX_LOG2_TOP) the running max is
+//              that fixed value (t <= 1), no row max
 //              and, with kLazyRescale, no O rescale after the first block (and O normalized by the
 //              sum of P as rounded for the P V GEMM, the LSE by l's: no P is exactly 1 there, so
 //              O is a convex combination of V's rows by construction, O = V at one key; the sum

@@ -5,6 +5,7 @@ config fields (names, template arguments, rules, for_problem), the heuristic's m
 the lazy rescale and of the folded softcap against the plain online softmax, and nvcc compile
 checks (no spills) of the instantiations the switches can pick.
 """
+import math
 import shutil
 
 import numpy as np
@@ -254,8 +255,13 @@ def test_fixed_max_bound():
     f = sm90_fwd.softcap_fixed_m
     assert f(prob(("softcap",), softcap=30.0)) == 1.0
     assert f(prob(("softcap",), softcap=34.6)) == 1.0      # 2 · 34.6 · log2(e) = 99.8
-    assert f(prob(("softcap",), softcap=34.7)) == 2.0
-    assert f(prob(("softcap",), softcap=50.0)) == 2.0      # Gemma 2's attention cap: the row max
+    # past 100: the fixed max below 1 by a / k (k = softcap·log2(e), a = 2k - 100 <= FIXED_MAX_LOG2_TOP), so that
+    # P spans [2^-100, 2^a]
+    k = 50.0 * math.log2(math.e)
+    assert f(prob(("softcap",), softcap=50.0)) == pytest.approx(1 - (2 * k - 100) / k)   # Gemma 2's cap
+    assert 0.38 < f(prob(("softcap",), softcap=50.0)) < 0.39 and f(prob(("softcap",), softcap=34.7)) < 1.0
+    assert f(prob(("softcap",), softcap=55.4)) < 1.0       # a = 59.9
+    assert f(prob(("softcap",), softcap=55.5)) == 2.0      # a = 60.2: the row max
     assert f(prob(("window",))) == 2.0
     # fp16: P (fp16 into the P V GEMM) stays normal only while 2k <= 14 (FIXED_MAX_LOG2_RANGE_FP16)
     assert f(prob(("softcap",), softcap=30.0).replace(dtype="fp16")) == 2.0

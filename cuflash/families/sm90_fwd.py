@@ -395,16 +395,32 @@ SOFTCAP_DEFER_MAX: frozenset = frozenset()
 # the row max (session 17: with the bf16 range, softcap 20 / 30 put every P of random scores near 2^-29
 # .. 2^-43, flushed to 0 in fp16: O = 0, the backward's dQ off by up to 1.5; tests/test_bwd_feature_sched_gpu.py)
 FIXED_MAX_LOG2_RANGE_FP16 = 14.0
+# The fixed max's headroom (session 22): the fixed running max may sit below t's bound 1, at 1 - a / k (k =
+# softcap·log2(e), the exponent's scale), so that P = exp2(k (t - m)) spans [2^(a - 2k), 2^a] instead of
+# [2^-2k, 1]: with a = 2k - FIXED_MAX_LOG2_RANGE, the bottom stays at 2^-100 (FIXED_MAX_LOG2_RANGE's
+# reason) and P's top rises to 2^a. a <= FIXED_MAX_LOG2_TOP: P at most 2^60 goes into the P V GEMM as bf16
+# (range 2^127) and O's and l's fp32 sums stay finite while seqlen_k · max|V| < 2^67. bf16 caps up to
+# (100 + 60) / (2 log2(e)) = 55.45 then run the fixed max (Gemma 2's 50: a = 44.3) instead of the row max
+# (session 22, round 2, H200: bf16 d128 8k, softcap 50 on the row max 1.442 causal / 1.548 full x plain,
+# softcap 30 on the fixed max 1.221 / 1.250). fp16: 0 (P itself is fp16 in the GEMM, top 65504).
+FIXED_MAX_LOG2_TOP = 60.0
+FIXED_MAX_LOG2_TOP_FP16 = 0.0
 
 
 def softcap_fixed_m(problem: Problem) -> float:
-    """params.softcap_fixed_m of a call: 1 (t's upper bound) where the cap allows a fixed running max
-    (FIXED_MAX_LOG2_RANGE; fp16: FIXED_MAX_LOG2_RANGE_FP16), else 2 (the kernel computes the row max);
-    2 without softcap."""
+    """params.softcap_fixed_m of a call: the fixed running max in t's units (t = tanh(s·scale / softcap)
+    <= 1) where the cap allows one, 1 - a / k with k = softcap·log2(e) and a = max(0, 2k -
+    FIXED_MAX_LOG2_RANGE) <= FIXED_MAX_LOG2_TOP (fp16: FIXED_MAX_LOG2_RANGE_FP16, FIXED_MAX_LOG2_TOP_FP16);
+    else 2 (the kernel computes the row max); 2 without softcap."""
     cap = problem.softcap if "softcap" in problem.features else 0.0
-    limit = FIXED_MAX_LOG2_RANGE_FP16 if problem.dtype == "fp16" else FIXED_MAX_LOG2_RANGE
-    if cap > 0 and 2 * cap * math.log2(math.e) <= limit:
+    fp16 = problem.dtype == "fp16"
+    limit = FIXED_MAX_LOG2_RANGE_FP16 if fp16 else FIXED_MAX_LOG2_RANGE
+    top = FIXED_MAX_LOG2_TOP_FP16 if fp16 else FIXED_MAX_LOG2_TOP
+    k = cap * math.log2(math.e)
+    if cap > 0 and 2 * k <= limit:
         return 1.0
+    if cap > 0 and 2 * k - limit <= top:
+        return 1.0 - (2 * k - limit) / k
     return 2.0
 
 
