@@ -62,5 +62,9 @@ def test_heuristic_switch(monkeypatch):
     assert heuristic(problem("fp16", causal=True)).masked_copy == 1
     # softcap alone (where measured): not with a window
     assert heuristic(problem(features=("softcap", "window"))).masked_copy == 0
+    # past the fixed max (bf16 caps above 55.45): MASKED_COPY_ROW_MAX, bf16 full copies the row-max step too
+    assert heuristic(problem(causal=False).replace(softcap=80.0)).masked_copy == 2
+    assert heuristic(problem(causal=False).replace(softcap=50.0)).masked_copy == 1   # (the fixed max raised)
+    assert heuristic(problem().replace(softcap=80.0)).masked_copy == 1
     monkeypatch.setattr(sm90_fwd, "MASKED_COPY", {})
     assert heuristic(problem()).masked_copy == 0 and heuristic(problem("fp16", causal=False)).masked_copy == 0

@@ -386,6 +386,11 @@ FOLD4_TIMING = False
 MASKED_COPY: dict = {(128, "bf16", True): 1, (128, "bf16", False): 1, (128, "fp16", True): 1,
                      (128, "fp16", False): 2}
 MASKED_COPY_VALUES = (0, 1, 2)
+# MASKED_COPY for calls past the fixed max (softcap_fixed_m 2: bf16 caps above 55.45, fp16 above 4.85), by (head
+# dim, dtype, causal), where it differs. Measured (session 22, round 2, H200, tests/softcap_fixed_timing.py: bf16 d128
+# 8k softcap 50, then on the row max, x plain, 10 interleaved samples; logs/session22_cap9/round2.md), masked_copy
+# 1 -> 2: full 1.548 -> 1.363, causal 1.442 -> 1.487 (not taken).
+MASKED_COPY_ROW_MAX: dict = {(128, "bf16", False): 2}
 # defer_max (kDeferMax) by (head dim, dtype, causal), for calls past the fixed max's range (softcap_fixed_m 2: bf16
 # caps above 34.7, fp16 above 4.85; Gemma 2's 50): the row-max step's exp2s from the running max as it was, the
 # block's max taken after them (kernels_cu/softmax_fold.cuh softmax_step_deferred). Softcap alone, fold_cap >= 3.
@@ -1356,6 +1361,8 @@ class Sm90Forward(Family):
                 # software exp2 where measured: bf16 softcap alone, not with the copy (MASKED_COPY's note)
                 copy = MASKED_COPY.get((d, problem.dtype, bool(problem.causal)), 0) \
                     if fold >= 3 and tuple(problem.features) == ("softcap",) else 0
+                if copy and softcap_fixed_m(problem) > 1:   # (the row-max step runs)
+                    copy = MASKED_COPY_ROW_MAX.get((d, problem.dtype, bool(problem.causal)), copy)
                 emu = SOFTCAP_FOLD_EMU_EXP2.get((d, bool(problem.causal)), 0) \
                     if problem.dtype == "bf16" and tuple(problem.features) == ("softcap",) and not copy else 0
                 defer = (fold >= 3 and tuple(problem.features) == ("softcap",) and softcap_fixed_m(problem) > 1
