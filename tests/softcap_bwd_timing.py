@@ -51,6 +51,7 @@ def bwd_config(p):
 
 
 def main():
+    global CAP
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kvariants", default="")
     ap.add_argument("--precompile", action="store_true")
@@ -58,10 +59,12 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--mask", default="both", choices=("causal", "full", "both"))
     ap.add_argument("--no-fwdbwd", action="store_true")
+    ap.add_argument("--cap", type=float, default=CAP, help="the softcap of the softcap rows (rows still named cap30)")
     ap.add_argument("--variants", default="",
                     help="'name:field=value,...;...': softcap rows at the backward heuristic's config with fields replaced")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    CAP = args.cap
     from softcap_fixed_timing import KVARIANTS as FWD_KV, parse_variants, variant_dir
 
     variants = parse_variants(args.variants)
