@@ -394,6 +394,13 @@ MASKED_COPY_ROW_MAX: dict = {(128, "bf16", False): 2}
 # defer_max (kDeferMax) by (head dim, dtype, causal), for calls past the fixed max's range (softcap_fixed_m 2: bf16
 # caps above 34.7, fp16 above 4.85; Gemma 2's 50): the row-max step's exp2s from the running max as it was, the
 # block's max taken after them (kernels_cu/softmax_fold.cuh softmax_step_deferred). Softcap alone, fold_cap >= 3.
+# Measured slower everywhere (session 22, round 2, H200, tests/softcap_fixed_timing.py, d128 8k, x plain; logs/
+# session22_cap9/round2.md), the heuristic -> defer_max: bf16 softcap 50 (then on the row max) causal 1.442 -> 1.493,
+# full 1.548 -> 1.550; with masked_copy 2 1.628 / 1.561; fp16 softcap 30 1.442 -> 1.470, 1.381 -> 1.550. None.
+# s_ahead (kSAhead: S_{j+1} issued before the step of S_j) likewise (round 1, bf16 softcap 30, the heuristic 1.229
+# causal / 1.237 full): BN 112 stages 3 1.338 / 1.430, BN 96 1.426 / 1.486, BN 64 stages 4 1.417 / 1.500 (BN 128
+# does not fit the registers: ptxas serializes its wgmmas, C7512); and pv_overlap with the folded softcap step
+# 1.258 / 1.268 (in SASS its step already runs between the wait for S_j and the wait for P_{j-1} V_{j-1}).
 SOFTCAP_DEFER_MAX: frozenset = frozenset()
 # fp16 calls: P goes to the P V GEMM as fp16, whose normal range ends at 2^-14, so the fixed max holds
 # only where every P = exp2(k (t - 1)) stays a normal fp16 number (2k <= 14: softcap <= 4.85); above it
