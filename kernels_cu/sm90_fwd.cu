@@ -254,17 +254,18 @@
 //              burst, then its exp2s): 1, the fixed-max step; 2, the row-max step too. 0 (the
 //              default): the code of the kernel before it existed
 //   kSAhead    with kFoldCap >= 3 (softcap alone): S_{j+1} = Q K_{j+1}ᵀ issued before the softmax of S_j,
-//              into a second accumulator, moved into S's once landed (sm90_fwd_common.cuh
+//              into a second accumulator, moved into s_acc once landed (sm90_fwd_common.cuh
 //              sm90_consume_blocks_ahead): the softmax never waits for its own S GEMM. Needs 3 stages
 //              (K_{j+1} must be in by step j) and BN <= 112 (two S accumulators, O and P: BN 128
-//              serializes the wgmmas for registers, C7512). Measured slower (sm90_fwd.py SOFTCAP's
-//              session-22 note): off. false (the default): the code of the kernel before it existed
+//              serializes the wgmmas for registers, C7512). Measured slower (sm90_fwd.py
+//              SOFTCAP_DEFER_MAX's note): off. false (the default): the code of the kernel before it existed
 //   kDeferMax  with kFoldCap >= 3, kLazyRescale (softcap, no ALiBi): the row-max step's exp2s from the
 //              running max as it was, the block's max taken after them (softmax_fold.cuh
 //              softmax_step_deferred), once every row of the warp has a max within DeferRangeLog2 of
 //              t's bound (a warp vote after each step); m's move scales l at once and O one step
 //              later, and O is normalized by the tensor cores' Σ P̃ (kRowSumMma), which keeps O's
-//              scale. false (the default): the code of the kernel before it existed
+//              scale. Measured slower (SOFTCAP_DEFER_MAX's note): off. false (the default): the code of
+//              the kernel before it existed
 //   kCluster   (the entry point sm90_fwd_cluster, __cluster_dims__(2, 1, 1); not a template parameter of
 //              sm90_fwd) clusters of two CTAs on the static persistent grid: CTAs 2c and 2c + 1 take
 //              tiles 2c + i·G and 2c + 1 + i·G, adjacent Q blocks of one (head, batch) at every step
