@@ -254,8 +254,8 @@
 //              burst, then its exp2s): 1, the fixed-max step; 2, the row-max step too. 0 (the
 //              default): the code of the kernel before it existed
 //   kSAhead    with kFoldCap >= 3 (softcap alone): S_{j+1} = Q K_{j+1}ᵀ issued before the softmax of S_j,
-//              into a second accumulator, moved into s_acc once landed (sm90_fwd_common.cuh
-//              sm90_consume_blocks_ahead): the softmax never waits for its own S GEMM. Needs 3 stages
+//              into a second accumulator, moved into s_acc once landed (sm90_consume_blocks_ahead,
+//              below): the softmax never waits for its own S GEMM. Needs 3 stages
 //              (K_{j+1} must be in by step j) and BN <= 112 (two S accumulators, O and P: BN 128
 //              serializes the wgmmas for registers, C7512). Measured slower (sm90_fwd.py
 //              SOFTCAP_DEFER_MAX's note): off. false (the default): the code of the kernel before it existed
@@ -436,6 +436,78 @@ struct Sm90TileRing {
         return tile;
     }
 };
+
+// kSAhead: one tile's K/V loop with S_{j+1} = Q K_{j+1}ᵀ issued before the softmax of
+// S_j, into a second accumulator (s_next), so that the softmax never waits for its own S GEMM: S_j
+// was issued a whole step earlier and has landed by the turn that takes it. Step j (j >= 1):
+//   turn: S_j (landed) moved into s_acc (take_s_ahead), O += P_{j-1} V_{j-1}, then S_{j+1} into
+//         s_next (j + 1 < n)
+//   softmax_s(j) under both GEMMs; wait for both (wgmma_wait<0>: with the wait for P V alone on one
+//   path and for both on the other, ptxas (nvcc 13.0) serialized every wgmma, C7514), release
+//   V_{j-1}, rescale O, P_j to the A operand
+// j = 0 issues S_0 and S_1 in one turn and takes S_0 straight in s_acc. The end: O += P_{n-1} V_{n-1}.
+// The parts are sm90_consume_blocks' (sm90_fwd_common.cuh) and issue_s_ahead(slot) (S into s_next),
+// take_s_ahead() (s_next -> s_acc, once landed). Registers: s_acc, s_next, O and P_{j-1} live together.
+template <int kStages, bool kPair, class Turn, int kS, int kSN, int kO, class IssueS, class IssueSAhead,
+          class TakeSAhead, class IssuePv, class SoftmaxS, class ToP, class RescaleO>
+__device__ __forceinline__ void sm90_consume_blocks_ahead(
+        const Sm90FwdBars<kStages, kPair>& bar, const Turn& turn, int kv_iter, int n_blocks, bool last_tile,
+        float (&s_flat)[kS], float (&s_next)[kSN], float (&o_flat)[kO], IssueS&& issue_s, IssueSAhead&& issue_s_ahead,
+        TakeSAhead&& take_s_ahead, IssuePv&& issue_pv, SoftmaxS&& softmax_s, ToP&& to_p, RescaleO&& rescale_o) {
+    auto phase = [&](int j) { return u32((kv_iter + j) / kStages) & 1; };
+    auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
+    // j = 0: S_0 (and S_1 behind it), softmax -> P_0; O is still zero
+    turn.begin();
+    mbarrier_wait(bar.k_full(slot_of(0)), phase(0));
+    reg_fence(s_flat);
+    reg_fence(s_next);
+    reg_fence(o_flat);
+    wgmma_fence();
+    issue_s(slot_of(0));
+    if (n_blocks > 1) {
+        mbarrier_wait(bar.k_full(slot_of(1)), phase(1));
+        issue_s_ahead(slot_of(1));
+    }
+    turn.end();
+    wgmma_wait<0>();                       // S_0 (and S_1) have landed
+    softmax_s(slot_of(0), 0);
+    to_p(0);
+    for (int j = 1; j < n_blocks; ++j) {
+        const int slot = slot_of(j), prev = slot_of(j - 1);
+        turn.begin();
+        wgmma_wait<0>();                   // (j = 1: S_1; later steps waited for theirs already)
+        take_s_ahead();                    // S_j -> s_acc
+        mbarrier_wait(bar.v_full(prev), phase(j - 1));
+        reg_fence(s_flat);
+        reg_fence(s_next);
+        reg_fence(o_flat);
+        wgmma_fence();
+        issue_pv(prev);                    // O += P_{j-1} V_{j-1}
+        const bool ahead = j + 1 < n_blocks;
+        if (ahead) {
+            mbarrier_wait(bar.k_full(slot_of(j + 1)), phase(j + 1));
+            issue_s_ahead(slot_of(j + 1)); // S_{j+1} -> s_next
+        }
+        turn.end();
+        softmax_s(slot, j);                // under P_{j-1} V_{j-1} and S_{j+1}
+        wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O, S_{j+1} in s_next
+        reg_fence(o_flat);
+        bar.release(bar.v_empty(prev), kv_iter + j - 1);
+        rescale_o();
+        to_p(j);
+    }
+    // end: the last block's O += P V (the tile's final turn)
+    const int last = slot_of(n_blocks - 1);
+    turn.begin();
+    mbarrier_wait(bar.v_full(last), phase(n_blocks - 1));
+    reg_fence(o_flat);
+    wgmma_fence();
+    issue_pv(last);
+    turn.end(last_tile);
+    wgmma_wait<0>();
+    reg_fence(o_flat);
+    bar.release(bar.v_empty(last), kv_iter + n_blocks - 1);
+}
 
 // The kernel's body (sm90_fwd, and sm90_fwd_cluster for kCluster, below, are its entry points; p is
 // the entry point's __grid_constant__ parameter).
@@ -1214,8 +1286,8 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
             // (kDropEarly: P_j's keep flags drawn while S_j computes; kTileOverlap: P_{n-1} V_{n-1} is in
             // O once one group is left, the groups completing in order)
             if constexpr (kSAhead) {
-                // S_{j+1} issued before the softmax of S_j, into s_next (sm90_fwd_common.cuh
-                // sm90_consume_blocks_ahead); moved into s_acc once landed
+                // S_{j+1} issued before the softmax of S_j, into s_next (sm90_consume_blocks_ahead,
+                // above); moved into s_acc once landed
                 auto issue_s_ahead = [&](int slot) {
                     if constexpr (kSAhead) issue_s_into(s_next, slot);
                 };
@@ -1230,8 +1302,8 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                                           issue_s_ahead, take_s_ahead, issue_pv, softmax_s, to_p, rescale_o);
             } else {
                 sm90_consume_blocks<!kTileOverlap, kTileOverlap ? 1 : 0, kPvOverlap>(
-                    bar, turn, kv_iter, n_blocks, last_tile, s_flat, o_flat, issue_s, issue_pv, softmax_s, to_p, rescale_o,
-                    draw_early, first_landed, rescale_first, after_last_pv);
+                    bar, turn, kv_iter, n_blocks, last_tile, s_flat, o_flat, issue_s, issue_pv, softmax_s, to_p,
+                    rescale_o, draw_early, first_landed, rescale_first, after_last_pv);
             }
             kv_iter += n_blocks;
             ++q_iter;
@@ -1275,8 +1347,8 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
-                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false, kMaskedCopy, kSAhead,
-                  kDeferMax>(p);
+                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false, kMaskedCopy,
+                  kSAhead, kDeferMax>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent Q blocks of one head, sharing their K/V loads);
@@ -1294,8 +1366,8 @@ sm90_fwd_cluster(const __grid_constant__ Sm90FwdParams p) {
     static_assert(kClusterSize == 2, "sm90_fwd_cluster: clusters of 2 CTAs");
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
-                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true, kMaskedCopy, kSAhead,
-                  kDeferMax>(p);
+                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true, kMaskedCopy,
+                  kSAhead, kDeferMax>(p);
 }
 
 }  // namespace cuflash

@@ -61,7 +61,8 @@ def main():
     ap.add_argument("--no-fwdbwd", action="store_true")
     ap.add_argument("--cap", type=float, default=CAP, help="the softcap of the softcap rows (rows still named cap30)")
     ap.add_argument("--variants", default="",
-                    help="'name:field=value,...;...': softcap rows at the backward heuristic's config with fields replaced")
+                    help="'name:field=value,...;...': softcap rows at the backward heuristic's config, fields "
+                         "replaced")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     CAP = args.cap
@@ -109,7 +110,8 @@ def main():
         calls.update({name: (dict(softcap=CAP), None, bcfg.replace(**kv)) for name, kv in variants.items()})
         for i, name in enumerate(kvs):
             # a distinct softmax_scale (same kernel speed) so that the variant keeps its own plan
-            calls[f"cap30_{name}"] = (dict(softcap=CAP, softmax_scale=D ** -0.5 * (1 + (i + 1) * 2.0 ** -20)), name, bcfg)
+            scale = D ** -0.5 * (1 + (i + 1) * 2.0 ** -20)
+            calls[f"cap30_{name}"] = (dict(softcap=CAP, softmax_scale=scale), name, bcfg)
         bwd, fwdbwd, grads = {}, {}, {}
         for key, (kw, kv, cfg) in calls.items():
             out = cuflash.flash_attn_func(q, k, v, causal=causal, bwd_config=cfg, **kw)

@@ -1,5 +1,5 @@
 """sm90_fwd's s_ahead (kSAhead: S_{j+1} issued before the folded softcap step of S_j, into a second
-accumulator, kernels_cu/sm90_fwd_common.cuh sm90_consume_blocks_ahead) without a GPU: the field's rules,
+accumulator, kernels_cu/sm90_fwd.cu sm90_consume_blocks_ahead) without a GPU: the field's rules,
 name, template argument and encoding, for_problem dropping it without softcap, and the point of it in
 the SASS (nvcc -cubin sm_90a, cuobjdump): in the loop, the S_{j+1} wgmmas are issued right before the
 step's tanhs and exp2s, which all run before the next wait (WARPGROUP.DEPBAR.LE gsb0, 0x0); no spills, no

@@ -561,7 +561,7 @@ class Sm90FwdConfig(KernelConfig):
                basic block that ptxas interleaves: 1, the fixed-max step; 2, the row-max step too
                (MASKED_COPY). Outside the tuning space
     s_ahead:   the folded softcap step's S_{j+1} issued before the softmax of S_j, into a second accumulator
-               (kSAhead, kernels_cu/sm90_fwd_common.cuh sm90_consume_blocks_ahead); 3 stages and BN <= 112
+               (kSAhead, kernels_cu/sm90_fwd.cu sm90_consume_blocks_ahead); 3 stages and BN <= 112
                (registers). Measured slower (session 22): off, outside the tuning space
     defer_max: the folded softcap row-max step's exp2s from the running max as it was, the block's max
                taken after them (kDeferMax, kernels_cu/softmax_fold.cuh softmax_step_deferred); softcap
@@ -809,7 +809,8 @@ class Sm90FwdConfig(KernelConfig):
                                                                     or self.rescale_first or self.stream_tail
                                                                     or self.cluster)):
             out.append("s_ahead issues S_{j+1} before the folded softcap step of S_j (kSAhead): softcap alone with "
-                       "fold_cap >= 3, not with tile_overlap, pv_overlap, p_smem, rescale_first, stream_tail or cluster")
+                       "fold_cap >= 3, not with tile_overlap, pv_overlap, p_smem, rescale_first, stream_tail or "
+                       "cluster")
         if self.defer_max and not (self.softcap and self.fold_cap >= 3 and self.lazy_rescale
                                    and not (self.alibi or self.dropout or self.stream_tail)):
             out.append("defer_max defers the folded softcap step's row max (kDeferMax): softcap with fold_cap >= 3 "
