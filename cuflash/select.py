@@ -403,10 +403,12 @@ _register_drop()
 
 def choose_on_device(problem: Problem, device: int, config=None):
     """``choose`` for the GPU ``device``, cached per (problem class, bucket, flags, device,
-    kernel directory, config)."""
+    kernel directory, config) and the softcap's value (sm90_fwd's heuristic picks the step's copies by
+    whether the cap allows the fixed max: MASKED_COPY_ROW_MAX)."""
     from . import _gpu
 
-    key = (problem.class_key, problem.bucket, problem.deterministic, device, config)
+    key = (problem.class_key, problem.bucket, problem.deterministic, device, config,
+           problem.softcap if "softcap" in problem.features else 0.0)
     hit = _chosen.get(key)
     if hit is None:
         arch = _gpu.arch(device)

@@ -693,8 +693,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                   "kRoles: the head-dim-256 tile's plain unordered backward (fixed lengths, no feature)");
     static_assert(!(kSAhead && kSharedKeys) || kRoles, "s_ahead at head dim 256: with roles only");
     static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
-    static_assert(!kWideEpi || !(kVarlen || kDeterministic || kSoftcap || kAlibi || kDropout || kCluster),
-                  "kWideEpi: the plain or windowed fixed-length unordered backward (no other feature, no cluster)");
+    static_assert(!kWideEpi || !(kVarlen || kDeterministic || kAlibi || kDropout || kCluster),
+                  "kWideEpi: the plain, windowed or softcapped fixed-length unordered backward (no other feature, "
+                  "no cluster)");
     static_assert(kDropPacked >= 0 && kDropPacked <= 2
                   && (!kDropPacked || (kDropout && !kSharedKeys && !kDeterministic && !kWindow && !kSoftcap && !kAlibi)),
                   "kDropPacked (0..2): dropout alone on the head dim 64 / 128 tiles, unordered (dropout_transposed.cuh)");

@@ -196,7 +196,9 @@
 //              without kAlibi, else as 1), the masked blocks masked before the max and again after
 //              the tanh (tanh(-inf) = -1); 3, as 2, but where the host allows it for the call's cap
 //              (params.softcap_fixed_m <= 1: 2·softcap·log2(e) <= 100, so P = exp2(k (t - 1)) >=
-//              2^-100 never underflows) the running max is that fixed value (t <= 1), no row max
+//              2^-100 never underflows; up to 160 in bf16 the host lowers the fixed value below 1 so
+//              that P spans [2^-100, 2^60] at most: sm90_fwd.py FIXED_MAX_LOG2_TOP) the running max is
+//              that fixed value (t <= 1), no row max
 //              and, with kLazyRescale, no O rescale after the first block (and O normalized by the
 //              sum of P as rounded for the P V GEMM, the LSE by l's: no P is exactly 1 there, so
 //              O is a convex combination of V's rows by construction, O = V at one key; the sum
@@ -269,6 +271,19 @@
 //              blocks: ptxas spilled in the producer's 24 registers (nvcc 13.0). Fixed lengths, not with
 //              kDynamic / kStreamTail / kCluster / kVarlen. false (the default): the code of the kernel
 //              before it existed
+//   kSAhead    with kFoldCap >= 3 (softcap alone): S_{j+1} = Q K_{j+1}ᵀ issued before the softmax of S_j,
+//              into a second accumulator, moved into s_acc once landed (sm90_consume_blocks_ahead,
+//              below): the softmax never waits for its own S GEMM. Needs 3 stages
+//              (K_{j+1} must be in by step j) and BN <= 112 (two S accumulators, O and P: BN 128
+//              serializes the wgmmas for registers, C7512). Measured slower (sm90_fwd.py
+//              SOFTCAP_DEFER_MAX's note): off. false (the default): the code of the kernel before it existed
+//   kDeferMax  with kFoldCap >= 3, kLazyRescale (softcap, no ALiBi): the row-max step's exp2s from the
+//              running max as it was, the block's max taken after them (softmax_fold.cuh
+//              softmax_step_deferred), once every row of the warp has a max within DeferRangeLog2 of
+//              t's bound (a warp vote after each step); m's move scales l at once and O one step
+//              later, and O is normalized by the tensor cores' Σ P̃ (kRowSumMma), which keeps O's
+//              scale. Measured slower (SOFTCAP_DEFER_MAX's note): off. false (the default): the code of
+//              the kernel before it existed
 //   kCluster   (the entry point sm90_fwd_cluster, __cluster_dims__(2, 1, 1); not a template parameter of
 //              sm90_fwd) clusters of two CTAs on the static persistent grid: CTAs 2c and 2c + 1 take
 //              tiles 2c + i·G and 2c + 1 + i·G, adjacent Q blocks of one (head, batch) at every step
@@ -441,6 +456,78 @@ struct Sm90TileRing {
     }
 };
 
+// kSAhead: one tile's K/V loop with S_{j+1} = Q K_{j+1}ᵀ issued before the softmax of
+// S_j, into a second accumulator (s_next), so that the softmax never waits for its own S GEMM: S_j
+// was issued a whole step earlier and has landed by the turn that takes it. Step j (j >= 1):
+//   turn: S_j (landed) moved into s_acc (take_s_ahead), O += P_{j-1} V_{j-1}, then S_{j+1} into
+//         s_next (j + 1 < n)
+//   softmax_s(j) under both GEMMs; wait for both (wgmma_wait<0>: with the wait for P V alone on one
+//   path and for both on the other, ptxas (nvcc 13.0) serialized every wgmma, C7514), release
+//   V_{j-1}, rescale O, P_j to the A operand
+// j = 0 issues S_0 and S_1 in one turn and takes S_0 straight in s_acc. The end: O += P_{n-1} V_{n-1}.
+// The parts are sm90_consume_blocks' (sm90_fwd_common.cuh) and issue_s_ahead(slot) (S into s_next),
+// take_s_ahead() (s_next -> s_acc, once landed). Registers: s_acc, s_next, O and P_{j-1} live together.
+template <int kStages, bool kPair, class Turn, int kS, int kSN, int kO, class IssueS, class IssueSAhead,
+          class TakeSAhead, class IssuePv, class SoftmaxS, class ToP, class RescaleO>
+__device__ __forceinline__ void sm90_consume_blocks_ahead(
+        const Sm90FwdBars<kStages, kPair>& bar, const Turn& turn, int kv_iter, int n_blocks, bool last_tile,
+        float (&s_flat)[kS], float (&s_next)[kSN], float (&o_flat)[kO], IssueS&& issue_s, IssueSAhead&& issue_s_ahead,
+        TakeSAhead&& take_s_ahead, IssuePv&& issue_pv, SoftmaxS&& softmax_s, ToP&& to_p, RescaleO&& rescale_o) {
+    auto phase = [&](int j) { return u32((kv_iter + j) / kStages) & 1; };
+    auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
+    // j = 0: S_0 (and S_1 behind it), softmax -> P_0; O is still zero
+    turn.begin();
+    mbarrier_wait(bar.k_full(slot_of(0)), phase(0));
+    reg_fence(s_flat);
+    reg_fence(s_next);
+    reg_fence(o_flat);
+    wgmma_fence();
+    issue_s(slot_of(0));
+    if (n_blocks > 1) {
+        mbarrier_wait(bar.k_full(slot_of(1)), phase(1));
+        issue_s_ahead(slot_of(1));
+    }
+    turn.end();
+    wgmma_wait<0>();                       // S_0 (and S_1) have landed
+    softmax_s(slot_of(0), 0);
+    to_p(0);
+    for (int j = 1; j < n_blocks; ++j) {
+        const int slot = slot_of(j), prev = slot_of(j - 1);
+        turn.begin();
+        wgmma_wait<0>();                   // (j = 1: S_1; later steps waited for theirs already)
+        take_s_ahead();                    // S_j -> s_acc
+        mbarrier_wait(bar.v_full(prev), phase(j - 1));
+        reg_fence(s_flat);
+        reg_fence(s_next);
+        reg_fence(o_flat);
+        wgmma_fence();
+        issue_pv(prev);                    // O += P_{j-1} V_{j-1}
+        const bool ahead = j + 1 < n_blocks;
+        if (ahead) {
+            mbarrier_wait(bar.k_full(slot_of(j + 1)), phase(j + 1));
+            issue_s_ahead(slot_of(j + 1)); // S_{j+1} -> s_next
+        }
+        turn.end();
+        softmax_s(slot, j);                // under P_{j-1} V_{j-1} and S_{j+1}
+        wgmma_wait<0>();                   // P_{j-1} V_{j-1} is in O, S_{j+1} in s_next
+        reg_fence(o_flat);
+        bar.release(bar.v_empty(prev), kv_iter + j - 1);
+        rescale_o();
+        to_p(j);
+    }
+    // end: the last block's O += P V (the tile's final turn)
+    const int last = slot_of(n_blocks - 1);
+    turn.begin();
+    mbarrier_wait(bar.v_full(last), phase(n_blocks - 1));
+    reg_fence(o_flat);
+    wgmma_fence();
+    issue_pv(last);
+    turn.end(last_tile);
+    wgmma_wait<0>();
+    reg_fence(o_flat);
+    bar.release(bar.v_empty(last), kv_iter + n_blocks - 1);
+}
+
 // The kernel's body (sm90_fwd, and sm90_fwd_cluster for kCluster, below, are its entry points; p is
 // the entry point's __grid_constant__ parameter).
 template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kPersistent, int kHeadDim,
@@ -448,7 +535,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kDynamic, bool kTmaStore, bool kVarlen, bool kPSmem, bool kTreeMax, bool kQDouble,
           bool kLazyRescale, int kFoldCap, bool kAlibiLinear, bool kRescaleFirst, bool kTileOverlap,
           bool kDropPacked, int kDropEarly, bool kStreamTail, bool kPvOverlap, bool kCluster, int kMaskedCopy,
-          int kRagKeys, bool kPrefetch>
+          int kRagKeys, bool kPrefetch, bool kSAhead, bool kDeferMax>
 __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     // kDropEarly 4: one K/V block's keep flags, 16 bytes per consumer thread and 32-key block
     static constexpr int kGenBytes = kDropEarly == 4 ? kConsumers * 128 * (kBN / 32) * 16 : 0;
@@ -522,6 +609,13 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                   "stream_tail, cluster, pv_overlap or p_smem");
     static_assert(!kPrefetch || (kPersistent && !kDynamic && !kStreamTail && !kCluster && !kVarlen),
                   "kPrefetch: the static persistent schedule (the next tile is tile + gridDim.x), fixed lengths");
+    static_assert(!kSAhead || (kFoldCap >= 3 && !kAlibi && !kDropout && !kTileOverlap && !kPvOverlap && !kPSmem
+                               && !kRescaleFirst && !kStreamTail && !kCluster),
+                  "kSAhead runs the folded softcap step (kFoldCap >= 3) alone: no ALiBi, dropout, tile_overlap, "
+                  "pv_overlap, P in shared memory, rescale_first, stream_tail or cluster");
+    static_assert(!kDeferMax || (kFoldCap >= 3 && !kAlibi && kLazyRescale && !kDropout && !kStreamTail),
+                  "kDeferMax defers the folded softcap row max (kFoldCap >= 3, kLazyRescale; O normalized by the "
+                  "tensor cores' row sum): no ALiBi, dropout or stream_tail");
     static_assert(!(kLazyRescale || kFoldCap) || ((kEmuExp2 == 0 || kFoldCap != 0) && !kDropout),
                   "kLazyRescale / kFoldCap run no dropout, and the software exp2 only with kFoldCap (softmax_fold.cuh)");
     static_assert(!kDropPacked || (kDropout && !kPSmem),
@@ -752,11 +846,14 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     float lr[1][2];
     float lr_acc[4];
     const u64 ones_desc = smem_desc_ones(smem + Shape::kOnesOffset);
-    auto rounded_l = [&]() { return kRoundedL && p.softcap_fixed_m <= 1.f; };   // (uniform per launch)
+    // (uniform per launch; kDeferMax: always, O and Σ P̃ miss the last deferred factor alike, l has it)
+    auto rounded_l = [&]() { return kRoundedL && (kDeferMax || p.softcap_fixed_m <= 1.f); };
     auto lr_row = [&](int half) { return kRowSumMma ? lr_acc[2 * half] : quad_sum(lr[0][half]); };
     float (&o_flat)[kOCols / 2] = reinterpret_cast<float (&)[kOCols / 2]>(o_acc);
     float s_acc[1][kBN / 8][4];                            // S_j (64 x BN), then P_j (fp32)
     float (&s_flat)[kBN / 2] = reinterpret_cast<float (&)[kBN / 2]>(s_acc);
+    // kSAhead: S_{j+1}, issued before the softmax of S_j (moved into s_acc once it has landed)
+    float s_next[kSAhead ? kBN / 2 : 1];
     u32 p_frag[1][kBN / 16][4];                            // P_{j-1} as 16-bit A fragments
     float alpha[1][2];                                     // O's rescale for block j, per row
     Dropout dropout{};                                     // kDropout: this launch's keep mask and scale
@@ -769,18 +866,20 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     // d96 stops after chunk 1's second step, before its zero columns.
     // kRagKeys: the tile's first P V (its ragged last K/V block's) still to issue at kRagKeys / 16 steps
     bool rag_pv = false;
-    auto issue_s = [&](int slot) {
+    // (kSAhead: into s_next, issue_s_ahead)
+    auto issue_s_into = [&](float (&acc)[kBN / 2], int slot) {
         const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;  // descriptor address units
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
             // k16 step kk: column chunk kk / 4, 32 bytes per step inside the chunk
             const u64 q_off = u64((kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32) >> 4;
             const u64 k_off = u64((kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32) >> 4;
-            Wgmma<kBN, Elem>::template ss<0>(s_flat, q_desc + (kQDouble ? q_buf_shift + q_off : q_off),
+            Wgmma<kBN, Elem>::template ss<0>(acc, q_desc + (kQDouble ? q_buf_shift + q_off : q_off),
                                              k_desc + slot_off + k_off, kk > 0);
         }
         wgmma_commit();
     };
+    auto issue_s = [&](int slot) { issue_s_into(s_flat, slot); };
     // O += P_{j-1} V_{j-1}: issued, not waited for (keys 16kk..16kk+15: 16 rows of 128 B). One
     // wgmma with N = kOCols per k16 step; d96's reads chunk 0 and half of chunk 1 (header).
     // kPSmem: A = P_{j-1} from this warpgroup's P tile in shared memory (wgmma SS; K-major like
@@ -947,6 +1046,35 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
         // the feature variants (kLazyRescale or kFoldCap); ScoreMod's integer ones otherwise
         constexpr bool kFastAlibi = kAlibi && (kLazyRescale || kFoldCap != 0);
         bool rescale = true;                               // kLazyRescale: O needs alpha this block
+        // kDeferMax: whether this warp's next row-max step may defer its max (softmax_fold.cuh
+        // softmax_step_deferred: every row's m within DeferRangeLog2 of t's bound), and the factor
+        // that step's O takes (the previous deferred step's move; 1 after a step that was not deferred)
+        bool defer_ok = false;
+        float alpha_def[1][2] = {{1.f, 1.f}};
+        // the row-max step once mx (the block's row max of t) is known: deferred where defer_ok
+        auto row_max_step = [&](float (&mx)[1][2]) {
+            if constexpr (kDeferMax) {
+                if (defer_ok) {
+                    softmax_step_deferred<kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, mx, scale_log2, alpha,
+                                                                                alpha_def, rescale);
+                } else {
+                    softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, l, mx,
+                                                                                       scale_log2, alpha, rescale);
+                    // (a deferred factor still due: O takes it with this one; m never falls, so once a warp
+                    // defers it keeps deferring, and this is for completeness)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        rescale |= alpha_def[0][half] != 1.f;
+                        alpha[0][half] *= alpha_def[0][half];
+                        alpha_def[0][half] = 1.f;
+                    }
+                }
+                defer_ok = __all_sync(0xffffffffu, deferred_fits<Elem>(m, scale_log2));
+            } else {
+                softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, l, mx, scale_log2,
+                                                                                   alpha, rescale);
+            }
+        };
         // kFoldCap's form of the same modifiers (softmax_fold.cuh), and ALiBi's fp32 distances
         // (kFastAlibi); unused without them
         // (kFoldCap 4: S arrives as S·softcap_in, Q prescaled: the tanh's factor is 1, no multiply)
@@ -1032,8 +1160,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                             if (kMasked) tile_mask.apply(s_acc, warp_row0, key0, g, t, neg_inf());
                             mx[0][0] = folded.cap(mx[0][0]);
                             mx[0][1] = folded.cap(mx[0][1]);
-                            softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(
-                                s_acc, m, l, l, mx, scale_log2, alpha, rescale);
+                            row_max_step(mx);
                         }
                     };
                     if (tile_mask.template needs_mask<kBN, 64>(wg_row0, n_block))
@@ -1068,8 +1195,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                         mx[0][0] = folded.cap(mx[0][0]);
                         mx[0][1] = folded.cap(mx[0][1]);
                     }
-                    softmax_step_max<kLazyRescale, kEmuExp2, Exp2PolyDegree<Elem>::value>(s_acc, m, l, l, mx, scale_log2,
-                                                                                       alpha, rescale);
+                    row_max_step(mx);
                     return;
                 }
                 if constexpr (kFoldCap || (kFastAlibi && !kSoftcap)) folded.apply(s_acc, warp_row0, n_block * kBN, g, t);
@@ -1210,9 +1336,26 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
             // O once one group is left, the groups completing in order)
             if constexpr (kRagKeys > 0)   // the first block in loop order holds at most kRagKeys keys
                 rag_pv = p.seqlen_k - (n_end - 1) * kBN <= kRagKeys;
-            sm90_consume_blocks<!kTileOverlap, kTileOverlap ? 1 : 0, kPvOverlap>(
-                bar, turn, kv_iter, n_blocks, last_tile, s_flat, o_flat, issue_s, issue_pv, softmax_s, to_p, rescale_o,
-                draw_early, first_landed, rescale_first, after_last_pv);
+            if constexpr (kSAhead) {
+                // S_{j+1} issued before the softmax of S_j, into s_next (sm90_consume_blocks_ahead,
+                // above); moved into s_acc once landed
+                auto issue_s_ahead = [&](int slot) {
+                    if constexpr (kSAhead) issue_s_into(s_next, slot);
+                };
+                auto take_s_ahead = [&]() {
+                    if constexpr (kSAhead) {
+                        reg_fence(s_next);
+#pragma unroll
+                        for (int i = 0; i < kBN / 2; ++i) s_flat[i] = s_next[i];
+                    }
+                };
+                sm90_consume_blocks_ahead(bar, turn, kv_iter, n_blocks, last_tile, s_flat, s_next, o_flat, issue_s,
+                                          issue_s_ahead, take_s_ahead, issue_pv, softmax_s, to_p, rescale_o);
+            } else {
+                sm90_consume_blocks<!kTileOverlap, kTileOverlap ? 1 : 0, kPvOverlap>(
+                    bar, turn, kv_iter, n_blocks, last_tile, s_flat, o_flat, issue_s, issue_pv, softmax_s, to_p,
+                    rescale_o, draw_early, first_landed, rescale_first, after_last_pv);
+            }
             kv_iter += n_blocks;
             ++q_iter;
             if constexpr (kRowSumMma) reg_fence(lr_acc);   // (read below, after the last P V's wait)
@@ -1249,13 +1392,14 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
-          bool kPvOverlap = false, int kMaskedCopy = 0, int kRagKeys = 0, bool kPrefetch = false>
+          bool kPvOverlap = false, int kMaskedCopy = 0, int kRagKeys = 0, bool kPrefetch = false, bool kSAhead = false,
+          bool kDeferMax = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
                   kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false, kMaskedCopy,
-                  kRagKeys, kPrefetch>(p);
+                  kRagKeys, kPrefetch, kSAhead, kDeferMax>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent Q blocks of one head, sharing their K/V loads);
@@ -1266,14 +1410,15 @@ template <int kClusterSize, int kBM, int kBN, int kStages, int kConsumers, bool 
           bool kVarlen = false, bool kPSmem = false, bool kTreeMax = false, bool kQDouble = false,
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
-          bool kPvOverlap = false, int kMaskedCopy = 0, int kRagKeys = 0, bool kPrefetch = false>
+          bool kPvOverlap = false, int kMaskedCopy = 0, int kRagKeys = 0, bool kPrefetch = false, bool kSAhead = false,
+          bool kDeferMax = false>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd_cluster(const __grid_constant__ Sm90FwdParams p) {
     static_assert(kClusterSize == 2, "sm90_fwd_cluster: clusters of 2 CTAs");
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
                   kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true, kMaskedCopy,
-                  kRagKeys, kPrefetch>(p);
+                  kRagKeys, kPrefetch, kSAhead, kDeferMax>(p);
 }
 
 }  // namespace cuflash

@@ -145,6 +145,59 @@ __device__ __forceinline__ void softmax_step_max(float (&s)[kMT][kNTS][4], float
                                                                      scale_log2, alpha[mt][half], rescale);
 }
 
+// The row-max step with the maximum deferred (sm90_fwd.cu kDeferMax): the block's P from the running
+// max m as it was (m_old), not from the block's, so that the exp2s need not wait for the row max (its
+// FMNMX chain and quad shuffles, then the max's tanh, were ahead of every exp2); the max still gives m
+// (kLazyRescaleLog2's move rule, softmax_row_update) once the step has run, and the move's factor
+// 2^((m_old - m)·scale_log2) scales l now and O one step later: alpha (O *= alpha in this step's
+// rescale, after P_{j-1} V_{j-1}) is the previous step's factor, alpha_next this one's (for P_j V_j,
+// taken by O in the next step). O's last factor is never applied: O is normalized by the row sum of
+// the P̃ the GEMM took, which the tensor cores keep with O's scale (sm90_fwd.cu kRowSumMma).
+// The caller's condition (sm90_fwd.cu defer_ok, deferred_fits): every row's m > -inf and (1 - m)·scale_log2 <=
+// DeferRangeLog2<Elem>, which bounds the block's P by 2^DeferRangeLog2 (t <= 1 for every score): bf16 100
+// (P V's fp32 sums stay finite below |V|·BN < 2^27), fp16 15 (P itself must stay below fp16's 65504).
+template <class Elem> struct DeferRangeLog2 { static constexpr float value = 100.f; };
+template <> struct DeferRangeLog2<fp16> { static constexpr float value = 15.f; };
+template <int kEmu = 0, int kDegree = 3, int kMT, int kNTS>
+__device__ __forceinline__ void softmax_step_deferred(float (&s)[kMT][kNTS][4], float (&m)[kMT][2],
+                                                      float (&l)[kMT][2], const float (&mx)[kMT][2],
+                                                      float scale_log2, float (&alpha)[kMT][2],
+                                                      float (&alpha_next)[kMT][2], bool& rescale) {
+    rescale = false;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            alpha[mt][half] = alpha_next[mt][half];          // the previous step's move, for O
+            rescale |= alpha[mt][half] != 1.f;
+            const float m_old = m[mt][half];
+            // the block's P from m_old (softmax_row_update with m_new = m_old: no move, l += the row's sum)
+            float unmoved = 1.f;
+            bool moved = false;
+            softmax_row_update<true, false, kEmu, kDegree>(s, mt, half, m_old, 0.f, m[mt][half], l[mt][half],
+                                                           l[mt][half], scale_log2, unmoved, moved);
+            const float m_max = fmaxf(m_old, mx[mt][half]);
+            const bool move = (m_max - m_old) * scale_log2 > kLazyRescaleLog2;
+            const float a = move ? exp2_approx((m_old - m_max) * scale_log2) : 1.f;
+            m[mt][half] = move ? m_max : m_old;
+            l[mt][half] *= a;
+            alpha_next[mt][half] = a;
+        }
+}
+
+// sm90_fwd.cu kDeferMax's condition for the next block, per thread (the caller takes it warp-wide):
+// both rows have a max, within DeferRangeLog2<Elem> of t's bound 1
+template <class Elem, int kMT>
+__device__ __forceinline__ bool deferred_fits(const float (&m)[kMT][2], float scale_log2) {
+    bool ok = true;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+            ok = ok && m[mt][half] != neg_inf() && (1.f - m[mt][half]) * scale_log2 <= DeferRangeLog2<Elem>::value;
+    return ok;
+}
+
 // ScoreMod in the folded form (header): apply() gives t = tanh(S·softcap_in) (minus
 // slope / softcap_out·|i + offset - j| with ALiBi); unit() is the factor the softmax's scales
 // take (softcap_out with kSoftcap, else 1: then it is ScoreMod exactly); cap() maps a row max of

@@ -3,6 +3,9 @@ edge shapes, for compute-sanitizer (memcheck, racecheck, synccheck); not a test,
 without the sanitizer:
 
     compute-sanitizer --tool synccheck python tests/softcap_fixed_sanitize.py
+    CUFLASH_SOFTCAP_FIELDS=s_ahead=1,BN=96,stages=3 compute-sanitizer ... (those fields forced on the
+    heuristic's config, as tests/test_softcap_fixed_max_gpu.py forced_fields)
+    compute-sanitizer ... python tests/softcap_fixed_sanitize.py --bwd   # the backward too (sm90_bwd's heuristic)
 """
 import os
 import sys
@@ -12,18 +15,36 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch  # noqa: E402
 
 import cuflash  # noqa: E402
+from cuflash import registry  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from softcap_fixed_timing import parse_variants  # noqa: E402
+
+FORCED = parse_variants("forced:" + os.environ.get("CUFLASH_SOFTCAP_FIELDS", ""))["forced"]
+BWD = "--bwd" in sys.argv
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_kv): one key, ragged blocks, GQA, more tiles than a block
 SHAPES = [(1, 1, 1, 2, 2), (1, 17, 113, 4, 1), (2, 203, 113, 4, 2), (1, 1, 300, 2, 2), (1, 300, 17, 2, 1)]
-# (dtype, cap): bf16 at caps 30 and 5, fp16 at 4 (fixed max), and fp16 at 30 (the row max)
-CAPS = [(torch.bfloat16, 30.0), (torch.bfloat16, 5.0), (torch.float16, 4.0), (torch.float16, 30.0)]
+# (dtype, cap): bf16 at caps 30 and 5, fp16 at 4 (fixed max), fp16 at 30 and bf16 at 50 (Gemma 2's; the row max)
+CAPS = [(torch.bfloat16, 30.0), (torch.bfloat16, 5.0), (torch.float16, 4.0), (torch.float16, 30.0),
+        (torch.bfloat16, 50.0)]
 
 for dtype, cap in CAPS:
     for causal in (False, True):
         for b, sq, sk, h, hkv in SHAPES:
-            q = torch.randn(b, sq, h, 128, device="cuda", dtype=dtype)
-            k, v = (torch.randn(b, sk, hkv, 128, device="cuda", dtype=dtype) for _ in range(2))
-            out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=cap)
+            q = torch.randn(b, sq, h, 128, device="cuda", dtype=dtype, requires_grad=BWD)
+            k, v = (torch.randn(b, sk, hkv, 128, device="cuda", dtype=dtype, requires_grad=BWD) for _ in range(2))
+            cfg = None
+            if FORCED:   # the heuristic's config with the forced fields (its fold_cap >= 3 kernels only)
+                fam = registry.get("sm90_fwd")
+                p = cuflash.Problem("fwd", "bf16" if dtype == torch.bfloat16 else "fp16", b, sq, sk, h, hkv, 128,
+                                    causal, features=("softcap",), softcap=cap)
+                cfg = fam.for_problem(fam.heuristic(p, (9, 0), 227 * 1024), p).replace(**FORCED)
+                assert not cfg.problems(), cfg.problems()
+            out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=cap, config=cfg)
             assert not out.isnan().any(), (dtype, cap, causal, sq, sk)
+            if BWD:
+                dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+                assert not any(g.isnan().any() for g in (dq, dk, dv)), (dtype, cap, causal, sq, sk, "grads")
 torch.cuda.synchronize()
 print("softcap_fixed_sanitize: done", flush=True)

@@ -251,6 +251,14 @@ def main():
                 print("profiled", key, flush=True)
             return
         new = fns["cap30"]()
+        for name in extra:   # a --variants row against the heuristic's output at its softcap (30, 80, or
+            # a row named capN alone: the heuristic's config at softcap N)
+            cap = re.search(r"cap(\d+)", name)
+            ref = "cap30" if not cap else f"cap{cap.group(1)}"
+            base_out = fns[ref]() if ref in fns and ref != name else None
+            if base_out is not None:
+                print(f"{name}: max |O - O(heuristic)| {(fns[name]().float() - base_out.float()).abs().max().item():.3g}",
+                      flush=True)
         i = 0
         for name, bases in kvariants.items():
             for base in bases:

@@ -5,6 +5,7 @@ config fields (names, template arguments, rules, for_problem), the heuristic's m
 the lazy rescale and of the folded softcap against the plain online softmax, and nvcc compile
 checks (no spills) of the instantiations the switches can pick.
 """
+import math
 import shutil
 
 import numpy as np
@@ -50,11 +51,11 @@ def test_names_and_template_tail():
     assert c.kernel_name().endswith("false, 0, false, false, false, false, false, false, true>")
     c = cfg(softcap=True, fold_cap=1)
     assert c.kernel_name().endswith("false, false, false, false, false, false, false, 1>")   # kVarlen, kPSmem, kTreeMax, kQDouble
-    assert c.template_args()[-12:] == (False, 1, False, False, False, False, 0, False, False, 0, 0, False)   # kLazyRescale, kFoldCap, kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, kMaskedCopy, kRagKeys, kPrefetch
+    assert c.template_args()[-14:] == (False, 1, False, False, False, False, 0, False, False, 0, 0, False, False, False)   # kLazyRescale, kFoldCap, kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, kMaskedCopy, kRagKeys, kPrefetch, kSAhead, kDeferMax
     # the ptxas report's mangled name parses back to the template arguments
     from cuflash.compile import _mangled_args
     mangled = ("_ZN7cuflash8sm90_fwdILi128ELi176ELi2ELi2ELb1ELb0ELi128ENS_4bf16ELb1ELb0ELb1ELb0ELb0ELi0ELb0"
-               "ELb0ELb0ELb0ELb0ELb0ELb1ELi2ELb0ELb0ELb0ELb0ELi0ELb0ELb0ELi0ELi0ELb0EEEvNS_13Sm90FwdParamsE")   # (kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked: false; kDropEarly 0; kStreamTail, kPvOverlap false; kMaskedCopy 0; kRagKeys 0; kPrefetch false)
+               "ELb0ELb0ELb0ELb0ELb0ELb1ELi2ELb0ELb0ELb0ELb0ELi0ELb0ELb0ELi0ELi0ELb0ELb0ELb0EEEvNS_13Sm90FwdParamsE")   # (kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked: false; kDropEarly 0; kStreamTail, kPvOverlap false; kMaskedCopy 0; kRagKeys 0; kPrefetch, kSAhead, kDeferMax false)
     assert _mangled_args(mangled) == cfg(softcap=True, lazy_rescale=True, fold_cap=2).template_args()
 
 
@@ -254,8 +255,13 @@ def test_fixed_max_bound():
     f = sm90_fwd.softcap_fixed_m
     assert f(prob(("softcap",), softcap=30.0)) == 1.0
     assert f(prob(("softcap",), softcap=34.6)) == 1.0      # 2 · 34.6 · log2(e) = 99.8
-    assert f(prob(("softcap",), softcap=34.7)) == 2.0
-    assert f(prob(("softcap",), softcap=50.0)) == 2.0      # Gemma 2's attention cap: the row max
+    # past 100: the fixed max below 1 by a / k (k = softcap·log2(e), a = 2k - 100 <= FIXED_MAX_LOG2_TOP), so that
+    # P spans [2^-100, 2^a]
+    k = 50.0 * math.log2(math.e)
+    assert f(prob(("softcap",), softcap=50.0)) == pytest.approx(1 - (2 * k - 100) / k)   # Gemma 2's cap
+    assert 0.38 < f(prob(("softcap",), softcap=50.0)) < 0.39 and f(prob(("softcap",), softcap=34.7)) < 1.0
+    assert f(prob(("softcap",), softcap=55.4)) < 1.0       # a = 59.9
+    assert f(prob(("softcap",), softcap=55.5)) == 2.0      # a = 60.2: the row max
     assert f(prob(("window",))) == 2.0
     # fp16: P (fp16 into the P V GEMM) stays normal only while 2k <= 14 (FIXED_MAX_LOG2_RANGE_FP16)
     assert f(prob(("softcap",), softcap=30.0).replace(dtype="fp16")) == 2.0

@@ -83,7 +83,7 @@ def test_tile_names_split_and_shared_memory():
     (dict(dynamic=True, dq_writer=True), "dynamic at head_dim=256"),
     (dict(lpt=True), "lpt without causal"),
     (dict(dq_writer=True, roles=True, dynamic=True, deterministic=True), "dq_writer with deterministic"),
-    (dict(wide_epi=True, softcap=True), "wide_epi: the 16-byte"),
+    (dict(wide_epi=True, alibi=True), "wide_epi: the 16-byte"),
     (dict(wide_epi=True, deterministic=True), "wide_epi: the 16-byte"),
 ])
 def test_each_rule(change, pattern):

@@ -45,12 +45,14 @@ def test_names_and_template_args():
 
 def test_rules():
     assert any("without roles" in w for w in ROLES.replace(roles=False, dynamic=True).problems())
-    for flags in (dict(softcap=True), dict(alibi=True), dict(dropout=True), dict(varlen=True)):
+    for flags in (dict(alibi=True), dict(dropout=True), dict(varlen=True)):
         cfg = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False, dq_writer=True, wide_epi=True, **flags)
         assert any("wide_epi" in w for w in cfg.problems()), flags
-    # a window's backward takes it (session 21: its kernels compile clean, tests/test_window_overlap_cpu.py)
-    cfg = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False, dq_writer=True, wide_epi=True, window=True)
-    assert not any("wide_epi" in w for w in cfg.problems())
+    # a window's backward takes it (session 21: its kernels compile clean, tests/test_window_overlap_cpu.py),
+    # and softcap's (session 22: zero spills, tests/test_sm90_s_ahead_cpu.py's neighbour test below)
+    for flags in (dict(window=True), dict(softcap=True)):
+        cfg = Sm90BwdConfig(64, 128, 2, 2, 128, "bf16", False, dq_writer=True, wide_epi=True, **flags)
+        assert not any("wide_epi" in w for w in cfg.problems()), flags
 
 
 def test_for_problem_and_space():

@@ -169,9 +169,9 @@ def test_rescale_first_field():
     # kRescaleFirst is the last template argument but tile_overlap's, written only when set
     assert RF.kernel_name().endswith(", true, false, false, false, false, false, false, 0, false, true>")   # (kAlibiLinear false before it)
     assert not DYN.kernel_name().endswith("0, false>") and DYN.kernel_name().endswith(", true>")
-    # (tile_overlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap and kMaskedCopy after it: the last six of
-    # template_args)
-    assert RF.template_args()[-9] is True and DYN.template_args()[-9] is False
+    # (tile_overlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, kMaskedCopy, kRagKeys, kPrefetch, kSAhead and
+    # kDeferMax after it: the last ten of template_args)
+    assert RF.template_args()[-11] is True and DYN.template_args()[-11] is False
     assert RF.smem_bytes == RF.replace(rescale_first=False).smem_bytes
     assert "rescale_first" not in FAM.encode(RF.replace(rescale_first=False))
     assert FAM.encode(RF).endswith(",rescale_first=1")

@@ -30,7 +30,7 @@ def test_field_name_template_and_encoding():
     for n in (1, 2):
         on = CAP.replace(masked_copy=n)
         assert on.problems(227 * 1024) == [] and on.name == CAP.name + f"_mcp{n}"
-        assert on.kernel_name().endswith(f", {n}>") and on.template_args()[-3] == n
+        assert on.kernel_name().endswith(f", {n}>") and on.template_args()[-5] == n
         assert FAM.encode(on).endswith(f",masked_copy={n}")
         assert FAM.decode(FAM.encode(on), "bf16", True) == on.replace(softcap=False)   # (features: the call's)
     # the template tail stops at the last argument set: CAP's kernel name is what it was before
@@ -62,5 +62,9 @@ def test_heuristic_switch(monkeypatch):
     assert heuristic(problem("fp16", causal=True)).masked_copy == 1
     # softcap alone (where measured): not with a window
     assert heuristic(problem(features=("softcap", "window"))).masked_copy == 0
+    # past the fixed max (bf16 caps above 55.45): MASKED_COPY_ROW_MAX, bf16 full copies the row-max step too
+    assert heuristic(problem(causal=False).replace(softcap=80.0)).masked_copy == 2
+    assert heuristic(problem(causal=False).replace(softcap=50.0)).masked_copy == 1   # (the fixed max raised)
+    assert heuristic(problem().replace(softcap=80.0)).masked_copy == 1
     monkeypatch.setattr(sm90_fwd, "MASKED_COPY", {})
     assert heuristic(problem()).masked_copy == 0 and heuristic(problem("fp16", causal=False)).masked_copy == 0

@@ -164,9 +164,10 @@ def test_plain_names_and_encoding_unchanged():
     # tree_max's and q_double's fields after it, then the softmax variants of feature calls)
     fields = list(Sm90FwdConfig.__dataclass_fields__)
     assert fields[fields.index("dropout") + 1] == "emu_exp2"
-    assert fields[-16:] == ["varlen", "p_smem", "tree_max", "q_double", "lazy_rescale", "fold_cap",
+    assert fields[-18:] == ["varlen", "p_smem", "tree_max", "q_double", "lazy_rescale", "fold_cap",
                             "alibi_lin", "rescale_first", "tile_overlap", "drop_packed", "drop_early",
-                            "stream_tail", "pv_overlap", "cluster", "masked_copy", "section"]
+                            "stream_tail", "pv_overlap", "cluster", "masked_copy", "s_ahead", "defer_max",
+                            "section"]
     # (section: run time, not a template argument; cluster: sm90_fwd_cluster, the entry point)
 
 

@@ -32,9 +32,12 @@ from test_features_gpu import check_close, feature_attention, grads, inputs  # n
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
-# (dtype, cap, whether the call runs the fixed max, fold_cap forced or None: the heuristic's)
+# (dtype, cap, whether the call runs the fixed max, fold_cap forced or None: the heuristic's); bf16 50 is
+# Gemma 2's cap, past FIXED_MAX_LOG2_RANGE: the fixed max raised into P's headroom (FIXED_MAX_LOG2_TOP), bf16
+# 80 past that too: the row max (defer_max's deferred steps where forced)
 CAPS = [("bf16", 30.0, True, None), ("bf16", 5.0, True, None), ("fp16", 4.0, True, None),
-        ("fp16", 30.0, False, None), ("bf16", 30.0, True, 3)]
+        ("fp16", 30.0, False, None), ("bf16", 30.0, True, 3), ("bf16", 50.0, True, None),
+        ("bf16", 80.0, False, None)]
 CAP_IDS = [f"{dt}-cap{c:g}" + (f"-fold{f}" if f else "") for dt, c, _, f in CAPS]
 # (seqlen_q, seqlen_k, heads)
 SMALL = [(1, 2, "mha"), (17, 17, "gqa"), (113, 113, "mqa"), (17, 300, "gqa"), (300, 17, "mha")]

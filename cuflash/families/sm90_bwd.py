@@ -439,6 +439,13 @@ DQ_FIRST_MAX_SEQLEN_BY: dict = {(128, False, "fp16"): 4096}
 HEURISTIC_WIDE_EPI: frozenset = frozenset({(128, False, "bf16"), (128, False, "fp16"), (128, True, "bf16"),
                                            (256, True, "bf16")})
 WIDE_EPI_MAX_SEQLEN_BY: dict = {}
+# * SOFTCAP_WIDE_EPI, (kernel head dim, causal, dtype): the classes whose softcap calls (softcap alone, MHA,
+#   fixed lengths, unordered) take wide_epi too. Measured (session 22, cap9, round 1: tests/softcap_bwd_timing.py,
+#   bf16 d128 batch 2 x 16 heads x 8k, softcap 30, x the plain call of the same process, 8 interleaved samples;
+#   on an H200; results/NVIDIA_H100_80GB_HBM3/logs/session22_cap9/round1.md), the heuristic -> with wide_epi:
+#   causal backward alone 1.152 -> 1.126, forward + backward 1.171 -> 1.158; full 1.137 -> 1.137, 1.150 -> 1.168
+#   (not kept). Zero spills in bf16 / fp16, causal / full (nvcc 13.0).
+SOFTCAP_WIDE_EPI: frozenset = frozenset({(128, True, "bf16")})
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
@@ -955,11 +962,10 @@ class Sm90BwdConfig(KernelConfig):
             out.append("dq_first: the dQ accumulator zeroed in the main kernel (no zeroing preprocess), with "
                        "dq_writer, for fixed-length unordered calls (no deterministic, varlen or cluster), BM 64 "
                        "or 128")
-        if self.wide_epi and (self.deterministic or self.varlen or self.cluster or self.softcap
-                              or self.alibi or self.dropout):
-            out.append("wide_epi: the 16-byte dK / dV epilogue stores, for plain or windowed fixed-length unordered "
-                       "calls (no deterministic, varlen, cluster, softcap, ALiBi, dropout: the d128 ALiBi kernel spilled "
-                       "8 bytes with them, session 19)")
+        if self.wide_epi and (self.deterministic or self.varlen or self.cluster or self.alibi or self.dropout):
+            out.append("wide_epi: the 16-byte dK / dV epilogue stores, for plain, windowed or softcapped fixed-length "
+                       "unordered calls (no deterministic, varlen, cluster, ALiBi, dropout: the d128 ALiBi kernel "
+                       "spilled 8 bytes with them, session 19)")
         if self.drop_packed not in (0, 1, 2):
             out.append(f"drop_packed must be 0, 1 or 2, got {self.drop_packed}")
         elif self.drop_packed and not (self.dropout and not (self.window or self.softcap or self.alibi)
@@ -1261,7 +1267,7 @@ class Sm90Backward(Family):
         if config.dq_first and (not dq_first_covers(problem, config.BM, config.BN)
                                 or any("dq_first" in w for w in config.problems())):
             config = config.replace(dq_first=False)    # rows no K/V block adds to need the zeroed accumulator
-        if config.wide_epi and (problem.features not in ((), ("window",))
+        if config.wide_epi and (problem.features not in ((), ("window",), ("softcap",))
                                 or any("wide_epi" in w for w in config.problems())):
             config = config.replace(wide_epi=False)    # a speed choice: plain (or windowed) fixed-length unordered calls
         return with_drop_packed(config)
@@ -1374,6 +1380,10 @@ class Sm90Backward(Family):
                 and not problem.features and not det and not is_varlen(problem) and not w16.problems()):
             cfg = w16
         feats = tuple(problem.features)
+        cw16 = cfg.replace(wide_epi=True)
+        if (feats == ("softcap",) and (d, causal, dtype) in SOFTCAP_WIDE_EPI and not det and not is_varlen(problem)
+                and problem.nheads == problem.nheads_kv and problem.head_dim % 8 == 0 and not cw16.problems()):
+            cfg = cw16                                  # (the kernel checks MHA and alignment again per call)
         if feats == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
         wdqf = cfg.replace(dq_first=True)

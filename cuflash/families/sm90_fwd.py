@@ -406,21 +406,53 @@ FOLD4_TIMING = False
 MASKED_COPY: dict = {(128, "bf16", True): 1, (128, "bf16", False): 1, (128, "fp16", True): 1,
                      (128, "fp16", False): 2}
 MASKED_COPY_VALUES = (0, 1, 2)
+# MASKED_COPY for calls past the fixed max (softcap_fixed_m 2: bf16 caps above 55.45, fp16 above 4.85), by (head
+# dim, dtype, causal), where it differs. Measured (session 22, round 2, H200, tests/softcap_fixed_timing.py: bf16 d128
+# 8k softcap 50, then on the row max, x plain, 10 interleaved samples; logs/session22_cap9/round2.md), masked_copy
+# 1 -> 2: full 1.548 -> 1.363, causal 1.442 -> 1.487 (not taken).
+MASKED_COPY_ROW_MAX: dict = {(128, "bf16", False): 2}
+# defer_max (kDeferMax) by (head dim, dtype, causal), for calls past the fixed max's range (softcap_fixed_m 2: bf16
+# caps above 34.7, fp16 above 4.85; Gemma 2's 50): the row-max step's exp2s from the running max as it was, the
+# block's max taken after them (kernels_cu/softmax_fold.cuh softmax_step_deferred). Softcap alone, fold_cap >= 3.
+# Measured slower everywhere (session 22, round 2, H200, tests/softcap_fixed_timing.py, d128 8k, x plain; logs/
+# session22_cap9/round2.md), the heuristic -> defer_max: bf16 softcap 50 (then on the row max) causal 1.442 -> 1.493,
+# full 1.548 -> 1.550; with masked_copy 2 1.628 / 1.561; fp16 softcap 30 1.442 -> 1.470, 1.381 -> 1.550. None.
+# s_ahead (kSAhead: S_{j+1} issued before the step of S_j) likewise (round 1, bf16 softcap 30, the heuristic 1.229
+# causal / 1.237 full): BN 112 stages 3 1.338 / 1.430, BN 96 1.426 / 1.486, BN 64 stages 4 1.417 / 1.500 (BN 128
+# does not fit the registers: ptxas serializes its wgmmas, C7512); and pv_overlap with the folded softcap step
+# 1.258 / 1.268 (in SASS its step already runs between the wait for S_j and the wait for P_{j-1} V_{j-1}).
+SOFTCAP_DEFER_MAX: frozenset = frozenset()
 # fp16 calls: P goes to the P V GEMM as fp16, whose normal range ends at 2^-14, so the fixed max holds
 # only where every P = exp2(k (t - 1)) stays a normal fp16 number (2k <= 14: softcap <= 4.85); above it
 # the row max (session 17: with the bf16 range, softcap 20 / 30 put every P of random scores near 2^-29
 # .. 2^-43, flushed to 0 in fp16: O = 0, the backward's dQ off by up to 1.5; tests/test_bwd_feature_sched_gpu.py)
 FIXED_MAX_LOG2_RANGE_FP16 = 14.0
+# The fixed max's headroom (session 22): the fixed running max may sit below t's bound 1, at 1 - a / k (k =
+# softcap·log2(e), the exponent's scale), so that P = exp2(k (t - m)) spans [2^(a - 2k), 2^a] instead of
+# [2^-2k, 1]: with a = 2k - FIXED_MAX_LOG2_RANGE, the bottom stays at 2^-100 (FIXED_MAX_LOG2_RANGE's
+# reason) and P's top rises to 2^a. a <= FIXED_MAX_LOG2_TOP: P at most 2^60 goes into the P V GEMM as bf16
+# (range 2^127) and O's and l's fp32 sums stay finite while seqlen_k · max|V| < 2^67. bf16 caps up to
+# (100 + 60) / (2 log2(e)) = 55.45 then run the fixed max (Gemma 2's 50: a = 44.3) instead of the row max
+# (session 22, round 2, H200: bf16 d128 8k, softcap 50 on the row max 1.442 causal / 1.548 full x plain,
+# softcap 30 on the fixed max 1.221 / 1.250). fp16: 0 (P itself is fp16 in the GEMM, top 65504).
+FIXED_MAX_LOG2_TOP = 60.0
+FIXED_MAX_LOG2_TOP_FP16 = 0.0
 
 
 def softcap_fixed_m(problem: Problem) -> float:
-    """params.softcap_fixed_m of a call: 1 (t's upper bound) where the cap allows a fixed running max
-    (FIXED_MAX_LOG2_RANGE; fp16: FIXED_MAX_LOG2_RANGE_FP16), else 2 (the kernel computes the row max);
-    2 without softcap."""
+    """params.softcap_fixed_m of a call: the fixed running max in t's units (t = tanh(s·scale / softcap)
+    <= 1) where the cap allows one, 1 - a / k with k = softcap·log2(e) and a = max(0, 2k -
+    FIXED_MAX_LOG2_RANGE) <= FIXED_MAX_LOG2_TOP (fp16: FIXED_MAX_LOG2_RANGE_FP16, FIXED_MAX_LOG2_TOP_FP16);
+    else 2 (the kernel computes the row max); 2 without softcap."""
     cap = problem.softcap if "softcap" in problem.features else 0.0
-    limit = FIXED_MAX_LOG2_RANGE_FP16 if problem.dtype == "fp16" else FIXED_MAX_LOG2_RANGE
-    if cap > 0 and 2 * cap * math.log2(math.e) <= limit:
+    fp16 = problem.dtype == "fp16"
+    limit = FIXED_MAX_LOG2_RANGE_FP16 if fp16 else FIXED_MAX_LOG2_RANGE
+    top = FIXED_MAX_LOG2_TOP_FP16 if fp16 else FIXED_MAX_LOG2_TOP
+    k = cap * math.log2(math.e)
+    if cap > 0 and 2 * k <= limit:
         return 1.0
+    if cap > 0 and 2 * k - limit <= top:
+        return 1.0 - (2 * k - limit) / k
     return 2.0
 
 
@@ -548,6 +580,12 @@ class Sm90FwdConfig(KernelConfig):
                copy of their own (kMaskedCopy), so that an unmasked block's tanhs and exp2s share one
                basic block that ptxas interleaves: 1, the fixed-max step; 2, the row-max step too
                (MASKED_COPY). Outside the tuning space
+    s_ahead:   the folded softcap step's S_{j+1} issued before the softmax of S_j, into a second accumulator
+               (kSAhead, kernels_cu/sm90_fwd.cu sm90_consume_blocks_ahead); 3 stages and BN <= 112
+               (registers). Measured slower (session 22): off, outside the tuning space
+    defer_max: the folded softcap row-max step's exp2s from the running max as it was, the block's max
+               taken after them (kDeferMax, kernels_cu/softmax_fold.cuh softmax_step_deferred); softcap
+               with fold_cap >= 3 and lazy_rescale (SOFTCAP_DEFER_MAX). Outside the tuning space
     cluster:   clusters of 2 CTAs (sm90_fwd_cluster, kCluster): the static persistent grid's CTAs 2c and
                2c + 1 take adjacent Q blocks of one head at every step, and each loads half of every
                K_j's and V_j's column chunks by TMA multicast into both (one L2 read feeds two SMs); a
@@ -611,6 +649,8 @@ class Sm90FwdConfig(KernelConfig):
     masked_copy: int = 0
     rag_keys: int = 0
     prefetch: bool = False
+    s_ahead: bool = False
+    defer_max: bool = False
     section: int = 0               # (a run-time param, not a template argument)
     even_waves: bool = False       # (last: the launch's grid, not a template argument)
 
@@ -636,7 +676,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_dpk' if self.drop_packed else ''}{'_dpe' if self.drop_early == 1 else f'_dpe{self.drop_early}' if self.drop_early else ''}"
                 f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}{'_cl2' if self.cluster else ''}"
                 f"{f'_mcp{self.masked_copy}' if self.masked_copy else ''}{f'_rag{self.rag_keys}' if self.rag_keys else ''}"
-                f"{'_pf' if self.prefetch else ''}"
+                f"{'_pf' if self.prefetch else ''}{'_sah' if self.s_ahead else ''}{'_dmx' if self.defer_max else ''}"
                 f"{'_ev' if self.even_waves else ''}")
 
     @property
@@ -713,8 +753,10 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.pv_overlap else 'false'}",                      # kPvOverlap
                 f"{self.masked_copy}",                                            # kMaskedCopy
                 f"{self.rag_keys}",                                               # kRagKeys
-                f"{'true' if self.prefetch else 'false'}"]                        # kPrefetch last
-        used = (20 if self.prefetch else 19 if self.rag_keys else 18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{'true' if self.prefetch else 'false'}",                        # kPrefetch
+                f"{'true' if self.s_ahead else 'false'}",                         # kSAhead
+                f"{'true' if self.defer_max else 'false'}"]                       # kDeferMax last
+        used = (22 if self.defer_max else 21 if self.s_ahead else 20 if self.prefetch else 19 if self.rag_keys else 18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -734,7 +776,13 @@ class Sm90FwdConfig(KernelConfig):
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
                 self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail,
-                self.pv_overlap, self.masked_copy, self.rag_keys, self.prefetch)
+                self.pv_overlap, self.masked_copy, self.rag_keys, self.prefetch, self.s_ahead, self.defer_max)
+
+    def softcap_overlap_ok(self) -> bool:
+        """pv_overlap's rotated loop around the folded softcap step (fold_cap >= 3, softcap alone):
+        the one feature step it is allowed with (SOFTCAP_PV_OVERLAP)."""
+        return (self.softcap and self.fold_cap >= 3 and not (self.window or self.alibi or self.dropout
+                                                             or self.alibi_lin))
 
     def _problems(self) -> list[str]:
         out = []
@@ -800,6 +848,16 @@ class Sm90FwdConfig(KernelConfig):
         if (self.lazy_rescale or self.fold_cap) and (self.dropout or (self.emu_exp2 and not self.fold_cap)):
             out.append("lazy_rescale / fold_cap run without dropout, and emu_exp2 only with fold_cap "
                        "(kernels_cu/softmax_fold.cuh)")
+        if self.s_ahead and not (self.softcap_overlap_ok() and not (self.tile_overlap or self.pv_overlap or self.p_smem
+                                                                    or self.rescale_first or self.stream_tail
+                                                                    or self.cluster)):
+            out.append("s_ahead issues S_{j+1} before the folded softcap step of S_j (kSAhead): softcap alone with "
+                       "fold_cap >= 3, not with tile_overlap, pv_overlap, p_smem, rescale_first, stream_tail or "
+                       "cluster")
+        if self.defer_max and not (self.softcap and self.fold_cap >= 3 and self.lazy_rescale
+                                   and not (self.alibi or self.dropout or self.stream_tail)):
+            out.append("defer_max defers the folded softcap step's row max (kDeferMax): softcap with fold_cap >= 3 "
+                       "and lazy_rescale, not with ALiBi, dropout or stream_tail")
         if self.masked_copy not in MASKED_COPY_VALUES:
             out.append(f"masked_copy must be one of {MASKED_COPY_VALUES}, got {self.masked_copy}")
         elif self.masked_copy and (self.fold_cap < 3 or self.alibi):
@@ -878,6 +936,8 @@ class Sm90FwdConfig(KernelConfig):
         if self.window or self.softcap or self.alibi or self.dropout or self.emu_exp2 or self.lazy_rescale \
                 or self.fold_cap or self.alibi_lin:
             for flag in ("stream_tail", "cluster", "pv_overlap"):   # schedules built for plain calls
+                if flag == "pv_overlap" and self.softcap_overlap_ok():
+                    continue   # (and the folded softcap step's: SOFTCAP_PV_OVERLAP)
                 if getattr(self, flag):
                     out.append(f"{flag} with window / softcap / ALiBi / dropout (or their softmax variants) "
                                "is not implemented: plain calls only")
@@ -1220,6 +1280,11 @@ class Sm90Forward(Family):
             config = config.replace(fold_cap=0)
         if config.masked_copy and (config.fold_cap < 3 or "alibi" in problem.features):
             config = config.replace(masked_copy=0)   # (a speed knob of the folded softcap step)
+        if config.s_ahead and not (tuple(problem.features) == ("softcap",) and config.fold_cap >= 3 and not dropout):
+            config = config.replace(s_ahead=False)   # likewise (a speed knob of the folded softcap step)
+        if config.defer_max and (config.fold_cap < 3 or not config.lazy_rescale or "alibi" in problem.features
+                                 or dropout):
+            config = config.replace(defer_max=False)   # likewise (SOFTCAP_DEFER_MAX)
         if config.lazy_rescale and (dropout or (config.emu_exp2 and not config.fold_cap)):
             config = config.replace(lazy_rescale=False)
         if config.p_smem and problem.features:   # plain calls only (a speed knob): P in registers
@@ -1231,8 +1296,9 @@ class Sm90Forward(Family):
             config = config.replace(tile_overlap=False)   # likewise; and without keys no S_0 to issue
         if config.stream_tail and (problem.features or problem.causal):
             config = config.replace(stream_tail=False)    # likewise (plain non-causal calls only)
-        if config.pv_overlap and problem.features:
-            config = config.replace(pv_overlap=False)     # likewise (plain calls only)
+        if config.pv_overlap and problem.features and not (
+                tuple(problem.features) == ("softcap",) and config.fold_cap >= 3 and not dropout):
+            config = config.replace(pv_overlap=False)     # likewise (plain calls, the folded softcap step)
         if config.cluster and (problem.features or problem.causal or is_varlen(problem)
                                or -(-problem.seqlen_q // config.BM) % 2):
             config = config.replace(cluster=False)        # likewise; and the pairs of Q blocks need an even count
@@ -1272,7 +1338,7 @@ class Sm90Forward(Family):
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
                                "tile_overlap", "drop_packed", "drop_early", "stream_tail", "pv_overlap", "cluster",
-                               "masked_copy", "rag_keys", "prefetch", "even_waves")
+                               "masked_copy", "rag_keys", "prefetch", "s_ahead", "defer_max", "even_waves")
                                and not v))
 
     def make(self, point, problem: Problem):
@@ -1380,10 +1446,14 @@ class Sm90Forward(Family):
                 # software exp2 where measured: bf16 softcap alone, not with the copy (MASKED_COPY's note)
                 copy = MASKED_COPY.get((d, problem.dtype, bool(problem.causal)), 0) \
                     if fold >= 3 and tuple(problem.features) == ("softcap",) else 0
+                if copy and softcap_fixed_m(problem) > 1:   # (the row-max step runs)
+                    copy = MASKED_COPY_ROW_MAX.get((d, problem.dtype, bool(problem.causal)), copy)
                 emu = SOFTCAP_FOLD_EMU_EXP2.get((d, bool(problem.causal)), 0) \
                     if problem.dtype == "bf16" and tuple(problem.features) == ("softcap",) and not copy else 0
+                defer = (fold >= 3 and tuple(problem.features) == ("softcap",) and softcap_fixed_m(problem) > 1
+                         and (d, problem.dtype, bool(problem.causal)) in SOFTCAP_DEFER_MAX)
                 cfg = cfg.replace(fold_cap=fold, lazy_rescale=fold >= 2 or cfg.lazy_rescale, emu_exp2=emu,
-                                  masked_copy=copy)
+                                  masked_copy=copy, defer_max=defer)
         if FEATURE_LAZY_RESCALE and feature_call and not cfg.emu_exp2:
             cfg = cfg.replace(lazy_rescale=True)
         if (feature_call and (d, bool(problem.causal)) in ALIBI_LINEAR
