@@ -164,11 +164,12 @@ def test_plain_names_and_encoding_unchanged():
     # tree_max's and q_double's fields after it, then the softmax variants of feature calls)
     fields = list(Sm90FwdConfig.__dataclass_fields__)
     assert fields[fields.index("dropout") + 1] == "emu_exp2"
-    assert fields[-18:] == ["varlen", "p_smem", "tree_max", "q_double", "lazy_rescale", "fold_cap",
+    assert fields[-21:] == ["varlen", "p_smem", "tree_max", "q_double", "lazy_rescale", "fold_cap",
                             "alibi_lin", "rescale_first", "tile_overlap", "drop_packed", "drop_early",
-                            "stream_tail", "pv_overlap", "cluster", "masked_copy", "s_ahead", "defer_max",
-                            "section"]
-    # (section: run time, not a template argument; cluster: sm90_fwd_cluster, the entry point)
+                            "stream_tail", "pv_overlap", "cluster", "masked_copy", "rag_keys", "prefetch",
+                            "s_ahead", "defer_max", "section", "even_waves"]
+    # (section: run time, not a template argument; cluster: sm90_fwd_cluster, the entry point;
+    # even_waves: the launch's grid)
 
 
 def test_emu_names_template_and_encoding():
