@@ -10,10 +10,11 @@ their kernels on disk):
   * tests/gpu_sanitize.py --quick --families decode_splitkv: its decode shapes under each pass of
     decode_loops (the default selection, the bandwidth options, TMA_DEFAULT, TMA_PAGED_DEFAULT);
   * tests/test_decode_latency_gpu.py: the split merge (plain and fused) and page_gather configs;
-  * tests/test_decode_resident_gpu.py: the 4-warp contiguous tiles and page 256 on the Hopper loop.
+  * tests/test_decode_resident_gpu.py: the 4-warp contiguous tiles and page 256 on the Hopper loop;
+  * tests/test_decode_regs_gpu.py: the regs kernel's configs (REGS_DEFAULT 1, 2, 3).
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -252,7 +253,16 @@ def stream_test_configs():
         for b, sq, lens, h, hk, d, dtype, page, extra in t.LF_CASES]
 
 
-GROUPS = {"stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
+def regs_test_configs():
+    """tests/test_decode_regs_gpu.py (REGS_DEFAULT 1, 2, 3) and tests/decode_regs_sanitize.py."""
+    import test_decode_regs_gpu as t
+
+    return [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
+                       REGS_DEFAULT=regs)
+            for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.CASES for regs in t.REGS]
+
+
+GROUPS = {"regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

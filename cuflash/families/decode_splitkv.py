@@ -312,6 +312,19 @@ STREAM_SMEM_INTS = 4 * STREAM_MAX_BATCH + 2
 # 8k (one split: no count) 266.5 / 264.8, the same code run (geomean 1.007); racecheck clean.
 LIGHT_FENCE_DEFAULT = True
 LIGHT_FENCE_SPACE = (False,)
+# regs (decode_splitkv_regs): each warp loads its keys' K and V rows by 16-byte loads straight
+# into registers (no cp.async, no shared-memory ring, no barrier per block) and runs the mma
+# transposed (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ: 8 packed query rows per row tile); 1: plain loads, 2:
+# L1::no_allocate and an L2 prefetch of 256 bytes, 3: as 2 plus L2::evict_first. Head dims 64
+# and 128 equal to the config's. The heuristic's choice (REGS_DEFAULT, 0: off) with REGS_WARPS
+# warps of 16 keys; not yet timed.
+REGS_DEFAULT = 0
+REGS_WARPS = 8
+REGS_VALUES = (0, 1, 2, 3)
+REGS_SPACE = (0,)
+REGS_HEAD_DIMS = (64, 128)
+REGS_THREAD_REGISTERS = 256   # ptxas: 236 at 8 warps x 16 keys, d 128 (nvcc 13.0, sm_90a); the residency model's
+REGISTER_FILE = 65536         # 32-bit registers per SM
 
 @dataclasses.dataclass(frozen=True, order=True)
 class DecodeConfig(KernelConfig):
@@ -363,6 +376,12 @@ class DecodeConfig(KernelConfig):
               seqlen_q 1), at most STREAM_MAX_BATCH rows
     light_fence: (fused_combine, the split kernel) the finished splits' count without a fence per
               thread: the CTA barrier and thread 0's acq_rel atomic (kLightFence)
+    regs:     (0: off) decode_splitkv_regs: each warp loads its K/V rows straight into registers
+              (16-byte loads, the next block's in flight during this one's math) and runs Sᵀ =
+              K Qᵀ, Oᵀ += Vᵀ Pᵀ (8 packed query rows per row tile: rows = 8 · m_tiles); 1 plain
+              loads, 2 L1::no_allocate + L2::256B, 3 also L2::evict_first. fused_combine and
+              light_fence as the split kernel; no other option; head dims 64 and 128 (the call's);
+              warp_n · head_dim <= 2048; ``stages`` is not used
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -394,6 +413,7 @@ class DecodeConfig(KernelConfig):
     dynamic: int = 0
     stream: bool = False
     light_fence: bool = False
+    regs: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -404,7 +424,7 @@ class DecodeConfig(KernelConfig):
 
     @property
     def rows(self) -> int:
-        return 16 * self.m_tiles
+        return (8 if self.regs else 16) * self.m_tiles
 
     @property
     def threads(self) -> int:
@@ -420,7 +440,8 @@ class DecodeConfig(KernelConfig):
                  + ("_ln" if self.lean else "") + (f"_bk{self.bulk}" if self.bulk else "")
                  + ("_em" if self.early_merge else "") + (f"_rf{self.ring_fill}" if self.ring_fill else "")
                  + ("_dyn" if self.dynamic == 1 else "_ilv" if self.dynamic == 2 else "")
-                 + ("_stk" if self.stream else "") + ("_lf" if self.light_fence else ""))
+                 + ("_stk" if self.stream else "") + ("_lf" if self.light_fence else "")
+                 + (f"_rg{self.regs}" if self.regs else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -428,6 +449,8 @@ class DecodeConfig(KernelConfig):
     def smem_bytes(self) -> int:
         """Q tile plus `stages` (K, V) blocks, rows padded by 8 elements (tma: plus the ring's
         full and empty mbarriers, 8 bytes each; bulk: one mbarrier per slot)."""
+        if self.regs:   # the warps' merge (kMergePitch = head_dim + 4 words, m, l) and the merge flag
+            return self.warps * self.rows * (self.head_dim + 6) * 4 + 16
         tiles = (self.rows + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
         if self.stream:   # a Q tile per ring slot, the per-row prefix
             return tiles + (self.stages - 1) * self.rows * (self.head_dim + 8) * 2 + 4 * STREAM_SMEM_INTS
@@ -440,6 +463,9 @@ class DecodeConfig(KernelConfig):
 
     def kernel_name(self) -> str:
         flag = {True: "true", False: "false"}
+        if self.regs:
+            return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
+                    f"cuflash::{self.dtype}, {flag[self.fused_combine]}, {flag[self.light_fence]}, {self.regs - 1}>")
         if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
@@ -457,6 +483,9 @@ class DecodeConfig(KernelConfig):
                 f"{flag[self.page_prefetch]}, {int(self.l2_prefetch)}, {flag[self.warp_loads]}{gather}>")
 
     def template_args(self) -> tuple:
+        if self.regs:
+            return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
+                    bool(self.light_fence), self.regs - 1)
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -499,6 +528,22 @@ class DecodeConfig(KernelConfig):
         if self.light_fence and (self.tma or self.stream or not self.fused_combine):
             out.append("light_fence: an option of the split kernel's fused combine (fused_combine; the stream "
                        "kernel always counts so)")
+        if self.regs not in REGS_VALUES:
+            out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
+        elif self.regs:
+            if (self.tma or self.bulk or self.page_prefetch or self.page_gather or self.warp_loads or self.lean
+                    or self.ring_fill or self.dynamic or self.stream or self.early_merge or self.l2_prefetch):
+                out.append("regs: decode_splitkv_regs has fused_combine and light_fence only (no tma, bulk, "
+                           "page_prefetch, page_gather, warp_loads, lean, ring_fill, dynamic, stream, early_merge "
+                           "or l2_prefetch)")
+            if self.head_dim not in REGS_HEAD_DIMS:
+                out.append(f"regs: head_dim must be one of {REGS_HEAD_DIMS}, got {self.head_dim}")
+            if self.warp_n * self.head_dim > 2048:
+                out.append(f"regs: warp_n * head_dim must be <= 2048 (two register sets of K/V), "
+                           f"got {self.warp_n * self.head_dim}")
+            if self.m_tiles * self.head_dim > 128:
+                out.append(f"regs: m_tiles * head_dim must be <= 128 (ptxas spills two row tiles at d 128: 255 "
+                           f"registers, nvcc 13.0 sm_90a), got {self.m_tiles * self.head_dim}")
         if self.stream:
             if (not self.fused_combine or self.tma or self.bulk or self.page_prefetch or self.page_gather
                     or self.warp_loads or self.lean or self.ring_fill or self.dynamic):
@@ -510,7 +555,7 @@ class DecodeConfig(KernelConfig):
                 out.append(f"stream: splits (CTAs) must be in 0..{STREAM_MAX_CTAS}, got {self.splits}")
         elif not 0 <= self.splits <= MAX_SPLITS:
             out.append(f"splits must be in 0..{MAX_SPLITS} (0: heuristic), got {self.splits}")
-        if not out and self.accum_regs > MAX_ACCUM_REGS:
+        if not out and not self.regs and self.accum_regs > MAX_ACCUM_REGS:
             out.append(f"{self.accum_regs} fp32 accumulator registers per thread (O and S) "
                        f"exceed the budget of {MAX_ACCUM_REGS}: it would spill")
         if not out and self.lean and self.accum_regs + self.m_tiles * self.head_dim // 4 > MAX_ACCUM_REGS:
@@ -519,7 +564,7 @@ class DecodeConfig(KernelConfig):
                        f"{MAX_ACCUM_REGS}: it would spill (one row tile up to d 128 fits)")
         chunks = self.head_dim // 8
         lanes = 4 if chunks <= 4 else 8 if chunks <= 8 else 16 if chunks <= 16 else 32
-        if not out and (32 * self.warps) % lanes:
+        if not out and not self.regs and (32 * self.warps) % lanes:
             out.append(f"{32 * self.warps} threads do not cover whole {self.head_dim}-column rows")
         if self.tma:
             if self.head_dim > TMA_MAX_HEAD_DIM:
@@ -598,7 +643,8 @@ def ctas_per_sm(config, max_smem: int) -> int:
     """Resident CTAs of ``config`` per SM: shared memory (each CTA also takes 1 KB the system
     reserves; an SM has the per-block opt-in maximum plus that KB) and threads."""
     by_smem = (max_smem + SMEM_RESERVED) // (config.smem_bytes + SMEM_RESERVED)
-    return max(1, min(by_smem, MAX_THREADS_PER_SM // config.threads))
+    by_regs = REGISTER_FILE // (REGS_THREAD_REGISTERS * config.threads) if getattr(config, "regs", 0) else by_smem
+    return max(1, min(by_smem, by_regs, MAX_THREADS_PER_SM // config.threads))
 
 
 def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[int] = None) -> int:
@@ -689,7 +735,8 @@ class DecodeSplitKV(Family):
              "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE,
              "page_gather": PAGE_GATHER_SPACE, "lean": LEAN_SPACE, "bulk": BULK_SPACE,
              "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE, "dynamic": DYNAMIC_SPACE,
-             "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE}
+             "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE,
+             "regs": REGS_SPACE}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -770,6 +817,14 @@ class DecodeSplitKV(Family):
                               stages=CONTIGUOUS_STAGES)   # see STREAM_DEFAULT
             if cfg.problems(max_smem):
                 cfg = cfg.replace(stream=False)
+        if (REGS_DEFAULT and d == problem.head_dim and d in REGS_HEAD_DIMS and not cfg.stream
+                and (group * problem.seqlen_q <= 8 or d <= 64)):
+            regs = cfg.replace(regs=REGS_DEFAULT, warps=REGS_WARPS, warp_n=16, m_tiles=1 if group * problem.seqlen_q <= 8 else 2,
+                               page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False, lean=False,
+                               bulk=0, early_merge=False, ring_fill=0, dynamic=0,
+                               light_fence=LIGHT_FENCE_DEFAULT and cfg.fused_combine)
+            if not regs.problems(max_smem):
+                return regs   # see REGS_DEFAULT
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
@@ -796,7 +851,7 @@ class DecodeSplitKV(Family):
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
-                 **point}
+                 "regs": 0, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -839,10 +894,15 @@ class DecodeSplitKV(Family):
             if not chosen:
                 raise ValueError(why)
             config = config.replace(tma=False, bulk=0)
+        if getattr(config, "regs", 0) and problem.head_dim != config.head_dim:
+            if not chosen:
+                raise ValueError(f"q: the regs kernel (config regs) needs the head dim to equal the config's "
+                                 f"{config.head_dim}, got {problem.head_dim}")
+            config = config.replace(regs=0)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
-        if (chosen and heuristic and not config.tma and not config.page_prefetch and not config.stream
+        if (chosen and heuristic and not config.tma and not config.page_prefetch and not config.stream and not config.regs
                 and ((TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE or large_page_tma)):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
@@ -853,7 +913,8 @@ class DecodeSplitKV(Family):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
         if (chosen and heuristic and SMALL_PAGE_WARPS != 8 and SMALL_PAGE_WARPS != config.warps
-                and 0 < page_size < TMA_PAGED_MAX_PAGE and not config.tma and not config.stream):  # 8: off
+                and 0 < page_size < TMA_PAGED_MAX_PAGE and not config.tma and not config.stream
+                and not config.regs):  # 8: off
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             small = config.replace(warps=SMALL_PAGE_WARPS, stages=3 if config.head_dim <= 128 else 2)
             if not small.problems(max_smem):
