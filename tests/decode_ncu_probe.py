@@ -19,7 +19,8 @@ bulk> for the heuristic's config, its tiles with bulk rows (``bk1``) and with bu
 L2 evict-first policy (``bk2``), in that order; with ``--ring``, instead of the bulk rows, the
 heuristic's config with ring_fill 2 (``rf2``: the prologue fills the ring, loads before S) and
 with the dynamic block claims too (``rf2dyn``): ``sm__cycles_active.avg`` / ``.max`` then show
-how evenly the SMs' CTAs end; with ``--stream``, instead, decode_splitkv_stream (stream-K) on
+how evenly the SMs' CTAs end; with ``--regs``, instead, decode_splitkv_regs (K/V into registers)
+with load hints 1, 2, 3 (``regs1`` ...); with ``--stream``, instead, decode_splitkv_stream (stream-K) on
 the SMs' slots (``stream``) and on 128 CTAs (``stream128``).
 """
 import os
@@ -87,7 +88,18 @@ def profile_shape(b, ctx):
 
     runs = [("sdpa_cudnn", cudnn),
             ("heuristic", lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens))]
-    if "--stream" in sys.argv:  # decode_splitkv_stream (stream-K) on every SM, and on 128 CTAs
+    if "--regs" in sys.argv:  # decode_splitkv_regs (K/V into registers), each load hint, at the heuristic's split rule
+        from cuflash.families import decode_splitkv as mod
+        for regs in (1, 2, 3):
+            old = mod.REGS_DEFAULT
+            mod.REGS_DEFAULT = regs
+            try:
+                cfg = get("decode_splitkv").heuristic(problem)
+            finally:
+                mod.REGS_DEFAULT = old
+            cfg = cfg.replace(splits=num_splits_for(cfg, problem, sms))
+            runs.append((f"regs{regs}", lambda cfg=cfg: kvcache_with_config(cfg, q, kc, vc, cache_seqlens=lens)))
+    elif "--stream" in sys.argv:  # decode_splitkv_stream (stream-K) on every SM, and on 128 CTAs
         st = heur.replace(stream=True, ring_fill=0, dynamic=0, fused_combine=True, early_merge=True, light_fence=False)
         runs += [("stream", lambda: kvcache_with_config(st, q, kc, vc, cache_seqlens=lens)),
                  ("stream128", lambda: kvcache_with_config(st.replace(splits=128), q, kc, vc, cache_seqlens=lens))]
