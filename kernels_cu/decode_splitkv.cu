@@ -1713,6 +1713,27 @@ decode_splitkv_regs(const DecodeParams p) {
     };
     // block n's K and V of this warp into (kr, vr); then (paged) block n - 1's page ids
     auto load_block = [&](int n, u32 (&kr)[kTiles][2][kKLoads][4], u32 (&vr)[kTiles][4][kVLoads][4]) {
+        if (!paged && (n + 1) * kBlockN <= keys) {
+            // a contiguous block inside the row: one address per tile for K (key g) and V (key
+            // 2t), the lane's other keys at multiples of the row stride (uniform), no clamps
+#pragma unroll
+            for (int tile = 0; tile < kTiles; ++tile) {
+                const int key0 = rk.start + n * kBlockN + warp * kWarpN + 16 * tile;
+                const u16* kp = k_head + k_row0 + static_cast<i64>(key0 + g) * p.k_row_stride + 8 * t;
+                const u16* vp = v_head + v_row0 + static_cast<i64>(key0 + 2 * t) * p.v_row_stride + 8 * g;
+#pragma unroll
+                for (int q = 0; q < 2; ++q)
+#pragma unroll
+                    for (int i = 0; i < kKLoads; ++i)
+                        ld_kv_16<kLoadHint>(kr[tile][q][i], kp + 8 * q * p.k_row_stride + 32 * i, policy);
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+#pragma unroll
+                    for (int h = 0; h < kVLoads; ++h)
+                        ld_kv_16<kLoadHint>(vr[tile][q][h], vp + ((q & 1) + 8 * (q >> 1)) * p.v_row_stride + 64 * h, policy);
+            }
+            return;
+        }
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
             const int key0 = n * kBlockN + warp * kWarpN + 16 * tile;
@@ -1747,7 +1768,11 @@ decode_splitkv_regs(const DecodeParams p) {
     }
 
     // block n's math on its registers (kr, vr)
-    auto attend = [&](int n, const u32 (&kr)[kTiles][2][kKLoads][4], const u32 (&vr)[kTiles][4][kVLoads][4]) {
+    // masked (a block on a mask's edge or the row's end, or softcap / ALiBi on): the scores'
+    // transform and mask; the bulk's blocks run without (attend_any calls it with a constant:
+    // two inlined copies of the body)
+    auto attend = [&](int n, const u32 (&kr)[kTiles][2][kKLoads][4], const u32 (&vr)[kTiles][4][kVLoads][4],
+                      bool masked) {
         float s[kTiles][kRowTiles][4];
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
@@ -1764,7 +1789,7 @@ decode_splitkv_regs(const DecodeParams p) {
             }
         }
         const bool edge = n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi;
-        if (scores_transform || edge) {
+        if (masked) {
 #pragma unroll
             for (int tile = 0; tile < kTiles; ++tile)
 #pragma unroll
@@ -1851,12 +1876,16 @@ decode_splitkv_regs(const DecodeParams p) {
         if (paged) fetch_pages(n_end - 1);
         load_block(n_end - 1, k_a, v_a);
     }
+    auto attend_any = [&](int n, const u32 (&kr)[kTiles][2][kKLoads][4], const u32 (&vr)[kTiles][4][kVLoads][4]) {
+        if (scores_transform || n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi) attend(n, kr, vr, true);
+        else attend(n, kr, vr, false);
+    };
     for (int it = 0; it < n_iters; it += 2) {
         if (it + 1 < n_iters) load_block(n_end - 2 - it, k_b, v_b);
-        attend(n_end - 1 - it, k_a, v_a);
+        attend_any(n_end - 1 - it, k_a, v_a);
         if (it + 1 >= n_iters) break;
         if (it + 2 < n_iters) load_block(n_end - 3 - it, k_a, v_a);
-        attend(n_end - 2 - it, k_b, v_b);
+        attend_any(n_end - 2 - it, k_b, v_b);
     }
 
     // the warps' merge: each warp's rows 8·rt + 2t + j, its columns u, into shared memory
