@@ -1589,7 +1589,8 @@ decode_splitkv_stream(const DecodeParams p) {
 // The warps' merge (merge_rows) and the fused combine's count (kLightFence as decode_splitkv) end
 // the CTA as in decode_splitkv. Needs the real head dim to equal kHeadDim (64 or 128).
 //   kRowTiles  8-row tiles of packed query rows per CTA (1, 2)
-//   kLoadHint  the K/V loads' cache hints (ld_kv_16: 0 plain, 1 L1::no_allocate + L2::256B, 2 also evict-first)
+//   kLoadHint  the K/V loads' cache hints (ld_kv_16: 0 plain, 1 L1::no_allocate + L2::256B, 2 also evict-first,
+//              3 L1::no_allocate, 4 L2::256B, 5 evict-first)
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
           int kLoadHint>
 __global__ void __launch_bounds__(kWarps * 32)
@@ -1681,7 +1682,7 @@ decode_splitkv_regs(const DecodeParams p) {
     if (!paged) cache_offsets(p, b, 0, k_row0, v_row0);
     const int* table = paged ? p.block_table + b * p.block_table_stride : nullptr;
     const int last_key = max(keys - 1, 0);
-    const u64 policy = kLoadHint == 2 ? l2_policy_evict_first() : 0;
+    const u64 policy = kLoadHint == 2 || kLoadHint == 5 ? l2_policy_evict_first() : 0;
     int page_first[kTiles], page_a[kTiles], page_b[kTiles];  // the next block's tiles (paged)
     auto fetch_pages = [&](int n) {  // block n's page ids, into registers
 #pragma unroll

@@ -72,21 +72,33 @@ __device__ __forceinline__ void bulk_load_1d_hint(u32 dst, const void* src, u32 
 
 // ---- decode_splitkv_regs: K/V rows straight into registers -------------------------------------
 // 16 bytes of K or V (read-only for the kernel's life) into four registers, on the non-coherent
-// path. kHint 0: the plain ld.global.nc; 1: also L1::no_allocate (a key row is read by one warp
-// once: it need not evict anything from L1) and an L2 prefetch size of 256 bytes (a d 128 bf16
-// key row: on a miss the L2 fetches the whole row's segment at once); 2: as 1 with the L2 cache
-// policy `policy` (l2_policy_evict_first: the stream is read once per call; ld's own
-// .L2::evict_first wants 32-byte vectors). volatile: the loads stay where the kernel issues them,
-// ahead of the mma.syncs (also volatile) that work on the previous block's registers.
+// path, with the cache hints of kHint:
+//   0  none: the plain ld.global.nc
+//   1  L1::no_allocate (a key row is read by one warp once) and an L2 prefetch size of 256 bytes
+//      (a d 128 bf16 key row: on a miss the L2 fetches the row's whole segment at once)
+//   2  as 1, with the L2 cache policy `policy` (l2_policy_evict_first: the stream is read once per
+//      call; ld's own .L2::evict_first wants 32-byte vectors)
+//   3  L1::no_allocate only;  4  L2::256B only;  5  the policy `policy` only
+// volatile: the loads stay where the kernel issues them, ahead of the mma.syncs (also volatile)
+// that work on the previous block's registers.
 template <int kHint>
 __device__ __forceinline__ void ld_kv_16(u32 (&r)[4], const void* src, u64 policy = 0) {
-    static_assert(kHint >= 0 && kHint <= 2, "the K/V load hint must be 0, 1 or 2");
+    static_assert(kHint >= 0 && kHint <= 5, "the K/V load hint must be in 0..5");
     if constexpr (kHint == 2)
         asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src), "l"(policy));
     else if constexpr (kHint == 1)
         asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src));
+    else if constexpr (kHint == 3)
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src));
+    else if constexpr (kHint == 4)
+        asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src));
+    else if constexpr (kHint == 5)
+        asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src), "l"(policy));
     else
         asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src));

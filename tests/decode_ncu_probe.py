@@ -20,7 +20,7 @@ L2 evict-first policy (``bk2``), in that order; with ``--ring``, instead of the 
 heuristic's config with ring_fill 2 (``rf2``: the prologue fills the ring, loads before S) and
 with the dynamic block claims too (``rf2dyn``): ``sm__cycles_active.avg`` / ``.max`` then show
 how evenly the SMs' CTAs end; with ``--regs``, instead, decode_splitkv_regs (K/V into registers)
-with load hints 1, 2, 3 (``regs1`` ...); with ``--stream``, instead, decode_splitkv_stream (stream-K) on
+with plain loads, 8 warps (``regs1``) and 4 warps at the co-resident split rule (``regs1w4``); with ``--stream``, instead, decode_splitkv_stream (stream-K) on
 the SMs' slots (``stream``) and on 128 CTAs (``stream128``).
 """
 import os
@@ -88,17 +88,19 @@ def profile_shape(b, ctx):
 
     runs = [("sdpa_cudnn", cudnn),
             ("heuristic", lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens))]
-    if "--regs" in sys.argv:  # decode_splitkv_regs (K/V into registers), each load hint, at the heuristic's split rule
+    if "--regs" in sys.argv:  # decode_splitkv_regs (K/V into registers), plain loads: 8 warps, and 4 warps at the co-resident split rule
         from cuflash.families import decode_splitkv as mod
-        for regs in (1, 2, 3):
-            old = mod.REGS_DEFAULT
-            mod.REGS_DEFAULT = regs
+        for label, sw in (("regs1", {}), ("regs1w4", {"REGS_WARPS": 4, "SPLIT_RULE_RESIDENT_CONTIGUOUS": True})):
+            old = {k: getattr(mod, k) for k in ("REGS_DEFAULT", *sw)}
             try:
+                for k, v in {"REGS_DEFAULT": 1, **sw}.items():
+                    setattr(mod, k, v)
                 cfg = get("decode_splitkv").heuristic(problem)
+                cfg = cfg.replace(splits=num_splits_for(cfg, problem, sms))
             finally:
-                mod.REGS_DEFAULT = old
-            cfg = cfg.replace(splits=num_splits_for(cfg, problem, sms))
-            runs.append((f"regs{regs}", lambda cfg=cfg: kvcache_with_config(cfg, q, kc, vc, cache_seqlens=lens)))
+                for k, v in old.items():
+                    setattr(mod, k, v)
+            runs.append((label, lambda cfg=cfg: kvcache_with_config(cfg, q, kc, vc, cache_seqlens=lens)))
     elif "--stream" in sys.argv:  # decode_splitkv_stream (stream-K) on every SM, and on 128 CTAs
         st = heur.replace(stream=True, ring_fill=0, dynamic=0, fused_combine=True, early_merge=True, light_fence=False)
         runs += [("stream", lambda: kvcache_with_config(st, q, kc, vc, cache_seqlens=lens)),

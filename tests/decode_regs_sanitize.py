@@ -19,7 +19,7 @@ from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import get  # noqa: E402
 
 
-def _regs_config(problem, regs=2):
+def _regs_config(problem, regs=1):
     old = mod.REGS_DEFAULT
     mod.REGS_DEFAULT = regs
     try:

@@ -1,7 +1,8 @@
 """decode_splitkv's ``regs`` option (decode_splitkv_regs: K/V loaded straight into registers,
 Sᵀ = K Qᵀ and Oᵀ += Vᵀ Pᵀ on mma.sync) on the GPU, against the float64 reference.
 
-The heuristic's switch (REGS_DEFAULT) is set to each load hint (1, 2, 3) and the plan cache
+The heuristic's switch (REGS_DEFAULT) is set (1: plain loads; 2..6, the cache hints, on a few
+cases) and the plan cache
 cleared, so the calls go through flash_attn_with_kvcache as users make them; check_call compares
 with the reference (outputs NaN-poisoned first, error at most twice that of plain attention in
 the same low precision, LSE likewise). Per-batch cache_seqlens (0 included, ragged ends), GQA 4,
@@ -60,20 +61,23 @@ def _ids(c):
             + "".join(f"_{k}" for k in c[8]) + "".join(f"_{k}" for k in c[9]))
 
 
-REGS = (1, 2, 3)   # the load hints (decode_precompile.py compiles each case's config under each)
+REGS = (1, 2, 3, 4, 5, 6)   # the load hints (decode_precompile.py compiles each case's config under each)
 
 
 @pytest.mark.parametrize("splits", [0, 1, 3], ids=lambda n: f"splits{n}")
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_regs_grid(monkeypatch, case, splits):
-    """Every case with the heuristic's load hint (2) at num_splits 0, 1 and 3."""
-    _regs_case(monkeypatch, case, 2, splits)
+    """Every case with plain loads (regs 1) at num_splits 0, 1 and 3."""
+    _regs_case(monkeypatch, case, 1, splits)
 
 
-@pytest.mark.parametrize("regs", [1, 3], ids=lambda n: f"regs{n}")
-@pytest.mark.parametrize("case", CASES[1:4] + CASES[7:8], ids=_ids)
+HINT_CASES = [CASES[2], CASES[7]]
+
+
+@pytest.mark.parametrize("regs", REGS[1:], ids=lambda n: f"regs{n}")
+@pytest.mark.parametrize("case", HINT_CASES, ids=_ids)
 def test_regs_hints(monkeypatch, case, regs):
-    """The other load hints (1: plain, 3: evict-first) on a few cases."""
+    """The other load hints (2..6) on a contiguous and a paged case."""
     _regs_case(monkeypatch, case, regs, 0)
 
 
@@ -96,10 +100,10 @@ def _regs_case(monkeypatch, case, regs, splits):
 def test_regs_cuda_graph(monkeypatch, page):
     """A captured call (per-batch cache_seqlens) replayed with new lengths and queries (all rows
     empty first): each replay matches an eager call on the same inputs within bf16 rounding."""
-    _options(monkeypatch, 2)
+    _options(monkeypatch, 1)
     rng = np.random.default_rng()
     args = make_case(rng, 4, 1, [65536, 1000, 30000, 5], 32, 8, 128, "bf16", page=page)
     cap = 65536
     lengths = [np.zeros(4, np.int64)] + [rng.integers(0, cap, size=4) for _ in range(3)]
     replays_match_eager(dict(args), lengths)
-    _ran_regs(2)
+    _ran_regs(1)

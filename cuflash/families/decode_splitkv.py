@@ -314,13 +314,14 @@ LIGHT_FENCE_DEFAULT = True
 LIGHT_FENCE_SPACE = (False,)
 # regs (decode_splitkv_regs): each warp loads its keys' K and V rows by 16-byte loads straight
 # into registers (no cp.async, no shared-memory ring, no barrier per block) and runs the mma
-# transposed (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ: 8 packed query rows per row tile); 1: plain loads, 2:
-# L1::no_allocate and an L2 prefetch of 256 bytes, 3: as 2 plus L2::evict_first. Head dims 64
+# transposed (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ: 8 packed query rows per row tile); the loads' cache hints
+# (kLoadHint = regs - 1, ptx_decode.cuh ld_kv_16): 1 none, 2 L1::no_allocate + L2::256B, 3 as 2 with
+# an L2 evict-first policy, 4 L1::no_allocate, 5 L2::256B, 6 the evict-first policy. Head dims 64
 # and 128 equal to the config's. The heuristic's choice (REGS_DEFAULT, 0: off) with REGS_WARPS
 # warps of 16 keys; not yet timed.
 REGS_DEFAULT = 0
 REGS_WARPS = 8
-REGS_VALUES = (0, 1, 2, 3)
+REGS_VALUES = (0, 1, 2, 3, 4, 5, 6)
 REGS_SPACE = (0,)
 REGS_HEAD_DIMS = (64, 128)
 REGS_THREAD_REGISTERS = 256   # ptxas: 236 at 8 warps x 16 keys, d 128 (nvcc 13.0, sm_90a); the residency model's
@@ -378,8 +379,9 @@ class DecodeConfig(KernelConfig):
               thread: the CTA barrier and thread 0's acq_rel atomic (kLightFence)
     regs:     (0: off) decode_splitkv_regs: each warp loads its K/V rows straight into registers
               (16-byte loads, the next block's in flight during this one's math) and runs Sᵀ =
-              K Qᵀ, Oᵀ += Vᵀ Pᵀ (8 packed query rows per row tile: rows = 8 · m_tiles); 1 plain
-              loads, 2 L1::no_allocate + L2::256B, 3 also L2::evict_first. fused_combine and
+              K Qᵀ, Oᵀ += Vᵀ Pᵀ (8 packed query rows per row tile: rows = 8 · m_tiles); the loads'
+              cache hints: 1 none, 2 L1::no_allocate + L2::256B, 3 also an L2 evict-first policy,
+              4 L1::no_allocate, 5 L2::256B, 6 the evict-first policy. fused_combine and
               light_fence as the split kernel; no other option; head dims 64 and 128 (the call's);
               warp_n · head_dim <= 2048; ``stages`` is not used
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
