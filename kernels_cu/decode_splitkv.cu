@@ -1713,30 +1713,41 @@ decode_splitkv_regs(const DecodeParams p) {
         }
     };
     // block n's K and V of this warp into (kr, vr); then (paged) block n - 1's page ids
+    // One tile's rows from kp (key g's K) and vp (key 2t's V): the lane's other keys lie at
+    // multiples of the row stride (a uniform product), no clamps.
+    auto load_tile_rows = [&](const u16* kp, const u16* vp, u32 (&kr)[2][kKLoads][4], u32 (&vr)[4][kVLoads][4]) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q)
+#pragma unroll
+            for (int i = 0; i < kKLoads; ++i) ld_kv_16<kLoadHint>(kr[q][i], kp + 8 * q * p.k_row_stride + 32 * i, policy);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int h = 0; h < kVLoads; ++h)
+                ld_kv_16<kLoadHint>(vr[q][h], vp + ((q & 1) + 8 * (q >> 1)) * p.v_row_stride + 64 * h, policy);
+    };
+    // block n's K and V of this warp into (kr, vr); then (paged) block n - 1's page ids. A block
+    // inside the row: one address per tile (paged: a tile on one page; a page size is a multiple
+    // of 16, so only a cache_leftpad puts a tile across two); else a clamped address per key.
     auto load_block = [&](int n, u32 (&kr)[kTiles][2][kKLoads][4], u32 (&vr)[kTiles][4][kVLoads][4]) {
-        if (!paged && (n + 1) * kBlockN <= keys) {
-            // a contiguous block inside the row: one address per tile for K (key g) and V (key
-            // 2t), the lane's other keys at multiples of the row stride (uniform), no clamps
-#pragma unroll
-            for (int tile = 0; tile < kTiles; ++tile) {
-                const int key0 = rk.start + n * kBlockN + warp * kWarpN + 16 * tile;
-                const u16* kp = k_head + k_row0 + static_cast<i64>(key0 + g) * p.k_row_stride + 8 * t;
-                const u16* vp = v_head + v_row0 + static_cast<i64>(key0 + 2 * t) * p.v_row_stride + 8 * g;
-#pragma unroll
-                for (int q = 0; q < 2; ++q)
-#pragma unroll
-                    for (int i = 0; i < kKLoads; ++i)
-                        ld_kv_16<kLoadHint>(kr[tile][q][i], kp + 8 * q * p.k_row_stride + 32 * i, policy);
-#pragma unroll
-                for (int q = 0; q < 4; ++q)
-#pragma unroll
-                    for (int h = 0; h < kVLoads; ++h)
-                        ld_kv_16<kLoadHint>(vr[tile][q][h], vp + ((q & 1) + 8 * (q >> 1)) * p.v_row_stride + 64 * h, policy);
-            }
-            return;
-        }
+        const bool whole = (n + 1) * kBlockN <= keys;
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
+            const int pos0 = rk.start + n * kBlockN + warp * kWarpN + 16 * tile;
+            if (whole && !paged) {
+                load_tile_rows(k_head + k_row0 + static_cast<i64>(pos0 + g) * p.k_row_stride + 8 * t,
+                               v_head + v_row0 + static_cast<i64>(pos0 + 2 * t) * p.v_row_stride + 8 * g,
+                               kr[tile], vr[tile]);
+                continue;
+            }
+            const int row0 = pos0 - (paged ? page_first[tile] : 0);
+            if (whole && row0 + 15 < p.page_size) {  // paged, the tile on one page
+                const int id = min(max(page_a[tile], 0), p.num_pages - 1);
+                load_tile_rows(k_head + id * p.k_batch_stride + static_cast<i64>(row0 + g) * p.k_row_stride + 8 * t,
+                               v_head + id * p.v_batch_stride + static_cast<i64>(row0 + 2 * t) * p.v_row_stride + 8 * g,
+                               kr[tile], vr[tile]);
+                continue;
+            }
             const int key0 = n * kBlockN + warp * kWarpN + 16 * tile;
 #pragma unroll
             for (int q = 0; q < 2; ++q) {  // K: keys g, g + 8
