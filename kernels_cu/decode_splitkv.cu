@@ -1591,8 +1591,12 @@ decode_splitkv_stream(const DecodeParams p) {
 //   kRowTiles  8-row tiles of packed query rows per CTA (1, 2)
 //   kLoadHint  the K/V loads' cache hints (ld_kv_16: 0 plain, 1 L1::no_allocate + L2::256B, 2 also evict-first,
 //              3 L1::no_allocate, 4 L2::256B, 5 evict-first)
+//   kEarlyPrefetch  before cache_seqlens is read, the warp prefetches into L1 the rows of the
+//              split's first block as it would be were the row full (keys = the capacity: then the
+//              block is the same, and the loads after the length's round trip hit L1); contiguous
+//              caches without cache_batch_idx, cache_leftpad or a left window only (false: none)
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
-          int kLoadHint>
+          int kLoadHint, bool kEarlyPrefetch = false>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv_regs(const DecodeParams p) {
     constexpr int kThreads = kWarps * 32, kBlockN = kWarps * kWarpN, kRows = 8 * kRowTiles;
@@ -1614,6 +1618,34 @@ decode_splitkv_regs(const DecodeParams p) {
     const int hkv = blockIdx.y / p.row_blocks, r0 = (blockIdx.y % p.row_blocks) * kRows;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int rows_valid = min(kRows, p.group * p.seqlen_q - r0);
+    if constexpr (kEarlyPrefetch) {
+        if (!p.block_table && !p.cache_batch_idx && !p.cache_leftpad && p.window_left < 0) {
+            // the split's top block of a full row (keys = capacity, start 0): its rows into L1
+            const int n_blocks = p.capacity / kBlockN;  // whole blocks only: no clamp
+            const int per = (n_blocks + p.num_splits - 1) / p.num_splits;
+            const int n = min(n_blocks, (split + 1) * per) - 1;
+            if (n >= split * per) {
+                const int pos0 = n * kBlockN + warp * kWarpN;
+                const u16* kp = static_cast<const u16*>(p.k_cache) + b * p.k_batch_stride + hkv * p.k_head_stride + 8 * t;
+                const u16* vp = static_cast<const u16*>(p.v_cache) + b * p.v_batch_stride + hkv * p.v_head_stride + 8 * g;
+#pragma unroll
+                for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+                    for (int q = 0; q < 2; ++q)
+#pragma unroll
+                        for (int i = 0; i < kKLoads; i += 2)  // a 128-byte line holds two lanes' loads
+                            prefetch_l1(kp + static_cast<i64>(pos0 + 16 * tile + g + 8 * q) * p.k_row_stride + 32 * i);
+#pragma unroll
+                for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q)
+#pragma unroll
+                        for (int h = 0; h < kVLoads; ++h)
+                            prefetch_l1(vp + static_cast<i64>(pos0 + 16 * tile + 2 * t + (q & 1) + 8 * (q >> 1)) * p.v_row_stride
+                                        + 64 * h);
+            }
+        }
+    }
     const RowKeys rk(p, b);
     const int keys = rk.keys, offset = keys - p.seqlen_q;  // query i's diagonal key: i + offset
 

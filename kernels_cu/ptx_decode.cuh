@@ -104,6 +104,12 @@ __device__ __forceinline__ void ld_kv_16(u32 (&r)[4], const void* src, u64 polic
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src));
 }
 
+// The cache line holding `addr` into L1 (decode_splitkv_regs' kEarlyPrefetch: the first K/V
+// block's rows requested before cache_seqlens arrives; the ld.global.nc that follows hits L1).
+__device__ __forceinline__ void prefetch_l1(const void* addr) {
+    asm volatile("prefetch.global.L1 [%0];" :: "l"(addr));
+}
+
 // The 8 x 8 matrix of 16-bit elements that the warp holds one register per lane of (lane l: row
 // l / 4, columns 2·(l % 4) and + 1), transposed in place across the lanes: P's C fragment of
 // Sᵀ = K Qᵀ (key rows, query-row columns) becomes the B fragment of Oᵀ += Vᵀ Pᵀ (k = keys).

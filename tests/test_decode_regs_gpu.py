@@ -107,3 +107,17 @@ def test_regs_cuda_graph(monkeypatch, page):
     lengths = [np.zeros(4, np.int64)] + [rng.integers(0, cap, size=4) for _ in range(3)]
     replays_match_eager(dict(args), lengths)
     _ran_regs(1)
+
+
+PREFETCH_CASES = [(1, 1, [8192], 32, 8, 128, "bf16", None, {}, {}), (3, 1, [17, 0, 5000], 32, 8, 128, "bf16", None, {}, {}),
+                  (2, 2, [4096, 1000], 32, 8, 128, "bf16", None, {}, {"causal": True})]
+
+
+@pytest.mark.parametrize("case", PREFETCH_CASES, ids=_ids)
+def test_regs_prefetch(monkeypatch, case):
+    """regs_prefetch (the first block's rows of a full row into L1 before the lengths arrive): full
+    and partial rows, an empty row, causal at seqlen_q 2."""
+    monkeypatch.setattr(fam_mod, "REGS_PREFETCH_DEFAULT", True)
+    _regs_case(monkeypatch, case, 1, 0)
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert all(p.config.regs_prefetch for p in plans), [p.config.name for p in plans]

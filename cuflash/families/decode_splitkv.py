@@ -321,6 +321,10 @@ LIGHT_FENCE_SPACE = (False,)
 # warps of 16 keys; not yet timed.
 REGS_DEFAULT = 0
 REGS_WARPS = 8
+# regs_prefetch (decode_splitkv_regs' kEarlyPrefetch): the split's first block of a full row
+# prefetched into L1 before cache_seqlens arrives (contiguous caches). The heuristic's choice
+# (REGS_PREFETCH_DEFAULT, with regs): off, not yet timed.
+REGS_PREFETCH_DEFAULT = False
 REGS_VALUES = (0, 1, 2, 3, 4, 5, 6)
 REGS_SPACE = (0,)
 REGS_HEAD_DIMS = (64, 128)
@@ -377,6 +381,8 @@ class DecodeConfig(KernelConfig):
               seqlen_q 1), at most STREAM_MAX_BATCH rows
     light_fence: (fused_combine, the split kernel) the finished splits' count without a fence per
               thread: the CTA barrier and thread 0's acq_rel atomic (kLightFence)
+    regs_prefetch: (regs) before cache_seqlens is read, the rows of the split's first K/V block of a
+              full row are prefetched into L1 (contiguous caches; kEarlyPrefetch)
     regs:     (0: off) decode_splitkv_regs: each warp loads its K/V rows straight into registers
               (16-byte loads, the next block's in flight during this one's math) and runs Sᵀ =
               K Qᵀ, Oᵀ += Vᵀ Pᵀ (8 packed query rows per row tile: rows = 8 · m_tiles); the loads'
@@ -416,6 +422,7 @@ class DecodeConfig(KernelConfig):
     stream: bool = False
     light_fence: bool = False
     regs: int = 0
+    regs_prefetch: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -443,7 +450,7 @@ class DecodeConfig(KernelConfig):
                  + ("_em" if self.early_merge else "") + (f"_rf{self.ring_fill}" if self.ring_fill else "")
                  + ("_dyn" if self.dynamic == 1 else "_ilv" if self.dynamic == 2 else "")
                  + ("_stk" if self.stream else "") + ("_lf" if self.light_fence else "")
-                 + (f"_rg{self.regs}" if self.regs else ""))
+                 + (f"_rg{self.regs}" if self.regs else "") + ("_rpf" if self.regs_prefetch else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -467,7 +474,8 @@ class DecodeConfig(KernelConfig):
         flag = {True: "true", False: "false"}
         if self.regs:
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
-                    f"cuflash::{self.dtype}, {flag[self.fused_combine]}, {flag[self.light_fence]}, {self.regs - 1}>")
+                    f"cuflash::{self.dtype}, {flag[self.fused_combine]}, {flag[self.light_fence]}, {self.regs - 1}"
+                    + (", true>" if self.regs_prefetch else ">"))
         if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
@@ -487,7 +495,7 @@ class DecodeConfig(KernelConfig):
     def template_args(self) -> tuple:
         if self.regs:
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
-                    bool(self.light_fence), self.regs - 1)
+                    bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -530,6 +538,8 @@ class DecodeConfig(KernelConfig):
         if self.light_fence and (self.tma or self.stream or not self.fused_combine):
             out.append("light_fence: an option of the split kernel's fused combine (fused_combine; the stream "
                        "kernel always counts so)")
+        if self.regs_prefetch and not self.regs:
+            out.append("regs_prefetch: an option of the regs kernel (regs)")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -738,7 +748,8 @@ class DecodeSplitKV(Family):
              "page_gather": PAGE_GATHER_SPACE, "lean": LEAN_SPACE, "bulk": BULK_SPACE,
              "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE, "dynamic": DYNAMIC_SPACE,
              "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE,
-             "regs": REGS_SPACE}
+             "regs": REGS_SPACE,
+             "regs_prefetch": (False,)}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -824,7 +835,8 @@ class DecodeSplitKV(Family):
             regs = cfg.replace(regs=REGS_DEFAULT, warps=REGS_WARPS, warp_n=16, m_tiles=1 if group * problem.seqlen_q <= 8 else 2,
                                page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False, lean=False,
                                bulk=0, early_merge=False, ring_fill=0, dynamic=0,
-                               light_fence=LIGHT_FENCE_DEFAULT and cfg.fused_combine)
+                               light_fence=LIGHT_FENCE_DEFAULT and cfg.fused_combine,
+                               regs_prefetch=REGS_PREFETCH_DEFAULT and "paged_kv" not in problem.features)
             if not regs.problems(max_smem):
                 return regs   # see REGS_DEFAULT
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
@@ -853,7 +865,7 @@ class DecodeSplitKV(Family):
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
-                 "regs": 0, **point}
+                 "regs": 0, "regs_prefetch": False, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -900,7 +912,7 @@ class DecodeSplitKV(Family):
             if not chosen:
                 raise ValueError(f"q: the regs kernel (config regs) needs the head dim to equal the config's "
                                  f"{config.head_dim}, got {problem.head_dim}")
-            config = config.replace(regs=0)
+            config = config.replace(regs=0, regs_prefetch=False)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
