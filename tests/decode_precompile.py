@@ -260,9 +260,10 @@ def regs_test_configs():
     def cfg(case, regs):
         b, sq, lens, h, hk, d, dtype, page, extra, kw = case
         return _heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
-                          REGS_DEFAULT=regs)
+                          REGS_DEFAULT=regs, REGS_HEAD_DIM_DEFAULT=(64, 128))
 
-    pf = [_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0, REGS_DEFAULT=1, REGS_PREFETCH_DEFAULT=True)
+    pf = [_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0, REGS_DEFAULT=1, REGS_PREFETCH_DEFAULT=True,
+                     REGS_HEAD_DIM_DEFAULT=(64, 128))
           for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.PREFETCH_CASES]
     return pf + [cfg(c, 1) for c in t.CASES] + [cfg(c, regs) for c in t.HINT_CASES for regs in t.REGS[1:]] + [
         cfg((2, 4, [1999], 8, 2, 64, "bf16", None, {}, {}), 3)]   # decode_regs_sanitize.py's d 64 call
@@ -273,13 +274,25 @@ GROUPS = {"regs_tests": regs_test_configs, "stream_tests": stream_test_configs, 
           "latency_tests": latency_test_configs}
 
 
+# the groups of the test files that pin options of the older loops (tests/conftest.py
+# DECODE_OLDER_LOOP_TESTS): their configs are the heuristic's with the regs kernel off
+OLDER_LOOP_GROUPS = frozenset({"stream_tests", "claims_tests", "ringfill_tests", "bulk_tests", "resident_tests",
+                               "tma_tests", "bandwidth_tests", "latency_tests"})
+
+
 def all_configs(groups=tuple(GROUPS)):
     """The configs of ``groups``, one per kernel set (configs that differ only in run-time fields,
     causal or splits, share their compiled module)."""
     out = {}
     for name in groups:
-        for c in GROUPS[name]():
-            out.setdefault((c.dtype, tuple(FAM.kernel_names(c).values())), c)
+        regs = mod.REGS_DEFAULT
+        if name in OLDER_LOOP_GROUPS:   # as tests/conftest.py runs those files: the regs kernel off
+            mod.REGS_DEFAULT = 0
+        try:
+            for c in GROUPS[name]():
+                out.setdefault((c.dtype, tuple(FAM.kernel_names(c).values())), c)
+        finally:
+            mod.REGS_DEFAULT = regs
     return list(out.values())
 
 

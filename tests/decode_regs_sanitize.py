@@ -20,12 +20,12 @@ from cuflash.registry import get  # noqa: E402
 
 
 def _regs_config(problem, regs=1):
-    old = mod.REGS_DEFAULT
-    mod.REGS_DEFAULT = regs
+    old = mod.REGS_DEFAULT, mod.REGS_HEAD_DIM_DEFAULT
+    mod.REGS_DEFAULT, mod.REGS_HEAD_DIM_DEFAULT = regs, (64, 128)
     try:
         cfg = get("decode_splitkv").heuristic(problem)
     finally:
-        mod.REGS_DEFAULT = old
+        mod.REGS_DEFAULT, mod.REGS_HEAD_DIM_DEFAULT = old
     assert cfg.regs == regs, cfg.name
     return cfg
 

@@ -54,8 +54,13 @@ def test_validation_and_call_checks():
 
 
 def test_heuristic_switch(monkeypatch):
-    assert mod.REGS_DEFAULT == 0 and not FAM.heuristic(P, (9, 0)).regs
+    assert mod.REGS_DEFAULT == 6 and FAM.heuristic(P, (9, 0)).regs == 6
+    assert not FAM.heuristic(P, (8, 0)).regs                                # sm_90 only (timed there)
+    assert not FAM.heuristic(P.replace(head_dim=64), (9, 0)).regs          # d 64: not timed
+    monkeypatch.setattr(mod, "REGS_DEFAULT", 0)
+    assert not FAM.heuristic(P, (9, 0)).regs
     monkeypatch.setattr(mod, "REGS_DEFAULT", 2)
+    monkeypatch.setattr(mod, "REGS_HEAD_DIM_DEFAULT", (64, 128))
     for b, ctx, feats in ((1, 8192, ()), (8, 32768, ()), (64, 8192, ("paged_kv",)), (2, 4096, ("window", "softcap"))):
         cfg = FAM.heuristic(P.replace(batch=b, seqlen_k=ctx, features=feats), (9, 0))
         assert cfg.regs == 2 and (cfg.warps, cfg.warp_n, cfg.m_tiles) == (8, 16, 1) and cfg.light_fence, cfg.name

@@ -317,9 +317,21 @@ LIGHT_FENCE_SPACE = (False,)
 # transposed (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ: 8 packed query rows per row tile); the loads' cache hints
 # (kLoadHint = regs - 1, ptx_decode.cuh ld_kv_16): 1 none, 2 L1::no_allocate + L2::256B, 3 as 2 with
 # an L2 evict-first policy, 4 L1::no_allocate, 5 L2::256B, 6 the evict-first policy. Head dims 64
-# and 128 equal to the config's. The heuristic's choice (REGS_DEFAULT, 0: off) with REGS_WARPS
-# warps of 16 keys; not yet timed.
-REGS_DEFAULT = 0
+# and 128 equal to the config's. The heuristic's choice (REGS_DEFAULT) with REGS_WARPS warps of 16
+# keys, on sm_90 at head dim 128 (REGS_HEAD_DIM_DEFAULT; d 64 is not timed), contiguous and paged:
+# 6. Measured on one H200 (no H100 came; tests/decode_tma_timing.py --no-candidates, bf16 d 128
+# 32:8 heads, CUDA graphs, 3 shuffled repeats, cuDNN and the old heuristic in the same process;
+# results/NVIDIA_H200/logs/session22_dec12/r2), us, regs 6 / regs 1 / old heuristic / cuDNN:
+# 1 x 8k 12.7 / 12.6 / 14.0 / 11.0, 1 x 32k 39.4 / 40.1 / 39.9 / 37.8, 1 x 64k 69.0 / 69.7 / 84.1 /
+# 68.1, 1 x 128k 128.0 / 128.4 / 160.9 / 127.8, 8 x 32k 247.9 / 248.0 / 267.2 / 246.2, 32 x 8k
+# 245.7 / 246.8 / 264.3 / 245.0 (geomean 1.122 over the old heuristic). The L2::256B prefetch
+# hint (5) is slower (1 x 128k 133.0, 1 x 32k 43.3), and so are 4 warps with two CTAs per SM at
+# the co-resident split rule (1 x 32k 43.3 at 32 splits). Paged (regs 1): page 16 1 x 64k 72.5
+# against the old 99.9 (1.04x regs' contiguous), 32 x 8k 255.1 / 364.4; page 256 1 x 64k 69.9
+# against 99.5, 8 x 32k 247.8 / 381.5. ncu (1 x 32k, warm L2): 4.50 M instructions against the
+# cp.async loop's 11.29 M and cuDNN's 5.45 M; 8 x 32k 89.7% of DRAM peak against 83.8% (cuDNN 91.8%).
+REGS_DEFAULT = 6
+REGS_HEAD_DIM_DEFAULT = (128,)
 REGS_WARPS = 8
 # regs_prefetch (decode_splitkv_regs' kEarlyPrefetch): the split's first block of a full row
 # prefetched into L1 before cache_seqlens arrives (contiguous caches). The heuristic's choice
@@ -830,8 +842,8 @@ class DecodeSplitKV(Family):
                               stages=CONTIGUOUS_STAGES)   # see STREAM_DEFAULT
             if cfg.problems(max_smem):
                 cfg = cfg.replace(stream=False)
-        if (REGS_DEFAULT and d == problem.head_dim and d in REGS_HEAD_DIMS and not cfg.stream
-                and (group * problem.seqlen_q <= 8 or d <= 64)):
+        if (REGS_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d in REGS_HEAD_DIM_DEFAULT
+                and not cfg.stream and (group * problem.seqlen_q <= 8 or d <= 64)):
             regs = cfg.replace(regs=REGS_DEFAULT, warps=REGS_WARPS, warp_n=16, m_tiles=1 if group * problem.seqlen_q <= 8 else 2,
                                page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False, lean=False,
                                bulk=0, early_merge=False, ring_fill=0, dynamic=0,
