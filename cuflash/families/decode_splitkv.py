@@ -332,6 +332,11 @@ LIGHT_FENCE_SPACE = (False,)
 # cp.async loop's 11.29 M and cuDNN's 5.45 M; 8 x 32k 89.7% of DRAM peak against 83.8% (cuDNN 91.8%).
 REGS_DEFAULT = 6
 REGS_HEAD_DIM_DEFAULT = (128,)
+# Paged calls of pages under TMA_PAGED_MAX_PAGE keys with at most this many keys in all keep the
+# Hopper loop (as before the regs kernel): H200, session 22 round 3 (results/NVIDIA_H200/logs/
+# session22_dec12/r3), 1 x 8k page 16: the Hopper loop 14.1 us against regs' 14.5; 1 x 64k page 16:
+# the old choice 100.9 against regs' 70.6.
+REGS_PAGED_TMA_MAX_KEYS = 8192
 REGS_WARPS = 8
 # regs_prefetch (decode_splitkv_regs' kEarlyPrefetch): the split's first block of a full row
 # prefetched into L1 before cache_seqlens arrives (contiguous caches). The heuristic's choice
@@ -928,13 +933,16 @@ class DecodeSplitKV(Family):
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
-        if (chosen and heuristic and not config.tma and not config.page_prefetch and not config.stream and not config.regs
-                and ((TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE or large_page_tma)):
+        regs_tma = 0 < page_size < TMA_PAGED_MAX_PAGE and keys <= REGS_PAGED_TMA_MAX_KEYS   # see REGS_PAGED_TMA_MAX_KEYS
+        if (chosen and heuristic and not config.tma and not config.page_prefetch and not config.stream
+                and (regs_tma if config.regs else
+                     (TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE or large_page_tma)):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
-                                 early_merge=False, ring_fill=0, dynamic=0, light_fence=False)
+                                 early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
+                                 regs_prefetch=False, m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
