@@ -224,7 +224,8 @@ DECODE_OLDER_LOOP_TESTS = frozenset({
     "test_decode_bandwidth_gpu", "test_decode_bulk_gpu", "test_decode_fused_gpu", "test_decode_latency_gpu",
     "test_decode_resident_gpu", "test_decode_ringfill_gpu", "test_decode_stream_gpu", "test_decode_tma_gpu",
     "test_decode_bandwidth_cpu", "test_decode_bulk_cpu", "test_decode_fused_cpu", "test_decode_latency_cpu",
-    "test_decode_lean_cpu", "test_decode_ringfill_cpu", "test_decode_stream_cpu", "test_decode_tma_cpu"})
+    "test_decode_lean_cpu", "test_decode_ringfill_cpu", "test_decode_stream_cpu", "test_decode_tma_cpu",
+    "test_decode_tma_timing_cpu", "test_decode_cpu"})
 
 
 @pytest.fixture(autouse=True)
