@@ -541,6 +541,37 @@ __device__ __forceinline__ void attend_block(const DecodeParams& p, const Decode
     gemm_frags_x_rows_t<kMTiles, kNTilesO, kWarpN / 16, kRowBytes, Elem>(o_acc, p_frag, v_lane);
 }
 
+// The second half of the warps' merge, after every warp wrote its (m, l, O) into merge_smem
+// (o_merge [kWarps][kRows][kMergePitch] unnormalized O, then m_merge and l_merge [kWarps][kRows])
+// and a barrier: per row r < rows_valid and 4 columns col < head_dim, O = Σ_w exp(scale·(m_w - M))
+// O_w and l = Σ_w exp(..) l_w go to store(r, col, O, 1 / l, M, l).
+template <int kWarps, int kRows, int kHeadDim, int kMergePitch, int kThreads, class Store>
+__device__ __forceinline__ void merge_rows(const DecodeParams& p, const float* merge_smem, int tid, int rows_valid,
+                                           Store&& store) {
+    const float* o_merge = merge_smem;
+    const float* m_merge = o_merge + kWarps * kRows * kMergePitch;
+    const float* l_merge = m_merge + kWarps * kRows;
+    constexpr int kQuads = kHeadDim / 4;  // 4 columns per thread per step
+    for (int c = tid; c < kRows * kQuads; c += kThreads) {
+        const int r = c / kQuads, col = (c % kQuads) * 4;
+        if (r >= rows_valid || col >= p.head_dim) continue;
+        // row max over the warps, then each warp's weight exp(scale·(m_w - M)); -inf: no keys
+        float m_row = neg_inf();
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) m_row = fmaxf(m_row, m_merge[w * kRows + r]);
+        const float m_scaled = m_row == neg_inf() ? 0.f : m_row * p.scale_log2;
+        float l_row = 0.f, o4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            const float wt = exp2_approx(m_merge[w * kRows + r] * p.scale_log2 - m_scaled);
+            l_row += wt * l_merge[w * kRows + r];
+            const f32x4 x = *reinterpret_cast<const f32x4*>(o_merge + (w * kRows + r) * kMergePitch + col);
+            o4[0] += wt * x.x; o4[1] += wt * x.y; o4[2] += wt * x.z; o4[3] += wt * x.w;
+        }
+        store(r, col, o4, softmax_inv_l(l_row), m_row, l_row);
+    }
+}
+
 // The warps' merge: each warp saw other keys of the same rows. Every warp writes its (m, l, O)
 // into merge_smem (o_merge [kWarps][kRows][kMergePitch] unnormalized O, m_merge / l_merge
 // [kWarps][kRows]; it overlays the K/V ring, which the caller made free); sync() (the consumers'
@@ -574,26 +605,7 @@ __device__ __forceinline__ void merge_warps(const DecodeParams& p, float* merge_
             }
         }
     sync();
-
-    constexpr int kQuads = kHeadDim / 4;  // 4 columns per thread per step
-    for (int c = tid; c < kRows * kQuads; c += Shape::kThreads) {
-        const int r = c / kQuads, col = (c % kQuads) * 4;
-        if (r >= rows_valid || col >= p.head_dim) continue;
-        // row max over the warps, then each warp's weight exp(scale·(m_w - M)); -inf: no keys
-        float m_row = neg_inf();
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) m_row = fmaxf(m_row, m_merge[w * kRows + r]);
-        const float m_scaled = m_row == neg_inf() ? 0.f : m_row * p.scale_log2;
-        float l_row = 0.f, o4[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-            const float wt = exp2_approx(m_merge[w * kRows + r] * p.scale_log2 - m_scaled);
-            l_row += wt * l_merge[w * kRows + r];
-            const f32x4 x = *reinterpret_cast<const f32x4*>(o_merge + (w * kRows + r) * kMergePitch + col);
-            o4[0] += wt * x.x; o4[1] += wt * x.y; o4[2] += wt * x.z; o4[3] += wt * x.w;
-        }
-        store(r, col, o4, softmax_inv_l(l_row), m_row, l_row);
-    }
+    merge_rows<kWarps, kRows, kHeadDim, kMergePitch, Shape::kThreads>(p, merge_smem, tid, rows_valid, store);
 }
 
 // The warps' merge and the CTA's output: each warp saw other keys of the same rows. Every warp
@@ -1538,6 +1550,454 @@ decode_splitkv_stream(const DecodeParams p) {
                     return p.o_partial
                            + (static_cast<i64>(2 * (c_first + s) + (s == 0 && first_later)) * kRows + r) * p.head_dim_rounded;
                 });
+        }
+    }
+}
+
+// ---- decode_splitkv_regs: K and V straight into registers, no shared-memory ring ---------------
+// decode_splitkv's work (one CTA per (split, KV head · row block, batch), the split's equal run of
+// the row's blocks of kBlockN = kWarps · kWarpN keys, from the top) with each warp streaming its
+// kWarpN keys of every block by 16-byte loads straight into registers, as cuDNN's decode kernel
+// does: no cp.async, no shared-memory ring, no barrier until the warps' merge. The next block's
+// loads are issued before the current block's math (two register sets), so every warp keeps a
+// block of K and V in flight.
+//
+// The mma runs transposed, Sᵀ = K Qᵀ and Oᵀ += Vᵀ Pᵀ (m16n8k16): the keys and the head dim are
+// the 16-row M side, the kRows = 8 · kRowTiles packed query rows (GQA packing as decode_splitkv)
+// the 8-column N side. A decode CTA has a few query rows (4 at 32:8 heads), so N = 8 wastes half
+// of what M = 16 rows of queries would, and Oᵀ takes kHeadDim / 4 registers per row tile.
+//   Sᵀ: per 16-key tile, A = K (key g and g + 8 of lane (g, t)); the k order inside a k16 step is
+//       free as long as Q's B fragment uses the same, so lane t takes the head-dim columns
+//       32·i + 8·t .. + 7 (i < kHeadDim / 32) of its two keys: one 16-byte load each, 64
+//       contiguous bytes of a key row per 4 lanes. Step c's A fragment is registers 2·(c % 2) and
+//       + 1 of load c / 2 (pairs of columns), Q's B fragment the same pairs of Q's row g.
+//   Pᵀ: Sᵀ's C fragment (key g / g + 8, query rows 2t, 2t + 1) packed to 16 bits is one 8 x 8
+//       matrix per 8 keys; movmatrix.trans makes it Oᵀ's B fragment (keys 2t, 2t + 1, row g).
+//   Vᵀ: A = Vᵀ (16 head-dim rows x 16 keys): lane (g, t) loads keys 2t, 2t + 1, 2t + 8, 2t + 9,
+//       columns 64·h + 8·g .. + 7 of each (h < kHeadDim / 64; 128 contiguous bytes of a key row
+//       per 8 lanes), and its list of columns u = 8·h + e (e < 8) gives m tile mt the rows
+//       u = mt (fragment row g) and u = kHeadDim / 16 + mt (row g + 8). A register holds two keys
+//       of one column: prmt pairs the halves of two keys' registers.
+//   Oᵀ: lane (g, t) holds query rows 2t, 2t + 1 at its columns u (64·(u / 8) + 8·g + u % 8).
+// The online softmax runs per query row over the keys: a row's 16 scores of a tile lie on the 8
+// lanes of one t (keys g, g + 8), so its max is reduced over lanes 4, 8, 16 apart; l stays
+// per lane until the end. O is rescaled only when some row's max grew (a warp vote).
+// Keys past the row's end, and masked keys, read a clamped valid cache row (never out of bounds,
+// always finite) and get P = 0. Paged caches: a 16-key tile spans at most two pages (page sizes
+// are multiples of 16); its two page ids are read from block_table a block ahead, so no K/V load
+// waits on a table read.
+// The warps' merge (merge_rows) and the fused combine's count (kLightFence as decode_splitkv) end
+// the CTA as in decode_splitkv. Needs the real head dim to equal kHeadDim (64 or 128).
+//   kRowTiles  8-row tiles of packed query rows per CTA (1, 2)
+//   kLoadHint  the K/V loads' cache hints (ld_kv_16: 0 plain, 1 L1::no_allocate + L2::256B, 2 also evict-first,
+//              3 L1::no_allocate, 4 L2::256B, 5 evict-first)
+//   kEarlyPrefetch  before cache_seqlens is read, the warp prefetches into L1 the rows of the
+//              split's first block as it would be were the row full (keys = the capacity: then the
+//              block is the same, and the loads after the length's round trip hit L1); contiguous
+//              caches without cache_batch_idx, cache_leftpad or a left window only (false: none)
+template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
+          int kLoadHint, bool kEarlyPrefetch = false>
+__global__ void __launch_bounds__(kWarps * 32)
+decode_splitkv_regs(const DecodeParams p) {
+    constexpr int kThreads = kWarps * 32, kBlockN = kWarps * kWarpN, kRows = 8 * kRowTiles;
+    constexpr int kTiles = kWarpN / 16;       // 16-key tiles per warp per block
+    constexpr int kKLoads = kHeadDim / 32;    // 16-byte K loads per key per lane
+    constexpr int kVLoads = kHeadDim / 64;    // 16-byte V loads per key per lane
+    constexpr int kKSteps = kHeadDim / 16;    // k16 steps of Sᵀ
+    constexpr int kOTiles = kHeadDim / 16;    // 16-row m tiles of Oᵀ
+    constexpr int kMergePitch = kHeadDim + 4; // words
+    static_assert(kHeadDim == 64 || kHeadDim == 128, "decode_splitkv_regs: head dim 64 or 128");
+    static_assert(kWarpN % 16 == 0 && kWarpN * kHeadDim <= 2048, "decode_splitkv_regs: 16-key tiles, two register sets of at most 64 registers");
+    static_assert(kRowTiles == 1 || kRowTiles == 2, "1 or 2 row tiles of 8 packed query rows");
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    float* merge_smem = reinterpret_cast<float*>(smem_raw);  // [kWarps][kRows][kMergePitch], m, l
+    int* last_flag = reinterpret_cast<int*>(merge_smem + kWarps * kRows * (kMergePitch + 2));
+
+    const int split = blockIdx.x, b = blockIdx.z;
+    const int hkv = blockIdx.y / p.row_blocks, r0 = (blockIdx.y % p.row_blocks) * kRows;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int rows_valid = min(kRows, p.group * p.seqlen_q - r0);
+    if constexpr (kEarlyPrefetch) {
+        if (!p.block_table && !p.cache_batch_idx && !p.cache_leftpad && p.window_left < 0) {
+            // the split's top block of a full row (keys = capacity, start 0): its rows into L1
+            const int n_blocks = p.capacity / kBlockN;  // whole blocks only: no clamp
+            const int per = (n_blocks + p.num_splits - 1) / p.num_splits;
+            const int n = min(n_blocks, (split + 1) * per) - 1;
+            if (n >= split * per) {
+                const int pos0 = n * kBlockN + warp * kWarpN;
+                const u16* kp = static_cast<const u16*>(p.k_cache) + b * p.k_batch_stride + hkv * p.k_head_stride + 8 * t;
+                const u16* vp = static_cast<const u16*>(p.v_cache) + b * p.v_batch_stride + hkv * p.v_head_stride + 8 * g;
+#pragma unroll
+                for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+                    for (int q = 0; q < 2; ++q)
+#pragma unroll
+                        for (int i = 0; i < kKLoads; i += 2)  // a 128-byte line holds two lanes' loads
+                            prefetch_l1(kp + static_cast<i64>(pos0 + 16 * tile + g + 8 * q) * p.k_row_stride + 32 * i);
+#pragma unroll
+                for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q)
+#pragma unroll
+                        for (int h = 0; h < kVLoads; ++h)
+                            prefetch_l1(vp + static_cast<i64>(pos0 + 16 * tile + 2 * t + (q & 1) + 8 * (q >> 1)) * p.v_row_stride
+                                        + 64 * h);
+            }
+        }
+    }
+    const RowKeys rk(p, b);
+    const int keys = rk.keys, offset = keys - p.seqlen_q;  // query i's diagonal key: i + offset
+
+    // the visible keys of some row [key_lo, key_hi) and of every row [full_lo, full_hi) of the CTA,
+    // and the split's blocks, as decode_splitkv
+    const int qi_lo = r0 / p.group, qi_hi = (r0 + rows_valid - 1) / p.group;
+    int key_lo = 0, key_hi = keys, full_lo = 0, full_hi = keys;
+    if (p.window_left >= 0) {
+        key_lo = max(0, qi_lo + offset - p.window_left);
+        full_lo = max(0, qi_hi + offset - p.window_left);
+    }
+    if (p.window_right >= 0) {
+        key_hi = min(keys, qi_hi + offset + p.window_right + 1);
+        full_hi = min(keys, qi_lo + offset + p.window_right + 1);
+    }
+    const int n_blocks_row = (keys + kBlockN - 1) / kBlockN;
+    const int per_split = (n_blocks_row + p.num_splits - 1) / p.num_splits;
+    const int n_begin = max(split * per_split, key_lo / kBlockN);
+    const int n_end = min(min(n_blocks_row, (split + 1) * per_split),
+                          key_hi <= 0 ? 0 : (key_hi + kBlockN - 1) / kBlockN);
+    const int n_iters = max(n_end - n_begin, 0);
+
+    // Qᵀ's B fragments: row tile rt, k16 step c: b0, b1 = Q[8·rt + g][the column pairs of step c]
+    const u16* q_base = static_cast<const u16*>(p.q_rot ? p.q_rot : p.q);
+    const i64 qh_stride = p.q_rot ? p.head_dim : p.q_head_stride;
+    const i64 qr_stride = p.q_rot ? static_cast<i64>(p.nheads) * p.head_dim : p.q_row_stride;
+    const i64 qb_stride = p.q_rot ? qr_stride * p.seqlen_q : p.q_batch_stride;
+    u32 q_frag[kRowTiles][kKSteps][2];
+#pragma unroll
+    for (int rt = 0; rt < kRowTiles; ++rt) {
+        const int r = 8 * rt + g, pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
+        const u16* q_row = q_base + b * qb_stride + qi * qr_stride + h * qh_stride + 8 * t;
+#pragma unroll
+        for (int i = 0; i < kKLoads; ++i) {
+            u32 x[4] = {0u, 0u, 0u, 0u};
+            if (r < rows_valid) ld_kv_16<0>(x, q_row + 32 * i);
+            q_frag[rt][2 * i][0] = x[0];
+            q_frag[rt][2 * i][1] = x[1];
+            q_frag[rt][2 * i + 1][0] = x[2];
+            q_frag[rt][2 * i + 1][1] = x[3];
+        }
+    }
+    // this lane's query rows 8·rt + 2t + j: visible keys and ALiBi slope (raw-score units)
+    const float inv_scale = 1.f / p.softmax_scale;
+    const bool scores_transform = p.softcap > 0.f || p.alibi_slopes != nullptr;
+    int row_lo[kRowTiles][2], row_hi[kRowTiles][2], row_qi[kRowTiles][2];
+    float row_slope[kRowTiles][2];
+#pragma unroll
+    for (int rt = 0; rt < kRowTiles; ++rt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int pr = r0 + 8 * rt + 2 * t + j, qi = pr / p.group;
+            row_qi[rt][j] = qi;
+            row_lo[rt][j] = p.window_left >= 0 ? qi + offset - p.window_left : 0;
+            row_hi[rt][j] = p.window_right >= 0 ? min(keys, qi + offset + p.window_right + 1) : keys;
+            const int h = min(hkv * p.group + pr % p.group, p.nheads - 1);
+            row_slope[rt][j] = p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * inv_scale : 0.f;
+        }
+
+    // K/V addresses. Contiguous: the row's base once. Paged: a tile's keys lie on page `page`
+    // (the first key's) or the next, whose ids (id_a, id_b) are read a block ahead.
+    const u16* k_head = static_cast<const u16*>(p.k_cache) + hkv * p.k_head_stride;
+    const u16* v_head = static_cast<const u16*>(p.v_cache) + hkv * p.v_head_stride;
+    i64 k_row0 = 0, v_row0 = 0;
+    const bool paged = p.block_table != nullptr;
+    if (!paged) cache_offsets(p, b, 0, k_row0, v_row0);
+    const int* table = paged ? p.block_table + b * p.block_table_stride : nullptr;
+    const int last_key = max(keys - 1, 0);
+    const u64 policy = kLoadHint == 2 || kLoadHint == 5 ? l2_policy_evict_first() : 0;
+    int page_first[kTiles], page_a[kTiles], page_b[kTiles];  // the next block's tiles (paged)
+    auto fetch_pages = [&](int n) {  // block n's page ids, into registers
+#pragma unroll
+        for (int tile = 0; tile < kTiles; ++tile) {
+            const int key0 = n * kBlockN + warp * kWarpN + 16 * tile;
+            const int pos0 = rk.start + min(key0, last_key), pos1 = rk.start + min(key0 + 15, last_key);
+            const int pg0 = pos0 / p.page_size, pg1 = pos1 / p.page_size;
+            page_first[tile] = pg0 * p.page_size;
+            page_a[tile] = table[pg0];
+            page_b[tile] = table[pg1];
+        }
+    };
+    // the cache offsets (k, v) of the tile's key k (0..15)
+    auto offsets = [&](int tile, int key0, int k, i64& ko, i64& vo) {
+        const int pos = rk.start + min(key0 + k, last_key);
+        if (paged) {
+            int row = pos - page_first[tile], id = page_a[tile];
+            if (row >= p.page_size) {
+                row -= p.page_size;
+                id = page_b[tile];
+            }
+            id = min(max(id, 0), p.num_pages - 1);
+            ko = id * p.k_batch_stride + row * p.k_row_stride;
+            vo = id * p.v_batch_stride + row * p.v_row_stride;
+        } else {
+            ko = k_row0 + static_cast<i64>(pos) * p.k_row_stride;
+            vo = v_row0 + static_cast<i64>(pos) * p.v_row_stride;
+        }
+    };
+    // block n's K and V of this warp into (kr, vr); then (paged) block n - 1's page ids
+    // One tile's rows from kp (key g's K) and vp (key 2t's V): the lane's other keys lie at
+    // multiples of the row stride (a uniform product), no clamps.
+    auto load_tile_rows = [&](const u16* kp, const u16* vp, u32 (&kr)[2][kKLoads][4], u32 (&vr)[4][kVLoads][4]) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q)
+#pragma unroll
+            for (int i = 0; i < kKLoads; ++i) ld_kv_16<kLoadHint>(kr[q][i], kp + 8 * q * p.k_row_stride + 32 * i, policy);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int h = 0; h < kVLoads; ++h)
+                ld_kv_16<kLoadHint>(vr[q][h], vp + ((q & 1) + 8 * (q >> 1)) * p.v_row_stride + 64 * h, policy);
+    };
+    // block n's K and V of this warp into (kr, vr); then (paged) block n - 1's page ids. A block
+    // inside the row: one address per tile (paged: a tile on one page; a page size is a multiple
+    // of 16, so only a cache_leftpad puts a tile across two); else a clamped address per key.
+    auto load_block = [&](int n, u32 (&kr)[kTiles][2][kKLoads][4], u32 (&vr)[kTiles][4][kVLoads][4]) {
+        const bool whole = (n + 1) * kBlockN <= keys;
+#pragma unroll
+        for (int tile = 0; tile < kTiles; ++tile) {
+            const int pos0 = rk.start + n * kBlockN + warp * kWarpN + 16 * tile;
+            if (whole && !paged) {
+                load_tile_rows(k_head + k_row0 + static_cast<i64>(pos0 + g) * p.k_row_stride + 8 * t,
+                               v_head + v_row0 + static_cast<i64>(pos0 + 2 * t) * p.v_row_stride + 8 * g,
+                               kr[tile], vr[tile]);
+                continue;
+            }
+            const int row0 = pos0 - (paged ? page_first[tile] : 0);
+            if (whole && row0 + 15 < p.page_size) {  // paged, the tile on one page
+                const int id = min(max(page_a[tile], 0), p.num_pages - 1);
+                load_tile_rows(k_head + id * p.k_batch_stride + static_cast<i64>(row0 + g) * p.k_row_stride + 8 * t,
+                               v_head + id * p.v_batch_stride + static_cast<i64>(row0 + 2 * t) * p.v_row_stride + 8 * g,
+                               kr[tile], vr[tile]);
+                continue;
+            }
+            const int key0 = n * kBlockN + warp * kWarpN + 16 * tile;
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {  // K: keys g, g + 8
+                i64 ko, vo;
+                offsets(tile, key0, g + 8 * q, ko, vo);
+#pragma unroll
+                for (int i = 0; i < kKLoads; ++i) ld_kv_16<kLoadHint>(kr[tile][q][i], k_head + ko + 32 * i + 8 * t, policy);
+            }
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {  // V: keys 2t, 2t + 1, 2t + 8, 2t + 9
+                i64 ko, vo;
+                offsets(tile, key0, 2 * t + (q & 1) + 8 * (q >> 1), ko, vo);
+#pragma unroll
+                for (int h = 0; h < kVLoads; ++h) ld_kv_16<kLoadHint>(vr[tile][q][h], v_head + vo + 64 * h + 8 * g, policy);
+            }
+        }
+        if (paged && n - 1 >= n_begin) fetch_pages(n - 1);
+    };
+
+    float o_acc[kRowTiles][kOTiles][4];
+    float m[kRowTiles][2], l[kRowTiles][2];
+#pragma unroll
+    for (int rt = 0; rt < kRowTiles; ++rt) {
+#pragma unroll
+        for (int mt = 0; mt < kOTiles; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o_acc[rt][mt][e] = 0.f;
+        m[rt][0] = m[rt][1] = neg_inf();
+        l[rt][0] = l[rt][1] = 0.f;
+    }
+
+    // block n's math on its registers (kr, vr)
+    // masked (a block on a mask's edge or the row's end, or softcap / ALiBi on): the scores'
+    // transform and mask; the bulk's blocks run without (attend_any calls it with a constant:
+    // two inlined copies of the body)
+    auto attend = [&](int n, const u32 (&kr)[kTiles][2][kKLoads][4], const u32 (&vr)[kTiles][4][kVLoads][4],
+                      bool masked) {
+        float s[kTiles][kRowTiles][4];
+#pragma unroll
+        for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+            for (int rt = 0; rt < kRowTiles; ++rt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[tile][rt][e] = 0.f;
+#pragma unroll
+            for (int c = 0; c < kKSteps; ++c) {
+                const int i = c / 2, r = 2 * (c % 2);
+                const u32 a[4] = {kr[tile][0][i][r], kr[tile][1][i][r], kr[tile][0][i][r + 1], kr[tile][1][i][r + 1]};
+#pragma unroll
+                for (int rt = 0; rt < kRowTiles; ++rt) mma_16816<Elem>(s[tile][rt], a, q_frag[rt][c][0], q_frag[rt][c][1]);
+            }
+        }
+        const bool edge = n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi;
+        if (masked) {
+#pragma unroll
+            for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+                for (int rt = 0; rt < kRowTiles; ++rt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = n * kBlockN + warp * kWarpN + 16 * tile + g + 8 * (e >> 1), j = e & 1;
+                        float x = s[tile][rt][e];
+                        if (scores_transform) {
+                            x *= p.softmax_scale;
+                            if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
+                            x = x * inv_scale - row_slope[rt][j] * fabsf(float(row_qi[rt][j] + offset - key));
+                        }
+                        if (edge && (key < row_lo[rt][j] || key >= row_hi[rt][j])) x = neg_inf();
+                        s[tile][rt][e] = x;
+                    }
+        }
+        // the online softmax per query row (rows 2t, 2t + 1 of each row tile)
+        bool grew = false;
+        float alpha[kRowTiles][2];
+#pragma unroll
+        for (int rt = 0; rt < kRowTiles; ++rt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                float m_new = m[rt][j];
+#pragma unroll
+                for (int tile = 0; tile < kTiles; ++tile) m_new = fmaxf(m_new, fmaxf(s[tile][rt][j], s[tile][rt][j + 2]));
+#pragma unroll
+                for (int d = 4; d <= 16; d *= 2) m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, d));
+                const float m_scaled = m_new == neg_inf() ? 0.f : m_new * p.scale_log2;
+                alpha[rt][j] = exp2_approx(m[rt][j] * p.scale_log2 - m_scaled);
+                grew |= m_new != m[rt][j];
+                m[rt][j] = m_new;
+                float sum = 0.f;
+#pragma unroll
+                for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+                    for (int e = j; e < 4; e += 2) {
+                        s[tile][rt][e] = exp2_scaled(s[tile][rt][e], p.scale_log2, m_scaled);
+                        sum += s[tile][rt][e];
+                    }
+                l[rt][j] = l[rt][j] * alpha[rt][j] + sum;
+            }
+        if (__any_sync(0xffffffffu, grew)) {  // warp-uniform
+#pragma unroll
+            for (int rt = 0; rt < kRowTiles; ++rt)
+#pragma unroll
+                for (int mt = 0; mt < kOTiles; ++mt) {
+                    o_acc[rt][mt][0] *= alpha[rt][0];
+                    o_acc[rt][mt][1] *= alpha[rt][1];
+                    o_acc[rt][mt][2] *= alpha[rt][0];
+                    o_acc[rt][mt][3] *= alpha[rt][1];
+                }
+        }
+        // Oᵀ += Vᵀ Pᵀ per tile
+#pragma unroll
+        for (int tile = 0; tile < kTiles; ++tile) {
+            u32 pb[kRowTiles][2];
+#pragma unroll
+            for (int rt = 0; rt < kRowTiles; ++rt) {
+                pb[rt][0] = movmatrix_trans(pack2<Elem>(s[tile][rt][0], s[tile][rt][1]));  // keys 0..7
+                pb[rt][1] = movmatrix_trans(pack2<Elem>(s[tile][rt][2], s[tile][rt][3]));  // keys 8..15
+            }
+#pragma unroll
+            for (int mt = 0; mt < kOTiles; ++mt) {
+                constexpr int kU1 = kOTiles;  // list index of fragment row g + 8: kOTiles + mt
+                const int u0 = mt, u1 = kU1 + mt;
+                const u32 sel0 = u0 % 2 ? 0x7632u : 0x5410u, sel1 = u1 % 2 ? 0x7632u : 0x5410u;
+                const u32 x0a = vr[tile][0][u0 / 8][(u0 % 8) / 2], x0b = vr[tile][1][u0 / 8][(u0 % 8) / 2];
+                const u32 x1a = vr[tile][0][u1 / 8][(u1 % 8) / 2], x1b = vr[tile][1][u1 / 8][(u1 % 8) / 2];
+                const u32 x2a = vr[tile][2][u0 / 8][(u0 % 8) / 2], x2b = vr[tile][3][u0 / 8][(u0 % 8) / 2];
+                const u32 x3a = vr[tile][2][u1 / 8][(u1 % 8) / 2], x3b = vr[tile][3][u1 / 8][(u1 % 8) / 2];
+                const u32 a[4] = {prmt(x0a, x0b, sel0), prmt(x1a, x1b, sel1), prmt(x2a, x2b, sel0), prmt(x3a, x3b, sel1)};
+#pragma unroll
+                for (int rt = 0; rt < kRowTiles; ++rt) mma_16816<Elem>(o_acc[rt][mt], a, pb[rt][0], pb[rt][1]);
+            }
+        }
+    };
+
+    // two register sets: block it + 1's loads are in flight while block it's math runs
+    u32 k_a[kTiles][2][kKLoads][4], v_a[kTiles][4][kVLoads][4];
+    u32 k_b[kTiles][2][kKLoads][4], v_b[kTiles][4][kVLoads][4];
+    if (n_iters > 0) {
+        if (paged) fetch_pages(n_end - 1);
+        load_block(n_end - 1, k_a, v_a);
+    }
+    auto attend_any = [&](int n, const u32 (&kr)[kTiles][2][kKLoads][4], const u32 (&vr)[kTiles][4][kVLoads][4]) {
+        if (scores_transform || n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi) attend(n, kr, vr, true);
+        else attend(n, kr, vr, false);
+    };
+    for (int it = 0; it < n_iters; it += 2) {
+        if (it + 1 < n_iters) load_block(n_end - 2 - it, k_b, v_b);
+        attend_any(n_end - 1 - it, k_a, v_a);
+        if (it + 1 >= n_iters) break;
+        if (it + 2 < n_iters) load_block(n_end - 3 - it, k_a, v_a);
+        attend_any(n_end - 2 - it, k_b, v_b);
+    }
+
+    // the warps' merge: each warp's rows 8·rt + 2t + j, its columns u, into shared memory
+    {
+        float* o_merge = merge_smem;
+        float* m_merge = o_merge + kWarps * kRows * kMergePitch;
+        float* l_merge = m_merge + kWarps * kRows;
+#pragma unroll
+        for (int rt = 0; rt < kRowTiles; ++rt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int r = 8 * rt + 2 * t + j;
+                float l_row = l[rt][j];
+#pragma unroll
+                for (int d = 4; d <= 16; d *= 2) l_row += __shfl_xor_sync(0xffffffffu, l_row, d);
+                if (g == 0) {
+                    m_merge[warp * kRows + r] = m[rt][j];
+                    l_merge[warp * kRows + r] = l_row;
+                }
+                float* o_row = o_merge + (warp * kRows + r) * kMergePitch;
+#pragma unroll
+                for (int mt = 0; mt < kOTiles; ++mt)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const int u = half * kOTiles + mt;
+                        o_row[64 * (u / 8) + 8 * g + u % 8] = o_acc[rt][mt][2 * half + j];
+                    }
+            }
+    }
+    __syncthreads();
+    const bool direct = p.num_splits == 1;
+    const int rows_all = p.batch * p.nheads * p.seqlen_q;
+    merge_rows<kWarps, kRows, kHeadDim, kMergePitch, kThreads>(
+        p, merge_smem, tid, rows_valid, [&](int r, int col, const float (&o4)[4], float inv_l, float m_row, float l_row) {
+            const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
+            const int row_id = (b * p.nheads + h) * p.seqlen_q + qi;
+            if (direct) {
+                u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride + col;
+                *reinterpret_cast<u32x2*>(o) = u32x2{pack2<Elem>(o4[0] * inv_l, o4[1] * inv_l),
+                                                     pack2<Elem>(o4[2] * inv_l, o4[3] * inv_l)};
+                if (col == 0 && p.lse != nullptr) p.lse[row_id] = softmax_lse(m_row, l_row, p.softmax_scale);
+            } else {
+                float* o = p.o_partial + (static_cast<i64>(split) * rows_all + row_id) * p.head_dim_rounded + col;
+                *reinterpret_cast<f32x4*>(o) = f32x4{o4[0] * inv_l, o4[1] * inv_l, o4[2] * inv_l, o4[3] * inv_l};
+                if (col == 0)
+                    p.lse_partial[static_cast<i64>(split) * rows_all + row_id] =
+                        l_row == 0.f ? neg_inf() : m_row * p.softmax_scale + logf(l_row);
+            }
+        });
+
+    if constexpr (kFusedCombine) {
+        if (direct) return;
+        // the last split of the (batch, KV head, row block) to finish merges the group, as in
+        // decode_splitkv (kLightFence: the barrier, then thread 0's acq_rel count)
+        if constexpr (!kLightFence) __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            int* counter = p.split_counters + (static_cast<i64>(b) * gridDim.y + blockIdx.y);
+            const bool last = atom_add_acq_rel_gpu(counter, 1) == p.num_splits - 1;
+            if (last) *counter = 0;  // every split has counted: back to 0 for the next call
+            *last_flag = last;
+        }
+        __syncthreads();
+        if (!*last_flag) return;
+        if constexpr (!kLightFence) __threadfence();
+        for (int r = warp; r < rows_valid; r += kWarps) {
+            const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
+            combine_row<kHeadDim, Elem, true, true>(p, (b * p.nheads + h) * p.seqlen_q + qi, lane);
         }
     }
 }

@@ -70,4 +70,62 @@ __device__ __forceinline__ void bulk_load_1d_hint(u32 dst, const void* src, u32 
                  :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy) : "memory");
 }
 
+// ---- decode_splitkv_regs: K/V rows straight into registers -------------------------------------
+// 16 bytes of K or V (read-only for the kernel's life) into four registers, on the non-coherent
+// path, with the cache hints of kHint:
+//   0  none: the plain ld.global.nc
+//   1  L1::no_allocate (a key row is read by one warp once) and an L2 prefetch size of 256 bytes
+//      (a d 128 bf16 key row: on a miss the L2 fetches the row's whole segment at once)
+//   2  as 1, with the L2 cache policy `policy` (l2_policy_evict_first: the stream is read once per
+//      call; ld's own .L2::evict_first wants 32-byte vectors)
+//   3  L1::no_allocate only;  4  L2::256B only;  5  the policy `policy` only
+// volatile: the loads stay where the kernel issues them, ahead of the mma.syncs (also volatile)
+// that work on the previous block's registers.
+template <int kHint>
+__device__ __forceinline__ void ld_kv_16(u32 (&r)[4], const void* src, u64 policy = 0) {
+    static_assert(kHint >= 0 && kHint <= 5, "the K/V load hint must be in 0..5");
+    if constexpr (kHint == 2)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src), "l"(policy));
+    else if constexpr (kHint == 1)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src));
+    else if constexpr (kHint == 3)
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src));
+    else if constexpr (kHint == 4)
+        asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src));
+    else if constexpr (kHint == 5)
+        asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src), "l"(policy));
+    else
+        asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src));
+}
+
+// The cache line holding `addr` into L1 (decode_splitkv_regs' kEarlyPrefetch: the first K/V
+// block's rows requested before cache_seqlens arrives; the ld.global.nc that follows hits L1).
+__device__ __forceinline__ void prefetch_l1(const void* addr) {
+    asm volatile("prefetch.global.L1 [%0];" :: "l"(addr));
+}
+
+// The 8 x 8 matrix of 16-bit elements that the warp holds one register per lane of (lane l: row
+// l / 4, columns 2·(l % 4) and + 1), transposed in place across the lanes: P's C fragment of
+// Sᵀ = K Qᵀ (key rows, query-row columns) becomes the B fragment of Oᵀ += Vᵀ Pᵀ (k = keys).
+__device__ __forceinline__ u32 movmatrix_trans(u32 x) {
+    u32 r;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+}
+
+// Bytes of the pair {a, b} (a: bytes 0-3, b: 4-7) picked by `sel`'s nibbles: 0x5410 packs the
+// low halves (a's into the low half), 0x7632 the high halves. V's rows hold consecutive columns
+// of one key; Vᵀ's A fragment wants two keys of one column per register.
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
 }  // namespace cuflash

@@ -19,7 +19,8 @@ bulk> for the heuristic's config, its tiles with bulk rows (``bk1``) and with bu
 L2 evict-first policy (``bk2``), in that order; with ``--ring``, instead of the bulk rows, the
 heuristic's config with ring_fill 2 (``rf2``: the prologue fills the ring, loads before S) and
 with the dynamic block claims too (``rf2dyn``): ``sm__cycles_active.avg`` / ``.max`` then show
-how evenly the SMs' CTAs end; with ``--stream``, instead, decode_splitkv_stream (stream-K) on
+how evenly the SMs' CTAs end; with ``--regs``, instead, decode_splitkv_regs (K/V into registers)
+with plain loads, 8 warps (``regs1``) and 4 warps at the co-resident split rule (``regs1w4``); with ``--stream``, instead, decode_splitkv_stream (stream-K) on
 the SMs' slots (``stream``) and on 128 CTAs (``stream128``).
 """
 import os
@@ -87,7 +88,20 @@ def profile_shape(b, ctx):
 
     runs = [("sdpa_cudnn", cudnn),
             ("heuristic", lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens))]
-    if "--stream" in sys.argv:  # decode_splitkv_stream (stream-K) on every SM, and on 128 CTAs
+    if "--regs" in sys.argv:  # decode_splitkv_regs (K/V into registers), plain loads: 8 warps, and 4 warps at the co-resident split rule
+        from cuflash.families import decode_splitkv as mod
+        for label, sw in (("regs1", {}), ("regs1w4", {"REGS_WARPS": 4, "SPLIT_RULE_RESIDENT_CONTIGUOUS": True})):
+            old = {k: getattr(mod, k) for k in ("REGS_DEFAULT", *sw)}
+            try:
+                for k, v in {"REGS_DEFAULT": 1, **sw}.items():
+                    setattr(mod, k, v)
+                cfg = get("decode_splitkv").heuristic(problem)
+                cfg = cfg.replace(splits=num_splits_for(cfg, problem, sms))
+            finally:
+                for k, v in old.items():
+                    setattr(mod, k, v)
+            runs.append((label, lambda cfg=cfg: kvcache_with_config(cfg, q, kc, vc, cache_seqlens=lens)))
+    elif "--stream" in sys.argv:  # decode_splitkv_stream (stream-K) on every SM, and on 128 CTAs
         st = heur.replace(stream=True, ring_fill=0, dynamic=0, fused_combine=True, early_merge=True, light_fence=False)
         runs += [("stream", lambda: kvcache_with_config(st, q, kc, vc, cache_seqlens=lens)),
                  ("stream128", lambda: kvcache_with_config(st.replace(splits=128), q, kc, vc, cache_seqlens=lens))]

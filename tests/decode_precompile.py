@@ -10,10 +10,11 @@ their kernels on disk):
   * tests/gpu_sanitize.py --quick --families decode_splitkv: its decode shapes under each pass of
     decode_loops (the default selection, the bandwidth options, TMA_DEFAULT, TMA_PAGED_DEFAULT);
   * tests/test_decode_latency_gpu.py: the split merge (plain and fused) and page_gather configs;
-  * tests/test_decode_resident_gpu.py: the 4-warp contiguous tiles and page 256 on the Hopper loop.
+  * tests/test_decode_resident_gpu.py: the 4-warp contiguous tiles and page 256 on the Hopper loop;
+  * tests/test_decode_regs_gpu.py: the regs kernel's configs (REGS_DEFAULT 1 .. 6).
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -252,9 +253,31 @@ def stream_test_configs():
         for b, sq, lens, h, hk, d, dtype, page, extra in t.LF_CASES]
 
 
-GROUPS = {"stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
+def regs_test_configs():
+    """tests/test_decode_regs_gpu.py (REGS_DEFAULT 1 .. 6) and tests/decode_regs_sanitize.py."""
+    import test_decode_regs_gpu as t
+
+    def cfg(case, regs):
+        b, sq, lens, h, hk, d, dtype, page, extra, kw = case
+        return _heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
+                          REGS_DEFAULT=regs, REGS_HEAD_DIM_DEFAULT=(64, 128))
+
+    pf = [_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0, REGS_DEFAULT=1, REGS_PREFETCH_DEFAULT=True,
+                     REGS_HEAD_DIM_DEFAULT=(64, 128))
+          for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.PREFETCH_CASES]
+    return pf + [cfg(c, 1) for c in t.CASES] + [cfg(c, regs) for c in t.HINT_CASES for regs in t.REGS[1:]] + [
+        cfg((2, 4, [1999], 8, 2, 64, "bf16", None, {}, {}), 3)]   # decode_regs_sanitize.py's d 64 call
+
+
+GROUPS = {"regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
+
+
+# the groups of the test files that pin options of the older loops (tests/conftest.py
+# DECODE_OLDER_LOOP_TESTS): their configs are the heuristic's with the regs kernel off
+OLDER_LOOP_GROUPS = frozenset({"stream_tests", "claims_tests", "ringfill_tests", "bulk_tests", "resident_tests",
+                               "tma_tests", "bandwidth_tests", "latency_tests"})
 
 
 def all_configs(groups=tuple(GROUPS)):
@@ -262,8 +285,14 @@ def all_configs(groups=tuple(GROUPS)):
     causal or splits, share their compiled module)."""
     out = {}
     for name in groups:
-        for c in GROUPS[name]():
-            out.setdefault((c.dtype, tuple(FAM.kernel_names(c).values())), c)
+        regs = mod.REGS_DEFAULT
+        if name in OLDER_LOOP_GROUPS:   # as tests/conftest.py runs those files: the regs kernel off
+            mod.REGS_DEFAULT = 0
+        try:
+            for c in GROUPS[name]():
+                out.setdefault((c.dtype, tuple(FAM.kernel_names(c).values())), c)
+        finally:
+            mod.REGS_DEFAULT = regs
     return list(out.values())
 
 

@@ -126,6 +126,9 @@ def decode_loops(family) -> list:
     loops.append(dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=False, SMALL_PAGE_TMA_MAX_KEYS=0, LARGE_PAGE_TMA_MAX_KEYS=0,
                       FUSED_COMBINE_DEFAULT=True, RING_FILL_DEFAULT=2, DYNAMIC_DEFAULT=1, DYNAMIC_MAX_GROUPS=1 << 30,
                       DYNAMIC_MIN_KEYS=0, LEAN_DEFAULT=True))
+    # the first pass runs the heuristic's choice (decode_splitkv_regs at d 128 on sm_90); the others
+    # pin options of the older loops, with the regs kernel off
+    loops = loops[:1] + [dict(sw, REGS_DEFAULT=0) for sw in loops[1:]]
     only = os.environ.get("SANITIZE_DECODE_SWITCH")  # e.g. BULK_DEFAULT: only the passes that set it
     picked = os.environ.get("SANITIZE_DECODE_PASSES")  # e.g. 0,6: those passes of the list, by index
     if picked:

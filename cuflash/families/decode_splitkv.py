@@ -312,6 +312,41 @@ STREAM_SMEM_INTS = 4 * STREAM_MAX_BATCH + 2
 # 8k (one split: no count) 266.5 / 264.8, the same code run (geomean 1.007); racecheck clean.
 LIGHT_FENCE_DEFAULT = True
 LIGHT_FENCE_SPACE = (False,)
+# regs (decode_splitkv_regs): each warp loads its keys' K and V rows by 16-byte loads straight
+# into registers (no cp.async, no shared-memory ring, no barrier per block) and runs the mma
+# transposed (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ: 8 packed query rows per row tile); the loads' cache hints
+# (kLoadHint = regs - 1, ptx_decode.cuh ld_kv_16): 1 none, 2 L1::no_allocate + L2::256B, 3 as 2 with
+# an L2 evict-first policy, 4 L1::no_allocate, 5 L2::256B, 6 the evict-first policy. Head dims 64
+# and 128 equal to the config's. The heuristic's choice (REGS_DEFAULT) with REGS_WARPS warps of 16
+# keys, on sm_90 at head dim 128 (REGS_HEAD_DIM_DEFAULT; d 64 is not timed), contiguous and paged:
+# 6. Measured on one H200 (no H100 came; tests/decode_tma_timing.py --no-candidates, bf16 d 128
+# 32:8 heads, CUDA graphs, 3 shuffled repeats, cuDNN and the old heuristic in the same process;
+# results/NVIDIA_H200/logs/session22_dec12/r2), us, regs 6 / regs 1 / old heuristic / cuDNN:
+# 1 x 8k 12.7 / 12.6 / 14.0 / 11.0, 1 x 32k 39.4 / 40.1 / 39.9 / 37.8, 1 x 64k 69.0 / 69.7 / 84.1 /
+# 68.1, 1 x 128k 128.0 / 128.4 / 160.9 / 127.8, 8 x 32k 247.9 / 248.0 / 267.2 / 246.2, 32 x 8k
+# 245.7 / 246.8 / 264.3 / 245.0 (geomean 1.122 over the old heuristic). The L2::256B prefetch
+# hint (5) is slower (1 x 128k 133.0, 1 x 32k 43.3), and so are 4 warps with two CTAs per SM at
+# the co-resident split rule (1 x 32k 43.3 at 32 splits). Paged (regs 1): page 16 1 x 64k 72.5
+# against the old 99.9 (1.04x regs' contiguous), 32 x 8k 255.1 / 364.4; page 256 1 x 64k 69.9
+# against 99.5, 8 x 32k 247.8 / 381.5. ncu (1 x 32k, warm L2): 4.50 M instructions against the
+# cp.async loop's 11.29 M and cuDNN's 5.45 M; 8 x 32k 89.7% of DRAM peak against 83.8% (cuDNN 91.8%).
+REGS_DEFAULT = 6
+REGS_HEAD_DIM_DEFAULT = (128,)
+# Paged calls of pages under TMA_PAGED_MAX_PAGE keys with at most this many keys in all keep the
+# Hopper loop (as before the regs kernel): H200, session 22 round 3 (results/NVIDIA_H200/logs/
+# session22_dec12/r3), 1 x 8k page 16: the Hopper loop 14.1 us against regs' 14.5; 1 x 64k page 16:
+# the old choice 100.9 against regs' 70.6.
+REGS_PAGED_TMA_MAX_KEYS = 8192
+REGS_WARPS = 8
+# regs_prefetch (decode_splitkv_regs' kEarlyPrefetch): the split's first block of a full row
+# prefetched into L1 before cache_seqlens arrives (contiguous caches). The heuristic's choice
+# (REGS_PREFETCH_DEFAULT, with regs): off, not yet timed.
+REGS_PREFETCH_DEFAULT = False
+REGS_VALUES = (0, 1, 2, 3, 4, 5, 6)
+REGS_SPACE = (0,)
+REGS_HEAD_DIMS = (64, 128)
+REGS_THREAD_REGISTERS = 256   # ptxas: 236 at 8 warps x 16 keys, d 128 (nvcc 13.0, sm_90a); the residency model's
+REGISTER_FILE = 65536         # 32-bit registers per SM
 
 @dataclasses.dataclass(frozen=True, order=True)
 class DecodeConfig(KernelConfig):
@@ -363,6 +398,15 @@ class DecodeConfig(KernelConfig):
               seqlen_q 1), at most STREAM_MAX_BATCH rows
     light_fence: (fused_combine, the split kernel) the finished splits' count without a fence per
               thread: the CTA barrier and thread 0's acq_rel atomic (kLightFence)
+    regs_prefetch: (regs) before cache_seqlens is read, the rows of the split's first K/V block of a
+              full row are prefetched into L1 (contiguous caches; kEarlyPrefetch)
+    regs:     (0: off) decode_splitkv_regs: each warp loads its K/V rows straight into registers
+              (16-byte loads, the next block's in flight during this one's math) and runs Sᵀ =
+              K Qᵀ, Oᵀ += Vᵀ Pᵀ (8 packed query rows per row tile: rows = 8 · m_tiles); the loads'
+              cache hints: 1 none, 2 L1::no_allocate + L2::256B, 3 also an L2 evict-first policy,
+              4 L1::no_allocate, 5 L2::256B, 6 the evict-first policy. fused_combine and
+              light_fence as the split kernel; no other option; head dims 64 and 128 (the call's);
+              warp_n · head_dim <= 2048; ``stages`` is not used
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -394,6 +438,8 @@ class DecodeConfig(KernelConfig):
     dynamic: int = 0
     stream: bool = False
     light_fence: bool = False
+    regs: int = 0
+    regs_prefetch: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -404,7 +450,7 @@ class DecodeConfig(KernelConfig):
 
     @property
     def rows(self) -> int:
-        return 16 * self.m_tiles
+        return (8 if self.regs else 16) * self.m_tiles
 
     @property
     def threads(self) -> int:
@@ -420,7 +466,8 @@ class DecodeConfig(KernelConfig):
                  + ("_ln" if self.lean else "") + (f"_bk{self.bulk}" if self.bulk else "")
                  + ("_em" if self.early_merge else "") + (f"_rf{self.ring_fill}" if self.ring_fill else "")
                  + ("_dyn" if self.dynamic == 1 else "_ilv" if self.dynamic == 2 else "")
-                 + ("_stk" if self.stream else "") + ("_lf" if self.light_fence else ""))
+                 + ("_stk" if self.stream else "") + ("_lf" if self.light_fence else "")
+                 + (f"_rg{self.regs}" if self.regs else "") + ("_rpf" if self.regs_prefetch else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -428,6 +475,8 @@ class DecodeConfig(KernelConfig):
     def smem_bytes(self) -> int:
         """Q tile plus `stages` (K, V) blocks, rows padded by 8 elements (tma: plus the ring's
         full and empty mbarriers, 8 bytes each; bulk: one mbarrier per slot)."""
+        if self.regs:   # the warps' merge (kMergePitch = head_dim + 4 words, m, l) and the merge flag
+            return self.warps * self.rows * (self.head_dim + 6) * 4 + 16
         tiles = (self.rows + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
         if self.stream:   # a Q tile per ring slot, the per-row prefix
             return tiles + (self.stages - 1) * self.rows * (self.head_dim + 8) * 2 + 4 * STREAM_SMEM_INTS
@@ -440,6 +489,10 @@ class DecodeConfig(KernelConfig):
 
     def kernel_name(self) -> str:
         flag = {True: "true", False: "false"}
+        if self.regs:
+            return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
+                    f"cuflash::{self.dtype}, {flag[self.fused_combine]}, {flag[self.light_fence]}, {self.regs - 1}"
+                    + (", true>" if self.regs_prefetch else ">"))
         if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
@@ -457,6 +510,9 @@ class DecodeConfig(KernelConfig):
                 f"{flag[self.page_prefetch]}, {int(self.l2_prefetch)}, {flag[self.warp_loads]}{gather}>")
 
     def template_args(self) -> tuple:
+        if self.regs:
+            return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
+                    bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -499,6 +555,24 @@ class DecodeConfig(KernelConfig):
         if self.light_fence and (self.tma or self.stream or not self.fused_combine):
             out.append("light_fence: an option of the split kernel's fused combine (fused_combine; the stream "
                        "kernel always counts so)")
+        if self.regs_prefetch and not self.regs:
+            out.append("regs_prefetch: an option of the regs kernel (regs)")
+        if self.regs not in REGS_VALUES:
+            out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
+        elif self.regs:
+            if (self.tma or self.bulk or self.page_prefetch or self.page_gather or self.warp_loads or self.lean
+                    or self.ring_fill or self.dynamic or self.stream or self.early_merge or self.l2_prefetch):
+                out.append("regs: decode_splitkv_regs has fused_combine and light_fence only (no tma, bulk, "
+                           "page_prefetch, page_gather, warp_loads, lean, ring_fill, dynamic, stream, early_merge "
+                           "or l2_prefetch)")
+            if self.head_dim not in REGS_HEAD_DIMS:
+                out.append(f"regs: head_dim must be one of {REGS_HEAD_DIMS}, got {self.head_dim}")
+            if self.warp_n * self.head_dim > 2048:
+                out.append(f"regs: warp_n * head_dim must be <= 2048 (two register sets of K/V), "
+                           f"got {self.warp_n * self.head_dim}")
+            if self.m_tiles * self.head_dim > 128:
+                out.append(f"regs: m_tiles * head_dim must be <= 128 (ptxas spills two row tiles at d 128: 255 "
+                           f"registers, nvcc 13.0 sm_90a), got {self.m_tiles * self.head_dim}")
         if self.stream:
             if (not self.fused_combine or self.tma or self.bulk or self.page_prefetch or self.page_gather
                     or self.warp_loads or self.lean or self.ring_fill or self.dynamic):
@@ -510,7 +584,7 @@ class DecodeConfig(KernelConfig):
                 out.append(f"stream: splits (CTAs) must be in 0..{STREAM_MAX_CTAS}, got {self.splits}")
         elif not 0 <= self.splits <= MAX_SPLITS:
             out.append(f"splits must be in 0..{MAX_SPLITS} (0: heuristic), got {self.splits}")
-        if not out and self.accum_regs > MAX_ACCUM_REGS:
+        if not out and not self.regs and self.accum_regs > MAX_ACCUM_REGS:
             out.append(f"{self.accum_regs} fp32 accumulator registers per thread (O and S) "
                        f"exceed the budget of {MAX_ACCUM_REGS}: it would spill")
         if not out and self.lean and self.accum_regs + self.m_tiles * self.head_dim // 4 > MAX_ACCUM_REGS:
@@ -519,7 +593,7 @@ class DecodeConfig(KernelConfig):
                        f"{MAX_ACCUM_REGS}: it would spill (one row tile up to d 128 fits)")
         chunks = self.head_dim // 8
         lanes = 4 if chunks <= 4 else 8 if chunks <= 8 else 16 if chunks <= 16 else 32
-        if not out and (32 * self.warps) % lanes:
+        if not out and not self.regs and (32 * self.warps) % lanes:
             out.append(f"{32 * self.warps} threads do not cover whole {self.head_dim}-column rows")
         if self.tma:
             if self.head_dim > TMA_MAX_HEAD_DIM:
@@ -598,7 +672,8 @@ def ctas_per_sm(config, max_smem: int) -> int:
     """Resident CTAs of ``config`` per SM: shared memory (each CTA also takes 1 KB the system
     reserves; an SM has the per-block opt-in maximum plus that KB) and threads."""
     by_smem = (max_smem + SMEM_RESERVED) // (config.smem_bytes + SMEM_RESERVED)
-    return max(1, min(by_smem, MAX_THREADS_PER_SM // config.threads))
+    by_regs = REGISTER_FILE // (REGS_THREAD_REGISTERS * config.threads) if getattr(config, "regs", 0) else by_smem
+    return max(1, min(by_smem, by_regs, MAX_THREADS_PER_SM // config.threads))
 
 
 def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[int] = None) -> int:
@@ -689,7 +764,9 @@ class DecodeSplitKV(Family):
              "tma": TMA_SPACE, "l2_prefetch": L2_PREFETCH_SPACE, "warp_loads": WARP_LOADS_SPACE,
              "page_gather": PAGE_GATHER_SPACE, "lean": LEAN_SPACE, "bulk": BULK_SPACE,
              "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE, "dynamic": DYNAMIC_SPACE,
-             "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE}
+             "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE,
+             "regs": REGS_SPACE,
+             "regs_prefetch": (False,)}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -770,6 +847,15 @@ class DecodeSplitKV(Family):
                               stages=CONTIGUOUS_STAGES)   # see STREAM_DEFAULT
             if cfg.problems(max_smem):
                 cfg = cfg.replace(stream=False)
+        if (REGS_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d in REGS_HEAD_DIM_DEFAULT
+                and not cfg.stream and (group * problem.seqlen_q <= 8 or d <= 64)):
+            regs = cfg.replace(regs=REGS_DEFAULT, warps=REGS_WARPS, warp_n=16, m_tiles=1 if group * problem.seqlen_q <= 8 else 2,
+                               page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False, lean=False,
+                               bulk=0, early_merge=False, ring_fill=0, dynamic=0,
+                               light_fence=LIGHT_FENCE_DEFAULT and cfg.fused_combine,
+                               regs_prefetch=REGS_PREFETCH_DEFAULT and "paged_kv" not in problem.features)
+            if not regs.problems(max_smem):
+                return regs   # see REGS_DEFAULT
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
             # the Hopper loop: the same tiles where they fit, else 4 warps (64-key blocks) with
             # a ring as deep in bytes
@@ -796,7 +882,7 @@ class DecodeSplitKV(Family):
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
-                 **point}
+                 "regs": 0, "regs_prefetch": False, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -839,21 +925,30 @@ class DecodeSplitKV(Family):
             if not chosen:
                 raise ValueError(why)
             config = config.replace(tma=False, bulk=0)
+        if getattr(config, "regs", 0) and problem.head_dim != config.head_dim:
+            if not chosen:
+                raise ValueError(f"q: the regs kernel (config regs) needs the head dim to equal the config's "
+                                 f"{config.head_dim}, got {problem.head_dim}")
+            config = config.replace(regs=0, regs_prefetch=False)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
+        regs_tma = 0 < page_size < TMA_PAGED_MAX_PAGE and keys <= REGS_PAGED_TMA_MAX_KEYS   # see REGS_PAGED_TMA_MAX_KEYS
         if (chosen and heuristic and not config.tma and not config.page_prefetch and not config.stream
-                and ((TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE or large_page_tma)):
+                and (regs_tma if config.regs else
+                     (TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE or large_page_tma)):
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             stages = 3 if config.head_dim <= 128 else 2
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
-                                 early_merge=False, ring_fill=0, dynamic=0, light_fence=False)
+                                 early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
+                                 regs_prefetch=False, m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
         if (chosen and heuristic and SMALL_PAGE_WARPS != 8 and SMALL_PAGE_WARPS != config.warps
-                and 0 < page_size < TMA_PAGED_MAX_PAGE and not config.tma and not config.stream):  # 8: off
+                and 0 < page_size < TMA_PAGED_MAX_PAGE and not config.tma and not config.stream
+                and not config.regs):  # 8: off
             max_smem = default_max_smem(arch) if max_smem is None else max_smem
             small = config.replace(warps=SMALL_PAGE_WARPS, stages=3 if config.head_dim <= 128 else 2)
             if not small.problems(max_smem):

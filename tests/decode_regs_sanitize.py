@@ -1,0 +1,64 @@
+"""decode_splitkv_regs calls for compute-sanitizer (memcheck, racecheck); not a test. bf16, d 128,
+32:8 heads, one query row: batch 3 with 3000, 0 and 17 keys (a row without keys, a ragged top
+block), contiguous and paged (page 16, with a cache_leftpad that puts tiles across pages), at 1
+and 3 splits (the fused combine with light_fence), each twice (the second call finds the
+counters reset); then d 64 with 16 packed rows (two row tiles, 3 splits) and a causal window.
+
+    compute-sanitizer --tool memcheck python tests/decode_regs_sanitize.py
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+
+import torch  # noqa: E402
+
+from cuflash.decode import kvcache_with_config  # noqa: E402
+from cuflash.families import decode_splitkv as mod  # noqa: E402
+from cuflash.problem import Problem  # noqa: E402
+from cuflash.registry import get  # noqa: E402
+
+
+def _regs_config(problem, regs=1):
+    old = mod.REGS_DEFAULT, mod.REGS_HEAD_DIM_DEFAULT
+    mod.REGS_DEFAULT, mod.REGS_HEAD_DIM_DEFAULT = regs, (64, 128)
+    try:
+        cfg = get("decode_splitkv").heuristic(problem)
+    finally:
+        mod.REGS_DEFAULT, mod.REGS_HEAD_DIM_DEFAULT = old
+    assert cfg.regs == regs, cfg.name
+    return cfg
+
+
+def main():
+    cfg = _regs_config(Problem("decode", "bf16", 3, 1, 3000, 32, 8, 128))
+    q = torch.randn(3, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(3, 3008, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.tensor([3000, 0, 17], device="cuda", dtype=torch.int32)
+    pad = torch.tensor([5, 0, 3], device="cuda", dtype=torch.int32)
+    table = torch.randperm(3 * 3008 // 16, device="cuda", dtype=torch.int32).reshape(3, -1)
+    kp, vp = (x.reshape(-1, 16, 8, 128) for x in (kc, vc))
+    runs = 0
+    for splits in (1, 3):
+        for paged in (False, True):
+            for _ in range(2):
+                if paged:
+                    kvcache_with_config(cfg, q, kp, vp, cache_seqlens=lens, block_table=table, cache_leftpad=pad,
+                                        num_splits=splits)
+                else:
+                    kvcache_with_config(cfg, q, kc, vc, cache_seqlens=lens, num_splits=splits)
+                runs += 1
+    p64 = Problem("decode", "bf16", 2, 4, 2000, 8, 2, 64, True, False, ())
+    cfg64 = _regs_config(p64, 3)
+    q64 = torch.randn(2, 4, 8, 64, device="cuda", dtype=torch.bfloat16)
+    k64, v64 = (torch.randn(2, 2000, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens64 = torch.tensor([1999, 77], device="cuda", dtype=torch.int32)
+    for _ in range(2):
+        kvcache_with_config(cfg64, q64, k64, v64, cache_seqlens=lens64, causal=True, window_size=(300, 0), num_splits=3)
+        runs += 1
+    torch.cuda.synchronize()
+    print(f"regs sanitize done: {runs} runs ({cfg.name}, {cfg64.name})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""decode_splitkv's ``regs`` option (decode_splitkv_regs: K/V straight into registers) without a
+GPU: names, template arguments, validation, shared memory and residency, the heuristic's switch
+and call_config's checks, zero spills on sm_90a, and a NumPy mirror of the kernel's fragment
+layout (each lane's K / V columns and keys, the mma.sync fragments of Sᵀ = K Qᵀ, movmatrix, the
+prmt pairs of Vᵀ, Oᵀ's columns) against plain matrix products."""
+import shutil
+
+import numpy as np
+import pytest
+
+from cuflash.compile import nvcc_compile
+from cuflash.families import decode_splitkv as mod
+from cuflash.families.decode_splitkv import DecodeConfig, ctas_per_sm, row_blocks
+from cuflash.problem import Problem
+from cuflash.registry import get
+
+FAM = get("decode_splitkv")
+BASE = DecodeConfig(8, 16, 3, 1, 4, 128, "bf16", False, fused_combine=True, light_fence=True)
+REGS = BASE.replace(regs=2)
+P = Problem("decode", "bf16", 1, 1, 32768, 32, 8, 128)
+
+
+def test_names_template_arguments_smem_residency():
+    assert REGS.name == "decode_bf16_d128_w8_n16_s3_m1_c4_fc_lf_rg2"
+    assert REGS.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 1>"
+    assert REGS.template_args() == (8, 16, 1, 128, "bf16", True, True, 1, False)
+    assert BASE.kernel_name() == ("cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, true, false, 0, false, "
+                                  "false, false, 0, false, 0, 0, true>")   # unchanged without it
+    assert REGS.rows == 8 and BASE.rows == 16 and REGS.replace(m_tiles=2).rows == 16
+    assert REGS.smem_bytes == 8 * 8 * (128 + 6) * 4 + 16   # the warps' merge and the flag
+    assert ctas_per_sm(REGS, 232448) == 1 and ctas_per_sm(REGS.replace(warps=4), 232448) == 2
+    assert row_blocks(REGS, P) == 1 and row_blocks(REGS, P.replace(seqlen_q=3)) == 2
+    assert FAM.decode(FAM.encode(REGS), "bf16", False) == REGS
+    old = {k: v for k, v in FAM.point(BASE).items() if k != "regs"}
+    assert FAM.make(old, P).regs == 0
+
+
+def test_validation_and_call_checks():
+    assert not REGS.problems(232448) and not REGS.replace(head_dim=64, m_tiles=2, warp_n=32).problems(232448)
+    for bad in (REGS.replace(tma=True), REGS.replace(l2_prefetch=256), REGS.replace(lean=True),
+                REGS.replace(ring_fill=1), REGS.replace(stream=True), REGS.replace(early_merge=True)):
+        assert any("regs:" in x for x in bad.problems(232448)), bad.name
+    assert any("head_dim must be one of" in x for x in REGS.replace(head_dim=96).problems(232448))
+    assert any("warp_n * head_dim" in x for x in REGS.replace(warp_n=32).problems(232448))
+    assert any("m_tiles * head_dim" in x for x in REGS.replace(m_tiles=2).problems(232448))
+    assert any("regs must be one of" in x for x in REGS.replace(regs=7).problems(232448))
+    assert any("regs_prefetch" in x for x in BASE.replace(regs_prefetch=True).problems(232448))
+    pf = REGS.replace(regs_prefetch=True)
+    assert pf.name.endswith("_rg2_rpf") and pf.kernel_name().endswith(", 1, true>") and pf.template_args()[-1] is True
+    with pytest.raises(ValueError, match="^q: the regs kernel"):
+        FAM.call_config(REGS, P.replace(head_dim=120), (9, 0), 0, chosen=False)
+    assert FAM.call_config(REGS, P.replace(head_dim=120), (9, 0), 0, chosen=True).regs == 0
+    assert FAM.call_config(REGS, P.replace(features=("paged_kv",)), (9, 0), 16, chosen=True, heuristic=True) == REGS
+
+
+def test_heuristic_switch(monkeypatch):
+    assert mod.REGS_DEFAULT == 6 and FAM.heuristic(P, (9, 0)).regs == 6
+    assert not FAM.heuristic(P, (8, 0)).regs                                # sm_90 only (timed there)
+    assert not FAM.heuristic(P.replace(head_dim=64), (9, 0)).regs          # d 64: not timed
+    monkeypatch.setattr(mod, "REGS_DEFAULT", 0)
+    assert not FAM.heuristic(P, (9, 0)).regs
+    monkeypatch.setattr(mod, "REGS_DEFAULT", 2)
+    monkeypatch.setattr(mod, "REGS_HEAD_DIM_DEFAULT", (64, 128))
+    for b, ctx, feats in ((1, 8192, ()), (8, 32768, ()), (64, 8192, ("paged_kv",)), (2, 4096, ("window", "softcap"))):
+        cfg = FAM.heuristic(P.replace(batch=b, seqlen_k=ctx, features=feats), (9, 0))
+        assert cfg.regs == 2 and (cfg.warps, cfg.warp_n, cfg.m_tiles) == (8, 16, 1) and cfg.light_fence, cfg.name
+        assert not cfg.problems(232448)
+    assert FAM.heuristic(P.replace(head_dim=64, nheads=8, nheads_kv=2, seqlen_q=4), (9, 0)).m_tiles == 2
+    assert not FAM.heuristic(P.replace(seqlen_q=4), (9, 0)).regs            # 16 rows at d 128: the cp.async loop
+    assert not FAM.heuristic(P.replace(head_dim=96), (9, 0)).regs
+    assert not FAM.heuristic(P.replace(head_dim=120), (9, 0)).regs          # rounded up to 128: no column mask
+
+
+POINTS = [REGS, REGS.replace(regs=1, fused_combine=False, light_fence=False), REGS.replace(regs=3), REGS.replace(regs=4),
+          REGS.replace(regs=1, regs_prefetch=True),
+          REGS.replace(regs=5), REGS.replace(regs=6),
+          REGS.replace(head_dim=64, dtype="fp16"), REGS.replace(head_dim=64, m_tiles=2), REGS.replace(warps=4)]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_nvcc_zero_spills_sm90a():
+    for cfg, rep in zip(POINTS, nvcc_compile(POINTS, "sm_90a")):
+        assert rep.spill_stores == 0 and rep.spill_loads == 0, (cfg.name, rep)
+
+
+# ---- a NumPy mirror of the fragment layout (kernels_cu/decode_splitkv.cu, decode_splitkv_regs) ----
+def _mma(a_frags, b_frags):
+    """m16n8k16 from per-lane fragments (pairs of values per 32-bit register; ptx.cuh's layout)."""
+    a, b = np.zeros((16, 16)), np.zeros((16, 8))
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        (a[g, 2 * t], a[g, 2 * t + 1]), (a[g + 8, 2 * t], a[g + 8, 2 * t + 1]) = a_frags[lane][0], a_frags[lane][1]
+        (a[g, 2 * t + 8], a[g, 2 * t + 9]), (a[g + 8, 2 * t + 8], a[g + 8, 2 * t + 9]) = a_frags[lane][2], a_frags[lane][3]
+        (b[2 * t, g], b[2 * t + 1, g]), (b[2 * t + 8, g], b[2 * t + 9, g]) = b_frags[lane]
+    d = a @ b
+    return [(d[l // 4, 2 * (l % 4)], d[l // 4, 2 * (l % 4) + 1], d[l // 4 + 8, 2 * (l % 4)], d[l // 4 + 8, 2 * (l % 4) + 1])
+            for l in range(32)]
+
+
+def _load16(row, col):  # a 16-byte load: 8 columns as 4 registers of 2
+    return [(row[col + 2 * r], row[col + 2 * r + 1]) for r in range(4)]
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_fragment_layout_mirror(d):
+    rng = np.random.default_rng(1)
+    k, v, q = rng.standard_normal((16, d)), rng.standard_normal((16, d)), rng.standard_normal((8, d))
+    k_loads, o_tiles = d // 32, d // 16
+    lanes = [(l // 4, l % 4) for l in range(32)]
+    kr = [[[_load16(k[g + 8 * j], 32 * i + 8 * t) for i in range(k_loads)] for j in range(2)] for g, t in lanes]
+    qf = []
+    for g, t in lanes:
+        steps = []
+        for i in range(k_loads):
+            x = _load16(q[g], 32 * i + 8 * t)
+            steps += [(x[0], x[1]), (x[2], x[3])]
+        qf.append(steps)
+    s = np.zeros((32, 4))
+    for c in range(d // 16):
+        i, r = c // 2, 2 * (c % 2)
+        s += np.array(_mma([[kr[l][0][i][r], kr[l][1][i][r], kr[l][0][i][r + 1], kr[l][1][i][r + 1]] for l in range(32)],
+                           [qf[l][c] for l in range(32)]))
+    st = k @ q.T   # Sᵀ: keys x query rows
+    for l, (g, t) in enumerate(lanes):
+        for e in range(4):
+            assert abs(s[l, e] - st[g + 8 * (e >> 1), 2 * t + (e & 1)]) < 1e-9
+
+    def movmatrix_trans(pairs):
+        m = np.zeros((8, 8))
+        for l in range(32):
+            m[l // 4, 2 * (l % 4)], m[l // 4, 2 * (l % 4) + 1] = pairs[l]
+        return [(m.T[l // 4, 2 * (l % 4)], m.T[l // 4, 2 * (l % 4) + 1]) for l in range(32)]
+
+    pb = list(zip(movmatrix_trans([(s[l, 0], s[l, 1]) for l in range(32)]),
+                  movmatrix_trans([(s[l, 2], s[l, 3]) for l in range(32)])))
+    vr = [[[_load16(v[2 * t + (q_ & 1) + 8 * (q_ >> 1)], 64 * h + 8 * g) for h in range(d // 64)] for q_ in range(4)]
+          for g, t in lanes]
+
+    def prmt(a, b, u):   # 0x5410 (even column u: low halves) / 0x7632 (odd: high halves)
+        return (a[u % 2], b[u % 2])
+
+    o = [[None] * o_tiles for _ in range(32)]
+    for mt in range(o_tiles):
+        u0, u1 = mt, o_tiles + mt
+        frags = []
+        for l in range(32):
+            x = vr[l]
+            reg = lambda key, u: x[key][u // 8][(u % 8) // 2]   # noqa: E731
+            frags.append([prmt(reg(0, u0), reg(1, u0), u0), prmt(reg(0, u1), reg(1, u1), u1),
+                          prmt(reg(2, u0), reg(3, u0), u0), prmt(reg(2, u1), reg(3, u1), u1)])
+        for l, out in enumerate(_mma(frags, pb)):
+            o[l][mt] = out
+    ot = st.T @ v   # query rows x columns
+    for l, (g, t) in enumerate(lanes):
+        for mt in range(o_tiles):
+            for half in range(2):
+                u = half * o_tiles + mt
+                col = 64 * (u // 8) + 8 * g + u % 8
+                for j in range(2):
+                    assert abs(o[l][mt][2 * half + j] - ot[2 * t + j, col]) < 1e-9

@@ -1,0 +1,124 @@
+"""decode_splitkv's ``regs`` option (decode_splitkv_regs: K/V loaded straight into registers,
+Sᵀ = K Qᵀ and Oᵀ += Vᵀ Pᵀ on mma.sync) on the GPU, against the float64 reference.
+
+The heuristic's switch (REGS_DEFAULT) is set (1: plain loads; 2..6, the cache hints, on a few
+cases) and the plan cache
+cleared, so the calls go through flash_attn_with_kvcache as users make them; check_call compares
+with the reference (outputs NaN-poisoned first, error at most twice that of plain attention in
+the same low precision, LSE likewise). Per-batch cache_seqlens (0 included, ragged ends), GQA 4,
+8 and 1, seqlen_q 1..4 (causal, 16 packed rows: two row tiles), head dims 64 (fp16) and 128,
+contiguous and paged (pages 16 and 256, leftpad that crosses pages), append + rotary,
+cache_batch_idx, windows, softcap, ALiBi, num_splits 1 / 3 / the heuristic's, CUDA-graph replays
+(the fused combine's counters back at 0 after every call).
+
+    timeout 120 python -m pytest -q -x tests/test_decode_regs_gpu.py
+"""
+import numpy as np
+import pytest
+
+from cuflash import decode
+from cuflash.families import decode_splitkv as fam_mod
+
+from test_decode_gpu import _torch, check_call, make_case, replays_match_eager
+from test_decode_ringfill_gpu import _poison  # noqa: F401  (autouse: outputs poisoned, skip without a GPU)
+
+pytestmark = [pytest.mark.gpu]
+
+
+def _options(monkeypatch, regs: int):
+    monkeypatch.setattr(fam_mod, "REGS_DEFAULT", regs)
+    monkeypatch.setattr(fam_mod, "REGS_HEAD_DIM_DEFAULT", (64, 128))
+    decode._drop_gpu_plans()  # plans made with other settings must not serve these calls
+    monkeypatch.setattr(decode, "_gpu_plans", {})
+
+
+def _ran_regs(regs):
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert plans and all(p.config.regs == regs for p in plans), [p.config.name for p in plans]
+
+
+# (batch, seqlen_q, lens, nheads, nheads_kv, d, dtype, page, extra, kw)
+CASES = [
+    (1, 1, [1], 8, 8, 128, "bf16", None, {}, {}),
+    (1, 1, [8192], 32, 8, 128, "bf16", None, {}, {}),
+    (3, 1, [17, 0, 5000], 32, 8, 128, "bf16", None, {}, {}),
+    (2, 1, [40000, 999], 32, 4, 128, "bf16", None, {}, {}),          # GQA 8
+    (3, 4, [2049, 700, 9000], 8, 2, 64, "bf16", None, {}, {"causal": True}),    # 16 packed rows: two row tiles (d 64)
+    (2, 3, [1500, 64], 16, 16, 128, "bf16", None, {}, {"causal": True}),        # MHA: 3 rows of 8
+    (2, 1, [113, 20000], 8, 8, 64, "fp16", None, {}, {}),
+    (3, 1, [2049, 0, 6000], 32, 8, 128, "bf16", 16, {}, {}),
+    (2, 2, [3001, 257], 32, 8, 128, "bf16", 256, {}, {"causal": True}),
+    (3, 1, [3000, 1500, 777], 32, 8, 128, "bf16", 16, {"leftpad": True}, {}),  # tiles across pages
+    (2, 1, [3000, 1500], 32, 8, 128, "bf16", None, {"seqlen_new": 1, "rotary_dim": 128}, {}),
+    (3, 1, [3000, 1500, 777], 32, 8, 128, "bf16", None, {"batch_idx": True, "leftpad": True}, {}),
+    (2, 4, [900, 250], 8, 4, 128, "bf16", None, {"seqlen_new": 2}, {"window_size": (100, 3)}),
+    (2, 4, [900, 250], 8, 4, 128, "bf16", None, {}, {"causal": True, "window_size": (100, 0), "softcap": 2.5,
+                                                     "alibi": True}),
+]
+
+
+def _ids(c):
+    return (f"b{c[0]}_q{c[1]}_l{max(c[2])}_h{c[3]}x{c[4]}_d{c[5]}_{c[6]}_page{c[7] or 0}"
+            + "".join(f"_{k}" for k in c[8]) + "".join(f"_{k}" for k in c[9]))
+
+
+REGS = (1, 2, 3, 4, 5, 6)   # the load hints (decode_precompile.py compiles each case's config under each)
+
+
+@pytest.mark.parametrize("splits", [0, 1, 3], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_regs_grid(monkeypatch, case, splits):
+    """Every case with plain loads (regs 1) at num_splits 0, 1 and 3."""
+    _regs_case(monkeypatch, case, 1, splits)
+
+
+HINT_CASES = [CASES[2], CASES[7]]
+
+
+@pytest.mark.parametrize("regs", REGS[1:], ids=lambda n: f"regs{n}")
+@pytest.mark.parametrize("case", HINT_CASES, ids=_ids)
+def test_regs_hints(monkeypatch, case, regs):
+    """The other load hints (2..6) on a contiguous and a paged case."""
+    _regs_case(monkeypatch, case, regs, 0)
+
+
+def _regs_case(monkeypatch, case, regs, splits):
+    b, sq, lens, h, hk, d, dtype, page, extra, kw = case
+    _options(monkeypatch, regs)
+    torch = _torch()
+    kw = dict(kw)
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = torch.rand(b, h, device="cuda", dtype=torch.float32)
+    rng = np.random.default_rng()
+    args = make_case(rng, b, sq, lens, h, hk, d, dtype, page=page, **extra)
+    for _ in range(1 if splits == 1 else 2):   # the fused combine's counters are back at 0 after a call
+        check_call(dict(args, k_cache=args["k_cache"].clone(), v_cache=args["v_cache"].clone()), dtype,
+                   _ids(case), num_splits=splits, **kw)
+    _ran_regs(regs)
+
+
+@pytest.mark.parametrize("page", [None, 16], ids=["contiguous", "page16"])
+def test_regs_cuda_graph(monkeypatch, page):
+    """A captured call (per-batch cache_seqlens) replayed with new lengths and queries (all rows
+    empty first): each replay matches an eager call on the same inputs within bf16 rounding."""
+    _options(monkeypatch, 1)
+    rng = np.random.default_rng()
+    args = make_case(rng, 4, 1, [65536, 1000, 30000, 5], 32, 8, 128, "bf16", page=page)
+    cap = 65536
+    lengths = [np.zeros(4, np.int64)] + [rng.integers(0, cap, size=4) for _ in range(3)]
+    replays_match_eager(dict(args), lengths)
+    _ran_regs(1)
+
+
+PREFETCH_CASES = [(1, 1, [8192], 32, 8, 128, "bf16", None, {}, {}), (3, 1, [17, 0, 5000], 32, 8, 128, "bf16", None, {}, {}),
+                  (2, 2, [4096, 1000], 32, 8, 128, "bf16", None, {}, {"causal": True})]
+
+
+@pytest.mark.parametrize("case", PREFETCH_CASES, ids=_ids)
+def test_regs_prefetch(monkeypatch, case):
+    """regs_prefetch (the first block's rows of a full row into L1 before the lengths arrive): full
+    and partial rows, an empty row, causal at seqlen_q 2."""
+    monkeypatch.setattr(fam_mod, "REGS_PREFETCH_DEFAULT", True)
+    _regs_case(monkeypatch, case, 1, 0)
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert all(p.config.regs_prefetch for p in plans), [p.config.name for p in plans]
