@@ -364,8 +364,9 @@ def test_sanitize_runs_the_hopper_loop(monkeypatch):
 
     monkeypatch.setattr(gpu_sanitize._gpu, "arch", lambda *a: (9, 0))
     loops = gpu_sanitize.decode_loops(FAM)
-    assert loops[0] == {} and dict(TMA_DEFAULT=True, TMA_PAGED_DEFAULT=False) in loops
-    assert dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=True) in loops
+    # (REGS_DEFAULT 0: the option passes run the older loops, not decode_splitkv_regs; {} is the default)
+    assert loops[0] == {} and dict(TMA_DEFAULT=True, TMA_PAGED_DEFAULT=False, REGS_DEFAULT=0) in loops
+    assert dict(TMA_DEFAULT=False, TMA_PAGED_DEFAULT=True, REGS_DEFAULT=0) in loops
     assert any(d.get("WARP_LOADS_DEFAULT") and d.get("L2_PREFETCH_DEFAULT") for d in loops)
     before = (mod.TMA_DEFAULT, mod.TMA_PAGED_DEFAULT)
     with gpu_sanitize.decode_loop(dict(TMA_DEFAULT=True, TMA_PAGED_DEFAULT=True)):
