@@ -442,7 +442,7 @@ WIDE_EPI_MAX_SEQLEN_BY: dict = {}
 # * SOFTCAP_WIDE_EPI, (kernel head dim, causal, dtype): the classes whose softcap calls (softcap alone, MHA,
 #   fixed lengths, unordered) take wide_epi too. Measured (session 22, cap9, round 1: tests/softcap_bwd_timing.py,
 #   bf16 d128 batch 2 x 16 heads x 8k, softcap 30, x the plain call of the same process, 8 interleaved samples;
-#   on an H200; results/NVIDIA_H100_80GB_HBM3/logs/session22_cap9/round1.md), the heuristic -> with wide_epi:
+#   on an H200; results/NVIDIA_H200/logs/session22_cap9/round1.md), the heuristic -> with wide_epi:
 #   causal backward alone 1.152 -> 1.126, forward + backward 1.171 -> 1.158; full 1.137 -> 1.137, 1.150 -> 1.168
 #   (not kept). Zero spills in bf16 / fp16, causal / full (nvcc 13.0).
 SOFTCAP_WIDE_EPI: frozenset = frozenset({(128, True, "bf16")})
@@ -459,7 +459,7 @@ DROPOUT_BY_DEFAULT = True
 # --hdims 64 --bwd-only, bf16, 16k tokens, 32 heads): the BM 128 tile's varlen backward in 0.71x /
 # 0.71x fa2_bwd's time (mixed lengths 512..8k, full / causal) and 0.86x / 0.91x (short, 64..1k);
 # its correctness: tests/test_sm90_varlen_gpu.py (d64 forced). 96 (session 22, fwd14 round 1, an H200, the
-# same script --hdims 96 --bwd-only, 21 heads; results/NVIDIA_H100_80GB_HBM3/logs/session22_fwd14/): the d128
+# same script --hdims 96 --bwd-only, 21 heads; results/NVIDIA_H200/logs/session22_fwd14/): the d128
 # kernel (BM 64) in 0.595 / 0.609x fa2_bwd's time (mixed, full / causal) and 0.725 / 0.776x (short); its
 # correctness: tests/test_sm90_varlen_gpu.py test_sm90_varlen_backward_d96_selected. Plain varlen calls
 # only (with features: VARLEN_SMALL_D_FEATURES).

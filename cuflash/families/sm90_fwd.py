@@ -244,7 +244,7 @@ HEURISTIC_STREAM_TAIL: frozenset = frozenset({(128, 2048), (128, 16384), (256, 4
 # fields), not to a config= given. At d256 the rescale is 128 FMULs per thread and K/V block (a third of the block's
 # non-GEMM instructions); on random inputs the max moves past the threshold on no block after the first few.
 # Measured (session 22, fwd14, an H200: tests/sm90_fwd_cells_timing.py, dim 2048, batch x seqlen 16k, 30 shuffled
-# samples of 10 back-to-back calls, x SDPA cuDNN of the same rounds; results/NVIDIA_H100_80GB_HBM3/logs/
+# samples of 10 back-to-back calls, x SDPA cuDNN of the same rounds; results/NVIDIA_H200/logs/
 # session22_fwd14/), the tile without -> with it, bf16 (fp16):
 #   round 1: d256 2k 1.019 -> 1.048 (1.018 -> 1.045); 4k 1.071 -> 1.103 (1.059 -> 1.089), stream_tail 1.078 (1.073);
 #            d128 16k 1.062 -> 1.042 (1.066 -> 1.047): not at d128;
@@ -408,13 +408,13 @@ MASKED_COPY: dict = {(128, "bf16", True): 1, (128, "bf16", False): 1, (128, "fp1
 MASKED_COPY_VALUES = (0, 1, 2)
 # MASKED_COPY for calls past the fixed max (softcap_fixed_m 2: bf16 caps above 55.45, fp16 above 4.85), by (head
 # dim, dtype, causal), where it differs. Measured (session 22, round 2, H200, tests/softcap_fixed_timing.py: bf16 d128
-# 8k softcap 50, then on the row max, x plain, 10 interleaved samples; logs/session22_cap9/round2.md), masked_copy
+# 8k softcap 50, then on the row max, x plain, 10 interleaved samples; results/NVIDIA_H200/logs/session22_cap9/round2.md), masked_copy
 # 1 -> 2: full 1.548 -> 1.363, causal 1.442 -> 1.487 (not taken).
 MASKED_COPY_ROW_MAX: dict = {(128, "bf16", False): 2}
 # defer_max (kDeferMax) by (head dim, dtype, causal), for calls past the fixed max's range (softcap_fixed_m 2: bf16
 # caps above 34.7, fp16 above 4.85; Gemma 2's 50): the row-max step's exp2s from the running max as it was, the
 # block's max taken after them (kernels_cu/softmax_fold.cuh softmax_step_deferred). Softcap alone, fold_cap >= 3.
-# Measured slower everywhere (session 22, round 2, H200, tests/softcap_fixed_timing.py, d128 8k, x plain; logs/
+# Measured slower everywhere (session 22, round 2, H200, tests/softcap_fixed_timing.py, d128 8k, x plain; results/NVIDIA_H200/logs/
 # session22_cap9/round2.md), the heuristic -> defer_max: bf16 softcap 50 (then on the row max) causal 1.442 -> 1.493,
 # full 1.548 -> 1.550; with masked_copy 2 1.628 / 1.561; fp16 softcap 30 1.442 -> 1.470, 1.381 -> 1.550. None.
 # s_ahead (kSAhead: S_{j+1} issued before the step of S_j) likewise (round 1, bf16 softcap 30, the heuristic 1.229
