@@ -1595,8 +1595,12 @@ decode_splitkv_stream(const DecodeParams p) {
 //              split's first block as it would be were the row full (keys = the capacity: then the
 //              block is the same, and the loads after the length's round trip hit L1); contiguous
 //              caches without cache_batch_idx, cache_leftpad or a left window only (false: none)
+//   kL2Ahead   (contiguous caches) with each block's loads, the warp prefetches into L2 its rows of
+//              the block kL2Ahead further down the split (prefetch.global.L2: one 128-byte line per
+//              lane and row pass, no registers held), so HBM sees more than the one block per warp
+//              that the two register sets keep in flight (0: none)
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
-          int kLoadHint, bool kEarlyPrefetch = false>
+          int kLoadHint, bool kEarlyPrefetch = false, int kL2Ahead = 0>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv_regs(const DecodeParams p) {
     constexpr int kThreads = kWarps * 32, kBlockN = kWarps * kWarpN, kRows = 8 * kRowTiles;
@@ -1744,6 +1748,21 @@ decode_splitkv_regs(const DecodeParams p) {
             vo = v_row0 + static_cast<i64>(pos) * p.v_row_stride;
         }
     };
+    // (kL2Ahead) block n's rows of this warp into L2: kLines 128-byte lines per key row of K and of V,
+    // one line per lane and pass (n lies below the split's top block: whole, inside the row)
+    auto prefetch_block_l2 = [&](int n) {
+        constexpr int kLines = kHeadDim * 2 / 128;
+#pragma unroll
+        for (int tile = 0; tile < kTiles; ++tile) {
+            const int pos0 = rk.start + n * kBlockN + warp * kWarpN + 16 * tile;
+#pragma unroll
+            for (int x = lane; x < 16 * kLines; x += 32) {
+                const i64 row = pos0 + x / kLines;
+                prefetch_l2(k_head + k_row0 + row * p.k_row_stride + 64 * (x % kLines));
+                prefetch_l2(v_head + v_row0 + row * p.v_row_stride + 64 * (x % kLines));
+            }
+        }
+    };
     // block n's K and V of this warp into (kr, vr); then (paged) block n - 1's page ids
     // One tile's rows from kp (key g's K) and vp (key 2t's V): the lane's other keys lie at
     // multiples of the row stride (a uniform product), no clamps.
@@ -1797,6 +1816,9 @@ decode_splitkv_regs(const DecodeParams p) {
             }
         }
         if (paged && n - 1 >= n_begin) fetch_pages(n - 1);
+        if constexpr (kL2Ahead > 0) {
+            if (!paged && n - kL2Ahead >= n_begin) prefetch_block_l2(n - kL2Ahead);
+        }
     };
 
     float o_acc[kRowTiles][kOTiles][4];
@@ -1918,6 +1940,13 @@ decode_splitkv_regs(const DecodeParams p) {
     u32 k_b[kTiles][2][kKLoads][4], v_b[kTiles][4][kVLoads][4];
     if (n_iters > 0) {
         if (paged) fetch_pages(n_end - 1);
+        if constexpr (kL2Ahead > 1) {  // the blocks between the first and the first that load_block prefetches
+            if (!paged) {
+#pragma unroll
+                for (int a = 1; a < kL2Ahead; ++a)
+                    if (n_end - 1 - a >= n_begin) prefetch_block_l2(n_end - 1 - a);
+            }
+        }
         load_block(n_end - 1, k_a, v_a);
     }
     auto attend_any = [&](int n, const u32 (&kr)[kTiles][2][kKLoads][4], const u32 (&vr)[kTiles][4][kVLoads][4]) {

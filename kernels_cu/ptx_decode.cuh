@@ -110,6 +110,13 @@ __device__ __forceinline__ void prefetch_l1(const void* addr) {
     asm volatile("prefetch.global.L1 [%0];" :: "l"(addr));
 }
 
+// The cache line holding `addr` into L2 (decode_splitkv_regs' kL2Ahead: a block a few ahead of
+// the one the warp loads into registers is requested from HBM without holding registers, so more
+// bytes are in flight per SM than two register sets allow; the later ld.global.nc hits L2).
+__device__ __forceinline__ void prefetch_l2(const void* addr) {
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(addr));
+}
+
 // The 8 x 8 matrix of 16-bit elements that the warp holds one register per lane of (lane l: row
 // l / 4, columns 2·(l % 4) and + 1), transposed in place across the lanes: P's C fragment of
 // Sᵀ = K Qᵀ (key rows, query-row columns) becomes the B fragment of Oᵀ += Vᵀ Pᵀ (k = keys).

@@ -122,3 +122,20 @@ def test_regs_prefetch(monkeypatch, case):
     _regs_case(monkeypatch, case, 1, 0)
     plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
     assert all(p.config.regs_prefetch for p in plans), [p.config.name for p in plans]
+
+
+AHEAD_CASES = [CASES[1], CASES[2], CASES[3], CASES[4], CASES[6], CASES[11], CASES[12], CASES[13],
+               (2, 1, [65536, 40000], 32, 8, 128, "bf16", None, {}, {"window_size": (20000, -1)})]
+
+
+@pytest.mark.parametrize("ahead", [1, 3], ids=lambda n: f"ahead{n}")
+@pytest.mark.parametrize("splits", [0, 3], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("case", AHEAD_CASES, ids=_ids)
+def test_regs_ahead(monkeypatch, case, splits, ahead):
+    """regs_ahead (L2 prefetches of the block ``ahead`` further down the split, contiguous caches):
+    ragged and empty rows, d 64 and 128, two row tiles, batch_idx + leftpad, windows (a split's
+    first block above 0), softcap + ALiBi, at the heuristic's splits and 3; the load hint 6."""
+    monkeypatch.setattr(fam_mod, "REGS_AHEAD_DEFAULT", ahead)
+    _regs_case(monkeypatch, case, 6, splits)
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert all(p.config.regs_ahead == ahead for p in plans), [p.config.name for p in plans]

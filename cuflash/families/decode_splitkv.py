@@ -342,6 +342,13 @@ REGS_WARPS = 8
 # prefetched into L1 before cache_seqlens arrives (contiguous caches). The heuristic's choice
 # (REGS_PREFETCH_DEFAULT, with regs): off, not yet timed.
 REGS_PREFETCH_DEFAULT = False
+# regs_ahead (decode_splitkv_regs' kL2Ahead, contiguous caches): with each block's register loads
+# the warp prefetches into L2 its rows of the block this many further down the split, so more
+# bytes are in flight per SM than the two register sets hold (ncu on the H200, session 22: 89.7%
+# of DRAM peak at 8 x 32k against cuDNN's 91.8%). The heuristic's choice (REGS_AHEAD_DEFAULT,
+# with regs): 0 (off) until timed on the H100.
+REGS_AHEAD_DEFAULT = 0
+REGS_AHEAD_VALUES = (0, 1, 2, 3, 4)
 REGS_VALUES = (0, 1, 2, 3, 4, 5, 6)
 REGS_SPACE = (0,)
 REGS_HEAD_DIMS = (64, 128)
@@ -400,6 +407,8 @@ class DecodeConfig(KernelConfig):
               thread: the CTA barrier and thread 0's acq_rel atomic (kLightFence)
     regs_prefetch: (regs) before cache_seqlens is read, the rows of the split's first K/V block of a
               full row are prefetched into L1 (contiguous caches; kEarlyPrefetch)
+    regs_ahead: (regs, contiguous caches) with each block's register loads, the warp's rows of the
+              block this many further down the split are prefetched into L2 (kL2Ahead; 0: none)
     regs:     (0: off) decode_splitkv_regs: each warp loads its K/V rows straight into registers
               (16-byte loads, the next block's in flight during this one's math) and runs Sᵀ =
               K Qᵀ, Oᵀ += Vᵀ Pᵀ (8 packed query rows per row tile: rows = 8 · m_tiles); the loads'
@@ -440,6 +449,7 @@ class DecodeConfig(KernelConfig):
     light_fence: bool = False
     regs: int = 0
     regs_prefetch: bool = False
+    regs_ahead: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -467,7 +477,8 @@ class DecodeConfig(KernelConfig):
                  + ("_em" if self.early_merge else "") + (f"_rf{self.ring_fill}" if self.ring_fill else "")
                  + ("_dyn" if self.dynamic == 1 else "_ilv" if self.dynamic == 2 else "")
                  + ("_stk" if self.stream else "") + ("_lf" if self.light_fence else "")
-                 + (f"_rg{self.regs}" if self.regs else "") + ("_rpf" if self.regs_prefetch else ""))
+                 + (f"_rg{self.regs}" if self.regs else "") + ("_rpf" if self.regs_prefetch else "")
+                 + (f"_ra{self.regs_ahead}" if self.regs_ahead else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -492,7 +503,8 @@ class DecodeConfig(KernelConfig):
         if self.regs:
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
                     f"cuflash::{self.dtype}, {flag[self.fused_combine]}, {flag[self.light_fence]}, {self.regs - 1}"
-                    + (", true>" if self.regs_prefetch else ">"))
+                    + (f", {flag[self.regs_prefetch]}, {self.regs_ahead}>" if self.regs_ahead else
+                       ", true>" if self.regs_prefetch else ">"))
         if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
@@ -512,7 +524,7 @@ class DecodeConfig(KernelConfig):
     def template_args(self) -> tuple:
         if self.regs:
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
-                    bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch))
+                    bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -557,6 +569,10 @@ class DecodeConfig(KernelConfig):
                        "kernel always counts so)")
         if self.regs_prefetch and not self.regs:
             out.append("regs_prefetch: an option of the regs kernel (regs)")
+        if self.regs_ahead not in REGS_AHEAD_VALUES:
+            out.append(f"regs_ahead must be one of {REGS_AHEAD_VALUES} (0: no L2 prefetch), got {self.regs_ahead}")
+        elif self.regs_ahead and not self.regs:
+            out.append("regs_ahead: an option of the regs kernel (regs)")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -766,7 +782,7 @@ class DecodeSplitKV(Family):
              "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE, "dynamic": DYNAMIC_SPACE,
              "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE,
              "regs": REGS_SPACE,
-             "regs_prefetch": (False,)}
+             "regs_prefetch": (False,), "regs_ahead": (0,)}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -853,7 +869,8 @@ class DecodeSplitKV(Family):
                                page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False, lean=False,
                                bulk=0, early_merge=False, ring_fill=0, dynamic=0,
                                light_fence=LIGHT_FENCE_DEFAULT and cfg.fused_combine,
-                               regs_prefetch=REGS_PREFETCH_DEFAULT and "paged_kv" not in problem.features)
+                               regs_prefetch=REGS_PREFETCH_DEFAULT and "paged_kv" not in problem.features,
+                               regs_ahead=REGS_AHEAD_DEFAULT if "paged_kv" not in problem.features else 0)
             if not regs.problems(max_smem):
                 return regs   # see REGS_DEFAULT
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
@@ -882,7 +899,7 @@ class DecodeSplitKV(Family):
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
-                 "regs": 0, "regs_prefetch": False, **point}
+                 "regs": 0, "regs_prefetch": False, "regs_ahead": 0, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -929,7 +946,7 @@ class DecodeSplitKV(Family):
             if not chosen:
                 raise ValueError(f"q: the regs kernel (config regs) needs the head dim to equal the config's "
                                  f"{config.head_dim}, got {problem.head_dim}")
-            config = config.replace(regs=0, regs_prefetch=False)
+            config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
@@ -942,7 +959,7 @@ class DecodeSplitKV(Family):
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
-                                 regs_prefetch=False, m_tiles=1 if config.regs else config.m_tiles)
+                                 regs_prefetch=False, regs_ahead=0, m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
