@@ -23,6 +23,21 @@ Tuned tables are YAML, one file per GPU, named after it (``file_name``)::
       note: '...'
       env: {...}
 
+A table may also carry ``rules``: a family's heuristic rule parameters for this GPU, for families
+whose heuristic takes them (``Family.heuristic_for_device``; decode_splitkv's: which loop, its
+warps, the split rule), each with the problems it applies to::
+
+    rules:
+    - family: decode_splitkv
+      match: {batch: [1, 1], seqlen_k: [0, 131072], paged: false}
+      set: {regs: 0}
+      note: 'H100, session 22: ...'
+
+A rule applies only where no tuned entry does (it refines the heuristic): the first rule of the
+family whose ``match`` holds for the problem (files in search order, rules in file order) gives
+the heuristic its parameters; a malformed rule, or one whose parameters give no valid config,
+is ignored with one warning per file.
+
 An entry is stale when its family's ``version`` or the hash of the family's code (comments
 and whitespace removed: ``cuflash.compile.code_hash``) differs from the running one;
 stale and malformed entries are ignored with one warning per file, never an exception.
@@ -156,6 +171,33 @@ class TunedFile:
     entries: list = dataclasses.field(default_factory=list)
     error: str = ""          # why the whole file is unusable ('' when readable)
     bad_entries: list = dataclasses.field(default_factory=list)  # (index, reason)
+    rules: list = dataclasses.field(default_factory=list)        # Rule, in file order
+    bad_rules: list = dataclasses.field(default_factory=list)    # (index, reason)
+
+
+@dataclasses.dataclass
+class Rule:
+    """One device rule: ``family``'s heuristic parameters (``set``) for the problems ``match``
+    describes (the family reads both: ``Family.heuristic_for_device``)."""
+
+    family: str
+    set: dict
+    match: dict = dataclasses.field(default_factory=dict)
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        d = {"family": self.family, "match": dict(self.match), "set": dict(self.set)}
+        if self.note:
+            d["note"] = self.note
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Rule":
+        """Raises (KeyError, TypeError) on a malformed record."""
+        match, params = d.get("match") or {}, d["set"]
+        if not isinstance(match, dict) or not isinstance(params, dict) or not params:
+            raise TypeError("match must be a mapping and set a non-empty mapping")
+        return cls(family=str(d["family"]), set=dict(params), match=dict(match), note=str(d.get("note") or ""))
 
 
 def _yaml_load(text: str):
@@ -195,6 +237,14 @@ def read_file(path) -> TunedFile:
             out.entries.append(Entry.from_dict(rec))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             out.bad_entries.append((i, f"{exc.__class__.__name__}: {exc}"))
+    rules = data.get("rules") or []
+    for i, rec in enumerate(rules if isinstance(rules, list) else [rules]):
+        try:
+            if not isinstance(rules, list):
+                raise TypeError("rules must be a list")
+            out.rules.append(Rule.from_dict(rec))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            out.bad_rules.append((i, f"{exc.__class__.__name__}: {exc}"))
     return out
 
 
@@ -270,6 +320,39 @@ def stale_reasons(entry: Entry, stamp: dict) -> list[str]:
         if str(have) != str(stamp[field]):
             out.append(f"{what} {have} != running {stamp[field]}")
     return out
+
+
+def device_rules(family, gpu_name: str, cc, dirs: Optional[list] = None) -> list:
+    """``family``'s device rules on one GPU: (Rule, path) in search order (files as
+    ``files_for_gpu``, rules in file order); malformed ones are skipped with one warning per file."""
+    out = []
+    for tf in files_for_gpu(gpu_name, cc, dirs):
+        if tf.bad_rules:
+            i, why = tf.bad_rules[0]
+            _warn_once((tf.path, "rules"), f"cuflash: tuned table {tf.path}: {len(tf.bad_rules)} malformed "
+                                           f"rules ignored (rule {i}: {why}).")
+        out += [(r, tf.path) for r in tf.rules if r.family == family.name]
+    return out
+
+
+def heuristic_on_device(family, problem: Problem, arch, gpu_name: str, max_smem: Optional[int] = None,
+                        dirs: Optional[list] = None):
+    """``(config, note)``: the family's heuristic for ``problem``, with the parameters of this GPU's
+    first matching device rule where the family takes rules (``heuristic_for_device``); note ''
+    when no rule applied, else which rule did."""
+    hook = getattr(family, "heuristic_for_device", None)
+    rules = device_rules(family, gpu_name, arch, dirs) if gpu_name and hook is not None else []
+    for i, (rule, path) in enumerate(rules):
+        try:
+            cfg = hook(problem, arch, max_smem, rule)
+        except (TypeError, ValueError, KeyError) as exc:
+            _warn_once((path, "rule", rule.family, str(rule.match), str(rule.set)),
+                       f"cuflash: tuned table {path}: a {rule.family} rule ({rule.to_dict()}) cannot be "
+                       f"used ({exc.__class__.__name__}: {exc}); ignored.")
+            continue
+        if cfg is not None:
+            return cfg, f"device rule {path.name} {rule.match}"
+    return family.heuristic(problem, arch, max_smem), ""
 
 
 def _distance(bucket: int, seqlen: int) -> tuple:
@@ -376,8 +459,9 @@ def choose(problem: Problem, arch, gpu_name: str = "", max_smem: Optional[int] =
             if cfg.problems(max_smem):
                 cfg, source = None, f"tuned {cfg.name} has no valid variant for this call"
         if cfg is None:
-            cfg, source = fam.for_problem(fam.heuristic(problem, arch, max_smem), problem), \
-                f"heuristic ({source})"
+            cfg, rule = heuristic_on_device(fam, problem, arch, gpu_name, max_smem, dirs)
+            cfg, source = fam.for_problem(cfg, problem), \
+                f"heuristic ({source}{'; ' + rule if rule else ''})"
         return fam, cfg, source
     reasons = reasons or refused
     if not reasons:
@@ -428,7 +512,8 @@ def config_for(op: str, head_dim: int, dtype: str, causal: bool, device: int = 0
     return (cfg, source) if with_source else cfg
 
 
-__all__ = ["choose", "choose_on_device", "config_for", "lookup", "Entry", "TunedFile",
+__all__ = ["choose", "choose_on_device", "config_for", "lookup", "Entry", "TunedFile", "Rule", "device_rules",
+           "heuristic_on_device",
            "TunedTableWarning", "UnsupportedProblem", "read_file", "files_for_gpu", "table_dirs",
            "user_dir", "shipped_dir", "file_name", "cc_str", "current_stamp", "stale_reasons",
            "clear_cache", "FORMAT", "get"]

@@ -3,6 +3,7 @@ reads tables without the tuner); this module only writes them, in ``cuflash.sele
 format (``select.FORMAT``, ``select.Entry``, ``select.file_name``), and upgrades old files.
 
     save_entries([outcome.entry(env)], gpu_name, cc)      # merge into the user cache
+    save_rules("decode_splitkv", [Rule(...)], gpu_name, cc)   # a family's device rules
     upgrade_v1("tuning/configs/NVIDIA_H100_80GB_HBM3_sm90.yaml")   # format 1 -> 2, in place
 
 An entry's key is (op, family, dtype, head_dim, causal, features, seqlen); its ``stamp``
@@ -18,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from cuflash.select import FORMAT, Entry, cc_str, file_name, read_file, user_dir
+from cuflash.select import FORMAT, Entry, Rule, cc_str, file_name, read_file, user_dir
 
 log = logging.getLogger("cuflash.tuning")
 
@@ -34,12 +35,18 @@ def _order(e: Entry) -> tuple:
     return (e.op, e.family, e.dtype, e.head_dim, e.causal, e.features, e.seqlen)
 
 
-def _write(path: Path, gpu_name: str, cc, entries, header: str = "") -> Path:
-    """Write a format-2 table atomically (mode 0644)."""
+def _write(path: Path, gpu_name: str, cc, entries, header: str = "", rules=None) -> Path:
+    """Write a format-2 table atomically (mode 0644). ``rules`` (``cuflash.select.Rule``, the
+    device rules): None keeps those of the file there (a re-tune or a restamp never drops them)."""
     import yaml
 
+    if rules is None:
+        old = read_file(path) if Path(path).is_file() else None
+        rules = old.rules if old is not None and not old.error else []
     doc = {"format": FORMAT, "gpu": {"name": gpu_name, "cc": cc_str(cc)},
            "entries": [e.to_dict() for e in sorted(entries, key=_order)]}
+    if rules:
+        doc["rules"] = [r.to_dict() for r in rules]
     text = (header or HEADER.format(format=FORMAT)) + yaml.safe_dump(doc, sort_keys=False, width=100)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
@@ -85,6 +92,22 @@ def save_entries(entries: list, gpu_name: str, cc, directory=None) -> Path:
     return _write(path, gpu_name, cc, merged.values())
 
 
+def save_rules(family: str, rules: list, gpu_name: str, cc, directory=None) -> Path:
+    """Replace ``family``'s device rules (``cuflash.select.Rule``, first match wins) in the GPU's
+    table in ``directory`` (default: the user cache), keeping its entries and other families'
+    rules; returns its path."""
+    directory = Path(directory) if directory is not None else user_dir()
+    path = directory / file_name(gpu_name, cc)
+    old = read_file(path) if path.is_file() else None
+    if old is not None and (old.error or (old.gpu_name, old.cc) != (gpu_name, cc_str(cc))):
+        raise ValueError(f"{path}: not this GPU's readable table ({old.error or old.gpu_name}); not written")
+    for r in rules:
+        if not isinstance(r, Rule) or r.family != family:
+            raise TypeError(f"rules: expected cuflash.select.Rule of {family}, got {r!r}")
+    kept = [r for r in (old.rules if old else []) if r.family != family]
+    return _write(path, gpu_name, cc, old.entries if old else [], rules=kept + list(rules))
+
+
 def upgrade_v1_doc(doc: dict) -> dict:
     """A format-1 table (``key: {kernel: fwd|bwd, ...}``, stamp in ``env.source_hash``) as a
     format-2 document. Every entry gets ``stamp: {version: 1, code_hash:
@@ -124,4 +147,4 @@ def upgrade_v1(path, out=None) -> Path:
                   new["entries"], header)
 
 
-__all__ = ["save_entries", "upgrade_v1", "upgrade_v1_doc", "Entry", "FORMAT"]
+__all__ = ["save_entries", "save_rules", "upgrade_v1", "upgrade_v1_doc", "Entry", "FORMAT"]

@@ -753,6 +753,55 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
     return best
 
 
+# Device rules (tuned tables' ``rules``, cuflash.select): what a rule's ``match`` may test, each
+# key's check of the problem (d: the compile-time head dim), and the parameters its ``set`` may
+# give the heuristic, each with its range:
+#   regs        the regs kernel's load hint (REGS_DEFAULT; 0: the older loops), at head dims 64 and 128
+#   regs_warps  its warps (REGS_WARPS)
+#   regs_ahead  its L2 prefetch distance on contiguous caches (REGS_AHEAD_DEFAULT)
+#   split_cost  the split rule's fixed cost per split, in K/V blocks (num_splits_for)
+#   splits      a fixed split count (0: the split rule's)
+def _span(value, x) -> bool:
+    """[lo, hi] (inclusive; hi null: no bound) holds x."""
+    lo, hi = value
+    return (lo is None or x >= lo) and (hi is None or x <= hi)
+
+
+RULE_MATCH = {
+    "batch": lambda v, p, d: _span(v, p.batch),
+    "seqlen_k": lambda v, p, d: _span(v, p.seqlen_k),
+    "seqlen_q": lambda v, p, d: _span(v, p.seqlen_q),
+    "group": lambda v, p, d: _span(v, p.nheads // max(p.nheads_kv, 1)),
+    "nheads_kv": lambda v, p, d: _span(v, p.nheads_kv),
+    "head_dim": lambda v, p, d: d in v,
+    "dtype": lambda v, p, d: p.dtype in v,
+    "paged": lambda v, p, d: bool(v) == ("paged_kv" in p.features),
+    "causal": lambda v, p, d: bool(v) == bool(p.causal),
+}
+RULE_SET = {
+    "regs": lambda v: v in REGS_VALUES,
+    "regs_warps": lambda v: v in (2, 4, 8, 16),
+    "regs_ahead": lambda v: v in REGS_AHEAD_VALUES,
+    "split_cost": lambda v: v >= 0,
+    "splits": lambda v: 0 <= v <= MAX_SPLITS,
+}
+
+
+def rule_matches(match: dict, problem: Problem, d: int) -> bool:
+    """Whether a device rule's ``match`` holds for ``problem`` (compile-time head dim ``d``); an
+    unknown key or a malformed value raises ValueError."""
+    for key, value in match.items():
+        test = RULE_MATCH.get(key)
+        if test is None:
+            raise ValueError(f"rule match: unknown key {key!r} (known: {', '.join(RULE_MATCH)})")
+        try:
+            if not test(value, problem, d):
+                return False
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"rule match: {key}={value!r}: {exc}") from None
+    return True
+
+
 def stream_problem(config, problem: Problem) -> str:
     """'' when ``config``'s stream kernel (``stream``) can run ``problem``, else why not (naming the
     argument); '' for a config without it."""
@@ -813,7 +862,28 @@ class DecodeSplitKV(Family):
         other = [f for f in problem.features if f not in self.features]
         return f"{self.name} has no feature {other[0]!r}" if other else ""
 
-    def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None) -> DecodeConfig:
+    def heuristic_for_device(self, problem: Problem, arch, max_smem: Optional[int], rule) -> Optional[DecodeConfig]:
+        """The heuristic's config for ``problem`` under one device rule of a tuned table
+        (``cuflash.select.Rule``: ``match``, ``set``; see RULE_MATCH and RULE_SET), or None when
+        the rule does not match. Raises ValueError (the rule is then ignored with a warning) for
+        an unknown key, a bad value or parameters that give no valid config."""
+        if not rule_matches(rule.match, problem, self.head_dim_of(problem.head_dim)):
+            return None
+        knobs = dict(rule.set)
+        for key, value in knobs.items():
+            if key not in RULE_SET:
+                raise ValueError(f"rule set: unknown parameter {key!r} (known: {', '.join(RULE_SET)})")
+            if not isinstance(value, int) or isinstance(value, bool) or not RULE_SET[key](value):
+                raise ValueError(f"rule set: {key}={value!r} is out of range")
+        cfg = self.heuristic(problem, arch, max_smem, knobs)
+        cfg = cfg.replace(**{k: knobs[k] for k in ("split_cost", "splits") if k in knobs})
+        why = cfg.problems(default_max_smem(arch) if max_smem is None else max_smem)
+        if why:
+            raise ValueError(f"rule set {knobs} gives {cfg.name}: {'; '.join(why)}")
+        return cfg
+
+    def heuristic(self, problem: Problem, arch=(9, 0), max_smem: Optional[int] = None,
+                  knobs: Optional[dict] = None) -> DecodeConfig:
         """Bandwidth first: 8 warps of 16 keys (128-key K/V blocks, one 16-key mma tile per warp,
         so the O accumulator is all a thread keeps) and a 3-stage ring at d <= 128 (217 KB at
         d 128: 209 KB of K/V in flight on each H100 SM); 2 stages above; fewer warps and stages
@@ -824,7 +894,9 @@ class DecodeSplitKV(Family):
         16 at head dims 64..128: above, the two O accumulators crowd the register file; at d 48
         ptxas (nvcc 13.0, sm_90a) spills 4 bytes (d 16 and 32 would not, but decode models do
         not use them). split_cost 4: the split rule's fixed cost per split, fitted to the same
-        sweep."""
+        sweep. ``knobs``: a device rule's parameters (heuristic_for_device; RULE_SET) in place of
+        the module defaults."""
+        knobs = knobs or {}
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         group = problem.nheads // max(problem.nheads_kv, 1)
@@ -863,14 +935,17 @@ class DecodeSplitKV(Family):
                               stages=CONTIGUOUS_STAGES)   # see STREAM_DEFAULT
             if cfg.problems(max_smem):
                 cfg = cfg.replace(stream=False)
-        if (REGS_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d in REGS_HEAD_DIM_DEFAULT
+        regs_hint = knobs.get("regs", REGS_DEFAULT)   # a device rule's regs: any head dim the kernel runs
+        if (regs_hint and tuple(arch)[0] == 9 and d == problem.head_dim
+                and d in (REGS_HEAD_DIMS if "regs" in knobs else REGS_HEAD_DIM_DEFAULT)
                 and not cfg.stream and (group * problem.seqlen_q <= 8 or d <= 64)):
-            regs = cfg.replace(regs=REGS_DEFAULT, warps=REGS_WARPS, warp_n=16, m_tiles=1 if group * problem.seqlen_q <= 8 else 2,
+            regs = cfg.replace(regs=regs_hint, warps=knobs.get("regs_warps", REGS_WARPS), warp_n=16,
+                               m_tiles=1 if group * problem.seqlen_q <= 8 else 2,
                                page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False, lean=False,
                                bulk=0, early_merge=False, ring_fill=0, dynamic=0,
                                light_fence=LIGHT_FENCE_DEFAULT and cfg.fused_combine,
                                regs_prefetch=REGS_PREFETCH_DEFAULT and "paged_kv" not in problem.features,
-                               regs_ahead=REGS_AHEAD_DEFAULT if "paged_kv" not in problem.features else 0)
+                               regs_ahead=knobs.get("regs_ahead", REGS_AHEAD_DEFAULT) if "paged_kv" not in problem.features else 0)
             if not regs.problems(max_smem):
                 return regs   # see REGS_DEFAULT
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
