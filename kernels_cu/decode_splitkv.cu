@@ -153,35 +153,6 @@ struct RowKeys {
     }
 };
 
-// The keys of a row (RowKeys.keys; query i's diagonal key i + offset) that some packed query row
-// r0 .. r0 + rows_valid - 1 of a CTA sees, [key_lo, key_hi), and that every one sees,
-// [full_lo, full_hi) (a window narrows both; blocks inside the latter skip the element-wise
-// mask), and split `split`'s K/V blocks of kBlockN keys, [n_begin, n_end): the row's
-// n_blocks_row blocks in num_splits equal runs (per row, on the device: the grid depends on
-// shapes only), narrowed to the visible keys.
-template <int kBlockN>
-struct SplitKeys {
-    int key_lo, key_hi, full_lo, full_hi, n_blocks_row, n_begin, n_end, n_iters;
-    __device__ __forceinline__ SplitKeys(const DecodeParams& p, int keys, int offset, int r0, int rows_valid,
-                                         int split) {
-        const int qi_lo = r0 / p.group, qi_hi = (r0 + rows_valid - 1) / p.group;
-        key_lo = 0, key_hi = keys, full_lo = 0, full_hi = keys;
-        if (p.window_left >= 0) {
-            key_lo = max(0, qi_lo + offset - p.window_left);
-            full_lo = max(0, qi_hi + offset - p.window_left);
-        }
-        if (p.window_right >= 0) {
-            key_hi = min(keys, qi_hi + offset + p.window_right + 1);
-            full_hi = min(keys, qi_lo + offset + p.window_right + 1);
-        }
-        n_blocks_row = (keys + kBlockN - 1) / kBlockN;
-        const int per_split = (n_blocks_row + p.num_splits - 1) / p.num_splits;
-        n_begin = max(split * per_split, key_lo / kBlockN);
-        n_end = min(min(n_blocks_row, (split + 1) * per_split), key_hi <= 0 ? 0 : (key_hi + kBlockN - 1) / kBlockN);
-        n_iters = max(n_end - n_begin, 0);
-    }
-};
-
 // Element offsets of cache position `pos` of batch row b in k_cache and v_cache (head 0).
 // Paged: the page id from block_table, clamped to the cache's pages; else the cache row
 // cache_batch_idx[b] (default b), clamped to the cache's rows.
@@ -764,10 +735,23 @@ decode_splitkv_tma(const __grid_constant__ DecodeTmaParams p) {
     const RowKeys rk(p, b);
     const int keys = rk.keys, offset = keys - p.seqlen_q;  // query i's diagonal key: i + offset
 
-    // The visible keys and this split's blocks (SplitKeys).
-    const SplitKeys<kBlockN> sk(p, keys, offset, r0, rows_valid, split);
-    const int key_lo = sk.key_lo, key_hi = sk.key_hi, full_lo = sk.full_lo, full_hi = sk.full_hi;
-    const int n_begin = sk.n_begin, n_end = sk.n_end, n_iters = sk.n_iters;
+    // The visible keys and this split's blocks, as in decode_splitkv's cp.async loop.
+    const int qi_lo = r0 / p.group, qi_hi = (r0 + rows_valid - 1) / p.group;
+    int key_lo = 0, key_hi = keys, full_lo = 0, full_hi = keys;
+    if (p.window_left >= 0) {
+        key_lo = max(0, qi_lo + offset - p.window_left);
+        full_lo = max(0, qi_hi + offset - p.window_left);
+    }
+    if (p.window_right >= 0) {
+        key_hi = min(keys, qi_hi + offset + p.window_right + 1);
+        full_hi = min(keys, qi_lo + offset + p.window_right + 1);
+    }
+    const int n_blocks_row = (keys + kBlockN - 1) / kBlockN;
+    const int per_split = (n_blocks_row + p.num_splits - 1) / p.num_splits;
+    const int n_begin = max(split * per_split, key_lo / kBlockN);
+    const int n_end = min(min(n_blocks_row, (split + 1) * per_split),
+                          key_hi <= 0 ? 0 : (key_hi + kBlockN - 1) / kBlockN);
+    const int n_iters = max(n_end - n_begin, 0);
 
     if (tid == 0) {
         for (int s = 0; s < kStages; ++s) {
@@ -960,9 +944,7 @@ decode_splitkv(const DecodeParams p) {
     const int keys = rk.keys, offset = keys - p.seqlen_q;  // query i's diagonal key: i + offset
 
     // Keys that some row of this CTA sees, [key_lo, key_hi), and that every row sees,
-    // [full_lo, full_hi): the blocks inside the latter skip the element-wise mask; this split's
-    // K/V blocks [n_begin, n_end): SplitKeys' computation, written out here (through SplitKeys
-    // ptxas schedules this loop's SASS differently: kept as it was until that is timed).
+    // [full_lo, full_hi): the blocks inside the latter skip the element-wise mask.
     const int qi_lo = r0 / p.group, qi_hi = (r0 + rows_valid - 1) / p.group;
     int key_lo = 0, key_hi = keys, full_lo = 0, full_hi = keys;
     if (p.window_left >= 0) {
@@ -973,6 +955,8 @@ decode_splitkv(const DecodeParams p) {
         key_hi = min(keys, qi_hi + offset + p.window_right + 1);
         full_hi = min(keys, qi_lo + offset + p.window_right + 1);
     }
+    // This split's K/V blocks: the row's blocks in num_splits equal runs (per row, on the
+    // device: the grid depends on shapes only), narrowed to the visible keys.
     const int n_blocks_row = (keys + kBlockN - 1) / kBlockN;
     const int per_split = (n_blocks_row + p.num_splits - 1) / p.num_splits;
     const int n_begin = max(split * per_split, key_lo / kBlockN);
@@ -1670,10 +1654,23 @@ decode_splitkv_regs(const DecodeParams p) {
     const int keys = rk.keys, offset = keys - p.seqlen_q;  // query i's diagonal key: i + offset
 
     // the visible keys of some row [key_lo, key_hi) and of every row [full_lo, full_hi) of the CTA,
-    // and the split's blocks (SplitKeys)
-    const SplitKeys<kBlockN> sk(p, keys, offset, r0, rows_valid, split);
-    const int key_lo = sk.key_lo, key_hi = sk.key_hi, full_lo = sk.full_lo, full_hi = sk.full_hi;
-    const int n_begin = sk.n_begin, n_end = sk.n_end, n_iters = sk.n_iters;
+    // and the split's blocks, as decode_splitkv
+    const int qi_lo = r0 / p.group, qi_hi = (r0 + rows_valid - 1) / p.group;
+    int key_lo = 0, key_hi = keys, full_lo = 0, full_hi = keys;
+    if (p.window_left >= 0) {
+        key_lo = max(0, qi_lo + offset - p.window_left);
+        full_lo = max(0, qi_hi + offset - p.window_left);
+    }
+    if (p.window_right >= 0) {
+        key_hi = min(keys, qi_hi + offset + p.window_right + 1);
+        full_hi = min(keys, qi_lo + offset + p.window_right + 1);
+    }
+    const int n_blocks_row = (keys + kBlockN - 1) / kBlockN;
+    const int per_split = (n_blocks_row + p.num_splits - 1) / p.num_splits;
+    const int n_begin = max(split * per_split, key_lo / kBlockN);
+    const int n_end = min(min(n_blocks_row, (split + 1) * per_split),
+                          key_hi <= 0 ? 0 : (key_hi + kBlockN - 1) / kBlockN);
+    const int n_iters = max(n_end - n_begin, 0);
 
     // Qᵀ's B fragments: row tile rt, k16 step c: b0, b1 = Q[8·rt + g][the column pairs of step c]
     const u16* q_base = static_cast<const u16*>(p.q_rot ? p.q_rot : p.q);
