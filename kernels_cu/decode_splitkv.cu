@@ -1599,8 +1599,15 @@ decode_splitkv_stream(const DecodeParams p) {
 //              the block kL2Ahead further down the split (prefetch.global.L2: one 128-byte line per
 //              lane and row pass, no registers held), so HBM sees more than the one block per warp
 //              that the two register sets keep in flight (0: none)
+//   kClaims    (kFusedCombine; contiguous caches, more than one split) each warp claims the group's K/V
+//              blocks one at a time from the group's claim counter (the fused combine's counters'
+//              second half; lane 0's atomic add, issued a block before its id is needed) and runs all
+//              kWarps 16-key slices of each claimed block, from the top: a warp, and so an SM, that
+//              streams faster takes more blocks, and CTAs that start late take what is left, so the
+//              group's CTAs end together. The group's last CTA (the fused combine's count) sets the
+//              counter back to 0 (false: the split's equal run, each warp its slice of every block)
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
-          int kLoadHint, bool kEarlyPrefetch = false, int kL2Ahead = 0>
+          int kLoadHint, bool kEarlyPrefetch = false, int kL2Ahead = 0, bool kClaims = false>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv_regs(const DecodeParams p) {
     constexpr int kThreads = kWarps * 32, kBlockN = kWarps * kWarpN, kRows = 8 * kRowTiles;
@@ -1613,6 +1620,7 @@ decode_splitkv_regs(const DecodeParams p) {
     static_assert(kHeadDim == 64 || kHeadDim == 128, "decode_splitkv_regs: head dim 64 or 128");
     static_assert(kWarpN % 16 == 0 && kWarpN * kHeadDim <= 2048, "decode_splitkv_regs: 16-key tiles, two register sets of at most 64 registers");
     static_assert(kRowTiles == 1 || kRowTiles == 2, "1 or 2 row tiles of 8 packed query rows");
+    static_assert(!kClaims || kFusedCombine, "kClaims: the fused combine's last CTA resets the claim counter");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     float* merge_smem = reinterpret_cast<float*>(smem_raw);  // [kWarps][kRows][kMergePitch], m, l
@@ -1780,11 +1788,12 @@ decode_splitkv_regs(const DecodeParams p) {
     // block n's K and V of this warp into (kr, vr); then (paged) block n - 1's page ids. A block
     // inside the row: one address per tile (paged: a tile on one page; a page size is a multiple
     // of 16, so only a cache_leftpad puts a tile across two); else a clamped address per key.
-    auto load_block = [&](int n, u32 (&kr)[kTiles][2][kKLoads][4], u32 (&vr)[kTiles][4][kVLoads][4]) {
+    // wv: the block's slice of kWarpN keys (the warp's own, or with kClaims each in turn)
+    auto load_block = [&](int n, u32 (&kr)[kTiles][2][kKLoads][4], u32 (&vr)[kTiles][4][kVLoads][4], int wv) {
         const bool whole = (n + 1) * kBlockN <= keys;
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
-            const int pos0 = rk.start + n * kBlockN + warp * kWarpN + 16 * tile;
+            const int pos0 = rk.start + n * kBlockN + wv * kWarpN + 16 * tile;
             if (whole && !paged) {
                 load_tile_rows(k_head + k_row0 + static_cast<i64>(pos0 + g) * p.k_row_stride + 8 * t,
                                v_head + v_row0 + static_cast<i64>(pos0 + 2 * t) * p.v_row_stride + 8 * g,
@@ -1799,7 +1808,7 @@ decode_splitkv_regs(const DecodeParams p) {
                                kr[tile], vr[tile]);
                 continue;
             }
-            const int key0 = n * kBlockN + warp * kWarpN + 16 * tile;
+            const int key0 = n * kBlockN + wv * kWarpN + 16 * tile;
 #pragma unroll
             for (int q = 0; q < 2; ++q) {  // K: keys g, g + 8
                 i64 ko, vo;
@@ -1838,7 +1847,7 @@ decode_splitkv_regs(const DecodeParams p) {
     // transform and mask; the bulk's blocks run without (attend_any calls it with a constant:
     // two inlined copies of the body)
     auto attend = [&](int n, const u32 (&kr)[kTiles][2][kKLoads][4], const u32 (&vr)[kTiles][4][kVLoads][4],
-                      bool masked) {
+                      bool masked, int wv) {
         float s[kTiles][kRowTiles][4];
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
@@ -1862,7 +1871,7 @@ decode_splitkv_regs(const DecodeParams p) {
                 for (int rt = 0; rt < kRowTiles; ++rt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const int key = n * kBlockN + warp * kWarpN + 16 * tile + g + 8 * (e >> 1), j = e & 1;
+                        const int key = n * kBlockN + wv * kWarpN + 16 * tile + g + 8 * (e >> 1), j = e & 1;
                         float x = s[tile][rt][e];
                         if (scores_transform) {
                             x *= p.softmax_scale;
@@ -1938,7 +1947,10 @@ decode_splitkv_regs(const DecodeParams p) {
     // two register sets: block it + 1's loads are in flight while block it's math runs
     u32 k_a[kTiles][2][kKLoads][4], v_a[kTiles][4][kVLoads][4];
     u32 k_b[kTiles][2][kKLoads][4], v_b[kTiles][4][kVLoads][4];
-    if (n_iters > 0) {
+    const bool claims = kClaims && !paged && p.num_splits > 1;
+    // kClaims: the group's claim counter, in split_counters' second half
+    auto claim_counter_at = [&](int bb) { return static_cast<i64>(gridDim.z) * gridDim.y + static_cast<i64>(bb) * gridDim.y + blockIdx.y; };
+    if (n_iters > 0 && !claims) {
         if (paged) fetch_pages(n_end - 1);
         if constexpr (kL2Ahead > 1) {  // the blocks between the first and the first that load_block prefetches
             if (!paged) {
@@ -1947,18 +1959,55 @@ decode_splitkv_regs(const DecodeParams p) {
                     if (n_end - 1 - a >= n_begin) prefetch_block_l2(n_end - 1 - a);
             }
         }
-        load_block(n_end - 1, k_a, v_a);
+        load_block(n_end - 1, k_a, v_a, warp);
     }
-    auto attend_any = [&](int n, const u32 (&kr)[kTiles][2][kKLoads][4], const u32 (&vr)[kTiles][4][kVLoads][4]) {
-        if (scores_transform || n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi) attend(n, kr, vr, true);
-        else attend(n, kr, vr, false);
+    auto attend_any = [&](int n, const u32 (&kr)[kTiles][2][kKLoads][4], const u32 (&vr)[kTiles][4][kVLoads][4],
+                          int wv) {
+        if (scores_transform || n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi) attend(n, kr, vr, true, wv);
+        else attend(n, kr, vr, false, wv);
     };
-    for (int it = 0; it < n_iters; it += 2) {
-        if (it + 1 < n_iters) load_block(n_end - 2 - it, k_b, v_b);
-        attend_any(n_end - 1 - it, k_a, v_a);
-        if (it + 1 >= n_iters) break;
-        if (it + 2 < n_iters) load_block(n_end - 3 - it, k_a, v_a);
-        attend_any(n_end - 2 - it, k_b, v_b);
+    if (!claims) {
+        for (int it = 0; it < n_iters; it += 2) {
+            if (it + 1 < n_iters) load_block(n_end - 2 - it, k_b, v_b, warp);
+            attend_any(n_end - 1 - it, k_a, v_a, warp);
+            if (it + 1 >= n_iters) break;
+            if (it + 2 < n_iters) load_block(n_end - 3 - it, k_a, v_a, warp);
+            attend_any(n_end - 2 - it, k_b, v_b, warp);
+        }
+    }
+    if constexpr (kClaims) {
+        if (claims) {
+            // the warp's items (block n, slice wv), slices 0 .. kWarps - 1 of each block: its first
+            // block the (split · kWarps + warp)-th of the group's from the top (no claim to wait
+            // for), then claims; the next block's claim is in flight (lane 0's raw count) while a
+            // block runs
+            const int g_lo = key_lo / kBlockN, g_hi = min((keys + kBlockN - 1) / kBlockN,
+                                                          key_hi <= 0 ? 0 : (key_hi + kBlockN - 1) / kBlockN);
+            int* claim_counter = p.split_counters + claim_counter_at(b);
+            auto claim = [&]() { return lane == 0 ? atomicAdd(claim_counter, 1) : 0; };
+            auto block_at = [&](int c) { return c < g_hi - g_lo ? g_hi - 1 - c : -1; };  // -1: none left
+            auto block_of = [&](int raw) { return block_at(__shfl_sync(0xffffffffu, raw, 0) + p.num_splits * kWarps); };
+            int n_a = block_at(split * kWarps + warp), wv_a = 0;
+            int next_raw = n_a >= 0 ? claim() : 0;
+            auto advance = [&](int& n, int& wv) {  // the item after (n, wv)
+                if (++wv < kWarps) return;
+                wv = 0;
+                n = block_of(next_raw);
+                if (n >= 0) next_raw = claim();
+            };
+            if (n_a >= 0) load_block(n_a, k_a, v_a, wv_a);
+            while (n_a >= 0) {
+                int n_b = n_a, wv_b = wv_a;
+                advance(n_b, wv_b);
+                if (n_b >= 0) load_block(n_b, k_b, v_b, wv_b);
+                attend_any(n_a, k_a, v_a, wv_a);
+                if (n_b < 0) break;
+                n_a = n_b, wv_a = wv_b;
+                advance(n_a, wv_a);
+                if (n_a >= 0) load_block(n_a, k_a, v_a, wv_a);
+                attend_any(n_b, k_b, v_b, wv_b);
+            }
+        }
     }
 
     // the warps' merge: each warp's rows 8·rt + 2t + j, its columns u, into shared memory
@@ -2019,6 +2068,8 @@ decode_splitkv_regs(const DecodeParams p) {
             int* counter = p.split_counters + (static_cast<i64>(b) * gridDim.y + blockIdx.y);
             const bool last = atom_add_acq_rel_gpu(counter, 1) == p.num_splits - 1;
             if (last) *counter = 0;  // every split has counted: back to 0 for the next call
+            if constexpr (kClaims)
+                if (last && claims) p.split_counters[claim_counter_at(b)] = 0;  // every warp has made its last claim
             *last_flag = last;
         }
         __syncthreads();

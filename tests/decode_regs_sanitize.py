@@ -3,7 +3,8 @@
 block), contiguous and paged (page 16, with a cache_leftpad that puts tiles across pages), at 1
 and 3 splits (the fused combine with light_fence), each twice (the second call finds the
 counters reset); then d 64 with 16 packed rows (two row tiles, 3 splits) and a causal window.
-``--ahead N``: every config with regs_ahead N (L2 prefetches N blocks ahead; contiguous calls).
+``--ahead N``: every config with regs_ahead N (L2 prefetches N blocks ahead; contiguous calls);
+``--claims``: with regs_claims (each warp claims its blocks from a counter; contiguous calls).
 
     compute-sanitizer --tool memcheck python tests/decode_regs_sanitize.py
 """
@@ -21,6 +22,7 @@ from cuflash.registry import get  # noqa: E402
 
 
 AHEAD = int(sys.argv[sys.argv.index("--ahead") + 1]) if "--ahead" in sys.argv else 0   # regs_ahead: L2 prefetches
+CLAIMS = "--claims" in sys.argv   # regs_claims: the warps claim their blocks (contiguous calls)
 
 
 def _regs_config(problem, regs=1):
@@ -31,7 +33,7 @@ def _regs_config(problem, regs=1):
     finally:
         mod.REGS_DEFAULT, mod.REGS_HEAD_DIM_DEFAULT = old
     assert cfg.regs == regs, cfg.name
-    return cfg.replace(regs_ahead=AHEAD)
+    return cfg.replace(regs_ahead=AHEAD, regs_claims=CLAIMS and cfg.fused_combine)
 
 
 def main():

@@ -139,3 +139,31 @@ def test_regs_ahead(monkeypatch, case, splits, ahead):
     _regs_case(monkeypatch, case, 6, splits)
     plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
     assert all(p.config.regs_ahead == ahead for p in plans), [p.config.name for p in plans]
+
+
+CLAIMS_CASES = [CASES[1], CASES[2], CASES[3], CASES[4], CASES[6], CASES[11], CASES[12], CASES[13], AHEAD_CASES[-1],
+                (2, 1, [131072, 70000], 32, 8, 128, "bf16", None, {}, {}), CASES[7]]
+
+
+@pytest.mark.parametrize("splits", [0, 3, 7], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("case", CLAIMS_CASES, ids=_ids)
+def test_regs_claims(monkeypatch, case, splits):
+    """regs_claims (each warp claims its group's K/V blocks from a counter; contiguous caches): ragged
+    and empty rows, d 64 and 128, two row tiles, batch_idx + leftpad, windows, softcap + ALiBi, a
+    long row, page 16 (claims off there), at the heuristic's splits, 3 and 7; every call twice (the
+    claim counters are back at 0 after a call); the load hint 6."""
+    monkeypatch.setattr(fam_mod, "REGS_CLAIMS_DEFAULT", True)
+    _regs_case(monkeypatch, case, 6, splits)
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert all(p.config.regs_claims == (case[7] is None) for p in plans), [p.config.name for p in plans]
+
+
+def test_regs_claims_graph(monkeypatch):
+    """A captured call with claims (8 splits) replayed with new lengths matches eager calls."""
+    monkeypatch.setattr(fam_mod, "REGS_CLAIMS_DEFAULT", True)
+    _options(monkeypatch, 6)
+    rng = np.random.default_rng()
+    args = make_case(rng, 4, 1, [65536, 1000, 30000, 5], 32, 8, 128, "bf16")
+    lengths = [np.zeros(4, np.int64)] + [rng.integers(0, 65536, size=4) for _ in range(3)]
+    replays_match_eager(dict(args), lengths)
+    _ran_regs(6)

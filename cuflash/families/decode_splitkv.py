@@ -349,6 +349,15 @@ REGS_PREFETCH_DEFAULT = False
 # with regs): 0 (off) until timed on the H100.
 REGS_AHEAD_DEFAULT = 0
 REGS_AHEAD_VALUES = (0, 1, 2, 3, 4)
+# regs_claims (decode_splitkv_regs' kClaims, contiguous caches, fused combine): each warp claims its
+# group's K/V blocks one at a time from a counter (a warp's first block is fixed), so the SMs that
+# stream faster take more and a group's CTAs end together. ncu on the H100 (session 23 round 1,
+# 8 x 32k, 128 CTAs): SM active cycles 585.5k on average against 642.3k for the busiest (cuDNN
+# 595.8k / 635.0k). The heuristic's choice (REGS_CLAIMS_DEFAULT) and, for configs with claims,
+# the split count: at least REGS_CLAIMS_WAVES x the resident CTA slots over the groups (0: the
+# split rule's; CTAs that start late take what is left). Not yet timed: off.
+REGS_CLAIMS_DEFAULT = False
+REGS_CLAIMS_WAVES = 0.0
 REGS_VALUES = (0, 1, 2, 3, 4, 5, 6)
 REGS_SPACE = (0,)
 REGS_HEAD_DIMS = (64, 128)
@@ -407,6 +416,9 @@ class DecodeConfig(KernelConfig):
               thread: the CTA barrier and thread 0's acq_rel atomic (kLightFence)
     regs_prefetch: (regs) before cache_seqlens is read, the rows of the split's first K/V block of a
               full row are prefetched into L1 (contiguous caches; kEarlyPrefetch)
+    regs_claims: (regs, fused_combine, contiguous caches, more than one split) each warp claims the
+              group's K/V blocks one at a time from a counter and runs every 16-key slice of each
+              (kClaims; False: the split's equal run, each warp its slice of every block)
     regs_ahead: (regs, contiguous caches) with each block's register loads, the warp's rows of the
               block this many further down the split are prefetched into L2 (kL2Ahead; 0: none)
     regs:     (0: off) decode_splitkv_regs: each warp loads its K/V rows straight into registers
@@ -450,6 +462,7 @@ class DecodeConfig(KernelConfig):
     regs: int = 0
     regs_prefetch: bool = False
     regs_ahead: int = 0
+    regs_claims: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -478,7 +491,7 @@ class DecodeConfig(KernelConfig):
                  + ("_dyn" if self.dynamic == 1 else "_ilv" if self.dynamic == 2 else "")
                  + ("_stk" if self.stream else "") + ("_lf" if self.light_fence else "")
                  + (f"_rg{self.regs}" if self.regs else "") + ("_rpf" if self.regs_prefetch else "")
-                 + (f"_ra{self.regs_ahead}" if self.regs_ahead else ""))
+                 + (f"_ra{self.regs_ahead}" if self.regs_ahead else "") + ("_rcl" if self.regs_claims else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -503,7 +516,8 @@ class DecodeConfig(KernelConfig):
         if self.regs:
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
                     f"cuflash::{self.dtype}, {flag[self.fused_combine]}, {flag[self.light_fence]}, {self.regs - 1}"
-                    + (f", {flag[self.regs_prefetch]}, {self.regs_ahead}>" if self.regs_ahead else
+                    + (f", {flag[self.regs_prefetch]}, {self.regs_ahead}, true>" if self.regs_claims else
+                       f", {flag[self.regs_prefetch]}, {self.regs_ahead}>" if self.regs_ahead else
                        ", true>" if self.regs_prefetch else ">"))
         if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
@@ -524,7 +538,8 @@ class DecodeConfig(KernelConfig):
     def template_args(self) -> tuple:
         if self.regs:
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
-                    bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead))
+                    bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
+                    bool(self.regs_claims))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -573,6 +588,9 @@ class DecodeConfig(KernelConfig):
             out.append(f"regs_ahead must be one of {REGS_AHEAD_VALUES} (0: no L2 prefetch), got {self.regs_ahead}")
         elif self.regs_ahead and not self.regs:
             out.append("regs_ahead: an option of the regs kernel (regs)")
+        if self.regs_claims and (not self.regs or not self.fused_combine or self.regs_ahead):
+            out.append("regs_claims: an option of the regs kernel (regs) with fused_combine (its counters), "
+                       "without regs_ahead")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -750,6 +768,9 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
             time += COMBINE_LAUNCH_COST
         if best_time is None or time < best_time:
             best, best_time = s, time
+    if getattr(config, "regs_claims", False) and REGS_CLAIMS_WAVES > 0:   # see REGS_CLAIMS_WAVES
+        fill = math.ceil(REGS_CLAIMS_WAVES * sm_count * resident / groups)
+        best = max(best, min(fill, MAX_SPLITS, max(1, blocks // MIN_SPLIT_BLOCKS)))
     return best
 
 
@@ -782,6 +803,7 @@ RULE_SET = {
     "regs": lambda v: v in REGS_VALUES,
     "regs_warps": lambda v: v in (2, 4, 8, 16),
     "regs_ahead": lambda v: v in REGS_AHEAD_VALUES,
+    "regs_claims": lambda v: v in (0, 1),
     "split_cost": lambda v: v >= 0,
     "splits": lambda v: 0 <= v <= MAX_SPLITS,
 }
@@ -831,7 +853,7 @@ class DecodeSplitKV(Family):
              "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE, "dynamic": DYNAMIC_SPACE,
              "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE,
              "regs": REGS_SPACE,
-             "regs_prefetch": (False,), "regs_ahead": (0,)}
+             "regs_prefetch": (False,), "regs_ahead": (0,), "regs_claims": (False,)}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -945,7 +967,9 @@ class DecodeSplitKV(Family):
                                bulk=0, early_merge=False, ring_fill=0, dynamic=0,
                                light_fence=LIGHT_FENCE_DEFAULT and cfg.fused_combine,
                                regs_prefetch=REGS_PREFETCH_DEFAULT and "paged_kv" not in problem.features,
-                               regs_ahead=knobs.get("regs_ahead", REGS_AHEAD_DEFAULT) if "paged_kv" not in problem.features else 0)
+                               regs_ahead=knobs.get("regs_ahead", REGS_AHEAD_DEFAULT) if "paged_kv" not in problem.features else 0,
+                               regs_claims=bool(knobs.get("regs_claims", REGS_CLAIMS_DEFAULT)) and cfg.fused_combine
+                               and "paged_kv" not in problem.features)
             if not regs.problems(max_smem):
                 return regs   # see REGS_DEFAULT
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
@@ -974,7 +998,7 @@ class DecodeSplitKV(Family):
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
-                 "regs": 0, "regs_prefetch": False, "regs_ahead": 0, **point}
+                 "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_claims": False, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -1021,7 +1045,7 @@ class DecodeSplitKV(Family):
             if not chosen:
                 raise ValueError(f"q: the regs kernel (config regs) needs the head dim to equal the config's "
                                  f"{config.head_dim}, got {problem.head_dim}")
-            config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0)
+            config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_claims=False)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
@@ -1034,7 +1058,8 @@ class DecodeSplitKV(Family):
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
-                                 regs_prefetch=False, regs_ahead=0, m_tiles=1 if config.regs else config.m_tiles)
+                                 regs_prefetch=False, regs_ahead=0, regs_claims=False,
+                                 m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
@@ -1084,7 +1109,8 @@ class DecodeSplitKV(Family):
         if not config.fused_combine or _splits(config, problem) <= 1:
             return 0
         groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
-        return 2 * groups if getattr(config, "dynamic", 0) == 1 else groups   # dynamic 1: + the claim counters
+        claims = getattr(config, "dynamic", 0) == 1 or getattr(config, "regs_claims", False)
+        return 2 * groups if claims else groups   # dynamic 1, regs_claims: + the claim counters
 
     def zeroed_counters(self, config, problem: Problem) -> dict:
         """{params field: int32 count} of the counters a plan keeps between calls, per stream
