@@ -1606,8 +1606,12 @@ decode_splitkv_stream(const DecodeParams p) {
 //              streams faster takes more blocks, and CTAs that start late take what is left, so the
 //              group's CTAs end together. The group's last CTA (the fused combine's count) sets the
 //              counter back to 0 (false: the split's equal run, each warp its slice of every block)
+//   kStagger   (contiguous caches, the equal runs) the split's run starts at a block rotated by the
+//              group's index (then wraps around from its bottom to its top), so the CTAs do not all
+//              stream the same offsets of rows that lie a power of two apart in memory
+//              (false: every run from its top block down)
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
-          int kLoadHint, bool kEarlyPrefetch = false, int kL2Ahead = 0, bool kClaims = false>
+          int kLoadHint, bool kEarlyPrefetch = false, int kL2Ahead = 0, bool kClaims = false, bool kStagger = false>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv_regs(const DecodeParams p) {
     constexpr int kThreads = kWarps * 32, kBlockN = kWarps * kWarpN, kRows = 8 * kRowTiles;
@@ -1950,7 +1954,9 @@ decode_splitkv_regs(const DecodeParams p) {
     const bool claims = kClaims && !paged && p.num_splits > 1;
     // kClaims: the group's claim counter, in split_counters' second half
     auto claim_counter_at = [&](int bb) { return static_cast<i64>(gridDim.z) * gridDim.y + static_cast<i64>(bb) * gridDim.y + blockIdx.y; };
-    if (n_iters > 0 && !claims) {
+    // kStagger: load j of the run is block n_end - 1 - (j + rot) mod n_iters (contiguous caches)
+    const bool stagger = kStagger && !paged && !claims;
+    if (n_iters > 0 && !claims && !stagger) {
         if (paged) fetch_pages(n_end - 1);
         if constexpr (kL2Ahead > 1) {  // the blocks between the first and the first that load_block prefetches
             if (!paged) {
@@ -1966,13 +1972,30 @@ decode_splitkv_regs(const DecodeParams p) {
         if (scores_transform || n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi) attend(n, kr, vr, true, wv);
         else attend(n, kr, vr, false, wv);
     };
-    if (!claims) {
+    if (!claims && !stagger) {
         for (int it = 0; it < n_iters; it += 2) {
             if (it + 1 < n_iters) load_block(n_end - 2 - it, k_b, v_b, warp);
             attend_any(n_end - 1 - it, k_a, v_a, warp);
             if (it + 1 >= n_iters) break;
             if (it + 2 < n_iters) load_block(n_end - 3 - it, k_a, v_a, warp);
             attend_any(n_end - 2 - it, k_b, v_b, warp);
+        }
+    }
+    if constexpr (kStagger) {
+        if (stagger) {
+            const int rot = n_iters > 1 ? static_cast<int>((static_cast<i64>(b) * gridDim.y + blockIdx.y) * 37 % n_iters) : 0;
+            auto run_block = [&](int j) {
+                j += rot;
+                return n_end - 1 - (j >= n_iters ? j - n_iters : j);
+            };
+            if (n_iters > 0) load_block(run_block(0), k_a, v_a, warp);
+            for (int it = 0; it < n_iters; it += 2) {
+                if (it + 1 < n_iters) load_block(run_block(it + 1), k_b, v_b, warp);
+                attend_any(run_block(it), k_a, v_a, warp);
+                if (it + 1 >= n_iters) break;
+                if (it + 2 < n_iters) load_block(run_block(it + 2), k_a, v_a, warp);
+                attend_any(run_block(it + 1), k_b, v_b, warp);
+            }
         }
     }
     if constexpr (kClaims) {

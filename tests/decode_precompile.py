@@ -271,6 +271,9 @@ def regs_test_configs():
     ahead += [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
                          REGS_DEFAULT=6, REGS_CLAIMS_DEFAULT=True, REGS_HEAD_DIM_DEFAULT=(64, 128))
               for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.CLAIMS_CASES]
+    ahead += [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
+                         REGS_DEFAULT=6, REGS_STAGGER_DEFAULT=True, REGS_HEAD_DIM_DEFAULT=(64, 128))
+              for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.CLAIMS_CASES]
     return pf + ahead + [cfg(c, 1) for c in t.CASES] + [cfg(c, regs) for c in t.HINT_CASES for regs in t.REGS[1:]] + [
         cfg((2, 4, [1999], 8, 2, 64, "bf16", None, {}, {}), 3)]   # decode_regs_sanitize.py's d 64 call
 

@@ -4,7 +4,8 @@ block), contiguous and paged (page 16, with a cache_leftpad that puts tiles acro
 and 3 splits (the fused combine with light_fence), each twice (the second call finds the
 counters reset); then d 64 with 16 packed rows (two row tiles, 3 splits) and a causal window.
 ``--ahead N``: every config with regs_ahead N (L2 prefetches N blocks ahead; contiguous calls);
-``--claims``: with regs_claims (each warp claims its blocks from a counter; contiguous calls).
+``--claims``: with regs_claims (each warp claims its blocks from a counter; contiguous calls);
+``--stagger``: with regs_stagger (each run starts at a rotated block; contiguous calls).
 
     compute-sanitizer --tool memcheck python tests/decode_regs_sanitize.py
 """
@@ -23,6 +24,7 @@ from cuflash.registry import get  # noqa: E402
 
 AHEAD = int(sys.argv[sys.argv.index("--ahead") + 1]) if "--ahead" in sys.argv else 0   # regs_ahead: L2 prefetches
 CLAIMS = "--claims" in sys.argv   # regs_claims: the warps claim their blocks (contiguous calls)
+STAGGER = "--stagger" in sys.argv   # regs_stagger: rotated runs (contiguous calls)
 
 
 def _regs_config(problem, regs=1):
@@ -33,7 +35,7 @@ def _regs_config(problem, regs=1):
     finally:
         mod.REGS_DEFAULT, mod.REGS_HEAD_DIM_DEFAULT = old
     assert cfg.regs == regs, cfg.name
-    return cfg.replace(regs_ahead=AHEAD, regs_claims=CLAIMS and cfg.fused_combine)
+    return cfg.replace(regs_ahead=AHEAD, regs_claims=CLAIMS and cfg.fused_combine, regs_stagger=STAGGER)
 
 
 def main():

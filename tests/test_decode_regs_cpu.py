@@ -23,7 +23,7 @@ P = Problem("decode", "bf16", 1, 1, 32768, 32, 8, 128)
 def test_names_template_arguments_smem_residency():
     assert REGS.name == "decode_bf16_d128_w8_n16_s3_m1_c4_fc_lf_rg2"
     assert REGS.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 1>"
-    assert REGS.template_args() == (8, 16, 1, 128, "bf16", True, True, 1, False, 0, False)
+    assert REGS.template_args() == (8, 16, 1, 128, "bf16", True, True, 1, False, 0, False, False)
     assert BASE.kernel_name() == ("cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, true, false, 0, false, "
                                   "false, false, 0, false, 0, 0, true>")   # unchanged without it
     assert REGS.rows == 8 and BASE.rows == 16 and REGS.replace(m_tiles=2).rows == 16
@@ -46,11 +46,15 @@ def test_validation_and_call_checks(monkeypatch):
     assert any("regs must be one of" in x for x in REGS.replace(regs=7).problems(232448))
     assert any("regs_prefetch" in x for x in BASE.replace(regs_prefetch=True).problems(232448))
     pf = REGS.replace(regs_prefetch=True)
-    assert pf.name.endswith("_rg2_rpf") and pf.kernel_name().endswith(", 1, true>") and pf.template_args()[-3] is True
+    assert pf.name.endswith("_rg2_rpf") and pf.kernel_name().endswith(", 1, true>") and pf.template_args()[-4] is True
     ra = REGS.replace(regs_ahead=2)
-    assert ra.name.endswith("_rg2_ra2") and ra.kernel_name().endswith(", 1, false, 2>") and ra.template_args()[-2] == 2
+    assert ra.name.endswith("_rg2_ra2") and ra.kernel_name().endswith(", 1, false, 2>") and ra.template_args()[-3] == 2
     rc = REGS.replace(regs_claims=True)
-    assert rc.name.endswith("_rg2_rcl") and rc.kernel_name().endswith(", 1, false, 0, true>") and rc.template_args()[-1]
+    assert rc.name.endswith("_rg2_rcl") and rc.kernel_name().endswith(", 1, false, 0, true>") and rc.template_args()[-2]
+    rs = REGS.replace(regs_stagger=True)
+    assert rs.name.endswith("_rg2_rst") and rs.kernel_name().endswith(", 1, false, 0, false, true>") and rs.template_args()[-1]
+    assert not rs.problems(232448) and any("regs_stagger:" in x for x in BASE.replace(regs_stagger=True).problems(232448))
+    assert FAM.heuristic(P, (9, 0), None, {"regs_stagger": 1}).regs_stagger is True
     assert not rc.problems(232448)
     for bad in (BASE.replace(regs_claims=True), rc.replace(fused_combine=False, light_fence=False), rc.replace(regs_ahead=1)):
         assert any("regs_claims:" in x for x in bad.problems(232448)), bad.name
@@ -91,7 +95,8 @@ POINTS = [REGS, REGS.replace(regs=1, fused_combine=False, light_fence=False), RE
           REGS.replace(regs=5), REGS.replace(regs=6),
           REGS.replace(head_dim=64, dtype="fp16"), REGS.replace(head_dim=64, m_tiles=2), REGS.replace(warps=4),
           REGS.replace(regs=6, regs_ahead=2), REGS.replace(head_dim=64, m_tiles=2, regs_ahead=3),
-          REGS.replace(regs=6, regs_claims=True), REGS.replace(head_dim=64, m_tiles=2, regs_claims=True)]
+          REGS.replace(regs=6, regs_claims=True), REGS.replace(head_dim=64, m_tiles=2, regs_claims=True),
+          REGS.replace(regs=6, regs_stagger=True)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")

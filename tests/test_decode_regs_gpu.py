@@ -167,3 +167,14 @@ def test_regs_claims_graph(monkeypatch):
     lengths = [np.zeros(4, np.int64)] + [rng.integers(0, 65536, size=4) for _ in range(3)]
     replays_match_eager(dict(args), lengths)
     _ran_regs(6)
+
+
+@pytest.mark.parametrize("splits", [0, 3], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("case", CLAIMS_CASES, ids=_ids)
+def test_regs_stagger(monkeypatch, case, splits):
+    """regs_stagger (each split's run starts at a block rotated by the group's index; contiguous caches):
+    the claims' cases at the heuristic's splits and 3."""
+    monkeypatch.setattr(fam_mod, "REGS_STAGGER_DEFAULT", True)
+    _regs_case(monkeypatch, case, 6, splits)
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert all(p.config.regs_stagger == (case[7] is None) for p in plans), [p.config.name for p in plans]

@@ -358,6 +358,13 @@ REGS_AHEAD_VALUES = (0, 1, 2, 3, 4)
 # split rule's; CTAs that start late take what is left). Not yet timed: off.
 REGS_CLAIMS_DEFAULT = False
 REGS_CLAIMS_WAVES = 0.0
+# regs_stagger (kStagger, contiguous caches, equal runs): each split's run starts at a block rotated by
+# the group's index and wraps around. The bench on the H100 (session 23 round 1, bench_main.log) had
+# page 256 (a shuffled block table) faster than the contiguous cache at 8 x 32k (353.3 against 356.6
+# us), 64 x 32k (2766.9 / 2780.2) and 64 x 64k (5522.0 / 5567.6): the contiguous rows of a batch lie
+# a power of two apart and their CTAs stream the same offsets in step. The heuristic's choice: off
+# until timed.
+REGS_STAGGER_DEFAULT = False
 REGS_VALUES = (0, 1, 2, 3, 4, 5, 6)
 REGS_SPACE = (0,)
 REGS_HEAD_DIMS = (64, 128)
@@ -419,6 +426,8 @@ class DecodeConfig(KernelConfig):
     regs_claims: (regs, fused_combine, contiguous caches, more than one split) each warp claims the
               group's K/V blocks one at a time from a counter and runs every 16-key slice of each
               (kClaims; False: the split's equal run, each warp its slice of every block)
+    regs_stagger: (regs, contiguous caches, equal runs) the split's run starts at a block rotated by the
+              group's index and wraps around (kStagger)
     regs_ahead: (regs, contiguous caches) with each block's register loads, the warp's rows of the
               block this many further down the split are prefetched into L2 (kL2Ahead; 0: none)
     regs:     (0: off) decode_splitkv_regs: each warp loads its K/V rows straight into registers
@@ -463,6 +472,7 @@ class DecodeConfig(KernelConfig):
     regs_prefetch: bool = False
     regs_ahead: int = 0
     regs_claims: bool = False
+    regs_stagger: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -491,7 +501,8 @@ class DecodeConfig(KernelConfig):
                  + ("_dyn" if self.dynamic == 1 else "_ilv" if self.dynamic == 2 else "")
                  + ("_stk" if self.stream else "") + ("_lf" if self.light_fence else "")
                  + (f"_rg{self.regs}" if self.regs else "") + ("_rpf" if self.regs_prefetch else "")
-                 + (f"_ra{self.regs_ahead}" if self.regs_ahead else "") + ("_rcl" if self.regs_claims else ""))
+                 + (f"_ra{self.regs_ahead}" if self.regs_ahead else "") + ("_rcl" if self.regs_claims else "")
+                 + ("_rst" if self.regs_stagger else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -516,7 +527,9 @@ class DecodeConfig(KernelConfig):
         if self.regs:
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
                     f"cuflash::{self.dtype}, {flag[self.fused_combine]}, {flag[self.light_fence]}, {self.regs - 1}"
-                    + (f", {flag[self.regs_prefetch]}, {self.regs_ahead}, true>" if self.regs_claims else
+                    + (f", {flag[self.regs_prefetch]}, {self.regs_ahead}, {flag[self.regs_claims]}, true>"
+                       if self.regs_stagger else
+                       f", {flag[self.regs_prefetch]}, {self.regs_ahead}, true>" if self.regs_claims else
                        f", {flag[self.regs_prefetch]}, {self.regs_ahead}>" if self.regs_ahead else
                        ", true>" if self.regs_prefetch else ">"))
         if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
@@ -539,7 +552,7 @@ class DecodeConfig(KernelConfig):
         if self.regs:
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
                     bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
-                    bool(self.regs_claims))
+                    bool(self.regs_claims), bool(self.regs_stagger))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -591,6 +604,8 @@ class DecodeConfig(KernelConfig):
         if self.regs_claims and (not self.regs or not self.fused_combine or self.regs_ahead):
             out.append("regs_claims: an option of the regs kernel (regs) with fused_combine (its counters), "
                        "without regs_ahead")
+        if self.regs_stagger and (not self.regs or self.regs_ahead):
+            out.append("regs_stagger: an option of the regs kernel (regs), without regs_ahead")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -804,6 +819,7 @@ RULE_SET = {
     "regs_warps": lambda v: v in (2, 4, 8, 16),
     "regs_ahead": lambda v: v in REGS_AHEAD_VALUES,
     "regs_claims": lambda v: v in (0, 1),
+    "regs_stagger": lambda v: v in (0, 1),
     "split_cost": lambda v: v >= 0,
     "splits": lambda v: 0 <= v <= MAX_SPLITS,
 }
@@ -853,7 +869,7 @@ class DecodeSplitKV(Family):
              "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE, "dynamic": DYNAMIC_SPACE,
              "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE,
              "regs": REGS_SPACE,
-             "regs_prefetch": (False,), "regs_ahead": (0,), "regs_claims": (False,)}
+             "regs_prefetch": (False,), "regs_ahead": (0,), "regs_claims": (False,), "regs_stagger": (False,)}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -969,6 +985,8 @@ class DecodeSplitKV(Family):
                                regs_prefetch=REGS_PREFETCH_DEFAULT and "paged_kv" not in problem.features,
                                regs_ahead=knobs.get("regs_ahead", REGS_AHEAD_DEFAULT) if "paged_kv" not in problem.features else 0,
                                regs_claims=bool(knobs.get("regs_claims", REGS_CLAIMS_DEFAULT)) and cfg.fused_combine
+                               and "paged_kv" not in problem.features,
+                               regs_stagger=bool(knobs.get("regs_stagger", REGS_STAGGER_DEFAULT))
                                and "paged_kv" not in problem.features)
             if not regs.problems(max_smem):
                 return regs   # see REGS_DEFAULT
@@ -998,7 +1016,7 @@ class DecodeSplitKV(Family):
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
-                 "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_claims": False, **point}
+                 "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_claims": False, "regs_stagger": False, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -1045,7 +1063,7 @@ class DecodeSplitKV(Family):
             if not chosen:
                 raise ValueError(f"q: the regs kernel (config regs) needs the head dim to equal the config's "
                                  f"{config.head_dim}, got {problem.head_dim}")
-            config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_claims=False)
+            config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_claims=False, regs_stagger=False)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
@@ -1058,7 +1076,7 @@ class DecodeSplitKV(Family):
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
-                                 regs_prefetch=False, regs_ahead=0, regs_claims=False,
+                                 regs_prefetch=False, regs_ahead=0, regs_claims=False, regs_stagger=False,
                                  m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
