@@ -337,6 +337,11 @@ REGS_HEAD_DIM_DEFAULT = (128,)
 # session22_dec12/r3), 1 x 8k page 16: the Hopper loop 14.1 us against regs' 14.5; 1 x 64k page 16:
 # the old choice 100.9 against regs' 70.6.
 REGS_PAGED_TMA_MAX_KEYS = 8192
+# REGS_WARPS: H100, session 23 round 1 (logs/session23_dec14/r1, against the heuristic and cuDNN in one
+# process), 4 warps at the co-resident split rule (two CTAs per SM, cuDNN's grid shape: 256 CTAs of 4
+# warps at 8 x 32k and 32 x 8k) against 8: 8 x 8k 96.1 / 94.9 us, 8 x 32k 357.1 / 357.3, 32 x 8k 354.3 /
+# 352.9, 8 x 128k 1401.0 / 1391.5, 1 x 128k 186.1 / 181.7 (geomean 0.993); plain loads (regs 1) against
+# the evict-first policy (6): geomean 0.999 over the same 7 cells (worst 0.994). Both stay.
 REGS_WARPS = 8
 # regs_prefetch (decode_splitkv_regs' kEarlyPrefetch): the split's first block of a full row
 # prefetched into L1 before cache_seqlens arrives (contiguous caches). The heuristic's choice
@@ -346,7 +351,13 @@ REGS_PREFETCH_DEFAULT = False
 # the warp prefetches into L2 its rows of the block this many further down the split, so more
 # bytes are in flight per SM than the two register sets hold (ncu on the H200, session 22: 89.7%
 # of DRAM peak at 8 x 32k against cuDNN's 91.8%). The heuristic's choice (REGS_AHEAD_DEFAULT,
-# with regs): 0 (off) until timed on the H100.
+# with regs): 0 (off). H100, session 23 round 1 (tests/decode_tma_timing.py --no-candidates, bf16 d 128
+# 32:8 heads, CUDA graphs, 3 shuffled repeats, against the heuristic and cuDNN in the same process;
+# logs/session23_dec14/r1), us, ahead 1 / 2 / 4 against none (cuDNN): 8 x 32k 370.1 / 373.4 / 389.1
+# against 357.3 (353.1), 32 x 8k 361.4 / 366.9 / 382.2 against 352.9 (350.5), 8 x 128k 1462.8 / 1477.4 /
+# 1507.7 against 1391.5, 1 x 128k 189.2 / 188.4 / 197.6 against 181.7 (geomean 0.969 / 0.957 / 0.920);
+# ncu (8 x 32k): 87.0-87.5% of DRAM peak against 90.1% without (cuDNN 91.1%): the extra requests
+# crowd the loads the warps wait on.
 REGS_AHEAD_DEFAULT = 0
 REGS_AHEAD_VALUES = (0, 1, 2, 3, 4)
 # regs_claims (decode_splitkv_regs' kClaims, contiguous caches, fused combine): each warp claims its
@@ -355,7 +366,13 @@ REGS_AHEAD_VALUES = (0, 1, 2, 3, 4)
 # 8 x 32k, 128 CTAs): SM active cycles 585.5k on average against 642.3k for the busiest (cuDNN
 # 595.8k / 635.0k). The heuristic's choice (REGS_CLAIMS_DEFAULT) and, for configs with claims,
 # the split count: at least REGS_CLAIMS_WAVES x the resident CTA slots over the groups (0: the
-# split rule's; CTAs that start late take what is left). Not yet timed: off.
+# split rule's; CTAs that start late take what is left). H100, session 23 round 2 (as
+# REGS_AHEAD_DEFAULT's timing; logs/session23_dec14/r2), us, claims at the split rule / at 1.5 waves /
+# the heuristic (cuDNN): 8 x 8k 97.4 / 100.8 / 96.0 (94.9), 8 x 32k 360.5 / 360.0 / 360.1 (358.0), 8 x 128k
+# 1400.1 / 1404.8 / 1401.8 (1396.8), 1 x 64k 95.4 / 104.0 / 95.0 (94.0), 1 x 128k 180.3 / 191.4 / 181.4
+# (180.0); 2 and 3 waves 3-14% slower; one split (batch >= 32: no claims) the same code within
+# 0.3%. ncu (8 x 32k): the SMs' active cycles 591.9k on average against 643.6k for the busiest,
+# as without claims (588.0k / 646.0k): the spread is not the CTAs' share of the work. Off.
 REGS_CLAIMS_DEFAULT = False
 REGS_CLAIMS_WAVES = 0.0
 # regs_stagger (kStagger, contiguous caches, equal runs): each split's run starts at a block rotated by
