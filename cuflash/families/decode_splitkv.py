@@ -372,15 +372,23 @@ REGS_AHEAD_VALUES = (0, 1, 2, 3, 4)
 # 1400.1 / 1404.8 / 1401.8 (1396.8), 1 x 64k 95.4 / 104.0 / 95.0 (94.0), 1 x 128k 180.3 / 191.4 / 181.4
 # (180.0); 2 and 3 waves 3-14% slower; one split (batch >= 32: no claims) the same code within
 # 0.3%. ncu (8 x 32k): the SMs' active cycles 591.9k on average against 643.6k for the busiest,
-# as without claims (588.0k / 646.0k): the spread is not the CTAs' share of the work. Off.
+# as without claims (588.0k / 646.0k): the spread is not the CTAs' share of the work. Round 3 (5 shuffled
+# repeats, logs/session23_dec14/r3), claims at the split rule / the heuristic (cuDNN): 8 x 8k 96.4 / 95.9
+# (94.5), 8 x 32k 358.7 / 358.0 (356.6), 8 x 128k 1405.2 / 1404.4 (1403.9), 1 x 128k 180.1 / 182.2 (179.6;
+# round 2 180.3 / 181.4). Off: no gain from batch 8 up; at batch 1 from 128k keys a device rule's
+# choice (batch 1 is timed by the batch-1 rules).
 REGS_CLAIMS_DEFAULT = False
 REGS_CLAIMS_WAVES = 0.0
 # regs_stagger (kStagger, contiguous caches, equal runs): each split's run starts at a block rotated by
 # the group's index and wraps around. The bench on the H100 (session 23 round 1, bench_main.log) had
 # page 256 (a shuffled block table) faster than the contiguous cache at 8 x 32k (353.3 against 356.6
 # us), 64 x 32k (2766.9 / 2780.2) and 64 x 64k (5522.0 / 5567.6): the contiguous rows of a batch lie
-# a power of two apart and their CTAs stream the same offsets in step. The heuristic's choice: off
-# until timed.
+# a power of two apart and their CTAs stream the same offsets in step. The heuristic's choice: off.
+# H100, session 23 round 3 (tests/decode_tma_timing.py --no-candidates, 5 shuffled repeats, against
+# the heuristic and cuDNN in one process; logs/session23_dec14/r3), us, staggered / the heuristic
+# (cuDNN): 8 x 8k 98.3 / 95.9 (94.5), 8 x 32k 362.1 / 358.0 (356.6), 32 x 8k 359.2 / 354.2 (353.1),
+# 8 x 128k 1423.9 / 1404.4, 32 x 32k 1412.7 / 1394.1, 64 x 8k 707.9 / 697.1, 64 x 32k 2834.0 / 2793.4
+# (2768.0), 1 x 128k 183.6 / 182.2 (geomean 0.986): streaming each run from its top is faster.
 REGS_STAGGER_DEFAULT = False
 REGS_VALUES = (0, 1, 2, 3, 4, 5, 6)
 REGS_SPACE = (0,)
