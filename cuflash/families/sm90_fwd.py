@@ -651,6 +651,7 @@ class Sm90FwdConfig(KernelConfig):
     prefetch: bool = False
     s_ahead: bool = False
     defer_max: bool = False
+    unmasked_first: int = 0
     section: int = 0               # (a run-time param, not a template argument)
     even_waves: bool = False       # (last: the launch's grid, not a template argument)
 
@@ -677,7 +678,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}{'_cl2' if self.cluster else ''}"
                 f"{f'_mcp{self.masked_copy}' if self.masked_copy else ''}{f'_rag{self.rag_keys}' if self.rag_keys else ''}"
                 f"{'_pf' if self.prefetch else ''}{'_sah' if self.s_ahead else ''}{'_dmx' if self.defer_max else ''}"
-                f"{'_ev' if self.even_waves else ''}")
+                f"{f'_uf{self.unmasked_first}' if self.unmasked_first else ''}{'_ev' if self.even_waves else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -755,8 +756,9 @@ class Sm90FwdConfig(KernelConfig):
                 f"{self.rag_keys}",                                               # kRagKeys
                 f"{'true' if self.prefetch else 'false'}",                        # kPrefetch
                 f"{'true' if self.s_ahead else 'false'}",                         # kSAhead
-                f"{'true' if self.defer_max else 'false'}"]                       # kDeferMax last
-        used = (22 if self.defer_max else 21 if self.s_ahead else 20 if self.prefetch else 19 if self.rag_keys else 18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{'true' if self.defer_max else 'false'}",                       # kDeferMax
+                f"{int(self.unmasked_first)}"]                                    # kUnmaskedFirst last
+        used = (23 if self.unmasked_first else 22 if self.defer_max else 21 if self.s_ahead else 20 if self.prefetch else 19 if self.rag_keys else 18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -776,7 +778,8 @@ class Sm90FwdConfig(KernelConfig):
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
                 self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail,
-                self.pv_overlap, self.masked_copy, self.rag_keys, self.prefetch, self.s_ahead, self.defer_max)
+                self.pv_overlap, self.masked_copy, self.rag_keys, self.prefetch, self.s_ahead, self.defer_max,
+                int(self.unmasked_first))
 
     def softcap_overlap_ok(self) -> bool:
         """pv_overlap's rotated loop around the folded softcap step (fold_cap >= 3, softcap alone):
@@ -858,6 +861,11 @@ class Sm90FwdConfig(KernelConfig):
                                    and not (self.alibi or self.dropout or self.stream_tail)):
             out.append("defer_max defers the folded softcap step's row max (kDeferMax): softcap with fold_cap >= 3 "
                        "and lazy_rescale, not with ALiBi, dropout or stream_tail")
+        if self.unmasked_first not in (0, 1, 2):
+            out.append(f"unmasked_first must be 0, 1 or 2, got {self.unmasked_first}")
+        if self.unmasked_first and (not self.window or self.stream_tail or self.rag_keys or self.pv_overlap):
+            out.append("unmasked_first swaps a band's first two K/V blocks (kUnmaskedFirst): window calls, not with "
+                       "stream_tail, rag_keys or pv_overlap")
         if self.masked_copy not in MASKED_COPY_VALUES:
             out.append(f"masked_copy must be one of {MASKED_COPY_VALUES}, got {self.masked_copy}")
         elif self.masked_copy and (self.fold_cap < 3 or self.alibi):
@@ -1338,7 +1346,8 @@ class Sm90Forward(Family):
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
                                "tile_overlap", "drop_packed", "drop_early", "stream_tail", "pv_overlap", "cluster",
-                               "masked_copy", "rag_keys", "prefetch", "s_ahead", "defer_max", "even_waves")
+                               "masked_copy", "rag_keys", "prefetch", "s_ahead", "defer_max", "unmasked_first",
+                               "even_waves")
                                and not v))
 
     def make(self, point, problem: Problem):
