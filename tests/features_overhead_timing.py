@@ -68,11 +68,11 @@ def problem(feature, causal, seqlen=SEQLEN):
 # the window (causal only unless --mask says otherwise)
 # (session 16 round A measured emu1 / 2 (then with fold_cap 4), alin_lazy, dpk* slower than or equal to the
 # heuristic)
-QUICK = {"window": ("uf1", "uf2"),
+QUICK = {"window": ("uf2",),
          "softcap": (),
          "alibi": ("alin_bn160_tmao",),
          "dropout": ()}
-QUICK_BWD = ("bwd_dqf_w16_dqc", "bwd_dqc_cve")
+QUICK_BWD = ()   # (session 23 round 1: bwd_dqf_w16_dqc and bwd_dqc_cve slower, H100)
 
 
 def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=False):

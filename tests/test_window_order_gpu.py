@@ -32,6 +32,7 @@ BWD = registry.get("sm90_bwd")
 BANDS = {True: [(1024, 0), (300, 0), (100, 0)], False: [(1024, 1024), (300, 129), (0, 0)]}
 SHAPES = [(2049, 2049), (1500, 2049), (2049, 1500)]
 BWD_BANDS = {True: [(1024, 0), (257, 0)], False: [(300, 129), (1024, 1024)]}
+PLAIN_CAUSAL = [(2049, 2049), (1500, 2049), (2049, 1500), (4096, 4096)]
 
 
 @pytest.mark.parametrize("form", [1, 2])
@@ -49,6 +50,22 @@ def test_forward_unmasked_first(causal, form):
             out = check_forward(cfg, q, k, v, causal, window, 0.0, None, what)
             out2 = cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, config=cfg)
             assert torch.equal(out2, out), f"{what}: second call differs"
+
+
+@pytest.mark.parametrize("form", [1, 2])
+def test_forward_unmasked_first_plain_causal(form):
+    """The plain causal call (no window) on selection's tile: its last block is the masked diagonal too."""
+    import torch
+
+    for sq, sk in PLAIN_CAUSAL:
+        q, k, v, _ = inputs(2, sq, sk, "gqa", 128, "bf16")
+        p = problem_of("fwd", q, k, case_of(True, (-1, -1)))
+        cfg = FWD.for_problem(device_heuristic(FWD, p).replace(unmasked_first=form), p)
+        assert cfg.unmasked_first == form and cfg.problems() == [], cfg.name
+        what = f"{cfg.name} {sq}x{sk}"
+        out = check_forward(cfg, q, k, v, True, (-1, -1), 0.0, None, what)
+        out2 = cuflash.flash_attn_func(q, k, v, causal=True, config=cfg)
+        assert torch.equal(out2, out), f"{what}: second call differs"
 
 
 def convert_early_config(p):
@@ -111,4 +128,7 @@ def all_test_configs():
                 base = BWD.for_problem(BWD.heuristic(bp), bp)
                 cve = BWD.for_problem(base.replace(dq_convert=True, convert_early=True), bp)
                 out += [base, cve, cve.replace(convert_early=False, dq_convert=False)]
+    for sq, sk in PLAIN_CAUSAL:
+        fp = Problem("fwd", "bf16", 2, sq, sk, 6, 2, 128, True)
+        out += [FWD.for_problem(FWD.heuristic(fp).replace(unmasked_first=f), fp) for f in (1, 2)]
     return list(dict.fromkeys(out))

@@ -110,13 +110,13 @@ def main():
                     t[role(e.name)] = t.get(role(e.name), 0.0) + us / args.reps
             per[key] = {r: round(x, 1) for r, x in t.items()}
         wall = time_interleaved(fns, reps=20)
-        plain_ms = wall["plain"].median if "plain" in wall else None
+        plain_ms = wall["plain"].median_ms if "plain" in wall else None
         causal = mask == "causal"
         vis = visible_fraction(SEQLEN, SEQLEN, causal, (1024, 0) if causal else (1024, 1024))
         # the dQ of each variant against the heuristic's (bulk additions in any order: not bit for bit)
         ref = fns["heuristic"]() if "heuristic" in fns else None
         for key in fns:
-            ms = wall[key].median
+            ms = wall[key].median_ms
             row = {"mask": mask, "variant": key, "config": cfgs[(mask, key)][2].name, "ms": round(ms, 4),
                    "us_by_kernel": per[key], "sum_us": round(sum(per[key].values()), 1)}
             if plain_ms and key != "plain":

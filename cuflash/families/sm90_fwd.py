@@ -863,9 +863,10 @@ class Sm90FwdConfig(KernelConfig):
                        "and lazy_rescale, not with ALiBi, dropout or stream_tail")
         if self.unmasked_first not in (0, 1, 2):
             out.append(f"unmasked_first must be 0, 1 or 2, got {self.unmasked_first}")
-        if self.unmasked_first and (not self.window or self.stream_tail or self.rag_keys or self.pv_overlap):
-            out.append("unmasked_first swaps a band's first two K/V blocks (kUnmaskedFirst): window calls, not with "
-                       "stream_tail, rag_keys or pv_overlap")
+        if self.unmasked_first and ((not self.window and not self.causal) or self.stream_tail or self.rag_keys
+                                    or self.pv_overlap):
+            out.append("unmasked_first moves a band's masked last K/V block (kUnmaskedFirst): window or causal calls, "
+                       "not with stream_tail, rag_keys or pv_overlap")
         if self.masked_copy not in MASKED_COPY_VALUES:
             out.append(f"masked_copy must be one of {MASKED_COPY_VALUES}, got {self.masked_copy}")
         elif self.masked_copy and (self.fold_cap < 3 or self.alibi):
