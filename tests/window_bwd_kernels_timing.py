@@ -69,7 +69,6 @@ def main():
     args = ap.parse_args()
 
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     import cuflash
     from cuflash.band import visible_fraction
@@ -93,22 +92,15 @@ def main():
             o = cuflash.flash_attn_func(q, k, v, bwd_config=cfg, **kw)
             outs[key] = o
             fns[key] = (lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
-        # per-kernel times
+        # per-kernel times (sm90_bwd_pre_timing's profiler loop), by role
+        from sm90_bwd_pre_timing import kernel_times
+
         per = {}
         for key, fn in fns.items():
-            for _ in range(3):
-                fn()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(args.reps):
-                    fn()
-                torch.cuda.synchronize()
             t = {}
-            for e in prof.events():
-                if e.device_type == torch.autograd.DeviceType.CUDA:
-                    us = e.device_time if hasattr(e, "device_time") else e.cuda_time
-                    t[role(e.name)] = t.get(role(e.name), 0.0) + us / args.reps
-            per[key] = {r: round(x, 1) for r, x in t.items()}
+            for name, us in kernel_times(fn, args.reps).items():
+                t[role(name)] = round(t.get(role(name), 0.0) + us, 1)
+            per[key] = t
         wall = time_interleaved(fns, reps=20)
         plain_ms = wall["plain"].median_ms if "plain" in wall else None
         causal = mask == "causal"
@@ -134,10 +126,11 @@ def main():
         print(f"{r['mask']:<7} {r['variant']:<10} {r['ms']:>8.4f} {r.get('x_visible', 0):>7.3f} {k.get('pre', 0):>7.1f} "
               f"{k.get('main', 0):>8.1f} {k.get('convert', 0):>8.1f} {r['sum_us']:>7.1f} "
               f"{r['ms'] * 1000 - r['sum_us']:>7.1f}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+    return rows
 
 
 if __name__ == "__main__":
-    main()
+    _args = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else ""
+    _rows = main()
+    if _args:
+        open(_args, "w").write(json.dumps(_rows, indent=1))
