@@ -352,6 +352,11 @@ FEATURE_LAZY_RESCALE = False
 # tile_overlap on (causal within the noise of static alone; full ahead in both rounds). bf16 only (measured).
 WINDOW_TILE_OVERLAP: dict = {(128, True, "bf16"): dict(dynamic=False, tma_store=True),
                              (128, False, "bf16"): dict(dynamic=False, tma_store=True)}
+# unmasked_first (kUnmaskedFirst) for a window alone (fixed lengths), by (kernel head dim, causal, dtype): the form
+# (1: a band's masked last block visited second; 2: visited last). Measured (session 23, win5, an H100,
+# tests/features_overhead_timing.py --quick --mask both --features window; results/NVIDIA_H100_80GB_HBM3/logs/
+# session23_win5/): see the notes below the table.
+WINDOW_UNMASKED_FIRST: dict = {}
 SOFTCAP_FOLD: dict = {128: 3}
 # ALiBi's bias as one FFMA per score (alibi_lin, kAlibiLinear) for calls with ALiBi alone (or with a
 # window), fixed lengths: the (head dim, causal) classes that take it (measured above).
@@ -1477,6 +1482,10 @@ class Sm90Forward(Family):
             # lazy_rescale does, none; for_bounds: off per call where a tile has no keys)
             if cfg.persistent and not cfg.replace(window=True, tile_overlap=True, **over).problems():
                 cfg = cfg.replace(window=True, tile_overlap=True, **over)
+        form = WINDOW_UNMASKED_FIRST.get((d, bool(problem.causal), problem.dtype)) \
+            if tuple(problem.features) == ("window",) and not is_varlen(problem) else None
+        if form and not cfg.replace(window=True, unmasked_first=form).problems():
+            cfg = cfg.replace(unmasked_first=form)
         return self.class_switches(first_fitting(cfg, ({"tma_store": False}, {"BN": 64, "tma_store": False},
                                                        {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False,
                                                         "tma_store": False, "p_smem": False}),
