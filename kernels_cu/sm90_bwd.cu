@@ -602,77 +602,21 @@ struct Sm90BwdDqQueue {
     }
 };
 
-// kConvertEarly (with kDqConvert and kDynamic): the same convert, taken up while the grid runs: a
-// window's Q block is done long before its (head, batch) pair (its band's K/V blocks, 9 at 1024
-// keys, come in a row in the claim order), so its rows can be converted at the tile boundaries of
-// the main loop, where the memory traffic overlaps the other CTAs' GEMMs, instead of in a third
-// launch (or the grid's tail) that is bound by HBM alone. Jobs are kRows-row chunks of a pair
-// (appended once the pair's n_kv tiles have counted, as Sm90BwdDqQueue's), handed out by ticket: each
-// consumer warp draws ticket i (the i-th job to be appended) ahead of time, and at each tile boundary
-// looks (one relaxed load) whether job i is there; if so it converts it alone (32 lanes, 64 rows) and
-// draws the next ticket, else it keeps the ticket and looks again at the next boundary. No warp
-// waits in the main loop; after its last tile a warp waits for its ticket's job, and draws until a
-// ticket is past the last job. Counters (p.tile_counter after the claim counter, all back to 0 when
-// the launch ends): [1] the next ticket, [2] the appended jobs (tail), [3] the warps done, [4 + pair]
-// the pair's tiles counted, [4 + n_pairs + i] job i + 1 (0: not appended yet; its taker zeroes it).
-// The warps' last to finish (every ticket below n_jobs taken, so every job appended) resets [1..3].
-struct Sm90BwdDqTickets {
-    static constexpr int kRows = 64;                 // dQ rows a job (one warp's)
-    // items a lane loads before it stores: 1 (the consumers' registers at a tile boundary: kBatch 2 spilled 72
-    // bytes, 4 456, the convert's 8 1020 in the d128 window kernel, nvcc 13.0)
-    static constexpr int kBatch = 1;
-    int* c;
-    int n_pairs, n_chunks, n_jobs;
-    __device__ __forceinline__ Sm90BwdDqTickets(int* counters, int pairs, int seqlen_q)
-        : c(counters), n_pairs(pairs), n_chunks((seqlen_q + kRows - 1) / kRows),
-          n_jobs(pairs * ((seqlen_q + kRows - 1) / kRows)) {}
-    __device__ __forceinline__ int* slot(int i) const { return c + 4 + n_pairs + i; }
-    // writer lane 0, once the tile's reduce-adds have completed (bulk_wait_group<0>)
-    __device__ __forceinline__ void tile_done(int pair, int n_kv) const {
-        int* done = c + 4 + pair;
-        fence_proxy_async_global();                 // the bulk additions before the count
-        __threadfence();
-        if (atomicAdd(done, 1) != n_kv - 1) return;
-        atomicExch(done, 0);                        // the pair's last count (for the next launch)
-        __threadfence();
-        const int i = atomicAdd(c + 2, n_chunks);
-        for (int ch = 0; ch < n_chunks; ++ch) atomicExch(slot(i + ch), pair * n_chunks + ch + 1);
-    }
-    __device__ __forceinline__ int draw() const { return atomicAdd(c + 1, 1); }
-    // the job of ticket t (< n_jobs), -1 if not appended yet (wait: until it is); a job found is
-    // taken (its slot zeroed) and ordered before the caller's accumulator reads (fence after the
-    // relaxed load that saw the appender's post-fence write)
-    __device__ __forceinline__ int take(int t, bool wait) const {
-        volatile int* s = slot(t);
-        int v = *s;
-        while (wait && v == 0) v = *s;
-        if (v == 0) return -1;
-        *s = 0;
-        __threadfence();
-        return v - 1;
-    }
-    // a warp's lane 0, after its last ticket (>= n_jobs): the launch's last resets the counters
-    __device__ __forceinline__ void finish(int warps) const {
-        if (atomicAdd(c + 3, 1) != warps - 1) return;
-        atomicExch(c + 1, 0);
-        atomicExch(c + 2, 0);
-        atomicExch(c + 3, 0);
-    }
-};
-
-// dQ[batch, row0 .., head, :] = scale · dq_accum[pair, row0 ..] for kRows rows (fewer at seqlen_q) by
-// `threads` threads (thread `tid` of them): fa2_bwd_convert_dq's arithmetic, 8 columns a thread per
-// item, in batches of kBatch items whose loads are all issued before the first store (a few SMs
-// convert what a grid of its own did: 32 KB in flight per thread group keeps the latency covered);
-// the accumulator read through L2 (ld.global.cg: other SMs' additions)
-template <class Elem, int kRows, int kBatch = 8>
-__device__ __forceinline__ void sm90_bwd_convert_dq_rows(const Sm90BwdParams& p, int pair, int row0, int tid,
-                                                         int threads) {
+// dQ[batch, rows, head, :] = scale · dq_accum[bh, rows] of one job (Sm90BwdDqQueue) by `threads`
+// threads (thread `tid` of them): fa2_bwd_convert_dq's arithmetic, 8 columns a thread per item, in
+// batches of kBatch items whose loads are all issued before the first store (a few SMs convert
+// what a grid of its own did: 32 KB in flight per thread group keeps the latency covered); the
+// accumulator read through L2 (ld.global.cg: other SMs' additions)
+template <class Elem>
+__device__ __forceinline__ void sm90_bwd_convert_dq_job(const Sm90BwdParams& p, const Sm90BwdDqQueue& queue,
+                                                        int job, int tid, int threads) {
+    constexpr int kBatch = 8;
+    const int pair = job / queue.n_chunks, row0 = (job % queue.n_chunks) * Sm90BwdDqQueue::kRows;
     const int head = pair % p.nheads, batch = pair / p.nheads;
     const int chunks = p.head_dim / 8;
     const float* acc_rows = p.dq_accum + (static_cast<i64>(pair) * p.seqlen_q_rounded + row0) * p.head_dim_rounded;
     u16* dq = static_cast<u16*>(p.dq) + batch * p.dq_batch_stride + row0 * p.dq_row_stride + head * p.dq_head_stride;
-    const int n = min(kRows, p.seqlen_q - row0) * chunks;
+    const int n = min(Sm90BwdDqQueue::kRows, p.seqlen_q - row0) * chunks;
     for (int base = tid; base < n; base += kBatch * threads) {
         float4 a[kBatch][2];
 #pragma unroll
@@ -700,14 +644,6 @@ __device__ __forceinline__ void sm90_bwd_convert_dq_rows(const Sm90BwdParams& p,
     }
 }
 
-// One job of Sm90BwdDqQueue (kRows-row chunk `job % n_chunks` of pair `job / n_chunks`)
-template <class Elem>
-__device__ __forceinline__ void sm90_bwd_convert_dq_job(const Sm90BwdParams& p, const Sm90BwdDqQueue& queue,
-                                                        int job, int tid, int threads) {
-    sm90_bwd_convert_dq_rows<Elem, Sm90BwdDqQueue::kRows>(p, job / queue.n_chunks,
-                                                          (job % queue.n_chunks) * Sm90BwdDqQueue::kRows, tid, threads);
-}
-
 // The kernel's body (sm90_bwd, and sm90_bwd_cluster for kCluster, below, are its entry points).
 // kCluster (head dim 256 only): the two CTAs of a cluster (__cluster_dims__(2, 1, 1)) own K/V
 // blocks 2c and 2c + 1 of one (head, batch) and walk the same Q blocks (under the causal mask from
@@ -721,7 +657,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
           bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles, bool kDqConvert,
-          bool kDqFirst, bool kWideEpi = false, int kDropPacked = 0, bool kConvertEarly = false>
+          bool kDqFirst, bool kWideEpi = false, int kDropPacked = 0>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -775,9 +711,6 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     static_assert(!kDqConvert || (kDqWriter && !kVarlen && !kDeterministic && !kCluster),
                   "dq_convert: with dq_writer (its counts follow the writer's bulk additions), fixed lengths, "
                   "unordered, one CTA a cluster");
-    static_assert(!kConvertEarly || (kDqConvert && kDynamic && !kRoles),
-                  "convert_early: dq_convert's jobs taken at the tile boundaries of the dynamic scheduler's "
-                  "loop (the head dim 128 tile)");
     static_assert(!kDqFirst || (kDqWriter && !kVarlen && !kDeterministic && !kCluster && kBM % 64 == 0),
                   "dq_first: with dq_writer (its warp zeroes the Q blocks' rows), fixed lengths, unordered, one "
                   "CTA a cluster, BM 64 or 128 (whole Q blocks within the padded rows)");
@@ -987,10 +920,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 if constexpr (kDqConvert) {                    // the tile's additions complete: count it
                     if (leader) {
                         bulk_wait_group<0>();
-                        if constexpr (kConvertEarly)
-                            Sm90BwdDqTickets(p.tile_counter, p.batch * p.nheads, p.seqlen_q).tile_done(pair, n_kv);
-                        else
-                            Sm90BwdDqQueue(p.tile_counter, p.batch * p.nheads, p.seqlen_q).tile_done(pair, n_kv);
+                        Sm90BwdDqQueue(p.tile_counter, p.batch * p.nheads, p.seqlen_q).tile_done(pair, n_kv);
                     }
                     __syncwarp();
                 }
@@ -1002,8 +932,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 tile_range();
             }
             if (leader) bulk_wait_group<0>();                   // the additions done before the CTA ends
-            if constexpr (kDqConvert && !kConvertEarly)           // last tile counted
-                named_barrier_arrive(kConvBar, kConsumerThreads + 32);
+            if constexpr (kDqConvert) named_barrier_arrive(kConvBar, kConsumerThreads + 32);   // last tile counted
         } else if (kDqFirst && tid / 32 == 2 && (kDynamic || n_iters > 0)) {
             // ---- kDqFirst's zeroing warp (warp 2): the accumulator is not zeroed by the preprocess;
             // the first CTA to reach a Q block zeroes its rows. The Q block's ticket (dq_semaphore[pair]
@@ -1165,28 +1094,6 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             __threadfence();
             sm90_bwd_convert_dq_job<Elem>(p, queue, job, ctid, kConsumerThreads);
         }
-    };
-    // kConvertEarly: this warp's ticket (lane 0's; -1: none drawn; Sm90BwdDqTickets) and its jobs: at
-    // a tile boundary (wait false) the ticket's job if it has been appended, then the next ticket
-    // drawn ahead (its atomic's latency under the next tile); after the last tile (wait true) every
-    // job of the warp's tickets, waited for, until a ticket is past the last job
-    int ticket = -1;
-    auto convert_early = [&](bool wait) {
-        const Sm90BwdDqTickets tickets(p.tile_counter, p.batch * p.nheads, p.seqlen_q);
-        for (;;) {
-            int job = -1;
-            if (lane == 0) {
-                if (ticket < 0) ticket = tickets.draw();
-                if (ticket >= tickets.n_jobs) job = -2;            // none left
-                else if ((job = tickets.take(ticket, wait)) >= 0) ticket = tickets.draw();
-            }
-            job = __shfl_sync(0xffffffffu, job, 0);
-            if (job < 0) break;
-            sm90_bwd_convert_dq_rows<Elem, Sm90BwdDqTickets::kRows, Sm90BwdDqTickets::kBatch>(
-                p, job / tickets.n_chunks, (job % tickets.n_chunks) * Sm90BwdDqTickets::kRows, lane, 32);
-            if (!wait) break;
-        }
-        if (wait && lane == 0) tickets.finish(int(gridDim.x) * (kConsumerThreads / 32));
     };
     if constexpr (kRoles) {
         // ---- kRoles (head dim 256, the shared-keys tile): the warpgroups split the products by
@@ -2141,7 +2048,6 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
         }
         if constexpr (!kDynamic) break;
         q_done += n_iters;
-        if constexpr (kConvertEarly) convert_early(false);
         const Sm90BwdTile next = ring_take();
         if (next.n_block < 0) break;
         enter_tile(next);
@@ -2151,8 +2057,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     if constexpr (kDqBulk) {
         if (lane < 16) bulk_wait_group<0>();
     }
-    if constexpr (kConvertEarly) convert_early(true);
-    else if constexpr (kDqConvert) convert_done_pairs();
+    if constexpr (kDqConvert) convert_done_pairs();
 }
 
 template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Elem, bool kCausal,
@@ -2161,13 +2066,13 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
           bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false,
           bool kFragPin = false, bool kRoles = false, bool kDqConvert = false, bool kDqFirst = false,
-          bool kWideEpi = false, int kDropPacked = 0, bool kConvertEarly = false>
+          bool kWideEpi = false, int kDropPacked = 0>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
                   kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles, kDqConvert, kDqFirst, kWideEpi,
-                  kDropPacked, kConvertEarly>(p);
+                  kDropPacked>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the

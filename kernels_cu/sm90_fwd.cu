@@ -535,7 +535,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kDynamic, bool kTmaStore, bool kVarlen, bool kPSmem, bool kTreeMax, bool kQDouble,
           bool kLazyRescale, int kFoldCap, bool kAlibiLinear, bool kRescaleFirst, bool kTileOverlap,
           bool kDropPacked, int kDropEarly, bool kStreamTail, bool kPvOverlap, bool kCluster, int kMaskedCopy,
-          int kRagKeys, bool kPrefetch, bool kSAhead, bool kDeferMax, int kUnmaskedFirst = 0>
+          int kRagKeys, bool kPrefetch, bool kSAhead, bool kDeferMax>
 __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     // kDropEarly 4: one K/V block's keep flags, 16 bytes per consumer thread and 32-key block
     static constexpr int kGenBytes = kDropEarly == 4 ? kConsumers * 128 * (kBN / 32) * 16 : 0;
@@ -613,10 +613,6 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                                && !kRescaleFirst && !kStreamTail && !kCluster),
                   "kSAhead runs the folded softcap step (kFoldCap >= 3) alone: no ALiBi, dropout, tile_overlap, "
                   "pv_overlap, P in shared memory, rescale_first, stream_tail or cluster");
-    static_assert(kUnmaskedFirst >= 0 && kUnmaskedFirst <= 2, "unmasked_first: 0, 1 or 2");
-    static_assert(!kUnmaskedFirst || (!kStreamTail && kRagKeys == 0 && !kPvOverlap),
-                  "unmasked_first: the tiles' own block order (not a stream tail's pieces, a ragged last "
-                  "block's copy or pv_overlap's rotated loop)");
     static_assert(!kDeferMax || (kFoldCap >= 3 && !kAlibi && kLazyRescale && !kDropout && !kStreamTail),
                   "kDeferMax defers the folded softcap row max (kFoldCap >= 3, kLazyRescale; O normalized by the "
                   "tensor cores' row sum): no ALiBi, dropout or stream_tail");
@@ -692,19 +688,6 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
             return max(0, mask.template kv_block_end<kBM, kBN>(row0) - mask.template kv_block_begin<kBM, kBN>(row0));
         }
     };
-    // The loop's block j: block n_end - 1 - j (from the last), or with kUnmaskedFirst, where a tile has three
-    // blocks or more, 1: its first two swapped (n_end - 2, then n_end - 1, then on down), 2: the last block
-    // visited last (n_end - 2 down to the first, then n_end - 1). A band's last block is the masked
-    // diagonal (causal) or right edge, and the tile's first softmax has no P V of its own to hide under;
-    // from second (or last) place its mask runs under a P V. The producer, the dropout warps and the
-    // consumers all visit blocks through this.
-    auto band_block = [&](int j, int n_end, int n_blocks) {
-        if constexpr (kUnmaskedFirst == 1)
-            if (n_blocks >= 3 && j < 2) return n_end - 2 + j;
-        if constexpr (kUnmaskedFirst == 2)
-            if (n_blocks >= 3) return j == n_blocks - 1 ? n_end - 1 : n_end - 2 - j;
-        return n_end - 1 - j;
-    };
     // kStreamTail: the CTA's pieces (sm90_tail.cuh), the same on the producer's and the consumers' side
     Sm90TailSchedule sched(n_tiles, p.tail_n, p.tail_dp_end, p.tail_q, p.tail_rem, p.tail_magic, p.tail_shift);
     auto first_tile = [&]() { return kStreamTail ? sched.first() : int(blockIdx.x); };
@@ -765,7 +748,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                     const int n_blocks = kv_blocks(tile), n_end = kv_end(tile);
                     const int bh = at.batch * p.nheads + at.head;
                     for (int j = 0; j < n_blocks; ++j, ++gen_iter) {
-                        const int key0 = band_block(j, n_end, n_blocks) * kBN;
+                        const int key0 = (n_end - 1 - j) * kBN;
                         for (int w = 0; w < kConsumers; ++w) {
                             // the part's last block copied by every thread of the warpgroup
                             if (gen_iter > 0) mbarrier_wait(gen_empty(w), (gen_iter - 1) & 1);
@@ -824,7 +807,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                 }
                 // the tile's K/V blocks from the last (block j: keys k_row0 + (n_end - 1 - j) · kBN on),
                 // into the ring (sm90_fwd_common.cuh: slot reuse)
-                auto key0 = [&](int j) { return k_row0 + band_block(j, n_end, n_blocks) * kBN; };
+                auto key0 = [&](int j) { return k_row0 + (n_end - 1 - j) * kBN; };
                 sm90_fill_kv<KVTile, KVTile>(bar, kv_iter, n_blocks, key0, k_smem, v_smem, &p.tma_k, &p.tma_v, head_kv,
                                              tma_batch);
             }
@@ -1130,7 +1113,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
             // blocks), online softmax -> P_j (in s_acc), m, l, alpha. reg_fence: no read of S
             // may move above the wgmma wait.
             auto softmax_s = [&](int slot, int j) {
-                const int n_block = band_block(j, n_end, n_blocks);
+                const int n_block = n_end - 1 - j;
                 reg_fence(s_flat);
                 bar.release(bar.k_empty(slot), kv_iter + j);   // (kCluster: the partner's too)
                 if (j == n_blocks - 1) {
@@ -1238,7 +1221,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
             // kDropPacked: the same mask on the packed fragments, after pack_p (dropout_packed.cuh)
             auto drop_p = [&](int j) {
                 if constexpr (kDropout && !kDropPacked)
-                    dropout.zero_dropped(s_acc, at.batch * p.nheads + at.head, warp_row0, band_block(j, n_end, n_blocks) * kBN, g, t);
+                    dropout.zero_dropped(s_acc, at.batch * p.nheads + at.head, warp_row0, (n_end - 1 - j) * kBN, g, t);
             };
             // kDropEarly: the keep flags of P_j drawn in the wait for S_j (draw_early, before the wgmma
             // wait), applied after the packing (drop_packed): dropout_packed.cuh
@@ -1263,14 +1246,14 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                 } else if constexpr (kDropEarly)   // (3: form 1 without the Philox rounds, for timing only)
                     draw_keep_flags<kBN / 32, kDropEarly == 2 ? 2 : 1, kDropEarly == 3 ? 0 : kPhiloxRounds>(
                         dropout, swar, keep_flags, at.batch * p.nheads + at.head, warp_row0,
-                                    band_block(j, n_end, n_blocks) * kBN, g, t);
+                                    (n_end - 1 - j) * kBN, g, t);
             };
             auto drop_packed = [&](int j) {
                 if constexpr (kDropEarly)
                     and_keep_flags(p_frag, keep_flags);
                 else if constexpr (kDropPacked)
                     zero_dropped_packed(dropout, p_frag, at.batch * p.nheads + at.head, warp_row0,
-                                        band_block(j, n_end, n_blocks) * kBN, g, t);
+                                        (n_end - 1 - j) * kBN, g, t);
             };
             auto phase = [&](int j) { return u32((kv_iter + j) / kStages) & 1; };
             auto slot_of = [&](int j) { return (kv_iter + j) % kStages; };
@@ -1410,13 +1393,13 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
           bool kPvOverlap = false, int kMaskedCopy = 0, int kRagKeys = 0, bool kPrefetch = false, bool kSAhead = false,
-          bool kDeferMax = false, int kUnmaskedFirst = 0>
+          bool kDeferMax = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
                   kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false, kMaskedCopy,
-                  kRagKeys, kPrefetch, kSAhead, kDeferMax, kUnmaskedFirst>(p);
+                  kRagKeys, kPrefetch, kSAhead, kDeferMax>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent Q blocks of one head, sharing their K/V loads);
@@ -1428,14 +1411,14 @@ template <int kClusterSize, int kBM, int kBN, int kStages, int kConsumers, bool 
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
           bool kPvOverlap = false, int kMaskedCopy = 0, int kRagKeys = 0, bool kPrefetch = false, bool kSAhead = false,
-          bool kDeferMax = false, int kUnmaskedFirst = 0>
+          bool kDeferMax = false>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd_cluster(const __grid_constant__ Sm90FwdParams p) {
     static_assert(kClusterSize == 2, "sm90_fwd_cluster: clusters of 2 CTAs");
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
                   kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true, kMaskedCopy,
-                  kRagKeys, kPrefetch, kSAhead, kDeferMax, kUnmaskedFirst>(p);
+                  kRagKeys, kPrefetch, kSAhead, kDeferMax>(p);
 }
 
 }  // namespace cuflash

@@ -68,11 +68,11 @@ def problem(feature, causal, seqlen=SEQLEN):
 # the window (causal only unless --mask says otherwise)
 # (session 16 round A measured emu1 / 2 (then with fold_cap 4), alin_lazy, dpk* slower than or equal to the
 # heuristic)
-QUICK = {"window": ("uf2",),
+QUICK = {"window": ("prev", "static_tmao", "tov"),
          "softcap": (),
          "alibi": ("alin_bn160_tmao",),
          "dropout": ()}
-QUICK_BWD = ()   # (session 23 round 1: bwd_dqf_w16_dqc and bwd_dqc_cve slower, H100)
+QUICK_BWD = ("bwd_prev",)
 
 
 def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=False):
@@ -120,11 +120,7 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
                     ("tov_q2", tov.replace(q_double=True)),
                     ("tov_q2_notmao", tov.replace(q_double=True, tma_store=False)),
                     # three K/V stages (fits without the TMA store's staging tiles)
-                    ("tov_s3_notmao", tov.replace(stages=3, tma_store=False)),
-                    # the band's masked last block visited second (uf1) or last (uf2), so the tile's first
-                    # softmax is an unmasked block's and the masked one runs under a P V (session 23)
-                    ("uf1", heur.replace(unmasked_first=1)),
-                    ("uf2", heur.replace(unmasked_first=2))]
+                    ("tov_s3_notmao", tov.replace(stages=3, tma_store=False))]
     elif feature == "softcap":
         base = base.replace(BN=176, persistent=False, emu_exp2=0)   # the shipped softcap tile
         lazy3 = dict(fold_cap=3, lazy_rescale=True)
@@ -203,9 +199,7 @@ def bwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
                     ("bwd_w16", dict(wide_epi=True, dq_first=False)),
                     ("bwd_dqf_w16", dict(dq_first=True, wide_epi=True)),
                     # and the dQ convert inside the main kernel (dq_convert: no third launch)
-                    ("bwd_dqf_w16_dqc", dict(dq_first=True, wide_epi=True, dq_convert=True)),
-                    # and its jobs taken at the tile boundaries (convert_early, session 23)
-                    ("bwd_dqc_cve", dict(dq_first=True, wide_epi=True, dq_convert=True, convert_early=True))):
+                    ("bwd_dqf_w16_dqc", dict(dq_first=True, wide_epi=True, dq_convert=True))):
         if quick and key not in QUICK_BWD:
             continue
         cfg = fam.for_problem(heur.replace(**kw), p)

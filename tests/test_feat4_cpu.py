@@ -36,9 +36,8 @@ def test_drop_packed_rules_and_names():
     assert packed.kernel_name().endswith(", true>") and packed.problems(MAX_SMEM) == []
     # the template tail stops at the last argument set: without it the kernel name is unchanged
     assert "true, 0, true>" in cfg.replace(drop_packed=False).kernel_name()
-    # (kDropEarly, kStreamTail, kPvOverlap, kMaskedCopy, kRagKeys, kPrefetch, kSAhead, kDeferMax and
-        # kUnmaskedFirst after it)
-    assert packed.template_args()[-10] is True and cfg.replace(drop_packed=False).template_args()[-10] is False
+    # (kDropEarly, kStreamTail, kPvOverlap, kMaskedCopy, kRagKeys, kPrefetch, kSAhead and kDeferMax after it)
+    assert packed.template_args()[-9] is True and cfg.replace(drop_packed=False).template_args()[-9] is False
     # BN: DROPOUT_PACKED_BN at d128 (192), DROPOUT_BN without drop_packed (160)
     assert packed.replace(BN=192).problems(MAX_SMEM) == []
     assert any("DROPOUT_BN" in m for m in cfg.replace(drop_packed=False, BN=192).problems(MAX_SMEM))

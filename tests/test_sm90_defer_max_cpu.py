@@ -27,7 +27,7 @@ def test_field_name_template_and_encoding():
     assert base.fold_cap >= 3 and base.lazy_rescale and not base.defer_max
     assert on.validate(227 * 1024) is on and on.name == base.name + "_dmx"
     assert on.kernel_name().endswith(", false, true>")          # (kSAhead false, kDeferMax)
-    assert on.template_args()[-2] is True and base.template_args()[-2] is False   # (kUnmaskedFirst last)
+    assert on.template_args()[-1] is True and base.template_args()[-1] is False
     assert "defer_max" not in FAM.encode(base) and FAM.encode(on).endswith(",defer_max=1")
     assert FAM.decode(FAM.encode(on), "bf16", True).replace(softcap=True) == on
     assert "defer_max" not in FAM.space

@@ -28,8 +28,8 @@ def cell(seqlen_k, causal=False, **kw):
 def test_rag_keys_name_template_and_encoding():
     assert RAG.validate(227 * 1024) is RAG and RAG.name == PLAIN.name + "_rag48"
     assert PLAIN.kernel_name() == "cuflash::sm90_fwd<128, 80, 2, 2, false, true, 256, cuflash::bf16, false, false, false, false>"
-    assert RAG.kernel_name().endswith(", false, 0, 48>") and RAG.template_args()[-5] == 48
-    assert PLAIN.template_args()[-5] == 0 and PLAIN.template_args()[-4] is False
+    assert RAG.kernel_name().endswith(", false, 0, 48>") and RAG.template_args()[-4] == 48
+    assert PLAIN.template_args()[-4] == 0 and PLAIN.template_args()[-3] is False
     assert "rag_keys" not in FAM.encode(PLAIN) and FAM.encode(RAG).endswith(",rag_keys=48")
     assert FAM.decode(FAM.encode(RAG), "bf16", False) == RAG
     assert FAM.decode(FAM.encode(PLAIN.replace(rag_keys=-1)), "bf16", False).rag_keys == -1
@@ -91,7 +91,7 @@ def test_even_waves_name_encoding_rules():
 
 def test_prefetch_name_template_encoding_rules():
     assert PF.validate(227 * 1024) is PF and PF.name == PLAIN.name + "_pf"
-    assert PF.kernel_name().endswith(", 0, 0, true>") and PF.template_args()[-4] is True
+    assert PF.kernel_name().endswith(", 0, 0, true>") and PF.template_args()[-3] is True
     assert "prefetch" not in FAM.encode(PLAIN) and FAM.encode(PF).endswith(",prefetch=1")
     assert FAM.decode(FAM.encode(PF), "bf16", False) == PF and "prefetch" not in FAM.space
     for change in (dict(dynamic=True), dict(persistent=False), dict(stream_tail=True), dict(cluster=True),

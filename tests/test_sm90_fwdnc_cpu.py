@@ -171,7 +171,7 @@ def test_rescale_first_field():
     assert not DYN.kernel_name().endswith("0, false>") and DYN.kernel_name().endswith(", true>")
     # (tile_overlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, kMaskedCopy, kRagKeys, kPrefetch, kSAhead and
     # kDeferMax after it: the last ten of template_args)
-    assert RF.template_args()[-12] is True and DYN.template_args()[-12] is False
+    assert RF.template_args()[-11] is True and DYN.template_args()[-11] is False
     assert RF.smem_bytes == RF.replace(rescale_first=False).smem_bytes
     assert "rescale_first" not in FAM.encode(RF.replace(rescale_first=False))
     assert FAM.encode(RF).endswith(",rescale_first=1")

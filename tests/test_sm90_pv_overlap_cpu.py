@@ -24,7 +24,7 @@ PVO = PLAIN.replace(pv_overlap=True)
 
 def test_field_name_template_and_encoding():
     # pv_overlap is the 29th argument (kMaskedCopy, kRagKeys, kPrefetch, kSAhead and kDeferMax after it)
-    assert check_flag_field("pv_overlap", "_pvo", 7, 28) == PVO
+    assert check_flag_field("pv_overlap", "_pvo", 6, 28) == PVO
 
 
 @pytest.mark.parametrize("change", [dict(softcap=True), dict(dropout=True, BN=64), dict(window=True),

@@ -31,9 +31,10 @@ BWD_LEFT = (256, 512, 1024, 2048, 4096)
 # (kBandOrder), two Q buffers (q_double: the producer does not wait for the last S to load the next Q, nor
 # the next K/V behind it), both; edge_half (kEdgeHalf: the edge blocks' S and P V on the visible 64-key half)
 # (session 22 round 1, an H200: B, Q and QB were slower than the heuristic at every width: dropped)
-# (session 22 round 3: E / E2 / E3, edge_half 1 / 2 / 3 on wip/win4, slower: not merged)
-# session 23: unmasked_first 1 / 2 (a band's masked last block visited second / last)
-VARIANTS = {"U": dict(unmasked_first=1), "U2": dict(unmasked_first=2)}
+# (session 22: E / E2 / E3, edge_half 1 / 2 / 3, and band_order on wip/win4; session 23: U / U2, unmasked_first
+# 1 / 2, a band's masked last block visited second / last, on wip/win5 at 2ef362d: none faster, not merged; an
+# H100's numbers in results/NVIDIA_H100_80GB_HBM3/logs/session23_win5/round2.md). Rows here: q_double.
+VARIANTS = {"Q": dict(q_double=True, tile_overlap=False)}
 VARIANT_LEFT = (512, 1024, 2048, 4096)
 
 
@@ -66,8 +67,6 @@ def configs(extra=None):
             out[f"win{pre}_{tag}"] = (causal, fam.for_problem(heur.replace(**kw), p))
         p0 = problem(causal)
         out[f"plain_{tag}"] = (causal, select.choose(p0, _gpu.arch(), _gpu.name(), _gpu.max_smem())[1])
-        if causal:   # (session 23: the plain causal call with its masked diagonal visited last)
-            out["plainU2_causal"] = (causal, fam.for_problem(out[f"plain_{tag}"][1].replace(unmasked_first=2), p0))
         out[f"plain128_{tag}"] = (causal, fam.for_problem(
             heur.replace(features=(), tile_overlap=False), p0) if hasattr(heur, "features") else
             fam.for_problem(heur.replace(tile_overlap=False), p0))
@@ -139,9 +138,7 @@ def main():
                 meta[f"{pre}{left}"] = dict(window=w, tiles=st.q_blocks * b * h, visits=st.kv_visits * b * h,
                                             masked=st.masked * b * h, vis=visible_fraction(s, s, causal, w),
                                             overcompute=st.overcompute, config=cfg.name)
-        for key in ("plain", "plain128", "plainU2"):
-            if f"{key}_{tag}" not in cfgs:
-                continue
+        for key in ("plain", "plain128"):
             cfg = cfgs[f"{key}_{tag}"][1]
             fns[key] = (lambda cfg=cfg: cuflash.flash_attn_func(q, k, v, causal=causal, config=cfg))
             st = block_stats(Band(s, s, causal), cfg.BM, cfg.BN, 64)

@@ -5,7 +5,13 @@ events, interleaved), for the plain call (selection's backward) and the window's
 
   heuristic  the window heuristic's backward (dq_first, wide_epi, dynamic; three launches)
   dqc        + dq_convert (the dQ convert inside the main kernel, at the grid's end)
-  cve        + convert_early (dq_convert's jobs taken at the tile boundaries, Sm90BwdDqTickets)
+  (session 23 also timed cve, convert_early: dq_convert's jobs by ticket at the dynamic loop's tile
+  boundaries, on wip/win5 at 2ef362d: slower, not merged)
+
+Columns: ms (CUDA events, interleaved with the other rows), prof ms (CUDA events over reps calls right after
+the profiled ones: the same clocks as the kernel times, so that prof ms - sum is the launches' gaps and not a
+clock difference between two runs),
+x visible (ms over the plain call's, over the window's visible share), the kernels' GPU us, their sum.
 
 Shape: bf16, d128, batch 2 x 16 heads x 8k (bench --mode features'), window (1024, 0) causal and
 (1024, 1024) full, and at --widths the causal band's (L, 0) to fit ms = a + b x visits per variant.
@@ -25,7 +31,7 @@ from cuflash import registry  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 
 BATCH, SEQLEN, HEADS, HEAD_DIM = 2, 8192, 16, 128
-VARIANTS = {"heuristic": {}, "dqc": dict(dq_convert=True), "cve": dict(dq_convert=True, convert_early=True)}
+VARIANTS = {"heuristic": {}, "dqc": dict(dq_convert=True)}
 
 
 def problem(causal, window=None):
@@ -95,12 +101,19 @@ def main():
         # per-kernel times (sm90_bwd_pre_timing's profiler loop), by role
         from sm90_bwd_pre_timing import kernel_times
 
-        per = {}
+        per, prof_ms = {}, {}
         for key, fn in fns.items():
             t = {}
             for name, us in kernel_times(fn, args.reps).items():
                 t[role(name)] = round(t.get(role(name), 0.0) + us, 1)
-            per[key] = t
+            # right after the profiled calls (the same clocks): reps calls back to back under CUDA events
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(args.reps):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            per[key], prof_ms[key] = t, start.elapsed_time(end) / args.reps
         wall = time_interleaved(fns, reps=20)
         plain_ms = wall["plain"].median_ms if "plain" in wall else None
         causal = mask == "causal"
@@ -110,6 +123,7 @@ def main():
         for key in fns:
             ms = wall[key].median_ms
             row = {"mask": mask, "variant": key, "config": cfgs[(mask, key)][2].name, "ms": round(ms, 4),
+                   "prof_ms": round(prof_ms[key], 4),
                    "us_by_kernel": per[key], "sum_us": round(sum(per[key].values()), 1)}
             if plain_ms and key != "plain":
                 row["x_visible"] = round(ms / plain_ms / vis, 4)
@@ -119,13 +133,13 @@ def main():
                 row["dkdv_equal"] = bool(torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2]))
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print(f"\n{'mask':<7} {'variant':<10} {'ms':>8} {'x vis':>7} {'pre us':>7} {'main us':>8} {'conv us':>8} "
-          f"{'sum us':>7} {'gaps us':>7}")
+    print(f"\n{'mask':<7} {'variant':<10} {'ms':>8} {'prof ms':>8} {'x vis':>7} {'pre us':>7} {'main us':>8} "
+          f"{'conv us':>8} {'sum us':>7} {'prof - sum':>10}")
     for r in rows:
         k = r["us_by_kernel"]
-        print(f"{r['mask']:<7} {r['variant']:<10} {r['ms']:>8.4f} {r.get('x_visible', 0):>7.3f} {k.get('pre', 0):>7.1f} "
-              f"{k.get('main', 0):>8.1f} {k.get('convert', 0):>8.1f} {r['sum_us']:>7.1f} "
-              f"{r['ms'] * 1000 - r['sum_us']:>7.1f}")
+        print(f"{r['mask']:<7} {r['variant']:<10} {r['ms']:>8.4f} {r['prof_ms']:>8.4f} {r.get('x_visible', 0):>7.3f} "
+              f"{k.get('pre', 0):>7.1f} {k.get('main', 0):>8.1f} {k.get('convert', 0):>8.1f} {r['sum_us']:>7.1f} "
+              f"{r['prof_ms'] * 1000 - r['sum_us']:>10.1f}")
     return rows
 
 

@@ -448,7 +448,6 @@ WIDE_EPI_MAX_SEQLEN_BY: dict = {}
 SOFTCAP_WIDE_EPI: frozenset = frozenset({(128, True, "bf16")})
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
-CONVERT_EARLY_ROWS = 64  # Sm90BwdDqTickets::kRows
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -605,7 +604,6 @@ class Sm90BwdConfig(KernelConfig):
     dq_first: bool = False
     wide_epi: bool = False
     drop_packed: int = 0
-    convert_early: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -627,8 +625,7 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
                 f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}"
                 f"{'_dqc' if self.dq_convert else ''}{'_dqf' if self.dq_first else ''}{'_w16' if self.wide_epi else ''}"
-                f"{'_dpk' if self.drop_packed == 1 else f'_dpk{self.drop_packed}' if self.drop_packed else ''}"
-                f"{'_cve' if self.convert_early else ''}")
+                f"{'_dpk' if self.drop_packed == 1 else f'_dpk{self.drop_packed}' if self.drop_packed else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -798,9 +795,8 @@ class Sm90BwdConfig(KernelConfig):
                         "overlap_sdp", "dq_writer", "varlen", "lpt", "dynamic", "ds_double"))
                     + (f", {b(self.roles)}, {b(self.s_ahead)}" if self.roles or self.s_ahead else "") + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
-        last = self.convert_early   # (kConvertEarly: after kDropPacked)
         tail = (self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.frag_pin or self.roles
-                or self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed or last)
+                or self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed)
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -823,11 +819,9 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.roles)}" if later3 else ""                                       # kRoles
         feats += (f", {b(self.dq_convert)}" if self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed
                   else "")                                                                    # kDqConvert
-        feats += (f", {b(self.dq_first)}" if self.dq_first or self.wide_epi or self.drop_packed or last
-                  else "")                                                                    # kDqFirst
-        feats += f", {b(self.wide_epi)}" if self.wide_epi or self.drop_packed or last else ""  # kWideEpi
-        feats += f", {int(self.drop_packed)}" if self.drop_packed or last else ""             # kDropPacked
-        feats += f", {b(self.convert_early)}" if last else ""                                 # kConvertEarly last
+        feats += f", {b(self.dq_first)}" if self.dq_first or self.wide_epi or self.drop_packed else ""  # kDqFirst
+        feats += f", {b(self.wide_epi)}" if self.wide_epi or self.drop_packed else ""        # kWideEpi
+        feats += f", {int(self.drop_packed)}" if self.drop_packed else ""                     # kDropPacked last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -839,7 +833,7 @@ class Sm90BwdConfig(KernelConfig):
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
                 self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.frag_pin,
-                self.roles, self.dq_convert, self.dq_first, self.wide_epi, int(self.drop_packed), self.convert_early)
+                self.roles, self.dq_convert, self.dq_first, self.wide_epi, int(self.drop_packed))
 
     def _problems(self) -> list[str]:
         out = []
@@ -963,9 +957,6 @@ class Sm90BwdConfig(KernelConfig):
                        "fixed-length unordered calls (no deterministic, varlen, softcap, ALiBi, dropout, cluster) of "
                        "the head dim 128 tile with the dynamic scheduler or the head_dim=256 tile with roles "
                        "(at head dim 64 ptxas spills the bf16 non-causal kernel, 8 bytes, nvcc 13.0)")
-        if self.convert_early and (not self.dq_convert or not self.dynamic or self.roles):
-            out.append("convert_early: the in-kernel dQ convert's jobs taken at the tile boundaries of the dynamic "
-                       "scheduler (needs the in-kernel convert and the dynamic scheduler, not roles)")
         if self.dq_first and (not self.dq_writer or self.deterministic or self.varlen or self.cluster
                               or self.BM % 64):
             out.append("dq_first: the dQ accumulator zeroed in the main kernel (no zeroing preprocess), with "
@@ -1272,9 +1263,7 @@ class Sm90Backward(Family):
             config = lighter if not lighter.bm128_spills() else lighter.replace(BM=64, overlap_sdp=config.overlap_sdp)
         if config.dq_convert and (problem.features not in ((), ("window",))
                                   or any("dq_convert" in w for w in config.problems())):
-            config = config.replace(dq_convert=False, convert_early=False)  # a speed choice: plain (or windowed) calls, dynamic scheduler
-        if config.convert_early and any("convert_early" in w for w in config.problems()):
-            config = config.replace(convert_early=False)  # (the plain grid: first_fitting's, or dynamic dropped)
+            config = config.replace(dq_convert=False)  # a speed choice: plain (or windowed) calls, dynamic scheduler
         if config.dq_first and (not dq_first_covers(problem, config.BM, config.BN)
                                 or any("dq_first" in w for w in config.problems())):
             config = config.replace(dq_first=False)    # rows no K/V block adds to need the zeroed accumulator
@@ -1297,8 +1286,7 @@ class Sm90Backward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late",
-                               "frag_pin", "roles", "dq_convert", "dq_first", "wide_epi", "drop_packed",
-                               "convert_early")
+                               "frag_pin", "roles", "dq_convert", "dq_first", "wide_epi", "drop_packed")
                          and not v))
 
     def make(self, point, problem: Problem):
@@ -1481,9 +1469,6 @@ class Sm90Backward(Family):
         """{params field: int32 count} of the counters a plan keeps between calls (cuflash.launch.Plan
         zeroes them once; the kernel resets them): the dynamic scheduler's tile counter. One buffer
         per CUDA stream (cuflash.launch.StreamCounters): calls on two streams may overlap."""
-        if config.convert_early:   # + the tickets' next, tail, warps done, per-pair counts, job slots (Sm90BwdDqTickets)
-            pairs = problem.batch * problem.nheads
-            return {"tile_counter": 4 + pairs + pairs * -(-problem.seqlen_q // CONVERT_EARLY_ROWS)}
         if config.dq_convert:   # + the dQ convert's queue head, tail, per-pair counts and job slots (Sm90BwdDqQueue)
             pairs, chunks, q = problem.batch * problem.nheads, -(-problem.seqlen_q // DQ_CONVERT_ROWS), DQ_CONVERT_QUEUES
             return {"tile_counter": 2 + 2 * q + pairs + q * (-(-pairs // q) * chunks)}

@@ -352,11 +352,6 @@ FEATURE_LAZY_RESCALE = False
 # tile_overlap on (causal within the noise of static alone; full ahead in both rounds). bf16 only (measured).
 WINDOW_TILE_OVERLAP: dict = {(128, True, "bf16"): dict(dynamic=False, tma_store=True),
                              (128, False, "bf16"): dict(dynamic=False, tma_store=True)}
-# unmasked_first (kUnmaskedFirst) for a window alone (fixed lengths), by (kernel head dim, causal, dtype): the form
-# (1: a band's masked last block visited second; 2: visited last). Measured (session 23, win5, an H100,
-# tests/features_overhead_timing.py --quick --mask both --features window; results/NVIDIA_H100_80GB_HBM3/logs/
-# session23_win5/): see the notes below the table.
-WINDOW_UNMASKED_FIRST: dict = {}
 SOFTCAP_FOLD: dict = {128: 3}
 # ALiBi's bias as one FFMA per score (alibi_lin, kAlibiLinear) for calls with ALiBi alone (or with a
 # window), fixed lengths: the (head dim, causal) classes that take it (measured above).
@@ -656,7 +651,6 @@ class Sm90FwdConfig(KernelConfig):
     prefetch: bool = False
     s_ahead: bool = False
     defer_max: bool = False
-    unmasked_first: int = 0
     section: int = 0               # (a run-time param, not a template argument)
     even_waves: bool = False       # (last: the launch's grid, not a template argument)
 
@@ -683,7 +677,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}{'_cl2' if self.cluster else ''}"
                 f"{f'_mcp{self.masked_copy}' if self.masked_copy else ''}{f'_rag{self.rag_keys}' if self.rag_keys else ''}"
                 f"{'_pf' if self.prefetch else ''}{'_sah' if self.s_ahead else ''}{'_dmx' if self.defer_max else ''}"
-                f"{f'_uf{self.unmasked_first}' if self.unmasked_first else ''}{'_ev' if self.even_waves else ''}")
+                f"{'_ev' if self.even_waves else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -761,9 +755,8 @@ class Sm90FwdConfig(KernelConfig):
                 f"{self.rag_keys}",                                               # kRagKeys
                 f"{'true' if self.prefetch else 'false'}",                        # kPrefetch
                 f"{'true' if self.s_ahead else 'false'}",                         # kSAhead
-                f"{'true' if self.defer_max else 'false'}",                       # kDeferMax
-                f"{int(self.unmasked_first)}"]                                    # kUnmaskedFirst last
-        used = (23 if self.unmasked_first else 22 if self.defer_max else 21 if self.s_ahead else 20 if self.prefetch else 19 if self.rag_keys else 18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{'true' if self.defer_max else 'false'}"]                       # kDeferMax last
+        used = (22 if self.defer_max else 21 if self.s_ahead else 20 if self.prefetch else 19 if self.rag_keys else 18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -783,8 +776,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
                 self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail,
-                self.pv_overlap, self.masked_copy, self.rag_keys, self.prefetch, self.s_ahead, self.defer_max,
-                int(self.unmasked_first))
+                self.pv_overlap, self.masked_copy, self.rag_keys, self.prefetch, self.s_ahead, self.defer_max)
 
     def softcap_overlap_ok(self) -> bool:
         """pv_overlap's rotated loop around the folded softcap step (fold_cap >= 3, softcap alone):
@@ -866,12 +858,6 @@ class Sm90FwdConfig(KernelConfig):
                                    and not (self.alibi or self.dropout or self.stream_tail)):
             out.append("defer_max defers the folded softcap step's row max (kDeferMax): softcap with fold_cap >= 3 "
                        "and lazy_rescale, not with ALiBi, dropout or stream_tail")
-        if self.unmasked_first not in (0, 1, 2):
-            out.append(f"unmasked_first must be 0, 1 or 2, got {self.unmasked_first}")
-        if self.unmasked_first and ((not self.window and not self.causal) or self.stream_tail or self.rag_keys
-                                    or self.pv_overlap):
-            out.append("unmasked_first moves a band's masked last K/V block (kUnmaskedFirst): window or causal calls, "
-                       "not with stream_tail, rag_keys or pv_overlap")
         if self.masked_copy not in MASKED_COPY_VALUES:
             out.append(f"masked_copy must be one of {MASKED_COPY_VALUES}, got {self.masked_copy}")
         elif self.masked_copy and (self.fold_cap < 3 or self.alibi):
@@ -1352,8 +1338,7 @@ class Sm90Forward(Family):
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
                                "tile_overlap", "drop_packed", "drop_early", "stream_tail", "pv_overlap", "cluster",
-                               "masked_copy", "rag_keys", "prefetch", "s_ahead", "defer_max", "unmasked_first",
-                               "even_waves")
+                               "masked_copy", "rag_keys", "prefetch", "s_ahead", "defer_max", "even_waves")
                                and not v))
 
     def make(self, point, problem: Problem):
@@ -1482,10 +1467,6 @@ class Sm90Forward(Family):
             # lazy_rescale does, none; for_bounds: off per call where a tile has no keys)
             if cfg.persistent and not cfg.replace(window=True, tile_overlap=True, **over).problems():
                 cfg = cfg.replace(window=True, tile_overlap=True, **over)
-        form = WINDOW_UNMASKED_FIRST.get((d, bool(problem.causal), problem.dtype)) \
-            if tuple(problem.features) == ("window",) and not is_varlen(problem) else None
-        if form and not cfg.replace(window=True, unmasked_first=form).problems():
-            cfg = cfg.replace(unmasked_first=form)
         return self.class_switches(first_fitting(cfg, ({"tma_store": False}, {"BN": 64, "tma_store": False},
                                                        {"BM": 64, "BN": 64, "consumers": 1, "pingpong": False,
                                                         "tma_store": False, "p_smem": False}),
