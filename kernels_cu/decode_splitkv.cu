@@ -1595,8 +1595,12 @@ decode_splitkv_stream(const DecodeParams p) {
 //              split's first block as it would be were the row full (keys = the capacity: then the
 //              block is the same, and the loads after the length's round trip hit L1); contiguous
 //              caches without cache_batch_idx, cache_leftpad or a left window only (false: none)
+//   kAhead     (0: none; 2..) with each block's register loads, the warp prefetches the rows of the
+//              block kAhead iterations later (its first kAhead blocks at the start), so a short
+//              split's blocks are all requested from its start: contiguous whole blocks only
+//   kAheadL1   kAhead's prefetches into L1 (true) or L2 (false)
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
-          int kLoadHint, bool kEarlyPrefetch = false>
+          int kLoadHint, bool kEarlyPrefetch = false, int kAhead = 0, bool kAheadL1 = false>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv_regs(const DecodeParams p) {
     constexpr int kThreads = kWarps * 32, kBlockN = kWarps * kWarpN, kRows = 8 * kRowTiles;
@@ -1609,6 +1613,7 @@ decode_splitkv_regs(const DecodeParams p) {
     static_assert(kHeadDim == 64 || kHeadDim == 128, "decode_splitkv_regs: head dim 64 or 128");
     static_assert(kWarpN % 16 == 0 && kWarpN * kHeadDim <= 2048, "decode_splitkv_regs: 16-key tiles, two register sets of at most 64 registers");
     static_assert(kRowTiles == 1 || kRowTiles == 2, "1 or 2 row tiles of 8 packed query rows");
+    static_assert(kAhead == 0 || (kAhead >= 2 && kAhead <= 8), "kAhead: 0 (none) or 2..8 blocks");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     float* merge_smem = reinterpret_cast<float*>(smem_raw);  // [kWarps][kRows][kMergePitch], m, l
@@ -1714,7 +1719,8 @@ decode_splitkv_regs(const DecodeParams p) {
     if (!paged) cache_offsets(p, b, 0, k_row0, v_row0);
     const int* table = paged ? p.block_table + b * p.block_table_stride : nullptr;
     const int last_key = max(keys - 1, 0);
-    const u64 policy = kLoadHint == 2 || kLoadHint == 5 ? l2_policy_evict_first() : 0;
+    const u64 policy = kLoadHint == 2 || kLoadHint == 5 ? l2_policy_evict_first()
+                       : kLoadHint == 6 ? l2_policy_evict_last() : 0;
     int page_first[kTiles], page_a[kTiles], page_b[kTiles];  // the next block's tiles (paged)
     auto fetch_pages = [&](int n) {  // block n's page ids, into registers
 #pragma unroll
@@ -1758,11 +1764,31 @@ decode_splitkv_regs(const DecodeParams p) {
             for (int h = 0; h < kVLoads; ++h)
                 ld_kv_16<kLoadHint>(vr[q][h], vp + ((q & 1) + 8 * (q >> 1)) * p.v_row_stride + 64 * h, policy);
     };
+    // kAhead: block n's rows of this warp, one cache line per lane per K (V) tile: contiguous
+    // whole blocks of the split only (a paged block's page ids are not read yet)
+    auto prefetch_block = [&](int n) {
+        if (paged || n < n_begin || (n + 1) * kBlockN > keys) return;
+        constexpr int kLines = kHeadDim / 64;  // 128-byte lines per key row
+#pragma unroll
+        for (int tile = 0; tile < kTiles; ++tile) {
+            const int pos = rk.start + n * kBlockN + warp * kWarpN + 16 * tile + (lane / kLines) % 16;
+            const u16* kp = k_head + k_row0 + static_cast<i64>(pos) * p.k_row_stride + 64 * (lane % kLines);
+            const u16* vp = v_head + v_row0 + static_cast<i64>(pos) * p.v_row_stride + 64 * (lane % kLines);
+            if constexpr (kAheadL1) {
+                prefetch_l1(kp);
+                prefetch_l1(vp);
+            } else {
+                prefetch_l2(kp);
+                prefetch_l2(vp);
+            }
+        }
+    };
     // block n's K and V of this warp into (kr, vr); then (paged) block n - 1's page ids. A block
     // inside the row: one address per tile (paged: a tile on one page; a page size is a multiple
     // of 16, so only a cache_leftpad puts a tile across two); else a clamped address per key.
     auto load_block = [&](int n, u32 (&kr)[kTiles][2][kKLoads][4], u32 (&vr)[kTiles][4][kVLoads][4]) {
         const bool whole = (n + 1) * kBlockN <= keys;
+        if constexpr (kAhead > 0) prefetch_block(n - kAhead);  // blocks run from n_end - 1 down
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
             const int pos0 = rk.start + n * kBlockN + warp * kWarpN + 16 * tile;
@@ -1918,6 +1944,10 @@ decode_splitkv_regs(const DecodeParams p) {
     u32 k_b[kTiles][2][kKLoads][4], v_b[kTiles][4][kVLoads][4];
     if (n_iters > 0) {
         if (paged) fetch_pages(n_end - 1);
+        if constexpr (kAhead > 2) {  // iterations 2 .. kAhead - 1 (the loads of 0 and 1 prefetch kAhead on)
+#pragma unroll
+            for (int i = 2; i < kAhead; ++i) prefetch_block(n_end - 1 - i);
+        }
         load_block(n_end - 1, k_a, v_a);
     }
     auto attend_any = [&](int n, const u32 (&kr)[kTiles][2][kKLoads][4], const u32 (&vr)[kTiles][4][kVLoads][4]) {

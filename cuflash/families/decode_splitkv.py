@@ -342,7 +342,11 @@ REGS_WARPS = 8
 # prefetched into L1 before cache_seqlens arrives (contiguous caches). The heuristic's choice
 # (REGS_PREFETCH_DEFAULT, with regs): off, not yet timed.
 REGS_PREFETCH_DEFAULT = False
-REGS_VALUES = (0, 1, 2, 3, 4, 5, 6)
+REGS_VALUES = (0, 1, 2, 3, 4, 5, 6, 7)
+# regs_ahead (decode_splitkv_regs' kAhead): with each block's register loads a warp prefetches the
+# rows of the block regs_ahead iterations later (contiguous whole blocks), into L2, or into L1 with
+# regs_ahead_l1 (kAheadL1): 0 none, or 2..8.
+REGS_AHEAD_VALUES = (0, 2, 3, 4, 5, 6, 7, 8)
 REGS_SPACE = (0,)
 REGS_HEAD_DIMS = (64, 128)
 REGS_THREAD_REGISTERS = 256   # ptxas: 236 at 8 warps x 16 keys, d 128 (nvcc 13.0, sm_90a); the residency model's
@@ -440,6 +444,8 @@ class DecodeConfig(KernelConfig):
     light_fence: bool = False
     regs: int = 0
     regs_prefetch: bool = False
+    regs_ahead: int = 0
+    regs_ahead_l1: bool = False
 
     family = "decode_splitkv"
     _what = "decode"
@@ -467,7 +473,8 @@ class DecodeConfig(KernelConfig):
                  + ("_em" if self.early_merge else "") + (f"_rf{self.ring_fill}" if self.ring_fill else "")
                  + ("_dyn" if self.dynamic == 1 else "_ilv" if self.dynamic == 2 else "")
                  + ("_stk" if self.stream else "") + ("_lf" if self.light_fence else "")
-                 + (f"_rg{self.regs}" if self.regs else "") + ("_rpf" if self.regs_prefetch else ""))
+                 + (f"_rg{self.regs}" if self.regs else "") + ("_rpf" if self.regs_prefetch else "")
+                 + (f"_ra{self.regs_ahead}" if self.regs_ahead else "") + ("l1" if self.regs_ahead_l1 else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -490,9 +497,13 @@ class DecodeConfig(KernelConfig):
     def kernel_name(self) -> str:
         flag = {True: "true", False: "false"}
         if self.regs:
+            # the defaults (false, 0, false) of the trailing options are left out
+            trailing = [flag[bool(self.regs_prefetch)], str(int(self.regs_ahead)), flag[bool(self.regs_ahead_l1)]]
+            while trailing and trailing[-1] in ("false", "0"):
+                trailing.pop()
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
                     f"cuflash::{self.dtype}, {flag[self.fused_combine]}, {flag[self.light_fence]}, {self.regs - 1}"
-                    + (", true>" if self.regs_prefetch else ">"))
+                    + "".join(f", {x}" for x in trailing) + ">")
         if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
@@ -512,7 +523,8 @@ class DecodeConfig(KernelConfig):
     def template_args(self) -> tuple:
         if self.regs:
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
-                    bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch))
+                    bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
+                    bool(self.regs_ahead_l1))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -557,6 +569,12 @@ class DecodeConfig(KernelConfig):
                        "kernel always counts so)")
         if self.regs_prefetch and not self.regs:
             out.append("regs_prefetch: an option of the regs kernel (regs)")
+        if self.regs_ahead not in REGS_AHEAD_VALUES:
+            out.append(f"regs_ahead must be one of {REGS_AHEAD_VALUES} (0: none), got {self.regs_ahead}")
+        elif (self.regs_ahead or self.regs_ahead_l1) and not self.regs:
+            out.append("regs_ahead, regs_ahead_l1: options of the regs kernel (regs)")
+        elif self.regs_ahead_l1 and not self.regs_ahead:
+            out.append("regs_ahead_l1: where regs_ahead's prefetches go (needs regs_ahead)")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -766,7 +784,7 @@ class DecodeSplitKV(Family):
              "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE, "dynamic": DYNAMIC_SPACE,
              "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE,
              "regs": REGS_SPACE,
-             "regs_prefetch": (False,)}
+             "regs_prefetch": (False,), "regs_ahead": (0,), "regs_ahead_l1": (False,)}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -882,7 +900,7 @@ class DecodeSplitKV(Family):
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
-                 "regs": 0, "regs_prefetch": False, **point}
+                 "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_ahead_l1": False, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -929,7 +947,7 @@ class DecodeSplitKV(Family):
             if not chosen:
                 raise ValueError(f"q: the regs kernel (config regs) needs the head dim to equal the config's "
                                  f"{config.head_dim}, got {problem.head_dim}")
-            config = config.replace(regs=0, regs_prefetch=False)
+            config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
@@ -942,7 +960,8 @@ class DecodeSplitKV(Family):
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
-                                 regs_prefetch=False, m_tiles=1 if config.regs else config.m_tiles)
+                                 regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False,
+                                 m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
