@@ -347,6 +347,24 @@ REGS_VALUES = (0, 1, 2, 3, 4, 5, 6, 7)
 # rows of the block regs_ahead iterations later (contiguous whole blocks), into L2, or into L1 with
 # regs_ahead_l1 (kAheadL1): 0 none, or 2..8.
 REGS_AHEAD_VALUES = (0, 2, 3, 4, 5, 6, 7, 8)
+REGS_AHEAD_DEFAULT = 0          # every regs call's regs_ahead (0: none; the batch-1 rules below may set it)
+REGS_AHEAD_L1_DEFAULT = False
+# Batch-1 rules of the regs kernel (sm_90, contiguous caches, one batch row): the first entry
+# (max keys, {DecodeConfig field: value}) whose max keys covers the call's seqlen_k replaces those
+# fields of the heuristic's regs config (regs_options). Empty: none.
+REGS_BATCH1_RULES: tuple = ()
+
+
+def regs_options(cfg, problem: Problem):
+    """The heuristic's regs config ``cfg`` with REGS_AHEAD_DEFAULT and, for a batch-1 contiguous
+    ``problem``, the first REGS_BATCH1_RULES entry that covers its keys."""
+    if REGS_AHEAD_DEFAULT or REGS_AHEAD_L1_DEFAULT:
+        cfg = cfg.replace(regs_ahead=REGS_AHEAD_DEFAULT, regs_ahead_l1=REGS_AHEAD_L1_DEFAULT)
+    if problem.batch == 1 and "paged_kv" not in problem.features:
+        for max_keys, fields in REGS_BATCH1_RULES:
+            if problem.seqlen_k <= max_keys:
+                return cfg.replace(**fields)
+    return cfg
 REGS_SPACE = (0,)
 REGS_HEAD_DIMS = (64, 128)
 REGS_THREAD_REGISTERS = 256   # ptxas: 236 at 8 warps x 16 keys, d 128 (nvcc 13.0, sm_90a); the residency model's
@@ -872,6 +890,7 @@ class DecodeSplitKV(Family):
                                bulk=0, early_merge=False, ring_fill=0, dynamic=0,
                                light_fence=LIGHT_FENCE_DEFAULT and cfg.fused_combine,
                                regs_prefetch=REGS_PREFETCH_DEFAULT and "paged_kv" not in problem.features)
+            regs = regs_options(regs, problem)
             if not regs.problems(max_smem):
                 return regs   # see REGS_DEFAULT
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
