@@ -3,7 +3,8 @@
 block), contiguous and paged (page 16, with a cache_leftpad that puts tiles across pages), at 1
 and 3 splits (the fused combine with light_fence), each twice (the second call finds the
 counters reset); then d 64 with 16 packed rows (two row tiles, 3 splits) and a causal window;
-then the contiguous calls again with regs_ahead 3 (L2) and 2 (L1) under the evict-last hint (7).
+then the contiguous calls again with regs_ahead 3 (L2), 2 (L1) under the evict-last hint (7), and
+regs_order 2 (interleaved blocks, the first loaded before the lengths) with regs_ahead 2.
 
     compute-sanitizer --tool memcheck python tests/decode_regs_sanitize.py
 """
@@ -57,7 +58,8 @@ def main():
     for _ in range(2):
         kvcache_with_config(cfg64, q64, k64, v64, cache_seqlens=lens64, causal=True, window_size=(300, 0), num_splits=3)
         runs += 1
-    ahead = [cfg.replace(regs_ahead=3), cfg.replace(regs=7, regs_ahead=2, regs_ahead_l1=True)]
+    ahead = [cfg.replace(regs_ahead=3), cfg.replace(regs=7, regs_ahead=2, regs_ahead_l1=True),
+             cfg.replace(regs_order=2, regs_ahead=2)]
     for c in ahead:   # the prefetches ahead (contiguous whole blocks only)
         for splits in (1, 3):
             for _ in range(2):

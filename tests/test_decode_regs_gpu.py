@@ -125,30 +125,37 @@ def test_regs_prefetch(monkeypatch, case):
 
 
 AHEAD_CASES = PREFETCH_CASES + [(3, 1, [2049, 0, 6000], 32, 8, 128, "bf16", 16, {}, {}),
-                                (2, 1, [3000, 1500], 32, 8, 128, "bf16", None, {"batch_idx": True, "leftpad": True}, {})]
-# (regs, regs_ahead, regs_ahead_l1): the prefetches ahead into L2 / L1, the evict-last hint (7)
-AHEAD_OPTIONS = [(6, 2, False), (6, 3, True), (7, 4, False), (7, 0, False)]
+                                (2, 1, [3000, 1500], 32, 8, 128, "bf16", None, {"batch_idx": True, "leftpad": True}, {}),
+                                CASES[12]]   # a window cutting the row's bottom (regs_order's first block)
+# (regs, regs_ahead, regs_ahead_l1, regs_order): the prefetches ahead into L2 / L1, the evict-last
+# hint (7), the interleaved block order (1) and its first block loaded before the lengths (2)
+AHEAD_OPTIONS = [(6, 2, False, 0), (6, 3, True, 0), (7, 4, False, 0), (6, 0, False, 1), (6, 2, False, 2),
+                 (7, 0, False, 2)]
 
 
 @pytest.mark.parametrize("splits", [0, 3], ids=lambda n: f"splits{n}")
-@pytest.mark.parametrize("opt", AHEAD_OPTIONS, ids=lambda o: f"rg{o[0]}_ra{o[1]}{'l1' if o[2] else ''}")
+@pytest.mark.parametrize("opt", AHEAD_OPTIONS, ids=lambda o: f"rg{o[0]}_ra{o[1]}{'l1' if o[2] else ''}_ro{o[3]}")
 @pytest.mark.parametrize("case", AHEAD_CASES, ids=_ids)
 def test_regs_ahead(monkeypatch, case, opt, splits):
-    """regs_ahead (the block kAhead iterations ahead prefetched into L2 / L1) and load hint 7 (L2
-    evict-last): full, ragged and empty rows, causal at seqlen_q 2, paged (no prefetch), a cache
-    row index with leftpad."""
-    regs, ahead, l1 = opt
+    """regs_ahead (the block kAhead iterations ahead prefetched into L2 / L1), load hint 7 (L2
+    evict-last) and regs_order 1 / 2: full, ragged and empty rows, causal at seqlen_q 2, paged (no
+    prefetch, no early loads), a cache row index with leftpad, a window with appended keys."""
+    regs, ahead, l1, order = opt
     monkeypatch.setattr(fam_mod, "REGS_AHEAD_DEFAULT", ahead)
     monkeypatch.setattr(fam_mod, "REGS_AHEAD_L1_DEFAULT", l1)
+    monkeypatch.setattr(fam_mod, "REGS_ORDER_DEFAULT", order)
     _regs_case(monkeypatch, case, regs, splits)
     plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
-    assert all((p.config.regs_ahead, p.config.regs_ahead_l1) == (ahead, l1) for p in plans), [p.config.name for p in plans]
+    assert all((p.config.regs_ahead, p.config.regs_ahead_l1, p.config.regs_order) == (ahead, l1, order)
+               for p in plans), [p.config.name for p in plans]
 
 
 @pytest.mark.parametrize("page", [None, 16], ids=["contiguous", "page16"])
 def test_regs_ahead_cuda_graph(monkeypatch, page):
-    """As test_regs_cuda_graph with regs_ahead 3 and the evict-last hint (7)."""
+    """As test_regs_cuda_graph with regs_ahead 3, the evict-last hint (7) and regs_order 2 (the
+    early loads kept or not as the replays' lengths change)."""
     monkeypatch.setattr(fam_mod, "REGS_AHEAD_DEFAULT", 3)
+    monkeypatch.setattr(fam_mod, "REGS_ORDER_DEFAULT", 2)
     _options(monkeypatch, 7)
     rng = np.random.default_rng()
     args = make_case(rng, 4, 1, [65536, 1000, 30000, 5], 32, 8, 128, "bf16", page=page)

@@ -347,8 +347,13 @@ REGS_VALUES = (0, 1, 2, 3, 4, 5, 6, 7)
 # rows of the block regs_ahead iterations later (contiguous whole blocks), into L2, or into L1 with
 # regs_ahead_l1 (kAheadL1): 0 none, or 2..8.
 REGS_AHEAD_VALUES = (0, 2, 3, 4, 5, 6, 7, 8)
+# regs_order (decode_splitkv_regs' kOrder): a split's blocks, 0 one run from the top down, 1
+# interleaved (split s: blocks s, s + splits, ...), 2 as 1 with the first block's loads issued
+# before cache_seqlens arrives (contiguous caches without cache_batch_idx, leftpad or a left window).
+REGS_ORDER_VALUES = (0, 1, 2)
 REGS_AHEAD_DEFAULT = 0          # every regs call's regs_ahead (0: none; the batch-1 rules below may set it)
 REGS_AHEAD_L1_DEFAULT = False
+REGS_ORDER_DEFAULT = 0          # every regs call's regs_order (tests; the batch-1 rules may set it)
 # Batch-1 rules of the regs kernel (sm_90, contiguous caches, one batch row): the first entry
 # (max keys, {DecodeConfig field: value}) whose max keys covers the call's seqlen_k replaces those
 # fields of the heuristic's regs config (regs_options). Empty: none.
@@ -356,10 +361,11 @@ REGS_BATCH1_RULES: tuple = ()
 
 
 def regs_options(cfg, problem: Problem):
-    """The heuristic's regs config ``cfg`` with REGS_AHEAD_DEFAULT and, for a batch-1 contiguous
+    """The heuristic's regs config ``cfg`` with REGS_AHEAD_DEFAULT, REGS_AHEAD_L1_DEFAULT and
+    REGS_ORDER_DEFAULT and, for a batch-1 contiguous
     ``problem``, the first REGS_BATCH1_RULES entry that covers its keys."""
-    if REGS_AHEAD_DEFAULT or REGS_AHEAD_L1_DEFAULT:
-        cfg = cfg.replace(regs_ahead=REGS_AHEAD_DEFAULT, regs_ahead_l1=REGS_AHEAD_L1_DEFAULT)
+    if REGS_AHEAD_DEFAULT or REGS_AHEAD_L1_DEFAULT or REGS_ORDER_DEFAULT:
+        cfg = cfg.replace(regs_ahead=REGS_AHEAD_DEFAULT, regs_ahead_l1=REGS_AHEAD_L1_DEFAULT, regs_order=REGS_ORDER_DEFAULT)
     if problem.batch == 1 and "paged_kv" not in problem.features:
         for max_keys, fields in REGS_BATCH1_RULES:
             if problem.seqlen_k <= max_keys:
@@ -464,6 +470,7 @@ class DecodeConfig(KernelConfig):
     regs_prefetch: bool = False
     regs_ahead: int = 0
     regs_ahead_l1: bool = False
+    regs_order: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -492,7 +499,8 @@ class DecodeConfig(KernelConfig):
                  + ("_dyn" if self.dynamic == 1 else "_ilv" if self.dynamic == 2 else "")
                  + ("_stk" if self.stream else "") + ("_lf" if self.light_fence else "")
                  + (f"_rg{self.regs}" if self.regs else "") + ("_rpf" if self.regs_prefetch else "")
-                 + (f"_ra{self.regs_ahead}" if self.regs_ahead else "") + ("l1" if self.regs_ahead_l1 else ""))
+                 + (f"_ra{self.regs_ahead}" if self.regs_ahead else "") + ("l1" if self.regs_ahead_l1 else "")
+                 + (f"_ro{self.regs_order}" if self.regs_order else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -516,7 +524,8 @@ class DecodeConfig(KernelConfig):
         flag = {True: "true", False: "false"}
         if self.regs:
             # the defaults (false, 0, false) of the trailing options are left out
-            trailing = [flag[bool(self.regs_prefetch)], str(int(self.regs_ahead)), flag[bool(self.regs_ahead_l1)]]
+            trailing = [flag[bool(self.regs_prefetch)], str(int(self.regs_ahead)), flag[bool(self.regs_ahead_l1)],
+                        str(int(self.regs_order))]
             while trailing and trailing[-1] in ("false", "0"):
                 trailing.pop()
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
@@ -542,7 +551,7 @@ class DecodeConfig(KernelConfig):
         if self.regs:
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
                     bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
-                    bool(self.regs_ahead_l1))
+                    bool(self.regs_ahead_l1), int(self.regs_order))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -593,6 +602,10 @@ class DecodeConfig(KernelConfig):
             out.append("regs_ahead, regs_ahead_l1: options of the regs kernel (regs)")
         elif self.regs_ahead_l1 and not self.regs_ahead:
             out.append("regs_ahead_l1: where regs_ahead's prefetches go (needs regs_ahead)")
+        if self.regs_order not in REGS_ORDER_VALUES:
+            out.append(f"regs_order must be one of {REGS_ORDER_VALUES}, got {self.regs_order}")
+        elif self.regs_order and not self.regs:
+            out.append("regs_order: an option of the regs kernel (regs)")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -802,7 +815,8 @@ class DecodeSplitKV(Family):
              "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE, "dynamic": DYNAMIC_SPACE,
              "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE,
              "regs": REGS_SPACE,
-             "regs_prefetch": (False,), "regs_ahead": (0,), "regs_ahead_l1": (False,)}
+             "regs_prefetch": (False,), "regs_ahead": (0,), "regs_ahead_l1": (False,),
+             "regs_order": (0,)}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -919,7 +933,8 @@ class DecodeSplitKV(Family):
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
-                 "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_ahead_l1": False, **point}
+                 "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_ahead_l1": False,
+                 "regs_order": 0, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -966,7 +981,7 @@ class DecodeSplitKV(Family):
             if not chosen:
                 raise ValueError(f"q: the regs kernel (config regs) needs the head dim to equal the config's "
                                  f"{config.head_dim}, got {problem.head_dim}")
-            config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False)
+            config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
@@ -979,7 +994,7 @@ class DecodeSplitKV(Family):
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
-                                 regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False,
+                                 regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
                                  m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
