@@ -1599,13 +1599,15 @@ decode_splitkv_stream(const DecodeParams p) {
 //              block kAhead iterations later (its first kAhead blocks at the start), so a short
 //              split's blocks are all requested from its start: contiguous whole blocks only
 //   kAheadL1   kAhead's prefetches into L1 (true) or L2 (false)
+//   kEarlyBlocks  (kEarlyPrefetch) how many of the split's top blocks it prefetches (1, 2, 3)
 //   kOrder     the split's blocks: 0 one run of the row's blocks, from the top down; 1 interleaved,
 //              split s takes blocks s, s + splits, ... upwards (a split's first block does not
 //              depend on the row's length); 2 as 1, and where that first block is known before
 //              cache_seqlens arrives (contiguous caches without cache_batch_idx, cache_leftpad or
 //              a left window) its loads are issued first, kept if the row holds the whole block
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
-          int kLoadHint, bool kEarlyPrefetch = false, int kAhead = 0, bool kAheadL1 = false, int kOrder = 0>
+          int kLoadHint, bool kEarlyPrefetch = false, int kAhead = 0, bool kAheadL1 = false, int kOrder = 0,
+          int kEarlyBlocks = 1>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv_regs(const DecodeParams p) {
     constexpr int kThreads = kWarps * 32, kBlockN = kWarps * kWarpN, kRows = 8 * kRowTiles;
@@ -1620,6 +1622,7 @@ decode_splitkv_regs(const DecodeParams p) {
     static_assert(kRowTiles == 1 || kRowTiles == 2, "1 or 2 row tiles of 8 packed query rows");
     static_assert(kAhead == 0 || (kAhead >= 2 && kAhead <= 8), "kAhead: 0 (none) or 2..8 blocks");
     static_assert(kOrder >= 0 && kOrder <= 2, "kOrder: 0, 1 or 2");
+    static_assert(kEarlyBlocks >= 1 && kEarlyBlocks <= 3, "kEarlyBlocks: 1, 2 or 3");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     float* merge_smem = reinterpret_cast<float*>(smem_raw);  // [kWarps][kRows][kMergePitch], m, l
@@ -1637,6 +1640,29 @@ decode_splitkv_regs(const DecodeParams p) {
             const int n = min(n_blocks, (split + 1) * per) - 1;
             if (n >= split * per) {
                 const int pos0 = n * kBlockN + warp * kWarpN;
+                const u16* kp = static_cast<const u16*>(p.k_cache) + b * p.k_batch_stride + hkv * p.k_head_stride + 8 * t;
+                const u16* vp = static_cast<const u16*>(p.v_cache) + b * p.v_batch_stride + hkv * p.v_head_stride + 8 * g;
+#pragma unroll
+                for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+                    for (int q = 0; q < 2; ++q)
+#pragma unroll
+                        for (int i = 0; i < kKLoads; i += 2)  // a 128-byte line holds two lanes' loads
+                            prefetch_l1(kp + static_cast<i64>(pos0 + 16 * tile + g + 8 * q) * p.k_row_stride + 32 * i);
+#pragma unroll
+                for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q)
+#pragma unroll
+                        for (int h = 0; h < kVLoads; ++h)
+                            prefetch_l1(vp + static_cast<i64>(pos0 + 16 * tile + 2 * t + (q & 1) + 8 * (q >> 1)) * p.v_row_stride
+                                        + 64 * h);
+            }
+            // kEarlyBlocks > 1: the blocks after it (the split's run goes down), the same rows
+#pragma unroll
+            for (int j = 1; j < kEarlyBlocks; ++j) {
+                if (n - j < split * per) break;
+                const int pos0 = (n - j) * kBlockN + warp * kWarpN;
                 const u16* kp = static_cast<const u16*>(p.k_cache) + b * p.k_batch_stride + hkv * p.k_head_stride + 8 * t;
                 const u16* vp = static_cast<const u16*>(p.v_cache) + b * p.v_batch_stride + hkv * p.v_head_stride + 8 * g;
 #pragma unroll

@@ -4,7 +4,9 @@ block), contiguous and paged (page 16, with a cache_leftpad that puts tiles acro
 and 3 splits (the fused combine with light_fence), each twice (the second call finds the
 counters reset); then d 64 with 16 packed rows (two row tiles, 3 splits) and a causal window;
 then the contiguous calls again with regs_ahead 3 (L2), 2 (L1) under the evict-last hint (7), and
-regs_order 2 (interleaved blocks, the first loaded before the lengths) with regs_ahead 2.
+regs_order 2 (interleaved blocks, the first loaded before the lengths) with regs_ahead 2; then one
+batch row (capacity 8192, 8192 and 3001 keys) under the batch-1 rules' options (the early L1
+prefetch of 1 and 2 blocks, 4 warps, regs_order 2).
 
     compute-sanitizer --tool memcheck python tests/decode_regs_sanitize.py
 """
@@ -65,8 +67,19 @@ def main():
             for _ in range(2):
                 kvcache_with_config(c, q, kc, vc, cache_seqlens=lens, num_splits=splits)
                 runs += 1
+    b1 = cfg.replace(regs=6)
+    b1s = [b1.replace(regs_prefetch=True), b1.replace(regs_prefetch=True, regs_prefetch_blocks=2),
+           b1.replace(regs_prefetch=True, warps=4), b1.replace(regs_order=2)]
+    q1 = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k1, v1 = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for c in b1s:
+        for n in (8192, 3001):
+            for splits in (0, 3):
+                kvcache_with_config(c, q1, k1, v1, cache_seqlens=torch.tensor([n], device="cuda", dtype=torch.int32),
+                                    num_splits=splits)
+                runs += 1
     torch.cuda.synchronize()
-    print(f"regs sanitize done: {runs} runs ({cfg.name}, {cfg64.name}, {', '.join(c.name for c in ahead)})")
+    print(f"regs sanitize done: {runs} runs ({cfg.name}, {cfg64.name}, {', '.join(c.name for c in ahead + b1s)})")
 
 
 if __name__ == "__main__":

@@ -162,3 +162,44 @@ def test_regs_ahead_cuda_graph(monkeypatch, page):
     lengths = [np.zeros(4, np.int64)] + [rng.integers(0, 65536, size=4) for _ in range(3)]
     replays_match_eager(dict(args), lengths)
     _ran_regs(7)
+
+
+# REGS_BATCH1_RULES' options (fields of the regs config at batch 1, contiguous), each on full and
+# ragged rows, at the heuristic's split count and 3, and under CUDA-graph replays whose lengths
+# change (the early prefetch / loads assume a full row: kept or redone)
+BATCH1_OPTIONS = [{"regs_prefetch": True}, {"regs_prefetch": True, "regs_prefetch_blocks": 2},
+                  {"regs_prefetch": True, "warps": 4}, {"regs_order": 2}, {"regs": 1, "regs_prefetch": True}]
+BATCH1_CASES = [(1, 1, [8192], 32, 8, 128, "bf16", None, {}, {}), (1, 1, [3001], 32, 8, 128, "bf16", None, {}, {}),
+                (1, 2, [4096], 32, 8, 128, "bf16", None, {}, {"causal": True})]
+
+
+def _batch1(monkeypatch, fields):
+    monkeypatch.setattr(fam_mod, "REGS_BATCH1_RULES", ((1 << 30, dict(fields)),))
+
+
+def _b1_id(f):
+    return "_".join(f"{k}{int(v)}" for k, v in f.items())
+
+
+@pytest.mark.parametrize("splits", [0, 3], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("fields", BATCH1_OPTIONS, ids=_b1_id)
+@pytest.mark.parametrize("case", BATCH1_CASES, ids=_ids)
+def test_regs_batch1_rules(monkeypatch, case, fields, splits):
+    _batch1(monkeypatch, fields)
+    _regs_case(monkeypatch, case, fields.get("regs", 6), splits)
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert all(getattr(p.config, k) == v for p in plans for k, v in fields.items()), [p.config.name for p in plans]
+
+
+@pytest.mark.parametrize("fields", BATCH1_OPTIONS, ids=_b1_id)
+def test_regs_batch1_cuda_graph(monkeypatch, fields):
+    """One batch row of capacity 65536 captured, replayed empty, full, and at lengths that end
+    inside the early-prefetched / early-loaded blocks or before them."""
+    _batch1(monkeypatch, fields)
+    _options(monkeypatch, 6)
+    rng = np.random.default_rng()
+    args = make_case(rng, 1, 1, [65536], 32, 8, 128, "bf16")
+    lengths = [np.zeros(1, np.int64), np.array([65536]), np.array([65535]), np.array([1000]),
+               rng.integers(0, 65536, size=1)]
+    replays_match_eager(dict(args), lengths)
+    _ran_regs(fields.get("regs", 6))

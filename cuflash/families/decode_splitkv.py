@@ -471,6 +471,7 @@ class DecodeConfig(KernelConfig):
     regs_ahead: int = 0
     regs_ahead_l1: bool = False
     regs_order: int = 0
+    regs_prefetch_blocks: int = 1
 
     family = "decode_splitkv"
     _what = "decode"
@@ -500,7 +501,8 @@ class DecodeConfig(KernelConfig):
                  + ("_stk" if self.stream else "") + ("_lf" if self.light_fence else "")
                  + (f"_rg{self.regs}" if self.regs else "") + ("_rpf" if self.regs_prefetch else "")
                  + (f"_ra{self.regs_ahead}" if self.regs_ahead else "") + ("l1" if self.regs_ahead_l1 else "")
-                 + (f"_ro{self.regs_order}" if self.regs_order else ""))
+                 + (f"_ro{self.regs_order}" if self.regs_order else "")
+                 + (f"_pb{self.regs_prefetch_blocks}" if self.regs_prefetch_blocks != 1 else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -525,7 +527,9 @@ class DecodeConfig(KernelConfig):
         if self.regs:
             # the defaults (false, 0, false) of the trailing options are left out
             trailing = [flag[bool(self.regs_prefetch)], str(int(self.regs_ahead)), flag[bool(self.regs_ahead_l1)],
-                        str(int(self.regs_order))]
+                        str(int(self.regs_order)), str(int(self.regs_prefetch_blocks))]
+            if trailing[-1] == "1":   # kEarlyBlocks' default
+                trailing.pop()
             while trailing and trailing[-1] in ("false", "0"):
                 trailing.pop()
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
@@ -551,7 +555,7 @@ class DecodeConfig(KernelConfig):
         if self.regs:
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
                     bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
-                    bool(self.regs_ahead_l1), int(self.regs_order))
+                    bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -606,6 +610,10 @@ class DecodeConfig(KernelConfig):
             out.append(f"regs_order must be one of {REGS_ORDER_VALUES}, got {self.regs_order}")
         elif self.regs_order and not self.regs:
             out.append("regs_order: an option of the regs kernel (regs)")
+        if self.regs_prefetch_blocks not in (1, 2, 3):
+            out.append(f"regs_prefetch_blocks must be 1, 2 or 3, got {self.regs_prefetch_blocks}")
+        elif self.regs_prefetch_blocks != 1 and not self.regs_prefetch:
+            out.append("regs_prefetch_blocks: how many blocks regs_prefetch prefetches (needs regs_prefetch)")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -816,7 +824,7 @@ class DecodeSplitKV(Family):
              "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE,
              "regs": REGS_SPACE,
              "regs_prefetch": (False,), "regs_ahead": (0,), "regs_ahead_l1": (False,),
-             "regs_order": (0,)}
+             "regs_order": (0,), "regs_prefetch_blocks": (1,)}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -934,7 +942,7 @@ class DecodeSplitKV(Family):
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
                  "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_ahead_l1": False,
-                 "regs_order": 0, **point}
+                 "regs_order": 0, "regs_prefetch_blocks": 1, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -981,7 +989,8 @@ class DecodeSplitKV(Family):
             if not chosen:
                 raise ValueError(f"q: the regs kernel (config regs) needs the head dim to equal the config's "
                                  f"{config.head_dim}, got {problem.head_dim}")
-            config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0)
+            config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
+                                    regs_prefetch_blocks=1)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
@@ -995,6 +1004,7 @@ class DecodeSplitKV(Family):
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
                                  regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
+                                 regs_prefetch_blocks=1,
                                  m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
