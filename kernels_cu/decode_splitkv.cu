@@ -1638,33 +1638,13 @@ decode_splitkv_regs(const DecodeParams p) {
             const int n_blocks = p.capacity / kBlockN;  // whole blocks only: no clamp
             const int per = (n_blocks + p.num_splits - 1) / p.num_splits;
             const int n = min(n_blocks, (split + 1) * per) - 1;
-            if (n >= split * per) {
-                const int pos0 = n * kBlockN + warp * kWarpN;
-                const u16* kp = static_cast<const u16*>(p.k_cache) + b * p.k_batch_stride + hkv * p.k_head_stride + 8 * t;
-                const u16* vp = static_cast<const u16*>(p.v_cache) + b * p.v_batch_stride + hkv * p.v_head_stride + 8 * g;
+            const u16* kp = static_cast<const u16*>(p.k_cache) + b * p.k_batch_stride + hkv * p.k_head_stride + 8 * t;
+            const u16* vp = static_cast<const u16*>(p.v_cache) + b * p.v_batch_stride + hkv * p.v_head_stride + 8 * g;
+            // block n - j's rows of this warp (kEarlyBlocks > 1: the blocks after it, as the split's run goes down)
 #pragma unroll
-                for (int tile = 0; tile < kTiles; ++tile)
-#pragma unroll
-                    for (int q = 0; q < 2; ++q)
-#pragma unroll
-                        for (int i = 0; i < kKLoads; i += 2)  // a 128-byte line holds two lanes' loads
-                            prefetch_l1(kp + static_cast<i64>(pos0 + 16 * tile + g + 8 * q) * p.k_row_stride + 32 * i);
-#pragma unroll
-                for (int tile = 0; tile < kTiles; ++tile)
-#pragma unroll
-                    for (int q = 0; q < 4; ++q)
-#pragma unroll
-                        for (int h = 0; h < kVLoads; ++h)
-                            prefetch_l1(vp + static_cast<i64>(pos0 + 16 * tile + 2 * t + (q & 1) + 8 * (q >> 1)) * p.v_row_stride
-                                        + 64 * h);
-            }
-            // kEarlyBlocks > 1: the blocks after it (the split's run goes down), the same rows
-#pragma unroll
-            for (int j = 1; j < kEarlyBlocks; ++j) {
+            for (int j = 0; j < kEarlyBlocks; ++j) {
                 if (n - j < split * per) break;
                 const int pos0 = (n - j) * kBlockN + warp * kWarpN;
-                const u16* kp = static_cast<const u16*>(p.k_cache) + b * p.k_batch_stride + hkv * p.k_head_stride + 8 * t;
-                const u16* vp = static_cast<const u16*>(p.v_cache) + b * p.v_batch_stride + hkv * p.v_head_stride + 8 * g;
 #pragma unroll
                 for (int tile = 0; tile < kTiles; ++tile)
 #pragma unroll
