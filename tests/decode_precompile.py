@@ -281,6 +281,7 @@ def regs_test_configs():
         for kw in ({"regs_ahead": 3}, {"regs": 7, "regs_ahead": 2, "regs_ahead_l1": True},
                    {"regs_order": 2, "regs_ahead": 2}, {"regs": 6, "regs_prefetch": True},
                    {"regs": 6, "regs_prefetch": True, "regs_prefetch_blocks": 2},
+                   {"regs": 6, "regs_prefetch": True, "regs_prefetch_blocks": 3},
                    {"regs": 6, "regs_prefetch": True, "warps": 4}, {"regs": 6, "regs_order": 2})]
 
 

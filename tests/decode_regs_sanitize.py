@@ -6,7 +6,7 @@ counters reset); then d 64 with 16 packed rows (two row tiles, 3 splits) and a c
 then the contiguous calls again with regs_ahead 3 (L2), 2 (L1) under the evict-last hint (7), and
 regs_order 2 (interleaved blocks, the first loaded before the lengths) with regs_ahead 2; then one
 batch row (capacity 8192, 8192 and 3001 keys) under the batch-1 rules' options (the early L1
-prefetch of 1 and 2 blocks, 4 warps, regs_order 2).
+prefetch of 1, 2 and 3 blocks, 4 warps, regs_order 2).
 
     compute-sanitizer --tool memcheck python tests/decode_regs_sanitize.py
 """
@@ -69,6 +69,7 @@ def main():
                 runs += 1
     b1 = cfg.replace(regs=6)
     b1s = [b1.replace(regs_prefetch=True), b1.replace(regs_prefetch=True, regs_prefetch_blocks=2),
+           b1.replace(regs_prefetch=True, regs_prefetch_blocks=3),
            b1.replace(regs_prefetch=True, warps=4), b1.replace(regs_order=2)]
     q1 = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     k1, v1 = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))

@@ -87,6 +87,20 @@ def test_heuristic_switch(monkeypatch):
     assert not FAM.heuristic(P.replace(head_dim=120), (9, 0)).regs          # rounded up to 128: no column mask
 
 
+def test_batch1_rules(monkeypatch):
+    """REGS_BATCH1_RULES: one contiguous batch row above 8k keys takes the early L1 prefetch of 3
+    blocks; 8k keys and less, paged caches, batch 2 and REGS_BATCH1 False keep the heuristic's."""
+    cfg = FAM.heuristic(P, (9, 0))   # 1 x 32k
+    assert cfg.regs == 6 and cfg.regs_prefetch and cfg.regs_prefetch_blocks == 3 and not cfg.problems(232448)
+    assert cfg.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 5, true, 0, false, 0, 3>"
+    for p in (P.replace(seqlen_k=8192), P.replace(batch=2), P.replace(features=("paged_kv",))):
+        c = FAM.heuristic(p, (9, 0))
+        assert c.regs == 6 and not c.regs_prefetch and c.regs_prefetch_blocks == 1, (p, c.name)
+    assert FAM.heuristic(P.replace(seqlen_k=8193), (9, 0)).regs_prefetch
+    monkeypatch.setattr(mod, "REGS_BATCH1", False)
+    assert not FAM.heuristic(P, (9, 0)).regs_prefetch
+
+
 POINTS = [REGS, REGS.replace(regs=1, fused_combine=False, light_fence=False), REGS.replace(regs=3), REGS.replace(regs=4),
           REGS.replace(regs=1, regs_prefetch=True),
           REGS.replace(regs=5), REGS.replace(regs=6),

@@ -355,9 +355,21 @@ REGS_AHEAD_DEFAULT = 0          # every regs call's regs_ahead (0: none; the bat
 REGS_AHEAD_L1_DEFAULT = False
 REGS_ORDER_DEFAULT = 0          # every regs call's regs_order (tests; the batch-1 rules may set it)
 # Batch-1 rules of the regs kernel (sm_90, contiguous caches, one batch row): the first entry
-# (max keys, {DecodeConfig field: value}) whose max keys covers the call's seqlen_k replaces those
-# fields of the heuristic's regs config (regs_options). Empty: none.
-REGS_BATCH1_RULES: tuple = ()
+# (max keys, {DecodeConfig field: value}) whose max keys covers the call's seqlen_k (the cache's
+# capacity) replaces those fields of the heuristic's regs config (regs_options; REGS_BATCH1 False:
+# none). Measured on one H100 80GB HBM3 (session 23 round 2, tests/decode_b1_timing.py, bf16 d 128
+# 32:8 heads, CUDA graphs, 7 shuffled repeats, SDPA cuDNN in the same process;
+# results/NVIDIA_H100_80GB_HBM3/logs/session23_dec13/r2), us, the early L1 prefetch of the split's
+# first 3 blocks (regs_prefetch, regs_prefetch_blocks 3) / 2 blocks / 1 block / the heuristic without
+# the rule / cuDNN: 1 x 32k 46.70 / 47.65 / 48.91 / 50.44 / 47.80 (2.87 TB/s), 1 x 64k 89.81 / 90.50 /
+# 91.79 / 93.28 / 90.98, 1 x 128k 177.64 / 178.18 / 179.90 / 180.47 / 177.46. Up to 8k keys (4 blocks
+# a split) the prefetch loses where the cache stays in L2 between calls (1 x 8k graph replays: 3
+# blocks 14.44, 1 block 14.08, none 13.40, plain loads 13.30, cuDNN 11.85 us) and wins only where it
+# does not (4 caches in turn: 4 warps with 2 blocks 17.86, none 19.11, cuDNN 17.86): no rule there.
+# The regs_ahead prefetches (L2 or L1, 2-3 blocks ahead all along) and the evict-last hint (regs 7)
+# lost from 32k keys (round 1: 1 x 32k 56.9-58.9 against 52.2 us).
+REGS_BATCH1 = True
+REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_prefetch": True, "regs_prefetch_blocks": 3}))
 
 
 def regs_options(cfg, problem: Problem):
@@ -366,7 +378,7 @@ def regs_options(cfg, problem: Problem):
     ``problem``, the first REGS_BATCH1_RULES entry that covers its keys."""
     if REGS_AHEAD_DEFAULT or REGS_AHEAD_L1_DEFAULT or REGS_ORDER_DEFAULT:
         cfg = cfg.replace(regs_ahead=REGS_AHEAD_DEFAULT, regs_ahead_l1=REGS_AHEAD_L1_DEFAULT, regs_order=REGS_ORDER_DEFAULT)
-    if problem.batch == 1 and "paged_kv" not in problem.features:
+    if REGS_BATCH1 and problem.batch == 1 and "paged_kv" not in problem.features:
         for max_keys, fields in REGS_BATCH1_RULES:
             if problem.seqlen_k <= max_keys:
                 return cfg.replace(**fields)
