@@ -367,7 +367,11 @@ REGS_ORDER_DEFAULT = 0          # every regs call's regs_order (tests; the batch
 # blocks 14.44, 1 block 14.08, none 13.40, plain loads 13.30, cuDNN 11.85 us) and wins only where it
 # does not (4 caches in turn: 4 warps with 2 blocks 17.86, none 19.11, cuDNN 17.86): no rule there.
 # The regs_ahead prefetches (L2 or L1, 2-3 blocks ahead all along) and the evict-last hint (regs 7)
-# lost from 32k keys (round 1: 1 x 32k 56.9-58.9 against 52.2 us).
+# lost from 32k keys (round 1: 1 x 32k 56.9-58.9 against 52.2 us). Round 3 (r3, the heuristic with
+# the rule / without / cuDNN): 1 x 16k 27.10 / 30.94 / 29.71, 1 x 32k 48.50 / 52.39 / 51.51, 1 x 64k
+# 91.86 / 95.36 / 93.73, 1 x 128k 179.00 / 182.09 / 180.12 us. At 4k and 8k keys plain loads (regs 1)
+# tie or win in graph replays (1 x 4k 10.73 against 11.76, 1 x 8k 13.49 against 13.61) but lose with
+# 4 caches in turn (1 x 8k 20.05 against 19.54): not taken.
 REGS_BATCH1 = True
 REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_prefetch": True, "regs_prefetch_blocks": 3}))
 
