@@ -342,7 +342,51 @@ REGS_WARPS = 8
 # prefetched into L1 before cache_seqlens arrives (contiguous caches). The heuristic's choice
 # (REGS_PREFETCH_DEFAULT, with regs): off, not yet timed.
 REGS_PREFETCH_DEFAULT = False
-REGS_VALUES = (0, 1, 2, 3, 4, 5, 6)
+REGS_VALUES = (0, 1, 2, 3, 4, 5, 6, 7)
+# regs_ahead (decode_splitkv_regs' kAhead): with each block's register loads a warp prefetches the
+# rows of the block regs_ahead iterations later (contiguous whole blocks), into L2, or into L1 with
+# regs_ahead_l1 (kAheadL1): 0 none, or 2..8.
+REGS_AHEAD_VALUES = (0, 2, 3, 4, 5, 6, 7, 8)
+# regs_order (decode_splitkv_regs' kOrder): a split's blocks, 0 one run from the top down, 1
+# interleaved (split s: blocks s, s + splits, ...), 2 as 1 with the first block's loads issued
+# before cache_seqlens arrives (contiguous caches without cache_batch_idx, leftpad or a left window).
+REGS_ORDER_VALUES = (0, 1, 2)
+REGS_AHEAD_DEFAULT = 0          # every regs call's regs_ahead (0: none; the batch-1 rules below may set it)
+REGS_AHEAD_L1_DEFAULT = False
+REGS_ORDER_DEFAULT = 0          # every regs call's regs_order (tests; the batch-1 rules may set it)
+# Batch-1 rules of the regs kernel (sm_90, contiguous caches, one batch row): the first entry
+# (max keys, {DecodeConfig field: value}) whose max keys covers the call's seqlen_k (the cache's
+# capacity) replaces those fields of the heuristic's regs config (regs_options; REGS_BATCH1 False:
+# none). Measured on one H100 80GB HBM3 (session 23 round 2, tests/decode_b1_timing.py, bf16 d 128
+# 32:8 heads, CUDA graphs, 7 shuffled repeats, SDPA cuDNN in the same process;
+# results/NVIDIA_H100_80GB_HBM3/logs/session23_dec13/r2), us, the early L1 prefetch of the split's
+# first 3 blocks (regs_prefetch, regs_prefetch_blocks 3) / 2 blocks / 1 block / the heuristic without
+# the rule / cuDNN: 1 x 32k 46.70 / 47.65 / 48.91 / 50.44 / 47.80 (2.87 TB/s), 1 x 64k 89.81 / 90.50 /
+# 91.79 / 93.28 / 90.98, 1 x 128k 177.64 / 178.18 / 179.90 / 180.47 / 177.46. Up to 8k keys (4 blocks
+# a split) the prefetch loses where the cache stays in L2 between calls (1 x 8k graph replays: 3
+# blocks 14.44, 1 block 14.08, none 13.40, plain loads 13.30, cuDNN 11.85 us) and wins only where it
+# does not (4 caches in turn: 4 warps with 2 blocks 17.86, none 19.11, cuDNN 17.86): no rule there.
+# The regs_ahead prefetches (L2 or L1, 2-3 blocks ahead all along) and the evict-last hint (regs 7)
+# lost from 32k keys (round 1: 1 x 32k 56.9-58.9 against 52.2 us). Round 3 (r3, the heuristic with
+# the rule / without / cuDNN): 1 x 16k 27.10 / 30.94 / 29.71, 1 x 32k 48.50 / 52.39 / 51.51, 1 x 64k
+# 91.86 / 95.36 / 93.73, 1 x 128k 179.00 / 182.09 / 180.12 us. At 4k and 8k keys plain loads (regs 1)
+# tie or win in graph replays (1 x 4k 10.73 against 11.76, 1 x 8k 13.49 against 13.61) but lose with
+# 4 caches in turn (1 x 8k 20.05 against 19.54): not taken.
+REGS_BATCH1 = True
+REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_prefetch": True, "regs_prefetch_blocks": 3}))
+
+
+def regs_options(cfg, problem: Problem):
+    """The heuristic's regs config ``cfg`` with REGS_AHEAD_DEFAULT, REGS_AHEAD_L1_DEFAULT and
+    REGS_ORDER_DEFAULT and, for a batch-1 contiguous
+    ``problem``, the first REGS_BATCH1_RULES entry that covers its keys."""
+    if REGS_AHEAD_DEFAULT or REGS_AHEAD_L1_DEFAULT or REGS_ORDER_DEFAULT:
+        cfg = cfg.replace(regs_ahead=REGS_AHEAD_DEFAULT, regs_ahead_l1=REGS_AHEAD_L1_DEFAULT, regs_order=REGS_ORDER_DEFAULT)
+    if REGS_BATCH1 and problem.batch == 1 and "paged_kv" not in problem.features:
+        for max_keys, fields in REGS_BATCH1_RULES:
+            if problem.seqlen_k <= max_keys:
+                return cfg.replace(**fields)
+    return cfg
 REGS_SPACE = (0,)
 REGS_HEAD_DIMS = (64, 128)
 REGS_THREAD_REGISTERS = 256   # ptxas: 236 at 8 warps x 16 keys, d 128 (nvcc 13.0, sm_90a); the residency model's
@@ -440,6 +484,10 @@ class DecodeConfig(KernelConfig):
     light_fence: bool = False
     regs: int = 0
     regs_prefetch: bool = False
+    regs_ahead: int = 0
+    regs_ahead_l1: bool = False
+    regs_order: int = 0
+    regs_prefetch_blocks: int = 1
 
     family = "decode_splitkv"
     _what = "decode"
@@ -467,7 +515,10 @@ class DecodeConfig(KernelConfig):
                  + ("_em" if self.early_merge else "") + (f"_rf{self.ring_fill}" if self.ring_fill else "")
                  + ("_dyn" if self.dynamic == 1 else "_ilv" if self.dynamic == 2 else "")
                  + ("_stk" if self.stream else "") + ("_lf" if self.light_fence else "")
-                 + (f"_rg{self.regs}" if self.regs else "") + ("_rpf" if self.regs_prefetch else ""))
+                 + (f"_rg{self.regs}" if self.regs else "") + ("_rpf" if self.regs_prefetch else "")
+                 + (f"_ra{self.regs_ahead}" if self.regs_ahead else "") + ("l1" if self.regs_ahead_l1 else "")
+                 + (f"_ro{self.regs_order}" if self.regs_order else "")
+                 + (f"_pb{self.regs_prefetch_blocks}" if self.regs_prefetch_blocks != 1 else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -490,9 +541,16 @@ class DecodeConfig(KernelConfig):
     def kernel_name(self) -> str:
         flag = {True: "true", False: "false"}
         if self.regs:
+            # the defaults (false, 0, false) of the trailing options are left out
+            trailing = [flag[bool(self.regs_prefetch)], str(int(self.regs_ahead)), flag[bool(self.regs_ahead_l1)],
+                        str(int(self.regs_order)), str(int(self.regs_prefetch_blocks))]
+            if trailing[-1] == "1":   # kEarlyBlocks' default
+                trailing.pop()
+            while trailing and trailing[-1] in ("false", "0"):
+                trailing.pop()
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
                     f"cuflash::{self.dtype}, {flag[self.fused_combine]}, {flag[self.light_fence]}, {self.regs - 1}"
-                    + (", true>" if self.regs_prefetch else ">"))
+                    + "".join(f", {x}" for x in trailing) + ">")
         if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
@@ -512,7 +570,8 @@ class DecodeConfig(KernelConfig):
     def template_args(self) -> tuple:
         if self.regs:
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
-                    bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch))
+                    bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
+                    bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -557,6 +616,20 @@ class DecodeConfig(KernelConfig):
                        "kernel always counts so)")
         if self.regs_prefetch and not self.regs:
             out.append("regs_prefetch: an option of the regs kernel (regs)")
+        if self.regs_ahead not in REGS_AHEAD_VALUES:
+            out.append(f"regs_ahead must be one of {REGS_AHEAD_VALUES} (0: none), got {self.regs_ahead}")
+        elif (self.regs_ahead or self.regs_ahead_l1) and not self.regs:
+            out.append("regs_ahead, regs_ahead_l1: options of the regs kernel (regs)")
+        elif self.regs_ahead_l1 and not self.regs_ahead:
+            out.append("regs_ahead_l1: where regs_ahead's prefetches go (needs regs_ahead)")
+        if self.regs_order not in REGS_ORDER_VALUES:
+            out.append(f"regs_order must be one of {REGS_ORDER_VALUES}, got {self.regs_order}")
+        elif self.regs_order and not self.regs:
+            out.append("regs_order: an option of the regs kernel (regs)")
+        if self.regs_prefetch_blocks not in (1, 2, 3):
+            out.append(f"regs_prefetch_blocks must be 1, 2 or 3, got {self.regs_prefetch_blocks}")
+        elif self.regs_prefetch_blocks != 1 and not self.regs_prefetch:
+            out.append("regs_prefetch_blocks: how many blocks regs_prefetch prefetches (needs regs_prefetch)")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -766,7 +839,8 @@ class DecodeSplitKV(Family):
              "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE, "dynamic": DYNAMIC_SPACE,
              "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE,
              "regs": REGS_SPACE,
-             "regs_prefetch": (False,)}
+             "regs_prefetch": (False,), "regs_ahead": (0,), "regs_ahead_l1": (False,),
+             "regs_order": (0,), "regs_prefetch_blocks": (1,)}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -854,6 +928,7 @@ class DecodeSplitKV(Family):
                                bulk=0, early_merge=False, ring_fill=0, dynamic=0,
                                light_fence=LIGHT_FENCE_DEFAULT and cfg.fused_combine,
                                regs_prefetch=REGS_PREFETCH_DEFAULT and "paged_kv" not in problem.features)
+            regs = regs_options(regs, problem)
             if not regs.problems(max_smem):
                 return regs   # see REGS_DEFAULT
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
@@ -882,7 +957,8 @@ class DecodeSplitKV(Family):
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
-                 "regs": 0, "regs_prefetch": False, **point}
+                 "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_ahead_l1": False,
+                 "regs_order": 0, "regs_prefetch_blocks": 1, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -929,7 +1005,8 @@ class DecodeSplitKV(Family):
             if not chosen:
                 raise ValueError(f"q: the regs kernel (config regs) needs the head dim to equal the config's "
                                  f"{config.head_dim}, got {problem.head_dim}")
-            config = config.replace(regs=0, regs_prefetch=False)
+            config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
+                                    regs_prefetch_blocks=1)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
@@ -942,7 +1019,9 @@ class DecodeSplitKV(Family):
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
-                                 regs_prefetch=False, m_tiles=1 if config.regs else config.m_tiles)
+                                 regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
+                                 regs_prefetch_blocks=1,
+                                 m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
                     return candidate
