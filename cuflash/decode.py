@@ -741,7 +741,6 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
         cfg = cfg.replace(fused_combine=False, **({"early_merge": False} if getattr(cfg, "early_merge", False) else {}),
                           **({"dynamic": 0} if getattr(cfg, "dynamic", 0) == 1 else {}),
                           **({"light_fence": False} if getattr(cfg, "light_fence", False) else {}),
-                          **({"regs_claims": False} if getattr(cfg, "regs_claims", False) else {}),
                           **({"stream": False, "splits": call.num_splits or family.split_count(
                               cfg.replace(stream=False, splits=0), problem, _gpu.sm_count(dev), _gpu.max_smem(dev))}
                              if getattr(cfg, "stream", False) else {}))

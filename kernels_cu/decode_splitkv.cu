@@ -1595,23 +1595,19 @@ decode_splitkv_stream(const DecodeParams p) {
 //              split's first block as it would be were the row full (keys = the capacity: then the
 //              block is the same, and the loads after the length's round trip hit L1); contiguous
 //              caches without cache_batch_idx, cache_leftpad or a left window only (false: none)
-//   kL2Ahead   (contiguous caches) with each block's loads, the warp prefetches into L2 its rows of
-//              the block kL2Ahead further down the split (prefetch.global.L2: one 128-byte line per
-//              lane and row pass, no registers held), so HBM sees more than the one block per warp
-//              that the two register sets keep in flight (0: none)
-//   kClaims    (kFusedCombine; contiguous caches, more than one split) each warp claims the group's K/V
-//              blocks one at a time from the group's claim counter (the fused combine's counters'
-//              second half; lane 0's atomic add, issued a block before its id is needed) and runs all
-//              kWarps 16-key slices of each claimed block, from the top: a warp, and so an SM, that
-//              streams faster takes more blocks, and CTAs that start late take what is left, so the
-//              group's CTAs end together. The group's last CTA (the fused combine's count) sets the
-//              counter back to 0 (false: the split's equal run, each warp its slice of every block)
-//   kStagger   (contiguous caches, the equal runs) the split's run starts at a block rotated by the
-//              group's index (then wraps around from its bottom to its top), so the CTAs do not all
-//              stream the same offsets of rows that lie a power of two apart in memory
-//              (false: every run from its top block down)
+//   kAhead     (0: none; 2..) with each block's register loads, the warp prefetches the rows of the
+//              block kAhead iterations later (its first kAhead blocks at the start), so a short
+//              split's blocks are all requested from its start: contiguous whole blocks only
+//   kAheadL1   kAhead's prefetches into L1 (true) or L2 (false)
+//   kEarlyBlocks  (kEarlyPrefetch) how many of the split's top blocks it prefetches (1, 2, 3)
+//   kOrder     the split's blocks: 0 one run of the row's blocks, from the top down; 1 interleaved,
+//              split s takes blocks s, s + splits, ... upwards (a split's first block does not
+//              depend on the row's length); 2 as 1, and where that first block is known before
+//              cache_seqlens arrives (contiguous caches without cache_batch_idx, cache_leftpad or
+//              a left window) its loads are issued first, kept if the row holds the whole block
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
-          int kLoadHint, bool kEarlyPrefetch = false, int kL2Ahead = 0, bool kClaims = false, bool kStagger = false>
+          int kLoadHint, bool kEarlyPrefetch = false, int kAhead = 0, bool kAheadL1 = false, int kOrder = 0,
+          int kEarlyBlocks = 1>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv_regs(const DecodeParams p) {
     constexpr int kThreads = kWarps * 32, kBlockN = kWarps * kWarpN, kRows = 8 * kRowTiles;
@@ -1624,7 +1620,9 @@ decode_splitkv_regs(const DecodeParams p) {
     static_assert(kHeadDim == 64 || kHeadDim == 128, "decode_splitkv_regs: head dim 64 or 128");
     static_assert(kWarpN % 16 == 0 && kWarpN * kHeadDim <= 2048, "decode_splitkv_regs: 16-key tiles, two register sets of at most 64 registers");
     static_assert(kRowTiles == 1 || kRowTiles == 2, "1 or 2 row tiles of 8 packed query rows");
-    static_assert(!kClaims || kFusedCombine, "kClaims: the fused combine's last CTA resets the claim counter");
+    static_assert(kAhead == 0 || (kAhead >= 2 && kAhead <= 8), "kAhead: 0 (none) or 2..8 blocks");
+    static_assert(kOrder >= 0 && kOrder <= 2, "kOrder: 0, 1 or 2");
+    static_assert(kEarlyBlocks >= 1 && kEarlyBlocks <= 3, "kEarlyBlocks: 1, 2 or 3");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     float* merge_smem = reinterpret_cast<float*>(smem_raw);  // [kWarps][kRows][kMergePitch], m, l
@@ -1640,10 +1638,13 @@ decode_splitkv_regs(const DecodeParams p) {
             const int n_blocks = p.capacity / kBlockN;  // whole blocks only: no clamp
             const int per = (n_blocks + p.num_splits - 1) / p.num_splits;
             const int n = min(n_blocks, (split + 1) * per) - 1;
-            if (n >= split * per) {
-                const int pos0 = n * kBlockN + warp * kWarpN;
-                const u16* kp = static_cast<const u16*>(p.k_cache) + b * p.k_batch_stride + hkv * p.k_head_stride + 8 * t;
-                const u16* vp = static_cast<const u16*>(p.v_cache) + b * p.v_batch_stride + hkv * p.v_head_stride + 8 * g;
+            const u16* kp = static_cast<const u16*>(p.k_cache) + b * p.k_batch_stride + hkv * p.k_head_stride + 8 * t;
+            const u16* vp = static_cast<const u16*>(p.v_cache) + b * p.v_batch_stride + hkv * p.v_head_stride + 8 * g;
+            // block n - j's rows of this warp (kEarlyBlocks > 1: the blocks after it, as the split's run goes down)
+#pragma unroll
+            for (int j = 0; j < kEarlyBlocks; ++j) {
+                if (n - j < split * per) break;
+                const int pos0 = (n - j) * kBlockN + warp * kWarpN;
 #pragma unroll
                 for (int tile = 0; tile < kTiles; ++tile)
 #pragma unroll
@@ -1659,6 +1660,36 @@ decode_splitkv_regs(const DecodeParams p) {
                         for (int h = 0; h < kVLoads; ++h)
                             prefetch_l1(vp + static_cast<i64>(pos0 + 16 * tile + 2 * t + (q & 1) + 8 * (q >> 1)) * p.v_row_stride
                                         + 64 * h);
+            }
+        }
+    }
+    // kOrder 2: block `split` (the split's first under kOrder's interleave when no left window
+    // cuts the row) loaded before the length is known, into (k_e, v_e)
+    u32 k_e[kTiles][2][kKLoads][4], v_e[kTiles][4][kVLoads][4];
+    bool early = false;
+    if constexpr (kOrder == 2) {
+        early = !p.block_table && !p.cache_batch_idx && !p.cache_leftpad && p.window_left < 0
+                && (split + 1) * kBlockN <= p.capacity;
+        if (early) {
+            const u64 policy_e = kLoadHint == 2 || kLoadHint == 5 ? l2_policy_evict_first()
+                                 : kLoadHint == 6 ? l2_policy_evict_last() : 0;
+            const int row_b = min(b, p.num_pages - 1);
+            const u16* kp = static_cast<const u16*>(p.k_cache) + row_b * p.k_batch_stride + hkv * p.k_head_stride + 8 * t;
+            const u16* vp = static_cast<const u16*>(p.v_cache) + row_b * p.v_batch_stride + hkv * p.v_head_stride + 8 * g;
+#pragma unroll
+            for (int tile = 0; tile < kTiles; ++tile) {
+                const i64 pos0 = split * kBlockN + warp * kWarpN + 16 * tile;
+#pragma unroll
+                for (int q = 0; q < 2; ++q)
+#pragma unroll
+                    for (int i = 0; i < kKLoads; ++i)
+                        ld_kv_16<kLoadHint>(k_e[tile][q][i], kp + (pos0 + g + 8 * q) * p.k_row_stride + 32 * i, policy_e);
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+#pragma unroll
+                    for (int h = 0; h < kVLoads; ++h)
+                        ld_kv_16<kLoadHint>(v_e[tile][q][h],
+                                            vp + (pos0 + 2 * t + (q & 1) + 8 * (q >> 1)) * p.v_row_stride + 64 * h, policy_e);
             }
         }
     }
@@ -1682,7 +1713,12 @@ decode_splitkv_regs(const DecodeParams p) {
     const int n_begin = max(split * per_split, key_lo / kBlockN);
     const int n_end = min(min(n_blocks_row, (split + 1) * per_split),
                           key_hi <= 0 ? 0 : (key_hi + kBlockN - 1) / kBlockN);
-    const int n_iters = max(n_end - n_begin, 0);
+    // kOrder 1, 2: blocks n_first, n_first + splits, ... below n_stop
+    const int n_stop = min(n_blocks_row, key_hi <= 0 ? 0 : (key_hi + kBlockN - 1) / kBlockN);
+    const int n_lo = key_lo / kBlockN;
+    const int n_first = n_lo + ((split - n_lo) % p.num_splits + p.num_splits) % p.num_splits;
+    const int n_iters = kOrder ? (n_first < n_stop ? (n_stop - 1 - n_first) / p.num_splits + 1 : 0)
+                               : max(n_end - n_begin, 0);
 
     // Qᵀ's B fragments: row tile rt, k16 step c: b0, b1 = Q[8·rt + g][the column pairs of step c]
     const u16* q_base = static_cast<const u16*>(p.q_rot ? p.q_rot : p.q);
@@ -1730,7 +1766,8 @@ decode_splitkv_regs(const DecodeParams p) {
     if (!paged) cache_offsets(p, b, 0, k_row0, v_row0);
     const int* table = paged ? p.block_table + b * p.block_table_stride : nullptr;
     const int last_key = max(keys - 1, 0);
-    const u64 policy = kLoadHint == 2 || kLoadHint == 5 ? l2_policy_evict_first() : 0;
+    const u64 policy = kLoadHint == 2 || kLoadHint == 5 ? l2_policy_evict_first()
+                       : kLoadHint == 6 ? l2_policy_evict_last() : 0;
     int page_first[kTiles], page_a[kTiles], page_b[kTiles];  // the next block's tiles (paged)
     auto fetch_pages = [&](int n) {  // block n's page ids, into registers
 #pragma unroll
@@ -1760,21 +1797,6 @@ decode_splitkv_regs(const DecodeParams p) {
             vo = v_row0 + static_cast<i64>(pos) * p.v_row_stride;
         }
     };
-    // (kL2Ahead) block n's rows of this warp into L2: kLines 128-byte lines per key row of K and of V,
-    // one line per lane and pass (n lies below the split's top block: whole, inside the row)
-    auto prefetch_block_l2 = [&](int n) {
-        constexpr int kLines = kHeadDim * 2 / 128;
-#pragma unroll
-        for (int tile = 0; tile < kTiles; ++tile) {
-            const int pos0 = rk.start + n * kBlockN + warp * kWarpN + 16 * tile;
-#pragma unroll
-            for (int x = lane; x < 16 * kLines; x += 32) {
-                const i64 row = pos0 + x / kLines;
-                prefetch_l2(k_head + k_row0 + row * p.k_row_stride + 64 * (x % kLines));
-                prefetch_l2(v_head + v_row0 + row * p.v_row_stride + 64 * (x % kLines));
-            }
-        }
-    };
     // block n's K and V of this warp into (kr, vr); then (paged) block n - 1's page ids
     // One tile's rows from kp (key g's K) and vp (key 2t's V): the lane's other keys lie at
     // multiples of the row stride (a uniform product), no clamps.
@@ -1789,15 +1811,34 @@ decode_splitkv_regs(const DecodeParams p) {
             for (int h = 0; h < kVLoads; ++h)
                 ld_kv_16<kLoadHint>(vr[q][h], vp + ((q & 1) + 8 * (q >> 1)) * p.v_row_stride + 64 * h, policy);
     };
+    // kAhead: block n's rows of this warp, one cache line per lane per K (V) tile: contiguous
+    // whole blocks of the split only (a paged block's page ids are not read yet)
+    auto prefetch_block = [&](int n) {
+        if (paged || (kOrder ? n >= n_stop : n < n_begin) || (n + 1) * kBlockN > keys) return;
+        constexpr int kLines = kHeadDim / 64;  // 128-byte lines per key row
+#pragma unroll
+        for (int tile = 0; tile < kTiles; ++tile) {
+            const int pos = rk.start + n * kBlockN + warp * kWarpN + 16 * tile + (lane / kLines) % 16;
+            const u16* kp = k_head + k_row0 + static_cast<i64>(pos) * p.k_row_stride + 64 * (lane % kLines);
+            const u16* vp = v_head + v_row0 + static_cast<i64>(pos) * p.v_row_stride + 64 * (lane % kLines);
+            if constexpr (kAheadL1) {
+                prefetch_l1(kp);
+                prefetch_l1(vp);
+            } else {
+                prefetch_l2(kp);
+                prefetch_l2(vp);
+            }
+        }
+    };
     // block n's K and V of this warp into (kr, vr); then (paged) block n - 1's page ids. A block
     // inside the row: one address per tile (paged: a tile on one page; a page size is a multiple
     // of 16, so only a cache_leftpad puts a tile across two); else a clamped address per key.
-    // wv: the block's slice of kWarpN keys (the warp's own, or with kClaims each in turn)
-    auto load_block = [&](int n, u32 (&kr)[kTiles][2][kKLoads][4], u32 (&vr)[kTiles][4][kVLoads][4], int wv) {
+    auto load_block = [&](int n, u32 (&kr)[kTiles][2][kKLoads][4], u32 (&vr)[kTiles][4][kVLoads][4]) {
         const bool whole = (n + 1) * kBlockN <= keys;
+        if constexpr (kAhead > 0) prefetch_block(kOrder ? n + kAhead * p.num_splits : n - kAhead);
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
-            const int pos0 = rk.start + n * kBlockN + wv * kWarpN + 16 * tile;
+            const int pos0 = rk.start + n * kBlockN + warp * kWarpN + 16 * tile;
             if (whole && !paged) {
                 load_tile_rows(k_head + k_row0 + static_cast<i64>(pos0 + g) * p.k_row_stride + 8 * t,
                                v_head + v_row0 + static_cast<i64>(pos0 + 2 * t) * p.v_row_stride + 8 * g,
@@ -1812,7 +1853,7 @@ decode_splitkv_regs(const DecodeParams p) {
                                kr[tile], vr[tile]);
                 continue;
             }
-            const int key0 = n * kBlockN + wv * kWarpN + 16 * tile;
+            const int key0 = n * kBlockN + warp * kWarpN + 16 * tile;
 #pragma unroll
             for (int q = 0; q < 2; ++q) {  // K: keys g, g + 8
                 i64 ko, vo;
@@ -1828,9 +1869,10 @@ decode_splitkv_regs(const DecodeParams p) {
                 for (int h = 0; h < kVLoads; ++h) ld_kv_16<kLoadHint>(vr[tile][q][h], v_head + vo + 64 * h + 8 * g, policy);
             }
         }
-        if (paged && n - 1 >= n_begin) fetch_pages(n - 1);
-        if constexpr (kL2Ahead > 0) {
-            if (!paged && n - kL2Ahead >= n_begin) prefetch_block_l2(n - kL2Ahead);
+        if constexpr (kOrder == 0) {
+            if (paged && n - 1 >= n_begin) fetch_pages(n - 1);
+        } else {
+            if (paged && n + p.num_splits < n_stop) fetch_pages(n + p.num_splits);
         }
     };
 
@@ -1851,7 +1893,7 @@ decode_splitkv_regs(const DecodeParams p) {
     // transform and mask; the bulk's blocks run without (attend_any calls it with a constant:
     // two inlined copies of the body)
     auto attend = [&](int n, const u32 (&kr)[kTiles][2][kKLoads][4], const u32 (&vr)[kTiles][4][kVLoads][4],
-                      bool masked, int wv) {
+                      bool masked) {
         float s[kTiles][kRowTiles][4];
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
@@ -1875,7 +1917,7 @@ decode_splitkv_regs(const DecodeParams p) {
                 for (int rt = 0; rt < kRowTiles; ++rt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const int key = n * kBlockN + wv * kWarpN + 16 * tile + g + 8 * (e >> 1), j = e & 1;
+                        const int key = n * kBlockN + warp * kWarpN + 16 * tile + g + 8 * (e >> 1), j = e & 1;
                         float x = s[tile][rt][e];
                         if (scores_transform) {
                             x *= p.softmax_scale;
@@ -1951,85 +1993,65 @@ decode_splitkv_regs(const DecodeParams p) {
     // two register sets: block it + 1's loads are in flight while block it's math runs
     u32 k_a[kTiles][2][kKLoads][4], v_a[kTiles][4][kVLoads][4];
     u32 k_b[kTiles][2][kKLoads][4], v_b[kTiles][4][kVLoads][4];
-    const bool claims = kClaims && !paged && p.num_splits > 1;
-    // kClaims: the group's claim counter, in split_counters' second half
-    auto claim_counter_at = [&](int bb) { return static_cast<i64>(gridDim.z) * gridDim.y + static_cast<i64>(bb) * gridDim.y + blockIdx.y; };
-    // kStagger: load j of the run is block n_end - 1 - (j + rot) mod n_iters (contiguous caches)
-    const bool stagger = kStagger && !paged && !claims;
-    if (n_iters > 0 && !claims && !stagger) {
-        if (paged) fetch_pages(n_end - 1);
-        if constexpr (kL2Ahead > 1) {  // the blocks between the first and the first that load_block prefetches
-            if (!paged) {
+    if constexpr (kOrder == 0) {
+        if (n_iters > 0) {
+            if (paged) fetch_pages(n_end - 1);
+            if constexpr (kAhead > 2) {  // iterations 2 .. kAhead - 1 (the loads of 0 and 1 prefetch kAhead on)
 #pragma unroll
-                for (int a = 1; a < kL2Ahead; ++a)
-                    if (n_end - 1 - a >= n_begin) prefetch_block_l2(n_end - 1 - a);
+                for (int i = 2; i < kAhead; ++i) prefetch_block(n_end - 1 - i);
+            }
+            load_block(n_end - 1, k_a, v_a);
+        }
+    } else {
+        if (n_iters > 0) {
+            if (paged) fetch_pages(n_first);
+            if constexpr (kAhead > 2) {
+#pragma unroll
+                for (int i = 2; i < kAhead; ++i) prefetch_block(n_first + i * p.num_splits);
+            }
+            if (early && n_first == split && (split + 1) * kBlockN <= keys) {  // the early loads hold it
+                if constexpr (kAhead > 0) prefetch_block(n_first + kAhead * p.num_splits);
+#pragma unroll
+                for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+                    for (int q = 0; q < 2; ++q)
+#pragma unroll
+                        for (int i = 0; i < kKLoads; ++i)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) k_a[tile][q][i][e] = k_e[tile][q][i][e];
+#pragma unroll
+                    for (int q = 0; q < 4; ++q)
+#pragma unroll
+                        for (int h = 0; h < kVLoads; ++h)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) v_a[tile][q][h][e] = v_e[tile][q][h][e];
+                }
+            } else {
+                load_block(n_first, k_a, v_a);
             }
         }
-        load_block(n_end - 1, k_a, v_a, warp);
     }
-    auto attend_any = [&](int n, const u32 (&kr)[kTiles][2][kKLoads][4], const u32 (&vr)[kTiles][4][kVLoads][4],
-                          int wv) {
-        if (scores_transform || n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi) attend(n, kr, vr, true, wv);
-        else attend(n, kr, vr, false, wv);
+    auto attend_any = [&](int n, const u32 (&kr)[kTiles][2][kKLoads][4], const u32 (&vr)[kTiles][4][kVLoads][4]) {
+        if (scores_transform || n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi) attend(n, kr, vr, true);
+        else attend(n, kr, vr, false);
     };
-    if (!claims && !stagger) {
+    if constexpr (kOrder == 0) {
         for (int it = 0; it < n_iters; it += 2) {
-            if (it + 1 < n_iters) load_block(n_end - 2 - it, k_b, v_b, warp);
-            attend_any(n_end - 1 - it, k_a, v_a, warp);
+            if (it + 1 < n_iters) load_block(n_end - 2 - it, k_b, v_b);
+            attend_any(n_end - 1 - it, k_a, v_a);
             if (it + 1 >= n_iters) break;
-            if (it + 2 < n_iters) load_block(n_end - 3 - it, k_a, v_a, warp);
-            attend_any(n_end - 2 - it, k_b, v_b, warp);
+            if (it + 2 < n_iters) load_block(n_end - 3 - it, k_a, v_a);
+            attend_any(n_end - 2 - it, k_b, v_b);
         }
-    }
-    if constexpr (kStagger) {
-        if (stagger) {
-            const int rot = n_iters > 1 ? static_cast<int>((static_cast<i64>(b) * gridDim.y + blockIdx.y) * 37 % n_iters) : 0;
-            auto run_block = [&](int j) {
-                j += rot;
-                return n_end - 1 - (j >= n_iters ? j - n_iters : j);
-            };
-            if (n_iters > 0) load_block(run_block(0), k_a, v_a, warp);
-            for (int it = 0; it < n_iters; it += 2) {
-                if (it + 1 < n_iters) load_block(run_block(it + 1), k_b, v_b, warp);
-                attend_any(run_block(it), k_a, v_a, warp);
-                if (it + 1 >= n_iters) break;
-                if (it + 2 < n_iters) load_block(run_block(it + 2), k_a, v_a, warp);
-                attend_any(run_block(it + 1), k_b, v_b, warp);
-            }
-        }
-    }
-    if constexpr (kClaims) {
-        if (claims) {
-            // the warp's items (block n, slice wv), slices 0 .. kWarps - 1 of each block: its first
-            // block the (split · kWarps + warp)-th of the group's from the top (no claim to wait
-            // for), then claims; the next block's claim is in flight (lane 0's raw count) while a
-            // block runs
-            const int g_lo = key_lo / kBlockN, g_hi = min((keys + kBlockN - 1) / kBlockN,
-                                                          key_hi <= 0 ? 0 : (key_hi + kBlockN - 1) / kBlockN);
-            int* claim_counter = p.split_counters + claim_counter_at(b);
-            auto claim = [&]() { return lane == 0 ? atomicAdd(claim_counter, 1) : 0; };
-            auto block_at = [&](int c) { return c < g_hi - g_lo ? g_hi - 1 - c : -1; };  // -1: none left
-            auto block_of = [&](int raw) { return block_at(__shfl_sync(0xffffffffu, raw, 0) + p.num_splits * kWarps); };
-            int n_a = block_at(split * kWarps + warp), wv_a = 0;
-            int next_raw = n_a >= 0 ? claim() : 0;
-            auto advance = [&](int& n, int& wv) {  // the item after (n, wv)
-                if (++wv < kWarps) return;
-                wv = 0;
-                n = block_of(next_raw);
-                if (n >= 0) next_raw = claim();
-            };
-            if (n_a >= 0) load_block(n_a, k_a, v_a, wv_a);
-            while (n_a >= 0) {
-                int n_b = n_a, wv_b = wv_a;
-                advance(n_b, wv_b);
-                if (n_b >= 0) load_block(n_b, k_b, v_b, wv_b);
-                attend_any(n_a, k_a, v_a, wv_a);
-                if (n_b < 0) break;
-                n_a = n_b, wv_a = wv_b;
-                advance(n_a, wv_a);
-                if (n_a >= 0) load_block(n_a, k_a, v_a, wv_a);
-                attend_any(n_b, k_b, v_b, wv_b);
-            }
+    } else {
+        const int S = p.num_splits;
+        for (int it = 0; it < n_iters; it += 2) {
+            const int n = n_first + it * S;
+            if (it + 1 < n_iters) load_block(n + S, k_b, v_b);
+            attend_any(n, k_a, v_a);
+            if (it + 1 >= n_iters) break;
+            if (it + 2 < n_iters) load_block(n + 2 * S, k_a, v_a);
+            attend_any(n + S, k_b, v_b);
         }
     }
 
@@ -2091,8 +2113,6 @@ decode_splitkv_regs(const DecodeParams p) {
             int* counter = p.split_counters + (static_cast<i64>(b) * gridDim.y + blockIdx.y);
             const bool last = atom_add_acq_rel_gpu(counter, 1) == p.num_splits - 1;
             if (last) *counter = 0;  // every split has counted: back to 0 for the next call
-            if constexpr (kClaims)
-                if (last && claims) p.split_counters[claim_counter_at(b)] = 0;  // every warp has made its last claim
             *last_flag = last;
         }
         __syncthreads();

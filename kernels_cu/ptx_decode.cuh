@@ -62,6 +62,15 @@ __device__ __forceinline__ u64 l2_policy_evict_first() {
     return policy;
 }
 
+// An L2 eviction policy that marks the lines it touches evict-last (createpolicy, fraction 1.0):
+// decode_splitkv_regs' load hint 6, a short call's K/V (1 x 8k: 34 MB, less than the 50 MB L2)
+// kept in L2 for the next call that reads the same cache.
+__device__ __forceinline__ u64 l2_policy_evict_last() {
+    u64 policy;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
 // bulk_load_1d with an L2 cache policy (l2_policy_evict_first): one whole K or V row of the
 // cp.async loop's bulk path (kBulk 2), the copy engine's request instead of 16-byte cp.asyncs.
 __device__ __forceinline__ void bulk_load_1d_hint(u32 dst, const void* src, u32 bytes, u32 bar, u64 policy) {
@@ -79,11 +88,12 @@ __device__ __forceinline__ void bulk_load_1d_hint(u32 dst, const void* src, u32 
 //   2  as 1, with the L2 cache policy `policy` (l2_policy_evict_first: the stream is read once per
 //      call; ld's own .L2::evict_first wants 32-byte vectors)
 //   3  L1::no_allocate only;  4  L2::256B only;  5  the policy `policy` only
+//   6  the policy `policy` only (the kernel passes l2_policy_evict_last)
 // volatile: the loads stay where the kernel issues them, ahead of the mma.syncs (also volatile)
 // that work on the previous block's registers.
 template <int kHint>
 __device__ __forceinline__ void ld_kv_16(u32 (&r)[4], const void* src, u64 policy = 0) {
-    static_assert(kHint >= 0 && kHint <= 5, "the K/V load hint must be in 0..5");
+    static_assert(kHint >= 0 && kHint <= 6, "the K/V load hint must be in 0..6");
     if constexpr (kHint == 2)
         asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src), "l"(policy));
@@ -96,7 +106,7 @@ __device__ __forceinline__ void ld_kv_16(u32 (&r)[4], const void* src, u64 polic
     else if constexpr (kHint == 4)
         asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src));
-    else if constexpr (kHint == 5)
+    else if constexpr (kHint == 5 || kHint == 6)
         asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src), "l"(policy));
     else
@@ -110,9 +120,9 @@ __device__ __forceinline__ void prefetch_l1(const void* addr) {
     asm volatile("prefetch.global.L1 [%0];" :: "l"(addr));
 }
 
-// The cache line holding `addr` into L2 (decode_splitkv_regs' kL2Ahead: a block a few ahead of
-// the one the warp loads into registers is requested from HBM without holding registers, so more
-// bytes are in flight per SM than two register sets allow; the later ld.global.nc hits L2).
+// The cache line holding `addr` into L2 (decode_splitkv_regs' kAhead: the K/V rows of a block
+// further ahead than its two register sets requested early, so a short split's whole stream is in
+// flight from its start).
 __device__ __forceinline__ void prefetch_l2(const void* addr) {
     asm volatile("prefetch.global.L2 [%0];" :: "l"(addr));
 }

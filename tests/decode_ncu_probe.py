@@ -20,10 +20,7 @@ L2 evict-first policy (``bk2``), in that order; with ``--ring``, instead of the 
 heuristic's config with ring_fill 2 (``rf2``: the prologue fills the ring, loads before S) and
 with the dynamic block claims too (``rf2dyn``): ``sm__cycles_active.avg`` / ``.max`` then show
 how evenly the SMs' CTAs end; with ``--regs``, instead, decode_splitkv_regs (K/V into registers)
-with plain loads, 8 warps (``regs1``) and 4 warps at the co-resident split rule (``regs1w4``); with
-``--ahead``, instead, the heuristic's regs kernel with L2 prefetches 1 and 2 blocks ahead (``ahead1``,
-``ahead2``: regs_ahead); with ``--claims``, the heuristic's regs kernel with block claims at its split
-count and at 1.5 and 2 waves of CTAs (``claims``, ``claims1.5``, ``claims2``: regs_claims); with ``--stream``, instead, decode_splitkv_stream (stream-K) on
+with plain loads, 8 warps (``regs1``) and 4 warps at the co-resident split rule (``regs1w4``); with ``--stream``, instead, decode_splitkv_stream (stream-K) on
 the SMs' slots (``stream``) and on 128 CTAs (``stream128``).
 """
 import os
@@ -104,21 +101,6 @@ def profile_shape(b, ctx):
                 for k, v in old.items():
                     setattr(mod, k, v)
             runs.append((label, lambda cfg=cfg: kvcache_with_config(cfg, q, kc, vc, cache_seqlens=lens)))
-    elif "--claims" in sys.argv:  # the heuristic's regs kernel with block claims: its split count, and 1.5 / 2 waves of CTAs
-        from cuflash.families import decode_splitkv as mod
-        rc = heur.replace(regs_claims=True)
-        for label, waves in (("claims", 0.0), ("claims1.5", 1.5), ("claims2", 2.0)):
-            old = mod.REGS_CLAIMS_WAVES
-            try:
-                mod.REGS_CLAIMS_WAVES = waves
-                cfg = rc.replace(splits=num_splits_for(rc, problem, sms))
-            finally:
-                mod.REGS_CLAIMS_WAVES = old
-            runs.append((label, lambda cfg=cfg: kvcache_with_config(cfg, q, kc, vc, cache_seqlens=lens)))
-    elif "--ahead" in sys.argv:  # the heuristic's regs kernel with L2 prefetches 1 and 2 blocks ahead (regs_ahead)
-        for n in (1, 2):
-            cfg = heur.replace(regs_ahead=n, splits=num_splits_for(heur, problem, sms))
-            runs.append((f"ahead{n}", lambda cfg=cfg: kvcache_with_config(cfg, q, kc, vc, cache_seqlens=lens)))
     elif "--stream" in sys.argv:  # decode_splitkv_stream (stream-K) on every SM, and on 128 CTAs
         st = heur.replace(stream=True, ring_fill=0, dynamic=0, fused_combine=True, early_merge=True, light_fence=False)
         runs += [("stream", lambda: kvcache_with_config(st, q, kc, vc, cache_seqlens=lens)),

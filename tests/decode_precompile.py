@@ -266,16 +266,23 @@ def regs_test_configs():
                      REGS_HEAD_DIM_DEFAULT=(64, 128))
           for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.PREFETCH_CASES]
     ahead = [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
-                        REGS_DEFAULT=6, REGS_AHEAD_DEFAULT=n, REGS_HEAD_DIM_DEFAULT=(64, 128))
-             for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.AHEAD_CASES for n in (1, 3)]
-    ahead += [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
-                         REGS_DEFAULT=6, REGS_CLAIMS_DEFAULT=True, REGS_HEAD_DIM_DEFAULT=(64, 128))
-              for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.CLAIMS_CASES]
-    ahead += [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
-                         REGS_DEFAULT=6, REGS_STAGGER_DEFAULT=True, REGS_HEAD_DIM_DEFAULT=(64, 128))
-              for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.CLAIMS_CASES]
-    return pf + ahead + [cfg(c, 1) for c in t.CASES] + [cfg(c, regs) for c in t.HINT_CASES for regs in t.REGS[1:]] + [
-        cfg((2, 4, [1999], 8, 2, 64, "bf16", None, {}, {}), 3)]   # decode_regs_sanitize.py's d 64 call
+                        REGS_DEFAULT=regs, REGS_AHEAD_DEFAULT=ra, REGS_AHEAD_L1_DEFAULT=l1, REGS_ORDER_DEFAULT=ro,
+                        REGS_HEAD_DIM_DEFAULT=(64, 128))
+             for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.AHEAD_CASES + [(4, 1, [65536], 32, 8, 128, "bf16", pg, {}, {})
+                                                                                 for pg in (None, 16)]
+             for regs, ra, l1, ro in t.AHEAD_OPTIONS + [(7, 3, False, 2)]]
+    b1 = [_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0, REGS_DEFAULT=6,
+                     REGS_BATCH1_RULES=((1 << 30, dict(f)),))
+          for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.BATCH1_CASES + [(1, 1, [65536], 32, 8, 128, "bf16", None, {}, {})]
+          for f in t.BATCH1_OPTIONS]
+    return pf + ahead + b1 + [cfg(c, 1) for c in t.CASES] + [cfg(c, regs) for c in t.HINT_CASES for regs in t.REGS[1:]] + [
+        cfg((2, 4, [1999], 8, 2, 64, "bf16", None, {}, {}), 3)] + [   # decode_regs_sanitize.py's d 64 call
+        cfg((3, 1, [3000], 32, 8, 128, "bf16", None, {}, {}), 1).replace(**kw)   # and its calls ahead
+        for kw in ({"regs_ahead": 3}, {"regs": 7, "regs_ahead": 2, "regs_ahead_l1": True},
+                   {"regs_order": 2, "regs_ahead": 2}, {"regs": 6, "regs_prefetch": True},
+                   {"regs": 6, "regs_prefetch": True, "regs_prefetch_blocks": 2},
+                   {"regs": 6, "regs_prefetch": True, "regs_prefetch_blocks": 3},
+                   {"regs": 6, "regs_prefetch": True, "warps": 4}, {"regs": 6, "regs_order": 2})]
 
 
 GROUPS = {"regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,

@@ -2,10 +2,11 @@
 32:8 heads, one query row: batch 3 with 3000, 0 and 17 keys (a row without keys, a ragged top
 block), contiguous and paged (page 16, with a cache_leftpad that puts tiles across pages), at 1
 and 3 splits (the fused combine with light_fence), each twice (the second call finds the
-counters reset); then d 64 with 16 packed rows (two row tiles, 3 splits) and a causal window.
-``--ahead N``: every config with regs_ahead N (L2 prefetches N blocks ahead; contiguous calls);
-``--claims``: with regs_claims (each warp claims its blocks from a counter; contiguous calls);
-``--stagger``: with regs_stagger (each run starts at a rotated block; contiguous calls).
+counters reset); then d 64 with 16 packed rows (two row tiles, 3 splits) and a causal window;
+then the contiguous calls again with regs_ahead 3 (L2), 2 (L1) under the evict-last hint (7), and
+regs_order 2 (interleaved blocks, the first loaded before the lengths) with regs_ahead 2; then one
+batch row (capacity 8192, 8192 and 3001 keys) under the batch-1 rules' options (the early L1
+prefetch of 1, 2 and 3 blocks, 4 warps, regs_order 2).
 
     compute-sanitizer --tool memcheck python tests/decode_regs_sanitize.py
 """
@@ -22,11 +23,6 @@ from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import get  # noqa: E402
 
 
-AHEAD = int(sys.argv[sys.argv.index("--ahead") + 1]) if "--ahead" in sys.argv else 0   # regs_ahead: L2 prefetches
-CLAIMS = "--claims" in sys.argv   # regs_claims: the warps claim their blocks (contiguous calls)
-STAGGER = "--stagger" in sys.argv   # regs_stagger: rotated runs (contiguous calls)
-
-
 def _regs_config(problem, regs=1):
     old = mod.REGS_DEFAULT, mod.REGS_HEAD_DIM_DEFAULT
     mod.REGS_DEFAULT, mod.REGS_HEAD_DIM_DEFAULT = regs, (64, 128)
@@ -35,7 +31,7 @@ def _regs_config(problem, regs=1):
     finally:
         mod.REGS_DEFAULT, mod.REGS_HEAD_DIM_DEFAULT = old
     assert cfg.regs == regs, cfg.name
-    return cfg.replace(regs_ahead=AHEAD, regs_claims=CLAIMS and cfg.fused_combine, regs_stagger=STAGGER)
+    return cfg
 
 
 def main():
@@ -64,8 +60,27 @@ def main():
     for _ in range(2):
         kvcache_with_config(cfg64, q64, k64, v64, cache_seqlens=lens64, causal=True, window_size=(300, 0), num_splits=3)
         runs += 1
+    ahead = [cfg.replace(regs_ahead=3), cfg.replace(regs=7, regs_ahead=2, regs_ahead_l1=True),
+             cfg.replace(regs_order=2, regs_ahead=2)]
+    for c in ahead:   # the prefetches ahead (contiguous whole blocks only)
+        for splits in (1, 3):
+            for _ in range(2):
+                kvcache_with_config(c, q, kc, vc, cache_seqlens=lens, num_splits=splits)
+                runs += 1
+    b1 = cfg.replace(regs=6)
+    b1s = [b1.replace(regs_prefetch=True), b1.replace(regs_prefetch=True, regs_prefetch_blocks=2),
+           b1.replace(regs_prefetch=True, regs_prefetch_blocks=3),
+           b1.replace(regs_prefetch=True, warps=4), b1.replace(regs_order=2)]
+    q1 = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k1, v1 = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for c in b1s:
+        for n in (8192, 3001):
+            for splits in (0, 3):
+                kvcache_with_config(c, q1, k1, v1, cache_seqlens=torch.tensor([n], device="cuda", dtype=torch.int32),
+                                    num_splits=splits)
+                runs += 1
     torch.cuda.synchronize()
-    print(f"regs sanitize done: {runs} runs ({cfg.name}, {cfg64.name})")
+    print(f"regs sanitize done: {runs} runs ({cfg.name}, {cfg64.name}, {', '.join(c.name for c in ahead + b1s)})")
 
 
 if __name__ == "__main__":

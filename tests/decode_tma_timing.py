@@ -79,8 +79,7 @@ SWITCH_NAMES = ("TMA_DEFAULT", "TMA_PAGED_DEFAULT", "L2_PREFETCH_DEFAULT", "WARP
                 "BULK_DEFAULT", "BULK_PAGED_DEFAULT", "EARLY_MERGE_DEFAULT", "RING_FILL_DEFAULT",
                 "DYNAMIC_DEFAULT", "DYNAMIC_MAX_GROUPS", "DYNAMIC_MIN_KEYS", "STREAM_DEFAULT", "STREAM_PAGED",
                 "STREAM_FORCE_CTAS", "LIGHT_FENCE_DEFAULT", "STREAM_WHOLE_GROUPS", "REGS_DEFAULT",
-                "REGS_WARPS", "REGS_PREFETCH_DEFAULT", "REGS_AHEAD_DEFAULT", "REGS_CLAIMS_DEFAULT", "REGS_CLAIMS_WAVES",
-                "REGS_STAGGER_DEFAULT")
+                "REGS_WARPS", "REGS_PREFETCH_DEFAULT")
 
 
 def base_config(problem, arch=(9, 0)):
@@ -146,7 +145,7 @@ def parse_switches(text: str) -> dict:
             raise ValueError(f"--propose: {item!r} is not NAME=VALUE with NAME in {SWITCH_NAMES}")
         out[name] = {"true": True, "false": False}.get(value.lower(), None)
         if out[name] is None:
-            out[name] = float(value) if "." in value else int(value)
+            out[name] = int(value)
     return out
 
 

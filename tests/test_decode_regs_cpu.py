@@ -23,7 +23,7 @@ P = Problem("decode", "bf16", 1, 1, 32768, 32, 8, 128)
 def test_names_template_arguments_smem_residency():
     assert REGS.name == "decode_bf16_d128_w8_n16_s3_m1_c4_fc_lf_rg2"
     assert REGS.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 1>"
-    assert REGS.template_args() == (8, 16, 1, 128, "bf16", True, True, 1, False, 0, False, False)
+    assert REGS.template_args() == (8, 16, 1, 128, "bf16", True, True, 1, False, 0, False, 0, 1)
     assert BASE.kernel_name() == ("cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, true, false, 0, false, "
                                   "false, false, 0, false, 0, 0, true>")   # unchanged without it
     assert REGS.rows == 8 and BASE.rows == 16 and REGS.replace(m_tiles=2).rows == 16
@@ -35,7 +35,7 @@ def test_names_template_arguments_smem_residency():
     assert FAM.make(old, P).regs == 0
 
 
-def test_validation_and_call_checks(monkeypatch):
+def test_validation_and_call_checks():
     assert not REGS.problems(232448) and not REGS.replace(head_dim=64, m_tiles=2, warp_n=32).problems(232448)
     for bad in (REGS.replace(tma=True), REGS.replace(l2_prefetch=256), REGS.replace(lean=True),
                 REGS.replace(ring_fill=1), REGS.replace(stream=True), REGS.replace(early_merge=True)):
@@ -43,29 +43,26 @@ def test_validation_and_call_checks(monkeypatch):
     assert any("head_dim must be one of" in x for x in REGS.replace(head_dim=96).problems(232448))
     assert any("warp_n * head_dim" in x for x in REGS.replace(warp_n=32).problems(232448))
     assert any("m_tiles * head_dim" in x for x in REGS.replace(m_tiles=2).problems(232448))
-    assert any("regs must be one of" in x for x in REGS.replace(regs=7).problems(232448))
+    assert any("regs must be one of" in x for x in REGS.replace(regs=8).problems(232448))
     assert any("regs_prefetch" in x for x in BASE.replace(regs_prefetch=True).problems(232448))
     pf = REGS.replace(regs_prefetch=True)
-    assert pf.name.endswith("_rg2_rpf") and pf.kernel_name().endswith(", 1, true>") and pf.template_args()[-4] is True
-    ra = REGS.replace(regs_ahead=2)
-    assert ra.name.endswith("_rg2_ra2") and ra.kernel_name().endswith(", 1, false, 2>") and ra.template_args()[-3] == 2
-    rc = REGS.replace(regs_claims=True)
-    assert rc.name.endswith("_rg2_rcl") and rc.kernel_name().endswith(", 1, false, 0, true>") and rc.template_args()[-2]
-    rs = REGS.replace(regs_stagger=True)
-    assert rs.name.endswith("_rg2_rst") and rs.kernel_name().endswith(", 1, false, 0, false, true>") and rs.template_args()[-1]
-    assert not rs.problems(232448) and any("regs_stagger:" in x for x in BASE.replace(regs_stagger=True).problems(232448))
-    assert FAM.heuristic(P, (9, 0), None, {"regs_stagger": 1}).regs_stagger is True
-    assert not rc.problems(232448)
-    for bad in (BASE.replace(regs_claims=True), rc.replace(fused_combine=False, light_fence=False), rc.replace(regs_ahead=1)):
-        assert any("regs_claims:" in x for x in bad.problems(232448)), bad.name
-    assert FAM.counters(rc.replace(splits=4), P) == 2 * 8 and FAM.counters(REGS.replace(splits=4), P) == 8
-    assert FAM.heuristic(P.replace(features=("paged_kv",)), (9, 0), None, {"regs_claims": 1}).regs_claims is False
-    assert FAM.heuristic(P, (9, 0), None, {"regs_claims": 1}).regs_claims is True
-    monkeypatch.setattr(mod, "REGS_CLAIMS_WAVES", 1.5)   # claims: at least 1.5 x 132 slots over 64 groups
-    assert mod.num_splits_for(rc, P.replace(batch=8), 132) == 4 and mod.num_splits_for(REGS, P.replace(batch=8), 132) == 2
-    assert not ra.problems(232448) and any("regs_ahead: an option" in x for x in BASE.replace(regs_ahead=1).problems(232448))
-    assert any("regs_ahead must be one of" in x for x in REGS.replace(regs_ahead=9).problems(232448))
-    assert FAM.call_config(ra, P.replace(head_dim=120), (9, 0), 0, chosen=True).regs_ahead == 0
+    assert pf.name.endswith("_rg2_rpf") and pf.kernel_name().endswith(", 1, true>") and pf.template_args()[-5] is True
+    ra = REGS.replace(regs_ahead=3)
+    assert ra.name.endswith("_rg2_ra3") and ra.kernel_name().endswith(", 1, false, 3>")
+    assert ra.template_args()[-5:] == (False, 3, False, 0, 1) and not ra.problems(232448)
+    pb = pf.replace(regs_prefetch_blocks=2)
+    assert pb.name.endswith("_rpf_pb2") and pb.kernel_name().endswith(", 1, true, 0, false, 0, 2>") and not pb.problems(232448)
+    assert any("needs regs_prefetch" in x for x in REGS.replace(regs_prefetch_blocks=2).problems(232448))
+    ro = REGS.replace(regs_order=2)
+    assert ro.name.endswith("_rg2_ro2") and ro.kernel_name().endswith(", 1, false, 0, false, 2>") and not ro.problems(232448)
+    assert any("regs_order must be one of" in x for x in REGS.replace(regs_order=3).problems(232448))
+    assert any("regs_order: an option" in x for x in BASE.replace(regs_order=1).problems(232448))
+    ral1 = ra.replace(regs_ahead_l1=True)
+    assert ral1.name.endswith("_rg2_ra3l1") and ral1.kernel_name().endswith(", 1, false, 3, true>")
+    assert any("regs_ahead must be one of" in x for x in REGS.replace(regs_ahead=1).problems(232448))
+    assert any("regs_ahead, regs_ahead_l1" in x for x in BASE.replace(regs_ahead=2).problems(232448))
+    assert any("needs regs_ahead" in x for x in REGS.replace(regs_ahead_l1=True).problems(232448))
+    assert FAM.decode(FAM.encode(ral1), "bf16", False) == ral1
     with pytest.raises(ValueError, match="^q: the regs kernel"):
         FAM.call_config(REGS, P.replace(head_dim=120), (9, 0), 0, chosen=False)
     assert FAM.call_config(REGS, P.replace(head_dim=120), (9, 0), 0, chosen=True).regs == 0
@@ -90,13 +87,28 @@ def test_heuristic_switch(monkeypatch):
     assert not FAM.heuristic(P.replace(head_dim=120), (9, 0)).regs          # rounded up to 128: no column mask
 
 
+def test_batch1_rules(monkeypatch):
+    """REGS_BATCH1_RULES: one contiguous batch row above 8k keys takes the early L1 prefetch of 3
+    blocks; 8k keys and less, paged caches, batch 2 and REGS_BATCH1 False keep the heuristic's."""
+    cfg = FAM.heuristic(P, (9, 0))   # 1 x 32k
+    assert cfg.regs == 6 and cfg.regs_prefetch and cfg.regs_prefetch_blocks == 3 and not cfg.problems(232448)
+    assert cfg.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 5, true, 0, false, 0, 3>"
+    for p in (P.replace(seqlen_k=8192), P.replace(batch=2), P.replace(features=("paged_kv",))):
+        c = FAM.heuristic(p, (9, 0))
+        assert c.regs == 6 and not c.regs_prefetch and c.regs_prefetch_blocks == 1, (p, c.name)
+    assert FAM.heuristic(P.replace(seqlen_k=8193), (9, 0)).regs_prefetch
+    monkeypatch.setattr(mod, "REGS_BATCH1", False)
+    assert not FAM.heuristic(P, (9, 0)).regs_prefetch
+
+
 POINTS = [REGS, REGS.replace(regs=1, fused_combine=False, light_fence=False), REGS.replace(regs=3), REGS.replace(regs=4),
           REGS.replace(regs=1, regs_prefetch=True),
           REGS.replace(regs=5), REGS.replace(regs=6),
           REGS.replace(head_dim=64, dtype="fp16"), REGS.replace(head_dim=64, m_tiles=2), REGS.replace(warps=4),
-          REGS.replace(regs=6, regs_ahead=2), REGS.replace(head_dim=64, m_tiles=2, regs_ahead=3),
-          REGS.replace(regs=6, regs_claims=True), REGS.replace(head_dim=64, m_tiles=2, regs_claims=True),
-          REGS.replace(regs=6, regs_stagger=True)]
+          REGS.replace(regs=7), REGS.replace(regs=6, regs_ahead=2), REGS.replace(regs=6, regs_ahead=4, regs_ahead_l1=True),
+          REGS.replace(head_dim=64, regs_ahead=3), REGS.replace(regs=6, regs_order=1),
+          REGS.replace(regs=6, regs_order=2, regs_ahead=2), REGS.replace(head_dim=64, m_tiles=2, regs_order=2),
+          REGS.replace(regs=6, regs_prefetch=True, regs_prefetch_blocks=2)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")

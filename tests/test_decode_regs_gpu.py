@@ -124,57 +124,83 @@ def test_regs_prefetch(monkeypatch, case):
     assert all(p.config.regs_prefetch for p in plans), [p.config.name for p in plans]
 
 
-AHEAD_CASES = [CASES[1], CASES[2], CASES[3], CASES[4], CASES[6], CASES[11], CASES[12], CASES[13],
-               (2, 1, [65536, 40000], 32, 8, 128, "bf16", None, {}, {"window_size": (20000, -1)})]
+AHEAD_CASES = PREFETCH_CASES + [(3, 1, [2049, 0, 6000], 32, 8, 128, "bf16", 16, {}, {}),
+                                (2, 1, [3000, 1500], 32, 8, 128, "bf16", None, {"batch_idx": True, "leftpad": True}, {}),
+                                CASES[12]]   # a window cutting the row's bottom (regs_order's first block)
+# (regs, regs_ahead, regs_ahead_l1, regs_order): the prefetches ahead into L2 / L1, the evict-last
+# hint (7), the interleaved block order (1) and its first block loaded before the lengths (2)
+AHEAD_OPTIONS = [(6, 2, False, 0), (6, 3, True, 0), (7, 4, False, 0), (6, 0, False, 1), (6, 2, False, 2),
+                 (7, 0, False, 2)]
 
 
-@pytest.mark.parametrize("ahead", [1, 3], ids=lambda n: f"ahead{n}")
 @pytest.mark.parametrize("splits", [0, 3], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("opt", AHEAD_OPTIONS, ids=lambda o: f"rg{o[0]}_ra{o[1]}{'l1' if o[2] else ''}_ro{o[3]}")
 @pytest.mark.parametrize("case", AHEAD_CASES, ids=_ids)
-def test_regs_ahead(monkeypatch, case, splits, ahead):
-    """regs_ahead (L2 prefetches of the block ``ahead`` further down the split, contiguous caches):
-    ragged and empty rows, d 64 and 128, two row tiles, batch_idx + leftpad, windows (a split's
-    first block above 0), softcap + ALiBi, at the heuristic's splits and 3; the load hint 6."""
+def test_regs_ahead(monkeypatch, case, opt, splits):
+    """regs_ahead (the block kAhead iterations ahead prefetched into L2 / L1), load hint 7 (L2
+    evict-last) and regs_order 1 / 2: full, ragged and empty rows, causal at seqlen_q 2, paged (no
+    prefetch, no early loads), a cache row index with leftpad, a window with appended keys."""
+    regs, ahead, l1, order = opt
     monkeypatch.setattr(fam_mod, "REGS_AHEAD_DEFAULT", ahead)
-    _regs_case(monkeypatch, case, 6, splits)
+    monkeypatch.setattr(fam_mod, "REGS_AHEAD_L1_DEFAULT", l1)
+    monkeypatch.setattr(fam_mod, "REGS_ORDER_DEFAULT", order)
+    _regs_case(monkeypatch, case, regs, splits)
     plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
-    assert all(p.config.regs_ahead == ahead for p in plans), [p.config.name for p in plans]
+    assert all((p.config.regs_ahead, p.config.regs_ahead_l1, p.config.regs_order) == (ahead, l1, order)
+               for p in plans), [p.config.name for p in plans]
 
 
-CLAIMS_CASES = [CASES[1], CASES[2], CASES[3], CASES[4], CASES[6], CASES[11], CASES[12], CASES[13], AHEAD_CASES[-1],
-                (2, 1, [131072, 70000], 32, 8, 128, "bf16", None, {}, {}), CASES[7]]
-
-
-@pytest.mark.parametrize("splits", [0, 3, 7], ids=lambda n: f"splits{n}")
-@pytest.mark.parametrize("case", CLAIMS_CASES, ids=_ids)
-def test_regs_claims(monkeypatch, case, splits):
-    """regs_claims (each warp claims its group's K/V blocks from a counter; contiguous caches): ragged
-    and empty rows, d 64 and 128, two row tiles, batch_idx + leftpad, windows, softcap + ALiBi, a
-    long row, page 16 (claims off there), at the heuristic's splits, 3 and 7; every call twice (the
-    claim counters are back at 0 after a call); the load hint 6."""
-    monkeypatch.setattr(fam_mod, "REGS_CLAIMS_DEFAULT", True)
-    _regs_case(monkeypatch, case, 6, splits)
-    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
-    assert all(p.config.regs_claims == (case[7] is None) for p in plans), [p.config.name for p in plans]
-
-
-def test_regs_claims_graph(monkeypatch):
-    """A captured call with claims (8 splits) replayed with new lengths matches eager calls."""
-    monkeypatch.setattr(fam_mod, "REGS_CLAIMS_DEFAULT", True)
-    _options(monkeypatch, 6)
+@pytest.mark.parametrize("page", [None, 16], ids=["contiguous", "page16"])
+def test_regs_ahead_cuda_graph(monkeypatch, page):
+    """As test_regs_cuda_graph with regs_ahead 3, the evict-last hint (7) and regs_order 2 (the
+    early loads kept or not as the replays' lengths change)."""
+    monkeypatch.setattr(fam_mod, "REGS_AHEAD_DEFAULT", 3)
+    monkeypatch.setattr(fam_mod, "REGS_ORDER_DEFAULT", 2)
+    _options(monkeypatch, 7)
     rng = np.random.default_rng()
-    args = make_case(rng, 4, 1, [65536, 1000, 30000, 5], 32, 8, 128, "bf16")
+    args = make_case(rng, 4, 1, [65536, 1000, 30000, 5], 32, 8, 128, "bf16", page=page)
     lengths = [np.zeros(4, np.int64)] + [rng.integers(0, 65536, size=4) for _ in range(3)]
     replays_match_eager(dict(args), lengths)
-    _ran_regs(6)
+    _ran_regs(7)
+
+
+# REGS_BATCH1_RULES' options (fields of the regs config at batch 1, contiguous), each on full and
+# ragged rows, at the heuristic's split count and 3, and under CUDA-graph replays whose lengths
+# change (the early prefetch / loads assume a full row: kept or redone)
+BATCH1_OPTIONS = [{"regs_prefetch": True}, {"regs_prefetch": True, "regs_prefetch_blocks": 2},
+                  {"regs_prefetch": True, "regs_prefetch_blocks": 3},
+                  {"regs_prefetch": True, "warps": 4}, {"regs_order": 2}, {"regs": 1, "regs_prefetch": True}]
+BATCH1_CASES = [(1, 1, [8192], 32, 8, 128, "bf16", None, {}, {}), (1, 1, [3001], 32, 8, 128, "bf16", None, {}, {}),
+                (1, 2, [4096], 32, 8, 128, "bf16", None, {}, {"causal": True})]
+
+
+def _batch1(monkeypatch, fields):
+    monkeypatch.setattr(fam_mod, "REGS_BATCH1_RULES", ((1 << 30, dict(fields)),))
+
+
+def _b1_id(f):
+    return "_".join(f"{k}{int(v)}" for k, v in f.items())
 
 
 @pytest.mark.parametrize("splits", [0, 3], ids=lambda n: f"splits{n}")
-@pytest.mark.parametrize("case", CLAIMS_CASES, ids=_ids)
-def test_regs_stagger(monkeypatch, case, splits):
-    """regs_stagger (each split's run starts at a block rotated by the group's index; contiguous caches):
-    the claims' cases at the heuristic's splits and 3."""
-    monkeypatch.setattr(fam_mod, "REGS_STAGGER_DEFAULT", True)
-    _regs_case(monkeypatch, case, 6, splits)
+@pytest.mark.parametrize("fields", BATCH1_OPTIONS, ids=_b1_id)
+@pytest.mark.parametrize("case", BATCH1_CASES, ids=_ids)
+def test_regs_batch1_rules(monkeypatch, case, fields, splits):
+    _batch1(monkeypatch, fields)
+    _regs_case(monkeypatch, case, fields.get("regs", 6), splits)
     plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
-    assert all(p.config.regs_stagger == (case[7] is None) for p in plans), [p.config.name for p in plans]
+    assert all(getattr(p.config, k) == v for p in plans for k, v in fields.items()), [p.config.name for p in plans]
+
+
+@pytest.mark.parametrize("fields", BATCH1_OPTIONS, ids=_b1_id)
+def test_regs_batch1_cuda_graph(monkeypatch, fields):
+    """One batch row of capacity 65536 captured, replayed empty, full, and at lengths that end
+    inside the early-prefetched / early-loaded blocks or before them."""
+    _batch1(monkeypatch, fields)
+    _options(monkeypatch, 6)
+    rng = np.random.default_rng()
+    args = make_case(rng, 1, 1, [65536], 32, 8, 128, "bf16")
+    lengths = [np.zeros(1, np.int64), np.array([65536]), np.array([65535]), np.array([1000]),
+               rng.integers(0, 65536, size=1)]
+    replays_match_eager(dict(args), lengths)
+    _ran_regs(fields.get("regs", 6))

@@ -337,60 +337,69 @@ REGS_HEAD_DIM_DEFAULT = (128,)
 # session22_dec12/r3), 1 x 8k page 16: the Hopper loop 14.1 us against regs' 14.5; 1 x 64k page 16:
 # the old choice 100.9 against regs' 70.6.
 REGS_PAGED_TMA_MAX_KEYS = 8192
-# REGS_WARPS: H100, session 23 round 1 (logs/session23_dec14/r1, against the heuristic and cuDNN in one
-# process), 4 warps at the co-resident split rule (two CTAs per SM, cuDNN's grid shape: 256 CTAs of 4
-# warps at 8 x 32k and 32 x 8k) against 8: 8 x 8k 96.1 / 94.9 us, 8 x 32k 357.1 / 357.3, 32 x 8k 354.3 /
-# 352.9, 8 x 128k 1401.0 / 1391.5, 1 x 128k 186.1 / 181.7 (geomean 0.993); plain loads (regs 1) against
-# the evict-first policy (6): geomean 0.999 over the same 7 cells (worst 0.994). Both stay.
+# REGS_WARPS: H100, session 23 (dec14, logs/session23_dec14/r1, tests/decode_tma_timing.py --no-candidates,
+# bf16 d 128 32:8 heads, CUDA graphs, against the heuristic and cuDNN in one process), 4 warps at the
+# co-resident split rule (two CTAs per SM, cuDNN's grid shape: 256 CTAs of 4 warps at 8 x 32k and 32 x 8k)
+# against 8: 8 x 8k 96.1 / 94.9 us, 8 x 32k 357.1 / 357.3, 32 x 8k 354.3 / 352.9, 8 x 128k 1401.0 / 1391.5,
+# 1 x 128k 186.1 / 181.7 (geomean 0.993); plain loads (regs 1) against the evict-first policy (6): geomean
+# 0.999 over the same 7 cells (worst 0.994). Both stay. Built on wip/dec14 before the batch-1 options were
+# merged and not merged (rounds 1-3, logs/session23_dec14/r1..r3), each against this default: an L2
+# prefetch of the block 1 / 2 / 4 further down the split (8 x 32k 370.1 / 373.4 / 389.1 against 357.3,
+# cuDNN 353.1; ncu 87.0-87.5% of DRAM peak against 90.1%, cuDNN 91.1%), per-warp block claims from the
+# group's counter (commit bcbf873; 8 x 32k 360.5 / 360.1, 8 x 8k 97.4 / 96.0, 1 x 128k 180.3 and 180.1
+# against 181.4 and 182.2, cuDNN 180.0 / 179.6; more CTAs 3-14% slower; ncu: the SMs' active cycles
+# 591.9k average / 643.6k busiest, as without) and each split's run started at a block rotated by the
+# group's index (commit 91f1a06; geomean 0.986, 8 x 32k 362.1 / 358.0).
 REGS_WARPS = 8
 # regs_prefetch (decode_splitkv_regs' kEarlyPrefetch): the split's first block of a full row
 # prefetched into L1 before cache_seqlens arrives (contiguous caches). The heuristic's choice
 # (REGS_PREFETCH_DEFAULT, with regs): off, not yet timed.
 REGS_PREFETCH_DEFAULT = False
-# regs_ahead (decode_splitkv_regs' kL2Ahead, contiguous caches): with each block's register loads
-# the warp prefetches into L2 its rows of the block this many further down the split, so more
-# bytes are in flight per SM than the two register sets hold (ncu on the H200, session 22: 89.7%
-# of DRAM peak at 8 x 32k against cuDNN's 91.8%). The heuristic's choice (REGS_AHEAD_DEFAULT,
-# with regs): 0 (off). H100, session 23 round 1 (tests/decode_tma_timing.py --no-candidates, bf16 d 128
-# 32:8 heads, CUDA graphs, 3 shuffled repeats, against the heuristic and cuDNN in the same process;
-# logs/session23_dec14/r1), us, ahead 1 / 2 / 4 against none (cuDNN): 8 x 32k 370.1 / 373.4 / 389.1
-# against 357.3 (353.1), 32 x 8k 361.4 / 366.9 / 382.2 against 352.9 (350.5), 8 x 128k 1462.8 / 1477.4 /
-# 1507.7 against 1391.5, 1 x 128k 189.2 / 188.4 / 197.6 against 181.7 (geomean 0.969 / 0.957 / 0.920);
-# ncu (8 x 32k): 87.0-87.5% of DRAM peak against 90.1% without (cuDNN 91.1%): the extra requests
-# crowd the loads the warps wait on.
-REGS_AHEAD_DEFAULT = 0
-REGS_AHEAD_VALUES = (0, 1, 2, 3, 4)
-# regs_claims (decode_splitkv_regs' kClaims, contiguous caches, fused combine): each warp claims its
-# group's K/V blocks one at a time from a counter (a warp's first block is fixed), so the SMs that
-# stream faster take more and a group's CTAs end together. ncu on the H100 (session 23 round 1,
-# 8 x 32k, 128 CTAs): SM active cycles 585.5k on average against 642.3k for the busiest (cuDNN
-# 595.8k / 635.0k). The heuristic's choice (REGS_CLAIMS_DEFAULT) and, for configs with claims,
-# the split count: at least REGS_CLAIMS_WAVES x the resident CTA slots over the groups (0: the
-# split rule's; CTAs that start late take what is left). H100, session 23 round 2 (as
-# REGS_AHEAD_DEFAULT's timing; logs/session23_dec14/r2), us, claims at the split rule / at 1.5 waves /
-# the heuristic (cuDNN): 8 x 8k 97.4 / 100.8 / 96.0 (94.9), 8 x 32k 360.5 / 360.0 / 360.1 (358.0), 8 x 128k
-# 1400.1 / 1404.8 / 1401.8 (1396.8), 1 x 64k 95.4 / 104.0 / 95.0 (94.0), 1 x 128k 180.3 / 191.4 / 181.4
-# (180.0); 2 and 3 waves 3-14% slower; one split (batch >= 32: no claims) the same code within
-# 0.3%. ncu (8 x 32k): the SMs' active cycles 591.9k on average against 643.6k for the busiest,
-# as without claims (588.0k / 646.0k): the spread is not the CTAs' share of the work. Round 3 (5 shuffled
-# repeats, logs/session23_dec14/r3), claims at the split rule / the heuristic (cuDNN): 8 x 8k 96.4 / 95.9
-# (94.5), 8 x 32k 358.7 / 358.0 (356.6), 8 x 128k 1405.2 / 1404.4 (1403.9), 1 x 128k 180.1 / 182.2 (179.6;
-# round 2 180.3 / 181.4). Off: no gain from batch 8 up; at batch 1 from 128k keys a device rule's
-# choice (batch 1 is timed by the batch-1 rules).
-REGS_CLAIMS_DEFAULT = False
-REGS_CLAIMS_WAVES = 0.0
-# regs_stagger (kStagger, contiguous caches, equal runs): each split's run starts at a block rotated by
-# the group's index and wraps around. The bench on the H100 (session 23 round 1, bench_main.log) had
-# page 256 (a shuffled block table) faster than the contiguous cache at 8 x 32k (353.3 against 356.6
-# us), 64 x 32k (2766.9 / 2780.2) and 64 x 64k (5522.0 / 5567.6): the contiguous rows of a batch lie
-# a power of two apart and their CTAs stream the same offsets in step. The heuristic's choice: off.
-# H100, session 23 round 3 (tests/decode_tma_timing.py --no-candidates, 5 shuffled repeats, against
-# the heuristic and cuDNN in one process; logs/session23_dec14/r3), us, staggered / the heuristic
-# (cuDNN): 8 x 8k 98.3 / 95.9 (94.5), 8 x 32k 362.1 / 358.0 (356.6), 32 x 8k 359.2 / 354.2 (353.1),
-# 8 x 128k 1423.9 / 1404.4, 32 x 32k 1412.7 / 1394.1, 64 x 8k 707.9 / 697.1, 64 x 32k 2834.0 / 2793.4
-# (2768.0), 1 x 128k 183.6 / 182.2 (geomean 0.986): streaming each run from its top is faster.
-REGS_STAGGER_DEFAULT = False
-REGS_VALUES = (0, 1, 2, 3, 4, 5, 6)
+REGS_VALUES = (0, 1, 2, 3, 4, 5, 6, 7)
+# regs_ahead (decode_splitkv_regs' kAhead): with each block's register loads a warp prefetches the
+# rows of the block regs_ahead iterations later (contiguous whole blocks), into L2, or into L1 with
+# regs_ahead_l1 (kAheadL1): 0 none, or 2..8.
+REGS_AHEAD_VALUES = (0, 2, 3, 4, 5, 6, 7, 8)
+# regs_order (decode_splitkv_regs' kOrder): a split's blocks, 0 one run from the top down, 1
+# interleaved (split s: blocks s, s + splits, ...), 2 as 1 with the first block's loads issued
+# before cache_seqlens arrives (contiguous caches without cache_batch_idx, leftpad or a left window).
+REGS_ORDER_VALUES = (0, 1, 2)
+REGS_AHEAD_DEFAULT = 0          # every regs call's regs_ahead (0: none; the batch-1 rules below may set it)
+REGS_AHEAD_L1_DEFAULT = False
+REGS_ORDER_DEFAULT = 0          # every regs call's regs_order (tests; the batch-1 rules may set it)
+# Batch-1 rules of the regs kernel (sm_90, contiguous caches, one batch row): the first entry
+# (max keys, {DecodeConfig field: value}) whose max keys covers the call's seqlen_k (the cache's
+# capacity) replaces those fields of the heuristic's regs config (regs_options; REGS_BATCH1 False:
+# none). Measured on one H100 80GB HBM3 (session 23 round 2, tests/decode_b1_timing.py, bf16 d 128
+# 32:8 heads, CUDA graphs, 7 shuffled repeats, SDPA cuDNN in the same process;
+# results/NVIDIA_H100_80GB_HBM3/logs/session23_dec13/r2), us, the early L1 prefetch of the split's
+# first 3 blocks (regs_prefetch, regs_prefetch_blocks 3) / 2 blocks / 1 block / the heuristic without
+# the rule / cuDNN: 1 x 32k 46.70 / 47.65 / 48.91 / 50.44 / 47.80 (2.87 TB/s), 1 x 64k 89.81 / 90.50 /
+# 91.79 / 93.28 / 90.98, 1 x 128k 177.64 / 178.18 / 179.90 / 180.47 / 177.46. Up to 8k keys (4 blocks
+# a split) the prefetch loses where the cache stays in L2 between calls (1 x 8k graph replays: 3
+# blocks 14.44, 1 block 14.08, none 13.40, plain loads 13.30, cuDNN 11.85 us) and wins only where it
+# does not (4 caches in turn: 4 warps with 2 blocks 17.86, none 19.11, cuDNN 17.86): no rule there.
+# The regs_ahead prefetches (L2 or L1, 2-3 blocks ahead all along) and the evict-last hint (regs 7)
+# lost from 32k keys (round 1: 1 x 32k 56.9-58.9 against 52.2 us). Round 3 (r3, the heuristic with
+# the rule / without / cuDNN): 1 x 16k 27.10 / 30.94 / 29.71, 1 x 32k 48.50 / 52.39 / 51.51, 1 x 64k
+# 91.86 / 95.36 / 93.73, 1 x 128k 179.00 / 182.09 / 180.12 us. At 4k and 8k keys plain loads (regs 1)
+# tie or win in graph replays (1 x 4k 10.73 against 11.76, 1 x 8k 13.49 against 13.61) but lose with
+# 4 caches in turn (1 x 8k 20.05 against 19.54): not taken.
+REGS_BATCH1 = True
+REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_prefetch": True, "regs_prefetch_blocks": 3}))
+
+
+def regs_options(cfg, problem: Problem):
+    """The heuristic's regs config ``cfg`` with REGS_AHEAD_DEFAULT, REGS_AHEAD_L1_DEFAULT and
+    REGS_ORDER_DEFAULT and, for a batch-1 contiguous
+    ``problem``, the first REGS_BATCH1_RULES entry that covers its keys."""
+    if REGS_AHEAD_DEFAULT or REGS_AHEAD_L1_DEFAULT or REGS_ORDER_DEFAULT:
+        cfg = cfg.replace(regs_ahead=REGS_AHEAD_DEFAULT, regs_ahead_l1=REGS_AHEAD_L1_DEFAULT, regs_order=REGS_ORDER_DEFAULT)
+    if REGS_BATCH1 and problem.batch == 1 and "paged_kv" not in problem.features:
+        for max_keys, fields in REGS_BATCH1_RULES:
+            if problem.seqlen_k <= max_keys:
+                return cfg.replace(**fields)
+    return cfg
 REGS_SPACE = (0,)
 REGS_HEAD_DIMS = (64, 128)
 REGS_THREAD_REGISTERS = 256   # ptxas: 236 at 8 warps x 16 keys, d 128 (nvcc 13.0, sm_90a); the residency model's
@@ -448,13 +457,6 @@ class DecodeConfig(KernelConfig):
               thread: the CTA barrier and thread 0's acq_rel atomic (kLightFence)
     regs_prefetch: (regs) before cache_seqlens is read, the rows of the split's first K/V block of a
               full row are prefetched into L1 (contiguous caches; kEarlyPrefetch)
-    regs_claims: (regs, fused_combine, contiguous caches, more than one split) each warp claims the
-              group's K/V blocks one at a time from a counter and runs every 16-key slice of each
-              (kClaims; False: the split's equal run, each warp its slice of every block)
-    regs_stagger: (regs, contiguous caches, equal runs) the split's run starts at a block rotated by the
-              group's index and wraps around (kStagger)
-    regs_ahead: (regs, contiguous caches) with each block's register loads, the warp's rows of the
-              block this many further down the split are prefetched into L2 (kL2Ahead; 0: none)
     regs:     (0: off) decode_splitkv_regs: each warp loads its K/V rows straight into registers
               (16-byte loads, the next block's in flight during this one's math) and runs Sᵀ =
               K Qᵀ, Oᵀ += Vᵀ Pᵀ (8 packed query rows per row tile: rows = 8 · m_tiles); the loads'
@@ -496,8 +498,9 @@ class DecodeConfig(KernelConfig):
     regs: int = 0
     regs_prefetch: bool = False
     regs_ahead: int = 0
-    regs_claims: bool = False
-    regs_stagger: bool = False
+    regs_ahead_l1: bool = False
+    regs_order: int = 0
+    regs_prefetch_blocks: int = 1
 
     family = "decode_splitkv"
     _what = "decode"
@@ -526,8 +529,9 @@ class DecodeConfig(KernelConfig):
                  + ("_dyn" if self.dynamic == 1 else "_ilv" if self.dynamic == 2 else "")
                  + ("_stk" if self.stream else "") + ("_lf" if self.light_fence else "")
                  + (f"_rg{self.regs}" if self.regs else "") + ("_rpf" if self.regs_prefetch else "")
-                 + (f"_ra{self.regs_ahead}" if self.regs_ahead else "") + ("_rcl" if self.regs_claims else "")
-                 + ("_rst" if self.regs_stagger else ""))
+                 + (f"_ra{self.regs_ahead}" if self.regs_ahead else "") + ("l1" if self.regs_ahead_l1 else "")
+                 + (f"_ro{self.regs_order}" if self.regs_order else "")
+                 + (f"_pb{self.regs_prefetch_blocks}" if self.regs_prefetch_blocks != 1 else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -550,13 +554,16 @@ class DecodeConfig(KernelConfig):
     def kernel_name(self) -> str:
         flag = {True: "true", False: "false"}
         if self.regs:
+            # the defaults (false, 0, false) of the trailing options are left out
+            trailing = [flag[bool(self.regs_prefetch)], str(int(self.regs_ahead)), flag[bool(self.regs_ahead_l1)],
+                        str(int(self.regs_order)), str(int(self.regs_prefetch_blocks))]
+            if trailing[-1] == "1":   # kEarlyBlocks' default
+                trailing.pop()
+            while trailing and trailing[-1] in ("false", "0"):
+                trailing.pop()
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
                     f"cuflash::{self.dtype}, {flag[self.fused_combine]}, {flag[self.light_fence]}, {self.regs - 1}"
-                    + (f", {flag[self.regs_prefetch]}, {self.regs_ahead}, {flag[self.regs_claims]}, true>"
-                       if self.regs_stagger else
-                       f", {flag[self.regs_prefetch]}, {self.regs_ahead}, true>" if self.regs_claims else
-                       f", {flag[self.regs_prefetch]}, {self.regs_ahead}>" if self.regs_ahead else
-                       ", true>" if self.regs_prefetch else ">"))
+                    + "".join(f", {x}" for x in trailing) + ">")
         if self.tma:  # the Hopper loop: its own kernel (a grid-constant DecodeTmaParams)
             return (f"cuflash::decode_splitkv_tma<{self.warps}, {self.warp_n}, {self.stages}, "
                     f"{self.m_tiles}, {self.head_dim}, cuflash::{self.dtype}>")
@@ -577,7 +584,7 @@ class DecodeConfig(KernelConfig):
         if self.regs:
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
                     bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
-                    bool(self.regs_claims), bool(self.regs_stagger))
+                    bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -623,14 +630,19 @@ class DecodeConfig(KernelConfig):
         if self.regs_prefetch and not self.regs:
             out.append("regs_prefetch: an option of the regs kernel (regs)")
         if self.regs_ahead not in REGS_AHEAD_VALUES:
-            out.append(f"regs_ahead must be one of {REGS_AHEAD_VALUES} (0: no L2 prefetch), got {self.regs_ahead}")
-        elif self.regs_ahead and not self.regs:
-            out.append("regs_ahead: an option of the regs kernel (regs)")
-        if self.regs_claims and (not self.regs or not self.fused_combine or self.regs_ahead):
-            out.append("regs_claims: an option of the regs kernel (regs) with fused_combine (its counters), "
-                       "without regs_ahead")
-        if self.regs_stagger and (not self.regs or self.regs_ahead):
-            out.append("regs_stagger: an option of the regs kernel (regs), without regs_ahead")
+            out.append(f"regs_ahead must be one of {REGS_AHEAD_VALUES} (0: none), got {self.regs_ahead}")
+        elif (self.regs_ahead or self.regs_ahead_l1) and not self.regs:
+            out.append("regs_ahead, regs_ahead_l1: options of the regs kernel (regs)")
+        elif self.regs_ahead_l1 and not self.regs_ahead:
+            out.append("regs_ahead_l1: where regs_ahead's prefetches go (needs regs_ahead)")
+        if self.regs_order not in REGS_ORDER_VALUES:
+            out.append(f"regs_order must be one of {REGS_ORDER_VALUES}, got {self.regs_order}")
+        elif self.regs_order and not self.regs:
+            out.append("regs_order: an option of the regs kernel (regs)")
+        if self.regs_prefetch_blocks not in (1, 2, 3):
+            out.append(f"regs_prefetch_blocks must be 1, 2 or 3, got {self.regs_prefetch_blocks}")
+        elif self.regs_prefetch_blocks != 1 and not self.regs_prefetch:
+            out.append("regs_prefetch_blocks: how many blocks regs_prefetch prefetches (needs regs_prefetch)")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -808,9 +820,6 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
             time += COMBINE_LAUNCH_COST
         if best_time is None or time < best_time:
             best, best_time = s, time
-    if getattr(config, "regs_claims", False) and REGS_CLAIMS_WAVES > 0:   # see REGS_CLAIMS_WAVES
-        fill = math.ceil(REGS_CLAIMS_WAVES * sm_count * resident / groups)
-        best = max(best, min(fill, MAX_SPLITS, max(1, blocks // MIN_SPLIT_BLOCKS)))
     return best
 
 
@@ -819,7 +828,9 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
 # give the heuristic, each with its range:
 #   regs        the regs kernel's load hint (REGS_DEFAULT; 0: the older loops), at head dims 64 and 128
 #   regs_warps  its warps (REGS_WARPS)
-#   regs_ahead  its L2 prefetch distance on contiguous caches (REGS_AHEAD_DEFAULT)
+#   regs_prefetch, regs_prefetch_blocks, regs_ahead, regs_ahead_l1, regs_order: its options (the config
+#               fields; 0 / 1 for the flags), over regs_options' (REGS_BATCH1_RULES); contiguous caches
+#               but regs_order
 #   split_cost  the split rule's fixed cost per split, in K/V blocks (num_splits_for)
 #   splits      a fixed split count (0: the split rule's)
 def _span(value, x) -> bool:
@@ -839,12 +850,15 @@ RULE_MATCH = {
     "paged": lambda v, p, d: bool(v) == ("paged_kv" in p.features),
     "causal": lambda v, p, d: bool(v) == bool(p.causal),
 }
+RULE_REGS_OPTIONS = ("regs_prefetch", "regs_prefetch_blocks", "regs_ahead", "regs_ahead_l1", "regs_order")
 RULE_SET = {
     "regs": lambda v: v in REGS_VALUES,
     "regs_warps": lambda v: v in (2, 4, 8, 16),
+    "regs_prefetch": lambda v: v in (0, 1),
+    "regs_prefetch_blocks": lambda v: v in (1, 2, 3),
     "regs_ahead": lambda v: v in REGS_AHEAD_VALUES,
-    "regs_claims": lambda v: v in (0, 1),
-    "regs_stagger": lambda v: v in (0, 1),
+    "regs_ahead_l1": lambda v: v in (0, 1),
+    "regs_order": lambda v: v in REGS_ORDER_VALUES,
     "split_cost": lambda v: v >= 0,
     "splits": lambda v: 0 <= v <= MAX_SPLITS,
 }
@@ -894,7 +908,8 @@ class DecodeSplitKV(Family):
              "early_merge": EARLY_MERGE_SPACE, "ring_fill": RING_FILL_SPACE, "dynamic": DYNAMIC_SPACE,
              "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE,
              "regs": REGS_SPACE,
-             "regs_prefetch": (False,), "regs_ahead": (0,), "regs_claims": (False,), "regs_stagger": (False,)}
+             "regs_prefetch": (False,), "regs_ahead": (0,), "regs_ahead_l1": (False,),
+             "regs_order": (0,), "regs_prefetch_blocks": (1,)}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -957,9 +972,7 @@ class DecodeSplitKV(Family):
         16 at head dims 64..128: above, the two O accumulators crowd the register file; at d 48
         ptxas (nvcc 13.0, sm_90a) spills 4 bytes (d 16 and 32 would not, but decode models do
         not use them). split_cost 4: the split rule's fixed cost per split, fitted to the same
-        sweep. ``knobs``: a device rule's parameters (heuristic_for_device; RULE_SET) in place of
-        the module defaults."""
-        knobs = knobs or {}
+        sweep."""
         d = self.head_dim_of(problem.head_dim)
         max_smem = default_max_smem(arch) if max_smem is None else max_smem
         group = problem.nheads // max(problem.nheads_kv, 1)
@@ -998,7 +1011,8 @@ class DecodeSplitKV(Family):
                               stages=CONTIGUOUS_STAGES)   # see STREAM_DEFAULT
             if cfg.problems(max_smem):
                 cfg = cfg.replace(stream=False)
-        regs_hint = knobs.get("regs", REGS_DEFAULT)   # a device rule's regs: any head dim the kernel runs
+        knobs = knobs or {}   # a device rule's parameters (heuristic_for_device; RULE_SET)
+        regs_hint = knobs.get("regs", REGS_DEFAULT)   # a rule's regs: any head dim the kernel runs
         if (regs_hint and tuple(arch)[0] == 9 and d == problem.head_dim
                 and d in (REGS_HEAD_DIMS if "regs" in knobs else REGS_HEAD_DIM_DEFAULT)
                 and not cfg.stream and (group * problem.seqlen_q <= 8 or d <= 64)):
@@ -1007,12 +1021,12 @@ class DecodeSplitKV(Family):
                                page_prefetch=False, l2_prefetch=0, warp_loads=False, page_gather=False, lean=False,
                                bulk=0, early_merge=False, ring_fill=0, dynamic=0,
                                light_fence=LIGHT_FENCE_DEFAULT and cfg.fused_combine,
-                               regs_prefetch=REGS_PREFETCH_DEFAULT and "paged_kv" not in problem.features,
-                               regs_ahead=knobs.get("regs_ahead", REGS_AHEAD_DEFAULT) if "paged_kv" not in problem.features else 0,
-                               regs_claims=bool(knobs.get("regs_claims", REGS_CLAIMS_DEFAULT)) and cfg.fused_combine
-                               and "paged_kv" not in problem.features,
-                               regs_stagger=bool(knobs.get("regs_stagger", REGS_STAGGER_DEFAULT))
-                               and "paged_kv" not in problem.features)
+                               regs_prefetch=REGS_PREFETCH_DEFAULT and "paged_kv" not in problem.features)
+            regs = regs_options(regs, problem)
+            options = {k: bool(v) if k in ("regs_prefetch", "regs_ahead_l1") else v for k, v in knobs.items()
+                       if k in RULE_REGS_OPTIONS and ("paged_kv" not in problem.features or k == "regs_order")}
+            if options:   # a device rule's regs options (contiguous caches), over the batch-1 rules'
+                regs = regs.replace(**options)
             if not regs.problems(max_smem):
                 return regs   # see REGS_DEFAULT
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
@@ -1041,7 +1055,8 @@ class DecodeSplitKV(Family):
         cp.async loop as it was."""
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
-                 "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_claims": False, "regs_stagger": False, **point}
+                 "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_ahead_l1": False,
+                 "regs_order": 0, "regs_prefetch_blocks": 1, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -1088,7 +1103,8 @@ class DecodeSplitKV(Family):
             if not chosen:
                 raise ValueError(f"q: the regs kernel (config regs) needs the head dim to equal the config's "
                                  f"{config.head_dim}, got {problem.head_dim}")
-            config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_claims=False, regs_stagger=False)
+            config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
+                                    regs_prefetch_blocks=1)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
@@ -1101,7 +1117,8 @@ class DecodeSplitKV(Family):
             tma = config.replace(tma=True, warps=4, stages=stages, split_cost=TMA_SPLIT_COST, l2_prefetch=0,
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
-                                 regs_prefetch=False, regs_ahead=0, regs_claims=False, regs_stagger=False,
+                                 regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
+                                 regs_prefetch_blocks=1,
                                  m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
@@ -1152,8 +1169,7 @@ class DecodeSplitKV(Family):
         if not config.fused_combine or _splits(config, problem) <= 1:
             return 0
         groups = problem.batch * problem.nheads_kv * row_blocks(config, problem)
-        claims = getattr(config, "dynamic", 0) == 1 or getattr(config, "regs_claims", False)
-        return 2 * groups if claims else groups   # dynamic 1, regs_claims: + the claim counters
+        return 2 * groups if getattr(config, "dynamic", 0) == 1 else groups   # dynamic 1: + the claim counters
 
     def zeroed_counters(self, config, problem: Problem) -> dict:
         """{params field: int32 count} of the counters a plan keeps between calls, per stream
