@@ -657,7 +657,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
           bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles, bool kDqConvert,
-          bool kDqFirst, bool kWideEpi = false, int kDropPacked = 0>
+          bool kDqFirst, bool kWideEpi = false, int kDropPacked = 0, int kCapFold = 0>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -667,6 +667,10 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     constexpr int kSN = Shape::kSN, kDkvN = Shape::kDkvN;
     constexpr int kCapWord0 = 0, kPWord0 = kSoftcap ? kSN / 4 : 0;
     constexpr int kWordCount = (int(kSoftcap) + int(kDropout)) * kSN / 4;
+    // kCapFold: the t of a hidden element of Pᵀ, finite so that its word Pᵀ ∘ (1 - t²) is 0 · (1 - 10³⁶) =
+    // 0 (-inf would give NaN there), and large so that exp2(t·softcap·log2e - LSE·log2e) is 0 for any
+    // softcap above 10⁻¹⁶
+    constexpr float kCapHiddenT = -1e18f;
     using Words = Sm90BwdThreadWords<Shape, kConsumers, kSharedKeys ? 0 : kWordCount>;
     static_assert(!(kSoftcap || kDropout) || Words::kSmemBytes <= 227 * 1024,
                   "softcap / dropout: shared memory exceeds the H100's 227 KB");
@@ -699,6 +703,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     static_assert(kDropPacked >= 0 && kDropPacked <= 2
                   && (!kDropPacked || (kDropout && !kSharedKeys && !kDeterministic && !kWindow && !kSoftcap && !kAlibi)),
                   "kDropPacked (0..2): dropout alone on the head dim 64 / 128 tiles, unordered (dropout_transposed.cuh)");
+    static_assert(kCapFold >= 0 && kCapFold <= 2 && (!kCapFold || (kSoftcap && !kAlibi && !kDropout)),
+                  "kCapFold (0..2): softcap without ALiBi or dropout (its word is Pᵀ ∘ (1 - tanh²))");
     static_assert(!(kDynamic && (kVarlen || kDeterministic)),
                   "the dynamic scheduler runs fixed-length, unordered backwards");
     static_assert(!(kQRotate && (kCausal || kWindow || kDeterministic || kSharedKeys)),
@@ -1561,6 +1567,31 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         s_acc[0][nt][e] = exp2_scaled(s_acc[0][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
                 }
                 if constexpr (kOverlapSdp) hide(0.f);
+            } else if constexpr (kCapFold) {
+                // kCapFold: t = tanh(Sᵀ·softcap_in) in place, the mask on t (kCapHiddenT: P = 0 below,
+                // and so its word), then Pᵀ = exp2(t·softcap·log2e - LSE·log2e), softcap_out folded into
+                // the exponent's FFMA; the word keeps Pᵀ ∘ (1 - t²), rounded to 16 bits once, for dSᵀ
+                // (the factor dSᵀ needs besides dPᵀ - D_i: no Pᵀ unpacked from its fragments there)
+#pragma unroll
+                for (int i = 0; i < kSN / 2; ++i) s_flat[i] = tanh_approx(s_flat[i] * score.softcap_in);
+                hide(kCapHiddenT);
+                const float cap_log2 = score.softcap_out * p.scale_log2;   // softcap·log2(e)
+#pragma unroll
+                for (int nt = 0; nt < kSN / 8; ++nt) {
+                    const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        float pc[2];
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            float& s = s_acc[0][nt][2 * half + e];
+                            const float th = s;
+                            s = exp2_scaled(th, cap_log2, e ? lse.y : lse.x);
+                            pc[e] = s * fmaf(-th, th, 1.f);
+                        }
+                        thread_word(kCapWord0 + 2 * nt + half) = pack2<Elem>(pc[0], pc[1]);
+                    }
+                }
             } else {
                 // Sᵀ through the score modifiers (score.cuh, raw units) on the way to the exp2, the
                 // mask after it (hidden elements -> 0, whatever their modified score). Element
@@ -1658,8 +1689,22 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
 
             // ---- dSᵀ = Pᵀ ∘ (dPᵀ - D_i), to 16-bit A fragments ----
             // p_frag[kk][r] holds Pᵀ elements (nt, e) = (2kk + r / 2, 2·(r % 2) + lo/hi) (gemm.cuh)
+            // (kCapFold 2: dPᵀ - D_i rounded to 16 bits and multiplied by the word Pᵀ ∘ (1 - t²) two
+            // elements an instruction (mul2), word 2nt + half being A fragment register 2·(nt % 2) + half
+            // of k16 step nt / 2: dSᵀ rounded twice)
+            if constexpr (kCapFold == 2) {
 #pragma unroll
-            for (int nt = 0; nt < kSN / 8; ++nt) {
+                for (int nt = 0; nt < kSN / 8; ++nt) {
+                    const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
+#pragma unroll
+                    for (int half = 0; half < 2; ++half)
+                        ds_frag[0][nt / 2][2 * (nt % 2) + half] =
+                            mul2<Elem>(pack2<Elem>(dp_acc[0][nt][2 * half] - D.x, dp_acc[0][nt][2 * half + 1] - D.y),
+                                       thread_word(kCapWord0 + 2 * nt + half));
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < (kCapFold == 2 ? 0 : kSN / 8); ++nt) {
                 const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
@@ -1668,18 +1713,22 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
                         const float z = P > 0.f ? p.dropout_scale : 0.f;
                         dp_acc[0][nt][e] = fabsf(P) * (dp_acc[0][nt][e] * z - (e % 2 ? D.y : D.x));
+                    } else if constexpr (kCapFold) {  // dS = (P ∘ (1 - tanh²)) ∘ (dP - D), the first from the word
+                        const u32 pair = thread_word(kCapWord0 + 2 * nt + e / 2);
+                        const float Pc = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
+                        dp_acc[0][nt][e] = Pc * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
                     } else {
                         const u32 pair = p_frag[0][nt / 2][2 * (nt % 2) + e / 2];
                         const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
                         dp_acc[0][nt][e] = P * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
                     }
-                    if constexpr (kSoftcap) {  // d(softcap·tanh(x / softcap))/dx = 1 - tanh²
+                    if constexpr (kSoftcap && !kCapFold) {  // d(softcap·tanh(x / softcap))/dx = 1 - tanh²
                         const u32 dtanh = thread_word(kCapWord0 + 2 * nt + e / 2);
                         dp_acc[0][nt][e] *= to_float<Elem>(u16(e % 2 ? dtanh >> 16 : dtanh & 0xFFFFu));
                     }
                 }
             }
-            pack_a_frags<1, kSN / 16, Elem>(ds_frag, dp_acc);
+            if constexpr (kCapFold != 2) pack_a_frags<1, kSN / 16, Elem>(ds_frag, dp_acc);
 
             // ---- dK_j += dSᵀ Q_i (RS; Q_i MN-major; scaled once, in the epilogue) ----
             // (kSharedKeys: both by SS once every warpgroup's Pᵀ, dSᵀ are in shared memory, below)
@@ -2066,13 +2115,13 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
           bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false,
           bool kFragPin = false, bool kRoles = false, bool kDqConvert = false, bool kDqFirst = false,
-          bool kWideEpi = false, int kDropPacked = 0>
+          bool kWideEpi = false, int kDropPacked = 0, int kCapFold = 0>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
                   kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles, kDqConvert, kDqFirst, kWideEpi,
-                  kDropPacked>(p);
+                  kDropPacked, kCapFold>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the

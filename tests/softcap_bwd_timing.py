@@ -1,6 +1,6 @@
 """What softcap costs in the backward (sm90_bwd), on an H100. Not a test:
 
-    python tests/softcap_bwd_timing.py --precompile [--kvariants bnotanh,...]
+    python tests/softcap_bwd_timing.py --precompile [--tests] [--kvariants bnotanh,...]
     timeout 120 python tests/softcap_bwd_timing.py [--kvariants bnotanh,...] --out /tmp/softcap_bwd.json
 
 Shape: issue 12's (bf16 or fp16, d128, batch 2 x 16 heads x 8k), causal and not. Rows per mask, timed in
@@ -50,11 +50,39 @@ def bwd_config(p):
     return fam.for_problem(fam.heuristic(p, (9, 0), 227 * 1024), p)
 
 
+def cap_fold_test_configs(head_dims) -> list:
+    """tests/test_sm90_bwd_cap_fold_gpu.py's kernels at these head dims: its forced backwards (the plain
+    heuristic's config with cap_fold, through for_problem as the call does) and the default forwards."""
+    from test_features_gpu import HEADS
+    from test_sm90_bwd_cap_fold_gpu import SHAPES
+
+    from cuflash import registry
+    from cuflash.problem import Problem
+
+    out = []
+    fwd, bwd = registry.get("sm90_fwd"), registry.get("sm90_bwd")
+    for d in head_dims:
+        for dtype in ("bf16", "fp16") if d == 128 else ("bf16",):
+            for causal in (True, False):
+                base = bwd.heuristic(Problem("bwd", dtype, 2, 1023, 1023, 4, 2, d, causal), (9, 0))
+                for cap in (5.0, 30.0, 50.0) if d == 128 else (30.0,):
+                    for sq, sk, heads in SHAPES if d == 128 else SHAPES[::2]:
+                        h, hkv = HEADS[heads]
+                        p = Problem("fwd", dtype, 2, sq, sk, h, hkv, d, causal, features=("softcap",), softcap=cap)
+                        out.append(fwd.for_problem(fwd.heuristic(p, (9, 0), 227 * 1024), p))
+                        pb = p.replace(op="bwd")
+                        out += [bwd.for_problem(base.replace(cap_fold=form), pb) for form in (1, 2)]
+    return out
+
+
 def main():
     global CAP
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kvariants", default="")
     ap.add_argument("--precompile", action="store_true")
+    ap.add_argument("--tests", default="",
+                    help="--precompile: also tests/test_sm90_bwd_cap_fold_gpu.py's kernels, of these head dims "
+                         "(e.g. 128 or 64,128,256)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--mask", default="both", choices=("causal", "full", "both"))
@@ -86,6 +114,8 @@ def main():
                 cfgs += [fam.for_problem(fam.heuristic(fp, (9, 0), 227 * 1024), fp), bwd_config(p)]
                 if p.features:
                     cfgs += [bwd_config(p).replace(**kv) for kv in variants.values()]
+        cfgs += cap_fold_test_configs([int(d) for d in filter(None, args.tests.split(","))])
+        cfgs = list({c.name: c for c in cfgs}.values())
         bad = [(c.name, e) for c, _, e in cc.precompile(cfgs) if e]
         for name in kvs:
             os.environ["CUFLASH_KERNEL_DIR"] = variant_dir(name)

@@ -6,6 +6,8 @@ without the sanitizer:
     CUFLASH_SOFTCAP_FIELDS=s_ahead=1,BN=96,stages=3 compute-sanitizer ... (those fields forced on the
     heuristic's config, as tests/test_softcap_fixed_max_gpu.py forced_fields)
     compute-sanitizer ... python tests/softcap_fixed_sanitize.py --bwd   # the backward too (sm90_bwd's heuristic)
+    CUFLASH_SOFTCAP_BWD_FIELDS=cap_fold=1 ... --bwd   # the backward forced: sm90_bwd's plain heuristic config
+                                                      # with those fields (selection adds softcap)
 """
 import os
 import sys
@@ -22,6 +24,7 @@ from softcap_fixed_timing import parse_variants  # noqa: E402
 
 FORCED = parse_variants("forced:" + os.environ.get("CUFLASH_SOFTCAP_FIELDS", ""))["forced"]
 BWD = "--bwd" in sys.argv
+BWD_FORCED = parse_variants("forced:" + os.environ.get("CUFLASH_SOFTCAP_BWD_FIELDS", ""))["forced"]
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_kv): one key, ragged blocks, GQA, more tiles than a block
 SHAPES = [(1, 1, 1, 2, 2), (1, 17, 113, 4, 1), (2, 203, 113, 4, 2), (1, 1, 300, 2, 2), (1, 300, 17, 2, 1)]
@@ -41,7 +44,13 @@ for dtype, cap in CAPS:
                                     causal, features=("softcap",), softcap=cap)
                 cfg = fam.for_problem(fam.heuristic(p, (9, 0), 227 * 1024), p).replace(**FORCED)
                 assert not cfg.problems(), cfg.problems()
-            out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=cap, config=cfg)
+            bwd_cfg = None
+            if BWD_FORCED:
+                fam = registry.get("sm90_bwd")
+                p = cuflash.Problem("bwd", "bf16" if dtype == torch.bfloat16 else "fp16", b, sq, sk, h, hkv, 128,
+                                    causal)
+                bwd_cfg = fam.heuristic(p, (9, 0), 227 * 1024).replace(**BWD_FORCED)
+            out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=cap, config=cfg, bwd_config=bwd_cfg)
             assert not out.isnan().any(), (dtype, cap, causal, sq, sk)
             if BWD:
                 dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))

@@ -446,6 +446,12 @@ WIDE_EPI_MAX_SEQLEN_BY: dict = {}
 #   causal backward alone 1.152 -> 1.126, forward + backward 1.171 -> 1.158; full 1.137 -> 1.137, 1.150 -> 1.168
 #   (not kept). Zero spills in bf16 / fp16, causal / full (nvcc 13.0).
 SOFTCAP_WIDE_EPI: frozenset = frozenset({(128, True, "bf16")})
+# * SOFTCAP_CAP_FOLD, {(kernel head dim, causal, dtype): form}: the classes whose softcap calls (softcap alone) run
+#   the folded softcap step (cap_fold, kCapFold, name _cf1 / _cf2): softcap_out folded into the exponent's FFMA,
+#   and the thread's word Pᵀ ∘ (1 - tanh²) instead of 1 - tanh² (no Pᵀ unpacked and one multiply fewer in dSᵀ);
+#   form 2 also multiplies dPᵀ - D_i by the word in 16 bits, two elements an instruction (dSᵀ rounded twice).
+#   Not measured yet: empty.
+SOFTCAP_CAP_FOLD: dict = {}
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
@@ -604,6 +610,7 @@ class Sm90BwdConfig(KernelConfig):
     dq_first: bool = False
     wide_epi: bool = False
     drop_packed: int = 0
+    cap_fold: int = 0
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -625,7 +632,8 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
                 f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}"
                 f"{'_dqc' if self.dq_convert else ''}{'_dqf' if self.dq_first else ''}{'_w16' if self.wide_epi else ''}"
-                f"{'_dpk' if self.drop_packed == 1 else f'_dpk{self.drop_packed}' if self.drop_packed else ''}")
+                f"{'_dpk' if self.drop_packed == 1 else f'_dpk{self.drop_packed}' if self.drop_packed else ''}"
+                f"{f'_cf{self.cap_fold}' if self.cap_fold else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -796,7 +804,7 @@ class Sm90BwdConfig(KernelConfig):
                     + (f", {b(self.roles)}, {b(self.s_ahead)}" if self.roles or self.s_ahead else "") + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
         tail = (self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.frag_pin or self.roles
-                or self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed)
+                or self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed or self.cap_fold)
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -810,18 +818,20 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
         feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
         feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
+        last = self.drop_packed or self.cap_fold
         later2 = (self.dk_late or self.frag_pin or self.roles or self.dq_convert or self.dq_first or self.wide_epi
-                  or self.drop_packed)
-        later3 = self.roles or self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed
+                  or last)
+        later3 = self.roles or self.dq_convert or self.dq_first or self.wide_epi or last
         feats += f", {b(self.q_rotate)}" if self.q_rotate or later2 else ""                   # kQRotate
         feats += f", {b(self.dk_late)}" if later2 else ""                                     # kDkLate
         feats += f", {b(self.frag_pin)}" if self.frag_pin or later3 else ""                  # kFragPin
         feats += f", {b(self.roles)}" if later3 else ""                                       # kRoles
-        feats += (f", {b(self.dq_convert)}" if self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed
+        feats += (f", {b(self.dq_convert)}" if self.dq_convert or self.dq_first or self.wide_epi or last
                   else "")                                                                    # kDqConvert
-        feats += f", {b(self.dq_first)}" if self.dq_first or self.wide_epi or self.drop_packed else ""  # kDqFirst
-        feats += f", {b(self.wide_epi)}" if self.wide_epi or self.drop_packed else ""        # kWideEpi
-        feats += f", {int(self.drop_packed)}" if self.drop_packed else ""                     # kDropPacked last
+        feats += f", {b(self.dq_first)}" if self.dq_first or self.wide_epi or last else ""   # kDqFirst
+        feats += f", {b(self.wide_epi)}" if self.wide_epi or last else ""                     # kWideEpi
+        feats += f", {int(self.drop_packed)}" if last else ""                                 # kDropPacked
+        feats += f", {int(self.cap_fold)}" if self.cap_fold else ""                           # kCapFold last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -833,7 +843,7 @@ class Sm90BwdConfig(KernelConfig):
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
                 self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.frag_pin,
-                self.roles, self.dq_convert, self.dq_first, self.wide_epi, int(self.drop_packed))
+                self.roles, self.dq_convert, self.dq_first, self.wide_epi, int(self.drop_packed), int(self.cap_fold))
 
     def _problems(self) -> list[str]:
         out = []
@@ -978,6 +988,11 @@ class Sm90BwdConfig(KernelConfig):
                        "unordered, head dims 64 / 128, the plain grid without the plain call's speed fields "
                        "(dynamic, ds_double, dq_early, dk_late, frag_pin, s_ahead, overlap_sdp: the kernels "
                        "checked for spills)")
+        if self.cap_fold not in (0, 1, 2):
+            out.append(f"cap_fold must be 0, 1 or 2, got {self.cap_fold}")
+        elif self.cap_fold and not (self.softcap and not self.alibi and not self.dropout and not self.cluster):
+            out.append("cap_fold: softcap's folded step (kCapFold: the word Pᵀ ∘ (1 - tanh²)), for softcap without "
+                       "ALiBi or dropout, no cluster")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -1270,6 +1285,8 @@ class Sm90Backward(Family):
         if config.wide_epi and (problem.features not in ((), ("window",), ("softcap",))
                                 or any("wide_epi" in w for w in config.problems())):
             config = config.replace(wide_epi=False)    # a speed choice: plain (or windowed) fixed-length unordered calls
+        if config.cap_fold and any("cap_fold" in w for w in config.problems()):
+            config = config.replace(cap_fold=0)        # the folded softcap step is built for softcap alone
         return with_drop_packed(config)
 
     def for_bounds(self, config, problem: Problem):
@@ -1286,7 +1303,8 @@ class Sm90Backward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late",
-                               "frag_pin", "roles", "dq_convert", "dq_first", "wide_epi", "drop_packed")
+                               "frag_pin", "roles", "dq_convert", "dq_first", "wide_epi", "drop_packed",
+                               "cap_fold")
                          and not v))
 
     def make(self, point, problem: Problem):
@@ -1384,6 +1402,9 @@ class Sm90Backward(Family):
         if (feats == ("softcap",) and (d, causal, dtype) in SOFTCAP_WIDE_EPI and not det and not is_varlen(problem)
                 and problem.nheads == problem.nheads_kv and problem.head_dim % 8 == 0 and not cw16.problems()):
             cfg = cw16                                  # (the kernel checks MHA and alignment again per call)
+        cfold = cfg.replace(cap_fold=SOFTCAP_CAP_FOLD.get((d, causal, dtype), 0))
+        if feats == ("softcap",) and cfold.cap_fold and not cfold.problems():
+            cfg = cfold
         if feats == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
         wdqf = cfg.replace(dq_first=True)
