@@ -1568,30 +1568,42 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 }
                 if constexpr (kOverlapSdp) hide(0.f);
             } else if constexpr (kCapFold) {
-                // kCapFold: t = tanh(Sᵀ·softcap_in) in place, the mask on t (kCapHiddenT: P = 0 below,
-                // and so its word), then Pᵀ = exp2(t·softcap·log2e - LSE·log2e), softcap_out folded into
-                // the exponent's FFMA; the word keeps Pᵀ ∘ (1 - t²), rounded to 16 bits once, for dSᵀ
-                // (the factor dSᵀ needs besides dPᵀ - D_i: no Pᵀ unpacked from its fragments there)
-#pragma unroll
-                for (int i = 0; i < kSN / 2; ++i) s_flat[i] = tanh_approx(s_flat[i] * score.softcap_in);
-                hide(kCapHiddenT);
+                // kCapFold: t = tanh(Sᵀ·softcap_in) in place, then Pᵀ = exp2(t·softcap·log2e - LSE·log2e),
+                // softcap_out folded into the exponent's FFMA; the word keeps Pᵀ ∘ (1 - t²), rounded to 16
+                // bits once, for dSᵀ (the one factor dSᵀ needs besides dPᵀ - D_i: no Pᵀ unpacked there).
+                // A masked block (the causal diagonal, a ragged end) runs a copy of its own with the mask on
+                // t (kCapHiddenT: P = 0 below, and so its word) between the tanhs and the exp2s, so that the
+                // other blocks' tanhs and exp2s stay one basic block (sm90_fwd's kMaskedCopy, session 21:
+                // the branch between them serializes the two MUFU bursts); the copy also masks Sᵀ before
+                // its tanhs (-inf: t = -1, masked again after), which keeps the compiler from hoisting the
+                // two copies' identical tanhs above the branch
                 const float cap_log2 = score.softcap_out * p.scale_log2;   // softcap·log2(e)
+                auto fold_step = [&](bool masked) {   // (masked: a constant at each call)
+                    if (masked) hide(neg_inf());
 #pragma unroll
-                for (int nt = 0; nt < kSN / 8; ++nt) {
-                    const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
+                    for (int i = 0; i < kSN / 2; ++i) s_flat[i] = tanh_approx(s_flat[i] * score.softcap_in);
+                    if (masked) hide(kCapHiddenT);
 #pragma unroll
-                    for (int half = 0; half < 2; ++half) {
-                        float pc[2];
+                    for (int nt = 0; nt < kSN / 8; ++nt) {
+                        const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
 #pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            float& s = s_acc[0][nt][2 * half + e];
-                            const float th = s;
-                            s = exp2_scaled(th, cap_log2, e ? lse.y : lse.x);
-                            pc[e] = s * fmaf(-th, th, 1.f);
+                        for (int half = 0; half < 2; ++half) {
+                            float pc[2];
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                float& s = s_acc[0][nt][2 * half + e];
+                                const float th = s;
+                                s = exp2_scaled(th, cap_log2, e ? lse.y : lse.x);
+                                pc[e] = s * fmaf(-th, th, 1.f);
+                            }
+                            thread_word(kCapWord0 + 2 * nt + half) = pack2<Elem>(pc[0], pc[1]);
                         }
-                        thread_word(kCapWord0 + 2 * nt + half) = pack2<Elem>(pc[0], pc[1]);
                     }
-                }
+                };
+                if (kWindow ? band.template needs_mask<kBN, kBM>(row0, n_block) : mask.template needs_mask<kBN>(row0, n_block))
+                    fold_step(true);
+                else
+                    fold_step(false);
             } else {
                 // Sᵀ through the score modifiers (score.cuh, raw units) on the way to the exp2, the
                 // mask after it (hidden elements -> 0, whatever their modified score). Element
