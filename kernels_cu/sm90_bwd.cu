@@ -1371,6 +1371,30 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
         if constexpr (kSharedKeys) return words_rmem[w];
         else return *reinterpret_cast<u32*>(words_smem_ptr + w * kConsumerThreads * 4);
     };
+    // kCapFold: the softcap words of k16 step kk (words 4kk .. 4kk + 3, its A fragment's registers) as one
+    // 16-byte vector, the thread's 16 bytes of vector row kk (a row: kConsumerThreads · 16 bytes), in the
+    // same bytes as thread_word's words 0 .. BM/4 - 1: one STS.128 / LDS.128 for four 32-bit ones (a warp's
+    // 512 contiguous bytes: no bank conflict beyond the four wavefronts)
+    auto cap_words = [&](int kk) -> uint4& {
+        return *reinterpret_cast<uint4*>(smem_ptr + Words::kOffset + (tid - 128) * 16 + kk * kConsumerThreads * 16);
+    };
+    auto store_cap_words = [&](int kk, const u32 (&w)[4]) {
+        if constexpr (kSharedKeys) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) thread_word(kCapWord0 + 4 * kk + r) = w[r];
+        } else {
+            cap_words(kk) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    };
+    auto load_cap_words = [&](int kk, u32 (&w)[4]) {
+        if constexpr (kSharedKeys) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) w[r] = thread_word(kCapWord0 + 4 * kk + r);
+        } else {
+            const uint4 v = cap_words(kk);
+            w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+        }
+    };
 
     // Descriptors: this warpgroup's 64 rows of K_j, V_j (A, K-major); Q_i, dO_i as B of Sᵀ, dPᵀ
     // (K-major: the head dim is the reduction) and of dK, dV (MN-major: the head dim is wgmma's
@@ -1584,10 +1608,12 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     for (int i = 0; i < kSN / 2; ++i) s_flat[i] = tanh_approx(s_flat[i] * score.softcap_in);
                     if (masked) hide(kCapHiddenT);
 #pragma unroll
-                    for (int nt = 0; nt < kSN / 8; ++nt) {
-                        const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
+                    for (int kk = 0; kk < kSN / 16; ++kk) {
+                        u32 words[4];                   // word r: elements (2kk + r / 2, 2·(r % 2) + lo/hi)
 #pragma unroll
-                        for (int half = 0; half < 2; ++half) {
+                        for (int r = 0; r < 4; ++r) {
+                            const int nt = 2 * kk + r / 2, half = r % 2;
+                            const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
                             float pc[2];
 #pragma unroll
                             for (int e = 0; e < 2; ++e) {
@@ -1596,8 +1622,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                                 s = exp2_scaled(th, cap_log2, e ? lse.y : lse.x);
                                 pc[e] = s * fmaf(-th, th, 1.f);
                             }
-                            thread_word(kCapWord0 + 2 * nt + half) = pack2<Elem>(pc[0], pc[1]);
+                            words[r] = pack2<Elem>(pc[0], pc[1]);
                         }
+                        store_cap_words(kk, words);
                     }
                 };
                 if (kWindow ? band.template needs_mask<kBN, kBM>(row0, n_block) : mask.template needs_mask<kBN>(row0, n_block))
@@ -1706,13 +1733,16 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             // of k16 step nt / 2: dSᵀ rounded twice)
             if constexpr (kCapFold == 2) {
 #pragma unroll
-                for (int nt = 0; nt < kSN / 8; ++nt) {
-                    const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
+                for (int kk = 0; kk < kSN / 16; ++kk) {
+                    u32 words[4];
+                    load_cap_words(kk, words);
 #pragma unroll
-                    for (int half = 0; half < 2; ++half)
-                        ds_frag[0][nt / 2][2 * (nt % 2) + half] =
-                            mul2<Elem>(pack2<Elem>(dp_acc[0][nt][2 * half] - D.x, dp_acc[0][nt][2 * half + 1] - D.y),
-                                       thread_word(kCapWord0 + 2 * nt + half));
+                    for (int r = 0; r < 4; ++r) {
+                        const int nt = 2 * kk + r / 2, half = r % 2;
+                        const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
+                        ds_frag[0][kk][r] = mul2<Elem>(pack2<Elem>(dp_acc[0][nt][2 * half] - D.x,
+                                                                   dp_acc[0][nt][2 * half + 1] - D.y), words[r]);
+                    }
                 }
             }
 #pragma unroll
@@ -1726,7 +1756,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         const float z = P > 0.f ? p.dropout_scale : 0.f;
                         dp_acc[0][nt][e] = fabsf(P) * (dp_acc[0][nt][e] * z - (e % 2 ? D.y : D.x));
                     } else if constexpr (kCapFold) {  // dS = (P ∘ (1 - tanh²)) ∘ (dP - D), the first from the word
-                        const u32 pair = thread_word(kCapWord0 + 2 * nt + e / 2);
+                        u32 words[4];                   // (k16 step nt / 2's vector: one load for its 16 elements)
+                        load_cap_words(nt / 2, words);
+                        const u32 pair = words[2 * (nt % 2) + e / 2];
                         const float Pc = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
                         dp_acc[0][nt][e] = Pc * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
                     } else {
