@@ -181,6 +181,14 @@
 //   kWideEpi   (appended after kDqFirst; plain or windowed fixed-length unordered calls) the epilogue stores dK_j, dV_j
 //              16 bytes a lane (quad_transpose: a quad's lanes exchange their column pairs) where the call is
 //              MHA with 16-byte aligned dk, dv; 4 bytes a lane otherwise (and without it)
+//   kCapFold   (appended last; softcap without ALiBi or dropout) 1: the folded softcap step. t = tanh(Sᵀ·
+//              softcap_in) in place, the mask on t (kCapHiddenT) in the masked blocks' own copy of the step,
+//              Pᵀ = exp2(t·softcap·log2e - LSE·log2e) (softcap_out folded into the exponent's FFMA), and the
+//              thread's softcap words keep Pᵀ ∘ (1 - t²), rounded to 16 bits once, as one 16-byte vector per
+//              k16 step (STS.128 / LDS.128); dSᵀ = (Pᵀ ∘ (1 - t²)) ∘ (dPᵀ - D_i) then needs neither Pᵀ
+//              unpacked from its fragments nor a multiply by 1 - t². 2: also dPᵀ - D_i rounded to 16 bits
+//              and multiplied by the words two elements an instruction (mul2: dSᵀ rounded twice, packed as
+//              it is). 0 (the default): the code of the kernel before it existed
 //
 // Head dim 256 (kSharedKeys: kBN 64 with 2 consumers, kBM 64; Sm90BwdShape). dK_j, dV_j of 64
 // keys x 256 fp32 would take 256 registers per thread in one warpgroup, so both warpgroups take

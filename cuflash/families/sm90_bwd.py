@@ -578,6 +578,11 @@ class Sm90BwdConfig(KernelConfig):
                    same mask. Dropout alone, fixed lengths, unordered, head dims 64 / 128 (name _dpk,
                    _dpk2). Set by for_problem from DROPOUT_PACKED (a config's own form kept), never
                    tuned
+    cap_fold:      softcap's folded step (kCapFold, kernels_cu/sm90_bwd.cu): softcap_out in the exponent's
+                   FFMA, the thread's words Pᵀ ∘ (1 - tanh²) (16-byte vectors) instead of 1 - tanh², so
+                   that dSᵀ needs no Pᵀ unpacked and no multiply by 1 - tanh²; 2 also multiplies dPᵀ - D_i
+                   by the words in 16 bits (HMUL2, dSᵀ rounded twice). Softcap without ALiBi or dropout
+                   (name _cf1, _cf2); the heuristic sets it from SOFTCAP_CAP_FOLD, never tuned
     """
 
     BM: int
