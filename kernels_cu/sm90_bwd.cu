@@ -1635,7 +1635,10 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         store_cap_words(kk, words);
                     }
                 };
-                if (kWindow ? band.template needs_mask<kBN, kBM>(row0, n_block) : mask.template needs_mask<kBN>(row0, n_block))
+                bool masked_block;                      // (hide's test)
+                if constexpr (kWindow) masked_block = band.template needs_mask<kBN, kBM>(row0, n_block);
+                else masked_block = mask.template needs_mask<kBN>(row0, n_block);
+                if (masked_block)
                     fold_step(true);
                 else
                     fold_step(false);
