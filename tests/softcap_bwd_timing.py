@@ -24,8 +24,24 @@ CAP = 30.0
 # kernel-source variants of the backward: {name: [(file, old, new)]}. Diagnostics (timing only, NOT softcap):
 #   bnotanh  the recomputed score's tanh replaced by its argument (one MUFU per score fewer)
 #   bnoword  1 - t² neither stored to the thread's shared-memory words nor applied to dSᵀ
+# and of the folded step (cap_fold; run them with --kv-fields cap_fold=2): softcap, some of its exp2s on the FMA
+# pipes (exp2_emu.cuh's exp2_poly, degree 3: bf16's) instead of the SFU
+#   bemu8 / bemu4 / bemu2  1/8, 1/4, 1/2 of the exp2s (element e of word r: r == 3 and e == 1; r == 3; r odd)
 _TANH = "            t = tanh_approx(s * softcap_in);\n"
+_EXP2 = "                                s = exp2_scaled(th, cap_log2, e ? lse.y : lse.x);\n"
+_INC = '#include "ptx_sm90_bwd.cuh"\n'
+
+
+def _emu(cond):
+    return [("sm90_bwd.cu", _INC, _INC + '#include "exp2_emu.cuh"\n'),
+            ("sm90_bwd.cu", _EXP2, f"                                s = ({cond}) ? exp2_poly<3>(fmaf(th, cap_log2, "
+                                   "-(e ? lse.y : lse.x))) : exp2_scaled(th, cap_log2, e ? lse.y : lse.x);\n")]
+
+
 KVARIANTS = {
+    "bemu8": _emu("r == 3 && e == 1"),
+    "bemu4": _emu("r == 3"),
+    "bemu2": _emu("r % 2 == 1"),
     "bnotanh": [("score.cuh", _TANH, "            t = s * softcap_in;\n")],
     "bnoword": [("sm90_bwd.cu",
                  "                        if constexpr (kSoftcap) thread_word(kCapWord0 + 2 * nt + half) = "
@@ -91,12 +107,16 @@ def main():
     ap.add_argument("--variants", default="",
                     help="'name:field=value,...;...': softcap rows at the backward heuristic's config, fields "
                          "replaced")
+    ap.add_argument("--kv-fields", default="",
+                    help="'field=value,...': the kernel-source variants' rows at the heuristic's config with these "
+                         "fields replaced (e.g. cap_fold=2 for the folded step's variants)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     CAP = args.cap
     from softcap_fixed_timing import KVARIANTS as FWD_KV, parse_variants, variant_dir
 
     variants = parse_variants(args.variants)
+    kv_fields = parse_variants("kv:" + args.kv_fields)["kv"]
 
     FWD_KV.update(KVARIANTS)   # (variant_dir reads that table)
     kvs = [n for n in args.kvariants.split(",") if n]
@@ -119,8 +139,8 @@ def main():
         bad = [(c.name, e) for c, _, e in cc.precompile(cfgs) if e]
         for name in kvs:
             os.environ["CUFLASH_KERNEL_DIR"] = variant_dir(name)
-            bad += [(c.name, e) for c, _, e in cc.precompile([bwd_config(problems(m, args.dtype)[1]) for m in masks])
-                    if e]
+            bad += [(c.name, e) for c, _, e in cc.precompile([bwd_config(problems(m, args.dtype)[1]).replace(**kv_fields)
+                                                              for m in masks]) if e]
         print("precompiled", len(cfgs), "failed", bad, flush=True)
         return
 
@@ -141,7 +161,7 @@ def main():
         for i, name in enumerate(kvs):
             # a distinct softmax_scale (same kernel speed) so that the variant keeps its own plan
             scale = D ** -0.5 * (1 + (i + 1) * 2.0 ** -20)
-            calls[f"cap30_{name}"] = (dict(softcap=CAP, softmax_scale=scale), name, bcfg)
+            calls[f"cap30_{name}"] = (dict(softcap=CAP, softmax_scale=scale), name, bcfg.replace(**kv_fields))
         bwd, fwdbwd, grads = {}, {}, {}
         for key, (kw, kv, cfg) in calls.items():
             out = cuflash.flash_attn_func(q, k, v, causal=causal, bwd_config=cfg, **kw)
