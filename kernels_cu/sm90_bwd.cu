@@ -188,7 +188,7 @@
 //              k16 step (STS.128 / LDS.128); dSᵀ = (Pᵀ ∘ (1 - t²)) ∘ (dPᵀ - D_i) then needs neither Pᵀ
 //              unpacked from its fragments nor a multiply by 1 - t². 2: also dPᵀ - D_i rounded to 16 bits
 //              and multiplied by the words two elements an instruction (mul2: dSᵀ rounded twice, packed as
-//              it is). 0 (the default): the code of the kernel before it existed
+//              it is; bf16 only: Sm90BwdConfig.problems). 0 (the default): the code of the kernel before it existed
 //
 // Head dim 256 (kSharedKeys: kBN 64 with 2 consumers, kBM 64; Sm90BwdShape). dK_j, dV_j of 64
 // keys x 256 fp32 would take 256 registers per thread in one warpgroup, so both warpgroups take

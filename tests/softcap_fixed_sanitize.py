@@ -6,8 +6,8 @@ without the sanitizer:
     CUFLASH_SOFTCAP_FIELDS=s_ahead=1,BN=96,stages=3 compute-sanitizer ... (those fields forced on the
     heuristic's config, as tests/test_softcap_fixed_max_gpu.py forced_fields)
     compute-sanitizer ... python tests/softcap_fixed_sanitize.py --bwd   # the backward too (sm90_bwd's heuristic)
-    CUFLASH_SOFTCAP_BWD_FIELDS=cap_fold=1 ... --bwd   # the backward forced: sm90_bwd's plain heuristic config
-                                                      # with those fields (selection adds softcap)
+    CUFLASH_SOFTCAP_BWD_FIELDS=cap_fold=1 ... --bwd   # the backward forced: sm90_bwd's heuristic config for
+                                                      # the softcap call with those fields
 """
 import os
 import sys
@@ -48,8 +48,8 @@ for dtype, cap in CAPS:
             if BWD_FORCED:
                 fam = registry.get("sm90_bwd")
                 p = cuflash.Problem("bwd", "bf16" if dtype == torch.bfloat16 else "fp16", b, sq, sk, h, hkv, 128,
-                                    causal)
-                bwd_cfg = fam.heuristic(p, (9, 0), 227 * 1024).replace(**BWD_FORCED)
+                                    causal, features=("softcap",), softcap=cap)
+                bwd_cfg = fam.for_problem(fam.heuristic(p, (9, 0), 227 * 1024), p).replace(**BWD_FORCED)
             out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=cap, config=cfg, bwd_config=bwd_cfg)
             assert not out.isnan().any(), (dtype, cap, causal, sq, sk)
             if BWD:

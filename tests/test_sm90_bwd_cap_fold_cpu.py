@@ -39,6 +39,9 @@ def test_cap_fold_rules_and_names():
         # a call without softcap alone drops it (a plain call through the same bwd_config)
         assert FAM.for_problem(cfg, p.replace(features=(), softcap=0.0)).cap_fold == 0
     assert any("cap_fold must be" in w for w in plain.replace(cap_fold=3).problems(227 * 1024))
+    fp16, _ = softcap_config("fp16")
+    assert not fp16.replace(cap_fold=1).problems(227 * 1024)
+    assert any("bf16 only" in w for w in fp16.replace(cap_fold=2).problems(227 * 1024))
 
 
 def _compile(cfgs) -> tuple[str, dict]:
@@ -73,7 +76,7 @@ def _compile(cfgs) -> tuple[str, dict]:
     return proc.stderr + proc.stdout, counts
 
 
-@pytest.mark.parametrize("dtype,causal", [("bf16", True), ("fp16", False)])
+@pytest.mark.parametrize("dtype,causal", [("bf16", True), ("bf16", False)])
 def test_cap_fold_kernels_compile_clean(dtype, causal):
     """Forms 0 (the unfolded step, at the same template arguments), 1 and 2: no spill, no serialized
     wgmma; in SASS forms 1 and 2 hold the step twice (the masked blocks' copy: 2 x 32 MUFU.TANH a Q

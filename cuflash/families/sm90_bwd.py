@@ -581,7 +581,7 @@ class Sm90BwdConfig(KernelConfig):
     cap_fold:      softcap's folded step (kCapFold, kernels_cu/sm90_bwd.cu): softcap_out in the exponent's
                    FFMA, the thread's words Pᵀ ∘ (1 - tanh²) (16-byte vectors) instead of 1 - tanh², so
                    that dSᵀ needs no Pᵀ unpacked and no multiply by 1 - tanh²; 2 also multiplies dPᵀ - D_i
-                   by the words in 16 bits (HMUL2, dSᵀ rounded twice). Softcap without ALiBi or dropout
+                   by the words in 16 bits (HMUL2, dSᵀ rounded twice; bf16 only). Softcap without ALiBi or dropout
                    (name _cf1, _cf2); the heuristic sets it from SOFTCAP_CAP_FOLD, never tuned
     """
 
@@ -998,6 +998,9 @@ class Sm90BwdConfig(KernelConfig):
         elif self.cap_fold and not (self.softcap and not self.alibi and not self.dropout and not self.cluster):
             out.append("cap_fold: softcap's folded step (kCapFold: the word Pᵀ ∘ (1 - tanh²)), for softcap without "
                        "ALiBi or dropout, no cluster")
+        elif self.cap_fold == 2 and self.dtype != "bf16":
+            out.append("cap_fold 2 rounds dPᵀ - D_i to the input dtype before the multiply: bf16 only (fp16's "
+                       "range, 65504, could overflow where dSᵀ itself does not)")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
