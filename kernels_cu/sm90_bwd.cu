@@ -188,7 +188,12 @@
 //              k16 step (STS.128 / LDS.128); dSᵀ = (Pᵀ ∘ (1 - t²)) ∘ (dPᵀ - D_i) then needs neither Pᵀ
 //              unpacked from its fragments nor a multiply by 1 - t². 2: also dPᵀ - D_i rounded to 16 bits
 //              and multiplied by the words two elements an instruction (mul2: dSᵀ rounded twice, packed as
-//              it is; bf16 only: Sm90BwdConfig.problems). 0 (the default): the code of the kernel before it existed
+//              it is; bf16 only: Sm90BwdConfig.problems). 3: as 2, with a quarter of the exp2s (word 3 of each
+//              k16 step) on the FMA pipes (exp2_emu.cuh exp2_poly, degree 3: bf16's): the step is bound by the
+//              SFU (two MUFU per score, both warpgroups' steps at once), and each MUFU moved costs ~9 FMA /
+//              ALU instructions, which have room (session 23, H100, tests/softcap_bwd_timing.py kvariants:
+//              1/8, 1/4, 1/2 of them moved, the quarter fastest). 0 (the default): the code of the kernel
+//              before it existed
 //
 // Head dim 256 (kSharedKeys: kBN 64 with 2 consumers, kBM 64; Sm90BwdShape). dK_j, dV_j of 64
 // keys x 256 fp32 would take 256 registers per thread in one warpgroup, so both warpgroups take
@@ -225,6 +230,7 @@
 #include "params_sm90_bwd.cuh"
 #include "ptx_sm90_bulk.cuh"
 #include "ptx_sm90_bwd.cuh"
+#include "exp2_emu.cuh"
 #include "dropout_transposed.cuh"
 
 namespace cuflash {
@@ -711,8 +717,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     static_assert(kDropPacked >= 0 && kDropPacked <= 2
                   && (!kDropPacked || (kDropout && !kSharedKeys && !kDeterministic && !kWindow && !kSoftcap && !kAlibi)),
                   "kDropPacked (0..2): dropout alone on the head dim 64 / 128 tiles, unordered (dropout_transposed.cuh)");
-    static_assert(kCapFold >= 0 && kCapFold <= 2 && (!kCapFold || (kSoftcap && !kAlibi && !kDropout)),
-                  "kCapFold (0..2): softcap without ALiBi or dropout (its word is Pᵀ ∘ (1 - tanh²))");
+    static_assert(kCapFold >= 0 && kCapFold <= 3 && (!kCapFold || (kSoftcap && !kAlibi && !kDropout)),
+                  "kCapFold (0..3): softcap without ALiBi or dropout (its word is Pᵀ ∘ (1 - tanh²))");
     static_assert(!(kDynamic && (kVarlen || kDeterministic)),
                   "the dynamic scheduler runs fixed-length, unordered backwards");
     static_assert(!(kQRotate && (kCausal || kWindow || kDeterministic || kSharedKeys)),
@@ -1627,7 +1633,10 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                             for (int e = 0; e < 2; ++e) {
                                 float& s = s_acc[0][nt][2 * half + e];
                                 const float th = s;
-                                s = exp2_scaled(th, cap_log2, e ? lse.y : lse.x);
+                                // (kCapFold 3: word 3 of each k16 step, a quarter of the exp2s, on the
+                                // FMA pipes: exp2_emu.cuh)
+                                s = kCapFold == 3 && r == 3 ? exp2_poly<3>(fmaf(th, cap_log2, -(e ? lse.y : lse.x)))
+                                                            : exp2_scaled(th, cap_log2, e ? lse.y : lse.x);
                                 pc[e] = s * fmaf(-th, th, 1.f);
                             }
                             words[r] = pack2<Elem>(pc[0], pc[1]);
@@ -1742,7 +1751,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             // (kCapFold 2: dPᵀ - D_i rounded to 16 bits and multiplied by the word Pᵀ ∘ (1 - t²) two
             // elements an instruction (mul2), word 2nt + half being A fragment register 2·(nt % 2) + half
             // of k16 step nt / 2: dSᵀ rounded twice)
-            if constexpr (kCapFold == 2) {
+            if constexpr (kCapFold >= 2) {
 #pragma unroll
                 for (int kk = 0; kk < kSN / 16; ++kk) {
                     u32 words[4];
@@ -1757,7 +1766,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 }
             }
 #pragma unroll
-            for (int nt = 0; nt < (kCapFold == 2 ? 0 : kSN / 8); ++nt) {
+            for (int nt = 0; nt < (kCapFold >= 2 ? 0 : kSN / 8); ++nt) {
                 const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
@@ -1783,7 +1792,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     }
                 }
             }
-            if constexpr (kCapFold != 2) pack_a_frags<1, kSN / 16, Elem>(ds_frag, dp_acc);
+            if constexpr (kCapFold < 2) pack_a_frags<1, kSN / 16, Elem>(ds_frag, dp_acc);
 
             // ---- dK_j += dSᵀ Q_i (RS; Q_i MN-major; scaled once, in the epilogue) ----
             // (kSharedKeys: both by SS once every warpgroup's Pᵀ, dSᵀ are in shared memory, below)

@@ -24,24 +24,24 @@ CAP = 30.0
 # kernel-source variants of the backward: {name: [(file, old, new)]}. Diagnostics (timing only, NOT softcap):
 #   bnotanh  the recomputed score's tanh replaced by its argument (one MUFU per score fewer)
 #   bnoword  1 - t² neither stored to the thread's shared-memory words nor applied to dSᵀ
-# and of the folded step (cap_fold; run them with --kv-fields cap_fold=2): softcap, some of its exp2s on the FMA
-# pipes (exp2_emu.cuh's exp2_poly, degree 3: bf16's) instead of the SFU
-#   bemu8 / bemu4 / bemu2  1/8, 1/4, 1/2 of the exp2s (element e of word r: r == 3 and e == 1; r == 3; r odd)
+# and of the folded step's software exp2 (cap_fold 3: a quarter of the exp2s on the FMA pipes, exp2_emu.cuh; give the
+# row cap_fold=3, e.g. --kvariants bemu8:cap_fold=3), and of the unfolded one (the heuristic's):
+#   bemu8 / bemu2  cap_fold 3 with 1/8 or 1/2 of the exp2s on the FMA pipes instead of 1/4
+#   b0emu4         the unfolded step (cap_fold 0) with 1/4 of them there (nt odd, half 1)
 _TANH = "            t = tanh_approx(s * softcap_in);\n"
-_EXP2 = "                                s = exp2_scaled(th, cap_log2, e ? lse.y : lse.x);\n"
-_INC = '#include "ptx_sm90_bwd.cuh"\n'
-
-
-def _emu(cond):
-    return [("sm90_bwd.cu", _INC, _INC + '#include "exp2_emu.cuh"\n'),
-            ("sm90_bwd.cu", _EXP2, f"                                s = ({cond}) ? exp2_poly<3>(fmaf(th, cap_log2, "
-                                   "-(e ? lse.y : lse.x))) : exp2_scaled(th, cap_log2, e ? lse.y : lse.x);\n")]
+_EMU3 = "kCapFold == 3 && r == 3 ? exp2_poly<3>"
+_EXP0 = ("                            s = exp2_scaled(score.apply(s, q0 + nt * 8 + 2 * t + e, key, th), p.scale_log2,\n"
+         "                                            e ? lse.y : lse.x);\n")
 
 
 KVARIANTS = {
-    "bemu8": _emu("r == 3 && e == 1"),
-    "bemu4": _emu("r == 3"),
-    "bemu2": _emu("r % 2 == 1"),
+    "bemu8": [("sm90_bwd.cu", _EMU3, "kCapFold == 3 && r == 3 && e == 1 ? exp2_poly<3>")],
+    "bemu2": [("sm90_bwd.cu", _EMU3, "kCapFold == 3 && r % 2 == 1 ? exp2_poly<3>")],
+    "b0emu4": [("sm90_bwd.cu", _EXP0,
+                "                            s = score.apply(s, q0 + nt * 8 + 2 * t + e, key, th);\n"
+                "                            s = nt % 2 == 1 && half == 1 ? exp2_poly<3>(fmaf(s, p.scale_log2, "
+                "-(e ? lse.y : lse.x)))\n"
+                "                                                         : exp2_scaled(s, p.scale_log2, e ? lse.y : lse.x);\n")],
     "bnotanh": [("score.cuh", _TANH, "            t = s * softcap_in;\n")],
     "bnoword": [("sm90_bwd.cu",
                  "                        if constexpr (kSoftcap) thread_word(kCapWord0 + 2 * nt + half) = "
@@ -87,7 +87,7 @@ def cap_fold_test_configs(head_dims) -> list:
                         p = Problem("fwd", dtype, 2, sq, sk, h, hkv, d, causal, features=("softcap",), softcap=cap)
                         out.append(fwd.for_problem(fwd.heuristic(p, (9, 0), 227 * 1024), p))
                         pb = p.replace(op="bwd")
-                        out += [bwd.for_problem(base.replace(cap_fold=form), pb) for form in (1, 2)
+                        out += [bwd.for_problem(base.replace(cap_fold=form), pb) for form in (1, 2, 3)
                                 if form == 1 or dtype == "bf16"]
     return out
 
@@ -95,7 +95,9 @@ def cap_fold_test_configs(head_dims) -> list:
 def main():
     global CAP
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kvariants", default="")
+    ap.add_argument("--kvariants", default="",
+                    help="comma-separated KVARIANTS names, each optionally NAME:field=value+field=value (that "
+                         "row's config fields, over --kv-fields)")
     ap.add_argument("--precompile", action="store_true")
     ap.add_argument("--tests", default="",
                     help="--precompile: also tests/test_sm90_bwd_cap_fold_gpu.py's kernels, of these head dims "
@@ -120,7 +122,9 @@ def main():
     kv_fields = parse_variants("kv:" + args.kv_fields)["kv"]
 
     FWD_KV.update(KVARIANTS)   # (variant_dir reads that table)
-    kvs = [n for n in args.kvariants.split(",") if n]
+    # {kernel-source variant: the config fields of its row}
+    kvs = {n.partition(":")[0]: {**kv_fields, **parse_variants("kv:" + n.partition(":")[2].replace("+", ","))["kv"]}
+           for n in args.kvariants.split(",") if n}
     masks = {"causal": (True,), "full": (False,), "both": (True, False)}[args.mask]
     from cuflash import compile as cc
 
@@ -138,9 +142,9 @@ def main():
         cfgs += cap_fold_test_configs([int(d) for d in filter(None, args.tests.split(","))])
         cfgs = list({c.name: c for c in cfgs}.values())
         bad = [(c.name, e) for c, _, e in cc.precompile(cfgs) if e]
-        for name in kvs:
+        for name, fields in kvs.items():
             os.environ["CUFLASH_KERNEL_DIR"] = variant_dir(name)
-            bad += [(c.name, e) for c, _, e in cc.precompile([bwd_config(problems(m, args.dtype)[1]).replace(**kv_fields)
+            bad += [(c.name, e) for c, _, e in cc.precompile([bwd_config(problems(m, args.dtype)[1]).replace(**fields)
                                                               for m in masks]) if e]
         print("precompiled", len(cfgs), "failed", bad, flush=True)
         return
@@ -159,10 +163,10 @@ def main():
         bcfg = bwd_config(problems(causal, args.dtype)[1])
         calls = {"plain": (dict(), None, None), "cap30": (dict(softcap=CAP), None, bcfg)}
         calls.update({name: (dict(softcap=CAP), None, bcfg.replace(**kv)) for name, kv in variants.items()})
-        for i, name in enumerate(kvs):
+        for i, (name, fields) in enumerate(kvs.items()):
             # a distinct softmax_scale (same kernel speed) so that the variant keeps its own plan
             scale = D ** -0.5 * (1 + (i + 1) * 2.0 ** -20)
-            calls[f"cap30_{name}"] = (dict(softcap=CAP, softmax_scale=scale), name, bcfg.replace(**kv_fields))
+            calls[f"cap30_{name}"] = (dict(softcap=CAP, softmax_scale=scale), name, bcfg.replace(**fields))
         bwd, fwdbwd, grads = {}, {}, {}
         for key, (kw, kv, cfg) in calls.items():
             out = cuflash.flash_attn_func(q, k, v, causal=causal, bwd_config=cfg, **kw)

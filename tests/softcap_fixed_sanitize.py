@@ -6,6 +6,7 @@ without the sanitizer:
     CUFLASH_SOFTCAP_FIELDS=s_ahead=1,BN=96,stages=3 compute-sanitizer ... (those fields forced on the
     heuristic's config, as tests/test_softcap_fixed_max_gpu.py forced_fields)
     compute-sanitizer ... python tests/softcap_fixed_sanitize.py --bwd   # the backward too (sm90_bwd's heuristic)
+    ... --quick   # bf16 at cap 30 only
     CUFLASH_SOFTCAP_BWD_FIELDS=cap_fold=1 ... --bwd   # the backward forced: sm90_bwd's heuristic config for
                                                       # the softcap call with those fields
     CUFLASH_SOFTCAP_BWD_FIELDS=cap_fold=1 python tests/softcap_fixed_sanitize.py --bwd --precompile
@@ -35,6 +36,8 @@ CAPS = [(torch.bfloat16, 30.0), (torch.bfloat16, 5.0), (torch.float16, 4.0), (to
         (torch.bfloat16, 50.0)]
 
 PRECOMPILE = "--precompile" in sys.argv
+if "--quick" in sys.argv:   # (racecheck's pace: bf16 at cap 30 only)
+    CAPS = CAPS[:1]
 todo = []
 for dtype, cap in CAPS:
     for causal in (False, True):

@@ -27,7 +27,7 @@ def test_cap_fold_rules_and_names():
     assert base.cap_fold == sm90_bwd.SOFTCAP_CAP_FOLD.get((128, True, "bf16"), 0)
     plain = base.replace(cap_fold=0)
     assert "cap_fold" not in FAM.encode(plain)
-    for form in (1, 2):
+    for form in (1, 2, 3):
         cfg = FAM.for_problem(plain.replace(cap_fold=form), p)
         assert cfg.cap_fold == form and not cfg.problems(227 * 1024)
         assert cfg.name == plain.name + f"_cf{form}"
@@ -38,10 +38,10 @@ def test_cap_fold_rules_and_names():
             assert any("cap_fold" in w for w in cfg.replace(**other).problems(227 * 1024)), other
         # a call without softcap alone drops it (a plain call through the same bwd_config)
         assert FAM.for_problem(cfg, p.replace(features=(), softcap=0.0)).cap_fold == 0
-    assert any("cap_fold must be" in w for w in plain.replace(cap_fold=3).problems(227 * 1024))
+    assert any("cap_fold must be" in w for w in plain.replace(cap_fold=4).problems(227 * 1024))
     fp16, _ = softcap_config("fp16")
     assert not fp16.replace(cap_fold=1).problems(227 * 1024)
-    assert any("bf16 only" in w for w in fp16.replace(cap_fold=2).problems(227 * 1024))
+    assert all(any("bf16 only" in w for w in fp16.replace(cap_fold=f).problems(227 * 1024)) for f in (2, 3))
 
 
 def _compile(cfgs) -> tuple[str, dict]:
@@ -71,21 +71,22 @@ def _compile(cfgs) -> tuple[str, dict]:
                 ins = [i for i in re.findall(r"/\*[0-9a-f]{4,5}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", fn)
                        if i != "NOP"]
                 form = int(re.search(r"Li(\d)EEEvNS_13Sm90BwdParams", fn.split("\n")[0]).group(1))
-                counts[form] = (len(ins), sum(i == "MUFU.TANH" for i in ins), sum(i == "HMUL2.BF16_V2" or
-                                                                                 i.startswith("HMUL2") for i in ins))
+                counts[form] = (len(ins), sum(i == "MUFU.TANH" for i in ins), sum(i == "MUFU.EX2" for i in ins),
+                                sum(i.startswith("HMUL2") for i in ins))
     return proc.stderr + proc.stdout, counts
 
 
 @pytest.mark.parametrize("dtype,causal", [("bf16", True), ("bf16", False)])
 def test_cap_fold_kernels_compile_clean(dtype, causal):
-    """Forms 0 (the unfolded step, at the same template arguments), 1 and 2: no spill, no serialized
-    wgmma; in SASS forms 1 and 2 hold the step twice (the masked blocks' copy: 2 x 32 MUFU.TANH a Q
-    block, form 0 32) and form 2 multiplies dSᵀ by HMUL2 (16) and is shorter than form 1."""
+    """Forms 0 (the unfolded step, at the same template arguments), 1, 2 and 3: no spill, no serialized
+    wgmma; in SASS forms 1-3 hold the step twice (the masked blocks' copy: 2 x 32 MUFU.TANH a Q block,
+    form 0 32), forms 2 and 3 multiply dSᵀ by HMUL2 (16), form 2 is shorter than form 1, and form 3
+    takes 8 of each copy's 32 exp2s off the SFU."""
     base, _ = softcap_config(dtype, causal)
-    log, counts = _compile([base.replace(cap_fold=f) for f in (0, 1, 2)])
+    log, counts = _compile([base.replace(cap_fold=f) for f in (0, 1, 2, 3)])
     assert not re.search(r"\(C751[0-9]\)|serialized", log), log[-2000:]
     spills = re.findall(r"(\d+) bytes spill", log)
-    assert len(spills) == 6 and not any(int(n) for n in spills), log[-2000:]
+    assert len(spills) == 8 and not any(int(n) for n in spills), log[-2000:]
     if counts:
-        assert [counts[f][1:] for f in (0, 1, 2)] == [(32, 0), (64, 0), (64, 16)], counts
-        assert counts[2][0] < counts[1][0], counts
+        assert [(counts[f][1], counts[f][3]) for f in (0, 1, 2, 3)] == [(32, 0), (64, 0), (64, 16), (64, 16)], counts
+        assert counts[2][0] < counts[1][0] and counts[3][2] == counts[2][2] - 16, counts

@@ -581,8 +581,9 @@ class Sm90BwdConfig(KernelConfig):
     cap_fold:      softcap's folded step (kCapFold, kernels_cu/sm90_bwd.cu): softcap_out in the exponent's
                    FFMA, the thread's words Pᵀ ∘ (1 - tanh²) (16-byte vectors) instead of 1 - tanh², so
                    that dSᵀ needs no Pᵀ unpacked and no multiply by 1 - tanh²; 2 also multiplies dPᵀ - D_i
-                   by the words in 16 bits (HMUL2, dSᵀ rounded twice; bf16 only). Softcap without ALiBi or dropout
-                   (name _cf1, _cf2); the heuristic sets it from SOFTCAP_CAP_FOLD, never tuned
+                   by the words in 16 bits (HMUL2, dSᵀ rounded twice; bf16 only); 3 as 2 with a quarter of the
+                   exp2s on the FMA pipes (exp2_emu.cuh, bf16 only). Softcap without ALiBi or dropout (name
+                   _cf1, _cf2, _cf3); the heuristic sets it from SOFTCAP_CAP_FOLD, never tuned
     """
 
     BM: int
@@ -993,14 +994,14 @@ class Sm90BwdConfig(KernelConfig):
                        "unordered, head dims 64 / 128, the plain grid without the plain call's speed fields "
                        "(dynamic, ds_double, dq_early, dk_late, frag_pin, s_ahead, overlap_sdp: the kernels "
                        "checked for spills)")
-        if self.cap_fold not in (0, 1, 2):
-            out.append(f"cap_fold must be 0, 1 or 2, got {self.cap_fold}")
+        if self.cap_fold not in (0, 1, 2, 3):
+            out.append(f"cap_fold must be 0, 1, 2 or 3, got {self.cap_fold}")
         elif self.cap_fold and not (self.softcap and not self.alibi and not self.dropout and not self.cluster):
             out.append("cap_fold: softcap's folded step (kCapFold: the word Pᵀ ∘ (1 - tanh²)), for softcap without "
                        "ALiBi or dropout, no cluster")
-        elif self.cap_fold == 2 and self.dtype != "bf16":
-            out.append("cap_fold 2 rounds dPᵀ - D_i to the input dtype before the multiply: bf16 only (fp16's "
-                       "range, 65504, could overflow where dSᵀ itself does not)")
+        elif self.cap_fold >= 2 and self.dtype != "bf16":
+            out.append("cap_fold 2 / 3 round dPᵀ - D_i to the input dtype before the multiply: bf16 only (fp16's "
+                       "range, 65504, could overflow where dSᵀ itself does not; 3's software exp2 is bf16's degree)")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
