@@ -999,6 +999,9 @@ class Sm90BwdConfig(KernelConfig):
         elif self.cap_fold and not (self.softcap and not self.alibi and not self.dropout and not self.cluster):
             out.append("cap_fold: softcap's folded step (kCapFold: the word Pᵀ ∘ (1 - tanh²)), for softcap without "
                        "ALiBi or dropout, no cluster")
+        elif self.cap_fold and self.head_dim == 128 and self.dynamic and not self.wide_epi:
+            out.append("cap_fold on the head-dim-128 dynamic kernel without wide_epi: ptxas spills it (8-32 bytes, "
+                       "nvcc 13.0; with the 16-byte epilogue it does not)")
         elif self.cap_fold >= 2 and self.dtype != "bf16":
             out.append("cap_fold 2 / 3 round dPᵀ - D_i to the input dtype before the multiply: bf16 only (fp16's "
                        "range, 65504, could overflow where dSᵀ itself does not; 3's software exp2 is bf16's degree)")
@@ -1412,8 +1415,11 @@ class Sm90Backward(Family):
                 and problem.nheads == problem.nheads_kv and problem.head_dim % 8 == 0 and not cw16.problems()):
             cfg = cw16                                  # (the kernel checks MHA and alignment again per call)
         cfold = cfg.replace(cap_fold=SOFTCAP_CAP_FOLD.get((d, causal, dtype), 0))
-        if feats == ("softcap",) and cfold.cap_fold and not cfold.problems():
-            cfg = cfold
+        if feats == ("softcap",) and cfold.cap_fold and not det and not is_varlen(problem):
+            if cfold.problems():   # (the 16-byte epilogue: the dynamic d128 kernel spills without it; it checks
+                cfold = cfold.replace(wide_epi=True)   # MHA and alignment per call, 4-byte stores otherwise)
+            if not cfold.problems():
+                cfg = cfold
         if feats == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
         wdqf = cfg.replace(dq_first=True)
