@@ -45,6 +45,29 @@ def test_cap_fold_rules_and_names():
     assert all(any("bf16 only" in w for w in fp16.replace(cap_fold=f).problems(227 * 1024)) for f in (2, 3))
 
 
+def test_cap_fold_heuristic():
+    """SOFTCAP_CAP_FOLD's classes (bf16 d128, causal and not) take form 3 with wide_epi, MHA or GQA, where the
+    heuristic's kernel is the dynamic one (8k: measured); fp16, deterministic, other head dims, softcap with
+    another feature and shorter calls (the plain-grid kernels, not measured) keep the unfolded step."""
+    on = sm90_bwd.SOFTCAP_CAP_FOLD
+    assert on == {(128, True, "bf16"): 3, (128, False, "bf16"): 3}
+    for causal in (True, False):
+        for heads in ((16, 16), (16, 4)):
+            p = Problem("bwd", "bf16", 2, 8192, 8192, *heads, 128, causal, features=("softcap",), softcap=50.0)
+            cfg = FAM.for_problem(FAM.heuristic(p, (9, 0), 227 * 1024), p)
+            assert cfg.cap_fold == 3 and cfg.wide_epi and cfg.dynamic and not cfg.problems(227 * 1024), cfg.name
+            assert cfg.name.endswith("_w16_cf3")
+            short = p.replace(seqlen_q=1024, seqlen_k=1024)
+            cfg = FAM.for_problem(FAM.heuristic(short, (9, 0), 227 * 1024), short)
+            assert cfg.cap_fold == (3 if cfg.dynamic else 0), cfg.name
+        for other in (dict(dtype="fp16"), dict(deterministic=True), dict(head_dim=64),
+                      dict(features=("softcap", "alibi")), dict(features=("softcap", "window"), window=(256, 0))):
+            q = p.replace(**other)
+            assert FAM.for_problem(FAM.heuristic(q, (9, 0), 227 * 1024), q).cap_fold == 0, other
+    plain = Problem("bwd", "bf16", 2, 4096, 4096, 16, 16, 128, True)
+    assert FAM.for_problem(FAM.heuristic(plain, (9, 0), 227 * 1024), plain).cap_fold == 0
+
+
 def _compile(cfgs) -> tuple[str, dict]:
     """ptxas's log and {config name: SASS instruction count} (empty without cuobjdump)."""
     from cuflash.compile import kernel_param_decl, render_source

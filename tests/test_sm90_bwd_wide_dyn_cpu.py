@@ -82,7 +82,9 @@ def test_heuristic_switches(monkeypatch):
     assert (128, False, "bf16") in on and (256, True, "bf16") in on and not sm90_bwd.HEURISTIC_D256_DYNAMIC
     gqa = Problem("bwd", "bf16", 2, 2048, 2048, 16, 4, 128, False)
     assert not heur(gqa).wide_epi
-    assert not heur(problem(128, False, features=("softcap",), softcap=30.0)).wide_epi
+    # (softcap: with the folded step, SOFTCAP_CAP_FOLD, whose d128 dynamic kernel needs it)
+    cap = heur(problem(128, False, features=("softcap",), softcap=30.0))
+    assert cap.wide_epi == bool(cap.cap_fold) and cap.cap_fold == sm90_bwd.SOFTCAP_CAP_FOLD.get((128, False, "bf16"), 0)
     assert not heur(problem(128, False, deterministic=True)).wide_epi
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_DYNAMIC", {(True, "bf16"): 4096})
     monkeypatch.setattr(sm90_bwd, "WIDE_EPI_MAX_SEQLEN_BY", {(256, True, "bf16"): 4096})

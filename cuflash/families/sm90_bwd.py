@@ -446,12 +446,24 @@ WIDE_EPI_MAX_SEQLEN_BY: dict = {}
 #   causal backward alone 1.152 -> 1.126, forward + backward 1.171 -> 1.158; full 1.137 -> 1.137, 1.150 -> 1.168
 #   (not kept). Zero spills in bf16 / fp16, causal / full (nvcc 13.0).
 SOFTCAP_WIDE_EPI: frozenset = frozenset({(128, True, "bf16")})
-# * SOFTCAP_CAP_FOLD, {(kernel head dim, causal, dtype): form}: the classes whose softcap calls (softcap alone) run
-#   the folded softcap step (cap_fold, kCapFold, name _cf1 / _cf2): softcap_out folded into the exponent's FFMA,
-#   and the thread's word Pᵀ ∘ (1 - tanh²) instead of 1 - tanh² (no Pᵀ unpacked and one multiply fewer in dSᵀ);
-#   form 2 also multiplies dPᵀ - D_i by the word in 16 bits, two elements an instruction (dSᵀ rounded twice).
-#   Not measured yet: empty.
-SOFTCAP_CAP_FOLD: dict = {}
+# * SOFTCAP_CAP_FOLD, {(kernel head dim, causal, dtype): form}: the classes whose softcap calls (softcap alone, fixed
+#   lengths, unordered) run the folded softcap step (cap_fold, kCapFold, name _cf1 / _cf2 / _cf3): softcap_out in the
+#   exponent's FFMA, the thread's words Pᵀ ∘ (1 - tanh²) (16-byte vectors) instead of 1 - tanh²; form 2 also multiplies
+#   dPᵀ - D_i by the words in 16 bits (HMUL2), form 3 also takes a quarter of the exp2s off the SFU (exp2_poly). With
+#   wide_epi (the d128 dynamic kernel spills without it; the kernel checks MHA and alignment per call). Measured
+#   (session 23, cap10, one H100 80GB HBM3: tests/softcap_bwd_timing.py, bf16 d128 batch 2 x 16 heads x 8k, softcap 30,
+#   x the plain call of the same process, 10-12 interleaved samples; results/NVIDIA_H100_80GB_HBM3/logs/
+#   session23_cap10/), backward alone causal / full:
+#     round 3: the heuristic 1.140 / 1.125, form 2 1.129 / 1.115, form 3 1.110 / 1.075 (wide_epi alone, full: 1.130);
+#              forward + backward 1.157 / 1.152 -> form 3 1.136 / 1.117; softcap 50 causal: backward 1.108 -> 1.110,
+#              forward + backward 1.145 -> 1.133;
+#     round 2: the heuristic 1.151 / 1.117, form 2 1.138 / 1.136 (full: its kernel then spilled, without wide_epi),
+#              form 2 with 1/8, 1/4 (= form 3), 1/2 of the exp2s moved 1.133 / 1.125, 1.123 / 1.112, 1.140 / 1.122;
+#     round 1: form 1 1.159 / 1.170 (slower: not used), form 2 1.128 / 1.144 against 1.124 / 1.136.
+#   fp16 keeps the unfolded step (forms 2 and 3 are bf16 only; form 1 was slower), and so do the calls whose heuristic
+#   kernel is not the dynamic one (shorter calls: the plain-grid kernels, which compile clean with form 3 but were not
+#   measured).
+SOFTCAP_CAP_FOLD: dict = {(128, True, "bf16"): 3, (128, False, "bf16"): 3}
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
@@ -1046,6 +1058,21 @@ class Sm90BwdConfig(KernelConfig):
         return out
 
 
+def with_cap_fold(config, problem: Problem, max_smem: Optional[int] = None):
+    """The heuristic's config with SOFTCAP_CAP_FOLD's form where it was measured: softcap alone, fixed lengths,
+    unordered, on the dynamic kernel (8k), with wide_epi where the kernel needs it (the d128 dynamic one spills
+    without; it checks MHA and alignment per call, 4-byte stores otherwise). With the softcap flag set, as
+    for_problem sets it: cap_fold is built for softcap only."""
+    form = SOFTCAP_CAP_FOLD.get((config.head_dim, config.causal, config.dtype), 0)
+    if (not form or tuple(problem.features) != ("softcap",) or problem.deterministic or is_varlen(problem)
+            or not config.dynamic):
+        return config
+    fold = config.replace(softcap=True, cap_fold=form)
+    if fold.problems(max_smem):
+        fold = fold.replace(wide_epi=True)
+    return config if fold.problems(max_smem) else fold
+
+
 def with_drop_packed(config):
     """config with drop_packed as for_problem sets it: on for dropout calls at DROPOUT_PACKED's head
     dims (or where the config asks for it), off where the kernel is not built (problems())."""
@@ -1414,12 +1441,6 @@ class Sm90Backward(Family):
         if (feats == ("softcap",) and (d, causal, dtype) in SOFTCAP_WIDE_EPI and not det and not is_varlen(problem)
                 and problem.nheads == problem.nheads_kv and problem.head_dim % 8 == 0 and not cw16.problems()):
             cfg = cw16                                  # (the kernel checks MHA and alignment again per call)
-        cfold = cfg.replace(cap_fold=SOFTCAP_CAP_FOLD.get((d, causal, dtype), 0))
-        if feats == ("softcap",) and cfold.cap_fold and not det and not is_varlen(problem):
-            if cfold.problems():   # (the 16-byte epilogue: the dynamic d128 kernel spills without it; it checks
-                cfold = cfold.replace(wide_epi=True)   # MHA and alignment per call, 4-byte stores otherwise)
-            if not cfold.problems():
-                cfg = cfold
         if feats == ("window",) and not det and d in WINDOW_BWD:
             cfg = cfg.replace(**WINDOW_BWD[d])          # (first_fitting: the plain grid where it does not fit)
         wdqf = cfg.replace(dq_first=True)
@@ -1439,8 +1460,9 @@ class Sm90Backward(Family):
             sched = cfg.replace(**{f: getattr(plain_cfg, f) or getattr(cfg, f) for f in FEATURE_SCHED_FLAGS})
             for c in (sched, sched.replace(dynamic=False)):   # (the plain grid where the dynamic kernel spills)
                 if not c.replace(**{f: f in feats for f in ("alibi", "softcap", "window")}).problems(max_smem):
-                    return c
-        return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
+                    return with_cap_fold(c, problem, max_smem)
+        return with_cap_fold(first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}),
+                                           max_smem), problem, max_smem)
 
     def kernel_names(self, config) -> dict:
         targs = f"cuflash::{config.dtype}" + (", true" if config.varlen else "")   # fa2_bwd's kVarlen
