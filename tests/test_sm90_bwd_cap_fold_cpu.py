@@ -3,9 +3,6 @@ rules and encoding, and the kernels compiled for sm_90a (nvcc, ptxas -v): no spi
 and fewer instructions than the unfolded step (SASS, where cuobjdump is found). Correctness on the GPU:
 tests/test_sm90_bwd_cap_fold_gpu.py."""
 import re
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -13,8 +10,10 @@ from cuflash import registry
 from cuflash.families import sm90_bwd
 from cuflash.problem import Problem
 
+from test_sm90_softcap_cpu import _cuobjdump  # noqa: E402
+from test_sm90_tile_overlap_cpu import needs_nvcc  # noqa: E402
+
 FAM = registry.get("sm90_bwd")
-NVCC = "/usr/local/bin/nvcc"
 
 
 def softcap_config(dtype="bf16", causal=True, d=128, **fields):
@@ -68,49 +67,22 @@ def test_cap_fold_heuristic():
     assert FAM.for_problem(FAM.heuristic(plain, (9, 0), 227 * 1024), plain).cap_fold == 0
 
 
-def _compile(cfgs) -> tuple[str, dict]:
-    """ptxas's log and {config name: SASS instruction count} (empty without cuobjdump)."""
-    from cuflash.compile import kernel_param_decl, render_source
-
-    from test_sm90_softcap_cpu import _cuobjdump
-
-    lines = [render_source("sm90_bwd"), '#line 1 "inst"']
-    lines += [f"template __global__ void {c.kernel_name()}({kernel_param_decl(FAM, 'main')});" for c in cfgs]
-    with tempfile.TemporaryDirectory() as tmp:
-        src, out = Path(tmp) / "k.cu", Path(tmp) / "k.cubin"
-        src.write_text("\n".join(lines) + "\n")
-        proc = subprocess.run([NVCC, "-cubin", "-arch=sm_90a", "-std=c++17", "-Xptxas", "-v", "-o", str(out),
-                               str(src)], capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        tools = _cuobjdump()
-        counts = {}
-        if tools:
-            import os
-
-            cuobj, nvd_dir = tools
-            env = {**os.environ, "PATH": nvd_dir + os.pathsep + os.environ.get("PATH", "")}
-            text = subprocess.run([cuobj, "-sass", str(out)], check=True, capture_output=True, text=True,
-                                  env=env).stdout
-            for fn in text.split("Function : ")[1:]:
-                ins = [i for i in re.findall(r"/\*[0-9a-f]{4,5}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", fn)
-                       if i != "NOP"]
-                form = int(re.search(r"Li(\d)EEEvNS_13Sm90BwdParams", fn.split("\n")[0]).group(1))
-                counts[form] = (len(ins), sum(i == "MUFU.TANH" for i in ins), sum(i == "MUFU.EX2" for i in ins),
-                                sum(i.startswith("HMUL2") for i in ins))
-    return proc.stderr + proc.stdout, counts
-
-
+@needs_nvcc
 @pytest.mark.parametrize("dtype,causal", [("bf16", True), ("bf16", False)])
 def test_cap_fold_kernels_compile_clean(dtype, causal):
     """Forms 0 (the unfolded step, at the same template arguments), 1, 2 and 3: no spill, no serialized
     wgmma; in SASS forms 1-3 hold the step twice (the masked blocks' copy: 2 x 32 MUFU.TANH a Q block,
     form 0 32), forms 2 and 3 multiply dSᵀ by HMUL2 (16), form 2 is shorter than form 1, and form 3
     takes 8 of each copy's 32 exp2s off the SFU."""
+    from test_sm90_pv_overlap_cpu import compile_clean
+
     base, _ = softcap_config(dtype, causal, wide_epi=True)   # (without it the dynamic d128 kernel spills)
-    log, counts = _compile([base.replace(cap_fold=f) for f in (0, 1, 2, 3)])
-    assert not re.search(r"\(C751[0-9]\)|serialized", log), log[-2000:]
-    spills = re.findall(r"(\d+) bytes spill", log)
-    assert len(spills) == 8 and not any(int(n) for n in spills), log[-2000:]
+    sass = compile_clean([base.replace(cap_fold=f) for f in (0, 1, 2, 3)], sass=_cuobjdump() is not None, fam=FAM)
+    counts = {}
+    for args, fn in sass.items():
+        ins = [i for i in re.findall(r"/\*[0-9a-f]{4,5}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", fn) if i != "NOP"]
+        counts[args[-1]] = (len(ins), ins.count("MUFU.TANH"), ins.count("MUFU.EX2"),
+                            sum(i.startswith("HMUL2") for i in ins))
     if counts:
         assert [(counts[f][1], counts[f][3]) for f in (0, 1, 2, 3)] == [(32, 0), (64, 0), (64, 16), (64, 16)], counts
         assert counts[2][0] < counts[1][0] and counts[3][2] == counts[2][2] - 16, counts
