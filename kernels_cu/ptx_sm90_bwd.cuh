@@ -130,4 +130,22 @@ __device__ __forceinline__ u32 opaque_u32(u32 x) {
     return x;
 }
 
+// a ∘ b, two 16-bit elements per word, rounded to nearest (HMUL2): sm90_bwd's kCapFold 2 multiplies
+// dPᵀ - D_i, packed, by the word Pᵀ ∘ (1 - tanh²) two elements an instruction, no unpacking (the C++
+// __hmul2 needs cuda_bf16.h / cuda_fp16.h, which NVRTC builds here do not include)
+template <class Elem>
+__device__ __forceinline__ u32 mul2(u32 a, u32 b);
+template <>
+__device__ __forceinline__ u32 mul2<bf16>(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+template <>
+__device__ __forceinline__ u32 mul2<fp16>(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
 }  // namespace cuflash

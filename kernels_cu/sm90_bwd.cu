@@ -181,6 +181,19 @@
 //   kWideEpi   (appended after kDqFirst; plain or windowed fixed-length unordered calls) the epilogue stores dK_j, dV_j
 //              16 bytes a lane (quad_transpose: a quad's lanes exchange their column pairs) where the call is
 //              MHA with 16-byte aligned dk, dv; 4 bytes a lane otherwise (and without it)
+//   kCapFold   (appended last; softcap without ALiBi or dropout) 1: the folded softcap step. t = tanh(Sᵀ·
+//              softcap_in) in place, the mask on t (kCapHiddenT) in the masked blocks' own copy of the step,
+//              Pᵀ = exp2(t·softcap·log2e - LSE·log2e) (softcap_out folded into the exponent's FFMA), and the
+//              thread's softcap words keep Pᵀ ∘ (1 - t²), rounded to 16 bits once, as one 16-byte vector per
+//              k16 step (STS.128 / LDS.128); dSᵀ = (Pᵀ ∘ (1 - t²)) ∘ (dPᵀ - D_i) then needs neither Pᵀ
+//              unpacked from its fragments nor a multiply by 1 - t². 2: also dPᵀ - D_i rounded to 16 bits
+//              and multiplied by the words two elements an instruction (mul2: dSᵀ rounded twice, packed as
+//              it is; bf16 only: Sm90BwdConfig.problems). 3: as 2, with a quarter of the exp2s (word 3 of each
+//              k16 step) on the FMA pipes (exp2_emu.cuh exp2_poly, degree 3: bf16's): the step is bound by the
+//              SFU (two MUFU per score, both warpgroups' steps at once), and each MUFU moved costs ~9 FMA /
+//              ALU instructions, which have room (session 23, H100, tests/softcap_bwd_timing.py kvariants:
+//              1/8, 1/4, 1/2 of them moved, the quarter fastest). 0 (the default): the code of the kernel
+//              before it existed
 //
 // Head dim 256 (kSharedKeys: kBN 64 with 2 consumers, kBM 64; Sm90BwdShape). dK_j, dV_j of 64
 // keys x 256 fp32 would take 256 registers per thread in one warpgroup, so both warpgroups take
@@ -217,6 +230,7 @@
 #include "params_sm90_bwd.cuh"
 #include "ptx_sm90_bulk.cuh"
 #include "ptx_sm90_bwd.cuh"
+#include "exp2_emu.cuh"
 #include "dropout_transposed.cuh"
 
 namespace cuflash {
@@ -657,7 +671,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
           bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles, bool kDqConvert,
-          bool kDqFirst, bool kWideEpi = false, int kDropPacked = 0>
+          bool kDqFirst, bool kWideEpi = false, int kDropPacked = 0, int kCapFold = 0>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -667,6 +681,10 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     constexpr int kSN = Shape::kSN, kDkvN = Shape::kDkvN;
     constexpr int kCapWord0 = 0, kPWord0 = kSoftcap ? kSN / 4 : 0;
     constexpr int kWordCount = (int(kSoftcap) + int(kDropout)) * kSN / 4;
+    // kCapFold: the t of a hidden element of Pᵀ, finite so that its word Pᵀ ∘ (1 - t²) is 0 · (1 - 10³⁶) =
+    // 0 (-inf would give NaN there), and large so that exp2(t·softcap·log2e - LSE·log2e) is 0 for any
+    // softcap above 10⁻¹⁶
+    constexpr float kCapHiddenT = -1e18f;
     using Words = Sm90BwdThreadWords<Shape, kConsumers, kSharedKeys ? 0 : kWordCount>;
     static_assert(!(kSoftcap || kDropout) || Words::kSmemBytes <= 227 * 1024,
                   "softcap / dropout: shared memory exceeds the H100's 227 KB");
@@ -699,6 +717,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     static_assert(kDropPacked >= 0 && kDropPacked <= 2
                   && (!kDropPacked || (kDropout && !kSharedKeys && !kDeterministic && !kWindow && !kSoftcap && !kAlibi)),
                   "kDropPacked (0..2): dropout alone on the head dim 64 / 128 tiles, unordered (dropout_transposed.cuh)");
+    static_assert(kCapFold >= 0 && kCapFold <= 3 && (!kCapFold || (kSoftcap && !kAlibi && !kDropout)),
+                  "kCapFold (0..3): softcap without ALiBi or dropout (its word is Pᵀ ∘ (1 - tanh²))");
     static_assert(!(kDynamic && (kVarlen || kDeterministic)),
                   "the dynamic scheduler runs fixed-length, unordered backwards");
     static_assert(!(kQRotate && (kCausal || kWindow || kDeterministic || kSharedKeys)),
@@ -1365,6 +1385,30 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
         if constexpr (kSharedKeys) return words_rmem[w];
         else return *reinterpret_cast<u32*>(words_smem_ptr + w * kConsumerThreads * 4);
     };
+    // kCapFold: the softcap words of k16 step kk (words 4kk .. 4kk + 3, its A fragment's registers) as one
+    // 16-byte vector, the thread's 16 bytes of vector row kk (a row: kConsumerThreads · 16 bytes), in the
+    // same bytes as thread_word's words 0 .. BM/4 - 1: one STS.128 / LDS.128 for four 32-bit ones (a warp's
+    // 512 contiguous bytes: no bank conflict beyond the four wavefronts)
+    auto cap_words = [&](int kk) -> uint4& {
+        return *reinterpret_cast<uint4*>(smem_ptr + Words::kOffset + (tid - 128) * 16 + kk * kConsumerThreads * 16);
+    };
+    auto store_cap_words = [&](int kk, const u32 (&w)[4]) {
+        if constexpr (kSharedKeys) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) thread_word(kCapWord0 + 4 * kk + r) = w[r];
+        } else {
+            cap_words(kk) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    };
+    auto load_cap_words = [&](int kk, u32 (&w)[4]) {
+        if constexpr (kSharedKeys) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) w[r] = thread_word(kCapWord0 + 4 * kk + r);
+        } else {
+            const uint4 v = cap_words(kk);
+            w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+        }
+    };
 
     // Descriptors: this warpgroup's 64 rows of K_j, V_j (A, K-major); Q_i, dO_i as B of Sᵀ, dPᵀ
     // (K-major: the head dim is the reduction) and of dK, dV (MN-major: the head dim is wgmma's
@@ -1561,6 +1605,52 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         s_acc[0][nt][e] = exp2_scaled(s_acc[0][nt][e], p.scale_log2, e % 2 ? lse.y : lse.x);
                 }
                 if constexpr (kOverlapSdp) hide(0.f);
+            } else if constexpr (kCapFold) {
+                // kCapFold: t = tanh(Sᵀ·softcap_in) in place, then Pᵀ = exp2(t·softcap·log2e - LSE·log2e),
+                // softcap_out folded into the exponent's FFMA; the word keeps Pᵀ ∘ (1 - t²), rounded to 16
+                // bits once, for dSᵀ (the one factor dSᵀ needs besides dPᵀ - D_i: no Pᵀ unpacked there).
+                // A masked block (the causal diagonal, a ragged end) runs a copy of its own with the mask on
+                // t (kCapHiddenT: P = 0 below, and so its word) between the tanhs and the exp2s, so that the
+                // other blocks' tanhs and exp2s stay one basic block (sm90_fwd's kMaskedCopy, session 21:
+                // the branch between them serializes the two MUFU bursts); the copy also masks Sᵀ before
+                // its tanhs (-inf: t = -1, masked again after), which keeps the compiler from hoisting the
+                // two copies' identical tanhs above the branch
+                const float cap_log2 = score.softcap_out * p.scale_log2;   // softcap·log2(e)
+                auto fold_step = [&](bool masked) {   // (masked: a constant at each call)
+                    if (masked) hide(neg_inf());
+#pragma unroll
+                    for (int i = 0; i < kSN / 2; ++i) s_flat[i] = tanh_approx(s_flat[i] * score.softcap_in);
+                    if (masked) hide(kCapHiddenT);
+#pragma unroll
+                    for (int kk = 0; kk < kSN / 16; ++kk) {
+                        u32 words[4];                   // word r: elements (2kk + r / 2, 2·(r % 2) + lo/hi)
+#pragma unroll
+                        for (int r = 0; r < 4; ++r) {
+                            const int nt = 2 * kk + r / 2, half = r % 2;
+                            const float2 lse = *reinterpret_cast<const float2*>(lse_i + nt * 8 + 2 * t);
+                            float pc[2];
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                float& s = s_acc[0][nt][2 * half + e];
+                                const float th = s;
+                                // (kCapFold 3: word 3 of each k16 step, a quarter of the exp2s, on the
+                                // FMA pipes: exp2_emu.cuh)
+                                s = kCapFold == 3 && r == 3 ? exp2_poly<3>(fmaf(th, cap_log2, -(e ? lse.y : lse.x)))
+                                                            : exp2_scaled(th, cap_log2, e ? lse.y : lse.x);
+                                pc[e] = s * fmaf(-th, th, 1.f);
+                            }
+                            words[r] = pack2<Elem>(pc[0], pc[1]);
+                        }
+                        store_cap_words(kk, words);
+                    }
+                };
+                bool masked_block;                      // (hide's test)
+                if constexpr (kWindow) masked_block = band.template needs_mask<kBN, kBM>(row0, n_block);
+                else masked_block = mask.template needs_mask<kBN>(row0, n_block);
+                if (masked_block)
+                    fold_step(true);
+                else
+                    fold_step(false);
             } else {
                 // Sᵀ through the score modifiers (score.cuh, raw units) on the way to the exp2, the
                 // mask after it (hidden elements -> 0, whatever their modified score). Element
@@ -1658,8 +1748,25 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
 
             // ---- dSᵀ = Pᵀ ∘ (dPᵀ - D_i), to 16-bit A fragments ----
             // p_frag[kk][r] holds Pᵀ elements (nt, e) = (2kk + r / 2, 2·(r % 2) + lo/hi) (gemm.cuh)
+            // (kCapFold 2: dPᵀ - D_i rounded to 16 bits and multiplied by the word Pᵀ ∘ (1 - t²) two
+            // elements an instruction (mul2), word 2nt + half being A fragment register 2·(nt % 2) + half
+            // of k16 step nt / 2: dSᵀ rounded twice)
+            if constexpr (kCapFold >= 2) {
 #pragma unroll
-            for (int nt = 0; nt < kSN / 8; ++nt) {
+                for (int kk = 0; kk < kSN / 16; ++kk) {
+                    u32 words[4];
+                    load_cap_words(kk, words);
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        const int nt = 2 * kk + r / 2, half = r % 2;
+                        const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
+                        ds_frag[0][kk][r] = mul2<Elem>(pack2<Elem>(dp_acc[0][nt][2 * half] - D.x,
+                                                                   dp_acc[0][nt][2 * half + 1] - D.y), words[r]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < (kCapFold >= 2 ? 0 : kSN / 8); ++nt) {
                 const float2 D = *reinterpret_cast<const float2*>(D_i + nt * 8 + 2 * t);
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
@@ -1668,18 +1775,24 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
                         const float z = P > 0.f ? p.dropout_scale : 0.f;
                         dp_acc[0][nt][e] = fabsf(P) * (dp_acc[0][nt][e] * z - (e % 2 ? D.y : D.x));
+                    } else if constexpr (kCapFold) {  // dS = (P ∘ (1 - tanh²)) ∘ (dP - D), the first from the word
+                        u32 words[4];                   // (k16 step nt / 2's vector: one load for its 16 elements)
+                        load_cap_words(nt / 2, words);
+                        const u32 pair = words[2 * (nt % 2) + e / 2];
+                        const float Pc = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
+                        dp_acc[0][nt][e] = Pc * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
                     } else {
                         const u32 pair = p_frag[0][nt / 2][2 * (nt % 2) + e / 2];
                         const float P = to_float<Elem>(u16(e % 2 ? pair >> 16 : pair & 0xFFFFu));
                         dp_acc[0][nt][e] = P * (dp_acc[0][nt][e] - (e % 2 ? D.y : D.x));
                     }
-                    if constexpr (kSoftcap) {  // d(softcap·tanh(x / softcap))/dx = 1 - tanh²
+                    if constexpr (kSoftcap && !kCapFold) {  // d(softcap·tanh(x / softcap))/dx = 1 - tanh²
                         const u32 dtanh = thread_word(kCapWord0 + 2 * nt + e / 2);
                         dp_acc[0][nt][e] *= to_float<Elem>(u16(e % 2 ? dtanh >> 16 : dtanh & 0xFFFFu));
                     }
                 }
             }
-            pack_a_frags<1, kSN / 16, Elem>(ds_frag, dp_acc);
+            if constexpr (kCapFold < 2) pack_a_frags<1, kSN / 16, Elem>(ds_frag, dp_acc);
 
             // ---- dK_j += dSᵀ Q_i (RS; Q_i MN-major; scaled once, in the epilogue) ----
             // (kSharedKeys: both by SS once every warpgroup's Pᵀ, dSᵀ are in shared memory, below)
@@ -2066,13 +2179,13 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
           bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false,
           bool kFragPin = false, bool kRoles = false, bool kDqConvert = false, bool kDqFirst = false,
-          bool kWideEpi = false, int kDropPacked = 0>
+          bool kWideEpi = false, int kDropPacked = 0, int kCapFold = 0>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
                   kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles, kDqConvert, kDqFirst, kWideEpi,
-                  kDropPacked>(p);
+                  kDropPacked, kCapFold>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the

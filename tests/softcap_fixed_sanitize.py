@@ -6,6 +6,11 @@ without the sanitizer:
     CUFLASH_SOFTCAP_FIELDS=s_ahead=1,BN=96,stages=3 compute-sanitizer ... (those fields forced on the
     heuristic's config, as tests/test_softcap_fixed_max_gpu.py forced_fields)
     compute-sanitizer ... python tests/softcap_fixed_sanitize.py --bwd   # the backward too (sm90_bwd's heuristic)
+    ... --quick   # bf16 at cap 30 only
+    CUFLASH_SOFTCAP_BWD_FIELDS=cap_fold=1 ... --bwd   # the backward forced: sm90_bwd's heuristic config for
+                                                      # the softcap call with those fields
+    CUFLASH_SOFTCAP_BWD_FIELDS=cap_fold=1 python tests/softcap_fixed_sanitize.py --bwd --precompile
+                                                      # only compile those backward kernels (no sanitizer)
 """
 import os
 import sys
@@ -22,6 +27,7 @@ from softcap_fixed_timing import parse_variants  # noqa: E402
 
 FORCED = parse_variants("forced:" + os.environ.get("CUFLASH_SOFTCAP_FIELDS", ""))["forced"]
 BWD = "--bwd" in sys.argv
+BWD_FORCED = parse_variants("forced:" + os.environ.get("CUFLASH_SOFTCAP_BWD_FIELDS", ""))["forced"]
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_kv): one key, ragged blocks, GQA, more tiles than a block
 SHAPES = [(1, 1, 1, 2, 2), (1, 17, 113, 4, 1), (2, 203, 113, 4, 2), (1, 1, 300, 2, 2), (1, 300, 17, 2, 1)]
@@ -29,6 +35,10 @@ SHAPES = [(1, 1, 1, 2, 2), (1, 17, 113, 4, 1), (2, 203, 113, 4, 2), (1, 1, 300, 
 CAPS = [(torch.bfloat16, 30.0), (torch.bfloat16, 5.0), (torch.float16, 4.0), (torch.float16, 30.0),
         (torch.bfloat16, 50.0)]
 
+PRECOMPILE = "--precompile" in sys.argv
+if "--quick" in sys.argv:   # (racecheck's pace: bf16 at cap 30 only)
+    CAPS = CAPS[:1]
+todo = []
 for dtype, cap in CAPS:
     for causal in (False, True):
         for b, sq, sk, h, hkv in SHAPES:
@@ -41,10 +51,25 @@ for dtype, cap in CAPS:
                                     causal, features=("softcap",), softcap=cap)
                 cfg = fam.for_problem(fam.heuristic(p, (9, 0), 227 * 1024), p).replace(**FORCED)
                 assert not cfg.problems(), cfg.problems()
-            out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=cap, config=cfg)
+            bwd_cfg = None
+            if BWD_FORCED:
+                fam = registry.get("sm90_bwd")
+                p = cuflash.Problem("bwd", "bf16" if dtype == torch.bfloat16 else "fp16", b, sq, sk, h, hkv, 128,
+                                    causal, features=("softcap",), softcap=cap)
+                bwd_cfg = fam.for_problem(fam.heuristic(p, (9, 0), 227 * 1024), p).replace(**BWD_FORCED)
+                if bwd_cfg.problems():   # (cap_fold 2 on fp16: refused)
+                    continue
+                if PRECOMPILE:
+                    todo.append(fam.for_problem(bwd_cfg, p))
+                    continue
+            out = cuflash.flash_attn_func(q, k, v, causal=causal, softcap=cap, config=cfg, bwd_config=bwd_cfg)
             assert not out.isnan().any(), (dtype, cap, causal, sq, sk)
             if BWD:
                 dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
                 assert not any(g.isnan().any() for g in (dq, dk, dv)), (dtype, cap, causal, sq, sk, "grads")
+if PRECOMPILE:
+    from cuflash import compile as cc
+
+    print("precompiled", len(set(todo)), "failed", [(c.name, e) for c, _, e in cc.precompile(todo) if e], flush=True)
 torch.cuda.synchronize()
 print("softcap_fixed_sanitize: done", flush=True)

@@ -80,6 +80,8 @@ def test_heuristic_per_feature_set(monkeypatch):
             given = FAM.for_problem(plain_config(q), q).replace(dq_convert=False)
             if feats == ("window",):
                 given = given.replace(dq_first=(128, dtype) in sm90_bwd.WINDOW_DQ_FIRST)
+            if feats == ("softcap",):   # (the heuristic's folded softcap step, on the dynamic kernel: session 23)
+                given = sm90_bwd.with_cap_fold(given, q)
             assert on == given, (on.name, dtype)
             assert on.dk_late and on.dynamic == (dtype == "bf16" and not (feats == ("alibi",) and causal))
         monkeypatch.undo()

@@ -189,6 +189,9 @@ def test_features_supported_and_set_by_the_call(feats):
         # (and, with a window alone, a given config's dq_first, wide_epi and dq_convert: session 21)
         if feats == ("window",):
             own["dq_first"] = own["wide_epi"] = own["dq_convert"] = True
+        # (and, with softcap alone, the heuristic's folded step with wide_epi: SOFTCAP_CAP_FOLD, session 23)
+        if feats == ("softcap",):
+            own["cap_fold"] = own["wide_epi"] = True
         assert fam is FAM and source == "given" and got.replace(**{k: getattr(cfg, k) for k in own}) == cfg
         # with dropout: run where it compiles without spills (not deterministic, no window with
         # softcap / ALiBi at d128: dropout_dq_path, tests/test_dropmix_cpu.py), else refused by

@@ -36,7 +36,7 @@ def heur(p):
 def test_names_and_template_args():
     w16 = ROLES.replace(wide_epi=True)
     assert w16.name == ROLES.name + "_w16" and w16.problems() == []
-    assert w16.template_args()[-2] is True and ROLES.template_args()[-2] is False   # (kDropPacked last)
+    assert w16.template_args()[-3] is True and ROLES.template_args()[-3] is False   # (kDropPacked, kCapFold last)
     assert w16.kernel_name().endswith(", true, false, false, true>")      # kRoles, kDqConvert, kDqFirst, kWideEpi
     dyn = ROLES.replace(dynamic=True)
     assert dyn.problems() == [] and dyn.name == "sm90bwd_bf16_d256_causal_BM64_BN64_s2_c2_dqw_dyn_rol"
@@ -82,7 +82,9 @@ def test_heuristic_switches(monkeypatch):
     assert (128, False, "bf16") in on and (256, True, "bf16") in on and not sm90_bwd.HEURISTIC_D256_DYNAMIC
     gqa = Problem("bwd", "bf16", 2, 2048, 2048, 16, 4, 128, False)
     assert not heur(gqa).wide_epi
-    assert not heur(problem(128, False, features=("softcap",), softcap=30.0)).wide_epi
+    # (softcap: with the folded step, SOFTCAP_CAP_FOLD, whose d128 dynamic kernel needs it)
+    cap = heur(problem(128, False, features=("softcap",), softcap=30.0))
+    assert cap.wide_epi == bool(cap.cap_fold) and cap.cap_fold == sm90_bwd.SOFTCAP_CAP_FOLD.get((128, False, "bf16"), 0)
     assert not heur(problem(128, False, deterministic=True)).wide_epi
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_D256_DYNAMIC", {(True, "bf16"): 4096})
     monkeypatch.setattr(sm90_bwd, "WIDE_EPI_MAX_SEQLEN_BY", {(256, True, "bf16"): 4096})

@@ -65,10 +65,11 @@ def softmax_between_waits(sass: str) -> list:
     return out
 
 
-def compile_clean(cfgs, sass: bool = True) -> dict:
-    """sm90_fwd `cfgs` compiled in one nvcc -cubin sm_90a run, checked to have no spill and no serialized
-    wgmma (ptxas C7510-C7516); with sass, {template arguments: the function's SASS} (cuobjdump; the test
-    skips without it), else {}."""
+def compile_clean(cfgs, sass: bool = True, fam=None) -> dict:
+    """sm90_fwd `cfgs` (or family `fam`'s) compiled in one nvcc -cubin sm_90a run, checked to have no spill and
+    no serialized wgmma (ptxas C7510-C7516); with sass, {template arguments: the function's SASS} (cuobjdump;
+    the test skips without it), else {}."""
+    fam = fam or FAM
     from cuflash.compile import _mangled_args, kernel_param_decl, render_source
 
     from test_sm90_softcap_cpu import _cuobjdump
@@ -76,8 +77,8 @@ def compile_clean(cfgs, sass: bool = True) -> dict:
     tools = _cuobjdump() if sass else None
     if sass and tools is None:
         pytest.skip("cuobjdump / nvdisasm not found (pip download nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
-    lines = [render_source("sm90_fwd"), '#line 1 "inst"']
-    lines += [f"template __global__ void {c.kernel_name()}({kernel_param_decl(FAM, 'main')});" for c in cfgs]
+    lines = [render_source(fam.name), '#line 1 "inst"']
+    lines += [f"template __global__ void {c.kernel_name()}({kernel_param_decl(fam, 'main')});" for c in cfgs]
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp) / "k.cu", Path(tmp) / "k.cubin"
         src.write_text("\n".join(lines) + "\n")

@@ -446,6 +446,24 @@ WIDE_EPI_MAX_SEQLEN_BY: dict = {}
 #   causal backward alone 1.152 -> 1.126, forward + backward 1.171 -> 1.158; full 1.137 -> 1.137, 1.150 -> 1.168
 #   (not kept). Zero spills in bf16 / fp16, causal / full (nvcc 13.0).
 SOFTCAP_WIDE_EPI: frozenset = frozenset({(128, True, "bf16")})
+# * SOFTCAP_CAP_FOLD, {(kernel head dim, causal, dtype): form}: the classes whose softcap calls (softcap alone, fixed
+#   lengths, unordered) run the folded softcap step (cap_fold, kCapFold, name _cf1 / _cf2 / _cf3): softcap_out in the
+#   exponent's FFMA, the thread's words Pᵀ ∘ (1 - tanh²) (16-byte vectors) instead of 1 - tanh²; form 2 also multiplies
+#   dPᵀ - D_i by the words in 16 bits (HMUL2), form 3 also takes a quarter of the exp2s off the SFU (exp2_poly). With
+#   wide_epi (the d128 dynamic kernel spills without it; the kernel checks MHA and alignment per call). Measured
+#   (session 23, cap10, one H100 80GB HBM3: tests/softcap_bwd_timing.py, bf16 d128 batch 2 x 16 heads x 8k, softcap 30,
+#   x the plain call of the same process, 10-12 interleaved samples; results/NVIDIA_H100_80GB_HBM3/logs/
+#   session23_cap10/), backward alone causal / full:
+#     round 3: the heuristic 1.140 / 1.125, form 2 1.129 / 1.115, form 3 1.110 / 1.075 (wide_epi alone, full: 1.130);
+#              forward + backward 1.157 / 1.152 -> form 3 1.136 / 1.117; softcap 50 causal: backward 1.108 -> 1.110,
+#              forward + backward 1.145 -> 1.133;
+#     round 2: the heuristic 1.151 / 1.117, form 2 1.138 / 1.136 (full: its kernel then spilled, without wide_epi),
+#              form 2 with 1/8, 1/4 (= form 3), 1/2 of the exp2s moved 1.133 / 1.125, 1.123 / 1.112, 1.140 / 1.122;
+#     round 1: form 1 1.159 / 1.170 (slower: not used), form 2 1.128 / 1.144 against 1.124 / 1.136.
+#   fp16 keeps the unfolded step (forms 2 and 3 are bf16 only; form 1 was slower), and so do the calls whose heuristic
+#   kernel is not the dynamic one (shorter calls: the plain-grid kernels, which compile clean with form 3 but were not
+#   measured).
+SOFTCAP_CAP_FOLD: dict = {(128, True, "bf16"): 3, (128, False, "bf16"): 3}
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
@@ -572,6 +590,12 @@ class Sm90BwdConfig(KernelConfig):
                    same mask. Dropout alone, fixed lengths, unordered, head dims 64 / 128 (name _dpk,
                    _dpk2). Set by for_problem from DROPOUT_PACKED (a config's own form kept), never
                    tuned
+    cap_fold:      softcap's folded step (kCapFold, kernels_cu/sm90_bwd.cu): softcap_out in the exponent's
+                   FFMA, the thread's words Pᵀ ∘ (1 - tanh²) (16-byte vectors) instead of 1 - tanh², so
+                   that dSᵀ needs no Pᵀ unpacked and no multiply by 1 - tanh²; 2 also multiplies dPᵀ - D_i
+                   by the words in 16 bits (HMUL2, dSᵀ rounded twice; bf16 only); 3 as 2 with a quarter of the
+                   exp2s on the FMA pipes (exp2_emu.cuh, bf16 only). Softcap without ALiBi or dropout (name
+                   _cf1, _cf2, _cf3); the heuristic sets it from SOFTCAP_CAP_FOLD, never tuned
     """
 
     BM: int
@@ -604,6 +628,7 @@ class Sm90BwdConfig(KernelConfig):
     dq_first: bool = False
     wide_epi: bool = False
     drop_packed: int = 0
+    cap_fold: int = 0
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -625,7 +650,8 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_dqe' if self.dq_early else ''}{'_rot' if self.q_rotate else ''}"
                 f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}"
                 f"{'_dqc' if self.dq_convert else ''}{'_dqf' if self.dq_first else ''}{'_w16' if self.wide_epi else ''}"
-                f"{'_dpk' if self.drop_packed == 1 else f'_dpk{self.drop_packed}' if self.drop_packed else ''}")
+                f"{'_dpk' if self.drop_packed == 1 else f'_dpk{self.drop_packed}' if self.drop_packed else ''}"
+                f"{f'_cf{self.cap_fold}' if self.cap_fold else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -796,7 +822,7 @@ class Sm90BwdConfig(KernelConfig):
                     + (f", {b(self.roles)}, {b(self.s_ahead)}" if self.roles or self.s_ahead else "") + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
         tail = (self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.frag_pin or self.roles
-                or self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed)
+                or self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed or self.cap_fold)
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -810,18 +836,20 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
         feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
         feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
+        last = self.drop_packed or self.cap_fold
         later2 = (self.dk_late or self.frag_pin or self.roles or self.dq_convert or self.dq_first or self.wide_epi
-                  or self.drop_packed)
-        later3 = self.roles or self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed
+                  or last)
+        later3 = self.roles or self.dq_convert or self.dq_first or self.wide_epi or last
         feats += f", {b(self.q_rotate)}" if self.q_rotate or later2 else ""                   # kQRotate
         feats += f", {b(self.dk_late)}" if later2 else ""                                     # kDkLate
         feats += f", {b(self.frag_pin)}" if self.frag_pin or later3 else ""                  # kFragPin
         feats += f", {b(self.roles)}" if later3 else ""                                       # kRoles
-        feats += (f", {b(self.dq_convert)}" if self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed
+        feats += (f", {b(self.dq_convert)}" if self.dq_convert or self.dq_first or self.wide_epi or last
                   else "")                                                                    # kDqConvert
-        feats += f", {b(self.dq_first)}" if self.dq_first or self.wide_epi or self.drop_packed else ""  # kDqFirst
-        feats += f", {b(self.wide_epi)}" if self.wide_epi or self.drop_packed else ""        # kWideEpi
-        feats += f", {int(self.drop_packed)}" if self.drop_packed else ""                     # kDropPacked last
+        feats += f", {b(self.dq_first)}" if self.dq_first or self.wide_epi or last else ""   # kDqFirst
+        feats += f", {b(self.wide_epi)}" if self.wide_epi or last else ""                     # kWideEpi
+        feats += f", {int(self.drop_packed)}" if last else ""                                 # kDropPacked
+        feats += f", {int(self.cap_fold)}" if self.cap_fold else ""                           # kCapFold last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -833,7 +861,7 @@ class Sm90BwdConfig(KernelConfig):
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
                 self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.frag_pin,
-                self.roles, self.dq_convert, self.dq_first, self.wide_epi, int(self.drop_packed))
+                self.roles, self.dq_convert, self.dq_first, self.wide_epi, int(self.drop_packed), int(self.cap_fold))
 
     def _problems(self) -> list[str]:
         out = []
@@ -978,6 +1006,17 @@ class Sm90BwdConfig(KernelConfig):
                        "unordered, head dims 64 / 128, the plain grid without the plain call's speed fields "
                        "(dynamic, ds_double, dq_early, dk_late, frag_pin, s_ahead, overlap_sdp: the kernels "
                        "checked for spills)")
+        if self.cap_fold not in (0, 1, 2, 3):
+            out.append(f"cap_fold must be 0, 1, 2 or 3, got {self.cap_fold}")
+        elif self.cap_fold and not (self.softcap and not self.alibi and not self.dropout and not self.cluster):
+            out.append("cap_fold: softcap's folded step (kCapFold: the word Pᵀ ∘ (1 - tanh²)), for softcap without "
+                       "ALiBi or dropout, no cluster")
+        elif self.cap_fold and self.head_dim == 128 and self.dynamic and not self.wide_epi:
+            out.append("cap_fold on the head-dim-128 dynamic kernel without wide_epi: ptxas spills it (8-32 bytes, "
+                       "nvcc 13.0; with the 16-byte epilogue it does not)")
+        elif self.cap_fold >= 2 and self.dtype != "bf16":
+            out.append("cap_fold 2 / 3 round dPᵀ - D_i to the input dtype before the multiply: bf16 only (fp16's "
+                       "range, 65504, could overflow where dSᵀ itself does not; 3's software exp2 is bf16's degree)")
         if self.lpt and not self.causal:
             out.append("lpt without causal: every CTA has the same work, nothing to order (and ptxas "
                        "spills the d128 kernel; nvcc 13.0)")
@@ -1017,6 +1056,21 @@ class Sm90BwdConfig(KernelConfig):
                        f"thread (dK, dV, S, dP, P, dS, dQ) exceed the budget of {MAX_ACCUM_REGS}: "
                        "it would spill")
         return out
+
+
+def with_cap_fold(config, problem: Problem, max_smem: Optional[int] = None):
+    """The heuristic's config with SOFTCAP_CAP_FOLD's form where it was measured: softcap alone, fixed lengths,
+    unordered, on the dynamic kernel (8k), with wide_epi where the kernel needs it (the d128 dynamic one spills
+    without; it checks MHA and alignment per call, 4-byte stores otherwise). With the softcap flag set, as
+    for_problem sets it: cap_fold is built for softcap only."""
+    form = SOFTCAP_CAP_FOLD.get((config.head_dim, config.causal, config.dtype), 0)
+    if (not form or tuple(problem.features) != ("softcap",) or problem.deterministic or is_varlen(problem)
+            or not config.dynamic):
+        return config
+    fold = config.replace(softcap=True, cap_fold=form)
+    if fold.problems(max_smem):
+        fold = fold.replace(wide_epi=True)
+    return config if fold.problems(max_smem) else fold
 
 
 def with_drop_packed(config):
@@ -1270,6 +1324,8 @@ class Sm90Backward(Family):
         if config.wide_epi and (problem.features not in ((), ("window",), ("softcap",))
                                 or any("wide_epi" in w for w in config.problems())):
             config = config.replace(wide_epi=False)    # a speed choice: plain (or windowed) fixed-length unordered calls
+        if config.cap_fold and any("cap_fold" in w for w in config.problems()):
+            config = config.replace(cap_fold=0)        # the folded softcap step is built for softcap alone
         return with_drop_packed(config)
 
     def for_bounds(self, config, problem: Problem):
@@ -1286,7 +1342,8 @@ class Sm90Backward(Family):
         return ((k, v) for k, v in super()._fields(config)
                 if k not in ("dropout", "varlen")
                 and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late",
-                               "frag_pin", "roles", "dq_convert", "dq_first", "wide_epi", "drop_packed")
+                               "frag_pin", "roles", "dq_convert", "dq_first", "wide_epi", "drop_packed",
+                               "cap_fold")
                          and not v))
 
     def make(self, point, problem: Problem):
@@ -1403,8 +1460,9 @@ class Sm90Backward(Family):
             sched = cfg.replace(**{f: getattr(plain_cfg, f) or getattr(cfg, f) for f in FEATURE_SCHED_FLAGS})
             for c in (sched, sched.replace(dynamic=False)):   # (the plain grid where the dynamic kernel spills)
                 if not c.replace(**{f: f in feats for f in ("alibi", "softcap", "window")}).problems(max_smem):
-                    return c
-        return first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}), max_smem)
+                    return with_cap_fold(c, problem, max_smem)
+        return with_cap_fold(first_fitting(cfg, ({"stages": 2}, {"stages": 2, "dq_writer": False, "dynamic": False}),
+                                           max_smem), problem, max_smem)
 
     def kernel_names(self, config) -> dict:
         targs = f"cuflash::{config.dtype}" + (", true" if config.varlen else "")   # fa2_bwd's kVarlen
