@@ -400,6 +400,8 @@ def regs_options(cfg, problem: Problem):
             if problem.seqlen_k <= max_keys:
                 return cfg.replace(**fields)
     return cfg
+
+
 REGS_SPACE = (0,)
 REGS_HEAD_DIMS = (64, 128)
 REGS_THREAD_REGISTERS = 256   # ptxas: 236 at 8 warps x 16 keys, d 128 (nvcc 13.0, sm_90a); the residency model's
