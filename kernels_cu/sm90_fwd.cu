@@ -284,6 +284,19 @@
 //              later, and O is normalized by the tensor cores' Σ P̃ (kRowSumMma), which keeps O's
 //              scale. Measured slower (SOFTCAP_DEFER_MAX's note): off. false (the default): the code of
 //              the kernel before it existed
+//   kEdgeHalf  (a window's plain softmax, BN 128, 2 consumers, fixed lengths) a K/V block that a consumer
+//              warpgroup's 64 rows see in one 64-key half only (band_visible_half: the band's edge
+//              blocks, e.g. a causal window's diagonal block for the first warpgroup and its first block
+//              for the second) runs its S (wgmma n = 64) and its P V (4 k16 steps of 8) on that half; the
+//              other half's S, stale, is masked to -inf with the block (a hidden half needs the mask), so
+//              its P is 0 and the skipped P V steps add nothing (O bit for bit the same). A causal window
+//              1024 computes 1088 keys a row instead of 1152 (1.061x the visible 1025 instead of 1.124x),
+//              (1024, 1024) 1.029x instead of 1.058x. The choice of half is per warpgroup, and a wgmma
+//              under a branch that ptxas cannot prove uniform serializes every wgmma of the kernel
+//              (C7520; session 22, a run-time warpgroup index): so the entry point compiles the body once
+//              per consumer warpgroup (kWg, the warpgroup index a compile-time constant; the producer
+//              runs in kWg 0's copy) and every branch around a wgmma is uniform. false (the default): the
+//              code of the kernel before it existed (kWg -1: the index from threadIdx)
 //   kCluster   (the entry point sm90_fwd_cluster, __cluster_dims__(2, 1, 1); not a template parameter of
 //              sm90_fwd) clusters of two CTAs on the static persistent grid: CTAs 2c and 2c + 1 take
 //              tiles 2c + i·G and 2c + 1 + i·G, adjacent Q blocks of one (head, batch) at every step
@@ -407,6 +420,28 @@ __device__ __forceinline__ Sm90Tile sm90_sectioned_tile(int tile, int m_blocks, 
     at.batch = hb / nheads;
     return at;
 }
+
+// kEdgeHalf: which half of K/V block n_block (keys key0 .. key0 + kBc / 2 - 1, or the rest) of a band
+// mask (mask.cuh BandMask) holds every key that the queries [row0, row0 + kBr) see: 1 the first, 2 the
+// second, 0 both (or neither). The queries' visible keys together are one interval, from the first
+// query's left bound to the last one's right bound (and seqlen_k), so a half outside it is hidden from
+// every query.
+template <int kBc, int kBr, class Mask>
+__device__ __forceinline__ int band_visible_half(const Mask& mask, int row0, int n_block) {
+    const int key0 = n_block * kBc, mid = key0 + kBc / 2;
+    const int hi = mask.has_right() ? min(mask.seqlen_k - 1, row0 + kBr - 1 + mask.causal_offset + mask.right)
+                                    : mask.seqlen_k - 1;
+    const int lo = row0 + mask.causal_offset - mask.left;   // (with a left bound)
+    const bool first = key0 <= hi && (!mask.has_left() || mid - 1 >= lo);
+    const bool second = mid <= hi && (!mask.has_left() || key0 + kBc - 1 >= lo);
+    return first == second ? 0 : first ? 1 : 2;
+}
+
+// A compile-time int as a value (kEdgeHalf's halves and warpgroups, passed to generic lambdas)
+template <int N>
+struct IntC {
+    static constexpr int value = N;
+};
 
 // kDynamic: the producer thread claims tiles from a global counter and hands each to the consumer
 // warpgroups through a ring of 2 shared-memory slots (header: the dynamic scheduler). A CTA's
@@ -535,7 +570,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kDynamic, bool kTmaStore, bool kVarlen, bool kPSmem, bool kTreeMax, bool kQDouble,
           bool kLazyRescale, int kFoldCap, bool kAlibiLinear, bool kRescaleFirst, bool kTileOverlap,
           bool kDropPacked, int kDropEarly, bool kStreamTail, bool kPvOverlap, bool kCluster, int kMaskedCopy,
-          int kRagKeys, bool kPrefetch, bool kSAhead, bool kDeferMax>
+          int kRagKeys, bool kPrefetch, bool kSAhead, bool kDeferMax, bool kEdgeHalf, int kWg>
 __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     // kDropEarly 4: one K/V block's keep flags, 16 bytes per consumer thread and 32-key block
     static constexpr int kGenBytes = kDropEarly == 4 ? kConsumers * 128 * (kBN / 32) * 16 : 0;
@@ -639,6 +674,12 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                                    && kFoldCap == 0),
                   "kStreamTail: the static persistent plain non-causal kernel (every tile has the same "
                   "K/V blocks; sm90_tail.cuh)");
+    static_assert(!kEdgeHalf || (kWindow && kBN == 128 && kConsumers == 2 && !kSoftcap && !kAlibi && !kDropout
+                                 && !kVarlen && !kPSmem && !kLazyRescale && kFoldCap == 0 && kEmuExp2 == 0
+                                 && !kRowSumMma && kRagKeys == 0 && !kSAhead && !kStreamTail && !kCluster),
+                  "kEdgeHalf: a window's plain softmax step, BN 128, 2 consumers, fixed lengths, P in registers");
+    static_assert(kWg >= -1 && kWg < kConsumers && (kWg >= 0) == kEdgeHalf,
+                  "kWg: the consumer warpgroup a copy of the body runs (kEdgeHalf), -1 without kEdgeHalf");
     Sm90TileRing<kConsumers> ring{smem + Shape::kRingOffset,
                                   reinterpret_cast<int*>(smem_raw + (smem - smem_u32(smem_raw)) +
                                                          Shape::kRingOffset + 32)};
@@ -729,7 +770,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     __syncthreads();                                        // and to every thread
     if constexpr (kCluster) cluster_sync();     // both CTAs' barriers initialised before any multicast
 
-    if (warpgroup == 0) {
+    if (kWg <= 0 && warpgroup == 0) {   // (kEdgeHalf: kWg 0's copy runs the producer)
         // ---- producer: one thread issues every TMA copy ----
         setmaxnreg_dec<Shape::kProducerRegs>();
         if constexpr (kDropEarly == 4) {
@@ -817,7 +858,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
 
     // ---- consumers ----
     setmaxnreg_inc<Shape::kConsumerRegs>();
-    const int wg = warpgroup - 1;                           // consumer index: rows 64·wg..64·wg+63
+    const int wg = kWg >= 0 ? kWg : warpgroup - 1;          // consumer index: rows 64·wg..64·wg+63
     const int warp = (tid / 32) % 4, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;                   // accumulator fragment coordinates
 
@@ -879,12 +920,56 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
         }
         wgmma_commit();
     };
-    auto issue_s = [&](int slot) { issue_s_into(s_flat, slot); };
+    // kEdgeHalf: the half of a block this warpgroup sees (band_visible_half: 1 or 2; 0 both), for the S
+    // issued next (the tile of it: its warpgroup row0 and K/V block end, and the S's index j in it) and
+    // for the P V issued next (pv_half, set by softmax_s, which knows j)
+    [[maybe_unused]] int edge_row0 = 0, edge_end = 0, edge_j = 0, pv_half = 0;
+    auto half_of = [&](int row0, int n_block) {
+        if constexpr (kEdgeHalf) return band_visible_half<kBN, 64>(mask, row0, n_block);
+        else return 0;
+    };
+    // (kEdgeHalf) S on keys 64·(h - 1) .. of the slot's block, into s_acc's tiles nt = 8·(h - 1) .. (the
+    // K tile's rows 64.. start 64 · 128 bytes into each chunk: a multiple of the swizzle's 1024-byte period)
+    auto issue_s_half = [&](int slot, auto h) {
+        constexpr int kHalf = decltype(h)::value;
+        float (&s_part)[32] = *reinterpret_cast<float (*)[32]>(&s_flat[32 * (kHalf - 1)]);
+        const u64 slot_off = u64(slot * Shape::kKVBytes + (kHalf - 1) * 64 * 128) >> 4;
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            const u64 q_off = u64((kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32) >> 4;
+            const u64 k_off = u64((kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32) >> 4;
+            Wgmma<64, Elem>::template ss<0>(s_part, q_desc + (kQDouble ? q_buf_shift + q_off : q_off),
+                                            k_desc + slot_off + k_off, kk > 0);
+        }
+        wgmma_commit();
+    };
+    auto issue_s = [&](int slot) {
+        if constexpr (kEdgeHalf) {
+            const int h = half_of(edge_row0, edge_end - 1 - edge_j);
+            ++edge_j;
+            if (h == 1) return issue_s_half(slot, IntC<1>{});
+            if (h == 2) return issue_s_half(slot, IntC<2>{});
+        }
+        issue_s_into(s_flat, slot);
+    };
     // O += P_{j-1} V_{j-1}: issued, not waited for (keys 16kk..16kk+15: 16 rows of 128 B). One
     // wgmma with N = kOCols per k16 step; d96's reads chunk 0 and half of chunk 1 (header).
     // kPSmem: A = P_{j-1} from this warpgroup's P tile in shared memory (wgmma SS; K-major like
     // Q: chunk kk / 4, 32 bytes per step inside it), so no register holds P.
+    // (kEdgeHalf) P V on the k16 steps of one half: 4 (h - 1) .. 4 (h - 1) + 3
+    auto issue_pv_half = [&](int slot, auto h) {
+        constexpr int kHalf = decltype(h)::value;
+        const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;
+#pragma unroll
+        for (int kk = 4 * (kHalf - 1); kk < 4 * kHalf; ++kk)
+            Wgmma<kOCols, Elem>::template rs<1>(o_flat, p_frag[0][kk], v_desc + slot_off + (u64(kk * 16 * 128) >> 4), 1);
+        wgmma_commit();
+    };
     auto issue_pv = [&](int slot) {
+        if constexpr (kEdgeHalf) {
+            if (pv_half == 1) return issue_pv_half(slot, IntC<1>{});
+            if (pv_half == 2) return issue_pv_half(slot, IntC<2>{});
+        }
         const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;
         if constexpr (kRagKeys > 0) {
             if (rag_pv) {   // the ragged block: P is 0 past its kRagKeys keys
@@ -1016,6 +1101,11 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
         mbarrier_wait(bar.q_full(), 0);
         mbarrier_wait(bar.k_full(0), 0);
         wgmma_fence();
+        if constexpr (kEdgeHalf) {   // (the first tile's S_0)
+            edge_row0 = tile_at(first_tile()).m_block * kBM + wg * 64;
+            edge_end = kv_end(first_tile());
+            edge_j = 0;
+        }
         issue_s(0);
         turn.end();
     }
@@ -1114,6 +1204,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
             // may move above the wgmma wait.
             auto softmax_s = [&](int slot, int j) {
                 const int n_block = n_end - 1 - j;
+                if constexpr (kEdgeHalf) pv_half = half_of(wg_row0, n_block);   // (P_j V_j's, issued next)
                 reg_fence(s_flat);
                 bar.release(bar.k_empty(slot), kv_iter + j);   // (kCluster: the partner's too)
                 if (j == n_blocks - 1) {
@@ -1268,6 +1359,11 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                 named_barrier_sync(4 + wg, 128);
             }
             if constexpr (kQDouble) q_buf_shift = q_slot(q_iter) ? u32(Shape::kQ2Offset) >> 4 : 0u;
+            if constexpr (kEdgeHalf) {   // the tile's S_j from here on (kTileOverlap: S_0 was issued)
+                edge_row0 = wg_row0;
+                edge_end = n_end;
+                edge_j = kTileOverlap ? 1 : 0;
+            }
             // the tile's K/V blocks (sm90_fwd_common.cuh: the steps, FA3's pipeline), with this
             // kernel's parts. kTileOverlap: S_0 was issued by the last step (or before the loop), and
             // the last P V stays in flight behind the next tile's S_0.
@@ -1329,6 +1425,18 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                     }
                     reg_fence(s_flat);
                     wgmma_fence();
+                    if constexpr (kEdgeHalf) {   // (the next tile's S_0, or the dropped GEMM on all keys)
+                        if (has_next) {
+                            const int next = kDynamic ? taken_tile : tile + int(gridDim.x);
+                            edge_row0 = tile_at(next).m_block * kBM + wg * 64;
+                            edge_end = kv_end(next);
+                            edge_j = 0;
+                            issue_s(slot_of(n_blocks));
+                        } else {
+                            issue_s_into(s_flat, slot_of(n_blocks - 1));
+                        }
+                        return;
+                    }
                     issue_s(slot_of(has_next ? n_blocks : n_blocks - 1));
                 }
             };
@@ -1393,13 +1501,26 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
           bool kPvOverlap = false, int kMaskedCopy = 0, int kRagKeys = 0, bool kPrefetch = false, bool kSAhead = false,
-          bool kDeferMax = false>
+          bool kDeferMax = false, bool kEdgeHalf = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
-    sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
-                  kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
-                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false, kMaskedCopy,
-                  kRagKeys, kPrefetch, kSAhead, kDeferMax>(p);
+    if constexpr (kEdgeHalf) {
+        // the body once per consumer warpgroup (header), the producer's warpgroup in the first copy
+        auto body = [&](auto wg) {
+            sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow,
+                          kSoftcap, kAlibi, kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble,
+                          kLazyRescale, kFoldCap, kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly,
+                          kStreamTail, kPvOverlap, false, kMaskedCopy, kRagKeys, kPrefetch, kSAhead, kDeferMax, true,
+                          decltype(wg)::value>(p);
+        };
+        if (threadIdx.x / 128 == 2) body(IntC<1>{});
+        else body(IntC<0>{});
+    } else {
+        sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
+                      kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
+                      kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false,
+                      kMaskedCopy, kRagKeys, kPrefetch, kSAhead, kDeferMax, false, -1>(p);
+    }
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent Q blocks of one head, sharing their K/V loads);
@@ -1418,7 +1539,7 @@ sm90_fwd_cluster(const __grid_constant__ Sm90FwdParams p) {
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
                   kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true, kMaskedCopy,
-                  kRagKeys, kPrefetch, kSAhead, kDeferMax>(p);
+                  kRagKeys, kPrefetch, kSAhead, kDeferMax, false, -1>(p);
 }
 
 }  // namespace cuflash

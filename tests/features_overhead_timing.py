@@ -68,11 +68,13 @@ def problem(feature, causal, seqlen=SEQLEN):
 # the window (causal only unless --mask says otherwise)
 # (session 16 round A measured emu1 / 2 (then with fold_cap 4), alin_lazy, dpk* slower than or equal to the
 # heuristic)
-QUICK = {"window": ("prev", "static_tmao", "tov"),
+# (session 24: the window's QUICK is edge_half alone; prev / static_tmao / tov, the schedules before session 21's
+# static tile_overlap, were measured in sessions 21-23; QUICK_BWD's bwd_prev likewise, now empty)
+QUICK = {"window": ("eh",),
          "softcap": (),
          "alibi": ("alin_bn160_tmao",),
          "dropout": ()}
-QUICK_BWD = ("bwd_prev",)
+QUICK_BWD = ()
 
 
 def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=False):
@@ -120,7 +122,9 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
                     ("tov_q2", tov.replace(q_double=True)),
                     ("tov_q2_notmao", tov.replace(q_double=True, tma_store=False)),
                     # three K/V stages (fits without the TMA store's staging tiles)
-                    ("tov_s3_notmao", tov.replace(stages=3, tma_store=False))]
+                    ("tov_s3_notmao", tov.replace(stages=3, tma_store=False)),
+                    # the edge blocks' S and P V on the 64-key half a warpgroup sees (edge_half, session 24)
+                    ("eh", heur.replace(edge_half=True))]
     elif feature == "softcap":
         base = base.replace(BN=176, persistent=False, emu_exp2=0)   # the shipped softcap tile
         lazy3 = dict(fold_cap=3, lazy_rescale=True)
