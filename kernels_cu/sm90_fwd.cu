@@ -287,12 +287,15 @@
 //   kEdgeHalf  (a window's plain softmax, BN 128, 2 consumers, fixed lengths) a K/V block that a consumer
 //              warpgroup's 64 rows see in one 64-key half only (band_visible_half: the band's edge
 //              blocks, e.g. a causal window's diagonal block for the first warpgroup and its first block
-//              for the second) runs its S (wgmma n = 64) and its P V (4 k16 steps of 8) on that half; the
-//              other half's S, stale, is masked to -inf with the block (a hidden half needs the mask), so
-//              its P is 0 and the skipped P V steps add nothing (O bit for bit the same). A causal window
-//              1024 computes 1088 keys a row instead of 1152 (1.061x the visible 1025 instead of 1.124x),
-//              (1024, 1024) 1.029x instead of 1.058x. The choice of half is per warpgroup, and a wgmma
-//              under a branch that ptxas cannot prove uniform serializes every wgmma of the kernel
+//              for the second) runs its P V on the 4 k16 steps of that half (of 8) and its S on that half
+//              alone: every S of the kernel is two n = 64 GEMMs, one per half, and a hidden half's takes
+//              one k16 step instead of kHeadDim / 16 (its S, masked to -inf with the block, as a hidden
+//              half needs the mask, is then defined by a wgmma on every path: with it stale or written
+//              by other instructions ptxas serialized the wgmmas, C7511 / C7515, nvcc 13.0). The hidden
+//              half's P is 0, so the skipped P V steps add nothing. A causal window 1024 computes ~1092
+//              keys a row instead of 1152 (1.061x the visible 1025 in the P V, 1.068x in S, instead of
+//              1.124x), (1024, 1024) ~1.03x instead of 1.058x. The choice of half is per warpgroup, and a
+//              wgmma under a branch that ptxas cannot prove uniform serializes every wgmma of the kernel
 //              (C7520; session 22, a run-time warpgroup index): so the entry point compiles the body once
 //              per consumer warpgroup (kWg, the warpgroup index a compile-time constant; the producer
 //              runs in kWg 0's copy) and every branch around a wgmma is uniform. false (the default): the
@@ -928,27 +931,35 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
         if constexpr (kEdgeHalf) return band_visible_half<kBN, 64>(mask, row0, n_block);
         else return 0;
     };
-    // (kEdgeHalf) S on keys 64·(h - 1) .. of the slot's block, into s_acc's tiles nt = 8·(h - 1) .. (the
-    // K tile's rows 64.. start 64 · 128 bytes into each chunk: a multiple of the swizzle's 1024-byte period)
-    auto issue_s_half = [&](int slot, auto h) {
-        constexpr int kHalf = decltype(h)::value;
-        float (&s_part)[32] = *reinterpret_cast<float (*)[32]>(&s_flat[32 * (kHalf - 1)]);
-        const u64 slot_off = u64(slot * Shape::kKVBytes + (kHalf - 1) * 64 * 128) >> 4;
+    // (kEdgeHalf) S as two n = 64 GEMMs, keys 0..63 into s_acc's tiles 0..7 and 64..127 into 8..15 (the K
+    // tile's rows 64.. start 64 · 128 bytes into each chunk: a multiple of the swizzle's 1024-byte period), with
+    // kSteps1 / kSteps2 k16 steps each: all kHeadDim / 16 for a half the warpgroup sees, 1 for a hidden one (its
+    // S, masked to -inf, only defined by a wgmma on every path, as ptxas needs to keep the GEMMs asynchronous)
+    auto issue_s_halves = [&](int slot, auto steps1, auto steps2) {
+        auto half = [&](auto h, auto steps) {
+            constexpr int kHalf = decltype(h)::value, kSteps = decltype(steps)::value;
+            float (&s_part)[32] = *reinterpret_cast<float (*)[32]>(&s_flat[32 * (kHalf - 1)]);
+            const u64 slot_off = u64(slot * Shape::kKVBytes + (kHalf - 1) * 64 * 128) >> 4;
 #pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-            const u64 q_off = u64((kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32) >> 4;
-            const u64 k_off = u64((kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32) >> 4;
-            Wgmma<64, Elem>::template ss<0>(s_part, q_desc + (kQDouble ? q_buf_shift + q_off : q_off),
-                                            k_desc + slot_off + k_off, kk > 0);
-        }
+            for (int kk = 0; kk < kSteps; ++kk) {
+                const u64 q_off = u64((kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32) >> 4;
+                const u64 k_off = u64((kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32) >> 4;
+                Wgmma<64, Elem>::template ss<0>(s_part, q_desc + (kQDouble ? q_buf_shift + q_off : q_off),
+                                                k_desc + slot_off + k_off, kk > 0);
+            }
+        };
+        half(IntC<1>{}, steps1);
+        half(IntC<2>{}, steps2);
         wgmma_commit();
     };
     auto issue_s = [&](int slot) {
         if constexpr (kEdgeHalf) {
             const int h = half_of(edge_row0, edge_end - 1 - edge_j);
             ++edge_j;
-            if (h == 1) return issue_s_half(slot, IntC<1>{});
-            if (h == 2) return issue_s_half(slot, IntC<2>{});
+            constexpr int kAll = kHeadDim / 16;
+            if (h == 1) return issue_s_halves(slot, IntC<kAll>{}, IntC<1>{});
+            if (h == 2) return issue_s_halves(slot, IntC<1>{}, IntC<kAll>{});
+            return issue_s_halves(slot, IntC<kAll>{}, IntC<kAll>{});
         }
         issue_s_into(s_flat, slot);
     };
@@ -1433,7 +1444,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                             edge_j = 0;
                             issue_s(slot_of(n_blocks));
                         } else {
-                            issue_s_into(s_flat, slot_of(n_blocks - 1));
+                            issue_s_halves(slot_of(n_blocks - 1), IntC<kHeadDim / 16>{}, IntC<kHeadDim / 16>{});
                         }
                         return;
                     }

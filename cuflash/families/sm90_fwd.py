@@ -589,9 +589,10 @@ class Sm90FwdConfig(KernelConfig):
     defer_max: the folded softcap row-max step's exp2s from the running max as it was, the block's max
                taken after them (kDeferMax, kernels_cu/softmax_fold.cuh softmax_step_deferred); softcap
                with fold_cap >= 3 and lazy_rescale (SOFTCAP_DEFER_MAX). Outside the tuning space
-    edge_half: a window's edge blocks' S (wgmma n = 64) and P V (4 of 8 k16 steps) on the one 64-key half
-               a consumer warpgroup's rows see (kEdgeHalf, kernels_cu/sm90_fwd.cu band_visible_half; the
-               kernel's body compiled once per consumer warpgroup so that ptxas sees the branch uniform):
+    edge_half: a window's edge blocks' S and P V (4 of 8 k16 steps) on the one 64-key half a consumer
+               warpgroup's rows see (kEdgeHalf, kernels_cu/sm90_fwd.cu band_visible_half; every S as two
+               n = 64 GEMMs, a hidden half's one k16 step long; the kernel's body compiled once per
+               consumer warpgroup so that ptxas sees the branch uniform):
                computed / visible 1.124 -> 1.061 (causal window 1024), 1.058 -> 1.029 (1024, 1024). A
                window's plain softmax (no softcap, ALiBi, dropout, lazy_rescale, fold_cap, emu_exp2), BN
                128, 2 consumers, fixed lengths (WINDOW_EDGE_HALF). Outside the tuning space
