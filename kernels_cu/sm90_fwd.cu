@@ -299,7 +299,8 @@
 //              (C7520; session 22, a run-time warpgroup index): so the entry point compiles the body once
 //              per consumer warpgroup (kWg, the warpgroup index a compile-time constant; the producer
 //              runs in kWg 0's copy) and every branch around a wgmma is uniform. false (the default): the
-//              code of the kernel before it existed (kWg -1: the index from threadIdx)
+//              code of the kernel before it existed (kWg -1: the index from threadIdx). 2 (for timing):
+//              the P V halves alone, S at n = 128 as without it
 //   kCluster   (the entry point sm90_fwd_cluster, __cluster_dims__(2, 1, 1); not a template parameter of
 //              sm90_fwd) clusters of two CTAs on the static persistent grid: CTAs 2c and 2c + 1 take
 //              tiles 2c + i·G and 2c + 1 + i·G, adjacent Q blocks of one (head, batch) at every step
@@ -573,7 +574,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kDynamic, bool kTmaStore, bool kVarlen, bool kPSmem, bool kTreeMax, bool kQDouble,
           bool kLazyRescale, int kFoldCap, bool kAlibiLinear, bool kRescaleFirst, bool kTileOverlap,
           bool kDropPacked, int kDropEarly, bool kStreamTail, bool kPvOverlap, bool kCluster, int kMaskedCopy,
-          int kRagKeys, bool kPrefetch, bool kSAhead, bool kDeferMax, bool kEdgeHalf, int kWg>
+          int kRagKeys, bool kPrefetch, bool kSAhead, bool kDeferMax, int kEdgeHalf, int kWg>
 __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     // kDropEarly 4: one K/V block's keep flags, 16 bytes per consumer thread and 32-key block
     static constexpr int kGenBytes = kDropEarly == 4 ? kConsumers * 128 * (kBN / 32) * 16 : 0;
@@ -677,11 +678,12 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                                    && kFoldCap == 0),
                   "kStreamTail: the static persistent plain non-causal kernel (every tile has the same "
                   "K/V blocks; sm90_tail.cuh)");
-    static_assert(!kEdgeHalf || (kWindow && kBN == 128 && kConsumers == 2 && !kSoftcap && !kAlibi && !kDropout
-                                 && !kVarlen && !kPSmem && !kLazyRescale && kFoldCap == 0 && kEmuExp2 == 0
-                                 && !kRowSumMma && kRagKeys == 0 && !kSAhead && !kStreamTail && !kCluster),
-                  "kEdgeHalf: a window's plain softmax step, BN 128, 2 consumers, fixed lengths, P in registers");
-    static_assert(kWg >= -1 && kWg < kConsumers && (kWg >= 0) == kEdgeHalf,
+    static_assert(kEdgeHalf >= 0 && kEdgeHalf <= 2
+                  && (!kEdgeHalf || (kWindow && kBN == 128 && kConsumers == 2 && !kSoftcap && !kAlibi && !kDropout
+                                     && !kVarlen && !kPSmem && !kLazyRescale && kFoldCap == 0 && kEmuExp2 == 0
+                                     && !kRowSumMma && kRagKeys == 0 && !kSAhead && !kStreamTail && !kCluster)),
+                  "kEdgeHalf (0..2): a window's plain softmax step, BN 128, 2 consumers, fixed lengths, P in registers");
+    static_assert(kWg >= -1 && kWg < kConsumers && (kWg >= 0) == (kEdgeHalf != 0),
                   "kWg: the consumer warpgroup a copy of the body runs (kEdgeHalf), -1 without kEdgeHalf");
     Sm90TileRing<kConsumers> ring{smem + Shape::kRingOffset,
                                   reinterpret_cast<int*>(smem_raw + (smem - smem_u32(smem_raw)) +
@@ -953,7 +955,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
         wgmma_commit();
     };
     auto issue_s = [&](int slot) {
-        if constexpr (kEdgeHalf) {
+        if constexpr (kEdgeHalf == 1) {
             const int h = half_of(edge_row0, edge_end - 1 - edge_j);
             ++edge_j;
             constexpr int kAll = kHeadDim / 16;
@@ -1112,7 +1114,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
         mbarrier_wait(bar.q_full(), 0);
         mbarrier_wait(bar.k_full(0), 0);
         wgmma_fence();
-        if constexpr (kEdgeHalf) {   // (the first tile's S_0)
+        if constexpr (kEdgeHalf == 1) {   // (the first tile's S_0)
             edge_row0 = tile_at(first_tile()).m_block * kBM + wg * 64;
             edge_end = kv_end(first_tile());
             edge_j = 0;
@@ -1370,7 +1372,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                 named_barrier_sync(4 + wg, 128);
             }
             if constexpr (kQDouble) q_buf_shift = q_slot(q_iter) ? u32(Shape::kQ2Offset) >> 4 : 0u;
-            if constexpr (kEdgeHalf) {   // the tile's S_j from here on (kTileOverlap: S_0 was issued)
+            if constexpr (kEdgeHalf == 1) {   // the tile's S_j from here on (kTileOverlap: S_0 was issued)
                 edge_row0 = wg_row0;
                 edge_end = n_end;
                 edge_j = kTileOverlap ? 1 : 0;
@@ -1436,7 +1438,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                     }
                     reg_fence(s_flat);
                     wgmma_fence();
-                    if constexpr (kEdgeHalf) {   // (the next tile's S_0, or the dropped GEMM on all keys)
+                    if constexpr (kEdgeHalf == 1) {   // (the next tile's S_0, or the dropped GEMM on all keys)
                         if (has_next) {
                             const int next = kDynamic ? taken_tile : tile + int(gridDim.x);
                             edge_row0 = tile_at(next).m_block * kBM + wg * 64;
@@ -1512,7 +1514,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
           bool kPvOverlap = false, int kMaskedCopy = 0, int kRagKeys = 0, bool kPrefetch = false, bool kSAhead = false,
-          bool kDeferMax = false, bool kEdgeHalf = false>
+          bool kDeferMax = false, int kEdgeHalf = 0>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
     if constexpr (kEdgeHalf) {
@@ -1521,8 +1523,8 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
             sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow,
                           kSoftcap, kAlibi, kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble,
                           kLazyRescale, kFoldCap, kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly,
-                          kStreamTail, kPvOverlap, false, kMaskedCopy, kRagKeys, kPrefetch, kSAhead, kDeferMax, true,
-                          decltype(wg)::value>(p);
+                          kStreamTail, kPvOverlap, false, kMaskedCopy, kRagKeys, kPrefetch, kSAhead, kDeferMax,
+                          kEdgeHalf, decltype(wg)::value>(p);
         };
         if (threadIdx.x / 128 == 2) body(IntC<1>{});
         else body(IntC<0>{});
@@ -1530,7 +1532,7 @@ sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
         sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                       kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
                       kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false,
-                      kMaskedCopy, kRagKeys, kPrefetch, kSAhead, kDeferMax, false, -1>(p);
+                      kMaskedCopy, kRagKeys, kPrefetch, kSAhead, kDeferMax, 0, -1>(p);
     }
 }
 
@@ -1550,7 +1552,7 @@ sm90_fwd_cluster(const __grid_constant__ Sm90FwdParams p) {
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
                   kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true, kMaskedCopy,
-                  kRagKeys, kPrefetch, kSAhead, kDeferMax, false, -1>(p);
+                  kRagKeys, kPrefetch, kSAhead, kDeferMax, 0, -1>(p);
 }
 
 }  // namespace cuflash

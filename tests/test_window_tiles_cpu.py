@@ -67,16 +67,18 @@ def test_edge_half_computed_share():
 
 def window_config(causal, **kw):
     return sm90_fwd.Sm90FwdConfig(128, 128, 2, 2, True, True, 128, "bf16", causal, window=True, tma_store=True,
-                                  tile_overlap=True, **kw)
+                                  tile_overlap=True).replace(**kw)
 
 
 def test_config_rules_name_and_template_tail():
     for causal in (True, False):
         base = window_config(causal)
-        on = base.replace(edge_half=True)
+        on = base.replace(edge_half=1)
         assert on.problems(227 * 1024) == [] and on.name == base.name + "_eh"
-        assert on.kernel_name().endswith(", false, true>") and on.template_args()[-1] is True
-        assert base.template_args()[-1] is False and not base.kernel_name().endswith(", false>")
+        assert base.replace(edge_half=2).name == base.name + "_eh2" and not base.replace(edge_half=2).problems()
+        assert on.kernel_name().endswith(", false, 1>") and on.template_args()[-1] == 1
+        assert base.template_args()[-1] == 0 and not base.kernel_name().endswith(", 0>")
+        assert on.replace(edge_half=3).problems()
         assert FWD.decode(FWD.encode(on), "bf16", causal).edge_half and "edge_half" not in FWD.encode(base)
         assert "edge_half" not in FWD.space
         for bad in (dict(window=False, tile_overlap=False), dict(BN=144), dict(softcap=True, tile_overlap=False),
@@ -94,13 +96,13 @@ def test_for_problem_and_the_switch(monkeypatch):
                     window=(1024, 0) if causal else (1024, 1024))
         heur = FWD.for_problem(FWD.heuristic(p), p)
         assert not heur.edge_half                       # (WINDOW_EDGE_HALF: where measured faster)
-        on = FWD.for_problem(heur.replace(edge_half=True), p)
+        on = FWD.for_problem(heur.replace(edge_half=1), p)
         assert on.edge_half and on.problems() == []
         # dropped by for_problem with another feature or varlen
         for q in (p.replace(features=("softcap", "window"), softcap=30.0),
                   p.replace(features=("varlen", "window"))):
-            assert not FWD.for_problem(FWD.heuristic(q).replace(edge_half=True), q).edge_half
-        monkeypatch.setattr(sm90_fwd, "WINDOW_EDGE_HALF", frozenset({(128, causal, "bf16")}))
+            assert not FWD.for_problem(FWD.heuristic(q).replace(edge_half=1), q).edge_half
+        monkeypatch.setattr(sm90_fwd, "WINDOW_EDGE_HALF", {(128, causal, "bf16"): 1})
         assert FWD.for_problem(FWD.heuristic(p), p) == on
         assert not FWD.heuristic(p.replace(dtype="fp16")).edge_half
         monkeypatch.undo()
@@ -108,15 +110,15 @@ def test_for_problem_and_the_switch(monkeypatch):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_ptxas_edge_half_kernels_no_spills_no_serialized_wgmma():
-    """The window heuristic's kernels with edge_half, both masks, bf16 and fp16, with and without tile_overlap:
+    """The window heuristic's kernels with edge_half 1 and 2, both masks, bf16 and fp16, with and without tile_overlap:
     no spill, no ptxas warning, no serialized wgmma (C7510-C7515 warnings; C7520 info, which a run-time warpgroup
     index gave, session 22)."""
     from test_features_opt_cpu import _ptxas_log
 
     from cuflash.compile import parse_ptxas
 
-    cfgs = [window_config(causal, edge_half=True, dtype=dtype, tile_overlap=tov)
-            for causal, dtype, tov in itertools.product((True, False), ("bf16", "fp16"), (True, False))]
+    cfgs = [window_config(causal, edge_half=eh, dtype=dtype, tile_overlap=tov)
+            for causal, dtype, tov, eh in itertools.product((True, False), ("bf16", "fp16"), (True, False), (1, 2))]
     log = _ptxas_log(cfgs)
     reports = parse_ptxas(log)
     assert len(reports) == len(cfgs)

@@ -3,7 +3,8 @@
 H100, forced with config=.
 
 Three schedules (the window heuristic's static persistent grid with the TMA-store epilogue and tile_overlap, the
-static grid without either, the dynamic scheduler with both), causal and not; bands wide and narrow, odd, a side
+static grid without either, the dynamic scheduler with both; and edge_half 2, the P V halves alone, on the first),
+causal and not; bands wide and narrow, odd, a side
 unbounded, narrower than a half; s_q != s_k both ways; GQA (batch 4 x 6 heads x 17 Q blocks: several tiles per
 CTA). Errors vs the float64 reference within 2x of plain attention with the same window in the same precision
 (test_features_gpu's rule), outputs NaN-poisoned; O equal bit for bit to the same config without edge_half (the
@@ -32,7 +33,9 @@ BANDS = {True: [(1024, 0), (256, 0), (100, 0), (17, 0), (-1, 0)],
 SHAPES = [(2049, 2049), (1500, 2049), (2049, 1500)]
 SCHEDULES = {"static_tmao_tov": dict(dynamic=False, tma_store=True, tile_overlap=True),   # (the heuristic's)
              "static": dict(dynamic=False, tma_store=False, tile_overlap=False),
-             "dyn_tmao_tov": dict(dynamic=True, tma_store=True, tile_overlap=True)}
+             "dyn_tmao_tov": dict(dynamic=True, tma_store=True, tile_overlap=True),
+             # edge_half 2 (the P V halves alone, S at n = 128), on the heuristic's schedule
+             "static_tmao_tov_eh2": dict(dynamic=False, tma_store=True, tile_overlap=True, edge_half=2)}
 
 
 def case_of(causal, window):
@@ -40,7 +43,7 @@ def case_of(causal, window):
 
 
 def edge_config(p, sched, heuristic=device_heuristic):
-    cfg = heuristic(FWD, p).replace(persistent=True, edge_half=True, **SCHEDULES[sched])
+    cfg = heuristic(FWD, p).replace(**dict(dict(persistent=True, edge_half=1), **SCHEDULES[sched]))
     return FWD.for_problem(cfg, p)
 
 
@@ -52,7 +55,7 @@ def all_test_configs(scheds=tuple(SCHEDULES)):
                     window=(256, 0) if causal else (300, 129))
         for sched in scheds:
             cfg = edge_config(p, sched, lambda fam, pr: fam.heuristic(pr, (9, 0)))
-            out += [cfg, cfg.replace(edge_half=False)]
+            out += [cfg, cfg.replace(edge_half=0)]
     return list(dict.fromkeys(out))
 
 
@@ -73,7 +76,7 @@ def test_forward_edge_half(causal, sched):
             what = f"{cfg.name} window={window} {sq}x{sk}"
             out = check_forward(cfg, q, k, v, causal, window, 0.0, None, what)
             base = cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window,
-                                           config=cfg.replace(edge_half=False))
+                                           config=cfg.replace(edge_half=0))
             assert torch.equal(out, base), f"{what}: O differs from the kernel without edge_half"
             out2 = cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, config=cfg)
             assert torch.equal(out2, out), f"{what}: second call differs"
@@ -91,7 +94,7 @@ def test_backward_through_edge_half(causal):
     cfg = edge_config(p, "static_tmao_tov")
     assert cfg.edge_half
     got = []
-    for c in (cfg, cfg.replace(edge_half=False)):
+    for c in (cfg, cfg.replace(edge_half=0)):
         qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
         o = cuflash.flash_attn_func(qg, kg, vg, causal=causal, window_size=window, config=c, deterministic=True)
         got.append((o,) + torch.autograd.grad(o, (qg, kg, vg), dout))

@@ -36,9 +36,9 @@ def main():
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         fp = Problem("fwd", "bf16", b, s, s, h, h, d, causal, features=("window",), window=window)
         heur = fwd.for_problem(fwd.heuristic(fp, _gpu.arch()), fp)
-        want = cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, config=heur.replace(edge_half=False))
+        want = cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, config=heur.replace(edge_half=0))
         for sched in SCHEDULES[:1] if quick else SCHEDULES:
-            cfg = fwd.for_problem(heur.replace(edge_half=True, **sched), fp)
+            cfg = fwd.for_problem(heur.replace(edge_half=1, **sched), fp)
             assert cfg.edge_half and not cfg.problems(), cfg.name
             for _ in range(2):
                 got = cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, config=cfg)

@@ -352,9 +352,9 @@ FEATURE_LAZY_RESCALE = False
 # tile_overlap on (causal within the noise of static alone; full ahead in both rounds). bf16 only (measured).
 WINDOW_TILE_OVERLAP: dict = {(128, True, "bf16"): dict(dynamic=False, tma_store=True),
                              (128, False, "bf16"): dict(dynamic=False, tma_store=True)}
-# edge_half (kEdgeHalf) on the window's forward, by (head dim, causal, dtype): the edge blocks' S and P V on
-# the 64-key half a warpgroup sees. Empty until measured faster (session 24, win6).
-WINDOW_EDGE_HALF: frozenset = frozenset()
+# edge_half (kEdgeHalf) on the window's forward, {(head dim, causal, dtype): 1 or 2}: the edge blocks' S and P V
+# (1) or their P V alone (2) on the 64-key half a warpgroup sees. Empty until measured faster (session 24, win6).
+WINDOW_EDGE_HALF: dict = {}
 SOFTCAP_FOLD: dict = {128: 3}
 # ALiBi's bias as one FFMA per score (alibi_lin, kAlibiLinear) for calls with ALiBi alone (or with a
 # window), fixed lengths: the (head dim, causal) classes that take it (measured above).
@@ -595,7 +595,8 @@ class Sm90FwdConfig(KernelConfig):
                consumer warpgroup so that ptxas sees the branch uniform):
                computed / visible 1.124 -> 1.061 (causal window 1024), 1.058 -> 1.029 (1024, 1024). A
                window's plain softmax (no softcap, ALiBi, dropout, lazy_rescale, fold_cap, emu_exp2), BN
-               128, 2 consumers, fixed lengths (WINDOW_EDGE_HALF). Outside the tuning space
+               128, 2 consumers, fixed lengths (WINDOW_EDGE_HALF). 2 (timing): the P V halves alone, S at
+               n = 128 as without it. Outside the tuning space
     cluster:   clusters of 2 CTAs (sm90_fwd_cluster, kCluster): the static persistent grid's CTAs 2c and
                2c + 1 take adjacent Q blocks of one head at every step, and each loads half of every
                K_j's and V_j's column chunks by TMA multicast into both (one L2 read feeds two SMs); a
@@ -661,7 +662,7 @@ class Sm90FwdConfig(KernelConfig):
     prefetch: bool = False
     s_ahead: bool = False
     defer_max: bool = False
-    edge_half: bool = False
+    edge_half: int = 0
     section: int = 0               # (a run-time param, not a template argument)
     even_waves: bool = False       # (last: the launch's grid, not a template argument)
 
@@ -688,7 +689,8 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}{'_cl2' if self.cluster else ''}"
                 f"{f'_mcp{self.masked_copy}' if self.masked_copy else ''}{f'_rag{self.rag_keys}' if self.rag_keys else ''}"
                 f"{'_pf' if self.prefetch else ''}{'_sah' if self.s_ahead else ''}{'_dmx' if self.defer_max else ''}"
-                f"{'_eh' if self.edge_half else ''}{'_ev' if self.even_waves else ''}")
+                f"{'_eh' if self.edge_half == 1 else f'_eh{self.edge_half}' if self.edge_half else ''}"
+                f"{'_ev' if self.even_waves else ''}")
 
     @property
     def smem_cols(self) -> int:
@@ -767,7 +769,7 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'true' if self.prefetch else 'false'}",                        # kPrefetch
                 f"{'true' if self.s_ahead else 'false'}",                         # kSAhead
                 f"{'true' if self.defer_max else 'false'}",                       # kDeferMax
-                f"{'true' if self.edge_half else 'false'}"]                       # kEdgeHalf last
+                f"{int(self.edge_half)}"]                                         # kEdgeHalf last
         used = (23 if self.edge_half else 22 if self.defer_max else 21 if self.s_ahead else 20 if self.prefetch else 19 if self.rag_keys else 18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
@@ -789,7 +791,7 @@ class Sm90FwdConfig(KernelConfig):
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
                 self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail,
                 self.pv_overlap, self.masked_copy, self.rag_keys, self.prefetch, self.s_ahead, self.defer_max,
-                self.edge_half)
+                int(self.edge_half))
 
     def softcap_overlap_ok(self) -> bool:
         """pv_overlap's rotated loop around the folded softcap step (fold_cap >= 3, softcap alone):
@@ -867,6 +869,8 @@ class Sm90FwdConfig(KernelConfig):
             out.append("s_ahead issues S_{j+1} before the folded softcap step of S_j (kSAhead): softcap alone with "
                        "fold_cap >= 3, not with tile_overlap, pv_overlap, p_smem, rescale_first, stream_tail or "
                        "cluster")
+        if self.edge_half not in (0, 1, 2):
+            out.append(f"edge_half must be 0, 1 or 2, got {self.edge_half}")
         if self.edge_half and not (self.window and self.BN == 128 and self.consumers == 2 and not (
                 self.softcap or self.alibi or self.dropout or self.varlen or self.p_smem or self.lazy_rescale
                 or self.fold_cap or self.emu_exp2 or self.rag_keys or self.s_ahead or self.stream_tail
@@ -1306,7 +1310,7 @@ class Sm90Forward(Family):
                                  or dropout):
             config = config.replace(defer_max=False)   # likewise (SOFTCAP_DEFER_MAX)
         if config.edge_half and (tuple(problem.features) != ("window",) or is_varlen(problem)):
-            config = config.replace(edge_half=False)   # (a speed knob of the window's plain softmax)
+            config = config.replace(edge_half=0)   # (a speed knob of the window's plain softmax)
         if config.lazy_rescale and (dropout or (config.emu_exp2 and not config.fold_cap)):
             config = config.replace(lazy_rescale=False)
         if config.p_smem and problem.features:   # plain calls only (a speed knob): P in registers
@@ -1489,7 +1493,7 @@ class Sm90Forward(Family):
             # (with_features sets the window flag again; where the config's other choices rule it out, as
             # lazy_rescale does, none; for_bounds: off per call where a tile has no keys)
             if (d, bool(problem.causal), problem.dtype) in WINDOW_EDGE_HALF:
-                over = dict(over, edge_half=True)
+                over = dict(over, edge_half=WINDOW_EDGE_HALF[(d, bool(problem.causal), problem.dtype)])
             if cfg.persistent and not cfg.replace(window=True, tile_overlap=True, **over).problems():
                 cfg = cfg.replace(window=True, tile_overlap=True, **over)
         return self.class_switches(first_fitting(cfg, ({"tma_store": False}, {"BN": 64, "tma_store": False},
