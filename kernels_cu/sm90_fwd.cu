@@ -300,7 +300,8 @@
 //              per consumer warpgroup (kWg, the warpgroup index a compile-time constant; the producer
 //              runs in kWg 0's copy) and every branch around a wgmma is uniform. false (the default): the
 //              code of the kernel before it existed (kWg -1: the index from threadIdx). 2 (for timing):
-//              the P V halves alone, S at n = 128 as without it
+//              the P V halves alone, S at n = 128 as without it. 3 (for timing): the body per consumer
+//              warpgroup alone, every block computed whole (what the two copies cost)
 //   kCluster   (the entry point sm90_fwd_cluster, __cluster_dims__(2, 1, 1); not a template parameter of
 //              sm90_fwd) clusters of two CTAs on the static persistent grid: CTAs 2c and 2c + 1 take
 //              tiles 2c + i·G and 2c + 1 + i·G, adjacent Q blocks of one (head, batch) at every step
@@ -678,11 +679,11 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                                    && kFoldCap == 0),
                   "kStreamTail: the static persistent plain non-causal kernel (every tile has the same "
                   "K/V blocks; sm90_tail.cuh)");
-    static_assert(kEdgeHalf >= 0 && kEdgeHalf <= 2
+    static_assert(kEdgeHalf >= 0 && kEdgeHalf <= 3
                   && (!kEdgeHalf || (kWindow && kBN == 128 && kConsumers == 2 && !kSoftcap && !kAlibi && !kDropout
                                      && !kVarlen && !kPSmem && !kLazyRescale && kFoldCap == 0 && kEmuExp2 == 0
                                      && !kRowSumMma && kRagKeys == 0 && !kSAhead && !kStreamTail && !kCluster)),
-                  "kEdgeHalf (0..2): a window's plain softmax step, BN 128, 2 consumers, fixed lengths, P in registers");
+                  "kEdgeHalf (0..3): a window's plain softmax step, BN 128, 2 consumers, fixed lengths, P in registers");
     static_assert(kWg >= -1 && kWg < kConsumers && (kWg >= 0) == (kEdgeHalf != 0),
                   "kWg: the consumer warpgroup a copy of the body runs (kEdgeHalf), -1 without kEdgeHalf");
     Sm90TileRing<kConsumers> ring{smem + Shape::kRingOffset,
@@ -930,7 +931,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     // for the P V issued next (pv_half, set by softmax_s, which knows j)
     [[maybe_unused]] int edge_row0 = 0, edge_end = 0, edge_j = 0, pv_half = 0;
     auto half_of = [&](int row0, int n_block) {
-        if constexpr (kEdgeHalf) return band_visible_half<kBN, 64>(mask, row0, n_block);
+        if constexpr (kEdgeHalf == 1 || kEdgeHalf == 2) return band_visible_half<kBN, 64>(mask, row0, n_block);
         else return 0;
     };
     // (kEdgeHalf) S as two n = 64 GEMMs, keys 0..63 into s_acc's tiles 0..7 and 64..127 into 8..15 (the K
@@ -979,7 +980,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
         wgmma_commit();
     };
     auto issue_pv = [&](int slot) {
-        if constexpr (kEdgeHalf) {
+        if constexpr (kEdgeHalf == 1 || kEdgeHalf == 2) {
             if (pv_half == 1) return issue_pv_half(slot, IntC<1>{});
             if (pv_half == 2) return issue_pv_half(slot, IntC<2>{});
         }
@@ -1217,7 +1218,8 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
             // may move above the wgmma wait.
             auto softmax_s = [&](int slot, int j) {
                 const int n_block = n_end - 1 - j;
-                if constexpr (kEdgeHalf) pv_half = half_of(wg_row0, n_block);   // (P_j V_j's, issued next)
+                if constexpr (kEdgeHalf == 1 || kEdgeHalf == 2)   // (P_j V_j's, issued next)
+                    pv_half = half_of(wg_row0, n_block);
                 reg_fence(s_flat);
                 bar.release(bar.k_empty(slot), kv_iter + j);   // (kCluster: the partner's too)
                 if (j == n_blocks - 1) {

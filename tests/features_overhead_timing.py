@@ -70,7 +70,7 @@ def problem(feature, causal, seqlen=SEQLEN):
 # heuristic)
 # (session 24: the window's QUICK is edge_half alone; prev / static_tmao / tov, the schedules before session 21's
 # static tile_overlap, were measured in sessions 21-23; QUICK_BWD's bwd_prev likewise, now empty)
-QUICK = {"window": ("eh", "eh2"),
+QUICK = {"window": ("eh", "eh2", "eh3"),
          "softcap": (),
          "alibi": ("alin_bn160_tmao",),
          "dropout": ()}
@@ -125,7 +125,8 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
                     ("tov_s3_notmao", tov.replace(stages=3, tma_store=False)),
                     # the edge blocks' S and P V on the 64-key half a warpgroup sees (edge_half, session 24)
                     ("eh", heur.replace(edge_half=1)),
-                    ("eh2", heur.replace(edge_half=2))]
+                    ("eh2", heur.replace(edge_half=2)),
+                    ("eh3", heur.replace(edge_half=3))]
     elif feature == "softcap":
         base = base.replace(BN=176, persistent=False, emu_exp2=0)   # the shipped softcap tile
         lazy3 = dict(fold_cap=3, lazy_rescale=True)

@@ -34,9 +34,9 @@ BWD_LEFT = (256, 512, 1024, 2048, 4096)
 # (session 22: E / E2 / E3, edge_half 1 / 2 / 3, and band_order on wip/win4; session 23: U / U2, unmasked_first
 # 1 / 2, a band's masked last block visited second / last, on wip/win5 at 2ef362d: none faster, not merged; an
 # H100's numbers in results/NVIDIA_H100_80GB_HBM3/logs/session23_win5/round2.md; q_double (Q) on the H100 in
-# session 23 round 3: no gain). Rows here: E / F, edge_half 1 / 2 (kEdgeHalf, built in session 24 with the body
-# compiled per consumer warpgroup: no serialized wgmma; 2 the P V halves alone).
-VARIANTS = {"E": dict(edge_half=1), "F": dict(edge_half=2)}
+# session 23 round 3: no gain). Rows here: E / F / G, edge_half 1 / 2 / 3 (kEdgeHalf, built in session 24 with the body
+# compiled per consumer warpgroup: no serialized wgmma; 2 the P V halves alone; 3 the two copies alone).
+VARIANTS = {"E": dict(edge_half=1), "F": dict(edge_half=2), "G": dict(edge_half=3)}
 VARIANT_LEFT = (512, 1024, 2048, 4096)
 
 

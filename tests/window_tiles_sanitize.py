@@ -6,8 +6,8 @@ not under pytest.
     compute-sanitizer --tool synccheck python tests/window_tiles_sanitize.py
 
 Batch 4 x 8 heads x 1100 (288 forward tiles on 132 persistent CTAs: several per CTA), window (256, 0) causal /
-(200, 100) full, on the window heuristic's schedule (static, TMA store, tile_overlap) and the static one without
-either (--quick: the heuristic's only), each call twice, outputs NaN-poisoned and compared with the heuristic's
+(200, 100) full, edge_half 1 and 2, on the window heuristic's schedule (static, TMA store, tile_overlap) and the
+static one without either (--quick: the heuristic's only), each call twice, outputs NaN-poisoned and compared with the heuristic's
 kernel: O equal bit for bit (the skipped half's P is 0).
 """
 import os
@@ -37,8 +37,8 @@ def main():
         fp = Problem("fwd", "bf16", b, s, s, h, h, d, causal, features=("window",), window=window)
         heur = fwd.for_problem(fwd.heuristic(fp, _gpu.arch()), fp)
         want = cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, config=heur.replace(edge_half=0))
-        for sched in SCHEDULES[:1] if quick else SCHEDULES:
-            cfg = fwd.for_problem(heur.replace(edge_half=1, **sched), fp)
+        for sched, eh in [(s, e) for s in (SCHEDULES[:1] if quick else SCHEDULES) for e in (1, 2)]:
+            cfg = fwd.for_problem(heur.replace(edge_half=eh, **sched), fp)
             assert cfg.edge_half and not cfg.problems(), cfg.name
             for _ in range(2):
                 got = cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window, config=cfg)

@@ -596,7 +596,8 @@ class Sm90FwdConfig(KernelConfig):
                computed / visible 1.124 -> 1.061 (causal window 1024), 1.058 -> 1.029 (1024, 1024). A
                window's plain softmax (no softcap, ALiBi, dropout, lazy_rescale, fold_cap, emu_exp2), BN
                128, 2 consumers, fixed lengths (WINDOW_EDGE_HALF). 2 (timing): the P V halves alone, S at
-               n = 128 as without it. Outside the tuning space
+               n = 128 as without it; 3 (timing): the body per warpgroup alone, every block whole. Outside the
+               tuning space
     cluster:   clusters of 2 CTAs (sm90_fwd_cluster, kCluster): the static persistent grid's CTAs 2c and
                2c + 1 take adjacent Q blocks of one head at every step, and each loads half of every
                K_j's and V_j's column chunks by TMA multicast into both (one L2 read feeds two SMs); a
@@ -869,8 +870,8 @@ class Sm90FwdConfig(KernelConfig):
             out.append("s_ahead issues S_{j+1} before the folded softcap step of S_j (kSAhead): softcap alone with "
                        "fold_cap >= 3, not with tile_overlap, pv_overlap, p_smem, rescale_first, stream_tail or "
                        "cluster")
-        if self.edge_half not in (0, 1, 2):
-            out.append(f"edge_half must be 0, 1 or 2, got {self.edge_half}")
+        if self.edge_half not in (0, 1, 2, 3):
+            out.append(f"edge_half must be 0..3, got {self.edge_half}")
         if self.edge_half and not (self.window and self.BN == 128 and self.consumers == 2 and not (
                 self.softcap or self.alibi or self.dropout or self.varlen or self.p_smem or self.lazy_rescale
                 or self.fold_cap or self.emu_exp2 or self.rag_keys or self.s_ahead or self.stream_tail
