@@ -83,6 +83,7 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--precompile", action="store_true")
+    ap.add_argument("--widths", default="", help="comma-separated L: the forward rows at these widths only")
     args = ap.parse_args()
 
     import numpy as np
@@ -129,7 +130,8 @@ def main():
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         win_cfg = cfgs[f"win_{tag}"][1]
         fns, meta = {}, {}
-        for left in FWD_LEFT[causal]:
+        widths = [int(x) for x in args.widths.split(",") if x]
+        for left in [x for x in FWD_LEFT[causal] if not widths or x in widths]:
             w = window_of(causal, left)
             st = block_stats(Band(s, s, causal, w), win_cfg.BM, win_cfg.BN, 64)
             for pre, cfg in [("L", win_cfg)] + [(v, cfgs[f"win{v}_{tag}"][1]) for v in VARIANTS]:
