@@ -85,19 +85,6 @@ class Band:
         left_edge = self.has_left and key0 < row0 + rows - 1 + self.offset - self.left
         return ragged or right_edge or left_edge
 
-    def visible_half(self, row0: int, n_block: int, BN: int, rows: int) -> int:
-        """Which half of K/V block n_block (its first BN / 2 keys: 1, the rest: 2) holds every key that
-        the queries [row0, row0 + rows) see, 0 when both or neither do (sm90_fwd.cu band_visible_half,
-        kEdgeHalf): the queries' visible keys together are one interval, the first query's left
-        bound to the last one's right bound."""
-        key0, mid = n_block * BN, n_block * BN + BN // 2
-        hi = min(self.seqlen_k - 1, row0 + rows - 1 + self.offset + self.right) if self.has_right \
-            else self.seqlen_k - 1
-        lo = row0 + self.offset - self.left
-        first = key0 <= hi and (not self.has_left or mid - 1 >= lo)
-        second = mid <= hi and (not self.has_left or key0 + BN - 1 >= lo)
-        return 0 if first == second else 1 if first else 2
-
     # -- element level
 
     def visible_keys(self, query: int) -> int:
@@ -176,18 +163,6 @@ def block_stats(band: Band, BM: int, BN: int, rows: int = 0) -> BlockStats:
             masked += sum(band.needs_mask(r0, n, BN, rows) for r0 in range(row0, row0 + BM, rows))
     return BlockStats(BM, BN, rows, m_blocks, visits, masked * rows / BM, visits * BM * BN,
                       band.visible(), longest)
-
-
-def edge_half_computed(band: Band, BM: int, BN: int, rows: int) -> int:
-    """Score elements an sm90_fwd kernel with kEdgeHalf computes (per (batch, head)): a group of ``rows`` rows
-    computes BN / 2 keys of a visited block whose keys it sees in one half only (Band.visible_half), BN of the
-    others."""
-    total = 0
-    for m in range(-(-band.seqlen_q // BM)):
-        for n in band.kv_blocks(m * BM, BM, BN):
-            total += sum(rows * (BN // 2 if band.visible_half(r0, n, BN, rows) else BN)
-                         for r0 in range(m * BM, m * BM + BM, rows))
-    return total
 
 
 def aligned_bn(BM: int, candidates) -> list:

@@ -284,24 +284,6 @@
 //              later, and O is normalized by the tensor cores' Σ P̃ (kRowSumMma), which keeps O's
 //              scale. Measured slower (SOFTCAP_DEFER_MAX's note): off. false (the default): the code of
 //              the kernel before it existed
-//   kEdgeHalf  (a window's plain softmax, BN 128, 2 consumers, fixed lengths) a K/V block that a consumer
-//              warpgroup's 64 rows see in one 64-key half only (band_visible_half: the band's edge
-//              blocks, e.g. a causal window's diagonal block for the first warpgroup and its first block
-//              for the second) runs its P V on the 4 k16 steps of that half (of 8) and its S on that half
-//              alone: every S of the kernel is two n = 64 GEMMs, one per half, and a hidden half's takes
-//              one k16 step instead of kHeadDim / 16 (its S, masked to -inf with the block, as a hidden
-//              half needs the mask, is then defined by a wgmma on every path: with it stale or written
-//              by other instructions ptxas serialized the wgmmas, C7511 / C7515, nvcc 13.0). The hidden
-//              half's P is 0, so the skipped P V steps add nothing. A causal window 1024 computes ~1092
-//              keys a row instead of 1152 (1.061x the visible 1025 in the P V, 1.068x in S, instead of
-//              1.124x), (1024, 1024) ~1.03x instead of 1.058x. The choice of half is per warpgroup, and a
-//              wgmma under a branch that ptxas cannot prove uniform serializes every wgmma of the kernel
-//              (C7520; session 22, a run-time warpgroup index): so the entry point compiles the body once
-//              per consumer warpgroup (kWg, the warpgroup index a compile-time constant; the producer
-//              runs in kWg 0's copy) and every branch around a wgmma is uniform. false (the default): the
-//              code of the kernel before it existed (kWg -1: the index from threadIdx). 2 (for timing):
-//              the P V halves alone, S at n = 128 as without it. 3 (for timing): the body per consumer
-//              warpgroup alone, every block computed whole (what the two copies cost)
 //   kCluster   (the entry point sm90_fwd_cluster, __cluster_dims__(2, 1, 1); not a template parameter of
 //              sm90_fwd) clusters of two CTAs on the static persistent grid: CTAs 2c and 2c + 1 take
 //              tiles 2c + i·G and 2c + 1 + i·G, adjacent Q blocks of one (head, batch) at every step
@@ -425,28 +407,6 @@ __device__ __forceinline__ Sm90Tile sm90_sectioned_tile(int tile, int m_blocks, 
     at.batch = hb / nheads;
     return at;
 }
-
-// kEdgeHalf: which half of K/V block n_block (keys key0 .. key0 + kBc / 2 - 1, or the rest) of a band
-// mask (mask.cuh BandMask) holds every key that the queries [row0, row0 + kBr) see: 1 the first, 2 the
-// second, 0 both (or neither). The queries' visible keys together are one interval, from the first
-// query's left bound to the last one's right bound (and seqlen_k), so a half outside it is hidden from
-// every query.
-template <int kBc, int kBr, class Mask>
-__device__ __forceinline__ int band_visible_half(const Mask& mask, int row0, int n_block) {
-    const int key0 = n_block * kBc, mid = key0 + kBc / 2;
-    const int hi = mask.has_right() ? min(mask.seqlen_k - 1, row0 + kBr - 1 + mask.causal_offset + mask.right)
-                                    : mask.seqlen_k - 1;
-    const int lo = row0 + mask.causal_offset - mask.left;   // (with a left bound)
-    const bool first = key0 <= hi && (!mask.has_left() || mid - 1 >= lo);
-    const bool second = mid <= hi && (!mask.has_left() || key0 + kBc - 1 >= lo);
-    return first == second ? 0 : first ? 1 : 2;
-}
-
-// A compile-time int as a value (kEdgeHalf's halves and warpgroups, passed to generic lambdas)
-template <int N>
-struct IntC {
-    static constexpr int value = N;
-};
 
 // kDynamic: the producer thread claims tiles from a global counter and hands each to the consumer
 // warpgroups through a ring of 2 shared-memory slots (header: the dynamic scheduler). A CTA's
@@ -575,7 +535,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kDynamic, bool kTmaStore, bool kVarlen, bool kPSmem, bool kTreeMax, bool kQDouble,
           bool kLazyRescale, int kFoldCap, bool kAlibiLinear, bool kRescaleFirst, bool kTileOverlap,
           bool kDropPacked, int kDropEarly, bool kStreamTail, bool kPvOverlap, bool kCluster, int kMaskedCopy,
-          int kRagKeys, bool kPrefetch, bool kSAhead, bool kDeferMax, int kEdgeHalf, int kWg>
+          int kRagKeys, bool kPrefetch, bool kSAhead, bool kDeferMax>
 __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     // kDropEarly 4: one K/V block's keep flags, 16 bytes per consumer thread and 32-key block
     static constexpr int kGenBytes = kDropEarly == 4 ? kConsumers * 128 * (kBN / 32) * 16 : 0;
@@ -679,13 +639,6 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                                    && kFoldCap == 0),
                   "kStreamTail: the static persistent plain non-causal kernel (every tile has the same "
                   "K/V blocks; sm90_tail.cuh)");
-    static_assert(kEdgeHalf >= 0 && kEdgeHalf <= 3
-                  && (!kEdgeHalf || (kWindow && kBN == 128 && kConsumers == 2 && !kSoftcap && !kAlibi && !kDropout
-                                     && !kVarlen && !kPSmem && !kLazyRescale && kFoldCap == 0 && kEmuExp2 == 0
-                                     && !kRowSumMma && kRagKeys == 0 && !kSAhead && !kStreamTail && !kCluster)),
-                  "kEdgeHalf (0..3): a window's plain softmax step, BN 128, 2 consumers, fixed lengths, P in registers");
-    static_assert(kWg >= -1 && kWg < kConsumers && (kWg >= 0) == (kEdgeHalf != 0),
-                  "kWg: the consumer warpgroup a copy of the body runs (kEdgeHalf), -1 without kEdgeHalf");
     Sm90TileRing<kConsumers> ring{smem + Shape::kRingOffset,
                                   reinterpret_cast<int*>(smem_raw + (smem - smem_u32(smem_raw)) +
                                                          Shape::kRingOffset + 32)};
@@ -776,7 +729,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
     __syncthreads();                                        // and to every thread
     if constexpr (kCluster) cluster_sync();     // both CTAs' barriers initialised before any multicast
 
-    if (kWg <= 0 && warpgroup == 0) {   // (kEdgeHalf: kWg 0's copy runs the producer)
+    if (warpgroup == 0) {
         // ---- producer: one thread issues every TMA copy ----
         setmaxnreg_dec<Shape::kProducerRegs>();
         if constexpr (kDropEarly == 4) {
@@ -864,7 +817,7 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
 
     // ---- consumers ----
     setmaxnreg_inc<Shape::kConsumerRegs>();
-    const int wg = kWg >= 0 ? kWg : warpgroup - 1;          // consumer index: rows 64·wg..64·wg+63
+    const int wg = warpgroup - 1;                           // consumer index: rows 64·wg..64·wg+63
     const int warp = (tid / 32) % 4, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;                   // accumulator fragment coordinates
 
@@ -926,64 +879,12 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
         }
         wgmma_commit();
     };
-    // kEdgeHalf: the half of a block this warpgroup sees (band_visible_half: 1 or 2; 0 both), for the S
-    // issued next (the tile of it: its warpgroup row0 and K/V block end, and the S's index j in it) and
-    // for the P V issued next (pv_half, set by softmax_s, which knows j)
-    [[maybe_unused]] int edge_row0 = 0, edge_end = 0, edge_j = 0, pv_half = 0;
-    auto half_of = [&](int row0, int n_block) {
-        if constexpr (kEdgeHalf == 1 || kEdgeHalf == 2) return band_visible_half<kBN, 64>(mask, row0, n_block);
-        else return 0;
-    };
-    // (kEdgeHalf) S as two n = 64 GEMMs, keys 0..63 into s_acc's tiles 0..7 and 64..127 into 8..15 (the K
-    // tile's rows 64.. start 64 · 128 bytes into each chunk: a multiple of the swizzle's 1024-byte period), with
-    // kSteps1 / kSteps2 k16 steps each: all kHeadDim / 16 for a half the warpgroup sees, 1 for a hidden one (its
-    // S, masked to -inf, only defined by a wgmma on every path, as ptxas needs to keep the GEMMs asynchronous)
-    auto issue_s_halves = [&](int slot, auto steps1, auto steps2) {
-        auto half = [&](auto h, auto steps) {
-            constexpr int kHalf = decltype(h)::value, kSteps = decltype(steps)::value;
-            float (&s_part)[32] = *reinterpret_cast<float (*)[32]>(&s_flat[32 * (kHalf - 1)]);
-            const u64 slot_off = u64(slot * Shape::kKVBytes + (kHalf - 1) * 64 * 128) >> 4;
-#pragma unroll
-            for (int kk = 0; kk < kSteps; ++kk) {
-                const u64 q_off = u64((kk / 4) * Shape::kQChunkBytes + (kk % 4) * 32) >> 4;
-                const u64 k_off = u64((kk / 4) * Shape::kKVChunkBytes + (kk % 4) * 32) >> 4;
-                Wgmma<64, Elem>::template ss<0>(s_part, q_desc + (kQDouble ? q_buf_shift + q_off : q_off),
-                                                k_desc + slot_off + k_off, kk > 0);
-            }
-        };
-        half(IntC<1>{}, steps1);
-        half(IntC<2>{}, steps2);
-        wgmma_commit();
-    };
-    auto issue_s = [&](int slot) {
-        if constexpr (kEdgeHalf == 1) {
-            const int h = half_of(edge_row0, edge_end - 1 - edge_j);
-            ++edge_j;
-            constexpr int kAll = kHeadDim / 16;
-            if (h == 1) return issue_s_halves(slot, IntC<kAll>{}, IntC<1>{});
-            if (h == 2) return issue_s_halves(slot, IntC<1>{}, IntC<kAll>{});
-            return issue_s_halves(slot, IntC<kAll>{}, IntC<kAll>{});
-        }
-        issue_s_into(s_flat, slot);
-    };
+    auto issue_s = [&](int slot) { issue_s_into(s_flat, slot); };
     // O += P_{j-1} V_{j-1}: issued, not waited for (keys 16kk..16kk+15: 16 rows of 128 B). One
     // wgmma with N = kOCols per k16 step; d96's reads chunk 0 and half of chunk 1 (header).
     // kPSmem: A = P_{j-1} from this warpgroup's P tile in shared memory (wgmma SS; K-major like
     // Q: chunk kk / 4, 32 bytes per step inside it), so no register holds P.
-    // (kEdgeHalf) P V on the k16 steps of one half: 4 (h - 1) .. 4 (h - 1) + 3
-    auto issue_pv_half = [&](int slot, auto h) {
-        constexpr int kHalf = decltype(h)::value;
-        const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;
-#pragma unroll
-        for (int kk = 4 * (kHalf - 1); kk < 4 * kHalf; ++kk)
-            Wgmma<kOCols, Elem>::template rs<1>(o_flat, p_frag[0][kk], v_desc + slot_off + (u64(kk * 16 * 128) >> 4), 1);
-        wgmma_commit();
-    };
     auto issue_pv = [&](int slot) {
-        if constexpr (kEdgeHalf == 1 || kEdgeHalf == 2) {
-            if (pv_half == 1) return issue_pv_half(slot, IntC<1>{});
-            if (pv_half == 2) return issue_pv_half(slot, IntC<2>{});
-        }
         const u64 slot_off = u64(slot * Shape::kKVBytes) >> 4;
         if constexpr (kRagKeys > 0) {
             if (rag_pv) {   // the ragged block: P is 0 past its kRagKeys keys
@@ -1115,11 +1016,6 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
         mbarrier_wait(bar.q_full(), 0);
         mbarrier_wait(bar.k_full(0), 0);
         wgmma_fence();
-        if constexpr (kEdgeHalf == 1) {   // (the first tile's S_0)
-            edge_row0 = tile_at(first_tile()).m_block * kBM + wg * 64;
-            edge_end = kv_end(first_tile());
-            edge_j = 0;
-        }
         issue_s(0);
         turn.end();
     }
@@ -1218,8 +1114,6 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
             // may move above the wgmma wait.
             auto softmax_s = [&](int slot, int j) {
                 const int n_block = n_end - 1 - j;
-                if constexpr (kEdgeHalf == 1 || kEdgeHalf == 2)   // (P_j V_j's, issued next)
-                    pv_half = half_of(wg_row0, n_block);
                 reg_fence(s_flat);
                 bar.release(bar.k_empty(slot), kv_iter + j);   // (kCluster: the partner's too)
                 if (j == n_blocks - 1) {
@@ -1374,11 +1268,6 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                 named_barrier_sync(4 + wg, 128);
             }
             if constexpr (kQDouble) q_buf_shift = q_slot(q_iter) ? u32(Shape::kQ2Offset) >> 4 : 0u;
-            if constexpr (kEdgeHalf == 1) {   // the tile's S_j from here on (kTileOverlap: S_0 was issued)
-                edge_row0 = wg_row0;
-                edge_end = n_end;
-                edge_j = kTileOverlap ? 1 : 0;
-            }
             // the tile's K/V blocks (sm90_fwd_common.cuh: the steps, FA3's pipeline), with this
             // kernel's parts. kTileOverlap: S_0 was issued by the last step (or before the loop), and
             // the last P V stays in flight behind the next tile's S_0.
@@ -1440,18 +1329,6 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                     }
                     reg_fence(s_flat);
                     wgmma_fence();
-                    if constexpr (kEdgeHalf == 1) {   // (the next tile's S_0, or the dropped GEMM on all keys)
-                        if (has_next) {
-                            const int next = kDynamic ? taken_tile : tile + int(gridDim.x);
-                            edge_row0 = tile_at(next).m_block * kBM + wg * 64;
-                            edge_end = kv_end(next);
-                            edge_j = 0;
-                            issue_s(slot_of(n_blocks));
-                        } else {
-                            issue_s_halves(slot_of(n_blocks - 1), IntC<kHeadDim / 16>{}, IntC<kHeadDim / 16>{});
-                        }
-                        return;
-                    }
                     issue_s(slot_of(has_next ? n_blocks : n_blocks - 1));
                 }
             };
@@ -1516,26 +1393,13 @@ template <int kBM, int kBN, int kStages, int kConsumers, bool kPingpong, bool kP
           bool kLazyRescale = false, int kFoldCap = 0, bool kAlibiLinear = false, bool kRescaleFirst = false,
           bool kTileOverlap = false, bool kDropPacked = false, int kDropEarly = 0, bool kStreamTail = false,
           bool kPvOverlap = false, int kMaskedCopy = 0, int kRagKeys = 0, bool kPrefetch = false, bool kSAhead = false,
-          bool kDeferMax = false, int kEdgeHalf = 0>
+          bool kDeferMax = false>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_fwd(const __grid_constant__ Sm90FwdParams p) {
-    if constexpr (kEdgeHalf) {
-        // the body once per consumer warpgroup (header), the producer's warpgroup in the first copy
-        auto body = [&](auto wg) {
-            sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow,
-                          kSoftcap, kAlibi, kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble,
-                          kLazyRescale, kFoldCap, kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly,
-                          kStreamTail, kPvOverlap, false, kMaskedCopy, kRagKeys, kPrefetch, kSAhead, kDeferMax,
-                          kEdgeHalf, decltype(wg)::value>(p);
-        };
-        if (threadIdx.x / 128 == 2) body(IntC<1>{});
-        else body(IntC<0>{});
-    } else {
-        sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
-                      kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
-                      kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false,
-                      kMaskedCopy, kRagKeys, kPrefetch, kSAhead, kDeferMax, 0, -1>(p);
-    }
+    sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
+                  kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
+                  kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, false, kMaskedCopy,
+                  kRagKeys, kPrefetch, kSAhead, kDeferMax>(p);
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent Q blocks of one head, sharing their K/V loads);
@@ -1554,7 +1418,7 @@ sm90_fwd_cluster(const __grid_constant__ Sm90FwdParams p) {
     sm90_fwd_body<kBM, kBN, kStages, kConsumers, kPingpong, kPersistent, kHeadDim, Elem, kCausal, kWindow, kSoftcap, kAlibi,
                   kDropout, kEmuExp2, kDynamic, kTmaStore, kVarlen, kPSmem, kTreeMax, kQDouble, kLazyRescale, kFoldCap,
                   kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, true, kMaskedCopy,
-                  kRagKeys, kPrefetch, kSAhead, kDeferMax, 0, -1>(p);
+                  kRagKeys, kPrefetch, kSAhead, kDeferMax>(p);
 }
 
 }  // namespace cuflash

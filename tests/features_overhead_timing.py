@@ -68,13 +68,11 @@ def problem(feature, causal, seqlen=SEQLEN):
 # the window (causal only unless --mask says otherwise)
 # (session 16 round A measured emu1 / 2 (then with fold_cap 4), alin_lazy, dpk* slower than or equal to the
 # heuristic)
-# (session 24: the window's QUICK is edge_half alone; prev / static_tmao / tov, the schedules before session 21's
-# static tile_overlap, were measured in sessions 21-23; QUICK_BWD's bwd_prev likewise, now empty)
-QUICK = {"window": ("eh", "eh2", "eh3"),
+QUICK = {"window": ("prev", "static_tmao", "tov"),
          "softcap": (),
          "alibi": ("alin_bn160_tmao",),
          "dropout": ()}
-QUICK_BWD = ()
+QUICK_BWD = ("bwd_prev",)
 
 
 def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=False):
@@ -122,11 +120,7 @@ def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
                     ("tov_q2", tov.replace(q_double=True)),
                     ("tov_q2_notmao", tov.replace(q_double=True, tma_store=False)),
                     # three K/V stages (fits without the TMA store's staging tiles)
-                    ("tov_s3_notmao", tov.replace(stages=3, tma_store=False)),
-                    # the edge blocks' S and P V on the 64-key half a warpgroup sees (edge_half, session 24)
-                    ("eh", heur.replace(edge_half=1)),
-                    ("eh2", heur.replace(edge_half=2)),
-                    ("eh3", heur.replace(edge_half=3))]
+                    ("tov_s3_notmao", tov.replace(stages=3, tma_store=False))]
     elif feature == "softcap":
         base = base.replace(BN=176, persistent=False, emu_exp2=0)   # the shipped softcap tile
         lazy3 = dict(fold_cap=3, lazy_rescale=True)

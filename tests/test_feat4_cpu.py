@@ -37,7 +37,7 @@ def test_drop_packed_rules_and_names():
     # the template tail stops at the last argument set: without it the kernel name is unchanged
     assert "true, 0, true>" in cfg.replace(drop_packed=False).kernel_name()
     # (kDropEarly, kStreamTail, kPvOverlap, kMaskedCopy, kRagKeys, kPrefetch, kSAhead and kDeferMax after it)
-    assert packed.template_args()[-10] is True and cfg.replace(drop_packed=False).template_args()[-10] is False
+    assert packed.template_args()[-9] is True and cfg.replace(drop_packed=False).template_args()[-9] is False
     # BN: DROPOUT_PACKED_BN at d128 (192), DROPOUT_BN without drop_packed (160)
     assert packed.replace(BN=192).problems(MAX_SMEM) == []
     assert any("DROPOUT_BN" in m for m in cfg.replace(drop_packed=False, BN=192).problems(MAX_SMEM))

@@ -51,11 +51,11 @@ def test_names_and_template_tail():
     assert c.kernel_name().endswith("false, 0, false, false, false, false, false, false, true>")
     c = cfg(softcap=True, fold_cap=1)
     assert c.kernel_name().endswith("false, false, false, false, false, false, false, 1>")   # kVarlen, kPSmem, kTreeMax, kQDouble
-    assert c.template_args()[-15:] == (False, 1, False, False, False, False, 0, False, False, 0, 0, False, False, False, False)   # kLazyRescale, kFoldCap, kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, kMaskedCopy, kRagKeys, kPrefetch, kSAhead, kDeferMax, kEdgeHalf
+    assert c.template_args()[-14:] == (False, 1, False, False, False, False, 0, False, False, 0, 0, False, False, False)   # kLazyRescale, kFoldCap, kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked, kDropEarly, kStreamTail, kPvOverlap, kMaskedCopy, kRagKeys, kPrefetch, kSAhead, kDeferMax
     # the ptxas report's mangled name parses back to the template arguments
     from cuflash.compile import _mangled_args
     mangled = ("_ZN7cuflash8sm90_fwdILi128ELi176ELi2ELi2ELb1ELb0ELi128ENS_4bf16ELb1ELb0ELb1ELb0ELb0ELi0ELb0"
-               "ELb0ELb0ELb0ELb0ELb0ELb1ELi2ELb0ELb0ELb0ELb0ELi0ELb0ELb0ELi0ELi0ELb0ELb0ELb0ELb0EEEvNS_13Sm90FwdParamsE")   # (kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked: false; kDropEarly 0; kStreamTail, kPvOverlap false; kMaskedCopy 0; kRagKeys 0; kPrefetch, kSAhead, kDeferMax, kEdgeHalf false)
+               "ELb0ELb0ELb0ELb0ELb0ELb1ELi2ELb0ELb0ELb0ELb0ELi0ELb0ELb0ELi0ELi0ELb0ELb0ELb0EEEvNS_13Sm90FwdParamsE")   # (kAlibiLinear, kRescaleFirst, kTileOverlap, kDropPacked: false; kDropEarly 0; kStreamTail, kPvOverlap false; kMaskedCopy 0; kRagKeys 0; kPrefetch, kSAhead, kDeferMax false)
     assert _mangled_args(mangled) == cfg(softcap=True, lazy_rescale=True, fold_cap=2).template_args()
 
 

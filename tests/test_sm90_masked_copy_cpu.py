@@ -30,7 +30,7 @@ def test_field_name_template_and_encoding():
     for n in (1, 2):
         on = CAP.replace(masked_copy=n)
         assert on.problems(227 * 1024) == [] and on.name == CAP.name + f"_mcp{n}"
-        assert on.kernel_name().endswith(f", {n}>") and on.template_args()[-6] == n
+        assert on.kernel_name().endswith(f", {n}>") and on.template_args()[-5] == n
         assert FAM.encode(on).endswith(f",masked_copy={n}")
         assert FAM.decode(FAM.encode(on), "bf16", True) == on.replace(softcap=False)   # (features: the call's)
     # the template tail stops at the last argument set: CAP's kernel name is what it was before

@@ -24,7 +24,7 @@ PVO = PLAIN.replace(pv_overlap=True)
 
 def test_field_name_template_and_encoding():
     # pv_overlap is the 29th argument (kMaskedCopy, kRagKeys, kPrefetch, kSAhead and kDeferMax after it)
-    assert check_flag_field("pv_overlap", "_pvo", 7, 28) == PVO
+    assert check_flag_field("pv_overlap", "_pvo", 6, 28) == PVO
 
 
 @pytest.mark.parametrize("change", [dict(softcap=True), dict(dropout=True, BN=64), dict(window=True),
@@ -117,7 +117,7 @@ def test_cluster_name_template_and_encoding():
     assert CL.validate(227 * 1024) is CL and CL.name == PLAIN.name + "_cl2"
     assert CL.kernel_name() == ("cuflash::sm90_fwd_cluster<2, 128, 80, 2, 2, false, true, 256, cuflash::bf16, false, "
                                 "false, false, false>")
-    assert CL.template_args() == (2,) + PLAIN.template_args()[:-1]   # (sm90_fwd_cluster has no kEdgeHalf)
+    assert CL.template_args() == (2,) + PLAIN.template_args()
     assert "cluster" not in FAM.encode(PLAIN) and FAM.encode(CL).endswith(",cluster=1")
     assert FAM.decode(FAM.encode(CL), "bf16", False) == CL and "cluster" not in FAM.space
 

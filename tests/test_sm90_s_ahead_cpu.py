@@ -33,7 +33,7 @@ def test_field_name_template_and_encoding():
     assert not base.s_ahead and on.validate(227 * 1024) is on
     assert on.name.endswith("_mcp1_sah") and "_sah" not in base.name
     assert on.kernel_name().endswith(", 1, 0, false, true>") and base.kernel_name().endswith(", 1>")   # (kMaskedCopy, kRagKeys, kPrefetch, kSAhead)
-    assert on.template_args()[-3] is True and base.template_args()[-3] is False   # (kDeferMax, kEdgeHalf last)
+    assert on.template_args()[-2] is True and base.template_args()[-2] is False   # (kDeferMax last)
     assert "s_ahead" not in FAM.encode(base) and FAM.encode(on).endswith(",s_ahead=1")
     assert FAM.decode(FAM.encode(on), "bf16", True).replace(softcap=True) == on   # (features: the call's)
     assert "s_ahead" not in FAM.space

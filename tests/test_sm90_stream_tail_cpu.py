@@ -72,7 +72,7 @@ def test_field_name_template_and_encoding():
     assert PLAIN.kernel_name() == ("cuflash::sm90_fwd<128, 80, 2, 2, false, true, 256, cuflash::bf16, false, "
                                    "false, false, false>")
     assert ST.kernel_name().endswith(", false, 0, true>") and ST.kernel_name().count(",") == 27
-    assert ST.template_args()[-8] is True and PLAIN.template_args()[-8] is False   # (kPvOverlap, kMaskedCopy, kRagKeys, kPrefetch, kSAhead, kDeferMax, kEdgeHalf after)
+    assert ST.template_args()[-7] is True and PLAIN.template_args()[-7] is False   # (kPvOverlap, kMaskedCopy, kRagKeys, kPrefetch, kSAhead, kDeferMax after)
     assert "stream_tail" not in FAM.encode(PLAIN) and FAM.encode(ST).endswith(",stream_tail=1")
     assert FAM.decode(FAM.encode(ST), "bf16", False) == ST
     assert "stream_tail" not in FAM.space

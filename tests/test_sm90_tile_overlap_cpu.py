@@ -46,7 +46,7 @@ def check_flag_field(flag: str, suffix: str, arg_from_end: int, commas: int):
 def test_field_name_template_and_encoding():
     # tile_overlap is the 25th argument (kDropPacked, kDropEarly, kStreamTail, kPvOverlap, kMaskedCopy, kRagKeys,
     # kPrefetch, kSAhead and kDeferMax come after it)
-    check_flag_field("tile_overlap", "_tov", 11, 24)
+    check_flag_field("tile_overlap", "_tov", 10, 24)
     assert FAM.make(FAM.point(TOV), Problem(
         "fwd", "bf16", 1, 2048, 2048, 8, 8, 256, False)).tile_overlap is False
 

@@ -33,10 +33,10 @@ BWD_LEFT = (256, 512, 1024, 2048, 4096)
 # (session 22 round 1, an H200: B, Q and QB were slower than the heuristic at every width: dropped)
 # (session 22: E / E2 / E3, edge_half 1 / 2 / 3, and band_order on wip/win4; session 23: U / U2, unmasked_first
 # 1 / 2, a band's masked last block visited second / last, on wip/win5 at 2ef362d: none faster, not merged; an
-# H100's numbers in results/NVIDIA_H100_80GB_HBM3/logs/session23_win5/round2.md; q_double (Q) on the H100 in
-# session 23 round 3: no gain). Rows here: E / F / G, edge_half 1 / 2 / 3 (kEdgeHalf, built in session 24 with the body
-# compiled per consumer warpgroup: no serialized wgmma; 2 the P V halves alone; 3 the two copies alone).
-VARIANTS = {"E": dict(edge_half=1), "F": dict(edge_half=2), "G": dict(edge_half=3)}
+# H100's numbers in results/NVIDIA_H100_80GB_HBM3/logs/session23_win5/round2.md; session 24: E / F / G, edge_half
+# 1 / 2 / 3, the edge halves with the body per consumer warpgroup, on wip/win6 at 3bca9b2: none faster, not merged;
+# logs/session24_win6/round2.md, round4.md). Rows here: q_double.
+VARIANTS = {"Q": dict(q_double=True, tile_overlap=False)}
 VARIANT_LEFT = (512, 1024, 2048, 4096)
 
 

@@ -352,9 +352,6 @@ FEATURE_LAZY_RESCALE = False
 # tile_overlap on (causal within the noise of static alone; full ahead in both rounds). bf16 only (measured).
 WINDOW_TILE_OVERLAP: dict = {(128, True, "bf16"): dict(dynamic=False, tma_store=True),
                              (128, False, "bf16"): dict(dynamic=False, tma_store=True)}
-# edge_half (kEdgeHalf) on the window's forward, {(head dim, causal, dtype): 1 or 2}: the edge blocks' S and P V
-# (1) or their P V alone (2) on the 64-key half a warpgroup sees. Empty until measured faster (session 24, win6).
-WINDOW_EDGE_HALF: dict = {}
 SOFTCAP_FOLD: dict = {128: 3}
 # ALiBi's bias as one FFMA per score (alibi_lin, kAlibiLinear) for calls with ALiBi alone (or with a
 # window), fixed lengths: the (head dim, causal) classes that take it (measured above).
@@ -589,15 +586,6 @@ class Sm90FwdConfig(KernelConfig):
     defer_max: the folded softcap row-max step's exp2s from the running max as it was, the block's max
                taken after them (kDeferMax, kernels_cu/softmax_fold.cuh softmax_step_deferred); softcap
                with fold_cap >= 3 and lazy_rescale (SOFTCAP_DEFER_MAX). Outside the tuning space
-    edge_half: a window's edge blocks' S and P V (4 of 8 k16 steps) on the one 64-key half a consumer
-               warpgroup's rows see (kEdgeHalf, kernels_cu/sm90_fwd.cu band_visible_half; every S as two
-               n = 64 GEMMs, a hidden half's one k16 step long; the kernel's body compiled once per
-               consumer warpgroup so that ptxas sees the branch uniform):
-               computed / visible 1.124 -> 1.061 (causal window 1024), 1.058 -> 1.029 (1024, 1024). A
-               window's plain softmax (no softcap, ALiBi, dropout, lazy_rescale, fold_cap, emu_exp2), BN
-               128, 2 consumers, fixed lengths (WINDOW_EDGE_HALF). 2 (timing): the P V halves alone, S at
-               n = 128 as without it; 3 (timing): the body per warpgroup alone, every block whole. Outside the
-               tuning space
     cluster:   clusters of 2 CTAs (sm90_fwd_cluster, kCluster): the static persistent grid's CTAs 2c and
                2c + 1 take adjacent Q blocks of one head at every step, and each loads half of every
                K_j's and V_j's column chunks by TMA multicast into both (one L2 read feeds two SMs); a
@@ -663,7 +651,6 @@ class Sm90FwdConfig(KernelConfig):
     prefetch: bool = False
     s_ahead: bool = False
     defer_max: bool = False
-    edge_half: int = 0
     section: int = 0               # (a run-time param, not a template argument)
     even_waves: bool = False       # (last: the launch's grid, not a template argument)
 
@@ -690,7 +677,6 @@ class Sm90FwdConfig(KernelConfig):
                 f"{'_st' if self.stream_tail else ''}{'_pvo' if self.pv_overlap else ''}{'_cl2' if self.cluster else ''}"
                 f"{f'_mcp{self.masked_copy}' if self.masked_copy else ''}{f'_rag{self.rag_keys}' if self.rag_keys else ''}"
                 f"{'_pf' if self.prefetch else ''}{'_sah' if self.s_ahead else ''}{'_dmx' if self.defer_max else ''}"
-                f"{'_eh' if self.edge_half == 1 else f'_eh{self.edge_half}' if self.edge_half else ''}"
                 f"{'_ev' if self.even_waves else ''}")
 
     @property
@@ -769,9 +755,8 @@ class Sm90FwdConfig(KernelConfig):
                 f"{self.rag_keys}",                                               # kRagKeys
                 f"{'true' if self.prefetch else 'false'}",                        # kPrefetch
                 f"{'true' if self.s_ahead else 'false'}",                         # kSAhead
-                f"{'true' if self.defer_max else 'false'}",                       # kDeferMax
-                f"{int(self.edge_half)}"]                                         # kEdgeHalf last
-        used = (23 if self.edge_half else 22 if self.defer_max else 21 if self.s_ahead else 20 if self.prefetch else 19 if self.rag_keys else 18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
+                f"{'true' if self.defer_max else 'false'}"]                       # kDeferMax last
+        used = (22 if self.defer_max else 21 if self.s_ahead else 20 if self.prefetch else 19 if self.rag_keys else 18 if self.masked_copy else 17 if self.pv_overlap else 16 if self.stream_tail else 15 if self.drop_early else 14 if self.drop_packed else 13 if self.tile_overlap else 12 if self.rescale_first else 11 if self.alibi_lin else 10 if self.fold_cap else 9 if self.lazy_rescale else 8 if self.q_double else
                 7 if self.tree_max else 6 if self.p_smem else 5 if self.varlen else
                 4 if self.tma_store else 3 if self.dynamic else
                 2 if self.emu_exp2 else 1 if self.dropout else 0)
@@ -785,14 +770,13 @@ class Sm90FwdConfig(KernelConfig):
 
     def template_args(self) -> tuple:
         if self.cluster:   # (sm90_fwd_cluster's leading cluster size)
-            return (2,) + self.replace(cluster=False).template_args()[:-1]   # (without kEdgeHalf)
+            return (2,) + self.replace(cluster=False).template_args()
         return (self.BM, self.BN, self.stages, self.consumers, self.pingpong, self.persistent,
                 self.head_dim, self.dtype, self.causal, self.window, self.softcap, self.alibi,
                 self.dropout, self.emu_exp2, self.dynamic, self.tma_store, self.varlen, self.p_smem,
                 self.tree_max, self.q_double, self.lazy_rescale, self.fold_cap, self.alibi_lin,
                 self.rescale_first, self.tile_overlap, self.drop_packed, int(self.drop_early), self.stream_tail,
-                self.pv_overlap, self.masked_copy, self.rag_keys, self.prefetch, self.s_ahead, self.defer_max,
-                int(self.edge_half))
+                self.pv_overlap, self.masked_copy, self.rag_keys, self.prefetch, self.s_ahead, self.defer_max)
 
     def softcap_overlap_ok(self) -> bool:
         """pv_overlap's rotated loop around the folded softcap step (fold_cap >= 3, softcap alone):
@@ -870,15 +854,6 @@ class Sm90FwdConfig(KernelConfig):
             out.append("s_ahead issues S_{j+1} before the folded softcap step of S_j (kSAhead): softcap alone with "
                        "fold_cap >= 3, not with tile_overlap, pv_overlap, p_smem, rescale_first, stream_tail or "
                        "cluster")
-        if self.edge_half not in (0, 1, 2, 3):
-            out.append(f"edge_half must be 0..3, got {self.edge_half}")
-        if self.edge_half and not (self.window and self.BN == 128 and self.consumers == 2 and not (
-                self.softcap or self.alibi or self.dropout or self.varlen or self.p_smem or self.lazy_rescale
-                or self.fold_cap or self.emu_exp2 or self.rag_keys or self.s_ahead or self.stream_tail
-                or self.cluster)):
-            out.append("edge_half computes a window's edge blocks by 64-key halves (kEdgeHalf): window with the plain "
-                       "softmax (no softcap, ALiBi, dropout, lazy_rescale, fold_cap, emu_exp2), BN 128, 2 consumers, "
-                       "fixed lengths; not with p_smem, rag_keys, s_ahead, stream_tail, cluster")
         if self.defer_max and not (self.softcap and self.fold_cap >= 3 and self.lazy_rescale
                                    and not (self.alibi or self.dropout or self.stream_tail)):
             out.append("defer_max defers the folded softcap step's row max (kDeferMax): softcap with fold_cap >= 3 "
@@ -1310,8 +1285,6 @@ class Sm90Forward(Family):
         if config.defer_max and (config.fold_cap < 3 or not config.lazy_rescale or "alibi" in problem.features
                                  or dropout):
             config = config.replace(defer_max=False)   # likewise (SOFTCAP_DEFER_MAX)
-        if config.edge_half and (tuple(problem.features) != ("window",) or is_varlen(problem)):
-            config = config.replace(edge_half=0)   # (a speed knob of the window's plain softmax)
         if config.lazy_rescale and (dropout or (config.emu_exp2 and not config.fold_cap)):
             config = config.replace(lazy_rescale=False)
         if config.p_smem and problem.features:   # plain calls only (a speed knob): P in registers
@@ -1365,8 +1338,7 @@ class Sm90Forward(Family):
                 and not (k in ("emu_exp2", "dynamic", "tma_store", "p_smem", "tree_max", "q_double",
                                "lazy_rescale", "fold_cap", "alibi_lin", "section", "rescale_first",
                                "tile_overlap", "drop_packed", "drop_early", "stream_tail", "pv_overlap", "cluster",
-                               "masked_copy", "rag_keys", "prefetch", "s_ahead", "defer_max", "edge_half",
-                               "even_waves")
+                               "masked_copy", "rag_keys", "prefetch", "s_ahead", "defer_max", "even_waves")
                                and not v))
 
     def make(self, point, problem: Problem):
@@ -1493,8 +1465,6 @@ class Sm90Forward(Family):
             over = dict(over, tma_store=over.get("tma_store", cfg.tma_store) and problem.seqlen_k < 16384)
             # (with_features sets the window flag again; where the config's other choices rule it out, as
             # lazy_rescale does, none; for_bounds: off per call where a tile has no keys)
-            if (d, bool(problem.causal), problem.dtype) in WINDOW_EDGE_HALF:
-                over = dict(over, edge_half=WINDOW_EDGE_HALF[(d, bool(problem.causal), problem.dtype)])
             if cfg.persistent and not cfg.replace(window=True, tile_overlap=True, **over).problems():
                 cfg = cfg.replace(window=True, tile_overlap=True, **over)
         return self.class_switches(first_fitting(cfg, ({"tma_store": False}, {"BN": 64, "tma_store": False},
