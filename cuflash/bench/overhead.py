@@ -36,6 +36,8 @@ SDPA flash.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 import time
 
 from .. import _gpu
@@ -122,6 +124,153 @@ def decode_call(impl: str):
             for _ in range(2))
     return (lambda: F.scaled_dot_product_attention(q, k, v), torch.cuda.synchronize,
             lambda: sdpa_kernel(sdpa_backend(impl)))
+
+
+# ---------------------------------------------------------------------------------------
+# the feature paths (issue 12): one eager call of flash_attn_func / flash_attn_varlen_func with
+# a feature against SDPA's nearest call, on the tiny problem (causal; window (64, 0): a window
+# reaching past every key, e.g. (1024, 0) at seqlen 128, is the plain causal call)
+
+FEATURE_CASES = ("plain", "causal", "window", "softcap", "alibi", "dropout", "varlen")
+FEATURE_WINDOW = (64, 0)
+FEATURE_SOFTCAP = 30.0
+FEATURE_DROPOUT = 0.1
+VARLEN_LENS = (60, 28, 40)   # varlen: 3 sequences, max TINY.seqlen_q (see feature_call)
+# SDPA's nearest call per case: sdpa_* pinned backends; "+mask": the window or ALiBi as an
+# attn_mask made once (bool band / float bias), "nested": varlen as jagged nested tensors
+FEATURE_SDPA = {
+    "plain": ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"),
+    "causal": ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"),
+    "window": ("sdpa_efficient+mask", "sdpa_cudnn+mask"),
+    "softcap": (),   # SDPA has no softcap: the causal row is its nearest call
+    "alibi": ("sdpa_efficient+mask", "sdpa_cudnn+mask"),
+    "dropout": ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"),
+    "varlen": ("sdpa_flash+nested", "sdpa_efficient+nested", "sdpa_cudnn+nested"),
+}
+
+
+def _alibi_slopes(nheads: int):
+    return [2.0 ** (-8.0 * (i + 1) / nheads) for i in range(nheads)]
+
+
+def feature_call(impl: str, case: str, fwdbwd: bool, p: Problem = TINY):
+    """(fn, sync, context) of one eager call of ``case`` (FEATURE_CASES) by ``impl`` ("cuflash"
+    or one of FEATURE_SDPA[case]); fwdbwd: inputs requiring grad and ``out.backward(dout)`` (a
+    contiguous gradient, as training passes) after the forward."""
+    import torch
+
+    dev, dt = "cuda", torch_dtype(p.dtype)
+    b, s, h, d = p.batch, p.seqlen_q, p.nheads, p.head_dim
+    causal = case != "plain"
+    if case == "varlen":
+        lens = VARLEN_LENS
+        total = sum(lens)
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=dev)
+        shape = (total, h, d)
+    else:
+        shape = (b, s, h, d)
+    q, k, v = (torch.randn(shape, device=dev, dtype=dt, requires_grad=fwdbwd) for _ in range(3))
+    dout = torch.randn(shape, device=dev, dtype=dt)
+    context = contextlib.nullcontext
+    if impl == "cuflash":
+        from ..api import flash_attn_func, flash_attn_varlen_func
+
+        kw = {"causal": causal}
+        if case == "window":
+            kw["window_size"] = FEATURE_WINDOW
+        elif case == "softcap":
+            kw["softcap"] = FEATURE_SOFTCAP
+        elif case == "alibi":
+            kw["alibi_slopes"] = torch.tensor(_alibi_slopes(h), dtype=torch.float32, device=dev)
+        elif case == "dropout":
+            kw["dropout_p"] = FEATURE_DROPOUT
+        if case == "varlen":
+            m = max(VARLEN_LENS)
+            f = lambda: flash_attn_varlen_func(q, k, v, cu, cu, m, m, **kw)  # noqa: E731
+        else:
+            f = lambda: flash_attn_func(q, k, v, **kw)  # noqa: E731
+    else:
+        import torch.nn.functional as F
+        from torch.nn.attention import sdpa_kernel
+
+        base, _, how = impl.partition("+")
+        context = lambda: sdpa_kernel(sdpa_backend(base))  # noqa: E731
+        qt, kt, vt = (x.transpose(-3, -2) for x in (q, k, v))  # (b, h, s, d) views, made once
+        kw = {"dropout_p": FEATURE_DROPOUT} if case == "dropout" else {}
+        if how == "mask":  # the band or the bias, made once (SDPA's causal is top-left: s_q = s_k)
+            i = torch.arange(s, device=dev)[:, None]
+            j = torch.arange(s, device=dev)[None, :]
+            if case == "window":
+                kw["attn_mask"] = (j <= i) & (j >= i - FEATURE_WINDOW[0])
+            else:
+                slopes = torch.tensor(_alibi_slopes(h), dtype=torch.float32, device=dev)
+                bias = -slopes[:, None, None] * (i - j).abs().float()
+                kw["attn_mask"] = bias.masked_fill(j > i, -math.inf).to(dt)[None].expand(b, h, s, s)
+        else:
+            kw["is_causal"] = causal
+        if how == "nested":
+            offsets = cu.long()
+
+            def f():  # the jagged views are part of the call (they carry autograd's history)
+                nq, nk, nv = (torch.nested.nested_tensor_from_jagged(x, offsets).transpose(1, 2)
+                              for x in (q, k, v))
+                return F.scaled_dot_product_attention(nq, nk, nv, **kw).transpose(1, 2).values()
+        else:
+            f = lambda: F.scaled_dot_product_attention(qt, kt, vt, **kw).transpose(-3, -2)  # noqa: E731
+    if fwdbwd:
+        def fn():
+            f().backward(dout)
+    else:
+        fn = f
+    return fn, torch.cuda.synchronize, context
+
+
+def feature_host_records(cases=FEATURE_CASES, p: Problem = TINY, calls: int = 500,
+                         rounds: int = 9, passes=("fwd", "fwdbwd"), sdpa: bool = True) -> list:
+    """Host µs per call of every case's cuflash call and SDPA's nearest ones, per pass (fwd:
+    inputs without grad; fwdbwd: forward + backward), all of a pass interleaved in rounds
+    (cuflash.timing.host_us_interleaved): us_per_call the best round, us_median the median."""
+    from ..timing import host_us_interleaved
+
+    recs = []
+    for pass_ in passes:
+        fns, by_key, sync = {}, {}, None
+        for case in cases:
+            for impl in ("cuflash",) + (FEATURE_SDPA[case] if sdpa else ()):
+                rec = dict(impl=impl, path=f"feature_{pass_}", case=case, **_problem_fields(p),
+                           calls=calls, rounds=rounds)
+                recs.append(rec)
+                try:
+                    fn, sync_i, context = feature_call(impl, case, pass_ == "fwdbwd", p)
+                    with context():
+                        fn()
+                    fns[(impl, case)], sync = (fn, context), sync_i
+                    by_key[(impl, case)] = rec
+                except Exception as exc:  # noqa: BLE001
+                    rec["error"] = short(exc)
+        if fns:
+            for key, (best, med) in host_us_interleaved(fns, max(1, calls // 5), rounds, sync).items():
+                by_key[key].update(us_per_call=best, us_median=med)
+    return recs
+
+
+def feature_table(records: list) -> str:
+    """Markdown: a row per (pass, case): cuflash's host µs per call (median round), × its
+    plain call of the pass (the causal one for the causal cases), and SDPA's nearest calls."""
+    us = {(r["path"], r["case"], r["impl"]): r.get("us_median") for r in records if "case" in r}
+    lines = ["| pass | case | cuflash µs | × cuflash causal | SDPA nearest µs |",
+             "| --- | --- | --- | --- | --- |"]
+    for path in dict.fromkeys(r["path"] for r in records if "case" in r):
+        for case in dict.fromkeys(r["case"] for r in records if r["path"] == path and "case" in r):
+            mine = us.get((path, case, "cuflash"))
+            plain = us.get((path, "plain" if case == "plain" else "causal", "cuflash"))
+            sdpa = ", ".join(f"{impl.replace('sdpa_', '')} {us[(path, case, impl)]:.1f}"
+                             for impl in FEATURE_SDPA.get(case, ())
+                             if us.get((path, case, impl)) is not None) or "-"
+            lines.append(f"| {path.replace('feature_', '')} | {case} | "
+                         + (f"{mine:.1f}" if mine else "-") + " | "
+                         + (f"{mine / plain:.2f}" if mine and plain else "-") + f" | {sdpa} |")
+    return "\n".join(lines)
 
 
 def host_records(path: str, p: Problem = TINY, calls: int = 2000, rounds: int = 15) -> list:
