@@ -118,6 +118,7 @@ def main():
     ap.add_argument("--calls", type=int, default=500, help="calls per round per implementation, x5")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--precompile", action="store_true")
+    ap.add_argument("--precompile-only", action="store_true", help="--precompile, then exit")
     ap.add_argument("--no-sdpa", action="store_true")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--profile-calls", type=int, default=50)
@@ -129,8 +130,10 @@ def main():
     args = ap.parse_args()
     if args.warm:
         return warm(args.warm)
-    if args.precompile:
+    if args.precompile or args.precompile_only:
         precompile(args.cases)
+        if args.precompile_only:
+            return None
     import torch
 
     print(f"{args.tag} torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
