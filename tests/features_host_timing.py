@@ -122,6 +122,7 @@ def main():
     ap.add_argument("--no-sdpa", action="store_true")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--profile-calls", type=int, default=50)
+    ap.add_argument("--profile-cases", nargs="+", help="the cases to profile (default: --cases)")
     ap.add_argument("--profile-dir", default=os.environ.get("RES", "."))
     ap.add_argument("--profile-head", type=int, default=14)
     ap.add_argument("--varlen-check", action="store_true")
@@ -152,7 +153,8 @@ def main():
         with open(args.out, "w") as f:
             json.dump({"tag": args.tag, "records": recs, **extra}, f, indent=1)
     if args.profile:
-        profile(args.cases, args.profile_calls, args.profile_dir, args.profile_head)
+        profile(args.profile_cases or args.cases, args.profile_calls, args.profile_dir,
+                args.profile_head)
 
 
 if __name__ == "__main__":
