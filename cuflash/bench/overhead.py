@@ -29,9 +29,19 @@ after warm-up, median of --eager-reps calls, at batch 8, seqlen 2k, 16 heads, d 
 causal, bf16: the TFLOPs a single call delivers, host time included (tflops), beside the
 kernels' own back-to-back figure (kernel_ms, kernel_tflops).
 
+Feature calls (issue 12; records with a ``case``, FEATURE_CASES): flash_attn_func plain and causal,
+with a window (feature_window), softcap 30, ALiBi, dropout 0.1, and flash_attn_varlen_func
+(varlen_lens), each beside SDPA's nearest calls (FEATURE_SDPA: the same backends pinned, the
+window or ALiBi as an attn_mask made once, varlen as jagged nested tensors); forward, and forward
++ ``out.backward(dout)`` (a contiguous gradient, as training passes):
+
+* feature_fwd, feature_fwdbwd: host µs per call on TINY, interleaved as above (feature_host_records);
+* feature_eager_fwd, feature_eager_fwdbwd: one eager call + synchronize on EAGER
+  (feature_eager_records).
+
 Writes results/<gpu>/overhead.json; records: impl, path, us_per_call (+ problem fields;
 eager: wall_ms, tflops, kernel_ms, kernel_tflops); prints µs per call with the ratio to
-SDPA flash.
+SDPA flash, and the feature calls' tables.
 """
 from __future__ import annotations
 
@@ -128,14 +138,28 @@ def decode_call(impl: str):
 
 # ---------------------------------------------------------------------------------------
 # the feature paths (issue 12): one eager call of flash_attn_func / flash_attn_varlen_func with
-# a feature against SDPA's nearest call, on the tiny problem (causal; window (64, 0): a window
-# reaching past every key, e.g. (1024, 0) at seqlen 128, is the plain causal call)
+# a feature against SDPA's nearest call (causal; the window (feature_window): half the sequence, at
+# most 1024, since a window reaching past every key, e.g. (1024, 0) at seqlen 128, is the plain
+# causal call)
 
 FEATURE_CASES = ("plain", "causal", "window", "softcap", "alibi", "dropout", "varlen")
-FEATURE_WINDOW = (64, 0)
 FEATURE_SOFTCAP = 30.0
 FEATURE_DROPOUT = 0.1
-VARLEN_LENS = (60, 28, 40)   # varlen: 3 sequences, max TINY.seqlen_q (see feature_call)
+
+
+def feature_window(p: Problem) -> tuple:
+    """The window case's (left, 0): half the sequence, at most 1024 ((64, 0) on TINY, (1024, 0)
+    on EAGER)."""
+    return (min(1024, p.seqlen_k // 2), 0)
+
+
+def varlen_lens(p: Problem) -> tuple:
+    """The varlen case's sequence lengths: batch 1, three sequences of 15/32, 7/32 and 10/32 of
+    the sequence (60, 28, 40 on TINY); else batch sequences of 1.5 and 0.5 times it in turn."""
+    s = p.seqlen_q
+    if p.batch == 1:
+        return (s * 15 // 32, s * 7 // 32, s * 10 // 32)
+    return tuple(s + s // 2 if i % 2 == 0 else s - s // 2 for i in range(p.batch))
 # SDPA's nearest call per case: sdpa_* pinned backends; "+mask": the window or ALiBi as an
 # attn_mask made once (bool band / float bias), "nested": varlen as jagged nested tensors
 FEATURE_SDPA = {
@@ -162,8 +186,9 @@ def feature_call(impl: str, case: str, fwdbwd: bool, p: Problem = TINY):
     dev, dt = "cuda", torch_dtype(p.dtype)
     b, s, h, d = p.batch, p.seqlen_q, p.nheads, p.head_dim
     causal = case != "plain"
+    window = feature_window(p)
     if case == "varlen":
-        lens = VARLEN_LENS
+        lens = varlen_lens(p)
         total = sum(lens)
         cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=dev)
         shape = (total, h, d)
@@ -177,7 +202,7 @@ def feature_call(impl: str, case: str, fwdbwd: bool, p: Problem = TINY):
 
         kw = {"causal": causal}
         if case == "window":
-            kw["window_size"] = FEATURE_WINDOW
+            kw["window_size"] = window
         elif case == "softcap":
             kw["softcap"] = FEATURE_SOFTCAP
         elif case == "alibi":
@@ -185,7 +210,7 @@ def feature_call(impl: str, case: str, fwdbwd: bool, p: Problem = TINY):
         elif case == "dropout":
             kw["dropout_p"] = FEATURE_DROPOUT
         if case == "varlen":
-            m = max(VARLEN_LENS)
+            m = max(lens)
             f = lambda: flash_attn_varlen_func(q, k, v, cu, cu, m, m, **kw)  # noqa: E731
         else:
             f = lambda: flash_attn_func(q, k, v, **kw)  # noqa: E731
@@ -201,7 +226,7 @@ def feature_call(impl: str, case: str, fwdbwd: bool, p: Problem = TINY):
             i = torch.arange(s, device=dev)[:, None]
             j = torch.arange(s, device=dev)[None, :]
             if case == "window":
-                kw["attn_mask"] = (j <= i) & (j >= i - FEATURE_WINDOW[0])
+                kw["attn_mask"] = (j <= i) & (j >= i - window[0])
             else:
                 slopes = torch.tensor(_alibi_slopes(h), dtype=torch.float32, device=dev)
                 bias = -slopes[:, None, None] * (i - j).abs().float()
@@ -300,15 +325,22 @@ def host_records(path: str, p: Problem = TINY, calls: int = 2000, rounds: int = 
     return [recs[i] for i in impls]
 
 
-def eager_record(impl: str, path: str, p: Problem = EAGER, reps: int = 20) -> dict:
+def eager_record(impl: str, path: str, p: Problem = EAGER, reps: int = 20, case=None) -> dict:
     """Wall time of one call + synchronize (median of reps, after warm-up), and the kernels'
-    back-to-back time for contrast."""
+    back-to-back time for contrast. case: one of FEATURE_CASES (feature_call's call; path
+    'feature_eager_fwd' or 'feature_eager_fwdbwd'; TFLOPs for the plain and causal cases only)."""
     from ..timing import time_ms
 
-    flops = op_flops(p) + (op_flops(p.replace(op="bwd")) if path.endswith("fwdbwd") else 0.0)
-    rec = dict(impl=impl, path=path, **_problem_fields(p))
+    fwdbwd = path.endswith("fwdbwd")
+    if case is not None:
+        p = p.replace(causal=case != "plain")
+    flops = op_flops(p) + (op_flops(p.replace(op="bwd")) if fwdbwd else 0.0)
+    if case not in (None, "plain", "causal"):
+        flops = None   # (a window, varlen: other work than the dense call's)
+    rec = dict(impl=impl, path=path, **_problem_fields(p), **({} if case is None else {"case": case}))
     try:
-        fn, sync, context = call(impl, path.replace("eager", "torch"), p)
+        fn, sync, context = (call(impl, path.replace("eager", "torch"), p) if case is None
+                             else feature_call(impl, case, fwdbwd, p))
         with context():
             for _ in range(3):
                 fn()
@@ -321,8 +353,9 @@ def eager_record(impl: str, path: str, p: Problem = EAGER, reps: int = 20) -> di
                 walls.append(time.perf_counter() - t0)
             kernel_ms = time_ms(fn, reps=reps).median_ms
         wall_ms = median(walls) * 1e3
-        rec.update(us_per_call=wall_ms * 1e3, wall_ms=wall_ms, tflops=flops / wall_ms / 1e9,
-                   kernel_ms=kernel_ms, kernel_tflops=flops / kernel_ms / 1e9)
+        rec.update(us_per_call=wall_ms * 1e3, wall_ms=wall_ms, kernel_ms=kernel_ms)
+        if flops:
+            rec.update(tflops=flops / wall_ms / 1e9, kernel_tflops=flops / kernel_ms / 1e9)
     except Exception as exc:  # noqa: BLE001
         rec["error"] = short(exc)
     return rec
@@ -347,6 +380,35 @@ def table(records: list, ref: str = REF) -> str:
     return "\n".join(lines)
 
 
+def feature_eager_records(cases=FEATURE_CASES, p: Problem = EAGER, reps: int = 20,
+                          sdpa: bool = True) -> list:
+    """eager_record of every case's cuflash call and SDPA's nearest ones, forward and forward +
+    backward (paths feature_eager_fwd, feature_eager_fwdbwd)."""
+    return [eager_record(impl, f"feature_eager_{pass_}", p, reps, case)
+            for pass_ in ("fwd", "fwdbwd") for case in cases
+            for impl in ("cuflash",) + (FEATURE_SDPA[case] if sdpa else ())]
+
+
+def feature_eager_table(records: list) -> str:
+    """Markdown: a row per (pass, case): cuflash's single eager call (ms, host time included),
+    × its plain call of the pass (the causal one for the causal cases), SDPA's nearest calls."""
+    ms = {(r["path"], r["case"], r["impl"]): r.get("wall_ms") for r in records
+          if r.get("path", "").startswith("feature_eager")}
+    lines = ["| pass | case | cuflash ms | × cuflash causal | SDPA nearest ms |",
+             "| --- | --- | --- | --- | --- |"]
+    for path, case, impl in ms:
+        if impl != "cuflash":
+            continue
+        mine, plain = ms[(path, case, impl)], ms.get((path, "plain" if case == "plain" else "causal",
+                                                      "cuflash"))
+        sdpa = ", ".join(f"{i.replace('sdpa_', '')} {ms[(path, case, i)]:.3f}"
+                         for i in FEATURE_SDPA[case] if ms.get((path, case, i))) or "-"
+        lines.append(f"| {path.replace('feature_eager_', '')} | {case} | "
+                     + (f"{mine:.3f}" if mine else "-") + " | "
+                     + (f"{mine / plain:.2f}" if mine and plain else "-") + f" | {sdpa} |")
+    return "\n".join(lines)
+
+
 def run(calls: int = 2000, eager_reps: int = 20, out="results", log=print) -> list:
     _gpu.require("bench --mode overhead")
     records = []
@@ -355,15 +417,24 @@ def run(calls: int = 2000, eager_reps: int = 20, out="results", log=print) -> li
     for path in EAGER_PATHS:
         for impl in IMPLS:
             records.append(eager_record(impl, path, EAGER, eager_reps))
+    records += feature_host_records(FEATURE_CASES, TINY, max(5, calls // 4))
+    records += feature_eager_records(FEATURE_CASES, EAGER, eager_reps)
     for r in records:
         if "error" in r:
-            log(f"  {r['impl']} {r['path']}: {r['error']}")
+            log(f"  {r['impl']} {r.get('case', '')} {r['path']}: {r['error']}")
     path = results_dir(out) / "overhead.json"
     write_json(path, records, tiny=_problem_fields(TINY), eager=_problem_fields(EAGER))
     log(f"host µs per call (tiny: b={TINY.batch} s={TINY.seqlen_q} h={TINY.nheads} d={TINY.head_dim} "
         f"causal bf16; eager_*: wall µs of one call + synchronize at b={EAGER.batch} "
         f"s={EAGER.seqlen_q} h={EAGER.nheads} d={EAGER.head_dim})")
-    log(table(records))
+    log(table([r for r in records if "case" not in r]))
+    log("feature calls (issue 12), host µs per call, median round (tiny, causal; the window: "
+        f"{feature_window(TINY)}; varlen: sequences {varlen_lens(TINY)}):")
+    log(feature_table(records))
+    log(f"feature calls, one eager call + synchronize (b={EAGER.batch} s={EAGER.seqlen_q} "
+        f"h={EAGER.nheads} d={EAGER.head_dim}; window {feature_window(EAGER)}; varlen: sequences "
+        f"{varlen_lens(EAGER)}):")
+    log(feature_eager_table(records))
     for r in records:
         if r["path"] in EAGER_PATHS and "tflops" in r:
             log(f"  {r['path']} {r['impl']}: {r['tflops']:.0f} TFLOPs/s per single eager call "
