@@ -5,12 +5,14 @@ CPU clock over calls on a tiny problem, 1 x 128 x 4 x 64 bf16, where the GPU is 
 the implementations interleaved in rounds). Not a test:
 
     timeout 100 python tests/features_host_timing.py --precompile --profile --out $RES/host.json
+    timeout 100 python tests/features_host_timing.py --precompile --eager --no-sdpa   # + one eager call each
 
---precompile: one worker process per cuflash case and pass first (one call: fills CuPy's kernel cache
-in parallel). --profile: per cuflash case, torch.profiler's self-CPU table and cProfile's
-top functions by own time over --profile-calls forward + backward calls (written under --profile-dir,
-the first lines printed). --varlen-check: the varlen call with and without the API's read-back of
-cu_seqlens (cuflash.api.CHECK_CU_SEQLENS), interleaved.
+--eager: also one eager call + synchronize per case on bench's EAGER shape (8 x 2k x 16 x 128, window
+(1024, 0); overhead.feature_eager_records). --precompile: one worker process per cuflash case, pass
+(and shape) first (one call each: fills CuPy's kernel cache in parallel). --profile: per cuflash case,
+torch.profiler's self-CPU table and cProfile's top functions by own time over --profile-calls calls
+(written under --profile-dir; the forward + backward's first lines printed). --varlen-check: the varlen
+call with and without the API's read-back of cu_seqlens (cuflash.api.CHECK_CU_SEQLENS), interleaved.
 """
 import argparse
 import cProfile
@@ -29,18 +31,21 @@ from cuflash.bench import overhead  # noqa: E402
 
 
 def warm(case_pass: str) -> None:
-    """Compile (or load) the kernels of one cuflash case and pass ('window:fwdbwd')."""
-    case, pass_ = case_pass.split(":")
-    fn, sync, _ = overhead.feature_call("cuflash", case, pass_ == "fwdbwd")
+    """Compile (or load) the kernels of one cuflash case and pass ('window:fwdbwd', or
+    'window:fwdbwd:eager' on overhead.EAGER)."""
+    case, pass_, *eager = case_pass.split(":")
+    fn, sync, _ = overhead.feature_call("cuflash", case, pass_ == "fwdbwd",
+                                        overhead.EAGER if eager else overhead.TINY)
     fn()
     sync()
 
 
-def precompile(cases) -> None:
+def precompile(cases, eager=False) -> None:
     t0 = time.time()
+    shapes = ("", ":eager") if eager else ("",)
     procs = {c: subprocess.Popen([sys.executable, __file__, "--warm", c], stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
-             for c in (f"{case}:{p}" for case in cases for p in ("fwd", "fwdbwd"))}
+             for c in (f"{case}:{p}{e}" for case in cases for p in ("fwd", "fwdbwd") for e in shapes)}
     for c, p in procs.items():
         out, _ = p.communicate()
         if p.returncode:
@@ -126,13 +131,16 @@ def main():
     ap.add_argument("--profile-dir", default=os.environ.get("RES", "."))
     ap.add_argument("--profile-head", type=int, default=14)
     ap.add_argument("--varlen-check", action="store_true")
+    ap.add_argument("--eager", action="store_true",
+                    help="also one eager call + synchronize per case on overhead.EAGER (8 x 2k x 16 x 128)")
+    ap.add_argument("--eager-reps", type=int, default=10)
     ap.add_argument("--tag", default="")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.warm:
         return warm(args.warm)
     if args.precompile or args.precompile_only:
-        precompile(args.cases)
+        precompile(args.cases, args.eager)
         if args.precompile_only:
             return None
     import torch
@@ -147,6 +155,16 @@ def main():
             print(f"  {r['impl']} {r['case']} {r['path']}: {r['error']}")
     print(overhead.feature_table(recs), flush=True)
     extra = {}
+    if args.eager:
+        t0 = time.time()
+        eager = overhead.feature_eager_records(args.cases, overhead.EAGER, args.eager_reps,
+                                               sdpa=not args.no_sdpa)
+        print(f"eager calls timed in {time.time() - t0:.0f} s")
+        for r in eager:
+            if "error" in r:
+                print(f"  {r['impl']} {r['case']} {r['path']}: {r['error']}")
+        print(overhead.feature_eager_table(eager), flush=True)
+        recs += eager
     if args.varlen_check:
         extra["varlen_check"] = varlen_check(max(1, args.calls // 5), args.rounds)
     if args.out:
