@@ -122,6 +122,8 @@ def main():
     ap.add_argument("--cases", nargs="+", default=list(overhead.FEATURE_CASES))
     ap.add_argument("--calls", type=int, default=500, help="calls per round per implementation, x5")
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--round-ms", type=float, default=25.0,
+                    help="fewer calls per round for a call slower than this / (calls / 5)")
     ap.add_argument("--precompile", action="store_true")
     ap.add_argument("--precompile-only", action="store_true", help="--precompile, then exit")
     ap.add_argument("--no-sdpa", action="store_true")
@@ -148,7 +150,8 @@ def main():
     print(f"{args.tag} torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
     t0 = time.time()
     recs = overhead.feature_host_records(args.cases, calls=args.calls, rounds=args.rounds,
-                                         sdpa=not args.no_sdpa)
+                                         sdpa=not args.no_sdpa, round_ms=args.round_ms,
+                                         log=lambda line: print(line, flush=True))
     print(f"timed in {time.time() - t0:.0f} s")
     for r in recs:
         if "error" in r:

@@ -251,11 +251,14 @@ def feature_call(impl: str, case: str, fwdbwd: bool, p: Problem = TINY):
 
 
 def feature_host_records(cases=FEATURE_CASES, p: Problem = TINY, calls: int = 500,
-                         rounds: int = 9, passes=("fwd", "fwdbwd"), sdpa: bool = True) -> list:
+                         rounds: int = 9, passes=("fwd", "fwdbwd"), sdpa: bool = True,
+                         round_ms: float = 25.0, log=None) -> list:
     """Host µs per call of every case's cuflash call and SDPA's nearest ones, per pass (fwd:
-    inputs without grad; fwdbwd: forward + backward), all of a pass interleaved in rounds
-    (cuflash.timing.host_us_interleaved): us_per_call the best round, us_median the median."""
-    from ..timing import host_us_interleaved
+    inputs without grad; fwdbwd: forward + backward), all of a pass interleaved in ``rounds``
+    rounds (as cuflash.timing.host_us_interleaved) of calls // 5 calls each, fewer for a call
+    slower than round_ms / that (SDPA on nested tensors: milliseconds): us_per_call the best
+    round, us_median the median. log: called with a line per pass timed."""
+    import statistics
 
     recs = []
     for pass_ in passes:
@@ -263,19 +266,39 @@ def feature_host_records(cases=FEATURE_CASES, p: Problem = TINY, calls: int = 50
         for case in cases:
             for impl in ("cuflash",) + (FEATURE_SDPA[case] if sdpa else ()):
                 rec = dict(impl=impl, path=f"feature_{pass_}", case=case, **_problem_fields(p),
-                           calls=calls, rounds=rounds)
+                           rounds=rounds)
                 recs.append(rec)
                 try:
                     fn, sync_i, context = feature_call(impl, case, pass_ == "fwdbwd", p)
                     with context():
                         fn()
-                    fns[(impl, case)], sync = (fn, context), sync_i
+                        sync_i()
+                        t0 = time.perf_counter()
+                        for _ in range(3):
+                            fn()
+                        one_ms = (time.perf_counter() - t0) / 3 * 1e3
+                    n = max(3, min(max(1, calls // 5), int(round_ms / max(one_ms, 1e-3))))
+                    fns[(impl, case)], sync = (fn, context, n), sync_i
                     by_key[(impl, case)] = rec
+                    rec["calls"] = n * rounds
                 except Exception as exc:  # noqa: BLE001
                     rec["error"] = short(exc)
-        if fns:
-            for key, (best, med) in host_us_interleaved(fns, max(1, calls // 5), rounds, sync).items():
-                by_key[key].update(us_per_call=best, us_median=med)
+        per = {key: [] for key in fns}
+        t_pass = time.perf_counter()
+        for _ in range(rounds):
+            for key, (fn, context, n) in fns.items():
+                sync()
+                with context():
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        fn()
+                    per[key].append((time.perf_counter() - t0) / n * 1e6)
+        if sync is not None:
+            sync()
+        for key, v in per.items():
+            by_key[key].update(us_per_call=min(v), us_median=statistics.median(v))
+        if log is not None:
+            log(f"  {pass_}: {len(fns)} calls timed in {time.perf_counter() - t_pass:.1f} s")
     return recs
 
 
