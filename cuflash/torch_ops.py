@@ -1319,16 +1319,22 @@ def _feat_entry(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                       bwd_config)
 
 
-def _feat_run_forward(entry, q, k, v, slopes, rng):
-    """(out, lse) of a cached feature call shape on aligned q, k, v; no autograd."""
+def cached_forward(entry, q, k, v, launch):
+    """(out, lse) of a cached call shape's forward (entry: out_shape, lse_shape, plan) on aligned
+    q, k, v: the outputs allocated, launch(plan, pointers, 0); no autograd."""
     out = q.new_empty(*entry.out_shape)
     lse = q.new_empty(*entry.lse_shape, dtype=torch.float32)
     if api.POISON_OUTPUTS:
         out.fill_(math.nan)
         lse.fill_(math.nan)
-    _feat_launch(entry, entry.plan, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                                     lse.data_ptr()), 0, slopes, rng)
+    launch(entry.plan, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()), 0)
     return out, lse
+
+
+def _feat_run_forward(entry, q, k, v, slopes, rng):
+    """(out, lse) of a cached feature call shape on aligned q, k, v; no autograd."""
+    return cached_forward(entry, q, k, v, lambda plan, ptrs, ws: _feat_launch(entry, plan, ptrs, ws,
+                                                                              slopes, rng))
 
 
 def _feat_launch(entry, plan, ptrs, ws_ptr, slopes, rng):
@@ -1383,26 +1389,49 @@ def _feat_backward(entry, dout, q, k, v, out, lse, slopes, rng):
     if hit is None:
         hit = entry.bwd[key] = _feat_bwd_plan(entry, dout, q, k, v, out, lse, slopes) or False
     if hit:
-        copy, plan = hit
-        if copy:
-            dout = dout.clone(memory_format=torch.contiguous_format)
-        dp = dout.data_ptr()
-        if not dp & 15:  # q, k, v aligned (the forward's check), out and lse its own
-            kv = entry.kv_shape
-            dq, dk, dv = q.new_empty(*entry.out_shape), k.new_empty(*kv), v.new_empty(*kv)
-            ws = q.new_empty(entry.ws_bytes(plan), dtype=torch.uint8)
-            if api.POISON_OUTPUTS:
-                for x in (dq, dk, dv):
-                    x.fill_(math.nan)
-            _feat_launch(entry, plan, (dp, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                                       lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()),
-                         ws.data_ptr(), slopes, rng)
-            return dq, dk, dv
+        grads = cached_backward(hit, entry.ws_bytes(hit[1]), dout, q, k, v, out, lse, entry.out_shape,
+                                entry.kv_shape,
+                                lambda plan, ptrs, ws: _feat_launch(entry, plan, ptrs, ws, slopes, rng))
+        if grads is not None:
+            return grads
     if entry.kind == "dropout":
         return dropout_backward(dout, q, k, v, out, lse, entry.problem, entry.scale, rng,
                                 entry.bwd_config, slopes)
     return backward_features_impl(dout, q, k, v, out, lse, slopes, entry.scale, entry.causal,
                                   entry.deterministic, entry.window, entry.softcap, entry.bwd_config)
+
+
+def cached_backward(hit, ws_bytes: int, dout, q, k, v, out, lse, q_shape, kv_shape, launch):
+    """(dq, dk, dv) of a cached call shape's backward plan ``hit`` = (copy dout first?, plan):
+    the gradients and ws_bytes of workspace allocated, launch(plan, pointers, workspace address);
+    None when dout is misaligned (q, k, v: checked by the forward; out and lse: its own)."""
+    copy, plan = hit
+    if copy:
+        dout = dout.clone(memory_format=torch.contiguous_format)
+    dp = dout.data_ptr()
+    if dp & 15:
+        return None
+    dq, dk, dv = q.new_empty(*q_shape), k.new_empty(*kv_shape), v.new_empty(*kv_shape)
+    ws = q.new_empty(ws_bytes, dtype=torch.uint8)
+    if api.POISON_OUTPUTS:
+        for x in (dq, dk, dv):
+            x.fill_(math.nan)
+    launch(plan, (dp, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                  dq.data_ptr(), dk.data_ptr(), dv.data_ptr()), ws.data_ptr())
+    return dq, dk, dv
+
+
+def fast_outputs(ctx, out, lse, with_lse: bool, saved: tuple, state: tuple):
+    """The end of a cached call shape's autograd forward: lse's gradient not materialized (nor
+    out's when unused: the backward gets None), ``saved`` saved for the backward, ``state`` kept,
+    out alone or (out, lse) with lse non-differentiable."""
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(*saved)
+    ctx.state = state
+    if not with_lse:
+        return out
+    ctx.mark_non_differentiable(lse)
+    return out, lse
 
 
 class FeatureFastFn(torch.autograd.Function):
@@ -1416,13 +1445,7 @@ class FeatureFastFn(torch.autograd.Function):
     def forward(ctx, q, k, v, slopes, args):
         entry, rng, with_lse = args
         out, lse = _feat_run_forward(entry, q, k, v, slopes, rng)
-        ctx.set_materialize_grads(False)  # no zeros for lse's gradient (and out's, when unused)
-        ctx.save_for_backward(q, k, v, out, lse, slopes)
-        ctx.state = (entry, rng)
-        if not with_lse:
-            return out
-        ctx.mark_non_differentiable(lse)
-        return out, lse
+        return fast_outputs(ctx, out, lse, with_lse, (q, k, v, out, lse, slopes), (entry, rng))
 
     @staticmethod
     def backward(ctx, dout, dlse=None):
@@ -1442,20 +1465,24 @@ except (AttributeError, KeyError):  # pragma: no cover - another torch: the publ
     _feat_apply = None
 
 
+def keyable(softmax_scale, window_size, softcap, dropout_p) -> bool:
+    """Whether an eager call's values may key a cached call shape: not while torch.compile
+    traces; a float or None scale, a tuple of two ints, numbers of exact class float or int (a
+    bool or 30.0 for 30 hash equal to a valid value: such calls are validated every time)."""
+    return (not torch.compiler.is_compiling()
+            and (softmax_scale is None or softmax_scale.__class__ is float)
+            and window_size.__class__ is tuple and len(window_size) == 2
+            and window_size[0].__class__ is int and window_size[1].__class__ is int
+            and softcap.__class__ in _NUMBER and dropout_p.__class__ in _NUMBER)
+
+
 def features_attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                        alibi_slopes, deterministic, config, bwd_config, with_lse):
     """(out, lse) of an eager torch call of flash_attn_func with features through its cached
     call shape (lse None when not with_lse and autograd runs), or None: not a call this path
     runs (the caller takes the validating route, cuflash.api._features_func). Arguments as
     flash_attn_func's (dropout_seed None, no S_dmask wanted with dropout)."""
-    if torch.compiler.is_compiling():
-        return None
-    if softmax_scale is not None and softmax_scale.__class__ is not float:
-        return None
-    if window_size.__class__ is not tuple or len(window_size) != 2 \
-            or window_size[0].__class__ is not int or window_size[1].__class__ is not int:
-        return None  # (a bool or a float keys equal to an int: validated every call)
-    if softcap.__class__ not in _NUMBER or dropout_p.__class__ not in _NUMBER:
+    if not keyable(softmax_scale, window_size, softcap, dropout_p):
         return None
     try:
         skey = None if alibi_slopes is None else (

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from . import api, varlen
-from .torch_ops import _decode, _encode, _raw_stream
+from .torch_ops import _decode, _encode, _raw_stream, cached_backward, cached_forward, fast_outputs, keyable
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -607,8 +607,6 @@ def attention_paged_traced(q, k, v, cu_q, cu_k, block_table, max_q: int, max_k: 
 # with dropout) takes the validating route.
 
 _fast_plans: dict = {}
-_INT = (int,)
-_NUMBER = (float, int)
 
 
 def _on_change_fast():
@@ -710,14 +708,9 @@ def _fast_launch(entry, plan, ptrs, ws_ptr, cu_q, cu_k, slopes, rng):
 
 
 def _fast_forward(entry, q, k, v, cu_q, cu_k, slopes, rng):
-    out = q.new_empty(*entry.out_shape)
-    lse = q.new_empty(*entry.lse_shape, dtype=torch.float32)
-    if api.POISON_OUTPUTS:
-        out.fill_(math.nan)
-        lse.fill_(math.nan)
-    _fast_launch(entry, entry.plan, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                                     lse.data_ptr()), 0, cu_q, cu_k, slopes, rng)
-    return out, lse
+    """(out, lse) of a cached varlen call shape on aligned q, k, v; no autograd."""
+    return cached_forward(entry, q, k, v, lambda plan, ptrs, ws: _fast_launch(
+        entry, plan, ptrs, ws, cu_q, cu_k, slopes, rng))
 
 
 def _fast_bwd_plan(entry, dout, q, k, v, out, cu_q, slopes):
@@ -749,13 +742,8 @@ class VarlenFastFn(torch.autograd.Function):
     def forward(ctx, q, k, v, cu_q, cu_k, slopes, args):
         entry, rng, with_lse = args
         out, lse = _fast_forward(entry, q, k, v, cu_q, cu_k, slopes, rng)
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, slopes)
-        ctx.state = (entry, rng)
-        if not with_lse:
-            return out
-        ctx.mark_non_differentiable(lse)
-        return out, lse
+        return fast_outputs(ctx, out, lse, with_lse, (q, k, v, out, lse, cu_q, cu_k, slopes),
+                            (entry, rng))
 
     @staticmethod
     def backward(ctx, dout, dlse=None):
@@ -768,21 +756,12 @@ class VarlenFastFn(torch.autograd.Function):
         if hit is None:
             hit = entry.bwd[key] = _fast_bwd_plan(entry, dout, q, k, v, out, cu_q, slopes) or False
         if hit and not torch.is_grad_enabled():  # (create_graph: the ops' route, as before)
-            copy, plan = hit
-            if copy:
-                dout = dout.clone(memory_format=torch.contiguous_format)
-            if not dout.data_ptr() & 15:
-                kv = entry.kv_shape
-                dq, dk, dv = q.new_empty(*entry.out_shape), k.new_empty(*kv), v.new_empty(*kv)
-                ws = q.new_empty(max(plan.workspace_bytes, 1), dtype=torch.uint8)
-                if api.POISON_OUTPUTS:
-                    for x in (dq, dk, dv):
-                        x.fill_(math.nan)
-                _fast_launch(entry, plan, (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                           out.data_ptr(), lse.data_ptr(), dq.data_ptr(),
-                                           dk.data_ptr(), dv.data_ptr()), ws.data_ptr(), cu_q, cu_k,
-                             slopes, rng)
-                return dq, dk, dv, None, None, None, None
+            grads = cached_backward(hit, max(hit[1].workspace_bytes, 1), dout, q, k, v, out, lse,
+                                    entry.out_shape, entry.kv_shape,
+                                    lambda plan, ptrs, ws: _fast_launch(entry, plan, ptrs, ws, cu_q,
+                                                                        cu_k, slopes, rng))
+            if grads is not None:
+                return (*grads, None, None, None, None)
         if entry.features:
             dq, dk, dv = torch.ops.cuflash.varlen_bwd_features(
                 dout, q, k, v, out, lse, cu_q, cu_k, entry.max_q, entry.max_k, entry.scale,
@@ -808,15 +787,8 @@ def fast_attention(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, 
     (lse None when not with_lse and autograd runs), or None: not a call this path runs (the
     caller takes the validating route). Arguments as flash_attn_varlen_func's (no block_table,
     dropout_seed None, no S_dmask wanted with dropout)."""
-    if torch.compiler.is_compiling():
-        return None
-    if softmax_scale is not None and softmax_scale.__class__ is not float:
-        return None
-    if window_size.__class__ is not tuple or len(window_size) != 2 \
-            or window_size[0].__class__ is not int or window_size[1].__class__ is not int:
-        return None  # (a bool or a float keys equal to an int: validated every call)
-    if softcap.__class__ not in _NUMBER or dropout_p.__class__ not in _NUMBER \
-            or max_q.__class__ not in _INT or max_k.__class__ not in _INT:
+    if not keyable(softmax_scale, window_size, softcap, dropout_p) \
+            or max_q.__class__ is not int or max_k.__class__ is not int:
         return None
     try:
         skey = None if slopes is None else (slopes.__class__, slopes.shape, slopes.stride(),

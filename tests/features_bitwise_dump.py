@@ -45,18 +45,19 @@ def digest(x) -> str:
     return hashlib.sha256(t.cpu().numpy().tobytes()).hexdigest()[:16]
 
 
-def run_case(name, kw, shape_i):
+def make_inputs(kw, shape_i):
+    """(q, k, v, dout, cu, kw) of a case at SHAPES[shape_i] (varlen: LENS[shape_i]): CUDA bf16
+    tensors requiring grad, drawn on the CPU from a fixed seed; cu the int32 offsets (varlen, else
+    None); kw the call's keywords, alibi_slopes made for "alibi" ("heads": (nheads,), "batch":
+    (batch, nheads)), "manual_seed" kept (call_once applies it)."""
     import torch
-
-    import cuflash
 
     kw = dict(kw)
     b, sq, sk, h, hkv, d = SHAPES[shape_i]
     g = torch.Generator().manual_seed(1000 + shape_i)
-    varlen = kw.pop("varlen", False)
     alibi = kw.pop("alibi", None)
-    manual = kw.pop("manual_seed", None)
-    if varlen:
+    cu = None
+    if kw.pop("varlen", False):
         lens = LENS[shape_i]
         cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32,
                           device="cuda")
@@ -72,22 +73,38 @@ def run_case(name, kw, shape_i):
         kw["alibi_slopes"] = torch.rand(h, generator=g).to("cuda") * 0.3
     elif alibi == "batch":
         kw["alibi_slopes"] = torch.rand(b, h, generator=g).to("cuda") * 0.3
-    with_lse = "dropout_p" not in kw  # (dropout's S_dmask is a host-side computation: skipped)
-    res = []
-    for _ in range(2):
-        if manual is not None:
-            torch.manual_seed(manual)
-        if varlen:
-            m = max(LENS[shape_i])
-            r = cuflash.flash_attn_varlen_func(q, k, v, cu, cu, m, m, deterministic=True,
-                                               return_attn_probs=with_lse, **kw)
-        else:
-            r = cuflash.flash_attn_func(q, k, v, deterministic=True, return_attn_probs=with_lse, **kw)
-        out, lse = (r[0], r[1]) if with_lse else (r, None)
-        dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
-        res.append({n: digest(x) for n, x in (("out", out), ("lse", lse), ("dq", dq), ("dk", dk),
-                                                 ("dv", dv)) if x is not None})
-    return res
+    return q, k, v, dout, cu, kw
+
+
+def call_once(q, k, v, dout, cu, kw, shape_i) -> dict:
+    """{name: tensor} of one call with deterministic=True: out, lse (not with dropout: S_dmask is
+    a host-side computation), and torch autograd's dq, dk, dv for dout."""
+    import torch
+
+    import cuflash
+
+    kw = dict(kw)
+    manual = kw.pop("manual_seed", None)
+    with_lse = "dropout_p" not in kw
+    if manual is not None:
+        torch.manual_seed(manual)
+    if cu is not None:
+        m = max(LENS[shape_i])
+        r = cuflash.flash_attn_varlen_func(q, k, v, cu, cu, m, m, deterministic=True,
+                                           return_attn_probs=with_lse, **kw)
+    else:
+        r = cuflash.flash_attn_func(q, k, v, deterministic=True, return_attn_probs=with_lse, **kw)
+    out, lse = (r[0], r[1]) if with_lse else (r, None)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    return {n: x for n, x in (("out", out), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))
+            if x is not None}
+
+
+def run_case(name, kw, shape_i):
+    """[digests of the first call, digests of the repeat call] of a case."""
+    q, k, v, dout, cu, kw = make_inputs(kw, shape_i)
+    return [{n: digest(x) for n, x in call_once(q, k, v, dout, cu, kw, shape_i).items()}
+            for _ in range(2)]
 
 
 def main():
