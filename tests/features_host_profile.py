@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
-import time
+import sys
 
 import torch
 
 import cuflash
 from cuflash import api, torch_ops, varlen, varlen_torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_host_profile import per_call_us  # noqa: E402  (CPU time per call)
 
 
 class FakePlan:
@@ -108,13 +112,6 @@ def calls(case: str, fwdbwd: bool):
     if not fwdbwd:
         return fns
     return {name: (lambda fn=fn: fn().backward(dout)) for name, fn in fns.items()}
-
-
-def per_call_us(fn, n: int) -> float:
-    t0 = time.process_time_ns()
-    for _ in range(n):
-        fn()
-    return (time.process_time_ns() - t0) / n / 1e3
 
 
 def main(argv=None):

@@ -258,7 +258,7 @@ def feature_host_records(cases=FEATURE_CASES, p: Problem = TINY, calls: int = 50
     rounds (as cuflash.timing.host_us_interleaved) of calls // 5 calls each, fewer for a call
     slower than round_ms / that (SDPA on nested tensors: milliseconds): us_per_call the best
     round, us_median the median. log: called with a line per pass timed."""
-    import statistics
+    from ..timing import host_us_interleaved
 
     recs = []
     for pass_ in passes:
@@ -283,20 +283,10 @@ def feature_host_records(cases=FEATURE_CASES, p: Problem = TINY, calls: int = 50
                     rec["calls"] = n * rounds
                 except Exception as exc:  # noqa: BLE001
                     rec["error"] = short(exc)
-        per = {key: [] for key in fns}
         t_pass = time.perf_counter()
-        for _ in range(rounds):
-            for key, (fn, context, n) in fns.items():
-                sync()
-                with context():
-                    t0 = time.perf_counter()
-                    for _ in range(n):
-                        fn()
-                    per[key].append((time.perf_counter() - t0) / n * 1e6)
-        if sync is not None:
-            sync()
-        for key, v in per.items():
-            by_key[key].update(us_per_call=min(v), us_median=statistics.median(v))
+        if fns:
+            for key, (best, med) in host_us_interleaved(fns, 1, rounds, sync).items():
+                by_key[key].update(us_per_call=best, us_median=med)
         if log is not None:
             log(f"  {pass_}: {len(fns)} calls timed in {time.perf_counter() - t_pass:.1f} s")
     return recs
