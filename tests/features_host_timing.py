@@ -40,9 +40,9 @@ def warm(case_pass: str) -> None:
     sync()
 
 
-def precompile(cases, eager=False) -> None:
+def precompile(cases, eager=False, host=True) -> None:
     t0 = time.time()
-    shapes = ("", ":eager") if eager else ("",)
+    shapes = ("",) * host + (":eager",) * eager
     procs = {c: subprocess.Popen([sys.executable, __file__, "--warm", c], stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
              for c in (f"{case}:{p}{e}" for case in cases for p in ("fwd", "fwdbwd") for e in shapes)}
@@ -136,27 +136,30 @@ def main():
     ap.add_argument("--eager", action="store_true",
                     help="also one eager call + synchronize per case on overhead.EAGER (8 x 2k x 16 x 128)")
     ap.add_argument("--eager-reps", type=int, default=10)
+    ap.add_argument("--no-host", action="store_true", help="skip the host µs per call on TINY")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.warm:
         return warm(args.warm)
     if args.precompile or args.precompile_only:
-        precompile(args.cases, args.eager)
+        precompile(args.cases, args.eager, not args.no_host)
         if args.precompile_only:
             return None
     import torch
 
     print(f"{args.tag} torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
-    t0 = time.time()
-    recs = overhead.feature_host_records(args.cases, calls=args.calls, rounds=args.rounds,
-                                         sdpa=not args.no_sdpa, round_ms=args.round_ms,
-                                         log=lambda line: print(line, flush=True))
-    print(f"timed in {time.time() - t0:.0f} s")
-    for r in recs:
-        if "error" in r:
-            print(f"  {r['impl']} {r['case']} {r['path']}: {r['error']}")
-    print(overhead.feature_table(recs), flush=True)
+    recs = []
+    if not args.no_host:
+        t0 = time.time()
+        recs = overhead.feature_host_records(args.cases, calls=args.calls, rounds=args.rounds,
+                                             sdpa=not args.no_sdpa, round_ms=args.round_ms,
+                                             log=lambda line: print(line, flush=True))
+        print(f"timed in {time.time() - t0:.0f} s")
+        for r in recs:
+            if "error" in r:
+                print(f"  {r['impl']} {r['case']} {r['path']}: {r['error']}")
+        print(overhead.feature_table(recs), flush=True)
     extra = {}
     if args.eager:
         t0 = time.time()
