@@ -14,6 +14,7 @@ cu_seqlens, a device-to-host copy, are skipped while capturing or compiling).
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import torch
@@ -624,7 +625,7 @@ class _VarlenEntry:
     varlen plans. bwd: (dout strides, dout dtype) -> (copy dout first?, backward plan)."""
     __slots__ = ("features", "plan", "out_shape", "lse_shape", "kv_shape", "totals", "nseq",
                  "max_q", "max_k", "scale", "causal", "window", "softcap", "dropout_p",
-                 "deterministic", "bwd", "batched")
+                 "deterministic", "bwd", "batched", "host", "lock")
 
     def __init__(self, features, plan, q, k, nseq, max_q, max_k, scale, feats, deterministic,
                  batched):
@@ -638,6 +639,10 @@ class _VarlenEntry:
         self.softcap, self.dropout_p = float(feats.softcap), float(feats.dropout_p)
         self.deterministic, self.batched = bool(deterministic), batched
         self.bwd = {}
+        # pinned int32 buffers cu_seqlens_q / _k are read back into (_check_values)
+        self.host = tuple(torch.empty(nseq + 1, dtype=torch.int32, pin_memory=True)
+                          for _ in range(2)) if q.is_cuda else None
+        self.lock = threading.Lock()
 
 
 def _ready_in_place(x) -> bool:
@@ -687,15 +692,32 @@ def _fast_entry(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, cau
 
 def _check_values(cu_q, cu_k, entry) -> None:
     """A repeat call's cu_seqlens values, checked as the validating route checks them (where it
-    reads them back): one read when cu_seqlens_k is cu_seqlens_q."""
+    reads them back; the same errors): one read when cu_seqlens_k is cu_seqlens_q, into the
+    entry's pinned host buffers (no allocation, an asynchronous copy and a stream synchronize:
+    what .cpu() does besides)."""
     if api._values_unreadable(cu_q, "torch"):
         return
-    vq = api._host_ints(cu_q, "torch").astype(np.int64)
-    vk = vq if cu_k is cu_q else api._host_ints(cu_k, "torch").astype(np.int64)
-    api.check_cu_values("cu_seqlens_q", vq, entry.totals[0])
-    api.check_cu_values("cu_seqlens_k", vk, entry.totals[1])
-    api.check_max_seqlen("max_seqlen_q", entry.max_q, vq)
-    api.check_max_seqlen("max_seqlen_k", entry.max_k, vk)
+    if entry.host is None:  # (no pinned memory: not CUDA tensors, e.g. a test's fake GPU)
+        vq = api._host_ints(cu_q, "torch")
+        vk = vq if cu_k is cu_q else api._host_ints(cu_k, "torch")
+    else:
+        with entry.lock:
+            hq, hk = entry.host
+            hq.copy_(cu_q, non_blocking=True)
+            if cu_k is not cu_q:
+                hk.copy_(cu_k, non_blocking=True)
+            torch.cuda.current_stream(cu_q.device).synchronize()
+            vq = hq.numpy().copy()
+            vk = vq if cu_k is cu_q else hk.numpy().copy()
+    dq = np.diff(vq)
+    dk = dq if vk is vq else np.diff(vk)
+    (tq, tk), n = entry.totals, len(vq) - 1
+    if not (vq[0] == 0 and vq[-1] == tq and vk[0] == 0 and vk[-1] == tk and (n == 0 or (
+            dq.min() >= 0 and dk.min() >= 0 and dq.max() <= entry.max_q and dk.max() <= entry.max_k))):
+        api.check_cu_values("cu_seqlens_q", vq.astype(np.int64), tq)   # raise naming it
+        api.check_cu_values("cu_seqlens_k", vk.astype(np.int64), tk)
+        api.check_max_seqlen("max_seqlen_q", entry.max_q, vq.astype(np.int64))
+        api.check_max_seqlen("max_seqlen_k", entry.max_k, vk.astype(np.int64))
 
 
 def _fast_launch(entry, plan, ptrs, ws_ptr, cu_q, cu_k, slopes, rng):

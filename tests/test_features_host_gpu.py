@@ -74,3 +74,23 @@ def test_sum_backward_and_unused_lse(monkeypatch):
         m.setattr(torch_ops, "features_attention", lambda *a: None)
         slow = run()
     assert all(torch.equal(a, b) for a, b in zip(fast, slow))
+
+
+def test_varlen_repeat_calls_still_check_cu_seqlens():
+    """A cached varlen call shape reads cu_seqlens back into its pinned buffers and checks them as
+    the validating route does: new values of the same shape that are wrong raise naming the argument."""
+    q, k, v, dout, cu, kw = dump.make_inputs(dict(causal=True, varlen=True, softcap=5.0), SHAPE)
+    m = max(dump.LENS[SHAPE])
+    cuflash.flash_attn_varlen_func(q, k, v, cu, cu, m, m, **kw)
+    cuflash.flash_attn_varlen_func(q, k, v, cu, cu.clone(), m, m, **kw)   # two reads, valid
+    bad = cu.clone()
+    bad[-1] += 1
+    with pytest.raises(ValueError, match="^cu_seqlens_q: must start at 0"):
+        cuflash.flash_attn_varlen_func(q, k, v, bad, cu, m, m, **kw)
+    with pytest.raises(ValueError, match="^cu_seqlens_k: must start at 0"):
+        cuflash.flash_attn_varlen_func(q, k, v, cu, bad, m, m, **kw)
+    longer = cu.clone()
+    longer[1] += 1                       # sequence 0: m + 1 tokens
+    with pytest.raises(ValueError, match=f"^max_seqlen_q={m} is less than the longest"):
+        cuflash.flash_attn_varlen_func(q, k, v, longer, longer, m, m, **kw)
+    assert len([e for e in varlen_torch._fast_plans.values() if e]) >= 1
