@@ -163,12 +163,15 @@ def main():
     extra = {}
     if args.eager:
         t0 = time.time()
-        eager = overhead.feature_eager_records(args.cases, overhead.EAGER, args.eager_reps,
-                                               sdpa=not args.no_sdpa)
+        eager = []
+        for case in args.cases:   # case by case, each record printed (a timeout keeps what was done)
+            for r in overhead.feature_eager_records([case], overhead.EAGER, args.eager_reps,
+                                                    sdpa=not args.no_sdpa):
+                eager.append(r)
+                print(f"  {r['path']} {r['case']} {r['impl']}: "
+                      + (r["error"] if "error" in r else f"{r['wall_ms']:.3f} ms one call, "
+                         f"{r['kernel_ms']:.3f} ms back to back"), flush=True)
         print(f"eager calls timed in {time.time() - t0:.0f} s")
-        for r in eager:
-            if "error" in r:
-                print(f"  {r['impl']} {r['case']} {r['path']}: {r['error']}")
         print(overhead.feature_eager_table(eager), flush=True)
         recs += eager
     if args.varlen_check:
