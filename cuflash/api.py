@@ -494,6 +494,14 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[flo
                          v_descale)
     windowed = _windowed(window_size)
     if dropout_p or softcap or alibi_slopes is not None or windowed:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(q, torch.Tensor) and dropout_seed is None \
+                and not (dropout_p and return_attn_probs):  # the cached call shapes' route
+            res = (_torch_ops or _load_torch_ops()).features_attention(
+                q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                deterministic, config, bwd_config, return_attn_probs)
+            if res is not None:
+                return (*res, _no_probs(q)) if return_attn_probs else res[0]
         return _features_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                               alibi_slopes, deterministic, return_attn_probs, config, bwd_config,
                               dropout_seed)
@@ -895,7 +903,12 @@ def check_cu_seqlens(name: str, cu, tq: _Tensor, total: int, nseq: Optional[int]
         raise ValueError(f"{name}: must be on q's device {tq.device}, got {cu.device}")
     if _values_unreadable(cu, kind):
         return None  # torch.compile tracing or CUDA-graph capture: no device-to-host read
-    values = _host_ints(cu, kind).astype(np.int64)
+    return check_cu_values(name, _host_ints(cu, kind).astype(np.int64), total)
+
+
+def check_cu_values(name: str, values: np.ndarray, total: Optional[int]) -> np.ndarray:
+    """cu_seqlens' values read back (host int64): 0 first, non-decreasing, ``total`` last (None:
+    a paged cache's cu_seqlens_k, whose differences are the lengths), else an error naming it."""
     if total is None:  # a paged cache's cu_seqlens_k: the differences are the lengths
         if values[0] != 0 or (np.diff(values) < 0).any():
             raise ValueError(f"{name}: must start at 0 and never decrease, got {values.tolist()}")
@@ -996,28 +1009,27 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                              return_attn_probs, block_table, deterministic, dropout_seed)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _check_varlen_tensor(name, x)
-    tq, tk, tv, scale, problem = check_qkv(q[None], k[None], v[None], softmax_scale, causal)
-    if _is_torch_cpu(tq) and sys.modules["torch"].compiler.is_compiling():
+    if dropout_seed is None and not (dropout_p and return_attn_probs):
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(q, torch.Tensor):  # the cached call shapes' route
+            from . import varlen_torch
+
+            res = varlen_torch.fast_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                              max_seqlen_k, dropout_p, softmax_scale, causal,
+                                              window_size, softcap, alibi_slopes, deterministic,
+                                              return_attn_probs)
+            if res is not None:
+                return (*res, _no_probs(q)) if return_attn_probs else res[0]
+    checked = varlen_checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    if checked is None:  # torch CPU tensors while torch.compile traces
         # the float64 reference reads cu_seqlens on the host: torch.compile runs it eagerly
         return sys.modules["torch"].compiler.disable(flash_attn_varlen_func)(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
             softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
             return_attn_probs, dropout_seed=dropout_seed)
-    _, total_q, nheads, _ = tq.shape
-    total_k = tk.shape[1]
-    cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq, total_q)
-    nseq = int(cu_seqlens_q.shape[0]) - 1
-    cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, tq, total_k, nseq)
-    max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q)
-    max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k)
-    feats = check_features(tq, dropout_p, window_size, softcap, alibi_slopes, causal, nseq, nheads)
-    feats.features = tuple(sorted(feats.features + ("varlen",)))
-    problem = problem.replace(batch=nseq, seqlen_q=max_q, seqlen_k=max_k, causal=feats.causal,
-                              features=feats.features)
-    if nseq > GRID_LIMIT:
-        raise ValueError(f"cu_seqlens_q: batch ({nseq}) must be <= {GRID_LIMIT} (CUDA grid limit)")
+    tq, scale, problem, feats, cu_q, cu_k, max_q, max_k = checked
+    nseq, nheads = problem.batch, tq.shape[2]
     if dropout_seed is not None:
         check_dropout_seed(dropout_seed, q)
     if not _is_torch_cpu(tq):
@@ -1037,6 +1049,34 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         keep = _varlen_seed_mask(dropout_seed, feats.dropout_p, cu_q, cu_k, nheads, max_q, max_k)
     out, lse, mask = torch_ops.attention_reference(q, k, v, scale, feats, (cu_q, cu_k, max_q, max_k), keep)
     return (out, lse, _no_probs(q) if mask is None else mask) if return_attn_probs else out
+
+
+def varlen_checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                   softmax_scale, causal, window_size, softcap, alibi_slopes):
+    """flash_attn_varlen_func's validation (every error names its argument): (tq, scale, problem,
+    feats, cu_q, cu_k, max_q, max_k), the problem with the sequences' count and longest lengths
+    and the features ("varlen" among them), cu_q / cu_k the offsets on the host (None where they
+    are not read back); None for torch CPU tensors while torch.compile traces (checked no
+    further: the caller runs the call eagerly)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_varlen_tensor(name, x)
+    tq, tk, tv, scale, problem = check_qkv(q[None], k[None], v[None], softmax_scale, causal)
+    if _is_torch_cpu(tq) and sys.modules["torch"].compiler.is_compiling():
+        return None
+    _, total_q, nheads, _ = tq.shape
+    total_k = tk.shape[1]
+    cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq, total_q)
+    nseq = int(cu_seqlens_q.shape[0]) - 1
+    cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, tq, total_k, nseq)
+    max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q)
+    max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k)
+    feats = check_features(tq, dropout_p, window_size, softcap, alibi_slopes, causal, nseq, nheads)
+    feats.features = tuple(sorted(feats.features + ("varlen",)))
+    problem = problem.replace(batch=nseq, seqlen_q=max_q, seqlen_k=max_k, causal=feats.causal,
+                              features=feats.features)
+    if nseq > GRID_LIMIT:
+        raise ValueError(f"cu_seqlens_q: batch ({nseq}) must be <= {GRID_LIMIT} (CUDA grid limit)")
+    return tq, scale, problem, feats, cu_q, cu_k, max_q, max_k
 
 
 def _varlen_seed_mask(dropout_seed, p: float, cu_q, cu_k, nheads: int, max_q: int, max_k: int):

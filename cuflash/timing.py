@@ -169,25 +169,27 @@ def _sample(fns: dict, reps: int, inner: int, flush, order: str = "fixed") -> di
 def host_us_interleaved(fns: dict, calls: int = 400, rounds: int = 15,
                         sync: Optional[Callable[[], None]] = None) -> dict:
     """Host microseconds per call of each of ``fns`` ({name: (fn, context)}: ``context()``
-    gives a context manager entered around each of its timings): in ``rounds`` rounds, each round timing ``calls``
+    gives a context manager entered around each of its timings; (fn, context, n): n calls per
+    round for this fn instead of ``calls``): in ``rounds`` rounds, each round timing ``calls``
     calls of every fn in turn. A shared machine's host speed drifts by tens of percent within
     a minute, so one fn timed after another can be compared with a different machine; in
     rounds each fn meets every phase of the drift. Returns {name: (best, median)} over rounds
     (best: the least disturbed round, the figure to compare)."""
     per = {name: [] for name in fns}
-    for name, (fn, context) in fns.items():  # warm-up
+    for name, (fn, context, *n) in fns.items():  # warm-up
         with context():
-            for _ in range(max(1, calls // 4)):
+            for _ in range(max(1, (n[0] if n else calls) // 4)):
                 fn()
     for _ in range(rounds):
-        for name, (fn, context) in fns.items():
+        for name, (fn, context, *n) in fns.items():
+            n = n[0] if n else calls
             if sync is not None:
                 sync()
             with context():
                 t0 = time.perf_counter()
-                for _ in range(calls):
+                for _ in range(n):
                     fn()
-                per[name].append((time.perf_counter() - t0) / calls * 1e6)
+                per[name].append((time.perf_counter() - t0) / n * 1e6)
     if sync is not None:
         sync()
     return {name: (min(v), statistics.median(v)) for name, v in per.items()}

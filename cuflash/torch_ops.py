@@ -1232,3 +1232,285 @@ def dropout_attention_ops(q, k, v, problem, scale: float, rng=None, config=None,
         out, lse = torch.ops.cuflash.fwd_dropout(q, k, v, rng, *args[:3], args[4], slopes, left,
                                                  right, cap)
     return out, lse, rng
+
+
+# ---------------------------------------------------------------------------------------
+# the eager fast path of flash_attn_func with features (window, softcap, ALiBi, dropout)
+#
+# As the plain call's (_forward / FlashAttnFn): one tuple key of everything validation reads
+# (shapes, strides, dtypes, devices, the scale and the feature arguments as given, the slopes'
+# layout, deterministic, the configs) finds the call shape's _FeatEntry: the validated,
+# normalized features, the forward plan and, per dout layout, the backward plan. A repeat
+# call checks its pointers' alignment, allocates its outputs, writes the per-call pointers
+# (ALiBi slopes, dropout's RNG state) and launches; autograd's backward looks its plan up on
+# the entry. The first call of a shape validates through cuflash.api as before (every error
+# names the argument, before any launch); what the entry does not run (CPU tensors, empty
+# problems, padded head dims, an explicit dropout_seed, S_dmask) takes the validating route.
+
+_NUMBER = (float, int)  # exact classes a feature value is keyed by (a bool, 1.0 for 1: validated)
+
+
+class _FeatEntry:
+    """One call shape of flash_attn_func with features. kind: "features" (window / softcap /
+    ALiBi: FeatureAttnFn's kernels), "dropout" (alone or mixed: DropoutAttnFn's) or "plain"
+    (the features normalized away, e.g. a window reaching past every key: the plain call with
+    ``causal``). bwd: (dout strides, dout dtype) -> (copy dout first?, backward plan)."""
+    __slots__ = ("kind", "plan", "out_shape", "lse_shape", "scale", "causal", "window",
+                 "softcap", "problem", "deterministic", "config", "bwd_config", "bwd", "kv_shape")
+
+    def __init__(self, kind, plan=None, q_shape=(), k_shape=(), scale=None, feats=None,
+                 problem=None, deterministic=False, config=None, bwd_config=None):
+        self.kind, self.plan, self.scale, self.problem = kind, plan, scale, problem
+        self.out_shape = tuple(map(int, q_shape))
+        self.kv_shape = tuple(map(int, k_shape))
+        b, sq, h = self.out_shape[:3] if q_shape else (0, 0, 0)
+        self.lse_shape = (b, h, sq)
+        self.causal = bool(feats.causal) if feats is not None else False
+        self.window = tuple(int(w) for w in feats.window_size) if feats is not None else (-1, -1)
+        self.softcap = float(feats.softcap) if feats is not None else 0.0
+        self.deterministic, self.config, self.bwd_config = bool(deterministic), config, bwd_config
+        self.bwd = {}
+
+    def ws_bytes(self, plan) -> int:
+        """The backward's workspace bytes as the validating route allocates them."""
+        return max(plan.workspace_bytes, 1) if self.kind == "dropout" else plan.workspace_bytes
+
+
+_feat_plans: dict = {}
+compile_mod.on_change(_feat_plans.clear)
+
+
+def _feat_entry(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, slopes,
+                deterministic, config, bwd_config):
+    """First call of a feature call shape: validate as cuflash.api's _features_func does (raises
+    naming the argument), choose and build the plan; False where the fast path does not run it."""
+    tq, tk, tv, scale, problem = api.check_qkv(q, k, v, softmax_scale, causal)
+    b, sq, h, d = tq.shape
+    sk = tk.shape[1]
+    feats = api.check_features(tq, dropout_p, window_size, softcap, slopes, causal, b, h, (sq, sk))
+    if not feats.features:  # the plain call (it validates the configs itself)
+        return _FeatEntry("plain", feats=feats, scale=scale)
+    problem = api.feature_problem(problem, feats)
+    api.check_config("config", config, problem.replace(features=()))
+    api.check_config("bwd_config", bwd_config, problem.replace(op="bwd", features=()))
+    if tq.device is None:  # torch CPU: the reference
+        return False
+    dropout = "dropout" in feats.features
+    if dropout:
+        problem = problem.replace(dropout_p=feats.dropout_p, deterministic=bool(deterministic))
+        if feats.features != ("dropout",) and not api.gpu_supported(problem):
+            api.raise_unsupported(problem, feats.given)
+    elif not api.gpu_supported(problem):
+        api.raise_unsupported(problem, feats.given)
+    if b == 0 or sq == 0 or h == 0 or sk == 0 or api.padded_head_dim(d) != d:
+        return False  # empty problems and zero-padded copies: the validating route
+    if slopes is not None and not slopes.is_contiguous():
+        return False
+    if (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+        return False  # (a first call on misaligned views: the validating route copies them)
+    if dropout:
+        plan = _drop_fwd_plan(q, k, v, problem, scale, config)
+        kind = "dropout"
+    else:
+        strides = {"q": tq.strides, "k": tk.strides, "v": tv.strides, "o": api.out_strides(tq.shape)}
+        plan = api.feature_plan(problem, strides, scale, tq.device, config)
+        kind = "features"
+    return _FeatEntry(kind, plan, tq.shape, tk.shape, scale, feats, problem, deterministic, config,
+                      bwd_config)
+
+
+def cached_forward(entry, q, k, v, launch):
+    """(out, lse) of a cached call shape's forward (entry: out_shape, lse_shape, plan) on aligned
+    q, k, v: the outputs allocated, launch(plan, pointers, 0); no autograd."""
+    out = q.new_empty(*entry.out_shape)
+    lse = q.new_empty(*entry.lse_shape, dtype=torch.float32)
+    if api.POISON_OUTPUTS:
+        out.fill_(math.nan)
+        lse.fill_(math.nan)
+    launch(entry.plan, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()), 0)
+    return out, lse
+
+
+def _feat_run_forward(entry, q, k, v, slopes, rng):
+    """(out, lse) of a cached feature call shape on aligned q, k, v; no autograd."""
+    return cached_forward(entry, q, k, v, lambda plan, ptrs, ws: _feat_launch(entry, plan, ptrs, ws,
+                                                                              slopes, rng))
+
+
+def _feat_launch(entry, plan, ptrs, ws_ptr, slopes, rng):
+    """Launch a cached feature call shape's plan with its per-call fields: dropout plans through
+    Plan.run_with (the RNG state, and the slopes), as dropout_forward / dropout_backward; ALiBi
+    feature plans through Plan.run_fields, as forward_features / backward_features_impl (the
+    CuPy path shares those plans and their fields); the others through Plan.run."""
+    if entry.kind == "dropout":
+        extra = (("rng_state", rng.data_ptr()),)
+        if slopes is not None:
+            extra += (("alibi_slopes", slopes.data_ptr()),)
+        plan.run_with(ptrs, ws_ptr, _raw_stream(plan.device), extra)
+    elif slopes is not None:
+        plan.run_fields({"alibi_slopes": slopes.data_ptr()}, ptrs, ws_ptr, _raw_stream(plan.device))
+    else:
+        plan.run(ptrs, ws_ptr, _raw_stream(plan.device))
+
+
+def _feat_bwd_plan(entry, dout, q, k, v, out, lse, slopes):
+    """(copy, plan) of a cached feature call shape's backward for dout's layout (copy: run on a
+    contiguous copy of dout), validated as the validating route's backward does; None where it
+    runs no single plan (the validating route then runs, and raises where it must)."""
+    try:
+        if dout.dtype != q.dtype or dout.shape != q.shape or dout.device != q.device:
+            return None
+        copy = not dout.is_contiguous()
+        if copy:
+            dout = torch.empty(dout.shape, dtype=dout.dtype, device=dout.device)
+        if entry.kind == "dropout":
+            plan = _drop_bwd_plan(dout, q, k, v, out, entry.problem.replace(op="bwd"), entry.scale,
+                                  entry.bwd_config)
+            return copy, plan
+        tq, tk, tv, scale, problem = api.check_qkv(q, k, v, entry.scale, entry.causal, "bwd",
+                                                   entry.deterministic)
+        tdo, to = api.check_bwd_tensors(tq, dout, out, lse)
+        feats, _ = _feats(q, k, slopes, entry.causal, entry.window, entry.softcap)
+        if not feats.features:
+            return None
+        problem = api.feature_problem(problem, feats)
+        strides = {"dout": tdo.strides, "q": tq.strides, "k": tk.strides, "v": tv.strides,
+                   "o": to.strides, "dq": api.out_strides(tq.shape), "dk": api.out_strides(tk.shape),
+                   "dv": api.out_strides(tk.shape)}
+        return copy, api.feature_plan(problem, strides, scale, tq.device, entry.bwd_config)
+    except Exception:  # noqa: BLE001 - the validating route raises it again, for the caller
+        return None
+
+
+def _feat_backward(entry, dout, q, k, v, out, lse, slopes, rng):
+    """(dq, dk, dv) of a cached feature call shape (autograd's backward)."""
+    key = (dout.stride(), dout.dtype)
+    hit = entry.bwd.get(key)
+    if hit is None:
+        hit = entry.bwd[key] = _feat_bwd_plan(entry, dout, q, k, v, out, lse, slopes) or False
+    if hit:
+        grads = cached_backward(hit, entry.ws_bytes(hit[1]), dout, q, k, v, out, lse, entry.out_shape,
+                                entry.kv_shape,
+                                lambda plan, ptrs, ws: _feat_launch(entry, plan, ptrs, ws, slopes, rng))
+        if grads is not None:
+            return grads
+    if entry.kind == "dropout":
+        return dropout_backward(dout, q, k, v, out, lse, entry.problem, entry.scale, rng,
+                                entry.bwd_config, slopes)
+    return backward_features_impl(dout, q, k, v, out, lse, slopes, entry.scale, entry.causal,
+                                  entry.deterministic, entry.window, entry.softcap, entry.bwd_config)
+
+
+def cached_backward(hit, ws_bytes: int, dout, q, k, v, out, lse, q_shape, kv_shape, launch):
+    """(dq, dk, dv) of a cached call shape's backward plan ``hit`` = (copy dout first?, plan):
+    the gradients and ws_bytes of workspace allocated, launch(plan, pointers, workspace address);
+    None when dout is misaligned (q, k, v: checked by the forward; out and lse: its own)."""
+    copy, plan = hit
+    if copy:
+        dout = dout.clone(memory_format=torch.contiguous_format)
+    dp = dout.data_ptr()
+    if dp & 15:
+        return None
+    dq, dk, dv = q.new_empty(*q_shape), k.new_empty(*kv_shape), v.new_empty(*kv_shape)
+    ws = q.new_empty(ws_bytes, dtype=torch.uint8)
+    if api.POISON_OUTPUTS:
+        for x in (dq, dk, dv):
+            x.fill_(math.nan)
+    launch(plan, (dp, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                  dq.data_ptr(), dk.data_ptr(), dv.data_ptr()), ws.data_ptr())
+    return dq, dk, dv
+
+
+def fast_outputs(ctx, out, lse, with_lse: bool, saved: tuple, state: tuple):
+    """The end of a cached call shape's autograd forward: lse's gradient not materialized (nor
+    out's when unused: the backward gets None), ``saved`` saved for the backward, ``state`` kept,
+    out alone or (out, lse) with lse non-differentiable."""
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(*saved)
+    ctx.state = state
+    if not with_lse:
+        return out
+    ctx.mark_non_differentiable(lse)
+    return out, lse
+
+
+class FeatureFastFn(torch.autograd.Function):
+    """out (, lse) of a cached feature call shape (_FeatEntry) with autograd; the backward finds
+    its plan on the entry. args = (entry, rng, with_lse): rng, dropout's int64[2] state drawn for
+    this call (None without dropout), kept for the backward (it regenerates the mask); slopes:
+    the ALiBi slopes or None, an input so that an in-place change before the backward raises (no
+    gradient)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, slopes, args):
+        entry, rng, with_lse = args
+        out, lse = _feat_run_forward(entry, q, k, v, slopes, rng)
+        return fast_outputs(ctx, out, lse, with_lse, (q, k, v, out, lse, slopes), (entry, rng))
+
+    @staticmethod
+    def backward(ctx, dout, dlse=None):
+        q, k, v, out, lse, slopes = ctx.saved_tensors
+        entry, rng = ctx.state
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = _feat_backward(entry, dout, q, k, v, out, lse, slopes, rng)
+        if torch.is_grad_enabled():  # create_graph=True: allow first order, refuse second
+            dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, dout)
+        return dq, dk, dv, None, None
+
+
+try:  # FeatureFastFn.apply without its Python wrapper, as _fn_apply (eager, no functorch)
+    _feat_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, FeatureFastFn)
+except (AttributeError, KeyError):  # pragma: no cover - another torch: the public route
+    _feat_apply = None
+
+
+def keyable(softmax_scale, window_size, softcap, dropout_p) -> bool:
+    """Whether an eager call's values may key a cached call shape: not while torch.compile
+    traces; a float or None scale, a tuple of two ints, numbers of exact class float or int (a
+    bool or 30.0 for 30 hash equal to a valid value: such calls are validated every time)."""
+    return (not torch.compiler.is_compiling()
+            and (softmax_scale is None or softmax_scale.__class__ is float)
+            and window_size.__class__ is tuple and len(window_size) == 2
+            and window_size[0].__class__ is int and window_size[1].__class__ is int
+            and softcap.__class__ in _NUMBER and dropout_p.__class__ in _NUMBER)
+
+
+def features_attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                       alibi_slopes, deterministic, config, bwd_config, with_lse):
+    """(out, lse) of an eager torch call of flash_attn_func with features through its cached
+    call shape (lse None when not with_lse and autograd runs), or None: not a call this path
+    runs (the caller takes the validating route, cuflash.api._features_func). Arguments as
+    flash_attn_func's (dropout_seed None, no S_dmask wanted with dropout)."""
+    if not keyable(softmax_scale, window_size, softcap, dropout_p):
+        return None
+    try:
+        skey = None if alibi_slopes is None else (
+            alibi_slopes.__class__, alibi_slopes.shape, alibi_slopes.stride(), alibi_slopes.dtype,
+            alibi_slopes.device)
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
+               v.dtype, q.device, k.device, v.device, softmax_scale, causal, window_size, softcap,
+               dropout_p, skey, deterministic, config, bwd_config)
+        entry = _feat_plans.get(key)
+    except (AttributeError, TypeError):  # not tensors, or unhashable: the validating route
+        return None
+    if entry is None:
+        entry = _feat_plans[key] = _feat_entry(q, k, v, dropout_p, softmax_scale, causal,
+                                               window_size, softcap, alibi_slopes, deterministic,
+                                               config, bwd_config)
+    if entry is False:
+        return None
+    if entry.kind == "plain":
+        return attention(q, k, v, softmax_scale, entry.causal, deterministic, config, bwd_config,
+                         with_lse)
+    if (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+        return None  # misaligned views: the validating route reads aligned copies
+    rng = q.new_empty(2, dtype=torch.int64).random_() if entry.kind == "dropout" else None
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        args = (entry, rng, with_lse)
+        if _feat_apply is not None and not _functorch_active():
+            res = _feat_apply(_unwrap_dead(q), _unwrap_dead(k), _unwrap_dead(v), alibi_slopes, args)
+        else:
+            res = FeatureFastFn.apply(q, k, v, alibi_slopes, args)
+        return res if with_lse else (res, None)
+    return _feat_run_forward(entry, q, k, v, alibi_slopes, rng)

@@ -14,12 +14,13 @@ cu_seqlens, a device-to-host copy, are skipped while capturing or compiling).
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import torch
 
 from . import api, varlen
-from .torch_ops import _decode, _encode, _raw_stream
+from .torch_ops import _decode, _encode, _raw_stream, cached_backward, cached_forward, fast_outputs, keyable
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -592,3 +593,253 @@ def attention_paged_traced(q, k, v, cu_q, cu_k, block_table, max_q: int, max_k: 
         return VarlenPagedFn.apply(q, k, v, cu_q, cu_k, block_table, slopes, args)
     return torch.ops.cuflash.varlen_fwd_paged(q, k, v, cu_q, cu_k, block_table, *args[:4], slopes,
                                               *args[4:])
+
+
+# ---------------------------------------------------------------------------------------
+# the eager fast path of flash_attn_varlen_func (torch CUDA tensors, with or without features)
+#
+# As flash_attn_func's (cuflash.torch_ops.features_attention): one tuple key of everything
+# validation reads but cu_seqlens' values finds the call shape's _VarlenEntry (validated, the
+# forward plan, per dout layout the backward plan). A repeat call still reads cu_seqlens back
+# and checks their values where the validating route does (cuflash.api.CHECK_CU_SEQLENS, not
+# while capturing a CUDA graph): one device-to-host read when cu_seqlens_k is cu_seqlens_q.
+# The first call of a shape validates through cuflash.api.varlen_checked; what the entry does
+# not run (empty problems, padded head dims, copies to make, an explicit dropout_seed, S_dmask
+# with dropout) takes the validating route.
+
+_fast_plans: dict = {}
+
+
+def _on_change_fast():
+    from . import compile as compile_mod
+
+    compile_mod.on_change(_fast_plans.clear)
+
+
+_on_change_fast()
+
+
+class _VarlenEntry:
+    """One call shape of flash_attn_varlen_func on torch CUDA tensors. features: the call has
+    window / softcap / ALiBi / dropout (cuflash.varlen.feature_plan's plans), else the plain
+    varlen plans. bwd: (dout strides, dout dtype) -> (copy dout first?, backward plan)."""
+    __slots__ = ("features", "plan", "out_shape", "lse_shape", "kv_shape", "totals", "nseq",
+                 "max_q", "max_k", "scale", "causal", "window", "softcap", "dropout_p",
+                 "deterministic", "bwd", "batched", "host", "lock")
+
+    def __init__(self, features, plan, q, k, nseq, max_q, max_k, scale, feats, deterministic,
+                 batched):
+        self.features, self.plan, self.nseq = features, plan, nseq
+        self.out_shape, self.kv_shape = tuple(map(int, q.shape)), tuple(map(int, k.shape))
+        self.lse_shape = (self.out_shape[1], self.out_shape[0])
+        self.totals = (self.out_shape[0], self.kv_shape[0])
+        self.max_q, self.max_k, self.scale = int(max_q), int(max_k), float(scale)
+        self.causal = bool(feats.causal)
+        self.window = tuple(int(w) for w in feats.window_size)
+        self.softcap, self.dropout_p = float(feats.softcap), float(feats.dropout_p)
+        self.deterministic, self.batched = bool(deterministic), batched
+        self.bwd = {}
+        # pinned int32 buffers cu_seqlens_q / _k are read back into (_check_values)
+        self.host = tuple(torch.empty(nseq + 1, dtype=torch.int32, pin_memory=True)
+                          for _ in range(2)) if q.is_cuda else None
+        self.lock = threading.Lock()
+
+
+def _ready_in_place(x) -> bool:
+    """Whether _ready returns x itself (the kernels read it in place)."""
+    return x.stride(-1) == 1 and not x.data_ptr() & 15 and all(
+        s % 8 == 0 for s, n in zip(x.stride()[:2], x.shape[:2]) if n > 1)
+
+
+def _fast_entry(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal, window_size,
+                softcap, slopes, deterministic):
+    """First call of a varlen call shape: validate (cuflash.api.varlen_checked: raises naming the
+    argument), choose and build the forward plan; False where the fast path does not run it."""
+    checked = api.varlen_checked(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale,
+                                 causal, window_size, softcap, slopes)
+    if checked is None:
+        return False
+    tq, scale, problem, feats, _, _, max_q, max_k = checked
+    if tq.device is None:  # torch CPU: the reference
+        return False
+    features = feats.features != ("varlen",)
+    if features:  # as cuflash.api._varlen_features_gpu
+        fp = api.feature_problem(problem, feats).replace(dropout_p=feats.dropout_p)
+        if not api.gpu_supported(fp):
+            api.raise_unsupported(fp, feats.given)
+    total_q, nheads, d = q.shape
+    if total_q == 0 or nheads == 0 or max_q == 0 or k.shape[0] == 0 or max_k == 0 \
+            or api.padded_head_dim(d) != d:
+        return False
+    if not (_ready_in_place(q) and _ready_in_place(k) and _ready_in_place(v)
+            and cu_q.is_contiguous() and cu_k.is_contiguous()
+            and (slopes is None or slopes.is_contiguous())):
+        return False
+    strides = {"q": _strides3(q), "k": _strides3(k), "v": _strides3(v),
+               "o": varlen.contiguous3(q.shape)}
+    batched = None if slopes is None else slopes.dim() == 2
+    if features:
+        p = _problem("fwd", q, k, cu_q, max_q, max_k, feats.causal, slopes, feats.window_size,
+                     feats.softcap, feats.dropout_p)
+        plan = varlen.feature_plan(p, (total_q, k.shape[0]), strides, float(scale), q.device.index)
+    else:
+        plan = varlen.get_plan("fwd", _DTYPES[q.dtype], cu_q.shape[0] - 1, int(max_q), int(max_k),
+                               (total_q, k.shape[0]), tuple(q.shape), tuple(k.shape), strides,
+                               float(scale), bool(feats.causal), False, q.device.index)
+    return _VarlenEntry(features, plan, q, k, cu_q.shape[0] - 1, max_q, max_k, scale, feats,
+                        deterministic, batched)
+
+
+def _check_values(cu_q, cu_k, entry) -> None:
+    """A repeat call's cu_seqlens values, checked as the validating route checks them (where it
+    reads them back; the same errors): one read when cu_seqlens_k is cu_seqlens_q, into the
+    entry's pinned host buffers (no allocation, an asynchronous copy and a stream synchronize:
+    what .cpu() does besides)."""
+    if api._values_unreadable(cu_q, "torch"):
+        return
+    if entry.host is None:  # (no pinned memory: not CUDA tensors, e.g. a test's fake GPU)
+        vq = api._host_ints(cu_q, "torch")
+        vk = vq if cu_k is cu_q else api._host_ints(cu_k, "torch")
+    else:
+        with entry.lock:
+            hq, hk = entry.host
+            hq.copy_(cu_q, non_blocking=True)
+            if cu_k is not cu_q:
+                hk.copy_(cu_k, non_blocking=True)
+            torch.cuda.current_stream(cu_q.device).synchronize()
+            vq = hq.numpy().copy()
+            vk = vq if cu_k is cu_q else hk.numpy().copy()
+    dq = np.diff(vq)
+    dk = dq if vk is vq else np.diff(vk)
+    (tq, tk), n = entry.totals, len(vq) - 1
+    if not (vq[0] == 0 and vq[-1] == tq and vk[0] == 0 and vk[-1] == tk and (n == 0 or (
+            dq.min() >= 0 and dk.min() >= 0 and dq.max() <= entry.max_q and dk.max() <= entry.max_k))):
+        api.check_cu_values("cu_seqlens_q", vq.astype(np.int64), tq)   # raise naming it
+        api.check_cu_values("cu_seqlens_k", vk.astype(np.int64), tk)
+        api.check_max_seqlen("max_seqlen_q", entry.max_q, vq.astype(np.int64))
+        api.check_max_seqlen("max_seqlen_k", entry.max_k, vk.astype(np.int64))
+
+
+def _fast_launch(entry, plan, ptrs, ws_ptr, cu_q, cu_k, slopes, rng):
+    stream = _raw_stream(plan.device)
+    if entry.features:
+        varlen.run_features(plan, ptrs, ws_ptr, stream, cu_q.data_ptr(), cu_k.data_ptr(),
+                            _ptr(slopes), _ptr(rng) if entry.dropout_p else 0)
+    else:
+        plan.run_varlen(ptrs, ws_ptr, stream, cu_q.data_ptr(), cu_k.data_ptr())
+
+
+def _fast_forward(entry, q, k, v, cu_q, cu_k, slopes, rng):
+    """(out, lse) of a cached varlen call shape on aligned q, k, v; no autograd."""
+    return cached_forward(entry, q, k, v, lambda plan, ptrs, ws: _fast_launch(
+        entry, plan, ptrs, ws, cu_q, cu_k, slopes, rng))
+
+
+def _fast_bwd_plan(entry, dout, q, k, v, out, cu_q, slopes):
+    """(copy, plan) of a cached varlen call shape's backward for dout's layout, as backward() /
+    backward_features() make it; None where dout is not q's kind of tensor (the op route then)."""
+    if dout.dtype != q.dtype or dout.shape != q.shape or dout.device != q.device:
+        return None
+    copy = not dout.is_contiguous()
+    strides = {"dout": varlen.contiguous3(q.shape) if copy else _strides3(dout), "q": _strides3(q),
+               "k": _strides3(k), "v": _strides3(v), "o": _strides3(out),
+               "dq": varlen.contiguous3(q.shape), "dk": varlen.contiguous3(k.shape),
+               "dv": varlen.contiguous3(k.shape)}
+    if entry.features:
+        p = _problem("bwd", q, k, cu_q, entry.max_q, entry.max_k, entry.causal, slopes,
+                     entry.window, entry.softcap, entry.dropout_p, entry.deterministic)
+        return copy, varlen.feature_plan(p, entry.totals, strides, entry.scale, q.device.index)
+    return copy, varlen.get_plan("bwd", _DTYPES[q.dtype], entry.nseq, entry.max_q, entry.max_k,
+                                 entry.totals, entry.out_shape, entry.kv_shape, strides,
+                                 entry.scale, entry.causal, entry.deterministic, q.device.index)
+
+
+class VarlenFastFn(torch.autograd.Function):
+    """out (, lse) of a cached varlen call shape (_VarlenEntry) with autograd; the backward finds
+    its plan on the entry. args = (entry, rng, with_lse): rng, dropout's int64[2] state of this
+    call or None; cu_seqlens and the ALiBi slopes are inputs (saved: an in-place change before
+    the backward raises; no gradient)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, slopes, args):
+        entry, rng, with_lse = args
+        out, lse = _fast_forward(entry, q, k, v, cu_q, cu_k, slopes, rng)
+        return fast_outputs(ctx, out, lse, with_lse, (q, k, v, out, lse, cu_q, cu_k, slopes),
+                            (entry, rng))
+
+    @staticmethod
+    def backward(ctx, dout, dlse=None):
+        q, k, v, out, lse, cu_q, cu_k, slopes = ctx.saved_tensors
+        entry, rng = ctx.state
+        if dout is None:
+            dout = torch.zeros_like(out)
+        key = (dout.stride(), dout.dtype)
+        hit = entry.bwd.get(key)
+        if hit is None:
+            hit = entry.bwd[key] = _fast_bwd_plan(entry, dout, q, k, v, out, cu_q, slopes) or False
+        if hit and not torch.is_grad_enabled():  # (create_graph: the ops' route, as before)
+            grads = cached_backward(hit, max(hit[1].workspace_bytes, 1), dout, q, k, v, out, lse,
+                                    entry.out_shape, entry.kv_shape,
+                                    lambda plan, ptrs, ws: _fast_launch(entry, plan, ptrs, ws, cu_q,
+                                                                        cu_k, slopes, rng))
+            if grads is not None:
+                return (*grads, None, None, None, None)
+        if entry.features:
+            dq, dk, dv = torch.ops.cuflash.varlen_bwd_features(
+                dout, q, k, v, out, lse, cu_q, cu_k, entry.max_q, entry.max_k, entry.scale,
+                entry.causal, entry.deterministic, slopes, entry.window[0], entry.window[1],
+                entry.softcap, entry.dropout_p, rng, "")
+        else:
+            dq, dk, dv = torch.ops.cuflash.varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, entry.max_q,
+                                                      entry.max_k, entry.scale, entry.causal,
+                                                      entry.deterministic, "")
+        return dq, dk, dv, None, None, None, None
+
+
+try:  # VarlenFastFn.apply without its Python wrapper (as cuflash.torch_ops._fn_apply)
+    _fast_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, VarlenFastFn)
+    from .torch_ops import _functorch_active, _unwrap_dead
+except (AttributeError, KeyError, ImportError):  # pragma: no cover - another torch: the public route
+    _fast_apply = None
+
+
+def fast_attention(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal,
+                   window_size, softcap, slopes, deterministic, with_lse):
+    """(out, lse) of an eager torch call of flash_attn_varlen_func through its cached call shape
+    (lse None when not with_lse and autograd runs), or None: not a call this path runs (the
+    caller takes the validating route). Arguments as flash_attn_varlen_func's (no block_table,
+    dropout_seed None, no S_dmask wanted with dropout)."""
+    if not keyable(softmax_scale, window_size, softcap, dropout_p) \
+            or max_q.__class__ is not int or max_k.__class__ is not int:
+        return None
+    try:
+        skey = None if slopes is None else (slopes.__class__, slopes.shape, slopes.stride(),
+                                            slopes.dtype, slopes.device)
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
+               v.dtype, q.device, k.device, v.device, cu_q.__class__, cu_q.shape, cu_q.stride(),
+               cu_q.dtype, cu_q.device, cu_k.__class__, cu_k.shape, cu_k.stride(), cu_k.dtype,
+               cu_k.device, max_q, max_k, softmax_scale, causal, window_size, softcap, dropout_p,
+               skey, deterministic)
+        entry = _fast_plans.get(key)
+    except (AttributeError, TypeError):  # not tensors, or unhashable: the validating route
+        return None
+    if entry is None:
+        entry = _fast_plans[key] = _fast_entry(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p,
+                                               softmax_scale, causal, window_size, softcap, slopes,
+                                               deterministic)
+    elif entry is not False:
+        _check_values(cu_q, cu_k, entry)
+    if entry is False:
+        return None
+    if (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+        return None  # misaligned views (strides: keyed): the validating route reads aligned copies
+    rng = q.new_empty(2, dtype=torch.int64).random_() if entry.dropout_p else None
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        args = (entry, rng, with_lse)
+        if _fast_apply is not None and not _functorch_active():
+            res = _fast_apply(_unwrap_dead(q), _unwrap_dead(k), _unwrap_dead(v), cu_q, cu_k, slopes,
+                              args)
+        else:
+            res = VarlenFastFn.apply(q, k, v, cu_q, cu_k, slopes, args)
+        return res if with_lse else (res, None)
+    return _fast_forward(entry, q, k, v, cu_q, cu_k, slopes, rng)

@@ -55,6 +55,31 @@ def test_overhead_record_shapes_without_gpu():
     assert overhead.TINY.causal and overhead.EAGER.causal
 
 
+def test_overhead_feature_rows_without_gpu():
+    """The feature calls' rows (issue 12): every case beside SDPA's nearest calls; without CUDA each
+    record says why; the tables from records."""
+    recs = overhead.feature_host_records(calls=5, rounds=1)
+    cases = [(r["path"], r["case"], r["impl"]) for r in recs]
+    assert ("feature_fwd", "window", "cuflash") in cases and ("feature_fwdbwd", "varlen",
+                                                                 "sdpa_flash+nested") in cases
+    assert len(cases) == 2 * sum(1 + len(overhead.FEATURE_SDPA[c]) for c in overhead.FEATURE_CASES)
+    assert all("us_median" in r or r["error"] for r in recs)
+    assert overhead.feature_window(overhead.TINY) == (64, 0)
+    assert overhead.feature_window(overhead.EAGER) == (1024, 0)
+    assert overhead.varlen_lens(overhead.TINY) == (60, 28, 40)
+    assert sum(overhead.varlen_lens(overhead.EAGER)) == 8 * 2048
+    rec = overhead.eager_record("cuflash", "feature_eager_fwdbwd", case="window", reps=1)
+    assert rec["case"] == "window" and rec["causal"] and (rec.get("error") or "tflops" not in rec)
+    fake = [dict(path="feature_fwd", case=c, impl=i, us_median=u)
+            for c, i, u in (("causal", "cuflash", 20.0), ("window", "cuflash", 25.0),
+                            ("window", "sdpa_efficient+mask", 30.0))]
+    lines = overhead.feature_table(fake).splitlines()
+    assert lines[3] == "| fwd | window | 25.0 | 1.25 | efficient+mask 30.0 |"
+    fake = [dict(path="feature_eager_fwdbwd", case=c, impl=i, wall_ms=m)
+            for c, i, m in (("causal", "cuflash", 2.0), ("softcap", "cuflash", 2.2))]
+    assert overhead.feature_eager_table(fake).splitlines()[3] == "| fwdbwd | softcap | 2.200 | 1.10 | - |"
+
+
 # ---------------------------------------------------------------------------------------
 # startup
 
