@@ -402,6 +402,12 @@ def regs_options(cfg, problem: Problem):
     return cfg
 
 
+# regs_cluster (decode_splitkv_regs_cluster, kCluster): the splits of one (batch, KV head, row block)
+# as one thread-block cluster of that many CTAs (the split count), merged through distributed shared
+# memory (no fused combine, no combine launch). 16 is a non-portable cluster size (the kernel's
+# CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED is set when it loads: kernel_attributes).
+REGS_CLUSTER_VALUES = (0, 2, 4, 8, 16)
+CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 REGS_SPACE = (0,)
 REGS_HEAD_DIMS = (64, 128)
 REGS_THREAD_REGISTERS = 256   # ptxas: 236 at 8 warps x 16 keys, d 128 (nvcc 13.0, sm_90a); the residency model's
@@ -503,6 +509,7 @@ class DecodeConfig(KernelConfig):
     regs_ahead_l1: bool = False
     regs_order: int = 0
     regs_prefetch_blocks: int = 1
+    regs_cluster: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -533,7 +540,8 @@ class DecodeConfig(KernelConfig):
                  + (f"_rg{self.regs}" if self.regs else "") + ("_rpf" if self.regs_prefetch else "")
                  + (f"_ra{self.regs_ahead}" if self.regs_ahead else "") + ("l1" if self.regs_ahead_l1 else "")
                  + (f"_ro{self.regs_order}" if self.regs_order else "")
-                 + (f"_pb{self.regs_prefetch_blocks}" if self.regs_prefetch_blocks != 1 else ""))
+                 + (f"_pb{self.regs_prefetch_blocks}" if self.regs_prefetch_blocks != 1 else "")
+                 + (f"_cl{self.regs_cluster}" if self.regs_cluster else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -542,7 +550,9 @@ class DecodeConfig(KernelConfig):
         """Q tile plus `stages` (K, V) blocks, rows padded by 8 elements (tma: plus the ring's
         full and empty mbarriers, 8 bytes each; bulk: one mbarrier per slot)."""
         if self.regs:   # the warps' merge (kMergePitch = head_dim + 4 words, m, l) and the merge flag
-            return self.warps * self.rows * (self.head_dim + 6) * 4 + 16
+            # (regs_cluster: plus the split's normalized O and LSE, which the cluster's CTAs read)
+            cluster = self.rows * (self.head_dim + 1) * 4 if self.regs_cluster else 0
+            return self.warps * self.rows * (self.head_dim + 6) * 4 + 16 + cluster
         tiles = (self.rows + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
         if self.stream:   # a Q tile per ring slot, the per-row prefix
             return tiles + (self.stages - 1) * self.rows * (self.head_dim + 8) * 2 + 4 * STREAM_SMEM_INTS
@@ -558,9 +568,11 @@ class DecodeConfig(KernelConfig):
         if self.regs:
             # the defaults (false, 0, false) of the trailing options are left out
             trailing = [flag[bool(self.regs_prefetch)], str(int(self.regs_ahead)), flag[bool(self.regs_ahead_l1)],
-                        str(int(self.regs_order)), str(int(self.regs_prefetch_blocks))]
-            if trailing[-1] == "1":   # kEarlyBlocks' default
+                        str(int(self.regs_order)), str(int(self.regs_prefetch_blocks)), str(int(self.regs_cluster))]
+            if trailing[-1] == "0":   # kCluster's default
                 trailing.pop()
+                if trailing[-1] == "1":   # kEarlyBlocks' default
+                    trailing.pop()
             while trailing and trailing[-1] in ("false", "0"):
                 trailing.pop()
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
@@ -586,7 +598,7 @@ class DecodeConfig(KernelConfig):
         if self.regs:
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
                     bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
-                    bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks))
+                    bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks), int(self.regs_cluster))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -645,6 +657,15 @@ class DecodeConfig(KernelConfig):
             out.append(f"regs_prefetch_blocks must be 1, 2 or 3, got {self.regs_prefetch_blocks}")
         elif self.regs_prefetch_blocks != 1 and not self.regs_prefetch:
             out.append("regs_prefetch_blocks: how many blocks regs_prefetch prefetches (needs regs_prefetch)")
+        if self.regs_cluster not in REGS_CLUSTER_VALUES:
+            out.append(f"regs_cluster must be one of {REGS_CLUSTER_VALUES} (0: none), got {self.regs_cluster}")
+        elif self.regs_cluster and (not self.regs or self.fused_combine or self.light_fence
+                                    or self.splits not in (0, self.regs_cluster)):
+            out.append(f"regs_cluster: the regs kernel's splits as one cluster of {self.regs_cluster} CTAs (regs; "
+                       f"splits 0 or {self.regs_cluster}; it merges them itself: no fused_combine or light_fence)")
+        elif self.regs_cluster and self.head_dim % (4 * self.regs_cluster):
+            out.append(f"regs_cluster: each CTA merges head_dim / regs_cluster columns, a multiple of 4; got "
+                       f"head_dim {self.head_dim} over {self.regs_cluster}")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -895,7 +916,7 @@ def stream_problem(config, problem: Problem) -> str:
 
 
 def _splits(config, problem: Problem, sm_count: int = 132) -> int:
-    return config.splits or num_splits_for(config, problem, sm_count)
+    return config.splits or getattr(config, "regs_cluster", 0) or num_splits_for(config, problem, sm_count)
 
 
 class DecodeSplitKV(Family):
@@ -911,7 +932,7 @@ class DecodeSplitKV(Family):
              "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE,
              "regs": REGS_SPACE,
              "regs_prefetch": (False,), "regs_ahead": (0,), "regs_ahead_l1": (False,),
-             "regs_order": (0,), "regs_prefetch_blocks": (1,)}
+             "regs_order": (0,), "regs_prefetch_blocks": (1,), "regs_cluster": (0,)}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -1058,7 +1079,7 @@ class DecodeSplitKV(Family):
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
                  "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_ahead_l1": False,
-                 "regs_order": 0, "regs_prefetch_blocks": 1, **point}
+                 "regs_order": 0, "regs_prefetch_blocks": 1, "regs_cluster": 0, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -1143,6 +1164,13 @@ class DecodeSplitKV(Family):
     def smem_roles(self, config) -> dict:
         return {"main": config.smem_bytes}
 
+    def kernel_attributes(self, config) -> dict:
+        """{role: {CUfunction_attribute: value}} set on the loaded kernels (cuflash.compile.get_kernels):
+        clusters of more than 8 CTAs (regs_cluster 16) are a non-portable size, allowed per kernel."""
+        if getattr(config, "regs_cluster", 0) > 8:
+            return {"main": {CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: 1}}
+        return {}
+
     def launches(self, config, problem: Problem, sm_count: int) -> list:
         p = problem
         splits = _splits(config, p, sm_count)
@@ -1151,15 +1179,16 @@ class DecodeSplitKV(Family):
             out.append(LaunchSpec("append", (APPEND_CTAS, p.batch), APPEND_THREADS, 0))
         grid = (splits, 1, 1) if getattr(config, "stream", False) else (splits, p.nheads_kv * row_blocks(config, p), p.batch)
         out.append(LaunchSpec("main", grid, config.threads, config.smem_bytes))
-        if splits > 1 and not config.fused_combine:
+        if splits > 1 and not config.fused_combine and not getattr(config, "regs_cluster", 0):
             rows = p.batch * p.nheads * p.seqlen_q
             out.append(LaunchSpec("combine", (-(-rows // COMBINE_ROWS),), 32 * COMBINE_ROWS, 0))
         return out
 
     def split_count(self, config, problem: Problem, sm_count: int,
                     max_smem: Optional[int] = None) -> int:
-        """The splits num_splits=0 launches (shapes only; see num_splits_for)."""
-        return num_splits_for(config, problem, sm_count, max_smem)
+        """The splits num_splits=0 launches (shapes only; see num_splits_for; regs_cluster: the
+        cluster's CTAs)."""
+        return getattr(config, "regs_cluster", 0) or num_splits_for(config, problem, sm_count, max_smem)
 
     def counters(self, config, problem: Problem) -> int:
         """int32 counters the config needs kept between calls, zeroed once when allocated (the
@@ -1186,7 +1215,7 @@ class DecodeSplitKV(Family):
         rows = p.batch * p.nheads * p.seqlen_q
         if getattr(config, "stream", False):   # 2 pieces of kRows rows per CTA, for any SM count
             splits, rows = STREAM_MAX_CTAS, 2 * config.rows
-        if splits > 1:
+        if splits > 1 and not getattr(config, "regs_cluster", 0):   # (a cluster merges in shared memory)
             out["o_partial"] = end
             end = -(-(end + splits * rows * config.head_dim * 4) // ALIGN) * ALIGN
             out["lse_partial"] = end
