@@ -389,22 +389,39 @@ REGS_BATCH1 = True
 REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_prefetch": True, "regs_prefetch_blocks": 3}))
 
 
+# Batch-1 cluster rules (sm_90, contiguous caches, one batch row): the first (max_keys, cluster)
+# entry whose max_keys covers the problem's cached keys sets regs_cluster = cluster (0: none), the
+# splits of each KV head as one cluster merged through distributed shared memory (no fused combine),
+# where the groups' CTAs (KV heads x row blocks x cluster) are at most REGS_CLUSTER_MAX_CTAS.
+REGS_CLUSTER_RULES: tuple = ()
+REGS_CLUSTER_MAX_CTAS = 128
+
+
 def regs_options(cfg, problem: Problem):
     """The heuristic's regs config ``cfg`` with REGS_AHEAD_DEFAULT, REGS_AHEAD_L1_DEFAULT and
     REGS_ORDER_DEFAULT and, for a batch-1 contiguous
-    ``problem``, the first REGS_BATCH1_RULES entry that covers its keys."""
+    ``problem``, the first REGS_BATCH1_RULES entry that covers its keys, and the first
+    REGS_CLUSTER_RULES entry that does."""
     if REGS_AHEAD_DEFAULT or REGS_AHEAD_L1_DEFAULT or REGS_ORDER_DEFAULT:
         cfg = cfg.replace(regs_ahead=REGS_AHEAD_DEFAULT, regs_ahead_l1=REGS_AHEAD_L1_DEFAULT, regs_order=REGS_ORDER_DEFAULT)
     if REGS_BATCH1 and problem.batch == 1 and "paged_kv" not in problem.features:
         for max_keys, fields in REGS_BATCH1_RULES:
             if problem.seqlen_k <= max_keys:
-                return cfg.replace(**fields)
+                cfg = cfg.replace(**fields)
+                break
+    if problem.batch == 1 and "paged_kv" not in problem.features:
+        for max_keys, cluster in REGS_CLUSTER_RULES:
+            if problem.seqlen_k <= max_keys:
+                if cluster and problem.nheads_kv * row_blocks(cfg, problem) * cluster <= REGS_CLUSTER_MAX_CTAS:
+                    cfg = cfg.replace(regs_cluster=cluster, fused_combine=False, light_fence=False, splits=0)
+                break
     return cfg
 
 
-# regs_cluster (decode_splitkv_regs_cluster, kCluster): the splits of one (batch, KV head, row block)
+# regs_cluster (decode_splitkv_regs' kCluster): the splits of one (batch, KV head, row block)
 # as one thread-block cluster of that many CTAs (the split count), merged through distributed shared
-# memory (no fused combine, no combine launch). 16 is a non-portable cluster size (the kernel's
+# memory (no fused combine, no combine launch; launched with that cluster dimension, cuflash.launch.
+# ClusterLaunch). 16 is a non-portable cluster size (the kernel's
 # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED is set when it loads: kernel_attributes).
 REGS_CLUSTER_VALUES = (0, 2, 4, 8, 16)
 CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
@@ -817,7 +834,10 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
     parallel: ceil(per_sm / c) rounds of (ceil(blocks / s) + split_cost), which fills every
     resident slot (PAGED_SPLIT_RULE_RESIDENT; with c = 1 both models agree). Contiguous caches
     take that model under SPLIT_RULE_RESIDENT_CONTIGUOUS (co-resident CTAs overlap each other's
-    prologue and epilogue with their streaming)."""
+    prologue and epilogue with their streaming). A config with ``regs_cluster`` runs that many splits
+    (the cluster's CTAs)."""
+    if getattr(config, "regs_cluster", 0):
+        return config.regs_cluster
     if getattr(config, "stream", False):   # the SMs' resident CTA slots (decode_splitkv_stream)
         resident = ctas_per_sm(config, default_max_smem((9, 0)) if max_smem is None else max_smem)
         slots = max(2, min(sm_count * resident, STREAM_MAX_CTAS))
@@ -916,7 +936,7 @@ def stream_problem(config, problem: Problem) -> str:
 
 
 def _splits(config, problem: Problem, sm_count: int = 132) -> int:
-    return config.splits or getattr(config, "regs_cluster", 0) or num_splits_for(config, problem, sm_count)
+    return config.splits or num_splits_for(config, problem, sm_count)
 
 
 class DecodeSplitKV(Family):
@@ -1128,6 +1148,8 @@ class DecodeSplitKV(Family):
                                  f"{config.head_dim}, got {problem.head_dim}")
             config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
                                     regs_prefetch_blocks=1)
+            if getattr(config, "regs_cluster", 0):
+                config = self.without_cluster(config)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
@@ -1141,7 +1163,7 @@ class DecodeSplitKV(Family):
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
                                  regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
-                                 regs_prefetch_blocks=1,
+                                 regs_prefetch_blocks=1, regs_cluster=0,
                                  m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
@@ -1164,6 +1186,13 @@ class DecodeSplitKV(Family):
     def smem_roles(self, config) -> dict:
         return {"main": config.smem_bytes}
 
+    def without_cluster(self, config):
+        """``config`` without regs_cluster, merged as the heuristic merges (the fused combine where
+        FUSED_COMBINE_DEFAULT): for a call whose split count is not the cluster's (num_splits given,
+        or no query rows)."""
+        return config.replace(regs_cluster=0, fused_combine=FUSED_COMBINE_DEFAULT,
+                              light_fence=LIGHT_FENCE_DEFAULT and FUSED_COMBINE_DEFAULT)
+
     def kernel_attributes(self, config) -> dict:
         """{role: {CUfunction_attribute: value}} set on the loaded kernels (cuflash.compile.get_kernels):
         clusters of more than 8 CTAs (regs_cluster 16) are a non-portable size, allowed per kernel."""
@@ -1178,7 +1207,7 @@ class DecodeSplitKV(Family):
         if "append" in p.features:  # first: the main kernel reads what it writes
             out.append(LaunchSpec("append", (APPEND_CTAS, p.batch), APPEND_THREADS, 0))
         grid = (splits, 1, 1) if getattr(config, "stream", False) else (splits, p.nheads_kv * row_blocks(config, p), p.batch)
-        out.append(LaunchSpec("main", grid, config.threads, config.smem_bytes))
+        out.append(LaunchSpec("main", grid, config.threads, config.smem_bytes, getattr(config, "regs_cluster", 0)))
         if splits > 1 and not config.fused_combine and not getattr(config, "regs_cluster", 0):
             rows = p.batch * p.nheads * p.seqlen_q
             out.append(LaunchSpec("combine", (-(-rows // COMBINE_ROWS),), 32 * COMBINE_ROWS, 0))
@@ -1186,9 +1215,8 @@ class DecodeSplitKV(Family):
 
     def split_count(self, config, problem: Problem, sm_count: int,
                     max_smem: Optional[int] = None) -> int:
-        """The splits num_splits=0 launches (shapes only; see num_splits_for; regs_cluster: the
-        cluster's CTAs)."""
-        return getattr(config, "regs_cluster", 0) or num_splits_for(config, problem, sm_count, max_smem)
+        """The splits num_splits=0 launches (shapes only; see num_splits_for)."""
+        return num_splits_for(config, problem, sm_count, max_smem)
 
     def counters(self, config, problem: Problem) -> int:
         """int32 counters the config needs kept between calls, zeroed once when allocated (the
