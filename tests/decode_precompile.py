@@ -14,7 +14,7 @@ their kernels on disk):
   * tests/test_decode_regs_gpu.py: the regs kernel's configs (REGS_DEFAULT 1 .. 6).
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -285,7 +285,23 @@ def regs_test_configs():
                    {"regs": 6, "regs_prefetch": True, "warps": 4}, {"regs": 6, "regs_order": 2})]
 
 
-GROUPS = {"regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
+def cluster_test_configs():
+    """tests/test_decode_regs_gpu.py's cluster tests (REGS_CLUSTER_DEFAULT 2 .. 16) and the batch-1
+    timing's cluster variants (tests/decode_b1_timing.py)."""
+    import test_decode_regs_gpu as t
+
+    out = []
+    for cl in t.CLUSTERS:
+        for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.CLUSTER_CASES + [(1, 1, [65536], 32, 8, 128, "bf16", None, {}, {})]:
+            out.append(_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page),
+                                  page or 0, REGS_DEFAULT=6, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_CLUSTER_DEFAULT=cl))
+    for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.CLUSTER_CASES[:3]:   # num_splits 3: without the cluster
+        out.append(FAM.without_cluster(_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0,
+                                                  REGS_DEFAULT=6, REGS_CLUSTER_DEFAULT=16)))
+    return out
+
+
+GROUPS = {"cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

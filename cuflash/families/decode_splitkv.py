@@ -395,6 +395,7 @@ REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_prefetch": True, "regs_
 # where the groups' CTAs (KV heads x row blocks x cluster) are at most REGS_CLUSTER_MAX_CTAS.
 REGS_CLUSTER_RULES: tuple = ()
 REGS_CLUSTER_MAX_CTAS = 128
+REGS_CLUSTER_DEFAULT = 0   # every regs call's regs_cluster (tests: any batch, paged too; 0: the rules above)
 
 
 def regs_options(cfg, problem: Problem):
@@ -409,6 +410,8 @@ def regs_options(cfg, problem: Problem):
             if problem.seqlen_k <= max_keys:
                 cfg = cfg.replace(**fields)
                 break
+    if REGS_CLUSTER_DEFAULT and cfg.head_dim % (4 * REGS_CLUSTER_DEFAULT) == 0:
+        return cfg.replace(regs_cluster=REGS_CLUSTER_DEFAULT, fused_combine=False, light_fence=False, splits=0)
     if problem.batch == 1 and "paged_kv" not in problem.features:
         for max_keys, cluster in REGS_CLUSTER_RULES:
             if problem.seqlen_k <= max_keys:
