@@ -11,6 +11,7 @@ each struct has a single definition.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import re
 import struct
@@ -166,6 +167,17 @@ def _driver_launch():
     return driver.launchKernel
 
 
+class LaunchAttribute(ctypes.Structure):
+    """cuda.h's CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union (72 bytes)."""
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_uint), ("value", ctypes.c_uint * 16)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """cuda.h's CUlaunchConfig (56 bytes on 64-bit hosts)."""
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
 class ClusterLaunch:
     """driver.launchKernel's signature for a plan with thread-block clusters: the kernels in
     ``clusters`` ({CUfunction: CTAs per cluster along x}) launch through cuLaunchKernelEx with a
@@ -177,23 +189,14 @@ class ClusterLaunch:
     _CLUSTER_DIMENSION = 4   # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
 
     def __init__(self, clusters: dict):
-        import ctypes
-
-        class Attribute(ctypes.Structure):   # CUlaunchAttribute: id, padding to 8, a 64-byte value union
-            _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_uint), ("value", ctypes.c_uint * 16)]
-
-        class Config(ctypes.Structure):      # CUlaunchConfig
-            _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
-                        ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(Attribute)), ("num_attrs", ctypes.c_uint)]
-
         import sys
 
         lib = ctypes.WinDLL("nvcuda.dll") if sys.platform == "win32" else ctypes.CDLL("libcuda.so.1")
         self._ex = lib.cuLaunchKernelEx
         self._ex.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self._ex.restype = ctypes.c_int
-        self._attr = Attribute(self._CLUSTER_DIMENSION, 0)
-        self._config = Config()
+        self._attr = LaunchAttribute(self._CLUSTER_DIMENSION, 0)
+        self._config = LaunchConfig()
         self._config.attrs, self._config.num_attrs = ctypes.pointer(self._attr), 1
         self._config_ptr = ctypes.addressof(self._config)
         self.clusters, self._plain = dict(clusters), _driver_launch()
