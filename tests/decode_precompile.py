@@ -286,8 +286,8 @@ def regs_test_configs():
 
 
 def cluster_test_configs():
-    """tests/test_decode_regs_gpu.py's cluster tests (REGS_CLUSTER_DEFAULT 2 .. 16) and the batch-1
-    timing's cluster variants (tests/decode_b1_timing.py)."""
+    """tests/test_decode_regs_gpu.py's cluster tests (REGS_CLUSTER_DEFAULT 2 .. 16) and
+    tests/decode_cluster_sanitize.py."""
     import test_decode_regs_gpu as t
 
     out = []
@@ -295,6 +295,11 @@ def cluster_test_configs():
         for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.CLUSTER_CASES + [(1, 1, [65536], 32, 8, 128, "bf16", None, {}, {})]:
             out.append(_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page),
                                   page or 0, REGS_DEFAULT=6, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_CLUSTER_DEFAULT=cl))
+    import decode_cluster_sanitize as san   # its configs
+
+    base = mod.DecodeConfig(8, 16, 3, 1, 4, 128, "bf16", False, regs=6)
+    out += [c for cl in san.CLUSTERS for c in (base.replace(regs_cluster=cl),
+                                               base.replace(head_dim=64, m_tiles=2, regs=3, regs_cluster=cl))]
     for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.CLUSTER_CASES[:3]:   # num_splits 3: without the cluster
         out.append(FAM.without_cluster(_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0,
                                                   REGS_DEFAULT=6, REGS_CLUSTER_DEFAULT=16)))
