@@ -17,12 +17,12 @@ Not a test; one process:
     python tests/decode_bench_gap.py --precompile    (compile only)
     python tests/decode_bench_gap.py --json out.json
 """
-import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_here, os.path.dirname(_here)]
@@ -169,8 +169,9 @@ def main():
                   + ", ".join(f"{p}: {u:.2f}" for p, u in s["cuflash"]["after"].items() if u), flush=True)
     print(f"done [{time.time() - t0:.0f} s]", flush=True)
     if "--json" in sys.argv:
-        with open(sys.argv[sys.argv.index("--json") + 1], "w") as fh:
-            json.dump(res, fh, indent=1, default=str)
+        from cuflash.bench.common import write_json
+
+        write_json(Path(sys.argv[sys.argv.index("--json") + 1]), res)
     return 0
 
 

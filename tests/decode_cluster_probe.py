@@ -6,9 +6,9 @@ against the plain kernel's output.
 
     python tests/decode_cluster_probe.py [--json out.json]
 """
-import json
 import os
 import sys
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -75,8 +75,9 @@ def main():
         out["calls"].append(rec)
         print(rec, flush=True)
     if "--json" in sys.argv:
-        with open(sys.argv[sys.argv.index("--json") + 1], "w") as fh:
-            json.dump(out, fh, indent=1, default=str)
+        from cuflash.bench.common import write_json
+
+        write_json(Path(sys.argv[sys.argv.index("--json") + 1]), out)
     return 0
 
 

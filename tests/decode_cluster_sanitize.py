@@ -11,11 +11,12 @@ packed rows (two row tiles) under a causal window; one batch row of capacity 819
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 import torch  # noqa: E402
 
 from cuflash.decode import kvcache_with_config  # noqa: E402
+from decode_regs_sanitize import batch3_inputs  # noqa: E402  (the regs sanitizer's batch-3 call)
 from cuflash.families.decode_splitkv import DecodeConfig  # noqa: E402
 
 CLUSTERS = (16, 8, 2)
@@ -23,12 +24,7 @@ CLUSTERS = (16, 8, 2)
 
 def main():
     base = DecodeConfig(8, 16, 3, 1, 4, 128, "bf16", False, regs=6)
-    q = torch.randn(3, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    kc, vc = (torch.randn(3, 3008, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    lens = torch.tensor([3000, 0, 17], device="cuda", dtype=torch.int32)
-    pad = torch.tensor([5, 0, 3], device="cuda", dtype=torch.int32)
-    table = torch.randperm(3 * 3008 // 16, device="cuda", dtype=torch.int32).reshape(3, -1)
-    kp, vp = (x.reshape(-1, 16, 8, 128) for x in (kc, vc))
+    q, kc, vc, lens, pad, table, kp, vp = batch3_inputs()
     q64 = torch.randn(2, 4, 8, 64, device="cuda", dtype=torch.bfloat16)
     k64, v64 = (torch.randn(2, 2000, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     lens64 = torch.tensor([1999, 77], device="cuda", dtype=torch.int32)
