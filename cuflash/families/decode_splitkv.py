@@ -492,6 +492,11 @@ class DecodeConfig(KernelConfig):
               4 L1::no_allocate, 5 L2::256B, 6 the evict-first policy. fused_combine and
               light_fence as the split kernel; no other option; head dims 64 and 128 (the call's);
               warp_n · head_dim <= 2048; ``stages`` is not used
+    regs_cluster: (regs; 0 none, 2, 4, 8 or 16) the splits of each (batch, KV head, row block) as one
+              thread-block cluster of that many CTAs (the split count): each CTA keeps its split's O and
+              LSE in shared memory and merges a slice of the head dim's columns from all of them through
+              distributed shared memory (kCluster; no fused_combine or light_fence, no combine launch,
+              no partials in global memory)
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
