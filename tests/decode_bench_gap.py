@@ -15,6 +15,7 @@ Not a test; one process:
    the default evict-first regs 6), an int cache_seqlens, the separate combine launch.
 
     python tests/decode_bench_gap.py --precompile    (compile only)
+    python tests/decode_bench_gap.py --bench 4096 8192 [--switch REGS_BATCH1=0]   (the bench's cells only)
     python tests/decode_bench_gap.py --json out.json
 """
 import os
@@ -74,18 +75,53 @@ def configs() -> list:
 
     fam = get("decode_splitkv")
     out = []
-    for page in (0, 16, 256):
-        p = Problem("decode", "bf16", 1, 1, 8192, 32, 8, 128, False, False, ("paged_kv",) if page else ())
-        cfg = fam.call_config(fam.heuristic(p, (9, 0)), p, (9, 0), page, chosen=True, heuristic=True)
-        out.append(cfg.replace(splits=0))
-    heur = out[0]
+    for switches in ({}, {"REGS_BATCH1": False}, {"REGS_PAGED_TMA_MAX_KEYS": 0}):   # --bench's processes
+        old = {k: getattr(mod, k) for k in switches}
+        for k, v in switches.items():
+            setattr(mod, k, v)
+        try:
+            for ctx in (4096, 8192):
+                for page in (0, 16, 256):
+                    p = Problem("decode", "bf16", 1, 1, ctx, 32, 8, 128, False, False, ("paged_kv",) if page else ())
+                    cfg = fam.call_config(fam.heuristic(p, (9, 0)), p, (9, 0), page, chosen=True, heuristic=True)
+                    out.append(cfg.replace(splits=0))
+        finally:
+            for k, v in old.items():
+                setattr(mod, k, v)
+    heur = [c for c in out if c.regs == 6][0]   # the evict-first default of section 2
     out += [heur.replace(regs=1), heur.replace(regs=7), heur.replace(fused_combine=False, light_fence=False)]
     if mod.REGS_CLUSTER_VALUES:
         out.append(heur.replace(regs_cluster=16, fused_combine=False, light_fence=False))
-    return out
+    return list(dict.fromkeys(out))
+
+
+def bench_only():
+    """--bench CTX ... [--switch NAME=VALUE ...]: the bench's batch-1 cells (cuflash.bench.decode.run,
+    its 5 impls on one cache, 10 rounds of 2 replays each) twice, under decode_splitkv module switches
+    set for the whole process (one load hint per process: no other hint's L2 state)."""
+    import torch
+
+    from cuflash.bench import decode as bd
+    from cuflash.families import decode_splitkv as mod
+
+    ctxs = [int(x) for x in sys.argv[sys.argv.index("--bench") + 1:] if x.isdigit()]
+    for i, arg in enumerate(sys.argv):
+        if arg == "--switch":
+            name, _, value = sys.argv[i + 1].partition("=")
+            if not hasattr(mod, name):
+                raise ValueError(f"--switch {name}: no such decode_splitkv module switch")
+            setattr(mod, name, int(value))
+    print(torch.cuda.get_device_name(0), "switches", [a for a in sys.argv if "=" in a], flush=True)
+    tmp = tempfile.mkdtemp()
+    for rep in range(2):
+        for r in bd.run(batches=(1,), ctxs=ctxs, reps=20, out=tmp, rounds=10, log=lambda s: None):
+            print(f"run {rep} 1 x {r['ctx']:6d} {r['impl']:16s} {r['us'] or 0:7.2f} us", flush=True)
+    return 0
 
 
 def main():
+    if "--bench" in sys.argv:
+        return bench_only()
     if "--precompile" in sys.argv:
         from cuflash.compile import precompile
 

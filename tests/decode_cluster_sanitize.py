@@ -33,7 +33,7 @@ def main():
     runs, names = 0, []
     for cl in CLUSTERS:
         cfg = base.replace(regs_cluster=cl)
-        cfg64 = base.replace(head_dim=64, m_tiles=2, regs=3, regs_cluster=cl)
+        cfg64 = base.replace(head_dim=64, m_tiles=2, regs=3, causal=True, regs_cluster=cl)
         names += [cfg.name, cfg64.name]
         for _ in range(2):
             kvcache_with_config(cfg, q, kc, vc, cache_seqlens=lens)

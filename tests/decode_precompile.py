@@ -260,18 +260,18 @@ def regs_test_configs():
     def cfg(case, regs):
         b, sq, lens, h, hk, d, dtype, page, extra, kw = case
         return _heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
-                          REGS_DEFAULT=regs, REGS_HEAD_DIM_DEFAULT=(64, 128))
+                          REGS_DEFAULT=regs, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_BATCH1_HINT=())
 
-    pf = [_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0, REGS_DEFAULT=1, REGS_PREFETCH_DEFAULT=True,
+    pf = [_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0, REGS_DEFAULT=1, REGS_PREFETCH_DEFAULT=True, REGS_BATCH1_HINT=(),
                      REGS_HEAD_DIM_DEFAULT=(64, 128))
           for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.PREFETCH_CASES]
     ahead = [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
-                        REGS_DEFAULT=regs, REGS_AHEAD_DEFAULT=ra, REGS_AHEAD_L1_DEFAULT=l1, REGS_ORDER_DEFAULT=ro,
+                        REGS_DEFAULT=regs, REGS_AHEAD_DEFAULT=ra, REGS_AHEAD_L1_DEFAULT=l1, REGS_ORDER_DEFAULT=ro, REGS_BATCH1_HINT=(),
                         REGS_HEAD_DIM_DEFAULT=(64, 128))
              for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.AHEAD_CASES + [(4, 1, [65536], 32, 8, 128, "bf16", pg, {}, {})
                                                                                  for pg in (None, 16)]
              for regs, ra, l1, ro in t.AHEAD_OPTIONS + [(7, 3, False, 2)]]
-    b1 = [_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0, REGS_DEFAULT=6,
+    b1 = [_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0, REGS_DEFAULT=6, REGS_BATCH1_HINT=(),
                      REGS_BATCH1_RULES=((1 << 30, dict(f)),))
           for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.BATCH1_CASES + [(1, 1, [65536], 32, 8, 128, "bf16", None, {}, {})]
           for f in t.BATCH1_OPTIONS]
@@ -294,15 +294,18 @@ def cluster_test_configs():
     for cl in t.CLUSTERS:
         for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.CLUSTER_CASES + [(1, 1, [65536], 32, 8, 128, "bf16", None, {}, {})]:
             out.append(_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page),
-                                  page or 0, REGS_DEFAULT=6, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_CLUSTER_DEFAULT=cl))
+                                  page or 0, REGS_DEFAULT=6, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_CLUSTER_DEFAULT=cl,
+                                  REGS_BATCH1_HINT=()))
     import decode_cluster_sanitize as san   # its configs
 
     base = mod.DecodeConfig(8, 16, 3, 1, 4, 128, "bf16", False, regs=6)
     out += [c for cl in san.CLUSTERS for c in (base.replace(regs_cluster=cl),
-                                               base.replace(head_dim=64, m_tiles=2, regs=3, regs_cluster=cl))]
+                                               base.replace(head_dim=64, m_tiles=2, regs=3, causal=True,
+                                                            regs_cluster=cl))]
     for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.CLUSTER_CASES[:3]:   # num_splits 3: without the cluster
         out.append(FAM.without_cluster(_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0,
-                                                  REGS_DEFAULT=6, REGS_CLUSTER_DEFAULT=16)))
+                                                  REGS_DEFAULT=6, REGS_CLUSTER_DEFAULT=16,
+                                                  REGS_BATCH1_HINT=())))
     return out
 
 

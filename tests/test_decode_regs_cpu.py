@@ -77,6 +77,7 @@ def test_heuristic_switch(monkeypatch):
     assert not FAM.heuristic(P, (9, 0)).regs
     monkeypatch.setattr(mod, "REGS_DEFAULT", 2)
     monkeypatch.setattr(mod, "REGS_HEAD_DIM_DEFAULT", (64, 128))
+    monkeypatch.setattr(mod, "REGS_BATCH1_HINT", ())   # (batch 1 at 8k keys: plain loads)
     for b, ctx, feats in ((1, 8192, ()), (8, 32768, ()), (64, 8192, ("paged_kv",)), (2, 4096, ("window", "softcap"))):
         cfg = FAM.heuristic(P.replace(batch=b, seqlen_k=ctx, features=feats), (9, 0))
         assert cfg.regs == 2 and (cfg.warps, cfg.warp_n, cfg.m_tiles) == (8, 16, 1) and cfg.light_fence, cfg.name
@@ -89,16 +90,22 @@ def test_heuristic_switch(monkeypatch):
 
 def test_batch1_rules(monkeypatch):
     """REGS_BATCH1_RULES: one contiguous batch row above 8k keys takes the early L1 prefetch of 3
-    blocks; 8k keys and less, paged caches, batch 2 and REGS_BATCH1 False keep the heuristic's."""
+    blocks; 8k keys and less, paged caches, batch 2 and REGS_BATCH1 False keep the heuristic's.
+    REGS_BATCH1_HINT: one batch row of at most 8k keys, contiguous or paged, takes plain loads."""
     cfg = FAM.heuristic(P, (9, 0))   # 1 x 32k
     assert cfg.regs == 6 and cfg.regs_prefetch and cfg.regs_prefetch_blocks == 3 and not cfg.problems(232448)
     assert cfg.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 5, true, 0, false, 0, 3>"
     for p in (P.replace(seqlen_k=8192), P.replace(batch=2), P.replace(features=("paged_kv",))):
         c = FAM.heuristic(p, (9, 0))
-        assert c.regs == 6 and not c.regs_prefetch and c.regs_prefetch_blocks == 1, (p, c.name)
+        assert not c.regs_prefetch and c.regs_prefetch_blocks == 1, (p, c.name)
+        assert c.regs == (1 if p.seqlen_k == 8192 else 6), (p, c.name)   # REGS_BATCH1_HINT: plain loads up to 8k keys
     assert FAM.heuristic(P.replace(seqlen_k=8193), (9, 0)).regs_prefetch
+    for p in (P.replace(seqlen_k=4096, features=("paged_kv",)), P.replace(seqlen_k=100)):
+        assert FAM.heuristic(p, (9, 0)).regs == 1, p
+    assert FAM.heuristic(P.replace(seqlen_k=8192, batch=2), (9, 0)).regs == 6
     monkeypatch.setattr(mod, "REGS_BATCH1", False)
     assert not FAM.heuristic(P, (9, 0)).regs_prefetch
+    assert FAM.heuristic(P.replace(seqlen_k=8192), (9, 0)).regs == 6
 
 
 CL16 = REGS.replace(regs=6, regs_cluster=16, fused_combine=False, light_fence=False)

@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.gpu]
 
 def _options(monkeypatch, regs: int):
     monkeypatch.setattr(fam_mod, "REGS_DEFAULT", regs)
+    monkeypatch.setattr(fam_mod, "REGS_BATCH1_HINT", ())   # every call on this hint, batch 1 at 8k keys too
     monkeypatch.setattr(fam_mod, "REGS_HEAD_DIM_DEFAULT", (64, 128))
     decode._drop_gpu_plans()  # plans made with other settings must not serve these calls
     monkeypatch.setattr(decode, "_gpu_plans", {})

@@ -387,6 +387,18 @@ REGS_ORDER_DEFAULT = 0          # every regs call's regs_order (tests; the batch
 # 4 caches in turn (1 x 8k 20.05 against 19.54): not taken.
 REGS_BATCH1 = True
 REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_prefetch": True, "regs_prefetch_blocks": 3}))
+# The batch-1 load hint (regs_options, REGS_BATCH1): a call of one batch row, contiguous or paged, whose
+# cache holds at most max_keys keys runs the first (max_keys, regs) entry's hint instead of REGS_DEFAULT,
+# where no device rule sets regs. The figures above at 8k keys compared the hints as variants of one
+# process, whose impls read the same cache: each one's L2 policy changes what the next finds in L2
+# (session 24, dec15 r1, tests/decode_bench_gap.py: the default right after a plain-load or
+# evict-last variant 13.3-14.4 us, after SDPA or itself 15.4-16.2). One hint per process (session 24
+# r3, decode_b1_timing.py --switch REGS_DEFAULT=N, logs/session24_dec15/r3), 1 x 8k in graph
+# replays of one cache, us, evict-first (6) / plain (1) / evict-last (7) / cuDNN: 15.83 / 13.32 /
+# 13.21 / 11.87-12.02; 4 caches in turn: 19.58 / 20.07 / 20.10 / 18.03-18.51; 1 x 4k 10.50 / 10.40
+# / 10.47 / 9.60-9.63; 1 x 16k 27.06 / 31.89 / 31.89 (the early prefetch's rule, above). Plain loads
+# keep the cache's lines in L2 for the next call (as cuDNN's do), evict-first gives them up.
+REGS_BATCH1_HINT: tuple = ((8192, 1),)
 
 
 # Batch-1 cluster rules (sm_90, contiguous caches, one batch row): the first (max_keys, cluster)
@@ -398,13 +410,18 @@ REGS_CLUSTER_MAX_CTAS = 128
 REGS_CLUSTER_DEFAULT = 0   # every regs call's regs_cluster (tests: any batch, paged too; 0: the rules above)
 
 
-def regs_options(cfg, problem: Problem):
+def regs_options(cfg, problem: Problem, hint: bool = True):
     """The heuristic's regs config ``cfg`` with REGS_AHEAD_DEFAULT, REGS_AHEAD_L1_DEFAULT and
-    REGS_ORDER_DEFAULT and, for a batch-1 contiguous
-    ``problem``, the first REGS_BATCH1_RULES entry that covers its keys, and the first
-    REGS_CLUSTER_RULES entry that does."""
+    REGS_ORDER_DEFAULT and, for a batch-1 ``problem``, the first REGS_BATCH1_HINT entry that covers its
+    keys (``hint``: no device rule sets the hint), for a batch-1 contiguous one the first
+    REGS_BATCH1_RULES entry that does, and the first REGS_CLUSTER_RULES entry that does."""
     if REGS_AHEAD_DEFAULT or REGS_AHEAD_L1_DEFAULT or REGS_ORDER_DEFAULT:
         cfg = cfg.replace(regs_ahead=REGS_AHEAD_DEFAULT, regs_ahead_l1=REGS_AHEAD_L1_DEFAULT, regs_order=REGS_ORDER_DEFAULT)
+    if REGS_BATCH1 and hint and problem.batch == 1:
+        for max_keys, regs in REGS_BATCH1_HINT:
+            if problem.seqlen_k <= max_keys:
+                cfg = cfg.replace(regs=regs)
+                break
     if REGS_BATCH1 and problem.batch == 1 and "paged_kv" not in problem.features:
         for max_keys, fields in REGS_BATCH1_RULES:
             if problem.seqlen_k <= max_keys:
@@ -1073,7 +1090,7 @@ class DecodeSplitKV(Family):
                                bulk=0, early_merge=False, ring_fill=0, dynamic=0,
                                light_fence=LIGHT_FENCE_DEFAULT and cfg.fused_combine,
                                regs_prefetch=REGS_PREFETCH_DEFAULT and "paged_kv" not in problem.features)
-            regs = regs_options(regs, problem)
+            regs = regs_options(regs, problem, hint="regs" not in knobs)
             options = {k: bool(v) if k in ("regs_prefetch", "regs_ahead_l1") else v for k, v in knobs.items()
                        if k in RULE_REGS_OPTIONS and ("paged_kv" not in problem.features or k == "regs_order")}
             if options:   # a device rule's regs options (contiguous caches), over the batch-1 rules'
