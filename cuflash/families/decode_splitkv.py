@@ -405,6 +405,13 @@ REGS_BATCH1_HINT: tuple = ((8192, 1),)
 # entry whose max_keys covers the problem's cached keys sets regs_cluster = cluster (0: none), the
 # splits of each KV head as one cluster merged through distributed shared memory (no fused combine),
 # where the groups' CTAs (KV heads x row blocks x cluster) are at most REGS_CLUSTER_MAX_CTAS.
+# None: no cluster measured faster on the H100 (session 24, dec15, logs/session24_dec15/r1 and r3,
+# tests/decode_b1_timing.py, bf16 d 128 32:8 heads, the evict-first hint throughout, us). 8 warps (one
+# CTA per SM, 245 registers): only 7 clusters of 16 are resident at once (cuOccupancyMaxActiveClusters;
+# 15 of 8, tests/decode_cluster_probe.py), so 1 x 8k's 8 clusters of 16 run in two waves: 23.02 against
+# the fused combine's 13.80; clusters of 8 (8 splits, 64 CTAs) 17.32. 4 warps (14 clusters of 16 fit):
+# 1 x 8k 18.61 against 16.88 for the same 4-warp grid with the fused combine (the 8-warp default 15.64,
+# cuDNN 11.89), 1 x 4k 12.23 / 10.37, 1 x 16k 31.08 / 28.68, 4 caches in turn 20.66 / 19.42.
 REGS_CLUSTER_RULES: tuple = ()
 REGS_CLUSTER_MAX_CTAS = 128
 REGS_CLUSTER_DEFAULT = 0   # every regs call's regs_cluster (tests: any batch, paged too; 0: the rules above)
