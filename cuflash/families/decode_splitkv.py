@@ -391,7 +391,7 @@ REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_prefetch": True, "regs_
 # cache holds at most max_keys keys runs the first (max_keys, regs) entry's hint instead of REGS_DEFAULT,
 # where no device rule sets regs. The figures above at 8k keys compared the hints as variants of one
 # process, whose impls read the same cache: each one's L2 policy changes what the next finds in L2
-# (session 24, dec15 r1, tests/decode_bench_gap.py: the default right after a plain-load or
+# (session 24, dec15 r2, logs/session24_dec15/r2, tests/decode_bench_gap.py: the default right after a plain-load or
 # evict-last variant 13.3-14.4 us, after SDPA or itself 15.4-16.2). One hint per process (session 24
 # r3, decode_b1_timing.py --switch REGS_DEFAULT=N, logs/session24_dec15/r3), 1 x 8k in graph
 # replays of one cache, us, evict-first (6) / plain (1) / evict-last (7) / cuDNN: 15.83 / 13.32 /
@@ -405,7 +405,7 @@ REGS_BATCH1_HINT: tuple = ((8192, 1),)
 # entry whose max_keys covers the problem's cached keys sets regs_cluster = cluster (0: none), the
 # splits of each KV head as one cluster merged through distributed shared memory (no fused combine),
 # where the groups' CTAs (KV heads x row blocks x cluster) are at most REGS_CLUSTER_MAX_CTAS.
-# None: no cluster measured faster on the H100 (session 24, dec15, logs/session24_dec15/r1 and r3,
+# None: no cluster measured faster on the H100 (session 24, dec15, logs/session24_dec15/r2 and r3,
 # tests/decode_b1_timing.py, bf16 d 128 32:8 heads, the evict-first hint throughout, us). 8 warps (one
 # CTA per SM, 245 registers): only 7 clusters of 16 are resident at once (cuOccupancyMaxActiveClusters;
 # 15 of 8, tests/decode_cluster_probe.py), so 1 x 8k's 8 clusters of 16 run in two waves: 23.02 against
