@@ -391,9 +391,9 @@ REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_prefetch": True, "regs_
 # cache holds at most max_keys keys runs the first (max_keys, regs) entry's hint instead of REGS_DEFAULT,
 # where no device rule sets regs. The figures above at 8k keys compared the hints as variants of one
 # process, whose impls read the same cache: each one's L2 policy changes what the next finds in L2
-# (session 24, dec15 r2, logs/session24_dec15/r2, tests/decode_bench_gap.py: the default right after a plain-load or
-# evict-last variant 13.3-14.4 us, after SDPA or itself 15.4-16.2). One hint per process (session 24
-# r3, decode_b1_timing.py --switch REGS_DEFAULT=N, logs/session24_dec15/r3), 1 x 8k in graph
+# (session 24, dec15, logs/session24_dec15/r2, tests/decode_bench_gap.py: the default right after a
+# plain-load or evict-last variant 13.3-14.4 us, after SDPA or itself 15.4-16.2). One hint per process
+# (logs/session24_dec15/r3, decode_b1_timing.py --switch REGS_DEFAULT=N), 1 x 8k in graph
 # replays of one cache, us, evict-first (6) / plain (1) / evict-last (7) / cuDNN: 15.83 / 13.32 /
 # 13.21 / 11.87-12.02; 4 caches in turn: 19.58 / 20.07 / 20.10 / 18.03-18.51; 1 x 4k 10.50 / 10.40
 # / 10.47 / 9.60-9.63; 1 x 16k 27.06 / 31.89 / 31.89 (the early prefetch's rule, above). Plain loads
