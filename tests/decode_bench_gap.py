@@ -14,7 +14,7 @@ Not a test; one process:
    and cuflash variants in the bench procedure: load hints (plain loads regs 1, evict-last regs 7,
    the default evict-first regs 6), an int cache_seqlens, the separate combine launch.
 
-    python tests/decode_bench_gap.py --precompile    (compile only)
+    python tests/decode_bench_gap.py --precompile    (compile only; --precompile-bench: the bench's batch-1 sets)
     python tests/decode_bench_gap.py --bench 4096 8192 [--switch REGS_BATCH1=0]   (the bench's cells only)
     python tests/decode_bench_gap.py --json out.json
 """
@@ -119,13 +119,31 @@ def bench_only():
     return 0
 
 
+def bench_configs(batches=(1,)) -> list:
+    """The kernel sets of ``bench --mode decode --decode-batches <batches>`` (its contexts, contiguous
+    and pages 16 / 256), for --precompile-bench."""
+    from cuflash.bench import decode as bd
+    from cuflash.problem import Problem
+    from cuflash.registry import get
+
+    fam = get("decode_splitkv")
+    out = []
+    for b in batches:
+        for ctx in bd.CTXS:
+            for page in (0, 16, 256):
+                p = Problem("decode", "bf16", b, 1, ctx, bd.HQ, bd.HK, bd.D, False, False, ("paged_kv",) if page else ())
+                out.append(fam.call_config(fam.heuristic(p, (9, 0)), p, (9, 0), page, chosen=True,
+                                           heuristic=True).replace(splits=0))
+    return list(dict.fromkeys(out))
+
+
 def main():
     if "--bench" in sys.argv:
         return bench_only()
-    if "--precompile" in sys.argv:
+    if "--precompile" in sys.argv or "--precompile-bench" in sys.argv:
         from cuflash.compile import precompile
 
-        res = precompile(configs(), processes=8)
+        res = precompile(bench_configs() if "--precompile-bench" in sys.argv else configs(), processes=8)
         print("precompiled " + ", ".join(c.name + (f" FAILED {e[:200]}" if e else "") for c, _, e in res), flush=True)
         return 0
     import torch
