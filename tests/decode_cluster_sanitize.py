@@ -6,7 +6,9 @@ packed rows (two row tiles) under a causal window; one batch row of capacity 819
 0 keys. Each call twice.
 
     compute-sanitizer --tool memcheck python tests/decode_cluster_sanitize.py
-    compute-sanitizer --tool racecheck python tests/decode_cluster_sanitize.py
+    compute-sanitizer --tool racecheck python tests/decode_cluster_sanitize.py [--quick]
+
+--quick: clusters of 16 and 2 only, each call once (racecheck is slow).
 """
 import os
 import sys
@@ -30,12 +32,13 @@ def main():
     lens64 = torch.tensor([1999, 77], device="cuda", dtype=torch.int32)
     q1 = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     k1, v1 = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    quick = "--quick" in sys.argv   # racecheck's pass: clusters of 16 and 2, each call once
     runs, names = 0, []
-    for cl in CLUSTERS:
+    for cl in (16, 2) if quick else CLUSTERS:
         cfg = base.replace(regs_cluster=cl)
         cfg64 = base.replace(head_dim=64, m_tiles=2, regs=3, causal=True, regs_cluster=cl)
         names += [cfg.name, cfg64.name]
-        for _ in range(2):
+        for _ in range(1 if quick else 2):
             kvcache_with_config(cfg, q, kc, vc, cache_seqlens=lens)
             kvcache_with_config(cfg, q, kp, vp, cache_seqlens=lens, block_table=table, cache_leftpad=pad)
             kvcache_with_config(cfg64, q64, k64, v64, cache_seqlens=lens64, causal=True, window_size=(300, 0))

@@ -103,6 +103,10 @@ def test_batch1_rules(monkeypatch):
     for p in (P.replace(seqlen_k=4096, features=("paged_kv",)), P.replace(seqlen_k=100)):
         assert FAM.heuristic(p, (9, 0)).regs == 1, p
     assert FAM.heuristic(P.replace(seqlen_k=8192, batch=2), (9, 0)).regs == 6
+    for b, ctx, tma in ((1, 8192, False), (1, 4096, False), (2, 4096, True)):   # page 16: the hint's calls stay on regs
+        p = P.replace(batch=b, seqlen_k=ctx, features=("paged_kv",))
+        c = FAM.call_config(FAM.heuristic(p, (9, 0)), p, (9, 0), 16, chosen=True, heuristic=True)
+        assert bool(c.tma) == tma and c.regs == (0 if tma else 1), (p, c.name)
     monkeypatch.setattr(mod, "REGS_BATCH1", False)
     assert not FAM.heuristic(P, (9, 0)).regs_prefetch
     assert FAM.heuristic(P.replace(seqlen_k=8192), (9, 0)).regs == 6
@@ -138,7 +142,7 @@ def test_cluster_config():
     assert plain.regs_cluster == 0 and plain.fused_combine == mod.FUSED_COMBINE_DEFAULT and not plain.problems(232448)
     assert FAM.decode(FAM.encode(CL16), "bf16", False) == CL16
     # call_config: the Hopper loop for small pages drops the cluster, as a head dim the kernel cannot run
-    small = FAM.call_config(CL16, P.replace(seqlen_k=4096, features=("paged_kv",)), (9, 0), 16, chosen=True,
+    small = FAM.call_config(CL16, P.replace(batch=2, seqlen_k=2048, features=("paged_kv",)), (9, 0), 16, chosen=True,
                             heuristic=True)
     assert small.tma and small.regs_cluster == 0 and not small.problems(232448)
     assert FAM.call_config(CL16, P.replace(head_dim=120), (9, 0), 0, chosen=True).regs_cluster == 0

@@ -397,7 +397,13 @@ REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_prefetch": True, "regs_
 # replays of one cache, us, evict-first (6) / plain (1) / evict-last (7) / cuDNN: 15.83 / 13.32 /
 # 13.21 / 11.87-12.02; 4 caches in turn: 19.58 / 20.07 / 20.10 / 18.03-18.51; 1 x 4k 10.50 / 10.40
 # / 10.47 / 9.60-9.63; 1 x 16k 27.06 / 31.89 / 31.89 (the early prefetch's rule, above). Plain loads
-# keep the cache's lines in L2 for the next call (as cuDNN's do), evict-first gives them up.
+# keep the cache's lines in L2 for the next call (as cuDNN's do), evict-first gives them up. The
+# bench's batch-1 cells (logs/session24_dec15/r4, tests/decode_bench_gap.py --bench, two runs per
+# process), us, before / with this rule / cuDNN: 1 x 8k 16.80, 15.80 / 13.64, 13.64 / 12.21-12.34, page
+# 256 17.20, 16.71 / 14.24, 14.27; 1 x 4k 10.83, 10.80 / 10.78, 10.77 / 9.90-10.03. Page 16 (under
+# TMA_PAGED_MAX_PAGE) stays on the regs kernel for these calls, not the Hopper loop
+# (REGS_PAGED_TMA_MAX_KEYS): 1 x 8k 14.70, 15.10 against 15.88, 16.02; 1 x 4k 11.36, 11.39 against
+# 11.83, 11.82.
 REGS_BATCH1_HINT: tuple = ((8192, 1),)
 
 
@@ -417,6 +423,16 @@ REGS_CLUSTER_MAX_CTAS = 128
 REGS_CLUSTER_DEFAULT = 0   # every regs call's regs_cluster (tests: any batch, paged too; 0: the rules above)
 
 
+def batch1_hint(problem: Problem) -> int:
+    """The load hint (regs) REGS_BATCH1_HINT gives ``problem`` (one batch row within an entry's keys),
+    else 0."""
+    if REGS_BATCH1 and problem.batch == 1:
+        for max_keys, regs in REGS_BATCH1_HINT:
+            if problem.seqlen_k <= max_keys:
+                return regs
+    return 0
+
+
 def regs_options(cfg, problem: Problem, hint: bool = True):
     """The heuristic's regs config ``cfg`` with REGS_AHEAD_DEFAULT, REGS_AHEAD_L1_DEFAULT and
     REGS_ORDER_DEFAULT and, for a batch-1 ``problem``, the first REGS_BATCH1_HINT entry that covers its
@@ -424,11 +440,8 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
     REGS_BATCH1_RULES entry that does, and the first REGS_CLUSTER_RULES entry that does."""
     if REGS_AHEAD_DEFAULT or REGS_AHEAD_L1_DEFAULT or REGS_ORDER_DEFAULT:
         cfg = cfg.replace(regs_ahead=REGS_AHEAD_DEFAULT, regs_ahead_l1=REGS_AHEAD_L1_DEFAULT, regs_order=REGS_ORDER_DEFAULT)
-    if REGS_BATCH1 and hint and problem.batch == 1:
-        for max_keys, regs in REGS_BATCH1_HINT:
-            if problem.seqlen_k <= max_keys:
-                cfg = cfg.replace(regs=regs)
-                break
+    if hint and batch1_hint(problem):
+        cfg = cfg.replace(regs=batch1_hint(problem))
     if REGS_BATCH1 and problem.batch == 1 and "paged_kv" not in problem.features:
         for max_keys, fields in REGS_BATCH1_RULES:
             if problem.seqlen_k <= max_keys:
@@ -1186,6 +1199,8 @@ class DecodeSplitKV(Family):
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
         regs_tma = 0 < page_size < TMA_PAGED_MAX_PAGE and keys <= REGS_PAGED_TMA_MAX_KEYS   # see REGS_PAGED_TMA_MAX_KEYS
+        if regs_tma and batch1_hint(problem):   # the batch-1 hint's calls stay on the regs kernel (see REGS_BATCH1_HINT)
+            regs_tma = False
         if (chosen and heuristic and not config.tma and not config.page_prefetch and not config.stream
                 and (regs_tma if config.regs else
                      (TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE or large_page_tma)):
