@@ -191,6 +191,12 @@ def get_kernels(config, device_id: int) -> dict:
         for role, smem in family.smem_roles(config).items():
             if smem > 48 * 1024:  # above 48 KB, dynamic shared memory is opted into per kernel
                 kernels[role].max_dynamic_shared_size_bytes = smem
+        attributes = getattr(family, "kernel_attributes", None)   # e.g. a non-portable cluster size
+        for role, attrs in (attributes(config) if attributes is not None else {}).items():
+            from cupy_backends.cuda.api import driver
+
+            for attr, value in attrs.items():
+                driver.funcSetAttribute(kernels[role].kernel.ptr, attr, value)
     _loaded[key] = kernels
     return kernels
 

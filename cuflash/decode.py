@@ -719,6 +719,12 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
               or family.split_count(cfg, problem, _gpu.sm_count(dev), _gpu.max_smem(dev)))
     if sq == 0:
         splits = 1
+    cluster = getattr(cfg, "regs_cluster", 0)
+    if cluster and splits != cluster:   # a cluster of the splits runs exactly its own count
+        if config is not None:
+            raise ValueError(f"num_splits: {cfg.name} merges its splits as one cluster of {cluster} CTAs; "
+                             f"num_splits must be 0 or {cluster}, got {splits}")
+        cfg = family.without_cluster(cfg)
     cfg = cfg.replace(splits=splits).validate(_gpu.max_smem(dev))
     stride3 = lambda x: arrays.strides(x)[:3] if x is not None else (0, 0, 0)  # noqa: E731
     fixed = cache_seqlens if isinstance(cache_seqlens, Integral) else call.capacity

@@ -11,6 +11,7 @@ each struct has a single definition.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import re
 import struct
@@ -166,6 +167,54 @@ def _driver_launch():
     return driver.launchKernel
 
 
+class LaunchAttribute(ctypes.Structure):
+    """cuda.h's CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union (72 bytes)."""
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_uint), ("value", ctypes.c_uint * 16)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """cuda.h's CUlaunchConfig (56 bytes on 64-bit hosts)."""
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+class ClusterLaunch:
+    """driver.launchKernel's signature for a plan with thread-block clusters: the kernels in
+    ``clusters`` ({CUfunction: CTAs per cluster along x}) launch through cuLaunchKernelEx with a
+    cluster-dimension attribute (CuPy's driver module has launchKernel only; a kernel compiled
+    without __cluster_dims__ keeps one instantiation, and so its SASS, for both launches), the others
+    through launchKernel. Only plans with a cluster launch use it (Plan: one ctypes call per such
+    launch); the launch config is shared, so calls run under the plan's lock, as Plan's do."""
+
+    _CLUSTER_DIMENSION = 4   # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+
+    def __init__(self, clusters: dict):
+        import sys
+
+        lib = ctypes.WinDLL("nvcuda.dll") if sys.platform == "win32" else ctypes.CDLL("libcuda.so.1")
+        self._ex = lib.cuLaunchKernelEx
+        self._ex.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self._ex.restype = ctypes.c_int
+        self._attr = LaunchAttribute(self._CLUSTER_DIMENSION, 0)
+        self._config = LaunchConfig()
+        self._config.attrs, self._config.num_attrs = ctypes.pointer(self._attr), 1
+        self._config_ptr = ctypes.addressof(self._config)
+        self.clusters, self._plain = dict(clusters), _driver_launch()
+
+    def __call__(self, fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        cluster = self.clusters.get(fn)
+        if cluster is None:
+            return self._plain(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra)
+        c = self._config
+        c.grid[0], c.grid[1], c.grid[2], c.block[0], c.block[1], c.block[2] = gx, gy, gz, bx, by, bz
+        c.smem, c.stream = smem, stream or None
+        self._attr.value[0], self._attr.value[1], self._attr.value[2] = cluster, 1, 1
+        err = self._ex(self._config_ptr, fn, argv, None)
+        if err:
+            raise RuntimeError(f"cuLaunchKernelEx (clusters of {cluster} CTAs, grid {(gx, gy, gz)}, {bx} threads, "
+                               f"{smem} bytes of shared memory): CUDA driver error {err}")
+
+
 def _device_fns():
     """(getDevice, setDevice) of the CUDA runtime: a plan loads its kernels and launches them
     with its own device current (a CuPy RawKernel resolves ``.kernel`` per current device, and
@@ -224,7 +273,8 @@ class Plan:
         finally:
             if current != device:
                 self._set_device(current)
-        self._launch = _driver_launch()
+        clusters = {call[0]: spec.cluster for call, spec in zip(self._calls, self.launches) if spec.cluster > 1}
+        self._launch = ClusterLaunch(clusters) if clusters else _driver_launch()
         self._lock = threading.Lock()
         self._fields_lock = threading.Lock()  # run_fields: its fields and its launch together
         # A family whose params carry per-call data besides the pointers (sm90_fwd: TMA tensor

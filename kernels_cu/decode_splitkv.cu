@@ -1554,6 +1554,51 @@ decode_splitkv_stream(const DecodeParams p) {
     }
 }
 
+// ---- decode_splitkv_regs' kCluster merge: the group's splits in one cluster ----------------------
+// The CTAs of a cluster are the kCluster splits of one (batch, KV head, row block); each holds its
+// split's normalized O (o_smem [kRows][kHeadDim]) and LSE (lse_smem [kRows], -inf: no keys) in its
+// shared memory, written before a cluster barrier. CTA c (its rank) merges the columns
+// kW · c .. kW · c + kW - 1 (kW = kHeadDim / kCluster) of every row, one warp per row, as
+// combine_row does: lane l reads split s = l / (kW / 4)'s LSE and its 4 columns kW · c + 4 · (l % (kW / 4))
+// from CTA s (one 16-byte DSMEM load; kHeadDim / 4 lanes in all), and the max, the sum of the
+// weights and the weighted O are reduced over the split bits of the lane index (xor kW / 4 .. 16).
+// The lanes of split 0 store the columns; CTA 0 stores the row's LSE.
+template <int kHeadDim, class Elem, int kCluster, int kRows>
+__device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float* o_smem, const float* lse_smem, int b,
+                                              int hkv, int r0, int rows_valid, int warp, int lane, int warps) {
+    constexpr int kW = kHeadDim / kCluster, kLanes = kW / 4;  // columns of this CTA, lanes per split
+    const u32 rank = cluster_ctarank();
+    const int s = lane / kLanes, c = static_cast<int>(rank) * kW + 4 * (lane % kLanes);
+    for (int r = warp; r < rows_valid; r += warps) {
+        float lse_s = neg_inf(), x[4] = {0.f, 0.f, 0.f, 0.f};
+        if (s < kCluster) {
+            lse_s = ld_shared_cluster_f32(mapa_shared(smem_u32(lse_smem + r), static_cast<u32>(s)));
+            ld_shared_cluster_f32x4(x, mapa_shared(smem_u32(o_smem + r * kHeadDim + c), static_cast<u32>(s)));
+        }
+        float lse_max = lse_s;
+#pragma unroll
+        for (int d = kLanes; d < 32; d *= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, d));
+        float sum = lse_max == neg_inf() ? 0.f : expf(lse_s - lse_max);  // exp(-inf) = 0: a split without keys
+#pragma unroll
+        for (int d = kLanes; d < 32; d *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+        const float lse = sum > 0.f ? lse_max + logf(sum) : pos_inf();
+        const float wt = sum > 0.f && lse_s != neg_inf() ? expf(lse_s - lse) : 0.f;
+        float acc[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[e] = wt == 0.f ? 0.f : wt * x[e];  // (a split without keys: O unset)
+#pragma unroll
+        for (int d = kLanes; d < 32; d *= 2)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], d);
+        const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
+        if (s == 0) {
+            u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride + c;
+            *reinterpret_cast<u32x2*>(o) = u32x2{pack2<Elem>(acc[0], acc[1]), pack2<Elem>(acc[2], acc[3])};
+        }
+        if (rank == 0 && lane == 0 && p.lse != nullptr) p.lse[(b * p.nheads + h) * p.seqlen_q + qi] = lse;
+    }
+}
+
 // ---- decode_splitkv_regs: K and V straight into registers, no shared-memory ring ---------------
 // decode_splitkv's work (one CTA per (split, KV head · row block, batch), the split's equal run of
 // the row's blocks of kBlockN = kWarps · kWarpN keys, from the top) with each warp streaming its
@@ -1605,9 +1650,16 @@ decode_splitkv_stream(const DecodeParams p) {
 //              depend on the row's length); 2 as 1, and where that first block is known before
 //              cache_seqlens arrives (contiguous caches without cache_batch_idx, cache_leftpad or
 //              a left window) its loads are issued first, kept if the row holds the whole block
+//   kCluster   (0: none) the group's splits are one thread-block cluster of kCluster CTAs (num_splits =
+//              kCluster, launched with that cluster dimension: cuflash.launch): each CTA keeps its split's
+//              normalized O and LSE in its shared memory, and after a cluster barrier CTA c merges
+//              the columns kHeadDim / kCluster · c .. + kHeadDim / kCluster - 1 of every row from all
+//              the splits' shared memory (distributed shared memory), so the merge makes no global
+//              round trip, needs no count of finished splits and runs on every CTA at once (no
+//              fused_combine)
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
           int kLoadHint, bool kEarlyPrefetch = false, int kAhead = 0, bool kAheadL1 = false, int kOrder = 0,
-          int kEarlyBlocks = 1>
+          int kEarlyBlocks = 1, int kCluster = 0>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv_regs(const DecodeParams p) {
     constexpr int kThreads = kWarps * 32, kBlockN = kWarps * kWarpN, kRows = 8 * kRowTiles;
@@ -1623,10 +1675,15 @@ decode_splitkv_regs(const DecodeParams p) {
     static_assert(kAhead == 0 || (kAhead >= 2 && kAhead <= 8), "kAhead: 0 (none) or 2..8 blocks");
     static_assert(kOrder >= 0 && kOrder <= 2, "kOrder: 0, 1 or 2");
     static_assert(kEarlyBlocks >= 1 && kEarlyBlocks <= 3, "kEarlyBlocks: 1, 2 or 3");
+    static_assert(kCluster == 0 || (!kFusedCombine && kCluster >= 2 && kCluster <= 16 && kHeadDim % (4 * kCluster) == 0),
+                  "kCluster: 2..16 CTAs, each merging whole 4-column groups, without the fused combine");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     float* merge_smem = reinterpret_cast<float*>(smem_raw);  // [kWarps][kRows][kMergePitch], m, l
     int* last_flag = reinterpret_cast<int*>(merge_smem + kWarps * kRows * (kMergePitch + 2));
+    // kCluster: the split's normalized O [kRows][kHeadDim] and LSE [kRows], after the merge flag's 16 bytes
+    float* cluster_o = reinterpret_cast<float*>(last_flag + 4);
+    float* cluster_lse = cluster_o + kRows * kHeadDim;
 
     const int split = blockIdx.x, b = blockIdx.z;
     const int hkv = blockIdx.y / p.row_blocks, r0 = (blockIdx.y % p.row_blocks) * kRows;
@@ -2089,7 +2146,11 @@ decode_splitkv_regs(const DecodeParams p) {
         p, merge_smem, tid, rows_valid, [&](int r, int col, const float (&o4)[4], float inv_l, float m_row, float l_row) {
             const int pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
             const int row_id = (b * p.nheads + h) * p.seqlen_q + qi;
-            if (direct) {
+            if constexpr (kCluster > 0) {   // the split's normalized O and LSE stay in this CTA's shared memory
+                *reinterpret_cast<f32x4*>(cluster_o + r * kHeadDim + col) =
+                    f32x4{o4[0] * inv_l, o4[1] * inv_l, o4[2] * inv_l, o4[3] * inv_l};
+                if (col == 0) cluster_lse[r] = l_row == 0.f ? neg_inf() : m_row * p.softmax_scale + logf(l_row);
+            } else if (direct) {
                 u16* o = static_cast<u16*>(p.o) + b * p.o_batch_stride + qi * p.o_row_stride + h * p.o_head_stride + col;
                 *reinterpret_cast<u32x2*>(o) = u32x2{pack2<Elem>(o4[0] * inv_l, o4[1] * inv_l),
                                                      pack2<Elem>(o4[2] * inv_l, o4[3] * inv_l)};
@@ -2103,6 +2164,13 @@ decode_splitkv_regs(const DecodeParams p) {
             }
         });
 
+    if constexpr (kCluster > 0) {
+        cluster_sync();   // every split's partial written (release) and visible to the cluster (acquire)
+        cluster_merge<kHeadDim, Elem, kCluster, kRows>(p, cluster_o, cluster_lse, b, hkv, r0, rows_valid, warp, lane,
+                                                      kWarps);
+        cluster_sync();   // no CTA leaves while another still reads its shared memory
+        return;
+    }
     if constexpr (kFusedCombine) {
         if (direct) return;
         // the last split of the (batch, KV head, row block) to finish merges the group, as in

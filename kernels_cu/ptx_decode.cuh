@@ -5,6 +5,9 @@
 #pragma once
 #include "ptx.cuh"
 #include "ptx_sm90.cuh"
+#include "ptx_sm90_cluster.cuh"
+// (ptx_sm90_cluster.cuh: cluster_ctarank, mapa_shared and cluster_sync for decode_splitkv_regs'
+// kCluster merge; only its cluster entry point, compiled for sm_90, calls them)
 
 namespace cuflash {
 
@@ -143,6 +146,23 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 r;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
     return r;
+}
+
+// ---- decode_splitkv_regs' kCluster merge: the splits of one group read each other's partials ------
+// 4 bytes of another CTA's shared memory (`addr`: a shared::cluster address from mapa_shared):
+// a split's LSE of one row, read by the CTA that merges a slice of that row's columns.
+__device__ __forceinline__ float ld_shared_cluster_f32(u32 addr) {
+    float x;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(x) : "r"(addr) : "memory");
+    return x;
+}
+
+// 16 bytes (4 fp32 columns of a split's normalized O) of another CTA's shared memory, one
+// distributed-shared-memory request: the merging CTA's columns of one split, without the global
+// round trip of the fused combine.
+__device__ __forceinline__ void ld_shared_cluster_f32x4(float (&v)[4], u32 addr) {
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(addr) : "memory");
 }
 
 }  // namespace cuflash

@@ -11,6 +11,12 @@ users call it) and every ``--variant``:
                      fused_combine=0, ...);
         splits=N     forced split count (xsplits=F: F times the config's rule);
         intlens=1    cache_seqlens passed as an int (no per-batch tensor read before the loads).
+    --switch NAME=VALUE   a module switch for the whole process, the heuristic's record included.
+
+The impls of a cell share its cache, so one's L2 cache hints change what the others find in L2
+(session 24, dec15: the default's evict-first loads ran 13.3-14.4 us at 1 x 8k right after a plain-load
+or evict-last variant, 15.4-16.2 after SDPA or among themselves): compare load hints (regs) in
+separate processes (--switch REGS_DEFAULT=N), not as variants of one.
 
 Each record's graph (n calls, about 2 ms a replay) is captured once; the cell's graphs then
 replay ``--repeat`` times in shuffled order (cuflash.timing.round_orders), ``--reps`` replays
@@ -230,7 +236,17 @@ def main():
     ap.add_argument("--processes", type=int, default=8)
     ap.add_argument("--max-seconds", type=float, default=90.0)
     ap.add_argument("--out")
+    ap.add_argument("--switch", action="append", default=[],
+                    help="NAME=VALUE: a decode_splitkv module switch for the whole process (the heuristic's "
+                         "record too), e.g. REGS_DEFAULT=1: one hint per process, no other's L2 state")
     a = ap.parse_args()
+    if a.switch:
+        from cuflash.families import decode_splitkv as mod
+
+        for name, value in parse_variant("switches " + " ".join(a.switch))["switches"].items():
+            if not hasattr(mod, name):
+                raise ValueError(f"--switch {name}: no such decode_splitkv module switch")
+            setattr(mod, name, value)
     variants = [parse_variant(v) for v in a.variant]
     t0 = time.time()
     if a.precompile or not a.no_precompile:

@@ -34,14 +34,21 @@ def _regs_config(problem, regs=1):
     return cfg
 
 
-def main():
-    cfg = _regs_config(Problem("decode", "bf16", 3, 1, 3000, 32, 8, 128))
+def batch3_inputs():
+    """(q, k_cache, v_cache, cache_seqlens, cache_leftpad, block_table, k pages, v pages): batch 3 with
+    3000, 0 and 17 keys, the pages (16 keys) viewing the contiguous caches."""
     q = torch.randn(3, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     kc, vc = (torch.randn(3, 3008, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     lens = torch.tensor([3000, 0, 17], device="cuda", dtype=torch.int32)
     pad = torch.tensor([5, 0, 3], device="cuda", dtype=torch.int32)
     table = torch.randperm(3 * 3008 // 16, device="cuda", dtype=torch.int32).reshape(3, -1)
     kp, vp = (x.reshape(-1, 16, 8, 128) for x in (kc, vc))
+    return q, kc, vc, lens, pad, table, kp, vp
+
+
+def main():
+    cfg = _regs_config(Problem("decode", "bf16", 3, 1, 3000, 32, 8, 128))
+    q, kc, vc, lens, pad, table, kp, vp = batch3_inputs()
     runs = 0
     for splits in (1, 3):
         for paged in (False, True):

@@ -48,7 +48,7 @@ RULES = [
 def test_rules_choose_per_device(tmp_path):
     _table(tmp_path, H100, RULES)
     heur = FAM.heuristic(_p(), CC, SMEM)
-    assert heur.regs == mod.REGS_DEFAULT
+    assert heur.regs == mod.REGS_BATCH1_HINT[0][1]   # 1 x 8k: the batch-1 hint, where no rule sets regs
     cfg, source = _choose(tmp_path, _p())
     assert cfg.regs == 0 and not cfg.regs_ahead and source.startswith("heuristic (") and "device rule" in source
     assert cfg == FAM.heuristic(_p(), CC, SMEM, {"regs": 0})         # the older loop's own heuristic config

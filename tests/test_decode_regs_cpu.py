@@ -23,7 +23,7 @@ P = Problem("decode", "bf16", 1, 1, 32768, 32, 8, 128)
 def test_names_template_arguments_smem_residency():
     assert REGS.name == "decode_bf16_d128_w8_n16_s3_m1_c4_fc_lf_rg2"
     assert REGS.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 1>"
-    assert REGS.template_args() == (8, 16, 1, 128, "bf16", True, True, 1, False, 0, False, 0, 1)
+    assert REGS.template_args() == (8, 16, 1, 128, "bf16", True, True, 1, False, 0, False, 0, 1, 0)
     assert BASE.kernel_name() == ("cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, true, false, 0, false, "
                                   "false, false, 0, false, 0, 0, true>")   # unchanged without it
     assert REGS.rows == 8 and BASE.rows == 16 and REGS.replace(m_tiles=2).rows == 16
@@ -46,10 +46,10 @@ def test_validation_and_call_checks():
     assert any("regs must be one of" in x for x in REGS.replace(regs=8).problems(232448))
     assert any("regs_prefetch" in x for x in BASE.replace(regs_prefetch=True).problems(232448))
     pf = REGS.replace(regs_prefetch=True)
-    assert pf.name.endswith("_rg2_rpf") and pf.kernel_name().endswith(", 1, true>") and pf.template_args()[-5] is True
+    assert pf.name.endswith("_rg2_rpf") and pf.kernel_name().endswith(", 1, true>") and pf.template_args()[-6] is True
     ra = REGS.replace(regs_ahead=3)
     assert ra.name.endswith("_rg2_ra3") and ra.kernel_name().endswith(", 1, false, 3>")
-    assert ra.template_args()[-5:] == (False, 3, False, 0, 1) and not ra.problems(232448)
+    assert ra.template_args()[-6:] == (False, 3, False, 0, 1, 0) and not ra.problems(232448)
     pb = pf.replace(regs_prefetch_blocks=2)
     assert pb.name.endswith("_rpf_pb2") and pb.kernel_name().endswith(", 1, true, 0, false, 0, 2>") and not pb.problems(232448)
     assert any("needs regs_prefetch" in x for x in REGS.replace(regs_prefetch_blocks=2).problems(232448))
@@ -77,6 +77,7 @@ def test_heuristic_switch(monkeypatch):
     assert not FAM.heuristic(P, (9, 0)).regs
     monkeypatch.setattr(mod, "REGS_DEFAULT", 2)
     monkeypatch.setattr(mod, "REGS_HEAD_DIM_DEFAULT", (64, 128))
+    monkeypatch.setattr(mod, "REGS_BATCH1_HINT", ())   # (batch 1 at 8k keys: plain loads)
     for b, ctx, feats in ((1, 8192, ()), (8, 32768, ()), (64, 8192, ("paged_kv",)), (2, 4096, ("window", "softcap"))):
         cfg = FAM.heuristic(P.replace(batch=b, seqlen_k=ctx, features=feats), (9, 0))
         assert cfg.regs == 2 and (cfg.warps, cfg.warp_n, cfg.m_tiles) == (8, 16, 1) and cfg.light_fence, cfg.name
@@ -89,16 +90,89 @@ def test_heuristic_switch(monkeypatch):
 
 def test_batch1_rules(monkeypatch):
     """REGS_BATCH1_RULES: one contiguous batch row above 8k keys takes the early L1 prefetch of 3
-    blocks; 8k keys and less, paged caches, batch 2 and REGS_BATCH1 False keep the heuristic's."""
+    blocks; 8k keys and less, paged caches, batch 2 and REGS_BATCH1 False keep the heuristic's.
+    REGS_BATCH1_HINT: one batch row of at most 8k keys, contiguous or paged, takes plain loads."""
     cfg = FAM.heuristic(P, (9, 0))   # 1 x 32k
     assert cfg.regs == 6 and cfg.regs_prefetch and cfg.regs_prefetch_blocks == 3 and not cfg.problems(232448)
     assert cfg.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 5, true, 0, false, 0, 3>"
     for p in (P.replace(seqlen_k=8192), P.replace(batch=2), P.replace(features=("paged_kv",))):
         c = FAM.heuristic(p, (9, 0))
-        assert c.regs == 6 and not c.regs_prefetch and c.regs_prefetch_blocks == 1, (p, c.name)
+        assert not c.regs_prefetch and c.regs_prefetch_blocks == 1, (p, c.name)
+        assert c.regs == (1 if p.seqlen_k == 8192 else 6), (p, c.name)   # REGS_BATCH1_HINT: plain loads up to 8k keys
     assert FAM.heuristic(P.replace(seqlen_k=8193), (9, 0)).regs_prefetch
+    for p in (P.replace(seqlen_k=4096, features=("paged_kv",)), P.replace(seqlen_k=100)):
+        assert FAM.heuristic(p, (9, 0)).regs == 1, p
+    assert FAM.heuristic(P.replace(seqlen_k=8192, batch=2), (9, 0)).regs == 6
+    for b, ctx, tma in ((1, 8192, False), (1, 4096, False), (2, 4096, True)):   # page 16: the hint's calls stay on regs
+        p = P.replace(batch=b, seqlen_k=ctx, features=("paged_kv",))
+        c = FAM.call_config(FAM.heuristic(p, (9, 0)), p, (9, 0), 16, chosen=True, heuristic=True)
+        assert bool(c.tma) == tma and c.regs == (0 if tma else 1), (p, c.name)
     monkeypatch.setattr(mod, "REGS_BATCH1", False)
     assert not FAM.heuristic(P, (9, 0)).regs_prefetch
+    assert FAM.heuristic(P.replace(seqlen_k=8192), (9, 0)).regs == 6
+
+
+CL16 = REGS.replace(regs=6, regs_cluster=16, fused_combine=False, light_fence=False)
+
+
+def test_cluster_config():
+    """regs_cluster: names, the kernel's last template argument, shared memory, validation, the split
+    count, the cluster launch (no combine launch, no partials' workspace, no counters) and the
+    non-portable cluster size's kernel attribute."""
+    assert CL16.name == "decode_bf16_d128_w8_n16_s3_m1_c4_rg6_cl16"
+    assert CL16.kernel_name() == ("cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, false, false, 5, false, "
+                                  "0, false, 0, 1, 16>")
+    assert CL16.template_args()[-1] == 16 and not CL16.problems(232448)
+    assert CL16.smem_bytes == 8 * 8 * (128 + 6) * 4 + 16 + 8 * 129 * 4   # + the split's O and LSE
+    for bad, why in ((CL16.replace(fused_combine=True), "no fused_combine"), (CL16.replace(regs=0), "regs;"),
+                     (CL16.replace(splits=8), "splits 0 or 16"), (CL16.replace(regs_cluster=3), "must be one of"),
+                     (CL16.replace(head_dim=64, regs_cluster=32), "must be one of")):
+        assert any(why in x for x in bad.problems(232448)), (bad.name, bad.problems(232448))
+    assert not CL16.replace(head_dim=64, m_tiles=2).problems(232448)   # 4 columns a CTA
+    assert mod.num_splits_for(CL16, P, 132) == 16 and FAM.split_count(CL16, P, 132) == 16
+    p8k = P.replace(seqlen_k=8192)
+    launches = FAM.launches(CL16, p8k, 132)
+    assert [(s.role, s.grid, s.threads, s.cluster) for s in launches] == [("main", (16, 8, 1), 256, 16)]
+    assert [s.cluster for s in FAM.launches(CL16.replace(regs_cluster=0, fused_combine=True), p8k, 132)] == [0]
+    ws = FAM.workspace(CL16, p8k)
+    assert "o_partial" not in ws and ws["total"] == 0 and FAM.counters(CL16, p8k) == 0
+    assert FAM.kernel_attributes(CL16) == {"main": {mod.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: 1}}
+    assert FAM.kernel_attributes(CL16.replace(regs_cluster=8)) == {}
+    plain = FAM.without_cluster(CL16)
+    assert plain.regs_cluster == 0 and plain.fused_combine == mod.FUSED_COMBINE_DEFAULT and not plain.problems(232448)
+    assert FAM.decode(FAM.encode(CL16), "bf16", False) == CL16
+    # call_config: the Hopper loop for small pages drops the cluster, as a head dim the kernel cannot run
+    small = FAM.call_config(CL16, P.replace(batch=2, seqlen_k=2048, features=("paged_kv",)), (9, 0), 16, chosen=True,
+                            heuristic=True)
+    assert small.tma and small.regs_cluster == 0 and not small.problems(232448)
+    assert FAM.call_config(CL16, P.replace(head_dim=120), (9, 0), 0, chosen=True).regs_cluster == 0
+
+
+def test_cluster_rules(monkeypatch):
+    """REGS_CLUSTER_RULES: one contiguous batch row within a rule's keys, where the groups' CTAs fit
+    REGS_CLUSTER_MAX_CTAS; REGS_CLUSTER_DEFAULT (tests) puts every regs call on it."""
+    p8k = P.replace(seqlen_k=8192)
+    monkeypatch.setattr(mod, "REGS_CLUSTER_RULES", ((8192, 16), (1 << 31, 0)))
+    cfg = FAM.heuristic(p8k, (9, 0))
+    assert cfg.regs_cluster == 16 and not cfg.fused_combine and not cfg.light_fence and not cfg.problems(232448)
+    for p in (P, p8k.replace(batch=2), p8k.replace(features=("paged_kv",)), p8k.replace(nheads=64, nheads_kv=16)):
+        assert FAM.heuristic(p, (9, 0)).regs_cluster == 0, p   # 32k keys; batch 2; paged; 256 CTAs
+    monkeypatch.setattr(mod, "REGS_CLUSTER_RULES", ())
+    monkeypatch.setattr(mod, "REGS_CLUSTER_DEFAULT", 8)
+    for p in (P, p8k.replace(batch=4, features=("paged_kv",))):
+        assert FAM.heuristic(p, (9, 0)).regs_cluster == 8
+
+
+def test_cluster_launch_structs():
+    """cuflash.launch's ctypes mirrors of cuda.h's CUlaunchAttribute and CUlaunchConfig (cuLaunchKernelEx)."""
+    import ctypes
+
+    from cuflash.launch import LaunchAttribute, LaunchConfig
+
+    assert ctypes.sizeof(LaunchAttribute) == 72 and LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(LaunchConfig) == 56
+    assert (LaunchConfig.smem.offset, LaunchConfig.stream.offset, LaunchConfig.attrs.offset,
+            LaunchConfig.num_attrs.offset) == (24, 32, 40, 48)
 
 
 POINTS = [REGS, REGS.replace(regs=1, fused_combine=False, light_fence=False), REGS.replace(regs=3), REGS.replace(regs=4),
@@ -108,7 +182,8 @@ POINTS = [REGS, REGS.replace(regs=1, fused_combine=False, light_fence=False), RE
           REGS.replace(regs=7), REGS.replace(regs=6, regs_ahead=2), REGS.replace(regs=6, regs_ahead=4, regs_ahead_l1=True),
           REGS.replace(head_dim=64, regs_ahead=3), REGS.replace(regs=6, regs_order=1),
           REGS.replace(regs=6, regs_order=2, regs_ahead=2), REGS.replace(head_dim=64, m_tiles=2, regs_order=2),
-          REGS.replace(regs=6, regs_prefetch=True, regs_prefetch_blocks=2)]
+          REGS.replace(regs=6, regs_prefetch=True, regs_prefetch_blocks=2), CL16,
+          CL16.replace(head_dim=64, m_tiles=2), CL16.replace(regs_prefetch=True, regs_prefetch_blocks=3)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")

@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.gpu]
 
 def _options(monkeypatch, regs: int):
     monkeypatch.setattr(fam_mod, "REGS_DEFAULT", regs)
+    monkeypatch.setattr(fam_mod, "REGS_BATCH1_HINT", ())   # every call on this hint, batch 1 at 8k keys too
     monkeypatch.setattr(fam_mod, "REGS_HEAD_DIM_DEFAULT", (64, 128))
     decode._drop_gpu_plans()  # plans made with other settings must not serve these calls
     monkeypatch.setattr(decode, "_gpu_plans", {})
@@ -204,3 +205,52 @@ def test_regs_batch1_cuda_graph(monkeypatch, fields):
                rng.integers(0, 65536, size=1)]
     replays_match_eager(dict(args), lengths)
     _ran_regs(fields.get("regs", 6))
+
+
+# regs_cluster (decode_splitkv_regs' kCluster): the splits of a group as one cluster of 2..16 CTAs,
+# merged through distributed shared memory. REGS_CLUSTER_DEFAULT puts every regs call of these cases
+# on it (any batch, paged too): full, ragged and empty rows, GQA 4 / 8 / 1, two row tiles (d 64,
+# 16 packed rows), fp16, pages 256 and 16 (leftpad across pages), append + rotary, cache_batch_idx,
+# window + softcap + ALiBi. With num_splits given (3) the call runs the plain split kernel.
+CLUSTER_CASES = [CASES[1], CASES[2], CASES[3], CASES[4], CASES[5], CASES[6], CASES[8], CASES[9], CASES[10],
+                 CASES[11], CASES[13]]
+CLUSTERS = (16, 8, 4, 2)
+
+
+def _cluster(monkeypatch, cluster):
+    monkeypatch.setattr(fam_mod, "REGS_CLUSTER_DEFAULT", cluster)
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS, ids=lambda n: f"cl{n}")
+@pytest.mark.parametrize("case", CLUSTER_CASES, ids=_ids)
+def test_regs_cluster(monkeypatch, case, cluster):
+    _cluster(monkeypatch, cluster)
+    _regs_case(monkeypatch, case, 6, 0)
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert all(p.config.regs_cluster == cluster and p.config.splits == cluster and not p.config.fused_combine
+               for p in plans), [p.config.name for p in plans]
+
+
+@pytest.mark.parametrize("case", CLUSTER_CASES[:3], ids=_ids)
+def test_regs_cluster_num_splits(monkeypatch, case):
+    """num_splits=3 with the cluster rule on: the plain split kernel at 3 splits."""
+    _cluster(monkeypatch, 16)
+    _regs_case(monkeypatch, case, 6, 3)
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert all(p.config.regs_cluster == 0 and p.config.splits == 3 for p in plans), [p.config.name for p in plans]
+
+
+@pytest.mark.parametrize("cluster", (16, 8), ids=lambda n: f"cl{n}")
+@pytest.mark.parametrize("batch", (1, 4), ids=lambda n: f"b{n}")
+def test_regs_cluster_cuda_graph(monkeypatch, cluster, batch):
+    """A captured call replayed empty, full and at other lengths (batch 1, capacity 65536; batch 4:
+    random lengths per row)."""
+    _cluster(monkeypatch, cluster)
+    _options(monkeypatch, 6)
+    rng = np.random.default_rng()
+    args = make_case(rng, batch, 1, [65536] * batch, 32, 8, 128, "bf16")
+    lengths = [np.zeros(batch, np.int64), np.full(batch, 65536), np.full(batch, 1000)] + [
+        rng.integers(0, 65536, size=batch) for _ in range(2)]
+    replays_match_eager(dict(args), lengths)
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert plans and all(p.config.regs_cluster == cluster for p in plans), [p.config.name for p in plans]

@@ -94,12 +94,14 @@ class KernelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LaunchSpec:
-    """One kernel launch of a plan: the role's kernel, its grid, threads and dynamic smem."""
+    """One kernel launch of a plan: the role's kernel, its grid, threads and dynamic smem; cluster:
+    CTAs per thread-block cluster along x (0: no cluster launch; cuflash.launch.ClusterLaunch)."""
 
     role: str
     grid: tuple
     threads: int
     smem: int = 0
+    cluster: int = 0
 
 
 class Family:

@@ -387,21 +387,84 @@ REGS_ORDER_DEFAULT = 0          # every regs call's regs_order (tests; the batch
 # 4 caches in turn (1 x 8k 20.05 against 19.54): not taken.
 REGS_BATCH1 = True
 REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_prefetch": True, "regs_prefetch_blocks": 3}))
+# The batch-1 load hint (regs_options, REGS_BATCH1): a call of one batch row, contiguous or paged, whose
+# cache holds at most max_keys keys runs the first (max_keys, regs) entry's hint instead of REGS_DEFAULT,
+# where no device rule sets regs. The figures above at 8k keys compared the hints as variants of one
+# process, whose impls read the same cache: each one's L2 policy changes what the next finds in L2
+# (session 24, dec15, logs/session24_dec15/r2, tests/decode_bench_gap.py: the default right after a
+# plain-load or evict-last variant 13.3-14.4 us, after SDPA or itself 15.4-16.2). One hint per process
+# (logs/session24_dec15/r3, decode_b1_timing.py --switch REGS_DEFAULT=N), 1 x 8k in graph
+# replays of one cache, us, evict-first (6) / plain (1) / evict-last (7) / cuDNN: 15.83 / 13.32 /
+# 13.21 / 11.87-12.02; 4 caches in turn: 19.58 / 20.07 / 20.10 / 18.03-18.51; 1 x 4k 10.50 / 10.40
+# / 10.47 / 9.60-9.63; 1 x 16k 27.06 / 31.89 / 31.89 (the early prefetch's rule, above). Plain loads
+# keep the cache's lines in L2 for the next call (as cuDNN's do), evict-first gives them up. The
+# bench's batch-1 cells (logs/session24_dec15/r4, tests/decode_bench_gap.py --bench, two runs per
+# process), us, before / with this rule / cuDNN: 1 x 8k 16.80, 15.80 / 13.64, 13.64 / 12.21-12.34, page
+# 256 17.20, 16.71 / 14.24, 14.27; 1 x 4k 10.83, 10.80 / 10.78, 10.77 / 9.90-10.03. Page 16 (under
+# TMA_PAGED_MAX_PAGE) stays on the regs kernel for these calls, not the Hopper loop
+# (REGS_PAGED_TMA_MAX_KEYS): 1 x 8k 14.70, 15.10 against 15.88, 16.02; 1 x 4k 11.36, 11.39 against
+# 11.83, 11.82.
+REGS_BATCH1_HINT: tuple = ((8192, 1),)
 
 
-def regs_options(cfg, problem: Problem):
+# Batch-1 cluster rules (sm_90, contiguous caches, one batch row): the first (max_keys, cluster)
+# entry whose max_keys covers the problem's cached keys sets regs_cluster = cluster (0: none), the
+# splits of each KV head as one cluster merged through distributed shared memory (no fused combine),
+# where the groups' CTAs (KV heads x row blocks x cluster) are at most REGS_CLUSTER_MAX_CTAS.
+# None: no cluster measured faster on the H100 (session 24, dec15, logs/session24_dec15/r2 and r3,
+# tests/decode_b1_timing.py, bf16 d 128 32:8 heads, the evict-first hint throughout, us). 8 warps (one
+# CTA per SM, 245 registers): only 7 clusters of 16 are resident at once (cuOccupancyMaxActiveClusters;
+# 15 of 8, tests/decode_cluster_probe.py), so 1 x 8k's 8 clusters of 16 run in two waves: 23.02 against
+# the fused combine's 13.80; clusters of 8 (8 splits, 64 CTAs) 17.32. 4 warps (14 clusters of 16 fit):
+# 1 x 8k 18.61 against 16.88 for the same 4-warp grid with the fused combine (the 8-warp default 15.64,
+# cuDNN 11.89), 1 x 4k 12.23 / 10.37, 1 x 16k 31.08 / 28.68, 4 caches in turn 20.66 / 19.42.
+REGS_CLUSTER_RULES: tuple = ()
+REGS_CLUSTER_MAX_CTAS = 128
+REGS_CLUSTER_DEFAULT = 0   # every regs call's regs_cluster (tests: any batch, paged too; 0: the rules above)
+
+
+def batch1_hint(problem: Problem) -> int:
+    """The load hint (regs) REGS_BATCH1_HINT gives ``problem`` (one batch row within an entry's keys),
+    else 0."""
+    if REGS_BATCH1 and problem.batch == 1:
+        for max_keys, regs in REGS_BATCH1_HINT:
+            if problem.seqlen_k <= max_keys:
+                return regs
+    return 0
+
+
+def regs_options(cfg, problem: Problem, hint: bool = True):
     """The heuristic's regs config ``cfg`` with REGS_AHEAD_DEFAULT, REGS_AHEAD_L1_DEFAULT and
-    REGS_ORDER_DEFAULT and, for a batch-1 contiguous
-    ``problem``, the first REGS_BATCH1_RULES entry that covers its keys."""
+    REGS_ORDER_DEFAULT and, for a batch-1 ``problem``, the first REGS_BATCH1_HINT entry that covers its
+    keys (``hint``: no device rule sets the hint), for a batch-1 contiguous one the first
+    REGS_BATCH1_RULES entry that does, and the first REGS_CLUSTER_RULES entry that does."""
     if REGS_AHEAD_DEFAULT or REGS_AHEAD_L1_DEFAULT or REGS_ORDER_DEFAULT:
         cfg = cfg.replace(regs_ahead=REGS_AHEAD_DEFAULT, regs_ahead_l1=REGS_AHEAD_L1_DEFAULT, regs_order=REGS_ORDER_DEFAULT)
+    if hint and batch1_hint(problem):
+        cfg = cfg.replace(regs=batch1_hint(problem))
     if REGS_BATCH1 and problem.batch == 1 and "paged_kv" not in problem.features:
         for max_keys, fields in REGS_BATCH1_RULES:
             if problem.seqlen_k <= max_keys:
-                return cfg.replace(**fields)
+                cfg = cfg.replace(**fields)
+                break
+    if REGS_CLUSTER_DEFAULT and cfg.head_dim % (4 * REGS_CLUSTER_DEFAULT) == 0:
+        return cfg.replace(regs_cluster=REGS_CLUSTER_DEFAULT, fused_combine=False, light_fence=False, splits=0)
+    if problem.batch == 1 and "paged_kv" not in problem.features:
+        for max_keys, cluster in REGS_CLUSTER_RULES:
+            if problem.seqlen_k <= max_keys:
+                if cluster and problem.nheads_kv * row_blocks(cfg, problem) * cluster <= REGS_CLUSTER_MAX_CTAS:
+                    cfg = cfg.replace(regs_cluster=cluster, fused_combine=False, light_fence=False, splits=0)
+                break
     return cfg
 
 
+# regs_cluster (decode_splitkv_regs' kCluster): the splits of one (batch, KV head, row block)
+# as one thread-block cluster of that many CTAs (the split count), merged through distributed shared
+# memory (no fused combine, no combine launch; launched with that cluster dimension, cuflash.launch.
+# ClusterLaunch). 16 is a non-portable cluster size (the kernel's
+# CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED is set when it loads: kernel_attributes).
+REGS_CLUSTER_VALUES = (0, 2, 4, 8, 16)
+CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 REGS_SPACE = (0,)
 REGS_HEAD_DIMS = (64, 128)
 REGS_THREAD_REGISTERS = 256   # ptxas: 236 at 8 warps x 16 keys, d 128 (nvcc 13.0, sm_90a); the residency model's
@@ -466,6 +529,11 @@ class DecodeConfig(KernelConfig):
               4 L1::no_allocate, 5 L2::256B, 6 the evict-first policy. fused_combine and
               light_fence as the split kernel; no other option; head dims 64 and 128 (the call's);
               warp_n · head_dim <= 2048; ``stages`` is not used
+    regs_cluster: (regs; 0 none, 2, 4, 8 or 16) the splits of each (batch, KV head, row block) as one
+              thread-block cluster of that many CTAs (the split count): each CTA keeps its split's O and
+              LSE in shared memory and merges a slice of the head dim's columns from all of them through
+              distributed shared memory (kCluster; no fused_combine or light_fence, no combine launch,
+              no partials in global memory)
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -503,6 +571,7 @@ class DecodeConfig(KernelConfig):
     regs_ahead_l1: bool = False
     regs_order: int = 0
     regs_prefetch_blocks: int = 1
+    regs_cluster: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -533,7 +602,8 @@ class DecodeConfig(KernelConfig):
                  + (f"_rg{self.regs}" if self.regs else "") + ("_rpf" if self.regs_prefetch else "")
                  + (f"_ra{self.regs_ahead}" if self.regs_ahead else "") + ("l1" if self.regs_ahead_l1 else "")
                  + (f"_ro{self.regs_order}" if self.regs_order else "")
-                 + (f"_pb{self.regs_prefetch_blocks}" if self.regs_prefetch_blocks != 1 else ""))
+                 + (f"_pb{self.regs_prefetch_blocks}" if self.regs_prefetch_blocks != 1 else "")
+                 + (f"_cl{self.regs_cluster}" if self.regs_cluster else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -542,7 +612,9 @@ class DecodeConfig(KernelConfig):
         """Q tile plus `stages` (K, V) blocks, rows padded by 8 elements (tma: plus the ring's
         full and empty mbarriers, 8 bytes each; bulk: one mbarrier per slot)."""
         if self.regs:   # the warps' merge (kMergePitch = head_dim + 4 words, m, l) and the merge flag
-            return self.warps * self.rows * (self.head_dim + 6) * 4 + 16
+            # (regs_cluster: plus the split's normalized O and LSE, which the cluster's CTAs read)
+            cluster = self.rows * (self.head_dim + 1) * 4 if self.regs_cluster else 0
+            return self.warps * self.rows * (self.head_dim + 6) * 4 + 16 + cluster
         tiles = (self.rows + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
         if self.stream:   # a Q tile per ring slot, the per-row prefix
             return tiles + (self.stages - 1) * self.rows * (self.head_dim + 8) * 2 + 4 * STREAM_SMEM_INTS
@@ -558,9 +630,11 @@ class DecodeConfig(KernelConfig):
         if self.regs:
             # the defaults (false, 0, false) of the trailing options are left out
             trailing = [flag[bool(self.regs_prefetch)], str(int(self.regs_ahead)), flag[bool(self.regs_ahead_l1)],
-                        str(int(self.regs_order)), str(int(self.regs_prefetch_blocks))]
-            if trailing[-1] == "1":   # kEarlyBlocks' default
+                        str(int(self.regs_order)), str(int(self.regs_prefetch_blocks)), str(int(self.regs_cluster))]
+            if trailing[-1] == "0":   # kCluster's default
                 trailing.pop()
+                if trailing[-1] == "1":   # kEarlyBlocks' default
+                    trailing.pop()
             while trailing and trailing[-1] in ("false", "0"):
                 trailing.pop()
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
@@ -586,7 +660,7 @@ class DecodeConfig(KernelConfig):
         if self.regs:
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
                     bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
-                    bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks))
+                    bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks), int(self.regs_cluster))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -645,6 +719,15 @@ class DecodeConfig(KernelConfig):
             out.append(f"regs_prefetch_blocks must be 1, 2 or 3, got {self.regs_prefetch_blocks}")
         elif self.regs_prefetch_blocks != 1 and not self.regs_prefetch:
             out.append("regs_prefetch_blocks: how many blocks regs_prefetch prefetches (needs regs_prefetch)")
+        if self.regs_cluster not in REGS_CLUSTER_VALUES:
+            out.append(f"regs_cluster must be one of {REGS_CLUSTER_VALUES} (0: none), got {self.regs_cluster}")
+        elif self.regs_cluster and (not self.regs or self.fused_combine or self.light_fence
+                                    or self.splits not in (0, self.regs_cluster)):
+            out.append(f"regs_cluster: the regs kernel's splits as one cluster of {self.regs_cluster} CTAs (regs; "
+                       f"splits 0 or {self.regs_cluster}; it merges them itself: no fused_combine or light_fence)")
+        elif self.regs_cluster and self.head_dim % (4 * self.regs_cluster):
+            out.append(f"regs_cluster: each CTA merges head_dim / regs_cluster columns, a multiple of 4; got "
+                       f"head_dim {self.head_dim} over {self.regs_cluster}")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -796,7 +879,10 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
     parallel: ceil(per_sm / c) rounds of (ceil(blocks / s) + split_cost), which fills every
     resident slot (PAGED_SPLIT_RULE_RESIDENT; with c = 1 both models agree). Contiguous caches
     take that model under SPLIT_RULE_RESIDENT_CONTIGUOUS (co-resident CTAs overlap each other's
-    prologue and epilogue with their streaming)."""
+    prologue and epilogue with their streaming). A config with ``regs_cluster`` runs that many splits
+    (the cluster's CTAs)."""
+    if getattr(config, "regs_cluster", 0):
+        return config.regs_cluster
     if getattr(config, "stream", False):   # the SMs' resident CTA slots (decode_splitkv_stream)
         resident = ctas_per_sm(config, default_max_smem((9, 0)) if max_smem is None else max_smem)
         slots = max(2, min(sm_count * resident, STREAM_MAX_CTAS))
@@ -911,7 +997,7 @@ class DecodeSplitKV(Family):
              "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE,
              "regs": REGS_SPACE,
              "regs_prefetch": (False,), "regs_ahead": (0,), "regs_ahead_l1": (False,),
-             "regs_order": (0,), "regs_prefetch_blocks": (1,)}
+             "regs_order": (0,), "regs_prefetch_blocks": (1,), "regs_cluster": (0,)}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -1024,7 +1110,7 @@ class DecodeSplitKV(Family):
                                bulk=0, early_merge=False, ring_fill=0, dynamic=0,
                                light_fence=LIGHT_FENCE_DEFAULT and cfg.fused_combine,
                                regs_prefetch=REGS_PREFETCH_DEFAULT and "paged_kv" not in problem.features)
-            regs = regs_options(regs, problem)
+            regs = regs_options(regs, problem, hint="regs" not in knobs)
             options = {k: bool(v) if k in ("regs_prefetch", "regs_ahead_l1") else v for k, v in knobs.items()
                        if k in RULE_REGS_OPTIONS and ("paged_kv" not in problem.features or k == "regs_order")}
             if options:   # a device rule's regs options (contiguous caches), over the batch-1 rules'
@@ -1058,7 +1144,7 @@ class DecodeSplitKV(Family):
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
                  "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_ahead_l1": False,
-                 "regs_order": 0, "regs_prefetch_blocks": 1, **point}
+                 "regs_order": 0, "regs_prefetch_blocks": 1, "regs_cluster": 0, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -1107,10 +1193,14 @@ class DecodeSplitKV(Family):
                                  f"{config.head_dim}, got {problem.head_dim}")
             config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
                                     regs_prefetch_blocks=1)
+            if getattr(config, "regs_cluster", 0):
+                config = self.without_cluster(config)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
         regs_tma = 0 < page_size < TMA_PAGED_MAX_PAGE and keys <= REGS_PAGED_TMA_MAX_KEYS   # see REGS_PAGED_TMA_MAX_KEYS
+        if regs_tma and batch1_hint(problem):   # the batch-1 hint's calls stay on the regs kernel (see REGS_BATCH1_HINT)
+            regs_tma = False
         if (chosen and heuristic and not config.tma and not config.page_prefetch and not config.stream
                 and (regs_tma if config.regs else
                      (TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE or large_page_tma)):
@@ -1120,7 +1210,7 @@ class DecodeSplitKV(Family):
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
                                  regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
-                                 regs_prefetch_blocks=1,
+                                 regs_prefetch_blocks=1, regs_cluster=0,
                                  m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
@@ -1143,6 +1233,20 @@ class DecodeSplitKV(Family):
     def smem_roles(self, config) -> dict:
         return {"main": config.smem_bytes}
 
+    def without_cluster(self, config):
+        """``config`` without regs_cluster, merged as the heuristic merges (the fused combine where
+        FUSED_COMBINE_DEFAULT): for a call whose split count is not the cluster's (num_splits given,
+        or no query rows)."""
+        return config.replace(regs_cluster=0, fused_combine=FUSED_COMBINE_DEFAULT,
+                              light_fence=LIGHT_FENCE_DEFAULT and FUSED_COMBINE_DEFAULT)
+
+    def kernel_attributes(self, config) -> dict:
+        """{role: {CUfunction_attribute: value}} set on the loaded kernels (cuflash.compile.get_kernels):
+        clusters of more than 8 CTAs (regs_cluster 16) are a non-portable size, allowed per kernel."""
+        if getattr(config, "regs_cluster", 0) > 8:
+            return {"main": {CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: 1}}
+        return {}
+
     def launches(self, config, problem: Problem, sm_count: int) -> list:
         p = problem
         splits = _splits(config, p, sm_count)
@@ -1150,8 +1254,8 @@ class DecodeSplitKV(Family):
         if "append" in p.features:  # first: the main kernel reads what it writes
             out.append(LaunchSpec("append", (APPEND_CTAS, p.batch), APPEND_THREADS, 0))
         grid = (splits, 1, 1) if getattr(config, "stream", False) else (splits, p.nheads_kv * row_blocks(config, p), p.batch)
-        out.append(LaunchSpec("main", grid, config.threads, config.smem_bytes))
-        if splits > 1 and not config.fused_combine:
+        out.append(LaunchSpec("main", grid, config.threads, config.smem_bytes, getattr(config, "regs_cluster", 0)))
+        if splits > 1 and not config.fused_combine and not getattr(config, "regs_cluster", 0):
             rows = p.batch * p.nheads * p.seqlen_q
             out.append(LaunchSpec("combine", (-(-rows // COMBINE_ROWS),), 32 * COMBINE_ROWS, 0))
         return out
@@ -1186,7 +1290,7 @@ class DecodeSplitKV(Family):
         rows = p.batch * p.nheads * p.seqlen_q
         if getattr(config, "stream", False):   # 2 pieces of kRows rows per CTA, for any SM count
             splits, rows = STREAM_MAX_CTAS, 2 * config.rows
-        if splits > 1:
+        if splits > 1 and not getattr(config, "regs_cluster", 0):   # (a cluster merges in shared memory)
             out["o_partial"] = end
             end = -(-(end + splits * rows * config.head_dim * 4) // ALIGN) * ALIGN
             out["lse_partial"] = end
