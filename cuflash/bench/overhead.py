@@ -297,11 +297,12 @@ def feature_host_records(cases=FEATURE_CASES, p: Problem = TINY, calls: int = 50
 def feature_table(records: list) -> str:
     """Markdown: a row per (pass, case): cuflash's host µs per call (median round), × its
     plain call of the pass (the causal one for the causal cases), and SDPA's nearest calls."""
-    us = {(r["path"], r["case"], r["impl"]): r.get("us_median") for r in records if "case" in r}
+    host = [r for r in records if "case" in r and not r["path"].startswith("feature_eager")]
+    us = {(r["path"], r["case"], r["impl"]): r.get("us_median") for r in host}
     lines = ["| pass | case | cuflash µs | × cuflash causal | SDPA nearest µs |",
              "| --- | --- | --- | --- | --- |"]
-    for path in dict.fromkeys(r["path"] for r in records if "case" in r):
-        for case in dict.fromkeys(r["case"] for r in records if r["path"] == path and "case" in r):
+    for path in dict.fromkeys(r["path"] for r in host):
+        for case in dict.fromkeys(r["case"] for r in host if r["path"] == path):
             mine = us.get((path, case, "cuflash"))
             plain = us.get((path, "plain" if case == "plain" else "causal", "cuflash"))
             sdpa = ", ".join(f"{impl.replace('sdpa_', '')} {us[(path, case, impl)]:.1f}"
