@@ -5,11 +5,13 @@ set -u
 source results/NVIDIA_H100_80GB_HBM3/scripts/round_env.sh
 R=$OUT/res; mkdir -p $R
 H="python3 results/NVIDIA_H200/logs/session24_lead/hint.py"
-step pre 90 python3 tests/decode_b1_timing.py --precompile --cells 1x4k 1x8k 1x8k_cold --processes 12
+bg pre_on 90 $H on tests/decode_b1_timing.py --precompile --cells 1x4k 1x8k 1x8k_cold --processes 8
+bg pre_off 90 $H off tests/decode_b1_timing.py --precompile --cells 1x4k 1x8k 1x8k_cold --processes 8
+wait
 for i in 1 2; do
   for s in on off; do
     step b1_${s}_$i 40 $H $s tests/decode_b1_timing.py --no-precompile --cells 1x4k 1x8k 1x8k_cold --repeat 3
-    step bench_${s}_$i 40 $H $s -m cuflash bench --mode decode --decode-batches 1 --decode-ctxs 4096 8192 --out $R/bench_${s}_$i
+    step bench_${s}_$i 75 $H $s -m cuflash bench --mode decode --decode-batches 1 --decode-ctxs 4096 8192 --out $R/bench_${s}_$i
   done
 done
 echo "all done $(el)s" >> $L/steps.log
