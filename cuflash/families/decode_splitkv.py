@@ -403,7 +403,9 @@ REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_prefetch": True, "regs_
 # 256 17.20, 16.71 / 14.24, 14.27; 1 x 4k 10.83, 10.80 / 10.78, 10.77 / 9.90-10.03. Page 16 (under
 # TMA_PAGED_MAX_PAGE) stays on the regs kernel for these calls, not the Hopper loop
 # (REGS_PAGED_TMA_MAX_KEYS): 1 x 8k 14.70, 15.10 against 15.88, 16.02; 1 x 4k 11.36, 11.39 against
-# 11.83, 11.82.
+# 11.83, 11.82. H200 (results/NVIDIA_H200/logs/session24_lead/callB, one setting per process, two
+# passes), us, with / without: 1 x 8k 13.21, 13.22 / 13.87, 13.99 (cuDNN 11.5-11.9); bench 1 x 8k 13.2,
+# 13.2 / 14.2, 14.0, page 16 14.3, 14.5 / 15.1, 14.8; cold 17.15, 17.25 / 17.09, 17.06: so by arch.
 REGS_BATCH1_HINT: tuple = ((8192, 1),)
 
 
