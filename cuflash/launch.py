@@ -167,6 +167,16 @@ def _driver_launch():
     return driver.launchKernel
 
 
+@functools.lru_cache(maxsize=1)
+def libcuda():
+    """The CUDA driver library through ctypes, loaded on first use (not at import: a machine
+    without a driver still imports cuflash), for the entry points CuPy's driver module lacks
+    (cuLaunchKernelEx here, cuTensorMapEncodeTiled in the sm90 families)."""
+    import sys
+
+    return ctypes.WinDLL("nvcuda.dll") if sys.platform == "win32" else ctypes.CDLL("libcuda.so.1")
+
+
 class LaunchAttribute(ctypes.Structure):
     """cuda.h's CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union (72 bytes)."""
     _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_uint), ("value", ctypes.c_uint * 16)]
@@ -189,10 +199,7 @@ class ClusterLaunch:
     _CLUSTER_DIMENSION = 4   # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
 
     def __init__(self, clusters: dict):
-        import sys
-
-        lib = ctypes.WinDLL("nvcuda.dll") if sys.platform == "win32" else ctypes.CDLL("libcuda.so.1")
-        self._ex = lib.cuLaunchKernelEx
+        self._ex = libcuda().cuLaunchKernelEx
         self._ex.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self._ex.restype = ctypes.c_int
         self._attr = LaunchAttribute(self._CLUSTER_DIMENSION, 0)

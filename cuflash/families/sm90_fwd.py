@@ -993,8 +993,9 @@ BOX_COLS = 64                  # 128 bytes of 16-bit elements: the 128B swizzle'
 @functools.lru_cache(maxsize=1)
 def _cu_encode():
     """cuTensorMapEncodeTiled from the driver (loaded on first use, not at import)."""
-    lib = ctypes.CDLL("libcuda.so.1")
-    fn = lib.cuTensorMapEncodeTiled
+    from ..launch import libcuda
+
+    fn = libcuda().cuTensorMapEncodeTiled
     u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p,
                    u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
