@@ -27,8 +27,8 @@ from numbers import Integral
 import numpy as np
 import torch
 
+from . import api, reference
 from . import compile as compile_mod
-from . import reference
 
 Tensor = torch.Tensor
 
@@ -286,6 +286,8 @@ def _cuda(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen, interleaved, inpl
         _check_int_offset(offset, plan.seqlen, plan.seqlen_ro)
     src = x.contiguous() if plan.copy_x else x
     out = src if inplace else torch.empty_like(src)
+    if api.POISON_OUTPUTS and not inplace:  # test hook: an element the kernel misses shows as NaN
+        out.fill_(float("nan"))
     if x.numel():
         ptrs = (src.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                 0 if cu_seqlens is None else cu_seqlens.data_ptr(),

@@ -14,8 +14,12 @@ and ``out_proj``; the rotary tables and ALiBi slopes are non-persistent buffers,
 
 Where cuflash accepts more than flash-attn (flash-attn asserts): ``key_padding_mask`` with
 ``use_flash_attn=True`` (the padded tokens are removed with ``cuflash.unpad_input``, the packed
-batch runs the varlen kernels and the output is padded back with zeros at the padded tokens; with
-``causal``, the kept keys must come first in each row, as for the torch path's alignment);
+batch runs the varlen kernels and the output is padded back with zeros at the padded tokens, so
+the output projection's bias there; causal masks align on each row's kept tokens: query i sees
+the kept keys j <= i in self-attention, and the last kept key is the last query's diagonal in
+cross-attention, as the torch path; for MQA / GQA self-attention flash-attn's torch path (a
+CrossAttention) aligns the diagonal to the last kept key instead, and cuflash's torch path keeps
+that);
 ``cu_seqlens`` with rotary (each packed sequence starts at position 0) and with
 ``num_heads_kv != num_heads``. Not provided: ``fused_bias_fc`` (flash-attn's fused dense from
 ``flash_attn.ops``) and ``dwconv`` raise ``cuflash.UnsupportedFeature``; ``ParallelMHA``
@@ -136,10 +140,11 @@ class FlashCrossAttention(nn.Module):
         return flash_attn_kvpacked_func(q, kv, p, **common)
 
 
-def _plain_attention(q, k, v, scale, key_padding_mask, causal, drop):
+def _plain_attention(q, k, v, scale, key_padding_mask, causal, drop, queries_padded):
     """softmax(q kᵀ · scale + masks) v in torch operations, (batch, seqlen, heads, headdim) layouts;
-    masked scores get -10000 added (padding) or set (causal: bottom-right aligned on the kept keys'
-    count), the softmax runs in v's dtype, then dropout."""
+    masked scores get -10000 added (padding) or set (causal), the softmax runs in v's dtype, then
+    dropout. Causal is bottom-right aligned: on the kept keys' count for cross-attention, and
+    query i sees keys j <= i for self-attention (queries_padded: q padded like the keys)."""
     batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k * scale)
     if key_padding_mask is not None:
@@ -149,7 +154,7 @@ def _plain_attention(q, k, v, scale, key_padding_mask, causal, drop):
     if causal:
         rows = torch.arange(seqlen_q, device=q.device)[:, None]
         cols = torch.arange(seqlen_k, device=q.device)[None, :]
-        kept = seqlen_k if key_padding_mask is None else key_padding_mask.sum(-1)[:, None, None, None]
+        kept = seqlen_k if key_padding_mask is None or queries_padded else key_padding_mask.sum(-1)[:, None, None, None]
         scores = scores.masked_fill(cols > rows + kept - seqlen_q, -10000.0)
     probs = drop(torch.softmax(scores, dim=-1, dtype=v.dtype))
     return torch.einsum("bhqk,bkhd->bqhd", probs, v)
@@ -170,7 +175,7 @@ class SelfAttention(nn.Module):
         causal = self.causal if causal is None else causal
         q, k, v = qkv.unbind(dim=2)
         scale = self.softmax_scale or 1.0 / math.sqrt(q.shape[-1])
-        return _plain_attention(q, k, v, scale, key_padding_mask, causal, self.drop)
+        return _plain_attention(q, k, v, scale, key_padding_mask, causal, self.drop, queries_padded=True)
 
 
 class CrossAttention(nn.Module):
@@ -194,7 +199,7 @@ class CrossAttention(nn.Module):
             group = q.shape[2] // k.shape[2]
             k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
         scale = self.softmax_scale or 1.0 / math.sqrt(q.shape[-1])
-        return _plain_attention(q, k, v, scale, key_padding_mask, causal, self.drop)
+        return _plain_attention(q, k, v, scale, key_padding_mask, causal, self.drop, queries_padded=False)
 
 
 class LinearResidual(nn.Linear):
@@ -369,7 +374,11 @@ class MHA(nn.Module):
     def _cross_attention(self, q, kv, key_padding_mask=None, **kwargs):
         if self.use_flash_attn and key_padding_mask is not None:
             batch, seqlen_q = q.shape[:2]
-            packed_kv, _, cu_k, longest_k, _ = unpad_input(kv, key_padding_mask)
+            packed_kv, indices, cu_k, longest_k, _ = unpad_input(kv, key_padding_mask)
+            if not self.cross_attn:   # MQA / GQA self-attention: the queries are the same tokens
+                out = self.inner_cross_attn(unpad_input(q, key_padding_mask)[0], packed_kv, cu_seqlens=cu_k,
+                                            max_seqlen=longest_k, cu_seqlens_k=cu_k, max_seqlen_k=longest_k)
+                return pad_input(out, indices, batch, seqlen_q)
             cu_q = torch.arange(0, (batch + 1) * seqlen_q, seqlen_q, dtype=torch.int32, device=q.device)
             out = self.inner_cross_attn(q.reshape(batch * seqlen_q, *q.shape[2:]), packed_kv, cu_seqlens=cu_q,
                                         max_seqlen=seqlen_q, cu_seqlens_k=cu_k, max_seqlen_k=longest_k)
