@@ -88,8 +88,8 @@ def test_key_padding_mask():
     check_module(m, x, kw={"key_padding_mask": mask}, ref_kw={"key_padding_mask": mask}, rows=mask)
 
 
-@pytest.mark.parametrize("kw", [dict(causal=True, rotary_emb_dim=64), dict(num_heads_kv=4, causal=True, rotary_emb_dim=32)],
-                         ids=["mha", "gqa"])
+@pytest.mark.parametrize("kw", [dict(causal=True, rotary_emb_dim=64),
+                                dict(num_heads_kv=4, causal=True, rotary_emb_dim=32)], ids=["mha", "gqa"])
 def test_varlen(kw):
     """Packed sequences (lengths 1, 0, 77, 300) with cu_seqlens: each against its own dense
     reference, rotary restarting per sequence; gradients through the packed batch."""

@@ -100,8 +100,9 @@ def test_gradcheck():
         assert torch.autograd.gradcheck(lambda t: apply_rotary_emb(t.clone(), cos, sin, inplace=True, **kw), (x,))
     cu = torch.tensor([0, 3, 3, 8], dtype=torch.int32)
     xv = torch.randn(8, 2, 7, dtype=torch.float64, requires_grad=True)
+    offsets = torch.tensor([0, 2, 5])
     assert torch.autograd.gradcheck(
-        lambda t: apply_rotary_emb(t, cos, sin, cu_seqlens=cu, max_seqlen=5, seqlen_offsets=torch.tensor([0, 2, 5])), (xv,))
+        lambda t: apply_rotary_emb(t, cos, sin, cu_seqlens=cu, max_seqlen=5, seqlen_offsets=offsets), (xv,))
     qkv = torch.randn(2, 6, 3, 2, 8, dtype=torch.float64, requires_grad=True)
     cos8, sin8 = tables(10, 8)
     cos_k, sin_k = tables(10, 8)
@@ -110,7 +111,8 @@ def test_gradcheck():
     gqa = torch.randn(2, 6, 4 + 2 * 1, 8, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: apply_rotary_emb_qkv_(t.clone(), cos8, sin8, num_heads_q=4), (gqa,))
     kv = torch.randn(2, 6, 2, 2, 8, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda t: apply_rotary_emb_kv_(t.clone(), cos8, sin8, seqlen_offsets=torch.tensor([0, 3])),
+    offsets = torch.tensor([0, 3])
+    assert torch.autograd.gradcheck(lambda t: apply_rotary_emb_kv_(t.clone(), cos8, sin8, seqlen_offsets=offsets),
                                     (kv,))
 
 
@@ -125,8 +127,8 @@ def test_packed_forms_rotate_q_and_k_only():
     assert torch.equal(got[:, :, 2], qkv[:, :, 2])
     gqa = torch.randn(2, 5, 3 + 2, 8, dtype=torch.float64)
     got = apply_rotary_emb_qkv_(gqa.clone(), cos, sin, num_heads_q=3)
-    assert torch.allclose(got[:, :, :4], complex_rotation(gqa[:, :, :4], cos, sin, (torch.arange(5)).expand(2, 5), False),
-                          atol=1e-12)
+    want = complex_rotation(gqa[:, :, :4], cos, sin, torch.arange(5).expand(2, 5), False)
+    assert torch.allclose(got[:, :, :4], want, atol=1e-12)
     assert torch.equal(got[:, :, 4], gqa[:, :, 4])
     with pytest.raises(ValueError, match="num_heads_q"):
         apply_rotary_emb_qkv_(gqa.clone(), cos, sin)

@@ -28,8 +28,6 @@ that);
 from __future__ import annotations
 
 import math
-from typing import Optional
-
 import torch
 import torch.nn as nn
 from torch import Tensor
@@ -60,12 +58,6 @@ def get_alibi_slopes(nheads: int) -> list:
     return geometric(below) + get_alibi_slopes(2 * below)[0::2][:nheads - below]
 
 
-def _slopes_fp32(module) -> Optional[Tensor]:
-    if module.alibi_slopes is not None and module.alibi_slopes.dtype != torch.float32:
-        module.alibi_slopes = module.alibi_slopes.to(torch.float32)
-    return module.alibi_slopes
-
-
 def _check_varlen_args(cu_seqlens, max_seqlen, what: str) -> None:
     if cu_seqlens.dtype != torch.int32:
         raise ValueError(f"{what}: cu_seqlens must be int32, got {cu_seqlens.dtype}")
@@ -73,7 +65,29 @@ def _check_varlen_args(cu_seqlens, max_seqlen, what: str) -> None:
         raise ValueError(f"{what}: max_seqlen must be an int with cu_seqlens, got {max_seqlen!r}")
 
 
-class FlashSelfAttention(nn.Module):
+class _FlashAttention(nn.Module):
+    """What FlashSelfAttention and FlashCrossAttention share: their settings and the keyword
+    arguments of one cuflash call (flash-attn's constructors order alibi_slopes and window_size
+    differently, so each keeps its own __init__ signature)."""
+
+    def _setup(self, causal, softmax_scale, attention_dropout, window_size, alibi_slopes, deterministic):
+        self.causal = causal
+        self.softmax_scale = softmax_scale
+        self.drop = nn.Dropout(attention_dropout)
+        self.register_buffer("alibi_slopes", alibi_slopes, persistent=False)
+        self.window_size = window_size
+        self.deterministic = deterministic
+
+    def _call_args(self, causal) -> tuple:
+        """(dropout_p, keyword arguments) of this call: dropout only while training, ALiBi slopes in fp32."""
+        if self.alibi_slopes is not None and self.alibi_slopes.dtype != torch.float32:
+            self.alibi_slopes = self.alibi_slopes.to(torch.float32)
+        return self.drop.p if self.training else 0.0, dict(
+            softmax_scale=self.softmax_scale, causal=self.causal if causal is None else causal,
+            alibi_slopes=self.alibi_slopes, window_size=self.window_size, deterministic=self.deterministic)
+
+
+class FlashSelfAttention(_FlashAttention):
     """Softmax attention of packed qkv on cuflash's kernels.
 
     causal: bottom-right aligned causal mask; softmax_scale: default 1 / sqrt(headdim);
@@ -84,50 +98,34 @@ class FlashSelfAttention(nn.Module):
     def __init__(self, causal=False, softmax_scale=None, attention_dropout=0.0, window_size=(-1, -1),
                  alibi_slopes=None, deterministic=False):
         super().__init__()
-        self.causal = causal
-        self.softmax_scale = softmax_scale
-        self.drop = nn.Dropout(attention_dropout)
-        self.register_buffer("alibi_slopes", alibi_slopes, persistent=False)
-        self.window_size = window_size
-        self.deterministic = deterministic
+        self._setup(causal, softmax_scale, attention_dropout, window_size, alibi_slopes, deterministic)
 
     def forward(self, qkv, causal=None, cu_seqlens=None, max_seqlen=None):
         """qkv: (batch, seqlen, 3, nheads, headdim), or (total, 3, nheads, headdim) with cu_seqlens
         (int32, (batch + 1,)) and max_seqlen (int). causal: overrides self.causal. Returns
         (batch, seqlen, nheads, headdim), or (total, nheads, headdim)."""
-        causal = self.causal if causal is None else causal
-        p = self.drop.p if self.training else 0.0
-        common = dict(softmax_scale=self.softmax_scale, causal=causal, alibi_slopes=_slopes_fp32(self),
-                      window_size=self.window_size, deterministic=self.deterministic)
+        p, common = self._call_args(causal)
         if cu_seqlens is not None:
             _check_varlen_args(cu_seqlens, max_seqlen, "FlashSelfAttention")
             return flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, p, **common)
         return flash_attn_qkvpacked_func(qkv, p, **common)
 
 
-class FlashCrossAttention(nn.Module):
+class FlashCrossAttention(_FlashAttention):
     """Softmax attention of q over packed kv on cuflash's kernels (MQA / GQA when kv has fewer
     heads). Arguments as FlashSelfAttention."""
 
     def __init__(self, causal=False, softmax_scale=None, attention_dropout=0.0, alibi_slopes=None,
                  window_size=(-1, -1), deterministic=False):
         super().__init__()
-        self.causal = causal
-        self.softmax_scale = softmax_scale
-        self.drop = nn.Dropout(attention_dropout)
-        self.register_buffer("alibi_slopes", alibi_slopes, persistent=False)
-        self.window_size = window_size
-        self.deterministic = deterministic
+        self._setup(causal, softmax_scale, attention_dropout, window_size, alibi_slopes, deterministic)
 
     def forward(self, q, kv, causal=None, cu_seqlens=None, max_seqlen=None, cu_seqlens_k=None,
                 max_seqlen_k=None):
         """q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_kv, headdim).
         Packed variable-length batches: q (total_q, nheads, headdim), kv (total_k, 2, nheads_kv,
         headdim) with cu_seqlens / max_seqlen (q's) and cu_seqlens_k / max_seqlen_k (kv's)."""
-        causal = self.causal if causal is None else causal
-        p = self.drop.p if self.training else 0.0
-        common = dict(softmax_scale=self.softmax_scale, causal=causal, alibi_slopes=_slopes_fp32(self),
-                      window_size=self.window_size, deterministic=self.deterministic)
+        p, common = self._call_args(causal)
         if cu_seqlens is not None:
             _check_varlen_args(cu_seqlens, max_seqlen, "FlashCrossAttention")
             if cu_seqlens_k is None or max_seqlen_k is None:
@@ -275,7 +273,8 @@ class MHA(nn.Module):
         self.num_heads = num_heads
         self.num_heads_kv = num_heads_kv if num_heads_kv is not None else num_heads
         if num_heads <= 0 or self.num_heads_kv <= 0 or num_heads % self.num_heads_kv:
-            raise ValueError(f"num_heads = {num_heads} must be a positive multiple of num_heads_kv = {self.num_heads_kv}")
+            raise ValueError(f"num_heads = {num_heads} must be a positive multiple of num_heads_kv = "
+                             f"{self.num_heads_kv}")
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim = {embed_dim} must be divisible by num_heads = {num_heads}")
         self.head_dim = embed_dim // num_heads
