@@ -179,14 +179,48 @@ except AttributeError:  # pragma: no cover - older torch
         return torch.cuda.current_stream(index).cuda_stream
 
 
+# Vector groups (rotary.cu's kVector): 16 bytes of x per access where the call allows it. False
+# makes every plan made from now on take the one-element kernel (the timing script compares them).
+VECTORIZE = True
+
+
+class _Kernel:
+    """One of a plan's two kernels (one element per access, or 16-byte groups): its function, grid
+    and packed params."""
+    __slots__ = ("fn", "grid", "record", "bytes", "argv", "argv_ptr")
+
+    def __init__(self, fn, grid, static: dict):
+        from .launch import pack
+
+        self.fn, self.grid = fn, grid
+        self.record = pack("RotaryParams", **static)
+        self.bytes = self.record.view(np.uint8)
+        self.argv = np.array([self.bytes.ctypes.data], dtype=np.uint64)
+        self.argv_ptr = int(self.argv.ctypes.data)
+
+
+def _row_split(per_row: int, rows: int) -> tuple:
+    """(log2 of the lanes sharing a row, CTAs): the fewest lanes (a power of two <= 32) that cover a
+    row's groups in one step, so a warp holds the most rows; about two rows per lane group."""
+    lanes = 1
+    while lanes < min(per_row, 32):
+        lanes *= 2
+    rows_per_cta = (_THREADS // 32) * (32 // lanes)
+    return lanes.bit_length() - 1, max(1, min(-(-rows // (2 * rows_per_cta)), 1 << 20))
+
+
 class _Plan:
-    """One CUDA call shape: the kernel, its grid and the params struct with every field but the
-    per-call ones (the pointers, the int offset) packed; a repeat call writes those and launches."""
-    __slots__ = ("fn", "grid", "record", "bytes", "argv_ptr", "argv", "device", "lock", "seqlen",
-                 "seqlen_ro", "copy_x", "offset_at", "out_at", "get_device", "set_device", "launch")
+    """One CUDA call shape: the two kernels (one element per access, 16-byte groups), their grids
+    and params with every field but the per-call ones (the pointers, out's strides, the int offset)
+    packed; a repeat call picks the vector kernel where the addresses allow it, writes those fields
+    and launches."""
+    __slots__ = ("scalar", "vector", "device", "lock", "seqlen", "seqlen_ro", "copy_x", "offset_at",
+                 "out_at", "get_device", "set_device", "launch", "trig_mask", "tail")
 
     def __init__(self, x, cos, shape: tuple, varlen: bool, seqlen_offsets, interleaved, conjugate, copy_tail):
-        from .launch import _device_fns, pack, struct_dtype
+        from cupy_backends.cuda.api import driver
+
+        from .launch import _device_fns, struct_dtype
 
         batch, seqlen, rotary_dim = shape
         if batch > _GRID_Y:
@@ -194,54 +228,64 @@ class _Plan:
         self.device, self.seqlen, self.seqlen_ro = x.device.index, seqlen, cos.shape[0]
         self.copy_x = x.stride(-1) != 1   # the kernel reads rows of contiguous features
         xs = x.contiguous().stride() if self.copy_x else x.stride()
-        expr = (f"cuflash::rotary<{_KERNEL_TYPES[x.dtype]}, {_KERNEL_TYPES[cos.dtype]}, "
-                f"{'true' if interleaved else 'false'}>")
-        from cupy_backends.cuda.api import driver
-
+        nheads, headdim, half = x.shape[-2], x.shape[-1], rotary_dim // 2
+        # 16-byte groups: tail elements per access, pairs per group; the shape and x's strides allow
+        # them (the addresses and out's strides are checked per call)
+        self.tail = 16 // x.element_size()
+        pairs = self.tail // 2 if interleaved else self.tail
+        used = (xs[-3], xs[-2]) + (() if varlen else (xs[0],))
+        vector_ok = (VECTORIZE and half % pairs == 0 and cos.stride(0) % pairs == 0
+                     and (not copy_tail or (headdim - rotary_dim) % self.tail == 0)
+                     and all(st % self.tail == 0 for st in used))
+        self.trig_mask = min(16, pairs * cos.element_size()) - 1   # cos / sin group alignment
+        types = f"{_KERNEL_TYPES[x.dtype]}, {_KERNEL_TYPES[cos.dtype]}, {'true' if interleaved else 'false'}"
+        exprs = (f"cuflash::rotary<{types}, false>", f"cuflash::rotary<{types}, true>")
         self.launch = driver.launchKernel
         self.get_device, self.set_device = get_device, set_device = _device_fns()
         current = get_device()
         if current != self.device:
             set_device(self.device)
         try:
-            kernel = compile_mod.get_helper_kernels("rotary", (expr,), self.device)[expr]
-            self.fn = kernel.kernel.ptr
+            kernels = compile_mod.get_helper_kernels("rotary", exprs, self.device)
+            fns = [kernels[e].kernel.ptr for e in exprs]
         finally:
             if current != self.device:
                 set_device(current)
-        nheads = x.shape[-2]
-        rows = max(seqlen, 1) * nheads
-        # about two rows per warp, four warps per CTA: enough CTAs to fill the GPU at any batch
-        self.grid = (max(1, min(-(-rows // 8), 1 << 20)), max(batch, 1))
         tensor_offsets = _offsets_kind(seqlen_offsets) == "tensor"
         static = dict(x=0, out=0, cos=0, sin=0, cu_seqlens=0, seqlen_offsets=0,
                       x_batch_stride=0 if varlen else xs[0], x_row_stride=xs[-3], x_head_stride=xs[-2],
                       out_batch_stride=0, out_row_stride=0, out_head_stride=0,  # per call: out's strides
-                      trig_row_stride=cos.stride(0), seqlen=seqlen, nheads=nheads, headdim=x.shape[-1],
+                      trig_row_stride=cos.stride(0), seqlen=seqlen, nheads=nheads, headdim=headdim,
                       rotary_dim=rotary_dim, seqlen_ro=cos.shape[0], seqlen_offset=0,
                       offsets_i64=int(tensor_offsets and seqlen_offsets.dtype == torch.int64),
-                      copy_tail=int(copy_tail), sin_sign=-1.0 if conjugate else 1.0)
-        self.record = pack("RotaryParams", **static)
-        self.bytes = self.record.view(np.uint8)
+                      copy_tail=int(copy_tail), row_lanes_log2=0, sin_sign=-1.0 if conjugate else 1.0)
+        rows = max(seqlen, 1) * nheads
+        tail = headdim - rotary_dim if copy_tail else 0
+        kernels = []
+        for fn, (group_pairs, group_tail) in zip(fns, ((1, 1), (pairs, self.tail))):
+            log2, ctas = _row_split(half // group_pairs + tail // group_tail, rows)
+            kernels.append(_Kernel(fn, (ctas, max(batch, 1)), {**static, "row_lanes_log2": log2}))
+        self.scalar, self.vector = kernels[0], (kernels[1] if vector_ok else None)
         dtype = struct_dtype("RotaryParams")
         self.offset_at = dtype.fields["seqlen_offset"][1]
         self.out_at = dtype.fields["out_batch_stride"][1]
-        self.argv = np.array([self.bytes.ctypes.data], dtype=np.uint64)
-        self.argv_ptr = int(self.argv.ctypes.data)
         self.lock = threading.Lock()
 
     def run(self, ptrs: tuple, out_strides: tuple, offset: int, stream: int, varlen: bool) -> None:
+        ob = 0 if varlen else out_strides[0]
+        k = self.vector
+        if k is None or (ptrs[0] | ptrs[1]) & 15 or (ptrs[2] | ptrs[3]) & self.trig_mask \
+                or (ob | out_strides[-3] | out_strides[-2]) % self.tail:
+            k = self.scalar
         with self.lock:  # the packed record is shared; the driver copies it at the launch
-            _PTRS.pack_into(self.bytes, 0, *ptrs)
-            _STRIDES.pack_into(self.bytes, self.out_at, 0 if varlen else out_strides[0], out_strides[-3],
-                               out_strides[-2])
-            _I32.pack_into(self.bytes, self.offset_at, offset)
+            _PTRS.pack_into(k.bytes, 0, *ptrs)
+            _STRIDES.pack_into(k.bytes, self.out_at, ob, out_strides[-3], out_strides[-2])
+            _I32.pack_into(k.bytes, self.offset_at, offset)
             current = self.get_device()
             if current != self.device:
                 self.set_device(self.device)
             try:
-                self.launch(self.fn, self.grid[0], self.grid[1], 1, _THREADS, 1, 1, 0, stream,
-                            self.argv_ptr, 0)
+                self.launch(k.fn, k.grid[0], k.grid[1], 1, _THREADS, 1, 1, 0, stream, k.argv_ptr, 0)
             finally:
                 if current != self.device:
                     self.set_device(current)
@@ -276,8 +320,7 @@ def _cuda(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen, interleaved, inpl
             cos, sin = cos.contiguous(), sin.contiguous()
         plan = _Plan(x, cos, shape, cu_seqlens is not None, seqlen_offsets, interleaved, conjugate,
                      copy_tail=not inplace and shape[2] < x.shape[-1])
-        if key is not None:
-            _plans[key] = plan
+        _plans[key] = plan
     elif cos.stride(-1) != 1 or sin.stride() != cos.stride():  # as the plan's first call did
         cos, sin = cos.contiguous(), sin.contiguous()
     offset = 0

@@ -36,6 +36,7 @@ struct RotaryParams {
     int seqlen_offset;
     int offsets_i64;
     int copy_tail;           // out != x: copy the columns rotary_dim .. headdim - 1
+    int row_lanes_log2;      // log2 of the lanes that share a row (0 .. 5)
     float sin_sign;          // 1, or -1 for the inverse rotation (the backward: R(-θ) = R(θ)ᵀ)
 };
 

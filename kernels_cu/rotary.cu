@@ -14,14 +14,21 @@
 // Arithmetic in fp32, each output rounded once (round to nearest even) to Elem.
 //
 // Layouts and fields: RotaryParams (params_rotary.cuh).
-// Work split: grid (CTAs, batch), kRotaryThreads threads; one warp per (token, head) row, its lanes
-// over the pairs, then over the pass-through features; the warps stride over the sequence's
-// rows, so a varlen sequence longer than the grid's seqlen is still covered.
+// Work split: grid (CTAs, batch), kRotaryThreads threads. A (token, head) row is cut into groups:
+// kPairs consecutive pairs each (GPT-NeoX: kPairs features of each half; GPT-J: 2 kPairs neighbouring
+// features), then, when out is not x, the pass-through features kTail at a time. 2^row_lanes_log2
+// lanes of a warp share a row and stride over its groups, so a warp holds 32 >> row_lanes_log2 rows
+// at once (no lane idles on a short row); the warps stride over the sequence's rows, so a varlen
+// sequence longer than the grid's seqlen is covered too.
 //
 // Template parameters:
 //   Elem          bf16, fp16 or float: x and out
 //   Trig          bf16, fp16 or float: cos and sin (Elem, or fp32 tables)
 //   kInterleaved  pair layout, as above
+//   kVector       groups of 16 bytes of x, read and written by one vector access (kPairs = 8 for
+//                 16-bit Elem, 4 for float; GPT-J half of that); the host takes this kernel only
+//                 when the rotary half, the pass-through part, the strides and the addresses allow
+//                 it (cuflash/rotary.py). false: one element per access (kPairs = 1)
 #include "ptx.cuh"
 #include "params_rotary.cuh"
 
@@ -44,13 +51,44 @@ struct RotaryElem<float> {
     static __device__ __forceinline__ float round(float v) { return v; }
 };
 
-template <class Elem, class Trig, bool kInterleaved>
+// N consecutive elements of storage S, moved by vector accesses (kVector: at most 16 bytes each,
+// so the host guarantees that alignment) or one element at a time.
+template <class S, int N, bool kVector>
+struct alignas(kVector ? (N * sizeof(S) < 16 ? N * sizeof(S) : 16) : sizeof(S)) RotaryChunk {
+    S v[N];
+    __device__ __forceinline__ void load(const S* p) {
+        if constexpr (kVector) {
+            *this = *reinterpret_cast<const RotaryChunk*>(p);
+        } else {
+#pragma unroll
+            for (int i = 0; i < N; ++i) v[i] = p[i];
+        }
+    }
+    __device__ __forceinline__ void store(S* p) const {
+        if constexpr (kVector) {
+            *reinterpret_cast<RotaryChunk*>(p) = *this;
+        } else {
+#pragma unroll
+            for (int i = 0; i < N; ++i) p[i] = v[i];
+        }
+    }
+};
+
+template <class Elem, class Trig, bool kInterleaved, bool kVector>
 __global__ void __launch_bounds__(kRotaryThreads)
 rotary(const RotaryParams p) {
     using X = RotaryElem<Elem>;
     using T = RotaryElem<Trig>;
     using XS = typename X::Storage;
     using TS = typename T::Storage;
+    constexpr int kVecElems = 16 / sizeof(XS);                      // elements of x in 16 bytes
+    constexpr int kPairs = kVector ? (kInterleaved ? kVecElems / 2 : kVecElems) : 1;
+    constexpr int kTail = kVector ? kVecElems : 1;                  // pass-through elements per group
+    using XChunk = RotaryChunk<XS, kInterleaved ? 2 * kPairs : kPairs, kVector>;
+    using TChunk = RotaryChunk<TS, kPairs, kVector>;
+    using TailChunk = RotaryChunk<XS, kTail, kVector>;
+    static_assert(!kVector || (kInterleaved ? 2 * kPairs : kPairs) * sizeof(XS) == 16, "one 16-byte access of x");
+
     const int b = blockIdx.y;
     const int lane = threadIdx.x % 32;
     // the sequence's first row in x / out and its length
@@ -67,9 +105,15 @@ rotary(const RotaryParams p) {
         offset = p.offsets_i64 ? static_cast<int>(static_cast<const i64*>(p.seqlen_offsets)[b])
                                : static_cast<const int*>(p.seqlen_offsets)[b];
     const int half = p.rotary_dim / 2;
-    const int warps = gridDim.x * (kRotaryThreads / 32);
+    const int groups = half / kPairs;                                // rotary groups per row
+    const int per_row = groups + (p.copy_tail ? (p.headdim - p.rotary_dim) / kTail : 0);
+    const int row_lanes = 1 << p.row_lanes_log2;
+    const int rows_per_warp = 32 >> p.row_lanes_log2;
+    const int sub = lane >> p.row_lanes_log2, first = lane & (row_lanes - 1);
+    const i64 warp = static_cast<i64>(blockIdx.x) * (kRotaryThreads / 32) + threadIdx.x / 32;
+    const i64 row_step = static_cast<i64>(gridDim.x) * (kRotaryThreads / 32) * rows_per_warp;
     const i64 rows = static_cast<i64>(len) * p.nheads;
-    for (i64 r = static_cast<i64>(blockIdx.x) * (kRotaryThreads / 32) + threadIdx.x / 32; r < rows; r += warps) {
+    for (i64 r = warp * rows_per_warp + sub; r < rows; r += row_step) {
         const int t = static_cast<int>(r / p.nheads), h = static_cast<int>(r % p.nheads);
         const XS* src = static_cast<const XS*>(p.x) + x_base + t * p.x_row_stride + h * p.x_head_stride;
         XS* dst = static_cast<XS*>(p.out) + out_base + t * p.out_row_stride + h * p.out_head_stride;
@@ -77,16 +121,46 @@ rotary(const RotaryParams p) {
         const bool turn = 0 <= pos && pos < p.seqlen_ro;
         const TS* cos_row = static_cast<const TS*>(p.cos) + (turn ? pos * p.trig_row_stride : 0);
         const TS* sin_row = static_cast<const TS*>(p.sin) + (turn ? pos * p.trig_row_stride : 0);
-        for (int c = lane; c < half; c += 32) {
-            const int i0 = kInterleaved ? 2 * c : c, i1 = kInterleaved ? 2 * c + 1 : c + half;
-            const float a = X::load(src[i0]), bb = X::load(src[i1]);
-            const float cs = turn ? T::load(cos_row[c]) : 1.f;
-            const float sn = turn ? p.sin_sign * T::load(sin_row[c]) : 0.f;
-            dst[i0] = X::round(a * cs - bb * sn);
-            dst[i1] = X::round(a * sn + bb * cs);
+        for (int j = first; j < per_row; j += row_lanes) {
+            if (j >= groups) {                                       // pass-through features
+                const int c = p.rotary_dim + (j - groups) * kTail;
+                TailChunk tail;
+                tail.load(src + c);
+                tail.store(dst + c);
+                continue;
+            }
+            const int c0 = j * kPairs;                               // first pair of the group
+            TChunk cs, sn;
+            if (turn) {
+                cs.load(cos_row + c0);
+                sn.load(sin_row + c0);
+            }
+            if constexpr (kInterleaved) {
+                XChunk v;
+                v.load(src + 2 * c0);
+#pragma unroll
+                for (int i = 0; i < kPairs; ++i) {
+                    const float c = turn ? T::load(cs.v[i]) : 1.f, s = turn ? p.sin_sign * T::load(sn.v[i]) : 0.f;
+                    const float a = X::load(v.v[2 * i]), bb = X::load(v.v[2 * i + 1]);
+                    v.v[2 * i] = X::round(a * c - bb * s);
+                    v.v[2 * i + 1] = X::round(a * s + bb * c);
+                }
+                v.store(dst + 2 * c0);
+            } else {
+                XChunk lo, hi;
+                lo.load(src + c0);
+                hi.load(src + c0 + half);
+#pragma unroll
+                for (int i = 0; i < kPairs; ++i) {
+                    const float c = turn ? T::load(cs.v[i]) : 1.f, s = turn ? p.sin_sign * T::load(sn.v[i]) : 0.f;
+                    const float a = X::load(lo.v[i]), bb = X::load(hi.v[i]);
+                    lo.v[i] = X::round(a * c - bb * s);
+                    hi.v[i] = X::round(a * s + bb * c);
+                }
+                lo.store(dst + c0);
+                hi.store(dst + c0 + half);
+            }
         }
-        if (p.copy_tail)
-            for (int c = p.rotary_dim + lane; c < p.headdim; c += 32) dst[c] = src[c];
     }
 }
 

@@ -2,7 +2,8 @@
 
     python tests/rotary_timing.py [--out results.json]
 
-Per shape: cuflash.layers.rotary.apply_rotary_emb out of place and in place, and
+Per shape: cuflash.layers.rotary.apply_rotary_emb out of place (the 16-byte-group kernel, and the
+one-element kernel: cuflash.rotary.VECTORIZE off for its plans) and in place, and
 apply_rotary_emb_torch (the torch formula: slices, repeats, multiplies, a concatenation), the
 same inputs, in alternating rounds; each round times 20 back-to-back calls between two CUDA
 events, the per-call time is the median over rounds. Also the host time per call of a decoding
@@ -19,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from cuflash import rotary as rotary_op  # noqa: E402
 from cuflash.layers.rotary import apply_rotary_emb, apply_rotary_emb_torch  # noqa: E402
 
 SHAPES = [  # (batch, seqlen, nheads, headdim, rotary_dim, interleaved)
@@ -50,10 +52,23 @@ def main():
         angles = torch.rand(s, r // 2, device="cuda") * 6.28
         cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
         y = x.clone()
+        plans = {True: {}, False: {}}     # the plans made with and without the vector kernel
+
+        def with_plans(vector, fn):
+            def call():
+                rotary_op._plans = plans[vector]
+                return fn()
+            return call
+
+        for vector in (False, True):
+            rotary_op.VECTORIZE = vector
+            with_plans(vector, lambda: apply_rotary_emb(x, cos, sin, interleaved=il))()
+        rotary_op.VECTORIZE = True
         fns = {
-            "cuflash": lambda: apply_rotary_emb(x, cos, sin, interleaved=il),
-            "cuflash_inplace": lambda: apply_rotary_emb(y, cos, sin, interleaved=il, inplace=True),
-            "torch_formula": lambda: apply_rotary_emb_torch(x, cos, sin, interleaved=il),
+            "cuflash": with_plans(True, lambda: apply_rotary_emb(x, cos, sin, interleaved=il)),
+            "cuflash_scalar": with_plans(False, lambda: apply_rotary_emb(x, cos, sin, interleaved=il)),
+            "cuflash_inplace": with_plans(True, lambda: apply_rotary_emb(y, cos, sin, interleaved=il, inplace=True)),
+            "torch_formula": with_plans(True, lambda: apply_rotary_emb_torch(x, cos, sin, interleaved=il)),
         }
         err = (apply_rotary_emb(x, cos, sin, interleaved=il).float()
                - apply_rotary_emb_torch(x.float(), cos.float(), sin.float(), interleaved=il)).abs().max().item()
@@ -70,7 +85,8 @@ def main():
         moved = 2 * x.numel() * x.element_size()   # read x, write out
         row = {"shape": [b, s, h, d], "rotary_dim": r, "interleaved": il, "max_abs_vs_fp32_formula": err,
                "ms": med, "GBps": {k: moved / (v * 1e-3) / 1e9 for k, v in med.items()},
-               "speedup_vs_torch": med["torch_formula"] / med["cuflash"]}
+               "speedup_vs_torch": med["torch_formula"] / med["cuflash"],
+               "vector_kernel": plans[True][next(iter(plans[True]))].vector is not None}
         rows.append(row)
         print(f"{b}x{s}x{h}x{d} r{r} {'gptj' if il else 'neox'}: " + "  ".join(
             f"{k} {v * 1e3:8.1f} us ({row['GBps'][k]:6.0f} GB/s)" for k, v in med.items())

@@ -239,16 +239,16 @@ def test_pos_idx_in_fp32_false_rounds_positions_to_inv_freq_dtype():
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-INSTANTIATIONS = [("cuflash::bf16", "cuflash::bf16", "false"), ("cuflash::fp16", "cuflash::fp16", "true"),
-                  ("cuflash::bf16", "float", "true"), ("float", "float", "false")]
+INSTANTIATIONS = [(e, t, i, v) for e, t in (("cuflash::bf16", "cuflash::bf16"), ("cuflash::fp16", "float"),
+                                             ("float", "float")) for i in ("false", "true") for v in ("false", "true")]
 
 
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_kernel_compiles_without_spills(tmp_path, arch):
     lines = [render_source("rotary")]
-    lines += [f"template __global__ void cuflash::rotary<{e}, {t}, {i}>(const cuflash::RotaryParams);"
-              for e, t, i in INSTANTIATIONS]
+    lines += [f"template __global__ void cuflash::rotary<{e}, {t}, {i}, {v}>(const cuflash::RotaryParams);"
+              for e, t, i, v in INSTANTIATIONS]
     src = tmp_path / "rotary.cu"
     src.write_text("\n".join(lines) + "\n")
     proc = subprocess.run([NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v",

@@ -7,7 +7,8 @@ inputs), plus a floor of one unit in the last place of the largest output (the k
 from fp32, and where the torch formula is exact too the ratio means nothing). Outputs are poisoned
 (NaN) before each launch; the pass-through features must be copied bit for bit.
 
-Compile count: 7 instantiations of one small kernel (about a second each).
+Compile count: 8 modules of one small kernel, each with its one-element and 16-byte-group forms
+(a second or two each).
 """
 import math
 
@@ -103,6 +104,31 @@ def test_varlen_and_offsets(offsets, interleaved):
     y = x.clone()
     assert apply_rotary_emb(y, cos, sin, inplace=True, **kw) is y
     assert torch.equal(y, out)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "gptj"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_vector_and_scalar_kernels_agree(interleaved, dtype, monkeypatch):
+    """The 16-byte-group kernel (taken where the shape, strides and addresses allow it) and the
+    one-element kernel (VECTORIZE off; or a misaligned view, which falls back per call) give the
+    same values, within one unit in the last place, and the reference's."""
+    dt = DTYPES[dtype]
+    base = torch.randn(2 * 50 * 6 * 128 + 8, device="cuda", dtype=dt)
+    x = base[:-8].view(2, 50, 6, 128)               # aligned: the vector kernel
+    shifted = base[1:-7].view(2, 50, 6, 128)        # one element off: the scalar kernel, per call
+    cos, sin = tables(64, 96, torch.float32)        # fp32 tables, pass-through part of 32
+    for v in (x, shifted):
+        out = apply_rotary_emb(v, cos, sin, interleaved=interleaved, seqlen_offsets=3)
+        ref = reference(v, cos, sin, interleaved=interleaved, seqlen_offsets=3)
+        err = (out.double().cpu() - ref).abs().max().item()
+        assert err <= 4 * EPS[dt] * ref.abs().max().item()   # fp32 arithmetic: a few fp32 ulps
+        assert torch.equal(out[..., 96:], v[..., 96:])
+    monkeypatch.setattr(rotary_op, "VECTORIZE", False)
+    monkeypatch.setattr(rotary_op, "_plans", {})
+    scalar = apply_rotary_emb(x, cos, sin, interleaved=interleaved, seqlen_offsets=3)
+    monkeypatch.undo()
+    vector = apply_rotary_emb(x, cos, sin, interleaved=interleaved, seqlen_offsets=3)
+    assert (scalar.float() - vector.float()).abs().max().item() <= 2 * EPS[dt] * vector.float().abs().max().item()
 
 
 def test_varlen_longer_than_max_seqlen_is_covered():
