@@ -201,6 +201,25 @@ def get_kernels(config, device_id: int) -> dict:
     return kernels
 
 
+def get_helper_kernels(source: str, names: tuple, device_id: int) -> dict:
+    """{name expression: cupy.RawKernel} for the templates ``names`` of ``kernels_cu/<source>.cu``,
+    a helper kernel that no family owns (rotary.cu: elementwise, untuned, outside the registry),
+    compiled into one module, once per process (and from CuPy's disk cache across processes)."""
+    options = _options("", device_id)
+    key = ("helper", source, tuple(names), device_id, kernel_dir(), options)
+    kernels = _loaded.get(key)
+    if kernels is not None:
+        return kernels
+    import cupy
+
+    code = render_source(source)
+    with cupy.cuda.Device(device_id):
+        module = cupy.RawModule(code=code, options=options, name_expressions=list(names))
+        kernels = {name: module.get_function(name) for name in names}
+    _loaded[key] = kernels
+    return kernels
+
+
 def _compile_one(job):
     config, device_id = job
     start = time.perf_counter()

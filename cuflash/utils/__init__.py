@@ -1,0 +1,2 @@
+"""flash-attn's ``flash_attn.utils`` names that cuflash provides: ``cuflash.utils.generation``
+(``InferenceParams``, the decoding state that ``cuflash.modules.mha.MHA`` reads)."""
