@@ -532,9 +532,21 @@ D192_ABOVE_FA2 = True
 VARLEN_BWD = os.environ.get("CUFLASH_SM90_VARLEN_BWD", "1") != "0"
 # The feature sets that run with varlen: their varlen instantiations at the heuristic's tiles
 # compile without spills (nvcc 13.0, sm_90a; d64 and d128, causal and not, deterministic at d64:
-# tests/test_sm90_varlen_cpu.py); any other mix falls back to fa2_bwd.
+# tests/test_sm90_varlen_cpu.py); any other mix falls back to fa2_bwd. Every subset of window,
+# softcap, ALiBi and dropout since session 25 (bwd17): the pairs with ALiBi and the dropout mixes spill
+# nothing at d64 and d128, causal and not (deterministic at d64 without dropout); dropout with a window
+# and softcap or ALiBi at d128 (8 bytes spilled in some of them) is refused before, by dropout_mix.
 VARLEN_FEATURES = ((), ("window",), ("softcap",), ("alibi",), ("dropout",), ("softcap", "window"),
-                   ("alibi", "softcap", "window"))
+                   ("alibi", "softcap", "window"), ("alibi", "window"), ("alibi", "softcap"),
+                   ("dropout", "window"), ("dropout", "softcap"), ("alibi", "dropout"),
+                   ("alibi", "dropout", "softcap"), ("alibi", "dropout", "window"),
+                   ("dropout", "softcap", "window"), ("alibi", "dropout", "softcap", "window"))
+# The feature sets (besides varlen) whose varlen backward rank() puts above fa2_bwd at head dims 97..128
+# (the d128 kernel); the others keep fa2_bwd. The sets that ran there before session 25 (the plain varlen
+# d128 backward measured 0.58-0.75x fa2_bwd's time, features by the same rule); the mixes added with
+# VARLEN_FEATURES in session 25 only where measured faster (tests/sm90_varlen_bwd_features_timing.py).
+VARLEN_D128_FEATURES: frozenset = frozenset({("window",), ("softcap",), ("alibi",), ("dropout",), ("softcap", "window"),
+                                             ("alibi", "softcap", "window")})
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -1167,6 +1179,10 @@ class Sm90Backward(Family):
             if not (small in VARLEN_SMALL_D if not others else others in VARLEN_SMALL_D_FEATURES.get(small, ())):
                 return -1   # fa2_bwd where the 2-consumer tiles are not timed (VARLEN_SMALL_D: plain varlen
                 #             calls; VARLEN_SMALL_D_FEATURES: with window / softcap / ALiBi / dropout)
+        if "varlen" in problem.features and 96 < d <= 128:
+            others = tuple(f for f in problem.features if f != "varlen")
+            if others and others not in VARLEN_D128_FEATURES:
+                return -1   # fa2_bwd: a mix not timed at d128 (VARLEN_D128_FEATURES)
         if d > 128:
             above = D256_ABOVE_FA2 if d > 192 else D192_ABOVE_FA2
         else:
