@@ -18,14 +18,12 @@ kernels).
 """
 import math
 
-import numpy as np
 import pytest
 
 import cuflash
-from cuflash import dropout
 
 from conftest import torch_dtype  # noqa: E402
-from test_dropmix_gpu import check, mix_attention, slopes_of, visible_of  # noqa: E402
+from test_dropmix_gpu import check_varlen, slopes_of  # noqa: E402
 from test_varlen_gpu import LENS, cu_seqlens, packed_inputs  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
@@ -119,41 +117,8 @@ def test_varlen_mix_forward_backward(case, sm90_ranked):
     dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), dout)
     if not p:
         assert s_dmask.shape == (0,)
-    cq, ck = np.cumsum([0] + lens_q), np.cumsum([0] + lens_k)
-    for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
-        rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
-        if lq == 0:
-            continue
-        if lk == 0:
-            assert (out[rows] == 0).all() and torch.isinf(lse[:, rows]).all()
-            assert (dq[rows] == 0).all()
-            continue
-        keep = (torch.from_numpy(dropout.keep_mask(*seed, p, 1, h, lq, lk, first_batch=b)).cuda() if p
-                else torch.ones(1, h, lq, lk, dtype=torch.bool, device="cuda"))
-
-        def attend(dt):
-            xs = [x[None].detach().to(dt).requires_grad_() for x in (q[rows], k[keys], v[keys])]
-            sl = None
-            if slopes is not None:
-                sl = (slopes if slopes.ndim == 1 else slopes[b:b + 1]).to(
-                    torch.float64 if dt == torch.float64 else torch.float32)
-            o, l, _ = mix_attention(*xs, scale, causal, window, softcap, sl, dt, keep, p)
-            gr = torch.autograd.grad(o, xs, dout[None, rows].to(o.dtype), allow_unused=True)
-            gr = [torch.zeros_like(x) if gg is None else gg for gg, x in zip(gr, xs)]
-            return (o[0], l[0], *(gg[0] for gg in gr))
-
-        ref, low = attend(torch.float64), attend(t)
-        check(f"{name} sequence {b}", out[rows], lse[:, rows], (dq[rows], dk[keys], dv[keys]), ref, low,
-              dout[rows], q[rows], k[keys], scale, t)
-        if p:
-            corner = s_dmask[b, :, :lq, :lk]
-            visible = corner != 0
-            assert torch.equal((corner > 0)[visible], keep[0][visible]), f"{name}: S_dmask of sequence {b}"
-            assert (corner[:, ~visible_of(lq, lk, causal, window, q.device)] == 0).all()
-    # keys of sequences with no queries get zero gradients
-    for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
-        if lq == 0 and lk:
-            assert (dk[ck[b]:ck[b + 1]] == 0).all() and (dv[ck[b]:ck[b + 1]] == 0).all()
+    check_varlen(name, lens_q, lens_k, (q, k, v, dout), (out, lse, dq, dk, dv, s_dmask), causal, window, softcap,
+                 slopes, p, seed, scale)
 
 
 def case_configs(case):
