@@ -487,9 +487,12 @@ VARLEN_SMALL_D: frozenset = frozenset({64, 96})
 # fwd14 round 1, an H200, tests/sm90_varlen_bwd_features_timing.py: bf16 d64, 32 heads, 16k tokens, the
 # backward alone, sm90_bwd's heuristic tile x fa2_bwd's time, mixed (512..8k) full / causal, short (64..1k)
 # full / causal): window 256 0.664 / 0.795, 0.735 / 0.853; softcap 30 0.817 / 0.789, 0.893 / 0.929; ALiBi
-# 0.781 / 0.717, 0.871 / 0.888; dropout 0.1 0.997 / 1.021, 1.039 / 1.106 (not faster: fa2_bwd). Head dims
-# 65..96 with features and the feature pairs: not timed (fa2_bwd).
-VARLEN_SMALL_D_FEATURES: dict = {64: frozenset({("window",), ("softcap",), ("alibi",)})}
+# 0.781 / 0.717, 0.871 / 0.888; dropout 0.1 0.997 / 1.021, 1.039 / 1.106 (not faster: fa2_bwd).
+# 96 (head dims 65..96, the d128 kernel; session 25, bwd17 round 1 on the H100, logs/session25_bwd17/r1/, the
+# same script at d96, 21 heads, mixed full / causal): window 0.692 / 0.761, softcap 0.647 / 0.648, ALiBi
+# 0.625 / 0.618, dropout 0.776 / 0.731.
+VARLEN_SMALL_D_FEATURES: dict = {64: frozenset({("window",), ("softcap",), ("alibi",)}),
+                                 96: frozenset({("window",), ("softcap",), ("alibi",), ("dropout",)})}
 # Whether a dropout call (dropout alone, head dim 128, non-causal, unordered, fixed lengths) runs the
 # plain heuristic's speed flags (DROPOUT_PLAIN_FLAGS: the dynamic scheduler, ds_double, dq_early,
 # dk_late, frag_pin with dq_writer), the one set of them that ptxas builds without spills next to the
@@ -543,11 +546,16 @@ VARLEN_FEATURES = ((), ("window",), ("softcap",), ("alibi",), ("dropout",), ("so
                    ("dropout", "softcap", "window"), ("alibi", "dropout", "softcap", "window"))
 # The feature sets (besides varlen) whose varlen backward rank() puts above fa2_bwd at head dims 97..128
 # (the d128 kernel); the others keep fa2_bwd. The sets that ran there before session 25 (the plain varlen
-# d128 backward measured 0.58-0.75x fa2_bwd's time, features by the same rule); the mixes added with
-# VARLEN_FEATURES in session 25 only where measured faster (tests/sm90_varlen_bwd_features_timing.py).
-VARLEN_D128_FEATURES: frozenset = frozenset({("window",), ("softcap",), ("alibi",), ("dropout",), ("softcap", "window"),
-                                             ("alibi", "softcap", "window")})
-
+# d128 backward measured 0.58-0.75x fa2_bwd's time, features by the same rule), and the mixes added with
+# VARLEN_FEATURES in session 25, each measured faster on the H100 (bwd17 round 1, logs/session25_bwd17/r1/:
+# tests/sm90_varlen_bwd_features_timing.py, bf16 d128, 16 heads, 16k tokens of 512..8k, window 256, softcap 30,
+# dropout 0.1, the backward alone, x fa2_bwd's time, full / causal): ALiBi + window 0.591 / 0.695, ALiBi +
+# softcap 0.531 / 0.518, dropout + window 0.669 / 0.730, dropout + softcap 0.775 / 0.811, ALiBi + dropout
+# 0.792 / 0.807, ALiBi + dropout + softcap 0.730 / 0.795.
+VARLEN_D128_FEATURES: frozenset = frozenset({
+    ("window",), ("softcap",), ("alibi",), ("dropout",), ("softcap", "window"), ("alibi", "softcap", "window"),
+    ("alibi", "window"), ("alibi", "softcap"), ("dropout", "window"), ("dropout", "softcap"), ("alibi", "dropout"),
+    ("alibi", "dropout", "softcap")})
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Sm90BwdConfig(KernelConfig):
