@@ -50,6 +50,11 @@ CASES = [
     ("alibi_causal_d80_mqa", ("alibi",), "bf16", 80, True, "mqa"),
     ("dropout_full_d96_gqa", ("dropout",), "bf16", 96, False, "gqa"),
     ("alibi_softcap_window_causal_d96_gqa", ("alibi", "softcap", "window"), "bf16", 96, True, "gqa"),
+    ("alibi_window_full_d96_gqa", ("alibi", "window"), "bf16", 96, False, "gqa"),
+    ("softcap_window_causal_d96_mqa", ("softcap", "window"), "bf16", 96, True, "mqa"),
+    ("dropout_softcap_full_d96_gqa", ("dropout", "softcap"), "bf16", 96, False, "gqa"),
+    ("alibi_dropout_causal_d80_gqa", ("alibi", "dropout"), "bf16", 80, True, "gqa"),
+    ("dropout_window_causal_d96_mha", ("dropout", "window"), "bf16", 96, True, "mha"),
     # head dim 64: every mix (dropout_mix takes them all there)
     ("alibi_window_full_d64_gqa", ("alibi", "window"), "bf16", 64, False, "gqa"),
     ("alibi_softcap_causal_d64_mha", ("alibi", "softcap"), "bf16", 64, True, "mha"),
