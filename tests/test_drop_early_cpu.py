@@ -187,8 +187,8 @@ def test_dropout_plain_flags_bwd_compiles_without_spills():
 def test_varlen_small_head_dims_rank(monkeypatch):
     """sm90_bwd VARLEN_SMALL_D ({64, 96}: measured faster than fa2_bwd): the varlen backward at d <= 96 ranks
     above fa2_bwd; with the set empty below it (fa2_bwd). VARLEN_SMALL_D_FEATURES ({64: window, softcap,
-    ALiBi; 96: those and dropout}): those features alone rank above fa2_bwd, dropout at d <= 64 and pairs
-    (not timed there yet) below it."""
+    ALiBi and their mixes; 96: those alone and dropout}): those rank above fa2_bwd, dropout and its mixes at
+    d <= 64 below it."""
     from cuflash.families import sm90_bwd
     from cuflash.select import choose
 
@@ -210,7 +210,8 @@ def test_varlen_small_head_dims_rank(monkeypatch):
         assert fam.rank(feat(*f, **kw).replace(head_dim=96)) >= 0, f  # (65..96: session 25)
     assert fam.rank(feat("dropout", dropout_p=0.1)) < 0                # (measured no faster: fa2_bwd)
     assert fam.rank(feat("dropout", dropout_p=0.1).replace(head_dim=96)) >= 0
-    assert fam.rank(feat("softcap", "window", softcap=30.0, window=(256, 0))) < 0   # (pairs: not timed)
+    assert fam.rank(feat("softcap", "window", softcap=30.0, window=(256, 0))) >= 0   # (pairs without dropout: timed)
+    assert fam.rank(feat("dropout", "window", dropout_p=0.1, window=(256, 0))) < 0    # (with dropout: no faster)
     monkeypatch.setattr(sm90_bwd, "VARLEN_SMALL_D_FEATURES", {})
     assert fam.rank(feat("window", window=(256, 0))) < 0
 

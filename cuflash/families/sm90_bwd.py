@@ -491,7 +491,14 @@ VARLEN_SMALL_D: frozenset = frozenset({64, 96})
 # 96 (head dims 65..96, the d128 kernel; session 25, bwd17 round 1 on the H100, logs/session25_bwd17/r1/, the
 # same script at d96, 21 heads, mixed full / causal): window 0.692 / 0.761, softcap 0.647 / 0.648, ALiBi
 # 0.625 / 0.618, dropout 0.776 / 0.731.
-VARLEN_SMALL_D_FEATURES: dict = {64: frozenset({("window",), ("softcap",), ("alibi",)}),
+# The mixes at 64 (session 25, bwd17 round 2 on the H100, logs/session25_bwd17/r2/, d64 as above, mixed full /
+# causal): ALiBi + window 0.718 / 0.846, ALiBi + softcap 0.792 / 0.819, softcap + window 0.738 / 0.874, ALiBi +
+# softcap + window 0.739 / 0.858; with dropout not faster (fa2_bwd): + window 0.909 / 0.989, + softcap 1.048 /
+# 1.018, + ALiBi 0.995 / 0.997, + ALiBi + softcap 1.018 / 0.967, + ALiBi + window 0.902 / 0.999, + softcap +
+# window 0.881 / 0.984, all four 0.869 / 0.990.
+VARLEN_SMALL_D_FEATURES: dict = {64: frozenset({("window",), ("softcap",), ("alibi",), ("alibi", "window"),
+                                                ("alibi", "softcap"), ("softcap", "window"),
+                                                ("alibi", "softcap", "window")}),
                                  96: frozenset({("window",), ("softcap",), ("alibi",), ("dropout",)})}
 # Whether a dropout call (dropout alone, head dim 128, non-causal, unordered, fixed lengths) runs the
 # plain heuristic's speed flags (DROPOUT_PLAIN_FLAGS: the dynamic scheduler, ds_double, dq_early,
