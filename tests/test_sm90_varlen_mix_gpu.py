@@ -33,7 +33,7 @@ HEADS = {"mha": (4, 4), "gqa": (6, 2), "mqa": (4, 1)}
 ALL_SETS = frozenset(tuple(sorted(f for i, f in enumerate(("alibi", "dropout", "softcap", "window")) if m >> i & 1))
                      for m in range(1, 16))
 
-# (id, features, dtype, head dim, causal, heads)
+# (id, features, dtype, head dim, causal, heads[, deterministic])
 CASES = [
     # head dim 128: the pairs with ALiBi and the dropout mixes the d128 backward builds (dropout_mix:
     # not a window with softcap or ALiBi); the forward of softcap + dropout at d128: fa2_fwd
@@ -68,6 +68,9 @@ CASES = [
     ("dropout_softcap_window_causal_d64_gqa", ("dropout", "softcap", "window"), "bf16", 64, True, "gqa"),
     ("all_full_fp16_d64_gqa", ("alibi", "dropout", "softcap", "window"), "fp16", 64, False, "gqa"),
     ("all_causal_d48_mha", ("alibi", "dropout", "softcap", "window"), "bf16", 48, True, "mha"),
+    # deterministic (d64 only: the d128 kernel has none with varlen), bitwise reproducible too
+    ("alibi_softcap_window_causal_d64_det_gqa", ("alibi", "softcap", "window"), "bf16", 64, True, "gqa", True),
+    ("alibi_window_full_d64_det_mqa", ("alibi", "window"), "fp16", 64, False, "mqa", True),
 ]
 
 
@@ -100,7 +103,8 @@ def families_run(problem_args):
 def test_varlen_mix_forward_backward(case, sm90_ranked):
     import torch
 
-    name, feats, dtype, d, causal, heads = case
+    name, feats, dtype, d, causal, heads = case[:6]
+    det = case[6] if len(case) > 6 else False
     lens_q, lens_k = LENS
     h, hkv = HEADS[heads]
     t = torch_dtype(dtype)
@@ -112,14 +116,21 @@ def test_varlen_mix_forward_backward(case, sm90_ranked):
     seed = (1234, 5)
     scale = 1 / math.sqrt(d)
     ran = families_run((dtype, len(lens_q), max(lens_q), max(lens_k), h, hkv, d, causal, window, softcap,
-                        None if slopes is None else slopes.ndim == 2, p))
+                        None if slopes is None else slopes.ndim == 2, p, det))
     print(name, ran)
-    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
-    out, lse, s_dmask = cuflash.flash_attn_varlen_func(
-        qg, kg, vg, cu_seqlens(lens_q), cu_seqlens(lens_k), max(lens_q), max(lens_k), p, causal=causal,
-        window_size=window, softcap=softcap, alibi_slopes=slopes, return_attn_probs=True,
-        **(dict(dropout_seed=seed) if p else {}))
-    dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), dout)
+
+    def call():
+        qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+        out, lse, s_dmask = cuflash.flash_attn_varlen_func(
+            qg, kg, vg, cu_seqlens(lens_q), cu_seqlens(lens_k), max(lens_q), max(lens_k), p, causal=causal,
+            window_size=window, softcap=softcap, alibi_slopes=slopes, deterministic=det, return_attn_probs=True,
+            **(dict(dropout_seed=seed) if p else {}))
+        return (out, lse, *torch.autograd.grad(out, (qg, kg, vg), dout)), s_dmask
+
+    (out, lse, dq, dk, dv), s_dmask = call()
+    if det:
+        again = call()[0]
+        assert all(torch.equal(a, b) for a, b in zip(again[2:], (dq, dk, dv))), f"{name}: not reproducible"
     if not p:
         assert s_dmask.shape == (0,)
     check_varlen(name, lens_q, lens_k, (q, k, v, dout), (out, lse, dq, dk, dv, s_dmask), causal, window, softcap,
@@ -131,12 +142,12 @@ def case_configs(case):
     sm90_ranked does), for the precompile below."""
     from cuflash import _gpu, select, varlen
 
-    name, feats, dtype, d, causal, heads = case
+    name, feats, dtype, d, causal, heads = case[:6]
     h, hkv = HEADS[heads]
     window = ((37, -1) if causal else (50, 20)) if "window" in feats else (-1, -1)
     args = (dtype, len(LENS[0]), max(LENS[0]), max(LENS[1]), h, hkv, d, causal, window,
             10.0 if "softcap" in feats else 0.0, causal if "alibi" in feats else None,
-            P_DROP if "dropout" in feats else 0.0)
+            P_DROP if "dropout" in feats else 0.0, case[6] if len(case) > 6 else False)
     return [select.choose(varlen.features_problem(op, *args), _gpu.arch(), _gpu.name(), _gpu.max_smem())[1]
             for op in ("fwd", "bwd")]
 
