@@ -490,16 +490,23 @@ VARLEN_SMALL_D: frozenset = frozenset({64, 96})
 # 0.781 / 0.717, 0.871 / 0.888; dropout 0.1 0.997 / 1.021, 1.039 / 1.106 (not faster: fa2_bwd).
 # 96 (head dims 65..96, the d128 kernel; session 25, bwd17 round 1 on the H100, logs/session25_bwd17/r1/, the
 # same script at d96, 21 heads, mixed full / causal): window 0.692 / 0.761, softcap 0.647 / 0.648, ALiBi
-# 0.625 / 0.618, dropout 0.776 / 0.731.
+# 0.625 / 0.618, dropout 0.776 / 0.731; the mixes (round 3, logs/session25_bwd17/r3/, mixed full / causal):
+# ALiBi + window 0.669 / 0.783, ALiBi + softcap 0.636 / 0.625, softcap + window 0.691 / 0.757, ALiBi + softcap +
+# window 0.667 / 0.741, dropout + window 0.765 / 0.830, ALiBi + dropout 0.951 / 0.948; within 3% of fa2_bwd in
+# a mask (fa2_bwd kept): dropout + softcap 0.970 / 0.994, ALiBi + dropout + softcap 0.956 / 0.997.
 # The mixes at 64 (session 25, bwd17 round 2 on the H100, logs/session25_bwd17/r2/, d64 as above, mixed full /
-# causal): ALiBi + window 0.718 / 0.846, ALiBi + softcap 0.792 / 0.819, softcap + window 0.738 / 0.874, ALiBi +
-# softcap + window 0.739 / 0.858; with dropout not faster (fa2_bwd): + window 0.909 / 0.989, + softcap 1.048 /
-# 1.018, + ALiBi 0.995 / 0.997, + ALiBi + softcap 1.018 / 0.967, + ALiBi + window 0.902 / 0.999, + softcap +
-# window 0.881 / 0.984, all four 0.869 / 0.990.
+# causal; short, round 3): ALiBi + window 0.718 / 0.846, 0.760 / 0.881; ALiBi + softcap 0.792 / 0.819, 0.871 /
+# 0.944; softcap + window 0.738 / 0.874, 0.770 / 0.898; ALiBi + softcap + window 0.739 / 0.858, 0.772 / 0.888.
+# With dropout not faster (fa2_bwd): + window 0.909 / 0.989, 0.931 / 1.004; + softcap 1.048 / 1.018; + ALiBi
+# 0.995 / 0.997; + ALiBi + softcap 1.018 / 0.967; + ALiBi + window 0.902 / 0.999, 0.921 / 1.019; + softcap +
+# window 0.881 / 0.984, 0.901 / 1.008; all four 0.869 / 0.990, 0.890 / 1.011 (faster non-causal only).
 VARLEN_SMALL_D_FEATURES: dict = {64: frozenset({("window",), ("softcap",), ("alibi",), ("alibi", "window"),
                                                 ("alibi", "softcap"), ("softcap", "window"),
                                                 ("alibi", "softcap", "window")}),
-                                 96: frozenset({("window",), ("softcap",), ("alibi",), ("dropout",)})}
+                                 96: frozenset({("window",), ("softcap",), ("alibi",), ("dropout",),
+                                                ("alibi", "window"), ("alibi", "softcap"), ("softcap", "window"),
+                                                ("alibi", "softcap", "window"), ("dropout", "window"),
+                                                ("alibi", "dropout")})}
 # Whether a dropout call (dropout alone, head dim 128, non-causal, unordered, fixed lengths) runs the
 # plain heuristic's speed flags (DROPOUT_PLAIN_FLAGS: the dynamic scheduler, ds_double, dq_early,
 # dk_late, frag_pin with dq_writer), the one set of them that ptxas builds without spills next to the
