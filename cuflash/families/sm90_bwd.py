@@ -490,10 +490,12 @@ VARLEN_SMALL_D: frozenset = frozenset({64, 96})
 # 0.781 / 0.717, 0.871 / 0.888; dropout 0.1 0.997 / 1.021, 1.039 / 1.106 (not faster: fa2_bwd).
 # 96 (head dims 65..96, the d128 kernel; session 25, bwd17 round 1 on the H100, logs/session25_bwd17/r1/, the
 # same script at d96, 21 heads, mixed full / causal): window 0.692 / 0.761, softcap 0.647 / 0.648, ALiBi
-# 0.625 / 0.618, dropout 0.776 / 0.731; the mixes (round 3, logs/session25_bwd17/r3/, mixed full / causal):
-# ALiBi + window 0.669 / 0.783, ALiBi + softcap 0.636 / 0.625, softcap + window 0.691 / 0.757, ALiBi + softcap +
-# window 0.667 / 0.741, dropout + window 0.765 / 0.830, ALiBi + dropout 0.951 / 0.948; within 3% of fa2_bwd in
-# a mask (fa2_bwd kept): dropout + softcap 0.970 / 0.994, ALiBi + dropout + softcap 0.956 / 0.997.
+# 0.625 / 0.618, dropout 0.776 / 0.731 (short, round 4, logs/session25_bwd17/r4/: 0.727 / 0.798, 0.760 / 0.801,
+# 0.758 / 0.795, 0.865 / 0.858); the mixes (round 3, logs/session25_bwd17/r3/, mixed full / causal; short, round 4):
+# ALiBi + window 0.669 / 0.783, 0.704 / 0.818; ALiBi + softcap 0.636 / 0.625, 0.751 / 0.783; softcap + window
+# 0.691 / 0.757, 0.719 / 0.790; ALiBi + softcap + window 0.667 / 0.741, 0.698 / 0.778; dropout + window 0.765 /
+# 0.830, 0.792 / 0.858. Within 3% of fa2_bwd somewhere (fa2_bwd kept): ALiBi + dropout 0.951 / 0.948, short 0.998 /
+# 1.005; dropout + softcap 0.970 / 0.994; ALiBi + dropout + softcap 0.956 / 0.997.
 # The mixes at 64 (session 25, bwd17 round 2 on the H100, logs/session25_bwd17/r2/, d64 as above, mixed full /
 # causal; short, round 3): ALiBi + window 0.718 / 0.846, 0.760 / 0.881; ALiBi + softcap 0.792 / 0.819, 0.871 /
 # 0.944; softcap + window 0.738 / 0.874, 0.770 / 0.898; ALiBi + softcap + window 0.739 / 0.858, 0.772 / 0.888.
@@ -505,8 +507,7 @@ VARLEN_SMALL_D_FEATURES: dict = {64: frozenset({("window",), ("softcap",), ("ali
                                                 ("alibi", "softcap", "window")}),
                                  96: frozenset({("window",), ("softcap",), ("alibi",), ("dropout",),
                                                 ("alibi", "window"), ("alibi", "softcap"), ("softcap", "window"),
-                                                ("alibi", "softcap", "window"), ("dropout", "window"),
-                                                ("alibi", "dropout")})}
+                                                ("alibi", "softcap", "window"), ("dropout", "window")})}
 # Whether a dropout call (dropout alone, head dim 128, non-causal, unordered, fixed lengths) runs the
 # plain heuristic's speed flags (DROPOUT_PLAIN_FLAGS: the dynamic scheduler, ds_double, dq_early,
 # dk_late, frag_pin with dq_writer), the one set of them that ptxas builds without spills next to the
