@@ -187,7 +187,8 @@ def test_dropout_plain_flags_bwd_compiles_without_spills():
 def test_varlen_small_head_dims_rank(monkeypatch):
     """sm90_bwd VARLEN_SMALL_D ({64, 96}: measured faster than fa2_bwd): the varlen backward at d <= 96 ranks
     above fa2_bwd; with the set empty below it (fa2_bwd). VARLEN_SMALL_D_FEATURES ({64: window, softcap,
-    ALiBi}): those features alone at d <= 64 rank above fa2_bwd, dropout, pairs and 65..96 below it."""
+    ALiBi and their mixes; 96: those, dropout, dropout + window}): those rank above fa2_bwd; dropout and its
+    mixes at d <= 64, dropout with softcap or ALiBi at 65..96 below it."""
     from cuflash.families import sm90_bwd
     from cuflash.select import choose
 
@@ -206,9 +207,14 @@ def test_varlen_small_head_dims_rank(monkeypatch):
     feat = lambda *f, **kw: p64.replace(features=tuple(sorted(f + ("varlen",))), **kw)  # noqa: E731
     for f, kw in ((("window",), dict(window=(256, 0))), (("softcap",), dict(softcap=30.0)), (("alibi",), {})):
         assert fam.rank(feat(*f, **kw)) >= 0, f                      # (VARLEN_SMALL_D_FEATURES: on at d64)
-        assert fam.rank(feat(*f, **kw).replace(head_dim=96)) < 0, f  # (65..96 with features: not timed)
+        assert fam.rank(feat(*f, **kw).replace(head_dim=96)) >= 0, f  # (65..96: session 25)
     assert fam.rank(feat("dropout", dropout_p=0.1)) < 0                # (measured no faster: fa2_bwd)
-    assert fam.rank(feat("softcap", "window", softcap=30.0, window=(256, 0))) < 0   # (pairs: not timed)
+    assert fam.rank(feat("dropout", dropout_p=0.1).replace(head_dim=96)) >= 0
+    assert fam.rank(feat("alibi", "window", window=(256, 0)).replace(head_dim=96)) >= 0
+    assert fam.rank(feat("dropout", "softcap", dropout_p=0.1, softcap=30.0).replace(head_dim=96)) < 0
+    assert fam.rank(feat("alibi", "dropout", dropout_p=0.1).replace(head_dim=96)) < 0
+    assert fam.rank(feat("softcap", "window", softcap=30.0, window=(256, 0))) >= 0   # (pairs without dropout: timed)
+    assert fam.rank(feat("dropout", "window", dropout_p=0.1, window=(256, 0))) < 0    # (with dropout: no faster)
     monkeypatch.setattr(sm90_bwd, "VARLEN_SMALL_D_FEATURES", {})
     assert fam.rank(feat("window", window=(256, 0))) < 0
 

@@ -266,28 +266,44 @@ def test_varlen_dropout_with_features():
         window_size=window, softcap=softcap, alibi_slopes=slopes, return_attn_probs=True,
         dropout_seed=seed)
     dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), dout)
-    cq, ck = np.cumsum([0] + lens_q), np.cumsum([0] + lens_k)
+    check_varlen("varlen mix", lens_q, lens_k, (q, k, v, dout), (out, lse, dq, dk, dv, s_dmask), causal, window,
+                 softcap, slopes, P_DROP, seed, scale)
+
+
+def check_varlen(name, lens_q, lens_k, inputs, outputs, causal, window, softcap, slopes, p, seed, scale):
+    """Each sequence of a varlen call with the features (and dropout p > 0 with ``seed``: its keep mask that
+    of batch index b) against the dense reference of it alone (``check``); S_dmask's sign is the mask; a
+    sequence without keys gives 0, LSE +inf and zero dQ, one without queries zero dK, dV."""
+    import torch
+
+    (q, k, v, dout), (out, lse, dq, dk, dv, s_dmask) = inputs, outputs
+    t, h = q.dtype, q.shape[1]
+    cq, ck = np.cumsum([0] + list(lens_q)), np.cumsum([0] + list(lens_k))
     for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
         rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
         if lq == 0:
+            assert (dk[keys] == 0).all() and (dv[keys] == 0).all(), f"{name}: dK, dV of sequence {b}"
             continue
         if lk == 0:
-            assert (out[rows] == 0).all() and torch.isinf(lse[:, rows]).all()
+            assert (out[rows] == 0).all() and torch.isinf(lse[:, rows]).all() and (dq[rows] == 0).all()
             continue
-        keep = torch.from_numpy(dropout.keep_mask(*seed, P_DROP, 1, h, lq, lk, first_batch=b)).cuda()
+        keep = (torch.from_numpy(dropout.keep_mask(*seed, p, 1, h, lq, lk, first_batch=b)).cuda() if p
+                else torch.ones(1, h, lq, lk, dtype=torch.bool, device=q.device))
 
         def attend(dt):
             xs = [x[None].detach().to(dt).requires_grad_() for x in (q[rows], k[keys], v[keys])]
-            sl = slopes[b:b + 1].to(torch.float64 if dt == torch.float64 else torch.float32)
-            o, l, _ = mix_attention(*xs, scale, causal, window, softcap, sl, dt, keep, P_DROP)
+            sl = None if slopes is None else (slopes if slopes.ndim == 1 else slopes[b:b + 1]).to(
+                torch.float64 if dt == torch.float64 else torch.float32)
+            o, l, _ = mix_attention(*xs, scale, causal, window, softcap, sl, dt, keep, p)
             gr = torch.autograd.grad(o, xs, dout[None, rows].to(o.dtype), allow_unused=True)
             gr = [torch.zeros_like(x) if gg is None else gg for gg, x in zip(gr, xs)]
             return (o[0], l[0], *(gg[0] for gg in gr))
 
         ref, low = attend(torch.float64), attend(t)
-        check(f"sequence {b}", out[rows], lse[:, rows], (dq[rows], dk[keys], dv[keys]), ref, low,
+        check(f"{name} sequence {b}", out[rows], lse[:, rows], (dq[rows], dk[keys], dv[keys]), ref, low,
               dout[rows], q[rows], k[keys], scale, t)
-        corner = s_dmask[b, :, :lq, :lk]
-        visible = corner != 0
-        assert torch.equal((corner > 0)[visible], keep[0][visible]), f"S_dmask of sequence {b}"
-        assert (corner[:, ~visible_of(lq, lk, causal, window, q.device)] == 0).all()
+        if p:
+            corner = s_dmask[b, :, :lq, :lk]
+            visible = corner != 0
+            assert torch.equal((corner > 0)[visible], keep[0][visible]), f"{name}: S_dmask of sequence {b}"
+            assert (corner[:, ~visible_of(lq, lk, causal, window, q.device)] == 0).all()

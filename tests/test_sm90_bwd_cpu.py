@@ -106,7 +106,9 @@ def test_supports_and_selection():
     assert FAM.supports((9, 0), problem(136)) == "" and FAM.supports((9, 0), problem(256)) == ""
     # varlen runs here too (tests/test_sm90_varlen_cpu.py), with the feature mixes VARLEN_FEATURES lists
     assert FAM.supports((9, 0), problem(64).replace(features=("varlen",))) == ""
-    assert "with varlen" in FAM.supports((9, 0), problem(64).replace(features=("alibi", "varlen", "window")))
+    assert FAM.supports((9, 0), problem(64).replace(features=("alibi", "varlen", "window"))) == ""   # (session 25)
+    assert "deterministic varlen" in FAM.supports((9, 0), problem(128).replace(
+        features=("alibi", "varlen", "window"), deterministic=True))
     assert FAM.supports((8, 0), problem(64)).startswith("sm90_bwd needs sm_90")
     assert FAM.supports((10, 0), problem(64)).startswith("sm90_bwd needs sm_90 exactly")
     assert "implements op 'bwd', not 'fwd'" in FAM.supports((9, 0), problem(64).replace(op="fwd"))

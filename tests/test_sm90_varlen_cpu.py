@@ -85,6 +85,11 @@ def test_supports_and_fallbacks():
         why = FAM.supports((9, 0), vproblem(feats=feats))
         assert why and "sm90_fwd has no feature" in why, feats
         assert choose(vproblem(feats=feats), (9, 0))[0].name == "fa2_fwd"
+    # softcap with dropout at d128: varlen runs here (its varlen build checked, timed), fixed lengths on fa2_fwd
+    p = vproblem(128, feats=("dropout", "softcap"))
+    assert FAM.supports((9, 0), p) == "" and choose(p, (9, 0))[0].name == "sm90_fwd"
+    assert "with dropout" in FAM.supports((9, 0), p.replace(features=("dropout", "softcap")))
+    assert "with dropout" in FAM.supports((9, 0), vproblem(96, feats=("dropout", "softcap")))   # (d96: unchecked)
 
 
 def test_launch_grid_is_sized_for_the_longest_sequence():
@@ -173,27 +178,35 @@ def test_fixed_length_params_carry_no_varlen_fields(fake_driver):
 
 def varlen_configs():
     """The heuristic's varlen configs: head dims 64, 96, 128, 192, 256 (dtype and causal rotate),
-    and every feature set of VARLEN_FEATURES at d64 and d128."""
+    and every feature set of VARLEN_FEATURES that supports() takes at d64 and d128, causal and not."""
     out = []
     for i, d in enumerate((64, 96, 128, 192, 256)):
         p = vproblem(d, causal=bool(i % 2), dtype=("bf16", "fp16")[i % 2])
         out.append(FAM.for_problem(FAM.heuristic(p), p))
     for feats in sm90_fwd.VARLEN_FEATURES:
-        if feats:
-            for d, causal in ((64, True), (128, False)):
-                p = vproblem(d, causal=causal, feats=feats)
+        for d, causal in ((64, False), (64, True), (128, False), (128, True)) if feats else ():
+            p = vproblem(d, causal=causal, feats=feats)
+            if not FAM.supports((9, 0), p):
                 out.append(FAM.for_problem(FAM.heuristic(p), p))
     return out
 
 
-@needs_nvcc
-def test_varlen_instantiations_compile_without_spills():
+def nvcc_reports(configs):
+    """ptxas's reports of ``configs`` on sm_90a, 4 configs per nvcc run, 2 runs at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from cuflash.compile import nvcc_compile
 
+    chunks = [configs[i:i + 4] for i in range(0, len(configs), 4)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return [r for rs in pool.map(lambda c: nvcc_compile(c, "sm_90a"), chunks) for r in rs]
+
+
+@needs_nvcc
+def test_varlen_instantiations_compile_without_spills():
     configs = varlen_configs()
     assert all(c.varlen for c in configs)
-    reports = nvcc_compile(configs, "sm_90a")
-    for cfg, rep in zip(configs, reports):
+    for cfg, rep in zip(configs, nvcc_reports(configs)):
         assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{cfg.name}: spills ({rep})"
         serialized = [w for w in rep.warnings if any(f"C751{i}" in w for i in range(0, 6))]
         assert not serialized, f"{cfg.name}: {serialized}"
@@ -278,25 +291,26 @@ def test_bwd_varlen_plan_maps_and_workspace(fake_driver, varlen_bwd_on):
 
 def varlen_bwd_configs():
     """sm90_bwd's varlen heuristic configs: d64 and d128, causal and not, deterministic at d64,
-    and the feature sets of VARLEN_FEATURES at d128."""
+    and every feature set of VARLEN_FEATURES that supports() takes at d64 and d128, causal and not
+    (deterministic at d64 too)."""
     out = []
     for d, causal, det in ((64, True, False), (64, False, True), (128, True, False), (128, False, False)):
         p = bproblem(d, causal, det)
         out.append(BWD.for_problem(BWD.heuristic(p), p))
     for feats in sm90_bwd.VARLEN_FEATURES:
-        if feats:
-            p = bproblem(128, True, feats=feats)
-            out.append(BWD.for_problem(BWD.heuristic(p), p))
+        for d, causal, det in ((64, False, False), (64, True, False), (64, True, True), (128, False, False),
+                               (128, True, False)):
+            p = bproblem(d, causal, det, feats=feats)
+            if feats and not BWD.supports((9, 0), p):
+                out.append(BWD.for_problem(BWD.heuristic(p), p))
     return out
 
 
 @needs_nvcc
 def test_varlen_bwd_instantiations_compile_without_spills():
-    from cuflash.compile import nvcc_compile
-
     configs = varlen_bwd_configs()
     assert all(c.varlen for c in configs)
-    for cfg, rep in zip(configs, nvcc_compile(configs, "sm_90a")):
+    for cfg, rep in zip(configs, nvcc_reports(configs)):
         assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{cfg.name}: spills ({rep})"
         serialized = [w for w in rep.warnings if any(f"C751{i}" in w for i in range(0, 6))]
         assert not serialized, f"{cfg.name}: {serialized}"

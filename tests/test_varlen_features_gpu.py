@@ -13,8 +13,9 @@ bf16 and fp16; head dims 64, 128 and 72 (a kernel head dim of 80).
 
 Compile count: 10 (forward, backward) pairs, one per CASES / DROP_CASES entry and the
 deterministic one; the other tests reuse them. A few minutes on an H100 with a cold cache. On the H100
-the varlen backwards of window, softcap or ALiBi alone at head dims <= 64 run on sm90_bwd
-(sm90_bwd.VARLEN_SMALL_D_FEATURES), the others on fa2_bwd.
+the varlen backwards at head dims <= 96 run on sm90_bwd for the sets sm90_bwd.VARLEN_SMALL_D_FEATURES
+lists (at <= 64 window, softcap, ALiBi and their mixes; at 65..96 those, dropout and dropout + window), the others on
+fa2_bwd; the mixes themselves on the sm90 kernels: tests/test_sm90_varlen_mix_gpu.py.
 """
 import math
 

@@ -487,9 +487,27 @@ VARLEN_SMALL_D: frozenset = frozenset({64, 96})
 # fwd14 round 1, an H200, tests/sm90_varlen_bwd_features_timing.py: bf16 d64, 32 heads, 16k tokens, the
 # backward alone, sm90_bwd's heuristic tile x fa2_bwd's time, mixed (512..8k) full / causal, short (64..1k)
 # full / causal): window 256 0.664 / 0.795, 0.735 / 0.853; softcap 30 0.817 / 0.789, 0.893 / 0.929; ALiBi
-# 0.781 / 0.717, 0.871 / 0.888; dropout 0.1 0.997 / 1.021, 1.039 / 1.106 (not faster: fa2_bwd). Head dims
-# 65..96 with features and the feature pairs: not timed (fa2_bwd).
-VARLEN_SMALL_D_FEATURES: dict = {64: frozenset({("window",), ("softcap",), ("alibi",)})}
+# 0.781 / 0.717, 0.871 / 0.888; dropout 0.1 0.997 / 1.021, 1.039 / 1.106 (not faster: fa2_bwd).
+# 96 (head dims 65..96, the d128 kernel; session 25, bwd17 round 1 on the H100, logs/session25_bwd17/r1/, the
+# same script at d96, 21 heads, mixed full / causal): window 0.692 / 0.761, softcap 0.647 / 0.648, ALiBi
+# 0.625 / 0.618, dropout 0.776 / 0.731 (short, round 4, logs/session25_bwd17/r4/: 0.727 / 0.798, 0.760 / 0.801,
+# 0.758 / 0.795, 0.865 / 0.858); the mixes (round 3, logs/session25_bwd17/r3/, mixed full / causal; short, round 4):
+# ALiBi + window 0.669 / 0.783, 0.704 / 0.818; ALiBi + softcap 0.636 / 0.625, 0.751 / 0.783; softcap + window
+# 0.691 / 0.757, 0.719 / 0.790; ALiBi + softcap + window 0.667 / 0.741, 0.698 / 0.778; dropout + window 0.765 /
+# 0.830, 0.792 / 0.858. Within 3% of fa2_bwd somewhere (fa2_bwd kept): ALiBi + dropout 0.951 / 0.948, short 0.998 /
+# 1.005; dropout + softcap 0.970 / 0.994; ALiBi + dropout + softcap 0.956 / 0.997.
+# The mixes at 64 (session 25, bwd17 round 2 on the H100, logs/session25_bwd17/r2/, d64 as above, mixed full /
+# causal; short, round 3): ALiBi + window 0.718 / 0.846, 0.760 / 0.881; ALiBi + softcap 0.792 / 0.819, 0.871 /
+# 0.944; softcap + window 0.738 / 0.874, 0.770 / 0.898; ALiBi + softcap + window 0.739 / 0.858, 0.772 / 0.888.
+# With dropout not faster (fa2_bwd): + window 0.909 / 0.989, 0.931 / 1.004; + softcap 1.048 / 1.018; + ALiBi
+# 0.995 / 0.997; + ALiBi + softcap 1.018 / 0.967; + ALiBi + window 0.902 / 0.999, 0.921 / 1.019; + softcap +
+# window 0.881 / 0.984, 0.901 / 1.008; all four 0.869 / 0.990, 0.890 / 1.011 (faster non-causal only).
+VARLEN_SMALL_D_FEATURES: dict = {64: frozenset({("window",), ("softcap",), ("alibi",), ("alibi", "window"),
+                                                ("alibi", "softcap"), ("softcap", "window"),
+                                                ("alibi", "softcap", "window")}),
+                                 96: frozenset({("window",), ("softcap",), ("alibi",), ("dropout",),
+                                                ("alibi", "window"), ("alibi", "softcap"), ("softcap", "window"),
+                                                ("alibi", "softcap", "window"), ("dropout", "window")})}
 # Whether a dropout call (dropout alone, head dim 128, non-causal, unordered, fixed lengths) runs the
 # plain heuristic's speed flags (DROPOUT_PLAIN_FLAGS: the dynamic scheduler, ds_double, dq_early,
 # dk_late, frag_pin with dq_writer), the one set of them that ptxas builds without spills next to the
@@ -532,10 +550,27 @@ D192_ABOVE_FA2 = True
 VARLEN_BWD = os.environ.get("CUFLASH_SM90_VARLEN_BWD", "1") != "0"
 # The feature sets that run with varlen: their varlen instantiations at the heuristic's tiles
 # compile without spills (nvcc 13.0, sm_90a; d64 and d128, causal and not, deterministic at d64:
-# tests/test_sm90_varlen_cpu.py); any other mix falls back to fa2_bwd.
+# tests/test_sm90_varlen_cpu.py); any other mix falls back to fa2_bwd. Every subset of window,
+# softcap, ALiBi and dropout since session 25 (bwd17): the pairs with ALiBi and the dropout mixes spill
+# nothing at d64 and d128, causal and not (deterministic at d64 without dropout); dropout with a window
+# and softcap or ALiBi at d128 (8 bytes spilled in some of them) is refused before, by dropout_mix.
 VARLEN_FEATURES = ((), ("window",), ("softcap",), ("alibi",), ("dropout",), ("softcap", "window"),
-                   ("alibi", "softcap", "window"))
-
+                   ("alibi", "softcap", "window"), ("alibi", "window"), ("alibi", "softcap"),
+                   ("dropout", "window"), ("dropout", "softcap"), ("alibi", "dropout"),
+                   ("alibi", "dropout", "softcap"), ("alibi", "dropout", "window"),
+                   ("dropout", "softcap", "window"), ("alibi", "dropout", "softcap", "window"))
+# The feature sets (besides varlen) whose varlen backward rank() puts above fa2_bwd at head dims 97..128
+# (the d128 kernel); the others keep fa2_bwd. The sets that ran there before session 25 (the plain varlen
+# d128 backward measured 0.58-0.75x fa2_bwd's time, features by the same rule), and the mixes added with
+# VARLEN_FEATURES in session 25, each measured faster on the H100 (bwd17 round 1, logs/session25_bwd17/r1/:
+# tests/sm90_varlen_bwd_features_timing.py, bf16 d128, 16 heads, 16k tokens of 512..8k, window 256, softcap 30,
+# dropout 0.1, the backward alone, x fa2_bwd's time, full / causal): ALiBi + window 0.591 / 0.695, ALiBi +
+# softcap 0.531 / 0.518, dropout + window 0.669 / 0.730, dropout + softcap 0.775 / 0.811, ALiBi + dropout
+# 0.792 / 0.807, ALiBi + dropout + softcap 0.730 / 0.795.
+VARLEN_D128_FEATURES: frozenset = frozenset({
+    ("window",), ("softcap",), ("alibi",), ("dropout",), ("softcap", "window"), ("alibi", "softcap", "window"),
+    ("alibi", "window"), ("alibi", "softcap"), ("dropout", "window"), ("dropout", "softcap"), ("alibi", "dropout"),
+    ("alibi", "dropout", "softcap")})
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Sm90BwdConfig(KernelConfig):
@@ -1167,6 +1202,10 @@ class Sm90Backward(Family):
             if not (small in VARLEN_SMALL_D if not others else others in VARLEN_SMALL_D_FEATURES.get(small, ())):
                 return -1   # fa2_bwd where the 2-consumer tiles are not timed (VARLEN_SMALL_D: plain varlen
                 #             calls; VARLEN_SMALL_D_FEATURES: with window / softcap / ALiBi / dropout)
+        if "varlen" in problem.features and 96 < d <= 128:
+            others = tuple(f for f in problem.features if f != "varlen")
+            if others and others not in VARLEN_D128_FEATURES:
+                return -1   # fa2_bwd: a mix not timed at d128 (VARLEN_D128_FEATURES)
         if d > 128:
             above = D256_ABOVE_FA2 if d > 192 else D192_ABOVE_FA2
         else:

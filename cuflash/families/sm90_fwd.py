@@ -459,10 +459,19 @@ def softcap_fixed_m(problem: Problem) -> float:
 # Variable-length batches (kVarlen): the features that run with varlen, each set's varlen
 # instantiations checked to compile without spills at the heuristic's tiles (nvcc 13.0, sm_90a;
 # tests/test_sm90_varlen_cpu.py: 168 registers, no spill at d64 and d128, causal and not); any
-# other mix (dropout with softcap or ALiBi, paged) falls back to fa2_fwd.
+# other mix (paged) falls back to fa2_fwd. Every subset of window, softcap, ALiBi and dropout: the
+# dropout mixes with softcap or ALiBi since session 25 (bwd17: their varlen builds spill nothing at d64
+# and d128, causal and not; softcap with dropout also at d128: dropout_mix takes it with varlen). sm90_fwd ranks
+# above fa2_fwd (priority): measured faster (bwd17 round 1 on the H100, logs/session25_bwd17/r1/,
+# tests/sm90_varlen_bwd_features_timing.py --fwd-features: bf16 d128, 16 heads, 16k tokens of 512..8k, window
+# 256, softcap 30, dropout 0.1, x fa2_fwd's time, full / causal): dropout + softcap 0.387 / 0.464, ALiBi +
+# dropout 0.497 / 0.400, ALiBi + dropout + softcap 0.583 / 0.467, ALiBi + dropout + window 0.652 / 0.722,
+# dropout + softcap + window 0.528 / 0.546, all four 0.679 / 0.748.
 VARLEN_FEATURES = ((), ("window",), ("softcap",), ("alibi",), ("dropout",), ("softcap", "window"),
                    ("alibi", "window"), ("alibi", "softcap"), ("alibi", "softcap", "window"),
-                   ("dropout", "window"))
+                   ("dropout", "window"), ("alibi", "dropout"), ("dropout", "softcap"),
+                   ("alibi", "dropout", "softcap"), ("alibi", "dropout", "window"),
+                   ("dropout", "softcap", "window"), ("alibi", "dropout", "softcap", "window"))
 # The heuristic's schedule for varlen: a CTA per tile (the grid is sized for the longest
 # sequence; a CTA whose Q block lies past its sequence's end leaves at once). To be measured
 # (tests/sm90_varlen_timing.py compares it with the persistent schedule).
@@ -1231,13 +1240,15 @@ class Sm90Forward(Family):
     def dropout_mix(self, problem: Problem) -> str:
         """Dropout with window / softcap / ALiBi where its instantiation compiles without spills
         (nvcc 13.0, sm_90a, at DROPOUT_BN): head dims 64 and 128, but not softcap at d128 (it
-        spills ~100 bytes); elsewhere '' is not returned, so selection falls back to fa2_fwd.
-        tests/test_dropmix_cpu.py holds the allowed set to zero spills."""
+        spilled ~100 bytes when this was set; with drop_packed it builds without spills, session 25,
+        but fixed lengths are not timed there) unless varlen (timed: tests/sm90_varlen_bwd_features_timing.py
+        --fwd-features; tests/test_sm90_varlen_cpu.py holds its builds to zero spills); elsewhere '' is not returned, so selection falls back to
+        fa2_fwd. tests/test_dropmix_cpu.py holds the allowed set to zero spills."""
         why = dropout_mix(self, problem)
         if not why:
             return ""
         d = self.head_dim_of(problem.head_dim)
-        if d not in (64, 128) or (d == 128 and "softcap" in problem.features):
+        if d not in (64, 128) or (d == 128 and "softcap" in problem.features and not is_varlen(problem)):
             return why + f" at head dim {problem.head_dim} (its instantiation spills or is unchecked)"
         return ""
 
