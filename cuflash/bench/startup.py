@@ -300,10 +300,11 @@ def profile_child(call: str, cache_dir: str, path: str, shape=SHAPE, timeout: fl
 
 
 def run(repeats: int = 3, shape=SHAPE, out="results", log=print, calls=tuple(CALLS),
-        jobs: int = 1) -> list:
+        jobs: int = 1, warm_dir=None) -> list:
+    """warm_dir: the warm cache's directory, kept afterwards (default: a temporary one)."""
     _gpu.require("bench --mode startup")
     plan = plan_of(calls)
-    warm = tempfile.mkdtemp(prefix="cuflash_startup_warm_")
+    warm = str(warm_dir) if warm_dir else tempfile.mkdtemp(prefix="cuflash_startup_warm_")
     cold_dirs = []
     runs = {key: [] for key in plan}
 
@@ -328,7 +329,7 @@ def run(repeats: int = 3, shape=SHAPE, out="results", log=print, calls=tuple(CAL
                         + (rec["error"] if "error" in rec else f"first call {rec['first_call_s']:.3f} s"
                            + (f", import {rec['import_s']:.3f} s" if "import_s" in rec else "")))
     finally:
-        for d in [warm] + cold_dirs:
+        for d in ([] if warm_dir else [warm]) + cold_dirs:
             shutil.rmtree(d, ignore_errors=True)
     records = [summarize(impl, cache, runs[(call, impl, cache)], call) for call, impl, cache in plan]
     cmps = comparisons(records)
