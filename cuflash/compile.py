@@ -114,6 +114,11 @@ def _render(family: str, root: Path) -> str:
 
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _LINE_MARK = re.compile(r'^\s*#line [^\n]*$', re.M)
+# a space beside a character that is neither a word character nor a space: the same text as
+# re.sub(r" ?([^\w ]) ?", r"\1", ...) without a template expansion per match (a third of the
+# time: strip_code of sm90_bwd's 383 kB 0.119 -> 0.041 s on the 2-core CPU host, session 25;
+# it runs on the first call of each family, for the tuned entries' stamps)
+_PUNCT_SPACE = re.compile(r" (?=[^\w ])|(?<=[^\w ]) ")
 
 
 def strip_code(source: str) -> str:
@@ -133,7 +138,7 @@ def strip_code(source: str) -> str:
         directive = starts and s.endswith("\\")
         parts.append(s + ("\0" if starts and not directive else " "))
     code = re.sub(r"\s+", " ", "".join(parts))
-    return re.sub(r" ?([^\w ]) ?", r"\1", code).strip().replace("\0", "\n")
+    return _PUNCT_SPACE.sub("", code).strip().replace("\0", "\n")
 
 
 def code_hash(family: str) -> str:

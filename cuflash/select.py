@@ -367,7 +367,7 @@ def lookup(family, problem: Problem, gpu_name: str, cc, max_smem: Optional[int] 
     exact bucket in the first file that has it, else the nearest over all files."""
     d = family.head_dim_of(problem.head_dim)
     want = (problem.op, family.name, problem.dtype, d, bool(problem.causal), tuple(problem.features))
-    stamp = current_stamp(family)
+    stamp = None   # the code hash only where an entry of this class is there to check (a first call's cost)
     candidates, skipped = [], []
     for tf in files_for_gpu(gpu_name, cc, dirs):
         if tf.bad_entries:
@@ -377,6 +377,8 @@ def lookup(family, problem: Problem, gpu_name: str, cc, max_smem: Optional[int] 
         for e in tf.entries:
             if e.key[:6] != want:
                 continue
+            if stamp is None:
+                stamp = current_stamp(family)
             stale = stale_reasons(e, stamp)
             if stale:
                 skipped.append("stale")
