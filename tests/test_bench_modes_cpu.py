@@ -164,7 +164,10 @@ def test_startup_comparisons_and_table():
     assert list(cmps) == ["causal", "window", "softcap"]
     assert cmps["window"]["cuflash_warm_first_call_s"] == 1.8
     assert cmps["window"]["sdpa_efficient+mask"]["cuflash_minus_that_s"] == pytest.approx(1.1)
-    assert cmps["softcap"] == {"cuflash_warm_first_call_s": 0.4, "budget_s": 0.5}
+    assert cmps["softcap"]["sdpa_call"] == "causal"   # no softcap in SDPA: its causal call
+    assert cmps["softcap"]["sdpa_flash"]["cuflash_minus_that_s"] == pytest.approx(0.4 - 0.004 - 0.5)
+    assert startup.comparison(records[:4] + records[-1:], call="softcap")["sdpa_call"] == "causal"
+    assert "sdpa_call" not in startup.comparison(records[-1:], call="softcap")
     assert startup.comparison(records) == cmps["causal"]   # the causal call's, as before
     assert "sdpa_efficient+mask" not in cmps["causal"]
     (line,) = startup.comparison_lines(cmps["window"], "window")
@@ -175,7 +178,10 @@ def test_startup_comparisons_and_table():
     lines = startup.table(records).splitlines()
     assert lines[2] == "| causal | 0.300 | 1.250 | 0.110 | flash 0.004, cudnn 0.066 | -0.204 |"
     assert lines[3] == "| window | 1.800 | 4.000 | 0.100 | efficient+mask 0.200 | +1.100 |"
-    assert lines[4] == "| softcap | 0.400 | - | 0.100 | none | - |"
+    assert lines[4] == ("| softcap | 0.400 | - | 0.100 | none (causal: flash 0.004, cudnn 0.066) "
+                        "| -0.104 |")
+    (text, _) = startup.comparison_lines(cmps["softcap"], "softcap")
+    assert text.startswith("cuflash warm first call (softcap), SDPA's causal call 0.400 s vs sdpa_flash")
 
 
 @pytest.mark.parametrize("impl,call", [("cuflash", "varlen"), ("cuflash", "kvcache"),
