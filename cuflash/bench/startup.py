@@ -177,10 +177,13 @@ print("''' + MARK + r'''" + json.dumps(rec), flush=True)
 
 
 def child_env(cache_dir: str, **extra) -> dict:
-    """The environment of a child: CUPY_CACHE_DIR set, this cuflash first on the path."""
+    """The environment of a child: CUPY_CACHE_DIR set, this cuflash first on the path; then
+    ``extra`` (which may name another PYTHONPATH: another cuflash tree)."""
     root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH", "")) if x)
-    return dict(os.environ, CUPY_CACHE_DIR=cache_dir, PYTHONPATH=path, **extra)
+    env = dict(os.environ, CUPY_CACHE_DIR=cache_dir, PYTHONPATH=path)
+    env.update(extra)
+    return env
 
 
 def parse_child(stdout: str, mark: str = MARK):
