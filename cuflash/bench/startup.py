@@ -25,8 +25,9 @@ The calls (``call`` in each record; ``CALLS`` names SDPA's peers):
 * causal_fwdbwd: the causal call's forward and ``out.backward(dout)``; SDPA flash and cuDNN.
 
 cuflash's cache: warm = the call's kernels already in CuPy's disk cache (a CUPY_CACHE_DIR that
-one throwaway child per call filled first; those run in parallel); cold = a fresh empty
-CUPY_CACHE_DIR per child, so NVRTC compiles. SDPA compiles nothing at run time (cache "n/a").
+one throwaway child per call filled first; those run in parallel), and the parsed tuned tables
+in CUFLASH_CACHE_DIR (the same directory); cold = a fresh empty directory per child, so NVRTC
+compiles and the tables are parsed. SDPA compiles nothing at run time (cache "n/a").
 Each (call, impl, cache) runs --repeats times (default 3), the children interleaved, ``jobs``
 at a time (default 1: one child at a time, as the numbers are meant). Records carry the median
 and every run. Writes results/<gpu>/startup.json; records: call, impl, cache, first_call_s,
@@ -177,11 +178,12 @@ print("''' + MARK + r'''" + json.dumps(rec), flush=True)
 
 
 def child_env(cache_dir: str, **extra) -> dict:
-    """The environment of a child: CUPY_CACHE_DIR set, this cuflash first on the path; then
-    ``extra`` (which may name another PYTHONPATH: another cuflash tree)."""
+    """The environment of a child: CUPY_CACHE_DIR and CUFLASH_CACHE_DIR (the parsed tuned
+    tables) set to cache_dir, this cuflash first on the path; then ``extra`` (which may name
+    another PYTHONPATH: another cuflash tree)."""
     root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH", "")) if x)
-    env = dict(os.environ, CUPY_CACHE_DIR=cache_dir, PYTHONPATH=path)
+    env = dict(os.environ, CUPY_CACHE_DIR=cache_dir, CUFLASH_CACHE_DIR=cache_dir, PYTHONPATH=path)
     env.update(extra)
     return env
 
