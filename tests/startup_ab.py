@@ -1,5 +1,6 @@
 """Two cuflash trees' first calls in fresh processes, interleaved (before / after a change): each
-repeat runs every call once per tree, the trees' order alternating, one child at a time, CuPy's
+repeat runs every call once per tree, the trees' order alternating, one child at a time (--paired:
+the two at once), CuPy's
 cache warm (one shared CUPY_CACHE_DIR, filled first by throwaways of both trees in parallel: the
 kernel sources are the same). The children are cuflash.bench.startup's (this tree's bench).
 
@@ -30,6 +31,9 @@ def main() -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("--no-fill", action="store_true")
     ap.add_argument("--shape", type=int, nargs=4, default=list(startup.SHAPE))
+    ap.add_argument("--paired", action="store_true",
+                    help="run each call's two children at the same time (a paired comparison: "
+                         "both share the host's load)")
     a = ap.parse_args()
     trees = {"before": os.path.abspath(a.before), "after": os.path.abspath(a.after)}
     os.makedirs(a.cache, exist_ok=True)
@@ -47,11 +51,12 @@ def main() -> int:
                 if "error" in rec:
                     print("fill", rec, flush=True)
     runs = {(t, c): [] for t in trees for c in a.calls}
+    pair = ThreadPoolExecutor(2) if a.paired else None
     for i in range(a.repeats):
         for j, call in enumerate(a.calls):
             order = list(trees) if (i + j) % 2 == 0 else list(trees)[::-1]
-            for tree in order:
-                rec = run(tree, call)
+            recs = list(pair.map(lambda t: run(t, call), order)) if pair else [run(t, call) for t in order]
+            for tree, rec in zip(order, recs):
                 runs[(tree, call)].append(rec)
                 print(f"  {i + 1}/{a.repeats} {call:>13} {tree:>6}: "
                       + (rec["error"] if "error" in rec else
