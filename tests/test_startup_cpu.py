@@ -93,3 +93,51 @@ def test_shipped_table_round_trips(tmp_path, cache):
         text = path.read_text()
         assert select.parse_table(text) == select._yaml_load(text)
     assert list(cache.glob("*.json"))
+
+
+# ---------------------------------------------------------------------------------------
+# python -m cuflash warmup --features
+
+@pytest.fixture
+def h100(monkeypatch):
+    from cuflash import _gpu
+
+    monkeypatch.setattr(_gpu, "arch", lambda device=0: (9, 0))
+    monkeypatch.setattr(_gpu, "name", lambda device=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(_gpu, "max_smem", lambda device=0: 232448)
+    select._chosen.clear()
+    yield
+    select._chosen.clear()
+
+
+def test_warmup_features_configs(h100):
+    from cuflash import warmup
+    from cuflash.problem import SEQLEN_BUCKETS
+
+    plain = warmup.configs_to_warm(["fwd", "bwd"], ["bf16"], [128], [True])
+    both = warmup.configs_to_warm(["fwd", "bwd"], ["bf16"], [128], [True], features=warmup.FEATURES)
+    assert set(plain) < set(both) and len(set(both)) == len(both)
+    extra = [c for c in both if c not in plain]
+    for flag in warmup.FEATURES:   # each feature's kernels, forward and backward
+        ops = {c.family for c in extra if getattr(c, flag, False)}
+        assert ops == {"sm90_fwd", "sm90_bwd"}, (flag, ops)
+    # what a first call's plan compiles: the choice, then its bounds
+    s = SEQLEN_BUCKETS[-1]
+    (p,) = warmup.feature_problems("fwd", "bf16", 128, True, "window", s)
+    assert p.window == (warmup.WINDOW, 0) and p.features == ("window",)
+    family, cfg, _ = select.choose_on_device(p, 0)
+    assert family.for_bounds(cfg, p) in extra
+    assert warmup.feature_problems("fwd", "bf16", 128, True, "window", 1024) == []   # the plain call
+    assert warmup.feature_problems("bwd", "bf16", 128, False, "window", 4096)[0].window == (1024, 1024)
+    assert [q.softcap for q in warmup.feature_problems("fwd", "bf16", 128, True, "softcap", s)] == [30.0, 50.0]
+    assert warmup.feature_problems("fwd", "bf16", 128, True, "varlen", s)[0].features == ("varlen",)
+    with pytest.raises(ValueError, match="features: unknown feature 'rope'"):
+        warmup.feature_problems("fwd", "bf16", 128, True, "rope", s)
+
+
+def test_warmup_features_flag_checked_first(capsys):
+    from cuflash import warmup
+
+    with pytest.raises(SystemExit) as e:
+        warmup.main(["--features", "window,rope"])
+    assert e.value.code == 2 and "--features: unknown feature 'rope'" in capsys.readouterr().err
