@@ -125,6 +125,12 @@ def strip_code(source: str) -> str:
     """The code of a source: comments, #line markers and whitespace runs removed (a space
     stays only between two word characters). A newline stays where it ends a preprocessor
     directive: there it is code (``#define N 4`` then ``f();`` differs from ``#define N 4 f();``)."""
+    return _PUNCT_SPACE.sub("", code_words(source)).strip().replace("\0", "\n")
+
+
+def code_words(source: str) -> str:
+    """strip_code before its last step: comments and #line markers removed, whitespace runs as
+    one space, a directive's end marked by a NUL."""
     code = _LINE_MARK.sub("", _COMMENT.sub(" ", source))
     parts, directive = [], False
     for line in code.split("\n"):
@@ -137,8 +143,7 @@ def strip_code(source: str) -> str:
         starts = directive or s.startswith("#")
         directive = starts and s.endswith("\\")
         parts.append(s + ("\0" if starts and not directive else " "))
-    code = re.sub(r"\s+", " ", "".join(parts))
-    return _PUNCT_SPACE.sub("", code).strip().replace("\0", "\n")
+    return re.sub(r"\s+", " ", "".join(parts))
 
 
 def code_hash(family: str) -> str:

@@ -31,20 +31,7 @@ def median_s(fn, reps: int) -> float:
 
 def strip_code_main(source: str) -> str:
     """strip_code as main had it (a template expansion per punctuation match)."""
-    code = compile_mod._LINE_MARK.sub("", compile_mod._COMMENT.sub(" ", source))
-    parts, directive = [], False
-    for line in code.split("\n"):
-        s = line.strip()
-        if not s:
-            if directive:
-                parts.append("\0")
-                directive = False
-            continue
-        starts = directive or s.startswith("#")
-        directive = starts and s.endswith("\\")
-        parts.append(s + ("\0" if starts and not directive else " "))
-    code = re.sub(r"\s+", " ", "".join(parts))
-    return re.sub(r" ?([^\w ]) ?", r"\1", code).strip().replace("\0", "\n")
+    return re.sub(r" ?([^\w ]) ?", r"\1", compile_mod.code_words(source)).strip().replace("\0", "\n")
 
 
 def fresh_import_s(module: str, reps: int) -> float:
