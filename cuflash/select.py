@@ -44,7 +44,10 @@ stale and malformed entries are ignored with one warning per file, never an exce
 
 Only this GPU's files are read — ``$CUFLASH_TUNED_DIR`` (default ``~/.cache/cuflash/tuned``,
 where ``python -m cuflash tune`` writes) before the shipped ``tuning/configs/`` — lazily,
-on the first call that needs a config, with libyaml's C loader when it is there.
+on the first call that needs a config, with libyaml's C loader when it is there. A parsed copy
+of each table (JSON, named by the table text's hash) is kept in ``$CUFLASH_CACHE_DIR/tables``
+(default ``~/.cache/cuflash/tables``; CUFLASH_CACHE_DIR set empty: none), so a later process's
+first call reads that instead of parsing the YAML (``parse_table``).
 """
 from __future__ import annotations
 
@@ -54,6 +57,7 @@ import logging
 import math
 import os
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -65,6 +69,7 @@ log = logging.getLogger("cuflash")
 
 FORMAT = 2
 ENV_VAR = "CUFLASH_TUNED_DIR"
+CACHE_ENV_VAR = "CUFLASH_CACHE_DIR"   # parsed copies of the tables (parse_table)
 
 
 class TunedTableWarning(UserWarning):
@@ -207,15 +212,61 @@ def _yaml_load(text: str):
     return yaml.load(text, Loader=loader)
 
 
+def parsed_dir() -> Optional[Path]:
+    """Where parsed copies of tuned tables are kept: ``$CUFLASH_CACHE_DIR/tables`` (default
+    ``~/.cache/cuflash/tables``); None when CUFLASH_CACHE_DIR is set empty (no copies)."""
+    env = os.environ.get(CACHE_ENV_VAR)
+    if env is None:
+        return Path.home() / ".cache" / "cuflash" / "tables"
+    return Path(env).expanduser() / "tables" if env else None
+
+
+def parse_table(text: str):
+    """The data of a table's YAML text, from its parsed copy where one is kept (JSON, named by the
+    text's SHA-256, so an edited table is parsed anew), else parsed, and the copy written where
+    JSON gives back exactly the same data. Parsing the shipped H100 table takes longer than the
+    rest of a warm first call's selection (PyYAML with libyaml: 0.2 s on the 2-core CPU host,
+    0.006 s from JSON; session 25): the copy is what a later process reads."""
+    import hashlib
+    import json
+
+    where = parsed_dir()
+    copy = None if where is None else where / (hashlib.sha256(text.encode()).hexdigest()[:32] + ".json")
+    if copy is not None:
+        try:
+            data = json.loads(copy.read_text())
+            if isinstance(data, dict):
+                return data
+        except (OSError, ValueError):   # none yet, or unreadable: parse the YAML
+            pass
+    data = _yaml_load(text)
+    if copy is not None:
+        tmp = copy.with_name(f"{copy.name}.{os.getpid()}.tmp")
+        try:
+            dumped = json.dumps(data)
+            if json.loads(dumped) == data:   # (dates, non-string keys: no copy)
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(dumped)
+                os.replace(tmp, copy)       # whole or not at all, for a process reading it
+        except (OSError, TypeError, ValueError):
+            pass
+        finally:
+            if tmp.exists():
+                tmp.unlink(missing_ok=True)
+    return data
+
+
 def read_file(path) -> TunedFile:
     """Parse one YAML table. Never raises: problems go into ``.error`` / ``.bad_entries``."""
-    import yaml
-
     path = Path(path)
     out = TunedFile(path)
     try:
-        data = _yaml_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        data = parse_table(path.read_text())
+    except Exception as exc:  # noqa: BLE001 - named below; yaml is imported only to parse
+        yaml = sys.modules.get("yaml")
+        if not isinstance(exc, (OSError, UnicodeDecodeError)) and not (
+                yaml is not None and isinstance(exc, yaml.YAMLError)):
+            raise
         out.error = f"cannot be read as YAML ({exc.__class__.__name__}: {str(exc)[:200]})"
         return out
     try:
@@ -367,7 +418,7 @@ def lookup(family, problem: Problem, gpu_name: str, cc, max_smem: Optional[int] 
     exact bucket in the first file that has it, else the nearest over all files."""
     d = family.head_dim_of(problem.head_dim)
     want = (problem.op, family.name, problem.dtype, d, bool(problem.causal), tuple(problem.features))
-    stamp = current_stamp(family)
+    stamp = None   # the code hash only where an entry of this class is there to check (a first call's cost)
     candidates, skipped = [], []
     for tf in files_for_gpu(gpu_name, cc, dirs):
         if tf.bad_entries:
@@ -377,6 +428,8 @@ def lookup(family, problem: Problem, gpu_name: str, cc, max_smem: Optional[int] 
         for e in tf.entries:
             if e.key[:6] != want:
                 continue
+            if stamp is None:
+                stamp = current_stamp(family)
             stale = stale_reasons(e, stamp)
             if stale:
                 skipped.append("stale")

@@ -118,18 +118,83 @@ def test_child_plumbing(tmp_path, monkeypatch):
     script = textwrap.dedent('''
         import json, os, sys
         import cuflash
-        print("CUFLASH_STARTUP " + json.dumps({"impl": sys.argv[1], "first_call_s": 0.25,
-              "cache": os.environ["CUPY_CACHE_DIR"], "shape": sys.argv[2:6],
-              "cuflash": cuflash.__file__}))
+        print("CUFLASH_STARTUP " + json.dumps({"impl": sys.argv[1], "call": sys.argv[2],
+              "first_call_s": 0.25, "cache": os.environ["CUPY_CACHE_DIR"], "shape": sys.argv[3:7],
+              "profile": os.environ.get("CUFLASH_STARTUP_PROFILE"), "cuflash": cuflash.__file__}))
     ''')
     monkeypatch.setattr(startup, "CHILD", script)
     rec = startup.child("cuflash", str(tmp_path), (1, 2, 3, 4), timeout=60)
     assert rec["first_call_s"] == 0.25 and rec["cache"] == str(tmp_path)
     assert rec["shape"] == ["1", "2", "3", "4"] and rec["child_wall_s"] > 0
+    assert rec["call"] == "causal" and rec["profile"] is None
+    rec = startup.profile_child("varlen", str(tmp_path), str(tmp_path / "p.prof"), (1, 2, 3, 4))
+    assert rec["call"] == "varlen" and rec["profile"] == str(tmp_path / "p.prof")
     import cuflash
     assert rec["cuflash"] == cuflash.__file__
     monkeypatch.setattr(startup, "CHILD", "import sys; sys.exit('boom')")
     assert startup.child("cuflash", str(tmp_path))["error"] == "exit 1: boom"
+    assert startup.child("cuflash", str(tmp_path), call="window")["call"] == "window"
+
+
+def test_startup_plan():
+    plan = startup.plan_of(["causal", "softcap", "varlen"])
+    assert plan == [("causal", "cuflash", "warm"), ("causal", "cuflash", "cold"),
+                    ("causal", "sdpa_flash", "n/a"), ("causal", "sdpa_cudnn", "n/a"),
+                    ("softcap", "cuflash", "warm"), ("softcap", "cuflash", "cold"),
+                    ("varlen", "cuflash", "warm"), ("varlen", "cuflash", "cold"),
+                    ("varlen", "sdpa_flash+nested", "n/a")]
+    assert len(startup.plan_of(startup.CALLS)) == 28
+    with pytest.raises(ValueError, match="calls: unknown call 'decode'"):
+        startup.plan_of(["decode"])
+
+
+def _rec(call, impl, cache, t, imp=None):
+    runs = [dict(impl=impl, call=call, first_call_s=t, child_wall_s=4.0,
+                 **({} if imp is None else {"import_s": imp}))]
+    return startup.summarize(impl, cache, runs, call)
+
+
+def test_startup_comparisons_and_table():
+    records = [_rec("causal", "cuflash", "warm", 0.30, 0.11), _rec("causal", "cuflash", "cold", 1.25, 0.1),
+               _rec("causal", "sdpa_flash", "n/a", 0.004), _rec("causal", "sdpa_cudnn", "n/a", 0.066),
+               _rec("window", "cuflash", "warm", 1.8, 0.1), _rec("window", "cuflash", "cold", 4.0, 0.1),
+               _rec("window", "sdpa_efficient+mask", "n/a", 0.2), _rec("softcap", "cuflash", "warm", 0.4, 0.1)]
+    assert records[4]["call"] == "window"
+    cmps = startup.comparisons(records)
+    assert list(cmps) == ["causal", "window", "softcap"]
+    assert cmps["window"]["cuflash_warm_first_call_s"] == 1.8
+    assert cmps["window"]["sdpa_efficient+mask"]["cuflash_minus_that_s"] == pytest.approx(1.1)
+    assert cmps["softcap"]["sdpa_call"] == "causal"   # no softcap in SDPA: its causal call
+    assert cmps["softcap"]["sdpa_flash"]["cuflash_minus_that_s"] == pytest.approx(0.4 - 0.004 - 0.5)
+    assert startup.comparison(records[:4] + records[-1:], call="softcap")["sdpa_call"] == "causal"
+    assert "sdpa_call" not in startup.comparison(records[-1:], call="softcap")
+    assert startup.comparison(records) == cmps["causal"]   # the causal call's, as before
+    assert "sdpa_efficient+mask" not in cmps["causal"]
+    (line,) = startup.comparison_lines(cmps["window"], "window")
+    assert line.startswith("cuflash warm first call (window) 1.800 s vs sdpa_efficient+mask")
+    # records from before the call field are the causal call's
+    old = [{k: v for k, v in r.items() if k != "call"} for r in records[:4]]
+    assert startup.comparison(old) == cmps["causal"]
+    lines = startup.table(records).splitlines()
+    assert lines[2] == "| causal | 0.300 | 1.250 | 0.110 | flash 0.004, cudnn 0.066 | -0.204 |"
+    assert lines[3] == "| window | 1.800 | 4.000 | 0.100 | efficient+mask 0.200 | +1.100 |"
+    assert lines[4] == ("| softcap | 0.400 | - | 0.100 | none (causal: flash 0.004, cudnn 0.066) "
+                        "| -0.104 |")
+    (text, _) = startup.comparison_lines(cmps["softcap"], "softcap")
+    assert text.startswith("cuflash warm first call (softcap), SDPA's causal call 0.400 s vs sdpa_flash")
+
+
+@pytest.mark.parametrize("impl,call", [("cuflash", "varlen"), ("cuflash", "kvcache"),
+                                       ("cuflash", "causal_fwdbwd"), ("sdpa_cudnn+mask", "alibi")])
+def test_startup_child_calls_dry_run(tmp_path, impl, call):
+    """The real child script on torch CPU tensors (CUFLASH_STARTUP_CPU=1: cuflash's reference,
+    SDPA's math backend): its inputs and calls run and it prints its record."""
+    pytest.importorskip("torch")
+    rec = startup.child(impl, str(tmp_path), (2, 64, 2, 16), timeout=120, call=call,
+                        env={"CUFLASH_STARTUP_CPU": "1"})
+    assert "error" not in rec, rec
+    assert rec["call"] == call and rec["first_call_s"] > 0
+    assert ("import_s" in rec) == (impl == "cuflash")
 
 
 def test_startup_child_script_compiles():

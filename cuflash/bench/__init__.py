@@ -14,7 +14,8 @@ Modes (results in results/<gpu name>/):
   overhead  host µs per call on a tiny problem (torch fwd, torch fwd+bwd, CuPy fwd) and one
             eager call's wall time, vs SDPA flash and cuDNN: overhead.json
   startup   first call in fresh processes (CuPy kernel cache warm and cold) vs SDPA's first
-            call: startup.json
+            call: the causal call, window, softcap, ALiBi, dropout, varlen, kvcache and the
+            causal forward + backward: startup.json
   io        the FlashAttention paper's IO table (GFLOPs, HBM bytes by ncu, runtime) for
             standard attention, SDPA flash and cuflash: io_table.{json,md}
   features  sliding window 1024 at 8k (causal and not), softcap, ALiBi, dropout 0.1 and varlen
@@ -74,6 +75,12 @@ def parser() -> argparse.ArgumentParser:
                     help="memory (default 1024 .. 65536)")
     ap.add_argument("--calls", type=int, default=2000, help="overhead: calls per host timing")
     ap.add_argument("--repeats", type=int, default=3, help="startup: children per case")
+    ap.add_argument("--startup-calls", nargs="+", default=None,
+                    help="startup: calls (default causal window softcap alibi dropout varlen "
+                         "kvcache causal_fwdbwd)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="startup: children at a time (default 1; more shortens the run and "
+                         "shares the host between the timed children)")
     ap.add_argument("--io-seqlens", type=int, nargs="+", default=None,
                     help="io: seqlens of the growth table (default 1024 .. 16384)")
     ap.add_argument("--io-causal", action="store_true", help="io: causal mask (default none)")
@@ -176,7 +183,8 @@ def run_mode(mode: str, a) -> object:
     if mode == "overhead":
         return mod.run(calls=a.calls, eager_reps=a.reps or 20, out=a.out)
     if mode == "startup":
-        return mod.run(repeats=a.repeats, out=a.out)
+        return mod.run(repeats=a.repeats, out=a.out, calls=tuple(a.startup_calls or mod.CALLS),
+                       jobs=a.jobs)
     if mode == "io":
         return mod.run(growth_seqlens=a.io_seqlens or mod.GROWTH_SEQLENS, causal=a.io_causal,
                        use_ncu=not a.no_ncu, reps=a.reps or 10, out=a.out)
