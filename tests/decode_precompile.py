@@ -14,7 +14,7 @@ their kernels on disk):
   * tests/test_decode_regs_gpu.py: the regs kernel's configs (REGS_DEFAULT 1 .. 6).
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only page_table_tests,cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -309,7 +309,24 @@ def cluster_test_configs():
     return out
 
 
-GROUPS = {"cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
+def page_table_test_configs():
+    """tests/test_decode_regs_gpu.py's page-table tests (REGS_PAGE_TABLE_DEFAULT 1; 8 and 4 warps; at
+    batch 1 regs_prefetch of 1 and 3 blocks)."""
+    import test_decode_regs_gpu as t
+
+    def cfg(case, warps=8, prefetch=0):
+        b, sq, lens, h, hk, d, dtype, page, extra, kw = case
+        return _heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page,
+                          REGS_DEFAULT=1, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_BATCH1_HINT=(), REGS_PAGE_TABLE_DEFAULT=1,
+                          REGS_PAGED_TMA_MAX_KEYS=0, REGS_WARPS=warps, REGS_PAGED_BATCH1_PREFETCH=((1 << 30, prefetch),))
+
+    graphs = [(4, 1, [65536], 32, 8, 128, "bf16", pg, {}, {}) for pg in (16, 256)]
+    return ([cfg(c) for c in t.PAGE_TABLE_CASES + graphs] + [cfg(c, warps=4) for c in t.PAGE_TABLE_CASES[:5]]
+            + [cfg(c, prefetch=pf) for c in t.PAGE_TABLE_B1_CASES + [(1, 1, [65536], 32, 8, 128, "bf16", 16, {}, {})]
+               for pf in (1, 3)])
+
+
+GROUPS = {"page_table_tests": page_table_test_configs, "cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

@@ -439,7 +439,9 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
     """The heuristic's regs config ``cfg`` with REGS_AHEAD_DEFAULT, REGS_AHEAD_L1_DEFAULT and
     REGS_ORDER_DEFAULT and, for a batch-1 ``problem``, the first REGS_BATCH1_HINT entry that covers its
     keys (``hint``: no device rule sets the hint), for a batch-1 contiguous one the first
-    REGS_BATCH1_RULES entry that does, and the first REGS_CLUSTER_RULES entry that does."""
+    REGS_BATCH1_RULES entry that does, for a paged one REGS_PAGE_TABLE_DEFAULT (and at batch 1 the
+    first REGS_PAGED_BATCH1_PREFETCH entry that covers its keys), and the first REGS_CLUSTER_RULES
+    entry that does."""
     if REGS_AHEAD_DEFAULT or REGS_AHEAD_L1_DEFAULT or REGS_ORDER_DEFAULT:
         cfg = cfg.replace(regs_ahead=REGS_AHEAD_DEFAULT, regs_ahead_l1=REGS_AHEAD_L1_DEFAULT, regs_order=REGS_ORDER_DEFAULT)
     if hint and batch1_hint(problem):
@@ -448,6 +450,13 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
         for max_keys, fields in REGS_BATCH1_RULES:
             if problem.seqlen_k <= max_keys:
                 cfg = cfg.replace(**fields)
+                break
+    if REGS_PAGE_TABLE_DEFAULT and "paged_kv" in problem.features:
+        cfg = cfg.replace(regs_page_table=REGS_PAGE_TABLE_DEFAULT)
+        for max_keys, blocks in REGS_PAGED_BATCH1_PREFETCH if problem.batch == 1 else ():
+            if problem.seqlen_k <= max_keys:
+                if blocks:
+                    cfg = cfg.replace(regs_prefetch=True, regs_prefetch_blocks=blocks)
                 break
     if REGS_CLUSTER_DEFAULT and cfg.head_dim % (4 * REGS_CLUSTER_DEFAULT) == 0:
         return cfg.replace(regs_cluster=REGS_CLUSTER_DEFAULT, fused_combine=False, light_fence=False, splits=0)
@@ -466,6 +475,16 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
 # ClusterLaunch). 16 is a non-portable cluster size (the kernel's
 # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED is set when it loads: kernel_attributes).
 REGS_CLUSTER_VALUES = (0, 2, 4, 8, 16)
+# regs_page_table (decode_splitkv_regs' kPageTable, paged caches): the page ids a CTA reads staged in
+# shared memory once (REGS_PAGE_IDS of them: a table row of at most that many pages whole, before
+# cache_seqlens arrives; else the split's top slice), so no block's K/V loads wait on a global table
+# read; with regs_prefetch the rows of the regs_prefetch_blocks blocks after the first two are
+# prefetched into L1 once the ids are staged. The heuristic's choice: REGS_PAGE_TABLE_DEFAULT (0: off).
+REGS_PAGE_IDS = 2048            # kPageIds in decode_splitkv_regs
+REGS_PAGE_TABLE_DEFAULT = 0
+# With the page table, batch-1 paged calls: the first (max_keys, blocks) entry whose max_keys covers
+# the problem's cached keys sets regs_prefetch with regs_prefetch_blocks = blocks (0: none).
+REGS_PAGED_BATCH1_PREFETCH: tuple = ()
 CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 REGS_SPACE = (0,)
 REGS_HEAD_DIMS = (64, 128)
@@ -574,6 +593,7 @@ class DecodeConfig(KernelConfig):
     regs_order: int = 0
     regs_prefetch_blocks: int = 1
     regs_cluster: int = 0
+    regs_page_table: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -605,7 +625,8 @@ class DecodeConfig(KernelConfig):
                  + (f"_ra{self.regs_ahead}" if self.regs_ahead else "") + ("l1" if self.regs_ahead_l1 else "")
                  + (f"_ro{self.regs_order}" if self.regs_order else "")
                  + (f"_pb{self.regs_prefetch_blocks}" if self.regs_prefetch_blocks != 1 else "")
-                 + (f"_cl{self.regs_cluster}" if self.regs_cluster else ""))
+                 + (f"_cl{self.regs_cluster}" if self.regs_cluster else "")
+                 + (f"_rpt{self.regs_page_table}" if self.regs_page_table else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -616,7 +637,9 @@ class DecodeConfig(KernelConfig):
         if self.regs:   # the warps' merge (kMergePitch = head_dim + 4 words, m, l) and the merge flag
             # (regs_cluster: plus the split's normalized O and LSE, which the cluster's CTAs read)
             cluster = self.rows * (self.head_dim + 1) * 4 if self.regs_cluster else 0
-            return self.warps * self.rows * (self.head_dim + 6) * 4 + 16 + cluster
+            # (regs_page_table: plus the staged page ids, kPageIds of them)
+            ids = 4 * REGS_PAGE_IDS if self.regs_page_table else 0
+            return self.warps * self.rows * (self.head_dim + 6) * 4 + 16 + cluster + ids
         tiles = (self.rows + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
         if self.stream:   # a Q tile per ring slot, the per-row prefix
             return tiles + (self.stages - 1) * self.rows * (self.head_dim + 8) * 2 + 4 * STREAM_SMEM_INTS
@@ -630,14 +653,12 @@ class DecodeConfig(KernelConfig):
     def kernel_name(self) -> str:
         flag = {True: "true", False: "false"}
         if self.regs:
-            # the defaults (false, 0, false) of the trailing options are left out
+            # the trailing options at their defaults are left out
             trailing = [flag[bool(self.regs_prefetch)], str(int(self.regs_ahead)), flag[bool(self.regs_ahead_l1)],
-                        str(int(self.regs_order)), str(int(self.regs_prefetch_blocks)), str(int(self.regs_cluster))]
-            if trailing[-1] == "0":   # kCluster's default
-                trailing.pop()
-                if trailing[-1] == "1":   # kEarlyBlocks' default
-                    trailing.pop()
-            while trailing and trailing[-1] in ("false", "0"):
+                        str(int(self.regs_order)), str(int(self.regs_prefetch_blocks)), str(int(self.regs_cluster)),
+                        str(int(self.regs_page_table))]
+            defaults = ["false", "0", "false", "0", "1", "0", "0"]
+            while trailing and trailing[-1] == defaults[len(trailing) - 1]:
                 trailing.pop()
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
                     f"cuflash::{self.dtype}, {flag[self.fused_combine]}, {flag[self.light_fence]}, {self.regs - 1}"
@@ -662,7 +683,8 @@ class DecodeConfig(KernelConfig):
         if self.regs:
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
                     bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
-                    bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks), int(self.regs_cluster))
+                    bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks), int(self.regs_cluster),
+                    int(self.regs_page_table))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -730,6 +752,10 @@ class DecodeConfig(KernelConfig):
         elif self.regs_cluster and self.head_dim % (4 * self.regs_cluster):
             out.append(f"regs_cluster: each CTA merges head_dim / regs_cluster columns, a multiple of 4; got "
                        f"head_dim {self.head_dim} over {self.regs_cluster}")
+        if self.regs_page_table not in (0, 1):
+            out.append(f"regs_page_table must be 0 or 1, got {self.regs_page_table}")
+        elif self.regs_page_table and not self.regs:
+            out.append("regs_page_table: an option of the regs kernel (regs)")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -999,7 +1025,7 @@ class DecodeSplitKV(Family):
              "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE,
              "regs": REGS_SPACE,
              "regs_prefetch": (False,), "regs_ahead": (0,), "regs_ahead_l1": (False,),
-             "regs_order": (0,), "regs_prefetch_blocks": (1,), "regs_cluster": (0,)}
+             "regs_order": (0,), "regs_prefetch_blocks": (1,), "regs_cluster": (0,), "regs_page_table": (0,)}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -1146,7 +1172,7 @@ class DecodeSplitKV(Family):
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
                  "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_ahead_l1": False,
-                 "regs_order": 0, "regs_prefetch_blocks": 1, "regs_cluster": 0, **point}
+                 "regs_order": 0, "regs_prefetch_blocks": 1, "regs_cluster": 0, "regs_page_table": 0, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -1194,7 +1220,7 @@ class DecodeSplitKV(Family):
                 raise ValueError(f"q: the regs kernel (config regs) needs the head dim to equal the config's "
                                  f"{config.head_dim}, got {problem.head_dim}")
             config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
-                                    regs_prefetch_blocks=1)
+                                    regs_prefetch_blocks=1, regs_page_table=0)
             if getattr(config, "regs_cluster", 0):
                 config = self.without_cluster(config)
         keys = problem.batch * problem.seqlen_k
@@ -1212,7 +1238,7 @@ class DecodeSplitKV(Family):
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
                                  regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
-                                 regs_prefetch_blocks=1, regs_cluster=0,
+                                 regs_prefetch_blocks=1, regs_cluster=0, regs_page_table=0,
                                  m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
