@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from cuflash.compile import nvcc_compile
+from cuflash.compile import kernel_dir, nvcc_compile
 from cuflash.families import decode_splitkv as mod
 from cuflash.families.decode_splitkv import DecodeConfig, ctas_per_sm, row_blocks
 from cuflash.problem import Problem
@@ -112,6 +112,33 @@ def test_batch1_rules(monkeypatch):
     assert FAM.heuristic(P.replace(seqlen_k=8192), (9, 0)).regs == 6
 
 
+def test_page_table_config(monkeypatch):
+    """regs_page_table: name, the kernel's last template argument (the others written out), shared
+    memory (REGS_PAGE_IDS ids, matching kPageIds), validation, and the heuristic's switch: paged
+    calls only, with REGS_PAGED_BATCH1_PREFETCH's early prefetch at batch 1."""
+    pt = REGS.replace(regs_page_table=1)
+    assert pt.name.endswith("_rg2_rpt1") and pt.template_args()[-1] == 1 and not pt.problems(232448)
+    assert pt.kernel_name().endswith(", 1, false, 0, false, 0, 1, 0, 1>")
+    assert pt.smem_bytes == REGS.smem_bytes + 4 * mod.REGS_PAGE_IDS
+    src = (kernel_dir() / "decode_splitkv.cu").read_text()
+    assert f"constexpr int kPageIds = {mod.REGS_PAGE_IDS};" in src
+    assert any("regs_page_table must be 0 or 1" in x for x in REGS.replace(regs_page_table=2).problems(232448))
+    assert any("regs_page_table: an option of the regs kernel" in x for x in BASE.replace(regs_page_table=1).problems(232448))
+    assert FAM.decode(FAM.encode(pt), "bf16", False) == pt
+    paged = P.replace(features=("paged_kv",))
+    assert mod.REGS_PAGE_TABLE_DEFAULT in (0, 1)
+    monkeypatch.setattr(mod, "REGS_PAGE_TABLE_DEFAULT", 1)
+    monkeypatch.setattr(mod, "REGS_PAGED_BATCH1_PREFETCH", ((8192, 0), (1 << 31, 2)))
+    assert FAM.heuristic(P, (9, 0)).regs_page_table == 0                      # contiguous: none
+    c = FAM.heuristic(paged, (9, 0))                                            # 1 x 32k paged
+    assert c.regs_page_table == 1 and c.regs_prefetch and c.regs_prefetch_blocks == 2 and not c.problems(232448)
+    c8 = FAM.heuristic(paged.replace(seqlen_k=8192), (9, 0))
+    assert c8.regs_page_table == 1 and not c8.regs_prefetch
+    cb = FAM.heuristic(paged.replace(batch=8), (9, 0))
+    assert cb.regs_page_table == 1 and not cb.regs_prefetch
+    assert FAM.call_config(c, paged.replace(head_dim=120), (9, 0), 16, chosen=True).regs_page_table == 0
+
+
 CL16 = REGS.replace(regs=6, regs_cluster=16, fused_combine=False, light_fence=False)
 
 
@@ -183,7 +210,10 @@ POINTS = [REGS, REGS.replace(regs=1, fused_combine=False, light_fence=False), RE
           REGS.replace(head_dim=64, regs_ahead=3), REGS.replace(regs=6, regs_order=1),
           REGS.replace(regs=6, regs_order=2, regs_ahead=2), REGS.replace(head_dim=64, m_tiles=2, regs_order=2),
           REGS.replace(regs=6, regs_prefetch=True, regs_prefetch_blocks=2), CL16,
-          CL16.replace(head_dim=64, m_tiles=2), CL16.replace(regs_prefetch=True, regs_prefetch_blocks=3)]
+          CL16.replace(head_dim=64, m_tiles=2), CL16.replace(regs_prefetch=True, regs_prefetch_blocks=3),
+          REGS.replace(regs=1, regs_page_table=1), REGS.replace(regs=6, regs_page_table=1, regs_prefetch=True,
+                                                                  regs_prefetch_blocks=3),
+          REGS.replace(head_dim=64, m_tiles=2, regs_page_table=1), REGS.replace(warps=4, regs_page_table=1)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
