@@ -82,7 +82,7 @@ def all_configs(cells, pages, variants) -> list:
     return list(dict.fromkeys(out))
 
 
-def run_cell(cell, pages, variants, reps, rounds, log) -> list:
+def run_cell(cell, pages, variants, reps, rounds, log, fill=1.0) -> list:
     import torch
 
     from cuflash.bench.decode import paged_view
@@ -93,7 +93,8 @@ def run_cell(cell, pages, variants, reps, rounds, log) -> list:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, kc, vc, _ = dt.make_caches(batch, ctx, 0, 1, torch.bfloat16, gen)[0]
-    seqlens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    keys = max(1, int(ctx * fill))   # --fill: rows of fewer keys than the capacity (the SDPA impls see them all)
+    seqlens = torch.full((batch,), keys, dtype=torch.int32, device="cuda")
     caches = {0: (kc, vc, None)}
     for page in pages:
         caches[page] = paged_view(kc, vc, page, gen)
@@ -112,10 +113,10 @@ def run_cell(cell, pages, variants, reps, rounds, log) -> list:
         jobs.append((v["label"], v["page"], f"{cfg.name} x{cfg.splits}",
                      lambda ck=ck, cv=cv, table=table, cfg=cfg: kvcache_with_config(
                          cfg, q, ck, cv, cache_seqlens=seqlens, block_table=table)[0]))
-    ref = jobs[1][3]()
+    ref = jobs[1][3]() if fill == 1.0 else jobs[2][3]()   # partial rows: against cuflash's contiguous call
     records, graphs = [], []
     for label, page, cfg_name, f in jobs:
-        rec = dict(cell=cell, label=label, page=page, config=cfg_name, times=[])
+        rec = dict(cell=cell, label=label, page=page, config=cfg_name, times=[], fill=fill)
         try:
             got = f()
             got = got[0] if isinstance(got, tuple) else got
@@ -131,7 +132,7 @@ def run_cell(cell, pages, variants, reps, rounds, log) -> list:
         for i in order:
             if graphs[i] is not None:
                 records[i]["times"].append(dt.replay_us(*graphs[i], reps))
-    kv_bytes = 2 * batch * ctx * dt.HK * dt.D * 2
+    kv_bytes = 2 * batch * keys * dt.HK * dt.D * 2
     for rec in records:
         t = sorted(rec["times"])
         if t:
@@ -174,6 +175,8 @@ def main():
     ap.add_argument("--no-precompile", action="store_true")
     ap.add_argument("--processes", type=int, default=14)
     ap.add_argument("--max-seconds", type=float, default=90.0)
+    ap.add_argument("--fill", type=float, default=1.0,
+                    help="cache_seqlens = fill x the capacity (SDPA reads the whole capacity: compare cuflash only)")
     ap.add_argument("--out")
     a = ap.parse_args()
     from cuflash.families import decode_splitkv as mod
@@ -202,7 +205,7 @@ def main():
             print(f"skipped {cell} (past --max-seconds)", flush=True)
             continue
         try:
-            records += run_cell(cell, a.pages, variants, a.reps, a.rounds, lambda s: print(s, flush=True))
+            records += run_cell(cell, a.pages, variants, a.reps, a.rounds, lambda s: print(s, flush=True), a.fill)
         except Exception as exc:  # noqa: BLE001 - the other cells still run
             print(f"{cell}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
         print(show([r for r in records if r["cell"] == cell]), flush=True)
