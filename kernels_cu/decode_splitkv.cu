@@ -1644,7 +1644,9 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float
 //              block kAhead iterations later (its first kAhead blocks at the start), so a short
 //              split's blocks are all requested from its start: contiguous whole blocks only
 //   kAheadL1   kAhead's prefetches into L1 (true) or L2 (false)
-//   kEarlyBlocks  (kEarlyPrefetch) how many of the split's top blocks it prefetches (1, 2, 3)
+//   kEarlyBlocks  (kEarlyPrefetch) how many of the split's top blocks it prefetches (1, 2, 3); with kOrder
+//              1 or 2 the split's first blocks under the interleave instead (2: those after the block its
+//              early loads hold), which do not depend on the row's length
 //   kOrder     the split's blocks: 0 one run of the row's blocks, from the top down; 1 interleaved,
 //              split s takes blocks s, s + splits, ... upwards (a split's first block does not
 //              depend on the row's length); 2 as 1, and where that first block is known before
@@ -1713,8 +1715,17 @@ decode_splitkv_regs(const DecodeParams p) {
             // block n - j's rows of this warp (kEarlyBlocks > 1: the blocks after it, as the split's run goes down)
 #pragma unroll
             for (int j = 0; j < kEarlyBlocks; ++j) {
-                if (n - j < split * per) break;
-                const int pos0 = (n - j) * kBlockN + warp * kWarpN;
+                int pos0;
+                if constexpr (kOrder == 0) {
+                    if (n - j < split * per) break;
+                    pos0 = (n - j) * kBlockN + warp * kWarpN;
+                } else {
+                    // kOrder 1, 2: the split's first blocks split, split + splits, ... (2: after the
+                    // one its early loads hold), the same in every row that reaches them
+                    const int blk = split + (j + (kOrder == 2 ? 1 : 0)) * p.num_splits;
+                    if (blk >= n_blocks) break;
+                    pos0 = blk * kBlockN + warp * kWarpN;
+                }
 #pragma unroll
                 for (int tile = 0; tile < kTiles; ++tile)
 #pragma unroll
