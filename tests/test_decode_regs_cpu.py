@@ -213,7 +213,9 @@ POINTS = [REGS, REGS.replace(regs=1, fused_combine=False, light_fence=False), RE
           CL16.replace(head_dim=64, m_tiles=2), CL16.replace(regs_prefetch=True, regs_prefetch_blocks=3),
           REGS.replace(regs=1, regs_page_table=1), REGS.replace(regs=6, regs_page_table=1, regs_prefetch=True,
                                                                   regs_prefetch_blocks=3),
-          REGS.replace(head_dim=64, m_tiles=2, regs_page_table=1), REGS.replace(warps=4, regs_page_table=1)]
+          REGS.replace(head_dim=64, m_tiles=2, regs_page_table=1), REGS.replace(warps=4, regs_page_table=1),
+          REGS.replace(regs=6, regs_order=1, regs_prefetch=True, regs_prefetch_blocks=3),
+          REGS.replace(regs=6, regs_order=2, regs_prefetch=True, regs_prefetch_blocks=3)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")

@@ -170,7 +170,9 @@ def test_regs_ahead_cuda_graph(monkeypatch, page):
 # change (the early prefetch / loads assume a full row: kept or redone)
 BATCH1_OPTIONS = [{"regs_prefetch": True}, {"regs_prefetch": True, "regs_prefetch_blocks": 2},
                   {"regs_prefetch": True, "regs_prefetch_blocks": 3},
-                  {"regs_prefetch": True, "warps": 4}, {"regs_order": 2}, {"regs": 1, "regs_prefetch": True}]
+                  {"regs_prefetch": True, "warps": 4}, {"regs_order": 2}, {"regs": 1, "regs_prefetch": True},
+                  {"regs_order": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3},   # the interleave's first blocks
+                  {"regs_order": 2, "regs_prefetch": True, "regs_prefetch_blocks": 3}]
 BATCH1_CASES = [(1, 1, [8192], 32, 8, 128, "bf16", None, {}, {}), (1, 1, [3001], 32, 8, 128, "bf16", None, {}, {}),
                 (1, 2, [4096], 32, 8, 128, "bf16", None, {}, {"causal": True})]
 
