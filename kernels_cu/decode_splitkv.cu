@@ -1664,9 +1664,9 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float
 //              cache_seqlens arrives, a longer row's slice that the split reads (its top kPageIds pages)
 //              after; then a block's page ids come from shared memory, so no K/V load waits on a
 //              global table read queued behind the previous block's loads (ids outside the slice are
-//              read from block_table as without). With kEarlyPrefetch (kOrder 0), as soon as the ids
-//              are staged each warp prefetches into L1 the rows of the kEarlyBlocks blocks after the
-//              two its registers load first (the contiguous prefetch's deeper start, for pages)
+//              read from block_table as without). With kEarlyPrefetch, as soon as the ids are staged
+//              each warp prefetches into L1 the rows of the kEarlyBlocks blocks after the two its
+//              registers load first (the contiguous prefetch's deeper start, for pages; any kOrder)
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
           int kLoadHint, bool kEarlyPrefetch = false, int kAhead = 0, bool kAheadL1 = false, int kOrder = 0,
           int kEarlyBlocks = 1, int kCluster = 0, int kPageTable = 0>
@@ -2122,6 +2122,21 @@ decode_splitkv_regs(const DecodeParams p) {
         }
     };
 
+    // kPageTable with kEarlyPrefetch: block n's rows of this warp into L1 (one line per lane), at the
+    // staged page ids (the blocks after the first two: their loads come a block later)
+    auto prefetch_paged = [&](int n) {
+        constexpr int kLines = kHeadDim / 64;  // 128-byte lines per key row
+#pragma unroll
+        for (int tile = 0; tile < kTiles; ++tile) {
+            const int key = n * kBlockN + warp * kWarpN + 16 * tile + (lane / kLines) % 16;
+            const int pos = rk.start + min(key, last_key), pg = pos / p.page_size;
+            const int id = min(max(page_id(table, pg), 0), p.num_pages - 1);
+            const i64 row = pos - pg * p.page_size;
+            prefetch_l1(k_head + id * p.k_batch_stride + row * p.k_row_stride + 64 * (lane % kLines));
+            prefetch_l1(v_head + id * p.v_batch_stride + row * p.v_row_stride + 64 * (lane % kLines));
+        }
+    };
+
     // two register sets: block it + 1's loads are in flight while block it's math runs
     u32 k_a[kTiles][2][kKLoads][4], v_a[kTiles][4][kVLoads][4];
     u32 k_b[kTiles][2][kKLoads][4], v_b[kTiles][4][kVLoads][4];
@@ -2134,22 +2149,11 @@ decode_splitkv_regs(const DecodeParams p) {
             }
             load_block(n_end - 1, k_a, v_a);
             if constexpr (kPageTable > 0 && kEarlyPrefetch) {
-                // paged: the rows of the kEarlyBlocks blocks after the first two, into L1 (one line per lane)
-                constexpr int kLines = kHeadDim / 64;  // 128-byte lines per key row
                 if (paged) {
 #pragma unroll
                     for (int j = 0; j < kEarlyBlocks; ++j) {
-                        const int n = n_end - 3 - j;
-                        if (n < n_begin) break;
-#pragma unroll
-                        for (int tile = 0; tile < kTiles; ++tile) {
-                            const int key = n * kBlockN + warp * kWarpN + 16 * tile + (lane / kLines) % 16;
-                            const int pos = rk.start + min(key, last_key), pg = pos / p.page_size;
-                            const int id = min(max(page_id(table, pg), 0), p.num_pages - 1);
-                            const i64 row = pos - pg * p.page_size;
-                            prefetch_l1(k_head + id * p.k_batch_stride + row * p.k_row_stride + 64 * (lane % kLines));
-                            prefetch_l1(v_head + id * p.v_batch_stride + row * p.v_row_stride + 64 * (lane % kLines));
-                        }
+                        if (n_end - 3 - j < n_begin) break;
+                        prefetch_paged(n_end - 3 - j);
                     }
                 }
             }
@@ -2180,6 +2184,15 @@ decode_splitkv_regs(const DecodeParams p) {
                 }
             } else {
                 load_block(n_first, k_a, v_a);
+            }
+            if constexpr (kPageTable > 0 && kEarlyPrefetch) {
+                if (paged) {
+#pragma unroll
+                    for (int j = 0; j < kEarlyBlocks; ++j) {
+                        if (n_first + (2 + j) * p.num_splits >= n_stop) break;
+                        prefetch_paged(n_first + (2 + j) * p.num_splits);
+                    }
+                }
             }
         }
     }

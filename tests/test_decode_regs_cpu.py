@@ -92,6 +92,7 @@ def test_batch1_rules(monkeypatch):
     """REGS_BATCH1_RULES: one contiguous batch row above 8k keys takes the early L1 prefetch of 3
     blocks; 8k keys and less, paged caches, batch 2 and REGS_BATCH1 False keep the heuristic's.
     REGS_BATCH1_HINT: one batch row of at most 8k keys, contiguous or paged, takes plain loads."""
+    monkeypatch.setattr(mod, "REGS_SHAPE_RULES", ())   # (their own test below)
     cfg = FAM.heuristic(P, (9, 0))   # 1 x 32k
     assert cfg.regs == 6 and cfg.regs_prefetch and cfg.regs_prefetch_blocks == 3 and not cfg.problems(232448)
     assert cfg.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 5, true, 0, false, 0, 3>"
@@ -127,6 +128,7 @@ def test_page_table_config(monkeypatch):
     assert FAM.decode(FAM.encode(pt), "bf16", False) == pt
     paged = P.replace(features=("paged_kv",))
     assert mod.REGS_PAGE_TABLE_DEFAULT in (0, 1)
+    monkeypatch.setattr(mod, "REGS_SHAPE_RULES", ())
     monkeypatch.setattr(mod, "REGS_PAGE_TABLE_DEFAULT", 1)
     monkeypatch.setattr(mod, "REGS_PAGED_BATCH1_PREFETCH", ((8192, 0), (1 << 31, 2)))
     assert FAM.heuristic(P, (9, 0)).regs_page_table == 0                      # contiguous: none
@@ -137,6 +139,30 @@ def test_page_table_config(monkeypatch):
     cb = FAM.heuristic(paged.replace(batch=8), (9, 0))
     assert cb.regs_page_table == 1 and not cb.regs_prefetch
     assert FAM.call_config(c, paged.replace(head_dim=120), (9, 0), 16, chosen=True).regs_page_table == 0
+
+
+def test_shape_rules(monkeypatch):
+    """REGS_SHAPE_RULES as shipped: paged batch 1 takes the page table (with the early prefetch of 3
+    blocks above 8k keys; the table alone only for pages under 128 keys, call_config), paged batch 8 the
+    table with the prefetch, contiguous batch 8 the interleaved order with its first 3 blocks prefetched;
+    other batches, and contiguous batch 1 (REGS_BATCH1_RULES), keep the heuristic's."""
+    def call(b, ctx, page):
+        p = P.replace(batch=b, seqlen_k=ctx, features=("paged_kv",) if page else ())
+        c = FAM.call_config(FAM.heuristic(p, (9, 0)), p, (9, 0), page, chosen=True, heuristic=True)
+        assert not c.problems(232448), c.name
+        return (c.regs_page_table, c.regs_prefetch, c.regs_prefetch_blocks, c.regs_order)
+    assert call(1, 8192, 16) == (1, False, 1, 0) and call(1, 8192, 256) == (0, False, 1, 0)
+    assert call(1, 4096, 32) == (1, False, 1, 0)
+    for ctx in (8193, 32768, 131072):
+        assert call(1, ctx, 16) == call(1, ctx, 256) == (1, True, 3, 0), ctx
+    for ctx in (8192, 32768):
+        assert call(8, ctx, 16) == call(8, ctx, 256) == (1, True, 3, 0)
+        assert call(8, ctx, 0) == (0, True, 3, 1)
+    assert call(1, 32768, 0) == (0, True, 3, 0) and call(1, 8192, 0) == (0, False, 1, 0)   # REGS_BATCH1_RULES
+    for b in (2, 32, 64):
+        assert call(b, 32768, 0) == call(b, 32768, 256) == (0, False, 1, 0), b
+    monkeypatch.setattr(mod, "REGS_SHAPE_RULES", ())
+    assert call(8, 32768, 0) == call(8, 32768, 16) == call(1, 8192, 16) == (0, False, 1, 0)
 
 
 CL16 = REGS.replace(regs=6, regs_cluster=16, fused_combine=False, light_fence=False)

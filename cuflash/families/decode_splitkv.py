@@ -439,9 +439,9 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
     """The heuristic's regs config ``cfg`` with REGS_AHEAD_DEFAULT, REGS_AHEAD_L1_DEFAULT and
     REGS_ORDER_DEFAULT and, for a batch-1 ``problem``, the first REGS_BATCH1_HINT entry that covers its
     keys (``hint``: no device rule sets the hint), for a batch-1 contiguous one the first
-    REGS_BATCH1_RULES entry that does, for a paged one REGS_PAGE_TABLE_DEFAULT (and at batch 1 the
-    first REGS_PAGED_BATCH1_PREFETCH entry that covers its keys), and the first REGS_CLUSTER_RULES
-    entry that does."""
+    REGS_BATCH1_RULES entry that does, the first REGS_SHAPE_RULES entry that matches, for a paged one
+    REGS_PAGE_TABLE_DEFAULT (and at batch 1 the first REGS_PAGED_BATCH1_PREFETCH entry that covers its
+    keys), and the first REGS_CLUSTER_RULES entry that does."""
     if REGS_AHEAD_DEFAULT or REGS_AHEAD_L1_DEFAULT or REGS_ORDER_DEFAULT:
         cfg = cfg.replace(regs_ahead=REGS_AHEAD_DEFAULT, regs_ahead_l1=REGS_AHEAD_L1_DEFAULT, regs_order=REGS_ORDER_DEFAULT)
     if hint and batch1_hint(problem):
@@ -451,7 +451,13 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
             if problem.seqlen_k <= max_keys:
                 cfg = cfg.replace(**fields)
                 break
-    if REGS_PAGE_TABLE_DEFAULT and "paged_kv" in problem.features:
+    paged = "paged_kv" in problem.features
+    for rule_paged, (lo_b, hi_b), (lo_k, hi_k), fields in REGS_SHAPE_RULES:
+        if (rule_paged == paged and lo_b <= problem.batch <= hi_b and lo_k <= problem.seqlen_k
+                and (hi_k is None or problem.seqlen_k <= hi_k) and (paged or problem.batch > 1 or not REGS_BATCH1)):
+            cfg = cfg.replace(**fields)
+            break
+    if REGS_PAGE_TABLE_DEFAULT and paged:
         cfg = cfg.replace(regs_page_table=REGS_PAGE_TABLE_DEFAULT)
         for max_keys, blocks in REGS_PAGED_BATCH1_PREFETCH if problem.batch == 1 else ():
             if problem.seqlen_k <= max_keys:
@@ -481,10 +487,39 @@ REGS_CLUSTER_VALUES = (0, 2, 4, 8, 16)
 # read; with regs_prefetch the rows of the regs_prefetch_blocks blocks after the first two are
 # prefetched into L1 once the ids are staged. The heuristic's choice: REGS_PAGE_TABLE_DEFAULT (0: off).
 REGS_PAGE_IDS = 2048            # kPageIds in decode_splitkv_regs
-REGS_PAGE_TABLE_DEFAULT = 0
-# With the page table, batch-1 paged calls: the first (max_keys, blocks) entry whose max_keys covers
-# the problem's cached keys sets regs_prefetch with regs_prefetch_blocks = blocks (0: none).
+REGS_PAGE_TABLE_DEFAULT = 0     # every paged regs call's regs_page_table (tests; REGS_SHAPE_RULES set it by shape)
+# With REGS_PAGE_TABLE_DEFAULT, batch-1 paged calls: the first (max_keys, blocks) entry whose max_keys
+# covers the problem's cached keys sets regs_prefetch with regs_prefetch_blocks = blocks (0: none).
 REGS_PAGED_BATCH1_PREFETCH: tuple = ()
+# Rules of the regs kernel by shape (sm_90, after REGS_BATCH1_RULES): the first entry (paged, (min batch,
+# max batch), (min keys, max keys or None), {DecodeConfig field: value}) that matches the problem (paged
+# cache or not, its batch, its cached keys) replaces those fields (regs_options; the contiguous batch-1
+# calls keep REGS_BATCH1_RULES). The paged rules' page table alone, without the prefetch, is kept for pages
+# under TMA_PAGED_MAX_PAGE keys only (call_config). Measured on one H100 80GB HBM3 (session 25, dec16,
+# tests/decode_paged_timing.py, bf16 d 128 32:8 heads, CUDA graphs, 5-7 shuffled rounds, SDPA cuDNN and
+# flash and the contiguous call in the same process, one L2 hint per process;
+# results/NVIDIA_H100_80GB_HBM3/logs/session25_dec16/r1, r2), us:
+#  - paged, batch 1, page 16 / 256, today's / the page table / with the prefetch of 3 blocks (contiguous
+#    in the same process): 1 x 8k 14.31, 14.47 / 14.14, 14.18 / 14.65-14.92 (13.30, 13.37), page 256
+#    13.88, 13.87 / 14.05 / 14.95 (so no table at 1 x 8k page 256); 1 x 16k 30.92 / 30.53 / 29.09
+#    (26.99), page 256 30.56 / - / 29.27; 1 x 32k 52.64 / 52.94 / 51.24 (48.13), page 256 51.94 / 52.09 /
+#    50.76; 1 x 64k 96.80 / 97.05 / 95.34 (90.96), page 256 94.58 / 94.94 / 93.65.
+#  - paged, batch 8 (two processes), page 16 today's / the table with the prefetch: 8 x 8k 97.04, 96.76
+#    / 95.22, 94.70; 8 x 32k 359.85, 359.62 / 359.24, 359.24; page 256 95.06, 94.57 / 93.75, 94.10 and
+#    353.86, 353.89 / 354.14, 353.74.
+#  - contiguous, batch 8 (two processes), today's / the early prefetch of 3 blocks (regs_prefetch) / the
+#    interleaved block order with the early prefetch of its first 3 blocks (regs_order 1) / cuDNN /
+#    flash: 8 x 8k 94.85, 94.36 / 91.29, 90.83 / 91.34, 90.84 / 93.83, 93.54 / 96.76, 96.58; 8 x 32k
+#    355.39, 355.77 / 352.45, 352.60 / 350.25, 350.09 / 353.63, 354.04 / 349.87, 349.88. Rows at a
+#    quarter of the capacity (8 x 32k, cache_seqlens 8192: the top-down prefetch reads a full row's
+#    blocks): 94.69 / 94.17 / 90.79, so the interleaved order's (its first blocks are every long
+#    enough row's).
+REGS_SHAPE_RULES: tuple = (
+    (True, (1, 1), (1, 8192), {"regs_page_table": 1}),
+    (True, (1, 1), (8193, None), {"regs_page_table": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}),
+    (True, (8, 8), (1, None), {"regs_page_table": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}),
+    (False, (8, 8), (1, None), {"regs_order": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}),
+)
 CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 REGS_SPACE = (0,)
 REGS_HEAD_DIMS = (64, 128)
@@ -1229,6 +1264,9 @@ class DecodeSplitKV(Family):
         regs_tma = 0 < page_size < TMA_PAGED_MAX_PAGE and keys <= REGS_PAGED_TMA_MAX_KEYS   # see REGS_PAGED_TMA_MAX_KEYS
         if regs_tma and batch1_hint(problem):   # the batch-1 hint's calls stay on the regs kernel (see REGS_BATCH1_HINT)
             regs_tma = False
+        if (chosen and heuristic and getattr(config, "regs_page_table", 0) and not config.regs_prefetch
+                and page_size >= TMA_PAGED_MAX_PAGE and not REGS_PAGE_TABLE_DEFAULT):
+            config = config.replace(regs_page_table=0)   # the table alone: small pages only (REGS_SHAPE_RULES)
         if (chosen and heuristic and not config.tma and not config.page_prefetch and not config.stream
                 and (regs_tma if config.regs else
                      (TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE or large_page_tma)):
