@@ -28,13 +28,13 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import decode_b1_timing as b1  # noqa: E402  (checked graphs, shuffled rounds)
 import decode_tma_timing as dt  # noqa: E402  (graphs, replay timing, SDPA impls)
 
 CELLS = {"1x8k": (1, 8192), "1x16k": (1, 16384), "1x32k": (1, 32768), "1x64k": (1, 65536), "1x128k": (1, 131072),
          "2x32k": (2, 32768), "4x16k": (4, 16384), "8x8k": (8, 8192), "8x32k": (8, 32768), "8x128k": (8, 131072),
          "16x8k": (16, 8192), "32x8k": (32, 8192), "32x32k": (32, 32768), "64x8k": (64, 8192)}
 PAGES = (16, 256)
-TOL = 1.6e-2
 
 
 def parse_variant(text: str) -> dict:
@@ -88,7 +88,6 @@ def run_cell(cell, pages, variants, reps, rounds, log, fill=1.0) -> list:
 
     from cuflash.bench.decode import paged_view
     from cuflash.decode import flash_attn_with_kvcache, kvcache_with_config
-    from cuflash.timing import round_orders
 
     batch, ctx = CELLS[cell]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -118,31 +117,12 @@ def run_cell(cell, pages, variants, reps, rounds, log, fill=1.0) -> list:
     records, graphs = [], []
     for label, page, cfg_name, f in jobs:
         rec = dict(cell=cell, label=label, page=page, config=cfg_name, times=[], fill=fill)
-        try:
-            got = f()
-            got = got[0] if isinstance(got, tuple) else got
-            rec["max_diff"] = diff = (got.float() - ref.float()).abs().max().item()
-            if not diff <= TOL:
-                rec["error"] = f"BAD: max |O - cuDNN| = {diff:.3g}"
-            graphs.append(dt.build_graph(f, dt.eager_us(f)))
-        except Exception as exc:  # noqa: BLE001 - the record says why
-            rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            graphs.append(None)
+        graphs.append(b1.checked_graph(rec, f, f, ref))
         records.append(rec)
-    for order in round_orders(list(range(len(jobs))), rounds, "shuffle"):
-        for i in order:
-            if graphs[i] is not None:
-                records[i]["times"].append(dt.replay_us(*graphs[i], reps))
-    kv_bytes = 2 * batch * keys * dt.HK * dt.D * 2
-    for rec in records:
-        t = sorted(rec["times"])
-        if t:
-            rec.update(us=t[len(t) // 2], spread=t[-1] / t[0], kv_TBps=kv_bytes / (t[len(t) // 2] * 1e-6) / 1e12)
-    by = {r["label"]: r.get("us") for r in records}
+    b1.time_rounds(records, graphs, rounds, reps)
+    by = b1.summarize(records, 2 * batch * keys * dt.HK * dt.D * 2)
     for rec in records:
         if rec.get("us"):
-            rec["x_cudnn"] = by["sdpa_cudnn"] / rec["us"] if by.get("sdpa_cudnn") else None
-            rec["x_flash"] = by["sdpa_flash"] / rec["us"] if by.get("sdpa_flash") else None
             rec["x_contig"] = rec["us"] / by["cuflash"] if by.get("cuflash") and rec["page"] else None
     del graphs, caches, kc, vc
     torch.cuda.empty_cache()

@@ -321,7 +321,12 @@ def page_table_test_configs():
                           REGS_PAGED_TMA_MAX_KEYS=0, REGS_WARPS=warps, REGS_PAGED_BATCH1_PREFETCH=((1 << 30, prefetch),))
 
     graphs = [(4, 1, [65536], 32, 8, 128, "bf16", pg, {}, {}) for pg in (16, 256)]
-    return ([cfg(c) for c in t.PAGE_TABLE_CASES + graphs] + [cfg(c, warps=4) for c in t.PAGE_TABLE_CASES[:5]]
+    base = mod.DecodeConfig(8, 16, 3, 1, 4, 128, "bf16", False, fused_combine=True, light_fence=True, regs=1)
+    sanitize = [base.replace(regs_page_table=1), base.replace(regs_page_table=1, regs_prefetch=True),   # decode_regs_sanitize.py --page-table
+                base.replace(regs=6, regs_page_table=1, regs_prefetch=True, regs_prefetch_blocks=3),
+                base.replace(regs=6, regs_page_table=1, regs_order=1, regs_prefetch=True, regs_prefetch_blocks=3),
+                base.replace(regs=6, regs_order=1, regs_prefetch=True, regs_prefetch_blocks=3)]
+    return (sanitize + [cfg(c) for c in t.PAGE_TABLE_CASES + graphs] + [cfg(c, warps=4) for c in t.PAGE_TABLE_CASES[:5]]
             + [cfg(c, prefetch=pf) for c in t.PAGE_TABLE_B1_CASES + [(1, 1, [65536], 32, 8, 128, "bf16", 16, {}, {})]
                for pf in (1, 3)])
 
@@ -330,7 +335,7 @@ def shape_test_configs():
     """tests/test_decode_regs_gpu.py's REGS_SHAPE_RULES tests (the heuristic as shipped)."""
     import test_decode_regs_gpu as t
 
-    cases = t.SHAPE_CASES + [(8, 1, [32768], 32, 8, 128, "bf16", pg, {}, {}) for pg in (None, 16)]
+    cases = [c for c, _, _ in t.SHAPE_CASES] + [(8, 1, [16384], 32, 8, 128, "bf16", pg, {}, {}) for pg in (None, 16)]
     return [_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0)
             for b, sq, lens, h, hk, d, dtype, page, extra, kw in cases]
 

@@ -95,7 +95,8 @@ def test_batch1_rules(monkeypatch):
     monkeypatch.setattr(mod, "REGS_SHAPE_RULES", ())   # (their own test below)
     cfg = FAM.heuristic(P, (9, 0))   # 1 x 32k
     assert cfg.regs == 6 and cfg.regs_prefetch and cfg.regs_prefetch_blocks == 3 and not cfg.problems(232448)
-    assert cfg.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 5, true, 0, false, 0, 3>"
+    assert cfg.regs_order == 1   # the interleaved order's first blocks (independent of the row's length)
+    assert cfg.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 5, true, 0, false, 1, 3>"
     for p in (P.replace(seqlen_k=8192), P.replace(batch=2), P.replace(features=("paged_kv",))):
         c = FAM.heuristic(p, (9, 0))
         assert not c.regs_prefetch and c.regs_prefetch_blocks == 1, (p, c.name)
@@ -143,9 +144,10 @@ def test_page_table_config(monkeypatch):
 
 def test_shape_rules(monkeypatch):
     """REGS_SHAPE_RULES as shipped: paged batch 1 takes the page table (with the early prefetch of 3
-    blocks above 8k keys; the table alone only for pages under 128 keys, call_config), paged batch 8 the
-    table with the prefetch, contiguous batch 8 the interleaved order with its first 3 blocks prefetched;
-    other batches, and contiguous batch 1 (REGS_BATCH1_RULES), keep the heuristic's."""
+    blocks above 8k keys; the table alone only for pages under 128 keys, call_config), paged batches 2-16
+    up to 32k keys the table with the prefetch, contiguous batches 2-64 from 8k keys the interleaved
+    order with its first 3 blocks prefetched (contiguous batch 1: REGS_BATCH1_RULES, the same above 8k
+    keys); other shapes keep the heuristic's."""
     def call(b, ctx, page):
         p = P.replace(batch=b, seqlen_k=ctx, features=("paged_kv",) if page else ())
         c = FAM.call_config(FAM.heuristic(p, (9, 0)), p, (9, 0), page, chosen=True, heuristic=True)
@@ -155,12 +157,14 @@ def test_shape_rules(monkeypatch):
     assert call(1, 4096, 32) == (1, False, 1, 0)
     for ctx in (8193, 32768, 131072):
         assert call(1, ctx, 16) == call(1, ctx, 256) == (1, True, 3, 0), ctx
-    for ctx in (8192, 32768):
-        assert call(8, ctx, 16) == call(8, ctx, 256) == (1, True, 3, 0)
-        assert call(8, ctx, 0) == (0, True, 3, 1)
-    assert call(1, 32768, 0) == (0, True, 3, 0) and call(1, 8192, 0) == (0, False, 1, 0)   # REGS_BATCH1_RULES
-    for b in (2, 32, 64):
-        assert call(b, 32768, 0) == call(b, 32768, 256) == (0, False, 1, 0), b
+    for b, ctx in ((8, 8192), (8, 32768), (2, 32768), (16, 8192)):
+        assert call(b, ctx, 16) == call(b, ctx, 256) == (1, True, 3, 0), (b, ctx)
+    for b, ctx in ((8, 131072), (32, 8192), (64, 8192)):
+        assert call(b, ctx, 16) == call(b, ctx, 256) == (0, False, 1, 0), (b, ctx)
+    for b, ctx in ((2, 32768), (8, 8192), (8, 131072), (32, 8192), (64, 32768)):
+        assert call(b, ctx, 0) == (0, True, 3, 1), (b, ctx)
+    assert call(8, 4096, 0) == call(128, 8192, 0) == (0, False, 1, 0)
+    assert call(1, 32768, 0) == (0, True, 3, 1) and call(1, 8192, 0) == (0, False, 1, 0)   # REGS_BATCH1_RULES
     monkeypatch.setattr(mod, "REGS_SHAPE_RULES", ())
     assert call(8, 32768, 0) == call(8, 32768, 16) == call(1, 8192, 16) == (0, False, 1, 0)
 

@@ -338,16 +338,19 @@ def test_regs_page_table_cuda_graph(monkeypatch, batch, page, prefetch):
     _ran_page_table(prefetch=prefetch)
 
 
-# REGS_SHAPE_RULES as shipped (the heuristic's own choice): batch 8 contiguous (the interleaved order,
-# its first 3 blocks prefetched before the lengths arrive) and paged (the page table and the prefetch of
-# 3 blocks), batch 1 paged (the table; the prefetch above 8k keys): full, ragged and empty rows.
+# REGS_SHAPE_RULES and REGS_BATCH1_RULES as shipped (the heuristic's own choice): contiguous batch 8 and
+# batch 1 above 8k keys (the interleaved order, its first 3 blocks prefetched before the lengths arrive),
+# paged batch 8 (the page table and the prefetch of 3 blocks) and batch 1 (the table; the prefetch above 8k
+# keys; a 40000-key row of page 16 is wider than the staged ids): full, ragged and empty rows.
+# (case, page table, regs_order) per case
 SHAPE_CASES = [
-    (8, 1, [9000, 0, 1, 4097, 8192, 300, 9000, 128], 32, 8, 128, "bf16", None, {}, {}),
-    (8, 1, [9000, 0, 1, 4097, 8192, 300, 9000, 128], 32, 8, 128, "bf16", 16, {}, {}),
-    (8, 1, [20000, 17, 5000, 20000, 0, 333, 19999, 4096], 32, 8, 128, "bf16", 256, {}, {}),
-    (1, 1, [8192], 32, 8, 128, "bf16", 16, {}, {}),
-    (1, 1, [20000], 32, 8, 128, "bf16", 256, {}, {}),
-    (1, 1, [40000], 32, 8, 128, "bf16", 16, {}, {}),
+    ((8, 1, [9000, 0, 1, 4097, 8192, 300, 9000, 128], 32, 8, 128, "bf16", None, {}, {}), 0, 1),
+    ((8, 1, [9000, 0, 1, 4097, 8192, 300, 9000, 128], 32, 8, 128, "bf16", 16, {}, {}), 1, 0),
+    ((8, 1, [10000, 17, 5000, 10000, 0, 333, 9999, 4096], 32, 8, 128, "bf16", 256, {}, {}), 1, 0),
+    ((1, 1, [12000], 32, 8, 128, "bf16", None, {}, {}), 0, 1),
+    ((1, 1, [8192], 32, 8, 128, "bf16", 16, {}, {}), 1, 0),
+    ((1, 1, [12000], 32, 8, 128, "bf16", 256, {}, {}), 1, 0),
+    ((1, 1, [40000], 32, 8, 128, "bf16", 16, {}, {}), 1, 0),
 ]
 
 
@@ -357,8 +360,9 @@ def _shipped(monkeypatch):
 
 
 @pytest.mark.parametrize("splits", [0, 3], ids=lambda n: f"splits{n}")
-@pytest.mark.parametrize("case", SHAPE_CASES, ids=_ids)
-def test_regs_shape_rules(monkeypatch, case, splits):
+@pytest.mark.parametrize("shape", SHAPE_CASES, ids=lambda c: _ids(c[0]))
+def test_regs_shape_rules(monkeypatch, shape, splits):
+    case, table, order = shape
     b, sq, lens, h, hk, d, dtype, page, extra, kw = case
     _shipped(monkeypatch)
     rng = np.random.default_rng()
@@ -367,19 +371,17 @@ def test_regs_shape_rules(monkeypatch, case, splits):
         check_call(dict(args, k_cache=args["k_cache"].clone(), v_cache=args["v_cache"].clone()), dtype,
                    _ids(case), num_splits=splits, **kw)
     plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
-    want_table = bool(page) and (b == 8 or page < 128 or max(lens) > 8192)
-    assert plans and all(p.config.regs and p.config.regs_page_table == want_table
-                         and p.config.regs_order == (1 if b == 8 and not page else 0) for p in plans), \
-        [p.config.name for p in plans]
+    assert plans and all(p.config.regs and p.config.regs_page_table == table and p.config.regs_order == order
+                         for p in plans), [p.config.name for p in plans]
 
 
 @pytest.mark.parametrize("page", [None, 16], ids=["contiguous", "page16"])
 def test_regs_shape_rules_cuda_graph(monkeypatch, page):
-    """Batch 8 (capacity 32768) captured and replayed empty, full and at random lengths."""
+    """Batch 8 (capacity 16384) captured and replayed empty, full and at random lengths."""
     _shipped(monkeypatch)
     rng = np.random.default_rng()
-    args = make_case(rng, 8, 1, [32768] * 8, 32, 8, 128, "bf16", page=page)
-    lengths = [np.zeros(8, np.int64), np.full(8, 32768)] + [rng.integers(0, 32768, size=8) for _ in range(3)]
+    args = make_case(rng, 8, 1, [16384] * 8, 32, 8, 128, "bf16", page=page)
+    lengths = [np.zeros(8, np.int64), np.full(8, 16384)] + [rng.integers(0, 16384, size=8) for _ in range(2)]
     replays_match_eager(dict(args), lengths)
     plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
     assert plans and all(p.config.regs_prefetch for p in plans), [p.config.name for p in plans]

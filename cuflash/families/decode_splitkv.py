@@ -386,7 +386,11 @@ REGS_ORDER_DEFAULT = 0          # every regs call's regs_order (tests; the batch
 # tie or win in graph replays (1 x 4k 10.73 against 11.76, 1 x 8k 13.49 against 13.61) but lose with
 # 4 caches in turn (1 x 8k 20.05 against 19.54): not taken.
 REGS_BATCH1 = True
-REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_prefetch": True, "regs_prefetch_blocks": 3}))
+# Session 25 (dec16, logs/session25_dec16/r3, tests/decode_paged_timing.py), the top-down prefetch / the
+# interleaved order (regs_order 1) with its first 3 blocks prefetched (see REGS_SHAPE_RULES: its blocks do not
+# depend on the row's length) / cuDNN, us: 1 x 32k 47.90 / 47.77 / 50.76, 1 x 64k 91.12 / 91.00 / 93.87,
+# 1 x 128k 179.02 / 177.43 / 179.82: so the interleaved one.
+REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_order": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}))
 # The batch-1 load hint (regs_options, REGS_BATCH1): a call of one batch row, contiguous or paged, whose
 # cache holds at most max_keys keys runs the first (max_keys, regs) entry's hint instead of REGS_DEFAULT,
 # where no device rule sets regs. The figures above at 8k keys compared the hints as variants of one
@@ -507,18 +511,26 @@ REGS_PAGED_BATCH1_PREFETCH: tuple = ()
 #  - paged, batch 8 (two processes), page 16 today's / the table with the prefetch: 8 x 8k 97.04, 96.76
 #    / 95.22, 94.70; 8 x 32k 359.85, 359.62 / 359.24, 359.24; page 256 95.06, 94.57 / 93.75, 94.10 and
 #    353.86, 353.89 / 354.14, 353.74.
+#    Round 3 (r3), page 16 today's / the table with the prefetch (contiguous): 2 x 32k 96.70 / 94.95
+#    (90.67), 4 x 16k 96.63 / 94.58 (90.61), 16 x 8k 181.46 / 179.94 (175.24), 32 x 8k 359.07 / 359.51,
+#    64 x 8k 707.84 / 713.26 (page 256 700.32 / 703.14), 8 x 128k 1411.81 / 1431.30 (page 256 1400.80 /
+#    1405.76): so batches 2-16 up to 32k keys.
 #  - contiguous, batch 8 (two processes), today's / the early prefetch of 3 blocks (regs_prefetch) / the
 #    interleaved block order with the early prefetch of its first 3 blocks (regs_order 1) / cuDNN /
 #    flash: 8 x 8k 94.85, 94.36 / 91.29, 90.83 / 91.34, 90.84 / 93.83, 93.54 / 96.76, 96.58; 8 x 32k
 #    355.39, 355.77 / 352.45, 352.60 / 350.25, 350.09 / 353.63, 354.04 / 349.87, 349.88. Rows at a
 #    quarter of the capacity (8 x 32k, cache_seqlens 8192: the top-down prefetch reads a full row's
 #    blocks): 94.69 / 94.17 / 90.79, so the interleaved order's (its first blocks are every long
-#    enough row's).
+#    enough row's). Round 3, today's / the interleaved prefetch / cuDNN / flash: 2 x 32k 94.58 / 90.67 /
+#    93.43 / 99.75, 4 x 16k 94.74 / 90.61 / 93.46 / 98.01, 16 x 8k 178.44 / 175.24 / 173.97 / 179.83,
+#    32 x 8k 352.70 / 348.78 / 350.60 / 399.34, 64 x 8k 700.31 / 697.07 / 695.81 / 801.06, 8 x 128k
+#    1397.31 / 1396.86 / 1394.88 / 1387.17; with plain loads (regs 1) for every impl of the process
+#    (8 x 32k) it gained nothing (356.20 / 355.69, cuDNN 353.22), so the evict-first hint stays.
 REGS_SHAPE_RULES: tuple = (
     (True, (1, 1), (1, 8192), {"regs_page_table": 1}),
     (True, (1, 1), (8193, None), {"regs_page_table": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}),
-    (True, (8, 8), (1, None), {"regs_page_table": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}),
-    (False, (8, 8), (1, None), {"regs_order": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}),
+    (True, (2, 16), (1, 32768), {"regs_page_table": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}),
+    (False, (2, 64), (8192, None), {"regs_order": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}),
 )
 CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 REGS_SPACE = (0,)
