@@ -205,18 +205,21 @@ def run_cell(cell, variants, reps, repeat, profile, log) -> list:
     return records
 
 
+def record_line(r, head: str, mid: str = "") -> str:
+    """One record: ``head`` (its label ...), us, TB/s, x cuDNN, x flash, ``mid``, spread, config, error."""
+    if not r.get("us"):
+        return f"  {head} {r.get('error')}"
+    return (f"  {head} {r['us']:8.2f} us {r['kv_TBps']:5.2f} TB/s  xcuDNN {r['x_cudnn'] or 0:5.3f} xflash "
+            f"{r['x_flash'] or 0:5.3f}{mid}  sp {r['spread']:.3f}  {r['config']}"
+            + (f"  {r['error']}" if r.get("error") else ""))
+
+
 def show(records) -> str:
     out = []
     for cell in dict.fromkeys(r["cell"] for r in records):
         recs = sorted((r for r in records if r["cell"] == cell), key=lambda r: r.get("us") or 1e9)
         out.append(f"{cell}:")
-        for r in recs:
-            if r.get("us"):
-                out.append(f"  {r['label']:14s} {r['us']:8.2f} us {r['kv_TBps']:5.2f} TB/s  xcuDNN "
-                           f"{r['x_cudnn'] or 0:5.3f} xflash {r['x_flash'] or 0:5.3f}  sp {r['spread']:.3f}  "
-                           f"x{r['splits']!s:>3} {r['config']}" + (f"  {r['error']}" if r.get("error") else ""))
-            else:
-                out.append(f"  {r['label']:14s} {r.get('error')}")
+        out += [record_line(r, f"{r['label']:14s}", f"  x{r['splits']!s:>3}") for r in recs]
     return "\n".join(out)
 
 

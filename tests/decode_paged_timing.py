@@ -134,13 +134,8 @@ def show(records) -> str:
     for cell in dict.fromkeys(r["cell"] for r in records):
         out.append(f"{cell}:")
         for r in sorted((r for r in records if r["cell"] == cell), key=lambda r: (r["page"], r.get("us") or 1e9)):
-            if r.get("us"):
-                xc = f"x contig {r['x_contig']:.3f}" if r.get("x_contig") else " " * 14
-                out.append(f"  {r['label']:12s} p{r['page']:<4d} {r['us']:8.2f} us {r['kv_TBps']:5.2f} TB/s  xcuDNN "
-                           f"{r['x_cudnn'] or 0:5.3f} xflash {r['x_flash'] or 0:5.3f}  {xc}  sp {r['spread']:.3f}  "
-                           f"{r['config']}" + (f"  {r['error']}" if r.get("error") else ""))
-            else:
-                out.append(f"  {r['label']:12s} p{r['page']:<4d} {r.get('error')}")
+            xc = f"x contig {r['x_contig']:.3f}" if r.get("x_contig") else " " * 14
+            out.append(b1.record_line(r, f"{r['label']:12s} p{r['page']:<4d}", f"  {xc}"))
     return "\n".join(out)
 
 

@@ -46,6 +46,14 @@ def batch3_inputs():
     return q, kc, vc, lens, pad, table, kp, vp
 
 
+def one_row(cfg, q1, k1, v1, splits) -> int:
+    """One batch row (capacity 8192) at 8192 and 3001 keys: the calls made."""
+    for n in (8192, 3001):
+        kvcache_with_config(cfg, q1, k1, v1, cache_seqlens=torch.tensor([n], device="cuda", dtype=torch.int32),
+                            num_splits=splits)
+    return 2
+
+
 def page_table_and_order():
     """Session 25's paths only (--page-table): the staged page ids (regs_page_table; page 16 with a
     leftpad across pages, a 40000-key row of page 16 wider than the staged ids at 1 split: its top 2048
@@ -75,11 +83,7 @@ def page_table_and_order():
         names.append(c.name)
         for splits in (1, 3):
             kvcache_with_config(c, q, kc, vc, cache_seqlens=lens, num_splits=splits)
-            runs += 1
-            for n in (8192, 3001):
-                kvcache_with_config(c, q1, k8, v8, cache_seqlens=torch.tensor([n], device="cuda", dtype=torch.int32),
-                                    num_splits=splits)
-                runs += 1
+            runs += 1 + one_row(c, q1, k8, v8, splits)
     torch.cuda.synchronize()
     print(f"regs sanitize (--page-table) done: {runs} runs ({', '.join(names)})")
 
@@ -121,11 +125,8 @@ def main():
     q1 = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     k1, v1 = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     for c in b1s:
-        for n in (8192, 3001):
-            for splits in (0, 3):
-                kvcache_with_config(c, q1, k1, v1, cache_seqlens=torch.tensor([n], device="cuda", dtype=torch.int32),
-                                    num_splits=splits)
-                runs += 1
+        for splits in (0, 3):
+            runs += one_row(c, q1, k1, v1, splits)
     torch.cuda.synchronize()
     print(f"regs sanitize done: {runs} runs ({cfg.name}, {cfg64.name}, {', '.join(c.name for c in ahead + b1s)})")
 
