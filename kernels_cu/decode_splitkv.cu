@@ -1644,7 +1644,9 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float
 //              block kAhead iterations later (its first kAhead blocks at the start), so a short
 //              split's blocks are all requested from its start: contiguous whole blocks only
 //   kAheadL1   kAhead's prefetches into L1 (true) or L2 (false)
-//   kEarlyBlocks  (kEarlyPrefetch) how many of the split's top blocks it prefetches (1, 2, 3)
+//   kEarlyBlocks  (kEarlyPrefetch) how many of the split's top blocks it prefetches (1, 2, 3); with kOrder
+//              1 or 2 the split's first blocks under the interleave instead (2: those after the block its
+//              early loads hold), which do not depend on the row's length
 //   kOrder     the split's blocks: 0 one run of the row's blocks, from the top down; 1 interleaved,
 //              split s takes blocks s, s + splits, ... upwards (a split's first block does not
 //              depend on the row's length); 2 as 1, and where that first block is known before
@@ -1657,9 +1659,17 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float
 //              the splits' shared memory (distributed shared memory), so the merge makes no global
 //              round trip, needs no count of finished splits and runs on every CTA at once (no
 //              fused_combine)
+//   kPageTable (paged caches; 0: none) the page ids the CTA reads, staged in shared memory once
+//              (kPageIds entries): a block table row of at most kPageIds pages is read whole before
+//              cache_seqlens arrives, a longer row's slice that the split reads (its top kPageIds pages)
+//              after; then a block's page ids come from shared memory, so no K/V load waits on a
+//              global table read queued behind the previous block's loads (ids outside the slice are
+//              read from block_table as without). With kEarlyPrefetch, as soon as the ids are staged
+//              each warp prefetches into L1 the rows of the kEarlyBlocks blocks after the two its
+//              registers load first (the contiguous prefetch's deeper start, for pages; any kOrder)
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
           int kLoadHint, bool kEarlyPrefetch = false, int kAhead = 0, bool kAheadL1 = false, int kOrder = 0,
-          int kEarlyBlocks = 1, int kCluster = 0>
+          int kEarlyBlocks = 1, int kCluster = 0, int kPageTable = 0>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv_regs(const DecodeParams p) {
     constexpr int kThreads = kWarps * 32, kBlockN = kWarps * kWarpN, kRows = 8 * kRowTiles;
@@ -1677,6 +1687,9 @@ decode_splitkv_regs(const DecodeParams p) {
     static_assert(kEarlyBlocks >= 1 && kEarlyBlocks <= 3, "kEarlyBlocks: 1, 2 or 3");
     static_assert(kCluster == 0 || (!kFusedCombine && kCluster >= 2 && kCluster <= 16 && kHeadDim % (4 * kCluster) == 0),
                   "kCluster: 2..16 CTAs, each merging whole 4-column groups, without the fused combine");
+    static_assert(kPageTable == 0 || kPageTable == 1, "kPageTable: 0 (none) or 1");
+    constexpr int kPageIds = 2048;                  // kPageTable: staged page ids (8 KB)
+    constexpr int kIdsPerThread = kPageIds / kThreads;
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     float* merge_smem = reinterpret_cast<float*>(smem_raw);  // [kWarps][kRows][kMergePitch], m, l
@@ -1684,6 +1697,8 @@ decode_splitkv_regs(const DecodeParams p) {
     // kCluster: the split's normalized O [kRows][kHeadDim] and LSE [kRows], after the merge flag's 16 bytes
     float* cluster_o = reinterpret_cast<float*>(last_flag + 4);
     float* cluster_lse = cluster_o + kRows * kHeadDim;
+    // kPageTable: the staged page ids, after the cluster's O and LSE (kCluster) or the merge flag
+    int* page_ids = reinterpret_cast<int*>(cluster_o + (kCluster ? kRows * (kHeadDim + 1) : 0));
 
     const int split = blockIdx.x, b = blockIdx.z;
     const int hkv = blockIdx.y / p.row_blocks, r0 = (blockIdx.y % p.row_blocks) * kRows;
@@ -1700,8 +1715,17 @@ decode_splitkv_regs(const DecodeParams p) {
             // block n - j's rows of this warp (kEarlyBlocks > 1: the blocks after it, as the split's run goes down)
 #pragma unroll
             for (int j = 0; j < kEarlyBlocks; ++j) {
-                if (n - j < split * per) break;
-                const int pos0 = (n - j) * kBlockN + warp * kWarpN;
+                int pos0;
+                if constexpr (kOrder == 0) {
+                    if (n - j < split * per) break;
+                    pos0 = (n - j) * kBlockN + warp * kWarpN;
+                } else {
+                    // kOrder 1, 2: the split's first blocks split, split + splits, ... (2: after the
+                    // one its early loads hold), the same in every row that reaches them
+                    const int blk = split + (j + (kOrder == 2 ? 1 : 0)) * p.num_splits;
+                    if (blk >= n_blocks) break;
+                    pos0 = blk * kBlockN + warp * kWarpN;
+                }
 #pragma unroll
                 for (int tile = 0; tile < kTiles; ++tile)
 #pragma unroll
@@ -1747,6 +1771,19 @@ decode_splitkv_regs(const DecodeParams p) {
                     for (int h = 0; h < kVLoads; ++h)
                         ld_kv_16<kLoadHint>(v_e[tile][q][h],
                                             vp + (pos0 + 2 * t + (q & 1) + 8 * (q >> 1)) * p.v_row_stride + 64 * h, policy_e);
+            }
+        }
+    }
+    // kPageTable: a block table row of at most kPageIds pages, read whole before cache_seqlens
+    int row_ids[kIdsPerThread];
+    const bool whole_table = kPageTable && p.block_table && p.block_table_stride <= kPageIds;
+    if constexpr (kPageTable > 0) {
+        if (whole_table) {
+            const int* row = p.block_table + b * p.block_table_stride;
+#pragma unroll
+            for (int i = 0; i < kIdsPerThread; ++i) {
+                const int idx = tid + i * kThreads;
+                row_ids[i] = idx < p.block_table_stride ? row[idx] : 0;
             }
         }
     }
@@ -1814,6 +1851,44 @@ decode_splitkv_regs(const DecodeParams p) {
             row_slope[rt][j] = p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + h] * inv_scale : 0.f;
         }
 
+    // kPageTable: the row's table entries [ids_lo, ids_lo + ids_n) in page_ids (the whole row, or the
+    // top kPageIds pages of the split's blocks), then one CTA barrier
+    int ids_lo = 0, ids_n = 0;
+    if constexpr (kPageTable > 0) {
+        if (p.block_table) {
+            if (whole_table) {
+                ids_n = static_cast<int>(p.block_table_stride);
+#pragma unroll
+                for (int i = 0; i < kIdsPerThread; ++i)
+                    if (tid + i * kThreads < ids_n) page_ids[tid + i * kThreads] = row_ids[i];
+            } else {
+                const int first = kOrder ? n_first : n_begin, stop = kOrder ? n_stop : n_end;
+                if (stop > first) {
+                    const int pg_hi = (rk.start + min(stop * kBlockN, keys) - 1) / p.page_size;
+                    ids_lo = max((rk.start + first * kBlockN) / p.page_size, pg_hi - kPageIds + 1);
+                    ids_n = pg_hi - ids_lo + 1;
+                    const int* row = p.block_table + b * p.block_table_stride + ids_lo;
+#pragma unroll
+                    for (int i = 0; i < kIdsPerThread; ++i) {
+                        const int idx = tid + i * kThreads;
+                        row_ids[i] = idx < ids_n ? row[idx] : 0;
+                    }
+#pragma unroll
+                    for (int i = 0; i < kIdsPerThread; ++i)
+                        if (tid + i * kThreads < ids_n) page_ids[tid + i * kThreads] = row_ids[i];
+                }
+            }
+            __syncthreads();
+        }
+    }
+    // block_table[b][x], staged (kPageTable) or from global memory
+    auto page_id = [&](const int* table_row, int x) {
+        if constexpr (kPageTable > 0) {
+            if (static_cast<unsigned>(x - ids_lo) < static_cast<unsigned>(ids_n)) return page_ids[x - ids_lo];
+        }
+        return table_row[x];
+    };
+
     // K/V addresses. Contiguous: the row's base once. Paged: a tile's keys lie on page `page`
     // (the first key's) or the next, whose ids (id_a, id_b) are read a block ahead.
     const u16* k_head = static_cast<const u16*>(p.k_cache) + hkv * p.k_head_stride;
@@ -1833,8 +1908,8 @@ decode_splitkv_regs(const DecodeParams p) {
             const int pos0 = rk.start + min(key0, last_key), pos1 = rk.start + min(key0 + 15, last_key);
             const int pg0 = pos0 / p.page_size, pg1 = pos1 / p.page_size;
             page_first[tile] = pg0 * p.page_size;
-            page_a[tile] = table[pg0];
-            page_b[tile] = table[pg1];
+            page_a[tile] = page_id(table, pg0);
+            page_b[tile] = page_id(table, pg1);
         }
     };
     // the cache offsets (k, v) of the tile's key k (0..15)
@@ -2047,6 +2122,21 @@ decode_splitkv_regs(const DecodeParams p) {
         }
     };
 
+    // kPageTable with kEarlyPrefetch: block n's rows of this warp into L1 (one line per lane), at the
+    // staged page ids (the blocks after the first two: their loads come a block later)
+    auto prefetch_paged = [&](int n) {
+        constexpr int kLines = kHeadDim / 64;  // 128-byte lines per key row
+#pragma unroll
+        for (int tile = 0; tile < kTiles; ++tile) {
+            const int key = n * kBlockN + warp * kWarpN + 16 * tile + (lane / kLines) % 16;
+            const int pos = rk.start + min(key, last_key), pg = pos / p.page_size;
+            const int id = min(max(page_id(table, pg), 0), p.num_pages - 1);
+            const i64 row = pos - pg * p.page_size;
+            prefetch_l1(k_head + id * p.k_batch_stride + row * p.k_row_stride + 64 * (lane % kLines));
+            prefetch_l1(v_head + id * p.v_batch_stride + row * p.v_row_stride + 64 * (lane % kLines));
+        }
+    };
+
     // two register sets: block it + 1's loads are in flight while block it's math runs
     u32 k_a[kTiles][2][kKLoads][4], v_a[kTiles][4][kVLoads][4];
     u32 k_b[kTiles][2][kKLoads][4], v_b[kTiles][4][kVLoads][4];
@@ -2058,6 +2148,15 @@ decode_splitkv_regs(const DecodeParams p) {
                 for (int i = 2; i < kAhead; ++i) prefetch_block(n_end - 1 - i);
             }
             load_block(n_end - 1, k_a, v_a);
+            if constexpr (kPageTable > 0 && kEarlyPrefetch) {
+                if (paged) {
+#pragma unroll
+                    for (int j = 0; j < kEarlyBlocks; ++j) {
+                        if (n_end - 3 - j < n_begin) break;
+                        prefetch_paged(n_end - 3 - j);
+                    }
+                }
+            }
         }
     } else {
         if (n_iters > 0) {
@@ -2085,6 +2184,15 @@ decode_splitkv_regs(const DecodeParams p) {
                 }
             } else {
                 load_block(n_first, k_a, v_a);
+            }
+            if constexpr (kPageTable > 0 && kEarlyPrefetch) {
+                if (paged) {
+#pragma unroll
+                    for (int j = 0; j < kEarlyBlocks; ++j) {
+                        if (n_first + (2 + j) * p.num_splits >= n_stop) break;
+                        prefetch_paged(n_first + (2 + j) * p.num_splits);
+                    }
+                }
             }
         }
     }

@@ -129,10 +129,50 @@ def jobs_for(cell, variants, sets, seqlens, sms):
     return jobs
 
 
+def checked_graph(rec, f, graph_f, ref):
+    """f's output against ref into rec (max_diff; error BAD past TOL), and the CUDA graph of graph_f
+    (dt.build_graph: (graph, n)); None where either raised (rec's error says why)."""
+    try:
+        got = f()
+        got = got[0] if isinstance(got, tuple) else got
+        diff = (got.float() - ref.float()).abs().max().item()
+        rec["max_diff"] = diff
+        if not diff <= TOL:
+            rec["error"] = f"BAD: max |O - cuDNN| = {diff:.3g}"
+        return dt.build_graph(graph_f, dt.eager_us(graph_f))
+    except Exception as exc:  # noqa: BLE001 - the record says why
+        rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return None
+
+
+def time_rounds(records, graphs, rounds, reps) -> None:
+    """Each record's graph replayed ``reps`` times per round, the records in a new shuffled order each
+    of ``rounds`` rounds (cuflash.timing.round_orders); each round's median appended to its times."""
+    from cuflash.timing import round_orders
+
+    for order in round_orders(list(range(len(records))), rounds, "shuffle"):
+        for i in order:
+            if graphs[i] is not None:
+                records[i]["times"].append(dt.replay_us(*graphs[i], reps))
+
+
+def summarize(records, kv_bytes) -> dict:
+    """Each timed record's us (the median of its rounds' medians), spread (slowest round / fastest),
+    kv_TBps and x_cudnn / x_flash (the SDPA records' us over its own); returns {label: us}."""
+    for rec in records:
+        t = sorted(rec["times"])
+        if t:
+            rec.update(us=t[len(t) // 2], spread=t[-1] / t[0], kv_TBps=kv_bytes / (t[len(t) // 2] * 1e-6) / 1e12)
+    by = {r["label"]: r.get("us") for r in records}
+    for rec in records:
+        if rec.get("us"):
+            rec["x_cudnn"] = by["sdpa_cudnn"] / rec["us"] if by.get("sdpa_cudnn") else None
+            rec["x_flash"] = by["sdpa_flash"] / rec["us"] if by.get("sdpa_flash") else None
+    return by
+
+
 def run_cell(cell, variants, reps, repeat, profile, log) -> list:
     import torch
-
-    from cuflash.timing import round_orders
 
     batch, ctx, rotate = dt.CELLS[cell]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -145,23 +185,9 @@ def run_cell(cell, variants, reps, repeat, profile, log) -> list:
     records, graphs = [], []
     for label, cfg_name, splits, fns in jobs:
         rec = dict(cell=cell, label=label, config=cfg_name, splits=splits, times=[])
-        try:
-            got = fns[0]()
-            got = got[0] if isinstance(got, tuple) else got
-            diff = (got.float() - ref.float()).abs().max().item()
-            rec["max_diff"] = diff
-            if not diff <= TOL:
-                rec["error"] = f"BAD: max |O - cuDNN| = {diff:.3g}"
-            f = dt.Cycle(fns) if len(fns) > 1 else fns[0]
-            graphs.append(dt.build_graph(f, dt.eager_us(f)))
-        except Exception as exc:  # noqa: BLE001 - the record says why
-            rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            graphs.append(None)
+        graphs.append(checked_graph(rec, fns[0], dt.Cycle(fns) if len(fns) > 1 else fns[0], ref))
         records.append(rec)
-    for order in round_orders(list(range(len(jobs))), repeat, "shuffle"):
-        for i in order:
-            if graphs[i] is not None:
-                records[i]["times"].append(dt.replay_us(*graphs[i], reps))
+    time_rounds(records, graphs, repeat, reps)
     if profile:
         for rec, g in zip(records, graphs):
             if g is None:
@@ -173,18 +199,19 @@ def run_cell(cell, variants, reps, repeat, profile, log) -> list:
                     f"{pr['gap_us']:.1f}; " + ", ".join(f"{k} {us:.2f} us x{c:g}" for k, us, c in pr["kernels"]))
             except Exception as exc:  # noqa: BLE001 - a diagnostic only
                 log(f"  profile {rec['label']}: {type(exc).__name__}: {str(exc)[:120]}")
-    for rec in records:
-        t = sorted(rec["times"])
-        if t:
-            rec.update(us=t[len(t) // 2], spread=t[-1] / t[0], kv_TBps=kv_bytes / (t[len(t) // 2] * 1e-6) / 1e12)
-    by = {r["label"]: r.get("us") for r in records}
-    for rec in records:
-        if rec.get("us"):
-            rec["x_cudnn"] = by["sdpa_cudnn"] / rec["us"] if by.get("sdpa_cudnn") else None
-            rec["x_flash"] = by["sdpa_flash"] / rec["us"] if by.get("sdpa_flash") else None
+    summarize(records, kv_bytes)
     del graphs, sets
     torch.cuda.empty_cache()
     return records
+
+
+def record_line(r, head: str, mid: str = "") -> str:
+    """One record: ``head`` (its label ...), us, TB/s, x cuDNN, x flash, ``mid``, spread, config, error."""
+    if not r.get("us"):
+        return f"  {head} {r.get('error')}"
+    return (f"  {head} {r['us']:8.2f} us {r['kv_TBps']:5.2f} TB/s  xcuDNN {r['x_cudnn'] or 0:5.3f} xflash "
+            f"{r['x_flash'] or 0:5.3f}{mid}  sp {r['spread']:.3f}  {r['config']}"
+            + (f"  {r['error']}" if r.get("error") else ""))
 
 
 def show(records) -> str:
@@ -192,13 +219,7 @@ def show(records) -> str:
     for cell in dict.fromkeys(r["cell"] for r in records):
         recs = sorted((r for r in records if r["cell"] == cell), key=lambda r: r.get("us") or 1e9)
         out.append(f"{cell}:")
-        for r in recs:
-            if r.get("us"):
-                out.append(f"  {r['label']:14s} {r['us']:8.2f} us {r['kv_TBps']:5.2f} TB/s  xcuDNN "
-                           f"{r['x_cudnn'] or 0:5.3f} xflash {r['x_flash'] or 0:5.3f}  sp {r['spread']:.3f}  "
-                           f"x{r['splits']!s:>3} {r['config']}" + (f"  {r['error']}" if r.get("error") else ""))
-            else:
-                out.append(f"  {r['label']:14s} {r.get('error')}")
+        out += [record_line(r, f"{r['label']:14s}", f"  x{r['splits']!s:>3}") for r in recs]
     return "\n".join(out)
 
 

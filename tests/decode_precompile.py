@@ -14,7 +14,7 @@ their kernels on disk):
   * tests/test_decode_regs_gpu.py: the regs kernel's configs (REGS_DEFAULT 1 .. 6).
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only shape_tests,page_table_tests,cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -260,18 +260,18 @@ def regs_test_configs():
     def cfg(case, regs):
         b, sq, lens, h, hk, d, dtype, page, extra, kw = case
         return _heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
-                          REGS_DEFAULT=regs, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_BATCH1_HINT=())
+                          REGS_DEFAULT=regs, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_BATCH1_HINT=(), REGS_SHAPE_RULES=())
 
-    pf = [_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0, REGS_DEFAULT=1, REGS_PREFETCH_DEFAULT=True, REGS_BATCH1_HINT=(),
+    pf = [_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0, REGS_DEFAULT=1, REGS_PREFETCH_DEFAULT=True, REGS_BATCH1_HINT=(), REGS_SHAPE_RULES=(),
                      REGS_HEAD_DIM_DEFAULT=(64, 128))
           for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.PREFETCH_CASES]
     ahead = [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
-                        REGS_DEFAULT=regs, REGS_AHEAD_DEFAULT=ra, REGS_AHEAD_L1_DEFAULT=l1, REGS_ORDER_DEFAULT=ro, REGS_BATCH1_HINT=(),
+                        REGS_DEFAULT=regs, REGS_AHEAD_DEFAULT=ra, REGS_AHEAD_L1_DEFAULT=l1, REGS_ORDER_DEFAULT=ro, REGS_BATCH1_HINT=(), REGS_SHAPE_RULES=(),
                         REGS_HEAD_DIM_DEFAULT=(64, 128))
              for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.AHEAD_CASES + [(4, 1, [65536], 32, 8, 128, "bf16", pg, {}, {})
                                                                                  for pg in (None, 16)]
              for regs, ra, l1, ro in t.AHEAD_OPTIONS + [(7, 3, False, 2)]]
-    b1 = [_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0, REGS_DEFAULT=6, REGS_BATCH1_HINT=(),
+    b1 = [_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0, REGS_DEFAULT=6, REGS_BATCH1_HINT=(), REGS_SHAPE_RULES=(),
                      REGS_BATCH1_RULES=((1 << 30, dict(f)),))
           for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.BATCH1_CASES + [(1, 1, [65536], 32, 8, 128, "bf16", None, {}, {})]
           for f in t.BATCH1_OPTIONS]
@@ -295,7 +295,7 @@ def cluster_test_configs():
         for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.CLUSTER_CASES + [(1, 1, [65536], 32, 8, 128, "bf16", None, {}, {})]:
             out.append(_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page),
                                   page or 0, REGS_DEFAULT=6, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_CLUSTER_DEFAULT=cl,
-                                  REGS_BATCH1_HINT=()))
+                                  REGS_BATCH1_HINT=(), REGS_SHAPE_RULES=()))
     import decode_cluster_sanitize as san   # its configs
 
     base = mod.DecodeConfig(8, 16, 3, 1, 4, 128, "bf16", False, regs=6)
@@ -305,11 +305,42 @@ def cluster_test_configs():
     for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.CLUSTER_CASES[:3]:   # num_splits 3: without the cluster
         out.append(FAM.without_cluster(_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0,
                                                   REGS_DEFAULT=6, REGS_CLUSTER_DEFAULT=16,
-                                                  REGS_BATCH1_HINT=())))
+                                                  REGS_BATCH1_HINT=(), REGS_SHAPE_RULES=())))
     return out
 
 
-GROUPS = {"cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
+def page_table_test_configs():
+    """tests/test_decode_regs_gpu.py's page-table tests (REGS_PAGE_TABLE_DEFAULT 1; 8 and 4 warps; at
+    batch 1 regs_prefetch of 1 and 3 blocks)."""
+    import test_decode_regs_gpu as t
+
+    def cfg(case, warps=8, prefetch=0):
+        b, sq, lens, h, hk, d, dtype, page, extra, kw = case
+        return _heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page,
+                          REGS_DEFAULT=1, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_BATCH1_HINT=(), REGS_SHAPE_RULES=(), REGS_PAGE_TABLE_DEFAULT=1,
+                          REGS_PAGED_TMA_MAX_KEYS=0, REGS_WARPS=warps, REGS_PAGED_BATCH1_PREFETCH=((1 << 30, prefetch),))
+
+    graphs = [(4, 1, [65536], 32, 8, 128, "bf16", pg, {}, {}) for pg in (16, 256)]
+    base = mod.DecodeConfig(8, 16, 3, 1, 4, 128, "bf16", False, fused_combine=True, light_fence=True, regs=1)
+    sanitize = [base.replace(regs_page_table=1), base.replace(regs_page_table=1, regs_prefetch=True),   # decode_regs_sanitize.py --page-table
+                base.replace(regs=6, regs_page_table=1, regs_prefetch=True, regs_prefetch_blocks=3),
+                base.replace(regs=6, regs_page_table=1, regs_order=1, regs_prefetch=True, regs_prefetch_blocks=3),
+                base.replace(regs=6, regs_order=1, regs_prefetch=True, regs_prefetch_blocks=3)]
+    return (sanitize + [cfg(c) for c in t.PAGE_TABLE_CASES + graphs] + [cfg(c, warps=4) for c in t.PAGE_TABLE_CASES[:5]]
+            + [cfg(c, prefetch=pf) for c in t.PAGE_TABLE_B1_CASES + [(1, 1, [65536], 32, 8, 128, "bf16", 16, {}, {})]
+               for pf in (1, 3)])
+
+
+def shape_test_configs():
+    """tests/test_decode_regs_gpu.py's REGS_SHAPE_RULES tests (the heuristic as shipped)."""
+    import test_decode_regs_gpu as t
+
+    cases = [c for c, _, _ in t.SHAPE_CASES] + [(8, 1, [16384], 32, 8, 128, "bf16", pg, {}, {}) for pg in (None, 16)]
+    return [_heuristic(_problem(b, sq, max(lens), h, hk, d, dtype, page), page or 0)
+            for b, sq, lens, h, hk, d, dtype, page, extra, kw in cases]
+
+
+GROUPS = {"shape_tests": shape_test_configs, "page_table_tests": page_table_test_configs, "cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

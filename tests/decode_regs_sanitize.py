@@ -8,7 +8,7 @@ regs_order 2 (interleaved blocks, the first loaded before the lengths) with regs
 batch row (capacity 8192, 8192 and 3001 keys) under the batch-1 rules' options (the early L1
 prefetch of 1, 2 and 3 blocks, 4 warps, regs_order 2).
 
-    compute-sanitizer --tool memcheck python tests/decode_regs_sanitize.py
+    compute-sanitizer --tool memcheck python tests/decode_regs_sanitize.py [--page-table]
 """
 import os
 import sys
@@ -46,7 +46,51 @@ def batch3_inputs():
     return q, kc, vc, lens, pad, table, kp, vp
 
 
+def one_row(cfg, q1, k1, v1, splits) -> int:
+    """One batch row (capacity 8192) at 8192 and 3001 keys: the calls made."""
+    for n in (8192, 3001):
+        kvcache_with_config(cfg, q1, k1, v1, cache_seqlens=torch.tensor([n], device="cuda", dtype=torch.int32),
+                            num_splits=splits)
+    return 2
+
+
+def page_table_and_order():
+    """Session 25's paths only (--page-table): the staged page ids (regs_page_table; page 16 with a
+    leftpad across pages, a 40000-key row of page 16 wider than the staged ids at 1 split: its top 2048
+    pages staged, the rest read from the table), with the paged prefetch of 1 / 3 blocks after the first
+    two (regs_order 0 and 1), and the contiguous interleaved order with its first 3 blocks prefetched
+    before the lengths arrive (batch 3 ragged, one row full and short), at 1 and 3 splits."""
+    cfg = _regs_config(Problem("decode", "bf16", 3, 1, 3000, 32, 8, 128))
+    q, kc, vc, lens, pad, table, kp, vp = batch3_inputs()
+    runs, names = 0, []
+    paged = [cfg.replace(regs_page_table=1), cfg.replace(regs_page_table=1, regs_prefetch=True),
+             cfg.replace(regs=6, regs_page_table=1, regs_prefetch=True, regs_prefetch_blocks=3),
+             cfg.replace(regs=6, regs_page_table=1, regs_order=1, regs_prefetch=True, regs_prefetch_blocks=3)]
+    q1 = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k1, v1 = (torch.randn(2500, 16, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    table1 = torch.randperm(2500, device="cuda", dtype=torch.int32).reshape(1, -1)
+    for c in paged:
+        names.append(c.name)
+        for splits in (1, 3):
+            kvcache_with_config(c, q, kp, vp, cache_seqlens=lens, block_table=table, cache_leftpad=pad,
+                                num_splits=splits)
+            kvcache_with_config(c, q1, k1, v1, cache_seqlens=torch.tensor([40000], device="cuda", dtype=torch.int32),
+                                block_table=table1, num_splits=splits)
+            runs += 2
+    contiguous = [cfg.replace(regs=6, regs_order=1, regs_prefetch=True, regs_prefetch_blocks=3)]
+    k8, v8 = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for c in contiguous:
+        names.append(c.name)
+        for splits in (1, 3):
+            kvcache_with_config(c, q, kc, vc, cache_seqlens=lens, num_splits=splits)
+            runs += 1 + one_row(c, q1, k8, v8, splits)
+    torch.cuda.synchronize()
+    print(f"regs sanitize (--page-table) done: {runs} runs ({', '.join(names)})")
+
+
 def main():
+    if "--page-table" in sys.argv:
+        return page_table_and_order()
     cfg = _regs_config(Problem("decode", "bf16", 3, 1, 3000, 32, 8, 128))
     q, kc, vc, lens, pad, table, kp, vp = batch3_inputs()
     runs = 0
@@ -81,11 +125,8 @@ def main():
     q1 = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     k1, v1 = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     for c in b1s:
-        for n in (8192, 3001):
-            for splits in (0, 3):
-                kvcache_with_config(c, q1, k1, v1, cache_seqlens=torch.tensor([n], device="cuda", dtype=torch.int32),
-                                    num_splits=splits)
-                runs += 1
+        for splits in (0, 3):
+            runs += one_row(c, q1, k1, v1, splits)
     torch.cuda.synchronize()
     print(f"regs sanitize done: {runs} runs ({cfg.name}, {cfg64.name}, {', '.join(c.name for c in ahead + b1s)})")
 

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from cuflash.compile import nvcc_compile
+from cuflash.compile import kernel_dir, nvcc_compile
 from cuflash.families import decode_splitkv as mod
 from cuflash.families.decode_splitkv import DecodeConfig, ctas_per_sm, row_blocks
 from cuflash.problem import Problem
@@ -23,7 +23,7 @@ P = Problem("decode", "bf16", 1, 1, 32768, 32, 8, 128)
 def test_names_template_arguments_smem_residency():
     assert REGS.name == "decode_bf16_d128_w8_n16_s3_m1_c4_fc_lf_rg2"
     assert REGS.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 1>"
-    assert REGS.template_args() == (8, 16, 1, 128, "bf16", True, True, 1, False, 0, False, 0, 1, 0)
+    assert REGS.template_args() == (8, 16, 1, 128, "bf16", True, True, 1, False, 0, False, 0, 1, 0, 0)
     assert BASE.kernel_name() == ("cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, true, false, 0, false, "
                                   "false, false, 0, false, 0, 0, true>")   # unchanged without it
     assert REGS.rows == 8 and BASE.rows == 16 and REGS.replace(m_tiles=2).rows == 16
@@ -46,10 +46,10 @@ def test_validation_and_call_checks():
     assert any("regs must be one of" in x for x in REGS.replace(regs=8).problems(232448))
     assert any("regs_prefetch" in x for x in BASE.replace(regs_prefetch=True).problems(232448))
     pf = REGS.replace(regs_prefetch=True)
-    assert pf.name.endswith("_rg2_rpf") and pf.kernel_name().endswith(", 1, true>") and pf.template_args()[-6] is True
+    assert pf.name.endswith("_rg2_rpf") and pf.kernel_name().endswith(", 1, true>") and pf.template_args()[-7] is True
     ra = REGS.replace(regs_ahead=3)
     assert ra.name.endswith("_rg2_ra3") and ra.kernel_name().endswith(", 1, false, 3>")
-    assert ra.template_args()[-6:] == (False, 3, False, 0, 1, 0) and not ra.problems(232448)
+    assert ra.template_args()[-7:] == (False, 3, False, 0, 1, 0, 0) and not ra.problems(232448)
     pb = pf.replace(regs_prefetch_blocks=2)
     assert pb.name.endswith("_rpf_pb2") and pb.kernel_name().endswith(", 1, true, 0, false, 0, 2>") and not pb.problems(232448)
     assert any("needs regs_prefetch" in x for x in REGS.replace(regs_prefetch_blocks=2).problems(232448))
@@ -92,9 +92,11 @@ def test_batch1_rules(monkeypatch):
     """REGS_BATCH1_RULES: one contiguous batch row above 8k keys takes the early L1 prefetch of 3
     blocks; 8k keys and less, paged caches, batch 2 and REGS_BATCH1 False keep the heuristic's.
     REGS_BATCH1_HINT: one batch row of at most 8k keys, contiguous or paged, takes plain loads."""
+    monkeypatch.setattr(mod, "REGS_SHAPE_RULES", ())   # (their own test below)
     cfg = FAM.heuristic(P, (9, 0))   # 1 x 32k
     assert cfg.regs == 6 and cfg.regs_prefetch and cfg.regs_prefetch_blocks == 3 and not cfg.problems(232448)
-    assert cfg.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 5, true, 0, false, 0, 3>"
+    assert cfg.regs_order == 1   # the interleaved order's first blocks (independent of the row's length)
+    assert cfg.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 5, true, 0, false, 1, 3>"
     for p in (P.replace(seqlen_k=8192), P.replace(batch=2), P.replace(features=("paged_kv",))):
         c = FAM.heuristic(p, (9, 0))
         assert not c.regs_prefetch and c.regs_prefetch_blocks == 1, (p, c.name)
@@ -112,6 +114,61 @@ def test_batch1_rules(monkeypatch):
     assert FAM.heuristic(P.replace(seqlen_k=8192), (9, 0)).regs == 6
 
 
+def test_page_table_config(monkeypatch):
+    """regs_page_table: name, the kernel's last template argument (the others written out), shared
+    memory (REGS_PAGE_IDS ids, matching kPageIds), validation, and the heuristic's switch: paged
+    calls only, with REGS_PAGED_BATCH1_PREFETCH's early prefetch at batch 1."""
+    pt = REGS.replace(regs_page_table=1)
+    assert pt.name.endswith("_rg2_rpt1") and pt.template_args()[-1] == 1 and not pt.problems(232448)
+    assert pt.kernel_name().endswith(", 1, false, 0, false, 0, 1, 0, 1>")
+    assert pt.smem_bytes == REGS.smem_bytes + 4 * mod.REGS_PAGE_IDS
+    src = (kernel_dir() / "decode_splitkv.cu").read_text()
+    assert f"constexpr int kPageIds = {mod.REGS_PAGE_IDS};" in src
+    assert any("regs_page_table must be 0 or 1" in x for x in REGS.replace(regs_page_table=2).problems(232448))
+    assert any("regs_page_table: an option of the regs kernel" in x for x in BASE.replace(regs_page_table=1).problems(232448))
+    assert FAM.decode(FAM.encode(pt), "bf16", False) == pt
+    paged = P.replace(features=("paged_kv",))
+    assert mod.REGS_PAGE_TABLE_DEFAULT in (0, 1)
+    monkeypatch.setattr(mod, "REGS_SHAPE_RULES", ())
+    monkeypatch.setattr(mod, "REGS_PAGE_TABLE_DEFAULT", 1)
+    monkeypatch.setattr(mod, "REGS_PAGED_BATCH1_PREFETCH", ((8192, 0), (1 << 31, 2)))
+    assert FAM.heuristic(P, (9, 0)).regs_page_table == 0                      # contiguous: none
+    c = FAM.heuristic(paged, (9, 0))                                            # 1 x 32k paged
+    assert c.regs_page_table == 1 and c.regs_prefetch and c.regs_prefetch_blocks == 2 and not c.problems(232448)
+    c8 = FAM.heuristic(paged.replace(seqlen_k=8192), (9, 0))
+    assert c8.regs_page_table == 1 and not c8.regs_prefetch
+    cb = FAM.heuristic(paged.replace(batch=8), (9, 0))
+    assert cb.regs_page_table == 1 and not cb.regs_prefetch
+    assert FAM.call_config(c, paged.replace(head_dim=120), (9, 0), 16, chosen=True).regs_page_table == 0
+
+
+def test_shape_rules(monkeypatch):
+    """REGS_SHAPE_RULES as shipped: paged batch 1 takes the page table (with the early prefetch of 3
+    blocks above 8k keys; the table alone only for pages under 128 keys, call_config), paged batches 2-16
+    up to 32k keys the table with the prefetch, contiguous batches 2-64 from 8k keys the interleaved
+    order with its first 3 blocks prefetched (contiguous batch 1: REGS_BATCH1_RULES, the same above 8k
+    keys); other shapes keep the heuristic's."""
+    def call(b, ctx, page):
+        p = P.replace(batch=b, seqlen_k=ctx, features=("paged_kv",) if page else ())
+        c = FAM.call_config(FAM.heuristic(p, (9, 0)), p, (9, 0), page, chosen=True, heuristic=True)
+        assert not c.problems(232448), c.name
+        return (c.regs_page_table, c.regs_prefetch, c.regs_prefetch_blocks, c.regs_order)
+    assert call(1, 8192, 16) == (1, False, 1, 0) and call(1, 8192, 256) == (0, False, 1, 0)
+    assert call(1, 4096, 32) == (1, False, 1, 0)
+    for ctx in (8193, 32768, 131072):
+        assert call(1, ctx, 16) == call(1, ctx, 256) == (1, True, 3, 0), ctx
+    for b, ctx in ((8, 8192), (8, 32768), (2, 32768), (16, 8192)):
+        assert call(b, ctx, 16) == call(b, ctx, 256) == (1, True, 3, 0), (b, ctx)
+    for b, ctx in ((8, 131072), (32, 8192), (64, 8192)):
+        assert call(b, ctx, 16) == call(b, ctx, 256) == (0, False, 1, 0), (b, ctx)
+    for b, ctx in ((2, 32768), (8, 8192), (8, 131072), (32, 8192), (64, 32768)):
+        assert call(b, ctx, 0) == (0, True, 3, 1), (b, ctx)
+    assert call(8, 4096, 0) == call(128, 8192, 0) == (0, False, 1, 0)
+    assert call(1, 32768, 0) == (0, True, 3, 1) and call(1, 8192, 0) == (0, False, 1, 0)   # REGS_BATCH1_RULES
+    monkeypatch.setattr(mod, "REGS_SHAPE_RULES", ())
+    assert call(8, 32768, 0) == call(8, 32768, 16) == call(1, 8192, 16) == (0, False, 1, 0)
+
+
 CL16 = REGS.replace(regs=6, regs_cluster=16, fused_combine=False, light_fence=False)
 
 
@@ -122,7 +179,7 @@ def test_cluster_config():
     assert CL16.name == "decode_bf16_d128_w8_n16_s3_m1_c4_rg6_cl16"
     assert CL16.kernel_name() == ("cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, false, false, 5, false, "
                                   "0, false, 0, 1, 16>")
-    assert CL16.template_args()[-1] == 16 and not CL16.problems(232448)
+    assert CL16.template_args()[-2] == 16 and not CL16.problems(232448)
     assert CL16.smem_bytes == 8 * 8 * (128 + 6) * 4 + 16 + 8 * 129 * 4   # + the split's O and LSE
     for bad, why in ((CL16.replace(fused_combine=True), "no fused_combine"), (CL16.replace(regs=0), "regs;"),
                      (CL16.replace(splits=8), "splits 0 or 16"), (CL16.replace(regs_cluster=3), "must be one of"),
@@ -183,7 +240,12 @@ POINTS = [REGS, REGS.replace(regs=1, fused_combine=False, light_fence=False), RE
           REGS.replace(head_dim=64, regs_ahead=3), REGS.replace(regs=6, regs_order=1),
           REGS.replace(regs=6, regs_order=2, regs_ahead=2), REGS.replace(head_dim=64, m_tiles=2, regs_order=2),
           REGS.replace(regs=6, regs_prefetch=True, regs_prefetch_blocks=2), CL16,
-          CL16.replace(head_dim=64, m_tiles=2), CL16.replace(regs_prefetch=True, regs_prefetch_blocks=3)]
+          CL16.replace(head_dim=64, m_tiles=2), CL16.replace(regs_prefetch=True, regs_prefetch_blocks=3),
+          REGS.replace(regs=1, regs_page_table=1), REGS.replace(regs=6, regs_page_table=1, regs_prefetch=True,
+                                                                  regs_prefetch_blocks=3),
+          REGS.replace(head_dim=64, m_tiles=2, regs_page_table=1), REGS.replace(warps=4, regs_page_table=1),
+          REGS.replace(regs=6, regs_order=1, regs_prefetch=True, regs_prefetch_blocks=3),
+          REGS.replace(regs=6, regs_order=2, regs_prefetch=True, regs_prefetch_blocks=3)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")

@@ -29,6 +29,7 @@ def _options(monkeypatch, regs: int):
     monkeypatch.setattr(fam_mod, "REGS_DEFAULT", regs)
     monkeypatch.setattr(fam_mod, "REGS_BATCH1_HINT", ())   # every call on this hint, batch 1 at 8k keys too
     monkeypatch.setattr(fam_mod, "REGS_HEAD_DIM_DEFAULT", (64, 128))
+    monkeypatch.setattr(fam_mod, "REGS_SHAPE_RULES", ())   # (test_regs_shape_rules runs them)
     decode._drop_gpu_plans()  # plans made with other settings must not serve these calls
     monkeypatch.setattr(decode, "_gpu_plans", {})
 
@@ -170,7 +171,9 @@ def test_regs_ahead_cuda_graph(monkeypatch, page):
 # change (the early prefetch / loads assume a full row: kept or redone)
 BATCH1_OPTIONS = [{"regs_prefetch": True}, {"regs_prefetch": True, "regs_prefetch_blocks": 2},
                   {"regs_prefetch": True, "regs_prefetch_blocks": 3},
-                  {"regs_prefetch": True, "warps": 4}, {"regs_order": 2}, {"regs": 1, "regs_prefetch": True}]
+                  {"regs_prefetch": True, "warps": 4}, {"regs_order": 2}, {"regs": 1, "regs_prefetch": True},
+                  {"regs_order": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3},   # the interleave's first blocks
+                  {"regs_order": 2, "regs_prefetch": True, "regs_prefetch_blocks": 3}]
 BATCH1_CASES = [(1, 1, [8192], 32, 8, 128, "bf16", None, {}, {}), (1, 1, [3001], 32, 8, 128, "bf16", None, {}, {}),
                 (1, 2, [4096], 32, 8, 128, "bf16", None, {}, {"causal": True})]
 
@@ -254,3 +257,131 @@ def test_regs_cluster_cuda_graph(monkeypatch, cluster, batch):
     replays_match_eager(dict(args), lengths)
     plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
     assert plans and all(p.config.regs_cluster == cluster for p in plans), [p.config.name for p in plans]
+
+
+# regs_page_table (decode_splitkv_regs' kPageTable): the page ids staged in shared memory, a table
+# row of at most REGS_PAGE_IDS pages whole, a longer one's split slice (ids past it read from global
+# memory); with regs_prefetch, the rows of the blocks after the first two into L1. Pages 16 / 32 /
+# 256, full, ragged and empty rows, leftpad across pages, rows wider than REGS_PAGE_IDS (40000 keys
+# of page 16: 2500 pages, the split's slice; 1 split: its top 2048 pages and the rest from global
+# memory), GQA 4 / 8 / 1, two row tiles (d 64), fp16, append + rotary, a window with softcap and ALiBi.
+PAGE_TABLE_CASES = [
+    (3, 1, [2049, 0, 6000], 32, 8, 128, "bf16", 16, {}, {}),
+    (2, 2, [3001, 257], 32, 8, 128, "bf16", 256, {}, {"causal": True}),
+    (3, 1, [3000, 1500, 777], 32, 8, 128, "bf16", 16, {"leftpad": True}, {}),   # tiles across pages
+    (1, 1, [40000], 32, 8, 128, "bf16", 16, {}, {}),                            # 2500 pages: the slice
+    (2, 1, [40000, 4097], 32, 4, 128, "bf16", 32, {}, {}),                      # GQA 8
+    (3, 4, [2049, 700, 9000], 8, 2, 64, "bf16", 16, {}, {"causal": True}),      # two row tiles (d 64)
+    (2, 3, [1500, 64], 16, 16, 128, "bf16", 32, {}, {"causal": True}),          # MHA
+    (2, 1, [113, 20000], 8, 8, 64, "fp16", 256, {}, {}),
+    (2, 1, [3000, 1500], 32, 8, 128, "bf16", 16, {"seqlen_new": 1, "rotary_dim": 128}, {}),
+    (2, 4, [900, 250], 8, 4, 128, "bf16", 16, {}, {"causal": True, "window_size": (100, 0), "softcap": 2.5,
+                                                   "alibi": True}),
+]
+PAGE_TABLE_B1_CASES = [(1, 1, [8192], 32, 8, 128, "bf16", 16, {}, {}), (1, 1, [40000], 32, 8, 128, "bf16", 16, {}, {}),
+                       (1, 2, [4096], 32, 8, 128, "bf16", 256, {}, {"causal": True})]
+
+
+def _page_table(monkeypatch, warps=8, prefetch=0):
+    """Every paged regs call on the page table (REGS_WARPS warps; at batch 1 with regs_prefetch of
+    ``prefetch`` blocks where it is not 0)."""
+    monkeypatch.setattr(fam_mod, "REGS_PAGE_TABLE_DEFAULT", 1)
+    monkeypatch.setattr(fam_mod, "REGS_PAGED_TMA_MAX_KEYS", 0)   # small calls stay on the regs kernel
+    monkeypatch.setattr(fam_mod, "REGS_WARPS", warps)
+    monkeypatch.setattr(fam_mod, "REGS_PAGED_BATCH1_PREFETCH", ((1 << 30, prefetch),))
+
+
+def _ran_page_table(warps=8, prefetch=0):
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert plans and all(p.config.regs_page_table == 1 and p.config.warps == warps
+                         and p.config.regs_prefetch == bool(prefetch)
+                         and p.config.regs_prefetch_blocks == (prefetch or 1) for p in plans), [p.config.name for p in plans]
+
+
+@pytest.mark.parametrize("splits", [0, 1, 3], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("case", PAGE_TABLE_CASES, ids=_ids)
+def test_regs_page_table(monkeypatch, case, splits):
+    _page_table(monkeypatch)
+    _regs_case(monkeypatch, case, 1, splits)
+    _ran_page_table()
+
+
+@pytest.mark.parametrize("case", PAGE_TABLE_CASES[:5], ids=_ids)
+def test_regs_page_table_4_warps(monkeypatch, case):
+    """4 warps (16 staged ids per thread)."""
+    _page_table(monkeypatch, warps=4)
+    _regs_case(monkeypatch, case, 1, 0)
+    _ran_page_table(warps=4)
+
+
+@pytest.mark.parametrize("prefetch", [1, 3], ids=lambda n: f"pf{n}")
+@pytest.mark.parametrize("case", PAGE_TABLE_B1_CASES, ids=_ids)
+def test_regs_page_table_prefetch(monkeypatch, case, prefetch):
+    """Batch 1 with the rows of the blocks after the first two prefetched into L1."""
+    _page_table(monkeypatch, prefetch=prefetch)
+    _regs_case(monkeypatch, case, 1, 0)
+    _ran_page_table(prefetch=prefetch)
+
+
+@pytest.mark.parametrize("batch,page,prefetch", [(4, 16, 0), (4, 256, 0), (1, 16, 3)],
+                         ids=["b4_page16", "b4_page256", "b1_page16_pf3"])
+def test_regs_page_table_cuda_graph(monkeypatch, batch, page, prefetch):
+    """A captured paged call (capacity 65536: page 16 is 4096 pages, the split slice; page 256 the
+    whole row) replayed empty, full and at other lengths, each against an eager call."""
+    _options(monkeypatch, 1)
+    _page_table(monkeypatch, prefetch=prefetch)
+    rng = np.random.default_rng()
+    args = make_case(rng, batch, 1, [65536] + [1000, 30000, 5][:batch - 1], 32, 8, 128, "bf16", page=page)
+    lengths = [np.zeros(batch, np.int64), np.full(batch, 65536), np.full(batch, 65535)] + [
+        rng.integers(0, 65536, size=batch) for _ in range(3)]
+    replays_match_eager(dict(args), lengths)
+    _ran_page_table(prefetch=prefetch)
+
+
+# REGS_SHAPE_RULES and REGS_BATCH1_RULES as shipped (the heuristic's own choice): contiguous batch 8 and
+# batch 1 above 8k keys (the interleaved order, its first 3 blocks prefetched before the lengths arrive),
+# paged batch 8 (the page table and the prefetch of 3 blocks) and batch 1 (the table; the prefetch above 8k
+# keys; a 40000-key row of page 16 is wider than the staged ids): full, ragged and empty rows.
+# (case, page table, regs_order) per case
+SHAPE_CASES = [
+    ((8, 1, [9000, 0, 1, 4097, 8192, 300, 9000, 128], 32, 8, 128, "bf16", None, {}, {}), 0, 1),
+    ((8, 1, [9000, 0, 1, 4097, 8192, 300, 9000, 128], 32, 8, 128, "bf16", 16, {}, {}), 1, 0),
+    ((8, 1, [10000, 17, 5000, 10000, 0, 333, 9999, 4096], 32, 8, 128, "bf16", 256, {}, {}), 1, 0),
+    ((1, 1, [12000], 32, 8, 128, "bf16", None, {}, {}), 0, 1),
+    ((1, 1, [8192], 32, 8, 128, "bf16", 16, {}, {}), 1, 0),
+    ((1, 1, [12000], 32, 8, 128, "bf16", 256, {}, {}), 1, 0),
+    ((1, 1, [40000], 32, 8, 128, "bf16", 16, {}, {}), 1, 0),
+]
+
+
+def _shipped(monkeypatch):
+    decode._drop_gpu_plans()
+    monkeypatch.setattr(decode, "_gpu_plans", {})
+
+
+@pytest.mark.parametrize("splits", [0, 3], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("shape", SHAPE_CASES, ids=lambda c: _ids(c[0]))
+def test_regs_shape_rules(monkeypatch, shape, splits):
+    case, table, order = shape
+    b, sq, lens, h, hk, d, dtype, page, extra, kw = case
+    _shipped(monkeypatch)
+    rng = np.random.default_rng()
+    args = make_case(rng, b, sq, lens, h, hk, d, dtype, page=page, **extra)
+    for _ in range(2):
+        check_call(dict(args, k_cache=args["k_cache"].clone(), v_cache=args["v_cache"].clone()), dtype,
+                   _ids(case), num_splits=splits, **kw)
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert plans and all(p.config.regs and p.config.regs_page_table == table and p.config.regs_order == order
+                         for p in plans), [p.config.name for p in plans]
+
+
+@pytest.mark.parametrize("page", [None, 16], ids=["contiguous", "page16"])
+def test_regs_shape_rules_cuda_graph(monkeypatch, page):
+    """Batch 8 (capacity 16384) captured and replayed empty, full and at random lengths."""
+    _shipped(monkeypatch)
+    rng = np.random.default_rng()
+    args = make_case(rng, 8, 1, [16384] * 8, 32, 8, 128, "bf16", page=page)
+    lengths = [np.zeros(8, np.int64), np.full(8, 16384)] + [rng.integers(0, 16384, size=8) for _ in range(2)]
+    replays_match_eager(dict(args), lengths)
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert plans and all(p.config.regs_prefetch for p in plans), [p.config.name for p in plans]

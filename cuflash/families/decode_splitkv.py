@@ -386,7 +386,11 @@ REGS_ORDER_DEFAULT = 0          # every regs call's regs_order (tests; the batch
 # tie or win in graph replays (1 x 4k 10.73 against 11.76, 1 x 8k 13.49 against 13.61) but lose with
 # 4 caches in turn (1 x 8k 20.05 against 19.54): not taken.
 REGS_BATCH1 = True
-REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_prefetch": True, "regs_prefetch_blocks": 3}))
+# Session 25 (dec16, logs/session25_dec16/r3, tests/decode_paged_timing.py), the top-down prefetch / the
+# interleaved order (regs_order 1) with its first 3 blocks prefetched (see REGS_SHAPE_RULES: its blocks do not
+# depend on the row's length) / cuDNN, us: 1 x 32k 47.90 / 47.77 / 50.76, 1 x 64k 91.12 / 91.00 / 93.87,
+# 1 x 128k 179.02 / 177.43 / 179.82: so the interleaved one.
+REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_order": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}))
 # The batch-1 load hint (regs_options, REGS_BATCH1): a call of one batch row, contiguous or paged, whose
 # cache holds at most max_keys keys runs the first (max_keys, regs) entry's hint instead of REGS_DEFAULT,
 # where no device rule sets regs. The figures above at 8k keys compared the hints as variants of one
@@ -439,7 +443,9 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
     """The heuristic's regs config ``cfg`` with REGS_AHEAD_DEFAULT, REGS_AHEAD_L1_DEFAULT and
     REGS_ORDER_DEFAULT and, for a batch-1 ``problem``, the first REGS_BATCH1_HINT entry that covers its
     keys (``hint``: no device rule sets the hint), for a batch-1 contiguous one the first
-    REGS_BATCH1_RULES entry that does, and the first REGS_CLUSTER_RULES entry that does."""
+    REGS_BATCH1_RULES entry that does, the first REGS_SHAPE_RULES entry that matches, for a paged one
+    REGS_PAGE_TABLE_DEFAULT (and at batch 1 the first REGS_PAGED_BATCH1_PREFETCH entry that covers its
+    keys), and the first REGS_CLUSTER_RULES entry that does."""
     if REGS_AHEAD_DEFAULT or REGS_AHEAD_L1_DEFAULT or REGS_ORDER_DEFAULT:
         cfg = cfg.replace(regs_ahead=REGS_AHEAD_DEFAULT, regs_ahead_l1=REGS_AHEAD_L1_DEFAULT, regs_order=REGS_ORDER_DEFAULT)
     if hint and batch1_hint(problem):
@@ -448,6 +454,19 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
         for max_keys, fields in REGS_BATCH1_RULES:
             if problem.seqlen_k <= max_keys:
                 cfg = cfg.replace(**fields)
+                break
+    paged = "paged_kv" in problem.features
+    for rule_paged, (lo_b, hi_b), (lo_k, hi_k), fields in REGS_SHAPE_RULES:
+        if (rule_paged == paged and lo_b <= problem.batch <= hi_b and lo_k <= problem.seqlen_k
+                and (hi_k is None or problem.seqlen_k <= hi_k) and (paged or problem.batch > 1 or not REGS_BATCH1)):
+            cfg = cfg.replace(**fields)
+            break
+    if REGS_PAGE_TABLE_DEFAULT and paged:
+        cfg = cfg.replace(regs_page_table=REGS_PAGE_TABLE_DEFAULT)
+        for max_keys, blocks in REGS_PAGED_BATCH1_PREFETCH if problem.batch == 1 else ():
+            if problem.seqlen_k <= max_keys:
+                if blocks:
+                    cfg = cfg.replace(regs_prefetch=True, regs_prefetch_blocks=blocks)
                 break
     if REGS_CLUSTER_DEFAULT and cfg.head_dim % (4 * REGS_CLUSTER_DEFAULT) == 0:
         return cfg.replace(regs_cluster=REGS_CLUSTER_DEFAULT, fused_combine=False, light_fence=False, splits=0)
@@ -466,6 +485,53 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
 # ClusterLaunch). 16 is a non-portable cluster size (the kernel's
 # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED is set when it loads: kernel_attributes).
 REGS_CLUSTER_VALUES = (0, 2, 4, 8, 16)
+# regs_page_table (decode_splitkv_regs' kPageTable, paged caches): the page ids a CTA reads staged in
+# shared memory once (REGS_PAGE_IDS of them: a table row of at most that many pages whole, before
+# cache_seqlens arrives; else the split's top slice), so no block's K/V loads wait on a global table
+# read; with regs_prefetch the rows of the regs_prefetch_blocks blocks after the first two are
+# prefetched into L1 once the ids are staged. The heuristic's choice: REGS_PAGE_TABLE_DEFAULT (0: off).
+REGS_PAGE_IDS = 2048            # kPageIds in decode_splitkv_regs
+REGS_PAGE_TABLE_DEFAULT = 0     # every paged regs call's regs_page_table (tests; REGS_SHAPE_RULES set it by shape)
+# With REGS_PAGE_TABLE_DEFAULT, batch-1 paged calls: the first (max_keys, blocks) entry whose max_keys
+# covers the problem's cached keys sets regs_prefetch with regs_prefetch_blocks = blocks (0: none).
+REGS_PAGED_BATCH1_PREFETCH: tuple = ()
+# Rules of the regs kernel by shape (sm_90, after REGS_BATCH1_RULES): the first entry (paged, (min batch,
+# max batch), (min keys, max keys or None), {DecodeConfig field: value}) that matches the problem (paged
+# cache or not, its batch, its cached keys) replaces those fields (regs_options; the contiguous batch-1
+# calls keep REGS_BATCH1_RULES). The paged rules' page table alone, without the prefetch, is kept for pages
+# under TMA_PAGED_MAX_PAGE keys only (call_config). Measured on one H100 80GB HBM3 (session 25, dec16,
+# tests/decode_paged_timing.py, bf16 d 128 32:8 heads, CUDA graphs, 5-7 shuffled rounds, SDPA cuDNN and
+# flash and the contiguous call in the same process, one L2 hint per process;
+# results/NVIDIA_H100_80GB_HBM3/logs/session25_dec16/r1, r2), us:
+#  - paged, batch 1, page 16 / 256, today's / the page table / with the prefetch of 3 blocks (contiguous
+#    in the same process): 1 x 8k 14.31, 14.47 / 14.14, 14.18 / 14.65-14.92 (13.30, 13.37), page 256
+#    13.88, 13.87 / 14.05 / 14.95 (so no table at 1 x 8k page 256); 1 x 16k 30.92 / 30.53 / 29.09
+#    (26.99), page 256 30.56 / - / 29.27; 1 x 32k 52.64 / 52.94 / 51.24 (48.13), page 256 51.94 / 52.09 /
+#    50.76; 1 x 64k 96.80 / 97.05 / 95.34 (90.96), page 256 94.58 / 94.94 / 93.65.
+#  - paged, batch 8 (two processes), page 16 today's / the table with the prefetch: 8 x 8k 97.04, 96.76
+#    / 95.22, 94.70; 8 x 32k 359.85, 359.62 / 359.24, 359.24; page 256 95.06, 94.57 / 93.75, 94.10 and
+#    353.86, 353.89 / 354.14, 353.74.
+#    Round 3 (r3), page 16 today's / the table with the prefetch (contiguous): 2 x 32k 96.70 / 94.95
+#    (90.67), 4 x 16k 96.63 / 94.58 (90.61), 16 x 8k 181.46 / 179.94 (175.24), 32 x 8k 359.07 / 359.51,
+#    64 x 8k 707.84 / 713.26 (page 256 700.32 / 703.14), 8 x 128k 1411.81 / 1431.30 (page 256 1400.80 /
+#    1405.76): so batches 2-16 up to 32k keys.
+#  - contiguous, batch 8 (two processes), today's / the early prefetch of 3 blocks (regs_prefetch) / the
+#    interleaved block order with the early prefetch of its first 3 blocks (regs_order 1) / cuDNN /
+#    flash: 8 x 8k 94.85, 94.36 / 91.29, 90.83 / 91.34, 90.84 / 93.83, 93.54 / 96.76, 96.58; 8 x 32k
+#    355.39, 355.77 / 352.45, 352.60 / 350.25, 350.09 / 353.63, 354.04 / 349.87, 349.88. Rows at a
+#    quarter of the capacity (8 x 32k, cache_seqlens 8192: the top-down prefetch reads a full row's
+#    blocks): 94.69 / 94.17 / 90.79, so the interleaved order's (its first blocks are every long
+#    enough row's). Round 3, today's / the interleaved prefetch / cuDNN / flash: 2 x 32k 94.58 / 90.67 /
+#    93.43 / 99.75, 4 x 16k 94.74 / 90.61 / 93.46 / 98.01, 16 x 8k 178.44 / 175.24 / 173.97 / 179.83,
+#    32 x 8k 352.70 / 348.78 / 350.60 / 399.34, 64 x 8k 700.31 / 697.07 / 695.81 / 801.06, 8 x 128k
+#    1397.31 / 1396.86 / 1394.88 / 1387.17; with plain loads (regs 1) for every impl of the process
+#    (8 x 32k) it gained nothing (356.20 / 355.69, cuDNN 353.22), so the evict-first hint stays.
+REGS_SHAPE_RULES: tuple = (
+    (True, (1, 1), (1, 8192), {"regs_page_table": 1}),
+    (True, (1, 1), (8193, None), {"regs_page_table": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}),
+    (True, (2, 16), (1, 32768), {"regs_page_table": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}),
+    (False, (2, 64), (8192, None), {"regs_order": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}),
+)
 CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 REGS_SPACE = (0,)
 REGS_HEAD_DIMS = (64, 128)
@@ -574,6 +640,7 @@ class DecodeConfig(KernelConfig):
     regs_order: int = 0
     regs_prefetch_blocks: int = 1
     regs_cluster: int = 0
+    regs_page_table: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -605,7 +672,8 @@ class DecodeConfig(KernelConfig):
                  + (f"_ra{self.regs_ahead}" if self.regs_ahead else "") + ("l1" if self.regs_ahead_l1 else "")
                  + (f"_ro{self.regs_order}" if self.regs_order else "")
                  + (f"_pb{self.regs_prefetch_blocks}" if self.regs_prefetch_blocks != 1 else "")
-                 + (f"_cl{self.regs_cluster}" if self.regs_cluster else ""))
+                 + (f"_cl{self.regs_cluster}" if self.regs_cluster else "")
+                 + (f"_rpt{self.regs_page_table}" if self.regs_page_table else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -616,7 +684,9 @@ class DecodeConfig(KernelConfig):
         if self.regs:   # the warps' merge (kMergePitch = head_dim + 4 words, m, l) and the merge flag
             # (regs_cluster: plus the split's normalized O and LSE, which the cluster's CTAs read)
             cluster = self.rows * (self.head_dim + 1) * 4 if self.regs_cluster else 0
-            return self.warps * self.rows * (self.head_dim + 6) * 4 + 16 + cluster
+            # (regs_page_table: plus the staged page ids, kPageIds of them)
+            ids = 4 * REGS_PAGE_IDS if self.regs_page_table else 0
+            return self.warps * self.rows * (self.head_dim + 6) * 4 + 16 + cluster + ids
         tiles = (self.rows + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
         if self.stream:   # a Q tile per ring slot, the per-row prefix
             return tiles + (self.stages - 1) * self.rows * (self.head_dim + 8) * 2 + 4 * STREAM_SMEM_INTS
@@ -630,14 +700,12 @@ class DecodeConfig(KernelConfig):
     def kernel_name(self) -> str:
         flag = {True: "true", False: "false"}
         if self.regs:
-            # the defaults (false, 0, false) of the trailing options are left out
+            # the trailing options at their defaults are left out
             trailing = [flag[bool(self.regs_prefetch)], str(int(self.regs_ahead)), flag[bool(self.regs_ahead_l1)],
-                        str(int(self.regs_order)), str(int(self.regs_prefetch_blocks)), str(int(self.regs_cluster))]
-            if trailing[-1] == "0":   # kCluster's default
-                trailing.pop()
-                if trailing[-1] == "1":   # kEarlyBlocks' default
-                    trailing.pop()
-            while trailing and trailing[-1] in ("false", "0"):
+                        str(int(self.regs_order)), str(int(self.regs_prefetch_blocks)), str(int(self.regs_cluster)),
+                        str(int(self.regs_page_table))]
+            defaults = ["false", "0", "false", "0", "1", "0", "0"]
+            while trailing and trailing[-1] == defaults[len(trailing) - 1]:
                 trailing.pop()
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
                     f"cuflash::{self.dtype}, {flag[self.fused_combine]}, {flag[self.light_fence]}, {self.regs - 1}"
@@ -662,7 +730,8 @@ class DecodeConfig(KernelConfig):
         if self.regs:
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
                     bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
-                    bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks), int(self.regs_cluster))
+                    bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks), int(self.regs_cluster),
+                    int(self.regs_page_table))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -730,6 +799,10 @@ class DecodeConfig(KernelConfig):
         elif self.regs_cluster and self.head_dim % (4 * self.regs_cluster):
             out.append(f"regs_cluster: each CTA merges head_dim / regs_cluster columns, a multiple of 4; got "
                        f"head_dim {self.head_dim} over {self.regs_cluster}")
+        if self.regs_page_table not in (0, 1):
+            out.append(f"regs_page_table must be 0 or 1, got {self.regs_page_table}")
+        elif self.regs_page_table and not self.regs:
+            out.append("regs_page_table: an option of the regs kernel (regs)")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -999,7 +1072,7 @@ class DecodeSplitKV(Family):
              "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE,
              "regs": REGS_SPACE,
              "regs_prefetch": (False,), "regs_ahead": (0,), "regs_ahead_l1": (False,),
-             "regs_order": (0,), "regs_prefetch_blocks": (1,), "regs_cluster": (0,)}
+             "regs_order": (0,), "regs_prefetch_blocks": (1,), "regs_cluster": (0,), "regs_page_table": (0,)}
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -1146,7 +1219,7 @@ class DecodeSplitKV(Family):
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
                  "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_ahead_l1": False,
-                 "regs_order": 0, "regs_prefetch_blocks": 1, "regs_cluster": 0, **point}
+                 "regs_order": 0, "regs_prefetch_blocks": 1, "regs_cluster": 0, "regs_page_table": 0, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -1194,7 +1267,7 @@ class DecodeSplitKV(Family):
                 raise ValueError(f"q: the regs kernel (config regs) needs the head dim to equal the config's "
                                  f"{config.head_dim}, got {problem.head_dim}")
             config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
-                                    regs_prefetch_blocks=1)
+                                    regs_prefetch_blocks=1, regs_page_table=0)
             if getattr(config, "regs_cluster", 0):
                 config = self.without_cluster(config)
         keys = problem.batch * problem.seqlen_k
@@ -1203,6 +1276,9 @@ class DecodeSplitKV(Family):
         regs_tma = 0 < page_size < TMA_PAGED_MAX_PAGE and keys <= REGS_PAGED_TMA_MAX_KEYS   # see REGS_PAGED_TMA_MAX_KEYS
         if regs_tma and batch1_hint(problem):   # the batch-1 hint's calls stay on the regs kernel (see REGS_BATCH1_HINT)
             regs_tma = False
+        if (chosen and heuristic and getattr(config, "regs_page_table", 0) and not config.regs_prefetch
+                and page_size >= TMA_PAGED_MAX_PAGE and not REGS_PAGE_TABLE_DEFAULT):
+            config = config.replace(regs_page_table=0)   # the table alone: small pages only (REGS_SHAPE_RULES)
         if (chosen and heuristic and not config.tma and not config.page_prefetch and not config.stream
                 and (regs_tma if config.regs else
                      (TMA_PAGED_DEFAULT or small_call) and 0 < page_size < TMA_PAGED_MAX_PAGE or large_page_tma)):
@@ -1212,7 +1288,7 @@ class DecodeSplitKV(Family):
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
                                  regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
-                                 regs_prefetch_blocks=1, regs_cluster=0,
+                                 regs_prefetch_blocks=1, regs_cluster=0, regs_page_table=0,
                                  m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
