@@ -4,7 +4,7 @@
 set -u
 source results/NVIDIA_H100_80GB_HBM3/scripts/round_env.sh
 W=results/NVIDIA_H100_80GB_HBM3/logs/session25_lead/shaperule.py
-B="python3 -m cuflash bench --mode decode --decode-batches 64 --decode-ctxs 8192 32768 65536"
+B="cuflash bench --mode decode --decode-batches 64 --decode-ctxs 8192 32768 65536"
 for i in 1 2 3; do
   step wide$i 60 python3 $W 64 -m $B --out $OUT/res/wide$i
   step narrow$i 60 python3 $W 32 -m $B --out $OUT/res/narrow$i
