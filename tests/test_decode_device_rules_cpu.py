@@ -140,3 +140,24 @@ def test_shipped_tables_rules_valid():
                 with warnings.catch_warnings():
                     warnings.simplefilter("error")
                     FAM.heuristic_for_device(_p(b, ctx, paged), CC, SMEM, rule)
+
+
+def test_shipped_h200_paged_rule(monkeypatch):
+    """The H200's shipped table turns REGS_SHAPE_RULES' paged fields (the page table and its early
+    prefetch, measured faster on the H100 only) off for paged caches: its paged calls get what they
+    got without those rules; contiguous caches keep the shape rules, and the H100 keeps all of them."""
+    select.clear_cache()
+    shapes = ((1, 8192), (1, 32768), (8, 8192), (8, 32768), (32, 8192))
+
+    def choose(b, ctx, paged, gpu):
+        return select.choose(_p(b, ctx, paged), CC, gpu, SMEM, family="decode_splitkv")[1]
+
+    h200 = {s: (choose(*s, True, H200), choose(*s, False, H200)) for s in shapes}
+    h100 = {s: choose(*s, True, H100) for s in shapes}
+    assert any(c.regs_page_table for c in h100.values())
+    contiguous_rules = tuple(r for r in mod.REGS_SHAPE_RULES if not r[0])
+    monkeypatch.setattr(mod, "REGS_SHAPE_RULES", contiguous_rules)
+    for s in shapes:
+        assert h200[s][0] == choose(*s, True, H100), (s, h200[s][0].name)
+        assert h200[s][1] == choose(*s, False, H100), s
+        assert not h200[s][0].regs_page_table and not h200[s][0].regs_prefetch, s

@@ -1013,7 +1013,11 @@ RULE_MATCH = {
     "paged": lambda v, p, d: bool(v) == ("paged_kv" in p.features),
     "causal": lambda v, p, d: bool(v) == bool(p.causal),
 }
-RULE_REGS_OPTIONS = ("regs_prefetch", "regs_prefetch_blocks", "regs_ahead", "regs_ahead_l1", "regs_order")
+RULE_REGS_OPTIONS = ("regs_prefetch", "regs_prefetch_blocks", "regs_ahead", "regs_ahead_l1", "regs_order",
+                     "regs_page_table")
+# The regs options a device rule may set for paged caches: the block order, and the page table with its early
+# prefetch (REGS_SHAPE_RULES' paged fields; the H200's table turns them off: tuning/configs/NVIDIA_H200_sm90.yaml).
+RULE_PAGED_OPTIONS = ("regs_order", "regs_page_table", "regs_prefetch", "regs_prefetch_blocks")
 RULE_SET = {
     "regs": lambda v: v in REGS_VALUES,
     "regs_warps": lambda v: v in (2, 4, 8, 16),
@@ -1022,6 +1026,7 @@ RULE_SET = {
     "regs_ahead": lambda v: v in REGS_AHEAD_VALUES,
     "regs_ahead_l1": lambda v: v in (0, 1),
     "regs_order": lambda v: v in REGS_ORDER_VALUES,
+    "regs_page_table": lambda v: v in (0, 1),
     "split_cost": lambda v: v >= 0,
     "splits": lambda v: 0 <= v <= MAX_SPLITS,
 }
@@ -1187,8 +1192,8 @@ class DecodeSplitKV(Family):
                                regs_prefetch=REGS_PREFETCH_DEFAULT and "paged_kv" not in problem.features)
             regs = regs_options(regs, problem, hint="regs" not in knobs)
             options = {k: bool(v) if k in ("regs_prefetch", "regs_ahead_l1") else v for k, v in knobs.items()
-                       if k in RULE_REGS_OPTIONS and ("paged_kv" not in problem.features or k == "regs_order")}
-            if options:   # a device rule's regs options (contiguous caches), over the batch-1 rules'
+                       if k in RULE_REGS_OPTIONS and ("paged_kv" not in problem.features or k in RULE_PAGED_OPTIONS)}
+            if options:   # a device rule's regs options, over the batch-1 and shape rules'
                 regs = regs.replace(**options)
             if not regs.problems(max_smem):
                 return regs   # see REGS_DEFAULT
