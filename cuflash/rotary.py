@@ -172,11 +172,7 @@ def _reference(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen, interleaved,
 # ---------------------------------------------------------------------------------------
 # torch CUDA tensors: rotary.cu
 
-try:
-    _raw_stream = torch._C._cuda_getCurrentRawStream  # (device index) -> cudaStream_t
-except AttributeError:  # pragma: no cover - older torch
-    def _raw_stream(index):
-        return torch.cuda.current_stream(index).cuda_stream
+from .torch_ops import _raw_stream  # noqa: E402 - (device index) -> cudaStream_t, the attention ops' own
 
 
 # Vector groups (rotary.cu's kVector): 16 bytes of x per access where the call allows it. False
