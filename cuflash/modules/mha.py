@@ -22,8 +22,13 @@ CrossAttention) aligns the diagonal to the last kept key instead, and cuflash's 
 that);
 ``cu_seqlens`` with rotary (each packed sequence starts at position 0) and with
 ``num_heads_kv != num_heads``. Not provided: ``fused_bias_fc`` (flash-attn's fused dense from
-``flash_attn.ops``) and ``dwconv`` raise ``cuflash.UnsupportedFeature``; ``ParallelMHA``
-(tensor parallelism) is absent.
+``flash_attn.ops``) and ``dwconv`` raise ``cuflash.UnsupportedFeature``.
+
+* ``ParallelMHA``: tensor-parallel self-attention (each rank of a process group holds some of
+  the heads; Wqkv and out_proj are cuflash.ops.fused_dense's ColumnParallelLinear and
+  RowParallelLinear, plain torch and torch.distributed); ``shard_mha_state_dict`` /
+  ``combine_mha_state_dicts`` convert between a rank's state dict and MHA's. MHA and
+  ParallelMHA share everything from the projections to the context (``_AttentionLayer``).
 """
 from __future__ import annotations
 
