@@ -15,7 +15,9 @@ rows of the (batch · seqlen, hidden) activation):
   bias): out_local = x_full W_localᵀ + b_local. With ``sequence_parallel`` (flash-attn's
   default) the input is this rank's share of the rows and is all-gathered first (backward:
   reduce-scatter of the input gradient); otherwise the input is replicated on every rank and the
-  input gradient is all-reduced.
+  input gradient is all-reduced. As in flash-attn, the backward keeps only this rank's input
+  and gathers it again, overlapped with the input gradient's GEMM, and the input gradient's
+  collective overlaps the weight gradient's GEMM.
 * ``RowParallelLinear(in_features, out_features, process_group)``: this rank holds
   ``get_dim_for_local_rank(in_features, P, rank, multiple_of)`` columns of the weight; the bias
   lives on rank 0 only (added once to the sum). out = Σ_ranks x_local W_localᵀ, reduce-scattered
@@ -30,25 +32,47 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..utils.distributed import all_gather, all_reduce, get_dim_for_local_rank, reduce_scatter
+from ..utils.distributed import (all_gather_raw, all_reduce, all_reduce_raw, get_dim_for_local_rank, reduce_scatter,
+                                 reduce_scatter_raw)
 
 __all__ = ["fused_dense_func", "ColumnParallelLinear", "RowParallelLinear"]
 
 
-class _AllReduceGrad(torch.autograd.Function):
-    """Identity forward, all-reduce backward: a replicated input entering a column-parallel
-    layer (each rank's input gradient covers only its own output columns)."""
+class _ColumnParallelLinearFunc(torch.autograd.Function):
+    """On rows (x 2-D: a view made inside a Function could not be changed in place later, and
+    rotary turns q and k in place): out = x_full Wᵀ + b of a column-parallel layer, x_full the all-gathered x with
+    sequence_parallel, else x itself (replicated). Saves this rank's x only (the gathered input
+    is P times larger) and gathers it again in the backward while dx = dout W is computed; dx's
+    reduce-scatter (sequence_parallel) or all-reduce (replicated x: each rank's dx covers its own
+    output columns only) runs while dW is computed."""
 
     @staticmethod
-    def forward(ctx, input_, process_group):
-        ctx.process_group = process_group
-        return input_.view_as(input_)
+    def forward(ctx, x, weight, bias, process_group, sequence_parallel):
+        ctx.process_group, ctx.sequence_parallel, ctx.has_bias = process_group, sequence_parallel, bias is not None
+        ctx.save_for_backward(x, weight)
+        total_x = all_gather_raw(x, process_group)[0] if sequence_parallel else x
+        return F.linear(total_x, weight, bias)
 
     @staticmethod
-    def backward(ctx, grad_output):
-        grad = grad_output.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.process_group)
-        return grad, None
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        group, sp = ctx.process_group, ctx.sequence_parallel
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        total_x, gather = (all_gather_raw(x, group, async_op=True) if sp and need_w else (x, None))
+        grad_out = grad_out.contiguous()
+        grad_x = reduce = grad_w = grad_b = None
+        if need_x:
+            grad_x, reduce = (reduce_scatter_raw if sp else all_reduce_raw)(grad_out @ weight, group, async_op=True)
+        rows = grad_out.reshape(-1, grad_out.shape[-1])
+        if need_w:
+            if gather is not None:
+                gather.wait()
+            grad_w = rows.t() @ total_x.reshape(-1, total_x.shape[-1])
+        if ctx.has_bias and need_b:
+            grad_b = rows.sum(0)
+        if reduce is not None:
+            reduce.wait()
+        return grad_x, grad_w, grad_b, None, None
 
 
 def fused_dense_func(x: Tensor, weight: Tensor, bias=None, return_residual: bool = False, process_group=None,
@@ -56,10 +80,12 @@ def fused_dense_func(x: Tensor, weight: Tensor, bias=None, return_residual: bool
     """x Wᵀ + b (flash-attn's signature; plain F.linear here, not fused). With a process_group:
     the column-parallel input step, x all-gathered along dimension 0 first (sequence_parallel)
     or its gradient all-reduced (replicated x). return_residual: also return x (this rank's)."""
-    total_x = x
-    if process_group is not None:
-        total_x = all_gather(x, process_group) if sequence_parallel else _AllReduceGrad.apply(x, process_group)
-    out = F.linear(total_x, weight, bias)
+    if process_group is None:
+        out = F.linear(x, weight, bias)
+    else:
+        rows = x.shape[0] * (dist.get_world_size(process_group) if sequence_parallel else 1)
+        out = _ColumnParallelLinearFunc.apply(x.reshape(-1, x.shape[-1]), weight, bias, process_group,
+                                              sequence_parallel).view(rows, *x.shape[1:-1], weight.shape[0])
     return (out, x) if return_residual else out
 
 
