@@ -317,8 +317,8 @@ def run(world=None, names=None, json_path=None, cpu=False) -> dict:
     if spawn_error:
         errors.append(spawn_error)
     failures = [r for r in rows if not r["ok"]]
-    summary = dict(device="cpu (dry run)" if cpu else torch.cuda.get_device_name(0), gpus=gpus, world=world, torch=torch.__version__,
-                   cases=names, checks=len(rows), failures=failures, errors=errors,
+    device = "cpu (dry run)" if cpu else torch.cuda.get_device_name(0)
+    summary = dict(device=device, gpus=gpus, world=world, torch=torch.__version__, cases=names, checks=len(rows), failures=failures, errors=errors,
                    ok=bool(rows) and not failures and not errors, wall_s=round(time.time() - start, 1), rows=rows)
     if json_path:
         with open(json_path, "w") as f:
