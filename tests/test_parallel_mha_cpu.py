@@ -281,3 +281,16 @@ def test_flash_attn_signatures():
     for name in ("all_gather_raw", "reduce_scatter_raw", "all_reduce_raw", "all_gather", "reduce_scatter",
                  "all_reduce", "sync_shared_params", "allreduce_sequence_parallel_grad", "get_dim_for_local_rank"):
         assert callable(getattr(cud, name)), name
+
+
+def test_fused_dense_func_without_group():
+    """No process group: F.linear (return_residual also returns x), flash-attn's signature."""
+    from cuflash.ops.fused_dense import fused_dense_func
+
+    x, w, b = torch.randn(3, 4, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64), torch.randn(5)
+    b = b.double()
+    assert torch.equal(fused_dense_func(x, w, b), torch.nn.functional.linear(x, w, b))
+    out, res = fused_dense_func(x, w, return_residual=True)
+    assert res is x and torch.equal(out, x @ w.t())
+    assert _params(fused_dense_func) == ["weight", ("bias", None), ("return_residual", False), ("process_group", None),
+                                         ("sequence_parallel", True)]
