@@ -14,8 +14,9 @@ gradient's shares; so the baseline is also computed plainly with the same split 
 heads, the partials rounded, then summed: plain_tp) and the rule takes the larger of the two
 baselines' errors. ParallelMHA's output (this rank's rows with sequence_parallel) and the
 gradients of its input and of every parameter shard must be within 2x (output) / 3x
-(gradients) that error plus one ulp of the largest value, each on this rank's shard; the
-single-GPU cuflash MHA's error and both baselines' are recorded. Decoding: a prompt, then
+(gradients) that error plus one ulp of the largest value, each on this rank's shard (the
+reference's gradients in float64: a float64 copy of the module and of x); the single-GPU
+cuflash MHA's error and both baselines' are recorded. Decoding: a prompt, then
 single tokens through the KV cache (rotary 64: the fused flash_attn_with_kvcache path), each
 step's rows under the same rule. cuflash's outputs are NaN-poisoned before each launch. NVLink
 SHARP / multicast stay off (the device README).
@@ -28,6 +29,7 @@ kernels). Exit status 1 when a check fails.
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import math
@@ -170,11 +172,15 @@ def _check_case(checks, rank, world, group, name, case, seed):
     ref_kw = {"window": kw["window_size"], "alibi": True} if kw.get("use_alibi") else {}
     names = [n for n, _ in full.named_parameters()]
     params = [x] + [p for _, p in full.named_parameters()]
-    ref = reference_mha(full, x, dtype=torch.float64, **ref_kw)
+    # the reference's gradients in float64: a float64 copy of the module and of x as leaves (the
+    # gradients with respect to the 16-bit tensors themselves would be rounded to 16 bits)
+    full64 = copy.deepcopy(full).to(torch.float64)
+    x64 = x.detach().double().requires_grad_()
+    ref = reference_mha(full64, x64, dtype=torch.float64, **ref_kw)
     base = reference_mha(full, x, dtype=dtype, **ref_kw)
     base_tp = _reference_tp(full, x, world, dtype, **ref_kw)
     single = full(x)
-    ref_g = torch.autograd.grad(ref, params, dout.double())
+    ref_g = torch.autograd.grad(ref, [x64] + [p for _, p in full64.named_parameters()], dout.double())
     base_g = torch.autograd.grad(base, params, dout)
     tp_g = torch.autograd.grad(base_tp, params, dout)
     single_g = torch.autograd.grad(single, params, dout)
