@@ -22,9 +22,9 @@ step's rows under the same rule. cuflash's outputs are NaN-poisoned before each 
 SHARP / multicast stay off (the device README).
 
 --world defaults to min(2, GPUs); world 1 runs the same checks with one rank (the parallel
-linears' collectives over a one-rank NCCL group). --cpu: a dry run of this script without GPUs
-(gloo, CPU tensors: cuflash's float64 reference path, so the errors say nothing about the
-kernels). Exit status 1 when a check fails.
+linears skip their collectives there; --collectives runs them over the one-rank NCCL group).
+--cpu: a dry run of this script without GPUs (gloo, CPU tensors: cuflash's float64 reference
+path, so the errors say nothing about the kernels). Exit status 1 when a check fails.
 """
 from __future__ import annotations
 
@@ -248,11 +248,15 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def _worker(rank, world, port, names, outdir, cpu=False):
+def _worker(rank, world, port, names, outdir, cpu=False, collectives=False):
     import torch
     import torch.distributed as dist
 
     from cuflash import api
+    from cuflash.ops import fused_dense
+
+    if collectives:
+        fused_dense.ONE_RANK_SHORTCUT = False
 
     global DEVICE
     kw = dict(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -290,7 +294,7 @@ def _worker(rank, world, port, names, outdir, cpu=False):
         dist.destroy_process_group()
 
 
-def run(world=None, names=None, json_path=None, cpu=False) -> dict:
+def run(world=None, names=None, json_path=None, cpu=False, collectives=False) -> dict:
     """Spawn the ranks, run the cases, merge their records: the summary dict (ok, failures, rows)."""
     import torch
     import torch.multiprocessing as mp
@@ -307,7 +311,7 @@ def run(world=None, names=None, json_path=None, cpu=False) -> dict:
     spawn_error = None
     with tempfile.TemporaryDirectory() as outdir:
         try:
-            mp.spawn(_worker, args=(world, _free_port(), names, outdir, cpu), nprocs=world, join=True)
+            mp.spawn(_worker, args=(world, _free_port(), names, outdir, cpu, collectives), nprocs=world, join=True)
         except Exception as e:  # noqa: BLE001
             spawn_error = f"{type(e).__name__}: {str(e)[-2000:]}"
         rows, errors = [], []
@@ -324,7 +328,8 @@ def run(world=None, names=None, json_path=None, cpu=False) -> dict:
         errors.append(spawn_error)
     failures = [r for r in rows if not r["ok"]]
     device = "cpu (dry run)" if cpu else torch.cuda.get_device_name(0)
-    summary = dict(device=device, gpus=gpus, world=world, torch=torch.__version__, cases=names, checks=len(rows), failures=failures, errors=errors,
+    summary = dict(device=device, gpus=gpus, world=world, one_rank_collectives=collectives, torch=torch.__version__,
+                   cases=names, checks=len(rows), failures=failures, errors=errors,
                    ok=bool(rows) and not failures and not errors, wall_s=round(time.time() - start, 1), rows=rows)
     if json_path:
         with open(json_path, "w") as f:
@@ -338,8 +343,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
     ap.add_argument("--json", default=None, help="write the summary here")
     ap.add_argument("--cpu", action="store_true", help="dry run on CPU tensors over gloo (no kernels)")
+    ap.add_argument("--collectives", action="store_true",
+                    help="world 1: run the parallel linears' collectives over the one-rank group anyway")
     args = ap.parse_args(argv)
-    summary = run(args.world, args.cases.split(",") if args.cases else None, args.json, args.cpu)
+    summary = run(args.world, args.cases.split(",") if args.cases else None, args.json, args.cpu, args.collectives)
     print(f"world {summary['world']} on {summary['device']}: {summary['checks']} checks, "
           f"{len(summary['failures'])} failed, {len(summary['errors'])} errors, {summary['wall_s']} s -> "
           f"{'OK' if summary['ok'] else 'FAIL'}", flush=True)

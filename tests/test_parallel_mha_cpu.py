@@ -1,5 +1,5 @@
 """cuflash.modules.mha.ParallelMHA and cuflash.ops.fused_dense's parallel linears without GPUs:
-P = 2 and P = 3 processes over gloo, CPU tensors (cuflash's attention runs the float64
+P = 1, 2 and 3 processes over gloo, CPU tensors (cuflash's attention runs the float64
 reference), against one single-process MHA whose state dict the ranks' shards come from
 (shard_mha_state_dict). Each process checks its output and the gradients of its input and of
 every parameter shard against the MHA's, sharded the same way; a failure raises in the worker
@@ -171,8 +171,9 @@ def _check_helpers(rank, world, group):
     assert torch.equal(x.detach(), torch.arange(6, dtype=torch.float64).reshape(3, 2) + 10 * rank)   # untouched
     (gz,) = torch.autograd.grad(z, x, torch.ones_like(z))
     assert torch.equal(gz, torch.ones_like(x))
-    with pytest.raises(ValueError, match="multiple of the process group's size"):
-        cud.reduce_scatter(torch.zeros(world + 1, 2), group)
+    if world > 1:
+        with pytest.raises(ValueError, match="multiple of the process group's size"):
+            cud.reduce_scatter(torch.zeros(world + 1, 2), group)
     lin = torch.nn.Linear(2, 2, dtype=torch.float64)
     with torch.no_grad():
         lin.weight.fill_(rank)
@@ -199,11 +200,21 @@ def _worker(rank, world, port):
     try:
         group = dist.new_group(list(range(world)))   # a group object, as tensor-parallel code passes
         _check_helpers(rank, world, group)
-        cases = CASES_2 if world == 2 else CASES_3
+        cases = CASES_3 if world == 3 else CASES_2   # world 1: no collective at all (the linears skip them)
         for i, (name, case) in enumerate(sorted(cases.items())):
             _check_case(rank, world, group, name, case, seed=100 + i)
-        for i, case in enumerate(DECODE_CASES[world]):
+        for i, case in enumerate(DECODE_CASES[3 if world == 3 else 2]):
             _check_decode(rank, world, group, case, seed=200 + i)
+        if world == 1:   # the collectives over the one-rank group, as on more ranks
+            from cuflash.ops import fused_dense
+
+            fused_dense.ONE_RANK_SHORTCUT = False
+            try:
+                for name in ("mha_sp_flat_causal_rotary", "mha_nosp_3d_torchpath", "gqa_sp_3d_rotary8_interleaved"):
+                    _check_case(rank, world, group, name, CASES_2[name], seed=300)
+                _check_decode(rank, world, group, DECODE_CASES[2][1], seed=301)
+            finally:
+                fused_dense.ONE_RANK_SHORTCUT = True
         if world == 3:
             with pytest.raises(cuflash.UnsupportedFeature, match="num_heads_kv"):
                 ParallelMHA(32, 4, group, num_heads_kv=2)
@@ -213,7 +224,7 @@ def _worker(rank, world, port):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [1, 2, 3])
 def test_parallel_mha_matches_mha(world):
     import torch.multiprocessing as mp
 

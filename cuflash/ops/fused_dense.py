@@ -23,6 +23,10 @@ rows of the (batch · seqlen, hidden) activation):
   lives on rank 0 only (added once to the sum). out = Σ_ranks x_local W_localᵀ, reduce-scattered
   over the rows with ``sequence_parallel`` (backward: all-gather), else all-reduced (backward:
   identity).
+
+With one rank (a process group of size 1) both run F.linear alone: no collective, no copy
+(``ONE_RANK_SHORTCUT``; off, the collectives run over the one-rank group, which tests use to
+exercise that path on one GPU).
 """
 from __future__ import annotations
 
@@ -32,10 +36,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..utils.distributed import (all_gather_raw, all_reduce, all_reduce_raw, get_dim_for_local_rank, reduce_scatter,
+from ..utils.distributed import (_ReduceScatter, all_gather_raw, all_reduce_raw, get_dim_for_local_rank,
                                  reduce_scatter_raw)
 
 __all__ = ["fused_dense_func", "ColumnParallelLinear", "RowParallelLinear"]
+
+ONE_RANK_SHORTCUT = True   # a one-rank group: F.linear alone, no collective
+
+
+def _one_rank(process_group) -> bool:
+    return ONE_RANK_SHORTCUT and dist.get_world_size(process_group) == 1
 
 
 class _ColumnParallelLinearFunc(torch.autograd.Function):
@@ -75,12 +85,27 @@ class _ColumnParallelLinearFunc(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None
 
 
+class _AllReduceInPlace(torch.autograd.Function):
+    """The sum over ranks in place in a tensor that nothing else keeps (RowParallelLinear's partial
+    product: no copy); backward: the identity."""
+
+    @staticmethod
+    def forward(ctx, partial, process_group):
+        ctx.mark_dirty(partial)
+        dist.all_reduce(partial, group=process_group)
+        return partial
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return grad_output, None
+
+
 def fused_dense_func(x: Tensor, weight: Tensor, bias=None, return_residual: bool = False, process_group=None,
                      sequence_parallel: bool = True):
     """x Wᵀ + b (flash-attn's signature; plain F.linear here, not fused). With a process_group:
     the column-parallel input step, x all-gathered along dimension 0 first (sequence_parallel)
     or its gradient all-reduced (replicated x). return_residual: also return x (this rank's)."""
-    if process_group is None:
+    if process_group is None or _one_rank(process_group):
         out = F.linear(x, weight, bias)
     else:
         rows = x.shape[0] * (dist.get_world_size(process_group) if sequence_parallel else 1)
@@ -128,5 +153,10 @@ class RowParallelLinear(nn.Linear):
         self.sequence_parallel = sequence_parallel
 
     def forward(self, x: Tensor) -> Tensor:
-        partial = F.linear(x, self.weight, self.bias)
-        return (reduce_scatter if self.sequence_parallel else all_reduce)(partial, self.process_group)
+        if _one_rank(self.process_group):
+            return F.linear(x, self.weight, self.bias)
+        if self.sequence_parallel:
+            return _ReduceScatter.apply(F.linear(x, self.weight, self.bias), self.process_group)
+        # on rows: the product is then a tensor of its own (not a view), summed in place
+        partial = F.linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
+        return _AllReduceInPlace.apply(partial, self.process_group).view(*x.shape[:-1], partial.shape[-1])

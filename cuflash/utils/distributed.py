@@ -99,18 +99,19 @@ class _AllReduce(torch.autograd.Function):
 
 
 def all_gather(input_: Tensor, process_group) -> Tensor:
-    """all_gather_raw with autograd (backward: reduce-scatter)."""
-    return _AllGather.apply(input_, process_group)
+    """all_gather_raw with autograd (backward: reduce-scatter); one rank: the input itself."""
+    return input_ if dist.get_world_size(process_group) == 1 else _AllGather.apply(input_, process_group)
 
 
 def reduce_scatter(input_: Tensor, process_group) -> Tensor:
-    """reduce_scatter_raw with autograd (backward: all-gather)."""
-    return _ReduceScatter.apply(input_, process_group)
+    """reduce_scatter_raw with autograd (backward: all-gather); one rank: the input itself."""
+    return input_ if dist.get_world_size(process_group) == 1 else _ReduceScatter.apply(input_, process_group)
 
 
 def all_reduce(input_: Tensor, process_group) -> Tensor:
-    """all_reduce_raw with autograd (backward: identity); the input is not modified."""
-    return _AllReduce.apply(input_, process_group)
+    """all_reduce_raw with autograd (backward: identity) into a new tensor, the input not
+    modified; one rank: the input itself."""
+    return input_ if dist.get_world_size(process_group) == 1 else _AllReduce.apply(input_, process_group)
 
 
 def _marked(model: torch.nn.Module, flag: str) -> list:
