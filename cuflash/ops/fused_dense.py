@@ -49,9 +49,9 @@ def _one_rank(process_group) -> bool:
 
 
 class _ColumnParallelLinearFunc(torch.autograd.Function):
-    """On rows (x 2-D: a view made inside a Function could not be changed in place later, and
-    rotary turns q and k in place): out = x_full Wᵀ + b of a column-parallel layer, x_full the all-gathered x with
-    sequence_parallel, else x itself (replicated). Saves this rank's x only (the gathered input
+    """out = x_full Wᵀ + b of a column-parallel layer on rows (x 2-D: a view made inside a
+    Function could not be changed in place later, and rotary turns q and k in place), x_full
+    the all-gathered x with sequence_parallel, else x itself (replicated). Saves this rank's x only (the gathered input
     is P times larger) and gathers it again in the backward while dx = dout W is computed; dx's
     reduce-scatter (sequence_parallel) or all-reduce (replicated x: each rank's dx covers its own
     output columns only) runs while dW is computed."""
