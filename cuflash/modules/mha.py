@@ -22,8 +22,13 @@ CrossAttention) aligns the diagonal to the last kept key instead, and cuflash's 
 that);
 ``cu_seqlens`` with rotary (each packed sequence starts at position 0) and with
 ``num_heads_kv != num_heads``. Not provided: ``fused_bias_fc`` (flash-attn's fused dense from
-``flash_attn.ops``) and ``dwconv`` raise ``cuflash.UnsupportedFeature``; ``ParallelMHA``
-(tensor parallelism) is absent.
+``flash_attn.ops``) and ``dwconv`` raise ``cuflash.UnsupportedFeature``.
+
+* ``ParallelMHA``: tensor-parallel self-attention (each rank of a process group holds some of
+  the heads; Wqkv and out_proj are cuflash.ops.fused_dense's ColumnParallelLinear and
+  RowParallelLinear, plain torch and torch.distributed); ``shard_mha_state_dict`` /
+  ``combine_mha_state_dicts`` convert between a rank's state dict and MHA's. MHA and
+  ParallelMHA share everything from the projections to the context (``_AttentionLayer``).
 """
 from __future__ import annotations
 
@@ -39,7 +44,8 @@ from ..layers.rotary import RotaryEmbedding, apply_rotary_emb
 from ..padding import pad_input, unpad_input
 
 __all__ = ["get_alibi_slopes", "FlashSelfAttention", "FlashCrossAttention", "SelfAttention",
-           "CrossAttention", "LinearResidual", "MHA"]
+           "CrossAttention", "LinearResidual", "MHA", "ParallelMHA", "shard_mha_state_dict",
+           "combine_mha_state_dicts"]
 
 
 def get_alibi_slopes(nheads: int) -> list:
@@ -225,51 +231,29 @@ def _update_kv_cache(kv, inference_params, layer_idx):
     return cache[b0:b1, :s1]
 
 
-class MHA(nn.Module):
-    """Multi-head self- and cross-attention (flash-attn's ``MHA``).
+class _AttentionLayer(nn.Module):
+    """What MHA and ParallelMHA share: the inner attention modules, rotary, the KV cache and the
+    forward from the projections to the context. Subclasses make the projections and say how many
+    heads this module holds (_local_heads: all of them in MHA, this rank's in ParallelMHA)."""
 
-    embed_dim = num_heads · head_dim; num_heads_kv: MQA / GQA (default num_heads); cross_attn:
-    q from x, k and v from x_kv (Wq, Wkv instead of Wqkv); qkv_proj_bias, out_proj_bias: the
-    projections' biases; dropout: attention dropout while training; softmax_scale; causal;
-    layer_idx: this layer's key in inference_params.key_value_memory_dict (decoding);
-    rotary_emb_dim > 0: rotary embedding of that many features per head (rotary_emb_base,
-    rotary_emb_scale_base (xPos), rotary_emb_interleaved); use_alibi: ALiBi with
-    get_alibi_slopes(num_heads); window_size: sliding window (left, right); use_flash_attn:
-    cuflash's kernels (else plain torch attention); return_residual: forward returns (out, x);
-    checkpointing: recompute the attention in the backward; device, dtype: the parameters'.
-    fused_bias_fc and dwconv raise cuflash.UnsupportedFeature.
-    """
-
-    def __init__(self, embed_dim, num_heads, num_heads_kv=None, cross_attn=False, qkv_proj_bias=True,
-                 out_proj_bias=True, dropout=0.0, softmax_scale=None, causal=False, layer_idx=None,
-                 dwconv=False, rotary_emb_dim=0, rotary_emb_base=10000.0, rotary_emb_scale_base=None,
-                 rotary_emb_interleaved=False, use_alibi=False, window_size=(-1, -1), fused_bias_fc=False,
-                 use_flash_attn=False, return_residual=False, checkpointing=False, device=None,
-                 dtype=None) -> None:
-        factory = {"device": device, "dtype": dtype}
-        super().__init__()
-        if fused_bias_fc:
-            raise UnsupportedFeature("fused_bias_fc=True: flash-attn's fused dense layer (flash_attn.ops."
-                                     "fused_dense) is not part of cuflash; use fused_bias_fc=False (nn.Linear, "
-                                     "the same parameters)")
-        if dwconv:
-            raise UnsupportedFeature("dwconv=True: the depthwise convolution after the projections is not "
-                                     "part of cuflash's MHA")
+    def _setup_attention(self, *, embed_dim, num_heads, num_heads_kv, causal, softmax_scale, dropout,
+                         window_size, alibi_slopes, use_flash_attn, rotary_emb_dim, rotary_emb_base,
+                         rotary_emb_scale_base, rotary_emb_interleaved, layer_idx, checkpointing, cross_attn,
+                         device):
+        """Checks the head counts (head_dim = embed_dim / num_heads) and makes the inner attention
+        (alibi_slopes: this module's heads' slopes or None) and the rotary embedding."""
         self.embed_dim = embed_dim
         self.cross_attn = cross_attn
         self.causal = causal
         self.layer_idx = layer_idx
-        self.dwconv = dwconv
         self.rotary_emb_dim = rotary_emb_dim
         self.use_flash_attn = use_flash_attn
-        self.return_residual = return_residual
         self.checkpointing = checkpointing
-        if use_alibi and not use_flash_attn:
+        if alibi_slopes is not None and not use_flash_attn:
             raise ValueError("use_alibi=True needs use_flash_attn=True (the torch attention has no ALiBi)")
         if tuple(window_size) != (-1, -1) and not use_flash_attn:
             raise ValueError(f"window_size={tuple(window_size)} needs use_flash_attn=True (the torch "
                              "attention has no sliding window)")
-        alibi_slopes = torch.tensor(get_alibi_slopes(num_heads), device=device) if use_alibi else None
         self.num_heads = num_heads
         self.num_heads_kv = num_heads_kv if num_heads_kv is not None else num_heads
         if num_heads <= 0 or self.num_heads_kv <= 0 or num_heads % self.num_heads_kv:
@@ -278,15 +262,12 @@ class MHA(nn.Module):
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim = {embed_dim} must be divisible by num_heads = {num_heads}")
         self.head_dim = embed_dim // num_heads
-        qkv_dim = self.head_dim * (self.num_heads + 2 * self.num_heads_kv)
-        kv_dim = 2 * self.head_dim * self.num_heads_kv
         if rotary_emb_dim > 0:
             if cross_attn:
                 raise UnsupportedFeature("rotary_emb_dim > 0 with cross_attn=True: rotary embedding needs "
                                          "self-attention (as in flash-attn)")
             self.rotary_emb = RotaryEmbedding(rotary_emb_dim, base=rotary_emb_base, scale_base=rotary_emb_scale_base,
                                               interleaved=rotary_emb_interleaved, device=device)
-        wqkv_cls = LinearResidual if return_residual else nn.Linear
         if use_flash_attn:
             self.inner_attn = FlashSelfAttention(causal=causal, softmax_scale=softmax_scale, attention_dropout=dropout,
                                                  alibi_slopes=alibi_slopes, window_size=window_size)
@@ -297,30 +278,29 @@ class MHA(nn.Module):
             self.inner_attn = SelfAttention(causal=causal, softmax_scale=softmax_scale, attention_dropout=dropout)
             self.inner_cross_attn = CrossAttention(causal=causal, softmax_scale=softmax_scale,
                                                    attention_dropout=dropout)
-        if not cross_attn:
-            self.Wqkv = wqkv_cls(embed_dim, qkv_dim, bias=qkv_proj_bias, **factory)
-        else:
-            self.Wq = nn.Linear(embed_dim, embed_dim, bias=qkv_proj_bias, **factory)
-            self.Wkv = wqkv_cls(embed_dim, kv_dim, bias=qkv_proj_bias, **factory)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=out_proj_bias, **factory)
+
+    def _local_heads(self) -> tuple:
+        """(query heads, kv heads) that this module computes."""
+        return self.num_heads, self.num_heads_kv
 
     # ---- decoding ----
     def allocate_inference_cache(self, batch_size, max_seqlen, dtype=None):
-        """An empty KV cache (batch_size, max_seqlen, 2, num_heads_kv, head_dim) for this layer."""
+        """An empty KV cache (batch_size, max_seqlen, 2, kv heads, head_dim) for this layer (its
+        own kv heads: this rank's in ParallelMHA)."""
         dtype = self.out_proj.weight.dtype if dtype is None else dtype
-        return torch.empty(batch_size, max_seqlen, 2, self.num_heads_kv, self.head_dim, dtype=dtype,
+        return torch.empty(batch_size, max_seqlen, 2, self._local_heads()[1], self.head_dim, dtype=dtype,
                            device=self.out_proj.weight.device)
 
     def _update_kv_cache(self, kv, inference_params):
         if self.layer_idx is None:
-            raise ValueError("inference_params: decoding needs layer_idx in the MHA constructor")
+            raise ValueError("inference_params: decoding needs layer_idx in the constructor")
         return _update_kv_cache(kv, inference_params, self.layer_idx)
 
     def _kvcache_call(self, q, kv, inference_params, rotary: bool):
         """flash_attn_with_kvcache on this layer's cache: kv appended at each row's length (k
         rotated by the cached tables with rotary, q too), then q attends to the cache."""
         if self.layer_idx is None:
-            raise ValueError("inference_params: decoding needs layer_idx in the MHA constructor")
+            raise ValueError("inference_params: decoding needs layer_idx in the constructor")
         cos = sin = None
         if rotary:
             if self.rotary_emb.scale is not None:
@@ -394,15 +374,8 @@ class MHA(nn.Module):
             return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, **kwargs)
         return fn(*args, **kwargs)
 
-    def forward(self, x, x_kv=None, key_padding_mask=None, cu_seqlens=None, max_seqlen=None,
-                mixer_subset=None, inference_params=None, **kwargs):
-        """x: (batch, seqlen, embed_dim), or (total, embed_dim) with cu_seqlens (int32, (batch + 1,))
-        and max_seqlen (int). x_kv: cross-attention's (batch, seqlen_k, embed_dim) (default x).
-        key_padding_mask: bool (batch, seqlen_k), True keeps a key. mixer_subset: cross-attention
-        only, the query tokens to keep (x[:, mixer_subset]). inference_params: decoding with a KV
-        cache (cuflash.utils.generation.InferenceParams: max_seqlen, max_batch_size,
-        seqlen_offset, batch_size_offset, key_value_memory_dict, lengths_per_sample).
-        Returns (batch, seqlen, embed_dim) (or (out, x) with return_residual)."""
+    def _attention_kwargs(self, key_padding_mask, cu_seqlens, max_seqlen, inference_params, kwargs) -> dict:
+        """The forward's arguments checked; the keyword arguments of the inner attention call."""
         if cu_seqlens is not None:
             if max_seqlen is None:
                 raise ValueError("max_seqlen must be given with cu_seqlens")
@@ -413,70 +386,297 @@ class MHA(nn.Module):
         if inference_params is not None:
             if key_padding_mask is not None or cu_seqlens is not None or max_seqlen is not None:
                 raise ValueError("inference_params excludes key_padding_mask, cu_seqlens and max_seqlen")
-        if mixer_subset is not None and not self.cross_attn:
-            raise ValueError("mixer_subset is for cross-attention (cross_attn=True) only")
         attn_kwargs = ({"cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen, **kwargs}
                        if cu_seqlens is not None else dict(kwargs))
         if key_padding_mask is not None:
             attn_kwargs["key_padding_mask"] = key_padding_mask
+        return attn_kwargs
+
+    def _context(self, q, kv, inference_params, cu_seqlens, max_seqlen, attn_kwargs):
+        """The attention's context (..., heads, head_dim) from the projections: q (..., heads,
+        head_dim) and kv (..., 2, kv heads, head_dim), or, with kv None, q the packed qkv (...,
+        3, heads, head_dim) of self-attention with as many kv heads as query heads. Rotary,
+        the KV cache with inference_params (decoding after the prompt: rotary, cache append
+        and attention in one flash_attn_with_kvcache) and the inner attention."""
+        packed = kv is None
         seqlen_offset = 0 if inference_params is None else (
             inference_params.lengths_per_sample if inference_params.lengths_per_sample is not None
             else inference_params.seqlen_offset)
         rotary_max_seqlen = inference_params.max_seqlen if inference_params is not None else None
-        # decoding after the prompt: rotary, cache append and attention in one kernel call
         fused_decode = (inference_params is not None and inference_params.seqlen_offset > 0
                         and self.use_flash_attn and self.rotary_emb_dim > 0 and self.rotary_emb_dim % 16 == 0)
+        if fused_decode:
+            return (self._apply_rotary_update_kvcache_attention(q[:, :, 0], q[:, :, 1:], inference_params)
+                    if packed else self._apply_rotary_update_kvcache_attention(q, kv, inference_params))
+        if self.rotary_emb_dim > 0:
+            if cu_seqlens is not None:
+                self._rotary_varlen(q[:, 0] if packed else q, q[:, 1] if packed else kv[:, 0], cu_seqlens, max_seqlen)
+            elif packed:
+                q = self.rotary_emb(q, seqlen_offset=seqlen_offset, max_seqlen=rotary_max_seqlen)
+            else:
+                q, kv = self.rotary_emb(q, kv, seqlen_offset=seqlen_offset, max_seqlen=rotary_max_seqlen)
+        if packed:
+            if inference_params is None:
+                return self._run(self._self_attention, q, **attn_kwargs)
+            return self._update_kvcache_attention(q[:, :, 0], q[:, :, 1:], inference_params)
+        if inference_params is None:
+            return self._run(self._cross_attention, q, kv, **attn_kwargs)
+        return self._update_kvcache_attention(q, kv, inference_params)
+
+    def _qkv_context(self, qkv, inference_params, cu_seqlens, max_seqlen, attn_kwargs):
+        """_context of self-attention from the Wqkv projection (..., (heads + 2 kv heads) ·
+        head_dim): the query heads, then the keys' heads, then the values' (this module's heads)."""
+        heads, heads_kv = self._local_heads()
         d = self.head_dim
-        if not self.cross_attn and self.num_heads_kv == self.num_heads:
-            if x_kv is not None:
-                raise ValueError("x_kv is for cross-attention (cross_attn=True) only")
+        if heads == heads_kv:
+            return self._context(qkv.unflatten(-1, (3, heads, d)), None, inference_params, cu_seqlens, max_seqlen,
+                                 attn_kwargs)
+        q = qkv[..., :heads * d].unflatten(-1, (heads, d))
+        kv = qkv[..., heads * d:].unflatten(-1, (2, heads_kv, d))
+        return self._context(q, kv, inference_params, cu_seqlens, max_seqlen, attn_kwargs)
+
+
+class MHA(_AttentionLayer):
+    """Multi-head self- and cross-attention (flash-attn's ``MHA``).
+
+    embed_dim = num_heads · head_dim; num_heads_kv: MQA / GQA (default num_heads); cross_attn:
+    q from x, k and v from x_kv (Wq, Wkv instead of Wqkv); qkv_proj_bias, out_proj_bias: the
+    projections' biases; dropout: attention dropout while training; softmax_scale; causal;
+    layer_idx: this layer's key in inference_params.key_value_memory_dict (decoding);
+    rotary_emb_dim > 0: rotary embedding of that many features per head (rotary_emb_base,
+    rotary_emb_scale_base (xPos), rotary_emb_interleaved); use_alibi: ALiBi with
+    get_alibi_slopes(num_heads); window_size: sliding window (left, right); use_flash_attn:
+    cuflash's kernels (else plain torch attention); return_residual: forward returns (out, x);
+    checkpointing: recompute the attention in the backward; device, dtype: the parameters'.
+    fused_bias_fc and dwconv raise cuflash.UnsupportedFeature.
+    """
+
+    def __init__(self, embed_dim, num_heads, num_heads_kv=None, cross_attn=False, qkv_proj_bias=True,
+                 out_proj_bias=True, dropout=0.0, softmax_scale=None, causal=False, layer_idx=None,
+                 dwconv=False, rotary_emb_dim=0, rotary_emb_base=10000.0, rotary_emb_scale_base=None,
+                 rotary_emb_interleaved=False, use_alibi=False, window_size=(-1, -1), fused_bias_fc=False,
+                 use_flash_attn=False, return_residual=False, checkpointing=False, device=None,
+                 dtype=None) -> None:
+        factory = {"device": device, "dtype": dtype}
+        super().__init__()
+        if fused_bias_fc:
+            raise UnsupportedFeature("fused_bias_fc=True: flash-attn's fused dense layer (flash_attn.ops."
+                                     "fused_dense) is not part of cuflash; use fused_bias_fc=False (nn.Linear, "
+                                     "the same parameters)")
+        if dwconv:
+            raise UnsupportedFeature("dwconv=True: the depthwise convolution after the projections is not "
+                                     "part of cuflash's MHA")
+        self.dwconv = dwconv
+        self.return_residual = return_residual
+        alibi_slopes = torch.tensor(get_alibi_slopes(num_heads), device=device) if use_alibi else None
+        self._setup_attention(embed_dim=embed_dim, num_heads=num_heads, num_heads_kv=num_heads_kv, causal=causal,
+                              softmax_scale=softmax_scale, dropout=dropout, window_size=window_size,
+                              alibi_slopes=alibi_slopes, use_flash_attn=use_flash_attn, rotary_emb_dim=rotary_emb_dim,
+                              rotary_emb_base=rotary_emb_base, rotary_emb_scale_base=rotary_emb_scale_base,
+                              rotary_emb_interleaved=rotary_emb_interleaved, layer_idx=layer_idx,
+                              checkpointing=checkpointing, cross_attn=cross_attn, device=device)
+        qkv_dim = self.head_dim * (self.num_heads + 2 * self.num_heads_kv)
+        kv_dim = 2 * self.head_dim * self.num_heads_kv
+        wqkv_cls = LinearResidual if return_residual else nn.Linear
+        if not cross_attn:
+            self.Wqkv = wqkv_cls(embed_dim, qkv_dim, bias=qkv_proj_bias, **factory)
+        else:
+            self.Wq = nn.Linear(embed_dim, embed_dim, bias=qkv_proj_bias, **factory)
+            self.Wkv = wqkv_cls(embed_dim, kv_dim, bias=qkv_proj_bias, **factory)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=out_proj_bias, **factory)
+
+    def forward(self, x, x_kv=None, key_padding_mask=None, cu_seqlens=None, max_seqlen=None,
+                mixer_subset=None, inference_params=None, **kwargs):
+        """x: (batch, seqlen, embed_dim), or (total, embed_dim) with cu_seqlens (int32, (batch + 1,))
+        and max_seqlen (int). x_kv: cross-attention's (batch, seqlen_k, embed_dim) (default x).
+        key_padding_mask: bool (batch, seqlen_k), True keeps a key. mixer_subset: cross-attention
+        only, the query tokens to keep (x[:, mixer_subset]). inference_params: decoding with a KV
+        cache (cuflash.utils.generation.InferenceParams: max_seqlen, max_batch_size,
+        seqlen_offset, batch_size_offset, key_value_memory_dict, lengths_per_sample).
+        Returns (batch, seqlen, embed_dim) (or (out, x) with return_residual)."""
+        attn_kwargs = self._attention_kwargs(key_padding_mask, cu_seqlens, max_seqlen, inference_params, kwargs)
+        if mixer_subset is not None and not self.cross_attn:
+            raise ValueError("mixer_subset is for cross-attention (cross_attn=True) only")
+        if x_kv is not None and not self.cross_attn:
+            raise ValueError("x_kv is for cross-attention (cross_attn=True) only")
+        if not self.cross_attn:
             qkv = self.Wqkv(x)
             if self.return_residual:
                 qkv, x = qkv
-            qkv = qkv.unflatten(-1, (3, self.num_heads, d))
-            if fused_decode:
-                context = self._apply_rotary_update_kvcache_attention(qkv[:, :, 0], qkv[:, :, 1:], inference_params)
-            else:
-                if self.rotary_emb_dim > 0:
-                    if cu_seqlens is not None:
-                        self._rotary_varlen(qkv[:, 0], qkv[:, 1], cu_seqlens, max_seqlen)
-                    else:
-                        qkv = self.rotary_emb(qkv, seqlen_offset=seqlen_offset, max_seqlen=rotary_max_seqlen)
-                if inference_params is None:
-                    context = self._run(self._self_attention, qkv, **attn_kwargs)
-                else:
-                    context = self._update_kvcache_attention(qkv[:, :, 0], qkv[:, :, 1:], inference_params)
+            context = self._qkv_context(qkv, inference_params, cu_seqlens, max_seqlen, attn_kwargs)
         else:
-            if self.cross_attn:
-                if x_kv is not None:
-                    kv = self.Wkv(x_kv)
-                    if self.return_residual:
-                        kv, x_kv = kv
-                else:
-                    kv = self.Wkv(x)
-                    if self.return_residual:
-                        kv, x = kv
-                q = self.Wq(x if mixer_subset is None else x[:, mixer_subset])
-            else:
-                if x_kv is not None:
-                    raise ValueError("x_kv is for cross-attention (cross_attn=True) only")
-                qkv = self.Wqkv(x)
+            if x_kv is not None:
+                kv = self.Wkv(x_kv)
                 if self.return_residual:
-                    qkv, x = qkv
-                q, kv = qkv[..., :self.num_heads * d], qkv[..., self.num_heads * d:]
-            q = q.unflatten(-1, (-1, d))
-            kv = kv.unflatten(-1, (2, -1, d))
-            if fused_decode:
-                context = self._apply_rotary_update_kvcache_attention(q, kv, inference_params)
+                    kv, x_kv = kv
             else:
-                if self.rotary_emb_dim > 0:
-                    if cu_seqlens is not None:
-                        self._rotary_varlen(q, kv[:, 0], cu_seqlens, max_seqlen)
-                    else:
-                        q, kv = self.rotary_emb(q, kv, seqlen_offset=seqlen_offset, max_seqlen=rotary_max_seqlen)
-                if inference_params is None:
-                    context = self._run(self._cross_attention, q, kv, **attn_kwargs)
-                else:
-                    context = self._update_kvcache_attention(q, kv, inference_params)
+                kv = self.Wkv(x)
+                if self.return_residual:
+                    kv, x = kv
+            q = self.Wq(x if mixer_subset is None else x[:, mixer_subset])
+            context = self._context(q.unflatten(-1, (-1, self.head_dim)), kv.unflatten(-1, (2, -1, self.head_dim)),
+                                    inference_params, cu_seqlens, max_seqlen, attn_kwargs)
         out = self.out_proj(context.flatten(-2))
         return (out, x) if self.return_residual else out
+
+
+class ParallelMHA(_AttentionLayer):
+    """Tensor-parallel multi-head self-attention (flash-attn's ``ParallelMHA``): each rank of
+    process_group holds some of the heads (Megatron's split: Wqkv a ColumnParallelLinear,
+    out_proj a RowParallelLinear from cuflash.ops.fused_dense) and the attention of its heads
+    runs locally; out_proj sums the ranks' shares.
+
+    Arguments as MHA's (self-attention only: no cross_attn, return_residual, fused_bias_fc,
+    dwconv), plus process_group and sequence_parallel (default True, as in flash-attn): the
+    input is this rank's rows of x (dimension 0, see forward), all-gathered by Wqkv, and the
+    output is this rank's rows of the result (out_proj reduce-scatters); without it, x and the
+    output are whole on every rank (out_proj all-reduces).
+
+    The split (P ranks): the kv heads by get_dim_for_local_rank(num_heads_kv, P, rank), the
+    first ranks one more when P does not divide num_heads_kv, and with each kv head the
+    num_heads / num_heads_kv query heads that share it (num_heads_per_rank,
+    num_heads_kv_per_rank). Where flash-attn's split works (num_heads_kv a multiple of P, or
+    num_heads_kv == num_heads) this is flash-attn's split; flash-attn's GQA with P not dividing
+    num_heads_kv gives a rank's Wqkv a size that its forward cannot unpack, and cuflash keeps
+    query heads with their kv head instead. num_heads_kv < P (a rank without a kv head)
+    raises UnsupportedFeature. Rank r's Wqkv rows are its query heads, then its key heads, then
+    its value heads (head_dim rows each); out_proj's columns are its query heads'; its ALiBi
+    slopes are those of its query heads in get_alibi_slopes(num_heads) (flash-attn slices by
+    ceil(num_heads / P) per rank, which differs for ranks past the remainder of an uneven split).
+    shard_mha_state_dict / combine_mha_state_dicts convert to and from MHA's state dict.
+    """
+
+    def __init__(self, embed_dim, num_heads, process_group, num_heads_kv=None, qkv_proj_bias=True,
+                 out_proj_bias=True, dropout=0.0, softmax_scale=None, causal=False, layer_idx=None,
+                 rotary_emb_dim=0, rotary_emb_base=10000.0, rotary_emb_scale_base=None,
+                 rotary_emb_interleaved=False, use_alibi=False, window_size=(-1, -1), use_flash_attn=False,
+                 checkpointing=False, sequence_parallel=True, device=None, dtype=None) -> None:
+        from ..ops.fused_dense import ColumnParallelLinear, RowParallelLinear
+        from ..utils.distributed import local_range
+
+        super().__init__()
+        if process_group is None:
+            raise ValueError("process_group must be a torch.distributed process group (the tensor-parallel "
+                             "ranks), got None")
+        self.process_group = process_group
+        self.world_size = torch.distributed.get_world_size(process_group)
+        self.local_rank = torch.distributed.get_rank(process_group)
+        self.sequence_parallel = sequence_parallel
+        self._setup_attention(embed_dim=embed_dim, num_heads=num_heads, num_heads_kv=num_heads_kv, causal=causal,
+                              softmax_scale=softmax_scale, dropout=dropout, window_size=window_size,
+                              alibi_slopes=None, use_flash_attn=use_flash_attn, rotary_emb_dim=rotary_emb_dim,
+                              rotary_emb_base=rotary_emb_base, rotary_emb_scale_base=rotary_emb_scale_base,
+                              rotary_emb_interleaved=rotary_emb_interleaved, layer_idx=layer_idx,
+                              checkpointing=checkpointing, cross_attn=False, device=device)
+        if self.num_heads_kv < self.world_size:
+            raise UnsupportedFeature(f"num_heads_kv = {self.num_heads_kv} with {self.world_size} tensor-parallel "
+                                     "ranks: every rank needs a kv head of its own (kv heads are not replicated "
+                                     "across ranks)")
+        group = self.num_heads // self.num_heads_kv
+        kv_start, kv_stop = local_range(self.num_heads_kv, self.world_size, self.local_rank)
+        self.num_heads_kv_per_rank = kv_stop - kv_start
+        self.num_heads_per_rank = group * self.num_heads_kv_per_rank
+        if use_alibi:
+            if not use_flash_attn:
+                raise ValueError("use_alibi=True needs use_flash_attn=True (the torch attention has no ALiBi)")
+            slopes = torch.tensor(get_alibi_slopes(num_heads)[group * kv_start:group * kv_stop], device=device)
+            self.inner_attn.alibi_slopes = slopes
+            self.inner_cross_attn.alibi_slopes = slopes
+        factory = {"device": device, "dtype": dtype}
+        d = self.head_dim
+        self.Wqkv = ColumnParallelLinear(embed_dim, d * (self.num_heads + 2 * self.num_heads_kv), process_group,
+                                         bias=qkv_proj_bias, sequence_parallel=sequence_parallel,
+                                         multiple_of=d * (group + 2), **factory)
+        self.out_proj = RowParallelLinear(embed_dim, embed_dim, process_group, bias=out_proj_bias,
+                                          sequence_parallel=sequence_parallel, multiple_of=d * group, **factory)
+
+    def _local_heads(self) -> tuple:
+        return self.num_heads_per_rank, self.num_heads_kv_per_rank
+
+    def forward(self, x, seqlen=None, inference_params=None, **kwargs):
+        """x: (batch, seqlen, embed_dim), or (batch · seqlen, embed_dim) with seqlen given (so that
+        sequence parallelism can split the batch · seqlen rows when the batch is small). With
+        sequence_parallel, x is this rank's rows of that along dimension 0 (the ranks' rows in rank
+        order; the row count times P must divide evenly by P again for the reduce-scatter), and so
+        is the output. inference_params: decoding with this rank's KV cache (as MHA; layer_idx).
+        kwargs go to the inner attention: key_padding_mask, or cu_seqlens (int32, (batch + 1,))
+        and max_seqlen with x (total, embed_dim) of packed sequences (use_flash_attn=True; not
+        with seqlen). Returns x's shape."""
+        key_padding_mask = kwargs.pop("key_padding_mask", None)
+        cu_seqlens = kwargs.pop("cu_seqlens", None)
+        max_seqlen = kwargs.pop("max_seqlen", None)
+        if cu_seqlens is not None and seqlen is not None:
+            raise ValueError("seqlen and cu_seqlens exclude each other (cu_seqlens: x is already packed)")
+        attn_kwargs = self._attention_kwargs(key_padding_mask, cu_seqlens, max_seqlen, inference_params, kwargs)
+        qkv = self.Wqkv(x)
+        if seqlen is not None:
+            if qkv.dim() != 2 or qkv.shape[0] % seqlen:
+                raise ValueError(f"seqlen = {seqlen}: x must be (batch * seqlen, embed_dim) after the all-gather, "
+                                 f"got {tuple(qkv.shape[:-1])} rows")
+            qkv = qkv.unflatten(0, (-1, seqlen))
+        context = self._qkv_context(qkv, inference_params, cu_seqlens, max_seqlen, attn_kwargs).flatten(-2)
+        if seqlen is not None:
+            context = context.flatten(0, 1)
+        return self.out_proj(context)
+
+
+def _rank_rows(num_heads, num_heads_kv, head_dim, world_size, rank) -> tuple:
+    """(Wqkv's row indices, out_proj's column slice) of rank's heads in ParallelMHA's split."""
+    from ..utils.distributed import local_range
+
+    group = num_heads // num_heads_kv
+    a, b = local_range(num_heads_kv, world_size, rank)
+    d = head_dim
+    rows = torch.cat([torch.arange(group * a * d, group * b * d),
+                      torch.arange((num_heads + a) * d, (num_heads + b) * d),
+                      torch.arange((num_heads + num_heads_kv + a) * d, (num_heads + num_heads_kv + b) * d)])
+    return rows, slice(group * a * d, group * b * d)
+
+
+def _head_dim_of(state_dict, prefix, num_heads, num_heads_kv) -> int:
+    return state_dict[prefix + "Wqkv.weight"].shape[0] // (num_heads + 2 * num_heads_kv)
+
+
+def shard_mha_state_dict(state_dict: dict, num_heads: int, num_heads_kv=None, world_size: int = 1, rank: int = 0,
+                         prefix: str = "") -> dict:
+    """Rank ``rank``'s ParallelMHA state dict from a self-attention MHA's (keys ``prefix`` +
+    Wqkv.weight, Wqkv.bias, out_proj.weight, out_proj.bias; other keys pass unchanged): its
+    heads' rows of Wqkv, its heads' columns of out_proj.weight, out_proj.bias on rank 0 only.
+    Works on any dict of tensors keyed like the parameters (gradients too)."""
+    num_heads_kv = num_heads if num_heads_kv is None else num_heads_kv
+    d = _head_dim_of(state_dict, prefix, num_heads, num_heads_kv)
+    rows, cols = _rank_rows(num_heads, num_heads_kv, d, world_size, rank)
+    out = {}
+    for key, value in state_dict.items():
+        name = key[len(prefix):] if key.startswith(prefix) else None
+        if name in ("Wqkv.weight", "Wqkv.bias"):
+            out[key] = value[rows.to(value.device)]
+        elif name == "out_proj.weight":
+            out[key] = value[:, cols]
+        elif name == "out_proj.bias":
+            if rank == 0:
+                out[key] = value
+        else:
+            out[key] = value
+    return out
+
+
+def combine_mha_state_dicts(state_dicts: list, num_heads: int, num_heads_kv=None, prefix: str = "") -> dict:
+    """The MHA state dict (self-attention) whose shards are ``state_dicts`` (rank order): the
+    inverse of shard_mha_state_dict."""
+    num_heads_kv = num_heads if num_heads_kv is None else num_heads_kv
+    world = len(state_dicts)
+    d = sum(sd[prefix + "Wqkv.weight"].shape[0] for sd in state_dicts) // (num_heads + 2 * num_heads_kv)
+    out = dict(state_dicts[0])
+    for name in ("Wqkv.weight", "Wqkv.bias"):
+        key = prefix + name
+        if key not in state_dicts[0]:
+            continue
+        first = state_dicts[0][key]
+        full = first.new_empty((d * (num_heads + 2 * num_heads_kv), *first.shape[1:]))
+        for rank, sd in enumerate(state_dicts):
+            full[_rank_rows(num_heads, num_heads_kv, d, world, rank)[0].to(full.device)] = sd[key]
+        out[key] = full
+    key = prefix + "out_proj.weight"
+    out[key] = torch.cat([sd[key] for sd in state_dicts], dim=1)
+    return out
