@@ -124,9 +124,9 @@ def _covers(warmed, seen):
 def test_feature_mixes_and_varlen_are_warmed(h100, compiled, det):
     """One model's calls (deterministic or not throughout): window + softcap, ALiBi + dropout,
     the plain call, varlen plain and with window + softcap, at three lengths."""
-    slopes = np.linspace(0.1, 0.9, 4).astype(np.float32)
+    slopes = np.linspace(0.1, 0.9, 16).astype(np.float32)
     for s in (700, 3000, 9000):
-        q, k, v = _qkv(1, s, 4, 128)
+        q, k, v = _qkv(2, s, 16, 128, hk=4)
         _dense(q, k, v, True, det, window_size=(1024, 0), softcap=30.0)
         _dense(q, k, v, False, det, window_size=(1024, 1024), softcap=50.0)
         _dense(q, k, v, True, det, alibi_slopes=slopes, dropout_p=0.1)

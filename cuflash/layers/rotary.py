@@ -86,6 +86,12 @@ def _saved(ctx) -> tuple:
     return saved, ctx.seqlen_offsets
 
 
+def _records(*tensors) -> bool:
+    """Whether autograd records a call on these tensors (grad mode on and one requires grad;
+    None and non-tensors are skipped): else the functions rotate without their autograd.Function."""
+    return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
+
+
 class ApplyRotaryEmb(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, cos, sin, interleaved=False, inplace=False, seqlen_offsets=0, cu_seqlens=None,
@@ -123,6 +129,8 @@ def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False,
     """
     if _compiling():  # the torch ops cuflash::rotary / rotary_ (torch_ops)
         return rotary_traced(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen, interleaved, inplace)
+    if not _records(x, cos, sin):   # no autograd.Function where autograd records nothing (~µs per call)
+        return apply_rotary(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen, interleaved, inplace)
     return ApplyRotaryEmb.apply(x, cos, sin, interleaved, inplace, seqlen_offsets, cu_seqlens, max_seqlen)
 
 
@@ -204,6 +212,9 @@ def apply_rotary_emb_qkv_(qkv, cos, sin, cos_k=None, sin_k=None, interleaved=Fal
             rotary_traced(k, cos if cos_k is None else cos_k, sin if sin_k is None else sin_k,
                           seqlen_offsets, None, None, interleaved, True)
         return qkv
+    if not _records(qkv, cos, sin, cos_k, sin_k):
+        _rotate_qkv_(qkv, cos, sin, cos_k, sin_k, interleaved, seqlen_offsets, num_heads_q)
+        return qkv
     return ApplyRotaryEmbQKV_.apply(qkv, cos, sin, cos_k, sin_k, interleaved, seqlen_offsets, num_heads_q)
 
 
@@ -238,6 +249,10 @@ def apply_rotary_emb_kv_(kv, cos, sin, interleaved=False, seqlen_offsets: Union[
     if _compiling():
         _check_kv(kv)
         rotary_traced(kv[:, :, 0], cos, sin, seqlen_offsets, None, None, interleaved, True)
+        return kv
+    if not _records(kv, cos, sin):
+        _check_kv(kv)
+        apply_rotary(kv[:, :, 0], cos, sin, seqlen_offsets=seqlen_offsets, interleaved=interleaved, inplace=True)
         return kv
     return ApplyRotaryEmbKV_.apply(kv, cos, sin, interleaved, seqlen_offsets)
 
