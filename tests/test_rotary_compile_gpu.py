@@ -33,6 +33,15 @@ def compiled(fn, backend="inductor", **kw):
     return torch.compile(fn, backend=backend, fullgraph=True, **kw)
 
 
+def test_opcheck_on_cuda():
+    cos, sin = tables(40, 32)
+    x = torch.randn(2, 33, 3, 64, **BF16)
+    offsets = torch.tensor([0, 7], device="cuda")
+    torch.library.opcheck(torch.ops.cuflash.rotary.default,
+                          (x.clone().requires_grad_(), cos, sin, offsets, 0, None, -1, True, False))
+    torch.library.opcheck(torch.ops.cuflash.rotary_.default, (x.clone(), cos, sin, None, 4, None, -1, False, True))
+
+
 def test_inductor_equals_eager_forward_and_gradient():
     cos, sin = tables(300, 64)
     offsets = torch.tensor([0, 17, 200], device="cuda", dtype=torch.int32)
