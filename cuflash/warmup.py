@@ -117,21 +117,23 @@ def feature_problems(op: str, dtype: str, head_dim: int, causal: bool, feature, 
 # decoding: flash_attn_with_kvcache
 
 DECODE_FEATURES = ("alibi", "append", "cache_batch_idx", "leftpad", "paged_kv", "rotary", "softcap", "window")
-DECODE_KEYS = ("batch", "ctx", "page", "heads", "q", "with")
+DECODE_KEYS = ("batch", "ctx", "page", "heads", "q", "with", "causal")
+_CAUSAL = {"yes": (True,), "no": (False,), "both": (False, True)}
 
 
 @dataclass(frozen=True)
 class DecodeCalls:
     """The flash_attn_with_kvcache calls of ``--decode``: batch sizes, cache capacities (keys per
     row: seqlen_cache, or pages x page size), page sizes (0: contiguous), (nheads, nheads_kv),
-    query tokens per call, and each call's features (sorted tuples of DECODE_FEATURES but
-    paged_kv, which the page size says)."""
+    query tokens per call, each call's features (sorted tuples of DECODE_FEATURES but
+    paged_kv, which the page size says), and its causal flags (None: --causal's)."""
     batch: tuple = (1,)
     ctx: tuple = (8192,)
     page: tuple = (0,)
     heads: tuple = ((32, 8),)
     q: tuple = (1,)
     with_: tuple = ((), ("append",), ("append", "rotary"))
+    causal: tuple | None = None
 
 
 def _size(text: str) -> int:
@@ -167,8 +169,8 @@ def decode_calls(text: str) -> DecodeCalls:
     capacity in keys, k = 1024: the ends and the powers of two and 1.5 times them between),
     page=0 (contiguous) and page sizes, heads=H:HKV (default 32:8), q=query tokens per call
     (default 1), with=features of a call joined by '+' among append, rotary, alibi, softcap,
-    window, leftpad, cache_batch_idx ('none': no feature; default none, append, append+rotary).
-    ValueError naming the key for anything else."""
+    window, leftpad, cache_batch_idx ('none': no feature; default none, append, append+rotary),
+    causal=yes, no or both (default: --causal's). ValueError naming the key for anything else."""
     items: dict = {}
     key = None
     for token in (t.strip() for t in text.split(",")):
@@ -213,6 +215,10 @@ def decode_calls(text: str) -> DecodeCalls:
                                      f"{', '.join(x for x in DECODE_FEATURES if x != 'paged_kv')}, none")
             mixes.append(mix)
         kw["with_"] = tuple(dict.fromkeys(mixes))
+    if "causal" in items:
+        if len(items["causal"]) != 1 or items["causal"][0] not in _CAUSAL:
+            raise ValueError(f"decode: causal must be one of {', '.join(_CAUSAL)}, got {','.join(items['causal'])}")
+        kw["causal"] = _CAUSAL[items["causal"][0]]
     calls = DecodeCalls(**kw)
     for name, values in (("batch", calls.batch), ("ctx", calls.ctx), ("q", calls.q)):
         if any(v < 1 for v in values):
@@ -245,7 +251,7 @@ def decode_configs(calls: DecodeCalls, dtypes, head_dims, causals, device: int =
 
     dirs = table_dirs()   # once: choose would look them up per problem
     out = []
-    for dtype, d, causal in itertools.product(dtypes, head_dims, causals):
+    for dtype, d, causal in itertools.product(dtypes, head_dims, calls.causal or causals):
         for problem, page in decode_problems(calls, dtype, d, causal):
             try:
                 family, cfg = call_config(problem, device, page, 0, dirs=dirs)

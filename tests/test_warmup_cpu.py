@@ -152,6 +152,8 @@ def test_decode_calls_are_warmed(h100, compiled):
     assert len(compiled) == 16
     warmed = warmup.configs_to_warm([], ["fp16"], [128], [True], decode=calls)
     _covers(warmed, compiled)
+    assert warmup.configs_to_warm([], ["fp16"], [128], [False], decode=calls.__class__(
+        **{**calls.__dict__, "causal": (True,)})) == warmed   # the spec's causal over --causal
     assert {c.family for c in warmed} == {"decode_splitkv"}
     contiguous = warmup.decode_calls("batch=1..8,ctx=8k..128k,page=0,with=append+rotary,none")
     with pytest.raises(AssertionError):   # the paged calls' kernels are others
@@ -185,12 +187,13 @@ def test_decode_syntax():
     assert c.ctx == (8192, 12288, 16384, 24576, 32768)
     c = warmup.decode_calls("batch=2,16, ctx=20000,40k, heads=16:2,8, q=1..2, with=none,append+rotary")
     assert c.batch == (2, 16) and c.ctx == (20000, 40960) and c.heads == ((16, 2), (8, 8))
-    assert c.q == (1, 2) and c.with_ == ((), ("append", "rotary"))
+    assert c.q == (1, 2) and c.with_ == ((), ("append", "rotary")) and c.causal is None
+    assert warmup.decode_calls("causal=no").causal == (False,)
     assert warmup.decode_problems(warmup.decode_calls("ctx=1000,page=256,with=none"), "bf16", 128, True)[0][0] \
         .seqlen_k == 1024   # whole pages
     for bad, match in (("size=3", "unknown key 'size'"), ("8k", "needs a key"), ("batch=0", "batch must be >= 1"),
                        ("heads=32:5", "HKV >= 1 dividing H"), ("with=append+paged_kv", "unknown feature"),
-                       ("ctx=9k..8k", "lo <= hi"), ("batch=1,batch=2", "given twice"), ("batch=x", "decode:")):
+                       ("ctx=9k..8k", "lo <= hi"), ("causal=maybe", "causal must be"), ("batch=1,batch=2", "given twice"), ("batch=x", "decode:")):
         with pytest.raises(ValueError, match=match):
             warmup.decode_calls(bad)
 
