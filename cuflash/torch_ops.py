@@ -1596,7 +1596,7 @@ def rotary_traced(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen, interleav
     written back into x (x.copy_: autograd rebases x's history, as mark_dirty does eagerly)."""
     from . import rotary
 
-    batch, seqlen, _ = rotary.check(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen)
+    _, seqlen, _ = rotary.check(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen)
     if rotary._offsets_kind(seqlen_offsets) == "int":
         rotary._check_int_offset(int(seqlen_offsets), seqlen, cos.shape[0])
         args = (None, int(seqlen_offsets))
