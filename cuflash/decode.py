@@ -672,7 +672,6 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
     call: the KVCacheCall when validated already (NumPy inputs: on the caller's arrays)."""
     from . import _gpu
     from .launch import Plan
-    from .select import choose
 
     (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
      cache_leftpad, block_table, alibi_slopes) = args
@@ -694,15 +693,8 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
     _gpu.require("flash_attn_with_kvcache")
     problem = call.problem(call.tq.dtype)
     dev = call.tq.device
-    family, cfg, source = choose(problem, _gpu.arch(dev), _gpu.name(dev), _gpu.max_smem(dev), config)
-    # What only the call knows (the page size) refines the config: the decode family's Hopper
-    # loop runs only some calls (a given config says why not, a chosen one falls back) and takes
-    # small pages when the heuristic chose (DecodeSplitKV.call_config).
-    refine = getattr(family, "call_config", None)
-    if refine is not None:
-        cfg = refine(cfg, problem, _gpu.arch(dev), int(k_cache.shape[1]) if call.paged else 0,
-                     chosen=config is None, heuristic=str(source).startswith("heuristic"),
-                     max_smem=_gpu.max_smem(dev))
+    page_size = int(k_cache.shape[1]) if call.paged else 0
+    family, cfg = call_config(problem, dev, page_size, call.num_splits, config)
     # 16-byte rows: every stride but the head dim's in whole 8-element (16-byte) chunks
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
         if x is not None and any(s % 8 for s, n in zip(arrays.strides(x)[:3], x.shape) if n > 1):
@@ -713,19 +705,6 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
                                  (11, alibi_slopes))
                   if isinstance(x, arrays.array) and not arrays.is_contiguous(x)]
     entry.contiguous = tuple(contiguous)
-    if config is None and call.num_splits and getattr(cfg, "stream", False):
-        cfg = cfg.replace(stream=False)   # the caller's split count: the split kernel runs it
-    splits = (getattr(cfg, "splits", 0) or call.num_splits
-              or family.split_count(cfg, problem, _gpu.sm_count(dev), _gpu.max_smem(dev)))
-    if sq == 0:
-        splits = 1
-    cluster = getattr(cfg, "regs_cluster", 0)
-    if cluster and splits != cluster:   # a cluster of the splits runs exactly its own count
-        if config is not None:
-            raise ValueError(f"num_splits: {cfg.name} merges its splits as one cluster of {cluster} CTAs; "
-                             f"num_splits must be 0 or {cluster}, got {splits}")
-        cfg = family.without_cluster(cfg)
-    cfg = cfg.replace(splits=splits).validate(_gpu.max_smem(dev))
     stride3 = lambda x: arrays.strides(x)[:3] if x is not None else (0, 0, 0)  # noqa: E731
     fixed = cache_seqlens if isinstance(cache_seqlens, Integral) else call.capacity
     strides = {
@@ -740,21 +719,63 @@ def _gpu_entry(args, softmax_scale, causal, window_size, softcap, rotary_interle
             block_table_stride=int(block_table.shape[1]) if block_table is not None else 0,
             alibi_batch_stride=h if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0,
             window=call.window_size, softcap=call.softcap)}
-    if (config is None and getattr(cfg, "fused_combine", False) and arrays.capturing()
-            and getattr(family, "counters", lambda c, p: 0)(cfg, problem)):
-        # a chosen fused combine cannot allocate its zeroed split counters inside a CUDA-graph
-        # capture: this call shape runs the separate combine launch (same splits) instead
-        cfg = cfg.replace(fused_combine=False, **({"early_merge": False} if getattr(cfg, "early_merge", False) else {}),
-                          **({"dynamic": 0} if getattr(cfg, "dynamic", 0) == 1 else {}),
-                          **({"light_fence": False} if getattr(cfg, "light_fence", False) else {}),
-                          **({"stream": False, "splits": call.num_splits or family.split_count(
-                              cfg.replace(stream=False, splits=0), problem, _gpu.sm_count(dev), _gpu.max_smem(dev))}
-                             if getattr(cfg, "stream", False) else {}))
+    if config is None and arrays.capturing():
+        cfg = captured_config(family, cfg, problem, dev, call.num_splits)
     _check_counters(family, cfg, problem, arrays)
     entry.plan = Plan(family, cfg, problem, strides, call.softmax_scale, dev)  # it keeps the counters
     entry.counters = entry.plan.counters.get("split_counters")
     entry.ws_bytes = entry.plan.workspace_bytes
     return entry
+
+
+def call_config(problem: Problem, dev: int, page_size: int, num_splits: int, config=None, dirs=None) -> tuple:
+    """(family, config) that a call of ``problem`` (op decode) runs on device ``dev``: the choice
+    (or the given ``config``), refined by what only the call knows: its page size (0: contiguous),
+    the caller's split count (0: the heuristic's), no query rows; outside a CUDA-graph capture
+    (``captured_config`` then). Raises ValueError naming the argument for a given config that
+    cannot run the call. ``python -m cuflash warmup --decode`` runs it for the calls it warms
+    (``dirs``: the tuned tables' directories, as ``cuflash.select.choose`` takes them)."""
+    from . import _gpu
+    from .select import choose
+
+    arch, max_smem = _gpu.arch(dev), _gpu.max_smem(dev)
+    family, cfg, source = choose(problem, arch, _gpu.name(dev), max_smem, config, dirs)
+    # What only the call knows (the page size) refines the config: the decode family's Hopper
+    # loop runs only some calls (a given config says why not, a chosen one falls back) and takes
+    # small pages when the heuristic chose (DecodeSplitKV.call_config).
+    refine = getattr(family, "call_config", None)
+    if refine is not None:
+        cfg = refine(cfg, problem, arch, page_size, chosen=config is None,
+                     heuristic=str(source).startswith("heuristic"), max_smem=max_smem)
+    if config is None and num_splits and getattr(cfg, "stream", False):
+        cfg = cfg.replace(stream=False)   # the caller's split count: the split kernel runs it
+    splits = (getattr(cfg, "splits", 0) or num_splits
+              or family.split_count(cfg, problem, _gpu.sm_count(dev), max_smem))
+    if problem.seqlen_q == 0:
+        splits = 1
+    cluster = getattr(cfg, "regs_cluster", 0)
+    if cluster and splits != cluster:   # a cluster of the splits runs exactly its own count
+        if config is not None:
+            raise ValueError(f"num_splits: {cfg.name} merges its splits as one cluster of {cluster} CTAs; "
+                             f"num_splits must be 0 or {cluster}, got {splits}")
+        cfg = family.without_cluster(cfg)
+    return family, cfg.replace(splits=splits).validate(max_smem)
+
+
+def captured_config(family, cfg, problem: Problem, dev: int, num_splits: int):
+    """A chosen ``cfg`` (call_config's) for a call shape first seen inside a CUDA-graph capture: a
+    chosen fused combine cannot allocate its zeroed split counters there, so the call shape runs
+    the separate combine launch (same splits) instead."""
+    from . import _gpu
+
+    if not (getattr(cfg, "fused_combine", False) and getattr(family, "counters", lambda c, p: 0)(cfg, problem)):
+        return cfg
+    return cfg.replace(fused_combine=False, **({"early_merge": False} if getattr(cfg, "early_merge", False) else {}),
+                       **({"dynamic": 0} if getattr(cfg, "dynamic", 0) == 1 else {}),
+                       **({"light_fence": False} if getattr(cfg, "light_fence", False) else {}),
+                       **({"stream": False, "splits": num_splits or family.split_count(
+                           cfg.replace(stream=False, splits=0), problem, _gpu.sm_count(dev), _gpu.max_smem(dev))}
+                          if getattr(cfg, "stream", False) else {}))
 
 
 def _check_counters(family, cfg, problem, arrays):

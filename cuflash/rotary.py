@@ -166,6 +166,9 @@ def _reference(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen, interleaved,
         if inplace:
             x.copy_(y)
             return x
+        like = x if x.stride(-1) == 1 else x.contiguous()   # out's layout as the CUDA path's
+        if y.stride() != like.stride():
+            y = torch.empty_like(like).copy_(y)
         return y
 
 

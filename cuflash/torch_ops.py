@@ -1514,3 +1514,98 @@ def features_attention(q, k, v, dropout_p, softmax_scale, causal, window_size, s
             res = FeatureFastFn.apply(q, k, v, alibi_slopes, args)
         return res if with_lse else (res, None)
     return _feat_run_forward(entry, q, k, v, alibi_slopes, rng)
+
+
+# ---------------------------------------------------------------------------------------
+# rotary embedding (cuflash.layers.rotary): its eager path is cuflash.rotary's own plan cache
+# (no dispatcher, as the attention ops'); these ops are what torch.compile traces. The int
+# seqlen_offsets rides as seqlen_offset (a tensor one as seqlen_offsets); max_seqlen -1: none.
+# cuflash::rotary returns the rotated copy and has registered autograd (the backward is the turn
+# by the opposite angles); cuflash::rotary_ turns x in place (the schema's mutation mark) and is
+# called only where autograd does not record (rotary_traced: no input requires grad).
+
+torch.library.define("cuflash::rotary",
+                     "(Tensor x, Tensor cos, Tensor sin, Tensor? seqlen_offsets, int seqlen_offset, "
+                     "Tensor? cu_seqlens, int max_seqlen, bool interleaved, bool conjugate) -> Tensor")
+torch.library.define("cuflash::rotary_",
+                     "(Tensor(a!) x, Tensor cos, Tensor sin, Tensor? seqlen_offsets, int seqlen_offset, "
+                     "Tensor? cu_seqlens, int max_seqlen, bool interleaved, bool conjugate) -> ()")
+
+
+def _rotary_args(seqlen_offsets, seqlen_offset, max_seqlen) -> tuple:
+    """(seqlen_offsets, max_seqlen) as cuflash.rotary.apply_rotary takes them."""
+    return (seqlen_offset if seqlen_offsets is None else seqlen_offsets,
+            None if max_seqlen < 0 else max_seqlen)
+
+
+def _rotary_op(x, cos, sin, seqlen_offsets, seqlen_offset, cu_seqlens, max_seqlen, interleaved,
+               conjugate):
+    from .rotary import apply_rotary
+
+    offsets, max_seqlen = _rotary_args(seqlen_offsets, seqlen_offset, max_seqlen)
+    return apply_rotary(x, cos, sin, offsets, cu_seqlens, max_seqlen, interleaved, False, conjugate)
+
+
+def _rotary_inplace_op(x, cos, sin, seqlen_offsets, seqlen_offset, cu_seqlens, max_seqlen,
+                       interleaved, conjugate):
+    from .rotary import apply_rotary
+
+    offsets, max_seqlen = _rotary_args(seqlen_offsets, seqlen_offset, max_seqlen)
+    apply_rotary(x, cos, sin, offsets, cu_seqlens, max_seqlen, interleaved, True, conjugate)
+
+
+for _key in ("CUDA", "CPU"):
+    torch.library.impl("cuflash::rotary", _key)(_rotary_op)
+    torch.library.impl("cuflash::rotary_", _key)(_rotary_inplace_op)
+
+
+@torch.library.register_fake("cuflash::rotary")
+def _(x, cos, sin, seqlen_offsets, seqlen_offset, cu_seqlens, max_seqlen, interleaved, conjugate):
+    # the real output: empty_like of x, or of x's contiguous copy where x's features are strided
+    # (cuflash.rotary's copy_x)
+    return torch.empty_like(x if x.stride(-1) == 1 else x.contiguous())
+
+
+@torch.library.register_fake("cuflash::rotary_")
+def _(x, cos, sin, seqlen_offsets, seqlen_offset, cu_seqlens, max_seqlen, interleaved, conjugate):
+    return None
+
+
+def _rotary_setup(ctx, inputs, output):
+    _, cos, sin, seqlen_offsets, seqlen_offset, cu_seqlens, max_seqlen, interleaved, conjugate = inputs
+    ctx.save_for_backward(cos, sin, seqlen_offsets, cu_seqlens)
+    ctx.state = (seqlen_offset, max_seqlen, interleaved, conjugate)
+
+
+def _rotary_backward(ctx, dout):
+    cos, sin, seqlen_offsets, cu_seqlens = ctx.saved_tensors
+    seqlen_offset, max_seqlen, interleaved, conjugate = ctx.state
+    dx = torch.ops.cuflash.rotary(dout, cos, sin, seqlen_offsets, seqlen_offset, cu_seqlens,
+                                  max_seqlen, interleaved, not conjugate)
+    return dx, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("cuflash::rotary", _rotary_backward, setup_context=_rotary_setup)
+
+
+def rotary_traced(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen, interleaved: bool,
+                  inplace: bool) -> Tensor:
+    """cuflash.rotary.apply_rotary with autograd under torch.compile, through the ops: x rotated
+    (x itself with inplace). Validation is eager's (traced: it reads shapes, dtypes and
+    devices). In place where autograd records (an input requires grad) is the rotated copy
+    written back into x (x.copy_: autograd rebases x's history, as mark_dirty does eagerly)."""
+    from . import rotary
+
+    _, seqlen, _ = rotary.check(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen)
+    if rotary._offsets_kind(seqlen_offsets) == "int":
+        rotary._check_int_offset(int(seqlen_offsets), seqlen, cos.shape[0])
+        args = (None, int(seqlen_offsets))
+    else:
+        args = (seqlen_offsets, 0)
+    args += (cu_seqlens, -1 if max_seqlen is None else int(max_seqlen), bool(interleaved), False)
+    if not inplace:
+        return torch.ops.cuflash.rotary(x, cos, sin, *args)
+    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
+        return x.copy_(torch.ops.cuflash.rotary(x, cos, sin, *args))
+    torch.ops.cuflash.rotary_(x, cos, sin, *args)
+    return x

@@ -7,7 +7,11 @@ one-element kernel: cuflash.rotary.VECTORIZE off for its plans) and in place, an
 apply_rotary_emb_torch (the torch formula: slices, repeats, multiplies, a concatenation), the
 same inputs, in alternating rounds; each round times 20 back-to-back calls between two CUDA
 events, the per-call time is the median over rounds. Also the host time per call of a decoding
-shape (CPU clock over 300 calls, synchronized at the end). Prints a table and writes JSON.
+shape (CPU clock over 300 calls, synchronized at the end; 7 alternating rounds, median): the
+eager function (no autograd.Function without grad), the autograd.Function route it took before
+(ApplyRotaryEmb.apply, the body of session 25's apply_rotary_emb), the torch op
+torch.ops.cuflash.rotary (the dispatcher: what torch.compile traces), RotaryEmbedding's in-place
+qkv form, and the torch formula. --host-only: the host times alone. Prints a table, writes JSON.
 """
 import argparse
 import json
@@ -21,7 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from cuflash import rotary as rotary_op  # noqa: E402
-from cuflash.layers.rotary import apply_rotary_emb, apply_rotary_emb_torch  # noqa: E402
+from cuflash.layers.rotary import (ApplyRotaryEmb, ApplyRotaryEmbQKV_, apply_rotary_emb,  # noqa: E402
+                                   apply_rotary_emb_qkv_, apply_rotary_emb_torch)
 
 SHAPES = [  # (batch, seqlen, nheads, headdim, rotary_dim, interleaved)
     (4, 4096, 32, 128, 128, False),
@@ -45,9 +50,10 @@ def per_call_ms(fn) -> float:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
+    ap.add_argument("--host-only", action="store_true")
     args = ap.parse_args()
     rows = []
-    for b, s, h, d, r, il in SHAPES:
+    for b, s, h, d, r, il in ([] if args.host_only else SHAPES):
         x = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
         angles = torch.rand(s, r // 2, device="cuda") * 6.28
         cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
@@ -95,20 +101,30 @@ def main():
     x = torch.randn(32, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     angles = torch.rand(64, 64, device="cuda")
     cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
-    host = {}
-    for name, fn in (("cuflash", lambda: apply_rotary_emb(x, cos, sin, seqlen_offsets=7)),
-                     ("torch_formula", lambda: apply_rotary_emb_torch(x, cos[7:8], sin[7:8]))):
+    qkv = torch.randn(32, 1, 3, 32, 128, device="cuda", dtype=torch.bfloat16)
+    fns = {"cuflash": lambda: apply_rotary_emb(x, cos, sin, seqlen_offsets=7),
+           "function_apply_before": lambda: ApplyRotaryEmb.apply(x, cos, sin, False, False, 7, None, None),
+           "torch_op": lambda: torch.ops.cuflash.rotary(x, cos, sin, None, 7, None, -1, False, False),
+           "qkv_inplace": lambda: apply_rotary_emb_qkv_(qkv, cos, sin, seqlen_offsets=7),
+           "qkv_function_apply_before": lambda: ApplyRotaryEmbQKV_.apply(qkv, cos, sin, None, None, False, 7, None),
+           "torch_formula": lambda: apply_rotary_emb_torch(x, cos[7:8], sin[7:8])}
+    runs = {k: [] for k in fns}
+    for fn in fns.values():
         for _ in range(50):
             fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(300):
-            fn()
-        torch.cuda.synchronize()
-        host[name] = (time.perf_counter() - t0) / 300 * 1e6
-    print("host us per call (32x1x32x128, offset 7): " + "  ".join(f"{k} {v:.1f}" for k, v in host.items()))
+    torch.cuda.synchronize()
+    for i in range(7):
+        for name in (list(fns) if i % 2 == 0 else list(reversed(fns))):
+            t0 = time.perf_counter()
+            for _ in range(300):
+                fns[name]()
+            torch.cuda.synchronize()
+            runs[name].append((time.perf_counter() - t0) / 300 * 1e6)
+    host = {k: statistics.median(v) for k, v in runs.items()}
+    print("host us per call (32x1x32x128, offset 7), median of 7 rounds of 300: "
+          + "  ".join(f"{k} {v:.1f}" for k, v in host.items()))
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
-              "host_us_per_call": host, "calls_per_round": CALLS, "rounds": ROUNDS}
+              "host_us_per_call": host, "host_us_runs": runs, "calls_per_round": CALLS, "rounds": ROUNDS}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

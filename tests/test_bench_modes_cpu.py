@@ -143,7 +143,8 @@ def test_startup_plan():
                     ("softcap", "cuflash", "warm"), ("softcap", "cuflash", "cold"),
                     ("varlen", "cuflash", "warm"), ("varlen", "cuflash", "cold"),
                     ("varlen", "sdpa_flash+nested", "n/a")]
-    assert len(startup.plan_of(startup.CALLS)) == 28
+    assert len(startup.plan_of(startup.DEFAULT_CALLS)) == 28
+    assert len(startup.plan_of(startup.CALLS)) == 28 + 3 * 2   # mix, deterministic, varlen_mix: no peers
     with pytest.raises(ValueError, match="calls: unknown call 'decode'"):
         startup.plan_of(["decode"])
 
@@ -185,7 +186,8 @@ def test_startup_comparisons_and_table():
 
 
 @pytest.mark.parametrize("impl,call", [("cuflash", "varlen"), ("cuflash", "kvcache"),
-                                       ("cuflash", "causal_fwdbwd"), ("sdpa_cudnn+mask", "alibi")])
+                                       ("cuflash", "causal_fwdbwd"), ("sdpa_cudnn+mask", "alibi"),
+                                       ("cuflash", "mix"), ("cuflash", "deterministic"), ("cuflash", "varlen_mix")])
 def test_startup_child_calls_dry_run(tmp_path, impl, call):
     """The real child script on torch CPU tensors (CUFLASH_STARTUP_CPU=1: cuflash's reference,
     SDPA's math backend): its inputs and calls run and it prints its record."""
@@ -328,3 +330,19 @@ def test_host_us_interleaved_rounds_and_contexts():
     timed = [x for x in order if x != "sync"][2:]          # after one warm-up call each
     assert timed == (["a"] * 3 + ["b"] * 3) * 4             # interleaved, round by round
     assert len(entered) == 1 + 4                            # warm-up, then every round
+
+
+def test_startup_warm_by_warmup(tmp_path, monkeypatch):
+    """warm_by_warmup runs python -m cuflash warmup ARGS with the child's cache directory."""
+    seen = {}
+
+    def fake_run(cmd, env, **kw):
+        seen.update(cmd=cmd, cache=env["CUPY_CACHE_DIR"])
+        return type("R", (), {"returncode": 0, "stdout": "warming 3 kernels\n3/3 kernels in the cache, 1.0 s\n",
+                              "stderr": "\r[###] 3/3"})()
+
+    monkeypatch.setattr(startup.subprocess, "run", fake_run)
+    rec = startup.warm_by_warmup(str(tmp_path), ["--features", "window+softcap"])
+    assert seen["cmd"][1:] == ["-m", "cuflash", "warmup", "--features", "window+softcap"]
+    assert seen["cache"] == str(tmp_path) and rec["returncode"] == 0 and rec["wall_s"] >= 0
+    assert rec["tail"][-2:] == ["3/3 kernels in the cache, 1.0 s", "[###] 3/3"]

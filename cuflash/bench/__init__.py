@@ -77,7 +77,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=3, help="startup: children per case")
     ap.add_argument("--startup-calls", nargs="+", default=None,
                     help="startup: calls (default causal window softcap alibi dropout varlen "
-                         "kvcache causal_fwdbwd)")
+                         "kvcache causal_fwdbwd; also mix deterministic varlen_mix)")
+    ap.add_argument("--startup-warmup", default=None, metavar="ARGS",
+                    help="startup: fill the warm cache by python -m cuflash warmup ARGS (one string) "
+                         "instead of one throwaway child per call; its wall time is recorded")
     ap.add_argument("--jobs", type=int, default=1,
                     help="startup: children at a time (default 1; more shortens the run and "
                          "shares the host between the timed children)")
@@ -183,8 +186,10 @@ def run_mode(mode: str, a) -> object:
     if mode == "overhead":
         return mod.run(calls=a.calls, eager_reps=a.reps or 20, out=a.out)
     if mode == "startup":
-        return mod.run(repeats=a.repeats, out=a.out, calls=tuple(a.startup_calls or mod.CALLS),
-                       jobs=a.jobs)
+        import shlex
+
+        return mod.run(repeats=a.repeats, out=a.out, calls=tuple(a.startup_calls or mod.DEFAULT_CALLS),
+                       jobs=a.jobs, warmup_args=None if a.startup_warmup is None else shlex.split(a.startup_warmup))
     if mode == "io":
         return mod.run(growth_seqlens=a.io_seqlens or mod.GROWTH_SEQLENS, causal=a.io_causal,
                        use_ncu=not a.no_ncu, reps=a.reps or 10, out=a.out)

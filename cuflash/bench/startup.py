@@ -22,10 +22,16 @@ The calls (``call`` in each record; ``CALLS`` names SDPA's peers):
   times seqlen in turn, the same tokens); SDPA flash on jagged nested tensors (made in the call);
 * kvcache: ``flash_attn_with_kvcache`` (decode: 1 query token over a cache of seqlen, a
   per-batch int32 ``cache_seqlens`` tensor); SDPA flash and cuDNN, 1 query over the whole cache;
-* causal_fwdbwd: the causal call's forward and ``out.backward(dout)``; SDPA flash and cuDNN.
+* causal_fwdbwd: the causal call's forward and ``out.backward(dout)``; SDPA flash and cuDNN;
+* mix: causal with ``window_size=(1024, 0)`` and ``softcap=30`` (a feature mix); compared with
+  SDPA's window call;
+* deterministic: causal_fwdbwd with ``deterministic=True``; compared with SDPA's causal_fwdbwd;
+* varlen_mix: the varlen call with ``window_size=(1024, 0)`` and ``softcap=30``; compared with
+  SDPA's varlen call.
 
 cuflash's cache: warm = the call's kernels already in CuPy's disk cache (a CUPY_CACHE_DIR that
-one throwaway child per call filled first; those run in parallel), and the parsed tuned tables
+one throwaway child per call filled first, those in parallel; or, with ``warmup_args``, that
+``python -m cuflash warmup WARMUP_ARGS`` filled, its wall time recorded), and the parsed tuned tables
 in CUFLASH_CACHE_DIR (the same directory); cold = a fresh empty directory per child, so NVRTC
 compiles and the tables are parsed. SDPA compiles nothing at run time (cache "n/a").
 Each (call, impl, cache) runs --repeats times (default 3), the children interleaved, ``jobs``
@@ -70,9 +76,15 @@ CALLS = {
     "varlen": ("sdpa_flash+nested",),
     "kvcache": ("sdpa_flash", "sdpa_cudnn"),
     "causal_fwdbwd": ("sdpa_flash", "sdpa_cudnn"),
+    "mix": (),
+    "deterministic": (),
+    "varlen_mix": (),
 }
+# bench --mode startup's calls unless --startup-calls names others (the feature mix, deterministic
+# and varlen-mix calls are the warmup's measurements)
+DEFAULT_CALLS = ("causal", "window", "softcap", "alibi", "dropout", "varlen", "kvcache", "causal_fwdbwd")
 # a call without a peer of its own is compared with this call's peers
-NEAREST = {"softcap": "causal"}
+NEAREST = {"softcap": "causal", "mix": "window", "deterministic": "causal_fwdbwd", "varlen_mix": "varlen"}
 
 CHILD = r'''
 import json, math, os, sys, time
@@ -84,8 +96,8 @@ if not cpu:
     torch.cuda.init()
 sync = (lambda: None) if cpu else torch.cuda.synchronize
 dev, dt = "cpu" if cpu else "cuda", torch.bfloat16
-grad = call == "causal_fwdbwd"
-if call == "varlen":   # batch sequences of 1.5 and 0.5 times s in turn
+grad = call in ("causal_fwdbwd", "deterministic")
+if call in ("varlen", "varlen_mix"):   # batch sequences of 1.5 and 0.5 times s in turn
     lens = [s + s // 2 if i % 2 == 0 else s - s // 2 for i in range(b)]
     shape = (sum(lens), h, d)
     cu = torch.tensor([sum(lens[:i]) for i in range(b + 1)], dtype=torch.int32, device=dev)
@@ -116,7 +128,11 @@ if impl == "cuflash":
         kw["alibi_slopes"] = slopes
     elif call == "dropout":
         kw["dropout_p"] = DROPOUT
-    if call == "varlen":
+    elif call in ("mix", "varlen_mix"):
+        kw.update(window_size=(WINDOW, 0), softcap=SOFTCAP)
+    elif call == "deterministic":
+        kw["deterministic"] = True
+    if call in ("varlen", "varlen_mix"):
         m = max(lens)
         f = lambda: cuflash.flash_attn_varlen_func(q, k, v, cu, cu, m, m, **kw)
     elif call == "kvcache":
@@ -318,9 +334,24 @@ def profile_child(call: str, cache_dir: str, path: str, shape=SHAPE, timeout: fl
     return child("cuflash", cache_dir, shape, timeout, call, env={"CUFLASH_STARTUP_PROFILE": path})
 
 
+def warm_by_warmup(cache_dir: str, args, timeout: float = 900.0) -> dict:
+    """Fill cache_dir by ``python -m cuflash warmup ARGS`` (this cuflash, child_env): its wall
+    time, exit status and last output lines."""
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run([sys.executable, "-m", "cuflash", "warmup", *args], env=child_env(cache_dir),
+                           capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"args": list(args), "error": f"timed out after {timeout:.0f} s"}
+    tail = (r.stdout + r.stderr.split("\r")[-1]).strip().splitlines()[-4:]
+    return {"args": list(args), "wall_s": time.perf_counter() - t0, "returncode": r.returncode, "tail": tail}
+
+
 def run(repeats: int = 3, shape=SHAPE, out="results", log=print, calls=tuple(CALLS),
-        jobs: int = 1, warm_dir=None) -> list:
-    """warm_dir: the warm cache's directory, kept afterwards (default: a temporary one)."""
+        jobs: int = 1, warm_dir=None, warmup_args=None) -> list:
+    """warm_dir: the warm cache's directory, kept afterwards (default: a temporary one);
+    warmup_args: fill it by ``python -m cuflash warmup`` with these arguments (a list) instead
+    of one throwaway child per call."""
     _gpu.require("bench --mode startup")
     plan = plan_of(calls)
     warm = str(warm_dir) if warm_dir else tempfile.mkdtemp(prefix="cuflash_startup_warm_")
@@ -334,12 +365,19 @@ def run(repeats: int = 3, shape=SHAPE, out="results", log=print, calls=tuple(CAL
             return child(impl, cold_dirs[-1], shape, call=call)
         return child(impl, warm, shape, call=call)
 
+    warmed = None
     try:
-        with ThreadPoolExecutor(max(1, min(len(calls), os.cpu_count() or 1))) as pool:
-            # throwaways: fill the warm cache, every call's kernels at once
-            for rec in pool.map(lambda c: child("cuflash", warm, shape, call=c), calls):
-                if "error" in rec:
-                    log(f"  throwaway cuflash child ({rec['call']}): {rec['error']}")
+        if warmup_args is not None:
+            warmed = warm_by_warmup(warm, warmup_args)
+            log(f"  python -m cuflash warmup {' '.join(warmup_args)}: "
+                + (warmed["error"] if "error" in warmed else
+                   f"{warmed['wall_s']:.1f} s, exit {warmed['returncode']}: {' | '.join(warmed['tail'])}"))
+        else:
+            with ThreadPoolExecutor(max(1, min(len(calls), os.cpu_count() or 1))) as pool:
+                # throwaways: fill the warm cache, every call's kernels at once
+                for rec in pool.map(lambda c: child("cuflash", warm, shape, call=c), calls):
+                    if "error" in rec:
+                        log(f"  throwaway cuflash child ({rec['call']}): {rec['error']}")
         with ThreadPoolExecutor(max(1, jobs)) as pool:
             for i in range(repeats):
                 for key, rec in zip(plan, pool.map(one, plan)):
@@ -357,7 +395,8 @@ def run(repeats: int = 3, shape=SHAPE, out="results", log=print, calls=tuple(CAL
                causal=True, dtype="bf16", repeats=repeats, jobs=jobs,
                calls={c: list(CALLS[c]) for c in calls}, window=WINDOW, softcap=SOFTCAP,
                dropout_p=DROPOUT, comparison=cmps.get("causal", comparison(records)),
-               comparisons=cmps)
+               comparisons=cmps, warm_by="throwaway children" if warmed is None else "python -m cuflash warmup",
+               warmup=warmed)
     for r in records:
         log(f"{r['call']:>13} {r['impl']:>19} cache={r['cache']:4}: first call "
             + (f"{r['first_call_s']:.3f} s" if r["first_call_s"] is not None else "-")

@@ -26,6 +26,9 @@ import torch
 from torch import Tensor
 
 from ..rotary import apply_rotary
+from ..torch_ops import rotary_traced
+
+_compiling = torch.compiler.is_compiling
 
 __all__ = ["rotate_half", "apply_rotary_emb_torch", "ApplyRotaryEmb", "apply_rotary_emb",
            "apply_rotary_emb_func", "ApplyRotaryEmbQKV_", "apply_rotary_emb_qkv_",
@@ -83,6 +86,12 @@ def _saved(ctx) -> tuple:
     return saved, ctx.seqlen_offsets
 
 
+def _records(*tensors) -> bool:
+    """Whether autograd records a call on these tensors (grad mode on and one requires grad;
+    None and non-tensors are skipped): else the functions rotate without their autograd.Function."""
+    return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
+
+
 class ApplyRotaryEmb(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, cos, sin, interleaved=False, inplace=False, seqlen_offsets=0, cu_seqlens=None,
@@ -118,6 +127,10 @@ def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False,
     starting at position 0 (+ its offset).
     Returns x's shape and dtype; differentiable in x.
     """
+    if _compiling():  # the torch ops cuflash::rotary / rotary_ (torch_ops)
+        return rotary_traced(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen, interleaved, inplace)
+    if not _records(x, cos, sin):   # no autograd.Function where autograd records nothing (~µs per call)
+        return apply_rotary(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen, interleaved, inplace)
     return ApplyRotaryEmb.apply(x, cos, sin, interleaved, inplace, seqlen_offsets, cu_seqlens, max_seqlen)
 
 
@@ -190,14 +203,30 @@ def apply_rotary_emb_qkv_(qkv, cos, sin, cos_k=None, sin_k=None, interleaved=Fal
     headdim) (MQA / GQA) with num_heads_q. cos, sin: (seqlen, rotary_dim / 2); cos_k, sin_k:
     the same for k where they differ (xPos). interleaved, seqlen_offsets as apply_rotary_emb.
     """
+    if _compiling():
+        q, k, qk = _qk_views(qkv, num_heads_q)
+        if cos_k is None and sin_k is None and qk is not None:
+            rotary_traced(qk, cos, sin, seqlen_offsets, None, None, interleaved, True)
+        else:
+            rotary_traced(q, cos, sin, seqlen_offsets, None, None, interleaved, True)
+            rotary_traced(k, cos if cos_k is None else cos_k, sin if sin_k is None else sin_k,
+                          seqlen_offsets, None, None, interleaved, True)
+        return qkv
+    if not _records(qkv, cos, sin, cos_k, sin_k):
+        _rotate_qkv_(qkv, cos, sin, cos_k, sin_k, interleaved, seqlen_offsets, num_heads_q)
+        return qkv
     return ApplyRotaryEmbQKV_.apply(qkv, cos, sin, cos_k, sin_k, interleaved, seqlen_offsets, num_heads_q)
+
+
+def _check_kv(kv) -> None:
+    if kv.dim() != 5 or kv.shape[2] != 2:
+        raise ValueError(f"kv must be (batch, seqlen, 2, nheads, headdim), got {tuple(kv.shape)}")
 
 
 class ApplyRotaryEmbKV_(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kv, cos, sin, interleaved=False, seqlen_offsets=0):
-        if kv.dim() != 5 or kv.shape[2] != 2:
-            raise ValueError(f"kv must be (batch, seqlen, 2, nheads, headdim), got {tuple(kv.shape)}")
+        _check_kv(kv)
         apply_rotary(kv[:, :, 0], cos, sin, seqlen_offsets=seqlen_offsets, interleaved=interleaved,
                      inplace=True)
         _save_offsets(ctx, (cos, sin), seqlen_offsets)
@@ -217,6 +246,14 @@ class ApplyRotaryEmbKV_(torch.autograd.Function):
 def apply_rotary_emb_kv_(kv, cos, sin, interleaved=False, seqlen_offsets: Union[int, Tensor] = 0):
     """k of a packed kv (batch, seqlen, 2, nheads, headdim) rotated *in place*; returns kv
     (flash-attn's ``apply_rotary_emb_kv_``). Arguments as apply_rotary_emb_qkv_."""
+    if _compiling():
+        _check_kv(kv)
+        rotary_traced(kv[:, :, 0], cos, sin, seqlen_offsets, None, None, interleaved, True)
+        return kv
+    if not _records(kv, cos, sin):
+        _check_kv(kv)
+        apply_rotary(kv[:, :, 0], cos, sin, seqlen_offsets=seqlen_offsets, interleaved=interleaved, inplace=True)
+        return kv
     return ApplyRotaryEmbKV_.apply(kv, cos, sin, interleaved, seqlen_offsets)
 
 
@@ -235,7 +272,8 @@ class RotaryEmbedding(torch.nn.Module):
     rounds to 2000); device: where the buffers start.
 
     The cos / sin tables are cached in the inputs' dtype and remade when a longer sequence, a
-    new device or dtype comes, or when training starts on a cache made under inference mode.
+    new device or dtype comes, or when training starts on a cache made under inference mode
+    (eager only: torch.compile cannot trace ``is_inference``; it takes no inference-mode tensors).
     """
 
     def __init__(self, dim: int, base=10000.0, interleaved=False, scale_base=None,
@@ -267,7 +305,7 @@ class RotaryEmbedding(torch.nn.Module):
     def _update_cos_sin_cache(self, seqlen, device=None, dtype=None):
         stale = (seqlen > self._seq_len_cached or self._cos_cached is None
                  or self._cos_cached.device != device or self._cos_cached.dtype != dtype
-                 or (self.training and self._cos_cached.is_inference()))
+                 or (self.training and not _compiling() and self._cos_cached.is_inference()))
         if not stale:
             return
         self._seq_len_cached = seqlen
