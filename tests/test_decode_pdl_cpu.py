@@ -188,6 +188,6 @@ def test_nvcc_sm90a_no_spills_and_sass():
             "regs" not in name and len(args) == 3 and args[-1] is True)
         ops = [ln.split(";")[0].split("*/")[-1].strip() for ln in body.splitlines() if ";" in ln]
         assert ("ACQBULK" in ops) == pdl and ("PREEXIT" in ops) == pdl, (name, pdl)
-        if pdl:   # the wait comes before every global load
-            first_load = next(i for i, o in enumerate(ops) if o.startswith("LDG"))
-            assert ops.index("ACQBULK") < first_load, name
+        if pdl:   # the wait comes before every global load, store and atomic (predicated or not)
+            first = next(i for i, o in enumerate(ops) if re.search(r"(^|\s)(LDG|STG|ATOMG|REDG|RED|ATOM)\b", o))
+            assert ops.index("ACQBULK") < first, (name, ops[first])
