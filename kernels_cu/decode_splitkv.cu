@@ -1678,7 +1678,8 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float
 //              it (grid_dependency_wait) before its first global read or write; before the wait only index
 //              math and kEarlyPrefetch's rows as L2 prefetches (the L2 is the coherence point; an L1 line
 //              fetched early could be stale), the L1 prefetch after it as without. The stream's next kernel
-//              may be scheduled (launch_dependents) 1: right after the wait, 2: after the K/V loop
+//              may be scheduled (launch_dependents) 1: right after the wait, 2: after the K/V loop; 3: as 1, and
+//              the L2 prefetch before the wait without kEarlyPrefetch too (its blocks, kEarlyBlocks of them; no L1 prefetch)
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
           int kLoadHint, bool kEarlyPrefetch = false, int kAhead = 0, bool kAheadL1 = false, int kOrder = 0,
           int kEarlyBlocks = 1, int kCluster = 0, int kPageTable = 0, int kPdl = 0>
@@ -1700,7 +1701,7 @@ decode_splitkv_regs(const DecodeParams p) {
     static_assert(kCluster == 0 || (!kFusedCombine && kCluster >= 2 && kCluster <= 16 && kHeadDim % (4 * kCluster) == 0),
                   "kCluster: 2..16 CTAs, each merging whole 4-column groups, without the fused combine");
     static_assert(kPageTable == 0 || kPageTable == 1, "kPageTable: 0 (none) or 1");
-    static_assert(kPdl >= 0 && kPdl <= 2, "kPdl: 0 (none), 1 or 2");
+    static_assert(kPdl >= 0 && kPdl <= 3, "kPdl: 0 (none), 1, 2 or 3");
     constexpr int kPageIds = 2048;                  // kPageTable: staged page ids (8 KB)
     constexpr int kIdsPerThread = kPageIds / kThreads;
 
@@ -1718,7 +1719,7 @@ decode_splitkv_regs(const DecodeParams p) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int rows_valid = min(kRows, p.group * p.seqlen_q - r0);
     if constexpr (kPdl > 0) {
-        if constexpr (kEarlyPrefetch) {
+        if constexpr (kEarlyPrefetch || kPdl == 3) {
             // kEarlyPrefetch's rows (the block below) into L2 before the wait: an L1 line fetched before the
             // previous kernel has finished could be stale, an L2 line cannot (the L2 is the coherence point)
             if (!p.block_table && !p.cache_batch_idx && !p.cache_leftpad && p.window_left < 0) {
@@ -1742,7 +1743,7 @@ decode_splitkv_regs(const DecodeParams p) {
             }
         }
         grid_dependency_wait();   // q, the cache (appends), lengths, tables, workspace, counters, o: others' data
-        if constexpr (kPdl == 1) launch_dependents();
+        if constexpr (kPdl == 1 || kPdl == 3) launch_dependents();
     }
     if constexpr (kEarlyPrefetch) {
         if (!p.block_table && !p.cache_batch_idx && !p.cache_leftpad && p.window_left < 0) {

@@ -296,13 +296,13 @@ def pdl_test_configs():
         return _heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
                           PDL_DEFAULT=pdl, PDL_RULES=(), REGS_HEAD_DIM_DEFAULT=(64, 128), FUSED_COMBINE_DEFAULT=fused)
 
-    chain = [(b, 1, [8191], 32, 8, 128, "bf16", page, {"seqlen_new": 1} if append else {}, {})
+    chain = [(b, 1, [4095], 32, 8, 128, "bf16", page, {"seqlen_new": 1} if append else {}, {})
              for b in (1, 3) for page in (None, 16) for append in (False, True)]
     base = _heuristic(_problem(3, 1, 3000, 32, 8, 128), 0, REGS_DEFAULT=1, REGS_HEAD_DIM_DEFAULT=(64, 128))
     sanitize = [c for pdl in (1, 2) for c in (
         base.replace(pdl=pdl), base.replace(regs=6, regs_order=1, regs_prefetch=True, regs_prefetch_blocks=3, pdl=pdl),
         base.replace(pdl=pdl, fused_combine=False, light_fence=False))]
-    return ([cfg(c, pdl) for c in t.GRID + chain for pdl in (1, 2)]
+    return ([cfg(c, pdl) for c in t.GRID + chain for pdl in (1, 2, 3)]
             + [cfg(c, 1, fused=False) for c in (t.CASES[2], t.CASES[7], t.CASES[10])] + sanitize)
 
 

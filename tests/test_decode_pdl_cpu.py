@@ -44,7 +44,7 @@ def test_field_name_template_tail_validation():
     assert FAM.decode(FAM.encode(pdl), "bf16", False) == pdl
     assert FAM.make({k: v for k, v in FAM.point(REGS).items() if k != "pdl"}, P8K).pdl == 0
     assert not pdl.problems(232448) and not LONG.replace(pdl=2).problems(232448)
-    assert any("pdl must be one of" in x for x in REGS.replace(pdl=3).problems(232448))
+    assert any("pdl must be one of" in x for x in REGS.replace(pdl=4).problems(232448))
     assert any("pdl: an option of the regs kernel" in x for x in BASE.replace(pdl=1).problems(232448))
     cl = BASE.replace(regs=6, regs_cluster=16, fused_combine=False, light_fence=False, pdl=1)
     assert any("without regs_cluster" in x for x in cl.problems(232448))
@@ -76,8 +76,8 @@ def test_heuristic_switches(monkeypatch):
     monkeypatch.setattr(mod, "PDL_RULES", ())
     monkeypatch.setattr(mod, "PDL_DEFAULT", 0)
     assert FAM.heuristic_for_device(P8K, (9, 0), None, rule).pdl == 1
-    with pytest.raises(ValueError, match="pdl=3"):
-        FAM.heuristic_for_device(P8K, (9, 0), None, SimpleNamespace(match={}, set={"pdl": 3}))
+    with pytest.raises(ValueError, match="pdl=4"):
+        FAM.heuristic_for_device(P8K, (9, 0), None, SimpleNamespace(match={}, set={"pdl": 4}))
 
 
 def test_call_config_drops_pdl_with_the_regs_kernel():
@@ -158,12 +158,12 @@ def _cuobjdump():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_nvcc_sm90a_no_spills_and_sass():
-    """The pdl kernels (regs 1 / the long calls' regs 6 with the early prefetch, pdl 1 and 2, the append and
+    """The pdl kernels (regs 1 / the long calls' regs 6 with the early prefetch, pdl 1, 2 and 3, the append and
     combine kernels) compile for sm_90a without spills; their SASS waits (ACQBULK) before the first global
     load and triggers (PREEXIT); the default kernels carry neither."""
     from cuflash.compile import _mangled_args, kernel_param_decl, render_source
 
-    cfgs = [REGS, LONG, REGS.replace(pdl=1), REGS.replace(pdl=2), LONG.replace(pdl=1)]
+    cfgs = [REGS, LONG, REGS.replace(pdl=1), REGS.replace(pdl=2), REGS.replace(pdl=3), LONG.replace(pdl=1)]
     exprs = {e: role for c in cfgs for role, e in FAM.kernel_names(c).items()}
     lines = [render_source(FAM.name), '#line 1 "inst"']
     lines += [f"template __global__ void {e}({kernel_param_decl(FAM, role, e)});" for e, role in exprs.items()]

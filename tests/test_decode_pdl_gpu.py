@@ -2,7 +2,7 @@
 against the float64 reference.
 
 PDL_DEFAULT is set (1: the main kernel lets the next kernel be scheduled right after its wait; 2: after
-its K/V loop) and the plan cache cleared, so the calls go through flash_attn_with_kvcache as users make
+its K/V loop; 3: as 1 with the first blocks prefetched into L2 before the wait) and the plan cache cleared, so the calls go through flash_attn_with_kvcache as users make
 them, eagerly (each launch programmatic on the stream) and in CUDA graphs (programmatic edges):
   * the regs kernel's cases (contiguous, pages 16 and 256 with leftpad, append + rotary, cache_batch_idx,
     window + softcap + ALiBi, two row tiles) at num_splits 0 / 1 / 3, and with the separate combine kernel
@@ -51,10 +51,16 @@ GRID = [CASES[i] for i in (1, 2, 4, 6, 7, 8, 9, 10, 11, 13)]
 
 
 @pytest.mark.parametrize("splits", [0, 1, 3], ids=lambda n: f"splits{n}")
-@pytest.mark.parametrize("pdl", [1, 2], ids=lambda n: f"pdl{n}")
 @pytest.mark.parametrize("case", GRID, ids=_ids)
-def test_pdl_grid(monkeypatch, case, pdl, splits):
-    _case(monkeypatch, case, pdl, splits, fused=True)
+def test_pdl_grid(monkeypatch, case, splits):
+    _case(monkeypatch, case, 1, splits, fused=True)
+
+
+@pytest.mark.parametrize("pdl", [2, 3], ids=lambda n: f"pdl{n}")
+@pytest.mark.parametrize("case", [GRID[i] for i in (0, 1, 4, 7)], ids=_ids)
+def test_pdl_trigger_options(monkeypatch, case, pdl):
+    """pdl 2 (the trigger after the K/V loop) and 3 (the L2 prefetch before the wait) at 3 splits."""
+    _case(monkeypatch, case, pdl, 3, fused=True)
 
 
 @pytest.mark.parametrize("case", [CASES[2], CASES[7], CASES[10]], ids=_ids)
@@ -90,20 +96,22 @@ def _step_ok(args, out, what):
     assert err <= 2 * base + 1e-5, f"{what}: error {err:.3g} > 2 x plain bf16 error {base:.3g}"
 
 
-@pytest.mark.parametrize("append", [False, True], ids=["read", "append"])
-@pytest.mark.parametrize("page", [None, 16], ids=["contiguous", "page16"])
-@pytest.mark.parametrize("pdl", [1, 2], ids=lambda n: f"pdl{n}")
-@pytest.mark.parametrize("batch", [1, 3], ids=lambda n: f"b{n}")
+CHAINS = ([(1, page, append, batch) for page in (None, 16) for append in (False, True) for batch in (1, 3)]
+          + [(pdl, None, True, 3) for pdl in (2, 3)] + [(pdl, 16, False, 1) for pdl in (2, 3)])
+
+
+@pytest.mark.parametrize("pdl,page,append,batch", CHAINS,
+                         ids=lambda v: str(v) if not isinstance(v, bool) else ("append" if v else "read"))
 def test_pdl_chain_graph(monkeypatch, pdl, page, append, batch):
     """N calls in one CUDA graph, call i's query = call i-1's output; with append each call writes its own
-    k_new / v_new into the row the previous call read. Replayed at three sets of cache_seqlens."""
+    k_new / v_new into the row the previous call read. Replayed at two sets of cache_seqlens."""
     _pdl(monkeypatch, pdl)
     # no poisoning fill between the calls in the graph (it would be each launch's predecessor): the outputs
     # are poisoned before each replay instead
     monkeypatch.setattr(api, "POISON_OUTPUTS", False)
     torch = _torch()
     rng = np.random.default_rng()
-    n, cap = 5, 8192
+    n, cap = 4, 4096
     args = make_case(rng, batch, 1, [cap - 1] * batch, 32, 8, 128, "bf16", page=page, seqlen_new=1 if append else 0)
     news = [(torch.randn_like(args["k"]), torch.randn_like(args["v"])) if append else (None, None) for _ in range(n)]
     q0 = args["q"].clone()
@@ -121,8 +129,7 @@ def test_pdl_chain_graph(monkeypatch, pdl, page, append, batch):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = chain()
-    for step, lens in enumerate([[cap - 1] * batch, list(rng.integers(0, cap - 1, size=batch)),
-                                 list(rng.integers(1, 300, size=batch))]):
+    for step, lens in enumerate([[cap - 1] * batch, list(rng.integers(0, cap - 1, size=batch))]):
         args["cache_seqlens"].copy_(torch.tensor(lens, dtype=torch.int32))
         for o in outs:
             o.fill_(float("nan"))

@@ -498,10 +498,11 @@ REGS_CLUSTER_VALUES = (0, 2, 4, 8, 16)
 # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuflash.launch.LaunchEx), so each may be scheduled
 # before the stream's previous kernel has finished; each waits for it (griddepcontrol.wait) before its first
 # global read or write. 1: the kernel lets its own successor be scheduled right after that wait, 2: after its
-# K/V loop (kPdl in decode_splitkv_regs; the append and combine kernels wait and trigger at their start).
+# K/V loop, 3: as 1, with the split's first block(s) prefetched into L2 before the wait even without regs_prefetch
+# (kPdl in decode_splitkv_regs; the append and combine kernels wait and trigger at their start).
 # PDL_DEFAULT: every regs call's pdl (0: off), PDL_RULES: the first (max batch, max keys per row, pdl) entry
 # that covers a regs call (before PDL_DEFAULT). Not yet timed: off.
-PDL_VALUES = (0, 1, 2)
+PDL_VALUES = (0, 1, 2, 3)
 PDL_DEFAULT = 0
 PDL_RULES: tuple = ()
 # regs_page_table (decode_splitkv_regs' kPageTable, paged caches): the page ids a CTA reads staged in
@@ -624,7 +625,8 @@ class DecodeConfig(KernelConfig):
     pdl:      (regs, sm_90; 0 none) programmatic dependent launch: the plan's kernels launch with the
               programmatic-stream-serialization attribute and wait for the stream's previous kernel on the
               device (kPdl; PDL_DEFAULT): 1 the main kernel lets the next kernel be scheduled right after
-              its wait, 2 after its K/V loop. No regs_cluster
+              its wait, 2 after its K/V loop, 3 as 1 with the split's first block(s) prefetched into L2 before
+              the wait without regs_prefetch too. No regs_cluster
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
