@@ -501,7 +501,15 @@ REGS_CLUSTER_VALUES = (0, 2, 4, 8, 16)
 # K/V loop, 3: as 1, with the split's first block(s) prefetched into L2 before the wait even without regs_prefetch
 # (kPdl in decode_splitkv_regs; the append and combine kernels wait and trigger at their start).
 # PDL_DEFAULT: every regs call's pdl (0: off), PDL_RULES: the first (max batch, max keys per row, pdl) entry
-# that covers a regs call (before PDL_DEFAULT). Not yet timed: off.
+# that covers a regs call (before PDL_DEFAULT). H100, session 26 (logs/session26_dec17, bf16 d 128 32:8 heads,
+# CUDA graphs of 20 back-to-back calls, tests/decode_b1_timing.py, us, heuristic / pdl1 / pdl2 / cuDNN): 1 x 4k
+# 11.17 / 10.73 / 10.77 / 10.86, 1 x 8k 13.35 / 13.71 / 13.48 / 11.96 (r2, 9 rounds: 13.53 / 13.67 / pdl3 13.35 /
+# 12.00), 1 x 16k 27.56 / 26.15 / 26.28, 1 x 32k 48.47 / 47.65 / 47.80, 1 x 64k 91.00 / 91.35 / 90.28, 1 x 128k
+# 177.82 / 178.85 / 178.34, 8 x 8k 92.29 / 92.23 / 91.41, 8 x 32k 355.25 / 355.73 / 355.16, 32 x 8k 351.70 / 354.64 /
+# 354.90. The graphs' idle time between calls is 0.3-0.5 us (torch.profiler), all PDL can hide; next to a
+# non-PDL neighbour (a decode step's x @ W of 4096 x 4096, tests/decode_pdl_neighbour_timing.py) pdl1 gained
+# nothing (1 x 8k 26.03 against 26.10 us of decode per step) or lost (1 x 16k 34.66 / 32.57, 8 x 32k 359.87 /
+# 358.34). So off: a back-to-back decode graph is not how a model calls it.
 PDL_VALUES = (0, 1, 2, 3)
 PDL_DEFAULT = 0
 PDL_RULES: tuple = ()
