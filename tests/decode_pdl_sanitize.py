@@ -3,7 +3,7 @@ synccheck); not a test. bf16, d 128, 32:8 heads, one query row, batch 3 with 300
 (tests/decode_regs_sanitize.py's inputs): the batch-1 default's kernel (regs 1) and the longer calls' kernel
 (regs 6, the early prefetch of 3 interleaved blocks, its L2 copy before the wait) with pdl 1 and 2, at 1 and
 3 splits (fused combine), contiguous and paged (page 16, leftpad across pages), append + rotary, and the
-separate combine kernel; each config as a chain of 4 back-to-back calls, each call's query the previous
+separate combine kernel; each config as a chain of 3 back-to-back calls, each call's query the previous
 call's output, so every launch has a programmatic predecessor that writes what it reads.
 
     compute-sanitizer --tool memcheck python tests/decode_pdl_sanitize.py
@@ -21,7 +21,7 @@ from decode_regs_sanitize import _regs_config, batch3_inputs  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 
 
-def chain(cfg, q, kc, vc, n=4, **kw):
+def chain(cfg, q, kc, vc, n=3, **kw):
     for _ in range(n):
         q = kvcache_with_config(cfg, q, kc, vc, **kw)[0]
     return n
