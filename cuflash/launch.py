@@ -188,38 +188,59 @@ class LaunchConfig(ctypes.Structure):
                 ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
 
 
-class ClusterLaunch:
-    """driver.launchKernel's signature for a plan with thread-block clusters: the kernels in
-    ``clusters`` ({CUfunction: CTAs per cluster along x}) launch through cuLaunchKernelEx with a
-    cluster-dimension attribute (CuPy's driver module has launchKernel only; a kernel compiled
-    without __cluster_dims__ keeps one instantiation, and so its SASS, for both launches), the others
-    through launchKernel. Only plans with a cluster launch use it (Plan: one ctypes call per such
-    launch); the launch config is shared, so calls run under the plan's lock, as Plan's do."""
+class LaunchEx:
+    """driver.launchKernel's signature for a plan with launch attributes: the kernels in ``attrs``
+    ({CUfunction: (CTAs per cluster along x, pdl)}) launch through cuLaunchKernelEx (CuPy's driver
+    module has launchKernel only), the others through launchKernel.
+      cluster > 1: a cluster-dimension attribute (a kernel compiled without __cluster_dims__ keeps one
+        instantiation, and so its SASS, for both launches);
+      pdl: programmatic stream serialization (sm_90): the kernel may be scheduled before the stream's
+        previous kernel has finished (once that one's CTAs have all issued griddepcontrol.launch_dependents
+        or exited) and waits for it on the device (griddepcontrol.wait, its kPdl). A CUDA graph captures the
+        launch as a programmatic edge (CUDA 12.3 and newer).
+    Only plans with such a launch use it (Plan: one ctypes call per such launch); the launch config is
+    shared, so calls run under the plan's lock, as Plan's do."""
 
     _CLUSTER_DIMENSION = 4   # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    _PROGRAMMATIC = 6        # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
-    def __init__(self, clusters: dict):
+    def __init__(self, attrs: dict):
         self._ex = libcuda().cuLaunchKernelEx
         self._ex.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self._ex.restype = ctypes.c_int
-        self._attr = LaunchAttribute(self._CLUSTER_DIMENSION, 0)
         self._config = LaunchConfig()
-        self._config.attrs, self._config.num_attrs = ctypes.pointer(self._attr), 1
         self._config_ptr = ctypes.addressof(self._config)
-        self.clusters, self._plain = dict(clusters), _driver_launch()
+        # per kernel: its own attribute array (kept alive here) and its count
+        self._by_fn = {}
+        for fn, (cluster, pdl) in attrs.items():
+            items = []
+            if cluster > 1:
+                a = LaunchAttribute(self._CLUSTER_DIMENSION, 0)
+                a.value[0], a.value[1], a.value[2] = cluster, 1, 1
+                items.append(a)
+            if pdl:
+                a = LaunchAttribute(self._PROGRAMMATIC, 0)
+                a.value[0] = 1   # programmaticStreamSerializationAllowed
+                items.append(a)
+            if items:
+                arr = (LaunchAttribute * len(items))(*items)
+                self._by_fn[fn] = (ctypes.cast(arr, ctypes.POINTER(LaunchAttribute)), len(items), arr, cluster, pdl)
+        self.clusters = {fn: v[3] for fn, v in self._by_fn.items() if v[3] > 1}
+        self.pdl = frozenset(fn for fn, v in self._by_fn.items() if v[4])
+        self._plain = _driver_launch()
 
     def __call__(self, fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
-        cluster = self.clusters.get(fn)
-        if cluster is None:
+        attrs = self._by_fn.get(fn)
+        if attrs is None:
             return self._plain(fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra)
         c = self._config
         c.grid[0], c.grid[1], c.grid[2], c.block[0], c.block[1], c.block[2] = gx, gy, gz, bx, by, bz
         c.smem, c.stream = smem, stream or None
-        self._attr.value[0], self._attr.value[1], self._attr.value[2] = cluster, 1, 1
+        c.attrs, c.num_attrs = attrs[0], attrs[1]
         err = self._ex(self._config_ptr, fn, argv, None)
         if err:
-            raise RuntimeError(f"cuLaunchKernelEx (clusters of {cluster} CTAs, grid {(gx, gy, gz)}, {bx} threads, "
-                               f"{smem} bytes of shared memory): CUDA driver error {err}")
+            raise RuntimeError(f"cuLaunchKernelEx (clusters of {attrs[3]} CTAs, pdl {attrs[4]}, grid {(gx, gy, gz)}, "
+                               f"{bx} threads, {smem} bytes of shared memory): CUDA driver error {err}")
 
 
 def _device_fns():
@@ -280,8 +301,9 @@ class Plan:
         finally:
             if current != device:
                 self._set_device(current)
-        clusters = {call[0]: spec.cluster for call, spec in zip(self._calls, self.launches) if spec.cluster > 1}
-        self._launch = ClusterLaunch(clusters) if clusters else _driver_launch()
+        attrs = {call[0]: (spec.cluster, spec.pdl) for call, spec in zip(self._calls, self.launches)
+                 if spec.cluster > 1 or getattr(spec, "pdl", False)}
+        self._launch = LaunchEx(attrs) if attrs else _driver_launch()
         self._lock = threading.Lock()
         self._fields_lock = threading.Lock()  # run_fields: its fields and its launch together
         # A family whose params carry per-call data besides the pointers (sm90_fwd: TMA tensor

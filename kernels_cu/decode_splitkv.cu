@@ -194,9 +194,15 @@ __device__ __forceinline__ void rotate_row(u16* dst, const u16* src, const u16* 
     }
 }
 
-template <int kHeadDim, class Elem>
+//   kPdl  (sm_90) launched as a programmatic dependent of the stream's previous kernel: waits for it
+//         before any read or write (grid_dependency_wait), then lets the main kernel be scheduled
+template <int kHeadDim, class Elem, bool kPdl = false>
 __global__ void __launch_bounds__(128)
 decode_append(const DecodeParams p) {
+    if constexpr (kPdl) {
+        grid_dependency_wait();   // the previous kernel may still read the cache rows this one writes
+        launch_dependents();
+    }
     const int b = blockIdx.y, tid = threadIdx.x;
     const RowKeys rk(p, b);
     const int tokens = max(p.seqlen_new, p.rotary_dim ? p.seqlen_q : 0);
@@ -1667,9 +1673,16 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float
 //              read from block_table as without). With kEarlyPrefetch, as soon as the ids are staged
 //              each warp prefetches into L1 the rows of the kEarlyBlocks blocks after the two its
 //              registers load first (the contiguous prefetch's deeper start, for pages; any kOrder)
+//   kPdl       (sm_90; 0: none) launched as a programmatic dependent of the stream's previous kernel
+//              (cuflash.launch): the CTA may start while that kernel still runs, so every thread waits for
+//              it (grid_dependency_wait) before its first global read or write; before the wait only index
+//              math and kEarlyPrefetch's rows as L2 prefetches (the L2 is the coherence point; an L1 line
+//              fetched early could be stale), the L1 prefetch after it as without. The stream's next kernel
+//              may be scheduled (launch_dependents) 1: right after the wait, 2: after the K/V loop; 3: as 1, and
+//              the L2 prefetch before the wait without kEarlyPrefetch too (its blocks, kEarlyBlocks of them; no L1 prefetch)
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
           int kLoadHint, bool kEarlyPrefetch = false, int kAhead = 0, bool kAheadL1 = false, int kOrder = 0,
-          int kEarlyBlocks = 1, int kCluster = 0, int kPageTable = 0>
+          int kEarlyBlocks = 1, int kCluster = 0, int kPageTable = 0, int kPdl = 0>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv_regs(const DecodeParams p) {
     constexpr int kThreads = kWarps * 32, kBlockN = kWarps * kWarpN, kRows = 8 * kRowTiles;
@@ -1688,6 +1701,7 @@ decode_splitkv_regs(const DecodeParams p) {
     static_assert(kCluster == 0 || (!kFusedCombine && kCluster >= 2 && kCluster <= 16 && kHeadDim % (4 * kCluster) == 0),
                   "kCluster: 2..16 CTAs, each merging whole 4-column groups, without the fused combine");
     static_assert(kPageTable == 0 || kPageTable == 1, "kPageTable: 0 (none) or 1");
+    static_assert(kPdl >= 0 && kPdl <= 3, "kPdl: 0 (none), 1, 2 or 3");
     constexpr int kPageIds = 2048;                  // kPageTable: staged page ids (8 KB)
     constexpr int kIdsPerThread = kPageIds / kThreads;
 
@@ -1704,6 +1718,33 @@ decode_splitkv_regs(const DecodeParams p) {
     const int hkv = blockIdx.y / p.row_blocks, r0 = (blockIdx.y % p.row_blocks) * kRows;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int rows_valid = min(kRows, p.group * p.seqlen_q - r0);
+    if constexpr (kPdl > 0) {
+        if constexpr (kEarlyPrefetch || kPdl == 3) {
+            // kEarlyPrefetch's rows (the block below) into L2 before the wait: an L1 line fetched before the
+            // previous kernel has finished could be stale, an L2 line cannot (the L2 is the coherence point)
+            if (!p.block_table && !p.cache_batch_idx && !p.cache_leftpad && p.window_left < 0) {
+                constexpr int kLines = kHeadDim / 64;   // 128-byte lines per K (V) row
+                const int n_blocks = p.capacity / kBlockN;
+                const int per = (n_blocks + p.num_splits - 1) / p.num_splits;
+                const int n = min(n_blocks, (split + 1) * per) - 1;
+                const u16* kp = static_cast<const u16*>(p.k_cache) + b * p.k_batch_stride + hkv * p.k_head_stride;
+                const u16* vp = static_cast<const u16*>(p.v_cache) + b * p.v_batch_stride + hkv * p.v_head_stride;
+#pragma unroll
+                for (int j = 0; j < kEarlyBlocks; ++j) {
+                    const int blk = kOrder == 0 ? n - j : split + (j + (kOrder == 2 ? 1 : 0)) * p.num_splits;
+                    if (kOrder == 0 ? blk < split * per : blk >= n_blocks) break;
+#pragma unroll
+                    for (int x = lane; x < kWarpN * kLines; x += 32) {   // the warp's kWarpN rows, lane by lane
+                        const i64 pos = blk * kBlockN + warp * kWarpN + x / kLines;
+                        prefetch_l2(kp + pos * p.k_row_stride + 64 * (x % kLines));
+                        prefetch_l2(vp + pos * p.v_row_stride + 64 * (x % kLines));
+                    }
+                }
+            }
+        }
+        grid_dependency_wait();   // q, the cache (appends), lengths, tables, workspace, counters, o: others' data
+        if constexpr (kPdl == 1 || kPdl == 3) launch_dependents();
+    }
     if constexpr (kEarlyPrefetch) {
         if (!p.block_table && !p.cache_batch_idx && !p.cache_leftpad && p.window_left < 0) {
             // the split's top block of a full row (keys = capacity, start 0): its rows into L1
@@ -2220,6 +2261,8 @@ decode_splitkv_regs(const DecodeParams p) {
         }
     }
 
+    if constexpr (kPdl == 2) launch_dependents();
+
     // the warps' merge: each warp's rows 8·rt + 2t + j, its columns u, into shared memory
     {
         float* o_merge = merge_smem;
@@ -2303,9 +2346,14 @@ decode_splitkv_regs(const DecodeParams p) {
 
 // ---- decode_combine: merge the splits of each row (flash-decoding) -------------------------
 // One warp per row R = (b·nheads + h)·seqlen_q + i, 4 warps per CTA (combine_row above).
-template <int kHeadDim, class Elem>
+// kPdl: as decode_append's (the main kernel's partials are read after the wait).
+template <int kHeadDim, class Elem, bool kPdl = false>
 __global__ void __launch_bounds__(128)
 decode_combine(const DecodeParams p) {
+    if constexpr (kPdl) {
+        grid_dependency_wait();
+        launch_dependents();
+    }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int rows_all = p.batch * p.nheads * p.seqlen_q;
     const int row_id = blockIdx.x * 4 + warp;

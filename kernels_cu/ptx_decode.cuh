@@ -148,6 +148,25 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     return r;
 }
 
+// ---- programmatic dependent launch (sm_90; cuflash.launch launches a kPdl kernel with the attribute) ----
+// Blocks the thread until the grids this one depends on (the stream's previous kernel, launched
+// before it under programmatic stream serialization) have completed and their memory operations are
+// visible: a kPdl kernel's first read of anything an earlier kernel may write, and its first write,
+// come after it. Returns at once for a kernel launched without the attribute (and before sm_90).
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Lets the stream's next kernel (if launched with the attribute) be scheduled once every CTA of this
+// grid has issued this or exited: its CTAs take SMs as ours free them and run their prologue up to
+// their own grid_dependency_wait, which still waits for this grid's completion (no ordering given up).
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---- decode_splitkv_regs' kCluster merge: the splits of one group read each other's partials ------
 // 4 bytes of another CTA's shared memory (`addr`: a shared::cluster address from mapa_shared):
 // a split's LSE of one row, read by the CTA that merges a slice of that row's columns.

@@ -8,7 +8,9 @@ and where it goes. Not a test; prints a table and writes JSON (--out).
 2. in one more interleaved run: that call, the call with ``return_softmax_lse=True`` (an LSE tensor
    made and written), and the pieces of the repeat call on the same CUDA tensors: the plan key,
    its dict lookup, the entry's run with the launch replaced by a no-op, the plan's launch alone,
-   one ``new_empty`` of the output, torch's raw-stream query and the CUDA runtime's getDevice.
+   one ``new_empty`` of the output, torch's raw-stream query and the CUDA runtime's getDevice; and the
+   repeat call and the plan's launch with pdl 1 (``run_cached_pdl1``, ``plan_run_pdl1``: cuLaunchKernelEx by
+   ctypes, next to ``run_cached`` and ``plan_run`` as the heuristic chose).
 
     python tests/decode_host_timing.py --out /tmp/dec9_host.json [--calls 2000] [--repeat 2]
         [--old-decode OLD.py]   # another checkout's cuflash/decode.py (git show REV:cuflash/decode.py),
@@ -75,6 +77,19 @@ def pieces(old=None) -> dict:
     plans, plan = decode._gpu_plans, entry.plan
     null = contextlib.nullcontext
     more = {}
+    # the same call with pdl 1 (its own plan cache, made under PDL_DEFAULT 1: cuLaunchKernelEx through ctypes)
+    from cuflash.families import decode_splitkv as fam
+
+    plans_pdl, was = {}, fam.PDL_DEFAULT
+    fam.PDL_DEFAULT, fam_rules, fam.PDL_RULES = 1, fam.PDL_RULES, ()
+    try:
+        decode._run_cached(plans_pdl, args, scalars, want_lse=False)
+    finally:
+        fam.PDL_DEFAULT, fam.PDL_RULES = was, fam_rules
+    plan_pdl = next(iter(plans_pdl.values())).plan
+    if plan_pdl.config.pdl:
+        more["run_cached_pdl1"] = (lambda: decode._run_cached(plans_pdl, args, scalars, want_lse=False), null)
+        more["plan_run_pdl1"] = (lambda: plan_pdl.run(ptrs, 0, stream), null)
     if old is not None:  # the other revision's call on the same tensors (its own plan cache)
         old.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
         more["old_call"] = (lambda: old.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens), null)

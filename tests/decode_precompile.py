@@ -11,10 +11,11 @@ their kernels on disk):
     decode_loops (the default selection, the bandwidth options, TMA_DEFAULT, TMA_PAGED_DEFAULT);
   * tests/test_decode_latency_gpu.py: the split merge (plain and fused) and page_gather configs;
   * tests/test_decode_resident_gpu.py: the 4-warp contiguous tiles and page 256 on the Hopper loop;
-  * tests/test_decode_regs_gpu.py: the regs kernel's configs (REGS_DEFAULT 1 .. 6).
+  * tests/test_decode_regs_gpu.py: the regs kernel's configs (REGS_DEFAULT 1 .. 6);
+  * tests/test_decode_pdl_gpu.py and tests/decode_pdl_sanitize.py: the regs kernel's configs with pdl 1, 2.
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only shape_tests,page_table_tests,cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only pdl_tests,shape_tests,page_table_tests,cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -285,6 +286,26 @@ def regs_test_configs():
                    {"regs": 6, "regs_prefetch": True, "warps": 4}, {"regs": 6, "regs_order": 2})]
 
 
+def pdl_test_configs():
+    """tests/test_decode_pdl_gpu.py (PDL_DEFAULT 1, 2; FUSED_COMBINE_DEFAULT off for its separate-combine test)
+    and tests/decode_pdl_sanitize.py."""
+    import test_decode_pdl_gpu as t
+
+    def cfg(case, pdl, fused=True):
+        b, sq, lens, h, hk, d, dtype, page, extra, kw = case
+        return _heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
+                          PDL_DEFAULT=pdl, PDL_RULES=(), REGS_HEAD_DIM_DEFAULT=(64, 128), FUSED_COMBINE_DEFAULT=fused)
+
+    chain = [(b, 1, [4095], 32, 8, 128, "bf16", page, {"seqlen_new": 1} if append else {}, {})
+             for b in (1, 3) for page in (None, 16) for append in (False, True)]
+    base = _heuristic(_problem(3, 1, 3000, 32, 8, 128), 0, REGS_DEFAULT=1, REGS_HEAD_DIM_DEFAULT=(64, 128))
+    sanitize = [c for pdl in (1, 2) for c in (
+        base.replace(pdl=pdl), base.replace(regs=6, regs_order=1, regs_prefetch=True, regs_prefetch_blocks=3, pdl=pdl),
+        base.replace(pdl=pdl, fused_combine=False, light_fence=False))]
+    return ([cfg(c, pdl) for c in t.GRID + chain for pdl in (1, 2, 3)]
+            + [cfg(c, 1, fused=False) for c in (t.CASES[2], t.CASES[7], t.CASES[10])] + sanitize)
+
+
 def cluster_test_configs():
     """tests/test_decode_regs_gpu.py's cluster tests (REGS_CLUSTER_DEFAULT 2 .. 16) and
     tests/decode_cluster_sanitize.py."""
@@ -340,7 +361,7 @@ def shape_test_configs():
             for b, sq, lens, h, hk, d, dtype, page, extra, kw in cases]
 
 
-GROUPS = {"shape_tests": shape_test_configs, "page_table_tests": page_table_test_configs, "cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
+GROUPS = {"pdl_tests": pdl_test_configs, "shape_tests": shape_test_configs, "page_table_tests": page_table_test_configs, "cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

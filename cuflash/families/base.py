@@ -95,13 +95,16 @@ class KernelConfig:
 @dataclasses.dataclass(frozen=True)
 class LaunchSpec:
     """One kernel launch of a plan: the role's kernel, its grid, threads and dynamic smem; cluster:
-    CTAs per thread-block cluster along x (0: no cluster launch; cuflash.launch.ClusterLaunch)."""
+    CTAs per thread-block cluster along x (0: no cluster launch); pdl: launched as a programmatic
+    dependent of the stream's previous kernel (sm_90; the kernel must wait for it before touching
+    global memory: griddepcontrol.wait). Both through cuflash.launch.LaunchEx."""
 
     role: str
     grid: tuple
     threads: int
     smem: int = 0
     cluster: int = 0
+    pdl: bool = False
 
 
 class Family:

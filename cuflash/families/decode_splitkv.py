@@ -439,6 +439,15 @@ def batch1_hint(problem: Problem) -> int:
     return 0
 
 
+def pdl_for(problem: Problem) -> int:
+    """The pdl a regs call of ``problem`` gets: the first PDL_RULES entry (max batch, max keys per row, pdl)
+    that covers it, else PDL_DEFAULT."""
+    for max_batch, max_keys, pdl in PDL_RULES:
+        if problem.batch <= max_batch and problem.seqlen_k <= max_keys:
+            return pdl
+    return PDL_DEFAULT
+
+
 def regs_options(cfg, problem: Problem, hint: bool = True):
     """The heuristic's regs config ``cfg`` with REGS_AHEAD_DEFAULT, REGS_AHEAD_L1_DEFAULT and
     REGS_ORDER_DEFAULT and, for a batch-1 ``problem``, the first REGS_BATCH1_HINT entry that covers its
@@ -482,9 +491,28 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
 # regs_cluster (decode_splitkv_regs' kCluster): the splits of one (batch, KV head, row block)
 # as one thread-block cluster of that many CTAs (the split count), merged through distributed shared
 # memory (no fused combine, no combine launch; launched with that cluster dimension, cuflash.launch.
-# ClusterLaunch). 16 is a non-portable cluster size (the kernel's
+# LaunchEx). 16 is a non-portable cluster size (the kernel's
 # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED is set when it loads: kernel_attributes).
 REGS_CLUSTER_VALUES = (0, 2, 4, 8, 16)
+# pdl (sm_90, the regs kernel): programmatic dependent launch. The plan launches the call's kernels with
+# CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuflash.launch.LaunchEx), so each may be scheduled
+# before the stream's previous kernel has finished; each waits for it (griddepcontrol.wait) before its first
+# global read or write. 1: the kernel lets its own successor be scheduled right after that wait, 2: after its
+# K/V loop, 3: as 1, with the split's first block(s) prefetched into L2 before the wait even without regs_prefetch
+# (kPdl in decode_splitkv_regs; the append and combine kernels wait and trigger at their start).
+# PDL_DEFAULT: every regs call's pdl (0: off), PDL_RULES: the first (max batch, max keys per row, pdl) entry
+# that covers a regs call (before PDL_DEFAULT). H100, session 26 (logs/session26_dec17, bf16 d 128 32:8 heads,
+# CUDA graphs of 20 back-to-back calls, tests/decode_b1_timing.py, us, heuristic / pdl1 / pdl2 / cuDNN): 1 x 4k
+# 11.17 / 10.73 / 10.77 / 10.86, 1 x 8k 13.35 / 13.71 / 13.48 / 11.96 (r2, 9 rounds: 13.53 / 13.67 / pdl3 13.35 /
+# 12.00), 1 x 16k 27.56 / 26.15 / 26.28, 1 x 32k 48.47 / 47.65 / 47.80, 1 x 64k 91.00 / 91.35 / 90.28, 1 x 128k
+# 177.82 / 178.85 / 178.34, 8 x 8k 92.29 / 92.23 / 91.41, 8 x 32k 355.25 / 355.73 / 355.16, 32 x 8k 351.70 / 354.64 /
+# 354.90. The graphs' idle time between calls is 0.3-0.5 us (torch.profiler), all PDL can hide; next to a
+# non-PDL neighbour (a decode step's x @ W of 4096 x 4096, tests/decode_pdl_neighbour_timing.py) pdl1 gained
+# nothing (1 x 8k 26.03 against 26.10 us of decode per step) or lost (1 x 16k 34.66 / 32.57, 8 x 32k 359.87 /
+# 358.34). So off: a back-to-back decode graph is not how a model calls it.
+PDL_VALUES = (0, 1, 2, 3)
+PDL_DEFAULT = 0
+PDL_RULES: tuple = ()
 # regs_page_table (decode_splitkv_regs' kPageTable, paged caches): the page ids a CTA reads staged in
 # shared memory once (REGS_PAGE_IDS of them: a table row of at most that many pages whole, before
 # cache_seqlens arrives; else the split's top slice), so no block's K/V loads wait on a global table
@@ -602,6 +630,11 @@ class DecodeConfig(KernelConfig):
               LSE in shared memory and merges a slice of the head dim's columns from all of them through
               distributed shared memory (kCluster; no fused_combine or light_fence, no combine launch,
               no partials in global memory)
+    pdl:      (regs, sm_90; 0 none) programmatic dependent launch: the plan's kernels launch with the
+              programmatic-stream-serialization attribute and wait for the stream's previous kernel on the
+              device (kPdl; PDL_DEFAULT): 1 the main kernel lets the next kernel be scheduled right after
+              its wait, 2 after its K/V loop, 3 as 1 with the split's first block(s) prefetched into L2 before
+              the wait without regs_prefetch too. No regs_cluster
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -641,6 +674,7 @@ class DecodeConfig(KernelConfig):
     regs_prefetch_blocks: int = 1
     regs_cluster: int = 0
     regs_page_table: int = 0
+    pdl: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -673,7 +707,8 @@ class DecodeConfig(KernelConfig):
                  + (f"_ro{self.regs_order}" if self.regs_order else "")
                  + (f"_pb{self.regs_prefetch_blocks}" if self.regs_prefetch_blocks != 1 else "")
                  + (f"_cl{self.regs_cluster}" if self.regs_cluster else "")
-                 + (f"_rpt{self.regs_page_table}" if self.regs_page_table else ""))
+                 + (f"_rpt{self.regs_page_table}" if self.regs_page_table else "")
+                 + (f"_pdl{self.pdl}" if self.pdl else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -703,8 +738,8 @@ class DecodeConfig(KernelConfig):
             # the trailing options at their defaults are left out
             trailing = [flag[bool(self.regs_prefetch)], str(int(self.regs_ahead)), flag[bool(self.regs_ahead_l1)],
                         str(int(self.regs_order)), str(int(self.regs_prefetch_blocks)), str(int(self.regs_cluster)),
-                        str(int(self.regs_page_table))]
-            defaults = ["false", "0", "false", "0", "1", "0", "0"]
+                        str(int(self.regs_page_table)), str(int(self.pdl))]
+            defaults = ["false", "0", "false", "0", "1", "0", "0", "0"]
             while trailing and trailing[-1] == defaults[len(trailing) - 1]:
                 trailing.pop()
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
@@ -731,7 +766,7 @@ class DecodeConfig(KernelConfig):
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
                     bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
                     bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks), int(self.regs_cluster),
-                    int(self.regs_page_table))
+                    int(self.regs_page_table), int(self.pdl))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -803,6 +838,10 @@ class DecodeConfig(KernelConfig):
             out.append(f"regs_page_table must be 0 or 1, got {self.regs_page_table}")
         elif self.regs_page_table and not self.regs:
             out.append("regs_page_table: an option of the regs kernel (regs)")
+        if self.pdl not in PDL_VALUES:
+            out.append(f"pdl must be one of {PDL_VALUES} (0: off), got {self.pdl}")
+        elif self.pdl and (not self.regs or self.regs_cluster):
+            out.append("pdl: an option of the regs kernel (regs) without regs_cluster")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -994,6 +1033,7 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
 #   regs_prefetch, regs_prefetch_blocks, regs_ahead, regs_ahead_l1, regs_order: its options (the config
 #               fields; 0 / 1 for the flags), over regs_options' (REGS_BATCH1_RULES); contiguous caches
 #               but regs_order
+#   pdl         programmatic dependent launch of the regs kernel's calls (PDL_RULES), contiguous and paged
 #   split_cost  the split rule's fixed cost per split, in K/V blocks (num_splits_for)
 #   splits      a fixed split count (0: the split rule's)
 def _span(value, x) -> bool:
@@ -1027,6 +1067,7 @@ RULE_SET = {
     "regs_ahead_l1": lambda v: v in (0, 1),
     "regs_order": lambda v: v in REGS_ORDER_VALUES,
     "regs_page_table": lambda v: v in (0, 1),
+    "pdl": lambda v: v in PDL_VALUES,
     "split_cost": lambda v: v >= 0,
     "splits": lambda v: 0 <= v <= MAX_SPLITS,
 }
@@ -1077,7 +1118,8 @@ class DecodeSplitKV(Family):
              "stream": STREAM_SPACE, "light_fence": LIGHT_FENCE_SPACE,
              "regs": REGS_SPACE,
              "regs_prefetch": (False,), "regs_ahead": (0,), "regs_ahead_l1": (False,),
-             "regs_order": (0,), "regs_prefetch_blocks": (1,), "regs_cluster": (0,), "regs_page_table": (0,)}
+             "regs_order": (0,), "regs_prefetch_blocks": (1,), "regs_cluster": (0,), "regs_page_table": (0,),
+             "pdl": (0,)}   # pdl: a property of the call's neighbours, not of one call timed alone (PDL_RULES)
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -1195,6 +1237,9 @@ class DecodeSplitKV(Family):
                        if k in RULE_REGS_OPTIONS and ("paged_kv" not in problem.features or k in RULE_PAGED_OPTIONS)}
             if options:   # a device rule's regs options, over the batch-1 and shape rules'
                 regs = regs.replace(**options)
+            pdl = knobs.get("pdl", pdl_for(problem))   # see PDL_RULES
+            if pdl and not regs.regs_cluster:
+                regs = regs.replace(pdl=pdl)
             if not regs.problems(max_smem):
                 return regs   # see REGS_DEFAULT
         if TMA_DEFAULT and tuple(arch)[0] == 9 and d == problem.head_dim and d <= TMA_MAX_HEAD_DIM:
@@ -1224,7 +1269,7 @@ class DecodeSplitKV(Family):
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
                  "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_ahead_l1": False,
-                 "regs_order": 0, "regs_prefetch_blocks": 1, "regs_cluster": 0, "regs_page_table": 0, **point}
+                 "regs_order": 0, "regs_prefetch_blocks": 1, "regs_cluster": 0, "regs_page_table": 0, "pdl": 0, **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -1233,6 +1278,8 @@ class DecodeSplitKV(Family):
         argument). A config without tma runs everywhere the family does, but bulk needs sm_90."""
         if getattr(config, "bulk", 0) and tuple(arch)[0] != 9:
             return f"config: {config.name} (bulk) needs sm_90 (cp.async.bulk), got sm_{arch[0]}{arch[1]}"
+        if getattr(config, "pdl", 0) and tuple(arch)[0] != 9:
+            return f"config: {config.name} (pdl) needs sm_90 (griddepcontrol), got sm_{arch[0]}{arch[1]}"
         if not getattr(config, "tma", False):
             return ""
         if tuple(arch)[0] != 9:
@@ -1266,13 +1313,13 @@ class DecodeSplitKV(Family):
         if why:
             if not chosen:
                 raise ValueError(why)
-            config = config.replace(tma=False, bulk=0)
+            config = config.replace(tma=False, bulk=0, pdl=0)
         if getattr(config, "regs", 0) and problem.head_dim != config.head_dim:
             if not chosen:
                 raise ValueError(f"q: the regs kernel (config regs) needs the head dim to equal the config's "
                                  f"{config.head_dim}, got {problem.head_dim}")
             config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
-                                    regs_prefetch_blocks=1, regs_page_table=0)
+                                    regs_prefetch_blocks=1, regs_page_table=0, pdl=0)
             if getattr(config, "regs_cluster", 0):
                 config = self.without_cluster(config)
         keys = problem.batch * problem.seqlen_k
@@ -1293,7 +1340,7 @@ class DecodeSplitKV(Family):
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
                                  regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
-                                 regs_prefetch_blocks=1, regs_cluster=0, regs_page_table=0,
+                                 regs_prefetch_blocks=1, regs_cluster=0, regs_page_table=0, pdl=0,
                                  m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
@@ -1309,9 +1356,10 @@ class DecodeSplitKV(Family):
 
     def kernel_names(self, config) -> dict:
         d, dt = config.head_dim, config.dtype
+        pdl = ", true" if getattr(config, "pdl", 0) else ""   # kPdl: they wait for the previous kernel
         return {"main": config.kernel_name(),
-                "append": f"cuflash::decode_append<{d}, cuflash::{dt}>",
-                "combine": f"cuflash::decode_combine<{d}, cuflash::{dt}>"}
+                "append": f"cuflash::decode_append<{d}, cuflash::{dt}{pdl}>",
+                "combine": f"cuflash::decode_combine<{d}, cuflash::{dt}{pdl}>"}
 
     def smem_roles(self, config) -> dict:
         return {"main": config.smem_bytes}
@@ -1333,14 +1381,16 @@ class DecodeSplitKV(Family):
     def launches(self, config, problem: Problem, sm_count: int) -> list:
         p = problem
         splits = _splits(config, p, sm_count)
+        pdl = bool(getattr(config, "pdl", 0))   # every launch programmatic (their kernels' kPdl waits)
         out = []
         if "append" in p.features:  # first: the main kernel reads what it writes
-            out.append(LaunchSpec("append", (APPEND_CTAS, p.batch), APPEND_THREADS, 0))
+            out.append(LaunchSpec("append", (APPEND_CTAS, p.batch), APPEND_THREADS, 0, pdl=pdl))
         grid = (splits, 1, 1) if getattr(config, "stream", False) else (splits, p.nheads_kv * row_blocks(config, p), p.batch)
-        out.append(LaunchSpec("main", grid, config.threads, config.smem_bytes, getattr(config, "regs_cluster", 0)))
+        out.append(LaunchSpec("main", grid, config.threads, config.smem_bytes, getattr(config, "regs_cluster", 0),
+                              pdl=pdl))
         if splits > 1 and not config.fused_combine and not getattr(config, "regs_cluster", 0):
             rows = p.batch * p.nheads * p.seqlen_q
-            out.append(LaunchSpec("combine", (-(-rows // COMBINE_ROWS),), 32 * COMBINE_ROWS, 0))
+            out.append(LaunchSpec("combine", (-(-rows // COMBINE_ROWS),), 32 * COMBINE_ROWS, 0, pdl=pdl))
         return out
 
     def split_count(self, config, problem: Problem, sm_count: int,
