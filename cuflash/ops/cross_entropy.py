@@ -1,0 +1,146 @@
+"""Cross-entropy with flash-attn 2.8's ``flash_attn.ops.triton.cross_entropy`` names, arguments
+and return values, as a torch composition (an ``autograd.Function`` whose forward and backward are
+torch operations in fp32, float64 for float64 logits; no fused kernel): ``cross_entropy_loss`` and
+the ``autograd.Function`` ``CrossEntropyLoss`` (``CrossEntropyLossFunction``). The module that
+reduces the losses is ``cuflash.losses.cross_entropy.CrossEntropyLoss``.
+
+Per row, with z = logits · logit_scale over the C classes (C = world size × the local vocab
+with a ``process_group``), lse = logsumexp(z), s = label_smoothing, y = the row's label:
+
+    loss   = lse - (1 - s) · z_y - s · sum(z) / C + z_loss,    z_loss = lse_square_scale · lse²
+    dz     = softmax(z) · (1 + 2 · lse_square_scale · lse) - (1 - s) · onehot(y) - s / C
+    dlogits = dloss · logit_scale · dz                          (in the logits' dtype)
+
+Rows whose label is ``ignore_index`` get loss = z_loss = 0 and a zero gradient. A label outside
+[0, C) (and not ``ignore_index``) drops the z_y term (loss = lse - s · mean(z) + z_loss), the
+rule flash-attn's backward and its vocab-split forward follow (its single-process forward also
+drops the (1 - s) · lse part there). ``z_loss`` is returned for logging and takes no gradient.
+``process_group``: each rank holds its slice of the vocab (rank r: classes r·V .. r·V + V - 1 of
+``logits``' V columns); the LSEs are all-gathered and the label terms all-reduced in the forward,
+the backward needs no communication; every rank returns the same losses.
+``precomputed_lse`` is used only when ``logit_scale == 1`` and ``label_smoothing == 0`` (as
+flash-attn): the LSE of this rank's logits. ``inplace_backward=True`` writes the gradient into the
+logits' storage and returns it, as flash-attn (it does not save memory here: the gradient is
+formed in fp32 first).
+
+Differences (on the accepting side): CPU tensors, float64 logits (losses in float64 then; fp32
+otherwise, as flash-attn), any vocab size. Bad arguments raise ``ValueError`` naming the argument.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["cross_entropy_loss", "CrossEntropyLoss", "CrossEntropyLossFunction"]
+
+
+def _compute_dtype(logits):
+    return torch.float64 if logits.dtype == torch.float64 else torch.float32
+
+
+def _split(process_group):
+    if process_group is None:
+        return 1, 0
+    return dist.get_world_size(process_group), dist.get_rank(process_group)
+
+
+class CrossEntropyLossFunction(torch.autograd.Function):
+    """flash-attn's ``CrossEntropyLoss`` autograd.Function: ``apply(logits, labels,
+    precomputed_lse, smoothing, logit_scale, lse_square_scale, ignore_index, inplace_backward,
+    process_group)`` → ``(losses, z_losses)``."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, precomputed_lse=None, smoothing=0.0, logit_scale=1.0, lse_square_scale=0.0,
+                ignore_index=-100, inplace_backward=False, process_group=None):
+        cdt = _compute_dtype(logits)
+        n_rows, n_cols = logits.shape
+        world, rank = _split(process_group)
+        total_classes = world * n_cols
+        z = logits.to(cdt) * logit_scale
+        if precomputed_lse is not None and logit_scale == 1.0 and smoothing == 0.0:
+            lse = precomputed_lse.to(cdt)
+        else:
+            lse = torch.logsumexp(z, dim=-1)
+        local = labels.long() - rank * n_cols
+        in_range = (local >= 0) & (local < n_cols)
+        z_label = z.gather(1, torch.where(in_range, local, 0).unsqueeze(1)).squeeze(1)
+        part = -(1.0 - smoothing) * torch.where(in_range, z_label, 0.0)
+        if smoothing > 0.0:
+            part = part - smoothing * z.sum(dim=-1) / total_classes
+        if world > 1:
+            # the global LSE from every rank's (local) LSE; the label / smoothing terms summed
+            lses = [torch.empty_like(lse) for _ in range(world)]
+            dist.all_gather(lses, lse.contiguous(), group=process_group)
+            lse = torch.logsumexp(torch.stack(lses), dim=0)
+            dist.all_reduce(part, op=dist.ReduceOp.SUM, group=process_group)
+        ignored = labels == ignore_index
+        z_loss = torch.where(ignored, 0.0, lse_square_scale * lse.square())
+        loss = torch.where(ignored, 0.0, lse + part + z_loss)
+        ctx.save_for_backward(logits, lse, labels)
+        ctx.mark_non_differentiable(z_loss)
+        ctx.smoothing, ctx.logit_scale, ctx.lse_square_scale = smoothing, logit_scale, lse_square_scale
+        ctx.ignore_index, ctx.total_classes, ctx.class_start = ignore_index, total_classes, rank * n_cols
+        ctx.inplace_backward = inplace_backward
+        return loss, z_loss
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_z_loss):
+        del grad_z_loss  # z_loss is for logging only
+        logits, lse, labels = ctx.saved_tensors
+        cdt = lse.dtype
+        n_cols = logits.shape[1]
+        z = logits.to(cdt) * ctx.logit_scale
+        dz = torch.exp(z - lse.unsqueeze(1)) * (1.0 + 2.0 * ctx.lse_square_scale * lse).unsqueeze(1)
+        local = labels.long() - ctx.class_start
+        in_range = (local >= 0) & (local < n_cols)
+        hit = torch.nn.functional.one_hot(torch.where(in_range, local, 0), n_cols).to(cdt) * in_range.unsqueeze(1)
+        dz = dz - (1.0 - ctx.smoothing) * hit
+        if ctx.smoothing > 0.0:
+            dz = dz - ctx.smoothing / ctx.total_classes
+        dloss = torch.where(labels == ctx.ignore_index, 0.0, grad_loss.to(cdt))
+        dlogits = (dz * (dloss * ctx.logit_scale).unsqueeze(1)).to(logits.dtype)
+        if ctx.inplace_backward:
+            dlogits = logits.copy_(dlogits)
+        return dlogits, None, None, None, None, None, None, None, None
+
+
+CrossEntropyLoss = CrossEntropyLossFunction   # flash-attn's name for the autograd.Function here
+
+
+def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, precomputed_lse: Optional[torch.Tensor] = None,
+                       label_smoothing: float = 0.0, logit_scale: float = 1.0, lse_square_scale: float = 0.0,
+                       ignore_index=-100, inplace_backward: bool = False,
+                       process_group=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """flash-attn's ``cross_entropy_loss``: logits (batch, vocab) — this rank's vocab slice with
+    ``process_group`` —, labels (batch,) integer class ids. Returns ``(losses, z_losses)``, each
+    (batch,), fp32 (float64 for float64 logits); see the module docstring for the formula."""
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or not logits.is_floating_point():
+        raise ValueError(f"logits must be a 2-D floating-point tensor (batch, vocab), got "
+                         f"{getattr(logits, 'shape', type(logits).__name__)}")
+    if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.is_complex() \
+            or labels.dtype == torch.bool:
+        raise ValueError(f"labels must be an integer tensor, got {getattr(labels, 'dtype', type(labels).__name__)}")
+    if tuple(labels.shape) != (logits.shape[0],):
+        raise ValueError(f"labels must have shape ({logits.shape[0]},) (one per logits row), got {tuple(labels.shape)}")
+    if labels.device != logits.device:
+        raise ValueError(f"labels are on {labels.device}, logits on {logits.device}")
+    if logits.shape[1] == 0:
+        raise ValueError("logits must have at least one class column")
+    if not isinstance(logit_scale, (int, float)) or not logit_scale > 0.0:
+        raise ValueError(f"logit_scale must be > 0, got {logit_scale!r}")
+    if not isinstance(label_smoothing, (int, float)) or not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
+    if not isinstance(lse_square_scale, (int, float)) or lse_square_scale < 0.0:
+        raise ValueError(f"lse_square_scale must be a float >= 0, got {lse_square_scale!r}")
+    if not isinstance(ignore_index, int):
+        raise ValueError(f"ignore_index must be an int, got {ignore_index!r}")
+    if precomputed_lse is not None:
+        if not isinstance(precomputed_lse, torch.Tensor) or tuple(precomputed_lse.shape) != (logits.shape[0],):
+            raise ValueError(f"precomputed_lse must be a tensor of shape ({logits.shape[0]},), got "
+                             f"{getattr(precomputed_lse, 'shape', type(precomputed_lse).__name__)}")
+    if process_group is not None and not dist.is_initialized():
+        raise ValueError("process_group is given but torch.distributed is not initialized")
+    return CrossEntropyLossFunction.apply(logits, labels, precomputed_lse, float(label_smoothing), float(logit_scale),
+                                          float(lse_square_scale), ignore_index, bool(inplace_backward), process_group)
