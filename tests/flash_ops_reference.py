@@ -58,7 +58,7 @@ def ce_formula(logits, labels, smoothing=0.0, scale=1.0, zsq=0.0, ignore_index=-
     c = z.shape[-1]
     valid = labels != ignore_index
     safe = torch.where(valid, labels, 0)
-    zy = z[torch.arange(z.shape[0]), safe]
+    zy = z[torch.arange(z.shape[0], device=z.device), safe]
     zl = zsq * lse * lse
     loss = lse - (1 - smoothing) * zy - smoothing * z.sum(-1) / c + zl
     return torch.where(valid, loss, 0.0), torch.where(valid, zl, 0.0)

@@ -95,8 +95,9 @@ class CrossEntropyLossFunction(torch.autograd.Function):
         dz = torch.exp(z - lse.unsqueeze(1)) * (1.0 + 2.0 * ctx.lse_square_scale * lse).unsqueeze(1)
         local = labels.long() - ctx.class_start
         in_range = (local >= 0) & (local < n_cols)
-        hit = torch.nn.functional.one_hot(torch.where(in_range, local, 0), n_cols).to(cdt) * in_range.unsqueeze(1)
-        dz = dz - (1.0 - ctx.smoothing) * hit
+        # - (1 - s) at each row's label column (rows whose label is outside this slice: nothing)
+        dz.scatter_add_(1, torch.where(in_range, local, 0).unsqueeze(1),
+                        (-(1.0 - ctx.smoothing) * in_range.to(cdt)).unsqueeze(1))
         if ctx.smoothing > 0.0:
             dz = dz - ctx.smoothing / ctx.total_classes
         dloss = torch.where(labels == ctx.ignore_index, 0.0, grad_loss.to(cdt))
