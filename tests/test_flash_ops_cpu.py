@@ -311,14 +311,22 @@ def test_signatures_match_flash_attn():
     assert tln.layer_norm_fn is ln.layer_norm_fn and tce.cross_entropy_loss is cross_entropy_loss
 
 
-def test_layer_norm_fn_compiles_fullgraph():
-    """torch.compile traces the composition in one graph (aot_eager: no C++ build here)."""
+def test_compiles_fullgraph():
+    """torch.compile traces layer_norm_fn and cross_entropy_loss in one graph each (aot_eager: no
+    C++ build here)."""
     torch._dynamo.reset()
     t = norm_inputs(dict(residual=True, x1=True, weight1=True), shape=(2, 3, 16))
     f = torch.compile(lambda **kw: ln.layer_norm_fn(eps=1e-5, prenorm=True, residual_in_fp32=True, **kw),
                       backend="aot_eager", fullgraph=True)
     for a, b in zip(f(**t), ln.layer_norm_fn(eps=1e-5, prenorm=True, residual_in_fp32=True, **t)):
         assert torch.allclose(a, b, **TOL)
+    logits, labels = randn(6, 9, grad=True), ce_labels(6, 9)
+    ce = torch.compile(lambda lg: cross_entropy_loss(lg, labels, label_smoothing=0.1, lse_square_scale=1e-2)[0],
+                       backend="aot_eager", fullgraph=True)
+    got = ce(logits)
+    want = ce_formula(logits, labels, 0.1, zsq=1e-2)[0]
+    assert torch.allclose(got, want, **TOL)
+    assert torch.allclose(torch.autograd.grad(got.sum(), logits)[0], torch.autograd.grad(want.sum(), logits)[0], **TOL)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -71,7 +71,10 @@ def _check_args(x, weight, bias, residual, x1, weight1, bias1, eps, dropout_p, r
     _check_tensor("x1", x1, x.shape)
     _check_tensor("weight1", weight1, (n,))
     _check_tensor("bias1", bias1, (n,))
-    _check_tensor("rowscale", rowscale, x.shape[:-1])
+    _check_tensor("rowscale", rowscale)
+    if rowscale is not None and rowscale.numel() != x[..., 0].numel():
+        raise ValueError(f"rowscale must have one value per row of x (shape {tuple(x.shape[:-1])}), got "
+                         f"{tuple(rowscale.shape)}")
     _check_tensor("layerscale", layerscale, (n,))
     if bias1 is not None and weight1 is None:
         raise ValueError("bias1 needs weight1 (the second output's scale)")
@@ -129,7 +132,7 @@ def _dropout_add_norm(x, weight, bias, residual=None, x1=None, weight1=None, bia
     cdt = _compute_dtype(x, weight, bias, residual, x1, weight1, bias1)
     h = x.to(cdt)
     if rowscale is not None:
-        h = h * rowscale.to(cdt).unsqueeze(-1)
+        h = h * rowscale.to(cdt).reshape(x.shape[:-1]).unsqueeze(-1)
     if layerscale is not None:
         h = h * layerscale.to(cdt)
     mask = mask1 = None
