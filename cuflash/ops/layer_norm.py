@@ -37,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["layer_norm_fn", "rms_norm_fn", "layer_norm_ref", "rms_norm_ref", "RMSNorm", "LayerNorm",
+__all__ = ["layer_norm_fn", "rms_norm_fn", "LayerNormFn", "layer_norm_ref", "rms_norm_ref", "RMSNorm", "LayerNorm",
            "layer_norm_linear_fn", "dropout_add_layer_norm", "dropout_add_layer_norm_parallel_residual",
            "layer_norm", "DropoutAddLayerNorm"]
 
@@ -199,6 +199,12 @@ def layer_norm_fn(x, weight, bias, residual=None, x1=None, weight1=None, bias1=N
     if return_dropout_mask:
         return outs + (mask, mask1)
     return outs[0] if len(outs) == 1 else outs
+
+
+class LayerNormFn:
+    """flash-attn's autograd.Function name: ``LayerNormFn.apply(...)`` takes ``layer_norm_fn``'s
+    arguments, in its order (autograd here runs through torch's operations)."""
+    apply = staticmethod(layer_norm_fn)
 
 
 def rms_norm_fn(x, weight, bias, residual=None, x1=None, weight1=None, bias1=None, eps=1e-6,
