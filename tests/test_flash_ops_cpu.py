@@ -563,6 +563,19 @@ def test_block_fused_and_unfused_agree_with_drop_path_and_residual_fp32():
     for u, v in zip(a(x, r), b(x, r)):
         assert torch.allclose(u.double(), v.double(), atol=1e-6)     # the residual is fp32 here
     assert a(x, r)[1].dtype == torch.float32 and b(x, r)[1].dtype == torch.float32
+    # a zero-centered RMSNorm: the fused path applies weight + 1 as the module does
+    from functools import partial
+    zc = partial(ln.RMSNorm, eps=1e-5, zero_centered_weight=True, **F64)
+    c = make_block(32, 4, False)
+    c.norm1, c.norm2 = zc(32), zc(32)
+    d = make_block(32, 4, True)
+    d.norm1, d.norm2 = zc(32), zc(32)
+    with torch.no_grad():
+        c.norm1.weight.normal_(), c.norm2.weight.normal_()
+    d.load_state_dict(c.state_dict())
+    r32 = randn(3, 6, 32)
+    for u, v in zip(c(x, r32), d(x, r32)):
+        assert torch.allclose(u, v, atol=1e-10)
     sd = StochasticDepth(0.5, "row").train()
     torch.manual_seed(0)
     y = sd(torch.ones(64, 3, 4, **F64))

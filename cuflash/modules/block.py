@@ -16,6 +16,10 @@ default mixer), ``cuflash.modules.mlp.Mlp`` and ``cuflash.ops.layer_norm`` (the
   "batch" the whole batch, survivors scaled by 1 / (1 - p)), here so that torchvision is not a
   dependency.
 
+Difference: the ``fused_dropout_add_ln`` path passes a zero-centered ``RMSNorm``'s
+``zero_centered_weight`` on (flash-attn's drops it there, so its fused and unfused paths differ
+for such norms; here they agree).
+
 Bad arguments raise ``ValueError`` (flash-attn asserts): ``residual_in_fp32`` with
 ``prenorm=False``; ``fused_dropout_add_ln`` with a norm other than ``nn.LayerNorm`` /
 ``RMSNorm`` or a dropout other than ``nn.Dropout``.
@@ -138,7 +142,8 @@ class Block(nn.Module):
         return layer_norm_fn(x, norm.weight, norm.bias, residual=residual, eps=norm.eps,
                              dropout_p=dropout.p if self.training else 0.0,
                              rowscale=_drop_path_rowscale(drop_path, x, self.training), prenorm=True,
-                             residual_in_fp32=self.residual_in_fp32, is_rms_norm=isinstance(norm, RMSNorm))
+                             residual_in_fp32=self.residual_in_fp32, is_rms_norm=isinstance(norm, RMSNorm),
+                             zero_centered_weight=getattr(norm, "zero_centered_weight", False))
 
     def _postnorm_add(self, out, x, dropout, drop_path, norm):
         """dropout → add → norm, post-norm: norm(drop(out) + x)."""
@@ -147,7 +152,8 @@ class Block(nn.Module):
         return layer_norm_fn(out, norm.weight, norm.bias, residual=x, eps=norm.eps,
                              dropout_p=dropout.p if self.training else 0.0,
                              rowscale=_drop_path_rowscale(drop_path, out, self.training), prenorm=False,
-                             is_rms_norm=isinstance(norm, RMSNorm))
+                             is_rms_norm=isinstance(norm, RMSNorm),
+                             zero_centered_weight=getattr(norm, "zero_centered_weight", False))
 
     def forward(self, hidden_states: Tensor, residual: Optional[Tensor] = None, mixer_subset=None,
                 mixer_kwargs=None):
@@ -236,7 +242,8 @@ class ParallelBlock(nn.Module):
                                  x1=hidden_states2, weight1=weight2, bias1=bias2, eps=self.norm1.eps,
                                  dropout_p=self.dropout1.p if self.training else 0.0, prenorm=True,
                                  residual_in_fp32=self.residual_in_fp32,
-                                 is_rms_norm=isinstance(self.norm1, RMSNorm))
+                                 is_rms_norm=isinstance(self.norm1, RMSNorm),
+                                 zero_centered_weight=getattr(self.norm1, "zero_centered_weight", False))
             if self.tied_norm:
                 hidden_states1, residual = outs
                 hidden_states2 = hidden_states1

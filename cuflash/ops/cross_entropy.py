@@ -91,17 +91,18 @@ class CrossEntropyLossFunction(torch.autograd.Function):
         logits, lse, labels = ctx.saved_tensors
         cdt = lse.dtype
         n_cols = logits.shape[1]
-        z = logits.to(cdt) * ctx.logit_scale
-        dz = torch.exp(z - lse.unsqueeze(1)) * (1.0 + 2.0 * ctx.lse_square_scale * lse).unsqueeze(1)
+        # one fp32 buffer, updated in place: softmax(z) · (1 + 2 · lse_square_scale · lse) first
+        dz = logits.to(cdt, copy=True).mul_(ctx.logit_scale).sub_(lse.unsqueeze(1)).exp_()
+        dz.mul_((1.0 + 2.0 * ctx.lse_square_scale * lse).unsqueeze(1))
         local = labels.long() - ctx.class_start
         in_range = (local >= 0) & (local < n_cols)
         # - (1 - s) at each row's label column (rows whose label is outside this slice: nothing)
         dz.scatter_add_(1, torch.where(in_range, local, 0).unsqueeze(1),
                         (-(1.0 - ctx.smoothing) * in_range.to(cdt)).unsqueeze(1))
         if ctx.smoothing > 0.0:
-            dz = dz - ctx.smoothing / ctx.total_classes
+            dz.sub_(ctx.smoothing / ctx.total_classes)
         dloss = torch.where(labels == ctx.ignore_index, 0.0, grad_loss.to(cdt))
-        dlogits = (dz * (dloss * ctx.logit_scale).unsqueeze(1)).to(logits.dtype)
+        dlogits = dz.mul_((dloss * ctx.logit_scale).unsqueeze(1)).to(logits.dtype)
         if ctx.inplace_backward:
             dlogits = logits.copy_(dlogits)
         return dlogits, None, None, None, None, None, None, None, None
