@@ -111,18 +111,16 @@ def _keep_mask(like: Tensor, p: float) -> Tensor:
     return torch.rand(like.shape, device=like.device) >= p
 
 
-def _normalized(h: Tensor, eps: float, is_rms_norm: bool) -> Tensor:
+def _norm_affine(h: Tensor, w, b, eps: float, is_rms_norm: bool, zero_centered: bool, cdt) -> Tensor:
+    """norm(h) · w + b in cdt through torch's fused F.layer_norm / F.rms_norm."""
     n = h.shape[-1]
-    if is_rms_norm:
-        return h * torch.rsqrt(h.square().mean(dim=-1, keepdim=True) + eps)
-    return F.layer_norm(h, (n,), None, None, eps)
-
-
-def _affine(xhat: Tensor, w, b, zero_centered: bool, cdt: torch.dtype) -> Tensor:
     if w is not None:
-        w = w.to(cdt)
-        xhat = xhat * (w + 1.0 if zero_centered else w)
-    return xhat + b.to(cdt) if b is not None else xhat
+        w = w.to(cdt) + 1.0 if zero_centered else w.to(cdt)
+    b = b.to(cdt) if b is not None else None
+    if is_rms_norm:
+        y = F.rms_norm(h, (n,), w, eps)
+        return y + b if b is not None else y
+    return F.layer_norm(h, (n,), w, b, eps)
 
 
 def _dropout_add_norm(x, weight, bias, residual=None, x1=None, weight1=None, bias1=None, eps=1e-6,
@@ -153,12 +151,11 @@ def _dropout_add_norm(x, weight, bias, residual=None, x1=None, weight1=None, bia
     trivial = (residual is None and x1 is None and rowscale is None and layerscale is None
                and dropout_p == 0.0 and residual_dtype == x.dtype)
     residual_out = x if trivial else h.to(residual_dtype)   # flash-attn returns x itself here
-    xhat = _normalized(h, eps, is_rms_norm)
     odt = x.dtype if out_dtype is None else out_dtype
-    y = _affine(xhat, weight, bias, zero_centered_weight, cdt).to(odt)
+    y = _norm_affine(h, weight, bias, eps, is_rms_norm, zero_centered_weight, cdt).to(odt)
     y1 = None
-    if weight1 is not None:
-        y1 = _affine(xhat, weight1, bias1, zero_centered_weight, cdt).to(odt)
+    if weight1 is not None:   # the second output normalizes the same h again (two small reductions)
+        y1 = _norm_affine(h, weight1, bias1, eps, is_rms_norm, zero_centered_weight, cdt).to(odt)
     return y, y1, residual_out, mask, mask1
 
 
