@@ -6,8 +6,9 @@ the plain torch code they replace, interleaved in one process (cuflash.timing.ti
   against flash-attn's unfused Block path (``residual = x + residual``, ``F.rms_norm`` /
   ``F.layer_norm`` on it, the residual kept in fp32), optionally the composition under
   ``torch.compile`` (``--compile``);
-* cross-entropy over a 32k vocab in bf16: ``cross_entropy_loss(...)`` (mean over the kept rows)
-  against ``F.cross_entropy`` on the bf16 logits; with the peak memory of one forward + backward.
+* cross-entropy over a 32k / 128k vocab in bf16: ``cross_entropy_loss(...)`` (mean over the kept
+  rows, fp32 losses) against ``F.cross_entropy`` on the bf16 logits (bf16 log-softmax) and on the
+  logits upcast to fp32; with the peak memory of one forward + backward.
 
 Writes a JSON summary (--out). Speed is reported, never asserted."""
 import argparse
@@ -77,7 +78,11 @@ def ce_case(rows, vocab):
     def torch_fn(lg):
         return F.cross_entropy(lg, labels)
 
-    fns = {"cuflash": fwd_bwd(cuflash_fn, (logits,)), "torch_bf16": fwd_bwd(torch_fn, (logits,))}
+    def torch_fp32_fn(lg):       # fp32 losses as cuflash's (and flash-attn's): the logits upcast first
+        return F.cross_entropy(lg.float(), labels)
+
+    fns = {"cuflash": fwd_bwd(cuflash_fn, (logits,)), "torch_bf16": fwd_bwd(torch_fn, (logits,)),
+           "torch_fp32": fwd_bwd(torch_fp32_fn, (logits,))}
     times = time_interleaved(fns, reps=15, back_to_back=5)
     return {"what": "cross entropy, mean, fwd+bwd, bf16 logits", "rows": rows, "vocab": vocab,
             "ms": {k: v.median_ms for k, v in times.items()}, "spread": {k: round(v.spread, 3) for k, v in times.items()},

@@ -365,6 +365,28 @@ def test_cross_entropy_matches_formula(case):
     assert torch.autograd.gradcheck(lambda lg: cross_entropy_loss(lg, small, **kw)[0], (randn(5, 7, grad=True),))
 
 
+@pytest.mark.parametrize("case", sorted(CE_CASES))
+def test_cross_entropy_row_chunks(case, monkeypatch):
+    """Rows processed 3 at a time (13 rows: a short last chunk), forward and backward, in place too."""
+    from cuflash.ops import cross_entropy as ce
+    monkeypatch.setattr(ce, "CHUNK_BYTES", 4 * 37 * 3)
+    assert len(ce._row_chunks(13, 37)) == 5
+    torch.manual_seed(14)
+    kw = CE_CASES[case]
+    base, labels = torch.randn(13, 37, **F64), ce_labels(13, 37)
+    logits = base.clone().requires_grad_(True)
+    loss, z = cross_entropy_loss(logits, labels, **kw)
+    fl, fz = ce_formula(logits, labels, kw.get("label_smoothing", 0.0), kw.get("logit_scale", 1.0),
+                        kw.get("lse_square_scale", 0.0))
+    assert torch.allclose(loss, fl, **TOL) and torch.allclose(z, fz, **TOL)
+    g = torch.randn(13, **F64)
+    want = torch.autograd.grad(fl, logits, g)[0]
+    assert torch.allclose(torch.autograd.grad(loss, logits, g)[0], want, **TOL)
+    y = base.clone().requires_grad_(True) * 1.0
+    cross_entropy_loss(y, labels, inplace_backward=True, **kw)[0].backward(g)
+    assert torch.allclose(y.detach(), want, **TOL)
+
+
 def test_cross_entropy_module_reductions_and_torch_agreement():
     torch.manual_seed(11)
     logits, labels = randn(17, 29, grad=True), ce_labels(17, 29)

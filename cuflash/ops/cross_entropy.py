@@ -20,8 +20,9 @@ drops the (1 - s) · lse part there). ``z_loss`` is returned for logging and tak
 the backward needs no communication; every rank returns the same losses.
 ``precomputed_lse`` is used only when ``logit_scale == 1`` and ``label_smoothing == 0`` (as
 flash-attn): the LSE of this rank's logits. ``inplace_backward=True`` writes the gradient into the
-logits' storage and returns it, as flash-attn (it does not save memory here: the gradient is
-formed in fp32 first).
+logits' storage and returns it, as flash-attn (no gradient buffer is allocated then).
+Rows are processed in chunks of about ``CHUNK_BYTES`` of fp32 so that the temporaries stay in
+the GPU's L2 cache; the extra memory is one chunk (plus the gradient, unless in place).
 
 Differences (on the accepting side): CPU tensors, float64 logits (losses in float64 then; fp32
 otherwise, as flash-attn), any vocab size. Bad arguments raise ``ValueError`` naming the argument.
@@ -46,6 +47,18 @@ def _split(process_group):
     return dist.get_world_size(process_group), dist.get_rank(process_group)
 
 
+# The fp32 temporaries of the softmax go chunk by chunk (CHUNK_BYTES of fp32 each): the chunk's
+# buffer is reused (torch's caching allocator hands the same block back) and stays in the GPU's L2
+# cache, so the logits cross DRAM about once per pass, and the extra memory is one chunk (plus the
+# gradient, written chunk by chunk into its output: the logits themselves with inplace_backward).
+CHUNK_BYTES = 32 << 20
+
+
+def _row_chunks(n_rows: int, n_cols: int):
+    step = max(1, CHUNK_BYTES // (4 * max(n_cols, 1)))
+    return [(r, min(r + step, n_rows)) for r in range(0, n_rows, step)]
+
+
 class CrossEntropyLossFunction(torch.autograd.Function):
     """flash-attn's ``CrossEntropyLoss`` autograd.Function: ``apply(logits, labels,
     precomputed_lse, smoothing, logit_scale, lse_square_scale, ignore_index, inplace_backward,
@@ -58,17 +71,28 @@ class CrossEntropyLossFunction(torch.autograd.Function):
         n_rows, n_cols = logits.shape
         world, rank = _split(process_group)
         total_classes = world * n_cols
-        z = logits.to(cdt) * logit_scale
-        if precomputed_lse is not None and logit_scale == 1.0 and smoothing == 0.0:
-            lse = precomputed_lse.to(cdt)
-        else:
-            lse = torch.logsumexp(z, dim=-1)
         local = labels.long() - rank * n_cols
         in_range = (local >= 0) & (local < n_cols)
-        z_label = z.gather(1, torch.where(in_range, local, 0).unsqueeze(1)).squeeze(1)
+        index = torch.where(in_range, local, 0).unsqueeze(1)
+        use_pre = precomputed_lse is not None and logit_scale == 1.0 and smoothing == 0.0
+        # whole-tensor reductions on the logits as they are (exact values), scaled after (scale > 0)
+        z_label = logits.gather(1, index).squeeze(1).to(cdt) * logit_scale
+        z_sum = logits.sum(dim=-1, dtype=cdt) * logit_scale if smoothing > 0.0 else None
+        if use_pre:
+            lse = precomputed_lse.to(cdt)
+        else:
+            # lse = max(z) - max(log_softmax(z)): the second term lies in [-log V, 0], so the
+            # rounding stays at the LSE's own scale; log_softmax in cdt, one row chunk at a time
+            lp_max = []
+            for r0, r1 in _row_chunks(n_rows, n_cols):
+                zc = logits[r0:r1]
+                lp = (torch.log_softmax(zc, dim=-1, dtype=cdt) if logit_scale == 1.0
+                      else torch.log_softmax(zc.to(cdt) * logit_scale, dim=-1))
+                lp_max.append(lp.amax(dim=-1))
+            lse = logits.amax(dim=-1).to(cdt) * logit_scale - torch.cat(lp_max)
         part = -(1.0 - smoothing) * torch.where(in_range, z_label, 0.0)
-        if smoothing > 0.0:
-            part = part - smoothing * z.sum(dim=-1) / total_classes
+        if z_sum is not None:
+            part = part - smoothing * z_sum / total_classes
         if world > 1:
             # the global LSE from every rank's (local) LSE; the label / smoothing terms summed
             lses = [torch.empty_like(lse) for _ in range(world)]
@@ -90,21 +114,25 @@ class CrossEntropyLossFunction(torch.autograd.Function):
         del grad_z_loss  # z_loss is for logging only
         logits, lse, labels = ctx.saved_tensors
         cdt = lse.dtype
-        n_cols = logits.shape[1]
-        # one fp32 buffer, updated in place: softmax(z) · (1 + 2 · lse_square_scale · lse) first
-        dz = logits.to(cdt, copy=True).mul_(ctx.logit_scale).sub_(lse.unsqueeze(1)).exp_()
-        dz.mul_((1.0 + 2.0 * ctx.lse_square_scale * lse).unsqueeze(1))
+        n_rows, n_cols = logits.shape
+        # dlogits = c · (exp(z - lse) · (1 + 2 · lse_square_scale · lse) - (1 - s) · onehot - s / C),
+        # c = dloss · logit_scale (0 on ignored rows); per chunk, written into dlogits
+        c = torch.where(labels == ctx.ignore_index, 0.0, grad_loss.to(cdt)) * ctx.logit_scale
+        a = (c * (1.0 + 2.0 * ctx.lse_square_scale * lse)).unsqueeze(1)
         local = labels.long() - ctx.class_start
         in_range = (local >= 0) & (local < n_cols)
-        # - (1 - s) at each row's label column (rows whose label is outside this slice: nothing)
-        dz.scatter_add_(1, torch.where(in_range, local, 0).unsqueeze(1),
-                        (-(1.0 - ctx.smoothing) * in_range.to(cdt)).unsqueeze(1))
-        if ctx.smoothing > 0.0:
-            dz.sub_(ctx.smoothing / ctx.total_classes)
-        dloss = torch.where(labels == ctx.ignore_index, 0.0, grad_loss.to(cdt))
-        dlogits = dz.mul_((dloss * ctx.logit_scale).unsqueeze(1)).to(logits.dtype)
-        if ctx.inplace_backward:
-            dlogits = logits.copy_(dlogits)
+        index = torch.where(in_range, local, 0).unsqueeze(1)
+        hit = (-(1.0 - ctx.smoothing) * c * in_range.to(cdt)).unsqueeze(1)
+        flat = (c * (ctx.smoothing / ctx.total_classes)).unsqueeze(1) if ctx.smoothing > 0.0 else None
+        neg_lse = (-lse).unsqueeze(1)
+        dlogits = logits if ctx.inplace_backward else torch.empty_like(logits)
+        for r0, r1 in _row_chunks(n_rows, n_cols):
+            # z - lse in cdt in one operation (the logits' dtype promoted), then in place
+            dz = torch.add(neg_lse[r0:r1], logits[r0:r1], alpha=ctx.logit_scale).exp_().mul_(a[r0:r1])
+            dz.scatter_add_(1, index[r0:r1], hit[r0:r1])
+            if flat is not None:
+                dz.sub_(flat[r0:r1])
+            dlogits[r0:r1].copy_(dz)
         return dlogits, None, None, None, None, None, None, None, None
 
 

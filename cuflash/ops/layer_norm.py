@@ -111,6 +111,13 @@ def _keep_mask(like: Tensor, p: float) -> Tensor:
     return torch.rand(like.shape, device=like.device) >= p
 
 
+def _add(a: Tensor, b: Tensor, cdt) -> Tensor:
+    """a + b in cdt: one operation when either is already in cdt (type promotion converts the other)."""
+    if a.dtype != cdt and b.dtype != cdt:
+        a = a.to(cdt)
+    return a + b
+
+
 def _norm_affine(h: Tensor, w, b, eps: float, is_rms_norm: bool, zero_centered: bool, cdt) -> Tensor:
     """norm(h) · w + b in cdt through torch's fused F.layer_norm / F.rms_norm."""
     n = h.shape[-1]
@@ -128,7 +135,8 @@ def _dropout_add_norm(x, weight, bias, residual=None, x1=None, weight1=None, bia
                       zero_centered_weight=False, is_rms_norm=False, out_dtype=None):
     """The shared body: returns (y, y1, residual_out, mask, mask1); y1 / masks None when absent."""
     cdt = _compute_dtype(x, weight, bias, residual, x1, weight1, bias1)
-    h = x.to(cdt)
+    # each step forms its result in cdt, the 16-bit operand converted inside the operation
+    h = x
     if rowscale is not None:
         h = h * rowscale.to(cdt).reshape(x.shape[:-1]).unsqueeze(-1)
     if layerscale is not None:
@@ -139,13 +147,14 @@ def _dropout_add_norm(x, weight, bias, residual=None, x1=None, weight1=None, bia
         mask = _keep_mask(x, dropout_p)
         h = h * (mask.to(cdt) * scale)
     if x1 is not None:
-        h1 = x1.to(cdt)
+        h1 = x1
         if dropout_p > 0.0:
             mask1 = _keep_mask(x1, dropout_p)
             h1 = h1 * (mask1.to(cdt) * scale)
-        h = h + h1
+        h = _add(h, h1, cdt)
     if residual is not None:
-        h = h + residual.to(cdt)
+        h = _add(h, residual, cdt)
+    h = h.to(cdt)
     residual_dtype = (residual.dtype if residual is not None
                       else torch.float32 if residual_in_fp32 else x.dtype)
     trivial = (residual is None and x1 is None and rowscale is None and layerscale is None
