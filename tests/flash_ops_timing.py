@@ -89,10 +89,30 @@ def ce_case(rows, vocab):
             "peak_mib": {k: round(peak_mib(f), 1) for k, f in fns.items()}}
 
 
+def chunk_sweep(rows, vocab, mibs):
+    """cuflash's cross entropy alone at several CHUNK_BYTES (the default's choice)."""
+    from cuflash.ops import cross_entropy as ce
+    logits = torch.randn(rows, vocab, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (rows,), device="cuda")
+    default = ce.CHUNK_BYTES
+    out = {}
+    try:
+        for mib in mibs:
+            ce.CHUNK_BYTES = int(mib * 2**20)
+            run = fwd_bwd(lambda lg: cross_entropy_loss(lg, labels)[0].mean(), (logits,))
+            t = time_interleaved({"c": run}, reps=10, back_to_back=3)["c"]
+            out[str(mib)] = {"ms": t.median_ms, "chunks": len(ce._row_chunks(rows, vocab)), "peak_mib": round(peak_mib(run), 1)}
+    finally:
+        ce.CHUNK_BYTES = default
+    return {"what": "cuflash cross entropy fwd+bwd by CHUNK_BYTES (MiB)", "rows": rows, "vocab": vocab,
+            "default_mib": default / 2**20, "by_mib": out}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="flash_ops_timing.json")
     ap.add_argument("--compile", action="store_true", help="add the torch.compile'd composition to the norm rows")
+    ap.add_argument("--chunk-sweep", action="store_true", help="also time cross entropy at several CHUNK_BYTES")
     a = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
     for rows, n, rms in ((16384, 4096, True), (16384, 4096, False), (8192, 8192, True)):
@@ -101,6 +121,10 @@ def main():
     for rows, vocab in ((8192, 32000), (4096, 128256)):
         res["rows"].append(ce_case(rows, vocab))
         print(json.dumps(res["rows"][-1]), flush=True)
+    if a.chunk_sweep:
+        for rows, vocab in ((8192, 32000), (4096, 128256)):
+            res["rows"].append(chunk_sweep(rows, vocab, (4, 16, 32, 64, 256, 4096)))
+            print(json.dumps(res["rows"][-1]), flush=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
 
