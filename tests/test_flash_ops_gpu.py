@@ -27,6 +27,7 @@ def rule(got, ref, base, factor, what, floor=1e-6):
     ref = ref.detach().double().cpu()
     err = (got.detach().double().cpu() - ref).abs().max().item()
     base_err = (base.detach().double().cpu() - ref).abs().max().item()
+    print(f"{what}: error {err:.3e}, plain {base_err:.3e}")
     assert err <= factor * base_err + floor, f"{what}: error {err:.3e} > {factor} x plain {base_err:.3e}"
     return err, base_err
 
