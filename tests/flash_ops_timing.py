@@ -123,7 +123,7 @@ def main():
         print(json.dumps(res["rows"][-1]), flush=True)
     if a.chunk_sweep:
         for rows, vocab in ((8192, 32000), (4096, 128256)):
-            res["rows"].append(chunk_sweep(rows, vocab, (4, 16, 32, 64, 256, 4096)))
+            res["rows"].append(chunk_sweep(rows, vocab, (32, 256, 4096)))
             print(json.dumps(res["rows"][-1]), flush=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
