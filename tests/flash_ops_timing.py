@@ -108,19 +108,41 @@ def chunk_sweep(rows, vocab, mibs):
             "default_mib": default / 2**20, "by_mib": out}
 
 
+def profile_ce(rows, vocab):
+    """One cuflash cross-entropy forward + backward under torch.profiler: GPU time per kernel."""
+    from torch.profiler import ProfilerActivity, profile
+    from cuflash.ops import cross_entropy as ce
+    logits = torch.randn(rows, vocab, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (rows,), device="cuda")
+    run = fwd_bwd(lambda lg: cross_entropy_loss(lg, labels)[0].mean(), (logits,))
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70)
+    print(table, flush=True)
+    return {"what": "profile of one cuflash CE fwd+bwd", "rows": rows, "vocab": vocab,
+            "half_to_float": {str(k): v for k, v in ce._HALF_TO_FLOAT.items()}, "table": table}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="flash_ops_timing.json")
     ap.add_argument("--compile", action="store_true", help="add the torch.compile'd composition to the norm rows")
     ap.add_argument("--chunk-sweep", action="store_true", help="also time cross entropy at several CHUNK_BYTES")
+    ap.add_argument("--profile-ce", action="store_true", help="also profile one cross entropy call by kernel")
+    ap.add_argument("--ce-only", action="store_true", help="only the cross-entropy rows")
     a = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
-    for rows, n, rms in ((16384, 4096, True), (16384, 4096, False), (8192, 8192, True)):
+    for rows, n, rms in () if a.ce_only else ((16384, 4096, True), (16384, 4096, False), (8192, 8192, True)):
         res["rows"].append(norm_case(rows, n, rms, a.compile))
         print(json.dumps(res["rows"][-1]), flush=True)
     for rows, vocab in ((8192, 32000), (4096, 128256)):
         res["rows"].append(ce_case(rows, vocab))
         print(json.dumps(res["rows"][-1]), flush=True)
+    if a.profile_ce:
+        res["rows"].append(profile_ce(4096, 128256))
     if a.chunk_sweep:
         for rows, vocab in ((8192, 32000), (4096, 128256)):
             res["rows"].append(chunk_sweep(rows, vocab, (32, 256, 4096)))

@@ -55,6 +55,40 @@ def _split(process_group):
 CHUNK_BYTES = 256 << 20
 
 
+_HALF_TO_FLOAT: dict = {}
+
+
+def _half_to_float(x) -> bool:
+    """Whether torch's softmax kernels take x (fp16 / bf16 on CUDA) straight to an fp32 output
+    (aten's half_to_float flag; the public ``dtype=`` argument converts the whole input first for
+    bf16). Probed once per (device type, dtype); not under torch.compile (inductor fuses anyway)."""
+    if not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16) or torch.compiler.is_compiling():
+        return False
+    key = x.dtype
+    if key not in _HALF_TO_FLOAT:
+        try:
+            t = torch.zeros(2, 3, dtype=x.dtype, device=x.device)
+            _HALF_TO_FLOAT[key] = (torch._log_softmax(t, -1, True).dtype == torch.float32
+                                   and torch._softmax(t, -1, True).dtype == torch.float32)
+        except (RuntimeError, TypeError):
+            _HALF_TO_FLOAT[key] = False
+    return _HALF_TO_FLOAT[key]
+
+
+def _log_softmax_fp(zc, scale, cdt):
+    """log_softmax(zc · scale) in cdt."""
+    if scale == 1.0:
+        return torch._log_softmax(zc, -1, True) if _half_to_float(zc) else torch.log_softmax(zc, -1, dtype=cdt)
+    return torch.log_softmax(zc.to(cdt) * scale, dim=-1)
+
+
+def _softmax_fp(zc, scale, cdt):
+    """softmax(zc · scale) in cdt."""
+    if scale == 1.0:
+        return torch._softmax(zc, -1, True) if _half_to_float(zc) else torch.softmax(zc, -1, dtype=cdt)
+    return torch.softmax(zc.to(cdt) * scale, dim=-1)
+
+
 def _row_chunks(n_rows: int, n_cols: int):
     step = max(1, CHUNK_BYTES // (4 * max(n_cols, 1)))
     return [(r, min(r + step, n_rows)) for r in range(0, n_rows, step)]
@@ -87,9 +121,7 @@ class CrossEntropyLossFunction(torch.autograd.Function):
             # rounding stays at the LSE's own scale; log_softmax in cdt, one row chunk at a time
             lp_max = []
             for r0, r1 in _row_chunks(n_rows, n_cols):
-                zc = logits[r0:r1]
-                lp = (torch.log_softmax(zc, dim=-1, dtype=cdt) if logit_scale == 1.0
-                      else torch.log_softmax(zc.to(cdt) * logit_scale, dim=-1))
+                lp = _log_softmax_fp(logits[r0:r1], logit_scale, cdt)
                 lp_max.append(lp.amax(dim=-1))
                 del lp
             lse = lse_local = logits.amax(dim=-1).to(cdt) * logit_scale - torch.cat(lp_max)
@@ -136,8 +168,7 @@ class CrossEntropyLossFunction(torch.autograd.Function):
         for r0, r1 in _row_chunks(n_rows, n_cols):
             zc, rows = logits[r0:r1], slice(r0, r1)
             if lse_local is not None:
-                p = (torch.softmax(zc, dim=-1, dtype=cdt) if scale == 1.0
-                     else torch.softmax(zc.to(cdt) * scale, dim=-1))
+                p = _softmax_fp(zc, scale, cdt)
             else:      # precomputed_lse: exp(z - lse) with the given lse, as flash-attn
                 p = torch.add(neg_lse[rows], zc, alpha=scale).exp_()
             # the label column in cdt first (p_y · factor - (1 - s) · c cancels when p_y is near 1)
