@@ -50,42 +50,22 @@ def _split(process_group):
 # The fp32 temporaries (the log-softmax in the forward, the softmax in the backward) are formed
 # one chunk of rows at a time (CHUNK_BYTES of fp32 each), so the extra memory is one chunk plus
 # the gradient (written chunk by chunk into its output: the logits themselves with
-# inplace_backward). Chunks of 256 MiB measured within 3% of one whole-tensor pass on the H100
-# (logs/session26_api11/round3).
+# inplace_backward). Chunks of 256 MiB measured 3-4% slower than one whole-tensor pass on the
+# H100 at 4096 x 128256 bf16, at 1.5 against 5 GiB peak (logs/session26_api11/round3, round4).
 CHUNK_BYTES = 256 << 20
-
-
-_HALF_TO_FLOAT: dict = {}
-
-
-def _half_to_float(x) -> bool:
-    """Whether torch's softmax kernels take x (fp16 / bf16 on CUDA) straight to an fp32 output
-    (aten's half_to_float flag; the public ``dtype=`` argument converts the whole input first for
-    bf16). Probed once per (device type, dtype); not under torch.compile (inductor fuses anyway)."""
-    if not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16) or torch.compiler.is_compiling():
-        return False
-    key = x.dtype
-    if key not in _HALF_TO_FLOAT:
-        try:
-            t = torch.zeros(2, 3, dtype=x.dtype, device=x.device)
-            _HALF_TO_FLOAT[key] = (torch._log_softmax(t, -1, True).dtype == torch.float32
-                                   and torch._softmax(t, -1, True).dtype == torch.float32)
-        except (RuntimeError, TypeError):
-            _HALF_TO_FLOAT[key] = False
-    return _HALF_TO_FLOAT[key]
 
 
 def _log_softmax_fp(zc, scale, cdt):
     """log_softmax(zc · scale) in cdt."""
-    if scale == 1.0:
-        return torch._log_softmax(zc, -1, True) if _half_to_float(zc) else torch.log_softmax(zc, -1, dtype=cdt)
+    if scale == 1.0:   # (torch 2.11 converts a bf16 input to fp32 first; fp16 goes straight in)
+        return torch.log_softmax(zc, -1, dtype=cdt)
     return torch.log_softmax(zc.to(cdt) * scale, dim=-1)
 
 
 def _softmax_fp(zc, scale, cdt):
     """softmax(zc · scale) in cdt."""
     if scale == 1.0:
-        return torch._softmax(zc, -1, True) if _half_to_float(zc) else torch.softmax(zc, -1, dtype=cdt)
+        return torch.softmax(zc, -1, dtype=cdt)
     return torch.softmax(zc.to(cdt) * scale, dim=-1)
 
 
