@@ -21,8 +21,10 @@ the backward needs no communication; every rank returns the same losses.
 ``precomputed_lse`` is used only when ``logit_scale == 1`` and ``label_smoothing == 0`` (as
 flash-attn): the LSE of this rank's logits. ``inplace_backward=True`` writes the gradient into the
 logits' storage and returns it, as flash-attn (no gradient buffer is allocated then).
-Rows are processed in chunks of about ``CHUNK_BYTES`` of fp32 so that the temporaries stay in
-the GPU's L2 cache; the extra memory is one chunk (plus the gradient, unless in place).
+The fp32 temporaries are formed ``CHUNK_BYTES`` (256 MiB) of rows at a time: the extra memory is
+one chunk (plus the gradient, unless in place). Speed: several torch passes over the logits, not
+one fused kernel (H100, 4096 × 128256 bf16, forward + backward: 14.0 ms against
+``F.cross_entropy``'s 4.2 ms on the bf16 logits and 10.0 ms on fp32-upcast logits).
 
 Differences (on the accepting side): CPU tensors, float64 logits (losses in float64 then; fp32
 otherwise, as flash-attn), any vocab size. Bad arguments raise ``ValueError`` naming the argument.
