@@ -160,3 +160,12 @@ class RowParallelLinear(nn.Linear):
         # on rows: the product is then a tensor of its own (not a view), summed in place
         partial = F.linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
         return _AllReduceInPlace.apply(partial, self.process_group).view(*x.shape[:-1], partial.shape[-1])
+
+
+def __getattr__(name: str):
+    # flash-attn keeps FusedMLP in flash_attn.ops.fused_dense; cuflash's lives with the other MLPs in
+    # cuflash.modules.mlp (imported on first use: modules.mha imports this module).
+    if name == "FusedMLP":
+        from ..modules.mlp import FusedMLP
+        return FusedMLP
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
