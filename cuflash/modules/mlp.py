@@ -13,17 +13,45 @@ import Mlp``. Plain torch (``nn.Linear`` and the activation), not fused kernels.
   are the same). ``forward(x, process_group=...)`` (flash-attn's tensor-parallel reduce-scatter)
   raises ``cuflash.UnsupportedFeature`` naming ``process_group``.
 
-Not provided: ``ParallelMLP``, ``ParallelGatedMlp`` (they need the tensor-parallel linears
-``ColumnParallelLinear`` / ``RowParallelLinear``)."""
+Tensor-parallel forms (flash-attn's arguments and keys; fc1 a ``ColumnParallelLinear``, fc2 a
+``RowParallelLinear`` of ``cuflash.ops.fused_dense``, so the same collectives and the same
+``sequence_parallel`` layout as ``ParallelMHA``; a required ``process_group``):
+
+* ``ParallelMLP``: ``Mlp``'s forward on this rank's hidden units, no ``return_residual``.
+* ``ParallelGatedMlp``: ``GatedMlp``'s hidden size (``multiple_of``), each rank
+  ``get_dim_for_local_rank(hidden, P, rank)`` hidden units: fc1 holds the rank's rows of y then
+  the same rows of the gate (flash-attn's ``shard_state_dict_tp`` layout, hidden / P each where P
+  divides hidden, as flash-attn requires; other splits work here too), fc2 the same columns.
+* ``ParallelFusedMLP`` (flash-attn's ``flash_attn.ops.fused_dense`` name): ``ParallelMLP`` with
+  ``FusedMLP``'s string activations, ``checkpoint_lvl`` and ``heuristic``, in torch."""
 from __future__ import annotations
 
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..api import UnsupportedFeature
 from ..ops.activations import sqrelu_fwd, swiglu
+from ..ops.fused_dense import ColumnParallelLinear, RowParallelLinear
 
-__all__ = ["Mlp", "GatedMlp", "FusedMLP"]
+__all__ = ["Mlp", "ParallelMLP", "GatedMlp", "ParallelGatedMlp", "FusedMLP", "ParallelFusedMLP"]
+
+
+def _check_group(process_group, cls: str, hidden_features: int) -> None:
+    if process_group is None:
+        raise ValueError(f"{cls}: process_group must be a torch.distributed process group, got None")
+    world = dist.get_world_size(process_group)
+    if hidden_features < world:
+        raise ValueError(f"{cls}: hidden_features = {hidden_features} is smaller than the process group's size "
+                         f"({world}): a rank would hold no hidden unit")
+
+
+def _gated_hidden(in_features, hidden_features, multiple_of) -> int:
+    """GatedMlp's hidden size: 8/3 x in_features by default, rounded up to multiple_of."""
+    if not isinstance(multiple_of, int) or multiple_of < 1:
+        raise ValueError(f"multiple_of must be an int >= 1, got {multiple_of!r}")
+    hidden_features = hidden_features if hidden_features is not None else int(8 * in_features / 3)
+    return (hidden_features + multiple_of - 1) // multiple_of * multiple_of
 
 
 class Mlp(nn.Module):
@@ -47,19 +75,38 @@ class Mlp(nn.Module):
         return (y, x) if self.return_residual else y
 
 
-class GatedMlp(nn.Module):
-    """flash-attn's ``GatedMlp(in_features, hidden_features=None, out_features=None,
-    activation=F.sigmoid, bias1=True, bias2=True, multiple_of=256, return_residual=False)``."""
+class ParallelMLP(nn.Module):
+    """flash-attn's ``ParallelMLP(in_features, hidden_features=None, out_features=None,
+    activation=F.gelu, process_group=None, sequence_parallel=True, bias1=True, bias2=True)``:
+    ``Mlp`` over a process group (this rank's hidden units; see the module docstring)."""
 
-    def __init__(self, in_features, hidden_features=None, out_features=None, activation=F.sigmoid, bias1=True,
-                 bias2=True, multiple_of=256, return_residual=False, device=None, dtype=None):
+    def __init__(self, in_features, hidden_features=None, out_features=None, activation=F.gelu, process_group=None,
+                 sequence_parallel=True, bias1=True, bias2=True, device=None, dtype=None):
         super().__init__()
         factory = dict(device=device, dtype=dtype)
-        if not isinstance(multiple_of, int) or multiple_of < 1:
-            raise ValueError(f"multiple_of must be an int >= 1, got {multiple_of!r}")
         out_features = out_features if out_features is not None else in_features
-        hidden_features = hidden_features if hidden_features is not None else int(8 * in_features / 3)
-        hidden_features = (hidden_features + multiple_of - 1) // multiple_of * multiple_of
+        hidden_features = hidden_features if hidden_features is not None else in_features * 4
+        _check_group(process_group, type(self).__name__, hidden_features)
+        self.return_residual = False   # Mlp's forward; flash-attn's parallel MLPs return the output alone
+        self.fc1 = ColumnParallelLinear(in_features, hidden_features, process_group, bias=bias1,
+                                        sequence_parallel=sequence_parallel, **factory)
+        self.activation = activation
+        self.fc2 = RowParallelLinear(hidden_features, out_features, process_group, bias=bias2,
+                                     sequence_parallel=sequence_parallel, **factory)
+
+    forward = Mlp.forward
+
+
+class GatedMlp(nn.Module):
+    """flash-attn's ``GatedMlp(in_features, hidden_features=None, out_features=None,
+    activation=F.sigmoid, bias1=True, bias2=True, multiple_of=128, return_residual=False)``."""
+
+    def __init__(self, in_features, hidden_features=None, out_features=None, activation=F.sigmoid, bias1=True,
+                 bias2=True, multiple_of=128, return_residual=False, device=None, dtype=None):
+        super().__init__()
+        factory = dict(device=device, dtype=dtype)
+        out_features = out_features if out_features is not None else in_features
+        hidden_features = _gated_hidden(in_features, hidden_features, multiple_of)
         self.return_residual = return_residual
         self.fc1 = nn.Linear(in_features, 2 * hidden_features, bias=bias1, **factory)
         self.activation = activation
@@ -76,7 +123,44 @@ class GatedMlp(nn.Module):
         return (y, x) if self.return_residual else y
 
 
+class ParallelGatedMlp(nn.Module):
+    """flash-attn's ``ParallelGatedMlp(in_features, process_group, hidden_features=None,
+    out_features=None, activation=F.sigmoid, bias1=True, bias2=True, multiple_of=128,
+    sequence_parallel=True)``: ``GatedMlp`` over a process group (see the module docstring)."""
+
+    def __init__(self, in_features, process_group, hidden_features=None, out_features=None, activation=F.sigmoid,
+                 bias1=True, bias2=True, multiple_of=128, sequence_parallel=True, device=None, dtype=None):
+        super().__init__()
+        factory = dict(device=device, dtype=dtype)
+        out_features = out_features if out_features is not None else in_features
+        hidden_features = _gated_hidden(in_features, hidden_features, multiple_of)
+        _check_group(process_group, type(self).__name__, hidden_features)
+        self.return_residual = False
+        # fc1's 2 * hidden rows split in units of 2: 2 x the rank's share of hidden (its y rows, then
+        # its gate rows, which the forward's halves pick); fc2 the same share of its columns
+        self.fc1 = ColumnParallelLinear(in_features, 2 * hidden_features, process_group, bias=bias1,
+                                        sequence_parallel=sequence_parallel, multiple_of=2, **factory)
+        self.activation = activation
+        self.fc2 = RowParallelLinear(hidden_features, out_features, process_group, bias=bias2,
+                                     sequence_parallel=sequence_parallel, **factory)
+
+    forward = GatedMlp.forward
+
+
 _FUSED_ACTIVATIONS = {"gelu_approx": lambda t: F.gelu(t, approximate="tanh"), "relu": F.relu, "sqrelu": sqrelu_fwd}
+
+
+def _set_fused_args(module, activation, checkpoint_lvl, heuristic) -> None:
+    """FusedMLP's / ParallelFusedMLP's checks and attributes (activation a name, as flash-attn's)."""
+    if checkpoint_lvl not in (0, 1, 2):
+        raise ValueError(f"checkpoint_lvl must be 0, 1 or 2, got {checkpoint_lvl!r}")
+    if activation not in _FUSED_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(_FUSED_ACTIVATIONS)}, got {activation!r}")
+    if not (heuristic == "auto" or (isinstance(heuristic, int) and -1 <= heuristic <= 4)):
+        raise ValueError(f"heuristic must be 'auto' or an int in -1..4, got {heuristic!r}")
+    module.activation = activation
+    module.checkpoint_lvl = checkpoint_lvl
+    module.heuristic = heuristic if activation != "sqrelu" else -1
 
 
 class FusedMLP(nn.Module):
@@ -88,18 +172,10 @@ class FusedMLP(nn.Module):
                  activation="gelu_approx", return_residual=False, checkpoint_lvl=0, heuristic="auto", device=None,
                  dtype=None):
         super().__init__()
-        if checkpoint_lvl not in (0, 1, 2):
-            raise ValueError(f"checkpoint_lvl must be 0, 1 or 2, got {checkpoint_lvl!r}")
-        if activation not in _FUSED_ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(_FUSED_ACTIVATIONS)}, got {activation!r}")
-        if not (heuristic == "auto" or (isinstance(heuristic, int) and -1 <= heuristic <= 4)):
-            raise ValueError(f"heuristic must be 'auto' or an int in -1..4, got {heuristic!r}")
+        _set_fused_args(self, activation, checkpoint_lvl, heuristic)
         factory = dict(device=device, dtype=dtype)
         out_features = out_features if out_features is not None else in_features
-        self.activation = activation
         self.return_residual = return_residual
-        self.checkpoint_lvl = checkpoint_lvl
-        self.heuristic = heuristic if activation != "sqrelu" else -1
         self.fc1 = nn.Linear(in_features, hidden_features, bias=bias1, **factory)
         self.fc2 = nn.Linear(hidden_features, out_features, bias=bias2, **factory)
 
@@ -109,3 +185,23 @@ class FusedMLP(nn.Module):
                                      "call it with process_group=None")
         y = self.fc2(_FUSED_ACTIVATIONS[self.activation](self.fc1(x)))
         return (y, x) if self.return_residual else y
+
+
+class ParallelFusedMLP(ParallelMLP):
+    """flash-attn's ``flash_attn.ops.fused_dense.ParallelFusedMLP(in_features,
+    hidden_features=None, out_features=None, activation='gelu_approx', process_group=None,
+    bias1=True, bias2=True, sequence_parallel=True, checkpoint_lvl=0, heuristic='auto')``:
+    ``ParallelMLP`` with ``FusedMLP``'s activations by name, in torch (``checkpoint_lvl`` and
+    ``heuristic`` checked, not used)."""
+
+    def __init__(self, in_features, hidden_features=None, out_features=None, activation="gelu_approx",
+                 process_group=None, bias1=True, bias2=True, sequence_parallel=True, checkpoint_lvl=0,
+                 heuristic="auto", device=None, dtype=None):
+        super().__init__(in_features, hidden_features, out_features, None, process_group, sequence_parallel,
+                         bias1, bias2, device=device, dtype=dtype)
+        _set_fused_args(self, activation, checkpoint_lvl, heuristic)
+        self.process_group = process_group
+        self.sequence_parallel = sequence_parallel
+
+    def forward(self, x):
+        return self.fc2(_FUSED_ACTIVATIONS[self.activation](self.fc1(x)))

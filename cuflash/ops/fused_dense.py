@@ -3,8 +3,8 @@ arguments: ``from flash_attn.ops.fused_dense import ColumnParallelLinear, RowPar
 becomes ``from cuflash.ops.fused_dense import ...``. Plain torch (``F.linear``) and
 ``torch.distributed`` collectives (``cuflash.utils.distributed``), autograd through the
 collectives: nothing is fused. flash-attn's fused GEMM + bias kernels (cuBLASLt epilogues),
-the overlap of the all-gather with the GEMM, ``FusedDense`` and the fused MLPs
-(``FusedMLP``, ``ParallelFusedMLP``) are not part of cuflash.
+the overlap of the all-gather with the GEMM and ``FusedDense`` are not part of cuflash;
+``FusedMLP`` and ``ParallelFusedMLP`` resolve to ``cuflash.modules.mlp``'s torch forms.
 
 Megatron-style tensor parallelism over a process group of P ranks; the collectives work on
 dimension 0 of the activations (flash-attn's convention: with sequence parallelism a rank holds
@@ -163,9 +163,9 @@ class RowParallelLinear(nn.Linear):
 
 
 def __getattr__(name: str):
-    # flash-attn keeps FusedMLP in flash_attn.ops.fused_dense; cuflash's lives with the other MLPs in
-    # cuflash.modules.mlp (imported on first use: modules.mha imports this module).
-    if name == "FusedMLP":
-        from ..modules.mlp import FusedMLP
-        return FusedMLP
+    # flash-attn keeps FusedMLP and ParallelFusedMLP in flash_attn.ops.fused_dense; cuflash's live with the
+    # other MLPs in cuflash.modules.mlp (imported on first use: modules.mha and modules.mlp import this module).
+    if name in ("FusedMLP", "ParallelFusedMLP"):
+        from ..modules import mlp
+        return getattr(mlp, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
