@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 import cuflash  # noqa: E402
 from cuflash.modules.mha import (MHA, ParallelMHA, combine_mha_state_dicts, get_alibi_slopes,  # noqa: E402
                                  shard_mha_state_dict)
-from cuflash.ops.fused_dense import ColumnParallelLinear, RowParallelLinear  # noqa: E402
+from cuflash.ops.fused_dense import ColumnParallelLinear, RowParallelLinear, fused_dense_func  # noqa: E402
 from cuflash.utils import distributed as cud  # noqa: E402
 from cuflash.utils.generation import InferenceParams  # noqa: E402
 
@@ -185,7 +185,14 @@ def _check_helpers(rank, world, group):
     lin.bias.grad = torch.full((2,), 1.0 + rank, dtype=torch.float64)
     cud.allreduce_sequence_parallel_grad(lin, group)
     assert torch.equal(lin.bias.grad, torch.full((2,), world * (world + 1) / 2, dtype=torch.float64))
+    # a marked parameter without a gradient on some ranks (rank 0 here): a zero gradient there, no hang
+    lin.bias.grad = None if rank == 0 else torch.full((2,), 1.0, dtype=torch.float64)
+    cud.allreduce_sequence_parallel_grad(lin, group)
+    assert torch.equal(lin.bias.grad, torch.full((2,), world - 1.0, dtype=torch.float64))
     col = ColumnParallelLinear(8, 12, group, multiple_of=2, sequence_parallel=False)
+    if world > 1:
+        with pytest.raises(ValueError, match="x must have at least 2 dimensions"):
+            fused_dense_func(torch.zeros(8, dtype=torch.float64), col.weight, None, process_group=group)
     row = RowParallelLinear(12, 8, group, multiple_of=2)
     assert col.weight.shape == (cud.get_dim_for_local_rank(12, world, rank, 2), 8)
     assert row.weight.shape == (8, cud.get_dim_for_local_rank(12, world, rank, 2))

@@ -110,6 +110,37 @@ def _check_errors(world, group):
         ParallelFusedMLP(8, 16, process_group=group, checkpoint_lvl=3)
 
 
+def _check_autocast(rank, world, group):
+    """Mixed precision: fp32 parameters under CPU autocast (bf16). The column-parallel Function casts
+    as autocast would, so the backward's products see one dtype; out and the fp32 gradients match a
+    single-process Mlp under the same autocast to bf16 accuracy."""
+    torch.manual_seed(7)
+    full = Mlp(8, hidden_features=12, out_features=6)
+    par = ParallelMLP(8, 12, out_features=6, process_group=group, sequence_parallel=True)
+    lo, hi = local_range(12, world, rank)
+    with torch.no_grad():
+        par.fc1.weight.copy_(full.fc1.weight[lo:hi])
+        par.fc1.bias.copy_(full.fc1.bias[lo:hi])
+        par.fc2.weight.copy_(full.fc2.weight[:, lo:hi])
+        if par.fc2.bias is not None:
+            par.fc2.bias.copy_(full.fc2.bias)
+    x = torch.randn(2 * world, 8, generator=torch.Generator().manual_seed(8))   # the same on every rank
+    rows = slice(2 * rank, 2 * rank + 2)
+    xs = x[rows].clone().requires_grad_()
+    xf = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, ref = par(xs), full(xf)
+    assert out.dtype == torch.bfloat16
+    (out.float() * torch.arange(out.numel()).view_as(out).add(2 * rank * 6)).sum().backward()
+    (ref.float() * torch.arange(ref.numel()).view_as(ref)).sum().backward()
+    tol = dict(atol=0.1, rtol=0.05)
+    assert torch.allclose(out.float(), ref[rows].float(), **tol)
+    assert xs.grad.dtype == torch.float32 and par.fc1.weight.grad.dtype == torch.float32
+    assert torch.allclose(xs.grad, xf.grad[rows], **tol)
+    assert torch.allclose(par.fc1.weight.grad, full.fc1.weight.grad[lo:hi], **tol)
+    assert torch.allclose(par.fc2.weight.grad, full.fc2.weight.grad[:, lo:hi], **tol)
+
+
 def _worker(rank, world, port):
     import torch.distributed as dist
 
@@ -121,6 +152,7 @@ def _worker(rank, world, port):
             for sp in (True, False):
                 _check_case(rank, world, group, name, case, sp, seed=100 + i)
         _check_errors(world, group)
+        _check_autocast(rank, world, group)
         m = ParallelGatedMlp(64, group)   # hidden int(8 * 64 / 3) = 170 -> 256 (multiple_of 128)
         h = len(range(*local_range(256, world, rank)))
         assert m.fc1.weight.shape == (2 * h, 64) and m.fc2.weight.shape == (64, h)

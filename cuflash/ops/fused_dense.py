@@ -58,10 +58,19 @@ class _ColumnParallelLinearFunc(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, process_group, sequence_parallel):
+        device = x.device.type
+        if torch.is_autocast_enabled(device):
+            # autocast's cast, done here where the backward can see it (as flash-attn's custom_fwd does): the
+            # all-gather then moves 16-bit rows, and the backward's products meet operands of one dtype.
+            # Autograd returns the gradients in the parameters' own dtypes.
+            dtype = torch.get_autocast_dtype(device)
+            x, weight = x.to(dtype), weight.to(dtype)
+            bias = None if bias is None else bias.to(dtype)
         ctx.process_group, ctx.sequence_parallel, ctx.has_bias = process_group, sequence_parallel, bias is not None
         ctx.save_for_backward(x, weight)
         total_x = all_gather_raw(x, process_group)[0] if sequence_parallel else x
-        return F.linear(total_x, weight, bias)
+        with torch.autocast(device, enabled=False):
+            return F.linear(total_x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -108,6 +117,9 @@ def fused_dense_func(x: Tensor, weight: Tensor, bias=None, return_residual: bool
     if process_group is None or _one_rank(process_group):
         out = F.linear(x, weight, bias)
     else:
+        if x.dim() < 2:
+            raise ValueError(f"x must have at least 2 dimensions (rows, features) with a process_group, got shape "
+                             f"{tuple(x.shape)}")
         rows = x.shape[0] * (dist.get_world_size(process_group) if sequence_parallel else 1)
         out = _ColumnParallelLinearFunc.apply(x.reshape(-1, x.shape[-1]), weight, bias, process_group,
                                               sequence_parallel).view(rows, *x.shape[1:-1], weight.shape[0])

@@ -130,8 +130,14 @@ def sync_shared_params(model: torch.nn.Module, process_group) -> None:
 
 def allreduce_sequence_parallel_grad(model: torch.nn.Module, process_group) -> None:
     """Sum over ranks the gradients of the parameters marked ``p._sequence_parallel = True``
-    (replicated parameters that saw only this rank's tokens), in one all-reduce."""
-    grads = [p.grad for p in _marked(model, "_sequence_parallel") if p.grad is not None]
+    (replicated parameters that saw only this rank's tokens), in one all-reduce. A marked parameter
+    that requires grad but has none on this rank takes a zero gradient, so that every rank sums the
+    same list (skipping it on one rank would leave the others waiting in the all-reduce)."""
+    params = [p for p in _marked(model, "_sequence_parallel") if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
     if not grads:
         return
     with torch.no_grad():
