@@ -21,8 +21,8 @@ import pytest
 from cuflash import api, decode
 from cuflash.families import decode_splitkv as fam_mod
 
-from test_decode_gpu import _torch, check_call, lowp_of, make_case, reference_of
-from test_decode_regs_gpu import CASES, _ids
+from test_decode_gpu import _torch, lowp_of, make_case, reference_of
+from test_decode_regs_gpu import CASES, _ids, check_case
 from test_decode_ringfill_gpu import _poison  # noqa: F401  (autouse: outputs poisoned, skip without a GPU)
 
 pytestmark = [pytest.mark.gpu]
@@ -70,17 +70,8 @@ def test_pdl_separate_combine(monkeypatch, case):
 
 
 def _case(monkeypatch, case, pdl, splits, fused):
-    b, sq, lens, h, hk, d, dtype, page, extra, kw = case
     _pdl(monkeypatch, pdl, fused)
-    torch = _torch()
-    kw = dict(kw)
-    if kw.pop("alibi", False):
-        kw["alibi_slopes"] = torch.rand(b, h, device="cuda", dtype=torch.float32)
-    rng = np.random.default_rng()
-    args = make_case(rng, b, sq, lens, h, hk, d, dtype, page=page, **extra)
-    for _ in range(1 if splits == 1 else 2):   # the fused combine's counters are back at 0 after a call
-        check_call(dict(args, k_cache=args["k_cache"].clone(), v_cache=args["v_cache"].clone()), dtype,
-                   _ids(case), num_splits=splits, **kw)
+    check_case(case, splits)
     _ran_pdl(pdl)
 
 

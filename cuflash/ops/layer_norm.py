@@ -415,14 +415,21 @@ class DropoutAddLayerNorm(nn.Module):
         self.epsilon = self.eps = eps
         self.residual_in_fp32 = residual_in_fp32
         self.weight = nn.Parameter(torch.empty(hidden_size, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(hidden_size, device=device, dtype=dtype))
+        if self._with_bias:
+            self.bias = nn.Parameter(torch.empty(hidden_size, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
         self.reset_parameters()
+
+    # DropoutAddRMSNorm (rms_norm.py) changes these two
+    _with_bias = True
+    _norm_fn = staticmethod(dropout_add_layer_norm)
 
     def reset_parameters(self):
         nn.init.ones_(self.weight)
-        nn.init.zeros_(self.bias)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
 
     def forward(self, x0, residual=None):
-        return dropout_add_layer_norm(x0, residual, self.weight, self.bias, self.p if self.training else 0.0,
-                                      self.epsilon, prenorm=self.prenorm,
-                                      residual_in_fp32=self.residual_in_fp32)
+        return self._norm_fn(x0, residual, self.weight, self.bias, self.p if self.training else 0.0, self.epsilon,
+                             prenorm=self.prenorm, residual_in_fp32=self.residual_in_fp32)

@@ -5,10 +5,7 @@ extension's RMSNorm side) as torch compositions over ``cuflash.ops.layer_norm``:
 ``RMSNorm.forward``; it also takes the residual arguments)."""
 from __future__ import annotations
 
-import torch
-import torch.nn as nn
-
-from .layer_norm import RMSNorm, _old_dropout_add_norm, _old_parallel_residual
+from .layer_norm import DropoutAddLayerNorm, RMSNorm, _old_dropout_add_norm, _old_parallel_residual
 
 __all__ = ["rms_norm", "dropout_add_rms_norm", "dropout_add_rms_norm_parallel_residual", "DropoutAddRMSNorm",
            "RMSNorm"]
@@ -33,24 +30,9 @@ def dropout_add_rms_norm_parallel_residual(x0, x1, residual, weight0, bias0, wei
                                   residual_in_fp32, return_dropout_mask, True)
 
 
-class DropoutAddRMSNorm(nn.Module):
+class DropoutAddRMSNorm(DropoutAddLayerNorm):
     """flash-attn's older ``DropoutAddRMSNorm(hidden_size, prenorm=False, p=0.0, eps=1e-5,
     residual_in_fp32=False)``: parameter ``weight``, ``bias`` registered as None."""
 
-    def __init__(self, hidden_size, prenorm=False, p=0.0, eps=1e-5, residual_in_fp32=False, device=None,
-                 dtype=None):
-        super().__init__()
-        self.prenorm = prenorm
-        self.p = p
-        self.epsilon = self.eps = eps
-        self.residual_in_fp32 = residual_in_fp32
-        self.weight = nn.Parameter(torch.empty(hidden_size, device=device, dtype=dtype))
-        self.register_parameter("bias", None)
-        self.reset_parameters()
-
-    def reset_parameters(self):
-        nn.init.ones_(self.weight)
-
-    def forward(self, x0, residual=None):
-        return dropout_add_rms_norm(x0, residual, self.weight, None, self.p if self.training else 0.0,
-                                    self.epsilon, prenorm=self.prenorm, residual_in_fp32=self.residual_in_fp32)
+    _with_bias = False
+    _norm_fn = staticmethod(dropout_add_rms_norm)
