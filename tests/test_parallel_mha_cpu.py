@@ -312,3 +312,18 @@ def test_fused_dense_func_without_group():
     assert res is x and torch.equal(out, x @ w.t())
     assert _params(fused_dense_func) == ["weight", ("bias", None), ("return_residual", False), ("process_group", None),
                                          ("sequence_parallel", True)]
+
+
+def test_column_parallel_saves_x_only_for_the_weight_gradient():
+    """The column-parallel Function keeps this rank's x for dW alone: a frozen weight (adapters,
+    a frozen backbone) holds nothing of x (the forward with sequence_parallel=False runs no collective)."""
+    from cuflash.ops.fused_dense import _ColumnParallelLinearFunc
+
+    x = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
+    for w_grad in (True, False):
+        w = torch.randn(5, 8, dtype=torch.float64, requires_grad=w_grad)
+        out = _ColumnParallelLinearFunc.apply(x, w, None, None, False)
+        saved_x, saved_w = out.grad_fn.saved_tensors
+        assert (saved_x is x) if w_grad else (saved_x is None)
+        assert saved_w is w
+        assert torch.equal(out, x.detach() @ w.detach().t())

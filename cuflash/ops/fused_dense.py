@@ -67,7 +67,8 @@ class _ColumnParallelLinearFunc(torch.autograd.Function):
             x, weight = x.to(dtype), weight.to(dtype)
             bias = None if bias is None else bias.to(dtype)
         ctx.process_group, ctx.sequence_parallel, ctx.has_bias = process_group, sequence_parallel, bias is not None
-        ctx.save_for_backward(x, weight)
+        # x is kept only for the weight's gradient (frozen weights, e.g. adapters: nothing is held)
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight)
         total_x = all_gather_raw(x, process_group)[0] if sequence_parallel else x
         with torch.autocast(device, enabled=False):
             return F.linear(total_x, weight, bias)
