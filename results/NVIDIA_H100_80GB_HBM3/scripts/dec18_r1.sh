@@ -13,7 +13,7 @@ v4="w2s64fc warps=2 splits=64"
 v5="w8s16nf fused_combine=0 light_fence=0"
 step pre 30 python3 tests/decode_b1_timing.py --precompile --processes 8 --cells 1x8k 1x4k \
   --variant "$v1" --variant "$v2" --variant "$v3" --variant "$v4" --variant "$v5"
-step b1 45 python3 tests/decode_b1_timing.py --no-precompile --cells 1x8k 1x4k --reps 7 --repeat 7 --out $L/b1.json \
+step b1 45 python3 tests/decode_b1_timing.py --no-precompile --cells 1x8k 1x4k --reps 7 --repeat 7 --profile --out $L/b1.json \
   --variant "$v1" --variant "$v2" --variant "$v3" --variant "$v4" --variant "$v5"
 tmp=$(mktemp -d)
 step ncu 60 ncu --profile-from-start off --cache-control none --set full --import-source yes \
