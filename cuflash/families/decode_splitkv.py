@@ -1304,7 +1304,8 @@ class DecodeSplitKV(Family):
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
                  "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_ahead_l1": False,
-                 "regs_order": 0, "regs_prefetch_blocks": 1, "regs_cluster": 0, "regs_page_table": 0, "pdl": 0, **point}
+                 "regs_order": 0, "regs_prefetch_blocks": 1, "regs_cluster": 0, "regs_page_table": 0, "pdl": 0, "regs_staged": 0,
+                 **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
