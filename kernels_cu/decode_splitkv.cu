@@ -21,7 +21,8 @@
 //                   streams the K/V blocks by TMA into a ring of full / empty mbarriers, so the
 //                   other warps only compute and every ring slot can be in flight (see its comment).
 //   decode_combine  (num_splits > 1, no fused combine) flash-decoding's LSE merge: per row, the
-//                   splits' partial outputs weighted by exp(lse_s - lse), and the row's LSE.
+//                   splits' partial outputs weighted by exp(lse_s - lse), and the row's LSE (the regs
+//                   kernel's early_merge: its first partial-O loads before the LSE loads).
 //
 // Keys: row b's cache holds logical keys j = 0 .. keys_b - 1 at cache positions start_b + j, with
 // start_b = cache_leftpad[b] (0), keys_b = cache_seqlens[b] + seqlen_new - start_b; masks are
@@ -2433,8 +2434,9 @@ decode_splitkv_regs(const DecodeParams p) {
 
 // ---- decode_combine: merge the splits of each row (flash-decoding) -------------------------
 // One warp per row R = (b·nheads + h)·seqlen_q + i, 4 warps per CTA (combine_row above).
-// kPdl: as decode_append's (the main kernel's partials are read after the wait).
-template <int kHeadDim, class Elem, bool kPdl = false>
+// kPdl: as decode_append's (the main kernel's partials are read after the wait). kEarly: combine_row's
+// (the first batch of partial-O loads before the LSE loads: one L2 round trip, not two, up to 16 splits).
+template <int kHeadDim, class Elem, bool kPdl = false, bool kEarly = false>
 __global__ void __launch_bounds__(128)
 decode_combine(const DecodeParams p) {
     if constexpr (kPdl) {
@@ -2445,7 +2447,7 @@ decode_combine(const DecodeParams p) {
     const int rows_all = p.batch * p.nheads * p.seqlen_q;
     const int row_id = blockIdx.x * 4 + warp;
     if (row_id >= rows_all) return;
-    combine_row<kHeadDim, Elem, false>(p, row_id, lane);
+    combine_row<kHeadDim, Elem, false, kEarly>(p, row_id, lane);
 }
 
 }  // namespace cuflash

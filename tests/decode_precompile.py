@@ -323,8 +323,14 @@ def staged_test_configs():
     rule = [_heuristic(_problem(1, 1, n, 32, 8, 128), 0, REGS_STAGED_RULES=((1, 8192, {"warps": 4, "regs_staged": 2}),))
             for n in (8192, 4096, 8001)]
     graph = [(3, 1, [16384], 32, 8, 128, "bf16", page, {}, {}) for page in (None, 16)]
+    early = [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
+                        REGS_DEFAULT=1, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_BATCH1_HINT=(), REGS_SHAPE_RULES=(),
+                        PDL_DEFAULT=0, PDL_RULES=(),
+                        REGS_STAGED_RULES=((1 << 20, 1 << 30, dict(t.SEPARATE, early_merge=True, pdl=pdl)),))
+             for b, sq, lens, h, hk, d, dtype, page, extra, kw in [t.CASES[i] for i in (0, 5, 7, 8, 10, 12)]
+             for pdl in (0, 1)]
     base, cfgs, d64 = san.configs()
-    return ([cfg(c, 2, 4) for c in t.CASES] + [cfg(c, s, w) for c in t.DEPTH_CASES for s, w in t.DEPTHS]
+    return (early + [cfg(c, 2, 4) for c in t.CASES] + [cfg(c, s, w) for c in t.DEPTH_CASES for s, w in t.DEPTHS]
             + [cfg(c, 2, 4, fused=False) for c in (t.CASES[5], t.CASES[7], t.CASES[13])]
             + [cfg(c, s, 4) for c in graph for s in (1, 2)] + rule + cfgs + [d64, base.replace(regs=1)])
 

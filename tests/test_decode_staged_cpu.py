@@ -91,3 +91,23 @@ def test_nvcc_zero_spills(arch):
     points = POINTS if arch == "sm_90a" else [c for c in POINTS if c.regs == 1]
     for cfg, rep in zip(points, nvcc_compile(points, arch)):
         assert rep.spill_stores == 0 and rep.spill_loads == 0, (cfg.name, rep)
+
+
+def test_separate_combine_early_merge(monkeypatch):
+    """With regs, early_merge is the separate decode_combine's kEarly (after kPdl); the fused merge always loads
+    early, so regs with fused_combine refuses it."""
+    sep = W4.replace(fused_combine=False, light_fence=False)
+    em = sep.replace(early_merge=True)
+    assert em.name == "decode_bf16_d128_w4_n16_s3_m1_c4_em_rg1_rst2" and not em.problems(232448)
+    assert FAM.kernel_names(sep)["combine"] == "cuflash::decode_combine<128, cuflash::bf16>"
+    assert FAM.kernel_names(em)["combine"] == "cuflash::decode_combine<128, cuflash::bf16, false, true>"
+    assert FAM.kernel_names(em.replace(pdl=1))["combine"] == "cuflash::decode_combine<128, cuflash::bf16, true, true>"
+    assert FAM.kernel_names(sep.replace(pdl=1))["combine"] == "cuflash::decode_combine<128, cuflash::bf16, true>"
+    assert em.kernel_name() == sep.kernel_name()   # the main kernel does not see it
+    assert any("regs: early_merge" in x for x in W4.replace(early_merge=True).problems(232448))
+    monkeypatch.setattr(mod, "REGS_STAGED_RULES", ((1, 8192, {"warps": 4, "regs_staged": 2, "fused_combine": False,
+                                                             "light_fence": False, "early_merge": True, "pdl": 1}),))
+    c = FAM.heuristic(P8K, (9, 0))
+    assert (c.warps, c.regs_staged, c.fused_combine, c.early_merge, c.pdl) == (4, 2, False, True, 1)
+    assert [s.role for s in FAM.launches(c, P8K, 132)] == ["main", "combine"]
+    assert FAM.launches(c, P8K, 132)[0].grid == (32, 8, 1)

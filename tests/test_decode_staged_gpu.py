@@ -8,7 +8,8 @@ plain loop with the same config (their cases check that fallback). Checked as te
   * odd contexts (1, 17, 255, 257, 8191, 8192, 8193 keys), lengths varying per batch row (0 included), GQA
     ratios 1 / 4 / 8, seqlen_q 1..4 (two row tiles at d 64), append + rotary, cache_batch_idx + leftpad, a
     window with softcap and ALiBi, pages 16 and 256, at num_splits 0 / 1 / 3, 4 and 8 warps;
-  * ring depths 1..4 and the separate combine kernel;
+  * ring depths 1..4 and the separate combine kernel, plain and with its early partial-O loads (early_merge), with
+    and without pdl;
   * CUDA-graph replays with changing cache_seqlens (the ring's blocks follow each replay's lengths);
   * REGS_STAGED_RULES: the cuDNN-shaped batch-1 config (4 warps, 32 splits at 1 x 8k) as users call it.
 
@@ -96,6 +97,27 @@ def test_staged_separate_combine(monkeypatch, case):
     check_case(case, 0)
     check_case(case, 3)
     _ran_staged(2, 4)
+
+
+SEPARATE = {"warps": 4, "regs_staged": 2, "fused_combine": False, "light_fence": False}
+
+
+@pytest.mark.parametrize("pdl", [0, 1], ids=lambda n: f"pdl{n}")
+@pytest.mark.parametrize("case", [CASES[i] for i in (0, 5, 7, 8, 10, 12)], ids=_ids)
+def test_staged_early_combine(monkeypatch, case, pdl):
+    """The separate combine with its first partial-O loads before the LSE loads (the regs kernel's early_merge:
+    decode_combine's kEarly), without and with pdl, at num_splits 0 (32 at 1 x 8k: two batches of 16), 3 and 40
+    (past one batch of 16, splits without keys)."""
+    _options(monkeypatch, 1)
+    if pdl:
+        import test_decode_pdl_gpu
+
+        test_decode_pdl_gpu._pdl(monkeypatch, 0)
+    monkeypatch.setattr(fam_mod, "REGS_STAGED_RULES", ((1 << 20, 1 << 30, dict(SEPARATE, early_merge=True, pdl=pdl)),))
+    for splits in (0, 3, 40):
+        check_case(case, splits)
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert plans and all(p.config.early_merge and p.config.pdl == pdl and not p.config.fused_combine for p in plans)
 
 
 @pytest.mark.parametrize("page", [None, 16], ids=["contiguous", "page16"])

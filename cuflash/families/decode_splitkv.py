@@ -481,7 +481,7 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
     if not (cfg.regs_ahead or cfg.regs_order == 2):   # see REGS_STAGED_RULES
         if REGS_STAGED_DEFAULT:
             cfg = cfg.replace(regs_staged=REGS_STAGED_DEFAULT)
-        for max_batch, max_keys, fields in () if paged else REGS_STAGED_RULES:
+        for max_batch, max_keys, fields in () if paged or not REGS_STAGED else REGS_STAGED_RULES:
             if problem.batch <= max_batch and problem.seqlen_k <= max_keys:
                 cfg = cfg.replace(**fields)
                 break
@@ -514,6 +514,7 @@ REGS_STAGED_DEFAULT = 0    # every regs call's regs_staged (tests: paged calls t
 # {"warps": 4, "regs_staged": 2}: cuDNN's grid at 1 x 8k (num_splits_for takes the co-resident model for a
 # staged config: two 4-warp CTAs per SM, 32 splits of 256 keys at 8 KV heads on 132 SMs).
 REGS_STAGED_RULES: tuple = ()
+REGS_STAGED = True         # REGS_STAGED_RULES on (False: none; decode_b1_timing.py's --variant "old REGS_STAGED=0")
 # pdl (sm_90, the regs kernel): programmatic dependent launch. The plan launches the call's kernels with
 # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuflash.launch.LaunchEx), so each may be scheduled
 # before the stream's previous kernel has finished; each waits for it (griddepcontrol.wait) before its first
@@ -622,7 +623,8 @@ class DecodeConfig(KernelConfig):
               on a per-slot mbarrier (1), with an L2 evict-first policy (2); 0: 16-byte cp.asyncs.
               No warp_loads, page_prefetch or page_gather with it
     early_merge: (fused_combine) the merging CTA issues its first partial-O loads before the LSE
-              loads (the two L2 round trips overlap)
+              loads (the two L2 round trips overlap); with regs (no fused_combine: its fused merge always
+              does) the separate decode_combine kernel does so (kEarly)
     ring_fill: (the cp.async loop) 0: the prologue loads stages - 1 K/V blocks, each iteration
               the next before O += P V; 1: the prologue fills every slot; 2: as 1, with each
               iteration's load issued before S (kernels_cu/decode_splitkv.cu, kRingFill)
@@ -821,8 +823,12 @@ class DecodeConfig(KernelConfig):
         elif self.bulk and (self.tma or self.warp_loads or self.page_prefetch or self.page_gather):
             out.append("bulk: the bulk rows are the CTA's own loads of the cp.async loop: no tma, "
                        "warp_loads, page_prefetch or page_gather with it")
-        if self.early_merge and (self.tma or not self.fused_combine):
-            out.append("early_merge: an option of the fused combine (fused_combine, no tma)")
+        if self.early_merge and (self.tma or not (self.fused_combine or self.regs)):
+            out.append("early_merge: an option of the fused combine (fused_combine, no tma) or of the regs kernel's "
+                       "separate combine")
+        elif self.early_merge and self.regs and self.fused_combine:
+            out.append("regs: early_merge is an option of the separate combine kernel (no fused_combine: the regs "
+                       "kernel's fused merge always loads early)")
         if self.ring_fill not in RING_FILL_VALUES:
             out.append(f"ring_fill must be one of {RING_FILL_VALUES} (0: stages - 1 blocks ahead), "
                        f"got {self.ring_fill}")
@@ -879,10 +885,10 @@ class DecodeConfig(KernelConfig):
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
             if (self.tma or self.bulk or self.page_prefetch or self.page_gather or self.warp_loads or self.lean
-                    or self.ring_fill or self.dynamic or self.stream or self.early_merge or self.l2_prefetch):
-                out.append("regs: decode_splitkv_regs has fused_combine and light_fence only (no tma, bulk, "
-                           "page_prefetch, page_gather, warp_loads, lean, ring_fill, dynamic, stream, early_merge "
-                           "or l2_prefetch)")
+                    or self.ring_fill or self.dynamic or self.stream or self.l2_prefetch):
+                out.append("regs: decode_splitkv_regs has fused_combine, light_fence and early_merge only (no tma, "
+                           "bulk, page_prefetch, page_gather, warp_loads, lean, ring_fill, dynamic, stream or "
+                           "l2_prefetch)")
             if self.head_dim not in REGS_HEAD_DIMS:
                 out.append(f"regs: head_dim must be one of {REGS_HEAD_DIMS}, got {self.head_dim}")
             if self.warp_n * self.head_dim > 2048:
@@ -1393,9 +1399,11 @@ class DecodeSplitKV(Family):
     def kernel_names(self, config) -> dict:
         d, dt = config.head_dim, config.dtype
         pdl = ", true" if getattr(config, "pdl", 0) else ""   # kPdl: they wait for the previous kernel
+        # the regs kernel's early_merge: decode_combine's kEarly (after kPdl)
+        early = (", true" if pdl else ", false") + ", true" if config.regs and config.early_merge else ""
         return {"main": config.kernel_name(),
                 "append": f"cuflash::decode_append<{d}, cuflash::{dt}{pdl}>",
-                "combine": f"cuflash::decode_combine<{d}, cuflash::{dt}{pdl}>"}
+                "combine": f"cuflash::decode_combine<{d}, cuflash::{dt}{early or pdl}>"}
 
     def smem_roles(self, config) -> dict:
         return {"main": config.smem_bytes}

@@ -1,6 +1,7 @@
 """decode_splitkv_regs' kStaged (session 27, dec18): the SASS of the default kernels (kStaged 0) compiled from an
 old kernels_cu/ and from this checkout's must be identical; the staged kernels compile for sm_90a without spills
-(ptxas registers and shared memory per kernel printed). nvcc -cubin sm_90a, cuobjdump -sass (pdl_sass_check's tools).
+(ptxas registers and shared memory per kernel printed), and so does decode_combine's kEarly (the regs kernel's
+early_merge). nvcc -cubin sm_90a, cuobjdump -sass (pdl_sass_check's tools).
 
     PYTHONPATH=. python results/NVIDIA_H100_80GB_HBM3/scripts/staged_sass_check.py /work/main/kernels_cu
 """
@@ -27,7 +28,9 @@ def main(old_root: str) -> int:
     new, _, _ = sass(new_root, exprs)
     bad = [k for k in old if old[k] != new.get(k)]
     print(f"default kernels: {len(old)} functions, {len(bad)} differ" + "".join(f"\n  DIFFERS {k}" for k in bad))
+    em = [c.replace(fused_combine=False, light_fence=False, early_merge=True, pdl=pdl) for c in STAGED[:1] for pdl in (0, 1)]
     exprs = {e: role for c in STAGED for role, e in FAM.kernel_names(c).items() if role == "main"}
+    exprs.update({FAM.kernel_names(c)["combine"]: "combine" for c in em})   # decode_combine's kEarly
     got, spills, log = sass(new_root, exprs)
     print(f"staged kernels: {len(got)} functions, spills {spills}")
     for line in log.splitlines():
