@@ -329,8 +329,10 @@ def staged_test_configs():
                         REGS_STAGED_RULES=((1 << 20, 1 << 30, dict(t.SEPARATE, early_merge=True, pdl=pdl)),))
              for b, sq, lens, h, hk, d, dtype, page, extra, kw in [t.CASES[i] for i in (0, 5, 7, 8, 10, 12)]
              for pdl in (0, 1)]
+    shipped = [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0)
+               for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.B1_CASES]
     base, cfgs, d64 = san.configs()
-    return (early + [cfg(c, 2, 4) for c in t.CASES] + [cfg(c, s, w) for c in t.DEPTH_CASES for s, w in t.DEPTHS]
+    return (early + shipped + [cfg(c, 2, 4) for c in t.CASES] + [cfg(c, s, w) for c in t.DEPTH_CASES for s, w in t.DEPTHS]
             + [cfg(c, 2, 4, fused=False) for c in (t.CASES[5], t.CASES[7], t.CASES[13])]
             + [cfg(c, s, 4) for c in graph for s in (1, 2)] + rule + cfgs + [d64, base.replace(regs=1)])
 

@@ -4,9 +4,10 @@ synccheck); not a test. bf16, d 128, 32:8 heads, one query row, batch 3 with 300
 depths 1, 2, 4 and 8 warps with 2, at 1, 3 and 32 splits (fused combine, each config twice: the counters back
 at 0), the separate combine, the interleaved order with its early prefetch, paged caches (page 16: the plain
 loop under the same config), d 64 with two row tiles; then one batch row (capacity 8192) at 8192 and 3001 keys
-with the batch-1 rule's config (4 warps, depth 2, 32 splits).
+with the batch-1 rule's config (4 warps, depth 2, 32 splits); then the shipped batch-1 config (REGS_BATCH1_RULES:
+the separate combine with its early partial-O loads, pdl 1) at 1, 3, 16 and 40 splits.
 
-    compute-sanitizer --tool memcheck python tests/decode_staged_sanitize.py
+    compute-sanitizer --tool memcheck python tests/decode_staged_sanitize.py [--shipped]
 """
 import os
 import sys
@@ -24,13 +25,30 @@ from cuflash.problem import Problem  # noqa: E402
 def configs():
     """The configs this script runs (tests/decode_precompile.py compiles them first)."""
     base = _regs_config(Problem("decode", "bf16", 3, 1, 3000, 32, 8, 128)).replace(warps=4, regs_staged=2)
-    d64 = _regs_config(Problem("decode", "bf16", 2, 4, 1999, 8, 2, 64), 1).replace(warps=4, regs_staged=2)
+    d64 = _regs_config(Problem("decode", "bf16", 2, 4, 1999, 8, 2, 64, True, False), 1).replace(warps=4, regs_staged=2)
     return base, [base, base.replace(regs_staged=1), base.replace(regs_staged=4), base.replace(warps=8),
                   base.replace(fused_combine=False, light_fence=False),
                   base.replace(regs=6, regs_order=1, regs_prefetch=True, regs_prefetch_blocks=3)], d64
 
 
+def shipped_calls(q1, k1, v1) -> int:
+    """The shipped batch-1 config (REGS_BATCH1_RULES: separate combine, early partial-O loads, pdl 1), each call
+    a programmatic dependent of the previous call's combine, at 1, 3, 16 and 40 splits: the calls made."""
+    from cuflash.registry import get
+
+    shipped = get("decode_splitkv").heuristic(Problem("decode", "bf16", 1, 1, 8192, 32, 8, 128))
+    assert shipped.early_merge and shipped.pdl == 1 and not shipped.fused_combine, shipped.name
+    return sum(one_row(shipped, q1, k1, v1, splits) + one_row(shipped, q1, k1, v1, splits) for splits in (1, 3, 16, 40))
+
+
 def main():
+    q1 = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k1, v1 = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    if "--shipped" in sys.argv:   # the shipped config only (a short sanitizer pass)
+        runs = shipped_calls(q1, k1, v1)
+        torch.cuda.synchronize()
+        print(f"{runs} calls of the shipped batch-1 config ok")
+        return
     base, cfgs, d64 = configs()
     q, kc, vc, lens, pad, table, kp, vp = batch3_inputs()
     runs = 0
@@ -45,9 +63,7 @@ def main():
     k4, v4 = (torch.randn(2, 2000, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     l4 = torch.tensor([1999, 700], device="cuda", dtype=torch.int32)
     kvcache_with_config(d64, q4, k4, v4, cache_seqlens=l4, causal=True, window_size=(300, 0), num_splits=3)
-    q1 = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    k1, v1 = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    runs += 1 + one_row(base.replace(regs=1), q1, k1, v1, 32)
+    runs += 1 + one_row(base.replace(regs=1), q1, k1, v1, 32) + shipped_calls(q1, k1, v1)
     torch.cuda.synchronize()
     print(f"{runs} staged calls ok: {', '.join(c.name for c in cfgs + [d64])}")
 

@@ -65,6 +65,7 @@ def test_launches_and_kernel_names():
 
 
 def test_heuristic_switches(monkeypatch):
+    monkeypatch.setattr(mod, "REGS_BATCH1_RULES", ())   # (its 8k-key entry sets pdl 1: test_decode_staged_cpu.py)
     assert FAM.heuristic(P8K).pdl == 0   # PDL_DEFAULT off
     monkeypatch.setattr(mod, "PDL_DEFAULT", 2)
     assert FAM.heuristic(P8K).pdl == 2 and FAM.heuristic(P8K.replace(batch=8, seqlen_k=32768)).pdl == 2

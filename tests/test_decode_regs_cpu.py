@@ -80,7 +80,9 @@ def test_heuristic_switch(monkeypatch):
     monkeypatch.setattr(mod, "REGS_BATCH1_HINT", ())   # (batch 1 at 8k keys: plain loads)
     for b, ctx, feats in ((1, 8192, ()), (8, 32768, ()), (64, 8192, ("paged_kv",)), (2, 4096, ("window", "softcap"))):
         cfg = FAM.heuristic(P.replace(batch=b, seqlen_k=ctx, features=feats), (9, 0))
-        assert cfg.regs == 2 and (cfg.warps, cfg.warp_n, cfg.m_tiles) == (8, 16, 1) and cfg.light_fence, cfg.name
+        assert cfg.regs == 2 and (cfg.warps, cfg.warp_n, cfg.m_tiles) == (8, 16, 1), cfg.name
+        # the fused merge with light_fence, but one contiguous row of at most 8k keys (REGS_BATCH1_RULES: separate)
+        assert cfg.light_fence == cfg.fused_combine == (b > 1 or bool(feats)), cfg.name
         assert not cfg.problems(232448)
     assert FAM.heuristic(P.replace(head_dim=64, nheads=8, nheads_kv=2, seqlen_q=4), (9, 0)).m_tiles == 2
     assert not FAM.heuristic(P.replace(seqlen_q=4), (9, 0)).regs            # 16 rows at d 128: the cp.async loop

@@ -146,3 +146,47 @@ def test_staged_rule(monkeypatch, case):
     monkeypatch.setattr(decode, "_gpu_plans", {})
     check_case(case, 0)
     _ran_staged(2, 4)
+
+
+# REGS_BATCH1_RULES' first entry as shipped (session 27): one batch row of at most 8192 keys, contiguous, runs the
+# regs kernel with the separate combine, launched as a programmatic dependent, its first partial-O loads early
+B1_CASES = [(1, 1, [n], 32, 8, 128, "bf16", None, {}, {}) for n in (1, 17, 255, 257, 4096, 8191, 8192)] + [
+    (1, 1, [8000], 32, 4, 128, "bf16", None, {}, {}),                                     # GQA 8
+    (1, 3, [5000], 16, 16, 128, "bf16", None, {}, {"causal": True}),                      # MHA, 3 query rows
+    (1, 4, [3001], 16, 8, 128, "bf16", None, {}, {"causal": True}),                       # GQA 2, 4 query rows
+    (1, 2, [7000], 32, 8, 128, "bf16", None, {"seqlen_new": 2, "rotary_dim": 128}, {"causal": True}),
+    (1, 1, [6000], 8, 8, 128, "fp16", None, {"leftpad": True}, {"window_size": (1000, 0), "softcap": 3.0}),
+]
+
+
+def _shipped(monkeypatch):
+    torch = __import__("test_decode_gpu")._torch()
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the regs kernel and pdl: sm_90")
+    decode._drop_gpu_plans()
+    monkeypatch.setattr(decode, "_gpu_plans", {})
+
+
+def _ran_shipped():
+    plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
+    assert plans and all(p.config.regs and not p.config.fused_combine and p.config.early_merge and p.config.pdl == 1
+                         for p in plans), [p.config.name for p in plans]
+
+
+@pytest.mark.parametrize("splits", [0, 1, 3], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("case", B1_CASES, ids=_ids)
+def test_batch1_rule(monkeypatch, case, splits):
+    _shipped(monkeypatch)
+    check_case(case, splits)
+    _ran_shipped()
+
+
+def test_batch1_rule_cuda_graph(monkeypatch):
+    """The shipped batch-1 config captured (capacity 8192) and replayed with new lengths: empty, full, ragged."""
+    _shipped(monkeypatch)
+    rng = np.random.default_rng()
+    args = make_case(rng, 1, 1, [8192], 32, 8, 128, "bf16")
+    lengths = [np.zeros(1, np.int64), np.array([8192]), np.array([1]), np.array([257])] + [
+        rng.integers(0, 8192, size=1) for _ in range(2)]
+    replays_match_eager(dict(args), lengths)
+    _ran_shipped()

@@ -390,7 +390,14 @@ REGS_BATCH1 = True
 # interleaved order (regs_order 1) with its first 3 blocks prefetched (see REGS_SHAPE_RULES: its blocks do not
 # depend on the row's length) / cuDNN, us: 1 x 32k 47.90 / 47.77 / 50.76, 1 x 64k 91.12 / 91.00 / 93.87,
 # 1 x 128k 179.02 / 177.43 / 179.82: so the interleaved one.
-REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_order": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}))
+# Session 27 (dec18, logs/session27_dec18/r2, r3): up to 8k keys the separate combine kernel, launched as a
+# programmatic dependent (pdl 1: its launch overlaps the main kernel) and loading its first 16 partial Os before
+# the LSEs (early_merge), against the fused merge: the fused merge's last CTA runs its count and two L2 round trips
+# while the other SMs sit idle (1 x 8k: 13.17 us for the fused kernel against 9.81 + 2.61 for main + combine).
+# Round 2, us, separate + pdl / separate / fused (the old rule) / cuDNN: 1 x 8k 12.66 / 12.98 / 13.23 / 11.94,
+# 1 x 4k 10.28 / 10.81 / 10.93 / 10.40; at 1 x 16k the fused merge stays (27.36 against 28.36 with pdl).
+REGS_BATCH1_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1}),
+                            (1 << 31, {"regs_order": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}))
 # The batch-1 load hint (regs_options, REGS_BATCH1): a call of one batch row, contiguous or paged, whose
 # cache holds at most max_keys keys runs the first (max_keys, regs) entry's hint instead of REGS_DEFAULT,
 # where no device rule sets regs. The figures above at 8k keys compared the hints as variants of one
@@ -487,13 +494,13 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
                 break
     if REGS_CLUSTER_DEFAULT and cfg.head_dim % (4 * REGS_CLUSTER_DEFAULT) == 0:
         return cfg.replace(regs_cluster=REGS_CLUSTER_DEFAULT, fused_combine=False, light_fence=False, splits=0,
-                           regs_staged=0)
+                           regs_staged=0, early_merge=False, pdl=0)
     if problem.batch == 1 and "paged_kv" not in problem.features:
         for max_keys, cluster in REGS_CLUSTER_RULES:
             if problem.seqlen_k <= max_keys:
                 if cluster and problem.nheads_kv * row_blocks(cfg, problem) * cluster <= REGS_CLUSTER_MAX_CTAS:
                     cfg = cfg.replace(regs_cluster=cluster, fused_combine=False, light_fence=False, splits=0,
-                                      regs_staged=0)
+                                      regs_staged=0, early_merge=False, pdl=0)
                 break
     return cfg
 
