@@ -16,7 +16,7 @@ their kernels on disk):
   * tests/test_decode_staged_gpu.py and tests/decode_staged_sanitize.py: the regs kernel's configs with regs_staged.
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only staged_tests,pdl_tests,shape_tests,page_table_tests,cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only shipped_b1,staged_tests,pdl_tests,shape_tests,page_table_tests,cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -337,6 +337,15 @@ def staged_test_configs():
             + [cfg(c, s, 4) for c in graph for s in (1, 2)] + rule + cfgs + [d64, base.replace(regs=1)])
 
 
+def shipped_b1_configs():
+    """tests/test_decode_staged_gpu.py -k batch1_rule and tests/decode_staged_sanitize.py --shipped: the configs the
+    shipped batch-1 rule gives (REGS_BATCH1_RULES up to 8k keys)."""
+    import test_decode_staged_gpu as t
+
+    return [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0)
+            for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.B1_CASES]
+
+
 def cluster_test_configs():
     """tests/test_decode_regs_gpu.py's cluster tests (REGS_CLUSTER_DEFAULT 2 .. 16) and
     tests/decode_cluster_sanitize.py."""
@@ -392,7 +401,7 @@ def shape_test_configs():
             for b, sq, lens, h, hk, d, dtype, page, extra, kw in cases]
 
 
-GROUPS = {"staged_tests": staged_test_configs, "pdl_tests": pdl_test_configs, "shape_tests": shape_test_configs, "page_table_tests": page_table_test_configs, "cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
+GROUPS = {"shipped_b1": shipped_b1_configs, "staged_tests": staged_test_configs, "pdl_tests": pdl_test_configs, "shape_tests": shape_test_configs, "page_table_tests": page_table_test_configs, "cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

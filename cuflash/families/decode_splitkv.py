@@ -390,12 +390,15 @@ REGS_BATCH1 = True
 # interleaved order (regs_order 1) with its first 3 blocks prefetched (see REGS_SHAPE_RULES: its blocks do not
 # depend on the row's length) / cuDNN, us: 1 x 32k 47.90 / 47.77 / 50.76, 1 x 64k 91.12 / 91.00 / 93.87,
 # 1 x 128k 179.02 / 177.43 / 179.82: so the interleaved one.
-# Session 27 (dec18, logs/session27_dec18/r2, r3): up to 8k keys the separate combine kernel, launched as a
+# Session 27 (dec18, logs/session27_dec18/r2, r3; H100): up to 8k keys the separate combine kernel, launched as a
 # programmatic dependent (pdl 1: its launch overlaps the main kernel) and loading its first 16 partial Os before
 # the LSEs (early_merge), against the fused merge: the fused merge's last CTA runs its count and two L2 round trips
 # while the other SMs sit idle (1 x 8k: 13.17 us for the fused kernel against 9.81 + 2.61 for main + combine).
-# Round 2, us, separate + pdl / separate / fused (the old rule) / cuDNN: 1 x 8k 12.66 / 12.98 / 13.23 / 11.94,
-# 1 x 4k 10.28 / 10.81 / 10.93 / 10.40; at 1 x 16k the fused merge stays (27.36 against 28.36 with pdl).
+# Round 3 (decode_b1_timing, one process, 9 shuffled rounds), us, this entry / without early_merge / without pdl /
+# pdl 2 / the fused merge (before) / cuDNN: 1 x 8k 12.35 / 12.68 / 12.85 / 12.49 / 13.31 / 11.96, 1 x 4k 10.05 /
+# 10.34 / 10.75 / 10.17 / 10.99 / 10.54; next to a 4096 x 4096 projection (decode's share of a step) 24.52 against
+# 25.21 before, cuDNN 23.77; eager host time (b 1, 256 keys, pdl's cuLaunchKernelEx) 1.01x cuDNN's (median 1.03).
+# At 1 x 16k the fused merge stays ahead (round 2: 27.36 against 28.36 with pdl). The H200 is not measured.
 REGS_BATCH1_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1}),
                             (1 << 31, {"regs_order": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}))
 # The batch-1 load hint (regs_options, REGS_BATCH1): a call of one batch row, contiguous or paged, whose
