@@ -516,7 +516,10 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
 REGS_CLUSTER_VALUES = (0, 2, 4, 8, 16)
 # regs_staged (decode_splitkv_regs' kStaged; contiguous caches): past the two register sets, each warp keeps
 # this many more of its K/V blocks in flight in its own shared-memory ring by cp.async (a cuDNN-like depth:
-# at 1 x 8k a warp's 4 blocks are all requested at the kernel's start); paged caches run the plain loop.
+# at 1 x 8k a warp's 4 blocks are all requested at the kernel's start); paged caches run the plain loop. Off: on
+# the H100 (session 27, dec18, logs/session27_dec18/r2, decode_b1_timing.py) it lost everywhere, us, main kernel
+# at 1 x 8k 12.37 (depth 1) / 13.20 (depth 2) against 9.90 without; graph replays 1 x 8k 15.29 / 16.23 against
+# 12.98 (8 warps, separate combine), 1 x 16k 38.29 / 38.80 against 27.31, 4 warps x 32 splits 16.92 at 1 x 8k.
 REGS_STAGED_VALUES = (0, 1, 2, 3, 4)
 REGS_STAGED_DEFAULT = 0    # every regs call's regs_staged (tests: paged calls too, which run the plain loop)
 # Rules of the staged ring (regs_options; contiguous caches without regs_ahead or regs_order 2): the first
