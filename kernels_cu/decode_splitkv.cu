@@ -1681,6 +1681,10 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float
 //              fetched early could be stale), the L1 prefetch after it as without. The stream's next kernel
 //              may be scheduled (launch_dependents) 1: right after the wait, 2: after the K/V loop; 3: as 1, and
 //              the L2 prefetch before the wait without kEarlyPrefetch too (its blocks, kEarlyBlocks of them; no L1 prefetch)
+//   kStaged    (0: none; 1..4; contiguous caches, paged ones run the plain loop) past its two register sets each
+//              warp keeps kStaged more of its blocks in flight by 16-byte cp.asyncs into its own shared-memory
+//              ring (each lane the chunks its registers take), read back into the register sets; no kAhead,
+//              kOrder 2 or kCluster. Off in the heuristic: slower than the plain loop on the H100 (session 27)
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
           int kLoadHint, bool kEarlyPrefetch = false, int kAhead = 0, bool kAheadL1 = false, int kOrder = 0,
           int kEarlyBlocks = 1, int kCluster = 0, int kPageTable = 0, int kPdl = 0, int kStaged = 0>
