@@ -21,7 +21,8 @@
 //                   streams the K/V blocks by TMA into a ring of full / empty mbarriers, so the
 //                   other warps only compute and every ring slot can be in flight (see its comment).
 //   decode_combine  (num_splits > 1, no fused combine) flash-decoding's LSE merge: per row, the
-//                   splits' partial outputs weighted by exp(lse_s - lse), and the row's LSE.
+//                   splits' partial outputs weighted by exp(lse_s - lse), and the row's LSE (the regs
+//                   kernel's early_merge: its first partial-O loads before the LSE loads).
 //
 // Keys: row b's cache holds logical keys j = 0 .. keys_b - 1 at cache positions start_b + j, with
 // start_b = cache_leftpad[b] (0), keys_b = cache_seqlens[b] + seqlen_new - start_b; masks are
@@ -1680,9 +1681,13 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float
 //              fetched early could be stale), the L1 prefetch after it as without. The stream's next kernel
 //              may be scheduled (launch_dependents) 1: right after the wait, 2: after the K/V loop; 3: as 1, and
 //              the L2 prefetch before the wait without kEarlyPrefetch too (its blocks, kEarlyBlocks of them; no L1 prefetch)
+//   kStaged    (0: none; 1..4; contiguous caches, paged ones run the plain loop) past its two register sets each
+//              warp keeps kStaged more of its blocks in flight by 16-byte cp.asyncs into its own shared-memory
+//              ring (each lane the chunks its registers take), read back into the register sets; no kAhead,
+//              kOrder 2 or kCluster. Off in the heuristic: slower than the plain loop on the H100 (session 27)
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
           int kLoadHint, bool kEarlyPrefetch = false, int kAhead = 0, bool kAheadL1 = false, int kOrder = 0,
-          int kEarlyBlocks = 1, int kCluster = 0, int kPageTable = 0, int kPdl = 0>
+          int kEarlyBlocks = 1, int kCluster = 0, int kPageTable = 0, int kPdl = 0, int kStaged = 0>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv_regs(const DecodeParams p) {
     constexpr int kThreads = kWarps * 32, kBlockN = kWarps * kWarpN, kRows = 8 * kRowTiles;
@@ -1702,6 +1707,8 @@ decode_splitkv_regs(const DecodeParams p) {
                   "kCluster: 2..16 CTAs, each merging whole 4-column groups, without the fused combine");
     static_assert(kPageTable == 0 || kPageTable == 1, "kPageTable: 0 (none) or 1");
     static_assert(kPdl >= 0 && kPdl <= 3, "kPdl: 0 (none), 1, 2 or 3");
+    static_assert(kStaged >= 0 && kStaged <= 4 && (kStaged == 0 || (kAhead == 0 && kOrder != 2 && kCluster == 0)),
+                  "kStaged: 0 (none) or 1..4 blocks, without kAhead, kOrder 2 or kCluster");
     constexpr int kPageIds = 2048;                  // kPageTable: staged page ids (8 KB)
     constexpr int kIdsPerThread = kPageIds / kThreads;
 
@@ -1718,6 +1725,10 @@ decode_splitkv_regs(const DecodeParams p) {
     const int hkv = blockIdx.y / p.row_blocks, r0 = (blockIdx.y % p.row_blocks) * kRows;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int rows_valid = min(kRows, p.group * p.seqlen_q - r0);
+    // kStaged: each warp's kStaged ring slots of one K/V block, after the page ids (kPageTable) or the above;
+    // lane l's 16-byte chunk c of a slot at [c][l] (kChunks chunks: its K loads, then its V loads)
+    constexpr int kChunks = kTiles * (2 * kKLoads + 4 * kVLoads);
+    u32x4* stage_ring = reinterpret_cast<u32x4*>(page_ids + (kPageTable ? kPageIds : 0)) + warp * kStaged * kChunks * 32 + lane;
     if constexpr (kPdl > 0) {
         if constexpr (kEarlyPrefetch || kPdl == 3) {
             // kEarlyPrefetch's rows (the block below) into L2 before the wait: an L1 line fetched before the
@@ -2181,8 +2192,10 @@ decode_splitkv_regs(const DecodeParams p) {
     // two register sets: block it + 1's loads are in flight while block it's math runs
     u32 k_a[kTiles][2][kKLoads][4], v_a[kTiles][4][kVLoads][4];
     u32 k_b[kTiles][2][kKLoads][4], v_b[kTiles][4][kVLoads][4];
+    // the blocks the plain loop below runs: none where the staged loop (kStaged) runs them
+    const int n_plain = kStaged > 0 && !paged ? 0 : n_iters;
     if constexpr (kOrder == 0) {
-        if (n_iters > 0) {
+        if (n_plain > 0) {
             if (paged) fetch_pages(n_end - 1);
             if constexpr (kAhead > 2) {  // iterations 2 .. kAhead - 1 (the loads of 0 and 1 prefetch kAhead on)
 #pragma unroll
@@ -2200,7 +2213,7 @@ decode_splitkv_regs(const DecodeParams p) {
             }
         }
     } else {
-        if (n_iters > 0) {
+        if (n_plain > 0) {
             if (paged) fetch_pages(n_first);
             if constexpr (kAhead > 2) {
 #pragma unroll
@@ -2241,22 +2254,101 @@ decode_splitkv_regs(const DecodeParams p) {
         if (scores_transform || n * kBlockN < full_lo || (n + 1) * kBlockN > full_hi) attend(n, kr, vr, true);
         else attend(n, kr, vr, false);
     };
+    // kStaged (contiguous caches): the warp's first two blocks load into the register sets as above and its
+    // next kStaged blocks into its ring slots by cp.async, all issued at once; block i >= 2 is read from
+    // slot (i - 2) % kStaged (each lane reads only the chunks it copied: no barrier), and once its math has
+    // consumed those registers the slot takes block i + kStaged. One commit group per slot fill (empty past
+    // the split's end), so block i's group is complete when at most kStaged - 1 are in flight.
+    if constexpr (kStaged > 0) {
+        if (!paged) {
+            auto blk = [&](int i) { return kOrder == 0 ? n_end - 1 - i : n_first + i * p.num_splits; };
+            // block n's K and V rows of this warp into ring slot `slot`: the addresses load_block reads
+            auto stage_block = [&](int n, int slot) {
+                u32x4* dst = stage_ring + slot * kChunks * 32;
+#pragma unroll
+                for (int tile = 0; tile < kTiles; ++tile) {
+                    u32x4* kd = dst + tile * (2 * kKLoads + 4 * kVLoads) * 32;
+                    u32x4* vd = kd + 2 * kKLoads * 32;
+                    const int key0 = n * kBlockN + warp * kWarpN + 16 * tile;
+#pragma unroll
+                    for (int q = 0; q < 2; ++q) {  // K: keys g, g + 8
+                        const u16* kp = k_head + k_row0
+                                        + static_cast<i64>(rk.start + min(key0 + g + 8 * q, last_key)) * p.k_row_stride + 8 * t;
+#pragma unroll
+                        for (int i = 0; i < kKLoads; ++i) cp_async_16(smem_u32(kd + (q * kKLoads + i) * 32), kp + 32 * i);
+                    }
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {  // V: keys 2t, 2t + 1, 2t + 8, 2t + 9
+                        const int key = key0 + 2 * t + (q & 1) + 8 * (q >> 1);
+                        const u16* vp = v_head + v_row0 + static_cast<i64>(rk.start + min(key, last_key)) * p.v_row_stride + 8 * g;
+#pragma unroll
+                        for (int h = 0; h < kVLoads; ++h) cp_async_16(smem_u32(vd + (q * kVLoads + h) * 32), vp + 64 * h);
+                    }
+                }
+            };
+            // block i (>= 2) from its slot into (kr, vr), once its group has landed
+            auto from_ring = [&](int i, u32 (&kr)[kTiles][2][kKLoads][4], u32 (&vr)[kTiles][4][kVLoads][4]) {
+                cp_async_wait<kStaged - 1>();
+                const u32x4* src = stage_ring + ((i - 2) % kStaged) * kChunks * 32;
+#pragma unroll
+                for (int tile = 0; tile < kTiles; ++tile) {
+                    const u32x4* kd = src + tile * (2 * kKLoads + 4 * kVLoads) * 32;
+                    const u32x4* vd = kd + 2 * kKLoads * 32;
+#pragma unroll
+                    for (int q = 0; q < 2; ++q)
+#pragma unroll
+                        for (int i2 = 0; i2 < kKLoads; ++i2) {
+                            const u32x4 x = kd[(q * kKLoads + i2) * 32];
+                            kr[tile][q][i2][0] = x.x, kr[tile][q][i2][1] = x.y, kr[tile][q][i2][2] = x.z, kr[tile][q][i2][3] = x.w;
+                        }
+#pragma unroll
+                    for (int q = 0; q < 4; ++q)
+#pragma unroll
+                        for (int h = 0; h < kVLoads; ++h) {
+                            const u32x4 x = vd[(q * kVLoads + h) * 32];
+                            vr[tile][q][h][0] = x.x, vr[tile][q][h][1] = x.y, vr[tile][q][h][2] = x.z, vr[tile][q][h][3] = x.w;
+                        }
+                }
+            };
+            auto refill = [&](int i) {  // block i's slot, its registers consumed, takes block i + kStaged
+                if (i + kStaged < n_iters) stage_block(blk(i + kStaged), (i - 2) % kStaged);
+                cp_async_commit();
+            };
+            if (n_iters > 0) load_block(blk(0), k_a, v_a);
+            if (n_iters > 1) load_block(blk(1), k_b, v_b);
+#pragma unroll
+            for (int j = 0; j < kStaged; ++j) {
+                if (2 + j < n_iters) stage_block(blk(2 + j), j);
+                cp_async_commit();
+            }
+            for (int i = 0; i < n_iters; i += 2) {
+                if (i >= 2) from_ring(i, k_a, v_a);
+                attend_any(blk(i), k_a, v_a);
+                if (i >= 2) refill(i);
+                if (i + 1 >= n_iters) break;
+                if (i + 1 >= 2) from_ring(i + 1, k_b, v_b);
+                attend_any(blk(i + 1), k_b, v_b);
+                if (i + 1 >= 2) refill(i + 1);
+            }
+            cp_async_wait<0>();  // the empty groups: nothing in flight past the loop
+        }
+    }
     if constexpr (kOrder == 0) {
-        for (int it = 0; it < n_iters; it += 2) {
-            if (it + 1 < n_iters) load_block(n_end - 2 - it, k_b, v_b);
+        for (int it = 0; it < n_plain; it += 2) {
+            if (it + 1 < n_plain) load_block(n_end - 2 - it, k_b, v_b);
             attend_any(n_end - 1 - it, k_a, v_a);
-            if (it + 1 >= n_iters) break;
-            if (it + 2 < n_iters) load_block(n_end - 3 - it, k_a, v_a);
+            if (it + 1 >= n_plain) break;
+            if (it + 2 < n_plain) load_block(n_end - 3 - it, k_a, v_a);
             attend_any(n_end - 2 - it, k_b, v_b);
         }
     } else {
         const int S = p.num_splits;
-        for (int it = 0; it < n_iters; it += 2) {
+        for (int it = 0; it < n_plain; it += 2) {
             const int n = n_first + it * S;
-            if (it + 1 < n_iters) load_block(n + S, k_b, v_b);
+            if (it + 1 < n_plain) load_block(n + S, k_b, v_b);
             attend_any(n, k_a, v_a);
-            if (it + 1 >= n_iters) break;
-            if (it + 2 < n_iters) load_block(n + 2 * S, k_a, v_a);
+            if (it + 1 >= n_plain) break;
+            if (it + 2 < n_plain) load_block(n + 2 * S, k_a, v_a);
             attend_any(n + S, k_b, v_b);
         }
     }
@@ -2346,8 +2438,9 @@ decode_splitkv_regs(const DecodeParams p) {
 
 // ---- decode_combine: merge the splits of each row (flash-decoding) -------------------------
 // One warp per row R = (b·nheads + h)·seqlen_q + i, 4 warps per CTA (combine_row above).
-// kPdl: as decode_append's (the main kernel's partials are read after the wait).
-template <int kHeadDim, class Elem, bool kPdl = false>
+// kPdl: as decode_append's (the main kernel's partials are read after the wait). kEarly: combine_row's
+// (the first batch of partial-O loads before the LSE loads: one L2 round trip, not two, up to 16 splits).
+template <int kHeadDim, class Elem, bool kPdl = false, bool kEarly = false>
 __global__ void __launch_bounds__(128)
 decode_combine(const DecodeParams p) {
     if constexpr (kPdl) {
@@ -2358,7 +2451,7 @@ decode_combine(const DecodeParams p) {
     const int rows_all = p.batch * p.nheads * p.seqlen_q;
     const int row_id = blockIdx.x * 4 + warp;
     if (row_id >= rows_all) return;
-    combine_row<kHeadDim, Elem, false>(p, row_id, lane);
+    combine_row<kHeadDim, Elem, false, kEarly>(p, row_id, lane);
 }
 
 }  // namespace cuflash

@@ -35,6 +35,11 @@ def stub_gpu(pkg=cuflash, monkeypatch_attr=setattr):
         role: SimpleNamespace(kernel=SimpleNamespace(ptr=1000 + i))
         for i, role in enumerate(fam.kernel_names(config))})
     monkeypatch_attr(launch, "_driver_launch", lambda: (lambda *a: None))
+
+    def launch_ex(*args):   # cuLaunchKernelEx (pdl plans): a no-op
+        return 0
+
+    monkeypatch_attr(launch, "libcuda", lambda: SimpleNamespace(cuLaunchKernelEx=launch_ex))
     monkeypatch_attr(launch, "_device_fns", lambda: ((lambda: 0), (lambda device: None)))
     monkeypatch_attr(launch, "_zeroed_i32", lambda n, device, what: SimpleNamespace(ptr=0x7000000))
     monkeypatch_attr(launch, "_stream_capturing", lambda stream: False)

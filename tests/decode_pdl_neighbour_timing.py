@@ -6,8 +6,8 @@ never triggers early. CUDA graphs of n = 20 steps, bf16, d 128, 32:8 heads, cont
     proj       [x (batch, 4096) @ W (4096, 4096), decode] x n     (a decode step's projection: W is 32 MB)
     gemm       [A (4096, 4096) @ B (4096, 4096), decode] x n      (a large GEMM)
 and the neighbours alone ([proj] x n, [gemm] x n); decode's share of a step = step - neighbour alone. Impls in
-one process: SDPA cuDNN, SDPA flash, cuflash (heuristic, pdl as the module's rule gives), and cuflash with pdl
-0 / 1 / 2 forced. Graphs replayed in shuffled rounds (cuflash.timing.round_orders), median of the rounds'
+one process: SDPA cuDNN, SDPA flash, cuflash (heuristic, pdl as the module's rule gives), cuflash with pdl
+0 / 1 / 2 forced, and each --variant (decode_b1_timing.py's: a config's fields replaced). Graphs replayed in shuffled rounds (cuflash.timing.round_orders), median of the rounds'
 medians. Not a test:
 
     python tests/decode_pdl_neighbour_timing.py --cells 1x8k 8x32k --out t.json
@@ -44,6 +44,8 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--pdl", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--neighbours", nargs="+", default=["alone", "proj", "gemm"])
+    ap.add_argument("--variant", action="append", default=[],
+                    help="'LABEL field=value ...': a config as decode_b1_timing.py's --variant makes it, one more impl")
     ap.add_argument("--out")
     a = ap.parse_args()
     records = []
@@ -59,6 +61,12 @@ def main():
         for pdl in a.pdl:
             cfg = base.replace(pdl=pdl)
             impls[f"pdl{pdl}"] = (lambda cfg=cfg: kvcache_with_config(cfg, q, kc, vc, cache_seqlens=lens)[0])
+        for text in a.variant:   # decode_b1_timing.py's variants (fields, switches, splits)
+            import decode_b1_timing as b1
+
+            var = b1.parse_variant(text)
+            cfg = b1.variant_config(var, p)
+            impls[var["label"]] = (lambda cfg=cfg: kvcache_with_config(cfg, q, kc, vc, cache_seqlens=lens)[0])
         x = torch.randn(batch, 4096, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
         ga, gb = (torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))

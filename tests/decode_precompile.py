@@ -12,10 +12,11 @@ their kernels on disk):
   * tests/test_decode_latency_gpu.py: the split merge (plain and fused) and page_gather configs;
   * tests/test_decode_resident_gpu.py: the 4-warp contiguous tiles and page 256 on the Hopper loop;
   * tests/test_decode_regs_gpu.py: the regs kernel's configs (REGS_DEFAULT 1 .. 6);
-  * tests/test_decode_pdl_gpu.py and tests/decode_pdl_sanitize.py: the regs kernel's configs with pdl 1, 2.
+  * tests/test_decode_pdl_gpu.py and tests/decode_pdl_sanitize.py: the regs kernel's configs with pdl 1, 2;
+  * tests/test_decode_staged_gpu.py and tests/decode_staged_sanitize.py: the regs kernel's configs with regs_staged.
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only pdl_tests,shape_tests,page_table_tests,cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only shipped_b1,staged_tests,pdl_tests,shape_tests,page_table_tests,cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -306,6 +307,45 @@ def pdl_test_configs():
             + [cfg(c, 1, fused=False) for c in (t.CASES[2], t.CASES[7], t.CASES[10])] + sanitize)
 
 
+def staged_test_configs():
+    """tests/test_decode_staged_gpu.py (REGS_STAGED_DEFAULT 1 .. 4 at 4 and 8 warps, the separate combine,
+    REGS_STAGED_RULES' batch-1 entry) and tests/decode_staged_sanitize.py."""
+    import decode_staged_sanitize as san
+    import test_decode_staged_gpu as t
+
+    def cfg(case, staged, warps, fused=True):
+        b, sq, lens, h, hk, d, dtype, page, extra, kw = case
+        return _heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
+                          REGS_DEFAULT=1, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_BATCH1_HINT=(), REGS_SHAPE_RULES=(),
+                          REGS_STAGED_DEFAULT=staged, REGS_STAGED_RULES=(), REGS_WARPS=warps,
+                          FUSED_COMBINE_DEFAULT=fused)
+
+    rule = [_heuristic(_problem(1, 1, n, 32, 8, 128), 0, REGS_STAGED_RULES=((1, 8192, {"warps": 4, "regs_staged": 2}),))
+            for n in (8192, 4096, 8001)]
+    graph = [(3, 1, [16384], 32, 8, 128, "bf16", page, {}, {}) for page in (None, 16)]
+    early = [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
+                        REGS_DEFAULT=1, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_BATCH1_HINT=(), REGS_SHAPE_RULES=(),
+                        PDL_DEFAULT=0, PDL_RULES=(),
+                        REGS_STAGED_RULES=((1 << 20, 1 << 30, dict(t.SEPARATE, early_merge=True, pdl=pdl)),))
+             for b, sq, lens, h, hk, d, dtype, page, extra, kw in [t.CASES[i] for i in (0, 5, 7, 8, 10, 12)]
+             for pdl in (0, 1)]
+    shipped = [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0)
+               for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.B1_CASES]
+    base, cfgs, d64 = san.configs()
+    return (early + shipped + [cfg(c, 2, 4) for c in t.CASES] + [cfg(c, s, w) for c in t.DEPTH_CASES for s, w in t.DEPTHS]
+            + [cfg(c, 2, 4, fused=False) for c in (t.CASES[5], t.CASES[7], t.CASES[13])]
+            + [cfg(c, s, 4) for c in graph for s in (1, 2)] + rule + cfgs + [d64, base.replace(regs=1)])
+
+
+def shipped_b1_configs():
+    """tests/test_decode_staged_gpu.py -k batch1_rule and tests/decode_staged_sanitize.py --shipped: the configs the
+    shipped batch-1 rule gives (REGS_BATCH1_RULES up to 8k keys)."""
+    import test_decode_staged_gpu as t
+
+    return [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0)
+            for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.B1_CASES]
+
+
 def cluster_test_configs():
     """tests/test_decode_regs_gpu.py's cluster tests (REGS_CLUSTER_DEFAULT 2 .. 16) and
     tests/decode_cluster_sanitize.py."""
@@ -361,7 +401,7 @@ def shape_test_configs():
             for b, sq, lens, h, hk, d, dtype, page, extra, kw in cases]
 
 
-GROUPS = {"pdl_tests": pdl_test_configs, "shape_tests": shape_test_configs, "page_table_tests": page_table_test_configs, "cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
+GROUPS = {"shipped_b1": shipped_b1_configs, "staged_tests": staged_test_configs, "pdl_tests": pdl_test_configs, "shape_tests": shape_test_configs, "page_table_tests": page_table_test_configs, "cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

@@ -39,8 +39,8 @@ def test_field_name_template_tail_validation():
     assert pdl.kernel_name() == ("cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 0, false, "
                                  "0, false, 0, 1, 0, 0, 1>")
     assert LONG.replace(pdl=2).kernel_name().endswith(", 5, true, 0, false, 1, 3, 0, 0, 2>")
-    assert pdl.template_args()[-1] == 1 and REGS.template_args()[-1] == 0
-    assert pdl.template_args()[:-1] == REGS.template_args()[:-1]     # kPdl last: the other tails stay
+    assert pdl.template_args()[-2] == 1 and REGS.template_args()[-2] == 0   # kStaged follows
+    assert pdl.template_args()[:-2] == REGS.template_args()[:-2]     # the other tails stay
     assert FAM.decode(FAM.encode(pdl), "bf16", False) == pdl
     assert FAM.make({k: v for k, v in FAM.point(REGS).items() if k != "pdl"}, P8K).pdl == 0
     assert not pdl.problems(232448) and not LONG.replace(pdl=2).problems(232448)
@@ -65,6 +65,7 @@ def test_launches_and_kernel_names():
 
 
 def test_heuristic_switches(monkeypatch):
+    monkeypatch.setattr(mod, "REGS_BATCH1_RULES", ())   # (its 8k-key entry sets pdl 1: test_decode_staged_cpu.py)
     assert FAM.heuristic(P8K).pdl == 0   # PDL_DEFAULT off
     monkeypatch.setattr(mod, "PDL_DEFAULT", 2)
     assert FAM.heuristic(P8K).pdl == 2 and FAM.heuristic(P8K.replace(batch=8, seqlen_k=32768)).pdl == 2
@@ -184,8 +185,9 @@ def test_nvcc_sm90a_no_spills_and_sass():
     for fn in text.split("Function : ")[1:]:
         name, body = fn.split("\n", 1)
         args = _mangled_args(name)
-        pdl = ("regs" in name and args[-1] != 0 and len(args) == 16) or (
-            "regs" not in name and len(args) == 3 and args[-1] is True)
+        # kPdl: the regs kernel's 16th of 17 (kStaged last); the append's and the combine's third (kEarly follows)
+        pdl = ("regs" in name and len(args) == 17 and args[15] != 0) or (
+            "regs" not in name and len(args) >= 3 and args[2] is True)
         ops = [ln.split(";")[0].split("*/")[-1].strip() for ln in body.splitlines() if ";" in ln]
         assert ("ACQBULK" in ops) == pdl and ("PREEXIT" in ops) == pdl, (name, pdl)
         if pdl:   # the wait comes before every global load, store and atomic (predicated or not)

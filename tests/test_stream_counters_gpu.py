@@ -62,8 +62,15 @@ def _two_streams(f, inputs_a, inputs_b):
     return ref_a, ref_b, outs_a, outs_b
 
 
-def test_decode_fused_combine_two_streams():
+def test_decode_fused_combine_two_streams(monkeypatch):
     import torch
+
+    from cuflash.families import decode_splitkv as fam_mod
+
+    # one batch row of 6000 keys: the fused merge (REGS_BATCH1_RULES' first entry gives it the separate combine)
+    monkeypatch.setattr(fam_mod, "REGS_BATCH1_RULES", ((8192, {}),) + tuple(fam_mod.REGS_BATCH1_RULES[1:]))
+    decode._drop_gpu_plans()
+    monkeypatch.setattr(decode, "_gpu_plans", {})
 
     def make():
         return dict(q=torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16),

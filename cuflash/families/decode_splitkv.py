@@ -390,7 +390,17 @@ REGS_BATCH1 = True
 # interleaved order (regs_order 1) with its first 3 blocks prefetched (see REGS_SHAPE_RULES: its blocks do not
 # depend on the row's length) / cuDNN, us: 1 x 32k 47.90 / 47.77 / 50.76, 1 x 64k 91.12 / 91.00 / 93.87,
 # 1 x 128k 179.02 / 177.43 / 179.82: so the interleaved one.
-REGS_BATCH1_RULES: tuple = ((8192, {}), (1 << 31, {"regs_order": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}))
+# Session 27 (dec18, logs/session27_dec18/r2, r3; H100): up to 8k keys the separate combine kernel, launched as a
+# programmatic dependent (pdl 1: its launch overlaps the main kernel) and loading its first 16 partial Os before
+# the LSEs (early_merge), against the fused merge: the fused merge's last CTA runs its count and two L2 round trips
+# while the other SMs sit idle (1 x 8k: 13.17 us for the fused kernel against 9.81 + 2.61 for main + combine).
+# Round 3 (decode_b1_timing, one process, 9 shuffled rounds), us, this entry / without early_merge / without pdl /
+# pdl 2 / the fused merge (before) / cuDNN: 1 x 8k 12.35 / 12.68 / 12.85 / 12.49 / 13.31 / 11.96, 1 x 4k 10.05 /
+# 10.34 / 10.75 / 10.17 / 10.99 / 10.54; next to a 4096 x 4096 projection (decode's share of a step) 24.52 against
+# 25.21 before, cuDNN 23.77; eager host time (b 1, 256 keys, pdl's cuLaunchKernelEx) 1.01x cuDNN's (median 1.03).
+# At 1 x 16k the fused merge stays ahead (round 2: 27.36 against 28.36 with pdl). The H200 is not measured.
+REGS_BATCH1_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1}),
+                            (1 << 31, {"regs_order": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}))
 # The batch-1 load hint (regs_options, REGS_BATCH1): a call of one batch row, contiguous or paged, whose
 # cache holds at most max_keys keys runs the first (max_keys, regs) entry's hint instead of REGS_DEFAULT,
 # where no device rule sets regs. The figures above at 8k keys compared the hints as variants of one
@@ -454,7 +464,8 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
     keys (``hint``: no device rule sets the hint), for a batch-1 contiguous one the first
     REGS_BATCH1_RULES entry that does, the first REGS_SHAPE_RULES entry that matches, for a paged one
     REGS_PAGE_TABLE_DEFAULT (and at batch 1 the first REGS_PAGED_BATCH1_PREFETCH entry that covers its
-    keys), and the first REGS_CLUSTER_RULES entry that does."""
+    keys), for a contiguous one the first REGS_STAGED_RULES entry that covers it (REGS_STAGED_DEFAULT: every
+    call, paged too), and the first REGS_CLUSTER_RULES entry that does."""
     if REGS_AHEAD_DEFAULT or REGS_AHEAD_L1_DEFAULT or REGS_ORDER_DEFAULT:
         cfg = cfg.replace(regs_ahead=REGS_AHEAD_DEFAULT, regs_ahead_l1=REGS_AHEAD_L1_DEFAULT, regs_order=REGS_ORDER_DEFAULT)
     if hint and batch1_hint(problem):
@@ -477,13 +488,22 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
                 if blocks:
                     cfg = cfg.replace(regs_prefetch=True, regs_prefetch_blocks=blocks)
                 break
+    if not (cfg.regs_ahead or cfg.regs_order == 2):   # see REGS_STAGED_RULES
+        if REGS_STAGED_DEFAULT:
+            cfg = cfg.replace(regs_staged=REGS_STAGED_DEFAULT)
+        for max_batch, max_keys, fields in () if paged or not REGS_STAGED else REGS_STAGED_RULES:
+            if problem.batch <= max_batch and problem.seqlen_k <= max_keys:
+                cfg = cfg.replace(**fields)
+                break
     if REGS_CLUSTER_DEFAULT and cfg.head_dim % (4 * REGS_CLUSTER_DEFAULT) == 0:
-        return cfg.replace(regs_cluster=REGS_CLUSTER_DEFAULT, fused_combine=False, light_fence=False, splits=0)
+        return cfg.replace(regs_cluster=REGS_CLUSTER_DEFAULT, fused_combine=False, light_fence=False, splits=0,
+                           regs_staged=0, early_merge=False, pdl=0)
     if problem.batch == 1 and "paged_kv" not in problem.features:
         for max_keys, cluster in REGS_CLUSTER_RULES:
             if problem.seqlen_k <= max_keys:
                 if cluster and problem.nheads_kv * row_blocks(cfg, problem) * cluster <= REGS_CLUSTER_MAX_CTAS:
-                    cfg = cfg.replace(regs_cluster=cluster, fused_combine=False, light_fence=False, splits=0)
+                    cfg = cfg.replace(regs_cluster=cluster, fused_combine=False, light_fence=False, splits=0,
+                                      regs_staged=0, early_merge=False, pdl=0)
                 break
     return cfg
 
@@ -494,6 +514,20 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
 # LaunchEx). 16 is a non-portable cluster size (the kernel's
 # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED is set when it loads: kernel_attributes).
 REGS_CLUSTER_VALUES = (0, 2, 4, 8, 16)
+# regs_staged (decode_splitkv_regs' kStaged; contiguous caches): past the two register sets, each warp keeps
+# this many more of its K/V blocks in flight in its own shared-memory ring by cp.async (a cuDNN-like depth:
+# at 1 x 8k a warp's 4 blocks are all requested at the kernel's start); paged caches run the plain loop. Off: on
+# the H100 (session 27, dec18, logs/session27_dec18/r2, decode_b1_timing.py) it lost everywhere, us, main kernel
+# at 1 x 8k 12.37 (depth 1) / 13.20 (depth 2) against 9.90 without; graph replays 1 x 8k 15.29 / 16.23 against
+# 12.98 (8 warps, separate combine), 1 x 16k 38.29 / 38.80 against 27.31, 4 warps x 32 splits 16.92 at 1 x 8k.
+REGS_STAGED_VALUES = (0, 1, 2, 3, 4)
+REGS_STAGED_DEFAULT = 0    # every regs call's regs_staged (tests: paged calls too, which run the plain loop)
+# Rules of the staged ring (regs_options; contiguous caches without regs_ahead or regs_order 2): the first
+# (max batch, max keys, {DecodeConfig field: value}) entry that covers the call replaces those fields, e.g.
+# {"warps": 4, "regs_staged": 2}: cuDNN's grid at 1 x 8k (num_splits_for takes the co-resident model for a
+# staged config: two 4-warp CTAs per SM, 32 splits of 256 keys at 8 KV heads on 132 SMs).
+REGS_STAGED_RULES: tuple = ()
+REGS_STAGED = True         # REGS_STAGED_RULES on (False: none; decode_b1_timing.py's --variant "old REGS_STAGED=0")
 # pdl (sm_90, the regs kernel): programmatic dependent launch. The plan launches the call's kernels with
 # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuflash.launch.LaunchEx), so each may be scheduled
 # before the stream's previous kernel has finished; each waits for it (griddepcontrol.wait) before its first
@@ -602,7 +636,8 @@ class DecodeConfig(KernelConfig):
               on a per-slot mbarrier (1), with an L2 evict-first policy (2); 0: 16-byte cp.asyncs.
               No warp_loads, page_prefetch or page_gather with it
     early_merge: (fused_combine) the merging CTA issues its first partial-O loads before the LSE
-              loads (the two L2 round trips overlap)
+              loads (the two L2 round trips overlap); with regs (no fused_combine: its fused merge always
+              does) the separate decode_combine kernel does so (kEarly)
     ring_fill: (the cp.async loop) 0: the prologue loads stages - 1 K/V blocks, each iteration
               the next before O += P V; 1: the prologue fills every slot; 2: as 1, with each
               iteration's load issued before S (kernels_cu/decode_splitkv.cu, kRingFill)
@@ -635,6 +670,10 @@ class DecodeConfig(KernelConfig):
               device (kPdl; PDL_DEFAULT): 1 the main kernel lets the next kernel be scheduled right after
               its wait, 2 after its K/V loop, 3 as 1 with the split's first block(s) prefetched into L2 before
               the wait without regs_prefetch too. No regs_cluster
+    regs_staged: (regs; 0 none, 1..4) each warp's blocks after its first two stream by cp.async into a ring of
+              that many K/V blocks in its shared memory, all requested at the start, and are read back into the
+              register sets (kStaged; contiguous caches, the plain loop for paged ones). No regs_ahead,
+              regs_order 2 or regs_cluster
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -675,6 +714,7 @@ class DecodeConfig(KernelConfig):
     regs_cluster: int = 0
     regs_page_table: int = 0
     pdl: int = 0
+    regs_staged: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -708,7 +748,7 @@ class DecodeConfig(KernelConfig):
                  + (f"_pb{self.regs_prefetch_blocks}" if self.regs_prefetch_blocks != 1 else "")
                  + (f"_cl{self.regs_cluster}" if self.regs_cluster else "")
                  + (f"_rpt{self.regs_page_table}" if self.regs_page_table else "")
-                 + (f"_pdl{self.pdl}" if self.pdl else ""))
+                 + (f"_pdl{self.pdl}" if self.pdl else "") + (f"_rst{self.regs_staged}" if self.regs_staged else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -721,7 +761,10 @@ class DecodeConfig(KernelConfig):
             cluster = self.rows * (self.head_dim + 1) * 4 if self.regs_cluster else 0
             # (regs_page_table: plus the staged page ids, kPageIds of them)
             ids = 4 * REGS_PAGE_IDS if self.regs_page_table else 0
-            return self.warps * self.rows * (self.head_dim + 6) * 4 + 16 + cluster + ids
+            # (regs_staged: plus each warp's ring of that many K/V blocks, 16 bytes per lane per load)
+            chunks = self.warp_n // 16 * (2 * (self.head_dim // 32) + 4 * (self.head_dim // 64))
+            staged = self.warps * self.regs_staged * chunks * 32 * 16
+            return self.warps * self.rows * (self.head_dim + 6) * 4 + 16 + cluster + ids + staged
         tiles = (self.rows + 2 * self.stages * self.block_n) * (self.head_dim + 8) * 2
         if self.stream:   # a Q tile per ring slot, the per-row prefix
             return tiles + (self.stages - 1) * self.rows * (self.head_dim + 8) * 2 + 4 * STREAM_SMEM_INTS
@@ -738,8 +781,8 @@ class DecodeConfig(KernelConfig):
             # the trailing options at their defaults are left out
             trailing = [flag[bool(self.regs_prefetch)], str(int(self.regs_ahead)), flag[bool(self.regs_ahead_l1)],
                         str(int(self.regs_order)), str(int(self.regs_prefetch_blocks)), str(int(self.regs_cluster)),
-                        str(int(self.regs_page_table)), str(int(self.pdl))]
-            defaults = ["false", "0", "false", "0", "1", "0", "0", "0"]
+                        str(int(self.regs_page_table)), str(int(self.pdl)), str(int(self.regs_staged))]
+            defaults = ["false", "0", "false", "0", "1", "0", "0", "0", "0"]
             while trailing and trailing[-1] == defaults[len(trailing) - 1]:
                 trailing.pop()
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
@@ -766,7 +809,7 @@ class DecodeConfig(KernelConfig):
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
                     bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
                     bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks), int(self.regs_cluster),
-                    int(self.regs_page_table), int(self.pdl))
+                    int(self.regs_page_table), int(self.pdl), int(self.regs_staged))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -793,8 +836,12 @@ class DecodeConfig(KernelConfig):
         elif self.bulk and (self.tma or self.warp_loads or self.page_prefetch or self.page_gather):
             out.append("bulk: the bulk rows are the CTA's own loads of the cp.async loop: no tma, "
                        "warp_loads, page_prefetch or page_gather with it")
-        if self.early_merge and (self.tma or not self.fused_combine):
-            out.append("early_merge: an option of the fused combine (fused_combine, no tma)")
+        if self.early_merge and (self.tma or not (self.fused_combine or self.regs)):
+            out.append("early_merge: an option of the fused combine (fused_combine, no tma) or of the regs kernel's "
+                       "separate combine")
+        elif self.early_merge and self.regs and self.fused_combine:
+            out.append("regs: early_merge is an option of the separate combine kernel (no fused_combine: the regs "
+                       "kernel's fused merge always loads early)")
         if self.ring_fill not in RING_FILL_VALUES:
             out.append(f"ring_fill must be one of {RING_FILL_VALUES} (0: stages - 1 blocks ahead), "
                        f"got {self.ring_fill}")
@@ -842,14 +889,19 @@ class DecodeConfig(KernelConfig):
             out.append(f"pdl must be one of {PDL_VALUES} (0: off), got {self.pdl}")
         elif self.pdl and (not self.regs or self.regs_cluster):
             out.append("pdl: an option of the regs kernel (regs) without regs_cluster")
+        if self.regs_staged not in REGS_STAGED_VALUES:
+            out.append(f"regs_staged must be one of {REGS_STAGED_VALUES} (0: none), got {self.regs_staged}")
+        elif self.regs_staged and (not self.regs or self.regs_ahead or self.regs_order == 2 or self.regs_cluster):
+            out.append("regs_staged: an option of the regs kernel (regs) without regs_ahead, regs_order 2 or "
+                       "regs_cluster")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
             if (self.tma or self.bulk or self.page_prefetch or self.page_gather or self.warp_loads or self.lean
-                    or self.ring_fill or self.dynamic or self.stream or self.early_merge or self.l2_prefetch):
-                out.append("regs: decode_splitkv_regs has fused_combine and light_fence only (no tma, bulk, "
-                           "page_prefetch, page_gather, warp_loads, lean, ring_fill, dynamic, stream, early_merge "
-                           "or l2_prefetch)")
+                    or self.ring_fill or self.dynamic or self.stream or self.l2_prefetch):
+                out.append("regs: decode_splitkv_regs has fused_combine, light_fence and early_merge only (no tma, "
+                           "bulk, page_prefetch, page_gather, warp_loads, lean, ring_fill, dynamic, stream or "
+                           "l2_prefetch)")
             if self.head_dim not in REGS_HEAD_DIMS:
                 out.append(f"regs: head_dim must be one of {REGS_HEAD_DIMS}, got {self.head_dim}")
             if self.warp_n * self.head_dim > 2048:
@@ -1011,7 +1063,9 @@ def num_splits_for(config, problem: Problem, sm_count: int, max_smem: Optional[i
     resident = ctas_per_sm(config, default_max_smem((9, 0)) if max_smem is None else max_smem)
     best, best_time = 1, None
     paged = "paged_kv" in problem.features
-    parallel = resident > 1 and (PAGED_SPLIT_RULE_RESIDENT if paged else SPLIT_RULE_RESIDENT_CONTIGUOUS)
+    # (a staged regs config, regs_staged: its CTAs' rings stream side by side, as cuDNN's 4-warp CTAs two per SM)
+    parallel = resident > 1 and (PAGED_SPLIT_RULE_RESIDENT if paged
+                                 else SPLIT_RULE_RESIDENT_CONTIGUOUS or bool(getattr(config, "regs_staged", 0)))
     for s in range(1, max(1, min(blocks // MIN_SPLIT_BLOCKS, MAX_SPLITS)) + 1):
         per_sm = -(-groups * s // sm_count)
         if parallel:   # co-resident CTAs stream side by side (paged: latency-bound table reads)
@@ -1119,7 +1173,7 @@ class DecodeSplitKV(Family):
              "regs": REGS_SPACE,
              "regs_prefetch": (False,), "regs_ahead": (0,), "regs_ahead_l1": (False,),
              "regs_order": (0,), "regs_prefetch_blocks": (1,), "regs_cluster": (0,), "regs_page_table": (0,),
-             "pdl": (0,)}   # pdl: a property of the call's neighbours, not of one call timed alone (PDL_RULES)
+             "pdl": (0,), "regs_staged": (0,)}   # pdl: a property of the call's neighbours, not of one call timed alone (PDL_RULES)
     fixed = {"splits": 0}
     # DecodeParams plus the Hopper loop's tensor maps: packed for every launch; the kernels but
     # decode_splitkv_tma take DecodeParams, its prefix
@@ -1269,7 +1323,8 @@ class DecodeSplitKV(Family):
         point = {"tma": False, "l2_prefetch": 0, "warp_loads": False, "page_gather": False, "lean": False,
                  "bulk": 0, "early_merge": False, "ring_fill": 0, "dynamic": 0, "stream": False, "light_fence": False,
                  "regs": 0, "regs_prefetch": False, "regs_ahead": 0, "regs_ahead_l1": False,
-                 "regs_order": 0, "regs_prefetch_blocks": 1, "regs_cluster": 0, "regs_page_table": 0, "pdl": 0, **point}
+                 "regs_order": 0, "regs_prefetch_blocks": 1, "regs_cluster": 0, "regs_page_table": 0, "pdl": 0, "regs_staged": 0,
+                 **point}
         return super().make(point, problem)
 
     def tma_problem(self, config, problem: Problem, arch=(9, 0), page_size: int = 0) -> str:
@@ -1357,9 +1412,11 @@ class DecodeSplitKV(Family):
     def kernel_names(self, config) -> dict:
         d, dt = config.head_dim, config.dtype
         pdl = ", true" if getattr(config, "pdl", 0) else ""   # kPdl: they wait for the previous kernel
+        # the regs kernel's early_merge: decode_combine's kEarly (after kPdl)
+        early = (", true" if pdl else ", false") + ", true" if config.regs and config.early_merge else ""
         return {"main": config.kernel_name(),
                 "append": f"cuflash::decode_append<{d}, cuflash::{dt}{pdl}>",
-                "combine": f"cuflash::decode_combine<{d}, cuflash::{dt}{pdl}>"}
+                "combine": f"cuflash::decode_combine<{d}, cuflash::{dt}{early or pdl}>"}
 
     def smem_roles(self, config) -> dict:
         return {"main": config.smem_bytes}
