@@ -23,8 +23,8 @@ replay ``--repeat`` times in shuffled order (cuflash.timing.round_orders), ``--r
 each; ``us`` is the median of the repeats' medians. Outputs are compared with SDPA cuDNN's
 (max |diff| <= 1.6e-2; ``BAD`` otherwise). ``--profile``: one replay of each graph under
 torch.profiler (per call: kernels' device time, first start to last end, idle gaps).
-``--ncu``: instead of timing, 3 calls per record (the third inside a profiler range) of the
-first cell, for ``ncu --profile-from-start off``. Not a test:
+``--ncu``: instead of timing, 3 calls per record (the third inside a profiler range) of each
+cell, for ``ncu --profile-from-start off``. Not a test:
 
     python tests/decode_b1_timing.py --precompile --variant "old REGS_DEFAULT=0"
     python tests/decode_b1_timing.py --no-precompile --out t.json --variant "old REGS_DEFAULT=0"
@@ -280,7 +280,8 @@ def main():
         if a.precompile:
             return 1 if bad else 0
     if a.ncu:
-        ncu_probe(a.cells[0], variants)
+        for cell in a.cells:
+            ncu_probe(cell, variants)
         return 0
     import torch
 
