@@ -9,7 +9,9 @@ the loads stay; nothing is written unless a fold hits a magic value):
   heads_sS   decode's grid: one CTA per (split, KV head, batch), S splits of the row, its head's
              256-byte rows at the cache's 2 KB row stride (K and V of the same keys together)
 and SDPA's and cuflash's calls also one per graph (``_g1``: a lone call with its launch).
-flatdyn_C is flat_C_u8 with its passes claimed from a counter.
+flatdyn_C is flat_C_u8 with its passes claimed from a counter; heads_lL_sS as heads_sS with L lanes per
+256-byte row in each warp load (4: 8 rows x 64 bytes, as decode_splitkv_regs' K loads; 8: 4 rows x 128 bytes,
+as its V loads; 16: 2 whole rows, as a cp.async tile).
 So flat_128 against flat_132 says whether the 4 SMs a 128-CTA grid leaves idle would stream more,
 flat_C against heads_sS what the heads' strided order costs, and U what bytes in flight buy.
 
@@ -110,6 +112,53 @@ extern "C" __global__ void __launch_bounds__(256, 1) heads(const uint4* __restri
     for (; r < r_hi; r += 16) acc ^= fold(k[base + r * row_stride]) ^ fold(v[base + r * row_stride]);
     if (acc == 0x9e3779b9u) out[(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x * 256 + blockIdx.x * 256 + threadIdx.x] = acc;
 }
+
+// as heads, with kLanes lanes per 256-byte row in each warp load (16: 2 rows of 256 bytes per instruction,
+// as a cp.async tile; 4: 8 rows x 64 bytes, as decode_splitkv_regs' K loads; 8: 4 rows x 128 bytes, as its V
+// loads): 128 rows of K and of V in flight per CTA, 8 words each per thread
+template <int kLanes>
+__device__ __forceinline__ void heads_lanes(const uint4* __restrict__ k, const uint4* __restrict__ v, int ctx, int hkv,
+                                            unsigned* __restrict__ out) {
+    constexpr int kRowsPerWarp = 32 / kLanes, kWordsPerLane = 16 / kLanes, kPasses = 8 / kWordsPerLane;
+    constexpr int kRowsPerPass = 8 * kRowsPerWarp;   // 8 warps
+    const int split = blockIdx.x, splits = gridDim.x, h = blockIdx.y, b = blockIdx.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, row_in = warp * kRowsPerWarp + lane / kLanes;
+    const long long base = (static_cast<long long>(b) * ctx * hkv + h) * 16 + lane % kLanes;
+    const long long row_stride = static_cast<long long>(hkv) * 16;
+    const int r_lo = static_cast<long long>(ctx) * split / splits, r_hi = static_cast<long long>(ctx) * (split + 1) / splits;
+    unsigned acc = 0;
+    int r = r_lo;
+    for (; r + kPasses * kRowsPerPass <= r_hi; r += kPasses * kRowsPerPass) {
+        uint4 a[8], c[8];
+#pragma unroll
+        for (int ps = 0; ps < kPasses; ++ps)
+#pragma unroll
+            for (int i = 0; i < kWordsPerLane; ++i) {
+                const long long x = base + static_cast<long long>(r + ps * kRowsPerPass + row_in) * row_stride + kLanes * i;
+                a[ps * kWordsPerLane + i] = k[x];
+                c[ps * kWordsPerLane + i] = v[x];
+            }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc ^= fold(a[j]) ^ fold(c[j]);
+    }
+    for (int row = r + threadIdx.x / 16; row < r_hi; row += 16) {
+        const long long x = (static_cast<long long>(b) * ctx * hkv + h) * 16 + threadIdx.x % 16 + row * row_stride;
+        acc ^= fold(k[x]) ^ fold(v[x]);
+    }
+    if (acc == 0x9e3779b9u) out[(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x * 256 + blockIdx.x * 256 + threadIdx.x] = acc;
+}
+extern "C" __global__ void __launch_bounds__(256, 1) heads_l4(const uint4* __restrict__ k, const uint4* __restrict__ v,
+                                                             int ctx, int hkv, unsigned* __restrict__ out) {
+    heads_lanes<4>(k, v, ctx, hkv, out);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) heads_l8(const uint4* __restrict__ k, const uint4* __restrict__ v,
+                                                             int ctx, int hkv, unsigned* __restrict__ out) {
+    heads_lanes<8>(k, v, ctx, hkv, out);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) heads_l16(const uint4* __restrict__ k, const uint4* __restrict__ v,
+                                                              int ctx, int hkv, unsigned* __restrict__ out) {
+    heads_lanes<16>(k, v, ctx, hkv, out);
+}
 """
 
 
@@ -117,7 +166,8 @@ def kernels(u: int):
     import cupy
 
     mod = cupy.RawModule(code=SOURCE, options=("-std=c++17", f"-DKV_U={u}"))
-    return mod.get_function("flat"), mod.get_function("heads"), mod.get_function("flat_dyn")
+    return (mod.get_function("flat"), mod.get_function("heads"), mod.get_function("flat_dyn"),
+            {n: mod.get_function(f"heads_l{n}") for n in (4, 8, 16)})
 
 
 def probe_fns(kc, vc, out, sms):
@@ -134,7 +184,7 @@ def probe_fns(kc, vc, out, sms):
     cs = np.uint64(counter.data_ptr())
     fns = []
     for u in (4, 8, 16):
-        flat, heads, flat_dyn = kernels(u)
+        flat, heads, flat_dyn, lanes = kernels(u)
 
         def launch(kern, grid, args):
             def f():
@@ -154,6 +204,9 @@ def probe_fns(kc, vc, out, sms):
                 fns.append((f"flatdyn_{c}", f))
             for s in (1, 2, 4, 16):
                 fns.append((f"heads_s{s}", launch(heads, (s, hkv, batch), (ks, vs, np.int32(ctx), np.int32(hkv), os_))))
+            s = 2 if batch * hkv * 2 <= sms else 1   # decode's split count for these cells (128 / 256 CTAs)
+            for n, kern in lanes.items():
+                fns.append((f"heads_l{n}_s{s}", launch(kern, (s, hkv, batch), (ks, vs, np.int32(ctx), np.int32(hkv), os_))))
     return fns
 
 
