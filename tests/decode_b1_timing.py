@@ -44,6 +44,7 @@ import decode_tma_timing as dt  # noqa: E402  (its caches, graphs and replay tim
 
 dt.CELLS.setdefault("1x16k", (1, 16384, 1))   # between the rule's 8k and the measured 32k
 dt.CELLS.setdefault("1x4k", (1, 4096, 1))
+dt.CELLS.setdefault("8x64k", (8, 65536, 1))
 CELLS = ("1x8k", "1x32k", "1x64k", "1x128k")
 TOL = 1.6e-2
 

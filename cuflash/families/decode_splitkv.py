@@ -427,6 +427,15 @@ REGS_BATCH1_HINT: tuple = ((8192, 1),)
 REGS_CLUSTER_RULES: tuple = ()
 REGS_CLUSTER_MAX_CTAS = 128
 REGS_CLUSTER_DEFAULT = 0   # every regs call's regs_cluster (tests: any batch, paged too; 0: the rules above)
+# Pairs (DecodeSplitKV.pair_cluster, applied per call once the split count is known): a chosen regs call of
+# batch >= 2 whose split rule gives exactly 2 splits (8 x 8 KV heads on 132 SMs) runs them as one cluster of 2
+# CTAs merged through distributed shared memory instead of the fused combine's partials, count and merge in
+# global memory. REGS_CLUSTER_PAIRS: contiguous caches, REGS_CLUSTER_PAIRS_PAGED: paged ones.
+# H100, session 27 (dec19, logs/session27_dec19/r1, tests/decode_b1_timing.py, bf16 d 128 32:8 heads, CUDA graphs
+# of 20 calls, 7 shuffled rounds, SDPA in the same process), 8 x 32k: 349.17 us against 352.13 for the fused
+# combine (flash 350.69, cuDNN 354.32); torch.profiler, per call: 348.1 us busy against 351.1.
+REGS_CLUSTER_PAIRS = True
+REGS_CLUSTER_PAIRS_PAGED = False
 
 
 def batch1_hint(problem: Problem) -> int:
@@ -1370,6 +1379,17 @@ class DecodeSplitKV(Family):
         or no query rows)."""
         return config.replace(regs_cluster=0, fused_combine=FUSED_COMBINE_DEFAULT,
                               light_fence=LIGHT_FENCE_DEFAULT and FUSED_COMBINE_DEFAULT)
+
+    def pair_cluster(self, config, problem: Problem, splits: int):
+        """A chosen ``config`` for a call of ``problem`` at ``splits`` splits: with REGS_CLUSTER_PAIRS
+        (REGS_CLUSTER_PAIRS_PAGED for paged caches), a regs config with the fused combine at batch >= 2 and
+        exactly 2 splits merges them as one cluster of 2 CTAs (regs_cluster 2) instead; else ``config``."""
+        paged = "paged_kv" in problem.features
+        if (splits == 2 and problem.batch >= 2 and (REGS_CLUSTER_PAIRS_PAGED if paged else REGS_CLUSTER_PAIRS)
+                and getattr(config, "regs", 0) and not config.regs_cluster and config.fused_combine
+                and not config.pdl and config.head_dim % 8 == 0):
+            return config.replace(regs_cluster=2, fused_combine=False, light_fence=False)
+        return config
 
     def kernel_attributes(self, config) -> dict:
         """{role: {CUfunction_attribute: value}} set on the loaded kernels (cuflash.compile.get_kernels):
