@@ -9,7 +9,8 @@ the loads stay; nothing is written unless a fold hits a magic value):
   heads_sS   decode's grid: one CTA per (split, KV head, batch), S splits of the row, its head's
              256-byte rows at the cache's 2 KB row stride (K and V of the same keys together)
 and SDPA's and cuflash's calls also one per graph (``_g1``: a lone call with its launch).
-flatdyn_C is flat_C_u8 with its passes claimed from a counter; heads_lL_sS as heads_sS with L lanes per
+flatdyn_C is flat_C_u8 with its passes claimed from a counter, flatrr_C with them dealt round-robin (the
+same order of addresses over time, no balancing); heads_lL_sS as heads_sS with L lanes per
 256-byte row in each warp load (4: 8 rows x 64 bytes, as decode_splitkv_regs' K loads; 8: 4 rows x 128 bytes,
 as its V loads; 16: 2 whole rows, as a cp.async tile).
 So flat_128 against flat_132 says whether the 4 SMs a 128-CTA grid leaves idle would stream more,
@@ -52,6 +53,29 @@ extern "C" __global__ void __launch_bounds__(256, 1) flat(const uint4* __restric
         for (int j = 0; j < KV_U; ++j) acc ^= fold(a[j]) ^ fold(b[j]);
     }
     for (; i < hi; i += 256) acc ^= fold(k[i]) ^ fold(v[i]);
+    if (acc == 0x9e3779b9u) out[blockIdx.x * 256 + threadIdx.x] = acc;
+}
+
+// flat's passes dealt round-robin (CTA c: passes c, c + C, ...): flat_dyn's order of addresses over time, no claims
+extern "C" __global__ void __launch_bounds__(256, 1) flat_rr(const uint4* __restrict__ k, const uint4* __restrict__ v,
+                                                          long long n16, unsigned* __restrict__ out) {
+    constexpr long long kPass = KV_U * 256;
+    unsigned acc = 0;
+    for (long long cur = blockIdx.x * kPass; cur < n16; cur += gridDim.x * kPass) {
+        const long long i = cur + threadIdx.x;
+        if (cur + kPass <= n16) {
+            uint4 a[KV_U], b[KV_U];
+#pragma unroll
+            for (int j = 0; j < KV_U; ++j) {
+                a[j] = k[i + j * 256];
+                b[j] = v[i + j * 256];
+            }
+#pragma unroll
+            for (int j = 0; j < KV_U; ++j) acc ^= fold(a[j]) ^ fold(b[j]);
+        } else {
+            for (long long x = i; x < n16; x += 256) acc ^= fold(k[x]) ^ fold(v[x]);
+        }
+    }
     if (acc == 0x9e3779b9u) out[blockIdx.x * 256 + threadIdx.x] = acc;
 }
 
@@ -166,7 +190,7 @@ def kernels(u: int):
     import cupy
 
     mod = cupy.RawModule(code=SOURCE, options=("-std=c++17", f"-DKV_U={u}"))
-    return (mod.get_function("flat"), mod.get_function("heads"), mod.get_function("flat_dyn"),
+    return (mod.get_function("flat"), mod.get_function("heads"), mod.get_function("flat_dyn"), mod.get_function("flat_rr"),
             {n: mod.get_function(f"heads_l{n}") for n in (4, 8, 16)})
 
 
@@ -184,7 +208,7 @@ def probe_fns(kc, vc, out, sms):
     cs = np.uint64(counter.data_ptr())
     fns = []
     for u in (4, 8, 16):
-        flat, heads, flat_dyn, lanes = kernels(u)
+        flat, heads, flat_dyn, flat_rr, lanes = kernels(u)
 
         def launch(kern, grid, args):
             def f():
@@ -195,6 +219,8 @@ def probe_fns(kc, vc, out, sms):
         for c in ctas:
             fns.append((f"flat_{c}_u{u}", launch(flat, (c,), (ks, vs, np.int64(n16), os_))))
         if u == 8:
+            for c in (128, sms, 2 * sms):
+                fns.append((f"flatrr_{c}", launch(flat_rr, (c,), (ks, vs, np.int64(n16), os_))))
             for c in (128, sms, 2 * sms):
                 dyn = launch(flat_dyn, (c,), (ks, vs, np.int64(n16), os_, cs))
 
