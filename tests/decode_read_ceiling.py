@@ -10,7 +10,9 @@ the loads stay; nothing is written unless a fold hits a magic value):
              256-byte rows at the cache's 2 KB row stride (K and V of the same keys together)
 and SDPA's and cuflash's calls also one per graph (``_g1``: a lone call with its launch).
 flatdyn_C is flat_C_u8 with its passes claimed from a counter, flatrr_C with them dealt round-robin (the
-same order of addresses over time, no balancing); heads_lL_sS as heads_sS with L lanes per
+same order of addresses over time, no balancing); headsdyn_sS as heads_sS
+with each group's 128-row blocks claimed by its S splits from the group's counter (balance within a group only, as
+the decode kernels' claims); heads_lL_sS as heads_sS with L lanes per
 256-byte row in each warp load (4: 8 rows x 64 bytes, as decode_splitkv_regs' K loads; 8: 4 rows x 128 bytes,
 as its V loads; 16: 2 whole rows, as a cp.async tile).
 So flat_128 against flat_132 says whether the 4 SMs a 128-CTA grid leaves idle would stream more,
@@ -137,6 +139,40 @@ extern "C" __global__ void __launch_bounds__(256, 1) heads(const uint4* __restri
     if (acc == 0x9e3779b9u) out[(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x * 256 + blockIdx.x * 256 + threadIdx.x] = acc;
 }
 
+// as heads, the group's 128-row blocks claimed one at a time from its counter (counters[b * hkv + h], zeroed
+// before each launch) by its splits: balancing within a group only, as the decode kernels' claims
+extern "C" __global__ void __launch_bounds__(256, 1) heads_dyn(const uint4* __restrict__ k, const uint4* __restrict__ v,
+                                                            int ctx, int hkv, unsigned* __restrict__ out,
+                                                            unsigned long long* __restrict__ counters) {
+    __shared__ int next;
+    const int h = blockIdx.y, b = blockIdx.z;
+    unsigned long long* counter = counters + b * hkv + h;
+    const long long base = (static_cast<long long>(b) * ctx * hkv + h) * 16 + threadIdx.x % 16;
+    const long long row_stride = static_cast<long long>(hkv) * 16;
+    const int n_blocks = ctx / 128;
+    unsigned acc = 0;
+    if (threadIdx.x == 0) next = static_cast<int>(atomicAdd(counter, 1ull));
+    __syncthreads();
+    for (int blk = next; blk < n_blocks;) {
+        unsigned long long claim = 0;
+        if (threadIdx.x == 0) claim = atomicAdd(counter, 1ull);
+        uint4 a[8], c[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const long long x = base + static_cast<long long>(blk * 128 + threadIdx.x / 16 + 16 * j) * row_stride;
+            a[j] = k[x];
+            c[j] = v[x];
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc ^= fold(a[j]) ^ fold(c[j]);
+        __syncthreads();
+        if (threadIdx.x == 0) next = static_cast<int>(claim);
+        __syncthreads();
+        blk = next;
+    }
+    if (acc == 0x9e3779b9u) out[(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x * 256 + blockIdx.x * 256 + threadIdx.x] = acc;
+}
+
 // as heads, with kLanes lanes per 256-byte row in each warp load (16: 2 rows of 256 bytes per instruction,
 // as a cp.async tile; 4: 8 rows x 64 bytes, as decode_splitkv_regs' K loads; 8: 4 rows x 128 bytes, as its V
 // loads): 128 rows of K and of V in flight per CTA, 8 words each per thread
@@ -190,7 +226,7 @@ def kernels(u: int):
     import cupy
 
     mod = cupy.RawModule(code=SOURCE, options=("-std=c++17", f"-DKV_U={u}"))
-    return (mod.get_function("flat"), mod.get_function("heads"), mod.get_function("flat_dyn"), mod.get_function("flat_rr"),
+    return (mod.get_function("flat"), mod.get_function("heads"), mod.get_function("flat_dyn"), mod.get_function("flat_rr"), mod.get_function("heads_dyn"),
             {n: mod.get_function(f"heads_l{n}") for n in (4, 8, 16)})
 
 
@@ -204,11 +240,11 @@ def probe_fns(kc, vc, out, sms):
     assert d == 128
     n16 = kc.numel() * 2 // 16
     ks, vs, os_ = (np.uint64(t.data_ptr()) for t in (kc, vc, out))
-    counter = torch.zeros(1, dtype=torch.int64, device="cuda")
+    counter = torch.zeros(batch * hkv, dtype=torch.int64, device="cuda")
     cs = np.uint64(counter.data_ptr())
     fns = []
     for u in (4, 8, 16):
-        flat, heads, flat_dyn, flat_rr, lanes = kernels(u)
+        flat, heads, flat_dyn, flat_rr, heads_dyn, lanes = kernels(u)
 
         def launch(kern, grid, args):
             def f():
@@ -231,6 +267,13 @@ def probe_fns(kc, vc, out, sms):
             for s in (1, 2, 4, 16):
                 fns.append((f"heads_s{s}", launch(heads, (s, hkv, batch), (ks, vs, np.int32(ctx), np.int32(hkv), os_))))
             s = 2 if batch * hkv * 2 <= sms else 1   # decode's split count for these cells (128 / 256 CTAs)
+            for sd in (2, 4):
+                hd = launch(heads_dyn, (sd, hkv, batch), (ks, vs, np.int32(ctx), np.int32(hkv), os_, cs))
+
+                def f(hd=hd):
+                    counter.zero_()
+                    hd()
+                fns.append((f"headsdyn_s{sd}", f))
             for n, kern in lanes.items():
                 fns.append((f"heads_l{n}_s{s}", launch(kern, (s, hkv, batch), (ks, vs, np.int32(ctx), np.int32(hkv), os_))))
     return fns
