@@ -41,18 +41,20 @@ def test_pairs_where_two_splits(h100):
         assert c.regs_cluster == 0 and c.splits == splits and c.fused_combine, (batch, c.name)
 
 
-def test_pairs_not_batch1_paged_or_given_splits(h100, monkeypatch):
-    """Batch 1 (dec18's rules), paged caches (REGS_CLUSTER_PAIRS_PAGED off), a caller's num_splits=2, head
-    dims the regs kernel does not run, and the switch off keep the fused combine."""
-    assert _cfg(1, 32768).regs_cluster == 0
+def test_pairs_not_batch1_or_given_splits(h100, monkeypatch):
+    """Paged caches pair too (REGS_CLUSTER_PAIRS_PAGED, the page table kept); batch 1 (dec18's rules), a caller's
+    num_splits=2, head dims the regs kernel does not run, and the switches off keep the fused combine."""
     for page in (16, 256):
         c = _cfg(8, 32768, page=page)
-        assert c.regs_cluster == 0 and c.splits == 2 and c.fused_combine, c.name
+        assert (c.regs_cluster, c.splits, c.fused_combine, c.regs_page_table) == (2, 2, False, 1), c.name
+    assert _cfg(1, 32768).regs_cluster == 0
     c = _cfg(8, 32768, num_splits=2)
     assert c.regs_cluster == 0 and c.fused_combine, c.name
     assert _cfg(8, 32768, d=96).regs_cluster == 0
-    monkeypatch.setattr(mod, "REGS_CLUSTER_PAIRS_PAGED", True)
-    assert _cfg(8, 32768, page=256).regs_cluster == 2
+    monkeypatch.setattr(mod, "REGS_CLUSTER_PAIRS_PAGED", False)
+    c = _cfg(8, 32768, page=256)
+    assert c.regs_cluster == 0 and c.splits == 2 and c.fused_combine, c.name
+    assert _cfg(8, 32768).regs_cluster == 2
     monkeypatch.setattr(mod, "REGS_CLUSTER_PAIRS", False)
     c = _cfg(8, 32768)
     assert c.regs_cluster == 0 and c.splits == 2 and c.fused_combine, c.name

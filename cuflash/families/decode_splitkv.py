@@ -430,12 +430,17 @@ REGS_CLUSTER_DEFAULT = 0   # every regs call's regs_cluster (tests: any batch, p
 # Pairs (DecodeSplitKV.pair_cluster, applied per call once the split count is known): a chosen regs call of
 # batch >= 2 whose split rule gives exactly 2 splits (8 x 8 KV heads on 132 SMs) runs them as one cluster of 2
 # CTAs merged through distributed shared memory instead of the fused combine's partials, count and merge in
-# global memory. REGS_CLUSTER_PAIRS: contiguous caches, REGS_CLUSTER_PAIRS_PAGED: paged ones.
-# H100, session 27 (dec19, logs/session27_dec19/r1, tests/decode_b1_timing.py, bf16 d 128 32:8 heads, CUDA graphs
-# of 20 calls, 7 shuffled rounds, SDPA in the same process), 8 x 32k: 349.17 us against 352.13 for the fused
-# combine (flash 350.69, cuDNN 354.32); torch.profiler, per call: 348.1 us busy against 351.1.
+# global memory. REGS_CLUSTER_PAIRS: contiguous caches, REGS_CLUSTER_PAIRS_PAGED: paged ones. H100 80GB HBM3,
+# session 27 (dec19; logs/session27_dec19/r1, r2; bf16 d 128 32:8 heads, CUDA graphs of 20 calls, 7 shuffled
+# rounds, SDPA in the same process), us, pairs / fused combine / SDPA flash / cuDNN: tests/decode_b1_timing.py,
+# 8 x 8k 89.72 / 91.58 / 95.65 / 94.51, 8 x 32k 349.57 / 351.23 / 351.03 / 353.51 (round 1: 349.17 / 352.13 /
+# 350.69 / 354.32), 8 x 128k 1385.28 / 1404.13 / 1388.67 / 1402.72 (torch.profiler, per call: 348.3 against
+# 349.9 us busy at 8 x 32k, 88.8 / 90.6 at 8 x 8k); tests/decode_paged_timing.py at 8 x 32k: contiguous 349.31 /
+# 352.17, page 16 358.61 / 359.80, page 256 352.79 / 353.36. 32 x 8k (1 split) is not paired (2 splits as a
+# cluster there: 355.65 against 349.89); 4 warps x 4 splits as clusters of 4 (256 CTAs) lost everywhere
+# (8 x 32k 422.6).
 REGS_CLUSTER_PAIRS = True
-REGS_CLUSTER_PAIRS_PAGED = False
+REGS_CLUSTER_PAIRS_PAGED = True
 
 
 def batch1_hint(problem: Problem) -> int:
