@@ -436,7 +436,9 @@ REGS_CLUSTER_DEFAULT = 0   # every regs call's regs_cluster (tests: any batch, p
 # 8 x 8k 89.72 / 91.58 / 95.65 / 94.51, 8 x 32k 349.57 / 351.23 / 351.03 / 353.51 (round 1: 349.17 / 352.13 /
 # 350.69 / 354.32), 8 x 128k 1385.28 / 1404.13 / 1388.67 / 1402.72 (torch.profiler, per call: 348.3 against
 # 349.9 us busy at 8 x 32k, 88.8 / 90.6 at 8 x 8k); tests/decode_paged_timing.py at 8 x 32k: contiguous 349.31 /
-# 352.17, page 16 358.61 / 359.80, page 256 352.79 / 353.36. 32 x 8k (1 split) is not paired (2 splits as a
+# 352.17, page 16 358.61 / 359.80, page 256 352.79 / 353.36 (r3, 9 rounds: 8 x 32k contiguous 349.93 / 352.02,
+# page 16 359.10 / 360.60, page 256 353.48 / 354.82; 8 x 8k 89.46 / 91.13, 93.63 / 95.12, 92.67 / 94.24; the
+# bench, r3: 8 x 32k 351.3 against flash 350.6 and cuDNN 354.3). 32 x 8k (1 split) is not paired (2 splits as a
 # cluster there: 355.65 against 349.89); 4 warps x 4 splits as clusters of 4 (256 CTAs) lost everywhere
 # (8 x 32k 422.6).
 REGS_CLUSTER_PAIRS = True
