@@ -753,6 +753,9 @@ def call_config(problem: Problem, dev: int, page_size: int, num_splits: int, con
               or family.split_count(cfg, problem, _gpu.sm_count(dev), max_smem))
     if problem.seqlen_q == 0:
         splits = 1
+    pair = getattr(family, "pair_cluster", None)
+    if pair is not None and config is None and not num_splits and not getattr(cfg, "splits", 0):
+        cfg = pair(cfg, problem, splits)   # the heuristic's 2 splits as one cluster (REGS_CLUSTER_PAIRS)
     cluster = getattr(cfg, "regs_cluster", 0)
     if cluster and splits != cluster:   # a cluster of the splits runs exactly its own count
         if config is not None:

@@ -23,8 +23,8 @@ replay ``--repeat`` times in shuffled order (cuflash.timing.round_orders), ``--r
 each; ``us`` is the median of the repeats' medians. Outputs are compared with SDPA cuDNN's
 (max |diff| <= 1.6e-2; ``BAD`` otherwise). ``--profile``: one replay of each graph under
 torch.profiler (per call: kernels' device time, first start to last end, idle gaps).
-``--ncu``: instead of timing, 3 calls per record (the third inside a profiler range) of the
-first cell, for ``ncu --profile-from-start off``. Not a test:
+``--ncu``: instead of timing, 3 calls per record (the third inside a profiler range) of each
+cell, for ``ncu --profile-from-start off``. Not a test:
 
     python tests/decode_b1_timing.py --precompile --variant "old REGS_DEFAULT=0"
     python tests/decode_b1_timing.py --no-precompile --out t.json --variant "old REGS_DEFAULT=0"
@@ -44,6 +44,7 @@ import decode_tma_timing as dt  # noqa: E402  (its caches, graphs and replay tim
 
 dt.CELLS.setdefault("1x16k", (1, 16384, 1))   # between the rule's 8k and the measured 32k
 dt.CELLS.setdefault("1x4k", (1, 4096, 1))
+dt.CELLS.setdefault("8x64k", (8, 65536, 1))
 CELLS = ("1x8k", "1x32k", "1x64k", "1x128k")
 TOL = 1.6e-2
 
@@ -280,7 +281,8 @@ def main():
         if a.precompile:
             return 1 if bad else 0
     if a.ncu:
-        ncu_probe(a.cells[0], variants)
+        for cell in a.cells:
+            ncu_probe(cell, variants)
         return 0
     import torch
 

@@ -13,10 +13,11 @@ their kernels on disk):
   * tests/test_decode_resident_gpu.py: the 4-warp contiguous tiles and page 256 on the Hopper loop;
   * tests/test_decode_regs_gpu.py: the regs kernel's configs (REGS_DEFAULT 1 .. 6);
   * tests/test_decode_pdl_gpu.py and tests/decode_pdl_sanitize.py: the regs kernel's configs with pdl 1, 2;
-  * tests/test_decode_staged_gpu.py and tests/decode_staged_sanitize.py: the regs kernel's configs with regs_staged.
+  * tests/test_decode_staged_gpu.py and tests/decode_staged_sanitize.py: the regs kernel's configs with regs_staged;
+  * tests/test_decode_pair_gpu.py: the regs kernel's 2 splits as a cluster of 2 (REGS_CLUSTER_PAIRS).
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only shipped_b1,staged_tests,pdl_tests,shape_tests,page_table_tests,cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only shipped_b1,staged_tests,pair_tests,pdl_tests,shape_tests,page_table_tests,cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -401,7 +402,22 @@ def shape_test_configs():
             for b, sq, lens, h, hk, d, dtype, page, extra, kw in cases]
 
 
-GROUPS = {"shipped_b1": shipped_b1_configs, "staged_tests": staged_test_configs, "pdl_tests": pdl_test_configs, "shape_tests": shape_test_configs, "page_table_tests": page_table_test_configs, "cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
+def pair_test_configs():
+    """tests/test_decode_pair_gpu.py's calls (REGS_CLUSTER_PAIRS: the 2 splits as one cluster of 2 CTAs; paged
+    with REGS_CLUSTER_PAIRS_PAGED; the switch off: the fused combine)."""
+    import test_decode_pair_gpu as t
+
+    out = []
+    for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.CASES + [(8, 1, [20000], 32, 8, 128, "bf16", pg, {}, {})
+                                                                      for pg in (None, 16)]:
+        p = _problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page)
+        cfg = _heuristic(p, page or 0, REGS_HEAD_DIM_DEFAULT=(64, 128))
+        out += [cfg, FAM.pair_cluster(cfg.replace(splits=0), p, 2) if not page else
+                cfg.replace(regs_cluster=2, fused_combine=False, light_fence=False)]
+    return out
+
+
+GROUPS = {"shipped_b1": shipped_b1_configs, "staged_tests": staged_test_configs, "pair_tests": pair_test_configs, "pdl_tests": pdl_test_configs, "shape_tests": shape_test_configs, "page_table_tests": page_table_test_configs, "cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

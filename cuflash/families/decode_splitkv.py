@@ -437,6 +437,22 @@ REGS_BATCH1_HINT: tuple = ((8192, 1),)
 REGS_CLUSTER_RULES: tuple = ()
 REGS_CLUSTER_MAX_CTAS = 128
 REGS_CLUSTER_DEFAULT = 0   # every regs call's regs_cluster (tests: any batch, paged too; 0: the rules above)
+# Pairs (DecodeSplitKV.pair_cluster, applied per call once the split count is known): a chosen regs call of
+# batch >= 2 whose split rule gives exactly 2 splits (8 x 8 KV heads on 132 SMs) runs them as one cluster of 2
+# CTAs merged through distributed shared memory instead of the fused combine's partials, count and merge in
+# global memory. REGS_CLUSTER_PAIRS: contiguous caches, REGS_CLUSTER_PAIRS_PAGED: paged ones. H100 80GB HBM3,
+# session 27 (dec19; logs/session27_dec19/r1, r2; bf16 d 128 32:8 heads, CUDA graphs of 20 calls, 7 shuffled
+# rounds, SDPA in the same process), us, pairs / fused combine / SDPA flash / cuDNN: tests/decode_b1_timing.py,
+# 8 x 8k 89.72 / 91.58 / 95.65 / 94.51, 8 x 32k 349.57 / 351.23 / 351.03 / 353.51 (round 1: 349.17 / 352.13 /
+# 350.69 / 354.32), 8 x 128k 1385.28 / 1404.13 / 1388.67 / 1402.72 (torch.profiler, per call: 348.3 against
+# 349.9 us busy at 8 x 32k, 88.8 / 90.6 at 8 x 8k); tests/decode_paged_timing.py at 8 x 32k: contiguous 349.31 /
+# 352.17, page 16 358.61 / 359.80, page 256 352.79 / 353.36 (r3, 9 rounds: 8 x 32k contiguous 349.93 / 352.02,
+# page 16 359.10 / 360.60, page 256 353.48 / 354.82; 8 x 8k 89.46 / 91.13, 93.63 / 95.12, 92.67 / 94.24; the
+# bench, r3: 8 x 32k 351.3 against flash 350.6 and cuDNN 354.3). 32 x 8k (1 split) is not paired (2 splits as a
+# cluster there: 355.65 against 349.89); 4 warps x 4 splits as clusters of 4 (256 CTAs) lost everywhere
+# (8 x 32k 422.6).
+REGS_CLUSTER_PAIRS = True
+REGS_CLUSTER_PAIRS_PAGED = True
 
 
 def batch1_hint(problem: Problem) -> int:
@@ -1427,6 +1443,17 @@ class DecodeSplitKV(Family):
         or no query rows)."""
         return config.replace(regs_cluster=0, fused_combine=FUSED_COMBINE_DEFAULT,
                               light_fence=LIGHT_FENCE_DEFAULT and FUSED_COMBINE_DEFAULT)
+
+    def pair_cluster(self, config, problem: Problem, splits: int):
+        """A chosen ``config`` for a call of ``problem`` at ``splits`` splits: with REGS_CLUSTER_PAIRS
+        (REGS_CLUSTER_PAIRS_PAGED for paged caches), a regs config with the fused combine at batch >= 2 and
+        exactly 2 splits merges them as one cluster of 2 CTAs (regs_cluster 2) instead; else ``config``."""
+        paged = "paged_kv" in problem.features
+        if (splits == 2 and problem.batch >= 2 and (REGS_CLUSTER_PAIRS_PAGED if paged else REGS_CLUSTER_PAIRS)
+                and getattr(config, "regs", 0) and not config.regs_cluster and config.fused_combine
+                and not config.pdl and config.head_dim % 8 == 0):
+            return config.replace(regs_cluster=2, fused_combine=False, light_fence=False)
+        return config
 
     def kernel_attributes(self, config) -> dict:
         """{role: {CUfunction_attribute: value}} set on the loaded kernels (cuflash.compile.get_kernels):
