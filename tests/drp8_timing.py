@@ -73,7 +73,7 @@ def fwd_rows(d, causal, b, s, h, forms):
         rows["drop_plainsched"] = (dcfg.replace(dynamic=pcfg.dynamic, persistent=pcfg.persistent, tma_store=True),
                                    "dropout, plain's schedule + tmao", True)
     for f in forms:
-        for t in (False, True):
+        for t in ((False, True) if f == 3 else (True,)):   # (3 without tmao too: drp7's row)
             rows[f"dpe{f}{'_tmao' if t else ''}"] = (dcfg.replace(drop_early=f, tma_store=t),
                                                     f"timing dpe{f}{' tmao' if t else ''}", True)
     return {k: (c if c is None else fam.for_problem(c, drop if r else plain), lbl, r)
@@ -113,7 +113,8 @@ def main():
     ap.add_argument("--causal", choices=("yes", "no", "both"), default="both")
     ap.add_argument("--ops", nargs="+", default=["fwd", "bwd", "fwdbwd"], choices=("fwd", "bwd", "fwdbwd"))
     ap.add_argument("--forms", type=int, nargs="*", default=[3, 5, 6], help="the forward's timing forms")
-    ap.add_argument("--bwd-sets", nargs="*", default=list(BWD_SETS), choices=list(BWD_SETS))
+    ap.add_argument("--bwd-sets", nargs="*", default=["all_w16", "all", "w16", "dyn", "dqe_dkl_pin"],
+                    choices=list(BWD_SETS))
     ap.add_argument("--no-timing-forms", action="store_true", help="no timing forms (fwd nor bwd)")
     ap.add_argument("--fwdbwd-pairs", nargs="*", default=["drop_tmao:b_all_w16"],
                     help="forward + backward rows besides plain / dropout: FWDKEY:BWDKEY (keys of the rows)")
