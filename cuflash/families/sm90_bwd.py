@@ -534,6 +534,10 @@ DROPOUT_PACKED: dict = {64: 2, 128: 2}
 # drop_packed >= 2 (bwd_config=) keeps its own. All of them build without spills (nvcc 13.0, sm_90a).
 DROPOUT_FAST_FIELDS = ("dynamic", "ds_double", "dq_early", "dk_late", "frag_pin", "wide_epi")
 DROPOUT_FAST: dict = {}
+DROPOUT_FAST_SETS = frozenset(frozenset(x) for x in (
+    (), ("wide_epi",), ("dynamic",), ("ds_double",), ("dq_early", "dk_late", "frag_pin"),
+    ("dynamic", "ds_double", "wide_epi"), ("dynamic", "ds_double", "dq_early", "dk_late", "frag_pin"),
+    ("dynamic", "ds_double", "dq_early", "dk_late", "frag_pin", "wide_epi")))
 # drop_packed 3: form 2 with the Philox counters for words (no rounds): NOT the dropout mask, a timing form
 # that measures what the backward's rounds cost (tests/drp8_timing.py sets this).
 DROP_PACKED_TIMING = False
@@ -837,10 +841,11 @@ class Sm90BwdConfig(KernelConfig):
         """Whether this is a drop_packed (form 2) dropout kernel, head dim 128, BM 64, 2 stages, dq_writer
         (dropout alone, fixed lengths, unordered): the tile on which the plain heuristic's speed fields
         (dynamic, ds_double, dq_early, dk_late, frag_pin) and wide_epi build without spills next to the
-        byte-sign keep flags (nvcc 13.0, sm_90a; causal and not; DROPOUT_FAST's note).
-        tests/test_drp8_cpu.py holds it to ptxas."""
+        byte-sign keep flags (nvcc 13.0, sm_90a; causal and not, bf16 and fp16), in the sets
+        DROPOUT_FAST_SETS lists (the ones checked: tests/test_drp8_cpu.py holds them to ptxas)."""
         return (self.dropout and self.drop_packed in (2, 3) and self.head_dim == 128 and self.BM == 64
                 and self.stages == 2 and self.dq_writer and not self.dq_bulk
+                and frozenset(k for k in DROPOUT_FAST_FIELDS if getattr(self, k)) in DROPOUT_FAST_SETS
                 and not (self.window or self.softcap or self.alibi or self.varlen or self.deterministic
                          or self.overlap_sdp or self.s_ahead or self.q_rotate or self.lpt or self.roles
                          or self.shared_keys))
