@@ -11,10 +11,13 @@ selection runs it, and the dropout kernel with the TMA-store epilogue (tmao) and
 (DROP_EARLY_TIMING, NOT the dropout mask): drop_early 3 (no Philox rounds), 5 (no draw, the flags'
 permute and AND kept), 6 (neither: the dropout kernel's epilogue scale only). Backward rows (sm90_bwd):
 plain, dropout as selection runs it, and drop_packed 2 with the plain call's speed fields (DROPOUT_FAST's:
-dynamic, ds_double, dq_early, dk_late, frag_pin, wide_epi), in the sets --bwd-sets names, and the
+dynamic, ds_double, dq_early, dk_late, frag_pin, wide_epi), in the sets --bwd-sets names ("none": the
+backward before DROPOUT_FAST; "_dpk4": drop_packed 4, the flags drawn under Sᵀ's GEMM), and the
 backward's timing form drop_packed 3 (no rounds; DROP_PACKED_TIMING, NOT the mask). Every kernel compiled
 first, in parallel; samples are CUDA events, interleaved, shuffled rounds, median (cuflash.timing).
-"x plain" is ms / the plain call's ms of the same op. With --check, each variant's results against
+"x plain" is ms / the plain call's ms of the same op. The timed dropout calls draw their seed from torch's
+generator (as users' calls do): an explicit dropout_seed makes a device tensor per call, a synchronizing copy
+(round 1 of session 27 timed that way: its forward rows carry the copy's wait). With --check, each variant's results against
 selection's dropout call's (the same mask: the forward's tmao bit for bit, the backward's gradients within
 a relative error); timing forms are not checked. Not a test.
 """
@@ -40,7 +43,9 @@ P = 0.1
 MAX = 227 * 1024
 ALL = dict(dynamic=True, ds_double=True, dq_early=True, dk_late=True, frag_pin=True)
 BWD_SETS = {
+    "none": {},
     "all_w16": dict(ALL, wide_epi=True),
+    "all_w16_dpk4": dict(ALL, wide_epi=True, drop_packed=4),
     "all": dict(ALL),
     "w16": dict(wide_epi=True),
     "dyn": dict(dynamic=True),
@@ -88,13 +93,12 @@ def bwd_rows(d, causal, b, s, h, sets, timing):
     rows = {"plain": (None, "plain", False), "dropout": (None, "dropout", True)}
     if dsel.family != "sm90_bwd":
         return rows
-    base = dsel.replace(drop_packed=2)
+    base = dsel.replace(drop_packed=2, **{k: False for k in sm90_bwd.DROPOUT_FAST_FIELDS})
     for name in sets:
         rows[f"b_{name}"] = (base.replace(**BWD_SETS[name]), f"dpk2 + {name}", True)
     if timing:
-        rows["b_dpk3"] = (dsel.replace(drop_packed=3), "timing dpk3", True)
-        for name in sets[:1]:
-            rows[f"b_dpk3_{name}"] = (base.replace(drop_packed=3, **BWD_SETS[name]), f"timing dpk3 + {name}", True)
+        rows["b_dpk3"] = (base.replace(drop_packed=3), "timing dpk3", True)
+        rows["b_dpk3_all_w16"] = (base.replace(**BWD_SETS["all_w16"], drop_packed=3), "timing dpk3 + all_w16", True)
     out = {}
     for k, (c, lbl, r) in rows.items():
         if c is not None:
@@ -113,10 +117,10 @@ def main():
     ap.add_argument("--causal", choices=("yes", "no", "both"), default="both")
     ap.add_argument("--ops", nargs="+", default=["fwd", "bwd", "fwdbwd"], choices=("fwd", "bwd", "fwdbwd"))
     ap.add_argument("--forms", type=int, nargs="*", default=[3, 5, 6], help="the forward's timing forms")
-    ap.add_argument("--bwd-sets", nargs="*", default=["all_w16", "all", "w16", "dyn", "dqe_dkl_pin"],
-                    choices=list(BWD_SETS))
+    ap.add_argument("--bwd-sets", nargs="*", default=["none", "all_w16", "all_w16_dpk4"], choices=list(BWD_SETS))
+    ap.add_argument("--fwd-rows", nargs="*", default=None, help="only these forward rows (keys), plain and dropout always")
     ap.add_argument("--no-timing-forms", action="store_true", help="no timing forms (fwd nor bwd)")
-    ap.add_argument("--fwdbwd-pairs", nargs="*", default=["drop_tmao:b_all_w16"],
+    ap.add_argument("--fwdbwd-pairs", nargs="*", default=["dropout:b_none", "dropout:b_all_w16_dpk4"],
                     help="forward + backward rows besides plain / dropout: FWDKEY:BWDKEY (keys of the rows)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--check", action="store_true")
@@ -151,13 +155,15 @@ def main():
         case = f"d{d} {'causal' if causal else 'full'} s{s}"
         plain, drop = problems_of(d, causal, b, s, h)
         frows = fwd_rows(d, causal, b, s, h, forms)
+        if args.fwd_rows is not None:
+            frows = {k_: r for k_, r in frows.items() if k_ in ("plain", "dropout", *args.fwd_rows)}
         brows = bwd_rows(d, causal, b, s, h, args.bwd_sets, timing)
         seed = 1234
 
-        def fwd(key):
+        def fwd(key, seeded=False):
             cfg, _, dr = frows[key]
             return cuflash.flash_attn_func(q, k, v, P if dr else 0.0, causal=causal, config=cfg,
-                                           dropout_seed=seed if dr else None)
+                                           dropout_seed=seed if dr and seeded else None)
 
         def name_of(op, key):
             if op == "fwd":
@@ -168,10 +174,10 @@ def main():
 
         if args.check:
             with torch.no_grad():
-                ref = fwd("dropout")
+                ref = fwd("dropout", True)
                 for key in ("drop_tmao", "drop_plainsched"):
                     if key in frows:
-                        got = fwd(key)
+                        got = fwd(key, True)
                         print(f"check {case} fwd {key}: bitwise {torch.equal(got, ref)}, "
                               f"max |diff| {(got.float() - ref.float()).abs().max().item():.3g}")
             outs = {}
@@ -193,8 +199,7 @@ def main():
                 with torch.no_grad():
                     times = time_interleaved(fns, reps=args.reps, back_to_back=3, order="shuffle")
             elif op == "bwd":
-                outs = {key: cuflash.flash_attn_func(q, k, v, P if dr else 0.0, causal=causal, bwd_config=cfg,
-                                                     dropout_seed=seed if dr else None)
+                outs = {key: cuflash.flash_attn_func(q, k, v, P if dr else 0.0, causal=causal, bwd_config=cfg)
                         for key, (cfg, _, dr) in brows.items()}
                 fns = {key: (lambda o=o: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True))
                        for key, o in outs.items()}
@@ -211,7 +216,7 @@ def main():
                 def fb(fk, bk):
                     fcfg, _, dr = frows[fk]
                     o = cuflash.flash_attn_func(q, k, v, P if dr else 0.0, causal=causal, config=fcfg,
-                                                bwd_config=brows[bk][0], dropout_seed=seed if dr else None)
+                                                bwd_config=brows[bk][0])
                     return torch.autograd.grad(o, (q, k, v), dout)
 
                 fns = {key: (lambda fk=fk, bk=bk: fb(fk, bk)) for key, (fk, bk) in pairs.items()}

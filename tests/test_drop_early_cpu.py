@@ -158,6 +158,7 @@ def test_dropout_plain_flags_bwd_config(monkeypatch):
     from cuflash.select import choose
 
     p = drop_problem(False).replace(op="bwd")
+    monkeypatch.setattr(sm90_bwd, "DROPOUT_FAST", {})   # (on: the drop_packed 2 kernel with the fields, test_drp8_cpu)
     off = choose(p, (9, 0), "", 227 * 1024)[1]
     assert off.family == "sm90_bwd" and not off.dynamic and not off.dropout_plain()
     monkeypatch.setattr(sm90_bwd, "DROPOUT_PLAIN", True)
