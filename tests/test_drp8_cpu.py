@@ -68,6 +68,8 @@ def test_for_problem_keeps_a_given_fast_config_and_the_switch(monkeypatch):
     assert BWD.for_problem(plain, p).name.endswith("_drop_dqw_dyn_ds2_dqe_dkl_pin_w16_dpk2")
     monkeypatch.setattr(sm90_bwd, "DROPOUT_FAST", {(128, "bf16", True): {"drop_packed": 4, **{k: True for k in FIELDS}}})
     assert BWD.for_problem(plain, p).name.endswith("_drop_dqw_dyn_ds2_dqe_dkl_pin_w16_dpk4")
+    monkeypatch.setattr(sm90_bwd, "DROPOUT_PACKED", {})   # (the fields ride on DROPOUT_PACKED's form 2)
+    assert not BWD.for_problem(plain, p).drop_packed and not BWD.for_problem(plain, p).dynamic
     assert any("drop_packed 4" in w for w in every.replace(drop_packed=4, BM=80).problems(MAX))
     assert not BWD.for_problem(plain, drop_problem(causal=False)).dynamic   # (only the entry's mask)
     # not for dropout mixes, varlen or deterministic calls

@@ -1324,13 +1324,14 @@ class Sm90Backward(Family):
         fast = None
         if tuple(problem.features) == ("dropout",) and not is_varlen(problem) and not problem.deterministic:
             if config.drop_packed >= 2:
-                fast = {k: getattr(config, k) for k in DROPOUT_FAST_FIELDS}
-            elif not config.drop_packed:   # (a config's form 1 is kept, without the fields)
+                fast = {"drop_packed": config.drop_packed, **{k: getattr(config, k) for k in DROPOUT_FAST_FIELDS}}
+            elif not config.drop_packed and DROPOUT_PACKED.get(config.head_dim, 0) >= 2:
+                # (DROPOUT_PACKED's form 2 at this head dim; a config's form 1 is kept, without the fields)
                 fast = DROPOUT_FAST.get((config.head_dim, config.dtype, bool(problem.causal)))
                 fast = None if fast is None else {"drop_packed": 2, **fast}
         config = self._for_problem(config, problem)
         if fast is not None:
-            cand = config.replace(**{"drop_packed": config.drop_packed, **fast})
+            cand = config.replace(**fast)
             if cand.drop_packed_fast() and not cand.problems(MAX_SMEM):
                 return cand
         return config
