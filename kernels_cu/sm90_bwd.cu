@@ -116,9 +116,8 @@
 //              Warp pairs sharing the Philox calls through shared memory (each drawing half of a
 //              32-key block's calls) were tried: 985 instructions per Q block against 2's 993 in
 //              the d128 SASS, not kept. 3: form 2 with the Philox counters for words (no rounds), NOT
-//              the mask: timing only (sm90_bwd.py DROP_PACKED_TIMING). 4: form 2 with the keep flags
-//              drawn under Sᵀ's GEMM with kDqEarly too (2 draws them before Q_i's wait there). 0 (the
-//              default): the code of the kernel before it existed
+//              the mask: timing only (sm90_bwd.py DROP_PACKED_TIMING). 0 (the default): the code of
+//              the kernel before it existed
 //   kDqBulk    (appended last) the dQ_i part goes to global memory FlashAttention-3's way: each
 //              warp stores its 16 rows x kDqN fp32 fragments to its rows of a staging tile
 //              (Sm90BwdDqStage, past the thread words), fence.proxy.async, and lanes 0..15 each
@@ -717,9 +716,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     static_assert(!kWideEpi || !(kVarlen || kDeterministic || kAlibi || (kDropout && !kDropPacked) || kCluster),
                   "kWideEpi: the plain, windowed or softcapped fixed-length unordered backward, or dropout with "
                   "kDropPacked (no other feature, no cluster)");
-    static_assert(kDropPacked >= 0 && kDropPacked <= 4
+    static_assert(kDropPacked >= 0 && kDropPacked <= 3
                   && (!kDropPacked || (kDropout && !kSharedKeys && !kDeterministic && !kWindow && !kSoftcap && !kAlibi)),
-                  "kDropPacked (0..4): dropout alone on the head dim 64 / 128 tiles, unordered (dropout_transposed.cuh)");
+                  "kDropPacked (0..3): dropout alone on the head dim 64 / 128 tiles, unordered (dropout_transposed.cuh)");
     static_assert(kCapFold >= 0 && kCapFold <= 3 && (!kCapFold || (kSoftcap && !kAlibi && !kDropout)),
                   "kCapFold (0..3): softcap without ALiBi or dropout (its word is Pᵀ ∘ (1 - tanh²))");
     static_assert(!(kDynamic && (kVarlen || kDeterministic)),
@@ -1515,8 +1514,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             // registers at a time: keep_bits_transposed), off the path from Sᵀ to dK, dV. With softcap
             // or ALiBi: before Sᵀ's accumulators are live (and while Q_i may still be landing): there
             // the Philox rounds next to dK, dV and Sᵀ spill the d128 kernel (nvcc 13.0)
-            // (kDropPacked 4: under Sᵀ's GEMM with kDqEarly too: its flags are one register)
-            constexpr bool kDrawUnderS = kDropout && !kSoftcap && !kAlibi && !kWindow && (!kDqEarly || kDropPacked == 4);
+            constexpr bool kDrawUnderS = kDropout && !kSoftcap && !kAlibi && !kWindow && !kDqEarly;
             // (kDropPacked: the keep flags as byte signs instead, dropout_transposed.cuh)
             u32 keep_bits = 0;
             static_assert(!kDropout || kSN / 2 <= 32, "dropout: one keep bit per Pᵀ element of a thread, 32 at most");

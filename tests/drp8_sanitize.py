@@ -1,4 +1,4 @@
-"""Shapes for compute-sanitizer over the kernels tests/test_drp8_gpu.py adds (the drop_packed 2 and 4 backwards
+"""Shapes for compute-sanitizer over the kernels tests/test_drp8_gpu.py adds (the drop_packed 2 backward
 with the plain speed fields), so that a CuPy cache filled by tests/drp8_precompile.py compiles nothing here; run
 under it, not under pytest:
 
@@ -34,9 +34,9 @@ def main():
     k, v = (torch.randn(b, sk, h, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     dout = torch.randn_like(q)
     for causal in {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]:
-        f0, b0, b1, b2 = t.configs("bf16", causal)
+        f0, b0, b1 = t.configs("bf16", causal)
         runs = {}
-        for bcfg in (b0, b1, b2):
+        for bcfg in (b0, b1):
             out = cuflash.flash_attn_func(q, k, v, t.P_DROP, causal=causal, dropout_seed=t.SEED, config=f0,
                                           bwd_config=bcfg)
             grads = torch.autograd.grad(out, (q, k, v), dout)
@@ -44,7 +44,7 @@ def main():
             assert not out.isnan().any() and not any(g.isnan().any() for g in grads), bcfg.name
             runs[bcfg.name] = grads
         ref = runs[b0.name]
-        for bcfg in (b1, b2):
+        for bcfg in (b1,):
             new = runs[bcfg.name]
             assert torch.equal(new[1], ref[1]) and torch.equal(new[2], ref[2]), f"{bcfg.name}: dK / dV differ"
             err = ((new[0].float() - ref[0].float()).abs().max() / ref[0].float().abs().max().clamp_min(1e-6)).item()

@@ -12,7 +12,7 @@ selection runs it, and the dropout kernel with the TMA-store epilogue (tmao) and
 permute and AND kept), 6 (neither: the dropout kernel's epilogue scale only). Backward rows (sm90_bwd):
 plain, dropout as selection runs it, and drop_packed 2 with the plain call's speed fields (DROPOUT_FAST's:
 dynamic, ds_double, dq_early, dk_late, frag_pin, wide_epi), in the sets --bwd-sets names ("none": the
-backward before DROPOUT_FAST; "_dpk4": drop_packed 4, the flags drawn under Sᵀ's GEMM), and the
+backward before DROPOUT_FAST), and the
 backward's timing form drop_packed 3 (no rounds; DROP_PACKED_TIMING, NOT the mask). Every kernel compiled
 first, in parallel; samples are CUDA events, interleaved, shuffled rounds, median (cuflash.timing).
 "x plain" is ms / the plain call's ms of the same op. The timed dropout calls draw their seed from torch's
@@ -45,7 +45,6 @@ ALL = dict(dynamic=True, ds_double=True, dq_early=True, dk_late=True, frag_pin=T
 BWD_SETS = {
     "none": {},
     "all_w16": dict(ALL, wide_epi=True),
-    "all_w16_dpk4": dict(ALL, wide_epi=True, drop_packed=4),
     "all": dict(ALL),
     "w16": dict(wide_epi=True),
     "dyn": dict(dynamic=True),
@@ -117,10 +116,10 @@ def main():
     ap.add_argument("--causal", choices=("yes", "no", "both"), default="both")
     ap.add_argument("--ops", nargs="+", default=["fwd", "bwd", "fwdbwd"], choices=("fwd", "bwd", "fwdbwd"))
     ap.add_argument("--forms", type=int, nargs="*", default=[3, 5, 6], help="the forward's timing forms")
-    ap.add_argument("--bwd-sets", nargs="*", default=["none", "all_w16", "all_w16_dpk4"], choices=list(BWD_SETS))
+    ap.add_argument("--bwd-sets", nargs="*", default=["none", "all_w16"], choices=list(BWD_SETS))
     ap.add_argument("--fwd-rows", nargs="*", default=None, help="only these forward rows (keys), plain and dropout always")
     ap.add_argument("--no-timing-forms", action="store_true", help="no timing forms (fwd nor bwd)")
-    ap.add_argument("--fwdbwd-pairs", nargs="*", default=["dropout:b_none", "dropout:b_all_w16_dpk4"],
+    ap.add_argument("--fwdbwd-pairs", nargs="*", default=["dropout:b_none"],
                     help="forward + backward rows besides plain / dropout: FWDKEY:BWDKEY (keys of the rows)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--check", action="store_true")

@@ -28,9 +28,9 @@ def selected(p):
     return choose(p, (9, 0), "", MAX)[1]
 
 
-def fast_configs(dtype="bf16", causal=True, form=2):
-    """The selection's dropout backward with each of DROPOUT_FAST_SETS' fields (drop_packed ``form``)."""
-    base = selected(drop_problem(causal=causal, dtype=dtype)).replace(drop_packed=form)
+def fast_configs(dtype="bf16", causal=True):
+    """The selection's dropout backward with each of DROPOUT_FAST_SETS' fields (drop_packed 2)."""
+    base = selected(drop_problem(causal=causal, dtype=dtype)).replace(drop_packed=2)
     return [base.replace(**{k: k in s for k in FIELDS}) for s in sorted(sm90_bwd.DROPOUT_FAST_SETS, key=sorted)]
 
 
@@ -38,13 +38,12 @@ def fast_configs(dtype="bf16", causal=True, form=2):
 def test_drop_packed_fast_sets_are_valid_and_only_they(dtype, causal):
     sel = selected(drop_problem(causal=causal, dtype=dtype))
     fast = sm90_bwd.DROPOUT_FAST.get((128, dtype, causal))
-    assert sel.drop_packed == (fast or {}).get("drop_packed", 2)   # selection: DROPOUT_FAST's entry
+    assert sel.drop_packed == 2   # selection: DROPOUT_FAST's entry's fields
     assert all(getattr(sel, k) == bool((fast or {}).get(k)) for k in FIELDS), sel.name
     base = sel.replace(drop_packed=2, **{k: False for k in FIELDS})
     for cfg in fast_configs(dtype, causal):
         assert cfg.drop_packed_fast() and not cfg.problems(MAX), cfg.name
-    for cfg in fast_configs(dtype, causal, 4):
-        assert bool(cfg.problems(MAX)) != (cfg.fast_fields() in sm90_bwd.DROP_PACKED_4_SETS), cfg.name
+    assert any("drop_packed must be" in w for w in sel.replace(drop_packed=4).problems(MAX))
     every = base.replace(**{k: True for k in FIELDS})
     assert every.name.endswith("_dqw_dyn_ds2_dqe_dkl_pin_w16_dpk2")
     # sets not checked, form 1, d64, the per-element kernel (drop_packed 0) with wide_epi: refused
@@ -66,11 +65,8 @@ def test_for_problem_keeps_a_given_fast_config_and_the_switch(monkeypatch):
     assert BWD.for_problem(plain, p).name.endswith("_drop_dqw_dpk2")  # the plain heuristic's: stripped
     monkeypatch.setattr(sm90_bwd, "DROPOUT_FAST", {(128, "bf16", True): {k: True for k in FIELDS}})
     assert BWD.for_problem(plain, p).name.endswith("_drop_dqw_dyn_ds2_dqe_dkl_pin_w16_dpk2")
-    monkeypatch.setattr(sm90_bwd, "DROPOUT_FAST", {(128, "bf16", True): {"drop_packed": 4, **{k: True for k in FIELDS}}})
-    assert BWD.for_problem(plain, p).name.endswith("_drop_dqw_dyn_ds2_dqe_dkl_pin_w16_dpk4")
     monkeypatch.setattr(sm90_bwd, "DROPOUT_PACKED", {})   # (the fields ride on DROPOUT_PACKED's form 2)
     assert not BWD.for_problem(plain, p).drop_packed and not BWD.for_problem(plain, p).dynamic
-    assert any("drop_packed 4" in w for w in every.replace(drop_packed=4, BM=80).problems(MAX))
     assert not BWD.for_problem(plain, drop_problem(causal=False)).dynamic   # (only the entry's mask)
     # not for dropout mixes, varlen or deterministic calls
     mix = p.replace(features=("dropout", "window"), window=(256, 0))
@@ -112,8 +108,6 @@ def test_fast_sets_and_tmao_compile_without_spills():
 
     cfgs = [c for dtype, causal in itertools.product(("bf16", "fp16"), (False, True))
             for c in fast_configs(dtype, causal) if any(getattr(c, k) for k in FIELDS)]
-    cfgs += [c for causal in (False, True) for c in fast_configs("bf16", causal, 4)
-             if c.fast_fields() in sm90_bwd.DROP_PACKED_4_SETS]
     for dtype, causal in itertools.product(("bf16", "fp16"), (False, True)):
         p = drop_problem("fwd", causal=causal, dtype=dtype)
         cfgs.append(FWD.for_problem(FWD.heuristic(p), p).replace(tma_store=True))

@@ -531,8 +531,7 @@ DROPOUT_PLAIN = False
 DROPOUT_PACKED: dict = {64: 2, 128: 2}
 # The dropout backward's speed fields (drop_packed_fast: form 2, head dim 128, BM 64, 2 stages, dq_writer; dropout
 # alone, fixed lengths, unordered), by (head dim, dtype, causal): the plain heuristic's (dynamic, ds_double,
-# dq_early, dk_late, frag_pin, wide_epi), and "drop_packed" (2, or 4: the flags drawn under Sᵀ's GEMM); a
-# missing entry keeps the kernel without them. A config asking for drop_packed >= 2 (bwd_config=) keeps its own.
+# dq_early, dk_late, frag_pin, wide_epi); a missing entry keeps the kernel without them. A config asking for drop_packed >= 2 (bwd_config=) keeps its own.
 # Every set of DROPOUT_FAST_SETS builds without spills (nvcc 13.0, sm_90a; bf16 and fp16). They were refused as
 # unchecked before (the per-element keep bits spilled with them; the byte-sign flags of drop_packed 2 do not).
 # Measured on the H100 (session 27 drp8 round 1, tests/drp8_timing.py, bf16 d128 8k, 2 x 16 heads, p 0.1, the
@@ -547,9 +546,6 @@ DROPOUT_FAST_SETS = frozenset(frozenset(x) for x in (
     (), ("wide_epi",), ("dynamic",), ("ds_double",), ("dq_early", "dk_late", "frag_pin"),
     ("dynamic", "ds_double", "wide_epi"), ("dynamic", "ds_double", "dq_early", "dk_late", "frag_pin"),
     ("dynamic", "ds_double", "dq_early", "dk_late", "frag_pin", "wide_epi")))
-# drop_packed 4's sets of them (the ones that build without spills with the flags drawn under Sᵀ's GEMM)
-DROP_PACKED_4_SETS = frozenset(frozenset(x) for x in (
-    ("dq_early", "dk_late", "frag_pin"), ("dynamic", "ds_double", "dq_early", "dk_late", "frag_pin", "wide_epi")))
 # drop_packed 3: form 2 with the Philox counters for words (no rounds): NOT the dropout mask, a timing form
 # that measures what the backward's rounds cost (tests/drp8_timing.py sets this).
 DROP_PACKED_TIMING = False
@@ -859,7 +855,7 @@ class Sm90BwdConfig(KernelConfig):
         (dynamic, ds_double, dq_early, dk_late, frag_pin) and wide_epi build without spills next to the
         byte-sign keep flags (nvcc 13.0, sm_90a; causal and not, bf16 and fp16), in the sets
         DROPOUT_FAST_SETS lists (the ones checked: tests/test_drp8_cpu.py holds them to ptxas)."""
-        return (self.dropout and self.drop_packed in (2, 3, 4) and self.head_dim == 128 and self.BM == 64
+        return (self.dropout and self.drop_packed in (2, 3) and self.head_dim == 128 and self.BM == 64
                 and self.stages == 2 and self.dq_writer and not self.dq_bulk
                 and self.fast_fields() in DROPOUT_FAST_SETS
                 and not (self.window or self.softcap or self.alibi or self.varlen or self.deterministic
@@ -1073,13 +1069,9 @@ class Sm90BwdConfig(KernelConfig):
             out.append("wide_epi: the 16-byte dK / dV epilogue stores, for plain, windowed or softcapped fixed-length "
                        "unordered calls, or dropout on the drop_packed_fast tile (no deterministic, varlen, cluster, "
                        "ALiBi: the d128 ALiBi kernel spilled 8 bytes with them, session 19)")
-        if self.drop_packed not in (0, 1, 2, 4) and not (self.drop_packed == 3 and DROP_PACKED_TIMING):
-            out.append(f"drop_packed must be 0, 1, 2 or 4, got {self.drop_packed} (3: a timing form, not the mask: "
+        if self.drop_packed not in (0, 1, 2) and not (self.drop_packed == 3 and DROP_PACKED_TIMING):
+            out.append(f"drop_packed must be 0, 1 or 2, got {self.drop_packed} (3: a timing form, not the mask: "
                        "DROP_PACKED_TIMING)")
-        elif self.drop_packed == 4 and not (self.drop_packed_fast() and self.fast_fields() in DROP_PACKED_4_SETS):
-            out.append("drop_packed 4 (form 2, the keep flags drawn under Sᵀ's GEMM with dq_early too): the "
-                       "drop_packed_fast tile with the fields of DROP_PACKED_4_SETS only (ptxas spills the causal "
-                       "kernel with dynamic, ds_double, dq_early, dk_late, frag_pin but without wide_epi: 24 bytes)")
         elif self.drop_packed and not (self.dropout and not (self.window or self.softcap or self.alibi)
                                        and not self.deterministic and not self.varlen and not self.cluster
                                        and self.head_dim in (64, 128) and not self.shared_keys
