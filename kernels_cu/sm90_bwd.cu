@@ -1523,8 +1523,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     return 0u;
                 else if constexpr (kDropPacked)
                     return keep_flags_transposed<kSN / 8, kDropPacked >= 2, kDropPacked == 3 ? 0 : kPhiloxRounds>(
-                        dropout, KeepSwar::make(dropout.threshold),
-                                                          static_cast<int>(bh), key0 + warp_key, q0, g, t);
+                        dropout, KeepSwar::make(dropout.threshold), static_cast<int>(bh), key0 + warp_key, q0, g, t);
                 else
                     return dropout.keep_bits_transposed<kSN / 8>(static_cast<int>(bh), key0 + warp_key, q0, g, t);
             };

@@ -531,14 +531,16 @@ DROPOUT_PLAIN = False
 DROPOUT_PACKED: dict = {64: 2, 128: 2}
 # The dropout backward's speed fields (drop_packed_fast: form 2, head dim 128, BM 64, 2 stages, dq_writer; dropout
 # alone, fixed lengths, unordered), by (head dim, dtype, causal): the plain heuristic's (dynamic, ds_double,
-# dq_early, dk_late, frag_pin, wide_epi); a missing entry keeps the kernel without them. A config asking for drop_packed >= 2 (bwd_config=) keeps its own.
-# Every set of DROPOUT_FAST_SETS builds without spills (nvcc 13.0, sm_90a; bf16 and fp16). They were refused as
-# unchecked before (the per-element keep bits spilled with them; the byte-sign flags of drop_packed 2 do not).
-# Measured on the H100 (session 27 drp8 round 1, tests/drp8_timing.py, bf16 d128 8k, 2 x 16 heads, p 0.1, the
-# backward alone x the plain backward of the same process, full / causal): drop_packed 2 1.445 / 1.483 ->
-# with all six fields 1.294 / 1.305 (without wide_epi 1.300 / 1.335; dynamic alone 1.389 / 1.434; wide_epi
-# alone 1.447 / 1.468; dq_early, dk_late, frag_pin 1.453 / 1.477); the timing form without Philox rounds
-# (drop_packed 3) 1.279 / 1.294 -> 1.158 / 1.174 with them. On for bf16 (fp16 not measured).
+# dq_early, dk_late, frag_pin, wide_epi); a missing entry keeps the kernel without them. A config asking for
+# drop_packed >= 2 (bwd_config=) keeps its own. Every set of DROPOUT_FAST_SETS builds without spills (nvcc 13.0,
+# sm_90a; bf16 and fp16). They were refused as unchecked before (the per-element keep bits spilled with them; the
+# byte-sign flags of drop_packed 2 do not). Measured on the H100 (session 27 drp8, tests/drp8_timing.py, bf16 d128
+# 8k, 2 x 16 heads, p 0.1, x the plain call of the same process, full / causal; logs/session27_drp8/): round 1,
+# the backward alone, drop_packed 2 1.445 / 1.483 -> with all six fields 1.294 / 1.305 (without wide_epi 1.300 /
+# 1.335; dynamic alone 1.389 / 1.434; wide_epi alone 1.447 / 1.468; dq_early, dk_late, frag_pin 1.453 / 1.477);
+# the timing form without Philox rounds (drop_packed 3) 1.279 / 1.294 -> 1.158 / 1.174 with them. Round 2:
+# backward 1.459 / 1.483 -> 1.298 / 1.297, forward + backward 1.474 / 1.475 -> 1.352 / 1.333. On for bf16 (fp16
+# not measured).
 DROPOUT_FAST_FIELDS = ("dynamic", "ds_double", "dq_early", "dk_late", "frag_pin", "wide_epi")
 DROPOUT_FAST: dict = {(128, "bf16", causal): dict(dynamic=True, ds_double=True, dq_early=True, dk_late=True,
                                                   frag_pin=True, wide_epi=True) for causal in (False, True)}
