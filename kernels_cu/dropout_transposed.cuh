@@ -31,7 +31,8 @@ namespace cuflash {
 // rounds' keys in registers (the loop's instructions are the same 48), but it allocates the d128
 // kernel of sm90_bwd's kDropPacked 2 (dS by stmatrix) without the 8-byte spill it has without
 // (nvcc 13.0, sm_90a; a ptxas choice, checked by tests/test_sm90_bwd_drop_packed_cpu.py).
-template <int kNT, bool kOpaqueKeys = false>
+// kRounds: the mask's (kPhiloxRounds); 0 only in sm90_bwd's timing form (kDropPacked 3: not the mask).
+template <int kNT, bool kOpaqueKeys = false, int kRounds = kPhiloxRounds>
 __device__ __forceinline__ u32 keep_flags_transposed(const Dropout& dropout, const KeepSwar& swar, int bh,
                                                      int key0, int query0, int g, int t) {
     static_assert(kNT % 2 == 0 && kNT <= 8, "at most four 16-query blocks: two flags per block in a byte");
@@ -44,7 +45,7 @@ __device__ __forceinline__ u32 keep_flags_transposed(const Dropout& dropout, con
             d.k0 = opaque_u32(d.k0);
             d.k1 = opaque_u32(d.k1);
         }
-        const PhiloxWords w = d.draw(bh, query0 + 16 * qb + 2 * t + gp, key);
+        const PhiloxWords w = d.template draw<kRounds>(bh, query0 + 16 * qb + 2 * t + gp, key);
         const u32 w0 = key & 16 ? w.w[2] : w.w[0], w1 = key & 16 ? w.w[3] : w.w[1];
         // own: the bytes of this thread's key parity (gp) of its call (query parity e = gp); the other
         // parity goes to lane g ^ 1, which sends this thread its call's (e = 1 - gp)

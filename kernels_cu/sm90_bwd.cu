@@ -115,7 +115,9 @@
 //              element (built without spills with the Philox key opaque per call: kOpaqueKeys).
 //              Warp pairs sharing the Philox calls through shared memory (each drawing half of a
 //              32-key block's calls) were tried: 985 instructions per Q block against 2's 993 in
-//              the d128 SASS, not kept. 0 (the default): the code of the kernel before it existed
+//              the d128 SASS, not kept. 3: form 2 with the Philox counters for words (no rounds), NOT
+//              the mask: timing only (sm90_bwd.py DROP_PACKED_TIMING). 0 (the default): the code of
+//              the kernel before it existed
 //   kDqBulk    (appended last) the dQ_i part goes to global memory FlashAttention-3's way: each
 //              warp stores its 16 rows x kDqN fp32 fragments to its rows of a staging tile
 //              (Sm90BwdDqStage, past the thread words), fence.proxy.async, and lanes 0..15 each
@@ -711,12 +713,12 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                   "kRoles: the head-dim-256 tile's plain unordered backward (fixed lengths, no feature)");
     static_assert(!(kSAhead && kSharedKeys) || kRoles, "s_ahead at head dim 256: with roles only");
     static_assert(!(kLpt && kVarlen), "lpt orders fixed-length grids (varlen keeps the plain order)");
-    static_assert(!kWideEpi || !(kVarlen || kDeterministic || kAlibi || kDropout || kCluster),
-                  "kWideEpi: the plain, windowed or softcapped fixed-length unordered backward (no other feature, "
-                  "no cluster)");
-    static_assert(kDropPacked >= 0 && kDropPacked <= 2
+    static_assert(!kWideEpi || !(kVarlen || kDeterministic || kAlibi || (kDropout && !kDropPacked) || kCluster),
+                  "kWideEpi: the plain, windowed or softcapped fixed-length unordered backward, or dropout with "
+                  "kDropPacked (no other feature, no cluster)");
+    static_assert(kDropPacked >= 0 && kDropPacked <= 3
                   && (!kDropPacked || (kDropout && !kSharedKeys && !kDeterministic && !kWindow && !kSoftcap && !kAlibi)),
-                  "kDropPacked (0..2): dropout alone on the head dim 64 / 128 tiles, unordered (dropout_transposed.cuh)");
+                  "kDropPacked (0..3): dropout alone on the head dim 64 / 128 tiles, unordered (dropout_transposed.cuh)");
     static_assert(kCapFold >= 0 && kCapFold <= 3 && (!kCapFold || (kSoftcap && !kAlibi && !kDropout)),
                   "kCapFold (0..3): softcap without ALiBi or dropout (its word is Pᵀ ∘ (1 - tanh²))");
     static_assert(!(kDynamic && (kVarlen || kDeterministic)),
@@ -1520,8 +1522,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 if constexpr (!kDropout)   // (discarded: the plain kernels instantiate no keep test)
                     return 0u;
                 else if constexpr (kDropPacked)
-                    return keep_flags_transposed<kSN / 8, kDropPacked == 2>(dropout, KeepSwar::make(dropout.threshold),
-                                                          static_cast<int>(bh), key0 + warp_key, q0, g, t);
+                    return keep_flags_transposed<kSN / 8, kDropPacked >= 2, kDropPacked == 3 ? 0 : kPhiloxRounds>(
+                        dropout, KeepSwar::make(dropout.threshold), static_cast<int>(bh), key0 + warp_key, q0, g, t);
                 else
                     return dropout.keep_bits_transposed<kSN / 8>(static_cast<int>(bh), key0 + warp_key, q0, g, t);
             };
@@ -1834,7 +1836,7 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     stmatrix_x4(smem + Shape::kDstOffset + pt_store_offset(kk), ds_frag[0][kk]);
                 }
             }
-            if constexpr (kDropout && !kSharedKeys && kDropPacked != 2) {
+            if constexpr (kDropout && !kSharedKeys && kDropPacked < 2) {
                 // dropout: per element, 16-bit stores (stmatrix's four-register operand makes ptxas
                 // spill this kernel at d128, nvcc 13.0; kDropPacked 1's too, 8 bytes; kDropPacked 2
                 // does not: dropout_transposed.cuh kOpaqueKeys); query 16kk + 8·(r / 2) + 2t (+1), key
@@ -2126,7 +2128,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     u16* dv = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_row_stride
                               + head * p.dv_head_stride;
                     store_row_wide<kDkvN, Elem>(dk, dk_acc, half, p.softmax_scale, dkv_col0, p.head_dim, inside, t);
-                    store_row_wide<kDkvN, Elem>(dv, dv_acc, half, 1.f, dkv_col0, p.head_dim, inside, t);
+                    // (kDropPacked: dV_j's 1 / (1 - p) here, as below)
+                    store_row_wide<kDkvN, Elem>(dv, dv_acc, half, kDropPacked ? p.dropout_scale : 1.f, dkv_col0,
+                                                p.head_dim, inside, t);
                 }
             }
         }

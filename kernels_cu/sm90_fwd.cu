@@ -165,8 +165,12 @@
 //              drawn by the producer warpgroup's warps 1-3 (otherwise idle) into shared memory, one
 //              K/V block ahead at most (Shape kGenBytes, full / empty mbarriers), the consumers load
 //              them (16-byte loads) in the wait for S_j: their warps carry no Philox round (static
-//              tile order only: not with kDynamic or kVarlen). 0 (the default): the code of the
-//              kernel before it existed
+//              tile order only: not with kDynamic or kVarlen). 5 and 6: timing forms, NOT the
+//              mask (refused like 3 unless DROP_EARLY_TIMING): 5, no draw (every flag "kept", one
+//              pinned register per 4 elements) but the permute and AND after pack_p; 6, neither
+//              (the kernel's dropout is then its epilogue's 1 / (1 - p)): what the flags' application
+//              and the rest of the dropout kernel cost. 0 (the default): the code of the kernel
+//              before it existed
 //   kTreeMax   the online softmax's step with shorter dependency chains (softmax_tree.cuh: both
 //              rows' maxima as pairwise trees, their shuffles side by side, two partial row sums),
 //              so that the block's first ex2 issues sooner; not with kEmuExp2. false (the
@@ -620,8 +624,8 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                   "kLazyRescale / kFoldCap run no dropout, and the software exp2 only with kFoldCap (softmax_fold.cuh)");
     static_assert(!kDropPacked || (kDropout && !kPSmem),
                   "kDropPacked applies dropout to P's A fragments in registers: it needs kDropout, not kPSmem");
-    static_assert(kDropEarly >= 0 && kDropEarly <= 4 && (!kDropEarly || kDropPacked),
-                  "kDropEarly (0..4) applies its keep flags to P's packed fragments: it needs kDropPacked");
+    static_assert(kDropEarly >= 0 && kDropEarly <= 6 && (!kDropEarly || kDropPacked),
+                  "kDropEarly (0..6) applies its keep flags to P's packed fragments: it needs kDropPacked");
     static_assert(kDropEarly != 4 || (!kDynamic && !kVarlen),
                   "kDropEarly 4: the drawing warps walk the static tile order (no kDynamic, no kVarlen)");
     // kDropEarly 4: the drawn flags, warpgroup w's part, and its mbarriers (full: the 96 drawing
@@ -1243,13 +1247,23 @@ __device__ __forceinline__ void sm90_fwd_body(const Sm90FwdParams& p) {
                     }
                     mbarrier_arrive(gen_empty(wg));
                     ++gen_iter;
+                } else if constexpr (kDropEarly == 5) {   // (timing only: no draw, every flag set)
+#pragma unroll
+                    for (int blk = 0; blk < kBN / 32; ++blk)
+#pragma unroll
+                        for (int ct = 0; ct < 4; ++ct) {
+                            keep_flags[blk][ct][0] = swar.m | 0x80808080u;
+                            asm volatile("" : "+r"(keep_flags[blk][ct][0]) :: "memory");
+                        }
+                } else if constexpr (kDropEarly == 6) {   // (timing only: nothing drawn or applied)
                 } else if constexpr (kDropEarly)   // (3: form 1 without the Philox rounds, for timing only)
                     draw_keep_flags<kBN / 32, kDropEarly == 2 ? 2 : 1, kDropEarly == 3 ? 0 : kPhiloxRounds>(
                         dropout, swar, keep_flags, at.batch * p.nheads + at.head, warp_row0,
                                     (n_end - 1 - j) * kBN, g, t);
             };
             auto drop_packed = [&](int j) {
-                if constexpr (kDropEarly)
+                if constexpr (kDropEarly == 6) {
+                } else if constexpr (kDropEarly)
                     and_keep_flags(p_frag, keep_flags);
                 else if constexpr (kDropPacked)
                     zero_dropped_packed(dropout, p_frag, at.batch * p.nheads + at.head, warp_row0,

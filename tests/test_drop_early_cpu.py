@@ -158,6 +158,7 @@ def test_dropout_plain_flags_bwd_config(monkeypatch):
     from cuflash.select import choose
 
     p = drop_problem(False).replace(op="bwd")
+    monkeypatch.setattr(sm90_bwd, "DROPOUT_FAST", {})   # (on: the drop_packed 2 kernel with the fields, test_drp8_cpu)
     off = choose(p, (9, 0), "", 227 * 1024)[1]
     assert off.family == "sm90_bwd" and not off.dynamic and not off.dropout_plain()
     monkeypatch.setattr(sm90_bwd, "DROPOUT_PLAIN", True)
@@ -167,7 +168,10 @@ def test_dropout_plain_flags_bwd_config(monkeypatch):
     causal = choose(drop_problem(True).replace(op="bwd"), (9, 0), "", 227 * 1024)[1]
     assert not causal.dynamic and not causal.dropout_plain()
     assert on.replace(frag_pin=False).problems(227 * 1024)
-    assert on.replace(causal=True).problems(227 * 1024)
+    # the per-element keep bits' kernel (drop_packed 0) is built non-causal only; with drop_packed 2 the
+    # fields are the drop_packed_fast tile's (DROPOUT_FAST_SETS), causal too
+    assert on.replace(causal=True, drop_packed=0).problems(227 * 1024)
+    assert on.drop_packed == 2 and not on.replace(causal=True).problems(227 * 1024)
 
 
 @needs_nvcc

@@ -69,7 +69,7 @@ def plain_bwd():
     # drop_packed (the heuristic's dropout form at d128, DROPOUT_PACKED) is refused with the plain
     # call's speed flags: this kernel keeps the per-element mask
     cfg = fam.for_problem(fam.heuristic(bp, _gpu.arch(0), _gpu.max_smem(0)), bp).replace(
-        drop_packed=0, **sm90_bwd.DROPOUT_PLAIN_FLAGS)
+        drop_packed=0, wide_epi=False, **sm90_bwd.DROPOUT_PLAIN_FLAGS)   # (wide_epi: with drop_packed only)
     assert cfg.dropout_plain() and not cfg.problems(227 * 1024), cfg.name
     return cfg
 

@@ -111,8 +111,11 @@ def test_drop_packed_flag(monkeypatch):
             mixed = cfg.replace(**{f: True for f in other})
             assert any("drop_packed" in w for w in mixed.problems(227 * 1024)), other
         assert any("drop_packed" in w for w in cfg.replace(deterministic=True).problems(227 * 1024))
-        # not with the plain call's speed fields (DROPOUT_PLAIN_FLAGS): unchecked kernels
-        assert any("drop_packed" in w for w in cfg.replace(**sm90_bwd.DROPOUT_PLAIN_FLAGS).problems(227 * 1024))
+        # with the plain call's speed fields (DROPOUT_PLAIN_FLAGS) form 2 only (drop_packed_fast: the sets
+        # checked, DROPOUT_FAST_SETS); form 1's kernels are unchecked
+        fast = cfg.replace(**sm90_bwd.DROPOUT_PLAIN_FLAGS)
+        assert (not fast.problems(227 * 1024)) if form == 2 else any("drop_packed" in w for w in fast.problems(227 * 1024))
+        assert any("drop_packed" in w for w in fast.replace(frag_pin=False).problems(227 * 1024))
     monkeypatch.setattr(sm90_bwd, "DROPOUT_PACKED", {128: 2})
     assert BWD.for_problem(BWD.heuristic(p), p).drop_packed == 2
     assert BWD.for_problem(BWD.heuristic(drop_problem(d=64)), drop_problem(d=64)).drop_packed == 0

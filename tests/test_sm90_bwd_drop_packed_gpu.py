@@ -34,13 +34,16 @@ def configs(d, dtype, causal):
     """(selection's dropout forward, sm90_bwd's dropout backwards with drop_packed (FORMS), the one
     without it), for one shape's problem, so that every test shape runs the same kernels."""
     from cuflash import _gpu, registry
+    from cuflash.families import sm90_bwd
     from cuflash.problem import Problem
 
     problem = Problem("fwd", dtype, 2, 1000, 1000, 4, 2, d, causal, features=("dropout",), dropout_p=P_DROP)
     fwd, bwd = registry.get("sm90_fwd"), registry.get("sm90_bwd")
     fcfg = fwd.for_problem(fwd.heuristic(problem, _gpu.arch(0), _gpu.max_smem(0)), problem)
     bp = problem.replace(op="bwd")
-    base = bwd.for_problem(bwd.heuristic(bp, _gpu.arch(0), _gpu.max_smem(0)), bp).replace(drop_packed=0)
+    # (without the plain speed fields that DROPOUT_FAST adds to form 2: tests/test_drp8_gpu.py runs those)
+    base = bwd.for_problem(bwd.heuristic(bp, _gpu.arch(0), _gpu.max_smem(0)), bp).replace(
+        drop_packed=0, **{k: False for k in sm90_bwd.DROPOUT_FAST_FIELDS})
     packed = [bwd.for_problem(base.replace(drop_packed=form), bp) for form in FORMS]
     assert all(c.drop_packed == f and not c.problems(227 * 1024) for c, f in zip(packed, FORMS)), packed
     return fcfg, packed, base

@@ -529,6 +529,28 @@ DROPOUT_PLAIN = False
 # d128 1.572 / 1.572 -> 1.441 / 1.464, d64 1.981 / 1.944 -> 1.788 / 1.798 (form 2). On at d64 and
 # d128 (form 2).
 DROPOUT_PACKED: dict = {64: 2, 128: 2}
+# The dropout backward's speed fields (drop_packed_fast: form 2, head dim 128, BM 64, 2 stages, dq_writer; dropout
+# alone, fixed lengths, unordered), by (head dim, dtype, causal): the plain heuristic's (dynamic, ds_double,
+# dq_early, dk_late, frag_pin, wide_epi); a missing entry keeps the kernel without them. A config asking for
+# drop_packed >= 2 (bwd_config=) keeps its own. Every set of DROPOUT_FAST_SETS builds without spills (nvcc 13.0,
+# sm_90a; bf16 and fp16). They were refused as unchecked before (the per-element keep bits spilled with them; the
+# byte-sign flags of drop_packed 2 do not). Measured on the H100 (session 27 drp8, tests/drp8_timing.py, bf16 d128
+# 8k, 2 x 16 heads, p 0.1, x the plain call of the same process, full / causal; logs/session27_drp8/): round 1,
+# the backward alone, drop_packed 2 1.445 / 1.483 -> with all six fields 1.294 / 1.305 (without wide_epi 1.300 /
+# 1.335; dynamic alone 1.389 / 1.434; wide_epi alone 1.447 / 1.468; dq_early, dk_late, frag_pin 1.453 / 1.477);
+# the timing form without Philox rounds (drop_packed 3) 1.279 / 1.294 -> 1.158 / 1.174 with them. Round 2:
+# backward 1.459 / 1.483 -> 1.298 / 1.297, forward + backward 1.474 / 1.475 -> 1.352 / 1.333. On for bf16 (fp16
+# not measured).
+DROPOUT_FAST_FIELDS = ("dynamic", "ds_double", "dq_early", "dk_late", "frag_pin", "wide_epi")
+DROPOUT_FAST: dict = {(128, "bf16", causal): dict(dynamic=True, ds_double=True, dq_early=True, dk_late=True,
+                                                  frag_pin=True, wide_epi=True) for causal in (False, True)}
+DROPOUT_FAST_SETS = frozenset(frozenset(x) for x in (
+    (), ("wide_epi",), ("dynamic",), ("ds_double",), ("dq_early", "dk_late", "frag_pin"),
+    ("dynamic", "ds_double", "wide_epi"), ("dynamic", "ds_double", "dq_early", "dk_late", "frag_pin"),
+    ("dynamic", "ds_double", "dq_early", "dk_late", "frag_pin", "wide_epi")))
+# drop_packed 3: form 2 with the Philox counters for words (no rounds): NOT the dropout mask, a timing form
+# that measures what the backward's rounds cost (tests/drp8_timing.py sets this).
+DROP_PACKED_TIMING = False
 DROPOUT_PLAIN_FLAGS = dict(dq_writer=True, dq_bulk=False, dynamic=True, ds_double=True, dq_early=True,
                            dk_late=True, frag_pin=True)
 # Variable-length batches (varlen, kVarlen): whether supports() takes them. On since the GPU
@@ -805,7 +827,8 @@ class Sm90BwdConfig(KernelConfig):
         consumers' red.add or dq_bulk paths), at stages > 2, with dropout (d128; d64's BM 128 tile
         has no dropout anyway). tests/test_sm90_bwd_causal_cpu.py holds the allowed ones to zero
         spills."""
-        return (not self.dq_writer or self.stages > 2 or (self.dropout and not self.dropout_plain())
+        return (not self.dq_writer or self.stages > 2
+                or (self.dropout and not (self.dropout_plain() or self.drop_packed_fast()))
                 or self.feature_sched_spills())
 
     def feature_sched_spills(self) -> bool:
@@ -823,6 +846,23 @@ class Sm90BwdConfig(KernelConfig):
                 and not (self.window or self.softcap or self.alibi or self.varlen or self.deterministic
                          or self.overlap_sdp or self.s_ahead or self.q_rotate or self.lpt or self.roles)
                 and all(getattr(self, k) == v for k, v in DROPOUT_PLAIN_FLAGS.items()))
+
+    def fast_fields(self) -> frozenset:
+        """The plain call's speed fields (DROPOUT_FAST_FIELDS) this config sets."""
+        return frozenset(k for k in DROPOUT_FAST_FIELDS if getattr(self, k))
+
+    def drop_packed_fast(self) -> bool:
+        """Whether this is a drop_packed (form 2) dropout kernel, head dim 128, BM 64, 2 stages, dq_writer
+        (dropout alone, fixed lengths, unordered): the tile on which the plain heuristic's speed fields
+        (dynamic, ds_double, dq_early, dk_late, frag_pin) and wide_epi build without spills next to the
+        byte-sign keep flags (nvcc 13.0, sm_90a; causal and not, bf16 and fp16), in the sets
+        DROPOUT_FAST_SETS lists (the ones checked: tests/test_drp8_cpu.py holds them to ptxas)."""
+        return (self.dropout and self.drop_packed in (2, 3) and self.head_dim == 128 and self.BM == 64
+                and self.stages == 2 and self.dq_writer and not self.dq_bulk
+                and self.fast_fields() in DROPOUT_FAST_SETS
+                and not (self.window or self.softcap or self.alibi or self.varlen or self.deterministic
+                         or self.overlap_sdp or self.s_ahead or self.q_rotate or self.lpt or self.roles
+                         or self.shared_keys))
 
     def feature_sched_built(self) -> bool:
         """Whether this is a window / softcap / ALiBi kernel whose feature set FEATURE_SCHED_BUILT lists
@@ -959,7 +999,7 @@ class Sm90BwdConfig(KernelConfig):
                        "softcap / ALiBi in fp16 (bf16: ALiBi causal, a window without ds_double): ptxas spills that "
                        "kernel (nvcc 13.0)")
         if self.ds_double and (self.head_dim != 128 or ((self.softcap or self.alibi) and not self.feature_sched_built())
-                               or (self.dropout and not self.dropout_plain())):
+                               or (self.dropout and not (self.dropout_plain() or self.drop_packed_fast()))):
             out.append("ds_double at head dim 64 (ptxas spills its dynamic kernel; dq_writer loses its "
                        "second staging tile) or with softcap / ALiBi / dropout (unchecked): head dim 128 "
                        "without them only")
@@ -976,7 +1016,8 @@ class Sm90BwdConfig(KernelConfig):
                        "s_ahead: without roles) or overlap_sdp: built for the head dim 64 / 128 tiles' order of "
                        "GEMMs only")
         elif (self.s_ahead or (self.dq_early and not self.feature_sched_built())) and (
-                self.softcap or self.alibi or (self.dropout and not self.dropout_plain())):
+                self.softcap or self.alibi
+                or (self.dropout and not (self.dropout_plain() or (self.drop_packed_fast() and not self.s_ahead)))):
             out.append(f"{'s_ahead' if self.s_ahead else 'dq_early'} with softcap / ALiBi / dropout: "
                        "unchecked (more accumulators live; those kernels are near the register budget)")
         elif self.s_ahead and not self.roles and (self.dq_early or self.q_rotate or not self.dq_writer
@@ -995,7 +1036,7 @@ class Sm90BwdConfig(KernelConfig):
             out.append("dk_late with dynamic at head_dim=128 without frag_pin: ptxas spills that kernel (8-32 "
                        "bytes, nvcc 13.0; with frag_pin it fits)")
         if self.frag_pin and (self.shared_keys or ((self.softcap or self.alibi) and not self.feature_sched_built())
-                              or (self.dropout and not self.dropout_plain())):
+                              or (self.dropout and not (self.dropout_plain() or self.drop_packed_fast()))):
             out.append("frag_pin with the shared-keys tile (head_dim=256: its dV GEMM is SS) or with softcap / "
                        "ALiBi / dropout (unchecked): built for the head dim 64 / 128 tiles' RS dV GEMM")
         if self.q_rotate and (self.causal or self.window or self.deterministic or self.shared_keys):
@@ -1025,22 +1066,26 @@ class Sm90BwdConfig(KernelConfig):
             out.append("dq_first: the dQ accumulator zeroed in the main kernel (no zeroing preprocess), with "
                        "dq_writer, for fixed-length unordered calls (no deterministic, varlen or cluster), BM 64 "
                        "or 128")
-        if self.wide_epi and (self.deterministic or self.varlen or self.cluster or self.alibi or self.dropout):
+        if self.wide_epi and (self.deterministic or self.varlen or self.cluster or self.alibi
+                              or (self.dropout and not self.drop_packed_fast())):
             out.append("wide_epi: the 16-byte dK / dV epilogue stores, for plain, windowed or softcapped fixed-length "
-                       "unordered calls (no deterministic, varlen, cluster, ALiBi, dropout: the d128 ALiBi kernel "
-                       "spilled 8 bytes with them, session 19)")
-        if self.drop_packed not in (0, 1, 2):
-            out.append(f"drop_packed must be 0, 1 or 2, got {self.drop_packed}")
+                       "unordered calls, or dropout on the drop_packed_fast tile (no deterministic, varlen, cluster, "
+                       "ALiBi: the d128 ALiBi kernel spilled 8 bytes with them, session 19)")
+        if self.drop_packed not in (0, 1, 2) and not (self.drop_packed == 3 and DROP_PACKED_TIMING):
+            out.append(f"drop_packed must be 0, 1 or 2, got {self.drop_packed} (3: a timing form, not the mask: "
+                       "DROP_PACKED_TIMING)")
         elif self.drop_packed and not (self.dropout and not (self.window or self.softcap or self.alibi)
                                        and not self.deterministic and not self.varlen and not self.cluster
                                        and self.head_dim in (64, 128) and not self.shared_keys
-                                       and not (self.dynamic or self.ds_double or self.dq_early or self.dk_late
-                                                or self.frag_pin or self.s_ahead or self.overlap_sdp)):
+                                       and (self.drop_packed_fast()
+                                            or not (self.dynamic or self.ds_double or self.dq_early or self.dk_late
+                                                    or self.frag_pin or self.wide_epi))
+                                       and not (self.s_ahead or self.overlap_sdp)):
             out.append("drop_packed: the keep mask on Pᵀ's packed words (kDropPacked, kernels_cu/"
                        "dropout_transposed.cuh), for dropout alone (no window, softcap, ALiBi), fixed lengths, "
-                       "unordered, head dims 64 / 128, the plain grid without the plain call's speed fields "
-                       "(dynamic, ds_double, dq_early, dk_late, frag_pin, s_ahead, overlap_sdp: the kernels "
-                       "checked for spills)")
+                       "unordered, head dims 64 / 128; the plain call's speed fields (dynamic, ds_double, dq_early, "
+                       "dk_late, frag_pin, wide_epi) only on the drop_packed_fast tile (form 2, head dim 128, BM 64, "
+                       "2 stages, dq_writer); never s_ahead or overlap_sdp (the kernels checked for spills)")
         if self.cap_fold not in (0, 1, 2, 3):
             out.append(f"cap_fold must be 0, 1, 2 or 3, got {self.cap_fold}")
         elif self.cap_fold and not (self.softcap and not self.alibi and not self.dropout and not self.cluster):
@@ -1267,6 +1312,25 @@ class Sm90Backward(Family):
         return next((d for d in HEAD_DIMS if d >= head_dim), HEAD_DIMS[-1])
 
     def for_problem(self, config, problem: Problem):
+        # dropout alone on the drop_packed_fast tile: the speed fields a config asks for with drop_packed >= 2
+        # (bwd_config=), else (drop_packed 0) DROPOUT_FAST's for the head dim, dtype and mask; applied at the
+        # end where they build
+        fast = None
+        if tuple(problem.features) == ("dropout",) and not is_varlen(problem) and not problem.deterministic:
+            if config.drop_packed >= 2:
+                fast = {"drop_packed": config.drop_packed, **{k: getattr(config, k) for k in DROPOUT_FAST_FIELDS}}
+            elif not config.drop_packed and DROPOUT_PACKED.get(config.head_dim, 0) >= 2:
+                # (DROPOUT_PACKED's form 2 at this head dim; a config's form 1 is kept, without the fields)
+                fast = DROPOUT_FAST.get((config.head_dim, config.dtype, bool(problem.causal)))
+                fast = None if fast is None else {"drop_packed": 2, **fast}
+        config = self._for_problem(config, problem)
+        if fast is not None:
+            cand = config.replace(**fast)
+            if cand.drop_packed_fast() and not cand.problems(MAX_SMEM):
+                return cand
+        return config
+
+    def _for_problem(self, config, problem: Problem):
         # the call's flag decides (tuned tables and the torch op's configs carry none)
         if config.deterministic != problem.deterministic:
             config = config.replace(deterministic=problem.deterministic)

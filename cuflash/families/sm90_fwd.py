@@ -143,7 +143,9 @@ DROPOUT_EARLY: dict = {128: 1}
 # packing): d128 BN 160 spilled 16 bytes, BN 128 none (nvcc 13.0, sm_90a).
 DROP_EARLY_MASKS_BN = 128
 # drop_early 3: form 1 with the Philox counters for words (no rounds): NOT the dropout mask, a timing
-# form that measures what the rounds cost (tests/sm90_dropout_timing.py --rounds-cost sets this).
+# form that measures what the rounds cost (tests/sm90_dropout_timing.py --rounds-cost sets this);
+# 5: no draw, every flag kept, the permute and AND applied; 6: nothing drawn or applied (the dropout
+# kernel's epilogue scale only). Timing forms too (tests/drp8_timing.py).
 DROP_EARLY_TIMING = False
 # ... and of drop_early 1 (the byte signs, BN / 8 registers): BN 160 compiles without spills at d128;
 # wider is unchecked (drop_packed's BN 192, a forced config's: the byte signs' registers on top).
@@ -904,16 +906,16 @@ class Sm90FwdConfig(KernelConfig):
                                   or self.lazy_rescale or self.fold_cap):
             out.append("tile_overlap with softcap / ALiBi / dropout (or their softmax variants) "
                        "is not implemented: plain calls only (or a window alone)")
-        if self.drop_early not in (0, 1, 2, 4) and not (self.drop_early == 3 and DROP_EARLY_TIMING):
+        if self.drop_early not in (0, 1, 2, 4) and not (self.drop_early in (3, 5, 6) and DROP_EARLY_TIMING):
             out.append(f"drop_early must be 0 (off), 1 (byte signs), 2 (fragment masks) or 4 (drawn by the "
-                       f"producer warpgroup), got {self.drop_early} (3: a timing form, not the mask: "
+                       f"producer warpgroup), got {self.drop_early} (3, 5, 6: timing forms, not the mask: "
                        "DROP_EARLY_TIMING)")
         if self.drop_early == 4 and (self.dynamic or self.varlen or self.causal or self.window
                                      or self.consumers != 2):
             out.append("drop_early 4 (the producer warpgroup draws the keep flags): the static tile order "
                        "only (not with dynamic or varlen), 2 consumer warpgroups, no causal / window mask "
                        "(the causal kernel spilled 4 bytes in the drawing loop, nvcc 13.0)")
-        if self.drop_early in (1, 3, 4) and self.BN > DROP_EARLY_SIGNS_BN:
+        if self.drop_early in (1, 3, 4, 5) and self.BN > DROP_EARLY_SIGNS_BN:
             out.append(f"drop_early 1 (byte signs) at BN={self.BN}: checked up to BN {DROP_EARLY_SIGNS_BN} "
                        "(no spills, nvcc 13.0)")
         if self.drop_early == 2 and self.BN > DROP_EARLY_MASKS_BN:
