@@ -1,8 +1,17 @@
 """Cross-entropy with flash-attn 2.8's ``flash_attn.ops.triton.cross_entropy`` names, arguments
-and return values, as a torch composition (an ``autograd.Function`` whose forward and backward are
-torch operations in fp32, float64 for float64 logits; no fused kernel): ``cross_entropy_loss`` and
-the ``autograd.Function`` ``CrossEntropyLoss`` (``CrossEntropyLossFunction``). The module that
-reduces the losses is ``cuflash.losses.cross_entropy.CrossEntropyLoss``.
+and return values: ``cross_entropy_loss`` and the ``autograd.Function`` ``CrossEntropyLoss``
+(``CrossEntropyLossFunction``). The module that reduces the losses is
+``cuflash.losses.cross_entropy.CrossEntropyLoss``.
+
+CUDA tensors (bf16 / fp16 / fp32 logits with contiguous columns, int32 / int64 labels) run
+``kernels_cu/cross_entropy.cu`` through ``cuflash.cross_entropy``: the forward reads the logits
+once (online log-sum-exp, the loss, z-loss and label terms per row), the backward reads them once
+and writes the gradient once (into the logits with ``inplace_backward``); fp32 arithmetic. Under
+torch.compile the same kernels run as the torch ops ``cuflash::cross_entropy_fwd`` /
+``cross_entropy_bwd`` / ``cross_entropy_bwd_``. Other tensors (CPU, float64, strided columns,
+other label dtypes) and ``USE_KERNELS = False`` take the torch composition below, an
+``autograd.Function`` whose forward and backward are torch operations in fp32 (float64 for
+float64 logits).
 
 Per row, with z = logits · logit_scale over the C classes (C = world size × the local vocab
 with a ``process_group``), lse = logsumexp(z), s = label_smoothing, y = the row's label:
@@ -21,10 +30,11 @@ the backward needs no communication; every rank returns the same losses.
 ``precomputed_lse`` is used only when ``logit_scale == 1`` and ``label_smoothing == 0`` (as
 flash-attn): the LSE of this rank's logits. ``inplace_backward=True`` writes the gradient into the
 logits' storage and returns it, as flash-attn (no gradient buffer is allocated then).
-The fp32 temporaries are formed ``CHUNK_BYTES`` (256 MiB) of rows at a time: the extra memory is
-one chunk (plus the gradient, unless in place). Speed: several torch passes over the logits, not
-one fused kernel (H100, 4096 × 128256 bf16, forward + backward: 14.0 ms against
-``F.cross_entropy``'s 4.2 ms on the bf16 logits and 10.0 ms on fp32-upcast logits).
+The kernels need no temporaries beyond per-row fp32 values (and the gradient, unless in place).
+The composition forms its fp32 temporaries ``CHUNK_BYTES`` (256 MiB) of rows at a time: the
+extra memory is one chunk (plus the gradient, unless in place); it makes several torch passes
+over the logits (session 26, H100, 4096 × 128256 bf16, forward + backward: 14.0 ms against
+``F.cross_entropy``'s 4.2 ms on the bf16 logits).
 
 Differences (on the accepting side): CPU tensors, float64 logits (losses in float64 then; fp32
 otherwise, as flash-attn), any vocab size. Bad arguments raise ``ValueError`` naming the argument.
